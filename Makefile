@@ -1,0 +1,63 @@
+# edgedistill: every stage is a make target; each writes runs/<recipe>/<stage>/manifest.json.
+# A stage is skipped when its manifest is newer than its inputs (and, inside Python, when the
+# recipe sections it depends on and its parent artifacts are unchanged).
+
+RECIPE   ?= recipes/sst2.yaml
+NPROC    ?= 1
+RUNS_DIR ?= runs
+PYTHON   ?= python3
+VENV     := .venv
+PY       := $(VENV)/bin/python
+NAME     := $(basename $(notdir $(RECIPE)))
+RUN      := $(RUNS_DIR)/$(NAME)
+STAMP    := $(VENV)/.installed
+RECIPES  := $(wildcard recipes/*.yaml)
+export RUNS_DIR
+
+ifeq ($(NPROC),1)
+LAUNCH := $(PY) -m
+else
+LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
+endif
+
+.PHONY: all setup teacher pretrain test lint format clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+all: teacher  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
+	@$(PY) -m common.summary $(RECIPE)
+
+setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	touch $@
+
+pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` section)
+	$(LAUNCH) distill pretrain $(RECIPE)
+
+teacher: $(RUN)/teacher/manifest.json  ## pretrain (if the recipe says so) and fine-tune the teacher
+
+$(RUN)/teacher/manifest.json: $(RECIPES) $(STAMP)
+	$(LAUNCH) distill teacher $(RECIPE)
+	@touch $@
+
+test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
+	$(MAKE) --no-print-directory lint
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+lint: $(STAMP)  ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)  ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
+	@if [ "$(CONFIRM)" != 1 ]; then \
+	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer; [ "$$answer" = y ] || exit 1; fi
+	rm -rf -- "$(RUN)"

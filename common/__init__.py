@@ -1,0 +1,1 @@
+"""Torch-free helpers shared by every stage: settings, recipes and artifact manifests."""

@@ -1,0 +1,168 @@
+"""The one contract between stages: an artifact folder holding `manifest.json`.
+
+A stage builds its folder under a temporary name and renames it into place, so a killed
+stage never leaves a half-written artifact behind; loading verifies every file's sha256.
+"""
+
+import hashlib
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST = "manifest.json"
+TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "grpcio")
+
+
+class ArtifactError(RuntimeError):
+    """An artifact folder that is missing, incomplete or does not match its manifest."""
+
+
+class FileEntry(BaseModel):
+    sha256: str
+    size_bytes: int
+
+
+class Parent(BaseModel):
+    path: str
+    manifest_sha256: str
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    stage: str
+    recipe: str
+    recipe_hash: str
+    config_hash: str = Field(description="hash of the recipe sections this stage depends on")
+    parents: dict[str, Parent] = {}
+    files: dict[str, FileEntry] = {}
+    metrics: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    created: str = ""
+    wall_seconds: float = 0.0
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def package_versions() -> dict[str, str]:
+    found = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def parent_of(folder: Path) -> Parent:
+    """A reference to an existing artifact, pinned by its manifest's hash."""
+    return Parent(path=str(folder), manifest_sha256=sha256_file(Path(folder) / MANIFEST))
+
+
+def load(folder: str | Path, verify: bool = True) -> Manifest:
+    """Read `folder/manifest.json`; with `verify`, check every listed file's size and sha256."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing (run its stage first)")
+    try:
+        manifest = Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
+    if verify:
+        for name, entry in manifest.files.items():
+            file = folder / name
+            if not file.is_file():
+                raise ArtifactError(f"{folder}: {name} is listed in the manifest but missing")
+            if file.stat().st_size != entry.size_bytes:
+                raise ArtifactError(
+                    f"{folder}: {name} has {file.stat().st_size} bytes, the manifest says {entry.size_bytes} (truncated?)"
+                )
+            if sha256_file(file) != entry.sha256:
+                raise ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
+    return manifest
+
+
+def is_current(folder: Path, config_hash: str) -> bool:
+    """True when `folder` holds a finished artifact built from the same config and unchanged parents."""
+    try:
+        manifest = load(folder, verify=False)
+    except ArtifactError:
+        return False
+    if manifest.config_hash != config_hash:
+        return False
+    for parent in manifest.parents.values():
+        parent_manifest = Path(parent.path) / MANIFEST
+        if not parent_manifest.is_file() or sha256_file(parent_manifest) != parent.manifest_sha256:
+            return False
+    return True
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextmanager
+def stage_folder(final: Path):
+    """Yield a temporary folder to fill; `commit(folder, manifest)` inside the block publishes it.
+
+    A folder that was never committed is removed on exit, so no half artifact is left behind.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
+    """Hash every file in `tmp`, write its manifest, and rename it to `final` (replacing any old one)."""
+    tmp, final = Path(tmp), Path(final)
+    files = {}
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[file.relative_to(tmp).as_posix()] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
+    manifest = manifest.model_copy(
+        update={
+            "files": files,
+            "versions": package_versions(),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+    )
+    _atomic_write_text(tmp / MANIFEST, manifest.model_dump_json(indent=2))
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+class Stopwatch:
+    """Wall time of a stage, for `wall_seconds`."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 2)

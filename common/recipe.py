@@ -1,0 +1,214 @@
+"""Typed recipes: one YAML file per experiment, validated at load, overridable from the CLI.
+
+`${NAME}` in a string value is replaced by the setting of that name (see `common.settings`).
+Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
+"""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common import settings
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(Strict):
+    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[/<config>]:<split>`."""
+
+    train: str
+    dev: str
+    text_column: str = "sentence"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    label_names: list[str] = Field(default_factory=lambda: ["negative", "positive"], min_length=2)
+    train_limit: int | None = Field(None, gt=0)
+    dev_limit: int | None = Field(None, gt=0)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+class ModelConfig(Strict):
+    """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""
+
+    family: Literal["bert", "gpt"] = "bert"
+    init: str | None = None
+    max_length: int = Field(128, ge=8)
+    # Sizes for a model built from scratch (ignored when `init` is set).
+    vocab_size: int = Field(8000, ge=100)
+    hidden_size: int = Field(256, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(1024, ge=8)
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
+            )
+        return self
+
+
+class OptimConfig(Strict):
+    """AdamW with linear warm-up and decay; evaluation and checkpoint cadence in steps."""
+
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(32, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
+    checkpoint_every: int = Field(200, gt=0)
+    patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
+    seed: int = 13
+
+
+class PretrainConfig(Strict):
+    """Masked-LM (BERT) or causal-LM (GPT) pretraining, from scratch or continued from `model.init`."""
+
+    train_files: list[str] = Field(min_length=1)
+    eval_files: list[str] = Field(default_factory=list, description="empty: hold out the last train lines")
+    eval_holdout_lines: int = Field(500, gt=0)
+    train_max_lines: int | None = Field(None, gt=0)
+    eval_max_lines: int | None = Field(None, gt=0)
+    seq_len: int = Field(128, ge=8)
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    whole_word_mask: bool = False
+    optim: OptimConfig = OptimConfig(lr=1e-4)
+
+
+class FinetuneConfig(Strict):
+    """Sequence classification on the labelled task; the best dev checkpoint is kept."""
+
+    optim: OptimConfig = OptimConfig()
+    classifier_dropout: float | None = Field(None, ge=0, lt=1)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    pretrain: PretrainConfig | None = None
+    finetune: FinetuneConfig = FinetuneConfig()
+
+    @model_validator(mode="after")
+    def _scratch_needs_pretrain(self):
+        if self.model.init is None and self.pretrain is None:
+            raise ValueError("model.init is null (build from scratch) but there is no `pretrain` section")
+        return self
+
+    def section_hash(self, *sections: str) -> str:
+        """A short hash of the named sections, so a stage reruns only when its inputs change."""
+        dumped = {name: self.model_dump(mode="json")[name] for name in sections}
+        return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def hash(self) -> str:
+        return self.section_hash(*type(self).model_fields)
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used, with the file and key that are wrong."""
+
+
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+
+
+def _expand(value, env: dict[str, str], where: str):
+    if isinstance(value, dict):
+        return {k: _expand(v, env, f"{where}.{k}" if where else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, env, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def sub(match):
+            if match.group(1) not in env:
+                raise RecipeError(f"{where}: unknown setting ${{{match.group(1)}}} (known: {', '.join(sorted(env))})")
+            return env[match.group(1)]
+
+        return _VAR.sub(sub, value)
+    return value
+
+
+def apply_override(raw: dict, dotted: str, value) -> None:
+    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections as needed."""
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise RecipeError(f"override {dotted}: {key} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def parse_overrides(args: list[str]) -> dict[str, object]:
+    """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars."""
+    out = {}
+    for arg in args:
+        if not arg.startswith("--") or "=" not in arg:
+            raise RecipeError(f"override {arg!r} must look like --section.key=value")
+        key, _, value = arg[2:].partition("=")
+        out[key] = yaml.safe_load(value) if value else None
+    return out
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _with_base(raw: dict, path: Path) -> dict:
+    """Resolve `extends: other.yaml` (relative to this file): this recipe's keys win, sections merge."""
+    base_name = raw.pop("extends", None)
+    if base_name is None:
+        return raw
+    base_path = path.parent / base_name
+    if not base_path.is_file():
+        raise RecipeError(f"{path}: extends {base_name}, which does not exist next to it")
+    base = yaml.safe_load(base_path.read_text(encoding="utf-8")) or {}
+    base.pop("name", None)
+    return _merge(_with_base(base, base_path), raw)
+
+
+def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
+    """Read, expand and validate a recipe; errors name the file and the offending key."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe {path} does not exist (recipes live in recipes/, e.g. recipes/sst2.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: the top level must be a mapping of sections")
+    raw = _with_base(raw, path)
+    raw.setdefault("name", path.stem)
+    for key, value in (overrides or {}).items():
+        apply_override(raw, key, value)
+    raw = _expand(raw, settings.defaults(), "")
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<recipe>'}: {e['msg']}" for e in err.errors())
+        raise RecipeError(f"{path}: {problems}") from None
+
+
+def run_dir(recipe: Recipe) -> Path:
+    """`runs/<recipe>/`, the folder every stage of this recipe writes into."""
+    return Path(settings.defaults()["RUNS_DIR"]) / recipe.name

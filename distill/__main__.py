@@ -1,0 +1,49 @@
+"""`python -m distill <stage> RECIPE [--section.key=value ...] [--force]`.
+
+Stages: `pretrain`, `finetune`, and `teacher` (pretrain when the recipe has a `pretrain`
+section, then fine-tune). A stage whose artifact is up to date is skipped unless `--force`.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import transformers
+
+from common.manifest import ArtifactError
+from common.recipe import RecipeError, load_recipe, parse_overrides
+from distill import dist, finetune, pretrain
+from distill.data import DataError
+
+STAGES = ("pretrain", "finetune", "teacher")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distill", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("recipe")
+    parser.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
+    args, rest = parser.parse_known_args(argv)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    dist.init()
+    try:
+        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
+            if recipe.pretrain is None:
+                raise RecipeError(f"{args.recipe}: no `pretrain` section to run")
+            pretrain.run(recipe, force=args.force)
+        if args.stage in ("finetune", "teacher"):
+            finetune.run(recipe, force=args.force)
+    except (RecipeError, DataError, ArtifactError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

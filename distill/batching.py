@@ -1,0 +1,45 @@
+"""Length-grouped batches and dynamic padding: SST-2 phrases are short, so padding dominates cost."""
+
+import random
+
+import torch
+
+
+def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, shuffle: bool = True) -> list[list[int]]:
+    """Index batches of similar length; with `shuffle`, both the pools and the batch order are random.
+
+    Examples are shuffled, cut into pools of 50 batches, each pool sorted by length and split into
+    batches, then the batches are shuffled: close to sorted padding, still random order.
+    """
+    order = list(range(len(lengths)))
+    rng = random.Random(seed)
+    if shuffle:
+        rng.shuffle(order)
+    pool = batch_size * 50
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start : start + pool], key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+    """This rank's share of `batches`, the same count on every rank so DDP steps stay in lockstep."""
+    usable = len(batches) - len(batches) % world_size
+    return batches[rank:usable:world_size]
+
+
+def collate(features: dict[str, list[list[int]]], indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad the chosen examples to their longest; adds `attention_mask`. Shapes (B, T)."""
+    ids = features["input_ids"]
+    width = max(len(ids[i]) for i in indices)
+    out = {}
+    for key, rows in features.items():
+        fill = pad_id if key == "input_ids" else 0
+        out[key] = torch.tensor([rows[i] + [fill] * (width - len(rows[i])) for i in indices], dtype=torch.long)
+    out["attention_mask"] = torch.tensor(
+        [[1] * len(ids[i]) + [0] * (width - len(ids[i])) for i in indices], dtype=torch.long
+    )
+    return out

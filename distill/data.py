@@ -1,0 +1,155 @@
+"""Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
+
+A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per
+line, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+"""
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.recipe import DataConfig
+
+
+class DataError(ValueError):
+    """Data that cannot be used, with the file, the line and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Labelled:
+    texts: list[str]
+    pairs: list[str] | None
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def head(self, n: int | None) -> "Labelled":
+        if n is None:
+            return self
+        return Labelled(self.texts[:n], self.pairs[:n] if self.pairs else None, self.labels[:n])
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (set DATA_DIR, or fix the path in the recipe)")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); re-encode the file as UTF-8") from None
+
+
+def _rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file."""
+    text = _read_text(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((number, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+        return rows
+    if suffix not in (".tsv", ".csv"):
+        raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
+    reader = csv.DictReader(
+        text.splitlines(),
+        delimiter="\t" if suffix == ".tsv" else ",",
+        quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
+    )
+    return [(number, row) for number, row in enumerate(reader, 2)]
+
+
+def _from_hub(spec: str):
+    """`hub:glue/sst2:train[:column]` -> (dataset split, column or None)."""
+    import datasets
+
+    parts = spec.removeprefix("hub:").split(":")
+    if len(parts) < 2:
+        raise DataError(f"{spec}: a Hub source looks like hub:<dataset>[/<config>]:<split>[:<column>]")
+    name, _, config = parts[0].partition("/")
+    return datasets.load_dataset(name, config or None, split=parts[1]), (parts[2] if len(parts) > 2 else None)
+
+
+def load_labelled(source: str, cfg: DataConfig) -> Labelled:
+    """Read `(text, [pair], label)` examples, checking columns and label range."""
+    columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
+    if source.startswith("hub:"):
+        split, _ = _from_hub(source)
+        rows = [(i + 1, row) for i, row in enumerate(split)]
+    else:
+        rows = _rows(Path(source))
+    if not rows:
+        raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
+    first_line, first = rows[0]
+    missing = [c for c in columns if c not in first]
+    if missing:
+        raise DataError(
+            f"{source}:{first_line}: missing column(s) {missing}; found {sorted(first)}. "
+            "Set data.text_column / data.label_column in the recipe"
+        )
+    texts, pairs, labels = [], [], []
+    for number, row in rows:
+        text = row[cfg.text_column]
+        if text is None or not str(text).strip():
+            raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
+        try:
+            label = int(row[cfg.label_column])
+        except (TypeError, ValueError):
+            raise DataError(f"{source}:{number}: label {row[cfg.label_column]!r} is not an integer") from None
+        if not 0 <= label < cfg.num_labels:
+            raise DataError(
+                f"{source}:{number}: label {label} is out of range 0..{cfg.num_labels - 1}; "
+                "fix the file or data.label_names in the recipe"
+            )
+        texts.append(str(text).strip())
+        labels.append(label)
+        if cfg.text_pair_column:
+            pairs.append(str(row[cfg.text_pair_column] or "").strip())
+    return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
+
+
+def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
+    """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`."""
+    return load_labelled(cfg.train, cfg).head(cfg.train_limit), load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
+
+
+def _text_lines(path: Path, limit: int | None) -> list[str]:
+    """Stripped lines of a UTF-8 text file, reading only as far as `limit` non-empty lines."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (set DATA_DIR, or fix the path in the recipe)")
+    found = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
+            if line:
+                found.append(line)
+                if limit is not None and len(found) >= limit:
+                    break
+    return found
+
+
+def load_unlabelled(sources: list[str], max_lines: int | None = None) -> list[str]:
+    """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all."""
+    lines: list[str] = []
+    for source in sources:
+        if source.startswith("hub:"):
+            split, column = _from_hub(source)
+            found = [str(t).strip() for t in split[column or "text"]]
+        else:
+            found = _text_lines(Path(source), None if max_lines is None else max_lines - len(lines))
+        found = [line for line in found if line]
+        if not found:
+            raise DataError(f"{source}: no text (the file is empty)")
+        lines.extend(found)
+        if max_lines is not None and len(lines) >= max_lines:
+            return lines[:max_lines]
+    return lines

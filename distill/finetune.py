@@ -1,0 +1,130 @@
+"""Fine-tune the teacher for sequence classification; writes `runs/<recipe>/teacher/`.
+
+The folder is a Hugging Face `save_pretrained` checkpoint of the best dev evaluation, so
+`AutoModelForSequenceClassification.from_pretrained(folder)` loads it as it is.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from common import manifest as mf
+from common.recipe import Recipe, run_dir
+from distill import dist
+from distill.batching import collate, length_grouped_batches
+from distill.data import load_splits
+from distill.metrics import classification_metrics
+from distill.tokenization import encode, load_tokenizer
+from distill.trainer import Trainer, save_pretrained_atomic, work_dir
+
+SECTIONS = ("data", "model", "pretrain", "finetune")
+
+
+@torch.no_grad()
+def predict_logits(model, features: dict[str, list[list[int]]], pad_id: int, batch_size: int = 128) -> np.ndarray:
+    """Logits for every example, batched by length and returned in the original order. (N, C)."""
+    model.eval()
+    lengths = [len(ids) for ids in features["input_ids"]]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    out = [None] * len(order)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        logits = model(**collate(features, chunk, pad_id)).logits.float().numpy()
+        for i, row in zip(chunk, logits, strict=True):
+            out[i] = row
+    return np.stack(out)
+
+
+def teacher_init(recipe: Recipe) -> tuple[str, dict[str, mf.Parent]]:
+    """Where fine-tuning starts: the pretrain artifact when the recipe pretrains, else `model.init`."""
+    if recipe.pretrain is None:
+        return recipe.model.init, {}
+    folder = run_dir(recipe) / "pretrain"
+    mf.load(folder)
+    return str(folder), {"pretrain": mf.parent_of(folder)}
+
+
+def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
+    out = run_dir(recipe) / "teacher"
+    config_hash = recipe.section_hash(*SECTIONS)
+    if not force and mf.is_current(out, config_hash):
+        print(f"[teacher] up to date: {out}")
+        return mf.load(out, verify=False)
+    watch = mf.Stopwatch()
+    cfg, data = recipe.finetune, recipe.data
+    train, dev = load_splits(data)
+    init, parents = teacher_init(recipe)
+    tokenizer = load_tokenizer(init)
+    torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
+    extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
+    model = AutoModelForSequenceClassification.from_pretrained(
+        init,
+        num_labels=data.num_labels,
+        id2label=dict(enumerate(data.label_names)),
+        label2id={name: i for i, name in enumerate(data.label_names)},
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
+    train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
+    dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
+    lengths = [len(ids) for ids in train_feats["input_ids"]]
+    labels = torch.tensor(train.labels)
+    pad = tokenizer.pad_token_id
+
+    work = work_dir(run_dir(recipe) / ".work" / "teacher", force)
+    trainer = Trainer(model, cfg.optim, work, config_hash, "teacher")
+    progress = trainer.fit(
+        batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
+        loss_fn=lambda m, idx: m(**collate(train_feats, idx, pad), labels=labels[idx]).loss,
+        evaluate=lambda m: classification_metrics(predict_logits(m, dev_feats, pad), dev.labels, data.num_labels),
+        metric="dev_accuracy",
+        on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),
+    )
+    if not dist.is_main():
+        return None
+    best = next(h for h in progress.history if h["step"] == progress.best_step)
+    with mf.stage_folder(out) as tmp:
+        for file in (work / "best").iterdir():
+            shutil.copy2(file, tmp / file.name)
+        (tmp / "history.json").write_text(json.dumps(progress.history, indent=1))
+        weights = tmp / "model.safetensors"
+        manifest = mf.commit(
+            tmp,
+            out,
+            mf.Manifest(
+                stage="teacher",
+                recipe=recipe.name,
+                recipe_hash=recipe.hash,
+                config_hash=config_hash,
+                parents=parents,
+                metrics={
+                    "dev_accuracy": best["dev_accuracy"],
+                    "dev_f1": best["dev_f1"],
+                    "confusion": best["confusion"],
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "size_bytes": weights.stat().st_size,
+                    "wall_seconds": watch.seconds,
+                },
+                info={
+                    "init": init,
+                    "family": recipe.model.family,
+                    "best_step": progress.best_step,
+                    "steps": progress.global_step,
+                    "train_examples": len(train),
+                    "dev_examples": len(dev),
+                    "world_size": trainer.world_size,
+                    "resumed_from_step": progress.resumed_from,
+                },
+                wall_seconds=watch.seconds,
+            ),
+        )
+    m = manifest.metrics
+    shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"[teacher] dev_accuracy={m['dev_accuracy']:.4f} f1={m['dev_f1']:.4f} params={m['params'] / 1e6:.1f}M "
+        f"best_step={progress.best_step}/{progress.global_step} wall={m['wall_seconds'] / 60:.1f} min -> {out}"
+    )
+    return manifest

@@ -1,0 +1,224 @@
+"""Pretrain the teacher: masked-LM (BERT) or causal-LM (GPT); writes `runs/<recipe>/pretrain/`.
+
+From scratch (`model.init: null`) a tokenizer is trained on the corpus first; otherwise training
+continues from `model.init` (domain-adaptive pretraining). Held-out loss, perplexity and token
+accuracy are measured before and after on a fixed, seeded masking of the eval text.
+"""
+
+import math
+import shutil
+
+import torch
+import torch.nn.functional as F
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+from common import manifest as mf
+from common.recipe import ModelConfig, Recipe, run_dir
+from distill import dist
+from distill.data import load_unlabelled
+from distill.tokenization import load_tokenizer, train_tokenizer
+from distill.trainer import Trainer, save_pretrained_atomic, work_dir
+
+SECTIONS = ("model", "pretrain")
+EVAL_MASK_SEED = 1234
+
+
+def build_model(cfg: ModelConfig, tokenizer):
+    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe."""
+    if cfg.family == "bert":
+        config = BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=max(512, cfg.max_length),
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return BertForMaskedLM(config)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=cfg.hidden_size,
+        n_layer=cfg.num_layers,
+        n_head=cfg.num_heads,
+        n_inner=cfg.intermediate_size,
+        n_positions=max(512, cfg.max_length),
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool) -> list[dict]:
+    """Concatenate tokenised texts and cut them into blocks of `seq_len` tokens.
+
+    BERT blocks are wrapped in [CLS] ... [SEP]; GPT texts are separated by the EOS token.
+    `offset_mapping` is kept for whole-word masking.
+    """
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=with_offsets)
+    if family == "bert":
+        inner, head, tail = seq_len - 2, [tokenizer.cls_token_id], [tokenizer.sep_token_id]
+        sep_ids, sep_offsets = [], []
+    else:
+        inner, head, tail = seq_len, [], []
+        sep_ids, sep_offsets = [tokenizer.eos_token_id], [(0, 0)]
+    ids, offsets = [], []
+    for i, row in enumerate(enc["input_ids"]):
+        ids.extend(row + sep_ids)
+        if with_offsets:
+            offsets.extend(list(enc["offset_mapping"][i]) + sep_offsets)
+    blocks = []
+    for start in range(0, len(ids) - inner + 1, inner):
+        block = {"input_ids": head + ids[start : start + inner] + tail}
+        if with_offsets:
+            block["offset_mapping"] = [(0, 0)] * len(head) + offsets[start : start + inner] + [(0, 0)] * len(tail)
+        blocks.append(block)
+    return blocks
+
+
+class LanguageModelObjective(torch.nn.Module):
+    """Wraps an LM so `forward(batch)` returns (loss, logits, labels) over the predicted tokens only.
+
+    For MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
+    which is most of the step's cost at a 30k vocabulary. Logits (N, V), labels (N,).
+    """
+
+    def __init__(self, lm, causal: bool):
+        super().__init__()
+        self.lm, self.causal = lm, causal
+
+    def forward(self, input_ids, attention_mask, labels, **rest):
+        if self.causal:
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+            labels = labels[:, 1:]
+            mask = labels != -100
+            logits, labels = logits[mask], labels[mask]
+        else:
+            hidden = self.lm.bert(input_ids=input_ids, attention_mask=attention_mask, **rest).last_hidden_state
+            mask = labels != -100
+            logits, labels = self.lm.cls(hidden[mask]), labels[mask]
+        return F.cross_entropy(logits, labels), logits, labels
+
+
+def lm_metrics(objective: LanguageModelObjective, batches: list[dict]) -> dict[str, float]:
+    """Held-out loss, perplexity and accuracy over the predicted (label != -100) tokens."""
+    total_loss, total_tokens, correct = 0.0, 0, 0
+    with torch.no_grad():
+        for batch in batches:
+            loss, logits, labels = objective(**batch)
+            total_loss += loss.item() * len(labels)
+            total_tokens += len(labels)
+            correct += int((logits.argmax(-1) == labels).sum())
+    loss = total_loss / max(1, total_tokens)
+    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "token_accuracy": correct / max(1, total_tokens)}
+
+
+def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
+    out = run_dir(recipe) / "pretrain"
+    cfg, model_cfg = recipe.pretrain, recipe.model
+    config_hash = recipe.section_hash(*SECTIONS)
+    if not force and mf.is_current(out, config_hash):
+        print(f"[pretrain] up to date: {out}")
+        return mf.load(out, verify=False)
+    watch = mf.Stopwatch()
+    texts = load_unlabelled(cfg.train_files, cfg.train_max_lines)
+    if cfg.eval_files:
+        eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines)
+    else:
+        if len(texts) <= 2 * cfg.eval_holdout_lines:
+            raise ValueError(
+                f"pretrain: {len(texts)} lines are too few to hold out {cfg.eval_holdout_lines} for evaluation"
+            )
+        texts, eval_texts = texts[: -cfg.eval_holdout_lines], texts[-cfg.eval_holdout_lines :]
+    torch.manual_seed(cfg.optim.seed)
+    if model_cfg.init:
+        tokenizer = load_tokenizer(model_cfg.init)
+        auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
+        model = auto.from_pretrained(model_cfg.init)
+    else:
+        tokenizer = train_tokenizer(model_cfg.family, texts, model_cfg.vocab_size)
+        model = build_model(model_cfg, tokenizer)
+    mlm = model_cfg.family == "bert"
+    wwm = mlm and cfg.whole_word_mask
+    collator = DataCollatorForLanguageModeling(
+        tokenizer, mlm=mlm, mlm_probability=cfg.mlm_probability, whole_word_mask=wwm
+    )
+    eval_collator = DataCollatorForLanguageModeling(
+        tokenizer, mlm=mlm, mlm_probability=cfg.mlm_probability, whole_word_mask=wwm, seed=EVAL_MASK_SEED
+    )
+    blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm)
+    eval_blocks = make_blocks(tokenizer, eval_texts, cfg.seq_len, model_cfg.family, wwm)
+    if not blocks or not eval_blocks:
+        raise ValueError(f"pretrain: corpus too small for one block of {cfg.seq_len} tokens (train or eval)")
+    bs = cfg.optim.batch_size
+    eval_batches = [eval_collator(eval_blocks[i : i + bs]) for i in range(0, len(eval_blocks), bs)]
+    objective = LanguageModelObjective(model, causal=not mlm).eval()
+    before = lm_metrics(objective, eval_batches)
+
+    work = work_dir(run_dir(recipe) / ".work" / "pretrain", force)
+    trainer = Trainer(objective, cfg.optim, work, config_hash, "pretrain")
+
+    def batches_for_epoch(epoch: int) -> list[list[int]]:
+        order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(cfg.optim.seed + epoch)).tolist()
+        return [order[i : i + bs] for i in range(0, len(order), bs)]
+
+    progress = trainer.fit(
+        batches_for_epoch=batches_for_epoch,
+        loss_fn=lambda m, idx: m(**collator([blocks[i] for i in idx]))[0],
+        evaluate=lambda m: lm_metrics(m, eval_batches),
+        metric="token_accuracy",
+        on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, work / "best"),
+    )
+    if not dist.is_main():
+        return None
+    after = next(h for h in progress.history if h["step"] == progress.best_step)
+    with mf.stage_folder(out) as tmp:
+        for file in (work / "best").iterdir():
+            shutil.copy2(file, tmp / file.name)
+        metrics = {f"{k}_before": v for k, v in before.items()}
+        metrics |= {f"{k}_after": after[k] for k in before}
+        metrics |= {
+            "params": sum(p.numel() for p in model.parameters()),
+            "size_bytes": (tmp / "model.safetensors").stat().st_size,
+            "wall_seconds": watch.seconds,
+        }
+        manifest = mf.commit(
+            tmp,
+            out,
+            mf.Manifest(
+                stage="pretrain",
+                recipe=recipe.name,
+                recipe_hash=recipe.hash,
+                config_hash=config_hash,
+                metrics=metrics,
+                info={
+                    "objective": "mlm" if mlm else "clm",
+                    "init": model_cfg.init or "scratch",
+                    "train_blocks": len(blocks),
+                    "eval_blocks": len(eval_blocks),
+                    "steps": progress.global_step,
+                    "history": progress.history,
+                },
+                wall_seconds=watch.seconds,
+            ),
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"[pretrain] {'mlm' if mlm else 'clm'} token_accuracy {before['token_accuracy']:.3f} -> {after['token_accuracy']:.3f}, "
+        f"perplexity {before['perplexity']:.1f} -> {after['perplexity']:.1f}, wall={watch.seconds / 60:.1f} min -> {out}"
+    )
+    return manifest

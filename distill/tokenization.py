@@ -1,0 +1,67 @@
+"""Tokenizers: load a pretrained one, or train WordPiece (BERT) / byte-level BPE (GPT) from text."""
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
+
+
+def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[GPT_EOS, GPT_PAD],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=GPT_EOS, bos_token=GPT_EOS, unk_token=GPT_EOS, pad_token=GPT_PAD
+    )
+
+
+def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A fresh tokenizer for `family` ("bert" or "gpt") trained on `texts`."""
+    return _wordpiece(texts, vocab_size) if family == "bert" else _byte_bpe(texts, vocab_size)
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], pairs: list[str] | None, max_length: int
+) -> dict[str, list[list[int]]]:
+    """Token ids (and token type ids where the model uses them) per example, unpadded, truncated."""
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, padding=False)
+    return {key: enc[key] for key in ("input_ids", "token_type_ids") if key in enc}

@@ -1,0 +1,210 @@
+"""The training loop every stage shares: AdamW, warm-up/decay, clipping, evaluation, resume, DDP.
+
+Resumable: `checkpoint.pt` in the work folder holds model, optimizer, scheduler, RNG states and
+the data position (epoch and step within it); batches are a pure function of (seed, epoch), so a
+rerun after `kill -9` skips exactly the batches already seen.
+"""
+
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from common.recipe import OptimConfig
+from distill import dist
+from distill.batching import shard
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class Progress:
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best: float = -math.inf
+    best_step: int = -1
+    evals_without_gain: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases and LayerNorm weights (the usual BERT recipe)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 or "LayerNorm" in name or "norm" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_pretrained_atomic(model, tokenizer, folder: Path) -> None:
+    """Replace `folder` with a `save_pretrained` of model and tokenizer, never leaving it half written."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
+def work_dir(folder: Path, force: bool) -> Path:
+    """The stage's scratch folder for checkpoints; `force` discards what an earlier run left there."""
+    if force and dist.is_main():
+        shutil.rmtree(folder, ignore_errors=True)
+    dist.barrier()
+    return folder
+
+
+class Trainer:
+    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights."""
+
+    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, work_dir: Path, config_hash: str, desc: str):
+        self.model, self.cfg, self.desc, self.config_hash = model, cfg, desc, config_hash
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world_size = dist.init()
+        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+        self.progress = Progress()
+
+    def _total_steps(self, steps_per_epoch: int) -> int:
+        return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
+
+    def _save_checkpoint(self, scheduler) -> None:
+        if not dist.is_main():
+            return
+        _atomic_save(
+            {
+                "config_hash": self.config_hash,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "progress": asdict(self.progress),
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            },
+            self.work_dir / CHECKPOINT,
+        )
+
+    def _try_resume(self, scheduler) -> None:
+        path = self.work_dir / CHECKPOINT
+        if not path.is_file():
+            return
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state["config_hash"] != self.config_hash:
+            print(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        self.progress = Progress(**state["progress"])
+        self.progress.resumed_from = self.progress.global_step
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        print(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+
+    def fit(
+        self,
+        batches_for_epoch: Callable[[int], list[Any]],
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        evaluate: Callable[[torch.nn.Module], dict[str, float]],
+        metric: str,
+        on_best: Callable[[torch.nn.Module, dict[str, float]], None],
+        batch_examples: Callable[[Any], int] = len,
+    ) -> Progress:
+        """Train until the step budget or early stopping; returns the progress with its history."""
+        cfg = self.cfg
+        steps_per_epoch = len(dist_batches := self._epoch_batches(batches_for_epoch, 0))
+        total = self._total_steps(steps_per_epoch)
+        scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
+        self._try_resume(scheduler)
+        p = self.progress
+        model = DistributedDataParallel(self.model) if self.world_size > 1 else self.model
+        bar = tqdm(
+            total=total,
+            initial=p.global_step,
+            desc=self.desc,
+            disable=not dist.is_main(),
+            mininterval=2,
+            dynamic_ncols=True,
+        )
+        running, seen, tick = [], 0, time.perf_counter()
+        stop = p.global_step >= total
+        while not stop:
+            batches = dist_batches if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
+            self._epoch_len = len(batches)
+            for batch in batches[p.step_in_epoch :]:
+                model.train()
+                loss = loss_fn(model, batch)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                self.optimizer.step()
+                scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                p.step_in_epoch += 1
+                p.global_step += 1
+                running.append(loss.item())
+                seen += batch_examples(batch) * self.world_size
+                rate = seen / (time.perf_counter() - tick)
+                bar.set_postfix(
+                    loss=f"{sum(running[-50:]) / len(running[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
+                )
+                bar.update()
+                end_of_epoch = p.step_in_epoch == len(batches)
+                due = (cfg.eval_every and p.global_step % cfg.eval_every == 0) or end_of_epoch or p.global_step >= total
+                if due:
+                    stop = self._evaluate(evaluate, metric, on_best, running, scheduler) or p.global_step >= total
+                    running = []
+                elif p.global_step % cfg.checkpoint_every == 0:
+                    self._save_checkpoint(scheduler)
+                if stop:
+                    break
+            else:
+                p.epoch += 1
+                p.step_in_epoch = 0
+        bar.close()
+        self._save_checkpoint(scheduler)
+        return p
+
+    def _epoch_batches(self, batches_for_epoch, epoch: int) -> list[Any]:
+        return shard(batches_for_epoch(epoch), self.rank, self.world_size)
+
+    def _evaluate(self, evaluate, metric, on_best, running, scheduler) -> bool:
+        """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
+        p = self.progress
+        self.model.eval()
+        with torch.no_grad():
+            metrics = evaluate(self.model)
+        entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
+        if running:
+            entry["train_loss"] = sum(running) / len(running)
+        entry["lr"] = scheduler.get_last_lr()[0]
+        entry.update(metrics)
+        p.history.append(entry)
+        improved = metrics[metric] > p.best
+        if improved:
+            p.best, p.best_step, p.evals_without_gain = metrics[metric], p.global_step, 0
+            if dist.is_main():
+                on_best(self.model, metrics)
+        else:
+            p.evals_without_gain += 1
+        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        tqdm.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
+        self._save_checkpoint(scheduler)
+        dist.barrier()
+        return bool(self.cfg.patience and p.evals_without_gain >= self.cfg.patience)

@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from common import manifest as mf
+
+
+def publish(tmp_path, name="stage", payload=b"weights", parents=None):
+    final = tmp_path / name
+    with mf.stage_folder(final) as tmp:
+        (tmp / "model.bin").write_bytes(payload)
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "tok.json").write_text("{}")
+        base = mf.Manifest(stage=name, recipe="r", recipe_hash="h", config_hash="c", parents=parents or {})
+        return mf.commit(tmp, final, base.model_copy(update={"metrics": {"dev_accuracy": 0.5}}))
+
+
+def test_round_trip_records_files_and_versions(tmp_path):
+    written = publish(tmp_path)
+    loaded = mf.load(tmp_path / "stage")
+    assert loaded == written
+    assert set(loaded.files) == {"model.bin", "sub/tok.json"}
+    assert loaded.files["model.bin"].size_bytes == len(b"weights")
+    assert "torch" in loaded.versions and loaded.created
+    assert not list(tmp_path.glob(".stage.*")), "temporary folders must not be left behind"
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "model.bin").write_bytes(b"weightz"), "sha256"),
+        (lambda d: (d / "model.bin").write_bytes(b"wei"), "truncated"),
+        (lambda d: (d / "model.bin").unlink(), "missing"),
+        (lambda d: (d / "manifest.json").unlink(), "not a finished artifact"),
+        (lambda d: (d / "manifest.json").write_text("{"), "not a valid manifest"),
+    ],
+)
+def test_damaged_artifact_is_refused(tmp_path, damage, message):
+    publish(tmp_path)
+    damage(tmp_path / "stage")
+    with pytest.raises(mf.ArtifactError, match=message):
+        mf.load(tmp_path / "stage")
+
+
+def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
+    publish(tmp_path, payload=b"old")
+    with pytest.raises(RuntimeError), mf.stage_folder(tmp_path / "stage") as tmp:
+        (tmp / "model.bin").write_bytes(b"half")
+        raise RuntimeError("killed")
+    assert (tmp_path / "stage" / "model.bin").read_bytes() == b"old"
+    assert mf.load(tmp_path / "stage").files["model.bin"].size_bytes == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["stage"]
+
+
+def test_is_current_follows_config_and_parents(tmp_path):
+    publish(tmp_path, "parent")
+    publish(tmp_path, "child", parents={"parent": mf.parent_of(tmp_path / "parent")})
+    assert mf.is_current(tmp_path / "child", "c")
+    assert not mf.is_current(tmp_path / "child", "other-config")
+    publish(tmp_path, "parent", payload=b"retrained")
+    assert not mf.is_current(tmp_path / "child", "c"), "a rebuilt parent makes the child stale"
+    assert not mf.is_current(tmp_path / "missing", "c")
+
+
+def test_manifest_is_plain_json(tmp_path):
+    publish(tmp_path)
+    raw = json.loads((tmp_path / "stage" / "manifest.json").read_text())
+    assert raw["stage"] == "stage" and raw["metrics"]["dev_accuracy"] == 0.5
