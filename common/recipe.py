@@ -97,12 +97,101 @@ class FinetuneConfig(Strict):
     classifier_dropout: float | None = Field(None, ge=0, lt=1)
 
 
+class TransferConfig(Strict):
+    """The transfer set: unlabelled sentences plus Tang et al. augmentations of the train inputs."""
+
+    unlabelled_files: list[str] = Field(min_length=1)
+    unlabelled_max_lines: int | None = Field(None, gt=0, description="raw lines (reviews) to read")
+    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept from the unlabelled text")
+    include_train: bool = True
+    n_iter: int = Field(20, ge=0, description="augmented samples drawn per train example")
+    max_augmented: int | None = Field(None, gt=0)
+    p_mask: float = Field(0.1, ge=0, le=1)
+    p_replace: float = Field(0.1, ge=0, le=1)
+    p_ngram: float = Field(0.25, ge=0, le=1)
+    max_length: int = Field(64, ge=8, description="tokens per sentence, for labelling and students")
+    shard_size: int = Field(50_000, gt=0)
+    label_batch_size: int = Field(128, gt=0)
+    seed: int = 13
+
+    @model_validator(mode="after")
+    def _probabilities(self):
+        if self.p_mask + self.p_replace > 1:
+            raise ValueError(f"transfer.p_mask + transfer.p_replace = {self.p_mask + self.p_replace} exceeds 1")
+        return self
+
+
+class StudentConfig(Strict):
+    """Architecture and sizes of a student; fields an architecture does not use are ignored by it."""
+
+    arch: Literal["bilstm", "cnn", "transformer"]
+    vocab_size: int | None = Field(None, gt=0, description="set from the teacher's tokenizer")
+    num_labels: int = Field(2, ge=2)
+    embed_dim: int = Field(300, gt=0, description="word vectors of bilstm/cnn; the transformer uses hidden_size")
+    hidden_size: int = Field(300, gt=0, description="LSTM units per direction / transformer width")
+    num_layers: int = Field(1, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(1200, gt=0)
+    kernel_sizes: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
+    num_filters: int = Field(100, gt=0)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    pooling: Literal["max", "mean", "last"] = "max"
+    max_length: int = Field(128, gt=0)
+    pad_token_id: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.arch == "transformer" and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.arch == "bilstm" and self.num_layers != 1:
+            # Padding invariance without packed sequences (see BiLSTMClassifier) holds for one layer only.
+            raise ValueError(f"bilstm supports num_layers=1, got {self.num_layers}")
+        if any(k < 1 for k in self.kernel_sizes):
+            raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
+        if self.vocab_size is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
+        return self
+
+
+class LossWeights(Strict):
+    """Weights of the distillation terms: a weight of 0 skips the term (see `distill.losses`)."""
+
+    kd: float = Field(0.0, ge=0, description="soft-target KL at the temperature, times T^2 (Hinton)")
+    mse: float = Field(1.0, ge=0, description="logit MSE (Tang et al.)")
+    ce: float = Field(0.0, ge=0, description="hard-label cross-entropy where a label exists")
+    hidden: float = Field(0.0, ge=0, description="hidden-state MSE (transformer students)")
+    attention: float = Field(0.0, ge=0, description="attention KL (transformer students)")
+
+
+class StudentRun(Strict):
+    """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""
+
+    model: StudentConfig
+    optim: OptimConfig = OptimConfig(lr=1e-3, batch_size=64)
+    losses: LossWeights = LossWeights()
+    temperature: float = Field(2.0, gt=0)
+    init_from_teacher: bool = Field(True, description="teacher embeddings (and layers, for a transformer)")
+
+
+class DistillConfig(Strict):
+    students: dict[str, StudentRun] = Field(min_length=1)
+    deploy: str = Field(description="the student that is exported and served by default")
+
+    @model_validator(mode="after")
+    def _deploy_known(self):
+        if self.deploy not in self.students:
+            raise ValueError(f"distill.deploy={self.deploy!r} is not one of distill.students {sorted(self.students)}")
+        return self
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig | None = None
     finetune: FinetuneConfig = FinetuneConfig()
+    transfer: TransferConfig | None = None
+    distill: DistillConfig | None = None
 
     @model_validator(mode="after")
     def _scratch_needs_pretrain(self):

@@ -1,7 +1,9 @@
 """`python -m distill <stage> RECIPE [--section.key=value ...] [--force]`.
 
-Stages: `pretrain`, `finetune`, and `teacher` (pretrain when the recipe has a `pretrain`
-section, then fine-tune). A stage whose artifact is up to date is skipped unless `--force`.
+Stages: `pretrain`, `finetune`, `teacher` (pretrain when the recipe has a `pretrain` section,
+then fine-tune), `transfer` (build and label the transfer set), and `distill` (every student of
+the recipe, or those named with `--only`, plus their label-only baselines, then the summary
+table). A stage whose artifact is up to date is skipped unless `--force`.
 """
 
 import argparse
@@ -13,10 +15,10 @@ import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
-from distill import dist, finetune, pretrain
+from distill import dist, finetune, pretrain, student_stage, summary, transfer
 from distill.data import DataError
 
-STAGES = ("pretrain", "finetune", "teacher")
+STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("recipe")
     parser.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
+    parser.add_argument("--only", action="append", help="distill: just this student (repeatable)")
+    parser.add_argument("--no-baseline", action="store_true", help="distill: skip the label-only baselines")
     args, rest = parser.parse_known_args(argv)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -37,6 +41,15 @@ def main(argv: list[str] | None = None) -> int:
             pretrain.run(recipe, force=args.force)
         if args.stage in ("finetune", "teacher"):
             finetune.run(recipe, force=args.force)
+        if args.stage in ("transfer", "distill"):
+            transfer.run(recipe, force=args.force and args.stage == "transfer")
+        if args.stage == "distill":
+            for name in args.only or list(recipe.distill.students):
+                student_stage.run(recipe, name, force=args.force)
+                if not args.no_baseline:
+                    student_stage.run(recipe, name, baseline=True, force=args.force)
+            if dist.is_main():
+                summary.write(recipe)
     except (RecipeError, DataError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,18 +24,29 @@ SECTIONS = ("data", "model", "pretrain", "finetune")
 
 
 @torch.no_grad()
-def predict_logits(model, features: dict[str, list[list[int]]], pad_id: int, batch_size: int = 128) -> np.ndarray:
-    """Logits for every example, batched by length and returned in the original order. (N, C)."""
-    model.eval()
+def predict_logits(
+    forward, features: dict[str, list[list[int]]], pad_id: int, batch_size: int = 128, bar=None
+) -> np.ndarray:
+    """`forward(batch) -> logits` over every example, batched by length, in the original order. (N, C).
+
+    `bar`, a tqdm progress bar, advances by the examples of each batch.
+    """
     lengths = [len(ids) for ids in features["input_ids"]]
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     out = [None] * len(order)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        logits = model(**collate(features, chunk, pad_id)).logits.float().numpy()
+        logits = forward(collate(features, chunk, pad_id)).float().numpy()
         for i, row in zip(chunk, logits, strict=True):
             out[i] = row
+        if bar is not None:
+            bar.update(len(chunk))
     return np.stack(out)
+
+
+def hf_logits(model):
+    """The `forward` for `predict_logits` of a Hugging Face classifier."""
+    return lambda batch: model(**batch).logits
 
 
 def teacher_init(recipe: Recipe) -> tuple[str, dict[str, mf.Parent]]:
@@ -79,7 +90,9 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
         loss_fn=lambda m, idx: m(**collate(train_feats, idx, pad), labels=labels[idx]).loss,
-        evaluate=lambda m: classification_metrics(predict_logits(m, dev_feats, pad), dev.labels, data.num_labels),
+        evaluate=lambda m: classification_metrics(
+            predict_logits(hf_logits(m), dev_feats, pad), dev.labels, data.num_labels
+        ),
         metric="dev_accuracy",
         on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),
     )

@@ -1,0 +1,136 @@
+"""Transfer-set text: Tang et al. (2019) augmentation of labelled sentences and sentence splitting of raw reviews.
+
+Text is a list of whitespace-separated words, lower-cased and PTB-tokenised as in SST-2
+("it 's a charming journey ."). Randomness comes only from the `random.Random` passed in.
+"""
+
+import html
+import random
+import re
+from collections.abc import Callable
+
+Replacer = Callable[[list[str], int, random.Random], str]
+"""Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""
+
+MAX_NGRAM = 5
+
+
+def augment(
+    words: list[str],
+    rng: random.Random,
+    p_mask: float,
+    p_replace: float,
+    p_ngram: float,
+    mask_token: str,
+    replace: Replacer | None,
+) -> list[str]:
+    """One augmented copy of `words`, in this order (Tang et al. 2019, section 3.1):
+
+    1. For each word draw u ~ U[0, 1): u < p_mask puts `mask_token` in its place; otherwise
+       u < p_mask + p_replace puts `replace(words, index, rng)` there (skipped when `replace` is None).
+       Masking and replacement are thus exclusive, with overall probabilities p_mask and p_replace;
+       `replace` always sees the original words.
+    2. With probability p_ngram keep only a random n-gram of the result, n uniform in 1..5, capped at its length.
+    """
+    if min(p_mask, p_replace) < 0 or p_mask + p_replace > 1 or not 0 <= p_ngram <= 1:
+        raise ValueError(
+            f"need p_mask, p_replace >= 0, p_mask + p_replace <= 1, 0 <= p_ngram <= 1; got "
+            f"{p_mask}, {p_replace}, {p_ngram}"
+        )
+    out = []
+    for index, word in enumerate(words):
+        u = rng.random()
+        if u < p_mask:
+            out.append(mask_token)
+        elif replace is not None and u < p_mask + p_replace:
+            out.append(replace(words, index, rng))
+        else:
+            out.append(word)
+    if out and rng.random() < p_ngram:
+        n = min(rng.randint(1, MAX_NGRAM), len(out))
+        start = rng.randint(0, len(out) - n)
+        out = out[start : start + n]
+    return out
+
+
+def augment_many(
+    texts: list[str],
+    n_iter: int,
+    rng: random.Random,
+    *,
+    p_mask: float,
+    p_replace: float,
+    p_ngram: float,
+    mask_token: str,
+    replace: Replacer | None,
+) -> list[str]:
+    """Up to `n_iter` augmented samples per text, as space-joined strings, first occurrence kept.
+
+    Empty samples, repeats, and samples equal to any of `texts` (not only their own source) are
+    dropped, so the transfer set gains only new sentences.
+    """
+    seen = {" ".join(text.split()) for text in texts}
+    out = []
+    for text in texts:
+        words = text.split()
+        for _ in range(n_iter):
+            sample = " ".join(augment(words, rng, p_mask, p_replace, p_ngram, mask_token, replace))
+            if sample and sample not in seen:
+                seen.add(sample)
+                out.append(sample)
+    return out
+
+
+def vocab_replacer(vocabulary: list[str]) -> Replacer:
+    """A `Replacer` that ignores the context and draws a word uniformly from `vocabulary`."""
+    choices = tuple(vocabulary)
+    if not choices:
+        raise ValueError("vocab_replacer needs a non-empty vocabulary")
+
+    def replace(words: list[str], index: int, rng: random.Random) -> str:
+        return rng.choice(choices)
+
+    return replace
+
+
+_TAG = re.compile(r"<[^>]*>")
+_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
+# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000").
+_PUNCT = re.compile(r"(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
+_SENTENCE_END = re.compile(r"(?<=[.!?]) (?![.!?])")
+_WORD = re.compile(r"\w")
+MIN_WORDS = 3
+
+
+def tokenise(text: str) -> str:
+    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    text = _CLITIC.sub(r" \1", text)
+    text = _PUNCT.sub(r" \1 ", text)
+    return " ".join(text.split())
+
+
+def split_sentences(text: str) -> list[str]:
+    """Tokenised sentences of a raw review, split after . ! ? (kept), dropping those with under 3 words.
+
+    HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
+    or digit, so "wow !" and "it 's ." are dropped.
+    """
+    sentences = _SENTENCE_END.split(tokenise(text))
+    return [s for s in sentences if sum(bool(_WORD.search(token)) for token in s.split()) >= MIN_WORDS]
+
+
+_SPLIT_CLITIC = re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b")
+_BRACKET_TOKEN = re.compile(r"-[lr][rcs]b-")
+_NON_ALNUM = re.compile(r"[\W_]+")
+
+
+def normalise(text: str) -> str:
+    """Letters and digits only, lower-case, single spaces: a key to find dev/test sentences in other text.
+
+    Tokenisation does not change the key: clitics are re-attached and apostrophes dropped
+    ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped.
+    """
+    text = _BRACKET_TOKEN.sub(" ", text.lower().replace("\u2019", "'"))
+    text = _SPLIT_CLITIC.sub(r"\1", text).replace("'", "")
+    return " ".join(_NON_ALNUM.sub(" ", text).split())

@@ -1,0 +1,213 @@
+"""Train a student: distilled from the cached teacher logits, or the label-only baseline.
+
+Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`): `model.safetensors`, `student.json`
+(the full `StudentConfig`), the teacher's `tokenizer.json`, and `history.json`. Both kinds get the
+same architecture, optimizer settings and step budget, so their gap is what distillation buys.
+"""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel
+
+from common import manifest as mf
+from common.recipe import Recipe, StudentConfig, StudentRun, run_dir
+from distill import dist
+from distill.batching import collate, length_grouped_batches
+from distill.data import load_splits
+from distill.finetune import predict_logits
+from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
+from distill.metrics import classification_metrics
+from distill.students import build_student, count_parameters, init_from_teacher
+from distill.tokenization import encode, load_tokenizer
+from distill.trainer import Trainer, work_dir
+from distill.transfer import SECTIONS as TRANSFER_SECTIONS
+
+WEIGHTS, CONFIG = "model.safetensors", "student.json"
+
+
+class DistillObjective(nn.Module):
+    """The student plus what its intermediate losses train (hidden-state projections); returns the loss."""
+
+    def __init__(self, student: nn.Module, run: StudentRun, teacher=None):
+        super().__init__()
+        self.student, self.run = student, run
+        self.teacher = [teacher]  # a list keeps the frozen teacher out of parameters and state_dict
+        self.intermediate = teacher is not None and (run.losses.hidden > 0 or run.losses.attention > 0)
+        if self.intermediate:
+            t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
+            self.pairs = layer_map(run.model.num_layers, teacher.config.num_hidden_layers)
+            self.projection = nn.Linear(s_width, t_width) if s_width != t_width else None
+
+    def forward(self, batch: dict[str, torch.Tensor], teacher_logits: torch.Tensor, labels: torch.Tensor):
+        w = self.run.losses
+        mask = batch["attention_mask"]
+        if self.intermediate:
+            logits, s_hidden, s_attn = self.student(batch["input_ids"], mask, return_internals=True)
+        else:
+            logits = self.student(batch["input_ids"], mask)
+        terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels)}
+        if w.kd:
+            terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
+        if self.intermediate:
+            with torch.no_grad():
+                out = self.teacher[0](**batch, output_hidden_states=True, output_attentions=True)
+            terms["hidden"] = sum(
+                hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
+            ) / len(self.pairs)
+            terms["attention"] = sum(
+                attention_kl(s_attn[s - 1], out.attentions[t - 1], mask) for s, t in self.pairs
+            ) / len(self.pairs)
+        return combine(terms, w.model_dump())
+
+
+def save_student(student: nn.Module, cfg: StudentConfig, folder) -> None:
+    save_file({k: v.contiguous() for k, v in student.state_dict().items()}, folder / WEIGHTS)
+    (folder / CONFIG).write_text(cfg.model_dump_json(indent=1))
+
+
+def load_student(folder) -> tuple[nn.Module, StudentConfig]:
+    """Rebuild a student from its artifact folder (verified), in eval mode."""
+    mf.load(folder)
+    cfg = StudentConfig.model_validate_json((folder / CONFIG).read_text())
+    student = build_student(cfg)
+    student.load_state_dict(load_file(folder / WEIGHTS))
+    return student.eval(), cfg
+
+
+def _transfer_data(transfer_dir, tokenizer, max_length: int):
+    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()
+    meta = np.load(transfer_dir / "meta.npz")
+    logits = torch.from_numpy(np.load(transfer_dir / "logits.npy").astype(np.float32))
+    labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
+    return encode(tokenizer, texts, None, max_length), logits, labels
+
+
+def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) -> mf.Manifest:
+    """Distil (or, with `baseline`, train on labels only) the student `name` of `recipe.distill.students`."""
+    spec = recipe.distill.students[name]
+    stage = f"{'baseline' if baseline else 'student'}-{name}"
+    out = run_dir(recipe) / stage
+    config_hash = recipe.section_hash(*TRANSFER_SECTIONS) + recipe.section_hash("distill")
+    if not force and mf.is_current(out, config_hash):
+        print(f"[{stage}] up to date: {out}")
+        return mf.load(out, verify=False)
+    watch = mf.Stopwatch()
+    teacher_dir, transfer_dir = run_dir(recipe) / "teacher", run_dir(recipe) / "transfer"
+    teacher_manifest = mf.load(teacher_dir)
+    tokenizer = load_tokenizer(str(teacher_dir))
+    pad = tokenizer.pad_token_id
+    max_length = recipe.transfer.max_length
+    train, dev = load_splits(recipe.data)
+    dev_feats = encode(tokenizer, dev.texts, None, max_length)
+
+    transfer_manifest = mf.load(transfer_dir)
+    distill_steps = math.ceil(spec.optim.epochs * transfer_manifest.metrics["sentences"] / spec.optim.batch_size)
+    if baseline:
+        feats = encode(tokenizer, train.texts, None, max_length)
+        teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
+        labels = torch.tensor(train.labels)
+        optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
+        parents = {"teacher": mf.parent_of(teacher_dir)}
+    else:
+        feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
+        optim = spec.optim
+        parents = {"transfer": mf.parent_of(transfer_dir), "teacher": mf.parent_of(teacher_dir)}
+
+    cfg = StudentConfig.model_validate(
+        spec.model.model_dump()
+        | {
+            "vocab_size": len(tokenizer),
+            "num_labels": recipe.data.num_labels,
+            "pad_token_id": pad,
+            "max_length": max_length,
+        }
+    )
+    torch.manual_seed(optim.seed)
+    student = build_student(cfg)
+    teacher_bert = None
+    if spec.init_from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
+        teacher_bert = AutoModel.from_pretrained(teacher_dir, attn_implementation="eager").eval()
+    if spec.init_from_teacher:
+        init_from_teacher(student, teacher_bert)
+    if baseline:
+        run_spec = spec.model_copy(
+            update={"losses": spec.losses.model_copy(update={"mse": 0, "kd": 0, "ce": 1, "hidden": 0, "attention": 0})}
+        )
+        objective = DistillObjective(student, run_spec)
+    else:
+        objective = DistillObjective(student, spec, teacher_bert)
+
+    lengths = [len(ids) for ids in feats["input_ids"]]
+    work = work_dir(run_dir(recipe) / ".work" / stage, force)
+    trainer = Trainer(objective, optim, work, config_hash, stage)
+    best_path = work / "best.safetensors"
+
+    def on_best(module, _):
+        tmp = work / "best.tmp.safetensors"
+        save_file({k: v.contiguous() for k, v in module.student.state_dict().items()}, tmp)
+        tmp.replace(best_path)
+
+    progress = trainer.fit(
+        batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
+        loss_fn=lambda m, idx: m(collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
+        evaluate=lambda m: classification_metrics(
+            predict_logits(lambda b: m.student(b["input_ids"], b["attention_mask"]), dev_feats, pad, 256),
+            dev.labels,
+            recipe.data.num_labels,
+        ),
+        metric="dev_accuracy",
+        on_best=on_best,
+    )
+    if not dist.is_main():
+        return None
+    student.load_state_dict(load_file(best_path))
+    best = next(h for h in progress.history if h["step"] == progress.best_step)
+    teacher_acc = teacher_manifest.metrics["dev_accuracy"]
+    with mf.stage_folder(out) as tmp:
+        save_student(student, cfg, tmp)
+        shutil.copy2(teacher_dir / "tokenizer.json", tmp / "tokenizer.json")
+        (tmp / "history.json").write_text(json.dumps(progress.history, indent=1))
+        metrics = {
+            "dev_accuracy": best["dev_accuracy"],
+            "dev_f1": best["dev_f1"],
+            "confusion": best["confusion"],
+            "retention": best["dev_accuracy"] / teacher_acc,
+            "params": count_parameters(student),
+            "size_bytes": (tmp / WEIGHTS).stat().st_size,
+            "wall_seconds": watch.seconds,
+        }
+        manifest = mf.commit(
+            tmp,
+            out,
+            mf.Manifest(
+                stage=stage,
+                recipe=recipe.name,
+                recipe_hash=recipe.hash,
+                config_hash=config_hash,
+                parents=parents,
+                metrics=metrics,
+                info={
+                    "arch": cfg.arch,
+                    "kind": "baseline" if baseline else "distilled",
+                    "train_examples": len(lengths),
+                    "steps": progress.global_step,
+                    "best_step": progress.best_step,
+                    "losses": (run_spec if baseline else spec).losses.model_dump(),
+                    "world_size": trainer.world_size,
+                    "resumed_from_step": progress.resumed_from,
+                },
+                wall_seconds=watch.seconds,
+            ),
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"[{stage}] dev_accuracy={metrics['dev_accuracy']:.4f} retention={metrics['retention']:.3f} "
+        f"params={metrics['params'] / 1e6:.2f}M steps={progress.global_step} wall={watch.seconds / 60:.1f} min -> {out}"
+    )
+    return manifest

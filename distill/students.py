@@ -1,0 +1,216 @@
+"""Student models: BiLSTM (Tang et al. 2019), CNN (Kim 2014) and a small BERT (DistilBERT/TinyBERT).
+
+Every student maps `input_ids` and `attention_mask`, both (B, T) int64, to logits (B, C) from
+`forward(input_ids, attention_mask)`. Padding is on the right (the mask is 1s then 0s, as
+`distill.batching.collate` builds it), and logits do not depend on how much of it there is.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import BertConfig, BertModel
+
+from common.recipe import StudentConfig
+from distill.losses import layer_map
+
+
+def _rotation(shifts: Tensor, length: int) -> Tensor:
+    """Gather index (B, T) rotating each row right by shifts[b] in 0..T: out[b, t] = x[b, (t - shifts[b]) mod T]."""
+    index = torch.arange(length, device=shifts.device).unsqueeze(0) - shifts.unsqueeze(1)  # in -T..T-1
+    return torch.where(index < 0, index + length, index)  # not `%`: the ONNX exporter rejects a symbolic divisor
+
+
+def _rotate(x: Tensor, index: Tensor) -> Tensor:
+    """x (B, T, D) reordered along time by a `_rotation` index (B, T)."""
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+class BiLSTMClassifier(nn.Module):
+    """Embedding -> one bidirectional LSTM -> pooling over real tokens -> dropout -> ReLU layer -> logits.
+
+    Packed sequences do not export cleanly to ONNX, so the LSTM runs on 2B rows instead: the batch as
+    it is (right padding), whose forward direction never sees padding before a token, and the batch
+    rotated to left padding, whose backward direction never does. The forward states of the first half
+    and the realigned backward states of the second are exact; the other half of the work is discarded.
+    """
+
+    def __init__(self, cfg: StudentConfig):
+        super().__init__()
+        self.pooling = cfg.pooling
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_token_id)
+        self.lstm = nn.LSTM(cfg.embed_dim, cfg.hidden_size, batch_first=True, bidirectional=True)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hidden = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size)
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Bidirectional states (B, T, 2H) unaffected by padding; states at padded positions are meaningless."""
+        batch, length = input_ids.shape
+        lengths = attention_mask.sum(1)
+        padding_first = _rotation(length - lengths, length)  # right padding -> left padding
+        padding_last = _rotation(lengths, length)  # and back
+        x = self.embed(input_ids)  # (B, T, E)
+        states, _ = self.lstm(torch.cat([x, _rotate(x, padding_first)]))  # (2B, T, 2H)
+        size = self.lstm.hidden_size
+        forward_states = states[:batch, :, :size]
+        backward_states = _rotate(states[batch:, :, size:], padding_last)
+        return torch.cat([forward_states, backward_states], -1)
+
+    def pool(self, states: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T, 2H) -> (B, 2H): max or mean over real tokens, or [forward at last token; backward at first]."""
+        valid = attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
+        if self.pooling == "max":
+            return states.masked_fill(~valid, torch.finfo(states.dtype).min).amax(1)
+        if self.pooling == "mean":
+            return (states * valid).sum(1) / valid.sum(1).clamp(min=1)
+        size = self.lstm.hidden_size
+        last = (attention_mask.sum(1) - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, size)
+        return torch.cat([states[..., :size].gather(1, last).squeeze(1), states[:, 0, size:]], -1)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        pooled = self.pool(self.encode(input_ids, attention_mask), attention_mask)
+        return self.classifier(F.relu(self.hidden(self.dropout(pooled))))
+
+
+class CNNClassifier(nn.Module):
+    """Kim (2014): embedding -> Conv1d per kernel width -> ReLU -> max over time -> dropout -> logits.
+
+    Convolutions are wide (k - 1 zeros on each side, as in Kim's code), so a one-token input works and
+    every window that touches a real token counts. Embeddings at padded positions are zeroed, so a
+    window reaching into the padding sees the same zeros as the convolution's own padding.
+    """
+
+    def __init__(self, cfg: StudentConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_token_id)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(cfg.embed_dim, cfg.num_filters, k, padding=k - 1) for k in cfg.kernel_sizes
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.num_filters * len(cfg.kernel_sizes), cfg.num_labels)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        x = (self.embed(input_ids) * attention_mask.unsqueeze(-1)).transpose(1, 2)  # (B, E, T)
+        lengths = attention_mask.sum(1, keepdim=True)  # (B, 1)
+        features = []
+        for conv in self.convs:
+            out = F.relu(conv(x))  # (B, F, T + k - 1); window j covers input positions j - k + 1 .. j
+            valid = torch.arange(out.shape[-1], device=x.device) < lengths + conv.kernel_size[0] - 1  # (B, T + k - 1)
+            # After ReLU every value is >= 0, so zeroing invalid windows leaves the max over valid ones.
+            features.append((out * valid.unsqueeze(1)).amax(-1))
+        return self.classifier(self.dropout(torch.cat(features, -1)))
+
+
+class TransformerClassifier(nn.Module):
+    """A small BERT encoder -> [CLS] state -> dropout -> logits; BertModel, so teacher weights fit."""
+
+    def __init__(self, cfg: StudentConfig):
+        super().__init__()
+        config = BertConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_length,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            pad_token_id=cfg.pad_token_id,
+            attn_implementation="eager",  # the fused kernels do not return attention probabilities
+        )
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, return_internals: bool = False
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Logits (B, C); with `return_internals` also hidden_states (L + 1 of (B, T, H), embeddings first)
+        and attentions (L of (B, heads, T, T))."""
+        out = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=return_internals,
+            output_attentions=return_internals,
+        )
+        logits = self.classifier(self.dropout(out.last_hidden_state[:, 0]))
+        if return_internals:
+            return logits, out.hidden_states, out.attentions
+        return logits
+
+
+ARCHITECTURES = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier, "transformer": TransformerClassifier}
+
+
+def build_student(cfg: StudentConfig) -> nn.Module:
+    """A freshly initialised student of `cfg.arch`; `cfg.vocab_size` must be set."""
+    if cfg.vocab_size is None:
+        raise ValueError("StudentConfig.vocab_size is not set (it comes from the teacher's tokenizer)")
+    return ARCHITECTURES[cfg.arch](cfg)
+
+
+def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
+    """(V, H_t) -> (V, dim): principal components of the centred embeddings, scaled to unit std.
+
+    The first min(dim, H_t) components keep the most variance; extra dimensions, when dim > H_t, are 0.
+    The single scale factor matches nn.Embedding's N(0, 1) init, so the LSTM/conv input has its usual
+    size (BERT's vectors are ~20 times smaller); it keeps the relative geometry.
+    """
+    centred = words.float() - words.float().mean(0)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    scores = centred @ vh[:dim].T  # (V, min(dim, H_t))
+    scores = scores / scores.std().clamp(min=1e-12)
+    return F.pad(scores, (0, dim - scores.shape[1]))
+
+
+def _check_fits(student: BertModel, teacher: BertModel) -> None:
+    names = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size")
+    differ = [
+        f"{n} {getattr(student.config, n)} vs {getattr(teacher.config, n)}"
+        for n in names
+        if getattr(student.config, n) != getattr(teacher.config, n)
+    ]
+    if differ:
+        raise ValueError(f"cannot copy teacher weights, student vs teacher sizes differ: {', '.join(differ)}")
+    if student.config.max_position_embeddings > teacher.config.max_position_embeddings:
+        raise ValueError(
+            f"student max_length {student.config.max_position_embeddings} exceeds the teacher's "
+            f"{teacher.config.max_position_embeddings} positions"
+        )
+
+
+@torch.no_grad()
+def init_from_teacher(student: nn.Module, teacher: BertModel) -> None:
+    """Initialise `student` in place from a teacher `BertModel` (e.g. `BertForSequenceClassification.bert`).
+
+    Transformer: embeddings (the first max_length positions) and, by `distill.losses.layer_map`,
+    student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
+    the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
+    BiLSTM/CNN: the word embeddings, reduced to embed_dim by PCA (`_teacher_embedding_basis`); the
+    padding row is zeroed. The vocabularies must match.
+    """
+    teacher_words = teacher.embeddings.word_embeddings.weight
+    if isinstance(student, TransformerClassifier):
+        _check_fits(student.bert, teacher)
+        ours, theirs = student.bert.embeddings, teacher.embeddings
+        for name in ("word_embeddings", "token_type_embeddings", "LayerNorm"):
+            getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
+        positions = ours.position_embeddings.weight
+        positions.copy_(theirs.position_embeddings.weight[: positions.shape[0]])
+        pairs = layer_map(student.bert.config.num_hidden_layers, teacher.config.num_hidden_layers)
+        for s, t in pairs:
+            student.bert.encoder.layer[s - 1].load_state_dict(teacher.encoder.layer[t - 1].state_dict())
+        return
+    if not isinstance(student, (BiLSTMClassifier, CNNClassifier)):
+        raise TypeError(f"not a student model: {type(student).__name__}")
+    if student.embed.num_embeddings != teacher_words.shape[0]:
+        raise ValueError(
+            f"vocab sizes differ: student {student.embed.num_embeddings} vs teacher {teacher_words.shape[0]}"
+        )
+    student.embed.weight.copy_(_teacher_embedding_basis(teacher_words, student.embed.embedding_dim))
+    student.embed.weight[student.embed.padding_idx].zero_()
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters())

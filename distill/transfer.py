@@ -1,0 +1,189 @@
+"""Build the transfer set and label it with the teacher once; writes `runs/<recipe>/transfer/`.
+
+Sentences come from unlabelled text (split into sentences), the labelled train inputs, and
+Tang et al. augmentations of those inputs. They are deduplicated and any sentence that overlaps
+a dev sentence is dropped. Labelling runs in shards, each written atomically to the work folder,
+so a killed run resumes at the first missing shard.
+
+Artifact: `texts.txt` (one sentence per line), `meta.npz` (`source`: 0 unlabelled, 1 train,
+2 augmented; `label`: gold label or -1), `logits.npy` (float16, (N, C)) and `dev_logits.npy`.
+"""
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification
+
+from common import manifest as mf
+from common.recipe import Recipe, run_dir
+from distill.augment import augment_many, normalise, split_sentences, vocab_replacer
+from distill.data import load_splits, load_unlabelled
+from distill.finetune import SECTIONS as TEACHER_SECTIONS
+from distill.finetune import hf_logits, predict_logits
+from distill.metrics import classification_metrics
+from distill.tokenization import encode, load_tokenizer
+
+SECTIONS = (*TEACHER_SECTIONS, "transfer")
+SOURCES = ("unlabelled", "train", "augmented")
+LEAK_NGRAM = 8
+
+
+def leak_filter(dev_texts: list[str]):
+    """A predicate that is True for text equal to a dev sentence or sharing 8 words in a row with one."""
+    keys = {normalise(t) for t in dev_texts}
+    grams = set()
+    for key in keys:
+        words = key.split()
+        grams.update(tuple(words[i : i + LEAK_NGRAM]) for i in range(len(words) - LEAK_NGRAM + 1))
+
+    def leaks(text: str) -> bool:
+        key = normalise(text)
+        if key in keys:
+            return True
+        words = key.split()
+        return any(tuple(words[i : i + LEAK_NGRAM]) in grams for i in range(len(words) - LEAK_NGRAM + 1))
+
+    return leaks
+
+
+def build_texts(recipe: Recipe, mask_token: str) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
+    """(texts, source codes, gold labels or -1, composition counts), deterministic for the recipe's seed."""
+    cfg = recipe.transfer
+    rng = random.Random(cfg.seed)
+    train, dev = load_splits(recipe.data)
+    raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
+    unlabelled = [sentence for line in raw for sentence in split_sentences(line)]
+    rng.shuffle(unlabelled)
+    # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
+    words = [w for text in train.texts for w in text.split()]
+    augmented = augment_many(
+        train.texts,
+        cfg.n_iter,
+        rng,
+        p_mask=cfg.p_mask,
+        p_replace=cfg.p_replace,
+        p_ngram=cfg.p_ngram,
+        mask_token=mask_token,
+        replace=vocab_replacer(words),
+    )
+    rng.shuffle(augmented)
+    candidates = [(t, 1, y) for t, y in zip(train.texts, train.labels, strict=True)] if cfg.include_train else []
+    if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
+        unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
+    candidates += [(t, 0, -1) for t in unlabelled]
+    candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
+    leaks = leak_filter(dev.texts)
+    seen, texts, sources, labels = set(), [], [], []
+    counts = dict.fromkeys(SOURCES, 0)
+    removed = {"duplicates": 0, "dev_overlap": 0}
+    for text, source, label in candidates:
+        key = normalise(text)
+        if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
+            continue
+        if not key or key in seen:
+            removed["duplicates"] += 1
+            continue
+        if leaks(text):
+            removed["dev_overlap"] += 1
+            continue
+        seen.add(key)
+        counts[SOURCES[source]] += 1
+        texts.append(text)
+        sources.append(source)
+        labels.append(label)
+    composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(texts)}
+    return texts, np.array(sources, dtype=np.int8), np.array(labels, dtype=np.int64), composition
+
+
+def label_shards(model, tokenizer, texts: list[str], cfg, work: Path) -> np.ndarray:
+    """Teacher logits for `texts`, one atomically written float16 shard at a time; finished shards are kept."""
+    shard_paths = []
+    starts = range(0, len(texts), cfg.shard_size)
+    done = sum(
+        min(cfg.shard_size, len(texts) - s) for i, s in enumerate(starts) if (work / f"logits-{i:05d}.npy").is_file()
+    )
+    bar = tqdm(total=len(texts), initial=done, desc="label", unit="sent", mininterval=2, dynamic_ncols=True)
+    if done:
+        tqdm.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
+    for index, start in enumerate(starts):
+        path = work / f"logits-{index:05d}.npy"
+        shard_paths.append(path)
+        if path.is_file():
+            continue
+        feats = encode(tokenizer, texts[start : start + cfg.shard_size], None, cfg.max_length)
+        logits = predict_logits(hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, bar=bar)
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, logits.astype(np.float16))
+        os.replace(tmp, path)
+    bar.close()
+    return np.concatenate([np.load(p) for p in shard_paths])
+
+
+def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
+    if recipe.transfer is None:
+        raise ValueError(f"recipe {recipe.name} has no `transfer` section")
+    out = run_dir(recipe) / "transfer"
+    config_hash = recipe.section_hash(*SECTIONS)
+    if not force and mf.is_current(out, config_hash):
+        print(f"[transfer] up to date: {out}")
+        return mf.load(out, verify=False)
+    watch = mf.Stopwatch()
+    teacher_dir = run_dir(recipe) / "teacher"
+    mf.load(teacher_dir)
+    tokenizer = load_tokenizer(str(teacher_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+
+    work = run_dir(recipe) / ".work" / "transfer"
+    stamp = work / "config_hash"
+    if force or not stamp.is_file() or stamp.read_text() != config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        stamp.write_text(config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST))
+    texts, sources, labels, composition = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
+    with torch.inference_mode():
+        logits = label_shards(model, tokenizer, texts, recipe.transfer, work)
+        _, dev = load_splits(recipe.data)
+        dev_logits = predict_logits(
+            hf_logits(model), encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length), tokenizer.pad_token_id
+        )
+    teacher_dev = classification_metrics(dev_logits, dev.labels, recipe.data.num_labels)["dev_accuracy"]
+    with mf.stage_folder(out) as tmp:
+        (tmp / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        np.savez(tmp / "meta.npz", source=sources, label=labels)
+        np.save(tmp / "logits.npy", logits)
+        np.save(tmp / "dev_logits.npy", dev_logits.astype(np.float32))
+        (tmp / "composition.json").write_text(json.dumps(composition, indent=1))
+        predicted = logits.astype(np.float32).argmax(-1)
+        manifest = mf.commit(
+            tmp,
+            out,
+            mf.Manifest(
+                stage="transfer",
+                recipe=recipe.name,
+                recipe_hash=recipe.hash,
+                config_hash=config_hash,
+                parents={"teacher": mf.parent_of(teacher_dir)},
+                metrics={
+                    "sentences": len(texts),
+                    "teacher_dev_accuracy": teacher_dev,
+                    "teacher_positive_rate": float((predicted == 1).mean()),
+                    "wall_seconds": watch.seconds,
+                    **{f"n_{k}": v for k, v in composition.items()},
+                },
+                info={"composition": composition, "sources": list(SOURCES), "logits_dtype": "float16"},
+                wall_seconds=watch.seconds,
+            ),
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
+    print(
+        f"[transfer] {len(texts)} sentences ({parts}; {composition['removed_duplicates']} duplicates and "
+        f"{composition['removed_dev_overlap']} dev overlaps removed), wall={watch.seconds / 60:.1f} min -> {out}"
+    )
+    return manifest

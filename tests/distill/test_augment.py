@@ -1,0 +1,149 @@
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from distill.augment import augment, augment_many, normalise, split_sentences, tokenise, vocab_replacer
+
+SENTENCE = ["it", "'s", "a", "charming", "and", "often", "affecting", "journey", ",", "the", "cast", "shines", "."]
+VOCAB = ["good", "bad", "film", "movie", "dull"]
+
+
+def _augment(words, seed, p_mask=0.2, p_replace=0.2, p_ngram=0.25, replace=None):
+    replace = replace or vocab_replacer(VOCAB)
+    return augment(words, random.Random(seed), p_mask, p_replace, p_ngram, "[MASK]", replace)
+
+
+def test_same_seed_same_output_and_different_seeds_differ():
+    first = [_augment(SENTENCE, seed) for seed in range(5)]
+    assert first == [_augment(SENTENCE, seed) for seed in range(5)]
+    assert len({" ".join(words) for words in first}) > 1
+
+
+def test_mask_probability_one_masks_every_word():
+    assert _augment(SENTENCE, 0, p_mask=1.0, p_replace=0.0, p_ngram=0.0) == ["[MASK]"] * len(SENTENCE)
+
+
+def test_zero_probabilities_leave_words_unchanged():
+    assert _augment(SENTENCE, 0, p_mask=0.0, p_replace=0.0, p_ngram=0.0) == SENTENCE
+
+
+def test_replacement_is_skipped_without_a_replacer():
+    words = augment(SENTENCE, random.Random(0), 0.0, 1.0, 0.0, "[MASK]", None)
+    assert words == SENTENCE
+
+
+def test_replacer_gets_the_original_words_and_the_right_index():
+    calls = []
+
+    def replace(words, index, rng):
+        calls.append((list(words), index))
+        return f"<{index}>"
+
+    out = _augment(SENTENCE, 3, p_mask=0.5, p_replace=0.5, p_ngram=0.0, replace=replace)
+    assert len(out) == len(SENTENCE)
+    replaced = [i for i, word in enumerate(out) if word != "[MASK]"]
+    assert all(out[i] == f"<{i}>" for i in replaced)
+    assert [index for _, index in calls] == replaced
+    assert all(words == SENTENCE for words, _ in calls)
+    assert 0 < len(replaced) < len(SENTENCE)
+
+
+def test_invalid_probabilities_are_rejected():
+    with pytest.raises(ValueError, match="p_mask"):
+        _augment(SENTENCE, 0, p_mask=0.7, p_replace=0.5)
+
+
+@given(
+    words=st.lists(st.text(alphabet="abcxyz'.", min_size=1, max_size=6), min_size=1, max_size=30),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_ngram_is_a_contiguous_piece_of_one_to_five_words(words, seed):
+    out = augment(words, random.Random(seed), 0.0, 0.0, 1.0, "[MASK]", None)
+    assert 1 <= len(out) <= min(5, len(words))
+    starts = [i for i in range(len(words) - len(out) + 1) if words[i : i + len(out)] == out]
+    assert starts
+
+
+def test_empty_input_gives_empty_output():
+    assert _augment([], 0, p_ngram=1.0) == []
+
+
+def test_augment_many_respects_n_iter_and_drops_repeats_sources_and_empties():
+    texts = ["a b c d e f g", "good film", "a b"]
+    kwargs = dict(p_mask=0.3, p_replace=0.3, p_ngram=0.5, mask_token="[MASK]", replace=vocab_replacer(VOCAB))
+    out = augment_many(texts, 8, random.Random(0), **kwargs)
+    assert 0 < len(out) <= 8 * len(texts)
+    assert len(out) == len(set(out))
+    assert not set(out) & set(texts)
+    assert all(sample.strip() == sample and sample for sample in out)
+    assert out == augment_many(texts, 8, random.Random(0), **kwargs)
+    assert augment_many(texts, 0, random.Random(0), **kwargs) == []
+
+
+def test_augment_many_without_changes_adds_nothing():
+    kwargs = dict(p_mask=0.0, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
+    assert augment_many(["a  b c", "d e"], 5, random.Random(0), **kwargs) == []
+
+
+def test_augment_many_keeps_first_occurrence_order():
+    kwargs = dict(p_mask=1.0, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
+    assert augment_many(["a b", "c d", "e"], 3, random.Random(0), **kwargs) == ["[MASK] [MASK]", "[MASK]"]
+
+
+def test_vocab_replacer_draws_from_its_vocabulary():
+    replace = vocab_replacer(VOCAB)
+    rng = random.Random(0)
+    drawn = {replace(SENTENCE, 2, rng) for _ in range(50)}
+    assert drawn <= set(VOCAB) and len(drawn) > 1
+    with pytest.raises(ValueError, match="non-empty"):
+        vocab_replacer([])
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Don't do it.", "do n't do it ."),
+        ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
+        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
+        ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
+    ],
+)
+def test_tokenise_examples(raw, expected):
+    assert tokenise(raw) == expected
+
+
+def test_split_sentences_splits_cleans_and_drops_short_ones():
+    raw = "This movie rocks! I loved it.<br /><br />Wow!! Don't miss the ending... Truly great, it's a gem?"
+    assert split_sentences(raw) == [
+        "this movie rocks !",
+        "i loved it .",
+        "do n't miss the ending ...",
+        "truly great , it 's a gem ?",
+    ]
+
+
+def test_split_sentences_keeps_a_sentence_without_final_punctuation():
+    assert split_sentences("an ok film overall") == ["an ok film overall"]
+    assert split_sentences("Short. Too.") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("  It 's   a CHARMING journey . ", "its a charming journey"),
+        ("it's a charming journey.", "its a charming journey"),
+        ("do n't -lrb- really -rrb- go !", "dont really go"),
+        ("Don't (really) go!", "dont really go"),
+        ("3.5 stars_for café", "3 5 stars for café"),
+        ("...", ""),
+    ],
+)
+def test_normalise_examples(text, expected):
+    assert normalise(text) == expected
+
+
+def test_normalise_matches_a_raw_sentence_with_its_tokenised_form():
+    raw = "Don't miss it: the cast's work is (mostly) great!"
+    assert normalise(raw) == normalise(split_sentences(raw)[0])

@@ -1,0 +1,206 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+from torch import nn
+from transformers import BertConfig, BertModel
+
+from distill.students import (
+    BiLSTMClassifier,
+    CNNClassifier,
+    StudentConfig,
+    TransformerClassifier,
+    build_student,
+    count_parameters,
+    init_from_teacher,
+)
+
+VOCAB = 50
+TINY = dict(
+    vocab_size=VOCAB,
+    embed_dim=16,
+    hidden_size=16,
+    num_heads=2,
+    intermediate_size=32,
+    num_filters=8,
+    kernel_sizes=[2, 3],
+    max_length=32,
+    dropout=0.1,
+)
+ARCHS = ["bilstm", "cnn", "transformer"]
+
+
+def _student(arch: str, **overrides) -> nn.Module:
+    torch.manual_seed(0)
+    return build_student(StudentConfig(arch=arch, **{**TINY, **overrides})).eval()
+
+
+def _tiny_teacher() -> BertModel:
+    torch.manual_seed(1)
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, vocab_size=100
+    )
+    return BertModel(config).eval()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 2, 7])
+def test_logits_shape(arch, batch, length):
+    ids = torch.randint(1, VOCAB, (batch, length))
+    logits = _student(arch)(ids, torch.ones_like(ids))
+    assert logits.shape == (batch, 2)
+    assert torch.isfinite(logits).all()
+
+
+def _ragged_batch(fill: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Three right-padded rows of lengths 1, 4, 6 in width 9; padding is [PAD] (0) or random ids."""
+    generator = torch.Generator().manual_seed(2)
+    lengths = [1, 4, 6]
+    ids = torch.randint(1, VOCAB, (3, 9), generator=generator)
+    mask = (torch.arange(9) < torch.tensor(lengths).unsqueeze(1)).long()
+    if fill == "pad":
+        ids = ids * mask
+    return ids, mask, lengths
+
+
+@pytest.mark.parametrize(
+    ("arch", "pooling"),
+    [("bilstm", "max"), ("bilstm", "mean"), ("bilstm", "last"), ("cnn", "max"), ("transformer", "max")],
+)
+@pytest.mark.parametrize("fill", ["pad", "random"])
+def test_padding_does_not_change_logits(arch, pooling, fill):
+    model = _student(arch, pooling=pooling)
+    if arch != "transformer":
+        with torch.no_grad():
+            model.embed.weight[0].normal_()  # even a non-zero [PAD] vector must not leak in
+    ids, mask, lengths = _ragged_batch(fill)
+    with torch.no_grad():
+        padded = model(ids, mask)
+        alone = torch.cat([model(ids[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in enumerate(lengths)])
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_few_steps_learn_a_tiny_task(arch):
+    model = _student(arch, dropout=0.0).train()
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, VOCAB, (16, 6), generator=generator)
+    labels = torch.arange(16) % 2
+    ids[labels == 1, 2] = 1  # the positive class contains token 1
+    mask = torch.ones_like(ids)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = F.cross_entropy(model(ids, mask), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_bilstm_is_one_bidirectional_lstm():
+    lstms = [m for m in _student("bilstm").modules() if isinstance(m, nn.LSTM)]
+    assert len(lstms) == 1
+    assert lstms[0].bidirectional and lstms[0].num_layers == 1 and lstms[0].batch_first
+
+
+def test_transformer_returns_internals_with_expected_shapes():
+    model = _student("transformer", num_layers=2)
+    ids = torch.randint(1, VOCAB, (3, 5))
+    mask = torch.ones_like(ids)
+    logits, hidden, attentions = model(ids, mask, return_internals=True)
+    assert logits.shape == (3, 2)
+    assert len(hidden) == 3 and all(h.shape == (3, 5, 16) for h in hidden)
+    assert len(attentions) == 2 and all(a.shape == (3, 2, 5, 5) for a in attentions)
+    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(3, 2, 5))
+    torch.testing.assert_close(logits, model(ids, mask))
+
+
+def test_init_from_teacher_copies_embeddings_and_mapped_layers():
+    teacher = _tiny_teacher()
+    student = _student("transformer", vocab_size=100, hidden_size=32, intermediate_size=64, num_layers=2)
+    init_from_teacher(student, teacher)
+    ours, theirs = student.bert.embeddings, teacher.embeddings
+    assert torch.equal(ours.word_embeddings.weight, theirs.word_embeddings.weight)
+    assert torch.equal(ours.position_embeddings.weight, theirs.position_embeddings.weight[:32])
+    assert torch.equal(ours.token_type_embeddings.weight, theirs.token_type_embeddings.weight)
+    assert torch.equal(ours.LayerNorm.weight, theirs.LayerNorm.weight)
+    for student_index, teacher_index in [(0, 1), (1, 3)]:
+        mine = student.bert.encoder.layer[student_index].state_dict()
+        source = teacher.encoder.layer[teacher_index].state_dict()
+        assert mine.keys() == source.keys()
+        assert all(torch.equal(mine[name], source[name]) for name in mine)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(vocab_size=100, hidden_size=16, intermediate_size=64), "hidden_size 16 vs 32"),
+        (dict(vocab_size=100, hidden_size=32, intermediate_size=32), "intermediate_size 32 vs 64"),
+        (dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64), "vocab_size 50 vs 100"),
+        (dict(vocab_size=100, hidden_size=32, intermediate_size=64, max_length=600), "max_length 600"),
+    ],
+)
+def test_init_from_teacher_rejects_a_transformer_that_does_not_fit(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        init_from_teacher(_student("transformer", **overrides), _tiny_teacher())
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+@pytest.mark.parametrize("embed_dim", [8, 32, 40])
+def test_init_from_teacher_projects_word_embeddings(arch, embed_dim):
+    teacher = _tiny_teacher()
+    student = _student(arch, vocab_size=100, embed_dim=embed_dim)
+    init_from_teacher(student, teacher)
+    words = student.embed.weight
+    assert words.shape == (100, embed_dim)
+    assert torch.equal(words[0], torch.zeros(embed_dim))
+    kept = min(embed_dim, 32)
+    variances = words[1:, :kept].var(0)
+    assert torch.all(variances[:-1] >= variances[1:] - 1e-4)  # principal components, largest first
+    assert torch.equal(words[:, kept:], torch.zeros(100, embed_dim - kept))
+    if embed_dim >= 32:  # all components kept: distances are the teacher's up to one scale factor
+        ratio = torch.pdist(words[1:]) / torch.pdist(teacher.embeddings.word_embeddings.weight[1:])
+        torch.testing.assert_close(ratio, torch.full_like(ratio, ratio[0].item()), atol=1e-4, rtol=1e-4)
+
+
+def test_init_from_teacher_needs_the_teachers_vocabulary():
+    with pytest.raises(ValueError, match="vocab sizes differ"):
+        init_from_teacher(_student("cnn"), _tiny_teacher())
+
+
+def test_init_from_teacher_rejects_other_modules():
+    with pytest.raises(TypeError, match="Linear"):
+        init_from_teacher(nn.Linear(2, 2), _tiny_teacher())
+
+
+def test_count_parameters_by_hand():
+    assert count_parameters(nn.Linear(3, 2)) == 8
+    e, h, c = 16, 16, 2
+    lstm = 2 * (4 * h * e + 4 * h * h + 8 * h)
+    expected = VOCAB * e + lstm + (2 * h * h + h) + (h * c + c)
+    assert count_parameters(_student("bilstm")) == expected
+
+
+def test_build_student_picks_the_architecture():
+    assert isinstance(_student("bilstm"), BiLSTMClassifier)
+    assert isinstance(_student("cnn"), CNNClassifier)
+    assert isinstance(_student("transformer"), TransformerClassifier)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(arch="transformer", hidden_size=15), "divisible"),
+        (dict(arch="bilstm", num_layers=2), "num_layers=1"),
+        (dict(arch="cnn", kernel_sizes=[0, 3]), "kernel_sizes"),
+        (dict(arch="cnn", pad_token_id=VOCAB), "pad_token_id"),
+        (dict(arch="cnn", poolling="max"), "poolling"),
+        (dict(arch="rnn"), "arch"),
+    ],
+)
+def test_config_rejects_bad_values(overrides, message):
+    with pytest.raises(ValidationError, match=message):
+        StudentConfig(**{**TINY, **overrides})
