@@ -32,22 +32,28 @@ from distill.tokenization import encode, load_tokenizer
 SECTIONS = (*TEACHER_SECTIONS, "transfer")
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
+MIN_CONTAINED = 5
 
 
 def leak_filter(dev_texts: list[str]):
-    """A predicate that is True for text equal to a dev sentence or sharing 8 words in a row with one."""
+    """A predicate: True for text equal to a dev sentence, containing a whole dev sentence of 5 to 7
+    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words)."""
     keys = {normalise(t) for t in dev_texts}
     grams = set()
     for key in keys:
-        words = key.split()
-        grams.update(tuple(words[i : i + LEAK_NGRAM]) for i in range(len(words) - LEAK_NGRAM + 1))
+        words = tuple(key.split())
+        if MIN_CONTAINED <= len(words) < LEAK_NGRAM:
+            grams.add(words)
+        grams.update(words[i : i + LEAK_NGRAM] for i in range(len(words) - LEAK_NGRAM + 1))
 
     def leaks(text: str) -> bool:
         key = normalise(text)
         if key in keys:
             return True
-        words = key.split()
-        return any(tuple(words[i : i + LEAK_NGRAM]) in grams for i in range(len(words) - LEAK_NGRAM + 1))
+        words = tuple(key.split())
+        return any(
+            words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1) for i in range(len(words) - n + 1)
+        )
 
     return leaks
 

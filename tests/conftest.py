@@ -1,6 +1,7 @@
 """Shared fixtures: every test writes its runs into a temporary RUNS_DIR, never the network."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,3 +26,21 @@ def data_dir() -> Path:
     path = Path(settings.defaults()["DATA_DIR"])
     assert (path / "sst2" / "train.tsv").is_file(), f"shared data not found at {path}: set DATA_DIR"
     return path
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """`runs/smoke/` after the teacher and distill stages of recipes/smoke.yaml, built once per session."""
+    runs = tmp_path_factory.mktemp("smoke-runs")
+    env = {**os.environ, "RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    for stage in ("teacher", "distill"):
+        result = subprocess.run(
+            [PYTHON, "-m", "distill", stage, str(ROOT / "recipes" / "smoke.yaml")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return runs / "smoke"

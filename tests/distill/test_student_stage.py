@@ -1,0 +1,66 @@
+import json
+
+import pytest
+import torch
+
+from common import manifest as mf
+from common.recipe import load_recipe
+from distill.batching import collate
+from distill.data import load_splits
+from distill.finetune import predict_logits
+from distill.metrics import classification_metrics
+from distill.student_stage import load_student
+from distill.tokenization import encode, load_tokenizer
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+ARCHS = ("bilstm", "cnn", "transformer")
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    folder = smoke_run / f"student-{name}"
+    manifest = mf.load(folder)
+    assert manifest.info["kind"] == "distilled" and manifest.info["arch"] == name
+    assert set(manifest.parents) == {"transfer", "teacher"}
+    student, cfg = load_student(folder)
+    assert cfg.arch == name and manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
+    tokenizer = load_tokenizer(str(smoke_run / "teacher"))
+    _, dev = load_splits(recipe.data)
+    feats = encode(tokenizer, dev.texts, None, recipe.transfer.max_length)
+    with torch.no_grad():
+        logits = predict_logits(lambda b: student(b["input_ids"], b["attention_mask"]), feats, tokenizer.pad_token_id)
+    accuracy = classification_metrics(logits, dev.labels, 2)["dev_accuracy"]
+    assert accuracy == pytest.approx(manifest.metrics["dev_accuracy"])
+    assert accuracy > 0.6, "a distilled smoke student must beat the majority class (about 0.52)"
+    assert (folder / "tokenizer.json").read_bytes() == (smoke_run / "teacher" / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_baseline_has_the_same_budget_and_no_teacher(smoke_run, name):
+    student = mf.load(smoke_run / f"student-{name}")
+    baseline = mf.load(smoke_run / f"baseline-{name}")
+    assert baseline.info["kind"] == "baseline" and "transfer" not in baseline.parents
+    assert baseline.info["losses"] == {"kd": 0.0, "mse": 0.0, "ce": 1.0, "hidden": 0.0, "attention": 0.0}
+    assert baseline.info["steps"] <= student.info["steps"]
+    assert baseline.metrics["params"] == student.metrics["params"]
+
+
+def test_padding_does_not_change_student_predictions(smoke_run):
+    student, _ = load_student(smoke_run / "student-bilstm")
+    feats = {"input_ids": [[2, 40, 41, 42, 3], [2, 50, 3]]}
+    batch = collate(feats, [0, 1], pad_id=0)
+    with torch.no_grad():
+        together = student(batch["input_ids"], batch["attention_mask"])
+        alone = student(torch.tensor([[2, 50, 3]]), torch.ones(1, 3, dtype=torch.long))
+    assert torch.allclose(together[1], alone[0], atol=1e-5)
+
+
+def test_summary_table(smoke_run):
+    rows = json.loads((smoke_run / "distill-summary.json").read_text())
+    assert [r["student"] for r in rows] == ["teacher", *ARCHS]
+    for row in rows[1:]:
+        assert row["gain"] == pytest.approx(row["dev_accuracy"] - row["baseline"], abs=1e-4)
+        assert 0 < row["retention"] <= 1.5
+    assert "| bilstm | bilstm |" in (smoke_run / "distill-summary.md").read_text()

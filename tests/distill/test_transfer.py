@@ -1,0 +1,85 @@
+import numpy as np
+import torch
+
+from common import manifest as mf
+from common.recipe import TransferConfig, load_recipe
+from distill.augment import normalise
+from distill.transfer import build_texts, label_shards, leak_filter
+from tests.conftest import ROOT
+
+
+def test_leak_filter_catches_copies_and_long_overlaps():
+    long = "the film is a charming and often affecting journey through grief ."
+    leaks = leak_filter(["it 's a charming and often affecting journey .", "bleak", long])
+    assert leaks("It's a charming and often affecting journey.")
+    assert leaks("we said it 's a charming and often affecting journey , sort of")  # whole 7-word sentence inside
+    assert leaks("honestly : a charming and often affecting journey through grief , or not")  # 8-word overlap
+    assert leaks("bleak !")
+    assert not leaks("a charming and often affecting film")
+    assert not leaks("bleak and desperate")
+
+
+def test_build_texts_is_deterministic_deduplicated_and_leak_free():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    texts, sources, labels, composition = build_texts(recipe, "[MASK]")
+    again = build_texts(recipe, "[MASK]")
+    assert texts == again[0] and (sources == again[1]).all()
+    keys = [normalise(t) for t in texts]
+    assert len(set(keys)) == len(keys)
+    from distill.data import load_splits
+
+    _, dev = load_splits(recipe.data.model_copy(update={"dev_limit": None}))
+    assert not set(keys) & {normalise(t) for t in dev.texts}
+    counts = np.bincount(sources, minlength=3)
+    assert counts.tolist() == [composition["unlabelled"], composition["train"], composition["augmented"]]
+    assert composition["unlabelled"] == recipe.transfer.max_unlabelled
+    assert (labels[sources == 1] >= 0).all() and (labels[sources != 1] == -1).all()
+    assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
+
+
+class CountingModel(torch.nn.Module):
+    """A stand-in classifier whose logits are a fixed function of the ids, counting its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask, **_):
+        self.calls += 1
+        total = (input_ids * attention_mask).sum(-1, keepdim=True).float()
+        return type("Out", (), {"logits": torch.cat([total, -total], -1)})
+
+
+class WordTokenizer:
+    pad_token_id = 0
+
+    def __call__(self, texts, pairs, truncation, max_length, padding):
+        return {"input_ids": [[len(w) for w in t.split()][:max_length] for t in texts]}
+
+
+def test_logit_cache_round_trip_and_resume(tmp_path):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+    texts = [f"{'a' * i} b" for i in range(1, 9)]
+    model = CountingModel()
+    first = label_shards(model, WordTokenizer(), texts, cfg, tmp_path)
+    assert first.dtype == np.float16 and first.shape == (8, 2)
+    assert first[:, 0].tolist() == [i + 1 for i in range(1, 9)]
+    shards = sorted(tmp_path.glob("logits-*.npy"))
+    assert len(shards) == 3
+    kept = shards[0].stat().st_mtime_ns
+    shards[1].unlink()  # as if killed while writing the second shard
+    model.calls = 0
+    again = label_shards(model, WordTokenizer(), texts, cfg, tmp_path)
+    assert (again == first).all()
+    assert model.calls == 2, "only the missing shard (3 texts, batches of 2) is labelled again"
+    assert shards[0].stat().st_mtime_ns == kept
+
+
+def test_transfer_artifact(smoke_run):
+    manifest = mf.load(smoke_run / "transfer")
+    texts = (smoke_run / "transfer" / "texts.txt").read_text().splitlines()
+    logits = np.load(smoke_run / "transfer" / "logits.npy")
+    assert logits.shape == (len(texts), 2) and logits.dtype == np.float16
+    assert manifest.metrics["sentences"] == len(texts)
+    assert manifest.parents["teacher"].manifest_sha256 == mf.sha256_file(smoke_run / "teacher" / "manifest.json")
+    assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
