@@ -20,12 +20,12 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
-all: teacher  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
+all: distill  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
 	@$(PY) -m common.summary $(RECIPE)
 
 setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
@@ -43,6 +43,18 @@ teacher: $(RUN)/teacher/manifest.json  ## pretrain (if the recipe says so) and f
 
 $(RUN)/teacher/manifest.json: $(RECIPES) $(STAMP)
 	$(LAUNCH) distill teacher $(RECIPE)
+	@touch $@
+
+transfer: $(RUN)/transfer/manifest.json  ## build the transfer set and label it with the teacher
+
+$(RUN)/transfer/manifest.json: $(RUN)/teacher/manifest.json $(RECIPES)
+	$(PY) -m distill transfer $(RECIPE)
+	@touch $@
+
+distill: $(RUN)/distill-summary.md  ## distil every student of the recipe, train their baselines, print the table
+
+$(RUN)/distill-summary.md: $(RUN)/transfer/manifest.json $(RECIPES)
+	$(LAUNCH) distill distill $(RECIPE)
 	@touch $@
 
 test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
-    dist.init()
+    _, world_size = dist.init()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
@@ -41,8 +41,15 @@ def main(argv: list[str] | None = None) -> int:
             pretrain.run(recipe, force=args.force)
         if args.stage in ("finetune", "teacher"):
             finetune.run(recipe, force=args.force)
-        if args.stage in ("transfer", "distill"):
+        if args.stage in ("transfer", "distill") and (recipe.transfer is None or recipe.distill is None):
+            raise RecipeError(f"{args.recipe}: needs `transfer` and `distill` sections for stage {args.stage}")
+        unknown = set(args.only or ()) - set(recipe.distill.students if recipe.distill else ())
+        if unknown:
+            raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {args.recipe}")
+        if args.stage == "transfer" or (args.stage == "distill" and world_size == 1):
             transfer.run(recipe, force=args.force and args.stage == "transfer")
+        elif args.stage == "distill" and not transfer.is_current(recipe):
+            raise RecipeError("the transfer set is labelled in one process: run `make transfer` before distilling under torchrun")
         if args.stage == "distill":
             for name in args.only or list(recipe.distill.students):
                 student_stage.run(recipe, name, force=args.force)

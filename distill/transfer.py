@@ -131,14 +131,16 @@ def label_shards(model, tokenizer, texts: list[str], cfg, work: Path) -> np.ndar
     return np.concatenate([np.load(p) for p in shard_paths])
 
 
+def is_current(recipe: Recipe) -> bool:
+    return mf.is_current(run_dir(recipe) / "transfer", recipe.section_hash(*SECTIONS))
+
+
 def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
-    if recipe.transfer is None:
-        raise ValueError(f"recipe {recipe.name} has no `transfer` section")
     out = run_dir(recipe) / "transfer"
-    config_hash = recipe.section_hash(*SECTIONS)
-    if not force and mf.is_current(out, config_hash):
+    if not force and is_current(recipe):
         print(f"[transfer] up to date: {out}")
         return mf.load(out, verify=False)
+    config_hash = recipe.section_hash(*SECTIONS)
     watch = mf.Stopwatch()
     teacher_dir = run_dir(recipe) / "teacher"
     mf.load(teacher_dir)
