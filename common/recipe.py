@@ -184,6 +184,44 @@ class DistillConfig(Strict):
         return self
 
 
+class BundleRecipe(Strict):
+    """How one bundle is built: from the teacher or a student, at a precision, for a runtime."""
+
+    source: str = Field(description="`teacher` or a name in distill.students")
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
+    quantization: Literal["dynamic", "static"] = "dynamic"
+    runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+
+
+class BenchConfig(Strict):
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], min_length=1)
+    seq_lens: list[int] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
+    warmup: int = Field(10, ge=0)
+    iterations: int = Field(100, gt=0)
+    min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
+    threads: int = Field(2, gt=0, description="intra-op threads for PyTorch and ONNX Runtime alike")
+
+
+class ExportConfig(Strict):
+    opset: int = Field(17, ge=14)
+    bundles: dict[str, BundleRecipe] = Field(min_length=1)
+    deploy: str = Field(description="the bundle `make serve` serves by default")
+    min_agreement: float = Field(
+        0.999, gt=0, le=1, description="fp32/fp16 gate: share of dev predictions equal to PyTorch's"
+    )
+    max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
+    calibration_sentences: int = Field(256, gt=0, description="transfer-set sentences for static INT8")
+    bench: BenchConfig = BenchConfig()
+
+    @model_validator(mode="after")
+    def _deploy_known(self):
+        if self.deploy not in self.bundles:
+            raise ValueError(f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)}")
+        return self
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig
@@ -192,6 +230,18 @@ class Recipe(Strict):
     finetune: FinetuneConfig = FinetuneConfig()
     transfer: TransferConfig | None = None
     distill: DistillConfig | None = None
+    export: ExportConfig | None = None
+
+    @model_validator(mode="after")
+    def _bundle_sources_known(self):
+        if self.export is not None:
+            students = set(self.distill.students) if self.distill else set()
+            for bundle_id, bundle in self.export.bundles.items():
+                if bundle.source != "teacher" and bundle.source not in students:
+                    raise ValueError(
+                        f"export.bundles.{bundle_id}.source={bundle.source!r} is neither teacher nor a student"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _scratch_needs_pretrain(self):

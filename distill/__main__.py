@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "transfer" or (args.stage == "distill" and world_size == 1):
             transfer.run(recipe, force=args.force and args.stage == "transfer")
         elif args.stage == "distill" and not transfer.is_current(recipe):
-            raise RecipeError("the transfer set is labelled in one process: run `make transfer` before distilling under torchrun")
+            raise RecipeError(
+                "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
+            )
         if args.stage == "distill":
             for name in args.only or list(recipe.distill.students):
                 student_stage.run(recipe, name, force=args.force)

@@ -127,12 +127,9 @@ class TransformerClassifier(nn.Module):
     ) -> Tensor | tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
         """Logits (B, C); with `return_internals` also hidden_states (L + 1 of (B, T, H), embeddings first)
         and attentions (L of (B, heads, T, T))."""
-        out = self.bert(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=return_internals,
-            output_attentions=return_internals,
-        )
+        # The flags are passed only when set: given explicitly, even as False, they break the TorchScript export.
+        flags = {"output_hidden_states": True, "output_attentions": True} if return_internals else {}
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, **flags)
         logits = self.classifier(self.dropout(out.last_hidden_state[:, 0]))
         if return_internals:
             return logits, out.hidden_states, out.attentions

@@ -1,0 +1,159 @@
+"""`make bench`: teacher PyTorch eager against every bundle, side by side, in one process and one run.
+
+Each cell is the median of many timed calls after warm-up, with min and max; ratios are against
+the teacher in PyTorch eager mode at the same batch size and length. Results go to
+`runs/<recipe>/bench/` as JSON and markdown (with a manifest) and are printed as a table.
+"""
+
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoModelForSequenceClassification
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import BenchConfig, Recipe, run_dir
+from export.validate import session
+
+EAGER = "teacher-pytorch-eager"
+
+
+def time_calls(call, cfg: BenchConfig) -> dict[str, float]:
+    """Median, min and max milliseconds per call after `cfg.warmup` untimed calls."""
+    for _ in range(cfg.warmup):
+        call()
+    times, start = [], time.perf_counter()
+    while len(times) < cfg.iterations or time.perf_counter() - start < cfg.min_seconds:
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "calls": len(times)}
+
+
+def inputs(names: list[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    values = {
+        "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
+        "attention_mask": np.ones((batch, length), dtype=np.int64),
+        "token_type_ids": np.zeros((batch, length), dtype=np.int64),
+    }
+    return {name: values[name] for name in names}
+
+
+def _eager_row(recipe: Recipe, cfg: BenchConfig) -> dict:
+    folder = run_dir(recipe) / "teacher"
+    manifest = mf.load(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
+    cells = {}
+    with torch.inference_mode():
+        for batch in cfg.batch_sizes:
+            for length in cfg.seq_lens:
+                feed = {k: torch.from_numpy(v) for k, v in inputs(names, batch, length).items()}
+                cells[f"b{batch}_s{length}"] = time_calls(lambda: model(**feed), cfg)
+    m = manifest.metrics
+    return {
+        "model": EAGER,
+        "precision": "fp32",
+        "runtime": "pytorch",
+        "size_bytes": m["size_bytes"],
+        "dev_accuracy": m["dev_accuracy"],
+        "cells": cells,
+    }
+
+
+def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
+    bundle = load_bundle(folder)
+    sess = session(bundle.model_path, cfg.threads)
+    names = bundle.spec.input_names
+    cells = {}
+    for batch in cfg.batch_sizes:
+        for length in cfg.seq_lens:
+            feed = inputs(names, batch, min(length, bundle.spec.max_length))
+            cells[f"b{batch}_s{length}"] = time_calls(lambda: sess.run(["logits"], feed), cfg)
+    m = bundle.manifest.metrics
+    return {
+        "model": bundle_id,
+        "precision": bundle.spec.precision,
+        "runtime": f"onnxruntime ({', '.join(sess.get_providers())})",
+        "size_bytes": m["size_bytes"],
+        "dev_accuracy": m["dev_accuracy"],
+        "max_length": bundle.spec.max_length,
+        "cells": cells,
+    }
+
+
+def run(recipe: Recipe) -> list[dict]:
+    cfg = recipe.export.bench
+    watch = mf.Stopwatch()
+    torch.set_num_threads(cfg.threads)
+    rows = [_eager_row(recipe, cfg)]
+    parents = {"teacher": mf.parent_of(run_dir(recipe) / "teacher")}
+    for bundle_id, spec in recipe.export.bundles.items():
+        if spec.runtime != "onnxruntime" or spec.providers != ["CPUExecutionProvider"]:
+            continue  # GPU bundles are timed where a GPU is
+        folder = run_dir(recipe) / f"bundle-{bundle_id}"
+        rows.append(_bundle_row(bundle_id, folder, cfg))
+        parents[bundle_id] = mf.parent_of(folder)
+    base = rows[0]["cells"]
+    for row in rows:
+        for key, cell in row["cells"].items():
+            cell["speedup"] = base[key]["median_ms"] / cell["median_ms"]
+            cell["items_per_s"] = int(key[1:].split("_")[0]) * 1e3 / cell["median_ms"]
+    out = run_dir(recipe) / "bench"
+    with mf.stage_folder(out) as tmp:
+        (tmp / "bench.json").write_text(json.dumps({"threads": cfg.threads, "rows": rows}, indent=1))
+        (tmp / "bench.md").write_text(markdown(rows, cfg))
+        mf.commit(
+            tmp,
+            out,
+            mf.Manifest(
+                stage="bench",
+                recipe=recipe.name,
+                recipe_hash=recipe.hash,
+                config_hash=recipe.section_hash("export"),
+                parents=parents,
+                metrics={"wall_seconds": watch.seconds},
+                info={"threads": cfg.threads, "bench": cfg.model_dump()},
+                wall_seconds=watch.seconds,
+            ),
+        )
+    print_table(rows, cfg)
+    return rows
+
+
+def _keys(cfg: BenchConfig) -> list[str]:
+    return [f"b{b}_s{s}" for b in cfg.batch_sizes for s in cfg.seq_lens]
+
+
+def markdown(rows: list[dict], cfg: BenchConfig) -> str:
+    keys = _keys(cfg)
+    head = "| model | precision | size MiB | dev acc | " + " | ".join(f"{k} ms (min-max) / x" for k in keys) + " |"
+    lines = [f"Latency per call, median of timed calls after warm-up, {cfg.threads} intra-op threads.", "", head]
+    lines.append("|" + "---|" * (4 + len(keys)))
+    for r in rows:
+        cells = [
+            f"{r['cells'][k]['median_ms']:.2f} ({r['cells'][k]['min_ms']:.2f}-{r['cells'][k]['max_ms']:.2f}) / "
+            f"{r['cells'][k]['speedup']:.1f}x"
+            for k in keys
+        ]
+        size = r["size_bytes"] / 2**20
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {size:.1f} | {r['dev_accuracy']:.4f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: list[dict], cfg: BenchConfig) -> None:
+    table = Table(title=f"latency ms (median, speedup vs {EAGER}), {cfg.threads} threads", title_justify="left")
+    for column in ("model", "prec", "MiB", "dev acc", *_keys(cfg)):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in rows:
+        cells = [f"{r['cells'][k]['median_ms']:.2f} ({r['cells'][k]['speedup']:.1f}x)" for k in _keys(cfg)]
+        table.add_row(r["model"], r["precision"], f"{r['size_bytes'] / 2**20:.1f}", f"{r['dev_accuracy']:.4f}", *cells)
+    Console(width=200).print(table)

@@ -1,0 +1,126 @@
+"""PyTorch -> ONNX for the teacher and every student, with dynamic batch and sequence axes.
+
+The TorchScript-based exporter (`dynamo=False`) is used on purpose: with eager attention its BERT
+graph is the one ONNX Runtime's transformer optimizer fuses into `Attention` /
+`EmbedLayerNormalization` / `SkipLayerNormalization` / `BiasGelu`; the dynamo graph and SDPA
+attention are left unfused. It also exports the BiLSTM as a single ONNX `LSTM` op.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+from transformers import AutoModelForSequenceClassification
+
+from common.recipe import Recipe, run_dir
+from distill.student_stage import load_student
+
+BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+STUDENT_INPUTS = ("input_ids", "attention_mask")
+
+
+class ExportError(RuntimeError):
+    """An export that produced no usable graph."""
+
+
+class _HFLogits(nn.Module):
+    """A Hugging Face classifier as `(input_ids, attention_mask, token_type_ids) -> logits`."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+class _GPTLogits(_HFLogits):
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+@dataclass
+class Source:
+    """A model ready to export: the module, its input names, and what the optimizer needs to know."""
+
+    module: nn.Module
+    inputs: tuple[str, ...]
+    arch: str
+    folder: Path
+    num_heads: int | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    params: int = 0
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.num_heads is not None
+
+
+def load_source(recipe: Recipe, name: str) -> Source:
+    """The teacher (`name == "teacher"`) or a student, in eval mode, from its verified artifact."""
+    if name == "teacher":
+        folder = run_dir(recipe) / "teacher"
+        model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
+        cfg = model.config
+        params = sum(p.numel() for p in model.parameters())
+        if cfg.model_type == "gpt2":
+            return Source(_GPTLogits(model).eval(), STUDENT_INPUTS, "gpt2", folder, params=params)
+        module = _HFLogits(model).eval()  # export restores the wrapper's mode on every submodule
+        return Source(
+            module,
+            BERT_INPUTS,
+            cfg.model_type,
+            folder,
+            cfg.num_attention_heads,
+            cfg.hidden_size,
+            cfg.num_hidden_layers,
+            params,
+        )
+    folder = run_dir(recipe) / f"student-{name}"
+    student, cfg = load_student(folder)
+    params = sum(p.numel() for p in student.parameters())
+    if cfg.arch == "transformer":
+        return Source(student, STUDENT_INPUTS, cfg.arch, folder, cfg.num_heads, cfg.hidden_size, cfg.num_layers, params)
+    return Source(student, STUDENT_INPUTS, cfg.arch, folder, params=params)
+
+
+def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> dict[str, torch.Tensor]:
+    """Token ids with uneven padding, so the traced graph keeps the masking paths."""
+    ids = torch.randint(1000, 2000, (batch, length))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, max(1, length // 2) :] = 0
+    values = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    return {name: values[name] for name in names}
+
+
+def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
+    """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker`."""
+    inputs = example_inputs(source.inputs)
+    axes = {name: {0: "batch", 1: "sequence"} for name in source.inputs} | {"logits": {0: "batch"}}
+    with torch.no_grad():
+        torch.onnx.export(
+            source.module,
+            tuple(inputs.values()),
+            str(path),
+            input_names=list(source.inputs),
+            output_names=["logits"],
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+        )
+    model = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as err:
+        raise ExportError(f"{source.arch}: exported graph fails onnx.checker: {err}") from err
+    return model
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

@@ -1,0 +1,37 @@
+"""ONNX Runtime's transformer optimizer: fused attention, LayerNorm and GELU kernels for BERT graphs."""
+
+from pathlib import Path
+
+from onnxruntime.transformers.optimizer import optimize_model
+
+from export.onnx_export import ExportError
+
+REQUIRED = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization")
+
+
+def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, num_layers: int) -> dict[str, int]:
+    """Write the fused graph to `dst`; returns the fused-operator counts, checked against the layer count.
+
+    Every layer must get one fused attention node (`Attention` or `MultiHeadAttention`) and two
+    `SkipLayerNormalization`s, the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU.
+    """
+    model = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0)
+    counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+    attention = counts.get("Attention", 0) + counts.get("MultiHeadAttention", 0)
+    gelu = counts.get("BiasGelu", 0) + counts.get("FastGelu", 0) + counts.get("Gelu", 0)
+    expected = {
+        "attention": num_layers,
+        "SkipLayerNormalization": 2 * num_layers,
+        "EmbedLayerNormalization": 1,
+        "gelu": num_layers,
+    }
+    found = {
+        "attention": attention,
+        "SkipLayerNormalization": counts.get("SkipLayerNormalization", 0),
+        "EmbedLayerNormalization": counts.get("EmbedLayerNormalization", 0),
+        "gelu": gelu,
+    }
+    if found != expected:
+        raise ExportError(f"fusion incomplete for a {num_layers}-layer encoder: expected {expected}, found {found}")
+    model.save_model_to_file(str(dst))
+    return counts

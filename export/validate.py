@@ -1,0 +1,87 @@
+"""Every export checks itself: ONNX Runtime against PyTorch on the dev set and on odd shapes."""
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from distill.finetune import predict_logits
+from export.onnx_export import ExportError, Source, example_inputs
+
+SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
+FP32_SHAPE_TOLERANCE = 1e-3
+
+
+class ExportGateError(ExportError):
+    """A bundle that works but misses its parity or accuracy gate; the message has the figures."""
+
+
+def session(path, threads: int, providers: list[str] | None = None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
+
+
+def ort_forward(sess: ort.InferenceSession):
+    """A `predict_logits` forward for an ONNX Runtime session: torch batch in, torch logits out."""
+    names = [i.name for i in sess.get_inputs()]
+    return lambda batch: torch.from_numpy(sess.run(["logits"], {n: batch[n].numpy() for n in names})[0])
+
+
+def torch_forward(source: Source):
+    return lambda batch: source.module(*(batch[n] for n in source.inputs))
+
+
+def check_shapes(sess: ort.InferenceSession, source: Source, exact: bool, max_length: int) -> dict[str, float]:
+    """Run batch sizes 1, 3, 32 at several lengths up to `max_length` (a graph with a hard-coded batch or
+    length fails here)."""
+    worst = {}
+    for batch, length in sorted({(b, min(t, max_length)) for b, t in SHAPES}):
+        inputs = example_inputs(source.inputs, batch, length)
+        try:
+            got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        except Exception as err:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+            raise ExportError(f"{source.arch}: ONNX graph fails at batch {batch}, length {length}: {err}") from err
+        with torch.no_grad():
+            want = source.module(*inputs.values()).numpy()
+        if got.shape != want.shape:
+            raise ExportError(
+                f"{source.arch}: output shape {got.shape} at batch {batch}, length {length}; want {want.shape}"
+            )
+        diff = float(np.abs(got - want).max())
+        if exact and diff > FP32_SHAPE_TOLERANCE:
+            raise ExportError(f"{source.arch}: max |Δlogit| {diff:.2e} at batch {batch}, length {length} (fp32 graph)")
+        worst[f"b{batch}_t{length}"] = diff
+    return worst
+
+
+def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int]) -> dict[str, float]:
+    """Agreement of predictions, max |Δlogit|, and both accuracies on the same examples."""
+    gold = np.asarray(labels)
+    return {
+        "agreement": float((ort_logits.argmax(-1) == torch_logits.argmax(-1)).mean()),
+        "max_abs_diff": float(np.abs(ort_logits - torch_logits).max()),
+        "dev_accuracy": float((ort_logits.argmax(-1) == gold).mean()),
+        "torch_dev_accuracy": float((torch_logits.argmax(-1) == gold).mean()),
+    }
+
+
+def gate(figures: dict[str, float], precision: str, min_agreement: float, max_int8_drop: float, bundle: str) -> None:
+    """Raise `ExportGateError` with the figures when the bundle misses its gate."""
+    if precision == "int8":
+        drop = figures["torch_dev_accuracy"] - figures["dev_accuracy"]
+        if drop > max_int8_drop:
+            raise ExportGateError(
+                f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
+                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop}"
+            )
+    elif figures["agreement"] < min_agreement:
+        raise ExportGateError(
+            f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement']:.4%} of dev "
+            f"(gate {min_agreement:.2%}), max |Δlogit| {figures['max_abs_diff']:.3e}"
+        )
+
+
+def dev_logits(forward, features, pad_id: int) -> np.ndarray:
+    with torch.no_grad():
+        return predict_logits(forward, features, pad_id, batch_size=64)
