@@ -73,6 +73,7 @@ class OptimConfig(Strict):
     eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
     checkpoint_every: int = Field(200, gt=0)
     patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
+    ema_decay: float | None = Field(None, gt=0, lt=1, description="evaluate and keep an exponential moving average of the weights")
     seed: int = 13
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -82,6 +83,16 @@ class Trainer:
         self.rank, self.world_size = dist.init()
         self.optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
         self.progress = Progress()
+        self.ema = (
+            AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+            if cfg.ema_decay
+            else None
+        )
+
+    @property
+    def evaluated(self) -> torch.nn.Module:
+        """The weights that are evaluated and kept: the moving average when there is one."""
+        return self.ema.module if self.ema else self.model
 
     def _total_steps(self, steps_per_epoch: int) -> int:
         return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
@@ -95,6 +106,7 @@ class Trainer:
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema else None,
                 "progress": asdict(self.progress),
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             },
@@ -112,6 +124,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if self.ema:
+            self.ema.load_state_dict(state["ema"])
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
         torch.set_rng_state(state["rng"]["torch"])
@@ -155,6 +169,8 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 self.optimizer.step()
                 scheduler.step()
+                if self.ema:
+                    self.ema.update_parameters(self.model)
                 self.optimizer.zero_grad(set_to_none=True)
                 p.step_in_epoch += 1
                 p.global_step += 1
@@ -187,9 +203,9 @@ class Trainer:
     def _evaluate(self, evaluate, metric, on_best, running, scheduler) -> bool:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
-        self.model.eval()
+        target = self.evaluated.eval()
         with torch.no_grad():
-            metrics = evaluate(self.model)
+            metrics = evaluate(target)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
         if running:
             entry["train_loss"] = sum(running) / len(running)
@@ -200,7 +216,7 @@ class Trainer:
         if improved:
             p.best, p.best_step, p.evals_without_gain = metrics[metric], p.global_step, 0
             if dist.is_main():
-                on_best(self.model, metrics)
+                on_best(target, metrics)
         else:
             p.evals_without_gain += 1
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))

@@ -55,7 +55,7 @@ def _eager_row(recipe: Recipe, cfg: BenchConfig) -> dict:
         for batch in cfg.batch_sizes:
             for length in cfg.seq_lens:
                 feed = {k: torch.from_numpy(v) for k, v in inputs(names, batch, length).items()}
-                cells[f"b{batch}_s{length}"] = time_calls(lambda: model(**feed), cfg)
+                cells[f"b{batch}_s{length}"] = time_calls(lambda feed=feed: model(**feed), cfg)
     m = manifest.metrics
     return {
         "model": EAGER,
@@ -75,7 +75,7 @@ def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
     for batch in cfg.batch_sizes:
         for length in cfg.seq_lens:
             feed = inputs(names, batch, min(length, bundle.spec.max_length))
-            cells[f"b{batch}_s{length}"] = time_calls(lambda: sess.run(["logits"], feed), cfg)
+            cells[f"b{batch}_s{length}"] = time_calls(lambda feed=feed: sess.run(["logits"], feed), cfg)
     m = bundle.manifest.metrics
     return {
         "model": bundle_id,

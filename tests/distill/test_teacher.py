@@ -65,7 +65,9 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
 
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
+    # The moving average (ema_decay) is part of the state that must survive the kill.
     common = ["--pretrain.optim.max_steps=10", "--finetune.optim.epochs=2", "--finetune.optim.checkpoint_every=10"]
+    common += ["--finetune.optim.ema_decay=0.95"]
     base = run_stage("teacher", SMOKE, "--name=straight", *common)
     assert base.returncode == 0, base.stderr[-3000:]
     runs = Path(os.environ["RUNS_DIR"])
