@@ -128,7 +128,7 @@ def _tensorrt_problem() -> tuple[str | None, str | None]:
     """(version, None) when a usable tensorrt imports, else (None, what is wrong)."""
     try:
         trt = importlib.import_module("tensorrt")
-    except ImportError as err:
+    except (ImportError, OSError) as err:  # OSError: the wheel is there but its CUDA libraries are not
         return None, f"the `tensorrt` Python package is not installed or does not import ({err})"
     version = getattr(trt, "__version__", "0")
     major = version.split(".")[0]
@@ -364,7 +364,7 @@ def build_engine(
     profile = builder.create_optimization_profile()
     shapes = {}
     for name in inputs:
-        low, opt, high = ((b, s) for b, s in zip(batch, sequence, strict=True))
+        low, opt, high = zip(batch, sequence, strict=True)
         profile.set_shape(name, low, opt, high)
         shapes[name] = {"min": list(low), "opt": list(opt), "max": list(high)}
     config.add_optimization_profile(profile)

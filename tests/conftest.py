@@ -44,3 +44,19 @@ def smoke_run(tmp_path_factory) -> Path:
         )
         assert result.returncode == 0, result.stderr[-3000:]
     return runs / "smoke"
+
+
+@pytest.fixture(scope="session")
+def smoke_bundles(smoke_run) -> Path:
+    """`smoke_run` plus every bundle of recipes/smoke.yaml."""
+    env = {**os.environ, "RUNS_DIR": str(smoke_run.parent), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    result = subprocess.run(
+        [PYTHON, "-m", "export", "bundles", str(ROOT / "recipes" / "smoke.yaml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return smoke_run

@@ -1,0 +1,171 @@
+"""A Triton Inference Server model repository for a bundle: `<repo>/<model name>/{config.pbtxt, 1/model.*}`.
+
+The config is built as Triton's own `ModelConfig` protobuf message and printed in text format, so it
+is well-formed by construction. The model folder is built under a temporary name and renamed into
+place. `python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from google.protobuf import text_format
+
+from common import manifest as mf
+from common.bundle import MODEL_FILES, Bundle, TensorSpec, load_bundle
+
+PLATFORMS = {MODEL_FILES["onnxruntime"]: "onnxruntime_onnx", MODEL_FILES["tensorrt"]: "tensorrt_plan"}
+DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
+KINDS = ("KIND_CPU", "KIND_GPU")
+LABELS_FILE = "labels.txt"
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def model_config_pb2() -> ModuleType:
+    """Triton's `tritonclient.grpc.model_config_pb2`, loaded without the tritonclient gRPC client.
+
+    `tritonclient.grpc`'s package init also imports its generated gRPC stubs, which refuse a grpcio
+    older than the one they were generated with; the config messages themselves need only protobuf.
+    """
+    name = "tritonclient.grpc.model_config_pb2"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("tritonclient")
+    if package is None or not package.submodule_search_locations:
+        raise ModuleNotFoundError("writing a Triton repository needs tritonclient[grpc]: pip install '.[dev]'")
+    path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _tensor(message, spec: TensorSpec) -> None:
+    """Fill a ModelInput/ModelOutput: Triton dims leave out the batch axis and write symbolic axes as -1."""
+    if not isinstance(spec.shape[0], str):
+        raise ValueError(f"tensor {spec.name}: first axis {spec.shape[0]} is fixed; Triton batching needs a batch axis")
+    message.name = spec.name
+    message.data_type = model_config_pb2().DataType.Value(DATA_TYPES[spec.dtype])
+    message.dims.extend(-1 if isinstance(axis, str) else axis for axis in spec.shape[1:])
+
+
+def model_config(
+    bundle: Bundle,
+    max_batch_size: int = 64,
+    preferred_batch_sizes: tuple[int, ...] = (8, 32),
+    max_queue_delay_us: int = 1000,
+    instance_count: int = 1,
+    kind: str = "KIND_CPU",
+):
+    """The `ModelConfig` message for a loaded bundle (see `write_repository` for the arguments)."""
+    spec = bundle.spec
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    if any(not 1 <= size <= max_batch_size for size in preferred_batch_sizes):
+        raise ValueError(f"preferred batch sizes {list(preferred_batch_sizes)} must lie in 1..{max_batch_size}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if instance_count < 1:
+        raise ValueError(f"instance_count must be >= 1, got {instance_count}")
+    if spec.model_file not in PLATFORMS:
+        raise ValueError(f"{bundle.folder}: Triton has no platform for {spec.model_file}")
+    if spec.model_file == MODEL_FILES["tensorrt"] and kind != "KIND_GPU":
+        raise ValueError("a TensorRT plan runs only on a GPU: use kind='KIND_GPU'")
+    if not MODEL_NAME.match(spec.name):
+        raise ValueError(f"bundle name {spec.name!r} is not usable as a Triton model folder name")
+    pb2 = model_config_pb2()
+    config = pb2.ModelConfig(name=spec.name, platform=PLATFORMS[spec.model_file], max_batch_size=max_batch_size)
+    for tensor in spec.inputs:
+        _tensor(config.input.add(), tensor)
+    for tensor in spec.outputs:
+        output = config.output.add()
+        _tensor(output, tensor)
+        if tensor.shape[-1] == len(spec.labels):
+            output.label_filename = LABELS_FILE  # class names for Triton's classification extension
+    config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    config.instance_group.add(count=instance_count, kind=pb2.ModelInstanceGroup.Kind.Value(kind))
+    return config
+
+
+def write_repository(
+    bundle_folder: str | Path,
+    repo_root: str | Path,
+    max_batch_size: int = 64,
+    preferred_batch_sizes: tuple[int, ...] = (8, 32),
+    max_queue_delay_us: int = 1000,
+    instance_count: int = 1,
+    kind: str = "KIND_CPU",
+) -> Path:
+    """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, <version>/model file); return it.
+
+    A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton refuses to load it.
+    An existing model folder of the same name is replaced whole.
+    """
+    bundle = load_bundle(bundle_folder)
+    spec = bundle.spec
+    if not spec.version.isdigit():
+        raise ValueError(f"{bundle.folder}: version {spec.version!r} must be a positive integer for Triton")
+    config = model_config(bundle, max_batch_size, preferred_batch_sizes, max_queue_delay_us, instance_count, kind)
+    repo_root = Path(repo_root)
+    repo_root.mkdir(parents=True, exist_ok=True)
+    final = repo_root / spec.name
+    tmp = repo_root / f".{spec.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        (tmp / spec.version).mkdir(parents=True)
+        copied = tmp / spec.version / spec.model_file
+        shutil.copyfile(bundle.model_path, copied)
+        if mf.sha256_file(copied) != bundle.manifest.files[spec.model_file].sha256:
+            raise mf.ArtifactError(f"{bundle.model_path} changed while it was being copied")
+        (tmp / LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
+        (tmp / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
+        old = repo_root / f".{spec.name}.old-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.triton", description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-student-int8")
+    parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--preferred-batch-sizes", type=int, nargs="*", default=[8, 32])
+    parser.add_argument("--max-queue-delay-us", type=int, default=1000)
+    parser.add_argument("--instance-count", type=int, default=1)
+    parser.add_argument("--kind", choices=KINDS, default="KIND_CPU")
+    args = parser.parse_args(argv)
+    try:
+        folder = write_repository(
+            args.bundle,
+            args.repo,
+            max_batch_size=args.max_batch_size,
+            preferred_batch_sizes=tuple(args.preferred_batch_sizes),
+            max_queue_delay_us=args.max_queue_delay_us,
+            instance_count=args.instance_count,
+            kind=args.kind,
+        )
+    except (mf.ArtifactError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import load_recipe
+from export.bundle_stage import SourceCache
+from export.onnx_export import load_source
+from export.validate import ExportGateError, dev_logits, gate, ort_forward, parity, session, torch_forward
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+def op_types(folder) -> list[str]:
+    return [n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node]
+
+
+@pytest.mark.parametrize("bundle_id, layers", [("teacher-fused", 2), ("teacher-int8", 2), ("transformer-fused", 1)])
+def test_attention_is_fused_once_per_layer(smoke_bundles, bundle_id, layers):
+    folder = smoke_bundles / f"bundle-{bundle_id}"
+    ops = op_types(folder)
+    # Dynamic INT8 turns the fused kernels into their quantized forms (QAttention, QEmbedLayerNormalization).
+    assert ops.count("Attention") + ops.count("QAttention") == layers
+    assert ops.count("SkipLayerNormalization") == 2 * layers
+    assert ops.count("EmbedLayerNormalization") + ops.count("QEmbedLayerNormalization") == 1
+    assert ops.count("BiasGelu") + ops.count("FastGelu") == layers
+    assert "Softmax" not in ops
+    assert load_bundle(folder).spec.fused_operators["Attention"] == layers
+
+
+def test_plain_teacher_export_is_unfused(smoke_bundles):
+    ops = op_types(smoke_bundles / "bundle-teacher-onnx")
+    assert "Attention" not in ops and "Softmax" in ops
+
+
+def test_bilstm_is_one_lstm_op(smoke_bundles):
+    for bundle_id in ("bilstm-fp32", "bilstm-int8"):
+        ops = op_types(smoke_bundles / f"bundle-{bundle_id}")
+        assert ops.count("LSTM") + ops.count("DynamicQuantizeLSTM") == 1, bundle_id
+        assert not {"Loop", "Scan"} & set(ops)
+
+
+@pytest.mark.parametrize(
+    "bundle_id",
+    [
+        "teacher-onnx",
+        "teacher-fused",
+        "teacher-int8",
+        "bilstm-fp32",
+        "bilstm-int8",
+        "cnn-int8",
+        "transformer-fused",
+        "transformer-int8-static",
+    ],
+)
+def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
+    bundle = load_bundle(smoke_bundles / f"bundle-{bundle_id}")
+    m = bundle.manifest
+    assert bundle.spec.name == f"smoke-{bundle_id}" and bundle.spec.labels == ["negative", "positive"]
+    assert set(m.info["shape_checks_max_abs_diff"]) >= {"b1_t1", "b3_t17", "b32_t9"}
+    if bundle.spec.precision == "fp32":
+        assert m.metrics["agreement"] >= 0.999
+    else:
+        assert m.metrics["torch_dev_accuracy"] - m.metrics["dev_accuracy"] <= 0.05
+    # The bundle's own model reproduces the accuracy in its manifest.
+    recipe = load_recipe(SMOKE)
+    cache = SourceCache.__new__(SourceCache)
+    cache.recipe, cache._sources = recipe, {}
+    from distill.data import load_splits
+    from distill.tokenization import load_tokenizer
+
+    cache.tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
+    _, cache.dev = load_splits(recipe.data)
+    logits = dev_logits(ort_forward(session(bundle.model_path, 1)), cache.features(m.info["source"]), 0)
+    accuracy = float((logits.argmax(-1) == np.array(cache.dev.labels)).mean())
+    assert accuracy == pytest.approx(m.metrics["dev_accuracy"])
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:-10] + b"0123456789"), "sha256"),
+        (lambda f: f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2]), "truncated"),
+        (lambda f: f.unlink(), "missing"),
+    ],
+)
+def test_damaged_bundle_is_refused(smoke_bundles, tmp_path, damage, message):
+    copy = tmp_path / "bundle"
+    shutil.copytree(smoke_bundles / "bundle-bilstm-int8", copy)
+    damage(copy / "model.onnx")
+    with pytest.raises(mf.ArtifactError, match=message):
+        load_bundle(copy)
+
+
+def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
+    """Scramble the INT8 weights of a bundle: the accuracy gate must refuse it, with the figures."""
+    monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
+    recipe = load_recipe(SMOKE)
+    model = onnx.load(str(smoke_bundles / "bundle-cnn-int8" / "model.onnx"))
+    rng = np.random.default_rng(0)
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.int8 and array.size > 100:
+            init.CopyFrom(numpy_helper.from_array(rng.integers(-127, 127, array.shape, dtype=np.int8), init.name))
+    broken = tmp_path / "broken.onnx"
+    onnx.save(model, str(broken))
+    source = load_source(recipe, "cnn")
+    cache = SourceCache(recipe, tmp_path)
+    feats = cache.features("cnn")
+    figures = parity(
+        dev_logits(ort_forward(session(broken, 1)), feats, 0),
+        dev_logits(torch_forward(source), feats, 0),
+        cache.dev.labels,
+    )
+    with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev accuracy .* gate allows 0\.005"):
+        gate(figures, "int8", 0.999, 0.005, "cnn-int8")
+    gate(
+        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, cache.dev.labels),
+        "int8",
+        0.999,
+        0.005,
+        "ok",
+    )
+
+
+def test_fp32_gate_message_has_the_figures():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    figures = parity(logits[::-1], logits, [0, 1])
+    with pytest.raises(ExportGateError, match=r"agree with PyTorch on 0\.0000% .*max \|Δlogit\| 1\.000e\+00"):
+        gate(figures, "fp32", 0.999, 0.005, "x")
+
+
+def test_bench_writes_its_tables(smoke_bundles):
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import PYTHON
+
+    env = {**os.environ, "RUNS_DIR": str(smoke_bundles.parent), "TORCH_THREADS": "1"}
+    result = subprocess.run(
+        [PYTHON, "-m", "export", "bench", str(SMOKE)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((smoke_bundles / "bench" / "bench.json").read_text())["rows"]
+    assert rows[0]["model"] == "teacher-pytorch-eager" and rows[0]["cells"]["b1_s16"]["speedup"] == 1.0
+    assert {r["model"] for r in rows[1:]} == set(load_recipe(SMOKE).export.bundles)
+    for row in rows:
+        for cell in row["cells"].values():
+            assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
+    assert "teacher-int8" in (smoke_bundles / "bench" / "bench.md").read_text()
+    mf.load(smoke_bundles / "bench")
