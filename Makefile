@@ -20,12 +20,12 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
-all: distill  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
+all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
 	@$(PY) -m common.summary $(RECIPE)
 
 setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
@@ -56,6 +56,21 @@ distill: $(RUN)/distill-summary.md  ## distil every student of the recipe, train
 $(RUN)/distill-summary.md: $(RUN)/transfer/manifest.json $(RECIPES)
 	$(LAUNCH) distill distill $(RECIPE)
 	@touch $@
+
+bundles: $(RUN)/export.done  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
+
+$(RUN)/export.done: $(RUN)/distill-summary.md $(RECIPES)
+	$(PY) -m export bundles $(RECIPE)
+	@touch $@
+
+bench: $(RUN)/bench/manifest.json  ## teacher PyTorch eager vs every bundle, batch x length, one run
+
+$(RUN)/bench/manifest.json: $(RUN)/export.done
+	$(PY) -m export bench $(RECIPE)
+
+BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
+triton-repo: $(RUN)/export.done  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
+	$(PY) -m export.triton $(BUNDLE) $(RUN)/triton
 
 test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint

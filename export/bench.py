@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification
 from common import manifest as mf
 from common.bundle import load_bundle
 from common.recipe import BenchConfig, Recipe, run_dir
-from export.validate import session
+from export.providers import session_for
 
 EAGER = "teacher-pytorch-eager"
 
@@ -69,7 +69,7 @@ def _eager_row(recipe: Recipe, cfg: BenchConfig) -> dict:
 
 def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
     bundle = load_bundle(folder)
-    sess = session(bundle.model_path, cfg.threads)
+    sess = session_for(bundle.model_path, bundle.spec.providers, cfg.threads)
     names = bundle.spec.input_names
     cells = {}
     for batch in cfg.batch_sizes:

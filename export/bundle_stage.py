@@ -20,8 +20,9 @@ from distill.data import load_splits
 from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
 from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
+from export.providers import session_for
 
-BENCH_THREADS_FOR_CHECKS = 2
+CHECK_THREADS = 2
 
 
 class SourceCache:
@@ -125,7 +126,7 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
         model_file = MODEL_FILES["onnxruntime"]
         shutil.copy2(graph, tmp / model_file)
         shutil.rmtree(work)
-        sess = validate.session(tmp / model_file, BENCH_THREADS_FOR_CHECKS, spec.providers)
+        sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS)
         shapes = validate.check_shapes(sess, source, spec.precision == "fp32", cache.max_length(spec.source))
         ort_logits = validate.dev_logits(
             validate.ort_forward(sess), cache.features(spec.source), cache.tokenizer.pad_token_id

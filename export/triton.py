@@ -6,15 +6,14 @@ place. `python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
 """
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
 
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from common import manifest as mf
 from common.bundle import MODEL_FILES, Bundle, TensorSpec, load_bundle
@@ -26,36 +25,12 @@ LABELS_FILE = "labels.txt"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def model_config_pb2() -> ModuleType:
-    """Triton's `tritonclient.grpc.model_config_pb2`, loaded without the tritonclient gRPC client.
-
-    `tritonclient.grpc`'s package init also imports its generated gRPC stubs, which refuse a grpcio
-    older than the one they were generated with; the config messages themselves need only protobuf.
-    """
-    name = "tritonclient.grpc.model_config_pb2"
-    if name in sys.modules:
-        return sys.modules[name]
-    package = importlib.util.find_spec("tritonclient")
-    if package is None or not package.submodule_search_locations:
-        raise ModuleNotFoundError("writing a Triton repository needs tritonclient[grpc]: pip install '.[dev]'")
-    path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
 def _tensor(message, spec: TensorSpec) -> None:
     """Fill a ModelInput/ModelOutput: Triton dims leave out the batch axis and write symbolic axes as -1."""
     if not isinstance(spec.shape[0], str):
         raise ValueError(f"tensor {spec.name}: first axis {spec.shape[0]} is fixed; Triton batching needs a batch axis")
     message.name = spec.name
-    message.data_type = model_config_pb2().DataType.Value(DATA_TYPES[spec.dtype])
+    message.data_type = model_config_pb2.DataType.Value(DATA_TYPES[spec.dtype])
     message.dims.extend(-1 if isinstance(axis, str) else axis for axis in spec.shape[1:])
 
 
@@ -83,8 +58,9 @@ def model_config(
         raise ValueError("a TensorRT plan runs only on a GPU: use kind='KIND_GPU'")
     if not MODEL_NAME.match(spec.name):
         raise ValueError(f"bundle name {spec.name!r} is not usable as a Triton model folder name")
-    pb2 = model_config_pb2()
-    config = pb2.ModelConfig(name=spec.name, platform=PLATFORMS[spec.model_file], max_batch_size=max_batch_size)
+    config = model_config_pb2.ModelConfig(
+        name=spec.name, platform=PLATFORMS[spec.model_file], max_batch_size=max_batch_size
+    )
     for tensor in spec.inputs:
         _tensor(config.input.add(), tensor)
     for tensor in spec.outputs:
@@ -94,7 +70,7 @@ def model_config(
             output.label_filename = LABELS_FILE  # class names for Triton's classification extension
     config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
-    config.instance_group.add(count=instance_count, kind=pb2.ModelInstanceGroup.Kind.Value(kind))
+    config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
     return config
 
 

@@ -15,13 +15,6 @@ class ExportGateError(ExportError):
     """A bundle that works but misses its parity or accuracy gate; the message has the figures."""
 
 
-def session(path, threads: int, providers: list[str] | None = None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
-
-
 def ort_forward(sess: ort.InferenceSession):
     """A `predict_logits` forward for an ONNX Runtime session: torch batch in, torch logits out."""
     names = [i.name for i in sess.get_inputs()]

@@ -10,7 +10,8 @@ from common.bundle import load_bundle
 from common.recipe import load_recipe
 from export.bundle_stage import SourceCache
 from export.onnx_export import load_source
-from export.validate import ExportGateError, dev_logits, gate, ort_forward, parity, session, torch_forward
+from export.providers import session_for
+from export.validate import ExportGateError, dev_logits, gate, ort_forward, parity, torch_forward
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,9 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
 
     cache.tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
     _, cache.dev = load_splits(recipe.data)
-    logits = dev_logits(ort_forward(session(bundle.model_path, 1)), cache.features(m.info["source"]), 0)
+    logits = dev_logits(
+        ort_forward(session_for(bundle.model_path, ["CPUExecutionProvider"], 1)), cache.features(m.info["source"]), 0
+    )
     accuracy = float((logits.argmax(-1) == np.array(cache.dev.labels)).mean())
     assert accuracy == pytest.approx(m.metrics["dev_accuracy"])
 
@@ -114,7 +117,7 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     cache = SourceCache(recipe, tmp_path)
     feats = cache.features("cnn")
     figures = parity(
-        dev_logits(ort_forward(session(broken, 1)), feats, 0),
+        dev_logits(ort_forward(session_for(broken, ["CPUExecutionProvider"], 1)), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
         cache.dev.labels,
     )

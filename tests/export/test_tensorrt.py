@@ -1,0 +1,241 @@
+import sys
+import types
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export import tensorrt as trt_export
+from export.tensorrt import EngineBuildError, TensorRTUnavailable, build_engine, require_tensorrt, tensorrt_available
+
+INPUTS = ["input_ids", "attention_mask"]
+VOCAB, HIDDEN = 32, 8
+
+requires_tensorrt_gpu = pytest.mark.skipif(
+    not tensorrt_available(),
+    reason="needs TensorRT >= 10 and an NVIDIA GPU with its driver (pip install '.[gpu]' on a GPU machine)",
+)
+
+
+def tiny_classifier(path):
+    """(input_ids, attention_mask) int64 [batch, sequence] -> embed, LayerNorm, masked mean, linear -> logits, Softmax probs."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "embedding": rng.normal(size=(VOCAB, HIDDEN)),
+        "gamma": np.ones(HIDDEN),
+        "beta": np.zeros(HIDDEN),
+        "weight": rng.normal(size=(HIDDEN, 2)),
+        "bias": np.array([0.1, -0.1]),
+        "one": np.array(1.0),
+    }
+    initializers = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    initializers += [numpy_helper.from_array(np.array(a, dtype=np.int64), n) for n, a in (("ax1", [1]), ("ax2", [2]))]
+    nodes = [
+        helper.make_node("Gather", ["embedding", "input_ids"], ["embedded"]),
+        helper.make_node("LayerNormalization", ["embedded", "gamma", "beta"], ["normed"], axis=-1, name="LayerNorm"),
+        helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask", "ax2"], ["mask3"]),
+        helper.make_node("Mul", ["normed", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "ax1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "ax1"], ["count"], keepdims=0),
+        helper.make_node("Max", ["count", "one"], ["safe_count"]),
+        helper.make_node("Div", ["summed", "safe_count"], ["pooled"]),
+        helper.make_node("MatMul", ["pooled", "weight"], ["projected"]),
+        helper.make_node("Add", ["projected", "bias"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="Softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in INPUTS],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("logits", "probs")],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def qdq_model(path):
+    """A float [batch, sequence] input through QuantizeLinear/DequantizeLinear: an explicitly quantized graph."""
+    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "scale")
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int8), "zero")
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])],
+        [scale, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def feeds(batch, length, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, length), dtype=np.int64)
+    mask[0, length // 2 :] = 0
+    return {"input_ids": rng.integers(0, VOCAB, size=(batch, length), dtype=np.int64), "attention_mask": mask}
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(trt_export, "LIBCUDA", "libcuda-absent-for-test.so.1")
+
+
+def fake_tensorrt(monkeypatch, version):
+    module = types.ModuleType("tensorrt")
+    module.__version__ = version
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+
+
+def test_missing_package_and_gpu_are_both_named_with_the_fix(no_tensorrt, no_gpu):
+    with pytest.raises(TensorRTUnavailable) as err:
+        require_tensorrt()
+    message = str(err.value)
+    assert "`tensorrt` Python package is not installed" in message
+    assert "NVIDIA GPU driver" in message and "libcuda-absent-for-test.so.1" in message
+    assert "pip install '.[gpu]'" in message
+    assert "onnxruntime and onnxruntime-gpu must not be installed together" in message
+    assert not tensorrt_available()
+
+
+def test_package_present_but_no_gpu_names_only_the_gpu(monkeypatch, no_gpu):
+    fake_tensorrt(monkeypatch, "10.9.0")
+    with pytest.raises(TensorRTUnavailable) as err:
+        require_tensorrt()
+    message = str(err.value)
+    assert "NVIDIA GPU driver" in message
+    assert "package is not installed" not in message
+    assert "pip install '.[gpu]'" in message
+
+
+def test_tensorrt_older_than_10_is_refused(monkeypatch, no_gpu):
+    fake_tensorrt(monkeypatch, "8.6.1")
+    with pytest.raises(TensorRTUnavailable, match=r"version 8\.6\.1; this code needs TensorRT >= 10"):
+        require_tensorrt()
+
+
+def test_build_engine_without_tensorrt_raises_and_writes_nothing(tmp_path, no_tensorrt, no_gpu):
+    model = tiny_classifier(tmp_path / "model.onnx")
+    with pytest.raises(TensorRTUnavailable) as err:
+        build_engine(model, tmp_path / "model.plan", INPUTS)
+    assert all(part in str(err.value) for part in ("`tensorrt`", "NVIDIA GPU", "pip install '.[gpu]'"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch": (8, 1, 64)}, "batch profile must satisfy"),
+        ({"sequence": (0, 64, 128)}, "sequence profile must satisfy"),
+        ({"inputs": ["input_ids"]}, "the profile names"),
+        ({"int8": True}, "needs calibration batches, or a model quantized with Q/DQ"),
+        ({"calibration": [feeds(8, 64)]}, "only used with int8=True"),
+        ({"int8": True, "calibration": [{"input_ids": np.zeros((8, 64), np.int64)}]}, "lacks inputs"),
+        ({"int8": True, "batch": (1, 8, 64), "calibration": [feeds(4, 64)]}, "fewer than one batch"),
+    ],
+)
+def test_arguments_are_checked_before_tensorrt_is_needed(tmp_path, no_tensorrt, kwargs, message):
+    model = tiny_classifier(tmp_path / "model.onnx")
+    kwargs = {"inputs": INPUTS, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        build_engine(model, tmp_path / "model.plan", **kwargs)
+
+
+def test_qdq_model_needs_int8_and_no_calibration(tmp_path, no_tensorrt):
+    model = qdq_model(tmp_path / "qdq.onnx")
+    with pytest.raises(ValueError, match="has Q/DQ nodes; build it with int8=True"):
+        build_engine(model, tmp_path / "model.plan", ["x"])
+    with pytest.raises(ValueError, match="already quantized"):
+        build_engine(model, tmp_path / "model.plan", ["x"], int8=True, calibration=[{"x": np.zeros((8, 64))}])
+    with pytest.raises(TensorRTUnavailable):
+        build_engine(model, tmp_path / "model.plan", ["x"], int8=True)
+
+
+def test_calibration_batches_are_recut_to_the_opt_shape():
+    ragged = [
+        {"input_ids": np.full((3, 5), 7), "attention_mask": np.ones((3, 5))},
+        {"input_ids": np.full((4, 12), 9), "attention_mask": np.ones((4, 12))},
+    ]
+    batches = trt_export.calibration_batches(ragged, INPUTS, batch_size=2, sequence=8)
+    assert len(batches) == 3, "7 rows make 3 full batches of 2; the last row is dropped"
+    for batch in batches:
+        assert {k: v.shape for k, v in batch.items()} == {"input_ids": (2, 8), "attention_mask": (2, 8)}
+        assert all(v.dtype == np.int64 for v in batch.values())
+    first = batches[0]
+    assert first["input_ids"][0].tolist() == [7] * 5 + [0] * 3, "short rows are padded with id 0"
+    assert first["attention_mask"][0].tolist() == [1] * 5 + [0] * 3, "and masked out"
+    assert batches[2]["input_ids"][1].tolist() == [9] * 8, "long rows are truncated"
+
+
+def _ort_outputs(model, inputs):
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return dict(zip(["logits", "probs"], session.run(["logits", "probs"], inputs), strict=True))
+
+
+@pytest.mark.gpu
+@requires_tensorrt_gpu
+def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
+    model = tiny_classifier(tmp_path / "model.onnx")
+    plan = tmp_path / "model.plan"
+    info = build_engine(model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), fp16=True, workspace_gb=0.5)
+    assert plan.is_file() and info["plan_bytes"] == plan.stat().st_size
+    assert not list(tmp_path.glob(".model.plan.tmp-*"))
+    assert int(info["tensorrt"].split(".")[0]) >= 10 and info["gpu"]
+    assert info["precision"] == {"fp16": True, "int8": False, "int8_mode": None, "obey_precision_constraints": True}
+    assert info["profile"]["input_ids"] == {"min": [1, 1], "opt": [4, 16], "max": [8, 32]}
+    assert any("Softmax" in name for name in info["fp32_layers"])
+    assert any("LayerNorm" in name for name in info["fp32_layers"])
+    for batch, length in [(1, 1), (3, 17), (8, 32)]:
+        inputs = feeds(batch, length, seed=batch)
+        got = trt_export.run_engine(plan, inputs)
+        want = _ort_outputs(model, inputs)
+        assert got["logits"].shape == (batch, 2)
+        np.testing.assert_allclose(got["logits"], want["logits"], atol=2e-2, rtol=2e-2)
+        np.testing.assert_allclose(got["probs"], want["probs"], atol=1e-2)
+
+
+@pytest.mark.gpu
+@requires_tensorrt_gpu
+def test_calibrated_int8_engine_builds_and_runs(tmp_path):
+    model = tiny_classifier(tmp_path / "model.onnx")
+    plan = tmp_path / "model.plan"
+    calibration = [feeds(5, 10, seed=s) for s in range(4)]
+    info = build_engine(
+        model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), int8=True, calibration=calibration, workspace_gb=0.5
+    )
+    assert info["precision"]["int8_mode"] == "calibrated" and info["calibration_batches"] == 5
+    got = trt_export.run_engine(plan, feeds(2, 9))
+    assert got["logits"].shape == (2, 2) and np.isfinite(got["logits"]).all()
+
+
+@pytest.mark.gpu
+@requires_tensorrt_gpu
+def test_parse_errors_carry_the_parser_messages(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Mystery", ["input_ids"], ["logits"], domain="com.example")],
+        "unsupported",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "model.onnx")
+    with pytest.raises(EngineBuildError, match=r"(?s)could not parse .*Mystery"):
+        build_engine(tmp_path / "model.onnx", tmp_path / "model.plan", ["input_ids"])
+    assert not (tmp_path / "model.plan").exists()

@@ -1,0 +1,169 @@
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_format
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.grpc import model_config_pb2
+
+from common import manifest as mf
+from common.bundle import BundleSpec, TensorSpec
+from export import triton
+from export.triton import write_repository
+
+NAME = "sst2-tiny"
+
+
+def tiny_onnx(path):
+    """(input_ids, attention_mask) int64 [batch, sequence] -> logits float [batch, 2] (embed, mean, linear)."""
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "weight")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "input_ids"], ["embedded"]),
+            helper.make_node("ReduceMean", ["embedded"], ["pooled"], axes=[1], keepdims=0),
+            helper.make_node("MatMul", ["pooled", "weight"], ["logits"]),
+            helper.make_node("Identity", ["attention_mask"], ["unused_mask"]),
+        ],
+        "tiny",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+            for n in ("input_ids", "attention_mask")
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        [table, weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def make_bundle(tmp_path, runtime="onnxruntime", version="1"):
+    model_file = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}[runtime]
+    folder = tmp_path / f"bundle-{runtime}"
+    with mf.stage_folder(folder) as tmp:
+        if runtime == "onnxruntime":
+            tiny_onnx(tmp / model_file)
+        else:
+            (tmp / model_file).write_bytes(b"serialized engine bytes")
+        (tmp / "tokenizer.json").write_text('{"model": {}}')
+        spec = BundleSpec(
+            name=NAME,
+            version=version,
+            labels=["negative", "positive"],
+            max_length=16,
+            inputs=[
+                TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in ("input_ids", "attention_mask")
+            ],
+            outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
+            precision="fp32",
+            runtime=runtime,
+            providers=["CPUExecutionProvider"],
+            model_file=model_file,
+            arch="tiny",
+            opset=17,
+        )
+        base = mf.Manifest(stage="bundle-tiny", recipe="tiny", recipe_hash="h", config_hash="c")
+        mf.commit(tmp, folder, base.model_copy(update={"info": {"bundle": spec.model_dump()}}))
+    return folder
+
+
+def read_config(model_dir):
+    return text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def test_onnx_bundle_becomes_a_triton_model(tmp_path):
+    bundle = make_bundle(tmp_path)
+    model_dir = write_repository(bundle, tmp_path / "repo")
+    assert model_dir == tmp_path / "repo" / NAME
+    config = read_config(model_dir)
+    pb2 = model_config_pb2
+    assert config.name == NAME and config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size == 64
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("input_ids", pb2.TYPE_INT64, [-1]),
+        ("attention_mask", pb2.TYPE_INT64, [-1]),
+    ]
+    [output] = config.output
+    assert (output.name, output.data_type, list(output.dims)) == ("logits", pb2.TYPE_FP32, [2])
+    assert output.label_filename == "labels.txt"
+    assert (model_dir / "labels.txt").read_text().splitlines() == ["negative", "positive"]
+    assert list(config.dynamic_batching.preferred_batch_size) == [8, 32]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 1000
+    [group] = config.instance_group
+    assert (group.kind, group.count) == (pb2.ModelInstanceGroup.KIND_CPU, 1)
+    assert (model_dir / "1" / "model.onnx").read_bytes() == (bundle / "model.onnx").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == [NAME], "no temporary folders left"
+
+
+def test_plan_bundle_on_gpu_with_custom_batching(tmp_path):
+    bundle = make_bundle(tmp_path, runtime="tensorrt", version="3")
+    model_dir = write_repository(
+        bundle,
+        tmp_path / "repo",
+        max_batch_size=16,
+        preferred_batch_sizes=(4, 16),
+        max_queue_delay_us=250,
+        instance_count=2,
+        kind="KIND_GPU",
+    )
+    config = read_config(model_dir)
+    assert config.platform == "tensorrt_plan" and config.max_batch_size == 16
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 16]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 250
+    [group] = config.instance_group
+    assert (group.kind, group.count) == (model_config_pb2.ModelInstanceGroup.KIND_GPU, 2)
+    assert (model_dir / "3" / "model.plan").read_bytes() == b"serialized engine bytes"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be >= 1"),
+        ({"preferred_batch_sizes": (8, 128)}, r"must lie in 1\.\.64"),
+        ({"kind": "KIND_TPU"}, "kind must be one of"),
+        ({"instance_count": 0}, "instance_count must be >= 1"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        write_repository(make_bundle(tmp_path), tmp_path / "repo", **kwargs)
+    assert not (tmp_path / "repo" / NAME).exists()
+
+
+def test_plan_on_cpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="only on a GPU"):
+        write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo")
+
+
+def test_corrupted_bundle_is_refused_and_old_model_kept(tmp_path):
+    bundle = make_bundle(tmp_path)
+    model_dir = write_repository(bundle, tmp_path / "repo")
+    before = (model_dir / "config.pbtxt").read_text()
+    data = bytearray((bundle / "model.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (bundle / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(mf.ArtifactError, match="sha256"):
+        write_repository(bundle, tmp_path / "repo", max_batch_size=8, preferred_batch_sizes=(8,))
+    assert (model_dir / "config.pbtxt").read_text() == before
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == [NAME]
+
+
+def test_rewriting_replaces_the_model_folder_whole(tmp_path):
+    bundle = make_bundle(tmp_path)
+    model_dir = write_repository(bundle, tmp_path / "repo")
+    (model_dir / "stale.txt").write_text("from an older export")
+    write_repository(bundle, tmp_path / "repo", max_batch_size=8, preferred_batch_sizes=(8,))
+    assert read_config(model_dir).max_batch_size == 8
+    assert not (model_dir / "stale.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == [NAME]
+
+
+def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
+    bundle = make_bundle(tmp_path)
+    assert triton.main([str(bundle), str(tmp_path / "repo"), "--kind", "KIND_GPU", "--preferred-batch-sizes", "4"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "repo" / NAME)
+    config = read_config(tmp_path / "repo" / NAME)
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
+    assert triton.main([str(tmp_path / "missing"), str(tmp_path / "repo")]) == 2
+    assert "not a finished artifact" in capsys.readouterr().err
