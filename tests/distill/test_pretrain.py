@@ -1,0 +1,48 @@
+import torch
+from transformers import DataCollatorForLanguageModeling
+
+from distill.pretrain import make_blocks
+from distill.tokenization import train_tokenizer
+
+TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
+
+
+def tokenizer(family):
+    return train_tokenizer(family, TEXTS, 120)
+
+
+def test_bert_blocks_are_wrapped_and_full_length():
+    tok = tokenizer("bert")
+    blocks = make_blocks(tok, TEXTS, 16, "bert", with_offsets=False)
+    assert blocks and all(len(b["input_ids"]) == 16 for b in blocks)
+    assert all(b["input_ids"][0] == tok.cls_token_id and b["input_ids"][-1] == tok.sep_token_id for b in blocks)
+
+
+def test_gpt_blocks_separate_texts_with_eos():
+    tok = tokenizer("gpt")
+    blocks = make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False)
+    flat = [i for b in blocks for i in b["input_ids"]]
+    assert tok.eos_token_id in flat and all(len(b["input_ids"]) == 16 for b in blocks)
+
+
+def test_masking_rates_and_whole_words():
+    tok = tokenizer("bert")
+    blocks = make_blocks(tok, TEXTS * 20, 32, "bert", with_offsets=True)
+    plain = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, seed=0)
+    batch = plain([{"input_ids": b["input_ids"]} for b in blocks])
+    chosen = batch["labels"] != -100
+    assert 0.10 < chosen.float().mean() < 0.20
+    replaced = batch["input_ids"][chosen] == tok.mask_token_id
+    assert 0.7 < replaced.float().mean() < 0.9  # 80% [MASK], the rest random or kept
+    wwm = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, whole_word_mask=True, seed=0)
+    batch = wwm(blocks)
+    ids, labels = batch["input_ids"], batch["labels"]
+    # A masked word piece ("##...") never stands next to an unmasked piece of the same word.
+    for row_ids, row_labels in zip(ids.tolist(), labels.tolist(), strict=True):
+        original = [lab if lab != -100 else i for i, lab in zip(row_ids, row_labels, strict=True)]
+        for pos in range(1, len(original)):
+            if tok.convert_ids_to_tokens(original[pos]).startswith("##"):
+                assert (row_labels[pos] != -100) == (row_labels[pos - 1] != -100)
+    assert (labels != -100).any() and torch.equal(
+        batch["input_ids"][labels != -100], torch.full_like(batch["input_ids"][labels != -100], tok.mask_token_id)
+    )
