@@ -154,12 +154,12 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
         model = build_model(model_cfg, tokenizer)
     mlm = model_cfg.family == "bert"
     wwm = mlm and cfg.whole_word_mask
-    collator = DataCollatorForLanguageModeling(
-        tokenizer, mlm=mlm, mlm_probability=cfg.mlm_probability, whole_word_mask=wwm
-    )
-    eval_collator = DataCollatorForLanguageModeling(
-        tokenizer, mlm=mlm, mlm_probability=cfg.mlm_probability, whole_word_mask=wwm, seed=EVAL_MASK_SEED
-    )
+    # transformers' whole-word masking replaces every chosen word by [MASK] (no random or kept words).
+    masking = {"mlm": mlm, "mlm_probability": cfg.mlm_probability, "whole_word_mask": wwm}
+    if wwm:
+        masking |= {"mask_replace_prob": 1.0, "random_replace_prob": 0.0}
+    collator = DataCollatorForLanguageModeling(tokenizer, **masking)
+    eval_collator = DataCollatorForLanguageModeling(tokenizer, **masking, seed=EVAL_MASK_SEED)
     blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm)
     eval_blocks = make_blocks(tokenizer, eval_texts, cfg.seq_len, model_cfg.family, wwm)
     if not blocks or not eval_blocks:

@@ -34,7 +34,9 @@ def test_masking_rates_and_whole_words():
     assert 0.10 < chosen.float().mean() < 0.20
     replaced = batch["input_ids"][chosen] == tok.mask_token_id
     assert 0.7 < replaced.float().mean() < 0.9  # 80% [MASK], the rest random or kept
-    wwm = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, whole_word_mask=True, seed=0)
+    wwm = DataCollatorForLanguageModeling(
+        tok, mlm_probability=0.15, whole_word_mask=True, mask_replace_prob=1.0, random_replace_prob=0.0, seed=0
+    )
     batch = wwm(blocks)
     ids, labels = batch["input_ids"], batch["labels"]
     # A masked word piece ("##...") never stands next to an unmasked piece of the same word.
