@@ -5,6 +5,7 @@ Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`): `model.safetenso
 same architecture, optimizer settings and step budget, so their gap is what distillation buys.
 """
 
+import hashlib
 import json
 import math
 import shutil
@@ -93,7 +94,9 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
     spec = recipe.distill.students[name]
     stage = f"{'baseline' if baseline else 'student'}-{name}"
     out = run_dir(recipe) / stage
-    config_hash = recipe.section_hash(*TRANSFER_SECTIONS) + recipe.section_hash("distill")
+    # Only this student's own settings (and everything upstream) decide whether it is stale.
+    spec_hash = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    config_hash = recipe.section_hash(*TRANSFER_SECTIONS) + spec_hash
     if not force and mf.is_current(out, config_hash):
         print(f"[{stage}] up to date: {out}")
         return mf.load(out, verify=False)
