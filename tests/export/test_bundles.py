@@ -82,7 +82,9 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
         ort_forward(session_for(bundle.model_path, ["CPUExecutionProvider"], 1)), cache.features(m.info["source"]), 0
     )
     accuracy = float((logits.argmax(-1) == np.array(cache.dev.labels)).mean())
-    assert accuracy == pytest.approx(m.metrics["dev_accuracy"])
+    # Dynamic INT8 scales activations per batch and thread count changes summation order: one near-tie may flip.
+    tolerance = 0 if bundle.spec.precision == "fp32" else 1.5 / len(cache.dev.labels)
+    assert accuracy == pytest.approx(m.metrics["dev_accuracy"], abs=tolerance)
 
 
 @pytest.mark.parametrize(
