@@ -15,6 +15,8 @@ from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
 from export import bundle_stage
 from export.onnx_export import ExportError
+from export.providers import ProviderFallback
+from export.tensorrt import TensorRTUnavailable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             from export import bench
 
             bench.run(recipe)
-    except (RecipeError, ArtifactError, ExportError) as err:
+    except (RecipeError, ArtifactError, ExportError, TensorRTUnavailable, ProviderFallback) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

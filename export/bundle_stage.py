@@ -21,6 +21,7 @@ from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
 from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
 from export.providers import session_for
+from export.tensorrt import build_engine, require_tensorrt
 
 CHECK_THREADS = 2
 
@@ -114,41 +115,57 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
         print(f"[bundle-{bundle_id}] up to date: {out}")
         return mf.load(out, verify=False)
     if spec.runtime == "tensorrt":
-        from export.tensorrt import require_tensorrt
-
         require_tensorrt()
     watch = mf.Stopwatch()
     source, plain, torch_logits = cache.get(spec.source)
+    max_length = cache.max_length(spec.source)
     with mf.stage_folder(out) as tmp:
-        work = tmp / ".work"
-        work.mkdir()
-        graph, fused = _transform(recipe, spec, source, plain, work, cache)
-        model_file = MODEL_FILES["onnxruntime"]
-        shutil.copy2(graph, tmp / model_file)
-        shutil.rmtree(work)
-        sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS)
-        shapes = validate.check_shapes(sess, source, spec.precision == "fp32", cache.max_length(spec.source))
-        ort_logits = validate.dev_logits(
-            validate.ort_forward(sess), cache.features(spec.source), cache.tokenizer.pad_token_id
+        model_file = MODEL_FILES[spec.runtime]
+        build_info, providers = {}, [spec.runtime]
+        if spec.runtime == "tensorrt":
+            # TensorRT fuses on its own and cannot parse ONNX Runtime's contrib ops: it takes the plain graph.
+            build_info = build_engine(
+                plain,
+                tmp / model_file,
+                list(source.inputs),
+                sequence=(1, min(64, max_length), max_length),
+                fp16=spec.precision in ("fp16", "int8"),
+                int8=spec.precision == "int8",
+                calibration=_calibration(recipe, cache, spec.source, source.inputs)
+                if spec.precision == "int8"
+                else None,
+            )
+            run, fused = validate.trt_runner(tmp / model_file, source.inputs), {}
+        else:
+            work = tmp / ".work"
+            work.mkdir()
+            graph, fused = _transform(recipe, spec, source, plain, work, cache)
+            shutil.copy2(graph, tmp / model_file)
+            shutil.rmtree(work)
+            sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS)
+            run, providers = validate.ort_runner(sess), sess.get_providers()
+        shapes = validate.check_shapes(run, source, spec.precision == "fp32", max_length)
+        exported_logits = validate.dev_logits(
+            validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )
-        figures = validate.parity(ort_logits, torch_logits, cache.dev.labels)
+        figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
         validate.gate(figures, spec.precision, recipe.export.min_agreement, recipe.export.max_int8_drop, bundle_id)
         shutil.copy2(source.folder / TOKENIZER, tmp / TOKENIZER)
         bundle = BundleSpec(
             name=f"{recipe.name}-{bundle_id}",
             labels=recipe.data.label_names,
-            max_length=cache.max_length(spec.source),
+            max_length=max_length,
             inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],
             outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", len(recipe.data.label_names)])],
             precision=spec.precision,
             runtime=spec.runtime,
-            providers=sess.get_providers(),
+            providers=providers,
             model_file=model_file,
             arch=source.arch,
             opset=recipe.export.opset,
             fused_operators=fused,
         )
-        ops = op_counts(onnx.load(str(tmp / model_file)))
+        ops = op_counts(onnx.load(str(tmp / model_file))) if spec.runtime == "onnxruntime" else {}
         manifest = mf.commit(
             tmp,
             out,
@@ -173,6 +190,7 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
                     "recipe": spec.model_dump(),
                     "shape_checks_max_abs_diff": shapes,
                     "op_counts": ops,
+                    "tensorrt_build": build_info,
                 },
                 wall_seconds=watch.seconds,
             ),

@@ -15,26 +15,38 @@ class ExportGateError(ExportError):
     """A bundle that works but misses its parity or accuracy gate; the message has the figures."""
 
 
-def ort_forward(sess: ort.InferenceSession):
-    """A `predict_logits` forward for an ONNX Runtime session: torch batch in, torch logits out."""
+def ort_runner(sess: ort.InferenceSession):
+    """`run(feeds) -> logits` for an ONNX Runtime session; extra feeds the graph does not take are ignored."""
     names = [i.name for i in sess.get_inputs()]
-    return lambda batch: torch.from_numpy(sess.run(["logits"], {n: batch[n].numpy() for n in names})[0])
+    return lambda feeds: sess.run(["logits"], {n: feeds[n] for n in names})[0]
+
+
+def trt_runner(plan_path, names: tuple[str, ...]):
+    """`run(feeds) -> logits` for a TensorRT engine (GPU only)."""
+    from export.tensorrt import run_engine
+
+    return lambda feeds: run_engine(plan_path, {n: feeds[n] for n in names})["logits"]
+
+
+def as_forward(run):
+    """A `predict_logits` forward from a numpy runner: torch batch in, torch logits out."""
+    return lambda batch: torch.from_numpy(np.asarray(run({k: v.numpy() for k, v in batch.items()}), dtype=np.float32))
 
 
 def torch_forward(source: Source):
     return lambda batch: source.module(*(batch[n] for n in source.inputs))
 
 
-def check_shapes(sess: ort.InferenceSession, source: Source, exact: bool, max_length: int) -> dict[str, float]:
+def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str, float]:
     """Run batch sizes 1, 3, 32 at several lengths up to `max_length` (a graph with a hard-coded batch or
     length fails here)."""
     worst = {}
     for batch, length in sorted({(b, min(t, max_length)) for b, t in SHAPES}):
         inputs = example_inputs(source.inputs, batch, length)
         try:
-            got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
-        except Exception as err:  # noqa: BLE001 - ONNX Runtime raises its own exception types
-            raise ExportError(f"{source.arch}: ONNX graph fails at batch {batch}, length {length}: {err}") from err
+            got = run({k: v.numpy() for k, v in inputs.items()})
+        except Exception as err:  # noqa: BLE001 - ONNX Runtime and TensorRT raise their own exception types
+            raise ExportError(f"{source.arch}: exported model fails at batch {batch}, length {length}: {err}") from err
         with torch.no_grad():
             want = source.module(*inputs.values()).numpy()
         if got.shape != want.shape:

@@ -11,7 +11,7 @@ from common.recipe import load_recipe
 from export.bundle_stage import SourceCache
 from export.onnx_export import load_source
 from export.providers import session_for
-from export.validate import ExportGateError, dev_logits, gate, ort_forward, parity, torch_forward
+from export.validate import ExportGateError, as_forward, dev_logits, gate, ort_runner, parity, torch_forward
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,9 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
     cache.tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
     _, cache.dev = load_splits(recipe.data)
     logits = dev_logits(
-        ort_forward(session_for(bundle.model_path, ["CPUExecutionProvider"], 1)), cache.features(m.info["source"]), 0
+        as_forward(ort_runner(session_for(bundle.model_path, ["CPUExecutionProvider"], 1))),
+        cache.features(m.info["source"]),
+        0,
     )
     accuracy = float((logits.argmax(-1) == np.array(cache.dev.labels)).mean())
     # Dynamic INT8 scales activations per batch and thread count changes summation order: one near-tie may flip.
@@ -119,7 +121,7 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     cache = SourceCache(recipe, tmp_path)
     feats = cache.features("cnn")
     figures = parity(
-        dev_logits(ort_forward(session_for(broken, ["CPUExecutionProvider"], 1)), feats, 0),
+        dev_logits(as_forward(ort_runner(session_for(broken, ["CPUExecutionProvider"], 1))), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
         cache.dev.labels,
     )
@@ -161,3 +163,39 @@ def test_bench_writes_its_tables(smoke_bundles):
             assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
     assert "teacher-int8" in (smoke_bundles / "bench" / "bench.md").read_text()
     mf.load(smoke_bundles / "bench")
+
+
+def run_export(runs, *args):
+    import os
+    import subprocess
+
+    from tests.conftest import PYTHON
+
+    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
+    return subprocess.run([PYTHON, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles):
+    trt = ["--export.bundles.bilstm-trt.source=bilstm", "--export.bundles.bilstm-trt.runtime=tensorrt"]
+    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), *trt, "--only=bilstm-trt")
+    assert result.returncode == 2
+    assert "tensorrt" in result.stderr and "pip install '.[gpu]'" in result.stderr
+    assert not (smoke_bundles / "bundle-bilstm-trt").exists()
+
+
+def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
+    cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
+    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
+    assert result.returncode == 2 and "CUDAExecutionProvider" in result.stderr
+    assert not (smoke_bundles / "bundle-cnn-cuda").exists()
+
+
+def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
+    from export.quantize import fp16
+
+    fp16(smoke_bundles / "bundle-transformer-fused" / "model.onnx", tmp_path / "fp16.onnx")
+    model = onnx.load(str(tmp_path / "fp16.onnx"))
+    onnx.checker.check_model(model)
+    weights = [i for i in model.graph.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+    assert sum(i.data_type == onnx.TensorProto.FLOAT16 for i in weights) > len(weights) / 2
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
