@@ -157,6 +157,19 @@ def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
     return manifest
 
 
+def for_stage(recipe, stage: str, config_hash: str, watch: "Stopwatch", metrics: dict | None = None, **fields) -> Manifest:
+    """A manifest for `stage` of `recipe` (a `common.recipe.Recipe`), with its wall time among the metrics."""
+    return Manifest(
+        stage=stage,
+        recipe=recipe.name,
+        recipe_hash=recipe.hash,
+        config_hash=config_hash,
+        metrics=(metrics or {}) | {"wall_seconds": watch.seconds},
+        wall_seconds=watch.seconds,
+        **fields,
+    )
+
+
 class Stopwatch:
     """Wall time of a stage, for `wall_seconds`."""
 

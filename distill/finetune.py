@@ -107,11 +107,11 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
         manifest = mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage="teacher",
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=config_hash,
+            mf.for_stage(
+                recipe,
+                "teacher",
+                config_hash,
+                watch,
                 parents=parents,
                 metrics={
                     "dev_accuracy": best["dev_accuracy"],
@@ -119,7 +119,6 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
                     "confusion": best["confusion"],
                     "params": sum(p.numel() for p in model.parameters()),
                     "size_bytes": weights.stat().st_size,
-                    "wall_seconds": watch.seconds,
                 },
                 info={
                     "init": init,
@@ -131,7 +130,6 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
                     "world_size": trainer.world_size,
                     "resumed_from_step": progress.resumed_from,
                 },
-                wall_seconds=watch.seconds,
             ),
         )
     m = manifest.metrics

@@ -194,16 +194,15 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
         metrics |= {
             "params": sum(p.numel() for p in model.parameters()),
             "size_bytes": (tmp / "model.safetensors").stat().st_size,
-            "wall_seconds": watch.seconds,
         }
         manifest = mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage="pretrain",
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=config_hash,
+            mf.for_stage(
+                recipe,
+                "pretrain",
+                config_hash,
+                watch,
                 metrics=metrics,
                 info={
                     "objective": "mlm" if mlm else "clm",
@@ -213,7 +212,6 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
                     "steps": progress.global_step,
                     "history": progress.history,
                 },
-                wall_seconds=watch.seconds,
             ),
         )
     shutil.rmtree(work, ignore_errors=True)

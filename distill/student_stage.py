@@ -183,16 +183,15 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
             "retention": best["dev_accuracy"] / teacher_acc,
             "params": count_parameters(student),
             "size_bytes": (tmp / WEIGHTS).stat().st_size,
-            "wall_seconds": watch.seconds,
         }
         manifest = mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage=stage,
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=config_hash,
+            mf.for_stage(
+                recipe,
+                stage,
+                config_hash,
+                watch,
                 parents=parents,
                 metrics=metrics,
                 info={
@@ -205,7 +204,6 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
                     "world_size": trainer.world_size,
                     "resumed_from_step": progress.resumed_from,
                 },
-                wall_seconds=watch.seconds,
             ),
         )
     shutil.rmtree(work, ignore_errors=True)

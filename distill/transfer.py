@@ -171,21 +171,19 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
         manifest = mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage="transfer",
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=config_hash,
+            mf.for_stage(
+                recipe,
+                "transfer",
+                config_hash,
+                watch,
                 parents={"teacher": mf.parent_of(teacher_dir)},
                 metrics={
                     "sentences": len(texts),
                     "teacher_dev_accuracy": teacher_dev,
                     "teacher_positive_rate": float((predicted == 1).mean()),
-                    "wall_seconds": watch.seconds,
                     **{f"n_{k}": v for k, v in composition.items()},
                 },
                 info={"composition": composition, "sources": list(SOURCES), "logits_dtype": "float16"},
-                wall_seconds=watch.seconds,
             ),
         )
     shutil.rmtree(work, ignore_errors=True)

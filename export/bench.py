@@ -112,15 +112,13 @@ def run(recipe: Recipe) -> list[dict]:
         mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage="bench",
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=recipe.section_hash("export"),
+            mf.for_stage(
+                recipe,
+                "bench",
+                recipe.section_hash("export"),
+                watch,
                 parents=parents,
-                metrics={"wall_seconds": watch.seconds},
-                info={"threads": cfg.threads, "bench": cfg.model_dump()},
-                wall_seconds=watch.seconds,
+                                info={"threads": cfg.threads, "bench": cfg.model_dump()},
             ),
         )
     print_table(rows, cfg)

@@ -169,11 +169,11 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
         manifest = mf.commit(
             tmp,
             out,
-            mf.Manifest(
-                stage=f"bundle-{bundle_id}",
-                recipe=recipe.name,
-                recipe_hash=recipe.hash,
-                config_hash=chash,
+            mf.for_stage(
+                recipe,
+                f"bundle-{bundle_id}",
+                chash,
+                watch,
                 parents={"source": mf.parent_of(source.folder)},
                 metrics={
                     "dev_accuracy": figures["dev_accuracy"],
@@ -182,7 +182,6 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
                     "max_abs_diff": figures["max_abs_diff"],
                     "params": source.params,
                     "size_bytes": (tmp / model_file).stat().st_size,
-                    "wall_seconds": watch.seconds,
                 },
                 info={
                     "bundle": bundle.model_dump(),
@@ -192,7 +191,6 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
                     "op_counts": ops,
                     "tensorrt_build": build_info,
                 },
-                wall_seconds=watch.seconds,
             ),
         )
     fused_note = f" fused={fused}" if fused else ""
