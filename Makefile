@@ -20,7 +20,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo proto serve call test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -71,6 +71,17 @@ $(RUN)/bench/manifest.json: $(RUN)/export.done
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
 triton-repo: $(RUN)/export.done  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
 	$(PY) -m export.triton $(BUNDLE) $(RUN)/triton
+
+proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
+	$(PY) -m serve.proto.generate
+
+PORT ?= 50051
+serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gRPC on PORT
+	$(PY) -m serve --bundle $(BUNDLE) --port $(PORT)
+
+TEXT ?= a gripping , beautifully acted film
+call: $(STAMP)  ## classify TEXT with the server on PORT
+	$(PY) -m serve.client --address localhost:$(PORT) "$(TEXT)"
 
 test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint

@@ -1,0 +1,30 @@
+"""`python -m serve --bundle runs/sst2/bundle-bilstm-int8 [--port 50051]`: serve a bundle until SIGTERM."""
+
+import asyncio
+import logging
+import sys
+
+from serve.app import serve
+from serve.errors import BundleRejected
+from serve.logs import configure_logging
+from serve.settings import SettingsError, load_settings
+
+log = logging.getLogger("serve")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = load_settings(argv)
+    except SettingsError as err:
+        print(f"python -m serve: {err}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    try:
+        return asyncio.run(serve(settings))
+    except (BundleRejected, SettingsError, OSError) as err:
+        log.error("cannot start: %s", err, extra={"event": "start_failed"})
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

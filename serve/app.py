@@ -1,0 +1,183 @@
+"""Assemble and run the server: both APIs, health, reflection, interceptors, metrics, TLS, signals.
+
+Lifecycle: `create_server(settings)` verifies and loads the bundle and binds the port (health
+NOT_SERVING); `start()` opens the port and /metrics; `warm_up()` runs the model at several shapes
+and flips health to SERVING; `reload()` swaps in a new bundle; `stop()` drains: health
+NOT_SERVING, new calls refused, in-flight calls get `shutdown_grace_s` to finish.
+"""
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from serve.errors import BundleRejected, ReloadFailed
+from serve.interceptors import ObservingInterceptor, TokenAuthInterceptor
+from serve.metrics import Metrics
+from serve.model import ModelHost, ModelRuntime
+from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
+from serve.settings import Settings, SettingsError
+from serve.transport import CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
+
+log = logging.getLogger("serve")
+
+SERVICES = (CLASSIFIER, KSERVE)
+HEALTH_NAMES = ("", *SERVICES)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class EdgeServer:
+    """The gRPC server with its model host, health servicer and metrics."""
+
+    def __init__(self, settings: Settings, server: grpc.aio.Server, host: ModelHost, runtime: ModelRuntime):
+        self.settings = settings
+        self.grpc = server
+        self.host = host
+        self.metrics: Metrics = host.metrics
+        self.health = health.aio.HealthServicer()
+        self.metrics_port: int | None = None
+        self._first: ModelRuntime | None = runtime
+        self._stopped = asyncio.Event()
+
+    async def _set_health(self, status) -> None:
+        for name in HEALTH_NAMES:
+            await self.health.set(name, status)
+
+    async def start(self) -> None:
+        """Open the gRPC port (health NOT_SERVING until `warm_up`) and the metrics endpoint."""
+        await self._set_health(NOT_SERVING)
+        await self.grpc.start()
+        if self.settings.metrics_port is not None:
+            self.metrics_port = self.metrics.start_http(self.settings.host, self.settings.metrics_port)
+
+    async def warm_up(self) -> None:
+        """Warm the first model up and report SERVING; `BundleRejected` when its outputs are wrong."""
+        first, self._first = self._first, None
+        await self.host.activate(first)
+        await self._set_health(SERVING)
+
+    async def reload(self, folder: str | Path | None = None):
+        """Swap in the bundle at `folder` (default: the one being served); `ReloadFailed` keeps the old one."""
+        return await self.host.reload(folder)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds."""
+        if self._stopped.is_set():
+            return
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        log.info("draining (grace %.1f s)", grace, extra={"event": "draining"})
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace)
+        await self.host.close()
+        if self._first is not None:  # never warmed up
+            await self._first.close()
+            self._first = None
+        self.metrics.stop_http()
+        self._stopped.set()
+        log.info("stopped", extra={"event": "stopped"})
+
+    async def wait_for_termination(self) -> None:
+        await self._stopped.wait()
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert is None:
+        return None
+    try:
+        chain = settings.tls_cert.read_bytes()
+        key = settings.tls_key.read_bytes()
+        ca = settings.tls_ca.read_bytes() if settings.tls_ca else None
+    except OSError as err:
+        raise SettingsError(f"cannot read a TLS file: {err}") from err
+    return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def create_server(settings: Settings) -> tuple[EdgeServer, int]:
+    """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop."""
+    if settings.bundle is None:
+        raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
+    metrics = Metrics()
+    runtime = ModelRuntime.load(settings.bundle, settings, metrics)
+    host = ModelHost(settings, metrics)
+    interceptors = [ObservingInterceptor(metrics)]
+    if settings.token is not None:
+        interceptors.append(TokenAuthInterceptor(settings.token.get_secret_value()))
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    edge = EdgeServer(settings, server, host, runtime)
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), server)
+    kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), server)
+    health_pb2_grpc.add_HealthServicer_to_server(edge.health, server)
+    reflection.enable_server_reflection(
+        (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    address = f"{settings.host}:{settings.port}"
+    credentials = _credentials(settings)
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as err:
+        raise SettingsError(f"cannot bind {address}: {err}") from err
+    return edge, port
+
+
+async def serve(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT, then drain; SIGHUP reloads the bundle. Returns the exit status."""
+    server, port = create_server(settings)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reloads: set[asyncio.Task] = set()
+
+    async def reload_on_signal():
+        with contextlib.suppress(ReloadFailed):  # logged by the host; the current model keeps serving
+            await server.reload()
+
+    def on_hangup():
+        task = loop.create_task(reload_on_signal())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    await server.start()
+    log.info(
+        "listening on port %d, warming up",
+        port,
+        extra={
+            "event": "listening",
+            "port": port,
+            "metrics_port": server.metrics_port,
+            "tls": settings.tls_cert is not None,
+        },
+    )
+    try:
+        await server.warm_up()
+    except BundleRejected as err:
+        log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
+        await server.stop(0)
+        return 2
+    log.info(
+        "serving on port %d",
+        port,
+        extra={
+            "event": "serving",
+            "port": port,
+            "metrics_port": server.metrics_port,
+            "model": server.host.current.info(),
+        },
+    )
+    await stop.wait()
+    await server.stop()
+    return 0

@@ -1,0 +1,262 @@
+"""An asyncio dynamic batcher: concurrent requests share one backend call.
+
+Each request is a list of rows; a row is `{input name: 1-D array of length L}` (token ids, masks).
+Rows wait in a bounded queue until `max_batch_size` rows are waiting or the oldest has waited
+`max_delay` seconds; a batch then takes up to `max_batch_size` rows of similar length (the oldest
+row always included, so nothing starves), pads them to the longest with `pad_values`, and runs the
+backend in a worker thread so the event loop never blocks. Outputs are split back per row and
+returned to each request in its row order, stacked along axis 0.
+
+Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
+the batch runs. Imports no grpc: the transport maps `Overloaded`, `DeadlineExpired` and
+`BatcherClosed` to status codes.
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+
+
+class Overloaded(Exception):
+    """The queue holds `max_queued` rows already; the caller should back off and retry."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExpired(Exception):
+    """The request's deadline passed while its rows were queued; they were dropped."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class BatcherClosed(Exception):
+    """The batcher stopped taking work (shutdown, or its model was replaced)."""
+
+    code = "UNAVAILABLE"
+
+
+class BatchObserver:
+    """Hooks for metrics; the default does nothing. Called on the event loop thread."""
+
+    def queue_depth(self, rows: int) -> None:
+        """Rows waiting now."""
+
+    def batch_done(self, rows: int, seconds: float) -> None:
+        """One backend call of `rows` rows took `seconds`."""
+
+    def request_done(self, queue_wait: float) -> None:
+        """A request finished; its first row waited `queue_wait` seconds before a batch took it."""
+
+    def rows_dropped(self, rows: int, reason: str) -> None:
+        """Rows removed from the queue without running (`reason`: cancelled, deadline)."""
+
+
+@dataclass
+class BatchResult:
+    outputs: Arrays
+    queue_wait: float = 0.0
+    batches: int = 0
+
+
+@dataclass(eq=False)
+class _Request:
+    rows: list[Arrays]
+    future: asyncio.Future
+    enqueued: float
+    deadline: float | None
+    outputs: list[Arrays | None] = field(default_factory=list)
+    remaining: int = 0
+    started: float | None = None
+    batches: int = 0
+
+
+@dataclass(eq=False)
+class _Row:
+    request: _Request
+    index: int
+    length: int
+
+
+class DynamicBatcher:
+    """Gathers rows from concurrent `submit` calls into padded batches for `infer`."""
+
+    def __init__(
+        self,
+        infer: InferFn,
+        *,
+        max_batch_size: int,
+        max_delay: float,
+        max_queued: int,
+        pad_values: Mapping[str, int | float] | None = None,
+        observer: BatchObserver | None = None,
+    ):
+        if max_batch_size < 1 or max_queued < 1 or max_delay < 0:
+            raise ValueError("max_batch_size and max_queued must be >= 1 and max_delay >= 0")
+        self.infer = infer
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_delay
+        self.max_queued = max_queued
+        self.pad_values = dict(pad_values or {})
+        self.observer = observer or BatchObserver()
+        self._pending: list[_Row] = []
+        self._arrived = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
+
+    @property
+    def queued_rows(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
+
+    async def close(self) -> None:
+        """Take no new work, run what is queued, then stop the worker thread."""
+        self._closing = True
+        self._arrived.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:
+        """Queue `rows` and wait for their outputs, stacked in row order.
+
+        `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
+        `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too.
+        """
+        if self._closing:
+            raise BatcherClosed("the model is shutting down or being replaced; retry")
+        if not rows:
+            raise ValueError("submit needs at least one row")
+        if len(self._pending) + len(rows) > self.max_queued:
+            raise Overloaded(
+                f"server overloaded: {len(self._pending)} rows queued, {len(rows)} more would exceed "
+                f"the limit of {self.max_queued}; retry with backoff"
+            )
+        lengths = [_length(row) for row in rows]
+        loop = asyncio.get_running_loop()
+        request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
+        self._pending.extend(_Row(request, i, length) for i, length in enumerate(lengths))
+        self.observer.queue_depth(len(self._pending))
+        self._arrived.set()
+        try:
+            outputs = await request.future
+        except asyncio.CancelledError:
+            self._drop(request, "cancelled")
+            raise
+        return BatchResult(outputs, request.started - request.enqueued, request.batches)
+
+    def _drop(self, request: _Request, reason: str) -> None:
+        before = len(self._pending)
+        self._pending = [row for row in self._pending if row.request is not request]
+        if dropped := before - len(self._pending):
+            self.observer.rows_dropped(dropped, reason)
+            self.observer.queue_depth(len(self._pending))
+
+    def _expire(self, now: float) -> None:
+        for request in {row.request for row in self._pending if row.request.deadline is not None}:
+            if request.deadline <= now:
+                self._drop(request, "deadline")
+                if not request.future.done():
+                    request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
+
+    async def _run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            while len(self._pending) < self.max_batch_size and not self._closing:
+                wait = self._pending[0].request.enqueued + self.max_delay - loop.time()
+                if wait <= 0:
+                    break
+                self._arrived.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), wait)
+                if not self._pending:
+                    break
+            self._expire(loop.time())
+            batch = self._take()
+            if batch:
+                await self._run(batch)
+
+    def _take(self) -> list[_Row]:
+        """Up to `max_batch_size` rows: all if they fit, else the window of similar lengths holding the oldest."""
+        if len(self._pending) <= self.max_batch_size:
+            batch, self._pending = self._pending, []
+        else:
+            size = self.max_batch_size
+            order = sorted(range(len(self._pending)), key=lambda i: (self._pending[i].length, i))
+            anchor = order.index(0)
+            lengths = [self._pending[i].length for i in order]
+            prefix = np.concatenate([[0], np.cumsum(lengths)])
+            first = max(0, anchor - size + 1)
+            last = min(anchor, len(order) - size)
+            # padding cost of window [s, s + size): size * longest - sum of lengths
+            start = min(
+                range(first, last + 1), key=lambda s: size * lengths[s + size - 1] - (prefix[s + size] - prefix[s])
+            )
+            chosen = set(order[start : start + size])
+            batch = [row for i, row in enumerate(self._pending) if i in chosen]
+            self._pending = [row for i, row in enumerate(self._pending) if i not in chosen]
+        self.observer.queue_depth(len(self._pending))
+        return batch
+
+    async def _run(self, batch: list[_Row]) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for row in batch:
+            if row.request.started is None:
+                row.request.started = now
+        start = time.perf_counter()
+        try:
+            inputs = _pad([row.request.rows[row.index] for row in batch], self.pad_values)
+            outputs = await loop.run_in_executor(self._executor, self.infer, inputs)
+        except Exception as err:  # the backend's failure belongs to every request in the batch
+            for request in {row.request for row in batch}:
+                if not request.future.done():
+                    request.future.set_exception(err)
+            return
+        self.observer.batch_done(len(batch), time.perf_counter() - start)
+        for position, row in enumerate(batch):
+            request = row.request
+            request.outputs[row.index] = {name: value[position] for name, value in outputs.items()}
+            request.remaining -= 1
+        for request in {row.request for row in batch}:
+            request.batches += 1
+            if request.remaining == 0 and not request.future.done():
+                stacked = {name: np.stack([out[name] for out in request.outputs]) for name in request.outputs[0]}
+                request.future.set_result(stacked)
+                self.observer.request_done(request.started - request.enqueued)
+
+
+def _length(row: Arrays) -> int:
+    lengths = {value.shape[0] for value in row.values()}
+    if len(lengths) != 1:
+        raise ValueError(f"the arrays of one row differ in length: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _pad(rows: list[Arrays], pad_values: Mapping[str, int | float]) -> Arrays:
+    """Stack 1-D rows into (batch, longest) arrays, right-padded with each input's pad value."""
+    longest = max(_length(row) for row in rows)
+    batch = {}
+    for name, first in rows[0].items():
+        out = np.full((len(rows), longest), pad_values.get(name, 0), dtype=first.dtype)
+        for i, row in enumerate(rows):
+            out[i, : row[name].shape[0]] = row[name]
+        batch[name] = out
+    return batch

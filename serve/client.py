@@ -1,0 +1,194 @@
+"""A small client for the server, as a library (`Client`) and a CLI printing JSON.
+
+python -m serve.client "a great movie" "a dull one"
+python -m serve.client --file reviews.txt --address host:50051 --token $TOKEN --tls-ca ca.pem
+echo "a great movie" | python -m serve.client --kserve
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from serve import tensors
+from serve.proto import classifier_pb2, classifier_pb2_grpc
+
+DEFAULT_ADDRESS = "localhost:50051"
+
+
+class Client:
+    """Blocking client for `edgedistill.v1.Classifier` and, with `kserve_infer`, the KServe v2 protocol."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        token: str | None = None,
+        tls: bool = False,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        timeout: float = 10.0,
+    ):
+        if tls or tls_ca or tls_cert:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
+            )
+            self.channel = grpc.secure_channel(address, credentials)
+        else:
+            self.channel = grpc.insecure_channel(address)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout = timeout
+        self.stub = classifier_pb2_grpc.ClassifierStub(self.channel)
+        self._labels: dict[tuple[str, str], list[str]] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method, request):
+        return method(request, timeout=self.timeout, metadata=self.metadata)
+
+    def model_info(self) -> dict:
+        return _info(self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest()))
+
+    def labels(self, name: str = "", version: str = "") -> list[str]:
+        """The served model's labels, asked once per model name and version."""
+        if (name, version) not in self._labels:
+            info = self.model_info()
+            self._labels[(info["name"], info["version"])] = info["labels"]
+            self._labels.setdefault((name, version), info["labels"])
+        return self._labels[(name, version)]
+
+    def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
+        reply = self._call(
+            self.stub.Classify, classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
+        )
+        labels = self.labels(reply.model_name, reply.model_version)
+        predictions = [
+            _prediction(text, p.probabilities, labels) for text, p in zip(texts, reply.predictions, strict=True)
+        ]
+        return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
+
+    def kserve_infer(self, texts: list[str], model: str = "") -> dict:
+        """Classify through `inference.GRPCInferenceService/ModelInfer` with a raw BYTES `text` tensor."""
+        # imported here: its `inference.*` messages clash with tritonclient's in one process
+        from serve.proto import kserve_pb2, kserve_pb2_grpc
+
+        info = self.model_info()
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        request = kserve_pb2.ModelInferRequest(model_name=model or info["name"])
+        request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
+        request.raw_input_contents.append(tensors.serialize_bytes([t.encode("utf-8") for t in texts]))
+        request.outputs.add(name="probabilities")
+        reply = self._call(stub.ModelInfer, request)
+        output = reply.outputs[0]
+        probabilities = tensors.decode(
+            output.name, output.datatype, list(output.shape), raw=reply.raw_output_contents[0]
+        )
+        predictions = [_prediction(text, row, info["labels"]) for text, row in zip(texts, probabilities, strict=True)]
+        return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
+
+    def reload(self, bundle_path: str = "") -> dict:
+        reply = self._call(self.stub.Reload, classifier_pb2.ReloadRequest(bundle_path=bundle_path))
+        return {"model": _info(reply.model), "previous": _info(reply.previous)}
+
+
+def _prediction(text: str, probabilities, labels: list[str]) -> dict:
+    probabilities = [float(p) for p in probabilities]
+    best = int(np.argmax(probabilities))
+    return {
+        "text": text,
+        "label": labels[best],
+        "score": probabilities[best],
+        "probabilities": dict(zip(labels, probabilities, strict=True)),
+    }
+
+
+def _read(path: Path | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
+
+
+def _info(message: classifier_pb2.ModelInfo) -> dict:
+    return {
+        field.name: list(value) if field.is_repeated else value
+        for field, value in ((f, getattr(message, f.name)) for f in message.DESCRIPTOR.fields)
+    }
+
+
+def read_texts(args: argparse.Namespace, stdin) -> list[str]:
+    """Texts from the arguments, then `--file` (one per line), else stdin; blank lines skipped."""
+    texts = list(args.texts)
+    if args.file:
+        texts += [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not texts:
+        texts = [line.rstrip("\n") for line in stdin if line.strip()]
+    return texts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m serve.client", description="Classify texts with an edgedistill server."
+    )
+    parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
+    parser.add_argument("--file", type=Path, help="a file with one text per line")
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
+    parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
+    parser.add_argument("--model", default="", help="model name (default: the served one)")
+    parser.add_argument("--token", help="bearer token")
+    parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
+    parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
+    parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
+    parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
+    parser.add_argument("--timeout", type=float, default=10.0, help="deadline per call in seconds (default 10)")
+    parser.add_argument("--info", action="store_true", help="print the served model's info instead")
+    parser.add_argument(
+        "--reload", nargs="?", const="", metavar="BUNDLE", help="reload the bundle (optionally a new one)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, stdin=None) -> int:
+    args = build_parser().parse_args(argv)
+    client = Client(
+        args.address,
+        token=args.token,
+        tls=args.tls,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        timeout=args.timeout,
+    )
+    try:
+        with client:
+            if args.info:
+                result = client.model_info()
+            elif args.reload is not None:
+                result = client.reload(args.reload)
+            else:
+                texts = read_texts(args, sys.stdin if stdin is None else stdin)
+                if not texts:
+                    print(
+                        "python -m serve.client: no texts (give them as arguments, --file or on stdin)", file=sys.stderr
+                    )
+                    return 2
+                result = (
+                    client.kserve_infer(texts, args.model) if args.kserve else client.classify(texts, model=args.model)
+                )
+    except grpc.RpcError as err:
+        print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Text -> model rows with the bundle's `tokenizer.json` (the `tokenizers` library, no transformers)."""
+
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from serve.errors import BundleRejected, InvalidInput
+
+SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
+_NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32}
+
+
+class TextEncoder:
+    """Tokenizes texts (or text pairs) into one row per text: `{input name: 1-D int array}`, unpadded."""
+
+    def __init__(self, path: Path, max_length: int, inputs: dict[str, str]):
+        """`inputs` maps each model input name to its dtype (from the bundle spec)."""
+        unknown = set(inputs) - set(SEQUENCE_INPUTS)
+        if unknown or "input_ids" not in inputs:
+            raise BundleRejected(
+                f"the model's inputs {sorted(inputs)} are not text inputs: expected input_ids and optionally "
+                f"{', '.join(SEQUENCE_INPUTS[1:])}"
+            )
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:
+            raise BundleRejected(f"{path} is not a tokenizers tokenizer.json: {err}") from err
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length)
+        self.max_length = max_length
+        self.dtypes = {name: _NUMPY_DTYPES.get(dtype, np.int64) for name, dtype in inputs.items()}
+        self.pad_id = self._pad_id()
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def _pad_id(self) -> int:
+        padding = self.tokenizer.padding
+        if padding and padding.get("pad_id") is not None:
+            return int(padding["pad_id"])
+        for token in _PAD_TOKENS:
+            if (token_id := self.tokenizer.token_to_id(token)) is not None:
+                return token_id
+        return 0
+
+    @property
+    def pad_values(self) -> dict[str, int]:
+        return {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
+
+    def encode(self, texts: list[str], pairs: list[str] | None = None) -> list[dict[str, np.ndarray]]:
+        batch = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        rows = []
+        for i, enc in enumerate(self.tokenizer.encode_batch(batch)):
+            if not enc.ids:
+                raise InvalidInput(f"text {i} produced no tokens")
+            fields = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
+            rows.append({name: np.asarray(fields[name], dtype=dtype) for name, dtype in self.dtypes.items()})
+        return rows

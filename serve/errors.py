@@ -1,0 +1,35 @@
+"""Errors the serving layer raises, each naming the gRPC status the transport answers with.
+
+Kept free of grpc so the model and batching layers can raise them; `serve.transport` maps `code`
+(a `grpc.StatusCode` name) to the status.
+"""
+
+
+class ServeError(Exception):
+    """An error with a client-facing message and the gRPC status code name it maps to."""
+
+    code = "INTERNAL"
+
+
+class InvalidInput(ServeError):
+    code = "INVALID_ARGUMENT"
+
+
+class ModelNotFound(ServeError):
+    code = "NOT_FOUND"
+
+
+class NotReady(ServeError):
+    """The model is not loaded or warm yet, or the server is draining."""
+
+    code = "UNAVAILABLE"
+
+
+class ReloadFailed(ServeError):
+    """A new bundle could not be loaded; the previous model keeps serving."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class BundleRejected(RuntimeError):
+    """A bundle that cannot be served: failed verification, missing runtime, wrong model I/O."""

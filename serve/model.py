@@ -1,0 +1,271 @@
+"""The served model: a verified bundle with its tokenizer, backend and batcher, and the host that swaps it.
+
+`ModelRuntime` turns texts (or token ids) into logits and probabilities through the batcher.
+`ModelHost` holds the current runtime, answers for a model name/version, and reloads a bundle
+without dropping requests: the new runtime is loaded and warmed while the old one serves, then
+swapped in; the old one finishes what it had queued.
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common import manifest as mf
+from common.bundle import Bundle, load_bundle
+from serve.backends import load_backend
+from serve.batching import BatcherClosed, BatchObserver, DynamicBatcher
+from serve.encoding import TextEncoder
+from serve.errors import BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed
+from serve.metrics import Metrics
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scores:
+    logits: np.ndarray  # (N, labels) float32
+    probabilities: np.ndarray  # (N, labels) float32
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of (N, C) logits, computed in float64, returned as float32."""
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def check_texts(texts: list[str], pairs: list[str] | None, max_texts: int, max_chars: int):
+    """Validated texts (and pairs), each cut to `max_chars` characters."""
+    if not texts:
+        raise InvalidInput("empty request: send at least one text")
+    if len(texts) > max_texts:
+        raise InvalidInput(f"{len(texts)} texts in one request; the limit is {max_texts}: split the request")
+    if pairs is not None and len(pairs) != len(texts):
+        raise InvalidInput(f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text, or none")
+    for kind, values in (("text", texts), ("text pair", pairs or [])):
+        for i, value in enumerate(values):
+            if not value.strip():
+                raise InvalidInput(f"{kind} {i} is empty or whitespace only")
+    cut = [t[:max_chars] for t in texts]
+    return cut, None if pairs is None else [p[:max_chars] for p in pairs]
+
+
+class ModelRuntime:
+    """One loaded bundle, ready to warm up and serve."""
+
+    def __init__(self, bundle: Bundle, settings: Settings, observer: BatchObserver | None = None):
+        self.bundle = bundle
+        self.spec = bundle.spec
+        self.settings = settings
+        self.manifest_sha256 = mf.sha256_file(bundle.folder / mf.MANIFEST)
+        if not self.spec.outputs:
+            raise BundleRejected(f"{bundle.folder}: the bundle spec names no outputs")
+        self.output = self.spec.outputs[0].name
+        self.encoder = TextEncoder(
+            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
+        )
+        self.backend = load_backend(bundle, settings.providers, settings.threads)
+        self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
+        self.batcher = DynamicBatcher(
+            self.backend.infer,
+            max_batch_size=self.max_batch_size,
+            max_delay=settings.max_queue_delay,
+            max_queued=settings.max_queued,
+            pad_values=self.encoder.pad_values,
+            observer=observer,
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path, settings: Settings, observer: BatchObserver | None = None) -> "ModelRuntime":
+        """Verify and load the bundle in `folder`; `BundleRejected` says why it cannot be served."""
+        try:
+            bundle = load_bundle(folder)
+        except mf.ArtifactError as err:
+            raise BundleRejected(f"bundle refused: {err}") from err
+        return cls(bundle, settings, observer)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    def warm_up(self) -> None:
+        """Run the backend at several batch sizes and lengths; check the logits' shape and values."""
+        ids = self.encoder.encode(["a warm up sentence to prime the model"])[0]
+        labels = len(self.spec.labels)
+        for length in sorted({1, max(1, self.spec.max_length // 2), self.spec.max_length}):
+            for batch in sorted({1, self.max_batch_size}):
+                inputs = {name: np.tile(np.resize(row, length), (batch, 1)) for name, row in ids.items()}
+                if "attention_mask" in inputs:
+                    inputs["attention_mask"][:] = 1
+                try:
+                    logits = self.backend.infer(inputs)[self.output]
+                except Exception as err:  # any runtime failure means the bundle cannot be served
+                    raise BundleRejected(
+                        f"{self.bundle.folder}: warm-up at batch {batch}, length {length} failed: {err}"
+                    ) from err
+                if logits.shape != (batch, labels) or not np.isfinite(logits).all():
+                    raise BundleRejected(
+                        f"{self.bundle.folder}: warm-up at batch {batch}, length {length} gave {self.output} of shape "
+                        f"{logits.shape} (expected {(batch, labels)} for labels {self.spec.labels})"
+                        + ("" if np.isfinite(logits).all() else " with non-finite values")
+                    )
+
+    async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
+        rows = await asyncio.to_thread(self.encoder.encode, texts, pairs)
+        return await self.run(rows, deadline)
+
+    async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:
+        result = await self.batcher.submit(rows, deadline)
+        logits = result.outputs[self.output].astype(np.float32, copy=False)
+        return Scores(logits, softmax(logits))
+
+    def rows_from_ids(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Rows from (N, L) token-id tensors; trailing positions the attention mask leaves out are trimmed."""
+        expected = set(self.spec.input_names)
+        if set(tensors) != expected:
+            raise InvalidInput(f"token inputs must be exactly {sorted(expected)}, got {sorted(tensors)}")
+        shapes = {name: value.shape for name, value in tensors.items()}
+        first = tensors["input_ids"]
+        if first.ndim != 2 or any(shape != first.shape for shape in shapes.values()):
+            raise InvalidInput(f"token inputs must all have the same [batch, sequence] shape, got {shapes}")
+        count, length = first.shape
+        if count == 0 or length == 0:
+            raise InvalidInput(f"empty request: input_ids has shape {list(first.shape)}")
+        if count > self.settings.max_texts:
+            raise InvalidInput(f"{count} rows in one request; the limit is {self.settings.max_texts}")
+        if length > self.spec.max_length:
+            raise InvalidInput(f"sequence length {length} exceeds the model's max_length {self.spec.max_length}")
+        if first.min() < 0 or first.max() >= self.encoder.vocab_size:
+            raise InvalidInput(f"input_ids must lie in [0, {self.encoder.vocab_size}) (the tokenizer's vocabulary)")
+        for name in ("attention_mask", "token_type_ids"):
+            if name in tensors and not np.isin(tensors[name], (0, 1)).all():
+                raise InvalidInput(f"{name} must hold only 0 and 1")
+        mask = tensors.get("attention_mask")
+        rows = []
+        for i in range(count):
+            keep = length if mask is None else int(np.flatnonzero(mask[i]).max(initial=-1)) + 1
+            if keep == 0:
+                raise InvalidInput(f"row {i}: attention_mask is all zeros")
+            rows.append(
+                {
+                    name: np.ascontiguousarray(value[i, :keep], dtype=self.encoder.dtypes[name])
+                    for name, value in tensors.items()
+                }
+            )
+        return rows
+
+    def info(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "labels": list(self.spec.labels),
+            "max_length": self.spec.max_length,
+            "runtime": self.spec.runtime,
+            "precision": self.spec.precision,
+            "arch": self.spec.arch,
+            "providers": list(self.backend.providers),
+            "inputs": list(self.spec.input_names),
+            "bundle_path": str(self.bundle.folder),
+            "bundle_sha256": self.manifest_sha256,
+            "max_batch_size": self.max_batch_size,
+        }
+
+    async def close(self) -> None:
+        """Finish the queued rows, then release the backend."""
+        await self.batcher.close()
+        self.backend.close()
+
+
+class ModelHost:
+    """Holds the runtime being served; `None` until the first one is warm."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None):
+        self.settings = settings
+        self.metrics = metrics
+        self.current: ModelRuntime | None = None
+        self.folder = settings.bundle
+        self._lock = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.current is not None
+
+    def get(self, name: str = "", version: str = "") -> ModelRuntime:
+        """The runtime serving `name` (empty: the served model) at `version` (empty: any)."""
+        runtime = self.current
+        if runtime is None:
+            raise NotReady("the model is still loading or warming up; retry shortly")
+        if name and name != runtime.name:
+            raise ModelNotFound(f"unknown model {name!r}; this server serves {runtime.name!r}")
+        if version and version != runtime.version:
+            raise ModelNotFound(
+                f"model {runtime.name!r} has no version {version!r}; it serves version {runtime.version!r}"
+            )
+        return runtime
+
+    async def activate(self, runtime: ModelRuntime) -> ModelRuntime | None:
+        """Warm `runtime` up and make it current; the runtime it replaced finishes its queue, is closed and returned."""
+        async with self._lock:
+            return await self._swap(runtime)
+
+    async def _swap(self, runtime: ModelRuntime) -> ModelRuntime | None:
+        try:
+            await asyncio.to_thread(runtime.warm_up)
+        except BaseException:
+            await runtime.close()
+            raise
+        runtime.batcher.start()
+        previous, self.current = self.current, runtime
+        self.folder = runtime.bundle.folder
+        if self.metrics is not None:
+            self.metrics.set_model(runtime.name, runtime.version, runtime.spec.runtime, runtime.backend.providers)
+        log.info(
+            "serving %s version %s from %s",
+            runtime.name,
+            runtime.version,
+            runtime.bundle.folder,
+            extra={"event": "model_active", "model": runtime.info()},
+        )
+        if previous is not None:
+            await previous.close()
+        return previous
+
+    async def reload(self, folder: str | Path | None = None) -> tuple[ModelRuntime, ModelRuntime | None]:
+        """Load `folder` (default: the folder being served) and swap it in; on failure keep serving the old one."""
+        async with self._lock:
+            folder = Path(folder) if folder else self.folder
+            try:
+                runtime = await asyncio.to_thread(ModelRuntime.load, folder, self.settings, self.metrics)
+                previous = await self._swap(runtime)
+            except BundleRejected as err:
+                log.error(
+                    "reload of %s failed, the current model keeps serving: %s",
+                    folder,
+                    err,
+                    extra={"event": "reload_failed", "folder": str(folder)},
+                )
+                raise ReloadFailed(f"reload of {folder} failed, the current model keeps serving: {err}") from err
+            return runtime, previous
+
+    async def dispatch(self, name: str, version: str, work) -> tuple[ModelRuntime, object]:
+        """`await work(runtime)` on the runtime for `name`/`version`; retried once the runtime was swapped meanwhile."""
+        while True:
+            runtime = self.get(name, version)
+            try:
+                return runtime, await work(runtime)
+            except BatcherClosed:
+                if self.current is runtime:
+                    raise
+
+    async def close(self) -> None:
+        if self.current is not None:
+            runtime, self.current = self.current, None
+            await runtime.close()

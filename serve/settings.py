@@ -1,0 +1,133 @@
+"""Server settings: typed, from flags and `EDGEDISTILL_*` environment variables (flags win).
+
+Each field is declared once; its flag (`--max-batch-size`) and variable (`EDGEDISTILL_MAX_BATCH_SIZE`)
+are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fail at load.
+"""
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "EDGEDISTILL_"
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used, with the flag or variable to fix."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bundle: Path | None = Field(None, description="bundle folder to serve, e.g. runs/sst2/bundle-bilstm-int8")
+    host: str = Field("[::]", description="address to bind the gRPC and metrics ports to")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
+    metrics_port: int | None = Field(
+        8002, ge=0, le=65535, description="Prometheus /metrics HTTP port (0: any free port; 'off': none)"
+    )
+    max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
+    max_queue_delay_ms: float = Field(5.0, ge=0, description="longest a row waits for a batch to fill")
+    max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
+    max_texts: int = Field(64, ge=1, description="texts per request; more: INVALID_ARGUMENT")
+    max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
+    max_message_bytes: int = Field(4 << 20, ge=1024, description="largest gRPC message, each way")
+    threads: int = Field(0, ge=0, description="intra-op threads of the runtime (0: its default)")
+    providers: list[str] = Field(
+        [], description="ONNX Runtime execution providers, comma-separated (empty: the bundle's)"
+    )
+    shutdown_grace_s: float = Field(10.0, ge=0, description="how long in-flight calls may finish on SIGTERM")
+    tls_cert: Path | None = Field(None, description="server certificate chain (PEM); enables TLS")
+    tls_key: Path | None = Field(None, description="server private key (PEM)")
+    tls_ca: Path | None = Field(None, description="CA bundle (PEM) that client certificates must chain to: mutual TLS")
+    token: SecretStr | None = Field(
+        None,
+        description="bearer token clients must send ('authorization: Bearer ...'); prefer the variable, flags show in ps",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, value):
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("metrics_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value):
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
+            return None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value):
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both (TLS) or neither")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_ca (mutual TLS) needs tls_cert and tls_key too")
+        if self.max_texts > self.max_queued:
+            raise ValueError(f"max_texts ({self.max_texts}) must not exceed max_queued ({self.max_queued})")
+        return self
+
+    @property
+    def max_queue_delay(self) -> float:
+        return self.max_queue_delay_ms / 1000
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
+    """One flag per field; defaults are left out so the environment and field defaults apply."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve an edgedistill bundle over gRPC (edgedistill.v1.Classifier and KServe v2).",
+        epilog=f"Every flag can also be set as an environment variable: {ENV_PREFIX}<FLAG>, e.g. {env_name('port')}.",
+    )
+    for name, info in Settings.model_fields.items():
+        default = info.default.get_secret_value() if isinstance(info.default, SecretStr) else info.default
+        parser.add_argument(
+            flag_name(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"{info.description} [{env_name(name)}, default: {default}]",
+        )
+    return parser
+
+
+def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `environ` (default `os.environ`), overridden by the flags in `argv`."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name not in Settings.model_fields:
+            known = ", ".join(env_name(n) for n in Settings.model_fields)
+            raise SettingsError(f"unknown environment variable {key}; known: {known}")
+        values[name] = value
+    values.update(vars(build_parser().parse_args(argv)))
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            name = str(error["loc"][0]) if error["loc"] else ""
+            where = f"{flag_name(name)} / {env_name(name)}: " if name else ""
+            problems.append(f"{where}{error['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from err

@@ -1,0 +1,112 @@
+"""KServe v2 tensors <-> numpy: typed `contents` fields and little-endian `raw_*_contents` bytes.
+
+BYTES tensors are encoded element by element as a 4-byte little-endian length and the bytes.
+"""
+
+import struct
+
+import numpy as np
+
+from serve.errors import InvalidInput
+
+NUMPY = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_LENGTH = struct.Struct("<I")
+
+
+def serialize_bytes(elements: list[bytes]) -> bytes:
+    return b"".join(_LENGTH.pack(len(e)) + e for e in elements)
+
+
+def deserialize_bytes(raw: bytes, name: str = "tensor") -> list[bytes]:
+    elements, offset = [], 0
+    view = memoryview(raw)
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: raw BYTES data ends inside an element's 4-byte length prefix")
+        (size,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise InvalidInput(f"input {name!r}: raw BYTES element {len(elements)} claims {size} bytes past the end")
+        elements.append(bytes(view[offset : offset + size]))
+        offset += size
+    return elements
+
+
+def _element_count(name: str, shape) -> int:
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
+    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+
+def decode(name: str, datatype: str, shape, contents=None, raw: bytes | None = None) -> np.ndarray:
+    """A tensor from either its `contents` message or its raw bytes, checked against `datatype` and `shape`.
+
+    BYTES tensors come back as an object array of `bytes`.
+    """
+    if datatype not in CONTENTS:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}")
+    count = _element_count(name, shape)
+    if raw is not None:
+        if datatype == "BYTES":
+            elements = deserialize_bytes(raw, name)
+            values = np.empty(len(elements), dtype=object)
+            values[:] = elements
+        else:
+            dtype = np.dtype(NUMPY[datatype]).newbyteorder("<")
+            if len(raw) != count * dtype.itemsize:
+                raise InvalidInput(
+                    f"input {name!r}: {len(raw)} raw bytes for shape {list(shape)} of {datatype} "
+                    f"(expected {count * dtype.itemsize})"
+                )
+            values = np.frombuffer(raw, dtype=dtype).astype(NUMPY[datatype])
+    else:
+        field = getattr(contents, CONTENTS[datatype]) if contents is not None else []
+        if datatype == "BYTES":
+            values = np.empty(len(field), dtype=object)
+            values[:] = list(field)
+        else:
+            values = np.asarray(field, dtype=NUMPY[datatype])
+    if values.size != count:
+        raise InvalidInput(f"input {name!r}: {values.size} elements for shape {list(shape)} ({count} expected)")
+    return values.reshape(tuple(shape))
+
+
+def encode(array: np.ndarray, datatype: str, contents, raw: bool) -> bytes | None:
+    """Fill `contents` (typed field) or return the raw little-endian bytes when `raw`."""
+    if datatype == "BYTES":
+        elements = [bytes(e) for e in array.reshape(-1)]
+        if raw:
+            return serialize_bytes(elements)
+        contents.bytes_contents.extend(elements)
+        return None
+    flat = np.ascontiguousarray(array, dtype=np.dtype(NUMPY[datatype]).newbyteorder("<")).reshape(-1)
+    if raw:
+        return flat.tobytes()
+    getattr(contents, CONTENTS[datatype]).extend(flat.tolist())
+    return None

@@ -1,0 +1,259 @@
+"""gRPC servicers: proto <-> numpy, and errors -> status codes. The work happens in `serve.model`."""
+
+import asyncio
+import functools
+import logging
+from importlib import metadata
+
+import grpc
+import numpy as np
+
+from serve import tensors
+from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
+from serve.errors import InvalidInput, ServeError
+from serve.logs import REQUEST_ID
+from serve.model import ModelHost, ModelRuntime, Scores, check_texts
+from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
+KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+CLIENT_ERRORS = (ServeError, Overloaded, DeadlineExpired, BatcherClosed)
+PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+OUTPUTS = ("logits", "probabilities")
+TEXT_INPUTS = ("text", "text_pair")
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
+STREAM_WINDOW = 16  # requests of one stream in flight at once
+
+
+def status_of(err: BaseException) -> grpc.StatusCode:
+    return grpc.StatusCode[err.code] if isinstance(err, CLIENT_ERRORS) else grpc.StatusCode.INTERNAL
+
+
+async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
+    """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
+    if isinstance(err, CLIENT_ERRORS):
+        await context.abort(status_of(err), str(err))
+    log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
+
+
+def handles_errors(method):
+    """Map the serving layer's exceptions to gRPC statuses for a unary handler."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as err:
+            await abort_with(context, err)
+
+    return wrapper
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline in event-loop time, or None without one."""
+    remaining = context.time_remaining()
+    return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
+    return classifier_pb2.ModelInfo(**runtime.info())
+
+
+class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
+    def __init__(self, host: ModelHost, settings: Settings):
+        self.host = host
+        self.settings = settings
+
+    async def _classify(self, request: classifier_pb2.ClassifyRequest, deadline: float | None):
+        pairs = list(request.text_pairs) or None
+        texts, pairs = check_texts(list(request.texts), pairs, self.settings.max_texts, self.settings.max_text_chars)
+        runtime, scores = await self.host.dispatch(
+            request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
+        )
+        return self._response(runtime, scores)
+
+    @staticmethod
+    def _response(runtime: ModelRuntime, scores: Scores) -> classifier_pb2.ClassifyResponse:
+        reply = classifier_pb2.ClassifyResponse(model_name=runtime.name, model_version=runtime.version)
+        best = scores.probabilities.argmax(axis=-1)
+        for i, label_id in enumerate(best.tolist()):
+            reply.predictions.add(
+                label=runtime.spec.labels[label_id],
+                label_id=label_id,
+                score=float(scores.probabilities[i, label_id]),
+                probabilities=scores.probabilities[i].tolist(),
+                logits=scores.logits[i].tolist(),
+            )
+        return reply
+
+    @handles_errors
+    async def Classify(self, request, context):
+        return await self._classify(request, deadline_of(context))
+
+    async def ClassifyStream(self, request_iterator, context):
+        """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order."""
+        deadline = deadline_of(context)
+        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
+
+        async def read():
+            try:
+                async for request in request_iterator:
+                    await pending.put(asyncio.ensure_future(self._classify(request, deadline)))
+            except Exception as err:  # a broken request stream ends the call with its error
+                await pending.put(err)
+            await pending.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await pending.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                await context.write(await item)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as err:
+            await abort_with(context, err)
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                if isinstance(item := pending.get_nowait(), asyncio.Future):
+                    item.cancel()
+                    if item.done() and not item.cancelled():
+                        item.exception()  # already failed: mark its error as seen
+
+    @handles_errors
+    async def GetModelInfo(self, request, context):
+        return model_info(self.host.get(request.model_name, request.model_version))
+
+    @handles_errors
+    async def Reload(self, request, context):
+        runtime, previous = await self.host.reload(request.bundle_path or None)
+        reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
+        if previous is not None:
+            reply.previous.CopyFrom(model_info(previous))
+        return reply
+
+
+class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 predict protocol: BYTES `text` (optional `text_pair`) in, or INT64 token ids;
+    FP32 `logits` and `probabilities` out, raw when the request was raw."""
+
+    def __init__(self, host: ModelHost, settings: Settings):
+        self.host = host
+        self.settings = settings
+
+    async def ServerLive(self, request, context):
+        return kserve_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return kserve_pb2.ServerReadyResponse(ready=self.host.ready)
+
+    async def ModelReady(self, request, context):
+        try:
+            self.host.get(request.name, request.version)
+        except CLIENT_ERRORS:
+            return kserve_pb2.ModelReadyResponse(ready=False)
+        return kserve_pb2.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request, context):
+        try:
+            version = metadata.version("edgedistill")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return kserve_pb2.ServerMetadataResponse(name="edgedistill", version=version, extensions=[])
+
+    @handles_errors
+    async def ModelMetadata(self, request, context):
+        runtime = self.host.get(request.name, request.version)
+        labels = len(runtime.spec.labels)
+        Tensor = kserve_pb2.ModelMetadataResponse.TensorMetadata
+        return kserve_pb2.ModelMetadataResponse(
+            name=runtime.name,
+            versions=[runtime.version],
+            platform=PLATFORMS[runtime.spec.runtime],
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[-1])],
+            outputs=[Tensor(name=name, datatype="FP32", shape=[-1, labels]) for name in OUTPUTS],
+        )
+
+    def _inputs(self, request: kserve_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+        raw = list(request.raw_input_contents)
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
+        decoded = {}
+        for i, tensor in enumerate(request.inputs):
+            if raw and tensor.HasField("contents"):
+                raise InvalidInput(f"input {tensor.name!r} has contents although the request uses raw_input_contents")
+            if tensor.name in decoded:
+                raise InvalidInput(f"input {tensor.name!r} appears twice")
+            if tensor.name not in INPUTS:
+                raise InvalidInput(
+                    f"unknown input {tensor.name!r}: send BYTES 'text' (and 'text_pair'), or INT64 token ids "
+                    f"({', '.join(TOKEN_INPUTS)})"
+                )
+            if tensor.datatype != INPUTS[tensor.name]:
+                raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
+            decoded[tensor.name] = tensors.decode(
+                tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, raw[i] if raw else None
+            )
+        return decoded
+
+    def _texts(self, name: str, value: np.ndarray) -> list[str]:
+        if value.ndim == 2 and value.shape[1] == 1:
+            value = value[:, 0]
+        if value.ndim != 1:
+            raise InvalidInput(f"input {name!r} must have shape [batch] or [batch, 1], got {list(value.shape)}")
+        texts = []
+        for i, element in enumerate(value.tolist()):
+            try:
+                texts.append(element.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise InvalidInput(
+                    f"input {name!r} element {i} is not valid UTF-8 ({err.reason} at byte {err.start})"
+                ) from err
+        return texts
+
+    async def _scores(self, request: kserve_pb2.ModelInferRequest, deadline: float | None):
+        inputs = self._inputs(request)
+        if "text" in inputs:
+            if set(inputs) - set(TEXT_INPUTS):
+                raise InvalidInput("send either the 'text' input or token-id inputs, not both")
+            texts = self._texts("text", inputs["text"])
+            pairs = self._texts("text_pair", inputs["text_pair"]) if "text_pair" in inputs else None
+            texts, pairs = check_texts(texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
+            return await self.host.dispatch(
+                request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
+            )
+        if "input_ids" not in inputs:
+            raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")
+
+        async def run_ids(runtime: ModelRuntime) -> Scores:
+            return await runtime.run(runtime.rows_from_ids(inputs), deadline)
+
+        return await self.host.dispatch(request.model_name, request.model_version, run_ids)
+
+    @handles_errors
+    async def ModelInfer(self, request, context):
+        self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
+        wanted = [out.name for out in request.outputs] or list(OUTPUTS)
+        for out in request.outputs:
+            if out.name not in OUTPUTS:
+                raise InvalidInput(f"unknown output {out.name!r}; this model has {list(OUTPUTS)}")
+            if "classification" in out.parameters:
+                raise InvalidInput("the classification extension is not supported: request 'probabilities'")
+        runtime, scores = await self._scores(request, deadline_of(context))
+        raw = len(request.raw_input_contents) > 0
+        reply = kserve_pb2.ModelInferResponse(model_name=runtime.name, model_version=runtime.version, id=request.id)
+        for name in wanted:
+            value = scores.logits if name == "logits" else scores.probabilities
+            output = reply.outputs.add(name=name, datatype="FP32", shape=list(value.shape))
+            data = tensors.encode(value, "FP32", output.contents, raw)
+            if raw:
+                reply.raw_output_contents.append(data)
+        return reply

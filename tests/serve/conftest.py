@@ -1,0 +1,244 @@
+"""Fixtures for the server tests: a tiny torch-free bundle, servers on port 0, throwaway certificates."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from common import manifest as mf
+from common.bundle import BundleSpec, TensorSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+POSITIVE = ["great", "good", "love", "wonderful", "best", "fun"]
+NEGATIVE = ["bad", "awful", "boring", "worst", "hate", "dull"]
+NEUTRAL = ["a", "the", "movie", "film", "was", "is", "this", "plot", "acting", "and", "it", "not", "very", "of"]
+VOCAB = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL
+MAX_LENGTH = 16
+LABELS = ["negative", "positive"]
+
+
+def tiny_tokenizer() -> Tokenizer:
+    """WordLevel over VOCAB, lower-cased, [CLS] a [SEP] (b [SEP]), saved with padding on (the server turns it off)."""
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    cls, sep = VOCAB.index("[CLS]"), VOCAB.index("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tok.enable_padding(pad_id=0, pad_token="[PAD]", length=MAX_LENGTH)
+    tok.enable_truncation(MAX_LENGTH)
+    return tok
+
+
+def tiny_model(bias: float = 0.0) -> onnx.ModelProto:
+    """Embedding lookup, masked mean pool, linear to 2 logits; dynamic batch and sequence axes.
+
+    Dimension 0 of a word's embedding is its positivity, so sentiment words decide the label.
+    """
+    rng = np.random.default_rng(0)
+    table = rng.normal(0, 0.05, (len(VOCAB), 4)).astype(np.float32)
+    for word in POSITIVE:
+        table[VOCAB.index(word), 0] = 1.0
+    for word in NEGATIVE:
+        table[VOCAB.index(word), 0] = -1.0
+    weight = np.zeros((4, 2), np.float32)
+    weight[0] = [-4.0, 4.0]
+    weight[1:] = rng.normal(0, 0.5, (3, 2))
+    inits = [
+        helper.make_tensor("table", TensorProto.FLOAT, table.shape, table.ravel()),
+        helper.make_tensor("weight", TensorProto.FLOAT, weight.shape, weight.ravel()),
+        helper.make_tensor("bias", TensorProto.FLOAT, [2], [bias, -bias]),
+        helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("axis2", TensorProto.INT64, [1], [2]),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask", "axis2"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
+        helper.make_node("Div", ["summed", "count"], ["pooled"]),
+        helper.make_node("MatMul", ["pooled", "weight"], ["projected"]),
+        helper.make_node("Add", ["projected", "bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny-sentiment",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def spec(**changes) -> BundleSpec:
+    fields = {
+        "name": "tiny-sentiment",
+        "version": "1",
+        "labels": LABELS,
+        "max_length": MAX_LENGTH,
+        "inputs": [
+            TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"]),
+            TensorSpec(name="attention_mask", dtype="int64", shape=["batch", "sequence"]),
+        ],
+        "outputs": [TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
+        "precision": "fp32",
+        "runtime": "onnxruntime",
+        "providers": ["CPUExecutionProvider"],
+        "model_file": "model.onnx",
+        "arch": "tiny",
+        "opset": 17,
+    }
+    return BundleSpec(**(fields | changes))
+
+
+def write_bundle(folder: Path, bias: float = 0.0, model: bytes | None = None, **spec_changes) -> Path:
+    """A bundle folder as the export stage writes it: model, tokenizer.json, manifest with the spec.
+
+    The model file holds `model` when given, else the tiny ONNX model (with `bias` towards "negative").
+    """
+    bundle_spec = spec(**spec_changes)
+    with mf.stage_folder(folder) as tmp:
+        (tmp / bundle_spec.model_file).write_bytes(model or tiny_model(bias).SerializeToString())
+        tiny_tokenizer().save(str(tmp / "tokenizer.json"))
+        manifest = mf.Manifest(
+            stage="bundle",
+            recipe="tests",
+            recipe_hash="0" * 16,
+            config_hash="0" * 16,
+            info={"bundle": bundle_spec.model_dump()},
+        )
+        mf.commit(tmp, folder, manifest)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> Path:
+    return write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-tiny")
+
+
+@pytest.fixture
+def make_bundle(tmp_path):
+    """Write a bundle into tmp_path/<name> with spec changes (version, bias, runtime...)."""
+
+    def make(name: str = "bundle", bias: float = 0.0, model: bytes | None = None, **spec_changes) -> Path:
+        return write_bundle(tmp_path / name, bias, model, **spec_changes)
+
+    return make
+
+
+def settings_for(bundle: Path, **changes):
+    from serve.settings import Settings
+
+    base = {"bundle": bundle, "host": "127.0.0.1", "port": 0, "metrics_port": 0, "threads": 1}
+    return Settings(**(base | changes))
+
+
+class RunningServer:
+    """A real server on port 0, on its own event loop in a background thread; tests talk to it with sync gRPC."""
+
+    def __init__(self, settings, warm: bool = True):
+        from serve.app import create_server
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="server-loop", daemon=True)
+        self.thread.start()
+
+        async def build():
+            server, port = create_server(settings)
+            await server.start()
+            if warm:
+                await server.warm_up()
+            return server, port
+
+        self.server, self.port = self.call(build())
+        self.address = f"127.0.0.1:{self.port}"
+        self.settings = settings
+
+    def call(self, coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address)
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+    def close(self):
+        try:
+            self.call(self.server.stop(0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+@pytest.fixture
+def start_server():
+    """`start_server(settings, warm=True) -> RunningServer`, stopped at the end of the test."""
+    started = []
+
+    def start(settings, warm: bool = True) -> RunningServer:
+        server = RunningServer(settings, warm)
+        started.append(server)
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One warm server on the tiny bundle, shared by a test module: at most 8 texts of 200 characters, 64 KiB messages."""
+    folder = write_bundle(tmp_path_factory.mktemp("served") / "bundle-tiny")
+    server = RunningServer(settings_for(folder, max_texts=8, max_text_chars=200, max_message_bytes=64 * 1024))
+    yield server
+    server.close()
+
+
+def run_openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory) -> Path:
+    """A throwaway CA, a server certificate for localhost/127.0.0.1 and a client certificate (openssl CLI)."""
+    folder = tmp_path_factory.mktemp("certs")
+    run_openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+                "-keyout", "ca.key", "-out", "ca.pem", cwd=folder)  # fmt: skip
+    (folder / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    (folder / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name in ("server", "client"):
+        run_openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                    "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)  # fmt: skip
+        run_openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=folder)  # fmt: skip
+    return folder
+
+
+def serve_command(bundle: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "serve", "--bundle", str(bundle), "--host", "127.0.0.1", "--port", "0", *extra]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_")}
+    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | extra

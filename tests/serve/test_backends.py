@@ -1,0 +1,151 @@
+"""Backends: ONNX Runtime providers and threads, TensorRT's errors without TensorRT or a GPU."""
+
+import asyncio
+import logging
+import sys
+import types
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from common.bundle import TensorSpec, load_bundle
+from serve.app import create_server
+from serve.backends import BackendUnavailable, load_backend
+from serve.backends.ort import OrtBackend, resolve_providers
+from serve.backends.trt import import_runtime
+from serve.encoding import TextEncoder
+from serve.errors import BundleRejected
+from tests.serve.conftest import MAX_LENGTH, settings_for, tiny_model
+
+
+def test_provider_aliases_and_cpu_fallback_last():
+    assert resolve_providers(["cuda", "TRT", "cpu"]) == [
+        "CUDAExecutionProvider",
+        "TensorrtExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    assert resolve_providers([]) == ["CPUExecutionProvider"]
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is available here")
+def test_requested_gpu_provider_falls_back_to_cpu_with_a_warning(bundle, caplog):
+    loaded = load_bundle(bundle)
+    with caplog.at_level(logging.WARNING, logger="serve.backends.ort"):
+        backend = load_backend(loaded, ["cuda"], threads=1)
+    assert backend.providers == ["CPUExecutionProvider"]
+    assert any(
+        "CUDAExecutionProvider" in r.getMessage() and "pip install '.[gpu]'" in r.getMessage() for r in caplog.records
+    )
+    ids = np.array([[2, 4, 3]], np.int64)
+    logits = backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"]
+    assert logits.shape == (1, 2) and logits[0, 1] > logits[0, 0]  # "great" is positive
+
+
+def test_threads_setting_reaches_the_session(bundle):
+    loaded = load_bundle(bundle)
+    backend = OrtBackend(loaded.model_path, loaded.spec, ["cpu"], threads=1)
+    assert backend.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_model_inputs_must_match_the_spec(make_bundle):
+    folder = make_bundle(
+        inputs=[
+            TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"]),
+            TensorSpec(name="attention_mask", dtype="int64", shape=["batch", "sequence"]),
+            TensorSpec(name="token_type_ids", dtype="int64", shape=["batch", "sequence"]),
+        ]
+    )
+    with pytest.raises(BundleRejected, match="the bundle spec says"):
+        load_backend(load_bundle(folder), [], threads=1)
+
+
+def test_encoder_truncates_to_max_length_and_drops_saved_padding(bundle):
+    loaded = load_bundle(bundle)
+    encoder = TextEncoder(loaded.tokenizer_path, MAX_LENGTH, {"input_ids": "int64", "attention_mask": "int64"})
+    short, long = encoder.encode(["good", "good " * 100])
+    assert short["input_ids"].tolist() == [2, 5, 3]  # [CLS] good [SEP], no padding although the file pads
+    assert len(long["input_ids"]) == MAX_LENGTH and long["input_ids"][-1] == 3
+    assert encoder.pad_id == 0 and encoder.vocab_size == 30
+
+
+@pytest.fixture
+def trt_bundle(make_bundle):
+    return make_bundle(
+        "trt", model=b"engine", runtime="tensorrt", model_file="model.plan", providers=["TensorrtExecutionProvider"]
+    )
+
+
+def _fake_module(name: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # importing it raises ImportError
+    with pytest.raises(BackendUnavailable, match=r"tensorrt Python package is not importable.*pip install '\.\[gpu\]'"):
+        load_backend(load_bundle(trt_bundle), [], threads=1)
+
+
+def test_tensorrt_without_cuda_python_names_it(trt_bundle, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_module("tensorrt", __version__="10.0"))
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(BackendUnavailable, match=r"cuda-python package.*pip install '\.\[gpu\]'"):
+        load_backend(load_bundle(trt_bundle), [], threads=1)
+
+
+def test_tensorrt_without_a_gpu_says_so(trt_bundle, monkeypatch):
+    class CudaError:
+        cudaSuccess = 0
+
+    no_device = types.SimpleNamespace(name="cudaErrorNoDevice")
+    cudart = _fake_module("cuda.bindings.runtime", cudaError_t=CudaError, cudaGetDeviceCount=lambda: (no_device, 0))
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_module("tensorrt", __version__="10.0"))
+    monkeypatch.setitem(sys.modules, "cuda", _fake_module("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", _fake_module("cuda.bindings", runtime=cudart))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
+    with pytest.raises(BackendUnavailable, match="no NVIDIA GPU is visible .*cudaErrorNoDevice"):
+        load_backend(load_bundle(trt_bundle), [], threads=1)
+
+
+def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+
+    async def build():
+        create_server(settings_for(trt_bundle))
+
+    with pytest.raises(BackendUnavailable, match="tensorrt"):
+        asyncio.run(build())
+
+
+@pytest.mark.gpu
+def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
+    reason = "needs TensorRT and cuda-python (pip install '.[gpu]') and an NVIDIA GPU"
+    try:
+        trt, cudart = import_runtime()
+    except BackendUnavailable:
+        pytest.skip(reason)
+    if cudart.cudaGetDeviceCount()[1] == 0:
+        pytest.skip(reason)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    assert parser.parse(tiny_model().SerializeToString()), [parser.get_error(i) for i in range(parser.num_errors)]
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name in ("input_ids", "attention_mask"):
+        profile.set_shape(name, (1, 1), (4, 8), (8, MAX_LENGTH))
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None
+    folder = make_bundle("trt-real", model=bytes(plan), runtime="tensorrt", model_file="model.plan")
+    engine = load_backend(load_bundle(folder), [], threads=1)
+    reference = load_backend(load_bundle(bundle), [], threads=1)
+    ids = np.array([[2, 4, 7, 3, 0], [2, 10, 3, 0, 0]], np.int64)
+    inputs = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+    np.testing.assert_allclose(engine.infer(inputs)["logits"], reference.infer(inputs)["logits"], atol=1e-4)
+    assert engine.max_batch_size == 8
+    engine.close()

@@ -1,0 +1,276 @@
+"""The dynamic batcher against a fake backend: batching, order, padding, limits, cancellation."""
+
+import asyncio
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from serve.batching import BatcherClosed, BatchObserver, DeadlineExpired, DynamicBatcher, Overloaded
+
+
+class FakeBackend:
+    """Sums each row's ids under its mask; records every batch's padded shape."""
+
+    def __init__(self, delay: float = 0.0, gate: threading.Event | None = None):
+        self.shapes: list[tuple[int, int]] = []
+        self.seen: list[int] = []
+        self.delay = delay
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def __call__(self, inputs):
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        time.sleep(self.delay)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        self.shapes.append(ids.shape)
+        self.seen.extend(ids[:, 0].tolist())
+        return {"sum": (ids * mask).sum(axis=1).astype(np.float32), "length": mask.sum(axis=1)}
+
+
+class Recorder(BatchObserver):
+    def __init__(self):
+        self.batches, self.dropped, self.waits, self.depths = [], [], [], []
+
+    def queue_depth(self, rows):
+        self.depths.append(rows)
+
+    def batch_done(self, rows, seconds):
+        self.batches.append(rows)
+
+    def request_done(self, queue_wait):
+        self.waits.append(queue_wait)
+
+    def rows_dropped(self, rows, reason):
+        self.dropped.append((rows, reason))
+
+
+def row(*ids: int) -> dict[str, np.ndarray]:
+    return {"input_ids": np.array(ids, np.int64), "attention_mask": np.ones(len(ids), np.int64)}
+
+
+def batcher(backend, **kwargs) -> DynamicBatcher:
+    options = {"max_batch_size": 8, "max_delay": 0.02, "max_queued": 64, "pad_values": {"input_ids": 0}} | kwargs
+    return DynamicBatcher(backend, **options)
+
+
+def test_concurrent_requests_form_batches_with_unbatched_results_in_order():
+    rng = random.Random(0)
+    requests = [
+        [row(*(rng.randrange(1, 50) for _ in range(rng.randrange(1, 12)))) for _ in range(rng.randrange(1, 4))]
+        for _ in range(30)
+    ]
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, observer=observer)
+        b.start()
+        results = await asyncio.gather(*(b.submit(rows) for rows in requests))
+        await b.close()
+        return results
+
+    results = asyncio.run(main())
+    for rows, result in zip(requests, results, strict=True):
+        assert result.outputs["sum"].tolist() == [float(r["input_ids"].sum()) for r in rows]
+        assert result.outputs["length"].tolist() == [len(r["input_ids"]) for r in rows]
+    assert max(observer.batches) > 1, "concurrent requests should share backend calls"
+    assert all(size <= 8 for size in observer.batches)
+    assert sum(observer.batches) == sum(len(rows) for rows in requests)
+    assert len(observer.waits) == len(requests)
+
+
+def test_batch_takes_similar_lengths_with_the_oldest_row():
+    backend = FakeBackend()
+
+    async def main():
+        b = batcher(backend, max_batch_size=2, max_delay=0.05)
+        b.start()
+        lengths = [1, 9, 2, 10]
+        await asyncio.gather(*(b.submit([row(*([n] * n))]) for n in lengths))
+        await b.close()
+
+    asyncio.run(main())
+    # the oldest (length 1) goes with the closest length (2), then 9 with 10: 2 + 10 columns, not 9 + 10
+    assert backend.shapes == [(2, 2), (2, 10)]
+
+
+def test_partial_batch_waits_for_the_delay_and_a_full_one_does_not():
+    backend = FakeBackend()
+
+    async def main():
+        b = batcher(backend, max_batch_size=2, max_delay=0.3)
+        b.start()
+        start = time.perf_counter()
+        await b.submit([row(1)])
+        partial = time.perf_counter() - start
+        start = time.perf_counter()
+        await b.submit([row(1), row(2)])
+        full = time.perf_counter() - start
+        await b.close()
+        return partial, full
+
+    partial, full = asyncio.run(main())
+    assert partial >= 0.29
+    assert full < 0.2
+
+
+def test_large_request_is_split_across_batches_and_reassembled():
+    backend = FakeBackend()
+
+    async def main():
+        b = batcher(backend, max_batch_size=3, max_delay=0.0)
+        b.start()
+        result = await b.submit([row(i, i) for i in range(1, 8)])
+        await b.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [2.0 * i for i in range(1, 8)]
+    assert result.batches == 3
+    assert [s[0] for s in backend.shapes] == [3, 3, 1]
+
+
+def test_overload_is_refused_then_recovers():
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b = batcher(backend, max_batch_size=1, max_delay=0.0, max_queued=3)
+        b.start()
+        running = asyncio.ensure_future(b.submit([row(1)]))
+        assert await asyncio.to_thread(backend.entered.wait, 5)  # the backend holds row 1, the queue is empty
+        queued = [asyncio.ensure_future(b.submit([row(i)])) for i in (2, 3, 4)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded, match="limit of 3"):
+            await b.submit([row(5)])
+        gate.set()
+        done = await asyncio.gather(running, *queued)
+        after = await b.submit([row(6)])
+        await b.close()
+        return done, after
+
+    done, after = asyncio.run(main())
+    assert [r.outputs["sum"][0] for r in done] == [1.0, 2.0, 3.0, 4.0]
+    assert after.outputs["sum"][0] == 6.0
+
+
+def test_cancelled_request_is_dropped_before_the_batch_runs():
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.2, observer=observer)
+        b.start()
+        doomed = asyncio.ensure_future(b.submit([row(7), row(7)]))
+        kept = asyncio.ensure_future(b.submit([row(3)]))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        result = await kept
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        await b.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [3.0]
+    assert backend.seen == [3], "the cancelled rows must not reach the backend"
+    assert observer.dropped == [(2, "cancelled")]
+
+
+def test_rows_past_their_deadline_are_dropped():
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.15, observer=observer)
+        b.start()
+        loop = asyncio.get_running_loop()
+        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.02))
+        on_time = asyncio.ensure_future(b.submit([row(4)], deadline=loop.time() + 5))
+        with pytest.raises(DeadlineExpired):
+            await late
+        result = await on_time
+        await b.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [4.0]
+    assert backend.seen == [4]
+    assert observer.dropped == [(1, "deadline")]
+
+
+def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
+    calls = []
+
+    def flaky(inputs):
+        calls.append(inputs["input_ids"].shape[0])
+        if len(calls) == 1:
+            raise RuntimeError("backend exploded")
+        return {"sum": inputs["input_ids"].sum(axis=1)}
+
+    async def main():
+        b = batcher(flaky, max_delay=0.05)
+        b.start()
+        results = await asyncio.gather(b.submit([row(1)]), b.submit([row(2)]), return_exceptions=True)
+        after = await b.submit([row(5)])
+        await b.close()
+        return results, after
+
+    results, after = asyncio.run(main())
+    assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
+    assert after.outputs["sum"].tolist() == [5]
+
+
+def test_close_finishes_queued_work_and_refuses_new():
+    backend = FakeBackend()
+
+    async def main():
+        b = batcher(backend, max_delay=10.0)
+        b.start()
+        queued = asyncio.ensure_future(b.submit([row(8)]))
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        await b.close()
+        closing = time.perf_counter() - start
+        with pytest.raises(BatcherClosed):
+            await b.submit([row(1)])
+        return await queued, closing
+
+    result, closing = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [8.0]
+    assert closing < 5, "close flushes at once instead of waiting for the delay"
+
+
+def test_backend_runs_off_the_event_loop():
+    backend = FakeBackend(delay=0.3)
+
+    async def main():
+        b = batcher(backend, max_delay=0.0)
+        b.start()
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        await b.submit([row(1)])
+        ticker.cancel()
+        await b.close()
+        return ticks
+
+    assert asyncio.run(main()) >= 10, "the event loop kept running while the backend worked"
+
+
+def test_rows_with_mismatched_lengths_are_refused():
+    async def main():
+        b = batcher(FakeBackend())
+        with pytest.raises(ValueError, match="differ in length"):
+            await b.submit([{"input_ids": np.ones(3, np.int64), "attention_mask": np.ones(2, np.int64)}])
+        await b.close()
+
+    asyncio.run(main())

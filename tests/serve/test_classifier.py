@@ -1,0 +1,143 @@
+"""edgedistill.v1.Classifier against a real server: results, streaming, limits, errors, request ids."""
+
+import re
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from common import manifest as mf
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from tests.serve.conftest import LABELS, settings_for
+
+TEXTS = ["a great movie", "awful boring film", "the plot was good and fun", "worst acting", "i love it", "dull"]
+
+
+@pytest.fixture(scope="module")
+def stub(served):
+    channel = served.channel()
+    yield classifier_pb2_grpc.ClassifierStub(channel)
+    channel.close()
+
+
+def probabilities(reply) -> np.ndarray:
+    return np.array([p.probabilities for p in reply.predictions])
+
+
+def test_classify_labels_scores_and_model(stub):
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS[:2]), timeout=10)
+    assert reply.model_name == "tiny-sentiment" and reply.model_version == "1"
+    assert [p.label for p in reply.predictions] == ["positive", "negative"]
+    for p in reply.predictions:
+        assert len(p.probabilities) == len(LABELS)
+        assert sum(p.probabilities) == pytest.approx(1.0, abs=1e-6)
+        assert p.score == pytest.approx(max(p.probabilities))
+        assert p.label == LABELS[p.label_id]
+        logits = np.array(p.logits, np.float64)
+        assert np.allclose(np.exp(logits) / np.exp(logits).sum(), p.probabilities, atol=1e-6)
+
+
+def test_one_request_of_many_texts_equals_one_request_per_text(stub):
+    together = probabilities(stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10))
+    alone = np.concatenate([probabilities(stub.Classify(pb.ClassifyRequest(texts=[t]), timeout=10)) for t in TEXTS])
+    np.testing.assert_allclose(together, alone, atol=1e-6)
+
+
+def test_text_pairs_are_tokenized_as_pairs(stub):
+    single = stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=10)
+    paired = stub.Classify(pb.ClassifyRequest(texts=["good"], text_pairs=["awful awful awful"]), timeout=10)
+    assert single.predictions[0].label == "positive"
+    assert paired.predictions[0].label == "negative"
+
+
+def test_stream_answers_each_request_in_order(stub):
+    requests = [pb.ClassifyRequest(texts=[t]) for t in TEXTS] + [pb.ClassifyRequest(texts=TEXTS[:3])]
+    replies = list(stub.ClassifyStream(iter(requests), timeout=10))
+    assert len(replies) == len(requests)
+    for request, reply in zip(requests, replies, strict=True):
+        expected = stub.Classify(request, timeout=10)
+        np.testing.assert_allclose(probabilities(reply), probabilities(expected), atol=1e-6)
+
+
+def test_stream_with_a_bad_request_ends_with_invalid_argument(stub):
+    requests = [pb.ClassifyRequest(texts=["good"]), pb.ClassifyRequest(texts=["   "])]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.ClassifyStream(iter(requests), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "text 0 is empty" in caught.value.details()
+
+
+def test_model_info(stub, served):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.name == "tiny-sentiment" and info.version == "1"
+    assert list(info.labels) == LABELS
+    assert list(info.providers) == ["CPUExecutionProvider"]
+    assert list(info.inputs) == ["input_ids", "attention_mask"]
+    assert info.runtime == "onnxruntime" and info.max_length == 16
+    assert info.bundle_sha256 == mf.sha256_file(served.settings.bundle / mf.MANIFEST)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        (pb.ClassifyRequest(), "INVALID_ARGUMENT", "empty request"),
+        (pb.ClassifyRequest(texts=["good", ""]), "INVALID_ARGUMENT", "text 1 is empty"),
+        (pb.ClassifyRequest(texts=[" \t\n"]), "INVALID_ARGUMENT", "text 0 is empty or whitespace only"),
+        (pb.ClassifyRequest(texts=["good"] * 9), "INVALID_ARGUMENT", "9 texts in one request; the limit is 8"),
+        (pb.ClassifyRequest(texts=["a", "b"], text_pairs=["c"]), "INVALID_ARGUMENT", "1 text pairs for 2 texts"),
+        (pb.ClassifyRequest(texts=["a"], text_pairs=[" "]), "INVALID_ARGUMENT", "text pair 0 is empty"),
+        (pb.ClassifyRequest(texts=["good"], model_name="bert"), "NOT_FOUND", "unknown model 'bert'"),
+        (pb.ClassifyRequest(texts=["good"], model_version="7"), "NOT_FOUND", "has no version '7'"),
+    ],
+)
+def test_bad_requests(stub, request_, code, message):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(request_, timeout=10)
+    assert caught.value.code() == grpc.StatusCode[code]
+    assert message in caught.value.details()
+
+
+def test_unknown_model_in_model_info_is_not_found(stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.GetModelInfo(pb.GetModelInfoRequest(model_name="bert"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_overlong_text_is_truncated_not_refused(stub):
+    reply = stub.Classify(pb.ClassifyRequest(texts=["great " * 5000]), timeout=10)  # 30k chars, limit 200
+    assert reply.predictions[0].label == "positive"
+
+
+def test_message_over_the_size_limit_is_resource_exhausted(stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(pb.ClassifyRequest(texts=["x" * 100_000]), timeout=10)  # limit 64 KiB
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_request_id_is_echoed_or_generated_also_on_errors(stub):
+    _, call = stub.Classify.with_call(pb.ClassifyRequest(texts=["good"]), metadata=[("x-request-id", "req-42")])
+    assert dict(call.trailing_metadata())["x-request-id"] == "req-42"
+    _, call = stub.Classify.with_call(pb.ClassifyRequest(texts=["good"]))
+    assert re.fullmatch(r"[0-9a-f]{32}", dict(call.trailing_metadata())["x-request-id"])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(pb.ClassifyRequest(), metadata=[("x-request-id", "req-43")])
+    assert dict(caught.value.trailing_metadata())["x-request-id"] == "req-43"
+
+
+def test_concurrent_requests_share_batches_with_the_same_results(start_server, bundle):
+    server = start_server(settings_for(bundle, max_queue_delay_ms=100, max_batch_size=16))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        texts = TEXTS * 2
+        futures = [stub.Classify.future(pb.ClassifyRequest(texts=[t]), timeout=10) for t in texts]
+        together = np.concatenate([probabilities(f.result()) for f in futures])
+        alone = np.concatenate([probabilities(stub.Classify(pb.ClassifyRequest(texts=[t]), timeout=10)) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-6)
+    scrape = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    count = float(re.search(r"^edgedistill_batch_size_count (\S+)$", scrape, re.M).group(1))
+    rows = float(re.search(r"^edgedistill_batch_size_sum (\S+)$", scrape, re.M).group(1))
+    assert rows == 2 * len(texts)
+    single_batches = float(re.search(r'^edgedistill_batch_size_bucket\{le="1.0"\} (\S+)$', scrape, re.M).group(1))
+    assert single_batches < count, "no batch held more than one row"

@@ -1,0 +1,237 @@
+"""The KServe v2 protocol (inference.GRPCInferenceService): raw and typed contents, token ids, errors, tritonclient."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from serve import tensors
+from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from serve.proto.kserve_pb2 import ModelInferRequest
+from tests.serve.conftest import tiny_tokenizer
+
+MODEL = "tiny-sentiment"
+TEXTS = ["a great movie", "awful boring film", "this film is not very good"]
+PROBE = Path(__file__).with_name("triton_probe.py")
+
+
+@pytest.fixture(scope="module")
+def channel(served):
+    channel = served.channel()
+    yield channel
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def expected(channel) -> dict[str, np.ndarray]:
+    """What the Classifier API says for TEXTS."""
+    reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(
+        classifier_pb2.ClassifyRequest(texts=TEXTS), timeout=10
+    )
+    return {
+        "logits": np.array([p.logits for p in reply.predictions], np.float32),
+        "probabilities": np.array([p.probabilities for p in reply.predictions], np.float32),
+    }
+
+
+def token_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded (N, 16) ids and mask, as a client tokenizing on its side would send them."""
+    encodings = tiny_tokenizer().encode_batch(texts)
+    return np.array([e.ids for e in encodings], np.int64), np.array([e.attention_mask for e in encodings], np.int64)
+
+
+def text_request(texts, raw: bool = True, shape=None, **fields) -> ModelInferRequest:
+    request = ModelInferRequest(**({"model_name": MODEL} | fields))
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=shape or [len(texts)])
+    elements = [t if isinstance(t, bytes) else t.encode() for t in texts]
+    if raw:
+        request.raw_input_contents.append(tensors.serialize_bytes(elements))
+    else:
+        tensor.contents.bytes_contents.extend(elements)
+    return request
+
+
+def outputs_of(reply) -> dict[str, np.ndarray]:
+    raw = list(reply.raw_output_contents)
+    return {
+        out.name: tensors.decode(out.name, out.datatype, list(out.shape), out.contents, raw[i] if raw else None)
+        for i, out in enumerate(reply.outputs)
+    }
+
+
+def code_of(stub, request) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelInfer(request, timeout=10)
+    return caught.value.code(), caught.value.details()
+
+
+def test_raw_text_in_raw_outputs_out(stub, expected):
+    reply = stub.ModelInfer(text_request(TEXTS, raw=True, id="req-7"), timeout=10)
+    assert reply.model_name == MODEL and reply.model_version == "1" and reply.id == "req-7"
+    assert [o.name for o in reply.outputs] == ["logits", "probabilities"]
+    assert all(o.datatype == "FP32" and list(o.shape) == [3, 2] for o in reply.outputs)
+    assert len(reply.raw_output_contents) == 2 and not reply.outputs[0].HasField("contents")
+    got = outputs_of(reply)
+    np.testing.assert_allclose(got["logits"], expected["logits"], atol=1e-6)
+    np.testing.assert_allclose(got["probabilities"], expected["probabilities"], atol=1e-6)
+
+
+def test_typed_contents_in_typed_contents_out(stub, expected):
+    reply = stub.ModelInfer(text_request(TEXTS, raw=False, shape=[3, 1]), timeout=10)
+    assert not reply.raw_output_contents
+    assert len(reply.outputs[1].contents.fp32_contents) == 6
+    np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
+
+
+def test_requested_outputs_only(stub, expected):
+    request = text_request(TEXTS)
+    request.outputs.add(name="probabilities")
+    reply = stub.ModelInfer(request, timeout=10)
+    assert [o.name for o in reply.outputs] == ["probabilities"]
+    np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_token_ids_give_the_same_scores_as_text(stub, expected, raw):
+    ids, mask = token_ids(TEXTS)
+    request = ModelInferRequest(model_name=MODEL)
+    for name, value in (("input_ids", ids), ("attention_mask", mask)):
+        tensor = request.inputs.add(name=name, datatype="INT64", shape=list(value.shape))
+        data = tensors.encode(value, "INT64", tensor.contents, raw)
+        if raw:
+            request.raw_input_contents.append(data)
+    reply = stub.ModelInfer(request, timeout=10)
+    np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
+
+
+def test_health_and_metadata_rpcs(stub):
+    assert stub.ServerLive(kserve_pb2.ServerLiveRequest()).live
+    assert stub.ServerReady(kserve_pb2.ServerReadyRequest()).ready
+    assert stub.ModelReady(kserve_pb2.ModelReadyRequest(name=MODEL)).ready
+    assert stub.ModelReady(kserve_pb2.ModelReadyRequest(name=MODEL, version="1")).ready
+    assert not stub.ModelReady(kserve_pb2.ModelReadyRequest(name="bert")).ready
+    assert stub.ServerMetadata(kserve_pb2.ServerMetadataRequest()).name == "edgedistill"
+    meta = stub.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=MODEL))
+    assert meta.name == MODEL and list(meta.versions) == ["1"] and meta.platform == "onnxruntime_onnx"
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("text", "BYTES", [-1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
+        ("logits", "FP32", [-1, 2]),
+        ("probabilities", "FP32", [-1, 2]),
+    ]
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="bert"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _ids_request(ids, mask, **changes) -> ModelInferRequest:
+    request = ModelInferRequest(model_name=MODEL)
+    for name, value in (("input_ids", ids), ("attention_mask", mask)):
+        tensor = request.inputs.add(name=name, datatype="INT64", shape=list(value.shape))
+        tensor.contents.int64_contents.extend(value.reshape(-1).tolist())
+    for key, value in changes.items():
+        setattr(request, key, value)
+    return request
+
+
+def _bad_requests():
+    ids, mask = token_ids(TEXTS[:1])
+    wrong_type = ModelInferRequest(model_name=MODEL)
+    wrong_type.inputs.add(name="text", datatype="INT64", shape=[1]).contents.int64_contents.append(3)
+    short = text_request(["good", "bad"], raw=False, shape=[3])
+    mixed = text_request(["good"], raw=True)
+    mixed.inputs[0].contents.bytes_contents.append(b"good")
+    missing_raw = text_request(["good"], raw=True)
+    missing_raw.inputs.add(name="text_pair", datatype="BYTES", shape=[1])
+    truncated = ModelInferRequest(model_name=MODEL)
+    truncated.inputs.add(name="text", datatype="BYTES", shape=[1])
+    truncated.raw_input_contents.append(b"\x10\x00\x00\x00good")
+    unknown_output = text_request(["good"])
+    unknown_output.outputs.add(name="embeddings")
+    classification = text_request(["good"])
+    classification.outputs.add(name="probabilities").parameters["classification"].int64_param = 1
+    both = text_request(["good"], raw=False)
+    both.inputs.add(name="input_ids", datatype="INT64", shape=[1, 1]).contents.int64_contents.append(5)
+    return [
+        ("empty", ModelInferRequest(model_name=MODEL), "INVALID_ARGUMENT", "missing input"),
+        ("invalid utf-8", text_request([b"\xff\xfe oops"]), "INVALID_ARGUMENT", "element 0 is not valid UTF-8"),
+        ("empty text", text_request(["good", "  "]), "INVALID_ARGUMENT", "text 1 is empty or whitespace only"),
+        ("no texts", text_request([], shape=[0]), "INVALID_ARGUMENT", "empty request"),
+        ("too many", text_request(["good"] * 9), "INVALID_ARGUMENT", "limit is 8"),
+        ("datatype", wrong_type, "INVALID_ARGUMENT", "input 'text' must be BYTES, got 'INT64'"),
+        ("shape", short, "INVALID_ARGUMENT", "2 elements for shape [3]"),
+        ("rank", text_request(["good", "bad"], shape=[1, 2]), "INVALID_ARGUMENT", "shape [batch] or [batch, 1]"),
+        ("mixed raw and contents", mixed, "INVALID_ARGUMENT", "has contents although"),
+        ("raw count", missing_raw, "INVALID_ARGUMENT", "1 raw_input_contents for 2 inputs"),
+        ("truncated raw", truncated, "INVALID_ARGUMENT", "claims 16 bytes past the end"),
+        ("unknown input", _renamed("image"), "INVALID_ARGUMENT", "unknown input 'image'"),
+        ("unknown output", unknown_output, "INVALID_ARGUMENT", "unknown output 'embeddings'"),
+        ("classification", classification, "INVALID_ARGUMENT", "classification extension"),
+        ("text and ids", both, "INVALID_ARGUMENT", "not both"),
+        ("ids only", _only_ids(ids), "INVALID_ARGUMENT", "must be exactly"),
+        ("ids out of vocab", _ids_request(ids + 1000, mask), "INVALID_ARGUMENT", "must lie in [0, 30)"),
+        ("too long", _ids_request(np.ones((1, 17), np.int64), np.ones((1, 17), np.int64)), "INVALID_ARGUMENT", "exceeds the model's max_length 16"),
+        ("bad mask", _ids_request(ids, mask * 2), "INVALID_ARGUMENT", "only 0 and 1"),
+        ("unknown model", text_request(["good"], model_name="bert"), "NOT_FOUND", "unknown model 'bert'"),
+        ("unknown version", text_request(["good"], model_version="2"), "NOT_FOUND", "no version '2'"),
+    ]  # fmt: skip
+
+
+def _renamed(name: str) -> ModelInferRequest:
+    request = text_request(["good"], raw=False)
+    request.inputs[0].name = name
+    return request
+
+
+def _only_ids(ids: np.ndarray) -> ModelInferRequest:
+    request = ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="input_ids", datatype="INT64", shape=list(ids.shape)).contents.int64_contents.extend(
+        ids.reshape(-1).tolist()
+    )
+    return request
+
+
+@pytest.mark.parametrize(("case", "request_", "code", "message"), _bad_requests(), ids=[c[0] for c in _bad_requests()])
+def test_bad_infer_requests(stub, case, request_, code, message):
+    got_code, details = code_of(stub, request_)
+    assert got_code == grpc.StatusCode[code], details
+    assert message in details
+
+
+def test_tritonclient_works_unchanged(served, expected):
+    ids, mask = token_ids(TEXTS)
+    args = {
+        "address": served.address,
+        "model": MODEL,
+        "texts": TEXTS,
+        "input_ids": ids.tolist(),
+        "attention_mask": mask.tolist(),
+    }
+    result = subprocess.run(
+        [sys.executable, str(PROBE), "client", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert not seen["unknown_model_ready"]
+    assert seen["server_metadata"]["name"] == "edgedistill"
+    assert seen["model_metadata"]["name"] == MODEL
+    assert seen["model_metadata"]["platform"] == "onnxruntime_onnx"
+    assert seen["text"]["id"] == "probe-1" and seen["text"]["model_name"] == MODEL
+    np.testing.assert_allclose(seen["text"]["logits"], expected["logits"], atol=1e-6)
+    np.testing.assert_allclose(seen["text"]["probabilities"], expected["probabilities"], atol=1e-6)
+    np.testing.assert_allclose(seen["tokens"]["probabilities"], expected["probabilities"], atol=1e-6)
+    assert seen["unknown_model_error"] == "StatusCode.NOT_FOUND"
+    assert seen["invalid_utf8_error"] == "StatusCode.INVALID_ARGUMENT"

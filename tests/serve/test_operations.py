@@ -1,0 +1,300 @@
+"""Operating the server: health, reflection, metrics, auth, TLS, reload, overload, deadlines."""
+
+import asyncio
+import re
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from serve.app import create_server
+from serve.client import Client
+from serve.errors import BundleRejected
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from tests.serve.conftest import settings_for
+
+SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health_of(channel, service: str = "") -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def metric(scrape: str, sample_name: str, **labels) -> float:
+    """The value of one sample in a Prometheus text scrape (0 when absent)."""
+    for line in scrape.splitlines():
+        if not line.startswith(sample_name):
+            continue
+        sample, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', sample))
+        if sample.split("{")[0] == sample_name and all(found.get(k) == v for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+def scrape(server) -> str:
+    return urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+
+
+def corrupt(folder):
+    """Change the model's bytes behind the manifest's back."""
+    model = folder / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF
+    model.write_bytes(bytes(data))
+    return folder
+
+
+def test_health_is_not_serving_until_warm_then_serving_then_not_serving_while_draining(start_server, bundle):
+    server = start_server(settings_for(bundle), warm=False)
+    channel = server.channel()
+    assert [health_of(channel, s) for s in SERVICES] == [NOT_SERVING] * 3
+    assert not kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest()).ready
+    with pytest.raises(grpc.RpcError) as caught:
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "warming up" in caught.value.details()
+
+    server.call(server.server.warm_up())
+    assert [health_of(channel, s) for s in SERVICES] == [SERVING] * 3
+
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert next(watch).status == SERVING
+    stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=2), server.loop)
+    assert next(watch).status == NOT_SERVING
+    watch.cancel()
+    stopping.result(10)
+    channel.close()
+
+
+def test_reflection_lists_both_services(served):
+    with served.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="edgedistill.v1.Classifier"),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService"),
+        ]
+        listed, classifier, kserve = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"edgedistill.v1.Classifier", "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+    assert classifier.file_descriptor_response.file_descriptor_proto
+    assert kserve.file_descriptor_response.file_descriptor_proto
+
+
+def test_metrics_scrape(served):
+    with served.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=10)
+        with pytest.raises(grpc.RpcError):
+            stub.Classify(pb.ClassifyRequest(), timeout=10)
+    text = scrape(served)
+    assert metric(text, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code="OK") >= 1
+    assert (
+        metric(
+            text, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code="INVALID_ARGUMENT"
+        )
+        >= 1
+    )
+    assert metric(text, "edgedistill_errors_total", code="INVALID_ARGUMENT") >= 1
+    assert metric(text, "edgedistill_request_seconds_count", method="/edgedistill.v1.Classifier/Classify") >= 2
+    assert metric(text, "edgedistill_queue_wait_seconds_count") >= 1
+    assert metric(text, "edgedistill_inference_seconds_count") >= 1
+    assert metric(text, "edgedistill_batch_size_sum") >= 2
+    assert "edgedistill_queue_depth 0.0" in text
+    assert (
+        metric(text, "edgedistill_model_info", name="tiny-sentiment", version="1", providers="CPUExecutionProvider")
+        == 1
+    )
+
+
+def test_bearer_token_is_required_except_for_health(start_server, bundle):
+    server = start_server(settings_for(bundle, token="s3cret"))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        request = pb.ClassifyRequest(texts=["good"])
+        for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", "s3cret"),)):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Classify(request, metadata=metadata, timeout=5)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.ClassifyStream(iter([request]), timeout=5))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as caught:
+            kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest(), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert stub.Classify(request, metadata=(("authorization", "Bearer s3cret"),), timeout=5).predictions
+        assert health_of(channel) == SERVING  # probes need no token
+    with Client(server.address, token="s3cret") as client:
+        assert client.classify(["a great movie"])["predictions"][0]["label"] == "positive"
+    text = scrape(server)
+    assert (
+        metric(text, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code="UNAUTHENTICATED")
+        == 3
+    )
+
+
+def test_tls(start_server, bundle, certs):
+    server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
+    credentials = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
+    with grpc.secure_channel(server.address, credentials) as channel:
+        assert health_of(channel) == SERVING
+    with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        health_of(channel)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    with Client(server.address, tls_ca=certs / "ca.pem") as client:
+        assert client.classify(["awful"])["predictions"][0]["label"] == "negative"
+
+
+def test_mutual_tls_requires_a_client_certificate(start_server, bundle, certs):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"
+    )
+    server = start_server(settings)
+    anonymous = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
+    with grpc.secure_channel(server.address, anonymous) as channel, pytest.raises(grpc.RpcError) as caught:
+        health_of(channel)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    with Client(
+        server.address, tls_ca=certs / "ca.pem", tls_cert=certs / "client.pem", tls_key=certs / "client.key"
+    ) as client:
+        assert client.classify(["great fun"])["predictions"][0]["label"] == "positive"
+
+
+def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bundle):
+    first = make_bundle("v1")
+    second = make_bundle("v2", version="2", bias=3.0)  # pushes every text towards "negative"
+    server = start_server(settings_for(first))
+    failures, replies = [], []
+    stop = threading.Event()
+
+    def hammer():
+        with server.channel() as channel:
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            while not stop.is_set():
+                try:
+                    replies.append(stub.Classify(pb.ClassifyRequest(texts=["a great movie"]), timeout=10).model_version)
+                except grpc.RpcError as err:
+                    failures.append(err)
+
+    workers = [threading.Thread(target=hammer) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.2)
+    with Client(server.address) as client:
+        result = client.reload(str(second))
+        time.sleep(0.2)
+        stop.set()
+        for worker in workers:
+            worker.join(10)
+        assert result["model"]["version"] == "2" and result["previous"]["version"] == "1"
+        assert client.model_info()["bundle_path"] == str(second)
+        assert client.classify(["a great movie"])["predictions"][0]["label"] == "negative"
+    assert not failures, failures[:3]
+    assert "1" in replies and "2" in replies
+    text = scrape(server)
+    assert metric(text, "edgedistill_model_info", version="2") == 1
+    assert metric(text, "edgedistill_model_info", version="1") == 0
+
+
+@pytest.mark.parametrize("kind", ["corrupted", "missing"])
+def test_failed_reload_keeps_the_old_model(start_server, make_bundle, kind):
+    server = start_server(settings_for(make_bundle("v1")))
+    bad = corrupt(make_bundle("bad", version="2")) if kind == "corrupted" else server.settings.bundle / "nowhere"
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(bad)), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "current model keeps serving" in caught.value.details()
+        assert ("sha256" if kind == "corrupted" else "manifest.json is missing") in caught.value.details()
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "1"
+        assert stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=5).model_version == "1"
+        # reloading the served folder again works
+        assert stub.Reload(pb.ReloadRequest(), timeout=10).model.version == "1"
+
+
+def test_a_bundle_that_fails_verification_is_refused_at_start(make_bundle):
+    folder = corrupt(make_bundle())
+
+    async def build():
+        create_server(settings_for(folder))
+
+    with pytest.raises(BundleRejected, match="does not match its sha256"):
+        asyncio.run(build())
+
+
+@pytest.fixture(scope="module")
+def slow_queue(tmp_path_factory):
+    """A server whose rows wait 400 ms for a batch, with room for 4 queued rows."""
+    from tests.serve.conftest import RunningServer, write_bundle
+
+    folder = write_bundle(tmp_path_factory.mktemp("slow") / "bundle")
+    server = RunningServer(settings_for(folder, max_queue_delay_ms=400, max_batch_size=64, max_queued=4, max_texts=4))
+    yield server
+    server.close()
+
+
+def wait_for_queued(server, rows: int, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while server.server.host.current.batcher.queued_rows != rows:
+        assert time.monotonic() < deadline, f"the queue never held {rows} rows"
+        time.sleep(0.005)
+
+
+def test_overload_is_resource_exhausted_and_recovers(slow_queue):
+    with slow_queue.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        waiting = stub.Classify.future(pb.ClassifyRequest(texts=["good", "bad", "fun"]), timeout=10)
+        wait_for_queued(slow_queue, 3)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(pb.ClassifyRequest(texts=["great", "dull"]), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limit of 4" in caught.value.details()
+        assert [p.label for p in waiting.result().predictions] == ["positive", "negative", "positive"]
+        assert [
+            p.label for p in stub.Classify(pb.ClassifyRequest(texts=["great", "dull"]), timeout=10).predictions
+        ] == [
+            "positive",
+            "negative",
+        ]
+
+
+def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
+    before = scrape(slow_queue)
+    with slow_queue.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=0.1)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        cancelled = stub.Classify.future(pb.ClassifyRequest(texts=["fun"]), timeout=10)
+        wait_for_queued(slow_queue, 1)
+        cancelled.cancel()
+        wait_for_queued(slow_queue, 0)
+        time.sleep(0.5)  # past the queue delay: a batch would have run by now
+    after = scrape(slow_queue)
+    dropped = sum(metric(after, "edgedistill_dropped_rows_total", reason=r) for r in ("cancelled", "deadline"))
+    dropped -= sum(metric(before, "edgedistill_dropped_rows_total", reason=r) for r in ("cancelled", "deadline"))
+    assert dropped == 3
+    assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
+    codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
+    assert codes["DEADLINE_EXCEEDED"] >= 1 and codes["CANCELLED"] >= 1
+
+
+def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_server, make_bundle):
+    three_labels = make_bundle("mismatch", labels=["negative", "neutral", "positive"])
+    server = start_server(settings_for(three_labels), warm=False)
+    with pytest.raises(BundleRejected, match=r"warm-up at batch 1, length 1 gave logits of shape \(1, 2\)"):
+        server.call(server.server.warm_up())
+    with server.channel() as channel:
+        assert health_of(channel) == NOT_SERVING
+    good = start_server(settings_for(make_bundle("good")))
+    with good.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        classifier_pb2_grpc.ClassifierStub(channel).Reload(pb.ReloadRequest(bundle_path=str(three_labels)), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "warm-up" in caught.value.details()

@@ -1,0 +1,206 @@
+"""`python -m serve` as a process: JSON logs, SIGTERM drain, SIGHUP reload, refusal at start; the client CLI."""
+
+import io
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serve import client as cli
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
+from tests.serve.test_operations import corrupt
+
+
+class ServerProcess:
+    """`python -m serve` in a subprocess; its JSON log lines are collected as they come."""
+
+    def __init__(self, bundle, *flags: str, **env: str):
+        self.proc = subprocess.Popen(
+            serve_command(bundle, "--metrics-port", "0", *flags),
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[dict] = []
+        self._new: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            entry = json.loads(line)  # every line is one JSON object
+            self.lines.append(entry)
+            self._new.put(entry)
+        self._new.put(None)
+
+    def wait_for(self, event: str, timeout: float = 30) -> dict:
+        for entry in self.lines:
+            if entry.get("event") == event:
+                return entry
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                entry = self._new.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if entry is None:
+                break
+            if entry.get("event") == event:
+                return entry
+        raise AssertionError(f"no {event!r} log line; the log so far: {self.lines[-10:]}")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def spawn():
+    started = []
+
+    def start(bundle, *flags, **env) -> ServerProcess:
+        process = ServerProcess(bundle, *flags, **env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+def queued_rows(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("edgedistill_queue_depth ")))
+
+
+def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
+    server = spawn(
+        bundle, "--max-batch-size", "64", EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500", EDGEDISTILL_SHUTDOWN_GRACE_S="10"
+    )
+    serving = server.wait_for("serving")
+    address = f"127.0.0.1:{serving['port']}"
+    with grpc.insecure_channel(address) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        in_flight = [
+            stub.Classify.future(pb.ClassifyRequest(texts=[t]), timeout=20, metadata=[("x-request-id", f"drain-{i}")])
+            for i, t in enumerate(["great", "awful", "good fun"])
+        ]
+        deadline = time.monotonic() + 10
+        while queued_rows(serving["metrics_port"]) < 3:
+            assert time.monotonic() < deadline, "the calls never reached the queue"
+            time.sleep(0.02)
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=20)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        server.proc.send_signal(signal.SIGTERM)
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+        server.wait_for("draining")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(pb.ClassifyRequest(texts=["late"]), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert [f.result().predictions[0].label for f in in_flight] == ["positive", "negative", "positive"]
+    assert server.proc.wait(20) == 0
+    server.wait_for("stopped")
+    access = [e for e in server.lines if e.get("event") == "rpc" and e["method"].endswith("/Classify")]
+    assert {e["request_id"] for e in access if e["code"] == "OK"} == {"drain-0", "drain-1", "drain-2"}
+    assert all({"ts", "level", "msg", "ms", "peer"} <= set(e) for e in access)
+
+
+def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path):
+    folder = write_bundle(tmp_path / "bundle")
+    server = spawn(folder)
+    serving = server.wait_for("serving")
+    with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "1"
+
+        write_bundle(folder, bias=3.0, version="2")
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version != "2":
+            assert time.monotonic() < deadline, f"no reload; log: {server.lines[-5:]}"
+            time.sleep(0.05)
+        assert stub.Classify(pb.ClassifyRequest(texts=["great"]), timeout=5).predictions[0].label == "negative"
+
+        corrupt(folder)
+        server.proc.send_signal(signal.SIGHUP)
+        failed = server.wait_for("reload_failed")
+        assert "sha256" in failed["msg"]
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "2"
+        assert stub.Classify(pb.ClassifyRequest(texts=["great"]), timeout=5).model_version == "2"
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(20) == 0
+
+
+def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
+    folder = corrupt(write_bundle(tmp_path / "bundle"))
+    result = subprocess.run(
+        serve_command(folder), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    refusal = json.loads(result.stderr.strip().splitlines()[-1])
+    assert refusal["event"] == "start_failed" and "does not match its sha256" in refusal["msg"]
+
+
+def test_the_server_imports_neither_torch_nor_transformers():
+    code = (
+        "import sys, serve.app, serve.client, serve.__main__, serve.backends.ort, serve.backends.trt\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_bad_settings_exit_2_with_the_variable_named(bundle):
+    result = subprocess.run(
+        serve_command(bundle),
+        cwd=ROOT,
+        env=subprocess_env(EDGEDISTILL_MAX_BATCH_SIZE="lots"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "EDGEDISTILL_MAX_BATCH_SIZE" in result.stderr
+
+
+def test_client_cli(served, tmp_path, capsys):
+    address = ["--address", served.address]
+    assert cli.main([*address, "a great movie", "awful boring film"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "tiny-sentiment"
+    assert [p["label"] for p in out["predictions"]] == ["positive", "negative"]
+    assert set(out["predictions"][0]["probabilities"]) == {"negative", "positive"}
+
+    reviews = tmp_path / "reviews.txt"
+    reviews.write_text("i love it\n\nworst film\n")
+    assert cli.main([*address, "--file", str(reviews)]) == 0
+    assert [p["text"] for p in json.loads(capsys.readouterr().out)["predictions"]] == ["i love it", "worst film"]
+
+    assert cli.main([*address, "--kserve"], stdin=io.StringIO("great fun\ndull plot\n")) == 0
+    kserve = json.loads(capsys.readouterr().out)
+    assert [p["label"] for p in kserve["predictions"]] == ["positive", "negative"]
+
+    assert cli.main([*address, "--info"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == ["negative", "positive"]
+
+    assert cli.main([*address, "   "]) == 1
+    error = json.loads(capsys.readouterr().err)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and "whitespace" in error["message"]
+
+    assert cli.main([*address], stdin=io.StringIO("")) == 2

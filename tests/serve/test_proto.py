@@ -1,0 +1,49 @@
+"""The committed generated code matches the protos; the KServe proto matches Triton's wire format."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from serve.proto import generate, kserve_pb2
+from tests.serve.triton_probe import MESSAGES, field_table
+
+PROBE = Path(__file__).with_name("triton_probe.py")
+
+
+def test_committed_generated_code_matches_the_protos(tmp_path):
+    written = generate.generate(tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        n for proto in generate.PROTOS for n in generate.generated_names(proto)
+    )
+    for path in written:
+        committed = generate.HERE / path.name
+        assert committed.is_file(), f"{committed.name} is not committed: run python -m serve.proto.generate"
+        assert committed.read_text() == path.read_text(), (
+            f"{committed.name} is stale: run python -m serve.proto.generate"
+        )
+    for proto in generate.PROTOS:
+        stub = (tmp_path / generate.generated_names(proto)[1]).read_text()
+        assert f"from . import {proto.removesuffix('.proto')}_pb2 as" in stub
+        assert f"\nimport {proto.removesuffix('.proto')}_pb2" not in stub
+
+
+def test_kserve_proto_has_tritons_names_and_field_numbers():
+    result = subprocess.run(
+        [sys.executable, str(PROBE), "descriptors"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    triton = json.loads(result.stdout)
+    ours = kserve_pb2.DESCRIPTOR
+    assert ours.package == triton["package"] == "inference"
+    service = ours.services_by_name["GRPCInferenceService"]
+    assert service.full_name == triton["service"]
+    for method in service.methods:
+        assert [
+            method.input_type.full_name,
+            method.output_type.full_name,
+            method.client_streaming,
+            method.server_streaming,
+        ] == triton["methods"][method.name], method.name
+    for name in MESSAGES:
+        assert field_table(ours.message_types_by_name[name]) == triton["messages"][name], name

@@ -1,0 +1,74 @@
+"""Settings from flags and EDGEDISTILL_* variables."""
+
+from pathlib import Path
+
+import pytest
+
+from serve.settings import Settings, SettingsError, build_parser, load_settings
+
+
+def test_defaults():
+    settings = load_settings([], environ={})
+    assert settings.port == 50051
+    assert settings.metrics_port == 8002
+    assert settings.max_batch_size == 32
+    assert settings.max_queue_delay == pytest.approx(0.005)
+    assert settings.providers == []
+    assert settings.bundle is None
+    assert settings.token is None
+
+
+def test_environment_then_flags():
+    environ = {
+        "EDGEDISTILL_PORT": "6000",
+        "EDGEDISTILL_BUNDLE": "runs/sst2/bundle-bilstm-int8",
+        "EDGEDISTILL_MAX_BATCH_SIZE": "16",
+        "EDGEDISTILL_MAX_QUEUE_DELAY_MS": "2.5",
+        "EDGEDISTILL_MAX_QUEUED": "100",
+        "EDGEDISTILL_THREADS": "2",
+        "EDGEDISTILL_PROVIDERS": "cuda, CPUExecutionProvider",
+        "EDGEDISTILL_METRICS_PORT": "off",
+        "EDGEDISTILL_TOKEN": "s3cret",
+        "EDGEDISTILL_LOG_LEVEL": "debug",
+        "HOME": "/root",
+    }
+    settings = load_settings(["--port", "7000", "--max-texts", "10"], environ=environ)
+    assert settings.port == 7000  # the flag wins
+    assert settings.bundle == Path("runs/sst2/bundle-bilstm-int8")
+    assert settings.max_batch_size == 16
+    assert settings.max_queue_delay == pytest.approx(0.0025)
+    assert settings.max_queued == 100
+    assert settings.max_texts == 10
+    assert settings.threads == 2
+    assert settings.providers == ["cuda", "CPUExecutionProvider"]
+    assert settings.metrics_port is None
+    assert settings.token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(settings)
+    assert settings.log_level == "DEBUG"
+
+
+def test_unknown_variable_is_refused_with_the_known_ones():
+    with pytest.raises(SettingsError, match="EDGEDISTILL_PROT.*EDGEDISTILL_PORT"):
+        load_settings([], environ={"EDGEDISTILL_PROT": "1"})
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"EDGEDISTILL_PORT": "http"}, "--port / EDGEDISTILL_PORT"),
+        ({"EDGEDISTILL_MAX_BATCH_SIZE": "0"}, "--max-batch-size / EDGEDISTILL_MAX_BATCH_SIZE"),
+        ({"EDGEDISTILL_TLS_CERT": "server.pem"}, "tls_cert and tls_key go together"),
+        ({"EDGEDISTILL_TLS_CA": "ca.pem"}, "tls_ca"),
+        ({"EDGEDISTILL_MAX_TEXTS": "50", "EDGEDISTILL_MAX_QUEUED": "10"}, "must not exceed max_queued"),
+    ],
+)
+def test_invalid_values_name_the_flag_and_variable(environ, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings([], environ=environ)
+
+
+def test_every_field_has_a_flag_with_its_variable_in_the_help():
+    help_text = build_parser().format_help()
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in help_text
+        assert "EDGEDISTILL_" + name.upper() in help_text
