@@ -20,7 +20,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo proto serve call test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -71,6 +71,9 @@ $(RUN)/bench/manifest.json: $(RUN)/export.done
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
 triton-repo: $(RUN)/export.done  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
 	$(PY) -m export.triton $(BUNDLE) $(RUN)/triton
+
+report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
+	$(PY) -m report $(RECIPE)
 
 proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
 	$(PY) -m serve.proto.generate

@@ -1,0 +1,155 @@
+"""`make report`: one HTML page (figures embedded) and its markdown twin from a recipe's run folder.
+
+Every section names the manifests it was drawn from; sections whose stage has not run are left out.
+"""
+
+import base64
+import html
+from pathlib import Path
+
+from common import manifest as mf
+from common.recipe import Recipe, run_dir
+from report import plots
+
+PARETO_CELLS = ("b1_s64", "b1_s32", "b1_s16")
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / mf.MANIFEST).is_file()
+
+
+class Page:
+    """Collects sections as (markdown, html) pairs and figures as PNG files."""
+
+    def __init__(self, title: str):
+        self.title, self.md, self.html, self.figures = title, [f"# {title}", ""], [], {}
+
+    def heading(self, text: str, sources: list[str]) -> None:
+        links = ", ".join(f"[{s}]({s})" for s in sources)
+        self.md += [f"## {text}", "", f"From {links}." if sources else "", ""]
+        anchors = ", ".join(f'<a href="{html.escape(s)}">{html.escape(s)}</a>' for s in sources)
+        self.html.append(f"<h2>{html.escape(text)}</h2>" + (f'<p class="src">From {anchors}.</p>' if sources else ""))
+
+    def figure(self, name: str, data: bytes, alt: str) -> None:
+        self.figures[name] = data
+        self.md += [f"![{alt}](figures/{name})", ""]
+        encoded = base64.b64encode(data).decode()
+        self.html.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">')
+
+    def table(self, header: list[str], rows: list[list]) -> None:
+        cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+        self.md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        self.md += ["| " + " | ".join(row) + " |" for row in cells] + [""]
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+        self.html.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+    def render_html(self) -> str:
+        style = (
+            "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+            "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+            "th{background:#f0f0f0}img{max-width:100%;margin:0.5em 0}.src{color:#666;font-size:12px}"
+        )
+        return (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(self.title)}</h1>{''.join(self.html)}</body></html>"
+        )
+
+
+def _stages(page: Page, root: Path) -> None:
+    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report")
+    page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
+    rows = []
+    for folder in folders:
+        m = mf.load(folder, verify=False).metrics
+        rows.append(
+            [
+                folder.name,
+                f"{m['dev_accuracy']:.4f}" if "dev_accuracy" in m else None,
+                f"{m['params'] / 1e6:.2f}M" if "params" in m else None,
+                f"{m['size_bytes'] / 2**20:.1f}" if "size_bytes" in m else None,
+                f"{m['wall_seconds'] / 60:.1f}" if "wall_seconds" in m else None,
+            ]
+        )
+    page.table(["stage", "dev accuracy", "params", "size MiB", "wall min"], rows)
+
+
+def _curves(page: Page, root: Path) -> None:
+    folders = [
+        p for p in [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))] if _finished(p)
+    ]
+    histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
+    if histories:
+        page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
+        page.figure("training.png", plots.training_curves(histories), "training loss and dev accuracy")
+
+
+def _distillation(page: Page, root: Path) -> None:
+    summary = root / "distill-summary.json"
+    if summary.is_file():
+        rows = plots.read_json(summary)
+        sources = [
+            f"../{'teacher' if r['student'] == 'teacher' else 'student-' + r['student']}/{mf.MANIFEST}" for r in rows
+        ]
+        page.heading("Distillation", sources)
+        columns = ["student", "arch", "params", "size_MiB", "dev_accuracy", "retention", "baseline", "gain", "wall_min"]
+        page.table(columns, [[r[c] for c in columns] for r in rows])
+    if _finished(root / "transfer"):
+        page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
+        counts = mf.load(root / "transfer", verify=False).info["composition"]
+        page.figure("transfer.png", plots.composition(counts), "transfer set composition")
+
+
+def _benchmark(page: Page, root: Path) -> None:
+    if not _finished(root / "bench"):
+        return
+    rows = plots.read_json(root / "bench" / "bench.json")["rows"]
+    keys = list(rows[0]["cells"])
+    page.heading("Benchmark (latency ms, median; speedup vs teacher PyTorch eager)", [f"../bench/{mf.MANIFEST}"])
+    page.table(
+        ["model", "precision", "size MiB", "dev acc", *keys],
+        [
+            [r["model"], r["precision"], f"{r['size_bytes'] / 2**20:.1f}", f"{r['dev_accuracy']:.4f}"]
+            + [f"{r['cells'][k]['median_ms']:.2f} ({r['cells'][k]['speedup']:.1f}x)" for k in keys]
+            for r in rows
+        ],
+    )
+    cell = next((c for c in PARETO_CELLS if c in keys), keys[0])
+    points = [
+        {
+            "model": r["model"],
+            "latency_ms": r["cells"][cell]["median_ms"],
+            "dev_accuracy": r["dev_accuracy"],
+            "size_mib": r["size_bytes"] / 2**20,
+        }
+        for r in rows
+    ]
+    page.figure("pareto.png", plots.pareto(points, cell), "accuracy against latency")
+
+
+def _serving(page: Page, root: Path) -> None:
+    results = root / "serve-bench" / "bench.md"
+    if results.is_file():
+        page.heading("Serving benchmark", ["../serve-bench/bench.json"])
+        page.md += [results.read_text(encoding="utf-8"), ""]
+        page.html.append(f"<pre>{html.escape(results.read_text(encoding='utf-8'))}</pre>")
+
+
+def build(recipe: Recipe) -> Path:
+    """Write `runs/<recipe>/report/` (index.html, report.md, figures/) and return the folder."""
+    root = run_dir(recipe)
+    watch = mf.Stopwatch()
+    page = Page(f"edgedistill report: {recipe.name}")
+    for section in (_stages, _curves, _distillation, _benchmark, _serving):
+        section(page, root)
+    out = root / "report"
+    with mf.stage_folder(out) as tmp:
+        (tmp / "figures").mkdir()
+        for name, data in page.figures.items():
+            (tmp / "figures" / name).write_bytes(data)
+        (tmp / "index.html").write_text(page.render_html(), encoding="utf-8")
+        (tmp / "report.md").write_text("\n".join(page.md), encoding="utf-8")
+        parents = {p.name: mf.parent_of(p) for p in root.iterdir() if _finished(p) and p.name != "report"}
+        mf.commit(tmp, out, mf.for_stage(recipe, "report", recipe.hash, watch, parents=parents))
+    print(f"[report] {len(page.figures)} figures -> {out / 'index.html'}")
+    return out
