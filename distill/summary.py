@@ -1,6 +1,7 @@
 """The distillation table: each student against the teacher and its label-only baseline."""
 
 import json
+import os
 
 from rich.console import Console
 from rich.table import Table
@@ -43,6 +44,12 @@ def _row(name, arch, m, teacher_acc, baseline) -> dict:
     }
 
 
+def _write(path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def write(recipe: Recipe) -> list[dict]:
     """Print the table and write `distill-summary.md` and `.json` into the run folder."""
     table_rows = rows(recipe)
@@ -50,8 +57,8 @@ def write(recipe: Recipe) -> list[dict]:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table_rows]
     folder = run_dir(recipe)
-    (folder / "distill-summary.md").write_text(f"# Distillation: {recipe.name}\n\n" + "\n".join(lines) + "\n")
-    (folder / "distill-summary.json").write_text(json.dumps(table_rows, indent=1))
+    _write(folder / "distill-summary.md", f"# Distillation: {recipe.name}\n\n" + "\n".join(lines) + "\n")
+    _write(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
     table = Table(title=f"distillation: {recipe.name} (SST-2 dev)", title_justify="left")
     for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("student", "arch") else "right")
