@@ -20,7 +20,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -85,6 +85,10 @@ serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gR
 TEXT ?= a gripping , beautifully acted film
 call: $(STAMP)  ## classify TEXT with the server on PORT
 	$(PY) -m serve.client --address localhost:$(PORT) "$(TEXT)"
+
+SERVE_BENCH_ARGS ?=
+serve-bench: $(RUN)/export.done  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
+	$(PY) -m serve.bench --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
 test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint

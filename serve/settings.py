@@ -29,7 +29,12 @@ class Settings(BaseModel):
         8002, ge=0, le=65535, description="Prometheus /metrics HTTP port (0: any free port; 'off': none)"
     )
     max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
-    max_queue_delay_ms: float = Field(5.0, ge=0, description="longest a row waits for a batch to fill")
+    max_queue_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="longest a row waits for a batch to fill; 0 runs a batch as soon as the backend is free, "
+        "batching the rows that arrived while it was busy",
+    )
     max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
     max_texts: int = Field(64, ge=1, description="texts per request; more: INVALID_ARGUMENT")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")

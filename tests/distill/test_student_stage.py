@@ -64,3 +64,25 @@ def test_summary_table(smoke_run):
         assert row["gain"] == pytest.approx(row["dev_accuracy"] - row["baseline"], abs=1e-4)
         assert 0 < row["retention"] <= 1.5
     assert "| bilstm | bilstm |" in (smoke_run / "distill-summary.md").read_text()
+
+
+def test_students_train_under_torchrun(smoke_run, tmp_path):
+    """Two CPU processes (gloo) distil a student from the shared transfer set."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from tests.conftest import PYTHON
+
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_run, runs / "smoke", ignore=shutil.ignore_patterns("student-*", "baseline-*", "bundle-*"))
+    env = {**os.environ, "RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+    torchrun = Path(PYTHON).with_name("torchrun")
+    cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "distill", ROOT / "recipes" / "smoke.yaml"]
+    result = subprocess.run(
+        [*map(str, cmd), "--only=cnn", "--no-baseline"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    student = mf.load(runs / "smoke" / "student-cnn")
+    assert student.info["world_size"] == 2 and student.metrics["dev_accuracy"] > 0.6

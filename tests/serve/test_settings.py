@@ -12,7 +12,7 @@ def test_defaults():
     assert settings.port == 50051
     assert settings.metrics_port == 8002
     assert settings.max_batch_size == 32
-    assert settings.max_queue_delay == pytest.approx(0.005)
+    assert settings.max_queue_delay == 0.0
     assert settings.providers == []
     assert settings.bundle is None
     assert settings.token is None
