@@ -73,7 +73,12 @@ class OptimConfig(Strict):
     eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
     checkpoint_every: int = Field(200, gt=0)
     patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
-    ema_decay: float | None = Field(None, gt=0, lt=1, description="evaluate and keep an exponential moving average of the weights")
+    layer_decay: float | None = Field(
+        None, gt=0, le=1, description="learning rate x this factor per layer further from the head"
+    )
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1, description="evaluate and keep an exponential moving average of the weights"
+    )
     seed: int = 13
 
 

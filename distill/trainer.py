@@ -8,6 +8,7 @@ rerun after `kill -9` skips exactly the batches already seen.
 import math
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -40,13 +41,29 @@ class Progress:
     resumed_from: int | None = None
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm weights (the usual BERT recipe)."""
-    decay, no_decay = [], []
+_LAYER = re.compile(r"\.(?:layer|h)\.(\d+)\.")
+
+
+def _depth(name: str, num_layers: int) -> int:
+    """How far below the head a parameter sits: embeddings deepest, then layers top-down, head 0."""
+    if match := _LAYER.search(name):
+        return num_layers - int(match.group(1))
+    return num_layers + 1 if "embed" in name or ".wte." in name or ".wpe." in name else 0
+
+
+def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
+    """AdamW groups: no weight decay on biases and LayerNorm weights (the usual BERT recipe); with
+    `layer_decay`, each Transformer layer's learning rate is that factor times the one above it."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    num_layers = 1 + max((int(m.group(1)) for n in names if (m := _LAYER.search(n))), default=-1)
+    groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if param.ndim < 2 or "LayerNorm" in name or "norm" in name else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if not param.requires_grad:
+            continue
+        decay = 0.0 if param.ndim < 2 or "LayerNorm" in name or "norm" in name else cfg.weight_decay
+        lr = cfg.lr * (cfg.layer_decay ** _depth(name, num_layers) if cfg.layer_decay else 1.0)
+        groups.setdefault((lr, decay), []).append(param)
+    return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -81,7 +98,7 @@ class Trainer:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = dist.init()
-        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
         self.progress = Progress()
         self.ema = (
             AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)

@@ -41,3 +41,26 @@ def test_collate_pads_and_masks():
     assert out["input_ids"].tolist() == [[8, 0, 0], [5, 6, 7]]
     assert out["attention_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
     assert out["token_type_ids"].shape == (2, 3) and out["input_ids"].dtype == torch.long
+
+
+def test_layer_decay_scales_learning_rates_by_depth():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from common.recipe import OptimConfig
+    from distill.trainer import _param_groups
+
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    )
+    groups = _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5, weight_decay=0.1))
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    wd_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    assert lr_of[id(params["classifier.weight"])] == 1.0
+    assert lr_of[id(params["bert.encoder.layer.2.output.dense.weight"])] == 0.5
+    assert lr_of[id(params["bert.encoder.layer.0.output.dense.weight"])] == 0.125
+    assert lr_of[id(params["bert.embeddings.word_embeddings.weight"])] == 0.0625
+    assert wd_of[id(params["bert.encoder.layer.0.output.LayerNorm.weight"])] == 0.0
+    assert wd_of[id(params["bert.encoder.layer.0.output.dense.weight"])] == 0.1
+    flat = _param_groups(model, OptimConfig(lr=1.0))
+    assert {g["lr"] for g in flat} == {1.0} and sum(len(g["params"]) for g in flat) == len(params)
