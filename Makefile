@@ -20,7 +20,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench image base-image container-test test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -89,6 +89,33 @@ call: $(STAMP)  ## classify TEXT with the server on PORT
 SERVE_BENCH_ARGS ?=
 serve-bench: $(RUN)/export.done  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
 	$(PY) -m serve.bench --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+
+IMAGE      ?= edgedistill-serve
+BASE_IMAGE ?= localhost/edgedistill-base:bookworm
+# BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
+# bundle is mounted at /models/bundle at run time.
+ifeq ($(BAKE),1)
+IMAGE_TAG   = $(IMAGE):$(notdir $(BUNDLE))
+IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BUNDLE)
+else
+IMAGE_TAG   = $(IMAGE):latest
+IMAGE_ARGS  =
+endif
+
+base-image:  ## a local Debian bookworm base image for podman (debootstrap + podman import; skipped when present)
+	deploy/base-image.sh $(BASE_IMAGE)
+
+image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
+	@if docker info >/dev/null 2>&1; then \
+	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
+	else \
+	  deploy/base-image.sh $(BASE_IMAGE) && set -x && \
+	  podman build --isolation chroot --format docker --build-arg BASE=$(BASE_IMAGE) $(IMAGE_ARGS) \
+	    $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
+	fi
+
+container-test: $(STAMP) base-image  ## build the image, serve BUNDLE from it with podman, call it from the host, stop it
+	IMAGE=$(IMAGE):test BASE=$(BASE_IMAGE) deploy/container-test.sh $(BUNDLE)
 
 test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint

@@ -1,0 +1,64 @@
+# The serving image (CPU): ONNX Runtime, the `serve` and `common` packages, no torch.
+#
+#   docker build -t edgedistill-serve .                      # the bundle is mounted at /models/bundle
+#   docker run -p 50051:50051 -v "$PWD/runs/sst2/bundle-bilstm-int8:/models/bundle:ro" edgedistill-serve
+#   docker build --target baked --build-arg BUNDLE=runs/sst2/bundle-bilstm-int8 \
+#       -t edgedistill-serve:bundle-bilstm-int8 .            # the bundle baked in
+#
+# Without a registry, build FROM the local base that deploy/base-image.sh makes:
+#   podman build --isolation chroot --format docker --build-arg BASE=localhost/edgedistill-base:bookworm .
+# Debian bookworm's python3 is 3.11, which the code needs (datetime.UTC).
+ARG BASE=debian:bookworm-slim
+
+FROM ${BASE} AS builder
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/*
+COPY requirements-serve.txt /tmp/requirements-serve.txt
+# Behind a TLS-intercepting proxy, pass its CA bundle as a build secret (never stored in a layer):
+#   --secret id=pip-cert,src=/etc/ssl/certs/ca-certificates.crt
+RUN --mount=type=secret,id=pip-cert \
+    python3 -m venv /opt/venv \
+    && if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
+    && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check -r /tmp/requirements-serve.txt \
+    && /opt/venv/bin/python -m pip uninstall --quiet --yes pip setuptools
+COPY common/ /app/common/
+COPY serve/ /app/serve/
+# Byte-compiled here, as the running container may have a read-only root filesystem.
+RUN find /app -name __pycache__ -prune -exec rm -rf {} + \
+    && python3 -m compileall -q /app
+
+FROM ${BASE} AS runtime
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 edgedistill \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin edgedistill
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /app /app
+WORKDIR /app
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/app \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    EDGEDISTILL_BUNDLE=/models/bundle
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without a passwd lookup.
+USER 10001:10001
+EXPOSE 50051 8002
+# SERVING only after warm-up; NOT_SERVING while draining. Plaintext: with EDGEDISTILL_TLS_* set,
+# probe from outside (grpc_health_probe with TLS flags) instead.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["/opt/venv/bin/python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel('localhost:' + os.environ.get('EDGEDISTILL_PORT', '50051')); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(), timeout=3); sys.exit(reply.status != h.HealthCheckResponse.SERVING)"]
+ENTRYPOINT ["/opt/venv/bin/python", "-m", "serve"]
+
+# A self-contained image with one bundle, for registries and Kubernetes: `--target baked
+# --build-arg BUNDLE=<bundle folder inside the build context>`.
+FROM runtime AS baked
+ARG BUNDLE
+COPY ${BUNDLE} /models/bundle
+
+# The default target: the bundle comes from a volume at /models/bundle.
+FROM runtime

@@ -1,0 +1,363 @@
+"""The container and deployment files: schema-valid Kubernetes manifests, probes on the gRPC health
+service, a non-root server, and serving pins in step with pyproject.toml. Pure file checks (no podman).
+"""
+
+import ast
+import json
+import re
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import tomllib
+import yaml
+from packaging.requirements import Requirement
+
+from serve.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_FILES = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+K8S_VERSION = "1.30"  # the oldest Kubernetes the manifests target; native gRPC probes are GA since 1.27
+DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
+GRPC_PORT, METRICS_PORT = 50051, 8002
+BUNDLE_MOUNT = "/models/bundle"
+FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
+# Imported by the server only for TensorRT engine bundles, which the GPU image serves.
+GPU_ONLY = {"tensorrt", "cuda"}
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+
+
+def k8s_documents() -> list[tuple[str, dict]]:
+    docs = []
+    for path in K8S_FILES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path.name, doc))
+    return docs
+
+
+def only(kind: str) -> dict:
+    found = [doc for _, doc in k8s_documents() if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind} in deploy/k8s, found {len(found)}"
+    return found[0]
+
+
+def serve_container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_k8s_files_exist():
+    names = {path.name for path in K8S_FILES}
+    assert {"deployment.yaml", "service.yaml", "hpa.yaml"} <= names
+
+
+@pytest.mark.parametrize(("name", "doc"), k8s_documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_k8s_manifest_is_schema_valid(name, doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
+def test_probes_use_the_grpc_health_service(probe):
+    spec = serve_container(only("Deployment"))[probe]
+    assert spec["grpc"]["port"] == GRPC_PORT
+    assert spec["grpc"].get("service", "") == "", "the server reports its overall health under the empty name"
+    assert not {"httpGet", "tcpSocket", "exec"} & spec.keys()
+
+
+def test_deployment_runs_as_non_root_and_locked_down():
+    pod = only("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    container = serve_container(only("Deployment"))["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["capabilities"]["drop"] == ["ALL"]
+
+
+def test_deployment_user_matches_the_image():
+    pod = only("Deployment")["spec"]["template"]["spec"]
+    for dockerfile in DOCKERFILES:
+        user = last(instructions(dockerfile), "USER").split(":")[0]
+        assert int(user) == pod["securityContext"]["runAsUser"], dockerfile
+
+
+def test_deployment_ports_resources_and_settings():
+    deployment = only("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = serve_container(deployment)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= container["resources"][kind].keys(), kind
+    # service links would add EDGEDISTILL_SERVE_* variables, which the server rejects as unknown settings
+    assert pod["enableServiceLinks"] is False
+    environ = {item["name"]: item["value"] for item in container["env"]}
+    settings = load_settings([], environ=environ)
+    assert settings.threads >= 1, "set EDGEDISTILL_THREADS: ONNX Runtime would size its pool by the node's cores"
+    assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the replica count"
+
+
+def test_termination_grace_covers_the_drain():
+    pod = only("Deployment")["spec"]["template"]["spec"]
+    container = serve_container(only("Deployment"))
+    environ = {item["name"]: item["value"] for item in container["env"]}
+    drain = load_settings([], environ=environ).shutdown_grace_s
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain
+
+
+def test_services_expose_grpc_and_metrics():
+    deployment = only("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    container_ports = {port["name"] for port in serve_container(deployment)["ports"]}
+    services = [doc for _, doc in k8s_documents() if doc["kind"] == "Service"]
+    assert services
+    for service in services:
+        assert service["spec"]["selector"].items() <= pod_labels.items(), service["metadata"]["name"]
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in container_ports
+    main = next(s for s in services if s["metadata"]["name"] == deployment["metadata"]["name"])
+    assert {(p["name"], p["port"]) for p in main["spec"]["ports"]} == {("grpc", GRPC_PORT), ("metrics", METRICS_PORT)}
+
+
+def test_hpa_scales_the_deployment_on_cpu():
+    hpa = only("HorizontalPodAutoscaler")
+    deployment = only("Deployment")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Resource"
+    assert metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"]["type"] == "Utilization"
+
+
+# --- docker compose ---------------------------------------------------------------------------
+
+
+def compose_service() -> dict:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return compose["services"]["serve"]
+
+
+def test_compose_ports_on_loopback():
+    published = {}
+    for entry in compose_service()["ports"]:
+        host_ip, host_port, container_port = entry.split(":")
+        assert host_ip == "127.0.0.1", entry
+        published[int(container_port)] = int(host_port)
+    assert published.keys() == {GRPC_PORT, METRICS_PORT}
+
+
+def test_compose_environment_and_bundle_volume():
+    service = compose_service()
+    settings = load_settings([], environ=service["environment"])
+    assert str(settings.bundle) == BUNDLE_MOUNT
+    (volume,) = service["volumes"]
+    assert volume["target"] == BUNDLE_MOUNT
+    assert volume["read_only"] is True
+    grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
+    assert grace and int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
+
+
+def test_compose_healthcheck_asks_grpc_health():
+    healthcheck = compose_service()["healthcheck"]
+    assert healthcheck["test"][0] == "CMD"
+    script = healthcheck["test"][-1]
+    assert "grpc_health" in script and "SERVING" in script
+    compile(script, "healthcheck", "exec")
+
+
+# --- Dockerfiles ------------------------------------------------------------------------------
+
+
+def instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    joined, current = [], ""
+    for line in (ROOT / dockerfile).read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        joined.append(current + line)
+        current = ""
+    result = []
+    for line in joined:
+        keyword, _, rest = line.strip().partition(" ")
+        result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def last(items: list[tuple[str, str]], keyword: str) -> str:
+    values = [rest for word, rest in items if word == keyword]
+    assert values, f"no {keyword}"
+    return values[-1]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_base_is_a_build_argument(dockerfile):
+    items = instructions(dockerfile)
+    assert items[0][0] == "ARG" and items[0][1].startswith("BASE="), "the first line must be ARG BASE=..."
+    froms = [rest.split()[0] for word, rest in items if word == "FROM"]
+    assert froms[0] == "${BASE}"
+    assert "${BASE}" in froms[1:], "the final stages must start from BASE too"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_runs_the_server_as_non_root(dockerfile):
+    user = last(instructions(dockerfile), "USER").split(":")[0]
+    assert user not in ("root", "0")
+    assert user.isdigit(), "a numeric USER lets runAsNonRoot verify it"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
+    items = instructions(dockerfile)
+    exposed = {int(port.split("/")[0]) for port in last(items, "EXPOSE").split()}
+    assert {GRPC_PORT, METRICS_PORT} <= exposed
+    assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "serve"]
+    health = last(items, "HEALTHCHECK")
+    assert "CMD" in health and "grpc_health" in health and "SERVING" in health
+    command = json.loads(health[health.index("[") :])
+    compile(command[-1], "healthcheck", "exec")
+    env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))
+    settings = load_settings(
+        [], environ={name: value for name, value in env.items() if name.startswith("EDGEDISTILL_")}
+    )
+    assert str(settings.bundle) == BUNDLE_MOUNT
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_copies_only_the_serving_code(dockerfile):
+    sources = []
+    for word, rest in instructions(dockerfile):
+        if word == "COPY" and "--from=" not in rest:
+            sources += [part for part in rest.split()[:-1] if not part.startswith("--")]
+    code = {source.split("/")[0] for source in sources if source != "${BUNDLE}"}
+    assert code == {
+        "common",
+        "serve",
+        "requirements-serve-gpu.txt" if dockerfile.endswith("gpu") else "requirements-serve.txt",
+    }
+
+
+# --- requirements -----------------------------------------------------------------------------
+
+
+def pins(filename: str, index_options: bool = False) -> dict[str, str]:
+    """{canonical name: version} of a requirements file; every line must be an exact `==` pin
+    (or, with `index_options`, an --extra-index-url)."""
+    found = {}
+    for line in (ROOT / filename).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or (index_options and line.startswith("--extra-index-url ")):
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)", line)
+        assert match, f"{filename}: {line!r} is not an exact `name==version` pin"
+        found[canonical(match[1])] = match[2]
+    return found
+
+
+def pyproject_requirements() -> dict[str, dict[str, Requirement]]:
+    """{group: {canonical name: requirement}} with group "" for the main dependencies."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = {"": project["dependencies"], **project["optional-dependencies"]}
+    return {group: {canonical(Requirement(r).name): Requirement(r) for r in reqs} for group, reqs in groups.items()}
+
+
+def exact(requirement: Requirement) -> str:
+    (spec,) = requirement.specifier
+    assert spec.operator == "==", f"pyproject.toml pins {requirement} loosely"
+    return spec.version
+
+
+@pytest.mark.parametrize("filename", ["requirements-serve.txt", "requirements-serve-gpu.txt"])
+def test_serving_requirements_carry_no_torch(filename):
+    assert not FORBIDDEN & pins(filename, index_options=filename.endswith("gpu.txt")).keys()
+
+
+def test_cpu_pins_equal_pyproject():
+    groups = pyproject_requirements()
+    allowed = groups[""] | groups["cpu"]
+    for name, version in pins("requirements-serve.txt").items():
+        assert name in allowed, f"requirements-serve.txt pins {name}, which pyproject.toml does not list"
+        assert version == exact(allowed[name]), f"{name}: {version} here, {allowed[name]} in pyproject.toml"
+
+
+def test_gpu_pins_follow_the_cpu_pins_and_the_gpu_extra():
+    cpu, gpu = pins("requirements-serve.txt"), pins("requirements-serve-gpu.txt", index_options=True)
+    assert "onnxruntime" not in gpu, "onnxruntime and onnxruntime-gpu must never share an environment"
+    assert {name: v for name, v in gpu.items() if name in cpu} == {n: v for n, v in cpu.items() if n != "onnxruntime"}
+    extra = pyproject_requirements()["gpu"]
+    assert gpu["onnxruntime-gpu"] == exact(extra["onnxruntime-gpu"])
+    (tensorrt,) = [name for name in gpu if name.startswith("tensorrt")]  # tensorrt or a CUDA-specific wheel
+    assert extra["tensorrt"].specifier.contains(gpu[tensorrt]), f"{tensorrt}=={gpu[tensorrt]} vs {extra['tensorrt']}"
+    assert extra["cuda-python"].specifier.contains(gpu["cuda-python"])
+
+
+def module_file(name: str) -> Path | None:
+    """The project file of module `name` (`serve.app` -> serve/app.py), None for a third-party one."""
+    path = ROOT.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def server_imports() -> tuple[set[str], set[str]]:
+    """(project modules, top-level third-party modules) that `python -m serve` can import, lazily included."""
+    seen, third_party, todo = set(), set(), ["serve.__main__"]
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run first
+        package = parts if path.name == "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    base = node.module
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if module_file(target) is not None:
+                    todo.append(target)
+                elif target.split(".")[0] not in {"serve", "common"}:
+                    third_party.add(target.split(".")[0])
+    return seen, third_party
+
+
+def test_cpu_requirements_cover_what_the_server_imports():
+    modules, imported = server_imports()
+    assert {"serve.app", "serve.backends.ort", "common.bundle", "common.manifest"} <= modules
+    third_party = imported - set(sys.stdlib_module_names) - GPU_ONLY
+    distributions = metadata.packages_distributions()
+    pinned = pins("requirements-serve.txt").keys()
+    for module in sorted(third_party):
+        providers = {canonical(name) for name in distributions.get(module, [])}
+        assert providers & pinned, f"the server imports {module}, which requirements-serve.txt does not install"
+    assert not FORBIDDEN & imported, "the server must not import torch or transformers"
