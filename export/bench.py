@@ -94,12 +94,18 @@ def run(recipe: Recipe) -> list[dict]:
     torch.set_num_threads(cfg.threads)
     rows = [_eager_row(recipe, cfg)]
     parents = {"teacher": mf.parent_of(run_dir(recipe) / "teacher")}
+    missing = []
     for bundle_id, spec in recipe.export.bundles.items():
         if spec.runtime != "onnxruntime" or spec.providers != ["CPUExecutionProvider"]:
             continue  # GPU bundles are timed where a GPU is
         folder = run_dir(recipe) / f"bundle-{bundle_id}"
+        if not (folder / mf.MANIFEST).is_file():
+            missing.append(bundle_id)
+            continue
         rows.append(_bundle_row(bundle_id, folder, cfg))
         parents[bundle_id] = mf.parent_of(folder)
+    if missing:
+        print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
     base = rows[0]["cells"]
     for row in rows:
         for key, cell in row["cells"].items():
@@ -118,7 +124,7 @@ def run(recipe: Recipe) -> list[dict]:
                 recipe.section_hash("export"),
                 watch,
                 parents=parents,
-                                info={"threads": cfg.threads, "bench": cfg.model_dump()},
+                info={"threads": cfg.threads, "bench": cfg.model_dump(), "missing_bundles": missing},
             ),
         )
     print_table(rows, cfg)
