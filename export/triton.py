@@ -6,14 +6,15 @@ place. `python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
 """
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from common import manifest as mf
 from common.bundle import MODEL_FILES, Bundle, TensorSpec, load_bundle
@@ -23,6 +24,28 @@ DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP3
 KINDS = ("KIND_CPU", "KIND_GPU")
 LABELS_FILE = "labels.txt"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _load_model_config_pb2() -> ModuleType:
+    """Triton's `model_config_pb2`, loaded by itself.
+
+    Importing it through `tritonclient.grpc` would also load that package's KServe `inference.*`
+    service messages, which the server defines too: protobuf allows one copy per process.
+    """
+    name = "tritonclient.grpc.model_config_pb2"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("tritonclient")
+    if package is None or not package.submodule_search_locations:
+        raise ModuleNotFoundError("writing a Triton repository needs tritonclient: pip install 'tritonclient[grpc]'")
+    path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    module.__spec__.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+model_config_pb2 = _load_model_config_pb2()
 
 
 def _tensor(message, spec: TensorSpec) -> None:

@@ -3,12 +3,11 @@ import onnx
 import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
-from tritonclient.grpc import model_config_pb2
 
 from common import manifest as mf
 from common.bundle import BundleSpec, TensorSpec
 from export import triton
-from export.triton import write_repository
+from export.triton import model_config_pb2, write_repository
 
 NAME = "sst2-tiny"
 
