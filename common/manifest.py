@@ -157,7 +157,9 @@ def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
     return manifest
 
 
-def for_stage(recipe, stage: str, config_hash: str, watch: "Stopwatch", metrics: dict | None = None, **fields) -> Manifest:
+def for_stage(
+    recipe, stage: str, config_hash: str, watch: "Stopwatch", metrics: dict | None = None, **fields
+) -> Manifest:
     """A manifest for `stage` of `recipe` (a `common.recipe.Recipe`), with its wall time among the metrics."""
     return Manifest(
         stage=stage,
