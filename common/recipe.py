@@ -197,6 +197,7 @@ class BundleRecipe(Strict):
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
     quantization: Literal["dynamic", "static"] = "dynamic"
+    per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
 
