@@ -26,6 +26,7 @@ def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # segment ids for sentence pairs
     )
 
 

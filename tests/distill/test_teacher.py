@@ -121,3 +121,27 @@ def test_torchrun_two_cpu_processes(data_dir):
     teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "ddp" / "teacher")
     assert teacher.info["world_size"] == 2
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
+
+
+def test_sentence_pair_fine_tuning(smoke_run, tmp_path):
+    """Pairs reach the model as [CLS] a [SEP] b [SEP] with segment ids, and the task is learnt."""
+    rows = ["q\tp\tlabel"] + [f"is it {w} ?\tit is {w}\t1" for w in ("good", "great", "fine", "fun")] * 40
+    rows += [f"is it {w} ?\tit is not {w}\t0" for w in ("good", "great", "fine", "fun")] * 40
+    (tmp_path / "pairs.tsv").write_text("\n".join(rows) + "\n")
+    pairs = [
+        "--pretrain=null",
+        f"--model.init={smoke_run / 'teacher'}",
+        f"--data.train={tmp_path / 'pairs.tsv'}",
+        f"--data.dev={tmp_path / 'pairs.tsv'}",
+        "--data.text_column=q",
+        "--data.text_pair_column=p",
+        "--data.dev_limit=null",
+        "--name=pairs",
+    ]
+    result = run_stage("finetune", SMOKE, *pairs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "pairs" / "teacher")
+    assert teacher.metrics["dev_accuracy"] > 0.9
+    tokenizer = AutoTokenizer.from_pretrained(Path(os.environ["RUNS_DIR"]) / "pairs" / "teacher")
+    encoded = tokenizer("is it good ?", "it is good")
+    assert set(encoded["token_type_ids"]) == {0, 1}
