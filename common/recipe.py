@@ -177,6 +177,9 @@ class StudentRun(Strict):
     losses: LossWeights = LossWeights()
     temperature: float = Field(2.0, gt=0)
     init_from_teacher: bool = Field(True, description="teacher embeddings (and layers, for a transformer)")
+    baseline_init_from_teacher: bool = Field(
+        False, description="start the label-only baseline from the teacher too (off: it sees nothing of the teacher)"
+    )
 
 
 class DistillConfig(Strict):

@@ -2,7 +2,8 @@
 
 Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`): `model.safetensors`, `student.json`
 (the full `StudentConfig`), the teacher's `tokenizer.json`, and `history.json`. Both kinds get the
-same architecture, optimizer settings and step budget, so their gap is what distillation buys.
+same architecture, optimizer settings and step budget; the baseline starts from random weights unless
+`baseline_init_from_teacher` is set, so their gap is everything the teacher gives.
 """
 
 import hashlib
@@ -95,7 +96,8 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
     stage = f"{'baseline' if baseline else 'student'}-{name}"
     out = run_dir(recipe) / stage
     # Only this student's own settings (and everything upstream) decide whether it is stale.
-    spec_hash = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    own = None if baseline else {"baseline_init_from_teacher"}
+    spec_hash = hashlib.sha256(spec.model_dump_json(exclude=own).encode()).hexdigest()[:16]
     config_hash = recipe.section_hash(*TRANSFER_SECTIONS) + spec_hash
     if not force and mf.is_current(out, config_hash):
         print(f"[{stage}] up to date: {out}")
@@ -134,9 +136,10 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
     torch.manual_seed(optim.seed)
     student = build_student(cfg)
     teacher_bert = None
-    if spec.init_from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
+    from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
+    if from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
         teacher_bert = AutoModel.from_pretrained(teacher_dir, attn_implementation="eager").eval()
-    if spec.init_from_teacher:
+    if from_teacher:
         init_from_teacher(student, teacher_bert)
     if baseline:
         run_spec = spec.model_copy(
@@ -201,6 +204,7 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
                     "steps": progress.global_step,
                     "best_step": progress.best_step,
                     "losses": (run_spec if baseline else spec).losses.model_dump(),
+                    "init_from_teacher": from_teacher,
                     "world_size": trainer.world_size,
                     "resumed_from_step": progress.resumed_from,
                 },
