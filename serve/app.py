@@ -105,7 +105,7 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     metrics = Metrics()
     runtime = ModelRuntime.load(settings.bundle, settings, metrics)
     host = ModelHost(settings, metrics)
-    interceptors = [ObservingInterceptor(metrics)]
+    interceptors = [ObservingInterceptor(metrics, settings.access_log)]
     if settings.token is not None:
         interceptors.append(TokenAuthInterceptor(settings.token.get_secret_value()))
     server = grpc.aio.server(

@@ -59,10 +59,12 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -
 
 class ObservingInterceptor(grpc.aio.ServerInterceptor):
     """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
-    metadata and attached to its log lines; records its status and latency in `metrics`."""
+    metadata and attached to its log lines; records its status and latency in `metrics`; logs failed
+    calls, and successful ones too with `access_log`."""
 
-    def __init__(self, metrics: Metrics):
+    def __init__(self, metrics: Metrics, access_log: bool = False):
         self.metrics = metrics
+        self.access_log = access_log
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -76,10 +78,13 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         return REQUEST_ID.set(request_id), time.perf_counter()
 
-    def _end(self, context, method, started, token, err):
+    def _end(self, context, method, request_id, started, token, err):
         seconds = time.perf_counter() - started
         code = _status_code(context, err).name
         self.metrics.observe_call(method, code, seconds)
+        REQUEST_ID.reset(token)
+        if code == "OK" and not self.access_log:
+            return
         if code in ("INTERNAL", "UNKNOWN", "DATA_LOSS"):
             level = logging.ERROR
         elif code == "OK" and method.startswith(HEALTH_PREFIX):
@@ -98,9 +103,9 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                 "code": code,
                 "ms": round(seconds * 1000, 3),
                 "peer": context.peer(),
+                "request_id": request_id,
             },
         )
-        REQUEST_ID.reset(token)
 
     def _observed(self, behavior, method, request_id):
         if inspect.isasyncgenfunction(behavior):
@@ -115,7 +120,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                     err = caught
                     raise
                 finally:
-                    self._end(context, method, started, token, err)
+                    self._end(context, method, request_id, started, token, err)
 
             return stream
 
@@ -128,7 +133,7 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
                 err = caught
                 raise
             finally:
-                self._end(context, method, started, token, err)
+                self._end(context, method, request_id, started, token, err)
 
         return call
 

@@ -24,6 +24,8 @@ from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
+INLINE_TOKENIZE_CHARS = 256  # tens of microseconds of tokenizing: less than a hop to a thread and back
+
 
 @dataclass
 class Scores:
@@ -86,6 +88,8 @@ class ModelRuntime:
             bundle = load_bundle(folder)
         except mf.ArtifactError as err:
             raise BundleRejected(f"bundle refused: {err}") from err
+        except OSError as err:  # a path the OS refuses to look up, e.g. a name over 255 bytes
+            raise BundleRejected(f"bundle refused: cannot read {folder}: {err.strerror or err}") from err
         return cls(bundle, settings, observer)
 
     @property
@@ -119,7 +123,11 @@ class ModelRuntime:
                     )
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
-        rows = await asyncio.to_thread(self.encoder.encode, texts, pairs)
+        """Small requests are tokenized on the event loop (cheaper than a thread hop), large ones in a thread."""
+        if sum(map(len, texts)) + sum(map(len, pairs or ())) <= INLINE_TOKENIZE_CHARS:
+            rows = self.encoder.encode(texts, pairs)
+        else:
+            rows = await asyncio.to_thread(self.encoder.encode, texts, pairs)
         return await self.run(rows, deadline)
 
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:

@@ -52,6 +52,9 @@ class Settings(BaseModel):
         description="bearer token clients must send ('authorization: Bearer ...'); prefer the variable, flags show in ps",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    access_log: bool = Field(
+        False, description="log every successful call as well (failed calls are always logged); costs throughput"
+    )
 
     @field_validator("providers", mode="before")
     @classmethod

@@ -87,7 +87,13 @@ def queued_rows(metrics_port: int) -> float:
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
     server = spawn(
-        bundle, "--max-batch-size", "64", EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500", EDGEDISTILL_SHUTDOWN_GRACE_S="10"
+        bundle,
+        "--max-batch-size",
+        "64",
+        "--access-log",
+        "true",
+        EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500",
+        EDGEDISTILL_SHUTDOWN_GRACE_S="10",
     )
     serving = server.wait_for("serving")
     address = f"127.0.0.1:{serving['port']}"
@@ -140,6 +146,11 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         assert "sha256" in failed["msg"]
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "2"
         assert stub.Classify(pb.ClassifyRequest(texts=["great"]), timeout=5).model_version == "2"
+        with pytest.raises(grpc.RpcError):
+            stub.Classify(pb.ClassifyRequest(texts=["great"], model_name="nope"), timeout=5)
+        failed_call = server.wait_for("rpc")  # without --access-log only failed calls are logged
+        assert (failed_call["code"], failed_call["method"]) == ("NOT_FOUND", "/edgedistill.v1.Classifier/Classify")
+        assert not [e for e in server.lines if e.get("event") == "rpc" and e["code"] == "OK"]
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(20) == 0
 
