@@ -1,6 +1,11 @@
+"""The report stage: figures embedded, manifests linked, and the page drawn by a real browser."""
+
 import base64
 import re
+import shutil
+import subprocess
 
+import matplotlib.image
 import pytest
 
 from common import manifest as mf
@@ -24,3 +29,35 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
         assert (out / "figures" / name).read_bytes().startswith(b"\x89PNG")
     assert "| bilstm | bilstm |" in markdown
     assert mf.load(out).stage == "report"
+
+
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const images = [...document.images];
+  const drawn = images.filter((img) => img.complete && img.naturalWidth > 0).length;
+  document.title = `images ${drawn}/${images.length}`;
+});
+</script>"""
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "Chromium is needed to check the report renders: apt-get install chromium (Debian)"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--hide-scrollbars"]
+    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120, check=True)
+
+
+def test_report_renders_in_headless_chromium_with_every_image(smoke_bundles, monkeypatch, tmp_path):
+    monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
+    out = build(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    probed = tmp_path / "probed.html"
+    probed.write_text((out / "index.html").read_text().replace("</body>", PROBE + "</body>"))
+    dom = chromium("--virtual-time-budget=5000", "--dump-dom", probed.as_uri()).stdout
+    drawn, total = map(int, re.search(r"<title>images (\d+)/(\d+)</title>", dom).groups())
+    assert total >= 2 and drawn == total, f"{drawn} of {total} images decoded"
+
+    shot = tmp_path / "report.png"
+    chromium("--window-size=1200,1600", f"--screenshot={shot}", (out / "index.html").as_uri())
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (1600, 1200)
+    assert pixels[..., :3].std() > 0.05, "the screenshot is blank"
