@@ -1,4 +1,4 @@
-"""Assemble and run the server: both APIs, health, reflection, interceptors, metrics, TLS, signals.
+"""Assemble and run the server: both APIs, health, reflection, call observation and auth, metrics, TLS, signals.
 
 Lifecycle: `create_server(settings)` verifies and loads the bundle and binds the port (health
 NOT_SERVING); `start()` opens the port and /metrics; `warm_up()` runs the model at several shapes
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from serve.errors import BundleRejected, ReloadFailed
-from serve.interceptors import ObservingInterceptor, TokenAuthInterceptor
+from serve.interceptors import CallObserver, ObservedServer
 from serve.metrics import Metrics
 from serve.model import ModelHost, ModelRuntime
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
@@ -105,11 +105,7 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     metrics = Metrics()
     runtime = ModelRuntime.load(settings.bundle, settings, metrics)
     host = ModelHost(settings, metrics)
-    interceptors = [ObservingInterceptor(metrics, settings.access_log)]
-    if settings.token is not None:
-        interceptors.append(TokenAuthInterceptor(settings.token.get_secret_value()))
     server = grpc.aio.server(
-        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -117,12 +113,14 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
         ],
     )
     edge = EdgeServer(settings, server, host, runtime)
-    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), server)
-    kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), server)
-    health_pb2_grpc.add_HealthServicer_to_server(edge.health, server)
-    reflection.enable_server_reflection(
-        (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
-    )
+    token = settings.token.get_secret_value() if settings.token is not None else None
+    observed = ObservedServer(server, CallObserver(metrics, settings.access_log, token))
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), observed)
+    kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
+    health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
+    names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
+    observed.check()
     address = f"{settings.host}:{settings.port}"
     credentials = _credentials(settings)
     try:

@@ -1,6 +1,8 @@
-"""Server interceptors: request ids, metrics and access logs for every call; bearer-token auth.
+"""Every call's request id, bearer-token check, metrics and log line, wrapped around the method handlers.
 
-`ObservingInterceptor` goes first so it also counts and logs the calls that auth rejects.
+The wrapping happens once, when a servicer is registered (`ObservedServer` stands in for the
+server), not per call: a `grpc.aio` server interceptor runs an extra coroutine for every call, which
+cost a third of an echo server's throughput. Auth rejections are counted and logged like any call.
 """
 
 import asyncio
@@ -28,23 +30,6 @@ _KINDS = (
 )
 
 
-def _metadata(details: grpc.HandlerCallDetails) -> dict[str, str]:
-    return {key: value for key, value in (details.invocation_metadata or ()) if isinstance(value, str)}
-
-
-def _replace_behavior(handler: grpc.RpcMethodHandler, make) -> grpc.RpcMethodHandler:
-    """The same kind of handler, with its behavior `b` replaced by `make(b)`."""
-    for kind, build in _KINDS:
-        behavior = getattr(handler, kind)
-        if behavior is not None:
-            return build(
-                make(behavior),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    raise ValueError("a method handler without a behavior")
-
-
 def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -> grpc.StatusCode:
     if isinstance(err, asyncio.CancelledError):
         remaining = context.time_remaining()
@@ -57,32 +42,52 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -
     return grpc.StatusCode.OK if err is None else grpc.StatusCode.UNKNOWN
 
 
-class ObservingInterceptor(grpc.aio.ServerInterceptor):
+class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
-    metadata and attached to its log lines; records its status and latency in `metrics`; logs failed
+    metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
+    (health checks exempt, so probes work); records status and latency in `metrics`; logs failed
     calls, and successful ones too with `access_log`."""
 
-    def __init__(self, metrics: Metrics, access_log: bool = False):
+    def __init__(self, metrics: Metrics, access_log: bool = False, token: str | None = None):
         self.metrics = metrics
         self.access_log = access_log
+        self._expected = None if token is None else f"Bearer {token}".encode()
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        method = details.method
-        request_id = _metadata(details).get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID] or uuid.uuid4().hex
-        return _replace_behavior(handler, lambda behavior: self._observed(behavior, method, request_id))
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed."""
+        for kind, build in _KINDS:
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                return build(
+                    self._observed(behavior, method),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        raise ValueError(f"{method}: a method handler without a behavior")
 
-    def _begin(self, context, request_id):
+    async def _begin(self, context, method: str):
+        metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+        request_id = metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID] or uuid.uuid4().hex
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-        return REQUEST_ID.set(request_id), time.perf_counter()
+        token = REQUEST_ID.set(request_id)
+        if (
+            self._expected is not None
+            and not method.startswith(HEALTH_PREFIX)
+            and not hmac.compare_digest(metadata.get("authorization", "").encode(), self._expected)
+        ):
+            REQUEST_ID.reset(token)
+            self._end(context, method, request_id, time.perf_counter(), None, None, grpc.StatusCode.UNAUTHENTICATED)
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token: send 'authorization: Bearer <token>'"
+            )
+        return request_id, token
 
-    def _end(self, context, method, request_id, started, token, err):
+    def _end(self, context, method, request_id, started, token, err, code=None) -> None:
         seconds = time.perf_counter() - started
-        code = _status_code(context, err).name
+        code = (code or _status_code(context, err)).name
         self.metrics.observe_call(method, code, seconds)
-        REQUEST_ID.reset(token)
+        if token is not None:
+            REQUEST_ID.reset(token)
         if code == "OK" and not self.access_log:
             return
         if code in ("INTERNAL", "UNKNOWN", "DATA_LOSS"):
@@ -107,11 +112,12 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             },
         )
 
-    def _observed(self, behavior, method, request_id):
+    def _observed(self, behavior, method: str):
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request, context):
-                token, started = self._begin(context, request_id)
+                started = time.perf_counter()
+                request_id, token = await self._begin(context, method)
                 err = None
                 try:
                     async for response in behavior(request, context):
@@ -125,7 +131,8 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
             return stream
 
         async def call(request, context):
-            token, started = self._begin(context, request_id)
+            started = time.perf_counter()
+            request_id, token = await self._begin(context, method)
             err = None
             try:
                 return await behavior(request, context)
@@ -138,25 +145,27 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
         return call
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on every call except health checks (so probes work)."""
+class ObservedServer:
+    """Stands in for a `grpc.aio.Server` in the generated `add_*Servicer_to_server` functions and
+    registers every method handler on the real server wrapped by `observer`."""
 
-    def __init__(self, token: str, exempt: tuple[str, ...] = (HEALTH_PREFIX,)):
-        self._expected = f"Bearer {token}".encode()
-        self.exempt = exempt
+    def __init__(self, server: grpc.aio.Server, observer: CallObserver):
+        self.server = server
+        self.observer = observer
+        self._unpaired = 0
 
-    def _authorized(self, details) -> bool:
-        sent = _metadata(details).get("authorization", "")
-        return hmac.compare_digest(sent.encode(), self._expected)
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        # The generated code passes the same handlers again to add_registered_method_handlers,
+        # where they are wrapped and added (generic and registered) to the real server.
+        self._unpaired += len(handlers)
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(self.exempt) or self._authorized(details):
-            return handler
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        wrapped = {name: self.observer.wrap(f"/{service}/{name}", h) for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        self.server.add_registered_method_handlers(service, wrapped)
+        self._unpaired -= 1
 
-        async def reject(request, context):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token: send 'authorization: Bearer <token>'"
-            )
-
-        return _replace_behavior(handler, lambda behavior: reject)
+    def check(self) -> None:
+        """Raise if a servicer registered generic handlers only (they would be missing from the server)."""
+        if self._unpaired:
+            raise RuntimeError(f"{self._unpaired} generic handler(s) came without their method handlers")
