@@ -8,6 +8,7 @@ NOT_SERVING, new calls refused, in-flight calls get `shutdown_grace_s` to finish
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -166,6 +167,8 @@ async def serve(settings: Settings) -> int:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
         await server.stop(0)
         return 2
+    gc.collect()
+    gc.freeze()  # the loaded model and server objects leave the collector's scans: shorter GC pauses
     log.info(
         "serving on port %d",
         port,
