@@ -201,6 +201,9 @@ class BundleRecipe(Strict):
     fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
+    int8_ops: list[str] | None = Field(
+        None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
+    )
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
 

@@ -98,7 +98,7 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
         if spec.quantization == "static":
             quantize.int8_static(graph, out, _calibration(recipe, cache, spec.source, source.inputs))
         else:
-            quantize.int8_dynamic(graph, out, spec.per_channel)
+            quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
         graph = out
     elif spec.precision == "fp16":
         out = work / "fp16.onnx"

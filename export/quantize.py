@@ -16,14 +16,15 @@ def _clear_value_info(src: Path, dst: Path) -> Path:
     return dst
 
 
-def int8_dynamic(src: Path, dst: Path, per_channel: bool = False) -> None:
-    """Weights INT8, activations quantized on the fly (MatMul, Gemm, LSTM, Attention, Conv...)."""
+def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list[str] | None = None) -> None:
+    """Weights INT8, activations quantized on the fly: `op_types` (default: MatMul, Gemm, LSTM, Attention, Conv...)."""
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
     quantize_dynamic(
         str(tmp),
         str(dst),
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
+        op_types_to_quantize=op_types,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     tmp.unlink()
