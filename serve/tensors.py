@@ -3,6 +3,7 @@
 BYTES tensors are encoded element by element as a 4-byte little-endian length and the bytes.
 """
 
+import math
 import struct
 
 import numpy as np
@@ -37,6 +38,7 @@ CONTENTS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH = struct.Struct("<I")
+MAX_RANK = 8  # numpy stops at 64 dimensions; no input of a text classifier needs more than 2
 
 
 def serialize_bytes(elements: list[bytes]) -> bytes:
@@ -59,9 +61,11 @@ def deserialize_bytes(raw: bytes, name: str = "tensor") -> list[bytes]:
 
 
 def _element_count(name: str, shape) -> int:
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"input {name!r}: shape has {len(shape)} dimensions, at most {MAX_RANK} are supported")
     if any(d < 0 for d in shape):
         raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
-    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    return math.prod(shape)  # exact: np.prod wraps around in int64, so [2**32, 2**32] would claim 0 elements
 
 
 def decode(name: str, datatype: str, shape, contents=None, raw: bytes | None = None) -> np.ndarray:
@@ -94,7 +98,10 @@ def decode(name: str, datatype: str, shape, contents=None, raw: bytes | None = N
             values = np.asarray(field, dtype=NUMPY[datatype])
     if values.size != count:
         raise InvalidInput(f"input {name!r}: {values.size} elements for shape {list(shape)} ({count} expected)")
-    return values.reshape(tuple(shape))
+    try:
+        return values.reshape(tuple(shape))
+    except ValueError as err:  # an empty tensor with a dimension too large for numpy, e.g. [0, 2**63 - 1]
+        raise InvalidInput(f"input {name!r}: shape {list(shape)} is not supported: {err}") from err
 
 
 def encode(array: np.ndarray, datatype: str, contents, raw: bool) -> bytes | None:

@@ -7,6 +7,7 @@ from importlib import metadata
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
@@ -27,16 +28,30 @@ TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
 STREAM_WINDOW = 16  # requests of one stream in flight at once
+# The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
+# misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
+MAX_DETAILS_BYTES = 1024
 
 
 def status_of(err: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode[err.code] if isinstance(err, CLIENT_ERRORS) else grpc.StatusCode.INTERNAL
 
 
+def details_of(err: BaseException) -> str:
+    """The error's message within MAX_DETAILS_BYTES of UTF-8: its start and its end (which says why)."""
+    message = str(err)
+    encoded = message.encode(errors="backslashreplace")
+    if len(encoded) <= MAX_DETAILS_BYTES:
+        return message
+    half = MAX_DETAILS_BYTES // 2
+    head, tail = encoded[:half].decode(errors="ignore"), encoded[-half:].decode(errors="ignore")
+    return f"{head} ... (message truncated) ... {tail}"
+
+
 async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
     """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
     if isinstance(err, CLIENT_ERRORS):
-        await context.abort(status_of(err), str(err))
+        await context.abort(status_of(err), details_of(err))
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
 
@@ -103,9 +118,13 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
 
         async def read():
+            received = 0
             try:
                 async for request in request_iterator:
+                    received += 1
                     await pending.put(asyncio.ensure_future(self._classify(request, deadline)))
+            except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
+                await pending.put(InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}"))
             except Exception as err:  # a broken request stream ends the call with its error
                 await pending.put(err)
             await pending.put(None)

@@ -1,0 +1,297 @@
+"""Bad inputs through both APIs, one table each: every case gets its status code, then the server is
+still SERVING and classifies a known text exactly as before.
+
+Cases already in test_classifier.py and test_kserve.py are not repeated; these are the variants they
+leave out (other positions, other encodings, limits by orders of magnitude, auth and TLS, bytes that
+are not a protobuf message at all). Lone surrogates cannot be put in a protobuf string (the client
+refuses to encode them, see the test below); their wire form, the UTF-8 bytes of a surrogate, is sent
+as raw bytes instead.
+"""
+
+import re
+import urllib.request
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serve import tensors
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from serve.proto.kserve_pb2 import ModelInferRequest
+from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, write_bundle
+
+MODEL = "tiny-sentiment"
+TOKEN = "s3cret-token"
+MEGABYTE = 1 << 20
+KNOWN = ["a great movie", "awful boring film", "the plot was good and fun"]
+SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
+SURROGATE_UTF8 = b"\xed\xa0\x80"  # what U+D800 would be in UTF-8; invalid UTF-8
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input. `target` is the server: "plain" (the `served` fixture), "guarded" (TLS, a token,
+    2 MiB messages) or "plaintext" (the guarded server through a channel without TLS)."""
+
+    id: str
+    request: object  # a request message, a list of them (ClassifyStream), or raw bytes (a list for a stream)
+    code: str
+    fragment: str = ""  # in the error details; for OK, in the reply's text format
+    method: str = ""  # empty: Classify or ModelInfer
+    target: str = "plain"
+    metadata: tuple = ()
+
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def classify(*texts: str, pairs=None, **fields) -> pb.ClassifyRequest:
+    return pb.ClassifyRequest(texts=texts, text_pairs=pairs or [], **fields)
+
+
+def infer(*inputs, raw=None, outputs=(), model=MODEL, **fields) -> ModelInferRequest:
+    """`inputs` are (name, datatype, shape, values); values fill the datatype's typed contents (None: nothing)."""
+    request = ModelInferRequest(model_name=model, **fields)
+    for name, datatype, shape, values in inputs:
+        tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+        if values is not None:
+            getattr(tensor.contents, tensors.CONTENTS.get(datatype, "bytes_contents")).extend(values)
+    request.raw_input_contents.extend(raw or [])
+    for name in outputs:
+        request.outputs.add(name=name)
+    return request
+
+
+def raw_text(*elements: bytes, name="text", shape=None, **fields) -> ModelInferRequest:
+    """One BYTES input sent as raw_input_contents."""
+    shape = [len(elements)] if shape is None else shape
+    return infer((name, "BYTES", shape, None), raw=[tensors.serialize_bytes(list(elements))], **fields)
+
+
+def ids(*rows, name="input_ids") -> tuple:
+    return (name, "INT64", [len(rows), len(rows[0]) if rows else 0], [v for row in rows for v in row])
+
+
+CLS, SEP, GOOD = (VOCAB.index(word) for word in ("[CLS]", "[SEP]", "good"))
+
+CLASSIFIER_CASES = [
+    Case("empty request naming the model", classify(model_name=MODEL), "INVALID_ARGUMENT", "empty request"),
+    Case("pairs without texts", classify(pairs=["good"]), "INVALID_ARGUMENT", "empty request"),
+    Case("empty text last of eight", classify(*["good"] * 7, ""), "INVALID_ARGUMENT", "text 7 is empty"),
+    Case("unicode whitespace only", classify("\u00a0\u2003\u3000\t\r\n\v\f"), "INVALID_ARGUMENT", "text 0 is empty or whitespace only"),
+    Case("empty pair second", classify("a", "b", pairs=["c", ""]), "INVALID_ARGUMENT", "text pair 1 is empty"),
+    Case("10,000 texts", classify(*["good"] * 10_000), "INVALID_ARGUMENT", "10000 texts in one request; the limit is 8"),
+    Case("10,000 pairs for one text", classify("good", pairs=["bad"] * 10_000), "INVALID_ARGUMENT", "10000 text pairs for 1 texts"),
+    Case("1 MB text over the 64 KiB limit", classify("great " * (MEGABYTE // 6)), "RESOURCE_EXHAUSTED", "larger than max"),
+    Case("1 MB pair over the 64 KiB limit", classify("good", pairs=["x" * MEGABYTE]), "RESOURCE_EXHAUSTED", "larger than max"),
+    Case("1 MB text within a 2 MiB limit is truncated", classify("great " * (MEGABYTE // 6)), "OK", 'label: "positive"', target="guarded", metadata=AUTH),
+    Case("NUL around a word", classify("\x00great\x00"), "OK", 'label: "positive"'),
+    Case("control characters only", classify("\x00\x01\x07\x1b\x7f"), "OK", "predictions"),
+    Case("zero-width characters only", classify("\u200b\u200c\u200d\u2060"), "OK", "predictions"),
+    Case("RTL override and marks", classify("\u202egreat\u202c \u200f"), "OK", 'label: "positive"'),
+    Case("emoji and ZWJ sequences", classify("great \U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f3ac"), "OK", 'label: "positive"'),
+    Case("combining characters", classify("good " + "e\u0301\u0302\u0303" * 50), "OK", 'label: "positive"'),
+    Case("BOM, private use, last code point", classify("\ufeff\ue000\U0010ffff good \ufffd"), "OK", 'label: "positive"'),
+    Case("surrogate bytes on the wire", b"\x0a\x03" + SURROGATE_UTF8, "INVALID_ARGUMENT"),
+    Case("not a protobuf message", b"\xff\xff\xff\xff", "INVALID_ARGUMENT"),
+    Case("unknown model, 60 KB name", classify("good", model_name="\u00e9" * 30_000), "NOT_FOUND", "unknown model"),
+    Case("model name in another case", classify("good", model_name="Tiny-Sentiment"), "NOT_FOUND", "unknown model 'Tiny-Sentiment'"),
+    Case("unknown version of the served model", classify("good", model_name=MODEL, model_version="1.0"), "NOT_FOUND", "has no version '1.0'"),
+    Case("model info, unknown version", pb.GetModelInfoRequest(model_version="2"), "NOT_FOUND", "has no version '2'", method="GetModelInfo"),
+    Case("stream of no requests", [], "OK", method="ClassifyStream"),
+    Case("stream, empty third request", [classify("good"), classify("bad"), classify()], "INVALID_ARGUMENT", "empty request", method="ClassifyStream"),
+    Case("stream, 10,000 texts", [classify(*["a"] * 10_000)], "INVALID_ARGUMENT", "10000 texts", method="ClassifyStream"),
+    Case("stream, unknown model", [classify("good", model_name="bert")], "NOT_FOUND", "unknown model 'bert'", method="ClassifyStream"),
+    Case("stream, surrogate bytes on the wire", [classify("good").SerializeToString(), b"\x0a\x03" + SURROGATE_UTF8], "INVALID_ARGUMENT"),
+    Case("stream, 1 MB message", [classify("good"), classify("x" * MEGABYTE)], "RESOURCE_EXHAUSTED", method="ClassifyStream"),
+    Case("reload, NUL in the path", pb.ReloadRequest(bundle_path="/tmp/\x00bundle"), "FAILED_PRECONDITION", "current model keeps serving", method="Reload"),
+    Case("reload, path too long for the OS", pb.ReloadRequest(bundle_path="x" * 5000), "FAILED_PRECONDITION", "File name too long", method="Reload"),
+    Case("reload, a device file", pb.ReloadRequest(bundle_path="/dev/null"), "FAILED_PRECONDITION", "manifest.json is missing", method="Reload"),
+    Case("request id over 16 KiB", classify("good"), "RESOURCE_EXHAUSTED", "metadata", metadata=(("x-request-id", "r" * 20_000),)),
+    Case("no token", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded"),
+    Case("lower-case bearer", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"bearer {TOKEN}"),)),
+    Case("token prefix only", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"Bearer {TOKEN[:-1]}"),)),
+    Case("token with trailing space", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"Bearer {TOKEN} "),)),
+    Case("reload without a token", pb.ReloadRequest(), "UNAUTHENTICATED", "bearer token", method="Reload", target="guarded"),
+    Case("model info without a token", pb.GetModelInfoRequest(), "UNAUTHENTICATED", "bearer token", method="GetModelInfo", target="guarded"),
+    Case("plaintext client to the TLS port", classify("good"), "UNAVAILABLE", target="plaintext", metadata=AUTH),
+]  # fmt: skip
+
+KSERVE_CASES = [
+    Case("only outputs requested", infer(outputs=["probabilities"]), "INVALID_ARGUMENT", "missing input"),
+    Case("typed text of shape [0, 1]", infer(("text", "BYTES", [0, 1], [])), "INVALID_ARGUMENT", "empty request"),
+    Case("whitespace third element", raw_text(b"good", b"bad", b"\t \n"), "INVALID_ARGUMENT", "text 2 is empty"),
+    Case("whitespace pair", infer(("text", "BYTES", [1], [b"good"]), ("text_pair", "BYTES", [1], [b" "])), "INVALID_ARGUMENT", "text pair 0 is empty"),
+    Case("surrogate bytes in raw BYTES", raw_text(b"good", SURROGATE_UTF8), "INVALID_ARGUMENT", "element 1 is not valid UTF-8"),
+    Case("overlong UTF-8 in typed BYTES", infer(("text", "BYTES", [1], [b"\xc0\xaf"])), "INVALID_ARGUMENT", "element 0 is not valid UTF-8"),
+    Case("truncated UTF-8 in text_pair", infer(("text", "BYTES", [1], [b"good"]), ("text_pair", "BYTES", [1], ["é".encode()[:1]])), "INVALID_ARGUMENT", "input 'text_pair' element 0 is not valid UTF-8"),
+    Case("NUL, emoji and RTL marks in BYTES", raw_text("\x00great \U0001f3ac \u202e".encode()), "OK", "outputs"),
+    Case("text as FP32", infer(("text", "FP32", [1], [1.0])), "INVALID_ARGUMENT", "input 'text' must be BYTES, got 'FP32'"),
+    Case("unknown datatype", infer(("text", "STRING", [1], [b"good"])), "INVALID_ARGUMENT", "must be BYTES, got 'STRING'"),
+    Case("empty datatype", infer(("text", "", [1], [b"good"])), "INVALID_ARGUMENT", "must be BYTES, got ''"),
+    Case("token ids as INT32", infer(("input_ids", "INT32", [1, 3], [CLS, GOOD, SEP])), "INVALID_ARGUMENT", "must be INT64, got 'INT32'"),
+    Case("negative dimension", infer(("text", "BYTES", [-1], [b"good"])), "INVALID_ARGUMENT", "negative dimension"),
+    Case("shape overflowing int64", raw_text(shape=[2**32, 2**32]), "INVALID_ARGUMENT", "0 elements for shape [4294967296, 4294967296]"),
+    Case("empty tensor with a huge dimension", raw_text(shape=[0, 2**63 - 1]), "INVALID_ARGUMENT", "is not supported"),
+    Case("70 dimensions", infer(("text", "BYTES", [1] * 70, [b"good"])), "INVALID_ARGUMENT", "70 dimensions, at most 8"),
+    Case("scalar text", infer(("text", "BYTES", [], [b"good"])), "INVALID_ARGUMENT", "shape [batch] or [batch, 1], got []"),
+    Case("text of rank 3", infer(("text", "BYTES", [1, 1, 1], [b"good"])), "INVALID_ARGUMENT", "shape [batch] or [batch, 1]"),
+    Case("attention_mask alone", infer(ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "missing input"),
+    Case("extra token_type_ids", infer(ids([CLS, GOOD, SEP]), ids([1, 1, 1], name="attention_mask"), ids([0, 0, 0], name="token_type_ids")), "INVALID_ARGUMENT", "must be exactly ['attention_mask', 'input_ids']"),
+    Case("text twice", infer(("text", "BYTES", [1], [b"good"]), ("text", "BYTES", [1], [b"bad"])), "INVALID_ARGUMENT", "input 'text' appears twice"),
+    Case("text and attention_mask", infer(("text", "BYTES", [1], [b"good"]), ids([1], name="attention_mask")), "INVALID_ARGUMENT", "not both"),
+    Case("ids and mask of different lengths", infer(ids([CLS, GOOD, SEP, 0]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "same [batch, sequence] shape"),
+    Case("all-zero attention mask", infer(ids([CLS, GOOD, SEP]), ids([0, 0, 0], name="attention_mask")), "INVALID_ARGUMENT", "row 0: attention_mask is all zeros"),
+    Case("negative token id", infer(ids([CLS, -5, SEP]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "must lie in [0, 30)"),
+    Case("raw INT64 of the wrong size", infer(("input_ids", "INT64", [1, 3], None), ("attention_mask", "INT64", [1, 3], None), raw=[b"\x00" * 20, b"\x00" * 24]), "INVALID_ARGUMENT", "20 raw bytes for shape [1, 3] of INT64 (expected 24)"),
+    Case("more raw contents than inputs", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 2), "INVALID_ARGUMENT", "2 raw_input_contents for 1 inputs"),
+    Case("raw BYTES ends in a length prefix", infer(("text", "BYTES", [2], None), raw=[tensors.serialize_bytes([b"good"]) + b"\x01\x00"]), "INVALID_ARGUMENT", "ends inside an element's 4-byte length prefix"),
+    Case("raw BYTES of fewer elements than the shape", raw_text(b"good", b"bad", shape=[3]), "INVALID_ARGUMENT", "2 elements for shape [3]"),
+    Case("10,000 texts", raw_text(*[b"a"] * 10_000), "INVALID_ARGUMENT", "10000 texts in one request"),
+    Case("10,000 rows of token ids", infer(ids(*[[GOOD]] * 10_000), ids(*[[1]] * 10_000, name="attention_mask")), "INVALID_ARGUMENT", "10000 rows in one request"),
+    Case("1 MB raw text over the 64 KiB limit", raw_text(b"great " * (MEGABYTE // 6)), "RESOURCE_EXHAUSTED", "larger than max"),
+    Case("1 MB text within a 2 MiB limit is truncated", raw_text(b"great " * (MEGABYTE // 6)), "OK", "outputs", target="guarded", metadata=AUTH),
+    Case("unknown model with broken tensors", infer(("text", "FP32", [-1], None), model="bert"), "NOT_FOUND", "unknown model 'bert'"),
+    Case("unknown version", raw_text(b"good", model_version="01"), "NOT_FOUND", "has no version '01'"),
+    Case("unknown input, 60 KB name", infer(("\u00e9" * 30_000, "BYTES", [1], [b"good"])), "INVALID_ARGUMENT", "unknown input"),
+    Case("empty model name is the served model", raw_text(b"good", model=""), "OK", f'model_name: "{MODEL}"'),
+    Case("metadata, unknown version", kserve_pb2.ModelMetadataRequest(name=MODEL, version="3"), "NOT_FOUND", "has no version '3'", method="ModelMetadata"),
+    Case("surrogate bytes in model_name on the wire", b"\x0a\x03" + SURROGATE_UTF8, "INVALID_ARGUMENT", method="ModelInfer"),
+    Case("infer without a token", raw_text(b"good"), "UNAUTHENTICATED", "bearer token", method="ModelInfer", target="guarded"),
+    Case("infer with the wrong token", raw_text(b"good"), "UNAUTHENTICATED", "bearer token", method="ModelInfer", target="guarded", metadata=(("authorization", "Bearer nope"),)),
+    Case("server metadata without a token", kserve_pb2.ServerMetadataRequest(), "UNAUTHENTICATED", "bearer token", method="ServerMetadata", target="guarded"),
+    Case("plaintext client to the TLS port", raw_text(b"good"), "UNAVAILABLE", method="ModelInfer", target="plaintext", metadata=AUTH),
+]  # fmt: skip
+
+STUBS = {
+    "Classifier": classifier_pb2_grpc.ClassifierStub,
+    "GRPCInferenceService": kserve_pb2_grpc.GRPCInferenceServiceStub,
+}
+DEFAULT_METHODS = {"Classifier": "Classify", "GRPCInferenceService": "ModelInfer"}
+SERVICE_NAMES = {"Classifier": "edgedistill.v1.Classifier", "GRPCInferenceService": "inference.GRPCInferenceService"}
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, certs):
+    """TLS, a bearer token, and 2 MiB messages (the same 8 texts of 200 characters as `served`)."""
+    folder = write_bundle(tmp_path_factory.mktemp("guarded") / "bundle-tiny")
+    settings = settings_for(
+        folder,
+        max_texts=8,
+        max_text_chars=200,
+        max_message_bytes=2 * MEGABYTE,
+        token=TOKEN,
+        tls_cert=certs / "server.pem",
+        tls_key=certs / "server.key",
+    )
+    server = RunningServer(settings)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def channels(served, guarded, certs):
+    credentials = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
+    options = [("grpc.max_send_message_length", 4 * MEGABYTE)]
+    opened = {
+        "plain": grpc.insecure_channel(served.address, options=options),
+        "guarded": grpc.secure_channel(guarded.address, credentials, options=options),
+        "plaintext": grpc.insecure_channel(guarded.address),
+    }
+    yield opened
+    for channel in opened.values():
+        channel.close()
+
+
+def known_scores(channel, metadata=()) -> dict[str, np.ndarray]:
+    """KNOWN through both APIs: Classifier probabilities and KServe probabilities."""
+    reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(classify(*KNOWN), metadata=metadata, timeout=10)
+    request = raw_text(*(t.encode() for t in KNOWN), outputs=["probabilities"])
+    infer_reply = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, metadata=metadata, timeout=10)
+    out = infer_reply.outputs[0]
+    kserve = tensors.decode(out.name, out.datatype, list(out.shape), None, infer_reply.raw_output_contents[0])
+    return {"classifier": np.array([p.probabilities for p in reply.predictions]), "kserve": kserve}
+
+
+@pytest.fixture(scope="module")
+def before(channels) -> dict[str, dict[str, np.ndarray]]:
+    """The scores of KNOWN on both servers before any bad input is sent."""
+    return {"plain": known_scores(channels["plain"]), "guarded": known_scores(channels["guarded"], AUTH)}
+
+
+def send(channels, service: str, case: Case) -> str:
+    """Send `case`; the reply's text format, or grpc.RpcError."""
+    channel = channels[case.target]
+    method = "ClassifyStream" if isinstance(case.request, list) else case.method or DEFAULT_METHODS[service]
+    path = f"/{SERVICE_NAMES[service]}/{method}"
+    if isinstance(case.request, bytes):  # no serializer: the bytes go as they are
+        return repr(channel.unary_unary(path)(case.request, metadata=case.metadata, timeout=10))
+    if isinstance(case.request, list) and case.request and isinstance(case.request[0], bytes):
+        return repr(list(channel.stream_stream(path)(iter(case.request), metadata=case.metadata, timeout=10)))
+    call = getattr(STUBS[service](channel), method)
+    if method == "ClassifyStream":
+        return "\n".join(str(r) for r in call(iter(case.request), metadata=case.metadata, timeout=10))
+    return str(call(case.request, metadata=case.metadata, timeout=10))
+
+
+def check(channels, service: str, case: Case) -> None:
+    try:
+        reply = send(channels, service, case)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode[case.code], f"{err.code()}: {err.details()}"
+        assert case.fragment in err.details()
+        return
+    assert case.code == "OK", f"expected {case.code}, got OK"
+    assert case.fragment in reply
+
+
+@pytest.mark.parametrize("case", CLASSIFIER_CASES, ids=[c.id for c in CLASSIFIER_CASES])
+def test_bad_classifier_requests(channels, before, case):
+    check(channels, "Classifier", case)
+
+
+@pytest.mark.parametrize("case", KSERVE_CASES, ids=[c.id for c in KSERVE_CASES])
+def test_bad_kserve_requests(channels, before, case):
+    check(channels, "GRPCInferenceService", case)
+
+
+def test_lone_surrogates_cannot_be_sent_in_protobuf_strings():
+    """Protobuf strings are UTF-8, so the client refuses a lone surrogate before anything is sent."""
+    with pytest.raises(UnicodeEncodeError, match="surrogates not allowed"):
+        classify("good \ud800").SerializeToString()
+
+
+def test_error_details_are_capped_so_the_status_arrives(channels):
+    with pytest.raises(grpc.RpcError) as caught:
+        classifier_pb2_grpc.ClassifierStub(channels["plain"]).Classify(classify("good", model_name="m" * 50_000))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    details = caught.value.details()
+    assert details.startswith("unknown model 'mmm") and "(message truncated)" in details
+    assert details.endswith("this server serves 'tiny-sentiment'") and len(details.encode()) < 1100
+
+
+def requests_by_code(server: RunningServer) -> dict[str, float]:
+    scrape = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    counts: dict[str, float] = {}
+    for code, value in re.findall(r'^edgedistill_requests_total\{[^}]*code="(\w+)"[^}]*\} (\S+)$', scrape, re.M):
+        counts[code] = counts.get(code, 0) + float(value)
+    return counts
+
+
+def test_still_serving_and_correct_after_the_bad_inputs(channels, before, served, guarded):
+    for target, metadata in (("plain", ()), ("guarded", AUTH)):
+        health = health_pb2_grpc.HealthStub(channels[target])
+        for service in SERVICES:
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING, (target, service)
+        after = known_scores(channels[target], metadata)
+        for api in ("classifier", "kserve"):
+            np.testing.assert_allclose(after[api], before[target][api], atol=1e-6)
+        assert [LABELS[i] for i in after["classifier"].argmax(-1)] == ["positive", "negative", "positive"]
+    for server in (served, guarded):
+        counts = requests_by_code(server)
+        assert counts.get("OK", 0) > 0
+        assert counts.get("INTERNAL", 0) == 0 and counts.get("UNKNOWN", 0) == 0, counts
