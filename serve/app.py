@@ -74,7 +74,12 @@ class EdgeServer:
         grace = self.settings.shutdown_grace_s if grace is None else grace
         log.info("draining (grace %.1f s)", grace, extra={"event": "draining"})
         await self.health.enter_graceful_shutdown()
-        await self.grpc.stop(grace)
+        # New calls get UNAVAILABLE (which clients retry) while queued work finishes; stopping the gRPC
+        # server at once would answer calls racing the signal with CANCELLED instead.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        await self.host.drain(deadline)
+        await self.grpc.stop(max(0.0, deadline - loop.time()))
         await self.host.close()
         if self._first is not None:  # never warmed up
             await self._first.close()

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from serve.logs import REQUEST_ID
 from serve.metrics import Metrics
@@ -42,6 +43,23 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -
     return grpc.StatusCode.OK if err is None else grpc.StatusCode.UNKNOWN
 
 
+class Undecodable:
+    """Stands for request bytes that do not parse as the method's message (e.g. invalid UTF-8 in a string)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserializer):
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as err:
+            return Undecodable(err)
+
+    return deserialize
+
+
 class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
     metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
@@ -54,13 +72,20 @@ class CallObserver:
         self._expected = None if token is None else f"Bearer {token}".encode()
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed."""
+        """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
+
+        A unary request that does not parse reaches the behavior as `Undecodable` and is answered
+        INVALID_ARGUMENT (gRPC itself would answer UNKNOWN); streamed requests are checked by the servicer.
+        """
         for kind, build in _KINDS:
             behavior = getattr(handler, kind)
             if behavior is not None:
+                deserializer = handler.request_deserializer
+                if kind.startswith("unary_") and deserializer is not None:
+                    deserializer = _tolerant(deserializer)
                 return build(
                     self._observed(behavior, method),
-                    request_deserializer=handler.request_deserializer,
+                    request_deserializer=deserializer,
                     response_serializer=handler.response_serializer,
                 )
         raise ValueError(f"{method}: a method handler without a behavior")
@@ -120,6 +145,10 @@ class CallObserver:
                 request_id, token = await self._begin(context, method)
                 err = None
                 try:
+                    if isinstance(request, Undecodable):
+                        await context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}"
+                        )
                     async for response in behavior(request, context):
                         yield response
                 except BaseException as caught:
@@ -135,6 +164,10 @@ class CallObserver:
             request_id, token = await self._begin(context, method)
             err = None
             try:
+                if isinstance(request, Undecodable):
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}"
+                    )
                 return await behavior(request, context)
             except BaseException as caught:
                 err = caught

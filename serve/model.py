@@ -200,15 +200,26 @@ class ModelHost:
         self.metrics = metrics
         self.current: ModelRuntime | None = None
         self.folder = settings.bundle
+        self.draining = False
         self._lock = asyncio.Lock()
 
     @property
     def ready(self) -> bool:
-        return self.current is not None
+        return self.current is not None and not self.draining
+
+    async def drain(self, deadline: float, settle: float = 0.1) -> None:
+        """Refuse new work (UNAVAILABLE) and wait, until the loop time `deadline`, for the queue to empty."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        while self.current is not None and self.current.batcher.queued_rows and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(max(0.0, min(settle, deadline - loop.time())))
 
     def get(self, name: str = "", version: str = "") -> ModelRuntime:
         """The runtime serving `name` (empty: the served model) at `version` (empty: any)."""
         runtime = self.current
+        if self.draining:
+            raise NotReady("the server is shutting down; retry (another replica, or this one after its restart)")
         if runtime is None:
             raise NotReady("the model is still loading or warming up; retry shortly")
         if name and name != runtime.name:
