@@ -1,18 +1,25 @@
-"""`python -m common.summary RECIPE`: one line per finished stage of a recipe, from its manifests."""
+"""`python -m common.summary RECIPE`: one line per finished stage of a recipe, then the headline figures.
 
+The headline names the deployed bundle and how to serve and call it, with the figures that matter:
+teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode, serving latency
+and capacity, and the load test's SLO result. Lines whose artifact is missing are left out.
+"""
+
+import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from common import manifest as mf
-from common.recipe import load_recipe, run_dir
+from common.recipe import Recipe, load_recipe, run_dir
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
+BENCH_CELL = "b1_s64"
 
 
-def stage_table(recipe_path: str) -> Table:
-    recipe = load_recipe(recipe_path)
+def stage_table(recipe: Recipe) -> Table:
     table = Table(title=f"edgedistill: {recipe.name}", title_justify="left")
     for column in ("stage", *HEADLINE, "folder"):
         table.add_column(column, justify="left" if column in ("stage", "folder") else "right")
@@ -28,5 +35,82 @@ def stage_table(recipe_path: str) -> Table:
     return table
 
 
+def _json(path: Path) -> dict | list | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _metrics(folder: Path) -> dict | None:
+    return mf.load(folder, verify=False).metrics if (folder / mf.MANIFEST).is_file() else None
+
+
+def headline(recipe: Recipe, recipe_path: str) -> list[str]:
+    """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
+    root = run_dir(recipe)
+    lines = []
+    teacher = _metrics(root / "teacher")
+    if teacher:
+        lines.append(f"teacher: dev accuracy {teacher['dev_accuracy']:.4f}")
+    if recipe.distill is not None:
+        name = recipe.distill.deploy
+        student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
+        if student:
+            gain = f", {student['dev_accuracy'] - baseline['dev_accuracy']:+.4f} over its label-only baseline"
+            lines.append(
+                f"student {name}: dev accuracy {student['dev_accuracy']:.4f} "
+                f"({student['retention']:.1%} of the teacher){gain if baseline else ''}"
+            )
+    if recipe.export is None:
+        return lines
+    deploy = recipe.export.deploy
+    bundle = root / f"bundle-{deploy}"
+    bench = _json(root / "bench" / "bench.json")
+    if bench:
+        rows = {row["model"]: row for row in bench["rows"]}
+        for model in (deploy, "teacher-int8"):
+            cell = rows.get(model, {}).get("cells", {}).get(BENCH_CELL)
+            if cell:
+                lines.append(
+                    f"bench {model}: {cell['median_ms']:.2f} ms at batch 1, 64 tokens = "
+                    f"{cell['speedup']:.1f}x teacher PyTorch eager ({bench['threads']} threads)"
+                )
+    served = _json(root / "serve-bench" / "bench.json")
+    if served:
+        paced, capacity = served["summary"]["paced"], served["ratios"]
+        lines.append(
+            f"serving: p99 {paced['p99_ms']['median']:.2f} ms at {served['options']['rate']:g} calls/s; "
+            f"capacity {served['summary']['capacity']['calls_per_s']['median']:.0f} calls/s = "
+            f"{capacity['capacity_vs_echo']:.2f} of an echo server"
+        )
+    for loadtest in sorted(root.glob("loadtest-*/summary.json")):
+        result = _json(loadtest)
+        overall = result["overall"]
+        lines.append(
+            f"load test {result['profile']}: {overall['requests']} calls, p99 {overall['p99_ms']:.2f} ms, "
+            f"{overall['failures']} failures, SLO {'passed' if result['passed'] else 'MISSED'}"
+        )
+    if (root / "report" / "index.html").is_file():
+        lines.append(f"report: {root / 'report' / 'index.html'}")
+    if (bundle / mf.MANIFEST).is_file():
+        lines += [
+            f"bundle: {bundle}",
+            f"serve it:  make serve RECIPE={recipe_path}   (or: python -m serve --bundle {bundle})",
+            'call it:   make call TEXT="a gripping , beautifully acted film"',
+            '           grpcurl -plaintext -d \'{"texts": ["a gripping film"]}\' localhost:50051 '
+            "edgedistill.v1.Classifier/Classify",
+            "container: make image BAKE=1",
+        ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    recipe = load_recipe(args[0])
+    console = Console()
+    console.print(stage_table(recipe))
+    for line in headline(recipe, args[0]):
+        console.print(line, highlight=False, soft_wrap=True)
+    return 0
+
+
 if __name__ == "__main__":
-    Console().print(stage_table(sys.argv[1]))
+    sys.exit(main())
