@@ -72,7 +72,7 @@ class _Request:
     future: asyncio.Future
     enqueued: float
     deadline: float | None
-    outputs: list[Arrays | None] = field(default_factory=list)
+    outputs: list[tuple[Arrays, int] | None] = field(default_factory=list)  # per row: batch outputs, position
     remaining: int = 0
     started: float | None = None
     batches: int = 0
@@ -232,15 +232,22 @@ class DynamicBatcher:
             return
         self.observer.batch_done(len(batch), time.perf_counter() - start)
         for position, row in enumerate(batch):
-            request = row.request
-            request.outputs[row.index] = {name: value[position] for name, value in outputs.items()}
-            request.remaining -= 1
+            row.request.outputs[row.index] = (outputs, position)
+            row.request.remaining -= 1
         for request in {row.request for row in batch}:
             request.batches += 1
             if request.remaining == 0 and not request.future.done():
-                stacked = {name: np.stack([out[name] for out in request.outputs]) for name in request.outputs[0]}
-                request.future.set_result(stacked)
+                request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
+
+
+def _gather(parts: list[tuple[Arrays, int]]) -> Arrays:
+    """A request's outputs in row order from (batch outputs, position) per row: one take per batch output."""
+    first = parts[0][0]
+    if all(outputs is first for outputs, _ in parts):
+        positions = np.fromiter((position for _, position in parts), dtype=np.intp, count=len(parts))
+        return {name: value[positions] for name, value in first.items()}
+    return {name: np.stack([outputs[name][position] for outputs, position in parts]) for name in first}
 
 
 def _length(row: Arrays) -> int:

@@ -4,6 +4,7 @@ One run starts the server (`python -m serve`) and the do-nothing echo server (`p
 as subprocesses on loopback and drives them from this process with grpc.aio tasks. Each repeat measures:
 
 - paced: single-text `Classify` calls, one at a time, paced at `--rate` for `--duration`: latency, achieved rate;
+  the same against the echo server gives the latency floor of gRPC and this client;
 - capacity: single-text calls with `--concurrency` in flight, unpaced, against the server and the echo server;
 - batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server;
 - raw: the bundle's backend in this process (same thread count) on the same texts, tokenized and padded
@@ -61,6 +62,7 @@ CAPACITY_FLOOR = 0.80
 BATCHED_FLOOR = 0.70
 PHASES = {  # phase -> table label: calls in flight x texts per call
     "paced": "server, paced {rate:g}/s",
+    "echo_paced": "echo, paced {rate:g}/s",
     "capacity": "server {concurrency}x1",
     "echo": "echo {concurrency}x1",
     "batched": f"server {BATCH_CONCURRENCY}x{BATCH}",
@@ -345,6 +347,7 @@ async def measure_all(
         seconds = options.duration
         phases = {
             "paced": (functools.partial(paced, call, singles, options.rate, seconds), 1, server),
+            "echo_paced": (functools.partial(paced, echo_call, singles, options.rate, seconds), 1, echo),
             "capacity": (functools.partial(saturate, call, singles, options.concurrency, seconds), 1, server),
             "echo": (functools.partial(saturate, echo_call, singles, options.concurrency, seconds), 1, echo),
             "batched": (functools.partial(saturate, call, grouped, BATCH_CONCURRENCY, seconds), BATCH, server),
