@@ -61,7 +61,8 @@ def test_summary_table(smoke_run):
     rows = json.loads((smoke_run / "distill-summary.json").read_text())
     assert [r["student"] for r in rows] == ["teacher", *ARCHS]
     for row in rows[1:]:
-        assert row["gain"] == pytest.approx(row["dev_accuracy"] - row["baseline"], abs=1e-4)
+        # the three figures are each rounded to 4 decimals
+        assert row["gain"] == pytest.approx(row["dev_accuracy"] - row["baseline"], abs=1.5e-4)
         assert 0 < row["retention"] <= 1.5
     assert "| bilstm | bilstm |" in (smoke_run / "distill-summary.md").read_text()
 
