@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -40,10 +41,14 @@ def training_curves(histories: dict[str, list[dict]]) -> bytes:
 def pareto(points: list[dict], cell: str) -> bytes:
     """Dev accuracy against latency (log scale) at one benchmark cell; marker area follows model size."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for p in points:
+    for i, p in enumerate(sorted(points, key=lambda p: p["latency_ms"])):
         ax.scatter(p["latency_ms"], p["dev_accuracy"], s=20 + 3 * p["size_mib"], alpha=0.6)
-        ax.annotate(
-            p["model"], (p["latency_ms"], p["dev_accuracy"]), fontsize=8, xytext=(4, 4), textcoords="offset points"
+        ax.annotate(  # alternate above and below so neighbours with equal accuracy stay legible
+            p["model"],
+            (p["latency_ms"], p["dev_accuracy"]),
+            fontsize=8,
+            xytext=(4, 6 if i % 2 else -10),
+            textcoords="offset points",
         )
     ax.set(
         xscale="log",
@@ -68,3 +73,37 @@ def composition(counts: dict[str, int]) -> bytes:
 
 def read_json(path: Path):
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def latency_distribution(by_name: dict[str, np.ndarray], profile: str) -> bytes:
+    """Histogram of successful calls' latencies (log scale), one series per request name."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    everything = np.concatenate(list(by_name.values()))
+    bins = np.geomspace(max(everything.min(), 0.05), everything.max() * 1.01, 60)
+    for name, ms in by_name.items():
+        ax.hist(ms, bins=bins, histtype="step", linewidth=1.4, label=f"{name} ({len(ms):,})")
+    ax.set(xscale="log", xlabel="latency ms", ylabel="calls", title=f"load test {profile}: latency distribution")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return png(fig)
+
+
+def load_over_time(series: dict[str, list], profile: str) -> bytes:
+    """Requests/s, failures/s and p99 per second of a load test; users on a second axis."""
+    fig, (rate_ax, p99_ax) = plt.subplots(1, 2, figsize=(11, 3.6))
+    t = series["t_s"]
+    rate_ax.plot(t, series["requests_per_s"], label="requests/s")
+    rate_ax.plot(t, series["failures_per_s"], label="failures/s", color="#c44e52")
+    users_ax = rate_ax.twinx()
+    users_ax.step(t, series["users"], where="post", color="#999", linestyle="--", label="users")
+    users_ax.set(ylabel="users", ylim=(0, max(series["users"], default=1) * 1.25))
+    rate_ax.set(title=f"load test {profile}: throughput", xlabel="s", ylabel="per second")
+    rate_ax.legend(fontsize=8, loc="upper left")
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        p99_ax.plot(t, [np.nan if v is None else v for v in series[key]], label=key.removesuffix("_ms"))
+    p99_ax.set(title="latency per second", xlabel="s", ylabel="ms")
+    p99_ax.legend(fontsize=8)
+    for ax in (rate_ax, p99_ax):
+        ax.grid(alpha=0.3)
+    fig.subplots_adjust(wspace=0.35)
+    return png(fig)

@@ -7,6 +7,8 @@ import base64
 import html
 from pathlib import Path
 
+import numpy as np
+
 from common import manifest as mf
 from common.recipe import Recipe, run_dir
 from report import plots
@@ -135,12 +137,59 @@ def _serving(page: Page, root: Path) -> None:
         page.html.append(f"<pre>{html.escape(results.read_text(encoding='utf-8'))}</pre>")
 
 
+def _loadtests(page: Page, root: Path) -> None:
+    for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
+        result = plots.read_json(folder / "summary.json")
+        profile = result["profile"]
+        page.heading(
+            f"Load test: {profile} ({'SLO passed' if result['passed'] else 'SLO MISSED'})",
+            [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
+        )
+        overall = result["overall"]
+        page.table(
+            [
+                "requests",
+                "failures",
+                "requests/s",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "max ms",
+                "server CPU %",
+                "locust CPU %",
+            ],
+            [
+                [overall["requests"], overall["failures"], f"{overall['requests_per_s']:.1f}"]
+                + [f"{overall[k]:.2f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
+                + [f"{overall[k]:.0f}" for k in ("server_cpu_pct", "locust_cpu_pct")]
+            ],
+        )
+        page.table(
+            ["SLO check", "measured", "wanted", "result"],
+            [
+                [c["name"], f"{c['measured']:.3g}", c["limit"], "pass" if c["passed"] else "MISS"]
+                for c in result["checks"]
+            ],
+        )
+        with np.load(folder / "requests.npz") as calls:
+            ok = calls["ok"]
+            by_name = {
+                str(name): calls["ms"][ok & (calls["name"] == i)] for i, name in enumerate(calls["names"].tolist())
+            }
+        by_name = {name: ms for name, ms in by_name.items() if ms.size}
+        if by_name:
+            page.figure(
+                f"{folder.name}-latency.png", plots.latency_distribution(by_name, profile), "latency distribution"
+            )
+        page.figure(f"{folder.name}-time.png", plots.load_over_time(result["series"], profile), "requests/s over time")
+
+
 def build(recipe: Recipe) -> Path:
     """Write `runs/<recipe>/report/` (index.html, report.md, figures/) and return the folder."""
     root = run_dir(recipe)
     watch = mf.Stopwatch()
     page = Page(f"edgedistill report: {recipe.name}")
-    for section in (_stages, _curves, _distillation, _benchmark, _serving):
+    for section in (_stages, _curves, _distillation, _benchmark, _serving, _loadtests):
         section(page, root)
     out = root / "report"
     with mf.stage_folder(out) as tmp:
