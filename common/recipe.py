@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -235,6 +235,142 @@ class ExportConfig(Strict):
         return self
 
 
+Scenario = Literal["single", "batch", "stream", "kserve"]
+Profile = Literal["smoke", "steady", "step", "spike", "soak"]
+
+
+class SloConfig(Strict):
+    """What a load-test run (or, for `step`, each step) must meet; a null threshold is not checked.
+
+    Latencies are those of successful calls as the load generator saw them, in ms.
+    """
+
+    p50_ms: float | None = Field(None, gt=0, description="median call latency")
+    p95_ms: float | None = Field(None, gt=0, description="95th percentile call latency")
+    p99_ms: float | None = Field(None, gt=0, description="99th percentile call latency")
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="failed calls / all calls")
+    min_rate_share: float | None = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="achieved calls/s / offered calls/s: a server (or load generator) that falls behind fails",
+    )
+
+
+class LoadProfile(Strict):
+    """What every load profile sets: the scenario mix and the SLO."""
+
+    scenarios: dict[Scenario, int] = Field(
+        default_factory=lambda: {"single": 1}, min_length=1, description="scenario -> weight (locust task weight)"
+    )
+    slo: SloConfig = SloConfig()
+
+    @model_validator(mode="after")
+    def _weights(self):
+        if any(w < 0 for w in self.scenarios.values()) or not sum(self.scenarios.values()):
+            raise ValueError(f"scenario weights must be >= 0 with at least one > 0, got {self.scenarios}")
+        return self
+
+
+class ConstantLoad(LoadProfile):
+    """`users` users for `duration_s`, each paced so that together they offer `rate` calls/s."""
+
+    users: int = Field(10, ge=1)
+    rate: float = Field(200.0, gt=0, description="calls/s offered by all users together")
+    duration_s: float = Field(60.0, gt=0)
+
+    @property
+    def user_rate(self) -> float:
+        return self.rate / self.users
+
+
+class SoakLoad(ConstantLoad):
+    """A long constant load; the server's memory growth is measured and may be gated."""
+
+    max_rss_growth_mb_per_10k: float | None = Field(
+        None, gt=0, description="server RSS slope over the second half of the run, MB per 10,000 calls"
+    )
+
+
+class StepLoad(LoadProfile):
+    """`users`, then `step_users` more every `step_s`, `steps` steps, each user paced at `user_rate` calls/s.
+
+    Capacity: the highest achieved calls/s of a step that met the SLO.
+    """
+
+    users: int = Field(10, ge=1, description="users in the first step")
+    step_users: int = Field(10, ge=1)
+    steps: int = Field(10, ge=1)
+    step_s: float = Field(10.0, gt=0)
+    settle_s: float = Field(2.0, ge=0, description="seconds at the start of each step left out of its figures")
+    user_rate: float = Field(20.0, gt=0, description="calls/s per user")
+    min_capacity_rps: float | None = Field(None, gt=0, description="fail the run when capacity is below this")
+
+    @model_validator(mode="after")
+    def _settles_within_step(self):
+        if self.settle_s >= self.step_s:
+            raise ValueError(f"settle_s={self.settle_s} leaves nothing of step_s={self.step_s}")
+        return self
+
+
+class SpikeLoad(LoadProfile):
+    """`users` for `before_s`, `spike_users` for `spike_s`, `users` again for `after_s`; `user_rate` calls/s each."""
+
+    users: int = Field(10, ge=1)
+    spike_users: int = Field(50, ge=1)
+    user_rate: float = Field(20.0, gt=0, description="calls/s per user")
+    before_s: float = Field(20.0, gt=0)
+    spike_s: float = Field(10.0, gt=0)
+    after_s: float = Field(20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _spikes(self):
+        if self.spike_users <= self.users:
+            raise ValueError(f"spike_users={self.spike_users} must exceed users={self.users}")
+        return self
+
+
+# Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).
+LOAD_PRESETS: dict[str, dict] = {
+    "smoke": {"users": 2, "rate": 20.0, "duration_s": 30.0, "scenarios": dict.fromkeys(get_args(Scenario), 1)},
+    "steady": {},
+    "step": {},
+    "spike": {},
+    "soak": {"duration_s": 600.0},
+}
+
+
+class LoadtestConfig(Strict):
+    """Locust load tests of a served bundle (`python -m loadtests RECIPE --profile NAME`), one field per profile."""
+
+    batch_size: int = Field(8, ge=1, description="texts per call in the `batch` scenario")
+    stream_messages: int = Field(8, ge=1, description="requests (one text each) per `ClassifyStream` call")
+    timeout_s: float = Field(10.0, gt=0, description="deadline per call")
+    threads: int = Field(1, ge=0, description="the server's intra-op threads (0: the runtime's default)")
+    smoke: ConstantLoad = Field(description="short, every scenario, low rate: does everything answer?")
+    steady: ConstantLoad = Field(description="a fixed rate for a while: the latency SLO")
+    step: StepLoad = Field(description="rising load: the capacity within the SLO")
+    spike: SpikeLoad = Field(description="a sudden burst and the recovery after it")
+    soak: SoakLoad = Field(description="a fixed rate for long: memory growth")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _presets(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, preset in LOAD_PRESETS.items():
+            value = data.get(name)
+            data[name] = value if isinstance(value, BaseModel) else preset | (value or {})
+        return data
+
+    def profile(self, name: Profile) -> ConstantLoad | StepLoad | SpikeLoad:
+        return getattr(self, name)
+
+
+UNHASHED = ("loadtest",)  # sections that change no artifact of another stage
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataConfig
@@ -244,6 +380,7 @@ class Recipe(Strict):
     transfer: TransferConfig | None = None
     distill: DistillConfig | None = None
     export: ExportConfig | None = None
+    loadtest: LoadtestConfig | None = None
 
     @model_validator(mode="after")
     def _bundle_sources_known(self):
@@ -269,7 +406,8 @@ class Recipe(Strict):
 
     @property
     def hash(self) -> str:
-        return self.section_hash(*type(self).model_fields)
+        """Hash of the sections that shape artifacts; `loadtest` only measures them, so it is left out."""
+        return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
 
 
 class RecipeError(ValueError):

@@ -1,0 +1,5 @@
+"""Locust load tests of the gRPC server: `python -m loadtests RECIPE --profile NAME`.
+
+Only `grpc_user`, `shapes` and `locustfile` import locust (which monkey-patches the process with
+gevent on import); the runner and the analysis run in plain processes.
+"""

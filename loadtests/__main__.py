@@ -1,0 +1,54 @@
+"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--section.key=value ...]`.
+
+Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak.
+Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr),
+2 when the run could not be made.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import get_args
+
+from common.manifest import ArtifactError
+from common.recipe import Profile, Recipe, RecipeError, load_recipe, parse_overrides, run_dir
+from loadtests import runner, slo
+from loadtests.plan import SCENARIOS_VAR, parse_scenarios
+from serve.bench import BenchError
+
+
+def default_bundle(recipe: Recipe) -> Path:
+    if recipe.export is None:
+        raise RecipeError(f"recipe {recipe.name} has no `export` section: pass --bundle")
+    return run_dir(recipe) / f"bundle-{recipe.export.deploy}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests", description="Load-test a served bundle with locust.")
+    parser.add_argument("recipe")
+    parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
+    parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    parser.add_argument("--texts", type=Path, help="texts to send, one per line (default: SST-2 dev from $DATA_DIR)")
+    parser.add_argument(
+        "--scenarios",
+        default=os.environ.get(SCENARIOS_VAR),
+        help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)",
+    )
+    args, rest = parser.parse_known_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        bundle = (args.bundle or default_bundle(recipe)).resolve()
+        scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
+        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios)
+    except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
+        print(f"python -m loadtests: {err}", file=sys.stderr)
+        return 2
+    missed = [check for check in result["checks"] if not check["passed"]]
+    for check in missed:
+        print(f"SLO missed: {slo.describe(check)}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

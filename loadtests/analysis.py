@@ -1,0 +1,148 @@
+"""Figures of a run: call statistics overall, per stage, per name and per second; CPU and memory of both processes.
+
+Latencies are those of successful calls (ms); failed calls count in the error rate. A call belongs to
+the second (and stage) in which it returned. CPU % is of one core (100 = one core busy).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loadtests.plan import Stage
+
+PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
+MIN_FIT_REQUESTS = 100  # fewer, and a slope per 10,000 requests is mostly noise
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-call samples (see `loadtests.recorder`), sorted by the time each call returned."""
+
+    end_s: np.ndarray
+    ms: np.ndarray
+    ok: np.ndarray
+    name: np.ndarray
+    names: list[str]
+    started: float
+
+    @classmethod
+    def load(cls, path: Path) -> "Samples":
+        with np.load(path) as data:
+            order = np.argsort(data["end_s"], kind="stable")
+            columns = (data[key][order] for key in ("end_s", "ms", "ok", "name"))
+            return cls(*columns, [str(n) for n in data["names"]], float(data["started"]))
+
+    def where(self, keep: np.ndarray) -> "Samples":
+        return Samples(self.end_s[keep], self.ms[keep], self.ok[keep], self.name[keep], self.names, self.started)
+
+    def between(self, start: float, end: float) -> "Samples":
+        """The calls that returned in [start, end) seconds."""
+        return self.where((self.end_s >= start) & (self.end_s < end))
+
+
+def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
+    """Requests, failures, error rate, requests/s (and its share of `offered_rate`), latency percentiles."""
+    requests = len(samples.ms)
+    failures = int(np.count_nonzero(~samples.ok))
+    latencies = samples.ms[samples.ok]
+    rate = requests / seconds
+    stats = {
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests if requests else 0.0,
+        "requests_per_s": rate,
+        "offered_rate": offered_rate,
+        "rate_share": rate / offered_rate if offered_rate else None,
+        "mean_ms": float(latencies.mean()) if latencies.size else None,
+    }
+    values = np.percentile(latencies, list(PERCENTILES.values())).tolist() if latencies.size else [None] * 4
+    return stats | dict(zip(PERCENTILES, values, strict=True))
+
+
+def by_name(samples: Samples, seconds: float) -> dict[str, dict]:
+    return {
+        name: call_stats(samples.where(samples.name == i), seconds)
+        for i, name in enumerate(samples.names)
+        if (samples.name == i).any()
+    }
+
+
+def offered_rate(stages: list[Stage]) -> float:
+    """Calls/s offered over the whole schedule, weighted by stage length."""
+    return sum(s.offered_rate * (s.end_s - s.start_s) for s in stages) / stages[-1].end_s
+
+
+def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
+    """One entry per second of the schedule: users, requests/s, failures/s, latency percentiles (None: no call)."""
+    seconds = int(np.ceil(stages[-1].end_s))
+    series = {key: [] for key in ("t_s", "users", "requests_per_s", "failures_per_s", "p50_ms", "p95_ms", "p99_ms")}
+    for t in range(seconds):
+        stats = call_stats(samples.between(t, t + 1), 1.0)
+        series["t_s"].append(t)
+        series["users"].append(next((s.users for s in stages if s.start_s <= t < s.end_s), stages[-1].users))
+        series["requests_per_s"].append(stats["requests"])
+        series["failures_per_s"].append(stats["failures"])
+        for key in ("p50_ms", "p95_ms", "p99_ms"):
+            series[key].append(stats[key])
+    return series
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Process samples: seconds after the load started, cumulative CPU seconds of server and locust, server RSS (MB)."""
+
+    t_s: np.ndarray
+    server_cpu_s: np.ndarray
+    locust_cpu_s: np.ndarray
+    server_rss_mb: np.ndarray
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[float, float, float, float]], started: float) -> "Resources":
+        """`rows` of (unix time, server CPU s, locust CPU s, server RSS bytes)."""
+        table = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        return cls(table[:, 0] - started, table[:, 1], table[:, 2], table[:, 3] / 2**20)
+
+    def cpu_pct(self, which: str, start: float, end: float) -> float | None:
+        """Mean CPU % of `which` ("server" or "locust") over [start, end] s, from the cumulative CPU time.
+
+        The span is clipped to the samples (locust may exit within a second of the end); None when
+        less than half of it is left.
+        """
+        if len(self.t_s) < 2:
+            return None
+        clipped = max(start, self.t_s[0]), min(end, self.t_s[-1])
+        if clipped[1] - clipped[0] < (end - start) / 2:
+            return None
+        start, end = clipped
+        busy = np.interp([start, end], self.t_s, getattr(self, f"{which}_cpu_s"))
+        return float(100 * (busy[1] - busy[0]) / (end - start))
+
+    def series(self, samples: Samples, until: float) -> dict[str, list]:
+        """Per process sample within [0, until] s: CPU % since the previous sample, RSS, requests done so far."""
+        keep = np.flatnonzero((self.t_s >= 0) & (self.t_s <= until))
+        keep = keep[keep > 0]  # the first sample has no interval before it
+        spans = self.t_s[keep] - self.t_s[keep - 1]
+        return {
+            "t_s": self.t_s[keep].round(3).tolist(),
+            "server_cpu_pct": (100 * np.diff(self.server_cpu_s)[keep - 1] / spans).round(1).tolist(),
+            "locust_cpu_pct": (100 * np.diff(self.locust_cpu_s)[keep - 1] / spans).round(1).tolist(),
+            "server_rss_mb": self.server_rss_mb[keep].round(2).tolist(),
+            "requests_done": np.searchsorted(samples.end_s, self.t_s[keep], side="right").tolist(),
+        }
+
+
+def rss_growth_per_10k(
+    requests_done: list[int], rss_mb: list[float], skip: float = 0.5, least: int = MIN_FIT_REQUESTS
+) -> float | None:
+    """Server RSS growth in MB per 10,000 requests: the least-squares slope after the first `skip` share of samples.
+
+    The start is left out because allocators and caches grow while they warm up; None when fewer than
+    3 samples or `least` requests remain to fit.
+    """
+    done = np.asarray(requests_done, np.float64)[int(len(requests_done) * skip) :]
+    rss = np.asarray(rss_mb, np.float64)[int(len(rss_mb) * skip) :]
+    if len(done) < 3 or done[-1] - done[0] < least:
+        return None
+    slope = np.polyfit(done, rss, 1)[0]
+    return float(slope * 10_000)

@@ -1,0 +1,123 @@
+"""A reusable locust `User` for gRPC: one channel per user, every call reported as a locust request event.
+
+`grpc.experimental.gevent.init_gevent()` runs on import, before any channel exists: without it a
+blocking gRPC call holds the whole gevent-driven locust process and the users run one at a time.
+A call is reported under its method's name (`Classify`) unless `GrpcUser.call` names it; the name
+travels in the `x-locust-name` metadata key, which the interceptor removes before the call leaves.
+"""
+
+import collections
+import time
+
+import grpc
+import grpc.experimental.gevent as grpc_gevent
+from locust import User
+from locust.event import Events
+from locust.exception import LocustError
+
+grpc_gevent.init_gevent()
+
+NAME_KEY = "x-locust-name"
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def _metadata(name: str | None) -> tuple | None:
+    return ((NAME_KEY, name),) if name else None
+
+
+def _named(details: grpc.ClientCallDetails) -> tuple[str, grpc.ClientCallDetails]:
+    """The call's report name and its details without the name key."""
+    metadata = list(details.metadata or ())
+    names = [value for key, value in metadata if key == NAME_KEY]
+    rest = tuple((key, value) for key, value in metadata if key != NAME_KEY)
+    name = names[-1] if names else details.method.rsplit("/", 1)[-1]
+    fields = (details.timeout, rest or None, details.credentials, details.wait_for_ready, details.compression)
+    return name, _CallDetails(details.method, *fields)
+
+
+class EventInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Fires a locust `request` event per call: type "grpc", name, response time (ms), reply bytes, exception.
+
+    A stream is one request: timed from the call to its last reply, its length is the sum of the replies.
+    """
+
+    def __init__(self, events: Events):
+        self.events = events
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        name, details = _named(client_call_details)
+        start = time.perf_counter()
+        outcome = continuation(details, request)
+        error = outcome.exception()
+        self._fire(name, start, 0 if error else outcome.result().ByteSize(), error)
+        return outcome
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        name, details = _named(client_call_details)
+        start = time.perf_counter()
+        return self._replies(continuation(details, request_iterator), name, start)
+
+    def _replies(self, replies, name: str, start: float):
+        size = 0
+        try:
+            for reply in replies:
+                size += reply.ByteSize()
+                yield reply
+        except grpc.RpcError as err:
+            self._fire(name, start, size, err)
+            raise
+        self._fire(name, start, size, None)
+
+    def _fire(self, name: str, start: float, size: int, error: Exception | None) -> None:
+        self.events.request.fire(
+            request_type="grpc",
+            name=name,
+            response_time=(time.perf_counter() - start) * 1000,
+            response_length=size,
+            response=None,
+            context=None,
+            exception=error,
+        )
+
+
+class GrpcUser(User):
+    """A user with its own channel to `host` (`HOST:PORT`, locust's --host); subclasses add stubs and tasks."""
+
+    abstract = True
+    timeout: float = 10.0
+    """Deadline of each call made with `call`, in seconds."""
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        if not self.host:
+            raise LocustError("no server address: pass --host HOST:PORT")
+        # A local subchannel pool gives each user its own connection, as separate clients would have;
+        # by default channels to one target share a connection. It connects on the first call (waiting
+        # with grpc.channel_ready_future instead held every first call ~200 ms under gevent).
+        channel = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
+        self.channel = grpc.intercept_channel(channel, EventInterceptor(environment.events))
+
+    def call(self, method, request, name: str | None = None):
+        """Unary `method(request)` reported as `name`; its reply, or None when it failed (the event has the error)."""
+        try:
+            return method(request, timeout=self.timeout, metadata=_metadata(name))
+        except grpc.RpcError:
+            return None
+
+    def stream(self, method, requests: list, name: str | None = None) -> list | None:
+        """Bidirectional-streaming `method` fed `requests`, reported as `name`; the replies, or None when it failed."""
+        try:
+            return list(method(iter(requests), timeout=self.timeout, metadata=_metadata(name)))
+        except grpc.RpcError:
+            return None
+
+    def on_stop(self):
+        self.channel.close()

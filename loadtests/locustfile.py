@@ -1,0 +1,92 @@
+"""Scenarios against the edgedistill server; the plan ($LOADTEST_PLAN) sets their weights, pacing and shape.
+
+- single: `Classify` with one text;
+- batch: `Classify` with `batch_size` texts;
+- stream: one `ClassifyStream` call of `stream_messages` one-text requests;
+- kserve: KServe v2 `ModelInfer` with a BYTES `text` input of one text.
+
+Texts are drawn at random from the plan's texts file (SST-2 dev sentences unless overridden).
+Run it through `python -m loadtests RECIPE --profile NAME`, which writes the plan and starts the server.
+"""
+
+import math
+import random
+import time
+
+from locust import events
+
+from loadtests import plan
+from loadtests.grpc_user import GrpcUser
+from loadtests.recorder import Recorder
+from loadtests.shapes import SHAPES
+from serve import tensors
+from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+
+PLAN = plan.current()
+TEXTS = [line for line in PLAN.texts.read_text(encoding="utf-8").splitlines() if line.strip()]
+Shape = SHAPES[PLAN.profile]  # the one shape class locust finds in this module
+
+
+@events.init.add_listener
+def record(environment, **_kwargs):
+    Recorder(PLAN.samples).attach(environment.events)
+
+
+def single(user: "SentimentUser") -> None:
+    request = classifier_pb2.ClassifyRequest(texts=[random.choice(TEXTS)])
+    user.call(user.classifier.Classify, request, "Classify")
+
+
+def batch(user: "SentimentUser") -> None:
+    size = PLAN.loadtest.batch_size
+    request = classifier_pb2.ClassifyRequest(texts=random.choices(TEXTS, k=size))
+    user.call(user.classifier.Classify, request, f"Classify x{size}")
+
+
+def stream(user: "SentimentUser") -> None:
+    count = PLAN.loadtest.stream_messages
+    requests = [classifier_pb2.ClassifyRequest(texts=[text]) for text in random.choices(TEXTS, k=count)]
+    user.stream(user.classifier.ClassifyStream, requests, f"ClassifyStream x{count}")
+
+
+def kserve(user: "SentimentUser") -> None:
+    request = kserve_pb2.ModelInferRequest(model_name=PLAN.model)
+    request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(tensors.serialize_bytes([random.choice(TEXTS).encode("utf-8")]))
+    user.call(user.kserve.ModelInfer, request, "ModelInfer")
+
+
+SCENARIOS = {"single": single, "batch": batch, "stream": stream, "kserve": kserve}
+
+
+def paced(rate: float):
+    """A wait_time of `rate` task starts per second per user, on a grid of its own with a random phase.
+
+    locust's constant_throughput anchors each user's schedule where the user was created and restarts
+    it whenever a wait comes up short, so users spawned together (or delayed together by a busy moment
+    of the locust process) call in step, and the server sees bursts of all of them at once instead of a
+    steady rate. Here a late user skips the start times it missed and keeps its phase.
+    """
+    interval = 1 / rate
+
+    def wait_time(user) -> float:
+        now = time.perf_counter()
+        due = getattr(user, "next_start", now - random.random() * interval) + interval
+        if due < now:
+            due += math.ceil((now - due) / interval) * interval
+        user.next_start = due
+        return due - now
+
+    return wait_time
+
+
+class SentimentUser(GrpcUser):
+    """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user."""
+
+    tasks = {SCENARIOS[name]: weight for name, weight in PLAN.scenarios.items() if weight}
+    wait_time = paced(PLAN.settings.user_rate)
+    timeout = PLAN.loadtest.timeout_s
+
+    def on_start(self):
+        self.classifier = classifier_pb2_grpc.ClassifierStub(self.channel)
+        self.kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)

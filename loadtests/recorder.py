@@ -1,0 +1,56 @@
+"""Every call's exact latency, from locust's request events, saved as `requests.npz` when locust quits.
+
+Locust's own statistics round latencies under 100 ms to whole milliseconds, too coarse for a 3 ms
+SLO, so the runner computes its figures from these samples. The file holds `started` (unix time the
+load started), `end_s` (when each call returned, seconds after `started`), `ms` (latency), `ok`
+(no exception), `name` (index into `names`) and `names`.
+"""
+
+import os
+import time
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+
+class Recorder:
+    """Collects one sample per request event; `attach` it to a locust environment's events."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.started: float | None = None
+        self.end, self.ms, self.ok, self.name = array("d"), array("d"), array("b"), array("h")
+        self.names: dict[str, int] = {}
+
+    def attach(self, events) -> None:
+        events.test_start.add_listener(self.on_start)
+        events.request.add_listener(self.on_request)
+        events.quitting.add_listener(self.on_quitting)
+
+    def on_start(self, **_kwargs) -> None:
+        self.started = time.time()
+
+    def on_request(self, name: str, response_time: float, exception=None, **_kwargs) -> None:
+        self.end.append(time.time())
+        self.ms.append(response_time)
+        self.ok.append(exception is None)
+        self.name.append(self.names.setdefault(name, len(self.names)))
+
+    def on_quitting(self, **_kwargs) -> None:
+        self.save()
+
+    def save(self) -> None:
+        started = self.started if self.started is not None else time.time()
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(
+                handle,
+                started=np.float64(started),
+                end_s=np.asarray(self.end, np.float64) - started,
+                ms=np.asarray(self.ms, np.float64),
+                ok=np.asarray(self.ok, bool),
+                name=np.asarray(self.name, np.int16),
+                names=np.array(list(self.names) or [""]),
+            )
+        os.replace(tmp, self.path)

@@ -1,0 +1,163 @@
+"""Run one load-test profile: serve the bundle, drive it with locust, write `runs/<recipe>/loadtest-<profile>/`.
+
+The server (`python -m serve`) and locust (headless, `loadtests/locustfile.py`) run as subprocesses
+on loopback; this process samples their CPU and the server's RSS twice a second. The folder is
+built under a temporary name and renamed into place with its manifest: plan.json, texts.txt,
+requests.npz (every call), locust's CSV files (`locust_stats.csv`, `locust_stats_history.csv`, ...;
+their percentiles are rounded to whole ms) and HTML report (`report.html`), server.log, locust.log,
+summary.json and summary.md (see `loadtests.summary`).
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import LoadtestConfig, Profile, Recipe, run_dir
+from common.settings import PROJECT_ROOT
+from loadtests import summary as sm
+from loadtests.analysis import Resources, Samples
+from loadtests.plan import PLAN_VAR, Plan
+from serve.bench import cpu_seconds, free_port, load_texts, running
+from serve.settings import Settings, load_settings
+
+LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+SAMPLE_S = 0.5
+EXIT_MARGIN_S = 60.0  # locust's start-up and shutdown on top of the schedule
+
+
+class LoadtestError(RuntimeError):
+    """The load test could not run: locust failed or hung, or the settings rule the run out."""
+
+
+class Sampler(threading.Thread):
+    """Rows of (unix time, server CPU s, locust CPU s, server RSS bytes) every SAMPLE_S until `stop`."""
+
+    def __init__(self, server: psutil.Process, locust: psutil.Process):
+        super().__init__(daemon=True)
+        self.server, self.locust = server, locust
+        self.rows: list[tuple[float, float, float, float]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            try:
+                row = (time.time(), cpu_seconds(self.server), cpu_seconds(self.locust), self.server.memory_info().rss)
+            except psutil.Error:  # locust has exited
+                return
+            self.rows.append(row)
+            if self._done.wait(SAMPLE_S):
+                return
+
+    def stop(self) -> list[tuple[float, float, float, float]]:
+        self._done.set()
+        self.join()
+        return self.rows
+
+
+def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
+    """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
+    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port()), "--metrics-port", "off"]
+    flags += ["--threads", str(cfg.threads)]
+    settings = load_settings(flags)
+    if settings.tls_cert is not None or settings.token is not None:
+        raise LoadtestError("the load test calls over plaintext without a token: unset EDGEDISTILL_TLS_* and _TOKEN")
+    if cfg.batch_size > settings.max_texts:
+        raise LoadtestError(f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={settings.max_texts}")
+    return flags, settings
+
+
+def drive(folder: Path, port: int, server: psutil.Process, seconds: float) -> list[tuple]:
+    """Run headless locust on the plan in `folder` against `port`; the process samples taken meanwhile."""
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}"]
+    command += ["--csv", str(folder / "locust"), "--csv-full-history", "--html", str(folder / "report.html")]
+    command += ["--only-summary", "--exit-code-on-error", "0"]
+    env = os.environ | {PLAN_VAR: str(folder / "plan.json"), "PYTHONPATH": str(PROJECT_ROOT)}
+    log = folder / "locust.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=sink, stderr=sink)
+    sampler = Sampler(server, psutil.Process(process.pid))
+    sampler.start()
+    try:
+        code = process.wait(seconds + EXIT_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        code = None
+    rows = sampler.stop()
+    if code != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+        raise LoadtestError(f"locust {'hung' if code is None else f'exited with {code}'}; its log ends:\n{tail}")
+    return rows
+
+
+def task_errors(folder: Path) -> int:
+    """Exceptions raised in locust tasks (bugs in the scenarios, not failed calls), from locust_exceptions.csv."""
+    with open(folder / "locust_exceptions.csv", newline="") as handle:
+        return sum(int(row["Count"]) for row in csv.DictReader(handle))
+
+
+def run(
+    recipe: Recipe,
+    profile: Profile,
+    bundle: Path,
+    texts_file: Path | None = None,
+    scenarios: dict[str, int] | None = None,
+    console: Console | None = None,
+) -> dict:
+    """Run `profile` of the recipe's `loadtest` section against `bundle`; the summary (see `loadtests.summary`)."""
+    console = console or Console(width=200)
+    cfg = recipe.loadtest or LoadtestConfig()
+    loaded = load_bundle(bundle)
+    texts, source = load_texts(texts_file)
+    flags, settings = server_flags(bundle, cfg)
+    watch = mf.Stopwatch()
+    out = run_dir(recipe) / f"loadtest-{profile}"
+    with mf.stage_folder(out) as tmp:
+        plan = Plan(
+            profile=profile,
+            loadtest=cfg,
+            scenarios=scenarios or cfg.profile(profile).scenarios,
+            model=loaded.spec.name,
+            texts=Path("texts.txt"),
+            samples=Path("requests.npz"),
+        )
+        (tmp / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
+        (tmp / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+        load_before = os.getloadavg()
+        console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}, results in {out}[/]")
+        with running("serve", flags, settings.port, tmp / "server.log") as server:
+            rows = drive(tmp, settings.port, server, plan.duration_s)
+        samples = Samples.load(tmp / "requests.npz")
+        context = {
+            "recipe": recipe.name,
+            "bundle": {"path": str(bundle)}
+            | loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+            "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
+            "texts": sm.texts_info(texts, source),
+            "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+        }
+        result = sm.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(tmp), context)
+        (tmp / "summary.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (tmp / "summary.md").write_text(sm.markdown(result), encoding="utf-8")
+        manifest = mf.for_stage(
+            recipe,
+            f"loadtest-{profile}",
+            recipe.section_hash("loadtest"),
+            watch,
+            metrics=sm.headline(result),
+            parents={"bundle": mf.parent_of(bundle)},
+            info={"profile": profile, "checks": result["checks"]},
+        )
+        mf.commit(tmp, out, manifest)
+    sm.show(result, console)
+    return result

@@ -1,0 +1,48 @@
+"""SLO verdicts on a run's figures, and the capacity search over the steps of a stepped run."""
+
+from common.recipe import SloConfig
+
+
+def verdict(name: str, measured: float | None, limit: str, passed: bool) -> dict:
+    return {"name": name, "measured": measured, "limit": limit, "passed": passed}
+
+
+def check(stats: dict, slo: SloConfig) -> list[dict]:
+    """One verdict per threshold `slo` sets, on `stats` from `analysis.call_stats`."""
+    verdicts = []
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        limit = getattr(slo, key)
+        if limit is not None:
+            measured = stats[key]
+            verdicts.append(verdict(key, measured, f"<= {limit:g}", measured is not None and measured <= limit))
+    verdicts.append(
+        verdict(
+            "error_rate",
+            stats["error_rate"],
+            f"<= {slo.max_error_rate:g}",
+            stats["requests"] > 0 and stats["error_rate"] <= slo.max_error_rate,
+        )
+    )
+    if slo.min_rate_share is not None and stats["offered_rate"]:
+        share = stats["rate_share"]
+        verdicts.append(verdict("rate_share", share, f">= {slo.min_rate_share:g}", share >= slo.min_rate_share))
+    return verdicts
+
+
+def capacity(steps: list[dict], slo: SloConfig) -> dict | None:
+    """The step with the most requests/s among those that met every threshold of `slo`; None when none did."""
+    within = [step for step in steps if all(v["passed"] for v in check(step, slo))]
+    return max(within, key=lambda step: step["requests_per_s"], default=None)
+
+
+def capacity_verdict(capacity: dict | None, least: float | None) -> dict:
+    """Some step met the SLO, with at least `least` requests/s when given."""
+    measured = capacity["requests_per_s"] if capacity else None
+    limit = f">= {least:g}" if least else "a step within the SLO"
+    return verdict("capacity_rps", measured, limit, measured is not None and (least is None or measured >= least))
+
+
+def describe(v: dict) -> str:
+    """'p99_ms 4.120 (wanted <= 3)'."""
+    measured = "none" if v["measured"] is None else f"{v['measured']:.4g}"
+    return f"{v['name']} {measured} (wanted {v['limit']})"

@@ -1,0 +1,206 @@
+"""The result of a load-test run: `summary.json`, `summary.md` and a table on the console.
+
+summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core):
+- `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
+  `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
+  count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
+- `overall`: requests, failures, error_rate, requests_per_s, offered_rate, rate_share, mean_ms,
+  p50_ms, p95_ms, p99_ms, max_ms, server_cpu_pct, locust_cpu_pct;
+- `by_name`: the call figures per request name (`Classify`, `Classify x8`, `ClassifyStream x8`, `ModelInfer`);
+- `stages`: per stage of the schedule: name, start_s, end_s, users, the call figures (a step's first
+  `settle_s` left out), server_cpu_pct, locust_cpu_pct, generator_bound;
+- `series`: per second: t_s, users, requests_per_s, failures_per_s, p50_ms, p95_ms, p99_ms (null: no call);
+- `resources`: per process sample (twice a second): t_s, server_cpu_pct, locust_cpu_pct,
+  server_rss_mb, requests_done;
+- `capacity` (step): the stage with the most requests/s within the SLO, else null;
+- `rss_growth_mb_per_10k` (soak): server RSS slope over the second half of the run (null: too little data);
+- `generator_bound`: locust, which runs on one core, used >= 90 % of it in some stage: there the load
+  generator, not the server, limited the load; `notes`: such findings in words;
+- `checks` [{name, measured, limit, passed}] and `passed`: the SLO gate.
+"""
+
+import statistics
+
+from rich.console import Console
+from rich.table import Table
+
+from loadtests import analysis, slo
+from loadtests.analysis import Resources, Samples
+from loadtests.plan import Plan
+
+GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more
+
+
+def stage_figures(plan: Plan, samples: Samples, resources: Resources) -> list[dict]:
+    settle = getattr(plan.settings, "settle_s", 0.0)
+    figures = []
+    for stage in plan.stages:
+        start = stage.start_s + settle
+        stats = analysis.call_stats(samples.between(start, stage.end_s), stage.end_s - start, stage.offered_rate)
+        cpu = {f"{p}_cpu_pct": resources.cpu_pct(p, start, stage.end_s) for p in ("server", "locust")}
+        bound = (cpu["locust_cpu_pct"] or 0) >= GENERATOR_BOUND_CPU
+        figures.append(stage.model_dump() | stats | cpu | {"generator_bound": bound})
+    return figures
+
+
+def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[str]:
+    notes = []
+    bound = [s["name"] for s in stages if s["generator_bound"]]
+    if bound:
+        notes.append(
+            f"locust used >= {GENERATOR_BOUND_CPU:g} % of its core in {', '.join(bound)}: "
+            "there the load generator, not the server, limited the load"
+        )
+    timed = [s for s in stages if s["p99_ms"] is not None]
+    if profile == "step" and capacity is None and timed:
+        best = min(timed, key=lambda s: s["p99_ms"])
+        notes.append(
+            f"no step met the SLO; the lowest p99 was {best['p99_ms']:.2f} ms, in {best['name']} "
+            f"at {best['requests_per_s']:.0f} requests/s"
+        )
+    if profile == "step" and capacity is not None:
+        after = stages.index(capacity) + 1
+        if after == len(stages):
+            notes.append("every step met the SLO: capacity is a lower bound (add steps)")
+        elif stages[after]["generator_bound"]:
+            notes.append("the step past capacity was generator-bound: capacity is a lower bound")
+    return notes
+
+
+def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, context: dict) -> dict:
+    """Every figure and the SLO verdicts; `context` adds recipe, bundle, server, texts and machine."""
+    settings = plan.settings
+    duration = plan.duration_s
+    overall = analysis.call_stats(samples.between(0, duration), duration, analysis.offered_rate(plan.stages))
+    overall |= {f"{p}_cpu_pct": resources.cpu_pct(p, 0, duration) for p in ("server", "locust")}
+    stages = stage_figures(plan, samples, resources)
+    series = resources.series(samples, duration)
+    capacity = slo.capacity(stages, settings.slo) if plan.profile == "step" else None
+    soak = plan.profile == "soak"
+    growth = analysis.rss_growth_per_10k(series["requests_done"], series["server_rss_mb"]) if soak else None
+    if plan.profile == "step":
+        checks = [slo.capacity_verdict(capacity, settings.min_capacity_rps)]
+    else:
+        checks = slo.check(overall, settings.slo)
+    if soak and settings.max_rss_growth_mb_per_10k is not None:
+        limit = settings.max_rss_growth_mb_per_10k
+        checks.append(
+            slo.verdict("rss_growth_mb_per_10k", growth, f"<= {limit:g}", growth is not None and growth <= limit)
+        )
+    checks.append(slo.verdict("locust_task_errors", task_errors, "0", task_errors == 0))
+    return context | {
+        "profile": plan.profile,
+        "settings": settings.model_dump(mode="json"),
+        "scenarios": plan.scenarios,
+        "duration_s": duration,
+        "overall": overall,
+        "by_name": analysis.by_name(samples.between(0, duration), duration),
+        "stages": stages,
+        "series": analysis.per_second(samples, plan.stages),
+        "resources": series,
+        "capacity": capacity,
+        "rss_growth_mb_per_10k": growth,
+        "generator_bound": any(s["generator_bound"] for s in stages),
+        "notes": notes_for(stages, capacity, plan.profile),
+        "checks": checks,
+        "passed": all(c["passed"] for c in checks),
+    }
+
+
+def headline(summary: dict) -> dict:
+    """The manifest's metrics: overall call figures, capacity and RSS growth where measured, the verdict."""
+    keys = ("requests", "error_rate", "requests_per_s", "p50_ms", "p95_ms", "p99_ms")
+    metrics = {key: summary["overall"][key] for key in keys}
+    if summary["capacity"] is not None:
+        metrics["capacity_rps"] = summary["capacity"]["requests_per_s"]
+    if summary["rss_growth_mb_per_10k"] is not None:
+        metrics["rss_growth_mb_per_10k"] = summary["rss_growth_mb_per_10k"]
+    return metrics | {"passed": summary["passed"]}
+
+
+def texts_info(texts: list[str], source: str) -> dict:
+    lengths = [len(text) for text in texts]
+    return {
+        "source": source,
+        "count": len(texts),
+        "chars": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+    }
+
+
+COLUMNS = {  # figure -> column
+    "users": "users",
+    "offered_rate": "offered/s",
+    "requests_per_s": "requests/s",
+    "p50_ms": "p50 ms",
+    "p95_ms": "p95 ms",
+    "p99_ms": "p99 ms",
+    "max_ms": "max ms",
+    "failures": "failures",
+    "locust_cpu_pct": "locust CPU %",
+    "server_cpu_pct": "server CPU %",
+}
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def rows(summary: dict) -> list[list[str]]:
+    stages = summary["stages"] if len(summary["stages"]) > 1 else []
+    overall = summary["overall"] | {"users": "", "name": "overall"}
+    return [[s["name"]] + [_cell(s.get(key)) for key in COLUMNS] for s in [*stages, overall]]
+
+
+def heading(summary: dict) -> str:
+    b = summary["bundle"]
+    return (
+        f"load test {summary['profile']} of {b['name']} ({b['arch']}, {b['precision']}), "
+        f"{summary['duration_s']:g} s, scenarios {summary['scenarios']}, {summary['machine']['cpus']} CPUs"
+    )
+
+
+def verdict_rows(summary: dict) -> list[list[str]]:
+    return [[c["name"], _cell(c["measured"]), c["limit"], "pass" if c["passed"] else "MISS"] for c in summary["checks"]]
+
+
+def extras(summary: dict) -> list[str]:
+    lines = list(summary["notes"])
+    if summary["capacity"] is not None:
+        lines.append(f"capacity within the SLO: {summary['capacity']['requests_per_s']:.0f} requests/s")
+    if summary["rss_growth_mb_per_10k"] is not None:
+        lines.append(f"server RSS growth: {summary['rss_growth_mb_per_10k']:.3f} MB per 10,000 requests")
+    return lines
+
+
+def markdown(summary: dict) -> str:
+    lines = [f"{heading(summary)}.", ""]
+    lines += ["| stage | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (1 + len(COLUMNS))]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(summary)]
+    lines += ["", "| check | measured | wanted | result |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in verdict_rows(summary)]
+    if notes := extras(summary):
+        lines += ["", *(f"- {line}" for line in notes)]
+    lines += ["", "Latency of successful calls as locust saw them; CPU %: 100 = one core."]
+    return "\n".join(lines) + "\n"
+
+
+def show(summary: dict, console: Console) -> None:
+    table = Table(title=heading(summary), title_justify="left")
+    table.add_column("stage")
+    for column in COLUMNS.values():
+        table.add_column(column, justify="right")
+    for row in rows(summary):
+        table.add_row(*row)
+    checks = Table(title="SLO", title_justify="left")
+    for column in ("check", "measured", "wanted", "result"):
+        checks.add_column(column)
+    for row in verdict_rows(summary):
+        checks.add_row(*row[:3], f"[green]{row[3]}[/]" if row[3] == "pass" else f"[red]{row[3]}[/]")
+    console.print(table)
+    console.print(checks)
+    for line in extras(summary):
+        console.print(f"- {line}")

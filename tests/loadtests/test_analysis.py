@@ -1,0 +1,113 @@
+"""Figures from samples: call statistics, CPU, RSS growth, SLO verdicts and the capacity search."""
+
+import numpy as np
+import pytest
+
+from common.recipe import SloConfig
+from loadtests import analysis, slo, summary
+from loadtests.analysis import Resources, Samples
+from loadtests.recorder import Recorder
+
+
+def samples(end_s, ms, ok=None) -> Samples:
+    end_s, ms = np.asarray(end_s, float), np.asarray(ms, float)
+    ok = np.ones(len(ms), bool) if ok is None else np.asarray(ok, bool)
+    return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], 0.0)
+
+
+def step(rps, p99, errors=0.0, offered=None) -> dict:
+    return {
+        "requests": 100,
+        "requests_per_s": rps,
+        "offered_rate": offered or rps,
+        "rate_share": rps / (offered or rps),
+        "error_rate": errors,
+        "p50_ms": p99 / 2,
+        "p95_ms": p99,
+        "p99_ms": p99,
+    }
+
+
+def test_call_stats():
+    run = samples(np.linspace(0, 1.99, 200), np.arange(1, 201) / 100, ok=[True] * 190 + [False] * 10)
+    stats = analysis.call_stats(run, 2.0, offered_rate=125)
+    assert stats["requests"] == 200 and stats["failures"] == 10 and stats["error_rate"] == 0.05
+    assert stats["requests_per_s"] == 100 and stats["rate_share"] == 0.8
+    assert stats["p50_ms"] == pytest.approx(0.955) and stats["max_ms"] == 1.9  # failed calls' latencies left out
+    assert len(run.between(0, 1).ms) == 100 and len(run.between(1, 2).ms) == 100
+    assert analysis.call_stats(samples([], []), 1.0)["p99_ms"] is None
+
+
+def test_capacity_is_the_busiest_step_within_the_slo():
+    steps = [step(100, 1.0), step(200, 2.0), step(290, 2.9), step(300, 4.0), step(310, 2.5, errors=0.01)]
+    assert slo.capacity(steps, SloConfig(p99_ms=3)) is steps[2]
+    slow = [step(100, 1.0), step(180, 1.5, offered=200), step(200, 1.8, offered=300)]
+    assert slo.capacity(slow, SloConfig(p99_ms=3)) is slow[0]  # the others fell below 0.95 of the offered rate
+    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=0.9)) is slow[1]
+    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=None)) is slow[2]
+    assert slo.capacity([step(100, 5.0)], SloConfig(p99_ms=3)) is None
+
+
+def test_slo_verdicts_name_the_threshold():
+    verdicts = slo.check(step(200, 2.4) | {"p50_ms": 0.9}, SloConfig(p50_ms=1, p99_ms=0.001))
+    assert [(v["name"], v["passed"]) for v in verdicts] == [
+        ("p50_ms", True),
+        ("p99_ms", False),
+        ("error_rate", True),
+        ("rate_share", True),
+    ]
+    assert slo.describe(verdicts[1]) == "p99_ms 2.4 (wanted <= 0.001)"
+    assert not slo.check(step(200, 1.0) | {"requests": 0}, SloConfig())[0]["passed"]  # no call: no pass
+
+
+def test_rss_growth_per_10k_requests():
+    done = np.arange(0, 100_001, 5_000)
+    rss = 100 + 0.5 * done / 10_000
+    rss[:4] += np.array([0, 20, 25, 28])  # warm-up growth, left out with the first half
+    assert analysis.rss_growth_per_10k(done.tolist(), rss.tolist()) == pytest.approx(0.5)
+    assert analysis.rss_growth_per_10k([0, 10, 20, 30], [1, 2, 3, 4]) is None  # too few requests to fit
+    assert analysis.rss_growth_per_10k([0, 5000], [1, 2]) is None
+
+
+def test_cpu_percent_from_cumulative_times():
+    rows = [(10.0 + t, 2.0 * t * 0.5, 0.9 * t, 50 * 2**20) for t in np.arange(0, 10.5, 0.5)]
+    resources = Resources.from_rows(rows, started=11.0)
+    assert resources.cpu_pct("server", 0, 4) == pytest.approx(100.0)
+    assert resources.cpu_pct("locust", 0, 9.5) == pytest.approx(90.0)  # clipped to the last sample at 9 s
+    assert resources.cpu_pct("locust", 8, 20) is None
+    series = resources.series(samples([0.5, 1.2, 3.0], [1, 1, 1]), until=2)
+    assert series["t_s"] == [0.0, 0.5, 1.0, 1.5, 2.0] and series["requests_done"] == [0, 1, 1, 2, 2]
+    assert series["server_cpu_pct"] == [100.0] * 5 and series["server_rss_mb"] == [50.0] * 5
+
+
+def test_recorder_round_trip(tmp_path):
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.25, response_length=10, exception=None)
+    recorder.on_request(name="ModelInfer", response_time=3.5, response_length=0, exception=RuntimeError("NOT_FOUND"))
+    recorder.on_quitting()
+    loaded = Samples.load(tmp_path / "requests.npz")
+    assert loaded.ms.tolist() == [1.25, 3.5] and loaded.ok.tolist() == [True, False]
+    assert [loaded.names[i] for i in loaded.name] == ["Classify", "ModelInfer"]
+    assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5 and loaded.started > 0
+
+
+def test_capacity_verdict():
+    assert slo.capacity_verdict(step(250, 1.0), 200)["passed"]
+    assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
+    assert not slo.capacity_verdict(None, None)["passed"] and slo.capacity_verdict(step(1, 1.0), None)["passed"]
+
+
+def test_notes_say_when_the_load_generator_is_the_limit():
+    stages = [
+        step(200, 1.0) | {"name": "step 1", "generator_bound": False},
+        step(400, 2.0) | {"name": "step 2", "generator_bound": False},
+        step(500, 9.0) | {"name": "step 3", "generator_bound": True},
+    ]
+    notes = summary.notes_for(stages, stages[1], "step")
+    assert notes[0].startswith("locust used >= 90 % of its core in step 3")
+    assert notes[1] == "the step past capacity was generator-bound: capacity is a lower bound"
+    assert summary.notes_for(stages[:2], stages[1], "step") == [
+        "every step met the SLO: capacity is a lower bound (add steps)"
+    ]
+    assert summary.notes_for(stages[2:], None, "step")[1].startswith("no step met the SLO; the lowest p99 was 9.00 ms")

@@ -1,0 +1,85 @@
+"""The interceptor reports every call as a locust request event, failed calls with their exception.
+
+locust monkey-patches the process with gevent on import, so the client side runs in a child process
+against a real server on port 0 in this one.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.serve.conftest import ROOT, RunningServer, settings_for, subprocess_env, write_bundle
+
+CLIENT = """
+import json, sys
+import grpc
+from locust.env import Environment
+from locust.event import Events
+from loadtests.grpc_user import EventInterceptor, GrpcUser
+from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+
+address = sys.argv[1]
+events = Events()
+fired = []
+
+def on_request(request_type, name, response_time, response_length, exception, **_):
+    code = exception.code().name if exception is not None else None
+    fired.append({"type": request_type, "name": name, "ms": response_time, "bytes": response_length, "error": code})
+
+events.request.add_listener(on_request)
+channel = grpc.intercept_channel(grpc.insecure_channel(address), EventInterceptor(events))
+classifier = classifier_pb2_grpc.ClassifierStub(channel)
+kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+classifier.Classify(classifier_pb2.ClassifyRequest(texts=["a great movie"]))
+replies = list(classifier.ClassifyStream(iter([classifier_pb2.ClassifyRequest(texts=["good"])] * 3)))
+unknown = kserve_pb2.ModelInferRequest(model_name="no-such-model")
+unknown.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"fun")
+try:
+    kserve.ModelInfer(unknown)
+except grpc.RpcError:
+    pass
+
+class User(GrpcUser):
+    host = address
+
+user = User(Environment(events=events))
+stub = kserve_pb2_grpc.GRPCInferenceServiceStub(user.channel)
+failed = user.call(stub.ModelInfer, unknown, "unknown model")
+empty = user.stream(classifier_pb2_grpc.ClassifierStub(user.channel).ClassifyStream, [classifier_pb2.ClassifyRequest()], "empty")
+user.on_stop()
+print(json.dumps({"events": fired, "replies": len(replies), "failed": failed, "empty": empty}))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    running = RunningServer(settings_for(write_bundle(tmp_path_factory.mktemp("lt") / "bundle-tiny")))
+    yield running
+    running.close()
+
+
+def test_interceptor_fires_request_events(server):
+    result = subprocess.run(
+        [sys.executable, "-c", CLIENT, server.address],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    events = out["events"]
+    assert [(e["name"], e["error"]) for e in events] == [
+        ("Classify", None),
+        ("ClassifyStream", None),
+        ("ModelInfer", "NOT_FOUND"),
+        ("unknown model", "NOT_FOUND"),
+        ("empty", "INVALID_ARGUMENT"),
+    ]
+    assert all(e["type"] == "grpc" and e["ms"] > 0 for e in events)
+    assert events[0]["bytes"] > 0 and events[1]["bytes"] > events[0]["bytes"]  # the stream's three replies
+    assert events[2]["bytes"] == 0
+    assert out["replies"] == 3 and out["failed"] is None and out["empty"] is None

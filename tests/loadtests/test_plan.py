@@ -1,0 +1,69 @@
+"""The `loadtest` recipe section, its presets and schedules, and scenario weights."""
+
+import pytest
+
+from common.recipe import LoadtestConfig, RecipeError, load_recipe
+from loadtests import plan
+
+MINIMAL = "data: {train: a.tsv, dev: b.tsv}\nmodel: {init: some/model}\n"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_presets_fill_what_a_recipe_leaves_out():
+    cfg = LoadtestConfig.model_validate({"smoke": {"duration_s": 3}, "steady": {"slo": {"p99_ms": 3}}})
+    assert (cfg.smoke.users, cfg.smoke.rate, cfg.smoke.duration_s) == (2, 20.0, 3)
+    assert set(cfg.smoke.scenarios) == {"single", "batch", "stream", "kserve"}
+    assert cfg.steady.slo.p99_ms == 3 and cfg.steady.slo.max_error_rate == 0 and cfg.steady.user_rate == 20.0
+    assert cfg.soak.duration_s == 600
+
+
+def test_bad_loadtest_settings_are_named(tmp_path):
+    with pytest.raises(RecipeError, match=r"loadtest\.step.*settle_s"):
+        load_recipe(write(tmp_path, MINIMAL + "loadtest: {step: {step_s: 1, settle_s: 2}}\n"))
+    with pytest.raises(RecipeError, match=r"loadtest\.smoke\.scenarios"):
+        load_recipe(write(tmp_path, MINIMAL + "loadtest: {smoke: {scenarios: {sing: 1}}}\n"))
+    with pytest.raises(RecipeError, match=r"loadtest\.spike"):
+        load_recipe(write(tmp_path, MINIMAL + "loadtest: {spike: {users: 5, spike_users: 5}}\n"))
+
+
+def test_loadtest_section_leaves_artifact_hashes_alone(tmp_path):
+    without = load_recipe(write(tmp_path, MINIMAL))
+    with_it = load_recipe(write(tmp_path, MINIMAL + "loadtest: {steady: {rate: 100}}\n"))
+    assert without.hash == with_it.hash
+    assert with_it.section_hash("loadtest") != without.section_hash("loadtest")
+
+
+def test_schedules():
+    cfg = LoadtestConfig.model_validate(
+        {
+            "step": {"users": 2, "step_users": 3, "steps": 3, "step_s": 5, "user_rate": 10},
+            "spike": {"users": 1, "spike_users": 4, "user_rate": 5, "before_s": 2, "spike_s": 3, "after_s": 4},
+            "steady": {"users": 4, "rate": 100, "duration_s": 7},
+        }
+    )
+    step = plan.stages(cfg.step)
+    assert [(s.start_s, s.end_s, s.users, s.offered_rate) for s in step] == [
+        (0, 5, 2, 20),
+        (5, 10, 5, 50),
+        (10, 15, 8, 80),
+    ]
+    spike = plan.stages(cfg.spike)
+    assert [(s.name, s.end_s, s.users, s.offered_rate) for s in spike] == [
+        ("before", 2, 1, 5),
+        ("spike", 5, 4, 20),
+        ("after", 9, 1, 5),
+    ]
+    (steady,) = plan.stages(cfg.steady)
+    assert (steady.end_s, steady.users, steady.offered_rate) == (7, 4, 100)
+
+
+def test_scenario_weights():
+    assert plan.parse_scenarios("single=3, batch=1,kserve=0") == {"single": 3, "batch": 1, "kserve": 0}
+    for bad in ("single", "single=x", "nope=1", "single=0"):
+        with pytest.raises(ValueError):
+            plan.parse_scenarios(bad)

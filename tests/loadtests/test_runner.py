@@ -1,0 +1,67 @@
+"""`python -m loadtests` end to end on the tiny bundle, with the seconds-long profiles of recipes/smoke.yaml."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import manifest as mf
+from tests.serve.conftest import ROOT, write_bundle
+
+FILES = ("locust_stats.csv", "locust_stats_history.csv", "report.html", "requests.npz", "plan.json", "summary.md")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return write_bundle(tmp_path_factory.mktemp("loadtests") / "bundle-tiny")
+
+
+def loadtest(bundle: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "loadtests", "recipes/smoke.yaml", "--profile", profile, "--bundle", str(bundle)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGEDISTILL_", "LOADTEST_"))}
+    return subprocess.run([*command, *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def results(profile: str) -> tuple[Path, dict]:
+    folder = Path(os.environ["RUNS_DIR"]) / "smoke" / f"loadtest-{profile}"
+    return folder, json.loads((folder / "summary.json").read_text())
+
+
+def test_smoke_profile_passes_and_writes_its_folder(bundle):
+    run = loadtest(bundle, "smoke")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    folder, summary = results("smoke")
+    manifest = mf.load(folder)  # every file present and matching its sha256
+    assert set(FILES) <= set(manifest.files) and manifest.stage == "loadtest-smoke"
+    assert manifest.parents["bundle"].path == str(bundle) and manifest.metrics["passed"] is True
+    overall = summary["overall"]
+    assert overall["requests"] > 0 and overall["failures"] == 0 and 0 < overall["p50_ms"] <= overall["p99_ms"]
+    assert set(summary["by_name"]) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
+    assert len(summary["series"]["t_s"]) == 3 and sum(summary["series"]["requests_per_s"]) == overall["requests"]
+    assert summary["texts"]["count"] > 100 and summary["texts"]["chars"]["min"] < summary["texts"]["chars"]["max"]
+    with open(folder / "locust_stats.csv", newline="") as handle:
+        aggregated = next(row for row in csv.DictReader(handle) if row["Name"] == "Aggregated")
+    assert int(aggregated["Request Count"]) > 0 and int(aggregated["Failure Count"]) == 0
+    assert "SLO" in run.stdout and "overall" in run.stdout
+
+
+def test_missed_slo_fails_the_run_and_names_the_threshold(bundle):
+    run = loadtest(bundle, "smoke", "--loadtest.smoke.slo.p99_ms=0.001", "--loadtest.smoke.scenarios={single: 1}")
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "SLO missed: p99_ms" in run.stderr and "wanted <= 0.001" in run.stderr
+    _, summary = results("smoke")
+    assert summary["passed"] is False and [c["name"] for c in summary["checks"] if not c["passed"]] == ["p99_ms"]
+
+
+def test_step_profile_finds_capacity(bundle):
+    run = loadtest(bundle, "step", "--loadtest.step.slo.p99_ms=10000", "--loadtest.step.slo.min_rate_share=null")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("step")
+    stages = summary["stages"]
+    assert [s["users"] for s in stages] == [1, 3, 5] and [s["offered_rate"] for s in stages] == [20, 60, 100]
+    assert summary["capacity"]["requests_per_s"] == max(s["requests_per_s"] for s in stages)
+    assert all(s["locust_cpu_pct"] is not None and s["server_cpu_pct"] is not None for s in stages)
