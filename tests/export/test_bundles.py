@@ -35,6 +35,13 @@ def test_attention_is_fused_once_per_layer(smoke_bundles, bundle_id, layers):
     assert load_bundle(folder).spec.fused_operators["Attention"] == layers
 
 
+def test_int8_ops_limits_quantization_to_the_named_operators(smoke_bundles):
+    ops = op_types(smoke_bundles / "bundle-transformer-int8")  # int8_ops: [MatMul]
+    assert ops.count("Attention") == 1 and "QAttention" not in ops
+    assert "EmbedLayerNormalization" in ops and "QEmbedLayerNormalization" not in ops
+    assert "MatMulInteger" in ops
+
+
 def test_plain_teacher_export_is_unfused(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-teacher-onnx")
     assert "Attention" not in ops and "Softmax" in ops
