@@ -20,12 +20,12 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench image base-image container-test test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench loadtest image base-image container-test test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
-all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml)
+all: $(RUN)/report/manifest.json  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	@$(PY) -m common.summary $(RECIPE)
 
 setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
@@ -89,6 +89,22 @@ call: $(STAMP)  ## classify TEXT with the server on PORT
 SERVE_BENCH_ARGS ?=
 serve-bench: $(RUN)/export.done  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
 	$(PY) -m serve.bench --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+
+# `make all` after the benchmark: the serving benchmark and the smoke load test of the deployed
+# bundle, then the report. Each runs again only when the benchmark (and so the bundles) changed.
+$(RUN)/serve-bench/bench.json: $(RUN)/bench/manifest.json
+	$(PY) -m serve.bench --bundle $(BUNDLE) --out $(RUN)/serve-bench $(SERVE_BENCH_ARGS)
+
+$(RUN)/loadtest-smoke/manifest.json: $(RUN)/bench/manifest.json
+	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
+
+$(RUN)/report/manifest.json: $(RUN)/serve-bench/bench.json $(RUN)/loadtest-smoke/manifest.json
+	$(PY) -m report $(RECIPE)
+
+PROFILE       ?= smoke
+LOADTEST_ARGS ?=
+loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; $(RUN)/loadtest-PROFILE; fails on a missed SLO
+	$(PY) -m loadtests $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 IMAGE      ?= edgedistill-serve
 BASE_IMAGE ?= localhost/edgedistill-base:bookworm

@@ -67,11 +67,13 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     if bench:
         rows = {row["model"]: row for row in bench["rows"]}
         for model in (deploy, "teacher-int8"):
-            cell = rows.get(model, {}).get("cells", {}).get(BENCH_CELL)
-            if cell:
+            cells = rows.get(model, {}).get("cells", {})
+            key = BENCH_CELL if BENCH_CELL in cells else next(iter(sorted(cells)), None)
+            if key:
+                batch, length = key[1:].split("_s")
                 lines.append(
-                    f"bench {model}: {cell['median_ms']:.2f} ms at batch 1, 64 tokens = "
-                    f"{cell['speedup']:.1f}x teacher PyTorch eager ({bench['threads']} threads)"
+                    f"bench {model}: {cells[key]['median_ms']:.2f} ms at batch {batch}, {length} tokens = "
+                    f"{cells[key]['speedup']:.1f}x teacher PyTorch eager ({bench['threads']} threads)"
                 )
     served = _json(root / "serve-bench" / "bench.json")
     if served:
@@ -84,8 +86,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     for loadtest in sorted(root.glob("loadtest-*/summary.json")):
         result = _json(loadtest)
         overall = result["overall"]
+        p99 = "-" if overall["p99_ms"] is None else f"{overall['p99_ms']:.2f}"
         lines.append(
-            f"load test {result['profile']}: {overall['requests']} calls, p99 {overall['p99_ms']:.2f} ms, "
+            f"load test {result['profile']}: {overall['requests']} calls, p99 {p99} ms, "
             f"{overall['failures']} failures, SLO {'passed' if result['passed'] else 'MISSED'}"
         )
     if (root / "report" / "index.html").is_file():

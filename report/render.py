@@ -146,6 +146,10 @@ def _loadtests(page: Page, root: Path) -> None:
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
         )
         overall = result["overall"]
+
+        def number(value, spec: str) -> str | None:
+            return None if value is None else format(value, spec)
+
         page.table(
             [
                 "requests",
@@ -159,15 +163,15 @@ def _loadtests(page: Page, root: Path) -> None:
                 "locust CPU %",
             ],
             [
-                [overall["requests"], overall["failures"], f"{overall['requests_per_s']:.1f}"]
-                + [f"{overall[k]:.2f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
-                + [f"{overall[k]:.0f}" for k in ("server_cpu_pct", "locust_cpu_pct")]
+                [overall["requests"], overall["failures"], number(overall["requests_per_s"], ".1f")]
+                + [number(overall[k], ".2f") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
+                + [number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
             ],
         )
         page.table(
             ["SLO check", "measured", "wanted", "result"],
             [
-                [c["name"], f"{c['measured']:.3g}", c["limit"], "pass" if c["passed"] else "MISS"]
+                [c["name"], number(c["measured"], ".3g"), c["limit"], "pass" if c["passed"] else "MISS"]
                 for c in result["checks"]
             ],
         )

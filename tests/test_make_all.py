@@ -1,0 +1,38 @@
+"""`make all RECIPE=recipes/smoke.yaml`: the whole pipeline as one job, on the session's smoke run."""
+
+import os
+import subprocess
+
+import pytest
+
+from common import manifest as mf
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_make_all_on_the_smoke_recipe(smoke_bundles):
+    runs = smoke_bundles.parent
+    env = {**os.environ, "RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    command = ["make", "--no-print-directory", "all", "RECIPE=recipes/smoke.yaml", f"RUNS_DIR={runs}"]
+    result = subprocess.run(
+        [*command, "SERVE_BENCH_ARGS=--duration 1 --repeats 1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for stage in ("bench", "loadtest-smoke", "report"):
+        assert mf.load(smoke_bundles / stage).stage.startswith(stage.split("-")[0])
+    assert (smoke_bundles / "serve-bench" / "bench.json").is_file()
+    out = result.stdout
+    assert "up to date" in out  # the teacher, transfer set, students and bundles were not rebuilt
+    for line in ("teacher: dev accuracy", "student bilstm:", "bench bilstm-int8:", "serving: p99", "load test smoke:"):
+        assert line in out, out[-2000:]
+    assert f"bundle: {smoke_bundles / 'bundle-bilstm-int8'}" in out
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ".venv/bin/python -m" not in again.stdout, "a second `make all` reran a stage"
