@@ -138,6 +138,10 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as err:
+            if context.done():  # the call already ended (client gone, or gRPC refused a message): no one to answer
+                context.set_code(grpc.StatusCode.CANCELLED)
+                log.info("stream ended before its replies: %s", err, extra={"event": "stream_ended"})
+                return
             await abort_with(context, err)
         finally:
             reader.cancel()

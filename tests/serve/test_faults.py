@@ -23,10 +23,12 @@ KNOWN = ["a great movie", "awful boring film", "the plot was good and fun"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 BATCH_SECONDS = 0.05  # the slowed-down model's time per batch in the overload test
-# 8 queued rows, 4 per 50 ms batch: 0.15 s in theory (0.17-0.19 s measured at p95); without the
-# queue limit the 64 clients of the test wait 0.8 s.
-ADMITTED_P95_BOUND_S = 0.5
-ADMITTED_MAX_BOUND_S = 2.0
+# 8 queued rows, 4 per batch: an admitted call waits about 3 batches (0.15 s; 0.17-0.22 s measured
+# at p95 on a quiet machine, 0.61 s while another load test shared the cores). The bound counts
+# batches as long as they really took, plus slack for a busy machine; a missing queue limit shows
+# as calls that are never refused, and a growing queue as later calls waiting longer than earlier.
+ADMITTED_P95_BOUND_BATCHES = 12
+ADMITTED_SLACK_S = 0.3
 RESTART_BOUND_S = 20.0
 IN_FLIGHT_MARGIN_S = 0.2  # a call started this long before SIGTERM has surely reached the server
 
@@ -105,9 +107,14 @@ def test_sustained_overload_sheds_the_excess_with_bounded_latency_and_recovers(s
     batcher = server.server.host.current.batcher
     fast = batcher.infer
 
+    batch_seconds = []
+
     def slow(inputs):
+        started = time.monotonic()
         time.sleep(BATCH_SECONDS)
-        return fast(inputs)
+        outputs = fast(inputs)
+        batch_seconds.append(time.monotonic() - started)
+        return outputs
 
     batcher.infer = slow  # 4 rows per 50 ms at most: 64 clients calling back to back overload it
     with server.channel() as channel:
@@ -129,7 +136,12 @@ def test_sustained_overload_sheds_the_excess_with_bounded_latency_and_recovers(s
             f"refusals p50 {statistics.median(refused) * 1000:.1f} ms"
         )
         assert len(refused) > len(admitted), "64 clients against 8 queued rows should mostly be refused"
-        assert p95 < ADMITTED_P95_BOUND_S and admitted[-1] < ADMITTED_MAX_BOUND_S
+        batch = statistics.median(batch_seconds)
+        assert p95 < ADMITTED_P95_BOUND_BATCHES * batch + ADMITTED_SLACK_S, (p95, batch)
+        in_order = [end - start for start, end, code in sorted(load.calls) if code == "OK"]
+        third = len(in_order) // 3
+        early, late = sorted(in_order[:third]), sorted(in_order[-third:])
+        assert late[len(late) // 2] < 1.5 * early[len(early) // 2] + 0.1, "admitted calls waited longer over time"
         assert statistics.median(refused) < BATCH_SECONDS, "a refusal should not wait for the model"
 
         deadline = time.monotonic() + 5
