@@ -19,6 +19,10 @@ class ModelNotFound(ServeError):
     code = "NOT_FOUND"
 
 
+class PermissionDenied(ServeError):
+    code = "PERMISSION_DENIED"
+
+
 class NotReady(ServeError):
     """The model is not loaded or warm yet, or the server is draining."""
 

@@ -52,6 +52,9 @@ class Settings(BaseModel):
         description="bearer token clients must send ('authorization: Bearer ...'); prefer the variable, flags show in ps",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    reload_root: Path | None = Field(
+        None, description="Reload calls may only name bundles inside this folder (default: the folder holding BUNDLE)"
+    )
     access_log: bool = Field(
         False, description="log every successful call as well (failed calls are always logged); costs throughput"
     )
@@ -63,7 +66,7 @@ class Settings(BaseModel):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("metrics_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", mode="before")
+    @field_validator("metrics_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", "reload_root", mode="before")
     @classmethod
     def _blank_is_none(cls, value):
         if isinstance(value, str) and value.strip().lower() in ("", "off", "none"):

@@ -4,6 +4,7 @@ import asyncio
 import functools
 import logging
 from importlib import metadata
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -11,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
-from serve.errors import InvalidInput, ServeError
+from serve.errors import InvalidInput, PermissionDenied, ServeError
 from serve.logs import REQUEST_ID
 from serve.model import ModelHost, ModelRuntime, Scores, check_texts
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -75,6 +76,18 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
     return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+def reload_folder(path: str, settings: Settings) -> Path:
+    """The bundle folder a Reload call names, refused unless it lies inside the reload root."""
+    root = settings.reload_root or (settings.bundle.parent if settings.bundle else None)
+    try:
+        folder = Path(path).resolve()
+    except (OSError, ValueError) as err:
+        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
+    if root is None or not folder.is_relative_to(root.resolve()):
+        raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
+    return folder
 
 
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
@@ -157,7 +170,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
     @handles_errors
     async def Reload(self, request, context):
-        runtime, previous = await self.host.reload(request.bundle_path or None)
+        folder = reload_folder(request.bundle_path, self.settings) if request.bundle_path else None
+        runtime, previous = await self.host.reload(folder)
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
         if previous is not None:
             reply.previous.CopyFrom(model_info(previous))
