@@ -1,10 +1,14 @@
-"""Fixtures for the server tests: a tiny torch-free bundle, servers on port 0, throwaway certificates."""
+"""Fixtures for the server tests: a tiny torch-free bundle, servers on port 0 (in-process or as `python -m serve`
+subprocesses), throwaway certificates."""
 
 import asyncio
+import json
 import os
+import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -242,3 +246,71 @@ def serve_command(bundle: Path, *extra: str) -> list[str]:
 def subprocess_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_")}
     return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | extra
+
+
+class ServerProcess:
+    """`python -m serve` in a subprocess; its JSON log lines are collected as they come."""
+
+    def __init__(self, bundle, *flags: str, **env: str):
+        self.proc = subprocess.Popen(
+            serve_command(bundle, "--metrics-port", "0", *flags),
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[dict] = []
+        self._new: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            entry = json.loads(line)  # every line is one JSON object
+            self.lines.append(entry)
+            self._new.put(entry)
+        self._new.put(None)
+
+    def wait_for(self, event: str, timeout: float = 30) -> dict:
+        for entry in self.lines:
+            if entry.get("event") == event:
+                return entry
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                entry = self._new.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if entry is None:
+                break
+            if entry.get("event") == event:
+                return entry
+        raise AssertionError(f"no {event!r} log line; the log so far: {self.lines[-10:]}")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def spawn():
+    """`spawn(bundle, *flags, **env) -> ServerProcess`, killed at the end of the test if still running."""
+    started = []
+
+    def start(bundle, *flags, **env) -> ServerProcess:
+        process = ServerProcess(bundle, *flags, **env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+@pytest.fixture(scope="module")
+def channel(served):
+    """A channel to the module's `served` server."""
+    channel = served.channel()
+    yield channel
+    channel.close()

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serve.proto import classifier_pb2 as pb
 from serve.proto import classifier_pb2_grpc
 from tests.serve.conftest import settings_for
-from tests.serve.test_process import ServerProcess, queued_rows
+from tests.serve.test_process import queued_rows
 
 KNOWN = ["a great movie", "awful boring film", "the plot was good and fun"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -31,20 +31,6 @@ ADMITTED_P95_BOUND_BATCHES = 12
 ADMITTED_SLACK_S = 0.3
 RESTART_BOUND_S = 20.0
 IN_FLIGHT_MARGIN_S = 0.2  # a call started this long before SIGTERM has surely reached the server
-
-
-@pytest.fixture
-def spawn():
-    started = []
-
-    def start(bundle, *flags, **env) -> ServerProcess:
-        process = ServerProcess(bundle, *flags, **env)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.close()
 
 
 def health_of(channel) -> int:

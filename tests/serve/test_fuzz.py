@@ -40,13 +40,6 @@ sentences = mostly(st.lists(words, min_size=1, max_size=20).map(" ".join), st.te
 
 
 @pytest.fixture(scope="module")
-def channel(served):
-    channel = served.channel()
-    yield channel
-    channel.close()
-
-
-@pytest.fixture(scope="module")
 def known(channel) -> np.ndarray:
     reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=KNOWN), timeout=10)
     return np.array([p.probabilities for p in reply.predictions])

@@ -20,13 +20,6 @@ PROBE = Path(__file__).with_name("triton_probe.py")
 
 
 @pytest.fixture(scope="module")
-def channel(served):
-    channel = served.channel()
-    yield channel
-    channel.close()
-
-
-@pytest.fixture(scope="module")
 def stub(channel):
     return kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
 

@@ -2,11 +2,9 @@
 
 import io
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -19,65 +17,6 @@ from serve.proto import classifier_pb2 as pb
 from serve.proto import classifier_pb2_grpc
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt
-
-
-class ServerProcess:
-    """`python -m serve` in a subprocess; its JSON log lines are collected as they come."""
-
-    def __init__(self, bundle, *flags: str, **env: str):
-        self.proc = subprocess.Popen(
-            serve_command(bundle, "--metrics-port", "0", *flags),
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[dict] = []
-        self._new: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            entry = json.loads(line)  # every line is one JSON object
-            self.lines.append(entry)
-            self._new.put(entry)
-        self._new.put(None)
-
-    def wait_for(self, event: str, timeout: float = 30) -> dict:
-        for entry in self.lines:
-            if entry.get("event") == event:
-                return entry
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                entry = self._new.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if entry is None:
-                break
-            if entry.get("event") == event:
-                return entry
-        raise AssertionError(f"no {event!r} log line; the log so far: {self.lines[-10:]}")
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def spawn():
-    started = []
-
-    def start(bundle, *flags, **env) -> ServerProcess:
-        process = ServerProcess(bundle, *flags, **env)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.close()
 
 
 def queued_rows(metrics_port: int) -> float:
