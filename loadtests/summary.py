@@ -22,8 +22,8 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 import statistics
 
 from rich.console import Console
-from rich.table import Table
 
+from common.tables import print_results
 from loadtests import analysis, slo
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import Plan
@@ -189,18 +189,7 @@ def markdown(summary: dict) -> str:
 
 
 def show(summary: dict, console: Console) -> None:
-    table = Table(title=heading(summary), title_justify="left")
-    table.add_column("stage")
-    for column in COLUMNS.values():
-        table.add_column(column, justify="right")
-    for row in rows(summary):
-        table.add_row(*row)
-    checks = Table(title="SLO", title_justify="left")
-    for column in ("check", "measured", "wanted", "result"):
-        checks.add_column(column)
-    for row in verdict_rows(summary):
-        checks.add_row(*row[:3], f"[green]{row[3]}[/]" if row[3] == "pass" else f"[red]{row[3]}[/]")
-    console.print(table)
-    console.print(checks)
+    header = ["stage", *COLUMNS.values()]
+    print_results(console, heading(summary), header, rows(summary), ("SLO", "check", verdict_rows(summary)))
     for line in extras(summary):
         console.print(f"- {line}")

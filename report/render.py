@@ -137,6 +137,11 @@ def _serving(page: Page, root: Path) -> None:
         page.html.append(f"<pre>{html.escape(results.read_text(encoding='utf-8'))}</pre>")
 
 
+def _number(value, spec: str) -> str | None:
+    """`value` formatted, or None (shown as "-") when the run could not measure it."""
+    return None if value is None else format(value, spec)
+
+
 def _loadtests(page: Page, root: Path) -> None:
     for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
         result = plots.read_json(folder / "summary.json")
@@ -146,10 +151,6 @@ def _loadtests(page: Page, root: Path) -> None:
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
         )
         overall = result["overall"]
-
-        def number(value, spec: str) -> str | None:
-            return None if value is None else format(value, spec)
-
         page.table(
             [
                 "requests",
@@ -163,15 +164,15 @@ def _loadtests(page: Page, root: Path) -> None:
                 "locust CPU %",
             ],
             [
-                [overall["requests"], overall["failures"], number(overall["requests_per_s"], ".1f")]
-                + [number(overall[k], ".2f") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
-                + [number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
+                [overall["requests"], overall["failures"], _number(overall["requests_per_s"], ".1f")]
+                + [_number(overall[k], ".2f") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
+                + [_number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
             ],
         )
         page.table(
             ["SLO check", "measured", "wanted", "result"],
             [
-                [c["name"], number(c["measured"], ".3g"), c["limit"], "pass" if c["passed"] else "MISS"]
+                [c["name"], _number(c["measured"], ".3g"), c["limit"], "pass" if c["passed"] else "MISS"]
                 for c in result["checks"]
             ],
         )

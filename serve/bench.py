@@ -40,11 +40,11 @@ import numpy as np
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.table import Table
 
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
 from common.settings import PROJECT_ROOT, defaults
+from common.tables import print_results
 from serve.backends import load_backend
 from serve.encoding import TextEncoder
 from serve.proto import classifier_pb2, classifier_pb2_grpc
@@ -483,19 +483,8 @@ def markdown(result: dict) -> str:
 
 
 def print_tables(result: dict, console: Console) -> None:
-    table = Table(title=heading(result), title_justify="left")
-    table.add_column("phase")
-    for column in COLUMNS.values():
-        table.add_column(column, justify="right")
-    for row in table_rows(result):
-        table.add_row(*row)
-    targets = Table(title="targets", title_justify="left")
-    for column in ("target", "measured", "wanted", "result"):
-        targets.add_column(column)
-    for row in target_rows(result):
-        targets.add_row(*row[:3], f"[green]{row[3]}[/]" if row[3] == "pass" else f"[red]{row[3]}[/]")
-    console.print(table)
-    console.print(targets)
+    header = ["phase", *COLUMNS.values()]
+    print_results(console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result)))
 
 
 def parse_options(argv: list[str] | None = None) -> Options:

@@ -1,0 +1,25 @@
+"""Console output shared by the benchmarks: a results table, then a table of checks marked pass/MISS."""
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_results(
+    console: Console, title: str, header: list[str], rows: list[list[str]], checks: tuple[str, str, list[list[str]]]
+) -> None:
+    """`rows` under `header` (first column left-aligned, the rest right), then `checks`: its title, the name
+    of its first column, and rows of [name, measured, wanted, result]."""
+    table = Table(title=title, title_justify="left")
+    table.add_column(header[0])
+    for column in header[1:]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    checks_title, first, check_rows = checks
+    verdicts = Table(title=checks_title, title_justify="left")
+    for column in (first, "measured", "wanted", "result"):
+        verdicts.add_column(column)
+    for name, measured, wanted, result in check_rows:
+        verdicts.add_row(name, measured, wanted, f"[green]{result}[/]" if result == "pass" else f"[red]{result}[/]")
+    console.print(table)
+    console.print(verdicts)
