@@ -4,6 +4,7 @@
 
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
+JOBS     ?= 2
 RUNS_DIR ?= runs
 PYTHON   ?= python3
 VENV     := .venv
@@ -51,10 +52,10 @@ $(RUN)/transfer/manifest.json: $(RUN)/teacher/manifest.json $(RECIPES)
 	$(PY) -m distill transfer $(RECIPE)
 	@touch $@
 
-distill: $(RUN)/distill-summary.md  ## distil every student of the recipe, train their baselines, print the table
+distill: $(RUN)/distill-summary.md  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
 
 $(RUN)/distill-summary.md: $(RUN)/transfer/manifest.json $(RECIPES)
-	$(LAUNCH) distill distill $(RECIPE)
+	$(LAUNCH) distill distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
 	@touch $@
 
 bundles: $(RUN)/export.done  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity

@@ -3,7 +3,8 @@
 Stages: `pretrain`, `finetune`, `teacher` (pretrain when the recipe has a `pretrain` section,
 then fine-tune), `transfer` (build and label the transfer set), and `distill` (every student of
 the recipe, or those named with `--only`, plus their label-only baselines, then the summary
-table). A stage whose artifact is up to date is skipped unless `--force`.
+table; `--jobs N` trains N of them at once in separate processes). A stage whose artifact is up
+to date is skipped unless `--force`.
 """
 
 import argparse
@@ -15,7 +16,7 @@ import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
-from distill import dist, finetune, pretrain, student_stage, summary, transfer
+from distill import dist, finetune, parallel, pretrain, student_stage, summary, transfer
 from distill.data import DataError
 
 STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
     parser.add_argument("--only", action="append", help="distill: just this student (repeatable)")
     parser.add_argument("--no-baseline", action="store_true", help="distill: skip the label-only baselines")
+    parser.add_argument("--jobs", type=int, default=1, help="distill: train this many students/baselines at once")
     args, rest = parser.parse_known_args(argv)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -53,10 +55,16 @@ def main(argv: list[str] | None = None) -> int:
                 "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
             )
         if args.stage == "distill":
-            for name in args.only or list(recipe.distill.students):
-                student_stage.run(recipe, name, force=args.force)
-                if not args.no_baseline:
-                    student_stage.run(recipe, name, baseline=True, force=args.force)
+            jobs = [
+                (name, baseline)
+                for name in args.only or list(recipe.distill.students)
+                for baseline in ((False,) if args.no_baseline else (False, True))
+            ]
+            if args.jobs > 1 and world_size == 1:
+                parallel.run_all(recipe, jobs, args.jobs, force=args.force)
+            else:
+                for name, baseline in jobs:
+                    student_stage.run(recipe, name, baseline=baseline, force=args.force)
             if dist.is_main():
                 summary.write(recipe)
     except (RecipeError, DataError, ArtifactError) as err:

@@ -27,6 +27,8 @@ from distill import dist
 from distill.batching import shard
 
 CHECKPOINT = "checkpoint.pt"
+# The terminal line of this process's progress bar when several jobs share a terminal.
+bar_position: int | None = None
 
 
 @dataclass
@@ -171,6 +173,7 @@ class Trainer:
             initial=p.global_step,
             desc=self.desc,
             disable=not dist.is_main(),
+            position=bar_position,
             mininterval=2,
             dynamic_ncols=True,
         )

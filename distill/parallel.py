@@ -1,0 +1,42 @@
+"""Train several students and baselines at once, one process each, sharing the CPU threads.
+
+Small students use few cores well, so on a CPU host two single-threaded jobs finish sooner than
+the same jobs one after another on two threads. Each job is a `student_stage.run` call; jobs are
+independent (each writes its own artifact and resumes on its own).
+"""
+
+import concurrent.futures as cf
+import multiprocessing as mp
+
+import torch
+
+from common.recipe import Recipe
+from distill import student_stage, trainer
+
+
+def _start_worker(threads: int, slots) -> None:
+    torch.set_num_threads(threads)
+    trainer.bar_position = slots.get()
+
+
+def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:
+    """Run `(student name, baseline?)` jobs on `workers` processes; raise the first failure after all end."""
+    threads = max(1, torch.get_num_threads() // workers)
+    ctx = mp.get_context("spawn")
+    slots = ctx.Queue()
+    for slot in range(workers):
+        slots.put(slot)
+    print(f"[distill] {len(jobs)} jobs on {workers} processes x {threads} threads")
+    errors = []
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker, initargs=(threads, slots)) as pool:
+        pending = {
+            pool.submit(student_stage.run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs
+        }
+        for done, future in enumerate(cf.as_completed(pending), 1):
+            name, baseline = pending[future]
+            stage = f"{'baseline' if baseline else 'student'}-{name}"
+            if future.exception() is not None:
+                errors.append(future.exception())
+            print(f"[distill] {done}/{len(jobs)} {stage}: {'failed' if future.exception() else 'done'}")
+    if errors:
+        raise errors[0]
