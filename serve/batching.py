@@ -4,7 +4,9 @@ Each request is a list of rows; a row is `{input name: 1-D array of length L}` (
 Rows wait in a bounded queue until `max_batch_size` rows are waiting or the oldest has waited
 `max_delay` seconds; a batch then takes up to `max_batch_size` rows of similar length (the oldest
 row always included, so nothing starves), pads them to the longest with `pad_values`, and runs the
-backend in a worker thread so the event loop never blocks. Outputs are split back per row and
+backend in a worker thread so the event loop never blocks on it. A batch whose expected backend time
+(tokens times the measured time per token) is within `inline_max` seconds runs on the event loop
+instead: for a small model the hop to the thread and back costs more than the batch itself. Outputs are split back per row and
 returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
@@ -95,15 +97,18 @@ class DynamicBatcher:
         max_batch_size: int,
         max_delay: float,
         max_queued: int,
+        inline_max: float = 0.0,
         pad_values: Mapping[str, int | float] | None = None,
         observer: BatchObserver | None = None,
     ):
-        if max_batch_size < 1 or max_queued < 1 or max_delay < 0:
-            raise ValueError("max_batch_size and max_queued must be >= 1 and max_delay >= 0")
+        if max_batch_size < 1 or max_queued < 1 or max_delay < 0 or inline_max < 0:
+            raise ValueError("max_batch_size and max_queued must be >= 1, max_delay and inline_max >= 0")
         self.infer = infer
         self.max_batch_size = max_batch_size
         self.max_delay = max_delay
         self.max_queued = max_queued
+        self.inline_max = inline_max
+        self.seconds_per_token: float | None = None  # moving average of the backend's time per padded token
         self.pad_values = dict(pad_values or {})
         self.observer = observer or BatchObserver()
         self._pending: list[_Row] = []
@@ -221,16 +226,23 @@ class DynamicBatcher:
         for row in batch:
             if row.request.started is None:
                 row.request.started = now
-        start = time.perf_counter()
         try:
             inputs = _pad([row.request.rows[row.index] for row in batch], self.pad_values)
-            outputs = await loop.run_in_executor(self._executor, self.infer, inputs)
+            tokens = next(iter(inputs.values())).size
+            if self.seconds_per_token is not None and self.seconds_per_token * tokens <= self.inline_max:
+                outputs, seconds = self._timed_infer(inputs)
+            else:
+                outputs, seconds = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
         except Exception as err:  # the backend's failure belongs to every request in the batch
             for request in {row.request for row in batch}:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
-        self.observer.batch_done(len(batch), time.perf_counter() - start)
+        per_token = seconds / tokens
+        self.seconds_per_token = (
+            per_token if self.seconds_per_token is None else 0.8 * self.seconds_per_token + 0.2 * per_token
+        )
+        self.observer.batch_done(len(batch), seconds)
         for position, row in enumerate(batch):
             row.request.outputs[row.index] = (outputs, position)
             row.request.remaining -= 1
@@ -239,6 +251,11 @@ class DynamicBatcher:
             if request.remaining == 0 and not request.future.done():
                 request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
+
+    def _timed_infer(self, inputs: Arrays) -> tuple[Mapping[str, np.ndarray], float]:
+        start = time.perf_counter()
+        outputs = self.infer(inputs)
+        return outputs, time.perf_counter() - start
 
 
 def _gather(parts: list[tuple[Arrays, int]]) -> Arrays:

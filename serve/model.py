@@ -76,6 +76,7 @@ class ModelRuntime:
             self.backend.infer,
             max_batch_size=self.max_batch_size,
             max_delay=settings.max_queue_delay,
+            inline_max=settings.inline_infer,
             max_queued=settings.max_queued,
             pad_values=self.encoder.pad_values,
             observer=observer,

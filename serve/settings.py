@@ -35,6 +35,12 @@ class Settings(BaseModel):
         description="longest a row waits for a batch to fill; 0 runs a batch as soon as the backend is free, "
         "batching the rows that arrived while it was busy",
     )
+    inline_infer_ms: float = Field(
+        0.2,
+        ge=0,
+        description="a batch the backend is expected to finish within this many ms runs on the event loop, "
+        "saving the hop to the worker thread and back (which costs about as much); 0: always the worker thread",
+    )
     max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
     max_texts: int = Field(64, ge=1, description="texts per request; more: INVALID_ARGUMENT")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
@@ -91,6 +97,10 @@ class Settings(BaseModel):
     @property
     def max_queue_delay(self) -> float:
         return self.max_queue_delay_ms / 1000
+
+    @property
+    def inline_infer(self) -> float:
+        return self.inline_infer_ms / 1000
 
 
 def env_name(field: str) -> str:

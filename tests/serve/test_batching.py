@@ -266,6 +266,41 @@ def test_backend_runs_off_the_event_loop():
     assert asyncio.run(main()) >= 10, "the event loop kept running while the backend worked"
 
 
+class ThreadRecorder(FakeBackend):
+    """Records which thread ran each batch."""
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__(delay)
+        self.threads: list[str] = []
+
+    def __call__(self, inputs):
+        self.threads.append(threading.current_thread().name)
+        return super().__call__(inputs)
+
+
+@pytest.mark.parametrize(
+    ("delay", "inline_max", "inline"),
+    [(0.0, 0.05, True), (0.0, 0.0, False), (0.02, 0.005, False)],
+    ids=["fast-backend-inline", "inline-off", "slow-backend-in-thread"],
+)
+def test_only_batches_expected_to_be_quick_run_on_the_event_loop(delay, inline_max, inline):
+    backend = ThreadRecorder(delay)
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, inline_max=inline_max)
+        b.start()
+        results = [await b.submit([row(i, i + 1)]) for i in range(1, 6)]
+        await b.close()
+        return results, b.seconds_per_token
+
+    results, per_token = asyncio.run(main())
+    assert [r.outputs["sum"].tolist() for r in results] == [[2.0 * i + 1] for i in range(1, 6)]
+    assert backend.threads[0].startswith("infer"), "with no measured time yet, the first batch goes to the thread"
+    on_loop = [name == threading.main_thread().name for name in backend.threads[1:]]
+    assert on_loop == [inline] * 4
+    assert per_token >= delay / 2
+
+
 def test_rows_with_mismatched_lengths_are_refused():
     async def main():
         b = batcher(FakeBackend())
