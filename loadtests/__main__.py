@@ -1,6 +1,7 @@
-"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--section.key=value ...]`.
+"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--echo] [--section.key=value ...]`.
 
-Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak.
+Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
+runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
 Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr),
 2 when the run could not be made.
 """
@@ -35,12 +36,17 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(SCENARIOS_VAR),
         help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)",
     )
+    parser.add_argument(
+        "--echo",
+        action="store_true",
+        help="load the do-nothing echo server instead (loadtest-PROFILE-echo): the floor of gRPC and locust here",
+    )
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         bundle = (args.bundle or default_bundle(recipe)).resolve()
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios)
+        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
         print(f"python -m loadtests: {err}", file=sys.stderr)
         return 2

@@ -33,6 +33,8 @@ from serve.settings import Settings, load_settings
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 SAMPLE_S = 0.5
 EXIT_MARGIN_S = 60.0  # locust's start-up and shutdown on top of the schedule
+ECHO_SCENARIOS = {"single", "batch"}  # the echo server implements Classify alone
+ECHO_TARGET = {"name": "echo server (no model)", "version": "-", "arch": "echo", "precision": "-", "runtime": "-"}
 
 
 class LoadtestError(RuntimeError):
@@ -113,20 +115,29 @@ def run(
     texts_file: Path | None = None,
     scenarios: dict[str, int] | None = None,
     console: Console | None = None,
+    echo: bool = False,
 ) -> dict:
-    """Run `profile` of the recipe's `loadtest` section against `bundle`; the summary (see `loadtests.summary`)."""
+    """Run `profile` of the recipe's `loadtest` section against `bundle`; the summary (see `loadtests.summary`).
+
+    With `echo`, the same load goes to the do-nothing echo server instead (`loadtest-<profile>-echo/`):
+    the latency floor of gRPC and locust on this machine, to tell the server's cost from the client's.
+    """
     console = console or Console(width=200)
     cfg = recipe.loadtest or LoadtestConfig()
     loaded = load_bundle(bundle)
     texts, source = load_texts(texts_file)
     flags, settings = server_flags(bundle, cfg)
+    scenarios = scenarios or cfg.profile(profile).scenarios
+    if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
+        raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
     watch = mf.Stopwatch()
-    out = run_dir(recipe) / f"loadtest-{profile}"
+    stage = f"loadtest-{profile}" + ("-echo" if echo else "")
+    out = run_dir(recipe) / stage
     with mf.stage_folder(out) as tmp:
         plan = Plan(
             profile=profile,
             loadtest=cfg,
-            scenarios=scenarios or cfg.profile(profile).scenarios,
+            scenarios=scenarios,
             model=loaded.spec.name,
             texts=Path("texts.txt"),
             samples=Path("requests.npz"),
@@ -135,13 +146,17 @@ def run(
         (tmp / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
         load_before = os.getloadavg()
         console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}, results in {out}[/]")
-        with running("serve", flags, settings.port, tmp / "server.log") as server:
+        module, args = ("serve.echo", ["--port", str(settings.port)]) if echo else ("serve", flags)
+        with running(module, args, settings.port, tmp / "server.log") as server:
             rows = drive(tmp, settings.port, server, plan.duration_s)
         samples = Samples.load(tmp / "requests.npz")
+        target = (
+            ECHO_TARGET if echo else loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
+        )
         context = {
             "recipe": recipe.name,
-            "bundle": {"path": str(bundle)}
-            | loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+            "echo": echo,
+            "bundle": {"path": None if echo else str(bundle)} | target,
             "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
             "texts": sm.texts_info(texts, source),
             "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
@@ -151,12 +166,12 @@ def run(
         (tmp / "summary.md").write_text(sm.markdown(result), encoding="utf-8")
         manifest = mf.for_stage(
             recipe,
-            f"loadtest-{profile}",
+            stage,
             recipe.section_hash("loadtest"),
             watch,
             metrics=sm.headline(result),
-            parents={"bundle": mf.parent_of(bundle)},
-            info={"profile": profile, "checks": result["checks"]},
+            parents={} if echo else {"bundle": mf.parent_of(bundle)},
+            info={"profile": profile, "echo": echo, "checks": result["checks"]},
         )
         mf.commit(tmp, out, manifest)
     sm.show(result, console)

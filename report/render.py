@@ -146,8 +146,9 @@ def _loadtests(page: Page, root: Path) -> None:
     for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
         result = plots.read_json(folder / "summary.json")
         profile = result["profile"]
+        target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
         page.heading(
-            f"Load test: {profile} ({'SLO passed' if result['passed'] else 'SLO MISSED'})",
+            f"Load test: {profile}{target} ({'SLO passed' if result['passed'] else 'SLO MISSED'})",
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
         )
         overall = result["overall"]
@@ -184,9 +185,15 @@ def _loadtests(page: Page, root: Path) -> None:
         by_name = {name: ms for name, ms in by_name.items() if ms.size}
         if by_name:
             page.figure(
-                f"{folder.name}-latency.png", plots.latency_distribution(by_name, profile), "latency distribution"
+                f"{folder.name}-latency.png",
+                plots.latency_distribution(by_name, folder.name.removeprefix("loadtest-")),
+                "latency distribution",
             )
-        page.figure(f"{folder.name}-time.png", plots.load_over_time(result["series"], profile), "requests/s over time")
+        page.figure(
+            f"{folder.name}-time.png",
+            plots.load_over_time(result["series"], folder.name.removeprefix("loadtest-")),
+            "requests/s over time",
+        )
 
 
 def build(recipe: Recipe) -> Path:

@@ -65,3 +65,16 @@ def test_step_profile_finds_capacity(bundle):
     assert [s["users"] for s in stages] == [1, 3, 5] and [s["offered_rate"] for s in stages] == [20, 60, 100]
     assert summary["capacity"]["requests_per_s"] == max(s["requests_per_s"] for s in stages)
     assert all(s["locust_cpu_pct"] is not None and s["server_cpu_pct"] is not None for s in stages)
+
+
+def test_echo_run_measures_the_client_floor_in_its_own_folder(bundle):
+    refused = loadtest(bundle, "smoke", "--echo")
+    assert refused.returncode == 2 and "drop scenarios ['kserve', 'stream']" in refused.stderr
+    run = loadtest(bundle, "smoke", "--echo", "--loadtest.smoke.scenarios={single: 1, batch: 1}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    folder, summary = results("smoke-echo")
+    manifest = mf.load(folder)
+    assert manifest.stage == "loadtest-smoke-echo" and manifest.parents == {} and manifest.info["echo"] is True
+    assert summary["echo"] is True and summary["bundle"]["arch"] == "echo"
+    assert set(summary["by_name"]) == {"Classify", "Classify x4"} and summary["overall"]["failures"] == 0
+    assert "echo server" in run.stdout
