@@ -199,6 +199,11 @@ class BundleRecipe(Strict):
     source: str = Field(description="`teacher` or a name in distill.students")
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
+    attention: Literal["Attention", "MultiHeadAttention"] = Field(
+        "Attention",
+        description="the fused attention operator: `Attention` takes the Q/K/V projections inside it (in fp32); "
+        "`MultiHeadAttention` leaves them as MatMuls, so INT8 quantizes them too",
+    )
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
     int8_ops: list[str] | None = Field(
@@ -206,6 +211,12 @@ class BundleRecipe(Strict):
     )
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+
+    @model_validator(mode="after")
+    def _attention_needs_fusion(self):
+        if self.attention != "Attention" and not self.fused:
+            raise ValueError(f"attention={self.attention} names a fused operator: it needs fused: true")
+        return self
 
 
 class BenchConfig(Strict):

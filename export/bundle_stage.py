@@ -92,7 +92,7 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
     graph, fused = plain, {}
     if source.is_transformer and spec.fused:
         graph = work / "fused.onnx"
-        fused = optimize.fuse(plain, graph, source.num_heads, source.hidden_size, source.num_layers)
+        fused = optimize.fuse(plain, graph, source.num_heads, source.hidden_size, source.num_layers, spec.attention)
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":

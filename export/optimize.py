@@ -2,31 +2,41 @@
 
 from pathlib import Path
 
+from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
 
 from export.onnx_export import ExportError
 
-REQUIRED = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization")
 
-
-def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, num_layers: int) -> dict[str, int]:
+def fuse(
+    src: Path, dst: Path, num_heads: int, hidden_size: int, num_layers: int, attention_op: str = "Attention"
+) -> dict[str, int]:
     """Write the fused graph to `dst`; returns the fused-operator counts, checked against the layer count.
 
-    Every layer must get one fused attention node (`Attention` or `MultiHeadAttention`) and two
+    Every layer must get one fused attention node (`attention_op`: `Attention`, which holds the Q/K/V
+    projections, or `MultiHeadAttention`, which takes Q, K and V from MatMuls) and two
     `SkipLayerNormalization`s, the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU.
     """
-    model = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0)
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = attention_op == "MultiHeadAttention"
+    model = optimize_model(
+        str(src),
+        model_type="bert",
+        num_heads=num_heads,
+        hidden_size=hidden_size,
+        opt_level=0,
+        optimization_options=options,
+    )
     counts = {k: v for k, v in model.get_fused_operator_statistics().items() if v}
-    attention = counts.get("Attention", 0) + counts.get("MultiHeadAttention", 0)
     gelu = counts.get("BiasGelu", 0) + counts.get("FastGelu", 0) + counts.get("Gelu", 0)
     expected = {
-        "attention": num_layers,
+        attention_op: num_layers,
         "SkipLayerNormalization": 2 * num_layers,
         "EmbedLayerNormalization": 1,
         "gelu": num_layers,
     }
     found = {
-        "attention": attention,
+        attention_op: counts.get(attention_op, 0),
         "SkipLayerNormalization": counts.get("SkipLayerNormalization", 0),
         "EmbedLayerNormalization": counts.get("EmbedLayerNormalization", 0),
         "gelu": gelu,

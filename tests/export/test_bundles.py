@@ -36,10 +36,18 @@ def test_attention_is_fused_once_per_layer(smoke_bundles, bundle_id, layers):
 
 
 def test_int8_ops_limits_quantization_to_the_named_operators(smoke_bundles):
-    ops = op_types(smoke_bundles / "bundle-transformer-int8")  # int8_ops: [MatMul]
-    assert ops.count("Attention") == 1 and "QAttention" not in ops
+    folder = smoke_bundles / "bundle-transformer-int8"  # int8_ops: [MatMul], attention: MultiHeadAttention
+    ops = op_types(folder)
+    assert ops.count("MultiHeadAttention") == 1 and "Attention" not in ops and "QAttention" not in ops
     assert "EmbedLayerNormalization" in ops and "QEmbedLayerNormalization" not in ops
-    assert "MatMulInteger" in ops
+    # Q, K, V, the attention output and the two FFN projections of the one layer, all INT8
+    assert ops.count("MatMulInteger") >= 6 and "MatMul" not in ops
+    assert load_bundle(folder).spec.fused_operators["MultiHeadAttention"] == 1
+
+
+def test_multi_head_attention_needs_fusion():
+    with pytest.raises(ValueError, match="attention=MultiHeadAttention names a fused operator"):
+        load_recipe(SMOKE, {"export.bundles.teacher-onnx.attention": "MultiHeadAttention"})  # fused: false
 
 
 def test_plain_teacher_export_is_unfused(smoke_bundles):
