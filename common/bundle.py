@@ -42,6 +42,9 @@ class BundleSpec(BaseModel):
     arch: str
     opset: int | None = None
     fused_operators: dict[str, int] = {}
+    disabled_optimizers: list[str] = Field(
+        [], description="ONNX Runtime graph optimizers to turn off when loading, so they cannot undo a build choice"
+    )
 
     @property
     def input_names(self) -> list[str]:

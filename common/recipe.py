@@ -204,6 +204,11 @@ class BundleRecipe(Strict):
         description="the fused attention operator: `Attention` takes the Q/K/V projections inside it (in fp32); "
         "`MultiHeadAttention` leaves them as MatMuls, so INT8 quantizes them too",
     )
+    skip_layer_norm: bool = Field(
+        True,
+        description="fuse residual Add + LayerNormalization into SkipLayerNormalization; false keeps the two "
+        "(ONNX Runtime's CPU SkipLayerNormalization kernel is the slower of the two on some builds)",
+    )
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
     int8_ops: list[str] | None = Field(
@@ -213,9 +218,11 @@ class BundleRecipe(Strict):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
 
     @model_validator(mode="after")
-    def _attention_needs_fusion(self):
+    def _fusion_choices_need_fusion(self):
         if self.attention != "Attention" and not self.fused:
             raise ValueError(f"attention={self.attention} names a fused operator: it needs fused: true")
+        if not self.skip_layer_norm and not self.fused:
+            raise ValueError("skip_layer_norm: false is a fusion choice: it needs fused: true")
         return self
 
 

@@ -69,7 +69,9 @@ def _eager_row(recipe: Recipe, cfg: BenchConfig) -> dict:
 
 def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
     bundle = load_bundle(folder)
-    sess = session_for(bundle.model_path, bundle.spec.providers, cfg.threads)
+    sess = session_for(
+        bundle.model_path, bundle.spec.providers, cfg.threads, disabled_optimizers=bundle.spec.disabled_optimizers
+    )
     names = bundle.spec.input_names
     cells = {}
     for batch in cfg.batch_sizes:

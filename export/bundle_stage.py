@@ -92,7 +92,9 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
     graph, fused = plain, {}
     if source.is_transformer and spec.fused:
         graph = work / "fused.onnx"
-        fused = optimize.fuse(plain, graph, source.num_heads, source.hidden_size, source.num_layers, spec.attention)
+        fused = optimize.fuse(
+            plain, graph, source.num_heads, source.hidden_size, source.num_layers, spec.attention, spec.skip_layer_norm
+        )
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":
@@ -119,6 +121,8 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
     watch = mf.Stopwatch()
     source, plain, torch_logits = cache.get(spec.source)
     max_length = cache.max_length(spec.source)
+    # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
+    disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
     with mf.stage_folder(out) as tmp:
         model_file = MODEL_FILES[spec.runtime]
         build_info, providers = {}, [spec.runtime]
@@ -142,7 +146,7 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
             graph, fused = _transform(recipe, spec, source, plain, work, cache)
             shutil.copy2(graph, tmp / model_file)
             shutil.rmtree(work)
-            sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS)
+            sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS, disabled_optimizers=disabled)
             run, providers = validate.ort_runner(sess), sess.get_providers()
         shapes = validate.check_shapes(run, source, spec.precision == "fp32", max_length)
         exported_logits = validate.dev_logits(
@@ -164,6 +168,7 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
             arch=source.arch,
             opset=recipe.export.opset,
             fused_operators=fused,
+            disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
         )
         ops = op_counts(onnx.load(str(tmp / model_file))) if spec.runtime == "onnxruntime" else {}
         manifest = mf.commit(

@@ -9,16 +9,25 @@ from export.onnx_export import ExportError
 
 
 def fuse(
-    src: Path, dst: Path, num_heads: int, hidden_size: int, num_layers: int, attention_op: str = "Attention"
+    src: Path,
+    dst: Path,
+    num_heads: int,
+    hidden_size: int,
+    num_layers: int,
+    attention_op: str = "Attention",
+    skip_layer_norm: bool = True,
 ) -> dict[str, int]:
     """Write the fused graph to `dst`; returns the fused-operator counts, checked against the layer count.
 
     Every layer must get one fused attention node (`attention_op`: `Attention`, which holds the Q/K/V
     projections, or `MultiHeadAttention`, which takes Q, K and V from MatMuls) and two
-    `SkipLayerNormalization`s, the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU.
+    `SkipLayerNormalization`s (or, without `skip_layer_norm`, two `LayerNormalization`s after their
+    residual Adds), the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU.
     """
     options = FusionOptions("bert")
     options.use_multi_head_attention = attention_op == "MultiHeadAttention"
+    options.enable_skip_layer_norm = skip_layer_norm
+    norm = "SkipLayerNormalization" if skip_layer_norm else "LayerNormalization"
     model = optimize_model(
         str(src),
         model_type="bert",
@@ -31,13 +40,13 @@ def fuse(
     gelu = counts.get("BiasGelu", 0) + counts.get("FastGelu", 0) + counts.get("Gelu", 0)
     expected = {
         attention_op: num_layers,
-        "SkipLayerNormalization": 2 * num_layers,
+        norm: 2 * num_layers,
         "EmbedLayerNormalization": 1,
         "gelu": num_layers,
     }
     found = {
         attention_op: counts.get(attention_op, 0),
-        "SkipLayerNormalization": counts.get("SkipLayerNormalization", 0),
+        norm: counts.get(norm, 0),
         "EmbedLayerNormalization": counts.get("EmbedLayerNormalization", 0),
         "gelu": gelu,
     }

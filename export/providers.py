@@ -54,11 +54,13 @@ def session_for(
     allow_fallback: bool = False,
     fp16: bool = True,
     cache_dir: Path | None = None,
+    disabled_optimizers: list[str] | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession on `requested` providers (in priority order); raise `ProviderFallback` if any is not active.
 
-    `threads` sets intra-op threads (None: ONNX Runtime's default). With `allow_fallback` a missing
-    provider is logged as a warning and the session is returned anyway.
+    `threads` sets intra-op threads (None: ONNX Runtime's default); `disabled_optimizers` names graph
+    optimizers to skip (a bundle's own list). With `allow_fallback` a missing provider is logged as a
+    warning and the session is returned anyway.
     """
     if not requested:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
@@ -71,7 +73,9 @@ def session_for(
     # they are reported below together with those that failed to start.
     usable = [p for p in requested if p in offered]
     providers = [(p, provider_options(p, model_path, fp16, cache_dir)) for p in usable] or [CPU]
-    session = ort.InferenceSession(str(model_path), options, providers=providers)
+    session = ort.InferenceSession(
+        str(model_path), options, providers=providers, disabled_optimizers=disabled_optimizers or None
+    )
     active = session.get_providers()
     missing = [p for p in requested if p not in active]
     if missing:

@@ -50,7 +50,10 @@ class OrtBackend:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         try:
             self.session = ort.InferenceSession(
-                str(model_path), sess_options=options, providers=[p for p in requested if p in available]
+                str(model_path),
+                sess_options=options,
+                providers=[p for p in requested if p in available],
+                disabled_optimizers=spec.disabled_optimizers or None,
             )
         except Exception as err:  # onnxruntime raises its own exception types for bad graphs
             raise BundleRejected(f"onnxruntime cannot load {model_path}: {err}") from err

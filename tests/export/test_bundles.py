@@ -36,18 +36,29 @@ def test_attention_is_fused_once_per_layer(smoke_bundles, bundle_id, layers):
 
 
 def test_int8_ops_limits_quantization_to_the_named_operators(smoke_bundles):
-    folder = smoke_bundles / "bundle-transformer-int8"  # int8_ops: [MatMul], attention: MultiHeadAttention
+    # int8_ops: [MatMul], attention: MultiHeadAttention, skip_layer_norm: false
+    folder = smoke_bundles / "bundle-transformer-int8"
     ops = op_types(folder)
     assert ops.count("MultiHeadAttention") == 1 and "Attention" not in ops and "QAttention" not in ops
+    assert ops.count("LayerNormalization") == 2 and "SkipLayerNormalization" not in ops
     assert "EmbedLayerNormalization" in ops and "QEmbedLayerNormalization" not in ops
     # Q, K, V, the attention output and the two FFN projections of the one layer, all INT8
     assert ops.count("MatMulInteger") >= 6 and "MatMul" not in ops
-    assert load_bundle(folder).spec.fused_operators["MultiHeadAttention"] == 1
+    spec = load_bundle(folder).spec
+    assert spec.fused_operators["MultiHeadAttention"] == 1 and spec.fused_operators["LayerNormalization"] == 2
+    assert spec.disabled_optimizers == ["SkipLayerNormFusion"]  # else ONNX Runtime fuses them again on load
 
 
-def test_multi_head_attention_needs_fusion():
-    with pytest.raises(ValueError, match="attention=MultiHeadAttention names a fused operator"):
-        load_recipe(SMOKE, {"export.bundles.teacher-onnx.attention": "MultiHeadAttention"})  # fused: false
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("attention", "MultiHeadAttention", "attention=MultiHeadAttention names a fused"),
+        ("skip_layer_norm", False, "skip_layer_norm: false is a fusion choice"),
+    ],
+)
+def test_fusion_choices_need_fusion(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(SMOKE, {f"export.bundles.teacher-onnx.{key}": value})  # teacher-onnx: fused: false
 
 
 def test_plain_teacher_export_is_unfused(smoke_bundles):

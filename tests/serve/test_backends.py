@@ -48,6 +48,21 @@ def test_threads_setting_reaches_the_session(bundle):
     assert backend.session.get_session_options().intra_op_num_threads == 1
 
 
+def test_bundle_disabled_optimizers_reach_the_session(make_bundle, monkeypatch):
+    seen, real = {}, ort.InferenceSession
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    folder = make_bundle(disabled_optimizers=["SkipLayerNormFusion"])
+    backend = load_backend(load_bundle(folder), [], threads=1)
+    assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    ids = np.array([[2, 4, 3]], np.int64)
+    assert backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"].shape == (1, 2)
+
+
 def test_model_inputs_must_match_the_spec(make_bundle):
     folder = make_bundle(
         inputs=[
