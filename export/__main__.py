@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("bundles", "bench"))
     parser.add_argument("recipe")
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--force", action="store_true", help="rebuild (bench: measure again) even if up to date")
     parser.add_argument("--only", action="append", help="bundles: just this bundle id (repeatable)")
     args, rest = parser.parse_known_args(argv)
     transformers.logging.set_verbosity_error()
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from export import bench
 
-            bench.run(recipe)
+            bench.run(recipe, force=args.force)
     except (RecipeError, ArtifactError, ExportError, TensorRTUnavailable, ProviderFallback) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -90,8 +90,13 @@ def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
     }
 
 
-def run(recipe: Recipe) -> list[dict]:
+def run(recipe: Recipe, force: bool = False) -> list[dict]:
+    """Time every CPU bundle against the teacher; skipped when the last run had the same settings and parents."""
     cfg = recipe.export.bench
+    out = run_dir(recipe) / "bench"
+    if not force and mf.is_current(out, recipe.section_hash("export")):
+        print(f"[bench] up to date: {out} (--force to measure again)")
+        return json.loads((out / "bench.json").read_text())["rows"]
     watch = mf.Stopwatch()
     torch.set_num_threads(cfg.threads)
     rows = [_eager_row(recipe, cfg)]
@@ -113,7 +118,6 @@ def run(recipe: Recipe) -> list[dict]:
         for key, cell in row["cells"].items():
             cell["speedup"] = base[key]["median_ms"] / cell["median_ms"]
             cell["items_per_s"] = int(key[1:].split("_")[0]) * 1e3 / cell["median_ms"]
-    out = run_dir(recipe) / "bench"
     with mf.stage_folder(out) as tmp:
         (tmp / "bench.json").write_text(json.dumps({"threads": cfg.threads, "rows": rows}, indent=1))
         (tmp / "bench.md").write_text(markdown(rows, cfg))

@@ -188,7 +188,12 @@ def test_bench_writes_its_tables(smoke_bundles):
         for cell in row["cells"].values():
             assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
     assert "teacher-int8" in (smoke_bundles / "bench" / "bench.md").read_text()
-    mf.load(smoke_bundles / "bench")
+    manifest = mf.load(smoke_bundles / "bench")
+    again = subprocess.run(
+        [PYTHON, "-m", "export", "bench", str(SMOKE)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0 and "[bench] up to date" in again.stdout, again.stderr[-2000:]
+    assert mf.load(smoke_bundles / "bench").created == manifest.created  # not measured again
 
 
 def run_export(runs, *args):
