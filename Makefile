@@ -68,6 +68,7 @@ bench: $(RUN)/bench/manifest.json  ## teacher PyTorch eager vs every bundle, bat
 
 $(RUN)/bench/manifest.json: $(RUN)/export.done
 	$(PY) -m export bench $(RECIPE)
+	@touch $@
 
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
 triton-repo: $(RUN)/export.done  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
