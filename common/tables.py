@@ -1,4 +1,4 @@
-"""Console output shared by the benchmarks: a results table, then a table of checks marked pass/MISS."""
+"""Output shared by the benchmarks: a results table, then a table of checks marked pass/MISS (console or markdown)."""
 
 from rich.console import Console
 from rich.table import Table
@@ -23,3 +23,13 @@ def print_results(
         verdicts.add_row(name, measured, wanted, f"[green]{result}[/]" if result == "pass" else f"[red]{result}[/]")
     console.print(table)
     console.print(verdicts)
+
+
+def markdown_results(header: list[str], rows: list[list[str]], checks: tuple[str, list[list[str]]]) -> list[str]:
+    """The same two tables as markdown lines: `rows` under `header`, then `checks` (the name of its first
+    column and rows of [name, measured, wanted, result])."""
+    first, check_rows = checks
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", f"| {first} | measured | wanted | result |", "|---|---|---|---|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in check_rows]

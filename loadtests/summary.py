@@ -23,7 +23,7 @@ import statistics
 
 from rich.console import Console
 
-from common.tables import print_results
+from common.tables import markdown_results, print_results
 from loadtests import analysis, slo
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import Plan
@@ -178,10 +178,7 @@ def extras(summary: dict) -> list[str]:
 
 def markdown(summary: dict) -> str:
     lines = [f"{heading(summary)}.", ""]
-    lines += ["| stage | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (1 + len(COLUMNS))]
-    lines += ["| " + " | ".join(row) + " |" for row in rows(summary)]
-    lines += ["", "| check | measured | wanted | result |", "|---|---|---|---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in verdict_rows(summary)]
+    lines += markdown_results(["stage", *COLUMNS.values()], rows(summary), ("check", verdict_rows(summary)))
     if notes := extras(summary):
         lines += ["", *(f"- {line}" for line in notes)]
     lines += ["", "Latency of successful calls as locust saw them; CPU %: 100 = one core."]

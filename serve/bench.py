@@ -44,7 +44,7 @@ from rich.console import Console
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
 from common.settings import PROJECT_ROOT, defaults
-from common.tables import print_results
+from common.tables import markdown_results, print_results
 from serve.backends import load_backend
 from serve.encoding import TextEncoder
 from serve.proto import classifier_pb2, classifier_pb2_grpc
@@ -470,10 +470,7 @@ def heading(result: dict) -> str:
 
 def markdown(result: dict) -> str:
     lines = [f"Serving benchmark: {heading(result)}.", ""]
-    lines += ["| phase | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (1 + len(COLUMNS))]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
-    lines += ["", "| target | measured | wanted | result |", "|---|---|---|---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in target_rows(result)]
+    lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result)))
     lines += [
         "",
         "CPU %: 100 = one core. Client CPU near 100 % means the client, not the server, limited the rate;",
