@@ -6,6 +6,7 @@ cost a third of an echo server's throughput. Auth rejections are counted and log
 """
 
 import asyncio
+import contextlib
 import hmac
 import inspect
 import logging
@@ -137,43 +138,35 @@ class CallObserver:
             },
         )
 
+    @contextlib.asynccontextmanager
+    async def _watch(self, request, context, method: str):
+        """Begin the call (request id, auth), refuse an unparseable request, and record how it ended."""
+        started = time.perf_counter()
+        request_id, token = await self._begin(context, method)
+        err = None
+        try:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}")
+            yield
+        except BaseException as caught:
+            err = caught
+            raise
+        finally:
+            self._end(context, method, request_id, started, token, err)
+
     def _observed(self, behavior, method: str):
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request, context):
-                started = time.perf_counter()
-                request_id, token = await self._begin(context, method)
-                err = None
-                try:
-                    if isinstance(request, Undecodable):
-                        await context.abort(
-                            grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}"
-                        )
+                async with self._watch(request, context, method):
                     async for response in behavior(request, context):
                         yield response
-                except BaseException as caught:
-                    err = caught
-                    raise
-                finally:
-                    self._end(context, method, request_id, started, token, err)
 
             return stream
 
         async def call(request, context):
-            started = time.perf_counter()
-            request_id, token = await self._begin(context, method)
-            err = None
-            try:
-                if isinstance(request, Undecodable):
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}"
-                    )
+            async with self._watch(request, context, method):
                 return await behavior(request, context)
-            except BaseException as caught:
-                err = caught
-                raise
-            finally:
-                self._end(context, method, request_id, started, token, err)
 
         return call
 
