@@ -6,8 +6,9 @@ Rows wait in a bounded queue until `max_batch_size` rows are waiting or the olde
 row always included, so nothing starves), pads them to the longest with `pad_values`, and runs the
 backend in a worker thread so the event loop never blocks on it. A batch whose expected backend time
 (tokens times the measured time per token) is within `inline_max` seconds runs on the event loop
-instead: for a small model the hop to the thread and back costs more than the batch itself. Outputs are split back per row and
-returned to each request in its row order, stacked along axis 0.
+instead: for a small model the hop to the thread and back costs more than the batch itself. Such a
+request that finds the backend idle and nothing queued runs at once, without waking the batcher task.
+Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
 the batch runs. Imports no grpc: the transport maps `Overloaded`, `DeadlineExpired` and
@@ -112,6 +113,7 @@ class DynamicBatcher:
         self.pad_values = dict(pad_values or {})
         self.observer = observer or BatchObserver()
         self._pending: list[_Row] = []
+        self._busy = False  # a batch is running in the worker thread
         self._arrived = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -151,9 +153,16 @@ class DynamicBatcher:
         lengths = [_length(row) for row in rows]
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
-        self._pending.extend(_Row(request, i, length) for i, length in enumerate(lengths))
-        self.observer.queue_depth(len(self._pending))
-        self._arrived.set()
+        batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
+        if not self._pending and not self._busy and self._inline(len(rows) * max(lengths)):
+            # idle backend, nothing queued, a quick batch: run it now, without waking the batcher task
+            if deadline is not None and deadline <= request.enqueued:
+                raise DeadlineExpired("deadline exceeded before the request was queued")
+            await self._run(batch)
+        else:
+            self._pending.extend(batch)
+            self.observer.queue_depth(len(self._pending))
+            self._arrived.set()
         try:
             outputs = await request.future
         except asyncio.CancelledError:
@@ -229,10 +238,14 @@ class DynamicBatcher:
         try:
             inputs = _pad([row.request.rows[row.index] for row in batch], self.pad_values)
             tokens = next(iter(inputs.values())).size
-            if self.seconds_per_token is not None and self.seconds_per_token * tokens <= self.inline_max:
+            if self._inline(tokens):
                 outputs, seconds = self._timed_infer(inputs)
             else:
-                outputs, seconds = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
+                self._busy = True
+                try:
+                    outputs, seconds = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
+                finally:
+                    self._busy = False
         except Exception as err:  # the backend's failure belongs to every request in the batch
             for request in {row.request for row in batch}:
                 if not request.future.done():
@@ -251,6 +264,10 @@ class DynamicBatcher:
             if request.remaining == 0 and not request.future.done():
                 request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
+
+    def _inline(self, tokens: int) -> bool:
+        """Whether a batch of `tokens` padded tokens is expected to finish within `inline_max` seconds."""
+        return self.seconds_per_token is not None and self.seconds_per_token * tokens <= self.inline_max
 
     def _timed_infer(self, inputs: Arrays) -> tuple[Mapping[str, np.ndarray], float]:
         start = time.perf_counter()

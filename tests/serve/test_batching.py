@@ -309,3 +309,55 @@ def test_rows_with_mismatched_lengths_are_refused():
         await b.close()
 
     asyncio.run(main())
+
+
+class TaskRecorder(FakeBackend):
+    """Records which asyncio task ran each batch on the event loop (None: the worker thread)."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        super().__init__(gate=gate)
+        self.tasks: list[str | None] = []
+
+    def __call__(self, inputs):
+        on_loop = threading.current_thread() is threading.main_thread()
+        self.tasks.append(asyncio.current_task().get_name() if on_loop else None)
+        return super().__call__(inputs)
+
+
+def test_a_quick_request_to_an_idle_batcher_runs_in_its_own_task():
+    backend = TaskRecorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, inline_max=0.05)
+        b.start()
+        first = await b.submit([row(1, 2)])  # no time measured yet: the worker thread
+        second = await asyncio.create_task(b.submit([row(3, 4)]), name="caller")
+        await b.close()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert [first.outputs["sum"].tolist(), second.outputs["sum"].tolist()] == [[3.0], [7.0]]
+    assert backend.tasks == [None, "caller"]
+
+
+def test_a_quick_request_waits_while_a_batch_runs_in_the_thread():
+    gate = threading.Event()
+    backend = TaskRecorder(gate)
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, inline_max=0.05)
+        b.seconds_per_token = 1e-3
+        b.start()
+        slow = asyncio.ensure_future(b.submit([row(*range(1, 60))] * 8))  # 472 tokens, expected 0.47 s: the thread
+        await asyncio.to_thread(backend.entered.wait, 10)
+        quick = asyncio.ensure_future(b.submit([row(5)]))
+        await asyncio.sleep(0.05)
+        assert not quick.done(), "the quick request must queue behind the running batch"
+        gate.set()
+        results = await asyncio.gather(slow, quick)
+        await b.close()
+        return results
+
+    slow, quick = asyncio.run(main())
+    assert quick.outputs["sum"].tolist() == [5.0]
+    assert backend.tasks == [None, "batcher"]
