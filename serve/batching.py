@@ -6,8 +6,9 @@ Rows wait in a bounded queue until `max_batch_size` rows are waiting or the olde
 row always included, so nothing starves), pads them to the longest with `pad_values`, and runs the
 backend in a worker thread so the event loop never blocks on it. A batch whose expected backend time
 (tokens times the measured time per token) is within `inline_max` seconds runs on the event loop
-instead: for a small model the hop to the thread and back costs more than the batch itself. Such a
-request that finds the backend idle and nothing queued runs at once, without waking the batcher task.
+instead: for a small model the hop to the thread and back costs more than the batch itself. With no
+`max_delay`, such a request that finds the backend idle and nothing queued runs at once, in its own
+task, without waking the batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
@@ -154,8 +155,8 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
-        if not self._pending and not self._busy and self._inline(len(rows) * max(lengths)):
-            # idle backend, nothing queued, a quick batch: run it now, without waking the batcher task
+        if not (self.max_delay or self._pending or self._busy) and self._inline(len(rows) * max(lengths)):
+            # no delay asked, idle backend, nothing queued, a quick batch: run it now, without the batcher task
             if deadline is not None and deadline <= request.enqueued:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
             await self._run(batch)

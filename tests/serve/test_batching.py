@@ -361,3 +361,20 @@ def test_a_quick_request_waits_while_a_batch_runs_in_the_thread():
     slow, quick = asyncio.run(main())
     assert quick.outputs["sum"].tolist() == [5.0]
     assert backend.tasks == [None, "batcher"]
+
+
+def test_a_queue_delay_holds_even_a_quick_request_to_an_idle_batcher():
+    backend = TaskRecorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.05, inline_max=0.05)
+        b.seconds_per_token = 1e-6
+        b.start()
+        started = time.perf_counter()
+        await asyncio.create_task(b.submit([row(1)]), name="caller")
+        waited = time.perf_counter() - started
+        await b.close()
+        return waited
+
+    assert asyncio.run(main()) >= 0.04
+    assert backend.tasks == ["batcher"]
