@@ -88,7 +88,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         overall = result["overall"]
         p99 = "-" if overall["p99_ms"] is None else f"{overall['p99_ms']:.2f}"
         lines.append(
-            f"load test {result['profile']}: {overall['requests']} calls, p99 {p99} ms, "
+            f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "
+            f"{overall['requests']} calls, p99 {p99} ms, "
             f"{overall['failures']} failures, SLO {'passed' if result['passed'] else 'MISSED'}"
         )
     if (root / "report" / "index.html").is_file():
