@@ -4,6 +4,7 @@
 Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
 """
 
+import functools
 import hashlib
 import json
 import re
@@ -14,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common import settings
+from common.manifest import sha256_file
 
 
 class Strict(BaseModel):
@@ -418,14 +420,44 @@ class Recipe(Strict):
         return self
 
     def section_hash(self, *sections: str) -> str:
-        """A short hash of the named sections, so a stage reruns only when its inputs change."""
-        dumped = {name: self.model_dump(mode="json")[name] for name in sections}
+        """A short hash of the named sections, so a stage reruns only when its inputs change.
+
+        Local files and folders named in them count by their contents, not their paths: moving the
+        data or the checkout keeps artifacts current, and editing a data file makes them stale.
+        """
+        dumped = {name: _by_content(self.model_dump(mode="json")[name]) for name in sections}
         return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def hash(self) -> str:
         """Hash of the sections that shape artifacts; `loadtest` only measures them, so it is left out."""
         return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
+
+
+def _by_content(value):
+    """`value` (JSON) with every string naming an existing local file or folder replaced by its digest."""
+    if isinstance(value, dict):
+        return {key: _by_content(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_by_content(item) for item in value]
+    if isinstance(value, str) and "/" in value and (path := Path(value)).exists():
+        return f"sha256:{_digest(path)}"
+    return value
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's file names and their digests (recursively)."""
+    if path.is_file():
+        stat = path.stat()
+        return _file_digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
+    files = sorted(item for item in path.rglob("*") if item.is_file())
+    listing = [(item.relative_to(path).as_posix(), _digest(item)) for item in files]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:  # size and mtime: a changed file is read again
+    return sha256_file(path)
 
 
 class RecipeError(ValueError):

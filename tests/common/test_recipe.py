@@ -76,3 +76,22 @@ def test_section_hash_tracks_only_its_sections(tmp_path):
     b = load_recipe(write(tmp_path, MINIMAL), {"finetune.optim.lr": 1e-3})
     assert a.section_hash("data", "model") == b.section_hash("data", "model")
     assert a.section_hash("finetune") != b.section_hash("finetune")
+
+
+def test_section_hash_follows_the_data_contents_not_their_paths(tmp_path):
+    for place in ("here", "there"):
+        (tmp_path / place / "model").mkdir(parents=True)
+        (tmp_path / place / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+        (tmp_path / place / "model" / "config.json").write_text("{}")
+
+    def data_hash(place: str) -> str:
+        folder = tmp_path / place
+        text = f"data: {{train: {folder}/train.tsv, dev: {folder}/train.tsv}}\nmodel: {{init: {folder}/model}}\n"
+        return load_recipe(write(tmp_path, text)).section_hash("data", "model")
+
+    assert data_hash("here") == data_hash("there"), "moved data must keep artifacts current"
+    before = data_hash("there")
+    (tmp_path / "there" / "train.tsv").write_text("sentence\tlabel\nbad\t0\n")
+    assert data_hash("there") != before, "edited data must make artifacts stale"
+    (tmp_path / "there" / "model" / "config.json").write_text('{"hidden_size": 8}')
+    assert data_hash("here") != data_hash("there"), "an edited model folder must make artifacts stale"
