@@ -2,6 +2,7 @@
 
 import io
 import json
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -38,16 +39,22 @@ def training_curves(histories: dict[str, list[dict]]) -> bytes:
     return png(fig)
 
 
+LABEL_OFFSETS = (6, -10, 16, -20, 26)  # points above (+) or below (-) the marker
+
+
 def pareto(points: list[dict], cell: str) -> bytes:
     """Dev accuracy against latency (log scale) at one benchmark cell; marker area follows model size."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for i, p in enumerate(sorted(points, key=lambda p: p["latency_ms"])):
+    same_accuracy = Counter()
+    for p in sorted(points, key=lambda p: p["latency_ms"]):
         ax.scatter(p["latency_ms"], p["dev_accuracy"], s=20 + 3 * p["size_mib"], alpha=0.6)
-        ax.annotate(  # alternate above and below so neighbours with equal accuracy stay legible
+        nth = same_accuracy[round(p["dev_accuracy"], 4)]
+        same_accuracy[round(p["dev_accuracy"], 4)] += 1
+        ax.annotate(  # models of equal accuracy (export variants) get their labels stacked, not overprinted
             p["model"],
             (p["latency_ms"], p["dev_accuracy"]),
             fontsize=8,
-            xytext=(4, 6 if i % 2 else -10),
+            xytext=(4, LABEL_OFFSETS[nth % len(LABEL_OFFSETS)]),
             textcoords="offset points",
         )
     ax.set(
