@@ -7,8 +7,8 @@ row always included, so nothing starves), pads them to the longest with `pad_val
 backend in a worker thread so the event loop never blocks on it. A batch whose expected backend time
 (tokens times the measured time per token) is within `inline_max` seconds runs on the event loop
 instead: for a small model the hop to the thread and back costs more than the batch itself. With no
-`max_delay`, such a request that finds the backend idle and nothing queued runs at once, in its own
-task, without waking the batcher task.
+`max_delay`, such a request that comes at light load (backend idle, nothing queued, no batch finished
+within `inline_max`) runs at once, in its own task, without waking the batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
@@ -18,6 +18,7 @@ the batch runs. Imports no grpc: the transport maps `Overloaded`, `DeadlineExpir
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,7 @@ class DynamicBatcher:
         self.observer = observer or BatchObserver()
         self._pending: list[_Row] = []
         self._busy = False  # a batch is running in the worker thread
+        self._last_done = -math.inf  # loop time at which the last batch finished
         self._arrived = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -155,8 +157,8 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
-        if not (self.max_delay or self._pending or self._busy) and self._inline(len(rows) * max(lengths)):
-            # no delay asked, idle backend, nothing queued, a quick batch: run it now, without the batcher task
+        if self._idle(request.enqueued) and self._inline(len(rows) * max(lengths)):
+            # light load and a quick batch: run it now, without the batcher task
             if deadline is not None and deadline <= request.enqueued:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
             await self._run(batch)
@@ -248,10 +250,12 @@ class DynamicBatcher:
                 finally:
                     self._busy = False
         except Exception as err:  # the backend's failure belongs to every request in the batch
+            self._last_done = loop.time()
             for request in {row.request for row in batch}:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
+        self._last_done = loop.time()
         per_token = seconds / tokens
         self.seconds_per_token = (
             per_token if self.seconds_per_token is None else 0.8 * self.seconds_per_token + 0.2 * per_token
@@ -265,6 +269,13 @@ class DynamicBatcher:
             if request.remaining == 0 and not request.future.done():
                 request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
+
+    def _idle(self, now: float) -> bool:
+        """No queue delay asked, nothing queued or running, and no batch finished within `inline_max`:
+        light load, where a request gains nothing by waiting for company. Under heavy load requests
+        arrive right after a batch ends and go through the queue, where they batch."""
+        busy = self.max_delay or self._pending or self._busy
+        return not busy and now - self._last_done > self.inline_max
 
     def _inline(self, tokens: int) -> bool:
         """Whether a batch of `tokens` padded tokens is expected to finish within `inline_max` seconds."""

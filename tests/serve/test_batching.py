@@ -324,20 +324,22 @@ class TaskRecorder(FakeBackend):
         return super().__call__(inputs)
 
 
-def test_a_quick_request_to_an_idle_batcher_runs_in_its_own_task():
+def test_a_quick_request_at_light_load_runs_in_its_own_task():
     backend = TaskRecorder()
 
     async def main():
         b = batcher(backend, max_delay=0.0, inline_max=0.05)
         b.start()
         first = await b.submit([row(1, 2)])  # no time measured yet: the worker thread
-        second = await asyncio.create_task(b.submit([row(3, 4)]), name="caller")
+        right_after = await asyncio.create_task(b.submit([row(3, 4)]), name="caller")
+        await asyncio.sleep(0.06)  # idle for longer than inline_max
+        later = await asyncio.create_task(b.submit([row(5, 6)]), name="caller")
         await b.close()
-        return first, second
+        return first, right_after, later
 
-    first, second = asyncio.run(main())
-    assert [first.outputs["sum"].tolist(), second.outputs["sum"].tolist()] == [[3.0], [7.0]]
-    assert backend.tasks == [None, "caller"]
+    results = asyncio.run(main())
+    assert [r.outputs["sum"].tolist() for r in results] == [[3.0], [7.0], [11.0]]
+    assert backend.tasks == [None, "batcher", "caller"], "right after a batch, requests queue to batch together"
 
 
 def test_a_quick_request_waits_while_a_batch_runs_in_the_thread():
