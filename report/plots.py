@@ -48,8 +48,8 @@ def pareto(points: list[dict], cell: str) -> bytes:
     same_accuracy = Counter()
     for p in sorted(points, key=lambda p: p["latency_ms"]):
         ax.scatter(p["latency_ms"], p["dev_accuracy"], s=20 + 3 * p["size_mib"], alpha=0.6)
-        nth = same_accuracy[round(p["dev_accuracy"], 4)]
-        same_accuracy[round(p["dev_accuracy"], 4)] += 1
+        accuracy = round(p["dev_accuracy"], 4)
+        nth, same_accuracy[accuracy] = same_accuracy[accuracy], same_accuracy[accuracy] + 1
         ax.annotate(  # models of equal accuracy (export variants) get their labels stacked, not overprinted
             p["model"],
             (p["latency_ms"], p["dev_accuracy"]),

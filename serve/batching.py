@@ -250,12 +250,12 @@ class DynamicBatcher:
                 finally:
                     self._busy = False
         except Exception as err:  # the backend's failure belongs to every request in the batch
-            self._last_done = loop.time()
             for request in {row.request for row in batch}:
                 if not request.future.done():
                     request.future.set_exception(err)
             return
-        self._last_done = loop.time()
+        finally:
+            self._last_done = loop.time()
         per_token = seconds / tokens
         self.seconds_per_token = (
             per_token if self.seconds_per_token is None else 0.8 * self.seconds_per_token + 0.2 * per_token
@@ -274,7 +274,7 @@ class DynamicBatcher:
         """No queue delay asked, nothing queued or running, and no batch finished within `inline_max`:
         light load, where a request gains nothing by waiting for company. Under heavy load requests
         arrive right after a batch ends and go through the queue, where they batch."""
-        busy = self.max_delay or self._pending or self._busy
+        busy = bool(self.max_delay or self._pending or self._busy)
         return not busy and now - self._last_done > self.inline_max
 
     def _inline(self, tokens: int) -> bool:
