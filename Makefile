@@ -21,7 +21,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench loadtest image base-image container-test test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench loadtest soak image base-image container-test test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -107,6 +107,9 @@ PROFILE       ?= smoke
 LOADTEST_ARGS ?=
 loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; $(RUN)/loadtest-PROFILE; fails on a missed SLO
 	$(PY) -m loadtests $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
+
+soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth
+	$(MAKE) --no-print-directory loadtest PROFILE=soak
 
 IMAGE      ?= edgedistill-serve
 BASE_IMAGE ?= localhost/edgedistill-base:bookworm

@@ -43,6 +43,8 @@ class EdgeServer:
         self.metrics: Metrics = host.metrics
         self.health = health.aio.HealthServicer()
         self.metrics_port: int | None = None
+        self.health_server: grpc.aio.Server | None = None  # the plaintext probe port, with `health_port`
+        self.health_port: int | None = None
         self._first: ModelRuntime | None = runtime
         self._stopped = asyncio.Event()
 
@@ -54,6 +56,8 @@ class EdgeServer:
         """Open the gRPC port (health NOT_SERVING until `warm_up`) and the metrics endpoint."""
         await self._set_health(NOT_SERVING)
         await self.grpc.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.start_http(self.settings.host, self.settings.metrics_port)
 
@@ -80,6 +84,8 @@ class EdgeServer:
         deadline = loop.time() + grace
         await self.host.drain(deadline)
         await self.grpc.stop(max(0.0, deadline - loop.time()))
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         await self.host.close()
         if self._first is not None:  # never warmed up
             await self._first.close()
@@ -133,7 +139,20 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as err:
         raise SettingsError(f"cannot bind {address}: {err}") from err
+    if settings.health_port is not None:
+        edge.health_server, edge.health_port = _health_server(edge.health, settings.host, settings.health_port)
     return edge, port
+
+
+def _health_server(servicer: health.aio.HealthServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A plaintext server with only the health service (the same statuses), for probes that cannot speak TLS."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    address = f"{host}:{port}"
+    try:
+        return server, server.add_insecure_port(address)
+    except RuntimeError as err:
+        raise SettingsError(f"cannot bind the health port {address}: {err}") from err
 
 
 async def serve(settings: Settings) -> int:
@@ -163,6 +182,7 @@ async def serve(settings: Settings) -> int:
             "event": "listening",
             "port": port,
             "metrics_port": server.metrics_port,
+            "health_port": server.health_port,
             "tls": settings.tls_cert is not None,
         },
     )

@@ -1,7 +1,8 @@
 """A small client for the server, as a library (`Client`) and a CLI printing JSON.
 
 python -m serve.client "a great movie" "a dull one"
-python -m serve.client --file reviews.txt --address host:50051 --token $TOKEN --tls-ca ca.pem
+python -m serve.client --file reviews.txt --file more.txt --address host:50051 --token $TOKEN --tls-ca ca.pem
+python -m serve.client "the plot" --pair "a dull one"      # a text pair, for models trained on pairs
 echo "a great movie" | python -m serve.client --kserve
 """
 
@@ -78,16 +79,18 @@ class Client:
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
-    def kserve_infer(self, texts: list[str], model: str = "") -> dict:
-        """Classify through `inference.GRPCInferenceService/ModelInfer` with a raw BYTES `text` tensor."""
+    def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
+        """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`)."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from serve.proto import kserve_pb2, kserve_pb2_grpc
 
         info = self.model_info()
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         request = kserve_pb2.ModelInferRequest(model_name=model or info["name"])
-        request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
-        request.raw_input_contents.append(tensors.serialize_bytes([t.encode("utf-8") for t in texts]))
+        for name, values in (("text", texts), ("text_pair", pairs)):
+            if values is not None:
+                request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
+                request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
         request.outputs.add(name="probabilities")
         reply = self._call(stub.ModelInfer, request)
         output = reply.outputs[0]
@@ -125,13 +128,22 @@ def _info(message: classifier_pb2.ModelInfo) -> dict:
 
 
 def read_texts(args: argparse.Namespace, stdin) -> list[str]:
-    """Texts from the arguments, then `--file` (one per line), else stdin; blank lines skipped."""
+    """Texts from the arguments, then each `--file` (one per line; `-` is stdin), else stdin; blank lines skipped."""
     texts = list(args.texts)
-    if args.file:
-        texts += [line for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not texts:
+    for path in args.file or ():
+        lines = stdin.read().splitlines() if str(path) == "-" else path.read_text(encoding="utf-8").splitlines()
+        texts += [line for line in lines if line.strip()]
+    if not texts and not args.file:
         texts = [line.rstrip("\n") for line in stdin if line.strip()]
     return texts
+
+
+def usage_problem(texts: list[str], pairs: list[str] | None) -> str | None:
+    if not texts:
+        return "no texts (give them as arguments, --file or on stdin)"
+    if pairs is not None and len(pairs) != len(texts):
+        return f"{len(pairs)} --pair values for {len(texts)} texts: give one per text, or none"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m serve.client", description="Classify texts with an edgedistill server."
     )
     parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
-    parser.add_argument("--file", type=Path, help="a file with one text per line")
+    parser.add_argument(
+        "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
+    )
+    parser.add_argument("--pair", action="append", help="the second text of a pair, one per text in order; repeatable")
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
     parser.add_argument("--model", default="", help="model name (default: the served one)")
@@ -175,14 +190,11 @@ def main(argv: list[str] | None = None, stdin=None) -> int:
                 result = client.reload(args.reload)
             else:
                 texts = read_texts(args, sys.stdin if stdin is None else stdin)
-                if not texts:
-                    print(
-                        "python -m serve.client: no texts (give them as arguments, --file or on stdin)", file=sys.stderr
-                    )
+                if problem := usage_problem(texts, args.pair):
+                    print(f"python -m serve.client: {problem}", file=sys.stderr)
                     return 2
-                result = (
-                    client.kserve_infer(texts, args.model) if args.kserve else client.classify(texts, model=args.model)
-                )
+                infer = client.kserve_infer if args.kserve else client.classify
+                result = infer(texts, args.pair, model=args.model)
     except grpc.RpcError as err:
         print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
         return 1

@@ -28,6 +28,13 @@ class Settings(BaseModel):
     metrics_port: int | None = Field(
         8002, ge=0, le=65535, description="Prometheus /metrics HTTP port (0: any free port; 'off': none)"
     )
+    health_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="a second, plaintext port serving only grpc.health.v1, for probes when the main port uses TLS "
+        "(0: any free port; 'off': none)",
+    )
     max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
     max_queue_delay_ms: float = Field(
         0.0,
@@ -74,7 +81,9 @@ class Settings(BaseModel):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("metrics_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", "reload_root", mode="before")
+    @field_validator(
+        "metrics_port", "health_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", "reload_root", mode="before"
+    )
     @classmethod
     def _blank_is_none(cls, value):
         if isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
@@ -92,6 +101,8 @@ class Settings(BaseModel):
             raise ValueError("tls_cert and tls_key go together: set both (TLS) or neither")
         if self.tls_ca is not None and self.tls_cert is None:
             raise ValueError("tls_ca (mutual TLS) needs tls_cert and tls_key too")
+        if self.health_port and self.health_port in (self.port, self.metrics_port):
+            raise ValueError(f"health_port {self.health_port} must differ from port and metrics_port")
         if self.max_texts > self.max_queued:
             raise ValueError(f"max_texts ({self.max_texts}) must not exceed max_queued ({self.max_queued})")
         return self

@@ -80,8 +80,8 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
         [PYTHON, "-m", "distill", "finetune", SMOKE, "--name=killed", *common],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL,  # never read: a pipe would fill with progress bars and stall the stage
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     checkpoint = runs / "killed" / ".work" / "teacher" / "checkpoint.pt"

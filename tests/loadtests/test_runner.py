@@ -78,3 +78,36 @@ def test_echo_run_measures_the_client_floor_in_its_own_folder(bundle):
     assert summary["echo"] is True and summary["bundle"]["arch"] == "echo"
     assert set(summary["by_name"]) == {"Classify", "Classify x4"} and summary["overall"]["failures"] == 0
     assert "echo server" in run.stdout
+
+
+def test_spike_profile_reports_each_phase(bundle):
+    run = loadtest(bundle, "spike", "--loadtest.spike.slo.p99_ms=10000", "--loadtest.spike.slo.min_rate_share=null")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("spike")
+    stages = summary["stages"]
+    assert [s["users"] for s in stages] == [1, 4, 1] and all(s["requests"] > 0 for s in stages)
+    assert stages[1]["requests_per_s"] > stages[0]["requests_per_s"] and summary["overall"]["failures"] == 0
+
+
+def test_soak_profile_samples_server_memory_and_gates_its_growth(bundle):
+    gate = ("--loadtest.soak.duration_s=10", "--loadtest.soak.max_rss_growth_mb_per_10k=1000")
+    run = loadtest(bundle, "soak", *gate, "--loadtest.soak.slo.p99_ms=10000", "--loadtest.soak.slo.min_rate_share=0.5")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    folder, summary = results("soak")
+    resources = summary["resources"]
+    assert len(resources["t_s"]) >= 15 and min(resources["server_rss_mb"]) > 10
+    done = resources["requests_done"]  # sampled twice a second, so the last sample may miss the final calls
+    assert done == sorted(done) and 0.8 * summary["overall"]["requests"] <= done[-1] <= summary["overall"]["requests"]
+    assert all(v is not None for v in resources["server_cpu_pct"] + resources["locust_cpu_pct"])
+    growth = summary["rss_growth_mb_per_10k"]
+    assert growth is not None and mf.load(folder).metrics["rss_growth_mb_per_10k"] == growth
+    assert [c["name"] for c in summary["checks"]].count("rss_growth_mb_per_10k") == 1
+
+
+def test_steady_profile_holds_its_rate(bundle):
+    run = loadtest(bundle, "steady", "--loadtest.steady.slo.p99_ms=10000", "--loadtest.steady.slo.min_rate_share=0.5")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("steady")
+    overall = summary["overall"]
+    assert overall["failures"] == 0 and overall["requests_per_s"] >= 0.5 * 40
+    assert [c["name"] for c in summary["checks"]] == ["p99_ms", "error_rate", "rate_share", "locust_task_errors"]

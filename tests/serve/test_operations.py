@@ -155,6 +155,21 @@ def test_tls(start_server, bundle, certs):
         assert client.classify(["awful"])["predictions"][0]["label"] == "negative"
 
 
+def test_plaintext_health_port_answers_probes_while_the_main_port_uses_tls(start_server, bundle, certs):
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", health_port=0)
+    server = start_server(settings, warm=False)
+    probe = grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}")
+    with probe:
+        assert health_of(probe) == NOT_SERVING  # not warm yet
+        server.call(server.server.warm_up())
+        assert health_of(probe) == SERVING
+        with pytest.raises(grpc.RpcError) as caught:  # the probe port serves health only
+            classifier_pb2_grpc.ClassifierStub(probe).Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        server.call(server.server.health.enter_graceful_shutdown())
+        assert health_of(probe) == NOT_SERVING
+
+
 def test_mutual_tls_requires_a_client_certificate(start_server, bundle, certs):
     settings = settings_for(
         bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"

@@ -137,10 +137,24 @@ def test_client_cli(served, tmp_path, capsys):
     assert [p["label"] for p in out["predictions"]] == ["positive", "negative"]
     assert set(out["predictions"][0]["probabilities"]) == {"negative", "positive"}
 
-    reviews = tmp_path / "reviews.txt"
+    reviews, more = tmp_path / "reviews.txt", tmp_path / "more.txt"
     reviews.write_text("i love it\n\nworst film\n")
-    assert cli.main([*address, "--file", str(reviews)]) == 0
-    assert [p["text"] for p in json.loads(capsys.readouterr().out)["predictions"]] == ["i love it", "worst film"]
+    more.write_text("great fun\n")
+    files = ["--file", str(reviews), "--file", "-", "--file", str(more)]
+    assert cli.main([*address, *files], stdin=io.StringIO("dull plot\n")) == 0
+    texts = [p["text"] for p in json.loads(capsys.readouterr().out)["predictions"]]
+    assert texts == ["i love it", "worst film", "dull plot", "great fun"]
+
+    pairs = ["good", "good", "--pair", "awful awful awful", "--pair", "great"]
+    assert cli.main([*address, *pairs]) == 0
+    classified = json.loads(capsys.readouterr().out)["predictions"]
+    assert cli.main([*address, "--kserve", *pairs]) == 0
+    kserved = json.loads(capsys.readouterr().out)["predictions"]
+    assert classified[0]["probabilities"] != classified[1]["probabilities"]  # the pair is part of the input
+    for a, b in zip(classified, kserved, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-6)
+    assert cli.main([*address, "one", "two", "--pair", "only one"]) == 2
+    assert "1 --pair values for 2 texts" in capsys.readouterr().err
 
     assert cli.main([*address, "--kserve"], stdin=io.StringIO("great fun\ndull plot\n")) == 0
     kserve = json.loads(capsys.readouterr().out)
