@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from serve import tensors
 from serve.app import create_server
 from serve.client import Client
 from serve.errors import BundleRejected
@@ -303,6 +304,41 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
     codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
     assert codes["DEADLINE_EXCEEDED"] >= 1 and codes["CANCELLED"] >= 1
+
+
+def text_infer(*texts: str) -> kserve_pb2.ModelInferRequest:
+    request = kserve_pb2.ModelInferRequest(model_name="tiny-sentiment")
+    request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
+    request.raw_input_contents.append(tensors.serialize_bytes([t.encode() for t in texts]))
+    return request
+
+
+def test_kserve_overload_is_resource_exhausted_and_recovers(slow_queue):
+    with slow_queue.channel() as channel:
+        infer = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        waiting = infer.future(text_infer("good", "bad", "fun"), timeout=10)
+        wait_for_queued(slow_queue, 3)
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(text_infer("great", "dull"), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 4" in caught.value.details()
+        assert list(waiting.result().outputs[0].shape) == [3, 2]
+        assert list(infer(text_infer("great", "dull"), timeout=10).outputs[0].shape) == [2, 2]
+
+
+def test_kserve_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
+    before = scrape(slow_queue)
+    with slow_queue.channel() as channel:
+        infer = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(text_infer("good", "bad"), timeout=0.1)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for_queued(slow_queue, 0)
+        time.sleep(0.5)  # past the queue delay: a batch would have run by now
+    after = scrape(slow_queue)
+    reasons = ("cancelled", "deadline")  # whichever comes first: the server's deadline or the client's cancel
+    dropped = sum(metric(after, "edgedistill_dropped_rows_total", reason=r) for r in reasons)
+    assert dropped - sum(metric(before, "edgedistill_dropped_rows_total", reason=r) for r in reasons) == 2
+    assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
 
 
 def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_server, make_bundle):
