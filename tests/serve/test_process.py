@@ -5,6 +5,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -64,9 +65,24 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
 
 
 def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path):
+    """Both reloads happen while two clients classify back to back: not one of their calls fails."""
     folder = write_bundle(tmp_path / "bundle")
     server = spawn(folder)
     serving = server.wait_for("serving")
+    versions, failures, stop = [], [], threading.Event()
+
+    def hammer():
+        with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as own:
+            own_stub = classifier_pb2_grpc.ClassifierStub(own)
+            while not stop.is_set():
+                try:
+                    versions.append(own_stub.Classify(pb.ClassifyRequest(texts=["fun"]), timeout=10).model_version)
+                except grpc.RpcError as err:
+                    failures.append(err.code())
+
+    clients = [threading.Thread(target=hammer) for _ in range(2)]
+    for client in clients:
+        client.start()
     with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "1"
@@ -85,6 +101,10 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         assert "sha256" in failed["msg"]
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "2"
         assert stub.Classify(pb.ClassifyRequest(texts=["great"]), timeout=5).model_version == "2"
+        stop.set()
+        for client in clients:
+            client.join(10)
+        assert not failures and versions[0] == "1" and versions[-1] == "2" and set(versions) == {"1", "2"}
         with pytest.raises(grpc.RpcError):
             stub.Classify(pb.ClassifyRequest(texts=["great"], model_name="nope"), timeout=5)
         failed_call = server.wait_for("rpc")  # without --access-log only failed calls are logged
