@@ -25,10 +25,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 BATCH_SECONDS = 0.05  # the slowed-down model's time per batch in the overload test
 # 8 queued rows, 4 per batch: an admitted call waits about 3 batches (0.15 s; 0.17-0.22 s measured
 # at p95 on a quiet machine, 0.61 s while another load test shared the cores). The bound counts
-# batches as long as they really took, plus slack for a busy machine; a missing queue limit shows
+# batches as long as they really took, plus slack for a busy machine (a fixed part and a few times what a
+# refusal took in the same run, which grows with the load on the cores); a missing queue limit shows
 # as calls that are never refused, and a growing queue as later calls waiting longer than earlier.
 ADMITTED_P95_BOUND_BATCHES = 12
 ADMITTED_SLACK_S = 0.3
+ADMITTED_CONTENTION_CALLS = 3
 RESTART_BOUND_S = 20.0
 IN_FLIGHT_MARGIN_S = 0.2  # a call started this long before SIGTERM has surely reached the server
 
@@ -123,12 +125,16 @@ def test_sustained_overload_sheds_the_excess_with_bounded_latency_and_recovers(s
         )
         assert len(refused) > len(admitted), "64 clients against 8 queued rows should mostly be refused"
         batch = statistics.median(batch_seconds)
-        assert p95 < ADMITTED_P95_BOUND_BATCHES * batch + ADMITTED_SLACK_S, (p95, batch)
+        # A refusal never waits for the model, so its time is what the busy loop and 64 client threads
+        # add to any call at that moment (a few ms on a quiet machine, 100 ms with training beside it).
+        contention = statistics.median(refused)
+        bound = ADMITTED_P95_BOUND_BATCHES * batch + ADMITTED_SLACK_S + ADMITTED_CONTENTION_CALLS * contention
+        assert p95 < bound, (p95, batch, contention)
         in_order = [end - start for start, end, code in sorted(load.calls) if code == "OK"]
         third = len(in_order) // 3
         early, late = sorted(in_order[:third]), sorted(in_order[-third:])
         assert late[len(late) // 2] < 1.5 * early[len(early) // 2] + 0.1, "admitted calls waited longer over time"
-        assert statistics.median(refused) < BATCH_SECONDS, "a refusal should not wait for the model"
+        assert contention < statistics.median(admitted) / 2, "a refusal should not wait for the model"
 
         deadline = time.monotonic() + 5
         while batcher.queued_rows:
