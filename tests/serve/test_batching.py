@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from serve.batching import BatcherClosed, BatchObserver, DeadlineExpired, DynamicBatcher, Overloaded
+from serve.settings import Settings
 
 
 class FakeBackend:
@@ -266,6 +267,9 @@ def test_backend_runs_off_the_event_loop():
     assert asyncio.run(main()) >= 10, "the event loop kept running while the backend worked"
 
 
+SERVER_INLINE_MAX = Settings.model_fields["inline_infer_ms"].default / 1000
+
+
 class ThreadRecorder(FakeBackend):
     """Records which thread ran each batch."""
 
@@ -280,8 +284,8 @@ class ThreadRecorder(FakeBackend):
 
 @pytest.mark.parametrize(
     ("delay", "inline_max", "inline"),
-    [(0.0, 0.05, True), (0.0, 0.0, False), (0.02, 0.005, False)],
-    ids=["fast-backend-inline", "inline-off", "slow-backend-in-thread"],
+    [(0.0, 0.05, True), (0.0, 0.0, False), (0.02, SERVER_INLINE_MAX, False)],
+    ids=["fast-backend-inline", "inline-off", "slow-backend-in-thread-at-the-server-default"],
 )
 def test_only_batches_expected_to_be_quick_run_on_the_event_loop(delay, inline_max, inline):
     backend = ThreadRecorder(delay)
