@@ -83,3 +83,46 @@ def test_interceptor_fires_request_events(server):
     assert events[0]["bytes"] > 0 and events[1]["bytes"] > events[0]["bytes"]  # the stream's three replies
     assert events[2]["bytes"] == 0
     assert out["replies"] == 3 and out["failed"] is None and out["empty"] is None
+
+
+CONCURRENT = """
+import json, sys, time
+import gevent
+from locust.env import Environment
+from loadtests.grpc_user import GrpcUser
+from serve.proto import classifier_pb2, classifier_pb2_grpc
+
+class User(GrpcUser):
+    host = sys.argv[1]
+
+users = [User(Environment()) for _ in range(4)]
+request = classifier_pb2.ClassifyRequest(texts=["a great movie"])
+for user in users:  # connect first, so that only the calls are timed
+    user.call(classifier_pb2_grpc.ClassifierStub(user.channel).Classify, request)
+started = time.perf_counter()
+calls = [gevent.spawn(user.call, classifier_pb2_grpc.ClassifierStub(user.channel).Classify, request) for user in users]
+gevent.joinall(calls, timeout=30)
+print(json.dumps({"seconds": time.perf_counter() - started, "ok": [c.value is not None for c in calls]}))
+"""
+QUEUE_DELAY_S = 0.3
+
+
+def test_users_call_concurrently_under_gevent(tmp_path):
+    """Four users' calls wait out one queue delay together; one at a time they would take four."""
+    bundle = write_bundle(tmp_path / "bundle-tiny")
+    slow = RunningServer(settings_for(bundle, max_queue_delay_ms=QUEUE_DELAY_S * 1000, max_batch_size=64))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CONCURRENT, slow.address],
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        slow.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["ok"] == [True] * 4
+    assert QUEUE_DELAY_S <= out["seconds"] < 2.5 * QUEUE_DELAY_S, out["seconds"]
