@@ -2,6 +2,7 @@
 (never UNKNOWN or INTERNAL), a well-formed one gets OK with one prediction per text, and after every
 example the server is still SERVING and scores a known text as before.
 
+`ClassifyStream` gets streams of such requests with a random `x-request-id`.
 Texts are arbitrary Unicode without surrogates, which protobuf strings cannot carry (see
 test_bad_inputs.py). KServe tensors get random names, datatypes, shapes (including products that
 overflow int64 and more dimensions than numpy allows) and contents, typed or raw.
@@ -90,6 +91,30 @@ def test_classify_fuzz(channel, known, request):
         assert len(reply.predictions) == len(request.texts)
         for p in reply.predictions:
             assert p.label == LABELS[p.label_id] and abs(sum(p.probabilities) - 1) < 1e-5
+    assert_healthy(channel, known)
+
+
+request_ids = st.text(alphabet="abcXYZ0189-_.:", max_size=300)
+
+
+@FUZZ
+@given(requests=st.lists(classify_requests(), max_size=4), request_id=request_ids)
+def test_classify_stream_fuzz(channel, known, requests, request_id):
+    """A stream answers every request in order, or ends with a client error; the request id comes back."""
+    metadata = (("x-request-id", request_id),) if request_id else None
+    stream = classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(iter(requests), timeout=10, metadata=metadata)
+    replies, code = [], "OK"
+    try:
+        replies.extend(stream)
+    except grpc.RpcError as err:
+        code = err.code().name
+        assert code in CLIENT_ERRORS, f"{code}: {err.details()}"
+    if all(well_formed(r) for r in requests):
+        assert code == "OK" and len(replies) == len(requests)
+    for request, reply in zip(requests, replies, strict=False):
+        assert len(reply.predictions) == len(request.texts)
+    returned = dict(stream.trailing_metadata() or ())["x-request-id"]
+    assert returned == request_id[:128] if request_id else len(returned) == 32
     assert_healthy(channel, known)
 
 
