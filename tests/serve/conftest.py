@@ -225,17 +225,19 @@ def run_openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory) -> Path:
-    """A throwaway CA, a server certificate for localhost/127.0.0.1 and a client certificate (openssl CLI)."""
+    """A throwaway CA, a server certificate for localhost/127.0.0.1 and a client certificate (openssl CLI);
+    and `stranger.pem`/`.key`, a client certificate from another CA (`other-ca`)."""
     folder = tmp_path_factory.mktemp("certs")
-    run_openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-                "-keyout", "ca.key", "-out", "ca.pem", cwd=folder)  # fmt: skip
     (folder / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     (folder / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name in ("server", "client"):
-        run_openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                    "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)  # fmt: skip
-        run_openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                    "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=folder)  # fmt: skip
+    for ca, certificates in (("ca", {"server": "server", "client": "client"}), ("other-ca", {"stranger": "client"})):
+        run_openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=test-{ca}",
+                    "-keyout", f"{ca}.key", "-out", f"{ca}.pem", cwd=folder)  # fmt: skip
+        for name, ext in certificates.items():
+            run_openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                        "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)  # fmt: skip
+            run_openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+                        "-CAcreateserial", "-days", "2", "-extfile", f"{ext}.ext", "-out", f"{name}.pem", cwd=folder)  # fmt: skip
     return folder
 
 

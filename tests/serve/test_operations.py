@@ -171,13 +171,19 @@ def test_plaintext_health_port_answers_probes_while_the_main_port_uses_tls(start
         assert health_of(probe) == NOT_SERVING
 
 
-def test_mutual_tls_requires_a_client_certificate(start_server, bundle, certs):
+def test_mutual_tls_requires_a_client_certificate_from_its_ca(start_server, bundle, certs):
     settings = settings_for(
         bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"
     )
     server = start_server(settings)
     anonymous = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
     with grpc.secure_channel(server.address, anonymous) as channel, pytest.raises(grpc.RpcError) as caught:
+        health_of(channel)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    stranger = grpc.ssl_channel_credentials(  # a client certificate the server's CA did not sign
+        (certs / "ca.pem").read_bytes(), (certs / "stranger.key").read_bytes(), (certs / "stranger.pem").read_bytes()
+    )
+    with grpc.secure_channel(server.address, stranger) as channel, pytest.raises(grpc.RpcError) as caught:
         health_of(channel)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     with Client(
