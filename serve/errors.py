@@ -15,6 +15,13 @@ class InvalidInput(ServeError):
     code = "INVALID_ARGUMENT"
 
 
+class TooLarge(ServeError):
+    """A request over a size limit (texts per request), like gRPC's own message size limit: split it;
+    sent again unchanged it fails again."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
 class ModelNotFound(ServeError):
     code = "NOT_FOUND"
 

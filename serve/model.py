@@ -18,7 +18,7 @@ from common.bundle import Bundle, load_bundle
 from serve.backends import load_backend
 from serve.batching import BatcherClosed, BatchObserver, DynamicBatcher
 from serve.encoding import TextEncoder
-from serve.errors import BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed
+from serve.errors import BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed, TooLarge
 from serve.metrics import Metrics
 from serve.settings import Settings
 
@@ -45,7 +45,7 @@ def check_texts(texts: list[str], pairs: list[str] | None, max_texts: int, max_c
     if not texts:
         raise InvalidInput("empty request: send at least one text")
     if len(texts) > max_texts:
-        raise InvalidInput(f"{len(texts)} texts in one request; the limit is {max_texts}: split the request")
+        raise TooLarge(f"{len(texts)} texts in one request; the limit is {max_texts}: split the request")
     if pairs is not None and len(pairs) != len(texts):
         raise InvalidInput(f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text, or none")
     for kind, values in (("text", texts), ("text pair", pairs or [])):
@@ -149,7 +149,7 @@ class ModelRuntime:
         if count == 0 or length == 0:
             raise InvalidInput(f"empty request: input_ids has shape {list(first.shape)}")
         if count > self.settings.max_texts:
-            raise InvalidInput(f"{count} rows in one request; the limit is {self.settings.max_texts}")
+            raise TooLarge(f"{count} rows in one request; the limit is {self.settings.max_texts}: split the request")
         if length > self.spec.max_length:
             raise InvalidInput(f"sequence length {length} exceeds the model's max_length {self.spec.max_length}")
         if first.min() < 0 or first.max() >= self.encoder.vocab_size:

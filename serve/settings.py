@@ -51,7 +51,7 @@ class Settings(BaseModel):
         "0: always the worker thread",
     )
     max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
-    max_texts: int = Field(64, ge=1, description="texts per request; more: INVALID_ARGUMENT")
+    max_texts: int = Field(64, ge=1, description="texts per request; more: RESOURCE_EXHAUSTED")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
     max_message_bytes: int = Field(4 << 20, ge=1024, description="largest gRPC message, each way")
     threads: int = Field(0, ge=0, description="intra-op threads of the runtime (0: its default)")

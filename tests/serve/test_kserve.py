@@ -158,7 +158,7 @@ def _bad_requests():
         ("invalid utf-8", text_request([b"\xff\xfe oops"]), "INVALID_ARGUMENT", "element 0 is not valid UTF-8"),
         ("empty text", text_request(["good", "  "]), "INVALID_ARGUMENT", "text 1 is empty or whitespace only"),
         ("no texts", text_request([], shape=[0]), "INVALID_ARGUMENT", "empty request"),
-        ("too many", text_request(["good"] * 9), "INVALID_ARGUMENT", "limit is 8"),
+        ("too many", text_request(["good"] * 9), "RESOURCE_EXHAUSTED", "limit is 8"),
         ("datatype", wrong_type, "INVALID_ARGUMENT", "input 'text' must be BYTES, got 'INT64'"),
         ("shape", short, "INVALID_ARGUMENT", "2 elements for shape [3]"),
         ("rank", text_request(["good", "bad"], shape=[1, 2]), "INVALID_ARGUMENT", "shape [batch] or [batch, 1]"),
