@@ -60,9 +60,10 @@ def server(tmp_path_factory):
     running.close()
 
 
-def test_interceptor_fires_request_events(server):
+def run_client(source: str, address: str) -> dict:
+    """Run `source` in a child process against `address`; the JSON object of its last output line."""
     result = subprocess.run(
-        [sys.executable, "-c", CLIENT, server.address],
+        [sys.executable, "-c", source, address],
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
@@ -70,7 +71,11 @@ def test_interceptor_fires_request_events(server):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_interceptor_fires_request_events(server):
+    out = run_client(CLIENT, server.address)
     events = out["events"]
     assert [(e["name"], e["error"]) for e in events] == [
         ("Classify", None),
@@ -112,17 +117,8 @@ def test_users_call_concurrently_under_gevent(tmp_path):
     bundle = write_bundle(tmp_path / "bundle-tiny")
     slow = RunningServer(settings_for(bundle, max_queue_delay_ms=QUEUE_DELAY_S * 1000, max_batch_size=64))
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", CONCURRENT, slow.address],
-            cwd=ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = run_client(CONCURRENT, slow.address)
     finally:
         slow.close()
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["ok"] == [True] * 4
     assert QUEUE_DELAY_S <= out["seconds"] < 2.5 * QUEUE_DELAY_S, out["seconds"]
