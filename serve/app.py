@@ -134,25 +134,21 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
     observed.check()
     address = f"{settings.host}:{settings.port}"
-    credentials = _credentials(settings)
-    try:
-        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    except RuntimeError as err:
-        raise SettingsError(f"cannot bind {address}: {err}") from err
+    port = _bind(server, address, _credentials(settings))
     if settings.health_port is not None:
-        edge.health_server, edge.health_port = _health_server(edge.health, settings.host, settings.health_port)
+        # plaintext, with only the health service (the same statuses): for probes that cannot speak TLS
+        edge.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(edge.health, edge.health_server)
+        edge.health_port = _bind(edge.health_server, f"{settings.host}:{settings.health_port}")
     return edge, port
 
 
-def _health_server(servicer: health.aio.HealthServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A plaintext server with only the health service (the same statuses), for probes that cannot speak TLS."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    address = f"{host}:{port}"
+def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Add a listening port (TLS with `credentials`) to `server`; the port bound."""
     try:
-        return server, server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as err:
-        raise SettingsError(f"cannot bind the health port {address}: {err}") from err
+        raise SettingsError(f"cannot bind {address}: {err}") from err
 
 
 async def serve(settings: Settings) -> int:
