@@ -330,7 +330,7 @@ async def measure_all(
     echo_port = free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     async with AsyncExitStack() as stack:
-        backend = load_backend(bundle, settings.providers, settings.threads)
+        backend = load_backend(bundle, settings.providers, settings.threads, settings.spin)
         stack.callback(backend.close)
         server = stack.enter_context(running("serve", flags, settings.port, options.out / "server.log"))
         echo_flags = ["--host", "127.0.0.1", "--port", str(echo_port)]

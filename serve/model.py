@@ -70,7 +70,7 @@ class ModelRuntime:
         self.encoder = TextEncoder(
             bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
         )
-        self.backend = load_backend(bundle, settings.providers, settings.threads)
+        self.backend = load_backend(bundle, settings.providers, settings.threads, settings.spin)
         self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
         self.batcher = DynamicBatcher(
             self.backend.infer,

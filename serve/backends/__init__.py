@@ -29,13 +29,14 @@ class Backend(Protocol):
         """Release device memory and sessions; `infer` must not be called afterwards."""
 
 
-def load_backend(bundle: Bundle, providers: list[str], threads: int) -> Backend:
-    """The backend for `bundle.spec.runtime`; `providers` (empty: the bundle's) applies to ONNX Runtime."""
+def load_backend(bundle: Bundle, providers: list[str], threads: int, spin: bool = False) -> Backend:
+    """The backend for `bundle.spec.runtime`; `providers` (empty: the bundle's), `threads` and `spin` apply to
+    ONNX Runtime."""
     runtime = bundle.spec.runtime
     if runtime == "onnxruntime":
         from serve.backends.ort import OrtBackend
 
-        return OrtBackend(bundle.model_path, bundle.spec, providers or bundle.spec.providers, threads)
+        return OrtBackend(bundle.model_path, bundle.spec, providers or bundle.spec.providers, threads, spin)
     if runtime == "tensorrt":
         from serve.backends.trt import TensorRTBackend
 

@@ -19,6 +19,7 @@ ALIASES = {
     "trt": "TensorrtExecutionProvider",
 }
 GPU_PROVIDERS = {"CUDAExecutionProvider", "TensorrtExecutionProvider"}
+SPIN_KEY = "session.intra_op.allow_spinning"
 
 
 def resolve_providers(requested: list[str]) -> list[str]:
@@ -31,7 +32,7 @@ def resolve_providers(requested: list[str]) -> list[str]:
 
 
 class OrtBackend:
-    def __init__(self, model_path: Path, spec: BundleSpec, providers: list[str], threads: int = 0):
+    def __init__(self, model_path: Path, spec: BundleSpec, providers: list[str], threads: int = 0, spin: bool = False):
         requested = resolve_providers(providers)
         available = set(ort.get_available_providers())
         missing = [name for name in requested if name not in available]
@@ -46,6 +47,7 @@ class OrtBackend:
             )
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        options.add_session_config_entry(SPIN_KEY, "1" if spin else "0")
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         try:
@@ -69,9 +71,17 @@ class OrtBackend:
                 extra={"event": "provider_fallback", "requested": requested, "in_use": self.providers},
             )
         log.info(
-            "onnxruntime session ready on %s",
+            "onnxruntime session ready on %s, %s intra-op threads, spinning %s",
             self.providers,
-            extra={"event": "backend_ready", "runtime": "onnxruntime", "providers": self.providers},
+            threads or "default",
+            "on" if spin else "off",
+            extra={
+                "event": "backend_ready",
+                "runtime": "onnxruntime",
+                "providers": self.providers,
+                "threads": threads,
+                "spin": spin,
+            },
         )
         self._check_io(spec, model_path)
         self.output_names = [out.name for out in self.session.get_outputs()]

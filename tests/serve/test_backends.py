@@ -12,7 +12,7 @@ import pytest
 from common.bundle import TensorSpec, load_bundle
 from serve.app import create_server
 from serve.backends import BackendUnavailable, load_backend
-from serve.backends.ort import OrtBackend, resolve_providers
+from serve.backends.ort import SPIN_KEY, OrtBackend, resolve_providers
 from serve.backends.trt import import_runtime
 from serve.encoding import TextEncoder
 from serve.errors import BundleRejected
@@ -61,6 +61,14 @@ def test_bundle_disabled_optimizers_reach_the_session(make_bundle, monkeypatch):
     assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
     ids = np.array([[2, 4, 3]], np.int64)
     assert backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"].shape == (1, 2)
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_spinning_follows_the_setting(bundle, spin):
+    backend = load_backend(load_bundle(bundle), [], threads=2, spin=spin)
+    options = backend.session.get_session_options()
+    assert options.get_session_config_entry(SPIN_KEY) == ("1" if spin else "0")
+    assert options.intra_op_num_threads == 2
 
 
 def test_model_inputs_must_match_the_spec(make_bundle):
