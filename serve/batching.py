@@ -3,10 +3,13 @@
 Each request is a list of rows; a row is `{input name: 1-D array of length L}` (token ids, masks).
 Rows wait in a bounded queue until `max_batch_size` rows are waiting or the oldest has waited
 `max_delay` seconds; a batch then takes up to `max_batch_size` rows of similar length (the oldest
-row always included, so nothing starves), pads them to the longest with `pad_values`, and runs the
-backend in a worker thread so the event loop never blocks on it. A batch whose expected backend time
-(tokens times the measured time per token) is within `inline_max` seconds runs on the event loop
-instead: for a small model the hop to the thread and back costs more than the batch itself. With no
+row always included, so nothing starves), and runs the backend in a worker thread so the event loop
+never blocks on it. A backend call costs a fixed overhead plus a time per padded token (`BackendCost`,
+fitted to timings at several shapes): a batch of mixed lengths is split into groups of similar length,
+each padded to its longest with `pad_values` and run as its own call, wherever the padding saved is
+worth more than the extra calls. A batch whose expected backend time is within `inline_max` seconds
+runs on the event loop instead: for a small model the hop to the thread and back costs more than the
+batch itself. With no
 `max_delay`, such a request that comes at light load (backend idle, nothing queued, no batch finished
 within `inline_max`) runs at once, in its own task, without waking the batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
@@ -20,7 +23,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -62,6 +65,90 @@ class BatchObserver:
 
     def rows_dropped(self, rows: int, reason: str) -> None:
         """Rows removed from the queue without running (`reason`: cancelled, deadline)."""
+
+
+def _terms(rows: int, longest: int) -> tuple[float, float, float]:
+    """What a call's time grows with: once per call, per padded token, per padded token times length."""
+    return 1.0, rows * longest, rows * longest * longest
+
+
+# Subsets of the terms tried by `BackendCost.fit`, the fullest first: the best fit with no negative coefficient wins.
+_TERM_SUBSETS = ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (2,))
+
+
+@dataclass
+class BackendCost:
+    """Expected seconds of one backend call of `rows` rows padded to `longest`:
+    `scale * (overhead + per_token * rows * longest + per_token_length * rows * longest**2)`;
+    the last term is attention's, zero for models without it.
+
+    The coefficients come from timings at several shapes (`fit`) and decide how a batch splits;
+    `scale` follows the measured times since (`observe`), so a machine that slows down moves the
+    estimate without changing the split.
+    """
+
+    overhead: float
+    per_token: float
+    per_token_length: float = 0.0
+    scale: float = 1.0
+
+    @classmethod
+    def fit(cls, timings: Sequence[tuple[int, int, float]]) -> "BackendCost":
+        """Least relative squared error over (rows, longest, seconds) of single calls at two or more shapes,
+        with no coefficient below zero."""
+        if len({(rows, longest) for rows, longest, _ in timings}) < 2:
+            raise ValueError("fitting a backend cost needs timings at two or more shapes")
+        terms = np.array([_terms(rows, longest) for rows, longest, _ in timings])
+        seconds = np.maximum([s for *_, s in timings], 1e-9)
+        best, best_error = None, math.inf
+        for subset in _TERM_SUBSETS:
+            scaled = terms[:, subset] / seconds[:, None]  # relative error: short calls count as much as long ones
+            solution = np.linalg.lstsq(scaled, np.ones(len(seconds)), rcond=None)[0]
+            if (solution < 0).any():
+                continue
+            coefficients = np.zeros(3)
+            coefficients[list(subset)] = solution
+            error = float(((terms @ coefficients / seconds - 1) ** 2).sum())
+            if error < best_error:
+                best, best_error = coefficients, error
+        return cls(*(float(c) for c in best))
+
+    def call(self, rows: int, longest: int) -> float:
+        """Seconds for one call at the fitted speed."""
+        return self.overhead + rows * longest * (self.per_token + self.per_token_length * longest)
+
+    def unscaled(self, groups: Sequence[tuple[int, int]]) -> float:
+        """Seconds for calls of (rows, longest) at the fitted speed."""
+        return sum(self.call(rows, longest) for rows, longest in groups)
+
+    def seconds(self, groups: Sequence[tuple[int, int]]) -> float:
+        return self.scale * self.unscaled(groups)
+
+    def observe(self, groups: Sequence[tuple[int, int]], seconds: float) -> None:
+        """Move `scale` towards measured / expected for calls that took `seconds` in all."""
+        if (expected := self.unscaled(groups)) > 0:
+            self.scale = 0.8 * self.scale + 0.2 * seconds / expected
+
+    def split(self, lengths: Sequence[int]) -> list[int]:
+        """For lengths in ascending order, where to cut them into groups (end indices, the last one
+        `len(lengths)`) so that the calls' expected time is least; one group when there is no overhead
+        to weigh padding against. Dynamic programming over the distinct lengths."""
+        if self.overhead <= 0:
+            return [len(lengths)]
+        ends = [i + 1 for i in range(len(lengths)) if i + 1 == len(lengths) or lengths[i + 1] != lengths[i]]
+        starts = [0, *ends]
+        best, cut = [0.0], [0]
+        for j, end in enumerate(ends):
+            longest = lengths[end - 1]
+            choices = [best[i] + self.call(end - starts[i], longest) for i in range(j + 1)]
+            k = min(range(j + 1), key=choices.__getitem__)
+            best.append(choices[k])
+            cut.append(k)
+        cuts, j = [], len(ends)
+        while j > 0:
+            cuts.append(ends[j - 1])
+            j = cut[j]
+        return cuts[::-1]
 
 
 @dataclass
@@ -111,7 +198,7 @@ class DynamicBatcher:
         self.max_delay = max_delay
         self.max_queued = max_queued
         self.inline_max = inline_max
-        self.seconds_per_token: float | None = None  # moving average of the backend's time per padded token
+        self.cost: BackendCost | None = None  # from `calibrate`, else from the first batch's time per token
         self.pad_values = dict(pad_values or {})
         self.observer = observer or BatchObserver()
         self._pending: list[_Row] = []
@@ -125,6 +212,10 @@ class DynamicBatcher:
     @property
     def queued_rows(self) -> int:
         return len(self._pending)
+
+    def calibrate(self, timings: Sequence[tuple[int, int, float]]) -> None:
+        """Fit the backend's cost to (rows, longest, seconds) of single calls at several shapes."""
+        self.cost = BackendCost.fit(timings)
 
     def start(self) -> None:
         if self._task is None:
@@ -157,7 +248,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
-        if self._idle(request.enqueued) and self._inline(len(rows) * max(lengths)):
+        if self._idle(request.enqueued) and self._inline(self._shapes(sorted(lengths))):
             # light load and a quick batch: run it now, without the batcher task
             if deadline is not None and deadline <= request.enqueued:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
@@ -238,15 +329,16 @@ class DynamicBatcher:
         for row in batch:
             if row.request.started is None:
                 row.request.started = now
+        groups = self._groups(batch)
+        shapes = [(len(group), max(row.length for row in group)) for group in groups]
         try:
-            inputs = _pad([row.request.rows[row.index] for row in batch], self.pad_values)
-            tokens = next(iter(inputs.values())).size
-            if self._inline(tokens):
-                outputs, seconds = self._timed_infer(inputs)
+            inputs = [_pad([row.request.rows[row.index] for row in group], self.pad_values) for group in groups]
+            if self._inline(shapes):
+                results = self._timed_infer(inputs)
             else:
                 self._busy = True
                 try:
-                    outputs, seconds = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
+                    results = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
                 finally:
                     self._busy = False
         except Exception as err:  # the backend's failure belongs to every request in the batch
@@ -256,19 +348,38 @@ class DynamicBatcher:
             return
         finally:
             self._last_done = loop.time()
-        per_token = seconds / tokens
-        self.seconds_per_token = (
-            per_token if self.seconds_per_token is None else 0.8 * self.seconds_per_token + 0.2 * per_token
-        )
-        self.observer.batch_done(len(batch), seconds)
-        for position, row in enumerate(batch):
-            row.request.outputs[row.index] = (outputs, position)
-            row.request.remaining -= 1
+        self._learn(shapes, sum(seconds for _, seconds in results))
+        for group, (outputs, seconds) in zip(groups, results, strict=True):
+            self.observer.batch_done(len(group), seconds)
+            for position, row in enumerate(group):
+                row.request.outputs[row.index] = (outputs, position)
+                row.request.remaining -= 1
         for request in {row.request for row in batch}:
             request.batches += 1
             if request.remaining == 0 and not request.future.done():
                 request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
+
+    def _groups(self, batch: list[_Row]) -> list[list[_Row]]:
+        """The batch as backend calls: one, or groups of similar length when the cost says splitting pays."""
+        if self.cost is None or len(batch) == 1:
+            return [batch]
+        ordered = sorted(batch, key=lambda row: row.length)
+        cuts = self.cost.split([row.length for row in ordered])
+        return [ordered[start:end] for start, end in zip([0, *cuts], cuts, strict=False)]
+
+    def _shapes(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(rows, longest) of the calls that rows of these ascending lengths would make."""
+        if self.cost is None:
+            return [(len(lengths), lengths[-1])]
+        cuts = self.cost.split(lengths)
+        return [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+
+    def _learn(self, shapes: list[tuple[int, int]], seconds: float) -> None:
+        if self.cost is None:  # not calibrated: all of the first batch's time counts per token
+            self.cost = BackendCost(0.0, max(seconds, 1e-9) / sum(rows * longest for rows, longest in shapes))
+        else:
+            self.cost.observe(shapes, seconds)
 
     def _idle(self, now: float) -> bool:
         """No queue delay asked, nothing queued or running, and no batch finished within `inline_max`:
@@ -277,14 +388,18 @@ class DynamicBatcher:
         busy = bool(self.max_delay or self._pending or self._busy)
         return not busy and now - self._last_done > self.inline_max
 
-    def _inline(self, tokens: int) -> bool:
-        """Whether a batch of `tokens` padded tokens is expected to finish within `inline_max` seconds."""
-        return self.seconds_per_token is not None and self.seconds_per_token * tokens <= self.inline_max
+    def _inline(self, shapes: list[tuple[int, int]]) -> bool:
+        """Whether calls of these (rows, longest) shapes are expected to finish within `inline_max` seconds."""
+        return self.cost is not None and self.cost.seconds(shapes) <= self.inline_max
 
-    def _timed_infer(self, inputs: Arrays) -> tuple[Mapping[str, np.ndarray], float]:
-        start = time.perf_counter()
-        outputs = self.infer(inputs)
-        return outputs, time.perf_counter() - start
+    def _timed_infer(self, inputs: list[Arrays]) -> list[tuple[Mapping[str, np.ndarray], float]]:
+        """One backend call per group: its outputs and seconds."""
+        results = []
+        for group in inputs:
+            start = time.perf_counter()
+            outputs = self.infer(group)
+            results.append((outputs, time.perf_counter() - start))
+        return results
 
 
 def _gather(parts: list[tuple[Arrays, int]]) -> Arrays:

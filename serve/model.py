@@ -8,6 +8,7 @@ swapped in; the old one finishes what it had queued.
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from serve.settings import Settings
 log = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 256  # tens of microseconds of tokenizing: less than a hop to a thread and back
+WARM_UP_TIMINGS = 2  # timed calls per warm-up shape for the batcher's cost model
 
 
 @dataclass
@@ -102,26 +104,57 @@ class ModelRuntime:
         return self.spec.version
 
     def warm_up(self) -> None:
-        """Run the backend at several batch sizes and lengths; check the logits' shape and values."""
+        """Run the backend at several batch sizes and lengths, check the logits' shape and values, then time
+        the same shapes again to calibrate the batcher's cost model."""
         ids = self.encoder.encode(["a warm up sentence to prime the model"])[0]
+        shapes = [
+            (batch, length)
+            for length in sorted({1, max(1, self.spec.max_length // 2), self.spec.max_length})
+            for batch in sorted({1, self.max_batch_size})
+        ]
+        feeds = []
+        for batch, length in shapes:
+            inputs = {name: np.tile(np.resize(row, length), (batch, 1)) for name, row in ids.items()}
+            if "attention_mask" in inputs:
+                inputs["attention_mask"][:] = 1
+            self._check_warm_up(inputs, batch, length)
+            feeds.append(inputs)
+        timings = []
+        for (batch, length), inputs in zip(shapes, feeds, strict=True):
+            for _ in range(WARM_UP_TIMINGS):
+                start = time.perf_counter()
+                self.backend.infer(inputs)
+                timings.append((batch, length, time.perf_counter() - start))
+        if len(shapes) > 1:
+            self.batcher.calibrate(timings)
+            cost = self.batcher.cost
+            log.info(
+                "backend cost %.0f us per call + %.2f us per padded token + %.4f us per padded token and position",
+                cost.overhead * 1e6,
+                cost.per_token * 1e6,
+                cost.per_token_length * 1e6,
+                extra={
+                    "event": "backend_cost",
+                    "overhead_s": cost.overhead,
+                    "per_token_s": cost.per_token,
+                    "per_token_length_s": cost.per_token_length,
+                },
+            )
+
+    def _check_warm_up(self, inputs: dict[str, np.ndarray], batch: int, length: int) -> None:
         labels = len(self.spec.labels)
-        for length in sorted({1, max(1, self.spec.max_length // 2), self.spec.max_length}):
-            for batch in sorted({1, self.max_batch_size}):
-                inputs = {name: np.tile(np.resize(row, length), (batch, 1)) for name, row in ids.items()}
-                if "attention_mask" in inputs:
-                    inputs["attention_mask"][:] = 1
-                try:
-                    logits = self.backend.infer(inputs)[self.output]
-                except Exception as err:  # any runtime failure means the bundle cannot be served
-                    raise BundleRejected(
-                        f"{self.bundle.folder}: warm-up at batch {batch}, length {length} failed: {err}"
-                    ) from err
-                if logits.shape != (batch, labels) or not np.isfinite(logits).all():
-                    raise BundleRejected(
-                        f"{self.bundle.folder}: warm-up at batch {batch}, length {length} gave {self.output} of shape "
-                        f"{logits.shape} (expected {(batch, labels)} for labels {self.spec.labels})"
-                        + ("" if np.isfinite(logits).all() else " with non-finite values")
-                    )
+        try:
+            logits = self.backend.infer(inputs)[self.output]
+        except Exception as err:  # any runtime failure means the bundle cannot be served
+            raise BundleRejected(
+                f"{self.bundle.folder}: warm-up at batch {batch}, length {length} failed: {err}"
+            ) from err
+        if logits.shape != (batch, labels) or not np.isfinite(logits).all():
+            raise BundleRejected(
+                f"{self.bundle.folder}: warm-up at batch {batch}, length {length} gave {self.output} of shape "
+                f"{logits.shape} (expected {(batch, labels)} for labels {self.spec.labels})"
+                + ("" if np.isfinite(logits).all() else " with non-finite values")
+            )
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
         """Small requests are tokenized on the event loop (cheaper than a thread hop), large ones in a thread."""

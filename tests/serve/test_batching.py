@@ -1,14 +1,24 @@
 """The dynamic batcher against a fake backend: batching, order, padding, limits, cancellation."""
 
 import asyncio
+import math
 import random
 import threading
 import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from serve.batching import BatcherClosed, BatchObserver, DeadlineExpired, DynamicBatcher, Overloaded
+from serve.batching import (
+    BackendCost,
+    BatcherClosed,
+    BatchObserver,
+    DeadlineExpired,
+    DynamicBatcher,
+    Overloaded,
+)
 from serve.settings import Settings
 
 
@@ -295,14 +305,14 @@ def test_only_batches_expected_to_be_quick_run_on_the_event_loop(delay, inline_m
         b.start()
         results = [await b.submit([row(i, i + 1)]) for i in range(1, 6)]
         await b.close()
-        return results, b.seconds_per_token
+        return results, b.cost
 
-    results, per_token = asyncio.run(main())
+    results, cost = asyncio.run(main())
     assert [r.outputs["sum"].tolist() for r in results] == [[2.0 * i + 1] for i in range(1, 6)]
     assert backend.threads[0].startswith("infer"), "with no measured time yet, the first batch goes to the thread"
     on_loop = [name == threading.main_thread().name for name in backend.threads[1:]]
     assert on_loop == [inline] * 4
-    assert per_token >= delay / 2
+    assert cost.seconds([(1, 2)]) >= 0.9 * delay, "the learnt cost of a call like these covers its measured time"
 
 
 def test_rows_with_mismatched_lengths_are_refused():
@@ -352,7 +362,7 @@ def test_a_quick_request_waits_while_a_batch_runs_in_the_thread():
 
     async def main():
         b = batcher(backend, max_delay=0.0, inline_max=0.05)
-        b.seconds_per_token = 1e-3
+        b.cost = BackendCost(0.0, 1e-3)
         b.start()
         slow = asyncio.ensure_future(b.submit([row(*range(1, 60))] * 8))  # 472 tokens, expected 0.47 s: the thread
         await asyncio.to_thread(backend.entered.wait, 10)
@@ -374,7 +384,7 @@ def test_a_queue_delay_holds_even_a_quick_request_to_an_idle_batcher():
 
     async def main():
         b = batcher(backend, max_delay=0.05, inline_max=0.05)
-        b.seconds_per_token = 1e-6
+        b.cost = BackendCost(0.0, 1e-6)
         b.start()
         started = time.perf_counter()
         await asyncio.create_task(b.submit([row(1)]), name="caller")
@@ -384,3 +394,83 @@ def test_a_queue_delay_holds_even_a_quick_request_to_an_idle_batcher():
 
     assert asyncio.run(main()) >= 0.04
     assert backend.tasks == ["batcher"]
+
+
+@pytest.mark.parametrize("attention", [0.0, 2e-7])
+def test_backend_cost_fit_recovers_its_terms(attention):
+    shapes = [(rows, longest) for rows in (1, 32) for longest in (1, 32, 64)]
+    timings = [(rows, n, 3e-4 + 2e-5 * rows * n + attention * rows * n * n) for rows, n in shapes]
+    cost = BackendCost.fit(timings)
+    assert cost.overhead == pytest.approx(3e-4, rel=1e-6)
+    assert cost.per_token == pytest.approx(2e-5, rel=1e-6)
+    assert cost.per_token_length == pytest.approx(attention, abs=1e-12)
+    with pytest.raises(ValueError, match="two or more shapes"):
+        BackendCost.fit([(1, 32, 1e-3), (1, 32, 2e-3)])
+
+
+def test_backend_cost_fit_has_no_negative_terms():
+    # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
+    cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])
+    assert (cost.overhead, cost.per_token_length) == (0.0, 0.0)
+    assert cost.per_token > 0
+
+
+def test_backend_cost_scale_follows_measured_times_without_changing_the_split():
+    cost = BackendCost(1e-4, 1e-5)
+    lengths = [2, 2, 3, 30, 31, 60]
+    before = cost.split(lengths)
+    for _ in range(30):
+        cost.observe([(6, 60)], 2 * cost.unscaled([(6, 60)]))
+    assert cost.scale == pytest.approx(2.0, rel=1e-2)
+    assert cost.split(lengths) == before
+
+
+def _cheapest_split(lengths: list[int], cost: BackendCost) -> float:
+    """The least expected time over every way to cut `lengths` into consecutive groups (brute force)."""
+    best = math.inf
+    for mask in range(1 << (len(lengths) - 1)):
+        cuts = [i + 1 for i in range(len(lengths) - 1) if mask >> i & 1] + [len(lengths)]
+        groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+        best = min(best, cost.unscaled(groups))
+    return best
+
+
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=9).map(sorted),
+    overhead=st.sampled_from([0.0, 1e-5, 3e-4, 1e-2]),
+    attention=st.sampled_from([0.0, 1e-7]),
+)
+def test_backend_cost_split_is_the_cheapest_cut(lengths, overhead, attention):
+    cost = BackendCost(overhead, 1.6e-5, attention)
+    cuts = cost.split(lengths)
+    assert cuts[-1] == len(lengths) and cuts == sorted(set(cuts))
+    groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+    if overhead == 0:
+        assert cuts == [len(lengths)], "with no overhead known, a batch is not split"
+    else:
+        assert cost.unscaled(groups) == pytest.approx(_cheapest_split(lengths, cost))
+
+
+def test_a_batch_of_mixed_lengths_runs_as_groups_of_similar_length():
+    gate = threading.Event()
+    backend, observer = FakeBackend(gate=gate), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, observer=observer)
+        b.calibrate([(1, 1, 3e-4 + 1e-5), (1, 64, 3e-4 + 64e-5), (32, 64, 3e-4 + 2048e-5)])
+        b.start()
+        first = asyncio.ensure_future(b.submit([row(1)]))
+        await asyncio.to_thread(backend.entered.wait, 10)  # the rows below queue while the backend is busy
+        lengths = [40, 2, 3, 38, 2]
+        waiting = [asyncio.ensure_future(b.submit([row(*([n] * n))])) for n in lengths]
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = await asyncio.gather(first, *waiting)
+        await b.close()
+        return lengths, results
+
+    lengths, results = asyncio.run(main())
+    assert [r.outputs["sum"].tolist() for r in results[1:]] == [[float(n * n)] for n in lengths]
+    # one call for the three short rows padded to 3, one for the two long ones padded to 40
+    assert backend.shapes[1:] == [(3, 3), (2, 40)]
+    assert observer.batches == [1, 3, 2]

@@ -358,3 +358,11 @@ def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_serve
     with good.channel() as channel, pytest.raises(grpc.RpcError) as caught:
         classifier_pb2_grpc.ClassifierStub(channel).Reload(pb.ReloadRequest(bundle_path=str(three_labels)), timeout=10)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "warm-up" in caught.value.details()
+
+
+def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    cost = server.server.host.get().batcher.cost
+    assert cost is not None, "warm-up times the backend at several shapes"
+    assert min(cost.overhead, cost.per_token, cost.per_token_length) >= 0
+    assert cost.seconds([(1, 8)]) > 0
