@@ -362,18 +362,17 @@ class DynamicBatcher:
 
     def _groups(self, batch: list[_Row]) -> list[list[_Row]]:
         """The batch as backend calls: one, or groups of similar length when the cost says splitting pays."""
-        if self.cost is None or len(batch) == 1:
-            return [batch]
         ordered = sorted(batch, key=lambda row: row.length)
-        cuts = self.cost.split([row.length for row in ordered])
+        cuts = self._cuts([row.length for row in ordered])
         return [ordered[start:end] for start, end in zip([0, *cuts], cuts, strict=False)]
 
     def _shapes(self, lengths: list[int]) -> list[tuple[int, int]]:
         """(rows, longest) of the calls that rows of these ascending lengths would make."""
-        if self.cost is None:
-            return [(len(lengths), lengths[-1])]
-        cuts = self.cost.split(lengths)
+        cuts = self._cuts(lengths)
         return [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+
+    def _cuts(self, lengths: list[int]) -> list[int]:
+        return [len(lengths)] if self.cost is None else self.cost.split(lengths)
 
     def _learn(self, shapes: list[tuple[int, int]], seconds: float) -> None:
         if self.cost is None:  # not calibrated: all of the first batch's time counts per token
