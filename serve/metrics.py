@@ -34,7 +34,10 @@ class Metrics(BatchObserver):
             registry=r,
         )
         self.inference = Histogram(
-            "edgedistill_inference_seconds", "Time of one backend call (one batch)", buckets=LATENCY_BUCKETS, registry=r
+            "edgedistill_inference_seconds",
+            "Time of one backend call (a batch, or one length group of it)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
             "edgedistill_batch_size", "Rows per backend call", buckets=BATCH_BUCKETS, registry=r
