@@ -18,6 +18,28 @@ from serve import tensors
 from serve.proto import classifier_pb2, classifier_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
+RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
+MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
+
+
+def retry_options(retries: int) -> list[tuple[str, object]]:
+    """Channel options for gRPC's retry policy: up to `retries` more attempts of a call that failed with
+    UNAVAILABLE or RESOURCE_EXHAUSTED, with exponential backoff (50 ms doubling, at most 1 s, jittered),
+    within the call's deadline. The server stops them for errors that would recur (a request over a limit)."""
+    if not 0 <= retries < MAX_ATTEMPTS:
+        raise ValueError(f"retries must be between 0 and {MAX_ATTEMPTS - 1}, got {retries}")
+    if retries == 0:
+        return [("grpc.enable_retries", 0)]
+    policy = {
+        "maxAttempts": retries + 1,
+        "initialBackoff": "0.05s",
+        "maxBackoff": "1s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": list(RETRIED_CODES),
+    }
+    services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
+    config = {"methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}]}
+    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
 
 
 class Client:
@@ -33,14 +55,17 @@ class Client:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         timeout: float = 10.0,
+        retries: int = 3,
     ):
+        """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`)."""
+        options = retry_options(retries)
         if tls or tls_ca or tls_cert:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
             )
-            self.channel = grpc.secure_channel(address, credentials)
+            self.channel = grpc.secure_channel(address, credentials, options=options)
         else:
-            self.channel = grpc.insecure_channel(address)
+            self.channel = grpc.insecure_channel(address, options=options)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = timeout
         self.stub = classifier_pb2_grpc.ClassifierStub(self.channel)
@@ -164,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
     parser.add_argument("--timeout", type=float, default=10.0, help="deadline per call in seconds (default 10)")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        choices=range(MAX_ATTEMPTS),
+        metavar="N",
+        help=f"retries of a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED, with backoff, 0-{MAX_ATTEMPTS - 1} "
+        "(default 3)",
+    )
     parser.add_argument("--info", action="store_true", help="print the served model's info instead")
     parser.add_argument(
         "--reload", nargs="?", const="", metavar="BUNDLE", help="reload the bundle (optionally a new one)"
@@ -181,6 +215,7 @@ def main(argv: list[str] | None = None, stdin=None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         timeout=args.timeout,
+        retries=args.retries,
     )
     try:
         with client:

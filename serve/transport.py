@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
-from serve.errors import InvalidInput, PermissionDenied, ServeError
+from serve.errors import InvalidInput, PermissionDenied, ServeError, TooLarge
 from serve.logs import REQUEST_ID
 from serve.model import ModelHost, ModelRuntime, Scores, check_texts
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -32,6 +32,9 @@ STREAM_WINDOW = 16  # requests of one stream in flight at once
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
 MAX_DETAILS_BYTES = 1024
+# gRPC's retry policy (gRFC A6) sends a call again after a retryable status unless the server's trailers carry
+# a negative pushback: set for errors that would only recur, such as a request over a limit.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 def status_of(err: BaseException) -> grpc.StatusCode:
@@ -52,6 +55,8 @@ def details_of(err: BaseException) -> str:
 async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
     """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
     if isinstance(err, CLIENT_ERRORS):
+        if isinstance(err, TooLarge):  # RESOURCE_EXHAUSTED, as for overload, but sending it again cannot help
+            context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
         await context.abort(status_of(err), details_of(err))
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")

@@ -1,0 +1,110 @@
+"""Retries: the client's gRPC retry policy, and the server telling it when sending again cannot help."""
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from serve.client import Client, build_parser, retry_options
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from serve.transport import RETRY_PUSHBACK_KEY
+from tests.serve.conftest import settings_for
+from tests.serve.test_operations import metric, scrape
+
+CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+
+
+class Refusing(classifier_pb2_grpc.ClassifierServicer):
+    """Refuses the first `refusals` Classify attempts with `code`, then answers; counts attempts."""
+
+    def __init__(self, refusals: int, code: grpc.StatusCode):
+        self.refusals, self.code, self.attempts = refusals, code, 0
+
+    async def Classify(self, request, context):
+        self.attempts += 1
+        if self.attempts <= self.refusals:
+            await context.abort(self.code, "busy, retry")
+        prediction = pb.Prediction(label="positive", label_id=1, score=0.9, probabilities=[0.1, 0.9])
+        return pb.ClassifyResponse(predictions=[prediction] * len(request.texts), model_name="m", model_version="1")
+
+    async def GetModelInfo(self, request, context):
+        return pb.ModelInfo(name="m", version="1", labels=["negative", "positive"])
+
+
+@pytest.fixture
+def refusing():
+    """`refusing(refusals, code) -> (servicer, address)`: a gRPC server on loopback running `Refusing`."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = []
+
+    def start(refusals: int, code=grpc.StatusCode.RESOURCE_EXHAUSTED):
+        servicer = Refusing(refusals, code)
+
+        async def build():
+            server = grpc.aio.server()
+            classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            return server, port
+
+        server, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
+        servers.append(server)
+        return servicer, f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE])
+def test_the_client_retries_an_overloaded_or_unavailable_server(refusing, code):
+    servicer, address = refusing(2, code)
+    with Client(address, retries=3) as client:
+        assert client.classify(["a great movie"])["predictions"][0]["label"] == "positive"
+    assert servicer.attempts == 3
+
+
+def test_retries_stop_at_the_limit_and_can_be_turned_off(refusing):
+    servicer, address = refusing(10)
+    with Client(address, retries=2) as client, pytest.raises(grpc.RpcError) as caught:
+        client.classify(["a great movie"])
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert servicer.attempts == 3
+    servicer, address = refusing(10)
+    with Client(address, retries=0) as client, pytest.raises(grpc.RpcError):
+        client.classify(["a great movie"])
+    assert servicer.attempts == 1
+
+
+def test_a_client_error_is_not_retried(refusing):
+    servicer, address = refusing(10, grpc.StatusCode.INVALID_ARGUMENT)
+    with Client(address, retries=3) as client, pytest.raises(grpc.RpcError):
+        client.classify(["a great movie"])
+    assert servicer.attempts == 1
+
+
+def test_a_request_over_a_limit_tells_retrying_clients_to_stop(start_server, bundle):
+    server = start_server(settings_for(bundle, max_texts=2))
+    before = metric(scrape(server), "edgedistill_requests_total", method=CLASSIFY, code="RESOURCE_EXHAUSTED")
+    with Client(server.address, retries=3) as client, pytest.raises(grpc.RpcError) as caught:
+        client.classify(["one", "two", "three"])
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "split the request" in caught.value.details()
+    assert (RETRY_PUSHBACK_KEY, "-1") in tuple(caught.value.trailing_metadata())
+    assert any(key == "x-request-id" for key, _ in caught.value.trailing_metadata()), "the request id stays"
+    after = metric(scrape(server), "edgedistill_requests_total", method=CLASSIFY, code="RESOURCE_EXHAUSTED")
+    assert after - before == 1, "one attempt: the server's pushback stopped the retries"
+
+
+def test_retry_settings_are_checked():
+    with pytest.raises(ValueError, match="between 0 and 4"):
+        retry_options(5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--retries", "9", "text"])
+    assert build_parser().parse_args(["text"]).retries == 3
