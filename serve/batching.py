@@ -4,13 +4,12 @@ Each request is a list of rows; a row is `{input name: 1-D array of length L}` (
 Rows wait in a bounded queue until `max_batch_size` rows are waiting or the oldest has waited
 `max_delay` seconds; a batch then takes up to `max_batch_size` rows of similar length (the oldest
 row always included, so nothing starves), and runs the backend in a worker thread so the event loop
-never blocks on it. A backend call costs a fixed overhead plus a time per padded token (`BackendCost`,
+never blocks on it. A backend call costs a fixed overhead plus time per padded token (`BackendCost`,
 fitted to timings at several shapes): a batch of mixed lengths is split into groups of similar length,
 each padded to its longest with `pad_values` and run as its own call, wherever the padding saved is
 worth more than the extra calls. A batch whose expected backend time is within `inline_max` seconds
 runs on the event loop instead: for a small model the hop to the thread and back costs more than the
-batch itself. With no
-`max_delay`, such a request that comes at light load (backend idle, nothing queued, no batch finished
+batch itself. With no `max_delay`, such a request that comes at light load (backend idle, nothing queued, no batch finished
 within `inline_max`) runs at once, in its own task, without waking the batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
@@ -372,7 +371,7 @@ class DynamicBatcher:
         return [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
 
     def _cuts(self, lengths: list[int]) -> list[int]:
-        return [len(lengths)] if self.cost is None else self.cost.split(lengths)
+        return [len(lengths)] if self.cost is None or len(lengths) == 1 else self.cost.split(lengths)
 
     def _learn(self, shapes: list[tuple[int, int]], seconds: float) -> None:
         if self.cost is None:  # not calibrated: all of the first batch's time counts per token

@@ -9,6 +9,8 @@ class ServeError(Exception):
     """An error with a client-facing message and the gRPC status code name it maps to."""
 
     code = "INTERNAL"
+    recurs = False
+    """Sending the same request again would fail the same way, even where the code is one clients retry."""
 
 
 class InvalidInput(ServeError):
@@ -20,6 +22,7 @@ class TooLarge(ServeError):
     sent again unchanged it fails again."""
 
     code = "RESOURCE_EXHAUSTED"
+    recurs = True
 
 
 class ModelNotFound(ServeError):

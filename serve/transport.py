@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
-from serve.errors import InvalidInput, PermissionDenied, ServeError, TooLarge
+from serve.errors import InvalidInput, PermissionDenied, ServeError
 from serve.logs import REQUEST_ID
 from serve.model import ModelHost, ModelRuntime, Scores, check_texts
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -55,7 +55,7 @@ def details_of(err: BaseException) -> str:
 async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
     """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
     if isinstance(err, CLIENT_ERRORS):
-        if isinstance(err, TooLarge):  # RESOURCE_EXHAUSTED, as for overload, but sending it again cannot help
+        if getattr(err, "recurs", False):  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
         await context.abort(status_of(err), details_of(err))
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
