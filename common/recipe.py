@@ -211,6 +211,11 @@ class BundleRecipe(Strict):
         description="fuse residual Add + LayerNormalization into SkipLayerNormalization; false keeps the two "
         "(ONNX Runtime's CPU SkipLayerNormalization kernel is the slower of the two on some builds)",
     )
+    fold: bool = Field(
+        False,
+        description="CNN students: fold the convolutions into the embedding table, so a window is a sum of looked-up "
+        "rows instead of matrix products (several times faster, about ten times the size on disk and in memory)",
+    )
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
     int8_ops: list[str] | None = Field(
@@ -411,6 +416,10 @@ class Recipe(Strict):
                     raise ValueError(
                         f"export.bundles.{bundle_id}.source={bundle.source!r} is neither teacher nor a student"
                     )
+                if bundle.fold and (
+                    bundle.source == "teacher" or self.distill.students[bundle.source].model.arch != "cnn"
+                ):
+                    raise ValueError(f"export.bundles.{bundle_id}.fold: true needs a CNN student as its source")
         return self
 
     @model_validator(mode="after")

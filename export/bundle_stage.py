@@ -5,6 +5,7 @@ quantized, checked against PyTorch on the dev set and at odd shapes, gated, and 
 atomically with a manifest that carries its `BundleSpec`.
 """
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -19,6 +20,7 @@ from common.recipe import BundleRecipe, Recipe, run_dir
 from distill.data import load_splits
 from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
+from export.fold import fold
 from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
 from export.providers import session_for
 from export.tensorrt import build_engine, require_tensorrt
@@ -126,6 +128,11 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
     with mf.stage_folder(out) as tmp:
         model_file = MODEL_FILES[spec.runtime]
         build_info, providers = {}, [spec.runtime]
+        work = tmp / ".work"
+        work.mkdir()
+        if spec.fold:
+            plain = work / "folded.onnx"
+            export_onnx(dataclasses.replace(source, module=fold(source.module)), plain, recipe.export.opset)
         if spec.runtime == "tensorrt":
             # TensorRT fuses on its own and cannot parse ONNX Runtime's contrib ops: it takes the plain graph.
             build_info = build_engine(
@@ -141,13 +148,11 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
             )
             run, fused = validate.trt_runner(tmp / model_file, source.inputs), {}
         else:
-            work = tmp / ".work"
-            work.mkdir()
             graph, fused = _transform(recipe, spec, source, plain, work, cache)
             shutil.copy2(graph, tmp / model_file)
-            shutil.rmtree(work)
             sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS, disabled_optimizers=disabled)
             run, providers = validate.ort_runner(sess), sess.get_providers()
+        shutil.rmtree(work)
         shapes = validate.check_shapes(run, source, spec.precision == "fp32", max_length)
         exported_logits = validate.dev_logits(
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id

@@ -73,6 +73,12 @@ def test_bilstm_is_one_lstm_op(smoke_bundles):
         assert not {"Loop", "Scan"} & set(ops)
 
 
+def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
+    ops = op_types(smoke_bundles / "bundle-cnn-folded")
+    assert "Conv" not in ops and "Gather" in ops and "ReduceSum" in ops
+    assert load_bundle(smoke_bundles / "bundle-cnn-folded").manifest.info["recipe"]["fold"] is True
+
+
 @pytest.mark.parametrize(
     "bundle_id",
     [
@@ -82,6 +88,7 @@ def test_bilstm_is_one_lstm_op(smoke_bundles):
         "bilstm-fp32",
         "bilstm-int8",
         "cnn-int8",
+        "cnn-folded",
         "transformer-fused",
         "transformer-int8-static",
     ],

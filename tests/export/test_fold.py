@@ -1,0 +1,60 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.recipe import load_recipe
+from distill.students import StudentConfig, build_student
+from export.fold import FoldedCNN, fold
+from export.onnx_export import ExportError
+from tests.conftest import ROOT
+
+VOCAB = 40
+
+
+def cnn(kernel_sizes: list[int], seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = StudentConfig(arch="cnn", vocab_size=VOCAB, embed_dim=12, num_filters=5, kernel_sizes=kernel_sizes)
+    model = build_student(cfg).eval()
+    with torch.no_grad():
+        for conv in model.convs:
+            conv.bias.normal_()  # a bias of zero would hide windows counted in or out by mistake
+        model.embed.weight[cfg.pad_token_id].normal_()  # masking, not a zero padding row, must keep padding out
+    return model
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kernel_sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    extra=st.integers(0, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_folded_cnn_gives_the_cnn_logits(kernel_sizes, lengths, extra, seed):
+    model = cnn(kernel_sizes, seed)
+    width = max(lengths) + extra
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (len(lengths), width), generator=generator)  # padded positions hold real ids too
+    mask = (torch.arange(width) < torch.tensor(lengths).unsqueeze(1)).long()
+    with torch.no_grad():
+        torch.testing.assert_close(FoldedCNN(model)(ids, mask), model(ids, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_folded_table_has_a_zero_row_per_offset_for_padding():
+    folded = fold(cnn([2, 4]))
+    rows = folded.table.view(VOCAB + 1, folded.width, -1)
+    assert folded.width == 4 and rows.shape[-1] == 10
+    assert not rows[VOCAB].any()
+    assert not rows[:VOCAB, 2:, :5].any()  # the width-2 filters have no taps at offsets 2 and 3
+
+
+def test_fold_refuses_other_architectures():
+    bilstm = build_student(StudentConfig(arch="bilstm", vocab_size=VOCAB, embed_dim=8, hidden_size=8))
+    with pytest.raises(ExportError, match="needs a CNN student"):
+        fold(bilstm)
+
+
+@pytest.mark.parametrize("source", ["teacher", "bilstm"])
+def test_recipe_refuses_fold_without_a_cnn_source(source):
+    with pytest.raises(ValueError, match="fold: true needs a CNN student"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.bundles.cnn-folded.source": source})
