@@ -1,4 +1,4 @@
-"""`python -m serve --bundle runs/sst2/bundle-cnn-small-fp32 [--port 50051]`: serve a bundle until SIGTERM."""
+"""`python -m serve --bundle runs/sst2/bundle-cnn-small-folded [--port 50051]`: serve a bundle until SIGTERM."""
 
 import asyncio
 import logging

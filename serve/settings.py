@@ -22,7 +22,7 @@ class SettingsError(ValueError):
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bundle: Path | None = Field(None, description="bundle folder to serve, e.g. runs/sst2/bundle-cnn-small-fp32")
+    bundle: Path | None = Field(None, description="bundle folder to serve, e.g. runs/sst2/bundle-cnn-small-folded")
     host: str = Field("[::]", description="address to bind the gRPC and metrics ports to")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
     metrics_port: int | None = Field(
