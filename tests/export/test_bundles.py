@@ -77,6 +77,8 @@ def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-cnn-folded")
     assert "Conv" not in ops and "Gather" in ops and "ReduceSum" in ops
     assert load_bundle(smoke_bundles / "bundle-cnn-folded").manifest.info["recipe"]["fold"] is True
+    quantized = op_types(smoke_bundles / "bundle-cnn-folded-int8")  # the table is stored in INT8
+    assert "Conv" not in quantized and "DequantizeLinear" in quantized
 
 
 @pytest.mark.parametrize(
@@ -89,6 +91,7 @@ def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
         "bilstm-int8",
         "cnn-int8",
         "cnn-folded",
+        "cnn-folded-int8",
         "transformer-fused",
         "transformer-int8-static",
     ],
