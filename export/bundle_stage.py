@@ -104,7 +104,7 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
         else:
             quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
         graph = out
-    elif spec.precision == "fp16":
+    elif spec.precision == "fp16" and not spec.fold:  # a folded graph has its table in fp16 already
         out = work / "fp16.onnx"
         quantize.fp16(graph, out)
         graph = out
@@ -132,7 +132,8 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
         work.mkdir()
         if spec.fold:
             plain = work / "folded.onnx"
-            export_onnx(dataclasses.replace(source, module=fold(source.module)), plain, recipe.export.opset)
+            folded = fold(source.module, half=spec.precision == "fp16")
+            export_onnx(dataclasses.replace(source, module=folded), plain, recipe.export.opset)
         if spec.runtime == "tensorrt":
             # TensorRT fuses on its own and cannot parse ONNX Runtime's contrib ops: it takes the plain graph.
             build_info = build_engine(

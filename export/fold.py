@@ -5,7 +5,9 @@ pair's contribution can be computed once, ahead of time: `table[v, d] = W[:, :, 
 for each kernel width k. At run time a window ending at position j is then the sum, over d, of
 `table[token at j - d, d]`: one gather and one sum replace the convolutions (same result up to
 float rounding). The cost is memory: the table has (vocabulary + 1) x max width x filters rows,
-about ten times the embedding table for Kim's widths 3, 4, 5.
+about ten times the embedding table for Kim's widths 3, 4, 5. In float16 (`precision: fp16`) only
+the table changes: converting the whole graph instead would leave ONNX Runtime's CPU provider,
+which lacks float16 kernels for some of its operators, to fold a float32 copy of the table at load.
 """
 
 import torch
@@ -19,7 +21,8 @@ from export.onnx_export import ExportError
 class FoldedCNN(nn.Module):
     """`CNNClassifier` in inference form, taking the same `(input_ids, attention_mask) -> logits`."""
 
-    def __init__(self, cnn: CNNClassifier):
+    def __init__(self, cnn: CNNClassifier, table_dtype: torch.dtype = torch.float32):
+        """`table_dtype` float16 halves the table; looked-up rows are summed in float32."""
         super().__init__()
         embeddings = cnn.embed.weight.detach()
         vocab = embeddings.shape[0]
@@ -36,7 +39,7 @@ class FoldedCNN(nn.Module):
             extra.append(torch.full((filters,), k - 1))
             start += filters
         self.pad_row = vocab
-        self.register_buffer("table", table.reshape((vocab + 1) * self.width, channels))
+        self.register_buffer("table", table.reshape((vocab + 1) * self.width, channels).to(table_dtype))
         self.register_buffer("bias", torch.cat([conv.bias.detach() for conv in cnn.convs]))
         self.register_buffer("extra", torch.cat(extra))  # per channel: k - 1, the windows past the text's end
         self.classifier = cnn.classifier
@@ -49,15 +52,16 @@ class FoldedCNN(nn.Module):
         back = torch.arange(width)
         positions = torch.arange(windows).unsqueeze(1) + (width - 1 - back).unsqueeze(0)  # (windows, w)
         rows = ids[:, positions] * width + back  # (B, windows, w): token j - d, at offset d
-        out = F.relu(self.table[rows].sum(2) + self.bias)  # (B, windows, channels)
+        out = F.relu(self.table[rows].float().sum(2) + self.bias)  # (B, windows, channels)
         lengths = attention_mask.sum(1, keepdim=True).unsqueeze(1)  # (B, 1, 1)
         # A width-k window j touches a real token iff j < length + k - 1; after ReLU, zeros leave the max alone.
         valid = torch.arange(windows).view(1, windows, 1) < lengths + self.extra
         return self.classifier((out * valid).amax(1))
 
 
-def fold(module: nn.Module) -> FoldedCNN:
-    """The folded form of a CNN student; other architectures have no convolutions to fold."""
+def fold(module: nn.Module, half: bool = False) -> FoldedCNN:
+    """The folded form of a CNN student, with a float16 table if `half`; other architectures have no
+    convolutions to fold."""
     if not isinstance(module, CNNClassifier):
         raise ExportError(f"fold: true needs a CNN student, got {type(module).__name__}")
-    return FoldedCNN(module).eval()
+    return FoldedCNN(module, torch.float16 if half else torch.float32).eval()

@@ -77,6 +77,10 @@ def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-cnn-folded")
     assert "Conv" not in ops and "Gather" in ops and "ReduceSum" in ops
     assert load_bundle(smoke_bundles / "bundle-cnn-folded").manifest.info["recipe"]["fold"] is True
+    # fp16: the table alone is float16; the rest of the graph stays float32 for ONNX Runtime's CPU kernels
+    model = onnx.load(str(smoke_bundles / "bundle-cnn-folded" / "model.onnx"))
+    halves = [i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+    assert halves == ["table"] and model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     quantized = op_types(smoke_bundles / "bundle-cnn-folded-int8")  # the table is stored in INT8
     assert "Conv" not in quantized and "DequantizeLinear" in quantized
 

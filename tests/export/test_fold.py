@@ -40,6 +40,17 @@ def test_folded_cnn_gives_the_cnn_logits(kernel_sizes, lengths, extra, seed):
         torch.testing.assert_close(FoldedCNN(model)(ids, mask), model(ids, mask), atol=1e-5, rtol=1e-5)
 
 
+def test_half_table_is_float16_and_sums_in_float32():
+    model = cnn([3, 5])
+    folded = fold(model, half=True)
+    ids = torch.randint(0, VOCAB, (3, 9))
+    mask = (torch.arange(9) < torch.tensor([[9], [4], [1]])).long()
+    with torch.no_grad():
+        logits = folded(ids, mask)
+        torch.testing.assert_close(logits, model(ids, mask), atol=1e-2, rtol=1e-2)
+    assert folded.table.dtype == torch.float16 and logits.dtype == torch.float32
+
+
 def test_folded_table_has_a_zero_row_per_offset_for_padding():
     folded = fold(cnn([2, 4]))
     rows = folded.table.view(VOCAB + 1, folded.width, -1)
