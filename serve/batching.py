@@ -9,8 +9,9 @@ fitted to timings at several shapes): a batch of mixed lengths is split into gro
 each padded to its longest with `pad_values` and run as its own call, wherever the padding saved is
 worth more than the extra calls. A batch whose expected backend time is within `inline_max` seconds
 runs on the event loop instead: for a small model the hop to the thread and back costs more than the
-batch itself. With no `max_delay`, such a request that comes at light load (backend idle, nothing queued, no batch finished
-within `inline_max`) runs at once, in its own task, without waking the batcher task.
+batch itself. With no `max_delay`, such a request that comes at light load (backend idle, nothing
+queued, no batch finished within `inline_max`) runs at once, in its own task, without waking the
+batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before

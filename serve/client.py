@@ -37,6 +37,7 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
         "backoffMultiplier": 2,
         "retryableStatusCodes": list(RETRIED_CODES),
     }
+    # Spelled out: kserve_pb2 is imported only when used (see `kserve_infer`), and the server's modules never.
     services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
     config = {"methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}]}
     return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
