@@ -54,10 +54,14 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         name = recipe.distill.deploy
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
         if student:
-            gain = f", {student['dev_accuracy'] - baseline['dev_accuracy']:+.4f} over its label-only baseline"
+            gain = (
+                f", {student['dev_accuracy'] - baseline['dev_accuracy']:+.4f} over its label-only baseline"
+                if baseline
+                else ""
+            )
             lines.append(
                 f"student {name}: dev accuracy {student['dev_accuracy']:.4f} "
-                f"({student['retention']:.1%} of the teacher){gain if baseline else ''}"
+                f"({student['retention']:.1%} of the teacher){gain}"
             )
     if recipe.export is None:
         return lines
@@ -86,10 +90,15 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     for loadtest in sorted(root.glob("loadtest-*/summary.json")):
         result = _json(loadtest)
         overall = result["overall"]
-        p99 = "-" if overall["p99_ms"] is None else f"{overall['p99_ms']:.2f}"
+        if result["profile"] == "step":  # overall latency mixes every step: the capacity is the figure
+            capacity = result["capacity"]
+            within = "none" if capacity is None else f"{capacity['requests_per_s']:.0f} calls/s"
+            figure = f"capacity within the SLO {within}"
+        else:
+            figure = "p99 - ms" if overall["p99_ms"] is None else f"p99 {overall['p99_ms']:.2f} ms"
         lines.append(
             f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "
-            f"{overall['requests']} calls, p99 {p99} ms, "
+            f"{overall['requests']} calls, {figure}, "
             f"{overall['failures']} failures, SLO {'passed' if result['passed'] else 'MISSED'}"
         )
     if (root / "report" / "index.html").is_file():

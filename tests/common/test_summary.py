@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from common import manifest as mf
+from common import summary
+from common.recipe import load_recipe, run_dir
+from common.settings import PROJECT_ROOT
+
+
+def publish(folder, metrics):
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "result.json").write_text("{}")
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", metrics=metrics)
+        mf.commit(tmp, folder, base)
+
+
+@pytest.fixture
+def recipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
+    return load_recipe(PROJECT_ROOT / "recipes" / "smoke.yaml")
+
+
+def test_headline_names_the_baseline_gain_when_there_is_one(recipe):
+    root = run_dir(recipe)
+    name = recipe.distill.deploy
+    publish(root / "teacher", {"dev_accuracy": 0.9})
+    publish(root / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9})
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.8})
+    lines = summary.headline(recipe, "recipes/smoke.yaml")
+    assert lines[0] == "teacher: dev accuracy 0.9000"
+    assert (
+        lines[1] == f"student {name}: dev accuracy 0.8800 (97.8% of the teacher), +0.0800 over its label-only baseline"
+    )
+
+
+def test_headline_without_a_baseline_or_later_stages(recipe):
+    """A student trained without its baseline (`--no-baseline`) and nothing exported yet."""
+    name = recipe.distill.deploy
+    publish(run_dir(recipe) / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.98})
+    assert summary.headline(recipe, "recipes/smoke.yaml") == [
+        f"student {name}: dev accuracy 0.8800 (98.0% of the teacher)"
+    ]
+    table = summary.stage_table(recipe)
+    assert table.row_count == 1
+
+
+def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
+    root = run_dir(recipe)
+    overall = {"requests": 1000, "failures": 0, "p99_ms": 2.5}
+    runs = {
+        "steady": {"profile": "steady", "overall": overall, "passed": True},
+        "steady-echo": {"profile": "steady", "echo": True, "overall": overall, "passed": True},
+        "step": {"profile": "step", "overall": overall, "capacity": {"requests_per_s": 399.6}, "passed": True},
+    }
+    for name, result in runs.items():
+        (root / f"loadtest-{name}").mkdir(parents=True)
+        (root / f"loadtest-{name}" / "summary.json").write_text(json.dumps(result))
+    assert summary.headline(recipe, "recipes/smoke.yaml") == [
+        "load test steady: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
+        "load test steady against the echo server: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
+        "load test step: 1000 calls, capacity within the SLO 400 calls/s, 0 failures, SLO passed",
+    ]
+    runs["step"] |= {"capacity": None, "passed": False}
+    (root / "loadtest-step" / "summary.json").write_text(json.dumps(runs["step"]))
+    assert summary.headline(recipe, "recipes/smoke.yaml")[-1] == (
+        "load test step: 1000 calls, capacity within the SLO none, 0 failures, SLO MISSED"
+    )
