@@ -5,6 +5,7 @@ teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode
 and capacity, and the load test's SLO result. Lines whose artifact is missing are left out.
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common import manifest as mf
-from common.recipe import Recipe, load_recipe, run_dir
+from common.recipe import Recipe, RecipeError, load_recipe, run_dir
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
 BENCH_CELL = "b1_s64"
@@ -116,11 +117,19 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    recipe = load_recipe(args[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m common.summary", description=__doc__.splitlines()[0].split(": ", 1)[1]
+    )
+    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    args = parser.parse_args(argv)
+    try:
+        recipe = load_recipe(args.recipe)
+    except RecipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     console = Console()
     console.print(stage_table(recipe))
-    for line in headline(recipe, args[0]):
+    for line in headline(recipe, args.recipe):
         console.print(line, highlight=False, soft_wrap=True)
     return 0
 

@@ -1,5 +1,6 @@
-"""`python -m report RECIPE`: write runs/<recipe>/report/index.html and report.md."""
+"""`python -m report RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."""
 
+import argparse
 import sys
 
 from common.recipe import RecipeError, load_recipe, parse_overrides
@@ -7,12 +8,11 @@ from report.render import build
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m report RECIPE [--section.key=value ...]", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m report", description=__doc__.split(": ", 1)[1])
+    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    args, rest = parser.parse_known_args(argv)
     try:
-        build(load_recipe(args[0], parse_overrides(args[1:])))
+        build(load_recipe(args.recipe, parse_overrides(rest)))
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -66,3 +66,14 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     assert summary.headline(recipe, "recipes/smoke.yaml")[-1] == (
         "load test step: 1000 calls, capacity within the SLO none, 0 failures, SLO MISSED"
     )
+
+
+def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys):
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9})
+    assert summary.main([str(PROJECT_ROOT / "recipes" / "smoke.yaml")]) == 0
+    assert "teacher: dev accuracy 0.9000" in capsys.readouterr().out
+    assert summary.main(["recipes/no-such.yaml"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        summary.main([])
+    assert exit_info.value.code == 2

@@ -10,6 +10,7 @@ import pytest
 
 from common import manifest as mf
 from common.recipe import load_recipe
+from report.__main__ import main as report_main
 from report.render import build
 from tests.conftest import ROOT
 
@@ -61,3 +62,11 @@ def test_report_renders_in_headless_chromium_with_every_image(smoke_bundles, mon
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[:2] == (1600, 1200)
     assert pixels[..., :3].std() > 0.05, "the screenshot is blank"
+
+
+def test_command_line_needs_a_recipe_and_refuses_a_missing_one(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([])
+    assert exit_info.value.code == 2
+    assert report_main(["recipes/no-such.yaml"]) == 2
+    assert "does not exist" in capsys.readouterr().err
