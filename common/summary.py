@@ -117,9 +117,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m common.summary", description=__doc__.splitlines()[0].split(": ", 1)[1]
-    )
+    parser = argparse.ArgumentParser(prog="python -m common.summary", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     args = parser.parse_args(argv)
     try:

@@ -8,7 +8,7 @@ from report.render import build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m report", description=__doc__.split(": ", 1)[1])
+    parser = argparse.ArgumentParser(prog="python -m report", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     args, rest = parser.parse_known_args(argv)
     try:
