@@ -9,7 +9,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Metrics(BatchObserver):
-    """Per-call metrics (fed by the interceptor) and batch metrics (fed by the batcher as its observer)."""
+    """Per-call metrics (fed by the call observer) and batch metrics (fed by the batcher as its observer)."""
 
     def __init__(self):
         self.registry = CollectorRegistry()

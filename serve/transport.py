@@ -156,9 +156,11 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as err:
-            if context.done():  # the call already ended (client gone, or gRPC refused a message): no one to answer
+            # gRPC's own errors (a failed read or write, a finished call) mean the call already ended: the
+            # client went away, or gRPC refused a message and answered the client itself. No one to answer.
+            if context.done() or isinstance(err, grpc.aio.BaseError):
                 context.set_code(grpc.StatusCode.CANCELLED)
-                log.info("stream ended before its replies: %s", err, extra={"event": "stream_ended"})
+                log.info("stream ended before its replies: %r", err, extra={"event": "stream_ended"})
                 return
             await abort_with(context, err)
         finally:

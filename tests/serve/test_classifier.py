@@ -10,6 +10,7 @@ import pytest
 from common import manifest as mf
 from serve.proto import classifier_pb2 as pb
 from serve.proto import classifier_pb2_grpc
+from serve.transport import ClassifierServicer
 from tests.serve.conftest import LABELS, settings_for
 
 TEXTS = ["a great movie", "awful boring film", "the plot was good and fun", "worst acting", "i love it", "dull"]
@@ -67,6 +68,46 @@ def test_stream_with_a_bad_request_ends_with_invalid_argument(stub):
         list(stub.ClassifyStream(iter(requests), timeout=10))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "text 0 is empty" in caught.value.details()
+
+
+class FailedCall:
+    """The servicer context of a stream whose call gRPC has already failed (e.g. it refused an oversized
+    message and answered the client itself) before the servicer knows: writes fail as gRPC's do."""
+
+    def __init__(self, writes_fail: bool):
+        self.writes_fail = writes_fail
+        self.code = None
+        self.aborted = None
+
+    def time_remaining(self):
+        return None
+
+    def done(self):
+        return False  # gRPC, not the servicer, ended the call
+
+    async def write(self, reply):
+        if self.writes_fail:
+            raise grpc.aio.InternalError("the batch of operations failed")
+
+    def set_code(self, code):
+        self.code = code
+
+    async def abort(self, code, details=""):
+        self.aborted = code
+        raise grpc.aio.AbortError(details)
+
+
+@pytest.mark.parametrize("failure", ["write", "read"])
+def test_a_stream_whose_call_grpc_already_failed_ends_cancelled_not_internal(served, failure):
+    async def requests():
+        yield pb.ClassifyRequest(texts=["good"])
+        if failure == "read":
+            raise grpc.aio.UsageError("RPC already finished.")
+
+    context = FailedCall(writes_fail=failure == "write")  # else the first reply goes out and the next read fails
+    servicer = ClassifierServicer(served.server.host, served.settings)
+    served.call(servicer.ClassifyStream(requests(), context))
+    assert context.code == grpc.StatusCode.CANCELLED and context.aborted is None
 
 
 def test_model_info(stub, served):
