@@ -11,11 +11,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from common.providers import CPU, provider_options
+
 log = logging.getLogger(__name__)
 
-TENSORRT = "TensorrtExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
 GPU_HINT = (
     "GPU providers need onnxruntime-gpu on a machine with an NVIDIA GPU and driver: pip install '.[gpu]' "
     "(uninstall onnxruntime first; onnxruntime and onnxruntime-gpu must not be installed together)."
@@ -29,21 +28,6 @@ class ProviderFallback(RuntimeError):
 def available() -> list[str]:
     """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
     return ort.get_available_providers()
-
-
-def provider_options(provider: str, model_path: str | Path, fp16: bool = True, cache_dir: Path | None = None) -> dict:
-    """Options for one provider: TensorRT gets FP16 and engine/timing caches (default `<model folder>/trt_cache`)."""
-    if provider != TENSORRT:
-        return {}  # CUDA and CPU: ONNX Runtime's defaults (device 0, arena growing by powers of two)
-    cache = Path(cache_dir) if cache_dir is not None else Path(model_path).parent / "trt_cache"
-    return {
-        "trt_fp16_enable": fp16,
-        # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(cache),
-        "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(cache),
-    }
 
 
 def session_for(

@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 
 from common.bundle import BundleSpec
+from common.providers import provider_options
 from serve.errors import BundleRejected
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class OrtBackend:
             self.session = ort.InferenceSession(
                 str(model_path),
                 sess_options=options,
-                providers=[p for p in requested if p in available],
+                providers=[(p, provider_options(p, model_path)) for p in requested if p in available],
                 disabled_optimizers=spec.disabled_optimizers or None,
             )
         except Exception as err:  # onnxruntime raises its own exception types for bad graphs
