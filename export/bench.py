@@ -1,8 +1,10 @@
 """`make bench`: teacher PyTorch eager against every bundle, side by side, in one process and one run.
 
 Each cell is the median of many timed calls after warm-up, with min and max; ratios are against
-the teacher in PyTorch eager mode at the same batch size and length. Results go to
-`runs/<recipe>/bench/` as JSON and markdown (with a manifest) and are printed as a table.
+the teacher in PyTorch eager mode on the CPU at the same batch size and length. Bundles for GPU
+execution providers are timed where this onnxruntime build offers them (with the teacher in eager
+mode on CUDA beside them when PyTorch sees a GPU), and left out with the reason elsewhere. Results go
+to `runs/<recipe>/bench/` as JSON and markdown (with a manifest) and are printed as a table.
 """
 
 import json
@@ -17,8 +19,9 @@ from transformers import AutoModelForSequenceClassification
 
 from common import manifest as mf
 from common.bundle import load_bundle
+from common.providers import CPU
 from common.recipe import BenchConfig, Recipe, run_dir
-from export.providers import session_for
+from export.providers import available, session_for
 
 EAGER = "teacher-pytorch-eager"
 
@@ -45,22 +48,27 @@ def inputs(names: list[str], batch: int, length: int, seed: int = 0) -> dict[str
     return {name: values[name] for name in names}
 
 
-def _eager_row(recipe: Recipe, cfg: BenchConfig) -> dict:
+def _eager_row(recipe: Recipe, cfg: BenchConfig, device: str = "cpu") -> dict:
     folder = run_dir(recipe) / "teacher"
     manifest = mf.load(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(device)
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
+
+    def call(feed):
+        logits = model(**feed).logits
+        return logits.cpu()  # waits for the GPU; as a server would, it reads the result back
+
     cells = {}
     with torch.inference_mode():
         for batch in cfg.batch_sizes:
             for length in cfg.seq_lens:
-                feed = {k: torch.from_numpy(v) for k, v in inputs(names, batch, length).items()}
-                cells[f"b{batch}_s{length}"] = time_calls(lambda feed=feed: model(**feed), cfg)
+                feed = {k: torch.from_numpy(v).to(device) for k, v in inputs(names, batch, length).items()}
+                cells[f"b{batch}_s{length}"] = time_calls(lambda feed=feed: call(feed), cfg)
     m = manifest.metrics
     return {
-        "model": EAGER,
+        "model": EAGER if device == "cpu" else f"{EAGER}-{device}",
         "precision": "fp32",
-        "runtime": "pytorch",
+        "runtime": f"pytorch ({device})",
         "size_bytes": m["size_bytes"],
         "dev_accuracy": m["dev_accuracy"],
         "cells": cells,
@@ -90,8 +98,17 @@ def _bundle_row(bundle_id: str, folder, cfg: BenchConfig) -> dict:
     }
 
 
+def _left_out(spec) -> str | None:
+    """Why a bundle cannot be timed here, or None."""
+    if spec.runtime != "onnxruntime":
+        return f"runtime {spec.runtime} (served by serve.backends; `python -m serve.bench` times it)"
+    absent = [p for p in spec.providers if p != CPU and p not in available()]
+    return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
+
+
 def run(recipe: Recipe, force: bool = False) -> list[dict]:
-    """Time every CPU bundle against the teacher; skipped when the last run had the same settings and parents."""
+    """Time every bundle this machine can run against the teacher; skipped when the last run had the same
+    settings and parents."""
     cfg = recipe.export.bench
     out = run_dir(recipe) / "bench"
     if not force and mf.is_current(out, recipe.section_hash("export")):
@@ -100,11 +117,15 @@ def run(recipe: Recipe, force: bool = False) -> list[dict]:
     watch = mf.Stopwatch()
     torch.set_num_threads(cfg.threads)
     rows = [_eager_row(recipe, cfg)]
+    if torch.cuda.is_available():
+        rows.append(_eager_row(recipe, cfg, "cuda"))
     parents = {"teacher": mf.parent_of(run_dir(recipe) / "teacher")}
-    missing = []
+    missing, left_out = [], {}
     for bundle_id, spec in recipe.export.bundles.items():
-        if spec.runtime != "onnxruntime" or spec.providers != ["CPUExecutionProvider"]:
-            continue  # GPU bundles are timed where a GPU is
+        reason = _left_out(spec)
+        if reason is not None:
+            left_out[bundle_id] = reason
+            continue
         folder = run_dir(recipe) / f"bundle-{bundle_id}"
         if not (folder / mf.MANIFEST).is_file():
             missing.append(bundle_id)
@@ -113,6 +134,8 @@ def run(recipe: Recipe, force: bool = False) -> list[dict]:
         parents[bundle_id] = mf.parent_of(folder)
     if missing:
         print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
+    for bundle_id, reason in left_out.items():
+        print(f"[bench] {bundle_id} not timed here: {reason}")
     base = rows[0]["cells"]
     for row in rows:
         for key, cell in row["cells"].items():
@@ -130,7 +153,12 @@ def run(recipe: Recipe, force: bool = False) -> list[dict]:
                 recipe.section_hash("export"),
                 watch,
                 parents=parents,
-                info={"threads": cfg.threads, "bench": cfg.model_dump(), "missing_bundles": missing},
+                info={
+                    "threads": cfg.threads,
+                    "bench": cfg.model_dump(),
+                    "missing_bundles": missing,
+                    "left_out": left_out,
+                },
             ),
         )
     print_table(rows, cfg)

@@ -5,8 +5,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from common.providers import provider_options
 from export import providers
-from export.providers import ProviderFallback, available, provider_options, session_for
+from export.providers import ProviderFallback, available, session_for
 
 cuda_offered = "CUDAExecutionProvider" in available()
 
@@ -81,7 +82,8 @@ def test_tensorrt_options_enable_fp16_and_cache_under_the_bundle(model, tmp_path
         "trt_engine_cache_path": str(tmp_path / "c"),
         "trt_timing_cache_path": str(tmp_path / "c"),
     }
-    assert provider_options("CUDAExecutionProvider", model) == {}
+    assert provider_options("CUDAExecutionProvider", model) == {"cudnn_conv_algo_search": "HEURISTIC"}
+    assert provider_options("CPUExecutionProvider", model) == {}
 
 
 @pytest.mark.gpu
@@ -90,3 +92,16 @@ def test_cuda_session_runs_on_cuda(model):
     session = session_for(model, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert session.get_providers()[0] == "CUDAExecutionProvider"
     np.testing.assert_allclose(session.run(["y"], {"x": np.ones((2, 2), np.float32)})[0], np.full((2, 2), 2.0))
+
+
+def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch):
+    from common.recipe import BundleRecipe
+    from export import bench
+
+    cuda = BundleRecipe(source="teacher", providers=["CUDAExecutionProvider"])
+    monkeypatch.setattr(bench, "available", lambda: ["CPUExecutionProvider"])
+    assert bench._left_out(cuda) == "CUDAExecutionProvider not offered by this onnxruntime build"
+    assert bench._left_out(BundleRecipe(source="teacher")) is None
+    assert "runtime tensorrt" in bench._left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
+    monkeypatch.setattr(bench, "available", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert bench._left_out(cuda) is None
