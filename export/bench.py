@@ -19,9 +19,8 @@ from transformers import AutoModelForSequenceClassification
 
 from common import manifest as mf
 from common.bundle import load_bundle
-from common.providers import CPU
 from common.recipe import BenchConfig, Recipe, run_dir
-from export.providers import available, session_for
+from export.providers import missing_here, session_for
 
 EAGER = "teacher-pytorch-eager"
 
@@ -102,8 +101,7 @@ def _left_out(spec) -> str | None:
     """Why a bundle cannot be timed here, or None."""
     if spec.runtime != "onnxruntime":
         return f"runtime {spec.runtime} (served by serve.backends; `python -m serve.bench` times it)"
-    absent = [p for p in spec.providers if p != CPU and p not in available()]
-    return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
+    return missing_here(spec.runtime, spec.providers)
 
 
 def run(recipe: Recipe, force: bool = False) -> list[dict]:

@@ -22,7 +22,7 @@ from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
 from export.fold import fold
 from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
-from export.providers import session_for
+from export.providers import missing_here, session_for
 from export.tensorrt import build_engine, require_tensorrt
 
 CHECK_THREADS = 2
@@ -63,7 +63,7 @@ def config_hash(recipe: Recipe, bundle_id: str) -> str:
     relevant = {
         "bundle": cfg.bundles[bundle_id].model_dump(),
         "opset": cfg.opset,
-        "gates": [cfg.min_agreement, cfg.max_int8_drop, cfg.calibration_sentences],
+        "gates": [cfg.min_agreement, cfg.min_fp16_agreement, cfg.max_int8_drop, cfg.calibration_sentences],
         "max_length": recipe.model.max_length,
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
@@ -159,7 +159,9 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )
         figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
-        validate.gate(figures, spec.precision, recipe.export.min_agreement, recipe.export.max_int8_drop, bundle_id)
+        cfg = recipe.export
+        agreement = cfg.min_fp16_agreement if spec.precision == "fp16" else cfg.min_agreement
+        validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
         shutil.copy2(source.folder / TOKENIZER, tmp / TOKENIZER)
         bundle = BundleSpec(
             name=f"{recipe.name}-{bundle_id}",
@@ -213,15 +215,34 @@ def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False)
     return manifest
 
 
+def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
+    """The bundles to build: those named in `only`, else every bundle this machine can run.
+
+    A recipe may list GPU bundles beside CPU ones; where their runtime or execution provider is absent
+    they are left out with the reason. Named with `--only`, such a bundle fails with the full error.
+    """
+    if only:
+        return list(only)
+    ids = []
+    for bundle_id, spec in recipe.export.bundles.items():
+        reason = missing_here(spec.runtime, spec.providers)
+        if reason is None:
+            ids.append(bundle_id)
+        else:
+            print(f"[bundle-{bundle_id}] not built here: {reason} (name it with --only for the whole error)")
+    return ids
+
+
 def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
-    """Every bundle of the recipe (or those in `only`), sharing per-source exports."""
+    """Every bundle of the recipe this machine can run (or those in `only`), sharing per-source exports."""
     if recipe.export is None:
         raise ExportError(f"recipe {recipe.name} has no `export` section")
+    ids = buildable(recipe, only)
     scratch = run_dir(recipe) / ".work" / "export"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     cache = SourceCache(recipe, scratch)
     try:
-        return [run(recipe, bundle_id, cache, force) for bundle_id in only or list(recipe.export.bundles)]
+        return [run(recipe, bundle_id, cache, force) for bundle_id in ids]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

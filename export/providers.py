@@ -11,7 +11,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from common.providers import CPU, provider_options
+from common.providers import CPU, TENSORRT, provider_options
+from export.tensorrt import tensorrt_problems
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,16 @@ class ProviderFallback(RuntimeError):
 def available() -> list[str]:
     """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
     return ort.get_available_providers()
+
+
+def missing_here(runtime: str, providers: list[str]) -> str | None:
+    """Why this machine cannot run a bundle for `runtime` on `providers`, or None when it can."""
+    if runtime == "tensorrt" or TENSORRT in providers:
+        problems = tensorrt_problems()
+        if problems:
+            return "; ".join(problems)
+    absent = [p for p in providers if p != CPU and p not in available()]
+    return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
 
 
 def session_for(

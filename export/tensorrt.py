@@ -150,27 +150,32 @@ def _gpu_problem() -> tuple[dict[str, str], str | None]:
         return {}, f"no usable NVIDIA GPU: {err}"
 
 
-def require_tensorrt() -> dict[str, str]:
-    """Check for TensorRT >= 10 and a CUDA GPU; return their versions, or raise `TensorRTUnavailable` naming what is missing."""
+def _probe() -> tuple[dict[str, str], list[str]]:
     version, package_problem = _tensorrt_problem()
     device, gpu_problem = _gpu_problem()
-    problems = [p for p in (package_problem, gpu_problem) if p]
+    return {"tensorrt": version, **device}, [p for p in (package_problem, gpu_problem) if p]
+
+
+def tensorrt_problems() -> list[str]:
+    """What keeps TensorRT from running here (no package, no GPU), empty when nothing does."""
+    return _probe()[1]
+
+
+def require_tensorrt() -> dict[str, str]:
+    """Check for TensorRT >= 10 and a CUDA GPU; return their versions, or raise `TensorRTUnavailable` naming what is missing."""
+    versions, problems = _probe()
     if problems:
         raise TensorRTUnavailable(
             "TensorRT engines need the tensorrt package and an NVIDIA GPU; missing here:\n"
             + "\n".join(f"  - {p}" for p in problems)
             + f"\n{INSTALL_HINT}"
         )
-    return {"tensorrt": version, **device}
+    return versions
 
 
 def tensorrt_available() -> bool:
     """True when `require_tensorrt()` passes (for skipping GPU tests and choosing a runtime)."""
-    try:
-        require_tensorrt()
-    except TensorRTUnavailable:
-        return False
-    return True
+    return not tensorrt_problems()
 
 
 def _check_range(axis: str, values: tuple[int, int, int]) -> None:

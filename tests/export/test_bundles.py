@@ -10,7 +10,8 @@ from common.bundle import load_bundle
 from common.recipe import load_recipe
 from export.bundle_stage import SourceCache
 from export.onnx_export import load_source
-from export.providers import session_for
+from export.providers import missing_here, session_for
+from export.tensorrt import tensorrt_available
 from export.validate import ExportGateError, as_forward, dev_logits, gate, ort_runner, parity, torch_forward
 from tests.conftest import ROOT
 
@@ -197,7 +198,17 @@ def test_bench_writes_its_tables(smoke_bundles):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((smoke_bundles / "bench" / "bench.json").read_text())["rows"]
     assert rows[0]["model"] == "teacher-pytorch-eager" and rows[0]["cells"]["b1_s16"]["speedup"] == 1.0
-    assert {r["model"] for r in rows[1:]} == set(load_recipe(SMOKE).export.bundles)
+    bundles = load_recipe(SMOKE).export.bundles
+    here = {
+        b
+        for b, spec in bundles.items()
+        if spec.runtime == "onnxruntime" and not missing_here("onnxruntime", spec.providers)
+    }
+    assert {"teacher-cuda-fp16", "bilstm-engine"} - here  # the smoke recipe has bundles some machines cannot time
+    assert {r["model"] for r in rows if not r["model"].startswith("teacher-pytorch-eager")} == here
+    for bundle_id in set(bundles) - here:
+        assert f"[bench] {bundle_id} not timed here: " in result.stdout
+    assert set(mf.load(smoke_bundles / "bench").info["left_out"]) == set(bundles) - here
     for row in rows:
         for cell in row["cells"].values():
             assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
@@ -220,12 +231,25 @@ def run_export(runs, *args):
     return subprocess.run([PYTHON, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
+def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):
+    bundles = load_recipe(SMOKE).export.bundles
+    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE))
+    assert result.returncode == 0, result.stderr[-2000:]
+    for bundle_id, spec in bundles.items():
+        reason = missing_here(spec.runtime, spec.providers)
+        if reason is None:
+            assert f"[bundle-{bundle_id}] up to date" in result.stdout
+        else:
+            assert f"[bundle-{bundle_id}] not built here: {reason}" in result.stdout
+            assert not (smoke_bundles / f"bundle-{bundle_id}").exists()
+
+
+@pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
 def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles):
-    trt = ["--export.bundles.bilstm-trt.source=bilstm", "--export.bundles.bilstm-trt.runtime=tensorrt"]
-    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), *trt, "--only=bilstm-trt")
+    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), "--only=bilstm-engine")
     assert result.returncode == 2
     assert "tensorrt" in result.stderr and "pip install '.[gpu]'" in result.stderr
-    assert not (smoke_bundles / "bundle-bilstm-trt").exists()
+    assert not (smoke_bundles / "bundle-bilstm-engine").exists()
 
 
 def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):

@@ -99,9 +99,9 @@ def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch
     from export import bench
 
     cuda = BundleRecipe(source="teacher", providers=["CUDAExecutionProvider"])
-    monkeypatch.setattr(bench, "available", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(providers, "available", lambda: ["CPUExecutionProvider"])
     assert bench._left_out(cuda) == "CUDAExecutionProvider not offered by this onnxruntime build"
     assert bench._left_out(BundleRecipe(source="teacher")) is None
     assert "runtime tensorrt" in bench._left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
-    monkeypatch.setattr(bench, "available", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(providers, "available", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert bench._left_out(cuda) is None
