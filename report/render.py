@@ -116,6 +116,9 @@ def _benchmark(page: Page, root: Path) -> None:
             for r in rows
         ],
     )
+    left_out = mf.load(root / "bench", verify=False).info.get("left_out", {})
+    if left_out:
+        page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     cell = next((c for c in PARETO_CELLS if c in keys), keys[0])
     points = [
         {

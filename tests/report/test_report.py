@@ -29,6 +29,9 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     for name in re.findall(r"\(figures/([^)]+)\)", markdown):
         assert (out / "figures" / name).read_bytes().startswith(b"\x89PNG")
     assert "| bilstm | bilstm |" in markdown
+    if (smoke_bundles / "bench" / mf.MANIFEST).is_file():  # the benchmark lists what it could not time
+        for bundle_id, why in mf.load(smoke_bundles / "bench").info["left_out"].items():
+            assert f"| {bundle_id} | {why} |" in markdown
     assert mf.load(out).stage == "report"
 
 
