@@ -11,6 +11,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m export *args` with RUNS_DIR=`runs`, its output captured."""
+    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
+    return subprocess.run([PYTHON, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -13,7 +13,7 @@ from export.onnx_export import load_source
 from export.providers import missing_here, session_for
 from export.tensorrt import tensorrt_available
 from export.validate import ExportGateError, as_forward, dev_logits, gate, ort_runner, parity, torch_forward
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -186,15 +186,8 @@ def test_fp32_gate_message_has_the_figures():
 
 def test_bench_writes_its_tables(smoke_bundles):
     import json
-    import os
-    import subprocess
 
-    from tests.conftest import PYTHON
-
-    env = {**os.environ, "RUNS_DIR": str(smoke_bundles.parent), "TORCH_THREADS": "1"}
-    result = subprocess.run(
-        [PYTHON, "-m", "export", "bench", str(SMOKE)], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    result = run_export(smoke_bundles.parent, "bench", str(SMOKE))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((smoke_bundles / "bench" / "bench.json").read_text())["rows"]
     assert rows[0]["model"] == "teacher-pytorch-eager" and rows[0]["cells"]["b1_s16"]["speedup"] == 1.0
@@ -214,21 +207,9 @@ def test_bench_writes_its_tables(smoke_bundles):
             assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
     assert "teacher-int8" in (smoke_bundles / "bench" / "bench.md").read_text()
     manifest = mf.load(smoke_bundles / "bench")
-    again = subprocess.run(
-        [PYTHON, "-m", "export", "bench", str(SMOKE)], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    again = run_export(smoke_bundles.parent, "bench", str(SMOKE))
     assert again.returncode == 0 and "[bench] up to date" in again.stdout, again.stderr[-2000:]
     assert mf.load(smoke_bundles / "bench").created == manifest.created  # not measured again
-
-
-def run_export(runs, *args):
-    import os
-    import subprocess
-
-    from tests.conftest import PYTHON
-
-    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
-    return subprocess.run([PYTHON, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):

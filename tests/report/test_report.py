@@ -1,7 +1,6 @@
 """The report stage: figures embedded, manifests linked, and the page drawn by a real browser."""
 
 import base64
-import os
 import re
 import shutil
 import subprocess
@@ -13,20 +12,13 @@ from common import manifest as mf
 from common.recipe import load_recipe
 from report.__main__ import main as report_main
 from report.render import build
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
 
 
 def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatch):
-    env = {**os.environ, "RUNS_DIR": str(smoke_bundles.parent), "TORCH_THREADS": "1"}
-    bench = subprocess.run(  # up to date when the bench test ran first
-        [PYTHON, "-m", "export", "bench", str(ROOT / "recipes" / "smoke.yaml")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    bench = run_export(smoke_bundles.parent, "bench", str(ROOT / "recipes" / "smoke.yaml"))  # a no-op if up to date
     assert bench.returncode == 0, bench.stderr[-2000:]
     monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
     out = build(load_recipe(ROOT / "recipes" / "smoke.yaml"))
