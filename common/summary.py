@@ -87,6 +87,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"serving: p99 {paced['p99_ms']['median']:.2f} ms at {served['options']['rate']:g} calls/s; "
             f"capacity {served['summary']['capacity']['calls_per_s']['median']:.0f} calls/s = "
             f"{capacity['capacity_vs_echo']:.2f} of an echo server"
+            + (f", {capacity['capacity_vs_bare']:.2f} of a bare one" if "capacity_vs_bare" in capacity else "")
         )
     for loadtest in sorted(root.glob("loadtest-*/summary.json")):
         result = _json(loadtest)

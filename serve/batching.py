@@ -332,7 +332,7 @@ class DynamicBatcher:
         groups = self._groups(batch)
         shapes = [(len(group), max(row.length for row in group)) for group in groups]
         try:
-            inputs = [_pad([row.request.rows[row.index] for row in group], self.pad_values) for group in groups]
+            inputs = [pad_rows([row.request.rows[row.index] for row in group], self.pad_values) for group in groups]
             if self._inline(shapes):
                 results = self._timed_infer(inputs)
             else:
@@ -417,7 +417,7 @@ def _length(row: Arrays) -> int:
     return lengths.pop()
 
 
-def _pad(rows: list[Arrays], pad_values: Mapping[str, int | float]) -> Arrays:
+def pad_rows(rows: list[Arrays], pad_values: Mapping[str, int | float]) -> Arrays:
     """Stack 1-D rows into (batch, longest) arrays, right-padded with each input's pad value."""
     longest = max(_length(row) for row in rows)
     batch = {}

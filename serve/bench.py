@@ -1,11 +1,13 @@
 """`python -m serve.bench --bundle runs/sst2/bundle-X`: the server's latency, capacity and batched throughput.
 
-One run starts the server (`python -m serve`) and the do-nothing echo server (`python -m serve.echo`)
+One run starts the server (`python -m serve`) and the two baseline servers of `serve.echo`
 as subprocesses on loopback and drives them from this process with grpc.aio tasks. Each repeat measures:
 
 - paced: single-text `Classify` calls, one at a time, paced at `--rate` for `--duration`: latency, achieved rate;
   the same against the echo server gives the latency floor of gRPC and this client;
-- capacity: single-text calls with `--concurrency` in flight, unpaced, against the server and the echo server;
+- capacity: single-text calls with `--concurrency` in flight, unpaced, against the server, the echo server and
+  the bare server (`python -m serve.echo --bundle`: the bundle's tokenizer and backend on the event loop, nothing
+  else), which shows how much of the gap to the echo server any Python server with this model would have;
 - batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server;
 - raw: the bundle's backend in this process (same thread count) on the same texts, tokenized and padded
   into batches of 32: the throughput the server's batched path is compared with.
@@ -46,6 +48,7 @@ from common.bundle import Bundle, load_bundle
 from common.settings import PROJECT_ROOT, defaults
 from common.tables import markdown_results, print_results
 from serve.backends import load_backend
+from serve.batching import pad_rows
 from serve.encoding import TextEncoder
 from serve.proto import classifier_pb2, classifier_pb2_grpc
 from serve.settings import Settings, SettingsError, load_settings
@@ -65,6 +68,7 @@ PHASES = {  # phase -> table label: calls in flight x texts per call
     "echo_paced": "echo, paced {rate:g}/s",
     "capacity": "server {concurrency}x1",
     "echo": "echo {concurrency}x1",
+    "bare": "bare server {concurrency}x1",
     "batched": f"server {BATCH_CONCURRENCY}x{BATCH}",
     "raw": f"raw backend 1x{BATCH}",
 }
@@ -145,17 +149,6 @@ def load_texts(path: Path | None, count: int = TEXT_COUNT, seed: int = 0) -> tup
 def batches_of(texts: list[str], size: int) -> list[list[str]]:
     """Consecutive groups of `size` texts, wrapping around so that there is at least one full group."""
     return [[texts[(k * size + j) % len(texts)] for j in range(size)] for k in range(max(1, len(texts) // size))]
-
-
-def padded(rows: list[dict[str, np.ndarray]], pad_values: dict[str, int]) -> dict[str, np.ndarray]:
-    """Rows of 1-D token arrays -> (rows, longest) arrays, right-padded as the server's batcher pads them."""
-    longest = max(len(row["input_ids"]) for row in rows)
-    return {
-        name: np.stack(
-            [np.pad(row[name], (0, longest - len(row[name])), constant_values=pad_values[name]) for row in rows]
-        )
-        for name in rows[0]
-    }
 
 
 def free_port() -> int:
@@ -273,11 +266,13 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def evaluate(summary: dict, rate: float) -> tuple[dict, list[dict]]:
-    """The two ratios (of medians) and each target with its measured value and verdict."""
+    """The ratios (of medians) and each target with its measured value and verdict."""
     median = {phase: {key: stats["median"] for key, stats in fields.items()} for phase, fields in summary.items()}
     ratios = {
         "capacity_vs_echo": median["capacity"]["calls_per_s"] / median["echo"]["calls_per_s"],
         "batched_vs_raw": median["batched"]["texts_per_s"] / median["raw"]["texts_per_s"],
+        "bare_vs_echo": median["bare"]["calls_per_s"] / median["echo"]["calls_per_s"],
+        "capacity_vs_bare": median["capacity"]["calls_per_s"] / median["bare"]["calls_per_s"],
     }
     paced_ok = median["paced"]["calls_per_s"] >= RATE_FLOOR * rate and median["paced"]["errors"] == 0
     targets = [
@@ -316,18 +311,26 @@ def server_settings(options: Options) -> tuple[list[str], Settings]:
 def raw_batches(bundle: Bundle, texts: list[str]) -> list[dict[str, np.ndarray]]:
     """The texts tokenized with the bundle's tokenizer, padded into batches of BATCH."""
     encoder = TextEncoder(bundle.tokenizer_path, bundle.spec.max_length, {t.name: t.dtype for t in bundle.spec.inputs})
-    return [padded(encoder.encode(group), encoder.pad_values) for group in batches_of(texts, BATCH)]
+    return [pad_rows(encoder.encode(group), encoder.pad_values) for group in batches_of(texts, BATCH)]
+
+
+async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) -> Callable:
+    """`Classify` on loopback `port` with the benchmark's timeout, over a channel that `stack` closes."""
+    channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+    return functools.partial(
+        classifier_pb2_grpc.ClassifierStub(channel).Classify, timeout=CALL_TIMEOUT_S, metadata=metadata
+    )
 
 
 async def measure_all(
     options: Options, bundle: Bundle, flags: list[str], settings: Settings, texts: list[str], console: Console
 ) -> dict[str, list[dict]]:
-    """Start both servers, warm everything up, then run every phase `options.repeats` times, interleaved."""
+    """Start the three servers, warm everything up, then run every phase `options.repeats` times, interleaved."""
     batches = raw_batches(bundle, texts)
     singles = [classifier_pb2.ClassifyRequest(texts=[text]) for text in texts]
     grouped = [classifier_pb2.ClassifyRequest(texts=group) for group in batches_of(texts, BATCH)]
     metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),) if settings.token else ()
-    echo_port = free_port()
+    echo_port, bare_port = free_port(), free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     async with AsyncExitStack() as stack:
         backend = load_backend(bundle, settings.providers, settings.threads, settings.spin)
@@ -335,14 +338,15 @@ async def measure_all(
         server = stack.enter_context(running("serve", flags, settings.port, options.out / "server.log"))
         echo_flags = ["--host", "127.0.0.1", "--port", str(echo_port)]
         echo = stack.enter_context(running("serve.echo", echo_flags, echo_port, options.out / "echo.log"))
-        channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}"))
-        echo_channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}"))
-        stub, echo_stub = classifier_pb2_grpc.ClassifierStub(channel), classifier_pb2_grpc.ClassifierStub(echo_channel)
-        call = functools.partial(stub.Classify, timeout=CALL_TIMEOUT_S, metadata=metadata)
-        echo_call = functools.partial(echo_stub.Classify, timeout=CALL_TIMEOUT_S)
+        bare_flags = ["--host", "127.0.0.1", "--port", str(bare_port), "--bundle", str(options.bundle)]
+        bare_flags += ["--threads", str(options.threads)]
+        bare = stack.enter_context(running("serve.echo", bare_flags, bare_port, options.out / "bare.log"))
+        call = await classify_call(stack, settings.port, metadata)
+        echo_call, bare_call = await classify_call(stack, echo_port), await classify_call(stack, bare_port)
         await saturate(call, singles, options.concurrency, WARMUP_S)
         await saturate(call, grouped, BATCH_CONCURRENCY, WARMUP_S)
         await saturate(echo_call, singles, options.concurrency, WARMUP_S)
+        await saturate(bare_call, singles, options.concurrency, WARMUP_S)
         infer_for(backend, batches, WARMUP_S)
         seconds = options.duration
         phases = {
@@ -350,6 +354,7 @@ async def measure_all(
             "echo_paced": (functools.partial(paced, echo_call, singles, options.rate, seconds), 1, echo),
             "capacity": (functools.partial(saturate, call, singles, options.concurrency, seconds), 1, server),
             "echo": (functools.partial(saturate, echo_call, singles, options.concurrency, seconds), 1, echo),
+            "bare": (functools.partial(saturate, bare_call, singles, options.concurrency, seconds), 1, bare),
             "batched": (functools.partial(saturate, call, grouped, BATCH_CONCURRENCY, seconds), BATCH, server),
             "raw": (functools.partial(asyncio.to_thread, infer_for, backend, batches, seconds), BATCH, None),
         }
@@ -468,9 +473,19 @@ def heading(result: dict) -> str:
     )
 
 
+def baseline_line(result: dict) -> str:
+    ratios = result["ratios"]
+    return (
+        f"The bare server (this bundle's tokenizer and backend on the event loop, nothing else) reached "
+        f"{ratios['bare_vs_echo']:.2f} of the echo server's calls/s; the server reached "
+        f"{ratios['capacity_vs_bare']:.2f} of the bare server's."
+    )
+
+
 def markdown(result: dict) -> str:
     lines = [f"Serving benchmark: {heading(result)}.", ""]
     lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result)))
+    lines += ["", baseline_line(result)]
     lines += [
         "",
         "CPU %: 100 = one core. Client CPU near 100 % means the client, not the server, limited the rate;",
@@ -482,6 +497,7 @@ def markdown(result: dict) -> str:
 def print_tables(result: dict, console: Console) -> None:
     header = ["phase", *COLUMNS.values()]
     print_results(console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result)))
+    console.print(baseline_line(result))
 
 
 def parse_options(argv: list[str] | None = None) -> Options:

@@ -1,18 +1,27 @@
-"""`python -m serve.echo --port 50052`: a do-nothing `edgedistill.v1.Classifier` for transport baselines.
+"""`python -m serve.echo --port 50052 [--bundle B]`: baseline `edgedistill.v1.Classifier` servers for benchmarks.
 
-`Classify` answers one constant prediction per text, with no tokenizer, model or batcher, so a load
-test against it measures gRPC and the client alone. It has the real server's health service and
-message limits, and stops on SIGTERM/SIGINT.
+Without `--bundle`, the echo server: `Classify` answers one constant prediction per text, with no
+tokenizer, model or batcher, so a load test against it measures gRPC and the client alone. With
+`--bundle`, the bare server: each call tokenizes its texts and runs the bundle's backend on the event
+loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows what any
+Python gRPC server can reach with this model on this machine. Both have the real server's health
+service and message limits, and stop on SIGTERM/SIGINT.
 """
 
 import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.bundle import load_bundle
+from serve.backends import load_backend
+from serve.batching import pad_rows
+from serve.encoding import TextEncoder
+from serve.model import softmax
 from serve.proto import classifier_pb2, classifier_pb2_grpc
 from serve.settings import Settings
 
@@ -28,8 +37,41 @@ class EchoClassifier(classifier_pb2_grpc.ClassifierServicer):
         )
 
 
-async def create_echo_server(host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A started echo server reporting SERVING, bound to `host:port` (0: any free port)."""
+class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
+    """The bundle's tokenizer and backend, called on the event loop for every request."""
+
+    def __init__(self, folder: Path, threads: int):
+        bundle = load_bundle(folder)
+        self.spec = bundle.spec
+        self.encoder = TextEncoder(
+            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
+        )
+        self.backend = load_backend(bundle, [], threads)
+        self.output = self.spec.outputs[0].name
+
+    async def Classify(self, request, context):
+        batch = pad_rows(self.encoder.encode(list(request.texts)), self.encoder.pad_values)
+        logits = self.backend.infer(batch)[self.output]
+        probabilities = softmax(logits)
+        reply = classifier_pb2.ClassifyResponse(model_name=self.spec.name, model_version=self.spec.version)
+        for logit, probability in zip(logits, probabilities, strict=True):
+            best = int(probability.argmax())
+            reply.predictions.add(
+                label=self.spec.labels[best],
+                label_id=best,
+                score=float(probability[best]),
+                probabilities=probability.tolist(),
+                logits=logit.tolist(),
+            )
+        return reply
+
+
+async def create_echo_server(
+    host: str, port: int, bundle: Path | None = None, threads: int = 1
+) -> tuple[grpc.aio.Server, int]:
+    """A started echo server (the bare server with `bundle`) reporting SERVING, bound to `host:port` (0: any
+    free port)."""
+    servicer = EchoClassifier() if bundle is None else BareClassifier(bundle, threads)
     limit = Settings.model_fields["max_message_bytes"].default
     server = grpc.aio.server(
         options=[
@@ -38,7 +80,7 @@ async def create_echo_server(host: str, port: int) -> tuple[grpc.aio.Server, int
             ("grpc.so_reuseport", 0),
         ]
     )
-    classifier_pb2_grpc.add_ClassifierServicer_to_server(EchoClassifier(), server)
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
     status = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(status, server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -47,9 +89,10 @@ async def create_echo_server(host: str, port: int) -> tuple[grpc.aio.Server, int
     return server, bound
 
 
-async def serve(host: str, port: int) -> None:
-    server, bound = await create_echo_server(host, port)
-    print(f"echo server on port {bound}", file=sys.stderr, flush=True)
+async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None:
+    server, bound = await create_echo_server(host, port, bundle, threads)
+    kind = "echo server" if bundle is None else f"bare server for {bundle}"
+    print(f"{kind} on port {bound}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -62,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve.echo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
+    parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the bare server (default 1)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port))
+    asyncio.run(serve(args.host, args.port, args.bundle, args.threads))
     return 0
 
 

@@ -29,7 +29,14 @@ def test_make_all_on_the_smoke_recipe(smoke_bundles):
     assert (smoke_bundles / "serve-bench" / "bench.json").is_file()
     out = result.stdout
     assert "up to date" in out  # the teacher, transfer set, students and bundles were not rebuilt
-    for line in ("teacher: dev accuracy", "student bilstm:", "bench bilstm-int8:", "serving: p99", "load test smoke:"):
+    for line in (
+        "teacher: dev accuracy",
+        "student bilstm:",
+        "bench bilstm-int8:",
+        "serving: p99",
+        "of a bare one",
+        "load test smoke:",
+    ):
         assert line in out, out[-2000:]
     assert f"bundle: {smoke_bundles / 'bundle-bilstm-int8'}" in out
 
