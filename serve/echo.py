@@ -3,8 +3,8 @@
 Without `--bundle`, the echo server: `Classify` answers one constant prediction per text, with no
 tokenizer, model or batcher, so a load test against it measures gRPC and the client alone. With
 `--bundle`, the bare server: each call tokenizes its texts and runs the bundle's backend on the event
-loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows what any
-Python gRPC server can reach with this model on this machine. Both have the real server's health
+loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows the ceiling
+of any server that runs this model on its event loop. Both have the real server's health
 service and message limits, and stop on SIGTERM/SIGINT.
 """
 
