@@ -7,7 +7,7 @@ as subprocesses on loopback and drives them from this process with grpc.aio task
   the same against the echo server gives the latency floor of gRPC and this client;
 - capacity: single-text calls with `--concurrency` in flight, unpaced, against the server, the echo server and
   the bare server (`python -m serve.echo --bundle`: the bundle's tokenizer and backend on the event loop, nothing
-  else), which shows how much of the gap to the echo server any Python server with this model would have;
+  else: the ceiling of any server that runs this model on its event loop);
 - batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server;
 - raw: the bundle's backend in this process (same thread count) on the same texts, tokenized and padded
   into batches of 32: the throughput the server's batched path is compared with.

@@ -15,15 +15,17 @@ import sys
 from pathlib import Path
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.bundle import load_bundle
 from serve.backends import load_backend
 from serve.batching import pad_rows
 from serve.encoding import TextEncoder
-from serve.model import softmax
+from serve.model import Scores, softmax
 from serve.proto import classifier_pb2, classifier_pb2_grpc
 from serve.settings import Settings
+from serve.transport import classify_response
 
 CONSTANT = classifier_pb2.Prediction(
     label="positive", label_id=1, score=0.75, probabilities=[0.25, 0.75], logits=[-0.55, 0.55]
@@ -51,19 +53,8 @@ class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
 
     async def Classify(self, request, context):
         batch = pad_rows(self.encoder.encode(list(request.texts)), self.encoder.pad_values)
-        logits = self.backend.infer(batch)[self.output]
-        probabilities = softmax(logits)
-        reply = classifier_pb2.ClassifyResponse(model_name=self.spec.name, model_version=self.spec.version)
-        for logit, probability in zip(logits, probabilities, strict=True):
-            best = int(probability.argmax())
-            reply.predictions.add(
-                label=self.spec.labels[best],
-                label_id=best,
-                score=float(probability[best]),
-                probabilities=probability.tolist(),
-                logits=logit.tolist(),
-            )
-        return reply
+        logits = self.backend.infer(batch)[self.output].astype(np.float32, copy=False)
+        return classify_response(self.spec, Scores(logits, softmax(logits)))
 
 
 async def create_echo_server(

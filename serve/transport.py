@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from common.bundle import BundleSpec
 from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
 from serve.errors import InvalidInput, PermissionDenied, ServeError
@@ -95,6 +96,21 @@ def reload_folder(path: str, settings: Settings) -> Path:
     return folder
 
 
+def classify_response(spec: BundleSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
+    """One prediction per row of `scores`: the most probable label, its probability, and all probabilities and logits."""
+    reply = classifier_pb2.ClassifyResponse(model_name=spec.name, model_version=spec.version)
+    best = scores.probabilities.argmax(axis=-1)
+    for i, label_id in enumerate(best.tolist()):
+        reply.predictions.add(
+            label=spec.labels[label_id],
+            label_id=label_id,
+            score=float(scores.probabilities[i, label_id]),
+            probabilities=scores.probabilities[i].tolist(),
+            logits=scores.logits[i].tolist(),
+        )
+    return reply
+
+
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
     return classifier_pb2.ModelInfo(**runtime.info())
 
@@ -110,21 +126,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         runtime, scores = await self.host.dispatch(
             request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
         )
-        return self._response(runtime, scores)
-
-    @staticmethod
-    def _response(runtime: ModelRuntime, scores: Scores) -> classifier_pb2.ClassifyResponse:
-        reply = classifier_pb2.ClassifyResponse(model_name=runtime.name, model_version=runtime.version)
-        best = scores.probabilities.argmax(axis=-1)
-        for i, label_id in enumerate(best.tolist()):
-            reply.predictions.add(
-                label=runtime.spec.labels[label_id],
-                label_id=label_id,
-                score=float(scores.probabilities[i, label_id]),
-                probabilities=scores.probabilities[i].tolist(),
-                logits=scores.logits[i].tolist(),
-            )
-        return reply
+        return classify_response(runtime.spec, scores)
 
     @handles_errors
     async def Classify(self, request, context):
