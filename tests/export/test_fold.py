@@ -51,12 +51,20 @@ def test_half_table_is_float16_and_sums_in_float32():
     assert folded.table.dtype == torch.float16 and logits.dtype == torch.float32
 
 
-def test_folded_table_has_a_zero_row_per_offset_for_padding():
-    folded = fold(cnn([2, 4]))
-    rows = folded.table.view(VOCAB + 1, folded.width, -1)
+def test_folded_table_rows_for_positions_outside_the_text():
+    model = cnn([2, 4])
+    folded = fold(model)
+    rows = folded.table.view(VOCAB + 2, folded.width, -1)
     assert folded.width == 4 and rows.shape[-1] == 10
-    assert not rows[VOCAB].any()
+    assert not rows[VOCAB].any()  # before the text: zeros
     assert not rows[:VOCAB, 2:, :5].any()  # the width-2 filters have no taps at offsets 2 and 3
+    # past the end: only at each filter's oldest offset, and below minus its bias
+    after = rows[VOCAB + 1]
+    biases = torch.cat([conv.bias for conv in model.convs]).detach()
+    oldest = torch.tensor([1] * 5 + [3] * 5)
+    assert (after[oldest, torch.arange(10)] < -biases.clamp(min=0)).all()
+    after[oldest, torch.arange(10)] = 0
+    assert not after.any()
 
 
 def test_fold_refuses_other_architectures():
