@@ -8,9 +8,9 @@ float rounding). Two extra rows stand for positions outside the text: zeros befo
 a row that pushes every window whose oldest token lies past the text's end below zero, so that ReLU
 drops the windows that touch no real token without a mask over all windows. The cost is memory: the
 table has (vocabulary + 2) x max width x filters rows, about ten times the embedding table for Kim's
-widths 3, 4, 5. In float16 (`precision: fp16`) only
-the table changes: converting the whole graph instead would leave ONNX Runtime's CPU provider,
-which lacks float16 kernels for some of its operators, to fold a float32 copy of the table at load.
+widths 3, 4, 5. In float16 (`precision: fp16`) only the table changes: converting the whole graph
+instead would leave ONNX Runtime's CPU provider, which lacks float16 kernels for some of its
+operators, to fold a float32 copy of the table at load.
 """
 
 import torch

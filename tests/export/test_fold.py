@@ -59,7 +59,7 @@ def test_folded_table_rows_for_positions_outside_the_text():
     assert not rows[VOCAB].any()  # before the text: zeros
     assert not rows[:VOCAB, 2:, :5].any()  # the width-2 filters have no taps at offsets 2 and 3
     # past the end: only at each filter's oldest offset, and below minus its bias
-    after = rows[VOCAB + 1]
+    after = rows[VOCAB + 1].clone()
     biases = torch.cat([conv.bias for conv in model.convs]).detach()
     oldest = torch.tensor([1] * 5 + [3] * 5)
     assert (after[oldest, torch.arange(10)] < -biases.clamp(min=0)).all()
