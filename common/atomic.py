@@ -1,0 +1,80 @@
+"""Atomic writes: a reader sees the old file (or folder) or the whole new one, never a part.
+
+Every write goes to a temporary name beside its target, is flushed to disk (the file, then its
+folder), and is renamed over the target. This module is the only place that renames into place.
+"""
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename inside it) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        with open(file, "rb+") as handle:
+            os.fsync(handle.fileno())
+
+
+def temporary_name(path: Path) -> Path:
+    """A hidden name beside `path`, unique to this process, keeping the suffix (`np.save` adds `.npy` otherwise)."""
+    return path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+
+
+def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -> Path:
+    """Write `path` atomically from text, bytes, or `data(tmp_path)` (e.g. `lambda p: np.save(p, a)`).
+
+    A callable may also make a folder at `tmp_path` (e.g. `save_pretrained`); it replaces the old one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    _remove(tmp)
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        elif isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            data(tmp)
+        _fsync_tree(tmp)
+        _replace(tmp, path)
+    finally:
+        _remove(tmp)
+    return path
+
+
+def publish_folder(tmp: str | Path, final: str | Path) -> None:
+    """Rename the finished folder `tmp` to `final`, replacing an older `final` (removed afterwards)."""
+    tmp, final = Path(tmp), Path(final)
+    _fsync_tree(tmp)
+    _replace(tmp, final)
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    if final.is_dir() and not final.is_symlink():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        _remove(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        _remove(old)
+    else:
+        os.replace(tmp, final)
+    fsync_folder(final.parent)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
