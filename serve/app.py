@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from serve.errors import BundleRejected, ReloadFailed
 from serve.metrics import Metrics
-from serve.model import ModelHost, ModelRuntime
+from serve.host import ModelHost, ModelRuntime
 from serve.observe import CallObserver, ObservedServer
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from serve.settings import Settings, SettingsError

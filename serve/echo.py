@@ -22,7 +22,7 @@ from common.bundle import load_bundle
 from serve.backends import load_backend
 from serve.batching import pad_rows
 from serve.encoding import TextEncoder
-from serve.model import Scores, softmax
+from serve.host import Scores, softmax
 from serve.proto import classifier_pb2, classifier_pb2_grpc
 from serve.settings import Settings
 from serve.transport import classify_response

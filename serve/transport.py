@@ -1,4 +1,4 @@
-"""gRPC servicers: proto <-> numpy, and errors -> status codes. The work happens in `serve.model`."""
+"""gRPC servicers: proto <-> numpy, and errors -> status codes. The work happens in `serve.host`."""
 
 import asyncio
 import functools
@@ -15,7 +15,7 @@ from serve import tensors
 from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
 from serve.errors import InvalidInput, PermissionDenied, ServeError
 from serve.logs import REQUEST_ID
-from serve.model import ModelHost, ModelRuntime, Scores, check_texts
+from serve.host import ModelHost, ModelRuntime, Scores, check_texts
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from serve.settings import Settings
 
