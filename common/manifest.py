@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.atomic import atomic_write, publish_folder
+
 MANIFEST = "manifest.json"
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "grpcio")
 
@@ -112,12 +114,6 @@ def is_current(folder: Path, config_hash: str) -> bool:
     return True
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @contextmanager
 def stage_folder(final: Path):
     """Yield a temporary folder to fill; `commit(folder, manifest)` inside the block publishes it.
@@ -148,12 +144,8 @@ def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
     )
-    _atomic_write_text(tmp / MANIFEST, manifest.model_dump_json(indent=2))
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    atomic_write(tmp / MANIFEST, manifest.model_dump_json(indent=2))
+    publish_folder(tmp, final)
     return manifest
 
 

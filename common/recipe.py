@@ -233,15 +233,6 @@ class BundleRecipe(Strict):
         return self
 
 
-class BenchConfig(Strict):
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], min_length=1)
-    seq_lens: list[int] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
-    warmup: int = Field(10, ge=0)
-    iterations: int = Field(100, gt=0)
-    min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
-    threads: int = Field(2, gt=0, description="intra-op threads for PyTorch and ONNX Runtime alike")
-
-
 class ExportConfig(Strict):
     opset: int = Field(17, ge=14)
     bundles: dict[str, BundleRecipe] = Field(min_length=1)
@@ -258,7 +249,6 @@ class ExportConfig(Strict):
     )
     max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
     calibration_sentences: int = Field(256, gt=0, description="transfer-set sentences for static INT8")
-    bench: BenchConfig = BenchConfig()
 
     @model_validator(mode="after")
     def _deploy_known(self):
@@ -362,6 +352,44 @@ class SpikeLoad(LoadProfile):
         return self
 
 
+class ModelBenchConfig(Strict):
+    """The model benchmark (`python -m bench models`): every bundle beside the teacher in PyTorch eager."""
+
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], min_length=1)
+    seq_lens: list[int] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
+    warmup: int = Field(10, ge=0)
+    iterations: int = Field(100, gt=0)
+    min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
+    threads: int = Field(2, gt=0, description="intra-op threads for PyTorch and ONNX Runtime alike")
+
+
+class ServingBenchConfig(Strict):
+    """The serving benchmark (`python -m bench serving`): how long each phase runs, and its targets.
+
+    A null target is not checked.
+    """
+
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phases")
+    duration_s: float = Field(20.0, gt=0, description="seconds per phase and repeat")
+    concurrency: int = Field(12, ge=1, description="calls in flight in the capacity phases")
+    threads: int = Field(1, ge=0, description="intra-op threads of the servers and the raw backend (0: the default)")
+    repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
+    paced_slo: SloConfig = Field(SloConfig(), description="what the server must meet when paced at `rate`")
+    min_capacity_vs_echo: float | None = Field(
+        None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"
+    )
+    min_batched_vs_raw: float | None = Field(
+        None, gt=0, description="batched target: texts/s of batch-32 calls through the server / the raw backend's"
+    )
+
+
+class BenchConfig(Strict):
+    """Measurements of the built bundles: `models` for the model benchmark, `serving` for the serving one."""
+
+    models: ModelBenchConfig = ModelBenchConfig()
+    serving: ServingBenchConfig = ServingBenchConfig()
+
+
 # Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).
 LOAD_PRESETS: dict[str, dict] = {
     "smoke": {"users": 2, "rate": 20.0, "duration_s": 30.0, "scenarios": dict.fromkeys(get_args(Scenario), 1)},
@@ -400,7 +428,7 @@ class LoadtestConfig(Strict):
         return getattr(self, name)
 
 
-UNHASHED = ("loadtest",)  # sections that change no artifact of another stage
+UNHASHED = ("bench", "loadtest")  # sections that change no artifact of another stage
 
 
 class Recipe(Strict):
@@ -412,6 +440,7 @@ class Recipe(Strict):
     transfer: TransferConfig | None = None
     distill: DistillConfig | None = None
     export: ExportConfig | None = None
+    bench: BenchConfig = BenchConfig()
     loadtest: LoadtestConfig | None = None
 
     @model_validator(mode="after")
@@ -435,18 +464,28 @@ class Recipe(Strict):
             raise ValueError("model.init is null (build from scratch) but there is no `pretrain` section")
         return self
 
-    def section_hash(self, *sections: str) -> str:
-        """A short hash of the named sections, so a stage reruns only when its inputs change.
+    def settings(self, *keys: str) -> dict:
+        """The named settings (sections or dotted keys, e.g. `export.bundles.int8`) as JSON, for a stage's hash.
 
         Local files and folders named in them count by their contents, not their paths: moving the
         data or the checkout keeps artifacts current, and editing a data file makes them stale.
         """
-        dumped = {name: _by_content(self.model_dump(mode="json")[name]) for name in sections}
-        return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
+        dumped = self.model_dump(mode="json")
+        out = {}
+        for key in keys:
+            value = dumped
+            for part in key.split("."):
+                value = value[part] if isinstance(value, dict) and part in value else None
+            out[key] = _by_content(value)
+        return out
+
+    def section_hash(self, *sections: str) -> str:
+        """A short hash of `settings(*sections)`."""
+        return hashlib.sha256(json.dumps(self.settings(*sections), sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def hash(self) -> str:
-        """Hash of the sections that shape artifacts; `loadtest` only measures them, so it is left out."""
+        """Hash of the sections that shape artifacts; `bench` and `loadtest` only measure them, so they are left out."""
         return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
 
 

@@ -16,7 +16,7 @@ import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
-from distill import dist, finetune, parallel, pretrain, student_stage, summary, transfer
+from distill import dist, finetune, parallel, pretrain, student_stage, table, transfer
 from distill.data import DataError
 
 STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
@@ -40,17 +40,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
             if recipe.pretrain is None:
                 raise RecipeError(f"{args.recipe}: no `pretrain` section to run")
-            pretrain.run(recipe, force=args.force)
+            pretrain.stage(recipe).run(args.force)
         if args.stage in ("finetune", "teacher"):
-            finetune.run(recipe, force=args.force)
+            finetune.stage(recipe).run(args.force)
         if args.stage in ("transfer", "distill") and (recipe.transfer is None or recipe.distill is None):
             raise RecipeError(f"{args.recipe}: needs `transfer` and `distill` sections for stage {args.stage}")
         unknown = set(args.only or ()) - set(recipe.distill.students if recipe.distill else ())
         if unknown:
             raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {args.recipe}")
         if args.stage == "transfer" or (args.stage == "distill" and world_size == 1):
-            transfer.run(recipe, force=args.force and args.stage == "transfer")
-        elif args.stage == "distill" and not transfer.is_current(recipe):
+            transfer.stage(recipe).run(args.force and args.stage == "transfer")
+        elif args.stage == "distill" and not transfer.stage(recipe).is_current():
             raise RecipeError(
                 "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
             )
@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 parallel.run_all(recipe, jobs, args.jobs, force=args.force)
             else:
                 for name, baseline in jobs:
-                    student_stage.run(recipe, name, baseline=baseline, force=args.force)
+                    student_stage.stage(recipe, name, baseline).run(args.force)
             if dist.is_main():
-                summary.write(recipe)
+                table.write(recipe)
     except (RecipeError, DataError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -6,21 +6,20 @@ The folder is a Hugging Face `save_pretrained` checkpoint of the best dev evalua
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from common import manifest as mf
-from common.recipe import Recipe, run_dir
-from distill import dist
+from common.recipe import Recipe
+from common.stage import Built, Inputs, Stage
+from distill import dist, pretrain
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
 from distill.metrics import classification_metrics
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
-
-SECTIONS = ("data", "model", "pretrain", "finetune")
 
 
 @torch.no_grad()
@@ -49,25 +48,17 @@ def hf_logits(model):
     return lambda batch: model(**batch).logits
 
 
-def teacher_init(recipe: Recipe) -> tuple[str, dict[str, mf.Parent]]:
-    """Where fine-tuning starts: the pretrain artifact when the recipe pretrains, else `model.init`."""
-    if recipe.pretrain is None:
-        return recipe.model.init, {}
-    folder = run_dir(recipe) / "pretrain"
-    mf.load(folder)
-    return str(folder), {"pretrain": mf.parent_of(folder)}
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/teacher/`: fine-tuned from the pretrain artifact when the recipe pretrains, else `model.init`."""
+    parents = (pretrain.stage(recipe),) if recipe.pretrain is not None else ()
+    return Stage("teacher", recipe, ("data", "model", "finetune"), _build, parents)
 
 
-def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
-    out = run_dir(recipe) / "teacher"
-    config_hash = recipe.section_hash(*SECTIONS)
-    if not force and mf.is_current(out, config_hash):
-        print(f"[teacher] up to date: {out}")
-        return mf.load(out, verify=False)
-    watch = mf.Stopwatch()
+def _build(inputs: Inputs) -> Built | None:
+    recipe = inputs.recipe
     cfg, data = recipe.finetune, recipe.data
     train, dev = load_splits(data)
-    init, parents = teacher_init(recipe)
+    init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
@@ -85,8 +76,8 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
     labels = torch.tensor(train.labels)
     pad = tokenizer.pad_token_id
 
-    work = work_dir(run_dir(recipe) / ".work" / "teacher", force)
-    trainer = Trainer(model, cfg.optim, work, config_hash, "teacher")
+    work = work_dir(inputs.work, inputs.force)
+    trainer = Trainer(model, cfg.optim, work, inputs.config_hash, "teacher")
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
         loss_fn=lambda m, idx: m(**collate(train_feats, idx, pad), labels=labels[idx]).loss,
@@ -99,43 +90,32 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
     if not dist.is_main():
         return None
     best = next(h for h in progress.history if h["step"] == progress.best_step)
-    with mf.stage_folder(out) as tmp:
+
+    def write(folder: Path) -> dict:
         for file in (work / "best").iterdir():
-            shutil.copy2(file, tmp / file.name)
-        (tmp / "history.json").write_text(json.dumps(progress.history, indent=1))
-        weights = tmp / "model.safetensors"
-        manifest = mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                "teacher",
-                config_hash,
-                watch,
-                parents=parents,
-                metrics={
-                    "dev_accuracy": best["dev_accuracy"],
-                    "dev_f1": best["dev_f1"],
-                    "confusion": best["confusion"],
-                    "params": sum(p.numel() for p in model.parameters()),
-                    "size_bytes": weights.stat().st_size,
-                },
-                info={
-                    "init": init,
-                    "family": recipe.model.family,
-                    "best_step": progress.best_step,
-                    "steps": progress.global_step,
-                    "train_examples": len(train),
-                    "dev_examples": len(dev),
-                    "world_size": trainer.world_size,
-                    "resumed_from_step": progress.resumed_from,
-                },
-            ),
-        )
-    m = manifest.metrics
-    shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"[teacher] dev_accuracy={m['dev_accuracy']:.4f} f1={m['dev_f1']:.4f} params={m['params'] / 1e6:.1f}M "
-        f"best_step={progress.best_step}/{progress.global_step} wall={m['wall_seconds'] / 60:.1f} min -> {out}"
+            shutil.copy2(file, folder / file.name)
+        (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
+        return {"size_bytes": (folder / "model.safetensors").stat().st_size}
+
+    params = sum(p.numel() for p in model.parameters())
+    return Built(
+        write,
+        metrics={
+            "dev_accuracy": best["dev_accuracy"],
+            "dev_f1": best["dev_f1"],
+            "confusion": best["confusion"],
+            "params": params,
+        },
+        info={
+            "init": init,
+            "family": recipe.model.family,
+            "best_step": progress.best_step,
+            "steps": progress.global_step,
+            "train_examples": len(train),
+            "dev_examples": len(dev),
+            "world_size": trainer.world_size,
+            "resumed_from_step": progress.resumed_from,
+        },
+        line=f"dev_accuracy={best['dev_accuracy']:.4f} f1={best['dev_f1']:.4f} params={params / 1e6:.1f}M "
+        f"best_step={progress.best_step}/{progress.global_step}",
     )
-    return manifest

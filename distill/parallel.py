@@ -1,7 +1,7 @@
 """Train several students and baselines at once, one process each, sharing the CPU threads.
 
 Small students use few cores well, so on a CPU host two single-threaded jobs finish sooner than
-the same jobs one after another on two threads. Each job is a `student_stage.run` call; jobs are
+the same jobs one after another on two threads. Each job runs one student stage; jobs are
 independent (each writes its own artifact and resumes on its own).
 """
 
@@ -19,6 +19,10 @@ def _start_worker(threads: int, slots) -> None:
     trainer.bar_position = slots.get()
 
 
+def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
+    student_stage.stage(recipe, name, baseline).run(force)
+
+
 def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:
     """Run `(student name, baseline?)` jobs on `workers` processes; raise the first failure after all end."""
     threads = max(1, torch.get_num_threads() // workers)
@@ -30,7 +34,7 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
     errors = []
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker, initargs=(threads, slots)) as pool:
         pending = {
-            pool.submit(student_stage.run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs
+            pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs
         }
         for done, future in enumerate(cf.as_completed(pending), 1):
             name, baseline = pending[future]

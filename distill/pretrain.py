@@ -7,6 +7,7 @@ accuracy are measured before and after on a fixed, seeded masking of the eval te
 
 import math
 import shutil
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,14 +21,13 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-from common import manifest as mf
-from common.recipe import ModelConfig, Recipe, run_dir
+from common.recipe import ModelConfig, Recipe
+from common.stage import Built, Inputs, Stage
 from distill import dist
 from distill.data import load_unlabelled
 from distill.tokenization import load_tokenizer, train_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
-SECTIONS = ("model", "pretrain")
 EVAL_MASK_SEED = 1234
 
 
@@ -127,14 +127,14 @@ def lm_metrics(objective: LanguageModelObjective, batches: list[dict]) -> dict[s
     return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "token_accuracy": correct / max(1, total_tokens)}
 
 
-def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
-    out = run_dir(recipe) / "pretrain"
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/pretrain/`: the language model the teacher is fine-tuned from."""
+    return Stage("pretrain", recipe, ("model", "pretrain"), _build)
+
+
+def _build(inputs: Inputs) -> Built | None:
+    recipe = inputs.recipe
     cfg, model_cfg = recipe.pretrain, recipe.model
-    config_hash = recipe.section_hash(*SECTIONS)
-    if not force and mf.is_current(out, config_hash):
-        print(f"[pretrain] up to date: {out}")
-        return mf.load(out, verify=False)
-    watch = mf.Stopwatch()
     texts = load_unlabelled(cfg.train_files, cfg.train_max_lines)
     if cfg.eval_files:
         eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines)
@@ -169,8 +169,8 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
     objective = LanguageModelObjective(model, causal=not mlm).eval()
     before = lm_metrics(objective, eval_batches)
 
-    work = work_dir(run_dir(recipe) / ".work" / "pretrain", force)
-    trainer = Trainer(objective, cfg.optim, work, config_hash, "pretrain")
+    work = work_dir(inputs.work, inputs.force)
+    trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain")
 
     def batches_for_epoch(epoch: int) -> list[list[int]]:
         order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(cfg.optim.seed + epoch)).tolist()
@@ -186,37 +186,26 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
     if not dist.is_main():
         return None
     after = next(h for h in progress.history if h["step"] == progress.best_step)
-    with mf.stage_folder(out) as tmp:
+
+    def write(folder: Path) -> dict:
         for file in (work / "best").iterdir():
-            shutil.copy2(file, tmp / file.name)
-        metrics = {f"{k}_before": v for k, v in before.items()}
-        metrics |= {f"{k}_after": after[k] for k in before}
-        metrics |= {
-            "params": sum(p.numel() for p in model.parameters()),
-            "size_bytes": (tmp / "model.safetensors").stat().st_size,
-        }
-        manifest = mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                "pretrain",
-                config_hash,
-                watch,
-                metrics=metrics,
-                info={
-                    "objective": "mlm" if mlm else "clm",
-                    "init": model_cfg.init or "scratch",
-                    "train_blocks": len(blocks),
-                    "eval_blocks": len(eval_blocks),
-                    "steps": progress.global_step,
-                    "history": progress.history,
-                },
-            ),
-        )
-    shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"[pretrain] {'mlm' if mlm else 'clm'} token_accuracy {before['token_accuracy']:.3f} -> {after['token_accuracy']:.3f}, "
-        f"perplexity {before['perplexity']:.1f} -> {after['perplexity']:.1f}, wall={watch.seconds / 60:.1f} min -> {out}"
+            shutil.copy2(file, folder / file.name)
+        return {"size_bytes": (folder / "model.safetensors").stat().st_size}
+
+    objective_name = "mlm" if mlm else "clm"
+    return Built(
+        write,
+        metrics={f"{k}_before": v for k, v in before.items()}
+        | {f"{k}_after": after[k] for k in before}
+        | {"params": sum(p.numel() for p in model.parameters())},
+        info={
+            "objective": objective_name,
+            "init": model_cfg.init or "scratch",
+            "train_blocks": len(blocks),
+            "eval_blocks": len(eval_blocks),
+            "steps": progress.global_step,
+            "history": progress.history,
+        },
+        line=f"{objective_name} token_accuracy {before['token_accuracy']:.3f} -> {after['token_accuracy']:.3f}, "
+        f"perplexity {before['perplexity']:.1f} -> {after['perplexity']:.1f}",
     )
-    return manifest

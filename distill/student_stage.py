@@ -6,10 +6,11 @@ same architecture, optimizer settings and step budget; the baseline starts from 
 `baseline_init_from_teacher` is set, so their gap is everything the teacher gives.
 """
 
-import hashlib
 import json
 import math
 import shutil
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,8 +19,10 @@ from torch import nn
 from transformers import AutoModel
 
 from common import manifest as mf
-from common.recipe import Recipe, StudentConfig, StudentRun, run_dir
-from distill import dist
+from common.atomic import atomic_write
+from common.recipe import Recipe, StudentConfig, StudentRun
+from common.stage import Built, Inputs, Stage
+from distill import dist, transfer
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
 from distill.finetune import predict_logits
@@ -28,7 +31,6 @@ from distill.metrics import classification_metrics
 from distill.students import build_student, count_parameters, init_from_teacher
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, work_dir
-from distill.transfer import SECTIONS as TRANSFER_SECTIONS
 
 WEIGHTS, CONFIG = "model.safetensors", "student.json"
 
@@ -90,39 +92,45 @@ def _transfer_data(transfer_dir, tokenizer, max_length: int):
     return encode(tokenizer, texts, None, max_length), logits, labels
 
 
-def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) -> mf.Manifest:
-    """Distil (or, with `baseline`, train on labels only) the student `name` of `recipe.distill.students`."""
+def stage(recipe: Recipe, name: str, baseline: bool = False) -> Stage:
+    """`student-<name>/` distilled from the transfer set, or with `baseline` `baseline-<name>/` trained on labels
+    only for the same step budget (the transfer set's size sets it)."""
     spec = recipe.distill.students[name]
-    stage = f"{'baseline' if baseline else 'student'}-{name}"
-    out = run_dir(recipe) / stage
     # Only this student's own settings (and everything upstream) decide whether it is stale.
     own = None if baseline else {"baseline_init_from_teacher"}
-    spec_hash = hashlib.sha256(spec.model_dump_json(exclude=own).encode()).hexdigest()[:16]
-    config_hash = recipe.section_hash(*TRANSFER_SECTIONS) + spec_hash
-    if not force and mf.is_current(out, config_hash):
-        print(f"[{stage}] up to date: {out}")
-        return mf.load(out, verify=False)
-    watch = mf.Stopwatch()
-    teacher_dir, transfer_dir = run_dir(recipe) / "teacher", run_dir(recipe) / "transfer"
-    teacher_manifest = mf.load(teacher_dir)
+    transfer_stage = transfer.stage(recipe)
+    return Stage(
+        f"{'baseline' if baseline else 'student'}-{name}",
+        recipe,
+        (),
+        partial(_build, name=name, baseline=baseline),
+        (transfer_stage, *transfer_stage.parents),
+        extra=spec.model_dump(mode="json", exclude=own),
+    )
+
+
+def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
+    recipe = inputs.recipe
+    spec = recipe.distill.students[name]
+    stage_name = f"{'baseline' if baseline else 'student'}-{name}"
+    teacher_dir, transfer_dir = inputs.parent("teacher"), inputs.parent("transfer")
+    teacher_manifest = inputs.manifests["teacher"]
     tokenizer = load_tokenizer(str(teacher_dir))
     pad = tokenizer.pad_token_id
     max_length = recipe.transfer.max_length
     train, dev = load_splits(recipe.data)
     dev_feats = encode(tokenizer, dev.texts, None, max_length)
 
-    transfer_manifest = mf.load(transfer_dir)
-    distill_steps = math.ceil(spec.optim.epochs * transfer_manifest.metrics["sentences"] / spec.optim.batch_size)
+    sentences = inputs.manifests["transfer"].metrics["sentences"]
+    distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
     if baseline:
         feats = encode(tokenizer, train.texts, None, max_length)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
         optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
-        parents = {"teacher": mf.parent_of(teacher_dir)}
     else:
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
         optim = spec.optim
-        parents = {"transfer": mf.parent_of(transfer_dir), "teacher": mf.parent_of(teacher_dir)}
 
     cfg = StudentConfig.model_validate(
         spec.model.model_dump()
@@ -150,14 +158,13 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
         objective = DistillObjective(student, spec, teacher_bert)
 
     lengths = [len(ids) for ids in feats["input_ids"]]
-    work = work_dir(run_dir(recipe) / ".work" / stage, force)
-    trainer = Trainer(objective, optim, work, config_hash, stage)
+    work = work_dir(inputs.work, inputs.force)
+    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name)
     best_path = work / "best.safetensors"
 
     def on_best(module, _):
-        tmp = work / "best.tmp.safetensors"
-        save_file({k: v.contiguous() for k, v in module.student.state_dict().items()}, tmp)
-        tmp.replace(best_path)
+        weights = {k: v.contiguous() for k, v in module.student.state_dict().items()}
+        atomic_write(best_path, lambda tmp: save_file(weights, tmp))
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
@@ -174,45 +181,35 @@ def run(recipe: Recipe, name: str, baseline: bool = False, force: bool = False) 
         return None
     student.load_state_dict(load_file(best_path))
     best = next(h for h in progress.history if h["step"] == progress.best_step)
-    teacher_acc = teacher_manifest.metrics["dev_accuracy"]
-    with mf.stage_folder(out) as tmp:
-        save_student(student, cfg, tmp)
-        shutil.copy2(teacher_dir / "tokenizer.json", tmp / "tokenizer.json")
-        (tmp / "history.json").write_text(json.dumps(progress.history, indent=1))
-        metrics = {
+    retention = best["dev_accuracy"] / teacher_manifest.metrics["dev_accuracy"]
+
+    def write(folder: Path) -> dict:
+        save_student(student, cfg, folder)
+        shutil.copy2(teacher_dir / "tokenizer.json", folder / "tokenizer.json")
+        (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
+        return {"size_bytes": (folder / WEIGHTS).stat().st_size}
+
+    params = count_parameters(student)
+    return Built(
+        write,
+        metrics={
             "dev_accuracy": best["dev_accuracy"],
             "dev_f1": best["dev_f1"],
             "confusion": best["confusion"],
-            "retention": best["dev_accuracy"] / teacher_acc,
-            "params": count_parameters(student),
-            "size_bytes": (tmp / WEIGHTS).stat().st_size,
-        }
-        manifest = mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                stage,
-                config_hash,
-                watch,
-                parents=parents,
-                metrics=metrics,
-                info={
-                    "arch": cfg.arch,
-                    "kind": "baseline" if baseline else "distilled",
-                    "train_examples": len(lengths),
-                    "steps": progress.global_step,
-                    "best_step": progress.best_step,
-                    "losses": (run_spec if baseline else spec).losses.model_dump(),
-                    "init_from_teacher": from_teacher,
-                    "world_size": trainer.world_size,
-                    "resumed_from_step": progress.resumed_from,
-                },
-            ),
-        )
-    shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"[{stage}] dev_accuracy={metrics['dev_accuracy']:.4f} retention={metrics['retention']:.3f} "
-        f"params={metrics['params'] / 1e6:.2f}M steps={progress.global_step} wall={watch.seconds / 60:.1f} min -> {out}"
+            "retention": retention,
+            "params": params,
+        },
+        info={
+            "arch": cfg.arch,
+            "kind": "baseline" if baseline else "distilled",
+            "train_examples": len(lengths),
+            "steps": progress.global_step,
+            "best_step": progress.best_step,
+            "losses": (run_spec if baseline else spec).losses.model_dump(),
+            "init_from_teacher": from_teacher,
+            "world_size": trainer.world_size,
+            "resumed_from_step": progress.resumed_from,
+        },
+        line=f"dev_accuracy={best['dev_accuracy']:.4f} retention={retention:.3f} params={params / 1e6:.2f}M "
+        f"steps={progress.global_step}",
     )
-    return manifest

@@ -6,7 +6,6 @@ rerun after `kill -9` skips exactly the batches already seen.
 """
 
 import math
-import os
 import random
 import re
 import shutil
@@ -22,6 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from common.atomic import atomic_write
 from common.recipe import OptimConfig
 from distill import dist
 from distill.batching import shard
@@ -68,20 +68,14 @@ def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def save_pretrained_atomic(model, tokenizer, folder: Path) -> None:
     """Replace `folder` with a `save_pretrained` of model and tokenizer, never leaving it half written."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+
+    def save(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    atomic_write(folder, save)
 
 
 def work_dir(folder: Path, force: bool) -> Path:
@@ -119,18 +113,16 @@ class Trainer:
     def _save_checkpoint(self, scheduler) -> None:
         if not dist.is_main():
             return
-        _atomic_save(
-            {
-                "config_hash": self.config_hash,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "ema": self.ema.state_dict() if self.ema else None,
-                "progress": asdict(self.progress),
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-            },
-            self.work_dir / CHECKPOINT,
-        )
+        state = {
+            "config_hash": self.config_hash,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema else None,
+            "progress": asdict(self.progress),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        atomic_write(self.work_dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
     def _try_resume(self, scheduler) -> None:
         path = self.work_dir / CHECKPOINT

@@ -10,7 +10,6 @@ Artifact: `texts.txt` (one sentence per line), `meta.npz` (`source`: 0 unlabelle
 """
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -21,15 +20,16 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
 
 from common import manifest as mf
-from common.recipe import Recipe, run_dir
+from common.atomic import atomic_write
+from common.recipe import Recipe
+from common.stage import Built, Inputs, Stage
+from distill import finetune
 from distill.augment import augment_many, normalise, split_sentences, vocab_replacer
 from distill.data import load_splits, load_unlabelled
-from distill.finetune import SECTIONS as TEACHER_SECTIONS
 from distill.finetune import hf_logits, predict_logits
 from distill.metrics import classification_metrics
 from distill.tokenization import encode, load_tokenizer
 
-SECTIONS = (*TEACHER_SECTIONS, "transfer")
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
 MIN_CONTAINED = 5
@@ -124,35 +124,28 @@ def label_shards(model, tokenizer, texts: list[str], cfg, work: Path) -> np.ndar
             continue
         feats = encode(tokenizer, texts[start : start + cfg.shard_size], None, cfg.max_length)
         logits = predict_logits(hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, bar=bar)
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, logits.astype(np.float16))
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp, logits=logits: np.save(tmp, logits.astype(np.float16)))
     bar.close()
     return np.concatenate([np.load(p) for p in shard_paths])
 
 
-def is_current(recipe: Recipe) -> bool:
-    return mf.is_current(run_dir(recipe) / "transfer", recipe.section_hash(*SECTIONS))
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher."""
+    return Stage("transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),))
 
 
-def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
-    out = run_dir(recipe) / "transfer"
-    if not force and is_current(recipe):
-        print(f"[transfer] up to date: {out}")
-        return mf.load(out, verify=False)
-    config_hash = recipe.section_hash(*SECTIONS)
-    watch = mf.Stopwatch()
-    teacher_dir = run_dir(recipe) / "teacher"
-    mf.load(teacher_dir)
+def _build(inputs: Inputs) -> Built:
+    recipe = inputs.recipe
+    teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
     model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
 
-    work = run_dir(recipe) / ".work" / "transfer"
+    work = inputs.work
     stamp = work / "config_hash"
-    if force or not stamp.is_file() or stamp.read_text() != config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST):
+    key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST)
+    if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        stamp.write_text(config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST))
+        atomic_write(stamp, key)
     texts, sources, labels, composition = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
     with torch.inference_mode():
         logits = label_shards(model, tokenizer, texts, recipe.transfer, work)
@@ -161,35 +154,25 @@ def run(recipe: Recipe, force: bool = False) -> mf.Manifest:
             hf_logits(model), encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length), tokenizer.pad_token_id
         )
     teacher_dev = classification_metrics(dev_logits, dev.labels, recipe.data.num_labels)["dev_accuracy"]
-    with mf.stage_folder(out) as tmp:
-        (tmp / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-        np.savez(tmp / "meta.npz", source=sources, label=labels)
-        np.save(tmp / "logits.npy", logits)
-        np.save(tmp / "dev_logits.npy", dev_logits.astype(np.float32))
-        (tmp / "composition.json").write_text(json.dumps(composition, indent=1))
-        predicted = logits.astype(np.float32).argmax(-1)
-        manifest = mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                "transfer",
-                config_hash,
-                watch,
-                parents={"teacher": mf.parent_of(teacher_dir)},
-                metrics={
-                    "sentences": len(texts),
-                    "teacher_dev_accuracy": teacher_dev,
-                    "teacher_positive_rate": float((predicted == 1).mean()),
-                    **{f"n_{k}": v for k, v in composition.items()},
-                },
-                info={"composition": composition, "sources": list(SOURCES), "logits_dtype": "float16"},
-            ),
-        )
-    shutil.rmtree(work, ignore_errors=True)
+
+    def write(folder: Path) -> None:
+        (folder / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        np.savez(folder / "meta.npz", source=sources, label=labels)
+        np.save(folder / "logits.npy", logits)
+        np.save(folder / "dev_logits.npy", dev_logits.astype(np.float32))
+        (folder / "composition.json").write_text(json.dumps(composition, indent=1))
+
+    predicted = logits.astype(np.float32).argmax(-1)
     parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
-    print(
-        f"[transfer] {len(texts)} sentences ({parts}; {composition['removed_duplicates']} duplicates and "
-        f"{composition['removed_dev_overlap']} dev overlaps removed), wall={watch.seconds / 60:.1f} min -> {out}"
+    return Built(
+        write,
+        metrics={
+            "sentences": len(texts),
+            "teacher_dev_accuracy": teacher_dev,
+            "teacher_positive_rate": float((predicted == 1).mean()),
+            **{f"n_{k}": v for k, v in composition.items()},
+        },
+        info={"composition": composition, "sources": list(SOURCES), "logits_dtype": "float16"},
+        line=f"{len(texts)} sentences ({parts}; {composition['removed_duplicates']} duplicates and "
+        f"{composition['removed_dev_overlap']} dev overlaps removed)",
     )
-    return manifest

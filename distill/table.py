@@ -1,12 +1,12 @@
 """The distillation table: each student against the teacher and its label-only baseline."""
 
 import json
-import os
 
 from rich.console import Console
 from rich.table import Table
 
 from common import manifest as mf
+from common.atomic import atomic_write
 from common.recipe import Recipe, run_dir
 
 COLUMNS = ("student", "arch", "params", "size_MiB", "dev_accuracy", "retention", "baseline", "gain", "wall_min")
@@ -44,12 +44,6 @@ def _row(name, arch, m, teacher_acc, baseline) -> dict:
     }
 
 
-def _write(path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write(recipe: Recipe) -> list[dict]:
     """Print the table and write `distill-summary.md` and `.json` into the run folder."""
     table_rows = rows(recipe)
@@ -57,8 +51,8 @@ def write(recipe: Recipe) -> list[dict]:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table_rows]
     folder = run_dir(recipe)
-    _write(folder / "distill-summary.md", f"# Distillation: {recipe.name}\n\n" + "\n".join(lines) + "\n")
-    _write(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
+    atomic_write(folder / "distill-summary.md", f"# Distillation: {recipe.name}\n\n" + "\n".join(lines) + "\n")
+    atomic_write(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
     table = Table(title=f"distillation: {recipe.name} (SST-2 dev)", title_justify="left")
     for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("student", "arch") else "right")

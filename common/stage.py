@@ -1,0 +1,118 @@
+"""The stage contract: a stage declares its inputs once; the contract skips, verifies, times and publishes.
+
+A `Stage` names its artifact folder, the recipe settings it depends on and its parent stages. Its
+config hash covers its own settings and its parents' hashes, so a change anywhere upstream makes it
+stale. `Stage.run` skips a current artifact; otherwise it loads (and verifies) every parent, calls
+the build body, and publishes what the body returns as `runs/<recipe>/<name>/` with its manifest,
+atomically, then prints one summary line. Parents are read only through `Inputs`, which verified them.
+"""
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from common import manifest as mf
+from common.recipe import Recipe, run_dir
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a build body may read: the recipe, its verified parents, and a scratch folder for resumable work."""
+
+    recipe: Recipe
+    config_hash: str
+    work: Path
+    force: bool
+    manifests: dict[str, mf.Manifest]
+    folders: dict[str, Path]
+
+    def parent(self, name: str) -> Path:
+        """The folder of parent stage `name` (verified against its manifest before the build started)."""
+        if name not in self.folders:
+            raise mf.ArtifactError(f"{name} is not a declared parent (declared: {sorted(self.folders)})")
+        return self.folders[name]
+
+
+@dataclass
+class Built:
+    """What a build body hands back: `write(folder)` fills the artifact folder and may return metrics measured
+    on the written files (sizes); `line` is the stage's summary (a string, or made from the manifest)."""
+
+    write: Callable[[Path], dict | None]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    line: str | Callable[[mf.Manifest], str] = ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a recipe: `build(inputs) -> Built`, or None on a worker rank of a distributed run."""
+
+    name: str
+    recipe: Recipe
+    settings: tuple[str, ...]
+    build: Callable[[Inputs], Built | None]
+    parents: tuple["Stage", ...] = ()
+    extra: Any = None
+    """Further JSON-able settings of this stage alone (e.g. one student's spec without a field), hashed too."""
+
+    @property
+    def folder(self) -> Path:
+        return run_dir(self.recipe) / self.name
+
+    @property
+    def work(self) -> Path:
+        """Scratch space that survives a killed run (checkpoints, label shards); removed once published."""
+        return run_dir(self.recipe) / ".work" / self.name
+
+    @cached_property
+    def config_hash(self) -> str:
+        own = {"settings": self.recipe.settings(*self.settings), "extra": self.extra}
+        upstream = {parent.name: parent.config_hash for parent in self.parents}
+        return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
+
+    def is_current(self) -> bool:
+        """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
+        return mf.is_current(self.folder, self.config_hash)
+
+    def inputs(self, force: bool = False) -> Inputs:
+        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it."""
+        manifests = {parent.name: mf.load(parent.folder) for parent in self.parents}
+        folders = {parent.name: parent.folder for parent in self.parents}
+        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, folders)
+
+    def run(self, force: bool = False) -> mf.Manifest | None:
+        """Skip when current (unless `force`), else build and publish; None on a worker rank."""
+        if not force and self.is_current():
+            print(f"[{self.name}] up to date: {self.folder}")
+            return mf.load(self.folder, verify=False)
+        watch = mf.Stopwatch()
+        inputs = self.inputs(force)
+        parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
+        built = self.build(inputs)
+        if built is None:
+            return None
+        with mf.stage_folder(self.folder) as tmp:
+            measured = built.write(tmp) or {}
+            manifest = mf.commit(
+                tmp,
+                self.folder,
+                mf.for_stage(
+                    self.recipe,
+                    self.name,
+                    self.config_hash,
+                    watch,
+                    metrics=built.metrics | measured,
+                    parents=parents,
+                    info=built.info,
+                ),
+            )
+        shutil.rmtree(self.work, ignore_errors=True)
+        line = built.line(manifest) if callable(built.line) else built.line
+        print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
+        return manifest

@@ -1,0 +1,58 @@
+"""Atomic writes: the target is the old or the whole new content, and no temporary file is left."""
+
+import numpy as np
+import pytest
+
+from common.atomic import atomic_write, publish_folder
+
+
+def test_text_replaces_the_old_file(tmp_path):
+    path = tmp_path / "a.txt"
+    atomic_write(path, "old")
+    atomic_write(path, "new")
+    assert path.read_text() == "new"
+
+
+def test_bytes_are_written_as_they_are(tmp_path):
+    assert atomic_write(tmp_path / "b.bin", b"\x00\x01").read_bytes() == b"\x00\x01"
+
+
+def test_a_writer_keeps_the_suffix_numpy_needs(tmp_path):
+    atomic_write(tmp_path / "a.npy", lambda tmp: np.save(tmp, np.arange(3)))
+    assert np.load(tmp_path / "a.npy").tolist() == [0, 1, 2]
+
+
+def test_a_failing_writer_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "a.txt"
+    atomic_write(path, "old")
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write(path, fail)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_a_writer_may_make_a_folder_that_replaces_the_old_one(tmp_path):
+    target = tmp_path / "best"
+    atomic_write(target, lambda tmp: (tmp.mkdir(), (tmp / "old.bin").write_text("1")))
+    atomic_write(target, lambda tmp: (tmp.mkdir(), (tmp / "new.bin").write_text("2")))
+    assert [p.name for p in target.iterdir()] == ["new.bin"]
+
+
+def test_parent_folders_are_made(tmp_path):
+    assert atomic_write(tmp_path / "x" / "y" / "a.txt", "hi").read_text() == "hi"
+
+
+def test_publish_folder_replaces_and_removes_the_old_folder(tmp_path):
+    final = tmp_path / "stage"
+    for name in ("one", "two"):
+        tmp = tmp_path / f".stage.tmp-{name}"
+        tmp.mkdir()
+        (tmp / name).write_text(name)
+        publish_folder(tmp, final)
+    assert [p.name for p in final.iterdir()] == ["two"]
+    assert [p.name for p in tmp_path.iterdir()] == ["stage"]

@@ -1,0 +1,167 @@
+"""The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
+
+from pathlib import Path
+
+import pytest
+
+from common import manifest as mf
+from common.recipe import load_recipe
+from common.stage import Built, Stage
+
+RECIPE = """
+data: {train: a.tsv, dev: b.tsv}
+model: {init: some/model}
+finetune: {optim: {lr: 0.001}}
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE)
+    return lambda **overrides: load_recipe(path, overrides)
+
+
+def writer(name: str, text: str = "x"):
+    """A build body that writes one file and counts its calls."""
+    calls = []
+
+    def build(inputs):
+        calls.append(inputs)
+        return Built(lambda folder: (folder / name).write_text(text) and None, metrics={"m": 1}, line="built")
+
+    build.calls = calls
+    return build
+
+
+def test_a_current_stage_is_skipped(recipe, capsys):
+    body = writer("a.txt")
+    stage = Stage("up", recipe(), ("data",), body)
+    stage.run()
+    stage.run()
+    assert len(body.calls) == 1
+    assert "[up] up to date" in capsys.readouterr().out
+
+
+def test_the_manifest_lists_the_files_and_the_summary_line_is_printed(recipe, capsys):
+    manifest = Stage("up", recipe(), ("data",), writer("a.txt")).run()
+    assert set(manifest.files) == {"a.txt"}
+    assert manifest.metrics["m"] == 1
+    assert "[up] built, wall" in capsys.readouterr().out
+
+
+def test_changing_a_declared_setting_rebuilds(recipe):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("finetune",), body).run()
+    Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
+    assert len(body.calls) == 2
+
+
+def test_changing_an_undeclared_setting_does_not_rebuild(recipe):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("data",), body).run()
+    Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("data",), body).run()
+    assert len(body.calls) == 1
+
+
+def test_a_dotted_setting_is_declared_alone(recipe):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("finetune.optim.lr",), body).run()
+    Stage("up", recipe(**{"finetune.optim.seed": 7}), ("finetune.optim.lr",), body).run()
+    assert len(body.calls) == 1
+
+
+def test_a_change_upstream_makes_the_child_stale(recipe):
+    parent_body, child_body = writer("p.txt"), writer("c.txt")
+
+    def child(r):
+        return Stage("child", r, ("data",), child_body, (Stage("parent", r, ("finetune",), parent_body),))
+
+    before = child(recipe())
+    before.parents[0].run()
+    before.run()
+    assert not child(recipe(**{"finetune.optim.lr": 0.1})).is_current()
+
+
+def test_a_rebuilt_parent_makes_the_child_stale(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    child = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,))
+    parent.run()
+    child.run()
+    Stage("parent", recipe(), ("data",), writer("p.txt", "retrained")).run(force=True)
+    assert not child.is_current()
+
+
+def test_the_child_records_its_parents_manifest(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    parent.run()
+    manifest = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,)).run()
+    assert manifest.parents["parent"] == mf.parent_of(parent.folder)
+
+
+def test_a_build_reads_its_parent_through_inputs(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt", "from parent"))
+    parent.run()
+    seen = []
+
+    def build(inputs):
+        seen.append((inputs.parent("parent") / "p.txt").read_text())
+        return Built(lambda folder: None)
+
+    Stage("child", recipe(), ("data",), build, (parent,)).run()
+    assert seen == ["from parent"]
+
+
+def test_an_undeclared_parent_is_refused(recipe):
+    def build(inputs):
+        inputs.parent("teacher")
+
+    with pytest.raises(mf.ArtifactError, match="not a declared parent"):
+        Stage("child", recipe(), ("data",), build).run()
+
+
+def test_an_altered_parent_is_refused_before_the_build(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    parent.run()
+    (parent.folder / "p.txt").write_text("y")
+    body = writer("c.txt")
+    with pytest.raises(mf.ArtifactError, match="p.txt does not match its sha256"):
+        Stage("child", recipe(), ("data",), body, (parent,)).run()
+    assert body.calls == []
+
+
+def test_a_missing_parent_is_refused(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    with pytest.raises(mf.ArtifactError, match="manifest.json is missing"):
+        Stage("child", recipe(), ("data",), writer("c.txt"), (parent,)).run()
+
+
+def test_a_failed_build_leaves_no_artifact_and_keeps_the_old_one(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt", "old"))
+    stage.run()
+
+    def fail(folder: Path):
+        (folder / "a.txt").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        Stage("up", recipe(), ("data",), lambda inputs: Built(fail)).run(force=True)
+    assert (stage.folder / "a.txt").read_text() == "old"
+    assert [p.name for p in stage.folder.parent.iterdir()] == ["up"]
+
+
+def test_a_worker_rank_publishes_nothing(recipe):
+    stage = Stage("up", recipe(), ("data",), lambda inputs: None)
+    assert stage.run() is None
+    assert not stage.folder.exists()
+
+
+def test_the_work_folder_is_removed_once_published(recipe):
+    def build(inputs):
+        inputs.work.mkdir(parents=True)
+        (inputs.work / "checkpoint.pt").write_text("x")
+        return Built(lambda folder: None)
+
+    stage = Stage("up", recipe(), ("data",), build)
+    stage.run()
+    assert not stage.work.exists()
