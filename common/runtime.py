@@ -1,0 +1,501 @@
+"""One way to open a model: ONNX Runtime sessions and TensorRT engines behind `Runner.infer`. Torch-free.
+
+The export checks, the model benchmark, labelling and the server all open models here, with the
+same session options, provider options and fallback policy. ONNX Runtime drops a requested
+execution provider it cannot start (plain `onnxruntime` installed, or `onnxruntime-gpu` on a machine
+without a GPU) and runs on the CPU with only a console warning, which would make a GPU check or
+benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
+with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
+
+A TensorRT engine (`model.plan`) is deserialised once per runner and run with device buffers from
+cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
+"""
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from common.bundle import Bundle, BundleSpec
+from common.manifest import ArtifactError
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+SPIN_KEY = "session.intra_op.allow_spinning"
+MIN_TENSORRT_MAJOR = 10
+GPU_HINT = (
+    "Install on a machine with an NVIDIA GPU and its driver: pip install '.[gpu]' (onnxruntime-gpu, tensorrt and "
+    "cuda-python); uninstall onnxruntime first, since onnxruntime and onnxruntime-gpu must not be installed together."
+)
+
+
+class ProviderFallback(RuntimeError):
+    """A requested execution provider is not active in the session; the message names requested vs active."""
+
+
+class TensorRTUnavailable(RuntimeError):
+    """The tensorrt or cuda-python package or a usable NVIDIA GPU is missing; the message says which and how to fix it."""
+
+
+class ModelLoadError(RuntimeError):
+    """The runtime cannot load the model file: a broken ONNX graph, or an engine built for another TensorRT or GPU."""
+
+
+class DeviceError(RuntimeError):
+    """A CUDA or TensorRT call failed on the GPU."""
+
+
+# --- ONNX Runtime ---------------------------------------------------------------------------------------------
+
+
+def resolve_providers(names: list[str]) -> list[str]:
+    """Full provider names in priority order ('cpu', 'cuda', 'tensorrt', 'trt' expanded), without duplicates, CPU
+    appended when absent: ONNX Runtime runs there the nodes a GPU provider does not take."""
+    ordered = list(dict.fromkeys(ALIASES.get(name.lower(), name) for name in names))
+    return ordered if CPU in ordered else [*ordered, CPU]
+
+
+def available_providers() -> list[str]:
+    """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
+    return ort.get_available_providers()
+
+
+def provider_options(provider: str, model_path: str | Path) -> dict:
+    """Options for one provider: CUDA picks cuDNN algorithms by heuristic; TensorRT gets FP16 and engine and timing
+    caches in `<model folder>/trt_cache`."""
+    if provider == CUDA:
+        # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
+        # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
+        # took 97 ms per call (median) with it.
+        return {"cudnn_conv_algo_search": "HEURISTIC"}
+    if provider != TENSORRT:
+        return {}
+    cache = str(Path(model_path).parent / "trt_cache")
+    return {
+        "trt_fp16_enable": True,
+        # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": cache,
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": cache,
+    }
+
+
+def missing_here(runtime: str, providers: list[str]) -> str | None:
+    """Why this machine cannot run a model for `runtime` on `providers`, or None when it can."""
+    if runtime == "tensorrt":  # an engine needs no execution provider
+        return "; ".join(tensorrt_problems()) or None
+    requested = resolve_providers(providers)
+    if TENSORRT in requested:  # ONNX Runtime's TensorRT provider loads the libraries the tensorrt wheels ship
+        problems = tensorrt_problems()
+        if problems:
+            return "; ".join(problems)
+    offered = available_providers()
+    absent = [p for p in requested if p not in offered]
+    return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
+
+
+def open_session(
+    model_path: str | Path,
+    providers: list[str],
+    *,
+    threads: int | None = None,
+    spin: bool = False,
+    disabled_optimizers: list[str] | None = None,
+    allow_cpu_fallback: bool = False,
+) -> ort.InferenceSession:
+    """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
+
+    `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
+    wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list). With
+    `allow_cpu_fallback` a provider that is not active is logged as a warning and the session returned anyway.
+    A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    """
+    if not providers:
+        raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
+    requested = resolve_providers(providers)
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    # ONNX Runtime spins by default; idle spinning threads keep cores busy that a server's event loop needs.
+    options.add_session_config_entry(SPIN_KEY, "1" if spin else "0")
+    # One model call at a time per session: the intra-op threads do the parallel work.
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    offered = available_providers()
+    # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
+    # they are reported below together with those that failed to start.
+    usable = [(p, provider_options(p, model_path)) for p in requested if p in offered]
+    try:
+        session = ort.InferenceSession(
+            str(model_path), options, providers=usable, disabled_optimizers=disabled_optimizers or None
+        )
+    except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
+        raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
+    active = session.get_providers()
+    missing = [p for p in requested if p not in active]
+    if missing:
+        reasons = [
+            f"{p} is {'offered but failed to start (no GPU or driver?)' if p in offered else 'not in this onnxruntime build'}"
+            for p in missing
+        ]
+        message = f"{model_path}: requested providers {requested}, active {active}; {'; '.join(reasons)}. {GPU_HINT}"
+        if not allow_cpu_fallback:
+            raise ProviderFallback(message)
+        log.warning(
+            "falling back, as allowed: %s",
+            message,
+            extra={"event": "provider_fallback", "requested": requested, "active": active},
+        )
+    return session
+
+
+class Runner(Protocol):
+    """A loaded model: numpy inputs by name in, numpy outputs by name out. Not thread-safe: one caller at a time."""
+
+    providers: list[str]
+    """What actually runs the model, e.g. ['CUDAExecutionProvider', 'CPUExecutionProvider'] or ['TensorRT 10.9.0']."""
+
+    max_batch_size: int | None
+    """The most rows one call accepts (an engine's optimisation profile), None when unbounded."""
+
+    max_sequence: int | None
+    """The longest sequence one call accepts (an engine's optimisation profile), None when unbounded."""
+
+    input_names: list[str]
+    output_names: list[str]
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output by name; `inputs` may hold more arrays than the model takes."""
+
+    def close(self) -> None:
+        """Release the session or the engine and its device memory; `infer` must not be called afterwards."""
+
+
+class SessionRunner:
+    """A `Runner` over an ONNX Runtime session."""
+
+    max_batch_size = None
+    max_sequence = None
+
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+        self.providers = session.get_providers()
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
+        return dict(zip(self.output_names, values, strict=True))
+
+    def close(self) -> None:
+        del self.session
+
+
+# --- TensorRT and CUDA ------------------------------------------------------------------------------------------
+
+
+def _cudart():
+    """cuda-python's CUDA runtime module (ImportError without cuda-python)."""
+    try:
+        from cuda.bindings import runtime  # cuda-python >= 12.6
+    except ImportError:
+        from cuda import cudart as runtime  # the older layout
+    return runtime
+
+
+class Cuda:
+    """The CUDA runtime calls an engine needs (device buffers, copies, a stream), through cuda-python.
+
+    The runtime API works on the device's primary context, the one TensorRT uses, made current in
+    whichever thread calls it.
+    """
+
+    def __init__(self):
+        self.rt = _cudart()
+
+    def _check(self, result: tuple, call: str):
+        """The values after the status of a cuda-python call, or `DeviceError` naming the call and the status."""
+        status, *values = result
+        if status != self.rt.cudaError_t.cudaSuccess:
+            raise DeviceError(f"{call} failed with {getattr(status, 'name', status)}")
+        return values[0] if len(values) == 1 else values
+
+    def device_count(self) -> int:
+        return int(self._check(self.rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))
+
+    def device_name(self, ordinal: int = 0) -> str:
+        properties = self._check(self.rt.cudaGetDeviceProperties(ordinal), "cudaGetDeviceProperties")
+        name = properties.name
+        return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)).rstrip("\x00")
+
+    def driver_version(self) -> str:
+        version = int(self._check(self.rt.cudaDriverGetVersion(), "cudaDriverGetVersion"))
+        return f"{version // 1000}.{version % 1000 // 10}"
+
+    def alloc(self, nbytes: int) -> int:
+        return int(self._check(self.rt.cudaMalloc(max(nbytes, 1)), "cudaMalloc"))
+
+    def free(self, pointer: int) -> None:
+        self._check(self.rt.cudaFree(pointer), "cudaFree")
+
+    def to_device(self, pointer: int, array: np.ndarray, stream=None) -> None:
+        """Copy a C-contiguous `array` to `pointer`; queued on `stream` when given (keep `array` alive until then)."""
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        if stream is None:
+            self._check(self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, kind), "cudaMemcpy")
+        else:
+            self._check(
+                self.rt.cudaMemcpyAsync(pointer, array.ctypes.data, array.nbytes, kind, stream), "cudaMemcpyAsync"
+            )
+
+    def to_host(self, array: np.ndarray, pointer: int, stream) -> None:
+        """Queue a copy from `pointer` into `array` (C-contiguous, of the right size) on `stream`."""
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._check(self.rt.cudaMemcpyAsync(array.ctypes.data, pointer, array.nbytes, kind, stream), "cudaMemcpyAsync")
+
+    def stream(self):
+        return self._check(self.rt.cudaStreamCreate(), "cudaStreamCreate")
+
+    def synchronize(self, stream) -> None:
+        self._check(self.rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+
+    def destroy_stream(self, stream) -> None:
+        self._check(self.rt.cudaStreamDestroy(stream), "cudaStreamDestroy")
+
+
+def _tensorrt_problem() -> tuple[str | None, str | None]:
+    """(version, None) when a usable tensorrt imports, else (None, what is wrong)."""
+    try:
+        trt = importlib.import_module("tensorrt")
+    except (ImportError, OSError) as err:  # OSError: the wheel is there but its CUDA libraries are not
+        return None, f"the `tensorrt` Python package is not installed or does not import ({err})"
+    version = getattr(trt, "__version__", "0")
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < MIN_TENSORRT_MAJOR:
+        return None, f"the `tensorrt` package is version {version}; this code needs TensorRT >= {MIN_TENSORRT_MAJOR}"
+    return version, None
+
+
+def _gpu_problem() -> tuple[dict[str, str], str | None]:
+    """({"gpu", "cuda_driver"}, None) when CUDA sees a GPU through cuda-python, else ({}, what is wrong)."""
+    try:
+        cuda = Cuda()
+    except ImportError as err:
+        return {}, f"the `cuda-python` package (CUDA buffers for TensorRT) is not installed or does not import ({err})"
+    try:
+        if cuda.device_count() == 0:
+            return {}, "no NVIDIA GPU: CUDA sees no device"
+        return {"gpu": cuda.device_name(), "cuda_driver": cuda.driver_version()}, None
+    except DeviceError as err:  # e.g. cudaErrorNoDevice, cudaErrorInsufficientDriver
+        return {}, f"no usable NVIDIA GPU or driver: {err}"
+
+
+def _probe() -> tuple[dict[str, str], list[str]]:
+    version, package_problem = _tensorrt_problem()
+    device, gpu_problem = _gpu_problem()
+    return {"tensorrt": version, **device}, [p for p in (package_problem, gpu_problem) if p]
+
+
+def tensorrt_problems() -> list[str]:
+    """What keeps TensorRT from running here (no package, no cuda-python, no GPU), empty when nothing does."""
+    return _probe()[1]
+
+
+def require_tensorrt() -> dict[str, str]:
+    """Check for TensorRT >= 10, cuda-python and a CUDA GPU; return their versions, or raise `TensorRTUnavailable`
+    naming what is missing."""
+    versions, problems = _probe()
+    if problems:
+        raise TensorRTUnavailable(
+            "TensorRT engines need the tensorrt and cuda-python packages and an NVIDIA GPU; missing here:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + f"\n{GPU_HINT}"
+        )
+    return versions
+
+
+def tensorrt_available() -> bool:
+    """True when `require_tensorrt()` passes (for skipping GPU tests and choosing a runtime)."""
+    return not tensorrt_problems()
+
+
+def tensorrt_logger(trt):
+    """A `trt.ILogger` that forwards TensorRT's messages to `logging` and keeps the errors in `.errors`."""
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
+                self.errors.append(msg)
+                log.error("TensorRT: %s", msg)
+            elif severity == trt.ILogger.Severity.WARNING:
+                log.warning("TensorRT: %s", msg)
+            else:
+                log.debug("TensorRT: %s", msg)
+
+    return Logger()
+
+
+class EngineRunner:
+    """A `Runner` over a TensorRT engine: deserialised once, run on one CUDA stream with device buffers that grow
+    (never shrink) with the batch. FP16 outputs come back as float32."""
+
+    def __init__(self, plan_path: str | Path):
+        versions = require_tensorrt()
+        import tensorrt as trt
+
+        self.cuda = Cuda()
+        self.logger = tensorrt_logger(trt)
+        self.runtime = trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(Path(plan_path).read_bytes())
+        if self.engine is None:
+            raise ModelLoadError(
+                f"TensorRT {versions['tensorrt']} cannot deserialise {plan_path} ({'; '.join(self.logger.errors)}): "
+                "an engine only loads on the TensorRT version and GPU it was built for; rebuild it on this machine"
+            )
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.output_names = [n for n in names if n not in self.input_names]
+        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        highest = [self.engine.get_tensor_profile_shape(n, 0)[2] for n in self.input_names]  # (min, opt, max)[max]
+        self.max_batch_size = min(int(shape[0]) for shape in highest)
+        lengths = [int(shape[1]) for shape in highest if len(shape) > 1]
+        self.max_sequence = min(lengths) if lengths else None
+        self.providers = [f"TensorRT {versions['tensorrt']}"]
+        self.stream = self.cuda.stream()
+        self._buffers: dict[str, tuple[int, int]] = {}
+
+    def _buffer(self, name: str, nbytes: int) -> int:
+        """A device buffer of at least `nbytes` for tensor `name`."""
+        pointer, capacity = self._buffers.get(name, (0, 0))
+        if capacity < nbytes:
+            if pointer:
+                self.cuda.free(pointer)
+            pointer = self.cuda.alloc(nbytes)
+            self._buffers[name] = (pointer, nbytes)
+        return pointer
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [name for name in self.input_names if name not in inputs]
+        if missing:
+            raise ValueError(f"the engine needs inputs {missing} too")
+        host_inputs = []  # kept alive until the stream is synchronised
+        for name in self.input_names:
+            array = np.ascontiguousarray(inputs[name], dtype=self.dtypes[name])
+            if not self.context.set_input_shape(name, array.shape):
+                raise ValueError(f"input {name} of shape {array.shape} is outside the engine's optimisation profile")
+            pointer = self._buffer(name, array.nbytes)
+            self.cuda.to_device(pointer, array, self.stream)
+            self.context.set_tensor_address(name, pointer)
+            host_inputs.append(array)
+        results = {}
+        for name in self.output_names:
+            result = np.empty(tuple(self.context.get_tensor_shape(name)), dtype=self.dtypes[name])
+            self.context.set_tensor_address(name, self._buffer(name, result.nbytes))
+            results[name] = result
+        if not self.context.execute_async_v3(int(self.stream)):
+            raise DeviceError("TensorRT execution failed: " + ("; ".join(self.logger.errors) or "see the log above"))
+        for name, result in results.items():
+            self.cuda.to_host(result, self._buffers[name][0], self.stream)
+        self.cuda.synchronize(self.stream)
+        return {
+            name: value.astype(np.float32) if value.dtype == np.float16 else value for name, value in results.items()
+        }
+
+    def close(self) -> None:
+        for pointer, _ in self._buffers.values():
+            self.cuda.free(pointer)
+        self._buffers.clear()
+        self.cuda.destroy_stream(self.stream)
+        del self.context, self.engine
+
+
+# --- Opening a model or a bundle --------------------------------------------------------------------------------
+
+
+def open_runner(
+    model_path: str | Path,
+    runtime: str,
+    providers: list[str],
+    *,
+    threads: int | None = None,
+    spin: bool = False,
+    disabled_optimizers: list[str] | None = None,
+    allow_cpu_fallback: bool = False,
+) -> Runner:
+    """A `Runner` for `model_path` on `runtime` ('onnxruntime' or 'tensorrt').
+
+    The keyword arguments and `providers` apply to ONNX Runtime (see `open_session`); an engine runs on
+    the GPU or not at all (`TensorRTUnavailable`).
+    """
+    if runtime == "onnxruntime":
+        return SessionRunner(
+            open_session(
+                model_path,
+                providers,
+                threads=threads,
+                spin=spin,
+                disabled_optimizers=disabled_optimizers,
+                allow_cpu_fallback=allow_cpu_fallback,
+            )
+        )
+    if runtime == "tensorrt":
+        return EngineRunner(model_path)
+    raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(TRITON_PLATFORMS)}")
+
+
+def _io_mismatch(runner: Runner, spec: BundleSpec, model_path: Path) -> str | None:
+    """How the loaded model's inputs, outputs and profile disagree with the bundle spec, or None."""
+    if set(runner.input_names) != set(spec.input_names):
+        return (
+            f"{model_path} takes inputs {sorted(runner.input_names)}, the bundle spec says {sorted(spec.input_names)}"
+        )
+    missing = [o.name for o in spec.outputs if o.name not in runner.output_names]
+    if missing:
+        return f"{model_path} has no output(s) {missing} named in the bundle spec"
+    if runner.max_sequence is not None and runner.max_sequence < spec.max_length:
+        return (
+            f"{model_path}: the engine's profile allows sequences up to {runner.max_sequence} tokens, the bundle's "
+            f"max_length is {spec.max_length}; rebuild the engine with a larger profile"
+        )
+    return None
+
+
+def open_bundle(
+    bundle: Bundle,
+    providers: list[str] | None = None,
+    *,
+    threads: int | None = None,
+    spin: bool = False,
+    allow_cpu_fallback: bool = False,
+) -> Runner:
+    """A `Runner` for a loaded bundle, on `providers` (empty or None: the bundle's), with the bundle's disabled
+    optimizers; `ArtifactError` when the model's inputs, outputs or profile disagree with its spec."""
+    spec = bundle.spec
+    runner = open_runner(
+        bundle.model_path,
+        spec.runtime,
+        providers or spec.providers,
+        threads=threads,
+        spin=spin,
+        disabled_optimizers=spec.disabled_optimizers,
+        allow_cpu_fallback=allow_cpu_fallback,
+    )
+    problem = _io_mismatch(runner, spec, bundle.model_path)
+    if problem is not None:
+        runner.close()
+        raise ArtifactError(problem)
+    return runner

@@ -1,0 +1,349 @@
+import logging
+import sys
+import types
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from common import manifest as mf
+from common import runtime
+from common.bundle import BundleSpec, TensorSpec, load_bundle
+from common.runtime import (
+    ModelLoadError,
+    ProviderFallback,
+    TensorRTUnavailable,
+    available_providers,
+    missing_here,
+    open_bundle,
+    open_runner,
+    open_session,
+    provider_options,
+    require_tensorrt,
+    resolve_providers,
+    tensorrt_available,
+)
+
+cuda_offered = "CUDAExecutionProvider" in available_providers()
+
+
+@pytest.fixture
+def model(tmp_path):
+    """x [batch, 2] -> y = relu(x + 1) and z = x + 1."""
+    one = numpy_helper.from_array(np.ones(2, dtype=np.float32), "one")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "one"], ["z"]), helper.make_node("Relu", ["z"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("y", "z")],
+        [one],
+    )
+    path = tmp_path / "bundle" / "model.onnx"
+    path.parent.mkdir()
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    onnx.save(onnx_model, path)
+    return path
+
+
+@pytest.fixture
+def make_bundle(tmp_path, model):
+    """A loaded bundle around `model` (input x, outputs y and z), with spec `changes`."""
+
+    def make(name="bundle-tiny", **changes):
+        fields = {
+            "name": "tiny",
+            "labels": ["a", "b"],
+            "max_length": 2,
+            "inputs": [TensorSpec(name="x", dtype="float32", shape=["batch", 2])],
+            "outputs": [TensorSpec(name="y", dtype="float32", shape=["batch", 2])],
+            "precision": "fp32",
+            "runtime": "onnxruntime",
+            "providers": ["CPUExecutionProvider"],
+            "model_file": "model.onnx",
+            "arch": "tiny",
+        }
+        spec = BundleSpec(**(fields | changes))
+        folder = tmp_path / name
+        with mf.stage_folder(folder) as tmp:
+            (tmp / spec.model_file).write_bytes(model.read_bytes())
+            (tmp / "tokenizer.json").write_text("{}")
+            base = mf.Manifest(stage="bundle", recipe="t", recipe_hash="h", config_hash="c")
+            mf.commit(tmp, folder, base.model_copy(update={"info": {"bundle": spec.model_dump()}}))
+        return load_bundle(folder)
+
+    return make
+
+
+# --- ONNX Runtime sessions ---------------------------------------------------------------------------------------
+
+
+def test_cpu_session_runs_on_cpu(model):
+    session = open_session(model, ["CPUExecutionProvider"], threads=1)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    x = np.array([[-3.0, 0.5]], dtype=np.float32)
+    np.testing.assert_allclose(session.run(["y"], {"x": x})[0], [[0.0, 1.5]])
+
+
+def test_threads_reach_the_session(model):
+    session = open_session(model, ["cpu"], threads=1)
+    assert session.get_session_options().intra_op_num_threads == 1
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_spinning_follows_the_argument(model, spin):
+    options = open_session(model, ["cpu"], spin=spin).get_session_options()
+    assert options.get_session_config_entry(runtime.SPIN_KEY) == ("1" if spin else "0")
+
+
+def test_disabled_optimizers_reach_the_session(model, monkeypatch):
+    seen, real = {}, ort.InferenceSession
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    open_session(model, ["cpu"], disabled_optimizers=["SkipLayerNormFusion"])
+    assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
+
+
+def test_available_providers_lists_cpu():
+    assert "CPUExecutionProvider" in available_providers()
+
+
+def test_provider_aliases_are_expanded_and_cpu_comes_last():
+    assert resolve_providers(["cuda", "TRT", "cpu"]) == [
+        "CUDAExecutionProvider",
+        "TensorrtExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+
+
+def test_cpu_is_appended_when_not_requested():
+    assert resolve_providers(["tensorrt", "cuda", "CUDAExecutionProvider"]) == [
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+
+
+@pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
+def test_missing_gpu_provider_raises_with_requested_and_active(model):
+    requested = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    with pytest.raises(ProviderFallback) as err:
+        open_session(model, requested)
+    message = str(err.value)
+    assert f"requested providers {requested}, active ['CPUExecutionProvider']" in message
+    assert "CUDAExecutionProvider is not in this onnxruntime build" in message
+    assert "pip install '.[gpu]'" in message
+
+
+@pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
+def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog):
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
+        session = open_session(model, ["TensorrtExecutionProvider", "CUDAExecutionProvider"], allow_cpu_fallback=True)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert session.run(["y"], {"x": np.zeros((3, 2), np.float32)})[0].shape == (3, 2)
+    [record] = [r for r in caplog.records if r.name == runtime.__name__]
+    assert record.levelno == logging.WARNING
+    assert "TensorrtExecutionProvider" in record.getMessage()
+    assert "active ['CPUExecutionProvider']" in record.getMessage()
+
+
+def test_no_requested_provider_is_an_error(model):
+    with pytest.raises(ValueError, match="no execution providers requested"):
+        open_session(model, [])
+
+
+def test_a_broken_model_file_raises_model_load_error(tmp_path):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ModelLoadError, match=f"onnxruntime cannot load {broken}"):
+        open_session(broken, ["cpu"])
+
+
+def test_tensorrt_options_enable_fp16_and_cache_under_the_model(model):
+    options = provider_options("TensorrtExecutionProvider", model)
+    assert options == {
+        "trt_fp16_enable": True,
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(model.parent / "trt_cache"),
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": str(model.parent / "trt_cache"),
+    }
+
+
+def test_cuda_picks_cudnn_algorithms_by_heuristic(model):
+    assert provider_options("CUDAExecutionProvider", model) == {"cudnn_conv_algo_search": "HEURISTIC"}
+
+
+def test_cpu_has_no_provider_options(model):
+    assert provider_options("CPUExecutionProvider", model) == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_offered, reason="needs onnxruntime-gpu and an NVIDIA GPU (pip install '.[gpu]')")
+def test_cuda_session_runs_on_cuda(model):
+    session = open_session(model, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    np.testing.assert_allclose(session.run(["y"], {"x": np.ones((2, 2), np.float32)})[0], np.full((2, 2), 2.0))
+
+
+# --- What this machine can run ----------------------------------------------------------------------------------
+
+
+def test_a_provider_this_build_lacks_is_named(monkeypatch):
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
+    assert missing_here("onnxruntime", ["CUDAExecutionProvider"]) == (
+        "CUDAExecutionProvider not offered by this onnxruntime build"
+    )
+
+
+def test_cpu_is_always_runnable(monkeypatch):
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
+    assert missing_here("onnxruntime", ["CPUExecutionProvider"]) is None
+
+
+def test_an_offered_provider_is_runnable(monkeypatch):
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert missing_here("onnxruntime", ["cuda"]) is None
+
+
+def test_an_engine_needs_tensorrt_but_no_execution_provider(monkeypatch):
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(runtime, "tensorrt_problems", lambda: [])
+    assert missing_here("tensorrt", ["tensorrt"]) is None
+    monkeypatch.setattr(runtime, "tensorrt_problems", lambda: ["no GPU", "no package"])
+    assert missing_here("tensorrt", ["tensorrt"]) == "no GPU; no package"
+
+
+# --- Runners and bundles ----------------------------------------------------------------------------------------
+
+
+def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    x = np.array([[-3.0, 0.5]], dtype=np.float32)
+    outputs = runner.infer({"x": x, "token_type_ids": np.zeros((1, 2), np.int64)})
+    np.testing.assert_allclose(outputs["y"], [[0.0, 1.5]])
+    np.testing.assert_allclose(outputs["z"], [[-2.0, 1.5]])
+    assert (runner.providers, runner.max_batch_size, runner.max_sequence) == (["CPUExecutionProvider"], None, None)
+    runner.close()
+
+
+def test_an_unknown_runtime_is_an_error(model):
+    with pytest.raises(ValueError, match="unknown runtime 'openvino'"):
+        open_runner(model, "openvino", ["cpu"])
+
+
+def test_open_bundle_runs_the_bundle(make_bundle):
+    runner = open_bundle(make_bundle(), threads=1)
+    assert runner.infer({"x": np.ones((2, 2), np.float32)})["y"].shape == (2, 2)
+
+
+@pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
+def test_open_bundle_uses_the_bundle_providers_unless_given(make_bundle):
+    bundle = make_bundle(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(ProviderFallback):
+        open_bundle(bundle)
+    assert open_bundle(bundle, ["cpu"]).providers == ["CPUExecutionProvider"]
+
+
+def test_open_bundle_passes_the_bundle_disabled_optimizers(make_bundle, monkeypatch):
+    seen, real = {}, ort.InferenceSession
+
+    def recording(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    open_bundle(make_bundle(disabled_optimizers=["SkipLayerNormFusion"]))
+    assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
+
+
+def test_model_inputs_must_match_the_spec(make_bundle):
+    bundle = make_bundle(inputs=[TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"])])
+    with pytest.raises(mf.ArtifactError, match=r"takes inputs \['x'\], the bundle spec says \['input_ids'\]"):
+        open_bundle(bundle)
+
+
+def test_spec_outputs_must_exist_in_the_model(make_bundle):
+    bundle = make_bundle(outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])])
+    with pytest.raises(mf.ArtifactError, match=r"has no output\(s\) \['logits'\]"):
+        open_bundle(bundle)
+
+
+# --- TensorRT: what is missing, and how to get it ----------------------------------------------------------------
+
+
+def fake_tensorrt(monkeypatch, version):
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__=version))
+
+
+def fake_cuda(monkeypatch, count_status="cudaErrorNoDevice"):
+    """cuda-python whose `cudaGetDeviceCount` answers with `count_status` and no device."""
+    success = types.SimpleNamespace(name="cudaSuccess")
+    status = success if count_status == "cudaSuccess" else types.SimpleNamespace(name=count_status)
+    cudart = types.ModuleType("cuda.bindings.runtime")
+    cudart.cudaError_t = types.SimpleNamespace(cudaSuccess=success)
+    cudart.cudaGetDeviceCount = lambda: (status, 0)
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", types.SimpleNamespace(runtime=cudart))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
+
+
+@pytest.fixture
+def no_cuda_python(monkeypatch):
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_missing_packages_are_all_named_with_the_fix(no_tensorrt, no_cuda_python):
+    with pytest.raises(TensorRTUnavailable) as err:
+        require_tensorrt()
+    message = str(err.value)
+    assert "`tensorrt` Python package is not installed" in message
+    assert "`cuda-python` package" in message
+    assert "pip install '.[gpu]'" in message
+    assert "onnxruntime and onnxruntime-gpu must not be installed together" in message
+
+
+def test_tensorrt_is_not_available_without_its_package(no_tensorrt, no_cuda_python):
+    assert not tensorrt_available()
+
+
+def test_package_present_but_no_gpu_names_only_the_gpu(monkeypatch):
+    fake_tensorrt(monkeypatch, "10.9.0")
+    fake_cuda(monkeypatch, "cudaErrorNoDevice")
+    with pytest.raises(TensorRTUnavailable) as err:
+        require_tensorrt()
+    message = str(err.value)
+    assert "no usable NVIDIA GPU or driver: cudaGetDeviceCount failed with cudaErrorNoDevice" in message
+    assert "package is not installed" not in message
+    assert "pip install '.[gpu]'" in message
+
+
+def test_a_driver_that_sees_no_device_is_named(monkeypatch):
+    fake_tensorrt(monkeypatch, "10.9.0")
+    fake_cuda(monkeypatch, "cudaSuccess")
+    with pytest.raises(TensorRTUnavailable, match="no NVIDIA GPU: CUDA sees no device"):
+        require_tensorrt()
+
+
+def test_tensorrt_older_than_10_is_refused(monkeypatch):
+    fake_tensorrt(monkeypatch, "8.6.1")
+    fake_cuda(monkeypatch)
+    with pytest.raises(TensorRTUnavailable, match=r"version 8\.6\.1; this code needs TensorRT >= 10"):
+        require_tensorrt()
+
+
+def test_an_engine_without_tensorrt_is_refused_before_it_is_read(tmp_path, no_tensorrt, no_cuda_python):
+    with pytest.raises(TensorRTUnavailable, match="`tensorrt` Python package"):
+        open_runner(tmp_path / "absent.plan", "tensorrt", [])
