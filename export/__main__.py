@@ -13,10 +13,9 @@ import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
+from common.runtime import ProviderFallback, TensorRTUnavailable
 from export import bundle_stage
 from export.onnx_export import ExportError
-from export.providers import ProviderFallback
-from export.tensorrt import TensorRTUnavailable
 
 
 def main(argv: list[str] | None = None) -> int:

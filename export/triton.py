@@ -1,13 +1,12 @@
 """A Triton Inference Server model repository for a bundle: `<repo>/<model name>/{config.pbtxt, 1/model.*}`.
 
 The config is built as Triton's own `ModelConfig` protobuf message and printed in text format, so it
-is well-formed by construction. The model folder is built under a temporary name and renamed into
-place. `python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
+is well-formed by construction. The model folder is written atomically (`common.atomic`).
+`python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
 """
 
 import argparse
 import importlib.util
-import os
 import re
 import shutil
 import sys
@@ -17,9 +16,10 @@ from types import ModuleType
 from google.protobuf import text_format
 
 from common import manifest as mf
-from common.bundle import MODEL_FILES, Bundle, TensorSpec, load_bundle
+from common.atomic import atomic_write
+from common.bundle import Bundle, TensorSpec, load_bundle
+from common.runtime import TRITON_PLATFORMS
 
-PLATFORMS = {MODEL_FILES["onnxruntime"]: "onnxruntime_onnx", MODEL_FILES["tensorrt"]: "tensorrt_plan"}
 DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 KINDS = ("KIND_CPU", "KIND_GPU")
 LABELS_FILE = "labels.txt"
@@ -75,14 +75,14 @@ def model_config(
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if instance_count < 1:
         raise ValueError(f"instance_count must be >= 1, got {instance_count}")
-    if spec.model_file not in PLATFORMS:
-        raise ValueError(f"{bundle.folder}: Triton has no platform for {spec.model_file}")
-    if spec.model_file == MODEL_FILES["tensorrt"] and kind != "KIND_GPU":
+    if spec.runtime not in TRITON_PLATFORMS:
+        raise ValueError(f"{bundle.folder}: Triton has no platform for runtime {spec.runtime!r}")
+    if spec.runtime == "tensorrt" and kind != "KIND_GPU":
         raise ValueError("a TensorRT plan runs only on a GPU: use kind='KIND_GPU'")
     if not MODEL_NAME.match(spec.name):
         raise ValueError(f"bundle name {spec.name!r} is not usable as a Triton model folder name")
     config = model_config_pb2.ModelConfig(
-        name=spec.name, platform=PLATFORMS[spec.model_file], max_batch_size=max_batch_size
+        name=spec.name, platform=TRITON_PLATFORMS[spec.runtime], max_batch_size=max_batch_size
     )
     for tensor in spec.inputs:
         _tensor(config.input.add(), tensor)
@@ -116,26 +116,18 @@ def write_repository(
     if not spec.version.isdigit():
         raise ValueError(f"{bundle.folder}: version {spec.version!r} must be a positive integer for Triton")
     config = model_config(bundle, max_batch_size, preferred_batch_sizes, max_queue_delay_us, instance_count, kind)
-    repo_root = Path(repo_root)
-    repo_root.mkdir(parents=True, exist_ok=True)
-    final = repo_root / spec.name
-    tmp = repo_root / f".{spec.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        (tmp / spec.version).mkdir(parents=True)
-        copied = tmp / spec.version / spec.model_file
+    final = Path(repo_root) / spec.name
+
+    def fill(folder: Path) -> None:
+        (folder / spec.version).mkdir(parents=True)
+        copied = folder / spec.version / spec.model_file
         shutil.copyfile(bundle.model_path, copied)
         if mf.sha256_file(copied) != bundle.manifest.files[spec.model_file].sha256:
             raise mf.ArtifactError(f"{bundle.model_path} changed while it was being copied")
-        (tmp / LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
-        (tmp / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
-        old = repo_root / f".{spec.name}.old-{os.getpid()}"
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (folder / LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
+        (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
+
+    atomic_write(final, fill)
     return final
 
 

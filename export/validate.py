@@ -1,9 +1,10 @@
-"""Every export checks itself: ONNX Runtime against PyTorch on the dev set and on odd shapes."""
+"""Every export checks itself: the exported model (ONNX Runtime or TensorRT) against PyTorch on the dev set and on odd
+shapes."""
 
 import numpy as np
-import onnxruntime as ort
 import torch
 
+from common.runtime import Runner
 from distill.finetune import predict_logits
 from export.onnx_export import ExportError, Source, example_inputs
 
@@ -15,17 +16,9 @@ class ExportGateError(ExportError):
     """A bundle that works but misses its parity or accuracy gate; the message has the figures."""
 
 
-def ort_runner(sess: ort.InferenceSession):
-    """`run(feeds) -> logits` for an ONNX Runtime session; extra feeds the graph does not take are ignored."""
-    names = [i.name for i in sess.get_inputs()]
-    return lambda feeds: sess.run(["logits"], {n: feeds[n] for n in names})[0]
-
-
-def trt_runner(plan_path, names: tuple[str, ...]):
-    """`run(feeds) -> logits` for a TensorRT engine (GPU only)."""
-    from export.tensorrt import run_engine
-
-    return lambda feeds: run_engine(plan_path, {n: feeds[n] for n in names})["logits"]
+def logits_runner(runner: Runner):
+    """`run(feeds) -> logits` for a model opened with `common.runtime`; feeds the model does not take are ignored."""
+    return lambda feeds: runner.infer(feeds)["logits"]
 
 
 def as_forward(run):
