@@ -63,6 +63,11 @@ class Settings(BaseModel):
     providers: list[str] = Field(
         [], description="ONNX Runtime execution providers, comma-separated (empty: the bundle's)"
     )
+    allow_cpu_fallback: bool = Field(
+        False,
+        description="serve on the CPU when a requested GPU execution provider is not active (logged as a warning); "
+        "off: such a bundle is refused, naming the requested and active providers",
+    )
     shutdown_grace_s: float = Field(10.0, ge=0, description="how long in-flight calls may finish on SIGTERM")
     tls_cert: Path | None = Field(None, description="server certificate chain (PEM); enables TLS")
     tls_key: Path | None = Field(None, description="server private key (PEM)")

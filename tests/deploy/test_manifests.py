@@ -353,7 +353,7 @@ def server_imports() -> tuple[set[str], set[str]]:
 
 def test_cpu_requirements_cover_what_the_server_imports():
     modules, imported = server_imports()
-    assert {"serve.app", "serve.backends.ort", "common.bundle", "common.manifest"} <= modules
+    assert {"serve.app", "serve.backend", "common.runtime", "common.bundle", "common.manifest"} <= modules
     third_party = imported - set(sys.stdlib_module_names) - GPU_ONLY
     distributions = metadata.packages_distributions()
     pinned = pins("requirements-serve.txt").keys()

@@ -126,7 +126,7 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
 
 def test_the_server_imports_neither_torch_nor_transformers():
     code = (
-        "import sys, serve.app, serve.client, serve.__main__, serve.backends.ort, serve.backends.trt\n"
+        "import sys, serve.app, serve.client, serve.__main__, serve.backend, common.runtime\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run(

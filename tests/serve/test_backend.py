@@ -1,4 +1,5 @@
-"""Backends: ONNX Runtime providers and threads, TensorRT's errors without TensorRT or a GPU."""
+"""The served model's runner: providers, threads and spinning from the settings, the CPU-fallback policy, and
+TensorRT's errors without TensorRT or a GPU."""
 
 import asyncio
 import logging
@@ -10,41 +11,69 @@ import onnxruntime as ort
 import pytest
 
 from common.bundle import TensorSpec, load_bundle
+from common.runtime import SPIN_KEY, tensorrt_available
 from serve.app import create_server
-from serve.backends import BackendUnavailable, load_backend
-from serve.backends.ort import SPIN_KEY, OrtBackend, resolve_providers
-from serve.backends.trt import import_runtime
+from serve.backend import BackendUnavailable, load_backend
 from serve.encoding import TextEncoder
 from serve.errors import BundleRejected
+from serve.settings import Settings, load_settings
 from tests.serve.conftest import MAX_LENGTH, settings_for, tiny_model
 
-
-def test_provider_aliases_and_cpu_fallback_last():
-    assert resolve_providers(["cuda", "TRT", "cpu"]) == [
-        "CUDAExecutionProvider",
-        "TensorrtExecutionProvider",
-        "CPUExecutionProvider",
-    ]
-    assert resolve_providers([]) == ["CPUExecutionProvider"]
+cuda_offered = "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is available here")
-def test_requested_gpu_provider_falls_back_to_cpu_with_a_warning(bundle, caplog):
-    loaded = load_bundle(bundle)
-    with caplog.at_level(logging.WARNING, logger="serve.backends.ort"):
-        backend = load_backend(loaded, ["cuda"], threads=1)
+def positive_logits(backend) -> np.ndarray:
+    ids = np.array([[2, 4, 3]], np.int64)  # [CLS] great [SEP]
+    return backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"]
+
+
+def test_cpu_fallback_is_refused_by_default():
+    assert load_settings([], {}).allow_cpu_fallback is False
+
+
+def test_cpu_fallback_setting_reads_its_variable():
+    assert load_settings([], {"EDGEDISTILL_ALLOW_CPU_FALLBACK": "true"}).allow_cpu_fallback is True
+
+
+@pytest.mark.skipif(cuda_offered, reason="CUDA is available here")
+def test_requested_gpu_provider_is_refused_naming_requested_active_and_the_fix(bundle):
+    with pytest.raises(BackendUnavailable) as err:
+        load_backend(load_bundle(bundle), Settings(providers=["cuda"], threads=1))
+    message = str(err.value)
+    assert "requested providers ['CUDAExecutionProvider', 'CPUExecutionProvider'], active ['CPUExecutionProvider']" in (
+        message
+    )
+    assert "pip install '.[gpu]'" in message
+    assert "EDGEDISTILL_ALLOW_CPU_FALLBACK=true" in message
+
+
+@pytest.mark.skipif(cuda_offered, reason="CUDA is available here")
+def test_server_refuses_a_gpu_bundle_without_its_provider(make_bundle):
+    folder = make_bundle("cuda", providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+    async def build():
+        create_server(settings_for(folder))
+
+    with pytest.raises(BackendUnavailable, match="CUDAExecutionProvider"):
+        asyncio.run(build())
+
+
+@pytest.mark.skipif(cuda_offered, reason="CUDA is available here")
+def test_allowed_cpu_fallback_serves_on_the_cpu_with_a_warning(bundle, caplog):
+    with caplog.at_level(logging.WARNING, logger="common.runtime"):
+        backend = load_backend(load_bundle(bundle), Settings(providers=["cuda"], threads=1, allow_cpu_fallback=True))
     assert backend.providers == ["CPUExecutionProvider"]
     assert any(
-        "CUDAExecutionProvider" in r.getMessage() and "pip install '.[gpu]'" in r.getMessage() for r in caplog.records
+        "CUDAExecutionProvider" in r.getMessage() and "pip install '.[gpu]'" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
     )
-    ids = np.array([[2, 4, 3]], np.int64)
-    logits = backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"]
+    logits = positive_logits(backend)
     assert logits.shape == (1, 2) and logits[0, 1] > logits[0, 0]  # "great" is positive
 
 
 def test_threads_setting_reaches_the_session(bundle):
-    loaded = load_bundle(bundle)
-    backend = OrtBackend(loaded.model_path, loaded.spec, ["cpu"], threads=1)
+    backend = load_backend(load_bundle(bundle), Settings(providers=["cpu"], threads=1))
     assert backend.session.get_session_options().intra_op_num_threads == 1
 
 
@@ -57,15 +86,14 @@ def test_bundle_disabled_optimizers_reach_the_session(make_bundle, monkeypatch):
 
     monkeypatch.setattr(ort, "InferenceSession", recording)
     folder = make_bundle(disabled_optimizers=["SkipLayerNormFusion"])
-    backend = load_backend(load_bundle(folder), [], threads=1)
+    backend = load_backend(load_bundle(folder), Settings(threads=1))
     assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
-    ids = np.array([[2, 4, 3]], np.int64)
-    assert backend.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"].shape == (1, 2)
+    assert positive_logits(backend).shape == (1, 2)
 
 
 @pytest.mark.parametrize("spin", [False, True])
 def test_spinning_follows_the_setting(bundle, spin):
-    backend = load_backend(load_bundle(bundle), [], threads=2, spin=spin)
+    backend = load_backend(load_bundle(bundle), Settings(threads=2, spin=spin))
     options = backend.session.get_session_options()
     assert options.get_session_config_entry(SPIN_KEY) == ("1" if spin else "0")
     assert options.intra_op_num_threads == 2
@@ -80,7 +108,13 @@ def test_model_inputs_must_match_the_spec(make_bundle):
         ]
     )
     with pytest.raises(BundleRejected, match="the bundle spec says"):
-        load_backend(load_bundle(folder), [], threads=1)
+        load_backend(load_bundle(folder), Settings(threads=1))
+
+
+def test_a_model_onnxruntime_cannot_load_is_rejected(make_bundle):
+    folder = make_bundle("broken", model=b"not an onnx graph")
+    with pytest.raises(BundleRejected, match="onnxruntime cannot load"):
+        load_backend(load_bundle(folder), Settings(threads=1))
 
 
 def test_encoder_truncates_to_max_length_and_drops_saved_padding(bundle):
@@ -107,16 +141,18 @@ def _fake_module(name: str, **attrs) -> types.ModuleType:
 
 def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # importing it raises ImportError
-    with pytest.raises(BackendUnavailable, match=r"tensorrt Python package is not importable.*pip install '\.\[gpu\]'"):
-        load_backend(load_bundle(trt_bundle), [], threads=1)
+    with pytest.raises(
+        BackendUnavailable, match=r"(?s)`tensorrt` Python package is not installed.*pip install '\.\[gpu\]'"
+    ):
+        load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
 def test_tensorrt_without_cuda_python_names_it(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_module("tensorrt", __version__="10.0"))
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(BackendUnavailable, match=r"cuda-python package.*pip install '\.\[gpu\]'"):
-        load_backend(load_bundle(trt_bundle), [], threads=1)
+    with pytest.raises(BackendUnavailable, match=r"(?s)`cuda-python` package.*pip install '\.\[gpu\]'"):
+        load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
 def test_tensorrt_without_a_gpu_says_so(trt_bundle, monkeypatch):
@@ -129,8 +165,8 @@ def test_tensorrt_without_a_gpu_says_so(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda", _fake_module("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.bindings", _fake_module("cuda.bindings", runtime=cudart))
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
-    with pytest.raises(BackendUnavailable, match="no NVIDIA GPU is visible .*cudaErrorNoDevice"):
-        load_backend(load_bundle(trt_bundle), [], threads=1)
+    with pytest.raises(BackendUnavailable, match="no usable NVIDIA GPU or driver: .*cudaErrorNoDevice"):
+        load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
 def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch):
@@ -144,14 +180,12 @@ def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(
+    not tensorrt_available(), reason="needs TensorRT, cuda-python (pip install '.[gpu]') and an NVIDIA GPU"
+)
 def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
-    reason = "needs TensorRT and cuda-python (pip install '.[gpu]') and an NVIDIA GPU"
-    try:
-        trt, cudart = import_runtime()
-    except BackendUnavailable:
-        pytest.skip(reason)
-    if cudart.cudaGetDeviceCount()[1] == 0:
-        pytest.skip(reason)
+    import tensorrt as trt
+
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
@@ -165,8 +199,8 @@ def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
     plan = builder.build_serialized_network(network, config)
     assert plan is not None
     folder = make_bundle("trt-real", model=bytes(plan), runtime="tensorrt", model_file="model.plan")
-    engine = load_backend(load_bundle(folder), [], threads=1)
-    reference = load_backend(load_bundle(bundle), [], threads=1)
+    engine = load_backend(load_bundle(folder), Settings(threads=1))
+    reference = load_backend(load_bundle(bundle), Settings(threads=1))
     ids = np.array([[2, 4, 7, 3, 0], [2, 10, 3, 0, 0]], np.int64)
     inputs = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
     np.testing.assert_allclose(engine.infer(inputs)["logits"], reference.infer(inputs)["logits"], atol=1e-4)

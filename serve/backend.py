@@ -1,0 +1,58 @@
+"""The served model's runner: the bundle opened by `common.runtime` with the server's settings, its errors as
+`BundleRejected`. The runner's `infer` is called from one thread at a time."""
+
+import logging
+
+from common import manifest as mf
+from common.bundle import Bundle
+from common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
+from serve.errors import BundleRejected
+from serve.settings import Settings, env_name, flag_name
+
+log = logging.getLogger(__name__)
+
+
+class BackendUnavailable(BundleRejected):
+    """The runtime or execution provider a bundle needs is not installed here, or has no device to run on."""
+
+
+def load_backend(bundle: Bundle, settings: Settings) -> Runner:
+    """The bundle's runner on `settings.providers` (empty: the bundle's), `threads` and `spin`.
+
+    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU.
+    """
+    try:
+        runner = open_bundle(
+            bundle,
+            settings.providers,
+            threads=settings.threads,
+            spin=settings.spin,
+            allow_cpu_fallback=settings.allow_cpu_fallback,
+        )
+    except ProviderFallback as err:
+        raise BackendUnavailable(
+            f"{err} To serve on the CPU anyway, set {env_name('allow_cpu_fallback')}=true "
+            f"({flag_name('allow_cpu_fallback')} true)."
+        ) from err
+    except TensorRTUnavailable as err:
+        raise BackendUnavailable(
+            f"{bundle.folder} is a TensorRT engine (runtime 'tensorrt'): {err}\n"
+            "Or serve an ONNX bundle (runtime 'onnxruntime')."
+        ) from err
+    except (ModelLoadError, mf.ArtifactError) as err:
+        raise BundleRejected(str(err)) from err
+    log.info(
+        "%s ready on %s, %s intra-op threads, spinning %s",
+        bundle.spec.runtime,
+        runner.providers,
+        settings.threads or "default",
+        "on" if settings.spin else "off",
+        extra={
+            "event": "backend_ready",
+            "runtime": bundle.spec.runtime,
+            "providers": runner.providers,
+            "threads": settings.threads,
+            "spin": settings.spin,
+        },
+    )
+    return runner
