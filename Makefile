@@ -1,6 +1,7 @@
 # edgedistill: every stage is a make target; each writes runs/<recipe>/<stage>/manifest.json.
-# A stage is skipped when its manifest is newer than its inputs (and, inside Python, when the
-# recipe sections it depends on and its parent artifacts are unchanged).
+# Python alone decides whether a stage is up to date (the recipe settings it declares and its
+# parent artifacts: common/stage.py). Make only orders the stages: every target runs its command,
+# and a current stage says "up to date" and returns at once.
 
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
@@ -40,38 +41,23 @@ $(STAMP): pyproject.toml
 pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` section)
 	$(LAUNCH) distill pretrain $(RECIPE)
 
-teacher: $(RUN)/teacher/manifest.json  ## pretrain (if the recipe says so) and fine-tune the teacher
-
-$(RUN)/teacher/manifest.json: $(RECIPES) $(STAMP)
+teacher: $(STAMP)  ## pretrain (if the recipe says so) and fine-tune the teacher
 	$(LAUNCH) distill teacher $(RECIPE)
-	@touch $@
 
-transfer: $(RUN)/transfer/manifest.json  ## build the transfer set and label it with the teacher
-
-$(RUN)/transfer/manifest.json: $(RUN)/teacher/manifest.json $(RECIPES)
+transfer: teacher  ## build the transfer set and label it with the teacher
 	$(PY) -m distill transfer $(RECIPE)
-	@touch $@
 
-distill: $(RUN)/distill-summary.md  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-
-$(RUN)/distill-summary.md: $(RUN)/transfer/manifest.json $(RECIPES)
+distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
 	$(LAUNCH) distill distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
-	@touch $@
 
-bundles: $(RUN)/export.done  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
-
-$(RUN)/export.done: $(RUN)/distill-summary.md $(RECIPES)
+bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(PY) -m export bundles $(RECIPE)
-	@touch $@
 
-bench: $(RUN)/bench/manifest.json  ## teacher PyTorch eager vs every bundle, batch x length, one run
-
-$(RUN)/bench/manifest.json: $(RUN)/export.done
+bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run
 	$(PY) -m export bench $(RECIPE)
-	@touch $@
 
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
-triton-repo: $(RUN)/export.done  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
+triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
 	$(PY) -m export.triton $(BUNDLE) $(RUN)/triton
 
 report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
@@ -89,7 +75,7 @@ call: $(STAMP)  ## classify TEXT with the server on PORT
 	$(PY) -m serve.client --address localhost:$(PORT) "$(TEXT)"
 
 SERVE_BENCH_ARGS ?=
-serve-bench: $(RUN)/export.done  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
+serve-bench: bundles  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
 	$(PY) -m serve.bench --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
 # `make all` after the benchmark: the serving benchmark and the smoke load test of the deployed

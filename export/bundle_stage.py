@@ -6,9 +6,8 @@ atomically with a manifest that carries its `BundleSpec`.
 """
 
 import dataclasses
-import hashlib
-import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +16,30 @@ import onnx
 from common import manifest as mf
 from common.bundle import MODEL_FILES, TOKENIZER, BundleSpec, TensorSpec
 from common.recipe import BundleRecipe, Recipe, run_dir
+from common.runtime import missing_here, open_runner, require_tensorrt
+from common.stage import Built, Inputs, Stage
+from distill import finetune, student_stage, transfer
 from distill.data import load_splits
 from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
 from export.fold import fold
 from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
-from export.providers import missing_here, session_for
-from export.tensorrt import build_engine, require_tensorrt
+from export.tensorrt import build_engine
 
 CHECK_THREADS = 2
+# Rows of a calibration batch for static INT8.
+CALIBRATION_BATCH = 32
+
+
+def max_length(recipe: Recipe, source: str) -> int:
+    return recipe.model.max_length if source == "teacher" else recipe.transfer.max_length
+
+
+def dev_features(tokenizer, dev, length: int) -> dict[str, list[list[int]]]:
+    """The dev set as token ids (with segment ids, zero for single sentences) for the parity checks."""
+    feats = encode(tokenizer, dev.texts, dev.pairs, length)
+    feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
+    return feats
 
 
 class SourceCache:
@@ -34,21 +48,18 @@ class SourceCache:
     def __init__(self, recipe: Recipe, scratch: Path):
         self.recipe, self.scratch = recipe, scratch
         self._sources: dict[str, tuple[Source, Path, np.ndarray]] = {}
-        teacher_dir = run_dir(recipe) / "teacher"
-        self.tokenizer = load_tokenizer(str(teacher_dir))
+        self.tokenizer = None
         _, self.dev = load_splits(recipe.data)
 
-    def max_length(self, name: str) -> int:
-        return self.recipe.model.max_length if name == "teacher" else self.recipe.transfer.max_length
-
     def features(self, name: str) -> dict[str, list[list[int]]]:
-        feats = encode(self.tokenizer, self.dev.texts, self.dev.pairs, self.max_length(name))
-        feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
-        return feats
+        return dev_features(self.tokenizer, self.dev, max_length(self.recipe, name))
 
-    def get(self, name: str) -> tuple[Source, Path, np.ndarray]:
+    def get(self, name: str, folder: Path) -> tuple[Source, Path, np.ndarray]:
+        """The source `name` from its (verified) artifact `folder`, exported once."""
         if name not in self._sources:
-            source = load_source(self.recipe, name)
+            if self.tokenizer is None:  # every source carries the teacher's tokenizer
+                self.tokenizer = load_tokenizer(str(folder))
+            source = load_source(folder)
             plain = self.scratch / f"{name}.onnx"
             export_onnx(source, plain, self.recipe.export.opset)
             logits = validate.dev_logits(
@@ -58,29 +69,17 @@ class SourceCache:
         return self._sources[name]
 
 
-def config_hash(recipe: Recipe, bundle_id: str) -> str:
-    cfg = recipe.export
-    relevant = {
-        "bundle": cfg.bundles[bundle_id].model_dump(),
-        "opset": cfg.opset,
-        "gates": [cfg.min_agreement, cfg.min_fp16_agreement, cfg.max_int8_drop, cfg.calibration_sentences],
-        "max_length": recipe.model.max_length,
-    }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _calibration(
-    recipe: Recipe, cache: SourceCache, source: str, inputs: tuple[str, ...]
+    texts_file: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
 ) -> list[dict[str, np.ndarray]]:
-    """Batches of transfer-set sentences for static INT8 calibration."""
-    texts = (run_dir(recipe) / "transfer" / "texts.txt").read_text(encoding="utf-8").splitlines()
-    texts = texts[: recipe.export.calibration_sentences]
+    """Batches of the first `count` transfer-set sentences, for static INT8 calibration."""
+    texts = texts_file.read_text(encoding="utf-8").splitlines()[:count]
     batches = []
-    for start in range(0, len(texts), 32):
-        enc = cache.tokenizer(
-            texts[start : start + 32],
+    for start in range(0, len(texts), CALIBRATION_BATCH):
+        enc = tokenizer(
+            texts[start : start + CALIBRATION_BATCH],
             truncation=True,
-            max_length=cache.max_length(source),
+            max_length=length,
             padding=True,
             return_tensors="np",
         )
@@ -89,7 +88,11 @@ def _calibration(
     return batches
 
 
-def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, work: Path, cache) -> tuple[Path, dict]:
+def _needs_calibration(spec: BundleRecipe) -> bool:
+    return spec.precision == "int8" and (spec.quantization == "static" or spec.runtime == "tensorrt")
+
+
+def _transform(spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration) -> tuple[Path, dict]:
     """Fusion and precision: the graph the bundle ships, plus the fused-operator counts."""
     graph, fused = plain, {}
     if source.is_transformer and spec.fused:
@@ -100,7 +103,7 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":
-            quantize.int8_static(graph, out, _calibration(recipe, cache, spec.source, source.inputs))
+            quantize.int8_static(graph, out, calibration())
         else:
             quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
         graph = out
@@ -111,108 +114,123 @@ def _transform(recipe: Recipe, spec: BundleRecipe, source: Source, plain: Path, 
     return graph, fused
 
 
-def run(recipe: Recipe, bundle_id: str, cache: SourceCache, force: bool = False) -> mf.Manifest:
+def source_stage(recipe: Recipe, source: str) -> Stage:
+    return finetune.stage(recipe) if source == "teacher" else student_stage.stage(recipe, source)
+
+
+def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
+    """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it, gated; static INT8 and
+    TensorRT INT8 bundles also read the transfer set (calibration sentences)."""
     spec = recipe.export.bundles[bundle_id]
-    out = run_dir(recipe) / f"bundle-{bundle_id}"
-    chash = config_hash(recipe, bundle_id)
-    if not force and mf.is_current(out, chash):
-        print(f"[bundle-{bundle_id}] up to date: {out}")
-        return mf.load(out, verify=False)
+    parents = [source_stage(recipe, spec.source)]
+    if _needs_calibration(spec):
+        parents.append(transfer.stage(recipe))
+    gates = ("opset", "min_agreement", "min_fp16_agreement", "max_int8_drop", "calibration_sentences")
+    return Stage(
+        f"bundle-{bundle_id}",
+        recipe,
+        (f"export.bundles.{bundle_id}", *(f"export.{key}" for key in gates)),
+        partial(_build, bundle_id=bundle_id, cache=cache),
+        tuple(parents),
+    )
+
+
+def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
+    recipe = inputs.recipe
+    spec = recipe.export.bundles[bundle_id]
     if spec.runtime == "tensorrt":
         require_tensorrt()
-    watch = mf.Stopwatch()
-    source, plain, torch_logits = cache.get(spec.source)
-    max_length = cache.max_length(spec.source)
+    source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
+    source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name))
+    length = max_length(recipe, spec.source)
+
+    def calibration() -> list[dict[str, np.ndarray]]:
+        texts = inputs.parent("transfer") / "texts.txt"
+        return _calibration(texts, recipe.export.calibration_sentences, cache.tokenizer, length, source.inputs)
+
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
-    with mf.stage_folder(out) as tmp:
-        model_file = MODEL_FILES[spec.runtime]
-        build_info, providers = {}, [spec.runtime]
-        work = tmp / ".work"
-        work.mkdir()
-        if spec.fold:
-            plain = work / "folded.onnx"
-            folded = fold(source.module, half=spec.precision == "fp16")
-            export_onnx(dataclasses.replace(source, module=folded), plain, recipe.export.opset)
-        if spec.runtime == "tensorrt":
-            # TensorRT fuses on its own and cannot parse ONNX Runtime's contrib ops: it takes the plain graph.
-            build_info = build_engine(
-                plain,
-                tmp / model_file,
-                list(source.inputs),
-                sequence=(1, min(64, max_length), max_length),
-                fp16=spec.precision in ("fp16", "int8"),
-                int8=spec.precision == "int8",
-                calibration=_calibration(recipe, cache, spec.source, source.inputs)
-                if spec.precision == "int8"
-                else None,
-            )
-            run, fused = validate.trt_runner(tmp / model_file, source.inputs), {}
-        else:
-            graph, fused = _transform(recipe, spec, source, plain, work, cache)
-            shutil.copy2(graph, tmp / model_file)
-            sess = session_for(tmp / model_file, spec.providers, CHECK_THREADS, disabled_optimizers=disabled)
-            run, providers = validate.ort_runner(sess), sess.get_providers()
-        shutil.rmtree(work)
-        shapes = validate.check_shapes(run, source, spec.precision == "fp32", max_length)
-        exported_logits = validate.dev_logits(
-            validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
+    work = inputs.work
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    model_file = MODEL_FILES[spec.runtime]
+    model = work / model_file
+    build_info, providers = {}, [spec.runtime]
+    if spec.fold:
+        plain = work / "folded.onnx"
+        folded = fold(source.module, half=spec.precision == "fp16")
+        export_onnx(dataclasses.replace(source, module=folded), plain, recipe.export.opset)
+    if spec.runtime == "tensorrt":
+        # TensorRT fuses on its own and cannot parse ONNX Runtime's contrib ops: it takes the plain graph.
+        build_info = build_engine(
+            plain,
+            model,
+            list(source.inputs),
+            sequence=(1, min(64, length), length),
+            fp16=spec.precision in ("fp16", "int8"),
+            int8=spec.precision == "int8",
+            calibration=calibration() if spec.precision == "int8" else None,
         )
-        figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
-        cfg = recipe.export
-        agreement = cfg.min_fp16_agreement if spec.precision == "fp16" else cfg.min_agreement
-        validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
-        shutil.copy2(source.folder / TOKENIZER, tmp / TOKENIZER)
-        bundle = BundleSpec(
-            name=f"{recipe.name}-{bundle_id}",
-            labels=recipe.data.label_names,
-            max_length=max_length,
-            inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],
-            outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", len(recipe.data.label_names)])],
-            precision=spec.precision,
-            runtime=spec.runtime,
-            providers=providers,
-            model_file=model_file,
-            arch=source.arch,
-            opset=recipe.export.opset,
-            fused_operators=fused,
-            disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
-        )
-        ops = op_counts(onnx.load(str(tmp / model_file))) if spec.runtime == "onnxruntime" else {}
-        manifest = mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                f"bundle-{bundle_id}",
-                chash,
-                watch,
-                parents={"source": mf.parent_of(source.folder)},
-                metrics={
-                    "dev_accuracy": figures["dev_accuracy"],
-                    "torch_dev_accuracy": figures["torch_dev_accuracy"],
-                    "agreement": figures["agreement"],
-                    "max_abs_diff": figures["max_abs_diff"],
-                    "params": source.params,
-                    "size_bytes": (tmp / model_file).stat().st_size,
-                },
-                info={
-                    "bundle": bundle.model_dump(),
-                    "source": spec.source,
-                    "recipe": spec.model_dump(),
-                    "shape_checks_max_abs_diff": shapes,
-                    "op_counts": ops,
-                    "tensorrt_build": build_info,
-                },
-            ),
-        )
-    fused_note = f" fused={fused}" if fused else ""
-    print(
-        f"[bundle-{bundle_id}] dev_accuracy={figures['dev_accuracy']:.4f} (torch {figures['torch_dev_accuracy']:.4f}, "
-        f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
-        f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note} -> {out}"
+        run, fused = validate.logits_runner(open_runner(model, spec.runtime, [])), {}
+    else:
+        graph, fused = _transform(spec, source, plain, work, calibration)
+        shutil.copy2(graph, model)
+        runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
+        run, providers = validate.logits_runner(runner), runner.providers
+    shapes = validate.check_shapes(run, source, spec.precision == "fp32", length)
+    exported_logits = validate.dev_logits(
+        validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
     )
-    return manifest
+    figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
+    cfg = recipe.export
+    agreement = cfg.min_fp16_agreement if spec.precision == "fp16" else cfg.min_agreement
+    validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
+    bundle = BundleSpec(
+        name=f"{recipe.name}-{bundle_id}",
+        labels=recipe.data.label_names,
+        max_length=length,
+        inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],
+        outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", len(recipe.data.label_names)])],
+        precision=spec.precision,
+        runtime=spec.runtime,
+        providers=providers,
+        model_file=model_file,
+        arch=source.arch,
+        opset=recipe.export.opset,
+        fused_operators=fused,
+        disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
+    )
+    ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
+
+    def write(folder: Path) -> dict:
+        shutil.copy2(model, folder / model_file)
+        shutil.copy2(source.folder / TOKENIZER, folder / TOKENIZER)
+        return {"size_bytes": (folder / model_file).stat().st_size}
+
+    fused_note = f" fused={fused}" if fused else ""
+    return Built(
+        write,
+        metrics={
+            "dev_accuracy": figures["dev_accuracy"],
+            "torch_dev_accuracy": figures["torch_dev_accuracy"],
+            "agreement": figures["agreement"],
+            "max_abs_diff": figures["max_abs_diff"],
+            "params": source.params,
+        },
+        info={
+            "bundle": bundle.model_dump(),
+            "source": spec.source,
+            "recipe": spec.model_dump(),
+            "shape_checks_max_abs_diff": shapes,
+            "op_counts": ops,
+            "tensorrt_build": build_info,
+        },
+        line=lambda manifest: (
+            f"dev_accuracy={figures['dev_accuracy']:.4f} (torch {figures['torch_dev_accuracy']:.4f}, "
+            f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
+            f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
+        ),
+    )
 
 
 def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
@@ -243,6 +261,6 @@ def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) ->
     scratch.mkdir(parents=True)
     cache = SourceCache(recipe, scratch)
     try:
-        return [run(recipe, bundle_id, cache, force) for bundle_id in ids]
+        return [stage(recipe, bundle_id, cache).run(force) for bundle_id in ids]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

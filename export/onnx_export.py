@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
-from common.recipe import Recipe, run_dir
+from distill.student_stage import CONFIG as STUDENT_CONFIG
 from distill.student_stage import load_student
 
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -59,10 +59,9 @@ class Source:
         return self.num_heads is not None
 
 
-def load_source(recipe: Recipe, name: str) -> Source:
-    """The teacher (`name == "teacher"`) or a student, in eval mode, from its verified artifact."""
-    if name == "teacher":
-        folder = run_dir(recipe) / "teacher"
+def load_source(folder: Path) -> Source:
+    """The teacher or a student (a folder with `student.json`), in eval mode, from its verified artifact folder."""
+    if not (folder / STUDENT_CONFIG).is_file():
         model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
         cfg = model.config
         params = sum(p.numel() for p in model.parameters())
@@ -79,7 +78,6 @@ def load_source(recipe: Recipe, name: str) -> Source:
             cfg.num_hidden_layers,
             params,
         )
-    folder = run_dir(recipe) / f"student-{name}"
     student, cfg = load_student(folder)
     params = sum(p.numel() for p in student.parameters())
     if cfg.arch == "transformer":

@@ -7,12 +7,13 @@ from onnx import numpy_helper
 
 from common import manifest as mf
 from common.bundle import load_bundle
-from common.recipe import load_recipe
-from export.bundle_stage import SourceCache
+from common.recipe import load_recipe, run_dir
+from common.runtime import missing_here, open_runner, tensorrt_available
+from distill.data import load_splits
+from distill.tokenization import load_tokenizer
+from export.bundle_stage import dev_features, max_length
 from export.onnx_export import load_source
-from export.providers import missing_here, session_for
-from export.tensorrt import tensorrt_available
-from export.validate import ExportGateError, as_forward, dev_logits, gate, ort_runner, parity, torch_forward
+from export.validate import ExportGateError, as_forward, dev_logits, gate, logits_runner, parity, torch_forward
 from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
@@ -112,21 +113,14 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
         assert m.metrics["torch_dev_accuracy"] - m.metrics["dev_accuracy"] <= 0.05
     # The bundle's own model reproduces the accuracy in its manifest.
     recipe = load_recipe(SMOKE)
-    cache = SourceCache.__new__(SourceCache)
-    cache.recipe, cache._sources = recipe, {}
-    from distill.data import load_splits
-    from distill.tokenization import load_tokenizer
-
-    cache.tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
-    _, cache.dev = load_splits(recipe.data)
+    _, dev = load_splits(recipe.data)
+    feats = dev_features(load_tokenizer(str(smoke_bundles / "teacher")), dev, max_length(recipe, m.info["source"]))
     logits = dev_logits(
-        as_forward(ort_runner(session_for(bundle.model_path, ["CPUExecutionProvider"], 1))),
-        cache.features(m.info["source"]),
-        0,
+        as_forward(logits_runner(open_runner(bundle.model_path, "onnxruntime", ["cpu"], threads=1))), feats, 0
     )
-    accuracy = float((logits.argmax(-1) == np.array(cache.dev.labels)).mean())
+    accuracy = float((logits.argmax(-1) == np.array(dev.labels)).mean())
     # Dynamic INT8 scales activations per batch and thread count changes summation order: one near-tie may flip.
-    tolerance = 0 if bundle.spec.precision == "fp32" else 1.5 / len(cache.dev.labels)
+    tolerance = 0 if bundle.spec.precision == "fp32" else 1.5 / len(dev.labels)
     assert accuracy == pytest.approx(m.metrics["dev_accuracy"], abs=tolerance)
 
 
@@ -158,18 +152,18 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
             init.CopyFrom(numpy_helper.from_array(rng.integers(-127, 127, array.shape, dtype=np.int8), init.name))
     broken = tmp_path / "broken.onnx"
     onnx.save(model, str(broken))
-    source = load_source(recipe, "cnn")
-    cache = SourceCache(recipe, tmp_path)
-    feats = cache.features("cnn")
+    source = load_source(run_dir(recipe) / "student-cnn")
+    _, dev = load_splits(recipe.data)
+    feats = dev_features(load_tokenizer(str(source.folder)), dev, max_length(recipe, "cnn"))
     figures = parity(
-        dev_logits(as_forward(ort_runner(session_for(broken, ["CPUExecutionProvider"], 1))), feats, 0),
+        dev_logits(as_forward(logits_runner(open_runner(broken, "onnxruntime", ["cpu"], threads=1))), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
-        cache.dev.labels,
+        dev.labels,
     )
     with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev accuracy .* gate allows 0\.005"):
         gate(figures, "int8", 0.999, 0.005, "cnn-int8")
     gate(
-        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, cache.dev.labels),
+        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels),
         "int8",
         0.999,
         0.005,
