@@ -1,0 +1,275 @@
+"""The README and docs/: a short front door, links that resolve, tables that match the code.
+
+The README's import table is checked against each package's imports. The settings tables in docs/settings.md
+are written by hand and checked against the settings' own fields: every field has a row, and its name, default
+and description (where the field has one) are the field's. A failing check prints the rows to paste.
+"""
+
+import ast
+import re
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import Union, get_args, get_origin
+
+import pytest
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from common import settings as common_settings
+from common.recipe import Recipe
+from serve import settings as serve_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+SETTINGS_PAGE = DOCS / "settings.md"
+README_MAX_LINES = 250
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CELL_SPLIT = re.compile(r"(?<!\\)\|")
+ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']""")
+ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", re.MULTILINE)
+MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
+TOP_LEVEL = "Top level"
+HEAVY = {"torch", "transformers"}  # the serving image carries neither
+
+
+# --- markdown -----------------------------------------------------------------------------------------------
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def prose(page: Path) -> str:
+    """The page without its fenced code blocks."""
+    return re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(line.lstrip("#")) for line in prose(page).splitlines() if line.startswith("#")}
+
+
+def links(page: Path) -> list[str]:
+    return [target for target in LINK.findall(prose(page)) if "://" not in target and not target.startswith("mailto:")]
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in CELL_SPLIT.split(line.strip().strip("|"))]
+
+
+def tables(page: Path) -> dict[str, list[list[str]]]:
+    """Heading text (without #s) -> the rows of the tables under it, header and separator left out."""
+    found: dict[str, list[list[str]]] = {}
+    heading = None
+    header_seen = False
+    for line in prose(page).splitlines():
+        if line.startswith("#"):
+            heading, header_seen = line.lstrip("#").strip(), False
+            found[heading] = []
+        elif line.startswith("|") and heading is not None:
+            if set(line) <= set("|- "):
+                header_seen = True
+            elif header_seen:
+                found[heading].append(cells(line))
+        else:
+            header_seen = False
+    return found
+
+
+# --- rendering what the models say ----------------------------------------------------------------------------
+
+
+def value(item) -> str:
+    """A default as it is written in YAML or on the command line, in backticks; `(none)` for None."""
+    if item is None:
+        return "(none)"
+    if isinstance(item, BaseModel):
+        item = item.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(item, Path):
+        item = str(item)
+    if isinstance(item, str):
+        return f"`{item}`"
+    text = yaml.safe_dump(item, default_flow_style=True, sort_keys=False, width=10_000).removesuffix("...\n")
+    return f"`{text.strip()}`"
+
+
+def description(info: FieldInfo) -> str:
+    return (info.description or "").replace("|", "\\|")
+
+
+def defaults_of(model: type[BaseModel]) -> dict[str, str]:
+    """Field -> its default as written in the docs; a model valid without keys gives its effective defaults
+    (presets applied by its validators), otherwise each field's own default or `(required)`."""
+    try:
+        instance = model.model_validate({})
+    except ValidationError:
+        instance = None
+    out = {}
+    for name, info in model.model_fields.items():
+        if instance is not None:
+            out[name] = value(getattr(instance, name))
+        elif info.is_required():
+            out[name] = "(required)"
+        else:
+            out[name] = value(info.get_default(call_default_factory=True))
+    return out
+
+
+def submodels(annotation) -> list[tuple[str, type[BaseModel]]]:
+    """The config models a field holds: itself (''), inside an Optional (''), or as dict values ('.<name>')."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [("", annotation)]
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        return [found for arg in get_args(annotation) if arg is not NoneType for found in submodels(arg)]
+    if origin is dict:
+        return [(".<name>" + suffix, model) for suffix, model in submodels(get_args(annotation)[1])]
+    return []
+
+
+def recipe_models() -> dict[type[BaseModel], list[str]]:
+    """Every config model reachable from `Recipe` -> the dotted recipe paths where it appears, in order."""
+    paths: dict[type[BaseModel], list[str]] = {Recipe: [""]}
+    pending = [(Recipe, "")]
+    while pending:
+        model, prefix = pending.pop(0)
+        for name, info in model.model_fields.items():
+            for suffix, sub in submodels(info.annotation):
+                path = f"{prefix}{name}{suffix}"
+                pending.append((sub, path + "."))
+                paths.setdefault(sub, []).append(path)
+    return paths
+
+
+def recipe_heading(model_paths: list[str]) -> str:
+    return TOP_LEVEL if model_paths == [""] else ", ".join(f"`{path}`" for path in model_paths)
+
+
+def recipe_row(name: str, default: str, info: FieldInfo) -> str:
+    return f"| `{name}` | {default} | {description(info)} |"
+
+
+def server_row(name: str, info: FieldInfo) -> str:
+    env, flag = serve_settings.env_name(name), serve_settings.flag_name(name)
+    return f"| `{env}` | `{flag}` | {value(info.default)} | {description(info)} |"
+
+
+def project_packages() -> list[Path]:
+    return sorted(folder for folder in ROOT.iterdir() if (folder / "__init__.py").is_file() and folder.name != "tests")
+
+
+def imported(package: Path) -> set[str]:
+    """Top-level names of the modules a package imports anywhere (also inside functions), itself left out."""
+    names = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.partition(".")[0])
+    return names - {package.name}
+
+
+# --- the checks --------------------------------------------------------------------------------------------
+
+
+def test_the_readme_is_under_250_lines():
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines < README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
+
+
+def test_the_readme_links_to_every_docs_page():
+    linked = {(README.parent / target.partition("#")[0]).resolve() for target in links(README)}
+    unlinked = [page.name for page in DOCS.glob("*.md") if page.resolve() not in linked]
+    assert not unlinked, f"README.md does not link to docs/{unlinked}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_relative_links_point_at_existing_files(page):
+    broken = [target for target in links(page) if not (page.parent / target.partition("#")[0]).exists()]
+    assert not broken, f"{page.name}: links to missing files {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_anchors_of_links_name_headings_of_their_page(page):
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if anchor and linked.suffix == ".md" and linked.is_file() and anchor not in anchors(linked):
+            broken.append(target)
+    assert not broken, f"{page.name}: links to missing headings {broken}"
+
+
+@pytest.mark.parametrize("package", project_packages(), ids=lambda package: package.name)
+def test_packages_import_only_what_the_readme_allows(package):
+    rows = {row[0]: row for row in tables(README).get("Layout", [])}
+    assert f"`{package.name}/`" in rows, f"README.md, section Layout: no row for {package.name}/"
+    allowed = set(re.findall(r"`([a-z_]+)`", rows[f"`{package.name}/`"][1]))
+    guarded = {other.name for other in project_packages()} | HEAVY
+    forbidden = imported(package) & guarded - allowed
+    assert not forbidden, f"{package.name}/ imports {sorted(forbidden)}, which README.md (Layout) does not allow"
+
+
+def test_every_server_setting_has_its_row():
+    rows = {row[0]: row for row in tables(SETTINGS_PAGE).get("Server", [])}
+    wrong = [
+        server_row(name, info)
+        for name, info in serve_settings.Settings.model_fields.items()
+        if rows.get(f"`{serve_settings.env_name(name)}`") != cells(server_row(name, info))
+    ]
+    assert not wrong, "docs/settings.md, section Server: add or fix these rows:\n" + "\n".join(wrong)
+
+
+def test_the_server_table_names_only_existing_settings():
+    known = {f"`{serve_settings.env_name(name)}`" for name in serve_settings.Settings.model_fields}
+    extra = [row[0] for row in tables(SETTINGS_PAGE).get("Server", []) if row[0] not in known]
+    assert not extra, f"docs/settings.md, section Server: no such setting {extra}"
+
+
+@pytest.mark.parametrize("model", list(recipe_models()), ids=lambda model: model.__name__)
+def test_every_recipe_field_has_its_row(model):
+    heading = recipe_heading(recipe_models()[model])
+    rows = {row[0]: row for row in tables(SETTINGS_PAGE).get(heading, [])}
+    defaults = defaults_of(model)
+    wrong = []
+    for name, info in model.model_fields.items():
+        row = rows.get(f"`{name}`")
+        expected = cells(recipe_row(name, defaults[name], info))
+        if row is None or row[1] != expected[1] or (info.description and row[2] != expected[2]):
+            wrong.append(recipe_row(name, defaults[name], info))
+    assert not wrong, f"docs/settings.md, section `### {heading}`: add or fix these rows:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("model", list(recipe_models()), ids=lambda model: model.__name__)
+def test_recipe_tables_name_only_existing_fields(model):
+    heading = recipe_heading(recipe_models()[model])
+    known = {f"`{name}`" for name in model.model_fields}
+    extra = [row[0] for row in tables(SETTINGS_PAGE).get(heading, []) if row[0] not in known]
+    assert not extra, f"docs/settings.md, section `### {heading}`: no such field {extra}"
+
+
+def test_the_settings_page_has_a_table_for_every_recipe_section_and_no_other():
+    headings = {recipe_heading(paths) for paths in recipe_models().values()}
+    page = tables(SETTINGS_PAGE)
+    recipe_part = {heading for heading in page if heading == TOP_LEVEL or heading.startswith("`")}
+    assert recipe_part == headings
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    names = set(common_settings.defaults())
+    for path in (path for package in project_packages() for path in package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        names |= set(ENV_READ.findall(text)) | set(ENV_CONSTANT.findall(text))
+    documented = {row[0].strip("`") for row in tables(SETTINGS_PAGE).get("Environment", [])}
+    assert not names - documented, f"docs/settings.md, section Environment: add {sorted(names - documented)}"
+
+
+def test_every_make_variable_with_a_default_is_documented():
+    names = set(MAKE_DEFAULT.findall((ROOT / "Makefile").read_text(encoding="utf-8")))
+    documented = {row[0].strip("`") for row in tables(SETTINGS_PAGE).get("Make variables", [])}
+    assert not names - documented, f"docs/settings.md, section Make variables: add {sorted(names - documented)}"
