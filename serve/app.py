@@ -18,8 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from serve.errors import BundleRejected, ReloadFailed
-from serve.metrics import Metrics
 from serve.host import ModelHost, ModelRuntime
+from serve.metrics import Metrics
 from serve.observe import CallObserver, ObservedServer
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from serve.settings import Settings, SettingsError

@@ -4,19 +4,17 @@ Each request is a list of rows; a row is `{input name: 1-D array of length L}` (
 Rows wait in a bounded queue until `max_batch_size` rows are waiting or the oldest has waited
 `max_delay` seconds; a batch then takes up to `max_batch_size` rows of similar length (the oldest
 row always included, so nothing starves), and runs the backend in a worker thread so the event loop
-never blocks on it. A backend call costs a fixed overhead plus time per padded token (`BackendCost`,
-fitted to timings at several shapes): a batch of mixed lengths is split into groups of similar length,
-each padded to its longest with `pad_values` and run as its own call, wherever the padding saved is
-worth more than the extra calls. A batch whose expected backend time is within `inline_max` seconds
-runs on the event loop instead: for a small model the hop to the thread and back costs more than the
-batch itself. With no `max_delay`, such a request that comes at light load (backend idle, nothing
-queued, no batch finished within `inline_max`) runs at once, in its own task, without waking the
+never blocks on it. The backend's cost model (`serve.costmodel`) splits a batch of mixed lengths into
+groups of similar length, each padded to its longest with `pad_values` and run as its own call, and
+decides what runs inline: a batch whose expected backend time is within `inline_max` seconds runs on
+the event loop (for a small model the hop to the thread and back costs more than the batch itself),
+and such a request that comes at light load runs at once, in its own task, without waking the
 batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
-the batch runs. Imports no grpc: the transport maps `Overloaded`, `DeadlineExpired` and
-`BatcherClosed` to status codes.
+the batch runs. Imports no grpc: the transport maps the errors raised here (`Overloaded`,
+`DeadlineExpired`, `BatcherClosed`, from `serve.errors`) to status codes.
 """
 
 import asyncio
@@ -26,29 +24,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
+
+from serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
+from serve.errors import BatcherClosed, DeadlineExpired, Overloaded
 
 Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
 
 
-class Overloaded(Exception):
-    """The queue holds `max_queued` rows already; the caller should back off and retry."""
+class DropReason(StrEnum):
+    """Why queued rows were removed without running."""
 
-    code = "RESOURCE_EXHAUSTED"
-
-
-class DeadlineExpired(Exception):
-    """The request's deadline passed while its rows were queued; they were dropped."""
-
-    code = "DEADLINE_EXCEEDED"
-
-
-class BatcherClosed(Exception):
-    """The batcher stopped taking work (shutdown, or its model was replaced)."""
-
-    code = "UNAVAILABLE"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
 
 
 class BatchObserver:
@@ -63,96 +54,14 @@ class BatchObserver:
     def request_done(self, queue_wait: float) -> None:
         """A request finished; its first row waited `queue_wait` seconds before a batch took it."""
 
-    def rows_dropped(self, rows: int, reason: str) -> None:
-        """Rows removed from the queue without running (`reason`: cancelled, deadline)."""
-
-
-def _terms(rows: int, longest: int) -> tuple[float, float, float]:
-    """What a call's time grows with: once per call, per padded token, per padded token times length."""
-    return 1.0, rows * longest, rows * longest * longest
-
-
-# Subsets of the terms tried by `BackendCost.fit`, the fullest first: the best fit with no negative coefficient wins.
-_TERM_SUBSETS = ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (2,))
-
-
-@dataclass
-class BackendCost:
-    """Expected seconds of one backend call of `rows` rows padded to `longest`:
-    `scale * (overhead + per_token * rows * longest + per_token_length * rows * longest**2)`;
-    the last term is attention's, zero for models without it.
-
-    The coefficients come from timings at several shapes (`fit`) and decide how a batch splits;
-    `scale` follows the measured times since (`observe`), so a machine that slows down moves the
-    estimate without changing the split.
-    """
-
-    overhead: float
-    per_token: float
-    per_token_length: float = 0.0
-    scale: float = 1.0
-
-    @classmethod
-    def fit(cls, timings: Sequence[tuple[int, int, float]]) -> "BackendCost":
-        """Least relative squared error over (rows, longest, seconds) of single calls at two or more shapes,
-        with no coefficient below zero."""
-        if len({(rows, longest) for rows, longest, _ in timings}) < 2:
-            raise ValueError("fitting a backend cost needs timings at two or more shapes")
-        terms = np.array([_terms(rows, longest) for rows, longest, _ in timings])
-        seconds = np.maximum([s for *_, s in timings], 1e-9)
-        best, best_error = None, math.inf
-        for subset in _TERM_SUBSETS:
-            scaled = terms[:, subset] / seconds[:, None]  # relative error: short calls count as much as long ones
-            solution = np.linalg.lstsq(scaled, np.ones(len(seconds)), rcond=None)[0]
-            if (solution < 0).any():
-                continue
-            coefficients = np.zeros(3)
-            coefficients[list(subset)] = solution
-            error = float(((terms @ coefficients / seconds - 1) ** 2).sum())
-            if error < best_error:
-                best, best_error = coefficients, error
-        return cls(*(float(c) for c in best))
-
-    def call(self, rows: int, longest: int) -> float:
-        """Seconds for one call at the fitted speed."""
-        return self.overhead + rows * longest * (self.per_token + self.per_token_length * longest)
-
-    def unscaled(self, groups: Sequence[tuple[int, int]]) -> float:
-        """Seconds for calls of (rows, longest) at the fitted speed."""
-        return sum(self.call(rows, longest) for rows, longest in groups)
-
-    def seconds(self, groups: Sequence[tuple[int, int]]) -> float:
-        return self.scale * self.unscaled(groups)
-
-    def observe(self, groups: Sequence[tuple[int, int]], seconds: float) -> None:
-        """Move `scale` towards measured / expected for calls that took `seconds` in all."""
-        if (expected := self.unscaled(groups)) > 0:
-            self.scale = 0.8 * self.scale + 0.2 * seconds / expected
-
-    def split(self, lengths: Sequence[int]) -> list[int]:
-        """For lengths in ascending order, where to cut them into groups (end indices, the last one
-        `len(lengths)`) so that the calls' expected time is least; one group when there is no overhead
-        to weigh padding against. Dynamic programming over the distinct lengths."""
-        if self.overhead <= 0:
-            return [len(lengths)]
-        ends = [i + 1 for i in range(len(lengths)) if i + 1 == len(lengths) or lengths[i + 1] != lengths[i]]
-        starts = [0, *ends]
-        best, cut = [0.0], [0]
-        for j, end in enumerate(ends):
-            longest = lengths[end - 1]
-            choices = [best[i] + self.call(end - starts[i], longest) for i in range(j + 1)]
-            k = min(range(j + 1), key=choices.__getitem__)
-            best.append(choices[k])
-            cut.append(k)
-        cuts, j = [], len(ends)
-        while j > 0:
-            cuts.append(ends[j - 1])
-            j = cut[j]
-        return cuts[::-1]
+    def rows_dropped(self, rows: int, reason: DropReason) -> None:
+        """Rows removed from the queue without running."""
 
 
 @dataclass
 class BatchResult:
+    """A request's outputs stacked in row order, how long its first row waited, and how many batches it took."""
+
     outputs: Arrays
     queue_wait: float = 0.0
     batches: int = 0
@@ -213,8 +122,8 @@ class DynamicBatcher:
     def queued_rows(self) -> int:
         return len(self._pending)
 
-    def calibrate(self, timings: Sequence[tuple[int, int, float]]) -> None:
-        """Fit the backend's cost to (rows, longest, seconds) of single calls at several shapes."""
+    def calibrate(self, timings: Sequence[Timing]) -> None:
+        """Fit the backend's cost to single calls at several shapes."""
         self.cost = BackendCost.fit(timings)
 
     def start(self) -> None:
@@ -248,7 +157,8 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
-        if self._idle(request.enqueued) and self._inline(self._shapes(sorted(lengths))):
+        expected = self._expected(self._shapes(sorted(lengths)))
+        if runs_inline(expected, self.inline_max, self._load(request.enqueued)):
             # light load and a quick batch: run it now, without the batcher task
             if deadline is not None and deadline <= request.enqueued:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
@@ -260,11 +170,11 @@ class DynamicBatcher:
         try:
             outputs = await request.future
         except asyncio.CancelledError:
-            self._drop(request, "cancelled")
+            self._drop(request, DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
 
-    def _drop(self, request: _Request, reason: str) -> None:
+    def _drop(self, request: _Request, reason: DropReason) -> None:
         before = len(self._pending)
         self._pending = [row for row in self._pending if row.request is not request]
         if dropped := before - len(self._pending):
@@ -274,7 +184,7 @@ class DynamicBatcher:
     def _expire(self, now: float) -> None:
         for request in {row.request for row in self._pending if row.request.deadline is not None}:
             if request.deadline <= now:
-                self._drop(request, "deadline")
+                self._drop(request, DropReason.DEADLINE)
                 if not request.future.done():
                     request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
@@ -333,7 +243,7 @@ class DynamicBatcher:
         shapes = [(len(group), max(row.length for row in group)) for group in groups]
         try:
             inputs = [pad_rows([row.request.rows[row.index] for row in group], self.pad_values) for group in groups]
-            if self._inline(shapes):
+            if runs_inline(self._expected(shapes), self.inline_max):
                 results = self._timed_infer(inputs)
             else:
                 self._busy = True
@@ -368,28 +278,23 @@ class DynamicBatcher:
 
     def _shapes(self, lengths: list[int]) -> list[tuple[int, int]]:
         """(rows, longest) of the calls that rows of these ascending lengths would make."""
-        cuts = self._cuts(lengths)
-        return [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+        return group_shapes(lengths, self._cuts(lengths))
 
     def _cuts(self, lengths: list[int]) -> list[int]:
         return [len(lengths)] if self.cost is None or len(lengths) == 1 else self.cost.split(lengths)
 
     def _learn(self, shapes: list[tuple[int, int]], seconds: float) -> None:
         if self.cost is None:  # not calibrated: all of the first batch's time counts per token
-            self.cost = BackendCost(0.0, max(seconds, 1e-9) / sum(rows * longest for rows, longest in shapes))
+            self.cost = BackendCost.per_token_only(shapes, seconds)
         else:
             self.cost.observe(shapes, seconds)
 
-    def _idle(self, now: float) -> bool:
-        """No queue delay asked, nothing queued or running, and no batch finished within `inline_max`:
-        light load, where a request gains nothing by waiting for company. Under heavy load requests
-        arrive right after a batch ends and go through the queue, where they batch."""
-        busy = bool(self.max_delay or self._pending or self._busy)
-        return not busy and now - self._last_done > self.inline_max
+    def _load(self, now: float) -> Load:
+        return Load(self.max_delay, len(self._pending), self._busy, now - self._last_done)
 
-    def _inline(self, shapes: list[tuple[int, int]]) -> bool:
-        """Whether calls of these (rows, longest) shapes are expected to finish within `inline_max` seconds."""
-        return self.cost is not None and self.cost.seconds(shapes) <= self.inline_max
+    def _expected(self, shapes: list[tuple[int, int]]) -> float:
+        """Seconds that calls of these (rows, longest) shapes are expected to take; unknown before any was timed."""
+        return math.inf if self.cost is None else self.cost.seconds(shapes)
 
     def _timed_infer(self, inputs: list[Arrays]) -> list[tuple[Mapping[str, np.ndarray], float]]:
         """One backend call per group: its outputs and seconds."""

@@ -1,49 +1,56 @@
-"""Errors the serving layer raises, each naming the gRPC status the transport answers with.
+"""The serving layer's errors, one hierarchy.
 
-Kept free of grpc so the model and batching layers can raise them; `serve.transport` maps `code`
-(a `grpc.StatusCode` name) to the status.
+Free of grpc so the host and the batcher can raise them; `serve.transport` maps each class a call can
+raise to its status code (`STATUS_CODES`), and answers any other error as an internal one.
 """
 
 
 class ServeError(Exception):
-    """An error with a client-facing message and the gRPC status code name it maps to."""
+    """An error of the serving layer; its message says what went wrong and what to do."""
 
-    code = "INTERNAL"
     recurs = False
-    """Sending the same request again would fail the same way, even where the code is one clients retry."""
+    """Sending the same request again would fail the same way, even where its status is one clients retry."""
 
 
 class InvalidInput(ServeError):
-    code = "INVALID_ARGUMENT"
+    """A request that is malformed or out of range."""
 
 
 class TooLarge(ServeError):
     """A request over a size limit (texts per request), like gRPC's own message size limit: split it;
     sent again unchanged it fails again."""
 
-    code = "RESOURCE_EXHAUSTED"
     recurs = True
 
 
 class ModelNotFound(ServeError):
-    code = "NOT_FOUND"
+    """A model name or version this server does not serve."""
 
 
 class PermissionDenied(ServeError):
-    code = "PERMISSION_DENIED"
+    """A request for something outside what the server allows (a reload outside its root)."""
 
 
 class NotReady(ServeError):
     """The model is not loaded or warm yet, or the server is draining."""
 
-    code = "UNAVAILABLE"
+
+class Overloaded(ServeError):
+    """The queue holds `max_queued` rows already; the caller should back off and retry."""
+
+
+class DeadlineExpired(ServeError):
+    """The request's deadline passed while its rows were queued; they were dropped."""
+
+
+class BatcherClosed(ServeError):
+    """The batcher stopped taking work (shutdown, or its model was replaced)."""
 
 
 class ReloadFailed(ServeError):
     """A new bundle could not be loaded; the previous model keeps serving."""
 
-    code = "FAILED_PRECONDITION"
 
-
-class BundleRejected(RuntimeError):
-    """A bundle that cannot be served: failed verification, missing runtime, wrong model I/O."""
+class BundleRejected(ServeError):
+    """A bundle that cannot be served: failed verification, missing runtime, wrong model I/O. Raised while
+    loading, never to a call (a failed reload answers `ReloadFailed`)."""

@@ -16,16 +16,16 @@ import numpy as np
 
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
-from serve.backends import load_backend
-from serve.batching import BatcherClosed, BatchObserver, DynamicBatcher
+from serve.backend import load_backend
+from serve.batching import BatchObserver, DynamicBatcher
+from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
 from serve.encoding import TextEncoder
-from serve.errors import BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed, TooLarge
+from serve.errors import BatcherClosed, BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed, TooLarge
 from serve.metrics import Metrics
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-INLINE_TOKENIZE_CHARS = 256  # tens of microseconds of tokenizing: less than a hop to a thread and back
 WARM_UP_TIMINGS = 2  # timed calls per warm-up shape for the batcher's cost model
 
 
@@ -72,7 +72,7 @@ class ModelRuntime:
         self.encoder = TextEncoder(
             bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
         )
-        self.backend = load_backend(bundle, settings.providers, settings.threads, settings.spin)
+        self.backend = load_backend(bundle, settings)
         self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
         self.batcher = DynamicBatcher(
             self.backend.infer,
@@ -124,7 +124,7 @@ class ModelRuntime:
             for _ in range(WARM_UP_TIMINGS):
                 start = time.perf_counter()
                 self.backend.infer(inputs)
-                timings.append((batch, length, time.perf_counter() - start))
+                timings.append(Timing(batch, length, time.perf_counter() - start))
         if len(shapes) > 1:
             self.batcher.calibrate(timings)
             cost = self.batcher.cost
@@ -158,7 +158,7 @@ class ModelRuntime:
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
         """Small requests are tokenized on the event loop (cheaper than a thread hop), large ones in a thread."""
-        if sum(map(len, texts)) + sum(map(len, pairs or ())) <= INLINE_TOKENIZE_CHARS:
+        if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
             rows = self.encoder.encode(texts, pairs)
         else:
             rows = await asyncio.to_thread(self.encoder.encode, texts, pairs)

@@ -11,11 +11,22 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from common.bundle import BundleSpec
+from common.runtime import TRITON_PLATFORMS
 from serve import tensors
-from serve.batching import BatcherClosed, DeadlineExpired, Overloaded
-from serve.errors import InvalidInput, PermissionDenied, ServeError
-from serve.logs import REQUEST_ID
+from serve.errors import (
+    BatcherClosed,
+    DeadlineExpired,
+    InvalidInput,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    PermissionDenied,
+    ReloadFailed,
+    ServeError,
+    TooLarge,
+)
 from serve.host import ModelHost, ModelRuntime, Scores, check_texts
+from serve.logs import REQUEST_ID
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from serve.settings import Settings
 
@@ -23,8 +34,6 @@ log = logging.getLogger(__name__)
 
 CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
 KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-CLIENT_ERRORS = (ServeError, Overloaded, DeadlineExpired, BatcherClosed)
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 OUTPUTS = ("logits", "probabilities")
 TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -36,10 +45,23 @@ MAX_DETAILS_BYTES = 1024
 # gRPC's retry policy (gRFC A6) sends a call again after a retryable status unless the server's trailers carry
 # a negative pushback: set for errors that would only recur, such as a request over a limit.
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# The status a call ends with when it raised one of these; any other error is internal.
+STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    TooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    BatcherClosed: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExpired: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ReloadFailed: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
-def status_of(err: BaseException) -> grpc.StatusCode:
-    return grpc.StatusCode[err.code] if isinstance(err, CLIENT_ERRORS) else grpc.StatusCode.INTERNAL
+def status_of(err: BaseException) -> grpc.StatusCode | None:
+    """The status code for `err` from `STATUS_CODES` (its class or the nearest base listed); None: internal."""
+    return next((STATUS_CODES[cls] for cls in type(err).__mro__ if cls in STATUS_CODES), None)
 
 
 def details_of(err: BaseException) -> str:
@@ -55,10 +77,10 @@ def details_of(err: BaseException) -> str:
 
 async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
     """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
-    if isinstance(err, CLIENT_ERRORS):
-        if getattr(err, "recurs", False):  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
+    if (code := status_of(err)) is not None:
+        if err.recurs:  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
-        await context.abort(status_of(err), details_of(err))
+        await context.abort(code, details_of(err))
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
 
@@ -204,7 +226,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         try:
             self.host.get(request.name, request.version)
-        except CLIENT_ERRORS:
+        except (NotReady, ModelNotFound):
             return kserve_pb2.ModelReadyResponse(ready=False)
         return kserve_pb2.ModelReadyResponse(ready=True)
 
@@ -223,7 +245,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         return kserve_pb2.ModelMetadataResponse(
             name=runtime.name,
             versions=[runtime.version],
-            platform=PLATFORMS[runtime.spec.runtime],
+            platform=TRITON_PLATFORMS[runtime.spec.runtime],
             inputs=[Tensor(name="text", datatype="BYTES", shape=[-1])],
             outputs=[Tensor(name=name, datatype="FP32", shape=[-1, labels]) for name in OUTPUTS],
         )

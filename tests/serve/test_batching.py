@@ -1,24 +1,16 @@
 """The dynamic batcher against a fake backend: batching, order, padding, limits, cancellation."""
 
 import asyncio
-import math
 import random
 import threading
 import time
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from serve.batching import (
-    BackendCost,
-    BatcherClosed,
-    BatchObserver,
-    DeadlineExpired,
-    DynamicBatcher,
-    Overloaded,
-)
+from serve.batching import BatchObserver, DropReason, DynamicBatcher
+from serve.costmodel import BackendCost
+from serve.errors import BatcherClosed, DeadlineExpired, Overloaded
 from serve.settings import Settings
 
 
@@ -188,7 +180,7 @@ def test_cancelled_request_is_dropped_before_the_batch_runs():
     result = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [3.0]
     assert backend.seen == [3], "the cancelled rows must not reach the backend"
-    assert observer.dropped == [(2, "cancelled")]
+    assert observer.dropped == [(2, DropReason.CANCELLED)]
 
 
 def test_rows_past_their_deadline_are_dropped():
@@ -209,7 +201,7 @@ def test_rows_past_their_deadline_are_dropped():
     result = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [4.0]
     assert backend.seen == [4]
-    assert observer.dropped == [(1, "deadline")]
+    assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
@@ -394,61 +386,6 @@ def test_a_queue_delay_holds_even_a_quick_request_to_an_idle_batcher():
 
     assert asyncio.run(main()) >= 0.04
     assert backend.tasks == ["batcher"]
-
-
-@pytest.mark.parametrize("attention", [0.0, 2e-7])
-def test_backend_cost_fit_recovers_its_terms(attention):
-    shapes = [(rows, longest) for rows in (1, 32) for longest in (1, 32, 64)]
-    timings = [(rows, n, 3e-4 + 2e-5 * rows * n + attention * rows * n * n) for rows, n in shapes]
-    cost = BackendCost.fit(timings)
-    assert cost.overhead == pytest.approx(3e-4, rel=1e-6)
-    assert cost.per_token == pytest.approx(2e-5, rel=1e-6)
-    assert cost.per_token_length == pytest.approx(attention, abs=1e-12)
-    with pytest.raises(ValueError, match="two or more shapes"):
-        BackendCost.fit([(1, 32, 1e-3), (1, 32, 2e-3)])
-
-
-def test_backend_cost_fit_has_no_negative_terms():
-    # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
-    cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])
-    assert (cost.overhead, cost.per_token_length) == (0.0, 0.0)
-    assert cost.per_token > 0
-
-
-def test_backend_cost_scale_follows_measured_times_without_changing_the_split():
-    cost = BackendCost(1e-4, 1e-5)
-    lengths = [2, 2, 3, 30, 31, 60]
-    before = cost.split(lengths)
-    for _ in range(30):
-        cost.observe([(6, 60)], 2 * cost.unscaled([(6, 60)]))
-    assert cost.scale == pytest.approx(2.0, rel=1e-2)
-    assert cost.split(lengths) == before
-
-
-def _cheapest_split(lengths: list[int], cost: BackendCost) -> float:
-    """The least expected time over every way to cut `lengths` into consecutive groups (brute force)."""
-    best = math.inf
-    for mask in range(1 << (len(lengths) - 1)):
-        cuts = [i + 1 for i in range(len(lengths) - 1) if mask >> i & 1] + [len(lengths)]
-        groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
-        best = min(best, cost.unscaled(groups))
-    return best
-
-
-@given(
-    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=9).map(sorted),
-    overhead=st.sampled_from([0.0, 1e-5, 3e-4, 1e-2]),
-    attention=st.sampled_from([0.0, 1e-7]),
-)
-def test_backend_cost_split_is_the_cheapest_cut(lengths, overhead, attention):
-    cost = BackendCost(overhead, 1.6e-5, attention)
-    cuts = cost.split(lengths)
-    assert cuts[-1] == len(lengths) and cuts == sorted(set(cuts))
-    groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
-    if overhead == 0:
-        assert cuts == [len(lengths)], "with no overhead known, a batch is not split"
-    else:
-        assert cost.unscaled(groups) == pytest.approx(_cheapest_split(lengths, cost))
 
 
 def test_a_batch_of_mixed_lengths_runs_as_groups_of_similar_length():

@@ -1,0 +1,126 @@
+"""The backend's cost model: its fit, the splitter, and the rule for what runs inline on the event loop."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serve.costmodel import INLINE_TOKENIZE_CHARS, BackendCost, Load, Timing, group_shapes, runs_inline
+
+LIGHT = Load(max_delay=0.0, queued=0, busy=False, idle_for=math.inf)
+
+
+@pytest.mark.parametrize("attention", [0.0, 2e-7])
+def test_backend_cost_fit_recovers_its_terms(attention):
+    shapes = [(rows, longest) for rows in (1, 32) for longest in (1, 32, 64)]
+    timings = [(rows, n, 3e-4 + 2e-5 * rows * n + attention * rows * n * n) for rows, n in shapes]
+    cost = BackendCost.fit(timings)
+    assert cost.overhead == pytest.approx(3e-4, rel=1e-6)
+    assert cost.per_token == pytest.approx(2e-5, rel=1e-6)
+    assert cost.per_token_length == pytest.approx(attention, abs=1e-12)
+    with pytest.raises(ValueError, match="two or more shapes"):
+        BackendCost.fit([(1, 32, 1e-3), (1, 32, 2e-3)])
+
+
+def test_backend_cost_fit_has_no_negative_terms():
+    # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
+    cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])
+    assert (cost.overhead, cost.per_token_length) == (0.0, 0.0)
+    assert cost.per_token > 0
+
+
+def test_backend_cost_scale_follows_measured_times_without_changing_the_split():
+    cost = BackendCost(1e-4, 1e-5)
+    lengths = [2, 2, 3, 30, 31, 60]
+    before = cost.split(lengths)
+    for _ in range(30):
+        cost.observe([(6, 60)], 2 * cost.unscaled([(6, 60)]))
+    assert cost.scale == pytest.approx(2.0, rel=1e-2)
+    assert cost.split(lengths) == before
+
+
+def _cheapest_split(lengths: list[int], cost: BackendCost) -> float:
+    """The least expected time over every way to cut `lengths` into consecutive groups (brute force)."""
+    best = math.inf
+    for mask in range(1 << (len(lengths) - 1)):
+        cuts = [i + 1 for i in range(len(lengths) - 1) if mask >> i & 1] + [len(lengths)]
+        groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+        best = min(best, cost.unscaled(groups))
+    return best
+
+
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=9).map(sorted),
+    overhead=st.sampled_from([0.0, 1e-5, 3e-4, 1e-2]),
+    attention=st.sampled_from([0.0, 1e-7]),
+)
+def test_backend_cost_split_is_the_cheapest_cut(lengths, overhead, attention):
+    cost = BackendCost(overhead, 1.6e-5, attention)
+    cuts = cost.split(lengths)
+    assert cuts[-1] == len(lengths) and cuts == sorted(set(cuts))
+    groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
+    if overhead == 0:
+        assert cuts == [len(lengths)], "with no overhead known, a batch is not split"
+    else:
+        assert cost.unscaled(groups) == pytest.approx(_cheapest_split(lengths, cost))
+
+
+def test_backend_cost_fits_timing_records():
+    cost = BackendCost.fit([Timing(1, 8, 1e-3), Timing(4, 8, 4e-3)])
+    assert cost.call(2, 8) == pytest.approx(2e-3)
+
+
+def test_backend_cost_with_no_overhead_known_counts_all_time_per_padded_token():
+    cost = BackendCost.per_token_only([(2, 10), (1, 30)], 5e-3)
+    assert (cost.overhead, cost.per_token) == (0.0, pytest.approx(1e-4))
+
+
+def test_group_shapes_are_rows_and_longest_of_each_group():
+    assert group_shapes([2, 2, 3, 30, 31], [3, 5]) == [(3, 3), (2, 31)]
+
+
+def test_work_within_the_limit_runs_inline():
+    assert runs_inline(0.001, 0.002)
+
+
+def test_work_at_the_limit_runs_inline():
+    assert runs_inline(0.002, 0.002)
+
+
+def test_work_over_the_limit_goes_to_the_thread():
+    assert not runs_inline(0.003, 0.002)
+
+
+def test_work_of_unknown_cost_goes_to_the_thread():
+    assert not runs_inline(math.inf, 0.002)
+
+
+def test_a_quick_request_at_light_load_skips_the_queue():
+    assert runs_inline(0.001, 0.002, LIGHT)
+
+
+def test_a_slow_request_at_light_load_queues():
+    assert not runs_inline(0.003, 0.002, LIGHT)
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        Load(max_delay=0.001, queued=0, busy=False, idle_for=math.inf),
+        Load(max_delay=0.0, queued=1, busy=False, idle_for=math.inf),
+        Load(max_delay=0.0, queued=0, busy=True, idle_for=math.inf),
+        Load(max_delay=0.0, queued=0, busy=False, idle_for=0.002),
+    ],
+    ids=["queue-delay-asked", "rows-queued", "batch-running", "batch-finished-within-the-limit"],
+)
+def test_a_quick_request_queues_unless_the_load_is_light(load):
+    assert not runs_inline(0.001, 0.002, load)
+
+
+def test_short_texts_are_tokenized_inline():
+    assert runs_inline(INLINE_TOKENIZE_CHARS, INLINE_TOKENIZE_CHARS)
+
+
+def test_long_texts_are_tokenized_in_a_thread():
+    assert not runs_inline(INLINE_TOKENIZE_CHARS + 1, INLINE_TOKENIZE_CHARS)
