@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import grpc
@@ -197,7 +198,7 @@ async def serve(settings: Settings) -> int:
             "event": "serving",
             "port": port,
             "metrics_port": server.metrics_port,
-            "model": server.host.current.info(),
+            "model": asdict(server.host.current.describe()),
         },
     )
     await stop.wait()

@@ -9,7 +9,7 @@ swapped in; the old one finishes what it had queued.
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,24 @@ WARM_UP_TIMINGS = 2  # timed calls per warm-up shape for the batcher's cost mode
 class Scores:
     logits: np.ndarray  # (N, labels) float32
     probabilities: np.ndarray  # (N, labels) float32
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a runtime serves, as GetModelInfo answers and the logs record it."""
+
+    name: str
+    version: str
+    labels: tuple[str, ...]
+    max_length: int
+    runtime: str
+    precision: str
+    arch: str
+    providers: tuple[str, ...]
+    inputs: tuple[str, ...]
+    bundle_path: str
+    bundle_sha256: str
+    max_batch_size: int
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -204,21 +222,21 @@ class ModelRuntime:
             )
         return rows
 
-    def info(self) -> dict:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "labels": list(self.spec.labels),
-            "max_length": self.spec.max_length,
-            "runtime": self.spec.runtime,
-            "precision": self.spec.precision,
-            "arch": self.spec.arch,
-            "providers": list(self.backend.providers),
-            "inputs": list(self.spec.input_names),
-            "bundle_path": str(self.bundle.folder),
-            "bundle_sha256": self.manifest_sha256,
-            "max_batch_size": self.max_batch_size,
-        }
+    def describe(self) -> ModelDescription:
+        return ModelDescription(
+            name=self.name,
+            version=self.version,
+            labels=tuple(self.spec.labels),
+            max_length=self.spec.max_length,
+            runtime=self.spec.runtime,
+            precision=self.spec.precision,
+            arch=self.spec.arch,
+            providers=tuple(self.backend.providers),
+            inputs=tuple(self.spec.input_names),
+            bundle_path=str(self.bundle.folder),
+            bundle_sha256=self.manifest_sha256,
+            max_batch_size=self.max_batch_size,
+        )
 
     async def close(self) -> None:
         """Finish the queued rows, then release the backend."""
@@ -285,7 +303,7 @@ class ModelHost:
             runtime.name,
             runtime.version,
             runtime.bundle.folder,
-            extra={"event": "model_active", "model": runtime.info()},
+            extra={"event": "model_active", "model": asdict(runtime.describe())},
         )
         if previous is not None:
             await previous.close()

@@ -3,6 +3,7 @@
 import asyncio
 import functools
 import logging
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def classify_response(spec: BundleSpec, scores: Scores) -> classifier_pb2.Classi
 
 
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
-    return classifier_pb2.ModelInfo(**runtime.info())
+    return classifier_pb2.ModelInfo(**asdict(runtime.describe()))
 
 
 class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
