@@ -1,8 +1,9 @@
 """Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`."""
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from serve.batching import BatchObserver
+from serve.batching import BatchObserver, DropReason
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -54,11 +55,11 @@ class Metrics(BatchObserver):
         )
         self._http = None
 
-    def observe_call(self, method: str, code: str, seconds: float) -> None:
-        self.requests.labels(method, code).inc()
+    def observe_call(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.requests.labels(method, code.name).inc()
         self.latency.labels(method).observe(seconds)
-        if code != "OK":
-            self.errors.labels(code).inc()
+        if code is not grpc.StatusCode.OK:
+            self.errors.labels(code.name).inc()
 
     def set_model(self, name: str, version: str, runtime: str, providers: list[str]) -> None:
         self.model.clear()
@@ -74,8 +75,8 @@ class Metrics(BatchObserver):
     def request_done(self, queue_wait: float) -> None:
         self.queue_wait.observe(queue_wait)
 
-    def rows_dropped(self, rows: int, reason: str) -> None:
-        self.dropped.labels(reason).inc(rows)
+    def rows_dropped(self, rows: int, reason: DropReason) -> None:
+        self.dropped.labels(reason.value).inc(rows)
 
     def start_http(self, host: str, port: int) -> int:
         """Serve `/metrics` on `host:port` (0: any free port) in a daemon thread; return the port."""

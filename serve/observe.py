@@ -24,6 +24,7 @@ log = logging.getLogger("serve.access")
 REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
     ("unary_stream", grpc.unary_stream_rpc_method_handler),
@@ -110,15 +111,15 @@ class CallObserver:
 
     def _end(self, context, method, request_id, started, token, err, code=None) -> None:
         seconds = time.perf_counter() - started
-        code = (code or _status_code(context, err)).name
+        code = code or _status_code(context, err)
         self.metrics.observe_call(method, code, seconds)
         if token is not None:
             REQUEST_ID.reset(token)
-        if code == "OK" and not self.access_log:
+        if code is grpc.StatusCode.OK and not self.access_log:
             return
-        if code in ("INTERNAL", "UNKNOWN", "DATA_LOSS"):
+        if code in LOGGED_AS_ERRORS:
             level = logging.ERROR
-        elif code == "OK" and method.startswith(HEALTH_PREFIX):
+        elif code is grpc.StatusCode.OK and method.startswith(HEALTH_PREFIX):
             level = logging.DEBUG  # probes every few seconds would drown the rest
         else:
             level = logging.INFO
@@ -126,12 +127,12 @@ class CallObserver:
             level,
             "%s %s %.1f ms",
             method,
-            code,
+            code.name,
             seconds * 1000,
             extra={
                 "event": "rpc",
                 "method": method,
-                "code": code,
+                "code": code.name,
                 "ms": round(seconds * 1000, 3),
                 "peer": context.peer(),
                 "request_id": request_id,
