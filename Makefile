@@ -53,8 +53,8 @@ distill: transfer  ## distil every student of the recipe and train their baselin
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(PY) -m export bundles $(RECIPE)
 
-bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run
-	$(PY) -m export bench $(RECIPE)
+bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run (recipe: bench.models)
+	$(PY) -m bench models $(RECIPE)
 
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
@@ -75,18 +75,18 @@ call: $(STAMP)  ## classify TEXT with the server on PORT
 	$(PY) -m serve.client --address localhost:$(PORT) "$(TEXT)"
 
 SERVE_BENCH_ARGS ?=
-serve-bench: bundles  ## BUNDLE behind the server: p99 at 200/s, capacity vs an echo server, batch-32 vs raw backend
-	$(PY) -m serve.bench --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
+	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
 # `make all` after the benchmark: the serving benchmark and the smoke load test of the deployed
 # bundle, then the report. Each runs again only when the benchmark (and so the bundles) changed.
-$(RUN)/serve-bench/bench.json: $(RUN)/bench/manifest.json
-	$(PY) -m serve.bench --bundle $(BUNDLE) --out $(RUN)/serve-bench $(SERVE_BENCH_ARGS)
+$(RUN)/serve-bench/manifest.json: $(RUN)/bench/manifest.json
+	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
 $(RUN)/loadtest-smoke/manifest.json: $(RUN)/bench/manifest.json
 	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
-$(RUN)/report/manifest.json: $(RUN)/serve-bench/bench.json $(RUN)/loadtest-smoke/manifest.json
+$(RUN)/report/manifest.json: $(RUN)/serve-bench/manifest.json $(RUN)/loadtest-smoke/manifest.json
 	$(PY) -m report $(RECIPE)
 
 PROFILE       ?= smoke

@@ -13,11 +13,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.stats import ModelTable, ServingResult
 from common import manifest as mf
 from common.recipe import Recipe, RecipeError, load_recipe, run_dir
+from loadtests import result as loadtest_result
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
-BENCH_CELL = "b1_s64"
+BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first
 
 
 def stage_table(recipe: Recipe) -> Table:
@@ -68,28 +70,26 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         return lines
     deploy = recipe.export.deploy
     bundle = root / f"bundle-{deploy}"
-    bench = _json(root / "bench" / "bench.json")
-    if bench:
-        rows = {row["model"]: row for row in bench["rows"]}
+    if (root / "bench" / mf.MANIFEST).is_file():
+        bench = ModelTable.load(root / "bench")
+        batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
+        rows = {row.model: row for row in bench.rows}
         for model in (deploy, "teacher-int8"):
-            cells = rows.get(model, {}).get("cells", {})
-            key = BENCH_CELL if BENCH_CELL in cells else next(iter(sorted(cells)), None)
-            if key:
-                batch, length = key[1:].split("_s")
+            if model in rows:
+                cell = rows[model].cell(batch, length)
                 lines.append(
-                    f"bench {model}: {cells[key]['median_ms']:.2f} ms at batch {batch}, {length} tokens = "
-                    f"{cells[key]['speedup']:.1f}x teacher PyTorch eager ({bench['threads']} threads)"
+                    f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {length} tokens = "
+                    f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} threads)"
                 )
-    served = _json(root / "serve-bench" / "bench.json")
-    if served:
-        paced, capacity = served["summary"]["paced"], served["ratios"]
+    if (root / "serve-bench" / mf.MANIFEST).is_file():
+        served = ServingResult.load(root / "serve-bench")
         lines.append(
-            f"serving: p99 {paced['p99_ms']['median']:.2f} ms at {served['options']['rate']:g} calls/s; "
-            f"capacity {served['summary']['capacity']['calls_per_s']['median']:.0f} calls/s = "
-            f"{capacity['capacity_vs_echo']:.2f} of an echo server"
-            + (f", {capacity['capacity_vs_bare']:.2f} of a bare one" if "capacity_vs_bare" in capacity else "")
+            f"serving: p99 {served.median('paced', 'p99_ms'):.2f} ms at {served.options['rate']:g} calls/s; "
+            f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
+            f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
+            f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
         )
-    for loadtest in sorted(root.glob("loadtest-*/summary.json")):
+    for loadtest in sorted(root.glob(f"loadtest-*/{loadtest_result.RESULT_FILE}")):
         result = _json(loadtest)
         overall = result["overall"]
         if result["profile"] == "step":  # overall latency mixes every step: the capacity is the figure

@@ -1,1 +1,1 @@
-"""Export: ONNX (fused, INT8/FP16), TensorRT engines, parity gates, bundles and the benchmark."""
+"""Export: ONNX (fused, INT8/FP16), TensorRT engines, parity gates and bundles."""

@@ -1,7 +1,7 @@
 """`python -m export <command> RECIPE [--section.key=value ...]`.
 
 Commands: `bundles` (build every bundle of the recipe, or those named with `--only`, each checked
-against PyTorch and gated) and `bench` (the side-by-side latency benchmark).
+against PyTorch and gated). The bundles are timed by `python -m bench models`.
 """
 
 import argparse
@@ -20,9 +20,9 @@ from export.onnx_export import ExportError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("bundles", "bench"))
+    parser.add_argument("command", choices=("bundles",))
     parser.add_argument("recipe")
-    parser.add_argument("--force", action="store_true", help="rebuild (bench: measure again) even if up to date")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--only", action="append", help="bundles: just this bundle id (repeatable)")
     args, rest = parser.parse_known_args(argv)
     transformers.logging.set_verbosity_error()
@@ -32,15 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         if recipe.export is None:
             raise RecipeError(f"{args.recipe}: no `export` section")
-        if args.command == "bundles":
-            unknown = set(args.only or ()) - set(recipe.export.bundles)
-            if unknown:
-                raise RecipeError(f"--only {sorted(unknown)}: not in export.bundles of {args.recipe}")
-            bundle_stage.build(recipe, args.only, args.force)
-        else:
-            from export import bench
-
-            bench.run(recipe, force=args.force)
+        unknown = set(args.only or ()) - set(recipe.export.bundles)
+        if unknown:
+            raise RecipeError(f"--only {sorted(unknown)}: not in export.bundles of {args.recipe}")
+        bundle_stage.build(recipe, args.only, args.force)
     except (RecipeError, ArtifactError, ExportError, TensorRTUnavailable, ProviderFallback) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
-"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--echo] [--section.key=value ...]`.
+"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--echo] [--force] [--section.key=value ...]`.
 
 Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
 runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
+A run whose settings, bundle and texts are unchanged is not repeated without `--force`.
 Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr),
 2 when the run could not be made.
 """
@@ -12,17 +13,12 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from bench import BenchError, slo
+from bench.serving import deployed_bundle
 from common.manifest import ArtifactError
-from common.recipe import Profile, Recipe, RecipeError, load_recipe, parse_overrides, run_dir
-from loadtests import runner, slo
+from common.recipe import Profile, load_recipe, parse_overrides
+from loadtests import runner
 from loadtests.plan import SCENARIOS_VAR, parse_scenarios
-from serve.bench import BenchError
-
-
-def default_bundle(recipe: Recipe) -> Path:
-    if recipe.export is None:
-        raise RecipeError(f"recipe {recipe.name} has no `export` section: pass --bundle")
-    return run_dir(recipe) / f"bundle-{recipe.export.deploy}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,12 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="load the do-nothing echo server instead (loadtest-PROFILE-echo): the floor of gRPC and locust here",
     )
+    parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
-        bundle = (args.bundle or default_bundle(recipe)).resolve()
+        bundle = (args.bundle or deployed_bundle(recipe)).resolve()
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo)
+        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, force=args.force)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
         print(f"python -m loadtests: {err}", file=sys.stderr)
         return 2

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import stats
 from loadtests.plan import Stage
 
-PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
 MIN_FIT_REQUESTS = 100  # fewer, and a slope per 10,000 requests is mostly noise
 
 
@@ -40,24 +40,15 @@ class Samples:
         """The calls that returned in [start, end) seconds."""
         return self.where((self.end_s >= start) & (self.end_s < end))
 
+    def latencies_by_name(self) -> dict[str, np.ndarray]:
+        """The successful calls' latencies (ms) per request name, for the names with any."""
+        by_name = {name: self.ms[self.ok & (self.name == i)] for i, name in enumerate(self.names)}
+        return {name: ms for name, ms in by_name.items() if ms.size}
+
 
 def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
-    """Requests, failures, error rate, requests/s (and its share of `offered_rate`), latency percentiles."""
-    requests = len(samples.ms)
-    failures = int(np.count_nonzero(~samples.ok))
-    latencies = samples.ms[samples.ok]
-    rate = requests / seconds
-    stats = {
-        "requests": requests,
-        "failures": failures,
-        "error_rate": failures / requests if requests else 0.0,
-        "requests_per_s": rate,
-        "offered_rate": offered_rate,
-        "rate_share": rate / offered_rate if offered_rate else None,
-        "mean_ms": float(latencies.mean()) if latencies.size else None,
-    }
-    values = np.percentile(latencies, list(PERCENTILES.values())).tolist() if latencies.size else [None] * 4
-    return stats | dict(zip(PERCENTILES, values, strict=True))
+    """`bench.stats.call_stats` of the calls in `samples`."""
+    return stats.call_stats(samples.ms[samples.ok], int(np.count_nonzero(~samples.ok)), seconds, offered_rate)
 
 
 def by_name(samples: Samples, seconds: float) -> dict[str, dict]:

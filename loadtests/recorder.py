@@ -6,12 +6,15 @@ load started), `end_s` (when each call returned, seconds after `started`), `ms` 
 (no exception), `name` (index into `names`) and `names`.
 """
 
-import os
 import time
 from array import array
 from pathlib import Path
 
 import numpy as np
+
+from common.atomic import atomic_write
+
+SAMPLES_FILE = "requests.npz"
 
 
 class Recorder:
@@ -42,15 +45,12 @@ class Recorder:
 
     def save(self) -> None:
         started = self.started if self.started is not None else time.time()
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(
-                handle,
-                started=np.float64(started),
-                end_s=np.asarray(self.end, np.float64) - started,
-                ms=np.asarray(self.ms, np.float64),
-                ok=np.asarray(self.ok, bool),
-                name=np.asarray(self.name, np.int16),
-                names=np.array(list(self.names) or [""]),
-            )
-        os.replace(tmp, self.path)
+        columns = {
+            "started": np.float64(started),
+            "end_s": np.asarray(self.end, np.float64) - started,
+            "ms": np.asarray(self.ms, np.float64),
+            "ok": np.asarray(self.ok, bool),
+            "name": np.asarray(self.name, np.int16),
+            "names": np.array(list(self.names) or [""]),
+        }
+        atomic_write(self.path, lambda tmp: np.savez_compressed(tmp, **columns))

@@ -5,13 +5,12 @@ on loopback; this process samples their CPU and the server's RSS twice a second.
 built under a temporary name and renamed into place with its manifest: plan.json, texts.txt,
 requests.npz (every call), locust's CSV files (`locust_stats.csv`, `locust_stats_history.csv`, ...;
 their percentiles are rounded to whole ms) and HTML report (`report.html`), server.log, locust.log,
-summary.json and summary.md (see `loadtests.summary`).
+summary.json and summary.md (see `loadtests.result`).
 """
 
 import csv
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -20,14 +19,17 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 
+from bench import config_hash
+from bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
+from bench.texts import load_texts, texts_info
 from common import manifest as mf
 from common.bundle import load_bundle
 from common.recipe import LoadtestConfig, Profile, Recipe, run_dir
 from common.settings import PROJECT_ROOT
-from loadtests import summary as sm
+from loadtests import result as rs
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import PLAN_VAR, Plan
-from serve.bench import cpu_seconds, free_port, load_texts, running
+from loadtests.recorder import SAMPLES_FILE
 from serve.settings import Settings, load_settings
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
@@ -85,20 +87,14 @@ def drive(folder: Path, port: int, server: psutil.Process, seconds: float) -> li
     command += ["--only-summary", "--exit-code-on-error", "0"]
     env = os.environ | {PLAN_VAR: str(folder / "plan.json"), "PYTHONPATH": str(PROJECT_ROOT)}
     log = folder / "locust.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=sink, stderr=sink)
+    process = start(command, log, env)
     sampler = Sampler(server, psutil.Process(process.pid))
     sampler.start()
-    try:
-        code = process.wait(seconds + EXIT_MARGIN_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        code = None
+    code = finish(process, seconds + EXIT_MARGIN_S)
     rows = sampler.stop()
     if code != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
-        raise LoadtestError(f"locust {'hung' if code is None else f'exited with {code}'}; its log ends:\n{tail}")
+        outcome = "hung" if code is None else f"exited with {code}"
+        raise LoadtestError(f"locust {outcome}; its log ends:\n{log_tail(log)}")
     return rows
 
 
@@ -116,23 +112,29 @@ def run(
     scenarios: dict[str, int] | None = None,
     console: Console | None = None,
     echo: bool = False,
+    force: bool = False,
 ) -> dict:
-    """Run `profile` of the recipe's `loadtest` section against `bundle`; the summary (see `loadtests.summary`).
+    """Run `profile` of the recipe's `loadtest` section against `bundle`; the result (see `loadtests.result`).
 
     With `echo`, the same load goes to the do-nothing echo server instead (`loadtest-<profile>-echo/`):
     the latency floor of gRPC and locust on this machine, to tell the server's cost from the client's.
+    Skipped when the last run had the same settings, bundle, texts and scenarios, and the bundle is unchanged.
     """
     console = console or Console(width=200)
     cfg = recipe.loadtest or LoadtestConfig()
-    loaded = load_bundle(bundle)
-    texts, source = load_texts(texts_file)
-    flags, settings = server_flags(bundle, cfg)
     scenarios = scenarios or cfg.profile(profile).scenarios
     if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
         raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
-    watch = mf.Stopwatch()
     stage = f"loadtest-{profile}" + ("-echo" if echo else "")
     out = run_dir(recipe) / stage
+    config = config_hash(recipe, ("loadtest",), bundle=bundle, texts=texts_file, scenarios=scenarios, echo=echo)
+    if not force and mf.is_current(out, config):
+        print(f"[{stage}] up to date: {out} (--force to run it again)")
+        return json.loads((out / rs.RESULT_FILE).read_text(encoding="utf-8"))
+    loaded = load_bundle(bundle)
+    texts, source = load_texts(texts_file)
+    flags, settings = server_flags(bundle, cfg)
+    watch = mf.Stopwatch()
     with mf.stage_folder(out) as tmp:
         plan = Plan(
             profile=profile,
@@ -140,16 +142,16 @@ def run(
             scenarios=scenarios,
             model=loaded.spec.name,
             texts=Path("texts.txt"),
-            samples=Path("requests.npz"),
+            samples=Path(SAMPLES_FILE),
         )
         (tmp / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
         (tmp / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
         load_before = os.getloadavg()
         console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}, results in {out}[/]")
-        module, args = ("serve.echo", ["--port", str(settings.port)]) if echo else ("serve", flags)
+        module, args = ("bench.servers", ["--port", str(settings.port)]) if echo else ("serve", flags)
         with running(module, args, settings.port, tmp / "server.log") as server:
             rows = drive(tmp, settings.port, server, plan.duration_s)
-        samples = Samples.load(tmp / "requests.npz")
+        samples = Samples.load(tmp / SAMPLES_FILE)
         target = (
             ECHO_TARGET if echo else loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
         )
@@ -158,21 +160,21 @@ def run(
             "echo": echo,
             "bundle": {"path": None if echo else str(bundle)} | target,
             "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
-            "texts": sm.texts_info(texts, source),
+            "texts": texts_info(texts, source),
             "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
         }
-        result = sm.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(tmp), context)
-        (tmp / "summary.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        (tmp / "summary.md").write_text(sm.markdown(result), encoding="utf-8")
+        result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(tmp), context)
+        (tmp / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (tmp / "summary.md").write_text(rs.markdown(result), encoding="utf-8")
         manifest = mf.for_stage(
             recipe,
             stage,
-            recipe.section_hash("loadtest"),
+            config,
             watch,
-            metrics=sm.headline(result),
+            metrics=rs.headline(result),
             parents={} if echo else {"bundle": mf.parent_of(bundle)},
             info={"profile": profile, "echo": echo, "checks": result["checks"]},
         )
         mf.commit(tmp, out, manifest)
-    sm.show(result, console)
+    rs.show(result, console)
     return result

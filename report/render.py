@@ -7,13 +7,15 @@ import base64
 import html
 from pathlib import Path
 
-import numpy as np
-
+from bench.stats import RESULT_FILE, ModelTable
 from common import manifest as mf
 from common.recipe import Recipe, run_dir
+from loadtests import result as loadtest_result
+from loadtests.analysis import Samples
+from loadtests.recorder import SAMPLES_FILE
 from report import plots
 
-PARETO_CELLS = ("b1_s64", "b1_s32", "b1_s16")
+PARETO_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) of the accuracy-latency figure: the first timed
 
 
 def _finished(folder: Path) -> bool:
@@ -105,39 +107,40 @@ def _distillation(page: Page, root: Path) -> None:
 def _benchmark(page: Page, root: Path) -> None:
     if not _finished(root / "bench"):
         return
-    rows = plots.read_json(root / "bench" / "bench.json")["rows"]
-    keys = list(rows[0]["cells"])
+    table = ModelTable.load(root / "bench")
+    labels = [cell.label for cell in table.rows[0].cells]
     page.heading("Benchmark (latency ms, median; speedup vs teacher PyTorch eager)", [f"../bench/{mf.MANIFEST}"])
     page.table(
-        ["model", "precision", "size MiB", "dev acc", *keys],
+        ["model", "precision", "size MiB", "dev acc", *labels],
         [
-            [r["model"], r["precision"], f"{r['size_bytes'] / 2**20:.1f}", f"{r['dev_accuracy']:.4f}"]
-            + [f"{r['cells'][k]['median_ms']:.2f} ({r['cells'][k]['speedup']:.1f}x)" for k in keys]
-            for r in rows
+            [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", f"{r.dev_accuracy:.4f}"]
+            + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+            for r in table.rows
         ],
     )
     left_out = mf.load(root / "bench", verify=False).info.get("left_out", {})
     if left_out:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
-    cell = next((c for c in PARETO_CELLS if c in keys), keys[0])
+    batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
     points = [
         {
-            "model": r["model"],
-            "latency_ms": r["cells"][cell]["median_ms"],
-            "dev_accuracy": r["dev_accuracy"],
-            "size_mib": r["size_bytes"] / 2**20,
+            "model": r.model,
+            "latency_ms": r.cell(batch, length).median_ms,
+            "dev_accuracy": r.dev_accuracy,
+            "size_mib": r.size_bytes / 2**20,
         }
-        for r in rows
+        for r in table.rows
     ]
-    page.figure("pareto.png", plots.pareto(points, cell), "accuracy against latency")
+    page.figure("pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens"), "accuracy against latency")
 
 
 def _serving(page: Page, root: Path) -> None:
-    results = root / "serve-bench" / "bench.md"
-    if results.is_file():
-        page.heading("Serving benchmark", ["../serve-bench/bench.json"])
-        page.md += [results.read_text(encoding="utf-8"), ""]
-        page.html.append(f"<pre>{html.escape(results.read_text(encoding='utf-8'))}</pre>")
+    folder = root / "serve-bench"
+    if _finished(folder):
+        page.heading("Serving benchmark", [f"../serve-bench/{mf.MANIFEST}", f"../serve-bench/{RESULT_FILE}"])
+        results = (folder / "bench.md").read_text(encoding="utf-8")
+        page.md += [results, ""]
+        page.html.append(f"<pre>{html.escape(results)}</pre>")
 
 
 def _number(value, spec: str) -> str | None:
@@ -147,7 +150,7 @@ def _number(value, spec: str) -> str | None:
 
 def _loadtests(page: Page, root: Path) -> None:
     for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
-        result = plots.read_json(folder / "summary.json")
+        result = plots.read_json(folder / loadtest_result.RESULT_FILE)
         profile = result["profile"]
         target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
         page.heading(
@@ -180,12 +183,7 @@ def _loadtests(page: Page, root: Path) -> None:
                 for c in result["checks"]
             ],
         )
-        with np.load(folder / "requests.npz") as calls:
-            ok = calls["ok"]
-            by_name = {
-                str(name): calls["ms"][ok & (calls["name"] == i)] for i, name in enumerate(calls["names"].tolist())
-            }
-        by_name = {name: ms for name, ms in by_name.items() if ms.size}
+        by_name = Samples.load(folder / SAMPLES_FILE).latencies_by_name()
         if by_name:
             page.figure(
                 f"{folder.name}-latency.png",

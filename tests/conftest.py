@@ -11,10 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module *args` with RUNS_DIR=`runs`, its output captured."""
+    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
+    return subprocess.run([PYTHON, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m export *args` with RUNS_DIR=`runs`, its output captured."""
-    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
-    return subprocess.run([PYTHON, "-m", "export", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    return run_module("export", runs, *args)
 
 
 @pytest.fixture(autouse=True)

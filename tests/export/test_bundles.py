@@ -178,34 +178,6 @@ def test_fp32_gate_message_has_the_figures():
         gate(figures, "fp32", 0.999, 0.005, "x")
 
 
-def test_bench_writes_its_tables(smoke_bundles):
-    import json
-
-    result = run_export(smoke_bundles.parent, "bench", str(SMOKE))
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = json.loads((smoke_bundles / "bench" / "bench.json").read_text())["rows"]
-    assert rows[0]["model"] == "teacher-pytorch-eager" and rows[0]["cells"]["b1_s16"]["speedup"] == 1.0
-    bundles = load_recipe(SMOKE).export.bundles
-    here = {
-        b
-        for b, spec in bundles.items()
-        if spec.runtime == "onnxruntime" and not missing_here("onnxruntime", spec.providers)
-    }
-    assert {"teacher-cuda-fp16", "bilstm-engine"} - here  # the smoke recipe has bundles some machines cannot time
-    assert {r["model"] for r in rows if not r["model"].startswith("teacher-pytorch-eager")} == here
-    for bundle_id in set(bundles) - here:
-        assert f"[bench] {bundle_id} not timed here: " in result.stdout
-    assert set(mf.load(smoke_bundles / "bench").info["left_out"]) == set(bundles) - here
-    for row in rows:
-        for cell in row["cells"].values():
-            assert cell["min_ms"] <= cell["median_ms"] <= cell["max_ms"] and cell["calls"] >= 5
-    assert "teacher-int8" in (smoke_bundles / "bench" / "bench.md").read_text()
-    manifest = mf.load(smoke_bundles / "bench")
-    again = run_export(smoke_bundles.parent, "bench", str(SMOKE))
-    assert again.returncode == 0 and "[bench] up to date" in again.stdout, again.stderr[-2000:]
-    assert mf.load(smoke_bundles / "bench").created == manifest.created  # not measured again
-
-
 def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):
     bundles = load_recipe(SMOKE).export.bundles
     result = run_export(smoke_bundles.parent, "bundles", str(SMOKE))

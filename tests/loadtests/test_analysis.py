@@ -1,10 +1,9 @@
-"""Figures from samples: call statistics, CPU, RSS growth, SLO verdicts and the capacity search."""
+"""Figures from samples: call statistics, CPU, RSS growth, and the notes on a run."""
 
 import numpy as np
 import pytest
 
-from common.recipe import SloConfig
-from loadtests import analysis, slo, summary
+from loadtests import analysis, result
 from loadtests.analysis import Resources, Samples
 from loadtests.recorder import Recorder
 
@@ -36,28 +35,6 @@ def test_call_stats():
     assert stats["p50_ms"] == pytest.approx(0.955) and stats["max_ms"] == 1.9  # failed calls' latencies left out
     assert len(run.between(0, 1).ms) == 100 and len(run.between(1, 2).ms) == 100
     assert analysis.call_stats(samples([], []), 1.0)["p99_ms"] is None
-
-
-def test_capacity_is_the_busiest_step_within_the_slo():
-    steps = [step(100, 1.0), step(200, 2.0), step(290, 2.9), step(300, 4.0), step(310, 2.5, errors=0.01)]
-    assert slo.capacity(steps, SloConfig(p99_ms=3)) is steps[2]
-    slow = [step(100, 1.0), step(180, 1.5, offered=200), step(200, 1.8, offered=300)]
-    assert slo.capacity(slow, SloConfig(p99_ms=3)) is slow[0]  # the others fell below 0.95 of the offered rate
-    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=0.9)) is slow[1]
-    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=None)) is slow[2]
-    assert slo.capacity([step(100, 5.0)], SloConfig(p99_ms=3)) is None
-
-
-def test_slo_verdicts_name_the_threshold():
-    verdicts = slo.check(step(200, 2.4) | {"p50_ms": 0.9}, SloConfig(p50_ms=1, p99_ms=0.001))
-    assert [(v["name"], v["passed"]) for v in verdicts] == [
-        ("p50_ms", True),
-        ("p99_ms", False),
-        ("error_rate", True),
-        ("rate_share", True),
-    ]
-    assert slo.describe(verdicts[1]) == "p99_ms 2.4 (wanted <= 0.001)"
-    assert not slo.check(step(200, 1.0) | {"requests": 0}, SloConfig())[0]["passed"]  # no call: no pass
 
 
 def test_rss_growth_per_10k_requests():
@@ -92,22 +69,27 @@ def test_recorder_round_trip(tmp_path):
     assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5 and loaded.started > 0
 
 
-def test_capacity_verdict():
-    assert slo.capacity_verdict(step(250, 1.0), 200)["passed"]
-    assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
-    assert not slo.capacity_verdict(None, None)["passed"] and slo.capacity_verdict(step(1, 1.0), None)["passed"]
-
-
 def test_notes_say_when_the_load_generator_is_the_limit():
     stages = [
         step(200, 1.0) | {"name": "step 1", "generator_bound": False},
         step(400, 2.0) | {"name": "step 2", "generator_bound": False},
         step(500, 9.0) | {"name": "step 3", "generator_bound": True},
     ]
-    notes = summary.notes_for(stages, stages[1], "step")
+    notes = result.notes_for(stages, stages[1], "step")
     assert notes[0].startswith("locust used >= 90 % of its core in step 3")
     assert notes[1] == "the step past capacity was generator-bound: capacity is a lower bound"
-    assert summary.notes_for(stages[:2], stages[1], "step") == [
+    assert result.notes_for(stages[:2], stages[1], "step") == [
         "every step met the SLO: capacity is a lower bound (add steps)"
     ]
-    assert summary.notes_for(stages[2:], None, "step")[1].startswith("no step met the SLO; the lowest p99 was 9.00 ms")
+    assert result.notes_for(stages[2:], None, "step")[1].startswith("no step met the SLO; the lowest p99 was 9.00 ms")
+
+
+def test_latencies_by_name_keep_the_successful_calls_of_each_name(tmp_path):
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.25, exception=None)
+    recorder.on_request(name="Classify", response_time=9.0, exception=RuntimeError("UNAVAILABLE"))
+    recorder.on_request(name="ModelInfer", response_time=3.5, exception=RuntimeError("NOT_FOUND"))
+    recorder.on_quitting()
+    by_name = Samples.load(tmp_path / "requests.npz").latencies_by_name()
+    assert {name: ms.tolist() for name, ms in by_name.items()} == {"Classify": [1.25]}

@@ -111,3 +111,16 @@ def test_steady_profile_holds_its_rate(bundle):
     overall = summary["overall"]
     assert overall["failures"] == 0 and overall["requests_per_s"] >= 0.5 * 40
     assert [c["name"] for c in summary["checks"]] == ["p99_ms", "error_rate", "rate_share", "locust_task_errors"]
+
+
+def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
+    first = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    folder, _ = results("smoke")
+    created = mf.load(folder).created
+    again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+    assert again.returncode == 0 and "[loadtest-smoke] up to date" in again.stdout, again.stderr[-3000:]
+    assert mf.load(folder).created == created
+    forced = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", "--force")
+    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    assert mf.load(folder).created != created

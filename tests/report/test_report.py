@@ -12,14 +12,15 @@ from common import manifest as mf
 from common.recipe import load_recipe
 from report.__main__ import main as report_main
 from report.render import build
-from tests.conftest import ROOT, run_export
+from tests.conftest import ROOT, run_module
 
 pytestmark = pytest.mark.slow
 
 
 def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatch):
-    bench = run_export(smoke_bundles.parent, "bench", str(ROOT / "recipes" / "smoke.yaml"))  # a no-op if up to date
-    assert bench.returncode == 0, bench.stderr[-2000:]
+    for command in ("models", "serving"):  # no-ops if up to date
+        bench = run_module("bench", smoke_bundles.parent, command, str(ROOT / "recipes" / "smoke.yaml"))
+        assert bench.returncode == 0, bench.stderr[-2000:]
     monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
     out = build(load_recipe(ROOT / "recipes" / "smoke.yaml"))
     page = (out / "index.html").read_text()
@@ -35,6 +36,8 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     assert left_out  # the smoke recipe names GPU bundles this machine cannot time
     for bundle_id, why in left_out.items():
         assert f"| {bundle_id} | {why} |" in markdown
+    assert "## Serving benchmark" in markdown and "[../serve-bench/manifest.json]" in markdown
+    assert (smoke_bundles / "serve-bench" / "bench.md").read_text() in markdown
     assert mf.load(out).stage == "report"
 
 

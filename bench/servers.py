@@ -1,4 +1,4 @@
-"""`python -m serve.echo --port 50052 [--bundle B]`: baseline `edgedistill.v1.Classifier` servers for benchmarks.
+"""`python -m bench.servers --port 50052 [--bundle B]`: baseline `edgedistill.v1.Classifier` servers for benchmarks.
 
 Without `--bundle`, the echo server: `Classify` answers one constant prediction per text, with no
 tokenizer, model or batcher, so a load test against it measures gRPC and the client alone. With
@@ -19,7 +19,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.bundle import load_bundle
-from serve.backends import load_backend
+from serve.backend import load_backend
 from serve.batching import pad_rows
 from serve.encoding import TextEncoder
 from serve.host import Scores, softmax
@@ -48,7 +48,7 @@ class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
         self.encoder = TextEncoder(
             bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
         )
-        self.backend = load_backend(bundle, [], threads)
+        self.backend = load_backend(bundle, Settings(threads=threads))
         self.output = self.spec.outputs[0].name
 
     async def Classify(self, request, context):
@@ -57,7 +57,7 @@ class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
         return classify_response(self.spec, Scores(logits, softmax(logits)))
 
 
-async def create_echo_server(
+async def create_baseline_server(
     host: str, port: int, bundle: Path | None = None, threads: int = 1
 ) -> tuple[grpc.aio.Server, int]:
     """A started echo server (the bare server with `bundle`) reporting SERVING, bound to `host:port` (0: any
@@ -81,7 +81,7 @@ async def create_echo_server(
 
 
 async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None:
-    server, bound = await create_echo_server(host, port, bundle, threads)
+    server, bound = await create_baseline_server(host, port, bundle, threads)
     kind = "echo server" if bundle is None else f"bare server for {bundle}"
     print(f"{kind} on port {bound}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
@@ -93,7 +93,7 @@ async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve.echo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.servers", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
     parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")

@@ -1,4 +1,7 @@
-"""SLO verdicts on a run's figures, and the capacity search over the steps of a stepped run."""
+"""SLO verdicts on call figures (`bench.stats.call_stats`), and the capacity search over the steps of a stepped load.
+
+A verdict is {name, measured, limit, passed}: the load tests' checks and the serving benchmark's targets alike.
+"""
 
 from common.recipe import SloConfig
 
@@ -8,7 +11,7 @@ def verdict(name: str, measured: float | None, limit: str, passed: bool) -> dict
 
 
 def check(stats: dict, slo: SloConfig) -> list[dict]:
-    """One verdict per threshold `slo` sets, on `stats` from `analysis.call_stats`."""
+    """One verdict per threshold `slo` sets, on `stats` from `bench.stats.call_stats`."""
     verdicts = []
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         limit = getattr(slo, key)

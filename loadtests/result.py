@@ -1,4 +1,4 @@
-"""The result of a load-test run: `summary.json`, `summary.md` and a table on the console.
+"""The result of a load-test run: its figures and SLO verdicts, as `summary.json`, `summary.md` and a console table.
 
 summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
@@ -19,15 +19,15 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 - `checks` [{name, measured, limit, passed}] and `passed`: the SLO gate.
 """
 
-import statistics
-
 from rich.console import Console
 
-from common.tables import markdown_results, print_results
-from loadtests import analysis, slo
+from bench import slo
+from bench.tables import markdown_results, print_results
+from loadtests import analysis
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import Plan
 
+RESULT_FILE = "summary.json"
 GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more
 
 
@@ -107,24 +107,15 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
     }
 
 
-def headline(summary: dict) -> dict:
+def headline(result: dict) -> dict:
     """The manifest's metrics: overall call figures, capacity and RSS growth where measured, the verdict."""
     keys = ("requests", "error_rate", "requests_per_s", "p50_ms", "p95_ms", "p99_ms")
-    metrics = {key: summary["overall"][key] for key in keys}
-    if summary["capacity"] is not None:
-        metrics["capacity_rps"] = summary["capacity"]["requests_per_s"]
-    if summary["rss_growth_mb_per_10k"] is not None:
-        metrics["rss_growth_mb_per_10k"] = summary["rss_growth_mb_per_10k"]
-    return metrics | {"passed": summary["passed"]}
-
-
-def texts_info(texts: list[str], source: str) -> dict:
-    lengths = [len(text) for text in texts]
-    return {
-        "source": source,
-        "count": len(texts),
-        "chars": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
-    }
+    metrics = {key: result["overall"][key] for key in keys}
+    if result["capacity"] is not None:
+        metrics["capacity_rps"] = result["capacity"]["requests_per_s"]
+    if result["rss_growth_mb_per_10k"] is not None:
+        metrics["rss_growth_mb_per_10k"] = result["rss_growth_mb_per_10k"]
+    return metrics | {"passed": result["passed"]}
 
 
 COLUMNS = {  # figure -> column
@@ -149,44 +140,44 @@ def _cell(value) -> str:
     return str(value)
 
 
-def rows(summary: dict) -> list[list[str]]:
-    stages = summary["stages"] if len(summary["stages"]) > 1 else []
-    overall = summary["overall"] | {"users": "", "name": "overall"}
+def rows(result: dict) -> list[list[str]]:
+    stages = result["stages"] if len(result["stages"]) > 1 else []
+    overall = result["overall"] | {"users": "", "name": "overall"}
     return [[s["name"]] + [_cell(s.get(key)) for key in COLUMNS] for s in [*stages, overall]]
 
 
-def heading(summary: dict) -> str:
-    b = summary["bundle"]
+def heading(result: dict) -> str:
+    b = result["bundle"]
     return (
-        f"load test {summary['profile']} of {b['name']} ({b['arch']}, {b['precision']}), "
-        f"{summary['duration_s']:g} s, scenarios {summary['scenarios']}, {summary['machine']['cpus']} CPUs"
+        f"load test {result['profile']} of {b['name']} ({b['arch']}, {b['precision']}), "
+        f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {result['machine']['cpus']} CPUs"
     )
 
 
-def verdict_rows(summary: dict) -> list[list[str]]:
-    return [[c["name"], _cell(c["measured"]), c["limit"], "pass" if c["passed"] else "MISS"] for c in summary["checks"]]
+def verdict_rows(result: dict) -> list[list[str]]:
+    return [[c["name"], _cell(c["measured"]), c["limit"], "pass" if c["passed"] else "MISS"] for c in result["checks"]]
 
 
-def extras(summary: dict) -> list[str]:
-    lines = list(summary["notes"])
-    if summary["capacity"] is not None:
-        lines.append(f"capacity within the SLO: {summary['capacity']['requests_per_s']:.0f} requests/s")
-    if summary["rss_growth_mb_per_10k"] is not None:
-        lines.append(f"server RSS growth: {summary['rss_growth_mb_per_10k']:.3f} MB per 10,000 requests")
+def extras(result: dict) -> list[str]:
+    lines = list(result["notes"])
+    if result["capacity"] is not None:
+        lines.append(f"capacity within the SLO: {result['capacity']['requests_per_s']:.0f} requests/s")
+    if result["rss_growth_mb_per_10k"] is not None:
+        lines.append(f"server RSS growth: {result['rss_growth_mb_per_10k']:.3f} MB per 10,000 requests")
     return lines
 
 
-def markdown(summary: dict) -> str:
-    lines = [f"{heading(summary)}.", ""]
-    lines += markdown_results(["stage", *COLUMNS.values()], rows(summary), ("check", verdict_rows(summary)))
-    if notes := extras(summary):
+def markdown(result: dict) -> str:
+    lines = [f"{heading(result)}.", ""]
+    lines += markdown_results(["stage", *COLUMNS.values()], rows(result), ("check", verdict_rows(result)))
+    if notes := extras(result):
         lines += ["", *(f"- {line}" for line in notes)]
     lines += ["", "Latency of successful calls as locust saw them; CPU %: 100 = one core."]
     return "\n".join(lines) + "\n"
 
 
-def show(summary: dict, console: Console) -> None:
+def show(result: dict, console: Console) -> None:
     header = ["stage", *COLUMNS.values()]
-    print_results(console, heading(summary), header, rows(summary), ("SLO", "check", verdict_rows(summary)))
-    for line in extras(summary):
+    print_results(console, heading(result), header, rows(result), ("SLO", "check", verdict_rows(result)))
+    for line in extras(result):
         console.print(f"- {line}")

@@ -1,0 +1,79 @@
+"""`python -m bench <command> RECIPE [options] [--section.key=value ...]`.
+
+Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
+runs/<recipe>/bench/) and `serving` (one bundle behind the server, against the targets of the
+recipe's `bench.serving` section: runs/<recipe>/serve-bench/). Exit status: 0 when measured (with
+`serving --check`, also every target met), 1 when `--check` found a target missed, 2 when the
+benchmark could not run.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from bench import BenchError
+from common.manifest import ArtifactError
+from common.recipe import RecipeError, load_recipe, parse_overrides
+from common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
+from serve.errors import BundleRejected
+from serve.settings import SettingsError
+
+
+def run_models(recipe, args) -> int:
+    import torch
+    import transformers
+
+    from bench import models
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    if recipe.export is None:
+        raise RecipeError(f"{args.recipe}: no `export` section")
+    models.run(recipe, force=args.force)
+    return 0
+
+
+def run_serving(recipe, args) -> int:
+    from bench import serving
+
+    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    result = serving.run(recipe, bundle, args.texts, args.force)
+    return 1 if args.check and not result.passed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    timed = commands.add_parser("models", help="every bundle beside the teacher in PyTorch eager")
+    timed.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    timed.add_argument("--force", action="store_true", help="measure again even if up to date")
+    timed.set_defaults(command_run=run_models)
+    served = commands.add_parser("serving", help="one bundle behind the server, against the recipe's targets")
+    served.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    served.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    served.add_argument("--texts", type=Path, help="texts, one per line (default: SST-2 dev from $DATA_DIR)")
+    served.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    served.add_argument("--force", action="store_true", help="measure again even if up to date")
+    served.set_defaults(command_run=run_serving)
+    args, rest = parser.parse_known_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        return args.command_run(recipe, args)
+    except (
+        BenchError,
+        RecipeError,
+        SettingsError,
+        ArtifactError,
+        ProviderFallback,
+        TensorRTUnavailable,
+        ModelLoadError,
+        BundleRejected,
+    ) as err:
+        print(f"python -m bench {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

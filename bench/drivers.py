@@ -1,0 +1,112 @@
+"""Load drivers of the serving benchmark: gRPC calls from asyncio tasks, paced or saturating, and a backend
+called in a loop; each returns a `Tally`, and `measure` turns one into figures with the CPU it cost."""
+
+import asyncio
+import functools
+import itertools
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import psutil
+
+from bench import BenchError
+from bench.processes import cpu_seconds
+from bench.stats import call_stats
+from serve.proto import classifier_pb2_grpc
+
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Tally:
+    """Successful calls' latencies (seconds) and failed calls by status code."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)
+
+    async def call(self, classify, request) -> None:
+        start = time.perf_counter()
+        try:
+            await classify(request)
+        except grpc.aio.AioRpcError as err:
+            self.errors[err.code().name] += 1
+            return
+        self.latencies.append(time.perf_counter() - start)
+
+    def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
+        """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code."""
+        if not self.latencies:
+            raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
+        stats = call_stats(np.array(self.latencies) * 1e3, sum(self.errors.values()), seconds, offered_rate)
+        texts = len(self.latencies) * texts_per_call / seconds
+        return stats | {"texts_per_s": texts, "seconds": seconds, "error_codes": dict(self.errors)}
+
+
+async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) -> Callable:
+    """`Classify` on loopback `port` with the drivers' timeout, over a channel that `stack` closes."""
+    channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+    return functools.partial(
+        classifier_pb2_grpc.ClassifierStub(channel).Classify, timeout=CALL_TIMEOUT_S, metadata=metadata
+    )
+
+
+async def paced(classify, requests: list, rate: float, duration: float) -> Tally:
+    """One call at a time, the i-th sent at start + i / rate (at once when behind), for `duration` seconds."""
+    tally = Tally()
+    start = time.perf_counter()
+    end = start + duration
+    for i in itertools.count():
+        due = start + i / rate
+        if due >= end or time.perf_counter() >= end:
+            return tally
+        if (wait := due - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        await tally.call(classify, requests[i % len(requests)])
+
+
+async def saturate(classify, requests: list, concurrency: int, duration: float) -> Tally:
+    """`concurrency` callers, each sending its next call as soon as the last returns, for `duration` seconds."""
+    tally = Tally()
+    end = time.perf_counter() + duration
+
+    async def caller(first: int) -> None:
+        for i in itertools.count(first, concurrency):
+            if time.perf_counter() >= end:
+                return
+            await tally.call(classify, requests[i % len(requests)])
+
+    await asyncio.gather(*(caller(k) for k in range(concurrency)))
+    return tally
+
+
+def infer_for(backend, batches: list[dict[str, np.ndarray]], duration: float) -> Tally:
+    """Run the backend on `batches` in turn for `duration` seconds."""
+    tally = Tally()
+    end = time.perf_counter() + duration
+    for i in itertools.count():
+        if time.perf_counter() >= end:
+            return tally
+        start = time.perf_counter()
+        backend.infer(batches[i % len(batches)])
+        tally.latencies.append(time.perf_counter() - start)
+
+
+async def measure(
+    load: Callable[[], Awaitable[Tally]],
+    texts_per_call: int,
+    server: psutil.Process | None,
+    offered_rate: float | None = None,
+) -> dict:
+    """Await `load()`; its record plus the CPU % (100 = one core) of this process and of `server`."""
+    processes = {"client": psutil.Process()} | ({"server": server} if server else {})
+    before = {name: cpu_seconds(p) for name, p in processes.items()}
+    start = time.perf_counter()
+    tally = await load()
+    seconds = time.perf_counter() - start
+    usage = {f"{name}_cpu": 100 * (cpu_seconds(p) - before[name]) / seconds for name, p in processes.items()}
+    return tally.record(seconds, texts_per_call, offered_rate) | usage

@@ -1,0 +1,216 @@
+"""The model benchmark: teacher PyTorch eager against every bundle, side by side, in one process and one run.
+
+Each cell is the median of many timed calls after warm-up, with min and max; ratios are against
+the teacher in PyTorch eager mode on the CPU at the same batch size and length. Bundles for GPU
+execution providers are timed where this onnxruntime build offers them (with the teacher in eager
+mode on CUDA beside them when PyTorch sees a GPU), and left out with the reason elsewhere. Settings
+come from the recipe's `bench.models` section. Results go to `runs/<recipe>/bench/` as a
+`bench.stats.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
+"""
+
+import time
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoModelForSequenceClassification
+
+from bench import config_hash
+from bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import ModelBenchConfig, Recipe, run_dir
+from common.runtime import missing_here, open_session
+
+STAGE = "bench"
+EAGER = "teacher-pytorch-eager"
+SECTIONS = ("export", "bench.models")  # what the table depends on: the bundles and the timing settings
+
+Timings = dict[tuple[int, int], Timing]  # (batch, length) -> timing
+
+
+def time_calls(call, cfg: ModelBenchConfig) -> Timing:
+    """Milliseconds per call after `cfg.warmup` untimed calls."""
+    for _ in range(cfg.warmup):
+        call()
+    times, start = [], time.perf_counter()
+    while len(times) < cfg.iterations or time.perf_counter() - start < cfg.min_seconds:
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return Timing.of(times)
+
+
+def inputs(names: list[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    values = {
+        "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
+        "attention_mask": np.ones((batch, length), dtype=np.int64),
+        "token_type_ids": np.zeros((batch, length), dtype=np.int64),
+    }
+    return {name: values[name] for name in names}
+
+
+def shapes(cfg: ModelBenchConfig) -> list[tuple[int, int]]:
+    """(batch, length) of every cell, in the order of the columns."""
+    return [(batch, length) for batch in cfg.batch_sizes for length in cfg.seq_lens]
+
+
+def _eager_row(recipe: Recipe, cfg: ModelBenchConfig, device: str = "cpu") -> tuple[dict, Timings]:
+    folder = run_dir(recipe) / "teacher"
+    manifest = mf.load(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(device)
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
+
+    def call(feed):
+        logits = model(**feed).logits
+        return logits.cpu()  # waits for the GPU; as a server would, it reads the result back
+
+    timings = {}
+    with torch.inference_mode():
+        for batch, length in shapes(cfg):
+            feed = {k: torch.from_numpy(v).to(device) for k, v in inputs(names, batch, length).items()}
+            timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
+    m = manifest.metrics
+    row = {
+        "model": EAGER if device == "cpu" else f"{EAGER}-{device}",
+        "precision": "fp32",
+        "runtime": f"pytorch ({device})",
+        "size_bytes": m["size_bytes"],
+        "dev_accuracy": m["dev_accuracy"],
+    }
+    return row, timings
+
+
+def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig) -> tuple[dict, Timings]:
+    bundle = load_bundle(folder)
+    sess = open_session(
+        bundle.model_path,
+        bundle.spec.providers,
+        threads=cfg.threads,
+        disabled_optimizers=bundle.spec.disabled_optimizers,
+    )
+    names = bundle.spec.input_names
+    timings = {}
+    for batch, length in shapes(cfg):
+        feed = inputs(names, batch, min(length, bundle.spec.max_length))
+        timings[batch, length] = time_calls(lambda feed=feed: sess.run(["logits"], feed), cfg)
+    m = bundle.manifest.metrics
+    row = {
+        "model": bundle_id,
+        "precision": bundle.spec.precision,
+        "runtime": f"onnxruntime ({', '.join(sess.get_providers())})",
+        "size_bytes": m["size_bytes"],
+        "dev_accuracy": m["dev_accuracy"],
+        "max_length": bundle.spec.max_length,
+    }
+    return row, timings
+
+
+def _left_out(spec) -> str | None:
+    """Why a bundle cannot be timed here, or None."""
+    if spec.runtime != "onnxruntime":
+        return f"runtime {spec.runtime} (`python -m bench serving` times it behind the server)"
+    return missing_here(spec.runtime, spec.providers)
+
+
+def table(threads: int, measured: list[tuple[dict, Timings]]) -> ModelTable:
+    """The rows with every cell's speedup over the first row's and items/s."""
+    base = measured[0][1]
+    rows = [
+        ModelRow(
+            **row,
+            cells=[
+                Cell(
+                    **timing.model_dump(),
+                    batch=batch,
+                    length=length,
+                    speedup=base[batch, length].median_ms / timing.median_ms,
+                    items_per_s=batch * 1e3 / timing.median_ms,
+                )
+                for (batch, length), timing in timings.items()
+            ],
+        )
+        for row, timings in measured
+    ]
+    return ModelTable(threads=threads, rows=rows)
+
+
+def run(recipe: Recipe, force: bool = False) -> ModelTable:
+    """Time every bundle this machine can run against the teacher; skipped when the last run had the same
+    settings and parents."""
+    cfg = recipe.bench.models
+    out = run_dir(recipe) / STAGE
+    config = config_hash(recipe, SECTIONS)
+    if not force and mf.is_current(out, config):
+        print(f"[bench] up to date: {out} (--force to measure again)")
+        return ModelTable.load(out)
+    watch = mf.Stopwatch()
+    torch.set_num_threads(cfg.threads)
+    measured = [_eager_row(recipe, cfg)]
+    if torch.cuda.is_available():
+        measured.append(_eager_row(recipe, cfg, "cuda"))
+    parents = {"teacher": mf.parent_of(run_dir(recipe) / "teacher")}
+    missing, left_out = [], {}
+    for bundle_id, spec in recipe.export.bundles.items():
+        reason = _left_out(spec)
+        if reason is not None:
+            left_out[bundle_id] = reason
+            continue
+        folder = run_dir(recipe) / f"bundle-{bundle_id}"
+        if not (folder / mf.MANIFEST).is_file():
+            missing.append(bundle_id)
+            continue
+        measured.append(_bundle_row(bundle_id, folder, cfg))
+        parents[bundle_id] = mf.parent_of(folder)
+    if missing:
+        print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
+    for bundle_id, reason in left_out.items():
+        print(f"[bench] {bundle_id} not timed here: {reason}")
+    result = table(cfg.threads, measured)
+    with mf.stage_folder(out) as tmp:
+        (tmp / RESULT_FILE).write_text(result.model_dump_json(indent=1), encoding="utf-8")
+        (tmp / "bench.md").write_text(markdown(result), encoding="utf-8")
+        mf.commit(
+            tmp,
+            out,
+            mf.for_stage(
+                recipe,
+                STAGE,
+                config,
+                watch,
+                parents=parents,
+                info={
+                    "threads": cfg.threads,
+                    "bench": cfg.model_dump(),
+                    "missing_bundles": missing,
+                    "left_out": left_out,
+                },
+            ),
+        )
+    print_table(result)
+    return result
+
+
+def markdown(result: ModelTable) -> str:
+    labels = [cell.label for cell in result.rows[0].cells]
+    head = "| model | precision | size MiB | dev acc | " + " | ".join(f"{k} ms (min-max) / x" for k in labels) + " |"
+    lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", "", head]
+    lines.append("|" + "---|" * (4 + len(labels)))
+    for r in result.rows:
+        cells = [f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.speedup:.1f}x" for c in r.cells]
+        size = r.size_bytes / 2**20
+        lines.append(f"| {r.model} | {r.precision} | {size:.1f} | {r.dev_accuracy:.4f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_table(result: ModelTable) -> None:
+    title = f"latency ms (median, speedup vs {EAGER}), {result.threads} threads"
+    out = Table(title=title, title_justify="left")
+    for column in ("model", "prec", "MiB", "dev acc", *(cell.label for cell in result.rows[0].cells)):
+        out.add_column(column, justify="left" if column == "model" else "right")
+    for r in result.rows:
+        cells = [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+        out.add_row(r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", f"{r.dev_accuracy:.4f}", *cells)
+    Console(width=200).print(out)

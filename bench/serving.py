@@ -1,0 +1,307 @@
+"""The serving benchmark: the server's latency, capacity and batched throughput on one bundle, against its targets.
+
+One run starts the server (`python -m serve`) and the two baseline servers of `bench.servers` as
+subprocesses on loopback and drives them from this process with grpc.aio tasks (`bench.drivers`).
+Each repeat measures:
+
+- paced: single-text `Classify` calls, one at a time, paced at `rate` for `duration_s`: latency, achieved rate;
+  the same against the echo server gives the latency floor of gRPC and this client;
+- capacity: single-text calls with `concurrency` in flight, unpaced, against the server, the echo server and
+  the bare server (the bundle's tokenizer and backend on the event loop, nothing else: the ceiling of any
+  server that runs this model on its event loop);
+- batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server;
+- raw: the bundle's backend in this process (same thread count) on the same texts, tokenized and padded
+  into batches of 32: the throughput the server's batched path is compared with.
+
+Settings and targets come from the recipe's `bench.serving` section; server settings also from
+`EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
+process and the server, so a client-bound result shows. Each figure is the median over the repeats
+with min and max. The result is the artifact `runs/<recipe>/serve-bench/`: bench.json (a
+`bench.stats.ServingResult`), bench.md, the three servers' logs and the manifest.
+"""
+
+import asyncio
+import functools
+import os
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from bench import BenchError, config_hash, drivers, slo
+from bench.processes import free_port, running
+from bench.stats import RESULT_FILE, ServingResult, summarize
+from bench.tables import markdown_results, print_results
+from bench.texts import batches_of, load_texts, texts_info
+from common import manifest as mf
+from common.bundle import Bundle, load_bundle
+from common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
+from serve.backend import load_backend
+from serve.batching import pad_rows
+from serve.encoding import TextEncoder
+from serve.proto import classifier_pb2
+from serve.settings import Settings, load_settings
+
+STAGE = "serve-bench"
+SECTIONS = ("bench.serving",)
+BATCH = 32
+BATCH_CONCURRENCY = 4
+WARMUP_S = 1.0
+PHASES = {  # phase -> table label: calls in flight x texts per call
+    "paced": "server, paced {rate:g}/s",
+    "echo_paced": "echo, paced {rate:g}/s",
+    "capacity": "server {concurrency}x1",
+    "echo": "echo {concurrency}x1",
+    "bare": "bare server {concurrency}x1",
+    "batched": f"server {BATCH_CONCURRENCY}x{BATCH}",
+    "raw": f"raw backend 1x{BATCH}",
+}
+
+
+def deployed_bundle(recipe: Recipe) -> Path:
+    """`runs/<recipe>/bundle-<export.deploy>`, the bundle served by default."""
+    if recipe.export is None:
+        raise RecipeError(f"recipe {recipe.name} has no `export` section: pass --bundle")
+    return run_dir(recipe) / f"bundle-{recipe.export.deploy}"
+
+
+def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], list[dict]]:
+    """The ratios (of medians) and a verdict per target the recipe sets."""
+    median = {phase: {key: spread.median for key, spread in fields.items()} for phase, fields in summary.items()}
+    texts = {phase: figures["texts_per_s"] for phase, figures in median.items()}  # single-text phases: calls/s
+    ratios = {
+        "capacity_vs_echo": texts["capacity"] / texts["echo"],
+        "batched_vs_raw": texts["batched"] / texts["raw"],
+        "bare_vs_echo": texts["bare"] / texts["echo"],
+        "capacity_vs_bare": texts["capacity"] / texts["bare"],
+    }
+    targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check(median["paced"], cfg.paced_slo)]
+    if (least := cfg.min_capacity_vs_echo) is not None:
+        measured = ratios["capacity_vs_echo"]
+        targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:.2f}", measured >= least))
+    if (least := cfg.min_batched_vs_raw) is not None:
+        measured = ratios["batched_vs_raw"]
+        targets.append(
+            slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:.2f}", measured >= least)
+        )
+    return ratios, targets
+
+
+def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
+    """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
+    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port())]
+    flags += ["--metrics-port", "off", "--threads", str(threads)]
+    settings = load_settings(flags)
+    if settings.tls_cert is not None:
+        raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
+    return flags, settings
+
+
+def raw_batches(bundle: Bundle, texts: list[str]) -> list[dict[str, np.ndarray]]:
+    """The texts tokenized with the bundle's tokenizer, padded into batches of BATCH."""
+    encoder = TextEncoder(bundle.tokenizer_path, bundle.spec.max_length, {t.name: t.dtype for t in bundle.spec.inputs})
+    return [pad_rows(encoder.encode(group), encoder.pad_values) for group in batches_of(texts, BATCH)]
+
+
+async def measure_all(
+    cfg: ServingBenchConfig,
+    bundle: Bundle,
+    logs: Path,
+    flags: list[str],
+    settings: Settings,
+    texts: list[str],
+    console: Console,
+) -> dict[str, list[dict]]:
+    """Start the three servers (their logs in `logs`), warm everything up, then run every phase `cfg.repeats`
+    times, interleaved."""
+    batches = raw_batches(bundle, texts)
+    singles = [classifier_pb2.ClassifyRequest(texts=[text]) for text in texts]
+    grouped = [classifier_pb2.ClassifyRequest(texts=group) for group in batches_of(texts, BATCH)]
+    metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),) if settings.token else ()
+    echo_port, bare_port = free_port(), free_port()
+    runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
+    async with AsyncExitStack() as stack:
+        backend = load_backend(bundle, settings)
+        stack.callback(backend.close)
+        server = stack.enter_context(running("serve", flags, settings.port, logs / "server.log"))
+        echo_flags = ["--host", "127.0.0.1", "--port", str(echo_port)]
+        echo = stack.enter_context(running("bench.servers", echo_flags, echo_port, logs / "echo.log"))
+        bare_flags = ["--host", "127.0.0.1", "--port", str(bare_port), "--bundle", str(bundle.folder)]
+        bare_flags += ["--threads", str(cfg.threads)]
+        bare = stack.enter_context(running("bench.servers", bare_flags, bare_port, logs / "bare.log"))
+        call = await drivers.classify_call(stack, settings.port, metadata)
+        echo_call = await drivers.classify_call(stack, echo_port)
+        bare_call = await drivers.classify_call(stack, bare_port)
+        await drivers.saturate(call, singles, cfg.concurrency, WARMUP_S)
+        await drivers.saturate(call, grouped, BATCH_CONCURRENCY, WARMUP_S)
+        await drivers.saturate(echo_call, singles, cfg.concurrency, WARMUP_S)
+        await drivers.saturate(bare_call, singles, cfg.concurrency, WARMUP_S)
+        drivers.infer_for(backend, batches, WARMUP_S)
+        seconds, rate = cfg.duration_s, cfg.rate
+        phases = {  # phase -> (load, texts per call, server process, offered calls/s)
+            "paced": (functools.partial(drivers.paced, call, singles, rate, seconds), 1, server, rate),
+            "echo_paced": (functools.partial(drivers.paced, echo_call, singles, rate, seconds), 1, echo, rate),
+            "capacity": (functools.partial(drivers.saturate, call, singles, cfg.concurrency, seconds), 1, server, None),
+            "echo": (functools.partial(drivers.saturate, echo_call, singles, cfg.concurrency, seconds), 1, echo, None),
+            "bare": (functools.partial(drivers.saturate, bare_call, singles, cfg.concurrency, seconds), 1, bare, None),
+            "batched": (
+                functools.partial(drivers.saturate, call, grouped, BATCH_CONCURRENCY, seconds),
+                BATCH,
+                server,
+                None,
+            ),
+            "raw": (
+                functools.partial(asyncio.to_thread, drivers.infer_for, backend, batches, seconds),
+                BATCH,
+                None,
+                None,
+            ),
+        }
+        for repeat in range(1, cfg.repeats + 1):
+            for phase, (load, texts_per_call, process, offered) in phases.items():
+                record = await drivers.measure(load, texts_per_call, process, offered)
+                runs[phase].append(record)
+                console.print(f"[dim]repeat {repeat}/{cfg.repeats} {phase}: {progress(record)}[/]")
+    return runs
+
+
+def progress(record: dict) -> str:
+    return (
+        f"{record['requests_per_s']:.0f} calls/s, {record['texts_per_s']:.0f} texts/s, p99 {record['p99_ms']:.2f} ms, "
+        f"{record['failures']} errors, client CPU {record['client_cpu']:.0f} %"
+        + (f", server CPU {record['server_cpu']:.0f} %" if "server_cpu" in record else "")
+    )
+
+
+def run(
+    recipe: Recipe,
+    bundle_folder: Path,
+    texts_file: Path | None = None,
+    force: bool = False,
+    console: Console | None = None,
+) -> ServingResult:
+    """Measure `bundle_folder` behind the server, write `runs/<recipe>/serve-bench/`, print the tables; skipped
+    when the last run had the same settings, bundle and texts, and the bundle is unchanged."""
+    console = console or Console(width=200)
+    cfg = recipe.bench.serving
+    out = run_dir(recipe) / STAGE
+    config = config_hash(recipe, SECTIONS, bundle=bundle_folder, texts=texts_file)
+    if not force and mf.is_current(out, config):
+        print(f"[{STAGE}] up to date: {out} (--force to measure again)")
+        return ServingResult.load(out)
+    watch = mf.Stopwatch()
+    texts, source = load_texts(texts_file)
+    bundle = load_bundle(bundle_folder)
+    flags, settings = server_settings(bundle_folder, cfg.threads)
+    with mf.stage_folder(out) as tmp:
+        load_before = os.getloadavg()
+        runs = asyncio.run(measure_all(cfg, bundle, tmp, flags, settings, texts, console))
+        summary = {phase: summarize(records) for phase, records in runs.items()}
+        ratios, targets = evaluate(summary, cfg)
+        result = ServingResult(
+            bundle={"path": str(bundle_folder)}
+            | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+            settings=settings.model_dump(mode="json", exclude={"token", "port"}),
+            options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
+            | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
+            texts=texts_info(texts, source),
+            machine={
+                "cpus": os.cpu_count(),
+                "load_avg_before": load_before,
+                "load_avg_after": os.getloadavg(),
+                "versions": mf.package_versions(),
+            },
+            runs=runs,
+            summary=summary,
+            ratios=ratios,
+            targets=targets,
+            passed=all(t["passed"] for t in targets),
+        )
+        (tmp / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (tmp / "bench.md").write_text(markdown(result), encoding="utf-8")
+        metrics = {
+            "paced_p99_ms": result.median("paced", "p99_ms"),
+            "capacity_calls_per_s": result.median("capacity", "texts_per_s"),
+            **ratios,
+            "passed": result.passed,
+        }
+        manifest = mf.for_stage(
+            recipe,
+            STAGE,
+            config,
+            watch,
+            metrics=metrics,
+            parents={"bundle": mf.parent_of(bundle_folder)},
+            info={"bench": cfg.model_dump(mode="json"), "targets": targets},
+        )
+        mf.commit(tmp, out, manifest)
+    print_tables(result, console)
+    return result
+
+
+COLUMNS = {  # figure -> table column
+    "requests_per_s": "calls/s",
+    "texts_per_s": "texts/s",
+    "p50_ms": "p50 ms",
+    "p95_ms": "p95 ms",
+    "p99_ms": "p99 ms",
+    "max_ms": "max ms",
+    "failures": "errors",
+    "client_cpu": "client CPU %",
+    "server_cpu": "server CPU %",
+}
+
+
+def cell(spread, digits: int) -> str:
+    """'median (min-max)', or only the median when the repeats agree."""
+    if spread is None:
+        return "-"
+    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def table_rows(result: ServingResult) -> list[list[str]]:
+    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    return [
+        [names[phase]] + [cell(figures.get(key), 2 if key.endswith("_ms") else 0) for key in COLUMNS]
+        for phase, figures in result.summary.items()
+    ]
+
+
+def target_rows(result: ServingResult) -> list[list[str]]:
+    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in result.targets]
+
+
+def heading(result: ServingResult) -> str:
+    o, b = result.options, result.bundle
+    return (
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {o['threads']} intra-op threads, "
+        f"{result.machine['cpus']} CPUs; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+    )
+
+
+def baseline_line(result: ServingResult) -> str:
+    return (
+        f"The bare server (this bundle's tokenizer and backend on the event loop, nothing else) reached "
+        f"{result.ratios['bare_vs_echo']:.2f} of the echo server's calls/s; the server reached "
+        f"{result.ratios['capacity_vs_bare']:.2f} of the bare server's."
+    )
+
+
+def markdown(result: ServingResult) -> str:
+    lines = [f"Serving benchmark: {heading(result)}.", ""]
+    lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result)))
+    lines += ["", baseline_line(result)]
+    lines += [
+        "",
+        "CPU %: 100 = one core. Client CPU near 100 % means the client, not the server, limited the rate;",
+        "for the raw backend it is the benchmark process running the model.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def print_tables(result: ServingResult, console: Console) -> None:
+    header = ["phase", *COLUMNS.values()]
+    print_results(console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result)))
+    console.print(baseline_line(result))

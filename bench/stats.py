@@ -1,0 +1,147 @@
+"""Statistics of timed calls, and the benchmarks' result records as their JSON files hold them.
+
+Latencies are in ms. `call_stats` gives the figures of one stretch of calls, from the serving
+benchmark's drivers and the load tests' samples alike; `Spread` is a figure's median, min and max
+over repeats. `ModelTable` is the model benchmark's `bench.json`; `ServingResult` the serving
+benchmark's.
+"""
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
+RESULT_FILE = "bench.json"  # in both benchmarks' folders
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def percentiles(ms: np.ndarray) -> dict[str, float | None]:
+    """p50, p95, p99 and max of `ms`; each None when `ms` is empty."""
+    if not ms.size:
+        return dict.fromkeys(PERCENTILES)
+    return dict(zip(PERCENTILES, np.percentile(ms, list(PERCENTILES.values())).tolist(), strict=True))
+
+
+def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: float | None = None) -> dict:
+    """Requests, failures, error rate, requests/s (and its share of `offered_rate`) over `seconds`, and the
+    mean and percentiles of the successful calls' latencies `ok_ms`."""
+    requests = len(ok_ms) + failures
+    rate = requests / seconds
+    stats = {
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests if requests else 0.0,
+        "requests_per_s": rate,
+        "offered_rate": offered_rate,
+        "rate_share": rate / offered_rate if offered_rate else None,
+        "mean_ms": float(ok_ms.mean()) if ok_ms.size else None,
+    }
+    return stats | percentiles(ok_ms)
+
+
+class Spread(Record):
+    """A figure over repeats."""
+
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Spread":
+        return cls(median=statistics.median(values), min=min(values), max=max(values))
+
+
+def summarize(records: list[dict]) -> dict[str, Spread]:
+    """The spread over `records` (one per repeat) of every field that is a number in the first."""
+    numeric = [
+        key for key, value in records[0].items() if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+    return {key: Spread.of([record[key] for record in records]) for key in numeric}
+
+
+class Timing(Record):
+    """Milliseconds per call over `calls` timed calls."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    calls: int
+
+    @classmethod
+    def of(cls, times_ms: list[float]) -> "Timing":
+        return cls(
+            median_ms=statistics.median(times_ms), min_ms=min(times_ms), max_ms=max(times_ms), calls=len(times_ms)
+        )
+
+
+class Cell(Timing):
+    """One model at one batch size and length; `speedup` is against the table's first row at the same shape."""
+
+    batch: int
+    length: int
+    speedup: float
+    items_per_s: float
+
+    @property
+    def label(self) -> str:
+        return f"b{self.batch}_s{self.length}"
+
+
+class ModelRow(Record):
+    """One model of the model benchmark: what it is, and a cell per batch size and length."""
+
+    model: str
+    precision: str
+    runtime: str
+    size_bytes: int
+    dev_accuracy: float
+    max_length: int | None = None
+    cells: list[Cell]
+
+    def cell(self, batch: int, length: int) -> Cell | None:
+        return next((c for c in self.cells if (c.batch, c.length) == (batch, length)), None)
+
+
+class ModelTable(Record):
+    """The model benchmark's `bench.json`: the rows, the teacher in PyTorch eager on the CPU first."""
+
+    threads: int
+    rows: list[ModelRow]
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(batch, length) of every cell, in the order of the columns."""
+        return [(c.batch, c.length) for c in self.rows[0].cells]
+
+    @classmethod
+    def load(cls, folder: Path) -> "ModelTable":
+        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))
+
+
+class ServingResult(Record):
+    """The serving benchmark's `bench.json` (see `bench.serving`): every repeat's figures per phase, their
+    spreads, the ratios between phases and the targets' verdicts."""
+
+    bundle: dict[str, Any]
+    settings: dict[str, Any]
+    options: dict[str, Any]
+    texts: dict[str, Any]
+    machine: dict[str, Any]
+    runs: dict[str, list[dict[str, Any]]]
+    summary: dict[str, dict[str, Spread]]
+    ratios: dict[str, float]
+    targets: list[dict[str, Any]]
+    passed: bool
+
+    def median(self, phase: str, figure: str) -> float:
+        return self.summary[phase][figure].median
+
+    @classmethod
+    def load(cls, folder: Path) -> "ServingResult":
+        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))

@@ -1,0 +1,35 @@
+"""Server and load-generator subprocesses: started until SERVING, stopped with SIGTERM, failures quoting their log."""
+
+import sys
+
+import pytest
+
+from bench import BenchError
+from bench.processes import finish, free_port, running, start
+
+
+def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
+    port = free_port()
+    with running("bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
+        assert process.is_running()
+    assert not process.is_running()
+    assert f"echo server on port {port}" in (tmp_path / "echo.log").read_text()
+
+
+def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
+    port = free_port()
+    failed = pytest.raises(BenchError, match=r"(?s)bench.servers exited with 2 at start; its log ends:.*--port")
+    with failed, running("bench.servers", ["--port", "not-a-port"], port, tmp_path / "bad.log"):
+        pass
+
+
+def test_finish_kills_a_process_that_hangs(tmp_path):
+    process = start([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "sleep.log")
+    assert finish(process, 0.5) is None
+    assert process.poll() is not None
+
+
+def test_finish_gives_the_exit_status(tmp_path):
+    process = start([sys.executable, "-c", "print('done'); raise SystemExit(3)"], tmp_path / "exit.log")
+    assert finish(process, 30) == 3
+    assert (tmp_path / "exit.log").read_text() == "done\n"

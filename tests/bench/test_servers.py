@@ -1,0 +1,55 @@
+"""The echo and bare servers that the serving benchmark measures the server against."""
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.servers import create_baseline_server
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from tests.serve.conftest import RunningServer, settings_for
+
+
+def classify_baseline(texts: list[str], bundle=None):
+    """Start a baseline server of `bench.servers` (the bare one with `bundle`), classify `texts`, check health, stop."""
+
+    async def exercise():
+        server, port = await create_baseline_server("127.0.0.1", 0, bundle)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = await classifier_pb2_grpc.ClassifierStub(channel).Classify(
+                    pb.ClassifyRequest(texts=texts), timeout=10
+                )
+                status = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        finally:
+            await server.stop(None)
+        return reply, status
+
+    return asyncio.run(exercise())
+
+
+def test_echo_server_answers_classify_and_health():
+    reply, status = classify_baseline(["one", "two", "three"])
+    assert [p.label for p in reply.predictions] == ["positive"] * 3
+    assert list(reply.predictions[0].probabilities) == pytest.approx([0.25, 0.75])
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_bare_server_answers_as_the_server_does(bundle):
+    texts = ["a great movie", "the plot was dull and boring", "fun"]
+    server = RunningServer(settings_for(bundle))
+    try:
+        with server.channel() as channel:
+            expected = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=texts), timeout=10)
+    finally:
+        server.close()
+    reply, status = classify_baseline(texts, bundle)
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    assert (reply.model_name, reply.model_version) == (expected.model_name, expected.model_version)
+    assert [p.label for p in reply.predictions] == [p.label for p in expected.predictions]
+    assert len({p.label for p in reply.predictions}) == 2  # the texts do not all get one label
+    for got, want in zip(reply.predictions, expected.predictions, strict=True):
+        assert list(got.logits) == pytest.approx(list(want.logits), abs=1e-5)
+        assert list(got.probabilities) == pytest.approx(list(want.probabilities), abs=1e-6)

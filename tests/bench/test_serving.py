@@ -1,0 +1,154 @@
+"""The serving benchmark end to end on the tiny bundle, with the targets of recipes/smoke.yaml."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bench import serving
+from bench.__main__ import main
+from bench.stats import ServingResult
+from bench.texts import load_texts
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import load_recipe
+from serve.batching import pad_rows
+from tests.serve.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+WORDS = ["a", "great", "movie", "the", "plot", "was", "dull", "and", "boring", "fun", "acting", "very", "good"]
+RATE = 50.0
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory):
+    """40 texts of 1 to 40 words."""
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, size=n)) for n in range(1, 41)]
+    path = tmp_path_factory.mktemp("texts") / "texts.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def bench_serving(bundle, texts_file, runs, *extra: str) -> int:
+    """`python -m bench serving recipes/smoke.yaml` paced at RATE, in `runs`, without EDGEDISTILL_* variables."""
+    argv = ["serving", str(SMOKE), "--bundle", str(bundle), "--texts", str(texts_file), f"--bench.serving.rate={RATE}"]
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("RUNS_DIR", str(runs))
+        return main([*argv, *extra])
+
+
+@pytest.fixture(scope="module")
+def runs(bundle, texts_file, tmp_path_factory):
+    """The runs folder of one short benchmark run with `--check` (its exit status checked against the result)."""
+    folder = tmp_path_factory.mktemp("runs")
+    code = bench_serving(bundle, texts_file, folder, "--check")
+    assert code == (0 if ServingResult.load(folder / "smoke" / "serve-bench").passed else 1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def out(runs):
+    return runs / "smoke" / "serve-bench"
+
+
+@pytest.fixture(scope="module")
+def result(out):
+    return ServingResult.load(out)
+
+
+def test_result_is_an_artifact_with_its_files_and_the_bundle_as_parent(out, bundle):
+    manifest = mf.load(out)  # every file present and matching its sha256
+    assert manifest.stage == "serve-bench"
+    assert sorted(manifest.files) == ["bare.log", "bench.json", "bench.md", "echo.log", "server.log"]
+    assert manifest.parents["bundle"].path == str(bundle.resolve())
+    assert manifest.info["bench"]["rate"] == RATE
+
+
+def test_bench_end_to_end(result, out, texts_file):
+    report = (out / "bench.md").read_text()
+    assert "| server, paced 50/s |" in report and "| bare server 4x1 |" in report
+    assert f"reached {result.ratios['bare_vs_echo']:.2f} of the echo server's" in report
+    assert result.texts["source"] == str(texts_file) and result.texts["count"] == 40
+    assert result.settings["threads"] == 1 and result.settings["metrics_port"] is None
+    for phase, runs in result.runs.items():
+        (record,) = runs
+        assert record["requests"] > 0 and record["failures"] == 0, phase
+        assert 0 < record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"] <= record["max_ms"], phase
+        assert record["client_cpu"] > 0 and (phase == "raw") == ("server_cpu" not in record), phase
+        assert result.summary[phase]["p99_ms"].model_dump() == dict.fromkeys(("median", "min", "max"), record["p99_ms"])
+    paced = result.runs["paced"][0]
+    assert 0.8 * RATE <= paced["requests_per_s"] <= 1.1 * RATE
+    assert paced["offered_rate"] == RATE
+    batched = result.runs["batched"][0]
+    assert batched["texts_per_s"] == pytest.approx(serving.BATCH * batched["requests_per_s"])
+
+
+def test_bench_ratios_and_targets_follow_the_recorded_numbers(result):
+    texts = {phase: result.median(phase, "texts_per_s") for phase in result.summary}
+    assert result.ratios == pytest.approx(
+        {
+            "capacity_vs_echo": texts["capacity"] / texts["echo"],
+            "batched_vs_raw": texts["batched"] / texts["raw"],
+            "bare_vs_echo": texts["bare"] / texts["echo"],
+            "capacity_vs_bare": texts["capacity"] / texts["bare"],
+        }
+    )
+    targets = {t["name"]: t for t in result.targets}
+    p99 = targets["paced 50/s: p99_ms"]
+    assert p99["measured"] == result.median("paced", "p99_ms")
+    assert p99["passed"] == (result.median("paced", "p99_ms") <= 3.0)
+    share = targets["paced 50/s: rate_share"]
+    assert share["passed"] == (result.median("paced", "requests_per_s") >= 0.95 * RATE)
+    assert targets["paced 50/s: error_rate"]["passed"] == (result.median("paced", "error_rate") == 0)
+    assert targets["capacity, server / echo"]["passed"] == (result.ratios["capacity_vs_echo"] >= 0.80)
+    assert targets["batch-32 texts/s, server / raw"]["passed"] == (result.ratios["batched_vs_raw"] >= 0.70)
+    assert result.passed == all(t["passed"] for t in result.targets)
+
+
+def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, texts_file, capsys):
+    created = mf.load(out).created
+    code = bench_serving(bundle, texts_file, runs)
+    assert code == 0
+    assert "[serve-bench] up to date" in capsys.readouterr().out
+    assert mf.load(out).created == created  # not measured again
+
+
+def test_targets_come_from_the_recipe():
+    cfg = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving
+    assert (cfg.rate, cfg.paced_slo.p99_ms, cfg.paced_slo.min_rate_share, cfg.paced_slo.max_error_rate) == (
+        200.0,
+        3.0,
+        0.95,
+        0.0,
+    )
+    assert (cfg.min_capacity_vs_echo, cfg.min_batched_vs_raw) == (0.80, 0.70)
+    assert (cfg.duration_s, cfg.repeats, cfg.concurrency, cfg.threads) == (20.0, 3, 12, 1)
+
+
+def test_the_default_bundle_is_the_deployed_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(SMOKE)
+    assert serving.deployed_bundle(recipe) == tmp_path / "smoke" / f"bundle-{recipe.export.deploy}"
+
+
+def test_a_folder_that_is_not_a_bundle_exits_2(tmp_path, texts_file, capsys):
+    assert bench_serving(tmp_path, texts_file, tmp_path / "runs") == 2
+    assert "python -m bench serving:" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "smoke" / "serve-bench").exists()
+
+
+def test_padding_of_the_raw_batches():
+    rows = [{"input_ids": np.array([2, 5, 3]), "attention_mask": np.ones(3, int)}, {"input_ids": np.array([2, 3])}]
+    rows[1]["attention_mask"] = np.ones(2, int)
+    batch = pad_rows(rows, {"input_ids": 0, "attention_mask": 0})
+    np.testing.assert_array_equal(batch["input_ids"], [[2, 5, 3], [2, 3, 0]])
+    np.testing.assert_array_equal(batch["attention_mask"], [[1, 1, 1], [1, 1, 0]])
+
+
+def test_raw_batches_hold_batch_texts_each(bundle, texts_file):
+    texts, _ = load_texts(texts_file)
+    batches = serving.raw_batches(load_bundle(bundle), texts)
+    assert len(batches) == 1 and batches[0]["input_ids"].shape[0] == serving.BATCH

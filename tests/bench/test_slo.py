@@ -1,0 +1,45 @@
+"""SLO verdicts on call figures and the capacity search over steps."""
+
+from bench import slo
+from common.recipe import SloConfig
+
+
+def step(rps, p99, errors=0.0, offered=None) -> dict:
+    return {
+        "requests": 100,
+        "requests_per_s": rps,
+        "offered_rate": offered or rps,
+        "rate_share": rps / (offered or rps),
+        "error_rate": errors,
+        "p50_ms": p99 / 2,
+        "p95_ms": p99,
+        "p99_ms": p99,
+    }
+
+
+def test_capacity_is_the_busiest_step_within_the_slo():
+    steps = [step(100, 1.0), step(200, 2.0), step(290, 2.9), step(300, 4.0), step(310, 2.5, errors=0.01)]
+    assert slo.capacity(steps, SloConfig(p99_ms=3)) is steps[2]
+    slow = [step(100, 1.0), step(180, 1.5, offered=200), step(200, 1.8, offered=300)]
+    assert slo.capacity(slow, SloConfig(p99_ms=3)) is slow[0]  # the others fell below 0.95 of the offered rate
+    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=0.9)) is slow[1]
+    assert slo.capacity(slow, SloConfig(p99_ms=3, min_rate_share=None)) is slow[2]
+    assert slo.capacity([step(100, 5.0)], SloConfig(p99_ms=3)) is None
+
+
+def test_slo_verdicts_name_the_threshold():
+    verdicts = slo.check(step(200, 2.4) | {"p50_ms": 0.9}, SloConfig(p50_ms=1, p99_ms=0.001))
+    assert [(v["name"], v["passed"]) for v in verdicts] == [
+        ("p50_ms", True),
+        ("p99_ms", False),
+        ("error_rate", True),
+        ("rate_share", True),
+    ]
+    assert slo.describe(verdicts[1]) == "p99_ms 2.4 (wanted <= 0.001)"
+    assert not slo.check(step(200, 1.0) | {"requests": 0}, SloConfig())[0]["passed"]  # no call: no pass
+
+
+def test_capacity_verdict():
+    assert slo.capacity_verdict(step(250, 1.0), 200)["passed"]
+    assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
+    assert not slo.capacity_verdict(None, None)["passed"] and slo.capacity_verdict(step(1, 1.0), None)["passed"]

@@ -1,0 +1,53 @@
+"""Call statistics, spreads over repeats, and the model benchmark's table as its JSON holds it."""
+
+import numpy as np
+import pytest
+
+from bench.stats import Cell, ModelRow, ModelTable, Spread, Timing, call_stats, percentiles, summarize
+
+
+def test_call_stats_count_failures_but_time_only_successes():
+    stats = call_stats(np.arange(1, 191) / 100, failures=10, seconds=2.0, offered_rate=125)
+    assert (stats["requests"], stats["failures"], stats["error_rate"]) == (200, 10, 0.05)
+    assert (stats["requests_per_s"], stats["rate_share"]) == (100, 0.8)
+    assert stats["max_ms"] == 1.9 and stats["mean_ms"] == pytest.approx(0.955)
+
+
+def test_call_stats_without_an_offered_rate_have_no_rate_share():
+    stats = call_stats(np.ones(5), failures=0, seconds=1.0)
+    assert stats["offered_rate"] is None and stats["rate_share"] is None
+
+
+def test_percentiles_of_no_calls_are_none():
+    assert percentiles(np.array([])) == {"p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
+
+
+def test_summarize_spreads_every_number_over_repeats():
+    repeats = [
+        {"p99_ms": 2.0, "requests": 10, "offered_rate": None, "error_codes": {}},
+        {"p99_ms": 1.0, "requests": 30, "offered_rate": None, "error_codes": {"UNAVAILABLE": 1}},
+        {"p99_ms": 3.0, "requests": 20, "offered_rate": None, "error_codes": {}},
+    ]
+    assert summarize(repeats) == {
+        "p99_ms": Spread(median=2.0, min=1.0, max=3.0),
+        "requests": Spread(median=20, min=10, max=30),
+    }
+
+
+def test_timing_of_calls():
+    assert Timing.of([3.0, 1.0, 2.0, 10.0]) == Timing(median_ms=2.5, min_ms=1.0, max_ms=10.0, calls=4)
+
+
+def test_model_table_round_trip_and_lookup(tmp_path):
+    cells = [
+        Cell(median_ms=m, min_ms=m, max_ms=m, calls=5, batch=b, length=16, speedup=1.0, items_per_s=b * 1e3 / m)
+        for b, m in ((1, 2.0), (4, 5.0))
+    ]
+    row = ModelRow(model="m", precision="fp32", runtime="onnxruntime", size_bytes=10, dev_accuracy=0.9, cells=cells)
+    table = ModelTable(threads=1, rows=[row])
+    (tmp_path / "bench.json").write_text(table.model_dump_json())
+    loaded = ModelTable.load(tmp_path)
+    assert loaded == table
+    assert loaded.shapes == [(1, 16), (4, 16)]
+    assert loaded.rows[0].cell(4, 16).median_ms == 5.0 and loaded.rows[0].cell(4, 32) is None
+    assert [c.label for c in loaded.rows[0].cells] == ["b1_s16", "b4_s16"]
