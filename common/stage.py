@@ -40,13 +40,14 @@ class Inputs:
 
 @dataclass
 class Built:
-    """What a build body hands back: `write(folder)` fills the artifact folder and may return metrics measured
-    on the written files (sizes); `line` is the stage's summary (a string, or made from the manifest)."""
+    """What a build body hands back: `write(folder)` fills the artifact folder; `size_of` names the file whose
+    size is recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest)."""
 
-    write: Callable[[Path], dict | None]
+    write: Callable[[Path], None]
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     line: str | Callable[[mf.Manifest], str] = ""
+    size_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ class Stage:
         if built is None:
             return None
         with mf.stage_folder(self.folder) as tmp:
-            measured = built.write(tmp) or {}
+            built.write(tmp)
+            measured = {"size_bytes": (tmp / built.size_of).stat().st_size} if built.size_of else {}
             manifest = mf.commit(
                 tmp,
                 self.folder,

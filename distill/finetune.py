@@ -17,7 +17,7 @@ from common.stage import Built, Inputs, Stage
 from distill import dist, pretrain
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
-from distill.metrics import classification_metrics
+from distill.metrics import EVAL_KEYS, classification_metrics
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
@@ -89,33 +89,24 @@ def _build(inputs: Inputs) -> Built | None:
     )
     if not dist.is_main():
         return None
-    best = next(h for h in progress.history if h["step"] == progress.best_step)
+    best = progress.best_entry
 
-    def write(folder: Path) -> dict:
-        for file in (work / "best").iterdir():
-            shutil.copy2(file, folder / file.name)
+    def write(folder: Path) -> None:
+        shutil.copytree(work / "best", folder, dirs_exist_ok=True)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
-        return {"size_bytes": (folder / "model.safetensors").stat().st_size}
 
     params = sum(p.numel() for p in model.parameters())
     return Built(
         write,
-        metrics={
-            "dev_accuracy": best["dev_accuracy"],
-            "dev_f1": best["dev_f1"],
-            "confusion": best["confusion"],
-            "params": params,
-        },
+        metrics={key: best[key] for key in EVAL_KEYS} | {"params": params},
         info={
             "init": init,
             "family": recipe.model.family,
-            "best_step": progress.best_step,
-            "steps": progress.global_step,
             "train_examples": len(train),
             "dev_examples": len(dev),
-            "world_size": trainer.world_size,
-            "resumed_from_step": progress.resumed_from,
-        },
+        }
+        | trainer.run_info(),
         line=f"dev_accuracy={best['dev_accuracy']:.4f} f1={best['dev_f1']:.4f} params={params / 1e6:.1f}M "
         f"best_step={progress.best_step}/{progress.global_step}",
+        size_of="model.safetensors",
     )

@@ -2,6 +2,9 @@
 
 import numpy as np
 
+# What a classification evaluation reports, and a training manifest keeps of its best one.
+EVAL_KEYS = ("dev_accuracy", "dev_f1", "confusion")
+
 
 def classification_metrics(logits: np.ndarray, labels: list[int], num_labels: int) -> dict:
     """Accuracy, F1 (positive class when binary, macro otherwise) and confusion[true][pred]. `logits` (N, C)."""

@@ -33,9 +33,7 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
     print(f"[distill] {len(jobs)} jobs on {workers} processes x {threads} threads")
     errors = []
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker, initargs=(threads, slots)) as pool:
-        pending = {
-            pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs
-        }
+        pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
         for done, future in enumerate(cf.as_completed(pending), 1):
             name, baseline = pending[future]
             stage = f"{'baseline' if baseline else 'student'}-{name}"

@@ -7,7 +7,6 @@ accuracy are measured before and after on a fixed, seeded masking of the eval te
 
 import math
 import shutil
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -185,16 +184,11 @@ def _build(inputs: Inputs) -> Built | None:
     )
     if not dist.is_main():
         return None
-    after = next(h for h in progress.history if h["step"] == progress.best_step)
-
-    def write(folder: Path) -> dict:
-        for file in (work / "best").iterdir():
-            shutil.copy2(file, folder / file.name)
-        return {"size_bytes": (folder / "model.safetensors").stat().st_size}
+    after = progress.best_entry
 
     objective_name = "mlm" if mlm else "clm"
     return Built(
-        write,
+        lambda folder: shutil.copytree(work / "best", folder, dirs_exist_ok=True),
         metrics={f"{k}_before": v for k, v in before.items()}
         | {f"{k}_after": after[k] for k in before}
         | {"params": sum(p.numel() for p in model.parameters())},
@@ -203,9 +197,10 @@ def _build(inputs: Inputs) -> Built | None:
             "init": model_cfg.init or "scratch",
             "train_blocks": len(blocks),
             "eval_blocks": len(eval_blocks),
-            "steps": progress.global_step,
             "history": progress.history,
-        },
+        }
+        | trainer.run_info(),
         line=f"{objective_name} token_accuracy {before['token_accuracy']:.3f} -> {after['token_accuracy']:.3f}, "
         f"perplexity {before['perplexity']:.1f} -> {after['perplexity']:.1f}",
+        size_of="model.safetensors",
     )

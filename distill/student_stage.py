@@ -27,7 +27,7 @@ from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
 from distill.finetune import predict_logits
 from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from distill.metrics import classification_metrics
+from distill.metrics import EVAL_KEYS, classification_metrics
 from distill.students import build_student, count_parameters, init_from_teacher
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, work_dir
@@ -180,36 +180,27 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     if not dist.is_main():
         return None
     student.load_state_dict(load_file(best_path))
-    best = next(h for h in progress.history if h["step"] == progress.best_step)
+    best = progress.best_entry
     retention = best["dev_accuracy"] / teacher_manifest.metrics["dev_accuracy"]
 
-    def write(folder: Path) -> dict:
+    def write(folder: Path) -> None:
         save_student(student, cfg, folder)
         shutil.copy2(teacher_dir / "tokenizer.json", folder / "tokenizer.json")
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
-        return {"size_bytes": (folder / WEIGHTS).stat().st_size}
 
     params = count_parameters(student)
     return Built(
         write,
-        metrics={
-            "dev_accuracy": best["dev_accuracy"],
-            "dev_f1": best["dev_f1"],
-            "confusion": best["confusion"],
-            "retention": retention,
-            "params": params,
-        },
+        metrics={key: best[key] for key in EVAL_KEYS} | {"retention": retention, "params": params},
         info={
             "arch": cfg.arch,
             "kind": "baseline" if baseline else "distilled",
             "train_examples": len(lengths),
-            "steps": progress.global_step,
-            "best_step": progress.best_step,
             "losses": (run_spec if baseline else spec).losses.model_dump(),
             "init_from_teacher": from_teacher,
-            "world_size": trainer.world_size,
-            "resumed_from_step": progress.resumed_from,
-        },
+        }
+        | trainer.run_info(),
         line=f"dev_accuracy={best['dev_accuracy']:.4f} retention={retention:.3f} params={params / 1e6:.2f}M "
         f"steps={progress.global_step}",
+        size_of=WEIGHTS,
     )

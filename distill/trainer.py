@@ -42,6 +42,11 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
 
+    @property
+    def best_entry(self) -> dict[str, Any]:
+        """The evaluation that was kept: the history entry of the best step."""
+        return next(entry for entry in self.history if entry["step"] == self.best_step)
+
 
 _LAYER = re.compile(r"\.(?:layer|h)\.(\d+)\.")
 
@@ -106,6 +111,16 @@ class Trainer:
     def evaluated(self) -> torch.nn.Module:
         """The weights that are evaluated and kept: the moving average when there is one."""
         return self.ema.module if self.ema else self.model
+
+    def run_info(self) -> dict[str, Any]:
+        """What every training manifest records about the run that made it."""
+        p = self.progress
+        return {
+            "steps": p.global_step,
+            "best_step": p.best_step,
+            "world_size": self.world_size,
+            "resumed_from_step": p.resumed_from,
+        }
 
     def _total_steps(self, steps_per_epoch: int) -> int:
         return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))

@@ -202,10 +202,9 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     )
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 
-    def write(folder: Path) -> dict:
+    def write(folder: Path) -> None:
         shutil.copy2(model, folder / model_file)
         shutil.copy2(source.folder / TOKENIZER, folder / TOKENIZER)
-        return {"size_bytes": (folder / model_file).stat().st_size}
 
     fused_note = f" fused={fused}" if fused else ""
     return Built(
@@ -230,6 +229,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
             f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
         ),
+        size_of=model_file,
     )
 
 

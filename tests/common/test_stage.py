@@ -28,7 +28,7 @@ def writer(name: str, text: str = "x"):
 
     def build(inputs):
         calls.append(inputs)
-        return Built(lambda folder: (folder / name).write_text(text) and None, metrics={"m": 1}, line="built")
+        return Built(lambda folder: (folder / name).write_text(text), metrics={"m": 1}, line="built", size_of=name)
 
     build.calls = calls
     return build
@@ -47,6 +47,7 @@ def test_the_manifest_lists_the_files_and_the_summary_line_is_printed(recipe, ca
     manifest = Stage("up", recipe(), ("data",), writer("a.txt")).run()
     assert set(manifest.files) == {"a.txt"}
     assert manifest.metrics["m"] == 1
+    assert manifest.metrics["size_bytes"] == 1
     assert "[up] built, wall" in capsys.readouterr().out
 
 
