@@ -27,8 +27,11 @@ endif
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
-all: $(RUN)/report/manifest.json  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
-	@$(PY) -m common.summary $(RECIPE)
+all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
+	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
+	$(PY) -m report $(RECIPE)
+	@$(PY) -m report.headline $(RECIPE)
 
 setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
 
@@ -77,17 +80,6 @@ call: $(STAMP)  ## classify TEXT with the server on PORT
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
 	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
-
-# `make all` after the benchmark: the serving benchmark and the smoke load test of the deployed
-# bundle, then the report. Each runs again only when the benchmark (and so the bundles) changed.
-$(RUN)/serve-bench/manifest.json: $(RUN)/bench/manifest.json
-	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
-
-$(RUN)/loadtest-smoke/manifest.json: $(RUN)/bench/manifest.json
-	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
-
-$(RUN)/report/manifest.json: $(RUN)/serve-bench/manifest.json $(RUN)/loadtest-smoke/manifest.json
-	$(PY) -m report $(RECIPE)
 
 PROFILE       ?= smoke
 LOADTEST_ARGS ?=

@@ -7,16 +7,6 @@ server subprocesses, also for `loadtests`; `bench.stats` holds the statistics an
 `bench.slo` the verdicts on them.
 """
 
-import hashlib
-import json
-
 
 class BenchError(RuntimeError):
     """A benchmark could not measure: a server did not start or stop cleanly, no call succeeded, or no texts."""
-
-
-def config_hash(recipe, sections: tuple[str, ...], **choices) -> str:
-    """The hash that keeps a measurement current: the recipe `sections` it reads (a `common.recipe.Recipe`'s
-    dotted keys) and the command's `choices` (bundle, texts, ...), which the recipe does not hold."""
-    settings = {"recipe": recipe.settings(*sections), "choices": {k: str(v) for k, v in choices.items()}}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from bench import BenchError
+from bench.stats import ServingResult
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
 from common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -31,7 +32,7 @@ def run_models(recipe, args) -> int:
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
-    models.run(recipe, force=args.force)
+    models.stage(recipe).run(args.force)
     return 0
 
 
@@ -39,8 +40,9 @@ def run_serving(recipe, args) -> int:
     from bench import serving
 
     bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
-    result = serving.run(recipe, bundle, args.texts, args.force)
-    return 1 if args.check and not result.passed else 0
+    stage = serving.stage(recipe, bundle, args.texts)
+    stage.run(args.force)
+    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ come from the recipe's `bench.models` section. Results go to `runs/<recipe>/benc
 """
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,16 +17,15 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForSequenceClassification
 
-from bench import config_hash
 from bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
 from common import manifest as mf
 from common.bundle import load_bundle
 from common.recipe import ModelBenchConfig, Recipe, run_dir
 from common.runtime import missing_here, open_session
+from common.stage import Artifact, Built, Inputs, Stage
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
-SECTIONS = ("export", "bench.models")  # what the table depends on: the bundles and the timing settings
 
 Timings = dict[tuple[int, int], Timing]  # (batch, length) -> timing
 
@@ -57,9 +57,8 @@ def shapes(cfg: ModelBenchConfig) -> list[tuple[int, int]]:
     return [(batch, length) for batch in cfg.batch_sizes for length in cfg.seq_lens]
 
 
-def _eager_row(recipe: Recipe, cfg: ModelBenchConfig, device: str = "cpu") -> tuple[dict, Timings]:
-    folder = run_dir(recipe) / "teacher"
-    manifest = mf.load(folder)
+def _eager_row(folder: Path, cfg: ModelBenchConfig, device: str = "cpu") -> tuple[dict, Timings]:
+    manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(device)
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
 
@@ -137,60 +136,53 @@ def table(threads: int, measured: list[tuple[dict, Timings]]) -> ModelTable:
     return ModelTable(threads=threads, rows=rows)
 
 
-def run(recipe: Recipe, force: bool = False) -> ModelTable:
-    """Time every bundle this machine can run against the teacher; skipped when the last run had the same
-    settings and parents."""
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher."""
+    folder = run_dir(recipe)
+    timed = [
+        bundle_id
+        for bundle_id, spec in recipe.export.bundles.items()
+        if _left_out(spec) is None and (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()
+    ]
+    parents = (
+        Artifact("teacher", folder / "teacher"),
+        *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
+    )
+    return Stage(STAGE, recipe, ("export.bundles", "bench.models"), _build, parents)
+
+
+def _build(inputs: Inputs) -> Built:
+    recipe = inputs.recipe
     cfg = recipe.bench.models
-    out = run_dir(recipe) / STAGE
-    config = config_hash(recipe, SECTIONS)
-    if not force and mf.is_current(out, config):
-        print(f"[bench] up to date: {out} (--force to measure again)")
-        return ModelTable.load(out)
-    watch = mf.Stopwatch()
     torch.set_num_threads(cfg.threads)
-    measured = [_eager_row(recipe, cfg)]
+    teacher = inputs.parent("teacher")
+    measured = [_eager_row(teacher, cfg)]
     if torch.cuda.is_available():
-        measured.append(_eager_row(recipe, cfg, "cuda"))
-    parents = {"teacher": mf.parent_of(run_dir(recipe) / "teacher")}
+        measured.append(_eager_row(teacher, cfg, "cuda"))
     missing, left_out = [], {}
     for bundle_id, spec in recipe.export.bundles.items():
-        reason = _left_out(spec)
-        if reason is not None:
+        if (reason := _left_out(spec)) is not None:
             left_out[bundle_id] = reason
-            continue
-        folder = run_dir(recipe) / f"bundle-{bundle_id}"
-        if not (folder / mf.MANIFEST).is_file():
+        elif f"bundle-{bundle_id}" in inputs.folders:
+            measured.append(_bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg))
+        else:
             missing.append(bundle_id)
-            continue
-        measured.append(_bundle_row(bundle_id, folder, cfg))
-        parents[bundle_id] = mf.parent_of(folder)
     if missing:
         print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
     for bundle_id, reason in left_out.items():
         print(f"[bench] {bundle_id} not timed here: {reason}")
     result = table(cfg.threads, measured)
-    with mf.stage_folder(out) as tmp:
-        (tmp / RESULT_FILE).write_text(result.model_dump_json(indent=1), encoding="utf-8")
-        (tmp / "bench.md").write_text(markdown(result), encoding="utf-8")
-        mf.commit(
-            tmp,
-            out,
-            mf.for_stage(
-                recipe,
-                STAGE,
-                config,
-                watch,
-                parents=parents,
-                info={
-                    "threads": cfg.threads,
-                    "bench": cfg.model_dump(),
-                    "missing_bundles": missing,
-                    "left_out": left_out,
-                },
-            ),
-        )
     print_table(result)
-    return result
+
+    def write(folder: Path) -> None:
+        (folder / RESULT_FILE).write_text(result.model_dump_json(indent=1), encoding="utf-8")
+        (folder / "bench.md").write_text(markdown(result), encoding="utf-8")
+
+    return Built(
+        write,
+        info={"threads": cfg.threads, "bench": cfg.model_dump(), "missing_bundles": missing, "left_out": left_out},
+        line=f"{len(result.rows)} models x {len(shapes(cfg))} shapes timed",
+    )
 
 
 def markdown(result: ModelTable) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from bench import BenchError, config_hash, drivers, slo
+from bench import BenchError, drivers, slo
 from bench.processes import free_port, running
 from bench.stats import RESULT_FILE, ServingResult, summarize
 from bench.tables import markdown_results, print_results
@@ -37,6 +37,7 @@ from bench.texts import batches_of, load_texts, texts_info
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
 from common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
+from common.stage import Artifact, Built, Inputs, Stage
 from serve.backend import load_backend
 from serve.batching import pad_rows
 from serve.encoding import TextEncoder
@@ -44,7 +45,6 @@ from serve.proto import classifier_pb2
 from serve.settings import Settings, load_settings
 
 STAGE = "serve-bench"
-SECTIONS = ("bench.serving",)
 BATCH = 32
 BATCH_CONCURRENCY = 4
 WARMUP_S = 1.0
@@ -174,70 +174,63 @@ def progress(record: dict) -> str:
     )
 
 
-def run(
-    recipe: Recipe,
-    bundle_folder: Path,
-    texts_file: Path | None = None,
-    force: bool = False,
-    console: Console | None = None,
-) -> ServingResult:
-    """Measure `bundle_folder` behind the server, write `runs/<recipe>/serve-bench/`, print the tables; skipped
-    when the last run had the same settings, bundle and texts, and the bundle is unchanged."""
-    console = console or Console(width=200)
-    cfg = recipe.bench.serving
-    out = run_dir(recipe) / STAGE
-    config = config_hash(recipe, SECTIONS, bundle=bundle_folder, texts=texts_file)
-    if not force and mf.is_current(out, config):
-        print(f"[{STAGE}] up to date: {out} (--force to measure again)")
-        return ServingResult.load(out)
-    watch = mf.Stopwatch()
+def stage(recipe: Recipe, bundle_folder: Path, texts_file: Path | None = None, console: Console | None = None) -> Stage:
+    """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
+    current while the settings, the bundle and the texts are unchanged."""
+    return Stage(
+        STAGE,
+        recipe,
+        ("bench.serving",),
+        functools.partial(_build, texts_file=texts_file, console=console or Console(width=200)),
+        (Artifact("bundle", bundle_folder),),
+        extra={"texts": None if texts_file is None else str(texts_file)},
+    )
+
+
+def _build(inputs: Inputs, texts_file: Path | None, console: Console) -> Built:
+    cfg = inputs.recipe.bench.serving
+    bundle_folder = inputs.parent("bundle")
     texts, source = load_texts(texts_file)
     bundle = load_bundle(bundle_folder)
     flags, settings = server_settings(bundle_folder, cfg.threads)
-    with mf.stage_folder(out) as tmp:
-        load_before = os.getloadavg()
-        runs = asyncio.run(measure_all(cfg, bundle, tmp, flags, settings, texts, console))
-        summary = {phase: summarize(records) for phase, records in runs.items()}
-        ratios, targets = evaluate(summary, cfg)
-        result = ServingResult(
-            bundle={"path": str(bundle_folder)}
-            | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
-            settings=settings.model_dump(mode="json", exclude={"token", "port"}),
-            options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
-            | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
-            texts=texts_info(texts, source),
-            machine={
-                "cpus": os.cpu_count(),
-                "load_avg_before": load_before,
-                "load_avg_after": os.getloadavg(),
-                "versions": mf.package_versions(),
-            },
-            runs=runs,
-            summary=summary,
-            ratios=ratios,
-            targets=targets,
-            passed=all(t["passed"] for t in targets),
-        )
-        (tmp / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (tmp / "bench.md").write_text(markdown(result), encoding="utf-8")
-        metrics = {
+    work = inputs.fresh_work()
+    load_before = os.getloadavg()
+    runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, texts, console))
+    summary = {phase: summarize(records) for phase, records in runs.items()}
+    ratios, targets = evaluate(summary, cfg)
+    result = ServingResult(
+        bundle={"path": str(bundle_folder)}
+        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        settings=settings.model_dump(mode="json", exclude={"token", "port"}),
+        options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
+        | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
+        texts=texts_info(texts, source),
+        machine={
+            "cpus": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+            "versions": mf.package_versions(),
+        },
+        runs=runs,
+        summary=summary,
+        ratios=ratios,
+        targets=targets,
+        passed=all(t["passed"] for t in targets),
+    )
+    (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    (work / "bench.md").write_text(markdown(result), encoding="utf-8")
+    print_tables(result, console)
+    missed = [t["name"] for t in targets if not t["passed"]]
+    return Built(
+        metrics={
             "paced_p99_ms": result.median("paced", "p99_ms"),
             "capacity_calls_per_s": result.median("capacity", "texts_per_s"),
             **ratios,
             "passed": result.passed,
-        }
-        manifest = mf.for_stage(
-            recipe,
-            STAGE,
-            config,
-            watch,
-            metrics=metrics,
-            parents={"bundle": mf.parent_of(bundle_folder)},
-            info={"bench": cfg.model_dump(mode="json"), "targets": targets},
-        )
-        mf.commit(tmp, out, manifest)
-    print_tables(result, console)
-    return result
+        },
+        info={"bench": cfg.model_dump(mode="json"), "targets": targets},
+        line=f"every target met on {bundle_folder.name}" if not missed else f"missed {', '.join(missed)}",
+    )
 
 
 COLUMNS = {  # figure -> table column

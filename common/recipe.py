@@ -476,7 +476,7 @@ class Recipe(Strict):
             value = dumped
             for part in key.split("."):
                 value = value[part] if isinstance(value, dict) and part in value else None
-            out[key] = _by_content(value)
+            out[key] = by_content(value)
         return out
 
     def section_hash(self, *sections: str) -> str:
@@ -489,12 +489,12 @@ class Recipe(Strict):
         return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
 
 
-def _by_content(value):
+def by_content(value):
     """`value` (JSON) with every string naming an existing local file or folder replaced by its digest."""
     if isinstance(value, dict):
-        return {key: _by_content(item) for key, item in value.items()}
+        return {key: by_content(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_by_content(item) for item in value]
+        return [by_content(item) for item in value]
     if isinstance(value, str) and "/" in value and (path := Path(value)).exists():
         return f"sha256:{_digest(path)}"
     return value

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common import manifest as mf
-from common.recipe import Recipe, run_dir
+from common.recipe import Recipe, by_content, run_dir
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,12 @@ class Inputs:
     manifests: dict[str, mf.Manifest]
     folders: dict[str, Path]
 
+    def fresh_work(self) -> Path:
+        """The scratch folder, emptied of what an interrupted run left there, for work that does not resume."""
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        return self.work
+
     def parent(self, name: str) -> Path:
         """The folder of parent stage `name` (verified against its manifest before the build started)."""
         if name not in self.folders:
@@ -40,14 +46,29 @@ class Inputs:
 
 @dataclass
 class Built:
-    """What a build body hands back: `write(folder)` fills the artifact folder; `size_of` names the file whose
-    size is recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest)."""
+    """What a build body hands back: `write(folder)` fills the artifact folder (None: the build wrote its files
+    into `Inputs.fresh_work()`, which becomes the artifact as it is); `size_of` names the file whose size is
+    recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest)."""
 
-    write: Callable[[Path], None]
+    write: Callable[[Path], None] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     line: str | Callable[[mf.Manifest], str] = ""
     size_of: str | None = None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A finished artifact named by its folder (a bundle given on the command line, one a report reads), as a
+    parent: its manifest's hash stands in for a config hash, so rebuilding it makes its children stale."""
+
+    name: str
+    folder: Path
+
+    @property
+    def config_hash(self) -> str:
+        manifest = self.folder / mf.MANIFEST
+        return mf.sha256_file(manifest) if manifest.is_file() else "missing"
 
 
 @dataclass(frozen=True)
@@ -58,9 +79,10 @@ class Stage:
     recipe: Recipe
     settings: tuple[str, ...]
     build: Callable[[Inputs], Built | None]
-    parents: tuple["Stage", ...] = ()
+    parents: tuple["Stage | Artifact", ...] = ()
     extra: Any = None
-    """Further JSON-able settings of this stage alone (e.g. one student's spec without a field), hashed too."""
+    """Further JSON-able choices of this stage alone (one student's spec without a field, a texts file given on
+    the command line), hashed too; local files named in it count by their contents."""
 
     @property
     def folder(self) -> Path:
@@ -68,12 +90,13 @@ class Stage:
 
     @property
     def work(self) -> Path:
-        """Scratch space that survives a killed run (checkpoints, label shards); removed once published."""
+        """Scratch space that survives a killed run (checkpoints, label shards, a measurement's logs); removed
+        once published."""
         return run_dir(self.recipe) / ".work" / self.name
 
     @cached_property
     def config_hash(self) -> str:
-        own = {"settings": self.recipe.settings(*self.settings), "extra": self.extra}
+        own = {"settings": self.recipe.settings(*self.settings), "extra": by_content(self.extra)}
         upstream = {parent.name: parent.config_hash for parent in self.parents}
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
@@ -98,23 +121,26 @@ class Stage:
         built = self.build(inputs)
         if built is None:
             return None
-        with mf.stage_folder(self.folder) as tmp:
-            built.write(tmp)
-            measured = {"size_bytes": (tmp / built.size_of).stat().st_size} if built.size_of else {}
-            manifest = mf.commit(
-                tmp,
-                self.folder,
-                mf.for_stage(
-                    self.recipe,
-                    self.name,
-                    self.config_hash,
-                    watch,
-                    metrics=built.metrics | measured,
-                    parents=parents,
-                    info=built.info,
-                ),
-            )
+        if built.write is None:
+            manifest = self._publish(self.work, built, watch, parents)
+        else:
+            with mf.stage_folder(self.folder) as tmp:
+                built.write(tmp)
+                manifest = self._publish(tmp, built, watch, parents)
         shutil.rmtree(self.work, ignore_errors=True)
         line = built.line(manifest) if callable(built.line) else built.line
         print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
         return manifest
+
+    def _publish(self, tmp: Path, built: Built, watch: mf.Stopwatch, parents: dict[str, mf.Parent]) -> mf.Manifest:
+        measured = {"size_bytes": (tmp / built.size_of).stat().st_size} if built.size_of else {}
+        manifest = mf.for_stage(
+            self.recipe,
+            self.name,
+            self.config_hash,
+            watch,
+            metrics=built.metrics | measured,
+            parents=parents,
+            info=built.info,
+        )
+        return mf.commit(tmp, self.folder, manifest)

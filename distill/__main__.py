@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
             if recipe.pretrain is None:
                 raise RecipeError(f"{args.recipe}: no `pretrain` section to run")
-            pretrain.stage(recipe).run(args.force)
+            dist.run_stage(pretrain.stage(recipe), args.force)
         if args.stage in ("finetune", "teacher"):
-            finetune.stage(recipe).run(args.force)
+            dist.run_stage(finetune.stage(recipe), args.force)
         if args.stage in ("transfer", "distill") and (recipe.transfer is None or recipe.distill is None):
             raise RecipeError(f"{args.recipe}: needs `transfer` and `distill` sections for stage {args.stage}")
         unknown = set(args.only or ()) - set(recipe.distill.students if recipe.distill else ())
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 parallel.run_all(recipe, jobs, args.jobs, force=args.force)
             else:
                 for name, baseline in jobs:
-                    student_stage.stage(recipe, name, baseline).run(args.force)
+                    dist.run_stage(student_stage.stage(recipe, name, baseline), args.force)
             if dist.is_main():
                 table.write(recipe)
     except (RecipeError, DataError, ArtifactError) as err:

@@ -23,6 +23,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+def run_stage(stage, force: bool = False):
+    """Run a `common.stage.Stage` on every rank; the others wait until rank 0 has published its artifact,
+    so the next stage finds it."""
+    manifest = stage.run(force)
+    barrier()
+    return manifest
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

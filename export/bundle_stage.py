@@ -54,11 +54,12 @@ class SourceCache:
     def features(self, name: str) -> dict[str, list[list[int]]]:
         return dev_features(self.tokenizer, self.dev, max_length(self.recipe, name))
 
-    def get(self, name: str, folder: Path) -> tuple[Source, Path, np.ndarray]:
-        """The source `name` from its (verified) artifact `folder`, exported once."""
+    def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
+        """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
+        with the tokenizer in the `teacher` folder."""
         if name not in self._sources:
-            if self.tokenizer is None:  # every source carries the teacher's tokenizer
-                self.tokenizer = load_tokenizer(str(folder))
+            if self.tokenizer is None:
+                self.tokenizer = load_tokenizer(str(teacher))
             source = load_source(folder)
             plain = self.scratch / f"{name}.onnx"
             export_onnx(source, plain, self.recipe.export.opset)
@@ -114,15 +115,12 @@ def _transform(spec: BundleRecipe, source: Source, plain: Path, work: Path, cali
     return graph, fused
 
 
-def source_stage(recipe: Recipe, source: str) -> Stage:
-    return finetune.stage(recipe) if source == "teacher" else student_stage.stage(recipe, source)
-
-
 def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
-    """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it, gated; static INT8 and
-    TensorRT INT8 bundles also read the transfer set (calibration sentences)."""
+    """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it on the dev set tokenized by the
+    teacher's tokenizer, gated; static INT8 and TensorRT INT8 bundles also read the transfer set (calibration)."""
     spec = recipe.export.bundles[bundle_id]
-    parents = [source_stage(recipe, spec.source)]
+    teacher = finetune.stage(recipe)
+    parents = [teacher] if spec.source == "teacher" else [student_stage.stage(recipe, spec.source), teacher]
     if _needs_calibration(spec):
         parents.append(transfer.stage(recipe))
     gates = ("opset", "min_agreement", "min_fp16_agreement", "max_int8_drop", "calibration_sentences")
@@ -141,7 +139,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     if spec.runtime == "tensorrt":
         require_tensorrt()
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
-    source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name))
+    source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     length = max_length(recipe, spec.source)
 
     def calibration() -> list[dict[str, np.ndarray]]:
@@ -150,9 +148,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
 
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
-    work = inputs.work
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = inputs.fresh_work()
     model_file = MODEL_FILES[spec.runtime]
     model = work / model_file
     build_info, providers = {}, [spec.runtime]

@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         bundle = (args.bundle or deployed_bundle(recipe)).resolve()
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        result = runner.run(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, force=args.force)
+        stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo)
+        stage.run(args.force)
+        result = runner.load_result(stage)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
         print(f"python -m loadtests: {err}", file=sys.stderr)
         return 2

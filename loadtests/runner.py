@@ -14,18 +14,18 @@ import os
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
 from rich.console import Console
 
-from bench import config_hash
 from bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
 from bench.texts import load_texts, texts_info
-from common import manifest as mf
 from common.bundle import load_bundle
-from common.recipe import LoadtestConfig, Profile, Recipe, run_dir
+from common.recipe import LoadtestConfig, Profile, Recipe
 from common.settings import PROJECT_ROOT
+from common.stage import Artifact, Built, Inputs, Stage
 from loadtests import result as rs
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import PLAN_VAR, Plan
@@ -104,7 +104,7 @@ def task_errors(folder: Path) -> int:
         return sum(int(row["Count"]) for row in csv.DictReader(handle))
 
 
-def run(
+def stage(
     recipe: Recipe,
     profile: Profile,
     bundle: Path,
@@ -112,69 +112,88 @@ def run(
     scenarios: dict[str, int] | None = None,
     console: Console | None = None,
     echo: bool = False,
-    force: bool = False,
-) -> dict:
-    """Run `profile` of the recipe's `loadtest` section against `bundle`; the result (see `loadtests.result`).
-
-    With `echo`, the same load goes to the do-nothing echo server instead (`loadtest-<profile>-echo/`):
-    the latency floor of gRPC and locust on this machine, to tell the server's cost from the client's.
-    Skipped when the last run had the same settings, bundle, texts and scenarios, and the bundle is unchanged.
+) -> Stage:
+    """`profile` of the recipe's `loadtest` section against `bundle` (`loadtest-<profile>/`, result: see
+    `loadtests.result`). With `echo`, the same load goes to the do-nothing echo server instead
+    (`loadtest-<profile>-echo/`): the latency floor of gRPC and locust on this machine, to tell the server's
+    cost from the client's. Current while the settings, bundle, texts and scenarios are unchanged.
     """
-    console = console or Console(width=200)
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
     if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
         raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
-    stage = f"loadtest-{profile}" + ("-echo" if echo else "")
-    out = run_dir(recipe) / stage
-    config = config_hash(recipe, ("loadtest",), bundle=bundle, texts=texts_file, scenarios=scenarios, echo=echo)
-    if not force and mf.is_current(out, config):
-        print(f"[{stage}] up to date: {out} (--force to run it again)")
-        return json.loads((out / rs.RESULT_FILE).read_text(encoding="utf-8"))
+    return Stage(
+        f"loadtest-{profile}" + ("-echo" if echo else ""),
+        recipe,
+        ("loadtest",),
+        partial(
+            _build,
+            profile=profile,
+            bundle=bundle,
+            texts_file=texts_file,
+            scenarios=scenarios,
+            echo=echo,
+            console=console or Console(width=200),
+        ),
+        () if echo else (Artifact("bundle", bundle),),
+        extra={"texts": None if texts_file is None else str(texts_file), "scenarios": scenarios, "echo": echo},
+    )
+
+
+def _build(
+    inputs: Inputs,
+    profile: Profile,
+    bundle: Path,
+    texts_file: Path | None,
+    scenarios: dict[str, int],
+    echo: bool,
+    console: Console,
+) -> Built:
+    recipe = inputs.recipe
+    cfg = recipe.loadtest or LoadtestConfig()
     loaded = load_bundle(bundle)
     texts, source = load_texts(texts_file)
     flags, settings = server_flags(bundle, cfg)
-    watch = mf.Stopwatch()
-    with mf.stage_folder(out) as tmp:
-        plan = Plan(
-            profile=profile,
-            loadtest=cfg,
-            scenarios=scenarios,
-            model=loaded.spec.name,
-            texts=Path("texts.txt"),
-            samples=Path(SAMPLES_FILE),
-        )
-        (tmp / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
-        (tmp / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-        load_before = os.getloadavg()
-        console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}, results in {out}[/]")
-        module, args = ("bench.servers", ["--port", str(settings.port)]) if echo else ("serve", flags)
-        with running(module, args, settings.port, tmp / "server.log") as server:
-            rows = drive(tmp, settings.port, server, plan.duration_s)
-        samples = Samples.load(tmp / SAMPLES_FILE)
-        target = (
-            ECHO_TARGET if echo else loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
-        )
-        context = {
-            "recipe": recipe.name,
-            "echo": echo,
-            "bundle": {"path": None if echo else str(bundle)} | target,
-            "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
-            "texts": texts_info(texts, source),
-            "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-        }
-        result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(tmp), context)
-        (tmp / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        (tmp / "summary.md").write_text(rs.markdown(result), encoding="utf-8")
-        manifest = mf.for_stage(
-            recipe,
-            stage,
-            config,
-            watch,
-            metrics=rs.headline(result),
-            parents={} if echo else {"bundle": mf.parent_of(bundle)},
-            info={"profile": profile, "echo": echo, "checks": result["checks"]},
-        )
-        mf.commit(tmp, out, manifest)
+    work = inputs.fresh_work()
+    plan = Plan(
+        profile=profile,
+        loadtest=cfg,
+        scenarios=scenarios,
+        model=loaded.spec.name,
+        texts=Path("texts.txt"),
+        samples=Path(SAMPLES_FILE),
+    )
+    (work / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
+    (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    load_before = os.getloadavg()
+    console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}[/]")
+    module, args = ("bench.servers", ["--port", str(settings.port)]) if echo else ("serve", flags)
+    with running(module, args, settings.port, work / "server.log") as server:
+        rows = drive(work, settings.port, server, plan.duration_s)
+    samples = Samples.load(work / SAMPLES_FILE)
+    target = (
+        ECHO_TARGET if echo else loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
+    )
+    context = {
+        "recipe": recipe.name,
+        "echo": echo,
+        "bundle": {"path": None if echo else str(bundle)} | target,
+        "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
+        "texts": texts_info(texts, source),
+        "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+    }
+    result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(work), context)
+    (work / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (work / "summary.md").write_text(rs.markdown(result), encoding="utf-8")
     rs.show(result, console)
-    return result
+    missed = sum(not check["passed"] for check in result["checks"])
+    return Built(
+        metrics=rs.headline(result),
+        info={"profile": profile, "echo": echo, "checks": result["checks"]},
+        line=f"{len(result['checks']) - missed} of {len(result['checks'])} SLO checks met",
+    )
+
+
+def load_result(stage: Stage) -> dict:
+    """The result a finished load-test stage wrote."""
+    return json.loads((stage.folder / rs.RESULT_FILE).read_text(encoding="utf-8"))

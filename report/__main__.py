@@ -4,15 +4,16 @@ import argparse
 import sys
 
 from common.recipe import RecipeError, load_recipe, parse_overrides
-from report.render import build
+from report.render import stage
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m report", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
-        build(load_recipe(args.recipe, parse_overrides(rest)))
+        stage(load_recipe(args.recipe, parse_overrides(rest))).run(args.force)
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

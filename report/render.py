@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.stats import RESULT_FILE, ModelTable
 from common import manifest as mf
 from common.recipe import Recipe, run_dir
+from common.stage import Artifact, Built, Inputs, Stage
 from loadtests import result as loadtest_result
 from loadtests.analysis import Samples
 from loadtests.recorder import SAMPLES_FILE
@@ -197,21 +198,23 @@ def _loadtests(page: Page, root: Path) -> None:
         )
 
 
-def build(recipe: Recipe) -> Path:
-    """Write `runs/<recipe>/report/` (index.html, report.md, figures/) and return the folder."""
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
+    are its parents: it is current until one of them changes or a new one appears."""
     root = run_dir(recipe)
-    watch = mf.Stopwatch()
-    page = Page(f"edgedistill report: {recipe.name}")
+    finished = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report") if root.is_dir() else []
+    return Stage("report", recipe, (), _build, tuple(Artifact(p.name, p) for p in finished))
+
+
+def _build(inputs: Inputs) -> Built:
+    root = run_dir(inputs.recipe)
+    page = Page(f"edgedistill report: {inputs.recipe.name}")
     for section in (_stages, _curves, _distillation, _benchmark, _serving, _loadtests):
         section(page, root)
-    out = root / "report"
-    with mf.stage_folder(out) as tmp:
-        (tmp / "figures").mkdir()
-        for name, data in page.figures.items():
-            (tmp / "figures" / name).write_bytes(data)
-        (tmp / "index.html").write_text(page.render_html(), encoding="utf-8")
-        (tmp / "report.md").write_text("\n".join(page.md), encoding="utf-8")
-        parents = {p.name: mf.parent_of(p) for p in root.iterdir() if _finished(p) and p.name != "report"}
-        mf.commit(tmp, out, mf.for_stage(recipe, "report", recipe.hash, watch, parents=parents))
-    print(f"[report] {len(page.figures)} figures -> {out / 'index.html'}")
-    return out
+    work = inputs.fresh_work()
+    (work / "figures").mkdir()
+    for name, data in page.figures.items():
+        (work / "figures" / name).write_bytes(data)
+    (work / "index.html").write_text(page.render_html(), encoding="utf-8")
+    (work / "report.md").write_text("\n".join(page.md), encoding="utf-8")
+    return Built(line=f"{len(page.figures)} figures, index.html")

@@ -11,10 +11,17 @@ import pytest
 from common import manifest as mf
 from common.recipe import load_recipe
 from report.__main__ import main as report_main
-from report.render import build
+from report.render import stage
 from tests.conftest import ROOT, run_module
 
 pytestmark = pytest.mark.slow
+
+
+def render_report():
+    """Run the report stage on the smoke run (RUNS_DIR set by the test); its folder."""
+    report = stage(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    report.run()
+    return report.folder
 
 
 def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatch):
@@ -22,7 +29,7 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
         bench = run_module("bench", smoke_bundles.parent, command, str(ROOT / "recipes" / "smoke.yaml"))
         assert bench.returncode == 0, bench.stderr[-2000:]
     monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
-    out = build(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    out = render_report()
     page = (out / "index.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) >= 2
@@ -59,7 +66,7 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 def test_report_renders_in_headless_chromium_with_every_image(smoke_bundles, monkeypatch, tmp_path):
     monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
-    out = build(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    out = render_report()
     probed = tmp_path / "probed.html"
     probed.write_text((out / "index.html").read_text().replace("</body>", PROBE + "</body>"))
     dom = chromium("--virtual-time-budget=5000", "--dump-dom", probed.as_uri()).stdout

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from common import manifest as mf
-from common import summary
 from common.recipe import load_recipe, run_dir
 from common.settings import PROJECT_ROOT
+from report import headline
 
 
 def publish(folder, metrics):
@@ -27,7 +27,7 @@ def test_headline_names_the_baseline_gain_when_there_is_one(recipe):
     publish(root / "teacher", {"dev_accuracy": 0.9})
     publish(root / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9})
     publish(root / f"baseline-{name}", {"dev_accuracy": 0.8})
-    lines = summary.headline(recipe, "recipes/smoke.yaml")
+    lines = headline.headline(recipe, "recipes/smoke.yaml")
     assert lines[0] == "teacher: dev accuracy 0.9000"
     assert (
         lines[1] == f"student {name}: dev accuracy 0.8800 (97.8% of the teacher), +0.0800 over its label-only baseline"
@@ -38,10 +38,10 @@ def test_headline_without_a_baseline_or_later_stages(recipe):
     """A student trained without its baseline (`--no-baseline`) and nothing exported yet."""
     name = recipe.distill.deploy
     publish(run_dir(recipe) / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.98})
-    assert summary.headline(recipe, "recipes/smoke.yaml") == [
+    assert headline.headline(recipe, "recipes/smoke.yaml") == [
         f"student {name}: dev accuracy 0.8800 (98.0% of the teacher)"
     ]
-    table = summary.stage_table(recipe)
+    table = headline.stage_table(recipe)
     assert table.row_count == 1
 
 
@@ -56,24 +56,24 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     for name, result in runs.items():
         (root / f"loadtest-{name}").mkdir(parents=True)
         (root / f"loadtest-{name}" / "summary.json").write_text(json.dumps(result))
-    assert summary.headline(recipe, "recipes/smoke.yaml") == [
+    assert headline.headline(recipe, "recipes/smoke.yaml") == [
         "load test steady: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
         "load test steady against the echo server: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
         "load test step: 1000 calls, capacity within the SLO 400 calls/s, 0 failures, SLO passed",
     ]
     runs["step"] |= {"capacity": None, "passed": False}
     (root / "loadtest-step" / "summary.json").write_text(json.dumps(runs["step"]))
-    assert summary.headline(recipe, "recipes/smoke.yaml")[-1] == (
+    assert headline.headline(recipe, "recipes/smoke.yaml")[-1] == (
         "load test step: 1000 calls, capacity within the SLO none, 0 failures, SLO MISSED"
     )
 
 
 def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys):
     publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9})
-    assert summary.main([str(PROJECT_ROOT / "recipes" / "smoke.yaml")]) == 0
+    assert headline.main([str(PROJECT_ROOT / "recipes" / "smoke.yaml")]) == 0
     assert "teacher: dev accuracy 0.9000" in capsys.readouterr().out
-    assert summary.main(["recipes/no-such.yaml"]) == 2
+    assert headline.main(["recipes/no-such.yaml"]) == 2
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        summary.main([])
+        headline.main([])
     assert exit_info.value.code == 2

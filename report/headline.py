@@ -1,4 +1,4 @@
-"""`python -m common.summary RECIPE`: one line per finished stage of a recipe, then the headline figures.
+"""`python -m report.headline RECIPE`: one line per finished stage of a recipe, then the headline figures.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode, serving latency
@@ -118,7 +118,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.summary", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m report.headline", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     args = parser.parse_args(argv)
     try:
