@@ -117,9 +117,10 @@ def refusal(bundle: Path) -> str:
 def test_a_bundle_killed_while_exported_is_never_served(smoke_run):
     run = run_with("killed-export", smoke_run, "teacher", "transfer", "student-bilstm")
     args = ("-m", "export", "bundles", str(SMOKE), "--only", "bilstm-fp32", "--name=killed-export")
-    kill_9_when(lambda: any(run.glob(".bundle-bilstm-fp32.tmp-*")), "bundle being written", *args)
+    work = run / ".work" / "bundle-bilstm-fp32"  # the model is built and checked there, then published
+    kill_9_when(lambda: any(work.glob("*.onnx")), "bundle being built", *args)
     assert not (run / "bundle-bilstm-fp32").exists()
-    (leftover,) = run.glob(".bundle-bilstm-fp32.tmp-*")
+    leftover = work
     assert not (leftover / mf.MANIFEST).exists()
     assert "manifest.json is missing" in refusal(leftover)
     assert "manifest.json is missing" in refusal(run / "bundle-bilstm-fp32")
