@@ -22,6 +22,20 @@ def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
     return run_module("export", runs, *args)
 
 
+def step(rps, p99, errors=0.0, offered=None) -> dict:
+    """The figures of one load step (or run), as `loadtests.analysis` computes them, for SLO tests."""
+    return {
+        "requests": 100,
+        "requests_per_s": rps,
+        "offered_rate": offered or rps,
+        "rate_share": rps / (offered or rps),
+        "error_rate": errors,
+        "p50_ms": p99 / 2,
+        "p95_ms": p99,
+        "p99_ms": p99,
+    }
+
+
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

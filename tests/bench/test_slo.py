@@ -2,19 +2,7 @@
 
 from bench import slo
 from common.recipe import SloConfig
-
-
-def step(rps, p99, errors=0.0, offered=None) -> dict:
-    return {
-        "requests": 100,
-        "requests_per_s": rps,
-        "offered_rate": offered or rps,
-        "rate_share": rps / (offered or rps),
-        "error_rate": errors,
-        "p50_ms": p99 / 2,
-        "p95_ms": p99,
-        "p99_ms": p99,
-    }
+from tests.conftest import step
 
 
 def test_capacity_is_the_busiest_step_within_the_slo():

@@ -6,25 +6,13 @@ import pytest
 from loadtests import analysis, result
 from loadtests.analysis import Resources, Samples
 from loadtests.recorder import Recorder
+from tests.conftest import step
 
 
 def samples(end_s, ms, ok=None) -> Samples:
     end_s, ms = np.asarray(end_s, float), np.asarray(ms, float)
     ok = np.ones(len(ms), bool) if ok is None else np.asarray(ok, bool)
     return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], 0.0)
-
-
-def step(rps, p99, errors=0.0, offered=None) -> dict:
-    return {
-        "requests": 100,
-        "requests_per_s": rps,
-        "offered_rate": offered or rps,
-        "rate_share": rps / (offered or rps),
-        "error_rate": errors,
-        "p50_ms": p99 / 2,
-        "p95_ms": p99,
-        "p99_ms": p99,
-    }
 
 
 def test_call_stats():
