@@ -47,7 +47,8 @@ pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` sectio
 teacher: $(STAMP)  ## pretrain (if the recipe says so) and fine-tune the teacher
 	$(LAUNCH) distill teacher $(RECIPE)
 
-transfer: teacher  ## build the transfer set and label it with the teacher
+transfer: teacher  ## build the transfer set and label it with the teacher (on the CPU through its ONNX bundle)
+	$(PY) -m export labeller $(RECIPE)
 	$(PY) -m distill transfer $(RECIPE)
 
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table

@@ -7,6 +7,7 @@ Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML
 import functools
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Literal, get_args
@@ -70,7 +71,12 @@ class OptimConfig(Strict):
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, gt=0)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(
+        32, ge=1, description="examples per optimizer step, whatever the number of processes (split among them)"
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per optimizer step and process, for models whose batch does not fit"
+    )
     grad_clip: float = Field(1.0, gt=0)
     eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
     checkpoint_every: int = Field(200, gt=0)
@@ -119,7 +125,15 @@ class TransferConfig(Strict):
     p_ngram: float = Field(0.25, ge=0, le=1)
     max_length: int = Field(64, ge=8, description="tokens per sentence, for labelling and students")
     shard_size: int = Field(50_000, gt=0)
-    label_batch_size: int = Field(128, gt=0)
+    label_batch_size: int = Field(128, gt=0, description="sentences per labelling batch (length-sorted)")
+    labeller: str | None = Field(
+        None,
+        description="on the CPU, label with this fp32 teacher bundle in ONNX Runtime (built first by "
+        "`python -m export labeller`) instead of PyTorch; on a GPU, PyTorch labels",
+    )
+    precision_check_sentences: int = Field(
+        2000, gt=0, description="labelled in bf16/fp16, this many are labelled again in fp32 and compared"
+    )
     seed: int = 13
 
     @model_validator(mode="after")
@@ -428,7 +442,22 @@ class LoadtestConfig(Strict):
         return getattr(self, name)
 
 
-UNHASHED = ("bench", "loadtest")  # sections that change no artifact of another stage
+class RuntimeConfig(Strict):
+    """Where training and labelling run: an execution choice, recorded in each manifest, not part of any hash."""
+
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda, or cuda:N",
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU"
+    )
+
+
+# Deployment overrides of recipe keys, applied before the command line's `--key=value`.
+ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION": "runtime.precision"}
+UNHASHED = ("runtime", "bench", "loadtest")  # sections that change no artifact of another stage
 
 
 class Recipe(Strict):
@@ -442,6 +471,7 @@ class Recipe(Strict):
     export: ExportConfig | None = None
     bench: BenchConfig = BenchConfig()
     loadtest: LoadtestConfig | None = None
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @model_validator(mode="after")
     def _bundle_sources_known(self):
@@ -456,6 +486,21 @@ class Recipe(Strict):
                     bundle.source == "teacher" or self.distill.students[bundle.source].model.arch != "cnn"
                 ):
                     raise ValueError(f"export.bundles.{bundle_id}.fold: true needs a CNN student as its source")
+        return self
+
+    @model_validator(mode="after")
+    def _labeller_is_an_fp32_teacher_bundle(self):
+        name = self.transfer.labeller if self.transfer else None
+        if name is None:
+            return self
+        bundle = self.export.bundles.get(name) if self.export else None
+        if bundle is None:
+            raise ValueError(f"transfer.labeller={name!r} is not one of export.bundles")
+        if (bundle.source, bundle.precision, bundle.runtime) != ("teacher", "fp32", "onnxruntime"):
+            raise ValueError(
+                f"transfer.labeller={name!r} must be an fp32 ONNX Runtime bundle of the teacher, got source="
+                f"{bundle.source}, precision={bundle.precision}, runtime={bundle.runtime}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -594,6 +639,9 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raise RecipeError(f"{path}: the top level must be a mapping of sections")
     raw = _with_base(raw, path)
     raw.setdefault("name", path.stem)
+    for variable, key in ENV_OVERRIDES.items():
+        if os.environ.get(variable):
+            apply_override(raw, key, os.environ[variable])
     for key, value in (overrides or {}).items():
         apply_override(raw, key, value)
     raw = _expand(raw, settings.defaults(), "")

@@ -16,8 +16,9 @@ import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
-from distill import dist, finetune, parallel, pretrain, student_stage, table, transfer
+from distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 from distill.data import DataError
+from distill.trainer import CheckpointError
 
 STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
 
@@ -34,9 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
-    _, world_size = dist.init()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
+        placement = device.for_process(recipe.runtime)
+        dist.init(placement.device.type)
+        world_size = dist.world_size()
+        if dist.is_main():
+            p = placement.describe()
+            print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {world_size} process(es)")
         if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
             if recipe.pretrain is None:
                 raise RecipeError(f"{args.recipe}: no `pretrain` section to run")
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                     dist.run_stage(student_stage.stage(recipe, name, baseline), args.force)
             if dist.is_main():
                 table.write(recipe)
-    except (RecipeError, DataError, ArtifactError) as err:
+    except (RecipeError, DataError, ArtifactError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:

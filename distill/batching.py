@@ -25,12 +25,6 @@ def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, shuff
     return batches
 
 
-def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """This rank's share of `batches`, the same count on every rank so DDP steps stay in lockstep."""
-    usable = len(batches) - len(batches) % world_size
-    return batches[rank:usable:world_size]
-
-
 def collate(features: dict[str, list[list[int]]], indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
     """Pad the chosen examples to their longest; adds `attention_mask`. Shapes (B, T)."""
     ids = features["input_ids"]

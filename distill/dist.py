@@ -1,17 +1,32 @@
-"""Process-group set-up for `torchrun`: gloo on CPU, nccl on GPU; a no-op in a single process."""
+"""Process-group set-up for `torchrun`: nccl when the ranks run on GPUs, gloo on the CPU; a no-op in one process."""
 
 import os
 
-import torch
 import torch.distributed as dist
 
 
-def init() -> tuple[int, int]:
-    """(rank, world_size), initialising the process group when launched by `torchrun`."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return (dist.get_rank(), world_size) if world_size > 1 else (0, 1)
+def launched() -> tuple[int, int]:
+    """(local rank, world size) as `torchrun` sets them; (0, 1) in a plain process."""
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(device_type: str) -> None:
+    """Join the process group when launched by `torchrun` (at any world size, so one process under torchrun runs
+    DDP too), with the backend for `device_type` ('cuda' or 'cpu')."""
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+
+
+def initialized() -> bool:
+    return dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def is_main() -> bool:

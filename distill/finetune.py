@@ -14,9 +14,10 @@ from transformers import AutoModelForSequenceClassification
 
 from common.recipe import Recipe
 from common.stage import Built, Inputs, Stage
-from distill import dist, pretrain
+from distill import device, dist, pretrain
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
+from distill.device import Placement
 from distill.metrics import EVAL_KEYS, classification_metrics
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
@@ -24,18 +25,25 @@ from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
 @torch.no_grad()
 def predict_logits(
-    forward, features: dict[str, list[list[int]]], pad_id: int, batch_size: int = 128, bar=None
+    forward,
+    features: dict[str, list[list[int]]],
+    pad_id: int,
+    batch_size: int = 128,
+    bar=None,
+    placement: Placement | None = None,
 ) -> np.ndarray:
-    """`forward(batch) -> logits` over every example, batched by length, in the original order. (N, C).
+    """`forward(batch) -> logits` over every example, batched by length, in the original order. (N, C), float32.
 
-    `bar`, a tqdm progress bar, advances by the examples of each batch.
+    Batches go to `placement`'s device (default: stay on the CPU); `bar`, a tqdm progress bar, advances by the
+    examples of each batch.
     """
     lengths = [len(ids) for ids in features["input_ids"]]
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     out = [None] * len(order)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        logits = forward(collate(features, chunk, pad_id)).float().numpy()
+        batch = collate(features, chunk, pad_id)
+        logits = forward(placement.move(batch) if placement else batch).float().cpu().numpy()
         for i, row in zip(chunk, logits, strict=True):
             out[i] = row
         if bar is not None:
@@ -76,13 +84,15 @@ def _build(inputs: Inputs) -> Built | None:
     labels = torch.tensor(train.labels)
     pad = tokenizer.pad_token_id
 
+    placement = device.for_process(recipe.runtime)
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(model, cfg.optim, work, inputs.config_hash, "teacher")
+    trainer = Trainer(model, cfg.optim, work, inputs.config_hash, "teacher", placement)
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
-        loss_fn=lambda m, idx: m(**collate(train_feats, idx, pad), labels=labels[idx]).loss,
+        make_batch=lambda idx: collate(train_feats, idx, pad) | {"labels": labels[idx]},
+        loss_fn=lambda m, batch: m(**batch).loss,
         evaluate=lambda m: classification_metrics(
-            predict_logits(hf_logits(m), dev_feats, pad), dev.labels, data.num_labels
+            predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data.num_labels
         ),
         metric="dev_accuracy",
         on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),

@@ -22,8 +22,9 @@ from transformers import (
 
 from common.recipe import ModelConfig, Recipe
 from common.stage import Built, Inputs, Stage
-from distill import dist
+from distill import device, dist
 from distill.data import load_unlabelled
+from distill.device import Placement
 from distill.tokenization import load_tokenizer, train_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
@@ -113,12 +114,12 @@ class LanguageModelObjective(torch.nn.Module):
         return F.cross_entropy(logits, labels), logits, labels
 
 
-def lm_metrics(objective: LanguageModelObjective, batches: list[dict]) -> dict[str, float]:
+def lm_metrics(objective: LanguageModelObjective, batches: list[dict], placement: Placement) -> dict[str, float]:
     """Held-out loss, perplexity and accuracy over the predicted (label != -100) tokens."""
     total_loss, total_tokens, correct = 0.0, 0, 0
     with torch.no_grad():
         for batch in batches:
-            loss, logits, labels = objective(**batch)
+            loss, logits, labels = objective(**placement.move(batch))
             total_loss += loss.item() * len(labels)
             total_tokens += len(labels)
             correct += int((logits.argmax(-1) == labels).sum())
@@ -165,11 +166,13 @@ def _build(inputs: Inputs) -> Built | None:
         raise ValueError(f"pretrain: corpus too small for one block of {cfg.seq_len} tokens (train or eval)")
     bs = cfg.optim.batch_size
     eval_batches = [eval_collator(eval_blocks[i : i + bs]) for i in range(0, len(eval_blocks), bs)]
-    objective = LanguageModelObjective(model, causal=not mlm).eval()
-    before = lm_metrics(objective, eval_batches)
+    placement = device.for_process(recipe.runtime)
+    objective = LanguageModelObjective(model, causal=not mlm).to(placement.device).eval()
+    with placement.autocast():
+        before = lm_metrics(objective, eval_batches, placement)
 
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain")
+    trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain", placement)
 
     def batches_for_epoch(epoch: int) -> list[list[int]]:
         order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(cfg.optim.seed + epoch)).tolist()
@@ -177,8 +180,9 @@ def _build(inputs: Inputs) -> Built | None:
 
     progress = trainer.fit(
         batches_for_epoch=batches_for_epoch,
-        loss_fn=lambda m, idx: m(**collator([blocks[i] for i in idx]))[0],
-        evaluate=lambda m: lm_metrics(m, eval_batches),
+        make_batch=lambda idx: collator([blocks[i] for i in idx]),
+        loss_fn=lambda m, batch: m(**batch)[0],
+        evaluate=lambda m: lm_metrics(m, eval_batches, placement),
         metric="token_accuracy",
         on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, work / "best"),
     )

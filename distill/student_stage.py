@@ -22,7 +22,7 @@ from common import manifest as mf
 from common.atomic import atomic_write
 from common.recipe import Recipe, StudentConfig, StudentRun
 from common.stage import Built, Inputs, Stage
-from distill import dist, transfer
+from distill import device, dist, transfer
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
 from distill.finetune import predict_logits
@@ -71,7 +71,7 @@ class DistillObjective(nn.Module):
 
 
 def save_student(student: nn.Module, cfg: StudentConfig, folder) -> None:
-    save_file({k: v.contiguous() for k, v in student.state_dict().items()}, folder / WEIGHTS)
+    save_file({k: v.detach().cpu().contiguous() for k, v in student.state_dict().items()}, folder / WEIGHTS)
     (folder / CONFIG).write_text(cfg.model_dump_json(indent=1))
 
 
@@ -158,19 +158,25 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
         objective = DistillObjective(student, spec, teacher_bert)
 
     lengths = [len(ids) for ids in feats["input_ids"]]
+    placement = device.for_process(recipe.runtime)
+    if teacher_bert is not None:  # held outside the objective's parameters, so moved here
+        teacher_bert.to(placement.device)
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name)
+    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name, placement)
     best_path = work / "best.safetensors"
 
     def on_best(module, _):
-        weights = {k: v.contiguous() for k, v in module.student.state_dict().items()}
+        weights = {k: v.detach().cpu().contiguous() for k, v in module.student.state_dict().items()}
         atomic_write(best_path, lambda tmp: save_file(weights, tmp))
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
-        loss_fn=lambda m, idx: m(collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
+        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
+        loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: classification_metrics(
-            predict_logits(lambda b: m.student(b["input_ids"], b["attention_mask"]), dev_feats, pad, 256),
+            predict_logits(
+                lambda b: m.student(b["input_ids"], b["attention_mask"]), dev_feats, pad, 256, placement=placement
+            ),
             dev.labels,
             recipe.data.num_labels,
         ),

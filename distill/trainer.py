@@ -5,6 +5,7 @@ the data position (epoch and step within it); batches are a pure function of (se
 rerun after `kill -9` skips exactly the batches already seen.
 """
 
+import contextlib
 import math
 import random
 import re
@@ -24,9 +25,15 @@ from transformers import get_linear_schedule_with_warmup
 from common.atomic import atomic_write
 from common.recipe import OptimConfig
 from distill import dist
-from distill.batching import shard
+from distill.device import Placement
 
 CHECKPOINT = "checkpoint.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read: the message names the file and the way out."""
+
+
 # The terminal line of this process's progress bar when several jobs share a terminal.
 bar_position: int | None = None
 
@@ -92,20 +99,37 @@ def work_dir(folder: Path, force: bool) -> Path:
 
 
 class Trainer:
-    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights."""
+    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights.
 
-    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, work_dir: Path, config_hash: str, desc: str):
-        self.model, self.cfg, self.desc, self.config_hash = model, cfg, desc, config_hash
+    Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
+    is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
+    runs its `grad_accum` of them and DDP averages the gradients, so a recipe trains the same model on one
+    process or eight. Placement, autocast and the fp16 loss scaler come from `placement`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: OptimConfig,
+        work_dir: Path,
+        config_hash: str,
+        desc: str,
+        placement: Placement,
+    ):
+        self.cfg, self.desc, self.config_hash, self.placement = cfg, desc, config_hash, placement
+        self.model = model.to(placement.device)
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.rank, self.world_size = dist.init()
-        self.optimizer = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr)
+        self.rank, self.world_size = dist.rank(), dist.world_size()
+        self.optimizer = torch.optim.AdamW(_param_groups(self.model, cfg), lr=cfg.lr)
+        self.scaler = placement.scaler()
         self.progress = Progress()
         self.ema = (
-            AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+            AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
             if cfg.ema_decay
             else None
         )
+        self._examples, self._train_seconds = 0, 0.0
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -115,12 +139,19 @@ class Trainer:
     def run_info(self) -> dict[str, Any]:
         """What every training manifest records about the run that made it."""
         p = self.progress
-        return {
+        info = {
             "steps": p.global_step,
             "best_step": p.best_step,
             "world_size": self.world_size,
             "resumed_from_step": p.resumed_from,
+            "batch_size": self.cfg.batch_size,
+            "grad_accum": self.cfg.grad_accum,
+            "examples_per_s": round(self._examples / self._train_seconds, 1) if self._train_seconds else None,
+            **self.placement.describe(),
         }
+        if (peak := self.placement.peak_memory_mb()) is not None:
+            info["peak_memory_mb"] = peak
+        return info
 
     def _total_steps(self, steps_per_epoch: int) -> int:
         return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
@@ -128,14 +159,18 @@ class Trainer:
     def _save_checkpoint(self, scheduler) -> None:
         if not dist.is_main():
             return
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.placement.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.placement.device)
         state = {
             "config_hash": self.config_hash,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "ema": self.ema.state_dict() if self.ema else None,
             "progress": asdict(self.progress),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": rng,
         }
         atomic_write(self.work_dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
@@ -143,38 +178,83 @@ class Trainer:
         path = self.work_dir / CHECKPOINT
         if not path.is_file():
             return
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for a damaged or foreign file
+            raise CheckpointError(
+                f"{path} cannot be read ({type(err).__name__}: {err}); delete it to start this stage over, or "
+                "rerun with --force"
+            ) from err
         if state["config_hash"] != self.config_hash:
             print(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
             return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if state["scaler"] and self.scaler.is_enabled():  # fp16 continues with its scale; other precisions have none
+            self.scaler.load_state_dict(state["scaler"])
         if self.ema:
             self.ema.load_state_dict(state["ema"])
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and self.placement.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.placement.device)
         print(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+
+    def _micro_batches(self, batch: list[int]) -> list[list[int]]:
+        """This rank's `grad_accum` shares of a global batch."""
+        parts = self.world_size * self.cfg.grad_accum
+        mine = range(self.rank * self.cfg.grad_accum, (self.rank + 1) * self.cfg.grad_accum)
+        return [batch[i::parts] for i in mine]
+
+    def _epoch_batches(self, batches_for_epoch, epoch: int) -> list[list[int]]:
+        """The epoch's global batches, leaving out any too small to give every micro-batch an example."""
+        least = self.world_size * self.cfg.grad_accum
+        return [batch for batch in batches_for_epoch(epoch) if len(batch) >= least]
+
+    def _step(self, model, batch: list[int], make_batch, loss_fn) -> float:
+        """One optimizer step over this rank's micro-batches of `batch`; the mean micro-batch loss."""
+        parts = self._micro_batches(batch)
+        total = 0.0
+        for i, part in enumerate(parts):
+            sync = i == len(parts) - 1 or not isinstance(model, DistributedDataParallel)
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with self.placement.autocast():
+                    loss = loss_fn(model, self.placement.move(make_batch(part)))
+                self.scaler.scale(loss / len(parts)).backward()
+            total += loss.item() / len(parts)
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return total
 
     def fit(
         self,
-        batches_for_epoch: Callable[[int], list[Any]],
+        batches_for_epoch: Callable[[int], list[list[int]]],
+        make_batch: Callable[[list[int]], Any],
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
         evaluate: Callable[[torch.nn.Module], dict[str, float]],
         metric: str,
         on_best: Callable[[torch.nn.Module, dict[str, float]], None],
-        batch_examples: Callable[[Any], int] = len,
     ) -> Progress:
-        """Train until the step budget or early stopping; returns the progress with its history."""
+        """Train until the step budget or early stopping; returns the progress with its history.
+
+        `batches_for_epoch(epoch)` gives the epoch's batches of example indices (the same on every rank),
+        `make_batch(indices)` their tensors (on the CPU; moved here), `loss_fn(model, tensors)` the loss.
+        """
         cfg = self.cfg
-        steps_per_epoch = len(dist_batches := self._epoch_batches(batches_for_epoch, 0))
-        total = self._total_steps(steps_per_epoch)
+        first = self._epoch_batches(batches_for_epoch, 0)
+        total = self._total_steps(len(first))
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
         p = self.progress
-        model = DistributedDataParallel(self.model) if self.world_size > 1 else self.model
+        model = self.model
+        if dist.initialized():
+            cuda = self.placement.device.type == "cuda"
+            model = DistributedDataParallel(self.model, device_ids=[self.placement.device.index] if cuda else None)
         bar = tqdm(
             total=total,
             initial=p.global_step,
@@ -184,26 +264,24 @@ class Trainer:
             mininterval=2,
             dynamic_ncols=True,
         )
-        running, seen, tick = [], 0, time.perf_counter()
+        running = []
         stop = p.global_step >= total
         while not stop:
-            batches = dist_batches if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
+            batches = first if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
             self._epoch_len = len(batches)
             for batch in batches[p.step_in_epoch :]:
                 model.train()
-                loss = loss_fn(model, batch)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                self.optimizer.step()
+                tick = time.perf_counter()
+                running.append(self._step(model, batch, make_batch, loss_fn))
                 scheduler.step()
                 if self.ema:
                     self.ema.update_parameters(self.model)
                 self.optimizer.zero_grad(set_to_none=True)
+                self._train_seconds += time.perf_counter() - tick
+                self._examples += len(batch)
                 p.step_in_epoch += 1
                 p.global_step += 1
-                running.append(loss.item())
-                seen += batch_examples(batch) * self.world_size
-                rate = seen / (time.perf_counter() - tick)
+                rate = self._examples / self._train_seconds
                 bar.set_postfix(
                     loss=f"{sum(running[-50:]) / len(running[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
                 )
@@ -224,14 +302,11 @@ class Trainer:
         self._save_checkpoint(scheduler)
         return p
 
-    def _epoch_batches(self, batches_for_epoch, epoch: int) -> list[Any]:
-        return shard(batches_for_epoch(epoch), self.rank, self.world_size)
-
     def _evaluate(self, evaluate, metric, on_best, running, scheduler) -> bool:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
         target = self.evaluated.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.placement.autocast():
             metrics = evaluate(target)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
         if running:

@@ -12,6 +12,8 @@ Artifact: `texts.txt` (one sentence per line), `meta.npz` (`source`: 0 unlabelle
 import json
 import random
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +23,14 @@ from transformers import AutoModelForSequenceClassification
 
 from common import manifest as mf
 from common.atomic import atomic_write
-from common.recipe import Recipe
+from common.bundle import load_bundle
+from common.recipe import Recipe, run_dir
+from common.runtime import open_bundle
 from common.stage import Built, Inputs, Stage
-from distill import finetune
+from distill import device, finetune
 from distill.augment import augment_many, normalise, split_sentences, vocab_replacer
 from distill.data import load_splits, load_unlabelled
+from distill.device import Placement
 from distill.finetune import hf_logits, predict_logits
 from distill.metrics import classification_metrics
 from distill.tokenization import encode, load_tokenizer
@@ -107,8 +112,9 @@ def build_texts(recipe: Recipe, mask_token: str) -> tuple[list[str], np.ndarray,
     return texts, np.array(sources, dtype=np.int8), np.array(labels, dtype=np.int64), composition
 
 
-def label_shards(model, tokenizer, texts: list[str], cfg, work: Path) -> np.ndarray:
-    """Teacher logits for `texts`, one atomically written float16 shard at a time; finished shards are kept."""
+def label_shards(forward, tokenizer, texts: list[str], cfg, work: Path, placement: Placement) -> np.ndarray:
+    """Teacher logits (`forward(batch) -> logits`) for `texts`, batched by length on `placement`, one atomically
+    written float16 shard at a time; finished shards are kept."""
     shard_paths = []
     starts = range(0, len(texts), cfg.shard_size)
     done = sum(
@@ -123,10 +129,55 @@ def label_shards(model, tokenizer, texts: list[str], cfg, work: Path) -> np.ndar
         if path.is_file():
             continue
         feats = encode(tokenizer, texts[start : start + cfg.shard_size], None, cfg.max_length)
-        logits = predict_logits(hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, bar=bar)
+        logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
         atomic_write(path, lambda tmp, logits=logits: np.save(tmp, logits.astype(np.float16)))
     bar.close()
     return np.concatenate([np.load(p) for p in shard_paths])
+
+
+def precision_check(model, tokenizer, texts: list[str], logits: np.ndarray, cfg, placement: Placement) -> dict:
+    """How the first `cfg.precision_check_sentences` labels made in reduced precision compare with fp32 ones."""
+    sample = texts[: cfg.precision_check_sentences]
+    with torch.inference_mode():
+        feats = encode(tokenizer, sample, None, cfg.max_length)
+        reference = predict_logits(
+            hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
+        )
+    reduced = logits[: len(sample)].astype(np.float32)
+    return {
+        "fp32_check_sentences": len(sample),
+        "fp32_agreement": float((reduced.argmax(-1) == reference.argmax(-1)).mean()),
+        "fp32_max_abs_diff": float(np.abs(reduced - reference).max()),
+    }
+
+
+def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
+    """`forward(batch) -> logits` of the teacher's fp32 ONNX bundle `folder`, on the CPU with this process's
+    threads, and its parity figures. The bundle is verified and must be an export of the teacher in
+    `teacher_dir` (its recorded parent), so its labels are that teacher's within its gate."""
+    if not (folder / mf.MANIFEST).is_file():
+        raise mf.ArtifactError(
+            f"transfer.labeller: {folder} is not built: run `python -m export labeller RECIPE` first (make transfer "
+            "does), or label in PyTorch with --transfer.labeller=null"
+        )
+    bundle = load_bundle(folder)
+    exported_from = bundle.manifest.parents.get("teacher")
+    if exported_from is None or exported_from.manifest_sha256 != mf.sha256_file(teacher_dir / mf.MANIFEST):
+        raise mf.ArtifactError(
+            f"{folder} was not exported from the teacher in {teacher_dir} (rebuilt since?): "
+            "rebuild it with `python -m export labeller RECIPE` (make transfer does)"
+        )
+    if bundle.spec.precision != "fp32":
+        raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32")
+    runner = open_bundle(bundle, threads=torch.get_num_threads())
+
+    def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = batch["input_ids"].numpy()
+        feed = {name: batch[name].numpy() if name in batch else np.zeros_like(ids) for name in bundle.spec.input_names}
+        return torch.from_numpy(runner.infer(feed)["logits"])
+
+    figures = {key: bundle.manifest.metrics[key] for key in ("agreement", "max_abs_diff", "dev_accuracy")}
+    return forward, {"engine": "onnxruntime", "bundle": str(folder)} | figures
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -138,21 +189,31 @@ def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
-    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval()
+    placement = device.for_process(recipe.runtime)
+    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval().to(placement.device)
+    labelling = placement.describe() | {"engine": "pytorch"}
+    forward = hf_logits(model)
+    if recipe.transfer.labeller and placement.device.type == "cpu":
+        forward, figures = onnx_labeller(run_dir(recipe) / f"bundle-{recipe.transfer.labeller}", teacher_dir)
+        labelling |= figures
 
     work = inputs.work
     stamp = work / "config_hash"
-    key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST)
+    # Label shards of an interrupted run are kept only for the same teacher, engine and precision.
+    key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST) + labelling["engine"] + placement.precision
     if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)
         atomic_write(stamp, key)
     texts, sources, labels, composition = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
-    with torch.inference_mode():
-        logits = label_shards(model, tokenizer, texts, recipe.transfer, work)
+    with torch.inference_mode(), placement.autocast():
+        tick = time.perf_counter()
+        logits = label_shards(forward, tokenizer, texts, recipe.transfer, work, placement)
+        labelling["seconds"] = round(time.perf_counter() - tick, 1)  # shards left by a killed run count as free
         _, dev = load_splits(recipe.data)
-        dev_logits = predict_logits(
-            hf_logits(model), encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length), tokenizer.pad_token_id
-        )
+        dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
+        dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)
+    if placement.precision != "fp32":
+        labelling |= precision_check(model, tokenizer, texts, logits, recipe.transfer, placement)
     teacher_dev = classification_metrics(dev_logits, dev.labels, recipe.data.num_labels)["dev_accuracy"]
 
     def write(folder: Path) -> None:
@@ -172,7 +233,13 @@ def _build(inputs: Inputs) -> Built:
             "teacher_positive_rate": float((predicted == 1).mean()),
             **{f"n_{k}": v for k, v in composition.items()},
         },
-        info={"composition": composition, "sources": list(SOURCES), "logits_dtype": "float16"},
+        info={
+            "composition": composition,
+            "sources": list(SOURCES),
+            "logits_dtype": "float16",
+            "labelling": labelling,
+        },
         line=f"{len(texts)} sentences ({parts}; {composition['removed_duplicates']} duplicates and "
-        f"{composition['removed_dev_overlap']} dev overlaps removed)",
+        f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {labelling['engine']} on "
+        f"{labelling['device']} ({labelling['precision']}) in {labelling['seconds'] / 60:.1f} min",
     )

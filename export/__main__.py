@@ -1,7 +1,9 @@
 """`python -m export <command> RECIPE [--section.key=value ...]`.
 
 Commands: `bundles` (build every bundle of the recipe, or those named with `--only`, each checked
-against PyTorch and gated). The bundles are timed by `python -m bench models`.
+against PyTorch and gated) and `labeller` (the bundle `transfer.labeller` names, which labels the
+transfer set on the CPU; nothing when the recipe has none or labelling runs on a GPU). The bundles
+are timed by `python -m bench models`.
 """
 
 import argparse
@@ -14,13 +16,24 @@ import transformers
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
 from common.runtime import ProviderFallback, TensorRTUnavailable
+from distill import device
 from export import bundle_stage
 from export.onnx_export import ExportError
 
 
+def labeller(recipe, force: bool) -> int:
+    name = recipe.transfer.labeller if recipe.transfer else None
+    placement = device.for_process(recipe.runtime)
+    if name is None or placement.device.type != "cpu":
+        print(f"[labeller] none needed: the transfer set is labelled in PyTorch on {placement.device}")
+        return 0
+    bundle_stage.build(recipe, [name], force)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("bundles",))
+    parser.add_argument("command", choices=("bundles", "labeller"))
     parser.add_argument("recipe")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--only", action="append", help="bundles: just this bundle id (repeatable)")
@@ -30,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
+        if args.command == "labeller":
+            return labeller(recipe, args.force)
         if recipe.export is None:
             raise RecipeError(f"{args.recipe}: no `export` section")
         unknown = set(args.only or ()) - set(recipe.export.bundles)

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distill.batching import collate, length_grouped_batches, shard
+from distill.batching import collate, length_grouped_batches
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(1, 40), st.integers(0, 10))
@@ -26,13 +26,6 @@ def test_deterministic_and_grouped():
     rng.shuffle(order)
     naive = sum(32 * max(lengths[i] for i in order[s : s + 32]) for s in range(0, len(order), 32))
     assert padded < 0.6 * naive, "length grouping should cut padding sharply"
-
-
-def test_shard_gives_equal_disjoint_shares():
-    batches = [[i] for i in range(11)]
-    shares = [shard(batches, r, 3) for r in range(3)]
-    assert [len(s) for s in shares] == [3, 3, 3]
-    assert not set(map(tuple, shares[0])) & set(map(tuple, shares[1]))
 
 
 def test_collate_pads_and_masks():

@@ -120,7 +120,28 @@ def test_torchrun_two_cpu_processes(data_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "ddp" / "teacher")
     assert teacher.info["world_size"] == 2
+    # The effective batch is the recipe's on any world size: 3 epochs of 4,000 examples in batches of 32.
+    assert teacher.info["steps"] == 3 * 4000 // 32
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
+
+
+def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
+    result = run_stage("teacher", SMOKE, "--runtime.device=cpu", "--runtime.precision=bf16", "--name=bf16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "bf16" / "teacher")
+    assert (teacher.info["device"], teacher.info["precision"]) == ("cpu", "bf16")
+    assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
+
+
+def test_cuda_on_a_machine_without_one_fails_before_any_work():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the error of a machine without CUDA")
+    result = run_stage("teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
+    assert result.returncode == 2
+    assert "runtime.device=cuda but no CUDA device visible" in result.stderr
+    assert not (Path(os.environ["RUNS_DIR"]) / "nocuda").exists()
 
 
 def test_sentence_pair_fine_tuning(smoke_run, tmp_path):

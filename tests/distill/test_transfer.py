@@ -1,11 +1,19 @@
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import torch
 
 from common import manifest as mf
-from common.recipe import TransferConfig, load_recipe
+from common.recipe import RuntimeConfig, TransferConfig, load_recipe
 from distill.augment import normalise
+from distill.device import resolve
+from distill.finetune import hf_logits
 from distill.transfer import build_texts, label_shards, leak_filter
-from tests.conftest import ROOT
+from tests.conftest import PYTHON, ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 
 def test_leak_filter_catches_copies_and_long_overlaps():
@@ -37,6 +45,9 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
 
 
+CPU = resolve(RuntimeConfig(device="cpu"))
+
+
 class CountingModel(torch.nn.Module):
     """A stand-in classifier whose logits are a fixed function of the ids, counting its calls."""
 
@@ -61,7 +72,7 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
     texts = [f"{'a' * i} b" for i in range(1, 9)]
     model = CountingModel()
-    first = label_shards(model, WordTokenizer(), texts, cfg, tmp_path)
+    first = label_shards(hf_logits(model), WordTokenizer(), texts, cfg, tmp_path, CPU)
     assert first.dtype == np.float16 and first.shape == (8, 2)
     assert first[:, 0].tolist() == [i + 1 for i in range(1, 9)]
     shards = sorted(tmp_path.glob("logits-*.npy"))
@@ -69,7 +80,7 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     kept = shards[0].stat().st_mtime_ns
     shards[1].unlink()  # as if killed while writing the second shard
     model.calls = 0
-    again = label_shards(model, WordTokenizer(), texts, cfg, tmp_path)
+    again = label_shards(hf_logits(model), WordTokenizer(), texts, cfg, tmp_path, CPU)
     assert (again == first).all()
     assert model.calls == 2, "only the missing shard (3 texts, batches of 2) is labelled again"
     assert shards[0].stat().st_mtime_ns == kept
@@ -83,3 +94,45 @@ def test_transfer_artifact(smoke_run):
     assert manifest.metrics["sentences"] == len(texts)
     assert manifest.parents["teacher"].manifest_sha256 == mf.sha256_file(smoke_run / "teacher" / "manifest.json")
     assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
+
+
+def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
+    """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
+    command = [PYTHON, "-m", "distill", "transfer", str(SMOKE), f"--name={name}", "--transfer.labeller=teacher-fused"]
+    env = {**os.environ, "RUNS_DIR": str(runs)}
+    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
+    run = smoke_bundles.parent / "onnx-labels"
+    run.mkdir()
+    for folder in ("teacher", "bundle-teacher-fused"):
+        (run / folder).symlink_to(smoke_bundles / folder)
+    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    labelling = mf.load(run / "transfer").info["labelling"]
+    assert labelling["engine"] == "onnxruntime" and labelling["agreement"] >= 0.999
+    by_onnx = np.load(run / "transfer" / "logits.npy").astype(np.float32)
+    by_torch = np.load(smoke_bundles / "transfer" / "logits.npy").astype(np.float32)
+    assert (by_onnx.argmax(-1) == by_torch.argmax(-1)).mean() >= 0.999
+    assert np.abs(by_onnx - by_torch).max() < 0.05  # float16 storage of logits of a few units
+
+
+def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles):
+    run = smoke_bundles.parent / "other-teacher"
+    shutil.copytree(smoke_bundles / "teacher", run / "teacher")
+    manifest = run / "teacher" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"recipe": "smoke"', '"recipe": "retrained"'))
+    (run / "bundle-teacher-fused").symlink_to(smoke_bundles / "bundle-teacher-fused")
+    result = transfer_with_labeller(smoke_bundles.parent, run.name)
+    assert result.returncode == 2
+    assert "was not exported from the teacher" in result.stderr
+
+
+def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run):
+    run = smoke_run.parent / "no-labeller"
+    run.mkdir()
+    (run / "teacher").symlink_to(smoke_run / "teacher")
+    result = transfer_with_labeller(smoke_run.parent, run.name, "--runtime.device=cpu")
+    assert result.returncode == 2
+    assert "python -m export labeller" in result.stderr

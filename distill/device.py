@@ -1,0 +1,121 @@
+"""Where training and labelling run: the recipe's `runtime` section resolved against this machine.
+
+`device: auto` is CUDA when PyTorch sees a GPU, else the CPU; under `torchrun` each rank takes the GPU
+of its `LOCAL_RANK`. `precision: auto` is bf16 on a GPU that supports it, fp16 with a gradient scaler
+on one that does not, and fp32 on the CPU (bf16 autocast was slower on this project's CPU machines:
+docs/training.md). A setting the machine cannot honour raises `DeviceError` before any work starts,
+naming the setting and what the machine has: never a silent fall back to the CPU.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from common.recipe import RecipeError, RuntimeConfig
+from distill import dist
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class DeviceError(RecipeError):
+    """A `runtime` setting this machine cannot honour."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A resolved device and precision: how a stage moves batches, autocasts and scales its loss."""
+
+    device: torch.device
+    precision: str
+    name: str
+    count: int
+
+    def autocast(self):
+        """Mixed precision around forward passes (a no-op in fp32)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
+
+    def scaler(self) -> torch.amp.GradScaler:
+        """A loss scaler, active for fp16 only (bf16 has fp32's range)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+
+    def move(self, value):
+        """`value` (a tensor, or a dict/list/tuple of them) on this device."""
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=True)
+        if isinstance(value, dict):
+            return {key: self.move(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.move(item) for item in value)
+        return value
+
+    def describe(self) -> dict:
+        """What a manifest records of the placement."""
+        return {
+            "device": str(self.device),
+            "device_name": self.name,
+            "device_count": self.count,
+            "precision": self.precision,
+        }
+
+    def peak_memory_mb(self) -> float | None:
+        """The most GPU memory this process held (MB), None on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        return round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
+
+
+def _machine() -> str:
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        return f"{torch.cuda.device_count()} CUDA device(s): {', '.join(names)}"
+    built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"no CUDA device visible to PyTorch {torch.__version__} ({built})"
+
+
+def for_process(cfg: RuntimeConfig) -> Placement:
+    """The placement of this process, with its rank from `torchrun`'s environment."""
+    local_rank, world_size = dist.launched()
+    return resolve(cfg, local_rank, world_size)
+
+
+def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Placement:
+    """The placement of this process (rank `local_rank` of `world_size` on its node)."""
+    kind, _, index = cfg.device.partition(":")
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cpu":
+        precision = "fp32" if cfg.precision == "auto" else cfg.precision
+        if precision == "fp16":
+            raise DeviceError(
+                "runtime.precision=fp16 needs a CUDA GPU (its loss scaler and kernels); on the CPU use bf16 or "
+                f"fp32. This machine: {_machine()}"
+            )
+        return Placement(torch.device("cpu"), precision, "cpu", 1)
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"runtime.device={cfg.device} but {_machine()}. Set runtime.device=cpu "
+            "(--runtime.device=cpu or EDGEDISTILL_DEVICE=cpu), or run on a machine with an NVIDIA GPU and a "
+            "CUDA build of torch."
+        )
+    count = torch.cuda.device_count()
+    if index and world_size > 1:
+        raise DeviceError(
+            f"runtime.device={cfg.device} names one GPU, but torchrun started {world_size} processes: use "
+            "runtime.device=cuda, and each rank takes the GPU of its LOCAL_RANK"
+        )
+    gpu = int(index) if index else local_rank
+    if gpu >= count:
+        raise DeviceError(f"runtime.device={cfg.device} asks for GPU {gpu} (rank {local_rank}), but {_machine()}")
+    device = torch.device("cuda", gpu)
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise DeviceError(
+            f"runtime.precision=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support: use fp16 or fp32"
+        )
+    torch.cuda.set_device(device)
+    return Placement(device, precision, torch.cuda.get_device_name(device), count)

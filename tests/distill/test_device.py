@@ -1,0 +1,96 @@
+"""Device and precision: resolved against the machine, refused early when it cannot honour them."""
+
+import pytest
+import torch
+
+from common.recipe import RecipeError, RuntimeConfig, load_recipe
+from distill.device import DeviceError, resolve
+from tests.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without CUDA")
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+@no_cuda
+def test_auto_is_the_cpu_in_fp32_without_a_gpu():
+    placement = resolve(RuntimeConfig())
+    assert (placement.device.type, placement.precision) == ("cpu", "fp32")
+
+
+@no_cuda
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_without_a_gpu_names_the_setting_and_the_machine(device):
+    with pytest.raises(DeviceError, match=rf"runtime.device={device} but no CUDA device visible to PyTorch"):
+        resolve(RuntimeConfig(device=device))
+
+
+def test_fp16_on_the_cpu_is_refused():
+    with pytest.raises(DeviceError, match="runtime.precision=fp16 needs a CUDA GPU"):
+        resolve(RuntimeConfig(device="cpu", precision="fp16"))
+
+
+def test_bf16_on_the_cpu_autocasts_matmuls():
+    placement = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+    with placement.autocast():
+        out = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert out.dtype == torch.bfloat16
+
+
+def test_fp32_does_not_autocast():
+    with resolve(RuntimeConfig(device="cpu")).autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_the_loss_scaler_is_off_outside_fp16():
+    assert not resolve(RuntimeConfig(device="cpu", precision="bf16")).scaler().is_enabled()
+
+
+def test_an_unknown_device_is_a_recipe_error():
+    with pytest.raises(RecipeError, match="runtime.device"):
+        load_recipe(SMOKE, {"runtime.device": "tpu"})
+
+
+def test_the_environment_sets_the_device(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    assert load_recipe(SMOKE).runtime.device == "cpu"
+
+
+def test_the_command_line_beats_the_environment(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    assert load_recipe(SMOKE, {"runtime.device": "cuda:0"}).runtime.device == "cuda:0"
+
+
+def test_the_runtime_section_changes_no_hash():
+    assert load_recipe(SMOKE).hash == load_recipe(SMOKE, {"runtime.precision": "bf16"}).hash
+
+
+def test_move_places_nested_batches():
+    placement = resolve(RuntimeConfig(device="cpu"))
+    moved = placement.move(({"ids": torch.ones(1)}, [torch.zeros(1)], "kept"))
+    assert moved[2] == "kept" and moved[0]["ids"].device.type == "cpu"
+
+
+def test_describe_names_device_and_precision():
+    assert resolve(RuntimeConfig(device="cpu", precision="bf16")).describe() == {
+        "device": "cpu",
+        "device_name": "cpu",
+        "device_count": 1,
+        "precision": "bf16",
+    }
+
+
+@gpu
+@needs_gpu
+def test_auto_on_a_gpu_is_cuda_in_reduced_precision():
+    placement = resolve(RuntimeConfig())
+    assert placement.device == torch.device("cuda", 0)
+    assert placement.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+
+
+@gpu
+@needs_gpu
+def test_a_gpu_index_past_the_count_is_refused():
+    with pytest.raises(DeviceError, match="asks for GPU"):
+        resolve(RuntimeConfig(device=f"cuda:{torch.cuda.device_count()}"))

@@ -1,0 +1,74 @@
+"""The training loop: micro-batches, gradient accumulation, checkpoints, and what a manifest records of a run."""
+
+import pytest
+import torch
+
+from common.recipe import OptimConfig, RuntimeConfig
+from distill.device import resolve
+from distill.trainer import CHECKPOINT, CheckpointError, Trainer
+
+CPU = resolve(RuntimeConfig(device="cpu"))
+X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+
+def trained(tmp_path, **optim) -> Trainer:
+    """A linear model after one epoch of one 16-example batch, no warm-up, no decay."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, **optim)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+    trainer.fit(
+        batches_for_epoch=lambda epoch: [list(range(16))],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": 0.0},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    return trainer
+
+
+def test_micro_batches_split_a_batch_without_overlap(tmp_path):
+    trainer = Trainer(torch.nn.Linear(4, 1), OptimConfig(grad_accum=3), tmp_path, "h", "test", CPU)
+    parts = trainer._micro_batches(list(range(10)))
+    assert sorted(i for part in parts for i in part) == list(range(10))
+
+
+def test_micro_batches_have_lengths_within_one(tmp_path):
+    trainer = Trainer(torch.nn.Linear(4, 1), OptimConfig(grad_accum=3), tmp_path, "h", "test", CPU)
+    sizes = [len(part) for part in trainer._micro_batches(list(range(10)))]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_gradient_accumulation_matches_one_full_batch(tmp_path):
+    whole = trained(tmp_path / "a").model.weight.detach()
+    accumulated = trained(tmp_path / "b", grad_accum=4).model.weight.detach()
+    torch.testing.assert_close(accumulated, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_run_info_records_placement_and_rate(tmp_path):
+    info = trained(tmp_path).run_info()
+    assert (info["device"], info["precision"], info["world_size"], info["grad_accum"]) == ("cpu", "fp32", 1, 1)
+    assert info["examples_per_s"] > 0
+
+
+def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
+    (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it .* --force"):
+        trained(tmp_path)
+
+
+def test_a_checkpoint_resumes_in_another_precision(tmp_path):
+    trained(tmp_path)
+    bf16 = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", bf16)
+    progress = again.fit(
+        batches_for_epoch=lambda epoch: [list(range(16))],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1).float(), batch[1]),
+        evaluate=lambda m: {"score": 0.0},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    assert (progress.resumed_from, progress.global_step) == (1, 2)
