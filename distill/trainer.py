@@ -265,7 +265,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         running = []
-        stop = p.global_step >= total
+        stop = p.global_step >= total or self._patience_spent()
         while not stop:
             batches = first if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
             self._epoch_len = len(batches)
@@ -325,4 +325,8 @@ class Trainer:
         tqdm.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
         dist.barrier()
-        return bool(self.cfg.patience and p.evals_without_gain >= self.cfg.patience)
+        return self._patience_spent()
+
+    def _patience_spent(self) -> bool:
+        """Early stopping's verdict, kept in the checkpoint, so a resumed run that had stopped stays stopped."""
+        return bool(self.cfg.patience and self.progress.evals_without_gain >= self.cfg.patience)

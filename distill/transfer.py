@@ -112,27 +112,41 @@ def build_texts(recipe: Recipe, mask_token: str) -> tuple[list[str], np.ndarray,
     return texts, np.array(sources, dtype=np.int8), np.array(labels, dtype=np.int64), composition
 
 
+def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
+    """A finished shard of `rows` logits, or None when it is missing or unreadable (then it is labelled again)."""
+    if not path.is_file():
+        return None
+    try:
+        logits = np.load(path)
+    except (OSError, ValueError) as err:  # numpy raises these for a truncated or foreign file
+        tqdm.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
+        return None
+    if logits.ndim != 2 or len(logits) != rows:
+        tqdm.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
+        return None
+    return logits
+
+
 def label_shards(forward, tokenizer, texts: list[str], cfg, work: Path, placement: Placement) -> np.ndarray:
     """Teacher logits (`forward(batch) -> logits`) for `texts`, batched by length on `placement`, one atomically
-    written float16 shard at a time; finished shards are kept."""
-    shard_paths = []
+    written float16 shard at a time; finished shards are kept, damaged ones labelled again."""
     starts = range(0, len(texts), cfg.shard_size)
-    done = sum(
-        min(cfg.shard_size, len(texts) - s) for i, s in enumerate(starts) if (work / f"logits-{i:05d}.npy").is_file()
-    )
+    paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
+    sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
+    shards = [_kept_shard(path, size) for path, size in zip(paths, sizes, strict=True)]
+    done = sum(size for shard, size in zip(shards, sizes, strict=True) if shard is not None)
     bar = tqdm(total=len(texts), initial=done, desc="label", unit="sent", mininterval=2, dynamic_ncols=True)
     if done:
         tqdm.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
     for index, start in enumerate(starts):
-        path = work / f"logits-{index:05d}.npy"
-        shard_paths.append(path)
-        if path.is_file():
+        if shards[index] is not None:
             continue
         feats = encode(tokenizer, texts[start : start + cfg.shard_size], None, cfg.max_length)
         logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
-        atomic_write(path, lambda tmp, logits=logits: np.save(tmp, logits.astype(np.float16)))
+        shards[index] = logits.astype(np.float16)
+        atomic_write(paths[index], lambda tmp, shard=shards[index]: np.save(tmp, shard))
     bar.close()
-    return np.concatenate([np.load(p) for p in shard_paths])
+    return np.concatenate(shards)
 
 
 def precision_check(model, tokenizer, texts: list[str], logits: np.ndarray, cfg, placement: Placement) -> dict:

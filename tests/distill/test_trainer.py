@@ -72,3 +72,22 @@ def test_a_checkpoint_resumes_in_another_precision(tmp_path):
         on_best=lambda m, _: None,
     )
     assert (progress.resumed_from, progress.global_step) == (1, 2)
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
+    scores = iter([1.0] + [0.0] * 20)  # never improves after the first evaluation
+
+    def fit():
+        cfg = OptimConfig(lr=0.1, batch_size=4, epochs=5, eval_every=1, patience=2, warmup_ratio=0.0)
+        trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+        return trainer.fit(
+            batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
+            make_batch=lambda idx: (X[idx], Y[idx]),
+            loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+            evaluate=lambda m: {"score": next(scores)},
+            metric="score",
+            on_best=lambda m, _: None,
+        )
+
+    stopped = fit().global_step
+    assert fit().global_step == stopped == 3
