@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from serve.errors import InvalidInput
+from serve.errors import InvalidInput, TooLarge
 
 NUMPY = {
     "BOOL": np.bool_,
@@ -45,10 +45,13 @@ def serialize_bytes(elements: list[bytes]) -> bytes:
     return b"".join(_LENGTH.pack(len(e)) + e for e in elements)
 
 
-def deserialize_bytes(raw: bytes, name: str = "tensor") -> list[bytes]:
+def deserialize_bytes(raw: bytes, name: str = "tensor", count: int | None = None) -> list[bytes]:
+    """The elements of raw BYTES data; with `count`, more elements than that are refused as soon as they appear."""
     elements, offset = [], 0
     view = memoryview(raw)
     while offset < len(raw):
+        if count is not None and len(elements) == count:
+            raise InvalidInput(f"input {name!r}: raw BYTES data holds more than the {count} elements of its shape")
         if offset + 4 > len(raw):
             raise InvalidInput(f"input {name!r}: raw BYTES data ends inside an element's 4-byte length prefix")
         (size,) = _LENGTH.unpack_from(view, offset)
@@ -68,17 +71,25 @@ def _element_count(name: str, shape) -> int:
     return math.prod(shape)  # exact: np.prod wraps around in int64, so [2**32, 2**32] would claim 0 elements
 
 
-def decode(name: str, datatype: str, shape, contents=None, raw: bytes | None = None) -> np.ndarray:
+def decode(
+    name: str, datatype: str, shape, contents=None, raw: bytes | None = None, max_elements: int | None = None
+) -> np.ndarray:
     """A tensor from either its `contents` message or its raw bytes, checked against `datatype` and `shape`.
 
-    BYTES tensors come back as an object array of `bytes`.
+    The element count (from the shape, and from `contents`) is checked against `max_elements` before any
+    element is decoded. BYTES tensors come back as an object array of `bytes`.
     """
     if datatype not in CONTENTS:
         raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}")
     count = _element_count(name, shape)
+    if max_elements is not None and count > max_elements:
+        raise TooLarge(
+            f"input {name!r}: shape {list(shape)} holds {count} elements; the limit is {max_elements}: "
+            "split the request"
+        )
     if raw is not None:
         if datatype == "BYTES":
-            elements = deserialize_bytes(raw, name)
+            elements = deserialize_bytes(raw, name, count)
             values = np.empty(len(elements), dtype=object)
             values[:] = elements
         else:
@@ -91,6 +102,8 @@ def decode(name: str, datatype: str, shape, contents=None, raw: bytes | None = N
             values = np.frombuffer(raw, dtype=dtype).astype(NUMPY[datatype])
     else:
         field = getattr(contents, CONTENTS[datatype]) if contents is not None else []
+        if len(field) != count:  # before building one object per element
+            raise InvalidInput(f"input {name!r}: {len(field)} elements for shape {list(shape)} ({count} expected)")
         if datatype == "BYTES":
             values = np.empty(len(field), dtype=object)
             values[:] = list(field)

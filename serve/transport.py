@@ -251,7 +251,9 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             outputs=[Tensor(name=name, datatype="FP32", shape=[-1, labels]) for name in OUTPUTS],
         )
 
-    def _inputs(self, request: kserve_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+    def _inputs(self, request: kserve_pb2.ModelInferRequest, max_length: int) -> dict[str, np.ndarray]:
+        """The request's tensors, each refused before decoding when it holds more elements than a request may:
+        MAX_TEXTS texts, or MAX_TEXTS rows of `max_length` token ids."""
         raw = list(request.raw_input_contents)
         if raw and len(raw) != len(request.inputs):
             raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
@@ -268,8 +270,9 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
+            limit = self.settings.max_texts * (1 if tensor.name in TEXT_INPUTS else max_length)
             decoded[tensor.name] = tensors.decode(
-                tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, raw[i] if raw else None
+                tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, raw[i] if raw else None, limit
             )
         return decoded
 
@@ -288,8 +291,8 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 ) from err
         return texts
 
-    async def _scores(self, request: kserve_pb2.ModelInferRequest, deadline: float | None):
-        inputs = self._inputs(request)
+    async def _scores(self, request: kserve_pb2.ModelInferRequest, max_length: int, deadline: float | None):
+        inputs = self._inputs(request, max_length)
         if "text" in inputs:
             if set(inputs) - set(TEXT_INPUTS):
                 raise InvalidInput("send either the 'text' input or token-id inputs, not both")
@@ -309,14 +312,16 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
 
     @handles_errors
     async def ModelInfer(self, request, context):
-        self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
+        served = self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
         wanted = [out.name for out in request.outputs] or list(OUTPUTS)
-        for out in request.outputs:
+        for i, out in enumerate(request.outputs):
             if out.name not in OUTPUTS:
                 raise InvalidInput(f"unknown output {out.name!r}; this model has {list(OUTPUTS)}")
+            if out.name in wanted[:i]:
+                raise InvalidInput(f"output {out.name!r} is requested twice: name each output once")
             if "classification" in out.parameters:
                 raise InvalidInput("the classification extension is not supported: request 'probabilities'")
-        runtime, scores = await self._scores(request, deadline_of(context))
+        runtime, scores = await self._scores(request, served.spec.max_length, deadline_of(context))
         raw = len(request.raw_input_contents) > 0
         reply = kserve_pb2.ModelInferResponse(model_name=runtime.name, model_version=runtime.version, id=request.id)
         for name in wanted:
