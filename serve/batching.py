@@ -13,12 +13,21 @@ batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
 Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
-the batch runs. Imports no grpc: the transport maps the errors raised here (`Overloaded`,
-`DeadlineExpired`, `BatcherClosed`, from `serve.errors`) to status codes.
+the batch runs. A request of more than `max_batch_size` rows always goes through the queue, which
+takes it in batches of at most that many.
+
+Faults: a backend call that raises fails the requests of its batch, and the batcher goes on. An error
+of the batcher itself (while taking a batch or handing its outputs back), or a backend call running
+past `batch_timeout` seconds (the watchdog: a hung backend), leaves it in an unknown state: it fails
+every request it holds with `ServerFault`, refuses new ones, and calls `on_fault` once, so the server
+can report NOT_SERVING and exit for its supervisor to restart it (a hung call cannot be taken back
+from its thread). Imports no grpc: the transport maps the errors raised here (`Overloaded`,
+`DeadlineExpired`, `BatcherClosed`, `ServerFault`, from `serve.errors`) to status codes.
 """
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +38,9 @@ from enum import StrEnum
 import numpy as np
 
 from serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
-from serve.errors import BatcherClosed, DeadlineExpired, Overloaded
+from serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+
+log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
@@ -56,6 +67,10 @@ class BatchObserver:
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         """Rows removed from the queue without running."""
+
+
+class _Hung(Exception):
+    """A backend call ran past the batcher's `batch_timeout`."""
 
 
 @dataclass
@@ -99,9 +114,13 @@ class DynamicBatcher:
         inline_max: float = 0.0,
         pad_values: Mapping[str, int | float] | None = None,
         observer: BatchObserver | None = None,
+        batch_timeout: float | None = None,
+        on_fault: Callable[[ServerFault], None] | None = None,
     ):
         if max_batch_size < 1 or max_queued < 1 or max_delay < 0 or inline_max < 0:
             raise ValueError("max_batch_size and max_queued must be >= 1, max_delay and inline_max >= 0")
+        if batch_timeout is not None and batch_timeout <= 0:
+            raise ValueError("batch_timeout must be > 0 (None: no limit)")
         self.infer = infer
         self.max_batch_size = max_batch_size
         self.max_delay = max_delay
@@ -110,7 +129,11 @@ class DynamicBatcher:
         self.cost: BackendCost | None = None  # from `calibrate`, else from the first batch's time per token
         self.pad_values = dict(pad_values or {})
         self.observer = observer or BatchObserver()
+        self.batch_timeout = batch_timeout
+        self.on_fault = on_fault
+        self.fault: ServerFault | None = None
         self._pending: list[_Row] = []
+        self._running: list[list[_Row]] = []  # batches taken from the queue and not yet answered
         self._busy = False  # a batch is running in the worker thread
         self._last_done = -math.inf  # loop time at which the last batch finished
         self._arrived = asyncio.Event()
@@ -130,13 +153,28 @@ class DynamicBatcher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
-    async def close(self) -> None:
-        """Take no new work, run what is queued, then stop the worker thread."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Take no new work, run what is queued within `timeout` seconds (None: no limit), then stop the worker
+        thread; what is still queued or running at the limit fails with `BatcherClosed`."""
         self._closing = True
         self._arrived.set()
+        finished = self.fault is None
         if self._task is not None:
-            await self._task
-        self._executor.shutdown(wait=True)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                finished = False
+                self._task.cancel()
+                self._fail_all(
+                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)")
+                )
+                log.warning(
+                    "the batcher did not finish its queue within %.1f s; its requests failed",
+                    timeout,
+                    extra={"event": "batcher_close_timeout"},
+                )
+        # a hung backend call holds the worker thread: never wait for it
+        self._executor.shutdown(wait=finished, cancel_futures=True)
 
     async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:
         """Queue `rows` and wait for their outputs, stacked in row order.
@@ -144,6 +182,8 @@ class DynamicBatcher:
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
         `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too.
         """
+        if self.fault is not None:
+            raise ServerFault(str(self.fault))
         if self._closing:
             raise BatcherClosed("the model is shutting down or being replaced; retry")
         if not rows:
@@ -158,7 +198,7 @@ class DynamicBatcher:
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
         expected = self._expected(self._shapes(sorted(lengths)))
-        if runs_inline(expected, self.inline_max, self._load(request.enqueued)):
+        if len(rows) <= self.max_batch_size and runs_inline(expected, self.inline_max, self._load(request.enqueued)):
             # light load and a quick batch: run it now, without the batcher task
             if deadline is not None and deadline <= request.enqueued:
                 raise DeadlineExpired("deadline exceeded before the request was queued")
@@ -188,7 +228,33 @@ class DynamicBatcher:
                 if not request.future.done():
                     request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
+    def _fail_all(self, err: Exception) -> None:
+        """Fail every request queued or in a running batch with `err`."""
+        rows = [*self._pending, *(row for batch in self._running for row in batch)]
+        self._pending, self._running = [], []
+        self.observer.queue_depth(0)
+        for request in {row.request for row in rows}:
+            if not request.future.done():
+                request.future.set_exception(err)
+
+    def _fault(self, message: str, err: BaseException | None = None) -> None:
+        """Stop for good on an internal fault: fail what is held, refuse what comes, tell `on_fault` once."""
+        if self.fault is None:
+            self.fault = ServerFault(f"{message}; the server is restarting: retry (another replica, or this one soon)")
+            self._closing = True
+            self._arrived.set()
+            log.error("batcher fault: %s", message, exc_info=err, extra={"event": "batcher_fault"})
+            if self.on_fault is not None:
+                self.on_fault(self.fault)
+        self._fail_all(ServerFault(str(self.fault)))
+
     async def _run_forever(self) -> None:
+        try:
+            await self._serve_queue()
+        except Exception as err:  # an error of the batcher itself: its state is unknown
+            self._fault(f"the batcher stopped on an internal error: {err!r}", err)
+
+    async def _serve_queue(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
@@ -241,6 +307,7 @@ class DynamicBatcher:
                 row.request.started = now
         groups = self._groups(batch)
         shapes = [(len(group), max(row.length for row in group)) for group in groups]
+        self._running.append(batch)
         try:
             inputs = [pad_rows([row.request.rows[row.index] for row in group], self.pad_values) for group in groups]
             if runs_inline(self._expected(shapes), self.inline_max):
@@ -248,9 +315,12 @@ class DynamicBatcher:
             else:
                 self._busy = True
                 try:
-                    results = await loop.run_in_executor(self._executor, self._timed_infer, inputs)
+                    results = await self._watched(loop.run_in_executor(self._executor, self._timed_infer, inputs))
                 finally:
                     self._busy = False
+        except _Hung:
+            self._fault(f"a backend call of {len(batch)} rows ran past its {self.batch_timeout:g} s limit")
+            return
         except Exception as err:  # the backend's failure belongs to every request in the batch
             for request in {row.request for row in batch}:
                 if not request.future.done():
@@ -258,6 +328,23 @@ class DynamicBatcher:
             return
         finally:
             self._last_done = loop.time()
+            if batch in self._running:
+                self._running.remove(batch)
+        try:
+            self._deliver(batch, groups, shapes, results)
+        except Exception as err:  # handing outputs back failed: the batcher's state is unknown
+            self._running.append(batch)
+            self._fault(f"the batcher failed handing a batch's outputs back: {err!r}", err)
+
+    async def _watched(self, call: asyncio.Future):
+        """The result of a call in the worker thread; `_Hung` when it runs past `batch_timeout`."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), self.batch_timeout)
+        except TimeoutError:
+            raise _Hung from None
+
+    def _deliver(self, batch: list[_Row], groups: list[list[_Row]], shapes, results) -> None:
+        """Hand each request its rows' outputs; answer the requests whose rows are all done."""
         self._learn(shapes, sum(seconds for _, seconds in results))
         for group, (outputs, seconds) in zip(groups, results, strict=True):
             self.observer.batch_done(len(group), seconds)

@@ -35,6 +35,11 @@ class NotReady(ServeError):
     """The model is not loaded or warm yet, or the server is draining."""
 
 
+class ServerFault(NotReady):
+    """The batcher stopped on an internal fault (an error of its own, or a backend call past its time limit):
+    the server fails what it holds, reports NOT_SERVING and not live, and exits for its supervisor to restart it."""
+
+
 class Overloaded(ServeError):
     """The queue holds `max_queued` rows already; the caller should back off and retry."""
 

@@ -10,7 +10,7 @@ import pytest
 
 from serve.batching import BatchObserver, DropReason, DynamicBatcher
 from serve.costmodel import BackendCost
-from serve.errors import BatcherClosed, DeadlineExpired, Overloaded
+from serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from serve.settings import Settings
 
 
@@ -411,3 +411,85 @@ def test_a_batch_of_mixed_lengths_runs_as_groups_of_similar_length():
     # one call for the three short rows padded to 3, one for the two long ones padded to 40
     assert backend.shapes[1:] == [(3, 3), (2, 40)]
     assert observer.batches == [1, 3, 2]
+
+
+def test_an_error_handing_outputs_back_fails_every_held_request_at_once_and_reports_the_fault():
+    faults = []
+
+    def short(inputs):  # one output row too few: handing the outputs back fails after the backend call
+        return {"sum": inputs["input_ids"].sum(axis=1)[:-1]}
+
+    async def main():
+        b = batcher(short, max_batch_size=2, max_delay=0.05, on_fault=faults.append)
+        b.start()
+        held = [b.submit([row(n)]) for n in (1, 2, 3)]  # two in the first batch, one left queued
+        results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 5)
+        with pytest.raises(ServerFault):
+            await b.submit([row(4)])
+        await b.close()
+        return results
+
+    results = asyncio.run(main())
+    assert [type(r) for r in results] == [ServerFault] * 3
+    assert len(faults) == 1
+
+
+def test_a_backend_call_past_the_time_limit_fails_every_held_request_and_reports_the_fault():
+    gate, faults = threading.Event(), []
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b = batcher(backend, max_batch_size=1, max_delay=0.0, batch_timeout=0.2, on_fault=faults.append)
+        b.start()
+        held = [b.submit([row(n)]) for n in (1, 2)]  # one in the hung call, one queued behind it
+        start = time.perf_counter()
+        results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 5)
+        waited = time.perf_counter() - start
+        await b.close()
+        return results, waited
+
+    try:
+        results, waited = asyncio.run(main())
+    finally:
+        gate.set()
+    assert [type(r) for r in results] == [ServerFault] * 2
+    assert len(faults) == 1
+    assert waited < 2, "the held requests wait for the hung call instead of failing at its time limit"
+
+
+def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b = batcher(backend, max_delay=0.0)
+        b.start()
+        held = asyncio.ensure_future(b.submit([row(1)]))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        start = time.perf_counter()
+        await asyncio.wait_for(b.close(timeout=0.2), 5)
+        closing = time.perf_counter() - start
+        return await asyncio.gather(held, return_exceptions=True), closing
+
+    try:
+        (result,), closing = asyncio.run(main())
+    finally:
+        gate.set()
+    assert isinstance(result, BatcherClosed)
+    assert closing < 2
+
+
+def test_a_request_over_max_batch_size_at_light_load_is_split_into_calls_within_it():
+    backend = FakeBackend()
+
+    async def main():
+        b = batcher(backend, max_batch_size=4, max_delay=0.0, inline_max=1.0)
+        b.calibrate([(1, 1, 1e-6), (4, 8, 2e-6)])  # quick: the request may run at once
+        b.start()
+        result = await b.submit([row(n) for n in range(1, 11)])
+        await b.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [float(n) for n in range(1, 11)]
+    assert max(rows for rows, _ in backend.shapes) <= 4
