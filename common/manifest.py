@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,8 +75,21 @@ def parent_of(folder: Path) -> Parent:
     return Parent(path=str(folder), manifest_sha256=sha256_file(Path(folder) / MANIFEST))
 
 
+def listed_file(folder: Path, name: str) -> Path:
+    """The path of the file a manifest lists as `name`; `ArtifactError` unless it lies inside `folder`: no
+    absolute path, no `..`, no symlink (of the file or a folder on its way) that leads out."""
+    relative = PurePosixPath(name)
+    if not name or relative.is_absolute() or ".." in relative.parts:
+        raise ArtifactError(f"{folder}: the manifest lists {name!r}, a path outside the artifact folder")
+    file = folder / relative
+    if not file.resolve().is_relative_to(folder.resolve()):
+        raise ArtifactError(f"{folder}: the manifest lists {name!r}, a symlink that leads out of the artifact folder")
+    return file
+
+
 def load(folder: str | Path, verify: bool = True) -> Manifest:
-    """Read `folder/manifest.json`; with `verify`, check every listed file's size and sha256."""
+    """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
+    file's size and sha256."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
@@ -85,9 +98,10 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
         manifest = Manifest.model_validate_json(path.read_text(encoding="utf-8"))
     except ValueError as err:
         raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
+    files = {name: listed_file(folder, name) for name in manifest.files}
     if verify:
         for name, entry in manifest.files.items():
-            file = folder / name
+            file = files[name]
             if not file.is_file():
                 raise ArtifactError(f"{folder}: {name} is listed in the manifest but missing")
             if file.stat().st_size != entry.size_bytes:

@@ -42,6 +42,48 @@ def test_damaged_artifact_is_refused(tmp_path, damage, message):
         mf.load(tmp_path / "stage")
 
 
+def list_outside_file(tmp_path, name_of) -> None:
+    """Add to the stage's manifest a file outside its folder, listed with its true size and sha256, under the name
+    `name_of(outside_path)`: verification by hash alone would accept it."""
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"not part of the artifact")
+    path = tmp_path / "stage" / "manifest.json"
+    data = json.loads(path.read_text())
+    entry = {"sha256": mf.sha256_file(outside), "size_bytes": outside.stat().st_size}
+    data["files"][name_of(outside)] = entry
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "name_of",
+    [lambda outside: "../secret.bin", lambda outside: str(outside), lambda outside: "sub/../../secret.bin"],
+    ids=["dot-dot", "absolute", "dot-dot inside a folder"],
+)
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path, name_of):
+    publish(tmp_path)
+    list_outside_file(tmp_path, name_of)
+    with pytest.raises(mf.ArtifactError, match="a path outside the artifact folder"):
+        mf.load(tmp_path / "stage", verify=False)
+
+
+def test_a_listed_symlink_leading_out_of_the_folder_is_refused(tmp_path):
+    publish(tmp_path)
+    list_outside_file(tmp_path, lambda outside: "linked.bin")
+    (tmp_path / "stage" / "linked.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(mf.ArtifactError, match="a symlink that leads out of the artifact folder"):
+        mf.load(tmp_path / "stage")
+
+
+def test_a_listed_file_under_a_symlinked_folder_leading_out_is_refused(tmp_path):
+    publish(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "stage" / "linked").symlink_to(tmp_path / "elsewhere")
+    list_outside_file(tmp_path, lambda outside: "linked/secret.bin")
+    (tmp_path / "secret.bin").rename(tmp_path / "elsewhere" / "secret.bin")
+    with pytest.raises(mf.ArtifactError, match="a symlink that leads out of the artifact folder"):
+        mf.load(tmp_path / "stage")
+
+
 def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
     publish(tmp_path, payload=b"old")
     with pytest.raises(RuntimeError), mf.stage_folder(tmp_path / "stage") as tmp:
