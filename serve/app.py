@@ -24,7 +24,7 @@ from serve.metrics import Metrics
 from serve.observe import CallObserver, ObservedServer
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from serve.settings import Settings, SettingsError
-from serve.transport import CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
+from serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 
 log = logging.getLogger("serve")
 
@@ -60,7 +60,7 @@ class EdgeServer:
         if self.health_server is not None:
             await self.health_server.start()
         if self.settings.metrics_port is not None:
-            self.metrics_port = self.metrics.start_http(self.settings.host, self.settings.metrics_port)
+            self.metrics_port = self.metrics.start_http(self.settings.metrics_host, self.settings.metrics_port)
 
     async def warm_up(self) -> None:
         """Warm the first model up and report SERVING; `BundleRejected` when its outputs are wrong."""
@@ -122,12 +122,16 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
         options=[
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
         ],
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
     edge = EdgeServer(settings, server, host, runtime)
     token = settings.token.get_secret_value() if settings.token is not None else None
-    observed = ObservedServer(server, CallObserver(metrics, settings.access_log, token))
+    admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
+    observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS)
+    observed = ObservedServer(server, observer)
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)

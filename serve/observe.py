@@ -65,13 +65,22 @@ def _tolerant(deserializer):
 class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
     metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
-    (health checks exempt, so probes work); records status and latency in `metrics`; logs failed
+    (health checks exempt, so probes work), and with `admin_token` that one instead for `admin_methods`; records status and latency in `metrics`; logs failed
     calls, and successful ones too with `access_log`."""
 
-    def __init__(self, metrics: Metrics, access_log: bool = False, token: str | None = None):
+    def __init__(
+        self,
+        metrics: Metrics,
+        access_log: bool = False,
+        token: str | None = None,
+        admin_token: str | None = None,
+        admin_methods: tuple[str, ...] = (),
+    ):
         self.metrics = metrics
         self.access_log = access_log
         self._expected = None if token is None else f"Bearer {token}".encode()
+        self._admin = None if admin_token is None else f"Bearer {admin_token}".encode()
+        self.admin_methods = frozenset(admin_methods)
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
@@ -97,10 +106,11 @@ class CallObserver:
         request_id = metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID] or uuid.uuid4().hex
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         token = REQUEST_ID.set(request_id)
+        expected = self._admin if self._admin is not None and method in self.admin_methods else self._expected
         if (
-            self._expected is not None
+            expected is not None
             and not method.startswith(HEALTH_PREFIX)
-            and not hmac.compare_digest(metadata.get("authorization", "").encode(), self._expected)
+            and not hmac.compare_digest(metadata.get("authorization", "").encode(), expected)
         ):
             REQUEST_ID.reset(token)
             self._end(context, method, request_id, time.perf_counter(), None, None, grpc.StatusCode.UNAUTHENTICATED)

@@ -23,7 +23,12 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bundle: Path | None = Field(None, description="bundle folder to serve, e.g. runs/sst2/bundle-cnn-small-folded")
-    host: str = Field("[::]", description="address to bind the gRPC and metrics ports to")
+    host: str = Field("[::]", description="address to bind the gRPC port (and the health port) to")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address to bind the metrics port to: loopback, so only this machine reads it; '[::]' or "
+        "'0.0.0.0' exposes it (a Kubernetes scrape needs that)",
+    )
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
     metrics_port: int | None = Field(
         8002, ge=0, le=65535, description="Prometheus /metrics HTTP port (0: any free port; 'off': none)"
@@ -54,6 +59,12 @@ class Settings(BaseModel):
     max_texts: int = Field(64, ge=1, description="texts per request; more: RESOURCE_EXHAUSTED")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
     max_message_bytes: int = Field(4 << 20, ge=1024, description="largest gRPC message, each way")
+    max_concurrent_rpcs: int = Field(
+        1024, ge=1, description="calls in progress at once, over all connections; more: RESOURCE_EXHAUSTED"
+    )
+    max_concurrent_streams: int = Field(
+        100, ge=1, description="calls in progress at once on one HTTP/2 connection; more wait in the client"
+    )
     threads: int = Field(0, ge=0, description="intra-op threads of the runtime (0: its default)")
     spin: bool = Field(
         False,
@@ -76,9 +87,15 @@ class Settings(BaseModel):
         None,
         description="bearer token clients must send ('authorization: Bearer ...'); prefer the variable, flags show in ps",
     )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="bearer token the Reload call must send instead of TOKEN; unset: Reload may not name a bundle path",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     reload_root: Path | None = Field(
-        None, description="Reload calls may only name bundles inside this folder (default: the folder holding BUNDLE)"
+        None,
+        description="Reload calls may name bundles inside this folder (with ADMIN_TOKEN); unset: Reload only "
+        "reloads the bundle being served",
     )
     access_log: bool = Field(
         False, description="log every successful call as well (failed calls are always logged); costs throughput"
@@ -92,7 +109,16 @@ class Settings(BaseModel):
         return value
 
     @field_validator(
-        "metrics_port", "health_port", "tls_cert", "tls_key", "tls_ca", "token", "bundle", "reload_root", mode="before"
+        "metrics_port",
+        "health_port",
+        "tls_cert",
+        "tls_key",
+        "tls_ca",
+        "token",
+        "admin_token",
+        "bundle",
+        "reload_root",
+        mode="before",
     )
     @classmethod
     def _blank_is_none(cls, value):
@@ -113,6 +139,10 @@ class Settings(BaseModel):
             raise ValueError("tls_ca (mutual TLS) needs tls_cert and tls_key too")
         if self.health_port and self.health_port in (self.port, self.metrics_port):
             raise ValueError(f"health_port {self.health_port} must differ from port and metrics_port")
+        if self.token is not None and self.admin_token is not None and self.token == self.admin_token:
+            raise ValueError("admin_token must differ from token, so a client allowed to classify cannot reload")
+        if self.reload_root is not None and self.reload_root.resolve().parent == self.reload_root.resolve():
+            raise ValueError(f"reload_root {self.reload_root} is a file system root: name the folder of the bundles")
         if self.max_texts > self.max_queued:
             raise ValueError(f"max_texts ({self.max_texts}) must not exceed max_queued ({self.max_queued})")
         return self

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
 KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN where set, not by TOKEN
 OUTPUTS = ("logits", "probabilities")
 TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -108,13 +109,18 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
 
 
 def reload_folder(path: str, settings: Settings) -> Path:
-    """The bundle folder a Reload call names, refused unless it lies inside the reload root."""
-    root = settings.reload_root or (settings.bundle.parent if settings.bundle else None)
+    """The bundle folder a Reload call names: only with a reload root and an admin token set, and inside that root."""
+    root = settings.reload_root
+    if root is None or settings.admin_token is None:
+        raise PermissionDenied(
+            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT and "
+            "EDGEDISTILL_ADMIN_TOKEN to allow it, or send Reload without a path to reload the served bundle"
+        )
     try:
         folder = Path(path).resolve()
     except (OSError, ValueError) as err:
         raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
-    if root is None or not folder.is_relative_to(root.resolve()):
+    if not folder.is_relative_to(root.resolve()):
         raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
     return folder
 

@@ -9,6 +9,8 @@ as raw bytes instead.
 """
 
 import re
+import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 
@@ -46,6 +48,8 @@ class Case:
 
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
+ADMIN_TOKEN = "adm1n-token"
+ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
 
 def classify(*texts: str, pairs=None, **fields) -> pb.ClassifyRequest:
@@ -107,11 +111,14 @@ CLASSIFIER_CASES = [
     Case("stream, unknown model", [classify("good", model_name="bert")], "NOT_FOUND", "unknown model 'bert'", method="ClassifyStream"),
     Case("stream, surrogate bytes on the wire", [classify("good").SerializeToString(), b"\x0a\x03" + SURROGATE_UTF8], "INVALID_ARGUMENT"),
     Case("stream, 1 MB message", [classify("good"), classify("x" * MEGABYTE)], "RESOURCE_EXHAUSTED", method="ClassifyStream"),
-    Case("reload, NUL in the path", pb.ReloadRequest(bundle_path="/tmp/\x00bundle"), "INVALID_ARGUMENT", "not a usable path", method="Reload"),
-    Case("reload, path too long for the OS", pb.ReloadRequest(bundle_path="x" * 5000), "PERMISSION_DENIED", "must lie inside", method="Reload"),
-    Case("reload, a device file", pb.ReloadRequest(bundle_path="/dev/null"), "PERMISSION_DENIED", "must lie inside", method="Reload"),
-    Case("reload, outside the reload root", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "must lie inside", method="Reload"),
-    Case("reload, escaping the root with ..", pb.ReloadRequest(bundle_path="../../../../etc"), "PERMISSION_DENIED", "must lie inside", method="Reload"),
+    Case("reload naming a path without a reload root", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "may not name a bundle_path", method="Reload"),
+    Case("reload, NUL in the path", pb.ReloadRequest(bundle_path="/tmp/\x00bundle"), "INVALID_ARGUMENT", "not a usable path", method="Reload", target="guarded", metadata=ADMIN),
+    Case("reload, path too long for the OS", pb.ReloadRequest(bundle_path="x" * 5000), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
+    Case("reload, a device file", pb.ReloadRequest(bundle_path="/dev/null"), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
+    Case("reload, outside the reload root", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
+    Case("reload, escaping the root with ..", pb.ReloadRequest(bundle_path="../../../../etc"), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
+    Case("reload with the classify token", pb.ReloadRequest(), "UNAUTHENTICATED", "bearer token", method="Reload", target="guarded", metadata=AUTH),
+    Case("classify with the admin token", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=ADMIN),
     Case("request id over 16 KiB", classify("good"), "RESOURCE_EXHAUSTED", "metadata", metadata=(("x-request-id", "r" * 20_000),)),
     Case("no token", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded"),
     Case("lower-case bearer", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"bearer {TOKEN}"),)),
@@ -187,7 +194,8 @@ SERVICE_NAMES = {"Classifier": "edgedistill.v1.Classifier", "GRPCInferenceServic
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, certs):
-    """TLS, a bearer token, and 2 MiB messages (the same 8 texts of 200 characters as `served`)."""
+    """TLS, a bearer token, an admin token with a reload root, and 2 MiB messages (the same 8 texts of 200
+    characters as `served`)."""
     folder = write_bundle(tmp_path_factory.mktemp("guarded") / "bundle-tiny")
     settings = settings_for(
         folder,
@@ -195,6 +203,8 @@ def guarded(tmp_path_factory, certs):
         max_text_chars=200,
         max_message_bytes=2 * MEGABYTE,
         token=TOKEN,
+        admin_token=ADMIN_TOKEN,
+        reload_root=folder.parent,
         tls_cert=certs / "server.pem",
         tls_key=certs / "server.key",
     )
@@ -282,6 +292,89 @@ def test_error_details_are_capped_so_the_status_arrives(channels):
     details = caught.value.details()
     assert details.startswith("unknown model 'mmm") and "(message truncated)" in details
     assert details.endswith("this server serves 'tiny-sentiment'") and len(details.encode()) < 1100
+
+
+def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(served, channel):
+    stub = classifier_pb2_grpc.ClassifierStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Reload(pb.ReloadRequest(bundle_path=str(served.settings.bundle)), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def held_streams(channel, count: int) -> tuple[list, threading.Event]:
+    """`count` ClassifyStream calls that each got one reply and then hold their call open, as a slow client
+    would; set the event to let them finish."""
+    release = threading.Event()
+
+    def requests():
+        yield classify("good")
+        release.wait(30)
+
+    calls = [classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=30) for _ in range(count)]
+    for call in calls:
+        next(call)  # the call is in progress on the server
+    return calls, release
+
+
+def test_calls_over_the_concurrent_rpc_limit_are_resource_exhausted(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=4))
+    with server.channel() as channel:
+        calls, release = held_streams(channel, 4)
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                classifier_pb2_grpc.ClassifierStub(channel).Classify(classify("good"), timeout=5)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            release.set()
+        for call in calls:
+            list(call)
+        assert classifier_pb2_grpc.ClassifierStub(channel).Classify(classify("good"), timeout=5).predictions
+
+
+def test_a_flood_of_held_streams_is_refused_beyond_the_limit_and_the_server_recovers(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=16, max_concurrent_streams=1000))
+    release = threading.Event()
+    codes = []
+
+    def requests():
+        yield classify("good")
+        release.wait(30)
+
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        calls = [stub.ClassifyStream(requests(), timeout=30) for _ in range(200)]
+        time.sleep(1)
+        release.set()
+        for call in calls:
+            try:
+                list(call)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 200 - 16
+        assert stub.Classify(classify("good"), timeout=5).predictions
+
+
+def test_streams_over_the_connections_limit_wait_in_the_client(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_streams=2))
+    with server.channel() as channel:
+        calls, release = held_streams(channel, 2)
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                classifier_pb2_grpc.ClassifierStub(channel).Classify(classify("good"), timeout=1)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            # another connection has its own streams (a local subchannel pool: not the first channel's connection)
+            with grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)]) as other:
+                assert classifier_pb2_grpc.ClassifierStub(other).Classify(classify("good"), timeout=5).predictions
+        finally:
+            release.set()
+        for call in calls:
+            list(call)
+
+
+def test_the_metrics_port_binds_to_loopback_even_when_grpc_listens_everywhere(start_server, bundle):
+    server = start_server(settings_for(bundle, host="0.0.0.0"))
+    assert server.server.metrics._http.server_address[0] == "127.0.0.1"
 
 
 def requests_by_code(server: RunningServer) -> dict[str, dict[str, float]]:

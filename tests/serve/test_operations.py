@@ -22,6 +22,8 @@ from tests.serve.conftest import settings_for
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+ADMIN_TOKEN = "admin-token"
+ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 
 
 def health_of(channel, service: str = "") -> int:
@@ -195,7 +197,7 @@ def test_mutual_tls_requires_a_client_certificate_from_its_ca(start_server, bund
 def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bundle):
     first = make_bundle("v1")
     second = make_bundle("v2", version="2", bias=3.0)  # pushes every text towards "negative"
-    server = start_server(settings_for(first))
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
     failures, replies = [], []
     stop = threading.Event()
 
@@ -212,7 +214,7 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
     for worker in workers:
         worker.start()
     time.sleep(0.2)
-    with Client(server.address) as client:
+    with Client(server.address, token=ADMIN_TOKEN) as client:
         result = client.reload(str(second))
         time.sleep(0.2)
         stop.set()
@@ -230,19 +232,20 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
 
 @pytest.mark.parametrize("kind", ["corrupted", "missing"])
 def test_failed_reload_keeps_the_old_model(start_server, make_bundle, kind):
-    server = start_server(settings_for(make_bundle("v1")))
+    first = make_bundle("v1")
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
     bad = corrupt(make_bundle("bad", version="2")) if kind == "corrupted" else server.settings.bundle / "nowhere"
     with server.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(bad)), timeout=10)
+            stub.Reload(pb.ReloadRequest(bundle_path=str(bad)), metadata=ADMIN, timeout=10)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "current model keeps serving" in caught.value.details()
         assert ("sha256" if kind == "corrupted" else "manifest.json is missing") in caught.value.details()
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "1"
         assert stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=5).model_version == "1"
         # reloading the served folder again works
-        assert stub.Reload(pb.ReloadRequest(), timeout=10).model.version == "1"
+        assert stub.Reload(pb.ReloadRequest(), metadata=ADMIN, timeout=10).model.version == "1"
 
 
 def test_a_bundle_that_fails_verification_is_refused_at_start(make_bundle):
@@ -354,9 +357,10 @@ def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_serve
         server.call(server.server.warm_up())
     with server.channel() as channel:
         assert health_of(channel) == NOT_SERVING
-    good = start_server(settings_for(make_bundle("good")))
+    good = start_server(settings_for(make_bundle("good"), reload_root=three_labels.parent, admin_token=ADMIN_TOKEN))
     with good.channel() as channel, pytest.raises(grpc.RpcError) as caught:
-        classifier_pb2_grpc.ClassifierStub(channel).Reload(pb.ReloadRequest(bundle_path=str(three_labels)), timeout=10)
+        request = pb.ReloadRequest(bundle_path=str(three_labels))
+        classifier_pb2_grpc.ClassifierStub(channel).Reload(request, metadata=ADMIN, timeout=10)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "warm-up" in caught.value.details()
 
 

@@ -72,3 +72,28 @@ def test_every_field_has_a_flag_with_its_variable_in_the_help():
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in help_text
         assert "EDGEDISTILL_" + name.upper() in help_text
+
+
+def test_the_metrics_port_binds_to_loopback_by_default():
+    assert load_settings([], {}).metrics_host == "127.0.0.1"
+
+
+def test_reload_paths_are_off_by_default():
+    settings = load_settings([], {"EDGEDISTILL_BUNDLE": "runs/sst2/bundle"})
+    assert (settings.reload_root, settings.admin_token) == (None, None)
+
+
+@pytest.mark.parametrize("root", ["/", "/tmp/../"])
+def test_a_file_system_root_is_refused_as_the_reload_root(root):
+    with pytest.raises(SettingsError, match="is a file system root"):
+        load_settings([], {"EDGEDISTILL_RELOAD_ROOT": root})
+
+
+def test_the_admin_token_must_differ_from_the_classify_token():
+    with pytest.raises(SettingsError, match="admin_token must differ from token"):
+        load_settings([], {"EDGEDISTILL_TOKEN": "same", "EDGEDISTILL_ADMIN_TOKEN": "same"})
+
+
+def test_concurrency_limits_are_settable():
+    settings = load_settings(["--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4"], {})
+    assert (settings.max_concurrent_rpcs, settings.max_concurrent_streams) == (8, 4)
