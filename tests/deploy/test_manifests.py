@@ -104,6 +104,7 @@ def test_deployment_ports_resources_and_settings():
     environ = {item["name"]: item["value"] for item in container["env"]}
     settings = load_settings([], environ=environ)
     assert settings.threads >= 1, "set EDGEDISTILL_THREADS: ONNX Runtime would size its pool by the node's cores"
+    assert settings.metrics_host == "[::]", "set EDGEDISTILL_METRICS_HOST: Prometheus scrapes the pod's address"
     assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the replica count"
 
 
@@ -168,6 +169,7 @@ def test_compose_environment_and_bundle_volume():
     service = compose_service()
     settings = load_settings([], environ=service["environment"])
     assert str(settings.bundle) == BUNDLE_MOUNT
+    assert settings.metrics_host == "[::]", "the published metrics port reaches the container's interface"
     (volume,) = service["volumes"]
     assert volume["target"] == BUNDLE_MOUNT
     assert volume["read_only"] is True
