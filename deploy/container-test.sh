@@ -91,7 +91,7 @@ podman run --detach --name "$NAME" "${RUN_FLAGS[@]}" \
   --read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges \
   --publish "127.0.0.1:$GRPC_PORT:50051" --publish "127.0.0.1:$METRICS_PORT:8002" \
   --volume "$BUNDLE_DIR:/models/bundle:ro" \
-  --env EDGEDISTILL_THREADS=1 \
+  --env EDGEDISTILL_THREADS=1 --env EDGEDISTILL_METRICS_HOST=0.0.0.0 \
   "$IMAGE" >/dev/null 2>>"$WORK/podman.log" || podman_failed "podman run"
 
 # --- wait for SERVING, checking between polls that the container still runs ---
