@@ -2,9 +2,10 @@
 
 import asyncio
 import logging
+import os
 import sys
 
-from serve.app import serve
+from serve.app import EXIT_FAULT, serve
 from serve.errors import BundleRejected
 from serve.logs import configure_logging
 from serve.settings import SettingsError, load_settings
@@ -27,4 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == EXIT_FAULT:  # a hung backend call holds a worker thread that a normal exit would wait for
+        logging.shutdown()
+        os._exit(status)
+    sys.exit(status)

@@ -4,6 +4,10 @@ Lifecycle: `create_server(settings)` verifies and loads the bundle and binds the
 NOT_SERVING); `start()` opens the port and /metrics; `warm_up()` runs the model at several shapes
 and flips health to SERVING; `reload()` swaps in a new bundle; `stop()` drains: health
 NOT_SERVING, new calls refused, in-flight calls get `shutdown_grace_s` to finish.
+
+A batcher fault (an internal error, or a backend call past `batch_timeout_s`) turns health NOT_SERVING
+for good (the liveness probe fails) and `serve` exits with `EXIT_FAULT` for the orchestrator to restart
+the process: a hung call cannot be taken back from its thread, and a fresh process starts from a known state.
 """
 
 import asyncio
@@ -32,6 +36,8 @@ SERVICES = (CLASSIFIER, KSERVE)
 HEALTH_NAMES = ("", *SERVICES)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+EXIT_FAULT = 3  # the exit status after a batcher fault: restart me
+CLOSE_FLOOR_S = 1.0  # least time the model's queue gets to finish at stop, even with no grace left
 
 
 class EdgeServer:
@@ -48,6 +54,7 @@ class EdgeServer:
         self.health_port: int | None = None
         self._first: ModelRuntime | None = runtime
         self._stopped = asyncio.Event()
+        self._fault_watch: asyncio.Task | None = None
 
     async def _set_health(self, status) -> None:
         for name in HEALTH_NAMES:
@@ -56,11 +63,17 @@ class EdgeServer:
     async def start(self) -> None:
         """Open the gRPC port (health NOT_SERVING until `warm_up`) and the metrics endpoint."""
         await self._set_health(NOT_SERVING)
+        self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
         if self.health_server is not None:
             await self.health_server.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.start_http(self.settings.metrics_host, self.settings.metrics_port)
+
+    async def _watch_faults(self) -> None:
+        await self.host.faulted.wait()
+        await self._set_health(NOT_SERVING)
+        log.error("server fault, exiting for a restart: %s", self.host.fault, extra={"event": "server_fault"})
 
     async def warm_up(self) -> None:
         """Warm the first model up and report SERVING; `BundleRejected` when its outputs are wrong."""
@@ -87,7 +100,9 @@ class EdgeServer:
         await self.grpc.stop(max(0.0, deadline - loop.time()))
         if self.health_server is not None:
             await self.health_server.stop(0)
-        await self.host.close()
+        await self.host.close(max(CLOSE_FLOOR_S, deadline - loop.time()))
+        if self._fault_watch is not None:
+            self._fault_watch.cancel()
         if self._first is not None:  # never warmed up
             await self._first.close()
             self._first = None
@@ -116,8 +131,8 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
     metrics = Metrics()
-    runtime = ModelRuntime.load(settings.bundle, settings, metrics)
     host = ModelHost(settings, metrics)
+    runtime = ModelRuntime.load(settings.bundle, settings, metrics, host.on_fault)
     server = grpc.aio.server(
         options=[
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -157,7 +172,8 @@ def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredent
 
 
 async def serve(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT, then drain; SIGHUP reloads the bundle. Returns the exit status."""
+    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
+    Reloads still running at shutdown are cancelled."""
     server, port = create_server(settings)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -205,6 +221,10 @@ async def serve(settings: Settings) -> int:
             "model": asdict(server.host.current.describe()),
         },
     )
-    await stop.wait()
+    waits = [loop.create_task(stop.wait()), loop.create_task(server.host.faulted.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in (*waits, *reloads):
+        task.cancel()
+    await asyncio.gather(*reloads, return_exceptions=True)
     await server.stop()
-    return 0
+    return EXIT_FAULT if server.host.fault is not None else 0

@@ -3,12 +3,15 @@
 `ModelRuntime` turns texts (or token ids) into logits and probabilities through the batcher.
 `ModelHost` holds the current runtime, answers for a model name/version, and reloads a bundle
 without dropping requests: the new runtime is loaded and warmed while the old one serves, then
-swapped in; the old one finishes what it had queued.
+swapped in; the old one finishes what it had queued. A fault of a runtime's batcher (`ServerFault`)
+breaks the host for good: it stops answering and says it is not live, so the server exits for its
+supervisor to restart it. Once draining, the host installs no model any more.
 """
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +23,16 @@ from serve.backend import load_backend
 from serve.batching import BatchObserver, DynamicBatcher
 from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
 from serve.encoding import TextEncoder
-from serve.errors import BatcherClosed, BundleRejected, InvalidInput, ModelNotFound, NotReady, ReloadFailed, TooLarge
+from serve.errors import (
+    BatcherClosed,
+    BundleRejected,
+    InvalidInput,
+    ModelNotFound,
+    NotReady,
+    ReloadFailed,
+    ServerFault,
+    TooLarge,
+)
 from serve.metrics import Metrics
 from serve.settings import Settings
 
@@ -79,7 +91,13 @@ def check_texts(texts: list[str], pairs: list[str] | None, max_texts: int, max_c
 class ModelRuntime:
     """One loaded bundle, ready to warm up and serve."""
 
-    def __init__(self, bundle: Bundle, settings: Settings, observer: BatchObserver | None = None):
+    def __init__(
+        self,
+        bundle: Bundle,
+        settings: Settings,
+        observer: BatchObserver | None = None,
+        on_fault: Callable[[ServerFault], None] | None = None,
+    ):
         self.bundle = bundle
         self.spec = bundle.spec
         self.settings = settings
@@ -100,18 +118,27 @@ class ModelRuntime:
             max_queued=settings.max_queued,
             pad_values=self.encoder.pad_values,
             observer=observer,
+            batch_timeout=settings.batch_timeout_s,
+            on_fault=on_fault,
         )
 
     @classmethod
-    def load(cls, folder: str | Path, settings: Settings, observer: BatchObserver | None = None) -> "ModelRuntime":
+    def load(
+        cls,
+        folder: str | Path,
+        settings: Settings,
+        observer: BatchObserver | None = None,
+        on_fault: Callable[[ServerFault], None] | None = None,
+    ) -> "ModelRuntime":
         """Verify and load the bundle in `folder`; `BundleRejected` says why it cannot be served."""
         try:
-            bundle = load_bundle(folder)
+            return cls(load_bundle(folder), settings, observer, on_fault)
         except mf.ArtifactError as err:
             raise BundleRejected(f"bundle refused: {err}") from err
-        except OSError as err:  # a path the OS refuses to look up, e.g. a name over 255 bytes
-            raise BundleRejected(f"bundle refused: cannot read {folder}: {err.strerror or err}") from err
-        return cls(bundle, settings, observer)
+        except OSError as err:  # unreadable (permissions, a file gone since verified), or a name too long to look up
+            raise BundleRejected(
+                f"bundle refused: cannot read {err.filename or folder}: {err.strerror or err}"
+            ) from err
 
     @property
     def name(self) -> str:
@@ -160,19 +187,29 @@ class ModelRuntime:
             )
 
     def _check_warm_up(self, inputs: dict[str, np.ndarray], batch: int, length: int) -> None:
-        labels = len(self.spec.labels)
+        """Every output the spec names: present, `batch` rows, the spec's fixed sizes, finite; the first
+        (the logits) one column per label."""
+        at = f"{self.bundle.folder}: warm-up at batch {batch}, length {length}"
         try:
-            logits = self.backend.infer(inputs)[self.output]
+            outputs = self.backend.infer(inputs)
         except Exception as err:  # any runtime failure means the bundle cannot be served
-            raise BundleRejected(
-                f"{self.bundle.folder}: warm-up at batch {batch}, length {length} failed: {err}"
-            ) from err
-        if logits.shape != (batch, labels) or not np.isfinite(logits).all():
-            raise BundleRejected(
-                f"{self.bundle.folder}: warm-up at batch {batch}, length {length} gave {self.output} of shape "
-                f"{logits.shape} (expected {(batch, labels)} for labels {self.spec.labels})"
-                + ("" if np.isfinite(logits).all() else " with non-finite values")
-            )
+            raise BundleRejected(f"{at} failed: {err}") from err
+        for output in self.spec.outputs:
+            if output.name not in outputs:
+                raise BundleRejected(f"{at} gave no output {output.name!r} (outputs: {sorted(outputs)})")
+            value = np.asarray(outputs[output.name])
+            if output.name == self.output:
+                expected = [batch, len(self.spec.labels)]
+                what = f"expected {tuple(expected)} for labels {self.spec.labels}"
+            else:  # named sizes (the batch's aside) may take any value
+                expected = [batch, *output.shape[1:]]
+                what = f"expected {output.shape} with batch {batch}"
+            if len(value.shape) != len(expected) or any(
+                isinstance(size, int) and size != got for size, got in zip(expected, value.shape, strict=False)
+            ):
+                raise BundleRejected(f"{at} gave {output.name} of shape {value.shape} ({what})")
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                raise BundleRejected(f"{at} gave {output.name} of shape {value.shape} with non-finite values")
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
         """Small requests are tokenized on the event loop (cheaper than a thread hop), large ones in a thread."""
@@ -238,9 +275,9 @@ class ModelRuntime:
             max_batch_size=self.max_batch_size,
         )
 
-    async def close(self) -> None:
-        """Finish the queued rows, then release the backend."""
-        await self.batcher.close()
+    async def close(self, timeout: float | None = None) -> None:
+        """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend."""
+        await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout)
         self.backend.close()
 
 
@@ -253,11 +290,24 @@ class ModelHost:
         self.current: ModelRuntime | None = None
         self.folder = settings.bundle
         self.draining = False
+        self.fault: ServerFault | None = None
+        self.faulted = asyncio.Event()
         self._lock = asyncio.Lock()
 
     @property
     def ready(self) -> bool:
-        return self.current is not None and not self.draining
+        return self.current is not None and not self.draining and self.fault is None
+
+    @property
+    def live(self) -> bool:
+        """False after a batcher fault: the process must be restarted."""
+        return self.fault is None
+
+    def on_fault(self, fault: ServerFault) -> None:
+        """A runtime's batcher stopped on a fault: answer nothing any more and tell the server."""
+        if self.fault is None:
+            self.fault = fault
+            self.faulted.set()
 
     async def drain(self, deadline: float, settle: float = 0.1) -> None:
         """Refuse new work (UNAVAILABLE) and wait, until the loop time `deadline`, for the queue to empty."""
@@ -270,6 +320,8 @@ class ModelHost:
     def get(self, name: str = "", version: str = "") -> ModelRuntime:
         """The runtime serving `name` (empty: the served model) at `version` (empty: any)."""
         runtime = self.current
+        if self.fault is not None:
+            raise ServerFault(str(self.fault))
         if self.draining:
             raise NotReady("the server is shutting down; retry (another replica, or this one after its restart)")
         if runtime is None:
@@ -293,6 +345,9 @@ class ModelHost:
         except BaseException:
             await runtime.close()
             raise
+        if self.draining:  # shutdown began while this runtime loaded or warmed up
+            await runtime.close()
+            raise NotReady("the server is shutting down; the new model was not installed")
         runtime.batcher.start()
         previous, self.current = self.current, runtime
         self.folder = runtime.bundle.folder
@@ -314,7 +369,9 @@ class ModelHost:
         async with self._lock:
             folder = Path(folder) if folder else self.folder
             try:
-                runtime = await asyncio.to_thread(ModelRuntime.load, folder, self.settings, self.metrics)
+                if self.draining:
+                    raise NotReady("the server is shutting down; no reload")
+                runtime = await asyncio.to_thread(ModelRuntime.load, folder, self.settings, self.metrics, self.on_fault)
                 previous = await self._swap(runtime)
             except BundleRejected as err:
                 log.error(
@@ -336,7 +393,10 @@ class ModelHost:
                 if self.current is runtime:
                     raise
 
-    async def close(self) -> None:
+    async def close(self, timeout: float | None = None) -> None:
+        """Install nothing more; close the current runtime, its queue given `timeout` seconds (default:
+        SHUTDOWN_GRACE_S)."""
+        self.draining = True
         if self.current is not None:
             runtime, self.current = self.current, None
-            await runtime.close()
+            await runtime.close(timeout)

@@ -80,6 +80,12 @@ class Settings(BaseModel):
         "off: such a bundle is refused, naming the requested and active providers",
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="how long in-flight calls may finish on SIGTERM")
+    batch_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="longest one backend call may run; past it the backend counts as hung: the waiting calls fail "
+        "with UNAVAILABLE, health turns NOT_SERVING and the process exits with status 3 for a restart",
+    )
     tls_cert: Path | None = Field(None, description="server certificate chain (PEM); enables TLS")
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA bundle (PEM) that client certificates must chain to: mutual TLS")

@@ -225,7 +225,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         self.settings = settings
 
     async def ServerLive(self, request, context):
-        return kserve_pb2.ServerLiveResponse(live=True)
+        return kserve_pb2.ServerLiveResponse(live=self.host.live)
 
     async def ServerReady(self, request, context):
         return kserve_pb2.ServerReadyResponse(ready=self.host.ready)

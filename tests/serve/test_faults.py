@@ -4,8 +4,12 @@ test_operations.py covers one overloaded call and test_process.py a drain of thr
 these keep many clients calling the whole time and time what they see.
 """
 
+import asyncio
+import json
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,10 +17,16 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from onnx import TensorProto, helper
 
+import serve.host
+from common.bundle import TensorSpec
+from serve.app import EXIT_FAULT
+from serve.errors import BundleRejected, NotReady
+from serve.host import ModelRuntime
 from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
-from tests.serve.conftest import settings_for
+from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from tests.serve.conftest import ROOT, serve_command, settings_for, subprocess_env, tiny_model
 from tests.serve.test_process import queued_rows
 
 KNOWN = ["a great movie", "awful boring film", "the plot was good and fun"]
@@ -230,3 +240,173 @@ def test_kill_9_then_restart_on_the_same_port_serves_again_within_the_bound(spaw
         print(f"\nrestarted after kill -9 and SERVING on port {port} again in {elapsed:.2f} s")
         assert second.wait_for("serving")["port"] == port
         np.testing.assert_allclose(probabilities(stub), before, atol=1e-6)
+
+
+def server_live(channel) -> bool:
+    return kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(kserve_pb2.ServerLiveRequest(), timeout=5).live
+
+
+def classify_codes(address: str, calls: int) -> list[grpc.StatusCode]:
+    """Status codes of `calls` concurrent one-text Classify calls."""
+    codes = []
+
+    def call():
+        with grpc.insecure_channel(address) as channel:
+            try:
+                classify_one(classifier_pb2_grpc.ClassifierStub(channel))
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+
+    threads = [threading.Thread(target=call) for _ in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return codes
+
+
+def test_a_batcher_fault_fails_calls_with_unavailable_and_turns_health_and_liveness_off(start_server, bundle):
+    # inline_infer_ms=0: every call goes through the batcher task
+    server = start_server(settings_for(bundle, inline_infer_ms=0, max_queue_delay_ms=50))
+    batcher = server.server.host.current.batcher
+    fast = batcher.infer
+    batcher.infer = lambda inputs: {name: value[:0] for name, value in fast(inputs).items()}  # no rows
+    with server.channel() as channel:
+        assert health_of(channel) == SERVING
+        started = time.monotonic()
+        codes = classify_codes(server.address, 3)
+        took = time.monotonic() - started
+        assert codes == [grpc.StatusCode.UNAVAILABLE] * 3
+        assert took < 10, "the calls hung on a dead batcher"
+        assert classify_codes(server.address, 1) == [grpc.StatusCode.UNAVAILABLE]
+        assert health_of(channel) == NOT_SERVING
+        assert not server_live(channel)
+
+
+def test_a_hung_backend_call_fails_the_waiting_calls_at_the_batch_time_limit(start_server, bundle):
+    server = start_server(settings_for(bundle, inline_infer_ms=0, batch_timeout_s=0.5))
+    batcher = server.server.host.current.batcher
+    gate = threading.Event()
+    batcher.infer = lambda inputs: gate.wait(30)  # hangs until the test ends
+    try:
+        with server.channel() as channel:
+            started = time.monotonic()
+            codes = classify_codes(server.address, 3)
+            took = time.monotonic() - started
+            assert codes == [grpc.StatusCode.UNAVAILABLE] * 3
+            assert took < 10, "the calls waited for the hung backend"
+            assert health_of(channel) == NOT_SERVING
+            assert not server_live(channel)
+    finally:
+        gate.set()
+
+
+HANG_ON = "awful"  # a word of the tiny vocabulary that warm-up never sends
+HANGING_SERVER = f"""
+import runpy, sys, threading
+import serve.host
+from tests.serve.conftest import VOCAB
+
+real = serve.host.load_backend
+
+def load_backend(*args, **kwargs):
+    backend = real(*args, **kwargs)
+    infer = backend.infer
+
+    def hanging(inputs):
+        if (inputs["input_ids"] == VOCAB.index({HANG_ON!r})).any():
+            threading.Event().wait()
+        return infer(inputs)
+
+    backend.infer = hanging
+    return backend
+
+serve.host.load_backend = load_backend
+sys.argv = ["serve", *sys.argv[1:]]
+runpy.run_module("serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle):
+    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+               "--batch-timeout-s", "0.5", "--metrics-port", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        events = {}
+        for line in proc.stdout:
+            entry = json.loads(line)
+            events[entry.get("event")] = entry
+            if entry.get("event") == "serving":
+                break
+        address = f"127.0.0.1:{events['serving']['port']}"
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as failed:
+            classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=20)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert proc.wait(30) == EXIT_FAULT
+        rest = [json.loads(line) for line in proc.stdout]
+        assert "server_fault" in {entry.get("event") for entry in rest}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_a_reload_finishing_after_shutdown_began_installs_nothing(start_server, bundle, make_bundle, monkeypatch):
+    server = start_server(settings_for(bundle))
+    warm_up = ModelRuntime.warm_up
+
+    def slow_warm_up(runtime):
+        time.sleep(1.0)
+        warm_up(runtime)
+
+    monkeypatch.setattr(ModelRuntime, "warm_up", slow_warm_up)
+    reload = asyncio.run_coroutine_threadsafe(server.server.reload(make_bundle(version="2")), server.loop)
+    time.sleep(0.3)  # the new model is warming up
+    server.call(server.server.stop(0))
+    with pytest.raises(NotReady):
+        reload.result(10)
+    assert server.server.host.current is None
+
+
+def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_server, make_bundle, monkeypatch):
+    folder = make_bundle()
+    server = start_server(settings_for(folder, reload_root=folder.parent))
+
+    def unreadable(bundle, settings):
+        raise PermissionError(13, "Permission denied", str(bundle.folder / "model.onnx"))
+
+    monkeypatch.setattr(serve.host, "load_backend", unreadable)
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.Reload(pb.ReloadRequest(), timeout=10)
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "Permission denied" in failed.value.details()
+        assert stub.Classify(pb.ClassifyRequest(texts=KNOWN), timeout=10).model_version == "1"
+
+
+def with_second_output(extra_node) -> bytes:
+    """The tiny model with a second output `extra`, of shape (batch, 2), computed by `extra_node`."""
+    model = tiny_model()
+    model.graph.initializer.append(helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]))
+    model.graph.node.append(extra_node)
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["batch", 2]))
+    return model.SerializeToString()
+
+
+def test_warm_up_checks_every_output_of_the_model(make_bundle):
+    outputs = [
+        TensorSpec(name="logits", dtype="float32", shape=["batch", 2]),
+        TensorSpec(name="extra", dtype="float32", shape=["batch", 2]),
+    ]
+    infinite = with_second_output(helper.make_node("Div", ["projected", "zero"], ["extra"]))  # x / 0
+    folder = make_bundle(model=infinite, outputs=outputs)
+    runtime = ModelRuntime.load(folder, settings_for(folder))
+    try:
+        with pytest.raises(BundleRejected, match="extra .* non-finite"):
+            runtime.warm_up()
+    finally:
+        asyncio.run(runtime.close())
