@@ -8,11 +8,7 @@ to date is skipped unless `--force`.
 """
 
 import argparse
-import os
 import sys
-
-import torch
-import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
@@ -32,9 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="distill: skip the label-only baselines")
     parser.add_argument("--jobs", type=int, default=1, help="distill: train this many students/baselines at once")
     args, rest = parser.parse_known_args(argv)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         placement = device.for_process(recipe.runtime)

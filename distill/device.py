@@ -8,9 +8,11 @@ naming the setting and what the machine has: never a silent fall back to the CPU
 """
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
+import transformers
 
 from common.recipe import RecipeError, RuntimeConfig
 from distill import dist
@@ -65,6 +67,14 @@ class Placement:
         if self.device.type != "cuda":
             return None
         return round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
+
+
+def configure_process() -> None:
+    """Set-up of a command that runs models in PyTorch: intra-op threads from `TORCH_THREADS` (default: every
+    core) and transformers' logs down to errors, without progress bars."""
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
 
 
 def _machine() -> str:

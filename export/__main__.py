@@ -7,11 +7,7 @@ are timed by `python -m bench models`.
 """
 
 import argparse
-import os
 import sys
-
-import torch
-import transformers
 
 from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
@@ -38,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--only", action="append", help="bundles: just this bundle id (repeatable)")
     args, rest = parser.parse_known_args(argv)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         if args.command == "labeller":
