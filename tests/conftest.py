@@ -85,3 +85,16 @@ def smoke_bundles(smoke_run) -> Path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return smoke_run
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    """This machine as if the tensorrt package were not installed."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
+
+
+@pytest.fixture
+def no_cuda_python(monkeypatch):
+    """This machine as if cuda-python were not installed."""
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)

@@ -294,17 +294,6 @@ def fake_cuda(monkeypatch, count_status="cudaErrorNoDevice"):
     monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", cudart)
 
 
-@pytest.fixture
-def no_tensorrt(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
-
-
-@pytest.fixture
-def no_cuda_python(monkeypatch):
-    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
-        monkeypatch.setitem(sys.modules, name, None)
-
-
 def test_missing_packages_are_all_named_with_the_fix(no_tensorrt, no_cuda_python):
     with pytest.raises(TensorRTUnavailable) as err:
         require_tensorrt()

@@ -1,5 +1,3 @@
-import sys
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -85,17 +83,6 @@ def feeds(batch, length, seed=0):
     mask = np.ones((batch, length), dtype=np.int64)
     mask[0, length // 2 :] = 0
     return {"input_ids": rng.integers(0, VOCAB, size=(batch, length), dtype=np.int64), "attention_mask": mask}
-
-
-@pytest.fixture
-def no_tensorrt(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError
-
-
-@pytest.fixture
-def no_cuda_python(monkeypatch):
-    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
-        monkeypatch.setitem(sys.modules, name, None)
 
 
 def test_build_engine_without_tensorrt_raises_and_writes_nothing(tmp_path, no_tensorrt, no_cuda_python):
