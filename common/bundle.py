@@ -32,6 +32,9 @@ class BundleSpec(BaseModel):
     name: str = Field(description="the model name clients ask for, in both gRPC APIs")
     version: str = "1"
     labels: list[str]
+    text_inputs: list[Literal["text", "text_pair"]] = Field(
+        description="the texts a request gives per example: ['text'], or ['text', 'text_pair'] for a pair model"
+    )
     max_length: int
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -49,6 +52,11 @@ class BundleSpec(BaseModel):
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the model takes sentence pairs: then every text needs its pair, and single texts are refused."""
+        return "text_pair" in self.text_inputs
 
 
 class Bundle(BaseModel):

@@ -28,6 +28,7 @@ class DataConfig(Strict):
 
     train: str
     dev: str
+    test: str | None = Field(None, description="a labelled test split: evaluated once, on the kept checkpoints")
     text_column: str = "sentence"
     text_pair_column: str | None = None
     label_column: str = "label"
@@ -38,6 +39,11 @@ class DataConfig(Strict):
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
+
+    @property
+    def pairs(self) -> bool:
+        """Whether every example is a sentence pair (`text_pair_column` set)."""
+        return self.text_pair_column is not None
 
 
 class ModelConfig(Strict):
@@ -123,7 +129,14 @@ class TransferConfig(Strict):
     p_mask: float = Field(0.1, ge=0, le=1)
     p_replace: float = Field(0.1, ge=0, le=1)
     p_ngram: float = Field(0.25, ge=0, le=1)
-    max_length: int = Field(64, ge=8, description="tokens per sentence, for labelling and students")
+    text_style: Literal["raw", "ptb_lower"] = Field(
+        "raw",
+        description="how every transfer-set text (unlabelled, train, augmented) is written: as given, or "
+        "lower-cased and PTB-tokenised like SST-2",
+    )
+    max_length: int = Field(
+        64, ge=8, description="tokens per example (both sides of a pair), for labelling and students"
+    )
     shard_size: int = Field(50_000, gt=0)
     label_batch_size: int = Field(128, gt=0, description="sentences per labelling batch (length-sorted)")
     labeller: str | None = Field(
@@ -158,6 +171,7 @@ class StudentConfig(Strict):
     num_filters: int = Field(100, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
     pooling: Literal["max", "mean", "last"] = "max"
+    pairs: bool = Field(False, description="set from the data: takes sentence pairs (token_type_ids mark sentence B)")
     max_length: int = Field(128, gt=0)
     pad_token_id: int = Field(0, ge=0)
 
@@ -500,6 +514,15 @@ class Recipe(Strict):
             raise ValueError(
                 f"transfer.labeller={name!r} must be an fp32 ONNX Runtime bundle of the teacher, got source="
                 f"{bundle.source}, precision={bundle.precision}, runtime={bundle.runtime}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pairs_need_segments(self):
+        if self.data.pairs and self.model.family == "gpt":
+            raise ValueError(
+                "data.text_pair_column is set but model.family is gpt: sentence pairs need a tokenizer that marks "
+                "sentence B (token_type_ids), which the bert family has; use a bert teacher for pair tasks"
             )
         return self
 

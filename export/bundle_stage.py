@@ -184,6 +184,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
         labels=recipe.data.label_names,
+        text_inputs=["text", "text_pair"] if recipe.data.pairs else ["text"],
         max_length=length,
         inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],
         outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", len(recipe.data.label_names)])],

@@ -56,6 +56,7 @@ def make_bundle(tmp_path, model):
         fields = {
             "name": "tiny",
             "labels": ["a", "b"],
+            "text_inputs": ["text"],
             "max_length": 2,
             "inputs": [TensorSpec(name="x", dtype="float32", shape=["batch", 2])],
             "outputs": [TensorSpec(name="y", dtype="float32", shape=["batch", 2])],

@@ -97,6 +97,7 @@ def spec(**changes) -> BundleSpec:
         "name": "tiny-sentiment",
         "version": "1",
         "labels": LABELS,
+        "text_inputs": ["text"],
         "max_length": MAX_LENGTH,
         "inputs": [
             TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"]),
