@@ -9,7 +9,7 @@ from common.recipe import load_recipe
 from common.stage import Built, Stage
 
 RECIPE = """
-data: {train: a.tsv, dev: b.tsv}
+data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
 model: {init: some/model}
 finetune: {optim: {lr: 0.001}}
 """

@@ -5,7 +5,7 @@ import pytest
 from common.recipe import LoadtestConfig, RecipeError, load_recipe
 from loadtests import plan
 
-MINIMAL = "data: {train: a.tsv, dev: b.tsv}\nmodel: {init: some/model}\n"
+MINIMAL = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"
 
 
 def write(tmp_path, text):
