@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from common import manifest as mf
-from common.bundle import Bundle, load_bundle
+from common.bundle import Bundle, BundleSpec, load_bundle
 from serve.backend import load_backend
 from serve.batching import BatchObserver, DynamicBatcher
 from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
@@ -88,6 +88,19 @@ def check_texts(texts: list[str], pairs: list[str] | None, max_texts: int, max_c
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
 
 
+def check_pairs(spec: BundleSpec, pairs: list[str] | None) -> None:
+    """A pair model needs a pair for every text; a single-text model takes none."""
+    if spec.pairs and pairs is None:
+        raise InvalidInput(
+            f"model {spec.name!r} takes text pairs: send a pair for every text (Classify: text_pairs; "
+            "KServe: a BYTES 'text_pair' input beside 'text')"
+        )
+    if not spec.pairs and pairs is not None:
+        raise InvalidInput(
+            f"model {spec.name!r} takes single texts, not text pairs: send no text_pairs (KServe: no 'text_pair' input)"
+        )
+
+
 class ModelRuntime:
     """One loaded bundle, ready to warm up and serve."""
 
@@ -151,7 +164,8 @@ class ModelRuntime:
     def warm_up(self) -> None:
         """Run the backend at several batch sizes and lengths, check the logits' shape and values, then time
         the same shapes again to calibrate the batcher's cost model."""
-        ids = self.encoder.encode(["a warm up sentence to prime the model"])[0]
+        pair = ["and its pair"] if self.spec.pairs else None
+        ids = self.encoder.encode(["a warm up sentence to prime the model"], pair)[0]
         shapes = [
             (batch, length)
             for length in sorted({1, max(1, self.spec.max_length // 2), self.spec.max_length})
@@ -212,7 +226,9 @@ class ModelRuntime:
                 raise BundleRejected(f"{at} gave {output.name} of shape {value.shape} with non-finite values")
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
-        """Small requests are tokenized on the event loop (cheaper than a thread hop), large ones in a thread."""
+        """Texts (and their pairs, as the model takes them) through the model. Small requests are tokenized on
+        the event loop (cheaper than a thread hop), large ones in a thread."""
+        check_pairs(self.spec, pairs)
         if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
             rows = self.encoder.encode(texts, pairs)
         else:

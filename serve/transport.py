@@ -2,6 +2,7 @@
 
 import asyncio
 import functools
+import json
 import logging
 from dataclasses import asdict
 from importlib import metadata
@@ -37,6 +38,8 @@ CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
 KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN where set, not by TOKEN
 OUTPUTS = ("logits", "probabilities")
+EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
+LABELS_FILE = "labels.txt"  # the label file a Triton model repository of the bundle holds (export.triton)
 TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
@@ -140,6 +143,50 @@ def classify_response(spec: BundleSpec, scores: Scores) -> classifier_pb2.Classi
     return reply
 
 
+def model_config(spec: BundleSpec, max_texts: int) -> kserve_pb2.ModelConfig:
+    """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
+    a request's most rows (MAX_TEXTS) as `max_batch_size`, and the label names as the parameter `labels`
+    (a JSON list) beside each output's `label_filename`."""
+    config = kserve_pb2.ModelConfig(
+        name=spec.name,
+        platform=TRITON_PLATFORMS[spec.runtime],
+        backend=spec.runtime,  # Triton's backends are named as the runtimes
+        max_batch_size=max_texts,
+    )
+    for name in spec.text_inputs:
+        config.input.add(name=name, data_type=kserve_pb2.TYPE_STRING, dims=[1])
+    for name in OUTPUTS:
+        config.output.add(
+            name=name, data_type=kserve_pb2.TYPE_FP32, dims=[len(spec.labels)], label_filename=LABELS_FILE
+        )
+    config.parameters["labels"].string_value = json.dumps(spec.labels)
+    return config
+
+
+def class_count(output: kserve_pb2.ModelInferRequest.InferRequestedOutputTensor) -> int | None:
+    """The number of classes a requested output asks for with Triton's classification extension, or None."""
+    if "classification" not in output.parameters:
+        return None
+    parameter = output.parameters["classification"]
+    if parameter.WhichOneof("parameter_choice") != "int64_param":
+        raise InvalidInput(
+            f"output {output.name!r}: the 'classification' parameter must be an int64_param (the number of classes)"
+        )
+    if parameter.int64_param < 1:
+        raise InvalidInput(f"output {output.name!r}: 'classification' must be at least 1, got {parameter.int64_param}")
+    return parameter.int64_param
+
+
+def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+    """Triton's classification extension: per row of (N, C) `values`, the `count` highest (at most C; ties: the
+    lower index first) as b"value:index:label", the value printed as C's %f. Shape (N, min(count, C)), bytes."""
+    order = np.argsort(-values, axis=1, kind="stable")[:, : min(count, values.shape[1])]
+    rows = [[f"{float(values[i, j]):f}:{j}:{labels[j]}".encode() for j in row] for i, row in enumerate(order.tolist())]
+    classes = np.empty(order.shape, dtype=object)
+    classes[:] = rows
+    return classes
+
+
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
     return classifier_pb2.ModelInfo(**asdict(runtime.describe()))
 
@@ -217,8 +264,9 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
 
 class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
-    """The KServe v2 predict protocol: BYTES `text` (optional `text_pair`) in, or INT64 token ids;
-    FP32 `logits` and `probabilities` out, raw when the request was raw."""
+    """The KServe v2 predict protocol: BYTES `text` (and `text_pair` for a pair model) in, or INT64 token ids;
+    FP32 `logits` and `probabilities` out (or their top classes, with Triton's classification extension), raw
+    when the request was raw. Triton's `ModelConfig` describes the model."""
 
     def __init__(self, host: ModelHost, settings: Settings):
         self.host = host
@@ -242,7 +290,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             version = metadata.version("edgedistill")
         except metadata.PackageNotFoundError:
             version = "unknown"
-        return kserve_pb2.ServerMetadataResponse(name="edgedistill", version=version, extensions=[])
+        return kserve_pb2.ServerMetadataResponse(name="edgedistill", version=version, extensions=EXTENSIONS)
 
     @handles_errors
     async def ModelMetadata(self, request, context):
@@ -253,9 +301,14 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             name=runtime.name,
             versions=[runtime.version],
             platform=TRITON_PLATFORMS[runtime.spec.runtime],
-            inputs=[Tensor(name="text", datatype="BYTES", shape=[-1])],
+            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1]) for name in runtime.spec.text_inputs],
             outputs=[Tensor(name=name, datatype="FP32", shape=[-1, labels]) for name in OUTPUTS],
         )
+
+    @handles_errors
+    async def ModelConfig(self, request, context):
+        runtime = self.host.get(request.name, request.version)
+        return kserve_pb2.ModelConfigResponse(config=model_config(runtime.spec, self.settings.max_texts))
 
     def _inputs(self, request: kserve_pb2.ModelInferRequest, max_length: int) -> dict[str, np.ndarray]:
         """The request's tensors, each refused before decoding when it holds more elements than a request may:
@@ -319,21 +372,24 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
     @handles_errors
     async def ModelInfer(self, request, context):
         served = self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
-        wanted = [out.name for out in request.outputs] or list(OUTPUTS)
-        for i, out in enumerate(request.outputs):
+        wanted: dict[str, int | None] = {}  # output -> its class count (classification extension), or None
+        for out in request.outputs:
             if out.name not in OUTPUTS:
                 raise InvalidInput(f"unknown output {out.name!r}; this model has {list(OUTPUTS)}")
-            if out.name in wanted[:i]:
+            if out.name in wanted:
                 raise InvalidInput(f"output {out.name!r} is requested twice: name each output once")
-            if "classification" in out.parameters:
-                raise InvalidInput("the classification extension is not supported: request 'probabilities'")
+            wanted[out.name] = class_count(out)
+        wanted = wanted or dict.fromkeys(OUTPUTS)
         runtime, scores = await self._scores(request, served.spec.max_length, deadline_of(context))
         raw = len(request.raw_input_contents) > 0
         reply = kserve_pb2.ModelInferResponse(model_name=runtime.name, model_version=runtime.version, id=request.id)
-        for name in wanted:
+        for name, count in wanted.items():
             value = scores.logits if name == "logits" else scores.probabilities
-            output = reply.outputs.add(name=name, datatype="FP32", shape=list(value.shape))
-            data = tensors.encode(value, "FP32", output.contents, raw)
+            datatype = "FP32"
+            if count is not None:
+                value, datatype = top_classes(value, count, runtime.spec.labels), "BYTES"
+            output = reply.outputs.add(name=name, datatype=datatype, shape=list(value.shape))
+            data = tensors.encode(value, datatype, output.contents, raw)
             if raw:
                 reply.raw_output_contents.append(data)
         return reply

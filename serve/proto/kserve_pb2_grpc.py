@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=kserve__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=kserve__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=kserve__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=kserve__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer(object):
@@ -105,6 +110,12 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=kserve__pb2.ModelInferRequest.FromString,
                     response_serializer=kserve__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=kserve__pb2.ModelConfigRequest.FromString,
+                    response_serializer=kserve__pb2.ModelConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/ModelInfer',
             kserve__pb2.ModelInferRequest.SerializeToString,
             kserve__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            kserve__pb2.ModelConfigRequest.SerializeToString,
+            kserve__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

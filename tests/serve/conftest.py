@@ -29,6 +29,7 @@ NEUTRAL = ["a", "the", "movie", "film", "was", "is", "this", "plot", "acting", "
 VOCAB = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL
 MAX_LENGTH = 16
 LABELS = ["negative", "positive"]
+PAIR_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def tiny_tokenizer() -> Tokenizer:
@@ -45,10 +46,11 @@ def tiny_tokenizer() -> Tokenizer:
     return tok
 
 
-def tiny_model(bias: float = 0.0) -> onnx.ModelProto:
+def tiny_model(bias: float = 0.0, pairs: bool = False) -> onnx.ModelProto:
     """Embedding lookup, masked mean pool, linear to 2 logits; dynamic batch and sequence axes.
 
-    Dimension 0 of a word's embedding is its positivity, so sentiment words decide the label.
+    Dimension 0 of a word's embedding is its positivity, so sentiment words decide the label. With `pairs`, the
+    model also takes token_type_ids and weighs the second text's tokens 4 times the first's, so the pair decides.
     """
     rng = np.random.default_rng(0)
     table = rng.normal(0, 0.05, (len(VOCAB), 4)).astype(np.float32)
@@ -66,9 +68,22 @@ def tiny_model(bias: float = 0.0) -> onnx.ModelProto:
         helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
         helper.make_tensor("axis2", TensorProto.INT64, [1], [2]),
     ]
+    weighing = [helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT)]
+    if pairs:
+        inits += [
+            helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+            helper.make_tensor("three", TensorProto.FLOAT, [], [3.0]),
+        ]
+        weighing = [
+            helper.make_node("Cast", ["attention_mask"], ["attended"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["token_type_ids"], ["segment"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["segment", "three"], ["extra"]),
+            helper.make_node("Add", ["extra", "one"], ["weight_b"]),
+            helper.make_node("Mul", ["attended", "weight_b"], ["mask"]),
+        ]
     nodes = [
         helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
-        helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+        *weighing,
         helper.make_node("Unsqueeze", ["mask", "axis2"], ["mask3"]),
         helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
         helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
@@ -81,8 +96,8 @@ def tiny_model(bias: float = 0.0) -> onnx.ModelProto:
         nodes,
         "tiny-sentiment",
         [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+            for name in ("input_ids", "attention_mask", "token_type_ids")[: 3 if pairs else 2]
         ],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
         initializer=inits,
@@ -114,20 +129,31 @@ def spec(**changes) -> BundleSpec:
     return BundleSpec(**(fields | changes))
 
 
-def write_bundle(folder: Path, bias: float = 0.0, model: bytes | None = None, **spec_changes) -> Path:
-    """A bundle folder as the export stage writes it: model, tokenizer.json, manifest with the spec.
+def pair_spec(**changes) -> dict:
+    """Spec changes for the tiny pair model: three token inputs, a text and its pair per example."""
+    tokens = [TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in PAIR_INPUTS]
+    return {"name": "tiny-pairs", "text_inputs": ["text", "text_pair"], "inputs": tokens} | changes
 
-    The model file holds `model` when given, else the tiny ONNX model (with `bias` towards "negative").
+
+def write_bundle(
+    folder: Path, bias: float = 0.0, model: bytes | None = None, metrics: dict | None = None, **spec_changes
+) -> Path:
+    """A bundle folder as the export stage writes it: model, tokenizer.json, manifest with the spec (and `metrics`).
+
+    The model file holds `model` when given, else the tiny ONNX model (with `bias` towards "negative"; the pair
+    model when the spec takes pairs).
     """
     bundle_spec = spec(**spec_changes)
     with mf.stage_folder(folder) as tmp:
-        (tmp / bundle_spec.model_file).write_bytes(model or tiny_model(bias).SerializeToString())
+        built = tiny_model(bias, pairs=bundle_spec.pairs).SerializeToString()
+        (tmp / bundle_spec.model_file).write_bytes(model or built)
         tiny_tokenizer().save(str(tmp / "tokenizer.json"))
         manifest = mf.Manifest(
             stage="bundle",
             recipe="tests",
             recipe_hash="0" * 16,
             config_hash="0" * 16,
+            metrics=metrics or {},
             info={"bundle": bundle_spec.model_dump()},
         )
         mf.commit(tmp, folder, manifest)
@@ -137,6 +163,12 @@ def write_bundle(folder: Path, bias: float = 0.0, model: bytes | None = None, **
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory) -> Path:
     return write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-tiny")
+
+
+@pytest.fixture(scope="session")
+def pair_bundle(tmp_path_factory) -> Path:
+    """The tiny pair model's bundle: the second text of a pair decides the label."""
+    return write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-pairs", **pair_spec())
 
 
 @pytest.fixture
@@ -216,6 +248,14 @@ def served(tmp_path_factory):
     """One warm server on the tiny bundle, shared by a test module: at most 8 texts of 200 characters, 64 KiB messages."""
     folder = write_bundle(tmp_path_factory.mktemp("served") / "bundle-tiny")
     server = RunningServer(settings_for(folder, max_texts=8, max_text_chars=200, max_message_bytes=64 * 1024))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def served_pairs(pair_bundle):
+    """One warm server on the tiny pair bundle, shared by a test module: at most 8 texts per request."""
+    server = RunningServer(settings_for(pair_bundle, max_texts=8))
     yield server
     server.close()
 

@@ -46,13 +46,6 @@ def test_one_request_of_many_texts_equals_one_request_per_text(stub):
     np.testing.assert_allclose(together, alone, atol=1e-6)
 
 
-def test_text_pairs_are_tokenized_as_pairs(stub):
-    single = stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=10)
-    paired = stub.Classify(pb.ClassifyRequest(texts=["good"], text_pairs=["awful awful awful"]), timeout=10)
-    assert single.predictions[0].label == "positive"
-    assert paired.predictions[0].label == "negative"
-
-
 def test_stream_answers_each_request_in_order(stub):
     requests = [pb.ClassifyRequest(texts=[t]) for t in TEXTS] + [pb.ClassifyRequest(texts=TEXTS[:3])]
     replies = list(stub.ClassifyStream(iter(requests), timeout=10))

@@ -12,7 +12,7 @@ import pytest
 from serve import tensors
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from serve.proto.kserve_pb2 import ModelInferRequest
-from tests.serve.conftest import tiny_tokenizer
+from tests.serve.conftest import LABELS, tiny_tokenizer
 
 MODEL = "tiny-sentiment"
 TEXTS = ["a great movie", "awful boring film", "this film is not very good"]
@@ -125,6 +125,79 @@ def test_health_and_metadata_rpcs(stub):
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_server_metadata_names_the_extensions(stub):
+    reply = stub.ServerMetadata(kserve_pb2.ServerMetadataRequest())
+    assert list(reply.extensions) == ["classification", "model_configuration"]
+
+
+def test_model_config_describes_the_model_as_triton_does(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL, version="1"), timeout=10).config
+    assert (config.name, config.platform, config.backend) == (MODEL, "onnxruntime_onnx", "onnxruntime")
+    assert config.max_batch_size == 8  # the server's MAX_TEXTS
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [("text", kserve_pb2.TYPE_STRING, [1])]
+    assert [(t.name, t.data_type, list(t.dims), t.label_filename) for t in config.output] == [
+        ("logits", kserve_pb2.TYPE_FP32, [2], "labels.txt"),
+        ("probabilities", kserve_pb2.TYPE_FP32, [2], "labels.txt"),
+    ]
+
+
+def test_model_config_gives_the_label_names(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert json.loads(config.parameters["labels"].string_value) == LABELS
+
+
+def test_model_config_of_an_unknown_model_is_not_found(stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelConfig(kserve_pb2.ModelConfigRequest(name="bert"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def classes_request(raw: bool, **counts: int) -> ModelInferRequest:
+    """TEXTS, with the outputs named in `counts` requested with that many classes."""
+    request = text_request(TEXTS, raw=raw)
+    for name, count in counts.items():
+        request.outputs.add(name=name).parameters["classification"].int64_param = count
+    return request
+
+
+def expected_classes(values: np.ndarray) -> list[list[str]]:
+    """Triton's strings for every class of each row of (N, 2) values, highest first."""
+    return [[f"{row[i]:f}:{i}:{LABELS[i]}" for i in np.argsort(-row, kind="stable")] for row in values]
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_classification_gives_score_index_label_strings_for_the_top_classes(stub, expected, raw):
+    reply = stub.ModelInfer(classes_request(raw, probabilities=2), timeout=10)
+    output = reply.outputs[0]
+    assert (output.name, output.datatype, list(output.shape)) == ("probabilities", "BYTES", [3, 2])
+    got = outputs_of(reply)["probabilities"]
+    assert [[element.decode() for element in row] for row in got] == expected_classes(expected["probabilities"])
+
+
+def test_classification_of_the_logits_gives_logit_values(stub, expected):
+    got = outputs_of(stub.ModelInfer(classes_request(True, logits=2), timeout=10))["logits"]
+    assert [[element.decode() for element in row] for row in got] == expected_classes(expected["logits"])
+
+
+def test_classification_with_one_class_gives_the_best(stub, expected):
+    got = outputs_of(stub.ModelInfer(classes_request(True, probabilities=1), timeout=10))["probabilities"]
+    assert [row[0].decode().rsplit(":", 1)[1] for row in got] == [
+        LABELS[i] for i in expected["probabilities"].argmax(axis=1)
+    ]
+
+
+def test_classification_beyond_the_labels_gives_every_class_as_triton_does(stub):
+    reply = stub.ModelInfer(classes_request(True, probabilities=5), timeout=10)
+    assert list(reply.outputs[0].shape) == [3, 2]
+
+
+def test_classification_applies_only_to_the_output_that_asks(stub, expected):
+    request = classes_request(True, probabilities=2)
+    request.outputs.add(name="logits")
+    got = outputs_of(stub.ModelInfer(request, timeout=10))
+    np.testing.assert_allclose(got["logits"], expected["logits"], atol=1e-6)
+
+
 def _ids_request(ids, mask, **changes) -> ModelInferRequest:
     request = ModelInferRequest(model_name=MODEL)
     for name, value in (("input_ids", ids), ("attention_mask", mask)):
@@ -149,8 +222,13 @@ def _bad_requests():
     truncated.raw_input_contents.append(b"\x10\x00\x00\x00good")
     unknown_output = text_request(["good"])
     unknown_output.outputs.add(name="embeddings")
-    classification = text_request(["good"])
-    classification.outputs.add(name="probabilities").parameters["classification"].int64_param = 1
+    no_classes = text_request(["good"])
+    no_classes.outputs.add(name="probabilities").parameters["classification"].int64_param = 0
+    classes_as_text = text_request(["good"])
+    classes_as_text.outputs.add(name="probabilities").parameters["classification"].string_param = "2"
+    pair = text_request(["good"])
+    pair.inputs.add(name="text_pair", datatype="BYTES", shape=[1])
+    pair.raw_input_contents.append(tensors.serialize_bytes([b"bad"]))
     both = text_request(["good"], raw=False)
     both.inputs.add(name="input_ids", datatype="INT64", shape=[1, 1]).contents.int64_contents.append(5)
     return [
@@ -167,7 +245,9 @@ def _bad_requests():
         ("truncated raw", truncated, "INVALID_ARGUMENT", "claims 16 bytes past the end"),
         ("unknown input", _renamed("image"), "INVALID_ARGUMENT", "unknown input 'image'"),
         ("unknown output", unknown_output, "INVALID_ARGUMENT", "unknown output 'embeddings'"),
-        ("classification", classification, "INVALID_ARGUMENT", "classification extension"),
+        ("no classes", no_classes, "INVALID_ARGUMENT", "'classification' must be at least 1, got 0"),
+        ("classes as text", classes_as_text, "INVALID_ARGUMENT", "must be an int64_param"),
+        ("pair to a single-text model", pair, "INVALID_ARGUMENT", "takes single texts, not text pairs"),
         ("text and ids", both, "INVALID_ARGUMENT", "not both"),
         ("ids only", _only_ids(ids), "INVALID_ARGUMENT", "must be exactly"),
         ("ids out of vocab", _ids_request(ids + 1000, mask), "INVALID_ARGUMENT", "must lie in [0, 30)"),
@@ -207,6 +287,7 @@ def test_tritonclient_works_unchanged(served, expected):
         "texts": TEXTS,
         "input_ids": ids.tolist(),
         "attention_mask": mask.tolist(),
+        "class_count": 2,
     }
     result = subprocess.run(
         [sys.executable, str(PROBE), "client", json.dumps(args)],
@@ -228,3 +309,6 @@ def test_tritonclient_works_unchanged(served, expected):
     np.testing.assert_allclose(seen["tokens"]["probabilities"], expected["probabilities"], atol=1e-6)
     assert seen["unknown_model_error"] == "StatusCode.NOT_FOUND"
     assert seen["invalid_utf8_error"] == "StatusCode.INVALID_ARGUMENT"
+    assert seen["model_config"]["config"]["max_batch_size"] == 8
+    assert json.loads(seen["model_config"]["config"]["parameters"]["labels"]["string_value"]) == LABELS
+    assert seen["classification"] == expected_classes(expected["probabilities"])

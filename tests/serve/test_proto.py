@@ -5,8 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from serve.proto import generate, kserve_pb2
-from tests.serve.triton_probe import MESSAGES, field_table
+from tests.serve.triton_probe import CONFIG_MESSAGES, MESSAGES, field_table
 
 PROBE = Path(__file__).with_name("triton_probe.py")
 
@@ -28,12 +30,17 @@ def test_committed_generated_code_matches_the_protos(tmp_path):
         assert f"\nimport {proto.removesuffix('.proto')}_pb2" not in stub
 
 
-def test_kserve_proto_has_tritons_names_and_field_numbers():
+@pytest.fixture(scope="module")
+def triton() -> dict:
+    """tritonclient's descriptors, read in a process of their own."""
     result = subprocess.run(
         [sys.executable, str(PROBE), "descriptors"], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
-    triton = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_kserve_proto_has_tritons_names_and_field_numbers(triton):
     ours = kserve_pb2.DESCRIPTOR
     assert ours.package == triton["package"] == "inference"
     service = ours.services_by_name["GRPCInferenceService"]
@@ -47,3 +54,15 @@ def test_kserve_proto_has_tritons_names_and_field_numbers():
         ] == triton["methods"][method.name], method.name
     for name in MESSAGES:
         assert field_table(ours.message_types_by_name[name]) == triton["messages"][name], name
+
+
+@pytest.mark.parametrize("name", CONFIG_MESSAGES)
+def test_model_config_messages_are_a_subset_of_tritons(triton, name):
+    ours = field_table(kserve_pb2.DESCRIPTOR.message_types_by_name[name])
+    theirs = triton["config_messages"][name]
+    assert {field: theirs.get(field) for field in ours} == ours
+
+
+def test_data_types_have_tritons_numbers(triton):
+    ours = {v.name: v.number for v in kserve_pb2.DESCRIPTOR.enum_types_by_name["DataType"].values}
+    assert ours == triton["data_types"]

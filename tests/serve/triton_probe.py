@@ -27,7 +27,11 @@ MESSAGES = (
     "InferTensorContents",
     "ModelInferRequest",
     "ModelInferResponse",
+    "ModelConfigRequest",
+    "ModelConfigResponse",
 )
+# Triton's model_config.proto messages, of which the server's proto holds a subset of the fields.
+CONFIG_MESSAGES = ("ModelConfig", "ModelInput", "ModelOutput", "ModelParameter")
 
 
 def field_table(descriptor) -> dict:
@@ -58,6 +62,13 @@ def descriptors() -> dict:
             for m in service.methods
         },
         "messages": {name: field_table(file.message_types_by_name[name]) for name in MESSAGES},
+        "config_messages": {
+            name: field_table(client.model_config_pb2.DESCRIPTOR.message_types_by_name[name])
+            for name in CONFIG_MESSAGES
+        },
+        "data_types": {
+            v.name: v.number for v in client.model_config_pb2.DESCRIPTOR.enum_types_by_name["DataType"].values
+        },
     }
 
 
@@ -83,6 +94,7 @@ def run_client(args: dict) -> dict:
         "unknown_model_ready": client.is_model_ready("no-such-model", headers=headers),
         "server_metadata": client.get_server_metadata(headers=headers, as_json=True),
         "model_metadata": client.get_model_metadata(model, headers=headers, as_json=True),
+        "model_config": client.get_model_config(model, headers=headers, as_json=True),
     }
     text = client_module.InferInput("text", [len(texts)], "BYTES")
     text.set_data_from_numpy(np.array([t.encode("utf-8") for t in texts], dtype=np.object_))
@@ -103,6 +115,9 @@ def run_client(args: dict) -> dict:
         tokens.append(tensor)
     result = client.infer(model, tokens, headers=headers, client_timeout=10)
     seen["tokens"] = {"probabilities": result.as_numpy("probabilities").tolist()}
+    top = client_module.InferRequestedOutput("probabilities", class_count=args["class_count"])
+    result = client.infer(model, [text], outputs=[top], headers=headers, client_timeout=10)
+    seen["classification"] = [[element.decode() for element in row] for row in result.as_numpy("probabilities")]
     seen["unknown_model_error"] = error_of(lambda: client.infer("no-such-model", [text], headers=headers))
     bad = client_module.InferInput("text", [1], "BYTES")
     bad.set_data_from_numpy(np.array([b"\xff\xfe broken"], dtype=np.object_))
