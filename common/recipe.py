@@ -1,6 +1,8 @@
 """Typed recipes: one YAML file per experiment, validated at load, overridable from the CLI.
 
-`${NAME}` in a string value is replaced by the setting of that name (see `common.settings`).
+`${NAME}` in a string value is replaced by the environment variable of that name, or by the setting's
+default (see `common.settings`); a string value that then starts with `./` or `../` is a path relative to
+the recipe's own folder. `extends:` starts from another recipe (see `_merge` for how the two combine).
 Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
 """
 
@@ -31,14 +33,66 @@ class DataConfig(Strict):
     test: str | None = Field(None, description="a labelled test split: evaluated once, on the kept checkpoints")
     text_column: str = "sentence"
     text_pair_column: str | None = None
-    label_column: str = "label"
-    label_names: list[str] = Field(default_factory=lambda: ["negative", "positive"], min_length=2)
+    label_column: str = Field("label", description="the label's column: a name from label_names, or its index")
+    label_names: list[str] = Field(
+        min_length=2,
+        description="the task's labels in index order (label 0 first); their number is the number of classes",
+    )
+    metric: Literal["accuracy", "macro_f1", "f1"] = Field(
+        "accuracy",
+        description="the dev metric that selects checkpoints: accuracy, macro_f1 (F1 averaged over the labels) or "
+        "f1 (F1 of positive_label)",
+    )
+    positive_label: str | None = Field(
+        None, description="the label whose F1 is reported as f1; default: the second label of a binary task"
+    )
     train_limit: int | None = Field(None, gt=0)
     dev_limit: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _label_names_listed(cls, data):
+        if not isinstance(data, dict):
+            return data
+        if "label_names" not in data:
+            raise ValueError(
+                "data.label_names is missing: list the task's label names in the recipe, in index order "
+                "(label 0 first), e.g. label_names: [negative, positive]"
+            )
+        unquoted = [name for name in data["label_names"] or [] if not isinstance(name, str)]
+        if unquoted:
+            raise ValueError(
+                f"data.label_names: {unquoted} are not names: YAML reads yes/no/true/false/on/off, null and bare "
+                'numbers as other types; quote them, e.g. ["no", "yes"] or ["1", "2"]'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _labels_and_metric(self):
+        repeated = sorted({name for name in self.label_names if self.label_names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"data.label_names lists {repeated} more than once")
+        if self.positive_label is not None and self.positive_label not in self.label_names:
+            raise ValueError(
+                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
+            )
+        if self.metric == "f1" and self.positive_index is None:
+            raise ValueError(
+                f"data.metric=f1 needs data.positive_label: a task of {self.num_labels} labels has no default "
+                f"positive class; name one of {self.label_names}, or use metric: macro_f1"
+            )
+        return self
 
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
+
+    @property
+    def positive_index(self) -> int | None:
+        """The class whose F1 is `f1`: `positive_label`, else the second of two labels; None for more labels."""
+        if self.positive_label is not None:
+            return self.label_names.index(self.positive_label)
+        return 1 if self.num_labels == 2 else None
 
     @property
     def pairs(self) -> bool:
@@ -587,23 +641,51 @@ class RecipeError(ValueError):
     """A recipe that cannot be used, with the file and key that are wrong."""
 
 
-_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+RECIPES_DIR = settings.PROJECT_ROOT / "recipes"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+LOCAL = ("./", "../")  # a string value starting with these is a path relative to its recipe's folder
 
 
-def _expand(value, env: dict[str, str], where: str):
+class _Replace(dict):
+    """A mapping tagged `!replace`: it takes the place of the base recipe's mapping instead of merging into it."""
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML plus the `!replace` tag."""
+
+
+def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, "!replace marks a mapping (a section, a student, a bundle)", node.start_mark
+        )
+    return _Replace(loader.construct_mapping(node, deep=True))
+
+
+_Loader.add_constructor("!replace", _replace_tag)
+
+
+def _localize(value, variables: dict[str, str], folder: Path | None, where: str):
+    """`${NAME}` replaced in every string; then, with a `folder`, strings starting ./ or ../ made absolute from it."""
     if isinstance(value, dict):
-        return {k: _expand(v, env, f"{where}.{k}" if where else k) for k, v in value.items()}
+        return type(value)(
+            {k: _localize(v, variables, folder, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        )
     if isinstance(value, list):
-        return [_expand(v, env, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, str):
+        return [_localize(v, variables, folder, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
 
-        def sub(match):
-            if match.group(1) not in env:
-                raise RecipeError(f"{where}: unknown setting ${{{match.group(1)}}} (known: {', '.join(sorted(env))})")
-            return env[match.group(1)]
+    def sub(match):
+        if match.group(1) not in variables:
+            raise RecipeError(
+                f"{where}: unknown setting ${{{match.group(1)}}}: no environment variable of that name is set "
+                f"(settings with a default: {', '.join(sorted(settings.defaults()))})"
+            )
+        return variables[match.group(1)]
 
-        return _VAR.sub(sub, value)
-    return value
+    value = _VAR.sub(sub, value)
+    return str((folder / value).resolve()) if folder is not None and value.startswith(LOCAL) else value
 
 
 def apply_override(raw: dict, dotted: str, value) -> None:
@@ -630,23 +712,56 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
 
 
 def _merge(base: dict, top: dict) -> dict:
+    """`top` over `base`: mappings merge key by key, except those tagged `!replace`, which take the base's place,
+    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null."""
     out = dict(base)
     for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        below = out.get(key)
+        if value is None and isinstance(below, dict):
+            del out[key]
+        elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
+            out[key] = _merge(below, value)
+        else:
+            out[key] = value
     return out
 
 
-def _with_base(raw: dict, path: Path) -> dict:
-    """Resolve `extends: other.yaml` (relative to this file): this recipe's keys win, sections merge."""
+def _base_path(path: Path, name) -> Path:
+    """The file `extends: name` in `path` means: a path (absolute, or relative to `path`'s folder) or, for a bare
+    name, the recipe of that name in recipes/."""
+    if not isinstance(name, str) or not name:
+        raise RecipeError(f"{path}: extends must name a recipe (a path, or a name in recipes/), got {name!r}")
+    is_path = "/" in name or name.endswith((".yaml", ".yml"))
+    base = path.parent / name if is_path else RECIPES_DIR / f"{name}.yaml"
+    if not base.is_file():
+        raise RecipeError(
+            f"{path}: extends {name}, which does not exist ({base}); extends takes a path relative to the recipe, "
+            "an absolute path, or the name of a recipe in recipes/ (extends: sst2)"
+        )
+    return base
+
+
+def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way)."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise RecipeError(f"{path}: extends itself: {cycle}")
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: the top level must be a mapping of sections")
+    try:
+        raw = _localize(raw, settings.variables(), path.parent.resolve(), "")
+    except RecipeError as err:
+        raise RecipeError(f"{path}: {err}") from None
     base_name = raw.pop("extends", None)
     if base_name is None:
         return raw
-    base_path = path.parent / base_name
-    if not base_path.is_file():
-        raise RecipeError(f"{path}: extends {base_name}, which does not exist next to it")
-    base = yaml.safe_load(base_path.read_text(encoding="utf-8")) or {}
+    base = _read(_base_path(path, base_name), (*chain, path.resolve()))
     base.pop("name", None)
-    return _merge(_with_base(base, base_path), raw)
+    return _merge(base, raw)
 
 
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
@@ -654,20 +769,14 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe {path} does not exist (recipes live in recipes/, e.g. recipes/sst2.yaml)")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{path}: the top level must be a mapping of sections")
-    raw = _with_base(raw, path)
+    raw = _read(path)
     raw.setdefault("name", path.stem)
     for variable, key in ENV_OVERRIDES.items():
         if os.environ.get(variable):
             apply_override(raw, key, os.environ[variable])
+    variables = settings.variables()
     for key, value in (overrides or {}).items():
-        apply_override(raw, key, value)
-    raw = _expand(raw, settings.defaults(), "")
+        apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:

@@ -21,10 +21,15 @@ def _default(local: Path, fallback: str) -> str:
 
 
 def defaults() -> dict[str, str]:
-    """The settings recipes may refer to as `${NAME}`, environment first."""
+    """The settings above, environment first."""
     base = {
         "DATA_DIR": _default(SHARED / "data", str(PROJECT_ROOT / "data")),
         "TEACHER_INIT": _default(SHARED / "models" / "minilm-l6-h384-uncased", HUB_TEACHER),
         "RUNS_DIR": str(PROJECT_ROOT / "runs"),
     }
     return {key: os.environ.get(key, value) for key, value in base.items()}
+
+
+def variables() -> dict[str, str]:
+    """What a recipe's `${NAME}` may name: any environment variable, and the settings above at their defaults."""
+    return dict(os.environ) | defaults()

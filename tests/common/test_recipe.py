@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from common import settings
 from common.recipe import RecipeError, load_recipe, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,7 +14,7 @@ def write(tmp_path, text, name="exp.yaml"):
     return path
 
 
-MINIMAL = "data: {train: a.tsv, dev: b.tsv}\nmodel: {init: some/model}\n"
+MINIMAL = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"
 
 
 def test_shipped_recipes_load():
@@ -64,9 +65,7 @@ def test_extends_merges_sections(tmp_path):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
 
-def test_unknown_setting_and_missing_file(tmp_path):
-    with pytest.raises(RecipeError, match=r"\$\{NOPE\}"):
-        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", "${NOPE}/a.tsv")))
+def test_missing_recipe_file(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(tmp_path / "missing.yaml")
 
@@ -86,7 +85,10 @@ def test_section_hash_follows_the_data_contents_not_their_paths(tmp_path):
 
     def data_hash(place: str) -> str:
         folder = tmp_path / place
-        text = f"data: {{train: {folder}/train.tsv, dev: {folder}/train.tsv}}\nmodel: {{init: {folder}/model}}\n"
+        text = (
+            f"data: {{train: {folder}/train.tsv, dev: {folder}/train.tsv, label_names: [bad, good]}}\n"
+            f"model: {{init: {folder}/model}}\n"
+        )
         return load_recipe(write(tmp_path, text)).section_hash("data", "model")
 
     assert data_hash("here") == data_hash("there"), "moved data must keep artifacts current"
@@ -95,3 +97,276 @@ def test_section_hash_follows_the_data_contents_not_their_paths(tmp_path):
     assert data_hash("there") != before, "edited data must make artifacts stale"
     (tmp_path / "there" / "model" / "config.json").write_text('{"hidden_size": 8}')
     assert data_hash("here") != data_hash("there"), "an edited model folder must make artifacts stale"
+
+
+# --- labels and the selection metric ---------------------------------------------------------------------------
+
+TREC_DATA = "data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}\nmodel: {init: m/x}\n"
+
+
+def test_label_names_are_required_and_the_error_says_to_list_them(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.label_names is missing: list the task's label names in the recipe"):
+        load_recipe(write(tmp_path, "data: {train: a.tsv, dev: b.tsv}\nmodel: {init: some/model}\n"))
+
+
+def test_label_names_must_differ(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.label_names lists \['good'\] more than once"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", "[good, bad, good]")))
+
+
+def test_label_names_yaml_reads_as_booleans_get_a_quoting_hint(tmp_path):
+    with pytest.raises(RecipeError, match=r"\[False, True\] are not names: .* quote them"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", "[no, yes]")))
+
+
+def test_quoted_label_names_are_names(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", '["no", "yes"]'))).data.label_names == [
+        "no",
+        "yes",
+    ]
+
+
+def test_metric_defaults_to_accuracy(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL)).data.metric == "accuracy"
+
+
+def test_binary_positive_class_defaults_to_the_second_label(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL)).data.positive_index == 1
+
+
+def test_positive_label_names_the_positive_class(tmp_path):
+    assert load_recipe(write(tmp_path, TREC_DATA % ", positive_label: HUM")).data.positive_index == 3
+
+
+def test_multiclass_has_no_default_positive_class(tmp_path):
+    assert load_recipe(write(tmp_path, TREC_DATA % "")).data.positive_index is None
+
+
+def test_macro_f1_is_a_metric_for_multiclass(tmp_path):
+    assert load_recipe(write(tmp_path, TREC_DATA % ", metric: macro_f1")).data.metric == "macro_f1"
+
+
+def test_f1_on_multiclass_needs_a_positive_label(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.metric=f1 needs data\.positive_label"):
+        load_recipe(write(tmp_path, TREC_DATA % ", metric: f1"))
+
+
+def test_positive_label_must_be_a_label_name(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.positive_label='hum' is not one of data\.label_names"):
+        load_recipe(write(tmp_path, TREC_DATA % ", positive_label: hum"))
+
+
+def test_an_unknown_metric_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.metric: Input should be 'accuracy', 'macro_f1' or 'f1'"):
+        load_recipe(write(tmp_path, TREC_DATA % ", metric: auc"))
+
+
+# --- ${NAME} and paths relative to the recipe --------------------------------------------------------------------
+
+
+def test_any_environment_variable_expands(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASK_DIR", "/tasks/trec")
+    assert load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${TASK_DIR}/train.tsv"'))).data.train == (
+        "/tasks/trec/train.tsv"
+    )
+
+
+def test_settings_keep_their_defaults_when_unset(tmp_path, monkeypatch):
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${DATA_DIR}/a.tsv"')))
+    assert recipe.data.train == settings.defaults()["DATA_DIR"] + "/a.tsv"
+
+
+def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOPE", raising=False)
+    with pytest.raises(
+        RecipeError, match=r"exp\.yaml: data\.train: unknown setting \$\{NOPE\}: no environment variable"
+    ):
+        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
+
+
+def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOPE", raising=False)
+    with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.dev": "${NOPE}/b.tsv"})
+
+
+def test_dot_slash_paths_resolve_from_the_recipes_folder(tmp_path):
+    (tmp_path / "task").mkdir()
+    recipe = load_recipe(write(tmp_path / "task", MINIMAL.replace("a.tsv", "./data/a.tsv")))
+    assert recipe.data.train == str(tmp_path / "task" / "data" / "a.tsv")
+
+
+def test_dot_dot_paths_resolve_from_the_recipes_folder(tmp_path):
+    (tmp_path / "task").mkdir()
+    recipe = load_recipe(write(tmp_path / "task", MINIMAL.replace("some/model", "../models/m")))
+    assert recipe.model.init == str(tmp_path / "models" / "m")
+
+
+def test_relative_paths_in_lists_resolve_too(tmp_path):
+    text = MINIMAL + "transfer: {unlabelled_files: [./u1.txt, '${DATA_DIR}/u2.txt']}\n"
+    recipe = load_recipe(write(tmp_path, text))
+    assert recipe.transfer.unlabelled_files[0] == str(tmp_path / "u1.txt")
+
+
+def test_a_variable_that_expands_to_a_relative_path_resolves_from_the_recipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASK_DIR", "./trec")
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${TASK_DIR}/a.tsv"')))
+    assert recipe.data.train == str(tmp_path / "trec" / "a.tsv")
+
+
+def test_paths_without_a_dot_prefix_are_left_as_written(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL)).data.train == "a.tsv"
+
+
+def test_a_dot_slash_override_is_left_for_the_working_directory(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "./x.tsv"}).data.train == "./x.tsv"
+
+
+def test_a_base_recipes_relative_paths_resolve_from_its_own_folder(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "top").mkdir()
+    write(tmp_path / "base", MINIMAL.replace("a.tsv", "./a.tsv"), "base.yaml")
+    recipe = load_recipe(write(tmp_path / "top", "extends: ../base/base.yaml\n"))
+    assert recipe.data.train == str(tmp_path / "base" / "a.tsv")
+
+
+def test_relative_data_hashes_by_content_wherever_the_recipe_lies(tmp_path):
+    """The same task in two checkouts: the data hash names no folder of this machine."""
+    for place in ("here", "there"):
+        (tmp_path / place).mkdir()
+        (tmp_path / place / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
+        write(
+            tmp_path / place,
+            "data: {train: ./train.tsv, dev: ./train.tsv, label_names: [bad, good]}\nmodel: {init: some/model}\n",
+        )
+    here, there = (load_recipe(tmp_path / place / "exp.yaml").section_hash("data") for place in ("here", "there"))
+    assert here == there
+
+
+def test_relative_data_that_changes_changes_the_hash(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
+    path = write(
+        tmp_path, "data: {train: ./train.tsv, dev: ./train.tsv, label_names: [bad, good]}\nmodel: {init: m/x}\n"
+    )
+    before = load_recipe(path).section_hash("data")
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\nbad\tbad\n")
+    assert load_recipe(path).section_hash("data") != before
+
+
+# --- extends: merge, drop, replace ------------------------------------------------------------------------------
+
+BASE = """
+data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
+model: {init: some/model}
+transfer: {unlabelled_files: [u.txt], labeller: teacher-onnx, n_iter: 3}
+distill:
+  deploy: bilstm
+  students:
+    bilstm: {model: {arch: bilstm}, optim: {lr: 0.002}}
+    cnn: {model: {arch: cnn, num_filters: 50}}
+export:
+  deploy: bilstm-int8
+  bundles:
+    teacher-onnx: {source: teacher}
+    teacher-int8: {source: teacher, precision: int8}
+    bilstm-int8: {source: bilstm, precision: int8}
+"""
+
+
+def extend(tmp_path, text: str):
+    write(tmp_path, BASE, "base.yaml")
+    return load_recipe(write(tmp_path, "extends: base.yaml\n" + text))
+
+
+def test_null_drops_a_student(tmp_path):
+    assert set(extend(tmp_path, "distill: {students: {cnn: null}}\n").distill.students) == {"bilstm"}
+
+
+def test_null_drops_a_bundle(tmp_path):
+    assert set(extend(tmp_path, "export: {bundles: {teacher-int8: null}}\n").export.bundles) == {
+        "teacher-onnx",
+        "bilstm-int8",
+    }
+
+
+def test_null_drops_a_whole_section(tmp_path):
+    text = "transfer: null\ndistill: null\nexport: null\n"
+    assert extend(tmp_path, text).distill is None
+
+
+def test_null_sets_a_nullable_scalar_to_null(tmp_path):
+    assert extend(tmp_path, "transfer: {labeller: null}\n").transfer.labeller is None
+
+
+def test_null_on_a_scalar_keeps_the_rest_of_its_section(tmp_path):
+    assert extend(tmp_path, "transfer: {labeller: null}\n").transfer.n_iter == 3
+
+
+def test_null_sets_the_teacher_init_to_null(tmp_path):
+    text = "model: {init: null}\npretrain: {train_files: [t.txt]}\n"
+    assert extend(tmp_path, text).model.init is None
+
+
+def test_dropping_the_deployed_student_names_the_broken_rule(tmp_path):
+    with pytest.raises(RecipeError, match=r"distill\.deploy='bilstm' is not one of distill\.students \['cnn'\]"):
+        extend(tmp_path, "distill: {students: {bilstm: null}}\nexport: null\n")
+
+
+def test_sections_still_merge_key_by_key(tmp_path):
+    assert (
+        extend(tmp_path, "distill: {students: {cnn: {optim: {lr: 0.01}}}}\n").distill.students["cnn"].model.num_filters
+        == 50
+    )
+
+
+def test_replace_tag_replaces_a_whole_entry(tmp_path):
+    recipe = extend(tmp_path, "distill: {students: {cnn: !replace {model: {arch: cnn}}}}\n")
+    assert recipe.distill.students["cnn"].model.num_filters == 100
+
+
+def test_replace_tag_replaces_a_whole_section(tmp_path):
+    text = "export: !replace {deploy: teacher-onnx, bundles: {teacher-onnx: {source: teacher}}}\n"
+    assert set(extend(tmp_path, text).export.bundles) == {"teacher-onnx"}
+
+
+def test_replace_tag_marks_only_mappings(tmp_path):
+    with pytest.raises(RecipeError, match="not valid YAML: !replace marks a mapping"):
+        extend(tmp_path, "model: {init: !replace other/model}\n")
+
+
+def test_extends_a_recipe_in_recipes_by_its_bare_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_DIR", "/data")
+    recipe = load_recipe(write(tmp_path, "extends: sst2\nfinetune: {optim: {lr: 0.5}}\n"))
+    assert recipe.data.train == "/data/sst2/train.tsv"
+
+
+def test_extends_an_absolute_path(tmp_path):
+    write(tmp_path, BASE, "base.yaml")
+    (tmp_path / "elsewhere").mkdir()
+    recipe = load_recipe(write(tmp_path / "elsewhere", f"extends: {tmp_path / 'base.yaml'}\n"))
+    assert recipe.distill.deploy == "bilstm"
+
+
+def test_extends_a_path_from_a_variable(tmp_path, monkeypatch):
+    write(tmp_path, BASE, "base.yaml")
+    monkeypatch.setenv("RECIPE_BASES", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    recipe = load_recipe(write(tmp_path / "elsewhere", "extends: ${RECIPE_BASES}/base.yaml\n"))
+    assert recipe.distill.deploy == "bilstm"
+
+
+def test_extends_a_missing_recipe_says_where_it_looked(tmp_path):
+    with pytest.raises(RecipeError, match=r"extends nope, which does not exist \(.*recipes/nope\.yaml\)"):
+        load_recipe(write(tmp_path, "extends: nope\n"))
+
+
+def test_extends_in_a_cycle_is_refused(tmp_path):
+    write(tmp_path, "extends: b.yaml\n", "a.yaml")
+    write(tmp_path, "extends: a.yaml\n", "b.yaml")
+    with pytest.raises(RecipeError, match="extends itself"):
+        load_recipe(tmp_path / "a.yaml")
+
+
+def test_the_extending_recipe_keeps_its_own_name(tmp_path):
+    assert extend(tmp_path, "").name == "exp"
