@@ -76,8 +76,25 @@ def _from_hub(spec: str):
     return datasets.load_dataset(name, config or None, split=parts[1]), (parts[2] if len(parts) > 2 else None)
 
 
+def _label_index(cell, names: dict[str, int], where: str) -> int:
+    """A label cell as its index: one of the label names, else an integer index in range."""
+    if isinstance(cell, str):
+        text = cell.strip()
+        if text in names:
+            return names[text]
+        index = int(text) if text.isascii() and text.isdigit() else None
+    else:
+        index = cell if isinstance(cell, int) and not isinstance(cell, bool) else None
+    if index is None or not 0 <= index < len(names):
+        raise DataError(
+            f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
+            f"0..{len(names) - 1}; fix the file, or list the task's labels in data.label_names in the recipe"
+        )
+    return index
+
+
 def load_labelled(source: str, cfg: DataConfig) -> Labelled:
-    """Read `(text, [pair], label)` examples, checking columns and label range."""
+    """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
         split, _ = _from_hub(source)
@@ -93,22 +110,14 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
             f"{source}:{first_line}: missing column(s) {missing}; found {sorted(first)}. "
             "Set data.text_column / data.label_column in the recipe"
         )
+    names = {name: index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
     for number, row in rows:
         text = row[cfg.text_column]
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
-        try:
-            label = int(row[cfg.label_column])
-        except (TypeError, ValueError):
-            raise DataError(f"{source}:{number}: label {row[cfg.label_column]!r} is not an integer") from None
-        if not 0 <= label < cfg.num_labels:
-            raise DataError(
-                f"{source}:{number}: label {label} is out of range 0..{cfg.num_labels - 1}; "
-                "fix the file or data.label_names in the recipe"
-            )
         texts.append(str(text).strip())
-        labels.append(label)
+        labels.append(_label_index(row[cfg.label_column], names, f"{source}:{number}"))
         if cfg.text_pair_column:
             pairs.append(str(row[cfg.text_pair_column] or "").strip())
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)

@@ -1,9 +1,14 @@
+import re
+
 import pytest
 
 from common.recipe import DataConfig
 from distill.data import DataError, load_labelled, load_splits, load_unlabelled
 
-CFG = DataConfig(train="unused", dev="unused")
+CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
+TREC = DataConfig(
+    train="unused", dev="unused", text_column="question", label_names=["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+)
 
 
 def test_tsv_csv_jsonl(tmp_path):
@@ -18,7 +23,9 @@ def test_tsv_csv_jsonl(tmp_path):
 
 def test_sentence_pairs_and_custom_columns(tmp_path):
     (tmp_path / "p.tsv").write_text("q\tp\ty\nis it?\tyes\t1\n")
-    cfg = DataConfig(train="x", dev="x", text_column="q", text_pair_column="p", label_column="y")
+    cfg = DataConfig(
+        train="x", dev="x", text_column="q", text_pair_column="p", label_column="y", label_names=["no", "yes"]
+    )
     data = load_labelled(str(tmp_path / "p.tsv"), cfg)
     assert data.texts == ["is it?"] and data.pairs == ["yes"] and data.labels == [1]
 
@@ -29,8 +36,8 @@ def test_sentence_pairs_and_custom_columns(tmp_path):
         (b"", "no examples"),
         (b"sentence\tlabel\n", "no examples"),
         (b"text\tlabel\ngood\t1\n", r"a\.tsv:2: missing column\(s\) \['sentence'\].*data\.text_column"),
-        (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label 2 is out of range 0\.\.1"),
-        (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is not an integer"),
+        (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label '2' is neither one of data\.label_names"),
+        (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\t1\n\t0\n", r"a\.tsv:3: empty 'sentence'"),
         (b"sentence\tlabel\ngood\t1\ncaf\xe9\t1\n", r"a\.tsv:3: not valid UTF-8"),
     ],
@@ -66,7 +73,61 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
 
 
 def test_shared_sst2_splits(data_dir):
-    cfg = DataConfig(train=str(data_dir / "sst2/train.tsv"), dev=str(data_dir / "sst2/dev.tsv"), train_limit=100)
+    cfg = CFG.model_copy(
+        update={"train": str(data_dir / "sst2/train.tsv"), "dev": str(data_dir / "sst2/dev.tsv"), "train_limit": 100}
+    )
     train, dev = load_splits(cfg)
     assert len(train) == 100 and len(dev) == 872
     assert set(dev.labels) == {0, 1}
+
+
+def write_labels(tmp_path, *cells, name="l.tsv") -> str:
+    path = tmp_path / name
+    path.write_text("question\tlabel\n" + "".join(f"what is it ?\t{cell}\n" for cell in cells))
+    return str(path)
+
+
+def test_label_names_map_to_their_index(tmp_path):
+    assert load_labelled(write_labels(tmp_path, "HUM", "ABBR", "NUM"), TREC).labels == [3, 0, 5]
+
+
+def test_integer_labels_in_range_are_indices(tmp_path):
+    assert load_labelled(write_labels(tmp_path, "3", "0", "5"), TREC).labels == [3, 0, 5]
+
+
+def test_names_and_indices_mix_in_one_file(tmp_path):
+    assert load_labelled(write_labels(tmp_path, "HUM", "1"), TREC).labels == [3, 1]
+
+
+def test_a_name_that_is_a_number_is_read_as_the_name(tmp_path):
+    """Star ratings named 1..5: the cell `1` is the label named `1` (index 0), not index 1."""
+    stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
+    assert load_labelled(write_labels(tmp_path, "1", "5"), stars).labels == [0, 4]
+
+
+def test_jsonl_labels_by_name_and_by_integer(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?", "label": 1}\n')
+    assert load_labelled(str(tmp_path / "l.jsonl"), TREC).labels == [3, 1]
+
+
+def test_shared_trec_labels_by_name(data_dir):
+    dev = load_labelled(str(data_dir / "trec/dev.tsv"), TREC)
+    assert sorted(set(dev.labels)) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("cell", ["hum", "6", "-1", "1.0", "HUMAN"])
+def test_unknown_label_names_file_line_and_value(tmp_path, cell):
+    with pytest.raises(DataError, match=rf"l\.tsv:3: label '{re.escape(cell)}' is neither one of data\.label_names"):
+        load_labelled(write_labels(tmp_path, "HUM", cell), TREC)
+
+
+def test_unknown_label_lists_the_known_names(tmp_path):
+    with pytest.raises(DataError, match=re.escape("['ABBR', 'DESC', 'ENTY', 'HUM', 'LOC', 'NUM'] nor an index 0..5")):
+        load_labelled(write_labels(tmp_path, "what"), TREC)
+
+
+@pytest.mark.parametrize("cell", ["true", "6", "1.5", "null"])
+def test_jsonl_label_that_is_neither_name_nor_index_is_refused(tmp_path, cell):
+    (tmp_path / "l.jsonl").write_text(f'{{"question": "who ?", "label": {cell}}}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:1: label .* is neither one of data\.label_names"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
