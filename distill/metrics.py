@@ -1,25 +1,44 @@
-"""Classification metrics from logits: accuracy, F1 and the confusion matrix."""
+"""Classification metrics from logits: accuracy, macro-F1, the positive class's F1 and the confusion matrix."""
 
 import numpy as np
 
-# What a classification evaluation reports, and a training manifest keeps of its best one.
-EVAL_KEYS = ("dev_accuracy", "dev_f1", "confusion")
+from common.recipe import DataConfig
+
+# What a dev evaluation reports (`dev_f1` only where the task has a positive class), and what a training
+# manifest keeps of its best one.
+EVAL_KEYS = ("dev_accuracy", "dev_macro_f1", "dev_f1", "dev_confusion")
 
 
-def classification_metrics(logits: np.ndarray, labels: list[int], num_labels: int) -> dict:
-    """Accuracy, F1 (positive class when binary, macro otherwise) and confusion[true][pred]. `logits` (N, C)."""
+def classification_metrics(
+    logits: np.ndarray, labels: list[int], num_labels: int, positive: int | None = None, prefix: str = "dev"
+) -> dict:
+    """`{prefix}_accuracy`, `{prefix}_macro_f1`, `{prefix}_f1` and `{prefix}_confusion` ([true][pred]). `logits` (N, C).
+
+    macro_f1 averages the F1 of the labels that occur in `labels` or in the predictions (as scikit-learn
+    does). f1 is the F1 of label `positive`; None means the second label of a binary task, and a task of
+    more labels then reports no f1.
+    """
+    if positive is None and num_labels == 2:
+        positive = 1
+    if positive is not None and not 0 <= positive < num_labels:
+        raise ValueError(f"positive label {positive} is outside 0..{num_labels - 1}")
     pred = np.asarray(logits).argmax(-1)
     gold = np.asarray(labels)
     confusion = np.zeros((num_labels, num_labels), dtype=int)
     np.add.at(confusion, (gold, pred), 1)
-    f1s = []
-    for c in range(num_labels):
-        tp = confusion[c, c]
-        precision = tp / max(1, confusion[:, c].sum())
-        recall = tp / max(1, confusion[c, :].sum())
-        f1s.append(0.0 if tp == 0 else 2 * precision * recall / (precision + recall))
-    return {
-        "dev_accuracy": float((pred == gold).mean()),
-        "dev_f1": float(f1s[1] if num_labels == 2 else np.mean(f1s)),
-        "confusion": confusion.tolist(),
+    tp = np.diag(confusion)
+    predicted, actual = confusion.sum(0), confusion.sum(1)
+    f1 = np.divide(2 * tp, predicted + actual, out=np.zeros(num_labels), where=predicted + actual > 0)
+    out = {
+        f"{prefix}_accuracy": float((pred == gold).mean()),
+        f"{prefix}_macro_f1": float(f1[predicted + actual > 0].mean()),
     }
+    if positive is not None:
+        out[f"{prefix}_f1"] = float(f1[positive])
+    out[f"{prefix}_confusion"] = confusion.tolist()
+    return out
+
+
+def selection_key(data: DataConfig) -> str:
+    """The dev metric that selects checkpoints (`data.metric`): `dev_accuracy`, `dev_macro_f1` or `dev_f1`."""
+    return f"dev_{data.metric}"

@@ -1,21 +1,92 @@
 import numpy as np
 import pytest
 
-from distill.metrics import classification_metrics
+from common.recipe import DataConfig
+from distill.metrics import EVAL_KEYS, classification_metrics, selection_key
+
+# Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
+BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+BINARY_GOLD = [1, 1, 0, 0, 1]
+# Three labels: predictions 0, 1, 2, 2 against gold 0, 1, 2, 1.
+THREE_LOGITS = np.eye(3)[[0, 1, 2, 2]]
+THREE_GOLD = [0, 1, 2, 1]
 
 
-def test_binary_metrics_by_hand():
-    logits = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
-    labels = [1, 1, 0, 0, 1]  # predictions 1, 0, 1, 0, 1
-    m = classification_metrics(logits, labels, 2)
-    assert m["dev_accuracy"] == pytest.approx(3 / 5)
-    # positive class: tp=2, fp=1, fn=1 -> precision 2/3, recall 2/3
-    assert m["dev_f1"] == pytest.approx(2 / 3)
-    assert m["confusion"] == [[1, 1], [1, 2]]
+def data(**fields) -> DataConfig:
+    return DataConfig(train="unused", dev="unused", **fields)
 
 
-def test_multiclass_macro_f1():
-    logits = np.eye(3)[[0, 1, 2, 2]]
-    m = classification_metrics(logits, [0, 1, 2, 1], 3)
-    assert m["dev_accuracy"] == pytest.approx(0.75)
-    assert m["dev_f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+def test_binary_accuracy_by_hand():
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_accuracy"] == pytest.approx(3 / 5)
+
+
+def test_binary_f1_is_the_second_labels_by_default():
+    # label 1: tp=2, fp=1, fn=1 -> precision 2/3, recall 2/3
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_f1"] == pytest.approx(2 / 3)
+
+
+def test_binary_f1_of_the_first_label_when_it_is_the_positive_one():
+    # label 0: tp=1, fp=1, fn=1
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 0)["dev_f1"] == pytest.approx(1 / 2)
+
+
+def test_binary_macro_f1_averages_both_labels():
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_macro_f1"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+
+
+def test_confusion_is_true_by_predicted():
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_confusion"] == [[1, 1], [1, 2]]
+
+
+def test_multiclass_macro_f1_by_hand():
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 3)["dev_macro_f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+
+
+def test_multiclass_without_a_positive_label_reports_no_f1():
+    assert "dev_f1" not in classification_metrics(THREE_LOGITS, THREE_GOLD, 3)
+
+
+def test_multiclass_f1_of_the_named_positive_label():
+    # label 2: tp=1, fp=1, fn=0
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 3, 2)["dev_f1"] == pytest.approx(2 / 3)
+
+
+def test_macro_f1_leaves_out_labels_neither_in_gold_nor_predicted():
+    """A dev slice without any example of a label does not count that label as an F1 of 0."""
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 4)["dev_macro_f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+
+
+def test_positive_label_outside_the_labels_is_refused():
+    with pytest.raises(ValueError, match=r"positive label 3 is outside 0\.\.2"):
+        classification_metrics(THREE_LOGITS, THREE_GOLD, 3, 3)
+
+
+def test_prefix_names_a_test_split():
+    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, prefix="test")) == {
+        "test_accuracy",
+        "test_macro_f1",
+        "test_f1",
+        "test_confusion",
+    }
+
+
+def test_eval_keys_are_what_a_binary_dev_evaluation_reports():
+    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)) == set(EVAL_KEYS)
+
+
+def test_the_data_configs_positive_index_feeds_f1():
+    cfg = data(label_names=["ABBR", "DESC", "HUM"], positive_label="HUM")
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, cfg.num_labels, cfg.positive_index)["dev_f1"] == (
+        pytest.approx(2 / 3)
+    )
+
+
+@pytest.mark.parametrize(
+    "metric, key", [("accuracy", "dev_accuracy"), ("macro_f1", "dev_macro_f1"), ("f1", "dev_f1")], ids=str
+)
+def test_selection_key_follows_the_recipes_metric(metric, key):
+    assert selection_key(data(label_names=["no", "yes"], metric=metric)) == key
+
+
+def test_selection_key_defaults_to_accuracy():
+    assert selection_key(data(label_names=["no", "yes"])) == "dev_accuracy"
