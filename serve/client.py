@@ -3,21 +3,28 @@
 python -m serve.client "a great movie" "a dull one"
 python -m serve.client --file reviews.txt --file more.txt --address host:50051 --token $TOKEN --tls-ca ca.pem
 python -m serve.client "the plot" --pair "a dull one"      # a text pair, for models trained on pairs
+python -m serve.client --tsv dev.tsv --header               # pairs: text<TAB>pair on each line
 echo "a great movie" | python -m serve.client --kserve
+
+The CLI sends the texts in calls of `--batch-size` and writes one JSON document, its predictions as they come.
 """
 
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import grpc
 import numpy as np
 
 from serve import tensors
 from serve.proto import classifier_pb2, classifier_pb2_grpc
+from serve.settings import Settings
 
 DEFAULT_ADDRESS = "localhost:50051"
+DEFAULT_BATCH_SIZE = Settings.model_fields["max_texts"].default  # the server's default MAX_TEXTS
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 
@@ -110,9 +117,8 @@ class Client:
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from serve.proto import kserve_pb2, kserve_pb2_grpc
 
-        info = self.model_info()
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        request = kserve_pb2.ModelInferRequest(model_name=model or info["name"])
+        request = kserve_pb2.ModelInferRequest(model_name=model)
         for name, values in (("text", texts), ("text_pair", pairs)):
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
@@ -123,7 +129,8 @@ class Client:
         probabilities = tensors.decode(
             output.name, output.datatype, list(output.shape), raw=reply.raw_output_contents[0]
         )
-        predictions = [_prediction(text, row, info["labels"]) for text, row in zip(texts, probabilities, strict=True)]
+        labels = self.labels(reply.model_name, reply.model_version)
+        predictions = [_prediction(text, row, labels) for text, row in zip(texts, probabilities, strict=True)]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
     def reload(self, bundle_path: str = "") -> dict:
@@ -153,23 +160,101 @@ def _info(message: classifier_pb2.ModelInfo) -> dict:
     }
 
 
-def read_texts(args: argparse.Namespace, stdin) -> list[str]:
-    """Texts from the arguments, then each `--file` (one per line; `-` is stdin), else stdin; blank lines skipped."""
-    texts = list(args.texts)
-    for path in args.file or ():
-        lines = stdin.read().splitlines() if str(path) == "-" else path.read_text(encoding="utf-8").splitlines()
-        texts += [line for line in lines if line.strip()]
-    if not texts and not args.file:
-        texts = [line.rstrip("\n") for line in stdin if line.strip()]
-    return texts
+class UsageError(ValueError):
+    """Arguments or input files the CLI cannot use; the message says why."""
 
 
-def usage_problem(texts: list[str], pairs: list[str] | None) -> str | None:
+class ModelChanged(RuntimeError):
+    """The served model changed between the batches of one run (a reload): its predictions would mix models."""
+
+
+def _lines(path: Path, stdin: TextIO) -> list[str]:
+    """The lines of `path` ('-': stdin)."""
+    if str(path) == "-":
+        return stdin.read().splitlines()
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read {path}: {err}") from err
+
+
+def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
+    """Texts and their pairs: the first two tab-separated fields of each line (no quoting, further fields such as a
+    label ignored); blank lines skipped, and the first line with `header`."""
+    texts, pairs = [], []
+    for number, line in enumerate(_lines(path, stdin), 1):
+        if (header and number == 1) or not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2:
+            raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
+        texts.append(fields[0])
+        pairs.append(fields[1])
+    return texts, pairs
+
+
+def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
+    """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
+    per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
+    if args.tsv:
+        if args.texts or args.file or args.pair:
+            raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
+        texts, pairs = [], []
+        for path in args.tsv:
+            more_texts, more_pairs = read_tsv(path, args.header, stdin)
+            texts += more_texts
+            pairs += more_pairs
+    else:
+        texts = list(args.texts)
+        for path in args.file or ():
+            texts += [line for line in _lines(path, stdin) if line.strip()]
+        if not texts and not args.file:
+            texts = [line.rstrip("\n") for line in stdin if line.strip()]
+        pairs = args.pair
     if not texts:
-        return "no texts (give them as arguments, --file or on stdin)"
+        raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
     if pairs is not None and len(pairs) != len(texts):
-        return f"{len(pairs)} --pair values for {len(texts)} texts: give one per text, or none"
-    return None
+        raise UsageError(f"{len(pairs)} --pair values for {len(texts)} texts: give one per text, or none")
+    return texts, pairs
+
+
+def classify_in_batches(
+    infer, texts: list[str], pairs: list[str] | None, batch_size: int, model: str = ""
+) -> Iterator[dict]:
+    """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive batches of `batch_size` texts; each
+    reply in order; `ModelChanged` when the served model changes between batches."""
+    first = None
+    for start in range(0, len(texts), batch_size):
+        batch = slice(start, start + batch_size)
+        result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
+        served = (result["model"], result["version"])
+        if first is not None and served != first:
+            raise ModelChanged(
+                f"the server switched from model {first[0]} version {first[1]} to {served[0]} version {served[1]} "
+                f"after {start} texts: classify the texts again"
+            )
+        first = served
+        yield result
+
+
+def write_streamed(results: Iterator[dict], out: TextIO) -> None:
+    """One JSON document {"model", "version", "predictions": [...]}, each prediction written (one a line) as its
+    batch arrives."""
+    for i, result in enumerate(results):
+        if i == 0:
+            head = json.dumps({"model": result["model"], "version": result["version"]})
+            out.write(head[:-1] + ', "predictions": [\n')
+        for j, prediction in enumerate(result["predictions"]):
+            out.write(("  " if i == j == 0 else ",\n  ") + json.dumps(prediction))
+        out.flush()
+    out.write("\n]}\n")
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +266,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
     )
     parser.add_argument("--pair", action="append", help="the second text of a pair, one per text in order; repeatable")
+    parser.add_argument(
+        "--tsv",
+        type=Path,
+        action="append",
+        help="text pairs, text<TAB>pair on each line (no quoting; further fields ignored; '-': stdin); repeatable",
+    )
+    parser.add_argument("--header", action="store_true", help="skip the first line of each --tsv file (its header)")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"texts per call, at most the server's MAX_TEXTS (default {DEFAULT_BATCH_SIZE}, its default)",
+    )
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
     parser.add_argument("--model", default="", help="model name (default: the served one)")
@@ -225,12 +324,16 @@ def main(argv: list[str] | None = None, stdin=None) -> int:
             elif args.reload is not None:
                 result = client.reload(args.reload)
             else:
-                texts = read_texts(args, sys.stdin if stdin is None else stdin)
-                if problem := usage_problem(texts, args.pair):
-                    print(f"python -m serve.client: {problem}", file=sys.stderr)
-                    return 2
+                texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
-                result = infer(texts, args.pair, model=args.model)
+                write_streamed(classify_in_batches(infer, texts, pairs, args.batch_size, args.model), sys.stdout)
+                return 0
+    except UsageError as err:
+        print(f"python -m serve.client: {err}", file=sys.stderr)
+        return 2
+    except ModelChanged as err:
+        print(f"python -m serve.client: {err}", file=sys.stderr)
+        return 1
     except grpc.RpcError as err:
         print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
         return 1

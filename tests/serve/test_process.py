@@ -165,17 +165,6 @@ def test_client_cli(served, tmp_path, capsys):
     texts = [p["text"] for p in json.loads(capsys.readouterr().out)["predictions"]]
     assert texts == ["i love it", "worst film", "dull plot", "great fun"]
 
-    pairs = ["good", "good", "--pair", "awful awful awful", "--pair", "great"]
-    assert cli.main([*address, *pairs]) == 0
-    classified = json.loads(capsys.readouterr().out)["predictions"]
-    assert cli.main([*address, "--kserve", *pairs]) == 0
-    kserved = json.loads(capsys.readouterr().out)["predictions"]
-    assert classified[0]["probabilities"] != classified[1]["probabilities"]  # the pair is part of the input
-    for a, b in zip(classified, kserved, strict=True):
-        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-6)
-    assert cli.main([*address, "one", "two", "--pair", "only one"]) == 2
-    assert "1 --pair values for 2 texts" in capsys.readouterr().err
-
     assert cli.main([*address, "--kserve"], stdin=io.StringIO("great fun\ndull plot\n")) == 0
     kserve = json.loads(capsys.readouterr().out)
     assert [p["label"] for p in kserve["predictions"]] == ["positive", "negative"]

@@ -1,0 +1,135 @@
+"""The client CLI: pairs from arguments or a TSV file, large inputs in batches within the server's limit, the output
+streamed as one JSON document."""
+
+import io
+import json
+
+import pytest
+
+from serve import client as cli
+
+PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
+
+
+def run(capsys, *argv: str, stdin: str = "") -> tuple[int, str, str]:
+    code = cli.main(list(argv), stdin=io.StringIO(stdin))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def tsv(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(PAIRS_TSV)
+    return path
+
+
+def test_pairs_from_arguments_are_classified_by_their_pair(served_pairs, capsys):
+    code, out, _ = run(capsys, "--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun")
+    assert code == 0
+    assert [p["label"] for p in json.loads(out)["predictions"]] == ["negative", "positive"]
+
+
+def test_pairs_through_kserve_score_as_through_classify(served_pairs, capsys):
+    argv = ["--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun"]
+    classified = json.loads(run(capsys, *argv)[1])["predictions"]
+    kserved = json.loads(run(capsys, *argv, "--kserve")[1])["predictions"]
+    for a, b in zip(classified, kserved, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-6)
+
+
+def test_pairs_from_a_tsv_with_a_header_skip_it_and_further_fields(served_pairs, tsv, capsys):
+    code, out, _ = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "--header")
+    assert code == 0
+    predictions = json.loads(out)["predictions"]
+    assert [(p["text"], p["label"]) for p in predictions] == [("good", "negative"), ("awful", "positive")]
+
+
+def test_pairs_from_a_tsv_on_stdin(served_pairs, capsys):
+    code, out, _ = run(capsys, "--address", served_pairs.address, "--tsv", "-", stdin="good\tawful awful\n")
+    assert code == 0
+    assert json.loads(out)["predictions"][0]["label"] == "negative"
+
+
+def test_a_tsv_line_without_a_tab_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "broken.tsv"
+    path.write_text("good\tbad\njust one text\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
+    assert code == 2
+    assert f"{path}:2: no tab" in err
+
+
+def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
+    assert code == 2
+    assert "not both" in err
+
+
+def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tmp_path / "absent.tsv"))
+    assert code == 2
+    assert "cannot read" in err
+
+
+def test_a_pair_count_unlike_the_text_count_is_a_usage_error(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "one", "two", "--pair", "only one")
+    assert code == 2
+    assert "1 --pair values for 2 texts" in err
+
+
+def test_texts_without_pairs_to_a_pair_model_are_refused_by_the_server(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good")
+    assert code == 1
+    assert "takes text pairs" in json.loads(err)["error"]["message"]
+
+
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_a_file_beyond_the_servers_limit_goes_in_batches_in_order(served, tmp_path, capsys, api):
+    texts = [f"{'great' if i % 3 else 'awful'} film {i}" for i in range(20)]  # the server takes 8 per call
+    path = tmp_path / "many.txt"
+    path.write_text("\n".join(texts) + "\n")
+    code, out, _ = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "8", *api)
+    assert code == 0
+    assert [p["text"] for p in json.loads(out)["predictions"]] == texts
+
+
+def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
+    path = tmp_path / "many.txt"
+    path.write_text("good film\n" * 9)
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "9")
+    assert code == 1
+    assert json.loads(err)["error"]["code"] == "RESOURCE_EXHAUSTED"
+
+
+def test_a_batch_size_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--batch-size", "0", "good"])
+    assert exited.value.code == 2
+
+
+def test_each_batch_is_written_before_the_next_is_asked_for():
+    out = io.StringIO()
+
+    def results():
+        yield {"model": "m", "version": "1", "predictions": [{"text": "a"}, {"text": "b"}]}
+        assert '"text": "b"' in out.getvalue()
+        yield {"model": "m", "version": "1", "predictions": [{"text": "c"}]}
+
+    cli.write_streamed(results(), out)
+    assert json.loads(out.getvalue()) == {
+        "model": "m",
+        "version": "1",
+        "predictions": [{"text": "a"}, {"text": "b"}, {"text": "c"}],
+    }
+
+
+def test_a_model_change_between_batches_stops_the_run():
+    versions = iter(["1", "2"])
+
+    def infer(texts, pairs, model=""):
+        return {"model": "m", "version": next(versions), "predictions": [{"text": t} for t in texts]}
+
+    batches = cli.classify_in_batches(infer, ["a", "b", "c"], None, batch_size=2)
+    assert next(batches)["version"] == "1"
+    with pytest.raises(cli.ModelChanged, match="from model m version 1 to m version 2 after 2 texts"):
+        next(batches)
