@@ -1,4 +1,8 @@
-"""The distillation table: each student against the teacher and its label-only baseline."""
+"""The distillation table: each student against the teacher and its label-only baseline, on the recipe's metric.
+
+Retention, baseline and gain compare the metric that selects checkpoints (`data.metric`); the table shows dev
+accuracy, that metric when it is another, and the same on the test split when the manifests carry it.
+"""
 
 import json
 
@@ -8,55 +12,78 @@ from rich.table import Table
 from common import manifest as mf
 from common.atomic import atomic_write
 from common.recipe import Recipe, run_dir
+from distill.metrics import selection_key
 
-COLUMNS = ("student", "arch", "params", "size_MiB", "dev_accuracy", "retention", "baseline", "gain", "wall_min")
+TEXT_COLUMNS = ("student", "arch")
+
+
+def figures(recipe: Recipe, test: bool) -> list[str]:
+    """The metric columns: dev accuracy, the selection metric when it is another, then their test twins."""
+    dev = list(dict.fromkeys(["dev_accuracy", selection_key(recipe.data)]))
+    return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
 
 
 def rows(recipe: Recipe) -> list[dict]:
     """One row per finished student of the recipe (baseline columns empty when it has not run)."""
     folder = run_dir(recipe)
+    key = selection_key(recipe.data)
     teacher = mf.load(folder / "teacher", verify=False).metrics
-    out = [_row("teacher", "teacher", teacher, teacher["dev_accuracy"], None)]
+    found = [("teacher", "teacher", teacher, None)]
     for name in recipe.distill.students:
         try:
             student = mf.load(folder / f"student-{name}", verify=False)
         except mf.ArtifactError:
             continue
         try:
-            baseline = mf.load(folder / f"baseline-{name}", verify=False).metrics["dev_accuracy"]
+            baseline = mf.load(folder / f"baseline-{name}", verify=False).metrics.get(key)
         except mf.ArtifactError:
             baseline = None
-        out.append(_row(name, student.info["arch"], student.metrics, teacher["dev_accuracy"], baseline))
-    return out
+        found.append((name, student.info["arch"], student.metrics, baseline))
+    columns = figures(recipe, test=any("test_accuracy" in metrics for _, _, metrics, _ in found))
+    return [_row(name, arch, m, columns, m.get(key), teacher.get(key), baseline) for name, arch, m, baseline in found]
 
 
-def _row(name, arch, m, teacher_acc, baseline) -> dict:
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _row(name, arch, m, columns, score, teacher_score, baseline) -> dict:
     return {
         "student": name,
         "arch": arch,
         "params": m["params"],
         "size_MiB": round(m["size_bytes"] / 2**20, 2),
-        "dev_accuracy": round(m["dev_accuracy"], 4),
-        "retention": round(m["dev_accuracy"] / teacher_acc, 4),
-        "baseline": None if baseline is None else round(baseline, 4),
-        "gain": None if baseline is None else round(m["dev_accuracy"] - baseline, 4),
+        **{column: _rounded(m.get(column)) for column in columns},
+        "retention": None if None in (score, teacher_score) else round(score / teacher_score, 4),
+        "baseline": _rounded(baseline),
+        "gain": None if None in (score, baseline) else round(score - baseline, 4),
         "wall_min": round(m["wall_seconds"] / 60, 1),
     }
 
 
 def write(recipe: Recipe) -> list[dict]:
-    """Print the table and write `distill-summary.md` and `.json` into the run folder."""
+    """Print the table and write `distill-summary.md` and `.json` (its rows, keys in column order) into the run
+    folder."""
     table_rows = rows(recipe)
+    columns = list(table_rows[0])
+    key = selection_key(recipe.data)
     fmt = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in table_rows]
+    lines = [
+        f"# Distillation: {recipe.name}",
+        "",
+        f"Checkpoints are selected on {key}; retention, baseline and gain compare {key}.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in table_rows]
     folder = run_dir(recipe)
-    atomic_write(folder / "distill-summary.md", f"# Distillation: {recipe.name}\n\n" + "\n".join(lines) + "\n")
+    atomic_write(folder / "distill-summary.md", "\n".join(lines) + "\n")
     atomic_write(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
-    table = Table(title=f"distillation: {recipe.name} (SST-2 dev)", title_justify="left")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("student", "arch") else "right")
+    table = Table(title=f"distillation: {recipe.name} (selected on {key})", title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
     for r in table_rows:
-        table.add_row(*(fmt(r[c]) for c in COLUMNS))
-    Console(width=140).print(table)
+        table.add_row(*(fmt(r[c]) for c in columns))
+    Console(width=160).print(table)
     return table_rows

@@ -20,6 +20,13 @@ from loadtests import result as loadtest_result
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
 BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first
+CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
+    False: ('make call TEXT="<text>"', '{"texts": ["<text>"]}'),
+    True: (
+        'python -m serve.client "<text>" --pair "<second text>"',
+        '{"texts": ["<text>"], "text_pairs": ["<second text>"]}',
+    ),
+}
 
 
 def stage_table(recipe: Recipe) -> Table:
@@ -106,12 +113,12 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():
+        command, body = CALL[recipe.data.pairs]
         lines += [
             f"bundle: {bundle}",
             f"serve it:  make serve RECIPE={recipe_path}   (or: python -m serve --bundle {bundle})",
-            'call it:   make call TEXT="a gripping , beautifully acted film"',
-            '           grpcurl -plaintext -d \'{"texts": ["a gripping film"]}\' localhost:50051 '
-            "edgedistill.v1.Classifier/Classify",
+            f"call it:   {command}",
+            f"           grpcurl -plaintext -d '{body}' localhost:50051 edgedistill.v1.Classifier/Classify",
             "container: make image BAKE=1",
         ]
     return lines

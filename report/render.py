@@ -97,7 +97,7 @@ def _distillation(page: Page, root: Path) -> None:
             f"../{'teacher' if r['student'] == 'teacher' else 'student-' + r['student']}/{mf.MANIFEST}" for r in rows
         ]
         page.heading("Distillation", sources)
-        columns = ["student", "arch", "params", "size_MiB", "dev_accuracy", "retention", "baseline", "gain", "wall_min"]
+        columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])

@@ -77,3 +77,18 @@ def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys
     with pytest.raises(SystemExit) as exit_info:
         headline.main([])
     assert exit_info.value.code == 2
+
+
+def test_call_lines_of_a_single_text_task_send_one_text(recipe):
+    publish(run_dir(recipe) / f"bundle-{recipe.export.deploy}", {})
+    assert 'call it:   make call TEXT="<text>"' in headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
+    pairs = load_recipe(PROJECT_ROOT / "recipes" / "smoke.yaml", {"data.text_pair_column": "sentence2"})
+    publish(run_dir(pairs) / f"bundle-{pairs.export.deploy}", {})
+    assert (
+        '           grpcurl -plaintext -d \'{"texts": ["<text>"], "text_pairs": ["<second text>"]}\' '
+        "localhost:50051 edgedistill.v1.Classifier/Classify"
+    ) in headline.headline(pairs, "recipes/smoke.yaml")

@@ -1,0 +1,118 @@
+"""The distillation table on the recipe's metric, from manifests published into a temporary RUNS_DIR."""
+
+import json
+
+import pytest
+
+from common import manifest as mf
+from common.recipe import load_recipe, run_dir
+from distill import table
+
+RECIPE = """
+data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}
+model: {init: some/model}
+distill:
+  deploy: cnn
+  students:
+    cnn: {model: {arch: cnn}}
+    bilstm: {model: {arch: bilstm}}
+"""
+SIZES = {"params": 1000, "size_bytes": 2**20, "wall_seconds": 60.0}
+
+
+def publish(folder, metrics, info=None):
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "result.json").write_text("{}")
+        base = mf.Manifest(stage=folder.name, recipe="trec", recipe_hash="h", config_hash="c", metrics=metrics)
+        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
+
+
+@pytest.fixture
+def trec(tmp_path):
+    """A six-label recipe selecting on `data` (the text after the label names), with a finished teacher,
+    a cnn student and its baseline (the bilstm has not run)."""
+
+    def make(data: str = "", test: bool = False):
+        path = tmp_path / "trec.yaml"
+        path.write_text(RECIPE % data)
+        recipe = load_recipe(path)
+        root = run_dir(recipe)
+        scores = {"teacher": (0.9, 0.8), "student-cnn": (0.85, 0.6), "baseline-cnn": (0.8, 0.4)}
+        for name, (accuracy, macro_f1) in scores.items():
+            metrics = SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1}
+            if test:
+                metrics |= {"test_accuracy": accuracy - 0.1, "test_macro_f1": macro_f1 - 0.1}
+            publish(root / name, metrics, {"arch": "cnn"})
+        return recipe
+
+    return make
+
+
+def test_accuracy_recipe_shows_dev_accuracy_only(trec):
+    columns = list(table.rows(trec())[0])
+    assert columns == [
+        "student",
+        "arch",
+        "params",
+        "size_MiB",
+        "dev_accuracy",
+        "retention",
+        "baseline",
+        "gain",
+        "wall_min",
+    ]
+
+
+def test_macro_f1_recipe_adds_its_column(trec):
+    assert "dev_macro_f1" in table.rows(trec(", metric: macro_f1"))[0]
+
+
+def test_retention_compares_the_selection_metric(trec):
+    assert table.rows(trec(", metric: macro_f1"))[1]["retention"] == pytest.approx(0.6 / 0.8, abs=1e-4)
+
+
+def test_gain_compares_the_selection_metric(trec):
+    assert table.rows(trec(", metric: macro_f1"))[1]["gain"] == pytest.approx(0.2, abs=1e-4)
+
+
+def test_baseline_is_the_selection_metric(trec):
+    assert table.rows(trec(", metric: macro_f1"))[1]["baseline"] == pytest.approx(0.4)
+
+
+def test_accuracy_recipe_compares_accuracy(trec):
+    assert table.rows(trec())[1]["gain"] == pytest.approx(0.05, abs=1e-4)
+
+
+def test_a_test_column_appears_when_manifests_carry_test_metrics(trec):
+    assert table.rows(trec(test=True))[1]["test_accuracy"] == pytest.approx(0.75)
+
+
+def test_test_columns_follow_the_selection_metric(trec):
+    assert table.rows(trec(", metric: macro_f1", test=True))[1]["test_macro_f1"] == pytest.approx(0.5)
+
+
+def test_no_test_column_without_test_metrics(trec):
+    assert "test_accuracy" not in table.rows(trec())[0]
+
+
+def test_students_that_have_not_run_are_left_out(trec):
+    assert [row["student"] for row in table.rows(trec())] == ["teacher", "cnn"]
+
+
+def test_the_markdown_names_the_selection_metric(trec):
+    recipe = trec(", metric: macro_f1")
+    table.write(recipe)
+    text = (run_dir(recipe) / "distill-summary.md").read_text()
+    assert "Checkpoints are selected on dev_macro_f1; retention, baseline and gain compare dev_macro_f1." in text
+
+
+def test_the_printed_title_names_the_recipe_and_the_selection_metric(trec, capsys):
+    table.write(trec(", metric: macro_f1"))
+    assert "distillation: trec (selected on dev_macro_f1)" in capsys.readouterr().out
+
+
+def test_the_json_rows_keep_the_column_order(trec):
+    recipe = trec(", metric: macro_f1", test=True)
+    table.write(recipe)
+    rows = json.loads((run_dir(recipe) / "distill-summary.json").read_text())
+    assert list(rows[0])[4:8] == ["dev_accuracy", "dev_macro_f1", "test_accuracy", "test_macro_f1"]
