@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,49 @@ def test_extends_in_a_cycle_is_refused(tmp_path):
 
 def test_the_extending_recipe_keeps_its_own_name(tmp_path):
     assert extend(tmp_path, "").name == "exp"
+
+
+# --- the recipes docs/tasks.md shows -----------------------------------------------------------------------------
+
+
+def documented_recipes() -> dict[str, str]:
+    """File name -> text of each ```yaml block in docs/tasks.md that opens with `# <name>.yaml:`."""
+    text = (ROOT / "docs" / "tasks.md").read_text(encoding="utf-8")
+    return dict(re.findall(r"```yaml\n(?=# (\S+\.yaml):)(.*?)```", text, flags=re.DOTALL))
+
+
+@pytest.fixture
+def documented(tmp_path, monkeypatch):
+    """The documented recipes, written side by side (one extends the other), loaded by name."""
+    monkeypatch.setenv("DATA_DIR", "/data")
+    for name, text in documented_recipes().items():
+        write(tmp_path, text, name)
+    return lambda name: load_recipe(tmp_path / name)
+
+
+def test_the_tasks_page_shows_the_trec_and_mrpc_recipes():
+    assert set(documented_recipes()) == {"trec.yaml", "mrpc.yaml"}
+
+
+def test_documented_trec_recipe_reads_six_labels(documented):
+    assert documented("trec.yaml").data.num_labels == 6
+
+
+def test_documented_trec_recipe_drops_the_transformer_student(documented):
+    assert "transformer" not in documented("trec.yaml").distill.students
+
+
+def test_documented_trec_recipe_replaces_the_bundles(documented):
+    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "bilstm-int8", "cnn-small-folded"}
+
+
+def test_documented_trec_recipe_writes_raw_transfer_text(documented):
+    assert documented("trec.yaml").transfer.text_style == "raw"
+
+
+def test_documented_mrpc_recipe_is_a_pair_task(documented):
+    assert documented("mrpc.yaml").data.pairs
+
+
+def test_documented_mrpc_recipe_selects_on_the_paraphrase_f1(documented):
+    assert documented("mrpc.yaml").data.positive_index == 1
