@@ -1,13 +1,18 @@
-"""Transfer-set text: Tang et al. (2019) augmentation of labelled sentences and sentence splitting of raw reviews.
+"""Transfer-set text: Tang et al. (2019) augmentation of labelled sentences and sentence splitting of raw text.
 
-Text is a list of whitespace-separated words, lower-cased and PTB-tokenised as in SST-2
-("it 's a charming journey ."). Randomness comes only from the `random.Random` passed in.
+Text is a list of whitespace-separated words. A `Style` says how every transfer-set text is written:
+`raw` keeps the words as given (HTML tags and entities removed, whitespace collapsed); `ptb_lower`
+lower-cases and PTB-tokenises them as in SST-2 ("it 's a charming journey ."). Randomness comes
+only from the `random.Random` passed in.
 """
 
 import html
 import random
 import re
 from collections.abc import Callable
+from typing import Literal
+
+Style = Literal["raw", "ptb_lower"]
 
 Replacer = Callable[[list[str], int, random.Random], str]
 """Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""
@@ -81,6 +86,33 @@ def augment_many(
     return out
 
 
+def augment_pairs(
+    pairs: list[tuple[str, str]],
+    n_iter: int,
+    rng: random.Random,
+    *,
+    p_mask: float,
+    p_replace: float,
+    p_ngram: float,
+    mask_token: str,
+    replace: Replacer | None,
+) -> list[tuple[str, str]]:
+    """`augment_many` for sentence pairs: each side of a sample is augmented on its own, as Tang et al. do for
+    their pair tasks. Samples with an empty side, repeats and the given pairs themselves are dropped."""
+    seen = {tuple(" ".join(side.split()) for side in pair) for pair in pairs}
+    out = []
+    for pair in pairs:
+        sides = [side.split() for side in pair]
+        for _ in range(n_iter):
+            sample = tuple(
+                " ".join(augment(words, rng, p_mask, p_replace, p_ngram, mask_token, replace)) for words in sides
+            )
+            if all(sample) and sample not in seen:
+                seen.add(sample)
+                out.append(sample)
+    return out
+
+
 def vocab_replacer(vocabulary: list[str]) -> Replacer:
     """A `Replacer` that ignores the context and draws a word uniformly from `vocabulary`."""
     choices = tuple(vocabulary)
@@ -110,13 +142,21 @@ def tokenise(text: str) -> str:
     return " ".join(text.split())
 
 
-def split_sentences(text: str) -> list[str]:
-    """Tokenised sentences of a raw review, split after . ! ? (kept), dropping those with under 3 words.
+def styled(text: str, style: Style) -> str:
+    """`text` written in `style`: `ptb_lower` tokenises it; `raw` only removes HTML tags and entities and
+    collapses whitespace."""
+    if style == "ptb_lower":
+        return tokenise(text)
+    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
+
+
+def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
+    """Sentences of a raw text in `style`, split after . ! ? (kept), dropping those with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped.
     """
-    sentences = _SENTENCE_END.split(tokenise(text))
+    sentences = _SENTENCE_END.split(styled(text, style))
     return [s for s in sentences if sum(bool(_WORD.search(token)) for token in s.split()) >= MIN_WORDS]
 
 

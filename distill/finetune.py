@@ -16,9 +16,9 @@ from common.recipe import Recipe
 from common.stage import Built, Inputs, Stage
 from distill import device, dist, pretrain
 from distill.batching import collate, length_grouped_batches
-from distill.data import load_splits
+from distill.data import load_labelled, load_splits
 from distill.device import Placement
-from distill.metrics import EVAL_KEYS, classification_metrics
+from distill.metrics import EVAL_KEYS, selection_key, task_metrics
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
@@ -49,6 +49,14 @@ def predict_logits(
         if bar is not None:
             bar.update(len(chunk))
     return np.stack(out)
+
+
+def test_metrics(recipe: Recipe, logits_of) -> dict:
+    """`test_accuracy`, `test_f1`, ... of `logits_of(split) -> logits` on the recipe's test split; {} without one."""
+    if recipe.data.test is None:
+        return {}
+    test = load_labelled(recipe.data.test, recipe.data)
+    return task_metrics(logits_of(test), test.labels, recipe.data, prefix="test")
 
 
 def hf_logits(model):
@@ -91,15 +99,22 @@ def _build(inputs: Inputs) -> Built | None:
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
         make_batch=lambda idx: collate(train_feats, idx, pad) | {"labels": labels[idx]},
         loss_fn=lambda m, batch: m(**batch).loss,
-        evaluate=lambda m: classification_metrics(
-            predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data.num_labels
+        evaluate=lambda m: task_metrics(
+            predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data
         ),
-        metric="dev_accuracy",
+        metric=selection_key(data),
         on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),
     )
     if not dist.is_main():
         return None
     best = progress.best_entry
+
+    def kept_logits(split) -> np.ndarray:
+        kept = AutoModelForSequenceClassification.from_pretrained(work / "best").eval().to(placement.device)
+        feats = encode(tokenizer, split.texts, split.pairs, recipe.model.max_length)
+        return predict_logits(hf_logits(kept), feats, pad, placement=placement)
+
+    tested = test_metrics(recipe, kept_logits)
 
     def write(folder: Path) -> None:
         shutil.copytree(work / "best", folder, dirs_exist_ok=True)
@@ -108,7 +123,7 @@ def _build(inputs: Inputs) -> Built | None:
     params = sum(p.numel() for p in model.parameters())
     return Built(
         write,
-        metrics={key: best[key] for key in EVAL_KEYS} | {"params": params},
+        metrics={key: best[key] for key in EVAL_KEYS if key in best} | tested | {"params": params},
         info={
             "init": init,
             "family": recipe.model.family,
@@ -116,7 +131,9 @@ def _build(inputs: Inputs) -> Built | None:
             "dev_examples": len(dev),
         }
         | trainer.run_info(),
-        line=f"dev_accuracy={best['dev_accuracy']:.4f} f1={best['dev_f1']:.4f} params={params / 1e6:.1f}M "
+        line=f"dev_accuracy={best['dev_accuracy']:.4f} {selection_key(data)}={best[selection_key(data)]:.4f}"
+        + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
+        + f" params={params / 1e6:.1f}M "
         f"best_step={progress.best_step}/{progress.global_step}",
         size_of="model.safetensors",
     )

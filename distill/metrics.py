@@ -42,3 +42,8 @@ def classification_metrics(
 def selection_key(data: DataConfig) -> str:
     """The dev metric that selects checkpoints (`data.metric`): `dev_accuracy`, `dev_macro_f1` or `dev_f1`."""
     return f"dev_{data.metric}"
+
+
+def task_metrics(logits: np.ndarray, labels: list[int], data: DataConfig, prefix: str = "dev") -> dict:
+    """`classification_metrics` for the recipe's task: its labels and its positive class."""
+    return classification_metrics(logits, labels, data.num_labels, data.positive_index, prefix)

@@ -25,9 +25,9 @@ from common.stage import Built, Inputs, Stage
 from distill import device, dist, transfer
 from distill.batching import collate, length_grouped_batches
 from distill.data import load_splits
-from distill.finetune import predict_logits
+from distill.finetune import predict_logits, test_metrics
 from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from distill.metrics import EVAL_KEYS, classification_metrics
+from distill.metrics import EVAL_KEYS, selection_key, task_metrics
 from distill.students import build_student, count_parameters, init_from_teacher
 from distill.tokenization import encode, load_tokenizer
 from distill.trainer import Trainer, work_dir
@@ -51,10 +51,11 @@ class DistillObjective(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], teacher_logits: torch.Tensor, labels: torch.Tensor):
         w = self.run.losses
         mask = batch["attention_mask"]
+        segments = batch.get("token_type_ids")
         if self.intermediate:
-            logits, s_hidden, s_attn = self.student(batch["input_ids"], mask, return_internals=True)
+            logits, s_hidden, s_attn = self.student(batch["input_ids"], mask, segments, return_internals=True)
         else:
-            logits = self.student(batch["input_ids"], mask)
+            logits = self.student(batch["input_ids"], mask, segments)
         terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels)}
         if w.kd:
             terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
@@ -84,12 +85,28 @@ def load_student(folder) -> tuple[nn.Module, StudentConfig]:
     return student.eval(), cfg
 
 
-def _transfer_data(transfer_dir, tokenizer, max_length: int):
-    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
+    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits, and gold labels or -100."""
+    pairs = _lines(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy").astype(np.float32))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
-    return encode(tokenizer, texts, None, max_length), logits, labels
+    return encode(tokenizer, _lines(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
+
+
+def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
+    """A student's logits over tokenized examples (pairs carry their token_type_ids), in eval order."""
+    return predict_logits(
+        lambda b: student(b["input_ids"], b["attention_mask"], b.get("token_type_ids")),
+        features,
+        pad_id,
+        256,
+        placement=placement,
+    )
 
 
 def stage(recipe: Recipe, name: str, baseline: bool = False) -> Stage:
@@ -119,12 +136,12 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     pad = tokenizer.pad_token_id
     max_length = recipe.transfer.max_length
     train, dev = load_splits(recipe.data)
-    dev_feats = encode(tokenizer, dev.texts, None, max_length)
+    dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length)
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]
     distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
     if baseline:
-        feats = encode(tokenizer, train.texts, None, max_length)
+        feats = encode(tokenizer, train.texts, train.pairs, max_length)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
         optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
@@ -139,6 +156,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
             "num_labels": recipe.data.num_labels,
             "pad_token_id": pad,
             "max_length": max_length,
+            "pairs": recipe.data.pairs,
         }
     )
     torch.manual_seed(optim.seed)
@@ -173,21 +191,19 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
         make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
         loss_fn=lambda m, batch: m(*batch),
-        evaluate=lambda m: classification_metrics(
-            predict_logits(
-                lambda b: m.student(b["input_ids"], b["attention_mask"]), dev_feats, pad, 256, placement=placement
-            ),
-            dev.labels,
-            recipe.data.num_labels,
-        ),
-        metric="dev_accuracy",
+        evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
+        metric=selection_key(recipe.data),
         on_best=on_best,
     )
     if not dist.is_main():
         return None
     student.load_state_dict(load_file(best_path))
     best = progress.best_entry
-    retention = best["dev_accuracy"] / teacher_manifest.metrics["dev_accuracy"]
+    key = selection_key(recipe.data)
+    retention = best[key] / teacher_manifest.metrics[key]
+    tested = test_metrics(
+        recipe, lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad)
+    )
 
     def write(folder: Path) -> None:
         save_student(student, cfg, folder)
@@ -197,7 +213,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     params = count_parameters(student)
     return Built(
         write,
-        metrics={key: best[key] for key in EVAL_KEYS} | {"retention": retention, "params": params},
+        metrics={k: best[k] for k in EVAL_KEYS if k in best} | tested | {"retention": retention, "params": params},
         info={
             "arch": cfg.arch,
             "kind": "baseline" if baseline else "distilled",
@@ -206,7 +222,9 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
             "init_from_teacher": from_teacher,
         }
         | trainer.run_info(),
-        line=f"dev_accuracy={best['dev_accuracy']:.4f} retention={retention:.3f} params={params / 1e6:.2f}M "
+        line=f"dev_accuracy={best['dev_accuracy']:.4f} retention={retention:.3f}"
+        + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
+        + f" params={params / 1e6:.2f}M "
         f"steps={progress.global_step}",
         size_of=WEIGHTS,
     )

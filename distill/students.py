@@ -3,6 +3,11 @@
 Every student maps `input_ids` and `attention_mask`, both (B, T) int64, to logits (B, C) from
 `forward(input_ids, attention_mask)`. Padding is on the right (the mask is 1s then 0s, as
 `distill.batching.collate` builds it), and logits do not depend on how much of it there is.
+
+A pair student (`StudentConfig.pairs`) also takes `token_type_ids`: the teacher tokenizer's
+`[CLS] A [SEP] B [SEP]`, with 1 marking sentence B. The BiLSTM and the CNN encode each sentence on
+its own with shared weights and classify the matching features `[u, v, u * v, |u - v|]` (Tang et
+al. 2019); the Transformer reads both as two segments, like its teacher.
 """
 
 import torch
@@ -25,6 +30,31 @@ def _rotate(x: Tensor, index: Tensor) -> Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
+def pair_sides(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Pairs (B, T) -> both sentences as one batch (2B, T) of ids and masks: the A sides (`[CLS] A [SEP]`), then
+    the B sides (`B [SEP]`) moved to the start of their rows, each right-padded by its own mask."""
+    if token_type_ids is None:
+        raise ValueError("a pair student needs token_type_ids (1 marks sentence B); got none")
+    length = input_ids.shape[1]
+    first = ((token_type_ids == 0) & attention_mask.bool()).sum(1)  # (B,)
+    second = attention_mask.sum(1) - first
+    positions = torch.arange(length, device=input_ids.device).unsqueeze(0)  # (1, T)
+    second_ids = input_ids.gather(1, _rotation(length - first, length))  # B's first token to position 0
+    masks = [(positions < n.unsqueeze(1)).to(attention_mask.dtype) for n in (first, second)]
+    return torch.cat([input_ids, second_ids]), torch.cat(masks)
+
+
+def match(features: Tensor) -> Tensor:
+    """(2B, D), the A sides then the B sides -> (B, 4D): `[u, v, u * v, |u - v|]`."""
+    u, v = features.chunk(2)
+    return torch.cat([u, v, u * v, (u - v).abs()], -1)
+
+
+def _matched(cfg: StudentConfig) -> int:
+    """How many feature vectors the classifier reads: 4 for a siamese pair student, else 1."""
+    return 4 if cfg.pairs else 1
+
+
 class BiLSTMClassifier(nn.Module):
     """Embedding -> one bidirectional LSTM -> pooling over real tokens -> dropout -> ReLU layer -> logits.
 
@@ -36,11 +66,11 @@ class BiLSTMClassifier(nn.Module):
 
     def __init__(self, cfg: StudentConfig):
         super().__init__()
-        self.pooling = cfg.pooling
+        self.pooling, self.pairs = cfg.pooling, cfg.pairs
         self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_token_id)
         self.lstm = nn.LSTM(cfg.embed_dim, cfg.hidden_size, batch_first=True, bidirectional=True)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.hidden = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size)
+        self.hidden = nn.Linear(2 * cfg.hidden_size * _matched(cfg), cfg.hidden_size)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -59,16 +89,21 @@ class BiLSTMClassifier(nn.Module):
     def pool(self, states: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T, 2H) -> (B, 2H): max or mean over real tokens, or [forward at last token; backward at first]."""
         valid = attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
-        if self.pooling == "max":
-            return states.masked_fill(~valid, torch.finfo(states.dtype).min).amax(1)
+        if self.pooling == "max":  # a row without tokens (an empty side of a pair) pools to zeros
+            pooled = states.masked_fill(~valid, torch.finfo(states.dtype).min).amax(1)
+            return pooled * valid.any(1)
         if self.pooling == "mean":
             return (states * valid).sum(1) / valid.sum(1).clamp(min=1)
         size = self.lstm.hidden_size
         last = (attention_mask.sum(1) - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, size)
         return torch.cat([states[..., :size].gather(1, last).squeeze(1), states[:, 0, size:]], -1)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        if self.pairs:
+            input_ids, attention_mask = pair_sides(input_ids, attention_mask, token_type_ids)
         pooled = self.pool(self.encode(input_ids, attention_mask), attention_mask)
+        if self.pairs:
+            pooled = match(pooled)
         return self.classifier(F.relu(self.hidden(self.dropout(pooled))))
 
 
@@ -87,9 +122,17 @@ class CNNClassifier(nn.Module):
             nn.Conv1d(cfg.embed_dim, cfg.num_filters, k, padding=k - 1) for k in cfg.kernel_sizes
         )
         self.dropout = nn.Dropout(cfg.dropout)
-        self.classifier = nn.Linear(cfg.num_filters * len(cfg.kernel_sizes), cfg.num_labels)
+        self.pairs = cfg.pairs
+        self.classifier = nn.Linear(cfg.num_filters * len(cfg.kernel_sizes) * _matched(cfg), cfg.num_labels)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        if self.pairs:
+            ids, mask = pair_sides(input_ids, attention_mask, token_type_ids)
+            return self.classifier(self.dropout(match(self.features(ids, mask))))
+        return self.classifier(self.dropout(self.features(input_ids, attention_mask)))
+
+    def features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T) -> (B, filters x widths): each filter's max over the windows that touch a real token."""
         x = (self.embed(input_ids) * attention_mask.unsqueeze(-1)).transpose(1, 2)  # (B, E, T)
         lengths = attention_mask.sum(1, keepdim=True)  # (B, 1)
         features = []
@@ -98,7 +141,7 @@ class CNNClassifier(nn.Module):
             valid = torch.arange(out.shape[-1], device=x.device) < lengths + conv.kernel_size[0] - 1  # (B, T + k - 1)
             # After ReLU every value is >= 0, so zeroing invalid windows leaves the max over valid ones.
             features.append((out * valid.unsqueeze(1)).amax(-1))
-        return self.classifier(self.dropout(torch.cat(features, -1)))
+        return torch.cat(features, -1)
 
 
 class TransformerClassifier(nn.Module):
@@ -123,12 +166,18 @@ class TransformerClassifier(nn.Module):
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, return_internals: bool = False
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        return_internals: bool = False,
     ) -> Tensor | tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
         """Logits (B, C); with `return_internals` also hidden_states (L + 1 of (B, T, H), embeddings first)
-        and attentions (L of (B, heads, T, T))."""
+        and attentions (L of (B, heads, T, T)). `token_type_ids` mark sentence B of a pair, as for the teacher."""
         # The flags are passed only when set: given explicitly, even as False, they break the TorchScript export.
         flags = {"output_hidden_states": True, "output_attentions": True} if return_internals else {}
+        if token_type_ids is not None:
+            flags["token_type_ids"] = token_type_ids
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask, **flags)
         logits = self.classifier(self.dropout(out.last_hidden_state[:, 0]))
         if return_internals:

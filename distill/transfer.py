@@ -1,12 +1,14 @@
 """Build the transfer set and label it with the teacher once; writes `runs/<recipe>/transfer/`.
 
-Sentences come from unlabelled text (split into sentences), the labelled train inputs, and
-Tang et al. augmentations of those inputs. They are deduplicated and any sentence that overlaps
-a dev sentence is dropped. Labelling runs in shards, each written atomically to the work folder,
-so a killed run resumes at the first missing shard.
+Examples come from unlabelled text (split into sentences; adjacent sentences for pair tasks), the
+labelled train inputs, and Tang et al. augmentations of those inputs, all written in the recipe's
+`transfer.text_style`. They are deduplicated and any that overlaps a dev text is dropped. Labelling
+runs in shards, each written atomically to the work folder, so a killed run resumes at the first
+missing shard.
 
-Artifact: `texts.txt` (one sentence per line), `meta.npz` (`source`: 0 unlabelled, 1 train,
-2 augmented; `label`: gold label or -1), `logits.npy` (float16, (N, C)) and `dev_logits.npy`.
+Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence B, line by line),
+`meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `logits.npy`
+(float16, (N, C)) and `dev_logits.npy`.
 """
 
 import json
@@ -14,6 +16,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +31,11 @@ from common.recipe import Recipe, run_dir
 from common.runtime import open_bundle
 from common.stage import Built, Inputs, Stage
 from distill import device, finetune
-from distill.augment import augment_many, normalise, split_sentences, vocab_replacer
+from distill.augment import augment_many, augment_pairs, normalise, split_sentences, styled, vocab_replacer
 from distill.data import load_splits, load_unlabelled
 from distill.device import Placement
 from distill.finetune import hf_logits, predict_logits
-from distill.metrics import classification_metrics
+from distill.metrics import task_metrics
 from distill.tokenization import encode, load_tokenizer
 
 SOURCES = ("unlabelled", "train", "augmented")
@@ -63,18 +66,48 @@ def leak_filter(dev_texts: list[str]):
     return leaks
 
 
-def build_texts(recipe: Recipe, mask_token: str) -> tuple[list[str], np.ndarray, np.ndarray, dict]:
-    """(texts, source codes, gold labels or -1, composition counts), deterministic for the recipe's seed."""
+@dataclass(frozen=True)
+class TransferTexts:
+    """The transfer set's inputs, before labelling: texts, their pairs (pair tasks), where each came from, gold
+    labels (train examples) or -1, and the composition counts."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    sources: np.ndarray
+    labels: np.ndarray
+    composition: dict
+
+
+def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
+    """Unlabelled pairs: each sentence of a text with the next one."""
+    return list(zip(sentences, sentences[1:], strict=False))
+
+
+def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
+    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`.
+
+    Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
+    and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a
+    pair is dropped when either side overlaps a dev text.
+    """
     cfg = recipe.transfer
     rng = random.Random(cfg.seed)
     train, dev = load_splits(recipe.data)
     raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
-    unlabelled = [sentence for line in raw for sentence in split_sentences(line)]
+    split = [split_sentences(line, cfg.text_style) for line in raw]
+    train_inputs = [styled(t, cfg.text_style) for t in train.texts]
+    if train.pairs is not None:
+        train_inputs = list(zip(train_inputs, [styled(t, cfg.text_style) for t in train.pairs], strict=True))
+        unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
+        augment = augment_pairs
+    else:
+        unlabelled = [sentence for sentences in split for sentence in sentences]
+        augment = augment_many
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
-    words = [w for text in train.texts for w in text.split()]
-    augmented = augment_many(
-        train.texts,
+    words = [w for text in train.texts + (train.pairs or []) for w in styled(text, cfg.text_style).split()]
+    augmented = augment(
+        train_inputs,
         cfg.n_iter,
         rng,
         p_mask=cfg.p_mask,
@@ -84,32 +117,39 @@ def build_texts(recipe: Recipe, mask_token: str) -> tuple[list[str], np.ndarray,
         replace=vocab_replacer(words),
     )
     rng.shuffle(augmented)
-    candidates = [(t, 1, y) for t, y in zip(train.texts, train.labels, strict=True)] if cfg.include_train else []
+    candidates = [(t, 1, y) for t, y in zip(train_inputs, train.labels, strict=True)] if cfg.include_train else []
     if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
         unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
     candidates += [(t, 0, -1) for t in unlabelled]
     candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
-    leaks = leak_filter(dev.texts)
-    seen, texts, sources, labels = set(), [], [], []
+    leaks = leak_filter(dev.texts + (dev.pairs or []))
+    seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
     removed = {"duplicates": 0, "dev_overlap": 0}
-    for text, source, label in candidates:
-        key = normalise(text)
+    for example, source, label in candidates:
+        sides = (example,) if isinstance(example, str) else example
+        key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
-        if not key or key in seen:
+        if not all(key) or key in seen:
             removed["duplicates"] += 1
             continue
-        if leaks(text):
+        if any(leaks(side) for side in sides):
             removed["dev_overlap"] += 1
             continue
         seen.add(key)
         counts[SOURCES[source]] += 1
-        texts.append(text)
+        inputs.append(sides)
         sources.append(source)
         labels.append(label)
-    composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(texts)}
-    return texts, np.array(sources, dtype=np.int8), np.array(labels, dtype=np.int64), composition
+    composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(inputs)}
+    return TransferTexts(
+        [sides[0] for sides in inputs],
+        [sides[1] for sides in inputs] if train.pairs is not None else None,
+        np.array(sources, dtype=np.int8),
+        np.array(labels, dtype=np.int64),
+        composition,
+    )
 
 
 def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
@@ -127,9 +167,12 @@ def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
     return logits
 
 
-def label_shards(forward, tokenizer, texts: list[str], cfg, work: Path, placement: Placement) -> np.ndarray:
-    """Teacher logits (`forward(batch) -> logits`) for `texts`, batched by length on `placement`, one atomically
-    written float16 shard at a time; finished shards are kept, damaged ones labelled again."""
+def label_shards(
+    forward, tokenizer, texts: list[str], pairs: list[str] | None, cfg, work: Path, placement: Placement
+) -> np.ndarray:
+    """Teacher logits (`forward(batch) -> logits`) for `texts` (with their `pairs`), batched by length on
+    `placement`, one atomically written float16 shard at a time; finished shards are kept, damaged ones labelled
+    again."""
     starts = range(0, len(texts), cfg.shard_size)
     paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
@@ -141,7 +184,8 @@ def label_shards(forward, tokenizer, texts: list[str], cfg, work: Path, placemen
     for index, start in enumerate(starts):
         if shards[index] is not None:
             continue
-        feats = encode(tokenizer, texts[start : start + cfg.shard_size], None, cfg.max_length)
+        end = start + cfg.shard_size
+        feats = encode(tokenizer, texts[start:end], pairs[start:end] if pairs else None, cfg.max_length)
         logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
         shards[index] = logits.astype(np.float16)
         atomic_write(paths[index], lambda tmp, shard=shards[index]: np.save(tmp, shard))
@@ -149,11 +193,14 @@ def label_shards(forward, tokenizer, texts: list[str], cfg, work: Path, placemen
     return np.concatenate(shards)
 
 
-def precision_check(model, tokenizer, texts: list[str], logits: np.ndarray, cfg, placement: Placement) -> dict:
+def precision_check(
+    model, tokenizer, texts: list[str], pairs: list[str] | None, logits: np.ndarray, cfg, placement: Placement
+) -> dict:
     """How the first `cfg.precision_check_sentences` labels made in reduced precision compare with fp32 ones."""
-    sample = texts[: cfg.precision_check_sentences]
+    count = cfg.precision_check_sentences
+    sample = texts[:count]
     with torch.inference_mode():
-        feats = encode(tokenizer, sample, None, cfg.max_length)
+        feats = encode(tokenizer, sample, pairs[:count] if pairs else None, cfg.max_length)
         reference = predict_logits(
             hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
         )
@@ -218,42 +265,47 @@ def _build(inputs: Inputs) -> Built:
     if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)
         atomic_write(stamp, key)
-    texts, sources, labels, composition = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
+    built = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
+    texts, pairs, composition = built.texts, built.pairs, built.composition
     with torch.inference_mode(), placement.autocast():
         tick = time.perf_counter()
-        logits = label_shards(forward, tokenizer, texts, recipe.transfer, work, placement)
+        logits = label_shards(forward, tokenizer, texts, pairs, recipe.transfer, work, placement)
         labelling["seconds"] = round(time.perf_counter() - tick, 1)  # shards left by a killed run count as free
         _, dev = load_splits(recipe.data)
         dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)
     if placement.precision != "fp32":
-        labelling |= precision_check(model, tokenizer, texts, logits, recipe.transfer, placement)
-    teacher_dev = classification_metrics(dev_logits, dev.labels, recipe.data.num_labels)["dev_accuracy"]
+        labelling |= precision_check(model, tokenizer, texts, pairs, logits, recipe.transfer, placement)
+    teacher_dev = task_metrics(dev_logits, dev.labels, recipe.data)["dev_accuracy"]
 
     def write(folder: Path) -> None:
         (folder / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-        np.savez(folder / "meta.npz", source=sources, label=labels)
+        if pairs is not None:
+            (folder / "pairs.txt").write_text("".join(t + "\n" for t in pairs), encoding="utf-8")
+        np.savez(folder / "meta.npz", source=built.sources, label=built.labels)
         np.save(folder / "logits.npy", logits)
         np.save(folder / "dev_logits.npy", dev_logits.astype(np.float32))
         (folder / "composition.json").write_text(json.dumps(composition, indent=1))
 
-    predicted = logits.astype(np.float32).argmax(-1)
+    shares = np.bincount(logits.astype(np.float32).argmax(-1), minlength=recipe.data.num_labels) / len(texts)
     parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
     return Built(
         write,
         metrics={
             "sentences": len(texts),
             "teacher_dev_accuracy": teacher_dev,
-            "teacher_positive_rate": float((predicted == 1).mean()),
             **{f"n_{k}": v for k, v in composition.items()},
         },
         info={
             "composition": composition,
+            "teacher_label_shares": dict(zip(recipe.data.label_names, shares.round(4).tolist(), strict=True)),
+            "text_style": recipe.transfer.text_style,
+            "pairs": pairs is not None,
             "sources": list(SOURCES),
             "logits_dtype": "float16",
             "labelling": labelling,
         },
-        line=f"{len(texts)} sentences ({parts}; {composition['removed_duplicates']} duplicates and "
+        line=f"{len(texts)} {'pairs' if pairs else 'sentences'} ({parts}; {composition['removed_duplicates']} duplicates and "
         f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {labelling['engine']} on "
         f"{labelling['device']} ({labelling['precision']}) in {labelling['seconds'] / 60:.1f} min",
     )

@@ -71,14 +71,19 @@ class SourceCache:
 
 
 def _calibration(
-    texts_file: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
+    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
 ) -> list[dict[str, np.ndarray]]:
-    """Batches of the first `count` transfer-set sentences, for static INT8 calibration."""
-    texts = texts_file.read_text(encoding="utf-8").splitlines()[:count]
+    """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
+    calibration."""
+    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()[:count]
+    pairs_file = transfer_dir / "pairs.txt"
+    pairs = pairs_file.read_text(encoding="utf-8").splitlines()[:count] if pairs_file.is_file() else None
     batches = []
     for start in range(0, len(texts), CALIBRATION_BATCH):
+        end = start + CALIBRATION_BATCH
         enc = tokenizer(
-            texts[start : start + CALIBRATION_BATCH],
+            texts[start:end],
+            pairs[start:end] if pairs else None,
             truncation=True,
             max_length=length,
             padding=True,
@@ -143,8 +148,9 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     length = max_length(recipe, spec.source)
 
     def calibration() -> list[dict[str, np.ndarray]]:
-        texts = inputs.parent("transfer") / "texts.txt"
-        return _calibration(texts, recipe.export.calibration_sentences, cache.tokenizer, length, source.inputs)
+        return _calibration(
+            inputs.parent("transfer"), recipe.export.calibration_sentences, cache.tokenizer, length, source.inputs
+        )
 
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []

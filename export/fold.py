@@ -10,19 +10,20 @@ drops the windows that touch no real token without a mask over all windows. The 
 table has (vocabulary + 2) x max width x filters rows, about ten times the embedding table for Kim's
 widths 3, 4, 5. In float16 (`precision: fp16`) only the table changes: converting the whole graph
 instead would leave ONNX Runtime's CPU provider, which lacks float16 kernels for some of its
-operators, to fold a float32 copy of the table at load.
+operators, to fold a float32 copy of the table at load. A pair CNN folds each sentence of the pair
+with the same table.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distill.students import CNNClassifier
+from distill.students import CNNClassifier, match, pair_sides
 from export.onnx_export import ExportError
 
 
 class FoldedCNN(nn.Module):
-    """`CNNClassifier` in inference form, taking the same `(input_ids, attention_mask) -> logits`."""
+    """`CNNClassifier` in inference form, taking the same `(input_ids, attention_mask[, token_type_ids]) -> logits`."""
 
     def __init__(self, cnn: CNNClassifier, table_dtype: torch.dtype = torch.float32):
         """`table_dtype` float16 halves the table; looked-up rows are summed in float32."""
@@ -51,9 +52,16 @@ class FoldedCNN(nn.Module):
         self.register_buffer(
             "tail", torch.tensor([[after] * (self.width - 1) + [before] * (self.width - 1)], dtype=torch.long)
         )
-        self.classifier = cnn.classifier
+        self.classifier, self.pairs = cnn.classifier, cnn.pairs
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        if self.pairs:
+            ids, mask = pair_sides(input_ids, attention_mask, token_type_ids)
+            return self.classifier(match(self.features(ids, mask)))
+        return self.classifier(self.features(input_ids, attention_mask))
+
+    def features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T) -> (B, filters x widths), as `CNNClassifier.features`."""
         width = self.width
         ids = torch.where(attention_mask > 0, input_ids, self.after)
         ids = torch.cat([ids, self.tail.expand(ids.shape[0], -1)], 1)  # (B, T + 2w - 2)
@@ -61,7 +69,7 @@ class FoldedCNN(nn.Module):
         back = torch.arange(width)
         positions = torch.arange(windows).unsqueeze(1) - back.unsqueeze(0)  # (windows, w): token j - d
         rows = ids[:, positions] * width + back  # (B, windows, w): token j - d, at offset d
-        return self.classifier(F.relu(self.table[rows].float().sum(2) + self.bias).amax(1))
+        return F.relu(self.table[rows].float().sum(2) + self.bias).amax(1)
 
 
 def fold(module: nn.Module, half: bool = False) -> FoldedCNN:

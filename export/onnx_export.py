@@ -80,17 +80,20 @@ def load_source(folder: Path) -> Source:
         )
     student, cfg = load_student(folder)
     params = sum(p.numel() for p in student.parameters())
+    inputs = BERT_INPUTS if cfg.pairs else STUDENT_INPUTS
     if cfg.arch == "transformer":
-        return Source(student, STUDENT_INPUTS, cfg.arch, folder, cfg.num_heads, cfg.hidden_size, cfg.num_layers, params)
-    return Source(student, STUDENT_INPUTS, cfg.arch, folder, params=params)
+        return Source(student, inputs, cfg.arch, folder, cfg.num_heads, cfg.hidden_size, cfg.num_layers, params)
+    return Source(student, inputs, cfg.arch, folder, params=params)
 
 
 def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> dict[str, torch.Tensor]:
-    """Token ids with uneven padding, so the traced graph keeps the masking paths."""
-    ids = torch.randint(1000, 2000, (batch, length))
+    """Token ids with uneven padding, so the traced graph keeps the masking paths; as pairs, the second half of
+    each row's tokens is sentence B."""
+    ids = torch.randint(5, 100, (batch, length))  # within any vocabulary (ModelConfig.vocab_size >= 100)
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[0, max(1, length // 2) :] = 0
-    values = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    second = torch.arange(length).unsqueeze(0) >= (mask.sum(1, keepdim=True) + 1) // 2
+    values = {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": (second & mask.bool()).long()}
     return {name: values[name] for name in names}
 
 

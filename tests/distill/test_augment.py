@@ -4,7 +4,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distill.augment import augment, augment_many, normalise, split_sentences, tokenise, vocab_replacer
+from distill.augment import (
+    augment,
+    augment_many,
+    augment_pairs,
+    normalise,
+    split_sentences,
+    styled,
+    tokenise,
+    vocab_replacer,
+)
 
 SENTENCE = ["it", "'s", "a", "charming", "and", "often", "affecting", "journey", ",", "the", "cast", "shines", "."]
 VOCAB = ["good", "bad", "film", "movie", "dull"]
@@ -147,3 +156,22 @@ def test_normalise_examples(text, expected):
 def test_normalise_matches_a_raw_sentence_with_its_tokenised_form():
     raw = "Don't miss it: the cast's work is (mostly) great!"
     assert normalise(raw) == normalise(split_sentences(raw)[0])
+
+
+def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
+    assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
+
+
+def test_split_sentences_in_raw_style_keeps_the_words_as_written():
+    raw = "This movie rocks! I loved it.<br /><br />Wow!! Don't miss the ending..."
+    assert split_sentences(raw, "raw") == ["This movie rocks!", "I loved it.", "Don't miss the ending..."]
+
+
+def test_augment_pairs_changes_each_side_on_its_own_and_drops_the_originals():
+    pairs = [("a b c d", "e f g h"), ("i j", "k l")]
+    kwargs = dict(p_mask=0.5, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
+    out = augment_pairs(pairs, 6, random.Random(0), **kwargs)
+    assert all(len(sample) == 2 and all(sample) for sample in out)
+    assert not set(out) & set(pairs)
+    assert len(set(out)) == len(out)
+    assert out == augment_pairs(pairs, 6, random.Random(0), **kwargs)

@@ -13,6 +13,7 @@ from distill.students import (
     build_student,
     count_parameters,
     init_from_teacher,
+    pair_sides,
 )
 
 VOCAB = 50
@@ -204,3 +205,74 @@ def test_build_student_picks_the_architecture():
 def test_config_rejects_bad_values(overrides, message):
     with pytest.raises(ValidationError, match=message):
         StudentConfig(**{**TINY, **overrides})
+
+
+def _pair_batch(generator_seed: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """Three pairs `[CLS] A [SEP] B [SEP]` (side lengths given), right-padded in width 12 with random ids."""
+    generator = torch.Generator().manual_seed(generator_seed)
+    sides = [(3, 2), (5, 4), (2, 6)]
+    ids = torch.randint(1, VOCAB, (3, 12), generator=generator)
+    positions = torch.arange(12)
+    first = torch.tensor([a for a, _ in sides]).unsqueeze(1)
+    total = torch.tensor([a + b for a, b in sides]).unsqueeze(1)
+    mask = (positions < total).long()
+    types = ((positions >= first) & (positions < total)).long()
+    return ids, mask, types, sides
+
+
+def test_pair_sides_puts_each_sentence_at_the_start_of_its_own_row():
+    ids, mask, types, sides = _pair_batch()
+    both, masks = pair_sides(ids, mask, types)
+    assert both.shape == (6, 12)
+    assert masks.sum(1).tolist() == [a for a, _ in sides] + [b for _, b in sides]
+    assert [both[3 + i, :b].tolist() for i, (a, b) in enumerate(sides)] == [
+        ids[i, a : a + b].tolist() for i, (a, b) in enumerate(sides)
+    ]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pair_student_gives_one_row_of_logits_per_pair(arch):
+    ids, mask, types, _ = _pair_batch()
+    logits = _student(arch, pairs=True)(ids, mask, types)
+    assert logits.shape == (3, 2)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pair_student_reads_sentence_b(arch):
+    ids, mask, types, _ = _pair_batch()
+    other = ids.clone()
+    other[types.bool()] = torch.randint(1, VOCAB, (int(types.sum()),), generator=torch.Generator().manual_seed(9))
+    model = _student(arch, pairs=True)
+    with torch.no_grad():
+        assert not torch.allclose(model(ids, mask, types), model(other, mask, types))
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_siamese_pair_student_ignores_padding(arch):
+    ids, mask, types, sides = _pair_batch()
+    model = _student(arch, pairs=True)
+    with torch.no_grad():
+        padded = model(ids, mask, types)
+        alone = torch.cat(
+            [
+                model(ids[i : i + 1, : a + b], mask[i : i + 1, : a + b], types[i : i + 1, : a + b])
+                for i, (a, b) in enumerate(sides)
+            ]
+        )
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_siamese_pair_student_classifies_four_matching_features_per_side_width(arch):
+    model = _student(arch, pairs=True)
+    width = model.hidden.in_features if arch == "bilstm" else model.classifier.in_features
+    single = _student(arch)
+    single_width = single.hidden.in_features if arch == "bilstm" else single.classifier.in_features
+    assert width == 4 * single_width
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_pair_student_without_segments_is_refused(arch):
+    ids, mask, _, _ = _pair_batch()
+    with pytest.raises(ValueError, match="token_type_ids"):
+        _student(arch, pairs=True)(ids, mask)

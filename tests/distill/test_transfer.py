@@ -29,9 +29,10 @@ def test_leak_filter_catches_copies_and_long_overlaps():
 
 def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
-    texts, sources, labels, composition = build_texts(recipe, "[MASK]")
+    built = build_texts(recipe, "[MASK]")
+    texts, sources, labels, composition = built.texts, built.sources, built.labels, built.composition
     again = build_texts(recipe, "[MASK]")
-    assert texts == again[0] and (sources == again[1]).all()
+    assert texts == again.texts and (sources == again.sources).all()
     keys = [normalise(t) for t in texts]
     assert len(set(keys)) == len(keys)
     from distill.data import load_splits
@@ -72,7 +73,7 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
     texts = [f"{'a' * i} b" for i in range(1, 9)]
     model = CountingModel()
-    first = label_shards(hf_logits(model), WordTokenizer(), texts, cfg, tmp_path, CPU)
+    first = label_shards(hf_logits(model), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
     assert first.dtype == np.float16 and first.shape == (8, 2)
     assert first[:, 0].tolist() == [i + 1 for i in range(1, 9)]
     shards = sorted(tmp_path.glob("logits-*.npy"))
@@ -80,7 +81,7 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     kept = shards[0].stat().st_mtime_ns
     shards[1].unlink()  # as if killed while writing the second shard
     model.calls = 0
-    again = label_shards(hf_logits(model), WordTokenizer(), texts, cfg, tmp_path, CPU)
+    again = label_shards(hf_logits(model), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
     assert (again == first).all()
     assert model.calls == 2, "only the missing shard (3 texts, batches of 2) is labelled again"
     assert shards[0].stat().st_mtime_ns == kept
@@ -89,9 +90,9 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
 def test_a_damaged_shard_is_labelled_again(tmp_path):
     cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
     texts = [f"{'a' * i} b" for i in range(1, 9)]
-    first = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, cfg, tmp_path, CPU)
+    first = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
     (tmp_path / "logits-00001.npy").write_bytes(b"\x93NUMPY garbage")
-    again = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, cfg, tmp_path, CPU)
+    again = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
     assert (again == first).all()
 
 

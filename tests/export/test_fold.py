@@ -77,3 +77,15 @@ def test_fold_refuses_other_architectures():
 def test_recipe_refuses_fold_without_a_cnn_source(source):
     with pytest.raises(ValueError, match="fold: true needs a CNN student"):
         load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.bundles.cnn-folded.source": source})
+
+
+def test_folded_pair_cnn_gives_the_pair_cnn_logits():
+    torch.manual_seed(5)
+    model = build_student(
+        StudentConfig(arch="cnn", vocab_size=VOCAB, embed_dim=12, num_filters=5, kernel_sizes=[2, 3], pairs=True)
+    ).eval()
+    ids = torch.randint(0, VOCAB, (3, 10))
+    mask = (torch.arange(10) < torch.tensor([[5], [9], [4]])).long()
+    types = ((torch.arange(10) >= torch.tensor([[3], [4], [2]])) & mask.bool()).long()
+    with torch.no_grad():
+        torch.testing.assert_close(FoldedCNN(model)(ids, mask, types), model(ids, mask, types), atol=1e-5, rtol=1e-5)

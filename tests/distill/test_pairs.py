@@ -1,0 +1,87 @@
+"""Sentence pairs end to end: the smoke-size pair task through teacher, transfer set, every student and bundle."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.recipe import RecipeError, load_recipe
+from distill.data import load_splits
+from distill.student_stage import load_student, student_logits
+from distill.tokenization import encode, load_tokenizer
+from tests.conftest import PYTHON, ROOT
+from tests.pair_task import pair_recipe, write_pair_task
+
+STUDENTS = ("bilstm", "cnn", "transformer")
+MAJORITY = 0.5  # the task is balanced
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory):
+    """The pair task's run folder after teacher, distill and bundles; and its recipe."""
+    folder = tmp_path_factory.mktemp("pair-task")
+    recipe = folder / "pairs.yaml"
+    recipe.write_text(pair_recipe(write_pair_task(folder / "data")))
+    env = {**os.environ, "RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    for command in (["distill", "teacher"], ["distill", "distill"], ["export", "bundles"]):
+        result = subprocess.run(
+            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "runs" / "pairs", load_recipe(recipe)
+
+
+@pytest.mark.parametrize("name", STUDENTS)
+def test_every_pair_student_beats_the_majority_class(pair_run, name):
+    run, _ = pair_run
+    assert mf.load(run / f"student-{name}").metrics["dev_accuracy"] > MAJORITY + 0.25
+
+
+@pytest.mark.parametrize("name", STUDENTS)
+def test_every_pair_student_reads_sentence_b(pair_run, name):
+    run, recipe = pair_run
+    student, _ = load_student(run / f"student-{name}")
+    tokenizer = load_tokenizer(str(run / "teacher"))
+    _, dev = load_splits(recipe.data)
+    swapped = dev.pairs[1:] + dev.pairs[:1]  # every text with another example's sentence B
+    length = recipe.transfer.max_length
+    pad = tokenizer.pad_token_id
+    as_given = student_logits(student, encode(tokenizer, dev.texts, dev.pairs, length), pad).argmax(-1)
+    other_b = student_logits(student, encode(tokenizer, dev.texts, swapped, length), pad).argmax(-1)
+    assert (as_given != other_b).mean() > 0.2
+
+
+def test_transfer_set_holds_a_sentence_b_for_every_text(pair_run):
+    run, _ = pair_run
+    texts = (run / "transfer" / "texts.txt").read_text(encoding="utf-8").splitlines()
+    pairs = (run / "transfer" / "pairs.txt").read_text(encoding="utf-8").splitlines()
+    assert len(pairs) == len(texts)
+
+
+def test_transfer_set_has_pairs_from_every_source(pair_run):
+    run, _ = pair_run
+    sources = np.load(run / "transfer" / "meta.npz")["source"]
+    assert np.bincount(sources, minlength=3).min() > 0
+
+
+@pytest.mark.parametrize("bundle", ["teacher-fused", "bilstm-fp32", "cnn-folded", "transformer-int8"])
+def test_pair_bundle_says_it_takes_pairs(pair_run, bundle):
+    run, _ = pair_run
+    assert load_bundle(run / f"bundle-{bundle}").spec.text_inputs == ["text", "text_pair"]
+
+
+@pytest.mark.parametrize("bundle", ["teacher-fused", "bilstm-fp32", "cnn-folded", "transformer-int8"])
+def test_pair_bundle_reads_segment_ids(pair_run, bundle):
+    run, _ = pair_run
+    assert "token_type_ids" in load_bundle(run / f"bundle-{bundle}").spec.input_names
+
+
+def test_pair_data_with_a_gpt_teacher_is_refused_at_load(tmp_path):
+    paths = write_pair_task(tmp_path / "data", train=10, dev=4, unlabelled=5)
+    recipe = tmp_path / "gpt.yaml"
+    recipe.write_text(pair_recipe(paths).replace("family: bert", "family: gpt"))
+    with pytest.raises(RecipeError, match="token_type_ids"):
+        load_recipe(recipe)
