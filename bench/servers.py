@@ -52,7 +52,8 @@ class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
         self.output = self.spec.outputs[0].name
 
     async def Classify(self, request, context):
-        batch = pad_rows(self.encoder.encode(list(request.texts)), self.encoder.pad_values)
+        rows = self.encoder.encode(list(request.texts), list(request.text_pairs) or None)
+        batch = pad_rows(rows, self.encoder.pad_values)
         logits = self.backend.infer(batch)[self.output].astype(np.float32, copy=False)
         return classify_response(self.spec, Scores(logits, softmax(logits)))
 

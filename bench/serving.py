@@ -2,6 +2,8 @@
 
 One run starts the server (`python -m serve`) and the two baseline servers of `bench.servers` as
 subprocesses on loopback and drives them from this process with grpc.aio tasks (`bench.drivers`).
+The texts are the recipe's dev split (with their pairs, for a pair model) unless a file is given
+(`bench.texts`); "single-text" below means one example per call, a text and its pair for a pair model.
 Each repeat measures:
 
 - paced: single-text `Classify` calls, one at a time, paced at `rate` for `duration_s`: latency, achieved rate;
@@ -33,7 +35,7 @@ from bench import BenchError, drivers, slo
 from bench.processes import free_port, running
 from bench.stats import RESULT_FILE, ServingResult, summarize
 from bench.tables import markdown_results, print_results
-from bench.texts import batches_of, load_texts, texts_info
+from bench.texts import Examples, load_texts, texts_info
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
 from common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
@@ -98,10 +100,18 @@ def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     return flags, settings
 
 
-def raw_batches(bundle: Bundle, texts: list[str]) -> list[dict[str, np.ndarray]]:
-    """The texts tokenized with the bundle's tokenizer, padded into batches of BATCH."""
+def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
+    """The examples tokenized with the bundle's tokenizer, padded into batches of BATCH."""
     encoder = TextEncoder(bundle.tokenizer_path, bundle.spec.max_length, {t.name: t.dtype for t in bundle.spec.inputs})
-    return [pad_rows(encoder.encode(group), encoder.pad_values) for group in batches_of(texts, BATCH)]
+    return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in examples.load_groups(BATCH)]
+
+
+def classify_requests(examples: Examples, size: int) -> list[classifier_pb2.ClassifyRequest]:
+    """`Classify` requests of `size` examples each (`Examples.load_groups`), with their pairs where they have them."""
+    return [
+        classifier_pb2.ClassifyRequest(texts=group.texts, text_pairs=group.pairs or [])
+        for group in examples.load_groups(size)
+    ]
 
 
 async def measure_all(
@@ -110,14 +120,14 @@ async def measure_all(
     logs: Path,
     flags: list[str],
     settings: Settings,
-    texts: list[str],
+    examples: Examples,
     console: Console,
 ) -> dict[str, list[dict]]:
     """Start the three servers (their logs in `logs`), warm everything up, then run every phase `cfg.repeats`
     times, interleaved."""
-    batches = raw_batches(bundle, texts)
-    singles = [classifier_pb2.ClassifyRequest(texts=[text]) for text in texts]
-    grouped = [classifier_pb2.ClassifyRequest(texts=group) for group in batches_of(texts, BATCH)]
+    batches = raw_batches(bundle, examples)
+    singles = classify_requests(examples, 1)
+    grouped = classify_requests(examples, BATCH)
     metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),) if settings.token else ()
     echo_port, bare_port = free_port(), free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
@@ -174,28 +184,37 @@ def progress(record: dict) -> str:
     )
 
 
-def stage(recipe: Recipe, bundle_folder: Path, texts_file: Path | None = None, console: Console | None = None) -> Stage:
+def stage(
+    recipe: Recipe,
+    bundle_folder: Path,
+    texts_file: Path | None = None,
+    console: Console | None = None,
+    pairs_file: Path | None = None,
+) -> Stage:
     """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
-    current while the settings, the bundle and the texts are unchanged."""
+    current while the settings, the dev split, the bundle and the texts are unchanged."""
     return Stage(
         STAGE,
         recipe,
-        ("bench.serving",),
-        functools.partial(_build, texts_file=texts_file, console=console or Console(width=200)),
+        ("bench.serving", "data"),
+        functools.partial(_build, texts_file=texts_file, pairs_file=pairs_file, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
-        extra={"texts": None if texts_file is None else str(texts_file)},
+        extra={
+            "texts": None if texts_file is None else str(texts_file),
+            "pairs": None if pairs_file is None else str(pairs_file),
+        },
     )
 
 
-def _build(inputs: Inputs, texts_file: Path | None, console: Console) -> Built:
+def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, console: Console) -> Built:
     cfg = inputs.recipe.bench.serving
     bundle_folder = inputs.parent("bundle")
-    texts, source = load_texts(texts_file)
     bundle = load_bundle(bundle_folder)
+    examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
     flags, settings = server_settings(bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()
-    runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, texts, console))
+    runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, examples, console))
     summary = {phase: summarize(records) for phase, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
@@ -204,7 +223,7 @@ def _build(inputs: Inputs, texts_file: Path | None, console: Console) -> Built:
         settings=settings.model_dump(mode="json", exclude={"token", "port"}),
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
-        texts=texts_info(texts, source),
+        texts=texts_info(examples),
         machine={
             "cpus": os.cpu_count(),
             "load_avg_before": load_before,

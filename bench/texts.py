@@ -1,42 +1,184 @@
-"""The texts that the serving benchmark and the load tests send: SST-2 dev sentences unless a file is given."""
+"""The texts that the serving benchmark, the served-accuracy check and the load tests send: the recipe's dev split
+(texts and their pairs, for a pair task), unless a file is given.
 
+The dev split is read here, not through `distill.data`, so that measuring a bundle needs no training code: a
+TSV (no quoting: quotes are part of the text, as in GLUE's files), CSV or JSONL file with the recipe's
+`text_column`, `text_pair_column` and `label_column`, cut to `dev_limit` as the export stage cut it.
+"""
+
+import csv
+import json
 import random
 import statistics
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench import BenchError
-from common.settings import defaults
+from common.recipe import DataConfig
+from serve.client import UsageError, read_tsv
 
 TEXT_COUNT = 512
 
 
-def load_texts(path: Path | None, count: int = TEXT_COUNT, seed: int = 0) -> tuple[list[str], str]:
-    """Up to `count` shuffled texts from `path` (one per line), else from SST-2 dev; and where they came from."""
-    if path is None:
-        path = Path(defaults()["DATA_DIR"]) / "sst2" / "dev.tsv"
-        if not path.is_file():
-            raise BenchError(f"{path} not found: set DATA_DIR or pass --texts FILE (one text per line)")
-        lines = path.read_text(encoding="utf-8").splitlines()[1:]  # header: sentence<TAB>label
-        texts = [line.rsplit("\t", 1)[0].strip() for line in lines]
+@dataclass(frozen=True)
+class Examples:
+    """Texts, their pairs (None: single texts), their gold label ids (None: unlabelled), and where they came from."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    labels: list[int] | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def take(self, indices: list[int]) -> "Examples":
+        def pick(values):
+            return None if values is None else [values[i] for i in indices]
+
+        return replace(self, texts=pick(self.texts), pairs=pick(self.pairs), labels=pick(self.labels))
+
+    def batches(self, size: int) -> list["Examples"]:
+        """Consecutive groups of at most `size`, in order, covering every example once."""
+        return [self.take(list(range(start, min(start + size, len(self))))) for start in range(0, len(self), size)]
+
+    def load_groups(self, size: int) -> list["Examples"]:
+        """Groups of exactly `size` to send as load (`batches_of`: at least one, wrapping round)."""
+        return [self.take(indices) for indices in batches_of(list(range(len(self))), size)]
+
+
+def _rows(path: Path) -> list[dict]:
+    """The rows of a TSV/CSV file with a header, or of a JSONL file."""
+    if not path.is_file():
+        raise BenchError(f"{path}: file not found (set DATA_DIR, or fix data.dev in the recipe)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"cannot read {path}: {err}") from err
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise BenchError(f"{path}: not valid JSON lines ({err})") from err
+    if suffix not in (".tsv", ".csv"):
+        raise BenchError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
+    tsv = suffix == ".tsv"
+    lines = text.splitlines()
+    return list(
+        csv.DictReader(lines, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    )
+
+
+def _label_id(value, names: list[str], where: str) -> int:
+    """A label given as its id or its name."""
+    if str(value) in names:
+        return names.index(str(value))
+    try:
+        label = int(value)
+    except (TypeError, ValueError):
+        raise BenchError(f"{where}: label {value!r} is neither an id nor one of {names}") from None
+    if not 0 <= label < len(names):
+        raise BenchError(f"{where}: label {label} is out of range 0..{len(names) - 1}")
+    return label
+
+
+def dev_split(data: DataConfig) -> Examples:
+    """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids."""
+    if data.dev.startswith("hub:"):
+        raise BenchError(f"data.dev is a Hub dataset ({data.dev}): point it at a local file, or pass a texts file")
+    path = Path(data.dev)
+    rows = _rows(path)[: data.dev_limit]
+    if not rows:
+        raise BenchError(f"{path}: no examples (the file is empty or holds only a header)")
+    columns = [data.text_column, data.label_column] + ([data.text_pair_column] if data.pairs else [])
+    if missing := [column for column in columns if column not in rows[0]]:
+        raise BenchError(f"{path}: missing column(s) {missing}; found {sorted(rows[0])}")
+    texts, pairs, labels = [], [], []
+    for number, row in enumerate(rows, 2):
+        where = f"{path}:{number}"
+        text = str(row[data.text_column] or "").strip()
+        if not text:
+            raise BenchError(f"{where}: empty {data.text_column!r}")
+        texts.append(text)
+        labels.append(_label_id(row[data.label_column], data.label_names, where))
+        if data.pairs:
+            pairs.append(str(row[data.text_pair_column] or "").strip())
+    return Examples(texts, pairs if data.pairs else None, labels, str(path))
+
+
+def read_texts_file(path: Path) -> Examples:
+    """Single texts, one per line; blank lines skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"cannot read {path}: {err}") from err
+    return Examples([line.strip() for line in lines if line.strip()], None, None, str(path))
+
+
+def read_pairs_file(path: Path) -> Examples:
+    """Text pairs, text<TAB>pair on each line (as the client's --tsv, without a header)."""
+    try:
+        texts, pairs = read_tsv(path, header=False, stdin=sys.stdin)
+    except UsageError as err:
+        raise BenchError(str(err)) from err
+    return Examples(texts, pairs, None, str(path))
+
+
+def load_texts(
+    data: DataConfig,
+    pairs: bool,
+    texts_file: Path | None = None,
+    pairs_file: Path | None = None,
+    count: int = TEXT_COUNT,
+    seed: int = 0,
+) -> Examples:
+    """Up to `count` shuffled examples from `texts_file` (one text per line) or `pairs_file` (text<TAB>pair), else
+    from the recipe's dev split. `pairs`: whether the served model takes pairs; examples of the other kind are
+    refused."""
+    if texts_file is not None and pairs_file is not None:
+        raise BenchError("give a texts file or a pairs file, not both")
+    if texts_file is not None:
+        examples = read_texts_file(texts_file)
+    elif pairs_file is not None:
+        examples = read_pairs_file(pairs_file)
     else:
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    texts = [text for text in texts if text]
-    if not texts:
-        raise BenchError(f"{path} holds no texts")
-    random.Random(seed).shuffle(texts)
-    return texts[:count], str(path)
+        examples = dev_split(data)
+    if not examples.texts:
+        raise BenchError(f"{examples.source} holds no texts")
+    check_kind(examples, pairs)
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    return examples.take(order[:count])
 
 
-def batches_of(texts: list[str], size: int) -> list[list[str]]:
-    """Consecutive groups of `size` texts, wrapping around so that there is at least one full group."""
-    return [[texts[(k * size + j) % len(texts)] for j in range(size)] for k in range(max(1, len(texts) // size))]
+def check_kind(examples: Examples, pairs: bool) -> None:
+    """`BenchError` unless the examples are pairs exactly when the model takes pairs."""
+    if pairs and examples.pairs is None:
+        raise BenchError(
+            f"the model takes text pairs, and {examples.source} holds single texts: pass a pairs file "
+            "(text<TAB>pair on each line), or use the recipe of its task (data.text_pair_column set)"
+        )
+    if not pairs and examples.pairs is not None:
+        raise BenchError(
+            f"the model takes single texts, and {examples.source} holds text pairs: pass a texts file (one per line)"
+        )
 
 
-def texts_info(texts: list[str], source: str) -> dict:
-    """Where the texts came from, how many, and their lengths in characters."""
-    lengths = [len(text) for text in texts]
+def batches_of(values: list, size: int) -> list[list]:
+    """Consecutive groups of `size` values, wrapping around so that there is at least one full group."""
+    return [[values[(k * size + j) % len(values)] for j in range(size)] for k in range(max(1, len(values) // size))]
+
+
+def texts_info(examples: Examples) -> dict:
+    """Where the texts came from, how many, whether pairs, and their lengths in characters (a pair's both texts)."""
+    lengths = [len(text) for text in examples.texts]
+    if examples.pairs is not None:
+        lengths = [length + len(pair) for length, pair in zip(lengths, examples.pairs, strict=True)]
     return {
-        "source": source,
-        "count": len(texts),
+        "source": examples.source,
+        "count": len(examples),
+        "pairs": examples.pairs is not None,
         "chars": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
     }

@@ -1,4 +1,5 @@
-"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE] [--echo] [--force] [--section.key=value ...]`.
+"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE | --pairs FILE] [--echo] [--force]
+[--section.key=value ...]`.
 
 Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
 runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
@@ -26,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("recipe")
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
-    parser.add_argument("--texts", type=Path, help="texts to send, one per line (default: SST-2 dev from $DATA_DIR)")
+    texts = parser.add_mutually_exclusive_group()
+    texts.add_argument(
+        "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
+    )
+    texts.add_argument(
+        "--pairs",
+        type=Path,
+        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
+    )
     parser.add_argument(
         "--scenarios",
         default=os.environ.get(SCENARIOS_VAR),
@@ -43,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         bundle = (args.bundle or deployed_bundle(recipe)).resolve()
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo)
+        stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=args.pairs)
         stage.run(args.force)
         result = runner.load_result(stage)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings

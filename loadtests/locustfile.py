@@ -5,7 +5,8 @@
 - stream: one `ClassifyStream` call of `stream_messages` one-text requests;
 - kserve: KServe v2 `ModelInfer` with a BYTES `text` input of one text.
 
-Texts are drawn at random from the plan's texts file (SST-2 dev sentences unless overridden).
+Texts are drawn at random from the plan's texts file (the recipe's dev split unless overridden); for a
+pair model each comes with its pair (`text_pairs`, or a BYTES `text_pair` input).
 Run it through `python -m loadtests RECIPE --profile NAME`, which writes the plan and starts the server.
 """
 
@@ -23,7 +24,8 @@ from serve import tensors
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
 PLAN = plan.current()
-TEXTS = [line for line in PLAN.texts.read_text(encoding="utf-8").splitlines() if line.strip()]
+TEXTS = PLAN.texts.read_text(encoding="utf-8").splitlines()
+PAIRS = None if PLAN.pairs is None else PLAN.pairs.read_text(encoding="utf-8").splitlines()
 Shape = SHAPES[PLAN.profile]  # the one shape class locust finds in this module
 
 
@@ -32,27 +34,35 @@ def record(environment, **_kwargs):
     Recorder(PLAN.samples).attach(environment.events)
 
 
+def classify_request(count: int) -> classifier_pb2.ClassifyRequest:
+    """`count` texts drawn at random, with their pairs for a pair model."""
+    drawn = random.choices(range(len(TEXTS)), k=count)
+    pairs = [] if PAIRS is None else [PAIRS[i] for i in drawn]
+    return classifier_pb2.ClassifyRequest(texts=[TEXTS[i] for i in drawn], text_pairs=pairs)
+
+
 def single(user: "SentimentUser") -> None:
-    request = classifier_pb2.ClassifyRequest(texts=[random.choice(TEXTS)])
-    user.call(user.classifier.Classify, request, "Classify")
+    user.call(user.classifier.Classify, classify_request(1), "Classify")
 
 
 def batch(user: "SentimentUser") -> None:
     size = PLAN.loadtest.batch_size
-    request = classifier_pb2.ClassifyRequest(texts=random.choices(TEXTS, k=size))
-    user.call(user.classifier.Classify, request, f"Classify x{size}")
+    user.call(user.classifier.Classify, classify_request(size), f"Classify x{size}")
 
 
 def stream(user: "SentimentUser") -> None:
     count = PLAN.loadtest.stream_messages
-    requests = [classifier_pb2.ClassifyRequest(texts=[text]) for text in random.choices(TEXTS, k=count)]
+    requests = [classify_request(1) for _ in range(count)]
     user.stream(user.classifier.ClassifyStream, requests, f"ClassifyStream x{count}")
 
 
 def kserve(user: "SentimentUser") -> None:
+    drawn = classify_request(1)
     request = kserve_pb2.ModelInferRequest(model_name=PLAN.model)
-    request.inputs.add(name="text", datatype="BYTES", shape=[1])
-    request.raw_input_contents.append(tensors.serialize_bytes([random.choice(TEXTS).encode("utf-8")]))
+    for name, values in (("text", drawn.texts), ("text_pair", drawn.text_pairs)):
+        if values:
+            request.inputs.add(name=name, datatype="BYTES", shape=[1])
+            request.raw_input_contents.append(tensors.serialize_bytes([values[0].encode("utf-8")]))
     user.call(user.kserve.ModelInfer, request, "ModelInfer")
 
 

@@ -3,7 +3,7 @@
 The runner writes the plan into the run folder and points `LOADTEST_PLAN` at it; the locustfile and
 the shapes read it with `current()`. It holds the profile and its settings, the scenario weights
 (`LOADTEST_SCENARIOS=single=3,batch=1` overrides the recipe's), the served model's name, the texts
-file and where the locust process writes its per-call samples.
+file (and their pairs, for a pair model) and where the locust process writes its per-call samples.
 """
 
 import functools
@@ -35,6 +35,9 @@ class Plan(Strict):
     scenarios: dict[Scenario, int] = Field(description="scenario -> weight, after LOADTEST_SCENARIOS")
     model: str = Field(description="the served model's name, sent with KServe ModelInfer")
     texts: Path = Field(description="texts to send, one per line (relative: to the plan's folder)")
+    pairs: Path | None = Field(
+        None, description="for a pair model, each text's pair, one per line in the texts' order (relative: likewise)"
+    )
     samples: Path = Field(description="where the locust process writes its per-call samples (relative: likewise)")
 
     @property
@@ -97,4 +100,10 @@ def current() -> Plan:
         )
     folder = Path(path).parent
     loaded = Plan.model_validate_json(Path(path).read_text(encoding="utf-8"))
-    return loaded.model_copy(update={"texts": folder / loaded.texts, "samples": folder / loaded.samples})
+    return loaded.model_copy(
+        update={
+            "texts": folder / loaded.texts,
+            "pairs": None if loaded.pairs is None else folder / loaded.pairs,
+            "samples": folder / loaded.samples,
+        }
+    )

@@ -2,8 +2,8 @@
 
 The server (`python -m serve`) and locust (headless, `loadtests/locustfile.py`) run as subprocesses
 on loopback; this process samples their CPU and the server's RSS twice a second. The folder is
-built under a temporary name and renamed into place with its manifest: plan.json, texts.txt,
-requests.npz (every call), locust's CSV files (`locust_stats.csv`, `locust_stats_history.csv`, ...;
+built under a temporary name and renamed into place with its manifest: plan.json, texts.txt (and
+pairs.txt, for a pair model), requests.npz (every call), locust's CSV files (`locust_stats.csv`, `locust_stats_history.csv`, ...;
 their percentiles are rounded to whole ms) and HTML report (`report.html`), server.log, locust.log,
 summary.json and summary.md (see `loadtests.result`).
 """
@@ -112,11 +112,13 @@ def stage(
     scenarios: dict[str, int] | None = None,
     console: Console | None = None,
     echo: bool = False,
+    pairs_file: Path | None = None,
 ) -> Stage:
     """`profile` of the recipe's `loadtest` section against `bundle` (`loadtest-<profile>/`, result: see
-    `loadtests.result`). With `echo`, the same load goes to the do-nothing echo server instead
+    `loadtests.result`), with the texts of `texts_file` or the pairs of `pairs_file` (`bench.texts`: default, the
+    recipe's dev split). With `echo`, the same load goes to the do-nothing echo server instead
     (`loadtest-<profile>-echo/`): the latency floor of gRPC and locust on this machine, to tell the server's
-    cost from the client's. Current while the settings, bundle, texts and scenarios are unchanged.
+    cost from the client's. Current while the settings, dev split, bundle, texts and scenarios are unchanged.
     """
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
@@ -125,18 +127,24 @@ def stage(
     return Stage(
         f"loadtest-{profile}" + ("-echo" if echo else ""),
         recipe,
-        ("loadtest",),
+        ("loadtest", "data"),
         partial(
             _build,
             profile=profile,
             bundle=bundle,
             texts_file=texts_file,
+            pairs_file=pairs_file,
             scenarios=scenarios,
             echo=echo,
             console=console or Console(width=200),
         ),
         () if echo else (Artifact("bundle", bundle),),
-        extra={"texts": None if texts_file is None else str(texts_file), "scenarios": scenarios, "echo": echo},
+        extra={
+            "texts": None if texts_file is None else str(texts_file),
+            "pairs": None if pairs_file is None else str(pairs_file),
+            "scenarios": scenarios,
+            "echo": echo,
+        },
     )
 
 
@@ -145,6 +153,7 @@ def _build(
     profile: Profile,
     bundle: Path,
     texts_file: Path | None,
+    pairs_file: Path | None,
     scenarios: dict[str, int],
     echo: bool,
     console: Console,
@@ -152,7 +161,7 @@ def _build(
     recipe = inputs.recipe
     cfg = recipe.loadtest or LoadtestConfig()
     loaded = load_bundle(bundle)
-    texts, source = load_texts(texts_file)
+    examples = load_texts(recipe.data, loaded.spec.pairs, texts_file, pairs_file)
     flags, settings = server_flags(bundle, cfg)
     work = inputs.fresh_work()
     plan = Plan(
@@ -161,10 +170,13 @@ def _build(
         scenarios=scenarios,
         model=loaded.spec.name,
         texts=Path("texts.txt"),
+        pairs=None if examples.pairs is None else Path("pairs.txt"),
         samples=Path(SAMPLES_FILE),
     )
     (work / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
-    (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    (work / "texts.txt").write_text("\n".join(examples.texts) + "\n", encoding="utf-8")
+    if examples.pairs is not None:
+        (work / "pairs.txt").write_text("\n".join(examples.pairs) + "\n", encoding="utf-8")
     load_before = os.getloadavg()
     console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}[/]")
     module, args = ("bench.servers", ["--port", str(settings.port)]) if echo else ("serve", flags)
@@ -179,7 +191,7 @@ def _build(
         "echo": echo,
         "bundle": {"path": None if echo else str(bundle)} | target,
         "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
-        "texts": texts_info(texts, source),
+        "texts": texts_info(examples),
         "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
     }
     result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(work), context)

@@ -8,7 +8,7 @@ import pytest
 from bench import serving
 from bench.__main__ import main
 from bench.stats import ServingResult
-from bench.texts import load_texts
+from bench.texts import Examples, load_texts
 from common import manifest as mf
 from common.bundle import load_bundle
 from common.recipe import load_recipe
@@ -31,8 +31,10 @@ def texts_file(tmp_path_factory):
 
 
 def bench_serving(bundle, texts_file, runs, *extra: str) -> int:
-    """`python -m bench serving recipes/smoke.yaml` paced at RATE, in `runs`, without EDGEDISTILL_* variables."""
-    argv = ["serving", str(SMOKE), "--bundle", str(bundle), "--texts", str(texts_file), f"--bench.serving.rate={RATE}"]
+    """`python -m bench serving recipes/smoke.yaml` paced at RATE, in `runs`, without EDGEDISTILL_* variables; the
+    texts of `texts_file` (None: give them in `extra`)."""
+    texts = [] if texts_file is None else ["--texts", str(texts_file)]
+    argv = ["serving", str(SMOKE), "--bundle", str(bundle), *texts, f"--bench.serving.rate={RATE}"]
     with pytest.MonkeyPatch.context() as env:
         for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
             env.delenv(name)
@@ -149,6 +151,27 @@ def test_padding_of_the_raw_batches():
 
 
 def test_raw_batches_hold_batch_texts_each(bundle, texts_file):
-    texts, _ = load_texts(texts_file)
-    batches = serving.raw_batches(load_bundle(bundle), texts)
+    examples = load_texts(load_recipe(SMOKE).data, pairs=False, texts_file=texts_file)
+    batches = serving.raw_batches(load_bundle(bundle), examples)
     assert len(batches) == 1 and batches[0]["input_ids"].shape[0] == serving.BATCH
+
+
+def test_classify_requests_carry_each_text_with_its_pair():
+    examples = Examples(["good", "bad"], ["fun", "dull"], None, "here")
+    requests = serving.classify_requests(examples, 1)
+    assert [(list(r.texts), list(r.text_pairs)) for r in requests] == [(["good"], ["fun"]), (["bad"], ["dull"])]
+
+
+def test_pairs_go_to_a_pair_model_in_every_phase(pair_bundle, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{w} film\t{v} plot\n" for w, v in zip(WORDS, reversed(WORDS), strict=True)))
+    runs = tmp_path / "runs"
+    assert bench_serving(pair_bundle, None, runs, "--pairs", str(pairs)) in (0, 1)  # 1: a target missed here
+    result = ServingResult.load(runs / "smoke" / "serve-bench")
+    assert result.texts["pairs"] and result.texts["source"] == str(pairs)
+    assert {phase: runs_[0]["failures"] for phase, runs_ in result.runs.items()} == dict.fromkeys(result.runs, 0)
+
+
+def test_single_texts_for_a_pair_model_exit_2(pair_bundle, texts_file, tmp_path, capsys):
+    assert bench_serving(pair_bundle, texts_file, tmp_path / "runs") == 2
+    assert "the model takes text pairs" in capsys.readouterr().err

@@ -1,9 +1,21 @@
-"""The texts the serving benchmark and the load tests send."""
+"""The texts the serving benchmark, the served-accuracy check and the load tests send."""
 
 import pytest
 
 from bench import BenchError
-from bench.texts import batches_of, load_texts, texts_info
+from bench.texts import Examples, batches_of, dev_split, load_texts, read_pairs_file, texts_info
+from common.recipe import DataConfig
+
+PAIRS_DEV = (
+    "sentence1\tsentence2\tlabel\n"
+    'He said " yes .\tShe said " no " .\t0\n'
+    'a great film\t"quoted" pair\t1\n'
+    "the plot\tthe acting\t1\n"
+)
+
+
+def data(dev, **changes) -> DataConfig:
+    return DataConfig(**({"train": str(dev), "dev": str(dev), "label_names": ["negative", "positive"]} | changes))
 
 
 @pytest.fixture
@@ -13,28 +25,133 @@ def texts_file(tmp_path):
     return path
 
 
-def test_texts_are_shuffled_and_counted(texts_file):
-    texts, source = load_texts(texts_file, count=10)
-    assert len(texts) == 10 and source == str(texts_file)
-    assert len({len(t) for t in texts}) > 5  # varied lengths
+@pytest.fixture
+def pairs_dev(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text(PAIRS_DEV)
+    return path
 
 
-def test_batches_wrap_round_to_one_full_batch(texts_file):
-    texts, _ = load_texts(texts_file, count=10)
-    groups = batches_of(texts, 4)
-    assert len(groups) == 2 and groups[0] == texts[:4] and all(len(g) == 4 for g in groups)
-    assert batches_of(texts[:3], 4) == [texts[:3] + texts[:1]]
+def pair_data(dev, **changes) -> DataConfig:
+    return data(dev, text_column="sentence1", text_pair_column="sentence2", **changes)
 
 
-def test_a_file_without_texts_is_refused(tmp_path):
+def test_a_pair_dev_split_keeps_quotes_as_they_are(pairs_dev):
+    examples = dev_split(pair_data(pairs_dev))
+    assert examples.texts == ['He said " yes .', "a great film", "the plot"]
+    assert examples.pairs == ['She said " no " .', '"quoted" pair', "the acting"]
+
+
+def test_a_dev_split_gives_label_ids(pairs_dev):
+    assert dev_split(pair_data(pairs_dev)).labels == [0, 1, 1]
+
+
+def test_labels_may_be_given_by_name(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("question\tlabel\nwho is it ?\tHUM\nwhere is it ?\tLOC\n")
+    examples = dev_split(data(path, text_column="question", label_names=["DESC", "HUM", "LOC"]))
+    assert examples.labels == [1, 2]
+
+
+def test_a_single_text_dev_split_has_no_pairs(pairs_dev):
+    assert dev_split(data(pairs_dev, text_column="sentence1")).pairs is None
+
+
+def test_the_dev_split_is_cut_to_dev_limit(pairs_dev):
+    assert len(dev_split(pair_data(pairs_dev, dev_limit=2))) == 2
+
+
+def test_a_missing_column_is_named(pairs_dev):
+    with pytest.raises(BenchError, match=r"missing column\(s\) \['sentence'\]"):
+        dev_split(data(pairs_dev))
+
+
+def test_a_label_outside_the_names_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("sentence\tlabel\ngood\t7\n")
+    with pytest.raises(BenchError, match="dev.tsv:2: label 7 is out of range 0..1"):
+        dev_split(data(path))
+
+
+def test_a_hub_dev_split_is_refused():
+    with pytest.raises(BenchError, match="Hub dataset"):
+        dev_split(data("hub:glue/sst2:validation"))
+
+
+def test_pairs_of_the_dev_split_are_shuffled_together(pairs_dev):
+    split = dev_split(pair_data(pairs_dev))
+    examples = load_texts(pair_data(pairs_dev), pairs=True, seed=3)
+    assert sorted(zip(examples.texts, examples.pairs, strict=True)) == sorted(
+        zip(split.texts, split.pairs, strict=True)
+    )
+
+
+def test_texts_are_shuffled_and_counted(texts_file, pairs_dev):
+    examples = load_texts(data(pairs_dev), pairs=False, texts_file=texts_file, count=10)
+    assert len(examples) == 10 and examples.source == str(texts_file)
+    assert len({len(t) for t in examples.texts}) > 5  # varied lengths
+
+
+def test_a_pairs_file_gives_pairs(tmp_path, pairs_dev):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tbad\nfun\tdull\n")
+    examples = load_texts(data(pairs_dev), pairs=True, pairs_file=path)
+    assert sorted(zip(examples.texts, examples.pairs, strict=True)) == [("fun", "dull"), ("good", "bad")]
+
+
+def test_a_pairs_file_line_without_a_tab_is_refused(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tbad\nno tab here\n")
+    with pytest.raises(BenchError, match="pairs.tsv:2: no tab"):
+        read_pairs_file(path)
+
+
+def test_single_texts_for_a_pair_model_are_refused(texts_file, pairs_dev):
+    with pytest.raises(BenchError, match="the model takes text pairs"):
+        load_texts(data(pairs_dev), pairs=True, texts_file=texts_file)
+
+
+def test_pairs_for_a_single_text_model_are_refused(pairs_dev):
+    with pytest.raises(BenchError, match="the model takes single texts"):
+        load_texts(pair_data(pairs_dev), pairs=False)
+
+
+def test_a_file_without_texts_is_refused(tmp_path, pairs_dev):
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(BenchError, match="holds no texts"):
-        load_texts(tmp_path / "empty.txt")
+        load_texts(data(pairs_dev), pairs=False, texts_file=tmp_path / "empty.txt")
+
+
+def test_batches_wrap_round_to_one_full_batch():
+    values = list(range(10))
+    groups = batches_of(values, 4)
+    assert len(groups) == 2 and groups[0] == values[:4] and all(len(g) == 4 for g in groups)
+    assert batches_of(values[:3], 4) == [[0, 1, 2, 0]]
+
+
+def test_load_groups_keep_each_pair_with_its_text():
+    examples = Examples(["a", "b", "c"], ["x", "y", "z"], None, "here")
+    (group,) = examples.load_groups(4)
+    assert (group.texts, group.pairs) == (["a", "b", "c", "a"], ["x", "y", "z", "x"])
+
+
+def test_batches_cover_every_example_once_in_order():
+    examples = Examples(list("abcde"), None, [0, 1, 0, 1, 0], "here")
+    assert [(b.texts, b.labels) for b in examples.batches(2)] == [
+        (["a", "b"], [0, 1]),
+        (["c", "d"], [0, 1]),
+        (["e"], [0]),
+    ]
 
 
 def test_texts_info_gives_the_source_count_and_lengths():
-    assert texts_info(["ab", "abcd", "abcdef"], "here") == {
+    assert texts_info(Examples(["ab", "abcd", "abcdef"], None, None, "here")) == {
         "source": "here",
         "count": 3,
+        "pairs": False,
         "chars": {"min": 2, "median": 4, "max": 6},
     }
+
+
+def test_texts_info_counts_both_texts_of_a_pair():
+    assert texts_info(Examples(["ab"], ["cde"], None, "here"))["chars"]["max"] == 5

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common import manifest as mf
-from tests.serve.conftest import ROOT, write_bundle
+from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
 FILES = ("locust_stats.csv", "locust_stats_history.csv", "report.html", "requests.npz", "plan.json", "summary.md")
 
@@ -18,6 +18,11 @@ FILES = ("locust_stats.csv", "locust_stats_history.csv", "report.html", "request
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     return write_bundle(tmp_path_factory.mktemp("loadtests") / "bundle-tiny")
+
+
+@pytest.fixture(scope="module")
+def pair_bundle(tmp_path_factory) -> Path:
+    return write_bundle(tmp_path_factory.mktemp("loadtests") / "bundle-pairs", **pair_spec())
 
 
 def loadtest(bundle: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
@@ -124,3 +129,20 @@ def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
     forced = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", "--force")
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
     assert mf.load(folder).created != created
+
+
+def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pair_bundle, data_dir):
+    mrpc = ["--data.dev=" + str(data_dir / "mrpc" / "dev.tsv"), "--data.text_column=sentence1"]
+    run = loadtest(pair_bundle, "smoke", *mrpc, "--data.text_pair_column=sentence2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    folder, summary = results("smoke")
+    assert summary["texts"]["pairs"] and summary["texts"]["source"] == str(data_dir / "mrpc" / "dev.tsv")
+    assert set(summary["by_name"]) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
+    assert summary["overall"]["failures"] == 0  # the pair model refuses a text without its pair
+    assert len((folder / "pairs.txt").read_text().splitlines()) == summary["texts"]["count"]
+
+
+def test_single_texts_for_a_pair_model_exit_2(pair_bundle):
+    run = loadtest(pair_bundle, "smoke")
+    assert run.returncode == 2
+    assert "the model takes text pairs" in run.stderr
