@@ -1,8 +1,9 @@
-"""Measurements of built bundles: `python -m bench models RECIPE` and `python -m bench serving RECIPE`.
+"""Measurements of built bundles: `python -m bench models|serving|accuracy RECIPE`.
 
 `models` times every bundle beside the teacher in PyTorch eager (`bench.models`); `serving` drives the
 server, the echo and bare servers of `bench.servers` with the drivers of `bench.drivers`
-(`bench.serving`). Both write an artifact folder with a manifest. `bench.processes` starts and stops
+(`bench.serving`); `accuracy` sends the dev split through the server by both APIs (`bench.accuracy`).
+Each writes an artifact folder with a manifest; `bench.texts` reads the texts they send. `bench.processes` starts and stops
 server subprocesses, also for `loadtests`; `bench.stats` holds the statistics and result records,
 `bench.slo` the verdicts on them.
 """

@@ -1,10 +1,11 @@
 """`python -m bench <command> RECIPE [options] [--section.key=value ...]`.
 
 Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
-runs/<recipe>/bench/) and `serving` (one bundle behind the server, against the targets of the
-recipe's `bench.serving` section: runs/<recipe>/serve-bench/). Exit status: 0 when measured (with
-`serving --check`, also every target met), 1 when `--check` found a target missed, 2 when the
-benchmark could not run.
+runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
+recipe's `bench.serving` section: runs/<recipe>/serve-bench/) and `accuracy` (the recipe's dev split
+through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/).
+Exit status: 0 when measured (with `--check`, also every target met, or the served accuracy equal to the
+bundle's), 1 when `--check` found a target missed or a different accuracy, 2 when the benchmark could not run.
 """
 
 import argparse
@@ -40,9 +41,18 @@ def run_serving(recipe, args) -> int:
     from bench import serving
 
     bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
-    stage = serving.stage(recipe, bundle, args.texts)
+    stage = serving.stage(recipe, bundle, args.texts, pairs_file=args.pairs)
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+
+
+def run_accuracy(recipe, args) -> int:
+    from bench import accuracy, serving
+
+    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    stage = accuracy.stage(recipe, bundle)
+    stage.run(args.force)
+    return 1 if args.check and not accuracy.AccuracyResult.load(stage.folder).passed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     served = commands.add_parser("serving", help="one bundle behind the server, against the recipe's targets")
     served.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     served.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
-    served.add_argument("--texts", type=Path, help="texts, one per line (default: SST-2 dev from $DATA_DIR)")
+    texts = served.add_mutually_exclusive_group()
+    texts.add_argument("--texts", type=Path, help="single texts, one per line (default: the recipe's dev split)")
+    texts.add_argument(
+        "--pairs",
+        type=Path,
+        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
+    )
     served.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     served.add_argument("--force", action="store_true", help="measure again even if up to date")
     served.set_defaults(command_run=run_serving)
+    checked = commands.add_parser(
+        "accuracy", help="the recipe's dev split through the server by both APIs, against the bundle's dev accuracy"
+    )
+    checked.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    checked.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
+    checked.add_argument("--force", action="store_true", help="measure again even if up to date")
+    checked.set_defaults(command_run=run_accuracy)
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

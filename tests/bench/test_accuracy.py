@@ -1,0 +1,120 @@
+"""`python -m bench accuracy`: the dev split through a real server by both APIs, against the bundle's dev accuracy."""
+
+import os
+
+import pytest
+
+from bench.__main__ import main
+from bench.accuracy import AccuracyResult
+from common import manifest as mf
+from tests.serve.conftest import ROOT, pair_spec, write_bundle
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+# The tiny model labels by its sentiment words; the last example's label is wrong, so 7 of 8 are right.
+SINGLE_DEV = (
+    "sentence\tlabel\ngreat fun\t1\ni love it\t1\nwonderful acting\t1\nthe best film\t1\n"
+    "awful plot\t0\nboring and dull\t0\nworst movie\t0\ngreat film\t0\n"
+)
+# The pair decides; quotes stay as they are (no quoting in TSV); the last label is wrong: 3 of 4 right.
+PAIR_DEV = (
+    "sentence1\tsentence2\tlabel\n"
+    'he said " good\tawful awful\t0\n'
+    'awful\t"great" fun\t1\n'
+    "the plot\tworst acting\t0\n"
+    "dull\tgood film\t0\n"
+)
+
+
+def bench_accuracy(bundle, dev, runs, *extra: str) -> int:
+    """`python -m bench accuracy recipes/smoke.yaml` on `bundle` with `dev` as the dev split, in `runs`."""
+    argv = ["accuracy", str(SMOKE), "--bundle", str(bundle), f"--data.dev={dev}", *extra]
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("RUNS_DIR", str(runs))
+        return main(argv)
+
+
+@pytest.fixture(scope="module")
+def single_dev(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dev") / "dev.tsv"
+    path.write_text(SINGLE_DEV)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served_run(tmp_path_factory, single_dev):
+    """One `--check` run on a bundle whose manifest says 0.875, and its exit status."""
+    bundle = write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-tiny", metrics={"dev_accuracy": 0.875})
+    runs = tmp_path_factory.mktemp("runs")
+    code = bench_accuracy(bundle, single_dev, runs, "--check")
+    return code, runs / "smoke" / "serve-accuracy", bundle
+
+
+def test_served_accuracy_equal_to_the_bundles_passes_the_check(served_run):
+    code, folder, _ = served_run
+    assert code == 0
+    assert AccuracyResult.load(folder).passed
+
+
+@pytest.mark.parametrize("api", ["classify", "kserve"])
+def test_each_api_is_measured_on_the_whole_dev_split(served_run, api):
+    figures = AccuracyResult.load(served_run[1]).apis[api]
+    assert (figures.correct, figures.accuracy) == (7, 0.875)
+
+
+def test_the_result_is_an_artifact_with_the_bundle_as_parent(served_run):
+    _, folder, bundle = served_run
+    manifest = mf.load(folder)
+    assert sorted(manifest.files) == ["accuracy.json", "accuracy.md", "server.log"]
+    assert manifest.parents["bundle"].path == str(bundle.resolve())
+
+
+def test_the_markdown_gives_both_apis_and_the_bundle(served_run):
+    report = (served_run[1] / "accuracy.md").read_text()
+    assert "| Classify | 7 / 8 | 0.8750 |" in report
+    assert "| KServe ModelInfer | 7 / 8 | 0.8750 |" in report
+    assert "| bundle (export stage) |  | 0.8750 |" in report
+
+
+def test_a_served_accuracy_unlike_the_bundles_fails_the_check(tmp_path, single_dev):
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check") == 1
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    assert not result.passed and result.bundle_dev_accuracy == 1.0
+
+
+def test_without_check_a_difference_still_exits_0(tmp_path, single_dev):
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 0
+
+
+def test_the_dev_split_is_cut_to_dev_limit(tmp_path, single_dev):
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--data.dev_limit=4", "--check") == 0
+    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy").texts["count"] == 4
+
+
+def test_pairs_go_through_both_apis(tmp_path):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text(PAIR_DEV)
+    bundle = write_bundle(tmp_path / "bundle-pairs", metrics={"dev_accuracy": 0.75}, **pair_spec())
+    columns = ["--data.text_column=sentence1", "--data.text_pair_column=sentence2"]
+    assert bench_accuracy(bundle, dev, tmp_path / "runs", *columns, "--check") == 0
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    assert result.texts["pairs"] and {api: f.correct for api, f in result.apis.items()} == {"classify": 3, "kserve": 3}
+
+
+def test_a_pair_split_for_a_single_text_bundle_exits_2(tmp_path, capsys):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text(PAIR_DEV)
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.75})
+    columns = ["--data.text_column=sentence1", "--data.text_pair_column=sentence2"]
+    assert bench_accuracy(bundle, dev, tmp_path / "runs", *columns) == 2
+    assert "the model takes single texts" in capsys.readouterr().err
+
+
+def test_a_bundle_without_dev_accuracy_exits_2(tmp_path, single_dev, capsys):
+    bundle = write_bundle(tmp_path / "bundle-tiny")
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 2
+    assert "no dev_accuracy" in capsys.readouterr().err
