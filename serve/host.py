@@ -54,6 +54,7 @@ class ModelDescription:
     name: str
     version: str
     labels: tuple[str, ...]
+    text_inputs: tuple[str, ...]
     max_length: int
     runtime: str
     precision: str
@@ -280,6 +281,7 @@ class ModelRuntime:
             name=self.name,
             version=self.version,
             labels=tuple(self.spec.labels),
+            text_inputs=tuple(self.spec.text_inputs),
             max_length=self.spec.max_length,
             runtime=self.spec.runtime,
             precision=self.spec.precision,

@@ -109,6 +109,7 @@ def test_model_info(stub, served):
     assert list(info.labels) == LABELS
     assert list(info.providers) == ["CPUExecutionProvider"]
     assert list(info.inputs) == ["input_ids", "attention_mask"]
+    assert list(info.text_inputs) == ["text"]
     assert info.runtime == "onnxruntime" and info.max_length == 16
     assert info.bundle_sha256 == mf.sha256_file(served.settings.bundle / mf.MANIFEST)
 

@@ -111,6 +111,11 @@ def test_kserve_with_text_pair_to_a_single_text_model_is_invalid_argument(channe
     assert "model 'tiny-sentiment' takes single texts, not text pairs" in details
 
 
+def test_model_info_of_a_pair_model_names_both_text_inputs(classifier):
+    info = classifier.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert list(info.text_inputs) == ["text", "text_pair"]
+
+
 def test_model_metadata_of_a_pair_model_lists_text_and_text_pair(kserve):
     meta = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-pairs"), timeout=10)
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
