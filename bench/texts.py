@@ -6,8 +6,6 @@ TSV (no quoting: quotes are part of the text, as in GLUE's files), CSV or JSONL 
 `text_column`, `text_pair_column` and `label_column`, cut to `dev_limit` as the export stage cut it.
 """
 
-import csv
-import json
 import random
 import statistics
 import sys
@@ -16,6 +14,7 @@ from pathlib import Path
 
 from bench import BenchError
 from common.recipe import DataConfig
+from distill.data import DataError, load_labelled
 from serve.client import UsageError, read_tsv
 
 TEXT_COUNT = 512
@@ -48,64 +47,14 @@ class Examples:
         return [self.take(indices) for indices in batches_of(list(range(len(self))), size)]
 
 
-def _rows(path: Path) -> list[dict]:
-    """The rows of a TSV/CSV file with a header, or of a JSONL file."""
-    if not path.is_file():
-        raise BenchError(f"{path}: file not found (set DATA_DIR, or fix data.dev in the recipe)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise BenchError(f"cannot read {path}: {err}") from err
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as err:
-            raise BenchError(f"{path}: not valid JSON lines ({err})") from err
-    if suffix not in (".tsv", ".csv"):
-        raise BenchError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
-    tsv = suffix == ".tsv"
-    lines = text.splitlines()
-    return list(
-        csv.DictReader(lines, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
-    )
-
-
-def _label_id(value, names: list[str], where: str) -> int:
-    """A label given as its id or its name."""
-    if str(value) in names:
-        return names.index(str(value))
-    try:
-        label = int(value)
-    except (TypeError, ValueError):
-        raise BenchError(f"{where}: label {value!r} is neither an id nor one of {names}") from None
-    if not 0 <= label < len(names):
-        raise BenchError(f"{where}: label {label} is out of range 0..{len(names) - 1}")
-    return label
-
-
 def dev_split(data: DataConfig) -> Examples:
-    """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids."""
-    if data.dev.startswith("hub:"):
-        raise BenchError(f"data.dev is a Hub dataset ({data.dev}): point it at a local file, or pass a texts file")
-    path = Path(data.dev)
-    rows = _rows(path)[: data.dev_limit]
-    if not rows:
-        raise BenchError(f"{path}: no examples (the file is empty or holds only a header)")
-    columns = [data.text_column, data.label_column] + ([data.text_pair_column] if data.pairs else [])
-    if missing := [column for column in columns if column not in rows[0]]:
-        raise BenchError(f"{path}: missing column(s) {missing}; found {sorted(rows[0])}")
-    texts, pairs, labels = [], [], []
-    for number, row in enumerate(rows, 2):
-        where = f"{path}:{number}"
-        text = str(row[data.text_column] or "").strip()
-        if not text:
-            raise BenchError(f"{where}: empty {data.text_column!r}")
-        texts.append(text)
-        labels.append(_label_id(row[data.label_column], data.label_names, where))
-        if data.pairs:
-            pairs.append(str(row[data.text_pair_column] or "").strip())
-    return Examples(texts, pairs if data.pairs else None, labels, str(path))
+    """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids (read as
+    the training stages read it)."""
+    try:
+        dev = load_labelled(data.dev, data).head(data.dev_limit)
+    except DataError as err:
+        raise BenchError(str(err)) from None
+    return Examples(dev.texts, dev.pairs, dev.labels, data.dev)
 
 
 def read_texts_file(path: Path) -> Examples:
