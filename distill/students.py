@@ -13,7 +13,7 @@ al. 2019); the Transformer reads both as two segments, like its teacher.
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, PreTrainedModel
 
 from common.recipe import StudentConfig
 from distill.losses import layer_map
@@ -226,17 +226,22 @@ def _check_fits(student: BertModel, teacher: BertModel) -> None:
 
 
 @torch.no_grad()
-def init_from_teacher(student: nn.Module, teacher: BertModel) -> None:
-    """Initialise `student` in place from a teacher `BertModel` (e.g. `BertForSequenceClassification.bert`).
+def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
+    """Initialise `student` in place from a teacher's base model (`AutoModel`: a `BertModel` or a `GPT2Model`).
 
     Transformer: embeddings (the first max_length positions) and, by `distill.losses.layer_map`,
     student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
     the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
     BiLSTM/CNN: the word embeddings, reduced to embed_dim by PCA (`_teacher_embedding_basis`); the
-    padding row is zeroed. The vocabularies must match.
+    padding row is zeroed. The vocabularies must match; a Transformer student needs a BERT teacher.
     """
-    teacher_words = teacher.embeddings.word_embeddings.weight
+    teacher_words = teacher.get_input_embeddings().weight
     if isinstance(student, TransformerClassifier):
+        if not isinstance(teacher, BertModel):
+            raise TypeError(
+                f"a transformer student copies a BERT teacher's layers, not a {type(teacher).__name__}'s: set "
+                "init_from_teacher: false for it, or use a bert teacher"
+            )
         _check_fits(student.bert, teacher)
         ours, theirs = student.bert.embeddings, teacher.embeddings
         for name in ("word_embeddings", "token_type_embeddings", "LayerNorm"):

@@ -2,6 +2,8 @@
 
 Retention, baseline and gain compare the metric that selects checkpoints (`data.metric`); the table shows dev
 accuracy, that metric when it is another, and the same on the test split when the manifests carry it.
+`baseline_from` says where the baseline started: `scratch`, or `teacher` (its layers or embeddings: a
+pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`).
 """
 
 import json
@@ -14,7 +16,7 @@ from common.atomic import atomic_write
 from common.recipe import Recipe, run_dir
 from distill.metrics import selection_key
 
-TEXT_COLUMNS = ("student", "arch")
+TEXT_COLUMNS = ("student", "arch", "baseline_from")
 
 
 def figures(recipe: Recipe, test: bool) -> list[str]:
@@ -35,19 +37,24 @@ def rows(recipe: Recipe) -> list[dict]:
         except mf.ArtifactError:
             continue
         try:
-            baseline = mf.load(folder / f"baseline-{name}", verify=False).metrics.get(key)
+            baseline = mf.load(folder / f"baseline-{name}", verify=False)
         except mf.ArtifactError:
             baseline = None
         found.append((name, student.info["arch"], student.metrics, baseline))
     columns = figures(recipe, test=any("test_accuracy" in metrics for _, _, metrics, _ in found))
-    return [_row(name, arch, m, columns, m.get(key), teacher.get(key), baseline) for name, arch, m, baseline in found]
+    return [_row(name, arch, m, columns, key, teacher.get(key), baseline) for name, arch, m, baseline in found]
 
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _row(name, arch, m, columns, score, teacher_score, baseline) -> dict:
+def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
+    score = m.get(key)
+    baseline = baseline_manifest.metrics.get(key) if baseline_manifest else None
+    start = None
+    if baseline_manifest is not None:
+        start = "teacher" if baseline_manifest.info.get("init_from_teacher") else "scratch"
     return {
         "student": name,
         "arch": arch,
@@ -56,6 +63,7 @@ def _row(name, arch, m, columns, score, teacher_score, baseline) -> dict:
         **{column: _rounded(m.get(column)) for column in columns},
         "retention": None if None in (score, teacher_score) else round(score / teacher_score, 4),
         "baseline": _rounded(baseline),
+        "baseline_from": start,
         "gain": None if None in (score, baseline) else round(score - baseline, 4),
         "wall_min": round(m["wall_seconds"] / 60, 1),
     }

@@ -3,13 +3,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
 from distill.students import (
     BiLSTMClassifier,
     CNNClassifier,
     StudentConfig,
     TransformerClassifier,
+    _teacher_embedding_basis,
     build_student,
     count_parameters,
     init_from_teacher,
@@ -276,3 +277,18 @@ def test_pair_student_without_segments_is_refused(arch):
     ids, mask, _, _ = _pair_batch()
     with pytest.raises(ValueError, match="token_type_ids"):
         _student(arch, pairs=True)(ids, mask)
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_init_from_teacher_takes_a_gpt_teachers_word_embeddings(arch):
+    teacher = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    student = _student(arch)
+    init_from_teacher(student, teacher)
+    expected = _teacher_embedding_basis(teacher.wte.weight, student.embed.embedding_dim)
+    torch.testing.assert_close(student.embed.weight[1:], expected[1:])
+
+
+def test_init_from_teacher_refuses_a_transformer_student_of_a_gpt_teacher():
+    teacher = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    with pytest.raises(TypeError, match="BERT teacher"):
+        init_from_teacher(_student("transformer"), teacher)

@@ -58,9 +58,14 @@ def test_accuracy_recipe_shows_dev_accuracy_only(trec):
         "dev_accuracy",
         "retention",
         "baseline",
+        "baseline_from",
         "gain",
         "wall_min",
     ]
+
+
+def test_baseline_from_says_where_the_baseline_started(trec):
+    assert table.rows(trec())[1]["baseline_from"] == "scratch"
 
 
 def test_macro_f1_recipe_adds_its_column(trec):
