@@ -95,7 +95,8 @@ class Settings(BaseModel):
     )
     admin_token: SecretStr | None = Field(
         None,
-        description="bearer token the Reload call must send instead of TOKEN; unset: Reload may not name a bundle path",
+        description="bearer token the Reload call must send instead of TOKEN; unset: Reload is refused "
+        "(PERMISSION_DENIED), and only SIGHUP reloads",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     reload_root: Path | None = Field(

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
 KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN where set, not by TOKEN
+ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN (refused without one), not by TOKEN
 OUTPUTS = ("logits", "probabilities")
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 LABELS_FILE = "labels.txt"  # the label file a Triton model repository of the bundle holds (export.triton)
@@ -111,13 +111,21 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining is None else asyncio.get_running_loop().time() + remaining
 
 
-def reload_folder(path: str, settings: Settings) -> Path:
-    """The bundle folder a Reload call names: only with a reload root and an admin token set, and inside that root."""
-    root = settings.reload_root
-    if root is None or settings.admin_token is None:
+def reload_folder(path: str, settings: Settings) -> Path | None:
+    """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
+    token set (SIGHUP reloads without one); a path only with a reload root set too, and inside that root."""
+    if settings.admin_token is None:
         raise PermissionDenied(
-            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT and "
-            "EDGEDISTILL_ADMIN_TOKEN to allow it, or send Reload without a path to reload the served bundle"
+            "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
+            "<token>' to allow it; SIGHUP to the server process reloads the served bundle without a token"
+        )
+    if not path:
+        return None
+    root = settings.reload_root
+    if root is None:
+        raise PermissionDenied(
+            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
+            "or send Reload without a path to reload the served bundle"
         )
     try:
         folder = Path(path).resolve()
@@ -255,8 +263,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
     @handles_errors
     async def Reload(self, request, context):
-        folder = reload_folder(request.bundle_path, self.settings) if request.bundle_path else None
-        runtime, previous = await self.host.reload(folder)
+        runtime, previous = await self.host.reload(reload_folder(request.bundle_path, self.settings))
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
         if previous is not None:
             reply.previous.CopyFrom(model_info(previous))

@@ -111,7 +111,8 @@ CLASSIFIER_CASES = [
     Case("stream, unknown model", [classify("good", model_name="bert")], "NOT_FOUND", "unknown model 'bert'", method="ClassifyStream"),
     Case("stream, surrogate bytes on the wire", [classify("good").SerializeToString(), b"\x0a\x03" + SURROGATE_UTF8], "INVALID_ARGUMENT"),
     Case("stream, 1 MB message", [classify("good"), classify("x" * MEGABYTE)], "RESOURCE_EXHAUSTED", method="ClassifyStream"),
-    Case("reload naming a path without a reload root", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "may not name a bundle_path", method="Reload"),
+    Case("reload naming a path without an admin token", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "EDGEDISTILL_ADMIN_TOKEN", method="Reload"),
+    Case("reload without a path or an admin token", pb.ReloadRequest(), "PERMISSION_DENIED", "Reload is off", method="Reload"),
     Case("reload, NUL in the path", pb.ReloadRequest(bundle_path="/tmp/\x00bundle"), "INVALID_ARGUMENT", "not a usable path", method="Reload", target="guarded", metadata=ADMIN),
     Case("reload, path too long for the OS", pb.ReloadRequest(bundle_path="x" * 5000), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
     Case("reload, a device file", pb.ReloadRequest(bundle_path="/dev/null"), "PERMISSION_DENIED", "must lie inside", method="Reload", target="guarded", metadata=ADMIN),
@@ -294,11 +295,13 @@ def test_error_details_are_capped_so_the_status_arrives(channels):
     assert details.endswith("this server serves 'tiny-sentiment'") and len(details.encode()) < 1100
 
 
-def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(served, channel):
-    stub = classifier_pb2_grpc.ClassifierStub(channel)
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.Reload(pb.ReloadRequest(bundle_path=str(served.settings.bundle)), timeout=10)
+def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(start_server, bundle):
+    server = start_server(settings_for(bundle, admin_token=ADMIN_TOKEN))
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        request = pb.ReloadRequest(bundle_path=str(bundle))
+        classifier_pb2_grpc.ClassifierStub(channel).Reload(request, metadata=ADMIN, timeout=10)
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "EDGEDISTILL_RELOAD_ROOT" in caught.value.details()
 
 
 def held_streams(channel, count: int) -> tuple[list, threading.Event]:

@@ -373,7 +373,7 @@ def test_a_reload_finishing_after_shutdown_began_installs_nothing(start_server, 
 
 def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_server, make_bundle, monkeypatch):
     folder = make_bundle()
-    server = start_server(settings_for(folder, reload_root=folder.parent))
+    server = start_server(settings_for(folder, admin_token="admin-token"))
 
     def unreadable(bundle, settings):
         raise PermissionError(13, "Permission denied", str(bundle.folder / "model.onnx"))
@@ -382,7 +382,7 @@ def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_se
     with server.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as failed:
-            stub.Reload(pb.ReloadRequest(), timeout=10)
+            stub.Reload(pb.ReloadRequest(), metadata=(("authorization", "Bearer admin-token"),), timeout=10)
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "Permission denied" in failed.value.details()
         assert stub.Classify(pb.ClassifyRequest(texts=KNOWN), timeout=10).model_version == "1"

@@ -248,6 +248,19 @@ def test_failed_reload_keeps_the_old_model(start_server, make_bundle, kind):
         assert stub.Reload(pb.ReloadRequest(), metadata=ADMIN, timeout=10).model.version == "1"
 
 
+def test_reload_without_an_admin_token_is_refused_and_reloads_nothing(start_server, make_bundle):
+    folder = make_bundle()
+    server = start_server(settings_for(folder))
+    make_bundle(version="2")  # the served folder now holds version 2
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "EDGEDISTILL_ADMIN_TOKEN" in caught.value.details()
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version == "1"
+
+
 def test_a_bundle_that_fails_verification_is_refused_at_start(make_bundle):
     folder = corrupt(make_bundle())
 
