@@ -12,8 +12,10 @@ and such a request that comes at light load runs at once, in its own task, witho
 batcher task.
 Outputs are split back per row and returned to each request in its row order, stacked along axis 0.
 
-Rows of a request that was cancelled (or whose deadline passed) while queued are dropped before
-the batch runs. A request of more than `max_batch_size` rows always goes through the queue, which
+Admission: the queue holds at most `max_queued` rows, counting the rows of requests admitted with
+`admit` while their rows are still being made (tokenized), so overload is refused before any work is
+spent on a request. Rows of a request that was cancelled (or whose deadline passed) while queued are
+dropped before the batch runs. A request of more than `max_batch_size` rows always goes through the queue, which
 takes it in batches of at most that many.
 
 Faults: a backend call that raises fails the requests of its batch, and the batcher goes on. An error
@@ -30,7 +32,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -133,6 +135,7 @@ class DynamicBatcher:
         self.on_fault = on_fault
         self.fault: ServerFault | None = None
         self._pending: list[_Row] = []
+        self._admitted = 0  # rows held by `admit` blocks: admitted, not yet submitted
         self._running: list[list[_Row]] = []  # batches taken from the queue and not yet answered
         self._busy = False  # a batch is running in the worker thread
         self._last_done = -math.inf  # loop time at which the last batch finished
@@ -176,23 +179,39 @@ class DynamicBatcher:
         # a hung backend call holds the worker thread: never wait for it
         self._executor.shutdown(wait=finished, cancel_futures=True)
 
+    def _check_room(self, rows: int) -> None:
+        """Raise unless `rows` more rows fit in the queue beside those queued and those admitted."""
+        if self.fault is not None:
+            raise ServerFault(str(self.fault))
+        if self._closing:
+            raise BatcherClosed("the model is shutting down or being replaced; retry")
+        if len(self._pending) + self._admitted + rows > self.max_queued:
+            raise Overloaded(
+                f"server overloaded: {len(self._pending)} rows queued and {self._admitted} being prepared, "
+                f"{rows} more would exceed the limit of {self.max_queued}; retry with backoff"
+            )
+
+    @contextlib.contextmanager
+    def admit(self, rows: int) -> Iterator[None]:
+        """Hold `rows` places in the queue while a request's rows are made (e.g. tokenized), refusing it at once
+        (`Overloaded`, `BatcherClosed`, `ServerFault`) when they do not fit. `submit` the rows after the block:
+        the places are given back as the block ends, and the rows take them in the same step of the event loop."""
+        self._check_room(rows)
+        self._admitted += rows
+        try:
+            yield
+        finally:
+            self._admitted -= rows
+
     async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:
         """Queue `rows` and wait for their outputs, stacked in row order.
 
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
         `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too.
         """
-        if self.fault is not None:
-            raise ServerFault(str(self.fault))
-        if self._closing:
-            raise BatcherClosed("the model is shutting down or being replaced; retry")
         if not rows:
             raise ValueError("submit needs at least one row")
-        if len(self._pending) + len(rows) > self.max_queued:
-            raise Overloaded(
-                f"server overloaded: {len(self._pending)} rows queued, {len(rows)} more would exceed "
-                f"the limit of {self.max_queued}; retry with backoff"
-            )
+        self._check_room(len(rows))
         lengths = [_length(row) for row in rows]
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))

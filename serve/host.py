@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +40,9 @@ from serve.settings import Settings
 log = logging.getLogger(__name__)
 
 WARM_UP_TIMINGS = 2  # timed calls per warm-up shape for the batcher's cost model
+# Threads that tokenize large requests. The tokenizer spreads a batch over its own threads, so more of ours
+# would only contend for the same cores; the batcher's admission bounds how many requests wait for them.
+TOKENIZE_THREADS = 2
 
 
 @dataclass
@@ -123,6 +127,7 @@ class ModelRuntime:
             bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
         )
         self.backend = load_backend(bundle, settings)
+        self._tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
         self.batcher = DynamicBatcher(
             self.backend.infer,
@@ -227,13 +232,16 @@ class ModelRuntime:
                 raise BundleRejected(f"{at} gave {output.name} of shape {value.shape} with non-finite values")
 
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
-        """Texts (and their pairs, as the model takes them) through the model. Small requests are tokenized on
-        the event loop (cheaper than a thread hop), large ones in a thread."""
+        """Texts (and their pairs, as the model takes them) through the model. The queue admits the rows before
+        they are tokenized, so an overloaded server refuses at once. Small requests are tokenized on the event
+        loop (cheaper than a thread hop), large ones in one of TOKENIZE_THREADS threads."""
         check_pairs(self.spec, pairs)
-        if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
-            rows = self.encoder.encode(texts, pairs)
-        else:
-            rows = await asyncio.to_thread(self.encoder.encode, texts, pairs)
+        with self.batcher.admit(len(texts)):
+            if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
+                rows = self.encoder.encode(texts, pairs)
+            else:
+                loop = asyncio.get_running_loop()
+                rows = await loop.run_in_executor(self._tokenizing, self.encoder.encode, texts, pairs)
         return await self.run(rows, deadline)
 
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:
@@ -296,6 +304,7 @@ class ModelRuntime:
     async def close(self, timeout: float | None = None) -> None:
         """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend."""
         await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout)
+        self._tokenizing.shutdown(wait=False)  # what is being tokenized then meets the closed batcher
         self.backend.close()
 
 

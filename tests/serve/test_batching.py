@@ -137,6 +137,22 @@ def test_large_request_is_split_across_batches_and_reassembled():
     assert [s[0] for s in backend.shapes] == [3, 3, 1]
 
 
+def test_rows_being_admitted_count_against_the_queue_limit():
+    async def main():
+        b = batcher(FakeBackend(), max_queued=4)
+        b.start()
+        with b.admit(3):
+            with pytest.raises(Overloaded, match="3 being prepared"):
+                await b.submit([row(1), row(2)])
+            with pytest.raises(Overloaded, match="limit of 4"), b.admit(2):
+                pass
+        result = await b.submit([row(1), row(2), row(3), row(4)])  # the places were given back
+        await b.close()
+        return result
+
+    assert asyncio.run(main()).outputs["sum"].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_overload_is_refused_then_recovers():
     gate = threading.Event()
     backend = FakeBackend(gate=gate)

@@ -11,10 +11,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import serve.host
 from serve import tensors
 from serve.app import create_server
 from serve.client import Client
+from serve.encoding import TextEncoder
 from serve.errors import BundleRejected
+from serve.host import TOKENIZE_THREADS
 from serve.proto import classifier_pb2 as pb
 from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from tests.serve.conftest import settings_for
@@ -326,6 +329,83 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
     codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
     assert codes["DEADLINE_EXCEEDED"] >= 1 and codes["CANCELLED"] >= 1
+
+
+GATED = "great " * 60  # over INLINE_TOKENIZE_CHARS characters: tokenized in a thread
+
+
+class Gate:
+    """Holds every `encode` of a text holding GATED until `open` is set; counts those held at once."""
+
+    def __init__(self):
+        self.open = threading.Event()
+        self.held = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self._lock:
+            self.held += 1
+            self.most = max(self.most, self.held)
+        try:
+            assert self.open.wait(30)
+        finally:
+            with self._lock:
+                self.held -= 1
+
+    def wait_held(self, count: int, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        while self.held < count:
+            assert time.monotonic() < deadline, f"{self.held} encode calls held, expected {count}"
+            time.sleep(0.005)
+
+
+@pytest.fixture
+def slow_tokenizer(monkeypatch) -> Gate:
+    """Servers started in the test tokenize texts holding GATED only once the gate opens (a real TextEncoder)."""
+    gate = Gate()
+
+    class GatedEncoder(TextEncoder):
+        def encode(self, texts, pairs=None):
+            if any(GATED in text for text in texts):
+                gate.hold()
+            return super().encode(texts, pairs)
+
+    monkeypatch.setattr(serve.host, "TextEncoder", GatedEncoder)
+    yield gate
+    gate.open.set()
+
+
+def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokenizer):
+    server = start_server(settings_for(bundle, max_queued=4, max_texts=2))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        admitted = [stub.Classify.future(pb.ClassifyRequest(texts=[GATED, GATED]), timeout=30) for _ in range(2)]
+        slow_tokenizer.wait_held(2)  # 4 rows being tokenized, none queued
+        codes, seconds = [], []
+        for texts in ([GATED], ["good"]):  # a large request (a thread) and a small one (the event loop)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Classify(pb.ClassifyRequest(texts=texts), timeout=5)
+            seconds.append(time.monotonic() - started)
+            codes.append(caught.value.code())
+        slow_tokenizer.open.set()
+        assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+        assert max(seconds) < 1.0, "a refusal waited for the tokenizer"
+        assert [len(call.result().predictions) for call in admitted] == [2, 2]
+
+
+def test_large_requests_are_tokenized_in_a_bounded_pool(start_server, bundle, slow_tokenizer):
+    server = start_server(settings_for(bundle))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        calls = [stub.Classify.future(pb.ClassifyRequest(texts=[GATED]), timeout=30) for _ in range(8)]
+        slow_tokenizer.wait_held(TOKENIZE_THREADS)
+        time.sleep(0.3)  # time for more threads to start, were the pool unbounded
+        most = slow_tokenizer.most
+        slow_tokenizer.open.set()
+        assert most == TOKENIZE_THREADS
+        assert all(call.result().predictions for call in calls)
 
 
 def text_infer(*texts: str) -> kserve_pb2.ModelInferRequest:
