@@ -5,6 +5,9 @@ the `tokenizer.json` shared by the whole pipeline, and `manifest.json`, whose `i
 `BundleSpec`: what the server needs to feed the model and read its outputs.
 """
 
+import hashlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -73,10 +76,8 @@ class Bundle(BaseModel):
         return self.folder / TOKENIZER
 
 
-def load_bundle(folder: str | Path) -> Bundle:
-    """Read and verify a bundle: every file's sha256, the model and tokenizer present, the spec valid."""
-    folder = Path(folder)
-    manifest = mf.load(folder)
+def _spec(folder: Path, manifest: mf.Manifest) -> BundleSpec:
+    """The bundle spec of a manifest; `ArtifactError` unless it is valid and lists the model and tokenizer."""
     if "bundle" not in manifest.info:
         raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a bundle (no info.bundle)")
     try:
@@ -86,4 +87,55 @@ def load_bundle(folder: str | Path) -> Bundle:
     for required in (spec.model_file, TOKENIZER):
         if required not in manifest.files:
             raise mf.ArtifactError(f"{folder}: {required} is not in the bundle's manifest")
-    return Bundle(folder=folder, manifest=manifest, spec=spec)
+    return spec
+
+
+def load_bundle(folder: str | Path, verify: bool = True) -> Bundle:
+    """Read and verify a bundle: every file's sha256 (unless `verify` is off), the model and tokenizer listed,
+    the spec valid."""
+    folder = Path(folder)
+    manifest = mf.load(folder, verify=verify)
+    return Bundle(folder=folder, manifest=manifest, spec=_spec(folder, manifest))
+
+
+@dataclass(frozen=True, eq=False)
+class ServedFiles:
+    """The model file and tokenizer.json of a bundle, as read once and verified: what is opened is what was
+    checked. Drop it once the model is open: it holds the whole model file."""
+
+    model: bytes
+    tokenizer: str
+
+
+def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
+    """The bytes of the listed file `name`, read once; `ArtifactError` unless they match the manifest's entry."""
+    try:
+        with open(mf.listed_file(folder, name), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size != entry.size_bytes:
+                raise mf.ArtifactError(
+                    f"{folder}: {name} has {size} bytes, the manifest says {entry.size_bytes} (truncated?)"
+                )
+            data = handle.read(entry.size_bytes + 1)  # one byte more shows a file that grew since
+    except FileNotFoundError:
+        raise mf.ArtifactError(f"{folder}: {name} is listed in the manifest but missing") from None
+    if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise mf.ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
+    return data
+
+
+def read_bundle(folder: str | Path) -> tuple[Bundle, ServedFiles]:
+    """A verified bundle and its model and tokenizer in memory, each read once and checked on the bytes read, so a
+    folder changed after the check cannot change what is served (the other listed files are checked too)."""
+    folder = Path(folder)
+    manifest = mf.load(folder, verify=False)
+    spec = _spec(folder, manifest)
+    served = {name: _read_listed(folder, name, manifest.files[name]) for name in (spec.model_file, TOKENIZER)}
+    for name, entry in manifest.files.items():
+        if name not in served:
+            _read_listed(folder, name, entry)
+    try:
+        tokenizer = served[TOKENIZER].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise mf.ArtifactError(f"{folder}: {TOKENIZER} is not UTF-8 text: {err}") from err
+    return Bundle(folder=folder, manifest=manifest, spec=spec), ServedFiles(served[spec.model_file], tokenizer)

@@ -107,6 +107,7 @@ def open_session(
     model_path: str | Path,
     providers: list[str],
     *,
+    model: bytes | None = None,
     threads: int | None = None,
     spin: bool = False,
     disabled_optimizers: list[str] | None = None,
@@ -114,6 +115,8 @@ def open_session(
 ) -> ort.InferenceSession:
     """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
 
+    With `model`, the session is built from those bytes (the file at `model_path`, already read and verified)
+    and the file is not opened again; `model_path` still names it in messages and places TensorRT's caches.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list). With
     `allow_cpu_fallback` a provider that is not active is logged as a warning and the session returned anyway.
@@ -136,7 +139,10 @@ def open_session(
     usable = [(p, provider_options(p, model_path)) for p in requested if p in offered]
     try:
         session = ort.InferenceSession(
-            str(model_path), options, providers=usable, disabled_optimizers=disabled_optimizers or None
+            str(model_path) if model is None else model,
+            options,
+            providers=usable,
+            disabled_optimizers=disabled_optimizers or None,
         )
     except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
         raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
@@ -349,17 +355,18 @@ def tensorrt_logger(trt):
 
 
 class EngineRunner:
-    """A `Runner` over a TensorRT engine: deserialised once, run on one CUDA stream with device buffers that grow
-    (never shrink) with the batch. FP16 outputs come back as float32."""
+    """A `Runner` over a TensorRT engine: deserialised once (from `plan`, the bytes of `plan_path` already read,
+    where given), run on one CUDA stream with device buffers that grow (never shrink) with the batch. FP16 outputs
+    come back as float32."""
 
-    def __init__(self, plan_path: str | Path):
+    def __init__(self, plan_path: str | Path, plan: bytes | None = None):
         versions = require_tensorrt()
         import tensorrt as trt
 
         self.cuda = Cuda()
         self.logger = tensorrt_logger(trt)
         self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(Path(plan_path).read_bytes())
+        self.engine = self.runtime.deserialize_cuda_engine(Path(plan_path).read_bytes() if plan is None else plan)
         if self.engine is None:
             raise ModelLoadError(
                 f"TensorRT {versions['tensorrt']} cannot deserialise {plan_path} ({'; '.join(self.logger.errors)}): "
@@ -431,14 +438,15 @@ def open_runner(
     runtime: str,
     providers: list[str],
     *,
+    model: bytes | None = None,
     threads: int | None = None,
     spin: bool = False,
     disabled_optimizers: list[str] | None = None,
     allow_cpu_fallback: bool = False,
 ) -> Runner:
-    """A `Runner` for `model_path` on `runtime` ('onnxruntime' or 'tensorrt').
+    """A `Runner` for `model_path` (from its bytes `model`, where given) on `runtime` ('onnxruntime' or 'tensorrt').
 
-    The keyword arguments and `providers` apply to ONNX Runtime (see `open_session`); an engine runs on
+    The other keyword arguments and `providers` apply to ONNX Runtime (see `open_session`); an engine runs on
     the GPU or not at all (`TensorRTUnavailable`).
     """
     if runtime == "onnxruntime":
@@ -446,6 +454,7 @@ def open_runner(
             open_session(
                 model_path,
                 providers,
+                model=model,
                 threads=threads,
                 spin=spin,
                 disabled_optimizers=disabled_optimizers,
@@ -453,7 +462,7 @@ def open_runner(
             )
         )
     if runtime == "tensorrt":
-        return EngineRunner(model_path)
+        return EngineRunner(model_path, model)
     raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(TRITON_PLATFORMS)}")
 
 
@@ -478,17 +487,20 @@ def open_bundle(
     bundle: Bundle,
     providers: list[str] | None = None,
     *,
+    model: bytes | None = None,
     threads: int | None = None,
     spin: bool = False,
     allow_cpu_fallback: bool = False,
 ) -> Runner:
-    """A `Runner` for a loaded bundle, on `providers` (empty or None: the bundle's), with the bundle's disabled
+    """A `Runner` for a loaded bundle (from `model`, its model file's verified bytes, where given: see
+    `common.bundle.read_bundle`), on `providers` (empty or None: the bundle's), with the bundle's disabled
     optimizers; `ArtifactError` when the model's inputs, outputs or profile disagree with its spec."""
     spec = bundle.spec
     runner = open_runner(
         bundle.model_path,
         spec.runtime,
         providers or spec.providers,
+        model=model,
         threads=threads,
         spin=spin,
         disabled_optimizers=spec.disabled_optimizers,

@@ -16,8 +16,9 @@ class BackendUnavailable(BundleRejected):
     """The runtime or execution provider a bundle needs is not installed here, or has no device to run on."""
 
 
-def load_backend(bundle: Bundle, settings: Settings) -> Runner:
-    """The bundle's runner on `settings.providers` (empty: the bundle's), `threads` and `spin`.
+def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
+    """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
+    (empty: the bundle's), `threads` and `spin`.
 
     A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU.
     """
@@ -25,6 +26,7 @@ def load_backend(bundle: Bundle, settings: Settings) -> Runner:
         runner = open_bundle(
             bundle,
             settings.providers,
+            model=model,
             threads=settings.threads,
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,

@@ -15,8 +15,9 @@ _NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32}
 class TextEncoder:
     """Tokenizes texts (or text pairs) into one row per text: `{input name: 1-D int array}`, unpadded."""
 
-    def __init__(self, path: Path, max_length: int, inputs: dict[str, str]):
-        """`inputs` maps each model input name to its dtype (from the bundle spec)."""
+    def __init__(self, path: Path, max_length: int, inputs: dict[str, str], tokenizer_json: str | None = None):
+        """`inputs` maps each model input name to its dtype (from the bundle spec). With `tokenizer_json` (the text
+        of `path`, already read and verified) the file is not read again; `path` names it in messages."""
         unknown = set(inputs) - set(SEQUENCE_INPUTS)
         if unknown or "input_ids" not in inputs:
             raise BundleRejected(
@@ -24,7 +25,10 @@ class TextEncoder:
                 f"{', '.join(SEQUENCE_INPUTS[1:])}"
             )
         try:
-            self.tokenizer = Tokenizer.from_file(str(path))
+            if tokenizer_json is None:
+                self.tokenizer = Tokenizer.from_file(str(path))
+            else:
+                self.tokenizer = Tokenizer.from_str(tokenizer_json)
         except Exception as err:
             raise BundleRejected(f"{path} is not a tokenizers tokenizer.json: {err}") from err
         self.tokenizer.no_padding()

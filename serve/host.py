@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from common import manifest as mf
-from common.bundle import Bundle, BundleSpec, load_bundle
+from common.bundle import Bundle, BundleSpec, ServedFiles, read_bundle
 from serve.backend import load_backend
 from serve.batching import BatchObserver, DynamicBatcher
 from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
@@ -107,11 +107,13 @@ def check_pairs(spec: BundleSpec, pairs: list[str] | None) -> None:
 
 
 class ModelRuntime:
-    """One loaded bundle, ready to warm up and serve."""
+    """One loaded bundle, ready to warm up and serve: its tokenizer and model opened from `files`, the bytes
+    verified against its manifest (`ModelRuntime.load` reads them)."""
 
     def __init__(
         self,
         bundle: Bundle,
+        files: ServedFiles,
         settings: Settings,
         observer: BatchObserver | None = None,
         on_fault: Callable[[ServerFault], None] | None = None,
@@ -124,9 +126,9 @@ class ModelRuntime:
             raise BundleRejected(f"{bundle.folder}: the bundle spec names no outputs")
         self.output = self.spec.outputs[0].name
         self.encoder = TextEncoder(
-            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
+            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}, files.tokenizer
         )
-        self.backend = load_backend(bundle, settings)
+        self.backend = load_backend(bundle, settings, model=files.model)
         self._tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
         self.batcher = DynamicBatcher(
@@ -149,9 +151,10 @@ class ModelRuntime:
         observer: BatchObserver | None = None,
         on_fault: Callable[[ServerFault], None] | None = None,
     ) -> "ModelRuntime":
-        """Verify and load the bundle in `folder`; `BundleRejected` says why it cannot be served."""
+        """Verify and load the bundle in `folder`, each file read once; `BundleRejected` says why it cannot be
+        served."""
         try:
-            return cls(load_bundle(folder), settings, observer, on_fault)
+            return cls(*read_bundle(folder), settings, observer, on_fault)
         except mf.ArtifactError as err:
             raise BundleRejected(f"bundle refused: {err}") from err
         except OSError as err:  # unreadable (permissions, a file gone since verified), or a name too long to look up

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from common import manifest as mf
 from common import runtime
-from common.bundle import BundleSpec, TensorSpec, load_bundle
+from common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
 from common.runtime import (
     ModelLoadError,
     ProviderFallback,
@@ -262,6 +262,36 @@ def test_open_bundle_passes_the_bundle_disabled_optimizers(make_bundle, monkeypa
     monkeypatch.setattr(ort, "InferenceSession", recording)
     open_bundle(make_bundle(disabled_optimizers=["SkipLayerNormFusion"]))
     assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
+
+
+def test_open_bundle_builds_the_session_from_the_verified_bytes_not_the_file(make_bundle):
+    bundle, files = read_bundle(make_bundle().folder)
+    bundle.model_path.write_bytes(b"not a model: the file changed after it was read and verified")
+    runner = open_bundle(bundle, model=files.model, threads=1)
+    assert runner.infer({"x": np.ones((2, 2), np.float32)})["y"].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_read_bundle_reads_the_model_and_tokenizer_it_verified(make_bundle):
+    bundle = make_bundle()
+    _, files = read_bundle(bundle.folder)
+    assert (files.model, files.tokenizer) == (bundle.model_path.read_bytes(), "{}")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda path: path.write_bytes(path.read_bytes()[:-1] + b"!"), "does not match its sha256"),
+        (lambda path: path.write_bytes(path.read_bytes() + b"!"), r"has \d+ bytes, the manifest says \d+ \(truncated\?\)"),
+        (lambda path: path.unlink(), "is listed in the manifest but missing"),
+    ],
+    ids=["edited", "grown", "missing"],
+)
+@pytest.mark.parametrize("name", ["model.onnx", "tokenizer.json"])
+def test_read_bundle_refuses_a_served_file_that_differs_from_its_manifest(make_bundle, name, change, message):
+    bundle = make_bundle()
+    change(bundle.folder / name)
+    with pytest.raises(mf.ArtifactError, match=f"{name} {message}"):
+        read_bundle(bundle.folder)
 
 
 def test_model_inputs_must_match_the_spec(make_bundle):

@@ -375,7 +375,7 @@ def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_se
     folder = make_bundle()
     server = start_server(settings_for(folder, admin_token="admin-token"))
 
-    def unreadable(bundle, settings):
+    def unreadable(bundle, settings, **kwargs):
         raise PermissionError(13, "Permission denied", str(bundle.folder / "model.onnx"))
 
     monkeypatch.setattr(serve.host, "load_backend", unreadable)

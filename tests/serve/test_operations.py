@@ -2,6 +2,7 @@
 
 import asyncio
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -272,6 +273,35 @@ def test_a_bundle_that_fails_verification_is_refused_at_start(make_bundle):
 
     with pytest.raises(BundleRejected, match="does not match its sha256"):
         asyncio.run(build())
+
+
+def swapped_words(tokenizer_json: str, a: str, b: str) -> str:
+    """The tokenizer.json text with the token ids of words `a` and `b` exchanged."""
+    return tokenizer_json.replace(f'"{a}"', '"\0"').replace(f'"{b}"', f'"{a}"').replace('"\0"', f'"{b}"')
+
+
+@pytest.mark.parametrize("swapped", ["model.onnx", "tokenizer.json"])
+def test_a_file_swapped_after_verification_is_never_served(start_server, make_bundle, monkeypatch, swapped):
+    folder = make_bundle()
+    negative = make_bundle("negative", bias=5.0)  # the same model leaning hard to "negative"
+
+    def swap():  # between the check of the bundle and the opening of its files
+        if swapped == "model.onnx":
+            shutil.copyfile(negative / "model.onnx", folder / "model.onnx")
+        else:
+            tokenizer = folder / "tokenizer.json"
+            tokenizer.write_text(swapped_words(tokenizer.read_text(), "great", "awful"))
+
+    class SwappingEncoder(TextEncoder):
+        def __init__(self, *args, **kwargs):
+            swap()
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(serve.host, "TextEncoder", SwappingEncoder)
+    server = start_server(settings_for(folder))
+    with server.channel() as channel:
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["great"]), timeout=10)
+    assert reply.predictions[0].label == "positive"
 
 
 @pytest.fixture(scope="module")
