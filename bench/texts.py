@@ -1,7 +1,7 @@
 """The texts that the serving benchmark, the served-accuracy check and the load tests send: the recipe's dev split
 (texts and their pairs, for a pair task), unless a file is given.
 
-The dev split is read here, not through `distill.data`, so that measuring a bundle needs no training code: a
+The dev split is read here, not through `common.data`, so that measuring a bundle needs no training code: a
 TSV (no quoting: quotes are part of the text, as in GLUE's files), CSV or JSONL file with the recipe's
 `text_column`, `text_pair_column` and `label_column`, cut to `dev_limit` as the export stage cut it.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench import BenchError
+from common.data import DataError, load_labelled
 from common.recipe import DataConfig
-from distill.data import DataError, load_labelled
 from serve.client import UsageError, read_tsv
 
 TEXT_COUNT = 512

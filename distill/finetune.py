@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from common.data import load_labelled, load_splits
 from common.recipe import Recipe
 from common.stage import Built, Inputs, Stage
 from distill import device, dist, pretrain
 from distill.batching import collate, length_grouped_batches
-from distill.data import load_labelled, load_splits
 from distill.device import Placement
 from distill.metrics import EVAL_KEYS, selection_key, task_metrics
 from distill.tokenization import encode, load_tokenizer

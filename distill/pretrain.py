@@ -20,10 +20,10 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
+from common.data import load_unlabelled
 from common.recipe import ModelConfig, Recipe
 from common.stage import Built, Inputs, Stage
 from distill import device, dist
-from distill.data import load_unlabelled
 from distill.device import Placement
 from distill.tokenization import load_tokenizer, train_tokenizer
 from distill.trainer import Trainer, save_pretrained_atomic, work_dir

@@ -20,11 +20,11 @@ from transformers import AutoModel
 
 from common import manifest as mf
 from common.atomic import atomic_write
+from common.data import load_splits
 from common.recipe import Recipe, StudentConfig, StudentRun
 from common.stage import Built, Inputs, Stage
 from distill import device, dist, transfer
 from distill.batching import collate, length_grouped_batches
-from distill.data import load_splits
 from distill.finetune import predict_logits, test_metrics
 from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
 from distill.metrics import EVAL_KEYS, selection_key, task_metrics

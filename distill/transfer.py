@@ -27,12 +27,12 @@ from transformers import AutoModelForSequenceClassification
 from common import manifest as mf
 from common.atomic import atomic_write
 from common.bundle import load_bundle
+from common.data import load_splits, load_unlabelled
 from common.recipe import Recipe, run_dir
 from common.runtime import open_bundle
 from common.stage import Built, Inputs, Stage
 from distill import device, finetune
 from distill.augment import augment_many, augment_pairs, normalise, split_sentences, styled, vocab_replacer
-from distill.data import load_splits, load_unlabelled
 from distill.device import Placement
 from distill.finetune import hf_logits, predict_logits
 from distill.metrics import task_metrics

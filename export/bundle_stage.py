@@ -15,11 +15,11 @@ import onnx
 
 from common import manifest as mf
 from common.bundle import MODEL_FILES, TOKENIZER, BundleSpec, TensorSpec
+from common.data import load_splits
 from common.recipe import BundleRecipe, Recipe, run_dir
 from common.runtime import missing_here, open_runner, require_tensorrt
 from common.stage import Built, Inputs, Stage
 from distill import finetune, student_stage, transfer
-from distill.data import load_splits
 from distill.tokenization import encode, load_tokenizer
 from export import optimize, quantize, validate
 from export.fold import fold

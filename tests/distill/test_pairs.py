@@ -8,8 +8,8 @@ import pytest
 
 from common import manifest as mf
 from common.bundle import load_bundle
+from common.data import load_splits
 from common.recipe import RecipeError, load_recipe
-from distill.data import load_splits
 from distill.student_stage import load_student, student_logits
 from distill.tokenization import encode, load_tokenizer
 from tests.conftest import PYTHON, ROOT

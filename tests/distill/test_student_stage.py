@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from common import manifest as mf
+from common.data import load_splits
 from common.recipe import load_recipe
 from distill.batching import collate
-from distill.data import load_splits
 from distill.finetune import predict_logits
 from distill.metrics import classification_metrics
 from distill.student_stage import load_student

@@ -35,7 +35,7 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert texts == again.texts and (sources == again.sources).all()
     keys = [normalise(t) for t in texts]
     assert len(set(keys)) == len(keys)
-    from distill.data import load_splits
+    from common.data import load_splits
 
     _, dev = load_splits(recipe.data.model_copy(update={"dev_limit": None}))
     assert not set(keys) & {normalise(t) for t in dev.texts}

@@ -7,9 +7,9 @@ from onnx import numpy_helper
 
 from common import manifest as mf
 from common.bundle import load_bundle
+from common.data import load_splits
 from common.recipe import load_recipe, run_dir
 from common.runtime import missing_here, open_runner, tensorrt_available
-from distill.data import load_splits
 from distill.tokenization import load_tokenizer
 from export.bundle_stage import dev_features, max_length
 from export.onnx_export import load_source

@@ -2,8 +2,8 @@ import re
 
 import pytest
 
+from common.data import DataError, load_labelled, load_splits, load_unlabelled
 from common.recipe import DataConfig
-from distill.data import DataError, load_labelled, load_splits, load_unlabelled
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(
