@@ -315,10 +315,34 @@ class BundleRecipe(Strict):
         return self
 
 
+class CascadeRecipe(Strict):
+    """A confidence cascade: the first member answers the texts it is sure of, the rest go on to the next."""
+
+    members: list[str] = Field(min_length=2, description="bundles of export.bundles, cheapest first")
+    rule: Literal["max_prob", "margin", "entropy"] = Field(
+        "max_prob",
+        description="a member keeps a text when its top-class probability (max_prob), the gap between its two most "
+        "likely classes (margin), or minus the entropy of its probabilities (entropy) reaches its threshold",
+    )
+    target_agreement: float = Field(
+        0.99, gt=0, le=1, description="thresholds are the lowest whose answers agree this often with the last member's"
+    )
+    calibration_sentences: int = Field(
+        20_000,
+        ge=100,
+        description="unlabelled texts the transfer set did not read, labelled by the last member, that choose the "
+        "thresholds (neither dev nor test)",
+    )
+    temperature_scaling: bool = Field(True, description="fit each member's softmax temperature on the same texts")
+
+
 class ExportConfig(Strict):
     opset: int = Field(17, ge=14)
     bundles: dict[str, BundleRecipe] = Field(min_length=1)
-    deploy: str = Field(description="the bundle `make serve` serves by default")
+    cascades: dict[str, CascadeRecipe] = Field(
+        {}, description="confidence cascades of the bundles above, served under one name like any bundle"
+    )
+    deploy: str = Field(description="the bundle (or cascade) `make serve` serves by default")
     min_agreement: float = Field(
         0.999, gt=0, le=1, description="fp32 gate: share of dev predictions equal to PyTorch's"
     )
@@ -334,8 +358,22 @@ class ExportConfig(Strict):
 
     @model_validator(mode="after")
     def _deploy_known(self):
-        if self.deploy not in self.bundles:
-            raise ValueError(f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)}")
+        if self.deploy not in self.bundles and self.deploy not in self.cascades:
+            raise ValueError(
+                f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)} or export.cascades "
+                f"{sorted(self.cascades)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cascades_of_known_bundles(self):
+        for name, cascade in self.cascades.items():
+            if name in self.bundles:
+                raise ValueError(f"export.cascades.{name}: a bundle has that name too")
+            if unknown := [m for m in cascade.members if m not in self.bundles]:
+                raise ValueError(f"export.cascades.{name}.members: {unknown} are not in export.bundles")
+            if len(set(cascade.members)) != len(cascade.members):
+                raise ValueError(f"export.cascades.{name}.members: a bundle is listed twice")
         return self
 
 

@@ -1,7 +1,7 @@
 """`python -m export <command> RECIPE [--section.key=value ...]`.
 
 Commands: `bundles` (build every bundle of the recipe, or those named with `--only`, each checked
-against PyTorch and gated) and `labeller` (the bundle `transfer.labeller` names, which labels the
+against PyTorch and gated, then its confidence cascades) and `labeller` (the bundle `transfer.labeller` names, which labels the
 transfer set on the CPU; nothing when the recipe has none or labelling runs on a GPU). The bundles
 are timed by `python -m bench models`.
 """
@@ -13,7 +13,7 @@ from common.manifest import ArtifactError
 from common.recipe import RecipeError, load_recipe, parse_overrides
 from common.runtime import ProviderFallback, TensorRTUnavailable
 from distill import device
-from export import bundle_stage
+from export import bundle_stage, cascade
 from export.onnx_export import ExportError
 
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("bundles", "labeller"))
     parser.add_argument("recipe")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    parser.add_argument("--only", action="append", help="bundles: just this bundle id (repeatable)")
+    parser.add_argument("--only", action="append", help="bundles: just this bundle or cascade id (repeatable)")
     args, rest = parser.parse_known_args(argv)
     device.configure_process()
     try:
@@ -41,10 +41,14 @@ def main(argv: list[str] | None = None) -> int:
             return labeller(recipe, args.force)
         if recipe.export is None:
             raise RecipeError(f"{args.recipe}: no `export` section")
-        unknown = set(args.only or ()) - set(recipe.export.bundles)
+        cascades = recipe.export.cascades
+        unknown = set(args.only or ()) - set(recipe.export.bundles) - set(cascades)
         if unknown:
-            raise RecipeError(f"--only {sorted(unknown)}: not in export.bundles of {args.recipe}")
-        bundle_stage.build(recipe, args.only, args.force)
+            raise RecipeError(f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {args.recipe}")
+        only = [name for name in args.only or () if name not in cascades] if args.only else None
+        if only is None or only:
+            bundle_stage.build(recipe, only, args.force)
+        cascade.build(recipe, [name for name in args.only if name in cascades] if args.only else None, args.force)
     except (RecipeError, ArtifactError, ExportError, TensorRTUnavailable, ProviderFallback) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,125 @@
+"""A confidence cascade bundle: member bundles, cheapest first, and the rule and thresholds that route texts.
+
+`runs/<recipe>/bundle-<cascade>/` holds `members/<bundle id>/` (a full copy of each member bundle, its
+manifest included), `curve.json` and `manifest.json`, whose `info.cascade` is a `CascadeSpec`. Each
+member but the last keeps the texts whose confidence reaches its threshold; the others go on to the
+next member; the last answers what reaches it. Torch-free: the server loads it.
+"""
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from common import manifest as mf
+from common.bundle import Bundle, load_bundle
+
+MEMBERS = "members"
+Rule = Literal["max_prob", "margin", "entropy"]
+
+
+class CascadeMember(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bundle: str = Field(description="the member's bundle id; its copy is members/<bundle>/")
+    manifest_sha256: str = Field(description="sha256 of the member's manifest.json when the cascade was built")
+    threshold: float | None = Field(description="keeps a text whose confidence is at least this; None for the last")
+    temperature: float = Field(1.0, gt=0, description="softmax temperature fitted for the confidence")
+
+
+class CascadeSpec(BaseModel):
+    """What a cascade serves and how it routes; stored as `manifest.info['cascade']`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="the model name clients ask for, in both gRPC APIs")
+    version: str = "1"
+    labels: list[str]
+    text_inputs: list[Literal["text", "text_pair"]]
+    rule: Rule
+    members: list[CascadeMember] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _last_answers_everything(self):
+        if any(m.threshold is None for m in self.members[:-1]) or self.members[-1].threshold is not None:
+            raise ValueError("every member but the last needs a threshold, and the last none")
+        return self
+
+
+class Cascade(BaseModel):
+    folder: Path
+    manifest: mf.Manifest
+    spec: CascadeSpec
+    members: list[Bundle]
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def confidence(logits: np.ndarray, rule: Rule, temperature: float = 1.0) -> np.ndarray:
+    """(N, C) logits -> (N,) confidence, higher meaning surer: the top probability, the gap between the two top
+    probabilities, or minus the entropy."""
+    p = softmax(logits, temperature)
+    if rule == "max_prob":
+        return p.max(-1)
+    if rule == "margin":
+        top = np.sort(p, -1)
+        return top[:, -1] - top[:, -2]
+    return (p * np.log(np.clip(p, 1e-12, None))).sum(-1)
+
+
+def is_cascade(folder: str | Path) -> bool:
+    """Whether `folder` holds a finished cascade (read without verifying: `load_cascade` verifies)."""
+    try:
+        return "cascade" in mf.load(folder, verify=False).info
+    except mf.ArtifactError:
+        return False
+
+
+def load_cascade(folder: str | Path) -> Cascade:
+    """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
+    each member as a bundle, and members that agree on labels and inputs."""
+    folder = Path(folder)
+    manifest = mf.load(folder)
+    if "cascade" not in manifest.info:
+        raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a cascade (no info.cascade)")
+    try:
+        spec = CascadeSpec.model_validate(manifest.info["cascade"])
+    except ValueError as err:
+        raise mf.ArtifactError(f"{folder}: invalid cascade spec: {err}") from err
+    members = []
+    for member in spec.members:
+        path = mf.listed_file(folder, f"{MEMBERS}/{member.bundle}")
+        member_manifest = path / mf.MANIFEST
+        if not member_manifest.is_file() or mf.sha256_file(member_manifest) != member.manifest_sha256:
+            raise mf.ArtifactError(
+                f"{folder}: member {member.bundle} is missing or not the bundle the cascade was built with "
+                "(its manifest's sha256 differs): rebuild the cascade"
+            )
+        bundle = load_bundle(path)
+        if bundle.spec.labels != spec.labels or bundle.spec.text_inputs != spec.text_inputs:
+            raise mf.ArtifactError(
+                f"{folder}: member {member.bundle} takes {bundle.spec.text_inputs} with labels {bundle.spec.labels}, "
+                f"the cascade {spec.text_inputs} with {spec.labels}"
+            )
+        members.append(bundle)
+    return Cascade(folder=folder, manifest=manifest, spec=spec, members=members)
+
+
+def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Answers of the cascade from every member's logits on the same N texts: (N, C) logits of the member that
+    answered each text, and (N,) its index. The server runs a member only on the texts that reach it; this is the
+    same routing, for checks."""
+    count = len(member_logits[0])
+    answered_by = np.full(count, len(spec.members) - 1)
+    open_ = np.ones(count, dtype=bool)
+    for index, member in enumerate(spec.members[:-1]):
+        keep = open_ & (confidence(member_logits[index], spec.rule, member.temperature) >= member.threshold)
+        answered_by[keep] = index
+        open_ &= ~keep
+    logits = np.stack([member_logits[m][i] for i, m in enumerate(answered_by)]) if count else member_logits[0]
+    return logits, answered_by

@@ -1,0 +1,220 @@
+"""Build a confidence cascade (`export.cascades`): member bundles, cheapest first, with thresholds chosen for a target.
+
+The thresholds are chosen on calibration texts that are neither dev nor test: unlabelled text past the
+lines the transfer set read (split and written as the transfer set is), labelled by the last member.
+Each member but the last gets a softmax temperature fitted there (the last member's answers as labels),
+then the lowest threshold whose answers, with the texts it passes on counted as the last member's,
+agree with the last member on at least `target_agreement` of the texts that reach it. The whole
+cascade is then run on the dev set: its accuracy, the share of texts each member answers, and the
+curve (first threshold -> dev accuracy, escalated share) are recorded.
+"""
+
+import json
+import shutil
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
+from common.data import load_splits, load_unlabelled
+from common.recipe import CascadeRecipe, Recipe
+from common.runtime import open_bundle
+from common.stage import Built, Inputs, Stage
+from distill import finetune, transfer
+from distill.augment import split_sentences
+from distill.metrics import task_metrics
+from distill.tokenization import encode, load_tokenizer
+from export import bundle_stage, validate
+from export.onnx_export import ExportError
+
+CURVE_POINTS = 41
+THREADS = 2
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The softmax temperature minimising the negative log-likelihood of `labels`: a grid over log T, refined."""
+
+    def nll(temperature: float) -> float:
+        p = softmax(logits, temperature)[np.arange(len(labels)), labels]
+        return float(-np.log(np.clip(p, 1e-12, None)).mean())
+
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20.0), 61))
+    best = min(grid, key=nll)
+    fine = best * np.exp(np.linspace(-0.1, 0.1, 41))
+    return float(min(fine, key=nll))
+
+
+def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> tuple[float, float]:
+    """The lowest threshold on `scores` such that keeping the texts at or above it, and passing the rest on (counted
+    as agreeing), agrees on at least `target` of all texts; and the share kept. Nothing kept: threshold +inf."""
+    order = np.argsort(-scores, kind="stable")
+    sorted_scores, wrong = scores[order], np.cumsum(~agrees[order])
+    allowed = (1 - target) * len(scores) + 1e-9
+    # Keep the first k texts only where the score drops after the k-th, so `>= threshold` keeps exactly k.
+    ends = np.flatnonzero(np.append(sorted_scores[1:] < sorted_scores[:-1], True))
+    fits = ends[wrong[ends] <= allowed]
+    if len(fits) == 0:
+        return float("inf"), 0.0
+    last = fits[-1]
+    return float(sorted_scores[last]), (last + 1) / len(scores)
+
+
+def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
+    """Up to `count` unlabelled texts (adjacent sentence pairs for a pair task) from the lines after those the
+    transfer set read, in its text style, none overlapping a dev text."""
+    cfg = recipe.transfer
+    if cfg.unlabelled_max_lines is None:
+        raise ExportError(
+            "cascade calibration reads unlabelled lines the transfer set did not: set transfer.unlabelled_max_lines "
+            "below the number of lines in transfer.unlabelled_files"
+        )
+    lines = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines + count)[cfg.unlabelled_max_lines :]
+    _, dev = load_splits(recipe.data)
+    leaks = transfer.leak_filter(dev.texts + (dev.pairs or []))
+    texts, pairs = [], []
+    for line in lines:
+        sentences = [s for s in split_sentences(line, cfg.text_style) if not leaks(s)]
+        if recipe.data.pairs:
+            pairs.extend(sentences[1:])
+            sentences = sentences[:-1]
+        texts.extend(sentences)
+        if len(texts) >= count:
+            break
+    if len(texts) < min(count, 100):
+        raise ExportError(
+            f"cascade calibration found {len(texts)} unlabelled texts past the transfer set's "
+            f"{cfg.unlabelled_max_lines} lines: lower transfer.unlabelled_max_lines or add unlabelled text"
+        )
+    return texts[:count], (pairs[:count] if recipe.data.pairs else None)
+
+
+def member_logits(folder: Path, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+    """A member bundle's logits on texts (and pairs), through ONNX Runtime or TensorRT as it is served."""
+    bundle = load_bundle(folder)
+    runner = open_bundle(bundle, threads=THREADS)
+    feats = encode(tokenizer, texts, pairs, bundle.spec.max_length)
+    feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
+    run = validate.logits_runner(runner)
+    return validate.dev_logits(validate.as_forward(run), feats, tokenizer.pad_token_id)
+
+
+def stage(recipe: Recipe, name: str) -> Stage:
+    """`runs/<recipe>/bundle-<name>/`: the cascade of `export.cascades.<name>`, its members copied in."""
+    spec = recipe.export.cascades[name]
+    members = [bundle_stage.stage(recipe, member, cache=None) for member in spec.members]
+    return Stage(
+        f"bundle-{name}",
+        recipe,
+        (
+            f"export.cascades.{name}",
+            "transfer.unlabelled_files",
+            "transfer.unlabelled_max_lines",
+            "transfer.text_style",
+        ),
+        partial(_build, name=name),
+        (*members, finetune.stage(recipe)),
+    )
+
+
+def _curve(dev_logits: list[np.ndarray], spec: CascadeSpec, labels: list[int], calibration: np.ndarray) -> list[dict]:
+    """Dev accuracy and escalated share as the first member's threshold sweeps the calibration scores' quantiles."""
+    points = []
+    for threshold in sorted(set(np.quantile(calibration, np.linspace(0, 1, CURVE_POINTS)).tolist())):
+        members = [spec.members[0].model_copy(update={"threshold": threshold}), *spec.members[1:]]
+        logits, answered_by = route(dev_logits, spec.model_copy(update={"members": members}))
+        points.append(
+            {
+                "threshold": round(threshold, 6),
+                "dev_accuracy": float((logits.argmax(-1) == np.asarray(labels)).mean()),
+                "escalated": float((answered_by > 0).mean()),
+            }
+        )
+    return points
+
+
+def _build(inputs: Inputs, name: str) -> Built:
+    recipe = inputs.recipe
+    cfg: CascadeRecipe = recipe.export.cascades[name]
+    tokenizer = load_tokenizer(str(inputs.parent("teacher")))
+    folders = [inputs.parent(f"bundle-{member}") for member in cfg.members]
+    texts, pairs = calibration_texts(recipe, cfg.calibration_sentences)
+    calibration = [member_logits(folder, tokenizer, texts, pairs) for folder in folders]
+    reference = calibration[-1].argmax(-1)
+    members, reaching, expected = [], np.ones(len(texts), dtype=bool), []
+    for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):
+        temperature = fit_temperature(logits[reaching], reference[reaching]) if cfg.temperature_scaling else 1.0
+        scores = confidence(logits, cfg.rule, temperature)
+        agrees = logits.argmax(-1) == reference
+        threshold, kept = choose_threshold(scores[reaching], agrees[reaching], cfg.target_agreement)
+        expected.append(round(kept * reaching.mean(), 4))
+        reaching &= scores < threshold
+        members.append((member, threshold, temperature))
+    spec = CascadeSpec(
+        name=f"{recipe.name}-{name}",
+        labels=recipe.data.label_names,
+        text_inputs=["text", "text_pair"] if recipe.data.pairs else ["text"],
+        rule=cfg.rule,
+        members=[
+            CascadeMember(
+                bundle=member,
+                manifest_sha256=mf.sha256_file(folder / mf.MANIFEST),
+                threshold=threshold,
+                temperature=temperature,
+            )
+            for (member, threshold, temperature), folder in zip(members, folders, strict=False)
+        ]
+        + [
+            CascadeMember(
+                bundle=cfg.members[-1], manifest_sha256=mf.sha256_file(folders[-1] / mf.MANIFEST), threshold=None
+            )
+        ],
+    )
+    _, dev = load_splits(recipe.data)
+    dev_logits = [member_logits(folder, tokenizer, dev.texts, dev.pairs) for folder in folders]
+    answers, answered_by = route(dev_logits, spec)
+    figures = task_metrics(answers, dev.labels, recipe.data)
+    shares = np.bincount(answered_by, minlength=len(folders)) / len(dev)
+    first = confidence(calibration[0], cfg.rule, spec.members[0].temperature)
+    curve = _curve(dev_logits, spec, dev.labels, first)
+    calibration_agreement = float((route(calibration, spec)[0].argmax(-1) == reference).mean())
+    member_accuracy = {
+        member: float((logits.argmax(-1) == np.asarray(dev.labels)).mean())
+        for member, logits in zip(cfg.members, dev_logits, strict=True)
+    }
+
+    def write(folder: Path) -> None:
+        for member, source in zip(cfg.members, folders, strict=True):
+            shutil.copytree(source, folder / MEMBERS / member)
+        (folder / "curve.json").write_text(json.dumps(curve, indent=1))
+
+    escalated = float(1 - shares[0])
+    return Built(
+        write,
+        metrics={
+            "dev_accuracy": figures["dev_accuracy"],
+            **{k: v for k, v in figures.items() if k.startswith("dev_") and k != "dev_confusion"},
+            "dev_escalated": escalated,
+            "expected_escalated": round(1 - expected[0], 4),
+            "calibration_agreement": calibration_agreement,
+            "calibration_texts": len(texts),
+        },
+        info={
+            "cascade": spec.model_dump(),
+            "dev_answered_share": dict(zip(cfg.members, shares.round(4).tolist(), strict=True)),
+            "member_dev_accuracy": member_accuracy,
+            "curve": curve,
+            "recipe": cfg.model_dump(),
+        },
+        line=f"dev_accuracy={figures['dev_accuracy']:.4f} (members {member_accuracy}) escalated "
+        f"{escalated:.1%} of dev (expected {1 - expected[0]:.1%}), threshold {spec.members[0].threshold:.4f} "
+        f"at T={spec.members[0].temperature:.2f}, calibration agreement {calibration_agreement:.4f}",
+    )
+
+
+def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
+    """Every cascade of the recipe (or those in `only`) whose members are built."""
+    names = [n for n in recipe.export.cascades if only is None or n in only]
+    return [stage(recipe, name).run(force) for name in names]

@@ -1,0 +1,54 @@
+"""Confidence rules and routing of a cascade, on logits with known answers."""
+
+import numpy as np
+import pytest
+
+from common.cascade import CascadeMember, CascadeSpec, confidence, route
+
+LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
+
+
+def spec(threshold: float, rule="max_prob") -> CascadeSpec:
+    members = [
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=threshold),
+        CascadeMember(bundle="big", manifest_sha256="b", threshold=None),
+    ]
+    return CascadeSpec(name="c", labels=["a", "b", "c"], text_inputs=["text"], rule=rule, members=members)
+
+
+def test_max_prob_is_the_top_probability():
+    np.testing.assert_allclose(confidence(LOGITS, "max_prob"), [0.7, 0.4])
+
+
+def test_margin_is_the_gap_between_the_two_top_probabilities():
+    np.testing.assert_allclose(confidence(LOGITS, "margin"), [0.5, 0.05])
+
+
+def test_entropy_rule_ranks_the_peaked_row_higher():
+    scores = confidence(LOGITS, "entropy")
+    assert scores[0] > scores[1]
+
+
+def test_temperature_above_one_flattens_the_probabilities():
+    assert confidence(LOGITS, "max_prob", 2.0)[0] < 0.7
+
+
+def test_route_keeps_confident_texts_at_the_first_member():
+    big = np.zeros((2, 3))
+    _, answered_by = route([LOGITS, big], spec(0.5))
+    assert answered_by.tolist() == [0, 1]
+
+
+def test_route_answers_with_the_answering_members_logits():
+    big = np.full((2, 3), 9.0)
+    logits, _ = route([LOGITS, big], spec(0.5))
+    np.testing.assert_allclose(logits[1], big[1])
+
+
+def test_spec_refuses_a_threshold_on_the_last_member():
+    members = [
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=0.5),
+        CascadeMember(bundle="big", manifest_sha256="b", threshold=0.5),
+    ]
+    with pytest.raises(ValueError, match="the last none"):
+        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)

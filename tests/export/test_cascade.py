@@ -1,0 +1,98 @@
+"""Cascade thresholds and temperatures on problems with a known answer, and the cascade stage on the smoke run."""
+
+import json
+
+import numpy as np
+import pytest
+
+from common import manifest as mf
+from common.cascade import is_cascade, load_cascade, route
+from common.data import load_splits
+from common.recipe import load_recipe
+from distill.tokenization import load_tokenizer
+from export.cascade import choose_threshold, fit_temperature, member_logits
+from tests.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+def test_threshold_keeps_the_most_confident_texts_within_the_allowed_disagreement():
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5])
+    agrees = np.array([True, True, False, True, True])
+    assert choose_threshold(scores, agrees, 0.9) == (0.8, 0.4)
+
+
+def test_threshold_keeps_everything_when_the_target_allows_it():
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5])
+    agrees = np.array([True, True, False, True, True])
+    assert choose_threshold(scores, agrees, 0.8) == (0.5, 1.0)
+
+
+def test_threshold_never_splits_tied_scores():
+    scores = np.array([0.9, 0.9, 0.5])
+    agrees = np.array([True, False, True])
+    assert choose_threshold(scores, agrees, 0.9) == (float("inf"), 0.0)
+
+
+def test_fit_temperature_recovers_the_temperature_that_made_the_labels():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (20_000, 3))
+    p = np.exp(logits / 2.0)
+    p /= p.sum(1, keepdims=True)
+    labels = np.array([rng.choice(3, p=row) for row in p])
+    assert fit_temperature(logits, labels) == pytest.approx(2.0, rel=0.1)
+
+
+@pytest.fixture(scope="module")
+def smoke_cascade(smoke_bundles):
+    return smoke_bundles / "bundle-bilstm-cascade"
+
+
+def test_smoke_run_builds_its_cascade(smoke_cascade):
+    assert is_cascade(smoke_cascade)
+
+
+def test_cascade_answers_equal_its_members_routed_by_hand(smoke_cascade, smoke_bundles):
+    cascade = load_cascade(smoke_cascade)
+    recipe = load_recipe(SMOKE)
+    tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
+    _, dev = load_splits(recipe.data)
+    logits = [member_logits(bundle.folder, tokenizer, dev.texts, dev.pairs) for bundle in cascade.members]
+    answers, _ = route(logits, cascade.spec)
+    accuracy = float((answers.argmax(-1) == np.asarray(dev.labels)).mean())
+    assert accuracy == cascade.manifest.metrics["dev_accuracy"]
+
+
+def test_cascade_escalates_a_share_between_none_and_all(smoke_cascade):
+    escalated = mf.load(smoke_cascade).metrics["dev_escalated"]
+    assert 0 < escalated < 1
+
+
+def test_cascade_curve_spans_thresholds_with_escalation_falling(smoke_cascade):
+    curve = json.loads((smoke_cascade / "curve.json").read_text())
+    escalated = [point["escalated"] for point in curve]
+    assert escalated == sorted(escalated)
+
+
+def test_cascade_with_a_corrupt_member_is_refused(smoke_cascade, tmp_path):
+    import shutil
+
+    copy = tmp_path / "cascade"
+    shutil.copytree(smoke_cascade, copy)
+    model = copy / "members" / "bilstm-int8" / "model.onnx"
+    model.write_bytes(model.read_bytes()[:-10] + b"0123456789")
+    with pytest.raises(mf.ArtifactError, match="sha256"):
+        load_cascade(copy)
+
+
+def test_cascade_with_a_member_rebuilt_since_is_refused(smoke_cascade, tmp_path):
+    import shutil
+
+    copy = tmp_path / "cascade"
+    shutil.copytree(smoke_cascade, copy)
+    member = copy / "members" / "teacher-fused" / mf.MANIFEST
+    member.write_text(member.read_text().replace('"recipe"', '"recipe" ', 1))
+    manifest = json.loads((copy / mf.MANIFEST).read_text())
+    (copy / mf.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(mf.ArtifactError, match="not the bundle the cascade was built with"):
+        load_cascade(copy)
