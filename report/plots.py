@@ -114,3 +114,17 @@ def load_over_time(series: dict[str, list], profile: str) -> bytes:
         ax.grid(alpha=0.3)
     fig.subplots_adjust(wspace=0.35)
     return png(fig)
+
+
+def cascade_curve(name: str, curve: list[dict], chosen: dict, members: dict[str, float]) -> bytes:
+    """A cascade's dev accuracy against the share of texts it escalates, the chosen threshold marked, each member's
+    own dev accuracy as a line."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([p["escalated"] for p in curve], [p["dev_accuracy"] for p in curve], marker=".", label="cascade")
+    ax.scatter([chosen["escalated"]], [chosen["dev_accuracy"]], s=80, color="#c44e52", zorder=3, label="chosen")
+    for (member, accuracy), style in zip(members.items(), ("--", ":", "-."), strict=False):
+        ax.axhline(accuracy, linestyle=style, color="grey", alpha=0.8, label=f"{member} alone")
+    ax.set(xlabel="share of dev texts escalated", ylabel="dev accuracy", title=f"{name}: accuracy vs escalation")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return png(fig)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench.stats import RESULT_FILE, ModelTable
 from common import manifest as mf
+from common.cascade import is_cascade
 from common.recipe import Recipe, run_dir
 from common.stage import Artifact, Built, Inputs, Stage
 from loadtests import result as loadtest_result
@@ -105,6 +106,70 @@ def _distillation(page: Page, root: Path) -> None:
         page.figure("transfer.png", plots.composition(counts), "transfer set composition")
 
 
+def _cascades(root: Path) -> list[Path]:
+    return [p for p in sorted(root.glob("bundle-*")) if _finished(p) and is_cascade(p)]
+
+
+def _cascade_section(page: Page, root: Path) -> None:
+    for folder in _cascades(root):
+        manifest = mf.load(folder, verify=False)
+        m, info = manifest.metrics, manifest.info
+        page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
+        page.table(
+            ["member", "threshold", "temperature", "dev share answered", "dev accuracy alone"],
+            [
+                [
+                    member["bundle"],
+                    "-" if member["threshold"] is None else f"{member['threshold']:.4f}",
+                    f"{member['temperature']:.2f}",
+                    f"{info['dev_answered_share'][member['bundle']]:.1%}",
+                    f"{info['member_dev_accuracy'][member['bundle']]:.4f}",
+                ]
+                for member in info["cascade"]["members"]
+            ],
+        )
+        page.table(
+            ["cascade dev accuracy", "escalated (dev)", "expected (calibration)", "calibration agreement"],
+            [
+                [
+                    f"{m['dev_accuracy']:.4f}",
+                    f"{m['dev_escalated']:.1%}",
+                    f"{m['expected_escalated']:.1%}",
+                    f"{m['calibration_agreement']:.4f}",
+                ]
+            ],
+        )
+        chosen = {"escalated": m["dev_escalated"], "dev_accuracy": m["dev_accuracy"]}
+        name = folder.name.removeprefix("bundle-")
+        figure = plots.cascade_curve(name, info["curve"], chosen, info["member_dev_accuracy"])
+        page.figure(f"{folder.name}.png", figure, "cascade accuracy against escalation")
+
+
+def _cascade_points(root: Path, table: ModelTable, batch: int, length: int) -> list[dict]:
+    """Cascades on the accuracy-latency figure at their expected model time: each member's time at the cell times
+    the share of dev texts that reach it."""
+    timed = {r.model: r for r in table.rows}
+    points = []
+    for folder in _cascades(root):
+        manifest = mf.load(folder, verify=False)
+        members = [m["bundle"] for m in manifest.info["cascade"]["members"]]
+        if any(member not in timed for member in members):
+            continue
+        shares = [manifest.info["dev_answered_share"][member] for member in members]
+        reaching = [1 - sum(shares[:i]) for i in range(len(members))]
+        points.append(
+            {
+                "model": folder.name.removeprefix("bundle-") + " (expected)",
+                "latency_ms": sum(
+                    r * timed[m].cell(batch, length).median_ms for m, r in zip(members, reaching, strict=True)
+                ),
+                "dev_accuracy": manifest.metrics["dev_accuracy"],
+                "size_mib": sum(timed[m].size_bytes for m in members) / 2**20,
+            }
+        )
+    return points
+
+
 def _benchmark(page: Page, root: Path) -> None:
     if not _finished(root / "bench"):
         return
@@ -131,7 +196,7 @@ def _benchmark(page: Page, root: Path) -> None:
             "size_mib": r.size_bytes / 2**20,
         }
         for r in table.rows
-    ]
+    ] + _cascade_points(root, table, batch, length)
     page.figure("pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens"), "accuracy against latency")
 
 
@@ -209,7 +274,7 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
-    for section in (_stages, _curves, _distillation, _benchmark, _serving, _loadtests):
+    for section in (_stages, _curves, _distillation, _benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)
     work = inputs.fresh_work()
     (work / "figures").mkdir()

@@ -23,3 +23,38 @@ def test_distillation_section_shows_the_tables_own_columns(tmp_path):
 
 def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
+
+
+def cascade_page(tmp_path) -> render.Page:
+    """The cascade section for a published cascade artifact of two members."""
+    from common import manifest as mf
+
+    members = [
+        {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},
+        {"bundle": "big", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
+    ]
+    info = {
+        "cascade": {"name": "c", "labels": ["a", "b"], "text_inputs": ["text"], "rule": "max_prob", "members": members},
+        "dev_answered_share": {"small": 0.8, "big": 0.2},
+        "member_dev_accuracy": {"small": 0.85, "big": 0.9},
+        "curve": [
+            {"threshold": 0.5, "dev_accuracy": 0.85, "escalated": 0.0},
+            {"threshold": 1.0, "dev_accuracy": 0.9, "escalated": 1.0},
+        ],
+    }
+    metrics = {"dev_accuracy": 0.895, "dev_escalated": 0.2, "expected_escalated": 0.21, "calibration_agreement": 0.99}
+    folder = tmp_path / "bundle-c"
+    with mf.stage_folder(folder) as tmp:
+        base = mf.Manifest(stage="bundle-c", recipe="r", recipe_hash="h", config_hash="h", metrics=metrics, info=info)
+        mf.commit(tmp, folder, base)
+    page = render.Page("report")
+    render._cascade_section(page, tmp_path)
+    return page
+
+
+def test_cascade_section_lists_each_members_threshold(tmp_path):
+    assert "| small | 0.9000 | 1.50 | 80.0% | 0.8500 |" in "\n".join(cascade_page(tmp_path).md)
+
+
+def test_cascade_section_draws_its_curve(tmp_path):
+    assert "bundle-c.png" in cascade_page(tmp_path).figures
