@@ -28,7 +28,7 @@ from serve.metrics import Metrics
 from serve.observe import CallObserver, ObservedServer
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from serve.settings import Settings, SettingsError
-from serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
+from serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, PRECHECKS, ClassifierServicer, InferenceServicer
 
 log = logging.getLogger("serve")
 
@@ -38,6 +38,30 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 EXIT_FAULT = 3  # the exit status after a batcher fault: restart me
 CLOSE_FLOOR_S = 1.0  # least time the model's queue gets to finish at stop, even with no grace left
+KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered before the connection is closed
+# Ping abuse: a client pinging more often than this without sending data gets a strike; past the strikes, GOAWAY.
+# gRPC's defaults, set here so that a change of them cannot lower the bound.
+MIN_PING_INTERVAL_MS = 300_000
+MAX_PING_STRIKES = 2
+
+
+def _ms(seconds: float) -> int:
+    return min(int(seconds * 1000), 2**31 - 1)
+
+
+def connection_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC options that bound what a connection may hold, and for how long: the handshake, idle and aged
+    connections, unanswered keepalive pings, ping floods."""
+    return [
+        ("grpc.server_handshake_timeout_ms", _ms(settings.handshake_timeout_s)),
+        ("grpc.max_connection_idle_ms", _ms(settings.connection_idle_s)),
+        ("grpc.max_connection_age_ms", _ms(settings.connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", _ms(settings.connection_age_grace_s)),
+        ("grpc.keepalive_time_ms", _ms(settings.keepalive_s)),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+    ]
 
 
 class EdgeServer:
@@ -139,13 +163,14 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
+            *connection_options(settings),
         ],
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
     edge = EdgeServer(settings, server, host, runtime)
     token = settings.token.get_secret_value() if settings.token is not None else None
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
-    observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS)
+    observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS, PRECHECKS)
     observed = ObservedServer(server, observer)
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
@@ -157,7 +182,7 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     port = _bind(server, address, _credentials(settings))
     if settings.health_port is not None:
         # plaintext, with only the health service (the same statuses): for probes that cannot speak TLS
-        edge.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        edge.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *connection_options(settings)])
         health_pb2_grpc.add_HealthServicer_to_server(edge.health, edge.health_server)
         edge.health_port = _bind(edge.health_server, f"{settings.host}:{settings.health_port}")
     return edge, port

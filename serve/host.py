@@ -11,7 +11,7 @@ supervisor to restart it. Once draining, the host installs no model any more.
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,8 +77,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def check_texts(texts: list[str], pairs: list[str] | None, max_texts: int, max_chars: int):
-    """Validated texts (and pairs), each cut to `max_chars` characters."""
+def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: int, max_chars: int):
+    """Validated texts (and pairs), each cut to `max_chars` characters, as lists; their numbers are checked first."""
     if not texts:
         raise InvalidInput("empty request: send at least one text")
     if len(texts) > max_texts:

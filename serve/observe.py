@@ -6,12 +6,12 @@ cost a third of an echo server's throughput. Auth rejections are counted and log
 """
 
 import asyncio
-import contextlib
 import hmac
 import inspect
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -45,28 +45,44 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -
     return grpc.StatusCode.OK if err is None else grpc.StatusCode.UNKNOWN
 
 
-class Undecodable:
-    """Stands for request bytes that do not parse as the method's message (e.g. invalid UTF-8 in a string)."""
+class Refused:
+    """Stands for request bytes refused before or while parsing: `reason` says why (INVALID_ARGUMENT)."""
 
-    def __init__(self, error: Exception):
-        self.error = error
+    def __init__(self, reason: str):
+        self.reason = reason
 
 
-def _tolerant(deserializer):
+Precheck = Callable[[bytes], str | None]
+"""Looks at a request's bytes before they are parsed: why the request is refused, or None."""
+
+
+def _tolerant(deserializer, precheck: Precheck | None):
     def deserialize(data: bytes):
+        if precheck is not None and (reason := precheck(data)) is not None:
+            return Refused(reason)
         try:
             return deserializer(data)
         except DecodeError as err:
-            return Undecodable(err)
+            return Refused(f"the request does not parse: {err}")
 
     return deserialize
+
+
+def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+    """End the call with `code` once the handler returns (nothing more is sent). Unlike `context.abort`, no
+    exception is raised: gRPC keeps an abort's exception, whose traceback holds the handler's frames and so the
+    request, in a reference cycle with the call, so a refused request would live until the collector's next pass
+    (a large parsed request holds megabytes)."""
+    context.set_code(code)
+    context.set_details(details)
 
 
 class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
     metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
-    (health checks exempt, so probes work), and with `admin_token` that one instead for `admin_methods`; records status and latency in `metrics`; logs failed
-    calls, and successful ones too with `access_log`."""
+    (health checks exempt, so probes work), and with `admin_token` that one instead for `admin_methods`; records
+    status and latency in `metrics`; logs failed calls, and successful ones too with `access_log`. `prechecks`
+    maps a unary method to a look at its request's bytes before they are parsed."""
 
     def __init__(
         self,
@@ -75,25 +91,28 @@ class CallObserver:
         token: str | None = None,
         admin_token: str | None = None,
         admin_methods: tuple[str, ...] = (),
+        prechecks: dict[str, Precheck] | None = None,
     ):
         self.metrics = metrics
         self.access_log = access_log
         self._expected = None if token is None else f"Bearer {token}".encode()
         self._admin = None if admin_token is None else f"Bearer {admin_token}".encode()
         self.admin_methods = frozenset(admin_methods)
+        self.prechecks = dict(prechecks or {})
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
 
-        A unary request that does not parse reaches the behavior as `Undecodable` and is answered
-        INVALID_ARGUMENT (gRPC itself would answer UNKNOWN); streamed requests are checked by the servicer.
+        A unary request that its precheck refuses, or that does not parse, reaches the behavior as `Refused` and
+        is answered INVALID_ARGUMENT (gRPC itself would answer UNKNOWN); streamed requests are checked by the
+        servicer.
         """
         for kind, build in _KINDS:
             behavior = getattr(handler, kind)
             if behavior is not None:
                 deserializer = handler.request_deserializer
                 if kind.startswith("unary_") and deserializer is not None:
-                    deserializer = _tolerant(deserializer)
+                    deserializer = _tolerant(deserializer, self.prechecks.get(method))
                 return build(
                     self._observed(behavior, method),
                     request_deserializer=deserializer,
@@ -101,7 +120,9 @@ class CallObserver:
                 )
         raise ValueError(f"{method}: a method handler without a behavior")
 
-    async def _begin(self, context, method: str):
+    def _begin(self, request, context, method: str) -> tuple[str, object, bool]:
+        """The call's request id and its context token; and whether the call is refused (auth, or a `Refused`
+        request), its status then set."""
         metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
         request_id = metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID] or uuid.uuid4().hex
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
@@ -112,19 +133,22 @@ class CallObserver:
             and not method.startswith(HEALTH_PREFIX)
             and not hmac.compare_digest(metadata.get("authorization", "").encode(), expected)
         ):
-            REQUEST_ID.reset(token)
-            self._end(context, method, request_id, time.perf_counter(), None, None, grpc.StatusCode.UNAUTHENTICATED)
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token: send 'authorization: Bearer <token>'"
+            refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or invalid bearer token: send 'authorization: Bearer <token>'",
             )
-        return request_id, token
+            return request_id, token, True
+        if isinstance(request, Refused):
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            return request_id, token, True
+        return request_id, token, False
 
-    def _end(self, context, method, request_id, started, token, err, code=None) -> None:
+    def _end(self, context, method, request_id, started, token, err) -> None:
         seconds = time.perf_counter() - started
-        code = code or _status_code(context, err)
+        code = _status_code(context, err)
         self.metrics.observe_call(method, code, seconds)
-        if token is not None:
-            REQUEST_ID.reset(token)
+        REQUEST_ID.reset(token)
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         if code in LOGGED_AS_ERRORS:
@@ -149,35 +173,38 @@ class CallObserver:
             },
         )
 
-    @contextlib.asynccontextmanager
-    async def _watch(self, request, context, method: str):
-        """Begin the call (request id, auth), refuse an unparseable request, and record how it ended."""
-        started = time.perf_counter()
-        request_id, token = await self._begin(context, method)
-        err = None
-        try:
-            if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}")
-            yield
-        except BaseException as caught:
-            err = caught
-            raise
-        finally:
-            self._end(context, method, request_id, started, token, err)
-
     def _observed(self, behavior, method: str):
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request, context):
-                async with self._watch(request, context, method):
-                    async for response in behavior(request, context):
-                        yield response
+                started = time.perf_counter()
+                request_id, token, refused = self._begin(request, context, method)
+                err = None
+                try:
+                    if not refused:
+                        async for response in behavior(request, context):
+                            yield response
+                except BaseException as caught:
+                    err = caught
+                    raise
+                finally:
+                    self._end(context, method, request_id, started, token, err)
+                    err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
 
             return stream
 
         async def call(request, context):
-            async with self._watch(request, context, method):
-                return await behavior(request, context)
+            started = time.perf_counter()
+            request_id, token, refused = self._begin(request, context, method)
+            err = None
+            try:
+                return None if refused else await behavior(request, context)
+            except BaseException as caught:
+                err = caught
+                raise
+            finally:
+                self._end(context, method, request_id, started, token, err)
+                err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
 
         return call
 

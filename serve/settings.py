@@ -58,12 +58,47 @@ class Settings(BaseModel):
     max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
     max_texts: int = Field(64, ge=1, description="texts per request; more: RESOURCE_EXHAUSTED")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
-    max_message_bytes: int = Field(4 << 20, ge=1024, description="largest gRPC message, each way")
+    max_message_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="largest gRPC message, each way; a call still receiving its message holds up to about twice "
+        "this much memory",
+    )
     max_concurrent_rpcs: int = Field(
-        1024, ge=1, description="calls in progress at once, over all connections; more: RESOURCE_EXHAUSTED"
+        256,
+        ge=1,
+        description="calls in progress at once, over all connections; more: RESOURCE_EXHAUSTED; with "
+        "MAX_MESSAGE_BYTES it bounds the memory of messages being received",
     )
     max_concurrent_streams: int = Field(
         100, ge=1, description="calls in progress at once on one HTTP/2 connection; more wait in the client"
+    )
+    stream_idle_s: float = Field(
+        60.0,
+        gt=0,
+        description="a ClassifyStream that receives no request for this long (its client sends none, or reads no "
+        "reply) is ended with DEADLINE_EXCEEDED",
+    )
+    connection_idle_s: float = Field(
+        300.0, gt=0, description="a connection with no call for this long is closed (GOAWAY; clients reconnect)"
+    )
+    connection_age_s: float = Field(
+        600.0,
+        gt=0,
+        description="a connection is closed after this long (GOAWAY; clients reconnect), its calls given "
+        "CONNECTION_AGE_GRACE_S more: bounds how long a client can hold a call it never finishes sending",
+    )
+    connection_age_grace_s: float = Field(
+        30.0, ge=0, description="how long calls may still finish on a connection closed for its age"
+    )
+    keepalive_s: float = Field(
+        60.0,
+        gt=0,
+        description="a connection with calls but no traffic for this long is pinged, and closed when no answer "
+        "comes within 20 s: a vanished client frees its calls",
+    )
+    handshake_timeout_s: float = Field(
+        10.0, gt=0, description="a new connection must finish its TLS and HTTP/2 handshake within this long"
     )
     threads: int = Field(0, ge=0, description="intra-op threads of the runtime (0: its default)")
     spin: bool = Field(

@@ -29,6 +29,7 @@ from serve.errors import (
 )
 from serve.host import ModelHost, ModelRuntime, Scores, check_texts
 from serve.logs import REQUEST_ID
+from serve.observe import refuse
 from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from serve.settings import Settings
 
@@ -44,6 +45,10 @@ TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
 STREAM_WINDOW = 16  # requests of one stream in flight at once
+# ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
+# into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
+# limits leave room for the mistakes that the checks after parsing name precisely (an output asked for twice).
+MODEL_INFER_REPEATS = {4: ("parameters", 64), 5: ("inputs", 16), 6: ("outputs", 16), 7: ("raw_input_contents", 16)}
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
 MAX_DETAILS_BYTES = 1024
@@ -64,6 +69,57 @@ STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
 }
 
 
+def _varint(data: bytes, offset: int) -> tuple[int, int]:
+    """The varint at `offset` and the offset after it; `IndexError` when `data` ends inside it."""
+    value = shift = 0
+    while True:
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, offset
+        shift += 7
+
+
+def repeated_too_often(data: bytes, limits: dict[int, int]) -> int | None:
+    """The first field number of `limits` that the serialized message `data` holds more often than its limit, or
+    None; only the top-level fields are walked, nothing is parsed. Malformed bytes give None: the parser says why."""
+    counts = dict.fromkeys(limits, 0)
+    offset = 0
+    try:
+        while offset < len(data):
+            key, offset = _varint(data, offset)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 0:
+                offset = _varint(data, offset)[1]
+            elif wire_type == 2:
+                length, offset = _varint(data, offset)
+                offset += length
+            elif wire_type in (1, 5):
+                offset += 8 if wire_type == 1 else 4
+            else:  # groups: not in proto3
+                return None
+            if number in counts:
+                counts[number] += 1
+                if counts[number] > limits[number]:
+                    return number
+    except IndexError:
+        return None
+    return None
+
+
+def model_infer_precheck(data: bytes) -> str | None:
+    """Why a serialized ModelInferRequest is refused before parsing (too many inputs, outputs, parameters), or None."""
+    number = repeated_too_often(data, {n: limit for n, (_, limit) in MODEL_INFER_REPEATS.items()})
+    if number is None:
+        return None
+    name, limit = MODEL_INFER_REPEATS[number]
+    return (
+        f"the request holds more than {limit} {name}: name each input and output once (inputs "
+        f"{', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)})"
+    )
+
+
 def status_of(err: BaseException) -> grpc.StatusCode | None:
     """The status code for `err` from `STATUS_CODES` (its class or the nearest base listed); None: internal."""
     return next((STATUS_CODES[cls] for cls in type(err).__mro__ if cls in STATUS_CODES), None)
@@ -80,14 +136,16 @@ def details_of(err: BaseException) -> str:
     return f"{head} ... (message truncated) ... {tail}"
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: Exception):
-    """End the call with the status for `err`; unexpected errors are logged and reported as INTERNAL."""
+def fail(context: grpc.aio.ServicerContext, err: Exception) -> None:
+    """Set the call's status for `err`, for the handler to return with; unexpected errors are logged and
+    reported as INTERNAL."""
     if (code := status_of(err)) is not None:
         if err.recurs:  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
-        await context.abort(code, details_of(err))
+        refuse(context, code, details_of(err))
+        return
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
+    refuse(context, grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
 
 
 def handles_errors(method):
@@ -97,10 +155,9 @@ def handles_errors(method):
     async def wrapper(self, request, context):
         try:
             return await method(self, request, context)
-        except grpc.aio.AbortError:
-            raise
         except Exception as err:
-            await abort_with(context, err)
+            fail(context, err)
+            return None
 
     return wrapper
 
@@ -109,6 +166,33 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
     return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+class IdleWatch:
+    """Cancels `task` once `touch` has not been called for `seconds`; `expired` says it did. One timer, re-armed
+    only when it fires, so a touch costs a clock read."""
+
+    def __init__(self, seconds: float, task: asyncio.Task):
+        self.seconds = seconds
+        self.task = task
+        self.expired = False
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self._timer = self.loop.call_later(seconds, self._check)
+
+    def touch(self) -> None:
+        self.last = self.loop.time()
+
+    def _check(self) -> None:
+        remaining = self.last + self.seconds - self.loop.time()
+        if remaining > 0:
+            self._timer = self.loop.call_later(remaining, self._check)
+        else:
+            self.expired = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 def reload_folder(path: str, settings: Settings) -> Path | None:
@@ -195,6 +279,9 @@ def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray
     return classes
 
 
+PRECHECKS = {f"/{KSERVE}/ModelInfer": model_infer_precheck}  # for `serve.observe.CallObserver`
+
+
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
     return classifier_pb2.ModelInfo(**asdict(runtime.describe()))
 
@@ -205,8 +292,9 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         self.settings = settings
 
     async def _classify(self, request: classifier_pb2.ClassifyRequest, deadline: float | None):
-        pairs = list(request.text_pairs) or None
-        texts, pairs = check_texts(list(request.texts), pairs, self.settings.max_texts, self.settings.max_text_chars)
+        # the repeated fields as they are: their length is checked before a Python string is made of any element
+        pairs = request.text_pairs or None
+        texts, pairs = check_texts(request.texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
         runtime, scores = await self.host.dispatch(
             request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
         )
@@ -217,14 +305,18 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         return await self._classify(request, deadline_of(context))
 
     async def ClassifyStream(self, request_iterator, context):
-        """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order."""
+        """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order. A stream
+        that receives no request for STREAM_IDLE_S (its client sends none, or reads no reply, which stops the
+        reading here) is ended with DEADLINE_EXCEEDED."""
         deadline = deadline_of(context)
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
+        idle = IdleWatch(self.settings.stream_idle_s, asyncio.current_task())
 
         async def read():
             received = 0
             try:
                 async for request in request_iterator:
+                    idle.touch()
                     received += 1
                     await pending.put(asyncio.ensure_future(self._classify(request, deadline)))
             except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
@@ -239,8 +331,15 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 if isinstance(item, Exception):
                     raise item
                 await context.write(await item)
-        except grpc.aio.AbortError:
-            raise
+        except asyncio.CancelledError:
+            if not idle.expired:
+                raise
+            refuse(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no request on this stream for {self.settings.stream_idle_s:g} s (STREAM_IDLE_S), or no reply "
+                "read: the server ended it; open a new stream to send more",
+            )
         except Exception as err:
             # gRPC's own errors (a failed read or write, a finished call) mean the call already ended: the
             # client went away, or gRPC refused a message and answered the client itself. No one to answer.
@@ -248,8 +347,9 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 context.set_code(grpc.StatusCode.CANCELLED)
                 log.info("stream ended before its replies: %r", err, extra={"event": "stream_ended"})
                 return
-            await abort_with(context, err)
+            fail(context, err)
         finally:
+            idle.stop()
             reader.cancel()
             while not pending.empty():
                 if isinstance(item := pending.get_nowait(), asyncio.Future):

@@ -281,7 +281,10 @@ def test_read_bundle_reads_the_model_and_tokenizer_it_verified(make_bundle):
     ("change", "message"),
     [
         (lambda path: path.write_bytes(path.read_bytes()[:-1] + b"!"), "does not match its sha256"),
-        (lambda path: path.write_bytes(path.read_bytes() + b"!"), r"has \d+ bytes, the manifest says \d+ \(truncated\?\)"),
+        (
+            lambda path: path.write_bytes(path.read_bytes() + b"!"),
+            r"has \d+ bytes, the manifest says \d+ \(truncated\?\)",
+        ),
         (lambda path: path.unlink(), "is listed in the manifest but missing"),
     ],
     ids=["edited", "grown", "missing"],

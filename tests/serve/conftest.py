@@ -292,7 +292,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 class ServerProcess:
-    """`python -m serve` in a subprocess; its JSON log lines are collected as they come."""
+    """`python -m serve` in a subprocess; its JSON log lines are collected as they come (others as "unstructured")."""
 
     def __init__(self, bundle, *flags: str, **env: str):
         self.proc = subprocess.Popen(
@@ -309,7 +309,10 @@ class ServerProcess:
 
     def _read(self):
         for line in self.proc.stdout:
-            entry = json.loads(line)  # every line is one JSON object
+            try:
+                entry = json.loads(line)  # every line of ours is one JSON object
+            except ValueError:  # gRPC's C core writes its own lines, e.g. about a client's oversized metadata
+                entry = {"event": "unstructured", "msg": line.rstrip("\n")}
             self.lines.append(entry)
             self._new.put(entry)
         self._new.put(None)

@@ -1,0 +1,477 @@
+"""Floods and slow clients, the bad-input suite's cases that hold on: each flood runs against a server process
+while a good client calls it back to back. The good client's calls must all succeed with their p99 under
+LATENCY_BOUND_S, and the server's resident memory (VmRSS) must stay within RSS_SLACK_MB of where the case began,
+plus what the calls the flood stalls mid-message may hold (about twice MAX_MESSAGE_BYTES each).
+
+Then the bounds on slow clients one by one, on in-process servers: a stream that sends nothing, a connection
+that never finishes its handshake, calls stalled mid-message until the connection's age runs out, ping floods.
+Raw HTTP/2 comes from `tests.serve.rawh2`: no gRPC library sends such traffic.
+"""
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serve import tensors
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from serve.proto.kserve_pb2 import ModelInferRequest
+from tests.serve.conftest import ROOT, ServerProcess, settings_for, subprocess_env
+from tests.serve.rawh2 import (
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    Kind,
+    RawClient,
+    frame,
+    header_block,
+    literal,
+    message_prefix,
+)
+
+CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+MESSAGE_BYTES = 256 * 1024  # the flood server's MAX_MESSAGE_BYTES
+MAX_RPCS = 160  # its MAX_CONCURRENT_RPCS: the floods hold fewer, so the good client keeps a place
+FLOOD_S = 3.0  # how long each flood runs with the good client calling
+LATENCY_BOUND_S = 1.0  # the good client's p99 under a flood: a call takes about 2 ms on a quiet machine
+RSS_SLACK_MB = 64  # growth of the server's VmRSS allowed beyond what stalled calls may hold
+LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, not shared with other channels
+
+
+def classify(*texts: str) -> pb.ClassifyRequest:
+    return pb.ClassifyRequest(texts=texts)
+
+
+def vm_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+@pytest.fixture(scope="module")
+def flood_server(bundle):
+    """A server process with small limits, so that a flood meets them: 8 texts, 256 KiB messages, 160 calls."""
+    server = ServerProcess(
+        bundle,
+        "--max-texts", "8", "--max-message-bytes", str(MESSAGE_BYTES), "--max-concurrent-rpcs", str(MAX_RPCS),
+        "--threads", "1",
+    )  # fmt: skip
+    serving = server.wait_for("serving")
+    server.port = serving["port"]
+    server.address = f"127.0.0.1:{serving['port']}"
+    yield server
+    server.close()
+
+
+# --- the floods: each a context manager holding its flood while the block runs, yielding the calls it stalls ----
+
+
+@contextlib.contextmanager
+def threads_running(works: list[Callable[[threading.Event], None]]) -> Iterator[None]:
+    """A thread for each of `works`, running `work(stop)` until the block ends."""
+    stop = threading.Event()
+    workers = [threading.Thread(target=work, args=(stop,), daemon=True) for work in works]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(10)
+
+
+def send_until_stopped(address: str, path: str, request: bytes, metadata=()) -> Callable[[threading.Event], None]:
+    """Work for `threads_running`: call `path` with the serialized `request` back to back, whatever the answer."""
+
+    def work(stop: threading.Event) -> None:
+        with grpc.insecure_channel(address, options=LOCAL) as channel:
+            call = channel.unary_unary(path)
+            while not stop.is_set():
+                with contextlib.suppress(grpc.RpcError):
+                    call(request, metadata=metadata, timeout=10)
+
+    return work
+
+
+@contextlib.contextmanager
+def held_streams(server) -> Iterator[int]:
+    """100 ClassifyStream calls over 2 connections, each answered once and then held open."""
+    release = threading.Event()
+
+    def requests():
+        yield classify("good")
+        release.wait(60)
+
+    channels = [grpc.insecure_channel(server.address, options=LOCAL) for _ in range(2)]
+    calls = [classifier_pb2_grpc.ClassifierStub(c).ClassifyStream(requests(), timeout=60) for c in channels * 50]
+    for call in calls:
+        next(call)
+    try:
+        yield 0
+    finally:
+        release.set()
+        for call in calls:
+            list(call)
+        for channel in channels:
+            channel.close()
+
+
+@contextlib.contextmanager
+def silent_streams(server) -> Iterator[int]:
+    """100 ClassifyStream calls over 2 connections that send no request at all."""
+    release = threading.Event()
+
+    def requests():
+        release.wait(60)
+        yield from ()
+
+    channels = [grpc.insecure_channel(server.address, options=LOCAL) for _ in range(2)]
+    calls = [classifier_pb2_grpc.ClassifierStub(c).ClassifyStream(requests(), timeout=60) for c in channels * 50]
+    time.sleep(0.5)  # the calls reach the server
+    try:
+        yield 0
+    finally:
+        release.set()
+        for call in calls:
+            list(call)
+        for channel in channels:
+            channel.close()
+
+
+@contextlib.contextmanager
+def stalled_messages(server) -> Iterator[int]:
+    """100 Classify calls over 2 raw connections, each sending half of a message as large as the server allows,
+    then nothing."""
+    clients = [RawClient(server.port) for _ in range(2)]
+    half = message_prefix(MESSAGE_BYTES - 5) + b"\x00" * (MESSAGE_BYTES // 2)
+    for client in clients:
+        for stream in range(1, 101, 2):
+            client.open_call(stream, CLASSIFY)
+            sent, deadline = 0, time.monotonic() + 5
+            while sent < len(half) and time.monotonic() < deadline:
+                if not (progress := client.send_data(stream, half[sent:])):
+                    time.sleep(0.01)  # the server's window is full: wait for its WINDOW_UPDATE
+                sent += progress
+    try:
+        yield 100
+    finally:
+        for client in clients:
+            client.close()
+
+
+@contextlib.contextmanager
+def silent_connections(server) -> Iterator[int]:
+    """300 connections that never send the HTTP/2 preface."""
+    clients = [RawClient(server.port, preface=False) for _ in range(300)]
+    try:
+        yield 0
+    finally:
+        for client in clients:
+            client.close()
+
+
+def duplicate_outputs(server):
+    """4 clients sending ModelInfer requests that name `logits` 20,000 times, back to back."""
+    request = ModelInferRequest(model_name="tiny-sentiment")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"good")
+    for _ in range(20_000):
+        request.outputs.add(name="logits")
+    return threads_running([send_until_stopped(server.address, MODEL_INFER, request.SerializeToString())] * 4)
+
+
+def huge_element_counts(server):
+    """4 clients sending BYTES tensors that claim a billion elements, or hold 30,000, back to back."""
+    claimed = ModelInferRequest(model_name="tiny-sentiment")
+    claimed.inputs.add(name="text", datatype="BYTES", shape=[10**9])
+    claimed.raw_input_contents.append(tensors.serialize_bytes([b"good"]))
+    held = ModelInferRequest(model_name="tiny-sentiment")
+    held.inputs.add(name="text", datatype="BYTES", shape=[30_000]).contents.bytes_contents.extend([b""] * 30_000)
+    works = [send_until_stopped(server.address, MODEL_INFER, r.SerializeToString()) for r in (claimed, held)]
+    return threads_running(works * 2)
+
+
+def oversized_metadata(server):
+    """4 clients sending Classify calls with a 20 KB request id, or 400 headers of 40 bytes, back to back."""
+    request = classify("good").SerializeToString()
+    metadatas = [(("x-request-id", "r" * 20_000),), tuple((f"x-h{i}", "v" * 32) for i in range(400))]
+    works = [send_until_stopped(server.address, CLASSIFY, request, metadata) for metadata in metadatas]
+    return threads_running(works * 2)
+
+
+def reconnecting(server, attack: Callable[[RawClient], None], rate: float | None = None):
+    """2 clients repeating `attack` on a raw connection (`rate` times a second each, or as fast as they can), a new
+    connection whenever the server closes one."""
+
+    def work(stop: threading.Event) -> None:
+        due = time.perf_counter()
+        while not stop.is_set():
+            client = RawClient(server.port)
+            try:
+                while not stop.is_set() and not client.closed.is_set():
+                    if rate is not None:
+                        due += 1 / rate
+                        time.sleep(max(0.0, due - time.perf_counter()))
+                    attack(client)
+            finally:
+                client.close()
+
+    return threads_running([work] * 2)
+
+
+def ping_flood(server):
+    """PINGs without data, as fast as the connection takes them."""
+    return reconnecting(server, lambda client: client.send(frame(Kind.PING, 0, 0, b"\x00" * 8)))
+
+
+def rapid_reset(server):
+    """Calls opened with a whole request and cancelled at once (RST_STREAM), over and over (CVE-2023-44487), 2,000 a
+    second: each costs the server about what a call refused at once costs, so an unpaced flood from this process
+    takes the server's core (see docs/serving.md)."""
+    body = classify("good").SerializeToString()
+    streams = iter(range(1, 2**31, 2))
+
+    def attack(client: RawClient) -> None:
+        stream = next(streams)
+        client.open_call(stream, CLASSIFY)
+        client.send(frame(Kind.DATA, END_STREAM, stream, message_prefix(len(body)) + body))
+        client.send(frame(Kind.RST_STREAM, 0, stream, (8).to_bytes(4, "big")))  # CANCEL
+
+    return reconnecting(server, attack, rate=1000)
+
+
+def endless_headers(server):
+    """A header block that never ends: HEADERS without END_HEADERS, then CONTINUATION frames of 16 KB."""
+    filler = literal("x-filler", "v" * 16_000)  # one more header per frame
+
+    def attack(client: RawClient) -> None:
+        client.send(frame(Kind.HEADERS, 0, 1, header_block(CLASSIFY)))
+        while client.send(frame(Kind.CONTINUATION, 0, 1, filler)) and not client.closed.is_set():
+            pass
+
+    return reconnecting(server, attack)
+
+
+@dataclass(frozen=True)
+class Flood:
+    id: str
+    run: Callable  # (server) -> a context manager holding the flood, yielding the calls it stalls (or None)
+
+
+FLOODS = [
+    Flood("100 ClassifyStreams held open", held_streams),
+    Flood("100 ClassifyStreams that send nothing", silent_streams),
+    Flood("100 calls stalled halfway through their message", stalled_messages),
+    Flood("300 connections that never send the preface", silent_connections),
+    Flood("ModelInfer naming logits 20,000 times", duplicate_outputs),
+    Flood("BYTES claiming a billion elements or holding 30,000", huge_element_counts),
+    Flood("20 KB request ids and 400 headers", oversized_metadata),
+    Flood("ping flood", ping_flood),
+    Flood("rapid reset, 2,000 calls a second", rapid_reset),
+    Flood("endless CONTINUATION frames", endless_headers),
+]
+
+
+GOOD_CLIENT = """
+import json, sys, time, grpc
+from serve.proto import classifier_pb2 as pb, classifier_pb2_grpc
+address, seconds = sys.argv[1], float(sys.argv[2])
+calls = []
+with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+    stub = classifier_pb2_grpc.ClassifierStub(channel)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        try:
+            stub.Classify(pb.ClassifyRequest(texts=["a great movie"]), timeout=10)
+            code = "OK"
+        except grpc.RpcError as err:
+            code = err.code().name
+        calls.append((time.perf_counter() - started, code))
+print(json.dumps(calls))
+"""
+
+
+class GoodClient:
+    """Classify calls back to back for FLOOD_S seconds from `start`, in a process of its own (the flood's threads
+    in this one would slow its calls down), each recorded as (seconds, code)."""
+
+    def __init__(self, address: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", GOOD_CLIENT, address, str(FLOOD_S)],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def start(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> list[tuple[float, str]]:
+        out, _ = self.proc.communicate(timeout=FLOOD_S + 30)
+        return [tuple(call) for call in json.loads(out)]
+
+
+def p99(seconds: list[float]) -> float:
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+class PeakRss:
+    """The highest VmRSS of process `pid` (MB), sampled every 20 ms until `finish`."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak = vm_rss_mb(pid)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            self.peak = max(self.peak, vm_rss_mb(self.pid))
+
+    def finish(self) -> float:
+        self.stop.set()
+        self.thread.join(5)
+        return self.peak
+
+
+@dataclass
+class Outcome:
+    codes: set[str]
+    p99: float
+    calls: int
+    rss_growth_mb: float
+    rss_allowed_mb: float
+
+
+@pytest.fixture(scope="module")
+def outcomes(flood_server) -> dict[str, Outcome]:
+    """Each flood in turn, with the good client calling and the server's memory watched throughout."""
+    found = {}
+    pid = flood_server.proc.pid
+    for flood in FLOODS:
+        good = GoodClient(flood_server.address)
+        before = vm_rss_mb(pid)
+        rss = PeakRss(pid)
+        with flood.run(flood_server) as stalled:
+            good.start()
+            calls = good.finish()
+        peak = rss.finish()
+        seconds = [s for s, _ in calls]
+        allowed = RSS_SLACK_MB + 2 * (stalled or 0) * MESSAGE_BYTES / 2**20
+        found[flood.id] = Outcome({c for _, c in calls}, p99(seconds), len(calls), peak - before, allowed)
+        print(f"\n{flood.id}: {len(calls)} good calls, p99 {p99(seconds) * 1000:.1f} ms, median "
+              f"{statistics.median(seconds) * 1000:.1f} ms; VmRSS {before:.0f} -> peak {peak:.0f} MB")  # fmt: skip
+    return found
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=[f.id for f in FLOODS])
+def test_good_calls_all_succeed_during_the_flood(outcomes, flood):
+    assert outcomes[flood.id].codes == {"OK"}
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=[f.id for f in FLOODS])
+def test_good_calls_stay_fast_during_the_flood(outcomes, flood):
+    outcome = outcomes[flood.id]
+    assert outcome.calls >= 10 and outcome.p99 < LATENCY_BOUND_S, outcome
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=[f.id for f in FLOODS])
+def test_the_servers_memory_stays_bounded_during_the_flood(outcomes, flood):
+    outcome = outcomes[flood.id]
+    assert outcome.rss_growth_mb < outcome.rss_allowed_mb, outcome
+
+
+def test_the_server_is_serving_after_the_floods_and_logged_no_internal_error(outcomes, flood_server):
+    with grpc.insecure_channel(flood_server.address, options=LOCAL) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert not [line for line in flood_server.lines if line.get("event") == "internal_error"]
+
+
+# --- slow clients, one bound at a time ----------------------------------------------------------------------------
+
+
+def test_a_stream_that_sends_nothing_is_ended_after_stream_idle_s(start_server, bundle):
+    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+    release = threading.Event()
+
+    def requests():
+        yield classify("good")
+        release.wait(10)
+
+    with server.channel() as channel:
+        started = time.monotonic()
+        call = classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=10)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call)
+        release.set()
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "STREAM_IDLE_S" in caught.value.details()
+    assert time.monotonic() - started < 3
+
+
+def test_a_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle):
+    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+
+    def requests():
+        for _ in range(8):
+            yield classify("good")
+            time.sleep(0.2)
+
+    with server.channel() as channel:
+        replies = list(classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=10))
+    assert len(replies) == 8
+
+
+def test_a_connection_that_never_sends_the_preface_is_closed_after_handshake_timeout_s(start_server, bundle):
+    server = start_server(settings_for(bundle, handshake_timeout_s=0.5))
+    client = RawClient(server.port, preface=False)
+    assert client.closed.wait(5)
+
+
+def test_a_connection_without_calls_is_closed_after_connection_idle_s(start_server, bundle):
+    server = start_server(settings_for(bundle, connection_idle_s=0.5))
+    client = RawClient(server.port)
+    assert client.closed.wait(5)
+
+
+def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_out(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=4, connection_age_s=1.0, connection_age_grace_s=0.5))
+    client = RawClient(server.port)
+    for stream in (1, 3, 5, 7):  # every place, each call with half a message
+        client.open_call(stream, CLASSIFY)
+        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    with grpc.insecure_channel(server.address, options=LOCAL) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(classify("good"), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert client.closed.wait(10), "the stalled connection was never closed"
+        assert stub.Classify(classify("good"), timeout=5).predictions
+
+
+def test_a_ping_flood_gets_goaway(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    client = RawClient(server.port)
+    for _ in range(20):
+        client.send(frame(Kind.PING, 0, 0, b"\x00" * 8))
+    assert client.closed.wait(5)
+    assert client.goaway_code() == ENHANCE_YOUR_CALM
