@@ -131,7 +131,7 @@ def _build(inputs: Inputs) -> Built | None:
             "dev_examples": len(dev),
         }
         | trainer.run_info(),
-        line=f"dev_accuracy={best['dev_accuracy']:.4f} {selection_key(data)}={best[selection_key(data)]:.4f}"
+        line=" ".join(f"{key}={best[key]:.4f}" for key in dict.fromkeys(["dev_accuracy", selection_key(data)]))
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.1f}M "
         f"best_step={progress.best_step}/{progress.global_step}",
