@@ -1,4 +1,5 @@
-"""`python -m serve --bundle runs/sst2/bundle-cnn-small-folded [--port 50051]`: serve a bundle until SIGTERM."""
+"""`python -m serve --bundle runs/sst2/bundle-cnn-small-folded [--port 50051]`: serve a bundle until SIGTERM, in one
+process or, with several WORKERS, in worker processes under a supervisor (`serve.workers`)."""
 
 import asyncio
 import logging
@@ -9,6 +10,7 @@ from serve.app import EXIT_FAULT, serve
 from serve.errors import BundleRejected
 from serve.logs import configure_logging
 from serve.settings import SettingsError, load_settings
+from serve.workers import SupervisorLink, supervise, worker_count
 
 log = logging.getLogger("serve")
 
@@ -20,8 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m serve: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    supervisor = SupervisorLink.from_environ()
     try:
-        return asyncio.run(serve(settings))
+        if supervisor is None and (count := worker_count(settings)) > 1:
+            return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
+        return asyncio.run(serve(settings, supervisor))
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2

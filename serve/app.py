@@ -29,6 +29,7 @@ from serve.observe import CallObserver, ObservedServer
 from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from serve.settings import Settings, SettingsError
 from serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, PRECHECKS, ClassifierServicer, InferenceServicer
+from serve.workers import SupervisorLink
 
 log = logging.getLogger("serve")
 
@@ -84,9 +85,16 @@ class EdgeServer:
         for name in HEALTH_NAMES:
             await self.health.set(name, status)
 
+    def bind(self) -> int:
+        """Add the gRPC port (TLS with the settings' certificates) and the health port; the gRPC port bound."""
+        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", _credentials(self.settings))
+        if self.health_server is not None:
+            self.health_port = _bind(self.health_server, f"{self.settings.host}:{self.settings.health_port}")
+        return port
+
     async def start(self) -> None:
-        """Open the gRPC port (health NOT_SERVING until `warm_up`) and the metrics endpoint."""
-        await self._set_health(NOT_SERVING)
+        """Open the bound ports (health NOT_SERVING until `warm_up`, unless warm already) and the metrics endpoint."""
+        await self._set_health(SERVING if self.host.ready else NOT_SERVING)
         self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
         if self.health_server is not None:
@@ -150,11 +158,13 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def create_server(settings: Settings) -> tuple[EdgeServer, int]:
-    """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop."""
+def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeServer, int | None]:
+    """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop.
+    With `share_port` (a worker of several) the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT;
+    else a port in use is refused."""
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
-    metrics = Metrics()
+    metrics = Metrics(shared=share_port)
     host = ModelHost(settings, metrics)
     runtime = ModelRuntime.load(settings.bundle, settings, metrics, host.on_fault)
     server = grpc.aio.server(
@@ -162,7 +172,7 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(share_port)),
             *connection_options(settings),
         ],
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
@@ -178,14 +188,13 @@ def create_server(settings: Settings) -> tuple[EdgeServer, int]:
     names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
     observed.check()
-    address = f"{settings.host}:{settings.port}"
-    port = _bind(server, address, _credentials(settings))
     if settings.health_port is not None:
         # plaintext, with only the health service (the same statuses): for probes that cannot speak TLS
-        edge.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *connection_options(settings)])
+        edge.health_server = grpc.aio.server(
+            options=[("grpc.so_reuseport", int(share_port)), *connection_options(settings)]
+        )
         health_pb2_grpc.add_HealthServicer_to_server(edge.health, edge.health_server)
-        edge.health_port = _bind(edge.health_server, f"{settings.host}:{settings.health_port}")
-    return edge, port
+    return edge, None if share_port else edge.bind()
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
@@ -196,10 +205,11 @@ def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredent
         raise SettingsError(f"cannot bind {address}: {err}") from err
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
-    Reloads still running at shutdown are cancelled."""
-    server, port = create_server(settings)
+    Reloads still running at shutdown are cancelled. As a worker of `supervisor`, share the port and report there
+    once serving."""
+    server, port = create_server(settings, share_port=supervisor is not None)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()
@@ -213,27 +223,34 @@ async def serve(settings: Settings) -> int:
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
+    async def open_port() -> None:
+        await server.start()
+        log.info(
+            "listening on port %d",
+            port,
+            extra={
+                "event": "listening",
+                "port": port,
+                "metrics_port": server.metrics_port,
+                "health_port": server.health_port,
+                "tls": settings.tls_cert is not None,
+            },
+        )
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
-    await server.start()
-    log.info(
-        "listening on port %d, warming up",
-        port,
-        extra={
-            "event": "listening",
-            "port": port,
-            "metrics_port": server.metrics_port,
-            "health_port": server.health_port,
-            "tls": settings.tls_cert is not None,
-        },
-    )
+    if supervisor is None:  # health says NOT_SERVING until warm, for the probes
+        await open_port()
     try:
         await server.warm_up()
     except BundleRejected as err:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
         await server.stop(0)
         return 2
+    if supervisor is not None:  # a worker listens once warm: the kernel sends it connections as soon as it listens
+        port = server.bind()
+        await open_port()
     gc.collect()
     gc.freeze()  # the loaded model and server objects leave the collector's scans: shorter GC pauses
     log.info(
@@ -246,6 +263,8 @@ async def serve(settings: Settings) -> int:
             "model": asdict(server.host.current.describe()),
         },
     )
+    if supervisor is not None:
+        supervisor.serving(port)
     waits = [loop.create_task(stop.wait()), loop.create_task(server.host.faulted.wait())]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in (*waits, *reloads):

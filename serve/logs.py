@@ -11,13 +11,15 @@ _RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    """`{"ts", "level", "logger", "msg", "request_id"?, ...extra}`; `extra={...}` keys become fields."""
+    """`{"ts", "level", "logger", "pid", "msg", "request_id"?, ...extra}`; `extra={...}` keys become fields. The pid
+    tells apart the lines of several workers."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
+            "pid": record.process,
             "msg": record.getMessage(),
         }
         if (request_id := REQUEST_ID.get()) is not None:

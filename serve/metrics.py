@@ -1,7 +1,11 @@
-"""Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`."""
+"""Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`; with several workers, the
+supervisor serves their sum."""
+
+from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from serve.batching import BatchObserver, DropReason
 
@@ -10,9 +14,12 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Metrics(BatchObserver):
-    """Per-call metrics (fed by the call observer) and batch metrics (fed by the batcher as its observer)."""
+    """Per-call metrics (fed by the call observer) and batch metrics (fed by the batcher as its observer). `shared`:
+    a worker's, whose values go to the files of prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR),
+    summed by the supervisor's /metrics."""
 
-    def __init__(self):
+    def __init__(self, shared: bool = False):
+        self.shared = shared
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -43,7 +50,10 @@ class Metrics(BatchObserver):
         self.batch_size = Histogram(
             "edgedistill_batch_size", "Rows per backend call", buckets=BATCH_BUCKETS, registry=r
         )
-        self.depth = Gauge("edgedistill_queue_depth", "Rows waiting for a batch", registry=r)
+        # multiprocess_mode: how several workers' values combine (only with PROMETHEUS_MULTIPROC_DIR)
+        self.depth = Gauge(
+            "edgedistill_queue_depth", "Rows waiting for a batch", registry=r, multiprocess_mode="livesum"
+        )
         self.dropped = Counter(
             "edgedistill_dropped_rows", "Queued rows dropped before running, by reason", ["reason"], registry=r
         )
@@ -52,7 +62,9 @@ class Metrics(BatchObserver):
             "The model being served (value 1)",
             ["name", "version", "runtime", "providers"],
             registry=r,
+            multiprocess_mode="livemax",
         )
+        self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
     def observe_call(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -62,8 +74,12 @@ class Metrics(BatchObserver):
             self.errors.labels(code.name).inc()
 
     def set_model(self, name: str, version: str, runtime: str, providers: list[str]) -> None:
-        self.model.clear()
-        self.model.labels(name, version, runtime, ",".join(providers)).set(1)
+        if not self.shared:
+            self.model.clear()
+        elif self._model_labels is not None:
+            self.model.labels(*self._model_labels).set(0)  # clear() cannot reach the shared file: it would stay 1
+        self._model_labels = (name, version, runtime, ",".join(providers))
+        self.model.labels(*self._model_labels).set(1)
 
     def queue_depth(self, rows: int) -> None:
         self.depth.set(rows)
@@ -80,17 +96,35 @@ class Metrics(BatchObserver):
 
     def start_http(self, host: str, port: int) -> int:
         """Serve `/metrics` on `host:port` (0: any free port) in a daemon thread; return the port."""
-        address = host.strip("[]")
-        try:
-            self._http, _ = start_http_server(port, addr=address, registry=self.registry)
-        except OSError:
-            if address != "::":
-                raise
-            self._http, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)  # no IPv6 here
+        self._http = serve_http(self.registry, host, port)
         return self._http.server_port
 
     def stop_http(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            stop_http(self._http)
             self._http = None
+
+
+def serve_http(registry: CollectorRegistry, host: str, port: int):
+    """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread."""
+    address = host.strip("[]")
+    try:
+        server, _ = start_http_server(port, addr=address, registry=registry)
+    except OSError:
+        if address != "::":
+            raise
+        server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
+    return server
+
+
+def stop_http(server) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def workers_registry(folder: Path) -> CollectorRegistry:
+    """A registry of the metrics that worker processes write to `folder` (prometheus-client's multiprocess mode):
+    counters and histograms summed over every worker that ran, the queue depth over the live ones."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(folder))
+    return registry

@@ -100,7 +100,15 @@ class Settings(BaseModel):
     handshake_timeout_s: float = Field(
         10.0, gt=0, description="a new connection must finish its TLS and HTTP/2 handshake within this long"
     )
-    threads: int = Field(0, ge=0, description="intra-op threads of the runtime (0: its default)")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="server processes sharing the port, one model each, under a supervisor that sums their metrics; "
+        "0: one per usable core, as many as memory holds; 1: one process, no supervisor",
+    )
+    threads: int = Field(
+        0, ge=0, description="intra-op threads of the runtime (0: its default; with several workers, cores / WORKERS)"
+    )
     spin: bool = Field(
         False,
         description="let ONNX Runtime's intra-op threads spin while they wait for work: slightly lower latency "

@@ -4,6 +4,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -283,7 +284,7 @@ PRECHECKS = {f"/{KSERVE}/ModelInfer": model_infer_precheck}  # for `serve.observ
 
 
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
-    return classifier_pb2.ModelInfo(**asdict(runtime.describe()))
+    return classifier_pb2.ModelInfo(**asdict(runtime.describe()), pid=os.getpid())
 
 
 class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):

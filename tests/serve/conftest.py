@@ -287,8 +287,9 @@ def serve_command(bundle: Path, *extra: str) -> list[str]:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment without EDGEDISTILL_* settings; one worker (no supervisor) unless `extra` says otherwise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_")}
-    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | extra
+    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "EDGEDISTILL_WORKERS": "1"} | extra
 
 
 class ServerProcess:

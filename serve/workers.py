@@ -1,0 +1,345 @@
+"""WORKERS=N: N server processes on one port, under a supervisor that starts, watches and stops them.
+
+One Python process is bound by its event loop, about one core. With `WORKERS` above 1, `python -m
+serve` becomes a supervisor: it reserves the port (and the health port), starts N workers, each a whole
+`python -m serve` with its own model that binds the same port with SO_REUSEPORT (the kernel spreads
+connections over them), and serves /metrics itself, summed over the workers with prometheus-client's
+multiprocess mode (a fresh folder per start, `PROMETHEUS_MULTIPROC_DIR` for the workers). SIGTERM and
+SIGINT drain every worker, SIGHUP reloads every worker.
+
+A worker that exits on its own (a batcher fault, a crash) is restarted; the others keep serving meanwhile.
+A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), or
+more than RESTARTS_PER_MINUTE restarts a minute, stop the supervisor: it drains the rest and exits with
+that worker's status, for the orchestrator to take over. Workers die with the supervisor (Linux's
+parent-death signal), so none outlives it.
+
+`WORKERS=0` (the default) picks one worker per usable core (affinity and cgroup CPU quota), as many as the
+usable memory (cgroup limit, else what is available) holds at WORKER_BASE_BYTES plus twice the model file
+each (a reload holds two models). `WORKERS=1` is a single process, no supervisor.
+"""
+
+import ctypes
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from serve.errors import BundleRejected
+from serve.metrics import serve_http, stop_http, workers_registry
+from serve.settings import Settings, SettingsError
+
+log = logging.getLogger("serve")
+
+SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's environment: where to report
+WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
+RESTARTS_PER_MINUTE = 10
+STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
+PR_SET_PDEATHSIG = 1
+
+
+# --- how many -------------------------------------------------------------------------------------------------
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity, within a cgroup v2 CPU quota (a container's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def usable_memory() -> int:
+    """Bytes of memory for the workers: the cgroup v2 limit where one is set, else what the system has available."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            return int(limit)
+    except (OSError, ValueError):
+        pass
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+
+
+def worker_count(settings: Settings) -> int:
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model."""
+    if settings.workers:
+        return settings.workers
+    if settings.bundle is None:
+        raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
+    try:
+        bundle = load_bundle(settings.bundle, verify=False)  # the workers verify it
+    except mf.ArtifactError as err:
+        raise BundleRejected(f"bundle refused: {err}") from err
+    model_bytes = bundle.manifest.files[bundle.spec.model_file].size_bytes
+    return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * model_bytes)))
+
+
+# --- the worker's side ----------------------------------------------------------------------------------------
+
+
+class SupervisorLink:
+    """A worker's tie to its supervisor: it dies with it, and reports on a pipe when it serves."""
+
+    def __init__(self, supervisor: int, fd: int):
+        self.supervisor = supervisor
+        self.pipe = os.fdopen(fd, "w", buffering=1)
+
+    @classmethod
+    def from_environ(cls) -> "SupervisorLink | None":
+        """The link when this process is a worker (SUPERVISOR_VAR set), else None."""
+        value = os.environ.pop(SUPERVISOR_VAR, None)
+        if value is None:
+            return None
+        supervisor, fd = (int(part) for part in value.split(":"))
+        link = cls(supervisor, fd)
+        link.die_with_supervisor()
+        return link
+
+    def die_with_supervisor(self) -> None:
+        """SIGTERM (a drain) when the supervisor dies; exit at once if it already has."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != self.supervisor:
+            sys.exit("the supervisor is gone")
+
+    def serving(self, port: int) -> None:
+        self.pipe.write(json.dumps({"pid": os.getpid(), "port": port}) + "\n")
+
+
+# --- the supervisor's side ------------------------------------------------------------------------------------
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` with SO_REUSEPORT and not listening: it keeps the port for the workers (a
+    connection only ever goes to a listening socket). The port must be free first: with SO_REUSEPORT alone, the
+    workers would share a port some other server holds. Port 0 picks a free one."""
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
+            probe.bind((address, port))
+            port = probe.getsockname()[1]
+        holder = socket.socket(family, socket.SOCK_STREAM)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind((address, port))
+    except OSError as err:
+        raise SettingsError(f"cannot bind {host}:{port}: {err.strerror or err}") from err
+    return holder
+
+
+@dataclass(eq=False)
+class Worker:
+    index: int
+    proc: subprocess.Popen
+    reports: BinaryIO  # the read end of its report pipe
+    serving: bool = False
+    buffer: bytes = field(default=b"")
+
+
+class Supervisor:
+    """Starts `count` workers from the flags `argv` (and this environment), keeps them running, stops them."""
+
+    def __init__(self, settings: Settings, argv: list[str], count: int):
+        self.settings = settings
+        self.argv = argv
+        self.count = count
+        self.threads = settings.threads or max(1, usable_cores() // count)
+        self.ports = [reserve_port(settings.host, settings.port)]
+        if settings.health_port is not None:
+            self.ports.append(reserve_port(settings.host, settings.health_port))
+        self.port = self.ports[0].getsockname()[1]
+        self.metrics_dir = Path(tempfile.mkdtemp(prefix="edgedistill-metrics-"))
+        self.metrics_http = None
+        self.metrics_port: int | None = None
+        self.workers: list[Worker] = []
+        self.restarts: deque[float] = deque()
+        self.selector = selectors.DefaultSelector()
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.exit_status = 0
+
+    def _command(self) -> list[str]:
+        pinned = ["--workers", "1", "--port", str(self.port), "--metrics-port", "off", "--threads", str(self.threads)]
+        if len(self.ports) > 1:
+            pinned += ["--health-port", str(self.ports[1].getsockname()[1])]
+        return [sys.executable, "-m", "serve", *self.argv, *pinned]  # later flags win
+
+    def _start(self, index: int, restarted: bool = False) -> Worker:
+        read, write = os.pipe()
+        env = os.environ | {SUPERVISOR_VAR: f"{os.getpid()}:{write}", "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+        proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
+        os.close(write)
+        reports = os.fdopen(read, "rb", buffering=0)
+        worker = Worker(index, proc, reports)
+        self.selector.register(reports, selectors.EVENT_READ, worker)
+        self.workers.append(worker)
+        log.info(
+            "worker %d started, pid %d",
+            index,
+            proc.pid,
+            extra={"event": "worker_started", "worker": index, "worker_pid": proc.pid, "restart": restarted},
+        )
+        return worker
+
+    def run(self) -> int:
+        """Until SIGTERM or SIGINT (exit 0 when every worker drained cleanly) or a worker that cannot serve
+        (exit with its status)."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        os.set_blocking(wake_read, False)
+        previous_wakeup = signal.set_wakeup_fd(wake_write)
+        received: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, lambda number, frame: received.append(number))
+        self.selector.register(wake_read, selectors.EVENT_READ, None)
+        try:
+            if self.settings.metrics_port is not None:
+                registry = workers_registry(self.metrics_dir)
+                self.metrics_http = serve_http(registry, self.settings.metrics_host, self.settings.metrics_port)
+                self.metrics_port = self.metrics_http.server_port
+            log.info(
+                "supervising %d workers on port %d",
+                self.count,
+                self.port,
+                extra={"event": "supervising", "port": self.port, "metrics_port": self.metrics_port,
+                       "health_port": self.ports[1].getsockname()[1] if len(self.ports) > 1 else None,
+                       "workers": self.count, "threads": self.threads},
+            )  # fmt: skip
+            for index in range(self.count):
+                self._start(index)
+            announced = False
+            while self.workers:
+                for key, _ in self.selector.select(timeout=1.0):
+                    if key.data is None:
+                        os.read(wake_read, 512)
+                    else:
+                        self._read_reports(key.data)
+                while received:
+                    self._on_signal(received.pop(0))
+                self._reap()
+                if not announced and not self.stopping and all(w.serving for w in self.workers):
+                    announced = True
+                    log.info(
+                        "%d workers serving on port %d",
+                        self.count,
+                        self.port,
+                        extra={"event": "workers_serving", "port": self.port, "metrics_port": self.metrics_port,
+                               "workers": [w.proc.pid for w in self.workers]},
+                    )  # fmt: skip
+            return self.exit_status
+        finally:
+            self._kill_all()
+            signal.set_wakeup_fd(previous_wakeup)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            os.close(wake_read)
+            os.close(wake_write)
+            self._close()
+
+    def _read_reports(self, worker: Worker) -> None:
+        data = worker.reports.read(4096)
+        if not data:  # the worker closed its end: it is exiting
+            self.selector.unregister(worker.reports)
+            return
+        worker.buffer += data
+        *lines, worker.buffer = worker.buffer.split(b"\n")
+        if lines:
+            worker.serving = True
+
+    def _on_signal(self, number: int) -> None:
+        if number in (signal.SIGTERM, signal.SIGINT):
+            self._stop(0, f"signal {signal.Signals(number).name}")
+        elif number == signal.SIGHUP and not self.stopping:
+            log.info("reloading every worker", extra={"event": "workers_reload"})
+            for worker in self.workers:
+                worker.proc.send_signal(signal.SIGHUP)
+
+    def _stop(self, status: int, why: str) -> None:
+        """Drain every worker (SIGTERM); exit with `status` once they are gone."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.exit_status = status
+        self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_s + STOP_MARGIN_S
+        log.info("stopping the workers: %s", why, extra={"event": "workers_stopping", "exit_status": status})
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGTERM)
+
+    def _reap(self) -> None:
+        for worker in list(self.workers):
+            status = worker.proc.poll()
+            if status is None:
+                continue
+            self.workers.remove(worker)
+            self._forget(worker)
+            if self.stopping:
+                if status not in (0, -signal.SIGTERM) and self.exit_status == 0:  # SIGTERM: still starting up
+                    self.exit_status = 1
+                continue
+            log.error(
+                "worker %d (pid %d) exited with status %d",
+                worker.index,
+                worker.proc.pid,
+                status,
+                extra={"event": "worker_exited", "worker": worker.index, "worker_pid": worker.proc.pid,
+                       "status": status, "was_serving": worker.serving},
+            )  # fmt: skip
+            now = time.monotonic()
+            self.restarts.append(now)
+            while self.restarts and self.restarts[0] < now - 60:
+                self.restarts.popleft()
+            if not worker.serving:
+                self._stop(status if status > 0 else 1, f"worker {worker.index} exited before it served")
+            elif len(self.restarts) > RESTARTS_PER_MINUTE:
+                self._stop(status if status > 0 else 1, f"more than {RESTARTS_PER_MINUTE} restarts a minute")
+            else:
+                self._start(worker.index, restarted=True)
+        if self.stopping and time.monotonic() > self.stop_deadline:
+            self._kill_all()
+
+    def _forget(self, worker: Worker) -> None:
+        """A worker that exited: its report pipe closed, its live gauges dropped from the metrics."""
+        if worker.reports.fileno() in self.selector.get_map():
+            self.selector.unregister(worker.reports)
+        worker.reports.close()
+        mark_process_dead(worker.proc.pid, str(self.metrics_dir))
+
+    def _kill_all(self) -> None:
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                log.error("worker %d did not stop, killed", worker.index, extra={"event": "worker_killed"})
+                worker.proc.kill()
+                worker.proc.wait()
+
+    def _close(self) -> None:
+        if self.metrics_http is not None:
+            stop_http(self.metrics_http)
+        for holder in self.ports:
+            holder.close()
+        self.selector.close()
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+
+def supervise(settings: Settings, argv: list[str], count: int) -> int:
+    """Run `count` workers of `python -m serve` with the flags `argv`; the exit status (see the module doc)."""
+    return Supervisor(settings, argv, count).run()

@@ -1,0 +1,183 @@
+"""WORKERS=N: worker processes on one port under a supervisor that sums their metrics, drains and reloads them all,
+and restarts one that dies; WORKERS=1 stays one process."""
+
+import os
+import signal
+import socket
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serve import workers
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc
+from serve.settings import Settings
+from tests.serve.conftest import write_bundle
+from tests.serve.test_operations import corrupt, metric
+
+LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
+CHANNELS = 16  # connections opened to find every worker: both are reached with probability 1 - 2**-15
+
+
+def scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def answering_pids(port: int, channels: int = CHANNELS) -> list[tuple[int, str]]:
+    """(pid, model version) from GetModelInfo over `channels` new connections, one Classify call on each."""
+    found = []
+    for _ in range(channels):
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=LOCAL) as channel:
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            # wait_for_ready: a connection refused or reset while a worker goes down is tried again, as clients do
+            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10, wait_for_ready=True)
+            stub.Classify(pb.ClassifyRequest(texts=["a great movie"]), timeout=10)
+            found.append((info.pid, info.version))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def wait_for_restart(server) -> int:
+    """The pid of the worker the supervisor started in place of one that died, once it serves."""
+    wait_until(
+        lambda: sum(line.get("event") == "serving" for line in server.lines) == 3, 60, "the worker never came back"
+    )
+    return next(
+        line["worker_pid"] for line in server.lines if line.get("event") == "worker_started" and line["restart"]
+    )
+
+
+@pytest.fixture
+def two_workers(spawn, tmp_path):
+    """A supervisor with two workers on a bundle of its own (version 1): (process, its workers_serving line)."""
+    folder = write_bundle(tmp_path / "bundle")
+    server = spawn(folder, EDGEDISTILL_WORKERS="2")
+    server.folder = folder
+    return server, server.wait_for("workers_serving", timeout=60)
+
+
+def test_two_workers_answer_on_one_port(two_workers):
+    _, serving = two_workers
+    pids = {pid for pid, _ in answering_pids(serving["port"])}
+    assert pids == set(serving["workers"])
+
+
+def test_the_metrics_endpoint_sums_over_the_workers(two_workers):
+    _, serving = two_workers
+    pids = [pid for pid, _ in answering_pids(serving["port"])]
+    classified = metric(
+        scrape(serving["metrics_port"]),
+        "edgedistill_requests_total",
+        method="/edgedistill.v1.Classifier/Classify",
+        code="OK",
+    )
+    assert len(set(pids)) == 2
+    assert classified == CHANNELS
+
+
+def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
+    server, serving = two_workers
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    stopped = {line["pid"] for line in server.lines if line.get("event") == "stopped"}
+    assert stopped == set(serving["workers"])
+    assert not [pid for pid in serving["workers"] if alive(pid)]
+
+
+def test_sighup_reloads_every_worker(two_workers):
+    server, serving = two_workers
+    write_bundle(server.folder, version="2")
+    server.proc.send_signal(signal.SIGHUP)
+    wait_until(
+        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
+        30,
+        "not every worker reloaded",
+    )
+    answers = set(answering_pids(serving["port"]))
+    assert answers == {(pid, "2") for pid in serving["workers"]}
+
+
+def test_a_worker_that_dies_is_restarted_while_the_other_serves(two_workers):
+    server, serving = two_workers
+    killed, survivor = serving["workers"]
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: not alive(killed), 10, "the killed worker lives on")
+    answers = answering_pids(serving["port"])  # new connections go to the listener still open
+    assert {pid for pid, _ in answers} == {survivor}
+    restarted = wait_for_restart(server)
+    assert {pid for pid, _ in answering_pids(serving["port"])} == {survivor, restarted}
+    assert server.proc.poll() is None
+
+
+def test_a_restarted_worker_takes_connections_only_once_warm(two_workers):
+    server, serving = two_workers
+    os.kill(serving["workers"][0], signal.SIGKILL)
+    restarted = wait_for_restart(server)
+    events = [line["event"] for line in server.lines if line.get("pid") == restarted]
+    assert events.index("listening") > events.index("model_active")
+
+
+def test_the_workers_die_with_the_supervisor(two_workers):
+    server, serving = two_workers
+    server.proc.send_signal(signal.SIGKILL)
+    wait_until(lambda: not any(alive(pid) for pid in serving["workers"]), 30, "a worker outlived its supervisor")
+
+
+def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, tmp_path):
+    server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
+    assert server.proc.wait(60) == 2
+    assert server.wait_for("workers_stopping")["exit_status"] == 2
+
+
+def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        server = spawn(bundle, "--port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS="2")
+        assert server.proc.wait(60) == 2
+    assert "cannot bind" in server.wait_for("start_failed")["msg"]
+
+
+def test_the_health_port_is_shared_by_the_workers(spawn, bundle):
+    server = spawn(bundle, "--health-port", "0", EDGEDISTILL_WORKERS="2")
+    server.wait_for("workers_serving", timeout=60)
+    port = server.wait_for("supervising")["health_port"]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=LOCAL) as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_one_worker_is_one_process_without_a_supervisor(spawn, bundle):
+    server = spawn(bundle, EDGEDISTILL_WORKERS="1")
+    assert server.wait_for("serving")["pid"] == server.proc.pid
+    assert not [line for line in server.lines if line.get("event") == "supervising"]
+
+
+@pytest.mark.parametrize(
+    ("cores", "memory_mb", "model_mb", "expected"),
+    [(16, 64_000, 10, 16), (16, 1024, 10, 4), (2, 64_000, 10, 2), (16, 300, 100, 1)],
+    ids=["one per core", "capped by memory", "two cores", "at least one"],
+)
+def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores, memory_mb, model_mb, expected):
+    folder = write_bundle(tmp_path / "bundle", model=b"\0" * (model_mb << 20))
+    monkeypatch.setattr(workers, "usable_cores", lambda: cores)
+    monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
+    assert workers.worker_count(Settings(bundle=folder)) == expected
