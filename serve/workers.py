@@ -152,6 +152,7 @@ class Worker:
     proc: subprocess.Popen
     reports: BinaryIO  # the read end of its report pipe
     serving: bool = False
+    reload_due: bool = False  # a SIGHUP came before it served: it gets one once it does
     buffer: bytes = field(default=b"")
 
 
@@ -262,8 +263,10 @@ class Supervisor:
             return
         worker.buffer += data
         *lines, worker.buffer = worker.buffer.split(b"\n")
-        if lines:
+        if lines and not worker.serving:
             worker.serving = True
+            if worker.reload_due:
+                worker.proc.send_signal(signal.SIGHUP)
 
     def _on_signal(self, number: int) -> None:
         if number in (signal.SIGTERM, signal.SIGINT):
@@ -271,7 +274,10 @@ class Supervisor:
         elif number == signal.SIGHUP and not self.stopping:
             log.info("reloading every worker", extra={"event": "workers_reload"})
             for worker in self.workers:
-                worker.proc.send_signal(signal.SIGHUP)
+                if worker.serving:
+                    worker.proc.send_signal(signal.SIGHUP)
+                else:  # SIGHUP would end a worker that has no handler for it yet
+                    worker.reload_due = True
 
     def _stop(self, status: int, why: str) -> None:
         """Drain every worker (SIGTERM); exit with `status` once they are gone."""

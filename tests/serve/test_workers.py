@@ -114,6 +114,17 @@ def test_sighup_reloads_every_worker(two_workers):
     assert answers == {(pid, "2") for pid in serving["workers"]}
 
 
+def test_sighup_while_the_workers_start_reloads_them_once_they_serve(spawn, bundle):
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    server.wait_for("supervising", timeout=30)
+    server.proc.send_signal(signal.SIGHUP)  # before any worker can handle it
+    server.wait_for("workers_serving", timeout=60)
+    wait_until(
+        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4, 30, "a worker never reloaded"
+    )
+    assert server.proc.poll() is None
+
+
 def test_a_worker_that_dies_is_restarted_while_the_other_serves(two_workers):
     server, serving = two_workers
     killed, survivor = serving["workers"]
