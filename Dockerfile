@@ -48,8 +48,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without a passwd lookup.
 USER 10001:10001
 EXPOSE 50051 8002
-# SERVING only after warm-up; NOT_SERVING while draining. Plaintext: with EDGEDISTILL_TLS_* set,
-# also set EDGEDISTILL_HEALTH_PORT (a plaintext port with only the health service); it is probed instead.
+# SERVING only after warm-up (with several workers, nothing listens before); NOT_SERVING while draining.
+# Plaintext: with EDGEDISTILL_TLS_* set, also set EDGEDISTILL_HEALTH_PORT (a plaintext port with only the
+# health service); it is probed instead.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/venv/bin/python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel('localhost:' + (os.environ.get('EDGEDISTILL_HEALTH_PORT') or os.environ.get('EDGEDISTILL_PORT', '50051'))); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(), timeout=3); sys.exit(reply.status != h.HealthCheckResponse.SERVING)"]
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "serve"]
