@@ -236,21 +236,24 @@ def classify_response(spec: BundleSpec, scores: Scores) -> classifier_pb2.Classi
     return reply
 
 
-def model_config(spec: BundleSpec, max_texts: int) -> kserve_pb2.ModelConfig:
+def model_config(spec: BundleSpec, max_texts: int) -> kserve_pb2.ModelConfigResponse.ModelConfig:
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
     a request's most rows (MAX_TEXTS) as `max_batch_size`, and the label names as the parameter `labels`
     (a JSON list) beside each output's `label_filename`."""
-    config = kserve_pb2.ModelConfig(
+    config = kserve_pb2.ModelConfigResponse.ModelConfig(
         name=spec.name,
         platform=TRITON_PLATFORMS[spec.runtime],
         backend=spec.runtime,  # Triton's backends are named as the runtimes
         max_batch_size=max_texts,
     )
     for name in spec.text_inputs:
-        config.input.add(name=name, data_type=kserve_pb2.TYPE_STRING, dims=[1])
+        config.input.add(name=name, data_type=kserve_pb2.ModelConfigResponse.TYPE_STRING, dims=[1])
     for name in OUTPUTS:
         config.output.add(
-            name=name, data_type=kserve_pb2.TYPE_FP32, dims=[len(spec.labels)], label_filename=LABELS_FILE
+            name=name,
+            data_type=kserve_pb2.ModelConfigResponse.TYPE_FP32,
+            dims=[len(spec.labels)],
+            label_filename=LABELS_FILE,
         )
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     return config

@@ -134,10 +134,12 @@ def test_model_config_describes_the_model_as_triton_does(stub):
     config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL, version="1"), timeout=10).config
     assert (config.name, config.platform, config.backend) == (MODEL, "onnxruntime_onnx", "onnxruntime")
     assert config.max_batch_size == 8  # the server's MAX_TEXTS
-    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [("text", kserve_pb2.TYPE_STRING, [1])]
+    assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
+        ("text", kserve_pb2.ModelConfigResponse.TYPE_STRING, [1])
+    ]
     assert [(t.name, t.data_type, list(t.dims), t.label_filename) for t in config.output] == [
-        ("logits", kserve_pb2.TYPE_FP32, [2], "labels.txt"),
-        ("probabilities", kserve_pb2.TYPE_FP32, [2], "labels.txt"),
+        ("logits", kserve_pb2.ModelConfigResponse.TYPE_FP32, [2], "labels.txt"),
+        ("probabilities", kserve_pb2.ModelConfigResponse.TYPE_FP32, [2], "labels.txt"),
     ]
 
 

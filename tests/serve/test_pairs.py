@@ -127,8 +127,8 @@ def test_model_metadata_of_a_pair_model_lists_text_and_text_pair(kserve):
 def test_model_config_of_a_pair_model_lists_text_and_text_pair(kserve):
     config = kserve.ModelConfig(kserve_pb2.ModelConfigRequest(name="tiny-pairs"), timeout=10).config
     assert [(t.name, t.data_type) for t in config.input] == [
-        ("text", kserve_pb2.TYPE_STRING),
-        ("text_pair", kserve_pb2.TYPE_STRING),
+        ("text", kserve_pb2.ModelConfigResponse.TYPE_STRING),
+        ("text_pair", kserve_pb2.ModelConfigResponse.TYPE_STRING),
     ]
 
 

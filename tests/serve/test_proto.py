@@ -11,6 +11,22 @@ from serve.proto import generate, kserve_pb2
 from tests.serve.triton_probe import CONFIG_MESSAGES, MESSAGES, field_table
 
 PROBE = Path(__file__).with_name("triton_probe.py")
+CONFIG_SCOPE = kserve_pb2.ModelConfigResponse.DESCRIPTOR  # the model-config messages are nested in it
+
+
+def as_tritons(table: dict) -> dict:
+    """A field table with the model-config messages named as Triton names them (top level, not nested here)."""
+    out = {}
+    for name, entry in table.items():
+        if name in CONFIG_MESSAGES:
+            continue
+        if "number" in entry:
+            message = entry["message"]
+            entry = entry | {"message": message and message.replace("inference.ModelConfigResponse.", "inference.")}
+        else:  # a nested message's own table
+            entry = as_tritons(entry)
+        out[name] = entry
+    return out
 
 
 def test_committed_generated_code_matches_the_protos(tmp_path):
@@ -53,16 +69,16 @@ def test_kserve_proto_has_tritons_names_and_field_numbers(triton):
             method.server_streaming,
         ] == triton["methods"][method.name], method.name
     for name in MESSAGES:
-        assert field_table(ours.message_types_by_name[name]) == triton["messages"][name], name
+        assert as_tritons(field_table(ours.message_types_by_name[name])) == triton["messages"][name], name
 
 
 @pytest.mark.parametrize("name", CONFIG_MESSAGES)
 def test_model_config_messages_are_a_subset_of_tritons(triton, name):
-    ours = field_table(kserve_pb2.DESCRIPTOR.message_types_by_name[name])
+    ours = as_tritons(field_table(CONFIG_SCOPE.nested_types_by_name[name]))
     theirs = triton["config_messages"][name]
     assert {field: theirs.get(field) for field in ours} == ours
 
 
 def test_data_types_have_tritons_numbers(triton):
-    ours = {v.name: v.number for v in kserve_pb2.DESCRIPTOR.enum_types_by_name["DataType"].values}
+    ours = {v.name: v.number for v in CONFIG_SCOPE.enum_types_by_name["DataType"].values}
     assert ours == triton["data_types"]
