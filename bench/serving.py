@@ -93,7 +93,8 @@ def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], 
 def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port())]
-    flags += ["--metrics-port", "off", "--threads", str(threads)]
+    # One server process: the drivers use one connection and the CPU figure samples one process.
+    flags += ["--metrics-port", "off", "--threads", str(threads), "--workers", "1"]
     settings = load_settings(flags)
     if settings.tls_cert is not None:
         raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")

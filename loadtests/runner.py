@@ -71,7 +71,7 @@ class Sampler(threading.Thread):
 def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
     """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port()), "--metrics-port", "off"]
-    flags += ["--threads", str(cfg.threads)]
+    flags += ["--threads", str(cfg.threads), "--workers", "1"]  # the sampler watches one server process
     settings = load_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise LoadtestError("the load test calls over plaintext without a token: unset EDGEDISTILL_TLS_* and _TOKEN")
