@@ -148,6 +148,11 @@ class DynamicBatcher:
     def queued_rows(self) -> int:
         return len(self._pending)
 
+    @property
+    def room(self) -> int:
+        """Rows the queue can admit now, beside those queued and those admitted."""
+        return max(0, self.max_queued - len(self._pending) - self._admitted)
+
     def calibrate(self, timings: Sequence[Timing]) -> None:
         """Fit the backend's cost to single calls at several shapes."""
         self.cost = BackendCost.fit(timings)
@@ -185,7 +190,7 @@ class DynamicBatcher:
             raise ServerFault(str(self.fault))
         if self._closing:
             raise BatcherClosed("the model is shutting down or being replaced; retry")
-        if len(self._pending) + self._admitted + rows > self.max_queued:
+        if rows > self.room:
             raise Overloaded(
                 f"server overloaded: {len(self._pending)} rows queued and {self._admitted} being prepared, "
                 f"{rows} more would exceed the limit of {self.max_queued}; retry with backoff"

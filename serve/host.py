@@ -20,8 +20,9 @@ import numpy as np
 
 from common import manifest as mf
 from common.bundle import Bundle, BundleSpec, ServedFiles, read_bundle
+from common.cascade import CascadeSpec
 from serve.backend import load_backend
-from serve.batching import BatchObserver, DynamicBatcher
+from serve.batching import BatchObserver, DynamicBatcher, pad_rows
 from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
 from serve.encoding import TextEncoder
 from serve.errors import (
@@ -49,6 +50,8 @@ TOKENIZE_THREADS = 2
 class Scores:
     logits: np.ndarray  # (N, labels) float32
     probabilities: np.ndarray  # (N, labels) float32
+    answered_by: list[str] | None = None  # a cascade's: per row, the bundle id of the member that answered
+    escalation_refused: np.ndarray | None = None  # a cascade's: (N,) bool, rows the next member's queue refused
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,18 @@ class ModelDescription:
     bundle_path: str
     bundle_sha256: str
     max_batch_size: int
+    cascade_rule: str = ""
+    cascade_members: tuple["MemberDescription", ...] = ()
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    """A cascade's member: its bundle, the confidence threshold at which it keeps a text (None: the last member)
+    and the temperature the confidence is measured at."""
+
+    model: ModelDescription
+    threshold: float | None
+    temperature: float
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -93,14 +108,15 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
 
 
-def check_pairs(spec: BundleSpec, pairs: list[str] | None) -> None:
+def check_pairs(spec: BundleSpec | CascadeSpec, pairs: list[str] | None) -> None:
     """A pair model needs a pair for every text; a single-text model takes none."""
-    if spec.pairs and pairs is None:
+    takes_pairs = "text_pair" in spec.text_inputs
+    if takes_pairs and pairs is None:
         raise InvalidInput(
             f"model {spec.name!r} takes text pairs: send a pair for every text (Classify: text_pairs; "
             "KServe: a BYTES 'text_pair' input beside 'text')"
         )
-    if not spec.pairs and pairs is not None:
+    if not takes_pairs and pairs is not None:
         raise InvalidInput(
             f"model {spec.name!r} takes single texts, not text pairs: send no text_pairs (KServe: no 'text_pair' input)"
         )
@@ -108,7 +124,11 @@ def check_pairs(spec: BundleSpec, pairs: list[str] | None) -> None:
 
 class ModelRuntime:
     """One loaded bundle, ready to warm up and serve: its tokenizer and model opened from `files`, the bytes
-    verified against its manifest (`ModelRuntime.load` reads them)."""
+    verified against its manifest (`ModelRuntime.load` reads them).
+
+    What the host and the servicers use of it, `serve.cascade.CascadeRuntime` has too: `name`, `version`, `spec`
+    (name, version, labels, text_inputs), `folder`, `max_length`, `queued_rows`, `warm_up`, `start`,
+    `classify`, `classify_ids`, `describe` and `close`."""
 
     def __init__(
         self,
@@ -169,6 +189,28 @@ class ModelRuntime:
     @property
     def version(self) -> str:
         return self.spec.version
+
+    @property
+    def folder(self) -> Path:
+        return self.bundle.folder
+
+    @property
+    def max_length(self) -> int:
+        return self.spec.max_length
+
+    @property
+    def queued_rows(self) -> int:
+        return self.batcher.queued_rows
+
+    async def start(self) -> None:
+        """Start taking batches (after `warm_up`)."""
+        self.batcher.start()
+
+    def logits(self, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+        """(N, labels) float32 logits of texts (and pairs) in one backend call, outside the batcher."""
+        rows = self.encoder.encode(texts, pairs)
+        outputs = self.backend.infer(pad_rows(rows, self.encoder.pad_values))
+        return np.asarray(outputs[self.output], dtype=np.float32)
 
     def warm_up(self) -> None:
         """Run the backend at several batch sizes and lengths, check the logits' shape and values, then time
@@ -252,6 +294,10 @@ class ModelRuntime:
         logits = result.outputs[self.output].astype(np.float32, copy=False)
         return Scores(logits, softmax(logits))
 
+    async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
+        """(N, L) token-id tensors through the model."""
+        return await self.run(self.rows_from_ids(tensors), deadline)
+
     def rows_from_ids(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """Rows from (N, L) token-id tensors; trailing positions the attention mask leaves out are trimmed."""
         expected = set(self.spec.input_names)
@@ -307,16 +353,25 @@ class ModelRuntime:
     async def close(self, timeout: float | None = None) -> None:
         """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend."""
         await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout)
-        self._tokenizing.shutdown(wait=False)  # what is being tokenized then meets the closed batcher
+        self.release()
+
+    def release(self) -> None:
+        """Release the tokenizing threads and the backend; what is being tokenized then meets the closed batcher."""
+        self._tokenizing.shutdown(wait=False)
         self.backend.close()
 
 
-class ModelHost:
-    """Holds the runtime being served; `None` until the first one is warm."""
+Loader = Callable[[Path, Settings, Metrics | None, Callable[[ServerFault], None]], ModelRuntime]
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None):
+
+class ModelHost:
+    """Holds the runtime being served; `None` until the first one is warm. `load` makes a runtime of a folder
+    (`serve.cascade.load_runtime` in the server: a bundle's or a cascade's)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, load: Loader = ModelRuntime.load):
         self.settings = settings
         self.metrics = metrics
+        self.load = load
         self.current: ModelRuntime | None = None
         self.folder = settings.bundle
         self.draining = False
@@ -343,7 +398,7 @@ class ModelHost:
         """Refuse new work (UNAVAILABLE) and wait, until the loop time `deadline`, for the queue to empty."""
         self.draining = True
         loop = asyncio.get_running_loop()
-        while self.current is not None and self.current.batcher.queued_rows and loop.time() < deadline:
+        while self.current is not None and self.current.queued_rows and loop.time() < deadline:
             await asyncio.sleep(0.01)
         await asyncio.sleep(max(0.0, min(settle, deadline - loop.time())))
 
@@ -372,23 +427,23 @@ class ModelHost:
     async def _swap(self, runtime: ModelRuntime) -> ModelRuntime | None:
         try:
             await asyncio.to_thread(runtime.warm_up)
+            if self.draining:  # shutdown began while this runtime loaded or warmed up
+                raise NotReady("the server is shutting down; the new model was not installed")
+            await runtime.start()
         except BaseException:
             await runtime.close()
             raise
-        if self.draining:  # shutdown began while this runtime loaded or warmed up
-            await runtime.close()
-            raise NotReady("the server is shutting down; the new model was not installed")
-        runtime.batcher.start()
         previous, self.current = self.current, runtime
-        self.folder = runtime.bundle.folder
+        self.folder = runtime.folder
+        description = runtime.describe()
         if self.metrics is not None:
-            self.metrics.set_model(runtime.name, runtime.version, runtime.spec.runtime, runtime.backend.providers)
+            self.metrics.set_model(description.name, description.version, description.runtime, description.providers)
         log.info(
             "serving %s version %s from %s",
             runtime.name,
             runtime.version,
-            runtime.bundle.folder,
-            extra={"event": "model_active", "model": asdict(runtime.describe())},
+            runtime.folder,
+            extra={"event": "model_active", "model": asdict(description)},
         )
         if previous is not None:
             await previous.close()
@@ -401,7 +456,7 @@ class ModelHost:
             try:
                 if self.draining:
                     raise NotReady("the server is shutting down; no reload")
-                runtime = await asyncio.to_thread(ModelRuntime.load, folder, self.settings, self.metrics, self.on_fault)
+                runtime = await asyncio.to_thread(self.load, folder, self.settings, self.metrics, self.on_fault)
                 previous = await self._swap(runtime)
             except BundleRejected as err:
                 log.error(
