@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63lassifier.proto\x12\x0e\x65\x64gedistill.v1\"_\n\x0f\x43lassifyRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x12\n\ntext_pairs\x18\x02 \x03(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"c\n\nPrediction\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x15\n\rprobabilities\x18\x03 \x03(\x02\x12\x10\n\x08label_id\x18\x04 \x01(\x05\x12\x0e\n\x06logits\x18\x05 \x03(\x02\"n\n\x10\x43lassifyResponse\x12/\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1a.edgedistill.v1.Prediction\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\"@\n\x13GetModelInfoRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\x89\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x12\n\nmax_length\x18\x04 \x01(\x05\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x11\n\tprecision\x18\x06 \x01(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\x11\n\tproviders\x18\x08 \x03(\t\x12\x0e\n\x06inputs\x18\t \x03(\t\x12\x13\n\x0b\x62undle_path\x18\n \x01(\t\x12\x15\n\rbundle_sha256\x18\x0b \x01(\t\x12\x16\n\x0emax_batch_size\x18\x0c \x01(\x05\x12\x13\n\x0btext_inputs\x18\r \x03(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x05\"$\n\rReloadRequest\x12\x13\n\x0b\x62undle_path\x18\x01 \x01(\t\"g\n\x0eReloadResponse\x12(\n\x05model\x18\x01 \x01(\x0b\x32\x19.edgedistill.v1.ModelInfo\x12+\n\x08previous\x18\x02 \x01(\x0b\x32\x19.edgedistill.v1.ModelInfo2\xd5\x02\n\nClassifier\x12O\n\x08\x43lassify\x12\x1f.edgedistill.v1.ClassifyRequest\x1a .edgedistill.v1.ClassifyResponse\"\x00\x12Y\n\x0e\x43lassifyStream\x12\x1f.edgedistill.v1.ClassifyRequest\x1a .edgedistill.v1.ClassifyResponse\"\x00(\x01\x30\x01\x12P\n\x0cGetModelInfo\x12#.edgedistill.v1.GetModelInfoRequest\x1a\x19.edgedistill.v1.ModelInfo\"\x00\x12I\n\x06Reload\x12\x1d.edgedistill.v1.ReloadRequest\x1a\x1e.edgedistill.v1.ReloadResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x63lassifier.proto\x12\x0e\x65\x64gedistill.v1\"_\n\x0f\x43lassifyRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x12\n\ntext_pairs\x18\x02 \x03(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x94\x01\n\nPrediction\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x15\n\rprobabilities\x18\x03 \x03(\x02\x12\x10\n\x08label_id\x18\x04 \x01(\x05\x12\x0e\n\x06logits\x18\x05 \x03(\x02\x12\x13\n\x0b\x61nswered_by\x18\x06 \x01(\t\x12\x1a\n\x12\x65scalation_refused\x18\x07 \x01(\x08\"n\n\x10\x43lassifyResponse\x12/\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1a.edgedistill.v1.Prediction\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\"@\n\x13GetModelInfoRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\xd7\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x12\n\nmax_length\x18\x04 \x01(\x05\x12\x0f\n\x07runtime\x18\x05 \x01(\t\x12\x11\n\tprecision\x18\x06 \x01(\t\x12\x0c\n\x04\x61rch\x18\x07 \x01(\t\x12\x11\n\tproviders\x18\x08 \x03(\t\x12\x0e\n\x06inputs\x18\t \x03(\t\x12\x13\n\x0b\x62undle_path\x18\n \x01(\t\x12\x15\n\rbundle_sha256\x18\x0b \x01(\t\x12\x16\n\x0emax_batch_size\x18\x0c \x01(\x05\x12\x13\n\x0btext_inputs\x18\r \x03(\t\x12\x0b\n\x03pid\x18\x0e \x01(\x05\x12\x14\n\x0c\x63\x61scade_rule\x18\x0f \x01(\t\x12\x36\n\x0f\x63\x61scade_members\x18\x10 \x03(\x0b\x32\x1d.edgedistill.v1.CascadeMember\"t\n\rCascadeMember\x12(\n\x05model\x18\x01 \x01(\x0b\x32\x19.edgedistill.v1.ModelInfo\x12\x16\n\tthreshold\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x01\x42\x0c\n\n_threshold\"$\n\rReloadRequest\x12\x13\n\x0b\x62undle_path\x18\x01 \x01(\t\"g\n\x0eReloadResponse\x12(\n\x05model\x18\x01 \x01(\x0b\x32\x19.edgedistill.v1.ModelInfo\x12+\n\x08previous\x18\x02 \x01(\x0b\x32\x19.edgedistill.v1.ModelInfo2\xd5\x02\n\nClassifier\x12O\n\x08\x43lassify\x12\x1f.edgedistill.v1.ClassifyRequest\x1a .edgedistill.v1.ClassifyResponse\"\x00\x12Y\n\x0e\x43lassifyStream\x12\x1f.edgedistill.v1.ClassifyRequest\x1a .edgedistill.v1.ClassifyResponse\"\x00(\x01\x30\x01\x12P\n\x0cGetModelInfo\x12#.edgedistill.v1.GetModelInfoRequest\x1a\x19.edgedistill.v1.ModelInfo\"\x00\x12I\n\x06Reload\x12\x1d.edgedistill.v1.ReloadRequest\x1a\x1e.edgedistill.v1.ReloadResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLASSIFYREQUEST']._serialized_start=36
   _globals['_CLASSIFYREQUEST']._serialized_end=131
-  _globals['_PREDICTION']._serialized_start=133
-  _globals['_PREDICTION']._serialized_end=232
-  _globals['_CLASSIFYRESPONSE']._serialized_start=234
-  _globals['_CLASSIFYRESPONSE']._serialized_end=344
-  _globals['_GETMODELINFOREQUEST']._serialized_start=346
-  _globals['_GETMODELINFOREQUEST']._serialized_end=410
-  _globals['_MODELINFO']._serialized_start=413
-  _globals['_MODELINFO']._serialized_end=678
-  _globals['_RELOADREQUEST']._serialized_start=680
-  _globals['_RELOADREQUEST']._serialized_end=716
-  _globals['_RELOADRESPONSE']._serialized_start=718
-  _globals['_RELOADRESPONSE']._serialized_end=821
-  _globals['_CLASSIFIER']._serialized_start=824
-  _globals['_CLASSIFIER']._serialized_end=1165
+  _globals['_PREDICTION']._serialized_start=134
+  _globals['_PREDICTION']._serialized_end=282
+  _globals['_CLASSIFYRESPONSE']._serialized_start=284
+  _globals['_CLASSIFYRESPONSE']._serialized_end=394
+  _globals['_GETMODELINFOREQUEST']._serialized_start=396
+  _globals['_GETMODELINFOREQUEST']._serialized_end=460
+  _globals['_MODELINFO']._serialized_start=463
+  _globals['_MODELINFO']._serialized_end=806
+  _globals['_CASCADEMEMBER']._serialized_start=808
+  _globals['_CASCADEMEMBER']._serialized_end=924
+  _globals['_RELOADREQUEST']._serialized_start=926
+  _globals['_RELOADREQUEST']._serialized_end=962
+  _globals['_RELOADRESPONSE']._serialized_start=964
+  _globals['_RELOADRESPONSE']._serialized_end=1067
+  _globals['_CLASSIFIER']._serialized_start=1070
+  _globals['_CLASSIFIER']._serialized_end=1411
 # @@protoc_insertion_point(module_scope)
