@@ -1,7 +1,7 @@
 """Assemble and run the server: both APIs, health, reflection, call observation and auth, metrics, TLS, signals.
 
-Lifecycle: `create_server(settings)` verifies and loads the bundle and binds the port (health
-NOT_SERVING); `start()` opens the port and /metrics; `warm_up()` runs the model at several shapes
+Lifecycle: `create_server(settings)` verifies and loads the bundle (or confidence cascade, `serve.cascade`) and
+binds the port (health NOT_SERVING); `start()` opens the port and /metrics; `warm_up()` runs the model at several shapes
 and flips health to SERVING; `reload()` swaps in a new bundle; `stop()` drains: health
 NOT_SERVING, new calls refused, in-flight calls get `shutdown_grace_s` to finish.
 
@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from serve.cascade import CascadeRuntime, load_runtime
 from serve.errors import BundleRejected, ReloadFailed
 from serve.host import ModelHost, ModelRuntime
 from serve.metrics import Metrics
@@ -68,7 +69,9 @@ def connection_options(settings: Settings) -> list[tuple[str, int]]:
 class EdgeServer:
     """The gRPC server with its model host, health servicer and metrics."""
 
-    def __init__(self, settings: Settings, server: grpc.aio.Server, host: ModelHost, runtime: ModelRuntime):
+    def __init__(
+        self, settings: Settings, server: grpc.aio.Server, host: ModelHost, runtime: ModelRuntime | CascadeRuntime
+    ):
         self.settings = settings
         self.grpc = server
         self.host = host
@@ -77,7 +80,7 @@ class EdgeServer:
         self.metrics_port: int | None = None
         self.health_server: grpc.aio.Server | None = None  # the plaintext probe port, with `health_port`
         self.health_port: int | None = None
-        self._first: ModelRuntime | None = runtime
+        self._first: ModelRuntime | CascadeRuntime | None = runtime
         self._stopped = asyncio.Event()
         self._fault_watch: asyncio.Task | None = None
 
@@ -165,8 +168,8 @@ def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeSer
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
     metrics = Metrics(shared=share_port)
-    host = ModelHost(settings, metrics)
-    runtime = ModelRuntime.load(settings.bundle, settings, metrics, host.on_fault)
+    host = ModelHost(settings, metrics, load_runtime)
+    runtime = load_runtime(settings.bundle, settings, metrics, host.on_fault)
     server = grpc.aio.server(
         options=[
             ("grpc.max_send_message_length", settings.max_message_bytes),

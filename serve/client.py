@@ -108,7 +108,8 @@ class Client:
         )
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
-            _prediction(text, p.probabilities, labels) for text, p in zip(texts, reply.predictions, strict=True)
+            _prediction(text, p.probabilities, labels) | _cascade_fields(p)
+            for text, p in zip(texts, reply.predictions, strict=True)
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
@@ -149,15 +150,33 @@ def _prediction(text: str, probabilities, labels: list[str]) -> dict:
     }
 
 
+def _cascade_fields(prediction: classifier_pb2.Prediction) -> dict:
+    """A cascade's `answered_by` (and `escalation_refused` where set); nothing for a single bundle."""
+    if not prediction.answered_by:
+        return {}
+    return {"answered_by": prediction.answered_by} | (
+        {"escalation_refused": True} if prediction.escalation_refused else {}
+    )
+
+
 def _read(path: Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
-def _info(message: classifier_pb2.ModelInfo) -> dict:
-    return {
-        field.name: list(value) if field.is_repeated else value
-        for field, value in ((f, getattr(message, f.name)) for f in message.DESCRIPTOR.fields)
-    }
+def _info(message) -> dict:
+    """A ModelInfo (or a message within it) as JSON-ready values: nested messages as dicts, unset optional fields
+    (a cascade's last member's threshold) as None."""
+    fields = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            value = [_info(v) for v in value] if field.is_repeated else _info(value)
+        elif field.is_repeated:
+            value = list(value)
+        elif field.has_presence and not message.HasField(field.name):
+            value = None
+        fields[field.name] = value
+    return fields
 
 
 class UsageError(ValueError):

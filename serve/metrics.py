@@ -64,6 +64,39 @@ class Metrics(BatchObserver):
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.cascade_answered = Counter(
+            "edgedistill_cascade_answered_texts",
+            "Texts a confidence cascade's member answered, by member (its bundle id)",
+            ["member"],
+            registry=r,
+        )
+        self.cascade_escalated = Counter(
+            "edgedistill_cascade_escalated_texts",
+            "Texts a cascade's member passed on to the next member, below its confidence threshold",
+            ["member"],
+            registry=r,
+        )
+        self.cascade_refused = Counter(
+            "edgedistill_cascade_escalation_refused_texts",
+            "Texts below a cascade member's threshold that the next member's full queue could not take",
+            ["member"],
+            registry=r,
+        )
+        self.member_inference = Histogram(
+            "edgedistill_cascade_member_inference_seconds",
+            "Time of one backend call of a cascade's member",
+            ["member"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.member_depth = Gauge(
+            "edgedistill_cascade_member_queue_depth",
+            "Rows waiting for a batch of a cascade's member",
+            ["member"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self._member_depths: dict[str, int] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
@@ -84,6 +117,22 @@ class Metrics(BatchObserver):
     def queue_depth(self, rows: int) -> None:
         self.depth.set(rows)
 
+    def member_queue_depth(self, member: str, rows: int) -> None:
+        """Rows waiting for a cascade member's batch; the server's queue depth is the members' sum."""
+        self._member_depths[member] = rows
+        self.member_depth.labels(member).set(rows)
+        self.depth.set(sum(self._member_depths.values()))
+
+    def member(self, member: str) -> "MemberObserver":
+        """The batch observer of the cascade member `member` (its bundle id)."""
+        return MemberObserver(self, member)
+
+    def routed(self, member: str, answered: int, escalated: int, refused: int) -> None:
+        """A cascade request's texts at `member`: answered there, passed on, and refused by the next member."""
+        self.cascade_answered.labels(member).inc(answered)
+        self.cascade_escalated.labels(member).inc(escalated)
+        self.cascade_refused.labels(member).inc(refused)
+
     def batch_done(self, rows: int, seconds: float) -> None:
         self.batch_size.observe(rows)
         self.inference.observe(seconds)
@@ -103,6 +152,27 @@ class Metrics(BatchObserver):
         if self._http is not None:
             stop_http(self._http)
             self._http = None
+
+
+class MemberObserver(BatchObserver):
+    """A cascade member's batcher: the server's batch metrics, plus the member's own backend time and queue depth."""
+
+    def __init__(self, metrics: Metrics, member: str):
+        self.metrics = metrics
+        self.member = member
+
+    def queue_depth(self, rows: int) -> None:
+        self.metrics.member_queue_depth(self.member, rows)
+
+    def batch_done(self, rows: int, seconds: float) -> None:
+        self.metrics.batch_done(rows, seconds)
+        self.metrics.member_inference.labels(self.member).observe(seconds)
+
+    def request_done(self, queue_wait: float) -> None:
+        self.metrics.request_done(queue_wait)
+
+    def rows_dropped(self, rows: int, reason: DropReason) -> None:
+        self.metrics.rows_dropped(rows, reason)
 
 
 def serve_http(registry: CollectorRegistry, host: str, port: int):

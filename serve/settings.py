@@ -150,6 +150,12 @@ class Settings(BaseModel):
     access_log: bool = Field(
         False, description="log every successful call as well (failed calls are always logged); costs throughput"
     )
+    cascade_overload: Literal["answer", "refuse"] = Field(
+        "answer",
+        description="a confidence cascade whose next member's queue cannot take a request's escalated texts: "
+        "'answer' has the earlier member answer those it cannot take, flagged escalation_refused; 'refuse' fails "
+        "the request with RESOURCE_EXHAUSTED",
+    )
 
     @field_validator("providers", mode="before")
     @classmethod

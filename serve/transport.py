@@ -14,8 +14,10 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from common.bundle import BundleSpec
+from common.cascade import CascadeSpec
 from common.runtime import TRITON_PLATFORMS
 from serve import tensors
+from serve.cascade import CascadeRuntime
 from serve.errors import (
     BatcherClosed,
     DeadlineExpired,
@@ -40,6 +42,8 @@ CLASSIFIER = classifier_pb2.DESCRIPTOR.services_by_name["Classifier"].full_name
 KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN (refused without one), not by TOKEN
 OUTPUTS = ("logits", "probabilities")
+CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per row, beside OUTPUTS, for a cascade
+CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 LABELS_FILE = "labels.txt"  # the label file a Triton model repository of the bundle holds (export.triton)
 TEXT_INPUTS = ("text", "text_pair")
@@ -221,40 +225,52 @@ def reload_folder(path: str, settings: Settings) -> Path | None:
     return folder
 
 
-def classify_response(spec: BundleSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
-    """One prediction per row of `scores`: the most probable label, its probability, and all probabilities and logits."""
+def classify_response(spec: BundleSpec | CascadeSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
+    """One prediction per row of `scores`: the most probable label, its probability, and all probabilities and
+    logits; for a cascade's scores, the member that answered and whether an escalation was refused."""
     reply = classifier_pb2.ClassifyResponse(model_name=spec.name, model_version=spec.version)
     best = scores.probabilities.argmax(axis=-1)
     for i, label_id in enumerate(best.tolist()):
-        reply.predictions.add(
+        prediction = reply.predictions.add(
             label=spec.labels[label_id],
             label_id=label_id,
             score=float(scores.probabilities[i, label_id]),
             probabilities=scores.probabilities[i].tolist(),
             logits=scores.logits[i].tolist(),
         )
+        if scores.answered_by is not None:
+            prediction.answered_by = scores.answered_by[i]
+            prediction.escalation_refused = bool(scores.escalation_refused[i])
     return reply
 
 
-def model_config(spec: BundleSpec, max_texts: int) -> kserve_pb2.ModelConfigResponse.ModelConfig:
+def platform_of(runtime: ModelRuntime | CascadeRuntime) -> tuple[str, str]:
+    """Triton's platform and backend of the served model; Triton's backends are named as the runtimes."""
+    if isinstance(runtime, CascadeRuntime):
+        return CASCADE_PLATFORM, ""
+    return TRITON_PLATFORMS[runtime.spec.runtime], runtime.spec.runtime
+
+
+def outputs_of(runtime: ModelRuntime | CascadeRuntime) -> dict[str, str]:
+    """The KServe outputs of the served model and their datatypes: OUTPUTS, and CASCADE_OUTPUTS for a cascade."""
+    return dict.fromkeys(OUTPUTS, "FP32") | (CASCADE_OUTPUTS if isinstance(runtime, CascadeRuntime) else {})
+
+
+def model_config(runtime: ModelRuntime | CascadeRuntime, max_texts: int) -> kserve_pb2.ModelConfigResponse.ModelConfig:
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
     a request's most rows (MAX_TEXTS) as `max_batch_size`, and the label names as the parameter `labels`
     (a JSON list) beside each output's `label_filename`."""
-    config = kserve_pb2.ModelConfigResponse.ModelConfig(
-        name=spec.name,
-        platform=TRITON_PLATFORMS[spec.runtime],
-        backend=spec.runtime,  # Triton's backends are named as the runtimes
-        max_batch_size=max_texts,
-    )
+    spec = runtime.spec
+    platform, backend = platform_of(runtime)
+    Config = kserve_pb2.ModelConfigResponse
+    config = Config.ModelConfig(name=spec.name, platform=platform, backend=backend, max_batch_size=max_texts)
     for name in spec.text_inputs:
-        config.input.add(name=name, data_type=kserve_pb2.ModelConfigResponse.TYPE_STRING, dims=[1])
+        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=[1])
     for name in OUTPUTS:
-        config.output.add(
-            name=name,
-            data_type=kserve_pb2.ModelConfigResponse.TYPE_FP32,
-            dims=[len(spec.labels)],
-            label_filename=LABELS_FILE,
-        )
+        config.output.add(name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=LABELS_FILE)
+    if isinstance(runtime, CascadeRuntime):
+        config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=[1])
+        config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     return config
 
@@ -263,6 +279,8 @@ def class_count(output: kserve_pb2.ModelInferRequest.InferRequestedOutputTensor)
     """The number of classes a requested output asks for with Triton's classification extension, or None."""
     if "classification" not in output.parameters:
         return None
+    if output.name not in OUTPUTS:
+        raise InvalidInput(f"output {output.name!r}: 'classification' applies only to {' and '.join(OUTPUTS)}")
     parameter = output.parameters["classification"]
     if parameter.WhichOneof("parameter_choice") != "int64_param":
         raise InvalidInput(
@@ -411,15 +429,18 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         return kserve_pb2.ModelMetadataResponse(
             name=runtime.name,
             versions=[runtime.version],
-            platform=TRITON_PLATFORMS[runtime.spec.runtime],
+            platform=platform_of(runtime)[0],
             inputs=[Tensor(name=name, datatype="BYTES", shape=[-1]) for name in runtime.spec.text_inputs],
-            outputs=[Tensor(name=name, datatype="FP32", shape=[-1, labels]) for name in OUTPUTS],
+            outputs=[
+                Tensor(name=name, datatype=datatype, shape=[-1, labels] if name in OUTPUTS else [-1])
+                for name, datatype in outputs_of(runtime).items()
+            ],
         )
 
     @handles_errors
     async def ModelConfig(self, request, context):
         runtime = self.host.get(request.name, request.version)
-        return kserve_pb2.ModelConfigResponse(config=model_config(runtime.spec, self.settings.max_texts))
+        return kserve_pb2.ModelConfigResponse(config=model_config(runtime, self.settings.max_texts))
 
     def _inputs(self, request: kserve_pb2.ModelInferRequest, max_length: int) -> dict[str, np.ndarray]:
         """The request's tensors, each refused before decoding when it holds more elements than a request may:
@@ -474,29 +495,35 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             )
         if "input_ids" not in inputs:
             raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")
-
-        async def run_ids(runtime: ModelRuntime) -> Scores:
-            return await runtime.run(runtime.rows_from_ids(inputs), deadline)
-
-        return await self.host.dispatch(request.model_name, request.model_version, run_ids)
+        return await self.host.dispatch(
+            request.model_name, request.model_version, lambda rt: rt.classify_ids(inputs, deadline)
+        )
 
     @handles_errors
     async def ModelInfer(self, request, context):
         served = self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
+        outputs = outputs_of(served)
         wanted: dict[str, int | None] = {}  # output -> its class count (classification extension), or None
         for out in request.outputs:
-            if out.name not in OUTPUTS:
-                raise InvalidInput(f"unknown output {out.name!r}; this model has {list(OUTPUTS)}")
+            if out.name not in outputs:
+                raise InvalidInput(f"unknown output {out.name!r}; this model has {list(outputs)}")
             if out.name in wanted:
                 raise InvalidInput(f"output {out.name!r} is requested twice: name each output once")
             wanted[out.name] = class_count(out)
-        wanted = wanted or dict.fromkeys(OUTPUTS)
-        runtime, scores = await self._scores(request, served.spec.max_length, deadline_of(context))
+        wanted = wanted or dict.fromkeys(outputs)
+        runtime, scores = await self._scores(request, served.max_length, deadline_of(context))
+        if missing := wanted.keys() - outputs_of(runtime).keys():  # a reload swapped the model meanwhile
+            raise NotReady(f"the model was replaced during the call and has no output {sorted(missing)}: retry")
         raw = len(request.raw_input_contents) > 0
         reply = kserve_pb2.ModelInferResponse(model_name=runtime.name, model_version=runtime.version, id=request.id)
+        values = {
+            "logits": scores.logits,
+            "probabilities": scores.probabilities,
+            "answered_by": np.array([member.encode() for member in scores.answered_by or ()], dtype=object),
+            "escalation_refused": scores.escalation_refused,
+        }
         for name, count in wanted.items():
-            value = scores.logits if name == "logits" else scores.probabilities
-            datatype = "FP32"
+            value, datatype = values[name], outputs[name]
             if count is not None:
                 value, datatype = top_classes(value, count, runtime.spec.labels), "BYTES"
             output = reply.outputs.add(name=name, datatype=datatype, shape=list(value.shape))

@@ -15,7 +15,8 @@ parent-death signal), so none outlives it.
 
 `WORKERS=0` (the default) picks one worker per usable core (affinity and cgroup CPU quota), as many as the
 usable memory (cgroup limit, else what is available) holds at WORKER_BASE_BYTES plus twice the model file
-each (a reload holds two models). `WORKERS=1` is a single process, no supervisor.
+each (a reload holds two models; a cascade's model files are its members' together). `WORKERS=1` is a single
+process, no supervisor.
 """
 
 import ctypes
@@ -37,9 +38,7 @@ from typing import BinaryIO
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from common import manifest as mf
-from common.bundle import load_bundle
-from serve.errors import BundleRejected
+from serve.cascade import model_bytes
 from serve.metrics import serve_http, stop_http, workers_registry
 from serve.settings import Settings, SettingsError
 
@@ -80,17 +79,13 @@ def usable_memory() -> int:
 
 
 def worker_count(settings: Settings) -> int:
-    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model."""
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files."""
     if settings.workers:
         return settings.workers
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
-    try:
-        bundle = load_bundle(settings.bundle, verify=False)  # the workers verify it
-    except mf.ArtifactError as err:
-        raise BundleRejected(f"bundle refused: {err}") from err
-    model_bytes = bundle.manifest.files[bundle.spec.model_file].size_bytes
-    return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * model_bytes)))
+    loaded = model_bytes(settings.bundle)  # read without verifying: the workers verify it
+    return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * loaded)))
 
 
 # --- the worker's side ----------------------------------------------------------------------------------------

@@ -1,0 +1,315 @@
+"""A served confidence cascade: member bundles, cheapest first, each with its own backend and batcher.
+
+A request's texts go to the first member; the texts whose confidence (`common.cascade.confidence` with the
+member's rule and temperature) is below its threshold go on to the next member's batcher, where escalated
+texts of many requests share batches; the last member answers what reaches it. When the next member's queue
+cannot take all of a request's escalated texts, `CASCADE_OVERLOAD` decides: `answer` sends on those it can
+take (the least confident first) and has the earlier member answer the rest, flagged; `refuse` fails the
+request (`Overloaded`). Warm-up checks, on fixed probe texts, that this routing gives the answers of
+`common.cascade.route` on every member's logits.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+
+from common import manifest as mf
+from common.bundle import load_bundle
+from common.cascade import MEMBERS, Cascade, CascadeSpec, confidence, is_cascade, load_cascade, route
+from serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
+from serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs, softmax
+from serve.metrics import Metrics
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Texts the routing check at warm-up runs through every member: varied in length and in how sure a model is.
+PROBE_TEXTS = (
+    "a great movie",
+    "the worst film of the year",
+    "it was fine",
+    "an uneven but often moving story , with one wonderful performance and a plot that goes nowhere",
+    "not bad",
+    "dull",
+    "i loved the acting and hated the ending",
+    "the",
+)
+PROBE_PAIRS = tuple(reversed(PROBE_TEXTS))
+LOGITS_TOLERANCE = 1e-5  # the same text run alone twice may differ by this much (a runtime's kernel choice)
+
+# (member index, texts, pairs) -> the member's (N, labels) logits
+RunMember = Callable[[int, list[str], list[str] | None], Awaitable[np.ndarray]]
+# (member index, rows escalated to it, their confidences) -> the rows it takes
+Admit = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
+
+
+def pick(values: list[str] | None, rows: np.ndarray) -> list[str] | None:
+    return None if values is None else [values[i] for i in rows.tolist()]
+
+
+class CascadeRuntime:
+    """A verified cascade, one `ModelRuntime` per member; serves as a `ModelRuntime` does (see its docstring)."""
+
+    def __init__(
+        self,
+        cascade: Cascade,
+        members: list[ModelRuntime],
+        settings: Settings,
+        metrics: Metrics | None = None,
+    ):
+        self.cascade = cascade
+        self.spec: CascadeSpec = cascade.spec
+        self.members = members
+        self.ids = [member.bundle for member in self.spec.members]
+        self.settings = settings
+        self.metrics = metrics
+        self.manifest_sha256 = mf.sha256_file(cascade.folder / mf.MANIFEST)
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        on_fault: Callable[[ServerFault], None] | None = None,
+    ) -> "CascadeRuntime":
+        """Verify the cascade in `folder` (every file, each member's manifest against the hash it recorded) and
+        load each member as a bundle; `BundleRejected` says why it cannot be served."""
+        try:
+            cascade = load_cascade(folder)
+        except mf.ArtifactError as err:
+            raise BundleRejected(f"cascade refused: {err}") from err
+        ids = [member.bundle for member in cascade.spec.members]
+        if len(set(ids)) != len(ids):
+            raise BundleRejected(f"cascade refused: {folder} lists a member twice ({ids}): rebuild the cascade")
+        members: list[ModelRuntime] = []
+        try:
+            for member, bundle in zip(cascade.spec.members, cascade.members, strict=True):
+                observer = None if metrics is None else metrics.member(member.bundle)
+                try:
+                    runtime = ModelRuntime.load(bundle.folder, settings, observer, on_fault)
+                except BundleRejected as err:
+                    raise BundleRejected(f"cascade {folder}: member {member.bundle}: {err}") from err
+                members.append(runtime)
+                if runtime.manifest_sha256 != member.manifest_sha256:  # swapped since load_cascade checked it
+                    raise BundleRejected(
+                        f"cascade {folder}: member {member.bundle} changed while it was loaded (its manifest's "
+                        "sha256 differs from the cascade's): rebuild or copy the cascade again"
+                    )
+        except BaseException:
+            for runtime in members:
+                runtime.release()
+            raise
+        return cls(cascade, members, settings, metrics)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    @property
+    def folder(self) -> Path:
+        return self.cascade.folder
+
+    @property
+    def max_length(self) -> int:
+        return max(member.max_length for member in self.members)
+
+    @property
+    def queued_rows(self) -> int:
+        return sum(member.queued_rows for member in self.members)
+
+    def warm_up(self) -> None:
+        """Warm every member up, then check the routing against `common.cascade.route` (`BundleRejected`)."""
+        for member in self.members:
+            member.warm_up()
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        """PROBE_TEXTS through this cascade's routing give `route`'s answers on every member's logits of all of
+        them: the same member per text, and its logits. Each text runs alone, so that batches of other sizes
+        (padding, dynamically quantized activations) cannot blur the comparison of the routing itself."""
+        texts = list(PROBE_TEXTS)
+        pairs = list(PROBE_PAIRS) if "text_pair" in self.spec.text_inputs else None
+
+        def alone(index: int, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+            member = self.members[index]
+            return np.concatenate([member.logits([text], pick(pairs, np.array([i]))) for i, text in enumerate(texts)])
+
+        async def run_alone(index: int, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+            return alone(index, texts, pairs)
+
+        expected, expected_by = route([alone(i, texts, pairs) for i in range(len(self.members))], self.spec)
+        routed = asyncio.run(self._route(texts, pairs, run_alone, lambda index, rows, scores: rows))
+        answered_by = np.array([self.ids.index(member) for member in routed.answered_by])
+        if (answered_by != expected_by).any():
+            raise BundleRejected(
+                f"cascade {self.folder}: routing check failed: the members answering the probe texts "
+                f"{answered_by.tolist()} differ from common.cascade.route's {expected_by.tolist()}"
+            )
+        difference = float(np.abs(routed.logits - expected).max())
+        if difference > LOGITS_TOLERANCE:
+            raise BundleRejected(
+                f"cascade {self.folder}: routing check failed: the answers' logits differ from "
+                f"common.cascade.route's by {difference:.3g} (limit {LOGITS_TOLERANCE:g})"
+            )
+        log.info(
+            "cascade routing checked on %d probe texts: answered per member %s",
+            len(texts),
+            np.bincount(answered_by, minlength=len(self.members)).tolist(),
+            extra={"event": "cascade_checked", "members": self.ids},
+        )
+
+    async def start(self) -> None:
+        for member in self.members:
+            await member.start()
+
+    async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
+        """Texts (and pairs) through the cascade, each member's part through its batcher; the answers name the
+        member that gave each."""
+        check_pairs(self.spec, pairs)
+        if self._closing:
+            raise BatcherClosed("the model is shutting down or being replaced; retry")
+
+        async def through_batcher(index: int, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+            return (await self.members[index].classify(texts, pairs, deadline)).logits
+
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            scores = await self._route(texts, pairs, through_batcher, self._admissible)
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+        if self.metrics is not None:
+            answered = np.array([self.ids.index(member) for member in scores.answered_by])
+            for index, member in enumerate(self.ids):
+                self.metrics.routed(
+                    member,
+                    answered=int((answered == index).sum()),
+                    escalated=int((answered > index).sum()),
+                    refused=int(((answered == index) & scores.escalation_refused).sum()),
+                )
+        return scores
+
+    async def _route(self, texts: list[str], pairs: list[str] | None, run: RunMember, admit: Admit) -> Scores:
+        """The cascade's answers, each member `run` on the texts that reach it and that it `admit`s (the others
+        answered by the member before, flagged)."""
+        count = len(texts)
+        logits = np.empty((count, len(self.spec.labels)), dtype=np.float32)
+        answered = np.zeros(count, dtype=np.intp)
+        refused = np.zeros(count, dtype=bool)
+        reaching, scores = np.arange(count), np.zeros(0)
+        for index, member in enumerate(self.spec.members):
+            if index:
+                taken = admit(index, reaching, scores)
+                refused[np.setdiff1d(reaching, taken)] = True
+                reaching = taken
+                if not len(reaching):
+                    break
+            logits[reaching] = await run(index, pick(texts, reaching), pick(pairs, reaching))
+            answered[reaching] = index
+            if member.threshold is None:
+                break
+            scores = confidence(logits[reaching], self.spec.rule, member.temperature)
+            low = scores < member.threshold
+            reaching, scores = reaching[low], scores[low]
+            if not len(reaching):
+                break
+        return Scores(logits, softmax(logits), [self.ids[i] for i in answered.tolist()], refused)
+
+    def _admissible(self, index: int, reaching: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """The rows of `reaching` (with confidences `scores`) that go on to member `index`: all of them while its
+        queue has room; else, with CASCADE_OVERLOAD=answer, the least confident that fit (in row order), and with
+        `refuse`, `Overloaded`."""
+        batcher = self.members[index].batcher
+        room = batcher.room
+        if room >= len(reaching):
+            return reaching
+        if self.settings.cascade_overload == "refuse":
+            if self.metrics is not None:
+                self.metrics.routed(self.ids[index - 1], answered=0, escalated=0, refused=len(reaching) - room)
+            raise Overloaded(
+                f"cascade member {self.ids[index]} cannot take {len(reaching)} escalated texts: {room} of its "
+                f"{batcher.max_queued} queue places are free (CASCADE_OVERLOAD=refuse); retry with backoff"
+            )
+        return np.sort(reaching[np.argsort(scores, kind="stable")[:room]])
+
+    async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
+        raise InvalidInput(
+            f"model {self.name!r} is a confidence cascade, whose members tokenize on their own: send BYTES 'text' "
+            "(and 'text_pair'), not token ids"
+        )
+
+    def describe(self) -> ModelDescription:
+        members = [member.describe() for member in self.members]
+        providers = dict.fromkeys(p for member in members for p in member.providers)
+        return ModelDescription(
+            name=self.name,
+            version=self.version,
+            labels=tuple(self.spec.labels),
+            text_inputs=tuple(self.spec.text_inputs),
+            max_length=self.max_length,
+            runtime="cascade",
+            precision="",
+            arch="cascade",
+            providers=tuple(providers),
+            inputs=(),
+            bundle_path=str(self.folder),
+            bundle_sha256=self.manifest_sha256,
+            max_batch_size=members[0].max_batch_size,
+            cascade_rule=self.spec.rule,
+            cascade_members=tuple(
+                MemberDescription(model, member.threshold, member.temperature)
+                for model, member in zip(members, self.spec.members, strict=True)
+            ),
+        )
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Take no new requests; let those in progress finish within `timeout` seconds (default:
+        SHUTDOWN_GRACE_S), then close the members (what is still queued at the limit fails)."""
+        timeout = self.settings.shutdown_grace_s if timeout is None else timeout
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        for member in self.members:
+            await member.close(max(0.0, end - loop.time()))
+
+
+def load_runtime(
+    folder: str | Path,
+    settings: Settings,
+    metrics: Metrics | None = None,
+    on_fault: Callable[[ServerFault], None] | None = None,
+) -> ModelRuntime | CascadeRuntime:
+    """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's."""
+    if is_cascade(folder):
+        return CascadeRuntime.load(folder, settings, metrics, on_fault)
+    return ModelRuntime.load(folder, settings, metrics, on_fault)
+
+
+def model_bytes(folder: str | Path) -> int:
+    """Bytes of the model files a server loads from `folder` (read without verifying): a bundle's model file, or
+    every member's of a cascade."""
+    try:
+        if not is_cascade(folder):
+            bundle = load_bundle(folder, verify=False)
+            return bundle.manifest.files[bundle.spec.model_file].size_bytes
+        spec = CascadeSpec.model_validate(mf.load(folder, verify=False).info["cascade"])
+        return sum(model_bytes(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}")) for m in spec.members)
+    except (mf.ArtifactError, ValueError) as err:
+        raise BundleRejected(f"bundle refused: {err}") from err
