@@ -1,10 +1,11 @@
-"""Fixtures for the server tests: a tiny torch-free bundle, servers on port 0 (in-process or as `python -m serve`
+"""Fixtures for the server tests: a tiny torch-free bundle and cascade, servers on port 0 (in-process or as `python -m serve`
 subprocesses), throwaway certificates."""
 
 import asyncio
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from common import manifest as mf
 from common.bundle import BundleSpec, TensorSpec
+from common.cascade import MEMBERS, CascadeMember, CascadeSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
@@ -155,6 +157,49 @@ def write_bundle(
             config_hash="0" * 16,
             metrics=metrics or {},
             info={"bundle": bundle_spec.model_dump()},
+        )
+        mf.commit(tmp, folder, manifest)
+    return folder
+
+
+def write_cascade(
+    folder: Path,
+    members: dict[str, Path],
+    thresholds: list[float],
+    rule: str = "max_prob",
+    temperatures: list[float] | None = None,
+    name: str = "tiny-cascade",
+) -> Path:
+    """A cascade folder as export.cascade writes it: each member bundle copied to members/<id>/ (ids in order,
+    cheapest first), the spec in the manifest's info with a threshold per member but the last."""
+    specs = [mf.load(bundle, verify=False).info["bundle"] for bundle in members.values()]
+    temperatures = temperatures or [1.0] * len(members)
+    cascade = CascadeSpec(
+        name=name,
+        labels=specs[0]["labels"],
+        text_inputs=specs[0]["text_inputs"],
+        rule=rule,
+        members=[
+            CascadeMember(
+                bundle=member,
+                manifest_sha256=mf.sha256_file(bundle / mf.MANIFEST),
+                threshold=threshold,
+                temperature=temperature,
+            )
+            for (member, bundle), threshold, temperature in zip(
+                members.items(), [*thresholds, None], temperatures, strict=True
+            )
+        ],
+    )
+    with mf.stage_folder(folder) as tmp:
+        for member, bundle in members.items():
+            shutil.copytree(bundle, tmp / MEMBERS / member)
+        manifest = mf.Manifest(
+            stage="bundle-cascade",
+            recipe="tests",
+            recipe_hash="0" * 16,
+            config_hash="0" * 16,
+            info={"cascade": cascade.model_dump()},
         )
         mf.commit(tmp, folder, manifest)
     return folder

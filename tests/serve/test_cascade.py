@@ -1,0 +1,527 @@
+"""Confidence cascades served: routing and the member that answered through both APIs, the answers equal to
+`common.cascade.route` on the members' logits, metrics, overload of the last member, deadlines, drain and
+reload, refused cascades, several workers."""
+
+import asyncio
+import shutil
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tokenizers import Tokenizer
+
+from common import manifest as mf
+from common.cascade import MEMBERS, confidence, load_cascade, route
+from serve import tensors
+from serve.cascade import model_bytes
+from serve.errors import BundleRejected
+from serve.proto import classifier_pb2 as pb
+from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade
+from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
+
+STUDENT, TEACHER = "student", "teacher"
+THRESHOLD = 0.9
+SURE = ["great good love fun", "awful boring worst", "dull"]  # the student's confidence is above THRESHOLD
+UNSURE = ["a great movie", "the movie", "a film", "it was not very good"]  # below: escalated to the teacher
+TEXTS = [SURE[0], UNSURE[0], SURE[1], UNSURE[1], UNSURE[2], SURE[2], UNSURE[3]]
+ANSWERED_BY = [STUDENT, TEACHER, STUDENT, TEACHER, TEACHER, STUDENT, TEACHER]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def make_cascade(folder, **spec_changes):
+    """The tiny model as the student, the same model leaning towards "negative" as the teacher, so their answers
+    differ; the student keeps texts it is at least THRESHOLD sure of."""
+    student = write_bundle(folder / "student", **spec_changes)
+    teacher = write_bundle(folder / "teacher", bias=0.5, **spec_changes)
+    return write_cascade(folder / "bundle-cascade", {STUDENT: student, TEACHER: teacher}, [THRESHOLD])
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory):
+    return make_cascade(tmp_path_factory.mktemp("cascade"))
+
+
+@pytest.fixture(scope="module")
+def served_cascade(cascade):
+    server = RunningServer(settings_for(cascade, max_texts=8))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def stub(served_cascade):
+    channel = served_cascade.channel()
+    yield classifier_pb2_grpc.ClassifierStub(channel)
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def kserve(served_cascade):
+    channel = served_cascade.channel()
+    yield kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def logits_by_hand(bundle, texts: list[str]) -> np.ndarray:
+    """A member's logits with ONNX Runtime and its tokenizer.json, one text at a time (no padding)."""
+    tokenizer = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    tokenizer.no_padding()
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    rows = []
+    for text in texts:
+        encoding = tokenizer.encode(text)
+        feed = {
+            "input_ids": np.array([encoding.ids], dtype=np.int64),
+            "attention_mask": np.array([encoding.attention_mask], dtype=np.int64),
+        }
+        rows.append(session.run(["logits"], feed)[0][0])
+    return np.stack(rows)
+
+
+def infer_request(
+    texts: list[str], outputs: tuple[str, ...] = (), raw: bool = False, model: str = "tiny-cascade"
+) -> kserve_pb2.ModelInferRequest:
+    request = kserve_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[len(texts)])
+    encoded = [text.encode() for text in texts]
+    if raw:
+        request.raw_input_contents.append(tensors.serialize_bytes(encoded))
+    else:
+        tensor.contents.bytes_contents.extend(encoded)
+    for name in outputs:
+        request.outputs.add(name=name)
+    return request
+
+
+def decoded(reply: kserve_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
+    raw = list(reply.raw_output_contents)
+    return {
+        out.name: tensors.decode(out.name, out.datatype, list(out.shape), out.contents, raw[i] if raw else None)
+        for i, out in enumerate(reply.outputs)
+    }
+
+
+def scrape(server) -> str:
+    return urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+
+
+def wait_until(condition, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+# --- routing ----------------------------------------------------------------------------------------------
+
+
+def test_classify_keeps_sure_texts_at_the_student_and_escalates_the_rest_to_the_teacher(stub):
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
+
+
+def test_classify_answers_under_the_cascades_name(stub):
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS[:2]), timeout=10)
+    assert (reply.model_name, reply.model_version) == ("tiny-cascade", "1")
+
+
+def test_classify_flags_no_refused_escalation_without_overload(stub):
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    assert not any(p.escalation_refused for p in reply.predictions)
+
+
+def test_served_answers_equal_route_of_the_members_logits_run_by_hand(stub, cascade):
+    spec = load_cascade(cascade).spec
+    members = [logits_by_hand(cascade / MEMBERS / member.bundle, TEXTS) for member in spec.members]
+    expected, answered_by = route(members, spec)
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    assert [p.answered_by for p in reply.predictions] == [spec.members[i].bundle for i in answered_by]
+    np.testing.assert_allclose([p.logits for p in reply.predictions], expected, atol=1e-5)
+
+
+def test_the_teacher_answers_differently_from_the_student_on_the_escalated_texts(cascade):
+    """The fixture's members differ, so the routing checks above tell them apart."""
+    student = logits_by_hand(cascade / MEMBERS / STUDENT, UNSURE)
+    teacher = logits_by_hand(cascade / MEMBERS / TEACHER, UNSURE)
+    assert np.abs(student - teacher).min() > 0.1
+
+
+def test_a_stream_names_the_member_per_text(stub):
+    requests = [pb.ClassifyRequest(texts=[text]) for text in TEXTS]
+    replies = list(stub.ClassifyStream(iter(requests), timeout=10))
+    assert [reply.predictions[0].answered_by for reply in replies] == ANSWERED_BY
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_model_infer_returns_answered_by_and_escalation_refused_by_default(kserve, raw):
+    outputs = decoded(kserve.ModelInfer(infer_request(TEXTS, raw=raw), timeout=10))
+    assert list(outputs) == ["logits", "probabilities", "answered_by", "escalation_refused"]
+    assert [member.decode() for member in outputs["answered_by"]] == ANSWERED_BY
+    assert outputs["escalation_refused"].tolist() == [False] * len(TEXTS)
+
+
+def test_model_infer_returns_answered_by_alone_when_asked_for_by_name(kserve):
+    reply = kserve.ModelInfer(infer_request(TEXTS, outputs=("answered_by",)), timeout=10)
+    assert [(out.name, out.datatype, list(out.shape)) for out in reply.outputs] == [
+        ("answered_by", "BYTES", [len(TEXTS)])
+    ]
+    assert [member.decode() for member in decoded(reply)["answered_by"]] == ANSWERED_BY
+
+
+def test_model_infer_answers_equal_classify(kserve, stub):
+    outputs = decoded(kserve.ModelInfer(infer_request(TEXTS), timeout=10))
+    reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    np.testing.assert_allclose(outputs["probabilities"], [p.probabilities for p in reply.predictions], atol=1e-6)
+
+
+def test_classification_of_answered_by_is_invalid(kserve):
+    request = infer_request(TEXTS[:1], outputs=("answered_by",))
+    request.outputs[0].parameters["classification"].int64_param = 1
+    with pytest.raises(grpc.RpcError) as caught:
+        kserve.ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "applies only to logits and probabilities" in caught.value.details()
+
+
+def test_token_ids_are_refused_for_a_cascade(kserve):
+    request = kserve_pb2.ModelInferRequest(model_name="tiny-cascade")
+    for name in ("input_ids", "attention_mask"):
+        request.inputs.add(name=name, datatype="INT64", shape=[1, 3]).contents.int64_contents.extend([2, 4, 3])
+    with pytest.raises(grpc.RpcError) as caught:
+        kserve.ModelInfer(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "confidence cascade" in caught.value.details()
+
+
+def test_model_metadata_lists_the_cascade_outputs(kserve):
+    reply = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-cascade"), timeout=10)
+    assert [(t.name, t.datatype, list(t.shape)) for t in reply.outputs] == [
+        ("logits", "FP32", [-1, 2]),
+        ("probabilities", "FP32", [-1, 2]),
+        ("answered_by", "BYTES", [-1]),
+        ("escalation_refused", "BOOL", [-1]),
+    ]
+
+
+def test_model_metadata_platform_is_tritons_ensemble(kserve):
+    reply = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-cascade"), timeout=10)
+    assert reply.platform == "ensemble"
+
+
+def test_model_config_lists_the_cascade_outputs(kserve):
+    config = kserve.ModelConfig(kserve_pb2.ModelConfigRequest(name="tiny-cascade"), timeout=10).config
+    Config = kserve_pb2.ModelConfigResponse
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("logits", Config.TYPE_FP32, [2]),
+        ("probabilities", Config.TYPE_FP32, [2]),
+        ("answered_by", Config.TYPE_STRING, [1]),
+        ("escalation_refused", Config.TYPE_BOOL, [1]),
+    ]
+
+
+def test_model_info_lists_the_members_with_their_thresholds(stub, cascade):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    members = [
+        (m.model.bundle_path, m.threshold if m.HasField("threshold") else None, m.temperature)
+        for m in info.cascade_members
+    ]
+    assert members == [
+        (str(cascade / MEMBERS / STUDENT), pytest.approx(THRESHOLD), 1.0),
+        (str(cascade / MEMBERS / TEACHER), None, 1.0),
+    ]
+
+
+def test_model_info_describes_the_cascade(stub, cascade):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    expected = ("tiny-cascade", "cascade", "max_prob", str(cascade), mf.sha256_file(cascade / mf.MANIFEST))
+    assert (info.name, info.runtime, info.cascade_rule, info.bundle_path, info.bundle_sha256) == expected
+
+
+def test_a_single_bundle_names_no_member(served):
+    with served.channel() as channel:
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+        assert {(p.answered_by, p.escalation_refused) for p in reply.predictions} == {("", False)}
+
+
+def test_a_single_bundle_returns_no_answered_by_output(served):
+    with served.channel() as channel:
+        reply = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(infer_request(TEXTS, model=""), timeout=10)
+    assert [out.name for out in reply.outputs] == ["logits", "probabilities"]
+
+
+def test_a_single_bundle_refuses_the_answered_by_output(served):
+    with served.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            infer_request(TEXTS, outputs=("answered_by",), model=""), timeout=10
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# --- metrics and health -----------------------------------------------------------------------------------
+
+
+def test_metrics_count_answered_and_escalated_texts_per_member(stub, served_cascade):
+    before = scrape(served_cascade)
+    stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    after = scrape(served_cascade)
+
+    def delta(name: str, member: str) -> float:
+        return metric(after, name, member=member) - metric(before, name, member=member)
+
+    counts = {
+        (name, member): delta(f"edgedistill_cascade_{name}_texts_total", member)
+        for name in ("answered", "escalated", "escalation_refused")
+        for member in (STUDENT, TEACHER)
+    }
+    assert counts == {
+        ("answered", STUDENT): len(SURE),
+        ("answered", TEACHER): len(UNSURE),
+        ("escalated", STUDENT): len(UNSURE),
+        ("escalated", TEACHER): 0,
+        ("escalation_refused", STUDENT): 0,
+        ("escalation_refused", TEACHER): 0,
+    }
+
+
+@pytest.mark.parametrize("member", [STUDENT, TEACHER])
+def test_metrics_time_each_members_batches(stub, served_cascade, member):
+    stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    text = scrape(served_cascade)
+    assert metric(text, "edgedistill_cascade_member_inference_seconds_count", member=member) >= 1
+
+
+def test_a_fault_of_the_last_member_turns_health_off(start_server, cascade):
+    server = start_server(settings_for(cascade, inline_infer_ms=0, max_queue_delay_ms=50))
+    batcher = server.server.host.current.members[-1].batcher
+    fast = batcher.infer
+    batcher.infer = lambda inputs: {name: value[:0] for name, value in fast(inputs).items()}  # no rows
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        assert stub.Classify(pb.ClassifyRequest(texts=SURE), timeout=10).predictions[0].answered_by == STUDENT
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(pb.ClassifyRequest(texts=UNSURE), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == NOT_SERVING
+
+
+# --- overload, deadlines, drain, reload ---------------------------------------------------------------------
+
+# Batches wait up to 2 s to fill 4 rows, so escalated texts stay queued at the teacher while calls of 4 texts
+# run at once at the student; the queues hold 4 rows.
+SLOW = {"max_queue_delay_ms": 2000, "inline_infer_ms": 0, "max_batch_size": 4, "max_queued": 4, "max_texts": 4}
+WAITING = [SURE[0], *UNSURE[:3]]  # the student's batch is full at once; 3 texts wait for the teacher
+
+
+def teacher_queue(server) -> int:
+    return server.server.host.current.members[-1].queued_rows
+
+
+def hold_the_teacher(server, stub):
+    """A call whose 3 escalated texts wait in the teacher's queue, leaving it room for 1 more."""
+    waiting = stub.Classify.future(pb.ClassifyRequest(texts=WAITING), timeout=10)
+    wait_until(lambda: teacher_queue(server) == 3, "the escalated texts never waited for the teacher")
+    return waiting
+
+
+@pytest.fixture
+def overloaded(start_server, cascade):
+    """`overloaded(mode) -> (server, stub)`: a cascade server with SLOW queues and CASCADE_OVERLOAD=mode."""
+    channels = []
+
+    def start(mode: str):
+        server = start_server(settings_for(cascade, cascade_overload=mode, **SLOW))
+        channels.append(server.channel())
+        return server, classifier_pb2_grpc.ClassifierStub(channels[-1])
+
+    yield start
+    for channel in channels:
+        channel.close()
+
+
+def escalating_pair(cascade) -> tuple[str, str]:
+    """Two texts below the student's threshold: (less sure, surer)."""
+    texts = UNSURE[2:]
+    scores = confidence(logits_by_hand(cascade / MEMBERS / STUDENT, texts), "max_prob")
+    assert (scores < THRESHOLD).all() and scores[0] != scores[1]
+    return tuple(texts) if scores[0] < scores[1] else tuple(reversed(texts))
+
+
+def test_overload_answer_sends_on_what_fits_and_flags_the_rest_in_classify(overloaded, cascade):
+    server, stub = overloaded("answer")
+    less_sure, surer = escalating_pair(cascade)
+    waiting = hold_the_teacher(server, stub)
+    reply = stub.Classify(pb.ClassifyRequest(texts=[*SURE[:2], less_sure, surer]), timeout=10)
+    assert [(p.answered_by, p.escalation_refused) for p in reply.predictions] == [
+        (STUDENT, False),
+        (STUDENT, False),
+        (TEACHER, False),
+        (STUDENT, True),
+    ]
+    assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+def test_overload_answer_flags_escalation_refused_in_model_infer(overloaded, cascade):
+    server, stub = overloaded("answer")
+    less_sure, surer = escalating_pair(cascade)
+    waiting = hold_the_teacher(server, stub)
+    with server.channel() as channel:
+        reply = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            infer_request([*SURE[:2], less_sure, surer]), timeout=10
+        )
+    outputs = decoded(reply)
+    assert [member.decode() for member in outputs["answered_by"]] == [STUDENT, STUDENT, TEACHER, STUDENT]
+    assert outputs["escalation_refused"].tolist() == [False, False, False, True]
+    waiting.result()
+
+
+def test_overload_answer_counts_the_refused_escalations(overloaded, cascade):
+    server, stub = overloaded("answer")
+    less_sure, surer = escalating_pair(cascade)
+    waiting = hold_the_teacher(server, stub)
+    stub.Classify(pb.ClassifyRequest(texts=[*SURE[:2], less_sure, surer]), timeout=10)
+    waiting.result()
+    text = scrape(server)
+    assert metric(text, "edgedistill_cascade_escalation_refused_texts_total", member=STUDENT) == 1
+
+
+def test_overload_refuse_fails_the_request_with_resource_exhausted(overloaded, cascade):
+    server, stub = overloaded("refuse")
+    less_sure, surer = escalating_pair(cascade)
+    waiting = hold_the_teacher(server, stub)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(pb.ClassifyRequest(texts=[*SURE[:2], less_sure, surer]), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "CASCADE_OVERLOAD=refuse" in caught.value.details()
+    assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+def test_overload_refuse_keeps_requests_that_fit(overloaded):
+    server, stub = overloaded("refuse")
+    waiting = hold_the_teacher(server, stub)
+    reply = stub.Classify(pb.ClassifyRequest(texts=[*SURE, UNSURE[3]]), timeout=10)  # one escalated: it fits
+    assert [p.answered_by for p in reply.predictions] == [STUDENT, STUDENT, STUDENT, TEACHER]
+    waiting.result()
+
+
+def test_a_deadline_passing_while_escalated_texts_wait_drops_them(overloaded):
+    server, stub = overloaded("answer")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(pb.ClassifyRequest(texts=WAITING), timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: teacher_queue(server) == 0, "the escalated texts stayed queued", timeout=1.0)
+
+
+def test_drain_lets_escalated_texts_finish_at_the_teacher(overloaded):
+    server, stub = overloaded("answer")
+    waiting = hold_the_teacher(server, stub)
+    server.call(server.server.stop(grace=10))
+    assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+def test_a_reload_lets_escalated_texts_finish_on_the_old_cascade(overloaded):
+    server, stub = overloaded("answer")
+    waiting = hold_the_teacher(server, stub)
+    reloaded, previous = server.call(server.server.reload())  # SIGHUP's reload of the served folder
+    assert previous is not None and reloaded is server.server.host.current
+    assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+# --- loading --------------------------------------------------------------------------------------------------
+
+
+def corrupt_member(cascade, member: str = TEACHER):
+    corrupt(cascade / MEMBERS / member)
+    return cascade
+
+
+def test_a_cascade_with_a_corrupt_member_is_refused_at_load(tmp_path):
+    folder = corrupt_member(make_cascade(tmp_path))
+    with pytest.raises(BundleRejected, match=r"cascade refused: .*members/teacher/model.onnx does not match"):
+        asyncio.run(start_and_stop(settings_for(folder)))
+
+
+async def start_and_stop(settings):
+    from serve.app import create_server
+
+    server, _ = create_server(settings)
+    await server.stop(0)
+
+
+def test_a_server_on_a_cascade_with_a_corrupt_member_exits_with_the_reason(spawn, tmp_path):
+    folder = corrupt_member(make_cascade(tmp_path))
+    process = spawn(folder)
+    assert process.proc.wait(60) == 2
+    failed = process.wait_for("start_failed")
+    assert "members/teacher/model.onnx does not match its sha256" in failed["msg"]
+
+
+def test_a_reload_onto_a_corrupt_cascade_keeps_the_old_one(start_server, tmp_path):
+    good = make_cascade(tmp_path / "good")
+    bad = corrupt_member(make_cascade(tmp_path / "bad"))
+    server = start_server(settings_for(good, admin_token=ADMIN_TOKEN, reload_root=tmp_path))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(bad)), metadata=ADMIN, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "members/teacher/model.onnx does not match" in caught.value.details()
+        reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+        assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
+
+
+def test_a_member_changed_since_the_cascade_was_built_is_refused(tmp_path):
+    folder = make_cascade(tmp_path)
+    other = write_bundle(tmp_path / "other", bias=2.0)
+    shutil.rmtree(folder / MEMBERS / TEACHER)
+    shutil.copytree(other, folder / MEMBERS / TEACHER)
+    with pytest.raises(BundleRejected, match="cascade refused"):
+        asyncio.run(start_and_stop(settings_for(folder)))
+
+
+def test_a_reload_swaps_a_single_bundle_for_a_cascade(start_server, bundle, cascade):
+    server = start_server(settings_for(bundle, admin_token=ADMIN_TOKEN, reload_root=cascade.parent))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        reply = stub.Reload(pb.ReloadRequest(bundle_path=str(cascade)), metadata=ADMIN, timeout=30)
+        assert [m.model.bundle_path for m in reply.model.cascade_members] == [
+            str(cascade / MEMBERS / STUDENT),
+            str(cascade / MEMBERS / TEACHER),
+        ]
+        assert [p.answered_by for p in stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10).predictions] == (
+            ANSWERED_BY
+        )
+
+
+def test_a_pair_cascade_takes_pairs(start_server, tmp_path):
+    from tests.serve.conftest import pair_spec
+
+    server = start_server(settings_for(make_cascade(tmp_path, **pair_spec())))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        reply = stub.Classify(pb.ClassifyRequest(texts=["the movie"] * 2, text_pairs=SURE[:1] + UNSURE[:1]), timeout=10)
+        assert [p.answered_by for p in reply.predictions] == [STUDENT, TEACHER]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Classify(pb.ClassifyRequest(texts=["the movie"]), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_worker_memory_counts_every_members_model_file(cascade):
+    members = [cascade / MEMBERS / member / "model.onnx" for member in (STUDENT, TEACHER)]
+    assert model_bytes(cascade) == sum(path.stat().st_size for path in members)
+
+
+def test_two_workers_serve_a_cascade(spawn, cascade):
+    process = spawn(cascade, EDGEDISTILL_WORKERS="2")
+    serving = process.wait_for("workers_serving", timeout=90)
+    assert sum(line.get("event") == "cascade_checked" for line in process.lines) == 2
+    with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10, wait_for_ready=True)
+    assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
