@@ -22,7 +22,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy loadtest soak image base-image container-test test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade loadtest soak image base-image container-test test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -30,6 +30,7 @@ help:  ## list the targets
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 	$(PY) -m bench accuracy $(RECIPE) --bundle $(BUNDLE)
+	$(PY) -m bench cascade $(RECIPE)
 	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
 	$(PY) -m report $(RECIPE)
 	@$(PY) -m report.headline $(RECIPE)
@@ -83,6 +84,9 @@ call: $(STAMP)  ## classify TEXT (with its sentence B, PAIR, for a pair model) w
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
 	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+
+serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the first) against its last member served alone
+	$(PY) -m bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 
 serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own dev accuracy
 	$(PY) -m bench accuracy $(RECIPE) --bundle $(BUNDLE) --check

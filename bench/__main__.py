@@ -2,8 +2,9 @@
 
 Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
-recipe's `bench.serving` section: runs/<recipe>/serve-bench/) and `accuracy` (the recipe's dev split
-through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/).
+recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
+through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/)
+and `cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/).
 Exit status: 0 when measured (with `--check`, also every target met, or the served accuracy equal to the
 bundle's), 1 when `--check` found a target missed or a different accuracy, 2 when the benchmark could not run.
 """
@@ -55,6 +56,16 @@ def run_accuracy(recipe, args) -> int:
     return 1 if args.check and not accuracy.AccuracyResult.load(stage.folder).passed else 0
 
 
+def run_cascade(recipe, args) -> int:
+    from bench import cascade
+
+    if args.name is None and not (recipe.export and recipe.export.cascades):
+        print(f"[serve-cascade] none: recipe {recipe.name} has no export.cascades")
+        return 0
+    cascade.stage(recipe, cascade.default_name(recipe, args.name)).run(args.force)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
+    paired = commands.add_parser("cascade", help="a cascade against its last member served alone: capacity, paced p99")
+    paired.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
+    paired.add_argument("--force", action="store_true", help="measure again even if up to date")
+    paired.set_defaults(command_run=run_cascade)
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

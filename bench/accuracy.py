@@ -23,7 +23,7 @@ from bench.serving import server_settings
 from bench.stats import Record
 from bench.tables import markdown_results, print_results
 from bench.texts import Examples, check_kind, dev_split, texts_info
-from common.bundle import load_bundle
+from common.cascade import describe, load_served
 from common.recipe import Recipe
 from common.stage import Artifact, Built, Inputs, Stage
 from serve.client import Client
@@ -84,12 +84,12 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
 
 
 def _build(inputs: Inputs, console: Console) -> Built:
-    bundle = load_bundle(inputs.parent("bundle"))
+    bundle = load_served(inputs.parent("bundle"))
     expected = bundle.manifest.metrics.get("dev_accuracy")
     if expected is None:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")
     examples = dev_split(inputs.recipe.data)
-    check_kind(examples, bundle.spec.pairs)
+    check_kind(examples, bundle.pairs)
     flags, settings = server_settings(bundle.folder, threads=0)
     token = settings.token.get_secret_value() if settings.token else None
     work = inputs.fresh_work()
@@ -100,7 +100,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         Client(address, token=token, timeout=60) as client,
     ):
         for api, infer in (("classify", client.classify), ("kserve", client.kserve_infer)):
-            predicted[api] = predict(infer, examples, settings.max_texts, bundle.spec.labels)
+            predicted[api] = predict(infer, examples, settings.max_texts, bundle.labels)
     count = len(examples)
     apis = {}
     for api, labels in predicted.items():
@@ -109,8 +109,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
             correct=correct, accuracy=correct / count, matches_bundle=same_accuracy(correct, count, expected)
         )
     result = AccuracyResult(
-        bundle={"path": str(bundle.folder)}
-        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle={"path": str(bundle.folder)} | bundle.description,
         texts=texts_info(examples),
         bundle_dev_accuracy=expected,
         apis=apis,
@@ -135,7 +134,7 @@ HEADER = ["API", "correct", "accuracy"]
 def heading(result: AccuracyResult) -> str:
     b, t = result.bundle, result.texts
     kind = "text pairs" if t["pairs"] else "texts"
-    return f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) served, {t['count']} dev {kind} from {t['source']}"
+    return f"{describe(b)} served, {t['count']} dev {kind} from {t['source']}"
 
 
 def table_rows(result: AccuracyResult) -> list[list[str]]:

@@ -38,6 +38,7 @@ from bench.tables import markdown_results, print_results
 from bench.texts import Examples, load_texts, texts_info
 from common import manifest as mf
 from common.bundle import Bundle, load_bundle
+from common.cascade import is_cascade
 from common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
 from common.stage import Artifact, Built, Inputs, Stage
 from serve.backend import load_backend
@@ -210,6 +211,11 @@ def stage(
 def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, console: Console) -> Built:
     cfg = inputs.recipe.bench.serving
     bundle_folder = inputs.parent("bundle")
+    if is_cascade(bundle_folder):
+        raise BenchError(
+            f"{bundle_folder} is a cascade: its members have no single backend for the raw and bare phases; measure it "
+            "with `python -m bench cascade RECIPE`"
+        )
     bundle = load_bundle(bundle_folder)
     examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
     flags, settings = server_settings(bundle_folder, cfg.threads)

@@ -123,3 +123,49 @@ def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarra
         open_ &= ~keep
     logits = np.stack([member_logits[m][i] for i, m in enumerate(answered_by)]) if count else member_logits[0]
     return logits, answered_by
+
+
+class Served(BaseModel):
+    """What a client of a bundle or a cascade folder needs: its name, labels and inputs, and a short description."""
+
+    folder: Path
+    manifest: mf.Manifest
+    name: str
+    version: str
+    labels: list[str]
+    text_inputs: list[str]
+    description: dict
+
+    @property
+    def pairs(self) -> bool:
+        return "text_pair" in self.text_inputs
+
+
+def describe(description: dict) -> str:
+    """`name (arch, precision, runtime)` of a bundle, `name (cascade of a, b)` of a cascade."""
+    if description.get("kind") == "cascade":
+        return f"{description['name']} (cascade of {', '.join(m['bundle'] for m in description['members'])})"
+    parts = [description[key] for key in ("arch", "precision", "runtime") if key in description]
+    return f"{description['name']} ({', '.join(parts)})"
+
+
+def load_served(folder: str | Path) -> Served:
+    """A bundle or a cascade folder, verified, as the server will serve it."""
+    if is_cascade(folder):
+        cascade = load_cascade(folder)
+        spec, description = cascade.spec, {"kind": "cascade", "rule": cascade.spec.rule}
+        description["members"] = [m.model_dump(include={"bundle", "threshold", "temperature"}) for m in spec.members]
+        manifest = cascade.manifest
+    else:
+        bundle = load_bundle(folder)
+        spec, manifest = bundle.spec, bundle.manifest
+        description = {"kind": "bundle"} | spec.model_dump(include={"arch", "precision", "runtime"})
+    return Served(
+        folder=Path(folder),
+        manifest=manifest,
+        name=spec.name,
+        version=spec.version,
+        labels=spec.labels,
+        text_inputs=list(spec.text_inputs),
+        description={"name": spec.name, "version": spec.version} | description,
+    )

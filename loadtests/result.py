@@ -23,6 +23,7 @@ from rich.console import Console
 
 from bench import slo
 from bench.tables import markdown_results, print_results
+from common.cascade import describe
 from loadtests import analysis
 from loadtests.analysis import Resources, Samples
 from loadtests.plan import Plan
@@ -149,7 +150,7 @@ def rows(result: dict) -> list[list[str]]:
 def heading(result: dict) -> str:
     b = result["bundle"]
     return (
-        f"load test {result['profile']} of {b['name']} ({b['arch']}, {b['precision']}), "
+        f"load test {result['profile']} of {describe(b)}, "
         f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {result['machine']['cpus']} CPUs"
     )
 

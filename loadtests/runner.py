@@ -22,7 +22,7 @@ from rich.console import Console
 
 from bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
 from bench.texts import load_texts, texts_info
-from common.bundle import load_bundle
+from common.cascade import load_served
 from common.recipe import LoadtestConfig, Profile, Recipe
 from common.settings import PROJECT_ROOT
 from common.stage import Artifact, Built, Inputs, Stage
@@ -160,15 +160,15 @@ def _build(
 ) -> Built:
     recipe = inputs.recipe
     cfg = recipe.loadtest or LoadtestConfig()
-    loaded = load_bundle(bundle)
-    examples = load_texts(recipe.data, loaded.spec.pairs, texts_file, pairs_file)
+    loaded = load_served(bundle)
+    examples = load_texts(recipe.data, loaded.pairs, texts_file, pairs_file)
     flags, settings = server_flags(bundle, cfg)
     work = inputs.fresh_work()
     plan = Plan(
         profile=profile,
         loadtest=cfg,
         scenarios=scenarios,
-        model=loaded.spec.name,
+        model=loaded.name,
         texts=Path("texts.txt"),
         pairs=None if examples.pairs is None else Path("pairs.txt"),
         samples=Path(SAMPLES_FILE),
@@ -183,9 +183,7 @@ def _build(
     with running(module, args, settings.port, work / "server.log") as server:
         rows = drive(work, settings.port, server, plan.duration_s)
     samples = Samples.load(work / SAMPLES_FILE)
-    target = (
-        ECHO_TARGET if echo else loaded.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
-    )
+    target = ECHO_TARGET if echo else loaded.description
     context = {
         "recipe": recipe.name,
         "echo": echo,

@@ -52,3 +52,19 @@ def test_spec_refuses_a_threshold_on_the_last_member():
     ]
     with pytest.raises(ValueError, match="the last none"):
         CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
+
+
+def test_load_served_describes_a_cascade_by_its_members(tmp_path):
+    from common.cascade import load_served
+    from tests.serve.conftest import write_bundle, write_cascade
+
+    small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
+    folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
+    assert [m["bundle"] for m in load_served(folder).description["members"]] == ["small", "big"]
+
+
+def test_load_served_describes_a_bundle_by_its_runtime(tmp_path):
+    from common.cascade import load_served
+    from tests.serve.conftest import write_bundle
+
+    assert load_served(write_bundle(tmp_path / "b")).description["kind"] == "bundle"

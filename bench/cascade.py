@@ -1,0 +1,141 @@
+"""A cascade behind the server against its last member served alone, same client, same texts.
+
+`python -m bench cascade RECIPE [--name CASCADE]` starts the server twice (one process each, the same
+settings as `bench serving`): on the cascade folder and on its last member's bundle. Interleaved, for
+`bench.serving.repeats` rounds: capacity (single-text `Classify` calls from `concurrency` callers for
+`duration_s`) and the paced phase (one call at a time at `rate` calls/s). The texts are the recipe's
+dev split (pairs for a pair task), shuffled. Writes `runs/<recipe>/serve-cascade-<name>/cascade.json`
+and `cascade.md`; capacity is texts/s, medians with min/max over the rounds.
+"""
+
+import asyncio
+import functools
+import json
+import os
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from rich.console import Console
+
+from bench import BenchError, drivers
+from bench.processes import running
+from bench.serving import WARMUP_S, classify_requests, progress, server_settings
+from bench.stats import summarize
+from bench.texts import load_texts
+from common import manifest as mf
+from common.cascade import load_cascade
+from common.recipe import Recipe, run_dir
+from common.stage import Artifact, Built, Inputs, Stage
+
+PHASES = ("capacity", "paced")
+RESULT = "cascade.json"
+
+
+def default_name(recipe: Recipe, name: str | None) -> str:
+    cascades = recipe.export.cascades if recipe.export else {}
+    if name is None:
+        if not cascades:
+            raise BenchError(f"recipe {recipe.name} has no export.cascades")
+        name = recipe.export.deploy if recipe.export.deploy in cascades else next(iter(cascades))
+    if name not in cascades:
+        raise BenchError(f"{name} is not one of export.cascades {sorted(cascades)}")
+    return name
+
+
+def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
+    """`runs/<recipe>/serve-cascade-<name>/`: the cascade and its last member measured side by side."""
+    folder = run_dir(recipe) / f"bundle-{name}"
+    last = run_dir(recipe) / f"bundle-{recipe.export.cascades[name].members[-1]}"
+    return Stage(
+        f"serve-cascade-{name}",
+        recipe,
+        ("bench.serving", "data"),
+        functools.partial(_build, console=console or Console(width=200)),
+        (Artifact("cascade", folder), Artifact("last", last)),
+    )
+
+
+async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, console: Console) -> dict[str, dict]:
+    cfg = recipe.bench.serving
+    cascade = load_cascade(folders["cascade"])
+    examples = load_texts(recipe.data, "text_pair" in cascade.spec.text_inputs, None, None)
+    singles = classify_requests(examples, 1)
+    runs: dict[str, dict[str, list]] = {model: {phase: [] for phase in PHASES} for model in folders}
+    async with AsyncExitStack() as stack:
+        calls, servers = {}, {}
+        for model, folder in folders.items():
+            flags, settings = server_settings(folder, cfg.threads)
+            servers[model] = stack.enter_context(running("serve", flags, settings.port, work / f"{model}.log"))
+            calls[model] = await drivers.classify_call(stack, settings.port)
+            await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
+        for repeat in range(1, cfg.repeats + 1):
+            for model in folders:
+                loads = {
+                    "capacity": functools.partial(
+                        drivers.saturate, calls[model], singles, cfg.concurrency, cfg.duration_s
+                    ),
+                    "paced": functools.partial(drivers.paced, calls[model], singles, cfg.rate, cfg.duration_s),
+                }
+                for phase, load in loads.items():
+                    offered = cfg.rate if phase == "paced" else None
+                    record = await drivers.measure(load, 1, servers[model], offered)
+                    runs[model][phase].append(record)
+                    console.print(f"[dim]repeat {repeat}/{cfg.repeats} {model} {phase}: {progress(record)}[/]")
+    return runs
+
+
+def _spread(summary: dict, figure: str) -> str:
+    s = summary[figure]
+    return f"{s.median:.1f} ({s.min:.1f}-{s.max:.1f})"
+
+
+def _build(inputs: Inputs, console: Console) -> Built:
+    recipe = inputs.recipe
+    folders = {"cascade": inputs.parent("cascade"), "last": inputs.parent("last")}
+    work = inputs.fresh_work()
+    load_before = os.getloadavg()
+    runs = asyncio.run(_measure(recipe, folders, work, console))
+    summary = {
+        model: {phase: summarize(records) for phase, records in phases.items()} for model, phases in runs.items()
+    }
+    capacity = {model: summary[model]["capacity"]["texts_per_s"].median for model in folders}
+    ratio = capacity["cascade"] / capacity["last"]
+    cfg = recipe.bench.serving
+    names = {model: mf.load(folder, verify=False).stage.removeprefix("bundle-") for model, folder in folders.items()}
+    lines = [
+        f"# Cascade {names['cascade']} against {names['last']} served alone",
+        "",
+        f"Single-text Classify calls, {cfg.concurrency} callers for capacity, one call at a time at {cfg.rate:g} "
+        f"calls/s for the paced phase; {cfg.repeats} interleaved rounds of {cfg.duration_s:g} s, median (min-max); "
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before.",
+        "",
+        "| model | capacity texts/s | paced p50 ms | paced p99 ms | errors |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for model in folders:
+        s = summary[model]
+        lines.append(
+            f"| {names[model]} | {_spread(s['capacity'], 'texts_per_s')} | {_spread(s['paced'], 'p50_ms')} | "
+            f"{_spread(s['paced'], 'p99_ms')} | {int(s['capacity']['failures'].max + s['paced']['failures'].max)} |"
+        )
+    lines += ["", f"Capacity of the cascade: {ratio:.2f}x its last member's."]
+    markdown = "\n".join(lines) + "\n"
+    (work / "cascade.md").write_text(markdown, encoding="utf-8")
+    dumped = {
+        model: {p: {k: v.model_dump() for k, v in f.items()} for p, f in phases.items()}
+        for model, phases in summary.items()
+    }
+    (work / RESULT).write_text(
+        json.dumps({"names": names, "runs": runs, "summary": dumped, "capacity_ratio": ratio}, indent=1)
+    )
+    console.print(markdown)
+    return Built(
+        metrics={
+            "capacity_ratio": ratio,
+            **{f"{model}_capacity_texts_per_s": capacity[model] for model in folders},
+            **{f"{model}_paced_p99_ms": summary[model]["paced"]["p99_ms"].median for model in folders},
+        },
+        info={"names": names},
+        line=f"capacity {ratio:.2f}x {names['last']}; paced p99 {summary['cascade']['paced']['p99_ms'].median:.2f} ms "
+        f"vs {summary['last']['paced']['p99_ms'].median:.2f} ms",
+    )

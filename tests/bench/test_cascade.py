@@ -1,0 +1,42 @@
+"""`python -m bench cascade` on the smoke run's cascade: both servers measured, the figures recorded."""
+
+import os
+
+import pytest
+
+from bench.__main__ import main
+from common import manifest as mf
+from tests.serve.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def measured(smoke_bundles):
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("RUNS_DIR", str(smoke_bundles.parent))
+        status = main(["cascade", str(SMOKE)])
+    return status, smoke_bundles / "serve-cascade-bilstm-cascade"
+
+
+def test_bench_cascade_exits_zero(measured):
+    assert measured[0] == 0
+
+
+def test_bench_cascade_records_the_capacity_of_both(measured):
+    metrics = mf.load(measured[1]).metrics
+    assert metrics["cascade_capacity_texts_per_s"] > 0 and metrics["last_capacity_texts_per_s"] > 0
+
+
+def test_bench_cascade_table_names_the_cascade_and_its_last_member(measured):
+    table = (measured[1] / "cascade.md").read_text()
+    assert "| bilstm-cascade |" in table and "| teacher-fused |" in table
+
+
+def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, capsys):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RUNS_DIR", str(smoke_bundles.parent))
+        status = main(["serving", str(SMOKE), "--bundle", str(smoke_bundles / "bundle-bilstm-cascade")])
+    assert status == 2 and "bench cascade" in capsys.readouterr().err
