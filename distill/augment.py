@@ -58,8 +58,8 @@ def augment(
     return out
 
 
-def augment_many(
-    texts: list[str],
+def augment_examples(
+    examples: list[tuple[str, ...]],
     n_iter: int,
     rng: random.Random,
     *,
@@ -68,41 +68,17 @@ def augment_many(
     p_ngram: float,
     mask_token: str,
     replace: Replacer | None,
-) -> list[str]:
-    """Up to `n_iter` augmented samples per text, as space-joined strings, first occurrence kept.
+) -> list[tuple[str, ...]]:
+    """Up to `n_iter` augmented samples per example (one text, or the two sides of a pair, each side augmented on
+    its own as Tang et al. do for their pair tasks), sides as space-joined strings, first occurrence kept.
 
-    Empty samples, repeats, and samples equal to any of `texts` (not only their own source) are
-    dropped, so the transfer set gains only new sentences.
+    Samples with an empty side, repeats, and samples equal to any of `examples` (not only their own source) are
+    dropped, so the transfer set gains only new examples.
     """
-    seen = {" ".join(text.split()) for text in texts}
+    seen = {tuple(" ".join(side.split()) for side in example) for example in examples}
     out = []
-    for text in texts:
-        words = text.split()
-        for _ in range(n_iter):
-            sample = " ".join(augment(words, rng, p_mask, p_replace, p_ngram, mask_token, replace))
-            if sample and sample not in seen:
-                seen.add(sample)
-                out.append(sample)
-    return out
-
-
-def augment_pairs(
-    pairs: list[tuple[str, str]],
-    n_iter: int,
-    rng: random.Random,
-    *,
-    p_mask: float,
-    p_replace: float,
-    p_ngram: float,
-    mask_token: str,
-    replace: Replacer | None,
-) -> list[tuple[str, str]]:
-    """`augment_many` for sentence pairs: each side of a sample is augmented on its own, as Tang et al. do for
-    their pair tasks. Samples with an empty side, repeats and the given pairs themselves are dropped."""
-    seen = {tuple(" ".join(side.split()) for side in pair) for pair in pairs}
-    out = []
-    for pair in pairs:
-        sides = [side.split() for side in pair]
+    for example in examples:
+        sides = [side.split() for side in example]
         for _ in range(n_iter):
             sample = tuple(
                 " ".join(augment(words, rng, p_mask, p_replace, p_ngram, mask_token, replace)) for words in sides
@@ -111,6 +87,11 @@ def augment_pairs(
                 seen.add(sample)
                 out.append(sample)
     return out
+
+
+def augment_many(texts: list[str], n_iter: int, rng: random.Random, **options) -> list[str]:
+    """`augment_examples` for single texts."""
+    return [sample for (sample,) in augment_examples([(text,) for text in texts], n_iter, rng, **options)]
 
 
 def vocab_replacer(vocabulary: list[str]) -> Replacer:

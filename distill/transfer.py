@@ -32,7 +32,7 @@ from common.recipe import Recipe, run_dir
 from common.runtime import open_bundle
 from common.stage import Built, Inputs, Stage
 from distill import device, finetune
-from distill.augment import augment_many, augment_pairs, normalise, split_sentences, styled, vocab_replacer
+from distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
 from distill.device import Placement
 from distill.finetune import hf_logits, predict_logits
 from distill.metrics import task_metrics
@@ -95,19 +95,17 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     train, dev = load_splits(recipe.data)
     raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
     split = [split_sentences(line, cfg.text_style) for line in raw]
-    train_inputs = [styled(t, cfg.text_style) for t in train.texts]
+    columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
+    train_examples = list(zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True))
     if train.pairs is not None:
-        train_inputs = list(zip(train_inputs, [styled(t, cfg.text_style) for t in train.pairs], strict=True))
         unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
-        augment = augment_pairs
     else:
-        unlabelled = [sentence for sentences in split for sentence in sentences]
-        augment = augment_many
+        unlabelled = [(sentence,) for sentences in split for sentence in sentences]
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
-    words = [w for text in train.texts + (train.pairs or []) for w in styled(text, cfg.text_style).split()]
-    augmented = augment(
-        train_inputs,
+    words = [w for example in train_examples for side in example for w in side.split()]
+    augmented = augment_examples(
+        train_examples,
         cfg.n_iter,
         rng,
         p_mask=cfg.p_mask,
@@ -117,7 +115,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         replace=vocab_replacer(words),
     )
     rng.shuffle(augmented)
-    candidates = [(t, 1, y) for t, y in zip(train_inputs, train.labels, strict=True)] if cfg.include_train else []
+    candidates = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
     if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
         unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
     candidates += [(t, 0, -1) for t in unlabelled]
@@ -126,8 +124,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
     removed = {"duplicates": 0, "dev_overlap": 0}
-    for example, source, label in candidates:
-        sides = (example,) if isinstance(example, str) else example
+    for sides, source, label in candidates:
         key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue

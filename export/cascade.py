@@ -91,14 +91,19 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
     return texts[:count], (pairs[:count] if recipe.data.pairs else None)
 
 
-def member_logits(folder: Path, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
-    """A member bundle's logits on texts (and pairs), through ONNX Runtime or TensorRT as it is served."""
-    bundle = load_bundle(folder)
-    runner = open_bundle(bundle, threads=THREADS)
-    feats = encode(tokenizer, texts, pairs, bundle.spec.max_length)
-    feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
-    run = validate.logits_runner(runner)
-    return validate.dev_logits(validate.as_forward(run), feats, tokenizer.pad_token_id)
+class Member:
+    """A member bundle opened once, through ONNX Runtime or TensorRT as it is served, for calibration and dev."""
+
+    def __init__(self, folder: Path):
+        bundle = load_bundle(folder)
+        self.max_length = bundle.spec.max_length
+        self.run = validate.logits_runner(open_bundle(bundle, threads=THREADS))
+
+    def logits(self, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
+        """The member's logits on texts (and pairs)."""
+        feats = encode(tokenizer, texts, pairs, self.max_length)
+        feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
+        return validate.dev_logits(validate.as_forward(self.run), feats, tokenizer.pad_token_id)
 
 
 def stage(recipe: Recipe, name: str) -> Stage:
@@ -141,17 +146,19 @@ def _build(inputs: Inputs, name: str) -> Built:
     tokenizer = load_tokenizer(str(inputs.parent("teacher")))
     folders = [inputs.parent(f"bundle-{member}") for member in cfg.members]
     texts, pairs = calibration_texts(recipe, cfg.calibration_sentences)
-    calibration = [member_logits(folder, tokenizer, texts, pairs) for folder in folders]
+    opened = [Member(folder) for folder in folders]
+    calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
     reference = calibration[-1].argmax(-1)
-    members, reaching, expected = [], np.ones(len(texts), dtype=bool), []
-    for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):
+    routing, reaching, expected = [], np.ones(len(texts), dtype=bool), []
+    for logits in calibration[:-1]:
         temperature = fit_temperature(logits[reaching], reference[reaching]) if cfg.temperature_scaling else 1.0
         scores = confidence(logits, cfg.rule, temperature)
         agrees = logits.argmax(-1) == reference
         threshold, kept = choose_threshold(scores[reaching], agrees[reaching], cfg.target_agreement)
         expected.append(round(kept * reaching.mean(), 4))
         reaching &= scores < threshold
-        members.append((member, threshold, temperature))
+        routing.append((threshold, temperature))
+    routing.append((None, 1.0))  # the last member answers what reaches it
     spec = CascadeSpec(
         name=f"{recipe.name}-{name}",
         labels=recipe.data.label_names,
@@ -164,16 +171,11 @@ def _build(inputs: Inputs, name: str) -> Built:
                 threshold=threshold,
                 temperature=temperature,
             )
-            for (member, threshold, temperature), folder in zip(members, folders, strict=False)
-        ]
-        + [
-            CascadeMember(
-                bundle=cfg.members[-1], manifest_sha256=mf.sha256_file(folders[-1] / mf.MANIFEST), threshold=None
-            )
+            for member, folder, (threshold, temperature) in zip(cfg.members, folders, routing, strict=True)
         ],
     )
     _, dev = load_splits(recipe.data)
-    dev_logits = [member_logits(folder, tokenizer, dev.texts, dev.pairs) for folder in folders]
+    dev_logits = [member.logits(tokenizer, dev.texts, dev.pairs) for member in opened]
     answers, answered_by = route(dev_logits, spec)
     figures = task_metrics(answers, dev.labels, recipe.data)
     shares = np.bincount(answered_by, minlength=len(folders)) / len(dev)

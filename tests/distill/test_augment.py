@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from distill.augment import (
     augment,
+    augment_examples,
     augment_many,
-    augment_pairs,
     normalise,
     split_sentences,
     styled,
@@ -167,11 +167,11 @@ def test_split_sentences_in_raw_style_keeps_the_words_as_written():
     assert split_sentences(raw, "raw") == ["This movie rocks!", "I loved it.", "Don't miss the ending..."]
 
 
-def test_augment_pairs_changes_each_side_on_its_own_and_drops_the_originals():
+def test_augment_examples_changes_each_side_of_a_pair_on_its_own_and_drops_the_originals():
     pairs = [("a b c d", "e f g h"), ("i j", "k l")]
     kwargs = dict(p_mask=0.5, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
-    out = augment_pairs(pairs, 6, random.Random(0), **kwargs)
+    out = augment_examples(pairs, 6, random.Random(0), **kwargs)
     assert all(len(sample) == 2 and all(sample) for sample in out)
     assert not set(out) & set(pairs)
     assert len(set(out)) == len(out)
-    assert out == augment_pairs(pairs, 6, random.Random(0), **kwargs)
+    assert out == augment_examples(pairs, 6, random.Random(0), **kwargs)

@@ -10,7 +10,7 @@ from common.cascade import is_cascade, load_cascade, route
 from common.data import load_splits
 from common.recipe import load_recipe
 from distill.tokenization import load_tokenizer
-from export.cascade import choose_threshold, fit_temperature, member_logits
+from export.cascade import Member, choose_threshold, fit_temperature
 from tests.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -57,7 +57,7 @@ def test_cascade_answers_equal_its_members_routed_by_hand(smoke_cascade, smoke_b
     recipe = load_recipe(SMOKE)
     tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
     _, dev = load_splits(recipe.data)
-    logits = [member_logits(bundle.folder, tokenizer, dev.texts, dev.pairs) for bundle in cascade.members]
+    logits = [Member(bundle.folder).logits(tokenizer, dev.texts, dev.pairs) for bundle in cascade.members]
     answers, _ = route(logits, cascade.spec)
     accuracy = float((answers.argmax(-1) == np.asarray(dev.labels)).mean())
     assert accuracy == cascade.manifest.metrics["dev_accuracy"]
