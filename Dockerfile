@@ -23,8 +23,9 @@ RUN --mount=type=secret,id=pip-cert \
     && if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
     && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check -r /tmp/requirements-serve.txt \
     && /opt/venv/bin/python -m pip uninstall --quiet --yes pip setuptools
-COPY common/ /app/common/
-COPY serve/ /app/serve/
+COPY edgedistill/__init__.py /app/edgedistill/__init__.py
+COPY common/ /app/edgedistill/common/
+COPY serve/ /app/edgedistill/serve/
 # Byte-compiled here, as the running container may have a read-only root filesystem.
 RUN find /app -name __pycache__ -prune -exec rm -rf {} + \
     && python3 -m compileall -q /app
@@ -53,7 +54,7 @@ EXPOSE 50051 8002
 # health service); it is probed instead.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/venv/bin/python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel('localhost:' + (os.environ.get('EDGEDISTILL_HEALTH_PORT') or os.environ.get('EDGEDISTILL_PORT', '50051'))); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(), timeout=3); sys.exit(reply.status != h.HealthCheckResponse.SERVING)"]
-ENTRYPOINT ["/opt/venv/bin/python", "-m", "serve"]
+ENTRYPOINT ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
 
 # A self-contained image with one bundle, for registries and Kubernetes: `--target baked
 # --build-arg BUNDLE=<bundle folder inside the build context>`.

@@ -14,20 +14,19 @@ import os
 import sys
 from pathlib import Path
 
-from bench import BenchError
-from bench.stats import ServingResult
-from common.manifest import ArtifactError
-from common.recipe import RecipeError, load_recipe, parse_overrides
-from common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
-from serve.errors import BundleRejected
-from serve.settings import SettingsError
+from edgedistill.bench import BenchError
+from edgedistill.bench.stats import ServingResult
+from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.settings import SettingsError
 
 
 def run_models(recipe, args) -> int:
     import torch
     import transformers
-
-    from bench import models
+    from edgedistill.bench import models
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -39,7 +38,7 @@ def run_models(recipe, args) -> int:
 
 
 def run_serving(recipe, args) -> int:
-    from bench import serving
+    from edgedistill.bench import serving
 
     bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
     stage = serving.stage(recipe, bundle, args.texts, pairs_file=args.pairs)
@@ -48,7 +47,7 @@ def run_serving(recipe, args) -> int:
 
 
 def run_accuracy(recipe, args) -> int:
-    from bench import accuracy, serving
+    from edgedistill.bench import accuracy, serving
 
     bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
     stage = accuracy.stage(recipe, bundle)
@@ -57,7 +56,7 @@ def run_accuracy(recipe, args) -> int:
 
 
 def run_cascade(recipe, args) -> int:
-    from bench import cascade
+    from edgedistill.bench import cascade
 
     if args.name is None and not (recipe.export and recipe.export.cascades):
         print(f"[serve-cascade] none: recipe {recipe.name} has no export.cascades")

@@ -14,19 +14,18 @@ import functools
 from pathlib import Path
 
 import grpc
+from edgedistill.bench import BenchError
+from edgedistill.bench.processes import running
+from edgedistill.bench.serving import server_settings
+from edgedistill.bench.stats import Record
+from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.bench.texts import Examples, check_kind, dev_split, texts_info
+from edgedistill.common.cascade import describe, load_served
+from edgedistill.common.recipe import Recipe
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.client import Client
 from pydantic import Field
 from rich.console import Console
-
-from bench import BenchError
-from bench.processes import running
-from bench.serving import server_settings
-from bench.stats import Record
-from bench.tables import markdown_results, print_results
-from bench.texts import Examples, check_kind, dev_split, texts_info
-from common.cascade import describe, load_served
-from common.recipe import Recipe
-from common.stage import Artifact, Built, Inputs, Stage
-from serve.client import Client
 
 STAGE = "serve-accuracy"
 RESULT_FILE = "accuracy.json"
@@ -96,7 +95,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
     predicted = {}
     address = f"127.0.0.1:{settings.port}"
     with (
-        running("serve", flags, settings.port, work / "server.log"),
+        running("edgedistill.serve", flags, settings.port, work / "server.log"),
         Client(address, token=token, timeout=60) as client,
     ):
         for api, infer in (("classify", client.classify), ("kserve", client.kserve_infer)):

@@ -15,17 +15,16 @@ import os
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from edgedistill.bench import BenchError, drivers
+from edgedistill.bench.processes import running
+from edgedistill.bench.serving import WARMUP_S, classify_requests, progress, server_settings
+from edgedistill.bench.stats import summarize
+from edgedistill.bench.texts import load_texts
+from edgedistill.common import manifest as mf
+from edgedistill.common.cascade import load_cascade
+from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
-
-from bench import BenchError, drivers
-from bench.processes import running
-from bench.serving import WARMUP_S, classify_requests, progress, server_settings
-from bench.stats import summarize
-from bench.texts import load_texts
-from common import manifest as mf
-from common.cascade import load_cascade
-from common.recipe import Recipe, run_dir
-from common.stage import Artifact, Built, Inputs, Stage
 
 PHASES = ("capacity", "paced")
 RESULT = "cascade.json"
@@ -65,7 +64,9 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, console
         calls, servers = {}, {}
         for model, folder in folders.items():
             flags, settings = server_settings(folder, cfg.threads)
-            servers[model] = stack.enter_context(running("serve", flags, settings.port, work / f"{model}.log"))
+            servers[model] = stack.enter_context(
+                running("edgedistill.serve", flags, settings.port, work / f"{model}.log")
+            )
             calls[model] = await drivers.classify_call(stack, settings.port)
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
         for repeat in range(1, cfg.repeats + 1):

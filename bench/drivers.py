@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 import psutil
-
-from bench import BenchError
-from bench.processes import cpu_seconds
-from bench.stats import call_stats
-from serve.proto import classifier_pb2_grpc
+from edgedistill.bench import BenchError
+from edgedistill.bench.processes import cpu_seconds
+from edgedistill.bench.stats import call_stats
+from edgedistill.serve.proto import classifier_pb2_grpc
 
 CALL_TIMEOUT_S = 10.0
 

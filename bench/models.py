@@ -13,16 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
+from edgedistill.common.runtime import missing_here, open_session
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
 from rich.table import Table
 from transformers import AutoModelForSequenceClassification
-
-from bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.recipe import ModelBenchConfig, Recipe, run_dir
-from common.runtime import missing_here, open_session
-from common.stage import Artifact, Built, Inputs, Stage
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"

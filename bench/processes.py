@@ -11,10 +11,9 @@ from pathlib import Path
 
 import grpc
 import psutil
+from edgedistill.bench import BenchError
+from edgedistill.common.settings import PROJECT_ROOT
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from bench import BenchError
-from common.settings import PROJECT_ROOT
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from edgedistill.common.bundle import load_bundle
+from edgedistill.serve.backend import load_backend
+from edgedistill.serve.batching import pad_rows
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.host import Scores, softmax
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.serve.settings import Settings
+from edgedistill.serve.transport import classify_response
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from common.bundle import load_bundle
-from serve.backend import load_backend
-from serve.batching import pad_rows
-from serve.encoding import TextEncoder
-from serve.host import Scores, softmax
-from serve.proto import classifier_pb2, classifier_pb2_grpc
-from serve.settings import Settings
-from serve.transport import classify_response
 
 CONSTANT = classifier_pb2.Prediction(
     label="positive", label_id=1, score=0.75, probabilities=[0.25, 0.75], logits=[-0.55, 0.55]

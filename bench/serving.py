@@ -29,23 +29,22 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
+from edgedistill.bench import BenchError, drivers, slo
+from edgedistill.bench.processes import free_port, running
+from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
+from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.bench.texts import Examples, load_texts, texts_info
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import Bundle, load_bundle
+from edgedistill.common.cascade import is_cascade
+from edgedistill.common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.backend import load_backend
+from edgedistill.serve.batching import pad_rows
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.proto import classifier_pb2
+from edgedistill.serve.settings import Settings, load_settings
 from rich.console import Console
-
-from bench import BenchError, drivers, slo
-from bench.processes import free_port, running
-from bench.stats import RESULT_FILE, ServingResult, summarize
-from bench.tables import markdown_results, print_results
-from bench.texts import Examples, load_texts, texts_info
-from common import manifest as mf
-from common.bundle import Bundle, load_bundle
-from common.cascade import is_cascade
-from common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
-from common.stage import Artifact, Built, Inputs, Stage
-from serve.backend import load_backend
-from serve.batching import pad_rows
-from serve.encoding import TextEncoder
-from serve.proto import classifier_pb2
-from serve.settings import Settings, load_settings
 
 STAGE = "serve-bench"
 BATCH = 32
@@ -136,12 +135,12 @@ async def measure_all(
     async with AsyncExitStack() as stack:
         backend = load_backend(bundle, settings)
         stack.callback(backend.close)
-        server = stack.enter_context(running("serve", flags, settings.port, logs / "server.log"))
+        server = stack.enter_context(running("edgedistill.serve", flags, settings.port, logs / "server.log"))
         echo_flags = ["--host", "127.0.0.1", "--port", str(echo_port)]
-        echo = stack.enter_context(running("bench.servers", echo_flags, echo_port, logs / "echo.log"))
+        echo = stack.enter_context(running("edgedistill.bench.servers", echo_flags, echo_port, logs / "echo.log"))
         bare_flags = ["--host", "127.0.0.1", "--port", str(bare_port), "--bundle", str(bundle.folder)]
         bare_flags += ["--threads", str(cfg.threads)]
-        bare = stack.enter_context(running("bench.servers", bare_flags, bare_port, logs / "bare.log"))
+        bare = stack.enter_context(running("edgedistill.bench.servers", bare_flags, bare_port, logs / "bare.log"))
         call = await drivers.classify_call(stack, settings.port, metadata)
         echo_call = await drivers.classify_call(stack, echo_port)
         bare_call = await drivers.classify_call(stack, bare_port)

@@ -12,10 +12,10 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import BenchError
-from common.data import DataError, load_labelled
-from common.recipe import DataConfig
-from serve.client import UsageError, read_tsv
+from edgedistill.bench import BenchError
+from edgedistill.common.data import DataError, load_labelled
+from edgedistill.common.recipe import DataConfig
+from edgedistill.serve.client import UsageError, read_tsv
 
 TEXT_COUNT = 512
 

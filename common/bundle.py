@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from edgedistill.common import manifest as mf
 from pydantic import BaseModel, ConfigDict, Field
-
-from common import manifest as mf
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 TOKENIZER = "tokenizer.json"

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import Bundle, load_bundle
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from common import manifest as mf
-from common.bundle import Bundle, load_bundle
 
 MEMBERS = "members"
 Rule = Literal["max_prob", "margin", "entropy"]

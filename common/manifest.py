@@ -14,9 +14,8 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from edgedistill.common.atomic import atomic_write, publish_folder
 from pydantic import BaseModel, ConfigDict, Field
-
-from common.atomic import atomic_write, publish_folder
 
 MANIFEST = "manifest.json"
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "grpcio")

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
+from edgedistill.common import settings
+from edgedistill.common.manifest import sha256_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from common import settings
-from common.manifest import sha256_file
 
 
 class Strict(BaseModel):

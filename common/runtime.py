@@ -18,9 +18,8 @@ from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
-
-from common.bundle import Bundle, BundleSpec
-from common.manifest import ArtifactError
+from edgedistill.common.bundle import Bundle, BundleSpec
+from edgedistill.common.manifest import ArtifactError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from common import manifest as mf
-from common.recipe import Recipe, by_content, run_dir
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
 @dataclass(frozen=True)

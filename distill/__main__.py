@@ -10,11 +10,11 @@ to date is skipped unless `--force`.
 import argparse
 import sys
 
-from common.data import DataError
-from common.manifest import ArtifactError
-from common.recipe import RecipeError, load_recipe, parse_overrides
-from distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
-from distill.trainer import CheckpointError
+from edgedistill.common.data import DataError
+from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
+from edgedistill.distill.trainer import CheckpointError
 
 STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import transformers
-
-from common.recipe import RecipeError, RuntimeConfig
-from distill import dist
+from edgedistill.common.recipe import RecipeError, RuntimeConfig
+from edgedistill.distill import dist
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

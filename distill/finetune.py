@@ -10,17 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgedistill.common.data import load_labelled, load_splits
+from edgedistill.common.recipe import Recipe
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import device, dist, pretrain
+from edgedistill.distill.batching import collate, length_grouped_batches
+from edgedistill.distill.device import Placement
+from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import AutoModelForSequenceClassification
-
-from common.data import load_labelled, load_splits
-from common.recipe import Recipe
-from common.stage import Built, Inputs, Stage
-from distill import device, dist, pretrain
-from distill.batching import collate, length_grouped_batches
-from distill.device import Placement
-from distill.metrics import EVAL_KEYS, selection_key, task_metrics
-from distill.tokenization import encode, load_tokenizer
-from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
 
 @torch.no_grad()

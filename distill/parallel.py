@@ -9,9 +9,8 @@ import concurrent.futures as cf
 import multiprocessing as mp
 
 import torch
-
-from common.recipe import Recipe
-from distill import student_stage, trainer
+from edgedistill.common.recipe import Recipe
+from edgedistill.distill import student_stage, trainer
 
 
 def _start_worker(threads: int, slots) -> None:

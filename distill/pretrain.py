@@ -10,6 +10,13 @@ import shutil
 
 import torch
 import torch.nn.functional as F
+from edgedistill.common.data import load_unlabelled
+from edgedistill.common.recipe import ModelConfig, Recipe
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import device, dist
+from edgedistill.distill.device import Placement
+from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
+from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -19,14 +26,6 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
 )
-
-from common.data import load_unlabelled
-from common.recipe import ModelConfig, Recipe
-from common.stage import Built, Inputs, Stage
-from distill import device, dist
-from distill.device import Placement
-from distill.tokenization import load_tokenizer, train_tokenizer
-from distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
 EVAL_MASK_SEED = 1234
 

@@ -14,23 +14,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import Recipe, StudentConfig, StudentRun
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import device, dist, transfer
+from edgedistill.distill.batching import collate, length_grouped_batches
+from edgedistill.distill.finetune import predict_logits, test_metrics
+from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
+from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
+from edgedistill.distill.students import build_student, count_parameters, init_from_teacher
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.trainer import Trainer, work_dir
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel
-
-from common import manifest as mf
-from common.atomic import atomic_write
-from common.data import load_splits
-from common.recipe import Recipe, StudentConfig, StudentRun
-from common.stage import Built, Inputs, Stage
-from distill import device, dist, transfer
-from distill.batching import collate, length_grouped_batches
-from distill.finetune import predict_logits, test_metrics
-from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from distill.metrics import EVAL_KEYS, selection_key, task_metrics
-from distill.students import build_student, count_parameters, init_from_teacher
-from distill.tokenization import encode, load_tokenizer
-from distill.trainer import Trainer, work_dir
 
 WEIGHTS, CONFIG = "model.safetensors", "student.json"
 

@@ -12,11 +12,10 @@ al. 2019); the Transformer reads both as two segments, like its teacher.
 
 import torch
 import torch.nn.functional as F
+from edgedistill.common.recipe import StudentConfig
+from edgedistill.distill.losses import layer_map
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PreTrainedModel
-
-from common.recipe import StudentConfig
-from distill.losses import layer_map
 
 
 def _rotation(shifts: Tensor, length: int) -> Tensor:

@@ -8,13 +8,12 @@ pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`
 
 import json
 
+from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.distill.metrics import selection_key
 from rich.console import Console
 from rich.table import Table
-
-from common import manifest as mf
-from common.atomic import atomic_write
-from common.recipe import Recipe, run_dir
-from distill.metrics import selection_key
 
 TEXT_COLUMNS = ("student", "arch", "baseline_from")
 

@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.recipe import OptimConfig
+from edgedistill.distill import dist
+from edgedistill.distill.device import Placement
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
-
-from common.atomic import atomic_write
-from common.recipe import OptimConfig
-from distill import dist
-from distill.device import Placement
 
 CHECKPOINT = "checkpoint.pt"
 

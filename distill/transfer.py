@@ -21,22 +21,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.data import load_splits, load_unlabelled
+from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.runtime import open_bundle
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import device, finetune
+from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
+from edgedistill.distill.device import Placement
+from edgedistill.distill.finetune import hf_logits, predict_logits
+from edgedistill.distill.metrics import task_metrics
+from edgedistill.distill.tokenization import encode, load_tokenizer
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
-
-from common import manifest as mf
-from common.atomic import atomic_write
-from common.bundle import load_bundle
-from common.data import load_splits, load_unlabelled
-from common.recipe import Recipe, run_dir
-from common.runtime import open_bundle
-from common.stage import Built, Inputs, Stage
-from distill import device, finetune
-from distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
-from distill.device import Placement
-from distill.finetune import hf_logits, predict_logits
-from distill.metrics import task_metrics
-from distill.tokenization import encode, load_tokenizer
 
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8

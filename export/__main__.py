@@ -9,12 +9,12 @@ are timed by `python -m bench models`.
 import argparse
 import sys
 
-from common.manifest import ArtifactError
-from common.recipe import RecipeError, load_recipe, parse_overrides
-from common.runtime import ProviderFallback, TensorRTUnavailable
-from distill import device
-from export import bundle_stage, cascade
-from export.onnx_export import ExportError
+from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.runtime import ProviderFallback, TensorRTUnavailable
+from edgedistill.distill import device
+from edgedistill.export import bundle_stage, cascade
+from edgedistill.export.onnx_export import ExportError
 
 
 def labeller(recipe, force: bool) -> int:

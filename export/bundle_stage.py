@@ -12,19 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from common import manifest as mf
-from common.bundle import MODEL_FILES, TOKENIZER, BundleSpec, TensorSpec
-from common.data import load_splits
-from common.recipe import BundleRecipe, Recipe, run_dir
-from common.runtime import missing_here, open_runner, require_tensorrt
-from common.stage import Built, Inputs, Stage
-from distill import finetune, student_stage, transfer
-from distill.tokenization import encode, load_tokenizer
-from export import optimize, quantize, validate
-from export.fold import fold
-from export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
-from export.tensorrt import build_engine
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import MODEL_FILES, TOKENIZER, BundleSpec, TensorSpec
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import BundleRecipe, Recipe, run_dir
+from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import finetune, student_stage, transfer
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.export import optimize, quantize, validate
+from edgedistill.export.fold import fold
+from edgedistill.export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
+from edgedistill.export.tensorrt import build_engine
 
 CHECK_THREADS = 2
 # Rows of a calibration batch for static INT8.

@@ -15,20 +15,19 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
-from common.data import load_splits, load_unlabelled
-from common.recipe import CascadeRecipe, Recipe
-from common.runtime import open_bundle
-from common.stage import Built, Inputs, Stage
-from distill import finetune, transfer
-from distill.augment import split_sentences
-from distill.metrics import task_metrics
-from distill.tokenization import encode, load_tokenizer
-from export import bundle_stage, validate
-from export.onnx_export import ExportError
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
+from edgedistill.common.data import load_splits, load_unlabelled
+from edgedistill.common.recipe import CascadeRecipe, Recipe
+from edgedistill.common.runtime import open_bundle
+from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.distill import finetune, transfer
+from edgedistill.distill.augment import split_sentences
+from edgedistill.distill.metrics import task_metrics
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.export import bundle_stage, validate
+from edgedistill.export.onnx_export import ExportError
 
 CURVE_POINTS = 41
 THREADS = 2

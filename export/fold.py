@@ -16,10 +16,9 @@ with the same table.
 
 import torch
 import torch.nn.functional as F
+from edgedistill.distill.students import CNNClassifier, match, pair_sides
+from edgedistill.export.onnx_export import ExportError
 from torch import Tensor, nn
-
-from distill.students import CNNClassifier, match, pair_sides
-from export.onnx_export import ExportError
 
 
 class FoldedCNN(nn.Module):

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import onnx
 import torch
+from edgedistill.distill.student_stage import CONFIG as STUDENT_CONFIG
+from edgedistill.distill.student_stage import load_student
 from torch import nn
 from transformers import AutoModelForSequenceClassification
-
-from distill.student_stage import CONFIG as STUDENT_CONFIG
-from distill.student_stage import load_student
 
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 STUDENT_INPUTS = ("input_ids", "attention_mask")

@@ -2,10 +2,9 @@
 
 from pathlib import Path
 
+from edgedistill.export.onnx_export import ExportError
 from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
-
-from export.onnx_export import ExportError
 
 
 def fuse(

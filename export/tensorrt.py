@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
-from common.atomic import atomic_write
-from common.runtime import Cuda, require_tensorrt, tensorrt_logger
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.runtime import Cuda, require_tensorrt, tensorrt_logger
 
 # Layers whose FP16 versions lose accuracy: softmax and normalization reduce over a whole axis.
 FP32_LAYER_TYPES = ("SOFTMAX", "NORMALIZATION", "REDUCE")

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.bundle import Bundle, TensorSpec, load_bundle
+from edgedistill.common.runtime import TRITON_PLATFORMS
 from google.protobuf import text_format
-
-from common import manifest as mf
-from common.atomic import atomic_write
-from common.bundle import Bundle, TensorSpec, load_bundle
-from common.runtime import TRITON_PLATFORMS
 
 DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 KINDS = ("KIND_CPU", "KIND_GPU")

@@ -3,10 +3,9 @@ shapes."""
 
 import numpy as np
 import torch
-
-from common.runtime import Runner
-from distill.finetune import predict_logits
-from export.onnx_export import ExportError, Source, example_inputs
+from edgedistill.common.runtime import Runner
+from edgedistill.distill.finetune import predict_logits
+from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
 SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
 FP32_SHAPE_TOLERANCE = 1e-3

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from bench import BenchError, slo
-from bench.serving import deployed_bundle
-from common.manifest import ArtifactError
-from common.recipe import Profile, load_recipe, parse_overrides
-from loadtests import runner
-from loadtests.plan import SCENARIOS_VAR, parse_scenarios
+from edgedistill.bench import BenchError, slo
+from edgedistill.bench.serving import deployed_bundle
+from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.recipe import Profile, load_recipe, parse_overrides
+from edgedistill.loadtests import runner
+from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
 def main(argv: list[str] | None = None) -> int:

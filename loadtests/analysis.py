@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from bench import stats
-from loadtests.plan import Stage
+from edgedistill.bench import stats
+from edgedistill.loadtests.plan import Stage
 
 MIN_FIT_REQUESTS = 100  # fewer, and a slope per 10,000 requests is mostly noise
 

@@ -14,14 +14,13 @@ import math
 import random
 import time
 
+from edgedistill.loadtests import plan
+from edgedistill.loadtests.grpc_user import GrpcUser
+from edgedistill.loadtests.recorder import Recorder
+from edgedistill.loadtests.shapes import SHAPES
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from locust import events
-
-from loadtests import plan
-from loadtests.grpc_user import GrpcUser
-from loadtests.recorder import Recorder
-from loadtests.shapes import SHAPES
-from serve import tensors
-from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
 PLAN = plan.current()
 TEXTS = PLAN.texts.read_text(encoding="utf-8").splitlines()

@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 from typing import get_args
 
+from edgedistill.common.recipe import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad, Strict
 from pydantic import Field
-
-from common.recipe import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad, Strict
 
 PLAN_VAR = "LOADTEST_PLAN"
 SCENARIOS_VAR = "LOADTEST_SCENARIOS"

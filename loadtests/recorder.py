@@ -11,8 +11,7 @@ from array import array
 from pathlib import Path
 
 import numpy as np
-
-from common.atomic import atomic_write
+from edgedistill.common.atomic import atomic_write
 
 SAMPLES_FILE = "requests.npz"
 

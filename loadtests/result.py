@@ -19,14 +19,13 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 - `checks` [{name, measured, limit, passed}] and `passed`: the SLO gate.
 """
 
+from edgedistill.bench import slo
+from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.common.cascade import describe
+from edgedistill.loadtests import analysis
+from edgedistill.loadtests.analysis import Resources, Samples
+from edgedistill.loadtests.plan import Plan
 from rich.console import Console
-
-from bench import slo
-from bench.tables import markdown_results, print_results
-from common.cascade import describe
-from loadtests import analysis
-from loadtests.analysis import Resources, Samples
-from loadtests.plan import Plan
 
 RESULT_FILE = "summary.json"
 GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more

@@ -18,19 +18,18 @@ from functools import partial
 from pathlib import Path
 
 import psutil
+from edgedistill.bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
+from edgedistill.bench.texts import load_texts, texts_info
+from edgedistill.common.cascade import load_served
+from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
+from edgedistill.common.settings import PROJECT_ROOT
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.loadtests import result as rs
+from edgedistill.loadtests.analysis import Resources, Samples
+from edgedistill.loadtests.plan import PLAN_VAR, Plan
+from edgedistill.loadtests.recorder import SAMPLES_FILE
+from edgedistill.serve.settings import Settings, load_settings
 from rich.console import Console
-
-from bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
-from bench.texts import load_texts, texts_info
-from common.cascade import load_served
-from common.recipe import LoadtestConfig, Profile, Recipe
-from common.settings import PROJECT_ROOT
-from common.stage import Artifact, Built, Inputs, Stage
-from loadtests import result as rs
-from loadtests.analysis import Resources, Samples
-from loadtests.plan import PLAN_VAR, Plan
-from loadtests.recorder import SAMPLES_FILE
-from serve.settings import Settings, load_settings
 
 LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
 SAMPLE_S = 0.5
@@ -179,7 +178,9 @@ def _build(
         (work / "pairs.txt").write_text("\n".join(examples.pairs) + "\n", encoding="utf-8")
     load_before = os.getloadavg()
     console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}[/]")
-    module, args = ("bench.servers", ["--port", str(settings.port)]) if echo else ("serve", flags)
+    module, args = (
+        ("edgedistill.bench.servers", ["--port", str(settings.port)]) if echo else ("edgedistill.serve", flags)
+    )
     with running(module, args, settings.port, work / "server.log") as server:
         rows = drive(work, settings.port, server, plan.duration_s)
     samples = Samples.load(work / SAMPLES_FILE)

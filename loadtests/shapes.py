@@ -5,9 +5,8 @@ smoke, steady and soak hold `users` for `duration_s`; step adds `step_users` eve
 jumps from `users` to `spike_users` and back. Locust calls `tick` about once a second.
 """
 
+from edgedistill.loadtests import plan
 from locust import LoadTestShape
-
-from loadtests import plan
 
 SPAWN_RATE = 100.0  # users started or stopped per second: a step or a spike is near instant
 

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from common.recipe import RecipeError, load_recipe, parse_overrides
-from report.render import stage
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,13 +10,12 @@ import json
 import sys
 from pathlib import Path
 
+from edgedistill.bench.stats import ModelTable, ServingResult
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import Recipe, RecipeError, load_recipe, run_dir
+from edgedistill.loadtests import result as loadtest_result
 from rich.console import Console
 from rich.table import Table
-
-from bench.stats import ModelTable, ServingResult
-from common import manifest as mf
-from common.recipe import Recipe, RecipeError, load_recipe, run_dir
-from loadtests import result as loadtest_result
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
 BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first

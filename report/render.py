@@ -7,15 +7,15 @@ import base64
 import html
 from pathlib import Path
 
-from bench.stats import RESULT_FILE, ModelTable
-from common import manifest as mf
-from common.cascade import is_cascade
-from common.recipe import Recipe, run_dir
-from common.stage import Artifact, Built, Inputs, Stage
-from loadtests import result as loadtest_result
-from loadtests.analysis import Samples
-from loadtests.recorder import SAMPLES_FILE
-from report import plots
+from edgedistill.bench.stats import RESULT_FILE, ModelTable
+from edgedistill.common import manifest as mf
+from edgedistill.common.cascade import is_cascade
+from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.loadtests import result as loadtest_result
+from edgedistill.loadtests.analysis import Samples
+from edgedistill.loadtests.recorder import SAMPLES_FILE
+from edgedistill.report import plots
 
 PARETO_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) of the accuracy-latency figure: the first timed
 

@@ -6,11 +6,11 @@ import logging
 import os
 import sys
 
-from serve.app import EXIT_FAULT, serve
-from serve.errors import BundleRejected
-from serve.logs import configure_logging
-from serve.settings import SettingsError, load_settings
-from serve.workers import SupervisorLink, supervise, worker_count
+from edgedistill.serve.app import EXIT_FAULT, serve
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.logs import configure_logging
+from edgedistill.serve.settings import SettingsError, load_settings
+from edgedistill.serve.workers import SupervisorLink, supervise, worker_count
 
 log = logging.getLogger("serve")
 

@@ -19,18 +19,24 @@ from dataclasses import asdict
 from pathlib import Path
 
 import grpc
+from edgedistill.serve.cascade import CascadeRuntime, load_runtime
+from edgedistill.serve.errors import BundleRejected, ReloadFailed
+from edgedistill.serve.host import ModelHost, ModelRuntime
+from edgedistill.serve.metrics import Metrics
+from edgedistill.serve.observe import CallObserver, ObservedServer
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
+from edgedistill.serve.settings import Settings, SettingsError
+from edgedistill.serve.transport import (
+    ADMIN_METHODS,
+    CLASSIFIER,
+    KSERVE,
+    PRECHECKS,
+    ClassifierServicer,
+    InferenceServicer,
+)
+from edgedistill.serve.workers import SupervisorLink
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
-
-from serve.cascade import CascadeRuntime, load_runtime
-from serve.errors import BundleRejected, ReloadFailed
-from serve.host import ModelHost, ModelRuntime
-from serve.metrics import Metrics
-from serve.observe import CallObserver, ObservedServer
-from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
-from serve.settings import Settings, SettingsError
-from serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, PRECHECKS, ClassifierServicer, InferenceServicer
-from serve.workers import SupervisorLink
 
 log = logging.getLogger("serve")
 

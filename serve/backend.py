@@ -3,11 +3,11 @@
 
 import logging
 
-from common import manifest as mf
-from common.bundle import Bundle
-from common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
-from serve.errors import BundleRejected
-from serve.settings import Settings, env_name, flag_name
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import Bundle
+from edgedistill.common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.settings import Settings, env_name, flag_name
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
-
-from serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
-from serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
+from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 
 log = logging.getLogger(__name__)
 

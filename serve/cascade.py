@@ -16,14 +16,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
-
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.cascade import MEMBERS, Cascade, CascadeSpec, confidence, is_cascade, load_cascade, route
-from serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
-from serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs, softmax
-from serve.metrics import Metrics
-from serve.settings import Settings
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.cascade import MEMBERS, Cascade, CascadeSpec, confidence, is_cascade, load_cascade, route
+from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
+from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs, softmax
+from edgedistill.serve.metrics import Metrics
+from edgedistill.serve.settings import Settings
 
 log = logging.getLogger(__name__)
 

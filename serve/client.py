@@ -18,10 +18,9 @@ from typing import TextIO
 
 import grpc
 import numpy as np
-
-from serve import tensors
-from serve.proto import classifier_pb2, classifier_pb2_grpc
-from serve.settings import Settings
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.serve.settings import Settings
 
 DEFAULT_ADDRESS = "localhost:50051"
 DEFAULT_BATCH_SIZE = Settings.model_fields["max_texts"].default  # the server's default MAX_TEXTS
@@ -116,7 +115,7 @@ class Client:
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`)."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
-        from serve.proto import kserve_pb2, kserve_pb2_grpc
+        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         request = kserve_pb2.ModelInferRequest(model_name=model)

@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import numpy as np
+from edgedistill.serve.errors import BundleRejected, InvalidInput
 from tokenizers import Tokenizer
-
-from serve.errors import BundleRejected, InvalidInput
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")

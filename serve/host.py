@@ -17,15 +17,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
-from common import manifest as mf
-from common.bundle import Bundle, BundleSpec, ServedFiles, read_bundle
-from common.cascade import CascadeSpec
-from serve.backend import load_backend
-from serve.batching import BatchObserver, DynamicBatcher, pad_rows
-from serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
-from serve.encoding import TextEncoder
-from serve.errors import (
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import Bundle, BundleSpec, ServedFiles, read_bundle
+from edgedistill.common.cascade import CascadeSpec
+from edgedistill.serve.backend import load_backend
+from edgedistill.serve.batching import BatchObserver, DynamicBatcher, pad_rows
+from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.errors import (
     BatcherClosed,
     BundleRejected,
     InvalidInput,
@@ -35,8 +34,8 @@ from serve.errors import (
     ServerFault,
     TooLarge,
 )
-from serve.metrics import Metrics
-from serve.settings import Settings
+from edgedistill.serve.metrics import Metrics
+from edgedistill.serve.settings import Settings
 
 log = logging.getLogger(__name__)
 

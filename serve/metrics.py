@@ -4,10 +4,9 @@ supervisor serves their sum."""
 from pathlib import Path
 
 import grpc
+from edgedistill.serve.batching import BatchObserver, DropReason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
-
-from serve.batching import BatchObserver, DropReason
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

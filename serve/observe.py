@@ -14,10 +14,9 @@ import uuid
 from collections.abc import Callable
 
 import grpc
+from edgedistill.serve.logs import REQUEST_ID
+from edgedistill.serve.metrics import Metrics
 from google.protobuf.message import DecodeError
-
-from serve.logs import REQUEST_ID
-from serve.metrics import Metrics
 
 log = logging.getLogger("serve.access")
 

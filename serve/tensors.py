@@ -7,8 +7,7 @@ import math
 import struct
 
 import numpy as np
-
-from serve.errors import InvalidInput, TooLarge
+from edgedistill.serve.errors import InvalidInput, TooLarge
 
 NUMPY = {
     "BOOL": np.bool_,

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
-
-from common.bundle import BundleSpec
-from common.cascade import CascadeSpec
-from common.runtime import TRITON_PLATFORMS
-from serve import tensors
-from serve.cascade import CascadeRuntime
-from serve.errors import (
+from edgedistill.common.bundle import BundleSpec
+from edgedistill.common.cascade import CascadeSpec
+from edgedistill.common.runtime import TRITON_PLATFORMS
+from edgedistill.serve import tensors
+from edgedistill.serve.cascade import CascadeRuntime
+from edgedistill.serve.errors import (
     BatcherClosed,
     DeadlineExpired,
     InvalidInput,
@@ -30,11 +28,12 @@ from serve.errors import (
     ServeError,
     TooLarge,
 )
-from serve.host import ModelHost, ModelRuntime, Scores, check_texts
-from serve.logs import REQUEST_ID
-from serve.observe import refuse
-from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from serve.settings import Settings
+from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts
+from edgedistill.serve.logs import REQUEST_ID
+from edgedistill.serve.observe import refuse
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.settings import Settings
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
+from edgedistill.serve.settings import Settings, SettingsError
 from prometheus_client.multiprocess import mark_process_dead
-
-from serve.cascade import model_bytes
-from serve.metrics import serve_http, stop_http, workers_registry
-from serve.settings import Settings, SettingsError
 
 log = logging.getLogger("serve")
 
@@ -177,7 +176,7 @@ class Supervisor:
         pinned = ["--workers", "1", "--port", str(self.port), "--metrics-port", "off", "--threads", str(self.threads)]
         if len(self.ports) > 1:
             pinned += ["--health-port", str(self.ports[1].getsockname()[1])]
-        return [sys.executable, "-m", "serve", *self.argv, *pinned]  # later flags win
+        return [sys.executable, "-m", "edgedistill.serve", *self.argv, *pinned]  # later flags win
 
     def _start(self, index: int, restarted: bool = False) -> Worker:
         read, write = os.pipe()

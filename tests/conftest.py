@@ -46,7 +46,7 @@ def hermetic(tmp_path, monkeypatch):
 @pytest.fixture
 def data_dir() -> Path:
     """The shared data folder (SST-2, movie reviews, WikiText), as the recipes find it."""
-    from common import settings
+    from edgedistill.common import settings
 
     path = Path(settings.defaults()["DATA_DIR"])
     assert (path / "sst2" / "train.tsv").is_file(), f"shared data not found at {path}: set DATA_DIR"

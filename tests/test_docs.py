@@ -13,12 +13,11 @@ from typing import Union, get_args, get_origin
 
 import pytest
 import yaml
+from edgedistill.common import settings as common_settings
+from edgedistill.common.recipe import Recipe
+from edgedistill.serve import settings as serve_settings
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-
-from common import settings as common_settings
-from common.recipe import Recipe
-from serve import settings as serve_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

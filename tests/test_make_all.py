@@ -4,8 +4,8 @@ import os
 import subprocess
 
 import pytest
+from edgedistill.common import manifest as mf
 
-from common import manifest as mf
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

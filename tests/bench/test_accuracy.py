@@ -3,10 +3,10 @@
 import os
 
 import pytest
+from edgedistill.bench.__main__ import main
+from edgedistill.bench.accuracy import AccuracyResult
+from edgedistill.common import manifest as mf
 
-from bench.__main__ import main
-from bench.accuracy import AccuracyResult
-from common import manifest as mf
 from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

@@ -3,9 +3,9 @@
 import os
 
 import pytest
+from edgedistill.bench.__main__ import main
+from edgedistill.common import manifest as mf
 
-from bench.__main__ import main
-from common import manifest as mf
 from tests.serve.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

@@ -4,8 +4,7 @@ import asyncio
 
 import grpc
 import pytest
-
-from bench import BenchError, drivers
+from edgedistill.bench import BenchError, drivers
 
 
 class FakeClassify:

@@ -1,13 +1,13 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
 import pytest
+from edgedistill.bench import models
+from edgedistill.bench.stats import ModelTable
+from edgedistill.common import manifest as mf
+from edgedistill.common import runtime
+from edgedistill.common.recipe import BundleRecipe, load_recipe
+from edgedistill.common.runtime import missing_here
 
-from bench import models
-from bench.stats import ModelTable
-from common import manifest as mf
-from common import runtime
-from common.recipe import BundleRecipe, load_recipe
-from common.runtime import missing_here
 from tests.conftest import ROOT, run_module
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

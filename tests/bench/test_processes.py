@@ -3,14 +3,13 @@
 import sys
 
 import pytest
-
-from bench import BenchError
-from bench.processes import finish, free_port, running, start
+from edgedistill.bench import BenchError
+from edgedistill.bench.processes import finish, free_port, running, start
 
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
     port = free_port()
-    with running("bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
+    with running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
         assert process.is_running()
     assert not process.is_running()
     assert f"echo server on port {port}" in (tmp_path / "echo.log").read_text()
@@ -19,7 +18,7 @@ def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
 def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
     port = free_port()
     failed = pytest.raises(BenchError, match=r"(?s)bench.servers exited with 2 at start; its log ends:.*--port")
-    with failed, running("bench.servers", ["--port", "not-a-port"], port, tmp_path / "bad.log"):
+    with failed, running("edgedistill.bench.servers", ["--port", "not-a-port"], port, tmp_path / "bad.log"):
         pass
 
 

@@ -4,11 +4,11 @@ import asyncio
 
 import grpc
 import pytest
+from edgedistill.bench.servers import create_baseline_server
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.servers import create_baseline_server
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
 from tests.serve.conftest import RunningServer, settings_for
 
 

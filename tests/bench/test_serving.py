@@ -4,15 +4,15 @@ import os
 
 import numpy as np
 import pytest
+from edgedistill.bench import serving
+from edgedistill.bench.__main__ import main
+from edgedistill.bench.stats import ServingResult
+from edgedistill.bench.texts import Examples, load_texts
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.recipe import load_recipe
+from edgedistill.serve.batching import pad_rows
 
-from bench import serving
-from bench.__main__ import main
-from bench.stats import ServingResult
-from bench.texts import Examples, load_texts
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.recipe import load_recipe
-from serve.batching import pad_rows
 from tests.serve.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

@@ -1,7 +1,8 @@
 """SLO verdicts on call figures and the capacity search over steps."""
 
-from bench import slo
-from common.recipe import SloConfig
+from edgedistill.bench import slo
+from edgedistill.common.recipe import SloConfig
+
 from tests.conftest import step
 
 

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from bench.stats import Cell, ModelRow, ModelTable, Spread, Timing, call_stats, percentiles, summarize
+from edgedistill.bench.stats import Cell, ModelRow, ModelTable, Spread, Timing, call_stats, percentiles, summarize
 
 
 def test_call_stats_count_failures_but_time_only_successes():

@@ -1,10 +1,9 @@
 """The texts the serving benchmark, the served-accuracy check and the load tests send."""
 
 import pytest
-
-from bench import BenchError
-from bench.texts import Examples, batches_of, dev_split, load_texts, read_pairs_file, texts_info
-from common.recipe import DataConfig
+from edgedistill.bench import BenchError
+from edgedistill.bench.texts import Examples, batches_of, dev_split, load_texts, read_pairs_file, texts_info
+from edgedistill.common.recipe import DataConfig
 
 PAIRS_DEV = (
     "sentence1\tsentence2\tlabel\n"

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from common.atomic import atomic_write, publish_folder
+from edgedistill.common.atomic import atomic_write, publish_folder
 
 
 def test_text_replaces_the_old_file(tmp_path):

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from common.cascade import CascadeMember, CascadeSpec, confidence, route
+from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, route
 
 LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
 
@@ -55,7 +54,8 @@ def test_spec_refuses_a_threshold_on_the_last_member():
 
 
 def test_load_served_describes_a_cascade_by_its_members(tmp_path):
-    from common.cascade import load_served
+    from edgedistill.common.cascade import load_served
+
     from tests.serve.conftest import write_bundle, write_cascade
 
     small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
@@ -64,7 +64,8 @@ def test_load_served_describes_a_cascade_by_its_members(tmp_path):
 
 
 def test_load_served_describes_a_bundle_by_its_runtime(tmp_path):
-    from common.cascade import load_served
+    from edgedistill.common.cascade import load_served
+
     from tests.serve.conftest import write_bundle
 
     assert load_served(write_bundle(tmp_path / "b")).description["kind"] == "bundle"

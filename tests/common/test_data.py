@@ -1,9 +1,8 @@
 import re
 
 import pytest
-
-from common.data import DataError, load_labelled, load_splits, load_unlabelled
-from common.recipe import DataConfig
+from edgedistill.common.data import DataError, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.recipe import DataConfig
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(

@@ -1,8 +1,7 @@
 import json
 
 import pytest
-
-from common import manifest as mf
+from edgedistill.common import manifest as mf
 
 
 def publish(tmp_path, name="stage", payload=b"weights", parents=None):

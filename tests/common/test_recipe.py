@@ -2,9 +2,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from common import settings
-from common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common import settings
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 

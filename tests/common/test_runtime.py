@@ -6,12 +6,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-from common import manifest as mf
-from common import runtime
-from common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
-from common.runtime import (
+from edgedistill.common import manifest as mf
+from edgedistill.common import runtime
+from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
+from edgedistill.common.runtime import (
     ModelLoadError,
     ProviderFallback,
     TensorRTUnavailable,
@@ -25,6 +23,7 @@ from common.runtime import (
     resolve_providers,
     tensorrt_available,
 )
+from onnx import TensorProto, helper, numpy_helper
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
 

@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import pytest
-
-from common import manifest as mf
-from common.recipe import load_recipe
-from common.stage import Built, Stage
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
+from edgedistill.common.stage import Built, Stage
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}

@@ -14,9 +14,8 @@ import kubernetes_validate
 import pytest
 import tomllib
 import yaml
+from edgedistill.serve.settings import load_settings
 from packaging.requirements import Requirement
-
-from serve.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_FILES = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
@@ -233,7 +232,7 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     items = instructions(dockerfile)
     exposed = {int(port.split("/")[0]) for port in last(items, "EXPOSE").split()}
     assert {GRPC_PORT, METRICS_PORT} <= exposed
-    assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "serve"]
+    assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
     health = last(items, "HEALTHCHECK")
     assert "CMD" in health and "grpc_health" in health and "SERVING" in health
     command = json.loads(health[health.index("[") :])
@@ -253,6 +252,7 @@ def test_dockerfile_copies_only_the_serving_code(dockerfile):
             sources += [part for part in rest.split()[:-1] if not part.startswith("--")]
     code = {source.split("/")[0] for source in sources if source != "${BUNDLE}"}
     assert code == {
+        "edgedistill",
         "common",
         "serve",
         "requirements-serve-gpu.txt" if dockerfile.endswith("gpu") else "requirements-serve.txt",
@@ -314,8 +314,11 @@ def test_gpu_pins_follow_the_cpu_pins_and_the_gpu_extra():
 
 
 def module_file(name: str) -> Path | None:
-    """The project file of module `name` (`serve.app` -> serve/app.py), None for a third-party one."""
-    path = ROOT.joinpath(*name.split("."))
+    """The project file of module `name` (`edgedistill.serve.app` -> serve/app.py), None for a third-party one."""
+    top, *rest = name.split(".")
+    if top != "edgedistill":
+        return None
+    path = ROOT.joinpath(*rest) if rest else ROOT / top
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -323,8 +326,8 @@ def module_file(name: str) -> Path | None:
 
 
 def server_imports() -> tuple[set[str], set[str]]:
-    """(project modules, top-level third-party modules) that `python -m serve` can import, lazily included."""
-    seen, third_party, todo = set(), set(), ["serve.__main__"]
+    """(project modules, top-level third-party modules) that `python -m edgedistill.serve` can import, lazily included."""
+    seen, third_party, todo = set(), set(), ["edgedistill.serve.__main__"]
     while todo:
         name = todo.pop()
         path = module_file(name)
@@ -348,14 +351,17 @@ def server_imports() -> tuple[set[str], set[str]]:
             for target in targets:
                 if module_file(target) is not None:
                     todo.append(target)
-                elif target.split(".")[0] not in {"serve", "common"}:
+                elif target.split(".")[0] != "edgedistill":
                     third_party.add(target.split(".")[0])
     return seen, third_party
 
 
+SERVER_CORE = ("serve.app", "serve.backend", "common.runtime", "common.bundle", "common.manifest")
+
+
 def test_cpu_requirements_cover_what_the_server_imports():
     modules, imported = server_imports()
-    assert {"serve.app", "serve.backend", "common.runtime", "common.bundle", "common.manifest"} <= modules
+    assert {f"edgedistill.{name}" for name in SERVER_CORE} <= modules
     third_party = imported - set(sys.stdlib_module_names) - GPU_ONLY
     distributions = metadata.packages_distributions()
     pinned = pins("requirements-serve.txt").keys()

@@ -1,10 +1,7 @@
 import random
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from distill.augment import (
+from edgedistill.distill.augment import (
     augment,
     augment_examples,
     augment_many,
@@ -14,6 +11,8 @@ from distill.augment import (
     tokenise,
     vocab_replacer,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 SENTENCE = ["it", "'s", "a", "charming", "and", "often", "affecting", "journey", ",", "the", "cast", "shines", "."]
 VOCAB = ["good", "bad", "film", "movie", "dull"]

@@ -1,10 +1,9 @@
 import random
 
 import torch
+from edgedistill.distill.batching import collate, length_grouped_batches
 from hypothesis import given
 from hypothesis import strategies as st
-
-from distill.batching import collate, length_grouped_batches
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(1, 40), st.integers(0, 10))
@@ -37,10 +36,9 @@ def test_collate_pads_and_masks():
 
 
 def test_layer_decay_scales_learning_rates_by_depth():
+    from edgedistill.common.recipe import OptimConfig
+    from edgedistill.distill.trainer import _param_groups
     from transformers import BertConfig, BertForSequenceClassification
-
-    from common.recipe import OptimConfig
-    from distill.trainer import _param_groups
 
     model = BertForSequenceClassification(
         BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
+from edgedistill.distill.device import DeviceError, resolve
 
-from common.recipe import RecipeError, RuntimeConfig, load_recipe
-from distill.device import DeviceError, resolve
 from tests.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

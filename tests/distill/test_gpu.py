@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
 
-from common import manifest as mf
 from tests.conftest import PYTHON, ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

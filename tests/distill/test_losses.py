@@ -3,9 +3,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
 from torch import nn
-
-from distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
 
 
 def _softmax(row: list[float], temperature: float) -> list[float]:

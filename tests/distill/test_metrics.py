@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
-
-from common.recipe import DataConfig
-from distill.metrics import EVAL_KEYS, classification_metrics, selection_key
+from edgedistill.common.recipe import DataConfig
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, selection_key
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])

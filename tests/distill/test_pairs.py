@@ -5,13 +5,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.distill.student_stage import load_student, student_logits
+from edgedistill.distill.tokenization import encode, load_tokenizer
 
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.data import load_splits
-from common.recipe import RecipeError, load_recipe
-from distill.student_stage import load_student, student_logits
-from distill.tokenization import encode, load_tokenizer
 from tests.conftest import PYTHON, ROOT
 from tests.pair_task import pair_recipe, write_pair_task
 

@@ -1,8 +1,7 @@
 import torch
+from edgedistill.distill.pretrain import make_blocks
+from edgedistill.distill.tokenization import train_tokenizer
 from transformers import DataCollatorForLanguageModeling
-
-from distill.pretrain import make_blocks
-from distill.tokenization import train_tokenizer
 
 TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
 

@@ -2,15 +2,15 @@ import json
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill.batching import collate
+from edgedistill.distill.finetune import predict_logits
+from edgedistill.distill.metrics import classification_metrics
+from edgedistill.distill.student_stage import load_student
+from edgedistill.distill.tokenization import encode, load_tokenizer
 
-from common import manifest as mf
-from common.data import load_splits
-from common.recipe import load_recipe
-from distill.batching import collate
-from distill.finetune import predict_logits
-from distill.metrics import classification_metrics
-from distill.student_stage import load_student
-from distill.tokenization import encode, load_tokenizer
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from pydantic import ValidationError
-from torch import nn
-from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
-
-from distill.students import (
+from edgedistill.distill.students import (
     BiLSTMClassifier,
     CNNClassifier,
     StudentConfig,
@@ -16,6 +12,9 @@ from distill.students import (
     init_from_teacher,
     pair_sides,
 )
+from pydantic import ValidationError
+from torch import nn
+from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
 VOCAB = 50
 TINY = dict(

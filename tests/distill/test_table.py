@@ -3,10 +3,9 @@
 import json
 
 import pytest
-
-from common import manifest as mf
-from common.recipe import load_recipe, run_dir
-from distill import table
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.distill import table
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from edgedistill.common import manifest as mf
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from common import manifest as mf
 from tests.conftest import PYTHON, ROOT
 
 pytestmark = pytest.mark.slow

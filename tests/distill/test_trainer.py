@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-
-from common.recipe import OptimConfig, RuntimeConfig
-from distill.device import resolve
-from distill.trainer import CHECKPOINT, CheckpointError, Trainer
+from edgedistill.common.recipe import OptimConfig, RuntimeConfig
+from edgedistill.distill.device import resolve
+from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 
 CPU = resolve(RuntimeConfig(device="cpu"))
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))

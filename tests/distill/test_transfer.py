@@ -4,13 +4,13 @@ import subprocess
 
 import numpy as np
 import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import RuntimeConfig, TransferConfig, load_recipe
+from edgedistill.distill.augment import normalise
+from edgedistill.distill.device import resolve
+from edgedistill.distill.finetune import hf_logits
+from edgedistill.distill.transfer import build_texts, label_shards, leak_filter
 
-from common import manifest as mf
-from common.recipe import RuntimeConfig, TransferConfig, load_recipe
-from distill.augment import normalise
-from distill.device import resolve
-from distill.finetune import hf_logits
-from distill.transfer import build_texts, label_shards, leak_filter
 from tests.conftest import PYTHON, ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -35,7 +35,7 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert texts == again.texts and (sources == again.sources).all()
     keys = [normalise(t) for t in texts]
     assert len(set(keys)) == len(keys)
-    from common.data import load_splits
+    from edgedistill.common.data import load_splits
 
     _, dev = load_splits(recipe.data.model_copy(update={"dev_limit": None}))
     assert not set(keys) & {normalise(t) for t in dev.texts}

@@ -3,17 +3,25 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
+from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.export.bundle_stage import dev_features, max_length
+from edgedistill.export.onnx_export import load_source
+from edgedistill.export.validate import (
+    ExportGateError,
+    as_forward,
+    dev_logits,
+    gate,
+    logits_runner,
+    parity,
+    torch_forward,
+)
 from onnx import numpy_helper
 
-from common import manifest as mf
-from common.bundle import load_bundle
-from common.data import load_splits
-from common.recipe import load_recipe, run_dir
-from common.runtime import missing_here, open_runner, tensorrt_available
-from distill.tokenization import load_tokenizer
-from export.bundle_stage import dev_features, max_length
-from export.onnx_export import load_source
-from export.validate import ExportGateError, as_forward, dev_logits, gate, logits_runner, parity, torch_forward
 from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
@@ -207,7 +215,7 @@ def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
 
 
 def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
-    from export.quantize import fp16
+    from edgedistill.export.quantize import fp16
 
     fp16(smoke_bundles / "bundle-transformer-fused" / "model.onnx", tmp_path / "fp16.onnx")
     model = onnx.load(str(tmp_path / "fp16.onnx"))

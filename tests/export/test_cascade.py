@@ -4,13 +4,13 @@ import json
 
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.cascade import is_cascade, load_cascade, route
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.export.cascade import Member, choose_threshold, fit_temperature
 
-from common import manifest as mf
-from common.cascade import is_cascade, load_cascade, route
-from common.data import load_splits
-from common.recipe import load_recipe
-from distill.tokenization import load_tokenizer
-from export.cascade import Member, choose_threshold, fit_temperature
 from tests.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"

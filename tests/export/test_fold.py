@@ -1,12 +1,12 @@
 import pytest
 import torch
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill.students import StudentConfig, build_student
+from edgedistill.export.fold import FoldedCNN, fold
+from edgedistill.export.onnx_export import ExportError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.recipe import load_recipe
-from distill.students import StudentConfig, build_student
-from export.fold import FoldedCNN, fold
-from export.onnx_export import ExportError
 from tests.conftest import ROOT
 
 VOCAB = 40

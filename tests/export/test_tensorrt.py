@@ -2,11 +2,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from edgedistill.common.runtime import TensorRTUnavailable, open_runner, tensorrt_available
+from edgedistill.export import tensorrt as trt_export
+from edgedistill.export.tensorrt import EngineBuildError, build_engine
 from onnx import TensorProto, helper, numpy_helper
-
-from common.runtime import TensorRTUnavailable, open_runner, tensorrt_available
-from export import tensorrt as trt_export
-from export.tensorrt import EngineBuildError, build_engine
 
 INPUTS = ["input_ids", "attention_mask"]
 VOCAB, HIDDEN = 32, 8

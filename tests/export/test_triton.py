@@ -1,13 +1,12 @@
 import numpy as np
 import onnx
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import BundleSpec, TensorSpec
+from edgedistill.export import triton
+from edgedistill.export.triton import model_config_pb2, write_repository
 from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
-
-from common import manifest as mf
-from common.bundle import BundleSpec, TensorSpec
-from export import triton
-from export.triton import model_config_pb2, write_repository
 
 NAME = "sst2-tiny"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
 
-from common import manifest as mf
-from common.recipe import load_recipe
 from tests.conftest import PYTHON, ROOT
 from tests.serve.conftest import serve_command, subprocess_env, write_bundle
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from edgedistill.loadtests import analysis, result
+from edgedistill.loadtests.analysis import Resources, Samples
+from edgedistill.loadtests.recorder import Recorder
 
-from loadtests import analysis, result
-from loadtests.analysis import Resources, Samples
-from loadtests.recorder import Recorder
 from tests.conftest import step
 
 

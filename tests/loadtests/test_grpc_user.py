@@ -17,8 +17,8 @@ import json, sys
 import grpc
 from locust.env import Environment
 from locust.event import Events
-from loadtests.grpc_user import EventInterceptor, GrpcUser
-from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.loadtests.grpc_user import EventInterceptor, GrpcUser
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
 address = sys.argv[1]
 events = Events()
@@ -94,8 +94,8 @@ CONCURRENT = """
 import json, sys, time
 import gevent
 from locust.env import Environment
-from loadtests.grpc_user import GrpcUser
-from serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.loadtests.grpc_user import GrpcUser
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
 class User(GrpcUser):
     host = sys.argv[1]

@@ -1,9 +1,8 @@
 """The `loadtest` recipe section, its presets and schedules, and scenario weights."""
 
 import pytest
-
-from common.recipe import LoadtestConfig, RecipeError, load_recipe
-from loadtests import plan
+from edgedistill.common.recipe import LoadtestConfig, RecipeError, load_recipe
+from edgedistill.loadtests import plan
 
 MINIMAL = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"
 

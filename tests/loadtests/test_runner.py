@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.common import manifest as mf
 
-from common import manifest as mf
 from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
 FILES = ("locust_stats.csv", "locust_stats_history.csv", "report.html", "requests.npz", "plan.json", "summary.md")

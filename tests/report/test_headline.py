@@ -1,11 +1,10 @@
 import json
 
 import pytest
-
-from common import manifest as mf
-from common.recipe import load_recipe, run_dir
-from common.settings import PROJECT_ROOT
-from report import headline
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.settings import PROJECT_ROOT
+from edgedistill.report import headline
 
 
 def publish(folder, metrics):

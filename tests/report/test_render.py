@@ -2,7 +2,7 @@
 
 import json
 
-from report import render
+from edgedistill.report import render
 
 ROWS = [
     {"student": "teacher", "arch": "teacher", "dev_accuracy": 0.9, "dev_macro_f1": 0.8, "retention": 1.0},
@@ -27,7 +27,7 @@ def test_distillation_section_shows_each_row(tmp_path):
 
 def cascade_page(tmp_path) -> render.Page:
     """The cascade section for a published cascade artifact of two members."""
-    from common import manifest as mf
+    from edgedistill.common import manifest as mf
 
     members = [
         {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},

@@ -7,11 +7,11 @@ import subprocess
 
 import matplotlib.image
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
+from edgedistill.report.__main__ import main as report_main
+from edgedistill.report.render import stage
 
-from common import manifest as mf
-from common.recipe import load_recipe
-from report.__main__ import main as report_main
-from report.render import stage
 from tests.conftest import ROOT, run_module
 
 pytestmark = pytest.mark.slow

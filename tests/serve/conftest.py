@@ -16,12 +16,11 @@ import grpc
 import numpy as np
 import onnx
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import BundleSpec, TensorSpec
+from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec
 from onnx import TensorProto, helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-from common import manifest as mf
-from common.bundle import BundleSpec, TensorSpec
-from common.cascade import MEMBERS, CascadeMember, CascadeSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
@@ -227,7 +226,7 @@ def make_bundle(tmp_path):
 
 
 def settings_for(bundle: Path, **changes):
-    from serve.settings import Settings
+    from edgedistill.serve.settings import Settings
 
     base = {"bundle": bundle, "host": "127.0.0.1", "port": 0, "metrics_port": 0, "threads": 1}
     return Settings(**(base | changes))
@@ -237,7 +236,7 @@ class RunningServer:
     """A real server on port 0, on its own event loop in a background thread; tests talk to it with sync gRPC."""
 
     def __init__(self, settings, warm: bool = True):
-        from serve.app import create_server
+        from edgedistill.serve.app import create_server
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="server-loop", daemon=True)

@@ -9,14 +9,14 @@ import types
 import numpy as np
 import onnxruntime as ort
 import pytest
+from edgedistill.common.bundle import TensorSpec, load_bundle
+from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
+from edgedistill.serve.app import create_server
+from edgedistill.serve.backend import BackendUnavailable, load_backend
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.settings import Settings, load_settings
 
-from common.bundle import TensorSpec, load_bundle
-from common.runtime import SPIN_KEY, tensorrt_available
-from serve.app import create_server
-from serve.backend import BackendUnavailable, load_backend
-from serve.encoding import TextEncoder
-from serve.errors import BundleRejected
-from serve.settings import Settings, load_settings
 from tests.serve.conftest import MAX_LENGTH, settings_for, tiny_model
 
 cuda_offered = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -60,7 +60,7 @@ def test_server_refuses_a_gpu_bundle_without_its_provider(make_bundle):
 
 @pytest.mark.skipif(cuda_offered, reason="CUDA is available here")
 def test_allowed_cpu_fallback_serves_on_the_cpu_with_a_warning(bundle, caplog):
-    with caplog.at_level(logging.WARNING, logger="common.runtime"):
+    with caplog.at_level(logging.WARNING, logger="edgedistill.common.runtime"):
         backend = load_backend(load_bundle(bundle), Settings(providers=["cuda"], threads=1, allow_cpu_fallback=True))
     assert backend.providers == ["CPUExecutionProvider"]
     assert any(

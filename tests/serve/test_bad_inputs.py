@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serve import tensors
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from serve.proto.kserve_pb2 import ModelInferRequest
 from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, write_bundle
 
 MODEL = "tiny-sentiment"

@@ -7,11 +7,10 @@ import time
 
 import numpy as np
 import pytest
-
-from serve.batching import BatchObserver, DropReason, DynamicBatcher
-from serve.costmodel import BackendCost
-from serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
-from serve.settings import Settings
+from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher
+from edgedistill.serve.costmodel import BackendCost
+from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.settings import Settings
 
 
 class FakeBackend:

@@ -11,16 +11,16 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.cascade import MEMBERS, confidence, load_cascade, route
+from edgedistill.serve import tensors
+from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from common import manifest as mf
-from common.cascade import MEMBERS, confidence, load_cascade, route
-from serve import tensors
-from serve.cascade import model_bytes
-from serve.errors import BundleRejected
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade
 from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
 
@@ -448,7 +448,7 @@ def test_a_cascade_with_a_corrupt_member_is_refused_at_load(tmp_path):
 
 
 async def start_and_stop(settings):
-    from serve.app import create_server
+    from edgedistill.serve.app import create_server
 
     server, _ = create_server(settings)
     await server.stop(0)

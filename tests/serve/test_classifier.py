@@ -6,11 +6,11 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.transport import ClassifierServicer
 
-from common import manifest as mf
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
-from serve.transport import ClassifierServicer
 from tests.serve.conftest import LABELS, settings_for
 
 TEXTS = ["a great movie", "awful boring film", "the plot was good and fun", "worst acting", "i love it", "dull"]

@@ -5,8 +5,7 @@ import io
 import json
 
 import pytest
-
-from serve import client as cli
+from edgedistill.serve import client as cli
 
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 

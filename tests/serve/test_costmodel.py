@@ -3,10 +3,9 @@
 import math
 
 import pytest
+from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, BackendCost, Load, Timing, group_shapes, runs_inline
 from hypothesis import given
 from hypothesis import strategies as st
-
-from serve.costmodel import INLINE_TOKENIZE_CHARS, BackendCost, Load, Timing, group_shapes, runs_inline
 
 LIGHT = Load(max_delay=0.0, queued=0, busy=False, idle_for=math.inf)
 

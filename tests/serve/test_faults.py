@@ -13,19 +13,19 @@ import sys
 import threading
 import time
 
+import edgedistill.serve.host as serve_host
 import grpc
 import numpy as np
 import pytest
+from edgedistill.common.bundle import TensorSpec
+from edgedistill.serve.app import EXIT_FAULT
+from edgedistill.serve.errors import BundleRejected, NotReady
+from edgedistill.serve.host import ModelRuntime
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto, helper
 
-import serve.host
-from common.bundle import TensorSpec
-from serve.app import EXIT_FAULT
-from serve.errors import BundleRejected, NotReady
-from serve.host import ModelRuntime
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from tests.serve.conftest import ROOT, serve_command, settings_for, subprocess_env, tiny_model
 from tests.serve.test_process import queued_rows
 
@@ -305,10 +305,10 @@ def test_a_hung_backend_call_fails_the_waiting_calls_at_the_batch_time_limit(sta
 HANG_ON = "awful"  # a word of the tiny vocabulary that warm-up never sends
 HANGING_SERVER = f"""
 import runpy, sys, threading
-import serve.host
+import edgedistill.serve.host as serve_host
 from tests.serve.conftest import VOCAB
 
-real = serve.host.load_backend
+real = serve_host.load_backend
 
 def load_backend(*args, **kwargs):
     backend = real(*args, **kwargs)
@@ -322,9 +322,9 @@ def load_backend(*args, **kwargs):
     backend.infer = hanging
     return backend
 
-serve.host.load_backend = load_backend
+serve_host.load_backend = load_backend
 sys.argv = ["serve", *sys.argv[1:]]
-runpy.run_module("serve", run_name="__main__", alter_sys=True)
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
@@ -378,7 +378,7 @@ def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_se
     def unreadable(bundle, settings, **kwargs):
         raise PermissionError(13, "Permission denied", str(bundle.folder / "model.onnx"))
 
-    monkeypatch.setattr(serve.host, "load_backend", unreadable)
+    monkeypatch.setattr(serve_host, "load_backend", unreadable)
     with server.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as failed:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serve import tensors
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
-from serve.proto.kserve_pb2 import ModelInferRequest
 from tests.serve.conftest import ROOT, ServerProcess, settings_for, subprocess_env
 from tests.serve.rawh2 import (
     END_STREAM,
@@ -286,7 +286,7 @@ FLOODS = [
 
 GOOD_CLIENT = """
 import json, sys, time, grpc
-from serve.proto import classifier_pb2 as pb, classifier_pb2_grpc
+from edgedistill.serve.proto import classifier_pb2 as pb, classifier_pb2_grpc
 address, seconds = sys.argv[1], float(sys.argv[2])
 calls = []
 with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:

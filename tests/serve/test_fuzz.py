@@ -11,14 +11,14 @@ overflow int64 and more dimensions than numpy allows) and contents, typed or raw
 import grpc
 import numpy as np
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
+from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serve import tensors
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
-from serve.proto.kserve_pb2 import ModelInferRequest
 from tests.serve.conftest import LABELS, MAX_LENGTH, VOCAB
 
 MODEL = "tiny-sentiment"

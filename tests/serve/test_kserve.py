@@ -8,10 +8,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 
-from serve import tensors
-from serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from serve.proto.kserve_pb2 import ModelInferRequest
 from tests.serve.conftest import LABELS, tiny_tokenizer
 
 MODEL = "tiny-sentiment"

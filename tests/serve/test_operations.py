@@ -7,20 +7,20 @@ import threading
 import time
 import urllib.request
 
+import edgedistill.serve.host as serve_host
 import grpc
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.app import create_server
+from edgedistill.serve.client import Client
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.host import TOKENIZE_THREADS
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-import serve.host
-from serve import tensors
-from serve.app import create_server
-from serve.client import Client
-from serve.encoding import TextEncoder
-from serve.errors import BundleRejected
-from serve.host import TOKENIZE_THREADS
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from tests.serve.conftest import settings_for
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
@@ -297,7 +297,7 @@ def test_a_file_swapped_after_verification_is_never_served(start_server, make_bu
             swap()
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(serve.host, "TextEncoder", SwappingEncoder)
+    monkeypatch.setattr(serve_host, "TextEncoder", SwappingEncoder)
     server = start_server(settings_for(folder))
     with server.channel() as channel:
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["great"]), timeout=10)
@@ -401,7 +401,7 @@ def slow_tokenizer(monkeypatch) -> Gate:
                 gate.hold()
             return super().encode(texts, pairs)
 
-    monkeypatch.setattr(serve.host, "TextEncoder", GatedEncoder)
+    monkeypatch.setattr(serve_host, "TextEncoder", GatedEncoder)
     yield gate
     gate.open.set()
 

@@ -3,11 +3,11 @@
 import grpc
 import numpy as np
 import pytest
+from edgedistill.serve import tensors
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 
-from serve import tensors
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from serve.proto.kserve_pb2 import ModelInferRequest
 from tests.serve.conftest import tiny_tokenizer
 
 TEXTS = ["good", "awful", "a great movie"]

@@ -11,11 +11,11 @@ import urllib.request
 
 import grpc
 import pytest
+from edgedistill.serve import client as cli
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serve import client as cli
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt
 

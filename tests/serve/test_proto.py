@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.serve.proto import generate, kserve_pb2
 
-from serve.proto import generate, kserve_pb2
 from tests.serve.triton_probe import CONFIG_MESSAGES, MESSAGES, field_table
 
 PROBE = Path(__file__).with_name("triton_probe.py")

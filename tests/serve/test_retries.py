@@ -6,11 +6,11 @@ import time
 
 import grpc
 import pytest
+from edgedistill.serve.client import Client, build_parser, retry_options
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
-from serve.client import Client, build_parser, retry_options
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
-from serve.transport import RETRY_PUSHBACK_KEY
 from tests.serve.conftest import settings_for
 from tests.serve.test_operations import metric, scrape
 

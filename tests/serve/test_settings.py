@@ -3,8 +3,7 @@
 from pathlib import Path
 
 import pytest
-
-from serve.settings import Settings, SettingsError, build_parser, load_settings
+from edgedistill.serve.settings import Settings, SettingsError, build_parser, load_settings
 
 
 def test_defaults():

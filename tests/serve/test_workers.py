@@ -9,12 +9,12 @@ import urllib.request
 
 import grpc
 import pytest
+from edgedistill.serve import workers
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serve import workers
-from serve.proto import classifier_pb2 as pb
-from serve.proto import classifier_pb2_grpc
-from serve.settings import Settings
 from tests.serve.conftest import write_bundle
 from tests.serve.test_operations import corrupt, metric
 
