@@ -1,4 +1,4 @@
-# The serving image (CPU): ONNX Runtime, the `serve` and `common` packages, no torch.
+# The serving image (CPU): edgedistill installed with its `serve` and `cpu` extras (ONNX Runtime), no torch.
 #
 #   docker build -t edgedistill-serve .                      # the bundle is mounted at /models/bundle
 #   docker run -p 50051:50051 -v "$PWD/runs/sst2/bundle-cnn-small-folded:/models/bundle:ro" edgedistill-serve
@@ -15,20 +15,26 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/*
+# The project's sources as pyproject.toml lays them out: pip builds its wheel and installs it with the
+# `serve,cpu` extras, under the serving pins of requirements-serve.txt (equal to those extras).
+COPY pyproject.toml README.md /src/
+COPY edgedistill/ /src/edgedistill/
+COPY common/ /src/common/
+COPY distill/ /src/distill/
+COPY export/ /src/export/
+COPY serve/ /src/serve/
+COPY bench/ /src/bench/
+COPY loadtests/ /src/loadtests/
+COPY report/ /src/report/
 COPY requirements-serve.txt /tmp/requirements-serve.txt
 # Behind a TLS-intercepting proxy, pass its CA bundle as a build secret (never stored in a layer):
 #   --secret id=pip-cert,src=/etc/ssl/certs/ca-certificates.crt
 RUN --mount=type=secret,id=pip-cert \
     python3 -m venv /opt/venv \
     && if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
-    && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check -r /tmp/requirements-serve.txt \
+    && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
+        --constraint /tmp/requirements-serve.txt '/src[serve,cpu]' \
     && /opt/venv/bin/python -m pip uninstall --quiet --yes pip setuptools
-COPY edgedistill/__init__.py /app/edgedistill/__init__.py
-COPY common/ /app/edgedistill/common/
-COPY serve/ /app/edgedistill/serve/
-# Byte-compiled here, as the running container may have a read-only root filesystem.
-RUN find /app -name __pycache__ -prune -exec rm -rf {} + \
-    && python3 -m compileall -q /app
 
 FROM ${BASE} AS runtime
 RUN apt-get update \
@@ -39,10 +45,7 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin edgedistill
 COPY --from=builder /opt/venv /opt/venv
-COPY --from=builder /app /app
-WORKDIR /app
 ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONPATH=/app \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     EDGEDISTILL_BUNDLE=/models/bundle

@@ -1,5 +1,6 @@
 """The container and deployment files: schema-valid Kubernetes manifests, probes on the gRPC health
-service, a non-root server, and serving pins in step with pyproject.toml. Pure file checks (no podman).
+service, a non-root server, images that install the `serve` extra, and serving pins equal to
+pyproject.toml's extras. Pure file checks (no podman).
 """
 
 import ast
@@ -7,12 +8,12 @@ import json
 import re
 import shlex
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import tomllib
 import yaml
 from edgedistill.serve.settings import load_settings
 from packaging.requirements import Requirement
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S_FILES = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 K8S_VERSION = "1.30"  # the oldest Kubernetes the manifests target; native gRPC probes are GA since 1.27
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
+# Each image: its ONNX Runtime extra and its pins.
+IMAGES = {"Dockerfile": ("cpu", "requirements-serve.txt"), "Dockerfile.gpu": ("gpu", "requirements-serve-gpu.txt")}
+RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # the `cpu` and `gpu` extras; no other group may carry one
 GRPC_PORT, METRICS_PORT = 50051, 8002
 BUNDLE_MOUNT = "/models/bundle"
 FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
@@ -244,19 +248,39 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     assert str(settings.bundle) == BUNDLE_MOUNT
 
 
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def build_stage(dockerfile: str) -> list[tuple[str, str]]:
+    """The instructions of the `builder` stage."""
+    items = instructions(dockerfile)
+    start = next(i for i, (word, rest) in enumerate(items) if word == "FROM" and rest.endswith(" AS builder"))
+    end = next(i for i, (word, _) in enumerate(items[start + 1 :], start + 1) if word == "FROM")
+    return items[start:end]
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
-def test_dockerfile_copies_only_the_serving_code(dockerfile):
-    sources = []
-    for word, rest in instructions(dockerfile):
-        if word == "COPY" and "--from=" not in rest:
-            sources += [part for part in rest.split()[:-1] if not part.startswith("--")]
-    code = {source.split("/")[0] for source in sources if source != "${BUNDLE}"}
-    assert code == {
-        "edgedistill",
-        "common",
-        "serve",
-        "requirements-serve-gpu.txt" if dockerfile.endswith("gpu") else "requirements-serve.txt",
-    }
+def test_dockerfile_copies_the_project_sources_and_pins(dockerfile):
+    sources = {part for word, rest in build_stage(dockerfile) if word == "COPY" for part in rest.split()[:-1]}
+    package_dirs = {folder.split("/")[0] for folder in pyproject()["tool"]["setuptools"]["package-dir"].values()}
+    assert sources == {f"{folder}/" for folder in package_dirs} | {"pyproject.toml", "README.md", IMAGES[dockerfile][1]}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_installs_the_serve_extra_under_the_serving_pins(dockerfile):
+    extra, requirements = IMAGES[dockerfile]
+    runs = " ".join(rest for word, rest in build_stage(dockerfile) if word == "RUN")
+    assert re.search(rf"pip install [^&]*--constraint /tmp/{re.escape(requirements)} '/src\[serve,{extra}\]'", runs)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_runtime_takes_only_the_virtual_environment(dockerfile):
+    items = instructions(dockerfile)
+    copied = [rest for word, rest in items if word == "COPY" and rest.startswith("--from=builder")]
+    assert copied == ["--from=builder /opt/venv /opt/venv"]
+    env = " ".join(rest for word, rest in items if word == "ENV")
+    assert "PYTHONPATH" not in env, "the server runs from the installed package, not from copied sources"
 
 
 # --- requirements -----------------------------------------------------------------------------
@@ -276,11 +300,27 @@ def pins(filename: str, index_options: bool = False) -> dict[str, str]:
     return found
 
 
-def pyproject_requirements() -> dict[str, dict[str, Requirement]]:
-    """{group: {canonical name: requirement}} with group "" for the main dependencies."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    groups = {"": project["dependencies"], **project["optional-dependencies"]}
-    return {group: {canonical(Requirement(r).name): Requirement(r) for r in reqs} for group, reqs in groups.items()}
+def requirements(group: str) -> list[Requirement]:
+    """The requirements of pyproject.toml's `group` ("" for the base dependencies), as written."""
+    project = pyproject()["project"]
+    return [Requirement(r) for r in (project["optional-dependencies"][group] if group else project["dependencies"])]
+
+
+def installed_with(*extras: str) -> dict[str, Requirement]:
+    """{canonical name: requirement} that installing the project with `extras` asks for, the project's
+    own `edgedistill[...]` references expanded."""
+    found, todo, seen = {}, ["", *extras], set()
+    while todo:
+        group = todo.pop()
+        if group in seen:
+            continue
+        seen.add(group)
+        for requirement in requirements(group):
+            if canonical(requirement.name) == "edgedistill":
+                todo += requirement.extras
+            else:
+                found[canonical(requirement.name)] = requirement
+    return found
 
 
 def exact(requirement: Requirement) -> str:
@@ -289,28 +329,39 @@ def exact(requirement: Requirement) -> str:
     return spec.version
 
 
+def extras() -> list[str]:
+    return list(pyproject()["project"]["optional-dependencies"])
+
+
 @pytest.mark.parametrize("filename", ["requirements-serve.txt", "requirements-serve-gpu.txt"])
 def test_serving_requirements_carry_no_torch(filename):
     assert not FORBIDDEN & pins(filename, index_options=filename.endswith("gpu.txt")).keys()
 
 
-def test_cpu_pins_equal_pyproject():
-    groups = pyproject_requirements()
-    allowed = groups[""] | groups["cpu"]
-    for name, version in pins("requirements-serve.txt").items():
-        assert name in allowed, f"requirements-serve.txt pins {name}, which pyproject.toml does not list"
-        assert version == exact(allowed[name]), f"{name}: {version} here, {allowed[name]} in pyproject.toml"
+@pytest.mark.parametrize(("extra", "filename"), IMAGES.values())
+def test_serving_requirements_are_the_serve_extra_with_its_runtime(extra, filename):
+    expected = {name: exact(requirement) for name, requirement in installed_with("serve", extra).items()}
+    assert pins(filename, index_options=True) == expected
 
 
-def test_gpu_pins_follow_the_cpu_pins_and_the_gpu_extra():
-    cpu, gpu = pins("requirements-serve.txt"), pins("requirements-serve-gpu.txt", index_options=True)
-    assert "onnxruntime" not in gpu, "onnxruntime and onnxruntime-gpu must never share an environment"
-    assert {name: v for name, v in gpu.items() if name in cpu} == {n: v for n, v in cpu.items() if n != "onnxruntime"}
-    extra = pyproject_requirements()["gpu"]
-    assert gpu["onnxruntime-gpu"] == exact(extra["onnxruntime-gpu"])
-    (tensorrt,) = [name for name in gpu if name.startswith("tensorrt")]  # tensorrt or a CUDA-specific wheel
-    assert extra["tensorrt"].specifier.contains(gpu[tensorrt]), f"{tensorrt}=={gpu[tensorrt]} vs {extra['tensorrt']}"
-    assert extra["cuda-python"].specifier.contains(gpu["cuda-python"])
+def test_serve_extra_carries_no_torch():
+    assert not FORBIDDEN & installed_with("serve").keys()
+
+
+@pytest.mark.parametrize("extra", sorted(set(extras()) - {"cpu", "gpu"}))
+def test_extra_leaves_onnx_runtime_to_cpu_or_gpu(extra):
+    assert not RUNTIMES & installed_with(extra).keys(), (
+        "onnxruntime and onnxruntime-gpu must never share an environment"
+    )
+
+
+def test_pyproject_pins_each_package_exactly_and_once():
+    versions = {}
+    for group in ["", *extras()]:
+        for requirement in requirements(group):
+            if canonical(requirement.name) != "edgedistill":
+                versions.setdefault(canonical(requirement.name), set()).add(exact(requirement))
+    assert {name: found for name, found in versions.items() if len(found) > 1} == {}
 
 
 def module_file(name: str) -> Path | None:
