@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import onnxruntime as ort
 from edgedistill.common.bundle import Bundle, BundleSpec
 from edgedistill.common.manifest import ArtifactError
+
+try:
+    import onnxruntime as ort
+except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
+    raise ModuleNotFoundError(
+        "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)"
+    ) from err
 
 log = logging.getLogger(__name__)
 
