@@ -22,7 +22,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade loadtest soak image base-image container-test test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -35,11 +35,18 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 	$(PY) -m report $(RECIPE)
 	@$(PY) -m report.headline $(RECIPE)
 
-setup: $(STAMP)  ## make .venv and install the project (CPU build of torch and ONNX Runtime)
+# PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
+# PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;
+# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
+
+setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,dev]`, torch from TORCH_INDEX (CPU)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet '$(TORCH)' --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	touch $@
 
@@ -123,10 +130,28 @@ image:  ## build the serving image (docker if an engine answers, else podman); B
 	    $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	fi
 
+wheel-test: $(STAMP)  ## build the wheel, install it with the serve extra in a clean venv, serve BUNDLE from outside the checkout, call it once
+	PY=$(PY) deploy/wheel-test.sh $(BUNDLE)
+
 container-test: $(STAMP) base-image  ## build the image, serve BUNDLE from it with podman, call it from the host, stop it
 	IMAGE=$(IMAGE):test BASE=$(BASE_IMAGE) deploy/container-test.sh $(BUNDLE)
 
-test: $(STAMP)  ## lint, then the test suite (unit and tiny end-to-end runs)
+# The commands the test suite runs besides Python (Chromium: the report's screenshot test; openssl:
+# the TLS tests), and python3-venv, without which `make setup` cannot make .venv on Debian.
+setup-system:  ## install the system packages the tests need (chromium, openssl, python3-venv) when missing
+	@missing=; \
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	test -x $(PY) || $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	[ -n "$$missing" ] || exit 0; \
+	install="apt-get update && apt-get install -y --no-install-recommends$$missing"; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "the tests need$$missing; on Debian/Ubuntu, as root: sh -c '$$install'" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then set -x; sh -c "$$install"; \
+	elif command -v sudo >/dev/null; then set -x; sudo sh -c "$$install"; \
+	else echo "the tests need$$missing; install them as root: sh -c '$$install'" >&2; exit 1; fi
+
+test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 

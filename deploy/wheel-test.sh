@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build the project's wheel and serve a bundle from a clean install of it: `deploy/wheel-test.sh BUNDLE_DIR`.
+#
+# `python -m build` makes the sdist and, from it, the wheel in a temporary folder; a fresh virtual
+# environment installs the wheel with the `serve` and `cpu` extras from the package index. From a
+# folder outside the checkout (so nothing can import from it): `python -m edgedistill.serve` on a
+# free loopback port, wait for gRPC health SERVING, classify a text with
+# `python -m edgedistill.serve.client`, then SIGTERM must drain and exit 0. Prints one result line;
+# exits non-zero on any failure and always stops the server and removes its files.
+#
+# Settings (environment): PY (the project's Python, which has `build`), PYTHON (the interpreter of
+# the clean environment, default python3), READY_TIMEOUT (seconds to SERVING).
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 BUNDLE_DIR" >&2
+  exit 2
+fi
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+PYTHON=${PYTHON:-python3}
+READY_TIMEOUT=${READY_TIMEOUT:-60}
+TEXT="a gripping , beautifully acted film"
+
+say() { printf 'wheel-test: %s\n' "$*" >&2; }
+fail() {
+  say "FAIL: $*"
+  exit 1
+}
+seconds_since() { awk -v start="$1" -v end="$EPOCHREALTIME" 'BEGIN { printf "%.1f", end - start }'; }
+
+BUNDLE_DIR=$(realpath -e -- "$1") || fail "no bundle folder $1"
+[ -f "$BUNDLE_DIR/manifest.json" ] || fail "$BUNDLE_DIR has no manifest.json: not a bundle"
+[ -x "$PY" ] || fail "no Python at $PY: run make setup"
+
+WORK=$(mktemp -d)
+SERVER=
+cleanup() {
+  local status=$?
+  if [ -n "$SERVER" ] && kill -0 "$SERVER" 2>/dev/null; then
+    kill -KILL "$SERVER" 2>/dev/null || true
+  fi
+  if [ $status -ne 0 ] && [ -f "$WORK/server.log" ]; then
+    say "server log (last 30 lines):"
+    tail -n 30 "$WORK/server.log" >&2
+  fi
+  rm -rf -- "$WORK"
+  exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- build: the sdist, and the wheel from it ---
+started=$EPOCHREALTIME
+"$PY" -m build --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 || {
+  tail -n 30 "$WORK/build.log" >&2
+  fail "python -m build"
+}
+wheels=("$WORK"/dist/edgedistill-*.whl)
+[ ${#wheels[@]} = 1 ] && [ -f "${wheels[0]}" ] || fail "expected one wheel in $WORK/dist"
+WHEEL=${wheels[0]}
+build_s=$(seconds_since "$started")
+
+# --- a clean environment with the serve extra ---
+started=$EPOCHREALTIME
+"$PYTHON" -m venv "$WORK/venv" || fail "$PYTHON -m venv (on Debian: apt-get install python3-venv)"
+VPY=$WORK/venv/bin/python
+"$VPY" -m pip install --quiet --disable-pip-version-check "$WHEEL[serve,cpu]" >"$WORK/install.log" 2>&1 || {
+  tail -n 30 "$WORK/install.log" >&2
+  fail "pip install '$(basename "$WHEEL")[serve,cpu]'"
+}
+install_s=$(seconds_since "$started")
+torch=$("$VPY" -c 'import importlib.util; print(importlib.util.find_spec("torch") is not None)')
+[ "$torch" = False ] || fail "the serve extra installed torch"
+
+# --- serve from outside the checkout ---
+mkdir "$WORK/cwd"
+cd "$WORK/cwd"
+PORT=$("$VPY" -c '
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+')
+started=$EPOCHREALTIME
+env -u PYTHONPATH EDGEDISTILL_WORKERS=1 EDGEDISTILL_THREADS=1 \
+  "$VPY" -m edgedistill.serve --bundle "$BUNDLE_DIR" --host 127.0.0.1 --port "$PORT" >"$WORK/server.log" 2>&1 &
+SERVER=$!
+"$VPY" - "127.0.0.1:$PORT" "$READY_TIMEOUT" "$SERVER" <<'EOF' || fail "not SERVING after ${READY_TIMEOUT}s"
+import os
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+address, window, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+deadline = time.monotonic() + window
+with grpc.insecure_channel(address) as channel:
+    stub = health_pb2_grpc.HealthStub(channel)
+    while time.monotonic() < deadline:
+        os.kill(pid, 0)  # the server still runs
+        try:
+            if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                sys.exit(0)
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+sys.exit(1)
+EOF
+ready_s=$(seconds_since "$started")
+location=$("$VPY" -c 'import edgedistill, pathlib; print(pathlib.Path(edgedistill.__file__).parent)')
+[[ "$location" == "$WORK/venv/"* ]] || fail "edgedistill imports from $location, not from the installed wheel"
+
+reply=$(env -u PYTHONPATH "$VPY" -m edgedistill.serve.client --address "127.0.0.1:$PORT" --timeout 30 "$TEXT") ||
+  fail "Classify failed"
+label=$("$VPY" -c '
+import json, sys
+label = json.load(sys.stdin)["predictions"][0]["label"]
+print(label if isinstance(label, str) else "")
+' <<<"$reply") || fail "unexpected reply: $reply"
+[ -n "$label" ] || fail "reply has no label: $reply"
+
+# --- SIGTERM drains and exits 0 ---
+kill -TERM "$SERVER"
+code=0
+wait "$SERVER" || code=$?
+SERVER=
+[ "$code" = 0 ] || fail "exit code $code after SIGTERM (0 expected: a graceful drain)"
+
+echo "wheel-test: ok wheel=$(basename "$WHEEL") extras=serve,cpu bundle=$(basename "$BUNDLE_DIR") label=$label" \
+  "build=${build_s}s install=${install_s}s ready=${ready_s}s exit=$code"

@@ -1,0 +1,142 @@
+"""The wheel: only the `edgedistill` package at the top, its package data inside, and a server that runs
+from an install of it outside the checkout. `make wheel-test` also installs the `serve` extra from the
+package index into a clean environment; here the third-party packages come from this environment.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.serve.conftest import LABELS, write_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PROJECT["tool"]["setuptools"]
+DIST_INFO = f"edgedistill-{PROJECT['project']['version']}.dist-info"
+PACKAGE_DATA = [
+    "edgedistill/serve/proto/classifier.proto",
+    "edgedistill/serve/proto/kserve.proto",
+    "edgedistill/loadtests/locustfile.py",
+]
+READY_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built without build isolation from a copy of the sources pyproject.toml names."""
+    src = tmp_path_factory.mktemp("src")
+    for folder in {path.split("/")[0] for path in SETUPTOOLS["package-dir"].values()}:
+        subprocess.run(["cp", "-r", ROOT / folder, src / folder], check=True)
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((ROOT / name).read_bytes())
+    out = tmp_path_factory.mktemp("dist")
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src)]
+    result = subprocess.run(build, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (built,) = out.glob("edgedistill-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def files(wheel) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return set(archive.namelist())
+
+
+def test_wheel_holds_only_the_edgedistill_package(files):
+    assert {name.split("/")[0] for name in files} == {"edgedistill", DIST_INFO}
+
+
+@pytest.mark.parametrize("package", SETUPTOOLS["packages"])
+def test_wheel_holds_every_package(files, package):
+    assert f"{package.replace('.', '/')}/__init__.py" in files
+
+
+@pytest.mark.parametrize("path", PACKAGE_DATA)
+def test_wheel_holds_package_data(files, path):
+    assert path in files
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The Python of a fresh environment with the wheel installed (no dependencies). Third-party packages
+    come from this environment's site-packages, added as a plain path, so that its editable install of
+    the checkout stays out."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", venv], check=True)
+    python = venv / "bin" / "python"
+    install = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index", wheel]
+    subprocess.run(install, check=True, capture_output=True)
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def outside_env() -> dict[str, str]:
+    """This environment without PYTHONPATH and EDGEDISTILL_* settings; one worker, one thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_") and k != "PYTHONPATH"}
+    return env | {"EDGEDISTILL_WORKERS": "1", "EDGEDISTILL_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_serving(address: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"the server exited with {proc.returncode}"
+            try:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise AssertionError(f"not SERVING after {READY_TIMEOUT_S} s")
+
+
+def test_installed_package_comes_from_the_wheel(installed, tmp_path):
+    code = "import edgedistill.serve.app as app; print(app.__file__)"
+    result = subprocess.run([installed, "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True, text=True)
+    assert Path(result.stdout.strip()).is_relative_to(installed.parents[1]), result.stderr
+
+
+def test_installed_wheel_serves_a_bundle(installed, tmp_path):
+    bundle = write_bundle(tmp_path / "bundle-tiny")
+    port = free_port()
+    serve = [installed, "-m", "edgedistill.serve", "--bundle", bundle, "--host", "127.0.0.1", "--port", str(port)]
+    client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
+    with (
+        (tmp_path / "server.log").open("w") as log,
+        subprocess.Popen(serve, cwd=tmp_path, env=outside_env(), stderr=log) as proc,
+    ):
+        try:
+            wait_serving(f"127.0.0.1:{port}", proc)
+            reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert json.loads(reply.stdout)["predictions"][0]["label"] in LABELS, reply.stderr
