@@ -10,12 +10,12 @@ bundle's), 1 when `--check` found a target missed or a different accuracy, 2 whe
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from edgedistill.bench import BenchError
 from edgedistill.bench.stats import ServingResult
+from edgedistill.common import settings
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -30,7 +30,7 @@ def run_models(recipe, args) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    torch.set_num_threads(settings.threads())
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
     models.stage(recipe).run(args.force)
@@ -65,8 +65,8 @@ def run_cascade(recipe, args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     timed = commands.add_parser("models", help="every bundle beside the teacher in PyTorch eager")
     timed.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         ModelLoadError,
         BundleRejected,
     ) as err:
-        print(f"python -m bench {args.command}: {err}", file=sys.stderr)
+        print(f"{prog} {args.command}: {err}", file=sys.stderr)
         return 2
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
-from edgedistill.common.settings import PROJECT_ROOT
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 120.0
@@ -36,9 +35,9 @@ def log_tail(log: Path) -> str:
 
 
 def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`command` in the project folder, its stdout and stderr written to `log`."""
+    """`command` in this process's working directory, its stdout and stderr written to `log`."""
     with open(log, "w") as sink:
-        return subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=sink, stderr=sink)
+        return subprocess.Popen(command, env=env, stdout=sink, stderr=sink)
 
 
 def finish(process: subprocess.Popen, timeout: float) -> int | None:

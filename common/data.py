@@ -33,7 +33,7 @@ class Labelled:
 
 def _read_text(path: Path) -> str:
     if not path.is_file():
-        raise DataError(f"{path}: file not found (set DATA_DIR, or fix the path in the recipe)")
+        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8")
@@ -131,7 +131,7 @@ def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
 def _text_lines(path: Path, limit: int | None) -> list[str]:
     """Stripped lines of a UTF-8 text file, reading only as far as `limit` non-empty lines."""
     if not path.is_file():
-        raise DataError(f"{path}: file not found (set DATA_DIR, or fix the path in the recipe)")
+        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
     found = []
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):

@@ -560,8 +560,6 @@ class RuntimeConfig(Strict):
     )
 
 
-# Deployment overrides of recipe keys, applied before the command line's `--key=value`.
-ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION": "runtime.precision"}
 UNHASHED = ("runtime", "bench", "loadtest")  # sections that change no artifact of another stage
 
 
@@ -678,7 +676,6 @@ class RecipeError(ValueError):
     """A recipe that cannot be used, with the file and key that are wrong."""
 
 
-RECIPES_DIR = settings.PROJECT_ROOT / "recipes"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 LOCAL = ("./", "../")  # a string value starting with these is a path relative to its recipe's folder
 
@@ -769,11 +766,11 @@ def _base_path(path: Path, name) -> Path:
     if not isinstance(name, str) or not name:
         raise RecipeError(f"{path}: extends must name a recipe (a path, or a name in recipes/), got {name!r}")
     is_path = "/" in name or name.endswith((".yaml", ".yml"))
-    base = path.parent / name if is_path else RECIPES_DIR / f"{name}.yaml"
+    base = path.parent / name if is_path else settings.recipes_dir() / f"{name}.yaml"
     if not base.is_file():
         raise RecipeError(
             f"{path}: extends {name}, which does not exist ({base}); extends takes a path relative to the recipe, "
-            "an absolute path, or the name of a recipe in recipes/ (extends: sst2)"
+            "an absolute path, or the name of a recipe in recipes/ of the working directory (extends: sst2)"
         )
     return base
 
@@ -808,7 +805,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raise RecipeError(f"recipe {path} does not exist (recipes live in recipes/, e.g. recipes/sst2.yaml)")
     raw = _read(path)
     raw.setdefault("name", path.stem)
-    for variable, key in ENV_OVERRIDES.items():
+    for variable, key in settings.ENV_OVERRIDES.items():
         if os.environ.get(variable):
             apply_override(raw, key, os.environ[variable])
     variables = settings.variables()
@@ -823,4 +820,4 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
 
 def run_dir(recipe: Recipe) -> Path:
     """`runs/<recipe>/`, the folder every stage of this recipe writes into."""
-    return Path(settings.defaults()["RUNS_DIR"]) / recipe.name
+    return Path(settings.defaults()["EDGEDISTILL_RUNS_DIR"]) / recipe.name

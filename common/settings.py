@@ -1,35 +1,91 @@
-"""Deployment settings read from the environment, with defaults that work in a fresh clone.
+"""Pipeline settings read from the environment, every name under `EDGEDISTILL_`; paths resolve from the working
+directory, never from where the package is installed.
 
-| variable       | default                                                        |
-| -------------- | -------------------------------------------------------------- |
-| `DATA_DIR`     | `../shared/data` beside the project if it exists, else `data`  |
-| `TEACHER_INIT` | `../shared/models/minilm-l6-h384-uncased` if it exists, else   |
-|                | the Hub name `sentence-transformers/all-MiniLM-L6-v2`          |
-| `RUNS_DIR`     | `runs`                                                         |
+| variable                    | default                                                               |
+| --------------------------- | --------------------------------------------------------------------- |
+| `EDGEDISTILL_DATA_DIR`      | `../shared/data` from the working directory if it exists, else `data` |
+| `EDGEDISTILL_TEACHER_INIT`  | `../shared/models/minilm-l6-h384-uncased` if it exists, else the Hub  |
+|                             | name `sentence-transformers/all-MiniLM-L6-v2`                         |
+| `EDGEDISTILL_RUNS_DIR`      | `runs`                                                                |
+| `EDGEDISTILL_TORCH_THREADS` | `OMP_NUM_THREADS`, else every core                                    |
+
+The unprefixed names of earlier releases (`RENAMED`) are still read while the new name is unset, with a
+`FutureWarning` once per name.
 """
 
+import functools
 import os
+import warnings
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SHARED = PROJECT_ROOT.parent / "shared"
 HUB_TEACHER = "sentence-transformers/all-MiniLM-L6-v2"
+RENAMED = {  # new name -> the name an earlier release read
+    "EDGEDISTILL_DATA_DIR": "DATA_DIR",
+    "EDGEDISTILL_TEACHER_INIT": "TEACHER_INIT",
+    "EDGEDISTILL_RUNS_DIR": "RUNS_DIR",
+    "EDGEDISTILL_TORCH_THREADS": "TORCH_THREADS",
+    "EDGEDISTILL_LOADTEST_SCENARIOS": "LOADTEST_SCENARIOS",
+    "EDGEDISTILL_LOADTEST_PLAN": "LOADTEST_PLAN",
+}
+# recipe keys set from the environment, before the command line's `--key=value`
+ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION": "runtime.precision"}
+PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES)  # the `EDGEDISTILL_*` names the pipeline reads
 
 
-def _default(local: Path, fallback: str) -> str:
+@functools.cache
+def warn_renamed(old: str, new: str) -> None:
+    """Warn, once per process, that `old` is read in place of `new`."""
+    message = f"{old} is deprecated and will be ignored in a later release: set {new} instead"
+    warnings.warn(message, FutureWarning, stacklevel=3)  # the line that called `env`
+
+
+def env(name: str) -> str | None:
+    """The variable `name`, else its old name (with a warning); None when neither is set to a non-empty value."""
+    if os.environ.get(name):
+        return os.environ[name]
+    old = RENAMED.get(name)
+    if old is None or not os.environ.get(old):
+        return None
+    warn_renamed(old, name)
+    return os.environ[old]
+
+
+def _first_existing(local: Path, fallback: str) -> str:
     return str(local) if local.exists() else fallback
 
 
 def defaults() -> dict[str, str]:
-    """The settings above, environment first."""
-    base = {
-        "DATA_DIR": _default(SHARED / "data", str(PROJECT_ROOT / "data")),
-        "TEACHER_INIT": _default(SHARED / "models" / "minilm-l6-h384-uncased", HUB_TEACHER),
-        "RUNS_DIR": str(PROJECT_ROOT / "runs"),
+    """The path settings above, environment first; defaults from the working directory."""
+    cwd = Path.cwd()
+    shared = cwd.parent / "shared"
+    fallback = {
+        "EDGEDISTILL_DATA_DIR": _first_existing(shared / "data", str(cwd / "data")),
+        "EDGEDISTILL_TEACHER_INIT": _first_existing(shared / "models" / "minilm-l6-h384-uncased", HUB_TEACHER),
+        "EDGEDISTILL_RUNS_DIR": str(cwd / "runs"),
     }
-    return {key: os.environ.get(key, value) for key, value in base.items()}
+    return {name: env(name) or value for name, value in fallback.items()}
 
 
 def variables() -> dict[str, str]:
-    """What a recipe's `${NAME}` may name: any environment variable, and the settings above at their defaults."""
-    return dict(os.environ) | defaults()
+    """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names."""
+    values = defaults()
+    return dict(os.environ) | values | {RENAMED[name]: value for name, value in values.items()}
+
+
+def recipes_dir() -> Path:
+    """Where `extends: <name>` finds recipes: `recipes/` in the working directory."""
+    return Path.cwd() / "recipes"
+
+
+def threads() -> int:
+    """Intra-op threads of PyTorch (and of ONNX Runtime where a stage runs a bundle) in a pipeline stage:
+    `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every core."""
+    name = "EDGEDISTILL_TORCH_THREADS"
+    value = env(name)
+    if value is None and os.environ.get("OMP_NUM_THREADS"):
+        name, value = "OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"].split(",")[0]
+    if value is None:
+        return os.cpu_count() or 1
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: give a whole number of threads, at least 1")
+    return int(value)

@@ -8,11 +8,11 @@ naming the setting and what the machine has: never a silent fall back to the CPU
 """
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 import torch
 import transformers
+from edgedistill.common import settings
 from edgedistill.common.recipe import RecipeError, RuntimeConfig
 from edgedistill.distill import dist
 
@@ -69,11 +69,11 @@ class Placement:
 
 
 def configure_process() -> None:
-    """Set-up of a command that runs models in PyTorch: intra-op threads from `TORCH_THREADS` (default: every
-    core) and transformers' logs down to errors, without progress bars."""
+    """Set-up of a command that runs models in PyTorch: intra-op threads from `EDGEDISTILL_TORCH_THREADS` (default:
+    `OMP_NUM_THREADS`, else every core) and transformers' logs down to errors, without progress bars."""
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", os.cpu_count() or 1)))
+    torch.set_num_threads(settings.threads())
 
 
 def _machine() -> str:

@@ -9,21 +9,21 @@ Exit status: 0 when every SLO check passed, 1 when one was missed (each named on
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import get_args
 
 from edgedistill.bench import BenchError, slo
 from edgedistill.bench.serving import deployed_bundle
+from edgedistill.common import settings
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import Profile, load_recipe, parse_overrides
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests", description="Load-test a served bundle with locust.")
+def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
     parser.add_argument("recipe")
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--scenarios",
-        default=os.environ.get(SCENARIOS_VAR),
+        default=settings.env(SCENARIOS_VAR),
         help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)",
     )
     parser.add_argument(
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         stage.run(args.force)
         result = runner.load_result(stage)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
-        print(f"python -m loadtests: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     missed = [check for check in result["checks"] if not check["passed"]]
     for check in missed:

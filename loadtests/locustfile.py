@@ -1,4 +1,4 @@
-"""Scenarios against the edgedistill server; the plan ($LOADTEST_PLAN) sets their weights, pacing and shape.
+"""Scenarios against the edgedistill server; the plan ($EDGEDISTILL_LOADTEST_PLAN) sets their weights, pacing and shape.
 
 - single: `Classify` with one text;
 - batch: `Classify` with `batch_size` texts;

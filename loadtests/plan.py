@@ -1,21 +1,21 @@
 """What one locust run does, shared by the runner and the locust process: `plan.json`.
 
-The runner writes the plan into the run folder and points `LOADTEST_PLAN` at it; the locustfile and
+The runner writes the plan into the run folder and points `EDGEDISTILL_LOADTEST_PLAN` at it; the locustfile and
 the shapes read it with `current()`. It holds the profile and its settings, the scenario weights
-(`LOADTEST_SCENARIOS=single=3,batch=1` overrides the recipe's), the served model's name, the texts
+(`EDGEDISTILL_LOADTEST_SCENARIOS=single=3,batch=1` overrides the recipe's), the served model's name, the texts
 file (and their pairs, for a pair model) and where the locust process writes its per-call samples.
 """
 
 import functools
-import os
 from pathlib import Path
 from typing import get_args
 
+from edgedistill.common import settings
 from edgedistill.common.recipe import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad, Strict
 from pydantic import Field
 
-PLAN_VAR = "LOADTEST_PLAN"
-SCENARIOS_VAR = "LOADTEST_SCENARIOS"
+PLAN_VAR = "EDGEDISTILL_LOADTEST_PLAN"
+SCENARIOS_VAR = "EDGEDISTILL_LOADTEST_SCENARIOS"
 
 
 class Stage(Strict):
@@ -31,7 +31,7 @@ class Stage(Strict):
 class Plan(Strict):
     profile: Profile
     loadtest: LoadtestConfig
-    scenarios: dict[Scenario, int] = Field(description="scenario -> weight, after LOADTEST_SCENARIOS")
+    scenarios: dict[Scenario, int] = Field(description="scenario -> weight, after EDGEDISTILL_LOADTEST_SCENARIOS")
     model: str = Field(description="the served model's name, sent with KServe ModelInfer")
     texts: Path = Field(description="texts to send, one per line (relative: to the plan's folder)")
     pairs: Path | None = Field(
@@ -90,8 +90,8 @@ def parse_scenarios(text: str) -> dict[str, int]:
 
 @functools.cache
 def current() -> Plan:
-    """The plan at `$LOADTEST_PLAN` (written by `python -m loadtests`)."""
-    path = os.environ.get(PLAN_VAR)
+    """The plan at `$EDGEDISTILL_LOADTEST_PLAN` (written by `python -m loadtests`)."""
+    path = settings.env(PLAN_VAR)
     if not path:
         raise RuntimeError(
             f"{PLAN_VAR} is not set: run `python -m loadtests RECIPE --profile NAME`, "

@@ -22,7 +22,6 @@ from edgedistill.bench.processes import cpu_seconds, finish, free_port, log_tail
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
-from edgedistill.common.settings import PROJECT_ROOT
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
@@ -31,7 +30,7 @@ from edgedistill.loadtests.recorder import SAMPLES_FILE
 from edgedistill.serve.settings import Settings, load_settings
 from rich.console import Console
 
-LOCUSTFILE = PROJECT_ROOT / "loadtests" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
 SAMPLE_S = 0.5
 EXIT_MARGIN_S = 60.0  # locust's start-up and shutdown on top of the schedule
 ECHO_SCENARIOS = {"single", "batch"}  # the echo server implements Classify alone
@@ -84,7 +83,7 @@ def drive(folder: Path, port: int, server: psutil.Process, seconds: float) -> li
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}"]
     command += ["--csv", str(folder / "locust"), "--csv-full-history", "--html", str(folder / "report.html")]
     command += ["--only-summary", "--exit-code-on-error", "0"]
-    env = os.environ | {PLAN_VAR: str(folder / "plan.json"), "PYTHONPATH": str(PROJECT_ROOT)}
+    env = os.environ | {PLAN_VAR: str(folder / "plan.json")}
     log = folder / "locust.log"
     process = start(command, log, env)
     sampler = Sampler(server, psutil.Process(process.pid))

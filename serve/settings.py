@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from edgedistill.common.settings import PIPELINE
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "EDGEDISTILL_"
@@ -239,19 +240,24 @@ def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from `environ` (default `os.environ`), overridden by the flags in `argv`."""
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, prog: str = "python -m serve"
+) -> Settings:
+    """Settings from `environ` (default `os.environ`), overridden by the flags in `argv`; the pipeline's own
+    `EDGEDISTILL_*` variables (`common.settings.PIPELINE`) are left to it."""
     environ = os.environ if environ is None else environ
     values: dict[str, str] = {}
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
         name = key[len(ENV_PREFIX) :].lower()
+        if name not in Settings.model_fields and key in PIPELINE:
+            continue
         if name not in Settings.model_fields:
             known = ", ".join(env_name(n) for n in Settings.model_fields)
             raise SettingsError(f"unknown environment variable {key}; known: {known}")
         values[name] = value
-    values.update(vars(build_parser().parse_args(argv)))
+    values.update(vars(build_parser(prog).parse_args(argv)))
     try:
         return Settings.model_validate(values)
     except ValidationError as err:

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test writes its runs into a temporary RUNS_DIR, never the network."""
+"""Shared fixtures: every test writes its runs into a temporary EDGEDISTILL_RUNS_DIR, never the network."""
 
 import os
 import subprocess
@@ -12,13 +12,13 @@ PYTHON = sys.executable
 
 
 def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m module *args` with RUNS_DIR=`runs`, its output captured."""
-    env = {**os.environ, "RUNS_DIR": str(runs), "TORCH_THREADS": "1"}
+    """`python -m module *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "EDGEDISTILL_TORCH_THREADS": "1"}
     return subprocess.run([PYTHON, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m export *args` with RUNS_DIR=`runs`, its output captured."""
+    """`python -m export *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     return run_module("export", runs, *args)
 
 
@@ -39,8 +39,8 @@ def step(rps, p99, errors=0.0, offered=None) -> dict:
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("TORCH_THREADS", os.environ.get("TORCH_THREADS", "1"))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", os.environ.get("EDGEDISTILL_TORCH_THREADS", "1"))
 
 
 @pytest.fixture
@@ -48,8 +48,8 @@ def data_dir() -> Path:
     """The shared data folder (SST-2, movie reviews, WikiText), as the recipes find it."""
     from edgedistill.common import settings
 
-    path = Path(settings.defaults()["DATA_DIR"])
-    assert (path / "sst2" / "train.tsv").is_file(), f"shared data not found at {path}: set DATA_DIR"
+    path = Path(settings.defaults()["EDGEDISTILL_DATA_DIR"])
+    assert (path / "sst2" / "train.tsv").is_file(), f"shared data not found at {path}: set EDGEDISTILL_DATA_DIR"
     return path
 
 
@@ -57,7 +57,7 @@ def data_dir() -> Path:
 def smoke_run(tmp_path_factory) -> Path:
     """`runs/smoke/` after the teacher and distill stages of recipes/smoke.yaml, built once per session."""
     runs = tmp_path_factory.mktemp("smoke-runs")
-    env = {**os.environ, "RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
     for stage in ("teacher", "distill"):
         result = subprocess.run(
             [PYTHON, "-m", "distill", stage, str(ROOT / "recipes" / "smoke.yaml")],
@@ -74,7 +74,12 @@ def smoke_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smoke_bundles(smoke_run) -> Path:
     """`smoke_run` plus every bundle of recipes/smoke.yaml."""
-    env = {**os.environ, "RUNS_DIR": str(smoke_run.parent), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    env = {
+        **os.environ,
+        "EDGEDISTILL_RUNS_DIR": str(smoke_run.parent),
+        "HF_HUB_OFFLINE": "1",
+        "EDGEDISTILL_TORCH_THREADS": "1",
+    }
     result = subprocess.run(
         [PYTHON, "-m", "export", "bundles", str(ROOT / "recipes" / "smoke.yaml")],
         cwd=ROOT,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 def test_make_all_on_the_smoke_recipe(smoke_bundles):
     runs = smoke_bundles.parent
-    env = {**os.environ, "RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
     command = ["make", "--no-print-directory", "all", "RECIPE=recipes/smoke.yaml", f"RUNS_DIR={runs}"]
     result = subprocess.run(
         command,  # the smoke recipe's serving benchmark runs one second per phase

@@ -31,7 +31,7 @@ def bench_accuracy(bundle, dev, runs, *extra: str) -> int:
     with pytest.MonkeyPatch.context() as env:
         for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
             env.delenv(name)
-        env.setenv("RUNS_DIR", str(runs))
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
         return main(argv)
 
 

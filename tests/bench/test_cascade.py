@@ -16,7 +16,7 @@ def measured(smoke_bundles):
     with pytest.MonkeyPatch.context() as env:
         for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
             env.delenv(name)
-        env.setenv("RUNS_DIR", str(smoke_bundles.parent))
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
         status = main(["cascade", str(SMOKE)])
     return status, smoke_bundles / "serve-cascade-bilstm-cascade"
 
@@ -37,6 +37,6 @@ def test_bench_cascade_table_names_the_cascade_and_its_last_member(measured):
 
 def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, capsys):
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("RUNS_DIR", str(smoke_bundles.parent))
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
         status = main(["serving", str(SMOKE), "--bundle", str(smoke_bundles / "bundle-bilstm-cascade")])
     assert status == 2 and "bench cascade" in capsys.readouterr().err

@@ -38,7 +38,7 @@ def bench_serving(bundle, texts_file, runs, *extra: str) -> int:
     with pytest.MonkeyPatch.context() as env:
         for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
             env.delenv(name)
-        env.setenv("RUNS_DIR", str(runs))
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
         return main([*argv, *extra])
 
 
@@ -131,7 +131,7 @@ def test_targets_come_from_the_recipe():
 
 
 def test_the_default_bundle_is_the_deployed_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     recipe = load_recipe(SMOKE)
     assert serving.deployed_bundle(recipe) == tmp_path / "smoke" / f"bundle-{recipe.export.deploy}"
 

@@ -48,7 +48,7 @@ def test_malformed_files_name_file_and_line(tmp_path, content, message):
 
 
 def test_missing_file_and_format(tmp_path):
-    with pytest.raises(DataError, match="file not found.*DATA_DIR"):
+    with pytest.raises(DataError, match="file not found.*EDGEDISTILL_DATA_DIR"):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
     (tmp_path / "a.parquet").write_text("x")
     with pytest.raises(DataError, match="unsupported format"):

@@ -25,8 +25,8 @@ def test_shipped_recipes_load():
 
 
 def test_default_recipe_reads_settings(monkeypatch):
-    monkeypatch.setenv("DATA_DIR", "/data/here")
-    monkeypatch.setenv("TEACHER_INIT", "org/model")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "/data/here")
+    monkeypatch.setenv("EDGEDISTILL_TEACHER_INIT", "org/model")
     recipe = load_recipe(ROOT / "recipes" / "sst2.yaml")
     assert recipe.data.train == "/data/here/sst2/train.tsv"
     assert recipe.model.init == "org/model"
@@ -172,9 +172,9 @@ def test_any_environment_variable_expands(tmp_path, monkeypatch):
 
 
 def test_settings_keep_their_defaults_when_unset(tmp_path, monkeypatch):
-    monkeypatch.delenv("DATA_DIR", raising=False)
+    monkeypatch.delenv("EDGEDISTILL_DATA_DIR", raising=False)
     recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${DATA_DIR}/a.tsv"')))
-    assert recipe.data.train == settings.defaults()["DATA_DIR"] + "/a.tsv"
+    assert recipe.data.train == settings.defaults()["EDGEDISTILL_DATA_DIR"] + "/a.tsv"
 
 
 def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
@@ -336,7 +336,7 @@ def test_replace_tag_marks_only_mappings(tmp_path):
 
 
 def test_extends_a_recipe_in_recipes_by_its_bare_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("DATA_DIR", "/data")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "/data")
     recipe = load_recipe(write(tmp_path, "extends: sst2\nfinetune: {optim: {lr: 0.5}}\n"))
     assert recipe.data.train == "/data/sst2/train.tsv"
 
@@ -384,7 +384,7 @@ def documented_recipes() -> dict[str, str]:
 @pytest.fixture
 def documented(tmp_path, monkeypatch):
     """The documented recipes, written side by side (one extends the other), loaded by name."""
-    monkeypatch.setenv("DATA_DIR", "/data")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "/data")
     for name, text in documented_recipes().items():
         write(tmp_path, text, name)
     return lambda name: load_recipe(tmp_path / name)

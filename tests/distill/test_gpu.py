@@ -26,7 +26,7 @@ def distill(*args: str, launcher: tuple[str, ...] = (PYTHON, "-m")) -> subproces
 
 
 def runs() -> Path:
-    return Path(os.environ["RUNS_DIR"])
+    return Path(os.environ["EDGEDISTILL_RUNS_DIR"])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -25,7 +25,12 @@ def pair_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pair-task")
     recipe = folder / "pairs.yaml"
     recipe.write_text(pair_recipe(write_pair_task(folder / "data")))
-    env = {**os.environ, "RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "TORCH_THREADS": "1"}
+    env = {
+        **os.environ,
+        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
+        "HF_HUB_OFFLINE": "1",
+        "EDGEDISTILL_TORCH_THREADS": "1",
+    }
     for command in (["distill", "teacher"], ["distill", "distill"], ["export", "bundles"]):
         result = subprocess.run(
             [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900

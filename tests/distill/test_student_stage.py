@@ -80,7 +80,7 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
 
     runs = tmp_path / "runs"
     shutil.copytree(smoke_run, runs / "smoke", ignore=shutil.ignore_patterns("student-*", "baseline-*", "bundle-*"))
-    env = {**os.environ, "RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
     torchrun = Path(PYTHON).with_name("torchrun")
     cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "distill", ROOT / "recipes" / "smoke.yaml"]
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""The distillation table on the recipe's metric, from manifests published into a temporary RUNS_DIR."""
+"""The distillation table on the recipe's metric, from manifests published into a temporary EDGEDISTILL_RUNS_DIR."""
 
 import json
 

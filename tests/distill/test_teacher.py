@@ -33,7 +33,7 @@ def majority_rate(labels_file: Path, limit: int) -> float:
 def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
     result = run_stage("teacher", SMOKE, f"--model.family={family}", f"--name=smoke-{family}")
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = Path(os.environ["RUNS_DIR"]) / f"smoke-{family}"
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / f"smoke-{family}"
     pre = mf.load(runs / "pretrain")
     assert pre.info["objective"] == ("mlm" if family == "bert" else "clm")
     assert pre.metrics["perplexity_after"] < pre.metrics["perplexity_before"]
@@ -70,7 +70,7 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     common += ["--finetune.optim.ema_decay=0.95"]
     base = run_stage("teacher", SMOKE, "--name=straight", *common)
     assert base.returncode == 0, base.stderr[-3000:]
-    runs = Path(os.environ["RUNS_DIR"])
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
     # Same pretrain artifact for both runs, so only the fine-tune differs.
     (runs / "killed").mkdir()
     os.symlink(runs / "straight" / "pretrain", runs / "killed" / "pretrain")
@@ -118,7 +118,7 @@ def test_torchrun_two_cpu_processes(data_dir):
     cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "teacher", SMOKE, "--name=ddp"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "ddp" / "teacher")
+    teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "ddp" / "teacher")
     assert teacher.info["world_size"] == 2
     # The effective batch is the recipe's on any world size: 3 epochs of 4,000 examples in batches of 32.
     assert teacher.info["steps"] == 3 * 4000 // 32
@@ -128,7 +128,7 @@ def test_torchrun_two_cpu_processes(data_dir):
 def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
     result = run_stage("teacher", SMOKE, "--runtime.device=cpu", "--runtime.precision=bf16", "--name=bf16")
     assert result.returncode == 0, result.stderr[-3000:]
-    teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "bf16" / "teacher")
+    teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "bf16" / "teacher")
     assert (teacher.info["device"], teacher.info["precision"]) == ("cpu", "bf16")
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
 
@@ -141,7 +141,7 @@ def test_cuda_on_a_machine_without_one_fails_before_any_work():
     result = run_stage("teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
     assert result.returncode == 2
     assert "runtime.device=cuda but no CUDA device visible" in result.stderr
-    assert not (Path(os.environ["RUNS_DIR"]) / "nocuda").exists()
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "nocuda").exists()
 
 
 def test_sentence_pair_fine_tuning(smoke_run, tmp_path):
@@ -161,8 +161,8 @@ def test_sentence_pair_fine_tuning(smoke_run, tmp_path):
     ]
     result = run_stage("finetune", SMOKE, *pairs)
     assert result.returncode == 0, result.stderr[-3000:]
-    teacher = mf.load(Path(os.environ["RUNS_DIR"]) / "pairs" / "teacher")
+    teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "teacher")
     assert teacher.metrics["dev_accuracy"] > 0.9
-    tokenizer = AutoTokenizer.from_pretrained(Path(os.environ["RUNS_DIR"]) / "pairs" / "teacher")
+    tokenizer = AutoTokenizer.from_pretrained(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "teacher")
     encoded = tokenizer("is it good ?", "it is good")
     assert set(encoded["token_type_ids"]) == {0, 1}

@@ -109,7 +109,7 @@ def test_transfer_artifact(smoke_run):
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
     command = [PYTHON, "-m", "distill", "transfer", str(SMOKE), f"--name={name}", "--transfer.labeller=teacher-fused"]
-    env = {**os.environ, "RUNS_DIR": str(runs)}
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs)}
     return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -150,7 +150,7 @@ def test_damaged_bundle_is_refused(smoke_bundles, tmp_path, damage, message):
 
 def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     """Scramble the INT8 weights of a bundle: the accuracy gate must refuse it, with the figures."""
-    monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     recipe = load_recipe(SMOKE)
     model = onnx.load(str(smoke_bundles / "bundle-cnn-int8" / "model.onnx"))
     rng = np.random.default_rng(0)

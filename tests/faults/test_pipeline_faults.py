@@ -1,7 +1,7 @@
 """kill -9 in the middle of pipeline stages of recipes/smoke.yaml, then rerun: the stage resumes and
 ends where an uninterrupted run ended; a half-written bundle is never served.
 
-Each test works in its own run name under RUNS_DIR, with the finished upstream artifacts of the
+Each test works in its own run name under EDGEDISTILL_RUNS_DIR, with the finished upstream artifacts of the
 session's `smoke_run` linked in, so the teacher is not trained again.
 """
 
@@ -26,8 +26,8 @@ SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 
 def run_with(name: str, smoke_run: Path, *artifacts: str) -> Path:
-    """RUNS_DIR/<name>/ with `artifacts` of `smoke_run` linked in."""
-    folder = Path(os.environ["RUNS_DIR"]) / name
+    """EDGEDISTILL_RUNS_DIR/<name>/ with `artifacts` of `smoke_run` linked in."""
+    folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / name
     folder.mkdir(parents=True)
     for artifact in artifacts:
         os.symlink(smoke_run / artifact, folder / artifact)
@@ -36,7 +36,7 @@ def run_with(name: str, smoke_run: Path, *artifacts: str) -> Path:
 
 def kill_9_when(ready, what: str, *args: str, timeout: float = 300) -> None:
     """Run `python *args` and SIGKILL it as soon as `ready()` is true; fails if it finished first."""
-    log = Path(os.environ["RUNS_DIR"]) / f"killed-{time.monotonic_ns()}.log"
+    log = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / f"killed-{time.monotonic_ns()}.log"
     with open(log, "w") as out:  # a file, not a pipe nobody reads: a full pipe would stall the stage
         proc = subprocess.Popen(
             [PYTHON, *args],

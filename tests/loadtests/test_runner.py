@@ -27,12 +27,13 @@ def pair_bundle(tmp_path_factory) -> Path:
 
 def loadtest(bundle: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "loadtests", "recipes/smoke.yaml", "--profile", profile, "--bundle", str(bundle)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EDGEDISTILL_", "LOADTEST_"))}
+    server = ("EDGEDISTILL_", "LOADTEST_")  # settings of the server and the plan come from the flags alone
+    env = {k: v for k, v in os.environ.items() if k == "EDGEDISTILL_RUNS_DIR" or not k.startswith(server)}
     return subprocess.run([*command, *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def results(profile: str) -> tuple[Path, dict]:
-    folder = Path(os.environ["RUNS_DIR"]) / "smoke" / f"loadtest-{profile}"
+    folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / f"loadtest-{profile}"
     return folder, json.loads((folder / "summary.json").read_text())
 
 

@@ -3,8 +3,9 @@ import json
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, run_dir
-from edgedistill.common.settings import PROJECT_ROOT
 from edgedistill.report import headline
+
+from tests.conftest import ROOT
 
 
 def publish(folder, metrics):
@@ -16,8 +17,8 @@ def publish(folder, metrics):
 
 @pytest.fixture
 def recipe(tmp_path, monkeypatch):
-    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
-    return load_recipe(PROJECT_ROOT / "recipes" / "smoke.yaml")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    return load_recipe(ROOT / "recipes" / "smoke.yaml")
 
 
 def test_headline_names_the_baseline_gain_when_there_is_one(recipe):
@@ -69,7 +70,7 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
 
 def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys):
     publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9})
-    assert headline.main([str(PROJECT_ROOT / "recipes" / "smoke.yaml")]) == 0
+    assert headline.main([str(ROOT / "recipes" / "smoke.yaml")]) == 0
     assert "teacher: dev accuracy 0.9000" in capsys.readouterr().out
     assert headline.main(["recipes/no-such.yaml"]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -84,8 +85,8 @@ def test_call_lines_of_a_single_text_task_send_one_text(recipe):
 
 
 def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):
-    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
-    pairs = load_recipe(PROJECT_ROOT / "recipes" / "smoke.yaml", {"data.text_pair_column": "sentence2"})
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    pairs = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.text_pair_column": "sentence2"})
     publish(run_dir(pairs) / f"bundle-{pairs.export.deploy}", {})
     assert (
         '           grpcurl -plaintext -d \'{"texts": ["<text>"], "text_pairs": ["<second text>"]}\' '

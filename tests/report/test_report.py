@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def render_report():
-    """Run the report stage on the smoke run (RUNS_DIR set by the test); its folder."""
+    """Run the report stage on the smoke run (EDGEDISTILL_RUNS_DIR set by the test); its folder."""
     report = stage(load_recipe(ROOT / "recipes" / "smoke.yaml"))
     report.run()
     return report.folder
@@ -28,7 +28,7 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     for command in ("models", "serving"):  # no-ops if up to date
         bench = run_module("bench", smoke_bundles.parent, command, str(ROOT / "recipes" / "smoke.yaml"))
         assert bench.returncode == 0, bench.stderr[-2000:]
-    monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     out = render_report()
     page = (out / "index.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
@@ -65,7 +65,7 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_report_renders_in_headless_chromium_with_every_image(smoke_bundles, monkeypatch, tmp_path):
-    monkeypatch.setenv("RUNS_DIR", str(smoke_bundles.parent))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     out = render_report()
     probed = tmp_path / "probed.html"
     probed.write_text((out / "index.html").read_text().replace("</body>", PROBE + "</body>"))

@@ -1,0 +1,136 @@
+"""Pipeline settings: `EDGEDISTILL_*` names, the old names still read with a warning, defaults from the working
+directory, and the server leaving the pipeline's variables alone."""
+
+import warnings
+
+import pytest
+from edgedistill.common import settings
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.serve.settings import SettingsError, load_settings
+
+RECIPE = """\
+name: elsewhere
+data: {train: "${EDGEDISTILL_DATA_DIR}/train.tsv", dev: "${DATA_DIR}/dev.tsv", label_names: [neg, pos]}
+model: {init: "${EDGEDISTILL_TEACHER_INIT}"}
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    """No path or thread setting from the outer environment, and each old name warns again."""
+    for new, old in settings.RENAMED.items():
+        monkeypatch.delenv(new, raising=False)
+        monkeypatch.delenv(old, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    settings.warn_renamed.cache_clear()
+
+
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """A working directory outside the checkout, with `../shared/data` beside it and a recipe in `recipes/`."""
+    cwd = tmp_path / "project"
+    (cwd / "recipes").mkdir(parents=True)
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (cwd / "recipes" / "base.yaml").write_text(RECIPE, encoding="utf-8")
+    (cwd / "recipes" / "child.yaml").write_text("extends: base\n", encoding="utf-8")
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_runs_default_to_runs_in_the_working_directory(elsewhere):
+    assert settings.defaults()["EDGEDISTILL_RUNS_DIR"] == str(elsewhere / "runs")
+
+
+def test_data_defaults_to_shared_data_beside_the_working_directory(elsewhere):
+    assert settings.defaults()["EDGEDISTILL_DATA_DIR"] == str(elsewhere.parent / "shared" / "data")
+
+
+def test_data_defaults_to_data_in_the_working_directory_without_shared(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert settings.defaults()["EDGEDISTILL_DATA_DIR"] == str(tmp_path / "data")
+
+
+def test_teacher_defaults_to_the_hub_model_without_a_shared_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert settings.defaults()["EDGEDISTILL_TEACHER_INIT"] == settings.HUB_TEACHER
+
+
+def test_a_recipe_extends_a_recipe_by_name_from_recipes_in_the_working_directory(elsewhere):
+    recipe = load_recipe("recipes/child.yaml")
+    assert recipe.data.train == str(elsewhere.parent / "shared" / "data" / "train.tsv")
+
+
+def test_a_recipe_reads_the_old_spelling_of_a_setting(elsewhere):
+    recipe = load_recipe("recipes/base.yaml")
+    assert recipe.data.dev == str(elsewhere.parent / "shared" / "data" / "dev.tsv")
+
+
+def test_the_run_folder_is_under_the_working_directory(elsewhere):
+    assert run_dir(load_recipe("recipes/base.yaml")) == elsewhere / "runs" / "elsewhere"
+
+
+@pytest.mark.parametrize(("new", "old"), list(settings.RENAMED.items()))
+def test_an_old_name_still_works(monkeypatch, new, old):
+    monkeypatch.setenv(old, "7")
+    with pytest.warns(FutureWarning):
+        assert settings.env(new) == "7"
+
+
+@pytest.mark.parametrize(("new", "old"), list(settings.RENAMED.items()))
+def test_an_old_name_warns_naming_the_new_one(monkeypatch, new, old):
+    monkeypatch.setenv(old, "7")
+    with pytest.warns(FutureWarning, match=f"{old} is deprecated.*set {new} instead"):
+        settings.env(new)
+
+
+def test_an_old_name_warns_once(monkeypatch):
+    monkeypatch.setenv("RUNS_DIR", "/old")
+    with pytest.warns(FutureWarning):
+        settings.defaults()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        settings.defaults()
+
+
+def test_the_new_name_wins_over_the_old(monkeypatch):
+    monkeypatch.setenv("RUNS_DIR", "/old")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", "/new")
+    assert settings.defaults()["EDGEDISTILL_RUNS_DIR"] == "/new"
+
+
+def test_a_recipe_sees_the_new_value_under_the_old_name(monkeypatch):
+    monkeypatch.setenv("DATA_DIR", "/old")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "/new")
+    assert settings.variables()["DATA_DIR"] == "/new"
+
+
+def test_threads_follow_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert settings.threads() == 3
+
+
+def test_the_threads_setting_wins_over_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", "5")
+    assert settings.threads() == 5
+
+
+def test_threads_default_to_every_core(monkeypatch):
+    monkeypatch.setattr(settings.os, "cpu_count", lambda: 6)
+    assert settings.threads() == 6
+
+
+def test_a_bad_thread_count_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", "many")
+    with pytest.raises(ValueError, match="EDGEDISTILL_TORCH_THREADS='many'"):
+        settings.threads()
+
+
+@pytest.mark.parametrize("name", sorted(settings.PIPELINE))
+def test_the_server_accepts_the_pipeline_variables(name):
+    assert load_settings([], environ={name: "1"}).port == 50051
+
+
+def test_the_server_still_refuses_an_unknown_variable():
+    with pytest.raises(SettingsError, match="EDGEDISTILL_NO_SUCH"):
+        load_settings([], environ={"EDGEDISTILL_NO_SUCH": "1"})
