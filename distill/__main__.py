@@ -16,18 +16,33 @@ from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 from edgedistill.distill.trainer import CheckpointError
 
-STAGES = ("pretrain", "finetune", "teacher", "transfer", "distill")
+STAGES = {
+    "pretrain": "pretrain the teacher language model (recipes with a `pretrain` section)",
+    "finetune": "fine-tune the teacher for classification",
+    "teacher": "pretrain (if the recipe says so) and fine-tune the teacher",
+    "transfer": "build the transfer set and label it with the teacher",
+    "distill": "distil every student of the recipe and train their baselines, then print the table",
+}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distill", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=STAGES)
-    parser.add_argument("recipe")
-    parser.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
-    parser.add_argument("--only", action="append", help="distill: just this student (repeatable)")
-    parser.add_argument("--no-baseline", action="store_true", help="distill: skip the label-only baselines")
-    parser.add_argument("--jobs", type=int, default=1, help="distill: train this many students/baselines at once")
-    args, rest = parser.parse_known_args(argv)
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """One subcommand per stage; `prog` is what the usage lines start with."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.set_defaults(only=None, no_baseline=False, jobs=1)
+    stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for name, summary in STAGES.items():
+        stage = stages.add_parser(name, help=summary, description=summary)
+        stage.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+        stage.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
+    distill = stages.choices["distill"]
+    distill.add_argument("--only", action="append", help="just this student (repeatable)")
+    distill.add_argument("--no-baseline", action="store_true", help="skip the label-only baselines")
+    distill.add_argument("--jobs", type=int, default=1, help="train this many students/baselines at once")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
+    args, rest = build_parser(prog).parse_known_args(argv)
     device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

@@ -27,13 +27,29 @@ def labeller(recipe, force: bool) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("bundles", "labeller"))
-    parser.add_argument("recipe")
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    parser.add_argument("--only", action="append", help="bundles: just this bundle or cascade id (repeatable)")
-    args, rest = parser.parse_known_args(argv)
+COMMANDS = {
+    "bundles": "build every bundle of the recipe, each checked against PyTorch and gated, then its cascades",
+    "labeller": "build the bundle `transfer.labeller` names, which labels the transfer set on the CPU",
+}
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """One subcommand per command; `prog` is what the usage lines start with."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.set_defaults(only=None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary in COMMANDS.items():
+        command = commands.add_parser(name, help=summary, description=summary)
+        command.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+        command.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    commands.choices["bundles"].add_argument(
+        "--only", action="append", help="just this bundle or cascade id (repeatable)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
+    args, rest = build_parser(prog).parse_known_args(argv)
     device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

@@ -130,8 +130,8 @@ def write_repository(
     return final
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.triton", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-student-int8")
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
     parser.add_argument("--max-batch-size", type=int, default=64)

@@ -1,4 +1,5 @@
-"""`python -m report.headline RECIPE`: one line per finished stage of a recipe, then the headline figures.
+"""`python -m report.headline RECIPE [--section.key=value ...]`: one line per finished stage of a recipe, then the
+headline figures.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode, serving latency
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from edgedistill.bench.stats import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import Recipe, RecipeError, load_recipe, run_dir
+from edgedistill.common.recipe import Recipe, RecipeError, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
 from rich.console import Console
 from rich.table import Table
@@ -123,12 +124,12 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m report.headline", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m report.headline") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     try:
-        recipe = load_recipe(args.recipe)
+        recipe = load_recipe(args.recipe, parse_overrides(rest))
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,26 +15,26 @@ from edgedistill.serve.workers import SupervisorLink, supervise, worker_count
 log = logging.getLogger("serve")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     try:
-        settings = load_settings(argv)
+        settings = load_settings(argv, prog=prog)
     except SettingsError as err:
-        print(f"python -m serve: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
     supervisor = SupervisorLink.from_environ()
     try:
         if supervisor is None and (count := worker_count(settings)) > 1:
             return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
-        return asyncio.run(serve(settings, supervisor))
+        status = asyncio.run(serve(settings, supervisor))
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2
-
-
-if __name__ == "__main__":
-    status = main()
     if status == EXIT_FAULT:  # a hung backend call holds a worker thread that a normal exit would wait for
         logging.shutdown()
         os._exit(status)
-    sys.exit(status)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

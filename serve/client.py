@@ -275,10 +275,8 @@ def _positive(value: str) -> int:
     return number
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m serve.client", description="Classify texts with an edgedistill server."
-    )
+def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
     parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
     parser.add_argument(
         "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
@@ -323,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, stdin=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
+    args = build_parser(prog).parse_args(argv)
     client = Client(
         args.address,
         token=args.token,
@@ -347,10 +345,10 @@ def main(argv: list[str] | None = None, stdin=None) -> int:
                 write_streamed(classify_in_batches(infer, texts, pairs, args.batch_size, args.model), sys.stdout)
                 return 0
     except UsageError as err:
-        print(f"python -m serve.client: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     except ModelChanged as err:
-        print(f"python -m serve.client: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
         print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)

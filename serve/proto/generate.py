@@ -54,8 +54,8 @@ def generate(out: Path = HERE) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve.proto.generate", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m serve.proto.generate") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: beside the protos)")
     args = parser.parse_args(argv)
     for path in generate(args.out):

@@ -1,0 +1,131 @@
+"""`edgedistill <command> [args]`: every stage of the pipeline, the server and its client as one command.
+
+Each command hands its arguments to a stage's own entry point (`python -m distill teacher ...` and the
+others) and imports that stage only when it runs, so `edgedistill --help` and `edgedistill serve` load no
+torch. `edgedistill all RECIPE` runs the stages of `make all`, one process each, and stops at the first
+that fails, with its exit status.
+"""
+
+import argparse
+import importlib
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.metadata import version
+
+PROG = "edgedistill"
+JOBS = 2  # students trained at once by `all`, as `make all` does
+DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
+EXPORT = "edgedistill.export.__main__"  # python -m export <command>
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: the module whose `main(argv, prog=...)` runs it and the install extra its imports need."""
+
+    help: str
+    module: str
+    extra: str
+    dispatches: bool = False  # the module's own parser takes the command's name first: `python -m distill teacher`
+
+    def run(self, name: str, argv: list[str]) -> int:
+        try:
+            main = importlib.import_module(self.module).main
+            if self.dispatches:
+                return main([name, *argv], prog=PROG)  # its subparser's usage reads `edgedistill <name>`
+            return main(argv, prog=f"{PROG} {name}")
+        except ModuleNotFoundError as err:
+            if err.name is None or err.name.partition(".")[0] == PROG:
+                raise
+            extra = "cpu" if err.name == "onnxruntime" else self.extra  # or gpu: the two wheels exclude each other
+            print(
+                f"{PROG} {name}: needs {err.name}, which is not installed: pip install '{PROG}[{extra}]'",
+                file=sys.stderr,
+            )
+            return 2
+
+
+COMMANDS = {
+    "pretrain": Command("pretrain the teacher language model", DISTILL, "train", True),
+    "finetune": Command("fine-tune the teacher for classification", DISTILL, "train", True),
+    "teacher": Command("pretrain (if the recipe says so) and fine-tune the teacher", DISTILL, "train", True),
+    "labeller": Command("the teacher's ONNX bundle that labels the transfer set on the CPU", EXPORT, "export", True),
+    "transfer": Command("build the transfer set and label it with the teacher", DISTILL, "train", True),
+    "distill": Command("distil the students and train their label-only baselines", DISTILL, "train", True),
+    "bundles": Command("export every bundle (ONNX, fused, INT8), each gated on parity", EXPORT, "export", True),
+    "triton-repo": Command("a Triton model repository for a bundle", "edgedistill.export.triton", "export"),
+    "bench": Command("benchmarks: models, serving, accuracy or cascade", "edgedistill.bench.__main__", "bench"),
+    "serve": Command("serve a bundle over gRPC (Classifier and KServe v2)", "edgedistill.serve.__main__", "serve"),
+    "call": Command("classify texts with a running server", "edgedistill.serve.client", "serve"),
+    "loadtest": Command(
+        "load-test a served bundle with locust, gated on the recipe's SLO", "edgedistill.loadtests.__main__", "loadtest"
+    ),
+    "report": Command(
+        "the run report (HTML and markdown) from every finished stage", "edgedistill.report.__main__", "report"
+    ),
+    "headline": Command("the headline figures of a run", "edgedistill.report.headline", "report"),
+    "proto": Command("regenerate the gRPC modules from the .proto files", "edgedistill.serve.proto.generate", "dev"),
+}
+ALL_HELP = "the whole pipeline on a recipe, as `make all` runs it"
+
+
+def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
+    """The commands `edgedistill all` runs, in order, each with the recipe overrides."""
+    steps = [
+        ["teacher", recipe],
+        ["labeller", recipe],
+        ["transfer", recipe],
+        ["distill", recipe, "--jobs", str(jobs)],
+        ["bundles", recipe],
+        ["bench", "models", recipe],
+        ["bench", "serving", recipe],
+        ["bench", "accuracy", recipe],
+        ["bench", "cascade", recipe],
+        ["loadtest", recipe, "--profile", "smoke"],
+        ["report", recipe],
+        ["headline", recipe],
+    ]
+    return [[*step, *overrides] for step in steps]
+
+
+def run_all(argv: list[str]) -> int:
+    """Every stage in its own process; the exit status of the first that fails, else 0."""
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} all",
+        description=f"Run {ALL_HELP}: teacher, labeller, transfer, distill, bundles, the model, serving, accuracy "
+        "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
+        epilog="Further --section.key=value arguments override the recipe in every stage.",
+    )
+    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
+    args, overrides = parser.parse_known_args(argv)
+    for step in pipeline(args.recipe, args.jobs, overrides):
+        print(f"[all] {PROG} {' '.join(step)}", flush=True)
+        status = subprocess.run([sys.executable, "-m", PROG, *step]).returncode
+        if status != 0:
+            print(f"[all] {PROG} {step[0]} failed with exit status {status}", file=sys.stderr)
+            return status
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: it lists the commands; each command's own options are its entry point's."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
+        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {version(PROG)}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        commands.add_parser(name, help=command.help, add_help=False)
+    commands.add_parser("all", help=ALL_HELP, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in {*COMMANDS, "all"}:
+        build_parser().parse_args(argv)  # prints the help, the version or the usage error, and exits
+    name, rest = argv[0], argv[1:]
+    return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)

@@ -1,0 +1,146 @@
+"""The `edgedistill` command: it lists every command, hands each its own help and errors, imports a stage only
+when that stage runs, and runs the whole pipeline stage by stage until one fails."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgedistill import cli
+
+SCRIPT = Path(sys.executable).with_name("edgedistill")
+NAMES = [*cli.COMMANDS, "all"]
+
+
+@pytest.fixture(scope="module")
+def top_help() -> str:
+    """`edgedistill --help` from the installed script, run outside the checkout."""
+    result = subprocess.run([SCRIPT, "--help"], cwd="/", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_help_lists_every_command(top_help, name):
+    assert f"    {name} " in top_help or f"    {name}\n" in top_help
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_command_has_its_own_help(capsys, name):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([name, "--help"])
+    assert exit_.value.code == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_command_help_names_the_command(capsys, name):
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: edgedistill {name} ")
+
+
+def test_an_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["no-such-command"])
+    assert exit_.value.code == 2
+
+
+def test_teacher_with_a_missing_recipe_fails(tmp_path):
+    assert cli.main(["teacher", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_teacher_with_a_missing_recipe_says_so(tmp_path, capsys):
+    cli.main(["teacher", str(tmp_path / "missing.yaml")])
+    assert "missing.yaml does not exist" in capsys.readouterr().err
+
+
+def test_a_missing_dependency_names_the_install_command(monkeypatch, capsys):
+    def absent(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name="locust")
+
+    monkeypatch.setattr(cli.importlib, "import_module", absent)
+    assert cli.main(["loadtest", "recipes/smoke.yaml"]) == 2
+    assert "pip install 'edgedistill[loadtest]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["call", "--help"]], ids=" ".join)
+def test_help_and_the_server_import_no_torch(argv):
+    probe = (
+        "import sys\nfrom edgedistill import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "False False", result.stderr
+
+
+def test_python_m_edgedistill_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "edgedistill", "--version"], capture_output=True, text=True)
+    assert result.stdout.startswith("edgedistill ")
+
+
+class Stages:
+    """Stands in for `subprocess.run` in `edgedistill all`: records each stage, fails the one named `failing`."""
+
+    def __init__(self, failing: str | None = None, status: int = 3):
+        self.failing, self.status, self.ran = failing, status, []
+
+    def __call__(self, command):
+        step = command[3:]  # after python -m edgedistill
+        self.ran.append(step)
+        failed = self.failing in (step[0], " ".join(step[:2]))
+        return subprocess.CompletedProcess(command, self.status if failed else 0)
+
+
+def test_all_runs_the_stages_of_make_all_in_order(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli.subprocess, "run", stages)
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 0
+    assert [step[0] if step[0] != "bench" else f"bench {step[1]}" for step in stages.ran] == [
+        "teacher",
+        "labeller",
+        "transfer",
+        "distill",
+        "bundles",
+        "bench models",
+        "bench serving",
+        "bench accuracy",
+        "bench cascade",
+        "loadtest",
+        "report",
+        "headline",
+    ]
+
+
+def test_all_runs_each_stage_as_a_process_of_this_interpreter(monkeypatch):
+    commands = []
+    monkeypatch.setattr(cli.subprocess, "run", lambda command: commands.append(command) or Stages()(command))
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert {tuple(command[:3]) for command in commands} == {(sys.executable, "-m", "edgedistill")}
+
+
+def test_all_stops_at_the_first_failing_stage(monkeypatch):
+    stages = Stages(failing="bundles")
+    monkeypatch.setattr(cli.subprocess, "run", stages)
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert stages.ran[-1][0] == "bundles"
+
+
+def test_all_exits_with_the_failing_stage_status(monkeypatch):
+    monkeypatch.setattr(cli.subprocess, "run", Stages(failing="bench serving", status=5))
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 5
+
+
+def test_all_passes_jobs_and_overrides_on(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli.subprocess, "run", stages)
+    cli.main(["all", "recipes/smoke.yaml", "--jobs", "3", "--name=x"])
+    assert stages.ran[3] == ["distill", "recipes/smoke.yaml", "--jobs", "3", "--name=x"]
+
+
+def test_all_passes_overrides_to_every_stage(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli.subprocess, "run", stages)
+    cli.main(["all", "recipes/smoke.yaml", "--name=x"])
+    assert all(step[-1] == "--name=x" for step in stages.ran)
