@@ -161,15 +161,21 @@ def project_packages() -> list[Path]:
     return sorted(folder for folder in ROOT.iterdir() if (folder / "__init__.py").is_file() and folder.name != "tests")
 
 
+def top_name(module: str) -> str:
+    """The project package a module is in (`edgedistill.serve.app` -> serve), else its top-level name."""
+    top, _, rest = module.partition(".")
+    return rest.partition(".")[0] if top == "edgedistill" and rest else top
+
+
 def imported(package: Path) -> set[str]:
     """Top-level names of the modules a package imports anywhere (also inside functions), itself left out."""
     names = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
-                names |= {alias.name.partition(".")[0] for alias in node.names}
+                names |= {top_name(alias.name) for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.partition(".")[0])
+                names.add(top_name(node.module))
     return names - {package.name}
 
 
