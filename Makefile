@@ -6,7 +6,7 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
-RUNS_DIR ?= runs
+RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
@@ -14,12 +14,13 @@ NAME     := $(basename $(notdir $(RECIPE)))
 RUN      := $(RUNS_DIR)/$(NAME)
 STAMP    := $(VENV)/.installed
 RECIPES  := $(wildcard recipes/*.yaml)
-export RUNS_DIR
+ED       := $(VENV)/bin/edgedistill
+export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 
 ifeq ($(NPROC),1)
-LAUNCH := $(PY) -m
+LAUNCH := $(ED)
 else
-LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m
+LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
@@ -28,12 +29,12 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
-	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
-	$(PY) -m bench accuracy $(RECIPE) --bundle $(BUNDLE)
-	$(PY) -m bench cascade $(RECIPE)
-	$(PY) -m loadtests $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
-	$(PY) -m report $(RECIPE)
-	@$(PY) -m report.headline $(RECIPE)
+	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE)
+	$(ED) bench cascade $(RECIPE)
+	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
+	$(ED) report $(RECIPE)
+	@$(ED) headline $(RECIPE)
 
 # PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
 # PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;
@@ -51,57 +52,57 @@ $(STAMP): pyproject.toml
 	touch $@
 
 pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` section)
-	$(LAUNCH) distill pretrain $(RECIPE)
+	$(LAUNCH) pretrain $(RECIPE)
 
 teacher: $(STAMP)  ## pretrain (if the recipe says so) and fine-tune the teacher
-	$(LAUNCH) distill teacher $(RECIPE)
+	$(LAUNCH) teacher $(RECIPE)
 
 transfer: teacher  ## build the transfer set and label it with the teacher (on the CPU through its ONNX bundle)
-	$(PY) -m export labeller $(RECIPE)
-	$(PY) -m distill transfer $(RECIPE)
+	$(ED) labeller $(RECIPE)
+	$(ED) transfer $(RECIPE)
 
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-	$(LAUNCH) distill distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
+	$(LAUNCH) distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
 
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
-	$(PY) -m export bundles $(RECIPE)
+	$(ED) bundles $(RECIPE)
 
 bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run (recipe: bench.models)
-	$(PY) -m bench models $(RECIPE)
+	$(ED) bench models $(RECIPE)
 
-BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
+BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from edgedistill.common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
-	$(PY) -m export.triton $(BUNDLE) $(RUN)/triton
+	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 
 report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
-	$(PY) -m report $(RECIPE)
+	$(ED) report $(RECIPE)
 
 proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
-	$(PY) -m serve.proto.generate
+	$(ED) proto
 
 PORT ?= 50051
 serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gRPC on PORT
-	$(PY) -m serve --bundle $(BUNDLE) --port $(PORT)
+	$(ED) serve --bundle $(BUNDLE) --port $(PORT)
 
 TEXT ?= a gripping , beautifully acted film
 PAIR ?=
 call: $(STAMP)  ## classify TEXT (with its sentence B, PAIR, for a pair model) with the server on PORT
-	$(PY) -m serve.client --address localhost:$(PORT) "$(TEXT)" $(if $(PAIR),--pair "$(PAIR)")
+	$(ED) call --address localhost:$(PORT) "$(TEXT)" $(if $(PAIR),--pair "$(PAIR)")
 
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
-	$(PY) -m bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
+	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
 serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the first) against its last member served alone
-	$(PY) -m bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
+	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 
 serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own dev accuracy
-	$(PY) -m bench accuracy $(RECIPE) --bundle $(BUNDLE) --check
+	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE) --check
 
 PROFILE       ?= smoke
 LOADTEST_ARGS ?=
 loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; $(RUN)/loadtest-PROFILE; fails on a missed SLO
-	$(PY) -m loadtests $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
+	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth
 	$(MAKE) --no-print-directory loadtest PROFILE=soak
