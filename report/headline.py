@@ -1,4 +1,4 @@
-"""`python -m report.headline RECIPE [--section.key=value ...]`: one line per finished stage of a recipe, then the
+"""`edgedistill headline RECIPE [--section.key=value ...]`: one line per finished stage of a recipe, then the
 headline figures.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
@@ -23,7 +23,7 @@ BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's
 CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
     False: ('make call TEXT="<text>"', '{"texts": ["<text>"]}'),
     True: (
-        'python -m serve.client "<text>" --pair "<second text>"',
+        'edgedistill call "<text>" --pair "<second text>"',
         '{"texts": ["<text>"], "text_pairs": ["<second text>"]}',
     ),
 }
@@ -116,7 +116,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         command, body = CALL[recipe.data.pairs]
         lines += [
             f"bundle: {bundle}",
-            f"serve it:  make serve RECIPE={recipe_path}   (or: python -m serve --bundle {bundle})",
+            f"serve it:  make serve RECIPE={recipe_path}   (or: edgedistill serve --bundle {bundle})",
             f"call it:   {command}",
             f"           grpcurl -plaintext -d '{body}' localhost:50051 edgedistill.v1.Classifier/Classify",
             "container: make image BAKE=1",
@@ -124,7 +124,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m report.headline") -> int:
+def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     args, rest = parser.parse_known_args(argv)
