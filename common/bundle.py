@@ -1,8 +1,10 @@
 """The deployable bundle: the only thing the server reads. Torch-free, so the serving image can load it.
 
 `runs/<recipe>/bundle-<id>/` holds the model file at the top level (`model.onnx` or `model.plan`),
-the `tokenizer.json` shared by the whole pipeline, and `manifest.json`, whose `info` carries a
-`BundleSpec`: what the server needs to feed the model and read its outputs.
+the tokenizer files shared by the whole pipeline (`tokenizer.json`, which the server reads, and
+`tokenizer_config.json`), a transformers-style `config.json` (labels, model type) for the Hugging Face
+tools, and `manifest.json`, whose `info` carries a `BundleSpec`: what the server needs to feed the
+model and read its outputs.
 """
 
 import hashlib
@@ -16,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 TOKENIZER = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
+CONFIG = "config.json"
 
 
 class TensorSpec(BaseModel):
@@ -59,6 +64,20 @@ class BundleSpec(BaseModel):
     def pairs(self) -> bool:
         """Whether the model takes sentence pairs: then every text needs its pair, and single texts are refused."""
         return "text_pair" in self.text_inputs
+
+
+def transformers_config(model: dict, spec: BundleSpec) -> dict:
+    """`config.json` of a bundle: the exported model's transformers-style config (`model`, with its `model_type`)
+    and the bundle's labels as `id2label` / `label2id`, as transformers and optimum read them."""
+    return model | {
+        "id2label": {str(i): label for i, label in enumerate(spec.labels)},
+        "label2id": {label: i for i, label in enumerate(spec.labels)},
+    }
+
+
+def tokenizer_config(data: dict, spec: BundleSpec) -> dict:
+    """The source's `tokenizer_config.json` with the bundle's max length, so that `truncation=True` fits the model."""
+    return data | {"model_max_length": spec.max_length}
 
 
 class Bundle(BaseModel):

@@ -1,9 +1,11 @@
 """Train a student: distilled from the cached teacher logits, or the label-only baseline.
 
-Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`): `model.safetensors`, `student.json`
-(the full `StudentConfig`), the teacher's `tokenizer.json`, and `history.json`. Both kinds get the
-same architecture, optimizer settings and step budget; the baseline starts from random weights unless
-`baseline_init_from_teacher` is set, so their gap is everything the teacher gives.
+Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`) in the Hub's layout: `config.json` and
+`model.safetensors` from the student's `save_pretrained` (`Student.from_pretrained(folder)` loads it
+without this module), the teacher's tokenizer files (`AutoTokenizer.from_pretrained(folder)` loads
+them), and `history.json`.
+Both kinds get the same architecture, optimizer settings and step budget; the baseline starts from
+random weights unless `baseline_init_from_teacher` is set, so their gap is everything the teacher gives.
 """
 
 import json
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
+from edgedistill.common.bundle import TOKENIZER_FILES
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, StudentConfig, StudentRun
 from edgedistill.common.stage import Built, Inputs, Stage
@@ -24,14 +27,16 @@ from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
 from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
-from edgedistill.distill.students import build_student, count_parameters, init_from_teacher
+from edgedistill.distill.students import Student, build_student, count_parameters, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, work_dir
+from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel
 
-WEIGHTS, CONFIG = "model.safetensors", "student.json"
+# Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
+FOLDER_LAYOUT = "hub"
 
 
 class DistillObjective(nn.Module):
@@ -70,18 +75,16 @@ class DistillObjective(nn.Module):
         return combine(terms, w.model_dump())
 
 
-def save_student(student: nn.Module, cfg: StudentConfig, folder) -> None:
-    save_file({k: v.detach().cpu().contiguous() for k, v in student.state_dict().items()}, folder / WEIGHTS)
-    (folder / CONFIG).write_text(cfg.model_dump_json(indent=1))
+def is_student(folder: Path) -> bool:
+    """Whether `folder` holds a student or baseline artifact (its manifest's stage says so)."""
+    return mf.load(folder, verify=False).stage.startswith(("student-", "baseline-"))
 
 
-def load_student(folder) -> tuple[nn.Module, StudentConfig]:
+def load_student(folder) -> tuple[Student, StudentConfig]:
     """Rebuild a student from its artifact folder (verified), in eval mode."""
     mf.load(folder)
-    cfg = StudentConfig.model_validate_json((folder / CONFIG).read_text())
-    student = build_student(cfg)
-    student.load_state_dict(load_file(folder / WEIGHTS))
-    return student.eval(), cfg
+    student = Student.from_pretrained(folder)
+    return student, student.config
 
 
 def _lines(path: Path) -> list[str]:
@@ -121,7 +124,7 @@ def stage(recipe: Recipe, name: str, baseline: bool = False) -> Stage:
         (),
         partial(_build, name=name, baseline=baseline),
         (transfer_stage, *transfer_stage.parents),
-        extra=spec.model_dump(mode="json", exclude=own),
+        extra=spec.model_dump(mode="json", exclude=own) | {"layout": FOLDER_LAYOUT},
     )
 
 
@@ -159,7 +162,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
         }
     )
     torch.manual_seed(optim.seed)
-    student = build_student(cfg)
+    student = build_student(cfg, recipe.data.label_names)
     teacher_bert = None
     from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
     if from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
@@ -205,8 +208,9 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     )
 
     def write(folder: Path) -> None:
-        save_student(student, cfg, folder)
-        shutil.copy2(teacher_dir / "tokenizer.json", folder / "tokenizer.json")
+        student.save_pretrained(folder)
+        for name in TOKENIZER_FILES:  # the teacher's, as saved: the tokenizer in use has this run's truncation set
+            shutil.copy2(teacher_dir / name, folder / name)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)
@@ -218,6 +222,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
             "kind": "baseline" if baseline else "distilled",
             "train_examples": len(lengths),
             "losses": (run_spec if baseline else spec).losses.model_dump(),
+            "temperature": spec.temperature,
             "init_from_teacher": from_teacher,
         }
         | trainer.run_info(),
@@ -225,5 +230,5 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.2f}M "
         f"steps={progress.global_step}",
-        size_of=WEIGHTS,
+        size_of=SAFETENSORS_SINGLE_FILE,
     )

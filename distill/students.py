@@ -8,12 +8,18 @@ A pair student (`StudentConfig.pairs`) also takes `token_type_ids`: the teacher 
 `[CLS] A [SEP] B [SEP]`, with 1 marking sentence B. The BiLSTM and the CNN encode each sentence on
 its own with shared weights and classify the matching features `[u, v, u * v, |u - v|]` (Tang et
 al. 2019); the Transformer reads both as two segments, like its teacher.
+
+Every student is a `Student`, a huggingface_hub `PyTorchModelHubMixin`: `save_pretrained(folder)` writes
+`config.json` (the `StudentConfig` fields and the label names) and `model.safetensors`, and
+`Student.from_pretrained(folder)` (or the architecture's own class) rebuilds it, from a folder or a Hub
+repository. This module needs torch, transformers and huggingface_hub only, not the training code.
 """
 
 import torch
 import torch.nn.functional as F
 from edgedistill.common.recipe import StudentConfig
 from edgedistill.distill.losses import layer_map
+from huggingface_hub import PyTorchModelHubMixin
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PreTrainedModel
 
@@ -54,7 +60,53 @@ def _matched(cfg: StudentConfig) -> int:
     return 4 if cfg.pairs else 1
 
 
-class BiLSTMClassifier(nn.Module):
+LABELS = "labels"  # config.json holds the StudentConfig fields and, beside them, the label names
+
+
+def _config_from_json(data: dict) -> StudentConfig:
+    return StudentConfig.model_validate({key: value for key, value in data.items() if key != LABELS})
+
+
+CODERS = {StudentConfig: (lambda cfg: cfg.model_dump(mode="json"), _config_from_json)}
+
+
+class Student(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="edgedistill",
+    license="apache-2.0",
+    pipeline_tag="text-classification",
+    tags=["text-classification", "knowledge-distillation"],
+    coders=CODERS,
+):
+    """A student classifier: `config` (its `StudentConfig`, vocab_size set) and `labels` (the names in index
+    order; `LABEL_<i>` when not given). `Student.from_pretrained` builds the class `config.arch` names."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(coders=CODERS, **kwargs)  # the mixin does not pass its coders on to subclasses
+
+    def __init__(self, config: StudentConfig, labels: list[str] | None = None):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("StudentConfig.vocab_size is not set (it comes from the teacher's tokenizer)")
+        labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(config.num_labels)]
+        if len(labels) != config.num_labels:
+            raise ValueError(f"{len(labels)} label names for num_labels={config.num_labels}: {labels}")
+        self.config, self.labels = config, labels
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, config: StudentConfig | None = None, strict: bool = True, **kwargs):
+        """The architecture `config.arch` names (refused unless it is `cls` or a subclass), its weights loaded
+        strictly: a missing or unexpected tensor raises."""
+        if config is None:
+            raise ValueError(f"{model_id} has no config.json: not a saved student")
+        arch = ARCHITECTURES[config.arch]
+        if not issubclass(arch, cls):
+            raise TypeError(f"{model_id} holds a {config.arch} student ({arch.__name__}), not a {cls.__name__}")
+        return super(Student, arch)._from_pretrained(model_id=model_id, config=config, strict=strict, **kwargs)
+
+
+class BiLSTMClassifier(Student):
     """Embedding -> one bidirectional LSTM -> pooling over real tokens -> dropout -> ReLU layer -> logits.
 
     Packed sequences do not export cleanly to ONNX, so the LSTM runs on 2B rows instead: the batch as
@@ -63,14 +115,14 @@ class BiLSTMClassifier(nn.Module):
     and the realigned backward states of the second are exact; the other half of the work is discarded.
     """
 
-    def __init__(self, cfg: StudentConfig):
-        super().__init__()
-        self.pooling, self.pairs = cfg.pooling, cfg.pairs
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_token_id)
-        self.lstm = nn.LSTM(cfg.embed_dim, cfg.hidden_size, batch_first=True, bidirectional=True)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.hidden = nn.Linear(2 * cfg.hidden_size * _matched(cfg), cfg.hidden_size)
-        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+    def __init__(self, config: StudentConfig, labels: list[str] | None = None):
+        super().__init__(config, labels)
+        self.pooling, self.pairs = config.pooling, config.pairs
+        self.embed = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_token_id)
+        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, batch_first=True, bidirectional=True)
+        self.dropout = nn.Dropout(config.dropout)
+        self.hidden = nn.Linear(2 * config.hidden_size * _matched(config), config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Bidirectional states (B, T, 2H) unaffected by padding; states at padded positions are meaningless."""
@@ -106,7 +158,7 @@ class BiLSTMClassifier(nn.Module):
         return self.classifier(F.relu(self.hidden(self.dropout(pooled))))
 
 
-class CNNClassifier(nn.Module):
+class CNNClassifier(Student):
     """Kim (2014): embedding -> Conv1d per kernel width -> ReLU -> max over time -> dropout -> logits.
 
     Convolutions are wide (k - 1 zeros on each side, as in Kim's code), so a one-token input works and
@@ -114,15 +166,15 @@ class CNNClassifier(nn.Module):
     window reaching into the padding sees the same zeros as the convolution's own padding.
     """
 
-    def __init__(self, cfg: StudentConfig):
-        super().__init__()
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_token_id)
+    def __init__(self, config: StudentConfig, labels: list[str] | None = None):
+        super().__init__(config, labels)
+        self.embed = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_token_id)
         self.convs = nn.ModuleList(
-            nn.Conv1d(cfg.embed_dim, cfg.num_filters, k, padding=k - 1) for k in cfg.kernel_sizes
+            nn.Conv1d(config.embed_dim, config.num_filters, k, padding=k - 1) for k in config.kernel_sizes
         )
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.pairs = cfg.pairs
-        self.classifier = nn.Linear(cfg.num_filters * len(cfg.kernel_sizes) * _matched(cfg), cfg.num_labels)
+        self.dropout = nn.Dropout(config.dropout)
+        self.pairs = config.pairs
+        self.classifier = nn.Linear(config.num_filters * len(config.kernel_sizes) * _matched(config), config.num_labels)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if self.pairs:
@@ -143,26 +195,26 @@ class CNNClassifier(nn.Module):
         return torch.cat(features, -1)
 
 
-class TransformerClassifier(nn.Module):
+class TransformerClassifier(Student):
     """A small BERT encoder -> [CLS] state -> dropout -> logits; BertModel, so teacher weights fit."""
 
-    def __init__(self, cfg: StudentConfig):
-        super().__init__()
-        config = BertConfig(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=cfg.max_length,
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.dropout,
-            pad_token_id=cfg.pad_token_id,
+    def __init__(self, config: StudentConfig, labels: list[str] | None = None):
+        super().__init__(config, labels)
+        bert = BertConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            intermediate_size=config.intermediate_size,
+            max_position_embeddings=config.max_length,
+            hidden_dropout_prob=config.dropout,
+            attention_probs_dropout_prob=config.dropout,
+            pad_token_id=config.pad_token_id,
             attn_implementation="eager",  # the fused kernels do not return attention probabilities
         )
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+        self.bert = BertModel(bert, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(
         self,
@@ -187,11 +239,9 @@ class TransformerClassifier(nn.Module):
 ARCHITECTURES = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier, "transformer": TransformerClassifier}
 
 
-def build_student(cfg: StudentConfig) -> nn.Module:
+def build_student(cfg: StudentConfig, labels: list[str] | None = None) -> Student:
     """A freshly initialised student of `cfg.arch`; `cfg.vocab_size` must be set."""
-    if cfg.vocab_size is None:
-        raise ValueError("StudentConfig.vocab_size is not set (it comes from the teacher's tokenizer)")
-    return ARCHITECTURES[cfg.arch](cfg)
+    return ARCHITECTURES[cfg.arch](cfg, labels)
 
 
 def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:

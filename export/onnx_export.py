@@ -11,8 +11,7 @@ from pathlib import Path
 
 import onnx
 import torch
-from edgedistill.distill.student_stage import CONFIG as STUDENT_CONFIG
-from edgedistill.distill.student_stage import load_student
+from edgedistill.distill.student_stage import is_student, load_student
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
@@ -59,8 +58,8 @@ class Source:
 
 
 def load_source(folder: Path) -> Source:
-    """The teacher or a student (a folder with `student.json`), in eval mode, from its verified artifact folder."""
-    if not (folder / STUDENT_CONFIG).is_file():
+    """The teacher or a student (or baseline), in eval mode, from its verified artifact folder."""
+    if not is_student(folder):
         model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
         cfg = model.config
         params = sum(p.numel() for p in model.parameters())
