@@ -1,7 +1,9 @@
 """The one contract between stages: an artifact folder holding `manifest.json`.
 
 A stage builds its folder under a temporary name and renames it into place, so a killed
-stage never leaves a half-written artifact behind; loading verifies every file's sha256.
+stage never leaves a half-written artifact behind; loading verifies every file's sha256. The model
+card (`README.md` at the top of the folder) is the one file left out: it is written from the manifest
+after publishing and rewritten as later figures appear (`common.modelcard`).
 """
 
 import hashlib
@@ -18,6 +20,7 @@ from edgedistill.common.atomic import atomic_write, publish_folder
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
+CARD = "README.md"
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", "grpcio")
 
 
@@ -145,11 +148,14 @@ def stage_folder(final: Path):
 
 
 def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
-    """Hash every file in `tmp`, write its manifest, and rename it to `final` (replacing any old one)."""
+    """Hash every file in `tmp` but the manifest and the card, write its manifest, and rename it to `final`
+    (replacing any old one)."""
     tmp, final = Path(tmp), Path(final)
     files = {}
     for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[file.relative_to(tmp).as_posix()] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
+        name = file.relative_to(tmp).as_posix()
+        if name != CARD:
+            files[name] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
     manifest = manifest.model_copy(
         update={
             "files": files,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedistill.common import manifest as mf
+from edgedistill.common import modelcard
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
@@ -128,6 +129,7 @@ class Stage:
                 built.write(tmp)
                 manifest = self._publish(tmp, built, watch, parents)
         shutil.rmtree(self.work, ignore_errors=True)
+        modelcard.write(self.recipe, self.folder)  # a model's card, derived from the published manifest
         line = built.line(manifest) if callable(built.line) else built.line
         print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
         return manifest

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from edgedistill.bench.stats import RESULT_FILE, ModelTable
 from edgedistill.common import manifest as mf
+from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -282,4 +283,5 @@ def _build(inputs: Inputs) -> Built:
         (work / "figures" / name).write_bytes(data)
     (work / "index.html").write_text(page.render_html(), encoding="utf-8")
     (work / "report.md").write_text("\n".join(page.md), encoding="utf-8")
-    return Built(line=f"{len(page.figures)} figures, index.html")
+    cards = modelcard.refresh(inputs.recipe)  # the models' cards, with the benchmark's latency once it exists
+    return Built(line=f"{len(page.figures)} figures, index.html, {len(cards)} model cards")

@@ -1,0 +1,221 @@
+"""Model cards: `README.md` with the Hub's metadata header for every model artifact, written from its manifest.
+
+The teacher, each student and baseline, and each bundle get a card: task and labels, data, how the
+model was made (teacher, distillation losses and temperature), its figures (dev and test metrics,
+retention against the teacher, size, parity of a bundle with its source, latency from the model
+benchmark's `bench.json` once it exists), and how to load or serve it. A card is derived, like the
+report: `common.stage` writes it when a model stage publishes, the report stage rewrites every card
+of the run, and the manifest does not hash it (`manifest.CARD`).
+"""
+
+import json
+from pathlib import Path
+
+from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.recipe import Recipe, run_dir
+from huggingface_hub import ModelCard, ModelCardData
+
+BENCH_FILE = Path("bench") / "bench.json"  # the model benchmark (`bench.models`), when it has run
+TEACHER_ROW = "teacher-pytorch-eager"  # the teacher's row in bench.json
+METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "f1": "f1"}  # recipe metric -> Hub metric id
+
+
+def is_model(stage: str) -> bool:
+    """Whether a stage's artifact is a model: the teacher, a student, a baseline or a bundle."""
+    return stage == "teacher" or stage.startswith(("student-", "baseline-", "bundle-"))
+
+
+def _kind(stage: str) -> str:
+    return "teacher" if stage == "teacher" else stage.split("-", 1)[0]
+
+
+def _dataset(source: str) -> str:
+    """A data source as the card names it: the Hub dataset of `hub:<dataset>[/<config>]:<split>`, else the file."""
+    return source.removeprefix("hub:").split(":")[0] if source.startswith("hub:") else Path(source).name
+
+
+def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:
+    kind = _kind(stage)
+    tags = ["text-classification", recipe.name]
+    if kind in ("student", "bundle"):
+        tags.append("knowledge-distillation")
+    if kind == "bundle" and "bundle" in info:
+        tags += ["onnx", info["bundle"]["precision"]]
+    init = recipe.model.init
+    hub_init = init is not None and not Path(init).exists()  # a local folder is no Hub model
+    hub_data = [_dataset(s) for s in (recipe.data.train, recipe.data.dev) if s.startswith("hub:")]
+    return ModelCardData(
+        model_name=f"{recipe.name}-{stage}",
+        license="apache-2.0",
+        library_name={"teacher": "transformers", "bundle": "onnx"}.get(kind, "edgedistill"),
+        pipeline_tag="text-classification",
+        tags=tags,
+        datasets=sorted(set(hub_data)) or None,
+        metrics=sorted({"accuracy", METRICS[recipe.data.metric]}),
+        base_model=init if kind == "teacher" and hub_init else None,
+    )
+
+
+def _figure(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _results(metrics: dict) -> list[str]:
+    keys = [k for k in metrics if k.startswith(("dev_", "test_", "torch_dev_")) and not k.endswith("_confusion")]
+    keys += [k for k in ("retention", "agreement", "max_abs_diff", "params") if k in metrics]
+    lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {_figure(metrics[k])} |" for k in keys]
+    if "size_bytes" in metrics:
+        lines.append(f"| size | {metrics['size_bytes'] / 2**20:.1f} MiB |")
+    return lines
+
+
+def _latency(recipe: Recipe, stage: str) -> list[str]:
+    """The model benchmark's cells for this model: the teacher in PyTorch eager, or a bundle."""
+    path = run_dir(recipe) / BENCH_FILE
+    if not path.is_file() or not (stage == "teacher" or stage.startswith("bundle-")):
+        return []
+    bench = json.loads(path.read_text(encoding="utf-8"))
+    name = TEACHER_ROW if stage == "teacher" else stage.removeprefix("bundle-")
+    row = next((r for r in bench["rows"] if r["model"] == name), None)
+    if row is None:
+        return []
+    lines = [
+        "## Latency",
+        "",
+        f"From the model benchmark (`python -m bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
+        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.",
+        "",
+        "| batch | tokens | median ms | speedup |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {c['batch']} | {c['length']} | {c['median_ms']:.2f} | {c['speedup']:.1f}x |" for c in row["cells"]]
+    return [*lines, ""]
+
+
+def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
+    """How the model was made: the teacher's start, a student's distillation, a bundle's export."""
+    kind = _kind(stage)
+    if kind == "teacher":
+        start = f"`{recipe.model.init}`" if recipe.model.init else "a model pretrained from scratch by the pipeline"
+        return [f"A {recipe.model.family} classifier fine-tuned from {start} ({info.get('steps')} steps)."]
+    if kind in ("student", "baseline"):
+        losses = info["losses"]
+        terms = ", ".join(f"{name} {weight:g}" for name, weight in losses.items() if weight)
+        if kind == "student":
+            made = f"Distilled from `runs/{recipe.name}/teacher` on its transfer set, loss weights {terms}"
+            if losses["kd"]:
+                made += f", temperature {info['temperature']:g}"
+        else:
+            made = f"The label-only baseline of the distilled student: labelled examples alone ({terms})"
+        start = "the teacher's embeddings" if info["init_from_teacher"] else "random weights"
+        return [
+            f"A {info['arch']} student. {made}; {info['train_examples']} examples, {info['steps']} steps, "
+            f"started from {start}."
+        ]
+    if "cascade" in info:
+        members = ", ".join(f"`{m['bundle']}`" for m in info["cascade"]["members"])
+        return [f"A confidence cascade of the bundles {members}: each answers the texts it is sure of."]
+    spec = info["bundle"]
+    return [
+        f"An {spec['runtime']} bundle ({spec['precision']}, opset {spec['opset']}) exported from "
+        f"`runs/{recipe.name}/{'teacher' if info['source'] == 'teacher' else 'student-' + info['source']}` and "
+        "checked against it on the dev set (parity figures below)."
+    ]
+
+
+def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
+    folder = f"runs/{recipe.name}/{stage}"
+    kind = _kind(stage)
+    if kind == "teacher":
+        code = [
+            "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+            "",
+            f'model = AutoModelForSequenceClassification.from_pretrained("{folder}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
+        ]
+    elif kind in ("student", "baseline"):
+        code = [
+            "from edgedistill.distill.students import Student",
+            "from transformers import AutoTokenizer",
+            "",
+            f'model = Student.from_pretrained("{folder}")  # or a Hub repository it was pushed to',
+            f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
+            'batch = tokenizer(["a text"], return_tensors="pt")',
+            'logits = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))',
+        ]
+    else:
+        served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]
+        served += [f"make serve BUNDLE={folder}", f"python -m serve --bundle {folder}", "```"]
+        if info.get("bundle", {}).get("runtime") != "onnxruntime":  # a cascade, or a TensorRT engine
+            return served
+        return [
+            *served,
+            "",
+            "Or run it in ONNX Runtime with the tokenizer files beside it (`config.json` holds the labels; "
+            "docs/export.md says where optimum's `ORTModelForSequenceClassification` stands):",
+            "",
+            "```python",
+            "import onnxruntime as ort",
+            "from transformers import AutoTokenizer",
+            "",
+            f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
+            f'session = ort.InferenceSession("{folder}/{info["bundle"]["model_file"]}")',
+            'batch = tokenizer(["a text"], truncation=True, return_tensors="np")',
+            'logits = session.run(["logits"], {i.name: batch[i.name] for i in session.get_inputs()})[0]',
+            "```",
+        ]
+    return ["```python", *code, "```"]
+
+
+def card(recipe: Recipe, folder: Path) -> ModelCard:
+    """The card of the model artifact in `folder`, from its manifest (and the benchmark, if it has run)."""
+    manifest = mf.load(folder, verify=False)
+    stage, info, metrics = manifest.stage, manifest.info, manifest.metrics
+    labels = info["bundle"]["labels"] if "bundle" in info else recipe.data.label_names
+    splits = {"train": recipe.data.train, "dev": recipe.data.dev, "test": recipe.data.test}
+    data = ", ".join(f"{split} `{_dataset(source)}`" for split, source in splits.items() if source)
+    body = [
+        f"# {recipe.name}-{stage}",
+        "",
+        *_making(recipe, stage, info),
+        "",
+        "## Task",
+        "",
+        f"Text classification{' of sentence pairs' if recipe.data.pairs else ''} into {len(labels)} labels: "
+        + ", ".join(f"`{label}`" for label in labels)
+        + f". Data: {data}.",
+        "",
+        "## Results",
+        "",
+        f"From `{mf.MANIFEST}` (recipe `{recipe.name}`, hash `{manifest.recipe_hash}`); dev {recipe.data.metric} "
+        "chose the checkpoint.",
+        "",
+        *_results(metrics),
+        "",
+        *_latency(recipe, stage),
+        "## How to use",
+        "",
+        *_usage(recipe, stage, info),
+        "",
+    ]
+    header = _header(recipe, stage, info).to_yaml()
+    return ModelCard(f"---\n{header}\n---\n\n" + "\n".join(body))
+
+
+def write(recipe: Recipe, folder: Path) -> Path | None:
+    """Write `folder/README.md` if `folder` holds a model artifact (teacher, student, baseline, bundle); other
+    stages have no card. Returns the card's path, or None."""
+    folder = Path(folder)
+    if not is_model(mf.load(folder, verify=False).stage):
+        return None
+    path = folder / mf.CARD
+    atomic_write(path, str(card(recipe, folder)))
+    return path
+
+
+def refresh(recipe: Recipe) -> list[Path]:
+    """Rewrite the card of every finished model artifact of the recipe's run (the benchmark may have run since)."""
+    root = run_dir(recipe)
+    folders = sorted(p for p in root.iterdir() if (p / mf.MANIFEST).is_file()) if root.is_dir() else []
+    return [path for folder in folders if (path := write(recipe, folder)) is not None]

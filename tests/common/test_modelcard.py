@@ -1,0 +1,157 @@
+import pytest
+from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable
+from edgedistill.common import manifest as mf
+from edgedistill.common import modelcard
+from edgedistill.common.bundle import BundleSpec, TensorSpec
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.stage import Built, Stage
+from huggingface_hub import ModelCard
+
+from tests.conftest import ROOT
+
+STUDENT_INFO = {
+    "arch": "bilstm",
+    "kind": "distilled",
+    "train_examples": 5000,
+    "losses": {"kd": 1.0, "mse": 0.0, "ce": 0.5, "hidden": 0.0, "attention": 0.0},
+    "temperature": 2.0,
+    "init_from_teacher": True,
+    "steps": 280,
+}
+STUDENT_METRICS = {"dev_accuracy": 0.8125, "test_accuracy": 0.8, "retention": 0.95, "params": 1000, "size_bytes": 2**20}
+
+
+@pytest.fixture
+def recipe():
+    return load_recipe(ROOT / "recipes" / "smoke.yaml")
+
+
+def _bundle_info() -> dict:
+    spec = BundleSpec(
+        name="smoke-bilstm-int8",
+        labels=["negative", "positive"],
+        text_inputs=["text"],
+        max_length=48,
+        inputs=[TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"])],
+        outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
+        precision="int8",
+        runtime="onnxruntime",
+        providers=["CPUExecutionProvider"],
+        model_file="model.onnx",
+        arch="bilstm",
+        opset=17,
+    )
+    return {"bundle": spec.model_dump(), "source": "bilstm"}
+
+
+def _publish(recipe, stage: str, metrics: dict | None = None, info: dict | None = None):
+    """An artifact folder `stage` holding a model file and a stale card, published with its manifest."""
+    final = run_dir(recipe) / stage
+    with mf.stage_folder(final) as tmp:
+        (tmp / "model.onnx").write_bytes(b"weights")
+        (tmp / mf.CARD).write_text("an old card")
+        manifest = mf.for_stage(recipe, stage, "hash", mf.Stopwatch(), metrics=metrics, info=info or {})
+        mf.commit(tmp, final, manifest)
+    return final
+
+
+def _bench(recipe) -> None:
+    cell = Cell(median_ms=0.5, min_ms=0.4, max_ms=0.7, calls=5, batch=1, length=16, speedup=20.0, items_per_s=2e3)
+    row = ModelRow(
+        model="bilstm-int8", precision="int8", runtime="onnxruntime (CPU)", size_bytes=1, dev_accuracy=0.8, cells=[cell]
+    )
+    folder = run_dir(recipe) / "bench"
+    folder.mkdir(parents=True)
+    (folder / RESULT_FILE).write_text(ModelTable(threads=1, rows=[row]).model_dump_json())
+
+
+def _text(recipe, folder) -> str:
+    return modelcard.write(recipe, folder).read_text(encoding="utf-8")
+
+
+def test_student_card_header_is_the_hubs_metadata(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    data = ModelCard.load(modelcard.write(recipe, folder)).data
+    assert (data.pipeline_tag, data.library_name, data.license) == ("text-classification", "edgedistill", "apache-2.0")
+
+
+def test_student_card_is_tagged_as_distilled(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "knowledge-distillation" in ModelCard.load(modelcard.write(recipe, folder)).data.tags
+
+
+def test_teacher_card_is_a_transformers_model(recipe):
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    assert ModelCard.load(modelcard.write(recipe, folder)).data.library_name == "transformers"
+
+
+def test_card_names_the_recipes_metrics(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert ModelCard.load(modelcard.write(recipe, folder)).data.metrics == ["accuracy"]
+
+
+def test_student_card_gives_retention(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "| retention | 0.9500 |" in _text(recipe, folder)
+
+
+def test_student_card_gives_losses_and_temperature(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "loss weights kd 1, ce 0.5, temperature 2" in _text(recipe, folder)
+
+
+def test_card_lists_the_labels(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "2 labels: `negative`, `positive`" in _text(recipe, folder)
+
+
+def test_student_card_shows_from_pretrained(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert 'Student.from_pretrained("runs/smoke/student-bilstm")' in _text(recipe, folder)
+
+
+def test_bundle_card_says_how_to_serve(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert "make serve BUNDLE=runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)
+
+
+def test_bundle_card_gives_parity(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert "| agreement | 0.9900 |" in _text(recipe, folder)
+
+
+def test_card_has_no_latency_before_the_benchmark(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    assert "## Latency" not in _text(recipe, folder)
+
+
+def test_refreshed_card_shows_the_benchmarks_latency(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    _bench(recipe)
+    modelcard.refresh(recipe)
+    assert "| 1 | 16 | 0.50 | 20.0x |" in (folder / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refresh_writes_a_card_for_models_only(recipe):
+    teacher = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    _publish(recipe, "transfer", {"sentences": 10})
+    assert modelcard.refresh(recipe) == [teacher / mf.CARD]
+
+
+def test_card_is_left_out_of_the_manifest(recipe):
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    assert list(mf.load(folder).files) == ["model.onnx"]
+
+
+def test_written_card_keeps_the_artifact_verified(recipe):
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    modelcard.write(recipe, folder)
+    assert mf.load(folder, verify=True).files["model.onnx"].size_bytes == len(b"weights")
+
+
+def test_stage_contract_writes_the_card_when_a_model_publishes(recipe):
+    def build(inputs):
+        return Built(lambda folder: (folder / "model.safetensors").write_bytes(b"w"), metrics={"dev_accuracy": 0.9})
+
+    Stage("teacher", recipe, ("data",), build).run()
+    assert ModelCard.load(run_dir(recipe) / "teacher" / mf.CARD).data.pipeline_tag == "text-classification"
