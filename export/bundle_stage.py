@@ -6,6 +6,7 @@ atomically with a manifest that carries its `BundleSpec`.
 """
 
 import dataclasses
+import json
 import shutil
 from functools import partial
 from pathlib import Path
@@ -13,12 +14,22 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import MODEL_FILES, TOKENIZER, BundleSpec, TensorSpec
+from edgedistill.common.bundle import (
+    CONFIG,
+    MODEL_FILES,
+    TOKENIZER,
+    TOKENIZER_CONFIG,
+    BundleSpec,
+    TensorSpec,
+    tokenizer_config,
+    transformers_config,
+)
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import BundleRecipe, Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
+from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export import optimize, quantize, validate
 from edgedistill.export.fold import fold
@@ -91,6 +102,16 @@ def _calibration(
         enc.setdefault("token_type_ids", np.zeros_like(enc["input_ids"]))
         batches.append({name: enc[name].astype(np.int64) for name in inputs})
     return batches
+
+
+def model_config(source: Source) -> dict:
+    """The exported model's transformers-style config: the teacher's own; a transformer student's BERT config; a
+    BiLSTM or CNN student's `StudentConfig` under a model type of its own, which no transformers class reads."""
+    if not isinstance(source.module, Student):
+        return json.loads((source.folder / CONFIG).read_text(encoding="utf-8"))
+    if isinstance(source.module, TransformerClassifier):
+        return source.module.bert.config.to_dict()
+    return source.module.config.model_dump(mode="json") | {"model_type": f"edgedistill-{source.arch}"}
 
 
 def _needs_calibration(spec: BundleRecipe) -> bool:
@@ -207,6 +228,11 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     def write(folder: Path) -> None:
         shutil.copy2(model, folder / model_file)
         shutil.copy2(source.folder / TOKENIZER, folder / TOKENIZER)
+        tokenizer_file = source.folder / TOKENIZER_CONFIG
+        settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), bundle)
+        (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        config = transformers_config(model_config(source), bundle)
+        (folder / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     fused_note = f" fused={fused}" if fused else ""
     return Built(

@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import numpy as np
@@ -20,7 +21,9 @@ from edgedistill.export.validate import (
     parity,
     torch_forward,
 )
+from edgedistill.serve.encoding import TextEncoder
 from onnx import numpy_helper
+from transformers import AutoTokenizer
 
 from tests.conftest import ROOT, run_export
 
@@ -223,3 +226,32 @@ def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
     weights = [i for i in model.graph.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
     assert sum(i.data_type == onnx.TensorProto.FLOAT16 for i in weights) > len(weights) / 2
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+HUB_BUNDLES = ("teacher-int8", "bilstm-int8", "cnn-folded", "transformer-fused")
+
+
+@pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
+def test_bundle_config_has_the_manifests_labels(smoke_bundles, bundle_id):
+    folder = smoke_bundles / f"bundle-{bundle_id}"
+    id2label = json.loads((folder / "config.json").read_text())["id2label"]
+    assert [id2label[str(i)] for i in range(len(id2label))] == load_bundle(folder).spec.labels
+
+
+@pytest.mark.parametrize(
+    "bundle_id, model_type",
+    [("teacher-int8", "bert"), ("transformer-fused", "bert"), ("bilstm-int8", "edgedistill-bilstm")],
+)
+def test_bundle_config_names_the_exported_models_type(smoke_bundles, bundle_id, model_type):
+    config = json.loads((smoke_bundles / f"bundle-{bundle_id}" / "config.json").read_text())
+    assert config["model_type"] == model_type
+
+
+@pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
+def test_auto_tokenizer_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_id):
+    folder = smoke_bundles / f"bundle-{bundle_id}"
+    spec = load_bundle(folder).spec
+    text = " ".join(["a gripping , funny and thoroughly moving film"] * 20)  # longer than any max length
+    served = TextEncoder(folder / "tokenizer.json", spec.max_length, {"input_ids": "int64"}).encode([text])
+    ids = AutoTokenizer.from_pretrained(folder)(text, truncation=True)["input_ids"]
+    assert ids == served[0]["input_ids"].tolist()
