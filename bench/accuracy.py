@@ -20,6 +20,7 @@ from edgedistill.bench.serving import server_settings
 from edgedistill.bench.stats import Record
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import Examples, check_kind, dev_split, texts_info
+from edgedistill.common import progress
 from edgedistill.common.cascade import describe, load_served
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -53,8 +54,9 @@ class AccuracyResult(Record):
         return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))
 
 
-def predict(infer, examples: Examples, batch_size: int, labels: list[str]) -> list[int]:
-    """The label id `infer` (`Client.classify` or `Client.kserve_infer`) predicts for each example, in order."""
+def predict(infer, examples: Examples, batch_size: int, labels: list[str], bar) -> list[int]:
+    """The label id `infer` (`Client.classify` or `Client.kserve_infer`) predicts for each example, in order;
+    `bar` (`common.progress.bar`) advances by the examples of each call."""
     predicted = []
     for batch in examples.batches(batch_size):
         try:
@@ -62,6 +64,7 @@ def predict(infer, examples: Examples, batch_size: int, labels: list[str]) -> li
         except grpc.RpcError as err:
             raise BenchError(f"the server refused a call: {err.code().name}: {err.details()}") from err
         predicted += [labels.index(p["label"]) for p in reply["predictions"]]
+        bar.update(len(batch))
     return predicted
 
 
@@ -98,8 +101,11 @@ def _build(inputs: Inputs, console: Console) -> Built:
         running("edgedistill.serve", flags, settings.port, work / "server.log"),
         Client(address, token=token, timeout=60) as client,
     ):
+        sent = progress.bar(len(APIS) * len(examples), desc=STAGE, unit="text")
         for api, infer in (("classify", client.classify), ("kserve", client.kserve_infer)):
-            predicted[api] = predict(infer, examples, settings.max_texts, bundle.labels)
+            sent.set_postfix(api=APIS[api], refresh=False)
+            predicted[api] = predict(infer, examples, settings.max_texts, bundle.labels, sent)
+        sent.close()
     count = len(examples)
     apis = {}
     for api, labels in predicted.items():

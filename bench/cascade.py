@@ -17,10 +17,11 @@ from pathlib import Path
 
 from edgedistill.bench import BenchError, drivers
 from edgedistill.bench.processes import running
-from edgedistill.bench.serving import WARMUP_S, classify_requests, progress, server_settings
+from edgedistill.bench.serving import WARMUP_S, classify_requests, record_line, server_settings
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.cascade import load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -54,7 +55,7 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
     )
 
 
-async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, console: Console) -> dict[str, dict]:
+async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path) -> dict[str, dict]:
     cfg = recipe.bench.serving
     cascade = load_cascade(folders["cascade"])
     examples = load_texts(recipe.data, "text_pair" in cascade.spec.text_inputs, None, None)
@@ -69,6 +70,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, console
             )
             calls[model] = await drivers.classify_call(stack, settings.port)
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
+        rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")
         for repeat in range(1, cfg.repeats + 1):
             for model in folders:
                 loads = {
@@ -81,7 +83,10 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, console
                     offered = cfg.rate if phase == "paced" else None
                     record = await drivers.measure(load, 1, servers[model], offered)
                     runs[model][phase].append(record)
-                    console.print(f"[dim]repeat {repeat}/{cfg.repeats} {model} {phase}: {progress(record)}[/]")
+                    line = f"repeat {repeat}/{cfg.repeats} {model} {phase}: {record_line(record)}"
+                    rounds.set_postfix_str(line, refresh=False)
+                    rounds.update()
+        rounds.close()
     return runs
 
 
@@ -95,7 +100,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
     folders = {"cascade": inputs.parent("cascade"), "last": inputs.parent("last")}
     work = inputs.fresh_work()
     load_before = os.getloadavg()
-    runs = asyncio.run(_measure(recipe, folders, work, console))
+    runs = asyncio.run(_measure(recipe, folders, work))
     summary = {
         model: {phase: summarize(records) for phase, records in phases.items()} for model, phases in runs.items()
     }

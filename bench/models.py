@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_session
@@ -56,9 +57,16 @@ def shapes(cfg: ModelBenchConfig) -> list[tuple[int, int]]:
     return [(batch, length) for batch in cfg.batch_sizes for length in cfg.seq_lens]
 
 
-def _eager_row(folder: Path, cfg: ModelBenchConfig, device: str = "cpu") -> tuple[dict, Timings]:
+def _cell_done(cells, model: str, batch: int, length: int, timing: Timing) -> None:
+    """Advance the progress of the benchmark by one timed cell."""
+    cells.set_postfix(model=model, shape=f"{batch}x{length}", median_ms=f"{timing.median_ms:.2f}", refresh=False)
+    cells.update()
+
+
+def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(device)
+    name = EAGER if device == "cpu" else f"{EAGER}-{device}"
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
 
     def call(feed):
@@ -70,9 +78,10 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, device: str = "cpu") -> tupl
         for batch, length in shapes(cfg):
             feed = {k: torch.from_numpy(v).to(device) for k, v in inputs(names, batch, length).items()}
             timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
+            _cell_done(cells, name, batch, length, timings[batch, length])
     m = manifest.metrics
     row = {
-        "model": EAGER if device == "cpu" else f"{EAGER}-{device}",
+        "model": name,
         "precision": "fp32",
         "runtime": f"pytorch ({device})",
         "size_bytes": m["size_bytes"],
@@ -81,7 +90,7 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, device: str = "cpu") -> tupl
     return row, timings
 
 
-def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig) -> tuple[dict, Timings]:
+def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[dict, Timings]:
     bundle = load_bundle(folder)
     sess = open_session(
         bundle.model_path,
@@ -94,6 +103,7 @@ def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig) -> tuple[dict, Ti
     for batch, length in shapes(cfg):
         feed = inputs(names, batch, min(length, bundle.spec.max_length))
         timings[batch, length] = time_calls(lambda feed=feed: sess.run(["logits"], feed), cfg)
+        _cell_done(cells, bundle_id, batch, length, timings[batch, length])
     m = bundle.manifest.metrics
     row = {
         "model": bundle_id,
@@ -155,17 +165,19 @@ def _build(inputs: Inputs) -> Built:
     cfg = recipe.bench.models
     torch.set_num_threads(cfg.threads)
     teacher = inputs.parent("teacher")
-    measured = [_eager_row(teacher, cfg)]
-    if torch.cuda.is_available():
-        measured.append(_eager_row(teacher, cfg, "cuda"))
-    missing, left_out = [], {}
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    missing, left_out, timed = [], {}, []
     for bundle_id, spec in recipe.export.bundles.items():
         if (reason := _left_out(spec)) is not None:
             left_out[bundle_id] = reason
         elif f"bundle-{bundle_id}" in inputs.folders:
-            measured.append(_bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg))
+            timed.append(bundle_id)
         else:
             missing.append(bundle_id)
+    cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=STAGE, unit="cell")
+    measured = [_eager_row(teacher, cfg, cells, device) for device in devices]
+    measured += [_bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells) for bundle_id in timed]
+    cells.close()
     if missing:
         print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
     for bundle_id, reason in left_out.items():

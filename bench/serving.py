@@ -35,6 +35,7 @@ from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
@@ -122,10 +123,9 @@ async def measure_all(
     flags: list[str],
     settings: Settings,
     examples: Examples,
-    console: Console,
 ) -> dict[str, list[dict]]:
     """Start the three servers (their logs in `logs`), warm everything up, then run every phase `cfg.repeats`
-    times, interleaved."""
+    times, interleaved, reporting each finished phase as progress."""
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
@@ -169,15 +169,19 @@ async def measure_all(
                 None,
             ),
         }
+        rounds = progress.bar(cfg.repeats * len(phases), desc=STAGE, unit="phase")
         for repeat in range(1, cfg.repeats + 1):
             for phase, (load, texts_per_call, process, offered) in phases.items():
                 record = await drivers.measure(load, texts_per_call, process, offered)
                 runs[phase].append(record)
-                console.print(f"[dim]repeat {repeat}/{cfg.repeats} {phase}: {progress(record)}[/]")
+                rounds.set_postfix_str(f"repeat {repeat}/{cfg.repeats} {phase}: {record_line(record)}", refresh=False)
+                rounds.update()
+        rounds.close()
     return runs
 
 
-def progress(record: dict) -> str:
+def record_line(record: dict) -> str:
+    """The figures of one measured phase, in a line."""
     return (
         f"{record['requests_per_s']:.0f} calls/s, {record['texts_per_s']:.0f} texts/s, p99 {record['p99_ms']:.2f} ms, "
         f"{record['failures']} errors, client CPU {record['client_cpu']:.0f} %"
@@ -220,7 +224,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     flags, settings = server_settings(bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()
-    runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, examples, console))
+    runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, examples))
     summary = {phase: summarize(records) for phase, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(

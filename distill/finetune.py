@@ -33,7 +33,7 @@ def predict_logits(
 ) -> np.ndarray:
     """`forward(batch) -> logits` over every example, batched by length, in the original order. (N, C), float32.
 
-    Batches go to `placement`'s device (default: stay on the CPU); `bar`, a tqdm progress bar, advances by the
+    Batches go to `placement`'s device (default: stay on the CPU); `bar` (`common.progress.bar`) advances by the
     examples of each batch.
     """
     lengths = [len(ids) for ids in features["input_ids"]]

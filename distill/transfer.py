@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import load_splits, load_unlabelled
@@ -34,7 +35,6 @@ from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
 
 SOURCES = ("unlabelled", "train", "augmented")
@@ -155,10 +155,10 @@ def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
     try:
         logits = np.load(path)
     except (OSError, ValueError) as err:  # numpy raises these for a truncated or foreign file
-        tqdm.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
+        progress.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
         return None
     if logits.ndim != 2 or len(logits) != rows:
-        tqdm.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
+        progress.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
         return None
     return logits
 
@@ -174,9 +174,9 @@ def label_shards(
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
     shards = [_kept_shard(path, size) for path, size in zip(paths, sizes, strict=True)]
     done = sum(size for shard, size in zip(shards, sizes, strict=True) if shard is not None)
-    bar = tqdm(total=len(texts), initial=done, desc="label", unit="sent", mininterval=2, dynamic_ncols=True)
+    bar = progress.bar(len(texts), desc="label", unit="sent", initial=done)
     if done:
-        tqdm.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
+        progress.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
     for index, start in enumerate(starts):
         if shards[index] is not None:
             continue

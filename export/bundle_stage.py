@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.bundle import (
     CONFIG,
     MODEL_FILES,
@@ -253,7 +254,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "tensorrt_build": build_info,
         },
         line=lambda manifest: (
-            f"dev_accuracy={figures['dev_accuracy']:.4f} (torch {figures['torch_dev_accuracy']:.4f}, "
+            f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f} (torch {figures['torch_dev_accuracy']:.4f}, "
             f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
             f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
         ),
@@ -288,7 +289,14 @@ def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) ->
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     cache = SourceCache(recipe, scratch)
+    built = progress.bar(len(ids), desc="bundles", unit="bundle")
+    manifests = []
     try:
-        return [stage(recipe, bundle_id, cache).run(force) for bundle_id in ids]
+        for bundle_id in ids:
+            manifests.append(stage(recipe, bundle_id, cache).run(force))
+            built.set_postfix(last=bundle_id, refresh=False)
+            built.update()
     finally:
+        built.close()
         shutil.rmtree(scratch, ignore_errors=True)
+    return manifests
