@@ -16,19 +16,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edgedistill.common.settings import PROGRESS_INTERVAL_VAR, PROGRESS_VAR
 from tqdm import tqdm
 
-MODE_VAR = "EDGEDISTILL_PROGRESS"
-INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
 MODES = ("auto", "bar", "lines", "off")
 DEFAULT_INTERVAL_S = 30.0
 
 
 def mode() -> str:
     """`bar`, `lines` or `off`: the setting, with `auto` resolved by whether stderr is a terminal."""
-    chosen = os.environ.get(MODE_VAR, "auto")
+    chosen = os.environ.get(PROGRESS_VAR, "auto")
     if chosen not in MODES:
-        raise ValueError(f"{MODE_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
+        raise ValueError(f"{PROGRESS_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
     if chosen == "auto":
         return "bar" if sys.stderr.isatty() else "lines"
     return chosen
@@ -36,13 +35,13 @@ def mode() -> str:
 
 def interval() -> float:
     """Seconds between status lines."""
-    raw = os.environ.get(INTERVAL_VAR, str(DEFAULT_INTERVAL_S))
+    raw = os.environ.get(PROGRESS_INTERVAL_VAR, str(DEFAULT_INTERVAL_S))
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
     if seconds <= 0:
-        raise ValueError(f"{INTERVAL_VAR}={raw!r}: expected a positive number of seconds")
+        raise ValueError(f"{PROGRESS_INTERVAL_VAR}={raw!r}: expected a positive number of seconds")
     return seconds
 
 

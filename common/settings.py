@@ -29,7 +29,10 @@ RENAMED = {  # new name -> the name an earlier release read
 }
 # recipe keys set from the environment, before the command line's `--key=value`
 ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION": "runtime.precision"}
-PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES)  # the `EDGEDISTILL_*` names the pipeline reads
+PROGRESS_VAR = "EDGEDISTILL_PROGRESS"  # read by common.progress
+PROGRESS_INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
+# the `EDGEDISTILL_*` names the pipeline reads
+PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR}
 
 
 @functools.cache

@@ -7,8 +7,9 @@ import sys
 import time
 
 import pytest
-from edgedistill.common import progress
+from edgedistill.common import progress, settings
 from edgedistill.common.progress import StatusLines
+from edgedistill.serve.settings import load_settings
 from tqdm import tqdm
 
 
@@ -69,8 +70,8 @@ def test_an_open_ended_count_has_no_share_or_time_left(clock, capsys):
 @pytest.fixture
 def logged(monkeypatch, capsys) -> str:
     """What a counter of three steps, 20 ms apart, writes where stderr is not a terminal, with lines every 10 ms."""
-    monkeypatch.delenv(progress.MODE_VAR, raising=False)
-    monkeypatch.setenv(progress.INTERVAL_VAR, "0.01")
+    monkeypatch.delenv(settings.PROGRESS_VAR, raising=False)
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.01")
     counter = progress.bar(3, desc="train", unit="step")
     for _ in range(3):
         time.sleep(0.02)
@@ -93,8 +94,8 @@ def test_a_log_gets_no_carriage_return_frames(logged):
 
 
 def test_off_silences_the_status_lines(monkeypatch, capsys):
-    monkeypatch.setenv(progress.MODE_VAR, "off")
-    monkeypatch.setenv(progress.INTERVAL_VAR, "0.000001")
+    monkeypatch.setenv(settings.PROGRESS_VAR, "off")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
     counter = progress.bar(3, desc="train")
     counter.update(3)
     counter.close()
@@ -102,15 +103,15 @@ def test_off_silences_the_status_lines(monkeypatch, capsys):
 
 
 def test_a_disabled_counter_is_silent_whatever_the_mode(monkeypatch, capsys):
-    monkeypatch.setenv(progress.MODE_VAR, "lines")
-    monkeypatch.setenv(progress.INTERVAL_VAR, "0.000001")
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
     counter = progress.bar(3, desc="train", enabled=False)
     counter.update(3)
     assert capsys.readouterr().err == ""
 
 
 def test_a_terminal_gets_a_tqdm_bar(monkeypatch):
-    monkeypatch.delenv(progress.MODE_VAR, raising=False)
+    monkeypatch.delenv(settings.PROGRESS_VAR, raising=False)
     leader, follower = pty.openpty()
     with os.fdopen(follower, "w") as terminal:
         monkeypatch.setattr(sys, "stderr", terminal)
@@ -121,7 +122,7 @@ def test_a_terminal_gets_a_tqdm_bar(monkeypatch):
 
 
 def test_the_bar_mode_draws_frames_with_carriage_returns(monkeypatch):
-    monkeypatch.setenv(progress.MODE_VAR, "bar")
+    monkeypatch.setenv(settings.PROGRESS_VAR, "bar")
     drawn = io.StringIO()
     monkeypatch.setattr(sys, "stderr", drawn)
     with progress.bar(3, desc="train") as counter:
@@ -130,13 +131,20 @@ def test_the_bar_mode_draws_frames_with_carriage_returns(monkeypatch):
 
 
 def test_messages_print_in_every_mode(monkeypatch, capsys):
-    monkeypatch.setenv(progress.MODE_VAR, "off")
+    monkeypatch.setenv(settings.PROGRESS_VAR, "off")
     progress.write("[train] step 10: score=0.5")
     assert capsys.readouterr().out == "[train] step 10: score=0.5\n"
 
 
-@pytest.mark.parametrize(("variable", "value"), [(progress.MODE_VAR, "loud"), (progress.INTERVAL_VAR, "-1")])
+@pytest.mark.parametrize(
+    ("variable", "value"), [(settings.PROGRESS_VAR, "loud"), (settings.PROGRESS_INTERVAL_VAR, "-1")]
+)
 def test_a_bad_setting_names_the_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=variable):
         progress.bar(3)
+
+
+def test_the_server_leaves_the_progress_settings_to_the_pipeline():
+    environ = {settings.PROGRESS_VAR: "off", settings.PROGRESS_INTERVAL_VAR: "5"}
+    assert load_settings([], environ=environ).port > 0
