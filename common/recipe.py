@@ -560,7 +560,7 @@ class RuntimeConfig(Strict):
     )
 
 
-UNHASHED = ("runtime", "bench", "loadtest")  # sections that change no artifact of another stage
+UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change no artifact of another stage
 
 
 class Recipe(Strict):
@@ -575,6 +575,10 @@ class Recipe(Strict):
     bench: BenchConfig = BenchConfig()
     loadtest: LoadtestConfig | None = None
     runtime: RuntimeConfig = RuntimeConfig()
+    tracking: Literal["none", "tensorboard", "mlflow"] = Field(
+        "none",
+        description="experiment tracking into runs/<recipe>/tracking/ (common.tracking): none, tensorboard, mlflow",
+    )
 
     @model_validator(mode="after")
     def _bundle_sources_known(self):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedistill.common import manifest as mf
-from edgedistill.common import modelcard
+from edgedistill.common import modelcard, tracking
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
@@ -119,15 +119,17 @@ class Stage:
         watch = mf.Stopwatch()
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
-        built = self.build(inputs)
-        if built is None:
-            return None
-        if built.write is None:
-            manifest = self._publish(self.work, built, watch, parents)
-        else:
-            with mf.stage_folder(self.folder) as tmp:
-                built.write(tmp)
-                manifest = self._publish(tmp, built, watch, parents)
+        with tracking.stage_run(self.recipe, self.name) as tracker:  # training curves go to it during the build
+            built = self.build(inputs)
+            if built is None:
+                return None
+            if built.write is None:
+                manifest = self._publish(self.work, built, watch, parents)
+            else:
+                with mf.stage_folder(self.folder) as tmp:
+                    built.write(tmp)
+                    manifest = self._publish(tmp, built, watch, parents)
+            tracker.log_final(manifest.metrics)
         shutil.rmtree(self.work, ignore_errors=True)
         modelcard.write(self.recipe, self.folder)  # a model's card, derived from the published manifest
         line = built.line(manifest) if callable(built.line) else built.line

@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from edgedistill.common import progress, tracking
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.recipe import OptimConfig
 from edgedistill.distill import dist
 from edgedistill.distill.device import Placement
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 CHECKPOINT = "checkpoint.pt"
+LOG_EVERY = 10  # steps between points of the tracked training curves
 
 
 class CheckpointError(RuntimeError):
@@ -254,14 +255,8 @@ class Trainer:
         if dist.initialized():
             cuda = self.placement.device.type == "cuda"
             model = DistributedDataParallel(self.model, device_ids=[self.placement.device.index] if cuda else None)
-        bar = tqdm(
-            total=total,
-            initial=p.global_step,
-            desc=self.desc,
-            disable=not dist.is_main(),
-            position=bar_position,
-            mininterval=2,
-            dynamic_ncols=True,
+        bar = progress.bar(
+            total, desc=self.desc, unit="step", initial=p.global_step, enabled=dist.is_main(), position=bar_position
         )
         running = []
         stop = p.global_step >= total or self._patience_spent()
@@ -285,6 +280,14 @@ class Trainer:
                     loss=f"{sum(running[-50:]) / len(running[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
                 )
                 bar.update()
+                if p.global_step % LOG_EVERY == 0:
+                    recent = running[-LOG_EVERY:]
+                    curves = {
+                        "loss": sum(recent) / len(recent),
+                        "lr": scheduler.get_last_lr()[0],
+                        "examples_per_s": rate,
+                    }
+                    tracking.active().log({f"train/{key}": value for key, value in curves.items()}, p.global_step)
                 end_of_epoch = p.step_in_epoch == len(batches)
                 due = (cfg.eval_every and p.global_step % cfg.eval_every == 0) or end_of_epoch or p.global_step >= total
                 if due:
@@ -320,8 +323,9 @@ class Trainer:
                 on_best(target, metrics)
         else:
             p.evals_without_gain += 1
+        tracking.active().log({f"eval/{key}": value for key, value in metrics.items()}, p.global_step)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        tqdm.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
+        progress.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
         dist.barrier()
         return self._patience_spent()

@@ -1,0 +1,156 @@
+"""Experiment tracking: training curves and each stage's final metrics, written to TensorBoard or MLflow files.
+
+The recipe's `tracking` key picks the backend; both write files under `runs/<recipe>/tracking/`, so nothing
+needs a server:
+
+- `none` (default): nothing is written;
+- `tensorboard`: event files in `tensorboard/<stage>/` (one TensorBoard run per stage);
+- `mlflow`: a SQLite store, `mlruns/mlflow.db` (MLflow's supported file-based store), one MLflow run per stage in
+  an experiment named after the recipe.
+
+`Stage.run` opens a tracker around each build (`stage_run`) and logs the manifest's metrics when it publishes;
+the training loop logs its curves to `active()`. Only the main process of a distributed run tracks. The
+libraries are an optional extra: a recipe that asks for one that is missing fails when its stage starts.
+"""
+
+import importlib
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+from edgedistill.common.recipe import Recipe, RecipeError, run_dir
+
+INSTALL = "pip install 'edgedistill[tracking]'"
+# backend -> the modules it needs (MLflow's SQLite store runs on SQLAlchemy and Alembic)
+MODULES = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
+FOLDER = "tracking"
+
+
+class TrackingUnavailable(RecipeError):
+    """The recipe asks for a tracking backend whose library is not installed."""
+
+
+def _numbers(metrics: dict) -> dict[str, float]:
+    """The numeric entries of `metrics` (booleans as 0/1), as floats."""
+    return {key: float(value) for key, value in metrics.items() if isinstance(value, int | float)}
+
+
+class Tracker:
+    """Where metrics go; this base class is `tracking: none` and keeps nothing."""
+
+    def log(self, metrics: dict, step: int) -> None:
+        """Record the numeric `metrics` at training step `step`."""
+
+    def log_final(self, metrics: dict) -> None:
+        """Record the numeric metrics of the published stage."""
+
+    def close(self, failed: bool) -> None:
+        """Finish the stage's run, marked failed when its build raised."""
+
+
+NONE = Tracker()
+
+
+class TensorBoardTracker(Tracker):
+    """Scalars in TensorBoard event files; final metrics under `final/`. Written with tensorboard's own event
+    writer (the one `torch.utils.tensorboard` wraps), so tracking needs no torch where a stage has none."""
+
+    def __init__(self, folder: Path):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        self.writer = EventFileWriter(str(folder), flush_secs=30)
+
+    def log(self, metrics: dict, step: int) -> None:
+        values = [self._summary.Value(tag=key, simple_value=value) for key, value in _numbers(metrics).items()]
+        self.writer.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
+
+    def log_final(self, metrics: dict) -> None:
+        self.log({f"final/{key}": value for key, value in metrics.items()}, 0)
+
+    def close(self, failed: bool) -> None:
+        self.writer.close()
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run in a SQLite store; curves are metric histories, final metrics the run's last values."""
+
+    def __init__(self, folder: Path, experiment: str, run_name: str, tags: dict[str, str]):
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._metric = Metric
+        self.client = MlflowClient(tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}")
+        found = self.client.get_experiment_by_name(experiment)
+        if found is None:
+            try:
+                experiment_id = self.client.create_experiment(experiment, (folder / "artifacts").resolve().as_uri())
+            except MlflowException:  # another process (a parallel student) created it meanwhile
+                experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
+        else:
+            experiment_id = found.experiment_id
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+
+    def log(self, metrics: dict, step: int) -> None:
+        now = int(time.time() * 1000)
+        batch = [self._metric(key, value, now, step) for key, value in _numbers(metrics).items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_final(self, metrics: dict) -> None:
+        self.log(metrics, 0)
+
+    def close(self, failed: bool) -> None:
+        self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+
+
+def require(backend: str) -> None:
+    """Raise `TrackingUnavailable` naming the install command when `backend`'s library is missing."""
+    for module in MODULES.get(backend, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise TrackingUnavailable(
+                f"tracking: {backend} needs the {module} package, which is not installed ({err}): {INSTALL}, "
+                "or set tracking: none"
+            ) from err
+
+
+def open_tracker(recipe: Recipe, stage: str) -> Tracker:
+    """The tracker for one build of `stage` under the recipe's `tracking` backend."""
+    require(recipe.tracking)
+    folder = run_dir(recipe) / FOLDER
+    if recipe.tracking == "tensorboard":
+        return TensorBoardTracker(folder / "tensorboard" / stage)
+    if recipe.tracking == "mlflow":
+        return MlflowTracker(folder / "mlruns", recipe.name, stage, {"recipe": recipe.name, "stage": stage})
+    return NONE
+
+
+_active: ContextVar[Tracker | None] = ContextVar("tracker", default=None)
+
+
+def active() -> Tracker:
+    """The tracker of the stage being built in this process (`NONE` outside a build)."""
+    return _active.get() or NONE
+
+
+@contextmanager
+def stage_run(recipe: Recipe, stage: str) -> Iterator[Tracker]:
+    """Make the stage's tracker `active()` for the block; a worker rank of a distributed run tracks nothing."""
+    main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
+    tracker = open_tracker(recipe, stage) if main else NONE
+    token = _active.set(tracker)
+    failed = True
+    try:
+        yield tracker
+        failed = False
+    finally:
+        _active.reset(token)
+        tracker.close(failed)

@@ -1,0 +1,143 @@
+"""Experiment tracking: a training stage's curves and final metrics in TensorBoard event files and an MLflow store,
+nothing for `tracking: none`, and a clear error when the recipe's backend is not installed."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from edgedistill.common import tracking
+from edgedistill.common.recipe import OptimConfig, RuntimeConfig, load_recipe, run_dir
+from edgedistill.common.stage import Built, Stage
+from edgedistill.distill.device import resolve
+from edgedistill.distill.trainer import LOG_EVERY, Trainer
+
+RECIPE = """
+data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
+model: {init: some/model}
+"""
+STEPS = 2 * LOG_EVERY
+X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE)
+    return lambda backend: load_recipe(path, {"tracking": backend})
+
+
+def broken(inputs):
+    raise RuntimeError("the build failed")
+
+
+def tracked(folder, backend: str) -> Path:
+    """`runs/r/` after the stage `tiny` (a tiny training loop) and the failing stage `broken` ran under `backend`."""
+    (folder / "r.yaml").write_text(RECIPE)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(folder / "runs"))
+        chosen = load_recipe(folder / "r.yaml", {"tracking": backend})
+        Stage("tiny", chosen, ("data",), train).run()
+        with pytest.raises(RuntimeError):
+            Stage("broken", chosen, ("data",), broken).run()
+        return run_dir(chosen)
+
+
+def train(inputs) -> Built:
+    """A stage body: a linear model trained for STEPS steps, evaluated every LOG_EVERY steps."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=16, max_steps=STEPS, eval_every=LOG_EVERY)
+    placement = resolve(RuntimeConfig(device="cpu"))
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, inputs.work, inputs.config_hash, "tiny", placement)
+    trainer.fit(
+        batches_for_epoch=lambda epoch: [list(range(16))] * STEPS,
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": 0.5},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    return Built(lambda folder: (folder / "a.txt").write_text("x"), metrics={"score": 0.5, "steps": STEPS})
+
+
+@pytest.fixture(scope="module")
+def tensorboard_run(tmp_path_factory):
+    """The scalars the stage `tiny` tracked with `tracking: tensorboard`, by tag: [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = tracked(tmp_path_factory.mktemp("tensorboard"), "tensorboard")
+    events = EventAccumulator(str(runs / "tracking" / "tensorboard" / "tiny")).Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_the_training_loss_curve(tensorboard_run):
+    assert [step for step, _ in tensorboard_run["train/loss"]] == [LOG_EVERY, STEPS]
+
+
+def test_tensorboard_holds_the_learning_rate_and_throughput(tensorboard_run):
+    assert {"train/lr", "train/examples_per_s"} <= set(tensorboard_run)
+
+
+def test_tensorboard_holds_each_evaluation(tensorboard_run):
+    assert tensorboard_run["eval/score"] == [(LOG_EVERY, 0.5), (STEPS, 0.5)]
+
+
+def test_tensorboard_holds_the_published_metrics(tensorboard_run):
+    assert tensorboard_run["final/steps"] == [(0, STEPS)]
+
+
+@pytest.fixture(scope="module")
+def mlflow_runs(tmp_path_factory):
+    """The MLflow client on the store of `tracked` with `tracking: mlflow`, and its runs by name."""
+    from mlflow.tracking import MlflowClient
+
+    runs = tracked(tmp_path_factory.mktemp("mlflow"), "mlflow")
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'tracking' / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(runs.name)
+    return client, {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+
+
+def test_mlflow_holds_a_finished_run_named_after_the_stage(mlflow_runs):
+    _, runs = mlflow_runs
+    assert runs["tiny"].info.status == "FINISHED"
+
+
+def test_a_failed_build_is_a_failed_mlflow_run(mlflow_runs):
+    _, runs = mlflow_runs
+    assert runs["broken"].info.status == "FAILED"
+
+
+def test_mlflow_holds_the_training_loss_curve(mlflow_runs):
+    client, runs = mlflow_runs
+    assert [m.step for m in client.get_metric_history(runs["tiny"].info.run_id, "train/loss")] == [LOG_EVERY, STEPS]
+
+
+def test_mlflow_holds_the_published_metrics(mlflow_runs):
+    _, runs = mlflow_runs
+    assert runs["tiny"].data.metrics["steps"] == STEPS
+
+
+def test_none_writes_nothing(recipe):
+    chosen = recipe("none")
+    Stage("tiny", chosen, ("data",), train).run()
+    assert not (run_dir(chosen) / "tracking").exists()
+
+
+@pytest.mark.parametrize("backend", ["tensorboard", "mlflow"])
+def test_a_missing_backend_names_the_install_command(recipe, monkeypatch, backend):
+    monkeypatch.setitem(sys.modules, backend, None)  # makes `import <backend>` raise ImportError
+    with pytest.raises(tracking.TrackingUnavailable, match=r"pip install 'edgedistill\[tracking\]'"):
+        Stage("tiny", recipe(backend), ("data",), train).run()
+
+
+def test_a_missing_backend_fails_before_the_build(recipe, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    calls = []
+    with pytest.raises(tracking.TrackingUnavailable):
+        Stage("tiny", recipe("mlflow"), ("data",), lambda inputs: calls.append(inputs)).run()
+    assert calls == []
+
+
+def test_tracking_leaves_the_recipe_hash_alone(recipe):
+    assert recipe("tensorboard").hash == recipe("none").hash
