@@ -18,11 +18,12 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, finish, free_port, log_tail, running, start
+from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, start
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.loadtests import live
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
@@ -88,7 +89,7 @@ def drive(folder: Path, port: int, server: psutil.Process, seconds: float) -> li
     process = start(command, log, env)
     sampler = Sampler(server, psutil.Process(process.pid))
     sampler.start()
-    code = finish(process, seconds + EXIT_MARGIN_S)
+    code = live.follow(process, folder / "locust_stats_history.csv", seconds, seconds + EXIT_MARGIN_S)
     rows = sampler.stop()
     if code != 0:
         outcome = "hung" if code is None else f"exited with {code}"
