@@ -68,12 +68,13 @@ class Placement:
         return round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
 
 
-def configure_process() -> None:
-    """Set-up of a command that runs models in PyTorch: intra-op threads from `EDGEDISTILL_TORCH_THREADS` (default:
-    `OMP_NUM_THREADS`, else every core) and transformers' logs down to errors, without progress bars."""
+def configure_process(threads: int | None = None) -> None:
+    """Set-up of a process that runs models in PyTorch: `threads` intra-op threads (default
+    `EDGEDISTILL_TORCH_THREADS`, else `OMP_NUM_THREADS`, else every core) and transformers' logs down to errors,
+    without progress bars."""
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    torch.set_num_threads(settings.threads())
+    torch.set_num_threads(threads or settings.threads())
 
 
 def _machine() -> str:

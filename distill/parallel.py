@@ -10,11 +10,11 @@ import multiprocessing as mp
 
 import torch
 from edgedistill.common.recipe import Recipe
-from edgedistill.distill import student_stage, trainer
+from edgedistill.distill import device, student_stage, trainer
 
 
 def _start_worker(threads: int, slots) -> None:
-    torch.set_num_threads(threads)
+    device.configure_process(threads)
     trainer.bar_position = slots.get()
 
 
