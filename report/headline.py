@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> i
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # a log keeps whole folder names
     console.print(stage_table(recipe))
     for line in headline(recipe, args.recipe):
         console.print(line, highlight=False, soft_wrap=True)
