@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
+from edgedistill.common import progress
+
 Style = Literal["raw", "ptb_lower"]
 
 Replacer = Callable[[list[str], int, random.Random], str]
@@ -77,6 +79,7 @@ def augment_examples(
     """
     seen = {tuple(" ".join(side.split()) for side in example) for example in examples}
     out = []
+    counter = progress.bar(len(examples), desc="augment", unit="example")
     for example in examples:
         sides = [side.split() for side in example]
         for _ in range(n_iter):
@@ -86,6 +89,8 @@ def augment_examples(
             if all(sample) and sample not in seen:
                 seen.add(sample)
                 out.append(sample)
+        counter.update()
+    counter.close()
     return out
 
 
