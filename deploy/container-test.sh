@@ -96,27 +96,7 @@ podman run --detach --name "$NAME" "${RUN_FLAGS[@]}" \
 
 # --- wait for SERVING, checking between polls that the container still runs ---
 serving_within() {
-  "$PY" - "127.0.0.1:$GRPC_PORT" "$1" <<'EOF'
-import sys
-import time
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-address, window = sys.argv[1], float(sys.argv[2])
-deadline = time.monotonic() + window
-with grpc.insecure_channel(address) as channel:
-    stub = health_pb2_grpc.HealthStub(channel)
-    while time.monotonic() < deadline:
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                sys.exit(0)
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-sys.exit(1)
-EOF
+  "$PY" "$ROOT/deploy/wait_serving.py" "127.0.0.1:$GRPC_PORT" "$1"
 }
 deadline=$((SECONDS + READY_TIMEOUT))
 until serving_within 5; do

@@ -87,28 +87,8 @@ started=$EPOCHREALTIME
 env -u PYTHONPATH EDGEDISTILL_WORKERS=1 EDGEDISTILL_THREADS=1 \
   "$VPY" -m edgedistill.serve --bundle "$BUNDLE_DIR" --host 127.0.0.1 --port "$PORT" >"$WORK/server.log" 2>&1 &
 SERVER=$!
-"$VPY" - "127.0.0.1:$PORT" "$READY_TIMEOUT" "$SERVER" <<'EOF' || fail "not SERVING after ${READY_TIMEOUT}s"
-import os
-import sys
-import time
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-address, window, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-deadline = time.monotonic() + window
-with grpc.insecure_channel(address) as channel:
-    stub = health_pb2_grpc.HealthStub(channel)
-    while time.monotonic() < deadline:
-        os.kill(pid, 0)  # the server still runs
-        try:
-            if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                sys.exit(0)
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-sys.exit(1)
-EOF
+"$VPY" "$ROOT/deploy/wait_serving.py" "127.0.0.1:$PORT" "$READY_TIMEOUT" "$SERVER" ||
+  fail "not SERVING after ${READY_TIMEOUT}s"
 ready_s=$(seconds_since "$started")
 location=$("$VPY" -c 'import edgedistill, pathlib; print(pathlib.Path(edgedistill.__file__).parent)')
 [[ "$location" == "$WORK/venv/"* ]] || fail "edgedistill imports from $location, not from the installed wheel"
