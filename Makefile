@@ -23,7 +23,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -93,6 +93,21 @@ SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 
+PEERS    := .venv-peers
+# The peers' pins; MLServer 1.7.1 fails to start its inference workers with uvloop >= 0.22 (SeldonIO/MLServer#2286).
+PEER_PINS := onnxruntime==1.31.1 tokenizers==0.23.3 PyYAML==6.0.3
+
+peers-setup: $(STAMP)  ## the peers' own environments for peers-bench (.venv-peers/): KServe and MLServer, each with ONNX Runtime and this project
+	$(PYTHON) -m venv $(PEERS)/kserve
+	$(PEERS)/kserve/bin/pip install -q kserve==0.21.0 $(PEER_PINS)
+	$(PEERS)/kserve/bin/pip install -q --no-deps -e .
+	$(PYTHON) -m venv $(PEERS)/mlserver
+	$(PEERS)/mlserver/bin/pip install -q mlserver==1.7.1 uvloop==0.21.0 $(PEER_PINS)
+	$(PEERS)/mlserver/bin/pip install -q --no-deps -e .
+
+peers-bench: bundles  ## BUNDLE behind the server, KServe's ModelServer, MLServer and an echo server, driven by h2load (needs peers-setup)
+	$(ED) bench peers $(RECIPE) --bundle $(BUNDLE) $(PEERS_BENCH_ARGS)
+
 serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the first) against its last member served alone
 	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 
@@ -139,10 +154,11 @@ container-test: $(STAMP) base-image  ## build the image, serve BUNDLE from it wi
 
 # The commands the test suite runs besides Python (Chromium: the report's screenshot test; openssl:
 # the TLS tests), and python3-venv, without which `make setup` cannot make .venv on Debian.
-setup-system:  ## install the system packages the tests need (chromium, openssl, python3-venv) when missing
+setup-system:  ## install the system packages the tests need (chromium, openssl, nghttp2-client, python3-venv) when missing
 	@missing=; \
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	test -x $(PY) || $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	[ -n "$$missing" ] || exit 0; \
 	install="apt-get update && apt-get install -y --no-install-recommends$$missing"; \

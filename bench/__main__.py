@@ -4,7 +4,8 @@ Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x le
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
 recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
 through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/)
-and `cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/).
+`cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/) and `peers`
+(the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/).
 Exit status: 0 when measured (with `--check`, also every target met, or the served accuracy equal to the
 bundle's), 1 when `--check` found a target missed or a different accuracy, 2 when the benchmark could not run.
 """
@@ -65,6 +66,16 @@ def run_cascade(recipe, args) -> int:
     return 0
 
 
+def run_peers(recipe, args) -> int:
+    from edgedistill.bench import serving
+    from edgedistill.bench.peers import compare
+
+    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    stage = compare.stage(recipe, bundle, {"kserve": args.kserve_python, "mlserver": args.mlserver_python})
+    stage.run(args.force)
+    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +109,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
     paired.add_argument("--force", action="store_true", help="measure again even if up to date")
     paired.set_defaults(command_run=run_cascade)
+    peers = commands.add_parser("peers", help="the server against KServe's ModelServer and MLServer, by h2load")
+    peers.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    peers.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    for peer in ("kserve", "mlserver"):
+        peers.add_argument(
+            f"--{peer}-python", type=Path, help=f"{peer}'s environment (default: .venv-peers/{peer}/bin/python)"
+        )
+    peers.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    peers.add_argument("--force", action="store_true", help="measure again even if up to date")
+    peers.set_defaults(command_run=run_peers)
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

@@ -5,8 +5,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import grpc
@@ -50,17 +50,28 @@ def finish(process: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
-def wait_serving(address: str, process: subprocess.Popen, name: str, log: Path) -> None:
-    """Poll the health service until it reports SERVING; `BenchError` if the process exits or time runs out."""
+def health_serving(channel: grpc.Channel) -> bool:
+    """Whether the gRPC health service on `channel` reports SERVING."""
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_serving(
+    address: str,
+    process: subprocess.Popen,
+    name: str,
+    log: Path,
+    ready: Callable[[grpc.Channel], bool] = health_serving,
+) -> None:
+    """Poll `ready` (by default the health service) until it says yes; `BenchError` if the process exits or time
+    runs out."""
     deadline = time.monotonic() + START_TIMEOUT_S
     with grpc.insecure_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise BenchError(f"{name} exited with {process.returncode} at start; its log ends:\n{log_tail(log)}")
             try:
-                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if ready(channel):
                     return
             except grpc.RpcError:
                 pass  # not listening yet
@@ -69,15 +80,27 @@ def wait_serving(address: str, process: subprocess.Popen, name: str, log: Path) 
 
 
 @contextmanager
-def running(module: str, args: list[str], port: int, log: Path) -> Iterator[psutil.Process]:
-    """`python -m module args` with its output in `log`, SERVING on loopback `port`; stopped with SIGTERM after
-    the block, and `BenchError` when it does not exit cleanly."""
-    process = start([sys.executable, "-m", module, *args], log)
+def serving(
+    command: list[str],
+    port: int,
+    log: Path,
+    ready: Callable[[grpc.Channel], bool] = health_serving,
+    clean_exit: bool = True,
+) -> Iterator[psutil.Process]:
+    """`command` with its output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the
+    block, and with `clean_exit`, `BenchError` when it does not exit with status 0."""
+    name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
+    process = start(command, log)
     try:
-        wait_serving(f"127.0.0.1:{port}", process, module, log)
+        wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)
     finally:
         process.terminate()
         code = finish(process, STOP_TIMEOUT_S)
-    if code != 0:
-        raise BenchError(f"{module} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
+    if code is None or (clean_exit and code != 0):
+        raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
+
+
+def running(module: str, args: list[str], port: int, log: Path) -> AbstractContextManager[psutil.Process]:
+    """`python -m module args`, `serving` until the block ends."""
+    return serving([sys.executable, "-m", module, *args], port, log)

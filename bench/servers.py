@@ -1,7 +1,8 @@
 """`python -m bench.servers --port 50052 [--bundle B]`: baseline `edgedistill.v1.Classifier` servers for benchmarks.
 
-Without `--bundle`, the echo server: `Classify` answers one constant prediction per text, with no
-tokenizer, model or batcher, so a load test against it measures gRPC and the client alone. With
+Without `--bundle`, the echo server: `Classify` (and KServe `ModelInfer`, for the peer comparison) answers
+one constant prediction per text, with no tokenizer, model or batcher, so a load test against it measures
+gRPC and the client alone. With
 `--bundle`, the bare server: each call tokenizes its texts and runs the bundle's backend on the event
 loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows the ceiling
 of any server that runs this model on its event loop. Both have the real server's health
@@ -16,12 +17,9 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from edgedistill.common.bundle import load_bundle
-from edgedistill.serve.backend import load_backend
-from edgedistill.serve.batching import pad_rows
-from edgedistill.serve.encoding import TextEncoder
+from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.serve.host import Scores, softmax
-from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
 from edgedistill.serve.transport import classify_response
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -38,23 +36,36 @@ class EchoClassifier(classifier_pb2_grpc.ClassifierServicer):
         )
 
 
+class EchoInference(kserve_pb2_grpc.GRPCInferenceServiceServicer):
+    """KServe v2 `ModelInfer` answering constant logits, one row per element of the first input; always ready."""
+
+    async def ServerReady(self, request, context):
+        return kserve_pb2.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request, context):
+        return kserve_pb2.ModelReadyResponse(ready=True)
+
+    async def ModelInfer(self, request, context):
+        rows = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 0
+        logits = np.tile(np.asarray(CONSTANT.logits, np.float32), (rows, 1))
+        return kserve_pb2.ModelInferResponse(
+            model_name="echo",
+            model_version="1",
+            id=request.id,
+            outputs=[kserve_pb2.ModelInferResponse.InferOutputTensor(name="logits", datatype="FP32", shape=[rows, 2])],
+            raw_output_contents=[logits.tobytes()],
+        )
+
+
 class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
     """The bundle's tokenizer and backend, called on the event loop for every request."""
 
     def __init__(self, folder: Path, threads: int):
-        bundle = load_bundle(folder)
-        self.spec = bundle.spec
-        self.encoder = TextEncoder(
-            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
-        )
-        self.backend = load_backend(bundle, Settings(threads=threads))
-        self.output = self.spec.outputs[0].name
+        self.model = BundleClassifier(folder, threads)
 
     async def Classify(self, request, context):
-        rows = self.encoder.encode(list(request.texts), list(request.text_pairs) or None)
-        batch = pad_rows(rows, self.encoder.pad_values)
-        logits = self.backend.infer(batch)[self.output].astype(np.float32, copy=False)
-        return classify_response(self.spec, Scores(logits, softmax(logits)))
+        logits = self.model.logits(list(request.texts), list(request.text_pairs) or None)
+        return classify_response(self.model.spec, Scores(logits, softmax(logits)))
 
 
 async def create_baseline_server(
@@ -72,6 +83,8 @@ async def create_baseline_server(
         ]
     )
     classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
+    if bundle is None:
+        kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoInference(), server)
     status = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(status, server)
     bound = server.add_insecure_port(f"{host}:{port}")

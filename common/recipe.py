@@ -502,11 +502,43 @@ class ServingBenchConfig(Strict):
     )
 
 
+class PeersBenchConfig(Strict):
+    """The peer comparison (`python -m bench peers`): the server against the Python servers a user would pick
+    instead, on one bundle, driven by h2load. A null target is not checked."""
+
+    peers: list[Literal["kserve", "mlserver"]] = Field(
+        ["kserve", "mlserver"], min_length=1, description="the peers, each from its own environment"
+    )
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
+    duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
+    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before the first repeat")
+    connections: int = Field(
+        16, ge=1, description="HTTP/2 connections of the load generator (several, so worker processes share them)"
+    )
+    streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
+    threads: int = Field(1, ge=1, description="intra-op threads of every server's model")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="processes per server where it has that setting: the server's WORKERS and MLServer's "
+        "parallel_workers (KServe's ModelServer answers gRPC from one process whatever its workers); 0: one per core",
+    )
+    repeats: int = Field(3, ge=1, description="repeats, the servers interleaved; figures are their medians")
+    min_capacity_vs_best_peer: float | None = Field(
+        None, gt=0, description="the server's calls/s at saturation / the best peer's"
+    )
+    max_p99_vs_best_peer: float | None = Field(
+        None, gt=0, description="the server's p99 when paced at `rate` / the best peer's (the lowest)"
+    )
+
+
 class BenchConfig(Strict):
-    """Measurements of the built bundles: `models` for the model benchmark, `serving` for the serving one."""
+    """Measurements of the built bundles: `models` for the model benchmark, `serving` for the serving one,
+    `peers` for the comparison with other servers."""
 
     models: ModelBenchConfig = ModelBenchConfig()
     serving: ServingBenchConfig = ServingBenchConfig()
+    peers: PeersBenchConfig = PeersBenchConfig()
 
 
 # Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).

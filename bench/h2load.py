@@ -1,0 +1,161 @@
+"""gRPC load from nghttp2's `h2load`, a native HTTP/2 client, so the client does not eat the cores it measures.
+
+h2load sends one prebuilt gRPC message (`frame`) over h2c for every request, paced (`--rps`) or as fast
+as its streams allow, and writes each request's latency to a log. It counts HTTP statuses only, and a
+gRPC error arrives as HTTP 200 with its status in the trailers (and no message, or an empty one). So
+replies are counted by size: a server answers the same request with a reply of the same size (`probe`
+gives it), and the DATA bytes h2load received must be one such reply per successful call; a call
+without one failed, and bytes that no count of replies explains are an error.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+from edgedistill.bench import BenchError
+from edgedistill.bench.processes import cpu_seconds
+from edgedistill.bench.stats import percentiles
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+EMPTY_REPLY = len(b"\0\0\0\0\0")  # an empty gRPC message: its flag byte and length
+HEADERS = ("content-type: application/grpc", "te: trailers")
+SUMMARY = {  # figure -> pattern in h2load's summary
+    "done": r"requests: \d+ total, \d+ started, (\d+) done",
+    "succeeded": r"(\d+) succeeded",
+    "data_bytes": r"traffic: .*\((\d+)\) data",
+}
+
+
+def frame(message: bytes) -> bytes:
+    """`message` as one uncompressed gRPC length-prefixed message."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def probe(port: int, body: bytes, method: str = MODEL_INFER, timeout: float = 10.0) -> bytes:
+    """The serialized reply of one call of `method` on loopback `port` with the serialized request `body`;
+    `BenchError` naming the status when the call fails."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        try:
+            return call(body, timeout=timeout)
+        except grpc.RpcError as err:
+            raise BenchError(f"{method} on port {port} failed: {err.code().name}: {err.details()}") from None
+
+
+def executable() -> str:
+    """The h2load program; `BenchError` naming the package when it is missing."""
+    if (found := shutil.which("h2load")) is None:
+        raise BenchError("h2load not found: install Debian's nghttp2-client (`make setup-system`)")
+    return found
+
+
+def version() -> str:
+    """h2load's version, as it prints it (e.g. `nghttp2/1.52.0`)."""
+    done = subprocess.run([executable(), "--version"], capture_output=True, text=True, check=True)
+    return done.stdout.split()[-1]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What h2load sends: `connections` x `streams` calls in flight at most, for `duration_s`, at `rate`
+    calls/s over all connections (None: as fast as the streams allow)."""
+
+    connections: int
+    streams: int
+    duration_s: float
+    rate: float | None = None
+
+    def flags(self) -> list[str]:
+        flags = [
+            "-t",
+            "1",
+            "-c",
+            str(self.connections),
+            "-m",
+            str(self.streams),
+            "-D",
+            f"{round(self.duration_s * 1000)}ms",
+        ]
+        if self.rate is not None:
+            flags += ["--rps", f"{self.rate / self.connections:g}"]
+        return flags
+
+
+def parse_summary(text: str) -> dict[str, int]:
+    """The request counts and DATA bytes of h2load's summary; `BenchError` when one is missing."""
+    figures = {}
+    for name, pattern in SUMMARY.items():
+        if (match := re.search(pattern, text)) is None:
+            raise BenchError(f"h2load printed no {name!r} figure; its output ends:\n{text[-2000:]}")
+        figures[name] = int(match.group(1))
+    return figures
+
+
+def latencies_ms(log: Path) -> np.ndarray:
+    """The latency (ms) of each request of h2load's log (start µs, HTTP status, µs to the end), any status."""
+    rows = np.loadtxt(log, dtype=np.int64, ndmin=2)
+    return rows[:, 2] / 1e3 if rows.size else np.empty(0)
+
+
+def replies(summary: dict[str, int], reply_bytes: int) -> int:
+    """How many complete replies of `reply_bytes` (as framed) h2load received, assuming a server answers every
+    failed call alike: with no message (trailers only) or with one empty message (EMPTY_REPLY bytes, as some
+    servers send beside an error status). `BenchError` when neither explains the DATA bytes, or both do with
+    different counts."""
+    done, data = summary["done"], summary["data_bytes"]
+    counts = set()
+    for failed_bytes in (0, EMPTY_REPLY):  # ok * reply_bytes + (done - ok) * failed_bytes == data
+        ok, rest = divmod(data - done * failed_bytes, reply_bytes - failed_bytes)
+        if rest == 0 and 0 <= ok <= done:
+            counts.add(ok)
+    if len(counts) != 1:
+        raise BenchError(
+            f"h2load received {data} bytes of replies for {done} calls: "
+            + ("not" if not counts else f"ambiguous ({sorted(counts)} successful calls) as")
+            + f" {reply_bytes}-byte replies and failed calls with no message or an empty one"
+        )
+    return counts.pop()
+
+
+def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, server: psutil.Process | None) -> dict:
+    """One h2load run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file: calls
+    and failures (calls without a complete reply), successful calls/s, latency percentiles of every finished
+    call, and the CPU % (100 = one core) of h2load and of `server` with its child processes."""
+    command = [executable(), *load.flags(), "-d", str(request), "--log-file", str(log)]
+    for header in HEADERS:
+        command += ["-H", header]
+    log.unlink(missing_ok=True)
+    tree = [] if server is None else [server, *server.children(recursive=True)]
+    before = sum(cpu_seconds(p) for p in tree)
+    client_before = os.times()
+    start = time.perf_counter()
+    done = subprocess.run([*command, f"http://127.0.0.1:{port}{MODEL_INFER}"], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise BenchError(f"h2load exited with {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+    client = os.times()
+    summary = parse_summary(done.stdout)
+    ok = replies(summary, reply_bytes)
+    ms = latencies_ms(log)
+    record = {
+        "requests": summary["done"],
+        "failures": summary["done"] - ok,
+        "error_rate": (summary["done"] - ok) / summary["done"] if summary["done"] else 0.0,
+        "requests_per_s": ok / load.duration_s,
+        "offered_rate": load.rate,
+        "mean_ms": float(ms.mean()) if ms.size else None,
+    } | percentiles(ms)
+    client_cpu = (client.children_user - client_before.children_user) + (
+        client.children_system - client_before.children_system
+    )
+    usage = {"client_cpu": 100 * client_cpu / seconds}
+    if server is not None:
+        usage["server_cpu"] = 100 * (sum(cpu_seconds(p) for p in tree) - before) / seconds
+    return record | {"seconds": load.duration_s} | usage

@@ -1,0 +1,297 @@
+"""The peer comparison: the server against the Python servers a user would pick instead, on one bundle.
+
+Every server (`bench.peers.launch`: edgedistill with one worker, KServe's `ModelServer`, MLServer, and
+the echo floor) runs at once on loopback and answers the same KServe v2 `ModelInfer` call: one
+example of the recipe's dev split (the one of median length, with its pair for a pair model),
+`logits` requested. Each server is first probed (its reply must carry the bundle's logits, computed
+here, and gives the reply size that h2load's counts are checked against, see `bench.h2load`) and
+loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h2load runs two
+phases on each: capacity (every stream busy) and paced at `rate` calls/s. The result is the artifact
+`runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md, every server's log.
+"""
+
+import functools
+import os
+import statistics
+import subprocess
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+from edgedistill.bench import BenchError, h2load, slo
+from edgedistill.bench.peers import launch
+from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.bench.processes import serving
+from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
+from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.bench.texts import Examples, load_texts
+from edgedistill.common import manifest as mf
+from edgedistill.common import progress
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.cascade import is_cascade
+from edgedistill.common.recipe import PeersBenchConfig, Recipe
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.proto import kserve_pb2
+from rich.console import Console
+
+STAGE = "serve-peers"
+PHASES = ("capacity", "paced")
+LOGITS_TOLERANCE = 1e-3  # every server runs the same ONNX Runtime model; only thread scheduling may differ
+
+
+def median_example(examples: Examples) -> tuple[str, str | None]:
+    """The example of median length (characters of the text and its pair)."""
+    lengths = [len(t) + (len(examples.pairs[i]) if examples.pairs else 0) for i, t in enumerate(examples.texts)]
+    index = lengths.index(statistics.median_low(lengths))
+    return examples.texts[index], examples.pairs[index] if examples.pairs else None
+
+
+def infer_request(model: str, text: str, pair: str | None) -> bytes:
+    """The serialized `ModelInfer` request for one example, `logits` requested."""
+    tensors = [("text", text)] + ([("text_pair", pair)] if pair is not None else [])
+    request = kserve_pb2.ModelInferRequest(
+        model_name=model,
+        id="bench",
+        inputs=[
+            kserve_pb2.ModelInferRequest.InferInputTensor(
+                name=name,
+                datatype="BYTES",
+                shape=[1],
+                contents=kserve_pb2.InferTensorContents(bytes_contents=[value.encode()]),
+            )
+            for name, value in tensors
+        ],
+        outputs=[kserve_pb2.ModelInferRequest.InferRequestedOutputTensor(name="logits")],
+    )
+    return request.SerializeToString()
+
+
+def reply_logits(reply: bytes) -> np.ndarray:
+    """The `logits` output of a serialized `ModelInfer` reply, raw or typed; `BenchError` when it has none."""
+    response = kserve_pb2.ModelInferResponse.FromString(reply)
+    for index, output in enumerate(response.outputs):
+        if output.name == "logits":
+            if response.raw_output_contents:
+                values = np.frombuffer(response.raw_output_contents[index], np.float32)
+            else:
+                values = np.asarray(output.contents.fp32_contents, np.float32)
+            return values.reshape(list(output.shape))
+    raise BenchError(f"reply without a 'logits' output: {[o.name for o in response.outputs]}")
+
+
+def check_reply(name: str, reply: bytes, expected: np.ndarray | None) -> None:
+    """`BenchError` unless `reply` carries `expected` logits (any logits for the echo server, `expected` None)."""
+    logits = reply_logits(reply)
+    if expected is not None and (
+        logits.shape != expected.shape or not np.allclose(logits, expected, atol=LOGITS_TOLERANCE)
+    ):
+        raise BenchError(f"{name} answered logits {logits.tolist()}, not the bundle's {expected.tolist()}")
+
+
+def peer_versions(python: Path, peer: str) -> str:
+    """`peer`'s package version in its environment."""
+    code = f"import importlib.metadata as m; print(m.version({peer!r}))"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], list[dict]]:
+    """Ratios of the server's medians to the best peer's and to echo, and a verdict per target the recipe sets."""
+
+    def median(server: str, phase: str, figure: str) -> float:
+        return summary[f"{server} {phase}"][figure].median
+
+    capacity = {server: median(server, "capacity", "requests_per_s") for server in ["edgedistill", *cfg.peers]}
+    p99 = {server: median(server, "paced", "p99_ms") for server in ["edgedistill", *cfg.peers]}
+    best_capacity, best_p99 = max(capacity[p] for p in cfg.peers), min(p99[p] for p in cfg.peers)
+    ratios = {
+        "capacity_vs_best_peer": capacity["edgedistill"] / best_capacity,
+        "p99_vs_best_peer": p99["edgedistill"] / best_p99,
+        "capacity_vs_echo": capacity["edgedistill"] / median("echo", "capacity", "requests_per_s"),
+    } | {f"capacity_vs_{p}": capacity["edgedistill"] / capacity[p] for p in cfg.peers}
+    targets = []
+    if (least := cfg.min_capacity_vs_best_peer) is not None:
+        measured = ratios["capacity_vs_best_peer"]
+        targets.append(
+            slo.verdict("calls/s at saturation / best peer's", measured, f">= {least:.2f}", measured >= least)
+        )
+    if (most := cfg.max_p99_vs_best_peer) is not None:
+        measured = ratios["p99_vs_best_peer"]
+        name = f"p99 at {cfg.rate:g} calls/s / best peer's"
+        targets.append(slo.verdict(name, measured, f"<= {most:.2f}", measured <= most))
+    return ratios, targets
+
+
+def stage(
+    recipe: Recipe, bundle_folder: Path, pythons: dict[str, Path | None], console: Console | None = None
+) -> Stage:
+    """`runs/<recipe>/serve-peers/`: `bundle_folder` behind the server and its peers; current while the settings,
+    the dev split and the bundle are unchanged (`--force` after changing a peer's environment)."""
+    return Stage(
+        STAGE,
+        recipe,
+        ("bench.peers", "data"),
+        functools.partial(_build, pythons=pythons, console=console or Console(width=200)),
+        (Artifact("bundle", bundle_folder),),
+    )
+
+
+def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) -> Built:
+    cfg = inputs.recipe.bench.peers
+    bundle_folder = inputs.parent("bundle")
+    if is_cascade(bundle_folder):
+        raise BenchError(f"{bundle_folder} is a cascade: the peers serve one model; compare one of its members")
+    interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}
+    h2load.executable()
+    bundle = load_bundle(bundle_folder)
+    text, pair = median_example(load_texts(inputs.recipe.data, bundle.spec.pairs, None, None))
+    expected = BundleClassifier(bundle_folder, cfg.threads).logits([text], None if pair is None else [pair])
+    work = inputs.fresh_work()
+    servers = {"edgedistill": launch.edgedistill(bundle_folder, bundle.spec.name, cfg.threads, cfg.workers)}
+    if "kserve" in interpreters:
+        servers["kserve"] = launch.kserve(interpreters["kserve"], bundle_folder, cfg.threads)
+    if "mlserver" in interpreters:
+        servers["mlserver"] = launch.mlserver(
+            interpreters["mlserver"], bundle_folder, cfg.threads, cfg.workers, work / "mlserver"
+        )
+    servers["echo"] = launch.echo()
+    load_before = os.getloadavg()
+    runs = measure(cfg, servers, text, pair, expected, work)
+    summary = {key: summarize(records) for key, records in runs.items()}
+    ratios, targets = evaluate(summary, cfg)
+    result = ServingResult(
+        bundle={"path": str(bundle_folder)}
+        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        settings={name: {"command": server.command} for name, server in servers.items()},
+        options=cfg.model_dump(mode="json"),
+        texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
+        machine={
+            "cpus": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+            "versions": mf.package_versions()
+            | {peer: peer_versions(python, peer) for peer, python in interpreters.items()}
+            | {"h2load": h2load.version()},
+        },
+        runs=runs,
+        summary=summary,
+        ratios=ratios,
+        targets=targets,
+        passed=all(t["passed"] for t in targets),
+    )
+    (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    (work / "bench.md").write_text(markdown(result), encoding="utf-8")
+    print_results(console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result)))
+    missed = [t["name"] for t in targets if not t["passed"]]
+    return Built(
+        metrics=ratios | {"passed": result.passed},
+        info={"bench": cfg.model_dump(mode="json"), "targets": targets},
+        line=(
+            f"{ratios['capacity_vs_best_peer']:.2f}x the best peer's calls/s, p99 {ratios['p99_vs_best_peer']:.2f}x"
+            + (f"; missed {', '.join(missed)}" if missed else "")
+        ),
+    )
+
+
+def measure(
+    cfg: PeersBenchConfig,
+    servers: dict[str, launch.Server],
+    text: str,
+    pair: str | None,
+    expected: np.ndarray,
+    work: Path,
+) -> dict[str, list[dict]]:
+    """Start every server, probe and warm each, then run both phases on each, `cfg.repeats` times in a rotating
+    order, reporting each finished phase as progress."""
+    loads = {
+        "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
+        "paced": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s, cfg.rate),
+    }
+    runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in servers for phase in PHASES}
+    with ExitStack() as stack:
+        started, requests, reply_bytes = {}, {}, {}
+        for name, server in servers.items():
+            log = work / f"{name}.log"
+            ready = launch.model_ready(server.model)
+            started[name] = stack.enter_context(serving(server.command, server.port, log, ready, server.clean_exit))
+            body = infer_request(server.model, text, pair)
+            reply = h2load.probe(server.port, body)
+            check_reply(name, reply, None if name == "echo" else expected)
+            requests[name] = work / f"{name}.request"
+            requests[name].write_bytes(h2load.frame(body))
+            reply_bytes[name] = len(h2load.frame(reply))
+            if cfg.warmup_s:
+                warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
+                h2load.run(server.port, requests[name], reply_bytes[name], warm, work / "h2load.log", None)
+        order = list(servers)
+        rounds = progress.bar(cfg.repeats * len(servers) * len(PHASES), desc=STAGE, unit="phase")
+        for repeat in range(cfg.repeats):
+            for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
+                for phase, load in loads.items():
+                    log = work / "h2load.log"
+                    record = h2load.run(servers[name].port, requests[name], reply_bytes[name], load, log, started[name])
+                    runs[f"{name} {phase}"].append(record)
+                    rounds.set_postfix_str(f"repeat {repeat + 1} {name} {phase}: {record_line(record)}", refresh=False)
+                    rounds.update()
+        rounds.close()
+    (work / "h2load.log").unlink(missing_ok=True)
+    return runs
+
+
+def record_line(record: dict) -> str:
+    return (
+        f"{record['requests_per_s']:.0f} calls/s, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
+        f"client CPU {record['client_cpu']:.0f} %, server CPU {record['server_cpu']:.0f} %"
+    )
+
+
+COLUMNS = {
+    "requests_per_s": "calls/s",
+    "p50_ms": "p50 ms",
+    "p99_ms": "p99 ms",
+    "max_ms": "max ms",
+    "failures": "failed",
+    "client_cpu": "h2load CPU %",
+    "server_cpu": "server CPU %",
+}
+HEADER = ["server", "phase", *COLUMNS.values()]
+
+
+def cell(spread, digits: int) -> str:
+    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def table_rows(result: ServingResult) -> list[list[str]]:
+    rows = []
+    for key, figures in result.summary.items():
+        server, phase = key.split(" ")
+        label = "saturated" if phase == "capacity" else f"paced {result.options['rate']:g}/s"
+        rows.append([server, label] + [cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
+    return rows
+
+
+def target_rows(result: ServingResult) -> list[list[str]]:
+    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in result.targets]
+
+
+def heading(result: ServingResult) -> str:
+    o, b = result.options, result.bundle
+    return (
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
+        f"thread(s), {o['workers'] or 'one per core'} worker(s) where a server has them, {result.machine['cpus']} "
+        f"CPUs; h2load, {o['connections']} connection(s) x "
+        f"{o['streams']} streams; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+    )
+
+
+def markdown(result: ServingResult) -> str:
+    lines = [f"Peer comparison: {heading(result)}.", ""]
+    lines += markdown_results(HEADER, table_rows(result), ("target", target_rows(result)))
+    versions = result.machine["versions"]
+    lines += [
+        "",
+        "calls/s: calls answered with a complete reply, per second. CPU %: 100 = one core; the server's includes its",
+        f"child processes. Peers: {', '.join(f'{p} {versions[p]}' for p in result.options['peers'])}; "
+        f"h2load {versions['h2load']}.",
+    ]
+    return "\n".join(lines) + "\n"

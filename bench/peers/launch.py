@@ -1,0 +1,103 @@
+"""The servers of the peer comparison, each one process tree on loopback answering KServe v2 `ModelInfer`.
+
+`edgedistill` is the server as deployed (one worker); `kserve` and `mlserver` serve the same bundle
+with `bench.peers.model` from their own environments (a Python interpreter each, from `make
+peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2
+`ModelReady` says so for the model name it serves.
+"""
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from edgedistill.bench import BenchError
+from edgedistill.bench.processes import free_port
+from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
+
+PEERS = ("kserve", "mlserver")
+SERVERS = ("edgedistill", *PEERS, "echo")
+PEER_ENVS = Path(".venv-peers")  # under the working directory, as `make peers-setup` makes them
+MODEL = "bundle"  # the model name every peer serves the bundle under
+
+
+@dataclass(frozen=True)
+class Server:
+    """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name;
+    `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
+
+    name: str
+    command: list[str]
+    port: int
+    model: str
+    clean_exit: bool = True
+
+
+def model_ready(model: str) -> Callable[[grpc.Channel], bool]:
+    """Readiness by the v2 `ModelReady` call for `model`."""
+
+    def ready(channel: grpc.Channel) -> bool:
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return stub.ModelReady(kserve_pb2.ModelReadyRequest(name=model), timeout=1).ready
+
+    return ready
+
+
+def peer_python(peer: str, python: Path | None = None) -> Path:
+    """The interpreter of `peer`'s environment (`python`, else `.venv-peers/<peer>/bin/python`); `BenchError`
+    naming the set-up command when it is missing."""
+    found = python or PEER_ENVS / peer / "bin" / "python"
+    if not found.is_file():
+        raise BenchError(f"no {peer} environment: {found} is missing; run `make peers-setup` (or pass --{peer}-python)")
+    return found.absolute()
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
+    """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
+    core as memory allows)."""
+    port = free_port()
+    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port())]
+    flags += ["--threads", str(threads), "--workers", str(workers)]
+    return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
+
+
+def echo() -> Server:
+    port = free_port()
+    command = [sys.executable, "-m", "edgedistill.bench.servers", "--host", "127.0.0.1", "--port", str(port)]
+    return Server("echo", command, port, "echo")
+
+
+def kserve(python: Path, bundle: Path, threads: int) -> Server:
+    """KServe's `ModelServer` with one worker, its per-request latency log and log set-up off."""
+    port = free_port()
+    command = [str(python), "-m", "edgedistill.bench.peers.kserve_server", "--bundle", str(bundle)]
+    command += ["--threads", str(threads), "--model_name", MODEL, "--grpc_port", str(port)]
+    command += ["--http_port", str(free_port()), "--enable_latency_logging", "false", "--configure_logging", "false"]
+    return Server("kserve", command, port, MODEL, clean_exit=False)
+
+
+def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Path) -> Server:
+    """`mlserver start` on a model repository in `folder` serving `bundle` with `workers` parallel inference workers
+    (0: one per core, as Seldon's tuning guide advises), on loopback, debug off, MLServer's defaults otherwise."""
+    port = free_port()
+    ports = {"grpc_port": port, "http_port": free_port(), "metrics_port": free_port()}
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {"host": "127.0.0.1", "debug": False, "metrics_dir": str(folder / "metrics")} | ports
+    settings["parallel_workers"] = workers or cores()
+    (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    model = {
+        "name": MODEL,
+        "implementation": "edgedistill.bench.peers.mlserver_runtime.BundleRuntime",
+        "parameters": {"uri": str(bundle.absolute()), "extra": {"threads": threads}},
+    }
+    (folder / MODEL).mkdir(exist_ok=True)
+    (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
+    return Server("mlserver", [str(python.with_name("mlserver")), "start", str(folder)], port, MODEL, clean_exit=False)

@@ -1,0 +1,134 @@
+"""The peer comparison: the call every server answers, the check of its reply, the ratios, and a whole run."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from edgedistill.bench import BenchError
+from edgedistill.bench.__main__ import main
+from edgedistill.bench.peers import compare, launch
+from edgedistill.bench.stats import ServingResult, Spread
+from edgedistill.bench.texts import Examples
+from edgedistill.common.recipe import PeersBenchConfig
+from edgedistill.serve.proto import kserve_pb2
+
+from tests.serve.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+PEER_ENVS = {peer: ROOT / ".venv-peers" / peer / "bin" / "python" for peer in launch.PEERS}
+
+
+def test_the_example_sent_is_the_one_of_median_length():
+    examples = Examples(["a", "abc", "abcdefgh", "ab", "abcd"], None, None, "dev")
+    assert compare.median_example(examples) == ("abc", None)
+
+
+def test_the_median_example_of_pairs_counts_both_sides():
+    examples = Examples(["a", "b", "c"], ["xxxxxx", "x", "xxx"], None, "dev")
+    assert compare.median_example(examples) == ("c", "xxx")
+
+
+def test_the_request_asks_for_logits_only():
+    request = kserve_pb2.ModelInferRequest.FromString(compare.infer_request("m", "a film", None))
+    assert [o.name for o in request.outputs] == ["logits"]
+
+
+def test_the_request_of_a_pair_model_carries_both_texts():
+    request = kserve_pb2.ModelInferRequest.FromString(compare.infer_request("m", "a film", "a movie"))
+    assert [(t.name, list(t.contents.bytes_contents)) for t in request.inputs] == [
+        ("text", [b"a film"]),
+        ("text_pair", [b"a movie"]),
+    ]
+
+
+def reply(logits: np.ndarray, raw: bool) -> bytes:
+    output = kserve_pb2.ModelInferResponse.InferOutputTensor(name="logits", datatype="FP32", shape=list(logits.shape))
+    response = kserve_pb2.ModelInferResponse(outputs=[output])
+    if raw:
+        response.raw_output_contents.append(logits.astype(np.float32).tobytes())
+    else:
+        response.outputs[0].contents.fp32_contents.extend(logits.ravel().tolist())
+    return response.SerializeToString()
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "typed"])
+def test_logits_are_read_raw_or_typed(raw):
+    logits = np.array([[0.5, -1.5]], np.float32)
+    np.testing.assert_array_equal(compare.reply_logits(reply(logits, raw)), logits)
+
+
+def test_a_reply_with_other_logits_than_the_bundles_is_refused():
+    with pytest.raises(BenchError, match="not the bundle's"):
+        compare.check_reply("kserve", reply(np.array([[1.0, 2.0]]), True), np.array([[1.0, 2.5]], np.float32))
+
+
+def test_a_reply_without_logits_is_refused():
+    with pytest.raises(BenchError, match="without a 'logits' output"):
+        compare.reply_logits(kserve_pb2.ModelInferResponse().SerializeToString())
+
+
+def summary(capacity: dict[str, float], p99: dict[str, float]) -> dict:
+    figures = {}
+    for server in capacity:
+        figures[f"{server} capacity"] = {"requests_per_s": Spread.of([capacity[server]])}
+        figures[f"{server} paced"] = {"p99_ms": Spread.of([p99[server]])}
+    return figures
+
+
+CAPACITY = {"edgedistill": 1300.0, "kserve": 1000.0, "mlserver": 500.0, "echo": 2000.0}
+P99 = {"edgedistill": 4.0, "kserve": 5.0, "mlserver": 8.0, "echo": 2.0}
+
+
+def test_capacity_is_compared_with_the_best_peer():
+    ratios, _ = compare.evaluate(summary(CAPACITY, P99), PeersBenchConfig())
+    assert ratios["capacity_vs_best_peer"] == pytest.approx(1.3)
+
+
+def test_p99_is_compared_with_the_best_peers():
+    ratios, _ = compare.evaluate(summary(CAPACITY, P99), PeersBenchConfig())
+    assert ratios["p99_vs_best_peer"] == pytest.approx(0.8)
+
+
+def test_targets_are_checked_when_the_recipe_sets_them():
+    cfg = PeersBenchConfig(min_capacity_vs_best_peer=1.4, max_p99_vs_best_peer=1.0)
+    _, targets = compare.evaluate(summary(CAPACITY, P99), cfg)
+    assert [t["passed"] for t in targets] == [False, True]
+
+
+def test_no_target_is_checked_by_default():
+    _, targets = compare.evaluate(summary(CAPACITY, P99), PeersBenchConfig())
+    assert targets == []
+
+
+def bench_peers(bundle, runs: Path, *extra: str) -> int:
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
+        return main(["peers", str(SMOKE), "--bundle", str(bundle), *extra])
+
+
+def test_a_missing_peer_environment_fails_the_command_with_status_2(tmp_path, bundle, capsys):
+    code = bench_peers(bundle, tmp_path, "--kserve-python", str(tmp_path / "none"))
+    assert (code, "make peers-setup" in capsys.readouterr().err) == (2, True)
+
+
+@pytest.mark.skipif(
+    not all(path.is_file() for path in PEER_ENVS.values()),
+    reason="needs the peers' environments (make peers-setup) and network access to build them",
+)
+def test_a_short_comparison_measures_every_server(tmp_path, bundle):
+    code = bench_peers(
+        bundle,
+        tmp_path,
+        *(f"--{peer}-python={path}" for peer, path in PEER_ENVS.items()),
+        "--bench.peers.duration_s=0.5",
+        "--bench.peers.warmup_s=0.2",
+        "--bench.peers.repeats=1",
+    )
+    result = ServingResult.load(tmp_path / "smoke" / "serve-peers")
+    assert code == 0
+    assert sorted(result.runs) == sorted(f"{s} {p}" for s in launch.SERVERS for p in compare.PHASES)
+    assert all(records[0]["failures"] == 0 for records in result.runs.values())
+    assert (tmp_path / "smoke" / "serve-peers" / "bench.md").is_file()

@@ -1,0 +1,57 @@
+"""How each server of the peer comparison is started: commands, MLServer's settings, the peers' environments."""
+
+import json
+import sys
+
+import pytest
+from edgedistill.bench import BenchError
+from edgedistill.bench.peers import launch
+
+
+def test_the_server_runs_the_workers_asked_for(bundle):
+    command = launch.edgedistill(bundle, "tiny-sentiment", 1, 3).command
+    assert command[command.index("--workers") + 1] == "3"
+
+
+def test_kserve_runs_without_its_per_request_log(bundle):
+    command = launch.kserve(launch.Path(sys.executable), bundle, 1).command
+    assert command[command.index("--enable_latency_logging") + 1] == "false"
+
+
+def test_kserve_serves_the_bundle_under_the_peers_model_name(bundle):
+    command = launch.kserve(launch.Path(sys.executable), bundle, 1).command
+    assert command[command.index("--model_name") + 1] == launch.MODEL
+
+
+def test_mlserver_model_settings_name_the_runtime_and_the_bundle(tmp_path, bundle):
+    launch.mlserver(launch.Path(sys.executable), bundle, 2, 1, tmp_path)
+    settings = json.loads((tmp_path / launch.MODEL / "model-settings.json").read_text())
+    assert settings["implementation"] == "edgedistill.bench.peers.mlserver_runtime.BundleRuntime"
+    assert settings["parameters"] == {"uri": str(bundle.absolute()), "extra": {"threads": 2}}
+
+
+def test_mlserver_listens_on_loopback_with_debug_off(tmp_path, bundle):
+    server = launch.mlserver(launch.Path(sys.executable), bundle, 1, 1, tmp_path)
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert (settings["host"], settings["debug"], settings["grpc_port"]) == ("127.0.0.1", False, server.port)
+
+
+def test_mlserver_starts_with_the_environments_mlserver_command(tmp_path, bundle):
+    server = launch.mlserver(launch.Path("/envs/mlserver/bin/python"), bundle, 1, 1, tmp_path)
+    assert server.command[:2] == ["/envs/mlserver/bin/mlserver", "start"]
+
+
+def test_a_missing_peer_environment_names_the_set_up_command(tmp_path):
+    with pytest.raises(BenchError, match="make peers-setup"):
+        launch.peer_python("kserve", tmp_path / "python")
+
+
+def test_the_default_peer_environment_is_under_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BenchError, match=r"\.venv-peers/mlserver/bin/python"):
+        launch.peer_python("mlserver")
+
+
+def test_mlserver_runs_one_inference_worker_per_core_by_default(tmp_path, bundle):
+    launch.mlserver(launch.Path(sys.executable), bundle, 1, 0, tmp_path)
+    assert json.loads((tmp_path / "settings.json").read_text())["parallel_workers"] == launch.cores()

@@ -1,0 +1,43 @@
+"""The model every peer serves: the bundle's tokenizer and backend, giving the server's logits."""
+
+import grpc
+import numpy as np
+import pytest
+from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.serve.errors import InvalidInput
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+
+from tests.serve.conftest import RunningServer, settings_for
+
+TEXTS = ["a great movie", "the plot was dull and boring", "fun"]
+
+
+def test_logits_equal_the_servers(bundle):
+    server = RunningServer(settings_for(bundle))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    finally:
+        server.close()
+    served = np.array([list(p.logits) for p in reply.predictions], np.float32)
+    np.testing.assert_allclose(BundleClassifier(bundle).logits(TEXTS), served, atol=1e-5)
+
+
+def test_labels_are_the_bundles(bundle):
+    assert BundleClassifier(bundle).labels == ["negative", "positive"]
+
+
+def test_pairs_for_a_single_text_model_are_invalid(bundle):
+    with pytest.raises(InvalidInput, match="single texts"):
+        BundleClassifier(bundle).logits(TEXTS, TEXTS)
+
+
+def test_single_texts_for_a_pair_model_are_invalid(pair_bundle):
+    with pytest.raises(InvalidInput, match="pairs"):
+        BundleClassifier(pair_bundle).logits(TEXTS)
+
+
+def test_a_pair_model_reads_both_texts(pair_bundle):
+    logits = BundleClassifier(pair_bundle).logits(["x", "x"], ["a great movie", "dull and boring"])
+    assert not np.allclose(logits[0], logits[1])

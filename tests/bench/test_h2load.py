@@ -1,0 +1,118 @@
+"""h2load as the load generator: the gRPC frame it sends, its summary, and calls counted by the bytes of their replies."""
+
+import subprocess
+
+import pytest
+from edgedistill.bench import BenchError, h2load
+from edgedistill.bench.peers import launch
+from edgedistill.bench.peers.compare import infer_request
+from edgedistill.bench.processes import serving
+
+from tests.serve.conftest import RunningServer, settings_for
+
+SUMMARY = """finished in 2.00s, 1031.00 req/s, 130.95KB/s
+requests: 2062 total, 2070 started, 2062 done, 2062 succeeded, 0 failed, 0 errored, 0 timeout
+status codes: 2062 2xx, 0 3xx, 0 4xx, 0 5xx
+traffic: 261.89KB (268176) total, 6.11KB (6261) headers (space savings 96.25%), 142.97KB (146402) data
+"""
+needs_h2load = pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v h2load"], capture_output=True).returncode != 0,
+    reason="needs h2load (Debian's nghttp2-client: make setup-system)",
+)
+
+
+def test_frame_is_the_message_behind_a_flag_byte_and_its_big_endian_length():
+    assert h2load.frame(b"abc") == b"\x00\x00\x00\x00\x03abc"
+
+
+def test_summary_gives_done_succeeded_and_data_bytes():
+    assert h2load.parse_summary(SUMMARY) == {"done": 2062, "succeeded": 2062, "data_bytes": 146402}
+
+
+def test_summary_without_the_traffic_line_is_a_bench_error():
+    with pytest.raises(BenchError, match="data_bytes"):
+        h2load.parse_summary(SUMMARY.replace("traffic", "bytes"))
+
+
+def test_replies_are_the_data_bytes_in_whole_replies():
+    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 710}, 71) == 10
+
+
+def test_failed_calls_may_carry_an_empty_message_each():
+    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 8 * 71 + 2 * 5}, 71) == 8
+
+
+def test_all_failed_calls_with_an_empty_message_are_no_successful_call():
+    assert h2load.replies({"done": 604, "succeeded": 604, "data_bytes": 604 * 5}, 63) == 0
+
+
+def test_failed_calls_may_carry_nothing():
+    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 7 * 71}, 71) == 7
+
+
+def test_bytes_that_no_count_of_replies_explains_are_a_bench_error():
+    with pytest.raises(BenchError, match="not 71-byte replies"):
+        h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 700}, 71)
+
+
+def test_more_bytes_than_one_reply_per_call_is_a_bench_error():
+    with pytest.raises(BenchError, match="not 71-byte replies"):
+        h2load.replies({"done": 9, "succeeded": 9, "data_bytes": 710}, 71)
+
+
+def test_paced_load_spreads_the_rate_over_the_connections():
+    flags = h2load.Load(connections=4, streams=8, duration_s=2, rate=200).flags()
+    assert flags[flags.index("--rps") + 1] == "50"
+
+
+def test_a_missing_h2load_names_the_package(monkeypatch):
+    monkeypatch.setattr(h2load.shutil, "which", lambda name: None)
+    with pytest.raises(BenchError, match="nghttp2-client"):
+        h2load.executable()
+
+
+@pytest.fixture(scope="module")
+def served(bundle):
+    server = RunningServer(settings_for(bundle))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def echo(tmp_path):
+    server = launch.echo()
+    with serving(server.command, server.port, tmp_path / "echo.log", launch.model_ready(server.model)) as process:
+        yield server, process
+
+
+def write_request(tmp_path, model: str) -> tuple:
+    body = infer_request(model, "a fine film", None)
+    path = tmp_path / "request"
+    path.write_bytes(h2load.frame(body))
+    return body, path
+
+
+@needs_h2load
+def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, echo):
+    server, process = echo
+    body, path = write_request(tmp_path, "echo")
+    reply = len(h2load.frame(h2load.probe(server.port, body)))
+    record = h2load.run(server.port, path, reply, h2load.Load(1, 4, 0.5), tmp_path / "h2load.log", process)
+    assert record["requests"] > 0
+    assert record["failures"] == 0
+    assert record["p99_ms"] > 0
+    assert record["server_cpu"] > 0
+
+
+@needs_h2load
+def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
+    body, path = write_request(tmp_path, "no-such-model")
+    good = len(h2load.frame(h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))))
+    record = h2load.run(served.port, path, good, h2load.Load(1, 2, 0.3), tmp_path / "h2load.log", None)
+    assert record["failures"] == record["requests"]
+    assert record["requests_per_s"] == 0
+
+
+def test_a_failed_probe_names_the_status(served):
+    with pytest.raises(BenchError, match="NOT_FOUND"):
+        h2load.probe(served.port, infer_request("no-such-model", "a fine film", None))
