@@ -1,12 +1,11 @@
 """`python -m serve --bundle runs/sst2/bundle-cnn-small-folded [--port 50051]`: serve a bundle until SIGTERM, in one
 process or, with several WORKERS, in worker processes under a supervisor (`serve.workers`)."""
 
-import asyncio
 import logging
 import os
 import sys
 
-from edgedistill.serve.app import EXIT_FAULT, serve
+from edgedistill.serve.app import EXIT_FAULT, run
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.logs import configure_logging
 from edgedistill.serve.settings import SettingsError, load_settings
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     try:
         if supervisor is None and (count := worker_count(settings)) > 1:
             return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
-        status = asyncio.run(serve(settings, supervisor))
+        status = run(settings, supervisor)
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2

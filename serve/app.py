@@ -13,8 +13,10 @@ the process: a hung call cannot be taken back from its thread, and a fresh proce
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -214,6 +216,27 @@ def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredent
         raise SettingsError(f"cannot bind {address}: {err}") from err
 
 
+def loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop `settings.event_loop` asks for (None: asyncio's own); `SettingsError` for uvloop where it is
+    not installed."""
+    installed = importlib.util.find_spec("uvloop") is not None
+    if settings.event_loop == "uvloop" and not installed:
+        raise SettingsError(
+            "EDGEDISTILL_EVENT_LOOP=uvloop, but uvloop is not installed: pip install 'edgedistill[serve]'"
+        )
+    if settings.event_loop == "asyncio" or not installed:
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
+def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
+    """`serve` on the event loop that `settings` asks for; its exit status."""
+    with asyncio.Runner(loop_factory=loop_factory(settings)) as runner:
+        return runner.run(serve(settings, supervisor))
+
+
 async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
     Reloads still running at shutdown are cancelled. As a worker of `supervisor`, share the port and report there
@@ -269,6 +292,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
             "event": "serving",
             "port": port,
             "metrics_port": server.metrics_port,
+            "event_loop": type(loop).__module__.split(".")[0],
             "model": asdict(server.host.current.describe()),
         },
     )

@@ -143,6 +143,11 @@ class Settings(BaseModel):
         "(PERMISSION_DENIED), and only SIGHUP reloads",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="the event loop: uvloop (libuv's, less work per call), asyncio's own, or auto: uvloop where it "
+        "is installed (the `serve` extra installs it)",
+    )
     reload_root: Path | None = Field(
         None,
         description="Reload calls may name bundles inside this folder (with ADMIN_TOKEN); unset: Reload only "

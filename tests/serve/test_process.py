@@ -177,3 +177,28 @@ def test_client_cli(served, tmp_path, capsys):
     assert error["code"] == "INVALID_ARGUMENT" and "whitespace" in error["message"]
 
     assert cli.main([*address], stdin=io.StringIO("")) == 2
+
+
+def test_the_server_runs_on_uvloop_by_default(spawn, bundle):
+    assert spawn(bundle).wait_for("serving")["event_loop"] == "uvloop"
+
+
+def test_event_loop_asyncio_runs_on_asyncios_own_loop(spawn, bundle):
+    assert spawn(bundle, EDGEDISTILL_EVENT_LOOP="asyncio").wait_for("serving")["event_loop"] == "asyncio"
+
+
+def test_event_loop_uvloop_where_it_is_not_installed_is_refused(bundle, monkeypatch):
+    from edgedistill.serve import app
+    from edgedistill.serve.settings import Settings, SettingsError
+
+    monkeypatch.setattr(app.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SettingsError, match="uvloop is not installed"):
+        app.loop_factory(Settings(bundle=bundle, event_loop="uvloop"))
+
+
+def test_event_loop_auto_without_uvloop_is_asyncios(bundle, monkeypatch):
+    from edgedistill.serve import app
+    from edgedistill.serve.settings import Settings
+
+    monkeypatch.setattr(app.importlib.util, "find_spec", lambda name: None)
+    assert app.loop_factory(Settings(bundle=bundle)) is None
