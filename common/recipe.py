@@ -513,7 +513,10 @@ class PeersBenchConfig(Strict):
     duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
     warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before the first repeat")
     connections: int = Field(
-        16, ge=1, description="HTTP/2 connections of the load generator (several, so worker processes share them)"
+        16,
+        ge=1,
+        description="HTTP/2 connections at saturation (several, so worker processes share them); the paced phase "
+        "uses one, since h2load's connections send their paced calls together",
     )
     streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
     threads: int = Field(1, ge=1, description="intra-op threads of every server's model")

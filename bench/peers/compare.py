@@ -6,7 +6,9 @@ example of the recipe's dev split (the one of median length, with its pair for a
 `logits` requested. Each server is first probed (its reply must carry the bundle's logits, computed
 here, and gives the reply size that h2load's counts are checked against, see `bench.h2load`) and
 loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h2load runs two
-phases on each: capacity (every stream busy) and paced at `rate` calls/s. The result is the artifact
+phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
+`rate` calls/s over one connection (h2load paces each connection on its own timer, so several
+connections send their calls in bursts). The result is the artifact
 `runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md, every server's log.
 """
 
@@ -204,7 +206,8 @@ def measure(
     order, reporting each finished phase as progress."""
     loads = {
         "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
-        "paced": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s, cfg.rate),
+        # one connection: h2load paces each connection on its own timer, and several fire their calls together
+        "paced": h2load.Load(1, cfg.connections * cfg.streams, cfg.duration_s, cfg.rate),
     }
     runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in servers for phase in PHASES}
     with ExitStack() as stack:
@@ -279,8 +282,8 @@ def heading(result: ServingResult) -> str:
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
         f"thread(s), {o['workers'] or 'one per core'} worker(s) where a server has them, {result.machine['cpus']} "
-        f"CPUs; h2load, {o['connections']} connection(s) x "
-        f"{o['streams']} streams; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+        f"CPUs; h2load, saturated over {o['connections']} connection(s) x "
+        f"{o['streams']} streams, paced over one; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 
 
