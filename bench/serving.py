@@ -32,7 +32,7 @@ import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running
 from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
-from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
@@ -275,24 +275,12 @@ COLUMNS = {  # figure -> table column
 }
 
 
-def cell(spread, digits: int) -> str:
-    """'median (min-max)', or only the median when the repeats agree."""
-    if spread is None:
-        return "-"
-    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
-    return median if low == high else f"{median} ({low}-{high})"
-
-
 def table_rows(result: ServingResult) -> list[list[str]]:
     names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
     return [
-        [names[phase]] + [cell(figures.get(key), 2 if key.endswith("_ms") else 0) for key in COLUMNS]
+        [names[phase]] + [spread_cell(figures.get(key), 2 if key.endswith("_ms") else 0) for key in COLUMNS]
         for phase, figures in result.summary.items()
     ]
-
-
-def target_rows(result: ServingResult) -> list[list[str]]:
-    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in result.targets]
 
 
 def heading(result: ServingResult) -> str:
@@ -313,7 +301,7 @@ def baseline_line(result: ServingResult) -> str:
 
 def markdown(result: ServingResult) -> str:
     lines = [f"Serving benchmark: {heading(result)}.", ""]
-    lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result)))
+    lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result.targets)))
     lines += ["", baseline_line(result)]
     lines += [
         "",
@@ -325,5 +313,7 @@ def markdown(result: ServingResult) -> str:
 
 def print_tables(result: ServingResult, console: Console) -> None:
     header = ["phase", *COLUMNS.values()]
-    print_results(console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result)))
+    print_results(
+        console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result.targets))
+    )
     console.print(baseline_line(result))

@@ -33,3 +33,16 @@ def markdown_results(header: list[str], rows: list[list[str]], checks: tuple[str
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", f"| {first} | measured | wanted | result |", "|---|---|---|---|"]
     return lines + ["| " + " | ".join(row) + " |" for row in check_rows]
+
+
+def spread_cell(spread, digits: int) -> str:
+    """A `Spread` as 'median (min-max)', or only the median when the repeats agree; '-' for None."""
+    if spread is None:
+        return "-"
+    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def target_rows(targets: list[dict]) -> list[list[str]]:
+    """Rows of [name, measured, wanted, pass/MISS] for verdicts of `bench.slo.verdict`."""
+    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in targets]

@@ -25,7 +25,7 @@ from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
 from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
-from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
@@ -182,7 +182,9 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     )
     (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
     (work / "bench.md").write_text(markdown(result), encoding="utf-8")
-    print_results(console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result)))
+    print_results(
+        console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result.targets))
+    )
     missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics=ratios | {"passed": result.passed},
@@ -259,22 +261,13 @@ COLUMNS = {
 HEADER = ["server", "phase", *COLUMNS.values()]
 
 
-def cell(spread, digits: int) -> str:
-    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
-    return median if low == high else f"{median} ({low}-{high})"
-
-
 def table_rows(result: ServingResult) -> list[list[str]]:
     rows = []
     for key, figures in result.summary.items():
         server, phase = key.split(" ")
         label = "saturated" if phase == "capacity" else f"paced {result.options['rate']:g}/s"
-        rows.append([server, label] + [cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
+        rows.append([server, label] + [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
     return rows
-
-
-def target_rows(result: ServingResult) -> list[list[str]]:
-    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in result.targets]
 
 
 def heading(result: ServingResult) -> str:
@@ -289,7 +282,7 @@ def heading(result: ServingResult) -> str:
 
 def markdown(result: ServingResult) -> str:
     lines = [f"Peer comparison: {heading(result)}.", ""]
-    lines += markdown_results(HEADER, table_rows(result), ("target", target_rows(result)))
+    lines += markdown_results(HEADER, table_rows(result), ("target", target_rows(result.targets)))
     versions = result.machine["versions"]
     lines += [
         "",
