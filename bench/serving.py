@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running
-from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
+from edgedistill.bench.stats import ServingResult, summarize
 from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
@@ -246,8 +246,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
         targets=targets,
         passed=all(t["passed"] for t in targets),
     )
-    (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
-    (work / "bench.md").write_text(markdown(result), encoding="utf-8")
+    result.save(work, markdown(result))
     print_tables(result, console)
     missed = [t["name"] for t in targets if not t["passed"]]
     return Built(

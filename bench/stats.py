@@ -142,6 +142,11 @@ class ServingResult(Record):
     def median(self, phase: str, figure: str) -> float:
         return self.summary[phase][figure].median
 
+    def save(self, folder: Path, markdown: str) -> None:
+        """bench.json and its tables as bench.md in `folder`."""
+        (folder / RESULT_FILE).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (folder / "bench.md").write_text(markdown, encoding="utf-8")
+
     @classmethod
     def load(cls, folder: Path) -> "ServingResult":
         return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))

@@ -24,12 +24,11 @@ from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
-from edgedistill.bench.stats import RESULT_FILE, ServingResult, summarize
+from edgedistill.bench.stats import ServingResult, summarize
 from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
-from edgedistill.common.bundle import load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import PeersBenchConfig, Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -90,7 +89,7 @@ def check_reply(name: str, reply: bytes, expected: np.ndarray | None) -> None:
         raise BenchError(f"{name} answered logits {logits.tolist()}, not the bundle's {expected.tolist()}")
 
 
-def peer_versions(python: Path, peer: str) -> str:
+def peer_version(python: Path, peer: str) -> str:
     """`peer`'s package version in its environment."""
     code = f"import importlib.metadata as m; print(m.version({peer!r}))"
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -144,11 +143,11 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
         raise BenchError(f"{bundle_folder} is a cascade: the peers serve one model; compare one of its members")
     interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}
     h2load.executable()
-    bundle = load_bundle(bundle_folder)
-    text, pair = median_example(load_texts(inputs.recipe.data, bundle.spec.pairs, None, None))
-    expected = BundleClassifier(bundle_folder, cfg.threads).logits([text], None if pair is None else [pair])
+    model = BundleClassifier(bundle_folder, cfg.threads)
+    text, pair = median_example(load_texts(inputs.recipe.data, model.spec.pairs, None, None))
+    expected = model.logits([text], None if pair is None else [pair])
     work = inputs.fresh_work()
-    servers = {"edgedistill": launch.edgedistill(bundle_folder, bundle.spec.name, cfg.threads, cfg.workers)}
+    servers = {"edgedistill": launch.edgedistill(bundle_folder, model.spec.name, cfg.threads, cfg.workers)}
     if "kserve" in interpreters:
         servers["kserve"] = launch.kserve(interpreters["kserve"], bundle_folder, cfg.threads)
     if "mlserver" in interpreters:
@@ -162,7 +161,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
         bundle={"path": str(bundle_folder)}
-        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        | model.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
         settings={name: {"command": server.command} for name, server in servers.items()},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
@@ -171,7 +170,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
             "load_avg_before": load_before,
             "load_avg_after": os.getloadavg(),
             "versions": mf.package_versions()
-            | {peer: peer_versions(python, peer) for peer, python in interpreters.items()}
+            | {peer: peer_version(python, peer) for peer, python in interpreters.items()}
             | {"h2load": h2load.version()},
         },
         runs=runs,
@@ -180,8 +179,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
         targets=targets,
         passed=all(t["passed"] for t in targets),
     )
-    (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
-    (work / "bench.md").write_text(markdown(result), encoding="utf-8")
+    result.save(work, markdown(result))
     print_results(
         console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result.targets))
     )
