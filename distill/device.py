@@ -68,6 +68,15 @@ class Placement:
         return round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
 
 
+def load_trainable(auto, folder, **kwargs):
+    """`auto.from_pretrained(folder, **kwargs)` with fp32 weights, whatever dtype the checkpoint was saved in.
+
+    transformers otherwise keeps a bf16 or fp16 checkpoint's dtype, and training would then update
+    low-precision weights; mixed precision comes from `Placement.autocast` alone.
+    """
+    return auto.from_pretrained(folder, dtype=torch.float32, **kwargs)
+
+
 def configure_process(threads: int | None = None) -> None:
     """Set-up of a process that runs models in PyTorch: `threads` intra-op threads (default
     `EDGEDISTILL_TORCH_THREADS`, else `OMP_NUM_THREADS`, else every core) and transformers' logs down to errors,

@@ -77,7 +77,8 @@ def _build(inputs: Inputs) -> Built | None:
     tokenizer = load_tokenizer(init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = device.load_trainable(
+        AutoModelForSequenceClassification,
         init,
         num_labels=data.num_labels,
         id2label=dict(enumerate(data.label_names)),

@@ -147,7 +147,7 @@ def _build(inputs: Inputs) -> Built | None:
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
-        model = auto.from_pretrained(model_cfg.init)
+        model = device.load_trainable(auto, model_cfg.init)
     else:
         tokenizer = train_tokenizer(model_cfg.family, texts, model_cfg.vocab_size)
         model = build_model(model_cfg, tokenizer)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
-from edgedistill.distill.device import DeviceError, resolve
+from edgedistill.distill.device import DeviceError, load_trainable, resolve
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
 
 from tests.conftest import ROOT
 
@@ -29,6 +30,14 @@ def test_cuda_without_a_gpu_names_the_setting_and_the_machine(device):
 def test_fp16_on_the_cpu_is_refused():
     with pytest.raises(DeviceError, match="runtime.precision=fp16 needs a CUDA GPU"):
         resolve(RuntimeConfig(device="cpu", precision="fp16"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_checkpoint_is_trained_in_fp32_weights(tmp_path, dtype):
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    BertForMaskedLM(config).to(dtype).save_pretrained(tmp_path)
+    model = load_trainable(AutoModelForSequenceClassification, tmp_path, num_labels=2)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_bf16_on_the_cpu_autocasts_matmuls():
