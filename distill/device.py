@@ -8,6 +8,7 @@ naming the setting and what the machine has: never a silent fall back to the CPU
 """
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +44,11 @@ class Placement:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
     def move(self, value):
-        """`value` (a tensor, or a dict/list/tuple of them) on this device."""
+        """`value` (a tensor, or a mapping/list/tuple of them, such as a collator's `BatchEncoding`) on this device;
+        a mapping comes back as a dict."""
         if isinstance(value, torch.Tensor):
             return value.to(self.device, non_blocking=True)
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             return {key: self.move(item) for key, item in value.items()}
         if isinstance(value, list | tuple):
             return type(value)(self.move(item) for item in value)

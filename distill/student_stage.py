@@ -204,11 +204,12 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     key = selection_key(recipe.data)
     retention = best[key] / teacher_manifest.metrics[key]
     tested = test_metrics(
-        recipe, lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad)
+        recipe,
+        lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad, placement),
     )
 
     def write(folder: Path) -> None:
-        student.save_pretrained(folder)
+        student.cpu().save_pretrained(folder)  # cuDNN keeps an LSTM's weights in one buffer, which safetensors refuses
         for name in TOKENIZER_FILES:  # the teacher's, as saved: the tokenizer in use has this run's truncation set
             shutil.copy2(teacher_dir / name, folder / name)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))

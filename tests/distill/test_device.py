@@ -3,8 +3,8 @@
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
-from edgedistill.distill.device import DeviceError, load_trainable, resolve
-from transformers import AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
+from edgedistill.distill.device import DeviceError, Placement, load_trainable, resolve
+from transformers import AutoModelForSequenceClassification, BatchEncoding, BertConfig, BertForMaskedLM
 
 from tests.conftest import ROOT
 
@@ -79,6 +79,12 @@ def test_move_places_nested_batches():
     placement = resolve(RuntimeConfig(device="cpu"))
     moved = placement.move(({"ids": torch.ones(1)}, [torch.zeros(1)], "kept"))
     assert moved[2] == "kept" and moved[0]["ids"].device.type == "cpu"
+
+
+def test_move_takes_a_collators_batch_encoding_to_the_device():
+    placement = Placement(torch.device("meta"), "fp32", "meta", 1)
+    moved = placement.move(BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)}))
+    assert moved["input_ids"].device.type == "meta"
 
 
 def test_describe_names_device_and_precision():

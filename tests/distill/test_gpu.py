@@ -44,8 +44,10 @@ def test_pretrain_and_fine_tune_on_cuda(precision):
     assert teacher.metrics["dev_accuracy"] > 0.6
 
 
-def test_labelling_on_cuda_records_its_agreement_with_fp32():
-    result = distill("distill", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label", "--only=cnn", "--no-baseline")
+def test_labelling_and_an_lstm_student_on_cuda():
+    teacher = distill("teacher", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label")
+    assert teacher.returncode == 0, teacher.stderr[-3000:]
+    result = distill("distill", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label", "--only=bilstm", "--no-baseline")
     assert result.returncode == 0, result.stderr[-3000:]
     labelling = mf.load(runs() / "cuda-label" / "transfer").info["labelling"]
     assert labelling["engine"] == "pytorch" and labelling["device"] == "cuda:0"
