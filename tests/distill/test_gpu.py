@@ -47,7 +47,9 @@ def test_pretrain_and_fine_tune_on_cuda(precision):
 def test_labelling_and_an_lstm_student_on_cuda():
     teacher = distill("teacher", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label")
     assert teacher.returncode == 0, teacher.stderr[-3000:]
-    result = distill("distill", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label", "--only=bilstm", "--no-baseline")
+    result = distill(
+        "distill", str(SMOKE), "--runtime.device=cuda", "--name=cuda-label", "--only=bilstm", "--no-baseline"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     labelling = mf.load(runs() / "cuda-label" / "transfer").info["labelling"]
     assert labelling["engine"] == "pytorch" and labelling["device"] == "cuda:0"
