@@ -57,12 +57,11 @@ def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
         trained(tmp_path)
 
 
-def test_a_checkpoint_resumes_in_another_precision(tmp_path):
-    trained(tmp_path)
-    bf16 = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+def resumed(tmp_path, placement):
+    """The progress of a second epoch that resumes `trained(tmp_path)`'s checkpoint on `placement`."""
     cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
-    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", bf16)
-    progress = again.fit(
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", placement)
+    return again.fit(
         batches_for_epoch=lambda epoch: [list(range(16))],
         make_batch=lambda idx: (X[idx], Y[idx]),
         loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1).float(), batch[1]),
@@ -70,6 +69,21 @@ def test_a_checkpoint_resumes_in_another_precision(tmp_path):
         metric="score",
         on_best=lambda m, _: None,
     )
+
+
+def test_a_checkpoint_resumes_in_another_precision(tmp_path):
+    trained(tmp_path)
+    progress = resumed(tmp_path, resolve(RuntimeConfig(device="cpu", precision="bf16")))
+    assert (progress.resumed_from, progress.global_step) == (1, 2)
+
+
+def test_a_checkpoint_written_on_a_gpu_in_fp16_resumes_on_the_cpu(tmp_path):
+    trained(tmp_path)
+    state = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    state["rng"]["cuda"] = torch.get_rng_state()  # what a CUDA run adds: its generator's state, and its loss scale
+    state["scaler"] = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+    torch.save(state, tmp_path / CHECKPOINT)
+    progress = resumed(tmp_path, CPU)
     assert (progress.resumed_from, progress.global_step) == (1, 2)
 
 
