@@ -109,7 +109,7 @@ calls = [gevent.spawn(user.call, classifier_pb2_grpc.ClassifierStub(user.channel
 gevent.joinall(calls, timeout=30)
 print(json.dumps({"seconds": time.perf_counter() - started, "ok": [c.value is not None for c in calls]}))
 """
-QUEUE_DELAY_S = 0.3
+QUEUE_DELAY_S = 0.5
 
 
 def test_users_call_concurrently_under_gevent(tmp_path):
@@ -121,4 +121,5 @@ def test_users_call_concurrently_under_gevent(tmp_path):
     finally:
         slow.close()
     assert out["ok"] == [True] * 4
-    assert QUEUE_DELAY_S <= out["seconds"] < 2.5 * QUEUE_DELAY_S, out["seconds"]
+    # one at a time: at least 4 delays (2 s); together: one delay, plus connecting on a busy machine
+    assert QUEUE_DELAY_S <= out["seconds"] < 3 * QUEUE_DELAY_S, out["seconds"]
