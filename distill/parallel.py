@@ -7,13 +7,16 @@ independent (each writes its own artifact and resumes on its own).
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 
 import torch
+from edgedistill.common.processes import die_with_parent
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill import device, student_stage, trainer
 
 
-def _start_worker(threads: int, slots) -> None:
+def _start_worker(parent: int, threads: int, slots) -> None:
+    die_with_parent(parent)  # a killed `distill` takes its jobs with it, none left training unwatched
     device.configure_process(threads)
     trainer.bar_position = slots.get()
 
@@ -31,7 +34,9 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
         slots.put(slot)
     print(f"[distill] {len(jobs)} jobs on {workers} processes x {threads} threads")
     errors = []
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker, initargs=(threads, slots)) as pool:
+    with cf.ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(), threads, slots)
+    ) as pool:
         pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
         for done, future in enumerate(cf.as_completed(pending), 1):
             name, baseline = pending[future]

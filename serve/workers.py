@@ -19,7 +19,6 @@ each (a reload holds two models; a cascade's model files are its members' togeth
 process, no supervisor.
 """
 
-import ctypes
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from edgedistill.common.processes import die_with_parent
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
@@ -47,7 +47,6 @@ SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's env
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
-PR_SET_PDEATHSIG = 1
 
 
 # --- how many -------------------------------------------------------------------------------------------------
@@ -105,15 +104,8 @@ class SupervisorLink:
             return None
         supervisor, fd = (int(part) for part in value.split(":"))
         link = cls(supervisor, fd)
-        link.die_with_supervisor()
+        die_with_parent(supervisor)  # SIGTERM, a drain, when the supervisor dies
         return link
-
-    def die_with_supervisor(self) -> None:
-        """SIGTERM (a drain) when the supervisor dies; exit at once if it already has."""
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != self.supervisor:
-            sys.exit("the supervisor is gone")
 
     def serving(self, port: int) -> None:
         self.pipe.write(json.dumps({"pid": os.getpid(), "port": port}) + "\n")

@@ -1,0 +1,17 @@
+"""Child processes that do not outlive their parent."""
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Have the kernel send `sig` to this process when its parent `parent` dies (Linux); exit at once if it
+    already has. Without it a child whose parent is killed (SIGTERM from a scheduler, SIGKILL) runs on alone."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:
+        sys.exit(f"the parent process {parent} is gone")

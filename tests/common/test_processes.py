@@ -1,0 +1,63 @@
+"""A child that asked to die with its parent does, however the parent ends."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+PARENT = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())])
+    print(child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from edgedistill.common.processes import die_with_parent
+    die_with_parent(int(sys.argv[1]))
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_child_dies_when_its_parent_is_killed(sig):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        os.kill(parent.pid, sig)
+        parent.wait(10)
+        assert gone(child)
+    finally:
+        parent.kill()
+        if not gone(child, 0):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_exits_at_once_when_the_named_parent_is_not_its_parent():
+    done = subprocess.run([sys.executable, "-c", CHILD, "1"], capture_output=True, text=True, timeout=60)
+    assert "is gone" in done.stderr

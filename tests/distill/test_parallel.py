@@ -1,0 +1,36 @@
+"""The process pool that trains students and baselines side by side."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.common.test_processes import gone
+
+DISTILL = textwrap.dedent(
+    """
+    import concurrent.futures as cf, multiprocessing as mp, os, time
+    from edgedistill.distill import parallel
+    ctx = mp.get_context("spawn")
+    slots = ctx.Queue()
+    slots.put(0)
+    pool = cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=parallel._start_worker, initargs=(os.getpid(), 1, slots))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 600)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_job_stops_when_the_distill_process_is_terminated():
+    parent = subprocess.Popen([sys.executable, "-c", DISTILL], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    try:
+        os.kill(parent.pid, signal.SIGTERM)
+        parent.wait(10)
+        assert gone(worker)
+    finally:
+        parent.kill()
+        if not gone(worker, 0):
+            os.kill(worker, signal.SIGKILL)
