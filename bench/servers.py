@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.serve.host import Scores, softmax
+from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
 from edgedistill.serve.transport import classify_response
@@ -65,7 +65,7 @@ class BareClassifier(classifier_pb2_grpc.ClassifierServicer):
 
     async def Classify(self, request, context):
         logits = self.model.logits(list(request.texts), list(request.text_pairs) or None)
-        return classify_response(self.model.spec, Scores(logits, softmax(logits)))
+        return classify_response(self.model.spec, Scores(logits))
 
 
 async def create_baseline_server(

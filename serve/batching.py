@@ -218,13 +218,18 @@ class DynamicBatcher:
         self._check_room(len(rows))
         lengths = [_length(row) for row in rows]
         loop = asyncio.get_running_loop()
-        request = _Request(rows, loop.create_future(), loop.time(), deadline, [None] * len(rows), len(rows))
+        now = loop.time()
+        shapes = self._shapes(sorted(lengths))
+        inline = len(rows) <= self.max_batch_size and runs_inline(
+            self._expected(shapes), self.inline_max, self._load(now)
+        )
+        if inline and deadline is not None and deadline <= now:
+            raise DeadlineExpired("deadline exceeded before the request was queued")
+        if inline and len(shapes) == 1:  # light load and one quick backend call: run it now, as it is
+            return self._run_now(rows, shapes[0])
+        request = _Request(rows, loop.create_future(), now, deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
-        expected = self._expected(self._shapes(sorted(lengths)))
-        if len(rows) <= self.max_batch_size and runs_inline(expected, self.inline_max, self._load(request.enqueued)):
-            # light load and a quick batch: run it now, without the batcher task
-            if deadline is not None and deadline <= request.enqueued:
-                raise DeadlineExpired("deadline exceeded before the request was queued")
+        if inline:  # light load and a quick batch in several calls: run it now, without the batcher task
             await self._run(batch)
         else:
             self._pending.extend(batch)
@@ -236,6 +241,16 @@ class DynamicBatcher:
             self._drop(request, DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
+
+    def _run_now(self, rows: list[Arrays], shape: tuple[int, int]) -> BatchResult:
+        """One request as one backend call on the event loop, nothing else running: no queue, no bookkeeping of a
+        batch (the call ends before any other coroutine runs); the backend's error is the request's."""
+        outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
+        self._last_done = asyncio.get_running_loop().time()
+        self._learn([shape], seconds)
+        self.observer.batch_done(len(rows), seconds)
+        self.observer.request_done(0.0)
+        return BatchResult(dict(outputs), 0.0, 1)
 
     def _drop(self, request: _Request, reason: DropReason) -> None:
         before = len(self._pending)
@@ -417,10 +432,13 @@ class DynamicBatcher:
 
 
 def _gather(parts: list[tuple[Arrays, int]]) -> Arrays:
-    """A request's outputs in row order from (batch outputs, position) per row: one take per batch output."""
+    """A request's outputs in row order from (batch outputs, position) per row: one take per batch output, or the
+    batch outputs themselves when the request was the whole batch, in order."""
     first = parts[0][0]
     if all(outputs is first for outputs, _ in parts):
         positions = np.fromiter((position for _, position in parts), dtype=np.intp, count=len(parts))
+        if all(len(value) == len(parts) for value in first.values()) and (positions == np.arange(len(parts))).all():
+            return dict(first)
         return {name: value[positions] for name, value in first.items()}
     return {name: np.stack([outputs[name][position] for outputs, position in parts]) for name in first}
 
@@ -433,7 +451,9 @@ def _length(row: Arrays) -> int:
 
 
 def pad_rows(rows: list[Arrays], pad_values: Mapping[str, int | float]) -> Arrays:
-    """Stack 1-D rows into (batch, longest) arrays, right-padded with each input's pad value."""
+    """Stack 1-D rows into (batch, longest) arrays, right-padded with each input's pad value (one row: views of it)."""
+    if len(rows) == 1:
+        return {name: value[np.newaxis] for name, value in rows[0].items()}
     longest = max(_length(row) for row in rows)
     batch = {}
     for name, first in rows[0].items():

@@ -20,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.cascade import MEMBERS, Cascade, CascadeSpec, confidence, is_cascade, load_cascade, route
 from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
-from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs, softmax
+from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings
 
@@ -227,7 +227,7 @@ class CascadeRuntime:
             reaching, scores = reaching[low], scores[low]
             if not len(reaching):
                 break
-        return Scores(logits, softmax(logits), [self.ids[i] for i in answered.tolist()], refused)
+        return Scores(logits, [self.ids[i] for i in answered.tolist()], refused)
 
     def _admissible(self, index: int, reaching: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """The rows of `reaching` (with confidences `scores`) that go on to member `index`: all of them while its

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +49,13 @@ TOKENIZE_THREADS = 2
 @dataclass
 class Scores:
     logits: np.ndarray  # (N, labels) float32
-    probabilities: np.ndarray  # (N, labels) float32
     answered_by: list[str] | None = None  # a cascade's: per row, the bundle id of the member that answered
     escalation_refused: np.ndarray | None = None  # a cascade's: (N,) bool, rows the next member's queue refused
+
+    @cached_property
+    def probabilities(self) -> np.ndarray:
+        """(N, labels) float32, computed when first asked for: a call that wants only logits skips it."""
+        return softmax(self.logits)
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,7 @@ class ModelRuntime:
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:
         result = await self.batcher.submit(rows, deadline)
         logits = result.outputs[self.output].astype(np.float32, copy=False)
-        return Scores(logits, softmax(logits))
+        return Scores(logits)
 
     async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
         """(N, L) token-id tensors through the model."""

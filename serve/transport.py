@@ -152,6 +152,13 @@ def fail(context: grpc.aio.ServicerContext, err: Exception) -> None:
     refuse(context, grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
 
 
+def output_value(scores: Scores, name: str) -> np.ndarray:
+    """The values of the KServe output `name` (one of `outputs_of`), computed only when asked for."""
+    if name == "answered_by":
+        return np.array([member.encode() for member in scores.answered_by or ()], dtype=object)
+    return getattr(scores, name)
+
+
 def handles_errors(method):
     """Map the serving layer's exceptions to gRPC statuses for a unary handler."""
 
@@ -515,14 +522,8 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             raise NotReady(f"the model was replaced during the call and has no output {sorted(missing)}: retry")
         raw = len(request.raw_input_contents) > 0
         reply = kserve_pb2.ModelInferResponse(model_name=runtime.name, model_version=runtime.version, id=request.id)
-        values = {
-            "logits": scores.logits,
-            "probabilities": scores.probabilities,
-            "answered_by": np.array([member.encode() for member in scores.answered_by or ()], dtype=object),
-            "escalation_refused": scores.escalation_refused,
-        }
         for name, count in wanted.items():
-            value, datatype = values[name], outputs[name]
+            value, datatype = output_value(scores, name), outputs[name]
             if count is not None:
                 value, datatype = top_classes(value, count, runtime.spec.labels), "BYTES"
             output = reply.outputs.add(name=name, datatype=datatype, shape=list(value.shape))

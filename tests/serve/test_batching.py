@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher
+from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, pad_rows
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from edgedistill.serve.settings import Settings
@@ -508,3 +508,62 @@ def test_a_request_over_max_batch_size_at_light_load_is_split_into_calls_within_
     result = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [float(n) for n in range(1, 11)]
     assert max(rows for rows, _ in backend.shapes) <= 4
+
+
+def quick_batcher(backend, **kwargs) -> DynamicBatcher:
+    """A started batcher whose calls are expected to be quick, so that a request at light load runs at once."""
+    b = batcher(backend, max_delay=0.0, inline_max=1.0, **kwargs)
+    b.calibrate([(1, 1, 1e-6), (4, 8, 2e-6)])
+    b.start()
+    return b
+
+
+def test_a_quick_request_at_light_load_is_one_backend_call_reported_to_the_observer():
+    backend, recorder = TaskRecorder(), Recorder()
+
+    async def main():
+        b = quick_batcher(backend, observer=recorder)
+        result = await asyncio.create_task(b.submit([row(1, 2), row(3, 4)]), name="caller")
+        await b.close()
+        return result
+
+    result = asyncio.run(main())
+    assert result.outputs["sum"].tolist() == [3.0, 7.0]
+    assert backend.tasks == ["caller"]
+    assert recorder.batches == [2]
+    assert recorder.waits == [0.0]
+
+
+def test_a_backend_error_at_light_load_is_the_requests_and_the_batcher_goes_on():
+    calls = []
+
+    def flaky(inputs):
+        calls.append(inputs["input_ids"].shape[0])
+        if len(calls) == 1:
+            raise RuntimeError("backend exploded")
+        return {"sum": inputs["input_ids"].sum(axis=1)}
+
+    async def main():
+        b = quick_batcher(flaky)
+        with pytest.raises(RuntimeError, match="exploded"):
+            await b.submit([row(1)])
+        await asyncio.sleep(0.01)
+        after = await b.submit([row(5)])
+        await b.close()
+        return after
+
+    assert asyncio.run(main()).outputs["sum"].tolist() == [5]
+
+
+def test_pad_rows_of_one_row_is_that_row_with_a_batch_axis():
+    batch = pad_rows([row(7, 8, 9)], {"input_ids": 0})
+    assert {name: value.tolist() for name, value in batch.items()} == {
+        "input_ids": [[7, 8, 9]],
+        "attention_mask": [[1, 1, 1]],
+    }
+
+
+def test_pad_rows_pads_each_input_with_its_value():
+    batch = pad_rows([row(7, 8, 9), row(5)], {"input_ids": -1})
+    assert batch["input_ids"].tolist() == [[7, 8, 9], [5, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
