@@ -43,19 +43,24 @@ def gone(pid: int, within_s: float = 10.0) -> bool:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_the_child_dies_when_its_parent_is_killed(sig):
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
+def child_ends_with_parent(parent: subprocess.Popen, child: int, sig: signal.Signals) -> bool:
+    """Send `sig` to `parent`: whether its `child` ends too; neither is left running whatever the answer."""
     try:
-        assert parent.stdout.readline().strip() == "ready"
         os.kill(parent.pid, sig)
         parent.wait(10)
-        assert gone(child)
+        return gone(child)
     finally:
         parent.kill()
         if not gone(child, 0):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_child_dies_when_its_parent_is_killed(sig):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert parent.stdout.readline().strip() == "ready"
+    assert child_ends_with_parent(parent, child, sig)
 
 
 def test_a_child_exits_at_once_when_the_named_parent_is_not_its_parent():

@@ -1,12 +1,11 @@
 """The process pool that trains students and baselines side by side."""
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 
-from tests.common.test_processes import gone
+from tests.common.test_processes import child_ends_with_parent
 
 DISTILL = textwrap.dedent(
     """
@@ -26,11 +25,4 @@ DISTILL = textwrap.dedent(
 def test_a_job_stops_when_the_distill_process_is_terminated():
     parent = subprocess.Popen([sys.executable, "-c", DISTILL], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
-    try:
-        os.kill(parent.pid, signal.SIGTERM)
-        parent.wait(10)
-        assert gone(worker)
-    finally:
-        parent.kill()
-        if not gone(worker, 0):
-            os.kill(worker, signal.SIGKILL)
+    assert child_ends_with_parent(parent, worker, signal.SIGTERM)

@@ -55,6 +55,19 @@ def row(*ids: int) -> dict[str, np.ndarray]:
     return {"input_ids": np.array(ids, np.int64), "attention_mask": np.ones(len(ids), np.int64)}
 
 
+def fails_first_call():
+    """A backend that raises on its first call and sums each row's ids after."""
+    calls = []
+
+    def flaky(inputs):
+        calls.append(inputs["input_ids"].shape[0])
+        if len(calls) == 1:
+            raise RuntimeError("backend exploded")
+        return {"sum": inputs["input_ids"].sum(axis=1)}
+
+    return flaky
+
+
 def batcher(backend, **kwargs) -> DynamicBatcher:
     options = {"max_batch_size": 8, "max_delay": 0.02, "max_queued": 64, "pad_values": {"input_ids": 0}} | kwargs
     return DynamicBatcher(backend, **options)
@@ -220,13 +233,7 @@ def test_rows_past_their_deadline_are_dropped():
 
 
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
-    calls = []
-
-    def flaky(inputs):
-        calls.append(inputs["input_ids"].shape[0])
-        if len(calls) == 1:
-            raise RuntimeError("backend exploded")
-        return {"sum": inputs["input_ids"].sum(axis=1)}
+    flaky = fails_first_call()
 
     async def main():
         b = batcher(flaky, max_delay=0.05)
@@ -535,13 +542,7 @@ def test_a_quick_request_at_light_load_is_one_backend_call_reported_to_the_obser
 
 
 def test_a_backend_error_at_light_load_is_the_requests_and_the_batcher_goes_on():
-    calls = []
-
-    def flaky(inputs):
-        calls.append(inputs["input_ids"].shape[0])
-        if len(calls) == 1:
-            raise RuntimeError("backend exploded")
-        return {"sum": inputs["input_ids"].sum(axis=1)}
+    flaky = fails_first_call()
 
     async def main():
         b = quick_batcher(flaky)
