@@ -30,6 +30,12 @@ class Labelled:
             return self
         return Labelled(self.texts[:n], self.pairs[:n] if self.pairs else None, self.labels[:n])
 
+    def both_ways(self) -> "Labelled":
+        """These pairs followed by each pair the other way round, with the same labels."""
+        if self.pairs is None:
+            raise ValueError("both_ways needs sentence pairs")
+        return Labelled(self.texts + self.pairs, self.pairs + self.texts, self.labels * 2)
+
 
 def _read_text(path: Path) -> str:
     if not path.is_file():
@@ -124,8 +130,10 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
 
 
 def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
-    """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`."""
-    return load_labelled(cfg.train, cfg).head(cfg.train_limit), load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
+    """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`; train pairs both ways if
+    `symmetric_pairs`."""
+    train = load_labelled(cfg.train, cfg).head(cfg.train_limit)
+    return train.both_ways() if cfg.symmetric_pairs else train, load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
 
 
 def _text_lines(path: Path, limit: int | None) -> list[str]:

@@ -12,16 +12,27 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import yaml
 from edgedistill.common import settings
 from edgedistill.common.manifest import sha256_file
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Settings added after runs of this version existed: left out of the dump (so of every stage's hash) while at
+    # their default, so that a new setting nobody sets keeps those runs' artifacts current.
+    hashed_when_set: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset_later_settings(self, handler):
+        dumped = handler(self)
+        for name in self.hashed_when_set:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                dumped.pop(name, None)
+        return dumped
 
 
 class DataConfig(Strict):
@@ -45,8 +56,14 @@ class DataConfig(Strict):
     positive_label: str | None = Field(
         None, description="the label whose F1 is reported as f1; default: the second label of a binary task"
     )
+    symmetric_pairs: bool = Field(
+        False,
+        description="the label does not depend on the order of the two texts (paraphrase, similarity): every "
+        "labelled train pair is also used the other way round",
+    )
     train_limit: int | None = Field(None, gt=0)
     dev_limit: int | None = Field(None, gt=0)
+    hashed_when_set = frozenset({"symmetric_pairs"})
 
     @model_validator(mode="before")
     @classmethod
@@ -75,6 +92,8 @@ class DataConfig(Strict):
             raise ValueError(
                 f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
             )
+        if self.symmetric_pairs and self.text_pair_column is None:
+            raise ValueError("data.symmetric_pairs needs data.text_pair_column: only pairs have an order to swap")
         if self.metric == "f1" and self.positive_index is None:
             raise ValueError(
                 f"data.metric=f1 needs data.positive_label: a task of {self.num_labels} labels has no default "

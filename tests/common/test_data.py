@@ -29,6 +29,29 @@ def test_sentence_pairs_and_custom_columns(tmp_path):
     assert data.texts == ["is it?"] and data.pairs == ["yes"] and data.labels == [1]
 
 
+def test_symmetric_pairs_train_on_each_pair_both_ways(tmp_path):
+    (tmp_path / "p.tsv").write_text("a\tb\tlabel\nfirst\tsecond\t1\nthird\tfourth\t0\n")
+    path = str(tmp_path / "p.tsv")
+    cfg = DataConfig(train=path, dev=path, text_column="a", text_pair_column="b", label_names=["no", "yes"])
+    train, _ = load_splits(cfg.model_copy(update={"symmetric_pairs": True}))
+    assert list(zip(train.texts, train.pairs, train.labels, strict=True)) == [
+        ("first", "second", 1),
+        ("third", "fourth", 0),
+        ("second", "first", 1),
+        ("fourth", "third", 0),
+    ]
+
+
+def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
+    (tmp_path / "p.tsv").write_text("a\tb\tlabel\nfirst\tsecond\t1\n")
+    path = str(tmp_path / "p.tsv")
+    cfg = DataConfig(
+        train=path, dev=path, text_column="a", text_pair_column="b", label_names=["no", "yes"], symmetric_pairs=True
+    )
+    _, dev = load_splits(cfg)
+    assert (dev.texts, dev.pairs) == (["first"], ["second"])
+
+
 @pytest.mark.parametrize(
     "content, message",
     [

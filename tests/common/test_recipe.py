@@ -77,6 +77,26 @@ def test_section_hash_tracks_only_its_sections(tmp_path):
     assert a.section_hash("finetune") != b.section_hash("finetune")
 
 
+PAIRS = MINIMAL.replace("label_names", "text_pair_column: b, label_names")
+
+
+def test_a_later_setting_at_its_default_leaves_the_hash_unchanged(tmp_path):
+    plain = load_recipe(write(tmp_path, PAIRS))
+    explicit = load_recipe(write(tmp_path, PAIRS), {"data.symmetric_pairs": False})
+    assert plain.section_hash("data") == explicit.section_hash("data")
+
+
+def test_a_later_setting_set_changes_the_hash(tmp_path):
+    plain = load_recipe(write(tmp_path, PAIRS))
+    symmetric = load_recipe(write(tmp_path, PAIRS), {"data.symmetric_pairs": True})
+    assert plain.section_hash("data") != symmetric.section_hash("data")
+
+
+def test_symmetric_pairs_without_pairs_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="symmetric_pairs needs data.text_pair_column"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
+
+
 def test_section_hash_follows_the_data_contents_not_their_paths(tmp_path):
     for place in ("here", "there"):
         (tmp_path / place / "model").mkdir(parents=True)
