@@ -122,7 +122,7 @@ class Trainer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = dist.rank(), dist.world_size()
         # fused: one kernel for all the tensors instead of a loop over them; on the CPU that step is 4-9x faster
-        # for 6-23 M parameters, a quarter of a student's step time (docs/benchmarks.md).
+        # for 6-23 M parameters, about two fifths of a small student's step time (docs/benchmarks.md).
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, cfg), lr=cfg.lr, fused=True)
         self.scaler = placement.scaler()
         self.progress = Progress()
