@@ -310,7 +310,7 @@ class Trainer:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
         target = self.evaluated.eval()
-        with torch.no_grad(), self.placement.autocast():
+        with torch.no_grad():  # in fp32, as the model is exported and served: selection by the served accuracy
             metrics = evaluate(target)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
         if running:

@@ -267,8 +267,9 @@ def _build(inputs: Inputs) -> Built:
         tick = time.perf_counter()
         logits = label_shards(forward, tokenizer, texts, pairs, recipe.transfer, work, placement)
         labelling["seconds"] = round(time.perf_counter() - tick, 1)  # shards left by a killed run count as free
-        _, dev = load_splits(recipe.data)
-        dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
+    _, dev = load_splits(recipe.data)
+    dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
+    with torch.inference_mode():  # the teacher's dev accuracy in fp32, as its manifest gives it
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)
     if placement.precision != "fp32":
         labelling |= precision_check(model, tokenizer, texts, pairs, logits, recipe.transfer, placement)

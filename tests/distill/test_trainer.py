@@ -104,3 +104,20 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
 
     stopped = fit().global_step
     assert fit().global_step == stopped == 3
+
+
+def test_evaluation_runs_in_fp32_when_training_autocasts(tmp_path):
+    seen = []
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0)
+    trainer = Trainer(
+        torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", resolve(RuntimeConfig(device="cpu", precision="bf16"))
+    )
+    trainer.fit(
+        batches_for_epoch=lambda epoch: [list(range(16))],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1).float(), batch[1]),
+        evaluate=lambda m: seen.append(m(X).dtype) or {"score": 0.0},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    assert seen == [torch.float32]
