@@ -23,7 +23,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -107,6 +107,9 @@ peers-setup: $(STAMP)  ## the peers' own environments for peers-bench (.venv-pee
 
 peers-bench: bundles  ## BUNDLE behind the server, KServe's ModelServer, MLServer and an echo server, driven by h2load (needs peers-setup)
 	$(ED) bench peers $(RECIPE) --bundle $(BUNDLE) $(PEERS_BENCH_ARGS)
+
+scaling-bench: bundles  ## BUNDLE behind the server with 1, 2 and one worker per core, driven by h2load
+	$(ED) bench scaling $(RECIPE) --bundle $(BUNDLE) $(SCALING_BENCH_ARGS)
 
 serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the first) against its last member served alone
 	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))

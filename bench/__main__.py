@@ -4,8 +4,9 @@ Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x le
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
 recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
 through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/)
-`cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/) and `peers`
-(the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/).
+`cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/), `peers`
+(the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/)
+and `scaling` (the deployed bundle behind the server with 1, 2, ... workers, by h2load: runs/<recipe>/serve-scaling/).
 Exit status: 0 when measured (with `--check`, also every target met, or the served accuracy equal to the
 bundle's), 1 when `--check` found a target missed or a different accuracy, 2 when the benchmark could not run.
 """
@@ -76,6 +77,15 @@ def run_peers(recipe, args) -> int:
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 
 
+def run_scaling(recipe, args) -> int:
+    from edgedistill.bench import scaling, serving
+
+    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    stage = scaling.stage(recipe, bundle)
+    stage.run(args.force)
+    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +129,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     peers.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     peers.add_argument("--force", action="store_true", help="measure again even if up to date")
     peers.set_defaults(command_run=run_peers)
+    scaled = commands.add_parser("scaling", help="the server with 1, 2, ... worker processes, by h2load")
+    scaled.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    scaled.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    scaled.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    scaled.add_argument("--force", action="store_true", help="measure again even if up to date")
+    scaled.set_defaults(command_run=run_scaling)
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

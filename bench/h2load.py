@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -65,17 +65,33 @@ def version() -> str:
 @dataclass(frozen=True)
 class Load:
     """What h2load sends: `connections` x `streams` calls in flight at most, for `duration_s`, at `rate`
-    calls/s over all connections (None: as fast as the streams allow)."""
+    calls/s over all connections (None: as fast as the streams allow), from `threads` client threads.
+
+    One h2load paces each connection on its own timer, all started together, so its connections send their paced
+    calls in bursts. `clients` splits the load over that many h2load processes (the connections and the rate
+    shared out evenly), started 1/`rate` s apart, so that their calls interleave instead."""
 
     connections: int
     streams: int
     duration_s: float
     rate: float | None = None
+    threads: int = 1
+    clients: int = 1
+
+    def __post_init__(self):
+        if self.connections % self.clients:
+            raise BenchError(f"{self.connections} connections do not split evenly over {self.clients} h2load clients")
+
+    def part(self) -> "Load":
+        """What each of the `clients` processes sends."""
+        rate = None if self.rate is None else self.rate / self.clients
+        return replace(self, connections=self.connections // self.clients, rate=rate, clients=1)
 
     def flags(self) -> list[str]:
+        """The flags of one h2load process sending this load (after `part` when `clients` is above 1)."""
         flags = [
             "-t",
-            "1",
+            str(min(self.threads, self.connections)),  # h2load refuses more threads than connections
             "-c",
             str(self.connections),
             "-m",
@@ -125,25 +141,37 @@ def replies(summary: dict[str, int], reply_bytes: int) -> int:
 
 
 def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, server: psutil.Process | None) -> dict:
-    """One h2load run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file: calls
-    and failures (calls without a complete reply), successful calls/s, latency percentiles of every finished
-    call, and the CPU % (100 = one core) of h2load and of `server` with its child processes."""
-    command = [executable(), *load.flags(), "-d", str(request), "--log-file", str(log)]
-    for header in HEADERS:
-        command += ["-H", header]
-    log.unlink(missing_ok=True)
+    """One run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file: calls and
+    failures (calls without a complete reply), successful calls/s, latency percentiles of every finished call,
+    and the CPU % (100 = one core) of h2load and of `server` with its child processes. Per-request latencies
+    go to `log` (`log.<i>` for each of several clients)."""
+    part = load.part()
+    logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
+    gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
+    url = f"http://127.0.0.1:{port}{MODEL_INFER}"
     tree = [] if server is None else [server, *server.children(recursive=True)]
     before = sum(cpu_seconds(p) for p in tree)
     client_before = os.times()
     start = time.perf_counter()
-    done = subprocess.run([*command, f"http://127.0.0.1:{port}{MODEL_INFER}"], capture_output=True, text=True)
+    clients = []
+    for index, part_log in enumerate(logs):
+        part_log.unlink(missing_ok=True)
+        command = [executable(), *part.flags(), "-d", str(request), "--log-file", str(part_log)]
+        for header in HEADERS:
+            command += ["-H", header]
+        if index:
+            time.sleep(gap)
+        clients.append(subprocess.Popen([*command, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [client.communicate()[0] for client in clients]
     seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise BenchError(f"h2load exited with {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
-    client = os.times()
-    summary = parse_summary(done.stdout)
+    for client, output in zip(clients, outputs, strict=True):
+        if client.returncode != 0:
+            raise BenchError(f"h2load exited with {client.returncode}: {output[-2000:]}")
+    client_times = os.times()
+    parts = [parse_summary(output) for output in outputs]
+    summary = {figure: sum(p[figure] for p in parts) for figure in SUMMARY}
     ok = replies(summary, reply_bytes)
-    ms = latencies_ms(log)
+    ms = np.concatenate([latencies_ms(part_log) for part_log in logs])
     record = {
         "requests": summary["done"],
         "failures": summary["done"] - ok,
@@ -152,8 +180,8 @@ def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, serve
         "offered_rate": load.rate,
         "mean_ms": float(ms.mean()) if ms.size else None,
     } | percentiles(ms)
-    client_cpu = (client.children_user - client_before.children_user) + (
-        client.children_system - client_before.children_system
+    client_cpu = (client_times.children_user - client_before.children_user) + (
+        client_times.children_system - client_before.children_system
     )
     usage = {"client_cpu": 100 * client_cpu / seconds}
     if server is not None:

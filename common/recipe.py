@@ -554,13 +554,49 @@ class PeersBenchConfig(Strict):
     )
 
 
+class ScalingBenchConfig(Strict):
+    """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with each
+    count of `workers` in turn, driven by h2load. A null target is not checked."""
+
+    workers: list[int] = Field(
+        [1, 2, 0],
+        min_length=2,
+        description="worker counts, the first the reference the others are compared with; 0: the server's default, "
+        "one per core as memory allows",
+    )
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
+    duration_s: float = Field(10.0, gt=0, description="seconds per phase, count and repeat")
+    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each count before its first repeat")
+    connections_per_worker: int = Field(
+        4, ge=1, description="HTTP/2 connections per worker at saturation, so that the kernel spreads them over all"
+    )
+    streams: int = Field(2, ge=1, description="calls in flight per connection at saturation")
+    paced_connections: int = Field(
+        4,
+        ge=1,
+        description="connections of the paced phase, the same for every count, each from its own h2load process "
+        "started 1/rate s after the last, so that their calls interleave (over one, a single worker would get every "
+        "call)",
+    )
+    client_threads: int = Field(1, ge=1, description="h2load's threads (more where one cannot keep the workers busy)")
+    threads: int = Field(1, ge=1, description="intra-op threads of each worker's model")
+    repeats: int = Field(3, ge=1, description="repeats, the counts interleaved; figures are their medians")
+    min_capacity_vs_first: float | None = Field(
+        None, gt=0, description="calls/s at saturation with the most workers / with the first count"
+    )
+    max_p99_vs_first: float | None = Field(
+        None, gt=0, description="each other count's p99 paced at `rate` / the first count's"
+    )
+
+
 class BenchConfig(Strict):
     """Measurements of the built bundles: `models` for the model benchmark, `serving` for the serving one,
-    `peers` for the comparison with other servers."""
+    `peers` for the comparison with other servers, `scaling` for the server's worker processes."""
 
     models: ModelBenchConfig = ModelBenchConfig()
     serving: ServingBenchConfig = ServingBenchConfig()
     peers: PeersBenchConfig = PeersBenchConfig()
+    scaling: ScalingBenchConfig = ScalingBenchConfig()
 
 
 # Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).

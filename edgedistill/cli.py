@@ -54,7 +54,9 @@ COMMANDS = {
     "distill": Command("distil the students and train their label-only baselines", DISTILL, "train", True),
     "bundles": Command("export every bundle (ONNX, fused, INT8), each gated on parity", EXPORT, "export", True),
     "triton-repo": Command("a Triton model repository for a bundle", "edgedistill.export.triton", "export"),
-    "bench": Command("benchmarks: models, serving, accuracy, cascade or peers", "edgedistill.bench.__main__", "bench"),
+    "bench": Command(
+        "benchmarks: models, serving, accuracy, cascade, peers or scaling", "edgedistill.bench.__main__", "bench"
+    ),
     "serve": Command("serve a bundle over gRPC (Classifier and KServe v2)", "edgedistill.serve.__main__", "serve"),
     "call": Command("classify texts with a running server", "edgedistill.serve.client", "serve"),
     "loadtest": Command(

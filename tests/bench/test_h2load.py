@@ -116,3 +116,24 @@ def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
 def test_a_failed_probe_names_the_status(served):
     with pytest.raises(BenchError, match="NOT_FOUND"):
         h2load.probe(served.port, infer_request("no-such-model", "a fine film", None))
+
+
+def test_several_clients_share_the_connections_and_the_rate():
+    part = h2load.Load(connections=4, streams=2, duration_s=1, rate=200, clients=4).part()
+    assert (part.connections, part.rate, part.clients) == (1, 50, 1)
+
+
+def test_connections_that_do_not_split_over_the_clients_are_refused():
+    with pytest.raises(BenchError, match="split evenly"):
+        h2load.Load(connections=3, streams=1, duration_s=1, clients=2)
+
+
+@needs_h2load
+def test_the_calls_of_several_clients_are_counted_together(tmp_path, echo):
+    server, process = echo
+    body, path = write_request(tmp_path, "echo")
+    reply = len(h2load.frame(h2load.probe(server.port, body)))
+    load = h2load.Load(2, 1, 0.5, rate=100, clients=2)
+    record = h2load.run(server.port, path, reply, load, tmp_path / "h2load.log", process)
+    assert record["failures"] == 0
+    assert record["requests"] >= 40  # 100 calls/s for 0.5 s: two clients of 50/s

@@ -1,0 +1,238 @@
+"""The server's scaling with its worker processes: one bundle served with 1, 2, ... workers, driven by h2load.
+
+For each count of `bench.scaling.workers` (0: the server's default, one per core as memory allows) the server
+starts with `--workers N`, is probed (its reply must carry the bundle's logits) and loaded for `warmup_s`;
+then, `repeats` times with the counts in a rotating order, h2load runs two phases on it: capacity
+(`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
+over `paced_connections`, the same for every count, each from its own h2load process so that their calls
+interleave. Every call is the KServe v2 `ModelInfer` of the peer
+comparison (`bench.peers.compare`). The result is the artifact `runs/<recipe>/serve-scaling/`: bench.json
+(a `bench.stats.ServingResult`), bench.md, every server's log.
+"""
+
+import functools
+import os
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+from edgedistill.bench import BenchError, h2load, slo
+from edgedistill.bench.peers import launch
+from edgedistill.bench.peers.compare import check_reply, infer_request, median_example
+from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.bench.processes import serving
+from edgedistill.bench.stats import ServingResult, summarize
+from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
+from edgedistill.bench.texts import load_texts
+from edgedistill.common import manifest as mf
+from edgedistill.common import progress
+from edgedistill.common.cascade import is_cascade
+from edgedistill.common.recipe import Recipe, ScalingBenchConfig
+from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve import workers
+from edgedistill.serve.settings import Settings
+from rich.console import Console
+
+STAGE = "serve-scaling"
+PHASES = ("capacity", "paced")
+SUPERVISING = "supervising"  # the first log line of a server with several workers
+SERVING_LINE = "workers serving on port"  # and its line once every worker serves
+
+
+def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
+    """`runs/<recipe>/serve-scaling/`: `bundle_folder` served with each worker count; current while the settings,
+    the dev split and the bundle are unchanged."""
+    return Stage(
+        STAGE,
+        recipe,
+        ("bench.scaling", "data"),
+        functools.partial(_build, console=console or Console(width=200)),
+        (Artifact("bundle", bundle_folder),),
+    )
+
+
+def all_serving(log: Path, model: str):
+    """Readiness of a server writing `log`: `model` ready and, under a supervisor, every worker serving."""
+    model_ready = launch.model_ready(model)
+
+    def ready(channel) -> bool:
+        text = log.read_text(encoding="utf-8", errors="replace")
+        if SUPERVISING in text and SERVING_LINE not in text:
+            return False
+        return model_ready(channel)
+
+    return ready
+
+
+def _build(inputs: Inputs, console: Console) -> Built:
+    cfg = inputs.recipe.bench.scaling
+    bundle_folder = inputs.parent("bundle")
+    if is_cascade(bundle_folder):
+        raise BenchError(f"{bundle_folder} is a cascade: measure one of its members")
+    h2load.executable()
+    model = BundleClassifier(bundle_folder, cfg.threads)
+    text, pair = median_example(load_texts(inputs.recipe.data, model.spec.pairs, None, None))
+    expected = model.logits([text], None if pair is None else [pair])
+    work = inputs.fresh_work()
+    load_before = os.getloadavg()
+    runs, counts = measure(cfg, bundle_folder, model.spec.name, text, pair, expected, work)
+    summary = {key: summarize(records) for key, records in runs.items()}
+    ratios, targets = evaluate(summary, cfg, counts)
+    result = ServingResult(
+        bundle={"path": str(bundle_folder)}
+        | model.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        settings={"workers": {"asked": cfg.workers, "measured": counts}},
+        options=cfg.model_dump(mode="json"),
+        texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
+        machine={
+            "cpus": os.cpu_count(),
+            "cores": launch.cores(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+            "versions": mf.package_versions() | {"h2load": h2load.version()},
+        },
+        runs=runs,
+        summary=summary,
+        ratios=ratios,
+        targets=targets,
+        passed=all(t["passed"] for t in targets),
+    )
+    result.save(work, markdown(result))
+    print_results(console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(targets)))
+    most = max(counts)
+    missed = [t["name"] for t in targets if not t["passed"]]
+    return Built(
+        metrics=ratios | {"passed": result.passed},
+        info={"bench": cfg.model_dump(mode="json"), "workers": result.settings["workers"], "targets": targets},
+        line=(
+            f"{most} workers: {ratios[f'capacity_{most}_vs_first']:.2f}x the calls/s of {counts[0]}"
+            + (f"; missed {', '.join(missed)}" if missed else "")
+        ),
+    )
+
+
+def measure(
+    cfg: ScalingBenchConfig, bundle: Path, name: str, text: str, pair: str | None, expected: np.ndarray, work: Path
+) -> tuple[dict[str, list[dict]], list[int]]:
+    """Start the server once per worker count, probe and warm each, then run both phases on each, `cfg.repeats`
+    times in a rotating order. The runs by '<workers> <phase>', and the worker counts measured."""
+    body = infer_request(name, text, pair)
+    request = work / "request"
+    request.write_bytes(h2load.frame(body))
+    counts = worker_counts(cfg.workers, bundle)
+    with ExitStack() as stack:
+        started, loads, reply_bytes = {}, {}, {}
+        for count in counts:
+            server = launch.edgedistill(bundle, name, cfg.threads, count)
+            log = work / f"workers-{count}.log"
+            process = stack.enter_context(serving(server.command, server.port, log, all_serving(log, name)))
+            reply = h2load.probe(server.port, body)
+            check_reply(f"{count} workers", reply, expected)
+            reply_bytes[count] = len(h2load.frame(reply))
+            saturated = cfg.connections_per_worker * count
+            loads[count] = {
+                "capacity": h2load.Load(saturated, cfg.streams, cfg.duration_s, None, cfg.client_threads),
+                # one h2load per connection, started 1/rate apart: calls spread evenly, not in bursts
+                "paced": h2load.Load(
+                    cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
+                ),
+            }
+            started[count] = (server.port, process)
+            if cfg.warmup_s:
+                warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
+                h2load.run(server.port, request, reply_bytes[count], warm, work / "h2load.log", None)
+        order = list(started)
+        runs = {f"{count} {phase}": [] for count in order for phase in PHASES}
+        bar = progress.bar(cfg.repeats * len(order) * len(PHASES), desc=STAGE, unit="phase")
+        for repeat in range(cfg.repeats):
+            for count in order[repeat % len(order) :] + order[: repeat % len(order)]:
+                port, process = started[count]
+                for phase, load in loads[count].items():
+                    record = h2load.run(port, request, reply_bytes[count], load, work / "h2load.log", process)
+                    runs[f"{count} {phase}"].append(record)
+                    bar.set_postfix_str(
+                        f"{count} workers {phase}: {record['requests_per_s']:.0f} calls/s, "
+                        f"p99 {record['p99_ms']:.2f} ms",
+                        refresh=False,
+                    )
+                    bar.update()
+        bar.close()
+    (work / "h2load.log").unlink(missing_ok=True)
+    return runs, counts
+
+
+def worker_counts(asked: list[int], bundle: Path) -> list[int]:
+    """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), repeats dropped;
+    `BenchError` when fewer than two counts are left."""
+    counts = list(dict.fromkeys(count or workers.worker_count(Settings(bundle=bundle)) for count in asked))
+    if len(counts) < 2:
+        raise BenchError(f"workers {asked}: {counts} on this machine; scaling needs two counts or more")
+    return counts
+
+
+def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple[dict[str, float], list[dict]]:
+    """Each count's calls/s at saturation and paced p99 over the first count's, and a verdict per target set."""
+
+    def median(count: int, phase: str, figure: str) -> float:
+        return summary[f"{count} {phase}"][figure].median
+
+    first = counts[0]
+    ratios = {}
+    for count in counts[1:]:
+        ratios[f"capacity_{count}_vs_first"] = median(count, "capacity", "requests_per_s") / median(
+            first, "capacity", "requests_per_s"
+        )
+        ratios[f"p99_{count}_vs_first"] = median(count, "paced", "p99_ms") / median(first, "paced", "p99_ms")
+    targets = []
+    if (least := cfg.min_capacity_vs_first) is not None:
+        most = max(counts)
+        measured = ratios[f"capacity_{most}_vs_first"]
+        name = f"calls/s at saturation, {most} workers / {first}"
+        targets.append(slo.verdict(name, measured, f">= {least:.2f}", measured >= least))
+    if (limit := cfg.max_p99_vs_first) is not None:
+        for count in counts[1:]:
+            measured = ratios[f"p99_{count}_vs_first"]
+            name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
+            targets.append(slo.verdict(name, measured, f"<= {limit:.2f}", measured <= limit))
+    return ratios, targets
+
+
+COLUMNS = {
+    "requests_per_s": "calls/s",
+    "p50_ms": "p50 ms",
+    "p99_ms": "p99 ms",
+    "failures": "failed",
+    "client_cpu": "h2load CPU %",
+    "server_cpu": "server CPU %",
+}
+HEADER = ["workers", "phase", *COLUMNS.values()]
+
+
+def table_rows(result: ServingResult) -> list[list[str]]:
+    rows = []
+    for key, figures in result.summary.items():
+        count, phase = key.split(" ")
+        label = "saturated" if phase == "capacity" else f"paced {result.options['rate']:g}/s"
+        rows.append([count, label] + [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
+    return rows
+
+
+def heading(result: ServingResult) -> str:
+    o, b = result.options, result.bundle
+    return (
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind the server, {o['threads']} intra-op "
+        f"thread(s) per worker, {result.machine['cores']} cores; h2load with {o['client_threads']} thread(s), "
+        f"saturated over {o['connections_per_worker']} connection(s) per worker x {o['streams']} streams, paced over "
+        f"{o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+    )
+
+
+def markdown(result: ServingResult) -> str:
+    lines = [f"Scaling with worker processes: {heading(result)}.", ""]
+    lines += markdown_results(HEADER, table_rows(result), ("target", target_rows(result.targets)))
+    lines += [
+        "",
+        "calls/s: calls answered with a complete reply, per second. CPU %: 100 = one core; the server's includes its",
+        f"worker processes. h2load {result.machine['versions']['h2load']}.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""The scaling benchmark: the worker counts it measures, the ratios to the first count, and a whole run."""
+
+import os
+from pathlib import Path
+
+import pytest
+from edgedistill.bench import BenchError, scaling
+from edgedistill.bench.__main__ import main
+from edgedistill.bench.stats import ServingResult, Spread
+from edgedistill.common.recipe import ScalingBenchConfig
+from edgedistill.serve import workers
+
+from tests.bench.test_h2load import needs_h2load
+from tests.serve.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+def test_zero_workers_resolves_as_the_server_does_and_repeats_are_dropped(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    assert scaling.worker_counts([1, 4, 0, 2], bundle) == [1, 4, 2]
+
+
+def test_fewer_than_two_counts_is_a_bench_error(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 1)
+    with pytest.raises(BenchError, match="two counts"):
+        scaling.worker_counts([1, 0], bundle)
+
+
+def summary(capacity: dict[int, float], p99: dict[int, float]) -> dict:
+    figures = {}
+    for count in capacity:
+        figures[f"{count} capacity"] = {"requests_per_s": Spread.of([capacity[count]])}
+        figures[f"{count} paced"] = {"p99_ms": Spread.of([p99[count]])}
+    return figures
+
+
+CAPACITY = {1: 1000.0, 2: 1900.0, 16: 9000.0}
+P99 = {1: 4.0, 2: 3.0, 16: 5.0}
+
+
+def test_capacity_is_compared_with_the_first_count():
+    ratios, _ = scaling.evaluate(summary(CAPACITY, P99), ScalingBenchConfig(), [1, 2, 16])
+    assert ratios["capacity_16_vs_first"] == pytest.approx(9.0)
+
+
+def test_p99_is_compared_with_the_first_count():
+    ratios, _ = scaling.evaluate(summary(CAPACITY, P99), ScalingBenchConfig(), [1, 2, 16])
+    assert ratios["p99_2_vs_first"] == pytest.approx(0.75)
+
+
+def test_the_capacity_target_is_checked_on_the_most_workers():
+    cfg = ScalingBenchConfig(min_capacity_vs_first=10.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [1, 2, 16])
+    assert [(t["name"], t["passed"]) for t in targets] == [("calls/s at saturation, 16 workers / 1", False)]
+
+
+def test_the_p99_target_is_checked_on_every_other_count():
+    cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [1, 2, 16])
+    assert [t["passed"] for t in targets] == [True, False]
+
+
+def test_no_target_is_checked_by_default():
+    _, targets = scaling.evaluate(summary(CAPACITY, P99), ScalingBenchConfig(), [1, 2, 16])
+    assert targets == []
+
+
+def test_one_worker_count_in_the_recipe_is_refused():
+    with pytest.raises(ValueError, match="at least 2"):
+        ScalingBenchConfig(workers=[1])
+
+
+def bench_scaling(bundle, runs: Path, *extra: str) -> int:
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
+        return main(["scaling", str(SMOKE), "--bundle", str(bundle), *extra])
+
+
+@needs_h2load
+def test_a_short_run_measures_one_and_two_workers(tmp_path, bundle):
+    code = bench_scaling(
+        bundle,
+        tmp_path,
+        "--bench.scaling.workers=[1,2]",
+        "--bench.scaling.duration_s=0.5",
+        "--bench.scaling.warmup_s=0.2",
+        "--bench.scaling.repeats=1",
+    )
+    folder = tmp_path / "smoke" / "serve-scaling"
+    result = ServingResult.load(folder)
+    assert code == 0
+    assert sorted(result.runs) == ["1 capacity", "1 paced", "2 capacity", "2 paced"]
+    assert all(records[0]["failures"] == 0 for records in result.runs.values())
+    assert result.settings["workers"]["measured"] == [1, 2]
+    assert (folder / "bench.md").is_file()
+
+
+@needs_h2load
+def test_a_missed_target_exits_1_with_check(tmp_path, bundle):
+    code = bench_scaling(
+        bundle,
+        tmp_path,
+        "--check",
+        "--bench.scaling.workers=[1,2]",
+        "--bench.scaling.duration_s=0.3",
+        "--bench.scaling.warmup_s=0",
+        "--bench.scaling.repeats=1",
+        "--bench.scaling.min_capacity_vs_first=100",
+    )
+    assert code == 1
