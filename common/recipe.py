@@ -532,12 +532,15 @@ class PeersBenchConfig(Strict):
     duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
     warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before the first repeat")
     connections: int = Field(
-        16,
-        ge=1,
-        description="HTTP/2 connections at saturation (several, so worker processes share them); the paced phase "
-        "uses one, since h2load's connections send their paced calls together",
+        16, ge=1, description="HTTP/2 connections at saturation (several, so worker processes share them)"
     )
     streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
+    paced_connections: int = Field(
+        4,
+        ge=1,
+        description="connections of the paced phase, each from its own h2load process started 1/rate s after the "
+        "last, so that their calls interleave",
+    )
     threads: int = Field(1, ge=1, description="intra-op threads of every server's model")
     workers: int = Field(
         0,

@@ -7,8 +7,9 @@ example of the recipe's dev split (the one of median length, with its pair for a
 here, and gives the reply size that h2load's counts are checked against, see `bench.h2load`) and
 loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h2load runs two
 phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
-`rate` calls/s over one connection (h2load paces each connection on its own timer, so several
-connections send their calls in bursts). The result is the artifact
+`rate` calls/s over `paced_connections`, each from its own h2load process started 1/`rate` s after the
+last, so that their calls interleave (one h2load paces its connections together, in bursts). The result
+is the artifact
 `runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md, every server's log.
 """
 
@@ -206,8 +207,8 @@ def measure(
     order, reporting each finished phase as progress."""
     loads = {
         "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
-        # one connection: h2load paces each connection on its own timer, and several fire their calls together
-        "paced": h2load.Load(1, cfg.connections * cfg.streams, cfg.duration_s, cfg.rate),
+        # one h2load per connection, started 1/rate apart: calls spread evenly over time and over the workers
+        "paced": h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections),
     }
     runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in servers for phase in PHASES}
     with ExitStack() as stack:
@@ -274,7 +275,7 @@ def heading(result: ServingResult) -> str:
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
         f"thread(s), {o['workers'] or 'one per core'} worker(s) where a server has them, {result.machine['cpus']} "
         f"CPUs; h2load, saturated over {o['connections']} connection(s) x "
-        f"{o['streams']} streams, paced over one; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+        f"{o['streams']} streams, paced over {o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 
 
