@@ -5,9 +5,9 @@ starts with `--workers N`, is probed (its reply must carry the bundle's logits) 
 then, `repeats` times with the counts in a rotating order, h2load runs two phases on it: capacity
 (`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
 over `paced_connections`, the same for every count, each from its own h2load process so that their calls
-interleave. Every call is the KServe v2 `ModelInfer` of the peer
-comparison (`bench.peers.compare`). The result is the artifact `runs/<recipe>/serve-scaling/`: bench.json
-(a `bench.stats.ServingResult`), bench.md, every server's log.
+interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.peers.compare`). The
+result is the artifact `runs/<recipe>/serve-scaling/`: bench.json (a `bench.stats.ServingResult`), bench.md,
+every server's log.
 """
 
 import functools
@@ -157,7 +157,8 @@ def measure(
                     )
                     bar.update()
         bar.close()
-    (work / "h2load.log").unlink(missing_ok=True)
+    for log in work.glob("h2load.log*"):  # per-request latencies, in the records now
+        log.unlink()
     return runs, counts
 
 

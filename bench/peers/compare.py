@@ -237,7 +237,8 @@ def measure(
                     rounds.set_postfix_str(f"repeat {repeat + 1} {name} {phase}: {record_line(record)}", refresh=False)
                     rounds.update()
         rounds.close()
-    (work / "h2load.log").unlink(missing_ok=True)
+    for log in work.glob("h2load.log*"):  # per-request latencies, in the records now
+        log.unlink()
     return runs
 
 

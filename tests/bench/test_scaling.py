@@ -96,6 +96,7 @@ def test_a_short_run_measures_one_and_two_workers(tmp_path, bundle):
     assert all(records[0]["failures"] == 0 for records in result.runs.values())
     assert result.settings["workers"]["measured"] == [1, 2]
     assert (folder / "bench.md").is_file()
+    assert not list(folder.glob("h2load.log*"))
 
 
 @needs_h2load
