@@ -9,8 +9,8 @@ loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h
 phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
 `rate` calls/s over `paced_connections`, each from its own h2load process started 1/`rate` s after the
 last, so that their calls interleave (one h2load paces its connections together, in bursts). The result
-is the artifact
-`runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md, every server's log.
+is the artifact `runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md,
+every server's log.
 """
 
 import functools
