@@ -22,6 +22,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
+from edgedistill.common import progress
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 EMPTY_REPLY = len(b"\0\0\0\0\0")  # an empty gRPC message: its flag byte and length
@@ -187,3 +188,43 @@ def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, serve
     if server is not None:
         usage["server_cpu"] = 100 * (sum(cpu_seconds(p) for p in tree) - before) / seconds
     return record | {"seconds": load.duration_s} | usage
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server under load: its loopback port, the framed request file it is sent, the size of its framed reply,
+    its process (for its CPU; None: not measured) and the load of each phase."""
+
+    port: int
+    request: Path
+    reply_bytes: int
+    process: psutil.Process | None
+    loads: dict[str, Load]
+
+
+def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str) -> dict[str, list[dict]]:
+    """Every phase of every target `repeats` times, the targets in an order rotated by one each repeat so that none
+    always runs first, each finished phase reported as progress; the records by '<target> <phase>'. The
+    per-request logs go to `work` and are removed once read."""
+    order = list(targets)
+    runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in order for phase in targets[name].loads}
+    bar = progress.bar(len(runs) * repeats, desc=desc, unit="phase")
+    for repeat in range(repeats):
+        for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
+            target = targets[name]
+            for phase, load in target.loads.items():
+                record = run(target.port, target.request, target.reply_bytes, load, work / "h2load.log", target.process)
+                runs[f"{name} {phase}"].append(record)
+                bar.set_postfix_str(f"repeat {repeat + 1} {name} {phase}: {record_line(record)}", refresh=False)
+                bar.update()
+    bar.close()
+    for log in work.glob("h2load.log*"):
+        log.unlink()
+    return runs
+
+
+def record_line(record: dict) -> str:
+    return (
+        f"{record['requests_per_s']:.0f} calls/s, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
+        f"client CPU {record['client_cpu']:.0f} %, server CPU {record.get('server_cpu', 0):.0f} %"
+    )

@@ -22,10 +22,9 @@ from edgedistill.bench.peers.compare import check_reply, infer_request, median_e
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
 from edgedistill.bench.stats import ServingResult, summarize
-from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
+from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
-from edgedistill.common import progress
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import Recipe, ScalingBenchConfig
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -34,7 +33,6 @@ from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 STAGE = "serve-scaling"
-PHASES = ("capacity", "paced")
 SUPERVISING = "supervising"  # the first log line of a server with several workers
 SERVING_LINE = "workers serving on port"  # and its line once every worker serves
 
@@ -115,51 +113,32 @@ def measure(
     cfg: ScalingBenchConfig, bundle: Path, name: str, text: str, pair: str | None, expected: np.ndarray, work: Path
 ) -> tuple[dict[str, list[dict]], list[int]]:
     """Start the server once per worker count, probe and warm each, then run both phases on each, `cfg.repeats`
-    times in a rotating order. The runs by '<workers> <phase>', and the worker counts measured."""
+    times in a rotating order (`h2load.interleaved`). The runs by '<workers> <phase>', and the counts measured."""
     body = infer_request(name, text, pair)
     request = work / "request"
     request.write_bytes(h2load.frame(body))
     counts = worker_counts(cfg.workers, bundle)
     with ExitStack() as stack:
-        started, loads, reply_bytes = {}, {}, {}
+        targets = {}
         for count in counts:
             server = launch.edgedistill(bundle, name, cfg.threads, count)
             log = work / f"workers-{count}.log"
             process = stack.enter_context(serving(server.command, server.port, log, all_serving(log, name)))
             reply = h2load.probe(server.port, body)
             check_reply(f"{count} workers", reply, expected)
-            reply_bytes[count] = len(h2load.frame(reply))
             saturated = cfg.connections_per_worker * count
-            loads[count] = {
+            loads = {
                 "capacity": h2load.Load(saturated, cfg.streams, cfg.duration_s, None, cfg.client_threads),
                 # one h2load per connection, started 1/rate apart: calls spread evenly, not in bursts
                 "paced": h2load.Load(
                     cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
                 ),
             }
-            started[count] = (server.port, process)
+            targets[str(count)] = h2load.Target(server.port, request, len(h2load.frame(reply)), process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
-                h2load.run(server.port, request, reply_bytes[count], warm, work / "h2load.log", None)
-        order = list(started)
-        runs = {f"{count} {phase}": [] for count in order for phase in PHASES}
-        bar = progress.bar(cfg.repeats * len(order) * len(PHASES), desc=STAGE, unit="phase")
-        for repeat in range(cfg.repeats):
-            for count in order[repeat % len(order) :] + order[: repeat % len(order)]:
-                port, process = started[count]
-                for phase, load in loads[count].items():
-                    record = h2load.run(port, request, reply_bytes[count], load, work / "h2load.log", process)
-                    runs[f"{count} {phase}"].append(record)
-                    bar.set_postfix_str(
-                        f"{count} workers {phase}: {record['requests_per_s']:.0f} calls/s, "
-                        f"p99 {record['p99_ms']:.2f} ms",
-                        refresh=False,
-                    )
-                    bar.update()
-        bar.close()
-    for log in work.glob("h2load.log*"):  # per-request latencies, in the records now
-        log.unlink()
-    return runs, counts
+                h2load.run(server.port, request, targets[str(count)].reply_bytes, warm, work / "h2load.log", None)
+        return h2load.interleaved(targets, cfg.repeats, work, STAGE), counts
 
 
 def worker_counts(asked: list[int], bundle: Path) -> list[int]:
@@ -198,24 +177,11 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
     return ratios, targets
 
 
-COLUMNS = {
-    "requests_per_s": "calls/s",
-    "p50_ms": "p50 ms",
-    "p99_ms": "p99 ms",
-    "failures": "failed",
-    "client_cpu": "h2load CPU %",
-    "server_cpu": "server CPU %",
-}
-HEADER = ["workers", "phase", *COLUMNS.values()]
+HEADER = ["workers", "phase", *H2LOAD_COLUMNS.values()]
 
 
 def table_rows(result: ServingResult) -> list[list[str]]:
-    rows = []
-    for key, figures in result.summary.items():
-        count, phase = key.split(" ")
-        label = "saturated" if phase == "capacity" else f"paced {result.options['rate']:g}/s"
-        rows.append([count, label] + [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
-    return rows
+    return h2load_rows(result.summary, result.options["rate"])
 
 
 def heading(result: ServingResult) -> str:

@@ -46,3 +46,26 @@ def spread_cell(spread, digits: int) -> str:
 def target_rows(targets: list[dict]) -> list[list[str]]:
     """Rows of [name, measured, wanted, pass/MISS] for verdicts of `bench.slo.verdict`."""
     return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in targets]
+
+
+H2LOAD_COLUMNS = {
+    "requests_per_s": "calls/s",
+    "p50_ms": "p50 ms",
+    "p99_ms": "p99 ms",
+    "max_ms": "max ms",
+    "failures": "failed",
+    "client_cpu": "h2load CPU %",
+    "server_cpu": "server CPU %",
+}
+
+
+def h2load_rows(summary: dict, rate: float) -> list[list[str]]:
+    """One row per '<server> <phase>' of an h2load benchmark's summary: the server, the phase (saturated, or paced
+    at `rate`) and each of H2LOAD_COLUMNS."""
+    rows = []
+    for key, figures in summary.items():
+        server, phase = key.split(" ")
+        label = "saturated" if phase == "capacity" else f"paced {rate:g}/s"
+        cells = [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in H2LOAD_COLUMNS]
+        rows.append([server, label, *cells])
+    return rows

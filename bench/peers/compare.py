@@ -26,10 +26,9 @@ from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
 from edgedistill.bench.stats import ServingResult, summarize
-from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
+from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
-from edgedistill.common import progress
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import PeersBenchConfig, Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -204,70 +203,35 @@ def measure(
     work: Path,
 ) -> dict[str, list[dict]]:
     """Start every server, probe and warm each, then run both phases on each, `cfg.repeats` times in a rotating
-    order, reporting each finished phase as progress."""
+    order (`h2load.interleaved`)."""
     loads = {
         "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
         # one h2load per connection, started 1/rate apart: calls spread evenly over time and over the workers
         "paced": h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections),
     }
-    runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in servers for phase in PHASES}
     with ExitStack() as stack:
-        started, requests, reply_bytes = {}, {}, {}
+        targets = {}
         for name, server in servers.items():
             log = work / f"{name}.log"
             ready = launch.model_ready(server.model)
-            started[name] = stack.enter_context(serving(server.command, server.port, log, ready, server.clean_exit))
+            process = stack.enter_context(serving(server.command, server.port, log, ready, server.clean_exit))
             body = infer_request(server.model, text, pair)
             reply = h2load.probe(server.port, body)
             check_reply(name, reply, None if name == "echo" else expected)
-            requests[name] = work / f"{name}.request"
-            requests[name].write_bytes(h2load.frame(body))
-            reply_bytes[name] = len(h2load.frame(reply))
+            request = work / f"{name}.request"
+            request.write_bytes(h2load.frame(body))
+            targets[name] = h2load.Target(server.port, request, len(h2load.frame(reply)), process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
-                h2load.run(server.port, requests[name], reply_bytes[name], warm, work / "h2load.log", None)
-        order = list(servers)
-        rounds = progress.bar(cfg.repeats * len(servers) * len(PHASES), desc=STAGE, unit="phase")
-        for repeat in range(cfg.repeats):
-            for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
-                for phase, load in loads.items():
-                    log = work / "h2load.log"
-                    record = h2load.run(servers[name].port, requests[name], reply_bytes[name], load, log, started[name])
-                    runs[f"{name} {phase}"].append(record)
-                    rounds.set_postfix_str(f"repeat {repeat + 1} {name} {phase}: {record_line(record)}", refresh=False)
-                    rounds.update()
-        rounds.close()
-    for log in work.glob("h2load.log*"):  # per-request latencies, in the records now
-        log.unlink()
-    return runs
+                h2load.run(server.port, request, targets[name].reply_bytes, warm, work / "h2load.log", None)
+        return h2load.interleaved(targets, cfg.repeats, work, STAGE)
 
 
-def record_line(record: dict) -> str:
-    return (
-        f"{record['requests_per_s']:.0f} calls/s, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
-        f"client CPU {record['client_cpu']:.0f} %, server CPU {record['server_cpu']:.0f} %"
-    )
-
-
-COLUMNS = {
-    "requests_per_s": "calls/s",
-    "p50_ms": "p50 ms",
-    "p99_ms": "p99 ms",
-    "max_ms": "max ms",
-    "failures": "failed",
-    "client_cpu": "h2load CPU %",
-    "server_cpu": "server CPU %",
-}
-HEADER = ["server", "phase", *COLUMNS.values()]
+HEADER = ["server", "phase", *H2LOAD_COLUMNS.values()]
 
 
 def table_rows(result: ServingResult) -> list[list[str]]:
-    rows = []
-    for key, figures in result.summary.items():
-        server, phase = key.split(" ")
-        label = "saturated" if phase == "capacity" else f"paced {result.options['rate']:g}/s"
-        rows.append([server, label] + [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in COLUMNS])
-    return rows
+    return h2load_rows(result.summary, result.options["rate"])
 
 
 def heading(result: ServingResult) -> str:
