@@ -423,7 +423,7 @@ def test_documented_trec_recipe_drops_the_transformer_student(documented):
 
 
 def test_documented_trec_recipe_replaces_the_bundles(documented):
-    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "bilstm-int8", "cnn-small-folded"}
+    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "cnn-small-folded"}
 
 
 def test_documented_trec_recipe_writes_raw_transfer_text(documented):
