@@ -418,12 +418,12 @@ def test_documented_trec_recipe_reads_six_labels(documented):
     assert documented("trec.yaml").data.num_labels == 6
 
 
-def test_documented_trec_recipe_drops_the_transformer_student(documented):
-    assert "transformer" not in documented("trec.yaml").distill.students
+def test_documented_trec_recipe_keeps_two_of_the_base_students(documented):
+    assert set(documented("trec.yaml").distill.students) == {"cnn-small", "bilstm"}
 
 
 def test_documented_trec_recipe_replaces_the_bundles(documented):
-    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "cnn-small-folded"}
+    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "bilstm-int8", "cnn-small-folded"}
 
 
 def test_documented_trec_recipe_writes_raw_transfer_text(documented):
