@@ -17,8 +17,9 @@ from pathlib import Path
 
 from edgedistill.bench import BenchError, drivers
 from edgedistill.bench.processes import running
-from edgedistill.bench.serving import WARMUP_S, classify_requests, record_line, server_settings
+from edgedistill.bench.serving import WARMUP_S, classify_requests, server_settings
 from edgedistill.bench.stats import summarize
+from edgedistill.bench.tables import record_line
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress

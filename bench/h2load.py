@@ -22,6 +22,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
+from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -221,10 +222,3 @@ def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str)
     for log in work.glob("h2load.log*"):
         log.unlink()
     return runs
-
-
-def record_line(record: dict) -> str:
-    return (
-        f"{record['requests_per_s']:.0f} calls/s, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
-        f"client CPU {record['client_cpu']:.0f} %, server CPU {record.get('server_cpu', 0):.0f} %"
-    )

@@ -32,7 +32,7 @@ import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running
 from edgedistill.bench.stats import ServingResult, summarize
-from edgedistill.bench.tables import markdown_results, print_results, spread_cell, target_rows
+from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
@@ -178,15 +178,6 @@ async def measure_all(
                 rounds.update()
         rounds.close()
     return runs
-
-
-def record_line(record: dict) -> str:
-    """The figures of one measured phase, in a line."""
-    return (
-        f"{record['requests_per_s']:.0f} calls/s, {record['texts_per_s']:.0f} texts/s, p99 {record['p99_ms']:.2f} ms, "
-        f"{record['failures']} errors, client CPU {record['client_cpu']:.0f} %"
-        + (f", server CPU {record['server_cpu']:.0f} %" if "server_cpu" in record else "")
-    )
 
 
 def stage(

@@ -69,3 +69,13 @@ def h2load_rows(summary: dict, rate: float) -> list[list[str]]:
         cells = [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in H2LOAD_COLUMNS]
         rows.append([server, label, *cells])
     return rows
+
+
+def record_line(record: dict) -> str:
+    """The figures of one measured phase, in a line (texts/s and server CPU where the record has them)."""
+    texts = f", {record['texts_per_s']:.0f} texts/s" if "texts_per_s" in record else ""
+    server = f", server CPU {record['server_cpu']:.0f} %" if "server_cpu" in record else ""
+    return (
+        f"{record['requests_per_s']:.0f} calls/s{texts}, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
+        f"client CPU {record['client_cpu']:.0f} %{server}"
+    )
