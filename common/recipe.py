@@ -217,7 +217,14 @@ class TransferConfig(Strict):
         "`python -m export labeller`) instead of PyTorch; on a GPU, PyTorch labels",
     )
     precision_check_sentences: int = Field(
-        2000, gt=0, description="labelled in bf16/fp16, this many are labelled again in fp32 and compared"
+        5000, gt=0, description="labelled in bf16/fp16, this many are labelled again in fp32 and compared"
+    )
+    min_agreement: float = Field(
+        0.999,
+        gt=0,
+        le=1,
+        description="with runtime.precision auto, labels made in bf16/fp16 that agree with fp32 on fewer of the "
+        "checked sentences than this are made again in fp32",
     )
     seed: int = 13
 
@@ -649,7 +656,9 @@ class RuntimeConfig(Strict):
         description="auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda, or cuda:N",
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU"
+        "auto",
+        description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU, except "
+        "labelling on a CPU with native bf16 (AVX512-BF16 or AMX)",
     )
 
 

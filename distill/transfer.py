@@ -189,6 +189,38 @@ def label_shards(
     return np.concatenate(shards)
 
 
+def label_checked(
+    model,
+    forward,
+    tokenizer,
+    texts: list[str],
+    pairs: list[str] | None,
+    cfg,
+    work: Path,
+    placement: Placement,
+    recheck: bool,
+) -> tuple[np.ndarray, dict]:
+    """`label_shards` in `placement`'s precision, and the figures for the manifest. Labels made in bf16/fp16 are
+    compared with fp32 ones (`precision_check`); with `recheck` (precision auto), labels that agree on fewer than
+    `cfg.min_agreement` of the checked sentences are made again in fp32, their figures kept under `rejected`."""
+    with torch.inference_mode(), placement.autocast():
+        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement)
+    if placement.precision == "fp32":
+        return logits, {"precision": "fp32"}
+    check = precision_check(model, tokenizer, texts, pairs, logits, cfg, placement)
+    if not recheck or check["fp32_agreement"] >= cfg.min_agreement:
+        return logits, {"precision": placement.precision} | check
+    progress.write(
+        f"[transfer] {placement.precision} labels agree with fp32 on {check['fp32_agreement']:.2%} of "
+        f"{check['fp32_check_sentences']} sentences, below transfer.min_agreement {cfg.min_agreement:.2%}: "
+        "labelling again in fp32"
+    )
+    (work / "fp32").mkdir(exist_ok=True)
+    with torch.inference_mode():
+        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work / "fp32", placement)
+    return logits, {"precision": "fp32", "rejected": {"precision": placement.precision} | check}
+
+
 def precision_check(
     model, tokenizer, texts: list[str], pairs: list[str] | None, logits: np.ndarray, cfg, placement: Placement
 ) -> dict:
@@ -246,13 +278,14 @@ def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
-    placement = device.for_process(recipe.runtime)
+    placement = device.for_labelling(recipe.runtime)
     model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval().to(placement.device)
-    labelling = placement.describe() | {"engine": "pytorch"}
     forward = hf_logits(model)
+    figures = {"engine": "pytorch"}
     if recipe.transfer.labeller and placement.device.type == "cpu":
+        placement = device.for_process(recipe.runtime)  # the bundle is an fp32 graph
         forward, figures = onnx_labeller(run_dir(recipe) / f"bundle-{recipe.transfer.labeller}", teacher_dir)
-        labelling |= figures
+    labelling = placement.describe() | figures
 
     work = inputs.work
     stamp = work / "config_hash"
@@ -263,16 +296,14 @@ def _build(inputs: Inputs) -> Built:
         atomic_write(stamp, key)
     built = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
     texts, pairs, composition = built.texts, built.pairs, built.composition
-    with torch.inference_mode(), placement.autocast():
-        tick = time.perf_counter()
-        logits = label_shards(forward, tokenizer, texts, pairs, recipe.transfer, work, placement)
-        labelling["seconds"] = round(time.perf_counter() - tick, 1)  # shards left by a killed run count as free
+    started = time.perf_counter()  # shards left by a killed run count as free
+    recheck = recipe.runtime.precision == "auto"
+    logits, figures = label_checked(model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck)
+    labelling |= figures | {"seconds": round(time.perf_counter() - started, 1)}
     _, dev = load_splits(recipe.data)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     with torch.inference_mode():  # the teacher's dev accuracy in fp32, as its manifest gives it
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)
-    if placement.precision != "fp32":
-        labelling |= precision_check(model, tokenizer, texts, pairs, logits, recipe.transfer, placement)
     teacher_dev = task_metrics(dev_logits, dev.labels, recipe.data)["dev_accuracy"]
 
     def write(folder: Path) -> None:

@@ -8,8 +8,10 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RuntimeConfig, TransferConfig, load_recipe
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
-from edgedistill.distill.finetune import hf_logits
-from edgedistill.distill.transfer import build_texts, label_shards, leak_filter
+from edgedistill.distill.finetune import hf_logits, predict_logits
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.transfer import build_texts, label_checked, label_shards, leak_filter
+from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT
 
@@ -96,6 +98,63 @@ def test_a_damaged_shard_is_labelled_again(tmp_path):
     assert (again == first).all()
 
 
+class NearTieModel(torch.nn.Module):
+    """Two logits 0.005 apart on sums of a few units: fp32 (and the float16 shards) rank them, bf16 (8 bits of
+    mantissa) rounds them equal."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(1, 2)
+        with torch.no_grad():
+            self.head.weight.fill_(1.0)
+            self.head.bias.copy_(torch.tensor([0.0, 5e-3]))
+
+    def forward(self, input_ids, attention_mask, **_):
+        total = (input_ids * attention_mask).sum(-1, keepdim=True).float()
+        return type("Out", (), {"logits": self.head(total)})
+
+
+BF16 = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+TEXTS = [f"{'a' * i} b" for i in range(1, 9)]
+
+
+def label_in_bf16(model, tmp_path, recheck: bool):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+    return label_checked(model, hf_logits(model), WordTokenizer(), TEXTS, None, cfg, tmp_path, BF16, recheck)
+
+
+def test_bf16_labels_below_the_agreement_gate_are_made_again_in_fp32(tmp_path):
+    logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True)
+    assert figures["precision"] == "fp32"
+    assert figures["rejected"] == {
+        "precision": "bf16",
+        "fp32_check_sentences": 8,
+        "fp32_agreement": 0.0,
+        "fp32_max_abs_diff": figures["rejected"]["fp32_max_abs_diff"],
+    }
+    assert (logits.astype(np.float32).argmax(-1) == 1).all(), "the fp32 labels rank the two logits"
+
+
+def test_explicit_bf16_labels_are_kept_with_their_agreement(tmp_path):
+    logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=False)
+    assert (figures["precision"], figures["fp32_agreement"]) == ("bf16", 0.0)
+    assert "rejected" not in figures
+    assert (logits.astype(np.float32).argmax(-1) == 0).all(), "bf16 rounds the two logits to a tie"
+
+
+def test_bf16_labels_within_the_agreement_gate_are_kept(tmp_path):
+    _, figures = label_in_bf16(CountingModel(), tmp_path, recheck=True)
+    assert (figures["precision"], figures["fp32_agreement"]) == ("bf16", 1.0)
+    assert "rejected" not in figures
+
+
+def test_fp32_labels_are_not_checked(tmp_path):
+    cfg = TransferConfig(unlabelled_files=["x"])
+    model = CountingModel()
+    _, figures = label_checked(model, hf_logits(model), WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True)
+    assert figures == {"precision": "fp32"}
+
+
 def test_transfer_artifact(smoke_run):
     manifest = mf.load(smoke_run / "transfer")
     texts = (smoke_run / "transfer" / "texts.txt").read_text().splitlines()
@@ -113,6 +172,16 @@ def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.Completed
     return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+def fp32_teacher_logits(run) -> np.ndarray:
+    """The teacher of `run` in PyTorch, fp32, on its transfer set's texts (the smoke run's own labels may be bf16)."""
+    tokenizer = load_tokenizer(str(run / "teacher"))
+    model = AutoModelForSequenceClassification.from_pretrained(run / "teacher").eval()
+    texts = (run / "transfer" / "texts.txt").read_text().splitlines()
+    features = encode(tokenizer, texts, None, load_recipe(SMOKE).transfer.max_length)
+    with torch.inference_mode():
+        return predict_logits(hf_logits(model), features, tokenizer.pad_token_id)
+
+
 def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
     run = smoke_bundles.parent / "onnx-labels"
     run.mkdir()
@@ -123,7 +192,7 @@ def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
     labelling = mf.load(run / "transfer").info["labelling"]
     assert labelling["engine"] == "onnxruntime" and labelling["agreement"] >= 0.999
     by_onnx = np.load(run / "transfer" / "logits.npy").astype(np.float32)
-    by_torch = np.load(smoke_bundles / "transfer" / "logits.npy").astype(np.float32)
+    by_torch = fp32_teacher_logits(run)
     assert (by_onnx.argmax(-1) == by_torch.argmax(-1)).mean() >= 0.999
     assert np.abs(by_onnx - by_torch).max() < 0.05  # float16 storage of logits of a few units
 
