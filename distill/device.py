@@ -110,7 +110,7 @@ def native_bf16() -> bool:
 
 def for_labelling(cfg: RuntimeConfig) -> Placement:
     """The placement of a stage that runs the teacher forward only: as `for_process`, but `precision: auto` on a
-    CPU with native bf16 is bf16 (about 1.8x fp32's speed there; the labels are checked against fp32)."""
+    CPU with native bf16 is bf16 (1.6-1.8x fp32's speed there; the labels are checked against fp32)."""
     placement = for_process(cfg)
     if cfg.precision == "auto" and placement.device.type == "cpu" and native_bf16():
         return replace(placement, precision="bf16")
