@@ -125,13 +125,10 @@ def label_in_bf16(model, tmp_path, recheck: bool):
 
 def test_bf16_labels_below_the_agreement_gate_are_made_again_in_fp32(tmp_path):
     logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True)
+    rejected = figures["rejected"]
     assert figures["precision"] == "fp32"
-    assert figures["rejected"] == {
-        "precision": "bf16",
-        "fp32_check_sentences": 8,
-        "fp32_agreement": 0.0,
-        "fp32_max_abs_diff": figures["rejected"]["fp32_max_abs_diff"],
-    }
+    assert (rejected["precision"], rejected["fp32_check_sentences"], rejected["fp32_agreement"]) == ("bf16", 8, 0.0)
+    assert rejected["fp32_max_abs_diff"] > 0
     assert (logits.astype(np.float32).argmax(-1) == 1).all(), "the fp32 labels rank the two logits"
 
 
