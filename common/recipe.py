@@ -187,6 +187,10 @@ class FinetuneConfig(Strict):
 
     optim: OptimConfig = OptimConfig()
     classifier_dropout: float | None = Field(None, ge=0, lt=1)
+    reinit_layers: int = Field(
+        0, ge=0, description="top Transformer layers (and the pooler) initialised afresh instead of from the init"
+    )
+    hashed_when_set = frozenset({"reinit_layers"})
 
 
 class TransferConfig(Strict):

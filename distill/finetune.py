@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgedistill.common.data import load_labelled, load_splits
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
@@ -63,6 +63,27 @@ def hf_logits(model):
     return lambda batch: model(**batch).logits
 
 
+def reinit_top_layers(model, count: int) -> None:
+    """Draw the top `count` Transformer layers (and the pooler) afresh, as a new model's are: their pretrained
+    weights suit the pretraining objective more than a small task (Zhang et al. 2021)."""
+    if count == 0:
+        return
+    total = model.config.num_hidden_layers
+    if count > total:
+        raise RecipeError(f"finetune.reinit_layers={count}, but the model has {total} layers")
+    layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == total)
+    pooler = getattr(model.base_model, "pooler", None)
+    with torch.no_grad():
+        for module in [*layers[total - count :], *([pooler] if pooler is not None else [])]:
+            for name, param in module.named_parameters():
+                if name.endswith("bias"):
+                    param.zero_()
+                elif param.ndim >= 2:
+                    param.normal_(0.0, model.config.initializer_range)
+                else:  # a LayerNorm's scale
+                    param.fill_(1.0)
+
+
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/teacher/`: fine-tuned from the pretrain artifact when the recipe pretrains, else `model.init`."""
     parents = (pretrain.stage(recipe),) if recipe.pretrain is not None else ()
@@ -86,6 +107,7 @@ def _build(inputs: Inputs) -> Built | None:
         pad_token_id=tokenizer.pad_token_id,
         **extra,
     )
+    reinit_top_layers(model, cfg.reinit_layers)
     train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     lengths = [len(ids) for ids in train_feats["input_ids"]]

@@ -8,8 +8,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from edgedistill.common import manifest as mf
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from edgedistill.common.recipe import RecipeError
+from edgedistill.distill.finetune import reinit_top_layers
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2ForSequenceClassification,
+)
 
 from tests.conftest import PYTHON, ROOT
 
@@ -88,8 +98,6 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if checkpoint.is_file() and checkpoint.stat().st_mtime > 0:
-            import torch
-
             try:
                 if torch.load(checkpoint, weights_only=False)["progress"]["global_step"] >= 40:
                     break
@@ -134,8 +142,6 @@ def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
 
 
 def test_cuda_on_a_machine_without_one_fails_before_any_work():
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("checks the error of a machine without CUDA")
     result = run_stage("teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
@@ -166,3 +172,59 @@ def test_sentence_pair_fine_tuning(smoke_run, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "teacher")
     encoded = tokenizer("is it good ?", "it is good")
     assert set(encoded["token_type_ids"]) == {0, 1}
+
+
+def tiny_classifier(family: str):
+    """A two-layer classifier of `family`, fresh weights, no files."""
+    if family == "bert":
+        return BertForSequenceClassification(
+            BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+        )
+    return GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, pad_token_id=0))
+
+
+def pretrained_like(model) -> dict:
+    """Set every weight to 0.5 (no fresh draw gives that) and return a copy of the state."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(0.5)
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_reinit_layers_draws_the_top_layer_afresh(family):
+    model = tiny_classifier(family)
+    before = pretrained_like(model)
+    reinit_top_layers(model, 1)
+    changed = {name for name, value in model.state_dict().items() if not value.equal(before[name])}
+    top = ".layer.1." if family == "bert" else ".h.1."
+    assert any(top in name for name in changed)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_reinit_layers_keeps_the_lower_layers_and_embeddings(family):
+    model = tiny_classifier(family)
+    before = pretrained_like(model)
+    reinit_top_layers(model, 1)
+    changed = {name for name, value in model.state_dict().items() if not value.equal(before[name])}
+    top = ".layer.1." if family == "bert" else ".h.1."
+    assert {name for name in changed if top not in name and "pooler" not in name} == set()
+
+
+def test_reinit_layers_draws_the_pooler_afresh():
+    model = tiny_classifier("bert")
+    before = pretrained_like(model)
+    reinit_top_layers(model, 1)
+    assert not model.state_dict()["bert.pooler.dense.weight"].equal(before["bert.pooler.dense.weight"])
+
+
+def test_reinit_layers_sets_layer_norms_to_identity():
+    model = tiny_classifier("bert")
+    pretrained_like(model)
+    reinit_top_layers(model, 1)
+    assert model.bert.encoder.layer[1].output.LayerNorm.weight.eq(1.0).all()
+
+
+def test_reinit_layers_past_the_model_is_refused():
+    with pytest.raises(RecipeError, match="reinit_layers=3, but the model has 2 layers"):
+        reinit_top_layers(tiny_classifier("bert"), 3)
