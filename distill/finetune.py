@@ -71,7 +71,10 @@ def reinit_top_layers(model, count: int) -> None:
     total = model.config.num_hidden_layers
     if count > total:
         raise RecipeError(f"finetune.reinit_layers={count}, but the model has {total} layers")
-    layers = next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == total)
+    lists = (m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == total)
+    layers = next(lists, None)
+    if layers is None:
+        raise RecipeError(f"finetune.reinit_layers: no list of {total} layers in {type(model).__name__}")
     pooler = getattr(model.base_model, "pooler", None)
     with torch.no_grad():
         for module in [*layers[total - count :], *([pooler] if pooler is not None else [])]:
