@@ -20,9 +20,9 @@ from edgedistill.common.bundle import load_bundle
 from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_session
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.distill import heads
 from rich.console import Console
 from rich.table import Table
-from transformers import AutoModelForSequenceClassification
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
@@ -65,9 +65,9 @@ def _cell_done(cells, model: str, batch: int, length: int, timing: Timing) -> No
 
 def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval().to(device)
+    model = heads.load_teacher(folder).eval().to(device)
     name = EAGER if device == "cpu" else f"{EAGER}-{device}"
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type == "bert" else [])
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type != "gpt2" else [])
 
     def call(feed):
         logits = model(**feed).logits

@@ -128,7 +128,9 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     folder = f"runs/{recipe.name}/{stage}"
     kind = _kind(stage)
     if kind == "teacher":
+        registers = ["import edgedistill.distill.heads  # registers the mean-pooled head"]
         code = [
+            *(registers if recipe.finetune.pooling == "mean" else []),
             "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
             "",
             f'model = AutoModelForSequenceClassification.from_pretrained("{folder}")',

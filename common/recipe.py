@@ -190,7 +190,13 @@ class FinetuneConfig(Strict):
     reinit_layers: int = Field(
         0, ge=0, description="top Transformer layers (and the pooler) initialised afresh instead of from the init"
     )
-    hashed_when_set = frozenset({"reinit_layers"})
+    pooling: Literal["cls", "mean"] = Field(
+        "cls",
+        description="what the classifier reads: `cls`, the family's own head (BERT's [CLS] pooler, GPT's last "
+        "token); `mean`, the final states averaged over real tokens (bert only), as sentence-embedding "
+        "checkpoints were trained",
+    )
+    hashed_when_set = frozenset({"reinit_layers", "pooling"})
 
 
 class TransferConfig(Strict):
@@ -722,6 +728,15 @@ class Recipe(Strict):
             raise ValueError(
                 "data.text_pair_column is set but model.family is gpt: sentence pairs need a tokenizer that marks "
                 "sentence B (token_type_ids), which the bert family has; use a bert teacher for pair tasks"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mean_pooling_needs_bert(self):
+        if self.finetune.pooling == "mean" and self.model.family != "bert":
+            raise ValueError(
+                f"finetune.pooling=mean needs a bert teacher (model.family is {self.model.family}): a causal model's "
+                "last token is the one that has read the whole text"
             )
         return self
 

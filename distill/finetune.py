@@ -1,7 +1,8 @@
 """Fine-tune the teacher for sequence classification; writes `runs/<recipe>/teacher/`.
 
 The folder is a Hugging Face `save_pretrained` checkpoint of the best dev evaluation, so
-`AutoModelForSequenceClassification.from_pretrained(folder)` loads it as it is.
+`AutoModelForSequenceClassification.from_pretrained(folder)` loads it as it is (with `finetune.pooling: mean`,
+once `edgedistill.distill.heads` is imported).
 """
 
 import json
@@ -13,13 +14,12 @@ import torch
 from edgedistill.common.data import load_labelled, load_splits
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, pretrain
+from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
-from transformers import AutoModelForSequenceClassification
 
 
 @torch.no_grad()
@@ -102,7 +102,7 @@ def _build(inputs: Inputs) -> Built | None:
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
     model = device.load_trainable(
-        AutoModelForSequenceClassification,
+        heads.classifier_class(cfg.pooling),
         init,
         num_labels=data.num_labels,
         id2label=dict(enumerate(data.label_names)),
@@ -135,7 +135,7 @@ def _build(inputs: Inputs) -> Built | None:
     best = progress.best_entry
 
     def kept_logits(split) -> np.ndarray:
-        kept = AutoModelForSequenceClassification.from_pretrained(work / "best").eval().to(placement.device)
+        kept = heads.load_teacher(work / "best").eval().to(placement.device)
         feats = encode(tokenizer, split.texts, split.pairs, recipe.model.max_length)
         return predict_logits(hf_logits(kept), feats, pad, placement=placement)
 

@@ -22,7 +22,7 @@ from edgedistill.common.bundle import TOKENIZER_FILES
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, StudentConfig, StudentRun
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, transfer
+from edgedistill.distill import device, dist, heads, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
@@ -33,7 +33,6 @@ from edgedistill.distill.trainer import Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel
 
 # Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
@@ -166,7 +165,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     teacher_bert = None
     from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
     if from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
-        teacher_bert = AutoModel.from_pretrained(teacher_dir, attn_implementation="eager").eval()
+        teacher_bert = heads.load_encoder(teacher_dir, attn_implementation="eager").eval()
     if from_teacher:
         init_from_teacher(student, teacher_bert)
     if baseline:

@@ -29,13 +29,12 @@ from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, finetune
+from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
 from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from transformers import AutoModelForSequenceClassification
 
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
@@ -279,7 +278,7 @@ def _build(inputs: Inputs) -> Built:
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
     placement = device.for_labelling(recipe.runtime)
-    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir).eval().to(placement.device)
+    model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     forward = hf_logits(model)
     figures = {"engine": "pytorch"}
     if recipe.transfer.labeller and placement.device.type == "cpu":

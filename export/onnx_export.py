@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 import torch
+from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
 from torch import nn
-from transformers import AutoModelForSequenceClassification
 
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 STUDENT_INPUTS = ("input_ids", "attention_mask")
@@ -60,7 +60,7 @@ class Source:
 def load_source(folder: Path) -> Source:
     """The teacher or a student (or baseline), in eval mode, from its verified artifact folder."""
     if not is_student(folder):
-        model = AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager").eval()
+        model = heads.load_teacher(folder, attn_implementation="eager").eval()
         cfg = model.config
         params = sum(p.numel() for p in model.parameters())
         if cfg.model_type == "gpt2":

@@ -97,6 +97,17 @@ def test_symmetric_pairs_without_pairs_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
 
 
+def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="finetune.pooling=mean needs a bert teacher"):
+        load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
+
+
+def test_default_pooling_leaves_the_finetune_hash_unchanged(tmp_path):
+    plain = load_recipe(write(tmp_path, MINIMAL))
+    explicit = load_recipe(write(tmp_path, MINIMAL), {"finetune.pooling": "cls"})
+    assert plain.section_hash("finetune") == explicit.section_hash("finetune")
+
+
 def test_section_hash_follows_the_data_contents_not_their_paths(tmp_path):
     for place in ("here", "there"):
         (tmp_path / place / "model").mkdir(parents=True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError
+from edgedistill.distill import heads
 from edgedistill.distill.finetune import reinit_top_layers
 from transformers import (
     AutoModelForSequenceClassification,
@@ -172,6 +173,21 @@ def test_sentence_pair_fine_tuning(smoke_run, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "teacher")
     encoded = tokenizer("is it good ?", "it is good")
     assert set(encoded["token_type_ids"]) == {0, 1}
+
+
+def test_mean_pooled_teacher_fine_tunes_and_loads_through_the_auto_class(smoke_run, data_dir):
+    result = run_stage(
+        "finetune",
+        SMOKE,
+        "--pretrain=null",
+        f"--model.init={smoke_run / 'teacher'}",
+        "--finetune.pooling=mean",
+        "--name=mean-pooled",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "mean-pooled" / "teacher"
+    assert mf.load(folder).metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
+    assert isinstance(heads.load_teacher(folder), heads.MeanPooledBertForSequenceClassification)
 
 
 def tiny_classifier(family: str):

@@ -1,0 +1,73 @@
+"""A BERT classifier that reads the mean of its final states over real tokens instead of the [CLS] pooler.
+
+Sentence-embedding checkpoints (all-MiniLM and the other sentence-transformers models) were trained through
+mean pooling and ship no trained pooler, so a head on their [CLS] state starts further from what they learned.
+The classes are registered with the transformers Auto classes: once this module is imported,
+`AutoModelForSequenceClassification.from_pretrained(folder)` loads such a teacher and `AutoModel` its encoder.
+"""
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.models.bert.modeling_bert import BertPreTrainedModel
+
+
+class MeanPooledBertConfig(BertConfig):
+    model_type = "edgedistill-bert-mean"
+
+
+class MeanPooledBertModel(BertModel):
+    """The encoder of a mean-pooled teacher (a `BertModel`), for `AutoModel`."""
+
+    config_class = MeanPooledBertConfig
+
+    def __init__(self, config: MeanPooledBertConfig, add_pooling_layer: bool = False):
+        super().__init__(config, add_pooling_layer=add_pooling_layer)
+
+
+class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
+    """`BertModel` (no pooler) -> mean of the final states over `attention_mask` -> dropout -> logits."""
+
+    config_class = MeanPooledBertConfig
+
+    def __init__(self, config: MeanPooledBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        states = self.bert(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs
+        ).last_hidden_state
+        weights = attention_mask.unsqueeze(-1).to(states.dtype)
+        pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        logits = self.classifier(self.dropout(pooled))
+        loss = nn.functional.cross_entropy(logits.float(), labels) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def classifier_class(pooling: str):
+    """What builds a new teacher with `finetune.pooling` from a checkpoint (its `from_pretrained`)."""
+    return MeanPooledBertForSequenceClassification if pooling == "mean" else AutoModelForSequenceClassification
+
+
+def load_teacher(folder, **kwargs):
+    """A fine-tuned teacher from its folder, whichever head it has (`from_pretrained` keyword arguments)."""
+    return AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
+
+
+def load_encoder(folder, **kwargs):
+    """A fine-tuned teacher's encoder alone (a `BertModel` or `GPT2Model`), whichever head it has."""
+    return AutoModel.from_pretrained(folder, **kwargs)
+
+
+AutoConfig.register(MeanPooledBertConfig.model_type, MeanPooledBertConfig)
+AutoModel.register(MeanPooledBertConfig, MeanPooledBertModel)
+AutoModelForSequenceClassification.register(MeanPooledBertConfig, MeanPooledBertForSequenceClassification)

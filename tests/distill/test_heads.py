@@ -1,0 +1,87 @@
+"""The mean-pooled BERT teacher: what it reads, how it saves and loads, and that it exports and fuses."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from edgedistill.common import manifest as mf
+from edgedistill.distill import heads
+from edgedistill.export.onnx_export import example_inputs, export_onnx, load_source
+from edgedistill.export.optimize import fuse
+from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
+
+SIZES = {
+    "vocab_size": 100,
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+}
+
+
+def tiny_mean_pooled() -> heads.MeanPooledBertForSequenceClassification:
+    torch.manual_seed(0)
+    return heads.MeanPooledBertForSequenceClassification(heads.MeanPooledBertConfig(num_labels=3, **SIZES)).eval()
+
+
+IDS = torch.tensor([[2, 5, 7, 9, 3]])
+MASK = torch.ones_like(IDS)
+
+
+def test_logits_ignore_padding():
+    model = tiny_mean_pooled()
+    padded = torch.cat([IDS, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = torch.cat([MASK, torch.zeros(1, 3, dtype=torch.long)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, mask).logits, model(IDS, MASK).logits)
+
+
+def test_classifier_reads_the_mean_of_the_final_states():
+    model = tiny_mean_pooled()
+    with torch.no_grad():
+        mean = model.bert(input_ids=IDS, attention_mask=MASK).last_hidden_state.mean(1)
+        torch.testing.assert_close(model(IDS, MASK).logits, model.classifier(mean))
+
+
+def test_loss_is_cross_entropy_of_the_labels():
+    model = tiny_mean_pooled()
+    out = model(IDS, MASK, labels=torch.tensor([2]))
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, torch.tensor([2])))
+
+
+def test_auto_classes_load_the_saved_teacher(tmp_path):
+    model = tiny_mean_pooled()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS, MASK).logits, model(IDS, MASK).logits)
+
+
+def test_auto_model_loads_the_encoder_as_a_bert_model(tmp_path):
+    tiny_mean_pooled().save_pretrained(tmp_path)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), BertModel)
+
+
+def test_built_from_a_plain_bert_checkpoint_keeps_its_encoder(tmp_path):
+    plain = BertModel(BertConfig(**SIZES))
+    plain.save_pretrained(tmp_path)
+    built = heads.classifier_class("mean").from_pretrained(tmp_path, num_labels=2)
+    torch.testing.assert_close(
+        built.bert.encoder.layer[1].output.dense.weight, plain.encoder.layer[1].output.dense.weight
+    )
+
+
+@pytest.mark.slow
+def test_exported_and_fused_graph_matches_pytorch(tmp_path):
+    tiny_mean_pooled().save_pretrained(tmp_path / "staged")
+    artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
+    mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
+    source = load_source(tmp_path / "teacher")
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 2)
+    session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    feeds = example_inputs(source.inputs, batch=3, length=9)
+    with torch.no_grad():
+        want = source.module(*feeds.values()).numpy()
+    got = session.run(["logits"], {name: value.numpy() for name, value in feeds.items()})[0]
+    np.testing.assert_allclose(got, want, atol=1e-4)
