@@ -85,6 +85,12 @@ def test_teacher_card_is_a_transformers_model(recipe):
     assert ModelCard.load(modelcard.write(recipe, folder)).data.library_name == "transformers"
 
 
+def test_mean_pooled_teacher_card_imports_its_head_before_loading():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.pooling": "mean"})
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    assert "import edgedistill.distill.heads" in _text(recipe, folder)
+
+
 def test_card_names_the_recipes_metrics(recipe):
     folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
     assert ModelCard.load(modelcard.write(recipe, folder)).data.metrics == ["accuracy"]
