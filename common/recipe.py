@@ -223,18 +223,26 @@ class TransferConfig(Strict):
     label_batch_size: int = Field(128, gt=0, description="sentences per labelling batch (length-sorted)")
     labeller: str | None = Field(
         None,
-        description="on the CPU, label with this fp32 teacher bundle in ONNX Runtime (built first by "
+        description="on the CPU, label with this fp32 or INT8 teacher bundle in ONNX Runtime (built first by "
         "`python -m export labeller`) instead of PyTorch; on a GPU, PyTorch labels",
     )
+    relabel_margin: float | None = Field(
+        None,
+        gt=0,
+        description="with an INT8 labeller (and only then): every text whose INT8 margin (the gap between its two "
+        "highest logits) is below this is labelled again by the teacher in PyTorch, in the labelling precision",
+    )
     precision_check_sentences: int = Field(
-        5000, gt=0, description="labelled in bf16/fp16, this many are labelled again in fp32 and compared"
+        5000,
+        gt=0,
+        description="labelled in bf16/fp16 or by an INT8 labeller, this many are labelled again in fp32 and compared",
     )
     min_agreement: float = Field(
         0.999,
         gt=0,
         le=1,
-        description="with runtime.precision auto, labels made in bf16/fp16 that agree with fp32 on fewer of the "
-        "checked sentences than this are made again in fp32",
+        description="with runtime.precision auto, labels made in bf16/fp16 or by an INT8 labeller that agree with "
+        "fp32 on fewer of the checked sentences than this are made again in fp32",
     )
     seed: int = 13
 
@@ -708,17 +716,31 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
-    def _labeller_is_an_fp32_teacher_bundle(self):
+    def _labeller_is_a_cpu_teacher_bundle(self):
         name = self.transfer.labeller if self.transfer else None
+        margin = self.transfer.relabel_margin if self.transfer else None
         if name is None:
+            if margin is not None:
+                raise ValueError(
+                    "transfer.relabel_margin is set but transfer.labeller is not: it applies to an INT8 labeller"
+                )
             return self
         bundle = self.export.bundles.get(name) if self.export else None
         if bundle is None:
             raise ValueError(f"transfer.labeller={name!r} is not one of export.bundles")
-        if (bundle.source, bundle.precision, bundle.runtime) != ("teacher", "fp32", "onnxruntime"):
+        if (bundle.source, bundle.runtime) != ("teacher", "onnxruntime") or bundle.precision not in ("fp32", "int8"):
             raise ValueError(
-                f"transfer.labeller={name!r} must be an fp32 ONNX Runtime bundle of the teacher, got source="
+                f"transfer.labeller={name!r} must be an fp32 or INT8 ONNX Runtime bundle of the teacher, got source="
                 f"{bundle.source}, precision={bundle.precision}, runtime={bundle.runtime}"
+            )
+        if bundle.precision == "int8" and margin is None:
+            raise ValueError(
+                f"transfer.labeller={name!r} is an INT8 bundle: set transfer.relabel_margin (e.g. 1.0), below which its "
+                "labels are made again in PyTorch, since INT8 alone disagrees with the teacher on about 1 % of texts"
+            )
+        if bundle.precision == "fp32" and margin is not None:
+            raise ValueError(
+                f"transfer.relabel_margin applies to an INT8 labeller; transfer.labeller={name!r} is fp32 (drop the margin)"
             )
         return self
 

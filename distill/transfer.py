@@ -162,12 +162,52 @@ def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
     return logits
 
 
+class SecondPass:
+    """Labels again with `forward` (the teacher in PyTorch) every text an INT8 labeller is unsure of: its margin,
+    the gap between its two highest logits, below `margin`. Counts the texts it sees and those it labels again."""
+
+    def __init__(self, forward, margin: float, pad_id: int, batch_size: int, placement: Placement):
+        self.forward, self.margin, self.pad_id = forward, margin, pad_id
+        self.batch_size, self.placement = batch_size, placement
+        self.seen = self.relabelled = 0
+
+    def __call__(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> np.ndarray:
+        top = np.sort(logits, -1)
+        unsure = np.flatnonzero(top[:, -1] - top[:, -2] < self.margin)
+        self.seen += len(logits)
+        self.relabelled += len(unsure)
+        if len(unsure):
+            subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
+            logits = logits.copy()
+            logits[unsure] = predict_logits(self.forward, subset, self.pad_id, self.batch_size, None, self.placement)
+        return logits
+
+    def figures(self) -> dict:
+        """What the manifest records: the margin, the precision, and the share labelled again (of the texts
+        labelled in this run: shards kept from an interrupted one are not counted)."""
+        share = self.relabelled / self.seen if self.seen else 0.0
+        return {
+            "margin": self.margin,
+            "precision": self.placement.precision,
+            "texts": self.seen,
+            "relabelled": self.relabelled,
+            "relabelled_share": round(share, 4),
+        }
+
+
 def label_shards(
-    forward, tokenizer, texts: list[str], pairs: list[str] | None, cfg, work: Path, placement: Placement
+    forward,
+    tokenizer,
+    texts: list[str],
+    pairs: list[str] | None,
+    cfg,
+    work: Path,
+    placement: Placement,
+    second_pass: SecondPass | None = None,
 ) -> np.ndarray:
-    """Teacher logits (`forward(batch) -> logits`) for `texts` (with their `pairs`), batched by length on
-    `placement`, one atomically written float16 shard at a time; finished shards are kept, damaged ones labelled
-    again."""
+    """Teacher logits (`forward(batch) -> logits`, then `second_pass` where given) for `texts` (with their
+    `pairs`), batched by length on `placement`, one atomically written float16 shard at a time; finished shards
+    are kept, damaged ones labelled again."""
     starts = range(0, len(texts), cfg.shard_size)
     paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
@@ -182,6 +222,8 @@ def label_shards(
         end = start + cfg.shard_size
         feats = encode(tokenizer, texts[start:end], pairs[start:end] if pairs else None, cfg.max_length)
         logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
+        if second_pass is not None:
+            logits = second_pass(feats, logits)
         shards[index] = logits.astype(np.float16)
         atomic_write(paths[index], lambda tmp, shard=shards[index]: np.save(tmp, shard))
     bar.close()
@@ -198,26 +240,32 @@ def label_checked(
     work: Path,
     placement: Placement,
     recheck: bool,
+    second_pass: SecondPass | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """`label_shards` in `placement`'s precision, and the figures for the manifest. Labels made in bf16/fp16 are
-    compared with fp32 ones (`precision_check`); with `recheck` (precision auto), labels that agree on fewer than
-    `cfg.min_agreement` of the checked sentences are made again in fp32, their figures kept under `rejected`."""
+    """`label_shards` in `placement`'s precision (an INT8 labeller's `forward` with its `second_pass`), and the
+    figures for the manifest. Labels made in bf16/fp16 or by INT8 are compared with fp32 ones (`precision_check`);
+    with `recheck` (precision auto), labels that agree on fewer than `cfg.min_agreement` of the checked sentences
+    are made again by the teacher in fp32, their figures kept under `rejected`."""
     with torch.inference_mode(), placement.autocast():
-        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement)
-    if placement.precision == "fp32":
-        return logits, {"precision": "fp32"}
+        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass)
+    made = {"precision": placement.precision}
+    if second_pass is not None:
+        made |= {"second_pass": second_pass.figures()}
+    if placement.precision == "fp32" and second_pass is None:
+        return logits, made
     check = precision_check(model, tokenizer, texts, pairs, logits, cfg, placement)
     if not recheck or check["fp32_agreement"] >= cfg.min_agreement:
-        return logits, {"precision": placement.precision} | check
+        return logits, made | check
+    what = "INT8 (with its second pass)" if second_pass is not None else placement.precision
     progress.write(
-        f"[transfer] {placement.precision} labels agree with fp32 on {check['fp32_agreement']:.2%} of "
+        f"[transfer] {what} labels agree with fp32 on {check['fp32_agreement']:.2%} of "
         f"{check['fp32_check_sentences']} sentences, below transfer.min_agreement {cfg.min_agreement:.2%}: "
         "labelling again in fp32"
     )
     (work / "fp32").mkdir(exist_ok=True)
     with torch.inference_mode():
-        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work / "fp32", placement)
-    return logits, {"precision": "fp32", "rejected": {"precision": placement.precision} | check}
+        logits = label_shards(hf_logits(model), tokenizer, texts, pairs, cfg, work / "fp32", placement)
+    return logits, {"precision": "fp32", "engine": "pytorch", "rejected": made | check}
 
 
 def precision_check(
@@ -240,9 +288,10 @@ def precision_check(
 
 
 def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
-    """`forward(batch) -> logits` of the teacher's fp32 ONNX bundle `folder`, on the CPU with this process's
-    threads, and its parity figures. The bundle is verified and must be an export of the teacher in
-    `teacher_dir` (its recorded parent), so its labels are that teacher's within its gate."""
+    """`forward(batch) -> logits` of the teacher's fp32 or INT8 ONNX bundle `folder`, on the CPU with this
+    process's threads, and its parity figures (`bundle_precision` says which). The bundle is verified and must be
+    an export of the teacher in `teacher_dir` (its recorded parent), so its labels are that teacher's within its
+    gate."""
     if not (folder / mf.MANIFEST).is_file():
         raise mf.ArtifactError(
             f"transfer.labeller: {folder} is not built: run `python -m export labeller RECIPE` first (make transfer "
@@ -255,8 +304,8 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
             f"{folder} was not exported from the teacher in {teacher_dir} (rebuilt since?): "
             "rebuild it with `python -m export labeller RECIPE` (make transfer does)"
         )
-    if bundle.spec.precision != "fp32":
-        raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32")
+    if bundle.spec.precision not in ("fp32", "int8"):
+        raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32 or INT8")
     runner = open_bundle(bundle, threads=torch.get_num_threads())
 
     def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -265,7 +314,11 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
         return torch.from_numpy(runner.infer(feed)["logits"])
 
     figures = {key: bundle.manifest.metrics[key] for key in ("agreement", "max_abs_diff", "dev_accuracy")}
-    return forward, {"engine": "onnxruntime", "bundle": str(folder)} | figures
+    return forward, {
+        "engine": "onnxruntime",
+        "bundle": str(folder),
+        "bundle_precision": bundle.spec.precision,
+    } | figures
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -280,16 +333,30 @@ def _build(inputs: Inputs) -> Built:
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     forward = hf_logits(model)
-    figures = {"engine": "pytorch"}
+    figures, second_pass = {"engine": "pytorch"}, None
     if recipe.transfer.labeller and placement.device.type == "cpu":
-        placement = device.for_process(recipe.runtime)  # the bundle is an fp32 graph
-        forward, figures = onnx_labeller(run_dir(recipe) / f"bundle-{recipe.transfer.labeller}", teacher_dir)
+        folder = run_dir(recipe) / f"bundle-{recipe.transfer.labeller}"
+        forward, figures = onnx_labeller(folder, teacher_dir)
+        wanted = recipe.export.bundles[recipe.transfer.labeller].precision
+        if figures["bundle_precision"] != wanted:
+            raise mf.ArtifactError(
+                f"{folder} is a {figures['bundle_precision']} bundle but the recipe makes it {wanted}: rebuild it "
+                "with `python -m export labeller RECIPE --force` (make transfer builds it)"
+            )
+        if figures["bundle_precision"] == "fp32":
+            placement = device.for_process(recipe.runtime)  # an fp32 graph labels; nothing runs in PyTorch
+        else:  # INT8 labels; the texts it is unsure of are labelled again in PyTorch, in the labelling precision
+            cfg = recipe.transfer
+            second_pass = SecondPass(
+                hf_logits(model), cfg.relabel_margin, tokenizer.pad_token_id, cfg.label_batch_size, placement
+            )
     labelling = placement.describe() | figures
 
     work = inputs.work
     stamp = work / "config_hash"
-    # Label shards of an interrupted run are kept only for the same teacher, engine and precision.
+    # Label shards of an interrupted run are kept only for the same teacher, engine, precision and second pass.
     key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST) + labelling["engine"] + placement.precision
+    key += figures.get("bundle_precision", "")
     if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)
         atomic_write(stamp, key)
@@ -297,13 +364,20 @@ def _build(inputs: Inputs) -> Built:
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free
     recheck = recipe.runtime.precision == "auto"
-    logits, figures = label_checked(model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck)
+    logits, figures = label_checked(
+        model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck, second_pass
+    )
     labelling |= figures | {"seconds": round(time.perf_counter() - started, 1)}
     _, dev = load_splits(recipe.data)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     with torch.inference_mode():  # the teacher's dev accuracy in fp32, as its manifest gives it
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)
     teacher_dev = task_metrics(dev_logits, dev.labels, recipe.data)["dev_accuracy"]
+    if second_pass is not None and labelling.get("engine") == "onnxruntime":  # how INT8 and its pass label dev
+        with torch.inference_mode(), placement.autocast():
+            made = predict_logits(forward, dev_feats, tokenizer.pad_token_id, recipe.transfer.label_batch_size)
+            made = second_pass(dev_feats, made)
+        labelling["second_pass"]["dev_agreement"] = float((made.argmax(-1) == dev_logits.argmax(-1)).mean())
 
     def write(folder: Path) -> None:
         (folder / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
@@ -316,6 +390,13 @@ def _build(inputs: Inputs) -> Built:
 
     shares = np.bincount(logits.astype(np.float32).argmax(-1), minlength=recipe.data.num_labels) / len(texts)
     parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
+    engine = f"{labelling['engine']} on {labelling['device']} ({labelling['precision']})"
+    if "second_pass" in labelling:
+        again = labelling["second_pass"]
+        engine = (
+            f"onnxruntime INT8 on {labelling['device']}, {again['relabelled_share']:.1%} again in PyTorch "
+            f"({again['precision']})"
+        )
     return Built(
         write,
         metrics={
@@ -333,6 +414,6 @@ def _build(inputs: Inputs) -> Built:
             "labelling": labelling,
         },
         line=f"{len(texts)} {'pairs' if pairs else 'sentences'} ({parts}; {composition['removed_duplicates']} duplicates and "
-        f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {labelling['engine']} on "
-        f"{labelling['device']} ({labelling['precision']}) in {labelling['seconds'] / 60:.1f} min",
+        f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {engine} "
+        f"in {labelling['seconds'] / 60:.1f} min",
     )

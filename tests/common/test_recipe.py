@@ -310,6 +310,31 @@ def extend(tmp_path, text: str):
     return load_recipe(write(tmp_path, "extends: base.yaml\n" + text))
 
 
+def test_an_int8_labeller_needs_a_relabel_margin(tmp_path):
+    with pytest.raises(RecipeError, match="is an INT8 bundle: set transfer.relabel_margin"):
+        extend(tmp_path, "transfer: {labeller: teacher-int8}\n")
+
+
+def test_an_int8_labeller_with_a_margin_loads(tmp_path):
+    recipe = extend(tmp_path, "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\n")
+    assert (recipe.transfer.labeller, recipe.transfer.relabel_margin) == ("teacher-int8", 1.0)
+
+
+def test_a_relabel_margin_with_an_fp32_labeller_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="relabel_margin applies to an INT8 labeller"):
+        extend(tmp_path, "transfer: {relabel_margin: 1.0}\n")
+
+
+def test_a_relabel_margin_without_a_labeller_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="relabel_margin is set but transfer.labeller is not"):
+        extend(tmp_path, "transfer: {labeller: null, relabel_margin: 1.0}\n")
+
+
+def test_a_student_bundle_cannot_label(tmp_path):
+    with pytest.raises(RecipeError, match="must be an fp32 or INT8 ONNX Runtime bundle of the teacher"):
+        extend(tmp_path, "transfer: {labeller: bilstm-int8, relabel_margin: 1.0}\n")
+
+
 def test_null_drops_a_student(tmp_path):
     assert set(extend(tmp_path, "distill: {students: {cnn: null}}\n").distill.students) == {"bilstm"}
 

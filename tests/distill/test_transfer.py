@@ -10,7 +10,7 @@ from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.distill.transfer import build_texts, label_checked, label_shards, leak_filter
+from edgedistill.distill.transfer import SecondPass, build_texts, label_checked, label_shards, leak_filter
 from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT
@@ -152,6 +152,59 @@ def test_fp32_labels_are_not_checked(tmp_path):
     assert figures == {"precision": "fp32"}
 
 
+def test_the_second_pass_labels_again_only_the_texts_below_its_margin():
+    model = CountingModel()  # the teacher: logits (total, -total) of the ids
+    first = np.array([[0.25, 0.0], [0.0, 3.0], [0.5, 0.0]], dtype=np.float32)
+    second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
+    made = second({"input_ids": [[1], [2, 3], [9]]}, first)
+    assert made.tolist() == [[1.0, -1.0], [0.0, 3.0], [9.0, -9.0]]
+    assert (second.seen, second.relabelled) == (3, 2)
+    assert model.calls == 1, "the two unsure texts go to the teacher as one batch"
+    assert first[0].tolist() == [0.25, 0.0], "the labeller's logits are not changed in place"
+
+
+def unsure_labeller(model):
+    """An INT8 labeller's stand-in: the teacher's logits, but the wrong label at a margin of 0.2 for texts whose
+    ids sum below 5."""
+
+    def forward(batch):
+        logits = hf_logits(model)(batch)
+        unsure = (batch["input_ids"] * batch["attention_mask"]).sum(-1) < 5
+        logits[unsure] = torch.tensor([-0.1, 0.1])
+        return logits
+
+    return forward
+
+
+def label_with_second_pass(tmp_path, margin: float):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+    model = CountingModel()
+    second = SecondPass(hf_logits(model), margin, 0, 2, CPU)
+    forward = unsure_labeller(model)
+    return label_checked(model, forward, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True, second)
+
+
+def test_labels_with_a_second_pass_are_checked_against_fp32(tmp_path):
+    logits, figures = label_with_second_pass(tmp_path, margin=1.0)
+    assert figures["second_pass"] == {
+        "margin": 1.0,
+        "precision": "fp32",
+        "texts": 8,
+        "relabelled": 3,
+        "relabelled_share": 0.375,
+    }
+    assert (figures["fp32_check_sentences"], figures["fp32_agreement"]) == (8, 1.0)
+    assert (logits.astype(np.float32).argmax(-1) == 0).all()
+
+
+def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path):
+    logits, figures = label_with_second_pass(tmp_path, margin=0.1)
+    assert (figures["precision"], figures["engine"]) == ("fp32", "pytorch")
+    assert figures["rejected"]["fp32_agreement"] == 5 / 8
+    assert figures["rejected"]["second_pass"]["relabelled"] == 0
+    assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
+
+
 def test_transfer_artifact(smoke_run):
     manifest = mf.load(smoke_run / "transfer")
     texts = (smoke_run / "transfer" / "texts.txt").read_text().splitlines()
@@ -192,6 +245,35 @@ def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
     by_torch = fp32_teacher_logits(run)
     assert (by_onnx.argmax(-1) == by_torch.argmax(-1)).mean() >= 0.999
     assert np.abs(by_onnx - by_torch).max() < 0.05  # float16 storage of logits of a few units
+
+
+def test_int8_labelling_with_its_second_pass_agrees_with_pytorch_within_the_gate(smoke_bundles):
+    run = smoke_bundles.parent / "int8-labels"
+    run.mkdir()
+    for folder in ("teacher", "bundle-teacher-int8"):
+        (run / folder).symlink_to(smoke_bundles / folder)
+    second_pass = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0", "--runtime.precision=fp32")
+    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu", *second_pass)
+    assert result.returncode == 0, result.stderr[-3000:]
+    labelling = mf.load(run / "transfer").info["labelling"]
+    texts = (run / "transfer" / "texts.txt").read_text().splitlines()
+    assert (labelling["engine"], labelling["bundle_precision"]) == ("onnxruntime", "int8")
+    assert labelling["second_pass"]["texts"] == len(texts)
+    assert labelling["fp32_agreement"] >= 0.999
+    assert labelling["second_pass"]["dev_agreement"] >= 0.99
+    by_int8 = np.load(run / "transfer" / "logits.npy").astype(np.float32)
+    assert (by_int8.argmax(-1) == fp32_teacher_logits(run).argmax(-1)).mean() >= 0.999
+
+
+def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles):
+    run = smoke_bundles.parent / "stale-labeller"
+    run.mkdir()
+    (run / "teacher").symlink_to(smoke_bundles / "teacher")
+    (run / "bundle-teacher-int8").symlink_to(smoke_bundles / "bundle-teacher-fused")
+    int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
+    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
+    assert result.returncode == 2
+    assert "is a fp32 bundle but the recipe makes it int8" in result.stderr
 
 
 def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles):
