@@ -172,15 +172,21 @@ class SecondPass:
         self.seen = self.relabelled = 0
 
     def __call__(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> np.ndarray:
+        """`relabel`, counted in the figures."""
+        made, relabelled = self.relabel(features, logits)
+        self.seen += len(logits)
+        self.relabelled += relabelled
+        return made
+
+    def relabel(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """`logits` with the rows below the margin made again by `forward` (a new array), and how many were."""
         top = np.sort(logits, -1)
         unsure = np.flatnonzero(top[:, -1] - top[:, -2] < self.margin)
-        self.seen += len(logits)
-        self.relabelled += len(unsure)
         if len(unsure):
             subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
             logits = logits.copy()
             logits[unsure] = predict_logits(self.forward, subset, self.pad_id, self.batch_size, None, self.placement)
-        return logits
+        return logits, len(unsure)
 
     def figures(self) -> dict:
         """What the manifest records: the margin, the precision, and the share labelled again (of the texts
@@ -376,7 +382,7 @@ def _build(inputs: Inputs) -> Built:
     if second_pass is not None and labelling.get("engine") == "onnxruntime":  # how INT8 and its pass label dev
         with torch.inference_mode(), placement.autocast():
             made = predict_logits(forward, dev_feats, tokenizer.pad_token_id, recipe.transfer.label_batch_size)
-            made = second_pass(dev_feats, made)
+            made, _ = second_pass.relabel(dev_feats, made)  # not counted: the figures are the transfer set's
         labelling["second_pass"]["dev_agreement"] = float((made.argmax(-1) == dev_logits.argmax(-1)).mean())
 
     def write(folder: Path) -> None:
