@@ -38,7 +38,9 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 
 # PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
 # PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;
-# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md).
+# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). One retry: where the index
+# cannot be reached (an offline machine with a local mirror), pip goes on to its configured indexes at once
+# instead of after its back-off of 7.5 s for each of torch's packages.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
@@ -47,7 +49,7 @@ setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,d
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet '$(TORCH)' --index-url $(TORCH_INDEX))
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	touch $@
 
