@@ -346,8 +346,27 @@ class BundleRecipe(Strict):
     int8_ops: list[str] | None = Field(
         None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
     )
+    smooth: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="dynamic INT8 of a fused Transformer: move this share (SmoothQuant's alpha) of each MatMul input's "
+        "per-channel range into its weights first, calibrated on the first export.calibration_sentences train "
+        "examples (docs/export.md)",
+    )
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+
+    @model_validator(mode="after")
+    def _smoothing_is_for_dynamic_int8(self):
+        if self.smooth is not None and not (
+            self.precision == "int8" and self.quantization == "dynamic" and self.runtime == "onnxruntime" and self.fused
+        ):
+            raise ValueError(
+                "smooth applies to dynamic INT8 of a fused graph in ONNX Runtime: it needs precision: int8, "
+                "quantization: dynamic, runtime: onnxruntime and fused: true"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fusion_choices_need_fusion(self):
@@ -397,7 +416,9 @@ class ExportConfig(Strict):
         "odd sentence the teacher is unsure of",
     )
     max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
-    calibration_sentences: int = Field(256, gt=0, description="transfer-set sentences for static INT8")
+    calibration_sentences: int = Field(
+        256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"
+    )
 
     @model_validator(mode="after")
     def _deploy_known(self):

@@ -35,6 +35,7 @@ from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export import optimize, quantize, validate
 from edgedistill.export.fold import fold
 from edgedistill.export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
+from edgedistill.export.smooth import smooth
 from edgedistill.export.tensorrt import build_engine
 
 CHECK_THREADS = 2
@@ -60,7 +61,7 @@ class SourceCache:
         self.recipe, self.scratch = recipe, scratch
         self._sources: dict[str, tuple[Source, Path, np.ndarray]] = {}
         self.tokenizer = None
-        _, self.dev = load_splits(recipe.data)
+        self.train, self.dev = load_splits(recipe.data)
 
     def features(self, name: str) -> dict[str, list[list[int]]]:
         return dev_features(self.tokenizer, self.dev, max_length(self.recipe, name))
@@ -81,14 +82,10 @@ class SourceCache:
         return self._sources[name]
 
 
-def _calibration(
-    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
+def _batches(
+    texts: list[str], pairs: list[str] | None, tokenizer, length: int, inputs: tuple[str, ...]
 ) -> list[dict[str, np.ndarray]]:
-    """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
-    calibration."""
-    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()[:count]
-    pairs_file = transfer_dir / "pairs.txt"
-    pairs = pairs_file.read_text(encoding="utf-8").splitlines()[:count] if pairs_file.is_file() else None
+    """`texts` (with their `pairs`) as padded token-id batches, the feeds of a calibration."""
     batches = []
     for start in range(0, len(texts), CALIBRATION_BATCH):
         end = start + CALIBRATION_BATCH
@@ -105,6 +102,17 @@ def _calibration(
     return batches
 
 
+def _calibration(
+    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
+) -> list[dict[str, np.ndarray]]:
+    """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
+    calibration."""
+    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()[:count]
+    pairs_file = transfer_dir / "pairs.txt"
+    pairs = pairs_file.read_text(encoding="utf-8").splitlines()[:count] if pairs_file.is_file() else None
+    return _batches(texts, pairs, tokenizer, length, inputs)
+
+
 def model_config(source: Source) -> dict:
     """The exported model's transformers-style config: the teacher's own; a transformer student's BERT config; a
     BiLSTM or CNN student's `StudentConfig` under a model type of its own, which no transformers class reads."""
@@ -119,14 +127,22 @@ def _needs_calibration(spec: BundleRecipe) -> bool:
     return spec.precision == "int8" and (spec.quantization == "static" or spec.runtime == "tensorrt")
 
 
-def _transform(spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration) -> tuple[Path, dict]:
-    """Fusion and precision: the graph the bundle ships, plus the fused-operator counts."""
-    graph, fused = plain, {}
+def _transform(
+    spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration, train_calibration
+) -> tuple[Path, dict, int]:
+    """Fusion, smoothing and precision: the graph the bundle ships, the fused-operator counts and how many tensors
+    were smoothed (`train_calibration`: feeds from the train split, which the labeller bundle may read before the
+    transfer set exists)."""
+    graph, fused, smoothed = plain, {}, 0
     if source.is_transformer and spec.fused:
         graph = work / "fused.onnx"
         fused = optimize.fuse(
             plain, graph, source.num_heads, source.hidden_size, source.num_layers, spec.attention, spec.skip_layer_norm
         )
+    if spec.smooth is not None:
+        out = work / "smoothed.onnx"
+        smoothed = smooth(graph, out, train_calibration(), spec.smooth)
+        graph = out
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":
@@ -138,12 +154,13 @@ def _transform(spec: BundleRecipe, source: Source, plain: Path, work: Path, cali
         out = work / "fp16.onnx"
         quantize.fp16(graph, out)
         graph = out
-    return graph, fused
+    return graph, fused, smoothed
 
 
 def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
     """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it on the dev set tokenized by the
-    teacher's tokenizer, gated; static INT8 and TensorRT INT8 bundles also read the transfer set (calibration)."""
+    teacher's tokenizer, gated; static INT8 and TensorRT INT8 bundles also read the transfer set (calibration), a
+    smoothed one (`smooth`) the train split."""
     spec = recipe.export.bundles[bundle_id]
     teacher = finetune.stage(recipe)
     parents = [teacher] if spec.source == "teacher" else [student_stage.stage(recipe, spec.source), teacher]
@@ -173,12 +190,17 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             inputs.parent("transfer"), recipe.export.calibration_sentences, cache.tokenizer, length, source.inputs
         )
 
+    def train_calibration() -> list[dict[str, np.ndarray]]:
+        train, count = cache.train, recipe.export.calibration_sentences
+        pairs = train.pairs[:count] if train.pairs else None
+        return _batches(train.texts[:count], pairs, cache.tokenizer, length, source.inputs)
+
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
     work = inputs.fresh_work()
     model_file = MODEL_FILES[spec.runtime]
     model = work / model_file
-    build_info, providers = {}, [spec.runtime]
+    build_info, providers, smoothed = {}, [spec.runtime], 0
     if spec.fold:
         plain = work / "folded.onnx"
         folded = fold(source.module, half=spec.precision == "fp16")
@@ -196,7 +218,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         )
         run, fused = validate.logits_runner(open_runner(model, spec.runtime, [])), {}
     else:
-        graph, fused = _transform(spec, source, plain, work, calibration)
+        graph, fused, smoothed = _transform(spec, source, plain, work, calibration, train_calibration)
         shutil.copy2(graph, model)
         runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
         run, providers = validate.logits_runner(runner), runner.providers
@@ -251,6 +273,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "recipe": spec.model_dump(),
             "shape_checks_max_abs_diff": shapes,
             "op_counts": ops,
+            "smoothed_tensors": smoothed,
             "tensorrt_build": build_info,
         },
         line=lambda manifest: (

@@ -99,5 +99,5 @@ export:
     teacher-fused: {{source: teacher}}
     bilstm-fp32: {{source: bilstm}}
     cnn-folded: {{source: cnn, fold: true}}
-    transformer-int8: {{source: transformer, precision: int8}}
+    transformer-int8: {{source: transformer, precision: int8, smooth: 0.85}}
 """

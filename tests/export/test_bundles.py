@@ -74,6 +74,18 @@ def test_fusion_choices_need_fusion(key, value, message):
         load_recipe(SMOKE, {f"export.bundles.teacher-onnx.{key}": value})  # teacher-onnx: fused: false
 
 
+def test_smoothing_needs_dynamic_int8_of_a_fused_graph():
+    with pytest.raises(ValueError, match="smooth applies to dynamic INT8 of a fused graph"):
+        load_recipe(SMOKE, {"export.bundles.teacher-fused.smooth": 0.85})
+
+
+def test_smoothed_int8_bundle_records_what_it_smoothed(smoke_bundles):
+    # smooth: 0.85 on the one-layer Transformer: the embedding LayerNorm (read by Q/K/V), the attention block's
+    # LayerNorm (the FFN's input) and the GELU (the FFN's output)
+    info = load_bundle(smoke_bundles / "bundle-transformer-int8").manifest.info
+    assert info["smoothed_tensors"] == 3
+
+
 def test_plain_teacher_export_is_unfused(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-teacher-onnx")
     assert "Attention" not in ops and "Softmax" in ops
