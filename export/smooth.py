@@ -22,12 +22,16 @@ ACTIVATIONS = {"BiasGelu", "FastGelu", "Gelu"}
 
 
 def _targets(graph: onnx.GraphProto, weights: dict, readers: dict) -> dict[str, tuple[onnx.NodeProto, list]]:
-    """Every norm or GELU output read by MatMuls with constant 2-D weights: {tensor: (producer, those MatMuls)}."""
+    """Every norm or GELU output read by MatMuls with constant 2-D weights: {tensor: (producer, those MatMuls)}. A
+    norm's output that is also the graph's is left alone (its scale and shift cannot take the division)."""
+    graph_outputs = {output.name for output in graph.output}
     targets = {}
     for node in graph.node:
         if node.op_type not in NORMS and node.op_type not in ACTIVATIONS:
             continue
         out = node.output[0]
+        if node.op_type in NORMS and out in graph_outputs:
+            continue
         matmuls = [
             r
             for r in readers[out]

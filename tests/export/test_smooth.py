@@ -11,9 +11,10 @@ HIDDEN, INNER, OUTLIER = 32, 64, 3
 IR_VERSION = 8  # what the exporter writes for opset 17; ONNX Runtime may not read the newest
 
 
-def post_ln_block(path, shared_gamma: bool = False) -> None:
+def post_ln_block(path, shared_gamma: bool = False, norm_output: bool = False) -> None:
     """LayerNorm -> FFN (MatMul, BiasGelu, MatMul) -> residual Add, as in a post-LN encoder layer; channel
-    OUTLIER of the LayerNorm's output runs 40 times larger than the others."""
+    OUTLIER of the LayerNorm's output runs 40 times larger than the others. `norm_output`: the LayerNorm's output
+    is a graph output too."""
     rng = np.random.default_rng(0)
     gamma = np.ones(HIDDEN, np.float32)
     gamma[OUTLIER] = 40.0
@@ -33,12 +34,12 @@ def post_ln_block(path, shared_gamma: bool = False) -> None:
     ]
     if shared_gamma:
         nodes.append(helper.make_node("Mul", ["y", "gamma"], ["z"]))
-    out = "z" if shared_gamma else "y"
+    outputs = ["z" if shared_gamma else "y"] + (["h"] if norm_output else [])
     graph = helper.make_graph(
         nodes,
         "block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "sequence", HIDDEN]) for out in outputs],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
@@ -50,9 +51,9 @@ def feeds(count: int, seed: int) -> list[dict]:
     return [{"x": rng.normal(0, 1, (4, 8, HIDDEN)).astype(np.float32)} for _ in range(count)]
 
 
-def run(path, feed) -> np.ndarray:
+def run(path, feed, output: int = 0) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, feed)[0]
+    return session.run(None, feed)[output]
 
 
 @pytest.fixture
@@ -86,6 +87,15 @@ def test_smoothing_shrinks_the_int8_error_of_an_outlier_channel(block, tmp_path)
     plain_error = np.abs(run(tmp_path / "plain-int8.onnx", feed) - reference).mean()
     smoothed_error = np.abs(run(tmp_path / "smoothed-int8.onnx", feed) - reference).mean()
     assert smoothed_error < plain_error / 2
+
+
+def test_a_layernorm_output_that_the_graph_returns_keeps_its_value(tmp_path):
+    post_ln_block(tmp_path / "block.onnx", norm_output=True)
+    smooth(tmp_path / "block.onnx", tmp_path / "smoothed.onnx", feeds(2, 1), alpha=0.85)
+    feed = feeds(1, 2)[0]
+    np.testing.assert_allclose(
+        run(tmp_path / "smoothed.onnx", feed, 1), run(tmp_path / "block.onnx", feed, 1), rtol=1e-5
+    )
 
 
 def test_a_graph_without_norm_or_gelu_before_a_matmul_is_refused(tmp_path):
