@@ -94,7 +94,9 @@ def smooth(src: Path, dst: Path, calibration: list[dict], alpha: float) -> int:
             for i in NORMS[producer.op_type]:
                 if i < len(producer.input) and producer.input[i]:
                     rewrite(producer.input[i], numpy_helper.to_array(weights[producer.input[i]]) / scale)
-            moved, factor, renamed = [r for r in readers[out] if r not in matmuls], scale, f"{out}_unsmoothed"
+            smoothed_readers = {id(m) for m in matmuls}  # by identity: two nodes may compare equal as messages
+            moved = [r for r in readers[out] if id(r) not in smoothed_readers]
+            factor, renamed = scale, f"{out}_unsmoothed"
         else:
             moved, factor, renamed = matmuls, 1 / scale, f"{out}_smoothed"
         if not moved:
