@@ -235,14 +235,21 @@ class TransferConfig(Strict):
     precision_check_sentences: int = Field(
         5000,
         gt=0,
-        description="labelled in bf16/fp16 or by an INT8 labeller, this many are labelled again in fp32 and compared",
+        description="labelled in bf16/fp16 or by an INT8 labeller, this many, evenly spaced over the whole set, are "
+        "labelled again in fp32 and compared",
+    )
+    tie_margin: float = Field(
+        0.1,
+        ge=0,
+        description="a checked text whose fp32 logits' top two are closer than this is a near-tie: a label that "
+        "differs from fp32's there is counted (`fp32_tie_flips`) but does not count against min_agreement",
     )
     min_agreement: float = Field(
         0.999,
         gt=0,
         le=1,
         description="with runtime.precision auto, labels made in bf16/fp16 or by an INT8 labeller that agree with "
-        "fp32 on fewer of the checked sentences than this are made again in fp32",
+        "fp32 on fewer of the checked sentences than this, near-ties aside, are made again in fp32",
     )
     seed: int = 13
 

@@ -251,7 +251,7 @@ def label_checked(
     """`label_shards` in `placement`'s precision (an INT8 labeller's `forward` with its `second_pass`), and the
     figures for the manifest. Labels made in bf16/fp16 or by INT8 are compared with fp32 ones (`precision_check`);
     with `recheck` (precision auto), labels that agree on fewer than `cfg.min_agreement` of the checked sentences
-    are made again by the teacher in fp32, their figures kept under `rejected`."""
+    (near-ties aside) are made again by the teacher in fp32, their figures kept under `rejected`."""
     with torch.inference_mode(), placement.autocast():
         logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass)
     made = {"precision": placement.precision}
@@ -260,13 +260,13 @@ def label_checked(
     if placement.precision == "fp32" and second_pass is None:
         return logits, made
     check = precision_check(model, tokenizer, texts, pairs, logits, cfg, placement)
-    if not recheck or check["fp32_agreement"] >= cfg.min_agreement:
+    if not recheck or check["fp32_agreement_beyond_ties"] >= cfg.min_agreement:
         return logits, made | check
     what = "INT8 (with its second pass)" if second_pass is not None else placement.precision
     progress.write(
-        f"[transfer] {what} labels agree with fp32 on {check['fp32_agreement']:.2%} of "
-        f"{check['fp32_check_sentences']} sentences, below transfer.min_agreement {cfg.min_agreement:.2%}: "
-        "labelling again in fp32"
+        f"[transfer] {what} labels agree with fp32 on {check['fp32_agreement_beyond_ties']:.2%} of "
+        f"{check['fp32_check_sentences']} sentences (near-ties aside), below transfer.min_agreement "
+        f"{cfg.min_agreement:.2%}: labelling again in fp32"
     )
     (work / "fp32").mkdir(exist_ok=True)
     with torch.inference_mode():
@@ -274,21 +274,35 @@ def label_checked(
     return logits, {"precision": "fp32", "engine": "pytorch", "rejected": made | check}
 
 
+def check_sample(total: int, count: int) -> np.ndarray:
+    """`count` indices evenly spaced over `total` texts (all of them when there are fewer), so the check sees every
+    source of the transfer set in its share."""
+    return np.unique(np.linspace(0, total - 1, min(count, total)).round().astype(int))
+
+
 def precision_check(
     model, tokenizer, texts: list[str], pairs: list[str] | None, logits: np.ndarray, cfg, placement: Placement
 ) -> dict:
-    """How the first `cfg.precision_check_sentences` labels made in reduced precision compare with fp32 ones."""
-    count = cfg.precision_check_sentences
-    sample = texts[:count]
+    """How labels made in reduced precision compare with fp32 ones on `check_sample` of the texts. A text whose
+    fp32 top two logits are within `cfg.tie_margin` is a near-tie: a differing label there is a tie flip, which
+    `fp32_agreement_beyond_ties` (what the gate reads) does not count against the labels."""
+    sample = check_sample(len(texts), cfg.precision_check_sentences)
     with torch.inference_mode():
-        feats = encode(tokenizer, sample, pairs[:count] if pairs else None, cfg.max_length)
+        feats = encode(
+            tokenizer, [texts[i] for i in sample], [pairs[i] for i in sample] if pairs else None, cfg.max_length
+        )
         reference = predict_logits(
             hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
         )
-    reduced = logits[: len(sample)].astype(np.float32)
+    reduced = logits[sample].astype(np.float32)
+    top = np.sort(reference, -1)
+    tie = top[:, -1] - top[:, -2] < cfg.tie_margin
+    differ = reduced.argmax(-1) != reference.argmax(-1)
     return {
         "fp32_check_sentences": len(sample),
-        "fp32_agreement": float((reduced.argmax(-1) == reference.argmax(-1)).mean()),
+        "fp32_agreement": float(1 - differ.mean()),
+        "fp32_agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
+        "fp32_tie_flips": int((differ & tie).sum()),
         "fp32_max_abs_diff": float(np.abs(reduced - reference).max()),
     }
 

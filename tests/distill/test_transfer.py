@@ -3,6 +3,7 @@ import shutil
 import subprocess
 
 import numpy as np
+import pytest
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RuntimeConfig, TransferConfig, load_recipe
@@ -10,7 +11,14 @@ from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.distill.transfer import SecondPass, build_texts, label_checked, label_shards, leak_filter
+from edgedistill.distill.transfer import (
+    SecondPass,
+    build_texts,
+    check_sample,
+    label_checked,
+    label_shards,
+    leak_filter,
+)
 from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT
@@ -118,13 +126,13 @@ BF16 = resolve(RuntimeConfig(device="cpu", precision="bf16"))
 TEXTS = [f"{'a' * i} b" for i in range(1, 9)]
 
 
-def label_in_bf16(model, tmp_path, recheck: bool):
-    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+def label_in_bf16(model, tmp_path, recheck: bool, tie_margin: float = 0.0):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2, tie_margin=tie_margin)
     return label_checked(model, hf_logits(model), WordTokenizer(), TEXTS, None, cfg, tmp_path, BF16, recheck)
 
 
 def test_bf16_labels_below_the_agreement_gate_are_made_again_in_fp32(tmp_path):
-    logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True)
+    logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True)  # no tie margin: every flip counts
     rejected = figures["rejected"]
     assert figures["precision"] == "fp32"
     assert (rejected["precision"], rejected["fp32_check_sentences"], rejected["fp32_agreement"]) == ("bf16", 8, 0.0)
@@ -137,6 +145,15 @@ def test_explicit_bf16_labels_are_kept_with_their_agreement(tmp_path):
     assert (figures["precision"], figures["fp32_agreement"]) == ("bf16", 0.0)
     assert "rejected" not in figures
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "bf16 rounds the two logits to a tie"
+
+
+def test_flips_of_near_ties_are_counted_but_do_not_fail_the_gate(tmp_path):
+    logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True, tie_margin=0.1)
+    assert figures["precision"] == "bf16"
+    assert "rejected" not in figures
+    assert figures["fp32_agreement"] == 0.0
+    assert figures["fp32_tie_flips"] == 8
+    assert figures["fp32_agreement_beyond_ties"] == 1.0
 
 
 def test_bf16_labels_within_the_agreement_gate_are_kept(tmp_path):
@@ -294,3 +311,32 @@ def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run):
     result = transfer_with_labeller(smoke_run.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 2
     assert "python -m export labeller" in result.stderr
+
+
+def test_the_check_sample_is_spread_evenly_from_first_to_last_text():
+    assert check_sample(10, 4).tolist() == [0, 3, 6, 9]
+
+
+def test_the_check_sample_takes_every_text_of_a_small_set():
+    assert check_sample(3, 5).tolist() == [0, 1, 2]
+
+
+def wrong_on_the_last_text(model):
+    """A labeller's stand-in: the teacher's logits, but the other label by a wide margin for the last of TEXTS."""
+
+    def forward(batch):
+        logits = hf_logits(model)(batch)
+        logits[(batch["input_ids"] * batch["attention_mask"]).sum(-1) == 9] = torch.tensor([-5.0, 5.0])
+        return logits
+
+    return forward
+
+
+def test_the_fp32_check_sees_the_end_of_the_set_not_only_its_first_texts(tmp_path):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2, precision_check_sentences=3)
+    model = CountingModel()
+    second = SecondPass(hf_logits(model), 0.1, 0, 2, CPU)
+    forward = wrong_on_the_last_text(model)
+    _, figures = label_checked(model, forward, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True, second)
+    assert figures["rejected"]["fp32_check_sentences"] == 3
+    assert figures["rejected"]["fp32_agreement_beyond_ties"] == pytest.approx(2 / 3)
