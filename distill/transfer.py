@@ -162,6 +162,12 @@ def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
     return logits
 
 
+def top_two_gap(logits: np.ndarray) -> np.ndarray:
+    """Per row, the gap between the two highest logits: how sure the labeller is of its label."""
+    top = np.sort(logits, -1)
+    return top[:, -1] - top[:, -2]
+
+
 class SecondPass:
     """Labels again with `forward` (the teacher in PyTorch) every text an INT8 labeller is unsure of: its margin,
     the gap between its two highest logits, below `margin`. Counts the texts it sees and those it labels again."""
@@ -180,8 +186,7 @@ class SecondPass:
 
     def relabel(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> tuple[np.ndarray, int]:
         """`logits` with the rows below the margin made again by `forward` (a new array), and how many were."""
-        top = np.sort(logits, -1)
-        unsure = np.flatnonzero(top[:, -1] - top[:, -2] < self.margin)
+        unsure = np.flatnonzero(top_two_gap(logits) < self.margin)
         if len(unsure):
             subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
             logits = logits.copy()
@@ -295,8 +300,7 @@ def precision_check(
             hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
         )
     reduced = logits[sample].astype(np.float32)
-    top = np.sort(reference, -1)
-    tie = top[:, -1] - top[:, -2] < cfg.tie_margin
+    tie = top_two_gap(reference) < cfg.tie_margin
     differ = reduced.argmax(-1) != reference.argmax(-1)
     return {
         "fp32_check_sentences": len(sample),
