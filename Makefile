@@ -6,6 +6,7 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
+TEST_WORKERS ?= auto
 RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv
@@ -173,9 +174,15 @@ setup-system:  ## install the system packages the tests need (chromium, openssl,
 	elif command -v sudo >/dev/null; then set -x; sudo sh -c "$$install"; \
 	else echo "the tests need$$missing; install them as root: sh -c '$$install'" >&2; exit 1; fi
 
+# The tests run one torch thread each, so TEST_WORKERS pytest-xdist workers (auto: one per core) share the
+# cores; those marked `serial` bound time or memory under load, and run alone afterwards. Both parts run,
+# and either failing fails the target.
 test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	@status=0; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not serial' || status=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m serial || status=$$?; \
+	exit $$status
 
 lint: $(STAMP)  ## ruff check and format check
 	$(VENV)/bin/ruff check .

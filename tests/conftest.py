@@ -11,6 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`make test`), the tests of the session's smoke run go to one worker, which builds it once."""
+    for item in items:
+        if "smoke_run" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("smoke"))
+
+
 def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m module *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "EDGEDISTILL_TORCH_THREADS": "1"}

@@ -112,6 +112,7 @@ print(json.dumps({"seconds": time.perf_counter() - started, "ok": [c.value is no
 QUEUE_DELAY_S = 0.5
 
 
+@pytest.mark.serial  # a bound on time
 def test_users_call_concurrently_under_gevent(tmp_path):
     """Four users' calls wait out one queue delay together; one at a time they would take four."""
     bundle = write_bundle(tmp_path / "bundle-tiny")

@@ -29,6 +29,8 @@ from onnx import TensorProto, helper
 from tests.serve.conftest import ROOT, serve_command, settings_for, subprocess_env, tiny_model
 from tests.serve.test_process import queued_rows
 
+pytestmark = pytest.mark.serial  # bounds on latency and restart time, measured alone
+
 KNOWN = ["a great movie", "awful boring film", "the plot was good and fun"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

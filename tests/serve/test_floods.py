@@ -38,6 +38,8 @@ from tests.serve.rawh2 import (
     message_prefix,
 )
 
+pytestmark = pytest.mark.serial  # bounds on latency and memory, measured alone
+
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 MESSAGE_BYTES = 256 * 1024  # the flood server's MAX_MESSAGE_BYTES
