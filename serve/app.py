@@ -24,6 +24,7 @@ import grpc
 from edgedistill.serve.cascade import CascadeRuntime, load_runtime
 from edgedistill.serve.errors import BundleRejected, ReloadFailed
 from edgedistill.serve.host import ModelHost, ModelRuntime
+from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
@@ -233,6 +234,7 @@ def loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] 
 
 def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
     """`serve` on the event loop that `settings` asks for; its exit status."""
+    limit_arenas(settings.malloc_arenas)
     with asyncio.Runner(loop_factory=loop_factory(settings)) as runner:
         return runner.run(serve(settings, supervisor))
 

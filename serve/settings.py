@@ -110,6 +110,12 @@ class Settings(BaseModel):
     threads: int = Field(
         0, ge=0, description="intra-op threads of the runtime (0: its default; with several workers, cores / WORKERS)"
     )
+    malloc_arenas: int = Field(
+        2,
+        ge=0,
+        description="most glibc malloc arenas (M_ARENA_MAX): more keep freed memory per thread, so floods of "
+        "traffic raise the server's memory further; 0: glibc's default (8 per core); other values need glibc",
+    )
     spin: bool = Field(
         False,
         description="let ONNX Runtime's intra-op threads spin while they wait for work: slightly lower latency "

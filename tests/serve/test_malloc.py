@@ -1,0 +1,55 @@
+"""The glibc arena limit: counted in glibc's own malloc_info report, after threads that allocate."""
+
+import platform
+import subprocess
+import sys
+
+import pytest
+from edgedistill.serve.malloc import limit_arenas
+
+ARENAS_AFTER_THREADS = """
+import ctypes, ctypes.util, os, sys, tempfile, threading
+from edgedistill.serve.malloc import limit_arenas
+limit_arenas(int(sys.argv[1]))
+start = threading.Barrier(8)
+def churn():
+    start.wait()
+    for _ in range(200):
+        blocks = [bytearray(4096) for _ in range(50)]
+threads = [threading.Thread(target=churn) for _ in range(8)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+"""
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+
+
+def arenas_after_threads(limit: int) -> int:
+    """The arenas glibc's malloc holds after 8 threads allocated at once, with `limit_arenas(limit)` first."""
+    done = subprocess.run([sys.executable, "-c", ARENAS_AFTER_THREADS, str(limit)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@glibc_only
+def test_threads_take_arenas_of_their_own_without_a_limit():
+    assert arenas_after_threads(0) > 2
+
+
+@glibc_only
+def test_threads_share_two_arenas_with_a_limit_of_two():
+    assert arenas_after_threads(2) <= 2
+
+
+def test_a_limit_is_refused_where_the_c_library_is_not_glibc(monkeypatch):
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
+    with pytest.raises(OSError, match="MALLOC_ARENAS=2 needs glibc"):
+        limit_arenas(2)
