@@ -7,15 +7,21 @@ import ctypes.util
 import platform
 
 M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
+DEFAULT_ARENAS = 2
 
 
-def limit_arenas(count: int) -> None:
-    """Let glibc's malloc use at most `count` arenas from now on (0: leave glibc's default). Must run before the
-    threads start that would take arenas of their own. Raises OSError where the C library is not glibc."""
+def limit_arenas(count: int | None) -> int | None:
+    """Let glibc's malloc use at most `count` arenas from now on (None: DEFAULT_ARENAS where the C library is glibc;
+    0: glibc's default); the limit set, or None. Must run before the threads start that would take arenas of their
+    own. Raises OSError for a count where the C library is not glibc."""
     if count == 0:
-        return
+        return None
     if platform.libc_ver()[0] != "glibc":
+        if count is None:
+            return None
         raise OSError(f"MALLOC_ARENAS={count} needs glibc's malloc; this C library is not glibc (set it to 0)")
+    count = DEFAULT_ARENAS if count is None else count
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if libc.mallopt(M_ARENA_MAX, count) != 1:
         raise OSError(f"glibc refused mallopt(M_ARENA_MAX, {count})")
+    return count

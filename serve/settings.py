@@ -110,11 +110,12 @@ class Settings(BaseModel):
     threads: int = Field(
         0, ge=0, description="intra-op threads of the runtime (0: its default; with several workers, cores / WORKERS)"
     )
-    malloc_arenas: int = Field(
-        2,
+    malloc_arenas: int | None = Field(
+        None,
         ge=0,
         description="most glibc malloc arenas (M_ARENA_MAX): more keep freed memory per thread, so floods of "
-        "traffic raise the server's memory further; 0: glibc's default (8 per core); other values need glibc",
+        "traffic raise the server's memory further; unset: 2 where the C library is glibc; 0: glibc's default "
+        "(8 per core); other values need glibc",
     )
     spin: bool = Field(
         False,

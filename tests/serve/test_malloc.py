@@ -49,6 +49,17 @@ def test_threads_share_two_arenas_with_a_limit_of_two():
     assert arenas_after_threads(2) <= 2
 
 
+@glibc_only
+def test_the_default_limit_is_two_arenas_on_glibc():
+    code = "from edgedistill.serve.malloc import limit_arenas; print(limit_arenas(None))"  # in a process of its own
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "2"
+
+
+def test_without_a_setting_another_c_library_keeps_its_allocator(monkeypatch):
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
+    assert limit_arenas(None) is None
+
+
 def test_a_limit_is_refused_where_the_c_library_is_not_glibc(monkeypatch):
     monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
     with pytest.raises(OSError, match="MALLOC_ARENAS=2 needs glibc"):
