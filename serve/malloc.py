@@ -1,6 +1,6 @@
 """The C allocator's arena count: gRPC's threads each take a glibc malloc arena, and memory freed in one is kept
-there, so a flood of traffic (endless CONTINUATION frames) raised a server's memory by 130-350 MB with glibc's
-default of 8 arenas per core, against 60-100 MB with 2 (see docs/serving.md)."""
+there, so a flood of traffic (endless CONTINUATION frames) raised a bare gRPC server's memory by 130-350 MB with
+glibc's default of 8 arenas per core, against 60-100 MB with 2 (the project's server: docs/serving.md)."""
 
 import ctypes
 import ctypes.util
