@@ -254,8 +254,8 @@ def rapid_reset(server):
 def endless_headers(server):
     """A header block that never ends: HEADERS without END_HEADERS, then CONTINUATION frames of 16 KB. gRPC reads
     and discards them without closing the connection (320 MB on one stream in 6 s, measured); its read buffers
-    raise the server's memory by up to about 180 MB meanwhile (with the server's 2 malloc arenas), then it stays
-    level."""
+    raise the server's memory meanwhile by 20-330 MB (measured with the server's 2 malloc arenas, varying with
+    the machine's load), far less than the flood sends."""
     filler = literal("x-filler", "v" * 16_000)  # one more header per frame
 
     def attack(client: RawClient) -> None:
@@ -283,7 +283,7 @@ FLOODS = [
     Flood("20 KB request ids and 400 headers", oversized_metadata),
     Flood("ping flood", ping_flood),
     Flood("rapid reset, 1,000 calls a second", rapid_reset),
-    Flood("endless CONTINUATION frames", endless_headers, rss_slack_mb=256),
+    Flood("endless CONTINUATION frames", endless_headers, rss_slack_mb=512),
 ]
 
 
@@ -460,7 +460,7 @@ def test_a_connection_without_calls_is_closed_after_connection_idle_s(start_serv
 
 
 def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_out(start_server, bundle):
-    age_s = 4.0
+    age_s = 6.0  # room for the 4 stalled calls to be admitted on a busy machine
     server = start_server(
         settings_for(bundle, max_concurrent_rpcs=4, connection_age_s=age_s, connection_age_grace_s=0.5)
     )
