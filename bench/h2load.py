@@ -2,10 +2,11 @@
 
 h2load sends one prebuilt gRPC message (`frame`) over h2c for every request, paced (`--rps`) or as fast
 as its streams allow, and writes each request's latency to a log. It counts HTTP statuses only, and a
-gRPC error arrives as HTTP 200 with its status in the trailers (and no message, or an empty one). So
-replies are counted by size: a server answers the same request with a reply of the same size (`probe`
-gives it), and the DATA bytes h2load received must be one such reply per successful call; a call
-without one failed, and bytes that no count of replies explains are an error.
+gRPC error arrives as HTTP 200 with its status in the trailers (and no message, or an empty one, as the
+server chooses). So replies are counted by size: a server answers the same request with a reply of the same
+size (`probe` gives it) and fails every call alike (`failed_bytes` measures how, on a request it must refuse),
+and the DATA bytes h2load received must be one such reply per successful call and one such failure per
+other call; bytes that no count of replies explains are an error.
 """
 
 import os
@@ -26,7 +27,6 @@ from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-EMPTY_REPLY = len(b"\0\0\0\0\0")  # an empty gRPC message: its flag byte and length
 HEADERS = ("content-type: application/grpc", "te: trailers")
 SUMMARY = {  # figure -> pattern in h2load's summary
     "done": r"requests: \d+ total, \d+ started, (\d+) done",
@@ -106,6 +106,21 @@ class Load:
         return flags
 
 
+def command(port: int, request: Path, flags: list[str]) -> list[str]:
+    """The h2load command line sending the framed `request` file to `ModelInfer` on loopback `port`, with `flags`."""
+    line = [executable(), *flags, "-d", str(request)]
+    for header in HEADERS:
+        line += ["-H", header]
+    return [*line, f"http://127.0.0.1:{port}{MODEL_INFER}"]
+
+
+def summary_of(returncode: int, output: str) -> dict[str, int]:
+    """`parse_summary` of a finished h2load's output; `BenchError` with its output's end when it failed."""
+    if returncode != 0:
+        raise BenchError(f"h2load exited with {returncode}: {output[-2000:]}")
+    return parse_summary(output)
+
+
 def parse_summary(text: str) -> dict[str, int]:
     """The request counts and DATA bytes of h2load's summary; `BenchError` when one is missing."""
     figures = {}
@@ -122,35 +137,56 @@ def latencies_ms(log: Path) -> np.ndarray:
     return rows[:, 2] / 1e3 if rows.size else np.empty(0)
 
 
-def replies(summary: dict[str, int], reply_bytes: int) -> int:
-    """How many complete replies of `reply_bytes` (as framed) h2load received, assuming a server answers every
-    failed call alike: with no message (trailers only) or with one empty message (EMPTY_REPLY bytes, as some
-    servers send beside an error status). `BenchError` when neither explains the DATA bytes, or both do with
-    different counts."""
-    done, data = summary["done"], summary["data_bytes"]
-    counts = set()
-    for failed_bytes in (0, EMPTY_REPLY):  # ok * reply_bytes + (done - ok) * failed_bytes == data
-        ok, rest = divmod(data - done * failed_bytes, reply_bytes - failed_bytes)
-        if rest == 0 and 0 <= ok <= done:
-            counts.add(ok)
-    if len(counts) != 1:
-        raise BenchError(
-            f"h2load received {data} bytes of replies for {done} calls: "
-            + ("not" if not counts else f"ambiguous ({sorted(counts)} successful calls) as")
-            + f" {reply_bytes}-byte replies and failed calls with no message or an empty one"
-        )
-    return counts.pop()
+@dataclass(frozen=True)
+class Replies:
+    """The DATA bytes a server sends for one call of a request: `ok` for its framed reply, `failed` when the call
+    fails (0: trailers only; 5: an empty message, its flag byte and length, beside the error status)."""
+
+    ok: int
+    failed: int
+
+    def count(self, summary: dict[str, int]) -> int:
+        """How many of the summary's calls got a complete reply; `BenchError` when its DATA bytes are not whole
+        replies and failures."""
+        done, data = summary["done"], summary["data_bytes"]
+        ok, rest = divmod(data - done * self.failed, self.ok - self.failed)
+        if rest or not 0 <= ok <= done:
+            raise BenchError(
+                f"h2load received {data} bytes of replies for {done} calls: not {self.ok}-byte replies"
+                f" and failed calls of {self.failed} bytes"
+            )
+        return ok
 
 
-def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, server: psutil.Process | None) -> dict:
-    """One run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file: calls and
-    failures (calls without a complete reply), successful calls/s, latency percentiles of every finished call,
-    and the CPU % (100 = one core) of h2load and of `server` with its child processes. Per-request latencies
-    go to `log` (`log.<i>` for each of several clients)."""
+def failed_bytes(port: int, body: bytes, work: Path) -> int:
+    """The DATA bytes loopback `port` sends for a failed call, measured with h2load on the serialized request
+    `body`, which the server must refuse; `BenchError` when it answers it instead."""
+    try:
+        probe(port, body)
+    except BenchError:
+        pass
+    else:
+        raise BenchError(f"the server on port {port} answered a request it must refuse; its failures are unknown")
+    request = work / "refused.request"
+    request.write_bytes(frame(body))
+    done = subprocess.run(
+        command(port, request, ["-n", "1", "-c", "1"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    request.unlink()
+    summary = summary_of(done.returncode, done.stdout)
+    if summary["done"] != 1:
+        raise BenchError(f"h2load finished {summary['done']} of the one call to port {port}")
+    return summary["data_bytes"]
+
+
+def run(port: int, request: Path, replies: Replies, load: Load, log: Path, server: psutil.Process | None) -> dict:
+    """One run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file, which the
+    server answers with `replies`: calls and failures (calls without a complete reply), successful calls/s,
+    latency percentiles of every finished call, and the CPU % (100 = one core) of h2load and of `server` with its
+    child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients)."""
     part = load.part()
     logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
     gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
-    url = f"http://127.0.0.1:{port}{MODEL_INFER}"
     tree = [] if server is None else [server, *server.children(recursive=True)]
     before = sum(cpu_seconds(p) for p in tree)
     client_before = os.times()
@@ -158,21 +194,16 @@ def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, serve
     clients = []
     for index, part_log in enumerate(logs):
         part_log.unlink(missing_ok=True)
-        command = [executable(), *part.flags(), "-d", str(request), "--log-file", str(part_log)]
-        for header in HEADERS:
-            command += ["-H", header]
+        line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
         if index:
             time.sleep(gap)
-        clients.append(subprocess.Popen([*command, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [client.communicate()[0] for client in clients]
     seconds = time.perf_counter() - start
-    for client, output in zip(clients, outputs, strict=True):
-        if client.returncode != 0:
-            raise BenchError(f"h2load exited with {client.returncode}: {output[-2000:]}")
     client_times = os.times()
-    parts = [parse_summary(output) for output in outputs]
+    parts = [summary_of(client.returncode, output) for client, output in zip(clients, outputs, strict=True)]
     summary = {figure: sum(p[figure] for p in parts) for figure in SUMMARY}
-    ok = replies(summary, reply_bytes)
+    ok = replies.count(summary)
     ms = np.concatenate([latencies_ms(part_log) for part_log in logs])
     record = {
         "requests": summary["done"],
@@ -193,12 +224,12 @@ def run(port: int, request: Path, reply_bytes: int, load: Load, log: Path, serve
 
 @dataclass(frozen=True)
 class Target:
-    """A server under load: its loopback port, the framed request file it is sent, the size of its framed reply,
+    """A server under load: its loopback port, the framed request file it is sent, the bytes of a reply or failure,
     its process (for its CPU; None: not measured) and the load of each phase."""
 
     port: int
     request: Path
-    reply_bytes: int
+    replies: Replies
     process: psutil.Process | None
     loads: dict[str, Load]
 
@@ -214,7 +245,7 @@ def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str)
         for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
             target = targets[name]
             for phase, load in target.loads.items():
-                record = run(target.port, target.request, target.reply_bytes, load, work / "h2load.log", target.process)
+                record = run(target.port, target.request, target.replies, load, work / "h2load.log", target.process)
                 runs[f"{name} {phase}"].append(record)
                 bar.set_postfix_str(f"repeat {repeat + 1} {name} {phase}: {record_line(record)}", refresh=False)
                 bar.update()

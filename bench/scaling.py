@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.compare import check_reply, infer_request, median_example
+from edgedistill.bench.peers.compare import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
 from edgedistill.bench.stats import ServingResult, summarize
@@ -115,6 +115,7 @@ def measure(
     """Start the server once per worker count, probe and warm each, then run both phases on each, `cfg.repeats`
     times in a rotating order (`h2load.interleaved`). The runs by '<workers> <phase>', and the counts measured."""
     body = infer_request(name, text, pair)
+    refused = infer_request(ABSENT_MODEL, text, pair)
     request = work / "request"
     request.write_bytes(h2load.frame(body))
     counts = worker_counts(cfg.workers, bundle)
@@ -134,10 +135,11 @@ def measure(
                     cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
                 ),
             }
-            targets[str(count)] = h2load.Target(server.port, request, len(h2load.frame(reply)), process, loads)
+            replies = h2load.Replies(len(h2load.frame(reply)), h2load.failed_bytes(server.port, refused, work))
+            targets[str(count)] = h2load.Target(server.port, request, replies, process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
-                h2load.run(server.port, request, targets[str(count)].reply_bytes, warm, work / "h2load.log", None)
+                h2load.run(server.port, request, replies, warm, work / "h2load.log", None)
         return h2load.interleaved(targets, cfg.repeats, work, STAGE), counts
 
 

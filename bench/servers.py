@@ -37,7 +37,8 @@ class EchoClassifier(classifier_pb2_grpc.ClassifierServicer):
 
 
 class EchoInference(kserve_pb2_grpc.GRPCInferenceServiceServicer):
-    """KServe v2 `ModelInfer` answering constant logits, one row per element of the first input; always ready."""
+    """KServe v2 `ModelInfer` answering constant logits, one row per element of the first input, for the model
+    `echo` (NOT_FOUND for any other, as a model server answers); always ready."""
 
     async def ServerReady(self, request, context):
         return kserve_pb2.ServerReadyResponse(ready=True)
@@ -46,6 +47,8 @@ class EchoInference(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         return kserve_pb2.ModelReadyResponse(ready=True)
 
     async def ModelInfer(self, request, context):
+        if request.model_name != "echo":
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no model {request.model_name!r}: this server serves echo")
         rows = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 0
         logits = np.tile(np.asarray(CONSTANT.logits, np.float32), (rows, 1))
         return kserve_pb2.ModelInferResponse(

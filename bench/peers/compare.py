@@ -47,6 +47,9 @@ def median_example(examples: Examples) -> tuple[str, str | None]:
     return examples.texts[index], examples.pairs[index] if examples.pairs else None
 
 
+ABSENT_MODEL = "edgedistill-absent-model"  # served by no server: a request for it measures how a server fails
+
+
 def infer_request(model: str, text: str, pair: str | None) -> bytes:
     """The serialized `ModelInfer` request for one example, `logits` requested."""
     tensors = [("text", text)] + ([("text_pair", pair)] if pair is not None else [])
@@ -220,10 +223,12 @@ def measure(
             check_reply(name, reply, None if name == "echo" else expected)
             request = work / f"{name}.request"
             request.write_bytes(h2load.frame(body))
-            targets[name] = h2load.Target(server.port, request, len(h2load.frame(reply)), process, loads)
+            failed = h2load.failed_bytes(server.port, infer_request(ABSENT_MODEL, text, pair), work)
+            replies = h2load.Replies(len(h2load.frame(reply)), failed)
+            targets[name] = h2load.Target(server.port, request, replies, process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
-                h2load.run(server.port, request, targets[name].reply_bytes, warm, work / "h2load.log", None)
+                h2load.run(server.port, request, replies, warm, work / "h2load.log", None)
         return h2load.interleaved(targets, cfg.repeats, work, STAGE)
 
 

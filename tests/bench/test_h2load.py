@@ -5,7 +5,7 @@ import subprocess
 import pytest
 from edgedistill.bench import BenchError, h2load
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.compare import infer_request
+from edgedistill.bench.peers.compare import ABSENT_MODEL, infer_request
 from edgedistill.bench.processes import serving
 
 from tests.serve.conftest import RunningServer, settings_for
@@ -35,29 +35,30 @@ def test_summary_without_the_traffic_line_is_a_bench_error():
 
 
 def test_replies_are_the_data_bytes_in_whole_replies():
-    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 710}, 71) == 10
+    assert h2load.Replies(71, 5).count({"done": 10, "succeeded": 10, "data_bytes": 710}) == 10
 
 
-def test_failed_calls_may_carry_an_empty_message_each():
-    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 8 * 71 + 2 * 5}, 71) == 8
+def test_failed_calls_that_carry_an_empty_message_are_not_replies():
+    assert h2load.Replies(71, 5).count({"done": 10, "succeeded": 10, "data_bytes": 8 * 71 + 2 * 5}) == 8
 
 
-def test_all_failed_calls_with_an_empty_message_are_no_successful_call():
-    assert h2load.replies({"done": 604, "succeeded": 604, "data_bytes": 604 * 5}, 63) == 0
+def test_failed_calls_that_carry_nothing_are_not_replies():
+    assert h2load.Replies(71, 0).count({"done": 10, "succeeded": 10, "data_bytes": 7 * 71}) == 7
 
 
-def test_failed_calls_may_carry_nothing():
-    assert h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 7 * 71}, 71) == 7
+def test_failures_whose_bytes_would_also_fit_whole_replies_are_counted_as_failures():
+    # 756 calls of 5 bytes are as many bytes as 60 replies of 63: the measured failure decides
+    assert h2load.Replies(63, 5).count({"done": 756, "succeeded": 756, "data_bytes": 756 * 5}) == 0
 
 
-def test_bytes_that_no_count_of_replies_explains_are_a_bench_error():
-    with pytest.raises(BenchError, match="not 71-byte replies"):
-        h2load.replies({"done": 10, "succeeded": 10, "data_bytes": 700}, 71)
+def test_bytes_that_are_not_whole_replies_and_failures_are_a_bench_error():
+    with pytest.raises(BenchError, match="not 71-byte replies and failed calls of 5 bytes"):
+        h2load.Replies(71, 5).count({"done": 10, "succeeded": 10, "data_bytes": 700})
 
 
 def test_more_bytes_than_one_reply_per_call_is_a_bench_error():
     with pytest.raises(BenchError, match="not 71-byte replies"):
-        h2load.replies({"done": 9, "succeeded": 9, "data_bytes": 710}, 71)
+        h2load.Replies(71, 0).count({"done": 9, "succeeded": 9, "data_bytes": 710})
 
 
 def test_paced_load_spreads_the_rate_over_the_connections():
@@ -96,8 +97,8 @@ def write_request(tmp_path, model: str) -> tuple:
 def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, echo):
     server, process = echo
     body, path = write_request(tmp_path, "echo")
-    reply = len(h2load.frame(h2load.probe(server.port, body)))
-    record = h2load.run(server.port, path, reply, h2load.Load(1, 4, 0.5), tmp_path / "h2load.log", process)
+    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
+    record = h2load.run(server.port, path, replies, h2load.Load(1, 4, 0.5), tmp_path / "h2load.log", process)
     assert record["requests"] > 0
     assert record["failures"] == 0
     assert record["p99_ms"] > 0
@@ -108,7 +109,8 @@ def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, ech
 def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
     body, path = write_request(tmp_path, "no-such-model")
     good = len(h2load.frame(h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))))
-    record = h2load.run(served.port, path, good, h2load.Load(1, 2, 0.3), tmp_path / "h2load.log", None)
+    replies = h2load.Replies(good, h2load.failed_bytes(served.port, body, tmp_path))
+    record = h2load.run(served.port, path, replies, h2load.Load(1, 2, 0.3), tmp_path / "h2load.log", None)
     assert record["failures"] == record["requests"]
     assert record["requests_per_s"] == 0
 
@@ -116,6 +118,19 @@ def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
 def test_a_failed_probe_names_the_status(served):
     with pytest.raises(BenchError, match="NOT_FOUND"):
         h2load.probe(served.port, infer_request("no-such-model", "a fine film", None))
+
+
+@needs_h2load
+def test_a_call_the_echo_server_aborts_is_measured_as_trailers_only(tmp_path, echo):
+    server, _ = echo
+    assert h2load.failed_bytes(server.port, infer_request(ABSENT_MODEL, "a fine film", None), tmp_path) == 0
+
+
+@needs_h2load
+def test_measuring_failures_on_a_request_the_server_answers_is_a_bench_error(tmp_path, echo):
+    server, _ = echo
+    with pytest.raises(BenchError, match="answered a request it must refuse"):
+        h2load.failed_bytes(server.port, infer_request("echo", "a fine film", None), tmp_path)
 
 
 def test_several_clients_share_the_connections_and_the_rate():
@@ -132,8 +147,8 @@ def test_connections_that_do_not_split_over_the_clients_are_refused():
 def test_the_calls_of_several_clients_are_counted_together(tmp_path, echo):
     server, process = echo
     body, path = write_request(tmp_path, "echo")
-    reply = len(h2load.frame(h2load.probe(server.port, body)))
+    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
     load = h2load.Load(2, 1, 0.5, rate=100, clients=2)
-    record = h2load.run(server.port, path, reply, load, tmp_path / "h2load.log", process)
+    record = h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
     assert record["failures"] == 0
     assert record["requests"] >= 40  # 100 calls/s for 0.5 s: two clients of 50/s
