@@ -385,12 +385,13 @@ class ServerProcess:
 
 
 @pytest.fixture
-def spawn():
-    """`spawn(bundle, *flags, **env) -> ServerProcess`, killed at the end of the test if still running."""
+def spawn(tmp_path):
+    """`spawn(bundle, *flags, **env) -> ServerProcess`, killed at the end of the test if still running. Its
+    temporary files (a supervisor's metrics folder, which a killed one leaves) go to the test's folder."""
     started = []
 
     def start(bundle, *flags, **env) -> ServerProcess:
-        process = ServerProcess(bundle, *flags, **env)
+        process = ServerProcess(bundle, *flags, **{"TMPDIR": str(tmp_path)} | env)
         started.append(process)
         return process
 
