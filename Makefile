@@ -175,12 +175,12 @@ setup-system:  ## install the system packages the tests need (chromium, openssl,
 	else echo "the tests need$$missing; install them as root: sh -c '$$install'" >&2; exit 1; fi
 
 # The tests run one torch thread each, so TEST_WORKERS pytest-xdist workers (auto: one per core) share the
-# cores; those marked `serial` bound time or memory under load, and run alone afterwards. Both parts run,
-# and either failing fails the target.
+# cores, each given whole modules (so a module's fixtures are built once); those marked `serial` bound time
+# or memory under load, and run alone afterwards. Both parts run, and either failing fails the target.
 test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint
 	@status=0; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not serial' || status=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' || status=$$?; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m serial || status=$$?; \
 	exit $$status
 

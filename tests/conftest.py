@@ -12,10 +12,10 @@ PYTHON = sys.executable
 
 
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`make test`), the tests of the session's smoke run go to one worker, which builds it once."""
-    for item in items:
-        if "smoke_run" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("smoke"))
+    """The modules with end-to-end runs (marked `slow`) first, so that `make test`'s pytest-xdist workers, given one
+    module at a time in this order, start the longest ones first instead of ending on one."""
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow)
 
 
 def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:
