@@ -145,6 +145,10 @@ class Replies:
     ok: int
     failed: int
 
+    def __post_init__(self):
+        if self.failed >= self.ok:
+            raise BenchError(f"a failed call sends {self.failed} bytes, a reply {self.ok}: replies cannot be counted")
+
     def count(self, summary: dict[str, int]) -> int:
         """How many of the summary's calls got a complete reply; `BenchError` when its DATA bytes are not whole
         replies and failures."""

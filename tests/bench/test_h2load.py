@@ -61,6 +61,11 @@ def test_more_bytes_than_one_reply_per_call_is_a_bench_error():
         h2load.Replies(71, 0).count({"done": 9, "succeeded": 9, "data_bytes": 710})
 
 
+def test_failures_no_smaller_than_a_reply_are_a_bench_error():
+    with pytest.raises(BenchError, match="cannot be counted"):
+        h2load.Replies(5, 5)
+
+
 def test_paced_load_spreads_the_rate_over_the_connections():
     flags = h2load.Load(connections=4, streams=8, duration_s=2, rate=200).flags()
     assert flags[flags.index("--rps") + 1] == "50"
