@@ -1,8 +1,8 @@
 """`python -m bench.servers --port 50052 [--bundle B]`: baseline `edgedistill.v1.Classifier` servers for benchmarks.
 
-Without `--bundle`, the echo server: `Classify` (and KServe `ModelInfer`, for the peer comparison) answers
-one constant prediction per text, with no tokenizer, model or batcher, so a load test against it measures
-gRPC and the client alone. With
+Without `--bundle`, the echo server: `Classify` (and KServe `ModelInfer` of model `echo`, for the peer
+comparison) answers one constant prediction per text, with no tokenizer, model or batcher, so a load test
+against it measures gRPC and the client alone. With
 `--bundle`, the bare server: each call tokenizes its texts and runs the bundle's backend on the event
 loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows the ceiling
 of any server that runs this model on its event loop. Both have the real server's health
