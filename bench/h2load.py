@@ -149,6 +149,12 @@ class Replies:
         if self.failed >= self.ok:
             raise BenchError(f"a failed call sends {self.failed} bytes, a reply {self.ok}: replies cannot be counted")
 
+    @classmethod
+    def measure(cls, port: int, reply: bytes, refused: bytes, work: Path) -> "Replies":
+        """A server's `reply` (serialized, as `probe` gives it) framed, and its failure measured on the serialized
+        request `refused` (`failed_bytes`)."""
+        return cls(len(frame(reply)), failed_bytes(port, refused, work))
+
     def count(self, summary: dict[str, int]) -> int:
         """How many of the summary's calls got a complete reply; `BenchError` when its DATA bytes are not whole
         replies and failures."""

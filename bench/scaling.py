@@ -135,7 +135,7 @@ def measure(
                     cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
                 ),
             }
-            replies = h2load.Replies(len(h2load.frame(reply)), h2load.failed_bytes(server.port, refused, work))
+            replies = h2load.Replies.measure(server.port, reply, refused, work)
             targets[str(count)] = h2load.Target(server.port, request, replies, process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)

@@ -24,6 +24,7 @@ from edgedistill.serve.settings import Settings
 from edgedistill.serve.transport import classify_response
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+MODEL = "echo"  # the one model the echo server's ModelInfer serves
 CONSTANT = classifier_pb2.Prediction(
     label="positive", label_id=1, score=0.75, probabilities=[0.25, 0.75], logits=[-0.55, 0.55]
 )
@@ -32,7 +33,7 @@ CONSTANT = classifier_pb2.Prediction(
 class EchoClassifier(classifier_pb2_grpc.ClassifierServicer):
     async def Classify(self, request, context):
         return classifier_pb2.ClassifyResponse(
-            predictions=[CONSTANT] * len(request.texts), model_name="echo", model_version="1"
+            predictions=[CONSTANT] * len(request.texts), model_name=MODEL, model_version="1"
         )
 
 
@@ -47,12 +48,14 @@ class EchoInference(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         return kserve_pb2.ModelReadyResponse(ready=True)
 
     async def ModelInfer(self, request, context):
-        if request.model_name != "echo":
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no model {request.model_name!r}: this server serves echo")
+        if request.model_name != MODEL:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no model {request.model_name!r}: this server serves {MODEL}"
+            )
         rows = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 0
         logits = np.tile(np.asarray(CONSTANT.logits, np.float32), (rows, 1))
         return kserve_pb2.ModelInferResponse(
-            model_name="echo",
+            model_name=MODEL,
             model_version="1",
             id=request.id,
             outputs=[kserve_pb2.ModelInferResponse.InferOutputTensor(name="logits", datatype="FP32", shape=[rows, 2])],

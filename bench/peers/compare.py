@@ -212,6 +212,7 @@ def measure(
         # one h2load per connection, started 1/rate apart: calls spread evenly over time and over the workers
         "paced": h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections),
     }
+    refused = infer_request(ABSENT_MODEL, text, pair)
     with ExitStack() as stack:
         targets = {}
         for name, server in servers.items():
@@ -223,8 +224,7 @@ def measure(
             check_reply(name, reply, None if name == "echo" else expected)
             request = work / f"{name}.request"
             request.write_bytes(h2load.frame(body))
-            failed = h2load.failed_bytes(server.port, infer_request(ABSENT_MODEL, text, pair), work)
-            replies = h2load.Replies(len(h2load.frame(reply)), failed)
+            replies = h2load.Replies.measure(server.port, reply, refused, work)
             targets[name] = h2load.Target(server.port, request, replies, process, loads)
             if cfg.warmup_s:
                 warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)

@@ -113,8 +113,8 @@ def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, ech
 @needs_h2load
 def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
     body, path = write_request(tmp_path, "no-such-model")
-    good = len(h2load.frame(h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))))
-    replies = h2load.Replies(good, h2load.failed_bytes(served.port, body, tmp_path))
+    good = h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))
+    replies = h2load.Replies.measure(served.port, good, body, tmp_path)
     record = h2load.run(served.port, path, replies, h2load.Load(1, 2, 0.3), tmp_path / "h2load.log", None)
     assert record["failures"] == record["requests"]
     assert record["requests_per_s"] == 0
