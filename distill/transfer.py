@@ -16,7 +16,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -354,7 +354,7 @@ def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
-    placement = device.for_labelling(recipe.runtime)
+    placement = device.for_process(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     forward = hf_logits(model)
     figures, second_pass = {"engine": "pytorch"}, None
@@ -368,7 +368,7 @@ def _build(inputs: Inputs) -> Built:
                 "with `python -m export labeller RECIPE --force` (make transfer builds it)"
             )
         if figures["bundle_precision"] == "fp32":
-            placement = device.for_process(recipe.runtime)  # an fp32 graph labels; nothing runs in PyTorch
+            placement = replace(placement, precision="fp32")  # an fp32 graph labels; nothing runs in PyTorch
         else:  # INT8 labels; the texts it is unsure of are labelled again in PyTorch, in the labelling precision
             cfg = recipe.transfer
             second_pass = SecondPass(

@@ -48,7 +48,7 @@ def train(inputs) -> Built:
     """A stage body: a linear model trained for STEPS steps, evaluated every LOG_EVERY steps."""
     torch.manual_seed(0)
     cfg = OptimConfig(lr=0.1, batch_size=16, max_steps=STEPS, eval_every=LOG_EVERY)
-    placement = resolve(RuntimeConfig(device="cpu"))
+    placement = resolve(RuntimeConfig(device="cpu", precision="fp32"))
     trainer = Trainer(torch.nn.Linear(4, 1), cfg, inputs.work, inputs.config_hash, "tiny", placement)
     trainer.fit(
         batches_for_epoch=lambda epoch: [list(range(16))] * STEPS,

@@ -6,7 +6,7 @@ from edgedistill.common.recipe import OptimConfig, RuntimeConfig
 from edgedistill.distill.device import resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 
-CPU = resolve(RuntimeConfig(device="cpu"))
+CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
 Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
 

@@ -56,7 +56,7 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
 
 
-CPU = resolve(RuntimeConfig(device="cpu"))
+CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
 
 
 class CountingModel(torch.nn.Module):
