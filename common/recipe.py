@@ -703,8 +703,8 @@ class RuntimeConfig(Strict):
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
-        description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; on the CPU bf16 where it "
-        "computes bf16 natively (AVX512-BF16 or AMX), else fp32",
+        description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU, except "
+        "labelling on a CPU with native bf16 (AVX512-BF16 or AMX)",
     )
 
 

@@ -354,7 +354,7 @@ def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
-    placement = device.for_process(recipe.runtime)
+    placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     forward = hf_logits(model)
     figures, second_pass = {"engine": "pytorch"}, None

@@ -4,7 +4,7 @@ import pytest
 import torch
 from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
 from edgedistill.distill import device
-from edgedistill.distill.device import DeviceError, Placement, for_process, load_trainable, resolve
+from edgedistill.distill.device import DeviceError, Placement, for_labelling, for_process, load_trainable, resolve
 from transformers import AutoModelForSequenceClassification, BatchEncoding, BertConfig, BertForMaskedLM
 
 from tests.conftest import ROOT
@@ -16,19 +16,25 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an N
 
 
 @no_cuda
-def test_auto_is_the_cpu_without_a_gpu():
-    assert resolve(RuntimeConfig()).device.type == "cpu"
+def test_auto_is_the_cpu_in_fp32_without_a_gpu():
+    placement = resolve(RuntimeConfig())
+    assert (placement.device.type, placement.precision) == ("cpu", "fp32")
 
 
 @pytest.mark.parametrize(("native", "precision"), [(True, "bf16"), (False, "fp32")])
-def test_auto_is_bf16_on_a_cpu_that_computes_it_natively(monkeypatch, native, precision):
+def test_auto_labels_in_bf16_on_a_cpu_that_computes_it_natively(monkeypatch, native, precision):
     monkeypatch.setattr(device, "native_bf16", lambda: native)
-    assert for_process(RuntimeConfig(device="cpu")).precision == precision
+    assert for_labelling(RuntimeConfig(device="cpu")).precision == precision
 
 
-def test_explicit_fp32_is_fp32_on_a_cpu_with_native_bf16(monkeypatch):
+def test_auto_trains_in_fp32_on_a_cpu_with_native_bf16(monkeypatch):
     monkeypatch.setattr(device, "native_bf16", lambda: True)
-    assert for_process(RuntimeConfig(device="cpu", precision="fp32")).precision == "fp32"
+    assert for_process(RuntimeConfig(device="cpu")).precision == "fp32"
+
+
+def test_explicit_fp32_labels_in_fp32_on_a_cpu_with_native_bf16(monkeypatch):
+    monkeypatch.setattr(device, "native_bf16", lambda: True)
+    assert for_labelling(RuntimeConfig(device="cpu", precision="fp32")).precision == "fp32"
 
 
 @no_cuda
@@ -59,7 +65,7 @@ def test_bf16_on_the_cpu_autocasts_matmuls():
 
 
 def test_fp32_does_not_autocast():
-    with resolve(RuntimeConfig(device="cpu", precision="fp32")).autocast():
+    with resolve(RuntimeConfig(device="cpu")).autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
 
 
