@@ -8,6 +8,8 @@ NOT_SERVING, new calls refused, in-flight calls get `shutdown_grace_s` to finish
 A batcher fault (an internal error, or a backend call past `batch_timeout_s`) turns health NOT_SERVING
 for good (the liveness probe fails) and `serve` exits with `EXIT_FAULT` for the orchestrator to restart
 the process: a hung call cannot be taken back from its thread, and a fresh process starts from a known state.
+A call that hangs on the event loop itself (a quick backend call run inline) blocks every coroutine, so there the
+loop's watchdog (`serve.watchdog`) ends the process with `EXIT_FAULT` from its own thread, past the same limit.
 """
 
 import asyncio
@@ -15,6 +17,7 @@ import contextlib
 import gc
 import importlib.util
 import logging
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,6 +40,7 @@ from edgedistill.serve.transport import (
     ClassifierServicer,
     InferenceServicer,
 )
+from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.workers import SupervisorLink
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
@@ -300,10 +304,28 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     )
     if supervisor is not None:
         supervisor.serving(port)
-    waits = [loop.create_task(stop.wait()), loop.create_task(server.host.faulted.wait())]
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for task in (*waits, *reloads):
-        task.cancel()
-    await asyncio.gather(*reloads, return_exceptions=True)
-    await server.stop()
+    watchdog = LoopWatchdog(loop, settings.batch_timeout_s, exit_on_stall)
+    watchdog.start()
+    try:
+        waits = [loop.create_task(stop.wait()), loop.create_task(server.host.faulted.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in (*waits, *reloads):
+            task.cancel()
+        await asyncio.gather(*reloads, return_exceptions=True)
+        await server.stop()
+    finally:
+        watchdog.stop()
     return EXIT_FAULT if server.host.fault is not None else 0
+
+
+def exit_on_stall(seconds: float) -> None:
+    """The event loop ran nothing for `seconds`, past `batch_timeout_s`: a call on it hung, and no coroutine can fail
+    the waiting calls or report NOT_SERVING. Exit at once with `EXIT_FAULT` (from the watchdog's thread) for a restart;
+    the clients' calls end with UNAVAILABLE as the connections close."""
+    log.error(
+        "server fault, exiting for a restart: the event loop ran nothing for %.1f s (a call on it hung)",
+        seconds,
+        extra={"event": "server_fault", "stalled_s": round(seconds, 3)},
+    )
+    logging.shutdown()
+    os._exit(EXIT_FAULT)

@@ -135,7 +135,8 @@ class Settings(BaseModel):
         30.0,
         gt=0,
         description="longest one backend call may run; past it the backend counts as hung: the waiting calls fail "
-        "with UNAVAILABLE, health turns NOT_SERVING and the process exits with status 3 for a restart",
+        "with UNAVAILABLE, health turns NOT_SERVING and the process exits with status 3 for a restart (a call run "
+        "inline on the event loop blocks it: the loop's watchdog then exits at once, and the calls end UNAVAILABLE)",
     )
     tls_cert: Path | None = Field(None, description="server certificate chain (PEM); enables TLS")
     tls_key: Path | None = Field(None, description="server private key (PEM)")

@@ -330,8 +330,13 @@ runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle):
-    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+@pytest.mark.parametrize(
+    "inline_infer_ms",
+    [pytest.param("0", id="in-the-worker-thread"), pytest.param("1000", id="inline-on-the-event-loop")],
+)
+def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle, inline_infer_ms):
+    # inline: the call blocks the event loop, and the loop's watchdog ends the process from its own thread
+    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", inline_infer_ms,
                "--batch-timeout-s", "0.5", "--metrics-port", "off"]  # fmt: skip
     proc = subprocess.Popen(
         command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -1,0 +1,53 @@
+"""The event loop's watchdog: a thread that expects the loop to run a heartbeat within `limit` seconds.
+
+A backend call expected to be quick runs on the event loop itself (`INLINE_INFER_MS`), where the batcher's own
+watchdog (`DynamicBatcher.batch_timeout`) cannot time it: one that hangs there blocks the loop, and with it every
+coroutine that could fail the waiting calls or turn health off. This thread sees the loop stall and calls `on_stall`
+from its own thread with the seconds since the loop last ran; the server then exits for its supervisor to restart it,
+and the clients' calls end with UNAVAILABLE as their connections close.
+"""
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+MAX_PERIOD_S = 1.0  # longest wait between two heartbeats asked of the loop
+
+
+class LoopWatchdog:
+    """Calls `on_stall(seconds)` once, from its thread, when `loop` has run no heartbeat for over `limit` seconds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, on_stall: Callable[[float], None]):
+        if limit <= 0:
+            raise ValueError("limit must be > 0")
+        self.loop = loop
+        self.limit = limit
+        self.on_stall = on_stall
+        self.period = min(MAX_PERIOD_S, limit / 4)
+        self._beat = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._beat = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _heartbeat(self) -> None:
+        self._beat = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.period):
+            try:
+                self.loop.call_soon_threadsafe(self._heartbeat)
+            except RuntimeError:  # the loop was closed: nothing left to watch
+                return
+            stalled = time.monotonic() - self._beat
+            if stalled > self.limit:
+                self.on_stall(stalled)
+                return

@@ -1,0 +1,81 @@
+"""The event loop's watchdog: a stalled loop is reported once from the watchdog's thread, a running one never."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from edgedistill.serve.watchdog import LoopWatchdog
+
+LIMIT_S = 0.2
+
+
+def watch(body, limit: float = LIMIT_S) -> list[float]:
+    """Run `body()` on a fresh loop under a watchdog of `limit` seconds; the stalls it reported."""
+    stalls: list[float] = []
+    reported = threading.Event()
+
+    def on_stall(seconds: float) -> None:
+        stalls.append(seconds)
+        reported.set()
+
+    async def main():
+        watchdog = LoopWatchdog(asyncio.get_running_loop(), limit, on_stall)
+        watchdog.start()
+        try:
+            await body()
+        finally:
+            watchdog.stop()
+
+    asyncio.run(main())
+    return stalls
+
+
+def test_a_loop_blocked_past_the_limit_is_reported_once():
+    async def blocked():
+        time.sleep(LIMIT_S * 4)  # a call that hangs on the loop
+
+    stalls = watch(blocked)
+    assert len(stalls) == 1
+
+
+def test_the_reported_stall_is_longer_than_the_limit():
+    async def blocked():
+        time.sleep(LIMIT_S * 4)
+
+    assert watch(blocked)[0] > LIMIT_S
+
+
+def test_a_loop_that_keeps_running_is_never_reported():
+    async def busy_but_responsive():
+        for _ in range(40):  # 4 limits of short blocking steps
+            time.sleep(LIMIT_S / 10)
+            await asyncio.sleep(0)
+
+    assert watch(busy_but_responsive) == []
+
+
+def test_an_idle_loop_is_never_reported():
+    async def idle():
+        await asyncio.sleep(LIMIT_S * 4)
+
+    assert watch(idle) == []
+
+
+def test_stop_ends_the_watchdog_thread():
+    async def body():
+        watchdog = LoopWatchdog(asyncio.get_running_loop(), LIMIT_S, lambda seconds: None)
+        watchdog.start()
+        watchdog.stop()
+        return watchdog._thread.is_alive()
+
+    assert asyncio.run(body()) is False
+
+
+def test_a_limit_of_zero_is_refused():
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="limit"):
+            LoopWatchdog(loop, 0, lambda seconds: None)
+    finally:
+        loop.close()
