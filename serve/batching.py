@@ -20,7 +20,9 @@ takes it in batches of at most that many.
 
 Faults: a backend call that raises fails the requests of its batch, and the batcher goes on. An error
 of the batcher itself (while taking a batch or handing its outputs back), or a backend call running
-past `batch_timeout` seconds (the watchdog: a hung backend), leaves it in an unknown state: it fails
+past `batch_timeout` seconds (the watchdog: a hung backend; one hung inline blocks the loop, which the server's
+loop watchdog, `serve.watchdog`, sees), or a backend call answering another number of rows than it was given,
+leaves it in an unknown state: it fails
 every request it holds with `ServerFault`, refuses new ones, and calls `on_fault` once, so the server
 can report NOT_SERVING and exit for its supervisor to restart it (a hung call cannot be taken back
 from its thread). Imports no grpc: the transport maps the errors raised here (`Overloaded`,
@@ -247,6 +249,9 @@ class DynamicBatcher:
         batch (the call ends before any other coroutine runs); the backend's error is the request's."""
         outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
         self._last_done = asyncio.get_running_loop().time()
+        if wrong := {name: len(value) for name, value in outputs.items() if len(value) != len(rows)}:
+            self._fault(f"the backend answered a call of {len(rows)} rows with {wrong} rows")
+            raise ServerFault(str(self.fault))
         self._learn([shape], seconds)
         self.observer.batch_done(len(rows), seconds)
         self.observer.request_done(0.0)

@@ -268,9 +268,16 @@ def classify_codes(address: str, calls: int) -> list[grpc.StatusCode]:
     return codes
 
 
-def test_a_batcher_fault_fails_calls_with_unavailable_and_turns_health_and_liveness_off(start_server, bundle):
-    # inline_infer_ms=0: every call goes through the batcher task
-    server = start_server(settings_for(bundle, inline_infer_ms=0, max_queue_delay_ms=50))
+@pytest.mark.parametrize(
+    ("inline_infer_ms", "max_queue_delay_ms"),
+    [pytest.param(0, 50, id="through-the-batcher-task"), pytest.param(50, 0, id="inline-at-light-load")],
+)
+def test_a_batcher_fault_fails_calls_with_unavailable_and_turns_health_and_liveness_off(
+    start_server, bundle, inline_infer_ms, max_queue_delay_ms
+):
+    # through the task: every call is queued; inline: a call at light load runs at once, on the event loop
+    settings = settings_for(bundle, inline_infer_ms=inline_infer_ms, max_queue_delay_ms=max_queue_delay_ms)
+    server = start_server(settings)
     batcher = server.server.host.current.batcher
     fast = batcher.infer
     batcher.infer = lambda inputs: {name: value[:0] for name, value in fast(inputs).items()}  # no rows
