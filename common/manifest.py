@@ -94,10 +94,14 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
     file's size and sha256."""
     folder = Path(folder)
     path = folder / MANIFEST
-    if not path.is_file():
-        raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing (run its stage first)")
     try:
-        manifest = Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+        if not path.is_file():
+            raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing (run its stage first)")
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:  # unreadable, a name too long, not a folder: the reason, not a traceback
+        raise ArtifactError(f"cannot read {path}: {err}") from err
+    try:
+        manifest = Manifest.model_validate_json(text)
     except ValueError as err:
         raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
     files = {name: listed_file(folder, name) for name in manifest.files}

@@ -462,7 +462,7 @@ class ModelHost:
                     raise NotReady("the server is shutting down; no reload")
                 runtime = await asyncio.to_thread(self.load, folder, self.settings, self.metrics, self.on_fault)
                 previous = await self._swap(runtime)
-            except BundleRejected as err:
+            except (BundleRejected, OSError) as err:  # OSError: a file the file system refuses (permission, name)
                 log.error(
                     "reload of %s failed, the current model keeps serving: %s",
                     folder,

@@ -402,6 +402,23 @@ def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_se
         assert stub.Classify(pb.ClassifyRequest(texts=KNOWN), timeout=10).model_version == "1"
 
 
+def test_a_reload_path_the_file_system_refuses_is_a_failed_reload_with_its_reason(start_server, make_bundle):
+    folder = make_bundle()
+    server = start_server(settings_for(folder, admin_token="admin-token", reload_root=folder.parent))
+    unreadable = folder.parent / ("a" * 300)  # a name longer than the file system allows: ENAMETOOLONG
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.Reload(
+                pb.ReloadRequest(bundle_path=str(unreadable)),
+                metadata=(("authorization", "Bearer admin-token"),),
+                timeout=10,
+            )
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "File name too long" in failed.value.details()
+        assert stub.Classify(pb.ClassifyRequest(texts=KNOWN), timeout=10).model_version == "1"
+
+
 def with_second_output(extra_node) -> bytes:
     """The tiny model with a second output `extra`, of shape (batch, 2), computed by `extra_node`."""
     model = tiny_model()
