@@ -53,6 +53,10 @@ STREAM_WINDOW = 16  # requests of one stream in flight at once
 # into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
 # limits leave room for the mistakes that the checks after parsing name precisely (an output asked for twice).
 MODEL_INFER_REPEATS = {4: ("parameters", 64), 5: ("inputs", 16), 6: ("outputs", 16), 7: ("raw_input_contents", 16)}
+# Top-level fields of a ModelInferRequest walked before parsing: the limits above plus the scalars and room for
+# unknown fields. The walk is Python, so more (a megabyte of two-byte unknown fields) would cost more than parsing.
+MODEL_INFER_FIELDS = 256
+ANY_FIELD = 0  # the "field number" `repeated_too_often` names when a message holds too many fields in all
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
 MAX_DETAILS_BYTES = 1024
@@ -85,13 +89,17 @@ def _varint(data: bytes, offset: int) -> tuple[int, int]:
         shift += 7
 
 
-def repeated_too_often(data: bytes, limits: dict[int, int]) -> int | None:
-    """The first field number of `limits` that the serialized message `data` holds more often than its limit, or
-    None; only the top-level fields are walked, nothing is parsed. Malformed bytes give None: the parser says why."""
+def repeated_too_often(data: bytes, limits: dict[int, int], max_fields: int) -> int | None:
+    """The first field number of `limits` that the serialized message `data` holds more often than its limit,
+    `ANY_FIELD` when it holds more than `max_fields` top-level fields in all, or None; only the top-level fields are
+    walked, at most `max_fields` + 1 of them, and nothing is parsed. Malformed bytes give None: the parser says why."""
     counts = dict.fromkeys(limits, 0)
-    offset = 0
+    offset = walked = 0
     try:
         while offset < len(data):
+            walked += 1
+            if walked > max_fields:
+                return ANY_FIELD
             key, offset = _varint(data, offset)
             number, wire_type = key >> 3, key & 7
             if wire_type == 0:
@@ -114,9 +122,11 @@ def repeated_too_often(data: bytes, limits: dict[int, int]) -> int | None:
 
 def model_infer_precheck(data: bytes) -> str | None:
     """Why a serialized ModelInferRequest is refused before parsing (too many inputs, outputs, parameters), or None."""
-    number = repeated_too_often(data, {n: limit for n, (_, limit) in MODEL_INFER_REPEATS.items()})
+    number = repeated_too_often(data, {n: limit for n, (_, limit) in MODEL_INFER_REPEATS.items()}, MODEL_INFER_FIELDS)
     if number is None:
         return None
+    if number == ANY_FIELD:
+        return f"the request holds more than {MODEL_INFER_FIELDS} fields: send only the fields of ModelInferRequest"
     name, limit = MODEL_INFER_REPEATS[number]
     return (
         f"the request holds more than {limit} {name}: name each input and output once (inputs "

@@ -75,6 +75,13 @@ def raw_text(*elements: bytes, name="text", shape=None, **fields) -> ModelInferR
     return infer((name, "BYTES", shape, None), raw=[tensors.serialize_bytes(list(elements))], **fields)
 
 
+def with_unknown_fields(request: ModelInferRequest, count: int) -> ModelInferRequest:
+    """`request` followed by `count` two-byte fields of a number ModelInferRequest does not have (kept unparsed)."""
+    padded = ModelInferRequest()
+    padded.ParseFromString(request.SerializeToString() + b"\x78\x01" * count)  # field 15, varint 1
+    return padded
+
+
 def ids(*rows, name="input_ids") -> tuple:
     return (name, "INT64", [len(rows), len(rows[0]) if rows else 0], [v for row in rows for v in row])
 
@@ -170,6 +177,8 @@ KSERVE_CASES = [
     Case("token ids of a 2**40 sequence", infer(("input_ids", "INT64", [1, 2**40], None), ids([1], name="attention_mask")), "RESOURCE_EXHAUSTED", "holds 1099511627776 elements; the limit is 128"),
     Case("logits twice", raw_text(b"good", outputs=["logits", "logits"]), "INVALID_ARGUMENT", "output 'logits' is requested twice"),
     Case("150,000 duplicate outputs", raw_text(b"good", outputs=["logits"] * 150_000), "INVALID_ARGUMENT", "holds more than 16 outputs", target="guarded", metadata=AUTH),
+    Case("500,000 unknown fields", with_unknown_fields(raw_text(b"good"), 500_000), "INVALID_ARGUMENT", "holds more than 256 fields", target="guarded", metadata=AUTH),
+    Case("200 unknown fields are kept unparsed", with_unknown_fields(raw_text(b"good"), 200), "OK", "outputs"),
     Case("17 outputs", raw_text(b"good", outputs=["logits", "probabilities"] * 8 + ["logits"]), "INVALID_ARGUMENT", "holds more than 16 outputs: name each input and output once"),
     Case("17 inputs", infer(*[("text", "BYTES", [1], [b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 inputs"),
     Case("17 raw_input_contents", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 raw_input_contents"),

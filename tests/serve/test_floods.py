@@ -191,6 +191,14 @@ def duplicate_outputs(server):
     return threads_running([send_until_stopped(server.address, MODEL_INFER, request.SerializeToString())] * 4)
 
 
+def unknown_fields(server):
+    """4 clients sending ModelInfer requests followed by 120,000 two-byte fields it does not have, back to back."""
+    request = ModelInferRequest(model_name="tiny-sentiment")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"good")
+    data = request.SerializeToString() + b"\x78\x01" * 120_000  # field 15, varint 1: kept unparsed if parsed
+    return threads_running([send_until_stopped(server.address, MODEL_INFER, data)] * 4)
+
+
 def huge_element_counts(server):
     """4 clients sending BYTES tensors that claim a billion elements, or hold 30,000, back to back."""
     claimed = ModelInferRequest(model_name="tiny-sentiment")
@@ -279,6 +287,7 @@ FLOODS = [
     Flood("100 calls stalled halfway through their message", stalled_messages),
     Flood("300 connections that never send the preface", silent_connections),
     Flood("ModelInfer naming logits 20,000 times", duplicate_outputs),
+    Flood("ModelInfer followed by 120,000 unknown fields", unknown_fields),
     Flood("BYTES claiming a billion elements or holding 30,000", huge_element_counts),
     Flood("20 KB request ids and 400 headers", oversized_metadata),
     Flood("ping flood", ping_flood),
