@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 from edgedistill.serve.cascade import CascadeRuntime, load_runtime
-from edgedistill.serve.errors import BundleRejected, ReloadFailed
+from edgedistill.serve.errors import BundleRejected, NotReady, ReloadFailed
 from edgedistill.serve.host import ModelHost, ModelRuntime
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
@@ -253,7 +253,8 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     reloads: set[asyncio.Task] = set()
 
     async def reload_on_signal():
-        with contextlib.suppress(ReloadFailed):  # logged by the host; the current model keeps serving
+        # ReloadFailed: logged by the host, the current model keeps serving; NotReady: shutdown began, nothing to load
+        with contextlib.suppress(ReloadFailed, NotReady):
             await server.reload()
 
     def on_hangup():

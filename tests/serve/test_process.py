@@ -64,6 +64,25 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
     assert all({"ts", "level", "msg", "ms", "peer"} <= set(e) for e in access)
 
 
+def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle):
+    server = spawn(bundle, EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500", EDGEDISTILL_SHUTDOWN_GRACE_S="10")
+    serving = server.wait_for("serving")
+    with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        in_flight = stub.Classify.future(pb.ClassifyRequest(texts=["great"]), timeout=20)  # queued for 1.5 s
+        deadline = time.monotonic() + 10
+        while queued_rows(serving["metrics_port"]) < 1:
+            assert time.monotonic() < deadline, "the call never reached the queue"
+            time.sleep(0.02)
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_for("draining")
+        server.proc.send_signal(signal.SIGHUP)  # while the queued call keeps the drain going
+        assert in_flight.result().predictions[0].label == "positive"
+    assert server.proc.wait(20) == 0
+    server.wait_for("stopped")
+    assert [e for e in server.lines if e.get("level") == "ERROR"] == []
+
+
 def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path):
     """Both reloads happen while two clients classify back to back: not one of their calls fails."""
     folder = write_bundle(tmp_path / "bundle")
