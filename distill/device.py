@@ -26,7 +26,8 @@ class DeviceError(RecipeError):
 
 @dataclass(frozen=True)
 class Placement:
-    """A resolved device and precision: how a stage moves batches, autocasts and scales its loss."""
+    """A resolved device and precision: how a stage moves batches, autocasts and scales its loss. `count`: the GPUs
+    the run uses (one per process), 1 on the CPU."""
 
     device: torch.device
     precision: str
@@ -62,6 +63,11 @@ class Placement:
             "device_count": self.count,
             "precision": self.precision,
         }
+
+    def reset_peak_memory(self) -> None:
+        """Start `peak_memory_mb` afresh (a stage that follows another in the same process reports its own)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_memory_mb(self) -> float | None:
         """The most GPU memory this process held (MB), None on the CPU."""
@@ -148,10 +154,19 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
     device = torch.device("cuda", gpu)
     precision = cfg.precision
     if precision == "auto":
-        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        precision = "bf16" if gpu_bf16(device) else "fp16"
+    if precision == "bf16" and not gpu_bf16(device):
         raise DeviceError(
-            f"runtime.precision=bf16 but {torch.cuda.get_device_name(device)} has no bf16 support: use fp16 or fp32"
+            f"runtime.precision=bf16 but {torch.cuda.get_device_name(device)} (compute capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}) has no bf16 kernels, only an emulation "
+            "slower than fp32: use fp16 or fp32"
         )
     torch.cuda.set_device(device)
-    return Placement(device, precision, torch.cuda.get_device_name(device), count)
+    return Placement(device, precision, torch.cuda.get_device_name(device), world_size)
+
+
+def gpu_bf16(device: torch.device) -> bool:
+    """Whether GPU `device` computes bf16 natively (NVIDIA from Ampere on). `torch.cuda.is_bf16_supported()` alone
+    also says yes where bf16 is only emulated (a V100 or T4), and asks the current device, not `device`."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_bf16_supported(including_emulation=False)

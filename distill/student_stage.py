@@ -49,7 +49,9 @@ class DistillObjective(nn.Module):
         if self.intermediate:
             t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
             self.pairs = layer_map(run.model.num_layers, teacher.config.num_hidden_layers)
-            self.projection = nn.Linear(s_width, t_width) if s_width != t_width else None
+            # only the hidden-state term reads the projection: made without it, it would get no gradient (DDP refuses)
+            widths_differ = s_width != t_width and run.losses.hidden > 0
+            self.projection = nn.Linear(s_width, t_width) if widths_differ else None
 
     def forward(self, batch: dict[str, torch.Tensor], teacher_logits: torch.Tensor, labels: torch.Tensor):
         w = self.run.losses
@@ -65,12 +67,14 @@ class DistillObjective(nn.Module):
         if self.intermediate:
             with torch.no_grad():
                 out = self.teacher[0](**batch, output_hidden_states=True, output_attentions=True)
-            terms["hidden"] = sum(
-                hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
-            ) / len(self.pairs)
-            terms["attention"] = sum(
-                attention_kl(s_attn[s - 1], out.attentions[t - 1], mask) for s, t in self.pairs
-            ) / len(self.pairs)
+            if w.hidden:
+                terms["hidden"] = sum(
+                    hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
+                ) / len(self.pairs)
+            if w.attention:
+                terms["attention"] = sum(
+                    attention_kl(s_attn[s - 1], out.attentions[t - 1], mask) for s, t in self.pairs
+                ) / len(self.pairs)
         return combine(terms, w.model_dump())
 
 

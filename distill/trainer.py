@@ -118,6 +118,7 @@ class Trainer:
     ):
         self.cfg, self.desc, self.config_hash, self.placement = cfg, desc, config_hash, placement
         self.model = model.to(placement.device)
+        placement.reset_peak_memory()
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = dist.rank(), dist.world_size()

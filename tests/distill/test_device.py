@@ -1,5 +1,7 @@
 """Device and precision: resolved against the machine, refused early when it cannot honour them."""
 
+import contextlib
+
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
@@ -113,12 +115,45 @@ def test_describe_names_device_and_precision():
     }
 
 
+@pytest.fixture
+def pre_ampere_gpu(monkeypatch):
+    """The machine as PyTorch would show one V100 (compute capability 7.0: bf16 only emulated)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    # as on a V100: bf16 tensors work (emulated), bf16 kernels do not exist
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+
+
+def test_auto_on_a_gpu_without_bf16_kernels_is_fp16(pre_ampere_gpu):
+    assert resolve(RuntimeConfig()).precision == "fp16"
+
+
+def test_bf16_on_a_gpu_without_bf16_kernels_is_refused_naming_its_capability(pre_ampere_gpu):
+    with pytest.raises(DeviceError, match=r"V100.*compute capability 7\.0.*use fp16 or fp32"):
+        resolve(RuntimeConfig(precision="bf16"))
+
+
+def test_device_count_is_the_gpus_the_run_uses_one_per_process(pre_ampere_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert resolve(RuntimeConfig(), local_rank=1, world_size=2).count == 2
+
+
 @gpu
 @needs_gpu
 def test_auto_on_a_gpu_is_cuda_in_reduced_precision():
     placement = resolve(RuntimeConfig())
     assert placement.device == torch.device("cuda", 0)
-    assert placement.precision == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    assert placement.precision == ("bf16" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp16")
+
+
+@gpu
+@needs_gpu
+def test_gpu_bf16_is_native_bf16_from_ampere_on():
+    assert device.gpu_bf16(torch.device("cuda", 0)) == (torch.cuda.get_device_capability(0) >= (8, 0))
 
 
 @gpu

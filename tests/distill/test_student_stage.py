@@ -4,12 +4,14 @@ import pytest
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import StudentConfig, StudentRun, load_recipe
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics
-from edgedistill.distill.student_stage import load_student
+from edgedistill.distill.student_stage import DistillObjective, load_student
+from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import encode, load_tokenizer
+from transformers import BertConfig, BertModel
 
 from tests.conftest import ROOT
 
@@ -89,3 +91,19 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     student = mf.load(runs / "smoke" / "student-cnn")
     assert student.info["world_size"] == 2 and student.metrics["dev_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])
+def test_every_parameter_of_the_objective_gets_a_gradient(hidden, attention):
+    # DDP refuses a parameter without a gradient: a projection made for a hidden-state term weighted 0 had none
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=8, num_layers=2, num_heads=2,
+                        intermediate_size=16, max_length=16)  # fmt: skip
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, attn_implementation="eager")).eval()  # fmt: skip
+    run = StudentRun(model=cfg, losses={"mse": 1.0, "hidden": hidden, "attention": attention})
+    objective = DistillObjective(build_student(cfg), run, teacher)
+    ids = torch.randint(1, 50, (3, 7))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    objective(batch, torch.randn(3, 2), torch.tensor([0, 1, 0])).backward()
+    assert [name for name, p in objective.named_parameters() if p.grad is None] == []
