@@ -12,7 +12,7 @@ import sys
 
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 from edgedistill.distill.trainer import CheckpointError
 
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         placement = device.for_process(recipe.runtime)
         dist.init(placement.device.type)
+        dist.check_shared(run_dir(recipe))
         world_size = dist.world_size()
         if dist.is_main():
             p = placement.describe()

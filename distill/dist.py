@@ -1,8 +1,15 @@
-"""Process-group set-up for `torchrun`: nccl when the ranks run on GPUs, gloo on the CPU; a no-op in one process."""
+"""Process-group set-up for `torchrun`: nccl when the ranks run on GPUs, gloo on the CPU; a no-op in one process.
+Across nodes the run folder must be shared (`check_shared`)."""
 
 import os
+import secrets
+import socket
+from pathlib import Path
 
 import torch.distributed as dist
+from edgedistill.common.recipe import RecipeError
+
+SHARED_PROBE = ".shared-probe"  # the file rank 0 writes for the other ranks to find in the run folder
 
 
 def launched() -> tuple[int, int]:
@@ -15,6 +22,34 @@ def init(device_type: str) -> None:
     DDP too), with the backend for `device_type` ('cuda' or 'cpu')."""
     if "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+
+
+def check_shared(folder: Path) -> None:
+    """Refuse to train when some rank cannot see `folder` as rank 0 wrote it: rank 0 alone writes checkpoints and
+    artifacts, and every rank reads them back (to resume, and as the next stage's input), so across nodes the run
+    folder must be on storage they share. A no-op in one process; on failure every rank raises, naming the hosts."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    probe = Path(folder) / SHARED_PROBE
+    token = [secrets.token_hex(8) if is_main() else None]
+    if is_main():
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token[0])
+    dist.broadcast_object_list(token, src=0)
+    try:
+        seen = probe.read_text() == token[0]
+    except OSError:
+        seen = False
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, (socket.gethostname(), seen))
+    barrier()
+    if is_main():
+        probe.unlink(missing_ok=True)
+    if blind := sorted({host for host, ok in hosts if not ok}):
+        raise RecipeError(
+            f"ranks on {', '.join(blind)} cannot see {folder} as rank 0 wrote it: across nodes, the run folder "
+            "(EDGEDISTILL_RUNS_DIR) must be on storage every node shares (NFS, a cluster file system)"
+        )
 
 
 def initialized() -> bool:
