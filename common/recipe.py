@@ -248,8 +248,9 @@ class TransferConfig(Strict):
         0.999,
         gt=0,
         le=1,
-        description="with runtime.precision auto, labels made in bf16/fp16 or by an INT8 labeller that agree with "
-        "fp32 on fewer of the checked sentences than this, near-ties aside, are made again in fp32",
+        description="labels made by an INT8 labeller (always) or in bf16/fp16 (with runtime.precision auto; an "
+        "explicit one keeps its labels, with a warning) that agree with fp32 on fewer of the checked sentences than "
+        "this, near-ties aside, are made again in fp32",
     )
     seed: int = 13
 

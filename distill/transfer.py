@@ -255,8 +255,10 @@ def label_checked(
 ) -> tuple[np.ndarray, dict]:
     """`label_shards` in `placement`'s precision (an INT8 labeller's `forward` with its `second_pass`), and the
     figures for the manifest. Labels made in bf16/fp16 or by INT8 are compared with fp32 ones (`precision_check`);
-    with `recheck` (precision auto), labels that agree on fewer than `cfg.min_agreement` of the checked sentences
-    (near-ties aside) are made again by the teacher in fp32, their figures kept under `rejected`."""
+    labels that agree on fewer than `cfg.min_agreement` of the checked sentences (near-ties aside) are made again by
+    the teacher in fp32, their figures kept under `rejected`: always for INT8's labels (a labeller the recipe names
+    is gated), and with `recheck` (precision auto) for PyTorch's; an explicit bf16/fp16 keeps its labels, with a
+    warning and the figures."""
     with torch.inference_mode(), placement.autocast():
         logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass)
     made = {"precision": placement.precision}
@@ -265,14 +267,18 @@ def label_checked(
     if placement.precision == "fp32" and second_pass is None:
         return logits, made
     check = precision_check(model, tokenizer, texts, pairs, logits, cfg, placement)
-    if not recheck or check["fp32_agreement_beyond_ties"] >= cfg.min_agreement:
+    if check["fp32_agreement_beyond_ties"] >= cfg.min_agreement:
         return logits, made | check
     what = "INT8 (with its second pass)" if second_pass is not None else placement.precision
-    progress.write(
+    below = (
         f"[transfer] {what} labels agree with fp32 on {check['fp32_agreement_beyond_ties']:.2%} of "
         f"{check['fp32_check_sentences']} sentences (near-ties aside), below transfer.min_agreement "
-        f"{cfg.min_agreement:.2%}: labelling again in fp32"
+        f"{cfg.min_agreement:.2%}"
     )
+    if not recheck and second_pass is None:
+        progress.write(f"{below}: kept, as runtime.precision={placement.precision} asks (figures in the manifest)")
+        return logits, made | check
+    progress.write(f"{below}: labelling again in fp32")
     (work / "fp32").mkdir(exist_ok=True)
     with torch.inference_mode():
         logits = label_shards(hf_logits(model), tokenizer, texts, pairs, cfg, work / "fp32", placement)

@@ -147,6 +147,20 @@ def test_explicit_bf16_labels_are_kept_with_their_agreement(tmp_path):
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "bf16 rounds the two logits to a tie"
 
 
+def test_int8_labels_below_the_gate_are_made_again_in_fp32_whatever_the_precision_setting(tmp_path):
+    teacher = NearTieModel()  # fp32 ranks class 1 first
+    wrong = hf_logits(NearTieModel())
+
+    def int8(batch):  # a labeller sure of the other class: above any margin, so its second pass keeps it
+        return wrong(batch).flip(-1) * 100
+
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2, tie_margin=0.0)
+    second_pass = SecondPass(hf_logits(teacher), 0.5, 0, 2, CPU)
+    logits, figures = label_checked(teacher, int8, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, False, second_pass)
+    assert (figures["precision"], figures["rejected"]["fp32_agreement"]) == ("fp32", 0.0)
+    assert (logits.astype(np.float32).argmax(-1) == 1).all(), "the fp32 labels"
+
+
 def test_flips_of_near_ties_are_counted_but_do_not_fail_the_gate(tmp_path):
     logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True, tie_margin=0.1)
     assert figures["precision"] == "bf16"
