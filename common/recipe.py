@@ -736,7 +736,8 @@ class Recipe(Strict):
             for bundle_id, bundle in self.export.bundles.items():
                 if bundle.source != "teacher" and bundle.source not in students:
                     raise ValueError(
-                        f"export.bundles.{bundle_id}.source={bundle.source!r} is neither teacher nor a student"
+                        f"export.bundles.{bundle_id}.source={bundle.source!r} is neither teacher nor one of "
+                        f"distill.students {sorted(students)}: drop the bundle too (export.bundles.{bundle_id}: null)"
                     )
                 if bundle.fold and (
                     bundle.source == "teacher" or self.distill.students[bundle.source].model.arch != "cnn"
@@ -780,6 +781,18 @@ class Recipe(Strict):
                 "data.text_pair_column is set but model.family is gpt: sentence pairs need a tokenizer that marks "
                 "sentence B (token_type_ids), which the bert family has; use a bert teacher for pair tasks"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _transformer_students_copy_a_bert(self):
+        if self.model.family != "bert" and self.distill is not None:
+            for name, run in self.distill.students.items():
+                if run.model.arch == "transformer" and (run.init_from_teacher or run.baseline_init_from_teacher):
+                    raise ValueError(
+                        f"distill.students.{name} is a transformer that starts from the teacher's layers, but "
+                        f"model.family is {self.model.family}: it copies a BERT's blocks; set "
+                        f"distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false)"
+                    )
         return self
 
     @model_validator(mode="after")

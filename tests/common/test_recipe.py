@@ -339,6 +339,23 @@ def test_null_drops_a_student(tmp_path):
     assert set(extend(tmp_path, "distill: {students: {cnn: null}}\n").distill.students) == {"bilstm"}
 
 
+def test_a_bundle_of_a_dropped_student_is_refused_naming_the_students_left(tmp_path):
+    with pytest.raises(RecipeError, match=r"'bilstm' is neither teacher nor one of distill.students \['cnn'\]"):
+        extend(tmp_path, "distill: {deploy: cnn, students: {bilstm: null}}\n")
+
+
+def test_a_transformer_student_copying_a_gpt_teacher_is_refused_at_load(tmp_path):
+    student = "distill: {students: {small: {model: {arch: transformer, hidden_size: 64, num_heads: 2}}}}\n"
+    with pytest.raises(RecipeError, match="distill.students.small is a transformer that starts from"):
+        extend(tmp_path, "model: {family: gpt}\n" + student)
+
+
+def test_a_transformer_student_of_a_gpt_teacher_starting_afresh_loads(tmp_path):
+    fresh = "{model: {arch: transformer, hidden_size: 64, num_heads: 2}, init_from_teacher: false}"
+    recipe = extend(tmp_path, "model: {family: gpt}\ndistill: {students: {small: " + fresh + "}}\n")
+    assert "small" in recipe.distill.students
+
+
 def test_null_drops_a_bundle(tmp_path):
     assert set(extend(tmp_path, "export: {bundles: {teacher-int8: null}}\n").export.bundles) == {
         "teacher-onnx",
@@ -447,28 +464,37 @@ def documented(tmp_path, monkeypatch):
 
 
 def test_the_tasks_page_shows_the_trec_and_mrpc_recipes():
-    assert set(documented_recipes()) == {"trec.yaml", "mrpc.yaml"}
+    assert set(documented_recipes()) == {"my-trec.yaml", "my-mrpc.yaml"}
 
 
 def test_documented_trec_recipe_reads_six_labels(documented):
-    assert documented("trec.yaml").data.num_labels == 6
+    assert documented("my-trec.yaml").data.num_labels == 6
 
 
 def test_documented_trec_recipe_keeps_two_of_the_base_students(documented):
-    assert set(documented("trec.yaml").distill.students) == {"cnn-small", "bilstm"}
+    assert set(documented("my-trec.yaml").distill.students) == {"cnn-small", "bilstm"}
 
 
 def test_documented_trec_recipe_replaces_the_bundles(documented):
-    assert set(documented("trec.yaml").export.bundles) == {"teacher-int8", "bilstm-int8", "cnn-small-folded"}
+    assert set(documented("my-trec.yaml").export.bundles) == {"teacher-int8", "bilstm-int8", "cnn-small-folded"}
+
+
+def test_documented_trec_recipe_smooths_its_int8_labeller_as_the_base_does(documented):
+    assert documented("my-trec.yaml").export.bundles["teacher-int8"].smooth == 0.85
+
+
+def test_documented_mrpc_recipe_labels_with_the_fp32_graph_it_builds(documented):
+    recipe = documented("my-mrpc.yaml")
+    assert recipe.export.bundles[recipe.transfer.labeller].precision == "fp32"
 
 
 def test_documented_trec_recipe_writes_raw_transfer_text(documented):
-    assert documented("trec.yaml").transfer.text_style == "raw"
+    assert documented("my-trec.yaml").transfer.text_style == "raw"
 
 
 def test_documented_mrpc_recipe_is_a_pair_task(documented):
-    assert documented("mrpc.yaml").data.pairs
+    assert documented("my-mrpc.yaml").data.pairs
 
 
 def test_documented_mrpc_recipe_selects_on_the_paraphrase_f1(documented):
-    assert documented("mrpc.yaml").data.positive_index == 1
+    assert documented("my-mrpc.yaml").data.positive_index == 1
