@@ -53,26 +53,30 @@ def _metrics(folder: Path) -> dict | None:
     return mf.load(folder, verify=False).metrics if (folder / mf.MANIFEST).is_file() else None
 
 
+METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
+
+
 def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
     root = run_dir(recipe)
     lines = []
+    metric = recipe.data.metric  # retention and the baseline's gain compare it, as the distillation table does
+    key, shown = f"dev_{metric}", METRIC_NAMES[metric]
+
+    def figures(metrics: dict) -> str:
+        also = f", dev {shown} {metrics[key]:.4f}" if metric != "accuracy" and key in metrics else ""
+        return f"dev accuracy {metrics['dev_accuracy']:.4f}{also}"
+
     teacher = _metrics(root / "teacher")
     if teacher:
-        lines.append(f"teacher: dev accuracy {teacher['dev_accuracy']:.4f}")
+        lines.append(f"teacher: {figures(teacher)}")
     if recipe.distill is not None:
         name = recipe.distill.deploy
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
         if student:
-            gain = (
-                f", {student['dev_accuracy'] - baseline['dev_accuracy']:+.4f} over its label-only baseline"
-                if baseline
-                else ""
-            )
-            lines.append(
-                f"student {name}: dev accuracy {student['dev_accuracy']:.4f} "
-                f"({student['retention']:.1%} of the teacher){gain}"
-            )
+            of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
+            gain = f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline" if baseline else ""
+            lines.append(f"student {name}: {figures(student)} ({student['retention']:.1%} of {of}){gain}")
     if recipe.export is None:
         return lines
     deploy = recipe.export.deploy

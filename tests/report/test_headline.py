@@ -2,7 +2,7 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.report import headline
 
 from tests.conftest import ROOT
@@ -32,6 +32,18 @@ def test_headline_names_the_baseline_gain_when_there_is_one(recipe):
     assert (
         lines[1] == f"student {name}: dev accuracy 0.8800 (97.8% of the teacher), +0.0800 over its label-only baseline"
     )
+
+
+def test_headline_gives_retention_and_gain_in_the_selection_metric(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.metric=macro_f1"]))
+    root, name = run_dir(recipe), recipe.distill.deploy
+    publish(root / f"student-{name}", {"dev_accuracy": 0.88, "dev_macro_f1": 0.8, "retention": 0.8 / 0.85})
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.86, "dev_macro_f1": 0.7})
+    assert headline.headline(recipe, "recipes/smoke.yaml") == [
+        f"student {name}: dev accuracy 0.8800, dev macro-F1 0.8000 (94.1% of the teacher's macro-F1), "
+        "+0.1000 macro-F1 over its label-only baseline"
+    ]
 
 
 def test_headline_without_a_baseline_or_later_stages(recipe):
