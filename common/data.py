@@ -68,7 +68,7 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )
-    return [(number, row) for number, row in enumerate(reader, 2)]
+    return [(reader.line_num, row) for row in reader]  # the line a row ends on: blank lines are skipped, not counted
 
 
 def _from_hub(spec: str):
@@ -125,7 +125,10 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         texts.append(str(text).strip())
         labels.append(_label_index(row[cfg.label_column], names, f"{source}:{number}"))
         if cfg.text_pair_column:
-            pairs.append(str(row[cfg.text_pair_column] or "").strip())
+            pair = row[cfg.text_pair_column]
+            if pair is None or not str(pair).strip():
+                raise DataError(f"{source}:{number}: empty {cfg.text_pair_column!r}; every text needs its pair")
+            pairs.append(str(pair).strip())
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 

@@ -143,6 +143,23 @@ def test_unknown_label_names_file_line_and_value(tmp_path, cell):
         load_labelled(write_labels(tmp_path, "HUM", cell), TREC)
 
 
+def test_a_bad_label_after_a_blank_line_names_its_own_line(tmp_path):
+    path = tmp_path / "l.tsv"
+    path.write_text("question\tlabel\nwho ?\tHUM\n\nwhere ?\tPLACE\n")  # the bad label is on line 4
+    with pytest.raises(DataError, match=r"l\.tsv:4: label 'PLACE'"):
+        load_labelled(str(path), TREC)
+
+
+@pytest.mark.parametrize("row", ["is it?\t\tyes", "is it?\t  \tyes"])
+def test_an_empty_sentence_b_is_refused_naming_the_line(tmp_path, row):
+    (tmp_path / "p.tsv").write_text(f"q\tp\ty\nfine?\tfine\tno\n{row}\n")
+    cfg = DataConfig(
+        train="x", dev="x", text_column="q", text_pair_column="p", label_column="y", label_names=["no", "yes"]
+    )
+    with pytest.raises(DataError, match=r"p\.tsv:3: empty 'p'; every text needs its pair"):
+        load_labelled(str(tmp_path / "p.tsv"), cfg)
+
+
 def test_unknown_label_lists_the_known_names(tmp_path):
     with pytest.raises(DataError, match=re.escape("['ABBR', 'DESC', 'ENTY', 'HUM', 'LOC', 'NUM'] nor an index 0..5")):
         load_labelled(write_labels(tmp_path, "what"), TREC)
