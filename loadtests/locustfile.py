@@ -40,22 +40,22 @@ def classify_request(count: int) -> classifier_pb2.ClassifyRequest:
     return classifier_pb2.ClassifyRequest(texts=[TEXTS[i] for i in drawn], text_pairs=pairs)
 
 
-def single(user: "SentimentUser") -> None:
+def single(user: "ClassifierUser") -> None:
     user.call(user.classifier.Classify, classify_request(1), "Classify")
 
 
-def batch(user: "SentimentUser") -> None:
+def batch(user: "ClassifierUser") -> None:
     size = PLAN.loadtest.batch_size
     user.call(user.classifier.Classify, classify_request(size), f"Classify x{size}")
 
 
-def stream(user: "SentimentUser") -> None:
+def stream(user: "ClassifierUser") -> None:
     count = PLAN.loadtest.stream_messages
     requests = [classify_request(1) for _ in range(count)]
     user.stream(user.classifier.ClassifyStream, requests, f"ClassifyStream x{count}")
 
 
-def kserve(user: "SentimentUser") -> None:
+def kserve(user: "ClassifierUser") -> None:
     drawn = classify_request(1)
     request = kserve_pb2.ModelInferRequest(model_name=PLAN.model)
     for name, values in (("text", drawn.texts), ("text_pair", drawn.text_pairs)):
@@ -89,7 +89,7 @@ def paced(rate: float):
     return wait_time
 
 
-class SentimentUser(GrpcUser):
+class ClassifierUser(GrpcUser):
     """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user."""
 
     tasks = {SCENARIOS[name]: weight for name, weight in PLAN.scenarios.items() if weight}

@@ -39,12 +39,14 @@ def pair_run(tmp_path_factory):
     return folder / "runs" / "pairs", load_recipe(recipe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STUDENTS)
 def test_every_pair_student_beats_the_majority_class(pair_run, name):
     run, _ = pair_run
     assert mf.load(run / f"student-{name}").metrics["dev_accuracy"] > MAJORITY + 0.25
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STUDENTS)
 def test_every_pair_student_reads_sentence_b(pair_run, name):
     run, recipe = pair_run
@@ -59,6 +61,7 @@ def test_every_pair_student_reads_sentence_b(pair_run, name):
     assert (as_given != other_b).mean() > 0.2
 
 
+@pytest.mark.slow
 def test_transfer_set_holds_a_sentence_b_for_every_text(pair_run):
     run, _ = pair_run
     texts = (run / "transfer" / "texts.txt").read_text(encoding="utf-8").splitlines()
@@ -66,18 +69,21 @@ def test_transfer_set_holds_a_sentence_b_for_every_text(pair_run):
     assert len(pairs) == len(texts)
 
 
+@pytest.mark.slow
 def test_transfer_set_has_pairs_from_every_source(pair_run):
     run, _ = pair_run
     sources = np.load(run / "transfer" / "meta.npz")["source"]
     assert np.bincount(sources, minlength=3).min() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bundle", ["teacher-fused", "bilstm-fp32", "cnn-folded", "transformer-int8"])
 def test_pair_bundle_says_it_takes_pairs(pair_run, bundle):
     run, _ = pair_run
     assert load_bundle(run / f"bundle-{bundle}").spec.text_inputs == ["text", "text_pair"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bundle", ["teacher-fused", "bilstm-fp32", "cnn-folded", "transformer-int8"])
 def test_pair_bundle_reads_segment_ids(pair_run, bundle):
     run, _ = pair_run
