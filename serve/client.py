@@ -6,7 +6,8 @@ python -m serve.client "the plot" --pair "a dull one"      # a text pair, for mo
 python -m serve.client --tsv dev.tsv --header               # pairs: text<TAB>pair on each line
 echo "a great movie" | python -m serve.client --kserve
 
-The CLI sends the texts in calls of `--batch-size` and writes one JSON document, its predictions as they come.
+The CLI sends the texts in calls of `--batch-size` (default: as many as the server takes, its MAX_TEXTS, asked of it) and
+writes one JSON document, its predictions as they come.
 """
 
 import argparse
@@ -20,10 +21,8 @@ import grpc
 import numpy as np
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import Settings
 
 DEFAULT_ADDRESS = "localhost:50051"
-DEFAULT_BATCH_SIZE = Settings.model_fields["max_texts"].default  # the server's default MAX_TEXTS
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 
@@ -111,6 +110,13 @@ class Client:
             for text, p in zip(texts, reply.predictions, strict=True)
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
+
+    def max_texts(self, model: str = "") -> int:
+        """The most texts the server takes in one call (its MAX_TEXTS), from KServe's `ModelConfig`."""
+        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        return self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config.max_batch_size
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`)."""
@@ -292,9 +298,8 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument(
         "--batch-size",
         type=_positive,
-        default=DEFAULT_BATCH_SIZE,
         metavar="N",
-        help=f"texts per call, at most the server's MAX_TEXTS (default {DEFAULT_BATCH_SIZE}, its default)",
+        help="texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server)",
     )
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
@@ -342,7 +347,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             else:
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
-                write_streamed(classify_in_batches(infer, texts, pairs, args.batch_size, args.model), sys.stdout)
+                batch_size = args.batch_size or (client.max_texts(args.model) if len(texts) > 1 else 1)
+                write_streamed(classify_in_batches(infer, texts, pairs, batch_size, args.model), sys.stdout)
                 return 0
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)

@@ -92,6 +92,16 @@ def test_a_file_beyond_the_servers_limit_goes_in_batches_in_order(served, tmp_pa
     assert [p["text"] for p in json.loads(out)["predictions"]] == texts
 
 
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_without_a_batch_size_the_calls_take_as_many_texts_as_the_server_does(served, tmp_path, capsys, api):
+    texts = [f"{'great' if i % 3 else 'awful'} film {i}" for i in range(20)]  # the server takes 8 per call
+    path = tmp_path / "many.txt"
+    path.write_text("\n".join(texts) + "\n")
+    code, out, _ = run(capsys, "--address", served.address, "--file", str(path), *api)
+    assert code == 0
+    assert [p["text"] for p in json.loads(out)["predictions"]] == texts
+
+
 def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     path = tmp_path / "many.txt"
     path.write_text("good film\n" * 9)
