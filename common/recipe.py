@@ -934,16 +934,20 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     return out
 
 
-def _merge(base: dict, top: dict) -> dict:
+def _merge(base: dict, top: dict, where: str = "") -> dict:
     """`top` over `base`: mappings merge key by key, except those tagged `!replace`, which take the base's place,
-    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null."""
+    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null.
+    In a mapping of named mappings (students, bundles), `key: null` for a name the base lacks is an error: it drops
+    nothing, so it is a misspelt or stale name."""
     out = dict(base)
     for key, value in top.items():
         below = out.get(key)
         if value is None and isinstance(below, dict):
             del out[key]
+        elif value is None and key not in out and where and out and all(isinstance(v, dict) for v in out.values()):
+            raise RecipeError(f"{where}.{key}: null drops nothing: the base recipe has no {key!r} ({sorted(out)})")
         elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
-            out[key] = _merge(below, value)
+            out[key] = _merge(below, value, f"{where}.{key}" if where else str(key))
         else:
             out[key] = value
     return out

@@ -356,6 +356,15 @@ def test_a_transformer_student_of_a_gpt_teacher_starting_afresh_loads(tmp_path):
     assert "small" in recipe.distill.students
 
 
+def test_null_for_a_student_the_base_lacks_is_refused_naming_those_it_has(tmp_path):
+    with pytest.raises(RecipeError, match=r"distill.students.transformer: null drops nothing.*\['bilstm', 'cnn'\]"):
+        extend(tmp_path, "distill: {students: {transformer: null}}\n")
+
+
+def test_null_for_a_section_the_base_lacks_sets_nothing_up(tmp_path):
+    assert extend(tmp_path, "pretrain: null\n").pretrain is None
+
+
 def test_null_drops_a_bundle(tmp_path):
     assert set(extend(tmp_path, "export: {bundles: {teacher-int8: null}}\n").export.bundles) == {
         "teacher-onnx",
