@@ -217,10 +217,12 @@ class Trainer:
         least = self.world_size * self.cfg.grad_accum
         return [batch for batch in batches_for_epoch(epoch) if len(batch) >= least]
 
-    def _step(self, model, batch: list[int], make_batch, loss_fn) -> float:
-        """One optimizer step over this rank's micro-batches of `batch`; the mean micro-batch loss."""
+    def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
+        """One optimizer step over this rank's micro-batches of `batch`: the mean micro-batch loss, and whether the
+        optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
         total = 0.0
+        scale = self.scaler.get_scale()
         for i, part in enumerate(parts):
             sync = i == len(parts) - 1 or not isinstance(model, DistributedDataParallel)
             with contextlib.nullcontext() if sync else model.no_sync():
@@ -232,7 +234,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return total
+        return total, self.scaler.get_scale() >= scale
 
     def fit(
         self,
@@ -269,10 +271,12 @@ class Trainer:
             for batch in batches[p.step_in_epoch :]:
                 model.train()
                 tick = time.perf_counter()
-                running.append(self._step(model, batch, make_batch, loss_fn))
-                scheduler.step()
-                if self.ema:
-                    self.ema.update_parameters(self.model)
+                loss, stepped = self._step(model, batch, make_batch, loss_fn)
+                running.append(loss)
+                if stepped:  # a skipped fp16 step moves neither the schedule nor the average
+                    scheduler.step()
+                    if self.ema:
+                        self.ema.update_parameters(self.model)
                 self.optimizer.zero_grad(set_to_none=True)
                 self._train_seconds += time.perf_counter() - tick
                 self._examples += len(batch)

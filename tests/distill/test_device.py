@@ -85,6 +85,11 @@ def test_the_environment_sets_the_device(monkeypatch):
     assert load_recipe(SMOKE).runtime.device == "cpu"
 
 
+def test_the_environment_sets_the_precision(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_PRECISION", "bf16")
+    assert load_recipe(SMOKE).runtime.precision == "bf16"
+
+
 def test_the_command_line_beats_the_environment(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
     assert load_recipe(SMOKE, {"runtime.device": "cuda:0"}).runtime.device == "cuda:0"

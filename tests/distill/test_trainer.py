@@ -3,7 +3,7 @@
 import pytest
 import torch
 from edgedistill.common.recipe import OptimConfig, RuntimeConfig
-from edgedistill.distill.device import resolve
+from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
@@ -43,6 +43,23 @@ def test_gradient_accumulation_matches_one_full_batch(tmp_path):
     whole = trained(tmp_path / "a").model.weight.detach()
     accumulated = trained(tmp_path / "b", grad_accum=4).model.weight.detach()
     torch.testing.assert_close(accumulated, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_the_fp16_scaler_skips_does_not_advance_the_schedule(tmp_path):
+    # fp16 autocast and its loss scaler, here on the CPU (the recipe's checks keep fp16 to GPUs)
+    fp16 = Placement(torch.device("cpu"), "fp16", "cpu", 1)
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, max_steps=2)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", fp16)
+    calls = []
+
+    def loss_fn(m, batch):  # the first step's gradients overflow
+        calls.append(1)
+        loss = torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1).float(), batch[1])
+        return loss * float("inf") if len(calls) == 1 else loss * 1e-3  # small: fp16 gradients at the 2**15 scale
+
+    trainer.fit(lambda epoch: [list(range(16))], lambda idx: (X[idx], Y[idx]), loss_fn, lambda m: {"score": 0.0},
+                "score", lambda m, _: None)  # fmt: skip
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)  # one of the two linear-decay steps
 
 
 def test_run_info_records_placement_and_rate(tmp_path):
