@@ -72,7 +72,8 @@ def test_summary_table(smoke_run):
 
 
 def test_students_train_under_torchrun(smoke_run, tmp_path):
-    """Two CPU processes (gloo) distil a student from the shared transfer set."""
+    """Two CPU processes (gloo) distil a student from the shared transfer set, each accumulating two micro-batches
+    (DDP's no_sync on the first)."""
     import os
     import shutil
     import subprocess
@@ -86,11 +87,17 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     torchrun = Path(PYTHON).with_name("torchrun")
     cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "distill", ROOT / "recipes" / "smoke.yaml"]
     result = subprocess.run(
-        [*map(str, cmd), "--only=cnn", "--no-baseline"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+        [*map(str, cmd), "--only=cnn", "--no-baseline", "--distill.students.cnn.optim.grad_accum=2"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     student = mf.load(runs / "smoke" / "student-cnn")
-    assert student.info["world_size"] == 2 and student.metrics["dev_accuracy"] > 0.6
+    assert (student.info["world_size"], student.info["grad_accum"]) == (2, 2)
+    assert student.metrics["dev_accuracy"] > 0.6
 
 
 @pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])
