@@ -119,10 +119,12 @@ def load_bundle(folder: str | Path, verify: bool = True) -> Bundle:
 @dataclass(frozen=True, eq=False)
 class ServedFiles:
     """The model file and tokenizer.json of a bundle, as read once and verified: what is opened is what was
-    checked. Drop it once the model is open: it holds the whole model file."""
+    checked; and the sha256 of the manifest that was parsed, which names what is served. Drop it once the model is
+    open: it holds the whole model file."""
 
     model: bytes
     tokenizer: str
+    manifest_sha256: str
 
 
 def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
@@ -146,7 +148,7 @@ def read_bundle(folder: str | Path) -> tuple[Bundle, ServedFiles]:
     """A verified bundle and its model and tokenizer in memory, each read once and checked on the bytes read, so a
     folder changed after the check cannot change what is served (the other listed files are checked too)."""
     folder = Path(folder)
-    manifest = mf.load(folder, verify=False)
+    manifest, digest = mf.read(folder)
     spec = _spec(folder, manifest)
     served = {name: _read_listed(folder, name, manifest.files[name]) for name in (spec.model_file, TOKENIZER)}
     for name, entry in manifest.files.items():
@@ -156,4 +158,5 @@ def read_bundle(folder: str | Path) -> tuple[Bundle, ServedFiles]:
         tokenizer = served[TOKENIZER].decode("utf-8")
     except UnicodeDecodeError as err:
         raise mf.ArtifactError(f"{folder}: {TOKENIZER} is not UTF-8 text: {err}") from err
-    return Bundle(folder=folder, manifest=manifest, spec=spec), ServedFiles(served[spec.model_file], tokenizer)
+    bundle = Bundle(folder=folder, manifest=manifest, spec=spec)
+    return bundle, ServedFiles(served[spec.model_file], tokenizer, digest)

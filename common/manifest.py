@@ -89,21 +89,28 @@ def listed_file(folder: Path, name: str) -> Path:
     return file
 
 
-def load(folder: str | Path, verify: bool = True) -> Manifest:
-    """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
-    file's size and sha256."""
+def read(folder: str | Path) -> tuple[Manifest, str]:
+    """`folder/manifest.json` parsed, and the sha256 of the very bytes parsed (what a server reports as loaded);
+    listed files are neither resolved nor verified: see `load`."""
     folder = Path(folder)
     path = folder / MANIFEST
     try:
         if not path.is_file():
             raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing (run its stage first)")
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as err:  # unreadable, a name too long, not a folder: the reason, not a traceback
         raise ArtifactError(f"cannot read {path}: {err}") from err
     try:
-        manifest = Manifest.model_validate_json(text)
+        return Manifest.model_validate_json(data), hashlib.sha256(data).hexdigest()
     except ValueError as err:
         raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
+
+
+def load(folder: str | Path, verify: bool = True) -> Manifest:
+    """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
+    file's size and sha256."""
+    folder = Path(folder)
+    manifest, _ = read(folder)
     files = {name: listed_file(folder, name) for name in manifest.files}
     if verify:
         for name, entry in manifest.files.items():

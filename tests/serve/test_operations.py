@@ -1,12 +1,14 @@
 """Operating the server: health, reflection, metrics, auth, TLS, reload, overload, deadlines."""
 
 import asyncio
+import hashlib
 import re
 import shutil
 import threading
 import time
 import urllib.request
 
+import edgedistill.common.bundle as common_bundle
 import edgedistill.serve.host as serve_host
 import grpc
 import pytest
@@ -302,6 +304,26 @@ def test_a_file_swapped_after_verification_is_never_served(start_server, make_bu
     with server.channel() as channel:
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["great"]), timeout=10)
     assert reply.predictions[0].label == "positive"
+
+
+def test_the_bundle_sha256_reported_is_of_the_manifest_read_not_of_one_swapped_in_since(
+    start_server, make_bundle, monkeypatch
+):
+    folder = make_bundle()
+    loaded = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+    other = make_bundle("other", version="2")
+    read_listed = common_bundle._read_listed
+
+    def swapping(bundle_folder, name, entry):  # the manifest changes while the files it lists are read
+        shutil.copyfile(other / "manifest.json", folder / "manifest.json")
+        return read_listed(bundle_folder, name, entry)
+
+    monkeypatch.setattr(common_bundle, "_read_listed", swapping)
+    server = start_server(settings_for(folder))
+    monkeypatch.undo()
+    with server.channel() as channel:
+        info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.bundle_sha256 == loaded
 
 
 @pytest.fixture(scope="module")
