@@ -49,6 +49,7 @@ class CascadeSpec(BaseModel):
 class Cascade(BaseModel):
     folder: Path
     manifest: mf.Manifest
+    manifest_sha256: str = Field(description="sha256 of the manifest bytes read, which name what is served")
     spec: CascadeSpec
     members: list[Bundle]
 
@@ -83,7 +84,7 @@ def load_cascade(folder: str | Path) -> Cascade:
     """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
     each member as a bundle, and members that agree on labels and inputs."""
     folder = Path(folder)
-    manifest = mf.load(folder)
+    manifest, digest = mf.read(folder)
     if "cascade" not in manifest.info:
         raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a cascade (no info.cascade)")
     try:
@@ -106,7 +107,7 @@ def load_cascade(folder: str | Path) -> Cascade:
                 f"the cascade {spec.text_inputs} with {spec.labels}"
             )
         members.append(bundle)
-    return Cascade(folder=folder, manifest=manifest, spec=spec, members=members)
+    return Cascade(folder=folder, manifest=manifest, manifest_sha256=digest, spec=spec, members=members)
 
 
 def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarray, np.ndarray]:

@@ -89,9 +89,8 @@ def listed_file(folder: Path, name: str) -> Path:
     return file
 
 
-def read(folder: str | Path) -> tuple[Manifest, str]:
-    """`folder/manifest.json` parsed, and the sha256 of the very bytes parsed (what a server reports as loaded);
-    listed files are neither resolved nor verified: see `load`."""
+def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
+    """`load`, and the sha256 of the very manifest bytes parsed (what a server reports as loaded)."""
     folder = Path(folder)
     path = folder / MANIFEST
     try:
@@ -101,16 +100,9 @@ def read(folder: str | Path) -> tuple[Manifest, str]:
     except OSError as err:  # unreadable, a name too long, not a folder: the reason, not a traceback
         raise ArtifactError(f"cannot read {path}: {err}") from err
     try:
-        return Manifest.model_validate_json(data), hashlib.sha256(data).hexdigest()
+        manifest = Manifest.model_validate_json(data)
     except ValueError as err:
         raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
-
-
-def load(folder: str | Path, verify: bool = True) -> Manifest:
-    """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
-    file's size and sha256."""
-    folder = Path(folder)
-    manifest, _ = read(folder)
     files = {name: listed_file(folder, name) for name in manifest.files}
     if verify:
         for name, entry in manifest.files.items():
@@ -123,7 +115,13 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
                 )
             if sha256_file(file) != entry.sha256:
                 raise ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
-    return manifest
+    return manifest, hashlib.sha256(data).hexdigest()
+
+
+def load(folder: str | Path, verify: bool = True) -> Manifest:
+    """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
+    file's size and sha256."""
+    return read(folder, verify)[0]
 
 
 def is_current(folder: Path, config_hash: str) -> bool:

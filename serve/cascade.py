@@ -66,7 +66,7 @@ class CascadeRuntime:
         self.ids = [member.bundle for member in self.spec.members]
         self.settings = settings
         self.metrics = metrics
-        self.manifest_sha256 = mf.sha256_file(cascade.folder / mf.MANIFEST)
+        self.manifest_sha256 = cascade.manifest_sha256
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
