@@ -68,6 +68,15 @@ def is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def gather(obj) -> list | None:
+    """Every rank's `obj` in rank order on rank 0, None on the others; `[obj]` in one process."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size() if is_main() else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

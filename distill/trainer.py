@@ -159,12 +159,17 @@ class Trainer:
     def _total_steps(self, steps_per_epoch: int) -> int:
         return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
 
-    def _save_checkpoint(self, scheduler) -> None:
-        if not dist.is_main():
-            return
+    def _rng_state(self) -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if self.placement.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.placement.device)
+        return rng
+
+    def _save_checkpoint(self, scheduler) -> None:
+        # every rank's generators: each draws its own dropout masks, for micro-batches of its own shapes
+        rng = dist.gather(self._rng_state())
+        if not dist.is_main():
+            return
         state = {
             "config_hash": self.config_hash,
             "model": self.model.state_dict(),
@@ -200,11 +205,21 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and self.placement.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.placement.device)
+        self._restore_rng(state["rng"])
         print(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+
+    def _restore_rng(self, ranks: list[dict] | dict) -> None:
+        """This rank's generators as the checkpoint has them; on another world size each rank takes those of
+        the rank its number maps to (the batches are global, so only the random draws differ from an
+        uninterrupted run)."""
+        ranks = [ranks] if isinstance(ranks, dict) else ranks  # a checkpoint from before per-rank states
+        if len(ranks) != self.world_size and dist.is_main():
+            print(f"[{self.desc}] checkpoint written by {len(ranks)} ranks, resumed on {self.world_size}")
+        rng = ranks[self.rank % len(ranks)]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and self.placement.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.placement.device)
 
     def _micro_batches(self, batch: list[int]) -> list[list[int]]:
         """This rank's `grad_accum` shares of a global batch."""

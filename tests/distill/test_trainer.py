@@ -1,7 +1,10 @@
 """The training loop: micro-batches, gradient accumulation, checkpoints, and what a manifest records of a run."""
 
+import multiprocessing
+
 import pytest
 import torch
+import torch.distributed as torch_dist
 from edgedistill.common.recipe import OptimConfig, RuntimeConfig
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
@@ -97,7 +100,7 @@ def test_a_checkpoint_resumes_in_another_precision(tmp_path):
 def test_a_checkpoint_written_on_a_gpu_in_fp16_resumes_on_the_cpu(tmp_path):
     trained(tmp_path)
     state = torch.load(tmp_path / CHECKPOINT, weights_only=True)
-    state["rng"]["cuda"] = torch.get_rng_state()  # what a CUDA run adds: its generator's state, and its loss scale
+    state["rng"][0]["cuda"] = torch.get_rng_state()  # what a CUDA run adds: its generator's state, and its loss scale
     state["scaler"] = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
     torch.save(state, tmp_path / CHECKPOINT)
     progress = resumed(tmp_path, CPU)
@@ -138,3 +141,66 @@ def test_evaluation_runs_in_fp32_when_training_autocasts(tmp_path):
         on_best=lambda m, _: None,
     )
     assert seen == [torch.float32]
+
+
+def test_a_checkpoint_from_more_ranks_resumes_with_rank_0s_generators(tmp_path):
+    trained(tmp_path)
+    state = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    other = torch.Generator().manual_seed(7).get_state()
+    state["rng"] = [state["rng"][0], {**state["rng"][0], "torch": other}]  # what two ranks write
+    torch.save(state, tmp_path / CHECKPOINT)
+    torch.manual_seed(99)
+    resumed(tmp_path, CPU)  # a linear model's epoch draws nothing from the generator
+    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch"])
+
+
+class Crash(Exception):
+    """Raised inside a step, as a killed process would stop there."""
+
+
+def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
+    """Six steps of a dropout model on batches of 5 (3 examples on rank 0, 2 on rank 1), checkpointing every
+    step; the final weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1))
+    cfg = OptimConfig(lr=0.05, batch_size=5, warmup_ratio=0.0, weight_decay=0.0, checkpoint_every=1)
+    trainer = Trainer(model, cfg, folder, "h", "test", CPU)
+    x = torch.randn(30, 4, generator=torch.Generator().manual_seed(1))
+    calls = []
+
+    def loss_fn(m, batch):
+        calls.append(1)
+        if len(calls) == crash_at:
+            raise Crash
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    trainer.fit(lambda epoch: [list(range(i, i + 5)) for i in range(0, 30, 5)], lambda idx: (x[idx], x[idx].sum(1)),
+                loss_fn, lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return {name: value.tolist() for name, value in trainer.model.state_dict().items()}  # plain values to queue
+
+
+def _two_rank_runs(rank: int, store: str, folder: str, results) -> None:
+    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        straight = _fit_with_dropout(f"{folder}/straight")
+        try:
+            _fit_with_dropout(f"{folder}/crashed", crash_at=4)
+        except Crash:
+            torch_dist.barrier()  # rank 0 has written the step-3 checkpoint
+        results.put((rank, straight, _fit_with_dropout(f"{folder}/crashed")))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted_run(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    args = (str(tmp_path / "store"), str(tmp_path / "runs"), results)
+    procs = [context.Process(target=_two_rank_runs, args=(r, *args)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    runs = {rank: (straight, resumed) for rank, straight, resumed in (results.get(timeout=120) for _ in procs)}
+    for proc in procs:
+        proc.join(30)
+    straight, resumed = runs[0]
+    assert resumed == straight
