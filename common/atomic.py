@@ -1,9 +1,13 @@
 """Atomic writes: a reader sees the old file (or folder) or the whole new one, never a part.
 
 Every write goes to a temporary name beside its target, is flushed to disk (the file, then its
-folder), and is renamed over the target. This module is the only place that renames into place.
+folder), and is renamed over the target. A folder replaces a folder by exchanging the two names in one
+step (Linux's renameat2), where the file system can; elsewhere (NFS) by two renames, with a moment
+between them without the target. This module is the only place that renames into place.
 """
 
+import ctypes
+import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -61,8 +65,26 @@ def publish_folder(tmp: str | Path, final: str | Path) -> None:
     _replace(tmp, final)
 
 
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc 2.28+, musl 1.2.4+
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` in one step; False where the system or the file system cannot."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
 def _replace(tmp: Path, final: Path) -> None:
-    if final.is_dir() and not final.is_symlink():
+    if final.is_dir() and not final.is_symlink() and _exchange(tmp, final):
+        _remove(tmp)  # the old folder, now under the temporary name
+    elif final.is_dir() and not final.is_symlink():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         _remove(old)
         os.replace(final, old)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from edgedistill.common import atomic
 from edgedistill.common.atomic import atomic_write, publish_folder
 
 
@@ -55,3 +56,35 @@ def test_publish_folder_replaces_and_removes_the_old_folder(tmp_path):
         publish_folder(tmp, final)
     assert [p.name for p in final.iterdir()] == ["two"]
     assert [p.name for p in tmp_path.iterdir()] == ["stage"]
+
+
+def _publish_two(tmp_path):
+    final = tmp_path / "best"
+    for name in ("old", "new"):
+        tmp = tmp_path / f".best.tmp-{name}"
+        tmp.mkdir()
+        (tmp / name).write_text(name)
+        publish_folder(tmp, final)
+    return final
+
+
+def test_a_folder_replaces_a_folder_in_one_step(tmp_path, monkeypatch):
+    final = tmp_path / "best"
+    for name in ("old", "new"):
+        (tmp_path / f".best.tmp-{name}").mkdir()
+        (tmp_path / f".best.tmp-{name}" / name).write_text(name)
+    publish_folder(tmp_path / ".best.tmp-old", final)
+
+    def killed(*args):  # a process killed at a rename: between two renames the target would be gone
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(atomic.os, "replace", killed)
+    publish_folder(tmp_path / ".best.tmp-new", final)
+    assert [p.name for p in final.iterdir()] == ["new"]
+
+
+def test_where_names_cannot_be_exchanged_a_folder_is_replaced_by_two_renames(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic, "_renameat2", None)
+    final = _publish_two(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+    assert [p.name for p in final.iterdir()] == ["new"]
