@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
         unknown = set(args.only or ()) - set(recipe.distill.students if recipe.distill else ())
         if unknown:
             raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {args.recipe}")
+        if args.stage == "transfer" and world_size > 1:
+            raise RecipeError("the transfer set is labelled in one process: run `make transfer` without torchrun")
         if args.stage == "transfer" or (args.stage == "distill" and world_size == 1):
             transfer.stage(recipe).run(args.force and args.stage == "transfer")
         elif args.stage == "distill" and not transfer.stage(recipe).is_current():

@@ -77,6 +77,15 @@ def gather(obj) -> list | None:
     return out
 
 
+def broadcast(obj):
+    """Rank 0's `obj` on every rank; `obj` itself in one process."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

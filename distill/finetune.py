@@ -18,7 +18,7 @@ from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
 
@@ -99,6 +99,8 @@ def _build(inputs: Inputs) -> Built | None:
     train, dev = load_splits(data)
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
+    if data.pairs:
+        require_segments(tokenizer, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
     model = device.load_trainable(

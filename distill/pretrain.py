@@ -167,8 +167,7 @@ def _build(inputs: Inputs) -> Built | None:
     eval_batches = [eval_collator(eval_blocks[i : i + bs]) for i in range(0, len(eval_blocks), bs)]
     placement = device.for_process(recipe.runtime)
     objective = LanguageModelObjective(model, causal=not mlm).to(placement.device).eval()
-    with placement.autocast():
-        before = lm_metrics(objective, eval_batches, placement)
+    before = lm_metrics(objective, eval_batches, placement)  # in fp32, as the trainer's evaluations after it
 
     work = work_dir(inputs.work, inputs.force)
     trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain", placement)

@@ -38,13 +38,21 @@ from torch import nn
 FOLDER_LAYOUT = "hub"
 
 
+class Frozen(list):
+    """Holds the frozen teacher out of parameters and state_dict; a copy (the weights' moving average) shares it
+    instead of holding a second teacher in memory."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 class DistillObjective(nn.Module):
     """The student plus what its intermediate losses train (hidden-state projections); returns the loss."""
 
     def __init__(self, student: nn.Module, run: StudentRun, teacher=None):
         super().__init__()
         self.student, self.run = student, run
-        self.teacher = [teacher]  # a list keeps the frozen teacher out of parameters and state_dict
+        self.teacher = Frozen([teacher])
         self.intermediate = teacher is not None and (run.losses.hidden > 0 or run.losses.attention > 0)
         if self.intermediate:
             t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
@@ -104,7 +112,9 @@ def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
-    """A student's logits over tokenized examples (pairs carry their token_type_ids), in eval order."""
+    """A student's logits over tokenized examples (pairs carry their token_type_ids), in eval order; in eval mode
+    (dropout off), whatever mode training left it in."""
+    student.eval()
     return predict_logits(
         lambda b: student(b["input_ids"], b["attention_mask"], b.get("token_type_ids")),
         features,

@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable
 
+from edgedistill.common.recipe import RecipeError
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -58,6 +59,16 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def require_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    """Refuse a tokenizer whose pairs do not mark sentence B with token type 1: the pair students split a pair
+    there, so a pair task needs one (BERT-style checkpoints have it)."""
+    if 1 not in tokenizer("a", "b").get("token_type_ids", []):
+        raise RecipeError(
+            f"{name}: its tokenizer does not mark sentence B of a pair (token_type_ids 1), which the pair students "
+            "split pairs by; use a BERT-style checkpoint (model.init) for a pair task"
+        )
 
 
 def encode(

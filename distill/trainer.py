@@ -236,6 +236,7 @@ class Trainer:
         """One optimizer step over this rank's micro-batches of `batch`: the mean micro-batch loss, and whether the
         optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
+        mine = sum(len(part) for part in parts)
         total = 0.0
         scale = self.scaler.get_scale()
         for i, part in enumerate(parts):
@@ -243,8 +244,11 @@ class Trainer:
             with contextlib.nullcontext() if sync else model.no_sync():
                 with self.placement.autocast():
                     loss = loss_fn(model, self.placement.move(make_batch(part)))
-                self.scaler.scale(loss / len(parts)).backward()
-            total += loss.item() / len(parts)
+                # each micro-batch's mean loss weighs by its share of the batch's examples (DDP then averages
+                # over the ranks, hence the world size), so uneven micro-batches add up to the whole batch's mean
+                weight = len(part) * self.world_size / len(batch)
+                self.scaler.scale(loss * weight).backward()
+            total += loss.item() * len(part) / mine
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
@@ -263,7 +267,8 @@ class Trainer:
         """Train until the step budget or early stopping; returns the progress with its history.
 
         `batches_for_epoch(epoch)` gives the epoch's batches of example indices (the same on every rank),
-        `make_batch(indices)` their tensors (on the CPU; moved here), `loss_fn(model, tensors)` the loss.
+        `make_batch(indices)` their tensors (on the CPU; moved here), `loss_fn(model, tensors)` their mean loss.
+        `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
         """
         cfg = self.cfg
         first = self._epoch_batches(batches_for_epoch, 0)
@@ -331,7 +336,8 @@ class Trainer:
         p = self.progress
         target = self.evaluated.eval()
         with torch.no_grad():  # in fp32, as the model is exported and served: selection by the served accuracy
-            metrics = evaluate(target)
+            # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
+            metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
         if running:
             entry["train_loss"] = sum(running) / len(running)

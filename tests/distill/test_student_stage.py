@@ -1,3 +1,4 @@
+import copy
 import json
 
 import pytest
@@ -8,7 +9,7 @@ from edgedistill.common.recipe import StudentConfig, StudentRun, load_recipe
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics
-from edgedistill.distill.student_stage import DistillObjective, load_student
+from edgedistill.distill.student_stage import DistillObjective, load_student, student_logits
 from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from transformers import BertConfig, BertModel
@@ -114,3 +115,28 @@ def test_every_parameter_of_the_objective_gets_a_gradient(hidden, attention):
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     objective(batch, torch.randn(3, 2), torch.tensor([0, 1, 0])).backward()
     assert [name for name, p in objective.named_parameters() if p.grad is None] == []
+
+
+def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=8, num_layers=2, num_heads=2,
+                        intermediate_size=16, max_length=16, dropout=0.5)  # fmt: skip
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, attn_implementation="eager")).eval()  # fmt: skip
+    run = StudentRun(model=cfg, losses={"mse": 1.0, "hidden": 1.0})
+    return DistillObjective(build_student(cfg), run, teacher), teacher
+
+
+def test_a_copy_of_the_objective_shares_the_frozen_teacher():
+    # the weights' moving average copies the objective: a second teacher would double its memory
+    objective, teacher = _objective_with_teacher()
+    assert copy.deepcopy(objective).teacher[0] is teacher
+
+
+def test_student_logits_are_computed_with_dropout_off_whatever_mode_training_left():
+    objective, _ = _objective_with_teacher()
+    feats = {"input_ids": [[2, 7, 9, 11, 3], [2, 5, 3]]}
+    with torch.no_grad():
+        first = student_logits(objective.student.train(), feats, 0)
+        second = student_logits(objective.student.train(), feats, 0)
+    assert (first == second).all()

@@ -179,28 +179,75 @@ def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
     return {name: value.tolist() for name, value in trainer.model.state_dict().items()}  # plain values to queue
 
 
-def _two_rank_runs(rank: int, store: str, folder: str, results) -> None:
+def _resume_runs(folder: str) -> tuple[dict, dict]:
+    straight = _fit_with_dropout(f"{folder}/straight")
+    try:
+        _fit_with_dropout(f"{folder}/crashed", crash_at=4)
+    except Crash:
+        torch_dist.barrier()  # rank 0 has written the step-3 checkpoint
+    return straight, _fit_with_dropout(f"{folder}/crashed")
+
+
+def _on_rank(rank: int, store: str, job, args, results) -> None:
     torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        straight = _fit_with_dropout(f"{folder}/straight")
-        try:
-            _fit_with_dropout(f"{folder}/crashed", crash_at=4)
-        except Crash:
-            torch_dist.barrier()  # rank 0 has written the step-3 checkpoint
-        results.put((rank, straight, _fit_with_dropout(f"{folder}/crashed")))
+        results.put((rank, job(*args)))
     finally:
         torch_dist.destroy_process_group()
 
 
-def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted_run(tmp_path):
+def on_two_ranks(tmp_path, job, *args) -> dict:
+    """`job(*args)`'s result on each of two gloo ranks (spawned processes), by rank."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    args = (str(tmp_path / "store"), str(tmp_path / "runs"), results)
-    procs = [context.Process(target=_two_rank_runs, args=(r, *args)) for r in (0, 1)]
+    procs = [
+        context.Process(target=_on_rank, args=(r, str(tmp_path / "store"), job, args, results), daemon=True)
+        for r in (0, 1)
+    ]
     for proc in procs:
         proc.start()
-    runs = {rank: (straight, resumed) for rank, straight, resumed in (results.get(timeout=120) for _ in procs)}
+    said = dict(results.get(timeout=120) for _ in procs)
     for proc in procs:
         proc.join(30)
-    straight, resumed = runs[0]
+    return said
+
+
+def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted_run(tmp_path):
+    straight, resumed = on_two_ranks(tmp_path, _resume_runs, str(tmp_path / "runs"))[0]
     assert resumed == straight
+
+
+def _fit_judged_by_each_rank(folder: str) -> tuple[int, int]:
+    """A run whose evaluations would differ by rank (rank 1's keep improving, rank 0's never after the first):
+    the steps it took, and how many evaluations this rank ran."""
+    rank, calls = torch_dist.get_rank(), []
+
+    def evaluate(m):
+        calls.append(1)
+        return {"score": float(len(calls)) if rank else 0.0}
+
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=5, eval_every=1, patience=1, warmup_ratio=0.0)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    progress = trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
+                           lambda idx: (X[idx], Y[idx]),
+                           lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                           evaluate, "score", lambda m, _: None)  # fmt: skip
+    return progress.global_step, len(calls)
+
+
+def test_under_ddp_rank_0_evaluates_and_every_rank_stops_early_with_it(tmp_path):
+    said = on_two_ranks(tmp_path, _fit_judged_by_each_rank, str(tmp_path / "run"))
+    assert said == {0: (2, 2), 1: (2, 0)}
+
+
+def test_gradient_accumulation_over_uneven_micro_batches_matches_one_full_batch(tmp_path):
+    def weight(folder, **optim):  # three steps of 10 examples: micro-batches of 4, 3 and 3 with grad_accum 3
+        torch.manual_seed(0)
+        cfg = OptimConfig(lr=0.1, batch_size=10, epochs=3, warmup_ratio=0.0, weight_decay=0.0, **optim)
+        trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+        trainer.fit(lambda epoch: [list(range(10))], lambda idx: (X[idx], Y[idx]),
+                    lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                    lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+        return trainer.model.weight.detach()
+
+    torch.testing.assert_close(weight(tmp_path / "b", grad_accum=3), weight(tmp_path / "a"), rtol=1e-5, atol=1e-6)

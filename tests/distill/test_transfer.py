@@ -1,6 +1,7 @@
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,3 +356,12 @@ def test_the_fp32_check_sees_the_end_of_the_set_not_only_its_first_texts(tmp_pat
     _, figures = label_checked(model, forward, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True, second)
     assert figures["rejected"]["fp32_check_sentences"] == 3
     assert figures["rejected"]["fp32_agreement_beyond_ties"] == pytest.approx(2 / 3)
+
+
+def test_the_transfer_stage_under_torchrun_is_refused():
+    # each rank would label the whole set into the same shards and publish it
+    torchrun = Path(PYTHON).with_name("torchrun")
+    cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "transfer", ROOT / "recipes" / "smoke.yaml"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "the transfer set is labelled in one process" in result.stderr

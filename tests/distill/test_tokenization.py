@@ -1,0 +1,21 @@
+"""Tokenizers trained from text, and the check that a pair task's tokenizer marks sentence B."""
+
+import pytest
+from edgedistill.common.recipe import RecipeError
+from edgedistill.distill.tokenization import encode, require_segments, train_tokenizer
+
+TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull plot"] * 20
+
+
+def test_a_trained_bert_tokenizer_marks_sentence_b():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    assert encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"][0][-2:] == [1, 1]
+
+
+def test_a_bert_tokenizer_is_accepted_for_pairs():
+    require_segments(train_tokenizer("bert", TEXTS, 60), "bert")
+
+
+def test_a_tokenizer_that_does_not_mark_sentence_b_is_refused_for_pairs():
+    with pytest.raises(RecipeError, match="does not mark sentence B"):
+        require_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
