@@ -348,12 +348,16 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
         "engine": "onnxruntime",
         "bundle": str(folder),
         "bundle_precision": bundle.spec.precision,
+        "bundle_sha256": bundle.manifest_sha256,
     } | figures
 
 
 def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher."""
-    return Stage("transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),))
+    """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher (through the labeller bundle the
+    recipe names, whose export settings count too)."""
+    name = recipe.transfer.labeller if recipe.transfer else None
+    labeller = {"labeller": recipe.export.bundles[name].model_dump(mode="json")} if name else None
+    return Stage("transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),), extra=labeller)
 
 
 def _build(inputs: Inputs) -> Built:
@@ -384,9 +388,10 @@ def _build(inputs: Inputs) -> Built:
 
     work = inputs.work
     stamp = work / "config_hash"
-    # Label shards of an interrupted run are kept only for the same teacher, engine, precision and second pass.
+    # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
+    # precision and second pass.
     key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST) + labelling["engine"] + placement.precision
-    key += figures.get("bundle_precision", "")
+    key += figures.get("bundle_precision", "") + figures.get("bundle_sha256", "")
     if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)
         atomic_write(stamp, key)

@@ -20,6 +20,7 @@ from edgedistill.distill.transfer import (
     label_shards,
     leak_filter,
 )
+from edgedistill.distill.transfer import stage as transfer_stage
 from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT
@@ -274,6 +275,7 @@ def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
     labelling = mf.load(run / "transfer").info["labelling"]
     assert labelling["engine"] == "onnxruntime" and labelling["agreement"] >= 0.999
     assert labelling["precision"] == "fp32", "an fp32 graph labels in fp32, whatever runtime.precision says"
+    assert labelling["bundle_sha256"] == mf.sha256_file(run / "bundle-teacher-fused" / mf.MANIFEST)
     by_onnx = np.load(run / "transfer" / "logits.npy").astype(np.float32)
     by_torch = fp32_teacher_logits(run)
     assert (by_onnx.argmax(-1) == by_torch.argmax(-1)).mean() >= 0.999
@@ -365,3 +367,10 @@ def test_the_transfer_stage_under_torchrun_is_refused():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "the transfer set is labelled in one process" in result.stderr
+
+
+def test_the_labeller_bundles_export_settings_make_the_transfer_set_stale():
+    fused = {"transfer.labeller": "teacher-fused"}
+    before = transfer_stage(load_recipe(SMOKE, fused)).config_hash
+    after = transfer_stage(load_recipe(SMOKE, fused | {"export.bundles.teacher-fused.skip_layer_norm": False}))
+    assert after.config_hash != before
