@@ -24,7 +24,8 @@ try:
     import onnxruntime as ort
 except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
     raise ModuleNotFoundError(
-        "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)"
+        "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)",
+        name="onnxruntime",
     ) from err
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,9 @@ def _load_model_config_pb2() -> ModuleType:
         return sys.modules[name]
     package = importlib.util.find_spec("tritonclient")
     if package is None or not package.submodule_search_locations:
-        raise ModuleNotFoundError("writing a Triton repository needs tritonclient: pip install 'tritonclient[grpc]'")
+        raise ModuleNotFoundError(
+            "writing a Triton repository needs tritonclient: pip install 'tritonclient[grpc]'", name="tritonclient"
+        )
     path = Path(next(iter(package.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
     module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
     module.__spec__.loader.exec_module(module)

@@ -64,6 +64,23 @@ def test_a_missing_dependency_names_the_install_command(monkeypatch, capsys):
     assert "pip install 'edgedistill[loadtest]'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("blocked", "argv", "hint"), [
+    ("onnxruntime", ["serve", "--help"], "edgedistill[cpu]"),
+    ("tritonclient", ["triton-repo", "--help"], "edgedistill[export]"),
+])  # fmt: skip
+def test_a_missing_runtime_names_the_install_command_not_a_traceback(blocked, argv, hint):
+    probe = (
+        f"import importlib.util, sys\nsys.modules[{blocked!r}] = None\n"
+        f"find = importlib.util.find_spec\nimportlib.util.find_spec = lambda n, *a: None if n == {blocked!r} else find(n, *a)\n"
+        f"from edgedistill import cli\nsys.exit(cli.main({argv!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        f"edgedistill {argv[0]}: needs {blocked}, which is not installed: pip install '{hint}'",
+    )
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["call", "--help"]], ids=" ".join)
 def test_help_and_the_server_import_no_torch(argv):
     probe = (
