@@ -74,7 +74,7 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 	$(ED) bench models $(RECIPE)
 
 BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from edgedistill.common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
-triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in $(RUN)/triton
+triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 
 report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
@@ -122,7 +122,7 @@ serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both AP
 
 PROFILE       ?= smoke
 LOADTEST_ARGS ?=
-loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; $(RUN)/loadtest-PROFILE; fails on a missed SLO
+loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; runs/<recipe>/loadtest-PROFILE; fails on a missed SLO
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth
@@ -159,7 +159,8 @@ container-test: $(STAMP) base-image  ## build the image, serve BUNDLE from it wi
 	IMAGE=$(IMAGE):test BASE=$(BASE_IMAGE) deploy/container-test.sh $(BUNDLE)
 
 # The commands the test suite runs besides Python (Chromium: the report's screenshot test; openssl:
-# the TLS tests), and python3-venv, without which `make setup` cannot make .venv on Debian.
+# the TLS tests; h2load: the peer benchmark), and python3-venv, without which `make setup` cannot make
+# .venv on Debian.
 setup-system:  ## install the system packages the tests need (chromium, openssl, nghttp2-client, python3-venv) when missing
 	@missing=; \
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \

@@ -136,11 +136,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-student-int8")
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--preferred-batch-sizes", type=int, nargs="*", default=[8, 32])
-    parser.add_argument("--max-queue-delay-us", type=int, default=1000)
-    parser.add_argument("--instance-count", type=int, default=1)
-    parser.add_argument("--kind", choices=KINDS, default="KIND_CPU")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="rows per batch Triton may form (default 64)")
+    parser.add_argument(
+        "--preferred-batch-sizes", type=int, nargs="*", default=[8, 32], help="the dynamic batcher's (default 8 32)"
+    )
+    parser.add_argument(
+        "--max-queue-delay-us", type=int, default=1000, help="how long a request waits for a batch (default 1000)"
+    )
+    parser.add_argument("--instance-count", type=int, default=1, help="model instances (default 1)")
+    parser.add_argument("--kind", choices=KINDS, default="KIND_CPU", help="where the instances run (default KIND_CPU)")
     args = parser.parse_args(argv)
     try:
         folder = write_repository(

@@ -24,7 +24,7 @@ from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
-    parser.add_argument("recipe")
+    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     texts = parser.add_mutually_exclusive_group()

@@ -1,5 +1,4 @@
-"""`edgedistill headline RECIPE [--section.key=value ...]`: one line per finished stage of a recipe, then the
-headline figures.
+"""`edgedistill headline RECIPE [--section.key=value ...]`: one line per finished stage, then the headline.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode, serving latency
