@@ -84,6 +84,7 @@ class Bundle(BaseModel):
     folder: Path
     manifest: mf.Manifest
     spec: BundleSpec
+    manifest_sha256: str  # of the manifest bytes parsed: names the bundle that was loaded
 
     @property
     def model_path(self) -> Path:
@@ -112,19 +113,17 @@ def load_bundle(folder: str | Path, verify: bool = True) -> Bundle:
     """Read and verify a bundle: every file's sha256 (unless `verify` is off), the model and tokenizer listed,
     the spec valid."""
     folder = Path(folder)
-    manifest = mf.load(folder, verify=verify)
-    return Bundle(folder=folder, manifest=manifest, spec=_spec(folder, manifest))
+    manifest, digest = mf.read(folder, verify=verify)
+    return Bundle(folder=folder, manifest=manifest, spec=_spec(folder, manifest), manifest_sha256=digest)
 
 
 @dataclass(frozen=True, eq=False)
 class ServedFiles:
     """The model file and tokenizer.json of a bundle, as read once and verified: what is opened is what was
-    checked; and the sha256 of the manifest that was parsed, which names what is served. Drop it once the model is
-    open: it holds the whole model file."""
+    checked. Drop it once the model is open: it holds the whole model file."""
 
     model: bytes
     tokenizer: str
-    manifest_sha256: str
 
 
 def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
@@ -158,5 +157,5 @@ def read_bundle(folder: str | Path) -> tuple[Bundle, ServedFiles]:
         tokenizer = served[TOKENIZER].decode("utf-8")
     except UnicodeDecodeError as err:
         raise mf.ArtifactError(f"{folder}: {TOKENIZER} is not UTF-8 text: {err}") from err
-    bundle = Bundle(folder=folder, manifest=manifest, spec=spec)
-    return bundle, ServedFiles(served[spec.model_file], tokenizer, digest)
+    bundle = Bundle(folder=folder, manifest=manifest, spec=spec, manifest_sha256=digest)
+    return bundle, ServedFiles(served[spec.model_file], tokenizer)

@@ -145,7 +145,7 @@ class ModelRuntime:
         self.bundle = bundle
         self.spec = bundle.spec
         self.settings = settings
-        self.manifest_sha256 = files.manifest_sha256
+        self.manifest_sha256 = bundle.manifest_sha256
         if not self.spec.outputs:
             raise BundleRejected(f"{bundle.folder}: the bundle spec names no outputs")
         self.output = self.spec.outputs[0].name
