@@ -68,7 +68,16 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )
-    return [(reader.line_num, row) for row in reader]  # the line a row ends on: blank lines are skipped, not counted
+    rows = []
+    for row in reader:  # the line a row ends on: blank lines are skipped, not counted
+        if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
+            stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
+            raise DataError(
+                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(reader.fieldnames)}; "
+                f"{stray} splits it: remove it"
+            )
+        rows.append((reader.line_num, row))
+    return rows
 
 
 def _from_hub(spec: str):
@@ -112,10 +121,9 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     first_line, first = rows[0]
     missing = [c for c in columns if c not in first]
     if missing:
-        raise DataError(
-            f"{source}:{first_line}: missing column(s) {missing}; found {sorted(first)}. "
-            "Set data.text_column / data.label_column in the recipe"
-        )
+        where = f"{source}:1 (the header)" if Path(source).suffix in (".tsv", ".csv") else f"{source}:{first_line}"
+        settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
+        raise DataError(f"{where}: missing column(s) {missing}; found {sorted(first)}. Set {settings} in the recipe")
     names = {name: index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
     for number, row in rows:

@@ -57,7 +57,11 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
     [
         (b"", "no examples"),
         (b"sentence\tlabel\n", "no examples"),
-        (b"text\tlabel\ngood\t1\n", r"a\.tsv:2: missing column\(s\) \['sentence'\].*data\.text_column"),
+        (b"text\tlabel\ngood\t1\n", r"a\.tsv:1 \(the header\): missing column\(s\) \['sentence'\].*data\.text_column"),
+        (
+            b"sentence\tlabel\ngood\t1\na\tstray tab\t0\n",
+            r"a\.tsv:3: 1 field\(s\) more than the header's 2; a tab inside",
+        ),
         (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label '2' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\t1\n\t0\n", r"a\.tsv:3: empty 'sentence'"),
@@ -170,3 +174,10 @@ def test_jsonl_label_that_is_neither_name_nor_index_is_refused(tmp_path, cell):
     (tmp_path / "l.jsonl").write_text(f'{{"question": "who ?", "label": {cell}}}\n')
     with pytest.raises(DataError, match=r"l\.jsonl:1: label .* is neither one of data\.label_names"):
         load_labelled(str(tmp_path / "l.jsonl"), TREC)
+
+
+def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
+    (tmp_path / "p.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    pairs = CFG.model_copy(update={"text_pair_column": "second"})
+    with pytest.raises(DataError, match=r"data\.text_pair_column"):
+        load_labelled(str(tmp_path / "p.tsv"), pairs)
