@@ -54,8 +54,16 @@ def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> PreTr
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token. A checkpoint that
+    cannot be found or read is a `RecipeError` naming it, not a traceback."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:  # not found, offline, not a repo id, no tokenizer files
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RecipeError(
+            f"{name_or_path}: cannot load a tokenizer from it ({reason}); model.init (EDGEDISTILL_TEACHER_INIT) "
+            "must name a local checkpoint folder, or a Hub model where the Hub can be reached"
+        ) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

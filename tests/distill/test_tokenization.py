@@ -2,7 +2,7 @@
 
 import pytest
 from edgedistill.common.recipe import RecipeError
-from edgedistill.distill.tokenization import encode, require_segments, train_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments, train_tokenizer
 
 TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull plot"] * 20
 
@@ -19,3 +19,8 @@ def test_a_bert_tokenizer_is_accepted_for_pairs():
 def test_a_tokenizer_that_does_not_mark_sentence_b_is_refused_for_pairs():
     with pytest.raises(RecipeError, match="does not mark sentence B"):
         require_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
+
+
+def test_a_checkpoint_that_is_not_there_is_named_with_the_setting(tmp_path):
+    with pytest.raises(RecipeError, match=r"minilm: cannot load a tokenizer from it .*EDGEDISTILL_TEACHER_INIT"):
+        load_tokenizer(str(tmp_path / "minilm"))
