@@ -148,7 +148,7 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
         ]
     else:
         served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]
-        served += [f"make serve BUNDLE={folder}", f"python -m serve --bundle {folder}", "```"]
+        served += [f"edgedistill serve --bundle {folder}", f"make serve BUNDLE={folder}  # in a checkout", "```"]
         if info.get("bundle", {}).get("runtime") != "onnxruntime":  # a cascade, or a TensorRT engine
             return served
         return [

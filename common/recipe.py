@@ -224,7 +224,7 @@ class TransferConfig(Strict):
     labeller: str | None = Field(
         None,
         description="on the CPU, label with this fp32 or INT8 teacher bundle in ONNX Runtime (built first by "
-        "`python -m export labeller`) instead of PyTorch; on a GPU, PyTorch labels",
+        "`edgedistill labeller`) instead of PyTorch; on a GPU, PyTorch labels",
     )
     relabel_margin: float | None = Field(
         None,

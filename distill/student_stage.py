@@ -240,7 +240,8 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
             "init_from_teacher": from_teacher,
         }
         | trainer.run_info(),
-        line=f"dev_accuracy={best['dev_accuracy']:.4f} retention={retention:.3f}"
+        line=" ".join(f"{k}={best[k]:.4f}" for k in dict.fromkeys(["dev_accuracy", key]))
+        + f" retention={retention:.3f} (of the teacher's {key})"
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.2f}M "
         f"steps={progress.global_step}",

@@ -324,7 +324,7 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
     gate."""
     if not (folder / mf.MANIFEST).is_file():
         raise mf.ArtifactError(
-            f"transfer.labeller: {folder} is not built: run `python -m export labeller RECIPE` first (make transfer "
+            f"transfer.labeller: {folder} is not built: run `edgedistill labeller RECIPE` first (make transfer "
             "does), or label in PyTorch with --transfer.labeller=null"
         )
     bundle = load_bundle(folder)
@@ -332,7 +332,7 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
     if exported_from is None or exported_from.manifest_sha256 != mf.sha256_file(teacher_dir / mf.MANIFEST):
         raise mf.ArtifactError(
             f"{folder} was not exported from the teacher in {teacher_dir} (rebuilt since?): "
-            "rebuild it with `python -m export labeller RECIPE` (make transfer does)"
+            "rebuild it with `edgedistill labeller RECIPE` (make transfer does)"
         )
     if bundle.spec.precision not in ("fp32", "int8"):
         raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32 or INT8")
@@ -375,7 +375,7 @@ def _build(inputs: Inputs) -> Built:
         if figures["bundle_precision"] != wanted:
             raise mf.ArtifactError(
                 f"{folder} is a {figures['bundle_precision']} bundle but the recipe makes it {wanted}: rebuild it "
-                "with `python -m export labeller RECIPE --force` (make transfer builds it)"
+                "with `edgedistill labeller RECIPE --force` (make transfer builds it)"
             )
         if figures["bundle_precision"] == "fp32":
             placement = replace(placement, precision="fp32")  # an fp32 graph labels; nothing runs in PyTorch

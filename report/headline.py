@@ -20,7 +20,7 @@ from rich.table import Table
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
 BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first
 CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
-    False: ('make call TEXT="<text>"', '{"texts": ["<text>"]}'),
+    False: ('edgedistill call "<text>"', '{"texts": ["<text>"]}'),
     True: (
         'edgedistill call "<text>" --pair "<second text>"',
         '{"texts": ["<text>"], "text_pairs": ["<second text>"]}',

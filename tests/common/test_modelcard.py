@@ -118,7 +118,7 @@ def test_student_card_shows_from_pretrained(recipe):
 
 def test_bundle_card_says_how_to_serve(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
-    assert "make serve BUNDLE=runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)
+    assert "edgedistill serve --bundle runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)
 
 
 def test_bundle_card_gives_parity(recipe):

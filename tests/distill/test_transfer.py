@@ -328,7 +328,7 @@ def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run):
     (run / "teacher").symlink_to(smoke_run / "teacher")
     result = transfer_with_labeller(smoke_run.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 2
-    assert "python -m export labeller" in result.stderr
+    assert "edgedistill labeller RECIPE" in result.stderr
 
 
 def test_the_check_sample_is_spread_evenly_from_first_to_last_text():

@@ -93,7 +93,7 @@ def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys
 
 def test_call_lines_of_a_single_text_task_send_one_text(recipe):
     publish(run_dir(recipe) / f"bundle-{recipe.export.deploy}", {})
-    assert 'call it:   make call TEXT="<text>"' in headline.headline(recipe, "recipes/smoke.yaml")
+    assert 'call it:   edgedistill call "<text>"' in headline.headline(recipe, "recipes/smoke.yaml")
 
 
 def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):
