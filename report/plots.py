@@ -19,8 +19,8 @@ def png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def training_curves(histories: dict[str, list[dict]]) -> bytes:
-    """Train loss and dev accuracy against the step, one line per model."""
+def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
+    """Train loss and the dev metric `key` against the step, one line per model."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, history in histories.items():
         steps = [h["step"] for h in history]
@@ -30,9 +30,9 @@ def training_curves(histories: dict[str, list[dict]]) -> bytes:
                 [h["train_loss"] for h in history if "train_loss" in h],
                 label=name,
             )
-        acc_ax.plot(steps, [h["dev_accuracy"] for h in history], marker=".", label=name)
+        acc_ax.plot(steps, [h[key] for h in history], marker=".", label=name)
     loss_ax.set(title="training loss", xlabel="step", yscale="log")
-    acc_ax.set(title="dev accuracy", xlabel="step")
+    acc_ax.set(title=key.replace("_", " "), xlabel="step")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

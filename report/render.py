@@ -63,32 +63,41 @@ class Page:
         )
 
 
-def _stages(page: Page, root: Path) -> None:
+def _dev_keys(recipe: Recipe) -> list[str]:
+    """The dev figures a table shows: accuracy, and the recipe's selection metric when it is another."""
+    return list(dict.fromkeys(["dev_accuracy", f"dev_{recipe.data.metric}"]))
+
+
+def _stages(page: Page, root: Path, recipe: Recipe) -> None:
     folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report")
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
+    keys = _dev_keys(recipe)
     rows = []
     for folder in folders:
         m = mf.load(folder, verify=False).metrics
         rows.append(
             [
                 folder.name,
-                f"{m['dev_accuracy']:.4f}" if "dev_accuracy" in m else None,
+                *(f"{m[key]:.4f}" if key in m else None for key in keys),
                 f"{m['params'] / 1e6:.2f}M" if "params" in m else None,
                 f"{m['size_bytes'] / 2**20:.1f}" if "size_bytes" in m else None,
                 f"{m['wall_seconds'] / 60:.1f}" if "wall_seconds" in m else None,
             ]
         )
-    page.table(["stage", "dev accuracy", "params", "size MiB", "wall min"], rows)
+    page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
 
 
-def _curves(page: Page, root: Path) -> None:
+def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     folders = [
         p for p in [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))] if _finished(p)
     ]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
+        key = f"dev_{recipe.data.metric}"  # what selected each model's kept step
         page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
-        page.figure("training.png", plots.training_curves(histories), "training loss and dev accuracy")
+        page.figure(
+            "training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}"
+        )
 
 
 def _distillation(page: Page, root: Path) -> None:
@@ -275,7 +284,9 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
-    for section in (_stages, _curves, _distillation, _benchmark, _cascade_section, _serving, _loadtests):
+    _stages(page, root, inputs.recipe)
+    _curves(page, root, inputs.recipe)
+    for section in (_distillation, _benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)
     work = inputs.fresh_work()
     (work / "figures").mkdir()

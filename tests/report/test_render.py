@@ -2,7 +2,11 @@
 
 import json
 
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
 from edgedistill.report import render
+
+from tests.conftest import ROOT
 
 ROWS = [
     {"student": "teacher", "arch": "teacher", "dev_accuracy": 0.9, "dev_macro_f1": 0.8, "retention": 1.0},
@@ -27,8 +31,6 @@ def test_distillation_section_shows_each_row(tmp_path):
 
 def cascade_page(tmp_path) -> render.Page:
     """The cascade section for a published cascade artifact of two members."""
-    from edgedistill.common import manifest as mf
-
     members = [
         {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},
         {"bundle": "big", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
@@ -58,3 +60,13 @@ def test_cascade_section_lists_each_members_threshold(tmp_path):
 
 def test_cascade_section_draws_its_curve(tmp_path):
     assert "bundle-c.png" in cascade_page(tmp_path).figures
+
+
+def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_path):
+    metrics = {"dev_accuracy": 0.9, "dev_macro_f1": 0.8}
+    with mf.stage_folder(tmp_path / "teacher") as tmp:
+        base = mf.Manifest(stage="teacher", recipe="r", recipe_hash="h", config_hash="h", metrics=metrics)
+        mf.commit(tmp, tmp_path / "teacher", base)
+    page = render.Page("report")
+    render._stages(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
+    assert "| teacher | 0.9000 | 0.8000 |" in "\n".join(page.md)
