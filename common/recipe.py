@@ -261,12 +261,16 @@ class TransferConfig(Strict):
         return self
 
 
+# What the student stage sets on a student's config from the data and the teacher, whatever a recipe says.
+STUDENT_FROM_DATA = frozenset({"vocab_size", "num_labels", "pad_token_id", "max_length", "pairs"})
+
+
 class StudentConfig(Strict):
     """Architecture and sizes of a student; fields an architecture does not use are ignored by it."""
 
     arch: Literal["bilstm", "cnn", "transformer"]
     vocab_size: int | None = Field(None, gt=0, description="set from the teacher's tokenizer")
-    num_labels: int = Field(2, ge=2)
+    num_labels: int = Field(2, ge=2, description="classes (set from the data)")
     embed_dim: int = Field(300, gt=0, description="word vectors of bilstm/cnn; the transformer uses hidden_size")
     hidden_size: int = Field(300, gt=0, description="LSTM units per direction / transformer width")
     num_layers: int = Field(1, ge=1)
@@ -277,8 +281,8 @@ class StudentConfig(Strict):
     dropout: float = Field(0.1, ge=0, lt=1)
     pooling: Literal["max", "mean", "last"] = "max"
     pairs: bool = Field(False, description="set from the data: takes sentence pairs (token_type_ids mark sentence B)")
-    max_length: int = Field(128, gt=0)
-    pad_token_id: int = Field(0, ge=0)
+    max_length: int = Field(128, gt=0, description="tokens per text (set from transfer.max_length)")
+    pad_token_id: int = Field(0, ge=0, description="the padding token (set from the teacher's tokenizer)")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -781,6 +785,17 @@ class Recipe(Strict):
                 "data.text_pair_column is set but model.family is gpt: sentence pairs need a tokenizer that marks "
                 "sentence B (token_type_ids), which the bert family has; use a bert teacher for pair tasks"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _students_leave_what_the_data_sets(self):
+        for name, run in (self.distill.students if self.distill else {}).items():
+            if given := sorted(run.model.model_fields_set & STUDENT_FROM_DATA):
+                raise ValueError(
+                    f"distill.students.{name}.model sets {given}: the stage sets these from the data and the teacher "
+                    "(data.label_names, data.text_pair_column, transfer.max_length, the teacher's tokenizer); "
+                    "remove them"
+                )
         return self
 
     @model_validator(mode="after")

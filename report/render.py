@@ -95,9 +95,7 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     if histories:
         key = f"dev_{recipe.data.metric}"  # what selected each model's kept step
         page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
-        page.figure(
-            "training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}"
-        )
+        page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
 def _distillation(page: Page, root: Path) -> None:

@@ -507,3 +507,8 @@ def test_documented_mrpc_recipe_is_a_pair_task(documented):
 
 def test_documented_mrpc_recipe_selects_on_the_paraphrase_f1(documented):
     assert documented("my-mrpc.yaml").data.positive_index == 1
+
+
+def test_a_student_key_the_data_sets_is_refused_naming_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"distill.students.cnn.model sets \['num_labels'\]: the stage sets these"):
+        extend(tmp_path, "distill: {students: {cnn: {model: {arch: cnn, num_labels: 7}}}}\n")
