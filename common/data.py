@@ -30,6 +30,11 @@ class Labelled:
             return self
         return Labelled(self.texts[:n], self.pairs[:n] if self.pairs else None, self.labels[:n])
 
+    def absent(self, names: list[str]) -> list[str]:
+        """The label names no example carries."""
+        seen = set(self.labels)
+        return [name for index, name in enumerate(names) if index not in seen]
+
     def both_ways(self) -> "Labelled":
         """These pairs followed by each pair the other way round, with the same labels."""
         if self.pairs is None:

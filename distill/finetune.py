@@ -97,6 +97,8 @@ def _build(inputs: Inputs) -> Built | None:
     recipe = inputs.recipe
     cfg, data = recipe.finetune, recipe.data
     train, dev = load_splits(data)
+    if (absent := train.absent(data.label_names)) and dist.is_main():
+        print(f"[teacher] warning: no train example is labelled {absent} (data.label_names); the model never learns it")
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     if data.pairs:

@@ -1,7 +1,7 @@
 import re
 
 import pytest
-from edgedistill.common.data import DataError, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.data import DataError, Labelled, load_labelled, load_splits, load_unlabelled
 from edgedistill.common.recipe import DataConfig
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
@@ -181,3 +181,7 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
     pairs = CFG.model_copy(update={"text_pair_column": "second"})
     with pytest.raises(DataError, match=r"data\.text_pair_column"):
         load_labelled(str(tmp_path / "p.tsv"), pairs)
+
+
+def test_label_names_no_example_carries_are_found():
+    assert Labelled(["a", "b"], None, [0, 2]).absent(["x", "y", "z"]) == ["y"]
