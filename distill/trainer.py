@@ -233,7 +233,7 @@ class Trainer:
         return [batch for batch in batches_for_epoch(epoch) if len(batch) >= least]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
-        """One optimizer step over this rank's micro-batches of `batch`: the mean micro-batch loss, and whether the
+        """One optimizer step over this rank's micro-batches of `batch`: their mean loss per example, and whether the
         optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
