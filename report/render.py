@@ -63,9 +63,14 @@ class Page:
         )
 
 
+def _selected_by(recipe: Recipe) -> str:
+    """The dev figure that selected each model's kept step (`data.metric`)."""
+    return f"dev_{recipe.data.metric}"
+
+
 def _dev_keys(recipe: Recipe) -> list[str]:
     """The dev figures a table shows: accuracy, and the recipe's selection metric when it is another."""
-    return list(dict.fromkeys(["dev_accuracy", f"dev_{recipe.data.metric}"]))
+    return list(dict.fromkeys(["dev_accuracy", _selected_by(recipe)]))
 
 
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
@@ -93,7 +98,7 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     ]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
-        key = f"dev_{recipe.data.metric}"  # what selected each model's kept step
+        key = _selected_by(recipe)
         page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 

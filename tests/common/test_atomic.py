@@ -47,44 +47,38 @@ def test_parent_folders_are_made(tmp_path):
     assert atomic_write(tmp_path / "x" / "y" / "a.txt", "hi").read_text() == "hi"
 
 
+def staged(tmp_path, target: str, name: str):
+    """A finished temporary folder beside `target`, holding one file named `name`."""
+    tmp = tmp_path / f".{target}.tmp-{name}"
+    tmp.mkdir()
+    (tmp / name).write_text(name)
+    return tmp
+
+
 def test_publish_folder_replaces_and_removes_the_old_folder(tmp_path):
     final = tmp_path / "stage"
     for name in ("one", "two"):
-        tmp = tmp_path / f".stage.tmp-{name}"
-        tmp.mkdir()
-        (tmp / name).write_text(name)
-        publish_folder(tmp, final)
+        publish_folder(staged(tmp_path, "stage", name), final)
     assert [p.name for p in final.iterdir()] == ["two"]
     assert [p.name for p in tmp_path.iterdir()] == ["stage"]
 
 
-def _publish_two(tmp_path):
-    final = tmp_path / "best"
-    for name in ("old", "new"):
-        tmp = tmp_path / f".best.tmp-{name}"
-        tmp.mkdir()
-        (tmp / name).write_text(name)
-        publish_folder(tmp, final)
-    return final
-
-
 def test_a_folder_replaces_a_folder_in_one_step(tmp_path, monkeypatch):
     final = tmp_path / "best"
-    for name in ("old", "new"):
-        (tmp_path / f".best.tmp-{name}").mkdir()
-        (tmp_path / f".best.tmp-{name}" / name).write_text(name)
-    publish_folder(tmp_path / ".best.tmp-old", final)
+    publish_folder(staged(tmp_path, "best", "old"), final)
 
     def killed(*args):  # a process killed at a rename: between two renames the target would be gone
         raise RuntimeError("killed")
 
     monkeypatch.setattr(atomic.os, "replace", killed)
-    publish_folder(tmp_path / ".best.tmp-new", final)
+    publish_folder(staged(tmp_path, "best", "new"), final)
     assert [p.name for p in final.iterdir()] == ["new"]
 
 
 def test_where_names_cannot_be_exchanged_a_folder_is_replaced_by_two_renames(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic, "_renameat2", None)
-    final = _publish_two(tmp_path)
+    final = tmp_path / "best"
+    for name in ("old", "new"):
+        publish_folder(staged(tmp_path, "best", name), final)
     assert [p.name for p in tmp_path.iterdir()] == ["best"]
     assert [p.name for p in final.iterdir()] == ["new"]

@@ -1,35 +1,25 @@
 """The process group's checks, with two real gloo processes on this machine."""
 
-import multiprocessing
-
 import pytest
 import torch.distributed as torch_dist
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import dist
 
+from tests.distill.ranks import on_two_ranks
 
-def _rank(rank: int, store: str, folders: list[str], results) -> None:
-    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+
+def _check(folders: list[str]) -> str:
+    """What `check_shared` says on this rank, given its own folder of `folders`."""
     try:
-        dist.check_shared(folders[rank])
-        results.put((rank, "ok"))
+        dist.check_shared(folders[torch_dist.get_rank()])
+        return "ok"
     except RecipeError as err:
-        results.put((rank, str(err)))
-    finally:
-        torch_dist.destroy_process_group()
+        return str(err)
 
 
 def check_from_two_ranks(tmp_path, folders: list[str]) -> dict[int, str]:
     """What `check_shared` said on each of two ranks, each given its own folder."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    procs = [context.Process(target=_rank, args=(r, str(tmp_path / "store"), folders, results)) for r in (0, 1)]
-    for proc in procs:
-        proc.start()
-    said = dict(results.get(timeout=60) for _ in procs)
-    for proc in procs:
-        proc.join(30)
-    return said
+    return on_two_ranks(tmp_path, _check, folders)
 
 
 def test_ranks_that_share_the_run_folder_pass(tmp_path):

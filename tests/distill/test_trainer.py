@@ -1,13 +1,13 @@
 """The training loop: micro-batches, gradient accumulation, checkpoints, and what a manifest records of a run."""
 
-import multiprocessing
-
 import pytest
 import torch
 import torch.distributed as torch_dist
 from edgedistill.common.recipe import OptimConfig, RuntimeConfig
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
+
+from tests.distill.ranks import on_two_ranks
 
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
@@ -186,30 +186,6 @@ def _resume_runs(folder: str) -> tuple[dict, dict]:
     except Crash:
         torch_dist.barrier()  # rank 0 has written the step-3 checkpoint
     return straight, _fit_with_dropout(f"{folder}/crashed")
-
-
-def _on_rank(rank: int, store: str, job, args, results) -> None:
-    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        results.put((rank, job(*args)))
-    finally:
-        torch_dist.destroy_process_group()
-
-
-def on_two_ranks(tmp_path, job, *args) -> dict:
-    """`job(*args)`'s result on each of two gloo ranks (spawned processes), by rank."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    procs = [
-        context.Process(target=_on_rank, args=(r, str(tmp_path / "store"), job, args, results), daemon=True)
-        for r in (0, 1)
-    ]
-    for proc in procs:
-        proc.start()
-    said = dict(results.get(timeout=120) for _ in procs)
-    for proc in procs:
-        proc.join(30)
-    return said
 
 
 def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted_run(tmp_path):
