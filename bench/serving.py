@@ -104,7 +104,7 @@ def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
 
 def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
     """The examples tokenized with the bundle's tokenizer, padded into batches of BATCH."""
-    encoder = TextEncoder(bundle.tokenizer_path, bundle.spec.max_length, {t.name: t.dtype for t in bundle.spec.inputs})
+    encoder = TextEncoder.for_bundle(bundle)
     return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in examples.load_groups(BATCH)]
 
 

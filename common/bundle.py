@@ -21,6 +21,9 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
 CONFIG = "config.json"
+# Bumped when `BundleSpec` gains a required field, so that bundles built before it are rebuilt (see
+# `export.bundle_stage.stage`). 2: `pad_token_id`.
+SPEC_VERSION = 2
 
 
 class TensorSpec(BaseModel):
@@ -43,6 +46,11 @@ class BundleSpec(BaseModel):
         description="the texts a request gives per example: ['text'], or ['text', 'text_pair'] for a pair model"
     )
     max_length: int
+    pad_token_id: int = Field(
+        ge=0,
+        description="the input id that pads shorter rows of a batch, as in training and the export checks; a "
+        "GPT-style model finds its last token by it",
+    )
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     precision: Literal["fp32", "fp16", "int8"]
@@ -102,7 +110,10 @@ def _spec(folder: Path, manifest: mf.Manifest) -> BundleSpec:
     try:
         spec = BundleSpec.model_validate(manifest.info["bundle"])
     except ValueError as err:
-        raise mf.ArtifactError(f"{folder}: invalid bundle spec: {err}") from err
+        given = manifest.info["bundle"]
+        old = isinstance(given, dict) and "pad_token_id" not in given
+        hint = " (built before bundles recorded their padding id: build it again)" if old else ""
+        raise mf.ArtifactError(f"{folder}: invalid bundle spec{hint}: {err}") from err
     for required in (spec.model_file, TOKENIZER):
         if required not in manifest.files:
             raise mf.ArtifactError(f"{folder}: {required} is not in the bundle's manifest")

@@ -18,6 +18,7 @@ from edgedistill.common import progress
 from edgedistill.common.bundle import (
     CONFIG,
     MODEL_FILES,
+    SPEC_VERSION,
     TOKENIZER,
     TOKENIZER_CONFIG,
     BundleSpec,
@@ -173,6 +174,7 @@ def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
         (f"export.bundles.{bundle_id}", *(f"export.{key}" for key in gates)),
         partial(_build, bundle_id=bundle_id, cache=cache),
         tuple(parents),
+        extra={"spec_version": SPEC_VERSION},
     )
 
 
@@ -235,6 +237,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         labels=recipe.data.label_names,
         text_inputs=["text", "text_pair"] if recipe.data.pairs else ["text"],
         max_length=length,
+        pad_token_id=cache.tokenizer.pad_token_id,
         inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],
         outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", len(recipe.data.label_names)])],
         precision=spec.precision,

@@ -3,20 +3,23 @@
 from pathlib import Path
 
 import numpy as np
+from edgedistill.common.bundle import Bundle
 from edgedistill.serve.errors import BundleRejected, InvalidInput
 from tokenizers import Tokenizer
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-_PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 _NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32}
 
 
 class TextEncoder:
     """Tokenizes texts (or text pairs) into one row per text: `{input name: 1-D int array}`, unpadded."""
 
-    def __init__(self, path: Path, max_length: int, inputs: dict[str, str], tokenizer_json: str | None = None):
-        """`inputs` maps each model input name to its dtype (from the bundle spec). With `tokenizer_json` (the text
-        of `path`, already read and verified) the file is not read again; `path` names it in messages."""
+    def __init__(
+        self, path: Path, max_length: int, inputs: dict[str, str], pad_id: int, tokenizer_json: str | None = None
+    ):
+        """`inputs` maps each model input name to its dtype, `pad_id` pads `input_ids` (both from the bundle spec).
+        With `tokenizer_json` (the text of `path`, already read and verified) the file is not read again; `path`
+        names it in messages."""
         unknown = set(inputs) - set(SEQUENCE_INPUTS)
         if unknown or "input_ids" not in inputs:
             raise BundleRejected(
@@ -34,17 +37,17 @@ class TextEncoder:
         self.tokenizer.enable_truncation(max_length)
         self.max_length = max_length
         self.dtypes = {name: _NUMPY_DTYPES.get(dtype, np.int64) for name, dtype in inputs.items()}
-        self.pad_id = self._pad_id()
+        self.pad_id = pad_id
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        if not 0 <= pad_id < self.vocab_size:
+            raise BundleRejected(f"pad_token_id {pad_id} is outside the tokenizer's {self.vocab_size} ids")
 
-    def _pad_id(self) -> int:
-        padding = self.tokenizer.padding
-        if padding and padding.get("pad_id") is not None:
-            return int(padding["pad_id"])
-        for token in _PAD_TOKENS:
-            if (token_id := self.tokenizer.token_to_id(token)) is not None:
-                return token_id
-        return 0
+    @classmethod
+    def for_bundle(cls, bundle: Bundle, tokenizer_json: str | None = None) -> "TextEncoder":
+        """The encoder a bundle's spec describes; `tokenizer_json` as read and verified by `read_bundle`."""
+        spec = bundle.spec
+        inputs = {t.name: t.dtype for t in spec.inputs}
+        return cls(bundle.tokenizer_path, spec.max_length, inputs, spec.pad_token_id, tokenizer_json)
 
     @property
     def pad_values(self) -> dict[str, int]:

@@ -149,9 +149,7 @@ class ModelRuntime:
         if not self.spec.outputs:
             raise BundleRejected(f"{bundle.folder}: the bundle spec names no outputs")
         self.output = self.spec.outputs[0].name
-        self.encoder = TextEncoder(
-            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}, files.tokenizer
-        )
+        self.encoder = TextEncoder.for_bundle(bundle, files.tokenizer)
         self.backend = load_backend(bundle, settings, model=files.model)
         self._tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)

@@ -17,9 +17,7 @@ class BundleClassifier:
     def __init__(self, folder: Path, threads: int = 1):
         bundle = load_bundle(folder)
         self.spec = bundle.spec
-        self.encoder = TextEncoder(
-            bundle.tokenizer_path, self.spec.max_length, {t.name: t.dtype for t in self.spec.inputs}
-        )
+        self.encoder = TextEncoder.for_bundle(bundle)
         self.backend = load_backend(bundle, Settings(threads=threads))
         self.output = self.spec.outputs[0].name
 

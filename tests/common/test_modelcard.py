@@ -32,6 +32,7 @@ def _bundle_info() -> dict:
         labels=["negative", "positive"],
         text_inputs=["text"],
         max_length=48,
+        pad_token_id=0,
         inputs=[TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"])],
         outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
         precision="int8",

@@ -57,6 +57,7 @@ def make_bundle(tmp_path, model):
             "labels": ["a", "b"],
             "text_inputs": ["text"],
             "max_length": 2,
+            "pad_token_id": 0,
             "inputs": [TensorSpec(name="x", dtype="float32", shape=["batch", 2])],
             "outputs": [TensorSpec(name="y", dtype="float32", shape=["batch", 2])],
             "precision": "fp32",

@@ -10,6 +10,7 @@ from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
 from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.export import bundle_stage
 from edgedistill.export.bundle_stage import dev_features, max_length
 from edgedistill.export.onnx_export import load_source
 from edgedistill.export.validate import (
@@ -259,11 +260,22 @@ def test_bundle_config_names_the_exported_models_type(smoke_bundles, bundle_id, 
     assert config["model_type"] == model_type
 
 
+def test_a_bundle_records_the_padding_id_of_the_teachers_tokenizer(smoke_bundles):
+    pad_id = load_tokenizer(str(smoke_bundles / "teacher")).pad_token_id
+    assert load_bundle(smoke_bundles / "bundle-bilstm-int8").spec.pad_token_id == pad_id
+
+
+def test_a_bundle_stage_is_stale_when_the_spec_version_changes(monkeypatch):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    before = bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash
+    monkeypatch.setattr(bundle_stage, "SPEC_VERSION", bundle_stage.SPEC_VERSION + 1)
+    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != before
+
+
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
 def test_auto_tokenizer_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_id):
     folder = smoke_bundles / f"bundle-{bundle_id}"
-    spec = load_bundle(folder).spec
     text = " ".join(["a gripping , funny and thoroughly moving film"] * 20)  # longer than any max length
-    served = TextEncoder(folder / "tokenizer.json", spec.max_length, {"input_ids": "int64"}).encode([text])
+    served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
     ids = AutoTokenizer.from_pretrained(folder)(text, truncation=True)["input_ids"]
     assert ids == served[0]["input_ids"].tolist()

@@ -51,6 +51,7 @@ def make_bundle(tmp_path, runtime="onnxruntime", version="1"):
             labels=["negative", "positive"],
             text_inputs=["text"],
             max_length=16,
+            pad_token_id=0,
             inputs=[
                 TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in ("input_ids", "attention_mask")
             ],

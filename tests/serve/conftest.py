@@ -115,6 +115,7 @@ def spec(**changes) -> BundleSpec:
         "labels": LABELS,
         "text_inputs": ["text"],
         "max_length": MAX_LENGTH,
+        "pad_token_id": 0,
         "inputs": [
             TensorSpec(name="input_ids", dtype="int64", shape=["batch", "sequence"]),
             TensorSpec(name="attention_mask", dtype="int64", shape=["batch", "sequence"]),

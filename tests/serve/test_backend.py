@@ -13,6 +13,7 @@ from edgedistill.common.bundle import TensorSpec, load_bundle
 from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
 from edgedistill.serve.app import create_server
 from edgedistill.serve.backend import BackendUnavailable, load_backend
+from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, load_settings
@@ -119,11 +120,27 @@ def test_a_model_onnxruntime_cannot_load_is_rejected(make_bundle):
 
 def test_encoder_truncates_to_max_length_and_drops_saved_padding(bundle):
     loaded = load_bundle(bundle)
-    encoder = TextEncoder(loaded.tokenizer_path, MAX_LENGTH, {"input_ids": "int64", "attention_mask": "int64"})
+    encoder = TextEncoder.for_bundle(loaded)
     short, long = encoder.encode(["good", "good " * 100])
     assert short["input_ids"].tolist() == [2, 5, 3]  # [CLS] good [SEP], no padding although the file pads
     assert len(long["input_ids"]) == MAX_LENGTH and long["input_ids"][-1] == 3
     assert encoder.pad_id == 0 and encoder.vocab_size == 30
+
+
+def test_encoder_pads_with_the_id_the_bundle_spec_names(make_bundle):
+    encoder = TextEncoder.for_bundle(load_bundle(make_bundle(pad_token_id=7)))  # not the tokenizer's [PAD] (0)
+    assert encoder.pad_values["input_ids"] == 7
+
+
+def test_a_served_batch_pads_its_shorter_rows_with_the_specs_id(make_bundle):
+    encoder = TextEncoder.for_bundle(load_bundle(make_bundle(pad_token_id=7)))
+    batch = pad_rows(encoder.encode(["good", "good good good"]), encoder.pad_values)
+    assert batch["input_ids"][0].tolist() == [2, 5, 3, 7, 7]
+
+
+def test_a_padding_id_outside_the_vocabulary_is_refused(make_bundle):
+    with pytest.raises(BundleRejected, match="pad_token_id 30 is outside the tokenizer's 30 ids"):
+        TextEncoder.for_bundle(load_bundle(make_bundle(pad_token_id=30)))
 
 
 @pytest.fixture

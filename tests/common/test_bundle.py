@@ -1,0 +1,34 @@
+"""Reading a bundle's spec: what an older or edited manifest gets instead of a model served the wrong way."""
+
+import json
+
+import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.bundle import load_bundle, read_bundle
+
+from tests.serve.conftest import write_bundle
+
+
+def without_pad_id(folder):
+    """`folder`'s manifest as a version before bundles recorded their padding id wrote it."""
+    path = folder / mf.MANIFEST
+    manifest = json.loads(path.read_text())
+    del manifest["info"]["bundle"]["pad_token_id"]
+    path.write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_bundle_without_its_padding_id_is_refused_with_the_way_out(tmp_path):
+    folder = without_pad_id(write_bundle(tmp_path / "bundle"))
+    with pytest.raises(mf.ArtifactError, match="before bundles recorded their padding id: build it again"):
+        load_bundle(folder, verify=False)
+
+
+def test_reading_a_bundle_to_serve_refuses_one_without_its_padding_id(tmp_path):
+    folder = without_pad_id(write_bundle(tmp_path / "bundle"))
+    with pytest.raises(mf.ArtifactError, match="pad_token_id"):
+        read_bundle(folder)
+
+
+def test_the_padding_id_is_read_from_the_spec(tmp_path):
+    assert load_bundle(write_bundle(tmp_path / "bundle", pad_token_id=4)).spec.pad_token_id == 4
