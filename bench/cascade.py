@@ -59,7 +59,7 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
 async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path) -> dict[str, dict]:
     cfg = recipe.bench.serving
     cascade = load_cascade(folders["cascade"])
-    examples = load_texts(recipe.data, "text_pair" in cascade.spec.text_inputs, None, None)
+    examples = load_texts(recipe.data, cascade.spec.pairs, None, None)
     singles = classify_requests(examples, 1)
     runs: dict[str, dict[str, list]] = {model: {phase: [] for phase in PHASES} for model in folders}
     async with AsyncExitStack() as stack:

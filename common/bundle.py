@@ -34,17 +34,35 @@ class TensorSpec(BaseModel):
     shape: list[int | str] = Field(description="symbolic axes as names, e.g. ['batch', 'sequence']")
 
 
-class BundleSpec(BaseModel):
-    """What a bundle serves and how; stored as `manifest.info['bundle']`."""
+TextInput = Literal["text", "text_pair"]
+
+
+def text_inputs(pairs: bool) -> list[TextInput]:
+    """The texts a request gives per example: `text`, and `text_pair` beside it for a pair model."""
+    return ["text", "text_pair"] if pairs else ["text"]
+
+
+class ServedModel(BaseModel):
+    """What clients of any served model (a bundle or a cascade) are told: its name, labels and inputs."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="the model name clients ask for, in both gRPC APIs")
     version: str = "1"
     labels: list[str]
-    text_inputs: list[Literal["text", "text_pair"]] = Field(
+    text_inputs: list[TextInput] = Field(
         description="the texts a request gives per example: ['text'], or ['text', 'text_pair'] for a pair model"
     )
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the model takes sentence pairs: then every text needs its pair, and single texts are refused."""
+        return "text_pair" in self.text_inputs
+
+
+class BundleSpec(ServedModel):
+    """What a bundle serves and how; stored as `manifest.info['bundle']`."""
+
     max_length: int
     pad_token_id: int = Field(
         ge=0,
@@ -67,11 +85,6 @@ class BundleSpec(BaseModel):
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
-
-    @property
-    def pairs(self) -> bool:
-        """Whether the model takes sentence pairs: then every text needs its pair, and single texts are refused."""
-        return "text_pair" in self.text_inputs
 
 
 def transformers_config(model: dict, spec: BundleSpec) -> dict:

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import Bundle, load_bundle
+from edgedistill.common.bundle import Bundle, ServedModel, load_bundle
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MEMBERS = "members"
@@ -27,15 +27,9 @@ class CascadeMember(BaseModel):
     temperature: float = Field(1.0, gt=0, description="softmax temperature fitted for the confidence")
 
 
-class CascadeSpec(BaseModel):
+class CascadeSpec(ServedModel):
     """What a cascade serves and how it routes; stored as `manifest.info['cascade']`."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="the model name clients ask for, in both gRPC APIs")
-    version: str = "1"
-    labels: list[str]
-    text_inputs: list[Literal["text", "text_pair"]]
     rule: Rule
     members: list[CascadeMember] = Field(min_length=2)
 
@@ -125,20 +119,12 @@ def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarra
     return logits, answered_by
 
 
-class Served(BaseModel):
+class Served(ServedModel):
     """What a client of a bundle or a cascade folder needs: its name, labels and inputs, and a short description."""
 
     folder: Path
     manifest: mf.Manifest
-    name: str
-    version: str
-    labels: list[str]
-    text_inputs: list[str]
     description: dict
-
-    @property
-    def pairs(self) -> bool:
-        return "text_pair" in self.text_inputs
 
 
 def describe(description: dict) -> str:

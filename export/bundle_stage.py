@@ -23,6 +23,7 @@ from edgedistill.common.bundle import (
     TOKENIZER_CONFIG,
     BundleSpec,
     TensorSpec,
+    text_inputs,
     tokenizer_config,
     transformers_config,
 )
@@ -235,7 +236,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
         labels=recipe.data.label_names,
-        text_inputs=["text", "text_pair"] if recipe.data.pairs else ["text"],
+        text_inputs=text_inputs(recipe.data.pairs),
         max_length=length,
         pad_token_id=cache.tokenizer.pad_token_id,
         inputs=[TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in source.inputs],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import load_bundle
+from edgedistill.common.bundle import load_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import CascadeRecipe, Recipe
@@ -161,7 +161,7 @@ def _build(inputs: Inputs, name: str) -> Built:
     spec = CascadeSpec(
         name=f"{recipe.name}-{name}",
         labels=recipe.data.label_names,
-        text_inputs=["text", "text_pair"] if recipe.data.pairs else ["text"],
+        text_inputs=text_inputs(recipe.data.pairs),
         rule=cfg.rule,
         members=[
             CascadeMember(

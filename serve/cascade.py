@@ -140,7 +140,7 @@ class CascadeRuntime:
         them: the same member per text, and its logits. Each text runs alone, so that batches of other sizes
         (padding, dynamically quantized activations) cannot blur the comparison of the routing itself."""
         texts = list(PROBE_TEXTS)
-        pairs = list(PROBE_PAIRS) if "text_pair" in self.spec.text_inputs else None
+        pairs = list(PROBE_PAIRS) if self.spec.pairs else None
 
         def alone(index: int, texts: list[str], pairs: list[str] | None) -> np.ndarray:
             member = self.members[index]

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import Bundle, BundleSpec, ServedFiles, read_bundle
-from edgedistill.common.cascade import CascadeSpec
+from edgedistill.common.bundle import Bundle, ServedFiles, ServedModel, read_bundle
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import BatchObserver, DynamicBatcher, pad_rows
 from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
@@ -112,15 +111,14 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
 
 
-def check_pairs(spec: BundleSpec | CascadeSpec, pairs: list[str] | None) -> None:
+def check_pairs(spec: ServedModel, pairs: list[str] | None) -> None:
     """A pair model needs a pair for every text; a single-text model takes none."""
-    takes_pairs = "text_pair" in spec.text_inputs
-    if takes_pairs and pairs is None:
+    if spec.pairs and pairs is None:
         raise InvalidInput(
             f"model {spec.name!r} takes text pairs: send a pair for every text (Classify: text_pairs; "
             "KServe: a BYTES 'text_pair' input beside 'text')"
         )
-    if not takes_pairs and pairs is not None:
+    if not spec.pairs and pairs is not None:
         raise InvalidInput(
             f"model {spec.name!r} takes single texts, not text pairs: send no text_pairs (KServe: no 'text_pair' input)"
         )
