@@ -7,7 +7,6 @@ after publishing and rewritten as later figures appear (`common.modelcard`).
 """
 
 import hashlib
-import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from edgedistill.common.atomic import atomic_write, publish_folder
+from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, temporary_name
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
@@ -124,19 +123,27 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
     return read(folder, verify)[0]
 
 
-def is_current(folder: Path, config_hash: str) -> bool:
-    """True when `folder` holds a finished artifact built from the same config and unchanged parents."""
+def staleness(folder: Path, config_hash: str) -> str | None:
+    """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
+    unchanged parents, with every listed file as the manifest records it."""
+    if not (Path(folder) / MANIFEST).is_file():
+        return "not built yet"
     try:
-        manifest = load(folder, verify=False)
-    except ArtifactError:
-        return False
+        manifest = load(folder, verify=True)
+    except ArtifactError as err:
+        return str(err)
     if manifest.config_hash != config_hash:
-        return False
-    for parent in manifest.parents.values():
+        return "its settings or a parent's changed"
+    for name, parent in manifest.parents.items():
         parent_manifest = Path(parent.path) / MANIFEST
         if not parent_manifest.is_file() or sha256_file(parent_manifest) != parent.manifest_sha256:
-            return False
-    return True
+            return f"its parent {name} was built again"
+    return None
+
+
+def is_current(folder: Path, config_hash: str) -> bool:
+    """True when `staleness` finds no reason to build `folder` again."""
+    return staleness(folder, config_hash) is None
 
 
 @contextmanager
@@ -147,7 +154,8 @@ def stage_folder(final: Path):
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    remove_orphans(final)
+    tmp = temporary_name(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

@@ -112,10 +112,14 @@ class Stage:
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, folders)
 
     def run(self, force: bool = False) -> mf.Manifest | None:
-        """Skip when current (unless `force`), else build and publish; None on a worker rank."""
-        if not force and self.is_current():
+        """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
+        again); None on a worker rank."""
+        stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
+        if stale is None:
             print(f"[{self.name}] up to date: {self.folder}")
             return mf.load(self.folder, verify=False)
+        if (self.folder / mf.MANIFEST).is_file():
+            print(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch()
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}

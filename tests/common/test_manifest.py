@@ -103,6 +103,12 @@ def test_is_current_follows_config_and_parents(tmp_path):
     assert not mf.is_current(tmp_path / "missing", "c")
 
 
+def test_an_artifact_with_an_edited_file_is_not_current(tmp_path):
+    publish(tmp_path)
+    (tmp_path / "stage" / "model.bin").write_bytes(b"edited")
+    assert "model.bin has 6 bytes" in mf.staleness(tmp_path / "stage", "c")
+
+
 def test_manifest_is_plain_json(tmp_path):
     publish(tmp_path)
     raw = json.loads((tmp_path / "stage" / "manifest.json").read_text())

@@ -42,6 +42,35 @@ def test_a_current_stage_is_skipped(recipe, capsys):
     assert "[up] up to date" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda file: file.write_text("y"), "does not match its sha256"),
+        (lambda file: file.write_text("longer"), "has 6 bytes, the manifest says 1"),
+        (lambda file: file.unlink(), "listed in the manifest but missing"),
+    ],
+    ids=["edited", "resized", "deleted"],
+)
+def test_a_stage_whose_files_were_damaged_is_built_again_saying_why(recipe, capsys, damage, reason):
+    body = writer("a.txt")
+    stage = Stage("up", recipe(), ("data",), body)
+    stage.run()
+    damage(stage.folder / "a.txt")
+    stage.run()
+    out = capsys.readouterr().out
+    assert len(body.calls) == 2
+    assert f"[up] building again: {stage.folder}: a.txt" in out
+    assert reason in out
+    assert (stage.folder / "a.txt").read_text() == "x"
+
+
+def test_a_rebuilt_stage_says_its_settings_changed(recipe, capsys):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("finetune",), body).run()
+    Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
+    assert "[up] building again: its settings or a parent's changed" in capsys.readouterr().out
+
+
 def test_the_manifest_lists_the_files_and_the_summary_line_is_printed(recipe, capsys):
     manifest = Stage("up", recipe(), ("data",), writer("a.txt")).run()
     assert set(manifest.files) == {"a.txt"}
