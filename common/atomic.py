@@ -8,7 +8,9 @@ between them without the target. This module is the only place that renames into
 
 import ctypes
 import errno
+import glob
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +32,31 @@ def _fsync_tree(path: Path) -> None:
             os.fsync(handle.fileno())
 
 
-def temporary_name(path: Path) -> Path:
-    """A hidden name beside `path`, unique to this process, keeping the suffix (`np.save` adds `.npy` otherwise)."""
-    return path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+def temporary_name(path: Path, kind: str = "tmp", pid: int | None = None) -> Path:
+    """A hidden name beside `path`, unique to this process (or `pid`), keeping the suffix (`np.save` adds `.npy`
+    otherwise)."""
+    return path.with_name(f".{path.stem}.{kind}-{os.getpid() if pid is None else pid}{path.suffix}")
+
+
+def remove_orphans(path: Path) -> None:
+    """Remove what processes killed while writing `path` left beside it: temporary names of processes that are
+    gone (a live process's are its work in progress)."""
+    for kind in ("tmp", "old"):
+        pattern = re.compile(re.escape(f".{path.stem}.{kind}-") + r"(\d+)" + re.escape(path.suffix))
+        for sibling in path.parent.glob(f".{glob.escape(path.stem)}.{kind}-*"):
+            found = pattern.fullmatch(sibling.name)
+            if found and not _alive(int(found[1])):
+                _remove(sibling)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -> Path:
@@ -42,6 +66,7 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path)
     tmp = temporary_name(path)
     _remove(tmp)
     try:
@@ -85,7 +110,7 @@ def _replace(tmp: Path, final: Path) -> None:
     if final.is_dir() and not final.is_symlink() and _exchange(tmp, final):
         _remove(tmp)  # the old folder, now under the temporary name
     elif final.is_dir() and not final.is_symlink():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        old = temporary_name(final, "old")
         _remove(old)
         os.replace(final, old)
         os.replace(tmp, final)

@@ -1,8 +1,12 @@
 """Atomic writes: the target is the old or the whole new content, and no temporary file is left."""
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 from edgedistill.common import atomic
+from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write, publish_folder
 
 
@@ -82,3 +86,33 @@ def test_where_names_cannot_be_exchanged_a_folder_is_replaced_by_two_renames(tmp
         publish_folder(staged(tmp_path, "best", name), final)
     assert [p.name for p in tmp_path.iterdir()] == ["best"]
     assert [p.name for p in final.iterdir()] == ["new"]
+
+
+def gone_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_write_removes_the_temporary_left_by_a_killed_process(tmp_path):
+    orphan = atomic.temporary_name(tmp_path / "logits.npy", pid=gone_pid())
+    orphan.write_bytes(b"half")
+    atomic_write(tmp_path / "logits.npy", b"whole")
+    assert not orphan.exists()
+
+
+def test_a_write_leaves_a_live_processs_temporary_alone(tmp_path):
+    working = atomic.temporary_name(tmp_path / "logits.npy", pid=os.getppid())
+    working.write_bytes(b"in progress")
+    atomic_write(tmp_path / "logits.npy", b"whole")
+    assert working.read_bytes() == b"in progress"
+
+
+@pytest.mark.parametrize("kind", ["tmp", "old"])
+def test_publishing_a_stage_removes_the_folders_a_killed_publish_left(tmp_path, kind):
+    orphan = atomic.temporary_name(tmp_path / "bundle-x", kind, pid=gone_pid())
+    (orphan / "sub").mkdir(parents=True)
+    with mf.stage_folder(tmp_path / "bundle-x") as tmp:
+        mf.commit(tmp, tmp_path / "bundle-x", mf.Manifest(stage="x", recipe="r", recipe_hash="h", config_hash="c"))
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
