@@ -7,8 +7,10 @@ the build body, and publishes what the body returns as `runs/<recipe>/<name>/` w
 atomically, then prints one summary line. Parents are read only through `Inputs`, which verified them.
 """
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,8 +18,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from edgedistill.common import locks, modelcard, tracking
 from edgedistill.common import manifest as mf
-from edgedistill.common import modelcard, tracking
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
@@ -113,7 +115,14 @@ class Stage:
 
     def run(self, force: bool = False) -> mf.Manifest | None:
         """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
-        again); None on a worker rank."""
+        again); None on a worker rank. One process at a time checks and builds it (`common.locks`); under torchrun
+        rank 0 holds the lock for all ranks."""
+        main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
+        lock = self.work.with_name(f"{self.name}.lock")
+        with locks.exclusive(lock, self.name) if main else contextlib.nullcontext():
+            return self._run(force)
+
+    def _run(self, force: bool) -> mf.Manifest | None:
         stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
         if stale is None:
             print(f"[{self.name}] up to date: {self.folder}")

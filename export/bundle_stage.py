@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
+from edgedistill.common.atomic import remove_orphans, temporary_name
 from edgedistill.common.bundle import (
     CONFIG,
     MODEL_FILES,
@@ -312,7 +313,9 @@ def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) ->
     if recipe.export is None:
         raise ExportError(f"recipe {recipe.name} has no `export` section")
     ids = buildable(recipe, only)
-    scratch = run_dir(recipe) / ".work" / "export"
+    work = run_dir(recipe) / ".work" / "export"  # this process's own, so that two exports can run at once
+    remove_orphans(work)
+    scratch = temporary_name(work)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     cache = SourceCache(recipe, scratch)

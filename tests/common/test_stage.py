@@ -176,7 +176,8 @@ def test_a_failed_build_leaves_no_artifact_and_keeps_the_old_one(recipe):
     with pytest.raises(OSError):
         Stage("up", recipe(), ("data",), lambda inputs: Built(fail)).run(force=True)
     assert (stage.folder / "a.txt").read_text() == "old"
-    assert [p.name for p in stage.folder.parent.iterdir()] == ["up"]
+    assert sorted(p.name for p in stage.folder.parent.iterdir()) == [".work", "up"]
+    assert [p.name for p in stage.work.parent.iterdir()] == ["up.lock"]  # the stage's lock file alone
 
 
 def test_a_worker_rank_publishes_nothing(recipe):

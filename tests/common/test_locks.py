@@ -1,0 +1,97 @@
+"""One process at a time per stage: a second one waits for the first, says whom for, then finds it built."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+from edgedistill.common import locks
+
+from tests.conftest import ROOT
+
+HOLD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from edgedistill.common import locks
+    with locks.exclusive(Path(sys.argv[1]), "teacher"):
+        print("held", flush=True)
+        sys.stdin.readline()  # until the test lets go
+    """
+)
+
+
+def held_by_a_child(lock):
+    """A process holding `lock` until a line is written to its stdin."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "held\n"
+    return child
+
+
+def test_a_second_process_waits_for_the_holder_and_names_it(tmp_path, capsys):
+    lock = tmp_path / ".work" / "teacher.lock"
+    child = held_by_a_child(lock)
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    try:
+        assert not entered.wait(1.0)
+    finally:
+        child.communicate("go\n", timeout=30)
+    waiter.join(30)
+    assert entered.is_set()
+    assert f"[teacher] waiting for pid {child.pid} on" in capsys.readouterr().out
+
+
+def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
+    lock = tmp_path / "teacher.lock"
+    child = held_by_a_child(lock)
+    child.kill()
+    child.wait()
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    assert entered.wait(10)
+
+
+BUILD = textwrap.dedent(
+    """
+    import sys, time
+    from edgedistill.common.recipe import load_recipe
+    from edgedistill.common.stage import Built, Stage
+
+    def build(inputs):
+        print("building", flush=True)
+        time.sleep(1.5)
+        return Built(lambda folder: (folder / "a.txt").write_text("x"), line="built", size_of="a.txt")
+
+    Stage("slow", load_recipe(sys.argv[1]), ("data",), build).run()
+    """
+)
+
+
+def test_two_processes_running_one_stage_build_it_once(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: locked\ndata: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    env = {"EDGEDISTILL_RUNS_DIR": str(tmp_path / "runs"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD, str(recipe)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert sum(out.count("building") for out in outs) == 1
+    assert sum("[slow] up to date" in out for out in outs) == 1
