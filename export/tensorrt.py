@@ -194,6 +194,8 @@ def build_engine(
     config.add_optimization_profile(profile)
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)
+    elif not int8:  # TensorRT computes fp32 MatMuls in TF32 on Ampere and later unless told not to
+        config.clear_flag(trt.BuilderFlag.TF32)
     calibrator = None
     if int8:
         config.set_flag(trt.BuilderFlag.INT8)
@@ -223,6 +225,7 @@ def build_engine(
         "precision": {
             "fp16": fp16,
             "int8": int8,
+            "tf32": fp16 or int8,
             "int8_mode": ("qdq" if quantized else "calibrated") if int8 else None,
             "obey_precision_constraints": bool(fp32_layers),
         },

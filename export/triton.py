@@ -80,6 +80,11 @@ def model_config(
         raise ValueError(f"{bundle.folder}: Triton has no platform for runtime {spec.runtime!r}")
     if spec.runtime == "tensorrt" and kind != "KIND_GPU":
         raise ValueError("a TensorRT plan runs only on a GPU: use kind='KIND_GPU'")
+    if spec.runtime == "tensorrt" and max_batch_size > (largest := _profile_max_batch(bundle)):
+        raise ValueError(
+            f"{bundle.folder}: the plan's optimization profile takes batches of at most {largest}, and Triton refuses "
+            f"a max_batch_size above it: use {largest} or less"
+        )
     if not MODEL_NAME.match(spec.name):
         raise ValueError(f"bundle name {spec.name!r} is not usable as a Triton model folder name")
     config = model_config_pb2.ModelConfig(
@@ -96,6 +101,14 @@ def model_config(
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
     return config
+
+
+def _profile_max_batch(bundle: Bundle) -> int:
+    """The largest batch every input of a TensorRT bundle's optimization profile takes (its manifest records it)."""
+    profile = bundle.manifest.info.get("tensorrt_build", {}).get("profile")
+    if not profile:
+        raise ValueError(f"{bundle.folder}: the manifest records no TensorRT optimization profile (tensorrt_build)")
+    return min(shapes["max"][0] for shapes in profile.values())
 
 
 def write_repository(

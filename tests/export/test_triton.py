@@ -36,7 +36,13 @@ def tiny_onnx(path):
     onnx.save(model, path)
 
 
-def make_bundle(tmp_path, runtime="onnxruntime", version="1"):
+def plan_build(max_batch: int) -> dict:
+    """`info.tensorrt_build` of a plan whose profile takes batches up to `max_batch`."""
+    shapes = {"min": [1, 1], "opt": [8, 16], "max": [max_batch, 16]}
+    return {"profile": {"input_ids": shapes, "attention_mask": shapes}}
+
+
+def make_bundle(tmp_path, runtime="onnxruntime", version="1", build: dict | None = None):
     model_file = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}[runtime]
     folder = tmp_path / f"bundle-{runtime}"
     with mf.stage_folder(folder) as tmp:
@@ -64,7 +70,10 @@ def make_bundle(tmp_path, runtime="onnxruntime", version="1"):
             opset=17,
         )
         base = mf.Manifest(stage="bundle-tiny", recipe="tiny", recipe_hash="h", config_hash="c")
-        mf.commit(tmp, folder, base.model_copy(update={"info": {"bundle": spec.model_dump()}}))
+        if build is None and runtime == "tensorrt":
+            build = plan_build(64)
+        info = {"bundle": spec.model_dump()} | ({"tensorrt_build": build} if build is not None else {})
+        mf.commit(tmp, folder, base.model_copy(update={"info": info}))
     return folder
 
 
@@ -129,6 +138,24 @@ def test_bad_settings_are_refused(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         write_repository(make_bundle(tmp_path), tmp_path / "repo", **kwargs)
     assert not (tmp_path / "repo" / NAME).exists()
+
+
+def test_a_plan_refuses_a_max_batch_size_above_its_profile(tmp_path):
+    bundle = make_bundle(tmp_path, runtime="tensorrt", build=plan_build(32))
+    with pytest.raises(ValueError, match="takes batches of at most 32"):
+        write_repository(bundle, tmp_path / "repo", max_batch_size=64, preferred_batch_sizes=(8,), kind="KIND_GPU")
+
+
+def test_a_plan_within_its_profile_is_written(tmp_path):
+    bundle = make_bundle(tmp_path, runtime="tensorrt", build=plan_build(32))
+    model_dir = write_repository(bundle, tmp_path / "repo", max_batch_size=32, kind="KIND_GPU")
+    assert read_config(model_dir).max_batch_size == 32
+
+
+def test_a_plan_whose_manifest_records_no_profile_is_refused(tmp_path):
+    bundle = make_bundle(tmp_path, runtime="tensorrt", build={})
+    with pytest.raises(ValueError, match="records no TensorRT optimization profile"):
+        write_repository(bundle, tmp_path / "repo", kind="KIND_GPU")
 
 
 def test_plan_on_cpu_is_refused(tmp_path):
