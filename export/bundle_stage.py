@@ -132,11 +132,11 @@ def _needs_calibration(spec: BundleRecipe) -> bool:
 
 def _transform(
     spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration, train_calibration
-) -> tuple[Path, dict, int]:
-    """Fusion, smoothing and precision: the graph the bundle ships, the fused-operator counts and how many tensors
-    were smoothed (`train_calibration`: feeds from the train split, which the labeller bundle may read before the
-    transfer set exists)."""
-    graph, fused, smoothed = plain, {}, 0
+) -> tuple[Path, dict, int, dict]:
+    """Fusion, smoothing and precision: the graph the bundle ships, the fused-operator counts, how many tensors
+    were smoothed and the quantization applied (`train_calibration`: feeds from the train split, which the labeller
+    bundle may read before the transfer set exists)."""
+    graph, fused, smoothed, quantized = plain, {}, 0, {}
     if source.is_transformer and spec.fused:
         graph = work / "fused.onnx"
         fused = optimize.fuse(
@@ -149,15 +149,15 @@ def _transform(
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":
-            quantize.int8_static(graph, out, calibration())
+            quantized = quantize.int8_static(graph, out, calibration())
         else:
-            quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
+            quantized = quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
         graph = out
     elif spec.precision == "fp16" and not spec.fold:  # a folded graph has its table in fp16 already
         out = work / "fp16.onnx"
         quantize.fp16(graph, out)
         graph = out
-    return graph, fused, smoothed
+    return graph, fused, smoothed, quantized
 
 
 def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
@@ -204,7 +204,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     work = inputs.fresh_work()
     model_file = MODEL_FILES[spec.runtime]
     model = work / model_file
-    build_info, providers, smoothed = {}, [spec.runtime], 0
+    build_info, providers, smoothed, quantized = {}, [spec.runtime], 0, {}
     if spec.fold:
         plain = work / "folded.onnx"
         folded = fold(source.module, half=spec.precision == "fp16")
@@ -222,7 +222,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         )
         run, fused = validate.logits_runner(open_runner(model, spec.runtime, [])), {}
     else:
-        graph, fused, smoothed = _transform(spec, source, plain, work, calibration, train_calibration)
+        graph, fused, smoothed, quantized = _transform(spec, source, plain, work, calibration, train_calibration)
         shutil.copy2(graph, model)
         runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
         run, providers = validate.logits_runner(runner), runner.providers
@@ -279,6 +279,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "shape_checks_max_abs_diff": shapes,
             "op_counts": ops,
             "smoothed_tensors": smoothed,
+            "quantization": quantized,
             "tensorrt_build": build_info,
         },
         line=lambda manifest: (

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 from onnxruntime.transformers.onnx_model import OnnxModel
 
 
@@ -16,8 +23,9 @@ def _clear_value_info(src: Path, dst: Path) -> Path:
     return dst
 
 
-def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list[str] | None = None) -> None:
-    """Weights INT8, activations quantized on the fly: `op_types` (default: MatMul, Gemm, LSTM, Attention, Conv...)."""
+def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list[str] | None = None) -> dict:
+    """Weights INT8, activations quantized on the fly: `op_types` (default: MatMul, Gemm, LSTM, Attention, Conv...).
+    Returns what was applied, for the manifest."""
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
     quantize_dynamic(
         str(tmp),
@@ -28,6 +36,8 @@ def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     tmp.unlink()
+    applied = {"mode": "dynamic", "weight_type": "QInt8", "activations": "uint8, scale per batch"}
+    return applied | {"per_channel": per_channel, "op_types": op_types or "onnxruntime's default"}
 
 
 class _Batches(CalibrationDataReader):
@@ -38,8 +48,12 @@ class _Batches(CalibrationDataReader):
         return next(self._batches, None)
 
 
-def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-    """Weights and activations INT8 (QDQ), activation ranges calibrated on real inputs.
+STATIC_OPS = ["MatMul", "Conv"]
+
+
+def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> dict:
+    """Weights and activations INT8 (QDQ), activation ranges calibrated (min-max) on real inputs; weights per
+    channel. Returns what was applied, for the manifest.
 
     Only the large MatMuls and convolutions are quantized: the classifier head is tiny, and its
     bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
@@ -50,11 +64,23 @@ def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) 
         str(dst),
         _Batches(calibration),
         quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=["MatMul", "Conv"],
+        op_types_to_quantize=STATIC_OPS,
         per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     tmp.unlink()
+    applied = {"mode": "static", "format": "QDQ", "weight_type": "QInt8", "activation_type": "QInt8"}
+    return (
+        applied
+        | {"calibration": "MinMax", "calibration_batches": len(calibration)}
+        | {
+            "per_channel": True,
+            "op_types": STATIC_OPS,
+        }
+    )
 
 
 def fp16(src: Path, dst: Path) -> None:

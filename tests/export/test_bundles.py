@@ -87,6 +87,21 @@ def test_smoothed_int8_bundle_records_what_it_smoothed(smoke_bundles):
     assert info["smoothed_tensors"] == 3
 
 
+def test_a_static_int8_bundle_records_the_quantization_it_applied(smoke_bundles):
+    applied = load_bundle(smoke_bundles / "bundle-transformer-int8-static").manifest.info["quantization"]
+    assert applied["mode"] == "static"
+    assert applied["per_channel"] is True
+    assert applied["op_types"] == ["MatMul", "Conv"]
+    assert applied["calibration"] == "MinMax"
+    assert applied["calibration_batches"] > 0
+
+
+def test_a_dynamic_int8_bundle_records_the_quantization_it_applied(smoke_bundles):
+    applied = load_bundle(smoke_bundles / "bundle-transformer-int8").manifest.info["quantization"]
+    assert applied["mode"] == "dynamic"
+    assert applied["op_types"] == load_recipe(SMOKE).export.bundles["transformer-int8"].int8_ops
+
+
 def test_plain_teacher_export_is_unfused(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-teacher-onnx")
     assert "Attention" not in ops and "Softmax" in ops
