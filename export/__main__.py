@@ -11,10 +11,23 @@ import sys
 
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
-from edgedistill.common.runtime import ProviderFallback, TensorRTUnavailable
+from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.distill import device
 from edgedistill.export import bundle_stage, cascade
 from edgedistill.export.onnx_export import ExportError
+from edgedistill.export.tensorrt import EngineBuildError
+
+# What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
+FAILURES = (
+    RecipeError,
+    ArtifactError,
+    ExportError,
+    EngineBuildError,
+    TensorRTUnavailable,
+    ProviderFallback,
+    ModelLoadError,
+    DeviceError,
+)
 
 
 def labeller(recipe, force: bool) -> int:
@@ -65,7 +78,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         if only is None or only:
             bundle_stage.build(recipe, only, args.force)
         cascade.build(recipe, [name for name in args.only if name in cascades] if args.only else None, args.force)
-    except (RecipeError, ArtifactError, ExportError, TensorRTUnavailable, ProviderFallback) as err:
+    except FAILURES as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

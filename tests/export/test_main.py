@@ -1,0 +1,17 @@
+"""`python -m export`: a failure of the recipe, the artifacts or the machine is a message and exit status 2."""
+
+import pytest
+from edgedistill.export import __main__ as export_main
+from edgedistill.export import bundle_stage
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("failure", export_main.FAILURES, ids=lambda kind: kind.__name__)
+def test_a_build_failure_is_an_error_line_and_status_2(monkeypatch, capsys, failure):
+    def fail(*args, **kwargs):
+        raise failure("the reason")
+
+    monkeypatch.setattr(bundle_stage, "build", fail)
+    assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "bilstm-int8"]) == 2
+    assert capsys.readouterr().err == "error: the reason\n"
