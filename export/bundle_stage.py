@@ -141,7 +141,7 @@ def _transform(
         )
     if spec.smooth is not None:
         out = work / "smoothed.onnx"
-        smoothed = smooth(graph, out, train_calibration(), spec.smooth)
+        smoothed = smooth(graph, out, train_calibration(), spec.smooth, threads=CHECK_THREADS)
         graph = out
     if spec.precision == "int8":
         out = work / "int8.onnx"
