@@ -18,7 +18,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
-from edgedistill.common.runtime import missing_here, open_session
+from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import heads
 from rich.console import Console
@@ -92,23 +92,22 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") 
 
 def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[dict, Timings]:
     bundle = load_bundle(folder)
-    sess = open_session(
-        bundle.model_path,
-        bundle.spec.providers,
-        threads=cfg.threads,
-        disabled_optimizers=bundle.spec.disabled_optimizers,
-    )
+    runner = open_bundle(bundle, threads=cfg.threads)
     names = bundle.spec.input_names
     timings = {}
-    for batch, length in shapes(cfg):
-        feed = inputs(names, batch, min(length, bundle.spec.max_length))
-        timings[batch, length] = time_calls(lambda feed=feed: sess.run(["logits"], feed), cfg)
-        _cell_done(cells, bundle_id, batch, length, timings[batch, length])
+    try:
+        for batch, length in shapes(cfg):
+            feed = inputs(names, batch, min(length, bundle.spec.max_length))
+            timings[batch, length] = time_calls(lambda feed=feed: runner.infer(feed), cfg)
+            _cell_done(cells, bundle_id, batch, length, timings[batch, length])
+        providers = runner.providers
+    finally:
+        runner.close()
     m = bundle.manifest.metrics
     row = {
         "model": bundle_id,
         "precision": bundle.spec.precision,
-        "runtime": f"onnxruntime ({', '.join(sess.get_providers())})",
+        "runtime": f"onnxruntime ({', '.join(providers)})",
         "size_bytes": m["size_bytes"],
         "dev_accuracy": m["dev_accuracy"],
         "max_length": bundle.spec.max_length,
