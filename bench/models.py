@@ -9,6 +9,7 @@ come from the recipe's `bench.models` section. Results go to `runs/<recipe>/benc
 """
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ def time_calls(call, cfg: ModelBenchConfig) -> Timing:
     return Timing.of(times)
 
 
-def inputs(names: list[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+def inputs(names: Sequence[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     values = {
         "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
@@ -67,7 +68,7 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") 
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = heads.load_teacher(folder).eval().to(device)
     name = EAGER if device == "cpu" else f"{EAGER}-{device}"
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type != "gpt2" else [])
+    names = heads.teacher_inputs(model.config)
 
     def call(feed):
         logits = model(**feed).logits
