@@ -84,7 +84,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
         machine={
             "cpus": os.cpu_count(),
-            "cores": launch.cores(),
+            "cores": workers.usable_cores(),
             "load_avg_before": load_before,
             "load_avg_after": os.getloadavg(),
             "versions": mf.package_versions() | {"h2load": h2load.version()},
