@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running
+from edgedistill.bench.processes import free_port, running, serve_flags
 from edgedistill.bench.stats import ServingResult, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
@@ -93,9 +93,8 @@ def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], 
 
 def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port())]
     # One server process: the drivers use one connection and the CPU figure samples one process.
-    flags += ["--metrics-port", "off", "--threads", str(threads), "--workers", "1"]
+    flags = serve_flags(bundle, free_port(), threads, workers=1)
     settings = load_settings(flags)
     if settings.tls_cert is not None:
         raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.processes import free_port, serve_flags
 from edgedistill.serve import workers as serve_workers
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
@@ -59,8 +59,7 @@ def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
     core as memory allows)."""
     port = free_port()
-    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port())]
-    flags += ["--threads", str(threads), "--workers", str(workers)]
+    flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
     return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
 
 
