@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running, serve_flags
-from edgedistill.bench.stats import ServingResult, summarize
+from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
@@ -224,12 +224,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
         texts=texts_info(examples),
-        machine={
-            "cpus": os.cpu_count(),
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-            "versions": mf.package_versions(),
-        },
+        machine=machine(load_before, versions=mf.package_versions()),
         runs=runs,
         summary=summary,
         ratios=ratios,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, start
+from edgedistill.bench.stats import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
@@ -190,7 +191,7 @@ def _build(
         "bundle": {"path": None if echo else str(bundle)} | target,
         "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
         "texts": texts_info(examples),
-        "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+        "machine": machine(load_before),
     }
     result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(work), context)
     (work / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
