@@ -35,6 +35,7 @@ CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
 MIN_TENSORRT_MAJOR = 10
 GPU_HINT = (

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.cascade import CascadeSpec
-from edgedistill.common.runtime import TRITON_PLATFORMS
+from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
 from edgedistill.serve.cascade import CascadeRuntime
 from edgedistill.serve.errors import (
@@ -44,7 +44,6 @@ OUTPUTS = ("logits", "probabilities")
 CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per row, beside OUTPUTS, for a cascade
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
-LABELS_FILE = "labels.txt"  # the label file a Triton model repository of the bundle holds (export.triton)
 TEXT_INPUTS = ("text", "text_pair")
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
@@ -283,7 +282,9 @@ def model_config(runtime: ModelRuntime | CascadeRuntime, max_texts: int) -> kser
     for name in spec.text_inputs:
         config.input.add(name=name, data_type=Config.TYPE_STRING, dims=[1])
     for name in OUTPUTS:
-        config.output.add(name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=LABELS_FILE)
+        config.output.add(
+            name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=TRITON_LABELS_FILE
+        )
     if isinstance(runtime, CascadeRuntime):
         config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=[1])
         config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
