@@ -16,6 +16,7 @@ from edgedistill.common.cascade import CascadeSpec
 from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
 from edgedistill.serve.cascade import CascadeRuntime
+from edgedistill.serve.encoding import SEQUENCE_INPUTS
 from edgedistill.serve.errors import (
     BatcherClosed,
     DeadlineExpired,
@@ -45,8 +46,7 @@ CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per 
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 TEXT_INPUTS = ("text", "text_pair")
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
+INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 STREAM_WINDOW = 16  # requests of one stream in flight at once
 # ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
 # into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
@@ -474,7 +474,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             if tensor.name not in INPUTS:
                 raise InvalidInput(
                     f"unknown input {tensor.name!r}: send BYTES 'text' (and 'text_pair'), or INT64 token ids "
-                    f"({', '.join(TOKEN_INPUTS)})"
+                    f"({', '.join(SEQUENCE_INPUTS)})"
                 )
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
