@@ -73,7 +73,9 @@ bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each 
 bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run (recipe: bench.models)
 	$(ED) bench models $(RECIPE)
 
-BUNDLE ?= $(RUN)/bundle-$(shell $(PY) -c "from edgedistill.common.recipe import load_recipe; print(load_recipe('$(RECIPE)').export.deploy)" 2>/dev/null)
+# The recipe's export.deploy; a recipe that does not load prints its error (one line) and stops make.
+DEPLOY = $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.export.deploy if r.export else '')")
+BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 

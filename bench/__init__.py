@@ -1,13 +1,14 @@
-"""Measurements of built bundles: `python -m bench models|serving|accuracy|cascade|peers RECIPE`.
+"""Measurements of built bundles: `python -m bench models|serving|accuracy|cascade|peers|scaling RECIPE`.
 
 `models` times every bundle beside the teacher in PyTorch eager (`bench.models`); `serving` drives the
 server, the echo and bare servers of `bench.servers` with the drivers of `bench.drivers`
 (`bench.serving`); `accuracy` sends the dev split through the server by both APIs (`bench.accuracy`);
-`peers` compares the server with KServe's ModelServer and MLServer (`bench.peers`), driven by h2load
-(`bench.h2load`).
-Each writes an artifact folder with a manifest; `bench.texts` reads the texts they send. `bench.processes` starts and stops
-server subprocesses, also for `loadtests`; `bench.stats` holds the statistics and result records,
-`bench.slo` the verdicts on them.
+`cascade` measures a cascade against its last member served alone (`bench.cascade`); `peers` compares the
+server with KServe's ModelServer and MLServer (`bench.peers`) and `scaling` the server with 1, 2, ... worker
+processes (`bench.scaling`), both driven by h2load (`bench.h2load`).
+Each writes an artifact folder with a manifest; `bench.texts` reads the texts they send. `bench.processes` starts and
+stops server subprocesses (with the flags of a measured server), also for `loadtests`; `bench.stats` holds the
+statistics and result records (and what they record of the machine), `bench.slo` the verdicts on them.
 """
 
 

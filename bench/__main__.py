@@ -17,7 +17,6 @@ from pathlib import Path
 
 from edgedistill.bench import BenchError
 from edgedistill.bench.stats import ServingResult
-from edgedistill.common import settings
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -26,13 +25,10 @@ from edgedistill.serve.settings import SettingsError
 
 
 def run_models(recipe, args) -> int:
-    import torch
-    import transformers
     from edgedistill.bench import models
+    from edgedistill.distill import device
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    torch.set_num_threads(settings.threads())
+    device.configure_process(recipe.bench.models.threads)  # the same count for PyTorch and ONNX Runtime
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
     models.stage(recipe).run(args.force)

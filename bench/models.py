@@ -2,13 +2,15 @@
 
 Each cell is the median of many timed calls after warm-up, with min and max; ratios are against
 the teacher in PyTorch eager mode on the CPU at the same batch size and length. Bundles for GPU
-execution providers are timed where this onnxruntime build offers them (with the teacher in eager
-mode on CUDA beside them when PyTorch sees a GPU), and left out with the reason elsewhere. Settings
-come from the recipe's `bench.models` section. Results go to `runs/<recipe>/bench/` as a
+execution providers are timed where this onnxruntime build offers them, and left out with the reason
+elsewhere; the teacher in eager mode is also timed on the GPU that the recipe's `runtime.device` resolves
+to, if it resolves to one (`distill.device`). Settings come from the recipe's `bench.models` section, its
+`threads` for PyTorch and ONNX Runtime alike. Results go to `runs/<recipe>/bench/` as a
 `bench.stats.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
 """
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +19,10 @@ from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Tim
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
-from edgedistill.common.runtime import missing_here, open_session
+from edgedistill.common.recipe import ModelBenchConfig, Recipe, RuntimeConfig, run_dir
+from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.distill import heads
+from edgedistill.distill import device, heads
 from rich.console import Console
 from rich.table import Table
 
@@ -42,7 +44,7 @@ def time_calls(call, cfg: ModelBenchConfig) -> Timing:
     return Timing.of(times)
 
 
-def inputs(names: list[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+def inputs(names: Sequence[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     values = {
         "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
@@ -63,11 +65,20 @@ def _cell_done(cells, model: str, batch: int, length: int, timing: Timing) -> No
     cells.update()
 
 
-def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") -> tuple[dict, Timings]:
+def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
+    """Where the teacher is timed in PyTorch eager: the CPU, which every ratio is against, and the GPU that the
+    recipe's `runtime.device` (`EDGEDISTILL_DEVICE`, `--runtime.device`) resolves to, if it resolves to one; a
+    device this machine cannot honour is `distill.device.DeviceError`."""
+    # The eager teacher is timed in fp32 whatever `runtime.precision` says: only the device is resolved.
+    placement = device.resolve(runtime.model_copy(update={"precision": "fp32"}))
+    return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
+
+
+def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device) -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
-    model = heads.load_teacher(folder).eval().to(device)
-    name = EAGER if device == "cpu" else f"{EAGER}-{device}"
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.model_type != "gpt2" else [])
+    model = heads.load_teacher(folder).eval().to(on)
+    name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
+    names = heads.teacher_inputs(model.config)
 
     def call(feed):
         logits = model(**feed).logits
@@ -76,14 +87,14 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") 
     timings = {}
     with torch.inference_mode():
         for batch, length in shapes(cfg):
-            feed = {k: torch.from_numpy(v).to(device) for k, v in inputs(names, batch, length).items()}
+            feed = {k: torch.from_numpy(v).to(on) for k, v in inputs(names, batch, length).items()}
             timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
             _cell_done(cells, name, batch, length, timings[batch, length])
     m = manifest.metrics
     row = {
         "model": name,
         "precision": "fp32",
-        "runtime": f"pytorch ({device})",
+        "runtime": f"pytorch ({on.type})",
         "size_bytes": m["size_bytes"],
         "dev_accuracy": m["dev_accuracy"],
     }
@@ -92,23 +103,22 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, device: str = "cpu") 
 
 def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[dict, Timings]:
     bundle = load_bundle(folder)
-    sess = open_session(
-        bundle.model_path,
-        bundle.spec.providers,
-        threads=cfg.threads,
-        disabled_optimizers=bundle.spec.disabled_optimizers,
-    )
+    runner = open_bundle(bundle, threads=cfg.threads)
     names = bundle.spec.input_names
     timings = {}
-    for batch, length in shapes(cfg):
-        feed = inputs(names, batch, min(length, bundle.spec.max_length))
-        timings[batch, length] = time_calls(lambda feed=feed: sess.run(["logits"], feed), cfg)
-        _cell_done(cells, bundle_id, batch, length, timings[batch, length])
+    try:
+        for batch, length in shapes(cfg):
+            feed = inputs(names, batch, min(length, bundle.spec.max_length))
+            timings[batch, length] = time_calls(lambda feed=feed: runner.infer(feed), cfg)
+            _cell_done(cells, bundle_id, batch, length, timings[batch, length])
+        providers = runner.providers
+    finally:
+        runner.close()
     m = bundle.manifest.metrics
     row = {
         "model": bundle_id,
         "precision": bundle.spec.precision,
-        "runtime": f"onnxruntime ({', '.join(sess.get_providers())})",
+        "runtime": f"onnxruntime ({', '.join(providers)})",
         "size_bytes": m["size_bytes"],
         "dev_accuracy": m["dev_accuracy"],
         "max_length": bundle.spec.max_length,
@@ -163,9 +173,8 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     cfg = recipe.bench.models
-    torch.set_num_threads(cfg.threads)
+    devices = eager_devices(recipe.runtime)
     teacher = inputs.parent("teacher")
-    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     missing, left_out, timed = [], {}, []
     for bundle_id, spec in recipe.export.bundles.items():
         if (reason := _left_out(spec)) is not None:
@@ -175,7 +184,7 @@ def _build(inputs: Inputs) -> Built:
         else:
             missing.append(bundle_id)
     cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=STAGE, unit="cell")
-    measured = [_eager_row(teacher, cfg, cells, device) for device in devices]
+    measured = [_eager_row(teacher, cfg, cells, on) for on in devices]
     measured += [_bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells) for bundle_id in timed]
     cells.close()
     if missing:

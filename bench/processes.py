@@ -25,6 +25,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
+    """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
+    runtime's default) and `workers` processes, metrics on `metrics_port` (None: off)."""
+    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
+    flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
+    return flags + ["--threads", str(threads), "--workers", str(workers)]
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system

@@ -21,7 +21,7 @@ from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.compare import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
-from edgedistill.bench.stats import ServingResult, summarize
+from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
@@ -82,13 +82,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
         settings={"workers": {"asked": cfg.workers, "measured": counts}},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
-        machine={
-            "cpus": os.cpu_count(),
-            "cores": launch.cores(),
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-            "versions": mf.package_versions() | {"h2load": h2load.version()},
-        },
+        machine=machine(
+            load_before, cores=workers.usable_cores(), versions=mf.package_versions() | {"h2load": h2load.version()}
+        ),
         runs=runs,
         summary=summary,
         ratios=ratios,

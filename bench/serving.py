@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running
-from edgedistill.bench.stats import ServingResult, summarize
+from edgedistill.bench.processes import free_port, running, serve_flags
+from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
 from edgedistill.common import manifest as mf
@@ -93,9 +93,8 @@ def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], 
 
 def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port())]
     # One server process: the drivers use one connection and the CPU figure samples one process.
-    flags += ["--metrics-port", "off", "--threads", str(threads), "--workers", "1"]
+    flags = serve_flags(bundle, free_port(), threads, workers=1)
     settings = load_settings(flags)
     if settings.tls_cert is not None:
         raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
@@ -225,12 +224,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
         texts=texts_info(examples),
-        machine={
-            "cpus": os.cpu_count(),
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-            "versions": mf.package_versions(),
-        },
+        machine=machine(load_before, versions=mf.package_versions()),
         runs=runs,
         summary=summary,
         ratios=ratios,

@@ -3,9 +3,10 @@
 Latencies are in ms. `call_stats` gives the figures of one stretch of calls, from the serving
 benchmark's drivers and the load tests' samples alike; `Spread` is a figure's median, min and max
 over repeats. `ModelTable` is the model benchmark's `bench.json`; `ServingResult` the serving
-benchmark's.
+benchmark's; `machine` what each result records of the machine it was measured on.
 """
 
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,12 @@ from pydantic import BaseModel, ConfigDict
 
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
 RESULT_FILE = "bench.json"  # in both benchmarks' folders
+
+
+def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, Any]:
+    """The machine a measurement ran on: its CPUs, the load average before it (`os.getloadavg()` then) and now,
+    after it, and `more` (versions, usable cores, ...)."""
+    return {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(), **more}
 
 
 class Record(BaseModel):

@@ -1,9 +1,9 @@
 """The texts that the serving benchmark, the served-accuracy check and the load tests send: the recipe's dev split
 (texts and their pairs, for a pair task), unless a file is given.
 
-The dev split is read here, not through `common.data`, so that measuring a bundle needs no training code: a
-TSV (no quoting: quotes are part of the text, as in GLUE's files), CSV or JSONL file with the recipe's
-`text_column`, `text_pair_column` and `label_column`, cut to `dev_limit` as the export stage cut it.
+The dev split is read through `common.data` (torch-free: measuring a bundle needs no training code), as the
+training and export stages read it: the recipe's `text_column`, `text_pair_column` and `label_column`, cut to
+`dev_limit` as the export stage cut it.
 """
 
 import random

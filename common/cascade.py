@@ -49,6 +49,7 @@ class Cascade(BaseModel):
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise softmax of (N, C) `logits` at `temperature`, computed and returned in float64."""
     z = np.asarray(logits, dtype=np.float64) / temperature
     z = np.exp(z - z.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True)

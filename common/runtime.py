@@ -1,7 +1,7 @@
 """One way to open a model: ONNX Runtime sessions and TensorRT engines behind `Runner.infer`. Torch-free.
 
-The export checks, the model benchmark, labelling and the server all open models here, with the
-same session options, provider options and fallback policy. ONNX Runtime drops a requested
+The export checks (smoothing's calibration pass too), the model benchmark, labelling and the server all open
+models here, with the same session options, provider options and fallback policy. ONNX Runtime drops a requested
 execution provider it cannot start (plain `onnxruntime` installed, or `onnxruntime-gpu` on a machine
 without a GPU) and runs on the CPU with only a console warning, which would make a GPU check or
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
@@ -35,6 +35,7 @@ CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
 MIN_TENSORRT_MAJOR = 10
 GPU_HINT = (

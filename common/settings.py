@@ -81,8 +81,9 @@ def recipes_dir() -> Path:
 
 
 def threads() -> int:
-    """Intra-op threads of PyTorch (and of ONNX Runtime where a stage runs a bundle) in a pipeline stage:
-    `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every core."""
+    """Intra-op threads of PyTorch in a pipeline stage, and of ONNX Runtime where the labeller bundle labels the
+    transfer set: `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every core. The model
+    benchmark takes its recipe's `bench.models.threads` instead, and the export checks a fixed two."""
     name = "EDGEDISTILL_TORCH_THREADS"
     value = env(name)
     if value is None and os.environ.get("OMP_NUM_THREADS"):

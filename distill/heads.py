@@ -12,6 +12,9 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 
+# What a BERT-style classifier takes, in order of its forward's arguments.
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
 
 class MeanPooledBertConfig(BertConfig):
     model_type = "edgedistill-bert-mean"
@@ -51,6 +54,11 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
         logits = self.classifier(self.dropout(pooled))
         loss = nn.functional.cross_entropy(logits.float(), labels) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def teacher_inputs(config) -> tuple[str, ...]:
+    """The inputs a teacher with this transformers `config` takes, in order: GPT-2 has no token type ids."""
+    return TOKEN_INPUTS[:2] if config.model_type == "gpt2" else TOKEN_INPUTS
 
 
 def classifier_class(pooling: str):

@@ -33,6 +33,7 @@ from edgedistill.common.recipe import BundleRecipe, Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
+from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export import optimize, quantize, validate
@@ -50,9 +51,10 @@ def max_length(recipe: Recipe, source: str) -> int:
     return recipe.model.max_length if source == "teacher" else recipe.transfer.max_length
 
 
-def dev_features(tokenizer, dev, length: int) -> dict[str, list[list[int]]]:
-    """The dev set as token ids (with segment ids, zero for single sentences) for the parity checks."""
-    feats = encode(tokenizer, dev.texts, dev.pairs, length)
+def token_features(tokenizer, texts: list[str], pairs: list[str] | None, length: int) -> dict[str, list[list[int]]]:
+    """`texts` (with their `pairs`) as unpadded token ids with segment ids, zero for single sentences: what the
+    parity checks, the calibration feeds and a cascade's members run on."""
+    feats = encode(tokenizer, texts, pairs, length)
     feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
     return feats
 
@@ -67,7 +69,7 @@ class SourceCache:
         self.train, self.dev = load_splits(recipe.data)
 
     def features(self, name: str) -> dict[str, list[list[int]]]:
-        return dev_features(self.tokenizer, self.dev, max_length(self.recipe, name))
+        return token_features(self.tokenizer, self.dev.texts, self.dev.pairs, max_length(self.recipe, name))
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
         """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
@@ -88,20 +90,12 @@ class SourceCache:
 def _batches(
     texts: list[str], pairs: list[str] | None, tokenizer, length: int, inputs: tuple[str, ...]
 ) -> list[dict[str, np.ndarray]]:
-    """`texts` (with their `pairs`) as padded token-id batches, the feeds of a calibration."""
+    """`texts` (with their `pairs`) as token-id batches padded to their longest, the feeds of a calibration."""
+    feats = token_features(tokenizer, texts, pairs, length)
     batches = []
     for start in range(0, len(texts), CALIBRATION_BATCH):
-        end = start + CALIBRATION_BATCH
-        enc = tokenizer(
-            texts[start:end],
-            pairs[start:end] if pairs else None,
-            truncation=True,
-            max_length=length,
-            padding=True,
-            return_tensors="np",
-        )
-        enc.setdefault("token_type_ids", np.zeros_like(enc["input_ids"]))
-        batches.append({name: enc[name].astype(np.int64) for name in inputs})
+        batch = collate(feats, list(range(start, min(start + CALIBRATION_BATCH, len(texts)))), tokenizer.pad_token_id)
+        batches.append({name: batch[name].numpy() for name in inputs})
     return batches
 
 
@@ -144,7 +138,7 @@ def _transform(
         )
     if spec.smooth is not None:
         out = work / "smoothed.onnx"
-        smoothed = smooth(graph, out, train_calibration(), spec.smooth)
+        smoothed = smooth(graph, out, train_calibration(), spec.smooth, threads=CHECK_THREADS)
         graph = out
     if spec.precision == "int8":
         out = work / "int8.onnx"

@@ -25,7 +25,7 @@ from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, transfer
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage, validate
 from edgedistill.export.onnx_export import ExportError
 
@@ -100,8 +100,7 @@ class Member:
 
     def logits(self, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
         """The member's logits on texts (and pairs)."""
-        feats = encode(tokenizer, texts, pairs, self.max_length)
-        feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
+        feats = bundle_stage.token_features(tokenizer, texts, pairs, self.max_length)
         return validate.dev_logits(validate.as_forward(self.run), feats, tokenizer.pad_token_id)
 
 

@@ -15,9 +15,6 @@ from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
 from torch import nn
 
-BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-STUDENT_INPUTS = ("input_ids", "attention_mask")
-
 
 class ExportError(RuntimeError):
     """An export that produced no usable graph."""
@@ -63,12 +60,13 @@ def load_source(folder: Path) -> Source:
         model = heads.load_teacher(folder, attn_implementation="eager").eval()
         cfg = model.config
         params = sum(p.numel() for p in model.parameters())
-        if cfg.model_type == "gpt2":
-            return Source(_GPTLogits(model).eval(), STUDENT_INPUTS, "gpt2", folder, params=params)
+        inputs = heads.teacher_inputs(cfg)
+        if "token_type_ids" not in inputs:  # GPT-2
+            return Source(_GPTLogits(model).eval(), inputs, cfg.model_type, folder, params=params)
         module = _HFLogits(model).eval()  # export restores the wrapper's mode on every submodule
         return Source(
             module,
-            BERT_INPUTS,
+            inputs,
             cfg.model_type,
             folder,
             cfg.num_attention_heads,
@@ -78,7 +76,7 @@ def load_source(folder: Path) -> Source:
         )
     student, cfg = load_student(folder)
     params = sum(p.numel() for p in student.parameters())
-    inputs = BERT_INPUTS if cfg.pairs else STUDENT_INPUTS
+    inputs = heads.TOKEN_INPUTS if cfg.pairs else heads.TOKEN_INPUTS[:2]  # a pair student takes token type ids
     if cfg.arch == "transformer":
         return Source(student, inputs, cfg.arch, folder, cfg.num_heads, cfg.hidden_size, cfg.num_layers, params)
     return Source(student, inputs, cfg.arch, folder, params=params)

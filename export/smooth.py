@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+from edgedistill.common.runtime import CPU, open_session
 from edgedistill.export.onnx_export import ExportError
 from onnx import helper, numpy_helper
 
@@ -44,12 +44,15 @@ def _targets(graph: onnx.GraphProto, weights: dict, readers: dict) -> dict[str, 
     return targets
 
 
-def channel_maxima(model: onnx.ModelProto, tensors: list[str], calibration: list[dict]) -> dict[str, np.ndarray]:
-    """Largest |value| per channel (last axis) of each of `tensors` over the `calibration` feeds, in fp32."""
+def channel_maxima(
+    model: onnx.ModelProto, tensors: list[str], calibration: list[dict], src: Path, threads: int | None = None
+) -> dict[str, np.ndarray]:
+    """Largest |value| per channel (last axis) of each of `tensors` over the `calibration` feeds, in fp32, on the CPU
+    with `threads` intra-op threads (None: ONNX Runtime's default); `src` names the model in messages."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in tensors)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = open_session(src, [CPU], model=probe.SerializeToString(), threads=threads)
     maxima = dict.fromkeys(tensors, np.float32(0))
     for feed in calibration:
         for name, value in zip(tensors, session.run(tensors, feed), strict=True):
@@ -57,11 +60,12 @@ def channel_maxima(model: onnx.ModelProto, tensors: list[str], calibration: list
     return maxima
 
 
-def smooth(src: Path, dst: Path, calibration: list[dict], alpha: float) -> int:
+def smooth(src: Path, dst: Path, calibration: list[dict], alpha: float, threads: int | None = None) -> int:
     """Write `src` with the inputs of its weight MatMuls smoothed to `dst`; returns how many tensors were.
 
     s_c = max|x_c|^alpha / max|w_c|^(1 - alpha) over the `calibration` feeds and the weight rows that read channel
     c; `alpha` is the migration strength (0: the activations as they are, 1: all of their range in the weights).
+    The calibration feeds run with `threads` intra-op threads (None: ONNX Runtime's default).
     """
     model = onnx.load(str(src))
     graph = model.graph
@@ -73,7 +77,7 @@ def smooth(src: Path, dst: Path, calibration: list[dict], alpha: float) -> int:
     targets = _targets(graph, weights, readers)
     if not targets:
         raise ExportError(f"{src}: no LayerNorm or GELU output feeds a MatMul with constant weights: nothing to smooth")
-    maxima = channel_maxima(model, list(targets), calibration)
+    maxima = channel_maxima(model, list(targets), calibration, src, threads)
 
     def rewrite(name: str, value: np.ndarray) -> None:
         if len(readers[name]) != 1:

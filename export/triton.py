@@ -16,12 +16,11 @@ from types import ModuleType
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, TensorSpec, load_bundle
-from edgedistill.common.runtime import TRITON_PLATFORMS
+from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from google.protobuf import text_format
 
 DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 KINDS = ("KIND_CPU", "KIND_GPU")
-LABELS_FILE = "labels.txt"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -96,7 +95,7 @@ def model_config(
         output = config.output.add()
         _tensor(output, tensor)
         if tensor.shape[-1] == len(spec.labels):
-            output.label_filename = LABELS_FILE  # class names for Triton's classification extension
+            output.label_filename = TRITON_LABELS_FILE  # class names for Triton's classification extension
     config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
@@ -138,7 +137,7 @@ def write_repository(
         shutil.copyfile(bundle.model_path, copied)
         if mf.sha256_file(copied) != bundle.manifest.files[spec.model_file].sha256:
             raise mf.ArtifactError(f"{bundle.model_path} changed while it was being copied")
-        (folder / LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
+        (folder / TRITON_LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
         (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
 
     atomic_write(final, fill)

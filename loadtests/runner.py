@@ -18,7 +18,8 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, start
+from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, start
+from edgedistill.bench.stats import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
@@ -69,8 +70,7 @@ class Sampler(threading.Thread):
 
 def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
     """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(free_port()), "--metrics-port", "off"]
-    flags += ["--threads", str(cfg.threads), "--workers", "1"]  # the sampler watches one server process
+    flags = serve_flags(bundle, free_port(), cfg.threads, workers=1)  # the sampler watches one server process
     settings = load_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise LoadtestError("the load test calls over plaintext without a token: unset EDGEDISTILL_TLS_* and _TOKEN")
@@ -191,7 +191,7 @@ def _build(
         "bundle": {"path": None if echo else str(bundle)} | target,
         "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
         "texts": texts_info(examples),
-        "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+        "machine": machine(load_before),
     }
     result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(work), context)
     (work / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle, ServedFiles, ServedModel, read_bundle
+from edgedistill.common.cascade import softmax
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import BatchObserver, DynamicBatcher, pad_rows
 from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
@@ -54,7 +55,7 @@ class Scores:
     @cached_property
     def probabilities(self) -> np.ndarray:
         """(N, labels) float32, computed when first asked for: a call that wants only logits skips it."""
-        return softmax(self.logits)
+        return softmax(self.logits).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,6 @@ class MemberDescription:
     model: ModelDescription
     threshold: float | None
     temperature: float
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of (N, C) logits, computed in float64, returned as float32."""
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
-    return (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: int, max_chars: int):

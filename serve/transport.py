@@ -13,9 +13,10 @@ import grpc
 import numpy as np
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.cascade import CascadeSpec
-from edgedistill.common.runtime import TRITON_PLATFORMS
+from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
 from edgedistill.serve.cascade import CascadeRuntime
+from edgedistill.serve.encoding import SEQUENCE_INPUTS
 from edgedistill.serve.errors import (
     BatcherClosed,
     DeadlineExpired,
@@ -44,10 +45,8 @@ OUTPUTS = ("logits", "probabilities")
 CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per row, beside OUTPUTS, for a cascade
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
-LABELS_FILE = "labels.txt"  # the label file a Triton model repository of the bundle holds (export.triton)
 TEXT_INPUTS = ("text", "text_pair")
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
+INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 STREAM_WINDOW = 16  # requests of one stream in flight at once
 # ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
 # into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
@@ -283,7 +282,9 @@ def model_config(runtime: ModelRuntime | CascadeRuntime, max_texts: int) -> kser
     for name in spec.text_inputs:
         config.input.add(name=name, data_type=Config.TYPE_STRING, dims=[1])
     for name in OUTPUTS:
-        config.output.add(name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=LABELS_FILE)
+        config.output.add(
+            name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=TRITON_LABELS_FILE
+        )
     if isinstance(runtime, CascadeRuntime):
         config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=[1])
         config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
@@ -473,7 +474,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             if tensor.name not in INPUTS:
                 raise InvalidInput(
                     f"unknown input {tensor.name!r}: send BYTES 'text' (and 'text_pair'), or INT64 token ids "
-                    f"({', '.join(TOKEN_INPUTS)})"
+                    f"({', '.join(SEQUENCE_INPUTS)})"
                 )
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")

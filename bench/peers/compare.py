@@ -25,7 +25,7 @@ from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
-from edgedistill.bench.stats import ServingResult, summarize
+from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
@@ -168,14 +168,12 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
         settings={name: {"command": server.command} for name, server in servers.items()},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
-        machine={
-            "cpus": os.cpu_count(),
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-            "versions": mf.package_versions()
+        machine=machine(
+            load_before,
+            versions=mf.package_versions()
             | {peer: peer_version(python, peer) for peer, python in interpreters.items()}
             | {"h2load": h2load.version()},
-        },
+        ),
         runs=runs,
         summary=summary,
         ratios=ratios,

@@ -7,7 +7,6 @@ peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready 
 """
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.processes import free_port, serve_flags
+from edgedistill.serve import workers as serve_workers
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
 PEERS = ("kserve", "mlserver")
@@ -55,17 +55,11 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
     return found.absolute()
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0))
-
-
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
     core as memory allows)."""
     port = free_port()
-    flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port())]
-    flags += ["--threads", str(threads), "--workers", str(workers)]
+    flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
     return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
 
 
@@ -86,12 +80,12 @@ def kserve(python: Path, bundle: Path, threads: int) -> Server:
 
 def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Path) -> Server:
     """`mlserver start` on a model repository in `folder` serving `bundle` with `workers` parallel inference workers
-    (0: one per core, as Seldon's tuning guide advises), on loopback, debug off, MLServer's defaults otherwise."""
+    (0: one per usable core, as Seldon's tuning guide advises), on loopback, debug off, MLServer's defaults otherwise."""
     port = free_port()
     ports = {"grpc_port": port, "http_port": free_port(), "metrics_port": free_port()}
     folder.mkdir(parents=True, exist_ok=True)
     settings = {"host": "127.0.0.1", "debug": False, "metrics_dir": str(folder / "metrics")} | ports
-    settings["parallel_workers"] = workers or cores()
+    settings["parallel_workers"] = workers or serve_workers.usable_cores()
     (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
     model = {
         "name": MODEL,

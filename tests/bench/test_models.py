@@ -1,12 +1,14 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
 import pytest
+import torch
 from edgedistill.bench import models
 from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
-from edgedistill.common.recipe import BundleRecipe, load_recipe
+from edgedistill.common.recipe import BundleRecipe, load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
+from edgedistill.distill.device import DeviceError
 
 from tests.conftest import ROOT, run_module
 
@@ -21,6 +23,25 @@ def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch
     assert "runtime tensorrt" in models._left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
     monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert models._left_out(cuda) is None
+
+
+@pytest.mark.parametrize("where", ["EDGEDISTILL_DEVICE", "--runtime.device"])
+def test_the_eager_teacher_is_timed_on_the_device_the_recipe_names(monkeypatch, where):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # honoured even where PyTorch sees a GPU
+    monkeypatch.delenv("EDGEDISTILL_DEVICE", raising=False)
+    if where == "EDGEDISTILL_DEVICE":
+        monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+        recipe = load_recipe(SMOKE)
+    else:
+        recipe = load_recipe(SMOKE, parse_overrides(["--runtime.device=cpu"]))
+    assert models.eager_devices(recipe.runtime) == [torch.device("cpu")]
+
+
+def test_the_eager_teacher_on_cuda_without_a_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe(SMOKE, parse_overrides(["--runtime.device=cuda"]))
+    with pytest.raises(DeviceError, match="runtime.device=cuda but no CUDA device visible to PyTorch"):
+        models.eager_devices(recipe.runtime)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage
-from edgedistill.export.bundle_stage import dev_features, max_length
+from edgedistill.export.bundle_stage import max_length, token_features
 from edgedistill.export.onnx_export import load_source
 from edgedistill.export.validate import (
     ExportGateError,
@@ -153,7 +153,8 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
     # The bundle's own model reproduces the accuracy in its manifest.
     recipe = load_recipe(SMOKE)
     _, dev = load_splits(recipe.data)
-    feats = dev_features(load_tokenizer(str(smoke_bundles / "teacher")), dev, max_length(recipe, m.info["source"]))
+    tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
+    feats = token_features(tokenizer, dev.texts, dev.pairs, max_length(recipe, m.info["source"]))
     logits = dev_logits(
         as_forward(logits_runner(open_runner(bundle.model_path, "onnxruntime", ["cpu"], threads=1))), feats, 0
     )
@@ -193,7 +194,7 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     onnx.save(model, str(broken))
     source = load_source(run_dir(recipe) / "student-cnn")
     _, dev = load_splits(recipe.data)
-    feats = dev_features(load_tokenizer(str(source.folder)), dev, max_length(recipe, "cnn"))
+    feats = token_features(load_tokenizer(str(source.folder)), dev.texts, dev.pairs, max_length(recipe, "cnn"))
     figures = parity(
         dev_logits(as_forward(logits_runner(open_runner(broken, "onnxruntime", ["cpu"], threads=1))), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
