@@ -17,7 +17,8 @@ from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Tim
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.recipe import ModelBenchConfig, Recipe, run_dir
+from edgedistill.common.config.measure import ModelBenchConfig
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_session
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import heads

@@ -5,7 +5,8 @@ from edgedistill.bench import models
 from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
-from edgedistill.common.recipe import BundleRecipe, load_recipe
+from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.recipe import load_recipe
 from edgedistill.common.runtime import missing_here
 
 from tests.conftest import ROOT, run_module
