@@ -19,7 +19,9 @@ from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Tim
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.recipe import ModelBenchConfig, Recipe, RuntimeConfig, run_dir
+from edgedistill.common.config.measure import ModelBenchConfig
+from edgedistill.common.config.training import RuntimeConfig
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import device, heads

@@ -26,7 +26,8 @@ from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_resul
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
-from edgedistill.common.recipe import Recipe, ScalingBenchConfig
+from edgedistill.common.config.measure import ScalingBenchConfig
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve import workers
 from edgedistill.serve.settings import Settings

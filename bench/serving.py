@@ -38,7 +38,8 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
-from edgedistill.common.recipe import Recipe, RecipeError, ServingBenchConfig, run_dir
+from edgedistill.common.config.measure import ServingBenchConfig
+from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows

@@ -3,7 +3,7 @@
 A verdict is {name, measured, limit, passed}: the load tests' checks and the serving benchmark's targets alike.
 """
 
-from edgedistill.common.recipe import SloConfig
+from edgedistill.common.config.measure import SloConfig
 
 
 def verdict(name: str, measured: float | None, limit: str, passed: bool) -> dict:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgedistill.bench import BenchError
+from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, load_labelled
-from edgedistill.common.recipe import DataConfig
 from edgedistill.serve.client import UsageError, read_tsv
 
 TEXT_COUNT = 512

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgedistill.common.recipe import DataConfig
+from edgedistill.common.config.training import DataConfig
 
 
 class DataError(ValueError):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 import torch
 import transformers
 from edgedistill.common import settings
-from edgedistill.common.recipe import RecipeError, RuntimeConfig
+from edgedistill.common.config.training import RuntimeConfig
+from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import dist
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

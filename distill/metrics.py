@@ -1,7 +1,7 @@
 """Classification metrics from logits: accuracy, macro-F1, the positive class's F1 and the confusion matrix."""
 
 import numpy as np
-from edgedistill.common.recipe import DataConfig
+from edgedistill.common.config.training import DataConfig
 
 # What a dev evaluation reports (`dev_f1` only where the task has a positive class), and what a training
 # manifest keeps of its best one.

@@ -10,8 +10,9 @@ import shutil
 
 import torch
 import torch.nn.functional as F
+from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.common.recipe import ModelConfig, Recipe
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist
 from edgedistill.distill.device import Placement

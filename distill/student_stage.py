@@ -19,8 +19,9 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
+from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import Recipe, StudentConfig, StudentRun
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches

@@ -17,7 +17,7 @@ repository. This module needs torch, transformers and huggingface_hub only, not 
 
 import torch
 import torch.nn.functional as F
-from edgedistill.common.recipe import StudentConfig
+from edgedistill.common.config.training import StudentConfig
 from edgedistill.distill.losses import layer_map
 from huggingface_hub import PyTorchModelHubMixin
 from torch import Tensor, nn

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from edgedistill.common import progress, tracking
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.recipe import OptimConfig
+from edgedistill.common.config.training import OptimConfig
 from edgedistill.distill import dist
 from edgedistill.distill.device import Placement
 from torch.nn.parallel import DistributedDataParallel

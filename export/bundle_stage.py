@@ -28,8 +28,9 @@ from edgedistill.common.bundle import (
     tokenizer_config,
     transformers_config,
 )
+from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import BundleRecipe, Recipe, run_dir
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer

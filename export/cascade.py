@@ -18,8 +18,9 @@ import numpy as np
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
+from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits, load_unlabelled
-from edgedistill.common.recipe import CascadeRecipe, Recipe
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, transfer

@@ -16,8 +16,9 @@ from typing import get_args
 from edgedistill.bench import BenchError, slo
 from edgedistill.bench.serving import deployed_bundle
 from edgedistill.common import settings
+from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import Profile, load_recipe, parse_overrides
+from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import get_args
 
 from edgedistill.common import settings
-from edgedistill.common.recipe import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad, Strict
+from edgedistill.common.config.measure import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad
+from edgedistill.common.config.strict import Strict
 from pydantic import Field
 
 PLAN_VAR = "EDGEDISTILL_LOADTEST_PLAN"

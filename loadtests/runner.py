@@ -22,7 +22,8 @@ from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, runnin
 from edgedistill.bench.stats import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
-from edgedistill.common.recipe import LoadtestConfig, Profile, Recipe
+from edgedistill.common.config.measure import LoadtestConfig, Profile
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import live
 from edgedistill.loadtests import result as rs

@@ -1,6 +1,6 @@
 """Load profiles as locust `LoadTestShape`s, one class per profile, picked by name from `SHAPES`.
 
-Each runs the stages `loadtests.plan.stages` gives for the plan's settings (see `common.recipe`):
+Each runs the stages `loadtests.plan.stages` gives for the plan's settings (see `common.config.measure`):
 smoke, steady and soak hold `users` for `duration_s`; step adds `step_users` every `step_s`; spike
 jumps from `users` to `spike_users` and back. Locust calls `tick` about once a second.
 """

@@ -30,7 +30,8 @@ from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_resul
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
-from edgedistill.common.recipe import PeersBenchConfig, Recipe
+from edgedistill.common.config.measure import PeersBenchConfig
+from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.proto import kserve_pb2
 from rich.console import Console

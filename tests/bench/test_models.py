@@ -6,7 +6,8 @@ from edgedistill.bench import models
 from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
-from edgedistill.common.recipe import BundleRecipe, load_recipe, parse_overrides
+from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
 from edgedistill.distill.device import DeviceError
 

@@ -7,7 +7,7 @@ import pytest
 from edgedistill.bench import BenchError, scaling
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.stats import ServingResult, Spread
-from edgedistill.common.recipe import ScalingBenchConfig
+from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
 
 from tests.bench.test_h2load import needs_h2load

@@ -1,7 +1,7 @@
 """SLO verdicts on call figures and the capacity search over steps."""
 
 from edgedistill.bench import slo
-from edgedistill.common.recipe import SloConfig
+from edgedistill.common.config.measure import SloConfig
 
 from tests.conftest import step
 

@@ -3,7 +3,7 @@
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.texts import Examples, batches_of, dev_split, load_texts, read_pairs_file, texts_info
-from edgedistill.common.recipe import DataConfig
+from edgedistill.common.config.training import DataConfig
 
 PAIRS_DEV = (
     "sentence1\tsentence2\tlabel\n"

@@ -1,8 +1,8 @@
 import re
 
 import pytest
+from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Labelled, load_labelled, load_splits, load_unlabelled
-from edgedistill.common.recipe import DataConfig
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(

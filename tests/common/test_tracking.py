@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from edgedistill.common import tracking
-from edgedistill.common.recipe import OptimConfig, RuntimeConfig, load_recipe, run_dir
+from edgedistill.common.config.training import OptimConfig, RuntimeConfig
+from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import Built, Stage
 from edgedistill.distill.device import resolve
 from edgedistill.distill.trainer import LOG_EVERY, Trainer

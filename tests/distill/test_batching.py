@@ -36,7 +36,7 @@ def test_collate_pads_and_masks():
 
 
 def test_layer_decay_scales_learning_rates_by_depth():
-    from edgedistill.common.recipe import OptimConfig
+    from edgedistill.common.config.training import OptimConfig
     from edgedistill.distill.trainer import _param_groups
     from transformers import BertConfig, BertForSequenceClassification
 

@@ -4,7 +4,8 @@ import contextlib
 
 import pytest
 import torch
-from edgedistill.common.recipe import RecipeError, RuntimeConfig, load_recipe
+from edgedistill.common.config.training import RuntimeConfig
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill import device
 from edgedistill.distill.device import DeviceError, Placement, for_labelling, for_process, load_trainable, resolve
 from transformers import AutoModelForSequenceClassification, BatchEncoding, BertConfig, BertForMaskedLM

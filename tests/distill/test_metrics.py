@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from edgedistill.common.recipe import DataConfig
+from edgedistill.common.config.training import DataConfig
 from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, selection_key
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.

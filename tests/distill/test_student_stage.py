@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import StudentConfig, StudentRun, load_recipe
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.distributed as torch_dist
-from edgedistill.common.recipe import OptimConfig, RuntimeConfig
+from edgedistill.common.config.training import OptimConfig, RuntimeConfig
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 

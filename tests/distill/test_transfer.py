@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import RuntimeConfig, TransferConfig, load_recipe
+from edgedistill.common.config.training import RuntimeConfig, TransferConfig
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits

@@ -1,7 +1,8 @@
 """The `loadtest` recipe section, its presets and schedules, and scenario weights."""
 
 import pytest
-from edgedistill.common.recipe import LoadtestConfig, RecipeError, load_recipe
+from edgedistill.common.config.measure import LoadtestConfig
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.loadtests import plan
 
 MINIMAL = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"

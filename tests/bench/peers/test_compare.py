@@ -10,7 +10,7 @@ from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare, launch
 from edgedistill.bench.stats import ServingResult, Spread
 from edgedistill.bench.texts import Examples
-from edgedistill.common.recipe import PeersBenchConfig
+from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.serve.proto import kserve_pb2
 
 from tests.serve.conftest import ROOT

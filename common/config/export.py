@@ -1,0 +1,127 @@
+"""The recipe sections of export: how each bundle is built and gated, and the confidence cascades of bundles."""
+
+from typing import Literal
+
+from edgedistill.common.config.strict import Strict
+from pydantic import Field, model_validator
+
+
+class BundleRecipe(Strict):
+    """How one bundle is built: from the teacher or a student, at a precision, for a runtime."""
+
+    source: str = Field(description="`teacher` or a name in distill.students")
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
+    attention: Literal["Attention", "MultiHeadAttention"] = Field(
+        "Attention",
+        description="the fused attention operator: `Attention` takes the Q/K/V projections inside it (in fp32); "
+        "`MultiHeadAttention` leaves them as MatMuls, so INT8 quantizes them too",
+    )
+    skip_layer_norm: bool = Field(
+        True,
+        description="fuse residual Add + LayerNormalization into SkipLayerNormalization; false keeps the two "
+        "(ONNX Runtime's CPU SkipLayerNormalization kernel is the slower of the two on some builds)",
+    )
+    fold: bool = Field(
+        False,
+        description="CNN students: fold the convolutions into the embedding table, so a window is a sum of looked-up "
+        "rows instead of matrix products (several times faster, about ten times the size on disk and in memory)",
+    )
+    quantization: Literal["dynamic", "static"] = "dynamic"
+    per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
+    int8_ops: list[str] | None = Field(
+        None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
+    )
+    smooth: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="dynamic INT8 of a fused Transformer: move this share (SmoothQuant's alpha) of each MatMul input's "
+        "per-channel range into its weights first, calibrated on the first export.calibration_sentences train "
+        "examples (docs/export.md)",
+    )
+    runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
+
+    @model_validator(mode="after")
+    def _smoothing_is_for_dynamic_int8(self):
+        if self.smooth is not None and not (
+            self.precision == "int8" and self.quantization == "dynamic" and self.runtime == "onnxruntime" and self.fused
+        ):
+            raise ValueError(
+                "smooth applies to dynamic INT8 of a fused graph in ONNX Runtime: it needs precision: int8, "
+                "quantization: dynamic, runtime: onnxruntime and fused: true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fusion_choices_need_fusion(self):
+        if self.attention != "Attention" and not self.fused:
+            raise ValueError(f"attention={self.attention} names a fused operator: it needs fused: true")
+        if not self.skip_layer_norm and not self.fused:
+            raise ValueError("skip_layer_norm: false is a fusion choice: it needs fused: true")
+        return self
+
+
+class CascadeRecipe(Strict):
+    """A confidence cascade: the first member answers the texts it is sure of, the rest go on to the next."""
+
+    members: list[str] = Field(min_length=2, description="bundles of export.bundles, cheapest first")
+    rule: Literal["max_prob", "margin", "entropy"] = Field(
+        "max_prob",
+        description="a member keeps a text when its top-class probability (max_prob), the gap between its two most "
+        "likely classes (margin), or minus the entropy of its probabilities (entropy) reaches its threshold",
+    )
+    target_agreement: float = Field(
+        0.99, gt=0, le=1, description="thresholds are the lowest whose answers agree this often with the last member's"
+    )
+    calibration_sentences: int = Field(
+        20_000,
+        ge=100,
+        description="unlabelled texts the transfer set did not read, labelled by the last member, that choose the "
+        "thresholds (neither dev nor test)",
+    )
+    temperature_scaling: bool = Field(True, description="fit each member's softmax temperature on the same texts")
+
+
+class ExportConfig(Strict):
+    opset: int = Field(17, ge=14)
+    bundles: dict[str, BundleRecipe] = Field(min_length=1)
+    cascades: dict[str, CascadeRecipe] = Field(
+        {}, description="confidence cascades of the bundles above, served under one name like any bundle"
+    )
+    deploy: str = Field(description="the bundle (or cascade) `make serve` serves by default")
+    min_agreement: float = Field(
+        0.999, gt=0, le=1, description="fp32 gate: share of dev predictions equal to PyTorch's"
+    )
+    min_fp16_agreement: float = Field(
+        0.995,
+        gt=0,
+        le=1,
+        description="fp16 gate: the same share; half precision moves logits by about 1e-3, which flips the "
+        "odd sentence the teacher is unsure of",
+    )
+    max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
+    calibration_sentences: int = Field(
+        256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"
+    )
+
+    @model_validator(mode="after")
+    def _deploy_known(self):
+        if self.deploy not in self.bundles and self.deploy not in self.cascades:
+            raise ValueError(
+                f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)} or export.cascades "
+                f"{sorted(self.cascades)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cascades_of_known_bundles(self):
+        for name, cascade in self.cascades.items():
+            if name in self.bundles:
+                raise ValueError(f"export.cascades.{name}: a bundle has that name too")
+            if unknown := [m for m in cascade.members if m not in self.bundles]:
+                raise ValueError(f"export.cascades.{name}.members: {unknown} are not in export.bundles")
+            if len(set(cascade.members)) != len(cascade.members):
+                raise ValueError(f"export.cascades.{name}.members: a bundle is listed twice")
+        return self

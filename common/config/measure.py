@@ -1,0 +1,251 @@
+"""The recipe sections that measure the built bundles: the benchmarks, the load-test profiles and their SLOs.
+They change no bundle, so the recipe's hash leaves them out; each measurement's stage hashes its own."""
+
+from typing import Literal, get_args
+
+from edgedistill.common.config.strict import Strict
+from pydantic import BaseModel, Field, model_validator
+
+Scenario = Literal["single", "batch", "stream", "kserve"]
+Profile = Literal["smoke", "steady", "step", "spike", "soak"]
+
+
+class SloConfig(Strict):
+    """What a load-test run (or, for `step`, each step) must meet; a null threshold is not checked.
+
+    Latencies are those of successful calls as the load generator saw them, in ms.
+    """
+
+    p50_ms: float | None = Field(None, gt=0, description="median call latency")
+    p95_ms: float | None = Field(None, gt=0, description="95th percentile call latency")
+    p99_ms: float | None = Field(None, gt=0, description="99th percentile call latency")
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="failed calls / all calls")
+    min_rate_share: float | None = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="achieved calls/s / offered calls/s: a server (or load generator) that falls behind fails",
+    )
+
+
+class LoadProfile(Strict):
+    """What every load profile sets: the scenario mix and the SLO."""
+
+    scenarios: dict[Scenario, int] = Field(
+        default_factory=lambda: {"single": 1}, min_length=1, description="scenario -> weight (locust task weight)"
+    )
+    slo: SloConfig = SloConfig()
+
+    @model_validator(mode="after")
+    def _weights(self):
+        if any(w < 0 for w in self.scenarios.values()) or not sum(self.scenarios.values()):
+            raise ValueError(f"scenario weights must be >= 0 with at least one > 0, got {self.scenarios}")
+        return self
+
+
+class ConstantLoad(LoadProfile):
+    """`users` users for `duration_s`, each paced so that together they offer `rate` calls/s."""
+
+    users: int = Field(10, ge=1)
+    rate: float = Field(200.0, gt=0, description="calls/s offered by all users together")
+    duration_s: float = Field(60.0, gt=0)
+
+    @property
+    def user_rate(self) -> float:
+        return self.rate / self.users
+
+
+class SoakLoad(ConstantLoad):
+    """A long constant load; the server's memory growth is measured and may be gated."""
+
+    max_rss_growth_mb_per_10k: float | None = Field(
+        None, gt=0, description="server RSS slope over the second half of the run, MB per 10,000 calls"
+    )
+
+
+class StepLoad(LoadProfile):
+    """`users`, then `step_users` more every `step_s`, `steps` steps, each user paced at `user_rate` calls/s.
+
+    Capacity: the highest achieved calls/s of a step that met the SLO.
+    """
+
+    users: int = Field(10, ge=1, description="users in the first step")
+    step_users: int = Field(10, ge=1)
+    steps: int = Field(10, ge=1)
+    step_s: float = Field(10.0, gt=0)
+    settle_s: float = Field(2.0, ge=0, description="seconds at the start of each step left out of its figures")
+    user_rate: float = Field(20.0, gt=0, description="calls/s per user")
+    min_capacity_rps: float | None = Field(None, gt=0, description="fail the run when capacity is below this")
+
+    @model_validator(mode="after")
+    def _settles_within_step(self):
+        if self.settle_s >= self.step_s:
+            raise ValueError(f"settle_s={self.settle_s} leaves nothing of step_s={self.step_s}")
+        return self
+
+
+class SpikeLoad(LoadProfile):
+    """`users` for `before_s`, `spike_users` for `spike_s`, `users` again for `after_s`; `user_rate` calls/s each."""
+
+    users: int = Field(10, ge=1)
+    spike_users: int = Field(50, ge=1)
+    user_rate: float = Field(20.0, gt=0, description="calls/s per user")
+    before_s: float = Field(20.0, gt=0)
+    spike_s: float = Field(10.0, gt=0)
+    after_s: float = Field(20.0, gt=0)
+
+    @model_validator(mode="after")
+    def _spikes(self):
+        if self.spike_users <= self.users:
+            raise ValueError(f"spike_users={self.spike_users} must exceed users={self.users}")
+        return self
+
+
+class ModelBenchConfig(Strict):
+    """The model benchmark (`python -m bench models`): every bundle beside the teacher in PyTorch eager."""
+
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], min_length=1)
+    seq_lens: list[int] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
+    warmup: int = Field(10, ge=0)
+    iterations: int = Field(100, gt=0)
+    min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
+    threads: int = Field(2, gt=0, description="intra-op threads for PyTorch and ONNX Runtime alike")
+
+
+class ServingBenchConfig(Strict):
+    """The serving benchmark (`python -m bench serving`): how long each phase runs, and its targets.
+
+    A null target is not checked.
+    """
+
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phases")
+    duration_s: float = Field(20.0, gt=0, description="seconds per phase and repeat")
+    concurrency: int = Field(12, ge=1, description="calls in flight in the capacity phases")
+    threads: int = Field(1, ge=0, description="intra-op threads of the servers and the raw backend (0: the default)")
+    repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
+    paced_slo: SloConfig = Field(SloConfig(), description="what the server must meet when paced at `rate`")
+    min_capacity_vs_echo: float | None = Field(
+        None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"
+    )
+    min_batched_vs_raw: float | None = Field(
+        None, gt=0, description="batched target: texts/s of batch-32 calls through the server / the raw backend's"
+    )
+
+
+class PeersBenchConfig(Strict):
+    """The peer comparison (`python -m bench peers`): the server against the Python servers a user would pick
+    instead, on one bundle, driven by h2load. A null target is not checked."""
+
+    peers: list[Literal["kserve", "mlserver"]] = Field(
+        ["kserve", "mlserver"], min_length=1, description="the peers, each from its own environment"
+    )
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
+    duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
+    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before the first repeat")
+    connections: int = Field(
+        16, ge=1, description="HTTP/2 connections at saturation (several, so worker processes share them)"
+    )
+    streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
+    paced_connections: int = Field(
+        4,
+        ge=1,
+        description="connections of the paced phase, each from its own h2load process started 1/rate s after the "
+        "last, so that their calls interleave",
+    )
+    threads: int = Field(1, ge=1, description="intra-op threads of every server's model")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="processes per server where it has that setting: the server's WORKERS and MLServer's "
+        "parallel_workers (KServe's ModelServer answers gRPC from one process whatever its workers); 0: one per core",
+    )
+    repeats: int = Field(3, ge=1, description="repeats, the servers interleaved; figures are their medians")
+    min_capacity_vs_best_peer: float | None = Field(
+        None, gt=0, description="the server's calls/s at saturation / the best peer's"
+    )
+    max_p99_vs_best_peer: float | None = Field(
+        None, gt=0, description="the server's p99 when paced at `rate` / the best peer's (the lowest)"
+    )
+
+
+class ScalingBenchConfig(Strict):
+    """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with each
+    count of `workers` in turn, driven by h2load. A null target is not checked."""
+
+    workers: list[int] = Field(
+        [1, 2, 0],
+        min_length=2,
+        description="worker counts, the first the reference the others are compared with; 0: the server's default, "
+        "one per core as memory allows",
+    )
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
+    duration_s: float = Field(10.0, gt=0, description="seconds per phase, count and repeat")
+    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each count before its first repeat")
+    connections_per_worker: int = Field(
+        4, ge=1, description="HTTP/2 connections per worker at saturation, so that the kernel spreads them over all"
+    )
+    streams: int = Field(2, ge=1, description="calls in flight per connection at saturation")
+    paced_connections: int = Field(
+        4,
+        ge=1,
+        description="connections of the paced phase, the same for every count, each from its own h2load process "
+        "started 1/rate s after the last, so that their calls interleave (over one, a single worker would get every "
+        "call)",
+    )
+    client_threads: int = Field(1, ge=1, description="h2load's threads (more where one cannot keep the workers busy)")
+    threads: int = Field(1, ge=1, description="intra-op threads of each worker's model")
+    repeats: int = Field(3, ge=1, description="repeats, the counts interleaved; figures are their medians")
+    min_capacity_vs_first: float | None = Field(
+        None, gt=0, description="calls/s at saturation with the most workers / with the first count"
+    )
+    max_p99_vs_first: float | None = Field(
+        None, gt=0, description="each other count's p99 paced at `rate` / the first count's"
+    )
+
+
+class BenchConfig(Strict):
+    """Measurements of the built bundles: `models` for the model benchmark, `serving` for the serving one,
+    `peers` for the comparison with other servers, `scaling` for the server's worker processes."""
+
+    models: ModelBenchConfig = ModelBenchConfig()
+    serving: ServingBenchConfig = ServingBenchConfig()
+    peers: PeersBenchConfig = PeersBenchConfig()
+    scaling: ScalingBenchConfig = ScalingBenchConfig()
+
+
+# Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).
+LOAD_PRESETS: dict[str, dict] = {
+    "smoke": {"users": 2, "rate": 20.0, "duration_s": 30.0, "scenarios": dict.fromkeys(get_args(Scenario), 1)},
+    "steady": {},
+    "step": {},
+    "spike": {},
+    "soak": {"duration_s": 600.0},
+}
+
+
+class LoadtestConfig(Strict):
+    """Locust load tests of a served bundle (`python -m loadtests RECIPE --profile NAME`), one field per profile."""
+
+    batch_size: int = Field(8, ge=1, description="texts per call in the `batch` scenario")
+    stream_messages: int = Field(8, ge=1, description="requests (one text each) per `ClassifyStream` call")
+    timeout_s: float = Field(10.0, gt=0, description="deadline per call")
+    threads: int = Field(1, ge=0, description="the server's intra-op threads (0: the runtime's default)")
+    smoke: ConstantLoad = Field(description="short, every scenario, low rate: does everything answer?")
+    steady: ConstantLoad = Field(description="a fixed rate for a while: the latency SLO")
+    step: StepLoad = Field(description="rising load: the capacity within the SLO")
+    spike: SpikeLoad = Field(description="a sudden burst and the recovery after it")
+    soak: SoakLoad = Field(description="a fixed rate for long: memory growth")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _presets(cls, data):
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, preset in LOAD_PRESETS.items():
+            value = data.get(name)
+            data[name] = value if isinstance(value, BaseModel) else preset | (value or {})
+        return data
+
+    def profile(self, name: Profile) -> ConstantLoad | StepLoad | SpikeLoad:
+        return getattr(self, name)

@@ -1,0 +1,21 @@
+"""The base of every recipe section: unknown keys fail at load, values are frozen, and a setting added later is
+hashed only once a recipe sets it."""
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Settings added after runs of this version existed: left out of the dump (so of every stage's hash) while at
+    # their default, so that a new setting nobody sets keeps those runs' artifacts current.
+    hashed_when_set: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset_later_settings(self, handler):
+        dumped = handler(self)
+        for name in self.hashed_when_set:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                dumped.pop(name, None)
+        return dumped

@@ -1,0 +1,319 @@
+"""The recipe sections of training: the task data, the teacher, its pretraining and fine-tuning, the transfer set,
+the students, and where training runs."""
+
+from typing import Literal
+
+from edgedistill.common.config.strict import Strict
+from pydantic import Field, model_validator
+
+
+class DataConfig(Strict):
+    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[/<config>]:<split>`."""
+
+    train: str
+    dev: str
+    test: str | None = Field(None, description="a labelled test split: evaluated once, on the kept checkpoints")
+    text_column: str = "sentence"
+    text_pair_column: str | None = None
+    label_column: str = Field("label", description="the label's column: a name from label_names, or its index")
+    label_names: list[str] = Field(
+        min_length=2,
+        description="the task's labels in index order (label 0 first); their number is the number of classes",
+    )
+    metric: Literal["accuracy", "macro_f1", "f1"] = Field(
+        "accuracy",
+        description="the dev metric that selects checkpoints: accuracy, macro_f1 (F1 averaged over the labels) or "
+        "f1 (F1 of positive_label)",
+    )
+    positive_label: str | None = Field(
+        None, description="the label whose F1 is reported as f1; default: the second label of a binary task"
+    )
+    symmetric_pairs: bool = Field(
+        False,
+        description="the label does not depend on the order of the two texts (paraphrase, similarity): every "
+        "labelled train pair is also used the other way round",
+    )
+    train_limit: int | None = Field(None, gt=0)
+    dev_limit: int | None = Field(None, gt=0)
+    hashed_when_set = frozenset({"symmetric_pairs"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _label_names_listed(cls, data):
+        if not isinstance(data, dict):
+            return data
+        if "label_names" not in data:
+            raise ValueError(
+                "data.label_names is missing: list the task's label names in the recipe, in index order "
+                "(label 0 first), e.g. label_names: [negative, positive]"
+            )
+        unquoted = [name for name in data["label_names"] or [] if not isinstance(name, str)]
+        if unquoted:
+            raise ValueError(
+                f"data.label_names: {unquoted} are not names: YAML reads yes/no/true/false/on/off, null and bare "
+                'numbers as other types; quote them, e.g. ["no", "yes"] or ["1", "2"]'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _labels_and_metric(self):
+        repeated = sorted({name for name in self.label_names if self.label_names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"data.label_names lists {repeated} more than once")
+        if self.positive_label is not None and self.positive_label not in self.label_names:
+            raise ValueError(
+                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
+            )
+        if self.symmetric_pairs and self.text_pair_column is None:
+            raise ValueError("data.symmetric_pairs needs data.text_pair_column: only pairs have an order to swap")
+        if self.metric == "f1" and self.positive_index is None:
+            raise ValueError(
+                f"data.metric=f1 needs data.positive_label: a task of {self.num_labels} labels has no default "
+                f"positive class; name one of {self.label_names}, or use metric: macro_f1"
+            )
+        return self
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def positive_index(self) -> int | None:
+        """The class whose F1 is `f1`: `positive_label`, else the second of two labels; None for more labels."""
+        if self.positive_label is not None:
+            return self.label_names.index(self.positive_label)
+        return 1 if self.num_labels == 2 else None
+
+    @property
+    def pairs(self) -> bool:
+        """Whether every example is a sentence pair (`text_pair_column` set)."""
+        return self.text_pair_column is not None
+
+
+class ModelConfig(Strict):
+    """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""
+
+    family: Literal["bert", "gpt"] = "bert"
+    init: str | None = None
+    max_length: int = Field(128, ge=8)
+    # Sizes for a model built from scratch (ignored when `init` is set).
+    vocab_size: int = Field(8000, ge=100)
+    hidden_size: int = Field(256, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(1024, ge=8)
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
+            )
+        return self
+
+
+class OptimConfig(Strict):
+    """AdamW with linear warm-up and decay; evaluation and checkpoint cadence in steps."""
+
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(
+        32, ge=1, description="examples per optimizer step, whatever the number of processes (split among them)"
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per optimizer step and process, for models whose batch does not fit"
+    )
+    grad_clip: float = Field(1.0, gt=0)
+    eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
+    checkpoint_every: int = Field(200, gt=0)
+    patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
+    layer_decay: float | None = Field(
+        None, gt=0, le=1, description="learning rate x this factor per layer further from the head"
+    )
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1, description="evaluate and keep an exponential moving average of the weights"
+    )
+    seed: int = 13
+
+
+class PretrainConfig(Strict):
+    """Masked-LM (BERT) or causal-LM (GPT) pretraining, from scratch or continued from `model.init`."""
+
+    train_files: list[str] = Field(min_length=1)
+    eval_files: list[str] = Field(default_factory=list, description="empty: hold out the last train lines")
+    eval_holdout_lines: int = Field(500, gt=0)
+    train_max_lines: int | None = Field(None, gt=0)
+    eval_max_lines: int | None = Field(None, gt=0)
+    seq_len: int = Field(128, ge=8)
+    mlm_probability: float = Field(0.15, gt=0, lt=1)
+    whole_word_mask: bool = False
+    optim: OptimConfig = OptimConfig(lr=1e-4)
+
+
+class FinetuneConfig(Strict):
+    """Sequence classification on the labelled task; the best dev checkpoint is kept."""
+
+    optim: OptimConfig = OptimConfig()
+    classifier_dropout: float | None = Field(None, ge=0, lt=1)
+    reinit_layers: int = Field(
+        0, ge=0, description="top Transformer layers (and the pooler) initialised afresh instead of from the init"
+    )
+    pooling: Literal["cls", "mean"] = Field(
+        "cls",
+        description="what the classifier reads: `cls`, the family's own head (BERT's [CLS] pooler, GPT's last "
+        "token); `mean`, the final states averaged over real tokens (bert only), as sentence-embedding "
+        "checkpoints were trained",
+    )
+    hashed_when_set = frozenset({"reinit_layers", "pooling"})
+
+
+class TransferConfig(Strict):
+    """The transfer set: unlabelled sentences plus Tang et al. augmentations of the train inputs."""
+
+    unlabelled_files: list[str] = Field(min_length=1)
+    unlabelled_max_lines: int | None = Field(None, gt=0, description="raw lines (reviews) to read")
+    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept from the unlabelled text")
+    include_train: bool = True
+    n_iter: int = Field(20, ge=0, description="augmented samples drawn per train example")
+    max_augmented: int | None = Field(None, gt=0)
+    p_mask: float = Field(0.1, ge=0, le=1)
+    p_replace: float = Field(0.1, ge=0, le=1)
+    p_ngram: float = Field(0.25, ge=0, le=1)
+    text_style: Literal["raw", "ptb_lower"] = Field(
+        "raw",
+        description="how every transfer-set text (unlabelled, train, augmented) is written: as given, or "
+        "lower-cased and PTB-tokenised like SST-2",
+    )
+    max_length: int = Field(
+        64, ge=8, description="tokens per example (both sides of a pair), for labelling and students"
+    )
+    shard_size: int = Field(50_000, gt=0)
+    label_batch_size: int = Field(128, gt=0, description="sentences per labelling batch (length-sorted)")
+    labeller: str | None = Field(
+        None,
+        description="on the CPU, label with this fp32 or INT8 teacher bundle in ONNX Runtime (built first by "
+        "`edgedistill labeller`) instead of PyTorch; on a GPU, PyTorch labels",
+    )
+    relabel_margin: float | None = Field(
+        None,
+        gt=0,
+        description="with an INT8 labeller (and only then): every text whose INT8 margin (the gap between its two "
+        "highest logits) is below this is labelled again by the teacher in PyTorch, in the labelling precision",
+    )
+    precision_check_sentences: int = Field(
+        5000,
+        gt=0,
+        description="labelled in bf16/fp16 or by an INT8 labeller, this many, evenly spaced over the whole set, are "
+        "labelled again in fp32 and compared",
+    )
+    tie_margin: float = Field(
+        0.1,
+        ge=0,
+        description="a checked text whose fp32 logits' top two are closer than this is a near-tie: a label that "
+        "differs from fp32's there is counted (`fp32_tie_flips`) but does not count against min_agreement",
+    )
+    min_agreement: float = Field(
+        0.999,
+        gt=0,
+        le=1,
+        description="labels made by an INT8 labeller (always) or in bf16/fp16 (with runtime.precision auto; an "
+        "explicit one keeps its labels, with a warning) that agree with fp32 on fewer of the checked sentences than "
+        "this, near-ties aside, are made again in fp32",
+    )
+    seed: int = 13
+
+    @model_validator(mode="after")
+    def _probabilities(self):
+        if self.p_mask + self.p_replace > 1:
+            raise ValueError(f"transfer.p_mask + transfer.p_replace = {self.p_mask + self.p_replace} exceeds 1")
+        return self
+
+
+# What the student stage sets on a student's config from the data and the teacher, whatever a recipe says.
+STUDENT_FROM_DATA = frozenset({"vocab_size", "num_labels", "pad_token_id", "max_length", "pairs"})
+
+
+class StudentConfig(Strict):
+    """Architecture and sizes of a student; fields an architecture does not use are ignored by it."""
+
+    arch: Literal["bilstm", "cnn", "transformer"]
+    vocab_size: int | None = Field(None, gt=0, description="set from the teacher's tokenizer")
+    num_labels: int = Field(2, ge=2, description="classes (set from the data)")
+    embed_dim: int = Field(300, gt=0, description="word vectors of bilstm/cnn; the transformer uses hidden_size")
+    hidden_size: int = Field(300, gt=0, description="LSTM units per direction / transformer width")
+    num_layers: int = Field(1, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(1200, gt=0)
+    kernel_sizes: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
+    num_filters: int = Field(100, gt=0)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    pooling: Literal["max", "mean", "last"] = "max"
+    pairs: bool = Field(False, description="set from the data: takes sentence pairs (token_type_ids mark sentence B)")
+    max_length: int = Field(128, gt=0, description="tokens per text (set from transfer.max_length)")
+    pad_token_id: int = Field(0, ge=0, description="the padding token (set from the teacher's tokenizer)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.arch == "transformer" and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.arch == "bilstm" and self.num_layers != 1:
+            # Padding invariance without packed sequences (see BiLSTMClassifier) holds for one layer only.
+            raise ValueError(f"bilstm supports num_layers=1, got {self.num_layers}")
+        if any(k < 1 for k in self.kernel_sizes):
+            raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
+        if self.vocab_size is not None and self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
+        return self
+
+
+class LossWeights(Strict):
+    """Weights of the distillation terms: a weight of 0 skips the term (see `distill.losses`)."""
+
+    kd: float = Field(0.0, ge=0, description="soft-target KL at the temperature, times T^2 (Hinton)")
+    mse: float = Field(1.0, ge=0, description="logit MSE (Tang et al.)")
+    ce: float = Field(0.0, ge=0, description="hard-label cross-entropy where a label exists")
+    hidden: float = Field(0.0, ge=0, description="hidden-state MSE (transformer students)")
+    attention: float = Field(0.0, ge=0, description="attention KL (transformer students)")
+
+
+class StudentRun(Strict):
+    """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""
+
+    model: StudentConfig
+    optim: OptimConfig = OptimConfig(lr=1e-3, batch_size=64)
+    losses: LossWeights = LossWeights()
+    temperature: float = Field(2.0, gt=0)
+    init_from_teacher: bool = Field(True, description="teacher embeddings (and layers, for a transformer)")
+    baseline_init_from_teacher: bool = Field(
+        False, description="start the label-only baseline from the teacher too (off: it sees nothing of the teacher)"
+    )
+
+
+class DistillConfig(Strict):
+    students: dict[str, StudentRun] = Field(min_length=1)
+    deploy: str = Field(description="the student that is exported and served by default")
+
+    @model_validator(mode="after")
+    def _deploy_known(self):
+        if self.deploy not in self.students:
+            raise ValueError(f"distill.deploy={self.deploy!r} is not one of distill.students {sorted(self.students)}")
+        return self
+
+
+class RuntimeConfig(Strict):
+    """Where training and labelling run: an execution choice, recorded in each manifest, not part of any hash."""
+
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="auto (CUDA when PyTorch sees a GPU, else the CPU), cpu, cuda, or cuda:N",
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU, except "
+        "labelling on a CPU with native bf16 (AVX512-BF16 or AMX)",
+    )
