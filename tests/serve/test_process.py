@@ -123,7 +123,10 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         stop.set()
         for client in clients:
             client.join(10)
-        assert not failures and versions[0] == "1" and versions[-1] == "2" and set(versions) == {"1", "2"}
+        assert not failures
+        assert versions[0] == "1"
+        assert versions[-1] == "2"
+        assert set(versions) == {"1", "2"}
         with pytest.raises(grpc.RpcError):
             stub.Classify(pb.ClassifyRequest(texts=["great"], model_name="nope"), timeout=5)
         failed_call = server.wait_for("rpc")  # without --access-log only failed calls are logged
@@ -140,7 +143,8 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
     )
     assert result.returncode == 2
     refusal = json.loads(result.stderr.strip().splitlines()[-1])
-    assert refusal["event"] == "start_failed" and "does not match its sha256" in refusal["msg"]
+    assert refusal["event"] == "start_failed"
+    assert "does not match its sha256" in refusal["msg"]
 
 
 def test_the_server_imports_neither_torch_nor_transformers():
@@ -193,7 +197,8 @@ def test_client_cli(served, tmp_path, capsys):
 
     assert cli.main([*address, "   "]) == 1
     error = json.loads(capsys.readouterr().err)["error"]
-    assert error["code"] == "INVALID_ARGUMENT" and "whitespace" in error["message"]
+    assert error["code"] == "INVALID_ARGUMENT"
+    assert "whitespace" in error["message"]
 
     assert cli.main([*address], stdin=io.StringIO("")) == 2
 
