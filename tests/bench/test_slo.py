@@ -31,4 +31,5 @@ def test_slo_verdicts_name_the_threshold():
 def test_capacity_verdict():
     assert slo.capacity_verdict(step(250, 1.0), 200)["passed"]
     assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
-    assert not slo.capacity_verdict(None, None)["passed"] and slo.capacity_verdict(step(1, 1.0), None)["passed"]
+    assert not slo.capacity_verdict(None, None)["passed"]
+    assert slo.capacity_verdict(step(1, 1.0), None)["passed"]

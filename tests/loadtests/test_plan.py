@@ -17,7 +17,9 @@ def test_presets_fill_what_a_recipe_leaves_out():
     cfg = LoadtestConfig.model_validate({"smoke": {"duration_s": 3}, "steady": {"slo": {"p99_ms": 3}}})
     assert (cfg.smoke.users, cfg.smoke.rate, cfg.smoke.duration_s) == (2, 20.0, 3)
     assert set(cfg.smoke.scenarios) == {"single", "batch", "stream", "kserve"}
-    assert cfg.steady.slo.p99_ms == 3 and cfg.steady.slo.max_error_rate == 0 and cfg.steady.user_rate == 20.0
+    assert cfg.steady.slo.p99_ms == 3
+    assert cfg.steady.slo.max_error_rate == 0
+    assert cfg.steady.user_rate == 20.0
     assert cfg.soak.duration_s == 600
 
 
