@@ -32,7 +32,8 @@ def test_collate_pads_and_masks():
     out = collate(feats, [1, 0], pad_id=0)
     assert out["input_ids"].tolist() == [[8, 0, 0], [5, 6, 7]]
     assert out["attention_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
-    assert out["token_type_ids"].shape == (2, 3) and out["input_ids"].dtype == torch.long
+    assert out["token_type_ids"].shape == (2, 3)
+    assert out["input_ids"].dtype == torch.long
 
 
 def test_layer_decay_scales_learning_rates_by_depth():
@@ -54,4 +55,5 @@ def test_layer_decay_scales_learning_rates_by_depth():
     assert wd_of[id(params["bert.encoder.layer.0.output.LayerNorm.weight"])] == 0.0
     assert wd_of[id(params["bert.encoder.layer.0.output.dense.weight"])] == 0.1
     flat = _param_groups(model, OptimConfig(lr=1.0))
-    assert {g["lr"] for g in flat} == {1.0} and sum(len(g["params"]) for g in flat) == len(params)
+    assert {g["lr"] for g in flat} == {1.0}
+    assert sum(len(g["params"]) for g in flat) == len(params)

@@ -25,10 +25,12 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     folder = smoke_run / f"student-{name}"
     manifest = mf.load(folder)
-    assert manifest.info["kind"] == "distilled" and manifest.info["arch"] == name
+    assert manifest.info["kind"] == "distilled"
+    assert manifest.info["arch"] == name
     assert set(manifest.parents) == {"transfer", "teacher"}
     student, cfg = load_student(folder)
-    assert cfg.arch == name and manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
+    assert cfg.arch == name
+    assert manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
     tokenizer = load_tokenizer(str(smoke_run / "teacher"))
     _, dev = load_splits(recipe.data)
     feats = encode(tokenizer, dev.texts, None, recipe.transfer.max_length)
