@@ -52,7 +52,9 @@ def test_cross_field_rule(tmp_path):
 def test_overrides_parse_and_apply(tmp_path):
     overrides = parse_overrides(["--finetune.optim.lr=3e-5", "--model.family=gpt", "--name=other"])
     recipe = load_recipe(write(tmp_path, MINIMAL), overrides)
-    assert recipe.finetune.optim.lr == 3e-5 and recipe.model.family == "gpt" and recipe.name == "other"
+    assert recipe.finetune.optim.lr == 3e-5
+    assert recipe.model.family == "gpt"
+    assert recipe.name == "other"
     with pytest.raises(RecipeError, match="must look like"):
         parse_overrides(["finetune.optim.lr"])
 
@@ -60,7 +62,9 @@ def test_overrides_parse_and_apply(tmp_path):
 def test_extends_merges_sections(tmp_path):
     write(tmp_path, MINIMAL + "finetune: {optim: {lr: 0.1, epochs: 3}}\n", "base.yaml")
     recipe = load_recipe(write(tmp_path, "extends: base.yaml\nfinetune: {optim: {lr: 0.2}}\n"))
-    assert recipe.name == "exp" and recipe.finetune.optim.lr == 0.2 and recipe.finetune.optim.epochs == 3
+    assert recipe.name == "exp"
+    assert recipe.finetune.optim.lr == 0.2
+    assert recipe.finetune.optim.epochs == 3
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
