@@ -35,7 +35,7 @@ def test_summarize_spreads_every_number_over_repeats():
     }
 
 
-def test_timing_of_calls():
+def test_timing_of_calls_is_their_median_min_max_and_count():
     assert Timing.of([3.0, 1.0, 2.0, 10.0]) == Timing(median_ms=2.5, min_ms=1.0, max_ms=10.0, calls=4)
 
 

@@ -10,7 +10,7 @@ TREC = DataConfig(
 )
 
 
-def test_tsv_csv_jsonl(tmp_path):
+def test_labelled_data_loads_from_tsv_csv_and_jsonl(tmp_path):
     (tmp_path / "a.tsv").write_text('sentence\tlabel\nit \'s "good"\t1\nbad .\t0\n')
     (tmp_path / "a.csv").write_text('sentence,label\n"good, really",1\nbad,0\n')
     (tmp_path / "a.jsonl").write_text('{"sentence": "good", "label": 1}\n\n{"sentence": "bad", "label": 0}\n')

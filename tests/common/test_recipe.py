@@ -42,9 +42,12 @@ def test_wrong_type_is_named(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {batch_size: many}}\n"))
 
 
-def test_cross_field_rule(tmp_path):
+def test_a_hidden_size_the_heads_do_not_divide_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="not divisible"):
         load_recipe(write(tmp_path, MINIMAL.replace("{init: some/model}", "{init: x, hidden_size: 10, num_heads: 3}")))
+
+
+def test_a_model_from_scratch_without_a_pretrain_section_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="no `pretrain` section"):
         load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
 
@@ -69,7 +72,7 @@ def test_extends_merges_sections(tmp_path):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
 
-def test_missing_recipe_file(tmp_path):
+def test_a_missing_recipe_file_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(tmp_path / "missing.yaml")
 

@@ -14,12 +14,18 @@ def test_batches_cover_every_example_once(lengths, batch_size, seed):
     assert all(1 <= len(b) <= batch_size for b in batches)
 
 
-def test_deterministic_and_grouped():
+def test_length_grouped_batches_repeat_for_a_seed_and_differ_across_seeds():
     rng = random.Random(0)
     lengths = [rng.randint(2, 60) for _ in range(5000)]
     a = length_grouped_batches(lengths, 32, seed=1)
     assert a == length_grouped_batches(lengths, 32, seed=1)
     assert a != length_grouped_batches(lengths, 32, seed=2)
+
+
+def test_length_grouping_pads_far_less_than_random_batches():
+    rng = random.Random(0)
+    lengths = [rng.randint(2, 60) for _ in range(5000)]
+    a = length_grouped_batches(lengths, 32, seed=1)
     padded = sum(len(b) * max(lengths[i] for i in b) for b in a)
     order = list(range(len(lengths)))
     rng.shuffle(order)

@@ -64,7 +64,7 @@ def test_padding_does_not_change_student_predictions(smoke_run):
     assert torch.allclose(together[1], alone[0], atol=1e-5)
 
 
-def test_summary_table(smoke_run):
+def test_distill_summary_lists_the_teacher_then_every_student_with_its_gain_and_retention(smoke_run):
     rows = json.loads((smoke_run / "distill-summary.json").read_text())
     assert [r["student"] for r in rows] == ["teacher", *ARCHS]
     for row in rows[1:]:

@@ -47,7 +47,7 @@ def _tiny_teacher() -> BertModel:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("length", [1, 2, 7])
-def test_logits_shape(arch, batch, length):
+def test_every_student_gives_finite_logits_of_shape_batch_by_labels(arch, batch, length):
     ids = torch.randint(1, VOCAB, (batch, length))
     logits = _student(arch)(ids, torch.ones_like(ids))
     assert logits.shape == (batch, 2)

@@ -241,7 +241,7 @@ def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path)
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
 
 
-def test_transfer_artifact(smoke_run):
+def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smoke_run):
     manifest = mf.load(smoke_run / "transfer")
     texts = (smoke_run / "transfer" / "texts.txt").read_text().splitlines()
     logits = np.load(smoke_run / "transfer" / "logits.npy")

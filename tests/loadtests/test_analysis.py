@@ -15,7 +15,7 @@ def samples(end_s, ms, ok=None) -> Samples:
     return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], 0.0)
 
 
-def test_call_stats():
+def test_call_stats_count_failures_but_time_only_successes():
     run = samples(np.linspace(0, 1.99, 200), np.arange(1, 201) / 100, ok=[True] * 190 + [False] * 10)
     stats = analysis.call_stats(run, 2.0, offered_rate=125)
     assert stats["requests"] == 200

@@ -105,7 +105,7 @@ def test_a_stream_whose_call_grpc_already_failed_ends_cancelled_not_internal(ser
     assert context.aborted is None
 
 
-def test_model_info(stub, served):
+def test_model_info_describes_the_served_bundle(stub, served):
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.name == "tiny-sentiment"
     assert info.version == "1"

@@ -98,7 +98,7 @@ def test_reflection_lists_both_services(served):
     assert kserve.file_descriptor_response.file_descriptor_proto
 
 
-def test_metrics_scrape(served):
+def test_metrics_count_ok_and_failed_calls_their_timings_batches_and_the_model(served):
     with served.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=10)
@@ -153,7 +153,7 @@ def test_bearer_token_is_required_except_for_health(start_server, bundle):
     )
 
 
-def test_tls(start_server, bundle, certs):
+def test_tls_server_refuses_plaintext_and_serves_a_client_trusting_its_ca(start_server, bundle, certs):
     server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
     credentials = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
     with grpc.secure_channel(server.address, credentials) as channel:
