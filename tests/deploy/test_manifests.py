@@ -59,11 +59,6 @@ def serve_container(deployment: dict) -> dict:
     return container
 
 
-def test_k8s_files_exist():
-    names = {path.name for path in K8S_FILES}
-    assert {"deployment.yaml", "service.yaml", "hpa.yaml"} <= names
-
-
 @pytest.mark.parametrize(("name", "doc"), k8s_documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_k8s_manifest_is_schema_valid(name, doc):
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
