@@ -87,10 +87,15 @@ def test_bench_end_to_end(result, out, texts_file):
         assert (phase == "raw") == ("server_cpu" not in record), phase
         assert result.summary[phase]["p99_ms"].model_dump() == dict.fromkeys(("median", "min", "max"), record["p99_ms"])
     paced = result.runs["paced"][0]
-    assert 0.8 * RATE <= paced["requests_per_s"] <= 1.1 * RATE
+    assert paced["requests_per_s"] <= 1.1 * RATE  # never ahead of its schedule, however loaded the machine
     assert paced["offered_rate"] == RATE
     batched = result.runs["batched"][0]
     assert batched["texts_per_s"] == pytest.approx(serving.BATCH * batched["requests_per_s"])
+
+
+@pytest.mark.serial  # a bound on time: a loaded machine answers too slowly to keep the pace
+def test_the_paced_phase_keeps_up_with_its_rate(result):
+    assert result.runs["paced"][0]["requests_per_s"] >= 0.8 * RATE
 
 
 def test_bench_ratios_and_targets_follow_the_recorded_numbers(result):
