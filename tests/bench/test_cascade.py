@@ -27,16 +27,19 @@ def test_bench_cascade_exits_zero(measured):
 
 def test_bench_cascade_records_the_capacity_of_both(measured):
     metrics = mf.load(measured[1]).metrics
-    assert metrics["cascade_capacity_texts_per_s"] > 0 and metrics["last_capacity_texts_per_s"] > 0
+    assert metrics["cascade_capacity_texts_per_s"] > 0
+    assert metrics["last_capacity_texts_per_s"] > 0
 
 
 def test_bench_cascade_table_names_the_cascade_and_its_last_member(measured):
     table = (measured[1] / "cascade.md").read_text()
-    assert "| bilstm-cascade |" in table and "| teacher-fused |" in table
+    assert "| bilstm-cascade |" in table
+    assert "| teacher-fused |" in table
 
 
 def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, capsys):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
         status = main(["serving", str(SMOKE), "--bundle", str(smoke_bundles / "bundle-bilstm-cascade")])
-    assert status == 2 and "bench cascade" in capsys.readouterr().err
+    assert status == 2
+    assert "bench cascade" in capsys.readouterr().err

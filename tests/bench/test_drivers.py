@@ -29,13 +29,15 @@ class FakeClassify:
 def test_paced_calls_come_at_the_rate_one_at_a_time():
     classify = FakeClassify()
     tally = asyncio.run(drivers.paced(classify, ["r"], rate=100, duration=0.5))
-    assert 45 <= len(tally.latencies) <= 50 and classify.most_in_flight == 1
+    assert 45 <= len(tally.latencies) <= 50
+    assert classify.most_in_flight == 1
 
 
 def test_saturate_keeps_the_concurrency_in_flight():
     classify = FakeClassify(delay=0.01)
     tally = asyncio.run(drivers.saturate(classify, ["a", "b"], concurrency=4, duration=0.3))
-    assert classify.most_in_flight == 4 and len(tally.latencies) == classify.calls
+    assert classify.most_in_flight == 4
+    assert len(tally.latencies) == classify.calls
 
 
 def test_a_record_counts_texts_and_failures():
@@ -43,7 +45,8 @@ def test_a_record_counts_texts_and_failures():
     tally.errors["UNAVAILABLE"] += 1
     record = tally.record(seconds=2.0, texts_per_call=8, offered_rate=4.0)
     assert (record["requests"], record["failures"], record["error_codes"]) == (4, 1, {"UNAVAILABLE": 1})
-    assert record["texts_per_s"] == 12.0 and record["rate_share"] == 0.5
+    assert record["texts_per_s"] == 12.0
+    assert record["rate_share"] == 0.5
     assert record["p50_ms"] == pytest.approx(2.0)
 
 

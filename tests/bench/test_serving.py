@@ -71,21 +71,31 @@ def test_result_is_an_artifact_with_its_files_and_the_bundle_as_parent(out, bund
 
 def test_bench_end_to_end(result, out, texts_file):
     report = (out / "bench.md").read_text()
-    assert "| server, paced 50/s |" in report and "| bare server 4x1 |" in report
+    assert "| server, paced 50/s |" in report
+    assert "| bare server 4x1 |" in report
     assert f"reached {result.ratios['bare_vs_echo']:.2f} of the echo server's" in report
-    assert result.texts["source"] == str(texts_file) and result.texts["count"] == 40
-    assert result.settings["threads"] == 1 and result.settings["metrics_port"] is None
+    assert result.texts["source"] == str(texts_file)
+    assert result.texts["count"] == 40
+    assert result.settings["threads"] == 1
+    assert result.settings["metrics_port"] is None
     for phase, runs in result.runs.items():
         (record,) = runs
-        assert record["requests"] > 0 and record["failures"] == 0, phase
+        assert record["requests"] > 0, phase
+        assert record["failures"] == 0, phase
         assert 0 < record["p50_ms"] <= record["p95_ms"] <= record["p99_ms"] <= record["max_ms"], phase
-        assert record["client_cpu"] > 0 and (phase == "raw") == ("server_cpu" not in record), phase
+        assert record["client_cpu"] > 0, phase
+        assert (phase == "raw") == ("server_cpu" not in record), phase
         assert result.summary[phase]["p99_ms"].model_dump() == dict.fromkeys(("median", "min", "max"), record["p99_ms"])
     paced = result.runs["paced"][0]
-    assert 0.8 * RATE <= paced["requests_per_s"] <= 1.1 * RATE
+    assert paced["requests_per_s"] <= 1.1 * RATE  # never ahead of its schedule, however loaded the machine
     assert paced["offered_rate"] == RATE
     batched = result.runs["batched"][0]
     assert batched["texts_per_s"] == pytest.approx(serving.BATCH * batched["requests_per_s"])
+
+
+@pytest.mark.serial  # a bound on time: a loaded machine answers too slowly to keep the pace
+def test_the_paced_phase_keeps_up_with_its_rate(result):
+    assert result.runs["paced"][0]["requests_per_s"] >= 0.8 * RATE
 
 
 def test_bench_ratios_and_targets_follow_the_recorded_numbers(result):
@@ -153,7 +163,8 @@ def test_padding_of_the_raw_batches():
 def test_raw_batches_hold_batch_texts_each(bundle, texts_file):
     examples = load_texts(load_recipe(SMOKE).data, pairs=False, texts_file=texts_file)
     batches = serving.raw_batches(load_bundle(bundle), examples)
-    assert len(batches) == 1 and batches[0]["input_ids"].shape[0] == serving.BATCH
+    assert len(batches) == 1
+    assert batches[0]["input_ids"].shape[0] == serving.BATCH
 
 
 def test_classify_requests_carry_each_text_with_its_pair():
@@ -168,7 +179,8 @@ def test_pairs_go_to_a_pair_model_in_every_phase(pair_bundle, tmp_path):
     runs = tmp_path / "runs"
     assert bench_serving(pair_bundle, None, runs, "--pairs", str(pairs)) in (0, 1)  # 1: a target missed here
     result = ServingResult.load(runs / "smoke" / "serve-bench")
-    assert result.texts["pairs"] and result.texts["source"] == str(pairs)
+    assert result.texts["pairs"]
+    assert result.texts["source"] == str(pairs)
     assert {phase: runs_[0]["failures"] for phase, runs_ in result.runs.items()} == dict.fromkeys(result.runs, 0)
 
 

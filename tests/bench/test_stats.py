@@ -9,12 +9,14 @@ def test_call_stats_count_failures_but_time_only_successes():
     stats = call_stats(np.arange(1, 191) / 100, failures=10, seconds=2.0, offered_rate=125)
     assert (stats["requests"], stats["failures"], stats["error_rate"]) == (200, 10, 0.05)
     assert (stats["requests_per_s"], stats["rate_share"]) == (100, 0.8)
-    assert stats["max_ms"] == 1.9 and stats["mean_ms"] == pytest.approx(0.955)
+    assert stats["max_ms"] == 1.9
+    assert stats["mean_ms"] == pytest.approx(0.955)
 
 
 def test_call_stats_without_an_offered_rate_have_no_rate_share():
     stats = call_stats(np.ones(5), failures=0, seconds=1.0)
-    assert stats["offered_rate"] is None and stats["rate_share"] is None
+    assert stats["offered_rate"] is None
+    assert stats["rate_share"] is None
 
 
 def test_percentiles_of_no_calls_are_none():
@@ -33,7 +35,7 @@ def test_summarize_spreads_every_number_over_repeats():
     }
 
 
-def test_timing_of_calls():
+def test_timing_of_calls_is_their_median_min_max_and_count():
     assert Timing.of([3.0, 1.0, 2.0, 10.0]) == Timing(median_ms=2.5, min_ms=1.0, max_ms=10.0, calls=4)
 
 
@@ -48,5 +50,6 @@ def test_model_table_round_trip_and_lookup(tmp_path):
     loaded = ModelTable.load(tmp_path)
     assert loaded == table
     assert loaded.shapes == [(1, 16), (4, 16)]
-    assert loaded.rows[0].cell(4, 16).median_ms == 5.0 and loaded.rows[0].cell(4, 32) is None
+    assert loaded.rows[0].cell(4, 16).median_ms == 5.0
+    assert loaded.rows[0].cell(4, 32) is None
     assert [c.label for c in loaded.rows[0].cells] == ["b1_s16", "b4_s16"]

@@ -82,7 +82,8 @@ def test_pairs_of_the_dev_split_are_shuffled_together(pairs_dev):
 
 def test_texts_are_shuffled_and_counted(texts_file, pairs_dev):
     examples = load_texts(data(pairs_dev), pairs=False, texts_file=texts_file, count=10)
-    assert len(examples) == 10 and examples.source == str(texts_file)
+    assert len(examples) == 10
+    assert examples.source == str(texts_file)
     assert len({len(t) for t in examples.texts}) > 5  # varied lengths
 
 
@@ -119,7 +120,9 @@ def test_a_file_without_texts_is_refused(tmp_path, pairs_dev):
 def test_batches_wrap_round_to_one_full_batch():
     values = list(range(10))
     groups = batches_of(values, 4)
-    assert len(groups) == 2 and groups[0] == values[:4] and all(len(g) == 4 for g in groups)
+    assert len(groups) == 2
+    assert groups[0] == values[:4]
+    assert all(len(g) == 4 for g in groups)
     assert batches_of(values[:3], 4) == [[0, 1, 2, 0]]
 
 

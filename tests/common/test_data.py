@@ -10,12 +10,14 @@ TREC = DataConfig(
 )
 
 
-def test_tsv_csv_jsonl(tmp_path):
+def test_labelled_data_loads_from_tsv_csv_and_jsonl(tmp_path):
     (tmp_path / "a.tsv").write_text('sentence\tlabel\nit \'s "good"\t1\nbad .\t0\n')
     (tmp_path / "a.csv").write_text('sentence,label\n"good, really",1\nbad,0\n')
     (tmp_path / "a.jsonl").write_text('{"sentence": "good", "label": 1}\n\n{"sentence": "bad", "label": 0}\n')
     tsv = load_labelled(str(tmp_path / "a.tsv"), CFG)
-    assert tsv.texts == ['it \'s "good"', "bad ."] and tsv.labels == [1, 0] and tsv.pairs is None
+    assert tsv.texts == ['it \'s "good"', "bad ."]
+    assert tsv.labels == [1, 0]
+    assert tsv.pairs is None
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good, really", "bad"]
     assert load_labelled(str(tmp_path / "a.jsonl"), CFG).labels == [1, 0]
 
@@ -26,7 +28,9 @@ def test_sentence_pairs_and_custom_columns(tmp_path):
         train="x", dev="x", text_column="q", text_pair_column="p", label_column="y", label_names=["no", "yes"]
     )
     data = load_labelled(str(tmp_path / "p.tsv"), cfg)
-    assert data.texts == ["is it?"] and data.pairs == ["yes"] and data.labels == [1]
+    assert data.texts == ["is it?"]
+    assert data.pairs == ["yes"]
+    assert data.labels == [1]
 
 
 def test_symmetric_pairs_train_on_each_pair_both_ways(tmp_path):
@@ -103,7 +107,8 @@ def test_shared_sst2_splits(data_dir):
         update={"train": str(data_dir / "sst2/train.tsv"), "dev": str(data_dir / "sst2/dev.tsv"), "train_limit": 100}
     )
     train, dev = load_splits(cfg)
-    assert len(train) == 100 and len(dev) == 872
+    assert len(train) == 100
+    assert len(dev) == 872
     assert set(dev.labels) == {0, 1}
 
 

@@ -20,7 +20,8 @@ def test_round_trip_records_files_and_versions(tmp_path):
     assert loaded == written
     assert set(loaded.files) == {"model.bin", "sub/tok.json"}
     assert loaded.files["model.bin"].size_bytes == len(b"weights")
-    assert "torch" in loaded.versions and loaded.created
+    assert "torch" in loaded.versions
+    assert loaded.created
     assert not list(tmp_path.glob(".stage.*")), "temporary folders must not be left behind"
 
 
@@ -112,4 +113,5 @@ def test_an_artifact_with_an_edited_file_is_not_current(tmp_path):
 def test_manifest_is_plain_json(tmp_path):
     publish(tmp_path)
     raw = json.loads((tmp_path / "stage" / "manifest.json").read_text())
-    assert raw["stage"] == "stage" and raw["metrics"]["dev_accuracy"] == 0.5
+    assert raw["stage"] == "stage"
+    assert raw["metrics"]["dev_accuracy"] == 0.5

@@ -42,9 +42,12 @@ def test_wrong_type_is_named(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {batch_size: many}}\n"))
 
 
-def test_cross_field_rule(tmp_path):
+def test_a_hidden_size_the_heads_do_not_divide_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="not divisible"):
         load_recipe(write(tmp_path, MINIMAL.replace("{init: some/model}", "{init: x, hidden_size: 10, num_heads: 3}")))
+
+
+def test_a_model_from_scratch_without_a_pretrain_section_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="no `pretrain` section"):
         load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
 
@@ -52,7 +55,9 @@ def test_cross_field_rule(tmp_path):
 def test_overrides_parse_and_apply(tmp_path):
     overrides = parse_overrides(["--finetune.optim.lr=3e-5", "--model.family=gpt", "--name=other"])
     recipe = load_recipe(write(tmp_path, MINIMAL), overrides)
-    assert recipe.finetune.optim.lr == 3e-5 and recipe.model.family == "gpt" and recipe.name == "other"
+    assert recipe.finetune.optim.lr == 3e-5
+    assert recipe.model.family == "gpt"
+    assert recipe.name == "other"
     with pytest.raises(RecipeError, match="must look like"):
         parse_overrides(["finetune.optim.lr"])
 
@@ -60,12 +65,14 @@ def test_overrides_parse_and_apply(tmp_path):
 def test_extends_merges_sections(tmp_path):
     write(tmp_path, MINIMAL + "finetune: {optim: {lr: 0.1, epochs: 3}}\n", "base.yaml")
     recipe = load_recipe(write(tmp_path, "extends: base.yaml\nfinetune: {optim: {lr: 0.2}}\n"))
-    assert recipe.name == "exp" and recipe.finetune.optim.lr == 0.2 and recipe.finetune.optim.epochs == 3
+    assert recipe.name == "exp"
+    assert recipe.finetune.optim.lr == 0.2
+    assert recipe.finetune.optim.epochs == 3
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
 
-def test_missing_recipe_file(tmp_path):
+def test_a_missing_recipe_file_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(tmp_path / "missing.yaml")
 

@@ -119,7 +119,7 @@ def test_mlflow_holds_the_published_metrics(mlflow_runs):
     assert runs["tiny"].data.metrics["steps"] == STEPS
 
 
-def test_none_writes_nothing(recipe):
+def test_tracking_none_writes_no_tracking_folder(recipe):
     chosen = recipe("none")
     Stage("tiny", chosen, ("data",), train).run()
     assert not (run_dir(chosen) / "tracking").exists()

@@ -59,11 +59,6 @@ def serve_container(deployment: dict) -> dict:
     return container
 
 
-def test_k8s_files_exist():
-    names = {path.name for path in K8S_FILES}
-    assert {"deployment.yaml", "service.yaml", "hpa.yaml"} <= names
-
-
 @pytest.mark.parametrize(("name", "doc"), k8s_documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_k8s_manifest_is_schema_valid(name, doc):
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -177,14 +172,16 @@ def test_compose_environment_and_bundle_volume():
     assert volume["target"] == BUNDLE_MOUNT
     assert volume["read_only"] is True
     grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
-    assert grace and int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
+    assert grace, service["stop_grace_period"]
+    assert int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
 
 
 def test_compose_healthcheck_asks_grpc_health():
     healthcheck = compose_service()["healthcheck"]
     assert healthcheck["test"][0] == "CMD"
     script = healthcheck["test"][-1]
-    assert "grpc_health" in script and "SERVING" in script
+    assert "grpc_health" in script
+    assert "SERVING" in script
     compile(script, "healthcheck", "exec")
 
 
@@ -218,7 +215,8 @@ def last(items: list[tuple[str, str]], keyword: str) -> str:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfile_base_is_a_build_argument(dockerfile):
     items = instructions(dockerfile)
-    assert items[0][0] == "ARG" and items[0][1].startswith("BASE="), "the first line must be ARG BASE=..."
+    assert items[0][0] == "ARG", "the first line must be ARG BASE=..."
+    assert items[0][1].startswith("BASE="), "the first line must be ARG BASE=..."
     froms = [rest.split()[0] for word, rest in items if word == "FROM"]
     assert froms[0] == "${BASE}"
     assert "${BASE}" in froms[1:], "the final stages must start from BASE too"
@@ -238,7 +236,9 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     assert {GRPC_PORT, METRICS_PORT} <= exposed
     assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
     health = last(items, "HEALTHCHECK")
-    assert "CMD" in health and "grpc_health" in health and "SERVING" in health
+    assert "CMD" in health
+    assert "grpc_health" in health
+    assert "SERVING" in health
     command = json.loads(health[health.index("[") :])
     compile(command[-1], "healthcheck", "exec")
     env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))

@@ -85,7 +85,8 @@ def test_augment_many_respects_n_iter_and_drops_repeats_sources_and_empties():
     assert 0 < len(out) <= 8 * len(texts)
     assert len(out) == len(set(out))
     assert not set(out) & set(texts)
-    assert all(sample.strip() == sample and sample for sample in out)
+    assert all(sample for sample in out)
+    assert all(sample.strip() == sample for sample in out)
     assert out == augment_many(texts, 8, random.Random(0), **kwargs)
     assert augment_many(texts, 0, random.Random(0), **kwargs) == []
 
@@ -104,7 +105,8 @@ def test_vocab_replacer_draws_from_its_vocabulary():
     replace = vocab_replacer(VOCAB)
     rng = random.Random(0)
     drawn = {replace(SENTENCE, 2, rng) for _ in range(50)}
-    assert drawn <= set(VOCAB) and len(drawn) > 1
+    assert drawn <= set(VOCAB)
+    assert len(drawn) > 1
     with pytest.raises(ValueError, match="non-empty"):
         vocab_replacer([])
 
@@ -170,7 +172,8 @@ def test_augment_examples_changes_each_side_of_a_pair_on_its_own_and_drops_the_o
     pairs = [("a b c d", "e f g h"), ("i j", "k l")]
     kwargs = dict(p_mask=0.5, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
     out = augment_examples(pairs, 6, random.Random(0), **kwargs)
-    assert all(len(sample) == 2 and all(sample) for sample in out)
+    assert all(len(sample) == 2 for sample in out)
+    assert all(all(sample) for sample in out)
     assert not set(out) & set(pairs)
     assert len(set(out)) == len(out)
     assert out == augment_examples(pairs, 6, random.Random(0), **kwargs)

@@ -14,12 +14,18 @@ def test_batches_cover_every_example_once(lengths, batch_size, seed):
     assert all(1 <= len(b) <= batch_size for b in batches)
 
 
-def test_deterministic_and_grouped():
+def test_length_grouped_batches_repeat_for_a_seed_and_differ_across_seeds():
     rng = random.Random(0)
     lengths = [rng.randint(2, 60) for _ in range(5000)]
     a = length_grouped_batches(lengths, 32, seed=1)
     assert a == length_grouped_batches(lengths, 32, seed=1)
     assert a != length_grouped_batches(lengths, 32, seed=2)
+
+
+def test_length_grouping_pads_far_less_than_random_batches():
+    rng = random.Random(0)
+    lengths = [rng.randint(2, 60) for _ in range(5000)]
+    a = length_grouped_batches(lengths, 32, seed=1)
     padded = sum(len(b) * max(lengths[i] for i in b) for b in a)
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -32,7 +38,8 @@ def test_collate_pads_and_masks():
     out = collate(feats, [1, 0], pad_id=0)
     assert out["input_ids"].tolist() == [[8, 0, 0], [5, 6, 7]]
     assert out["attention_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
-    assert out["token_type_ids"].shape == (2, 3) and out["input_ids"].dtype == torch.long
+    assert out["token_type_ids"].shape == (2, 3)
+    assert out["input_ids"].dtype == torch.long
 
 
 def test_layer_decay_scales_learning_rates_by_depth():
@@ -54,4 +61,5 @@ def test_layer_decay_scales_learning_rates_by_depth():
     assert wd_of[id(params["bert.encoder.layer.0.output.LayerNorm.weight"])] == 0.0
     assert wd_of[id(params["bert.encoder.layer.0.output.dense.weight"])] == 0.1
     flat = _param_groups(model, OptimConfig(lr=1.0))
-    assert {g["lr"] for g in flat} == {1.0} and sum(len(g["params"]) for g in flat) == len(params)
+    assert {g["lr"] for g in flat} == {1.0}
+    assert sum(len(g["params"]) for g in flat) == len(params)

@@ -103,7 +103,8 @@ def test_the_runtime_section_changes_no_hash():
 def test_move_places_nested_batches():
     placement = resolve(RuntimeConfig(device="cpu"))
     moved = placement.move(({"ids": torch.ones(1)}, [torch.zeros(1)], "kept"))
-    assert moved[2] == "kept" and moved[0]["ids"].device.type == "cpu"
+    assert moved[2] == "kept"
+    assert moved[0]["ids"].device.type == "cpu"
 
 
 def test_move_takes_a_collators_batch_encoding_to_the_device():

@@ -52,7 +52,8 @@ def test_labelling_and_an_lstm_student_on_cuda():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     labelling = mf.load(runs() / "cuda-label" / "transfer").info["labelling"]
-    assert labelling["engine"] == "pytorch" and labelling["device"] == "cuda:0"
+    assert labelling["engine"] == "pytorch"
+    assert labelling["device"] == "cuda:0"
     assert labelling["fp32_agreement"] >= 0.99
 
 

@@ -13,15 +13,18 @@ def tokenizer(family):
 def test_bert_blocks_are_wrapped_and_full_length():
     tok = tokenizer("bert")
     blocks = make_blocks(tok, TEXTS, 16, "bert", with_offsets=False)
-    assert blocks and all(len(b["input_ids"]) == 16 for b in blocks)
-    assert all(b["input_ids"][0] == tok.cls_token_id and b["input_ids"][-1] == tok.sep_token_id for b in blocks)
+    assert blocks
+    assert all(len(b["input_ids"]) == 16 for b in blocks)
+    assert all(b["input_ids"][0] == tok.cls_token_id for b in blocks)
+    assert all(b["input_ids"][-1] == tok.sep_token_id for b in blocks)
 
 
 def test_gpt_blocks_separate_texts_with_eos():
     tok = tokenizer("gpt")
     blocks = make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False)
     flat = [i for b in blocks for i in b["input_ids"]]
-    assert tok.eos_token_id in flat and all(len(b["input_ids"]) == 16 for b in blocks)
+    assert tok.eos_token_id in flat
+    assert all(len(b["input_ids"]) == 16 for b in blocks)
 
 
 def test_masking_rates_and_whole_words():
@@ -44,6 +47,7 @@ def test_masking_rates_and_whole_words():
         for pos in range(1, len(original)):
             if tok.convert_ids_to_tokens(original[pos]).startswith("##"):
                 assert (row_labels[pos] != -100) == (row_labels[pos - 1] != -100)
-    assert (labels != -100).any() and torch.equal(
+    assert (labels != -100).any()
+    assert torch.equal(
         batch["input_ids"][labels != -100], torch.full_like(batch["input_ids"][labels != -100], tok.mask_token_id)
     )

@@ -26,10 +26,12 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     folder = smoke_run / f"student-{name}"
     manifest = mf.load(folder)
-    assert manifest.info["kind"] == "distilled" and manifest.info["arch"] == name
+    assert manifest.info["kind"] == "distilled"
+    assert manifest.info["arch"] == name
     assert set(manifest.parents) == {"transfer", "teacher"}
     student, cfg = load_student(folder)
-    assert cfg.arch == name and manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
+    assert cfg.arch == name
+    assert manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
     tokenizer = load_tokenizer(str(smoke_run / "teacher"))
     _, dev = load_splits(recipe.data)
     feats = encode(tokenizer, dev.texts, None, recipe.transfer.max_length)
@@ -63,7 +65,7 @@ def test_padding_does_not_change_student_predictions(smoke_run):
     assert torch.allclose(together[1], alone[0], atol=1e-5)
 
 
-def test_summary_table(smoke_run):
+def test_distill_summary_lists_the_teacher_then_every_student_with_its_gain_and_retention(smoke_run):
     rows = json.loads((smoke_run / "distill-summary.json").read_text())
     assert [r["student"] for r in rows] == ["teacher", *ARCHS]
     for row in rows[1:]:

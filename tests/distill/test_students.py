@@ -47,7 +47,7 @@ def _tiny_teacher() -> BertModel:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("length", [1, 2, 7])
-def test_logits_shape(arch, batch, length):
+def test_every_student_gives_finite_logits_of_shape_batch_by_labels(arch, batch, length):
     ids = torch.randint(1, VOCAB, (batch, length))
     logits = _student(arch)(ids, torch.ones_like(ids))
     assert logits.shape == (batch, 2)
@@ -104,7 +104,9 @@ def test_a_few_steps_learn_a_tiny_task(arch):
 def test_bilstm_is_one_bidirectional_lstm():
     lstms = [m for m in _student("bilstm").modules() if isinstance(m, nn.LSTM)]
     assert len(lstms) == 1
-    assert lstms[0].bidirectional and lstms[0].num_layers == 1 and lstms[0].batch_first
+    assert lstms[0].bidirectional
+    assert lstms[0].num_layers == 1
+    assert lstms[0].batch_first
 
 
 def test_transformer_returns_internals_with_expected_shapes():
@@ -113,8 +115,10 @@ def test_transformer_returns_internals_with_expected_shapes():
     mask = torch.ones_like(ids)
     logits, hidden, attentions = model(ids, mask, return_internals=True)
     assert logits.shape == (3, 2)
-    assert len(hidden) == 3 and all(h.shape == (3, 5, 16) for h in hidden)
-    assert len(attentions) == 2 and all(a.shape == (3, 2, 5, 5) for a in attentions)
+    assert len(hidden) == 3
+    assert all(h.shape == (3, 5, 16) for h in hidden)
+    assert len(attentions) == 2
+    assert all(a.shape == (3, 2, 5, 5) for a in attentions)
     torch.testing.assert_close(attentions[0].sum(-1), torch.ones(3, 2, 5))
     torch.testing.assert_close(logits, model(ids, mask))
 

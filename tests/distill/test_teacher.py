@@ -55,7 +55,8 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
     for key in ("dev_accuracy", "params", "size_bytes", "wall_seconds"):
         assert key in teacher.metrics
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
-    assert "tokenizer.json" in teacher.files and "[teacher]" in result.stdout
+    assert "tokenizer.json" in teacher.files
+    assert "[teacher]" in result.stdout
 
     model = AutoModelForSequenceClassification.from_pretrained(runs / "teacher")
     tokenizer = AutoTokenizer.from_pretrained(runs / "teacher")
@@ -64,16 +65,20 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
     assert model.config.id2label == {0: "negative", 1: "positive"}
 
     again = run_stage("teacher", SMOKE, f"--model.family={family}", f"--name=smoke-{family}", *fresh)
-    assert "up to date" in again.stdout and mf.load(runs / "teacher") == teacher
+    assert "up to date" in again.stdout
+    assert mf.load(runs / "teacher") == teacher
 
 
 def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
     result = run_stage("teacher", SMOKE, "--finetune.optim.lrr=1")
-    assert result.returncode == 2 and "finetune.optim.lrr" in result.stderr
+    assert result.returncode == 2
+    assert "finetune.optim.lrr" in result.stderr
     result = run_stage("finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x")
-    assert result.returncode == 2 and "none.tsv: file not found" in result.stderr
+    assert result.returncode == 2
+    assert "none.tsv: file not found" in result.stderr
     result = run_stage("finetune", SMOKE)
-    assert result.returncode == 2 and "pretrain is not a finished artifact" in result.stderr
+    assert result.returncode == 2
+    assert "pretrain is not a finished artifact" in result.stderr
 
 
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):

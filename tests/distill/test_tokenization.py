@@ -9,11 +9,14 @@ TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull 
 
 def test_a_trained_bert_tokenizer_marks_sentence_b():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
-    assert encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"][0][-2:] == [1, 1]
+    # [CLS] a dog [SEP] dull [SEP]
+    assert encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"] == [[0, 0, 0, 0, 1, 1]]
 
 
 def test_a_bert_tokenizer_is_accepted_for_pairs():
-    require_segments(train_tokenizer("bert", TEXTS, 60), "bert")
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    assert tokenizer("a", "b")["token_type_ids"] == [0, 0, 0, 1, 1]  # [CLS] a [SEP] b [SEP]: the pair it probes
+    require_segments(tokenizer, "bert")  # a refusal raises RecipeError
 
 
 def test_a_tokenizer_that_does_not_mark_sentence_b_is_refused_for_pairs():

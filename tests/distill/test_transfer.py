@@ -45,7 +45,8 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     built = build_texts(recipe, "[MASK]")
     texts, sources, labels, composition = built.texts, built.sources, built.labels, built.composition
     again = build_texts(recipe, "[MASK]")
-    assert texts == again.texts and (sources == again.sources).all()
+    assert texts == again.texts
+    assert (sources == again.sources).all()
     keys = [normalise(t) for t in texts]
     assert len(set(keys)) == len(keys)
     from edgedistill.common.data import load_splits
@@ -55,7 +56,8 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     counts = np.bincount(sources, minlength=3)
     assert counts.tolist() == [composition["unlabelled"], composition["train"], composition["augmented"]]
     assert composition["unlabelled"] == recipe.transfer.max_unlabelled
-    assert (labels[sources == 1] >= 0).all() and (labels[sources != 1] == -1).all()
+    assert (labels[sources == 1] >= 0).all()
+    assert (labels[sources != 1] == -1).all()
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
 
 
@@ -87,7 +89,8 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     texts = [f"{'a' * i} b" for i in range(1, 9)]
     model = CountingModel()
     first = label_shards(hf_logits(model), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
-    assert first.dtype == np.float16 and first.shape == (8, 2)
+    assert first.dtype == np.float16
+    assert first.shape == (8, 2)
     assert first[:, 0].tolist() == [i + 1 for i in range(1, 9)]
     shards = sorted(tmp_path.glob("logits-*.npy"))
     assert len(shards) == 3
@@ -239,11 +242,12 @@ def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path)
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
 
 
-def test_transfer_artifact(smoke_run):
+def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smoke_run):
     manifest = mf.load(smoke_run / "transfer")
     texts = (smoke_run / "transfer" / "texts.txt").read_text().splitlines()
     logits = np.load(smoke_run / "transfer" / "logits.npy")
-    assert logits.shape == (len(texts), 2) and logits.dtype == np.float16
+    assert logits.shape == (len(texts), 2)
+    assert logits.dtype == np.float16
     assert manifest.metrics["sentences"] == len(texts)
     assert manifest.parents["teacher"].manifest_sha256 == mf.sha256_file(smoke_run / "teacher" / "manifest.json")
     assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
@@ -274,7 +278,8 @@ def test_onnx_labelling_agrees_with_pytorch_within_the_gate(smoke_bundles):
     result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu", "--runtime.precision=bf16")
     assert result.returncode == 0, result.stderr[-3000:]
     labelling = mf.load(run / "transfer").info["labelling"]
-    assert labelling["engine"] == "onnxruntime" and labelling["agreement"] >= 0.999
+    assert labelling["engine"] == "onnxruntime"
+    assert labelling["agreement"] >= 0.999
     assert labelling["precision"] == "fp32", "an fp32 graph labels in fp32, whatever runtime.precision says"
     assert labelling["bundle_sha256"] == mf.sha256_file(run / "bundle-teacher-fused" / mf.MANIFEST)
     by_onnx = np.load(run / "transfer" / "logits.npy").astype(np.float32)

@@ -53,13 +53,19 @@ def test_int8_ops_limits_quantization_to_the_named_operators(smoke_bundles):
     # int8_ops: [MatMul], attention: MultiHeadAttention, skip_layer_norm: false
     folder = smoke_bundles / "bundle-transformer-int8"
     ops = op_types(folder)
-    assert ops.count("MultiHeadAttention") == 1 and "Attention" not in ops and "QAttention" not in ops
-    assert ops.count("LayerNormalization") == 2 and "SkipLayerNormalization" not in ops
-    assert "EmbedLayerNormalization" in ops and "QEmbedLayerNormalization" not in ops
+    assert ops.count("MultiHeadAttention") == 1
+    assert "Attention" not in ops
+    assert "QAttention" not in ops
+    assert ops.count("LayerNormalization") == 2
+    assert "SkipLayerNormalization" not in ops
+    assert "EmbedLayerNormalization" in ops
+    assert "QEmbedLayerNormalization" not in ops
     # Q, K, V, the attention output and the two FFN projections of the one layer, all INT8
-    assert ops.count("MatMulInteger") >= 6 and "MatMul" not in ops
+    assert ops.count("MatMulInteger") >= 6
+    assert "MatMul" not in ops
     spec = load_bundle(folder).spec
-    assert spec.fused_operators["MultiHeadAttention"] == 1 and spec.fused_operators["LayerNormalization"] == 2
+    assert spec.fused_operators["MultiHeadAttention"] == 1
+    assert spec.fused_operators["LayerNormalization"] == 2
     assert spec.disabled_optimizers == ["SkipLayerNormFusion"]  # else ONNX Runtime fuses them again on load
 
 
@@ -104,7 +110,8 @@ def test_a_dynamic_int8_bundle_records_the_quantization_it_applied(smoke_bundles
 
 def test_plain_teacher_export_is_unfused(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-teacher-onnx")
-    assert "Attention" not in ops and "Softmax" in ops
+    assert "Attention" not in ops
+    assert "Softmax" in ops
 
 
 def test_bilstm_is_one_lstm_op(smoke_bundles):
@@ -116,14 +123,18 @@ def test_bilstm_is_one_lstm_op(smoke_bundles):
 
 def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-cnn-folded")
-    assert "Conv" not in ops and "Gather" in ops and "ReduceSum" in ops
+    assert "Conv" not in ops
+    assert "Gather" in ops
+    assert "ReduceSum" in ops
     assert load_bundle(smoke_bundles / "bundle-cnn-folded").manifest.info["recipe"]["fold"] is True
     # fp16: the table alone is float16; the rest of the graph stays float32 for ONNX Runtime's CPU kernels
     model = onnx.load(str(smoke_bundles / "bundle-cnn-folded" / "model.onnx"))
     halves = [i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
-    assert halves == ["table"] and model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert halves == ["table"]
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     quantized = op_types(smoke_bundles / "bundle-cnn-folded-int8")  # the table is stored in INT8
-    assert "Conv" not in quantized and "DequantizeLinear" in quantized
+    assert "Conv" not in quantized
+    assert "DequantizeLinear" in quantized
 
 
 @pytest.mark.parametrize(
@@ -144,7 +155,8 @@ def test_folded_cnn_looks_up_instead_of_convolving(smoke_bundles):
 def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
     bundle = load_bundle(smoke_bundles / f"bundle-{bundle_id}")
     m = bundle.manifest
-    assert bundle.spec.name == f"smoke-{bundle_id}" and bundle.spec.labels == ["negative", "positive"]
+    assert bundle.spec.name == f"smoke-{bundle_id}"
+    assert bundle.spec.labels == ["negative", "positive"]
     assert set(m.info["shape_checks_max_abs_diff"]) >= {"b1_t1", "b3_t17", "b32_t9"}
     if bundle.spec.precision == "fp32":
         assert m.metrics["agreement"] >= 0.999
@@ -235,14 +247,16 @@ def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bund
 def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles):
     result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), "--only=bilstm-engine")
     assert result.returncode == 2
-    assert "tensorrt" in result.stderr and "pip install '.[gpu]'" in result.stderr
+    assert "tensorrt" in result.stderr
+    assert "pip install '.[gpu]'" in result.stderr
     assert not (smoke_bundles / "bundle-bilstm-engine").exists()
 
 
 def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
     result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
-    assert result.returncode == 2 and "CUDAExecutionProvider" in result.stderr
+    assert result.returncode == 2
+    assert "CUDAExecutionProvider" in result.stderr
     assert not (smoke_bundles / "bundle-cnn-cuda").exists()
 
 

@@ -48,14 +48,16 @@ def test_half_table_is_float16_and_sums_in_float32():
     with torch.no_grad():
         logits = folded(ids, mask)
         torch.testing.assert_close(logits, model(ids, mask), atol=1e-2, rtol=1e-2)
-    assert folded.table.dtype == torch.float16 and logits.dtype == torch.float32
+    assert folded.table.dtype == torch.float16
+    assert logits.dtype == torch.float32
 
 
 def test_folded_table_rows_for_positions_outside_the_text():
     model = cnn([2, 4])
     folded = fold(model)
     rows = folded.table.view(VOCAB + 2, folded.width, -1)
-    assert folded.width == 4 and rows.shape[-1] == 10
+    assert folded.width == 4
+    assert rows.shape[-1] == 10
     assert not rows[VOCAB].any()  # before the text: zeros
     assert not rows[:VOCAB, 2:, :5].any()  # the width-2 filters have no taps at offsets 2 and 3
     # past the end: only at each filter's oldest offset, and below minus its bias

@@ -148,9 +148,11 @@ def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
     model = tiny_classifier(tmp_path / "model.onnx")
     plan = tmp_path / "model.plan"
     info = build_engine(model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), fp16=True, workspace_gb=0.5)
-    assert plan.is_file() and info["plan_bytes"] == plan.stat().st_size
+    assert plan.is_file()
+    assert info["plan_bytes"] == plan.stat().st_size
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.plan"], "no temporary file left"
-    assert int(info["tensorrt"].split(".")[0]) >= 10 and info["gpu"]
+    assert int(info["tensorrt"].split(".")[0]) >= 10
+    assert info["gpu"]
     assert info["precision"] == {"fp16": True, "int8": False, "int8_mode": None, "obey_precision_constraints": True}
     assert info["profile"]["input_ids"] == {"min": [1, 1], "opt": [4, 16], "max": [8, 32]}
     assert any("Softmax" in name for name in info["fp32_layers"])
@@ -176,9 +178,11 @@ def test_calibrated_int8_engine_builds_and_runs(tmp_path):
     info = build_engine(
         model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), int8=True, calibration=calibration, workspace_gb=0.5
     )
-    assert info["precision"]["int8_mode"] == "calibrated" and info["calibration_batches"] == 5
+    assert info["precision"]["int8_mode"] == "calibrated"
+    assert info["calibration_batches"] == 5
     got = open_runner(plan, "tensorrt", []).infer(feeds(2, 9))
-    assert got["logits"].shape == (2, 2) and np.isfinite(got["logits"]).all()
+    assert got["logits"].shape == (2, 2)
+    assert np.isfinite(got["logits"]).all()
 
 
 @pytest.mark.gpu

@@ -87,7 +87,8 @@ def test_onnx_bundle_becomes_a_triton_model(tmp_path):
     assert model_dir == tmp_path / "repo" / NAME
     config = read_config(model_dir)
     pb2 = model_config_pb2
-    assert config.name == NAME and config.platform == "onnxruntime_onnx"
+    assert config.name == NAME
+    assert config.platform == "onnxruntime_onnx"
     assert config.max_batch_size == 64
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
         ("input_ids", pb2.TYPE_INT64, [-1]),
@@ -117,7 +118,8 @@ def test_plan_bundle_on_gpu_with_custom_batching(tmp_path):
         kind="KIND_GPU",
     )
     config = read_config(model_dir)
-    assert config.platform == "tensorrt_plan" and config.max_batch_size == 16
+    assert config.platform == "tensorrt_plan"
+    assert config.max_batch_size == 16
     assert list(config.dynamic_batching.preferred_batch_size) == [4, 16]
     assert config.dynamic_batching.max_queue_delay_microseconds == 250
     [group] = config.instance_group

@@ -71,7 +71,8 @@ def test_kill_9_while_labelling_the_transfer_set_resumes_with_identical_logits(s
 
     resumed = rerun(*args)
     done, total = map(int, re.search(r"resuming labelling: (\d+) of (\d+)", resumed.stdout).groups())
-    assert done == sum(len(logits) for logits in kept.values()) and 0 < done < total
+    assert done == sum(len(logits) for logits in kept.values())
+    assert 0 < done < total
     logits = np.load(run / "transfer" / "logits.npy")
     shard = load_recipe(SMOKE).transfer.shard_size
     for name, part in kept.items():  # the shards written before the kill are used as they are

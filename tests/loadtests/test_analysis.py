@@ -15,13 +15,18 @@ def samples(end_s, ms, ok=None) -> Samples:
     return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], 0.0)
 
 
-def test_call_stats():
+def test_call_stats_count_failures_but_time_only_successes():
     run = samples(np.linspace(0, 1.99, 200), np.arange(1, 201) / 100, ok=[True] * 190 + [False] * 10)
     stats = analysis.call_stats(run, 2.0, offered_rate=125)
-    assert stats["requests"] == 200 and stats["failures"] == 10 and stats["error_rate"] == 0.05
-    assert stats["requests_per_s"] == 100 and stats["rate_share"] == 0.8
-    assert stats["p50_ms"] == pytest.approx(0.955) and stats["max_ms"] == 1.9  # failed calls' latencies left out
-    assert len(run.between(0, 1).ms) == 100 and len(run.between(1, 2).ms) == 100
+    assert stats["requests"] == 200
+    assert stats["failures"] == 10
+    assert stats["error_rate"] == 0.05
+    assert stats["requests_per_s"] == 100
+    assert stats["rate_share"] == 0.8
+    assert stats["p50_ms"] == pytest.approx(0.955)
+    assert stats["max_ms"] == 1.9  # failed calls' latencies left out
+    assert len(run.between(0, 1).ms) == 100
+    assert len(run.between(1, 2).ms) == 100
     assert analysis.call_stats(samples([], []), 1.0)["p99_ms"] is None
 
 
@@ -41,8 +46,10 @@ def test_cpu_percent_from_cumulative_times():
     assert resources.cpu_pct("locust", 0, 9.5) == pytest.approx(90.0)  # clipped to the last sample at 9 s
     assert resources.cpu_pct("locust", 8, 20) is None
     series = resources.series(samples([0.5, 1.2, 3.0], [1, 1, 1]), until=2)
-    assert series["t_s"] == [0.0, 0.5, 1.0, 1.5, 2.0] and series["requests_done"] == [0, 1, 1, 2, 2]
-    assert series["server_cpu_pct"] == [100.0] * 5 and series["server_rss_mb"] == [50.0] * 5
+    assert series["t_s"] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert series["requests_done"] == [0, 1, 1, 2, 2]
+    assert series["server_cpu_pct"] == [100.0] * 5
+    assert series["server_rss_mb"] == [50.0] * 5
 
 
 def test_recorder_round_trip(tmp_path):
@@ -52,9 +59,11 @@ def test_recorder_round_trip(tmp_path):
     recorder.on_request(name="ModelInfer", response_time=3.5, response_length=0, exception=RuntimeError("NOT_FOUND"))
     recorder.on_quitting()
     loaded = Samples.load(tmp_path / "requests.npz")
-    assert loaded.ms.tolist() == [1.25, 3.5] and loaded.ok.tolist() == [True, False]
+    assert loaded.ms.tolist() == [1.25, 3.5]
+    assert loaded.ok.tolist() == [True, False]
     assert [loaded.names[i] for i in loaded.name] == ["Classify", "ModelInfer"]
-    assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5 and loaded.started > 0
+    assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5
+    assert loaded.started > 0
 
 
 def test_notes_say_when_the_load_generator_is_the_limit():

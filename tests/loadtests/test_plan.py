@@ -18,7 +18,9 @@ def test_presets_fill_what_a_recipe_leaves_out():
     cfg = LoadtestConfig.model_validate({"smoke": {"duration_s": 3}, "steady": {"slo": {"p99_ms": 3}}})
     assert (cfg.smoke.users, cfg.smoke.rate, cfg.smoke.duration_s) == (2, 20.0, 3)
     assert set(cfg.smoke.scenarios) == {"single", "batch", "stream", "kserve"}
-    assert cfg.steady.slo.p99_ms == 3 and cfg.steady.slo.max_error_rate == 0 and cfg.steady.user_rate == 20.0
+    assert cfg.steady.slo.p99_ms == 3
+    assert cfg.steady.slo.max_error_rate == 0
+    assert cfg.steady.user_rate == 20.0
     assert cfg.soak.duration_s == 600
 
 
@@ -38,31 +40,39 @@ def test_loadtest_section_leaves_artifact_hashes_alone(tmp_path):
     assert with_it.section_hash("loadtest") != without.section_hash("loadtest")
 
 
-def test_schedules():
-    cfg = LoadtestConfig.model_validate(
-        {
-            "step": {"users": 2, "step_users": 3, "steps": 3, "step_s": 5, "user_rate": 10},
-            "spike": {"users": 1, "spike_users": 4, "user_rate": 5, "before_s": 2, "spike_s": 3, "after_s": 4},
-            "steady": {"users": 4, "rate": 100, "duration_s": 7},
-        }
-    )
-    step = plan.stages(cfg.step)
+SCHEDULES = LoadtestConfig.model_validate(
+    {
+        "step": {"users": 2, "step_users": 3, "steps": 3, "step_s": 5, "user_rate": 10},
+        "spike": {"users": 1, "spike_users": 4, "user_rate": 5, "before_s": 2, "spike_s": 3, "after_s": 4},
+        "steady": {"users": 4, "rate": 100, "duration_s": 7},
+    }
+)
+
+
+def test_step_profile_adds_step_users_each_step_at_the_user_rate():
+    step = plan.stages(SCHEDULES.step)
     assert [(s.start_s, s.end_s, s.users, s.offered_rate) for s in step] == [
         (0, 5, 2, 20),
         (5, 10, 5, 50),
         (10, 15, 8, 80),
     ]
-    spike = plan.stages(cfg.spike)
+
+
+def test_spike_profile_is_before_spike_and_after_phases():
+    spike = plan.stages(SCHEDULES.spike)
     assert [(s.name, s.end_s, s.users, s.offered_rate) for s in spike] == [
         ("before", 2, 1, 5),
         ("spike", 5, 4, 20),
         ("after", 9, 1, 5),
     ]
-    (steady,) = plan.stages(cfg.steady)
+
+
+def test_steady_profile_is_one_stage_at_its_rate():
+    (steady,) = plan.stages(SCHEDULES.steady)
     assert (steady.end_s, steady.users, steady.offered_rate) == (7, 4, 100)
 
 
-def test_scenario_weights():
+def test_scenario_weights_parse_and_malformed_ones_are_refused():
     assert plan.parse_scenarios("single=3, batch=1,kserve=0") == {"single": 3, "batch": 1, "kserve": 0}
     for bad in ("single", "single=x", "nope=1", "single=0"):
         with pytest.raises(ValueError):

@@ -34,7 +34,8 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) >= 2
     assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
-    assert 'href="../teacher/manifest.json"' in page and 'href="../student-bilstm/manifest.json"' in page
+    assert 'href="../teacher/manifest.json"' in page
+    assert 'href="../student-bilstm/manifest.json"' in page
     markdown = (out / "report.md").read_text()
     for name in re.findall(r"\(figures/([^)]+)\)", markdown):
         assert (out / "figures" / name).read_bytes().startswith(b"\x89PNG")
@@ -43,7 +44,8 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     assert left_out  # the smoke recipe names GPU bundles this machine cannot time
     for bundle_id, why in left_out.items():
         assert f"| {bundle_id} | {why} |" in markdown
-    assert "## Serving benchmark" in markdown and "[../serve-bench/manifest.json]" in markdown
+    assert "## Serving benchmark" in markdown
+    assert "[../serve-bench/manifest.json]" in markdown
     assert (smoke_bundles / "serve-bench" / "bench.md").read_text() in markdown
     assert mf.load(out).stage == "report"
 
@@ -71,7 +73,8 @@ def test_report_renders_in_headless_chromium_with_every_image(smoke_bundles, mon
     probed.write_text((out / "index.html").read_text().replace("</body>", PROBE + "</body>"))
     dom = chromium("--virtual-time-budget=5000", "--dump-dom", probed.as_uri()).stdout
     drawn, total = map(int, re.search(r"<title>images (\d+)/(\d+)</title>", dom).groups())
-    assert total >= 2 and drawn == total, f"{drawn} of {total} images decoded"
+    assert total >= 2, f"{drawn} of {total} images decoded"
+    assert drawn == total, f"{drawn} of {total} images decoded"
 
     shot = tmp_path / "report.png"
     chromium("--window-size=1200,1600", f"--screenshot={shot}", (out / "index.html").as_uri())

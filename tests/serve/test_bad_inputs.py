@@ -304,8 +304,10 @@ def test_error_details_are_capped_so_the_status_arrives(channels):
         classifier_pb2_grpc.ClassifierStub(channels["plain"]).Classify(classify("good", model_name="m" * 50_000))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     details = caught.value.details()
-    assert details.startswith("unknown model 'mmm") and "(message truncated)" in details
-    assert details.endswith("this server serves 'tiny-sentiment'") and len(details.encode()) < 1100
+    assert details.startswith("unknown model 'mmm")
+    assert "(message truncated)" in details
+    assert details.endswith("this server serves 'tiny-sentiment'")
+    assert len(details.encode()) < 1100
 
 
 def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(start_server, bundle):
@@ -416,4 +418,5 @@ def test_still_serving_and_correct_after_the_bad_inputs(channels, before, served
     for server in (served, guarded):
         counts = requests_by_code(server)
         assert sum(counts.get("OK", {}).values()) > 0
-        assert not counts.get("INTERNAL") and not counts.get("UNKNOWN"), counts
+        assert not counts.get("INTERNAL"), counts
+        assert not counts.get("UNKNOWN"), counts

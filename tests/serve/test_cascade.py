@@ -349,7 +349,8 @@ def escalating_pair(cascade) -> tuple[str, str]:
     """Two texts below the student's threshold: (less sure, surer)."""
     texts = UNSURE[2:]
     scores = confidence(logits_by_hand(cascade / MEMBERS / STUDENT, texts), "max_prob")
-    assert (scores < THRESHOLD).all() and scores[0] != scores[1]
+    assert (scores < THRESHOLD).all()
+    assert scores[0] != scores[1]
     return tuple(texts) if scores[0] < scores[1] else tuple(reversed(texts))
 
 
@@ -429,7 +430,8 @@ def test_a_reload_lets_escalated_texts_finish_on_the_old_cascade(overloaded):
     server, stub = overloaded("answer")
     waiting = hold_the_teacher(server, stub)
     reloaded, previous = server.call(server.server.reload())  # SIGHUP's reload of the served folder
-    assert previous is not None and reloaded is server.server.host.current
+    assert previous is not None
+    assert reloaded is server.server.host.current
     assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
 
 

@@ -29,7 +29,8 @@ def probabilities(reply) -> np.ndarray:
 
 def test_classify_labels_scores_and_model(stub):
     reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS[:2]), timeout=10)
-    assert reply.model_name == "tiny-sentiment" and reply.model_version == "1"
+    assert reply.model_name == "tiny-sentiment"
+    assert reply.model_version == "1"
     assert [p.label for p in reply.predictions] == ["positive", "negative"]
     for p in reply.predictions:
         assert len(p.probabilities) == len(LABELS)
@@ -100,17 +101,20 @@ def test_a_stream_whose_call_grpc_already_failed_ends_cancelled_not_internal(ser
     context = FailedCall(writes_fail=failure == "write")  # else the first reply goes out and the next read fails
     servicer = ClassifierServicer(served.server.host, served.settings)
     served.call(servicer.ClassifyStream(requests(), context))
-    assert context.code == grpc.StatusCode.CANCELLED and context.aborted is None
+    assert context.code == grpc.StatusCode.CANCELLED
+    assert context.aborted is None
 
 
-def test_model_info(stub, served):
+def test_model_info_describes_the_served_bundle(stub, served):
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-    assert info.name == "tiny-sentiment" and info.version == "1"
+    assert info.name == "tiny-sentiment"
+    assert info.version == "1"
     assert list(info.labels) == LABELS
     assert list(info.providers) == ["CPUExecutionProvider"]
     assert list(info.inputs) == ["input_ids", "attention_mask"]
     assert list(info.text_inputs) == ["text"]
-    assert info.runtime == "onnxruntime" and info.max_length == 16
+    assert info.runtime == "onnxruntime"
+    assert info.max_length == 16
     assert info.bundle_sha256 == mf.sha256_file(served.settings.bundle / mf.MANIFEST)
 
 

@@ -57,7 +57,8 @@ def _cheapest_split(lengths: list[int], cost: BackendCost) -> float:
 def test_backend_cost_split_is_the_cheapest_cut(lengths, overhead, attention):
     cost = BackendCost(overhead, 1.6e-5, attention)
     cuts = cost.split(lengths)
-    assert cuts[-1] == len(lengths) and cuts == sorted(set(cuts))
+    assert cuts[-1] == len(lengths)
+    assert cuts == sorted(set(cuts))
     groups = [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
     if overhead == 0:
         assert cuts == [len(lengths)], "with no overhead known, a batch is not split"

@@ -90,7 +90,8 @@ def test_classify_fuzz(channel, known, request):
     if code == "OK":
         assert len(reply.predictions) == len(request.texts)
         for p in reply.predictions:
-            assert p.label == LABELS[p.label_id] and abs(sum(p.probabilities) - 1) < 1e-5
+            assert p.label == LABELS[p.label_id]
+            assert abs(sum(p.probabilities) - 1) < 1e-5
     assert_healthy(channel, known)
 
 
@@ -110,7 +111,8 @@ def test_classify_stream_fuzz(channel, known, requests, request_id):
         code = err.code().name
         assert code in CLIENT_ERRORS, f"{code}: {err.details()}"
     if all(well_formed(r) for r in requests):
-        assert code == "OK" and len(replies) == len(requests)
+        assert code == "OK"
+        assert len(replies) == len(requests)
     for request, reply in zip(requests, replies, strict=False):
         assert len(reply.predictions) == len(request.texts)
     returned = dict(stream.trailing_metadata() or ())["x-request-id"]
@@ -222,7 +224,8 @@ def check_infer(channel, known, request: ModelInferRequest, valid: bool = False)
         assert bool(raw) == bool(request.raw_input_contents)
         for i, out in enumerate(reply.outputs):
             value = tensors.decode(out.name, out.datatype, list(out.shape), out.contents, raw[i] if raw else None)
-            assert value.shape[1] == len(LABELS) and np.isfinite(value).all()
+            assert value.shape[1] == len(LABELS)
+            assert np.isfinite(value).all()
     assert_healthy(channel, known)
 
 

@@ -69,10 +69,14 @@ def code_of(stub, request) -> tuple[grpc.StatusCode, str]:
 
 def test_raw_text_in_raw_outputs_out(stub, expected):
     reply = stub.ModelInfer(text_request(TEXTS, raw=True, id="req-7"), timeout=10)
-    assert reply.model_name == MODEL and reply.model_version == "1" and reply.id == "req-7"
+    assert reply.model_name == MODEL
+    assert reply.model_version == "1"
+    assert reply.id == "req-7"
     assert [o.name for o in reply.outputs] == ["logits", "probabilities"]
-    assert all(o.datatype == "FP32" and list(o.shape) == [3, 2] for o in reply.outputs)
-    assert len(reply.raw_output_contents) == 2 and not reply.outputs[0].HasField("contents")
+    assert [o.datatype for o in reply.outputs] == ["FP32", "FP32"]
+    assert [list(o.shape) for o in reply.outputs] == [[3, 2], [3, 2]]
+    assert len(reply.raw_output_contents) == 2
+    assert not reply.outputs[0].HasField("contents")
     got = outputs_of(reply)
     np.testing.assert_allclose(got["logits"], expected["logits"], atol=1e-6)
     np.testing.assert_allclose(got["probabilities"], expected["probabilities"], atol=1e-6)
@@ -114,7 +118,9 @@ def test_health_and_metadata_rpcs(stub):
     assert not stub.ModelReady(kserve_pb2.ModelReadyRequest(name="bert")).ready
     assert stub.ServerMetadata(kserve_pb2.ServerMetadataRequest()).name == "edgedistill"
     meta = stub.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=MODEL))
-    assert meta.name == MODEL and list(meta.versions) == ["1"] and meta.platform == "onnxruntime_onnx"
+    assert meta.name == MODEL
+    assert list(meta.versions) == ["1"]
+    assert meta.platform == "onnxruntime_onnx"
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("text", "BYTES", [-1])]
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
         ("logits", "FP32", [-1, 2]),
@@ -300,12 +306,15 @@ def test_tritonclient_works_unchanged(served, expected):
     )
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
-    assert seen["live"] and seen["ready"] and seen["model_ready"]
+    assert seen["live"]
+    assert seen["ready"]
+    assert seen["model_ready"]
     assert not seen["unknown_model_ready"]
     assert seen["server_metadata"]["name"] == "edgedistill"
     assert seen["model_metadata"]["name"] == MODEL
     assert seen["model_metadata"]["platform"] == "onnxruntime_onnx"
-    assert seen["text"]["id"] == "probe-1" and seen["text"]["model_name"] == MODEL
+    assert seen["text"]["id"] == "probe-1"
+    assert seen["text"]["model_name"] == MODEL
     np.testing.assert_allclose(seen["text"]["logits"], expected["logits"], atol=1e-6)
     np.testing.assert_allclose(seen["text"]["probabilities"], expected["probabilities"], atol=1e-6)
     np.testing.assert_allclose(seen["tokens"]["probabilities"], expected["probabilities"], atol=1e-6)

@@ -68,7 +68,8 @@ def test_health_is_not_serving_until_warm_then_serving_then_not_serving_while_dr
     assert not kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ServerReady(kserve_pb2.ServerReadyRequest()).ready
     with pytest.raises(grpc.RpcError) as caught:
         classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
-    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "warming up" in caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "warming up" in caught.value.details()
 
     server.call(server.server.warm_up())
     assert [health_of(channel, s) for s in SERVICES] == [SERVING] * 3
@@ -97,7 +98,7 @@ def test_reflection_lists_both_services(served):
     assert kserve.file_descriptor_response.file_descriptor_proto
 
 
-def test_metrics_scrape(served):
+def test_metrics_count_ok_and_failed_calls_their_timings_batches_and_the_model(served):
     with served.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=10)
@@ -152,7 +153,7 @@ def test_bearer_token_is_required_except_for_health(start_server, bundle):
     )
 
 
-def test_tls(start_server, bundle, certs):
+def test_tls_server_refuses_plaintext_and_serves_a_client_trusting_its_ca(start_server, bundle, certs):
     server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
     credentials = grpc.ssl_channel_credentials(root_certificates=(certs / "ca.pem").read_bytes())
     with grpc.secure_channel(server.address, credentials) as channel:
@@ -226,11 +227,13 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
         stop.set()
         for worker in workers:
             worker.join(10)
-        assert result["model"]["version"] == "2" and result["previous"]["version"] == "1"
+        assert result["model"]["version"] == "2"
+        assert result["previous"]["version"] == "1"
         assert client.model_info()["bundle_path"] == str(second)
         assert client.classify(["a great movie"])["predictions"][0]["label"] == "negative"
     assert not failures, failures[:3]
-    assert "1" in replies and "2" in replies
+    assert "1" in replies
+    assert "2" in replies
     text = scrape(server)
     assert metric(text, "edgedistill_model_info", version="2") == 1
     assert metric(text, "edgedistill_model_info", version="1") == 0
@@ -380,7 +383,8 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     assert dropped == 3
     assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
     codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
-    assert codes["DEADLINE_EXCEEDED"] >= 1 and codes["CANCELLED"] >= 1
+    assert codes["DEADLINE_EXCEEDED"] >= 1
+    assert codes["CANCELLED"] >= 1
 
 
 GATED = "great " * 60  # over INLINE_TOKENIZE_CHARS characters: tokenized in a thread
@@ -434,16 +438,16 @@ def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokeni
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         admitted = [stub.Classify.future(pb.ClassifyRequest(texts=[GATED, GATED]), timeout=30) for _ in range(2)]
         slow_tokenizer.wait_held(2)  # 4 rows being tokenized, none queued
-        codes, seconds = [], []
+        codes = []
         for texts in ([GATED], ["good"]):  # a large request (a thread) and a small one (the event loop)
-            started = time.monotonic()
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Classify(pb.ClassifyRequest(texts=texts), timeout=5)
-            seconds.append(time.monotonic() - started)
             codes.append(caught.value.code())
+        held = slow_tokenizer.held
         slow_tokenizer.open.set()
+        # the tokenizer stays shut until both refusals are in: one that waited for it would be DEADLINE_EXCEEDED
         assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
-        assert max(seconds) < 1.0, "a refusal waited for the tokenizer"
+        assert held == 2, "a refused request reached the tokenizer"
         assert [len(call.result().predictions) for call in admitted] == [2, 2]
 
 
@@ -474,7 +478,8 @@ def test_kserve_overload_is_resource_exhausted_and_recovers(slow_queue):
         wait_for_queued(slow_queue, 3)
         with pytest.raises(grpc.RpcError) as caught:
             infer(text_infer("great", "dull"), timeout=10)
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 4" in caught.value.details()
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limit of 4" in caught.value.details()
         assert list(waiting.result().outputs[0].shape) == [3, 2]
         assert list(infer(text_infer("great", "dull"), timeout=10).outputs[0].shape) == [2, 2]
 
@@ -506,7 +511,8 @@ def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_serve
     with good.channel() as channel, pytest.raises(grpc.RpcError) as caught:
         request = pb.ReloadRequest(bundle_path=str(three_labels))
         classifier_pb2_grpc.ClassifierStub(channel).Reload(request, metadata=ADMIN, timeout=10)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "warm-up" in caught.value.details()
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "warm-up" in caught.value.details()
 
 
 def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):

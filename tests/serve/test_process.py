@@ -123,7 +123,10 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         stop.set()
         for client in clients:
             client.join(10)
-        assert not failures and versions[0] == "1" and versions[-1] == "2" and set(versions) == {"1", "2"}
+        assert not failures
+        assert versions[0] == "1"
+        assert versions[-1] == "2"
+        assert set(versions) == {"1", "2"}
         with pytest.raises(grpc.RpcError):
             stub.Classify(pb.ClassifyRequest(texts=["great"], model_name="nope"), timeout=5)
         failed_call = server.wait_for("rpc")  # without --access-log only failed calls are logged
@@ -140,7 +143,8 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
     )
     assert result.returncode == 2
     refusal = json.loads(result.stderr.strip().splitlines()[-1])
-    assert refusal["event"] == "start_failed" and "does not match its sha256" in refusal["msg"]
+    assert refusal["event"] == "start_failed"
+    assert "does not match its sha256" in refusal["msg"]
 
 
 def test_the_server_imports_neither_torch_nor_transformers():
@@ -168,34 +172,44 @@ def test_bad_settings_exit_2_with_the_variable_named(bundle):
     assert "EDGEDISTILL_MAX_BATCH_SIZE" in result.stderr
 
 
-def test_client_cli(served, tmp_path, capsys):
-    address = ["--address", served.address]
-    assert cli.main([*address, "a great movie", "awful boring film"]) == 0
+def test_client_cli_prints_the_model_and_each_texts_label_and_probabilities(served, capsys):
+    assert cli.main(["--address", served.address, "a great movie", "awful boring film"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "tiny-sentiment"
     assert [p["label"] for p in out["predictions"]] == ["positive", "negative"]
     assert set(out["predictions"][0]["probabilities"]) == {"negative", "positive"}
 
+
+def test_client_cli_reads_files_and_stdin_in_order_and_skips_blank_lines(served, tmp_path, capsys):
     reviews, more = tmp_path / "reviews.txt", tmp_path / "more.txt"
     reviews.write_text("i love it\n\nworst film\n")
     more.write_text("great fun\n")
     files = ["--file", str(reviews), "--file", "-", "--file", str(more)]
-    assert cli.main([*address, *files], stdin=io.StringIO("dull plot\n")) == 0
+    assert cli.main(["--address", served.address, *files], stdin=io.StringIO("dull plot\n")) == 0
     texts = [p["text"] for p in json.loads(capsys.readouterr().out)["predictions"]]
     assert texts == ["i love it", "worst film", "dull plot", "great fun"]
 
-    assert cli.main([*address, "--kserve"], stdin=io.StringIO("great fun\ndull plot\n")) == 0
+
+def test_client_cli_kserve_labels_texts_from_stdin(served, capsys):
+    assert cli.main(["--address", served.address, "--kserve"], stdin=io.StringIO("great fun\ndull plot\n")) == 0
     kserve = json.loads(capsys.readouterr().out)
     assert [p["label"] for p in kserve["predictions"]] == ["positive", "negative"]
 
-    assert cli.main([*address, "--info"]) == 0
+
+def test_client_cli_info_prints_the_models_labels(served, capsys):
+    assert cli.main(["--address", served.address, "--info"]) == 0
     assert json.loads(capsys.readouterr().out)["labels"] == ["negative", "positive"]
 
-    assert cli.main([*address, "   "]) == 1
-    error = json.loads(capsys.readouterr().err)["error"]
-    assert error["code"] == "INVALID_ARGUMENT" and "whitespace" in error["message"]
 
-    assert cli.main([*address], stdin=io.StringIO("")) == 2
+def test_client_cli_prints_the_servers_error_and_exits_1(served, capsys):
+    assert cli.main(["--address", served.address, "   "]) == 1
+    error = json.loads(capsys.readouterr().err)["error"]
+    assert error["code"] == "INVALID_ARGUMENT"
+    assert "whitespace" in error["message"]
+
+
+def test_client_cli_without_any_text_exits_2(served):
+    assert cli.main(["--address", served.address], stdin=io.StringIO("")) == 2
 
 
 def test_the_server_runs_on_uvloop_by_default(spawn, bundle):

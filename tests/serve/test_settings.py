@@ -6,7 +6,7 @@ import pytest
 from edgedistill.serve.settings import Settings, SettingsError, build_parser, load_settings
 
 
-def test_defaults():
+def test_without_flags_or_environment_the_settings_take_their_defaults():
     settings = load_settings([], environ={})
     assert settings.port == 50051
     assert settings.metrics_port == 8002
@@ -17,7 +17,7 @@ def test_defaults():
     assert settings.token is None
 
 
-def test_environment_then_flags():
+def test_settings_come_from_the_environment_and_a_flag_overrides_it():
     environ = {
         "EDGEDISTILL_PORT": "6000",
         "EDGEDISTILL_BUNDLE": "runs/sst2/bundle-bilstm-int8",
