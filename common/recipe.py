@@ -88,6 +88,11 @@ class Recipe(Strict):
                 f"transfer.labeller={name!r} must be an fp32 or INT8 ONNX Runtime bundle of the teacher, got source="
                 f"{bundle.source}, precision={bundle.precision}, runtime={bundle.runtime}"
             )
+        if bundle.quantization == "static" and bundle.precision == "int8":
+            raise ValueError(
+                f"transfer.labeller={name!r} is a static INT8 bundle, which is calibrated on the transfer set it would "
+                "label: use dynamic INT8 (quantization: dynamic) for the labeller"
+            )
         if bundle.precision == "int8" and margin is None:
             raise ValueError(
                 f"transfer.labeller={name!r} is an INT8 bundle: set transfer.relabel_margin (e.g. 1.0), below which its "

@@ -164,7 +164,14 @@ def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
     parents = [teacher] if spec.source == "teacher" else [student_stage.stage(recipe, spec.source), teacher]
     if _needs_calibration(spec):
         parents.append(transfer.stage(recipe))
-    gates = ("opset", "min_agreement", "min_fp16_agreement", "max_int8_drop", "calibration_sentences")
+    gates = (
+        "opset",
+        "min_agreement",
+        "min_fp16_agreement",
+        "max_int8_drop",
+        "min_int8_agreement",
+        "calibration_sentences",
+    )
     return Stage(
         f"bundle-{bundle_id}",
         recipe,
@@ -227,7 +234,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     )
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
     cfg = recipe.export
-    agreement = cfg.min_fp16_agreement if spec.precision == "fp16" else cfg.min_agreement
+    agreement = {"fp16": cfg.min_fp16_agreement, "int8": cfg.min_int8_agreement}.get(spec.precision, cfg.min_agreement)
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",

@@ -64,7 +64,8 @@ def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int]) 
 
 
 def gate(figures: dict[str, float], precision: str, min_agreement: float, max_int8_drop: float, bundle: str) -> None:
-    """Raise `ExportGateError` with the figures when the bundle misses its gate."""
+    """Raise `ExportGateError` with the figures when the bundle misses its gate: its predictions agree with PyTorch's
+    on at least `min_agreement` of dev, and an INT8 bundle loses at most `max_int8_drop` dev accuracy."""
     if precision == "int8":
         drop = figures["torch_dev_accuracy"] - figures["dev_accuracy"]
         if drop > max_int8_drop:
@@ -72,7 +73,7 @@ def gate(figures: dict[str, float], precision: str, min_agreement: float, max_in
                 f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
                 f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop}"
             )
-    elif figures["agreement"] < min_agreement:
+    if figures["agreement"] < min_agreement:
         raise ExportGateError(
             f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement']:.4%} of dev "
             f"(gate {min_agreement:.2%}), max |Δlogit| {figures['max_abs_diff']:.3e}"

@@ -28,7 +28,10 @@ class BundleRecipe(Strict):
         "rows instead of matrix products (several times faster, about ten times the size on disk and in memory)",
     )
     quantization: Literal["dynamic", "static"] = "dynamic"
-    per_channel: bool = Field(False, description="INT8 weight scales per output channel instead of per tensor")
+    per_channel: bool = Field(
+        False,
+        description="dynamic INT8: weight scales per output channel instead of per tensor (static INT8 always has them)",
+    )
     int8_ops: list[str] | None = Field(
         None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
     )
@@ -51,6 +54,15 @@ class BundleRecipe(Strict):
             raise ValueError(
                 "smooth applies to dynamic INT8 of a fused graph in ONNX Runtime: it needs precision: int8, "
                 "quantization: dynamic, runtime: onnxruntime and fused: true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _static_int8_sets_its_own_choices(self):
+        if self.quantization == "static" and (given := sorted(self.model_fields_set & {"per_channel", "int8_ops"})):
+            raise ValueError(
+                f"quantization: static quantizes MatMul and Conv with weights per channel, so {given} would not apply: "
+                "they are dynamic INT8 settings (remove them)"
             )
         return self
 
@@ -85,7 +97,11 @@ class CascadeRecipe(Strict):
 
 
 class ExportConfig(Strict):
-    opset: int = Field(17, ge=14)
+    hashed_when_set = frozenset({"min_int8_agreement"})
+
+    opset: int = Field(
+        17, ge=14, le=20, description="ONNX opset of the exported graphs (14-20: what torch.onnx's exporter writes)"
+    )
     bundles: dict[str, BundleRecipe] = Field(min_length=1)
     cascades: dict[str, CascadeRecipe] = Field(
         {}, description="confidence cascades of the bundles above, served under one name like any bundle"
@@ -102,6 +118,13 @@ class ExportConfig(Strict):
         "odd sentence the teacher is unsure of",
     )
     max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
+    min_int8_agreement: float = Field(
+        0.97,
+        gt=0,
+        le=1,
+        description="int8 gate, with max_int8_drop: share of dev predictions equal to PyTorch's, so that a bundle "
+        "whose answers moved cannot pass on its net accuracy alone",
+    )
     calibration_sentences: int = Field(
         256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"
     )

@@ -332,6 +332,29 @@ def test_a_relabel_margin_with_an_fp32_labeller_is_refused(tmp_path):
         extend(tmp_path, "transfer: {relabel_margin: 1.0}\n")
 
 
+def test_a_static_int8_labeller_is_refused_since_it_calibrates_on_what_it_labels(tmp_path):
+    with pytest.raises(RecipeError, match="static INT8 bundle, which is calibrated on the transfer set it would label"):
+        extend(
+            tmp_path,
+            "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\n"
+            "export: {bundles: {teacher-int8: {source: teacher, precision: int8, quantization: static}}}\n",
+        )
+
+
+@pytest.mark.parametrize("key", ["per_channel: true", "int8_ops: [MatMul]"])
+def test_static_int8_refuses_the_dynamic_settings_it_would_ignore(tmp_path, key):
+    with pytest.raises(RecipeError, match="quantization: static quantizes MatMul and Conv with weights per channel"):
+        extend(
+            tmp_path,
+            f"export: {{bundles: {{t8: {{source: teacher, precision: int8, quantization: static, {key}}}}}}}\n",
+        )
+
+
+def test_an_opset_the_exporter_cannot_write_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="export.opset"):
+        extend(tmp_path, "export: {opset: 30}\n")
+
+
 def test_a_relabel_margin_without_a_labeller_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="relabel_margin is set but transfer.labeller is not"):
         extend(tmp_path, "transfer: {labeller: null, relabel_margin: 1.0}\n")

@@ -223,6 +223,25 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     )
 
 
+def moved_but_as_accurate() -> dict[str, float]:
+    """Parity figures of an INT8 model that changed 6 of 100 answers and gained accuracy: 4 wrong answers became
+    right and 2 right ones wrong."""
+    torch_logits = np.array([[1.0, 0.0]] * 100)
+    int8_logits = torch_logits.copy()
+    int8_logits[:6] = [0.0, 1.0]
+    labels = [1] * 4 + [0] * 96
+    return parity(int8_logits, torch_logits, labels)
+
+
+def test_the_int8_gate_refuses_answers_that_moved_though_accuracy_rose():
+    with pytest.raises(ExportGateError, match=r"int8 predictions agree with PyTorch on 94\.0000% of dev \(gate 97"):
+        gate(moved_but_as_accurate(), "int8", 0.97, 0.005, "x")
+
+
+def test_the_int8_gate_passes_what_agrees_enough():
+    gate(moved_but_as_accurate(), "int8", 0.94, 0.005, "x")
+
+
 def test_fp32_gate_message_has_the_figures():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     figures = parity(logits[::-1], logits, [0, 1])
