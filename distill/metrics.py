@@ -38,6 +38,12 @@ def classification_metrics(
     return out
 
 
+def retention(score: float | None, teacher_score: float | None) -> float | None:
+    """A student's figure as a share of the teacher's; None when either is missing or the teacher's is 0 (a teacher
+    that never predicts the class an F1 counts leaves nothing to retain)."""
+    return None if score is None or not teacher_score else score / teacher_score
+
+
 def selection_key(data: DataConfig) -> str:
     """The dev metric that selects checkpoints (`data.metric`): `dev_accuracy`, `dev_macro_f1` or `dev_f1`."""
     return f"dev_{data.metric}"

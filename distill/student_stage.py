@@ -27,7 +27,7 @@ from edgedistill.distill import device, dist, heads, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, retention, selection_key, task_metrics
 from edgedistill.distill.students import Student, build_student, count_parameters, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, work_dir
@@ -216,7 +216,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     student.load_state_dict(load_file(best_path))
     best = progress.best_entry
     key = selection_key(recipe.data)
-    retention = best[key] / teacher_manifest.metrics[key]
+    kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(
         recipe,
         lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad, placement),
@@ -231,7 +231,10 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     params = count_parameters(student)
     return Built(
         write,
-        metrics={k: best[k] for k in EVAL_KEYS if k in best} | tested | {"retention": retention, "params": params},
+        metrics={k: best[k] for k in EVAL_KEYS if k in best}
+        | tested
+        | {"params": params}
+        | ({} if kept is None else {"retention": kept}),
         info={
             "arch": cfg.arch,
             "kind": "baseline" if baseline else "distilled",
@@ -242,7 +245,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
         }
         | trainer.run_info(),
         line=" ".join(f"{k}={best[k]:.4f}" for k in dict.fromkeys(["dev_accuracy", key]))
-        + f" retention={retention:.3f} (of the teacher's {key})"
+        + (f" retention={kept:.3f} (of the teacher's {key})" if kept is not None else f" (the teacher's {key} is 0)")
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.2f}M "
         f"steps={progress.global_step}",

@@ -11,7 +11,7 @@ import json
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.distill.metrics import selection_key
+from edgedistill.distill.metrics import retention, selection_key
 from rich.console import Console
 from rich.table import Table
 
@@ -60,7 +60,7 @@ def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
         "params": m["params"],
         "size_MiB": round(m["size_bytes"] / 2**20, 2),
         **{column: _rounded(m.get(column)) for column in columns},
-        "retention": None if None in (score, teacher_score) else round(score / teacher_score, 4),
+        "retention": None if (kept := retention(score, teacher_score)) is None else round(kept, 4),
         "baseline": _rounded(baseline),
         "baseline_from": start,
         "gain": None if None in (score, baseline) else round(score - baseline, 4),

@@ -14,6 +14,7 @@ from edgedistill.bench.stats import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import Recipe, RecipeError, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
+from edgedistill.report.render import finished_stages
 from rich.console import Console
 from rich.table import Table
 
@@ -32,7 +33,7 @@ def stage_table(recipe: Recipe) -> Table:
     table = Table(title=f"edgedistill: {recipe.name}", title_justify="left")
     for column in ("stage", *HEADLINE, "folder"):
         table.add_column(column, justify="left" if column in ("stage", "folder") else "right")
-    for folder in sorted(p for p in run_dir(recipe).iterdir() if (p / mf.MANIFEST).is_file()):
+    for folder in finished_stages(recipe):
         metrics = mf.load(folder, verify=False).metrics
         cells = [
             f"{metrics['dev_accuracy']:.4f}" if "dev_accuracy" in metrics else "-",
@@ -75,7 +76,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         if student:
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
             gain = f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline" if baseline else ""
-            lines.append(f"student {name}: {figures(student)} ({student['retention']:.1%} of {of}){gain}")
+            kept = f"{student['retention']:.1%} of {of}" if "retention" in student else f"{of}: 0, nothing to retain"
+            lines.append(f"student {name}: {figures(student)} ({kept}){gain}")
     if recipe.export is None:
         return lines
     deploy = recipe.export.deploy
@@ -122,7 +124,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"serve it:  make serve RECIPE={recipe_path}   (or: edgedistill serve --bundle {bundle})",
             f"call it:   {command}",
             f"           grpcurl -plaintext -d '{body}' localhost:50051 edgedistill.v1.Classifier/Classify",
-            "container: make image BAKE=1",
+            f"container: make image BAKE=1 RECIPE={recipe_path}",
         ]
     return lines
 
@@ -133,11 +135,12 @@ def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> i
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
-    except RecipeError as err:
+        table = stage_table(recipe)
+    except (RecipeError, mf.ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a log keeps whole folder names
-    console.print(stage_table(recipe))
+    console.print(table)
     for line in headline(recipe, args.recipe):
         console.print(line, highlight=False, soft_wrap=True)
     return 0

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, selection_key
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, retention, selection_key
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -89,3 +89,15 @@ def test_selection_key_follows_the_recipes_metric(metric, key):
 
 def test_selection_key_defaults_to_accuracy():
     assert selection_key(data(label_names=["no", "yes"])) == "dev_accuracy"
+
+
+def test_retention_is_the_students_share_of_the_teachers_figure():
+    assert retention(0.45, 0.9) == 0.5
+
+
+def test_retention_of_a_teacher_scoring_zero_is_none_not_a_division_error():
+    assert retention(0.3, 0.0) is None
+
+
+def test_retention_without_a_student_figure_is_none():
+    assert retention(None, 0.9) is None
