@@ -146,6 +146,7 @@ base-image:  ## a local Debian bookworm base image for podman (debootstrap + pod
 	deploy/base-image.sh $(BASE_IMAGE)
 
 image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
+	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
 	@if docker info >/dev/null 2>&1; then \
 	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	else \

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.report.render import stage
 
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         stage(load_recipe(args.recipe, parse_overrides(rest))).run(args.force)
-    except RecipeError as err:
+    except (RecipeError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -25,6 +25,17 @@ def _finished(folder: Path) -> bool:
     return (folder / mf.MANIFEST).is_file()
 
 
+def finished_stages(recipe: Recipe) -> list[Path]:
+    """The run's finished artifact folders, the report's own left out; `ArtifactError` when there are none yet."""
+    root = run_dir(recipe)
+    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report") if root.is_dir() else []
+    if not folders:
+        raise mf.ArtifactError(
+            f"{root} holds no finished stage of recipe {recipe.name!r} yet: run its stages first (make all RECIPE=...)"
+        )
+    return folders
+
+
 class Page:
     """Collects sections as (markdown, html) pairs and figures as PNG files."""
 
@@ -74,7 +85,7 @@ def _dev_keys(recipe: Recipe) -> list[str]:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report")
+    folders = finished_stages(recipe)
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
     keys = _dev_keys(recipe)
     rows = []
@@ -279,9 +290,7 @@ def _loadtests(page: Page, root: Path) -> None:
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
     are its parents: it is current until one of them changes or a new one appears."""
-    root = run_dir(recipe)
-    finished = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report") if root.is_dir() else []
-    return Stage("report", recipe, (), _build, tuple(Artifact(p.name, p) for p in finished))
+    return Stage("report", recipe, (), _build, tuple(Artifact(p.name, p) for p in finished_stages(recipe)))
 
 
 def _build(inputs: Inputs) -> Built:
