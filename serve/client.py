@@ -12,6 +12,7 @@ writes one JSON document, its predictions as they come.
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -359,6 +360,9 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except grpc.RpcError as err:
         print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        return 141  # 128 + SIGPIPE, the shell's status for a writer whose pipe closed
     print(json.dumps(result, indent=2))
     return 0
 

@@ -3,6 +3,8 @@ streamed as one JSON document."""
 
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 from edgedistill.serve import client as cli
@@ -142,3 +144,15 @@ def test_a_model_change_between_batches_stops_the_run():
     assert next(batches)["version"] == "1"
     with pytest.raises(cli.ModelChanged, match="from model m version 1 to m version 2 after 2 texts"):
         next(batches)
+
+
+def test_a_reader_that_stops_early_ends_the_client_quietly(served, tmp_path):
+    path = tmp_path / "many.txt"
+    path.write_text("".join(f"great film {i}\n" for i in range(2000)))
+    command = [sys.executable, "-m", "edgedistill", "call", "--address", served.address, "--file", str(path)]
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client.stdout.readline()
+    client.stdout.close()  # as `| head -1` does
+    err = client.stderr.read().decode()
+    assert client.wait(timeout=60) == 141
+    assert "Traceback" not in err
