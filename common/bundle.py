@@ -156,9 +156,7 @@ def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
         with open(mf.listed_file(folder, name), "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size != entry.size_bytes:
-                raise mf.ArtifactError(
-                    f"{folder}: {name} has {size} bytes, the manifest says {entry.size_bytes} (truncated?)"
-                )
+                raise mf.wrong_size(folder, name, size, entry.size_bytes)
             data = handle.read(entry.size_bytes + 1)  # one byte more shows a file that grew since
     except FileNotFoundError:
         raise mf.ArtifactError(f"{folder}: {name} is listed in the manifest but missing") from None

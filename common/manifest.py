@@ -88,6 +88,12 @@ def listed_file(folder: Path, name: str) -> Path:
     return file
 
 
+def wrong_size(folder: Path, name: str, size: int, recorded: int) -> ArtifactError:
+    """The error for a listed file whose size is not the one its manifest records."""
+    how = "truncated?" if size < recorded else "written to since?"
+    return ArtifactError(f"{folder}: {name} has {size} bytes, the manifest says {recorded} ({how})")
+
+
 def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
     """`load`, and the sha256 of the very manifest bytes parsed (what a server reports as loaded)."""
     folder = Path(folder)
@@ -108,10 +114,8 @@ def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
             file = files[name]
             if not file.is_file():
                 raise ArtifactError(f"{folder}: {name} is listed in the manifest but missing")
-            if file.stat().st_size != entry.size_bytes:
-                raise ArtifactError(
-                    f"{folder}: {name} has {file.stat().st_size} bytes, the manifest says {entry.size_bytes} (truncated?)"
-                )
+            if (size := file.stat().st_size) != entry.size_bytes:
+                raise wrong_size(folder, name, size, entry.size_bytes)
             if sha256_file(file) != entry.sha256:
                 raise ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
     return manifest, hashlib.sha256(data).hexdigest()

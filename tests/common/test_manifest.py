@@ -115,3 +115,18 @@ def test_manifest_is_plain_json(tmp_path):
     raw = json.loads((tmp_path / "stage" / "manifest.json").read_text())
     assert raw["stage"] == "stage"
     assert raw["metrics"]["dev_accuracy"] == 0.5
+
+
+def test_a_file_that_grew_is_not_called_truncated(tmp_path):
+    publish(tmp_path)
+    with open(tmp_path / "stage" / "model.bin", "ab") as handle:
+        handle.write(b"++")
+    with pytest.raises(mf.ArtifactError, match=r"has 9 bytes, the manifest says 7 \(written to since\?\)"):
+        mf.load(tmp_path / "stage")
+
+
+def test_a_file_that_shrank_is_called_truncated(tmp_path):
+    publish(tmp_path)
+    (tmp_path / "stage" / "model.bin").write_bytes(b"we")
+    with pytest.raises(mf.ArtifactError, match=r"has 2 bytes, the manifest says 7 \(truncated\?\)"):
+        mf.load(tmp_path / "stage")
