@@ -64,14 +64,14 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
 
 def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
     """Up to `count` unlabelled texts (adjacent sentence pairs for a pair task) from the lines after those the
-    transfer set read, in its text style, none overlapping a dev text."""
+    transfer set read (as many as it takes), in its text style, none overlapping a dev text."""
     cfg = recipe.transfer
     if cfg.unlabelled_max_lines is None:
         raise ExportError(
             "cascade calibration reads unlabelled lines the transfer set did not: set transfer.unlabelled_max_lines "
             "below the number of lines in transfer.unlabelled_files"
         )
-    lines = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines + count)[cfg.unlabelled_max_lines :]
+    lines = load_unlabelled(cfg.unlabelled_files)[cfg.unlabelled_max_lines :]
     _, dev = load_splits(recipe.data)
     leaks = transfer.leak_filter(dev.texts + (dev.pairs or []))
     texts, pairs = [], []
@@ -85,8 +85,9 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
             break
     if len(texts) < min(count, 100):
         raise ExportError(
-            f"cascade calibration found {len(texts)} unlabelled texts past the transfer set's "
-            f"{cfg.unlabelled_max_lines} lines: lower transfer.unlabelled_max_lines or add unlabelled text"
+            f"cascade calibration found {len(texts)} unlabelled texts in the {len(lines)} lines of "
+            f"transfer.unlabelled_files past the transfer set's {cfg.unlabelled_max_lines}, and needs "
+            f"{min(count, 100)}: lower transfer.unlabelled_max_lines or add unlabelled text"
         )
     return texts[:count], (pairs[:count] if recipe.data.pairs else None)
 

@@ -9,9 +9,10 @@ from edgedistill.common.cascade import is_cascade, load_cascade, route
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.export.cascade import Member, choose_threshold, fit_temperature
+from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_temperature
 
 from tests.conftest import ROOT
+from tests.pair_task import pair_recipe, write_pair_task
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
@@ -96,3 +97,16 @@ def test_cascade_with_a_member_rebuilt_since_is_refused(smoke_cascade, tmp_path)
     (copy / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(mf.ArtifactError, match="not the bundle the cascade was built with"):
         load_cascade(copy)
+
+
+def test_pair_calibration_reads_on_past_lines_that_hold_no_pair(tmp_path):
+    paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
+    window = [f"window sentence {i} ." for i in range(10)]
+    single = [f"lonely sentence {i} ." for i in range(200)]  # one sentence each: no adjacent pair
+    double = [f"first half {i} . second half {i} ." for i in range(200)]
+    paths["unlabelled"].write_text("\n".join(window + single + double) + "\n", encoding="utf-8")
+    (tmp_path / "pairs.yaml").write_text(pair_recipe(paths), encoding="utf-8")
+    recipe = load_recipe(tmp_path / "pairs.yaml", {"transfer.unlabelled_max_lines": 10})
+    texts, pairs = calibration_texts(recipe, 150)
+    assert pairs[:2] == ["second half 0 .", "second half 1 ."]
+    assert len(texts) == 150
