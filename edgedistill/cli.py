@@ -46,13 +46,24 @@ class Command:
 
 
 COMMANDS = {
-    "pretrain": Command("pretrain the teacher language model", DISTILL, "train", True),
+    "pretrain": Command(
+        "pretrain the teacher language model (recipes with a `pretrain` section)", DISTILL, "train", True
+    ),
     "finetune": Command("fine-tune the teacher for classification", DISTILL, "train", True),
     "teacher": Command("pretrain (if the recipe says so) and fine-tune the teacher", DISTILL, "train", True),
-    "labeller": Command("the teacher's ONNX bundle that labels the transfer set on the CPU", EXPORT, "export", True),
+    "labeller": Command(
+        "build the bundle `transfer.labeller` names, which labels the transfer set on the CPU", EXPORT, "export", True
+    ),
     "transfer": Command("build the transfer set and label it with the teacher", DISTILL, "train", True),
-    "distill": Command("distil the students and train their label-only baselines", DISTILL, "train", True),
-    "bundles": Command("export every bundle (ONNX, fused, INT8), each gated on parity", EXPORT, "export", True),
+    "distill": Command(
+        "distil every student of the recipe and train their baselines, then print the table", DISTILL, "train", True
+    ),
+    "bundles": Command(
+        "build every bundle of the recipe, each checked against PyTorch and gated, then its cascades",
+        EXPORT,
+        "export",
+        True,
+    ),
     "triton-repo": Command("a Triton model repository for a bundle", "edgedistill.export.triton", "export"),
     "bench": Command(
         "benchmarks: models, serving, accuracy, cascade, peers or scaling", "edgedistill.bench.__main__", "bench"

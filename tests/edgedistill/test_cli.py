@@ -1,6 +1,7 @@
 """The `edgedistill` command: it lists every command, hands each its own help and errors, imports a stage only
 when that stage runs, and runs the whole pipeline stage by stage until one fails."""
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,9 @@ def test_all_passes_overrides_to_every_stage(monkeypatch):
     monkeypatch.setattr(cli.subprocess, "run", stages)
     cli.main(["all", "recipes/smoke.yaml", "--name=x"])
     assert all(step[-1] == "--name=x" for step in stages.ran)
+
+
+@pytest.mark.parametrize("name", [name for name, command in cli.COMMANDS.items() if command.dispatches])
+def test_a_stage_command_has_the_stages_own_summary(name):
+    stages = importlib.import_module(cli.COMMANDS[name].module)
+    assert cli.COMMANDS[name].help == getattr(stages, "STAGES", {}).get(name, getattr(stages, "COMMANDS", {}).get(name))
