@@ -85,7 +85,7 @@ def _dev_keys(recipe: Recipe) -> list[str]:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = finished_stages(recipe)
+    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report")
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
     keys = _dev_keys(recipe)
     rows = []

@@ -283,7 +283,7 @@ def test_read_bundle_reads_the_model_and_tokenizer_it_verified(make_bundle):
         (lambda path: path.write_bytes(path.read_bytes()[:-1] + b"!"), "does not match its sha256"),
         (
             lambda path: path.write_bytes(path.read_bytes() + b"!"),
-            r"has \d+ bytes, the manifest says \d+ \(truncated\?\)",
+            r"has \d+ bytes, the manifest says \d+ \(written to since\?\)",
         ),
         (lambda path: path.unlink(), "is listed in the manifest but missing"),
     ],

@@ -3,6 +3,7 @@ import json
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
+from edgedistill.report import __main__ as report_main
 from edgedistill.report import headline
 
 from tests.conftest import ROOT
@@ -104,3 +105,15 @@ def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):
         '           grpcurl -plaintext -d \'{"texts": ["<text>"], "text_pairs": ["<second text>"]}\' '
         "localhost:50051 edgedistill.v1.Classifier/Classify"
     ) in headline.headline(pairs, "recipes/smoke.yaml")
+
+
+def test_the_headline_of_a_run_with_nothing_finished_is_an_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    assert headline.main([str(ROOT / "recipes" / "smoke.yaml")]) == 2
+    assert "holds no finished stage of recipe 'smoke' yet" in capsys.readouterr().err
+
+
+def test_the_report_of_a_run_with_nothing_finished_is_an_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    assert report_main.main([str(ROOT / "recipes" / "smoke.yaml")]) == 2
+    assert "holds no finished stage of recipe 'smoke' yet" in capsys.readouterr().err
