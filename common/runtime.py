@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from edgedistill.common import settings
 from edgedistill.common.bundle import Bundle, BundleSpec
 from edgedistill.common.manifest import ArtifactError
 
@@ -75,9 +76,9 @@ def available_providers() -> list[str]:
     return ort.get_available_providers()
 
 
-def provider_options(provider: str, model_path: str | Path) -> dict:
+def provider_options(provider: str) -> dict:
     """Options for one provider: CUDA picks cuDNN algorithms by heuristic; TensorRT gets FP16 and engine and timing
-    caches in `<model folder>/trt_cache`."""
+    caches in `common.settings.trt_cache()`."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -85,7 +86,7 @@ def provider_options(provider: str, model_path: str | Path) -> dict:
         return {"cudnn_conv_algo_search": "HEURISTIC"}
     if provider != TENSORRT:
         return {}
-    cache = str(Path(model_path).parent / "trt_cache")
+    cache = str(settings.trt_cache())
     return {
         "trt_fp16_enable": True,
         # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
@@ -143,7 +144,7 @@ def open_session(
     offered = available_providers()
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.
-    usable = [(p, provider_options(p, model_path)) for p in requested if p in offered]
+    usable = [(p, provider_options(p)) for p in requested if p in offered]
     try:
         session = ort.InferenceSession(
             str(model_path) if model is None else model,

@@ -8,6 +8,7 @@ directory, never from where the package is installed.
 |                             | name `sentence-transformers/all-MiniLM-L6-v2`                         |
 | `EDGEDISTILL_RUNS_DIR`      | `runs`                                                                |
 | `EDGEDISTILL_TORCH_THREADS` | `OMP_NUM_THREADS`, else every core                                    |
+| `EDGEDISTILL_TRT_CACHE`     | `$XDG_CACHE_HOME/edgedistill/trt`, else `~/.cache/edgedistill/trt`    |
 
 The unprefixed names of earlier releases (`RENAMED`) are still read while the new name is unset, with a
 `FutureWarning` once per name.
@@ -31,8 +32,9 @@ RENAMED = {  # new name -> the name an earlier release read
 ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION": "runtime.precision"}
 PROGRESS_VAR = "EDGEDISTILL_PROGRESS"  # read by common.progress
 PROGRESS_INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
+TRT_CACHE_VAR = "EDGEDISTILL_TRT_CACHE"  # read by trt_cache()
 # the `EDGEDISTILL_*` names the pipeline reads
-PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR}
+PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
 
 
 @functools.cache
@@ -78,6 +80,15 @@ def variables() -> dict[str, str]:
 def recipes_dir() -> Path:
     """Where `extends: <name>` finds recipes: `recipes/` in the working directory."""
     return Path.cwd() / "recipes"
+
+
+def trt_cache() -> Path:
+    """Where ONNX Runtime's TensorRT provider keeps its engines and timing cache: `EDGEDISTILL_TRT_CACHE`, else
+    the user's cache folder. Never the bundle's own folder, which may be mounted read-only and is verified file by
+    file; the provider names each engine by its model's hash, so bundles can share the folder."""
+    if value := os.environ.get(TRT_CACHE_VAR):
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgedistill" / "trt"
 
 
 def threads() -> int:

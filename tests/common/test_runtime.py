@@ -166,23 +166,31 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
         open_session(broken, ["cpu"])
 
 
-def test_tensorrt_options_enable_fp16_and_cache_under_the_model(model):
-    options = provider_options("TensorrtExecutionProvider", model)
-    assert options == {
+def test_tensorrt_options_enable_fp16_and_cache_where_the_setting_says(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "engines"))
+    assert provider_options("TensorrtExecutionProvider") == {
         "trt_fp16_enable": True,
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(model.parent / "trt_cache"),
+        "trt_engine_cache_path": str(tmp_path / "engines"),
         "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(model.parent / "trt_cache"),
+        "trt_timing_cache_path": str(tmp_path / "engines"),
     }
 
 
-def test_cuda_picks_cudnn_algorithms_by_heuristic(model):
-    assert provider_options("CUDAExecutionProvider", model) == {"cudnn_conv_algo_search": "HEURISTIC"}
+def test_tensorrt_caches_in_the_users_cache_folder_not_in_the_bundle(tmp_path, monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_TRT_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert provider_options("TensorrtExecutionProvider")["trt_engine_cache_path"] == str(
+        tmp_path / "edgedistill" / "trt"
+    )
 
 
-def test_cpu_has_no_provider_options(model):
-    assert provider_options("CPUExecutionProvider", model) == {}
+def test_cuda_picks_cudnn_algorithms_by_heuristic():
+    assert provider_options("CUDAExecutionProvider") == {"cudnn_conv_algo_search": "HEURISTIC"}
+
+
+def test_cpu_has_no_provider_options():
+    assert provider_options("CPUExecutionProvider") == {}
 
 
 @pytest.mark.gpu
