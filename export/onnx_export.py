@@ -84,8 +84,9 @@ def load_source(folder: Path) -> Source:
 
 def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> dict[str, torch.Tensor]:
     """Token ids with uneven padding, so the traced graph keeps the masking paths; as pairs, the second half of
-    each row's tokens is sentence B."""
-    ids = torch.randint(5, 100, (batch, length))  # within any vocabulary (ModelConfig.vocab_size >= 100)
+    each row's tokens is sentence B. The same ids for the same shape, so a shape check repeats exactly."""
+    draw = torch.Generator().manual_seed(batch * 1000 + length)
+    ids = torch.randint(5, 100, (batch, length), generator=draw)  # within any vocabulary (vocab_size >= 100)
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[0, max(1, length // 2) :] = 0
     second = torch.arange(length).unsqueeze(0) >= (mask.sum(1, keepdim=True) + 1) // 2
