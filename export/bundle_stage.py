@@ -222,16 +222,20 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             int8=spec.precision == "int8",
             calibration=calibration() if spec.precision == "int8" else None,
         )
-        run, fused = validate.logits_runner(open_runner(model, spec.runtime, [])), {}
+        runner, fused = open_runner(model, spec.runtime, []), {}
     else:
         graph, fused, smoothed, quantized = _transform(spec, source, plain, work, calibration, train_calibration)
         shutil.copy2(graph, model)
         runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
-        run, providers = validate.logits_runner(runner), runner.providers
-    shapes = validate.check_shapes(run, source, spec.precision == "fp32", length)
-    exported_logits = validate.dev_logits(
-        validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
-    )
+        providers = runner.providers
+    run = validate.logits_runner(runner)
+    try:  # an engine holds device memory and a CUDA stream until it is closed
+        shapes = validate.check_shapes(run, source, spec.precision == "fp32", length)
+        exported_logits = validate.dev_logits(
+            validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
+        )
+    finally:
+        runner.close()
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
     cfg = recipe.export
     agreement = {"fp16": cfg.min_fp16_agreement, "int8": cfg.min_int8_agreement}.get(spec.precision, cfg.min_agreement)
