@@ -7,7 +7,6 @@ import logging
 import os
 from dataclasses import asdict
 from importlib import metadata
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -29,7 +28,7 @@ from edgedistill.serve.errors import (
     ServeError,
     TooLarge,
 )
-from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts
+from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
 from edgedistill.serve.logs import REQUEST_ID
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -148,31 +147,6 @@ class IdleWatch:
 
     def stop(self) -> None:
         self._timer.cancel()
-
-
-def reload_folder(path: str, settings: Settings) -> Path | None:
-    """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, and inside that root."""
-    if settings.admin_token is None:
-        raise PermissionDenied(
-            "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
-            "<token>' to allow it; SIGHUP to the server process reloads the served bundle without a token"
-        )
-    if not path:
-        return None
-    root = settings.reload_root
-    if root is None:
-        raise PermissionDenied(
-            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
-            "or send Reload without a path to reload the served bundle"
-        )
-    try:
-        folder = Path(path).resolve()
-    except (OSError, ValueError) as err:
-        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
-    if not folder.is_relative_to(root.resolve()):
-        raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
-    return folder
 
 
 def classify_response(spec: BundleSpec | CascadeSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
