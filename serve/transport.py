@@ -29,6 +29,7 @@ from edgedistill.serve.errors import (
     TooLarge,
 )
 from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
+from edgedistill.serve.idle import IdleWatch
 from edgedistill.serve.logs import REQUEST_ID
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -120,33 +121,6 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
     return None if remaining is None else asyncio.get_running_loop().time() + remaining
-
-
-class IdleWatch:
-    """Cancels `task` once `touch` has not been called for `seconds`; `expired` says it did. One timer, re-armed
-    only when it fires, so a touch costs a clock read."""
-
-    def __init__(self, seconds: float, task: asyncio.Task):
-        self.seconds = seconds
-        self.task = task
-        self.expired = False
-        self.loop = asyncio.get_running_loop()
-        self.last = self.loop.time()
-        self._timer = self.loop.call_later(seconds, self._check)
-
-    def touch(self) -> None:
-        self.last = self.loop.time()
-
-    def _check(self) -> None:
-        remaining = self.last + self.seconds - self.loop.time()
-        if remaining > 0:
-            self._timer = self.loop.call_later(remaining, self._check)
-        else:
-            self.expired = True
-            self.task.cancel()
-
-    def stop(self) -> None:
-        self._timer.cancel()
 
 
 def classify_response(spec: BundleSpec | CascadeSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
