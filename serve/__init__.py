@@ -1,6 +1,6 @@
 """The gRPC server: `edgedistill.v1.Classifier` and the KServe v2 protocol over one bundle.
 
-Layers: `transport` (gRPC servicers), `batching` (dynamic batcher, with the backend's cost model in
-`costmodel`), `backend` (the bundle opened by `common.runtime`); `host` ties a bundle to them, `app` runs it.
-Imports neither torch nor transformers.
+Layers: `transport` (gRPC servicers; `wire` checks a request's bytes before they are parsed), `batching`
+(dynamic batcher, with the backend's cost model in `costmodel`), `backend` (the bundle opened by
+`common.runtime`); `host` ties a bundle to them, `app` runs it. Imports neither torch nor transformers.
 """

@@ -32,15 +32,9 @@ from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings, SettingsError
-from edgedistill.serve.transport import (
-    ADMIN_METHODS,
-    CLASSIFIER,
-    KSERVE,
-    PRECHECKS,
-    ClassifierServicer,
-    InferenceServicer,
-)
+from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
+from edgedistill.serve.wire import PRECHECKS
 from edgedistill.serve.workers import SupervisorLink
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc

@@ -5,7 +5,8 @@
 without dropping requests: the new runtime is loaded and warmed while the old one serves, then
 swapped in; the old one finishes what it had queued. A fault of a runtime's batcher (`ServerFault`)
 breaks the host for good: it stops answering and says it is not live, so the server exits for its
-supervisor to restart it. Once draining, the host installs no model any more.
+supervisor to restart it. Once draining, the host installs no model any more. `reload_folder` decides what a
+Reload call may have the host load: nothing without an admin token, a named folder only inside the reload root.
 """
 
 import asyncio
@@ -31,6 +32,7 @@ from edgedistill.serve.errors import (
     InvalidInput,
     ModelNotFound,
     NotReady,
+    PermissionDenied,
     ReloadFailed,
     ServerFault,
     TooLarge,
@@ -353,6 +355,31 @@ class ModelRuntime:
         """Release the tokenizing threads and the backend; what is being tokenized then meets the closed batcher."""
         self._tokenizing.shutdown(wait=False)
         self.backend.close()
+
+
+def reload_folder(path: str, settings: Settings) -> Path | None:
+    """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
+    token set (SIGHUP reloads without one); a path only with a reload root set too, and inside that root."""
+    if settings.admin_token is None:
+        raise PermissionDenied(
+            "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
+            "<token>' to allow it; SIGHUP to the server process reloads the served bundle without a token"
+        )
+    if not path:
+        return None
+    root = settings.reload_root
+    if root is None:
+        raise PermissionDenied(
+            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
+            "or send Reload without a path to reload the served bundle"
+        )
+    try:
+        folder = Path(path).resolve()
+    except (OSError, ValueError) as err:
+        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
+    if not folder.is_relative_to(root.resolve()):
+        raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
+    return folder
 
 
 Loader = Callable[[Path, Settings, Metrics | None, Callable[[ServerFault], None]], ModelRuntime]

@@ -7,7 +7,6 @@ import logging
 import os
 from dataclasses import asdict
 from importlib import metadata
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -29,7 +28,8 @@ from edgedistill.serve.errors import (
     ServeError,
     TooLarge,
 )
-from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts
+from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
+from edgedistill.serve.idle import IdleWatch
 from edgedistill.serve.logs import REQUEST_ID
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -48,14 +48,6 @@ EXTENSIONS = ("classification", "model_configuration")  # Triton's names for wha
 TEXT_INPUTS = ("text", "text_pair")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 STREAM_WINDOW = 16  # requests of one stream in flight at once
-# ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
-# into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
-# limits leave room for the mistakes that the checks after parsing name precisely (an output asked for twice).
-MODEL_INFER_REPEATS = {4: ("parameters", 64), 5: ("inputs", 16), 6: ("outputs", 16), 7: ("raw_input_contents", 16)}
-# Top-level fields of a ModelInferRequest walked before parsing: the limits above plus the scalars and room for
-# unknown fields. The walk is Python, so more (a megabyte of two-byte unknown fields) would cost more than parsing.
-MODEL_INFER_FIELDS = 256
-ANY_FIELD = 0  # the "field number" `repeated_too_often` names when a message holds too many fields in all
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
 MAX_DETAILS_BYTES = 1024
@@ -74,63 +66,6 @@ STATUS_CODES: dict[type[ServeError], grpc.StatusCode] = {
     DeadlineExpired: grpc.StatusCode.DEADLINE_EXCEEDED,
     ReloadFailed: grpc.StatusCode.FAILED_PRECONDITION,
 }
-
-
-def _varint(data: bytes, offset: int) -> tuple[int, int]:
-    """The varint at `offset` and the offset after it; `IndexError` when `data` ends inside it."""
-    value = shift = 0
-    while True:
-        byte = data[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, offset
-        shift += 7
-
-
-def repeated_too_often(data: bytes, limits: dict[int, int], max_fields: int) -> int | None:
-    """The first field number of `limits` that the serialized message `data` holds more often than its limit,
-    `ANY_FIELD` when it holds more than `max_fields` top-level fields in all, or None; only the top-level fields are
-    walked, at most `max_fields` + 1 of them, and nothing is parsed. Malformed bytes give None: the parser says why."""
-    counts = dict.fromkeys(limits, 0)
-    offset = walked = 0
-    try:
-        while offset < len(data):
-            walked += 1
-            if walked > max_fields:
-                return ANY_FIELD
-            key, offset = _varint(data, offset)
-            number, wire_type = key >> 3, key & 7
-            if wire_type == 0:
-                offset = _varint(data, offset)[1]
-            elif wire_type == 2:
-                length, offset = _varint(data, offset)
-                offset += length
-            elif wire_type in (1, 5):
-                offset += 8 if wire_type == 1 else 4
-            else:  # groups: not in proto3
-                return None
-            if number in counts:
-                counts[number] += 1
-                if counts[number] > limits[number]:
-                    return number
-    except IndexError:
-        return None
-    return None
-
-
-def model_infer_precheck(data: bytes) -> str | None:
-    """Why a serialized ModelInferRequest is refused before parsing (too many inputs, outputs, parameters), or None."""
-    number = repeated_too_often(data, {n: limit for n, (_, limit) in MODEL_INFER_REPEATS.items()}, MODEL_INFER_FIELDS)
-    if number is None:
-        return None
-    if number == ANY_FIELD:
-        return f"the request holds more than {MODEL_INFER_FIELDS} fields: send only the fields of ModelInferRequest"
-    name, limit = MODEL_INFER_REPEATS[number]
-    return (
-        f"the request holds more than {limit} {name}: name each input and output once (inputs "
-        f"{', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)})"
-    )
 
 
 def status_of(err: BaseException) -> grpc.StatusCode | None:
@@ -186,58 +121,6 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
     return None if remaining is None else asyncio.get_running_loop().time() + remaining
-
-
-class IdleWatch:
-    """Cancels `task` once `touch` has not been called for `seconds`; `expired` says it did. One timer, re-armed
-    only when it fires, so a touch costs a clock read."""
-
-    def __init__(self, seconds: float, task: asyncio.Task):
-        self.seconds = seconds
-        self.task = task
-        self.expired = False
-        self.loop = asyncio.get_running_loop()
-        self.last = self.loop.time()
-        self._timer = self.loop.call_later(seconds, self._check)
-
-    def touch(self) -> None:
-        self.last = self.loop.time()
-
-    def _check(self) -> None:
-        remaining = self.last + self.seconds - self.loop.time()
-        if remaining > 0:
-            self._timer = self.loop.call_later(remaining, self._check)
-        else:
-            self.expired = True
-            self.task.cancel()
-
-    def stop(self) -> None:
-        self._timer.cancel()
-
-
-def reload_folder(path: str, settings: Settings) -> Path | None:
-    """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, and inside that root."""
-    if settings.admin_token is None:
-        raise PermissionDenied(
-            "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
-            "<token>' to allow it; SIGHUP to the server process reloads the served bundle without a token"
-        )
-    if not path:
-        return None
-    root = settings.reload_root
-    if root is None:
-        raise PermissionDenied(
-            "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
-            "or send Reload without a path to reload the served bundle"
-        )
-    try:
-        folder = Path(path).resolve()
-    except (OSError, ValueError) as err:
-        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
-    if not folder.is_relative_to(root.resolve()):
-        raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
-    return folder
 
 
 def classify_response(spec: BundleSpec | CascadeSpec, scores: Scores) -> classifier_pb2.ClassifyResponse:
@@ -316,9 +199,6 @@ def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray
     classes = np.empty(order.shape, dtype=object)
     classes[:] = rows
     return classes
-
-
-PRECHECKS = {f"/{KSERVE}/ModelInfer": model_infer_precheck}  # for `serve.observe.CallObserver`
 
 
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
