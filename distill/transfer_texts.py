@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+from edgedistill.common import progress
 from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
@@ -79,6 +80,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
     words = [w for example in train_examples for side in example for w in side.split()]
+    bar = progress.bar(len(train_examples), desc="augment", unit="example")
     augmented = augment_examples(
         train_examples,
         cfg.n_iter,
@@ -88,7 +90,9 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         p_ngram=cfg.p_ngram,
         mask_token=mask_token,
         replace=vocab_replacer(words),
+        bar=bar,
     )
+    bar.close()
     rng.shuffle(augmented)
     candidates = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
     if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
