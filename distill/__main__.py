@@ -12,8 +12,8 @@ import sys
 
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides, run_dir
-from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.distill import device, pipeline
 from edgedistill.distill.trainer import CheckpointError
 
 STAGES = {
@@ -46,50 +46,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
-        placement = device.for_process(recipe.runtime)
-        dist.init(placement.device.type)
-        dist.check_shared(run_dir(recipe))
-        world_size = dist.world_size()
-        if dist.is_main():
-            p = placement.describe()
-            print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {world_size} process(es)")
-        if args.stage == "pretrain" or (args.stage == "teacher" and recipe.pretrain is not None):
-            if recipe.pretrain is None:
-                raise RecipeError(f"{args.recipe}: no `pretrain` section to run")
-            dist.run_stage(pretrain.stage(recipe), args.force)
-        if args.stage in ("finetune", "teacher"):
-            dist.run_stage(finetune.stage(recipe), args.force)
-        if args.stage in ("transfer", "distill") and (recipe.transfer is None or recipe.distill is None):
-            raise RecipeError(f"{args.recipe}: needs `transfer` and `distill` sections for stage {args.stage}")
-        unknown = set(args.only or ()) - set(recipe.distill.students if recipe.distill else ())
-        if unknown:
-            raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {args.recipe}")
-        if args.stage == "transfer" and world_size > 1:
-            raise RecipeError("the transfer set is labelled in one process: run `make transfer` without torchrun")
-        if args.stage == "transfer" or (args.stage == "distill" and world_size == 1):
-            transfer.stage(recipe).run(args.force and args.stage == "transfer")
-        elif args.stage == "distill" and not transfer.stage(recipe).is_current():
-            raise RecipeError(
-                "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
-            )
-        if args.stage == "distill":
-            jobs = [
-                (name, baseline)
-                for name in args.only or list(recipe.distill.students)
-                for baseline in ((False,) if args.no_baseline else (False, True))
-            ]
-            if args.jobs > 1 and world_size == 1:
-                parallel.run_all(recipe, jobs, args.jobs, force=args.force)
-            else:
-                for name, baseline in jobs:
-                    dist.run_stage(student_stage.stage(recipe, name, baseline), args.force)
-            if dist.is_main():
-                table.write(recipe)
+        pipeline.run(
+            recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
+        )
     except (RecipeError, DataError, ArtifactError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    finally:
-        dist.shutdown()
     return 0
 
 

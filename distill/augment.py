@@ -12,8 +12,6 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from edgedistill.common import progress
-
 Style = Literal["raw", "ptb_lower"]
 
 Replacer = Callable[[list[str], int, random.Random], str]
@@ -70,16 +68,16 @@ def augment_examples(
     p_ngram: float,
     mask_token: str,
     replace: Replacer | None,
+    bar=None,
 ) -> list[tuple[str, ...]]:
     """Up to `n_iter` augmented samples per example (one text, or the two sides of a pair, each side augmented on
     its own as Tang et al. do for their pair tasks), sides as space-joined strings, first occurrence kept.
 
     Samples with an empty side, repeats, and samples equal to any of `examples` (not only their own source) are
-    dropped, so the transfer set gains only new examples.
+    dropped, so the transfer set gains only new examples. `bar` (`common.progress.bar`) advances by one per example.
     """
     seen = {tuple(" ".join(side.split()) for side in example) for example in examples}
     out = []
-    counter = progress.bar(len(examples), desc="augment", unit="example")
     for example in examples:
         sides = [side.split() for side in example]
         for _ in range(n_iter):
@@ -89,14 +87,9 @@ def augment_examples(
             if all(sample) and sample not in seen:
                 seen.add(sample)
                 out.append(sample)
-        counter.update()
-    counter.close()
+        if bar is not None:
+            bar.update()
     return out
-
-
-def augment_many(texts: list[str], n_iter: int, rng: random.Random, **options) -> list[str]:
-    """`augment_examples` for single texts."""
-    return [sample for (sample,) in augment_examples([(text,) for text in texts], n_iter, rng, **options)]
 
 
 def vocab_replacer(vocabulary: list[str]) -> Replacer:

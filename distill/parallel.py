@@ -12,17 +12,21 @@ import os
 import torch
 from edgedistill.common.processes import die_with_parent
 from edgedistill.common.recipe import Recipe
-from edgedistill.distill import device, student_stage, trainer
+from edgedistill.distill import device, student_stage
+
+_bar_position: int | None = None
+"""This worker process's terminal line for its jobs' progress bars, taken from the free lines when it starts."""
 
 
 def _start_worker(parent: int, threads: int, slots) -> None:
+    global _bar_position
     die_with_parent(parent)  # a killed `distill` takes its jobs with it, none left training unwatched
     device.configure_process(threads)
-    trainer.bar_position = slots.get()
+    _bar_position = slots.get()
 
 
 def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
-    student_stage.stage(recipe, name, baseline).run(force)
+    student_stage.stage(recipe, name, baseline, _bar_position).run(force)
 
 
 def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:

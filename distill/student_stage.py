@@ -125,9 +125,10 @@ def student_logits(student: nn.Module, features, pad_id: int, placement=None) ->
     )
 
 
-def stage(recipe: Recipe, name: str, baseline: bool = False) -> Stage:
+def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:
     """`student-<name>/` distilled from the transfer set, or with `baseline` `baseline-<name>/` trained on labels
-    only for the same step budget (the transfer set's size sets it)."""
+    only for the same step budget (the transfer set's size sets it); its training bar on terminal line
+    `bar_position` (parallel jobs)."""
     spec = recipe.distill.students[name]
     # Only this student's own settings (and everything upstream) decide whether it is stale.
     own = None if baseline else {"baseline_init_from_teacher"}
@@ -136,13 +137,13 @@ def stage(recipe: Recipe, name: str, baseline: bool = False) -> Stage:
         f"{'baseline' if baseline else 'student'}-{name}",
         recipe,
         (),
-        partial(_build, name=name, baseline=baseline),
+        partial(_build, name=name, baseline=baseline, bar_position=bar_position),
         (transfer_stage, *transfer_stage.parents),
         extra=spec.model_dump(mode="json", exclude=own) | {"layout": FOLDER_LAYOUT},
     )
 
 
-def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
+def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) -> Built | None:
     recipe = inputs.recipe
     spec = recipe.distill.students[name]
     stage_name = f"{'baseline' if baseline else 'student'}-{name}"
@@ -196,7 +197,7 @@ def _build(inputs: Inputs, name: str, baseline: bool) -> Built | None:
     if teacher_bert is not None:  # held outside the objective's parameters, so moved here
         teacher_bert.to(placement.device)
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name, placement)
+    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name, placement, bar_position)
     best_path = work / "best.safetensors"
 
     def on_best(module, _):

@@ -34,10 +34,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read: the message names the file and the way out."""
 
 
-# The terminal line of this process's progress bar when several jobs share a terminal.
-bar_position: int | None = None
-
-
 @dataclass
 class Progress:
     epoch: int = 0
@@ -115,8 +111,10 @@ class Trainer:
         config_hash: str,
         desc: str,
         placement: Placement,
+        bar_position: int | None = None,
     ):
         self.cfg, self.desc, self.config_hash, self.placement = cfg, desc, config_hash, placement
+        self.bar_position = bar_position  # the progress bar's terminal line when several jobs share a terminal
         self.model = model.to(placement.device)
         placement.reset_peak_memory()
         self.work_dir = Path(work_dir)
@@ -281,7 +279,12 @@ class Trainer:
             cuda = self.placement.device.type == "cuda"
             model = DistributedDataParallel(self.model, device_ids=[self.placement.device.index] if cuda else None)
         bar = progress.bar(
-            total, desc=self.desc, unit="step", initial=p.global_step, enabled=dist.is_main(), position=bar_position
+            total,
+            desc=self.desc,
+            unit="step",
+            initial=p.global_step,
+            enabled=dist.is_main(),
+            position=self.bar_position,
         )
         running = []
         stop = p.global_step >= total or self._patience_spent()

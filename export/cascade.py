@@ -23,10 +23,11 @@ from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import finetune, transfer
+from edgedistill.distill import finetune
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.distill.transfer_texts import leak_filter
 from edgedistill.export import bundle_stage, validate
 from edgedistill.export.onnx_export import ExportError
 
@@ -73,7 +74,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
         )
     lines = load_unlabelled(cfg.unlabelled_files)[cfg.unlabelled_max_lines :]
     _, dev = load_splits(recipe.data)
-    leaks = transfer.leak_filter(dev.texts + (dev.pairs or []))
+    leaks = leak_filter(dev.texts + (dev.pairs or []))
     texts, pairs = [], []
     for line in lines:
         sentences = [s for s in split_sentences(line, cfg.text_style) if not leaks(s)]

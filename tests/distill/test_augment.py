@@ -4,7 +4,6 @@ import pytest
 from edgedistill.distill.augment import (
     augment,
     augment_examples,
-    augment_many,
     normalise,
     split_sentences,
     styled,
@@ -78,27 +77,45 @@ def test_empty_input_gives_empty_output():
     assert _augment([], 0, p_ngram=1.0) == []
 
 
-def test_augment_many_respects_n_iter_and_drops_repeats_sources_and_empties():
+def _augment_texts(texts: list[str], n_iter: int, rng: random.Random, **options) -> list[str]:
+    """`augment_examples` of single texts, as texts."""
+    return [sample for (sample,) in augment_examples([(text,) for text in texts], n_iter, rng, **options)]
+
+
+def test_augment_examples_respects_n_iter_and_drops_repeats_sources_and_empties():
     texts = ["a b c d e f g", "good film", "a b"]
     kwargs = dict(p_mask=0.3, p_replace=0.3, p_ngram=0.5, mask_token="[MASK]", replace=vocab_replacer(VOCAB))
-    out = augment_many(texts, 8, random.Random(0), **kwargs)
+    out = _augment_texts(texts, 8, random.Random(0), **kwargs)
     assert 0 < len(out) <= 8 * len(texts)
     assert len(out) == len(set(out))
     assert not set(out) & set(texts)
     assert all(sample for sample in out)
     assert all(sample.strip() == sample for sample in out)
-    assert out == augment_many(texts, 8, random.Random(0), **kwargs)
-    assert augment_many(texts, 0, random.Random(0), **kwargs) == []
+    assert out == _augment_texts(texts, 8, random.Random(0), **kwargs)
+    assert _augment_texts(texts, 0, random.Random(0), **kwargs) == []
 
 
-def test_augment_many_without_changes_adds_nothing():
+def test_augment_examples_without_changes_adds_nothing():
     kwargs = dict(p_mask=0.0, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
-    assert augment_many(["a  b c", "d e"], 5, random.Random(0), **kwargs) == []
+    assert _augment_texts(["a  b c", "d e"], 5, random.Random(0), **kwargs) == []
 
 
-def test_augment_many_keeps_first_occurrence_order():
+def test_augment_examples_keeps_first_occurrence_order():
     kwargs = dict(p_mask=1.0, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
-    assert augment_many(["a b", "c d", "e"], 3, random.Random(0), **kwargs) == ["[MASK] [MASK]", "[MASK]"]
+    assert _augment_texts(["a b", "c d", "e"], 3, random.Random(0), **kwargs) == ["[MASK] [MASK]", "[MASK]"]
+
+
+def test_augment_examples_advances_the_bar_once_per_example():
+    class Bar:
+        n = 0
+
+        def update(self, n=1):
+            self.n += n
+
+    bar = Bar()
+    kwargs = dict(p_mask=0.5, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
+    augment_examples([("a b",), ("c d",), ("e",)], 2, random.Random(0), bar=bar, **kwargs)
+    assert bar.n == 3
 
 
 def test_vocab_replacer_draws_from_its_vocabulary():

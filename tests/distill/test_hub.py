@@ -23,7 +23,13 @@ ARCHS = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier, "transformer": Transf
 TINY = dict(vocab_size=40, embed_dim=8, hidden_size=8, num_heads=2, intermediate_size=16, num_filters=4)
 LABELS = ["negative", "positive"]
 TEXTS = ["a gripping , funny film", "dull"]
-TRAINING = ("edgedistill.distill.trainer", "edgedistill.distill.student_stage", "edgedistill.distill.transfer")
+TRAINING = (
+    "edgedistill.distill.trainer",
+    "edgedistill.distill.student_stage",
+    "edgedistill.distill.transfer",
+    "edgedistill.distill.transfer_texts",
+    "edgedistill.distill.labelling",
+)
 # What a user runs with the pipeline absent: the student and tokenizer from the folder, logits for TEXTS.
 USER_CODE = """
 import json, sys

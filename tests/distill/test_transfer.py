@@ -12,16 +12,10 @@ from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
+from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.distill.transfer import (
-    SecondPass,
-    build_texts,
-    check_sample,
-    label_checked,
-    label_shards,
-    leak_filter,
-)
 from edgedistill.distill.transfer import stage as transfer_stage
+from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT

@@ -1,0 +1,224 @@
+"""Labelling the transfer set with the teacher: in shards that survive a killed run, in PyTorch or through an ONNX
+labeller bundle (INT8 with a second pass over the texts it is unsure of), checked against fp32 labels.
+
+Each shard is written atomically to the work folder, so a killed run resumes at the first missing shard.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common import progress
+from edgedistill.common.atomic import atomic_write
+from edgedistill.common.bundle import load_bundle
+from edgedistill.common.runtime import open_bundle
+from edgedistill.distill.device import Placement
+from edgedistill.distill.finetune import hf_logits, predict_logits
+from edgedistill.distill.tokenization import encode
+
+
+def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
+    """A finished shard of `rows` logits, or None when it is missing or unreadable (then it is labelled again)."""
+    if not path.is_file():
+        return None
+    try:
+        logits = np.load(path)
+    except (OSError, ValueError) as err:  # numpy raises these for a truncated or foreign file
+        progress.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
+        return None
+    if logits.ndim != 2 or len(logits) != rows:
+        progress.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
+        return None
+    return logits
+
+
+def top_two_gap(logits: np.ndarray) -> np.ndarray:
+    """Per row, the gap between the two highest logits: how sure the labeller is of its label."""
+    top = np.sort(logits, -1)
+    return top[:, -1] - top[:, -2]
+
+
+class SecondPass:
+    """Labels again with `forward` (the teacher in PyTorch) every text an INT8 labeller is unsure of: its margin,
+    the gap between its two highest logits, below `margin`. Counts the texts it sees and those it labels again."""
+
+    def __init__(self, forward, margin: float, pad_id: int, batch_size: int, placement: Placement):
+        self.forward, self.margin, self.pad_id = forward, margin, pad_id
+        self.batch_size, self.placement = batch_size, placement
+        self.seen = self.relabelled = 0
+
+    def __call__(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> np.ndarray:
+        """`relabel`, counted in the figures."""
+        made, relabelled = self.relabel(features, logits)
+        self.seen += len(logits)
+        self.relabelled += relabelled
+        return made
+
+    def relabel(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """`logits` with the rows below the margin made again by `forward` (a new array), and how many were."""
+        unsure = np.flatnonzero(top_two_gap(logits) < self.margin)
+        if len(unsure):
+            subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
+            logits = logits.copy()
+            logits[unsure] = predict_logits(self.forward, subset, self.pad_id, self.batch_size, None, self.placement)
+        return logits, len(unsure)
+
+    def figures(self) -> dict:
+        """What the manifest records: the margin, the precision, and the share labelled again (of the texts
+        labelled in this run: shards kept from an interrupted one are not counted)."""
+        share = self.relabelled / self.seen if self.seen else 0.0
+        return {
+            "margin": self.margin,
+            "precision": self.placement.precision,
+            "texts": self.seen,
+            "relabelled": self.relabelled,
+            "relabelled_share": round(share, 4),
+        }
+
+
+def label_shards(
+    forward,
+    tokenizer,
+    texts: list[str],
+    pairs: list[str] | None,
+    cfg,
+    work: Path,
+    placement: Placement,
+    second_pass: SecondPass | None = None,
+) -> np.ndarray:
+    """Teacher logits (`forward(batch) -> logits`, then `second_pass` where given) for `texts` (with their
+    `pairs`), batched by length on `placement`, one atomically written float16 shard at a time; finished shards
+    are kept, damaged ones labelled again."""
+    starts = range(0, len(texts), cfg.shard_size)
+    paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
+    sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
+    shards = [_kept_shard(path, size) for path, size in zip(paths, sizes, strict=True)]
+    done = sum(size for shard, size in zip(shards, sizes, strict=True) if shard is not None)
+    bar = progress.bar(len(texts), desc="label", unit="sent", initial=done)
+    if done:
+        progress.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
+    for index, start in enumerate(starts):
+        if shards[index] is not None:
+            continue
+        end = start + cfg.shard_size
+        feats = encode(tokenizer, texts[start:end], pairs[start:end] if pairs else None, cfg.max_length)
+        logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
+        if second_pass is not None:
+            logits = second_pass(feats, logits)
+        shards[index] = logits.astype(np.float16)
+        atomic_write(paths[index], lambda tmp, shard=shards[index]: np.save(tmp, shard))
+    bar.close()
+    return np.concatenate(shards)
+
+
+def label_checked(
+    model,
+    forward,
+    tokenizer,
+    texts: list[str],
+    pairs: list[str] | None,
+    cfg,
+    work: Path,
+    placement: Placement,
+    recheck: bool,
+    second_pass: SecondPass | None = None,
+) -> tuple[np.ndarray, dict]:
+    """`label_shards` in `placement`'s precision (an INT8 labeller's `forward` with its `second_pass`), and the
+    figures for the manifest. Labels made in bf16/fp16 or by INT8 are compared with fp32 ones (`precision_check`);
+    labels that agree on fewer than `cfg.min_agreement` of the checked sentences (near-ties aside) are made again by
+    the teacher in fp32, their figures kept under `rejected`: always for INT8's labels (a labeller the recipe names
+    is gated), and with `recheck` (precision auto) for PyTorch's; an explicit bf16/fp16 keeps its labels, with a
+    warning and the figures."""
+    with torch.inference_mode(), placement.autocast():
+        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass)
+    made = {"precision": placement.precision}
+    if second_pass is not None:
+        made |= {"second_pass": second_pass.figures()}
+    if placement.precision == "fp32" and second_pass is None:
+        return logits, made
+    check = precision_check(model, tokenizer, texts, pairs, logits, cfg, placement)
+    if check["fp32_agreement_beyond_ties"] >= cfg.min_agreement:
+        return logits, made | check
+    what = "INT8 (with its second pass)" if second_pass is not None else placement.precision
+    below = (
+        f"[transfer] {what} labels agree with fp32 on {check['fp32_agreement_beyond_ties']:.2%} of "
+        f"{check['fp32_check_sentences']} sentences (near-ties aside), below transfer.min_agreement "
+        f"{cfg.min_agreement:.2%}"
+    )
+    if not recheck and second_pass is None:
+        progress.write(f"{below}: kept, as runtime.precision={placement.precision} asks (figures in the manifest)")
+        return logits, made | check
+    progress.write(f"{below}: labelling again in fp32")
+    (work / "fp32").mkdir(exist_ok=True)
+    with torch.inference_mode():
+        logits = label_shards(hf_logits(model), tokenizer, texts, pairs, cfg, work / "fp32", placement)
+    return logits, {"precision": "fp32", "engine": "pytorch", "rejected": made | check}
+
+
+def check_sample(total: int, count: int) -> np.ndarray:
+    """`count` indices evenly spaced over `total` texts (all of them when there are fewer), so the check sees every
+    source of the transfer set in its share."""
+    return np.unique(np.linspace(0, total - 1, min(count, total)).round().astype(int))
+
+
+def precision_check(
+    model, tokenizer, texts: list[str], pairs: list[str] | None, logits: np.ndarray, cfg, placement: Placement
+) -> dict:
+    """How labels made in reduced precision compare with fp32 ones on `check_sample` of the texts. A text whose
+    fp32 top two logits are within `cfg.tie_margin` is a near-tie: a differing label there is a tie flip, which
+    `fp32_agreement_beyond_ties` (what the gate reads) does not count against the labels."""
+    sample = check_sample(len(texts), cfg.precision_check_sentences)
+    with torch.inference_mode():
+        feats = encode(
+            tokenizer, [texts[i] for i in sample], [pairs[i] for i in sample] if pairs else None, cfg.max_length
+        )
+        reference = predict_logits(
+            hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
+        )
+    reduced = logits[sample].astype(np.float32)
+    tie = top_two_gap(reference) < cfg.tie_margin
+    differ = reduced.argmax(-1) != reference.argmax(-1)
+    return {
+        "fp32_check_sentences": len(sample),
+        "fp32_agreement": float(1 - differ.mean()),
+        "fp32_agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
+        "fp32_tie_flips": int((differ & tie).sum()),
+        "fp32_max_abs_diff": float(np.abs(reduced - reference).max()),
+    }
+
+
+def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
+    """`forward(batch) -> logits` of the teacher's fp32 or INT8 ONNX bundle `folder`, on the CPU with this
+    process's threads, and its parity figures (`bundle_precision` says which). The bundle is verified and must be
+    an export of the teacher in `teacher_dir` (its recorded parent), so its labels are that teacher's within its
+    gate."""
+    if not (folder / mf.MANIFEST).is_file():
+        raise mf.ArtifactError(
+            f"transfer.labeller: {folder} is not built: run `edgedistill labeller RECIPE` first (make transfer "
+            "does), or label in PyTorch with --transfer.labeller=null"
+        )
+    bundle = load_bundle(folder)
+    exported_from = bundle.manifest.parents.get("teacher")
+    if exported_from is None or exported_from.manifest_sha256 != mf.sha256_file(teacher_dir / mf.MANIFEST):
+        raise mf.ArtifactError(
+            f"{folder} was not exported from the teacher in {teacher_dir} (rebuilt since?): "
+            "rebuild it with `edgedistill labeller RECIPE` (make transfer does)"
+        )
+    if bundle.spec.precision not in ("fp32", "int8"):
+        raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32 or INT8")
+    runner = open_bundle(bundle, threads=torch.get_num_threads())
+
+    def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = batch["input_ids"].numpy()
+        feed = {name: batch[name].numpy() if name in batch else np.zeros_like(ids) for name in bundle.spec.input_names}
+        return torch.from_numpy(runner.infer(feed)["logits"])
+
+    figures = {key: bundle.manifest.metrics[key] for key in ("agreement", "max_abs_diff", "dev_accuracy")}
+    return forward, {
+        "engine": "onnxruntime",
+        "bundle": str(folder),
+        "bundle_precision": bundle.spec.precision,
+        "bundle_sha256": bundle.manifest_sha256,
+    } | figures

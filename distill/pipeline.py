@@ -1,0 +1,77 @@
+"""What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
+parallel jobs."""
+
+from edgedistill.common.recipe import Recipe, RecipeError, run_dir
+from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
+
+
+def run(
+    recipe: Recipe,
+    recipe_file: str,
+    stage: str,
+    only: list[str] | None = None,
+    jobs: int = 1,
+    force: bool = False,
+    baselines: bool = True,
+) -> None:
+    """Run `stage` of `recipe` (read from `recipe_file`, which messages name) with what it needs first; `force`
+    rebuilds the stage asked for. A recipe or launch that cannot run it raises `RecipeError`."""
+    placement = device.for_process(recipe.runtime)
+    dist.init(placement.device.type)
+    try:
+        dist.check_shared(run_dir(recipe))
+        if dist.is_main():
+            p = placement.describe()
+            print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")
+        if stage in ("pretrain", "finetune", "teacher"):
+            _teacher(recipe, recipe_file, stage, force)
+        elif stage in ("transfer", "distill"):
+            _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
+    finally:
+        dist.shutdown()
+
+
+def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:
+    """`pretrain`, `finetune`, or `teacher`: pretraining where the recipe has it, then fine-tuning."""
+    if stage == "pretrain" or (stage == "teacher" and recipe.pretrain is not None):
+        if recipe.pretrain is None:
+            raise RecipeError(f"{recipe_file}: no `pretrain` section to run")
+        dist.run_stage(pretrain.stage(recipe), force)
+    if stage in ("finetune", "teacher"):
+        dist.run_stage(finetune.stage(recipe), force)
+
+
+def _transfer_and_students(
+    recipe: Recipe, recipe_file: str, stage: str, only: list[str] | None, jobs: int, force: bool, baselines: bool
+) -> None:
+    """`transfer`, or `distill`: the transfer set (labelled in one process, so under torchrun it must be built
+    already), then the students and their baselines, then the table."""
+    if recipe.transfer is None or recipe.distill is None:
+        raise RecipeError(f"{recipe_file}: needs `transfer` and `distill` sections for stage {stage}")
+    unknown = set(only or ()) - set(recipe.distill.students)
+    if unknown:
+        raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {recipe_file}")
+    single = dist.world_size() == 1
+    if stage == "transfer":
+        if not single:
+            raise RecipeError("the transfer set is labelled in one process: run `make transfer` without torchrun")
+        transfer.stage(recipe).run(force)
+        return
+    if single:
+        transfer.stage(recipe).run()
+    elif not transfer.stage(recipe).is_current():
+        raise RecipeError(
+            "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
+        )
+    runs = [
+        (name, baseline)
+        for name in only or list(recipe.distill.students)
+        for baseline in ((False, True) if baselines else (False,))
+    ]
+    if jobs > 1 and single:
+        parallel.run_all(recipe, runs, jobs, force=force)
+    else:
+        for name, baseline in runs:
+            dist.run_stage(student_stage.stage(recipe, name, baseline), force)
+    if dist.is_main():
+        table.write(recipe)

@@ -1,0 +1,128 @@
+"""The transfer set's texts, before labelling.
+
+Examples come from unlabelled text (split into sentences; adjacent sentences for pair tasks), the labelled train
+inputs, and Tang et al. augmentations of those inputs, all written in the recipe's `transfer.text_style`. They are
+deduplicated and any that overlaps a dev text is dropped.
+"""
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from edgedistill.common import progress
+from edgedistill.common.data import load_splits, load_unlabelled
+from edgedistill.common.recipe import Recipe
+from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
+
+SOURCES = ("unlabelled", "train", "augmented")
+LEAK_NGRAM = 8
+MIN_CONTAINED = 5
+
+
+def leak_filter(dev_texts: list[str]):
+    """A predicate: True for text equal to a dev sentence, containing a whole dev sentence of 5 to 7
+    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words)."""
+    keys = {normalise(t) for t in dev_texts}
+    grams = set()
+    for key in keys:
+        words = tuple(key.split())
+        if MIN_CONTAINED <= len(words) < LEAK_NGRAM:
+            grams.add(words)
+        grams.update(words[i : i + LEAK_NGRAM] for i in range(len(words) - LEAK_NGRAM + 1))
+
+    def leaks(text: str) -> bool:
+        key = normalise(text)
+        if key in keys:
+            return True
+        words = tuple(key.split())
+        return any(
+            words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1) for i in range(len(words) - n + 1)
+        )
+
+    return leaks
+
+
+@dataclass(frozen=True)
+class TransferTexts:
+    """The transfer set's inputs, before labelling: texts, their pairs (pair tasks), where each came from, gold
+    labels (train examples) or -1, and the composition counts."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    sources: np.ndarray
+    labels: np.ndarray
+    composition: dict
+
+
+def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
+    """Unlabelled pairs: each sentence of a text with the next one."""
+    return list(zip(sentences, sentences[1:], strict=False))
+
+
+def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
+    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`.
+
+    Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
+    and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a
+    pair is dropped when either side overlaps a dev text.
+    """
+    cfg = recipe.transfer
+    rng = random.Random(cfg.seed)
+    train, dev = load_splits(recipe.data)
+    raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
+    split = [split_sentences(line, cfg.text_style) for line in raw]
+    columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
+    train_examples = list(zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True))
+    if train.pairs is not None:
+        unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
+    else:
+        unlabelled = [(sentence,) for sentences in split for sentence in sentences]
+    rng.shuffle(unlabelled)
+    # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
+    words = [w for example in train_examples for side in example for w in side.split()]
+    bar = progress.bar(len(train_examples), desc="augment", unit="example")
+    augmented = augment_examples(
+        train_examples,
+        cfg.n_iter,
+        rng,
+        p_mask=cfg.p_mask,
+        p_replace=cfg.p_replace,
+        p_ngram=cfg.p_ngram,
+        mask_token=mask_token,
+        replace=vocab_replacer(words),
+        bar=bar,
+    )
+    bar.close()
+    rng.shuffle(augmented)
+    candidates = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
+    if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
+        unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
+    candidates += [(t, 0, -1) for t in unlabelled]
+    candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
+    leaks = leak_filter(dev.texts + (dev.pairs or []))
+    seen, inputs, sources, labels = set(), [], [], []
+    counts = dict.fromkeys(SOURCES, 0)
+    removed = {"duplicates": 0, "dev_overlap": 0}
+    for sides, source, label in candidates:
+        key = tuple(normalise(side) for side in sides)
+        if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
+            continue
+        if not all(key) or key in seen:
+            removed["duplicates"] += 1
+            continue
+        if any(leaks(side) for side in sides):
+            removed["dev_overlap"] += 1
+            continue
+        seen.add(key)
+        counts[SOURCES[source]] += 1
+        inputs.append(sides)
+        sources.append(source)
+        labels.append(label)
+    composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(inputs)}
+    return TransferTexts(
+        [sides[0] for sides in inputs],
+        [sides[1] for sides in inputs] if train.pairs is not None else None,
+        np.array(sources, dtype=np.int8),
+        np.array(labels, dtype=np.int64),
+        composition,
+    )
