@@ -113,16 +113,20 @@ class Stage:
         folders = {parent.name: parent.folder for parent in self.parents}
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, folders)
 
+    def lock(self):
+        """The stage's lock (`common.locks`): one process at a time checks and builds it."""
+        return locks.exclusive(self.work.with_name(f"{self.name}.lock"), self.name)
+
     def run(self, force: bool = False) -> mf.Manifest | None:
         """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
-        again); None on a worker rank. One process at a time checks and builds it (`common.locks`); under torchrun
-        rank 0 holds the lock for all ranks."""
+        again), holding the stage's lock; None on a worker rank. Under torchrun rank 0 holds the lock for all ranks
+        (`distill.dist.run_stage` lets every rank decide only once it does)."""
         main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
-        lock = self.work.with_name(f"{self.name}.lock")
-        with locks.exclusive(lock, self.name) if main else contextlib.nullcontext():
-            return self._run(force)
+        with self.lock() if main else contextlib.nullcontext():
+            return self.run_locked(force)
 
-    def _run(self, force: bool) -> mf.Manifest | None:
+    def run_locked(self, force: bool = False) -> mf.Manifest | None:
+        """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
         if stale is None:
             print(f"[{self.name}] up to date: {self.folder}")

@@ -1,6 +1,7 @@
 """Process-group set-up for `torchrun`: nccl when the ranks run on GPUs, gloo on the CPU; a no-op in one process.
 Across nodes the run folder must be shared (`check_shared`)."""
 
+import contextlib
 import os
 import secrets
 import socket
@@ -92,9 +93,12 @@ def barrier() -> None:
 
 
 def run_stage(stage, force: bool = False):
-    """Run a `common.stage.Stage` on every rank; the others wait until rank 0 has published its artifact,
-    so the next stage finds it."""
-    manifest = stage.run(force)
+    """Run a `common.stage.Stage` on every rank. Every rank decides whether to build it once rank 0 holds its
+    lock, so that all skip it or all build it even while another job holds the lock; the others then wait until
+    rank 0 has published its artifact, so the next stage finds it."""
+    with stage.lock() if is_main() else contextlib.nullcontext():
+        barrier()
+        manifest = stage.run_locked(force)
     barrier()
     return manifest
 

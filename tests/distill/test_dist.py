@@ -1,8 +1,13 @@
 """The process group's checks, with two real gloo processes on this machine."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch.distributed as torch_dist
-from edgedistill.common.recipe import RecipeError
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.common.stage import Built, Stage
 from edgedistill.distill import dist
 
 from tests.distill.ranks import on_two_ranks
@@ -42,3 +47,38 @@ def test_a_rank_that_cannot_see_the_run_folder_fails_on_every_rank(tmp_path, ran
 def test_one_process_is_not_checked(tmp_path):
     dist.check_shared(tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+def _build_on_rank_0(inputs):
+    """A build body as the training stages have: rank 0 publishes, the others return None."""
+    if torch_dist.get_rank() != 0:
+        return None
+    (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "builds").open("a").write("built\n")
+    return Built(lambda folder: (folder / "a.txt").write_text("x"), line="built", size_of="a.txt")
+
+
+def _run_stage(recipe_path: str, runs: str) -> bool:
+    """`dist.run_stage` of a small stage on this rank; whether this rank then finds its artifact."""
+    os.environ["EDGEDISTILL_RUNS_DIR"] = runs
+    stage = Stage("up", load_recipe(recipe_path), ("data",), _build_on_rank_0)
+    dist.run_stage(stage)
+    return mf.is_current(stage.folder, stage.config_hash)
+
+
+def test_two_ranks_build_a_stage_once_and_both_find_it(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    runs = tmp_path / "runs"
+    assert on_two_ranks(tmp_path, _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
+    assert (runs / "builds").read_text() == "built\n"
+
+
+def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    runs = tmp_path / "runs"
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
+    assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
+    assert (runs / "builds").read_text() == "built\n"
