@@ -296,17 +296,24 @@ def _merge(base: dict, top: dict, where: str = "") -> dict:
 
 def _base_path(path: Path, name) -> Path:
     """The file `extends: name` in `path` means: a path (absolute, or relative to `path`'s folder) or, for a bare
-    name, the recipe of that name in recipes/."""
+    name, the recipe of that name (`settings.find_recipe`)."""
     if not isinstance(name, str) or not name:
-        raise RecipeError(f"{path}: extends must name a recipe (a path, or a name in recipes/), got {name!r}")
-    is_path = "/" in name or name.endswith((".yaml", ".yml"))
-    base = path.parent / name if is_path else settings.recipes_dir() / f"{name}.yaml"
-    if not base.is_file():
+        raise RecipeError(f"{path}: extends must name a recipe (a path, or a recipe's name), got {name!r}")
+    if "/" in name:
+        base = path.parent / name
+    else:
+        base = (path.parent / name) if (path.parent / name).is_file() else settings.find_recipe(name)
+    if base is None or not base.is_file():
         raise RecipeError(
-            f"{path}: extends {name}, which does not exist ({base}); extends takes a path relative to the recipe, "
-            "an absolute path, or the name of a recipe in recipes/ of the working directory (extends: sst2)"
+            f"{path}: extends {name}, which does not exist; extends takes a path relative to the recipe, an absolute "
+            f"path, or the name of a recipe ({_known()})"
         )
     return base
+
+
+def _known() -> str:
+    folders = " or ".join(str(folder) for folder in settings.recipe_folders())
+    return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
 def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
@@ -335,8 +342,10 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
     """Read, expand and validate a recipe; errors name the file and the offending key."""
     path = Path(path)
+    if not path.is_file() and len(path.parts) == 1:
+        path = settings.find_recipe(path.name) or path
     if not path.is_file():
-        raise RecipeError(f"recipe {path} does not exist (recipes live in recipes/, e.g. recipes/sst2.yaml)")
+        raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
     raw = _read(path)
     raw.setdefault("name", path.stem)
     for variable, key in settings.ENV_OVERRIDES.items():

@@ -15,6 +15,7 @@ The unprefixed names of earlier releases (`RENAMED`) are still read while the ne
 """
 
 import functools
+import importlib.resources
 import os
 import warnings
 from pathlib import Path
@@ -77,9 +78,22 @@ def variables() -> dict[str, str]:
     return dict(os.environ) | values | {RENAMED[name]: value for name, value in values.items()}
 
 
-def recipes_dir() -> Path:
-    """Where `extends: <name>` finds recipes: `recipes/` in the working directory."""
-    return Path.cwd() / "recipes"
+def recipe_folders() -> list[Path]:
+    """Where a recipe named without a folder (`sst2`, `extends: sst2`) is looked for, in order: `recipes/` in the
+    working directory, then the recipes installed with the package (`edgedistill.recipes`)."""
+    installed = Path(str(importlib.resources.files("edgedistill.recipes")))
+    return list(dict.fromkeys([Path.cwd() / "recipes", installed]))
+
+
+def find_recipe(name: str) -> Path | None:
+    """The file of the recipe called `name` (`sst2` or `sst2.yaml`) in the first of `recipe_folders` that has it."""
+    file = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    return next((folder / file for folder in recipe_folders() if (folder / file).is_file()), None)
+
+
+def recipe_names() -> list[str]:
+    """The recipes `find_recipe` can find by name."""
+    return sorted({path.stem for folder in recipe_folders() for path in folder.glob("*.yaml")})
 
 
 def trt_cache() -> Path:

@@ -77,6 +77,31 @@ def test_a_missing_recipe_file_is_refused(tmp_path):
         load_recipe(tmp_path / "missing.yaml")
 
 
+def test_a_recipe_named_without_a_folder_is_read_from_the_installed_recipes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("smoke").data.text_column == load_recipe(ROOT / "recipes" / "smoke.yaml").data.text_column
+
+
+def test_a_recipe_named_without_a_folder_takes_the_working_directorys_recipes_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    write(tmp_path / "recipes", "extends: ../base.yaml\n", "smoke.yaml")
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe("smoke").model.init == "some/model"
+
+
+def test_extends_a_name_finds_an_installed_recipe_outside_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(write(tmp_path, "extends: sst2\nfinetune: {optim: {lr: 0.2}}\n"))
+    assert recipe.distill.deploy == load_recipe(ROOT / "recipes" / "sst2.yaml").distill.deploy
+
+
+def test_an_unknown_recipe_name_lists_the_recipes_there_are(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError, match=r"one of mrpc, rte, smoke, sst2, "):
+        load_recipe("nosuch")
+
+
 def test_section_hash_tracks_only_its_sections(tmp_path):
     a = load_recipe(write(tmp_path, MINIMAL))
     b = load_recipe(write(tmp_path, MINIMAL), {"finetune.optim.lr": 1e-3})
@@ -469,7 +494,7 @@ def test_extends_a_path_from_a_variable(tmp_path, monkeypatch):
 
 
 def test_extends_a_missing_recipe_says_where_it_looked(tmp_path):
-    with pytest.raises(RecipeError, match=r"extends nope, which does not exist \(.*recipes/nope\.yaml\)"):
+    with pytest.raises(RecipeError, match=r"extends nope, which does not exist; .* \(one of .*, from .*recipes\)"):
         load_recipe(write(tmp_path, "extends: nope\n"))
 
 

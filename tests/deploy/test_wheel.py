@@ -30,6 +30,7 @@ PACKAGE_DATA = [
     "edgedistill/serve/proto/kserve.proto",
     "edgedistill/loadtests/locustfile.py",
 ]
+RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
 READY_TIMEOUT_S = 60
 
 
@@ -67,6 +68,11 @@ def test_wheel_holds_every_package(files, package):
 @pytest.mark.parametrize("path", PACKAGE_DATA)
 def test_wheel_holds_package_data(files, path):
     assert path in files
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_wheel_holds_every_recipe(files, name):
+    assert f"edgedistill/recipes/{name}" in files
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +128,12 @@ def test_installed_package_comes_from_the_wheel(installed, tmp_path):
     code = "import edgedistill.serve.app as app; print(app.__file__)"
     result = subprocess.run([installed, "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True, text=True)
     assert Path(result.stdout.strip()).is_relative_to(installed.parents[1]), result.stderr
+
+
+def test_installed_wheel_reads_a_recipe_and_its_base_by_name_outside_the_checkout(installed, tmp_path):
+    code = "from edgedistill.common.recipe import load_recipe; print(load_recipe('rte').data.text_pair_column)"
+    result = subprocess.run([installed, "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True, text=True)
+    assert result.stdout.strip() == "sentence2", result.stderr
 
 
 def test_installed_wheel_serves_a_bundle(installed, tmp_path):
