@@ -18,7 +18,7 @@ import torch
 from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
-from edgedistill.common.bundle import load_bundle
+from edgedistill.common.bundle import read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.config.training import RuntimeConfig
 from edgedistill.common.recipe import Recipe, run_dir
@@ -104,8 +104,8 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device) -> 
 
 
 def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[dict, Timings]:
-    bundle = load_bundle(folder)
-    runner = open_bundle(bundle, threads=cfg.threads)
+    bundle, files = read_bundle(folder)
+    runner = open_bundle(bundle, model=files.model, threads=cfg.threads)
     names = bundle.spec.input_names
     timings = {}
     try:

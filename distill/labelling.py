@@ -12,7 +12,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.bundle import load_bundle
+from edgedistill.common.bundle import read_bundle
 from edgedistill.common.runtime import open_bundle
 from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
@@ -199,7 +199,7 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
             f"transfer.labeller: {folder} is not built: run `edgedistill labeller RECIPE` first (make transfer "
             "does), or label in PyTorch with --transfer.labeller=null"
         )
-    bundle = load_bundle(folder)
+    bundle, files = read_bundle(folder)  # the model is opened from the bytes verified here
     exported_from = bundle.manifest.parents.get("teacher")
     if exported_from is None or exported_from.manifest_sha256 != mf.sha256_file(teacher_dir / mf.MANIFEST):
         raise mf.ArtifactError(
@@ -208,7 +208,7 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
         )
     if bundle.spec.precision not in ("fp32", "int8"):
         raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32 or INT8")
-    runner = open_bundle(bundle, threads=torch.get_num_threads())
+    runner = open_bundle(bundle, model=files.model, threads=torch.get_num_threads())
 
     def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = batch["input_ids"].numpy()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import load_bundle, text_inputs
+from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits, load_unlabelled
@@ -97,9 +97,9 @@ class Member:
     """A member bundle opened once, through ONNX Runtime or TensorRT as it is served, for calibration and dev."""
 
     def __init__(self, folder: Path):
-        bundle = load_bundle(folder)
+        bundle, files = read_bundle(folder)
         self.max_length = bundle.spec.max_length
-        self.run = validate.logits_runner(open_bundle(bundle, threads=THREADS))
+        self.run = validate.logits_runner(open_bundle(bundle, model=files.model, threads=THREADS))
 
     def logits(self, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
         """The member's logits on texts (and pairs)."""

@@ -1,5 +1,7 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
+import shutil
+
 import pytest
 import torch
 from edgedistill.bench import models
@@ -7,9 +9,11 @@ from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
 from edgedistill.distill.device import DeviceError
+from tqdm import tqdm
 
 from tests.conftest import ROOT, run_module
 
@@ -73,3 +77,18 @@ def test_bench_writes_its_tables(smoke_bundles):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "[bench] up to date" in again.stdout, again.stderr[-2000:]
     assert mf.load(smoke_bundles / "bench").created == manifest.created  # not measured again
+
+
+def test_a_bundle_is_timed_from_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
+    folder = tmp_path / "bundle-teacher-fused"
+    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
+    open_bundle = models.open_bundle
+
+    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
+        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
+        return open_bundle(bundle, *args, **kwargs)
+
+    monkeypatch.setattr(models, "open_bundle", swap_then_open)
+    cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[8], warmup=0, iterations=1, min_seconds=0, threads=1)
+    _, timings = models._bundle_row("teacher-fused", folder, cfg, tqdm(disable=True))
+    assert list(timings) == [(1, 8)]

@@ -9,6 +9,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import load_recipe
+from edgedistill.distill import labelling
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
@@ -374,3 +375,18 @@ def test_the_labeller_bundles_export_settings_make_the_transfer_set_stale():
     before = transfer_stage(load_recipe(SMOKE, fused)).config_hash
     after = transfer_stage(load_recipe(SMOKE, fused | {"export.bundles.teacher-fused.skip_layer_norm": False}))
     assert after.config_hash != before
+
+
+def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
+    folder = tmp_path / "bundle-teacher-fused"
+    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
+    open_bundle = labelling.open_bundle
+
+    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
+        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
+        return open_bundle(bundle, *args, **kwargs)
+
+    monkeypatch.setattr(labelling, "open_bundle", swap_then_open)
+    forward, _ = labelling.onnx_labeller(folder, smoke_bundles / "teacher")
+    ids = torch.tensor([[1, 5, 7, 2]])
+    assert forward({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (1, 2)

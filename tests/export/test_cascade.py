@@ -1,6 +1,7 @@
 """Cascade thresholds and temperatures on problems with a known answer, and the cascade stage on the smoke run."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from edgedistill.common.cascade import is_cascade, load_cascade, route
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.export import cascade as export_cascade
 from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_temperature
 
 from tests.conftest import ROOT
@@ -110,3 +112,17 @@ def test_pair_calibration_reads_on_past_lines_that_hold_no_pair(tmp_path):
     texts, pairs = calibration_texts(recipe, 150)
     assert pairs[:2] == ["second half 0 .", "second half 1 ."]
     assert len(texts) == 150
+
+
+def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
+    folder = tmp_path / "bundle-teacher-fused"
+    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
+    open_bundle = export_cascade.open_bundle
+
+    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
+        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
+        return open_bundle(bundle, *args, **kwargs)
+
+    monkeypatch.setattr(export_cascade, "open_bundle", swap_then_open)
+    tokenizer = load_tokenizer(smoke_bundles / "teacher")
+    assert Member(folder).logits(tokenizer, ["a gripping film"], None).shape == (1, 2)
