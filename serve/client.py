@@ -90,13 +90,16 @@ class Client:
     def _call(self, method, request):
         return method(request, timeout=self.timeout, metadata=self.metadata)
 
-    def model_info(self) -> dict:
-        return _info(self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest()))
+    def model_info(self, model: str = "", version: str = "") -> dict:
+        """The info of model `model` at `version` (empty: the served one); NOT_FOUND for a model it does not serve."""
+        request = classifier_pb2.GetModelInfoRequest(model_name=model, model_version=version)
+        return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The served model's labels, asked once per model name and version."""
+        """The labels of model `name` at `version` (empty: the served one), asked once per name and version; NOT_FOUND
+        once the server no longer serves that version (a reload), rather than another version's labels."""
         if (name, version) not in self._labels:
-            info = self.model_info()
+            info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
             self._labels.setdefault((name, version), info["labels"])
         return self._labels[(name, version)]
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     try:
         with client:
             if args.info:
-                result = client.model_info()
+                result = client.model_info(args.model)
             elif args.reload is not None:
                 result = client.reload(args.reload)
             else:

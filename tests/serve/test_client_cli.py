@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import grpc
 import pytest
 from edgedistill.serve import client as cli
 
@@ -156,3 +157,15 @@ def test_a_reader_that_stops_early_ends_the_client_quietly(served, tmp_path):
     err = client.stderr.read().decode()
     assert client.wait(timeout=60) == 141
     assert "Traceback" not in err
+
+
+def test_info_of_a_model_the_server_does_not_serve_is_not_found(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "--info", "--model", "bert")
+    assert code == 1
+    assert json.loads(err)["error"]["code"] == "NOT_FOUND"
+
+
+def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
+    with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
+        client.labels("tiny-sentiment", "2")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
