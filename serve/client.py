@@ -345,15 +345,14 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     try:
         with client:
             if args.info:
-                result = client.model_info(args.model)
+                print(json.dumps(client.model_info(args.model), indent=2), flush=True)
             elif args.reload is not None:
-                result = client.reload(args.reload)
+                print(json.dumps(client.reload(args.reload), indent=2), flush=True)
             else:
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
                 batch_size = args.batch_size or (client.max_texts(args.model) if len(texts) > 1 else 1)
                 write_streamed(classify_in_batches(infer, texts, pairs, batch_size, args.model), sys.stdout)
-                return 0
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -366,7 +365,6 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return 141  # 128 + SIGPIPE, the shell's status for a writer whose pipe closed
-    print(json.dumps(result, indent=2))
     return 0
 
 

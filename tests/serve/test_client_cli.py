@@ -169,3 +169,12 @@ def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
     with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
         client.labels("tiny-sentiment", "2")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
+    command = [sys.executable, "-m", "edgedistill", "call", "--address", served.address, "--info"]
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client.stdout.close()  # before the client writes, as a reader that exits at once
+    err = client.stderr.read().decode()
+    assert client.wait(timeout=60) == 141
+    assert "Traceback" not in err
