@@ -208,7 +208,7 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
     """Texts and their pairs: the first two tab-separated fields of each line (no quoting, further fields such as a
-    label ignored); blank lines skipped, and the first line with `header`."""
+    label ignored; neither may be empty); blank lines skipped, and the first line with `header`."""
     texts, pairs = [], []
     for number, line in enumerate(_lines(path, stdin), 1):
         if (header and number == 1) or not line.strip():
@@ -216,6 +216,8 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
         fields = line.split("\t")
         if len(fields) < 2:
             raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
+        if not fields[0].strip() or not fields[1].strip():  # the server would name its place in one call, not the line
+            raise UsageError(f"{path}:{number}: an empty text or pair; --tsv wants text<TAB>pair on each line")
         texts.append(fields[0])
         pairs.append(fields[1])
     return texts, pairs

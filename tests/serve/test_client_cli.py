@@ -61,6 +61,14 @@ def test_a_tsv_line_without_a_tab_is_a_usage_error_naming_the_line(served_pairs,
     assert f"{path}:2: no tab" in err
 
 
+def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
+    assert code == 2
+    assert f"{path}:11: an empty text or pair" in err
+
+
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
     assert code == 2
