@@ -82,6 +82,15 @@ def with_unknown_fields(request: ModelInferRequest, count: int) -> ModelInferReq
     return padded
 
 
+def in_shared_memory(request: ModelInferRequest, output: str = "") -> ModelInferRequest:
+    """`request` with its first input, or the output `output` added, in a shared-memory region, as tritonclient's
+    `set_shared_memory` names one."""
+    tensor = request.outputs.add(name=output) if output else request.inputs[0]
+    tensor.parameters["shared_memory_region"].string_param = "region-0"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 64
+    return request
+
+
 def ids(*rows, name="input_ids") -> tuple:
     return (name, "INT64", [len(rows), len(rows[0]) if rows else 0], [v for row in rows for v in row])
 
@@ -183,6 +192,8 @@ KSERVE_CASES = [
     Case("17 inputs", infer(*[("text", "BYTES", [1], [b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 inputs"),
     Case("17 raw_input_contents", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 raw_input_contents"),
     Case("100 request parameters", raw_text(b"good", parameters={f"p{i}": kserve_pb2.InferParameter(bool_param=True) for i in range(100)}), "INVALID_ARGUMENT", "holds more than 64 parameters"),
+    Case("input in shared memory", in_shared_memory(infer(("text", "BYTES", [1], None))), "INVALID_ARGUMENT", "input 'text' is in shared memory"),
+    Case("output to shared memory", in_shared_memory(raw_text(b"good"), output="probabilities"), "INVALID_ARGUMENT", "output 'probabilities' is in shared memory"),
     Case("unknown output after the known ones", raw_text(b"good", outputs=["logits", "probabilities", "embeddings"]), "INVALID_ARGUMENT", "unknown output 'embeddings'"),
     Case("1 MB raw text over the 64 KiB limit", raw_text(b"great " * (MEGABYTE // 6)), "RESOURCE_EXHAUSTED", "larger than max"),
     Case("1 MB text within a 2 MiB limit is truncated", raw_text(b"great " * (MEGABYTE // 6)), "OK", "outputs", target="guarded", metadata=AUTH),
