@@ -110,7 +110,7 @@ class Client:
         )
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
-            _prediction(text, p.probabilities, labels) | _cascade_fields(p)
+            _prediction(text, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
             for text, p in zip(texts, reply.predictions, strict=True)
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
@@ -123,7 +123,8 @@ class Client:
         return self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config.max_batch_size
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
-        """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`)."""
+        """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
+        output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
@@ -133,14 +134,18 @@ class Client:
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
                 request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
-        request.outputs.add(name="probabilities")
         reply = self._call(stub.ModelInfer, request)
-        output = reply.outputs[0]
-        probabilities = tensors.decode(
-            output.name, output.datatype, list(output.shape), raw=reply.raw_output_contents[0]
-        )
+        outputs = {
+            out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
+            for out, data in zip(reply.outputs, reply.raw_output_contents, strict=True)
+        }
+        members = outputs.get("answered_by", [b""] * len(texts))
+        refused = outputs.get("escalation_refused", [False] * len(texts))
         labels = self.labels(reply.model_name, reply.model_version)
-        predictions = [_prediction(text, row, labels) for text, row in zip(texts, probabilities, strict=True)]
+        predictions = [
+            _prediction(text, row, labels) | _cascade_fields(member.decode(), bool(flag))
+            for text, row, member, flag in zip(texts, outputs["probabilities"], members, refused, strict=True)
+        ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
     def reload(self, bundle_path: str = "") -> dict:
@@ -159,13 +164,11 @@ def _prediction(text: str, probabilities, labels: list[str]) -> dict:
     }
 
 
-def _cascade_fields(prediction: classifier_pb2.Prediction) -> dict:
-    """A cascade's `answered_by` (and `escalation_refused` where set); nothing for a single bundle."""
-    if not prediction.answered_by:
+def _cascade_fields(answered_by: str, escalation_refused: bool) -> dict:
+    """A cascade's `answered_by` (and `escalation_refused` where set); nothing for a single bundle (no member)."""
+    if not answered_by:
         return {}
-    return {"answered_by": prediction.answered_by} | (
-        {"escalation_refused": True} if prediction.escalation_refused else {}
-    )
+    return {"answered_by": answered_by} | ({"escalation_refused": True} if escalation_refused else {})
 
 
 def _read(path: Path | None) -> bytes | None:

@@ -10,6 +10,9 @@ import grpc
 import pytest
 from edgedistill.serve import client as cli
 
+from tests.serve.conftest import settings_for
+from tests.serve.test_cascade import TEXTS, make_cascade
+
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 
 
@@ -186,3 +189,10 @@ def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
     err = client.stderr.read().decode()
     assert client.wait(timeout=60) == 141
     assert "Traceback" not in err
+
+
+def test_kserve_names_the_cascade_member_that_answered_as_classify_does(start_server, tmp_path, capsys):
+    server = start_server(settings_for(make_cascade(tmp_path), max_texts=8))
+    classified = json.loads(run(capsys, "--address", server.address, *TEXTS)[1])["predictions"]
+    kserved = json.loads(run(capsys, "--address", server.address, "--kserve", *TEXTS)[1])["predictions"]
+    assert [p.get("answered_by") for p in kserved] == [p["answered_by"] for p in classified]
