@@ -110,8 +110,8 @@ class Client:
         )
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
-            _prediction(text, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
-            for text, p in zip(texts, reply.predictions, strict=True)
+            _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
+            for given, p in zip(_given(texts, pairs), reply.predictions, strict=True)
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
@@ -143,8 +143,10 @@ class Client:
         refused = outputs.get("escalation_refused", [False] * len(texts))
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
-            _prediction(text, row, labels) | _cascade_fields(member.decode(), bool(flag))
-            for text, row, member, flag in zip(texts, outputs["probabilities"], members, refused, strict=True)
+            _prediction(given, row, labels) | _cascade_fields(member.decode(), bool(flag))
+            for given, row, member, flag in zip(
+                _given(texts, pairs), outputs["probabilities"], members, refused, strict=True
+            )
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
@@ -153,11 +155,17 @@ class Client:
         return {"model": _info(reply.model), "previous": _info(reply.previous)}
 
 
-def _prediction(text: str, probabilities, labels: list[str]) -> dict:
+def _given(texts: list[str], pairs: list[str] | None) -> list[dict]:
+    """What each prediction was asked about: its "text", and its "pair" for a text pair."""
+    if pairs is None:
+        return [{"text": text} for text in texts]
+    return [{"text": text, "pair": pair} for text, pair in zip(texts, pairs, strict=True)]
+
+
+def _prediction(given: dict, probabilities, labels: list[str]) -> dict:
     probabilities = [float(p) for p in probabilities]
     best = int(np.argmax(probabilities))
-    return {
-        "text": text,
+    return given | {
         "label": labels[best],
         "score": probabilities[best],
         "probabilities": dict(zip(labels, probabilities, strict=True)),

@@ -35,6 +35,14 @@ def test_pairs_from_arguments_are_classified_by_their_pair(served_pairs, capsys)
     assert [p["label"] for p in json.loads(out)["predictions"]] == ["negative", "positive"]
 
 
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_each_prediction_of_a_pair_names_its_pair(served_pairs, capsys, api):
+    _, out, _ = run(
+        capsys, "--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun", *api
+    )
+    assert [p["pair"] for p in json.loads(out)["predictions"]] == ["awful", "fun"]
+
+
 def test_pairs_through_kserve_score_as_through_classify(served_pairs, capsys):
     argv = ["--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun"]
     classified = json.loads(run(capsys, *argv)[1])["predictions"]
