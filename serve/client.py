@@ -298,6 +298,13 @@ def _positive(value: str) -> int:
     return number
 
 
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:  # a deadline of 0 or less, or nan, fails every call before it is sent
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return seconds
+
+
 def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
     parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
@@ -326,7 +333,7 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
-    parser.add_argument("--timeout", type=float, default=10.0, help="deadline per call in seconds (default 10)")
+    parser.add_argument("--timeout", type=_seconds, default=10.0, help="deadline per call in seconds (default 10)")
     parser.add_argument(
         "--retries",
         type=int,

@@ -138,6 +138,13 @@ def test_a_batch_size_below_one_is_refused(capsys):
     assert exited.value.code == 2
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_that_is_not_above_zero_is_refused(timeout, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--timeout", timeout, "good"])
+    assert exited.value.code == 2
+
+
 def test_each_batch_is_written_before_the_next_is_asked_for():
     out = io.StringIO()
 
