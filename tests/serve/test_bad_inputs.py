@@ -175,6 +175,8 @@ KSERVE_CASES = [
     Case("raw INT64 of the wrong size", infer(("input_ids", "INT64", [1, 3], None), ("attention_mask", "INT64", [1, 3], None), raw=[b"\x00" * 20, b"\x00" * 24]), "INVALID_ARGUMENT", "20 raw bytes for shape [1, 3] of INT64 (expected 24)"),
     Case("more raw contents than inputs", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 2), "INVALID_ARGUMENT", "2 raw_input_contents for 1 inputs"),
     Case("raw BYTES ends in a length prefix", infer(("text", "BYTES", [2], None), raw=[tensors.serialize_bytes([b"good"]) + b"\x01\x00"]), "INVALID_ARGUMENT", "ends inside an element's 4-byte length prefix"),
+    Case("raw BYTES with big-endian lengths", infer(("text", "BYTES", [1], None), raw=[b"\x00\x00\x00\x04good"]), "INVALID_ARGUMENT", "its length as a 4-byte little-endian unsigned integer"),
+    Case("raw BYTES without lengths", infer(("text", "BYTES", [1], None), raw=[b"a great movie"]), "INVALID_ARGUMENT", "its length as a 4-byte little-endian unsigned integer"),
     Case("raw BYTES of fewer elements than the shape", raw_text(b"good", b"bad", shape=[3]), "INVALID_ARGUMENT", "2 elements for shape [3]"),
     Case("10,000 texts", raw_text(*[b"a"] * 10_000), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 8"),
     Case("10,000 rows of token ids", infer(ids(*[[GOOD]] * 10_000), ids(*[[1]] * 10_000, name="attention_mask")), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 128"),
