@@ -208,9 +208,14 @@ class ModelChanged(RuntimeError):
 
 
 def _lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin)."""
+    """The lines of `path` ('-': stdin), which must be UTF-8."""
     if str(path) == "-":
-        return stdin.read().splitlines()
+        try:
+            text = stdin.read()
+            text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
+        except (UnicodeDecodeError, UnicodeEncodeError) as err:
+            raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
+        return text.splitlines()
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -250,7 +255,7 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
         for path in args.file or ():
             texts += [line for line in _lines(path, stdin) if line.strip()]
         if not texts and not args.file:
-            texts = [line.rstrip("\n") for line in stdin if line.strip()]
+            texts = [line for line in _lines(Path("-"), stdin) if line.strip()]
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")

@@ -86,6 +86,14 @@ def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     assert "not both" in err
 
 
+@pytest.mark.parametrize("source", [[], ["--file", "-"]])
+def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
+    code, _, _ = run(
+        capsys, "--address", served.address, *source, stdin="good\n\udcff bad\n"
+    )  # as a C locale reads 0xff
+    assert code == 2
+
+
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tmp_path / "absent.tsv"))
     assert code == 2
