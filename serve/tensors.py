@@ -109,7 +109,10 @@ def decode(
     else:
         field = getattr(contents, CONTENTS[datatype]) if contents is not None else []
         if len(field) != count:  # before building one object per element
-            raise InvalidInput(f"input {name!r}: {len(field)} elements for shape {list(shape)} ({count} expected)")
+            raise InvalidInput(
+                f"input {name!r}: {len(field)} elements for shape {list(shape)} ({count} expected in "
+                f"contents.{CONTENTS[datatype]}, the field of {datatype})"
+            )
         if datatype == "BYTES":
             values = np.empty(len(field), dtype=object)
             values[:] = list(field)

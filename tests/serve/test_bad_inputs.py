@@ -97,6 +97,14 @@ def ids(*rows, name="input_ids") -> tuple:
 
 CLS, SEP, GOOD = (VOCAB.index(word) for word in ("[CLS]", "[SEP]", "good"))
 
+
+def misplaced_ids() -> ModelInferRequest:
+    """INT64 token ids in `int_contents`, INT32's field, as a client filling the wrong typed field sends them."""
+    request = infer(("input_ids", "INT64", [1, 3], None), ids([1, 1, 1], name="attention_mask"))
+    request.inputs[0].contents.int_contents.extend([CLS, GOOD, SEP])
+    return request
+
+
 CLASSIFIER_CASES = [
     Case("empty request naming the model", classify(model_name=MODEL), "INVALID_ARGUMENT", "empty request"),
     Case("pairs without texts", classify(pairs=["good"]), "INVALID_ARGUMENT", "empty request"),
@@ -172,6 +180,7 @@ KSERVE_CASES = [
     Case("ids and mask of different lengths", infer(ids([CLS, GOOD, SEP, 0]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "same [batch, sequence] shape"),
     Case("all-zero attention mask", infer(ids([CLS, GOOD, SEP]), ids([0, 0, 0], name="attention_mask")), "INVALID_ARGUMENT", "row 0: attention_mask is all zeros"),
     Case("negative token id", infer(ids([CLS, -5, SEP]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "must lie in [0, 30)"),
+    Case("INT64 token ids in int_contents", misplaced_ids(), "INVALID_ARGUMENT", "3 expected in contents.int64_contents, the field of INT64"),
     Case("raw INT64 of the wrong size", infer(("input_ids", "INT64", [1, 3], None), ("attention_mask", "INT64", [1, 3], None), raw=[b"\x00" * 20, b"\x00" * 24]), "INVALID_ARGUMENT", "20 raw bytes for shape [1, 3] of INT64 (expected 24)"),
     Case("more raw contents than inputs", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 2), "INVALID_ARGUMENT", "2 raw_input_contents for 1 inputs"),
     Case("raw BYTES ends in a length prefix", infer(("text", "BYTES", [2], None), raw=[tensors.serialize_bytes([b"good"]) + b"\x01\x00"]), "INVALID_ARGUMENT", "ends inside an element's 4-byte length prefix"),
