@@ -90,13 +90,16 @@ class Client:
     def _call(self, method, request):
         return method(request, timeout=self.timeout, metadata=self.metadata)
 
-    def model_info(self) -> dict:
-        return _info(self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest()))
+    def model_info(self, model: str = "", version: str = "") -> dict:
+        """The info of model `model` at `version` (empty: the served one); NOT_FOUND for a model it does not serve."""
+        request = classifier_pb2.GetModelInfoRequest(model_name=model, model_version=version)
+        return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The served model's labels, asked once per model name and version."""
+        """The labels of model `name` at `version` (empty: the served one), asked once per name and version; NOT_FOUND
+        once the server no longer serves that version (a reload), rather than another version's labels."""
         if (name, version) not in self._labels:
-            info = self.model_info()
+            info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
             self._labels.setdefault((name, version), info["labels"])
         return self._labels[(name, version)]
@@ -107,8 +110,8 @@ class Client:
         )
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
-            _prediction(text, p.probabilities, labels) | _cascade_fields(p)
-            for text, p in zip(texts, reply.predictions, strict=True)
+            _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
+            for given, p in zip(_given(texts, pairs), reply.predictions, strict=True)
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
@@ -120,7 +123,8 @@ class Client:
         return self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config.max_batch_size
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
-        """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`)."""
+        """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
+        output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
@@ -130,14 +134,20 @@ class Client:
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
                 request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
-        request.outputs.add(name="probabilities")
         reply = self._call(stub.ModelInfer, request)
-        output = reply.outputs[0]
-        probabilities = tensors.decode(
-            output.name, output.datatype, list(output.shape), raw=reply.raw_output_contents[0]
-        )
+        outputs = {
+            out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
+            for out, data in zip(reply.outputs, reply.raw_output_contents, strict=True)
+        }
+        members = outputs.get("answered_by", [b""] * len(texts))
+        refused = outputs.get("escalation_refused", [False] * len(texts))
         labels = self.labels(reply.model_name, reply.model_version)
-        predictions = [_prediction(text, row, labels) for text, row in zip(texts, probabilities, strict=True)]
+        predictions = [
+            _prediction(given, row, labels) | _cascade_fields(member.decode(), bool(flag))
+            for given, row, member, flag in zip(
+                _given(texts, pairs), outputs["probabilities"], members, refused, strict=True
+            )
+        ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
     def reload(self, bundle_path: str = "") -> dict:
@@ -145,24 +155,28 @@ class Client:
         return {"model": _info(reply.model), "previous": _info(reply.previous)}
 
 
-def _prediction(text: str, probabilities, labels: list[str]) -> dict:
+def _given(texts: list[str], pairs: list[str] | None) -> list[dict]:
+    """What each prediction was asked about: its "text", and its "pair" for a text pair."""
+    if pairs is None:
+        return [{"text": text} for text in texts]
+    return [{"text": text, "pair": pair} for text, pair in zip(texts, pairs, strict=True)]
+
+
+def _prediction(given: dict, probabilities, labels: list[str]) -> dict:
     probabilities = [float(p) for p in probabilities]
     best = int(np.argmax(probabilities))
-    return {
-        "text": text,
+    return given | {
         "label": labels[best],
         "score": probabilities[best],
         "probabilities": dict(zip(labels, probabilities, strict=True)),
     }
 
 
-def _cascade_fields(prediction: classifier_pb2.Prediction) -> dict:
-    """A cascade's `answered_by` (and `escalation_refused` where set); nothing for a single bundle."""
-    if not prediction.answered_by:
+def _cascade_fields(answered_by: str, escalation_refused: bool) -> dict:
+    """A cascade's `answered_by` (and `escalation_refused` where set); nothing for a single bundle (no member)."""
+    if not answered_by:
         return {}
-    return {"answered_by": prediction.answered_by} | (
-        {"escalation_refused": True} if prediction.escalation_refused else {}
-    )
+    return {"answered_by": answered_by} | ({"escalation_refused": True} if escalation_refused else {})
 
 
 def _read(path: Path | None) -> bytes | None:
@@ -194,9 +208,14 @@ class ModelChanged(RuntimeError):
 
 
 def _lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin)."""
+    """The lines of `path` ('-': stdin), which must be UTF-8."""
     if str(path) == "-":
-        return stdin.read().splitlines()
+        try:
+            text = stdin.read()
+            text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
+        except (UnicodeDecodeError, UnicodeEncodeError) as err:
+            raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
+        return text.splitlines()
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -205,7 +224,7 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
     """Texts and their pairs: the first two tab-separated fields of each line (no quoting, further fields such as a
-    label ignored); blank lines skipped, and the first line with `header`."""
+    label ignored; neither may be empty); blank lines skipped, and the first line with `header`."""
     texts, pairs = [], []
     for number, line in enumerate(_lines(path, stdin), 1):
         if (header and number == 1) or not line.strip():
@@ -213,6 +232,8 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
         fields = line.split("\t")
         if len(fields) < 2:
             raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
+        if not fields[0].strip() or not fields[1].strip():  # the server would name its place in one call, not the line
+            raise UsageError(f"{path}:{number}: an empty text or pair; --tsv wants text<TAB>pair on each line")
         texts.append(fields[0])
         pairs.append(fields[1])
     return texts, pairs
@@ -234,7 +255,7 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
         for path in args.file or ():
             texts += [line for line in _lines(path, stdin) if line.strip()]
         if not texts and not args.file:
-            texts = [line.rstrip("\n") for line in stdin if line.strip()]
+            texts = [line for line in _lines(Path("-"), stdin) if line.strip()]
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
@@ -282,6 +303,13 @@ def _positive(value: str) -> int:
     return number
 
 
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:  # a deadline of 0 or less, or nan, fails every call before it is sent
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return seconds
+
+
 def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
     parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
@@ -310,7 +338,7 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
-    parser.add_argument("--timeout", type=float, default=10.0, help="deadline per call in seconds (default 10)")
+    parser.add_argument("--timeout", type=_seconds, default=10.0, help="deadline per call in seconds (default 10)")
     parser.add_argument(
         "--retries",
         type=int,
@@ -342,15 +370,14 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     try:
         with client:
             if args.info:
-                result = client.model_info()
+                print(json.dumps(client.model_info(args.model), indent=2), flush=True)
             elif args.reload is not None:
-                result = client.reload(args.reload)
+                print(json.dumps(client.reload(args.reload), indent=2), flush=True)
             else:
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
                 batch_size = args.batch_size or (client.max_texts(args.model) if len(texts) > 1 else 1)
                 write_streamed(classify_in_batches(infer, texts, pairs, batch_size, args.model), sys.stdout)
-                return 0
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -363,7 +390,6 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return 141  # 128 + SIGPIPE, the shell's status for a writer whose pipe closed
-    print(json.dumps(result, indent=2))
     return 0
 
 

@@ -174,19 +174,29 @@ class CallObserver:
 
     def _observed(self, behavior, method: str):
         if inspect.isasyncgenfunction(behavior):
+            # Written here rather than yielded: a call that ends while gRPC sends a yielded reply leaves a generator
+            # at its `yield`, which asyncio closes later in a task of its own, where the request id cannot be reset
+            # and the call has already gone. Here the end, a cancellation included, reaches this coroutine's task.
 
             async def stream(request, context):
                 started = time.perf_counter()
                 request_id, token, refused = self._begin(request, context, method)
+                replies = None if refused else behavior(request, context)
                 err = None
                 try:
-                    if not refused:
-                        async for response in behavior(request, context):
-                            yield response
+                    if replies is not None:
+                        async for response in replies:
+                            try:
+                                await context.write(response)
+                            except grpc.aio.BaseError:  # the call ended meanwhile: the client cancelled or went away
+                                context.set_code(grpc.StatusCode.CANCELLED)
+                                break
                 except BaseException as caught:
                     err = caught
                     raise
                 finally:
+                    if replies is not None:
+                        await replies.aclose()  # a reply not written yet leaves it at its `yield`
                     self._end(context, method, request_id, started, token, err)
                     err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
 

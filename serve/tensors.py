@@ -37,6 +37,9 @@ CONTENTS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH = struct.Struct("<I")
+# Said when raw BYTES data does not parse: a client sending bare bytes, or big-endian lengths (Java's ByteBuffer
+# default), would otherwise see only a length it never wrote.
+_BYTES_LAYOUT = "each element is its length as a 4-byte little-endian unsigned integer, then its bytes"
 MAX_RANK = 8  # numpy stops at 64 dimensions; no input of a text classifier needs more than 2
 
 
@@ -52,11 +55,15 @@ def deserialize_bytes(raw: bytes, name: str = "tensor", count: int | None = None
         if count is not None and len(elements) == count:
             raise InvalidInput(f"input {name!r}: raw BYTES data holds more than the {count} elements of its shape")
         if offset + 4 > len(raw):
-            raise InvalidInput(f"input {name!r}: raw BYTES data ends inside an element's 4-byte length prefix")
+            raise InvalidInput(
+                f"input {name!r}: raw BYTES data ends inside an element's 4-byte length prefix ({_BYTES_LAYOUT})"
+            )
         (size,) = _LENGTH.unpack_from(view, offset)
         offset += 4
         if offset + size > len(raw):
-            raise InvalidInput(f"input {name!r}: raw BYTES element {len(elements)} claims {size} bytes past the end")
+            raise InvalidInput(
+                f"input {name!r}: raw BYTES element {len(elements)} claims {size} bytes past the end ({_BYTES_LAYOUT})"
+            )
         elements.append(bytes(view[offset : offset + size]))
         offset += size
     return elements
@@ -102,7 +109,10 @@ def decode(
     else:
         field = getattr(contents, CONTENTS[datatype]) if contents is not None else []
         if len(field) != count:  # before building one object per element
-            raise InvalidInput(f"input {name!r}: {len(field)} elements for shape {list(shape)} ({count} expected)")
+            raise InvalidInput(
+                f"input {name!r}: {len(field)} elements for shape {list(shape)} ({count} expected in "
+                f"contents.{CONTENTS[datatype]}, the field of {datatype})"
+            )
         if datatype == "BYTES":
             values = np.empty(len(field), dtype=object)
             values[:] = list(field)

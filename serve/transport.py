@@ -47,6 +47,8 @@ CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the ser
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 TEXT_INPUTS = ("text", "text_pair")
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
+# The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
+SHARED_MEMORY_REGION = "shared_memory_region"
 STREAM_WINDOW = 16  # requests of one stream in flight at once
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
@@ -189,6 +191,18 @@ def class_count(output: kserve_pb2.ModelInferRequest.InferRequestedOutputTensor)
     if parameter.int64_param < 1:
         raise InvalidInput(f"output {output.name!r}: 'classification' must be at least 1, got {parameter.int64_param}")
     return parameter.int64_param
+
+
+def check_no_shared_memory(request: kserve_pb2.ModelInferRequest) -> None:
+    """Refuse inputs and outputs placed in shared memory: this server reads and writes tensors only in the messages,
+    so such an input would seem empty and such an output would come back in the reply, its region left unwritten."""
+    for kind, entries in (("input", request.inputs), ("output", request.outputs)):
+        for tensor in entries:
+            if SHARED_MEMORY_REGION in tensor.parameters:
+                raise InvalidInput(
+                    f"{kind} {tensor.name!r} is in shared memory, which this server does not serve (ServerMetadata lists "
+                    "no shared-memory extension): send the tensors in the messages"
+                )
 
 
 def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
@@ -399,6 +413,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
     @handles_errors
     async def ModelInfer(self, request, context):
         served = self.host.get(request.model_name, request.model_version)  # unknown model: NOT_FOUND before decoding
+        check_no_shared_memory(request)
         outputs = outputs_of(served)
         wanted: dict[str, int | None] = {}  # output -> its class count (classification extension), or None
         for out in request.outputs:

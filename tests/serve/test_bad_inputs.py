@@ -82,11 +82,28 @@ def with_unknown_fields(request: ModelInferRequest, count: int) -> ModelInferReq
     return padded
 
 
+def in_shared_memory(request: ModelInferRequest, output: str = "") -> ModelInferRequest:
+    """`request` with its first input, or the output `output` added, in a shared-memory region, as tritonclient's
+    `set_shared_memory` names one."""
+    tensor = request.outputs.add(name=output) if output else request.inputs[0]
+    tensor.parameters["shared_memory_region"].string_param = "region-0"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 64
+    return request
+
+
 def ids(*rows, name="input_ids") -> tuple:
     return (name, "INT64", [len(rows), len(rows[0]) if rows else 0], [v for row in rows for v in row])
 
 
 CLS, SEP, GOOD = (VOCAB.index(word) for word in ("[CLS]", "[SEP]", "good"))
+
+
+def misplaced_ids() -> ModelInferRequest:
+    """INT64 token ids in `int_contents`, INT32's field, as a client filling the wrong typed field sends them."""
+    request = infer(("input_ids", "INT64", [1, 3], None), ids([1, 1, 1], name="attention_mask"))
+    request.inputs[0].contents.int_contents.extend([CLS, GOOD, SEP])
+    return request
+
 
 CLASSIFIER_CASES = [
     Case("empty request naming the model", classify(model_name=MODEL), "INVALID_ARGUMENT", "empty request"),
@@ -163,9 +180,12 @@ KSERVE_CASES = [
     Case("ids and mask of different lengths", infer(ids([CLS, GOOD, SEP, 0]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "same [batch, sequence] shape"),
     Case("all-zero attention mask", infer(ids([CLS, GOOD, SEP]), ids([0, 0, 0], name="attention_mask")), "INVALID_ARGUMENT", "row 0: attention_mask is all zeros"),
     Case("negative token id", infer(ids([CLS, -5, SEP]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "must lie in [0, 30)"),
+    Case("INT64 token ids in int_contents", misplaced_ids(), "INVALID_ARGUMENT", "3 expected in contents.int64_contents, the field of INT64"),
     Case("raw INT64 of the wrong size", infer(("input_ids", "INT64", [1, 3], None), ("attention_mask", "INT64", [1, 3], None), raw=[b"\x00" * 20, b"\x00" * 24]), "INVALID_ARGUMENT", "20 raw bytes for shape [1, 3] of INT64 (expected 24)"),
     Case("more raw contents than inputs", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 2), "INVALID_ARGUMENT", "2 raw_input_contents for 1 inputs"),
     Case("raw BYTES ends in a length prefix", infer(("text", "BYTES", [2], None), raw=[tensors.serialize_bytes([b"good"]) + b"\x01\x00"]), "INVALID_ARGUMENT", "ends inside an element's 4-byte length prefix"),
+    Case("raw BYTES with big-endian lengths", infer(("text", "BYTES", [1], None), raw=[b"\x00\x00\x00\x04good"]), "INVALID_ARGUMENT", "its length as a 4-byte little-endian unsigned integer"),
+    Case("raw BYTES without lengths", infer(("text", "BYTES", [1], None), raw=[b"a great movie"]), "INVALID_ARGUMENT", "its length as a 4-byte little-endian unsigned integer"),
     Case("raw BYTES of fewer elements than the shape", raw_text(b"good", b"bad", shape=[3]), "INVALID_ARGUMENT", "2 elements for shape [3]"),
     Case("10,000 texts", raw_text(*[b"a"] * 10_000), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 8"),
     Case("10,000 rows of token ids", infer(ids(*[[GOOD]] * 10_000), ids(*[[1]] * 10_000, name="attention_mask")), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 128"),
@@ -183,6 +203,8 @@ KSERVE_CASES = [
     Case("17 inputs", infer(*[("text", "BYTES", [1], [b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 inputs"),
     Case("17 raw_input_contents", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 raw_input_contents"),
     Case("100 request parameters", raw_text(b"good", parameters={f"p{i}": kserve_pb2.InferParameter(bool_param=True) for i in range(100)}), "INVALID_ARGUMENT", "holds more than 64 parameters"),
+    Case("input in shared memory", in_shared_memory(infer(("text", "BYTES", [1], None))), "INVALID_ARGUMENT", "input 'text' is in shared memory"),
+    Case("output to shared memory", in_shared_memory(raw_text(b"good"), output="probabilities"), "INVALID_ARGUMENT", "output 'probabilities' is in shared memory"),
     Case("unknown output after the known ones", raw_text(b"good", outputs=["logits", "probabilities", "embeddings"]), "INVALID_ARGUMENT", "unknown output 'embeddings'"),
     Case("1 MB raw text over the 64 KiB limit", raw_text(b"great " * (MEGABYTE // 6)), "RESOURCE_EXHAUSTED", "larger than max"),
     Case("1 MB text within a 2 MiB limit is truncated", raw_text(b"great " * (MEGABYTE // 6)), "OK", "outputs", target="guarded", metadata=AUTH),

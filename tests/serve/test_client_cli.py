@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import grpc
 import pytest
 from edgedistill.serve import client as cli
+
+from tests.serve.conftest import settings_for
+from tests.serve.test_cascade import TEXTS, make_cascade
 
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 
@@ -29,6 +33,14 @@ def test_pairs_from_arguments_are_classified_by_their_pair(served_pairs, capsys)
     code, out, _ = run(capsys, "--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun")
     assert code == 0
     assert [p["label"] for p in json.loads(out)["predictions"]] == ["negative", "positive"]
+
+
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_each_prediction_of_a_pair_names_its_pair(served_pairs, capsys, api):
+    _, out, _ = run(
+        capsys, "--address", served_pairs.address, "good", "awful", "--pair", "awful", "--pair", "fun", *api
+    )
+    assert [p["pair"] for p in json.loads(out)["predictions"]] == ["awful", "fun"]
 
 
 def test_pairs_through_kserve_score_as_through_classify(served_pairs, capsys):
@@ -60,10 +72,26 @@ def test_a_tsv_line_without_a_tab_is_a_usage_error_naming_the_line(served_pairs,
     assert f"{path}:2: no tab" in err
 
 
+def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
+    assert code == 2
+    assert f"{path}:11: an empty text or pair" in err
+
+
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
     assert code == 2
     assert "not both" in err
+
+
+@pytest.mark.parametrize("source", [[], ["--file", "-"]])
+def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
+    code, _, _ = run(
+        capsys, "--address", served.address, *source, stdin="good\n\udcff bad\n"
+    )  # as a C locale reads 0xff
+    assert code == 2
 
 
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
@@ -118,6 +146,13 @@ def test_a_batch_size_below_one_is_refused(capsys):
     assert exited.value.code == 2
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_that_is_not_above_zero_is_refused(timeout, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--timeout", timeout, "good"])
+    assert exited.value.code == 2
+
+
 def test_each_batch_is_written_before_the_next_is_asked_for():
     out = io.StringIO()
 
@@ -156,3 +191,31 @@ def test_a_reader_that_stops_early_ends_the_client_quietly(served, tmp_path):
     err = client.stderr.read().decode()
     assert client.wait(timeout=60) == 141
     assert "Traceback" not in err
+
+
+def test_info_of_a_model_the_server_does_not_serve_is_not_found(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "--info", "--model", "bert")
+    assert code == 1
+    assert json.loads(err)["error"]["code"] == "NOT_FOUND"
+
+
+def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
+    with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
+        client.labels("tiny-sentiment", "2")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
+    command = [sys.executable, "-m", "edgedistill", "call", "--address", served.address, "--info"]
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client.stdout.close()  # before the client writes, as a reader that exits at once
+    err = client.stderr.read().decode()
+    assert client.wait(timeout=60) == 141
+    assert "Traceback" not in err
+
+
+def test_kserve_names_the_cascade_member_that_answered_as_classify_does(start_server, tmp_path, capsys):
+    server = start_server(settings_for(make_cascade(tmp_path), max_texts=8))
+    classified = json.loads(run(capsys, "--address", server.address, *TEXTS)[1])["predictions"]
+    kserved = json.loads(run(capsys, "--address", server.address, "--kserve", *TEXTS)[1])["predictions"]
+    assert [p.get("answered_by") for p in kserved] == [p["answered_by"] for p in classified]

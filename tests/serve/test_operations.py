@@ -1,6 +1,7 @@
 """Operating the server: health, reflection, metrics, auth, TLS, reload, overload, deadlines."""
 
 import asyncio
+import gc
 import hashlib
 import re
 import shutil
@@ -96,6 +97,26 @@ def test_reflection_lists_both_services(served):
     assert {"edgedistill.v1.Classifier", "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
     assert classifier.file_descriptor_response.file_descriptor_proto
     assert kserve.file_descriptor_response.file_descriptor_proto
+
+
+def test_a_reflection_stream_cancelled_while_its_replies_are_sent_counts_as_cancelled(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService")
+    with server.channel() as channel:
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter([request] * 2000), timeout=10
+        )
+        next(call)
+        time.sleep(0.5)  # unread replies fill the flow-control window: the server waits to send the next one
+        call.cancel()
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=method) and time.monotonic() < deadline
+    ):
+        gc.collect()  # an abandoned reply generator is closed only once collected
+        time.sleep(0.05)
+    assert metric(text, "edgedistill_requests_total", method=method, code="CANCELLED") == 1
 
 
 def test_metrics_count_ok_and_failed_calls_their_timings_batches_and_the_model(served):
