@@ -6,8 +6,8 @@ python -m serve.client "the plot" --pair "a dull one"      # a text pair, for mo
 python -m serve.client --tsv dev.tsv --header               # pairs: text<TAB>pair on each line
 echo "a great movie" | python -m serve.client --kserve
 
-The CLI sends the texts in calls of `--batch-size` (default: as many as the server takes, its MAX_TEXTS, asked of it) and
-writes one JSON document, its predictions as they come.
+The CLI sends the texts in calls of `--batch-size` (default: as many as the server takes, its MAX_TEXTS, asked of it)
+and of at most `--batch-bytes` of text, and writes one JSON document, its predictions as they come.
 """
 
 import argparse
@@ -26,6 +26,7 @@ from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
+BATCH_BYTES = 512 * 1024  # half the server's default MAX_MESSAGE_BYTES: room for the message's own fields
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -264,14 +265,33 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     return texts, pairs
 
 
+def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_bytes: int) -> Iterator[slice]:
+    """Consecutive slices of at most `batch_size` texts whose UTF-8 bytes (their pairs' included) add up to at most
+    `batch_bytes`; a text longer than that on its own is a batch of one, for the server to take or refuse."""
+    start, size = 0, 0
+    for i, text in enumerate(texts):
+        length = len(text.encode()) + (0 if pairs is None else len(pairs[i].encode()))
+        if i > start and (i - start == batch_size or size + length > batch_bytes):
+            yield slice(start, i)
+            start, size = i, 0
+        size += length
+    if texts:
+        yield slice(start, len(texts))
+
+
 def classify_in_batches(
-    infer, texts: list[str], pairs: list[str] | None, batch_size: int, model: str = ""
+    infer,
+    texts: list[str],
+    pairs: list[str] | None,
+    batch_size: int,
+    model: str = "",
+    batch_bytes: int = BATCH_BYTES,
 ) -> Iterator[dict]:
-    """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive batches of `batch_size` texts; each
-    reply in order; `ModelChanged` when the served model changes between batches."""
+    """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive `batches`; each reply in order;
+    `ModelChanged` when the served model changes between batches."""
     first = None
-    for start in range(0, len(texts), batch_size):
-        batch = slice(start, start + batch_size)
+    for batch in batches(texts, pairs, batch_size, batch_bytes):
+        start = batch.start
         result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
         served = (result["model"], result["version"])
         if first is not None and served != first:
@@ -330,6 +350,14 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         metavar="N",
         help="texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server)",
     )
+    parser.add_argument(
+        "--batch-bytes",
+        type=_positive,
+        default=BATCH_BYTES,
+        metavar="N",
+        help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone "
+        f"(default {BATCH_BYTES}, half the server's default limit)",
+    )
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
     parser.add_argument("--model", default="", help="model name (default: the served one)")
@@ -377,7 +405,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
                 batch_size = args.batch_size or (client.max_texts(args.model) if len(texts) > 1 else 1)
-                write_streamed(classify_in_batches(infer, texts, pairs, batch_size, args.model), sys.stdout)
+                results = classify_in_batches(infer, texts, pairs, batch_size, args.model, args.batch_bytes)
+                write_streamed(results, sys.stdout)
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2

@@ -132,6 +132,27 @@ def test_without_a_batch_size_the_calls_take_as_many_texts_as_the_server_does(se
     assert [p["text"] for p in json.loads(out)["predictions"]] == texts
 
 
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_long_texts_go_in_batches_within_the_bytes_given(served, tmp_path, capsys, api):
+    texts = [f"{'great' if i % 3 else 'awful'} film {i} " + "x" * 10_000 for i in range(8)]  # 80 KB: above 64 KiB
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(texts) + "\n")
+    code, out, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-bytes", "32768", *api)
+    assert code == 0, err
+    assert [p["text"] for p in json.loads(out)["predictions"]] == texts
+
+
+def test_batches_close_at_the_count_or_the_bytes_whichever_comes_first():
+    texts = ["aaaa", "bb", "cc", "d", "eeeeeeeee", "f"]
+    spans = [(b.start, b.stop) for b in cli.batches(texts, None, batch_size=3, batch_bytes=6)]
+    assert spans == [(0, 2), (2, 4), (4, 5), (5, 6)]
+
+
+def test_batch_bytes_count_the_pairs_too():
+    spans = [(b.start, b.stop) for b in cli.batches(["ab", "cd"], ["ef", "gh"], batch_size=8, batch_bytes=6)]
+    assert spans == [(0, 1), (1, 2)]
+
+
 def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     path = tmp_path / "many.txt"
     path.write_text("good film\n" * 9)
