@@ -18,7 +18,7 @@ from pathlib import Path
 from edgedistill.bench import BenchError
 from edgedistill.bench.stats import ServingResult
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import SettingsError
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     timed = commands.add_parser("models", help="every bundle beside the teacher in PyTorch eager")
-    timed.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    timed.add_argument("recipe", help=RECIPE_HELP)
     timed.add_argument("--force", action="store_true", help="measure again even if up to date")
     timed.set_defaults(command_run=run_models)
     served = commands.add_parser("serving", help="one bundle behind the server, against the recipe's targets")
-    served.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    served.add_argument("recipe", help=RECIPE_HELP)
     served.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     texts = served.add_mutually_exclusive_group()
     texts.add_argument("--texts", type=Path, help="single texts, one per line (default: the recipe's dev split)")
@@ -105,18 +105,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     checked = commands.add_parser(
         "accuracy", help="the recipe's dev split through the server by both APIs, against the bundle's dev accuracy"
     )
-    checked.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    checked.add_argument("recipe", help=RECIPE_HELP)
     checked.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
     paired = commands.add_parser("cascade", help="a cascade against its last member served alone: capacity, paced p99")
-    paired.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    paired.add_argument("recipe", help=RECIPE_HELP)
     paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
     paired.add_argument("--force", action="store_true", help="measure again even if up to date")
     paired.set_defaults(command_run=run_cascade)
     peers = commands.add_parser("peers", help="the server against KServe's ModelServer and MLServer, by h2load")
-    peers.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    peers.add_argument("recipe", help=RECIPE_HELP)
     peers.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     for peer in ("kserve", "mlserver"):
         peers.add_argument(
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     peers.add_argument("--force", action="store_true", help="measure again even if up to date")
     peers.set_defaults(command_run=run_peers)
     scaled = commands.add_parser("scaling", help="the server with 1, 2, ... worker processes, by h2load")
-    scaled.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    scaled.add_argument("recipe", help=RECIPE_HELP)
     scaled.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     scaled.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     scaled.add_argument("--force", action="store_true", help="measure again even if up to date")

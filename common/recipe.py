@@ -339,6 +339,9 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return _merge(base, raw)
 
 
+RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
+
+
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
     """Read, expand and validate a recipe; errors name the file and the offending key."""
     path = Path(path)

@@ -12,7 +12,7 @@ import sys
 
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
 from edgedistill.distill import device, pipeline
 from edgedistill.distill.trainer import CheckpointError
 
@@ -32,7 +32,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name, summary in STAGES.items():
         stage = stages.add_parser(name, help=summary, description=summary)
-        stage.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+        stage.add_argument("recipe", help=RECIPE_HELP)
         stage.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
     distill = stages.choices["distill"]
     distill.add_argument("--only", action="append", help="just this student (repeatable)")

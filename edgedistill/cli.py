@@ -109,7 +109,7 @@ def run_all(argv: list[str]) -> int:
         "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
         epilog="Further --section.key=value arguments override the recipe in every stage.",
     )
-    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    parser.add_argument("recipe", help="recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2")
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
     args, overrides = parser.parse_known_args(argv)
     for step in pipeline(args.recipe, args.jobs, overrides):

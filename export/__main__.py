@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.distill import device
 from edgedistill.export import bundle_stage, cascade
@@ -53,7 +53,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():
         command = commands.add_parser(name, help=summary, description=summary)
-        command.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+        command.add_argument("recipe", help=RECIPE_HELP)
         command.add_argument("--force", action="store_true", help="rebuild even if up to date")
     commands.choices["bundles"].add_argument(
         "--only", action="append", help="just this bundle or cascade id (repeatable)"

@@ -18,14 +18,14 @@ from edgedistill.bench.serving import deployed_bundle
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import load_recipe, parse_overrides
+from edgedistill.common.recipe import RECIPE_HELP, load_recipe, parse_overrides
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
-    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
     texts = parser.add_mutually_exclusive_group()

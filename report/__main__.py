@@ -4,13 +4,13 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
 from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("recipe", help="recipe file, e.g. recipes/sst2.yaml")
+    parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
