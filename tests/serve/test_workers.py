@@ -169,6 +169,16 @@ def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
     assert "cannot bind" in server.wait_for("start_failed")["msg"]
 
 
+@pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
+def test_a_metrics_port_in_use_is_refused_naming_its_variable(spawn, bundle, count):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS=count)
+        assert server.proc.wait(60) == 2
+    assert "EDGEDISTILL_METRICS_PORT" in server.wait_for("start_failed")["msg"]
+
+
 def test_the_health_port_is_shared_by_the_workers(spawn, bundle):
     server = spawn(bundle, "--health-port", "0", EDGEDISTILL_WORKERS="2")
     server.wait_for("workers_serving", timeout=60)
