@@ -5,6 +5,7 @@ from pathlib import Path
 
 import grpc
 from edgedistill.serve.batching import BatchObserver, DropReason
+from edgedistill.serve.settings import SettingsError, env_name
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -175,14 +176,21 @@ class MemberObserver(BatchObserver):
 
 
 def serve_http(registry: CollectorRegistry, host: str, port: int):
-    """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread."""
+    """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread;
+    `SettingsError` naming the metrics settings where the address cannot be bound."""
     address = host.strip("[]")
     try:
-        server, _ = start_http_server(port, addr=address, registry=registry)
-    except OSError:
-        if address != "::":
-            raise
-        server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
+        try:
+            server, _ = start_http_server(port, addr=address, registry=registry)
+        except OSError:
+            if address != "::":
+                raise
+            server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
+    except OSError as err:
+        raise SettingsError(
+            f"cannot bind the metrics port {host}:{port} ({env_name('metrics_host')}, {env_name('metrics_port')}): "
+            f"{err.strerror or err}"
+        ) from err
     return server
 
 

@@ -46,34 +46,48 @@ log = logging.getLogger("serve")
 SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's environment: where to report
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
+CGROUP = Path("/sys/fs/cgroup")  # this process's own cgroup, in a container (v2; v1 mounts one folder per controller)
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
 
 
 # --- how many -------------------------------------------------------------------------------------------------
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on: its affinity, within a cgroup v2 CPU quota (a container's limit)."""
+def cpu_quota(cgroup: Path = CGROUP) -> int | None:
+    """Whole CPUs of the cgroup's quota (v2 `cpu.max`, else v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us`), at least
+    one; None without a quota."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        try:
+            quota, period = (
+                (cgroup / "cpu" / name).read_text().strip() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            )
+        except OSError:
+            return None
+    return None if quota in ("max", "-1") else max(1, int(quota) // int(period))
+
+
+def usable_cores(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit)."""
     cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cores
+    return min(cores, cpu_quota(cgroup) or cores)
 
 
-def usable_memory() -> int:
-    """Bytes of memory for the workers: the cgroup v2 limit where one is set, else what the system has available."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            return int(limit)
-    except (OSError, ValueError):
-        pass
+def usable_memory(cgroup: Path = CGROUP) -> int:
+    """Bytes of memory for the workers: its cgroup's limit where one is set, else what the system has available."""
     with open("/proc/meminfo") as meminfo:
-        return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+        sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in meminfo)}
+    for limit_file in ("memory.max", "memory/memory.limit_in_bytes"):  # cgroup v2, v1
+        try:
+            limit = (cgroup / limit_file).read_text().strip()
+        except OSError:
+            continue
+        # v1 writes no limit as a number past any machine's memory
+        if limit != "max" and int(limit) < sizes["MemTotal"]:
+            return int(limit)
+        break
+    return sizes["MemAvailable"]
 
 
 def worker_count(settings: Settings) -> int:

@@ -25,7 +25,7 @@ DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
 # Each image: its ONNX Runtime extra and its pins.
 IMAGES = {"Dockerfile": ("cpu", "requirements-serve.txt"), "Dockerfile.gpu": ("gpu", "requirements-serve-gpu.txt")}
 RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # the `cpu` and `gpu` extras; no other group may carry one
-GRPC_PORT, METRICS_PORT = 50051, 8002
+GRPC_PORT, METRICS_PORT, HEALTH_PORT = 50051, 8002, 50052
 BUNDLE_MOUNT = "/models/bundle"
 FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
 # Imported by the server only for TensorRT engine bundles, which the GPU image serves.
@@ -64,12 +64,21 @@ def test_k8s_manifest_is_schema_valid(name, doc):
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+def container_settings(container: dict):
+    return load_settings([], environ={item["name"]: item["value"] for item in container["env"]})
+
+
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
 def test_probes_use_the_grpc_health_service(probe):
     spec = serve_container(only("Deployment"))[probe]
-    assert spec["grpc"]["port"] == GRPC_PORT
     assert spec["grpc"].get("service", "") == "", "the server reports its overall health under the empty name"
     assert not {"httpGet", "tcpSocket", "exec"} & spec.keys()
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
+def test_probes_ask_the_health_port_not_the_call_limited_grpc_port(probe):
+    container = serve_container(only("Deployment"))
+    assert container[probe]["grpc"]["port"] == container_settings(container).health_port == HEALTH_PORT
 
 
 def test_deployment_runs_as_non_root_and_locked_down():
@@ -94,13 +103,12 @@ def test_deployment_ports_resources_and_settings():
     pod = deployment["spec"]["template"]["spec"]
     container = serve_container(deployment)
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT, "health": HEALTH_PORT}
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= container["resources"][kind].keys(), kind
     # service links would add EDGEDISTILL_SERVE_* variables, which the server rejects as unknown settings
     assert pod["enableServiceLinks"] is False
-    environ = {item["name"]: item["value"] for item in container["env"]}
-    settings = load_settings([], environ=environ)
+    settings = container_settings(container)
     assert settings.threads >= 1, "set EDGEDISTILL_THREADS: ONNX Runtime would size its pool by the node's cores"
     assert settings.metrics_host == "[::]", "set EDGEDISTILL_METRICS_HOST: Prometheus scrapes the pod's address"
     assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the replica count"
@@ -109,8 +117,7 @@ def test_deployment_ports_resources_and_settings():
 def test_termination_grace_covers_the_drain():
     pod = only("Deployment")["spec"]["template"]["spec"]
     container = serve_container(only("Deployment"))
-    environ = {item["name"]: item["value"] for item in container["env"]}
-    drain = load_settings([], environ=environ).shutdown_grace_s
+    drain = container_settings(container).shutdown_grace_s
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain
@@ -168,6 +175,7 @@ def test_compose_environment_and_bundle_volume():
     settings = load_settings([], environ=service["environment"])
     assert str(settings.bundle) == BUNDLE_MOUNT
     assert settings.metrics_host == "[::]", "the published metrics port reaches the container's interface"
+    assert settings.health_port == HEALTH_PORT, "the healthcheck's port, which the call limit cannot refuse"
     (volume,) = service["volumes"]
     assert volume["target"] == BUNDLE_MOUNT
     assert volume["read_only"] is True

@@ -201,6 +201,38 @@ def test_plaintext_health_port_answers_probes_while_the_main_port_uses_tls(start
         assert health_of(probe) == NOT_SERVING
 
 
+@pytest.fixture
+def at_call_limit(start_server, bundle):
+    """A server with a health port whose MAX_CONCURRENT_RPCS (2) calls are all taken by streams left open."""
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=2, health_port=0))
+    done = threading.Event()
+
+    def one_request_then_wait():
+        yield pb.ClassifyRequest(texts=["good"])
+        done.wait()
+
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        streams = [stub.ClassifyStream(one_request_then_wait()) for _ in range(2)]
+        for stream in streams:
+            next(stream)  # answered: the server holds this call
+        yield server
+        done.set()
+        for stream in streams:
+            stream.cancel()
+
+
+def test_the_grpc_port_refuses_health_checks_at_the_call_limit(at_call_limit):
+    with grpc.insecure_channel(at_call_limit.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        health_of(channel)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_health_port_answers_serving_at_the_call_limit(at_call_limit):
+    with grpc.insecure_channel(f"127.0.0.1:{at_call_limit.server.health_port}") as probe:
+        assert health_of(probe) == SERVING
+
+
 def test_mutual_tls_requires_a_client_certificate_from_its_ca(start_server, bundle, certs):
     settings = settings_for(
         bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"

@@ -64,6 +64,27 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
     assert all({"ts", "level", "msg", "ms", "peer"} <= set(e) for e in access)
 
 
+def handles_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (its caught-signals mask in /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
+@pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
+def test_a_sigterm_while_starting_exits_zero_before_serving(spawn, bundle, count):
+    # A container's first process ignores a signal it has no handler for: the server must handle SIGTERM from the
+    # start, not only once it serves
+    server = spawn(bundle, EDGEDISTILL_WORKERS=count)
+    deadline = time.monotonic() + 30
+    while not handles_sigterm(server.proc.pid):
+        assert time.monotonic() < deadline, "the server never handled SIGTERM"
+        time.sleep(0.001)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    assert not [line for line in server.lines if line.get("event") in ("serving", "workers_serving")]
+
+
 def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle):
     server = spawn(bundle, EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500", EDGEDISTILL_SHUTDOWN_GRACE_S="10")
     serving = server.wait_for("serving")

@@ -169,6 +169,16 @@ def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
     assert "cannot bind" in server.wait_for("start_failed")["msg"]
 
 
+@pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
+def test_a_metrics_port_in_use_is_refused_naming_its_variable(spawn, bundle, count):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS=count)
+        assert server.proc.wait(60) == 2
+    assert "EDGEDISTILL_METRICS_PORT" in server.wait_for("start_failed")["msg"]
+
+
 def test_the_health_port_is_shared_by_the_workers(spawn, bundle):
     server = spawn(bundle, "--health-port", "0", EDGEDISTILL_WORKERS="2")
     server.wait_for("workers_serving", timeout=60)
@@ -194,3 +204,49 @@ def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores
     monkeypatch.setattr(workers, "usable_cores", lambda: cores)
     monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
     assert workers.worker_count(Settings(bundle=folder)) == expected
+
+
+def write_cgroup(folder, files: dict[str, str]):
+    """A cgroup folder with `files` (path under it: contents), as a container sees its own at /sys/fs/cgroup."""
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text + "\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"cpu.max": "150000 100000"}, {"cpu/cpu.cfs_quota_us": "150000", "cpu/cpu.cfs_period_us": "100000"}],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_cores_are_within_the_cgroup_cpu_quota(tmp_path, files):
+    assert workers.usable_cores(write_cgroup(tmp_path, files)) == 1
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"cpu.max": "max 100000"}, {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, {}],
+    ids=["cgroup v2", "cgroup v1", "no cgroup files"],
+)
+def test_usable_cores_without_a_cpu_quota_are_the_affinity(tmp_path, files):
+    assert workers.usable_cores(write_cgroup(tmp_path, files)) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"memory.max": str(512 << 20)}, {"memory/memory.limit_in_bytes": str(512 << 20)}],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_memory_is_the_cgroup_memory_limit(tmp_path, files):
+    assert workers.usable_memory(write_cgroup(tmp_path, files)) == 512 << 20
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"memory.max": "max"}, {"memory/memory.limit_in_bytes": "9223372036854771712"}, {}],
+    ids=["cgroup v2", "cgroup v1", "no cgroup files"],
+)
+def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
+    with open("/proc/meminfo") as meminfo:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
+    assert workers.usable_memory(write_cgroup(tmp_path, files)) <= total
