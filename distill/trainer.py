@@ -99,8 +99,8 @@ class Trainer:
 
     Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
-    runs its `grad_accum` of them and DDP averages the gradients, so a recipe trains the same model on one
-    process or eight. Placement, autocast and the fp16 loss scaler come from `placement`.
+    runs its `grad_accum` of them (fewer where an epoch's last batch has too few examples) and DDP averages the
+    gradients, so a recipe trains the same model, in the same number of steps, on one process or eight. Placement, autocast and the fp16 loss scaler come from `placement`.
     """
 
     def __init__(
@@ -220,33 +220,32 @@ class Trainer:
             torch.cuda.set_rng_state(rng["cuda"], self.placement.device)
 
     def _micro_batches(self, batch: list[int]) -> list[list[int]]:
-        """This rank's `grad_accum` shares of a global batch."""
+        """This rank's shares of a global batch: `grad_accum` of them, fewer (none at all) where the batch has fewer
+        examples than `world_size * grad_accum`, as an epoch's last batch may."""
         parts = self.world_size * self.cfg.grad_accum
         mine = range(self.rank * self.cfg.grad_accum, (self.rank + 1) * self.cfg.grad_accum)
-        return [batch[i::parts] for i in mine]
-
-    def _epoch_batches(self, batches_for_epoch, epoch: int) -> list[list[int]]:
-        """The epoch's global batches, leaving out any too small to give every micro-batch an example."""
-        least = self.world_size * self.cfg.grad_accum
-        return [batch for batch in batches_for_epoch(epoch) if len(batch) >= least]
+        return [batch[i::parts] for i in mine if i < len(batch)]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
         """One optimizer step over this rank's micro-batches of `batch`: their mean loss per example, and whether the
         optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
+        # a rank the batch leaves without examples still runs one pass, weighted 0: DDP's all-reduce needs every rank
+        runs = [(part, len(part)) for part in parts] or [(batch[:1], 0)]
         total = 0.0
         scale = self.scaler.get_scale()
-        for i, part in enumerate(parts):
-            sync = i == len(parts) - 1 or not isinstance(model, DistributedDataParallel)
+        for i, (part, examples) in enumerate(runs):
+            sync = i == len(runs) - 1 or not isinstance(model, DistributedDataParallel)
             with contextlib.nullcontext() if sync else model.no_sync():
                 with self.placement.autocast():
                     loss = loss_fn(model, self.placement.move(make_batch(part)))
                 # each micro-batch's mean loss weighs by its share of the batch's examples (DDP then averages
                 # over the ranks, hence the world size), so uneven micro-batches add up to the whole batch's mean
-                weight = len(part) * self.world_size / len(batch)
+                weight = examples * self.world_size / len(batch)
                 self.scaler.scale(loss * weight).backward()
-            total += loss.item() * len(part) / mine
+            if examples:
+                total += loss.item() * examples / mine
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
@@ -269,7 +268,7 @@ class Trainer:
         `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
         """
         cfg = self.cfg
-        first = self._epoch_batches(batches_for_epoch, 0)
+        first = batches_for_epoch(0)
         total = self._total_steps(len(first))
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
@@ -289,7 +288,7 @@ class Trainer:
         running = []
         stop = p.global_step >= total or self._patience_spent()
         while not stop:
-            batches = first if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
+            batches = first if p.epoch == 0 else batches_for_epoch(p.epoch)
             self._epoch_len = len(batches)
             for batch in batches[p.step_in_epoch :]:
                 model.train()

@@ -227,3 +227,47 @@ def test_gradient_accumulation_over_uneven_micro_batches_matches_one_full_batch(
         return trainer.model.weight.detach()
 
     torch.testing.assert_close(weight(tmp_path / "b", grad_accum=3), weight(tmp_path / "a"), rtol=1e-5, atol=1e-6)
+
+
+def _fit_eleven_examples(folder: str, grad_accum: int = 1) -> tuple[int, list]:
+    """Two epochs of a linear model on 11 examples in batches of 5, 5 and 1 (the last smaller than two ranks or three
+    micro-batches): the steps taken and the final weights."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=5, epochs=2, warmup_ratio=0.0, weight_decay=0.0, grad_accum=grad_accum)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    progress = trainer.fit(lambda epoch: [list(range(0, 5)), list(range(5, 10)), [10]], lambda idx: (X[idx], Y[idx]),
+                           lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                           lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return progress.global_step, trainer.model.weight.detach().tolist()
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[int, list]:
+    return _fit_eleven_examples(str(tmp_path_factory.mktemp("one")))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("two")
+    return on_two_ranks(folder, _fit_eleven_examples, str(folder / "run"))
+
+
+def test_one_process_steps_on_an_epochs_last_single_example(one_process):
+    assert one_process[0] == 6
+
+
+def test_grad_accum_steps_on_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
+    assert _fit_eleven_examples(str(tmp_path), grad_accum=3)[0] == one_process[0]
+
+
+def test_grad_accum_learns_from_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
+    weights = _fit_eleven_examples(str(tmp_path), grad_accum=3)[1]
+    torch.testing.assert_close(torch.tensor(weights), torch.tensor(one_process[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_step_on_a_last_batch_smaller_than_the_world(two_ranks, one_process):
+    assert {rank: steps for rank, (steps, _) in two_ranks.items()} == {0: one_process[0], 1: one_process[0]}
+
+
+def test_two_ranks_learn_from_a_last_batch_only_one_of_them_holds(two_ranks, one_process):
+    torch.testing.assert_close(torch.tensor(two_ranks[1][1]), torch.tensor(one_process[1]), rtol=1e-5, atol=1e-6)
