@@ -192,7 +192,7 @@ class Trainer:
                 "rerun with --force"
             ) from err
         if state["config_hash"] != self.config_hash:
-            print(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
+            self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
             return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -204,15 +204,15 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
         self._restore_rng(state["rng"])
-        print(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+        self._say(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
 
     def _restore_rng(self, ranks: list[dict] | dict) -> None:
         """This rank's generators as the checkpoint has them; on another world size each rank takes those of
         the rank its number maps to (the batches are global, so only the random draws differ from an
         uninterrupted run)."""
         ranks = [ranks] if isinstance(ranks, dict) else ranks  # a checkpoint from before per-rank states
-        if len(ranks) != self.world_size and dist.is_main():
-            print(f"[{self.desc}] checkpoint written by {len(ranks)} ranks, resumed on {self.world_size}")
+        if len(ranks) != self.world_size:
+            self._say(f"[{self.desc}] checkpoint written by {len(ranks)} ranks, resumed on {self.world_size}")
         rng = ranks[self.rank % len(ranks)]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
@@ -355,10 +355,16 @@ class Trainer:
             p.evals_without_gain += 1
         tracking.active().log({f"eval/{key}": value for key, value in metrics.items()}, p.global_step)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        progress.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
+        self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
         dist.barrier()
         return self._patience_spent()
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """A line of the run's log (an evaluation, a resume note), from rank 0 alone: the ranks' are the same."""
+        if dist.is_main():
+            progress.write(line)
 
     def _patience_spent(self) -> bool:
         """Early stopping's verdict, kept in the checkpoint, so a resumed run that had stopped stays stopped."""

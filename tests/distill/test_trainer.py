@@ -1,5 +1,8 @@
 """The training loop: micro-batches, gradient accumulation, checkpoints, and what a manifest records of a run."""
 
+import contextlib
+import io
+
 import pytest
 import torch
 import torch.distributed as torch_dist
@@ -271,3 +274,34 @@ def test_two_ranks_step_on_a_last_batch_smaller_than_the_world(two_ranks, one_pr
 
 def test_two_ranks_learn_from_a_last_batch_only_one_of_them_holds(two_ranks, one_process):
     torch.testing.assert_close(torch.tensor(two_ranks[1][1]), torch.tensor(one_process[1]), rtol=1e-5, atol=1e-6)
+
+
+def _log_of_a_resumed_run(folder: str) -> str:
+    """What this rank printed over a one-epoch run and its resumption for a second epoch."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for epochs in (1, 2):
+            cfg = OptimConfig(lr=0.1, batch_size=4, epochs=epochs, warmup_ratio=0.0)
+            Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU).fit(
+                lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+                lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def logs_of_two_ranks(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("logs")
+    return on_two_ranks(folder, _log_of_a_resumed_run, str(folder / "run"))
+
+
+def test_under_ddp_rank_0_prints_the_evaluations_and_the_resume(logs_of_two_ranks):
+    assert logs_of_two_ranks[0].splitlines() == [
+        "[test] step 4: score=0.0000 (best)",
+        "[test] resumed from step 4 (epoch 0)",
+        "[test] step 8: score=0.0000",
+    ]
+
+
+def test_under_ddp_the_other_ranks_print_nothing(logs_of_two_ranks):
+    assert logs_of_two_ranks[1] == ""
