@@ -43,6 +43,7 @@ class Progress:
     best_step: int = -1
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # the steps' since the last evaluation, for its train_loss
     resumed_from: int | None = None
 
     @property
@@ -285,7 +286,6 @@ class Trainer:
             enabled=dist.is_main(),
             position=self.bar_position,
         )
-        running = []
         stop = p.global_step >= total or self._patience_spent()
         while not stop:
             batches = first if p.epoch == 0 else batches_for_epoch(p.epoch)
@@ -294,7 +294,7 @@ class Trainer:
                 model.train()
                 tick = time.perf_counter()
                 loss, stepped = self._step(model, batch, make_batch, loss_fn)
-                running.append(loss)
+                p.losses.append(loss)
                 if stepped:  # a skipped fp16 step moves neither the schedule nor the average
                     scheduler.step()
                     if self.ema:
@@ -306,11 +306,11 @@ class Trainer:
                 p.global_step += 1
                 rate = self._examples / self._train_seconds
                 bar.set_postfix(
-                    loss=f"{sum(running[-50:]) / len(running[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
+                    loss=f"{sum(p.losses[-50:]) / len(p.losses[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
                 )
                 bar.update()
                 if p.global_step % LOG_EVERY == 0:
-                    recent = running[-LOG_EVERY:]
+                    recent = p.losses[-LOG_EVERY:]
                     curves = {
                         "loss": sum(recent) / len(recent),
                         "lr": scheduler.get_last_lr()[0],
@@ -320,8 +320,7 @@ class Trainer:
                 end_of_epoch = p.step_in_epoch == len(batches)
                 due = (cfg.eval_every and p.global_step % cfg.eval_every == 0) or end_of_epoch or p.global_step >= total
                 if due:
-                    stop = self._evaluate(evaluate, metric, on_best, running, scheduler) or p.global_step >= total
-                    running = []
+                    stop = self._evaluate(evaluate, metric, on_best, scheduler) or p.global_step >= total
                 elif p.global_step % cfg.checkpoint_every == 0:
                     self._save_checkpoint(scheduler)
                 if stop:
@@ -333,7 +332,7 @@ class Trainer:
         self._save_checkpoint(scheduler)
         return p
 
-    def _evaluate(self, evaluate, metric, on_best, running, scheduler) -> bool:
+    def _evaluate(self, evaluate, metric, on_best, scheduler) -> bool:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
         target = self.evaluated.eval()
@@ -341,8 +340,9 @@ class Trainer:
             # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
             metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
-        if running:
-            entry["train_loss"] = sum(running) / len(running)
+        if p.losses:
+            entry["train_loss"] = sum(p.losses) / len(p.losses)
+        p.losses = []
         entry["lr"] = scheduler.get_last_lr()[0]
         entry.update(metrics)
         p.history.append(entry)

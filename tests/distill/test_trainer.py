@@ -182,6 +182,29 @@ def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
     return {name: value.tolist() for name, value in trainer.model.state_dict().items()}  # plain values to queue
 
 
+def _history(folder, crash_at: int | None = None) -> list[dict]:
+    """The evaluations of three epochs of four steps of a linear model, checkpointed every step."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=3, warmup_ratio=0.0, checkpoint_every=1)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    calls = []
+
+    def loss_fn(m, batch):
+        calls.append(1)
+        if len(calls) == crash_at:
+            raise Crash
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    return trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+                       loss_fn, lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
+
+
+def test_a_run_resumed_between_evaluations_records_the_train_loss_of_an_uninterrupted_one(tmp_path):
+    with pytest.raises(Crash):
+        _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
+    assert _history(tmp_path / "crashed") == _history(tmp_path / "straight")
+
+
 def _resume_runs(folder: str) -> tuple[dict, dict]:
     straight = _fit_with_dropout(f"{folder}/straight")
     try:
