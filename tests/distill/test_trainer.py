@@ -255,48 +255,72 @@ def test_gradient_accumulation_over_uneven_micro_batches_matches_one_full_batch(
     torch.testing.assert_close(weight(tmp_path / "b", grad_accum=3), weight(tmp_path / "a"), rtol=1e-5, atol=1e-6)
 
 
-def _fit_eleven_examples(folder: str, grad_accum: int = 1) -> tuple[int, list]:
-    """Two epochs of a linear model on 11 examples in batches of 5, 5 and 1 (the last smaller than two ranks or three
-    micro-batches): the steps taken and the final weights."""
+def _fit_with_a_short_last_batch(folder: str, last: int, grad_accum: int = 1) -> tuple[int, list]:
+    """Two epochs of a linear model on 10 + `last` examples in batches of 5, 5 and `last`: the steps taken and the
+    final weights."""
     torch.manual_seed(0)
     cfg = OptimConfig(lr=0.1, batch_size=5, epochs=2, warmup_ratio=0.0, weight_decay=0.0, grad_accum=grad_accum)
     trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
-    progress = trainer.fit(lambda epoch: [list(range(0, 5)), list(range(5, 10)), [10]], lambda idx: (X[idx], Y[idx]),
+    batches = [list(range(0, 5)), list(range(5, 10)), list(range(10, 10 + last))]
+    progress = trainer.fit(lambda epoch: batches, lambda idx: (X[idx], Y[idx]),
                            lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
                            lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
     return progress.global_step, trainer.model.weight.detach().tolist()
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> tuple[int, list]:
-    return _fit_eleven_examples(str(tmp_path_factory.mktemp("one")))
+def one_process(tmp_path_factory) -> dict[int, tuple[int, list]]:
+    """By the last batch's size (1 or 2): one process's steps and weights, without accumulation."""
+    return {last: _fit_with_a_short_last_batch(str(tmp_path_factory.mktemp("one")), last) for last in (1, 2)}
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
+    """Two ranks on a last batch of one example: rank 1 has none of it."""
     folder = tmp_path_factory.mktemp("two")
-    return on_two_ranks(folder, _fit_eleven_examples, str(folder / "run"))
+    return on_two_ranks(folder, _fit_with_a_short_last_batch, str(folder / "run"), 1)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_accumulating(tmp_path_factory) -> dict:
+    """Two ranks of two micro-batches each on a last batch of two examples: rank 0 runs two, rank 1 none."""
+    folder = tmp_path_factory.mktemp("two-accumulating")
+    return on_two_ranks(folder, _fit_with_a_short_last_batch, str(folder / "run"), 2, 2)
 
 
 def test_one_process_steps_on_an_epochs_last_single_example(one_process):
-    assert one_process[0] == 6
+    assert one_process[1][0] == 6
 
 
 def test_grad_accum_steps_on_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
-    assert _fit_eleven_examples(str(tmp_path), grad_accum=3)[0] == one_process[0]
+    assert _fit_with_a_short_last_batch(str(tmp_path), 2, grad_accum=3)[0] == one_process[2][0]
 
 
 def test_grad_accum_learns_from_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
-    weights = _fit_eleven_examples(str(tmp_path), grad_accum=3)[1]
-    torch.testing.assert_close(torch.tensor(weights), torch.tensor(one_process[1]), rtol=1e-5, atol=1e-6)
+    weights = _fit_with_a_short_last_batch(str(tmp_path), 2, grad_accum=3)[1]
+    torch.testing.assert_close(torch.tensor(weights), torch.tensor(one_process[2][1]), rtol=1e-5, atol=1e-6)
 
 
 def test_two_ranks_step_on_a_last_batch_smaller_than_the_world(two_ranks, one_process):
-    assert {rank: steps for rank, (steps, _) in two_ranks.items()} == {0: one_process[0], 1: one_process[0]}
+    assert {rank: steps for rank, (steps, _) in two_ranks.items()} == {0: one_process[1][0], 1: one_process[1][0]}
 
 
 def test_two_ranks_learn_from_a_last_batch_only_one_of_them_holds(two_ranks, one_process):
-    torch.testing.assert_close(torch.tensor(two_ranks[1][1]), torch.tensor(one_process[1]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(two_ranks[1][1]), torch.tensor(one_process[1][1]), rtol=1e-5, atol=1e-6)
+
+
+def test_two_accumulating_ranks_step_on_a_last_batch_smaller_than_their_micro_batches(
+    two_ranks_accumulating, one_process
+):
+    steps = {rank: steps for rank, (steps, _) in two_ranks_accumulating.items()}
+    assert steps == {0: one_process[2][0], 1: one_process[2][0]}
+
+
+def test_two_accumulating_ranks_learn_from_a_last_batch_one_of_them_holds_in_two_micro_batches(
+    two_ranks_accumulating, one_process
+):
+    weights = torch.tensor(two_ranks_accumulating[1][1])
+    torch.testing.assert_close(weights, torch.tensor(one_process[2][1]), rtol=1e-5, atol=1e-6)
 
 
 def _log_of_a_resumed_run(folder: str) -> str:
