@@ -43,7 +43,7 @@ class Progress:
     best_step: int = -1
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # the steps' since the last evaluation, for its train_loss
+    losses: list[float] = field(default_factory=list)  # each step's since the last evaluation: its train_loss
     resumed_from: int | None = None
 
     @property
@@ -101,7 +101,8 @@ class Trainer:
     Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
     runs its `grad_accum` of them (fewer where an epoch's last batch has too few examples) and DDP averages the
-    gradients, so a recipe trains the same model, in the same number of steps, on one process or eight. Placement, autocast and the fp16 loss scaler come from `placement`.
+    gradients, so a recipe trains the same model, in the same number of steps, on one process or eight.
+    Placement, autocast and the fp16 loss scaler come from `placement`.
     """
 
     def __init__(
