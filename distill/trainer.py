@@ -186,16 +186,22 @@ class Trainer:
         path = self.work_dir / CHECKPOINT
         if not path.is_file():
             return
+        way_out = "delete it to start this stage over, or rerun with --force"
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged or foreign file
-            raise CheckpointError(
-                f"{path} cannot be read ({type(err).__name__}: {err}); delete it to start this stage over, or "
-                "rerun with --force"
-            ) from err
-        if state["config_hash"] != self.config_hash:
-            self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
-            return
+            raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: {err}); {way_out}") from err
+        try:
+            if state["config_hash"] != self.config_hash:
+                self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
+                return
+            self._restore(state, scheduler)
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another file, or another release's model
+            raise CheckpointError(f"{path} does not fit this run ({type(err).__name__}: {err}); {way_out}") from err
+        self._say(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+
+    def _restore(self, state: dict[str, Any], scheduler) -> None:
+        """Model, optimizer, schedule, loss scale, moving average, progress and generators as `state` has them."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -206,7 +212,6 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
         self._restore_rng(state["rng"])
-        self._say(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
 
     def _restore_rng(self, ranks: list[dict] | dict) -> None:
         """This rank's generators as the checkpoint has them; on another world size each rank takes those of
