@@ -351,17 +351,22 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
     raw = _read(path)
     raw.setdefault("name", path.stem)
+    from_env = {}  # key -> the variable that set it, for errors: the recipe file does not hold its value
     for variable, key in settings.ENV_OVERRIDES.items():
-        if os.environ.get(variable):
+        if os.environ.get(variable) and key not in (overrides or {}):
             apply_override(raw, key, os.environ[variable])
+            from_env[key] = f" (from {variable}={os.environ[variable]})"
     variables = settings.variables()
     for key, value in (overrides or {}).items():
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<recipe>'}: {e['msg']}" for e in err.errors())
-        raise RecipeError(f"{path}: {problems}") from None
+        problems = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"])
+            problems.append(f"{key or '<recipe>'}: {e['msg']}{from_env.get(key, '')}")
+        raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
 def run_dir(recipe: Recipe) -> Path:

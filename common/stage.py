@@ -74,6 +74,11 @@ class Artifact:
         return mf.sha256_file(manifest) if manifest.is_file() else "missing"
 
 
+def _main_rank() -> bool:
+    """Whether this process is rank 0 of a `torchrun` launch (`RANK`, its global rank), or runs alone."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a recipe: `build(inputs) -> Built`, or None on a worker rank of a distributed run."""
@@ -121,17 +126,17 @@ class Stage:
         """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
         again), holding the stage's lock; None on a worker rank. Under torchrun rank 0 holds the lock for all ranks
         (`distill.dist.run_stage` lets every rank decide only once it does)."""
-        main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
-        with self.lock() if main else contextlib.nullcontext():
+        with self.lock() if _main_rank() else contextlib.nullcontext():
             return self.run_locked(force)
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
         if stale is None:
-            print(f"[{self.name}] up to date: {self.folder}")
+            if _main_rank():  # every rank decides alike; one says so
+                print(f"[{self.name}] up to date: {self.folder}")
             return mf.load(self.folder, verify=False)
-        if (self.folder / mf.MANIFEST).is_file():
+        if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch()
         inputs = self.inputs(force)

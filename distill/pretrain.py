@@ -7,9 +7,11 @@ accuracy are measured before and after on a fixed, seeded masking of the eval te
 
 import math
 import shutil
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import Recipe
@@ -61,6 +63,17 @@ def build_model(cfg: ModelConfig, tokenizer):
         pad_token_id=tokenizer.pad_token_id,
     )
     return GPT2LMHeadModel(config)
+
+
+def scratch_tokenizer(cfg: ModelConfig, texts: list[str], folder: Path):
+    """The tokenizer of a model built from scratch, trained on `texts` by rank 0 into `folder` unless an earlier
+    run of these settings left it there, and read from there by every rank: WordPiece training breaks ties between
+    equally frequent pairs in no fixed order, so two trainings on one corpus may number the vocabulary differently,
+    and the ranks, or a run and its resumption, would not share the embeddings' rows."""
+    if dist.is_main() and not folder.is_dir():
+        atomic_write(folder, train_tokenizer(cfg.family, texts, cfg.vocab_size).save_pretrained)
+    dist.barrier()
+    return load_tokenizer(str(folder))
 
 
 def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool) -> list[dict]:
@@ -144,13 +157,14 @@ def _build(inputs: Inputs) -> Built | None:
                 f"pretrain: {len(texts)} lines are too few to hold out {cfg.eval_holdout_lines} for evaluation"
             )
         texts, eval_texts = texts[: -cfg.eval_holdout_lines], texts[-cfg.eval_holdout_lines :]
+    work = work_dir(inputs.work, inputs.force)
     torch.manual_seed(cfg.optim.seed)
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
     else:
-        tokenizer = train_tokenizer(model_cfg.family, texts, model_cfg.vocab_size)
+        tokenizer = scratch_tokenizer(model_cfg, texts, work / f"tokenizer-{inputs.config_hash}")
         model = build_model(model_cfg, tokenizer)
     mlm = model_cfg.family == "bert"
     wwm = mlm and cfg.whole_word_mask
@@ -170,7 +184,6 @@ def _build(inputs: Inputs) -> Built | None:
     objective = LanguageModelObjective(model, causal=not mlm).to(placement.device).eval()
     before = lm_metrics(objective, eval_batches, placement)  # in fp32, as the trainer's evaluations after it
 
-    work = work_dir(inputs.work, inputs.force)
     trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain", placement)
 
     def batches_for_epoch(epoch: int) -> list[list[int]]:

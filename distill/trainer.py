@@ -43,6 +43,7 @@ class Progress:
     best_step: int = -1
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # each step's since the last evaluation: its train_loss
     resumed_from: int | None = None
 
     @property
@@ -99,8 +100,9 @@ class Trainer:
 
     Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
-    runs its `grad_accum` of them and DDP averages the gradients, so a recipe trains the same model on one
-    process or eight. Placement, autocast and the fp16 loss scaler come from `placement`.
+    runs its `grad_accum` of them (fewer where an epoch's last batch has too few examples) and DDP averages the
+    gradients, so a recipe trains the same model, in the same number of steps, on one process or eight.
+    Placement, autocast and the fp16 loss scaler come from `placement`.
     """
 
     def __init__(
@@ -184,16 +186,22 @@ class Trainer:
         path = self.work_dir / CHECKPOINT
         if not path.is_file():
             return
+        way_out = "delete it to start this stage over, or rerun with --force"
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged or foreign file
-            raise CheckpointError(
-                f"{path} cannot be read ({type(err).__name__}: {err}); delete it to start this stage over, or "
-                "rerun with --force"
-            ) from err
-        if state["config_hash"] != self.config_hash:
-            print(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
-            return
+            raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: {err}); {way_out}") from err
+        try:
+            if state["config_hash"] != self.config_hash:
+                self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
+                return
+            self._restore(state, scheduler)
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another file, or another release's model
+            raise CheckpointError(f"{path} does not fit this run ({type(err).__name__}: {err}); {way_out}") from err
+        self._say(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
+
+    def _restore(self, state: dict[str, Any], scheduler) -> None:
+        """Model, optimizer, schedule, loss scale, moving average, progress and generators as `state` has them."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -204,15 +212,14 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         self.progress.resumed_from = self.progress.global_step
         self._restore_rng(state["rng"])
-        print(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
 
     def _restore_rng(self, ranks: list[dict] | dict) -> None:
         """This rank's generators as the checkpoint has them; on another world size each rank takes those of
         the rank its number maps to (the batches are global, so only the random draws differ from an
         uninterrupted run)."""
         ranks = [ranks] if isinstance(ranks, dict) else ranks  # a checkpoint from before per-rank states
-        if len(ranks) != self.world_size and dist.is_main():
-            print(f"[{self.desc}] checkpoint written by {len(ranks)} ranks, resumed on {self.world_size}")
+        if len(ranks) != self.world_size:
+            self._say(f"[{self.desc}] checkpoint written by {len(ranks)} ranks, resumed on {self.world_size}")
         rng = ranks[self.rank % len(ranks)]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
@@ -220,33 +227,32 @@ class Trainer:
             torch.cuda.set_rng_state(rng["cuda"], self.placement.device)
 
     def _micro_batches(self, batch: list[int]) -> list[list[int]]:
-        """This rank's `grad_accum` shares of a global batch."""
+        """This rank's shares of a global batch: `grad_accum` of them, fewer (none at all) where the batch has fewer
+        examples than `world_size * grad_accum`, as an epoch's last batch may."""
         parts = self.world_size * self.cfg.grad_accum
         mine = range(self.rank * self.cfg.grad_accum, (self.rank + 1) * self.cfg.grad_accum)
-        return [batch[i::parts] for i in mine]
-
-    def _epoch_batches(self, batches_for_epoch, epoch: int) -> list[list[int]]:
-        """The epoch's global batches, leaving out any too small to give every micro-batch an example."""
-        least = self.world_size * self.cfg.grad_accum
-        return [batch for batch in batches_for_epoch(epoch) if len(batch) >= least]
+        return [batch[i::parts] for i in mine if i < len(batch)]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
         """One optimizer step over this rank's micro-batches of `batch`: their mean loss per example, and whether the
         optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
+        # a rank the batch leaves without examples still runs one pass, weighted 0: DDP's all-reduce needs every rank
+        runs = [(part, len(part)) for part in parts] or [(batch[:1], 0)]
         total = 0.0
         scale = self.scaler.get_scale()
-        for i, part in enumerate(parts):
-            sync = i == len(parts) - 1 or not isinstance(model, DistributedDataParallel)
+        for i, (part, examples) in enumerate(runs):
+            sync = i == len(runs) - 1 or not isinstance(model, DistributedDataParallel)
             with contextlib.nullcontext() if sync else model.no_sync():
                 with self.placement.autocast():
                     loss = loss_fn(model, self.placement.move(make_batch(part)))
                 # each micro-batch's mean loss weighs by its share of the batch's examples (DDP then averages
                 # over the ranks, hence the world size), so uneven micro-batches add up to the whole batch's mean
-                weight = len(part) * self.world_size / len(batch)
+                weight = examples * self.world_size / len(batch)
                 self.scaler.scale(loss * weight).backward()
-            total += loss.item() * len(part) / mine
+            if examples:
+                total += loss.item() * examples / mine
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
@@ -269,7 +275,7 @@ class Trainer:
         `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
         """
         cfg = self.cfg
-        first = self._epoch_batches(batches_for_epoch, 0)
+        first = batches_for_epoch(0)
         total = self._total_steps(len(first))
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
@@ -286,16 +292,15 @@ class Trainer:
             enabled=dist.is_main(),
             position=self.bar_position,
         )
-        running = []
         stop = p.global_step >= total or self._patience_spent()
         while not stop:
-            batches = first if p.epoch == 0 else self._epoch_batches(batches_for_epoch, p.epoch)
+            batches = first if p.epoch == 0 else batches_for_epoch(p.epoch)
             self._epoch_len = len(batches)
             for batch in batches[p.step_in_epoch :]:
                 model.train()
                 tick = time.perf_counter()
                 loss, stepped = self._step(model, batch, make_batch, loss_fn)
-                running.append(loss)
+                p.losses.append(loss)
                 if stepped:  # a skipped fp16 step moves neither the schedule nor the average
                     scheduler.step()
                     if self.ema:
@@ -307,11 +312,11 @@ class Trainer:
                 p.global_step += 1
                 rate = self._examples / self._train_seconds
                 bar.set_postfix(
-                    loss=f"{sum(running[-50:]) / len(running[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
+                    loss=f"{sum(p.losses[-50:]) / len(p.losses[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
                 )
                 bar.update()
                 if p.global_step % LOG_EVERY == 0:
-                    recent = running[-LOG_EVERY:]
+                    recent = p.losses[-LOG_EVERY:]
                     curves = {
                         "loss": sum(recent) / len(recent),
                         "lr": scheduler.get_last_lr()[0],
@@ -321,8 +326,7 @@ class Trainer:
                 end_of_epoch = p.step_in_epoch == len(batches)
                 due = (cfg.eval_every and p.global_step % cfg.eval_every == 0) or end_of_epoch or p.global_step >= total
                 if due:
-                    stop = self._evaluate(evaluate, metric, on_best, running, scheduler) or p.global_step >= total
-                    running = []
+                    stop = self._evaluate(evaluate, metric, on_best, scheduler) or p.global_step >= total
                 elif p.global_step % cfg.checkpoint_every == 0:
                     self._save_checkpoint(scheduler)
                 if stop:
@@ -334,7 +338,7 @@ class Trainer:
         self._save_checkpoint(scheduler)
         return p
 
-    def _evaluate(self, evaluate, metric, on_best, running, scheduler) -> bool:
+    def _evaluate(self, evaluate, metric, on_best, scheduler) -> bool:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
         target = self.evaluated.eval()
@@ -342,8 +346,9 @@ class Trainer:
             # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
             metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
-        if running:
-            entry["train_loss"] = sum(running) / len(running)
+        if p.losses:
+            entry["train_loss"] = sum(p.losses) / len(p.losses)
+        p.losses = []
         entry["lr"] = scheduler.get_last_lr()[0]
         entry.update(metrics)
         p.history.append(entry)
@@ -356,10 +361,16 @@ class Trainer:
             p.evals_without_gain += 1
         tracking.active().log({f"eval/{key}": value for key, value in metrics.items()}, p.global_step)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        progress.write(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
+        self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
         dist.barrier()
         return self._patience_spent()
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """A line of the run's log (an evaluation, a resume note), from rank 0 alone: the ranks' are the same."""
+        if dist.is_main():
+            progress.write(line)
 
     def _patience_spent(self) -> bool:
         """Early stopping's verdict, kept in the checkpoint, so a resumed run that had stopped stays stopped."""

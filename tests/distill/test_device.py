@@ -91,6 +91,12 @@ def test_the_environment_sets_the_precision(monkeypatch):
     assert load_recipe(SMOKE).runtime.precision == "bf16"
 
 
+def test_a_value_from_the_environment_that_fails_validation_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_PRECISION", "fp8")
+    with pytest.raises(RecipeError, match=r"runtime\.precision: .* \(from EDGEDISTILL_PRECISION=fp8\)"):
+        load_recipe(SMOKE)
+
+
 def test_the_command_line_beats_the_environment(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
     assert load_recipe(SMOKE, {"runtime.device": "cuda:0"}).runtime.device == "cuda:0"

@@ -1,5 +1,7 @@
 """The process group's checks, with two real gloo processes on this machine."""
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
@@ -82,3 +84,32 @@ def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_p
     on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
     assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
+
+
+def _said_by_run_stage(recipe_path: str, runs: str) -> str:
+    """What `dist.run_stage` of a small stage printed on this rank, with `RANK` set as torchrun sets it."""
+    os.environ["RANK"] = str(torch_dist.get_rank())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _run_stage(recipe_path, runs)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def said_up_to_date(tmp_path_factory) -> dict[int, str]:
+    """What each of two ranks printed on finding a stage another job built."""
+    folder = tmp_path_factory.mktemp("said")
+    recipe = folder / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    (folder / "first").mkdir()
+    (folder / "second").mkdir()
+    on_two_ranks(folder / "first", _run_stage, str(recipe), str(folder / "runs"))
+    return on_two_ranks(folder / "second", _said_by_run_stage, str(recipe), str(folder / "runs"))
+
+
+def test_rank_0_says_a_stage_is_up_to_date(said_up_to_date):
+    assert said_up_to_date[0].startswith("[up] up to date")
+
+
+def test_the_other_ranks_say_nothing_of_an_up_to_date_stage(said_up_to_date):
+    assert said_up_to_date[1] == ""

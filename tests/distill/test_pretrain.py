@@ -1,7 +1,13 @@
+from pathlib import Path
+
 import torch
-from edgedistill.distill.pretrain import make_blocks
+from edgedistill.common.config.training import ModelConfig
+from edgedistill.common.data import load_unlabelled
+from edgedistill.distill.pretrain import make_blocks, scratch_tokenizer
 from edgedistill.distill.tokenization import train_tokenizer
 from transformers import DataCollatorForLanguageModeling
+
+from tests.distill.ranks import on_two_ranks
 
 TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
 
@@ -51,3 +57,20 @@ def test_masking_rates_and_whole_words():
     assert torch.equal(
         batch["input_ids"][labels != -100], torch.full_like(batch["input_ids"][labels != -100], tok.mask_token_id)
     )
+
+
+def _scratch_vocab(reviews: str, folder: str) -> dict[str, int]:
+    """The vocabulary of the from-scratch tokenizer of 300 reviews kept in `folder`, as this rank reads it."""
+    texts = load_unlabelled([reviews], 300)
+    return scratch_tokenizer(ModelConfig(vocab_size=2000), texts, Path(folder)).get_vocab()
+
+
+def test_a_scratch_tokenizer_is_read_back_by_a_resumed_run_as_first_trained(data_dir, tmp_path):
+    reviews, folder = str(data_dir / "unlabeled" / "movie_reviews.txt"), str(tmp_path / "tokenizer")
+    assert _scratch_vocab(reviews, folder) == _scratch_vocab(reviews, folder)
+
+
+def test_two_ranks_share_one_scratch_tokenizer(data_dir, tmp_path):
+    reviews = str(data_dir / "unlabeled" / "movie_reviews.txt")
+    vocab = on_two_ranks(tmp_path, _scratch_vocab, reviews, str(tmp_path / "tokenizer"))
+    assert vocab[0] == vocab[1]

@@ -1,5 +1,8 @@
 """The training loop: micro-batches, gradient accumulation, checkpoints, and what a manifest records of a run."""
 
+import contextlib
+import io
+
 import pytest
 import torch
 import torch.distributed as torch_dist
@@ -74,6 +77,21 @@ def test_run_info_records_placement_and_rate(tmp_path):
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it .* --force"):
+        trained(tmp_path)
+
+
+def test_a_checkpoint_of_another_model_names_the_file_and_the_way_out(tmp_path):
+    trained(tmp_path)
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
+    wider = Trainer(torch.nn.Linear(4, 2), cfg, tmp_path, "h", "test", CPU)  # as another release's model might be
+    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it .* --force"):
+        wider.fit(lambda epoch: [list(range(16))], lambda idx: (X[idx], Y[idx]),
+                  lambda m, batch: m(batch[0]).sum(), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+
+
+def test_a_torch_file_that_is_no_checkpoint_names_the_file_and_the_way_out(tmp_path):
+    torch.save({"weight": torch.ones(2)}, tmp_path / CHECKPOINT)
+    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it .* --force"):
         trained(tmp_path)
 
 
@@ -179,6 +197,29 @@ def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
     return {name: value.tolist() for name, value in trainer.model.state_dict().items()}  # plain values to queue
 
 
+def _history(folder, crash_at: int | None = None) -> list[dict]:
+    """The evaluations of three epochs of four steps of a linear model, checkpointed every step."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=3, warmup_ratio=0.0, checkpoint_every=1)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    calls = []
+
+    def loss_fn(m, batch):
+        calls.append(1)
+        if len(calls) == crash_at:
+            raise Crash
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    return trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+                       loss_fn, lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
+
+
+def test_a_run_resumed_between_evaluations_records_the_train_loss_of_an_uninterrupted_one(tmp_path):
+    with pytest.raises(Crash):
+        _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
+    assert _history(tmp_path / "crashed") == _history(tmp_path / "straight")
+
+
 def _resume_runs(folder: str) -> tuple[dict, dict]:
     straight = _fit_with_dropout(f"{folder}/straight")
     try:
@@ -227,3 +268,102 @@ def test_gradient_accumulation_over_uneven_micro_batches_matches_one_full_batch(
         return trainer.model.weight.detach()
 
     torch.testing.assert_close(weight(tmp_path / "b", grad_accum=3), weight(tmp_path / "a"), rtol=1e-5, atol=1e-6)
+
+
+def _fit_with_a_short_last_batch(folder: str, last: int, grad_accum: int = 1) -> tuple[int, list]:
+    """Two epochs of a linear model on 10 + `last` examples in batches of 5, 5 and `last`: the steps taken and the
+    final weights."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=5, epochs=2, warmup_ratio=0.0, weight_decay=0.0, grad_accum=grad_accum)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    batches = [list(range(0, 5)), list(range(5, 10)), list(range(10, 10 + last))]
+    progress = trainer.fit(lambda epoch: batches, lambda idx: (X[idx], Y[idx]),
+                           lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                           lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return progress.global_step, trainer.model.weight.detach().tolist()
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict[int, tuple[int, list]]:
+    """By the last batch's size (1 or 2): one process's steps and weights, without accumulation."""
+    return {last: _fit_with_a_short_last_batch(str(tmp_path_factory.mktemp("one")), last) for last in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """Two ranks on a last batch of one example: rank 1 has none of it."""
+    folder = tmp_path_factory.mktemp("two")
+    return on_two_ranks(folder, _fit_with_a_short_last_batch, str(folder / "run"), 1)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_accumulating(tmp_path_factory) -> dict:
+    """Two ranks of two micro-batches each on a last batch of two examples: rank 0 runs two, rank 1 none."""
+    folder = tmp_path_factory.mktemp("two-accumulating")
+    return on_two_ranks(folder, _fit_with_a_short_last_batch, str(folder / "run"), 2, 2)
+
+
+def test_one_process_steps_on_an_epochs_last_single_example(one_process):
+    assert one_process[1][0] == 6
+
+
+def test_grad_accum_steps_on_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
+    assert _fit_with_a_short_last_batch(str(tmp_path), 2, grad_accum=3)[0] == one_process[2][0]
+
+
+def test_grad_accum_learns_from_a_last_batch_smaller_than_its_micro_batches(tmp_path, one_process):
+    weights = _fit_with_a_short_last_batch(str(tmp_path), 2, grad_accum=3)[1]
+    torch.testing.assert_close(torch.tensor(weights), torch.tensor(one_process[2][1]), rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_step_on_a_last_batch_smaller_than_the_world(two_ranks, one_process):
+    assert {rank: steps for rank, (steps, _) in two_ranks.items()} == {0: one_process[1][0], 1: one_process[1][0]}
+
+
+def test_two_ranks_learn_from_a_last_batch_only_one_of_them_holds(two_ranks, one_process):
+    torch.testing.assert_close(torch.tensor(two_ranks[1][1]), torch.tensor(one_process[1][1]), rtol=1e-5, atol=1e-6)
+
+
+def test_two_accumulating_ranks_step_on_a_last_batch_smaller_than_their_micro_batches(
+    two_ranks_accumulating, one_process
+):
+    steps = {rank: steps for rank, (steps, _) in two_ranks_accumulating.items()}
+    assert steps == {0: one_process[2][0], 1: one_process[2][0]}
+
+
+def test_two_accumulating_ranks_learn_from_a_last_batch_one_of_them_holds_in_two_micro_batches(
+    two_ranks_accumulating, one_process
+):
+    weights = torch.tensor(two_ranks_accumulating[1][1])
+    torch.testing.assert_close(weights, torch.tensor(one_process[2][1]), rtol=1e-5, atol=1e-6)
+
+
+def _log_of_a_resumed_run(folder: str) -> str:
+    """What this rank printed over a one-epoch run and its resumption for a second epoch."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for epochs in (1, 2):
+            cfg = OptimConfig(lr=0.1, batch_size=4, epochs=epochs, warmup_ratio=0.0)
+            Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU).fit(
+                lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+                lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def logs_of_two_ranks(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("logs")
+    return on_two_ranks(folder, _log_of_a_resumed_run, str(folder / "run"))
+
+
+def test_under_ddp_rank_0_prints_the_evaluations_and_the_resume(logs_of_two_ranks):
+    assert logs_of_two_ranks[0].splitlines() == [
+        "[test] step 4: score=0.0000 (best)",
+        "[test] resumed from step 4 (epoch 0)",
+        "[test] step 8: score=0.0000",
+    ]
+
+
+def test_under_ddp_the_other_ranks_print_nothing(logs_of_two_ranks):
+    assert logs_of_two_ranks[1] == ""
