@@ -15,6 +15,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from edgedistill.common.processes import alive
+
 
 def fsync_folder(folder: Path) -> None:
     """Flush a folder's entries (a rename inside it) to disk."""
@@ -45,18 +47,8 @@ def remove_orphans(path: Path) -> None:
         pattern = re.compile(re.escape(f".{path.stem}.{kind}-") + r"(\d+)" + re.escape(path.suffix))
         for sibling in path.parent.glob(f".{glob.escape(path.stem)}.{kind}-*"):
             found = pattern.fullmatch(sibling.name)
-            if found and not _alive(int(found[1])):
+            if found and not alive(int(found[1])):
                 _remove(sibling)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -> Path:

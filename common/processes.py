@@ -1,4 +1,4 @@
-"""Child processes that do not outlive their parent."""
+"""Processes: whether one is still running, and children that do not outlive their parent."""
 
 import ctypes
 import os
@@ -6,6 +6,17 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def die_with_parent(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:

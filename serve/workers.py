@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common.processes import die_with_parent
+from edgedistill.common.processes import alive, die_with_parent
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
@@ -103,6 +103,22 @@ def worker_count(settings: Settings) -> int:
 # --- the worker's side ----------------------------------------------------------------------------------------
 
 
+METRICS_PREFIX = "edgedistill-metrics-"
+
+
+def metrics_folder() -> Path:
+    """A fresh folder for the workers' metrics files, `edgedistill-metrics-<pid>-*` in the temporary folder, after
+    removing this user's folders of supervisors that are gone (killed before they could remove their own). A folder
+    of this process's own pid is a predecessor's too: the container's first process has the same pid each start."""
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob(f"{METRICS_PREFIX}*-*"):
+        pid = folder.name.removeprefix(METRICS_PREFIX).partition("-")[0]
+        gone = pid.isdigit() and (int(pid) == os.getpid() or not alive(int(pid)))
+        if gone and folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+            shutil.rmtree(folder, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-"))
+
+
 class SupervisorLink:
     """A worker's tie to its supervisor: it dies with it, and reports on a pipe when it serves."""
 
@@ -168,7 +184,7 @@ class Supervisor:
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))
         self.port = self.ports[0].getsockname()[1]
-        self.metrics_dir = Path(tempfile.mkdtemp(prefix="edgedistill-metrics-"))
+        self.metrics_dir = metrics_folder()
         self.metrics_http = None
         self.metrics_port: int | None = None
         self.workers: list[Worker] = []

@@ -4,6 +4,7 @@ and restarts one that dies; WORKERS=1 stays one process."""
 import os
 import signal
 import socket
+import subprocess
 import time
 import urllib.request
 
@@ -250,3 +251,40 @@ def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
     with open("/proc/meminfo") as meminfo:
         total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
     assert workers.usable_memory(write_cgroup(tmp_path, files)) <= total
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(workers.tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_supervisors_metrics_folder_is_removed_by_the_next_start(temp_root):
+    left = temp_root / f"edgedistill-metrics-{gone_pid()}-abc"
+    left.mkdir()
+    workers.metrics_folder()
+    assert not left.exists()
+
+
+def test_a_metrics_folder_of_this_pid_is_a_predecessors_and_is_removed(temp_root):
+    left = temp_root / f"edgedistill-metrics-{os.getpid()}-abc"
+    left.mkdir()
+    workers.metrics_folder()
+    assert not left.exists()
+
+
+def test_a_running_supervisors_metrics_folder_is_kept(temp_root):
+    running = temp_root / f"edgedistill-metrics-{os.getppid()}-abc"
+    running.mkdir()
+    workers.metrics_folder()
+    assert running.exists()
+
+
+def test_the_metrics_folder_is_named_after_the_supervisors_pid(temp_root):
+    assert workers.metrics_folder().name.startswith(f"edgedistill-metrics-{os.getpid()}-")
