@@ -19,6 +19,7 @@ each (a reload holds two models; a cascade's model files are its members' togeth
 process, no supervisor.
 """
 
+import errno
 import json
 import logging
 import os
@@ -144,13 +145,26 @@ class SupervisorLink:
 # --- the supervisor's side ------------------------------------------------------------------------------------
 
 
+def _bind_family(address: str) -> tuple[socket.AddressFamily, str]:
+    """The family and address a socket binds `address` with. Every address of a kernel without IPv6 (`::`, the
+    default host, booted with ipv6.disable=1) is every IPv4 one, as gRPC itself binds it in the workers."""
+    if ":" not in address:
+        return socket.AF_INET, address
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError as err:
+        if err.errno == errno.EAFNOSUPPORT and address == "::":
+            return socket.AF_INET, "0.0.0.0"
+        raise
+    return socket.AF_INET6, address
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to `host:port` with SO_REUSEPORT and not listening: it keeps the port for the workers (a
     connection only ever goes to a listening socket). The port must be free first: with SO_REUSEPORT alone, the
     workers would share a port some other server holds. Port 0 picks a free one."""
-    address = host.strip("[]")
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
+        family, address = _bind_family(host.strip("[]"))
         with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
             probe.bind((address, port))
             port = probe.getsockname()[1]

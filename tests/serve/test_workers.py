@@ -1,6 +1,7 @@
 """WORKERS=N: worker processes on one port under a supervisor that sums their metrics, drains and reloads them all,
 and restarts one that dies; WORKERS=1 stays one process."""
 
+import errno
 import os
 import signal
 import socket
@@ -288,3 +289,16 @@ def test_a_running_supervisors_metrics_folder_is_kept(temp_root):
 
 def test_the_metrics_folder_is_named_after_the_supervisors_pid(temp_root):
     assert workers.metrics_folder().name.startswith(f"edgedistill-metrics-{os.getpid()}-")
+
+
+def test_every_address_on_a_kernel_without_ipv6_binds_every_ipv4_address(monkeypatch):
+    real = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):  # as on a kernel booted with ipv6.disable=1
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(workers.socket, "socket", no_ipv6)
+    with workers.reserve_port("[::]", 0) as held:
+        assert held.getsockname()[0] == "0.0.0.0"
