@@ -26,6 +26,7 @@ COPY serve/ /src/serve/
 COPY bench/ /src/bench/
 COPY loadtests/ /src/loadtests/
 COPY report/ /src/report/
+COPY recipes/ /src/recipes/
 COPY requirements-serve.txt /tmp/requirements-serve.txt
 # Behind a TLS-intercepting proxy, pass its CA bundle as a build secret (never stored in a layer):
 #   --secret id=pip-cert,src=/etc/ssl/certs/ca-certificates.crt
@@ -48,13 +49,14 @@ COPY --from=builder /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    EDGEDISTILL_BUNDLE=/models/bundle
+    EDGEDISTILL_BUNDLE=/models/bundle \
+    EDGEDISTILL_HEALTH_PORT=50052
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without a passwd lookup.
 USER 10001:10001
-EXPOSE 50051 8002
+EXPOSE 50051 50052 8002
 # SERVING only after warm-up (with several workers, nothing listens before); NOT_SERVING while draining.
-# Plaintext: with EDGEDISTILL_TLS_* set, also set EDGEDISTILL_HEALTH_PORT (a plaintext port with only the
-# health service); it is probed instead.
+# It asks EDGEDISTILL_HEALTH_PORT (above: a plaintext port with only the health service), which neither TLS nor the
+# call limit of the gRPC port (MAX_CONCURRENT_RPCS) can refuse; unset, the gRPC port.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/venv/bin/python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel('localhost:' + (os.environ.get('EDGEDISTILL_HEALTH_PORT') or os.environ.get('EDGEDISTILL_PORT', '50051'))); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(), timeout=3); sys.exit(reply.status != h.HealthCheckResponse.SERVING)"]
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "edgedistill.serve"]

@@ -256,6 +256,20 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     assert str(settings.bundle) == BUNDLE_MOUNT
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_health_check_asks_a_health_port_of_its_own(dockerfile):
+    items = instructions(dockerfile)
+    env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))
+    health_port = load_settings([], environ={"EDGEDISTILL_HEALTH_PORT": env["EDGEDISTILL_HEALTH_PORT"]}).health_port
+    assert health_port == HEALTH_PORT
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_exposes_the_health_port(dockerfile):
+    exposed = {int(port.split("/")[0]) for port in last(instructions(dockerfile), "EXPOSE").split()}
+    assert HEALTH_PORT in exposed
+
+
 def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -273,6 +287,13 @@ def test_dockerfile_copies_the_project_sources_and_pins(dockerfile):
     sources = {part for word, rest in build_stage(dockerfile) if word == "COPY" for part in rest.split()[:-1]}
     package_dirs = {folder.split("/")[0] for folder in pyproject()["tool"]["setuptools"]["package-dir"].values()}
     assert sources == {f"{folder}/" for folder in package_dirs} | {"pyproject.toml", "README.md", IMAGES[dockerfile][1]}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_the_build_context_lets_in_every_source_the_dockerfile_copies(dockerfile):
+    allowed = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    sources = {part for word, rest in build_stage(dockerfile) if word == "COPY" for part in rest.split()[:-1]}
+    assert sources <= allowed, f".dockerignore leaves out {sorted(sources - allowed)}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
