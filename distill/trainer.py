@@ -95,6 +95,16 @@ def work_dir(folder: Path, force: bool) -> Path:
     return folder
 
 
+def _load_problem(err: Exception) -> str:
+    """What `torch.load` found wrong, without its advice to load the file with `weights_only=False`, which would run
+    whatever code a damaged or foreign file holds."""
+    text = str(err)
+    if text.startswith("Weights only load failed"):
+        found = [part.strip() for part in re.split(r"\n\s*\n", text) if part.strip() and "weights_only" not in part]
+        return f"{type(err).__name__}: it holds more than tensors and plain values: {'; '.join(found)}"
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 class Trainer:
     """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights.
 
@@ -190,7 +200,7 @@ class Trainer:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged or foreign file
-            raise CheckpointError(f"{path} cannot be read ({type(err).__name__}: {err}); {way_out}") from err
+            raise CheckpointError(f"{path} cannot be read ({_load_problem(err)}); {way_out}") from err
         try:
             if state["config_hash"] != self.config_hash:
                 self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")

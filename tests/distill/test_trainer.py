@@ -80,6 +80,14 @@ def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
         trained(tmp_path)
 
 
+@pytest.mark.parametrize("content", [b"not a checkpoint", b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01cos\nsystem\nq\x02s."])
+def test_an_unreadable_checkpoint_is_not_met_with_advice_to_load_it_unsafely(tmp_path, content):
+    (tmp_path / CHECKPOINT).write_bytes(content)
+    with pytest.raises(CheckpointError) as refused:
+        trained(tmp_path)
+    assert "weights_only" not in str(refused.value)
+
+
 def test_a_checkpoint_of_another_model_names_the_file_and_the_way_out(tmp_path):
     trained(tmp_path)
     cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
