@@ -355,7 +355,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     for variable, key in settings.ENV_OVERRIDES.items():
         if os.environ.get(variable) and key not in (overrides or {}):
             apply_override(raw, key, os.environ[variable])
-            from_env[key] = f" (from {variable}={os.environ[variable]})"
+            from_env[key] = settings.env_source(key)
     variables = settings.variables()
     for key, value in (overrides or {}).items():
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))

@@ -72,6 +72,16 @@ def defaults() -> dict[str, str]:
     return {name: env(name) or value for name, value in fallback.items()}
 
 
+def env_source(key: str, value: object = None) -> str:
+    """` (from VAR=value)` where an `ENV_OVERRIDES` variable sets recipe key `key` (to `value`, where given), else ''
+    : for errors about a value the recipe file does not hold."""
+    for variable, overridden in ENV_OVERRIDES.items():
+        setting = os.environ.get(variable)
+        if overridden == key and setting and (value is None or setting == str(value)):
+            return f" (from {variable}={setting})"
+    return ""
+
+
 def variables() -> dict[str, str]:
     """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names."""
     values = defaults()

@@ -133,14 +133,14 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
         precision = "fp32" if cfg.precision == "auto" else cfg.precision
         if precision == "fp16":
             raise DeviceError(
-                "runtime.precision=fp16 needs a CUDA GPU (its loss scaler and kernels); on the CPU use bf16 or "
-                f"fp32. This machine: {_machine()}"
+                f"runtime.precision=fp16{settings.env_source('runtime.precision', 'fp16')} needs a CUDA GPU (its loss "
+                f"scaler and kernels); on the CPU use bf16 or fp32. This machine: {_machine()}"
             )
         return Placement(torch.device("cpu"), precision, "cpu", 1)
     if not torch.cuda.is_available():
         raise DeviceError(
-            f"runtime.device={cfg.device} but {_machine()}. Set runtime.device=cpu "
-            "(--runtime.device=cpu or EDGEDISTILL_DEVICE=cpu), or run on a machine with an NVIDIA GPU and a "
+            f"runtime.device={cfg.device}{settings.env_source('runtime.device', cfg.device)} but {_machine()}. Set "
+            "runtime.device=cpu (--runtime.device=cpu or EDGEDISTILL_DEVICE=cpu), or run on a machine with an NVIDIA GPU and a "
             "CUDA build of torch."
         )
     count = torch.cuda.device_count()

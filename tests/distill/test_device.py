@@ -52,6 +52,19 @@ def test_fp16_on_the_cpu_is_refused():
         resolve(RuntimeConfig(device="cpu", precision="fp16"))
 
 
+def test_fp16_on_the_cpu_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_PRECISION", "fp16")
+    with pytest.raises(DeviceError, match=r"runtime.precision=fp16 \(from EDGEDISTILL_PRECISION=fp16\) needs a CUDA"):
+        resolve(RuntimeConfig(device="cpu", precision="fp16"))
+
+
+@no_cuda
+def test_cuda_without_a_gpu_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cuda")
+    with pytest.raises(DeviceError, match=r"runtime.device=cuda \(from EDGEDISTILL_DEVICE=cuda\) but no CUDA"):
+        resolve(RuntimeConfig(device="cuda"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_half_precision_checkpoint_is_trained_in_fp32_weights(tmp_path, dtype):
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
