@@ -6,8 +6,9 @@ python -m serve.client "the plot" --pair "a dull one"      # a text pair, for mo
 python -m serve.client --tsv dev.tsv --header               # pairs: text<TAB>pair on each line
 echo "a great movie" | python -m serve.client --kserve
 
-The CLI sends the texts in calls of `--batch-size` (default: as many as the server takes, its MAX_TEXTS, asked of it)
-and of at most `--batch-bytes` of text, and writes one JSON document, its predictions as they come.
+The CLI sends the texts in calls of `--batch-size` texts and at most `--batch-bytes` of text (default: as many texts as
+the server takes, its MAX_TEXTS, and half its MAX_MESSAGE_BYTES, asked of it), and writes one JSON document, its
+predictions as they come.
 """
 
 import argparse
@@ -26,7 +27,7 @@ from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
-BATCH_BYTES = 512 * 1024  # half the server's default MAX_MESSAGE_BYTES: room for the message's own fields
+BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -116,12 +117,15 @@ class Client:
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
-    def max_texts(self, model: str = "") -> int:
-        """The most texts the server takes in one call (its MAX_TEXTS), from KServe's `ModelConfig`."""
+    def limits(self, model: str = "") -> tuple[int, int | None]:
+        """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES; None
+        from a server that does not say), from KServe's `ModelConfig`."""
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
 
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        return self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config.max_batch_size
+        config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
+        message = config.parameters.get("max_message_bytes")
+        return config.max_batch_size, int(message.string_value) if message is not None else None
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
@@ -353,10 +357,9 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument(
         "--batch-bytes",
         type=_positive,
-        default=BATCH_BYTES,
         metavar="N",
-        help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone "
-        f"(default {BATCH_BYTES}, half the server's default limit)",
+        help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
+        f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",
     )
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
@@ -404,8 +407,12 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             else:
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
-                batch_size = args.batch_size or (client.max_texts(args.model) if len(texts) > 1 else 1)
-                results = classify_in_batches(infer, texts, pairs, batch_size, args.model, args.batch_bytes)
+                batch_size, batch_bytes = args.batch_size or 1, args.batch_bytes or BATCH_BYTES
+                if len(texts) > 1 and not (args.batch_size and args.batch_bytes):
+                    max_texts, max_bytes = client.limits(args.model)
+                    batch_size = args.batch_size or max_texts
+                    batch_bytes = args.batch_bytes or (max_bytes // 2 if max_bytes else BATCH_BYTES)
+                results = classify_in_batches(infer, texts, pairs, batch_size, args.model, batch_bytes)
                 write_streamed(results, sys.stdout)
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)

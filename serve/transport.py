@@ -156,10 +156,12 @@ def outputs_of(runtime: ModelRuntime | CascadeRuntime) -> dict[str, str]:
     return dict.fromkeys(OUTPUTS, "FP32") | (CASCADE_OUTPUTS if isinstance(runtime, CascadeRuntime) else {})
 
 
-def model_config(runtime: ModelRuntime | CascadeRuntime, max_texts: int) -> kserve_pb2.ModelConfigResponse.ModelConfig:
+def model_config(
+    runtime: ModelRuntime | CascadeRuntime, max_texts: int, max_message_bytes: int
+) -> kserve_pb2.ModelConfigResponse.ModelConfig:
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
-    a request's most rows (MAX_TEXTS) as `max_batch_size`, and the label names as the parameter `labels`
-    (a JSON list) beside each output's `label_filename`."""
+    a request's most rows (MAX_TEXTS) as `max_batch_size`, the label names as the parameter `labels` (a JSON list)
+    beside each output's `label_filename`, and the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`."""
     spec = runtime.spec
     platform, backend = platform_of(runtime)
     Config = kserve_pb2.ModelConfigResponse
@@ -174,6 +176,7 @@ def model_config(runtime: ModelRuntime | CascadeRuntime, max_texts: int) -> kser
         config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=[1])
         config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
     config.parameters["labels"].string_value = json.dumps(spec.labels)
+    config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
     return config
 
 
@@ -351,7 +354,10 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
     @handles_errors
     async def ModelConfig(self, request, context):
         runtime = self.host.get(request.name, request.version)
-        return kserve_pb2.ModelConfigResponse(config=model_config(runtime, self.settings.max_texts))
+        settings = self.settings
+        return kserve_pb2.ModelConfigResponse(
+            config=model_config(runtime, settings.max_texts, settings.max_message_bytes)
+        )
 
     def _inputs(self, request: kserve_pb2.ModelInferRequest, max_length: int) -> dict[str, np.ndarray]:
         """The request's tensors, each refused before decoding when it holds more elements than a request may:

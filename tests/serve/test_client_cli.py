@@ -142,6 +142,18 @@ def test_long_texts_go_in_batches_within_the_bytes_given(served, tmp_path, capsy
     assert [p["text"] for p in json.loads(out)["predictions"]] == texts
 
 
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_without_batch_bytes_long_texts_go_in_calls_within_the_message_limit_the_server_gives(
+    served, tmp_path, capsys, api
+):
+    texts = [f"{'great' if i % 3 else 'awful'} film {i} " + "x" * 10_000 for i in range(8)]  # 80 KB: above 64 KiB
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(texts) + "\n")
+    code, out, err = run(capsys, "--address", served.address, "--file", str(path), *api)
+    assert code == 0, err
+    assert [p["text"] for p in json.loads(out)["predictions"]] == texts
+
+
 def test_batches_close_at_the_count_or_the_bytes_whichever_comes_first():
     texts = ["aaaa", "bb", "cc", "d", "eeeeeeeee", "f"]
     spans = [(b.start, b.stop) for b in cli.batches(texts, None, batch_size=3, batch_bytes=6)]

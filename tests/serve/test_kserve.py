@@ -154,6 +154,11 @@ def test_model_config_gives_the_label_names(stub):
     assert json.loads(config.parameters["labels"].string_value) == LABELS
 
 
+def test_model_config_gives_the_servers_message_limit(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert int(config.parameters["max_message_bytes"].string_value) == 64 * 1024  # `served`'s MAX_MESSAGE_BYTES
+
+
 def test_model_config_of_an_unknown_model_is_not_found(stub):
     with pytest.raises(grpc.RpcError) as caught:
         stub.ModelConfig(kserve_pb2.ModelConfigRequest(name="bert"), timeout=10)
