@@ -1,6 +1,7 @@
 """Shared fixtures: every test writes its runs into a temporary EDGEDISTILL_RUNS_DIR, never the network."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,26 @@ def smoke_bundles(smoke_run) -> Path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return smoke_run
+
+
+@pytest.fixture
+def swapped_after_check(smoke_bundles, tmp_path, monkeypatch):
+    """`swap(module)`: a copy of the smoke teacher's fused bundle, whose model file `module.open_bundle` overwrites
+    between the bundle's check and its opening, as a folder changed meanwhile would."""
+
+    def swap(module) -> Path:
+        folder = tmp_path / "bundle-teacher-fused"
+        shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
+        open_bundle = module.open_bundle
+
+        def swap_then_open(bundle, *args, **kwargs):
+            (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
+            return open_bundle(bundle, *args, **kwargs)
+
+        monkeypatch.setattr(module, "open_bundle", swap_then_open)
+        return folder
+
+    return swap
 
 
 @pytest.fixture

@@ -1,7 +1,5 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
-import shutil
-
 import pytest
 import torch
 from edgedistill.bench import models
@@ -79,16 +77,8 @@ def test_bench_writes_its_tables(smoke_bundles):
     assert mf.load(smoke_bundles / "bench").created == manifest.created  # not measured again
 
 
-def test_a_bundle_is_timed_from_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
-    folder = tmp_path / "bundle-teacher-fused"
-    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
-    open_bundle = models.open_bundle
-
-    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
-        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
-        return open_bundle(bundle, *args, **kwargs)
-
-    monkeypatch.setattr(models, "open_bundle", swap_then_open)
+def test_a_bundle_is_timed_from_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check):
+    folder = swapped_after_check(models)
     cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[8], warmup=0, iterations=1, min_seconds=0, threads=1)
     _, timings = models._bundle_row("teacher-fused", folder, cfg, tqdm(disable=True))
     assert list(timings) == [(1, 8)]

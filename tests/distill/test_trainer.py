@@ -184,6 +184,19 @@ class Crash(Exception):
     """Raised inside a step, as a killed process would stop there."""
 
 
+def mse_crashing_at(crash_at: int | None):
+    """A mean-squared-error loss that raises `Crash` on its `crash_at`-th call (never, for None)."""
+    calls = []
+
+    def loss_fn(m, batch):
+        calls.append(1)
+        if len(calls) == crash_at:
+            raise Crash
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    return loss_fn
+
+
 def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
     """Six steps of a dropout model on batches of 5 (3 examples on rank 0, 2 on rank 1), checkpointing every
     step; the final weights."""
@@ -192,16 +205,8 @@ def _fit_with_dropout(folder, crash_at: int | None = None) -> dict[str, list]:
     cfg = OptimConfig(lr=0.05, batch_size=5, warmup_ratio=0.0, weight_decay=0.0, checkpoint_every=1)
     trainer = Trainer(model, cfg, folder, "h", "test", CPU)
     x = torch.randn(30, 4, generator=torch.Generator().manual_seed(1))
-    calls = []
-
-    def loss_fn(m, batch):
-        calls.append(1)
-        if len(calls) == crash_at:
-            raise Crash
-        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
-
     trainer.fit(lambda epoch: [list(range(i, i + 5)) for i in range(0, 30, 5)], lambda idx: (x[idx], x[idx].sum(1)),
-                loss_fn, lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+                mse_crashing_at(crash_at), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
     return {name: value.tolist() for name, value in trainer.model.state_dict().items()}  # plain values to queue
 
 
@@ -210,16 +215,8 @@ def _history(folder, crash_at: int | None = None) -> list[dict]:
     torch.manual_seed(0)
     cfg = OptimConfig(lr=0.1, batch_size=4, epochs=3, warmup_ratio=0.0, checkpoint_every=1)
     trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
-    calls = []
-
-    def loss_fn(m, batch):
-        calls.append(1)
-        if len(calls) == crash_at:
-            raise Crash
-        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
-
     return trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
-                       loss_fn, lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
+                       mse_crashing_at(crash_at), lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
 
 
 def test_a_run_resumed_between_evaluations_records_the_train_loss_of_an_uninterrupted_one(tmp_path):

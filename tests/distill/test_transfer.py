@@ -377,16 +377,8 @@ def test_the_labeller_bundles_export_settings_make_the_transfer_set_stale():
     assert after.config_hash != before
 
 
-def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
-    folder = tmp_path / "bundle-teacher-fused"
-    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
-    open_bundle = labelling.open_bundle
-
-    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
-        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
-        return open_bundle(bundle, *args, **kwargs)
-
-    monkeypatch.setattr(labelling, "open_bundle", swap_then_open)
+def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):
+    folder = swapped_after_check(labelling)
     forward, _ = labelling.onnx_labeller(folder, smoke_bundles / "teacher")
     ids = torch.tensor([[1, 5, 7, 2]])
     assert forward({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (1, 2)

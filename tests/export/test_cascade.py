@@ -78,7 +78,6 @@ def test_cascade_curve_spans_thresholds_with_escalation_falling(smoke_cascade):
 
 
 def test_cascade_with_a_corrupt_member_is_refused(smoke_cascade, tmp_path):
-    import shutil
 
     copy = tmp_path / "cascade"
     shutil.copytree(smoke_cascade, copy)
@@ -89,7 +88,6 @@ def test_cascade_with_a_corrupt_member_is_refused(smoke_cascade, tmp_path):
 
 
 def test_cascade_with_a_member_rebuilt_since_is_refused(smoke_cascade, tmp_path):
-    import shutil
 
     copy = tmp_path / "cascade"
     shutil.copytree(smoke_cascade, copy)
@@ -114,15 +112,7 @@ def test_pair_calibration_reads_on_past_lines_that_hold_no_pair(tmp_path):
     assert len(texts) == 150
 
 
-def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(smoke_bundles, tmp_path, monkeypatch):
-    folder = tmp_path / "bundle-teacher-fused"
-    shutil.copytree(smoke_bundles / "bundle-teacher-fused", folder)
-    open_bundle = export_cascade.open_bundle
-
-    def swap_then_open(bundle, *args, **kwargs):  # the model file changes between its check and its opening
-        (bundle.folder / bundle.spec.model_file).write_bytes(b"not a model")
-        return open_bundle(bundle, *args, **kwargs)
-
-    monkeypatch.setattr(export_cascade, "open_bundle", swap_then_open)
+def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):
+    folder = swapped_after_check(export_cascade)
     tokenizer = load_tokenizer(smoke_bundles / "teacher")
     assert Member(folder).logits(tokenizer, ["a gripping film"], None).shape == (1, 2)
