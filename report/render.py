@@ -16,7 +16,7 @@ from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
-from edgedistill.report import plots
+from edgedistill.report import plan, plots
 
 PARETO_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) of the accuracy-latency figure: the first timed
 
@@ -44,9 +44,13 @@ class Page:
 
     def heading(self, text: str, sources: list[str]) -> None:
         links = ", ".join(f"[{s}]({s})" for s in sources)
-        self.md += [f"## {text}", "", f"From {links}." if sources else "", ""]
+        self.md += [f"## {text}", "", *([f"From {links}.", ""] if sources else [])]
         anchors = ", ".join(f'<a href="{html.escape(s)}">{html.escape(s)}</a>' for s in sources)
         self.html.append(f"<h2>{html.escape(text)}</h2>" + (f'<p class="src">From {anchors}.</p>' if sources else ""))
+
+    def note(self, text: str) -> None:
+        self.md += [text, ""]
+        self.html.append(f"<p>{html.escape(text)}</p>")
 
     def figure(self, name: str, data: bytes, alt: str) -> None:
         self.figures[name] = data
@@ -101,6 +105,18 @@ def _stages(page: Page, root: Path, recipe: Recipe) -> None:
             ]
         )
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
+
+
+def _missing(page: Page, root: Path, recipe: Recipe) -> None:
+    finished = {p.name for p in root.iterdir() if _finished(p)}
+    absent = plan.missing(recipe, finished)
+    if absent:
+        page.heading("Not in this report", [])
+        page.note(
+            "Stages of make all with no finished artifact in this run: not run yet, failed, or not buildable on the "
+            "machine that ran it (a GPU bundle on a CPU machine)."
+        )
+        page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
 
 
 def _curves(page: Page, root: Path, recipe: Recipe) -> None:
@@ -297,6 +313,7 @@ def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     _stages(page, root, inputs.recipe)
+    _missing(page, root, inputs.recipe)
     _curves(page, root, inputs.recipe)
     for section in (_distillation, _benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)

@@ -70,3 +70,25 @@ def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_
     page = render.Page("report")
     render._stages(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
     assert "| teacher | 0.9000 | 0.8000 |" in "\n".join(page.md)
+
+
+def missing_markdown(tmp_path) -> str:
+    """The report section on absent stages, for a run that has only its teacher."""
+    with mf.stage_folder(tmp_path / "teacher") as tmp:
+        base = mf.Manifest(stage="teacher", recipe="smoke", recipe_hash="h", config_hash="h")
+        mf.commit(tmp, tmp_path / "teacher", base)
+    page = render.Page("report")
+    render._missing(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
+    assert "| student-bilstm | make distill |" in missing_markdown(tmp_path)
+
+
+def test_a_report_of_the_teacher_alone_names_the_absent_load_test(tmp_path):
+    assert "| loadtest-smoke | make all |" in missing_markdown(tmp_path)
+
+
+def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path):
+    assert "| teacher |" not in missing_markdown(tmp_path)
