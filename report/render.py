@@ -13,6 +13,7 @@ from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.distill import table as distill_table
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
@@ -130,14 +131,13 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
-def _distillation(page: Page, root: Path) -> None:
+def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
     summary = root / "distill-summary.json"
     if summary.is_file():
         rows = plots.read_json(summary)
-        sources = [
-            f"../{'teacher' if r['student'] == 'teacher' else 'student-' + r['student']}/{mf.MANIFEST}" for r in rows
-        ]
-        page.heading("Distillation", sources)
+        folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
+        page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
+        page.note(distill_table.note(recipe))
         columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
@@ -315,7 +315,8 @@ def _build(inputs: Inputs) -> Built:
     _stages(page, root, inputs.recipe)
     _missing(page, root, inputs.recipe)
     _curves(page, root, inputs.recipe)
-    for section in (_distillation, _benchmark, _cascade_section, _serving, _loadtests):
+    _distillation(page, root, inputs.recipe)
+    for section in (_benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)
     work = inputs.fresh_work()
     (work / "figures").mkdir()

@@ -14,10 +14,19 @@ ROWS = [
 ]
 
 
+def publish(folder, metrics=None, info=None):
+    with mf.stage_folder(folder) as tmp:
+        base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics or {})
+        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
+
+
 def distillation_markdown(tmp_path) -> str:
+    """The distillation section of a run of the smoke recipe selected on macro-F1, with the cnn's baseline."""
     (tmp_path / "distill-summary.json").write_text(json.dumps(ROWS))
+    for folder in ("teacher", "student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder)
     page = render.Page("report")
-    render._distillation(page, tmp_path)
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
     return "\n".join(page.md)
 
 
@@ -27,6 +36,14 @@ def test_distillation_section_shows_the_tables_own_columns(tmp_path):
 
 def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
+
+
+def test_distillation_section_says_which_metric_retention_compares(tmp_path):
+    assert "retention, baseline and gain compare dev_macro_f1" in distillation_markdown(tmp_path)
+
+
+def test_distillation_section_links_the_baselines_manifest(tmp_path):
+    assert "[../baseline-cnn/manifest.json]" in distillation_markdown(tmp_path)
 
 
 def cascade_page(tmp_path) -> render.Page:
