@@ -224,8 +224,9 @@ def _benchmark(page: Page, root: Path) -> None:
             for r in table.rows
         ],
     )
-    left_out = mf.load(root / "bench", verify=False).info.get("left_out", {})
-    if left_out:
+    info = mf.load(root / "bench", verify=False).info
+    not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
+    if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
     points = [

@@ -14,8 +14,10 @@ ROWS = [
 ]
 
 
-def publish(folder, metrics=None, info=None):
+def publish(folder, metrics=None, info=None, files=None):
     with mf.stage_folder(folder) as tmp:
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
         base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics or {})
         mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
 
@@ -109,3 +111,19 @@ def test_a_report_of_the_teacher_alone_names_the_absent_load_test(tmp_path):
 
 def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path):
     assert "| teacher |" not in missing_markdown(tmp_path)
+
+
+def benchmark_markdown(tmp_path) -> str:
+    """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran."""
+    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 1.0}
+    row = {"model": "teacher-pytorch-eager", "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
+    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
+    info = {"left_out": {}, "missing_bundles": ["cnn-int8"]}
+    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)})
+    page = render.Page("report")
+    render._benchmark(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_benchmark_section_names_a_bundle_not_built_when_it_ran(tmp_path):
+    assert "| cnn-int8 | not built when the benchmark ran" in benchmark_markdown(tmp_path)
