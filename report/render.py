@@ -5,9 +5,10 @@ Every section names the manifests it was drawn from; sections whose stage has no
 
 import base64
 import html
+import re
 from pathlib import Path
 
-from edgedistill.bench.stats import RESULT_FILE, ModelTable
+from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
@@ -241,13 +242,20 @@ def _benchmark(page: Page, root: Path) -> None:
     page.figure("pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens"), "accuracy against latency")
 
 
+SERVED = {  # folder pattern -> the section's title and the stage's own tables (markdown), shown as written
+    "serve-bench": ("Serving benchmark", "bench.md"),
+    "serve-accuracy": ("Served accuracy", "accuracy.md"),
+    "serve-cascade-*": ("Cascade served", "cascade.md"),
+}
+
+
 def _serving(page: Page, root: Path) -> None:
-    folder = root / "serve-bench"
-    if _finished(folder):
-        page.heading("Serving benchmark", [f"../serve-bench/{mf.MANIFEST}", f"../serve-bench/{RESULT_FILE}"])
-        results = (folder / "bench.md").read_text(encoding="utf-8")
-        page.md += [results, ""]
-        page.html.append(f"<pre>{html.escape(results)}</pre>")
+    for pattern, (title, tables) in SERVED.items():
+        for folder in sorted(p for p in root.glob(pattern) if _finished(p)):
+            page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{tables}"])
+            results = (folder / tables).read_text(encoding="utf-8")
+            page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
+            page.html.append(f"<pre>{html.escape(results)}</pre>")
 
 
 def _number(value, spec: str) -> str | None:

@@ -127,3 +127,20 @@ def benchmark_markdown(tmp_path) -> str:
 
 def test_benchmark_section_names_a_bundle_not_built_when_it_ran(tmp_path):
     assert "| cnn-int8 | not built when the benchmark ran" in benchmark_markdown(tmp_path)
+
+
+def serving_markdown(tmp_path) -> str:
+    """The served sections of a run with its served-accuracy check and a cascade's serving benchmark."""
+    publish(tmp_path / "serve-accuracy", files={"accuracy.md": "Served accuracy: 300 dev texts.\n"})
+    publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
+    page = render.Page("report")
+    render._serving(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_serving_sections_show_the_served_accuracy(tmp_path):
+    assert "Served accuracy: 300 dev texts." in serving_markdown(tmp_path)
+
+
+def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):
+    assert "\n### Cascade c against big served alone\n" in serving_markdown(tmp_path)
