@@ -28,10 +28,11 @@ def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
             loss_ax.plot(
                 [h["step"] for h in history if "train_loss" in h],
                 [h["train_loss"] for h in history if "train_loss" in h],
+                marker=".",  # a model evaluated once has a single point: no line to see without it
                 label=name,
             )
         acc_ax.plot(steps, [h[key] for h in history], marker=".", label=name)
-    loss_ax.set(title="training loss", xlabel="step", yscale="log")
+    loss_ax.set(title="training loss (each model's own objective)", xlabel="step", yscale="log")
     acc_ax.set(title=key.replace("_", " "), xlabel="step")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
