@@ -68,14 +68,14 @@ def pareto(points: list[dict], cell: str) -> bytes:
     return png(fig)
 
 
-def composition(counts: dict[str, int]) -> bytes:
-    """The transfer set by source."""
+def composition(counts: dict[str, int], unit: str) -> bytes:
+    """The transfer set by source; `unit` names its examples (sentences, or pairs for a pair task)."""
     parts = {k: counts[k] for k in ("unlabelled", "train", "augmented") if counts.get(k)}
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.barh(list(parts), list(parts.values()), color=["#4c72b0", "#55a868", "#c44e52"][: len(parts)])
     for i, value in enumerate(parts.values()):
         ax.text(value, i, f" {value:,}", va="center", fontsize=9)
-    ax.set(title=f"transfer set: {sum(parts.values()):,} sentences", xlabel="sentences")
+    ax.set(title=f"transfer set: {sum(parts.values()):,} {unit}", xlabel=unit)
     return png(fig)
 
 

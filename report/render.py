@@ -143,8 +143,9 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
-        counts = mf.load(root / "transfer", verify=False).info["composition"]
-        page.figure("transfer.png", plots.composition(counts), "transfer set composition")
+        info = mf.load(root / "transfer", verify=False).info
+        unit = "pairs" if info["pairs"] else "sentences"
+        page.figure("transfer.png", plots.composition(info["composition"], unit), "transfer set composition")
 
 
 def _cascades(root: Path) -> list[Path]:

@@ -4,7 +4,7 @@ import json
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.report import render
+from edgedistill.report import plots, render
 
 from tests.conftest import ROOT
 
@@ -144,3 +144,12 @@ def test_serving_sections_show_the_served_accuracy(tmp_path):
 
 def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):
     assert "\n### Cascade c against big served alone\n" in serving_markdown(tmp_path)
+
+
+def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
+    composition = {"unlabelled": 10, "train": 20, "augmented": 30}
+    publish(tmp_path / "transfer", info={"composition": composition, "pairs": True})
+    figures = []
+    monkeypatch.setattr(plots, "png", lambda fig: figures.append(fig) or b"")
+    render._distillation(render.Page("report"), tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"
