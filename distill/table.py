@@ -68,15 +68,6 @@ def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
     }
 
 
-def note(recipe: Recipe) -> str:
-    """The sentence above the table: the metric that selects checkpoints and that the comparisons use."""
-    key = selection_key(recipe.data)
-    return (
-        f"Checkpoints are selected on {key}; retention, baseline and gain compare {key}. "
-        "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
-    )
-
-
 def write(recipe: Recipe) -> list[dict]:
     """Print the table and write `distill-summary.md` and `.json` (its rows, keys in column order) into the run
     folder."""
@@ -87,7 +78,7 @@ def write(recipe: Recipe) -> list[dict]:
     lines = [
         f"# Distillation: {recipe.name}",
         "",
-        note(recipe),
+        f"Checkpoints are selected on {key}; retention, baseline and gain compare {key}.",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),

@@ -14,7 +14,6 @@ from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.distill import table as distill_table
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
@@ -138,7 +137,11 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         rows = plots.read_json(summary)
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        page.note(distill_table.note(recipe))
+        key = _selected_by(recipe)
+        page.note(
+            f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
+            "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
+        )
         columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
