@@ -106,7 +106,8 @@ def load_over_time(series: dict[str, list], profile: str) -> bytes:
     users_ax.step(t, series["users"], where="post", color="#999", linestyle="--", label="users")
     users_ax.set(ylabel="users", ylim=(0, max(series["users"], default=1) * 1.25))
     rate_ax.set(title=f"load test {profile}: throughput", xlabel="s", ylabel="per second")
-    rate_ax.legend(fontsize=8, loc="upper left")
+    lines = rate_ax.get_lines() + users_ax.get_lines()  # the twin axis's line in the same legend
+    rate_ax.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper left")
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         p99_ax.plot(t, [np.nan if v is None else v for v in series[key]], label=key.removesuffix("_ms"))
     p99_ax.set(title="latency per second", xlabel="s", ylabel="ms")
