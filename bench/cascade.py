@@ -37,7 +37,7 @@ def default_name(recipe: Recipe, name: str | None) -> str:
     if name is None:
         if not cascades:
             raise BenchError(f"recipe {recipe.name} has no export.cascades")
-        name = recipe.export.deploy if recipe.export.deploy in cascades else next(iter(cascades))
+        name = recipe.export.default_cascade
     if name not in cascades:
         raise BenchError(f"{name} is not one of export.cascades {sorted(cascades)}")
     return name

@@ -28,10 +28,11 @@ def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
             loss_ax.plot(
                 [h["step"] for h in history if "train_loss" in h],
                 [h["train_loss"] for h in history if "train_loss" in h],
+                marker=".",  # a model evaluated once has a single point: no line to see without it
                 label=name,
             )
         acc_ax.plot(steps, [h[key] for h in history], marker=".", label=name)
-    loss_ax.set(title="training loss", xlabel="step", yscale="log")
+    loss_ax.set(title="training loss (each model's own objective)", xlabel="step", yscale="log")
     acc_ax.set(title=key.replace("_", " "), xlabel="step")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
@@ -67,14 +68,14 @@ def pareto(points: list[dict], cell: str) -> bytes:
     return png(fig)
 
 
-def composition(counts: dict[str, int]) -> bytes:
-    """The transfer set by source."""
+def composition(counts: dict[str, int], unit: str) -> bytes:
+    """The transfer set by source; `unit` names its examples (sentences, or pairs for a pair task)."""
     parts = {k: counts[k] for k in ("unlabelled", "train", "augmented") if counts.get(k)}
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.barh(list(parts), list(parts.values()), color=["#4c72b0", "#55a868", "#c44e52"][: len(parts)])
     for i, value in enumerate(parts.values()):
         ax.text(value, i, f" {value:,}", va="center", fontsize=9)
-    ax.set(title=f"transfer set: {sum(parts.values()):,} sentences", xlabel="sentences")
+    ax.set(title=f"transfer set: {sum(parts.values()):,} {unit}", xlabel=unit)
     return png(fig)
 
 
@@ -105,7 +106,8 @@ def load_over_time(series: dict[str, list], profile: str) -> bytes:
     users_ax.step(t, series["users"], where="post", color="#999", linestyle="--", label="users")
     users_ax.set(ylabel="users", ylim=(0, max(series["users"], default=1) * 1.25))
     rate_ax.set(title=f"load test {profile}: throughput", xlabel="s", ylabel="per second")
-    rate_ax.legend(fontsize=8, loc="upper left")
+    lines = rate_ax.get_lines() + users_ax.get_lines()  # the twin axis's line in the same legend
+    rate_ax.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper left")
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         p99_ax.plot(t, [np.nan if v is None else v for v in series[key]], label=key.removesuffix("_ms"))
     p99_ax.set(title="latency per second", xlabel="s", ylabel="ms")

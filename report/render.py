@@ -5,9 +5,10 @@ Every section names the manifests it was drawn from; sections whose stage has no
 
 import base64
 import html
+import re
 from pathlib import Path
 
-from edgedistill.bench.stats import RESULT_FILE, ModelTable
+from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
@@ -16,7 +17,7 @@ from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
-from edgedistill.report import plots
+from edgedistill.report import plan, plots
 
 PARETO_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) of the accuracy-latency figure: the first timed
 
@@ -44,9 +45,13 @@ class Page:
 
     def heading(self, text: str, sources: list[str]) -> None:
         links = ", ".join(f"[{s}]({s})" for s in sources)
-        self.md += [f"## {text}", "", f"From {links}." if sources else "", ""]
+        self.md += [f"## {text}", "", *([f"From {links}.", ""] if sources else [])]
         anchors = ", ".join(f'<a href="{html.escape(s)}">{html.escape(s)}</a>' for s in sources)
         self.html.append(f"<h2>{html.escape(text)}</h2>" + (f'<p class="src">From {anchors}.</p>' if sources else ""))
+
+    def note(self, text: str) -> None:
+        self.md += [text, ""]
+        self.html.append(f"<p>{html.escape(text)}</p>")
 
     def figure(self, name: str, data: bytes, alt: str) -> None:
         self.figures[name] = data
@@ -103,6 +108,18 @@ def _stages(page: Page, root: Path, recipe: Recipe) -> None:
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
 
 
+def _missing(page: Page, root: Path, recipe: Recipe) -> None:
+    finished = {p.name for p in root.iterdir() if _finished(p)}
+    absent = plan.missing(recipe, finished)
+    if absent:
+        page.heading("Not in this report", [])
+        page.note(
+            "Stages of make all with no finished artifact in this run: not run yet, failed, or not buildable on the "
+            "machine that ran it (a GPU bundle on a CPU machine)."
+        )
+        page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
+
+
 def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     folders = [
         p for p in [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))] if _finished(p)
@@ -114,20 +131,24 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
-def _distillation(page: Page, root: Path) -> None:
+def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
     summary = root / "distill-summary.json"
     if summary.is_file():
         rows = plots.read_json(summary)
-        sources = [
-            f"../{'teacher' if r['student'] == 'teacher' else 'student-' + r['student']}/{mf.MANIFEST}" for r in rows
-        ]
-        page.heading("Distillation", sources)
+        folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
+        page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
+        key = _selected_by(recipe)
+        page.note(
+            f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
+            "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
+        )
         columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
-        counts = mf.load(root / "transfer", verify=False).info["composition"]
-        page.figure("transfer.png", plots.composition(counts), "transfer set composition")
+        info = mf.load(root / "transfer", verify=False).info
+        unit = "pairs" if info["pairs"] else "sentences"
+        page.figure("transfer.png", plots.composition(info["composition"], unit), "transfer set composition")
 
 
 def _cascades(root: Path) -> list[Path]:
@@ -208,8 +229,9 @@ def _benchmark(page: Page, root: Path) -> None:
             for r in table.rows
         ],
     )
-    left_out = mf.load(root / "bench", verify=False).info.get("left_out", {})
-    if left_out:
+    info = mf.load(root / "bench", verify=False).info
+    not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
+    if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
     points = [
@@ -224,13 +246,20 @@ def _benchmark(page: Page, root: Path) -> None:
     page.figure("pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens"), "accuracy against latency")
 
 
+SERVED = {  # folder pattern -> the section's title and the stage's own tables (markdown), shown as written
+    "serve-bench": ("Serving benchmark", "bench.md"),
+    "serve-accuracy": ("Served accuracy", "accuracy.md"),
+    "serve-cascade-*": ("Cascade served", "cascade.md"),
+}
+
+
 def _serving(page: Page, root: Path) -> None:
-    folder = root / "serve-bench"
-    if _finished(folder):
-        page.heading("Serving benchmark", [f"../serve-bench/{mf.MANIFEST}", f"../serve-bench/{RESULT_FILE}"])
-        results = (folder / "bench.md").read_text(encoding="utf-8")
-        page.md += [results, ""]
-        page.html.append(f"<pre>{html.escape(results)}</pre>")
+    for pattern, (title, tables) in SERVED.items():
+        for folder in sorted(p for p in root.glob(pattern) if _finished(p)):
+            page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{tables}"])
+            results = (folder / tables).read_text(encoding="utf-8")
+            page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
+            page.html.append(f"<pre>{html.escape(results)}</pre>")
 
 
 def _number(value, spec: str) -> str | None:
@@ -297,8 +326,10 @@ def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     _stages(page, root, inputs.recipe)
+    _missing(page, root, inputs.recipe)
     _curves(page, root, inputs.recipe)
-    for section in (_distillation, _benchmark, _cascade_section, _serving, _loadtests):
+    _distillation(page, root, inputs.recipe)
+    for section in (_benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)
     work = inputs.fresh_work()
     (work / "figures").mkdir()

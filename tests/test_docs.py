@@ -14,6 +14,7 @@ from typing import Union, get_args, get_origin
 import pytest
 import yaml
 from edgedistill.common import settings as common_settings
+from edgedistill.common.manifest import MANIFEST, Manifest
 from edgedistill.common.recipe import Recipe
 from edgedistill.serve import settings as serve_settings
 from pydantic import BaseModel, ValidationError
@@ -24,6 +25,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SETTINGS_PAGE = DOCS / "settings.md"
+PIPELINE_PAGE = DOCS / "pipeline.md"
 README_MAX_LINES = 250
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -263,6 +265,11 @@ def test_the_settings_page_has_a_table_for_every_recipe_section_and_no_other():
     page = tables(SETTINGS_PAGE)
     recipe_part = {heading for heading in page if heading == TOP_LEVEL or heading.startswith("`")}
     assert recipe_part == headings
+
+
+def test_the_manifest_table_lists_every_key_of_a_manifest_and_no_other():
+    documented = [row[0].strip("`") for row in tables(PIPELINE_PAGE)[MANIFEST]]
+    assert documented == list(Manifest.model_fields)
 
 
 def test_every_environment_variable_the_code_reads_is_documented():

@@ -129,6 +129,13 @@ class ExportConfig(Strict):
         256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"
     )
 
+    @property
+    def default_cascade(self) -> str | None:
+        """The cascade `bench cascade` measures unless named: the deployed one, else the first; None without any."""
+        if self.deploy in self.cascades:
+            return self.deploy
+        return next(iter(self.cascades), None)
+
     @model_validator(mode="after")
     def _deploy_known(self):
         if self.deploy not in self.bundles and self.deploy not in self.cascades:

@@ -4,7 +4,7 @@ import json
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.report import render
+from edgedistill.report import plots, render
 
 from tests.conftest import ROOT
 
@@ -14,10 +14,21 @@ ROWS = [
 ]
 
 
+def publish(folder, metrics=None, info=None, files=None):
+    with mf.stage_folder(folder) as tmp:
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+        base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics or {})
+        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
+
+
 def distillation_markdown(tmp_path) -> str:
+    """The distillation section of a run of the smoke recipe selected on macro-F1, with the cnn's baseline."""
     (tmp_path / "distill-summary.json").write_text(json.dumps(ROWS))
+    for folder in ("teacher", "student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder)
     page = render.Page("report")
-    render._distillation(page, tmp_path)
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
     return "\n".join(page.md)
 
 
@@ -27,6 +38,14 @@ def test_distillation_section_shows_the_tables_own_columns(tmp_path):
 
 def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
+
+
+def test_distillation_section_says_which_metric_retention_compares(tmp_path):
+    assert "baseline and gain compare dev_macro_f1" in distillation_markdown(tmp_path)
+
+
+def test_distillation_section_links_the_baselines_manifest(tmp_path):
+    assert "[../baseline-cnn/manifest.json]" in distillation_markdown(tmp_path)
 
 
 def cascade_page(tmp_path) -> render.Page:
@@ -70,3 +89,67 @@ def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_
     page = render.Page("report")
     render._stages(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
     assert "| teacher | 0.9000 | 0.8000 |" in "\n".join(page.md)
+
+
+def missing_markdown(tmp_path) -> str:
+    """The report section on absent stages, for a run that has only its teacher."""
+    with mf.stage_folder(tmp_path / "teacher") as tmp:
+        base = mf.Manifest(stage="teacher", recipe="smoke", recipe_hash="h", config_hash="h")
+        mf.commit(tmp, tmp_path / "teacher", base)
+    page = render.Page("report")
+    render._missing(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
+    assert "| student-bilstm | make distill |" in missing_markdown(tmp_path)
+
+
+def test_a_report_of_the_teacher_alone_names_the_absent_load_test(tmp_path):
+    assert "| loadtest-smoke | make all |" in missing_markdown(tmp_path)
+
+
+def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path):
+    assert "| teacher |" not in missing_markdown(tmp_path)
+
+
+def benchmark_markdown(tmp_path) -> str:
+    """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran."""
+    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 1.0}
+    row = {"model": "teacher-pytorch-eager", "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
+    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
+    info = {"left_out": {}, "missing_bundles": ["cnn-int8"]}
+    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)})
+    page = render.Page("report")
+    render._benchmark(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_benchmark_section_names_a_bundle_not_built_when_it_ran(tmp_path):
+    assert "| cnn-int8 | not built when the benchmark ran" in benchmark_markdown(tmp_path)
+
+
+def serving_markdown(tmp_path) -> str:
+    """The served sections of a run with its served-accuracy check and a cascade's serving benchmark."""
+    publish(tmp_path / "serve-accuracy", files={"accuracy.md": "Served accuracy: 300 dev texts.\n"})
+    publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
+    page = render.Page("report")
+    render._serving(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_serving_sections_show_the_served_accuracy(tmp_path):
+    assert "Served accuracy: 300 dev texts." in serving_markdown(tmp_path)
+
+
+def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):
+    assert "\n### Cascade c against big served alone\n" in serving_markdown(tmp_path)
+
+
+def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
+    composition = {"unlabelled": 10, "train": 20, "augmented": 30}
+    publish(tmp_path / "transfer", info={"composition": composition, "pairs": True})
+    figures = []
+    monkeypatch.setattr(plots, "png", lambda fig: figures.append(fig) or b"")
+    render._distillation(render.Page("report"), tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"

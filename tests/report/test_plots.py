@@ -1,0 +1,24 @@
+"""The report's figures, inspected before they are drawn to PNG."""
+
+from edgedistill.report import plots
+
+
+def drawn(monkeypatch, draw, *args):
+    """The matplotlib figure `draw(*args)` saves."""
+    figures = []
+    monkeypatch.setattr(plots, "png", figures.append)
+    draw(*args)
+    return figures[0]
+
+
+def test_a_model_evaluated_once_shows_its_training_loss_as_a_marker(monkeypatch):
+    history = {"student-transformer": [{"step": 140, "train_loss": 3.1, "dev_accuracy": 0.69}]}
+    loss_ax = drawn(monkeypatch, plots.training_curves, history, "dev_accuracy").axes[0]
+    assert loss_ax.lines[0].get_marker() == "."
+
+
+def test_the_load_test_throughput_legend_names_the_users_line(monkeypatch):
+    series = {"t_s": [0, 1], "requests_per_s": [20, 20], "failures_per_s": [0, 0], "users": [2, 2]}
+    series |= {key: [5.0, 4.0] for key in ("p50_ms", "p95_ms", "p99_ms")}
+    rate_ax = drawn(monkeypatch, plots.load_over_time, series, "smoke").axes[0]
+    assert "users" in [text.get_text() for text in rate_ax.get_legend().get_texts()]
