@@ -91,7 +91,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 cell = rows[model].cell(batch, length)
                 lines.append(
                     f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {length} tokens = "
-                    f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} threads)"
+                    f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} thread{'' if bench.threads == 1 else 's'})"
                 )
     if (root / "serve-bench" / mf.MANIFEST).is_file():
         served = ServingResult.load(root / "serve-bench")

@@ -117,3 +117,14 @@ def test_the_report_of_a_run_with_nothing_finished_is_an_error_line(tmp_path, mo
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     assert report_main.main([str(ROOT / "recipes" / "smoke.yaml")]) == 2
     assert "holds no finished stage of recipe 'smoke' yet" in capsys.readouterr().err
+
+
+def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(recipe):
+    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 3.0}
+    row = {"model": recipe.export.deploy, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
+    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
+    folder = run_dir(recipe) / "bench"
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "bench.json").write_text(json.dumps(bench))
+        mf.commit(tmp, folder, mf.Manifest(stage="bench", recipe="smoke", recipe_hash="h", config_hash="c"))
+    assert headline.headline(recipe, "recipes/smoke.yaml")[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
