@@ -1,7 +1,7 @@
 """`edgedistill headline RECIPE [--section.key=value ...]`: one line per finished stage, then the headline.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
-teacher and student dev accuracy, speedup over the teacher in PyTorch eager mode, serving latency
+teacher and student dev accuracy (and test accuracy with a test split), speedup over the teacher in PyTorch eager mode, serving latency
 and capacity, and the load test's SLO result. Lines whose artifact is missing are left out.
 """
 
@@ -64,8 +64,13 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     key, shown = f"dev_{metric}", METRIC_NAMES[metric]
 
     def figures(metrics: dict) -> str:
-        also = f", dev {shown} {metrics[key]:.4f}" if metric != "accuracy" and key in metrics else ""
-        return f"dev accuracy {metrics['dev_accuracy']:.4f}{also}"
+        """Dev figures, then test figures where the recipe has a test split."""
+        parts = []
+        for split in ("dev", "test") if "test_accuracy" in metrics else ("dev",):
+            chosen = f"{split}_{metric}"
+            also = f", {split} {shown} {metrics[chosen]:.4f}" if metric != "accuracy" and chosen in metrics else ""
+            parts.append(f"{split} accuracy {metrics[f'{split}_accuracy']:.4f}{also}")
+        return ", ".join(parts)
 
     teacher = _metrics(root / "teacher")
     if teacher:

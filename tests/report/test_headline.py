@@ -128,3 +128,18 @@ def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(re
         (tmp / "bench.json").write_text(json.dumps(bench))
         mf.commit(tmp, folder, mf.Manifest(stage="bench", recipe="smoke", recipe_hash="h", config_hash="c"))
     assert headline.headline(recipe, "recipes/smoke.yaml")[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
+
+
+def test_headline_gives_test_figures_after_dev_where_the_recipe_has_a_test_split(recipe):
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    assert headline.headline(recipe, "recipes/smoke.yaml")[0] == "teacher: dev accuracy 0.9000, test accuracy 0.9500"
+
+
+def test_headline_gives_the_test_selection_metric_of_a_macro_f1_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.metric=macro_f1"]))
+    metrics = {"dev_accuracy": 0.9, "dev_macro_f1": 0.8, "test_accuracy": 0.95, "test_macro_f1": 0.85}
+    publish(run_dir(recipe) / "teacher", metrics)
+    assert headline.headline(recipe, "recipes/smoke.yaml")[0] == (
+        "teacher: dev accuracy 0.9000, dev macro-F1 0.8000, test accuracy 0.9500, test macro-F1 0.8500"
+    )
