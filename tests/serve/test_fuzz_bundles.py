@@ -115,6 +115,10 @@ def listed_twice(manifest: dict, name: str) -> None:
 
 REJECTED = {  # cases the fuzzing found, each once an error from deep inside: (change, what the message names)
     "a file listed with a NUL in its name": (lambda m: listed_twice(m, "model\x00.onnx"), "NUL character"),
+    "a negative max_length": (lambda m: m["info"]["bundle"].update(max_length=-1), "max_length"),
+    "a max_length over 2**64": (lambda m: m["info"]["bundle"].update(max_length=2**64), "max_length"),
+    "a max_length of 2**31": (lambda m: m["info"]["bundle"].update(max_length=2**31), "max_length"),
+    "no providers": (lambda m: m["info"]["bundle"].update(providers=[]), "providers"),
 }
 
 
