@@ -213,18 +213,20 @@ class ModelChanged(RuntimeError):
 
 
 def _lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin), which must be UTF-8."""
+    """The lines of `path` ('-': stdin), which must be UTF-8, each ended by LF, CR LF or CR only: `str.splitlines`
+    would also end one at a form feed, U+0085 or U+2028, characters a text may hold."""
     if str(path) == "-":
         try:
             text = stdin.read()
             text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
         except (UnicodeDecodeError, UnicodeEncodeError) as err:
             raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
-        return text.splitlines()
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read {path}: {err}") from err
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"cannot read {path}: {err}") from err
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
