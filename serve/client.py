@@ -329,6 +329,28 @@ def _positive(value: str) -> int:
     return number
 
 
+def _utf8(value: str) -> str:
+    """An argument that is UTF-8: Python passes bytes that are not on as lone surrogates, which no message can carry."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise argparse.ArgumentTypeError(f"not UTF-8 ({err.reason} at position {err.start})") from None
+    return value
+
+
+def _header(value: str) -> str:
+    """A value gRPC metadata can carry: printable ASCII."""
+    if not (value.isascii() and value.isprintable()):
+        raise argparse.ArgumentTypeError("must be printable ASCII, as gRPC metadata values are")
+    return value
+
+
+def _address(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must name the server, host:port")
+    return value
+
+
 def _seconds(value: str) -> float:
     seconds = float(value)
     if not seconds > 0:  # a deadline of 0 or less, or nan, fails every call before it is sent
@@ -338,11 +360,15 @@ def _seconds(value: str) -> float:
 
 def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
-    parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
+    parser.add_argument(
+        "texts", nargs="*", type=_utf8, help="texts to classify (default: --file, else one per line on stdin)"
+    )
     parser.add_argument(
         "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
     )
-    parser.add_argument("--pair", action="append", help="the second text of a pair, one per text in order; repeatable")
+    parser.add_argument(
+        "--pair", action="append", type=_utf8, help="the second text of a pair, one per text in order; repeatable"
+    )
     parser.add_argument(
         "--tsv",
         type=Path,
@@ -363,10 +389,12 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
         f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",
     )
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS, type=_address, help=f"server host:port (default {DEFAULT_ADDRESS})"
+    )
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
-    parser.add_argument("--model", default="", help="model name (default: the served one)")
-    parser.add_argument("--token", help="bearer token")
+    parser.add_argument("--model", default="", type=_utf8, help="model name (default: the served one)")
+    parser.add_argument("--token", type=_header, help="bearer token")
     parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")

@@ -1,18 +1,24 @@
 """Property-based fuzzing of the client CLI's input: texts in files, TSV files and on stdin come back one per line as
-written, whatever else they hold."""
+written, whatever else they hold; any arguments (bytes that are not UTF-8 among them, as Python passes them on as
+lone surrogates) end in predictions, a usage error (2) or the server's client error as JSON (1), never a traceback."""
 
+import contextlib
 import io
+import json
 
+import pytest
 from edgedistill.serve import client as cli
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.serve.test_fuzz import FUZZ
+from tests.serve.test_fuzz import FUZZ, MAX_TEXTS, mostly, sentences
 
 # Characters `str.splitlines` also ends a line at; a text may hold them.
 SEPARATOR_LIKE = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 LINES = st.text(st.characters(exclude_characters="\n\r", exclude_categories=["Cs"]) | st.sampled_from(SEPARATOR_LIKE))
 FIELDS = LINES.map(lambda line: line.replace("\t", " ")).filter(str.strip)
+CLIENT_ERRORS = {"INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED"}
+ARGUMENTS = mostly(sentences, st.text(max_size=20) | st.sampled_from(["good\udcff", "\udc80", "-"]))
 
 
 def parse(*argv: str):
@@ -39,3 +45,41 @@ def test_a_tsv_on_stdin_gives_its_texts_and_pairs(rows, header):
     stdin = io.StringIO(("text\tpair\n" if header else "") + "".join(f"{a}\t{b}\t0\n" for a, b in rows))
     texts, pairs = cli.read_texts(parse("--tsv", "-", *(["--header"] if header else [])), stdin)
     assert list(zip(texts, pairs, strict=True)) == rows
+
+
+def outcome(argv: list[str]) -> tuple[int, str, str]:
+    """The CLI's exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv, stdin=io.StringIO())
+        except SystemExit as exited:  # argparse refuses the arguments
+            code = exited.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@FUZZ
+@given(
+    texts=st.lists(ARGUMENTS, min_size=1, max_size=MAX_TEXTS + 2),
+    model=mostly(st.just(""), st.sampled_from(["tiny-sentiment", "bert", "m\udcff"])),
+    kserve=st.booleans(),
+)
+@example(texts=["good\udcff"], model="", kserve=False)
+@example(texts=["good"], model="m\udcff", kserve=True)
+def test_any_arguments_end_in_predictions_a_usage_error_or_a_client_error(served, texts, model, kserve):
+    argv = ["--address", served.address, "--model", model, *(["--kserve"] if kserve else []), "--", *texts]
+    code, out, err = outcome(argv)
+    assert code in (0, 1, 2)
+    if code == 0:
+        assert len(json.loads(out)["predictions"]) == len(texts)
+    if code == 1:
+        assert json.loads(err)["error"]["code"] in CLIENT_ERRORS
+
+
+@pytest.mark.parametrize("token", ["t\u00e9", "two\nlines"])
+def test_a_token_that_cannot_travel_in_metadata_is_a_usage_error(token):
+    assert outcome(["--token", token, "good"])[0] == 2
+
+
+def test_an_empty_address_is_a_usage_error():
+    assert outcome(["--address", "", "good"])[0] == 2
