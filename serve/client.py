@@ -27,6 +27,7 @@ from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
+MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
 
 
@@ -353,8 +354,10 @@ def _address(value: str) -> str:
 
 def _seconds(value: str) -> float:
     seconds = float(value)
-    if not seconds > 0:  # a deadline of 0 or less, or nan, fails every call before it is sent
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    # A deadline of 0 or less, or nan, fails every call before it is sent; so does one past MAX_TIMEOUT, which
+    # overflows gRPC's clock.
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_TIMEOUT:.0e}, got {value}")
     return seconds
 
 

@@ -81,5 +81,10 @@ def test_a_token_that_cannot_travel_in_metadata_is_a_usage_error(token):
     assert outcome(["--token", token, "good"])[0] == 2
 
 
+@pytest.mark.parametrize("timeout", ["inf", "1e10"])
+def test_a_timeout_beyond_what_grpc_can_keep_is_a_usage_error(timeout):
+    assert outcome(["--timeout", timeout, "good"])[0] == 2
+
+
 def test_an_empty_address_is_a_usage_error():
     assert outcome(["--address", "", "good"])[0] == 2
