@@ -421,16 +421,20 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
 
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
-    client = Client(
-        args.address,
-        token=args.token,
-        tls=args.tls,
-        tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        timeout=args.timeout,
-        retries=args.retries,
-    )
+    try:
+        client = Client(
+            args.address,
+            token=args.token,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            timeout=args.timeout,
+            retries=args.retries,
+        )
+    except OSError as err:  # a --tls-ca, --tls-cert or --tls-key that cannot be read
+        print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
     try:
         with client:
             if args.info:
