@@ -6,16 +6,19 @@ Every call ends OK or with a client error that names the problem; an OK reply is
 server stays SERVING and scores a known text as before.
 """
 
+import time
+
 import grpc
 import numpy as np
 import pytest
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.serve.conftest import LABELS, RunningServer, settings_for, write_bundle
+from tests.serve.rawh2 import END_STREAM, Kind, RawClient, frame, message_prefix
 from tests.serve.test_fuzz import FUZZ, KNOWN, MODEL, assert_healthy, known, mostly, names, sentences, versions
 
 __all__ = ["known"]  # the fixture, used by the tests below
@@ -182,3 +185,31 @@ def test_calls_fuzz_metadata_and_deadlines(guarded, headers, timeout, stream):
         if timeout == 10.0:
             assert code == ("OK" if authorized else "UNAUTHENTICATED")
         assert stub.Classify(request, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10).predictions
+
+
+def stream_end(client: RawClient, stream: int, timeout: float = 5) -> list[int]:
+    """The kinds of the frames the server sent on `stream`, once it ended it (END_STREAM, or RST_STREAM)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sent = [(kind, flags) for kind, flags, on, _ in list(client.frames) if on == stream]
+        if any(kind == Kind.RST_STREAM or (kind == Kind.HEADERS and flags & END_STREAM) for kind, flags in sent):
+            return [kind for kind, _ in sent]
+        time.sleep(0.005)
+    raise AssertionError(f"stream {stream} did not end within {timeout} s")
+
+
+@settings(FUZZ, max_examples=30)
+@given(request_id=st.text(st.characters(min_codepoint=0, max_codepoint=0xFF), min_size=1, max_size=40))
+@example(request_id="a\tb")
+@example(request_id="caf\u00e9")
+def test_any_request_id_a_client_sends_gets_the_reply(served, request_id):
+    """Request ids that gRPC libraries would not send (a tab, UTF-8) reach the server from bare HTTP/2 clients; the
+    reply still comes (under a new request id)."""
+    body = pb.ClassifyRequest(texts=KNOWN).SerializeToString()
+    client = RawClient(served.port)
+    try:
+        client.open_call(1, "/edgedistill.v1.Classifier/Classify", (("x-request-id", request_id),))
+        client.send(frame(Kind.DATA, END_STREAM, 1, message_prefix(len(body)) + body))
+        assert Kind.DATA in stream_end(client, 1)
+    finally:
+        client.close()
