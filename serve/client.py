@@ -214,8 +214,9 @@ class ModelChanged(RuntimeError):
 
 
 def _lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin), which must be UTF-8, each ended by LF, CR LF or CR only: `str.splitlines`
-    would also end one at a form feed, U+0085 or U+2028, characters a text may hold."""
+    """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
+    dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
+    U+2028, characters a text may hold."""
     if str(path) == "-":
         try:
             text = stdin.read()
@@ -227,7 +228,7 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UsageError(f"cannot read {path}: {err}") from err
-    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:

@@ -15,7 +15,9 @@ from tests.serve.test_fuzz import FUZZ, MAX_TEXTS, mostly, sentences
 
 # Characters `str.splitlines` also ends a line at; a text may hold them.
 SEPARATOR_LIKE = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
-LINES = st.text(st.characters(exclude_characters="\n\r", exclude_categories=["Cs"]) | st.sampled_from(SEPARATOR_LIKE))
+LINES = st.text(
+    st.characters(exclude_characters="\n\r\ufeff", exclude_categories=["Cs"]) | st.sampled_from(SEPARATOR_LIKE)
+)
 FIELDS = LINES.map(lambda line: line.replace("\t", " ")).filter(str.strip)
 CLIENT_ERRORS = {"INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED"}
 ARGUMENTS = mostly(sentences, st.text(max_size=20) | st.sampled_from(["good\udcff", "\udc80", "-"]))
@@ -29,11 +31,14 @@ def parse(*argv: str):
 @given(
     lines=st.lists(LINES, min_size=1, max_size=6).filter(lambda lines: any(map(str.strip, lines))),
     newline=st.sampled_from(["\n", "\r\n"]),
+    mark=st.sampled_from(["", "\ufeff"]),
 )
-@example(lines=["good\u2028bad", "fun\fawful"], newline="\n")
-def test_a_file_gives_its_lines_that_are_not_blank(tmp_path_factory, lines, newline):
+@example(lines=["good\u2028bad", "fun\fawful"], newline="\n", mark="")
+@example(lines=["good"], newline="\r\n", mark="\ufeff")
+def test_a_file_gives_its_lines_that_are_not_blank(tmp_path_factory, lines, newline, mark):
+    """Whatever the lines hold, and whether a byte order mark (`mark`) begins the file."""
     path = tmp_path_factory.getbasetemp() / "texts.txt"
-    path.write_bytes("".join(line + newline for line in lines).encode())
+    path.write_bytes((mark + "".join(line + newline for line in lines)).encode())
     texts, _ = cli.read_texts(parse("--file", str(path)), io.StringIO())
     assert texts == [line for line in lines if line.strip()]
 
