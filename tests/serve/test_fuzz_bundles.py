@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.serve.conftest import settings_for, write_bundle
-from tests.serve.test_fuzz import FUZZ
+from tests.serve.test_fuzz import FUZZ, mostly
 
 FILE_NAMES = ["model.onnx", "tokenizer.json", "", ".", "..", "../model.onnx", "/etc/hostname", "a\x00b", "x" * 300]
 VALUES = (
@@ -27,6 +27,20 @@ VALUES = (
     | st.lists(st.sampled_from(["text", "text_pair", "a", "", "CPUExecutionProvider", "cuda"]), max_size=3)
     | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
 )
+
+PLAUSIBLE = {  # values a spec field could hold, for corruptions that load and reach the warm-up
+    "name": st.text(max_size=8),
+    "version": st.text(max_size=3),
+    "labels": st.lists(st.text(max_size=4), max_size=4),
+    "text_inputs": st.sampled_from([["text"], ["text", "text_pair"], ["text_pair"], ["text", "text"], []]),
+    "max_length": st.integers(1, 40),
+    "pad_token_id": st.integers(0, 40),
+    "precision": st.sampled_from(["fp32", "fp16", "int8"]),
+    "providers": st.sampled_from([["CPUExecutionProvider"], ["cpu"], ["CUDAExecutionProvider"], ["Nope"]]),
+    "opset": st.integers(0, 30),
+    "fused_operators": st.dictionaries(st.text(max_size=4), st.integers(0, 3), max_size=2),
+    "disabled_optimizers": st.lists(st.sampled_from(["ConstantFolding", "MatMulAddFusion", "Nope", ""]), max_size=2),
+}
 
 
 def rehash(manifest: dict, files: dict[str, bytes]) -> None:
@@ -43,9 +57,10 @@ def corruptions(draw, good: dict) -> tuple[dict | bytes, dict[str, bytes]]:
     manifest, files = json.loads(json.dumps(good["manifest"])), dict(good["files"])
     spec = manifest["info"]["bundle"]
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["spec", "tensor", "entry", "file", "manifest"]))
+        kind = draw(st.sampled_from(["spec"] * 4 + ["tensor"] * 2 + ["entry", "file", "file", "manifest"]))
         if kind == "spec":
-            spec[draw(st.sampled_from(sorted(spec)))] = draw(VALUES)
+            key = draw(st.sampled_from(sorted(spec)))
+            spec[key] = draw(mostly(PLAUSIBLE.get(key, VALUES), VALUES, tenths=6))
         elif kind == "tensor" and isinstance(spec.get("outputs"), list) and isinstance(spec.get("inputs"), list):
             tensors = [t for t in spec["inputs"] + spec["outputs"] if isinstance(t, dict)]
             if tensors:
