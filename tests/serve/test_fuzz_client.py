@@ -100,3 +100,7 @@ def test_a_timeout_beyond_what_grpc_can_keep_is_a_usage_error(timeout):
 
 def test_an_empty_address_is_a_usage_error():
     assert outcome(["--address", "", "good"])[0] == 2
+
+
+def test_a_reload_path_that_is_not_utf8_is_a_usage_error():
+    assert outcome(["--reload", "/runs/bundle-\udcff"])[0] == 2
