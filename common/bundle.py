@@ -24,6 +24,8 @@ CONFIG = "config.json"
 # Bumped when `BundleSpec` gains a required field, so that bundles built before it are rebuilt (see
 # `export.bundle_stage.stage`). 2: `pad_token_id`.
 SPEC_VERSION = 2
+# Tokens: far more than the students built here take, and few enough that the server's warm-up rows fit in memory.
+MAX_LENGTH = 1 << 16
 
 
 class TensorSpec(BaseModel):
@@ -63,7 +65,9 @@ class ServedModel(BaseModel):
 class BundleSpec(ServedModel):
     """What a bundle serves and how; stored as `manifest.info['bundle']`."""
 
-    max_length: int
+    max_length: int = Field(
+        gt=0, le=MAX_LENGTH, description="tokens per text, at most MAX_LENGTH; the server's warm-up runs rows this long"
+    )
     pad_token_id: int = Field(
         ge=0,
         description="the input id that pads shorter rows of a batch, as in training and the export checks; a "
@@ -73,7 +77,7 @@ class BundleSpec(ServedModel):
     outputs: list[TensorSpec]
     precision: Literal["fp32", "fp16", "int8"]
     runtime: Literal["onnxruntime", "tensorrt"]
-    providers: list[str] = Field(description="execution providers it was built and checked for")
+    providers: list[str] = Field(min_length=1, description="execution providers it was built and checked for")
     model_file: str
     arch: str
     opset: int | None = None

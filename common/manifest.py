@@ -80,6 +80,8 @@ def listed_file(folder: Path, name: str) -> Path:
     """The path of the file a manifest lists as `name`; `ArtifactError` unless it lies inside `folder`: no
     absolute path, no `..`, no symlink (of the file or a folder on its way) that leads out."""
     relative = PurePosixPath(name)
+    if "\x00" in name:  # no file system takes it; os.path would raise ValueError
+        raise ArtifactError(f"{folder}: the manifest lists {name!r}, a name with a NUL character that no file can have")
     if not name or relative.is_absolute() or ".." in relative.parts:
         raise ArtifactError(f"{folder}: the manifest lists {name!r}, a path outside the artifact folder")
     file = folder / relative

@@ -27,6 +27,7 @@ from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
+MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
 
 
@@ -213,18 +214,21 @@ class ModelChanged(RuntimeError):
 
 
 def _lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin), which must be UTF-8."""
+    """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
+    dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
+    U+2028, characters a text may hold."""
     if str(path) == "-":
         try:
             text = stdin.read()
             text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
         except (UnicodeDecodeError, UnicodeEncodeError) as err:
             raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
-        return text.splitlines()
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read {path}: {err}") from err
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"cannot read {path}: {err}") from err
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
@@ -327,20 +331,48 @@ def _positive(value: str) -> int:
     return number
 
 
+def _utf8(value: str) -> str:
+    """An argument that is UTF-8: Python passes bytes that are not on as lone surrogates, which no message can carry."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise argparse.ArgumentTypeError(f"not UTF-8 ({err.reason} at position {err.start})") from None
+    return value
+
+
+def _header(value: str) -> str:
+    """A value gRPC metadata can carry: printable ASCII."""
+    if not (value.isascii() and value.isprintable()):
+        raise argparse.ArgumentTypeError("must be printable ASCII, as gRPC metadata values are")
+    return value
+
+
+def _address(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must name the server, host:port")
+    return value
+
+
 def _seconds(value: str) -> float:
     seconds = float(value)
-    if not seconds > 0:  # a deadline of 0 or less, or nan, fails every call before it is sent
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    # A deadline of 0 or less, or nan, fails every call before it is sent; so does one past MAX_TIMEOUT, which
+    # overflows gRPC's clock.
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_TIMEOUT:.0e}, got {value}")
     return seconds
 
 
 def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
-    parser.add_argument("texts", nargs="*", help="texts to classify (default: --file, else one per line on stdin)")
+    parser.add_argument(
+        "texts", nargs="*", type=_utf8, help="texts to classify (default: --file, else one per line on stdin)"
+    )
     parser.add_argument(
         "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
     )
-    parser.add_argument("--pair", action="append", help="the second text of a pair, one per text in order; repeatable")
+    parser.add_argument(
+        "--pair", action="append", type=_utf8, help="the second text of a pair, one per text in order; repeatable"
+    )
     parser.add_argument(
         "--tsv",
         type=Path,
@@ -361,10 +393,12 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
         f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",
     )
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server host:port (default {DEFAULT_ADDRESS})")
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS, type=_address, help=f"server host:port (default {DEFAULT_ADDRESS})"
+    )
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
-    parser.add_argument("--model", default="", help="model name (default: the served one)")
-    parser.add_argument("--token", help="bearer token")
+    parser.add_argument("--model", default="", type=_utf8, help="model name (default: the served one)")
+    parser.add_argument("--token", type=_header, help="bearer token")
     parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
@@ -381,23 +415,27 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     )
     parser.add_argument("--info", action="store_true", help="print the served model's info instead")
     parser.add_argument(
-        "--reload", nargs="?", const="", metavar="BUNDLE", help="reload the bundle (optionally a new one)"
+        "--reload", nargs="?", const="", type=_utf8, metavar="BUNDLE", help="reload the bundle (optionally a new one)"
     )
     return parser
 
 
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
-    client = Client(
-        args.address,
-        token=args.token,
-        tls=args.tls,
-        tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        timeout=args.timeout,
-        retries=args.retries,
-    )
+    try:
+        client = Client(
+            args.address,
+            token=args.token,
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            timeout=args.timeout,
+            retries=args.retries,
+        )
+    except OSError as err:  # a --tls-ca, --tls-cert or --tls-key that cannot be read
+        print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
     try:
         with client:
             if args.info:

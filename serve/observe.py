@@ -44,6 +44,12 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -
     return grpc.StatusCode.OK if err is None else grpc.StatusCode.UNKNOWN
 
 
+def _returnable(request_id: str) -> str:
+    """The client's request id if trailing metadata can return it: printable ASCII. gRPC receives other bytes
+    (a tab, UTF-8) from clients that do not check, but refuses to send them, which would lose the reply."""
+    return request_id if request_id.isascii() and request_id.isprintable() else ""
+
+
 class Refused:
     """Stands for request bytes refused before or while parsing: `reason` says why (INVALID_ARGUMENT)."""
 
@@ -77,8 +83,8 @@ def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: st
 
 
 class CallObserver:
-    """Gives each call a request id (the client's `x-request-id`, or a new one) returned in trailing
-    metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
+    """Gives each call a request id (the client's `x-request-id` if printable ASCII, else a new one) returned in
+    trailing metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
     (health checks exempt, so probes work), and with `admin_token` that one instead for `admin_methods`; records
     status and latency in `metrics`; logs failed calls, and successful ones too with `access_log`. `prechecks`
     maps a unary method to a look at its request's bytes before they are parsed."""
@@ -123,7 +129,7 @@ class CallObserver:
         """The call's request id and its context token; and whether the call is refused (auth, or a `Refused`
         request), its status then set."""
         metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
-        request_id = metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID] or uuid.uuid4().hex
+        request_id = _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID]) or uuid.uuid4().hex
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         token = REQUEST_ID.set(request_id)
         expected = self._admin if self._admin is not None and method in self.admin_methods else self._expected
