@@ -362,11 +362,15 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            problems.append(f"{key or '<recipe>'}: {e['msg']}{from_env.get(key, '')}")
+        problems = [_problem(e, from_env) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
+
+
+def _problem(error: dict, from_env: dict[str, str]) -> str:
+    """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
+    key = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return (message if message.startswith(key) else f"{key}: {message}") + from_env.get(key, "")
 
 
 def run_dir(recipe: Recipe) -> Path:

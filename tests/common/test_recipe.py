@@ -129,6 +129,22 @@ def test_symmetric_pairs_without_pairs_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
 
 
+def test_a_section_rule_names_its_keys_after_the_file_alone(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: data\.symmetric_pairs needs"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
+
+
+def test_a_recipe_wide_rule_names_its_keys_after_the_file_alone(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: model\.init is null"):
+        load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
+
+
+def test_a_field_rule_keeps_the_key_it_checks(tmp_path):
+    student = "distill: {deploy: t, students: {t: {model: {arch: transformer, hidden_size: 10, num_heads: 3}}}}\n"
+    with pytest.raises(RecipeError, match=r"exp\.yaml: distill\.students\.t\.model: hidden_size=10 is not divisible"):
+        load_recipe(write(tmp_path, MINIMAL + student))
+
+
 def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="finetune.pooling=mean needs a bert teacher"):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
