@@ -62,9 +62,14 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append((number, json.loads(line)))
+                    row = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"
+                    )
+                rows.append((number, row))
         return rows
     if suffix not in (".tsv", ".csv"):
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
@@ -97,20 +102,33 @@ def _from_hub(spec: str):
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
-    """A label cell as its index: one of the label names, else an integer index in range."""
-    if isinstance(cell, str):
-        text = cell.strip()
-        if text in names:
-            return names[text]
-        index = int(text) if text.isascii() and text.isdigit() else None
-    else:
-        index = cell if isinstance(cell, int) and not isinstance(cell, bool) else None
+    """A label cell as its index: one of the label names, else an integer index in range. A JSON integer is read as
+    its digits, as a text cell is, so that the same labels in TSV and JSONL mean the same."""
+    integer = isinstance(cell, int) and not isinstance(cell, bool)
+    text = cell.strip() if isinstance(cell, str) else str(cell) if integer else None
+    if text in names:
+        return names[text]
+    index = int(text) if text is not None and text.isascii() and text.isdigit() else None
     if index is None or not 0 <= index < len(names):
         raise DataError(
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
             f"0..{len(names) - 1}; fix the file, or list the task's labels in data.label_names in the recipe"
         )
     return index
+
+
+def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:
+    """The error for a row without the recipe's columns: on the first row the recipe names the wrong ones, later the
+    row lacks what the first one holds."""
+    number, row = line
+    found = f"found {sorted(row)}"
+    if number != first:
+        return DataError(
+            f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
+        )
+    where = f"{source}:1 (the header)" if Path(source).suffix.lower() in (".tsv", ".csv") else f"{source}:{number}"
+    settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
+    return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
 
 
 def load_labelled(source: str, cfg: DataConfig) -> Labelled:
@@ -123,15 +141,11 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         rows = _rows(Path(source))
     if not rows:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
-    first_line, first = rows[0]
-    missing = [c for c in columns if c not in first]
-    if missing:
-        where = f"{source}:1 (the header)" if Path(source).suffix in (".tsv", ".csv") else f"{source}:{first_line}"
-        settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
-        raise DataError(f"{where}: missing column(s) {missing}; found {sorted(first)}. Set {settings} in the recipe")
     names = {name: index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
-    for number, row in rows:
+    for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
+        if missing := [c for c in columns if c not in row]:
+            raise _missing_columns(source, (number, row), rows[0][0], missing, cfg)
         text = row[cfg.text_column]
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")

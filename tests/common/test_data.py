@@ -141,6 +141,25 @@ def test_jsonl_labels_by_name_and_by_integer(tmp_path):
     assert load_labelled(str(tmp_path / "l.jsonl"), TREC).labels == [3, 1]
 
 
+def test_a_jsonl_integer_that_is_a_label_name_is_read_as_the_name(tmp_path):
+    """The same star ratings as JSON integers: `1` is the label named `1`, as the TSV cell `1` is."""
+    (tmp_path / "l.jsonl").write_text('{"question": "ok", "label": 1}\n{"question": "top", "label": 5}\n')
+    stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
+    assert load_labelled(str(tmp_path / "l.jsonl"), stars).labels == [0, 4]
+
+
+def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?"}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: missing \['label'\] \(found \['question'\]\), which line 1 has"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
+
+
+def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n["why ?", "DESC"]\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: a JSON list, not an object"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
+
+
 def test_shared_trec_labels_by_name(data_dir):
     dev = load_labelled(str(data_dir / "trec/dev.tsv"), TREC)
     assert sorted(set(dev.labels)) == [0, 1, 2, 3, 4, 5]
