@@ -241,6 +241,12 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
         return value
 
     def sub(match):
+        if match.group(1).startswith(settings.ENV_PREFIX) and match.group(1) not in settings.PIPELINE:
+            raise RecipeError(
+                f"{where}: ${{{match.group(1)}}}: {settings.ENV_PREFIX}* names are edgedistill's own settings, and the "
+                f"server (and so every serving stage) refuses at start one it does not know: name the variable "
+                f"without that prefix"
+            )
         if match.group(1) not in variables:
             raise RecipeError(
                 f"{where}: unknown setting ${{{match.group(1)}}}: no environment variable of that name is set "

@@ -34,6 +34,7 @@ ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION"
 PROGRESS_VAR = "EDGEDISTILL_PROGRESS"  # read by common.progress
 PROGRESS_INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
 TRT_CACHE_VAR = "EDGEDISTILL_TRT_CACHE"  # read by trt_cache()
+ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server refuses a name under it that it does not know
 # the `EDGEDISTILL_*` names the pipeline reads
 PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
 

@@ -264,6 +264,19 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
 
 
+def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, monkeypatch):
+    """The server refuses an EDGEDISTILL_* variable it does not know: the recipe says so before any stage runs."""
+    monkeypatch.setenv("EDGEDISTILL_MY_DATA", str(tmp_path))
+    with pytest.raises(RecipeError, match=r"data\.train: \$\{EDGEDISTILL_MY_DATA\}: EDGEDISTILL_\* names are"):
+        load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_MY_DATA}/a.tsv'")))
+
+
+def test_a_pipeline_setting_is_a_variable_a_recipe_may_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path))
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_DATA_DIR}/a.tsv'")))
+    assert recipe.data.train == f"{tmp_path}/a.tsv"
+
+
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
     monkeypatch.delenv("NOPE", raising=False)
     with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
