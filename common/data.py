@@ -11,6 +11,8 @@ from pathlib import Path
 
 from edgedistill.common.config.training import DataConfig
 
+BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
+
 
 class DataError(ValueError):
     """Data that cannot be used, with the file, the line and how to fix it."""
@@ -47,7 +49,7 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
     raw = path.read_bytes()
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); re-encode the file as UTF-8") from None
@@ -174,7 +176,7 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
             try:
-                line = raw.decode("utf-8").strip()
+                line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
             except UnicodeDecodeError:
                 raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
             if line:

@@ -89,6 +89,21 @@ def test_missing_file_and_format(tmp_path):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
+def test_a_csv_saved_with_a_byte_order_mark_finds_its_first_column(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfsentence,label\r\ngood,1\r\n")
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good"]
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_reads_its_first_line(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"sentence": "good", "label": 1}\n')
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).labels == [1]
+
+
+def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"\xef\xbb\xbffirst line\nsecond\n")
+    assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
+
+
 def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "u1.txt").write_text("one\n\n two \n")
     (tmp_path / "u2.txt").write_text("three\nfour\n")
