@@ -100,7 +100,14 @@ def _from_hub(spec: str):
     if len(parts) < 2:
         raise DataError(f"{spec}: a Hub source looks like hub:<dataset>[/<config>]:<split>[:<column>]")
     name, _, config = parts[0].partition("/")
-    return datasets.load_dataset(name, config or None, split=parts[1]), (parts[2] if len(parts) > 2 else None)
+    try:
+        split = datasets.load_dataset(name, config or None, split=parts[1])
+    except (OSError, ValueError) as err:  # no network or offline (ConnectionError), no such dataset, no such split
+        raise DataError(
+            f"{spec}: cannot load it from the Hub ({err}); name a local file, or a Hub dataset where the Hub can be "
+            "reached (with HF_HUB_OFFLINE=1, one in the local cache)"
+        ) from None
+    return split, (parts[2] if len(parts) > 2 else None)
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:

@@ -104,6 +104,11 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
+    with pytest.raises(DataError, match=r"hub:no-such-org/no-such-set:train: cannot load it from the Hub"):
+        load_labelled("hub:no-such-org/no-such-set:train", CFG)
+
+
 def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "u1.txt").write_text("one\n\n two \n")
     (tmp_path / "u2.txt").write_text("three\nfour\n")
