@@ -356,27 +356,30 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     if not path.is_file():
         raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
     raw = _read(path)
-    raw.setdefault("name", path.stem)
-    from_env = {}  # key -> the variable that set it, for errors: the recipe file does not hold its value
+    origins = {}  # key -> where its value came from, for errors: the recipe file does not hold it
+    if "name" not in raw:
+        raw["name"] = path.stem
+        origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
     for variable, key in settings.ENV_OVERRIDES.items():
         if os.environ.get(variable) and key not in (overrides or {}):
             apply_override(raw, key, os.environ[variable])
-            from_env[key] = settings.env_source(key)
+            origins[key] = settings.env_source(key)
     variables = settings.variables()
     for key, value in (overrides or {}).items():
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_problem(e, from_env) for e in err.errors()]
+        problems = [_problem(e, origins) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
-def _problem(error: dict, from_env: dict[str, str]) -> str:
+def _problem(error: dict, origins: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
     key = ".".join(str(p) for p in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
-    return (message if message.startswith(key) else f"{key}: {message}") + from_env.get(key, "")
+    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "")
 
 
 def run_dir(recipe: Recipe) -> Path:

@@ -145,6 +145,17 @@ def test_a_field_rule_keeps_the_key_it_checks(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + student))
 
 
+def test_a_file_name_that_is_no_run_name_says_the_name_comes_from_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"from the file name 'my exp': rename the file, or set name:"):
+        load_recipe(write(tmp_path, MINIMAL, name="my exp.yaml"))
+
+
+def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(write(tmp_path, MINIMAL), {"name": "my exp"})
+    assert "file name" not in str(refused.value)
+
+
 def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="finetune.pooling=mean needs a bert teacher"):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
