@@ -84,9 +84,15 @@ def env_source(key: str, value: object = None) -> str:
 
 
 def variables() -> dict[str, str]:
-    """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names."""
-    values = defaults()
+    """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names. A path
+    setting given as `./x` or `../x` is made absolute from the working directory, as the stages read it: left
+    relative, the recipe would take it for a path relative to its own folder."""
+    values = {name: _from_cwd(value) for name, value in defaults().items()}
     return dict(os.environ) | values | {RENAMED[name]: value for name, value in values.items()}
+
+
+def _from_cwd(value: str) -> str:
+    return str((Path.cwd() / value).resolve()) if value.startswith(("./", "../")) else value
 
 
 def recipe_folders() -> list[Path]:

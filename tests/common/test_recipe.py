@@ -288,6 +288,17 @@ def test_a_pipeline_setting_is_a_variable_a_recipe_may_name(tmp_path, monkeypatc
     assert recipe.data.train == f"{tmp_path}/a.tsv"
 
 
+def test_a_relative_data_dir_setting_resolves_from_the_working_directory(tmp_path, monkeypatch):
+    """`EDGEDISTILL_DATA_DIR=../data` is a path from where the commands run, not from the recipe's folder."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "../data")
+    (tmp_path / "tasks" / "mine").mkdir(parents=True)
+    text = MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_DATA_DIR}/a.tsv'")
+    recipe = load_recipe(write(tmp_path / "tasks" / "mine", text))
+    assert recipe.data.train == str(tmp_path.resolve() / "data" / "a.tsv")
+
+
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
     monkeypatch.delenv("NOPE", raising=False)
     with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
