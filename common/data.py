@@ -5,6 +5,7 @@ line, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
 """
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,10 +59,13 @@ def _read_text(path: Path) -> str:
 def _rows(path: Path) -> list[tuple[int, dict]]:
     """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file."""
     text = _read_text(path)
+    # Lines end at \n or \r\n only, as csv wants them: str.splitlines also ends one at characters a text may hold
+    # (U+2028, U+0085, ...), and strips the line ends that keep a quoted CSV field's own lines apart.
+    lines = io.StringIO(text, newline="")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
                     row = json.loads(line)
@@ -76,7 +80,7 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
     if suffix not in (".tsv", ".csv"):
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
     reader = csv.DictReader(
-        text.splitlines(),
+        lines,
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )

@@ -109,6 +109,21 @@ def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
         load_labelled("hub:no-such-org/no-such-set:train", CFG)
 
 
+def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence,label\n"line one\nline two",1\n')
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
+
+
+def test_a_jsonl_text_holding_a_unicode_line_separator_stays_one_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "first\u2028second", "label": 1}\n', encoding="utf-8")
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["first\u2028second"]
+
+
+def test_a_tsv_text_holding_a_next_line_character_stays_one_row(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\nfirst\x85second\t1\n", encoding="utf-8")
+    assert load_labelled(str(tmp_path / "a.tsv"), CFG).labels == [1]
+
+
 def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "u1.txt").write_text("one\n\n two \n")
     (tmp_path / "u2.txt").write_text("three\nfour\n")
