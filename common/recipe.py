@@ -322,15 +322,25 @@ def _known() -> str:
     return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
+def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
+    """A hint where the line YAML stopped at holds `${`: in `{...}` or `[...]`, YAML reads its `{` as a mapping."""
+    mark = getattr(err, "problem_mark", None)
+    lines = text.splitlines()
+    if mark is None or mark.line >= len(lines) or "${" not in lines[mark.line]:
+        return ""
+    return '\n(inside {...} or [...], quote a value that holds ${NAME}: ["${EDGEDISTILL_DATA_DIR}/file.txt"])'
+
+
 def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way)."""
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise RecipeError(f"{path}: extends itself: {cycle}")
+    text = path.read_text(encoding="utf-8")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {err}") from err
+        raise RecipeError(f"{path}: not valid YAML: {err}{_unquoted_variable(text, err)}") from err
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of sections")
     try:

@@ -299,6 +299,18 @@ def test_a_relative_data_dir_setting_resolves_from_the_working_directory(tmp_pat
     assert recipe.data.train == str(tmp_path.resolve() / "data" / "a.tsv")
 
 
+def test_an_unquoted_variable_inside_brackets_says_to_quote_it(tmp_path):
+    text = MINIMAL + "transfer: {unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}\n"
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: 1\n"))
+    assert "quote a value" not in str(refused.value)
+
+
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
     monkeypatch.delenv("NOPE", raising=False)
     with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
