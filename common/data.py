@@ -115,13 +115,14 @@ def _from_hub(spec: str):
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
-    """A label cell as its index: one of the label names, else an integer index in range. A JSON integer is read as
-    its digits, as a text cell is, so that the same labels in TSV and JSONL mean the same."""
-    integer = isinstance(cell, int) and not isinstance(cell, bool)
-    text = cell.strip() if isinstance(cell, str) else str(cell) if integer else None
-    if text in names:
-        return names[text]
-    index = int(text) if text is not None and text.isascii() and text.isdigit() else None
+    """A label cell as its index: one of the label names, else an integer index in range."""
+    if isinstance(cell, str):
+        text = cell.strip()
+        if text in names:
+            return names[text]
+        index = int(text) if text.isascii() and text.isdigit() else None
+    else:
+        index = cell if isinstance(cell, int) and not isinstance(cell, bool) else None
     if index is None or not 0 <= index < len(names):
         raise DataError(
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
@@ -163,7 +164,10 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
         texts.append(str(text).strip())
-        labels.append(_label_index(row[cfg.label_column], names, f"{source}:{number}"))
+        label = row[cfg.label_column]
+        if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
+            label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
+        labels.append(_label_index(label, names, f"{source}:{number}"))
         if cfg.text_pair_column:
             pair = row[cfg.text_pair_column]
             if pair is None or not str(pair).strip():

@@ -2,7 +2,7 @@ import re
 
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, Labelled, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.data import DataError, Labelled, _label_index, load_labelled, load_splits, load_unlabelled
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(
@@ -181,6 +181,11 @@ def test_a_jsonl_integer_that_is_a_label_name_is_read_as_the_name(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "ok", "label": 1}\n{"question": "top", "label": 5}\n')
     stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
     assert load_labelled(str(tmp_path / "l.jsonl"), stars).labels == [0, 4]
+
+
+def test_an_integer_cell_is_an_index_even_where_a_name_is_its_digits():
+    """A Hub class label reaches the label reader as an integer: the index of the dataset's own label."""
+    assert _label_index(1, {"1": 0, "2": 1}, "hub:x:train:1") == 1
 
 
 def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
