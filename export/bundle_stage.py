@@ -239,7 +239,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         runner.close()
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data)
     cfg = recipe.export
-    agreement = {"fp16": cfg.min_fp16_agreement, "int8": cfg.min_int8_agreement}.get(spec.precision, cfg.min_agreement)
+    agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",

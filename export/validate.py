@@ -10,6 +10,8 @@ from edgedistill.distill.metrics import task_metrics
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
 SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
+# Each precision's agreement gate: its key under the recipe's `export` section.
+AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
 FP32_SHAPE_TOLERANCE = 1e-3
 
 
@@ -76,12 +78,12 @@ def gate(figures: dict[str, float], precision: str, min_agreement: float, max_in
         if drop > max_int8_drop:
             raise ExportGateError(
                 f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
-                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop}"
+                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop} (export.max_int8_drop)"
             )
     if figures["agreement"] < min_agreement:
         raise ExportGateError(
             f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement']:.4%} of dev "
-            f"(gate {min_agreement:.2%}), max |Δlogit| {figures['max_abs_diff']:.3e}"
+            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), max |Δlogit| {figures['max_abs_diff']:.3e}"
         )
 
 

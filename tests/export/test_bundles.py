@@ -252,6 +252,18 @@ def test_fp32_gate_message_has_the_figures():
         gate(figures, "fp32", 0.999, 0.005, "x")
 
 
+def test_an_agreement_gate_names_its_recipe_key():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ExportGateError, match=r"\(gate 99\.50%, export\.min_fp16_agreement\)"):
+        gate(parity(logits[::-1], logits, [0, 1], BINARY), "fp16", 0.995, 0.005, "x")
+
+
+def test_the_int8_accuracy_gate_names_its_recipe_key():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ExportGateError, match=r"the gate allows 0\.005 \(export\.max_int8_drop\)"):
+        gate(parity(logits[::-1], logits, [0, 1], BINARY), "int8", 0.0, 0.005, "x")
+
+
 def predicting(*labels: int) -> np.ndarray:
     """Two-class logits whose predictions are `labels`."""
     return np.eye(2)[list(labels)]
