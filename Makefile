@@ -11,8 +11,6 @@ RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
-NAME     := $(basename $(notdir $(RECIPE)))
-RUN      := $(RUNS_DIR)/$(NAME)
 STAMP    := $(VENV)/.installed
 RECIPES  := $(wildcard recipes/*.yaml)
 ED       := $(VENV)/bin/edgedistill
@@ -73,8 +71,11 @@ bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each 
 bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run (recipe: bench.models)
 	$(ED) bench models $(RECIPE)
 
-# The recipe's export.deploy; a recipe that does not load prints its error (one line) and stops make.
-DEPLOY = $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.export.deploy if r.export else '')")
+# The recipe's name (its `name:`, else the file's) and export.deploy, read once when a target needs them; a recipe
+# that does not load prints its error (one line), and then make stops where it needs the deployed bundle.
+RECIPE_INFO = $(eval RECIPE_INFO := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
+RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
+DEPLOY = $(word 2,$(RECIPE_INFO))
 BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton

@@ -5,11 +5,14 @@ line, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
 """
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgedistill.common.config.training import DataConfig
+
+BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 
 
 class DataError(ValueError):
@@ -47,7 +50,7 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
     raw = path.read_bytes()
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); re-encode the file as UTF-8") from None
@@ -56,20 +59,28 @@ def _read_text(path: Path) -> str:
 def _rows(path: Path) -> list[tuple[int, dict]]:
     """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file."""
     text = _read_text(path)
+    # Lines end at \n or \r\n only, as csv wants them: str.splitlines also ends one at characters a text may hold
+    # (U+2028, U+0085, ...), and strips the line ends that keep a quoted CSV field's own lines apart.
+    lines = io.StringIO(text, newline="")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    rows.append((number, json.loads(line)))
+                    row = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"
+                    )
+                rows.append((number, row))
         return rows
     if suffix not in (".tsv", ".csv"):
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
     reader = csv.DictReader(
-        text.splitlines(),
+        lines,
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )
@@ -93,7 +104,14 @@ def _from_hub(spec: str):
     if len(parts) < 2:
         raise DataError(f"{spec}: a Hub source looks like hub:<dataset>[/<config>]:<split>[:<column>]")
     name, _, config = parts[0].partition("/")
-    return datasets.load_dataset(name, config or None, split=parts[1]), (parts[2] if len(parts) > 2 else None)
+    try:
+        split = datasets.load_dataset(name, config or None, split=parts[1])
+    except (OSError, ValueError) as err:  # no network or offline (ConnectionError), no such dataset, no such split
+        raise DataError(
+            f"{spec}: cannot load it from the Hub ({err}); name a local file, or a Hub dataset where the Hub can be "
+            "reached (with HF_HUB_OFFLINE=1, one in the local cache)"
+        ) from None
+    return split, (parts[2] if len(parts) > 2 else None)
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
@@ -113,6 +131,20 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
     return index
 
 
+def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:
+    """The error for a row without the recipe's columns: on the first row the recipe names the wrong ones, later the
+    row lacks what the first one holds."""
+    number, row = line
+    found = f"found {sorted(row)}"
+    if number != first:
+        return DataError(
+            f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
+        )
+    where = f"{source}:1 (the header)" if Path(source).suffix.lower() in (".tsv", ".csv") else f"{source}:{number}"
+    settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
+    return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
+
+
 def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
@@ -123,20 +155,19 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         rows = _rows(Path(source))
     if not rows:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
-    first_line, first = rows[0]
-    missing = [c for c in columns if c not in first]
-    if missing:
-        where = f"{source}:1 (the header)" if Path(source).suffix in (".tsv", ".csv") else f"{source}:{first_line}"
-        settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
-        raise DataError(f"{where}: missing column(s) {missing}; found {sorted(first)}. Set {settings} in the recipe")
     names = {name: index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
-    for number, row in rows:
+    for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
+        if missing := [c for c in columns if c not in row]:
+            raise _missing_columns(source, (number, row), rows[0][0], missing, cfg)
         text = row[cfg.text_column]
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
         texts.append(str(text).strip())
-        labels.append(_label_index(row[cfg.label_column], names, f"{source}:{number}"))
+        label = row[cfg.label_column]
+        if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
+            label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
+        labels.append(_label_index(label, names, f"{source}:{number}"))
         if cfg.text_pair_column:
             pair = row[cfg.text_pair_column]
             if pair is None or not str(pair).strip():
@@ -160,7 +191,7 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
             try:
-                line = raw.decode("utf-8").strip()
+                line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
             except UnicodeDecodeError:
                 raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
             if line:

@@ -241,6 +241,12 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
         return value
 
     def sub(match):
+        if match.group(1).startswith(settings.ENV_PREFIX) and match.group(1) not in settings.PIPELINE:
+            raise RecipeError(
+                f"{where}: ${{{match.group(1)}}}: {settings.ENV_PREFIX}* names are edgedistill's own settings, and the "
+                f"server (and so every serving stage) refuses at start one it does not know: name the variable "
+                f"without that prefix"
+            )
         if match.group(1) not in variables:
             raise RecipeError(
                 f"{where}: unknown setting ${{{match.group(1)}}}: no environment variable of that name is set "
@@ -316,15 +322,25 @@ def _known() -> str:
     return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
+def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
+    """A hint where the line YAML stopped at holds `${`: in `{...}` or `[...]`, YAML reads its `{` as a mapping."""
+    mark = getattr(err, "problem_mark", None)
+    lines = text.splitlines()
+    if mark is None or mark.line >= len(lines) or "${" not in lines[mark.line]:
+        return ""
+    return '\n(inside {...} or [...], quote a value that holds ${NAME}: ["${EDGEDISTILL_DATA_DIR}/file.txt"])'
+
+
 def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way)."""
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise RecipeError(f"{path}: extends itself: {cycle}")
+    text = path.read_text(encoding="utf-8")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {err}") from err
+        raise RecipeError(f"{path}: not valid YAML: {err}{_unquoted_variable(text, err)}") from err
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of sections")
     try:
@@ -350,23 +366,30 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     if not path.is_file():
         raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
     raw = _read(path)
-    raw.setdefault("name", path.stem)
-    from_env = {}  # key -> the variable that set it, for errors: the recipe file does not hold its value
+    origins = {}  # key -> where its value came from, for errors: the recipe file does not hold it
+    if "name" not in raw:
+        raw["name"] = path.stem
+        origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
     for variable, key in settings.ENV_OVERRIDES.items():
         if os.environ.get(variable) and key not in (overrides or {}):
             apply_override(raw, key, os.environ[variable])
-            from_env[key] = settings.env_source(key)
+            origins[key] = settings.env_source(key)
     variables = settings.variables()
     for key, value in (overrides or {}).items():
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            problems.append(f"{key or '<recipe>'}: {e['msg']}{from_env.get(key, '')}")
+        problems = [_problem(e, origins) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
+
+
+def _problem(error: dict, origins: dict[str, str]) -> str:
+    """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
+    key = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "")
 
 
 def run_dir(recipe: Recipe) -> Path:

@@ -34,6 +34,7 @@ ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION"
 PROGRESS_VAR = "EDGEDISTILL_PROGRESS"  # read by common.progress
 PROGRESS_INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
 TRT_CACHE_VAR = "EDGEDISTILL_TRT_CACHE"  # read by trt_cache()
+ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server refuses a name under it that it does not know
 # the `EDGEDISTILL_*` names the pipeline reads
 PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
 
@@ -83,9 +84,15 @@ def env_source(key: str, value: object = None) -> str:
 
 
 def variables() -> dict[str, str]:
-    """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names."""
-    values = defaults()
+    """What a recipe's `${NAME}` may name: any environment variable, and the path settings under both names. A path
+    setting given as `./x` or `../x` is made absolute from the working directory, as the stages read it: left
+    relative, the recipe would take it for a path relative to its own folder."""
+    values = {name: _from_cwd(value) for name, value in defaults().items()}
     return dict(os.environ) | values | {RENAMED[name]: value for name, value in values.items()}
+
+
+def _from_cwd(value: str) -> str:
+    return str((Path.cwd() / value).resolve()) if value.startswith(("./", "../")) else value
 
 
 def recipe_folders() -> list[Path]:

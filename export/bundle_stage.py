@@ -35,6 +35,7 @@ from edgedistill.common.runtime import missing_here, open_runner, require_tensor
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
+from edgedistill.distill.metrics import selection_key
 from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export import optimize, quantize, validate
@@ -236,9 +237,9 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         )
     finally:
         runner.close()
-    figures = validate.parity(exported_logits, torch_logits, cache.dev.labels)
+    figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data)
     cfg = recipe.export
-    agreement = {"fp16": cfg.min_fp16_agreement, "int8": cfg.min_int8_agreement}.get(spec.precision, cfg.min_agreement)
+    agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
@@ -269,6 +270,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         (folder / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     fused_note = f" fused={fused}" if fused else ""
+    selected = selection_key(recipe.data)
+    selected_note = f" {selected}={figures[selected]:.4f}" if selected != "dev_accuracy" else ""
     return Built(
         write,
         metrics={
@@ -276,6 +279,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "torch_dev_accuracy": figures["torch_dev_accuracy"],
             "agreement": figures["agreement"],
             "max_abs_diff": figures["max_abs_diff"],
+            **{key: figures[key] for key in ("dev_macro_f1", "dev_f1") if key in figures},
             "params": source.params,
         },
         info={
@@ -289,7 +293,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "tensorrt_build": build_info,
         },
         line=lambda manifest: (
-            f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f} (torch {figures['torch_dev_accuracy']:.4f}, "
+            f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f}{selected_note} "
+            f"(torch {figures['torch_dev_accuracy']:.4f}, "
             f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
             f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
         ),

@@ -3,11 +3,15 @@ shapes."""
 
 import numpy as np
 import torch
+from edgedistill.common.config.training import DataConfig
 from edgedistill.common.runtime import Runner
 from edgedistill.distill.finetune import predict_logits
+from edgedistill.distill.metrics import task_metrics
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
 SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
+# Each precision's agreement gate: its key under the recipe's `export` section.
+AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
 FP32_SHAPE_TOLERANCE = 1e-3
 
 
@@ -52,14 +56,17 @@ def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str,
     return worst
 
 
-def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int]) -> dict[str, float]:
-    """Agreement of predictions, max |Δlogit|, and both accuracies on the same examples."""
+def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int], data: DataConfig) -> dict[str, float]:
+    """Agreement of predictions, max |Δlogit|, both accuracies on the same examples, and the exported model's
+    `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too."""
     gold = np.asarray(labels)
+    task = task_metrics(ort_logits, labels, data)
     return {
         "agreement": float((ort_logits.argmax(-1) == torch_logits.argmax(-1)).mean()),
         "max_abs_diff": float(np.abs(ort_logits - torch_logits).max()),
         "dev_accuracy": float((ort_logits.argmax(-1) == gold).mean()),
         "torch_dev_accuracy": float((torch_logits.argmax(-1) == gold).mean()),
+        **{key: task[key] for key in ("dev_macro_f1", "dev_f1") if key in task},
     }
 
 
@@ -71,12 +78,12 @@ def gate(figures: dict[str, float], precision: str, min_agreement: float, max_in
         if drop > max_int8_drop:
             raise ExportGateError(
                 f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
-                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop}"
+                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop} (export.max_int8_drop)"
             )
     if figures["agreement"] < min_agreement:
         raise ExportGateError(
             f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement']:.4%} of dev "
-            f"(gate {min_agreement:.2%}), max |Δlogit| {figures['max_abs_diff']:.3e}"
+            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), max |Δlogit| {figures['max_abs_diff']:.3e}"
         )
 
 

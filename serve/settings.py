@@ -10,10 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from edgedistill.common.settings import PIPELINE
+from edgedistill.common.settings import ENV_PREFIX, PIPELINE
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
-
-ENV_PREFIX = "EDGEDISTILL_"
 
 
 class SettingsError(ValueError):

@@ -2,7 +2,7 @@ import re
 
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, Labelled, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.data import DataError, Labelled, _label_index, load_labelled, load_splits, load_unlabelled
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(
@@ -89,6 +89,41 @@ def test_missing_file_and_format(tmp_path):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
+def test_a_csv_saved_with_a_byte_order_mark_finds_its_first_column(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfsentence,label\r\ngood,1\r\n")
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good"]
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_reads_its_first_line(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"sentence": "good", "label": 1}\n')
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).labels == [1]
+
+
+def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"\xef\xbb\xbffirst line\nsecond\n")
+    assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
+
+
+def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
+    with pytest.raises(DataError, match=r"hub:no-such-org/no-such-set:train: cannot load it from the Hub"):
+        load_labelled("hub:no-such-org/no-such-set:train", CFG)
+
+
+def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence,label\n"line one\nline two",1\n')
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
+
+
+def test_a_jsonl_text_holding_a_unicode_line_separator_stays_one_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "first\u2028second", "label": 1}\n', encoding="utf-8")
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["first\u2028second"]
+
+
+def test_a_tsv_text_holding_a_next_line_character_stays_one_row(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\nfirst\x85second\t1\n", encoding="utf-8")
+    assert load_labelled(str(tmp_path / "a.tsv"), CFG).labels == [1]
+
+
 def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "u1.txt").write_text("one\n\n two \n")
     (tmp_path / "u2.txt").write_text("three\nfour\n")
@@ -139,6 +174,30 @@ def test_a_name_that_is_a_number_is_read_as_the_name(tmp_path):
 def test_jsonl_labels_by_name_and_by_integer(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?", "label": 1}\n')
     assert load_labelled(str(tmp_path / "l.jsonl"), TREC).labels == [3, 1]
+
+
+def test_a_jsonl_integer_that_is_a_label_name_is_read_as_the_name(tmp_path):
+    """The same star ratings as JSON integers: `1` is the label named `1`, as the TSV cell `1` is."""
+    (tmp_path / "l.jsonl").write_text('{"question": "ok", "label": 1}\n{"question": "top", "label": 5}\n')
+    stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
+    assert load_labelled(str(tmp_path / "l.jsonl"), stars).labels == [0, 4]
+
+
+def test_an_integer_cell_is_an_index_even_where_a_name_is_its_digits():
+    """A Hub class label reaches the label reader as an integer: the index of the dataset's own label."""
+    assert _label_index(1, {"1": 0, "2": 1}, "hub:x:train:1") == 1
+
+
+def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?"}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: missing \['label'\] \(found \['question'\]\), which line 1 has"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
+
+
+def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n["why ?", "DESC"]\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: a JSON list, not an object"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
 
 
 def test_shared_trec_labels_by_name(data_dir):

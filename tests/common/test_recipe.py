@@ -129,6 +129,33 @@ def test_symmetric_pairs_without_pairs_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
 
 
+def test_a_section_rule_names_its_keys_after_the_file_alone(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: data\.symmetric_pairs needs"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.symmetric_pairs": True})
+
+
+def test_a_recipe_wide_rule_names_its_keys_after_the_file_alone(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: model\.init is null"):
+        load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
+
+
+def test_a_field_rule_keeps_the_key_it_checks(tmp_path):
+    student = "distill: {deploy: t, students: {t: {model: {arch: transformer, hidden_size: 10, num_heads: 3}}}}\n"
+    with pytest.raises(RecipeError, match=r"exp\.yaml: distill\.students\.t\.model: hidden_size=10 is not divisible"):
+        load_recipe(write(tmp_path, MINIMAL + student))
+
+
+def test_a_file_name_that_is_no_run_name_says_the_name_comes_from_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"from the file name 'my exp': rename the file, or set name:"):
+        load_recipe(write(tmp_path, MINIMAL, name="my exp.yaml"))
+
+
+def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(write(tmp_path, MINIMAL), {"name": "my exp"})
+    assert "file name" not in str(refused.value)
+
+
 def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="finetune.pooling=mean needs a bert teacher"):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
@@ -246,6 +273,42 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         RecipeError, match=r"exp\.yaml: data\.train: unknown setting \$\{NOPE\}: no environment variable"
     ):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
+
+
+def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, monkeypatch):
+    """The server refuses an EDGEDISTILL_* variable it does not know: the recipe says so before any stage runs."""
+    monkeypatch.setenv("EDGEDISTILL_MY_DATA", str(tmp_path))
+    with pytest.raises(RecipeError, match=r"data\.train: \$\{EDGEDISTILL_MY_DATA\}: EDGEDISTILL_\* names are"):
+        load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_MY_DATA}/a.tsv'")))
+
+
+def test_a_pipeline_setting_is_a_variable_a_recipe_may_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path))
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_DATA_DIR}/a.tsv'")))
+    assert recipe.data.train == f"{tmp_path}/a.tsv"
+
+
+def test_a_relative_data_dir_setting_resolves_from_the_working_directory(tmp_path, monkeypatch):
+    """`EDGEDISTILL_DATA_DIR=../data` is a path from where the commands run, not from the recipe's folder."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "../data")
+    (tmp_path / "tasks" / "mine").mkdir(parents=True)
+    text = MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_DATA_DIR}/a.tsv'")
+    recipe = load_recipe(write(tmp_path / "tasks" / "mine", text))
+    assert recipe.data.train == str(tmp_path.resolve() / "data" / "a.tsv")
+
+
+def test_an_unquoted_variable_inside_brackets_says_to_quote_it(tmp_path):
+    text = MINIMAL + "transfer: {unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}\n"
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: 1\n"))
+    assert "quote a value" not in str(refused.value)
 
 
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):

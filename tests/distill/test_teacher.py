@@ -81,6 +81,14 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
     assert "pretrain is not a finished artifact" in result.stderr
 
 
+def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
+    result = run_stage(
+        "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
+    )
+    assert "missing column(s) ['review']" in result.stderr
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-column" / "pretrain").exists()
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.

@@ -6,6 +6,7 @@ import onnx
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
+from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
@@ -30,6 +31,7 @@ from tests.conftest import ROOT, run_export
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+BINARY = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 
 
 def op_types(folder) -> list[str]:
@@ -211,11 +213,12 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
         dev_logits(as_forward(logits_runner(open_runner(broken, "onnxruntime", ["cpu"], threads=1))), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
         dev.labels,
+        recipe.data,
     )
     with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev accuracy .* gate allows 0\.005"):
         gate(figures, "int8", 0.999, 0.005, "cnn-int8")
     gate(
-        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels),
+        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels, recipe.data),
         "int8",
         0.999,
         0.005,
@@ -230,7 +233,7 @@ def moved_but_as_accurate() -> dict[str, float]:
     int8_logits = torch_logits.copy()
     int8_logits[:6] = [0.0, 1.0]
     labels = [1] * 4 + [0] * 96
-    return parity(int8_logits, torch_logits, labels)
+    return parity(int8_logits, torch_logits, labels, BINARY)
 
 
 def test_the_int8_gate_refuses_answers_that_moved_though_accuracy_rose():
@@ -244,9 +247,41 @@ def test_the_int8_gate_passes_what_agrees_enough():
 
 def test_fp32_gate_message_has_the_figures():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
-    figures = parity(logits[::-1], logits, [0, 1])
+    figures = parity(logits[::-1], logits, [0, 1], BINARY)
     with pytest.raises(ExportGateError, match=r"agree with PyTorch on 0\.0000% .*max \|Δlogit\| 1\.000e\+00"):
         gate(figures, "fp32", 0.999, 0.005, "x")
+
+
+def test_an_agreement_gate_names_its_recipe_key():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ExportGateError, match=r"\(gate 99\.50%, export\.min_fp16_agreement\)"):
+        gate(parity(logits[::-1], logits, [0, 1], BINARY), "fp16", 0.995, 0.005, "x")
+
+
+def test_the_int8_accuracy_gate_names_its_recipe_key():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ExportGateError, match=r"the gate allows 0\.005 \(export\.max_int8_drop\)"):
+        gate(parity(logits[::-1], logits, [0, 1], BINARY), "int8", 0.0, 0.005, "x")
+
+
+def predicting(*labels: int) -> np.ndarray:
+    """Two-class logits whose predictions are `labels`."""
+    return np.eye(2)[list(labels)]
+
+
+def test_parity_gives_the_exported_models_f1_of_the_positive_class():
+    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY)
+    assert figures["dev_f1"] == pytest.approx(2 / 3)
+
+
+def test_parity_gives_the_exported_models_macro_f1():
+    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY)
+    assert figures["dev_macro_f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+
+
+def test_parity_gives_no_f1_for_a_task_without_a_positive_class():
+    three = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"])
+    assert "dev_f1" not in parity(np.eye(3), np.eye(3), [0, 1, 2], three)
 
 
 def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):

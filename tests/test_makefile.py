@@ -1,0 +1,23 @@
+"""The Makefile's targets as `make -n` prints them: which folders they take from the recipe."""
+
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def make_dry_run(tmp_path, *args: str) -> str:
+    """What `make -n ARGS` would run, for a smoke recipe whose `name:` differs from its file's."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(f"extends: {ROOT / 'recipes' / 'smoke.yaml'}\nname: renamed\n")
+    command = ["make", "-n", "--no-print-directory", *args, f"RECIPE={recipe}", "RUNS_DIR=runs", "CONFIRM=1"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_make_serve_serves_the_bundle_of_the_recipes_name(tmp_path):
+    assert "--bundle runs/renamed/bundle-bilstm-int8" in make_dry_run(tmp_path, "serve")
+
+
+def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
+    assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
