@@ -172,6 +172,7 @@ def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
         "max_int8_drop",
         "min_int8_agreement",
         "calibration_sentences",
+        *(key for key in ("tie_margin",) if key in recipe.export.model_dump()),  # hashed once set (Strict)
     )
     return Stage(
         f"bundle-{bundle_id}",
@@ -237,8 +238,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         )
     finally:
         runner.close()
-    figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data)
     cfg = recipe.export
+    figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
     bundle = BundleSpec(
@@ -278,6 +279,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "dev_accuracy": figures["dev_accuracy"],
             "torch_dev_accuracy": figures["torch_dev_accuracy"],
             "agreement": figures["agreement"],
+            "agreement_beyond_ties": figures["agreement_beyond_ties"],
+            "tie_flips": figures["tie_flips"],
             "max_abs_diff": figures["max_abs_diff"],
             **{key: figures[key] for key in ("dev_macro_f1", "dev_f1") if key in figures},
             "params": source.params,
@@ -295,7 +298,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         line=lambda manifest: (
             f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f}{selected_note} "
             f"(torch {figures['torch_dev_accuracy']:.4f}, "
-            f"agreement {figures['agreement']:.4f}, max|Δ| {figures['max_abs_diff']:.2e}) "
+            f"agreement {figures['agreement']:.4f}, {figures['tie_flips']} near-tie flips, "
+            f"max|Δ| {figures['max_abs_diff']:.2e}) "
             f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
         ),
         size_of=model_file,

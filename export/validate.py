@@ -6,6 +6,7 @@ import torch
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.runtime import Runner
 from edgedistill.distill.finetune import predict_logits
+from edgedistill.distill.labelling import top_two_gap
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
@@ -56,13 +57,21 @@ def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str,
     return worst
 
 
-def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int], data: DataConfig) -> dict[str, float]:
+def parity(
+    ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int], data: DataConfig, tie_margin: float
+) -> dict[str, float]:
     """Agreement of predictions, max |Δlogit|, both accuracies on the same examples, and the exported model's
-    `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too."""
+    `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too. An
+    example whose PyTorch top two logits are within `tie_margin` is a near-tie: a differing prediction there is a
+    tie flip (`tie_flips`), which `agreement_beyond_ties` (what the gate reads) does not count."""
     gold = np.asarray(labels)
     task = task_metrics(ort_logits, labels, data)
+    differ = ort_logits.argmax(-1) != torch_logits.argmax(-1)
+    tie = top_two_gap(torch_logits) < tie_margin
     return {
-        "agreement": float((ort_logits.argmax(-1) == torch_logits.argmax(-1)).mean()),
+        "agreement": float(1 - differ.mean()),
+        "agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
+        "tie_flips": int((differ & tie).sum()),
         "max_abs_diff": float(np.abs(ort_logits - torch_logits).max()),
         "dev_accuracy": float((ort_logits.argmax(-1) == gold).mean()),
         "torch_dev_accuracy": float((torch_logits.argmax(-1) == gold).mean()),
@@ -72,7 +81,8 @@ def parity(ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int], 
 
 def gate(figures: dict[str, float], precision: str, min_agreement: float, max_int8_drop: float, bundle: str) -> None:
     """Raise `ExportGateError` with the figures when the bundle misses its gate: its predictions agree with PyTorch's
-    on at least `min_agreement` of dev, and an INT8 bundle loses at most `max_int8_drop` dev accuracy."""
+    on at least `min_agreement` of dev, near-tie flips aside, and an INT8 bundle loses at most `max_int8_drop` dev
+    accuracy."""
     if precision == "int8":
         drop = figures["torch_dev_accuracy"] - figures["dev_accuracy"]
         if drop > max_int8_drop:
@@ -80,10 +90,11 @@ def gate(figures: dict[str, float], precision: str, min_agreement: float, max_in
                 f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
                 f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop} (export.max_int8_drop)"
             )
-    if figures["agreement"] < min_agreement:
+    if figures["agreement_beyond_ties"] < min_agreement:
         raise ExportGateError(
-            f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement']:.4%} of dev "
-            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), max |Δlogit| {figures['max_abs_diff']:.3e}"
+            f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement_beyond_ties']:.4%} of dev "
+            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), {figures['tie_flips']} near-tie flips "
+            f"aside (export.tie_margin), max |Δlogit| {figures['max_abs_diff']:.3e}"
         )
 
 

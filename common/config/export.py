@@ -97,7 +97,7 @@ class CascadeRecipe(Strict):
 
 
 class ExportConfig(Strict):
-    hashed_when_set = frozenset({"min_int8_agreement"})
+    hashed_when_set = frozenset({"min_int8_agreement", "tie_margin"})
 
     opset: int = Field(
         17, ge=14, le=20, description="ONNX opset of the exported graphs (14-20: what torch.onnx's exporter writes)"
@@ -124,6 +124,13 @@ class ExportConfig(Strict):
         le=1,
         description="int8 gate, with max_int8_drop: share of dev predictions equal to PyTorch's, so that a bundle "
         "whose answers moved cannot pass on its net accuracy alone",
+    )
+    tie_margin: float = Field(
+        0.1,
+        ge=0,
+        description="a dev example whose PyTorch logits' top two are closer than this is a near-tie: a prediction "
+        "that differs there is counted (`tie_flips`) but not against the agreement gates, as transfer.tie_margin "
+        "does for labels",
     )
     calibration_sentences: int = Field(
         256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"

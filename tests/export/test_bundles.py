@@ -8,7 +8,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage
@@ -32,6 +32,7 @@ from tests.conftest import ROOT, run_export
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 BINARY = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
+TIE = 0.1  # export.tie_margin's default
 
 
 def op_types(folder) -> list[str]:
@@ -214,11 +215,14 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
         dev_logits(torch_forward(source), feats, 0),
         dev.labels,
         recipe.data,
+        TIE,
     )
     with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev accuracy .* gate allows 0\.005"):
         gate(figures, "int8", 0.999, 0.005, "cnn-int8")
     gate(
-        parity(figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels, recipe.data),
+        parity(
+            figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels, recipe.data, TIE
+        ),
         "int8",
         0.999,
         0.005,
@@ -233,7 +237,7 @@ def moved_but_as_accurate() -> dict[str, float]:
     int8_logits = torch_logits.copy()
     int8_logits[:6] = [0.0, 1.0]
     labels = [1] * 4 + [0] * 96
-    return parity(int8_logits, torch_logits, labels, BINARY)
+    return parity(int8_logits, torch_logits, labels, BINARY, TIE)
 
 
 def test_the_int8_gate_refuses_answers_that_moved_though_accuracy_rose():
@@ -247,7 +251,7 @@ def test_the_int8_gate_passes_what_agrees_enough():
 
 def test_fp32_gate_message_has_the_figures():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
-    figures = parity(logits[::-1], logits, [0, 1], BINARY)
+    figures = parity(logits[::-1], logits, [0, 1], BINARY, TIE)
     with pytest.raises(ExportGateError, match=r"agree with PyTorch on 0\.0000% .*max \|Δlogit\| 1\.000e\+00"):
         gate(figures, "fp32", 0.999, 0.005, "x")
 
@@ -255,13 +259,30 @@ def test_fp32_gate_message_has_the_figures():
 def test_an_agreement_gate_names_its_recipe_key():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ExportGateError, match=r"\(gate 99\.50%, export\.min_fp16_agreement\)"):
-        gate(parity(logits[::-1], logits, [0, 1], BINARY), "fp16", 0.995, 0.005, "x")
+        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "fp16", 0.995, 0.005, "x")
 
 
 def test_the_int8_accuracy_gate_names_its_recipe_key():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ExportGateError, match=r"the gate allows 0\.005 \(export\.max_int8_drop\)"):
-        gate(parity(logits[::-1], logits, [0, 1], BINARY), "int8", 0.0, 0.005, "x")
+        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "int8", 0.0, 0.005, "x")
+
+
+def test_a_flip_at_a_near_tie_does_not_count_against_the_agreement_gate():
+    torch_logits = np.array([[1.0, 0.95]] + [[1.0, 0.0]] * 9)
+    exported = torch_logits.copy()
+    exported[0] = [0.95, 1.0]
+    gate(parity(exported, torch_logits, [0] * 10, BINARY, TIE), "fp16", 0.995, 0.005, "x")
+
+
+def test_parity_counts_a_flip_at_a_near_tie():
+    torch_logits = np.array([[1.0, 0.95], [1.0, 0.0]])
+    assert parity(torch_logits[:, ::-1], torch_logits, [0, 0], BINARY, TIE)["tie_flips"] == 1
+
+
+def test_parity_gives_agreement_beyond_ties_without_the_near_tie_flip():
+    torch_logits = np.array([[1.0, 0.95], [1.0, 0.0]])
+    assert parity(torch_logits[:, ::-1], torch_logits, [0, 0], BINARY, TIE)["agreement_beyond_ties"] == 0.5
 
 
 def predicting(*labels: int) -> np.ndarray:
@@ -270,18 +291,18 @@ def predicting(*labels: int) -> np.ndarray:
 
 
 def test_parity_gives_the_exported_models_f1_of_the_positive_class():
-    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY)
+    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY, TIE)
     assert figures["dev_f1"] == pytest.approx(2 / 3)
 
 
 def test_parity_gives_the_exported_models_macro_f1():
-    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY)
+    figures = parity(predicting(1, 1, 0, 0), predicting(1, 1, 0, 0), [1, 0, 0, 0], BINARY, TIE)
     assert figures["dev_macro_f1"] == pytest.approx((2 / 3 + 4 / 5) / 2)
 
 
 def test_parity_gives_no_f1_for_a_task_without_a_positive_class():
     three = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"])
-    assert "dev_f1" not in parity(np.eye(3), np.eye(3), [0, 1, 2], three)
+    assert "dev_f1" not in parity(np.eye(3), np.eye(3), [0, 1, 2], three, TIE)
 
 
 def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):
@@ -326,6 +347,18 @@ def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
 
 
 HUB_BUNDLES = ("teacher-int8", "bilstm-int8", "cnn-folded", "transformer-fused")
+
+
+def test_a_bundle_stage_at_the_default_tie_margin_hashes_no_tie_margin():
+    """So bundles built before export.tie_margin existed stay current."""
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert "export.tie_margin" not in bundle_stage.stage(recipe, "bilstm-int8", cache=None).settings
+
+
+def test_a_bundle_stage_is_stale_when_the_tie_margin_is_set():
+    before = bundle_stage.stage(load_recipe(SMOKE), "bilstm-int8", cache=None).config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.tie_margin=0"]))
+    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != before
 
 
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
