@@ -150,4 +150,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `bench` in a checkout, `edgedistill.bench`

@@ -56,4 +56,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `distill` in a checkout, `edgedistill.distill`

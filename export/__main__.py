@@ -85,4 +85,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `export` in a checkout, `edgedistill.export`

@@ -66,4 +66,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        main(prog=f"python -m {__spec__.parent}")
+    )  # as it was run: `loadtests` in a checkout, `edgedistill.loadtests`

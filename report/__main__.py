@@ -22,4 +22,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `report` in a checkout, `edgedistill.report`

@@ -47,4 +47,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `serve` in a checkout, `edgedistill.serve`

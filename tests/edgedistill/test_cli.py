@@ -99,6 +99,13 @@ def test_python_m_edgedistill_is_the_command():
     assert result.stdout.startswith("edgedistill ")
 
 
+@pytest.mark.parametrize("module", ["serve", "distill", "export", "bench", "loadtests", "report"])
+def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, tmp_path):
+    command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert result.stdout.startswith(f"usage: python -m edgedistill.{module} ")
+
+
 class Stages:
     """Stands in for `subprocess.run` in `edgedistill all`: records each stage, fails the one named `failing`."""
 
