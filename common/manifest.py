@@ -127,9 +127,11 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
     return read(folder, verify)[0]
 
 
-def staleness(folder: Path, config_hash: str) -> str | None:
+def staleness(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> str | None:
     """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
-    unchanged parents, with every listed file as the manifest records it."""
+    from the artifacts now in the `parents` folders (name -> folder), with every listed file as the manifest
+    records it. The parents are looked up where they are now, not where they were when `folder` was built: a
+    runs folder copied or moved elsewhere is judged by its own artifacts."""
     if not (Path(folder) / MANIFEST).is_file():
         return "not built yet"
     try:
@@ -138,16 +140,19 @@ def staleness(folder: Path, config_hash: str) -> str | None:
         return str(err)
     if manifest.config_hash != config_hash:
         return "its settings or a parent's changed"
-    for name, parent in manifest.parents.items():
-        parent_manifest = Path(parent.path) / MANIFEST
-        if not parent_manifest.is_file() or sha256_file(parent_manifest) != parent.manifest_sha256:
+    for name, parent_folder in (parents or {}).items():
+        recorded = manifest.parents.get(name)
+        parent_manifest = Path(parent_folder) / MANIFEST
+        if recorded is None or not parent_manifest.is_file():
+            return f"its parent {name} is not the one it was built from"
+        if sha256_file(parent_manifest) != recorded.manifest_sha256:
             return f"its parent {name} was built again"
     return None
 
 
-def is_current(folder: Path, config_hash: str) -> bool:
+def is_current(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> bool:
     """True when `staleness` finds no reason to build `folder` again."""
-    return staleness(folder, config_hash) is None
+    return staleness(folder, config_hash, parents) is None
 
 
 @contextmanager

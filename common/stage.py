@@ -110,13 +110,17 @@ class Stage:
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
-        return mf.is_current(self.folder, self.config_hash)
+        return mf.is_current(self.folder, self.config_hash, self.parent_folders)
+
+    @property
+    def parent_folders(self) -> dict[str, Path]:
+        """Each parent's folder as it is now: where staleness and the build look for it."""
+        return {parent.name: parent.folder for parent in self.parents}
 
     def inputs(self, force: bool = False) -> Inputs:
         """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it."""
         manifests = {parent.name: mf.load(parent.folder) for parent in self.parents}
-        folders = {parent.name: parent.folder for parent in self.parents}
-        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, folders)
+        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders)
 
     def lock(self):
         """The stage's lock (`common.locks`): one process at a time checks and builds it."""
@@ -131,7 +135,7 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
-        stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
+        stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders)
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
                 print(f"[{self.name}] up to date: {self.folder}")

@@ -97,11 +97,12 @@ def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
 def test_is_current_follows_config_and_parents(tmp_path):
     publish(tmp_path, "parent")
     publish(tmp_path, "child", parents={"parent": mf.parent_of(tmp_path / "parent")})
-    assert mf.is_current(tmp_path / "child", "c")
-    assert not mf.is_current(tmp_path / "child", "other-config")
+    parents = {"parent": tmp_path / "parent"}
+    assert mf.is_current(tmp_path / "child", "c", parents)
+    assert not mf.is_current(tmp_path / "child", "other-config", parents)
     publish(tmp_path, "parent", payload=b"retrained")
-    assert not mf.is_current(tmp_path / "child", "c"), "a rebuilt parent makes the child stale"
-    assert not mf.is_current(tmp_path / "missing", "c")
+    assert not mf.is_current(tmp_path / "child", "c", parents), "a rebuilt parent makes the child stale"
+    assert not mf.is_current(tmp_path / "missing", "c", parents)
 
 
 def test_an_artifact_with_an_edited_file_is_not_current(tmp_path):

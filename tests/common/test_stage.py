@@ -1,5 +1,6 @@
 """The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,30 @@ def test_a_rebuilt_parent_makes_the_child_stale(recipe):
     child.run()
     Stage("parent", recipe(), ("data",), writer("p.txt", "retrained")).run(force=True)
     assert not child.is_current()
+
+
+def _parent_and_child(r, parent_text: str = "x") -> Stage:
+    parent = Stage("parent", r, ("data",), writer("p.txt", parent_text))
+    return Stage("child", r, ("data",), writer("c.txt"), (parent,))
+
+
+def test_a_moved_runs_folder_keeps_its_children_current(recipe, tmp_path, monkeypatch):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.move(tmp_path / "runs", tmp_path / "moved")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "moved"))
+    assert _parent_and_child(recipe()).is_current()
+
+
+def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tmp_path, monkeypatch):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "copy"))
+    _parent_and_child(recipe(), "retrained").parents[0].run(force=True)
+    assert not _parent_and_child(recipe()).is_current()
 
 
 def test_the_child_records_its_parents_manifest(recipe):
