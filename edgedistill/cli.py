@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 PROG = "edgedistill"
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
@@ -101,6 +102,16 @@ def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
     return [[*step, *overrides] for step in steps]
 
 
+def run_stage(command: list[str]) -> int:
+    """Run a stage's process to its end; its exit status. Ctrl-C reaches the stage too: this waits while it stops
+    and says so, where `subprocess.run` would kill it a quarter of a second later."""
+    with subprocess.Popen(command) as stage:
+        try:
+            return stage.wait()
+        except KeyboardInterrupt:
+            return stage.wait()
+
+
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
     parser = argparse.ArgumentParser(
@@ -114,7 +125,9 @@ def run_all(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     for step in pipeline(args.recipe, args.jobs, overrides):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
-        status = subprocess.run([sys.executable, "-m", PROG, *step]).returncode
+        status = run_stage([sys.executable, "-m", PROG, *step])
+        if status == INTERRUPTED:
+            return status
         if status != 0:
             print(f"[all] {PROG} {step[0]} failed with exit status {status}", file=sys.stderr)
             return status
@@ -141,4 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in {*COMMANDS, "all"}:
         build_parser().parse_args(argv)  # prints the help, the version or the usage error, and exits
     name, rest = argv[0], argv[1:]
-    return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+    try:
+        return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+    except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
+        print(
+            f"{PROG} {name}: interrupted; no artifact was half written: run it again to go on "
+            "(training resumes from its last checkpoint)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED

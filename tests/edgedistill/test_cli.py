@@ -100,7 +100,7 @@ def test_python_m_edgedistill_is_the_command():
 
 
 class Stages:
-    """Stands in for `subprocess.run` in `edgedistill all`: records each stage, fails the one named `failing`."""
+    """Stands in for `cli.run_stage` in `edgedistill all`: records each stage, fails the one named `failing`."""
 
     def __init__(self, failing: str | None = None, status: int = 3):
         self.failing, self.status, self.ran = failing, status, []
@@ -109,7 +109,7 @@ class Stages:
         step = command[3:]  # after python -m edgedistill
         self.ran.append(step)
         failed = self.failing in (step[0], " ".join(step[:2]))
-        return subprocess.CompletedProcess(command, self.status if failed else 0)
+        return self.status if failed else 0
 
 
 def step_name(args: list[str]) -> str:
@@ -134,7 +134,7 @@ def make_all_steps() -> list[str]:
 def test_all_runs_the_stages_of_make_all_in_order(monkeypatch):
     expected = make_all_steps()  # before subprocess.run is replaced
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     assert cli.main(["all", "recipes/smoke.yaml"]) == 0
     assert [step_name(step) for step in stages.ran] == expected
 
@@ -145,33 +145,33 @@ def test_make_all_runs_the_whole_pipeline():
 
 def test_all_runs_each_stage_as_a_process_of_this_interpreter(monkeypatch):
     commands = []
-    monkeypatch.setattr(cli.subprocess, "run", lambda command: commands.append(command) or Stages()(command))
+    monkeypatch.setattr(cli, "run_stage", lambda command: commands.append(command) or Stages()(command))
     cli.main(["all", "recipes/smoke.yaml"])
     assert {tuple(command[:3]) for command in commands} == {(sys.executable, "-m", "edgedistill")}
 
 
 def test_all_stops_at_the_first_failing_stage(monkeypatch):
     stages = Stages(failing="bundles")
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml"])
     assert stages.ran[-1][0] == "bundles"
 
 
 def test_all_exits_with_the_failing_stage_status(monkeypatch):
-    monkeypatch.setattr(cli.subprocess, "run", Stages(failing="bench serving", status=5))
+    monkeypatch.setattr(cli, "run_stage", Stages(failing="bench serving", status=5))
     assert cli.main(["all", "recipes/smoke.yaml"]) == 5
 
 
 def test_all_passes_jobs_and_overrides_on(monkeypatch):
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml", "--jobs", "3", "--name=x"])
     assert stages.ran[3] == ["distill", "recipes/smoke.yaml", "--jobs", "3", "--name=x"]
 
 
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml", "--name=x"])
     assert all(step[-1] == "--name=x" for step in stages.ran)
 
