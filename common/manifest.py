@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, temporary_name
+from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, space_checked, temporary_name
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
@@ -168,7 +168,8 @@ def stage_folder(final: Path):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        yield tmp
+        with space_checked(final.parent, final.name):
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -7,6 +7,7 @@ that fails, with its exit status.
 """
 
 import argparse
+import errno
 import importlib
 import subprocess
 import sys
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     try:
         return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+    except OSError as err:  # a full device: common.atomic's DiskFull names the folder, another write its file
+        if err.errno != errno.ENOSPC:
+            raise
+        print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
         print(
             f"{PROG} {name}: interrupted; no artifact was half written: run it again to go on "

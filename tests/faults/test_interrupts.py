@@ -1,7 +1,7 @@
 """Ctrl-C in the middle of a stage: one line says so, with exit status 130, and no process is left behind.
 
 A terminal's Ctrl-C sends SIGINT to every process of the command's group, the jobs of `distill --jobs N` and
-the stage `edgedistill all` runs included. The stages run on a tiny variant of recipes/smoke.yaml.
+the stage `edgedistill all` runs included.
 """
 
 import os
@@ -15,39 +15,16 @@ import psutil
 import pytest
 
 from tests.conftest import PYTHON, ROOT
+from tests.faults.conftest import environment, tiny_recipe
 
 pytestmark = pytest.mark.slow
-TINY = f"""
-extends: {ROOT / "recipes" / "smoke.yaml"}
-data: {{train_limit: 600, dev_limit: 100}}
-pretrain: {{train_max_lines: 100, eval_max_lines: 50}}
-finetune: {{optim: {{epochs: 1}}}}
-transfer: {{unlabelled_max_lines: 100, max_unlabelled: 200, max_augmented: 300, n_iter: 1}}
-distill:
-  students: !replace
-    bilstm:
-      model: {{arch: bilstm, embed_dim: 16, hidden_size: 16}}
-      optim: {{lr: 3.0e-3, epochs: 50, batch_size: 64}}
-export: null
-"""
-
-
-def environment(runs: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(runs),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A tiny recipe whose teacher and transfer set are built, and the environment its stages run in."""
     folder = tmp_path_factory.mktemp("interrupts")
-    recipe = folder / "tiny.yaml"
-    recipe.write_text(TINY)
+    recipe = tiny_recipe(folder)
     env = environment(folder / "runs")
     for stage in ("teacher", "transfer"):
         result = subprocess.run(
