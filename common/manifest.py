@@ -7,6 +7,7 @@ after publishing and rewritten as later figures appear (`common.modelcard`).
 """
 
 import hashlib
+import json
 import shutil
 import time
 from contextlib import contextmanager
@@ -44,6 +45,9 @@ class Manifest(BaseModel):
     recipe: str
     recipe_hash: str
     config_hash: str = Field(description="hash of the recipe sections this stage depends on")
+    hashed: dict[str, Any] = Field(
+        {}, description="what config_hash covers (settings, extra, parents' config hashes), to say what changed"
+    )
     parents: dict[str, Parent] = {}
     files: dict[str, FileEntry] = {}
     metrics: dict[str, Any] = {}
@@ -127,11 +131,14 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
     return read(folder, verify)[0]
 
 
-def staleness(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> str | None:
+def staleness(
+    folder: Path, config_hash: str, parents: dict[str, Path] | None = None, hashed: dict | None = None
+) -> str | None:
     """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
     from the artifacts now in the `parents` folders (name -> folder), with every listed file as the manifest
     records it. The parents are looked up where they are now, not where they were when `folder` was built: a
-    runs folder copied or moved elsewhere is judged by its own artifacts."""
+    runs folder copied or moved elsewhere is judged by its own artifacts. `hashed` (what `config_hash` covers)
+    names the settings that changed."""
     if not (Path(folder) / MANIFEST).is_file():
         return "not built yet"
     try:
@@ -139,7 +146,7 @@ def staleness(folder: Path, config_hash: str, parents: dict[str, Path] | None = 
     except ArtifactError as err:
         return str(err)
     if manifest.config_hash != config_hash:
-        return "its settings or a parent's changed"
+        return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
     for name, parent_folder in (parents or {}).items():
         recorded = manifest.parents.get(name)
         parent_manifest = Path(parent_folder) / MANIFEST
@@ -148,6 +155,37 @@ def staleness(folder: Path, config_hash: str, parents: dict[str, Path] | None = 
         if sha256_file(parent_manifest) != recorded.manifest_sha256:
             return f"its parent {name} was built again"
     return None
+
+
+def changes(old: dict, new: dict, most: int = 3) -> str:
+    """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
+    changed; parent teacher's settings changed`: at most `most` of them, then how many more."""
+    before, after = _flat(old.get("settings", {}) | old.get("extra", {})), _flat(new["settings"] | new["extra"])
+    said = []
+    for key in sorted(before.keys() | after.keys()):
+        was, now = before.get(key), after.get(key)
+        if was == now:
+            continue
+        if all(isinstance(v, str) and v.startswith("sha256:") for v in (was, now)):
+            said.append(f"{key}: its contents changed")
+        else:
+            said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
+    parents = old.get("parents", {})
+    said += [f"parent {name}'s settings changed" for name, h in new["parents"].items() if parents.get(name) != h]
+    said = said or ["how its settings are recorded changed"]
+    more = f"; and {len(said) - most} more" if len(said) > most else ""
+    return "; ".join(said[:most]) + more
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay whole."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def is_current(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> bool:

@@ -103,10 +103,20 @@ class Stage:
         return run_dir(self.recipe) / ".work" / self.name
 
     @cached_property
+    def hashed(self) -> dict[str, Any]:
+        """What `config_hash` covers: the declared settings, `extra` (local files by their contents) and the
+        parents' config hashes; recorded in the manifest, to say which of them changed."""
+        extra = by_content(self.extra)
+        return {
+            "settings": self.recipe.settings(*self.settings),
+            "extra": extra if isinstance(extra, dict) else {"extra": extra},
+            "parents": {parent.name: parent.config_hash for parent in self.parents},
+        }
+
+    @cached_property
     def config_hash(self) -> str:
-        own = {"settings": self.recipe.settings(*self.settings), "extra": by_content(self.extra)}
-        upstream = {parent.name: parent.config_hash for parent in self.parents}
-        return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
+        own = {"settings": self.hashed["settings"], "extra": by_content(self.extra)}
+        return hashlib.sha256(json.dumps([own, self.hashed["parents"]], sort_keys=True).encode()).hexdigest()[:16]
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
@@ -135,7 +145,7 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
-        stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders)
+        stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
                 print(f"[{self.name}] up to date: {self.folder}")
@@ -171,6 +181,7 @@ class Stage:
             watch,
             metrics=built.metrics | measured,
             parents=parents,
+            hashed=self.hashed,
             info=built.info,
         )
         return mf.commit(tmp, self.folder, manifest)

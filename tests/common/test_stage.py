@@ -65,9 +65,38 @@ def test_a_stage_whose_files_were_damaged_is_built_again_saying_why(recipe, caps
     assert (stage.folder / "a.txt").read_text() == "x"
 
 
-def test_a_rebuilt_stage_says_its_settings_changed(recipe, capsys):
+def test_a_rebuilt_stage_names_the_setting_that_changed(recipe, capsys):
     body = writer("a.txt")
     Stage("up", recipe(), ("finetune",), body).run()
+    Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
+    assert "[up] building again: finetune.optim.lr 0.001 -> 0.1\n" in capsys.readouterr().out
+
+
+def test_a_rebuilt_stage_names_a_data_file_whose_contents_changed(recipe, capsys, tmp_path):
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\na\t0\n")
+    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    data.write_text("sentence\tlabel\nb\t1\n")
+    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    assert "[up] building again: data.train: its contents changed\n" in capsys.readouterr().out
+
+
+def test_a_rebuilt_child_names_the_parent_whose_settings_changed(recipe, capsys):
+    def child(r):
+        return Stage("child", r, ("data",), writer("c.txt"), (Stage("teacher", r, ("finetune",), writer("p.txt")),))
+
+    child(recipe()).parents[0].run()
+    child(recipe()).run()
+    child(recipe(**{"finetune.optim.lr": 0.1})).run()
+    assert "[child] building again: parent teacher's settings changed\n" in capsys.readouterr().out
+
+
+def test_a_stage_built_before_its_settings_were_recorded_is_rebuilt_saying_its_settings_changed(recipe, capsys):
+    body = writer("a.txt")
+    stage = Stage("up", recipe(), ("finetune",), body)
+    stage.run()
+    manifest = stage.folder / mf.MANIFEST
+    manifest.write_text(manifest.read_text().replace('"hashed"', '"older_release"'))
     Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
     assert "[up] building again: its settings or a parent's changed" in capsys.readouterr().out
 
