@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 PROG = "edgedistill"
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
@@ -157,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     try:
         return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
-    except OSError as err:  # a full device: common.atomic's DiskFull names the folder, another write its file
-        if err.errno != errno.ENOSPC:
+    except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
+        if err.errno not in CANNOT_WRITE:
             raise
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
         return 2
