@@ -150,9 +150,9 @@ def staleness(
     for name, parent_folder in (parents or {}).items():
         recorded = manifest.parents.get(name)
         parent_manifest = Path(parent_folder) / MANIFEST
-        if recorded is None or not parent_manifest.is_file():
-            return f"its parent {name} is not the one it was built from"
-        if sha256_file(parent_manifest) != recorded.manifest_sha256:
+        if not parent_manifest.is_file():
+            return f"its parent {name} is missing ({parent_folder})"
+        if recorded is None or sha256_file(parent_manifest) != recorded.manifest_sha256:
             return f"its parent {name} was built again"
     return None
 

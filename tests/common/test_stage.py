@@ -175,6 +175,18 @@ def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tm
     assert not _parent_and_child(recipe()).is_current()
 
 
+def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.rmtree(child.parents[0].folder)
+    with pytest.raises(mf.ArtifactError):
+        child.run()
+    assert (
+        f"[child] building again: its parent parent is missing ({child.parents[0].folder})" in capsys.readouterr().out
+    )
+
+
 def test_the_child_records_its_parents_manifest(recipe):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     parent.run()
