@@ -46,7 +46,7 @@ class Manifest(BaseModel):
     recipe_hash: str
     config_hash: str = Field(description="hash of the recipe sections this stage depends on")
     hashed: dict[str, Any] = Field(
-        {}, description="what config_hash covers (settings, extra, parents' config hashes), to say what changed"
+        {}, description="what config_hash covers (settings, extra, parents' and artifacts' hashes), to say what changed"
     )
     parents: dict[str, Parent] = {}
     files: dict[str, FileEntry] = {}
@@ -159,7 +159,8 @@ def staleness(
 
 def changes(old: dict, new: dict, most: int = 3) -> str:
     """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
-    changed; parent teacher's settings changed`: at most `most` of them, then how many more."""
+    changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of
+    them, then how many more."""
     before, after = _flat(old.get("settings", {}) | old.get("extra", {})), _flat(new["settings"] | new["extra"])
     said = []
     for key in sorted(before.keys() | after.keys()):
@@ -170,8 +171,11 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
             said.append(f"{key}: its contents changed")
         else:
             said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
-    parents = old.get("parents", {})
+    parents, artifacts = old.get("parents", {}), old.get("artifacts", {})
     said += [f"parent {name}'s settings changed" for name, h in new["parents"].items() if parents.get(name) != h]
+    said += [
+        f"{name} is another artifact or was rebuilt" for name, h in new["artifacts"].items() if artifacts.get(name) != h
+    ]
     said = said or ["how its settings are recorded changed"]
     more = f"; and {len(said) - most} more" if len(said) > most else ""
     return "; ".join(said[:most]) + more

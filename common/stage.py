@@ -104,19 +104,22 @@ class Stage:
 
     @cached_property
     def hashed(self) -> dict[str, Any]:
-        """What `config_hash` covers: the declared settings, `extra` (local files by their contents) and the
-        parents' config hashes; recorded in the manifest, to say which of them changed."""
+        """What `config_hash` covers: the declared settings, `extra` (local files by their contents), the parent
+        stages' config hashes and the parent artifacts' manifest hashes; recorded in the manifest, to say which
+        of them changed."""
         extra = by_content(self.extra)
         return {
             "settings": self.recipe.settings(*self.settings),
             "extra": extra if isinstance(extra, dict) else {"extra": extra},
-            "parents": {parent.name: parent.config_hash for parent in self.parents},
+            "parents": {p.name: p.config_hash for p in self.parents if isinstance(p, Stage)},
+            "artifacts": {p.name: p.config_hash for p in self.parents if isinstance(p, Artifact)},
         }
 
     @cached_property
     def config_hash(self) -> str:
         own = {"settings": self.hashed["settings"], "extra": by_content(self.extra)}
-        return hashlib.sha256(json.dumps([own, self.hashed["parents"]], sort_keys=True).encode()).hexdigest()[:16]
+        upstream = self.hashed["parents"] | self.hashed["artifacts"]
+        return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""

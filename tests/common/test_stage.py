@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.common.stage import Built, Stage
+from edgedistill.common.stage import Artifact, Built, Stage
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
@@ -89,6 +89,15 @@ def test_a_rebuilt_child_names_the_parent_whose_settings_changed(recipe, capsys)
     child(recipe()).run()
     child(recipe(**{"finetune.optim.lr": 0.1})).run()
     assert "[child] building again: parent teacher's settings changed\n" in capsys.readouterr().out
+
+
+def test_a_measurement_of_another_artifact_says_so(recipe, capsys, tmp_path):
+    bundles = [Stage(name, recipe(), ("data",), writer("model.onnx", name)) for name in ("onnx-a", "onnx-b")]
+    for bundle in bundles:
+        bundle.run()
+    for bundle in bundles:
+        Stage("bench", recipe(), (), writer("result.json"), (Artifact("bundle", bundle.folder),)).run()
+    assert "[bench] building again: bundle is another artifact or was rebuilt\n" in capsys.readouterr().out
 
 
 def test_a_stage_built_before_its_settings_were_recorded_is_rebuilt_saying_its_settings_changed(recipe, capsys):
