@@ -11,8 +11,7 @@ RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
-NAME     := $(basename $(notdir $(RECIPE)))
-RUN      := $(RUNS_DIR)/$(NAME)
+RUN       = $(RUNS_DIR)/$(NAME)
 STAMP    := $(VENV)/.installed
 RECIPES  := $(wildcard recipes/*.yaml)
 ED       := $(VENV)/bin/edgedistill
@@ -73,8 +72,11 @@ bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each 
 bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one run (recipe: bench.models)
 	$(ED) bench models $(RECIPE)
 
-# The recipe's export.deploy; a recipe that does not load prints its error (one line) and stops make.
-DEPLOY = $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.export.deploy if r.export else '')")
+# The recipe's run name (runs/<name>/: its `name`, else its file name; the file name before setup) and
+# export.deploy; a recipe that does not load prints its error (one line) and stops make.
+RECIPE_SAYS = $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print($(1))")
+NAME   = $(if $(wildcard $(PY)),$(or $(call RECIPE_SAYS,r.name),$(error $(RECIPE) does not load (the error above says why): fix the recipe)),$(basename $(notdir $(RECIPE))))
+DEPLOY = $(call RECIPE_SAYS,r.export.deploy if r.export else '')
 BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
