@@ -131,8 +131,14 @@ class Stage:
         return {parent.name: parent.folder for parent in self.parents}
 
     def inputs(self, force: bool = False) -> Inputs:
-        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it."""
-        manifests = {parent.name: mf.load(parent.folder) for parent in self.parents}
+        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it and the way out."""
+        manifests = {}
+        for parent in self.parents:
+            built = (parent.folder / mf.MANIFEST).is_file()  # else the error says to run its stage first
+            try:
+                manifests[parent.name] = mf.load(parent.folder)
+            except mf.ArtifactError as err:
+                raise mf.ArtifactError(f"{err}; run its stage again to rebuild it" if built else str(err)) from None
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders)
 
     def lock(self):

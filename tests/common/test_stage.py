@@ -234,6 +234,14 @@ def test_an_altered_parent_is_refused_before_the_build(recipe):
     assert body.calls == []
 
 
+def test_an_altered_parent_is_refused_saying_how_to_rebuild_it(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    parent.run()
+    (parent.folder / "p.txt").unlink()
+    with pytest.raises(mf.ArtifactError, match="p.txt is listed in the manifest but missing; run its stage again"):
+        Stage("child", recipe(), ("data",), writer("c.txt"), (parent,)).run()
+
+
 def test_a_missing_parent_is_refused(recipe):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     with pytest.raises(mf.ArtifactError, match="manifest.json is missing"):
