@@ -17,6 +17,8 @@ from importlib.metadata import version
 PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
+STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
@@ -164,9 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        print(
-            f"{PROG} {name}: interrupted; no artifact was half written: run it again to go on "
-            "(training resumes from its last checkpoint)",
-            file=sys.stderr,
-        )
+        note = "" if name in BUILD_NOTHING else STOPPED_BUILDING
+        print(f"{PROG} {name}: interrupted{note}", file=sys.stderr)
         return INTERRUPTED

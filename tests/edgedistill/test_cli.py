@@ -180,3 +180,22 @@ def test_all_passes_overrides_to_every_stage(monkeypatch):
 def test_a_stage_command_has_the_stages_own_summary(name):
     stages = importlib.import_module(cli.COMMANDS[name].module)
     assert cli.COMMANDS[name].help == getattr(stages, "STAGES", {}).get(name, getattr(stages, "COMMANDS", {}).get(name))
+
+
+def interrupted(monkeypatch, capsys, name: str) -> str:
+    """What `edgedistill <name>` prints when Ctrl-C stops it."""
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.Command, "run", stopped)
+    assert cli.main([name, "x"]) == cli.INTERRUPTED
+    return capsys.readouterr().err
+
+
+def test_an_interrupted_client_says_only_that(monkeypatch, capsys):
+    assert interrupted(monkeypatch, capsys, "call") == "edgedistill call: interrupted\n"
+
+
+def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys):
+    assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")
