@@ -87,8 +87,9 @@ COMMANDS = {
 ALL_HELP = "the whole pipeline on a recipe, as `make all` runs it"
 
 
-def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
-    """The commands `edgedistill all` runs, in order, each with the recipe overrides."""
+def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
+    """The commands `edgedistill all` runs, in order, each with the recipe overrides (and with `force`, each that
+    builds or measures with `--force`)."""
     steps = [
         ["teacher", recipe],
         ["labeller", recipe],
@@ -101,9 +102,9 @@ def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
         ["bench", "cascade", recipe],
         ["loadtest", recipe, "--profile", "smoke"],
         ["report", recipe],
-        ["headline", recipe],
     ]
-    return [[*step, *overrides] for step in steps]
+    again = ["--force"] if force else []
+    return [*([*step, *overrides, *again] for step in steps), ["headline", recipe, *overrides]]
 
 
 def run_stage(command: list[str]) -> int:
@@ -126,8 +127,9 @@ def run_all(argv: list[str]) -> int:
     )
     parser.add_argument("recipe", help="recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2")
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
+    parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
-    for step in pipeline(args.recipe, args.jobs, overrides):
+    for step in pipeline(args.recipe, args.jobs, overrides, args.force):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
         status = run_stage([sys.executable, "-m", PROG, *step])
         if status == INTERRUPTED:

@@ -182,6 +182,19 @@ def test_a_stage_command_has_the_stages_own_summary(name):
     assert cli.COMMANDS[name].help == getattr(stages, "STAGES", {}).get(name, getattr(stages, "COMMANDS", {}).get(name))
 
 
+def test_all_force_rebuilds_every_stage(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", "recipes/smoke.yaml", "--force"])
+    assert [step[0] for step in stages.ran if step[-1] != "--force"] == ["headline"]
+
+
+def test_all_force_gives_the_headline_only_what_it_takes(capsys):
+    headline = cli.pipeline("recipes/smoke.yaml", cli.JOBS, [], force=True)[-1]
+    cli.main(headline)  # no run yet: it says so, but it took its arguments
+    assert "override" not in capsys.readouterr().err
+
+
 def interrupted(monkeypatch, capsys, name: str) -> str:
     """What `edgedistill <name>` prints when Ctrl-C stops it."""
 
