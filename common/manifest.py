@@ -75,6 +75,14 @@ def package_versions() -> dict[str, str]:
     return found
 
 
+def finished(root: Path) -> list[Path]:
+    """The finished artifact folders in the run folder `root`, by name: those holding a manifest, not the hidden
+    temporary names (`.teacher.tmp-<pid>`) a publish killed half-way leaves until its stage runs again."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
+
+
 def parent_of(folder: Path) -> Parent:
     """A reference to an existing artifact, pinned by its manifest's hash."""
     return Parent(path=str(folder), manifest_sha256=sha256_file(Path(folder) / MANIFEST))

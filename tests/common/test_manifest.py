@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 from edgedistill.common import manifest as mf
@@ -131,3 +132,9 @@ def test_a_file_that_shrank_is_called_truncated(tmp_path):
     (tmp_path / "stage" / "model.bin").write_bytes(b"we")
     with pytest.raises(mf.ArtifactError, match=r"has 2 bytes, the manifest says 7 \(truncated\?\)"):
         mf.load(tmp_path / "stage")
+
+
+def test_the_finished_artifacts_leave_out_what_a_killed_publish_left(tmp_path):
+    publish(tmp_path)
+    shutil.copytree(tmp_path / "stage", tmp_path / ".stage.tmp-999")
+    assert mf.finished(tmp_path) == [tmp_path / "stage"]
