@@ -20,6 +20,7 @@ from typing import Any
 
 from edgedistill.common import locks, modelcard, tracking
 from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import remove_orphans
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
@@ -154,6 +155,8 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
+        if _main_rank():
+            remove_orphans(self.folder)  # what a publish killed half-way left, even where nothing is built now
         stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so

@@ -4,9 +4,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from edgedistill.common import atomic
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
 from edgedistill.common.stage import Artifact, Built, Stage
+
+from tests.common.test_atomic import gone_pid
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
@@ -63,6 +66,15 @@ def test_a_stage_whose_files_were_damaged_is_built_again_saying_why(recipe, caps
     assert f"[up] building again: {stage.folder}: a.txt" in out
     assert reason in out
     assert (stage.folder / "a.txt").read_text() == "x"
+
+
+def test_a_current_stage_removes_what_a_killed_publish_left(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    orphan = atomic.temporary_name(stage.folder, pid=gone_pid())
+    shutil.copytree(stage.folder, orphan)
+    stage.run()
+    assert not orphan.exists()
 
 
 def test_a_rebuilt_stage_names_the_setting_that_changed(recipe, capsys):
