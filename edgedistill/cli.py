@@ -9,10 +9,13 @@ that fails, with its exit status.
 import argparse
 import errno
 import importlib
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from importlib.metadata import version
+
+from edgedistill.common.processes import die_with_parent
 
 PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
@@ -109,8 +112,10 @@ def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) 
 
 def run_stage(command: list[str]) -> int:
     """Run a stage's process to its end; its exit status. Ctrl-C reaches the stage too: this waits while it stops
-    and says so, where `subprocess.run` would kill it a quarter of a second later."""
-    with subprocess.Popen(command) as stage:
+    and says so, where `subprocess.run` would kill it a quarter of a second later. Killed (SIGTERM, kill -9), this
+    process takes the stage with it, which would otherwise train on alone, holding its lock."""
+    parent = os.getpid()
+    with subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent)) as stage:
         try:
             return stage.wait()
         except KeyboardInterrupt:

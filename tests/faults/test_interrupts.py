@@ -1,4 +1,5 @@
-"""Ctrl-C in the middle of a stage: one line says so, with exit status 130, and no process is left behind.
+"""Ctrl-C in the middle of a stage: one line says so, with exit status 130, and no process is left behind; a
+killed `edgedistill all` takes its running stage with it.
 
 A terminal's Ctrl-C sends SIGINT to every process of the command's group, the jobs of `distill --jobs N` and
 the stage `edgedistill all` runs included.
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.common.test_processes import gone
 from tests.conftest import PYTHON, ROOT
 from tests.faults.conftest import environment, tiny_recipe
 
@@ -107,3 +109,26 @@ def test_an_interrupted_pipeline_prints_no_traceback(all_stages):
 
 def test_an_interrupted_pipeline_says_so_once(all_stages):
     assert all_stages[1].count("interrupted") == 1
+
+
+def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
+    recipe, env = tiny
+    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / "killed-all.log"
+    with open(log, "w") as out:
+        pipeline = subprocess.Popen(
+            [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while "[teacher] building again" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stage = psutil.Process(pipeline.pid).children()[0]
+    pipeline.kill()  # this process alone, as `kill -9 PID` does
+    pipeline.wait()
+    stopped = gone(stage.pid)
+    if not stopped:
+        stage.kill()  # not left training after the test
+    assert stopped
