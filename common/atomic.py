@@ -12,10 +12,43 @@ import glob
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from edgedistill.common.processes import alive
+
+FULL_BELOW = 1 << 20  # bytes free: a write that failed this close to the end of its device ran out of room
+
+
+class DiskFull(OSError):
+    """A write that failed because its file system is full, whatever words the writer used for it."""
+
+
+@contextmanager
+def space_checked(folder: Path, what: str) -> Iterator[None]:
+    """Re-raise a write into `folder` that failed on a full file system as `DiskFull`, naming the folder: a library
+    may say it in its own words (torch: `unexpected pos 1226304 vs 1226196`)."""
+    try:
+        yield
+    except Exception as err:
+        if not _full(folder, err):
+            raise
+        raise DiskFull(
+            errno.ENOSPC,
+            f"no space left on the device of {folder} (writing {what}): free some, or set EDGEDISTILL_RUNS_DIR to a "
+            "folder on a device with room",
+        ) from err
+
+
+def _full(folder: Path, err: Exception) -> bool:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < FULL_BELOW
 
 
 def fsync_folder(folder: Path) -> None:
@@ -62,13 +95,14 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -
     tmp = temporary_name(path)
     _remove(tmp)
     try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        elif isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            data(tmp)
-        _fsync_tree(tmp)
+        with space_checked(path.parent, path.name):
+            if isinstance(data, str):
+                tmp.write_text(data, encoding="utf-8")
+            elif isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                data(tmp)
+            _fsync_tree(tmp)
         _replace(tmp, path)
     finally:
         _remove(tmp)

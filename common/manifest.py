@@ -7,6 +7,7 @@ after publishing and rewritten as later figures appear (`common.modelcard`).
 """
 
 import hashlib
+import json
 import shutil
 import time
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, temporary_name
+from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, space_checked, temporary_name
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
@@ -44,6 +45,9 @@ class Manifest(BaseModel):
     recipe: str
     recipe_hash: str
     config_hash: str = Field(description="hash of the recipe sections this stage depends on")
+    hashed: dict[str, Any] = Field(
+        {}, description="what config_hash covers (settings, extra, parents' and artifacts' hashes), to say what changed"
+    )
     parents: dict[str, Parent] = {}
     files: dict[str, FileEntry] = {}
     metrics: dict[str, Any] = {}
@@ -69,6 +73,14 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+def finished(root: Path) -> list[Path]:
+    """The finished artifact folders in the run folder `root`, by name: those holding a manifest, not the hidden
+    temporary names (`.teacher.tmp-<pid>`) a publish killed half-way leaves until its stage runs again."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
 
 
 def parent_of(folder: Path) -> Parent:
@@ -129,9 +141,14 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
     return read(folder, verify)[0]
 
 
-def staleness(folder: Path, config_hash: str) -> str | None:
+def staleness(
+    folder: Path, config_hash: str, parents: dict[str, Path] | None = None, hashed: dict | None = None
+) -> str | None:
     """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
-    unchanged parents, with every listed file as the manifest records it."""
+    from the artifacts now in the `parents` folders (name -> folder), with every listed file as the manifest
+    records it. The parents are looked up where they are now, not where they were when `folder` was built: a
+    runs folder copied or moved elsewhere is judged by its own artifacts. `hashed` (what `config_hash` covers)
+    names the settings that changed."""
     if not (Path(folder) / MANIFEST).is_file():
         return "not built yet"
     try:
@@ -139,17 +156,55 @@ def staleness(folder: Path, config_hash: str) -> str | None:
     except ArtifactError as err:
         return str(err)
     if manifest.config_hash != config_hash:
-        return "its settings or a parent's changed"
-    for name, parent in manifest.parents.items():
-        parent_manifest = Path(parent.path) / MANIFEST
-        if not parent_manifest.is_file() or sha256_file(parent_manifest) != parent.manifest_sha256:
+        return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
+    for name, parent_folder in (parents or {}).items():
+        recorded = manifest.parents.get(name)
+        parent_manifest = Path(parent_folder) / MANIFEST
+        if not parent_manifest.is_file():
+            return f"its parent {name} is missing ({parent_folder})"
+        if recorded is None or sha256_file(parent_manifest) != recorded.manifest_sha256:
             return f"its parent {name} was built again"
     return None
 
 
-def is_current(folder: Path, config_hash: str) -> bool:
+def changes(old: dict, new: dict, most: int = 3) -> str:
+    """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
+    changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of
+    them, then how many more."""
+    before, after = _flat(old.get("settings", {}) | old.get("extra", {})), _flat(new["settings"] | new["extra"])
+    said = []
+    for key in sorted(before.keys() | after.keys()):
+        was, now = before.get(key), after.get(key)
+        if was == now:
+            continue
+        if all(isinstance(v, str) and v.startswith("sha256:") for v in (was, now)):
+            said.append(f"{key}: its contents changed")
+        else:
+            said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
+    parents, artifacts = old.get("parents", {}), old.get("artifacts", {})
+    said += [f"parent {name}'s settings changed" for name, h in new["parents"].items() if parents.get(name) != h]
+    said += [
+        f"{name} is another artifact or was rebuilt" for name, h in new["artifacts"].items() if artifacts.get(name) != h
+    ]
+    said = said or ["how its settings are recorded changed"]
+    more = f"; and {len(said) - most} more" if len(said) > most else ""
+    return "; ".join(said[:most]) + more
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay whole."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def is_current(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> bool:
     """True when `staleness` finds no reason to build `folder` again."""
-    return staleness(folder, config_hash) is None
+    return staleness(folder, config_hash, parents) is None
 
 
 @contextmanager
@@ -165,7 +220,8 @@ def stage_folder(final: Path):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        yield tmp
+        with space_checked(final.parent, final.name):
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

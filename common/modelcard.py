@@ -218,6 +218,4 @@ def write(recipe: Recipe, folder: Path) -> Path | None:
 
 def refresh(recipe: Recipe) -> list[Path]:
     """Rewrite the card of every finished model artifact of the recipe's run (the benchmark may have run since)."""
-    root = run_dir(recipe)
-    folders = sorted(p for p in root.iterdir() if (p / mf.MANIFEST).is_file()) if root.is_dir() else []
-    return [path for folder in folders if (path := write(recipe, folder)) is not None]
+    return [path for folder in mf.finished(run_dir(recipe)) if (path := write(recipe, folder)) is not None]

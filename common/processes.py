@@ -1,9 +1,11 @@
-"""Processes: whether one is still running, and children that do not outlive their parent."""
+"""Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C."""
 
 import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
 
@@ -26,3 +28,14 @@ def die_with_parent(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent:
         sys.exit(f"the parent process {parent} is gone")
+
+
+@contextmanager
+def children_ignore_interrupts() -> Iterator[None]:
+    """Ignore SIGINT while the block starts processes, which then ignore it from their first instruction (Python
+    keeps an inherited SIG_IGN): a Ctrl-C at the terminal reaches this process alone, which stops them itself."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -20,6 +20,7 @@ from typing import Any
 
 from edgedistill.common import locks, modelcard, tracking
 from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import remove_orphans
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 
@@ -103,20 +104,43 @@ class Stage:
         return run_dir(self.recipe) / ".work" / self.name
 
     @cached_property
+    def hashed(self) -> dict[str, Any]:
+        """What `config_hash` covers: the declared settings, `extra` (local files by their contents), the parent
+        stages' config hashes and the parent artifacts' manifest hashes; recorded in the manifest, to say which
+        of them changed."""
+        extra = by_content(self.extra)
+        return {
+            "settings": self.recipe.settings(*self.settings),
+            "extra": extra if isinstance(extra, dict) else {"extra": extra},
+            "parents": {p.name: p.config_hash for p in self.parents if isinstance(p, Stage)},
+            "artifacts": {p.name: p.config_hash for p in self.parents if isinstance(p, Artifact)},
+        }
+
+    @cached_property
     def config_hash(self) -> str:
-        own = {"settings": self.recipe.settings(*self.settings), "extra": by_content(self.extra)}
-        upstream = {parent.name: parent.config_hash for parent in self.parents}
+        own = {"settings": self.hashed["settings"], "extra": by_content(self.extra)}
+        upstream = self.hashed["parents"] | self.hashed["artifacts"]
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
-        return mf.is_current(self.folder, self.config_hash)
+        return mf.is_current(self.folder, self.config_hash, self.parent_folders)
+
+    @property
+    def parent_folders(self) -> dict[str, Path]:
+        """Each parent's folder as it is now: where staleness and the build look for it."""
+        return {parent.name: parent.folder for parent in self.parents}
 
     def inputs(self, force: bool = False) -> Inputs:
-        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it."""
-        manifests = {parent.name: mf.load(parent.folder) for parent in self.parents}
-        folders = {parent.name: parent.folder for parent in self.parents}
-        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, folders)
+        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it and the way out."""
+        manifests = {}
+        for parent in self.parents:
+            built = (parent.folder / mf.MANIFEST).is_file()  # else the error says to run its stage first
+            try:
+                manifests[parent.name] = mf.load(parent.folder)
+            except mf.ArtifactError as err:
+                raise mf.ArtifactError(f"{err}; run its stage again to rebuild it" if built else str(err)) from None
+        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders)
 
     def lock(self):
         """The stage's lock (`common.locks`): one process at a time checks and builds it."""
@@ -131,7 +155,9 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
-        stale = "--force" if force else mf.staleness(self.folder, self.config_hash)
+        if _main_rank():
+            remove_orphans(self.folder)  # what a publish killed half-way left, even where nothing is built now
+        stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
                 print(f"[{self.name}] up to date: {self.folder}")
@@ -167,6 +193,7 @@ class Stage:
             watch,
             metrics=built.metrics | measured,
             parents=parents,
+            hashed=self.hashed,
             info=built.info,
         )
         return mf.commit(tmp, self.folder, manifest)

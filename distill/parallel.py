@@ -2,17 +2,20 @@
 
 Small students use few cores well, so on a CPU host two single-threaded jobs finish sooner than
 the same jobs one after another on two threads. Each job runs one student stage; jobs are
-independent (each writes its own artifact and resumes on its own).
+independent (each writes its own artifact and resumes on its own). The jobs' processes ignore Ctrl-C;
+the process that started them stops them, so that one line, not a traceback per process, says so.
 """
 
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import threading
 
 import torch
-from edgedistill.common.processes import die_with_parent
+from edgedistill.common.processes import children_ignore_interrupts, die_with_parent
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill import device, student_stage
+from tqdm import tqdm
 
 _bar_position: int | None = None
 """This worker process's terminal line for its jobs' progress bars, taken from the free lines when it starts."""
@@ -21,6 +24,9 @@ _bar_position: int | None = None
 def _start_worker(parent: int, threads: int, slots) -> None:
     global _bar_position
     die_with_parent(parent)  # a killed `distill` takes its jobs with it, none left training unwatched
+    # tqdm's default lock holds a semaphore that only a clean exit releases: a job stopped by Ctrl-C would leave
+    # the resource tracker warning of it. Spawned jobs share no lock anyway; each guards its own bar.
+    tqdm.set_lock(threading.RLock())
     device.configure_process(threads)
     _bar_position = slots.get()
 
@@ -41,12 +47,18 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
     with cf.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(), threads, slots)
     ) as pool:
-        pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
-        for done, future in enumerate(cf.as_completed(pending), 1):
-            name, baseline = pending[future]
-            stage = f"{'baseline' if baseline else 'student'}-{name}"
-            if future.exception() is not None:
-                errors.append(future.exception())
-            print(f"[distill] {done}/{len(jobs)} {stage}: {'failed' if future.exception() else 'done'}")
+        with children_ignore_interrupts():  # the pool starts its processes as jobs are submitted
+            pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
+        try:
+            for done, future in enumerate(cf.as_completed(pending), 1):
+                name, baseline = pending[future]
+                stage = f"{'baseline' if baseline else 'student'}-{name}"
+                if future.exception() is not None:
+                    errors.append(future.exception())
+                print(f"[distill] {done}/{len(jobs)} {stage}: {'failed' if future.exception() else 'done'}")
+        except KeyboardInterrupt:
+            for worker in mp.active_children():
+                worker.terminate()  # checkpoints are written atomically: each job resumes from its last one
+            raise
     if errors:
         raise errors[0]

@@ -7,13 +7,21 @@ that fails, with its exit status.
 """
 
 import argparse
+import errno
 import importlib
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 
+from edgedistill.common.processes import die_with_parent
+
 PROG = "edgedistill"
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
+STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
@@ -82,8 +90,9 @@ COMMANDS = {
 ALL_HELP = "the whole pipeline on a recipe, as `make all` runs it"
 
 
-def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
-    """The commands `edgedistill all` runs, in order, each with the recipe overrides."""
+def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
+    """The commands `edgedistill all` runs, in order, each with the recipe overrides (and with `force`, each that
+    builds or measures with `--force`)."""
     steps = [
         ["teacher", recipe],
         ["labeller", recipe],
@@ -96,9 +105,21 @@ def pipeline(recipe: str, jobs: int, overrides: list[str]) -> list[list[str]]:
         ["bench", "cascade", recipe],
         ["loadtest", recipe, "--profile", "smoke"],
         ["report", recipe],
-        ["headline", recipe],
     ]
-    return [[*step, *overrides] for step in steps]
+    again = ["--force"] if force else []
+    return [*([*step, *overrides, *again] for step in steps), ["headline", recipe, *overrides]]
+
+
+def run_stage(command: list[str]) -> int:
+    """Run a stage's process to its end; its exit status. Ctrl-C reaches the stage too: this waits while it stops
+    and says so, where `subprocess.run` would kill it a quarter of a second later. Killed (SIGTERM, kill -9), this
+    process takes the stage with it, which would otherwise train on alone, holding its lock."""
+    parent = os.getpid()
+    with subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent)) as stage:
+        try:
+            return stage.wait()
+        except KeyboardInterrupt:
+            return stage.wait()
 
 
 def run_all(argv: list[str]) -> int:
@@ -111,10 +132,13 @@ def run_all(argv: list[str]) -> int:
     )
     parser.add_argument("recipe", help="recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2")
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
+    parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
-    for step in pipeline(args.recipe, args.jobs, overrides):
+    for step in pipeline(args.recipe, args.jobs, overrides, args.force):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
-        status = subprocess.run([sys.executable, "-m", PROG, *step]).returncode
+        status = run_stage([sys.executable, "-m", PROG, *step])
+        if status == INTERRUPTED:
+            return status
         if status != 0:
             print(f"[all] {PROG} {step[0]} failed with exit status {status}", file=sys.stderr)
             return status
@@ -141,4 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in {*COMMANDS, "all"}:
         build_parser().parse_args(argv)  # prints the help, the version or the usage error, and exits
     name, rest = argv[0], argv[1:]
-    return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+    try:
+        return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+    except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
+        if err.errno not in CANNOT_WRITE:
+            raise
+        print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
+        note = "" if name in BUILD_NOTHING else STOPPED_BUILDING
+        print(f"{PROG} {name}: interrupted{note}", file=sys.stderr)
+        return INTERRUPTED

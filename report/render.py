@@ -29,7 +29,7 @@ def _finished(folder: Path) -> bool:
 def finished_stages(recipe: Recipe) -> list[Path]:
     """The run's finished artifact folders, the report's own left out; `ArtifactError` when there are none yet."""
     root = run_dir(recipe)
-    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report") if root.is_dir() else []
+    folders = [p for p in mf.finished(root) if p.name != "report"]
     if not folders:
         raise mf.ArtifactError(
             f"{root} holds no finished stage of recipe {recipe.name!r} yet: run its stages first (make all RECIPE=...)"
@@ -90,7 +90,7 @@ def _dev_keys(recipe: Recipe) -> list[str]:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = sorted(p for p in root.iterdir() if _finished(p) and p.name != "report")
+    folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
     keys = _dev_keys(recipe)
     rows = []

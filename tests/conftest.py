@@ -131,3 +131,15 @@ def no_cuda_python(monkeypatch):
     """This machine as if cuda-python were not installed."""
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.fixture
+def small_fs(tmp_path) -> Path:
+    """A 3 MiB tmpfs, unmounted afterwards; skipped where this process may not mount one (it takes root)."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)

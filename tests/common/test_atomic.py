@@ -116,3 +116,28 @@ def test_publishing_a_stage_removes_the_folders_a_killed_publish_left(tmp_path, 
     with mf.stage_folder(tmp_path / "bundle-x") as tmp:
         mf.commit(tmp, tmp_path / "bundle-x", mf.Manifest(stage="x", recipe="r", recipe_hash="h", config_hash="c"))
     assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
+
+
+def _hiding_its_errno(tmp):
+    """A writer that, as torch's does, reports a full device in words of its own."""
+    try:
+        tmp.write_bytes(b"x" * (8 << 20))
+    except OSError:
+        raise RuntimeError("unexpected pos 1226304 vs 1226196") from None
+
+
+@pytest.mark.parametrize("data", [b"x" * (8 << 20), _hiding_its_errno], ids=["errno", "own-words"])
+def test_a_write_that_fills_the_device_says_so_naming_the_folder(small_fs, data):
+    with pytest.raises(atomic.DiskFull, match=f"no space left on the device of {small_fs}"):
+        atomic_write(small_fs / "model.bin", data)
+
+
+def test_a_write_that_fills_the_device_leaves_no_temporary(small_fs):
+    with pytest.raises(atomic.DiskFull):
+        atomic_write(small_fs / "model.bin", _hiding_its_errno)
+    assert list(small_fs.iterdir()) == []
+
+
+def test_a_stage_folder_that_fills_the_device_says_so(small_fs):
+    with pytest.raises(atomic.DiskFull), mf.stage_folder(small_fs / "stage") as tmp:
+        _hiding_its_errno(tmp / "model.bin")

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 from edgedistill.common import manifest as mf
@@ -97,11 +98,12 @@ def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
 def test_is_current_follows_config_and_parents(tmp_path):
     publish(tmp_path, "parent")
     publish(tmp_path, "child", parents={"parent": mf.parent_of(tmp_path / "parent")})
-    assert mf.is_current(tmp_path / "child", "c")
-    assert not mf.is_current(tmp_path / "child", "other-config")
+    parents = {"parent": tmp_path / "parent"}
+    assert mf.is_current(tmp_path / "child", "c", parents)
+    assert not mf.is_current(tmp_path / "child", "other-config", parents)
     publish(tmp_path, "parent", payload=b"retrained")
-    assert not mf.is_current(tmp_path / "child", "c"), "a rebuilt parent makes the child stale"
-    assert not mf.is_current(tmp_path / "missing", "c")
+    assert not mf.is_current(tmp_path / "child", "c", parents), "a rebuilt parent makes the child stale"
+    assert not mf.is_current(tmp_path / "missing", "c", parents)
 
 
 def test_an_artifact_with_an_edited_file_is_not_current(tmp_path):
@@ -130,3 +132,9 @@ def test_a_file_that_shrank_is_called_truncated(tmp_path):
     (tmp_path / "stage" / "model.bin").write_bytes(b"we")
     with pytest.raises(mf.ArtifactError, match=r"has 2 bytes, the manifest says 7 \(truncated\?\)"):
         mf.load(tmp_path / "stage")
+
+
+def test_the_finished_artifacts_leave_out_what_a_killed_publish_left(tmp_path):
+    publish(tmp_path)
+    shutil.copytree(tmp_path / "stage", tmp_path / ".stage.tmp-999")
+    assert mf.finished(tmp_path) == [tmp_path / "stage"]

@@ -1,11 +1,15 @@
 """The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
 
+import shutil
 from pathlib import Path
 
 import pytest
+from edgedistill.common import atomic
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.common.stage import Built, Stage
+from edgedistill.common.stage import Artifact, Built, Stage
+
+from tests.common.test_atomic import gone_pid
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}
@@ -64,9 +68,56 @@ def test_a_stage_whose_files_were_damaged_is_built_again_saying_why(recipe, caps
     assert (stage.folder / "a.txt").read_text() == "x"
 
 
-def test_a_rebuilt_stage_says_its_settings_changed(recipe, capsys):
+def test_a_current_stage_removes_what_a_killed_publish_left(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    orphan = atomic.temporary_name(stage.folder, pid=gone_pid())
+    shutil.copytree(stage.folder, orphan)
+    stage.run()
+    assert not orphan.exists()
+
+
+def test_a_rebuilt_stage_names_the_setting_that_changed(recipe, capsys):
     body = writer("a.txt")
     Stage("up", recipe(), ("finetune",), body).run()
+    Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
+    assert "[up] building again: finetune.optim.lr 0.001 -> 0.1\n" in capsys.readouterr().out
+
+
+def test_a_rebuilt_stage_names_a_data_file_whose_contents_changed(recipe, capsys, tmp_path):
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\na\t0\n")
+    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    data.write_text("sentence\tlabel\nb\t1\n")
+    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    assert "[up] building again: data.train: its contents changed\n" in capsys.readouterr().out
+
+
+def test_a_rebuilt_child_names_the_parent_whose_settings_changed(recipe, capsys):
+    def child(r):
+        return Stage("child", r, ("data",), writer("c.txt"), (Stage("teacher", r, ("finetune",), writer("p.txt")),))
+
+    child(recipe()).parents[0].run()
+    child(recipe()).run()
+    child(recipe(**{"finetune.optim.lr": 0.1})).run()
+    assert "[child] building again: parent teacher's settings changed\n" in capsys.readouterr().out
+
+
+def test_a_measurement_of_another_artifact_says_so(recipe, capsys, tmp_path):
+    bundles = [Stage(name, recipe(), ("data",), writer("model.onnx", name)) for name in ("onnx-a", "onnx-b")]
+    for bundle in bundles:
+        bundle.run()
+    for bundle in bundles:
+        Stage("bench", recipe(), (), writer("result.json"), (Artifact("bundle", bundle.folder),)).run()
+    assert "[bench] building again: bundle is another artifact or was rebuilt\n" in capsys.readouterr().out
+
+
+def test_a_stage_built_before_its_settings_were_recorded_is_rebuilt_saying_its_settings_changed(recipe, capsys):
+    body = writer("a.txt")
+    stage = Stage("up", recipe(), ("finetune",), body)
+    stage.run()
+    manifest = stage.folder / mf.MANIFEST
+    manifest.write_text(manifest.read_text().replace('"hashed"', '"older_release"'))
     Stage("up", recipe(**{"finetune.optim.lr": 0.1}), ("finetune",), body).run()
     assert "[up] building again: its settings or a parent's changed" in capsys.readouterr().out
 
@@ -121,6 +172,42 @@ def test_a_rebuilt_parent_makes_the_child_stale(recipe):
     assert not child.is_current()
 
 
+def _parent_and_child(r, parent_text: str = "x") -> Stage:
+    parent = Stage("parent", r, ("data",), writer("p.txt", parent_text))
+    return Stage("child", r, ("data",), writer("c.txt"), (parent,))
+
+
+def test_a_moved_runs_folder_keeps_its_children_current(recipe, tmp_path, monkeypatch):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.move(tmp_path / "runs", tmp_path / "moved")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "moved"))
+    assert _parent_and_child(recipe()).is_current()
+
+
+def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tmp_path, monkeypatch):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "copy"))
+    _parent_and_child(recipe(), "retrained").parents[0].run(force=True)
+    assert not _parent_and_child(recipe()).is_current()
+
+
+def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
+    child = _parent_and_child(recipe())
+    child.parents[0].run()
+    child.run()
+    shutil.rmtree(child.parents[0].folder)
+    with pytest.raises(mf.ArtifactError):
+        child.run()
+    assert (
+        f"[child] building again: its parent parent is missing ({child.parents[0].folder})" in capsys.readouterr().out
+    )
+
+
 def test_the_child_records_its_parents_manifest(recipe):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     parent.run()
@@ -157,6 +244,14 @@ def test_an_altered_parent_is_refused_before_the_build(recipe):
     with pytest.raises(mf.ArtifactError, match="p.txt does not match its sha256"):
         Stage("child", recipe(), ("data",), body, (parent,)).run()
     assert body.calls == []
+
+
+def test_an_altered_parent_is_refused_saying_how_to_rebuild_it(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    parent.run()
+    (parent.folder / "p.txt").unlink()
+    with pytest.raises(mf.ArtifactError, match="p.txt is listed in the manifest but missing; run its stage again"):
+        Stage("child", recipe(), ("data",), writer("c.txt"), (parent,)).run()
 
 
 def test_a_missing_parent_is_refused(recipe):

@@ -107,7 +107,7 @@ def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, t
 
 
 class Stages:
-    """Stands in for `subprocess.run` in `edgedistill all`: records each stage, fails the one named `failing`."""
+    """Stands in for `cli.run_stage` in `edgedistill all`: records each stage, fails the one named `failing`."""
 
     def __init__(self, failing: str | None = None, status: int = 3):
         self.failing, self.status, self.ran = failing, status, []
@@ -116,7 +116,7 @@ class Stages:
         step = command[3:]  # after python -m edgedistill
         self.ran.append(step)
         failed = self.failing in (step[0], " ".join(step[:2]))
-        return subprocess.CompletedProcess(command, self.status if failed else 0)
+        return self.status if failed else 0
 
 
 def step_name(args: list[str]) -> str:
@@ -141,7 +141,7 @@ def make_all_steps() -> list[str]:
 def test_all_runs_the_stages_of_make_all_in_order(monkeypatch):
     expected = make_all_steps()  # before subprocess.run is replaced
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     assert cli.main(["all", "recipes/smoke.yaml"]) == 0
     assert [step_name(step) for step in stages.ran] == expected
 
@@ -152,33 +152,33 @@ def test_make_all_runs_the_whole_pipeline():
 
 def test_all_runs_each_stage_as_a_process_of_this_interpreter(monkeypatch):
     commands = []
-    monkeypatch.setattr(cli.subprocess, "run", lambda command: commands.append(command) or Stages()(command))
+    monkeypatch.setattr(cli, "run_stage", lambda command: commands.append(command) or Stages()(command))
     cli.main(["all", "recipes/smoke.yaml"])
     assert {tuple(command[:3]) for command in commands} == {(sys.executable, "-m", "edgedistill")}
 
 
 def test_all_stops_at_the_first_failing_stage(monkeypatch):
     stages = Stages(failing="bundles")
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml"])
     assert stages.ran[-1][0] == "bundles"
 
 
 def test_all_exits_with_the_failing_stage_status(monkeypatch):
-    monkeypatch.setattr(cli.subprocess, "run", Stages(failing="bench serving", status=5))
+    monkeypatch.setattr(cli, "run_stage", Stages(failing="bench serving", status=5))
     assert cli.main(["all", "recipes/smoke.yaml"]) == 5
 
 
 def test_all_passes_jobs_and_overrides_on(monkeypatch):
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml", "--jobs", "3", "--name=x"])
     assert stages.ran[3] == ["distill", "recipes/smoke.yaml", "--jobs", "3", "--name=x"]
 
 
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
-    monkeypatch.setattr(cli.subprocess, "run", stages)
+    monkeypatch.setattr(cli, "run_stage", stages)
     cli.main(["all", "recipes/smoke.yaml", "--name=x"])
     assert all(step[-1] == "--name=x" for step in stages.ran)
 
@@ -187,3 +187,35 @@ def test_all_passes_overrides_to_every_stage(monkeypatch):
 def test_a_stage_command_has_the_stages_own_summary(name):
     stages = importlib.import_module(cli.COMMANDS[name].module)
     assert cli.COMMANDS[name].help == getattr(stages, "STAGES", {}).get(name, getattr(stages, "COMMANDS", {}).get(name))
+
+
+def test_all_force_rebuilds_every_stage(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", "recipes/smoke.yaml", "--force"])
+    assert [step[0] for step in stages.ran if step[-1] != "--force"] == ["headline"]
+
+
+def test_all_force_gives_the_headline_only_what_it_takes(capsys):
+    headline = cli.pipeline("recipes/smoke.yaml", cli.JOBS, [], force=True)[-1]
+    cli.main(headline)  # no run yet: it says so, but it took its arguments
+    assert "override" not in capsys.readouterr().err
+
+
+def interrupted(monkeypatch, capsys, name: str) -> str:
+    """What `edgedistill <name>` prints when Ctrl-C stops it."""
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.Command, "run", stopped)
+    assert cli.main([name, "x"]) == cli.INTERRUPTED
+    return capsys.readouterr().err
+
+
+def test_an_interrupted_client_says_only_that(monkeypatch, capsys):
+    assert interrupted(monkeypatch, capsys, "call") == "edgedistill call: interrupted\n"
+
+
+def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys):
+    assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")

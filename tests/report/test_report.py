@@ -9,8 +9,9 @@ import matplotlib.image
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
+from edgedistill.common.stage import Built, Stage
 from edgedistill.report.__main__ import main as report_main
-from edgedistill.report.render import stage
+from edgedistill.report.render import finished_stages, stage
 
 from tests.conftest import ROOT, run_module
 
@@ -89,3 +90,11 @@ def test_command_line_needs_a_recipe_and_refuses_a_missing_one(capsys):
     assert exit_info.value.code == 2
     assert report_main(["recipes/no-such.yaml"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_report_leaves_out_what_a_killed_publish_left():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    notes = Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x")))
+    notes.run()
+    shutil.copytree(notes.folder, notes.folder.with_name(".notes.tmp-999"))  # as a kill -9 mid-publish leaves it
+    assert finished_stages(recipe) == [notes.folder]

@@ -1,0 +1,134 @@
+"""Ctrl-C in the middle of a stage: one line says so, with exit status 130, and no process is left behind; a
+killed `edgedistill all` takes its running stage with it.
+
+A terminal's Ctrl-C sends SIGINT to every process of the command's group, the jobs of `distill --jobs N` and
+the stage `edgedistill all` runs included.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.common.test_processes import gone
+from tests.conftest import PYTHON, ROOT
+from tests.faults.conftest import environment, tiny_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A tiny recipe whose teacher and transfer set are built, and the environment its stages run in."""
+    folder = tmp_path_factory.mktemp("interrupts")
+    recipe = tiny_recipe(folder)
+    env = environment(folder / "runs")
+    for stage in ("teacher", "transfer"):
+        result = subprocess.run(
+            [PYTHON, "-m", "edgedistill", stage, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return recipe, env
+
+
+def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float = 300) -> tuple[int, str, list]:
+    """Run `edgedistill *args` in its own process group, send the group SIGINT (as Ctrl-C does) once its output
+    matches `printed`; its exit status, its output and the processes of the group still alive 10 s later."""
+    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / f"interrupted-{time.monotonic_ns()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "edgedistill", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+        )
+    deadline = time.monotonic() + timeout
+    while not re.search(printed, log.read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {printed!r} before the command ended: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    group = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+    os.killpg(proc.pid, signal.SIGINT)
+    status = proc.wait(60)
+    time.sleep(10)
+    left = [p for p in group if p.pid != proc.pid and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return status, log.read_text(), left
+
+
+@pytest.fixture(scope="module")
+def distilling(tiny):
+    """`edgedistill distill --jobs 2` interrupted while its two jobs train."""
+    recipe, env = tiny
+    return interrupt_when(r"\[(student|baseline)-bilstm\] step", env, "distill", str(recipe), "--jobs", "2")
+
+
+@pytest.fixture(scope="module")
+def all_stages(tiny):
+    """`edgedistill all` interrupted while its first stage trains (a teacher with more epochs than the built one)."""
+    recipe, env = tiny
+    return interrupt_when(r"\[teacher\] building again", env, "all", str(recipe), "--finetune.optim.epochs=30")
+
+
+def test_an_interrupted_stage_exits_130(distilling):
+    assert distilling[0] == 130
+
+
+def test_an_interrupted_stage_says_so_in_a_line(distilling):
+    assert "edgedistill distill: interrupted; no artifact was half written: run it again" in distilling[1]
+
+
+def test_an_interrupted_stage_prints_no_traceback(distilling):
+    assert "Traceback" not in distilling[1]
+
+
+def test_an_interrupted_stage_leaves_no_warning_of_leaked_semaphores(distilling):
+    assert "leaked" not in distilling[1]
+
+
+def test_an_interrupted_stage_leaves_no_job_running(distilling):
+    assert distilling[2] == []
+
+
+def test_an_interrupted_pipeline_exits_130(all_stages):
+    assert all_stages[0] == 130
+
+
+def test_an_interrupted_pipeline_prints_no_traceback(all_stages):
+    assert "Traceback" not in all_stages[1]
+
+
+def test_an_interrupted_pipeline_says_so_once(all_stages):
+    assert all_stages[1].count("interrupted") == 1
+
+
+def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
+    recipe, env = tiny
+    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / "killed-all.log"
+    with open(log, "w") as out:
+        pipeline = subprocess.Popen(
+            [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while "[teacher] building again" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stage = psutil.Process(pipeline.pid).children()[0]
+    pipeline.kill()  # this process alone, as `kill -9 PID` does
+    pipeline.wait()
+    stopped = gone(stage.pid)
+    if not stopped:
+        stage.kill()  # not left training after the test
+    assert stopped
