@@ -201,6 +201,11 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
     return found
 
 
+def missing_files(sources: list[str]) -> list[str]:
+    """The local files among `sources` (Hub sources aside) that do not exist."""
+    return [source for source in sources if not source.startswith("hub:") and not Path(source).is_file()]
+
+
 def load_unlabelled(sources: list[str], max_lines: int | None = None) -> list[str]:
     """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all."""
     lines: list[str] = []

@@ -1,7 +1,7 @@
 """What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
 parallel jobs."""
 
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import load_splits, missing_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 
@@ -25,11 +25,22 @@ def run(
             p = placement.describe()
             print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")
         if stage in ("pretrain", "finetune", "teacher"):
+            if dist.is_main():
+                _warn_missing_transfer_files(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
             _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
     finally:
         dist.shutdown()
+
+
+def _warn_missing_transfer_files(recipe: Recipe) -> None:
+    """Say now, not after the teacher has trained, that the transfer stage will not find a file it reads."""
+    for source in missing_files(recipe.transfer.unlabelled_files if recipe.transfer is not None else []):
+        print(
+            f"[teacher] warning: transfer.unlabelled_files names {source}, which does not exist: the transfer stage "
+            "will stop on it (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)"
+        )
 
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:

@@ -259,3 +259,10 @@ def test_reinit_layers_sets_layer_norms_to_identity():
 def test_reinit_layers_past_the_model_is_refused():
     with pytest.raises(RecipeError, match="reinit_layers=3, but the model has 2 layers"):
         reinit_top_layers(tiny_classifier("bert"), 3)
+
+
+def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist():
+    result = run_stage(
+        "teacher", SMOKE, "--transfer.unlabelled_files=[nowhere.txt]", "--data.text_column=review", "--name=smoke-gone"
+    )
+    assert "[teacher] warning: transfer.unlabelled_files names nowhere.txt, which does not exist" in result.stdout
