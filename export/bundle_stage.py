@@ -298,7 +298,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         line=lambda manifest: (
             f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f}{selected_note} "
             f"(torch {figures['torch_dev_accuracy']:.4f}, "
-            f"agreement {figures['agreement']:.4f}, {figures['tie_flips']} near-tie flips, "
+            f"agreement {figures['agreement']:.4f}, near-tie flips {figures['tie_flips']}, "
             f"max|Δ| {figures['max_abs_diff']:.2e}) "
             f"size={manifest.metrics['size_bytes'] / 2**20:.1f} MiB{fused_note}"
         ),

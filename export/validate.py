@@ -93,8 +93,8 @@ def gate(figures: dict[str, float], precision: str, min_agreement: float, max_in
     if figures["agreement_beyond_ties"] < min_agreement:
         raise ExportGateError(
             f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement_beyond_ties']:.4%} of dev "
-            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), {figures['tie_flips']} near-tie flips "
-            f"aside (export.tie_margin), max |Δlogit| {figures['max_abs_diff']:.3e}"
+            f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), near-tie flips aside "
+            f"({figures['tie_flips']}, export.tie_margin), max |Δlogit| {figures['max_abs_diff']:.3e}"
         )
 
 
