@@ -177,19 +177,22 @@ def _parent_and_child(r, parent_text: str = "x") -> Stage:
     return Stage("child", r, ("data",), writer("c.txt"), (parent,))
 
 
-def test_a_moved_runs_folder_keeps_its_children_current(recipe, tmp_path, monkeypatch):
-    child = _parent_and_child(recipe())
+def _built_parent_and_child(r) -> Stage:
+    child = _parent_and_child(r)
     child.parents[0].run()
     child.run()
+    return child
+
+
+def test_a_moved_runs_folder_keeps_its_children_current(recipe, tmp_path, monkeypatch):
+    _built_parent_and_child(recipe())
     shutil.move(tmp_path / "runs", tmp_path / "moved")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "moved"))
     assert _parent_and_child(recipe()).is_current()
 
 
 def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tmp_path, monkeypatch):
-    child = _parent_and_child(recipe())
-    child.parents[0].run()
-    child.run()
+    _built_parent_and_child(recipe())
     shutil.copytree(tmp_path / "runs", tmp_path / "copy")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "copy"))
     _parent_and_child(recipe(), "retrained").parents[0].run(force=True)
@@ -197,9 +200,7 @@ def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tm
 
 
 def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
-    child = _parent_and_child(recipe())
-    child.parents[0].run()
-    child.run()
+    child = _built_parent_and_child(recipe())
     shutil.rmtree(child.parents[0].folder)
     with pytest.raises(mf.ArtifactError):
         child.run()

@@ -14,17 +14,22 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
-@pytest.fixture
-def teacher_on_a_full_device(small_fs, tmp_path) -> subprocess.CompletedProcess:
-    """`edgedistill teacher` of the tiny recipe with its runs folder on a 3 MiB file system."""
+def teacher(runs, tmp_path) -> subprocess.CompletedProcess:
+    """`edgedistill teacher` of the tiny recipe with its runs folder in `runs`."""
     return subprocess.run(
         [PYTHON, "-m", "edgedistill", "teacher", str(tiny_recipe(tmp_path))],
         cwd=ROOT,
-        env=environment(small_fs),
+        env=environment(runs),
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture
+def teacher_on_a_full_device(small_fs, tmp_path) -> subprocess.CompletedProcess:
+    """The teacher with its runs folder on a 3 MiB file system."""
+    return teacher(small_fs, tmp_path)
 
 
 def test_a_full_runs_folder_stops_the_stage_with_one_line(teacher_on_a_full_device, small_fs):
@@ -41,16 +46,9 @@ def test_a_full_runs_folder_prints_no_traceback(teacher_on_a_full_device):
 
 @pytest.fixture
 def teacher_on_a_read_only_device(small_fs, tmp_path) -> subprocess.CompletedProcess:
-    """`edgedistill teacher` of the tiny recipe with its runs folder on a read-only file system."""
+    """The teacher with its runs folder on a read-only file system."""
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
-    return subprocess.run(
-        [PYTHON, "-m", "edgedistill", "teacher", str(tiny_recipe(tmp_path))],
-        cwd=ROOT,
-        env=environment(small_fs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return teacher(small_fs, tmp_path)
 
 
 def test_a_read_only_runs_folder_stops_the_stage_with_one_line(teacher_on_a_read_only_device, small_fs):
