@@ -108,7 +108,7 @@ class Stage:
         """What `config_hash` covers: the declared settings, `extra` (local files by their contents), the parent
         stages' config hashes and the parent artifacts' manifest hashes; recorded in the manifest, to say which
         of them changed."""
-        extra = by_content(self.extra)
+        extra = self._extra_by_content
         return {
             "settings": self.recipe.settings(*self.settings),
             "extra": extra if isinstance(extra, dict) else {"extra": extra},
@@ -117,8 +117,13 @@ class Stage:
         }
 
     @cached_property
+    def _extra_by_content(self):
+        """`extra` with its local files as their digests: read once for `hashed` and `config_hash`."""
+        return by_content(self.extra)
+
+    @cached_property
     def config_hash(self) -> str:
-        own = {"settings": self.hashed["settings"], "extra": by_content(self.extra)}
+        own = {"settings": self.hashed["settings"], "extra": self._extra_by_content}
         upstream = self.hashed["parents"] | self.hashed["artifacts"]
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
