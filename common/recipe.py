@@ -207,7 +207,6 @@ class RecipeError(ValueError):
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-LOCAL = ("./", "../")  # a string value starting with these is a path relative to its recipe's folder
 
 
 class _Replace(dict):
@@ -255,7 +254,7 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
         return variables[match.group(1)]
 
     value = _VAR.sub(sub, value)
-    return str((folder / value).resolve()) if folder is not None and value.startswith(LOCAL) else value
+    return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 
 
 def apply_override(raw: dict, dotted: str, value) -> None:

@@ -91,8 +91,11 @@ def variables() -> dict[str, str]:
     return dict(os.environ) | values | {RENAMED[name]: value for name, value in values.items()}
 
 
+RELATIVE = ("./", "../")  # a path written relative: to the working directory here, to its recipe's folder in a recipe
+
+
 def _from_cwd(value: str) -> str:
-    return str((Path.cwd() / value).resolve()) if value.startswith(("./", "../")) else value
+    return str((Path.cwd() / value).resolve()) if value.startswith(RELATIVE) else value
 
 
 def recipe_folders() -> list[Path]:
