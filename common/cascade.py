@@ -90,7 +90,11 @@ def load_cascade(folder: str | Path) -> Cascade:
     for member in spec.members:
         path = mf.listed_file(folder, f"{MEMBERS}/{member.bundle}")
         member_manifest = path / mf.MANIFEST
-        if not member_manifest.is_file() or mf.sha256_file(member_manifest) != member.manifest_sha256:
+        try:
+            recorded = member_manifest.is_file() and mf.sha256_file(member_manifest) == member.manifest_sha256
+        except OSError as err:  # a name the file system refuses (too long), a folder it cannot read
+            raise mf.ArtifactError(f"{folder}: member {member.bundle!r} cannot be read: {err.strerror}") from err
+        if not recorded:
             raise mf.ArtifactError(
                 f"{folder}: member {member.bundle} is missing or not the bundle the cascade was built with "
                 "(its manifest's sha256 differs): rebuild the cascade"

@@ -69,3 +69,20 @@ def test_load_served_describes_a_bundle_by_its_runtime(tmp_path):
     from tests.serve.conftest import write_bundle
 
     assert load_served(write_bundle(tmp_path / "b")).description["kind"] == "bundle"
+
+
+def test_load_cascade_refuses_a_member_name_too_long_for_the_file_system(tmp_path):
+    import json
+
+    from edgedistill.common import manifest as mf
+    from edgedistill.common.cascade import load_cascade
+
+    from tests.serve.conftest import write_bundle, write_cascade
+
+    small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
+    folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
+    manifest = json.loads((folder / mf.MANIFEST).read_text())
+    manifest["info"]["cascade"]["members"][0]["bundle"] = "x" * 300
+    (folder / mf.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(mf.ArtifactError, match="cannot be read: File name too long"):
+        load_cascade(folder)
