@@ -20,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
-from edgedistill.common.config.training import RuntimeConfig
+from edgedistill.common.config.training import Metric, RuntimeConfig
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -76,7 +76,7 @@ def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
     return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
 
 
-def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device) -> tuple[dict, Timings]:
+def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, metric: Metric) -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = heads.load_teacher(folder).eval().to(on)
     name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
@@ -92,18 +92,11 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device) -> 
             feed = {k: torch.from_numpy(v).to(on) for k, v in inputs(names, batch, length).items()}
             timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
             _cell_done(cells, name, batch, length, timings[batch, length])
-    m = manifest.metrics
-    row = {
-        "model": name,
-        "precision": "fp32",
-        "runtime": f"pytorch ({on.type})",
-        "size_bytes": m["size_bytes"],
-        "dev_accuracy": m["dev_accuracy"],
-    }
-    return row, timings
+    row = {"model": name, "precision": "fp32", "runtime": f"pytorch ({on.type})"}
+    return row | _figures(manifest.metrics, metric), timings
 
 
-def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[dict, Timings]:
+def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells, metric: Metric) -> tuple[dict, Timings]:
     bundle, files = read_bundle(folder)
     runner = open_bundle(bundle, model=files.model, threads=cfg.threads)
     names = bundle.spec.input_names
@@ -116,16 +109,19 @@ def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells) -> tuple[d
         providers = runner.providers
     finally:
         runner.close()
-    m = bundle.manifest.metrics
     row = {
         "model": bundle_id,
         "precision": bundle.spec.precision,
         "runtime": f"onnxruntime ({', '.join(providers)})",
-        "size_bytes": m["size_bytes"],
-        "dev_accuracy": m["dev_accuracy"],
         "max_length": bundle.spec.max_length,
     }
-    return row, timings
+    return row | _figures(bundle.manifest.metrics, metric), timings
+
+
+def _figures(metrics: dict, metric: Metric) -> dict:
+    """A row's size and dev figures from its manifest: accuracy, and the selection metric when it is another."""
+    selected = None if metric == "accuracy" else metrics.get(f"dev_{metric}")
+    return {"size_bytes": metrics["size_bytes"], "dev_accuracy": metrics["dev_accuracy"], "dev_selected": selected}
 
 
 def _left_out(spec) -> str | None:
@@ -135,7 +131,7 @@ def _left_out(spec) -> str | None:
     return missing_here(spec.runtime, spec.providers)
 
 
-def table(threads: int, measured: list[tuple[dict, Timings]]) -> ModelTable:
+def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) -> ModelTable:
     """The rows with every cell's speedup over the first row's and items/s."""
     base = measured[0][1]
     rows = [
@@ -154,7 +150,7 @@ def table(threads: int, measured: list[tuple[dict, Timings]]) -> ModelTable:
         )
         for row, timings in measured
     ]
-    return ModelTable(threads=threads, rows=rows)
+    return ModelTable(threads=threads, metric=metric, rows=rows)
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -186,14 +182,17 @@ def _build(inputs: Inputs) -> Built:
         else:
             missing.append(bundle_id)
     cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=STAGE, unit="cell")
-    measured = [_eager_row(teacher, cfg, cells, on) for on in devices]
-    measured += [_bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells) for bundle_id in timed]
+    metric = recipe.data.metric
+    measured = [_eager_row(teacher, cfg, cells, on, metric) for on in devices]
+    measured += [
+        _bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells, metric) for bundle_id in timed
+    ]
     cells.close()
     if missing:
         print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
     for bundle_id, reason in left_out.items():
         print(f"[bench] {bundle_id} not timed here: {reason}")
-    result = table(cfg.threads, measured)
+    result = table(cfg.threads, measured, metric)
     print_table(result)
 
     def write(folder: Path) -> None:
@@ -209,22 +208,33 @@ def _build(inputs: Inputs) -> Built:
 
 def markdown(result: ModelTable) -> str:
     labels = [cell.label for cell in result.rows[0].cells]
-    head = "| model | precision | size MiB | dev acc | " + " | ".join(f"{k} ms (min-max) / x" for k in labels) + " |"
-    lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", "", head]
-    lines.append("|" + "---|" * (4 + len(labels)))
+    dev = result.dev_columns()
+    head = f"| model | precision | size MiB | {' | '.join(dev)} | " + " | ".join(
+        f"{k} ms (min-max) / x" for k in labels
+    )
+    lines = [
+        f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.",
+        "",
+        head + " |",
+    ]
+    lines.append("|" + "---|" * (3 + len(dev) + len(labels)))
     for r in result.rows:
         cells = [f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.speedup:.1f}x" for c in r.cells]
         size = r.size_bytes / 2**20
-        lines.append(f"| {r.model} | {r.precision} | {size:.1f} | {r.dev_accuracy:.4f} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r.model} | {r.precision} | {size:.1f} | {' | '.join(result.dev_figures(r))} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def print_table(result: ModelTable) -> None:
     title = f"latency ms (median, speedup vs {EAGER}), {result.threads} threads"
     out = Table(title=title, title_justify="left")
-    for column in ("model", "prec", "MiB", "dev acc", *(cell.label for cell in result.rows[0].cells)):
+    for column in ("model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)):
         out.add_column(column, justify="left" if column == "model" else "right")
     for r in result.rows:
         cells = [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
-        out.add_row(r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", f"{r.dev_accuracy:.4f}", *cells)
+        out.add_row(r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r), *cells)
     Console(width=200).print(out)

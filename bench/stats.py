@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from edgedistill.common.config.training import METRIC_NAMES, Metric
+from pydantic import BaseModel, ConfigDict, Field
 
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
 RESULT_FILE = "bench.json"  # in both benchmarks' folders
@@ -108,6 +109,9 @@ class ModelRow(Record):
     runtime: str
     size_bytes: int
     dev_accuracy: float
+    dev_selected: float | None = Field(
+        None, description="the recipe's selection metric on dev (`ModelTable.metric`) when it is not accuracy"
+    )
     max_length: int | None = None
     cells: list[Cell]
 
@@ -119,7 +123,19 @@ class ModelTable(Record):
     """The model benchmark's `bench.json`: the rows, the teacher in PyTorch eager on the CPU first."""
 
     threads: int
+    metric: Metric = Field("accuracy", description="the recipe's selection metric (`data.metric`)")
     rows: list[ModelRow]
+
+    def dev_columns(self) -> list[str]:
+        """Titles of the dev figures a table shows: accuracy, then the selection metric when it is another."""
+        return ["dev acc"] + ([] if self.metric == "accuracy" else [f"dev {METRIC_NAMES[self.metric]}"])
+
+    def dev_figures(self, row: ModelRow) -> list[str]:
+        """`row`'s figures under `dev_columns` ("-" where its manifest has no such figure)."""
+        shown = [f"{row.dev_accuracy:.4f}"]
+        if self.metric != "accuracy":
+            shown.append("-" if row.dev_selected is None else f"{row.dev_selected:.4f}")
+        return shown
 
     @property
     def shapes(self) -> list[tuple[int, int]]:

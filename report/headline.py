@@ -12,6 +12,7 @@ from pathlib import Path
 
 from edgedistill.bench.stats import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
+from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import RECIPE_HELP, Recipe, RecipeError, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report.render import finished_stages
@@ -51,9 +52,6 @@ def _json(path: Path) -> dict | list | None:
 
 def _metrics(folder: Path) -> dict | None:
     return mf.load(folder, verify=False).metrics if (folder / mf.MANIFEST).is_file() else None
-
-
-METRIC_NAMES = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
 
 
 def headline(recipe: Recipe, recipe_path: str) -> list[str]:

@@ -43,17 +43,18 @@ def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
 LABEL_OFFSETS = (6, -10, 16, -20, 26)  # points above (+) or below (-) the marker
 
 
-def pareto(points: list[dict], cell: str) -> bytes:
-    """Dev accuracy against latency (log scale) at one benchmark cell; marker area follows model size."""
+def pareto(points: list[dict], cell: str, metric: str) -> bytes:
+    """A dev figure (`metric`, each point's "dev") against latency (log scale) at one benchmark cell; marker area
+    follows model size."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    same_accuracy = Counter()
+    same_figure = Counter()
     for p in sorted(points, key=lambda p: p["latency_ms"]):
-        ax.scatter(p["latency_ms"], p["dev_accuracy"], s=20 + 3 * p["size_mib"], alpha=0.6)
-        accuracy = round(p["dev_accuracy"], 4)
-        nth, same_accuracy[accuracy] = same_accuracy[accuracy], same_accuracy[accuracy] + 1
-        ax.annotate(  # models of equal accuracy (export variants) get their labels stacked, not overprinted
+        ax.scatter(p["latency_ms"], p["dev"], s=20 + 3 * p["size_mib"], alpha=0.6)
+        value = round(p["dev"], 4)
+        nth, same_figure[value] = same_figure[value], same_figure[value] + 1
+        ax.annotate(  # models of equal figures (export variants) get their labels stacked, not overprinted
             p["model"],
-            (p["latency_ms"], p["dev_accuracy"]),
+            (p["latency_ms"], p["dev"]),
             fontsize=8,
             xytext=(4, LABEL_OFFSETS[nth % len(LABEL_OFFSETS)]),
             textcoords="offset points",
@@ -61,8 +62,8 @@ def pareto(points: list[dict], cell: str) -> bytes:
     ax.set(
         xscale="log",
         xlabel=f"latency ms ({cell}, median)",
-        ylabel="dev accuracy",
-        title="accuracy vs latency (marker size = model size)",
+        ylabel=f"dev {metric}",
+        title=f"{metric} vs latency (marker size = model size)",
     )
     ax.grid(alpha=0.3, which="both")
     return png(fig)

@@ -12,6 +12,7 @@ from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
+from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import result as loadtest_result
@@ -190,9 +191,9 @@ def _cascade_section(page: Page, root: Path) -> None:
         page.figure(f"{folder.name}.png", figure, "cascade accuracy against escalation")
 
 
-def _cascade_points(root: Path, table: ModelTable, batch: int, length: int) -> list[dict]:
-    """Cascades on the accuracy-latency figure at their expected model time: each member's time at the cell times
-    the share of dev texts that reach it."""
+def _cascade_points(root: Path, table: ModelTable, batch: int, length: int, metric: Metric) -> list[dict]:
+    """Cascades on the latency figure at their expected model time (each member's time at the cell times the share
+    of dev texts that reach it), with their dev `metric`."""
     timed = {r.model: r for r in table.rows}
     points = []
     for folder in _cascades(root):
@@ -208,7 +209,7 @@ def _cascade_points(root: Path, table: ModelTable, batch: int, length: int) -> l
                 "latency_ms": sum(
                     r * timed[m].cell(batch, length).median_ms for m, r in zip(members, reaching, strict=True)
                 ),
-                "dev_accuracy": manifest.metrics["dev_accuracy"],
+                "dev": manifest.metrics[f"dev_{metric}"],
                 "size_mib": sum(timed[m].size_bytes for m in members) / 2**20,
             }
         )
@@ -222,9 +223,9 @@ def _benchmark(page: Page, root: Path) -> None:
     labels = [cell.label for cell in table.rows[0].cells]
     page.heading("Benchmark (latency ms, median; speedup vs teacher PyTorch eager)", [f"../bench/{mf.MANIFEST}"])
     page.table(
-        ["model", "precision", "size MiB", "dev acc", *labels],
+        ["model", "precision", "size MiB", *table.dev_columns(), *labels],
         [
-            [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", f"{r.dev_accuracy:.4f}"]
+            [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *table.dev_figures(r)]
             + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
             for r in table.rows
         ],
@@ -234,16 +235,21 @@ def _benchmark(page: Page, root: Path) -> None:
     if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
+    # The selection metric where every model has it (bundles built before they recorded it have accuracy only)
+    metric = table.metric if all(r.dev_selected is not None for r in table.rows) else "accuracy"
     points = [
         {
             "model": r.model,
             "latency_ms": r.cell(batch, length).median_ms,
-            "dev_accuracy": r.dev_accuracy,
+            "dev": r.dev_accuracy if metric == "accuracy" else r.dev_selected,
             "size_mib": r.size_bytes / 2**20,
         }
         for r in table.rows
-    ] + _cascade_points(root, table, batch, length)
-    page.figure("pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens"), "accuracy against latency")
+    ] + _cascade_points(root, table, batch, length, metric)
+    shown = METRIC_NAMES[metric]
+    page.figure(
+        "pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens", shown), f"{shown} against latency"
+    )
 
 
 SERVED = {  # folder pattern -> the section's title and the stage's own tables (markdown), shown as written

@@ -6,6 +6,9 @@ from typing import Literal
 from edgedistill.common.config.strict import Strict
 from pydantic import Field, model_validator
 
+Metric = Literal["accuracy", "macro_f1", "f1"]
+METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
+
 
 class DataConfig(Strict):
     """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[/<config>]:<split>`."""
@@ -20,7 +23,7 @@ class DataConfig(Strict):
         min_length=2,
         description="the task's labels in index order (label 0 first); their number is the number of classes",
     )
-    metric: Literal["accuracy", "macro_f1", "f1"] = Field(
+    metric: Metric = Field(
         "accuracy",
         description="the dev metric that selects checkpoints: accuracy, macro_f1 (F1 averaged over the labels) or "
         "f1 (F1 of positive_label)",

@@ -80,5 +80,15 @@ def test_bench_writes_its_tables(smoke_bundles):
 def test_a_bundle_is_timed_from_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check):
     folder = swapped_after_check(models)
     cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[8], warmup=0, iterations=1, min_seconds=0, threads=1)
-    _, timings = models._bundle_row("teacher-fused", folder, cfg, tqdm(disable=True))
+    _, timings = models._bundle_row("teacher-fused", folder, cfg, tqdm(disable=True), "accuracy")
     assert list(timings) == [(1, 8)]
+
+
+def test_a_row_of_an_f1_recipe_takes_dev_f1_from_the_manifest():
+    metrics = {"size_bytes": 10, "dev_accuracy": 0.8, "dev_macro_f1": 0.75, "dev_f1": 0.7}
+    assert models._figures(metrics, "f1")["dev_selected"] == 0.7
+
+
+def test_a_row_of_an_accuracy_recipe_has_no_second_dev_figure():
+    metrics = {"size_bytes": 10, "dev_accuracy": 0.8, "dev_macro_f1": 0.75}
+    assert models._figures(metrics, "accuracy")["dev_selected"] is None

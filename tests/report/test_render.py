@@ -113,11 +113,13 @@ def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path)
     assert "| teacher |" not in missing_markdown(tmp_path)
 
 
-def benchmark_markdown(tmp_path) -> str:
-    """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran."""
+def benchmark_markdown(tmp_path, **table) -> str:
+    """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran; `table` adds
+    fields to its bench.json (`metric`)."""
     cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 1.0}
     row = {"model": "teacher-pytorch-eager", "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
-    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
+    row |= {"dev_accuracy": 0.9, "dev_selected": 0.875, "cells": [cell | {"items_per_s": 500.0}]}
+    bench = {"threads": 1, "rows": [row]} | table
     info = {"left_out": {}, "missing_bundles": ["cnn-int8"]}
     publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)})
     page = render.Page("report")
@@ -127,6 +129,14 @@ def benchmark_markdown(tmp_path) -> str:
 
 def test_benchmark_section_names_a_bundle_not_built_when_it_ran(tmp_path):
     assert "| cnn-int8 | not built when the benchmark ran" in benchmark_markdown(tmp_path)
+
+
+def test_benchmark_section_of_an_f1_recipe_shows_each_models_dev_f1(tmp_path):
+    assert "| teacher-pytorch-eager | fp32 | 1.0 | 0.9000 | 0.8750 |" in benchmark_markdown(tmp_path, metric="f1")
+
+
+def test_benchmark_figure_of_an_f1_recipe_plots_f1_against_latency(tmp_path):
+    assert "F1 against latency" in benchmark_markdown(tmp_path, metric="f1")
 
 
 def serving_markdown(tmp_path) -> str:
