@@ -99,7 +99,11 @@ def test_python_m_edgedistill_is_the_command():
     assert result.stdout.startswith("edgedistill ")
 
 
-@pytest.mark.parametrize("module", ["serve", "distill", "export", "bench", "loadtests", "report"])
+ENTRY_POINTS = ("serve", "distill", "export", "bench", "loadtests", "report")  # and the modules with their own `-m`:
+ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, tmp_path):
     command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
