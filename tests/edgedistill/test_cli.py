@@ -42,6 +42,13 @@ def test_a_command_help_names_the_command(capsys, name):
     assert capsys.readouterr().out.startswith(f"usage: edgedistill {name} ")
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_command_help_names_no_module_of_the_checkout(capsys, name):
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    assert "python -m" not in capsys.readouterr().out
+
+
 def test_an_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["no-such-command"])
