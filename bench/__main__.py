@@ -83,7 +83,9 @@ def run_scaling(recipe, args) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"`{prog} <command> RECIPE [options] [--section.key=value ...]`."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     timed = commands.add_parser("models", help="every bundle beside the teacher in PyTorch eager")
     timed.add_argument("recipe", help=RECIPE_HELP)

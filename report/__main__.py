@@ -9,7 +9,8 @@ from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    description = f"`{prog} RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)

@@ -124,10 +124,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         command, body = CALL[recipe.data.pairs]
         lines += [
             f"bundle: {bundle}",
-            f"serve it:  make serve RECIPE={recipe_path}   (or: edgedistill serve --bundle {bundle})",
+            f"serve it:  edgedistill serve --bundle {bundle}   (in a checkout: make serve RECIPE={recipe_path})",
             f"call it:   {command}",
             f"           grpcurl -plaintext -d '{body}' localhost:50051 edgedistill.v1.Classifier/Classify",
-            f"container: make image BAKE=1 RECIPE={recipe_path}",
+            f"container: make image BAKE=1 RECIPE={recipe_path}   (in a checkout)",
         ]
     return lines
 

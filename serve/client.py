@@ -467,5 +467,5 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
+    sys.exit(main(prog=f"python -m {__spec__.name}"))

@@ -63,5 +63,5 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve.proto.gener
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
+    sys.exit(main(prog=f"python -m {__spec__.name}"))

@@ -26,6 +26,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SETUPTOOLS = PROJECT["tool"]["setuptools"]
 DIST_INFO = f"edgedistill-{PROJECT['project']['version']}.dist-info"
 PACKAGE_DATA = [
+    "edgedistill/py.typed",
     "edgedistill/serve/proto/classifier.proto",
     "edgedistill/serve/proto/kserve.proto",
     "edgedistill/loadtests/locustfile.py",

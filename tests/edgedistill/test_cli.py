@@ -42,6 +42,13 @@ def test_a_command_help_names_the_command(capsys, name):
     assert capsys.readouterr().out.startswith(f"usage: edgedistill {name} ")
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_command_help_names_no_module_of_the_checkout(capsys, name):
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    assert "python -m" not in capsys.readouterr().out
+
+
 def test_an_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["no-such-command"])
@@ -99,7 +106,11 @@ def test_python_m_edgedistill_is_the_command():
     assert result.stdout.startswith("edgedistill ")
 
 
-@pytest.mark.parametrize("module", ["serve", "distill", "export", "bench", "loadtests", "report"])
+ENTRY_POINTS = ("serve", "distill", "export", "bench", "loadtests", "report")  # and the modules with their own `-m`:
+ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, tmp_path):
     command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)

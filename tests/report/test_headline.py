@@ -97,6 +97,20 @@ def test_call_lines_of_a_single_text_task_send_one_text(recipe):
     assert 'call it:   edgedistill call "<text>"' in headline.headline(recipe, "recipes/smoke.yaml")
 
 
+def test_the_serve_line_gives_the_installed_command_and_make_only_for_a_checkout(recipe):
+    bundle = run_dir(recipe) / f"bundle-{recipe.export.deploy}"
+    publish(bundle, {})
+    assert (
+        f"serve it:  edgedistill serve --bundle {bundle}   (in a checkout: make serve RECIPE=recipes/smoke.yaml)"
+        in headline.headline(recipe, "recipes/smoke.yaml")
+    )
+
+
+def test_the_container_line_says_it_needs_a_checkout(recipe):
+    publish(run_dir(recipe) / f"bundle-{recipe.export.deploy}", {})
+    assert headline.headline(recipe, "recipes/smoke.yaml")[-1].endswith("(in a checkout)")
+
+
 def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     pairs = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.text_pair_column": "sentence2"})
