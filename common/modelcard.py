@@ -83,7 +83,7 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
     lines = [
         "## Latency",
         "",
-        f"From the model benchmark (`python -m bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
+        f"From the model benchmark (`edgedistill bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
         f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.",
         "",
         "| batch | tokens | median ms | speedup |",

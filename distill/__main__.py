@@ -27,7 +27,9 @@ STAGES = {
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """One subcommand per stage; `prog` is what the usage lines start with."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"`{prog} <stage> RECIPE [--section.key=value ...] [--force]`."
+    )
     parser.set_defaults(only=None, no_baseline=False, jobs=1)
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name, summary in STAGES.items():

@@ -48,7 +48,7 @@ COMMANDS = {
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """One subcommand per command; `prog` is what the usage lines start with."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=f"`{prog} <command> RECIPE [--section.key=value ...]`.")
     parser.set_defaults(only=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():

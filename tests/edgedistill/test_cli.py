@@ -117,6 +117,13 @@ def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, t
     assert result.stdout.startswith(f"usage: python -m edgedistill.{module} ")
 
 
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_of_the_package_names_no_module_of_the_checkout_in_its_help(module, tmp_path):
+    command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert "python -m " not in result.stdout.replace("python -m edgedistill.", "")
+
+
 class Stages:
     """Stands in for `cli.run_stage` in `edgedistill all`: records each stage, fails the one named `failing`."""
 
