@@ -26,6 +26,7 @@ from edgedistill.common.bundle import (
     TensorSpec,
     text_inputs,
     tokenizer_config,
+    tokenizer_json,
     transformers_config,
 )
 from edgedistill.common.config.export import BundleRecipe
@@ -263,7 +264,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
 
     def write(folder: Path) -> None:
         shutil.copy2(model, folder / model_file)
-        shutil.copy2(source.folder / TOKENIZER, folder / TOKENIZER)
+        tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), bundle)
+        (folder / TOKENIZER).write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
         tokenizer_file = source.folder / TOKENIZER_CONFIG
         settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), bundle)
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2), encoding="utf-8")

@@ -25,6 +25,7 @@ from edgedistill.export.validate import (
 )
 from edgedistill.serve.encoding import TextEncoder
 from onnx import numpy_helper
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from tests.conftest import ROOT, run_export
@@ -396,3 +397,11 @@ def test_auto_tokenizer_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_
     served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
     ids = AutoTokenizer.from_pretrained(folder)(text, truncation=True)["input_ids"]
     assert ids == served[0]["input_ids"].tolist()
+
+
+@pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
+def test_tokenizer_json_alone_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_id):
+    folder = smoke_bundles / f"bundle-{bundle_id}"
+    text = " ".join(["a gripping , funny and thoroughly moving film"] * 20)  # longer than any max length
+    served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
+    assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids == served[0]["input_ids"].tolist()
