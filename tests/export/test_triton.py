@@ -144,6 +144,11 @@ def test_bad_settings_are_refused(tmp_path, kwargs, message):
     assert not (tmp_path / "repo" / NAME).exists()
 
 
+def test_the_default_preferred_batch_sizes_are_those_within_max_batch_size(tmp_path):
+    model_dir = write_repository(make_bundle(tmp_path), tmp_path / "repo", max_batch_size=16)
+    assert list(read_config(model_dir).dynamic_batching.preferred_batch_size) == [8]
+
+
 def test_a_plan_refuses_a_max_batch_size_above_its_profile(tmp_path):
     bundle = make_bundle(tmp_path, runtime="tensorrt", build=plan_build(32))
     with pytest.raises(ValueError, match="takes batches of at most 32"):
