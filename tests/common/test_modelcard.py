@@ -128,6 +128,12 @@ def test_bundle_card_opens_the_model_with_the_optimizers_the_bundle_disables(rec
     assert "model.onnx\", disabled_optimizers=['SkipLayerNormFusion'])" in _text(recipe, folder)
 
 
+def test_bundle_card_opens_a_gpu_bundle_on_the_providers_it_was_built_for(recipe):
+    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "providers=['CUDAExecutionProvider', 'CPUExecutionProvider'])" in _text(recipe, folder)
+
+
 def test_bundle_card_gives_parity(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
     assert "| agreement | 0.9900 |" in _text(recipe, folder)
