@@ -32,7 +32,7 @@ from edgedistill.common.bundle import (
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
+from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
@@ -190,6 +190,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     spec = recipe.export.bundles[bundle_id]
     if spec.runtime == "tensorrt":
         require_tensorrt()
+    elif absent := missing_here(spec.runtime, spec.providers):  # named with --only: fail before the export's work
+        raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     length = max_length(recipe, spec.source)

@@ -336,6 +336,12 @@ def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
     assert not (smoke_bundles / "bundle-cnn-cuda").exists()
 
 
+def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(smoke_bundles):
+    cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
+    run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
+    assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
+
+
 def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
     from edgedistill.export.quantize import fp16
 
