@@ -132,8 +132,8 @@ def write_repository(
     """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, <version>/model file); return it.
 
     `preferred_batch_sizes` defaults to those of PREFERRED_BATCH_SIZES within `max_batch_size`, `kind` to
-    `default_kind` of the bundle. A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton refuses to load it.
-    An existing model folder of the same name is replaced whole.
+    `default_kind` of the bundle. A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton
+    refuses to load it. An existing model folder of the same name is replaced whole.
     """
     bundle = load_bundle(bundle_folder)
     spec = bundle.spec
