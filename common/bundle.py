@@ -100,6 +100,14 @@ def transformers_config(model: dict, spec: BundleSpec) -> dict:
     }
 
 
+def tokenizer_json(data: dict, spec: BundleSpec) -> dict:
+    """The source's `tokenizer.json` truncating at the bundle's max length and padding nothing, as the server
+    tokenizes, so that `tokenizers.Tokenizer.from_file` alone gives the server's token ids (the source's may carry
+    the teacher's longer max length, or padding to a fixed length)."""
+    truncation = {"direction": "Right", "max_length": spec.max_length, "strategy": "LongestFirst", "stride": 0}
+    return data | {"truncation": truncation, "padding": None}
+
+
 def tokenizer_config(data: dict, spec: BundleSpec) -> dict:
     """The source's `tokenizer_config.json` with the bundle's max length, so that `truncation=True` fits the model."""
     return data | {"model_max_length": spec.max_length}

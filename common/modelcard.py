@@ -149,8 +149,13 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     else:
         served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]
         served += [f"edgedistill serve --bundle {folder}", f"make serve BUNDLE={folder}  # in a checkout", "```"]
-        if info.get("bundle", {}).get("runtime") != "onnxruntime":  # a cascade, or a TensorRT engine
+        spec = info.get("bundle", {})
+        if spec.get("runtime") != "onnxruntime":  # a cascade, or a TensorRT engine
             return served
+        # As the server opens it: on the providers it was built for (a GPU bundle would otherwise run on the CPU),
+        # without the optimizers it turns off (they would undo a build choice on load: docs/export.md).
+        options = f", providers={spec['providers']}" if spec["providers"] != ["CPUExecutionProvider"] else ""
+        options += f", disabled_optimizers={spec['disabled_optimizers']}" if spec.get("disabled_optimizers") else ""
         return [
             *served,
             "",
@@ -162,7 +167,7 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             "from transformers import AutoTokenizer",
             "",
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
-            f'session = ort.InferenceSession("{folder}/{info["bundle"]["model_file"]}")',
+            f'session = ort.InferenceSession("{folder}/{spec["model_file"]}"{options})',
             'batch = tokenizer(["a text"], truncation=True, return_tensors="np")',
             'logits = session.run(["logits"], {i.name: batch[i.name] for i in session.get_inputs()})[0]',
             "```",

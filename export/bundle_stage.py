@@ -26,12 +26,13 @@ from edgedistill.common.bundle import (
     TensorSpec,
     text_inputs,
     tokenizer_config,
+    tokenizer_json,
     transformers_config,
 )
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.runtime import missing_here, open_runner, require_tensorrt
+from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
@@ -189,6 +190,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     spec = recipe.export.bundles[bundle_id]
     if spec.runtime == "tensorrt":
         require_tensorrt()
+    elif absent := missing_here(spec.runtime, spec.providers):  # named with --only: fail before the export's work
+        raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     length = max_length(recipe, spec.source)
@@ -263,7 +266,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
 
     def write(folder: Path) -> None:
         shutil.copy2(model, folder / model_file)
-        shutil.copy2(source.folder / TOKENIZER, folder / TOKENIZER)
+        tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), bundle)
+        (folder / TOKENIZER).write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
         tokenizer_file = source.folder / TOKENIZER_CONFIG
         settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), bundle)
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2), encoding="utf-8")

@@ -15,12 +15,13 @@ from types import ModuleType
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.bundle import Bundle, TensorSpec, load_bundle
-from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
+from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
+from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS
 from google.protobuf import text_format
 
 DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 KINDS = ("KIND_CPU", "KIND_GPU")
+PREFERRED_BATCH_SIZES = (8, 32)  # those within max_batch_size, unless told
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -57,16 +58,25 @@ def _tensor(message, spec: TensorSpec) -> None:
     message.dims.extend(-1 if isinstance(axis, str) else axis for axis in spec.shape[1:])
 
 
+def default_kind(spec: BundleSpec) -> str:
+    """Where a bundle's instances run unless told: on a GPU for a TensorRT plan or a bundle built for a GPU provider."""
+    on_gpu = spec.runtime == "tensorrt" or bool({CUDA, TENSORRT} & set(spec.providers))
+    return "KIND_GPU" if on_gpu else "KIND_CPU"
+
+
 def model_config(
     bundle: Bundle,
     max_batch_size: int = 64,
-    preferred_batch_sizes: tuple[int, ...] = (8, 32),
+    preferred_batch_sizes: tuple[int, ...] | None = None,
     max_queue_delay_us: int = 1000,
     instance_count: int = 1,
-    kind: str = "KIND_CPU",
+    kind: str | None = None,
 ):
     """The `ModelConfig` message for a loaded bundle (see `write_repository` for the arguments)."""
     spec = bundle.spec
+    kind = kind or default_kind(spec)
+    if preferred_batch_sizes is None:
+        preferred_batch_sizes = tuple(size for size in PREFERRED_BATCH_SIZES if size <= max_batch_size)
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     if any(not 1 <= size <= max_batch_size for size in preferred_batch_sizes):
@@ -114,15 +124,16 @@ def write_repository(
     bundle_folder: str | Path,
     repo_root: str | Path,
     max_batch_size: int = 64,
-    preferred_batch_sizes: tuple[int, ...] = (8, 32),
+    preferred_batch_sizes: tuple[int, ...] | None = None,
     max_queue_delay_us: int = 1000,
     instance_count: int = 1,
-    kind: str = "KIND_CPU",
+    kind: str | None = None,
 ) -> Path:
     """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, <version>/model file); return it.
 
-    A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton refuses to load it.
-    An existing model folder of the same name is replaced whole.
+    `preferred_batch_sizes` defaults to those of PREFERRED_BATCH_SIZES within `max_batch_size`, `kind` to
+    `default_kind` of the bundle. A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton
+    refuses to load it. An existing model folder of the same name is replaced whole.
     """
     bundle = load_bundle(bundle_folder)
     spec = bundle.spec
@@ -150,20 +161,28 @@ def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="rows per batch Triton may form (default 64)")
     parser.add_argument(
-        "--preferred-batch-sizes", type=int, nargs="*", default=[8, 32], help="the dynamic batcher's (default 8 32)"
+        "--preferred-batch-sizes",
+        type=int,
+        nargs="*",
+        help="the dynamic batcher's (default 8 32, those within --max-batch-size)",
     )
     parser.add_argument(
         "--max-queue-delay-us", type=int, default=1000, help="how long a request waits for a batch (default 1000)"
     )
     parser.add_argument("--instance-count", type=int, default=1, help="model instances (default 1)")
-    parser.add_argument("--kind", choices=KINDS, default="KIND_CPU", help="where the instances run (default KIND_CPU)")
+    parser.add_argument(
+        "--kind",
+        choices=KINDS,
+        help="where the instances run (default KIND_GPU for a TensorRT plan or a bundle built for a GPU provider, "
+        "else KIND_CPU)",
+    )
     args = parser.parse_args(argv)
     try:
         folder = write_repository(
             args.bundle,
             args.repo,
             max_batch_size=args.max_batch_size,
-            preferred_batch_sizes=tuple(args.preferred_batch_sizes),
+            preferred_batch_sizes=None if args.preferred_batch_sizes is None else tuple(args.preferred_batch_sizes),
             max_queue_delay_us=args.max_queue_delay_us,
             instance_count=args.instance_count,
             kind=args.kind,

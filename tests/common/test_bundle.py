@@ -4,9 +4,10 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import load_bundle, read_bundle
+from edgedistill.common.bundle import load_bundle, read_bundle, tokenizer_json
+from tokenizers import Tokenizer
 
-from tests.serve.conftest import write_bundle
+from tests.serve.conftest import spec, tiny_tokenizer, write_bundle
 
 
 def without_pad_id(folder):
@@ -32,3 +33,17 @@ def test_reading_a_bundle_to_serve_refuses_one_without_its_padding_id(tmp_path):
 
 def test_the_padding_id_is_read_from_the_spec(tmp_path):
     assert load_bundle(write_bundle(tmp_path / "bundle", pad_token_id=4)).spec.pad_token_id == 4
+
+
+def bundle_tokenizer(max_length: int) -> Tokenizer:
+    """The tiny tokenizer (saved truncating and padding at its own length) as a bundle of `max_length` writes it."""
+    data = json.loads(tiny_tokenizer().to_str())
+    return Tokenizer.from_str(json.dumps(tokenizer_json(data, spec(max_length=max_length))))
+
+
+def test_a_bundles_tokenizer_json_truncates_at_the_bundles_max_length():
+    assert len(bundle_tokenizer(5).encode("good " * 40).ids) == 5
+
+
+def test_a_bundles_tokenizer_json_pads_nothing():
+    assert len(bundle_tokenizer(5).encode("good").ids) == 3

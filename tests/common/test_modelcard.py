@@ -26,7 +26,7 @@ def recipe():
     return load_recipe(ROOT / "recipes" / "smoke.yaml")
 
 
-def _bundle_info() -> dict:
+def _bundle_info(**changes) -> dict:
     spec = BundleSpec(
         name="smoke-bilstm-int8",
         labels=["negative", "positive"],
@@ -42,7 +42,7 @@ def _bundle_info() -> dict:
         arch="bilstm",
         opset=17,
     )
-    return {"bundle": spec.model_dump(), "source": "bilstm"}
+    return {"bundle": spec.model_dump() | changes, "source": "bilstm"}
 
 
 def _publish(recipe, stage: str, metrics: dict | None = None, info: dict | None = None):
@@ -120,6 +120,18 @@ def test_student_card_shows_from_pretrained(recipe):
 def test_bundle_card_says_how_to_serve(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
     assert "edgedistill serve --bundle runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)
+
+
+def test_bundle_card_opens_the_model_with_the_optimizers_the_bundle_disables(recipe):
+    info = _bundle_info(disabled_optimizers=["SkipLayerNormFusion"])
+    folder = _publish(recipe, "bundle-transformer-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "model.onnx\", disabled_optimizers=['SkipLayerNormFusion'])" in _text(recipe, folder)
+
+
+def test_bundle_card_opens_a_gpu_bundle_on_the_providers_it_was_built_for(recipe):
+    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "providers=['CUDAExecutionProvider', 'CPUExecutionProvider'])" in _text(recipe, folder)
 
 
 def test_bundle_card_gives_parity(recipe):

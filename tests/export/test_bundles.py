@@ -25,6 +25,7 @@ from edgedistill.export.validate import (
 )
 from edgedistill.serve.encoding import TextEncoder
 from onnx import numpy_helper
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from tests.conftest import ROOT, run_export
@@ -335,6 +336,12 @@ def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
     assert not (smoke_bundles / "bundle-cnn-cuda").exists()
 
 
+def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(smoke_bundles):
+    cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
+    run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
+    assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
+
+
 def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
     from edgedistill.export.quantize import fp16
 
@@ -396,3 +403,11 @@ def test_auto_tokenizer_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_
     served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
     ids = AutoTokenizer.from_pretrained(folder)(text, truncation=True)["input_ids"]
     assert ids == served[0]["input_ids"].tolist()
+
+
+@pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
+def test_tokenizer_json_alone_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_id):
+    folder = smoke_bundles / f"bundle-{bundle_id}"
+    text = " ".join(["a gripping , funny and thoroughly moving film"] * 20)  # longer than any max length
+    served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
+    assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids == served[0]["input_ids"].tolist()

@@ -42,7 +42,9 @@ def plan_build(max_batch: int) -> dict:
     return {"profile": {"input_ids": shapes, "attention_mask": shapes}}
 
 
-def make_bundle(tmp_path, runtime="onnxruntime", version="1", build: dict | None = None):
+def make_bundle(
+    tmp_path, runtime="onnxruntime", version="1", build: dict | None = None, providers=("CPUExecutionProvider",)
+):
     model_file = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}[runtime]
     folder = tmp_path / f"bundle-{runtime}"
     with mf.stage_folder(folder) as tmp:
@@ -64,7 +66,7 @@ def make_bundle(tmp_path, runtime="onnxruntime", version="1", build: dict | None
             outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
             precision="fp32",
             runtime=runtime,
-            providers=["CPUExecutionProvider"],
+            providers=list(providers),
             model_file=model_file,
             arch="tiny",
             opset=17,
@@ -142,6 +144,11 @@ def test_bad_settings_are_refused(tmp_path, kwargs, message):
     assert not (tmp_path / "repo" / NAME).exists()
 
 
+def test_the_default_preferred_batch_sizes_are_those_within_max_batch_size(tmp_path):
+    model_dir = write_repository(make_bundle(tmp_path), tmp_path / "repo", max_batch_size=16)
+    assert list(read_config(model_dir).dynamic_batching.preferred_batch_size) == [8]
+
+
 def test_a_plan_refuses_a_max_batch_size_above_its_profile(tmp_path):
     bundle = make_bundle(tmp_path, runtime="tensorrt", build=plan_build(32))
     with pytest.raises(ValueError, match="takes batches of at most 32"):
@@ -162,7 +169,18 @@ def test_a_plan_whose_manifest_records_no_profile_is_refused(tmp_path):
 
 def test_plan_on_cpu_is_refused(tmp_path):
     with pytest.raises(ValueError, match="only on a GPU"):
-        write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo")
+        write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo", kind="KIND_CPU")
+
+
+def test_a_plan_runs_on_a_gpu_unless_told(tmp_path):
+    [group] = read_config(write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo")).instance_group
+    assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+
+
+def test_a_bundle_built_for_cuda_runs_on_a_gpu_unless_told(tmp_path):
+    bundle = make_bundle(tmp_path, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    [group] = read_config(write_repository(bundle, tmp_path / "repo")).instance_group
+    assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
 def test_corrupted_bundle_is_refused_and_old_model_kept(tmp_path):
