@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.serve.settings import load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 120.0
@@ -31,6 +32,13 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
     return flags + ["--threads", str(threads), "--workers", str(workers)]
+
+
+def served_settings(bundle: Path, threads: int) -> dict:
+    """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
+    port, bundle, tokens and reload root: hashed by a measurement's stage, so a changed server setting measures again."""
+    settings = load_settings(serve_flags(bundle, 0, threads))
+    return settings.model_dump(mode="json", exclude={"port", "bundle", "token", "admin_token", "reload_root"})
 
 
 def cpu_seconds(process: psutil.Process) -> float:

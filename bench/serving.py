@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running, serve_flags
+from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
@@ -188,7 +188,7 @@ def stage(
     pairs_file: Path | None = None,
 ) -> Stage:
     """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
-    current while the settings, the dev split, the bundle and the texts are unchanged."""
+    current while the settings, the dev split, the bundle, the texts and the server's settings are unchanged."""
     return Stage(
         STAGE,
         recipe,
@@ -198,6 +198,7 @@ def stage(
         extra={
             "texts": None if texts_file is None else str(texts_file),
             "pairs": None if pairs_file is None else str(pairs_file),
+            "server": served_settings(bundle_folder, recipe.bench.serving.threads),
         },
     )
 

@@ -3,7 +3,8 @@
 
 Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
 runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
-A run whose settings, bundle and texts are unchanged is not repeated without `--force`.
+A run whose settings, bundle, texts and server settings (`EDGEDISTILL_*`) are unchanged is not repeated without
+`--force`.
 Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr),
 2 when the run could not be made.
 """

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, start
+from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, served_settings, start
 from edgedistill.bench.stats import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
@@ -118,7 +118,8 @@ def stage(
     `loadtests.result`), with the texts of `texts_file` or the pairs of `pairs_file` (`bench.texts`: default, the
     recipe's dev split). With `echo`, the same load goes to the do-nothing echo server instead
     (`loadtest-<profile>-echo/`): the latency floor of gRPC and locust on this machine, to tell the server's
-    cost from the client's. Current while the settings, dev split, bundle, texts and scenarios are unchanged.
+    cost from the client's. Current while the settings, dev split, bundle, texts, scenarios and the server's settings
+    (`EDGEDISTILL_*` variables) are unchanged.
     """
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
@@ -144,6 +145,7 @@ def stage(
             "pairs": None if pairs_file is None else str(pairs_file),
             "scenarios": scenarios,
             "echo": echo,
+            "server": None if echo else served_settings(bundle, cfg.threads),
         },
     )
 

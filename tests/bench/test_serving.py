@@ -128,6 +128,14 @@ def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, te
     assert mf.load(out).created == created  # not measured again
 
 
+def test_a_server_setting_from_the_environment_makes_the_result_stale(bundle, monkeypatch):
+    recipe = load_recipe(SMOKE)
+    monkeypatch.delenv("EDGEDISTILL_MAX_QUEUED", raising=False)
+    before = serving.stage(recipe, bundle).config_hash
+    monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "512")
+    assert serving.stage(recipe, bundle).config_hash != before
+
+
 def test_targets_come_from_the_recipe():
     cfg = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving
     assert (cfg.rate, cfg.paced_slo.p99_ms, cfg.paced_slo.min_rate_share, cfg.paced_slo.max_error_rate) == (

@@ -25,11 +25,15 @@ def pair_bundle(tmp_path_factory) -> Path:
     return write_bundle(tmp_path_factory.mktemp("loadtests") / "bundle-pairs", **pair_spec())
 
 
-def loadtest(bundle: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
+def loadtest(
+    bundle: Path, profile: str, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The load test with the server and plan settings of the flags and `env` alone."""
     command = [sys.executable, "-m", "loadtests", "recipes/smoke.yaml", "--profile", profile, "--bundle", str(bundle)]
-    server = ("EDGEDISTILL_", "LOADTEST_")  # settings of the server and the plan come from the flags alone
-    env = {k: v for k, v in os.environ.items() if k == "EDGEDISTILL_RUNS_DIR" or not k.startswith(server)}
-    return subprocess.run([*command, *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    server = ("EDGEDISTILL_", "LOADTEST_")
+    kept = {k: v for k, v in os.environ.items() if k == "EDGEDISTILL_RUNS_DIR" or not k.startswith(server)}
+    run = [*command, *overrides]
+    return subprocess.run(run, cwd=ROOT, env=kept | (env or {}), capture_output=True, text=True, timeout=120)
 
 
 def results(profile: str) -> tuple[Path, dict]:
@@ -155,6 +159,16 @@ def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
     forced = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", "--force")
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
     assert mf.load(folder).created != created
+
+
+def test_a_changed_server_setting_runs_again(bundle):
+    first = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"EDGEDISTILL_MAX_QUEUED": "512"})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "[loadtest-smoke] building again" in again.stdout
+    _, summary = results("smoke")
+    assert summary["server"]["max_queued"] == 512
 
 
 def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pair_bundle, data_dir):
