@@ -104,15 +104,18 @@ def serving(
     clean_exit: bool = True,
 ) -> Iterator[psutil.Process]:
     """`command` with its output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the
-    block, and with `clean_exit`, `BenchError` when it does not exit with status 0."""
+    block. `BenchError` when it exited before that, and with `clean_exit`, when it does not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
     process = start(command, log)
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)
     finally:
+        exited = process.poll()
         process.terminate()
         code = finish(process, STOP_TIMEOUT_S)
+    if exited is not None:
+        raise BenchError(f"{name} exited with {exited} while in use, before SIGTERM; its log ends:\n{log_tail(log)}")
     if code is None or (clean_exit and code != 0):
         raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
 
