@@ -77,6 +77,18 @@ def test_missed_slo_fails_the_run_and_names_the_threshold(bundle):
     assert [c["name"] for c in summary["checks"] if not c["passed"]] == ["p99_ms"]
 
 
+def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path):
+    texts = tmp_path / "long.txt"
+    texts.write_text("a great movie " * 150 + "\n")  # over the server's 1024 bytes a message
+    limit = {"EDGEDISTILL_MAX_MESSAGE_BYTES": "1024"}
+    run = loadtest(bundle, "smoke", "--texts", str(texts), "--loadtest.smoke.scenarios={single: 1}", env=limit)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("smoke")
+    overall = summary["overall"]
+    assert overall["error_codes"] == {"RESOURCE_EXHAUSTED": overall["failures"]}
+    assert f"failed calls by status: RESOURCE_EXHAUSTED {overall['failures']}" in run.stderr
+
+
 def test_step_profile_finds_capacity(bundle):
     run = loadtest(bundle, "step", "--loadtest.step.slo.p99_ms=10000", "--loadtest.step.slo.min_rate_share=null")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
