@@ -43,6 +43,7 @@ from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
+from edgedistill.serve.client import bearer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings, load_settings
@@ -129,7 +130,7 @@ async def measure_all(
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
-    metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),) if settings.token else ()
+    metadata = bearer(settings.token.get_secret_value() if settings.token else None)
     echo_port, bare_port = free_port(), free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     async with AsyncExitStack() as stack:

@@ -89,6 +89,14 @@ def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path)
     assert f"failed calls by status: RESOURCE_EXHAUSTED {overall['failures']}" in run.stderr
 
 
+def test_a_server_that_wants_a_token_is_sent_it(bundle):
+    token = {"EDGEDISTILL_TOKEN": "s3cret"}
+    run = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1, stream: 1, kserve: 1}", env=token)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("smoke")
+    assert summary["overall"]["failures"] == 0
+
+
 def test_step_profile_finds_capacity(bundle):
     run = loadtest(bundle, "step", "--loadtest.step.slo.p99_ms=10000", "--loadtest.step.slo.min_rate_share=null")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
