@@ -36,9 +36,9 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
 
 def served_settings(bundle: Path, threads: int) -> dict:
     """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
-    port, bundle, tokens and reload root: hashed by a measurement's stage, so a changed server setting measures again."""
+    port, bundle and reload root, tokens masked: hashed by a measurement's stage, so a changed setting measures again."""
     settings = load_settings(serve_flags(bundle, 0, threads))
-    return settings.model_dump(mode="json", exclude={"port", "bundle", "token", "admin_token", "reload_root"})
+    return settings.model_dump(mode="json", exclude={"port", "bundle", "reload_root"})  # a SecretStr dumps masked
 
 
 def cpu_seconds(process: psutil.Process) -> float:

@@ -90,9 +90,12 @@ def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path)
 
 
 def test_a_server_that_wants_a_token_is_sent_it(bundle):
-    token = {"EDGEDISTILL_TOKEN": "s3cret"}
-    run = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1, stream: 1, kserve: 1}", env=token)
+    scenarios = "--loadtest.smoke.scenarios={single: 1, stream: 1, kserve: 1}"
+    without = loadtest(bundle, "smoke", scenarios)
+    assert without.returncode == 0, without.stdout[-3000:] + without.stderr[-3000:]
+    run = loadtest(bundle, "smoke", scenarios, env={"EDGEDISTILL_TOKEN": "s3cret"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "[loadtest-smoke] building again" in run.stdout
     _, summary = results("smoke")
     assert summary["overall"]["failures"] == 0
 
