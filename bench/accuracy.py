@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import running
+from edgedistill.bench.processes import running, served_settings
 from edgedistill.bench.serving import server_settings
 from edgedistill.bench.stats import Record
 from edgedistill.bench.tables import markdown_results, print_results
@@ -82,6 +82,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
+        extra={"server": served_settings(bundle_folder, 0)},
     )
 
 

@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from edgedistill.bench import BenchError, drivers
-from edgedistill.bench.processes import running
+from edgedistill.bench.processes import running, served_settings
 from edgedistill.bench.serving import WARMUP_S, classify_requests, server_settings
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import record_line
@@ -53,6 +53,7 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
         ("bench.serving", "data"),
         functools.partial(_build, console=console or Console(width=200)),
         (Artifact("cascade", folder), Artifact("last", last)),
+        extra={"server": served_settings(folder, recipe.bench.serving.threads)},
     )
 
 

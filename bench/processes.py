@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.serve.settings import load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 120.0
@@ -31,6 +32,13 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
     return flags + ["--threads", str(threads), "--workers", str(workers)]
+
+
+def served_settings(bundle: Path, threads: int) -> dict:
+    """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
+    port, bundle and reload root, tokens masked: hashed by a measurement's stage, so a changed setting measures again."""
+    settings = load_settings(serve_flags(bundle, 0, threads))
+    return settings.model_dump(mode="json", exclude={"port", "bundle", "reload_root"})  # a SecretStr dumps masked
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -96,15 +104,18 @@ def serving(
     clean_exit: bool = True,
 ) -> Iterator[psutil.Process]:
     """`command` with its output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the
-    block, and with `clean_exit`, `BenchError` when it does not exit with status 0."""
+    block. `BenchError` when it exited before that, and with `clean_exit`, when it does not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
     process = start(command, log)
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)
     finally:
+        exited = process.poll()
         process.terminate()
         code = finish(process, STOP_TIMEOUT_S)
+    if exited is not None:
+        raise BenchError(f"{name} exited with {exited} while in use, before SIGTERM; its log ends:\n{log_tail(log)}")
     if code is None or (clean_exit and code != 0):
         raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
 

@@ -20,7 +20,7 @@ from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.compare import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import serving
+from edgedistill.bench.processes import served_settings, serving
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
@@ -40,13 +40,14 @@ SERVING_LINE = "workers serving on port"  # and its line once every worker serve
 
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
     """`runs/<recipe>/serve-scaling/`: `bundle_folder` served with each worker count; current while the settings,
-    the dev split and the bundle are unchanged."""
+    the dev split, the bundle and the server's settings are unchanged."""
     return Stage(
         STAGE,
         recipe,
         ("bench.scaling", "data"),
         functools.partial(_build, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
+        extra={"server": served_settings(bundle_folder, recipe.bench.scaling.threads)},
     )
 
 

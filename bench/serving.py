@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running, serve_flags
+from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import Examples, load_texts, texts_info
@@ -43,6 +43,7 @@ from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
+from edgedistill.serve.client import bearer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings, load_settings
@@ -129,7 +130,7 @@ async def measure_all(
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
-    metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),) if settings.token else ()
+    metadata = bearer(settings.token.get_secret_value() if settings.token else None)
     echo_port, bare_port = free_port(), free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     async with AsyncExitStack() as stack:
@@ -188,7 +189,7 @@ def stage(
     pairs_file: Path | None = None,
 ) -> Stage:
     """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
-    current while the settings, the dev split, the bundle and the texts are unchanged."""
+    current while the settings, the dev split, the bundle, the texts and the server's settings are unchanged."""
     return Stage(
         STAGE,
         recipe,
@@ -198,6 +199,7 @@ def stage(
         extra={
             "texts": None if texts_file is None else str(texts_file),
             "pairs": None if pairs_file is None else str(pairs_file),
+            "server": served_settings(bundle_folder, recipe.bench.serving.threads),
         },
     )
 

@@ -3,9 +3,10 @@
 
 Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
 runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
-A run whose settings, bundle and texts are unchanged is not repeated without `--force`.
-Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr),
-2 when the run could not be made.
+A run whose settings, bundle, texts and server settings (`EDGEDISTILL_*`) are unchanged is not repeated without
+`--force`.
+Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr, with the failed calls by
+gRPC status), 2 when the run could not be made.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RECIPE_HELP, load_recipe, parse_overrides
+from edgedistill.loadtests import result as rs
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     missed = [check for check in result["checks"] if not check["passed"]]
     for check in missed:
         print(f"SLO missed: {slo.describe(check)}", file=sys.stderr)
+    if missed and (failures := rs.failures_line(result["overall"])):
+        print(failures, file=sys.stderr)
     return 1 if missed else 0
 
 

@@ -23,17 +23,30 @@ class Samples:
     ok: np.ndarray
     name: np.ndarray
     names: list[str]
+    code: np.ndarray
+    codes: list[str]
     started: float
 
     @classmethod
     def load(cls, path: Path) -> "Samples":
         with np.load(path) as data:
             order = np.argsort(data["end_s"], kind="stable")
-            columns = (data[key][order] for key in ("end_s", "ms", "ok", "name"))
-            return cls(*columns, [str(n) for n in data["names"]], float(data["started"]))
+            end_s, ms, ok, name = (data[key][order] for key in ("end_s", "ms", "ok", "name"))
+            if "code" in data:
+                code, codes = data["code"][order], [str(c) for c in data["codes"]]
+            else:  # written before statuses were recorded
+                code, codes = (~ok).astype(np.int16), ["OK", "unknown"]
+            names = [str(n) for n in data["names"]]
+            return cls(end_s, ms, ok, name, names, code, codes, float(data["started"]))
 
     def where(self, keep: np.ndarray) -> "Samples":
-        return Samples(self.end_s[keep], self.ms[keep], self.ok[keep], self.name[keep], self.names, self.started)
+        columns = (self.end_s, self.ms, self.ok, self.name)
+        return Samples(*(c[keep] for c in columns), self.names, self.code[keep], self.codes, self.started)
+
+    def error_codes(self) -> dict[str, int]:
+        """Failed calls per gRPC status name, most first."""
+        counts = np.bincount(self.code[~self.ok], minlength=len(self.codes))
+        return {self.codes[i]: int(counts[i]) for i in np.argsort(-counts, kind="stable") if counts[i]}
 
     def between(self, start: float, end: float) -> "Samples":
         """The calls that returned in [start, end) seconds."""
@@ -46,8 +59,10 @@ class Samples:
 
 
 def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
-    """`bench.stats.call_stats` of the calls in `samples`."""
-    return stats.call_stats(samples.ms[samples.ok], int(np.count_nonzero(~samples.ok)), seconds, offered_rate)
+    """`bench.stats.call_stats` of the calls in `samples`, and their failures by status (`error_codes`)."""
+    failures = int(np.count_nonzero(~samples.ok))
+    figures = stats.call_stats(samples.ms[samples.ok], failures, seconds, offered_rate)
+    return figures | {"error_codes": samples.error_codes()}
 
 
 def by_name(samples: Samples, seconds: float) -> dict[str, dict]:

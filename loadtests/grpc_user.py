@@ -29,8 +29,8 @@ class _CallDetails(
     pass
 
 
-def _metadata(name: str | None) -> tuple | None:
-    return ((NAME_KEY, name),) if name else None
+def _metadata(name: str | None, more: tuple) -> tuple | None:
+    return (*more, *(((NAME_KEY, name),) if name else ())) or None
 
 
 def _named(details: grpc.ClientCallDetails) -> tuple[str, grpc.ClientCallDetails]:
@@ -94,6 +94,8 @@ class GrpcUser(User):
     abstract = True
     timeout: float = 10.0
     """Deadline of each call made with `call`, in seconds."""
+    metadata: tuple[tuple[str, str], ...] = ()
+    """Sent with every call (e.g. `serve.client.bearer(token)`)."""
 
     def __init__(self, environment):
         super().__init__(environment)
@@ -108,14 +110,14 @@ class GrpcUser(User):
     def call(self, method, request, name: str | None = None):
         """Unary `method(request)` reported as `name`; its reply, or None when it failed (the event has the error)."""
         try:
-            return method(request, timeout=self.timeout, metadata=_metadata(name))
+            return method(request, timeout=self.timeout, metadata=_metadata(name, self.metadata))
         except grpc.RpcError:
             return None
 
     def stream(self, method, requests: list, name: str | None = None) -> list | None:
         """Bidirectional-streaming `method` fed `requests`, reported as `name`; the replies, or None when it failed."""
         try:
-            return list(method(iter(requests), timeout=self.timeout, metadata=_metadata(name)))
+            return list(method(iter(requests), timeout=self.timeout, metadata=_metadata(name, self.metadata)))
         except grpc.RpcError:
             return None
 

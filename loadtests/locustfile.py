@@ -14,12 +14,15 @@ import math
 import random
 import time
 
+from edgedistill.common import settings
 from edgedistill.loadtests import plan
 from edgedistill.loadtests.grpc_user import GrpcUser
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.shapes import SHAPES
 from edgedistill.serve import tensors
+from edgedistill.serve.client import bearer
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.settings import env_name
 from locust import events
 
 PLAN = plan.current()
@@ -95,6 +98,7 @@ class ClassifierUser(GrpcUser):
     tasks = {SCENARIOS[name]: weight for name, weight in PLAN.scenarios.items() if weight}
     wait_time = paced(PLAN.settings.user_rate)
     timeout = PLAN.loadtest.timeout_s
+    metadata = bearer(settings.env(env_name("token")))  # the server's TOKEN, which it reads from the same variable
 
     def on_start(self):
         self.classifier = classifier_pb2_grpc.ClassifierStub(self.channel)

@@ -3,7 +3,8 @@
 Locust's own statistics round latencies under 100 ms to whole milliseconds, too coarse for a 3 ms
 SLO, so the runner computes its figures from these samples. The file holds `started` (unix time the
 load started), `end_s` (when each call returned, seconds after `started`), `ms` (latency), `ok`
-(no exception), `name` (index into `names`) and `names`.
+(no exception), `name` (index into `names`), `names`, `code` (index into `codes`) and `codes`: each call's
+gRPC status name (`OK`, `RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one).
 """
 
 import time
@@ -16,14 +17,24 @@ from edgedistill.common.atomic import atomic_write
 SAMPLES_FILE = "requests.npz"
 
 
+def status_of(exception: BaseException | None) -> str:
+    """The gRPC status name of a call that raised `exception` (None: `OK`), else the exception's type."""
+    if exception is None:
+        return "OK"
+    code = getattr(exception, "code", None)
+    return code().name if callable(code) else type(exception).__name__
+
+
 class Recorder:
     """Collects one sample per request event; `attach` it to a locust environment's events."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.started: float | None = None
-        self.end, self.ms, self.ok, self.name = array("d"), array("d"), array("b"), array("h")
+        self.end, self.ms, self.ok = array("d"), array("d"), array("b")
+        self.name, self.code = array("h"), array("h")
         self.names: dict[str, int] = {}
+        self.codes: dict[str, int] = {}
 
     def attach(self, events) -> None:
         events.test_start.add_listener(self.on_start)
@@ -38,6 +49,7 @@ class Recorder:
         self.ms.append(response_time)
         self.ok.append(exception is None)
         self.name.append(self.names.setdefault(name, len(self.names)))
+        self.code.append(self.codes.setdefault(status_of(exception), len(self.codes)))
 
     def on_quitting(self, **_kwargs) -> None:
         self.save()
@@ -51,5 +63,7 @@ class Recorder:
             "ok": np.asarray(self.ok, bool),
             "name": np.asarray(self.name, np.int16),
             "names": np.array(list(self.names) or [""]),
+            "code": np.asarray(self.code, np.int16),
+            "codes": np.array(list(self.codes) or [""]),
         }
         atomic_write(self.path, lambda tmp: np.savez_compressed(tmp, **columns))

@@ -5,7 +5,7 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s, offered_rate, rate_share, mean_ms,
-  p50_ms, p95_ms, p99_ms, max_ms, server_cpu_pct, locust_cpu_pct;
+  p50_ms, p95_ms, p99_ms, max_ms, error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;
 - `by_name`: the call figures per request name (`Classify`, `Classify x8`, `ClassifyStream x8`, `ModelInfer`);
 - `stages`: per stage of the schedule: name, start_s, end_s, users, the call figures (a step's first
   `settle_s` left out), server_cpu_pct, locust_cpu_pct, generator_bound;
@@ -158,8 +158,17 @@ def verdict_rows(result: dict) -> list[list[str]]:
     return [[c["name"], _cell(c["measured"]), c["limit"], "pass" if c["passed"] else "MISS"] for c in result["checks"]]
 
 
+def failures_line(stats: dict) -> str | None:
+    """'failed calls by status: RESOURCE_EXHAUSTED 12, UNAVAILABLE 1' for call figures with failures, else None."""
+    if not stats["failures"]:
+        return None
+    return "failed calls by status: " + ", ".join(f"{code} {count}" for code, count in stats["error_codes"].items())
+
+
 def extras(result: dict) -> list[str]:
     lines = list(result["notes"])
+    if failures := failures_line(result["overall"]):
+        lines.append(failures)
     if result["capacity"] is not None:
         lines.append(f"capacity within the SLO: {result['capacity']['requests_per_s']:.0f} requests/s")
     if result["rss_growth_mb_per_10k"] is not None:

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, start
+from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, served_settings, start
 from edgedistill.bench.stats import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
@@ -73,8 +73,8 @@ def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings
     """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
     flags = serve_flags(bundle, free_port(), cfg.threads, workers=1)  # the sampler watches one server process
     settings = load_settings(flags)
-    if settings.tls_cert is not None or settings.token is not None:
-        raise LoadtestError("the load test calls over plaintext without a token: unset EDGEDISTILL_TLS_* and _TOKEN")
+    if settings.tls_cert is not None:
+        raise LoadtestError("the load test calls over plaintext: unset EDGEDISTILL_TLS_*")
     if cfg.batch_size > settings.max_texts:
         raise LoadtestError(f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={settings.max_texts}")
     return flags, settings
@@ -118,7 +118,8 @@ def stage(
     `loadtests.result`), with the texts of `texts_file` or the pairs of `pairs_file` (`bench.texts`: default, the
     recipe's dev split). With `echo`, the same load goes to the do-nothing echo server instead
     (`loadtest-<profile>-echo/`): the latency floor of gRPC and locust on this machine, to tell the server's
-    cost from the client's. Current while the settings, dev split, bundle, texts and scenarios are unchanged.
+    cost from the client's. Current while the settings, dev split, bundle, texts, scenarios and the server's settings
+    (`EDGEDISTILL_*` variables) are unchanged.
     """
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
@@ -144,6 +145,7 @@ def stage(
             "pairs": None if pairs_file is None else str(pairs_file),
             "scenarios": scenarios,
             "echo": echo,
+            "server": None if echo else served_settings(bundle, cfg.threads),
         },
     )
 

@@ -52,6 +52,11 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
     return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
 
 
+def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata carrying `token` as the server's TOKEN wants it ('authorization: Bearer ...'); () without."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 class Client:
     """Blocking client for `edgedistill.v1.Classifier` and, with `kserve_infer`, the KServe v2 protocol."""
 
@@ -76,7 +81,7 @@ class Client:
             self.channel = grpc.secure_channel(address, credentials, options=options)
         else:
             self.channel = grpc.insecure_channel(address, options=options)
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.metadata = bearer(token)
         self.timeout = timeout
         self.stub = classifier_pb2_grpc.ClassifierStub(self.channel)
         self._labels: dict[tuple[str, str], list[str]] = {}

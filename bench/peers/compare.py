@@ -24,7 +24,7 @@ import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import serving
+from edgedistill.bench.processes import served_settings, serving
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import Examples, load_texts
@@ -130,13 +130,15 @@ def stage(
     recipe: Recipe, bundle_folder: Path, pythons: dict[str, Path | None], console: Console | None = None
 ) -> Stage:
     """`runs/<recipe>/serve-peers/`: `bundle_folder` behind the server and its peers; current while the settings,
-    the dev split and the bundle are unchanged (`--force` after changing a peer's environment)."""
+    the dev split, the bundle and the server's settings are unchanged (`--force` after changing a peer's
+    environment)."""
     return Stage(
         STAGE,
         recipe,
         ("bench.peers", "data"),
         functools.partial(_build, pythons=pythons, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
+        extra={"server": served_settings(bundle_folder, recipe.bench.peers.threads)},
     )
 
 

@@ -17,6 +17,7 @@ from edgedistill.bench import BenchError
 from edgedistill.bench.processes import free_port, serve_flags
 from edgedistill.serve import workers as serve_workers
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.settings import load_settings
 
 PEERS = ("kserve", "mlserver")
 SERVERS = ("edgedistill", *PEERS, "echo")
@@ -57,9 +58,13 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
 
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
-    core as memory allows)."""
+    core as memory allows); `BenchError` when `EDGEDISTILL_*` variables give it TLS or a token, which h2load and the
+    readiness check do not send."""
     port = free_port()
     flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
+    settings = load_settings(flags)
+    if settings.tls_cert is not None or settings.token is not None:
+        raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
     return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
 
 

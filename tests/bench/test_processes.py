@@ -1,6 +1,8 @@
 """Server and load-generator subprocesses: started until SERVING, stopped with SIGTERM, failures quoting their log."""
 
+import os
 import sys
+import time
 
 import pytest
 from edgedistill.bench import BenchError
@@ -20,6 +22,15 @@ def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
     failed = pytest.raises(BenchError, match=r"(?s)bench.servers exited with 2 at start; its log ends:.*--port")
     with failed, running("edgedistill.bench.servers", ["--port", "not-a-port"], port, tmp_path / "bad.log"):
         pass
+
+
+def test_a_server_that_dies_in_use_is_reported_as_such(tmp_path):
+    port = free_port()
+    died = pytest.raises(BenchError, match=r"bench.servers exited with -9 while in use, before SIGTERM")
+    with died, running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
+        process.kill()
+        while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # dead, not reaped
+            time.sleep(0.05)
 
 
 def test_finish_kills_a_process_that_hangs(tmp_path):

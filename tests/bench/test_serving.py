@@ -4,8 +4,9 @@ import os
 
 import numpy as np
 import pytest
-from edgedistill.bench import serving
+from edgedistill.bench import accuracy, cascade, scaling, serving
 from edgedistill.bench.__main__ import main
+from edgedistill.bench.peers import compare
 from edgedistill.bench.stats import ServingResult
 from edgedistill.bench.texts import Examples, load_texts
 from edgedistill.common import manifest as mf
@@ -126,6 +127,24 @@ def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, te
     assert code == 0
     assert "[serve-bench] up to date" in capsys.readouterr().out
     assert mf.load(out).created == created  # not measured again
+
+
+MEASUREMENTS = {  # every stage that measures a server, on the tiny bundle
+    "serving": lambda recipe, bundle: serving.stage(recipe, bundle),
+    "accuracy": lambda recipe, bundle: accuracy.stage(recipe, bundle),
+    "scaling": lambda recipe, bundle: scaling.stage(recipe, bundle),
+    "peers": lambda recipe, bundle: compare.stage(recipe, bundle, {}),
+    "cascade": lambda recipe, bundle: cascade.stage(recipe, recipe.export.default_cascade),
+}
+
+
+@pytest.mark.parametrize("measurement", MEASUREMENTS)
+def test_a_server_setting_from_the_environment_makes_the_result_stale(measurement, bundle, monkeypatch):
+    recipe = load_recipe(SMOKE)
+    monkeypatch.delenv("EDGEDISTILL_MAX_QUEUED", raising=False)
+    before = MEASUREMENTS[measurement](recipe, bundle).config_hash
+    monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "512")
+    assert MEASUREMENTS[measurement](recipe, bundle).config_hash != before
 
 
 def test_targets_come_from_the_recipe():

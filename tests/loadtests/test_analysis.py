@@ -1,10 +1,13 @@
 """Figures from samples: call statistics, CPU, RSS growth, and the notes on a run."""
 
+import grpc
 import numpy as np
 import pytest
+from edgedistill.bench.processes import free_port
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.recorder import Recorder
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import step
 
@@ -12,7 +15,8 @@ from tests.conftest import step
 def samples(end_s, ms, ok=None) -> Samples:
     end_s, ms = np.asarray(end_s, float), np.asarray(ms, float)
     ok = np.ones(len(ms), bool) if ok is None else np.asarray(ok, bool)
-    return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], 0.0)
+    codes = np.where(ok, 0, 1).astype(np.int16)
+    return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], codes, ["OK", "UNAVAILABLE"], 0.0)
 
 
 def test_call_stats_count_failures_but_time_only_successes():
@@ -25,6 +29,7 @@ def test_call_stats_count_failures_but_time_only_successes():
     assert stats["rate_share"] == 0.8
     assert stats["p50_ms"] == pytest.approx(0.955)
     assert stats["max_ms"] == 1.9  # failed calls' latencies left out
+    assert stats["error_codes"] == {"UNAVAILABLE": 10}
     assert len(run.between(0, 1).ms) == 100
     assert len(run.between(1, 2).ms) == 100
     assert analysis.call_stats(samples([], []), 1.0)["p99_ms"] is None
@@ -64,6 +69,29 @@ def test_recorder_round_trip(tmp_path):
     assert [loaded.names[i] for i in loaded.name] == ["Classify", "ModelInfer"]
     assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5
     assert loaded.started > 0
+
+
+def test_failures_are_counted_by_grpc_status(tmp_path):
+    with grpc.insecure_channel(f"127.0.0.1:{free_port()}") as channel:  # nothing listens there
+        refused = health_pb2_grpc.HealthStub(channel).Check.future(health_pb2.HealthCheckRequest(), timeout=5)
+        unavailable = refused.exception()
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.0, exception=None)
+    recorder.on_request(name="Classify", response_time=1.0, exception=unavailable)
+    recorder.on_request(name="Classify", response_time=1.0, exception=unavailable)
+    recorder.on_request(name="Classify", response_time=1.0, exception=RuntimeError("a task's bug"))
+    recorder.on_quitting()
+    stats = analysis.call_stats(Samples.load(tmp_path / "requests.npz"), 1.0)
+    assert stats["error_codes"] == {"UNAVAILABLE": 2, "RuntimeError": 1}
+    assert result.failures_line(stats) == "failed calls by status: UNAVAILABLE 2, RuntimeError 1"
+
+
+def test_samples_saved_without_statuses_still_load(tmp_path):
+    columns = {"end_s": [0.1, 0.2], "ms": [1.0, 2.0], "ok": [True, False], "name": np.zeros(2, np.int16)}
+    np.savez(tmp_path / "requests.npz", started=1.0, names=["Classify"], **columns)
+    loaded = Samples.load(tmp_path / "requests.npz")
+    assert loaded.error_codes() == {"unknown": 1}
 
 
 def test_notes_say_when_the_load_generator_is_the_limit():

@@ -25,11 +25,15 @@ def pair_bundle(tmp_path_factory) -> Path:
     return write_bundle(tmp_path_factory.mktemp("loadtests") / "bundle-pairs", **pair_spec())
 
 
-def loadtest(bundle: Path, profile: str, *overrides: str) -> subprocess.CompletedProcess:
+def loadtest(
+    bundle: Path, profile: str, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The load test with the server and plan settings of the flags and `env` alone."""
     command = [sys.executable, "-m", "loadtests", "recipes/smoke.yaml", "--profile", profile, "--bundle", str(bundle)]
-    server = ("EDGEDISTILL_", "LOADTEST_")  # settings of the server and the plan come from the flags alone
-    env = {k: v for k, v in os.environ.items() if k == "EDGEDISTILL_RUNS_DIR" or not k.startswith(server)}
-    return subprocess.run([*command, *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    server = ("EDGEDISTILL_", "LOADTEST_")
+    kept = {k: v for k, v in os.environ.items() if k == "EDGEDISTILL_RUNS_DIR" or not k.startswith(server)}
+    run = [*command, *overrides]
+    return subprocess.run(run, cwd=ROOT, env=kept | (env or {}), capture_output=True, text=True, timeout=120)
 
 
 def results(profile: str) -> tuple[Path, dict]:
@@ -71,6 +75,29 @@ def test_missed_slo_fails_the_run_and_names_the_threshold(bundle):
     _, summary = results("smoke")
     assert summary["passed"] is False
     assert [c["name"] for c in summary["checks"] if not c["passed"]] == ["p99_ms"]
+
+
+def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path):
+    texts = tmp_path / "long.txt"
+    texts.write_text("a great movie " * 150 + "\n")  # over the server's 1024 bytes a message
+    limit = {"EDGEDISTILL_MAX_MESSAGE_BYTES": "1024"}
+    run = loadtest(bundle, "smoke", "--texts", str(texts), "--loadtest.smoke.scenarios={single: 1}", env=limit)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("smoke")
+    overall = summary["overall"]
+    assert overall["error_codes"] == {"RESOURCE_EXHAUSTED": overall["failures"]}
+    assert f"failed calls by status: RESOURCE_EXHAUSTED {overall['failures']}" in run.stderr
+
+
+def test_a_server_that_wants_a_token_is_sent_it(bundle):
+    scenarios = "--loadtest.smoke.scenarios={single: 1, stream: 1, kserve: 1}"
+    without = loadtest(bundle, "smoke", scenarios)
+    assert without.returncode == 0, without.stdout[-3000:] + without.stderr[-3000:]
+    run = loadtest(bundle, "smoke", scenarios, env={"EDGEDISTILL_TOKEN": "s3cret"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "[loadtest-smoke] building again" in run.stdout
+    _, summary = results("smoke")
+    assert summary["overall"]["failures"] == 0
 
 
 def test_step_profile_finds_capacity(bundle):
@@ -155,6 +182,16 @@ def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
     forced = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", "--force")
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
     assert mf.load(folder).created != created
+
+
+def test_a_changed_server_setting_runs_again(bundle):
+    first = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"EDGEDISTILL_MAX_QUEUED": "512"})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "[loadtest-smoke] building again" in again.stdout
+    _, summary = results("smoke")
+    assert summary["server"]["max_queued"] == 512
 
 
 def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pair_bundle, data_dir):

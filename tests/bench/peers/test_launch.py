@@ -14,6 +14,14 @@ def test_the_server_runs_the_workers_asked_for(bundle):
     assert command[command.index("--workers") + 1] == "3"
 
 
+@pytest.mark.parametrize("variables", [("TOKEN",), ("TLS_CERT", "TLS_KEY")])
+def test_the_server_with_a_token_or_tls_is_refused_at_once(bundle, monkeypatch, variables):
+    for variable in variables:
+        monkeypatch.setenv(f"EDGEDISTILL_{variable}", "x")
+    with pytest.raises(BenchError, match="h2load calls over plaintext without a token"):
+        launch.edgedistill(bundle, "tiny-sentiment", 1, 1)
+
+
 def test_kserve_runs_without_its_per_request_log(bundle):
     command = launch.kserve(launch.Path(sys.executable), bundle, 1).command
     assert command[command.index("--enable_latency_logging") + 1] == "false"
