@@ -3,7 +3,7 @@ from pathlib import Path
 import torch
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.distill.pretrain import make_blocks, scratch_tokenizer
+from edgedistill.distill.pretrain import build_model, make_blocks, scratch_tokenizer
 from edgedistill.distill.tokenization import train_tokenizer
 from transformers import DataCollatorForLanguageModeling
 
@@ -31,6 +31,11 @@ def test_gpt_blocks_separate_texts_with_eos():
     flat = [i for b in blocks for i in b["input_ids"]]
     assert tok.eos_token_id in flat
     assert all(len(b["input_ids"]) == 16 for b in blocks)
+
+
+def test_a_model_from_scratch_has_positions_for_its_pretraining_blocks():
+    cfg = ModelConfig(family="gpt", hidden_size=16, num_heads=2, num_layers=1, intermediate_size=32)
+    assert build_model(cfg, tokenizer("gpt"), seq_len=600).config.max_position_embeddings == 600
 
 
 def test_masking_rates_and_whole_words():
