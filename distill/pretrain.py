@@ -119,7 +119,9 @@ class LanguageModelObjective(torch.nn.Module):
     def forward(self, input_ids, attention_mask, labels, **rest):
         if self.causal:
             logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-            labels = labels[:, 1:]
+            # Every real next token is a target: the collator's labels leave out the pad id, which is the EOS
+            # between texts when a checkpoint's tokenizer pads with its EOS.
+            labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
             mask = labels != -100
             logits, labels = logits[mask], labels[mask]
         else:
