@@ -62,6 +62,18 @@ def teacher_inputs(config) -> tuple[str, ...]:
     return TOKEN_INPUTS[:2] if config.model_type == "gpt2" else TOKEN_INPUTS
 
 
+def require_family(config, family: str, name) -> None:
+    """Refuse a checkpoint `name` that is not of `model.family`: a GPT is a GPT-2 (`model_type` gpt2), which the
+    causal-LM pretraining, the export and the pair and student checks take it for; a BERT is any other encoder."""
+    if (config.model_type == "gpt2") != (family == "gpt"):
+        want = "a GPT-2 checkpoint (model_type gpt2)" if family == "gpt" else "a BERT-style encoder"
+        other = "gpt" if family == "bert" else "bert"
+        raise RecipeError(
+            f"model.family={family} wants {want}, but {name} is a {config.model_type}; "
+            f"set model.family: {other}, or name such a checkpoint in model.init"
+        )
+
+
 def require_positions(config, tokens: int, setting: str, name) -> None:
     """Refuse sequences of `tokens` (the recipe's `setting`) longer than the positions of the model `name`, whose
     position embeddings would otherwise be indexed out of range at the first long text."""

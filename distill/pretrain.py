@@ -21,6 +21,7 @@ from edgedistill.distill.device import Placement
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     BertConfig,
@@ -165,6 +166,7 @@ def _build(inputs: Inputs) -> Built | None:
     torch.manual_seed(cfg.optim.seed)
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)
+        heads.require_family(AutoConfig.from_pretrained(model_cfg.init), model_cfg.family, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
     else:

@@ -279,6 +279,14 @@ def short_gpt2(tmp_path, data_dir) -> Path:
     return write_gpt2(tmp_path / "gpt2-short", texts, positions=32)
 
 
+@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
+def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(stage, tmp_path, data_dir):
+    init = short_gpt2(tmp_path, data_dir)
+    without = ["--pretrain=null"] if stage == "finetune" else []
+    result = run_stage(stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
+    assert f"model.family=bert wants a BERT-style encoder, but {init} is a gpt2" in result.stderr
+
+
 def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
     result = run_stage("finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
