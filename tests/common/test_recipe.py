@@ -161,6 +161,11 @@ def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
 
 
+def test_classifier_dropout_on_a_gpt_teacher_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="finetune.classifier_dropout needs a bert teacher"):
+        load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.classifier_dropout": 0.2})
+
+
 def test_default_pooling_leaves_the_finetune_hash_unchanged(tmp_path):
     plain = load_recipe(write(tmp_path, MINIMAL))
     explicit = load_recipe(write(tmp_path, MINIMAL), {"finetune.pooling": "cls"})
