@@ -146,6 +146,24 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _classifier_dropout_needs_bert(self):
+        if self.finetune.classifier_dropout is not None and self.model.family != "bert":
+            raise ValueError(
+                f"finetune.classifier_dropout needs a bert teacher (model.family is {self.model.family}): GPT-2's "
+                "classification head has no dropout of its own, so the setting would change nothing"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _word_masking_needs_bert(self):
+        if self.pretrain is not None and self.pretrain.whole_word_mask and self.model.family != "bert":
+            raise ValueError(
+                f"pretrain.whole_word_mask needs a bert teacher (model.family is {self.model.family}): a causal LM "
+                "predicts every next token and masks none, so the setting would change nothing"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _scratch_needs_pretrain(self):
         if self.model.init is None and self.pretrain is None:
             raise ValueError("model.init is null (build from scratch) but there is no `pretrain` section")

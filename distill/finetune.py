@@ -114,6 +114,8 @@ def _build(inputs: Inputs) -> Built | None:
         pad_token_id=tokenizer.pad_token_id,
         **extra,
     )
+    heads.require_family(model.config, recipe.model.family, init)
+    heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)
     train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)

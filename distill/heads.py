@@ -7,6 +7,7 @@ The classes are registered with the transformers Auto classes: once this module 
 """
 
 import torch
+from edgedistill.common.recipe import RecipeError
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
 from transformers.modeling_outputs import SequenceClassifierOutput
@@ -59,6 +60,29 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
 def teacher_inputs(config) -> tuple[str, ...]:
     """The inputs a teacher with this transformers `config` takes, in order: GPT-2 has no token type ids."""
     return TOKEN_INPUTS[:2] if config.model_type == "gpt2" else TOKEN_INPUTS
+
+
+def require_family(config, family: str, name) -> None:
+    """Refuse a checkpoint `name` that is not of `model.family`: a GPT is a GPT-2 (`model_type` gpt2), which the
+    causal-LM pretraining, the export and the pair and student checks take it for; a BERT is any other encoder."""
+    if (config.model_type == "gpt2") != (family == "gpt"):
+        want = "a GPT-2 checkpoint (model_type gpt2)" if family == "gpt" else "a BERT-style encoder"
+        other = "gpt" if family == "bert" else "bert"
+        raise RecipeError(
+            f"model.family={family} wants {want}, but {name} is a {config.model_type}; "
+            f"set model.family: {other}, or name such a checkpoint in model.init"
+        )
+
+
+def require_positions(config, tokens: int, setting: str, name) -> None:
+    """Refuse sequences of `tokens` (the recipe's `setting`) longer than the positions of the model `name`, whose
+    position embeddings would otherwise be indexed out of range at the first long text."""
+    positions = config.max_position_embeddings
+    if tokens > positions:
+        raise RecipeError(
+            f"{setting}={tokens}, but {name} has {positions} positions (max_position_embeddings); "
+            f"set {setting} to at most {positions}"
+        )
 
 
 def classifier_class(pooling: str):

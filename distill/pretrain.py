@@ -16,11 +16,12 @@ from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist
+from edgedistill.distill import device, dist, heads
 from edgedistill.distill.device import Placement
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     BertConfig,
@@ -33,8 +34,10 @@ from transformers import (
 EVAL_MASK_SEED = 1234
 
 
-def build_model(cfg: ModelConfig, tokenizer):
-    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe."""
+def build_model(cfg: ModelConfig, tokenizer, seq_len: int):
+    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe, with positions for `seq_len` tokens of
+    pretraining and `cfg.max_length` of fine-tuning."""
+    positions = max(512, cfg.max_length, seq_len)
     if cfg.family == "bert":
         config = BertConfig(
             vocab_size=len(tokenizer),
@@ -42,7 +45,7 @@ def build_model(cfg: ModelConfig, tokenizer):
             num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads,
             intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=max(512, cfg.max_length),
+            max_position_embeddings=positions,
             hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.dropout,
             pad_token_id=tokenizer.pad_token_id,
@@ -54,7 +57,7 @@ def build_model(cfg: ModelConfig, tokenizer):
         n_layer=cfg.num_layers,
         n_head=cfg.num_heads,
         n_inner=cfg.intermediate_size,
-        n_positions=max(512, cfg.max_length),
+        n_positions=positions,
         resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.dropout,
@@ -117,7 +120,9 @@ class LanguageModelObjective(torch.nn.Module):
     def forward(self, input_ids, attention_mask, labels, **rest):
         if self.causal:
             logits = self.lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-            labels = labels[:, 1:]
+            # Every real next token is a target: the collator's labels leave out the pad id, which is the EOS
+            # between texts when a checkpoint's tokenizer pads with its EOS.
+            labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
             mask = labels != -100
             logits, labels = logits[mask], labels[mask]
         else:
@@ -161,11 +166,14 @@ def _build(inputs: Inputs) -> Built | None:
     torch.manual_seed(cfg.optim.seed)
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)
+        heads.require_family(AutoConfig.from_pretrained(model_cfg.init), model_cfg.family, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
     else:
         tokenizer = scratch_tokenizer(model_cfg, texts, work / f"tokenizer-{inputs.config_hash}")
-        model = build_model(model_cfg, tokenizer)
+        model = build_model(model_cfg, tokenizer, cfg.seq_len)
+    for tokens, setting in ((cfg.seq_len, "pretrain.seq_len"), (model_cfg.max_length, "model.max_length")):
+        heads.require_positions(model.config, tokens, setting, model_cfg.init or "the model")
     mlm = model_cfg.family == "bert"
     wwm = mlm and cfg.whole_word_mask
     # transformers' whole-word masking replaces every chosen word by [MASK] (no random or kept words).

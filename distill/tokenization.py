@@ -54,8 +54,10 @@ def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> PreTr
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token. A checkpoint that
-    cannot be found or read is a `RecipeError` naming it, not a traceback."""
+    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token. It pads and truncates on
+    the right, whatever the checkpoint says, as every stage and the server do: a GPT reads positions from 0 and its
+    classifier the last real token, so a left-padded text would not give the logits it gives alone. A checkpoint
+    that cannot be found or read is a `RecipeError` naming it, not a traceback."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:  # not found, offline, not a repo id, no tokenizer files
@@ -66,6 +68,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = tokenizer.truncation_side = "right"
     return tokenizer
 
 

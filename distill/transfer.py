@@ -43,6 +43,7 @@ def _build(inputs: Inputs) -> Built:
     tokenizer = load_tokenizer(str(teacher_dir))
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
+    heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)
     forward = hf_logits(model)
     figures, second_pass = {"engine": "pytorch"}, None
     if recipe.transfer.labeller and placement.device.type == "cpu":

@@ -146,7 +146,7 @@ def _transform(
     if spec.precision == "int8":
         out = work / "int8.onnx"
         if spec.quantization == "static":
-            quantized = quantize.int8_static(graph, out, calibration())
+            quantized = quantize.int8_static(graph, out, calibration(), quantize.static_ops(source.arch))
         else:
             quantized = quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
         graph = out

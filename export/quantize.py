@@ -51,12 +51,20 @@ class _Batches(CalibrationDataReader):
 STATIC_OPS = ["MatMul", "Conv"]
 
 
-def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> dict:
+def static_ops(arch: str) -> list[str]:
+    """The operator types static INT8 quantizes in a graph of `arch`: GPT-2's projections (transformers' `Conv1D`)
+    export as Gemm, which a BERT graph uses only for its small pooler and head."""
+    return [*STATIC_OPS, "Gemm"] if arch == "gpt2" else STATIC_OPS
+
+
+def int8_static(
+    src: Path, dst: Path, calibration: list[dict[str, np.ndarray]], op_types: list[str] = STATIC_OPS
+) -> dict:
     """Weights and activations INT8 (QDQ), activation ranges calibrated (min-max) on real inputs; weights per
     channel. Returns what was applied, for the manifest.
 
-    Only the large MatMuls and convolutions are quantized: the classifier head is tiny, and its
-    bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
+    Only the large MatMuls and convolutions (`op_types`, see `static_ops`) are quantized: a BERT's classifier
+    head is tiny, and its bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
     """
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
     quantize_static(
@@ -64,7 +72,7 @@ def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) 
         str(dst),
         _Batches(calibration),
         quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=STATIC_OPS,
+        op_types_to_quantize=op_types,
         per_channel=True,
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
@@ -78,7 +86,7 @@ def int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) 
         | {"calibration": "MinMax", "calibration_batches": len(calibration)}
         | {
             "per_channel": True,
-            "op_types": STATIC_OPS,
+            "op_types": op_types,
         }
     )
 

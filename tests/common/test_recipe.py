@@ -161,6 +161,17 @@ def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
 
 
+def test_classifier_dropout_on_a_gpt_teacher_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="finetune.classifier_dropout needs a bert teacher"):
+        load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.classifier_dropout": 0.2})
+
+
+def test_whole_word_masking_for_a_gpt_teacher_is_refused(tmp_path):
+    pretrain = "pretrain: {train_files: [corpus.txt], whole_word_mask: true}\n"
+    with pytest.raises(RecipeError, match="pretrain.whole_word_mask needs a bert teacher"):
+        load_recipe(write(tmp_path, MINIMAL + pretrain), {"model.family": "gpt"})
+
+
 def test_default_pooling_leaves_the_finetune_hash_unchanged(tmp_path):
     plain = load_recipe(write(tmp_path, MINIMAL))
     explicit = load_recipe(write(tmp_path, MINIMAL), {"finetune.pooling": "cls"})

@@ -3,10 +3,11 @@ from pathlib import Path
 import torch
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.distill.pretrain import make_blocks, scratch_tokenizer
-from edgedistill.distill.tokenization import train_tokenizer
-from transformers import DataCollatorForLanguageModeling
+from edgedistill.distill.pretrain import LanguageModelObjective, build_model, make_blocks, scratch_tokenizer
+from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
+from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel
 
+from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
 
 TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
@@ -31,6 +32,19 @@ def test_gpt_blocks_separate_texts_with_eos():
     flat = [i for b in blocks for i in b["input_ids"]]
     assert tok.eos_token_id in flat
     assert all(len(b["input_ids"]) == 16 for b in blocks)
+
+
+def test_a_model_from_scratch_has_positions_for_its_pretraining_blocks():
+    cfg = ModelConfig(family="gpt", hidden_size=16, num_heads=2, num_layers=1, intermediate_size=32)
+    assert build_model(cfg, tokenizer("gpt"), seq_len=600).config.max_position_embeddings == 600
+
+
+def test_causal_lm_learns_the_eos_between_texts_when_the_tokenizer_pads_with_eos(tmp_path):
+    folder = write_gpt2(tmp_path / "gpt2", TEXTS)
+    tok = load_tokenizer(str(folder))  # GPT-2 has no pad token: it pads with its EOS
+    batch = DataCollatorForLanguageModeling(tok, mlm=False)(make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False))
+    _, _, labels = LanguageModelObjective(GPT2LMHeadModel.from_pretrained(folder), causal=True)(**batch)
+    assert tok.eos_token_id in labels.tolist()
 
 
 def test_masking_rates_and_whole_words():

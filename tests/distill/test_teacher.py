@@ -23,6 +23,7 @@ from transformers import (
 )
 
 from tests.conftest import PYTHON, ROOT
+from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -266,3 +267,33 @@ def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist():
         "teacher", SMOKE, "--transfer.unlabelled_files=[nowhere.txt]", "--data.text_column=review", "--name=smoke-gone"
     )
     assert "[teacher] warning: transfer.unlabelled_files names nowhere.txt, which does not exist" in result.stdout
+
+
+# The smoke recipe as a GPT teacher's: its Transformer student cannot start from a GPT's blocks.
+GPT = ["--model.family=gpt", "--distill.students.transformer.init_from_teacher=false"]
+
+
+def short_gpt2(tmp_path, data_dir) -> Path:
+    """A GPT-2 init checkpoint of 32 positions, fewer than the smoke recipe's 64 tokens per text."""
+    texts = (data_dir / "unlabeled" / "movie_reviews.txt").read_text().splitlines()[:300]
+    return write_gpt2(tmp_path / "gpt2-short", texts, positions=32)
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
+def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(stage, tmp_path, data_dir):
+    init = short_gpt2(tmp_path, data_dir)
+    without = ["--pretrain=null"] if stage == "finetune" else []
+    result = run_stage(stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
+    assert f"model.family=bert wants a BERT-style encoder, but {init} is a gpt2" in result.stderr
+
+
+def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
+    init = short_gpt2(tmp_path, data_dir)
+    result = run_stage("finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
+    assert f"model.max_length=64, but {init} has 32 positions" in result.stderr
+
+
+def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
+    init = short_gpt2(tmp_path, data_dir)
+    result = run_stage("pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
+    assert f"pretrain.seq_len=64, but {init} has 32 positions" in result.stderr

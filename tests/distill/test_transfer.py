@@ -19,7 +19,8 @@ from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, run_module
+from tests.distill.gpt_init import write_gpt2
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
@@ -382,3 +383,15 @@ def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(swa
     forward, _ = labelling.onnx_labeller(folder, smoke_bundles / "teacher")
     ids = torch.tensor([[1, 5, 7, 2]])
     assert forward({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (1, 2)
+
+
+def test_a_transfer_max_length_past_the_teachers_positions_is_refused_before_labelling(tmp_path, data_dir):
+    texts = (data_dir / "unlabeled" / "movie_reviews.txt").read_text().splitlines()[:300]
+    init = write_gpt2(tmp_path / "gpt2-short", texts, positions=32)
+    args = [str(SMOKE), "--model.family=gpt", "--distill.students.transformer.init_from_teacher=false"]
+    args += [f"--model.init={init}", "--pretrain=null", "--model.max_length=32", "--transfer.max_length=48"]
+    args += ["--finetune.optim.max_steps=2", "--data.train_limit=100", "--data.dev_limit=50"]
+    runs = tmp_path / "runs"
+    assert run_module("distill", runs, "teacher", *args).returncode == 0
+    result = run_module("distill", runs, "transfer", *args)
+    assert "transfer.max_length=48, but" in result.stderr and "has 32 positions" in result.stderr
