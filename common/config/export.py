@@ -61,8 +61,8 @@ class BundleRecipe(Strict):
     def _static_int8_sets_its_own_choices(self):
         if self.quantization == "static" and (given := sorted(self.model_fields_set & {"per_channel", "int8_ops"})):
             raise ValueError(
-                f"quantization: static quantizes MatMul and Conv with weights per channel, so {given} would not apply: "
-                "they are dynamic INT8 settings (remove them)"
+                "quantization: static quantizes MatMul and Conv (and a GPT teacher's Gemm) with weights per channel, "
+                f"so {given} would not apply: they are dynamic INT8 settings (remove them)"
             )
         return self
 

@@ -442,7 +442,10 @@ def test_a_static_int8_labeller_is_refused_since_it_calibrates_on_what_it_labels
 
 @pytest.mark.parametrize("key", ["per_channel: true", "int8_ops: [MatMul]"])
 def test_static_int8_refuses_the_dynamic_settings_it_would_ignore(tmp_path, key):
-    with pytest.raises(RecipeError, match="quantization: static quantizes MatMul and Conv with weights per channel"):
+    with pytest.raises(
+        RecipeError,
+        match=r"quantization: static quantizes MatMul and Conv \(and a GPT teacher's Gemm\) with weights per channel",
+    ):
         extend(
             tmp_path,
             f"export: {{bundles: {{t8: {{source: teacher, precision: int8, quantization: static, {key}}}}}}}\n",
