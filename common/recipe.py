@@ -164,6 +164,18 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _smoothing_needs_a_bert_teacher(self):
+        if self.model.family != "bert" and self.export is not None:
+            for name, spec in self.export.bundles.items():
+                if spec.source == "teacher" and spec.smooth is not None:
+                    raise ValueError(
+                        f"export.bundles.{name}.smooth needs a bert teacher (model.family is {self.model.family}): "
+                        "it smooths LayerNorm and GELU outputs feeding MatMuls, and a GPT-2 graph's projections are "
+                        f"Gemms; drop smooth from export.bundles.{name} (and a labeller that names it)"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _scratch_needs_pretrain(self):
         if self.model.init is None and self.pretrain is None:
             raise ValueError("model.init is null (build from scratch) but there is no `pretrain` section")

@@ -41,7 +41,7 @@ class BundleRecipe(Strict):
         lt=1,
         description="dynamic INT8 of a fused Transformer: move this share (SmoothQuant's alpha) of each MatMul input's "
         "per-channel range into its weights first, calibrated on the first export.calibration_sentences train "
-        "examples (docs/export.md)",
+        "examples (docs/export.md); a gpt teacher's bundle is refused with it (its projections are Gemms)",
     )
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)

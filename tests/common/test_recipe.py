@@ -482,6 +482,16 @@ def test_a_transformer_student_copying_a_gpt_teacher_is_refused_at_load(tmp_path
         extend(tmp_path, "model: {family: gpt}\n" + student)
 
 
+def test_a_smoothed_bundle_of_a_gpt_teacher_is_refused_at_load(tmp_path):
+    smoothed = "{source: teacher, precision: int8, per_channel: true, int8_ops: [MatMul], smooth: 0.85}"
+    with pytest.raises(RecipeError, match="export.bundles.teacher-int8.smooth needs a bert teacher"):
+        extend(tmp_path, "model: {family: gpt}\nexport: {bundles: {teacher-int8: " + smoothed + "}}\n")
+
+
+def test_a_gpt_recipe_extending_sst2_loads_with_its_own_bundles():
+    assert load_recipe(ROOT / "recipes" / "sst2-gpt.yaml").model.family == "gpt"
+
+
 def test_a_transformer_student_of_a_gpt_teacher_starting_afresh_loads(tmp_path):
     fresh = "{model: {arch: transformer, hidden_size: 64, num_heads: 2}, init_from_teacher: false}"
     recipe = extend(tmp_path, "model: {family: gpt}\ndistill: {students: {small: " + fresh + "}}\n")
