@@ -137,42 +137,35 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
-    def _mean_pooling_needs_bert(self):
-        if self.finetune.pooling == "mean" and self.model.family != "bert":
-            raise ValueError(
-                f"finetune.pooling=mean needs a bert teacher (model.family is {self.model.family}): a causal model's "
-                "last token is the one that has read the whole text"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _classifier_dropout_needs_bert(self):
-        if self.finetune.classifier_dropout is not None and self.model.family != "bert":
-            raise ValueError(
-                f"finetune.classifier_dropout needs a bert teacher (model.family is {self.model.family}): GPT-2's "
-                "classification head has no dropout of its own, so the setting would change nothing"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _word_masking_needs_bert(self):
-        if self.pretrain is not None and self.pretrain.whole_word_mask and self.model.family != "bert":
-            raise ValueError(
-                f"pretrain.whole_word_mask needs a bert teacher (model.family is {self.model.family}): a causal LM "
-                "predicts every next token and masks none, so the setting would change nothing"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _smoothing_needs_a_bert_teacher(self):
-        if self.model.family != "bert" and self.export is not None:
-            for name, spec in self.export.bundles.items():
-                if spec.source == "teacher" and spec.smooth is not None:
-                    raise ValueError(
-                        f"export.bundles.{name}.smooth needs a bert teacher (model.family is {self.model.family}): "
-                        "it smooths LayerNorm and GELU outputs feeding MatMuls, and a GPT-2 graph's projections are "
-                        f"Gemms; drop smooth from export.bundles.{name} (and a labeller that names it)"
-                    )
+    def _bert_only_settings(self):
+        """Settings only a BERT teacher has a use for: refused for a GPT one, each with its reason."""
+        if self.model.family == "bert":
+            return self
+        bundles = self.export.bundles.items() if self.export is not None else ()
+        smoothed = [name for name, spec in bundles if spec.source == "teacher" and spec.smooth is not None]
+        smooth_key = f"export.bundles.{smoothed[0]}.smooth" if smoothed else "smooth"
+        misfits = {
+            "finetune.pooling=mean": (
+                self.finetune.pooling == "mean",
+                "a causal model's last token is the one that has read the whole text",
+            ),
+            "finetune.classifier_dropout": (
+                self.finetune.classifier_dropout is not None,
+                "GPT-2's classification head has no dropout of its own, so the setting would change nothing",
+            ),
+            "pretrain.whole_word_mask": (
+                self.pretrain is not None and self.pretrain.whole_word_mask,
+                "a causal LM predicts every next token and masks none, so the setting would change nothing",
+            ),
+            smooth_key: (
+                bool(smoothed),
+                "it smooths LayerNorm and GELU outputs feeding MatMuls, and a GPT-2 graph's projections are Gemms; "
+                "drop smooth from the bundle (and a labeller that names it)",
+            ),
+        }
+        for setting, (given, reason) in misfits.items():
+            if given:
+                raise ValueError(f"{setting} needs a bert teacher (model.family is {self.model.family}): {reason}")
         return self
 
     @model_validator(mode="after")
