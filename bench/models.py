@@ -127,7 +127,7 @@ def _figures(metrics: dict, metric: Metric) -> dict:
 def _left_out(spec) -> str | None:
     """Why a bundle cannot be timed here, or None."""
     if spec.runtime != "onnxruntime":
-        return f"runtime {spec.runtime} (`python -m bench serving` times it behind the server)"
+        return f"runtime {spec.runtime} (`edgedistill bench serving` times it behind the server)"
     return missing_here(spec.runtime, spec.providers)
 
 

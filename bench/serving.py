@@ -210,7 +210,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     if is_cascade(bundle_folder):
         raise BenchError(
             f"{bundle_folder} is a cascade: its members have no single backend for the raw and bare phases; measure it "
-            "with `python -m bench cascade RECIPE`"
+            "with `edgedistill bench cascade RECIPE`"
         )
     bundle = load_bundle(bundle_folder)
     examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
