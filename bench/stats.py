@@ -2,8 +2,9 @@
 
 Latencies are in ms. `call_stats` gives the figures of one stretch of calls, from the serving
 benchmark's drivers and the load tests' samples alike; `Spread` is a figure's median, min and max
-over repeats. `ModelTable` is the model benchmark's `bench.json`; `ServingResult` the serving
-benchmark's; `machine` what each result records of the machine it was measured on.
+over repeats. `ModelTable` is the model benchmark's `bench.json`; `ServingResult` that of the serving
+benchmark, the peer comparison and the scaling benchmark; `machine` what each result records of the machine
+it was measured on.
 """
 
 import os
@@ -16,7 +17,7 @@ from edgedistill.common.config.training import METRIC_NAMES, Metric
 from pydantic import BaseModel, ConfigDict, Field
 
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
-RESULT_FILE = "bench.json"  # in both benchmarks' folders
+RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
 
 
 def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, Any]:
@@ -148,8 +149,9 @@ class ModelTable(Record):
 
 
 class ServingResult(Record):
-    """The serving benchmark's `bench.json` (see `bench.serving`): every repeat's figures per phase, their
-    spreads, the ratios between phases and the targets' verdicts."""
+    """The `bench.json` of the serving benchmark, the peer comparison and the scaling benchmark (`bench.serving`,
+    `bench.peers.compare`, `bench.scaling`): every repeat's figures per run (a phase, of a server or a worker count
+    in the last two), their spreads, the ratios between runs and the targets' verdicts."""
 
     bundle: dict[str, Any]
     settings: dict[str, Any]

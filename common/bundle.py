@@ -171,9 +171,9 @@ def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
                 raise mf.wrong_size(folder, name, size, entry.size_bytes)
             data = handle.read(entry.size_bytes + 1)  # one byte more shows a file that grew since
     except FileNotFoundError:
-        raise mf.ArtifactError(f"{folder}: {name} is listed in the manifest but missing") from None
+        raise mf.missing_file(folder, name) from None
     if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise mf.ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
+        raise mf.wrong_sha256(folder, name)
     return data
 
 

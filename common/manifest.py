@@ -102,10 +102,20 @@ def listed_file(folder: Path, name: str) -> Path:
     return file
 
 
+def missing_file(folder: Path, name: str) -> ArtifactError:
+    """The error for a listed file that is not there."""
+    return ArtifactError(f"{folder}: {name} is listed in the manifest but missing")
+
+
 def wrong_size(folder: Path, name: str, size: int, recorded: int) -> ArtifactError:
     """The error for a listed file whose size is not the one its manifest records."""
     how = "truncated?" if size < recorded else "written to since?"
     return ArtifactError(f"{folder}: {name} has {size} bytes, the manifest says {recorded} ({how})")
+
+
+def wrong_sha256(folder: Path, name: str) -> ArtifactError:
+    """The error for a listed file whose contents are not the ones its manifest records."""
+    return ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
 
 
 def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
@@ -127,11 +137,11 @@ def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
         for name, entry in manifest.files.items():
             file = files[name]
             if not file.is_file():
-                raise ArtifactError(f"{folder}: {name} is listed in the manifest but missing")
+                raise missing_file(folder, name)
             if (size := file.stat().st_size) != entry.size_bytes:
                 raise wrong_size(folder, name, size, entry.size_bytes)
             if sha256_file(file) != entry.sha256:
-                raise ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
+                raise wrong_sha256(folder, name)
     return manifest, hashlib.sha256(data).hexdigest()
 
 

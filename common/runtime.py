@@ -338,7 +338,7 @@ def require_tensorrt() -> dict[str, str]:
 
 
 def tensorrt_available() -> bool:
-    """True when `require_tensorrt()` passes (for skipping GPU tests and choosing a runtime)."""
+    """True when `require_tensorrt()` passes (what the TensorRT tests skip on)."""
     return not tensorrt_problems()
 
 

@@ -17,7 +17,8 @@ from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
-from edgedistill.distill.metrics import EVAL_KEYS, selection_key, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, dev_keys, selection_key, task_metrics
+from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 
@@ -151,7 +152,7 @@ def _build(inputs: Inputs) -> Built | None:
         shutil.copytree(work / "best", folder, dirs_exist_ok=True)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
-    params = sum(p.numel() for p in model.parameters())
+    params = count_parameters(model)
     return Built(
         write,
         metrics={key: best[key] for key in EVAL_KEYS if key in best} | tested | {"params": params},
@@ -162,7 +163,7 @@ def _build(inputs: Inputs) -> Built | None:
             "dev_examples": len(dev),
         }
         | trainer.run_info(),
-        line=" ".join(f"{key}={best[key]:.4f}" for key in dict.fromkeys(["dev_accuracy", selection_key(data)]))
+        line=" ".join(f"{key}={best[key]:.4f}" for key in dev_keys(data))
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.1f}M "
         f"best_step={progress.best_step}/{progress.global_step}",

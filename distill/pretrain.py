@@ -18,6 +18,7 @@ from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads
 from edgedistill.distill.device import Placement
+from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import (
@@ -215,7 +216,7 @@ def _build(inputs: Inputs) -> Built | None:
         lambda folder: shutil.copytree(work / "best", folder, dirs_exist_ok=True),
         metrics={f"{k}_before": v for k, v in before.items()}
         | {f"{k}_after": after[k] for k in before}
-        | {"params": sum(p.numel() for p in model.parameters())},
+        | {"params": count_parameters(model)},
         info={
             "objective": objective_name,
             "init": model_cfg.init or "scratch",

@@ -11,7 +11,7 @@ import json
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.distill.metrics import retention, selection_key
+from edgedistill.distill.metrics import dev_keys, retention, selection_key
 from rich.console import Console
 from rich.table import Table
 
@@ -20,7 +20,7 @@ TEXT_COLUMNS = ("student", "arch", "baseline_from")
 
 def figures(recipe: Recipe, test: bool) -> list[str]:
     """The metric columns: dev accuracy, the selection metric when it is another, then their test twins."""
-    dev = list(dict.fromkeys(["dev_accuracy", selection_key(recipe.data)]))
+    dev = dev_keys(recipe.data)
     return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
 
 

@@ -124,13 +124,15 @@ def run_stage(command: list[str]) -> int:
 
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
+    from edgedistill.common.recipe import RECIPE_HELP
+
     parser = argparse.ArgumentParser(
         prog=f"{PROG} all",
         description=f"Run {ALL_HELP}: teacher, labeller, transfer, distill, bundles, the model, serving, accuracy "
         "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
         epilog="Further --section.key=value arguments override the recipe in every stage.",
     )
-    parser.add_argument("recipe", help="recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2")
+    parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)

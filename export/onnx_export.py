@@ -13,6 +13,7 @@ import onnx
 import torch
 from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
+from edgedistill.distill.students import count_parameters
 from torch import nn
 
 
@@ -59,7 +60,7 @@ def load_source(folder: Path) -> Source:
     if not is_student(folder):
         model = heads.load_teacher(folder, attn_implementation="eager").eval()
         cfg = model.config
-        params = sum(p.numel() for p in model.parameters())
+        params = count_parameters(model)
         inputs = heads.teacher_inputs(cfg)
         if "token_type_ids" not in inputs:  # GPT-2
             return Source(_GPTLogits(model).eval(), inputs, cfg.model_type, folder, params=params)
@@ -75,7 +76,7 @@ def load_source(folder: Path) -> Source:
             params,
         )
     student, cfg = load_student(folder)
-    params = sum(p.numel() for p in student.parameters())
+    params = count_parameters(student)
     inputs = heads.TOKEN_INPUTS if cfg.pairs else heads.TOKEN_INPUTS[:2]  # a pair student takes token type ids
     if cfg.arch == "transformer":
         return Source(student, inputs, cfg.arch, folder, cfg.num_heads, cfg.hidden_size, cfg.num_layers, params)

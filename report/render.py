@@ -15,6 +15,7 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.distill.metrics import dev_keys, selection_key
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
@@ -80,20 +81,10 @@ class Page:
         )
 
 
-def _selected_by(recipe: Recipe) -> str:
-    """The dev figure that selected each model's kept step (`data.metric`)."""
-    return f"dev_{recipe.data.metric}"
-
-
-def _dev_keys(recipe: Recipe) -> list[str]:
-    """The dev figures a table shows: accuracy, and the recipe's selection metric when it is another."""
-    return list(dict.fromkeys(["dev_accuracy", _selected_by(recipe)]))
-
-
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
-    keys = _dev_keys(recipe)
+    keys = dev_keys(recipe.data)
     rows = []
     for folder in folders:
         m = mf.load(folder, verify=False).metrics
@@ -127,7 +118,7 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     ]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
-        key = _selected_by(recipe)
+        key = selection_key(recipe.data)
         page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
@@ -138,7 +129,7 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         rows = plots.read_json(summary)
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        key = _selected_by(recipe)
+        key = selection_key(recipe.data)
         page.note(
             f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
             "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."

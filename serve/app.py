@@ -88,7 +88,7 @@ class EdgeServer:
         self.health_server: grpc.aio.Server | None = None  # the plaintext probe port, with `health_port`
         self.health_port: int | None = None
         self._first: ModelRuntime | CascadeRuntime | None = runtime
-        self._stopped = asyncio.Event()
+        self._stopped = False
         self._fault_watch: asyncio.Task | None = None
 
     async def _set_health(self, status) -> None:
@@ -129,7 +129,7 @@ class EdgeServer:
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds."""
-        if self._stopped.is_set():
+        if self._stopped:
             return
         grace = self.settings.shutdown_grace_s if grace is None else grace
         log.info("draining (grace %.1f s)", grace, extra={"event": "draining"})
@@ -149,11 +149,8 @@ class EdgeServer:
             await self._first.close()
             self._first = None
         self.metrics.stop_http()
-        self._stopped.set()
+        self._stopped = True
         log.info("stopped", extra={"event": "stopped"})
-
-    async def wait_for_termination(self) -> None:
-        await self._stopped.wait()
 
 
 def _credentials(settings: Settings) -> grpc.ServerCredentials | None:

@@ -214,6 +214,14 @@ def test_all_force_rebuilds_every_stage(monkeypatch):
     assert [step[0] for step in stages.ran if step[-1] != "--force"] == ["headline"]
 
 
+def test_all_describes_its_recipe_argument_as_every_stage_does(capsys):
+    from edgedistill.common.recipe import RECIPE_HELP
+
+    with pytest.raises(SystemExit):
+        cli.main(["all", "--help"])
+    assert " ".join(RECIPE_HELP.split()) in " ".join(capsys.readouterr().out.split())
+
+
 def test_all_force_gives_the_headline_only_what_it_takes(capsys):
     headline = cli.pipeline("recipes/smoke.yaml", cli.JOBS, [], force=True)[-1]
     cli.main(headline)  # no run yet: it says so, but it took its arguments
