@@ -5,7 +5,7 @@ starts with `--workers N`, is probed (its reply must carry the bundle's logits) 
 then, `repeats` times with the counts in a rotating order, h2load runs two phases on it: capacity
 (`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
 over `paced_connections`, the same for every count, each from its own h2load process so that their calls
-interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.peers.compare`). The
+interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.calls`). The
 result is the artifact `runs/<recipe>/serve-scaling/`: bench.json (a `bench.stats.ServingResult`), bench.md,
 every server's log.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
+from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.compare import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
 from edgedistill.bench.stats import ServingResult, machine, summarize

@@ -15,82 +15,28 @@ every server's log.
 
 import functools
 import os
-import statistics
 import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
+from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
-from edgedistill.bench.texts import Examples, load_texts
+from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve.proto import kserve_pb2
 from rich.console import Console
 
 STAGE = "serve-peers"
 PHASES = ("capacity", "paced")
-LOGITS_TOLERANCE = 1e-3  # every server runs the same ONNX Runtime model; only thread scheduling may differ
-
-
-def median_example(examples: Examples) -> tuple[str, str | None]:
-    """The example of median length (characters of the text and its pair)."""
-    lengths = [len(t) + (len(examples.pairs[i]) if examples.pairs else 0) for i, t in enumerate(examples.texts)]
-    index = lengths.index(statistics.median_low(lengths))
-    return examples.texts[index], examples.pairs[index] if examples.pairs else None
-
-
-ABSENT_MODEL = "edgedistill-absent-model"  # served by no server: a request for it measures how a server fails
-
-
-def infer_request(model: str, text: str, pair: str | None) -> bytes:
-    """The serialized `ModelInfer` request for one example, `logits` requested."""
-    tensors = [("text", text)] + ([("text_pair", pair)] if pair is not None else [])
-    request = kserve_pb2.ModelInferRequest(
-        model_name=model,
-        id="bench",
-        inputs=[
-            kserve_pb2.ModelInferRequest.InferInputTensor(
-                name=name,
-                datatype="BYTES",
-                shape=[1],
-                contents=kserve_pb2.InferTensorContents(bytes_contents=[value.encode()]),
-            )
-            for name, value in tensors
-        ],
-        outputs=[kserve_pb2.ModelInferRequest.InferRequestedOutputTensor(name="logits")],
-    )
-    return request.SerializeToString()
-
-
-def reply_logits(reply: bytes) -> np.ndarray:
-    """The `logits` output of a serialized `ModelInfer` reply, raw or typed; `BenchError` when it has none."""
-    response = kserve_pb2.ModelInferResponse.FromString(reply)
-    for index, output in enumerate(response.outputs):
-        if output.name == "logits":
-            if response.raw_output_contents:
-                values = np.frombuffer(response.raw_output_contents[index], np.float32)
-            else:
-                values = np.asarray(output.contents.fp32_contents, np.float32)
-            return values.reshape(list(output.shape))
-    raise BenchError(f"reply without a 'logits' output: {[o.name for o in response.outputs]}")
-
-
-def check_reply(name: str, reply: bytes, expected: np.ndarray | None) -> None:
-    """`BenchError` unless `reply` carries `expected` logits (any logits for the echo server, `expected` None)."""
-    logits = reply_logits(reply)
-    if expected is not None and (
-        logits.shape != expected.shape or not np.allclose(logits, expected, atol=LOGITS_TOLERANCE)
-    ):
-        raise BenchError(f"{name} answered logits {logits.tolist()}, not the bundle's {expected.tolist()}")
 
 
 def peer_version(python: Path, peer: str) -> str:

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 from edgedistill.bench import BenchError, h2load
+from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.compare import ABSENT_MODEL, infer_request
 from edgedistill.bench.processes import serving
 
 from tests.serve.conftest import RunningServer, settings_for
