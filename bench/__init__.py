@@ -5,7 +5,7 @@ server, the echo and bare servers of `bench.servers` with the drivers of `bench.
 (`bench.serving`); `accuracy` sends the dev split through the server by both APIs (`bench.accuracy`);
 `cascade` measures a cascade against its last member served alone (`bench.cascade`); `peers` compares the
 server with KServe's ModelServer and MLServer (`bench.peers`) and `scaling` the server with 1, 2, ... worker
-processes (`bench.scaling`), both driven by h2load (`bench.h2load`).
+processes (`bench.scaling`), both driven by h2load (`bench.h2load`) with the call of `bench.calls`.
 Each writes an artifact folder with a manifest; `bench.texts` reads the texts they send. `bench.processes` starts and
 stops server subprocesses (with the flags of a measured server), also for `loadtests`; `bench.stats` holds the
 statistics and result records (and what they record of the machine), `bench.slo` the verdicts on them.
@@ -14,3 +14,6 @@ statistics and result records (and what they record of the machine), `bench.slo`
 
 class BenchError(RuntimeError):
     """A benchmark could not measure: a server did not start or stop cleanly, no call succeeded, or no texts."""
+
+
+BUNDLE_HELP = "bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)"  # every command that serves one

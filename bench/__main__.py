@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from edgedistill.bench import BenchError
+from edgedistill.bench import BUNDLE_HELP, BenchError
 from edgedistill.bench.stats import ServingResult
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
@@ -38,7 +38,7 @@ def run_models(recipe, args) -> int:
 def run_serving(recipe, args) -> int:
     from edgedistill.bench import serving
 
-    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = serving.stage(recipe, bundle, args.texts, pairs_file=args.pairs)
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
@@ -47,7 +47,7 @@ def run_serving(recipe, args) -> int:
 def run_accuracy(recipe, args) -> int:
     from edgedistill.bench import accuracy, serving
 
-    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = accuracy.stage(recipe, bundle)
     stage.run(args.force)
     return 1 if args.check and not accuracy.AccuracyResult.load(stage.folder).passed else 0
@@ -67,7 +67,7 @@ def run_peers(recipe, args) -> int:
     from edgedistill.bench import serving
     from edgedistill.bench.peers import compare
 
-    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = compare.stage(recipe, bundle, {"kserve": args.kserve_python, "mlserver": args.mlserver_python})
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
@@ -76,7 +76,7 @@ def run_peers(recipe, args) -> int:
 def run_scaling(recipe, args) -> int:
     from edgedistill.bench import scaling, serving
 
-    bundle = (args.bundle or serving.deployed_bundle(recipe)).resolve()
+    bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = scaling.stage(recipe, bundle)
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     timed.set_defaults(command_run=run_models)
     served = commands.add_parser("serving", help="one bundle behind the server, against the recipe's targets")
     served.add_argument("recipe", help=RECIPE_HELP)
-    served.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    served.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     texts = served.add_mutually_exclusive_group()
     texts.add_argument("--texts", type=Path, help="single texts, one per line (default: the recipe's dev split)")
     texts.add_argument(
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         "accuracy", help="the recipe's dev split through the server by both APIs, against the bundle's dev accuracy"
     )
     checked.add_argument("recipe", help=RECIPE_HELP)
-    checked.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    checked.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     paired.set_defaults(command_run=run_cascade)
     peers = commands.add_parser("peers", help="the server against KServe's ModelServer and MLServer, by h2load")
     peers.add_argument("recipe", help=RECIPE_HELP)
-    peers.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    peers.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     for peer in ("kserve", "mlserver"):
         peers.add_argument(
             f"--{peer}-python", type=Path, help=f"{peer}'s environment (default: .venv-peers/{peer}/bin/python)"
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     peers.set_defaults(command_run=run_peers)
     scaled = commands.add_parser("scaling", help="the server with 1, 2, ... worker processes, by h2load")
     scaled.add_argument("recipe", help=RECIPE_HELP)
-    scaled.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    scaled.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     scaled.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     scaled.add_argument("--force", action="store_true", help="measure again even if up to date")
     scaled.set_defaults(command_run=run_scaling)

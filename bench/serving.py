@@ -64,11 +64,13 @@ PHASES = {  # phase -> table label: calls in flight x texts per call
 }
 
 
-def deployed_bundle(recipe: Recipe) -> Path:
-    """`runs/<recipe>/bundle-<export.deploy>`, the bundle served by default."""
+def bundle_to_serve(recipe: Recipe, given: Path | None = None) -> Path:
+    """`given` (a command's `--bundle`), else `runs/<recipe>/bundle-<export.deploy>`, resolved."""
+    if given is not None:
+        return given.resolve()
     if recipe.export is None:
         raise RecipeError(f"recipe {recipe.name} has no `export` section: pass --bundle")
-    return run_dir(recipe) / f"bundle-{recipe.export.deploy}"
+    return (run_dir(recipe) / f"bundle-{recipe.export.deploy}").resolve()
 
 
 def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], list[dict]]:

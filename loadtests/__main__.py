@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from edgedistill.bench import BenchError, slo
-from edgedistill.bench.serving import deployed_bundle
+from edgedistill.bench import BUNDLE_HELP, BenchError, slo
+from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
     parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
-    parser.add_argument("--bundle", type=Path, help="bundle to serve (default: runs/<recipe>/bundle-<export.deploy>)")
+    parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     texts = parser.add_mutually_exclusive_group()
     texts.add_argument(
         "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
-        bundle = (args.bundle or deployed_bundle(recipe)).resolve()
+        bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=args.pairs)
         stage.run(args.force)

@@ -162,7 +162,7 @@ def test_targets_come_from_the_recipe():
 def test_the_default_bundle_is_the_deployed_one(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     recipe = load_recipe(SMOKE)
-    assert serving.deployed_bundle(recipe) == tmp_path / "smoke" / f"bundle-{recipe.export.deploy}"
+    assert serving.bundle_to_serve(recipe) == tmp_path.resolve() / "smoke" / f"bundle-{recipe.export.deploy}"
 
 
 def test_a_folder_that_is_not_a_bundle_exits_2(tmp_path, texts_file, capsys):
