@@ -222,8 +222,12 @@ def card(recipe: Recipe, folder: Path) -> ModelCard:
         "",
         "## Results",
         "",
-        f"From `{mf.MANIFEST}` (recipe `{recipe.name}`, hash `{manifest.recipe_hash}`); dev {recipe.data.metric} "
-        "chose the checkpoint.",
+        f"From `{mf.MANIFEST}` (recipe `{recipe.name}`, hash `{manifest.recipe_hash}`); "
+        + (
+            "unlabelled calibration texts, neither dev nor test, chose the thresholds."
+            if "cascade" in info
+            else f"dev {recipe.data.metric} chose the checkpoint."
+        ),
         "",
         *_results(metrics),
         "",

@@ -168,6 +168,12 @@ def test_cascade_card_gives_each_members_threshold_and_share(recipe):
     assert "`margin`" in text
 
 
+def test_cascade_card_says_calibration_texts_chose_its_thresholds(recipe):
+    text = _text(recipe, _publish(recipe, "bundle-c", CASCADE_METRICS, CASCADE_INFO))
+    assert "calibration texts, neither dev nor test, chose the thresholds" in text
+    assert "chose the checkpoint" not in text
+
+
 def test_cascade_card_gives_the_calibration_figures(recipe):
     text = _text(recipe, _publish(recipe, "bundle-c", CASCADE_METRICS, CASCADE_INFO))
     assert "| expected_escalated | 0.8933 |" in text
