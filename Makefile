@@ -117,7 +117,7 @@ peers-bench: bundles  ## BUNDLE behind the server, KServe's ModelServer, MLServe
 scaling-bench: bundles  ## BUNDLE behind the server with 1, 2 and one worker per core, driven by h2load
 	$(ED) bench scaling $(RECIPE) --bundle $(BUNDLE) $(SCALING_BENCH_ARGS)
 
-serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the first) against its last member served alone
+serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the deployed one, else the first) against its last member served alone
 	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 
 serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own dev accuracy

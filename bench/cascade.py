@@ -5,13 +5,16 @@ settings as `bench serving`): on the cascade folder and on its last member's bun
 `bench.serving.repeats` rounds: capacity (single-text `Classify` calls from `concurrency` callers for
 `duration_s`) and the paced phase (one call at a time at `rate` calls/s). The texts are the recipe's
 dev split (pairs for a pair task), shuffled. Writes `runs/<recipe>/serve-cascade-<name>/cascade.json`
-and `cascade.md`; capacity is texts/s, medians with min/max over the rounds.
+and `cascade.md`; capacity is texts/s, medians with min/max over the rounds, and the share of the cascade's
+answers (after warm-up) that its first member escalated, beside the dev share its manifest records.
 """
 
 import asyncio
 import functools
 import json
 import os
+from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -57,7 +60,19 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
     )
 
 
-async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path) -> dict[str, dict]:
+def counting(classify: Callable, answers: Counter) -> Callable:
+    """`classify` that counts, in `answers`, each text's (answering member, escalation refused)."""
+
+    async def call(request):
+        reply = await classify(request)
+        answers.update((p.answered_by, p.escalation_refused) for p in reply.predictions)
+        return reply
+
+    return call
+
+
+async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers: Counter) -> dict[str, dict]:
+    """Both servers' phases; `answers` counts the cascade's answers after warm-up (`counting`)."""
     cfg = recipe.bench.serving
     cascade = load_cascade(folders["cascade"])
     examples = load_texts(recipe.data, cascade.spec.pairs, None, None)
@@ -72,6 +87,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path) -> dict
             )
             calls[model] = await drivers.classify_call(stack, settings.port)
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
+        calls["cascade"] = counting(calls["cascade"], answers)
         rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")
         for repeat in range(1, cfg.repeats + 1):
             for model in folders:
@@ -102,7 +118,8 @@ def _build(inputs: Inputs, console: Console) -> Built:
     folders = {"cascade": inputs.parent("cascade"), "last": inputs.parent("last")}
     work = inputs.fresh_work()
     load_before = os.getloadavg()
-    runs = asyncio.run(_measure(recipe, folders, work))
+    answers: Counter = Counter()
+    runs = asyncio.run(_measure(recipe, folders, work, answers))
     summary = {
         model: {phase: summarize(records) for phase, records in phases.items()} for model, phases in runs.items()
     }
@@ -126,7 +143,19 @@ def _build(inputs: Inputs, console: Console) -> Built:
             f"| {names[model]} | {_spread(s['capacity'], 'texts_per_s')} | {_spread(s['paced'], 'p50_ms')} | "
             f"{_spread(s['paced'], 'p99_ms')} | {int(s['capacity']['failures'].max + s['paced']['failures'].max)} |"
         )
-    lines += ["", f"Capacity of the cascade: {ratio:.2f}x its last member's."]
+    cascade = mf.load(folders["cascade"], verify=False)
+    first = cascade.info["cascade"]["members"][0]["bundle"]
+    total = sum(answers.values())
+    escalated = 1 - sum(n for (member, _), n in answers.items() if member == first) / total
+    refused = sum(n for (_, flagged), n in answers.items() if flagged)
+    lines += [
+        "",
+        f"Capacity of the cascade: {ratio:.2f}x its last member's.",
+        "",
+        f"The cascade's {total} answers in these phases: {escalated:.1%} escalated past {first} (dev: "
+        f"{cascade.metrics['dev_escalated']:.1%}), {refused} escalations refused by a full queue (answered by the "
+        "member before).",
+    ]
     markdown = "\n".join(lines) + "\n"
     (work / "cascade.md").write_text(markdown, encoding="utf-8")
     dumped = {
@@ -134,16 +163,28 @@ def _build(inputs: Inputs, console: Console) -> Built:
         for model, phases in summary.items()
     }
     (work / RESULT).write_text(
-        json.dumps({"names": names, "runs": runs, "summary": dumped, "capacity_ratio": ratio}, indent=1)
+        json.dumps(
+            {
+                "names": names,
+                "runs": runs,
+                "summary": dumped,
+                "capacity_ratio": ratio,
+                "answered": [[member, flagged, n] for (member, flagged), n in answers.items()],
+            },
+            indent=1,
+        )
     )
     console.print(markdown)
     return Built(
         metrics={
             "capacity_ratio": ratio,
+            "served_escalated": escalated,
+            "escalation_refused": refused,
             **{f"{model}_capacity_texts_per_s": capacity[model] for model in folders},
             **{f"{model}_paced_p99_ms": summary[model]["paced"]["p99_ms"].median for model in folders},
         },
         info={"names": names},
-        line=f"capacity {ratio:.2f}x {names['last']}; paced p99 {summary['cascade']['paced']['p99_ms'].median:.2f} ms "
+        line=f"capacity {ratio:.2f}x {names['last']}, {escalated:.1%} escalated, {refused} escalations refused; "
+        f"paced p99 {summary['cascade']['paced']['p99_ms'].median:.2f} ms "
         f"vs {summary['last']['paced']['p99_ms'].median:.2f} ms",
     )

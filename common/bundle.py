@@ -130,6 +130,10 @@ class Bundle(BaseModel):
 
 def _spec(folder: Path, manifest: mf.Manifest) -> BundleSpec:
     """The bundle spec of a manifest; `ArtifactError` unless it is valid and lists the model and tokenizer."""
+    if "cascade" in manifest.info:
+        raise mf.ArtifactError(
+            f"{folder} is a confidence cascade, not a bundle: its members are bundles, in {folder / 'members'}"
+        )
     if "bundle" not in manifest.info:
         raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a bundle (no info.bundle)")
     try:

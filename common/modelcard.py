@@ -63,7 +63,8 @@ def _figure(value) -> str:
 
 def _results(metrics: dict) -> list[str]:
     keys = [k for k in metrics if k.startswith(("dev_", "test_", "torch_dev_")) and not k.endswith("_confusion")]
-    keys += [k for k in ("retention", "agreement", "max_abs_diff", "params") if k in metrics]
+    extra = ("retention", "agreement", "max_abs_diff", "params", "expected_escalated", "calibration_agreement")
+    keys += [k for k in extra if k in metrics]
     lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {_figure(metrics[k])} |" for k in keys]
     if "size_bytes" in metrics:
         lines.append(f"| size | {metrics['size_bytes'] / 2**20:.1f} MiB |")
@@ -93,6 +94,23 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
     return [*lines, ""]
 
 
+def cascade_members(info: dict) -> tuple[list[str], list[list[str]]]:
+    """A cascade manifest's `info` -> the headers and rows of its members' table: threshold, temperature, the share of
+    dev each answered and its dev accuracy alone."""
+    headers = ["member", "threshold", "temperature", "dev share answered", "dev accuracy alone"]
+    rows = [
+        [
+            member["bundle"],
+            "-" if member["threshold"] is None else f"{member['threshold']:.4f}",
+            f"{member['temperature']:.2f}",
+            f"{info['dev_answered_share'][member['bundle']]:.1%}",
+            f"{info['member_dev_accuracy'][member['bundle']]:.4f}",
+        ]
+        for member in info["cascade"]["members"]
+    ]
+    return headers, rows
+
+
 def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
     """How the model was made: the teacher's start, a student's distillation, a bundle's export."""
     kind = _kind(stage)
@@ -115,7 +133,16 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
         ]
     if "cascade" in info:
         members = ", ".join(f"`{m['bundle']}`" for m in info["cascade"]["members"])
-        return [f"A confidence cascade of the bundles {members}: each answers the texts it is sure of."]
+        headers, rows = cascade_members(info)
+        return [
+            f"A confidence cascade of the bundles {members}: each member but the last answers the texts whose "
+            f"confidence (`{info['cascade']['rule']}` at its temperature) reaches its threshold and passes the rest "
+            "on; the last answers what reaches it.",
+            "",
+            f"| {' | '.join(headers)} |",
+            f"|{'---|' * len(headers)}",
+            *(f"| {' | '.join(row)} |" for row in rows),
+        ]
     spec = info["bundle"]
     return [
         f"An {spec['runtime']} bundle ({spec['precision']}, opset {spec['opset']}) exported from "
@@ -195,8 +222,12 @@ def card(recipe: Recipe, folder: Path) -> ModelCard:
         "",
         "## Results",
         "",
-        f"From `{mf.MANIFEST}` (recipe `{recipe.name}`, hash `{manifest.recipe_hash}`); dev {recipe.data.metric} "
-        "chose the checkpoint.",
+        f"From `{mf.MANIFEST}` (recipe `{recipe.name}`, hash `{manifest.recipe_hash}`); "
+        + (
+            "unlabelled calibration texts, neither dev nor test, chose the thresholds."
+            if "cascade" in info
+            else f"dev {recipe.data.metric} chose the checkpoint."
+        ),
         "",
         *_results(metrics),
         "",

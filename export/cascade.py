@@ -63,6 +63,34 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
     return float(sorted_scores[last]), (last + 1) / len(scores)
 
 
+def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
+    """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
+    (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches, or
+    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them."""
+    reference = calibration[-1].argmax(-1)
+    routing, reaching, first_kept = [], np.ones(len(reference), dtype=bool), None
+    for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):
+        if not reaching.any():
+            raise ExportError(
+                f"cascade member {member}: no calibration text reaches it, as the members before it keep all "
+                f"{len(reference)} at target_agreement {cfg.target_agreement}: drop it or raise target_agreement"
+            )
+        temperature = fit_temperature(logits[reaching], reference[reaching]) if cfg.temperature_scaling else 1.0
+        scores = confidence(logits, cfg.rule, temperature)
+        agrees = logits.argmax(-1) == reference
+        threshold, kept = choose_threshold(scores[reaching], agrees[reaching], cfg.target_agreement)
+        if not kept:
+            raise ExportError(
+                f"cascade member {member} keeps none of the {reaching.sum()} calibration texts that reach it at "
+                f"target_agreement {cfg.target_agreement} (its surest answers disagree with {cfg.members[-1]}'s): "
+                "drop it or lower target_agreement"
+            )
+        first_kept = round(kept, 4) if first_kept is None else first_kept
+        reaching &= scores < threshold
+        routing.append((threshold, temperature))
+    return [*routing, (None, 1.0)], first_kept  # the last member answers what reaches it
+
+
 def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
     """Up to `count` unlabelled texts (adjacent sentence pairs for a pair task) from the lines after those the
     transfer set read (as many as it takes), in its text style, none overlapping a dev text."""
@@ -150,16 +178,7 @@ def _build(inputs: Inputs, name: str) -> Built:
     opened = [Member(folder) for folder in folders]
     calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
     reference = calibration[-1].argmax(-1)
-    routing, reaching, expected = [], np.ones(len(texts), dtype=bool), []
-    for logits in calibration[:-1]:
-        temperature = fit_temperature(logits[reaching], reference[reaching]) if cfg.temperature_scaling else 1.0
-        scores = confidence(logits, cfg.rule, temperature)
-        agrees = logits.argmax(-1) == reference
-        threshold, kept = choose_threshold(scores[reaching], agrees[reaching], cfg.target_agreement)
-        expected.append(round(kept * reaching.mean(), 4))
-        reaching &= scores < threshold
-        routing.append((threshold, temperature))
-    routing.append((None, 1.0))  # the last member answers what reaches it
+    routing, first_kept = fit_routing(calibration, cfg)
     spec = CascadeSpec(
         name=f"{recipe.name}-{name}",
         labels=recipe.data.label_names,
@@ -200,7 +219,7 @@ def _build(inputs: Inputs, name: str) -> Built:
             "dev_accuracy": figures["dev_accuracy"],
             **{k: v for k, v in figures.items() if k.startswith("dev_") and k != "dev_confusion"},
             "dev_escalated": escalated,
-            "expected_escalated": round(1 - expected[0], 4),
+            "expected_escalated": round(1 - first_kept, 4),
             "calibration_agreement": calibration_agreement,
             "calibration_texts": len(texts),
         },
@@ -212,7 +231,7 @@ def _build(inputs: Inputs, name: str) -> Built:
             "recipe": cfg.model_dump(),
         },
         line=f"dev_accuracy={figures['dev_accuracy']:.4f} (members {member_accuracy}) escalated "
-        f"{escalated:.1%} of dev (expected {1 - expected[0]:.1%}), threshold {spec.members[0].threshold:.4f} "
+        f"{escalated:.1%} of dev (expected {1 - first_kept:.1%}), threshold {spec.members[0].threshold:.4f} "
         f"at T={spec.members[0].temperature:.2f}, calibration agreement {calibration_agreement:.4f}",
     )
 

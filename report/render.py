@@ -152,19 +152,7 @@ def _cascade_section(page: Page, root: Path) -> None:
         manifest = mf.load(folder, verify=False)
         m, info = manifest.metrics, manifest.info
         page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
-        page.table(
-            ["member", "threshold", "temperature", "dev share answered", "dev accuracy alone"],
-            [
-                [
-                    member["bundle"],
-                    "-" if member["threshold"] is None else f"{member['threshold']:.4f}",
-                    f"{member['temperature']:.2f}",
-                    f"{info['dev_answered_share'][member['bundle']]:.1%}",
-                    f"{info['member_dev_accuracy'][member['bundle']]:.4f}",
-                ]
-                for member in info["cascade"]["members"]
-            ],
-        )
+        page.table(*modelcard.cascade_members(info))
         page.table(
             ["cascade dev accuracy", "escalated (dev)", "expected (calibration)", "calibration agreement"],
             [

@@ -92,7 +92,7 @@ class CascadeRuntime:
         members: list[ModelRuntime] = []
         try:
             for member, bundle in zip(cascade.spec.members, cascade.members, strict=True):
-                observer = None if metrics is None else metrics.member(member.bundle)
+                observer = None if metrics is None else metrics.member(cascade.spec.name, member.bundle)
                 try:
                     runtime = ModelRuntime.load(bundle.folder, settings, observer, on_fault)
                 except BundleRejected as err:
@@ -196,6 +196,7 @@ class CascadeRuntime:
             answered = np.array([self.ids.index(member) for member in scores.answered_by])
             for index, member in enumerate(self.ids):
                 self.metrics.routed(
+                    self.name,
                     member,
                     answered=int((answered == index).sum()),
                     escalated=int((answered > index).sum()),
@@ -239,7 +240,9 @@ class CascadeRuntime:
             return reaching
         if self.settings.cascade_overload == "refuse":
             if self.metrics is not None:
-                self.metrics.routed(self.ids[index - 1], answered=0, escalated=0, refused=len(reaching) - room)
+                self.metrics.routed(
+                    self.name, self.ids[index - 1], answered=0, escalated=0, refused=len(reaching) - room
+                )
             raise Overloaded(
                 f"cascade member {self.ids[index]} cannot take {len(reaching)} escalated texts: {room} of its "
                 f"{batcher.max_queued} queue places are free (CASCADE_OVERLOAD=refuse); retry with backoff"

@@ -66,37 +66,37 @@ class Metrics(BatchObserver):
         )
         self.cascade_answered = Counter(
             "edgedistill_cascade_answered_texts",
-            "Texts a confidence cascade's member answered, by member (its bundle id)",
-            ["member"],
+            "Texts a confidence cascade's member answered, by cascade (its served name) and member (its bundle id)",
+            ["cascade", "member"],
             registry=r,
         )
         self.cascade_escalated = Counter(
             "edgedistill_cascade_escalated_texts",
             "Texts a cascade's member passed on to the next member, below its confidence threshold",
-            ["member"],
+            ["cascade", "member"],
             registry=r,
         )
         self.cascade_refused = Counter(
             "edgedistill_cascade_escalation_refused_texts",
             "Texts below a cascade member's threshold that the next member's full queue could not take",
-            ["member"],
+            ["cascade", "member"],
             registry=r,
         )
         self.member_inference = Histogram(
             "edgedistill_cascade_member_inference_seconds",
             "Time of one backend call of a cascade's member",
-            ["member"],
+            ["cascade", "member"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.member_depth = Gauge(
             "edgedistill_cascade_member_queue_depth",
             "Rows waiting for a batch of a cascade's member",
-            ["member"],
+            ["cascade", "member"],
             registry=r,
             multiprocess_mode="livesum",
         )
-        self._member_depths: dict[str, int] = {}
+        self._member_depths: dict[tuple[str, str], int] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
@@ -117,21 +117,21 @@ class Metrics(BatchObserver):
     def queue_depth(self, rows: int) -> None:
         self.depth.set(rows)
 
-    def member_queue_depth(self, member: str, rows: int) -> None:
+    def member_queue_depth(self, cascade: str, member: str, rows: int) -> None:
         """Rows waiting for a cascade member's batch; the server's queue depth is the members' sum."""
-        self._member_depths[member] = rows
-        self.member_depth.labels(member).set(rows)
+        self._member_depths[cascade, member] = rows
+        self.member_depth.labels(cascade, member).set(rows)
         self.depth.set(sum(self._member_depths.values()))
 
-    def member(self, member: str) -> "MemberObserver":
-        """The batch observer of the cascade member `member` (its bundle id)."""
-        return MemberObserver(self, member)
+    def member(self, cascade: str, member: str) -> "MemberObserver":
+        """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`."""
+        return MemberObserver(self, cascade, member)
 
-    def routed(self, member: str, answered: int, escalated: int, refused: int) -> None:
+    def routed(self, cascade: str, member: str, answered: int, escalated: int, refused: int) -> None:
         """A cascade request's texts at `member`: answered there, passed on, and refused by the next member."""
-        self.cascade_answered.labels(member).inc(answered)
-        self.cascade_escalated.labels(member).inc(escalated)
-        self.cascade_refused.labels(member).inc(refused)
+        self.cascade_answered.labels(cascade, member).inc(answered)
+        self.cascade_escalated.labels(cascade, member).inc(escalated)
+        self.cascade_refused.labels(cascade, member).inc(refused)
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.batch_size.observe(rows)
@@ -157,16 +157,16 @@ class Metrics(BatchObserver):
 class MemberObserver(BatchObserver):
     """A cascade member's batcher: the server's batch metrics, plus the member's own backend time and queue depth."""
 
-    def __init__(self, metrics: Metrics, member: str):
+    def __init__(self, metrics: Metrics, cascade: str, member: str):
         self.metrics = metrics
-        self.member = member
+        self.labels = (cascade, member)
 
     def queue_depth(self, rows: int) -> None:
-        self.metrics.member_queue_depth(self.member, rows)
+        self.metrics.member_queue_depth(*self.labels, rows)
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.metrics.batch_done(rows, seconds)
-        self.metrics.member_inference.labels(self.member).observe(seconds)
+        self.metrics.member_inference.labels(*self.labels).observe(seconds)
 
     def request_done(self, queue_wait: float) -> None:
         self.metrics.request_done(queue_wait)

@@ -85,7 +85,12 @@ class CascadeRecipe(Strict):
         "likely classes (margin), or minus the entropy of its probabilities (entropy) reaches its threshold",
     )
     target_agreement: float = Field(
-        0.99, gt=0, le=1, description="thresholds are the lowest whose answers agree this often with the last member's"
+        0.99,
+        gt=0,
+        le=1,
+        description="each member's threshold is the lowest at which it agrees this often with the last member on the "
+        "calibration texts that reach it (those it passes on counted as agreeing); with three members or more the "
+        "cascade as a whole may agree less often (its calibration_agreement)",
     )
     calibration_sentences: int = Field(
         20_000,

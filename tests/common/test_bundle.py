@@ -7,7 +7,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle, read_bundle, tokenizer_json
 from tokenizers import Tokenizer
 
-from tests.serve.conftest import spec, tiny_tokenizer, write_bundle
+from tests.serve.conftest import spec, tiny_tokenizer, write_bundle, write_cascade
 
 
 def without_pad_id(folder):
@@ -47,3 +47,10 @@ def test_a_bundles_tokenizer_json_truncates_at_the_bundles_max_length():
 
 def test_a_bundles_tokenizer_json_pads_nothing():
     assert len(bundle_tokenizer(5).encode("good").ids) == 3
+
+
+def test_a_cascade_is_refused_as_a_bundle_with_where_its_members_are(tmp_path):
+    small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
+    folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
+    with pytest.raises(mf.ArtifactError, match="is a confidence cascade, not a bundle: its members are bundles, in"):
+        load_bundle(folder)

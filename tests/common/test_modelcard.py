@@ -139,6 +139,47 @@ def test_bundle_card_gives_parity(recipe):
     assert "| agreement | 0.9900 |" in _text(recipe, folder)
 
 
+CASCADE_INFO = {
+    "cascade": {
+        "name": "smoke-c",
+        "labels": ["negative", "positive"],
+        "text_inputs": ["text"],
+        "rule": "margin",
+        "members": [
+            {"bundle": "bilstm-int8", "manifest_sha256": "a", "threshold": 0.8156, "temperature": 0.44},
+            {"bundle": "teacher-fused", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
+        ],
+    },
+    "dev_answered_share": {"bilstm-int8": 0.3867, "teacher-fused": 0.6133},
+    "member_dev_accuracy": {"bilstm-int8": 0.6933, "teacher-fused": 0.66},
+}
+CASCADE_METRICS = {
+    "dev_accuracy": 0.6733,
+    "dev_escalated": 0.6133,
+    "expected_escalated": 0.8933,
+    "calibration_agreement": 0.99,
+}
+
+
+def test_cascade_card_gives_each_members_threshold_and_share(recipe):
+    text = _text(recipe, _publish(recipe, "bundle-c", CASCADE_METRICS, CASCADE_INFO))
+    assert "| bilstm-int8 | 0.8156 | 0.44 | 38.7% | 0.6933 |" in text
+    assert "| teacher-fused | - | 1.00 | 61.3% | 0.6600 |" in text
+    assert "`margin`" in text
+
+
+def test_cascade_card_says_calibration_texts_chose_its_thresholds(recipe):
+    text = _text(recipe, _publish(recipe, "bundle-c", CASCADE_METRICS, CASCADE_INFO))
+    assert "calibration texts, neither dev nor test, chose the thresholds" in text
+    assert "chose the checkpoint" not in text
+
+
+def test_cascade_card_gives_the_calibration_figures(recipe):
+    text = _text(recipe, _publish(recipe, "bundle-c", CASCADE_METRICS, CASCADE_INFO))
+    assert "| expected_escalated | 0.8933 |" in text
+    assert "| calibration_agreement | 0.9900 |" in text
+
+
 def test_card_has_no_latency_before_the_benchmark(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
     assert "## Latency" not in _text(recipe, folder)

@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade, load_cascade, route
+from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import cascade as export_cascade
-from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_temperature
+from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_routing, fit_temperature
+from edgedistill.export.onnx_export import ExportError
 
 from tests.conftest import ROOT
 from tests.pair_task import pair_recipe, write_pair_task
@@ -44,6 +46,21 @@ def test_fit_temperature_recovers_the_temperature_that_made_the_labels():
     p /= p.sum(1, keepdims=True)
     labels = np.array([rng.choice(3, p=row) for row in p])
     assert fit_temperature(logits, labels) == pytest.approx(2.0, rel=0.1)
+
+
+def test_routing_refuses_a_member_no_calibration_text_reaches():
+    last = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    cfg = CascadeRecipe(members=["first", "middle", "last"], target_agreement=0.5, temperature_scaling=False)
+    with pytest.raises(ExportError, match="middle: no calibration text reaches it"):
+        fit_routing([last, last, last], cfg)
+
+
+def test_routing_refuses_a_member_that_keeps_no_calibration_text():
+    first = np.array([[5.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # surest where it disagrees with the last member
+    last = np.array([[0.0, 2.0], [0.0, 2.0], [2.0, 0.0]])
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=1.0, temperature_scaling=False)
+    with pytest.raises(ExportError, match="first keeps none of the 3 calibration texts"):
+        fit_routing([first, last], cfg)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 reload, refused cascades, several workers."""
 
 import asyncio
+import json
 import shutil
 import time
 import urllib.request
@@ -287,6 +288,24 @@ def test_metrics_count_answered_and_escalated_texts_per_member(stub, served_casc
         ("escalation_refused", STUDENT): 0,
         ("escalation_refused", TEACHER): 0,
     }
+
+
+def test_metrics_keep_apart_two_cascades_that_share_members(start_server, cascade, tmp_path):
+    other = make_cascade(tmp_path)
+    manifest = json.loads((other / mf.MANIFEST).read_text())
+    manifest["info"]["cascade"]["name"] = "other-cascade"
+    (other / mf.MANIFEST).write_text(json.dumps(manifest))
+    server = start_server(settings_for(cascade, admin_token=ADMIN_TOKEN, reload_root=tmp_path))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+        stub.Reload(pb.ReloadRequest(bundle_path=str(other)), metadata=ADMIN, timeout=30)
+        stub.Classify(pb.ClassifyRequest(texts=SURE), timeout=10)
+    text = scrape(server)
+    name = "edgedistill_cascade_answered_texts_total"
+    assert metric(text, name, cascade="tiny-cascade", member=STUDENT) == len(SURE)
+    assert metric(text, name, cascade="other-cascade", member=STUDENT) == len(SURE)
+    assert metric(text, name, cascade="other-cascade", member=TEACHER) == 0
 
 
 @pytest.mark.parametrize("member", [STUDENT, TEACHER])
