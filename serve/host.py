@@ -37,6 +37,7 @@ from edgedistill.serve.errors import (
     ServerFault,
     TooLarge,
 )
+from edgedistill.serve.logs import MODEL
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings
 
@@ -424,7 +425,8 @@ class ModelHost:
         await asyncio.sleep(max(0.0, min(settle, deadline - loop.time())))
 
     def get(self, name: str = "", version: str = "") -> ModelRuntime:
-        """The runtime serving `name` (empty: the served model) at `version` (empty: any)."""
+        """The runtime serving `name` (empty: the served model) at `version` (empty: any); the call's log lines name
+        it from then on."""
         runtime = self.current
         if self.fault is not None:
             raise ServerFault(str(self.fault))
@@ -438,6 +440,7 @@ class ModelHost:
             raise ModelNotFound(
                 f"model {runtime.name!r} has no version {version!r}; it serves version {runtime.version!r}"
             )
+        MODEL.set((runtime.name, runtime.version))
         return runtime
 
     async def activate(self, runtime: ModelRuntime) -> ModelRuntime | None:

@@ -175,6 +175,7 @@ class CallObserver:
                 "ms": round(seconds * 1000, 3),
                 "peer": context.peer(),
                 "request_id": request_id,
+                "details": context.details() or "",
             },
         )
 

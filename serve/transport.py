@@ -30,7 +30,7 @@ from edgedistill.serve.errors import (
 )
 from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
 from edgedistill.serve.idle import IdleWatch
-from edgedistill.serve.logs import REQUEST_ID
+from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
@@ -266,7 +266,9 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
             while (item := await pending.get()) is not None:
                 if isinstance(item, Exception):
                     raise item
-                await context.write(await item)
+                reply = await item
+                MODEL.set((reply.model_name, reply.model_version))  # from the reply: `item` ran in a task of its own
+                await context.write(reply)
         except asyncio.CancelledError:
             if not idle.expired:
                 raise
