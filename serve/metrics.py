@@ -59,7 +59,10 @@ class Metrics(BatchObserver):
             "edgedistill_queue_depth", "Rows waiting for a batch", registry=r, multiprocess_mode="livesum"
         )
         self.dropped = Counter(
-            "edgedistill_dropped_rows", "Queued rows dropped before running, by reason", ["reason"], registry=r
+            "edgedistill_dropped_rows",
+            "Queued rows dropped before running, by reason: cancelled (by the client) or deadline (the call's passed)",
+            ["reason"],
+            registry=r,
         )
         self.model = Gauge(
             "edgedistill_model_info",
