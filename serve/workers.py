@@ -276,6 +276,11 @@ class Supervisor:
                         extra={"event": "workers_serving", "port": self.port, "metrics_port": self.metrics_port,
                                "workers": [w.proc.pid for w in self.workers]},
                     )  # fmt: skip
+            log.info(
+                "every worker exited, exit status %d",
+                self.exit_status,
+                extra={"event": "workers_stopped", "exit_status": self.exit_status},
+            )
             return self.exit_status
         finally:
             self._kill_all()

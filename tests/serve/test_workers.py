@@ -98,6 +98,7 @@ def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     server, serving = two_workers
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0
+    assert server.wait_for("workers_stopped")["exit_status"] == 0
     stopped = {line["pid"] for line in server.lines if line.get("event") == "stopped"}
     assert stopped == set(serving["workers"])
     assert not [pid for pid in serving["workers"] if alive(pid)]
@@ -159,6 +160,7 @@ def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, 
     server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
     assert server.proc.wait(60) == 2
     assert server.wait_for("workers_stopping")["exit_status"] == 2
+    assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
 def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
