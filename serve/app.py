@@ -168,10 +168,11 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeServer, int | None]:
+def create_server(settings: Settings, supervisor: SupervisorLink | None = None) -> tuple[EdgeServer, int | None]:
     """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop.
-    With `share_port` (a worker of several) the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT;
-    else a port in use is refused."""
+    As a worker of `supervisor` the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT; else a port in
+    use is refused."""
+    share_port = supervisor is not None
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
     metrics = Metrics(shared=share_port)
@@ -192,7 +193,7 @@ def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeSer
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
     observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS, PRECHECKS)
     observed = ObservedServer(server, observer)
-    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), observed)
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
     names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
@@ -241,7 +242,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
     Reloads still running at shutdown are cancelled. As a worker of `supervisor`, share the port and report there
     once serving."""
-    server, port = create_server(settings, share_port=supervisor is not None)
+    server, port = create_server(settings, supervisor)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()

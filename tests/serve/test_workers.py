@@ -117,6 +117,28 @@ def test_sighup_reloads_every_worker(two_workers):
     assert answers == {(pid, "2") for pid in serving["workers"]}
 
 
+def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_path):
+    folder = write_bundle(tmp_path / "bundle")
+    server = spawn(
+        folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
+    )
+    serving = server.wait_for("workers_serving", timeout=60)
+    write_bundle(folder, version="2")
+    admin = [("authorization", "Bearer admin")]
+    with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:  # it would reach one worker only
+            stub.Reload(pb.ReloadRequest(bundle_path=str(folder)), metadata=admin, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert stub.Reload(pb.ReloadRequest(), metadata=admin, timeout=30).model.version == "2"
+    wait_until(
+        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
+        30,
+        "not every worker reloaded",
+    )
+    assert set(answering_pids(serving["port"])) == {(pid, "2") for pid in serving["workers"]}
+
+
 def test_sighup_while_the_workers_start_reloads_them_once_they_serve(spawn, bundle):
     server = spawn(bundle, EDGEDISTILL_WORKERS="2")
     server.wait_for("supervising", timeout=30)
