@@ -127,12 +127,13 @@ class EdgeServer:
         """Swap in the bundle at `folder` (default: the one being served); `ReloadFailed` keeps the old one."""
         return await self.host.reload(folder)
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds."""
+    async def stop(self, grace: float | None = None, reason: str = "stop") -> None:
+        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds. `reason`: what
+        stops the server, for the log."""
         if self._stopped.is_set():
             return
         grace = self.settings.shutdown_grace_s if grace is None else grace
-        log.info("draining (grace %.1f s)", grace, extra={"event": "draining"})
+        log.info("draining on %s (grace %.1f s)", reason, grace, extra={"event": "draining", "reason": reason})
         await self.health.enter_graceful_shutdown()
         # New calls get UNAVAILABLE (which clients retry) while queued work finishes; stopping the gRPC
         # server at once would answer calls racing the signal with CANCELLED instead.
@@ -271,8 +272,14 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
             },
         )
 
+    stopped_by: list[str] = []
+
+    def on_stop(sig: signal.Signals) -> None:
+        stopped_by.append(f"signal {sig.name}")
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
     if supervisor is None:  # health says NOT_SERVING until warm, for the probes
         await open_port()
@@ -280,7 +287,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         await server.warm_up()
     except BundleRejected as err:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
-        await server.stop(0)
+        await server.stop(0, "a failed warm-up")
         return 2
     if supervisor is not None:  # a worker listens once warm: the kernel sends it connections as soon as it listens
         port = server.bind()
@@ -308,7 +315,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         for task in (*waits, *reloads):
             task.cancel()
         await asyncio.gather(*reloads, return_exceptions=True)
-        await server.stop()
+        await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
     finally:
         watchdog.stop()
     return EXIT_FAULT if server.host.fault is not None else 0
