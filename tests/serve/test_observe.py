@@ -9,7 +9,7 @@ import grpc
 import pytest
 from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.proto import classifier_pb2 as pb
-from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
 
@@ -64,3 +64,19 @@ def test_a_failed_stream_logs_the_model_that_answered_it(served, access_lines):
     (line,) = lines
     assert (line["code"], line["details"]) == ("INVALID_ARGUMENT", "empty request: send at least one text")
     assert (line["model"], line["model_version"]) == ("tiny-sentiment", "1")
+
+
+def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, access_lines):
+    request = kserve_pb2.ModelInferRequest(
+        id="triton-7",
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"secret"]}}],
+        outputs=[{"name": "nope"}],
+    )
+    with served.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert dict(refused.value.trailing_metadata())["x-request-id"] == "triton-7"
+    deadline = time.monotonic() + 5
+    while not (lines := [e for e in access_lines() if e.get("event") == "rpc"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (line,) = lines
+    assert (line["request_id"], line["code"]) == ("triton-7", "INVALID_ARGUMENT")
