@@ -127,12 +127,13 @@ class EdgeServer:
         """Swap in the bundle at `folder` (default: the one being served); `ReloadFailed` keeps the old one."""
         return await self.host.reload(folder)
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds."""
+    async def stop(self, grace: float | None = None, reason: str = "stop") -> None:
+        """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds. `reason`: what
+        stops the server, for the log."""
         if self._stopped:
             return
         grace = self.settings.shutdown_grace_s if grace is None else grace
-        log.info("draining (grace %.1f s)", grace, extra={"event": "draining"})
+        log.info("draining on %s (grace %.1f s)", reason, grace, extra={"event": "draining", "reason": reason})
         await self.health.enter_graceful_shutdown()
         # New calls get UNAVAILABLE (which clients retry) while queued work finishes; stopping the gRPC
         # server at once would answer calls racing the signal with CANCELLED instead.
@@ -165,10 +166,11 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeServer, int | None]:
+def create_server(settings: Settings, supervisor: SupervisorLink | None = None) -> tuple[EdgeServer, int | None]:
     """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop.
-    With `share_port` (a worker of several) the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT;
-    else a port in use is refused."""
+    As a worker of `supervisor` the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT; else a port in
+    use is refused."""
+    share_port = supervisor is not None
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
     metrics = Metrics(shared=share_port)
@@ -189,7 +191,7 @@ def create_server(settings: Settings, share_port: bool = False) -> tuple[EdgeSer
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
     observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS, PRECHECKS)
     observed = ObservedServer(server, observer)
-    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings), observed)
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
     names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
@@ -238,7 +240,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
     Reloads still running at shutdown are cancelled. As a worker of `supervisor`, share the port and report there
     once serving."""
-    server, port = create_server(settings, share_port=supervisor is not None)
+    server, port = create_server(settings, supervisor)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()
@@ -267,8 +269,14 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
             },
         )
 
+    stopped_by: list[str] = []
+
+    def on_stop(sig: signal.Signals) -> None:
+        stopped_by.append(f"signal {sig.name}")
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
     if supervisor is None:  # health says NOT_SERVING until warm, for the probes
         await open_port()
@@ -276,7 +284,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         await server.warm_up()
     except BundleRejected as err:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
-        await server.stop(0)
+        await server.stop(0, "a failed warm-up")
         return 2
     if supervisor is not None:  # a worker listens once warm: the kernel sends it connections as soon as it listens
         port = server.bind()
@@ -304,7 +312,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         for task in (*waits, *reloads):
             task.cancel()
         await asyncio.gather(*reloads, return_exceptions=True)
-        await server.stop()
+        await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
     finally:
         watchdog.stop()
     return EXIT_FAULT if server.host.fault is not None else 0

@@ -213,7 +213,8 @@ class DynamicBatcher:
         """Queue `rows` and wait for their outputs, stacked in row order.
 
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
-        `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too.
+        `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too (counted as dropped for
+        the deadline when it has passed).
         """
         if not rows:
             raise ValueError("submit needs at least one row")
@@ -239,8 +240,9 @@ class DynamicBatcher:
             self._arrived.set()
         try:
             outputs = await request.future
-        except asyncio.CancelledError:
-            self._drop(request, DropReason.CANCELLED)
+        except asyncio.CancelledError:  # gRPC cancels the call at its deadline, often before `_expire` sees it
+            late = deadline is not None and deadline <= loop.time()
+            self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
 

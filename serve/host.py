@@ -37,6 +37,7 @@ from edgedistill.serve.errors import (
     ServerFault,
     TooLarge,
 )
+from edgedistill.serve.logs import MODEL
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings
 
@@ -357,9 +358,10 @@ class ModelRuntime:
         self.backend.close()
 
 
-def reload_folder(path: str, settings: Settings) -> Path | None:
+def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
     """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, and inside that root."""
+    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root, and not on a
+    `worker` of several (the call reaches one worker; the others would go on serving the served folder)."""
     if settings.admin_token is None:
         raise PermissionDenied(
             "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
@@ -367,6 +369,12 @@ def reload_folder(path: str, settings: Settings) -> Path | None:
         )
     if not path:
         return None
+    if worker:
+        raise PermissionDenied(
+            "Reload may not name a bundle_path on a server of several workers (EDGEDISTILL_WORKERS): the call "
+            "reaches one worker only. Serve the bundle as EDGEDISTILL_BUNDLE, or send Reload without a path (or "
+            "SIGHUP to the server process) to reload the served bundle in every worker"
+        )
     root = settings.reload_root
     if root is None:
         raise PermissionDenied(
@@ -424,7 +432,8 @@ class ModelHost:
         await asyncio.sleep(max(0.0, min(settle, deadline - loop.time())))
 
     def get(self, name: str = "", version: str = "") -> ModelRuntime:
-        """The runtime serving `name` (empty: the served model) at `version` (empty: any)."""
+        """The runtime serving `name` (empty: the served model) at `version` (empty: any); the call's log lines name
+        it from then on."""
         runtime = self.current
         if self.fault is not None:
             raise ServerFault(str(self.fault))
@@ -438,6 +447,7 @@ class ModelHost:
             raise ModelNotFound(
                 f"model {runtime.name!r} has no version {version!r}; it serves version {runtime.version!r}"
             )
+        MODEL.set((runtime.name, runtime.version))
         return runtime
 
     async def activate(self, runtime: ModelRuntime) -> ModelRuntime | None:

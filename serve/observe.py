@@ -83,11 +83,11 @@ def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: st
 
 
 class CallObserver:
-    """Gives each call a request id (the client's `x-request-id` if printable ASCII, else a new one) returned in
-    trailing metadata and attached to its log lines; with `token`, requires `authorization: Bearer <token>`
-    (health checks exempt, so probes work), and with `admin_token` that one instead for `admin_methods`; records
-    status and latency in `metrics`; logs failed calls, and successful ones too with `access_log`. `prechecks`
-    maps a unary method to a look at its request's bytes before they are parsed."""
+    """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII;
+    else a new one) returned in trailing metadata and attached to its log lines; with `token`, requires
+    `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
+    for `admin_methods`; records status and latency in `metrics`; logs failed calls, and successful ones too with
+    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed."""
 
     def __init__(
         self,
@@ -129,7 +129,11 @@ class CallObserver:
         """The call's request id and its context token; and whether the call is refused (auth, or a `Refused`
         request), its status then set."""
         metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
-        request_id = _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID]) or uuid.uuid4().hex
+        request_id = (
+            _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID])
+            or _returnable(getattr(request, "id", "")[:MAX_REQUEST_ID])  # KServe's: a Triton client's request_id
+            or uuid.uuid4().hex
+        )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         token = REQUEST_ID.set(request_id)
         expected = self._admin if self._admin is not None and method in self.admin_methods else self._expected
@@ -175,6 +179,7 @@ class CallObserver:
                 "ms": round(seconds * 1000, 3),
                 "peer": context.peer(),
                 "request_id": request_id,
+                "details": context.details() or "",
             },
         )
 

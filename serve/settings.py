@@ -194,6 +194,17 @@ class Settings(BaseModel):
             return None
         return value
 
+    @field_validator("token", "admin_token")
+    @classmethod
+    def _sendable(cls, value: SecretStr | None):
+        token = None if value is None else value.get_secret_value()
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise ValueError(
+                "must be printable ASCII, as gRPC metadata is, else no client can send it and every call is "
+                "UNAUTHENTICATED (a value read from a file often ends with a newline)"
+            )
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value):

@@ -30,10 +30,11 @@ from edgedistill.serve.errors import (
 )
 from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
 from edgedistill.serve.idle import IdleWatch
-from edgedistill.serve.logs import REQUEST_ID
+from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
+from edgedistill.serve.workers import SupervisorLink
 from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
@@ -223,9 +224,13 @@ def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
 
 
 class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
-    def __init__(self, host: ModelHost, settings: Settings):
+    """The Classifier API. As a worker of `supervisor`, a Reload reloads the served folder in every worker: this one,
+    then the others through the supervisor."""
+
+    def __init__(self, host: ModelHost, settings: Settings, supervisor: SupervisorLink | None = None):
         self.host = host
         self.settings = settings
+        self.supervisor = supervisor
 
     async def _classify(self, request: classifier_pb2.ClassifyRequest, deadline: float | None):
         # the repeated fields as they are: their length is checked before a Python string is made of any element
@@ -266,7 +271,9 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
             while (item := await pending.get()) is not None:
                 if isinstance(item, Exception):
                     raise item
-                await context.write(await item)
+                reply = await item
+                MODEL.set((reply.model_name, reply.model_version))  # from the reply: `item` ran in a task of its own
+                await context.write(reply)
         except asyncio.CancelledError:
             if not idle.expired:
                 raise
@@ -299,7 +306,10 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
     @handles_errors
     async def Reload(self, request, context):
-        runtime, previous = await self.host.reload(reload_folder(request.bundle_path, self.settings))
+        folder = reload_folder(request.bundle_path, self.settings, worker=self.supervisor is not None)
+        runtime, previous = await self.host.reload(folder)
+        if self.supervisor is not None:
+            self.supervisor.reloaded()
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
         if previous is not None:
             reply.previous.CopyFrom(model_info(previous))

@@ -5,7 +5,7 @@ serve` becomes a supervisor: it reserves the port (and the health port), starts 
 `python -m serve` with its own model that binds the same port with SO_REUSEPORT (the kernel spreads
 connections over them), and serves /metrics itself, summed over the workers with prometheus-client's
 multiprocess mode (a fresh folder per start, `PROMETHEUS_MULTIPROC_DIR` for the workers). SIGTERM and
-SIGINT drain every worker, SIGHUP reloads every worker.
+SIGINT drain every worker, SIGHUP reloads every worker, and so does a Reload call (without a path) that reached one.
 
 A worker that exits on its own (a batcher fault, a crash) is restarted; the others keep serving meanwhile.
 A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), or
@@ -140,6 +140,10 @@ class SupervisorLink:
 
     def serving(self, port: int) -> None:
         self.pipe.write(json.dumps({"pid": os.getpid(), "port": port}) + "\n")
+
+    def reloaded(self) -> None:
+        """A Reload call reloaded this worker's served folder: the supervisor reloads the others (SIGHUP)."""
+        self.pipe.write(json.dumps({"pid": os.getpid(), "reloaded": True}) + "\n")
 
 
 # --- the supervisor's side ------------------------------------------------------------------------------------
@@ -276,6 +280,11 @@ class Supervisor:
                         extra={"event": "workers_serving", "port": self.port, "metrics_port": self.metrics_port,
                                "workers": [w.proc.pid for w in self.workers]},
                     )  # fmt: skip
+            log.info(
+                "every worker exited, exit status %d",
+                self.exit_status,
+                extra={"event": "workers_stopped", "exit_status": self.exit_status},
+            )
             return self.exit_status
         finally:
             self._kill_all()
@@ -293,21 +302,32 @@ class Supervisor:
             return
         worker.buffer += data
         *lines, worker.buffer = worker.buffer.split(b"\n")
-        if lines and not worker.serving:
-            worker.serving = True
-            if worker.reload_due:
-                worker.proc.send_signal(signal.SIGHUP)
+        for line in lines:
+            if not worker.serving:  # its first report
+                worker.serving = True
+                if worker.reload_due:
+                    worker.proc.send_signal(signal.SIGHUP)
+            elif json.loads(line).get("reloaded"):
+                self._reload(f"a Reload call to worker {worker.index}", done=worker)
 
     def _on_signal(self, number: int) -> None:
         if number in (signal.SIGTERM, signal.SIGINT):
             self._stop(0, f"signal {signal.Signals(number).name}")
-        elif number == signal.SIGHUP and not self.stopping:
-            log.info("reloading every worker", extra={"event": "workers_reload"})
-            for worker in self.workers:
-                if worker.serving:
-                    worker.proc.send_signal(signal.SIGHUP)
-                else:  # SIGHUP would end a worker that has no handler for it yet
-                    worker.reload_due = True
+        elif number == signal.SIGHUP:
+            self._reload("signal SIGHUP")
+
+    def _reload(self, why: str, done: Worker | None = None) -> None:
+        """SIGHUP every worker but `done` (reloaded already): each reloads its served folder."""
+        if self.stopping:
+            return
+        log.info("reloading every worker: %s", why, extra={"event": "workers_reload"})
+        for worker in self.workers:
+            if worker is done:
+                continue
+            if worker.serving:
+                worker.proc.send_signal(signal.SIGHUP)
+            else:  # SIGHUP would end a worker that has no handler for it yet
+                worker.reload_due = True
 
     def _stop(self, status: int, why: str) -> None:
         """Drain every worker (SIGTERM); exit with `status` once they are gone."""

@@ -2,7 +2,8 @@
 
 The README's import table is checked against each package's imports. The settings tables in docs/settings.md
 are written by hand and checked against the settings' own fields: every field has a row, and its name, default
-and description (where the field has one) are the field's. A failing check prints the rows to paste.
+and description (where the field has one) are the field's; so is the metrics table in docs/serving.md, against the
+server's metrics. A failing check prints the rows to paste.
 """
 
 import ast
@@ -17,6 +18,8 @@ from edgedistill.common import settings as common_settings
 from edgedistill.common.manifest import MANIFEST, Manifest
 from edgedistill.common.recipe import Recipe
 from edgedistill.serve import settings as serve_settings
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
+from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -26,6 +29,7 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SETTINGS_PAGE = DOCS / "settings.md"
 PIPELINE_PAGE = DOCS / "pipeline.md"
+SERVING_PAGE = DOCS / "serving.md"
 README_MAX_LINES = 250
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -285,3 +289,20 @@ def test_every_make_variable_with_a_default_is_documented():
     names = set(MAKE_DEFAULT.findall((ROOT / "Makefile").read_text(encoding="utf-8")))
     documented = {row[0].strip("`") for row in tables(SETTINGS_PAGE).get("Make variables", [])}
     assert not names - documented, f"docs/settings.md, section Make variables: add {sorted(names - documented)}"
+
+
+def metric_row(metric: MetricWrapperBase) -> str:
+    name = metric._name + ("_total" if metric._type == "counter" else "")  # a counter's samples add `_total`
+    labels = ", ".join(f"`{label}`" for label in metric._labelnames)
+    return f"| `{name}` | {metric._type} | {labels} | {metric._documentation} |"
+
+
+def test_the_metrics_table_lists_every_metric_with_its_type_labels_and_help():
+    metrics = [value for value in vars(Metrics()).values() if isinstance(value, MetricWrapperBase)]
+    documented = tables(SERVING_PAGE).get("Metrics", [])
+    expected = [metric_row(metric) for metric in metrics]
+    assert documented == [cells(row) for row in expected], "docs/serving.md, section Metrics: the rows should be:\n" + (
+        "\n".join(expected)
+    )
+    buckets = ", ".join(f"{edge:g}" for edge in LATENCY_BUCKETS[:-1]) + f" and {LATENCY_BUCKETS[-1]:g} s"
+    assert buckets in " ".join(prose(SERVING_PAGE).split()), f"docs/serving.md: the latency buckets are {buckets}"

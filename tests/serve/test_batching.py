@@ -246,6 +246,25 @@ def test_rows_past_their_deadline_are_dropped():
     assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
+def test_a_request_cancelled_past_its_deadline_is_dropped_for_the_deadline():
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.3, observer=observer)
+        b.start()
+        loop = asyncio.get_running_loop()
+        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.02))
+        await asyncio.sleep(0.05)
+        late.cancel()  # as gRPC cancels a call's handler at its deadline, before the batcher looks at the queue
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        await b.close()
+
+    asyncio.run(main())
+    assert backend.seen == []
+    assert observer.dropped == [(1, DropReason.DEADLINE)]
+
+
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
     flaky = fails_first_call()
 

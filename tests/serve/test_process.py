@@ -52,7 +52,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
         server.proc.send_signal(signal.SIGTERM)
         assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
-        server.wait_for("draining")
+        assert server.wait_for("draining")["reason"] == "signal SIGTERM"
         with pytest.raises(grpc.RpcError) as caught:
             stub.Classify(pb.ClassifyRequest(texts=["late"]), timeout=5)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -93,6 +93,14 @@ def test_the_admin_token_must_differ_from_the_classify_token():
         load_settings([], {"EDGEDISTILL_TOKEN": "same", "EDGEDISTILL_ADMIN_TOKEN": "same"})
 
 
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_TOKEN", "EDGEDISTILL_ADMIN_TOKEN"])
+@pytest.mark.parametrize("token", ["s3cret\n", "s3cret\tpart", "s3cr\u00e9t"])
+def test_a_token_no_client_can_send_is_refused_without_showing_it(variable, token):
+    with pytest.raises(SettingsError, match=f"{variable}: .*printable ASCII") as refused:
+        load_settings([], {variable: token})
+    assert "s3cr" not in str(refused.value)
+
+
 def test_concurrency_limits_are_settable():
     settings = load_settings(["--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4"], {})
     assert (settings.max_concurrent_rpcs, settings.max_concurrent_streams) == (8, 4)

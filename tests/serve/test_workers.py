@@ -98,6 +98,7 @@ def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     server, serving = two_workers
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0
+    assert server.wait_for("workers_stopped")["exit_status"] == 0
     stopped = {line["pid"] for line in server.lines if line.get("event") == "stopped"}
     assert stopped == set(serving["workers"])
     assert not [pid for pid in serving["workers"] if alive(pid)]
@@ -114,6 +115,28 @@ def test_sighup_reloads_every_worker(two_workers):
     )
     answers = set(answering_pids(serving["port"]))
     assert answers == {(pid, "2") for pid in serving["workers"]}
+
+
+def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_path):
+    folder = write_bundle(tmp_path / "bundle")
+    server = spawn(
+        folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
+    )
+    serving = server.wait_for("workers_serving", timeout=60)
+    write_bundle(folder, version="2")
+    admin = [("authorization", "Bearer admin")]
+    with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:  # it would reach one worker only
+            stub.Reload(pb.ReloadRequest(bundle_path=str(folder)), metadata=admin, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert stub.Reload(pb.ReloadRequest(), metadata=admin, timeout=30).model.version == "2"
+    wait_until(
+        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
+        30,
+        "not every worker reloaded",
+    )
+    assert set(answering_pids(serving["port"])) == {(pid, "2") for pid in serving["workers"]}
 
 
 def test_sighup_while_the_workers_start_reloads_them_once_they_serve(spawn, bundle):
@@ -159,6 +182,7 @@ def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, 
     server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
     assert server.proc.wait(60) == 2
     assert server.wait_for("workers_stopping")["exit_status"] == 2
+    assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
 def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):

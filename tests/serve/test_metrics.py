@@ -1,0 +1,17 @@
+"""The metrics' definitions: what their buckets can tell apart."""
+
+from edgedistill.common.recipe import load_recipe
+from edgedistill.serve.metrics import LATENCY_BUCKETS
+
+from tests.serve.conftest import ROOT
+
+
+def bucket_of(seconds: float) -> float:
+    return next(edge for edge in (*LATENCY_BUCKETS, float("inf")) if seconds <= edge)
+
+
+def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_default_slo():
+    # a small student's backend call (about 80 us), a light call (about 300 us), calls around the SLO
+    assert len({bucket_of(s) for s in (0.00008, 0.0003, 0.0015, 0.0028, 0.0035)}) == 5
+    p99 = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving.paced_slo.p99_ms / 1000
+    assert p99 in LATENCY_BUCKETS  # the share of calls within the SLO is a bucket's count

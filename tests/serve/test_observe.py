@@ -1,0 +1,82 @@
+"""Each call's log line: what an on-call reader needs, and nothing of the request's text."""
+
+import io
+import json
+import logging
+import time
+
+import grpc
+import pytest
+from edgedistill.serve.logs import JsonFormatter
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+
+CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+
+
+@pytest.fixture
+def access_lines():
+    """`read() -> list[dict]`: the `serve.access` lines logged so far, as the server writes them (JSON)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("serve.access")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_a_failed_call_logs_its_reason_and_model_but_not_its_text(served, access_lines):
+    with served.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        for request, request_id in (
+            (pb.ClassifyRequest(texts=["secret words"], text_pairs=["secret pair"]), "pairs"),
+            (pb.ClassifyRequest(texts=["secret words"], model_name="nope"), "unknown"),
+        ):
+            with pytest.raises(grpc.RpcError):
+                stub.Classify(request, timeout=10, metadata=[("x-request-id", request_id)])
+    deadline = time.monotonic() + 5
+    while len(lines := [e for e in access_lines() if e.get("event") == "rpc"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pairs, unknown = (next(e for e in lines if e["request_id"] == request_id) for request_id in ("pairs", "unknown"))
+    assert (pairs["method"], pairs["code"]) == (CLASSIFY, "INVALID_ARGUMENT")
+    assert "takes single texts, not text pairs" in pairs["details"]
+    assert (pairs["model"], pairs["model_version"]) == ("tiny-sentiment", "1")
+    assert unknown["code"] == "NOT_FOUND"
+    assert "unknown model 'nope'" in unknown["details"]
+    assert "model" not in unknown  # no model answered it
+    assert all("secret" not in json.dumps(e) for e in lines)
+
+
+def test_a_failed_stream_logs_the_model_that_answered_it(served, access_lines):
+    with served.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        requests = [pb.ClassifyRequest(texts=["secret words"]), pb.ClassifyRequest()]  # the second is empty
+        replies = stub.ClassifyStream(iter(requests), timeout=10, metadata=[("x-request-id", "stream")])
+        with pytest.raises(grpc.RpcError):
+            list(replies)
+    deadline = time.monotonic() + 5
+    while not (lines := [e for e in access_lines() if e.get("request_id") == "stream"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (line,) = lines
+    assert (line["code"], line["details"]) == ("INVALID_ARGUMENT", "empty request: send at least one text")
+    assert (line["model"], line["model_version"]) == ("tiny-sentiment", "1")
+
+
+def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, access_lines):
+    request = kserve_pb2.ModelInferRequest(
+        id="triton-7",
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"secret"]}}],
+        outputs=[{"name": "nope"}],
+    )
+    with served.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert dict(refused.value.trailing_metadata())["x-request-id"] == "triton-7"
+    deadline = time.monotonic() + 5
+    while not (lines := [e for e in access_lines() if e.get("event") == "rpc"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (line,) = lines
+    assert (line["request_id"], line["code"]) == ("triton-7", "INVALID_ARGUMENT")
