@@ -17,7 +17,7 @@ from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
-from edgedistill.distill.metrics import EVAL_KEYS, dev_keys, selection_key, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, task_metrics
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
@@ -134,7 +134,7 @@ def _build(inputs: Inputs) -> Built | None:
         evaluate=lambda m: task_metrics(
             predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data
         ),
-        metric=selection_key(data),
+        metric=data.selection_key,
         on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),
     )
     if not dist.is_main():
@@ -163,7 +163,7 @@ def _build(inputs: Inputs) -> Built | None:
             "dev_examples": len(dev),
         }
         | trainer.run_info(),
-        line=" ".join(f"{key}={best[key]:.4f}" for key in dev_keys(data))
+        line=" ".join(f"{key}={best[key]:.4f}" for key in data.dev_keys)
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.1f}M "
         f"best_step={progress.best_step}/{progress.global_step}",

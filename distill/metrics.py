@@ -44,17 +44,6 @@ def retention(score: float | None, teacher_score: float | None) -> float | None:
     return None if score is None or not teacher_score else score / teacher_score
 
 
-def selection_key(data: DataConfig) -> str:
-    """The dev metric that selects checkpoints (`data.metric`): `dev_accuracy`, `dev_macro_f1` or `dev_f1`."""
-    return f"dev_{data.metric}"
-
-
-def dev_keys(data: DataConfig) -> list[str]:
-    """The dev figures a table or a summary line shows: `dev_accuracy`, then the selection metric when it is
-    another."""
-    return list(dict.fromkeys(["dev_accuracy", selection_key(data)]))
-
-
 def task_metrics(logits: np.ndarray, labels: list[int], data: DataConfig, prefix: str = "dev") -> dict:
     """`classification_metrics` for the recipe's task: its labels and its positive class."""
     return classification_metrics(logits, labels, data.num_labels, data.positive_index, prefix)

@@ -27,7 +27,7 @@ from edgedistill.distill import device, dist, heads, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from edgedistill.distill.metrics import EVAL_KEYS, dev_keys, retention, selection_key, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, retention, task_metrics
 from edgedistill.distill.students import Student, build_student, count_parameters, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, work_dir
@@ -209,14 +209,14 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
         loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
-        metric=selection_key(recipe.data),
+        metric=recipe.data.selection_key,
         on_best=on_best,
     )
     if not dist.is_main():
         return None
     student.load_state_dict(load_file(best_path))
     best = progress.best_entry
-    key = selection_key(recipe.data)
+    key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(
         recipe,
@@ -245,7 +245,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
             "init_from_teacher": from_teacher,
         }
         | trainer.run_info(),
-        line=" ".join(f"{k}={best[k]:.4f}" for k in dev_keys(recipe.data))
+        line=" ".join(f"{k}={best[k]:.4f}" for k in recipe.data.dev_keys)
         + (f" retention={kept:.3f} (of the teacher's {key})" if kept is not None else f" (the teacher's {key} is 0)")
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")
         + f" params={params / 1e6:.2f}M "

@@ -11,7 +11,7 @@ import json
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.distill.metrics import dev_keys, retention, selection_key
+from edgedistill.distill.metrics import retention
 from rich.console import Console
 from rich.table import Table
 
@@ -20,14 +20,14 @@ TEXT_COLUMNS = ("student", "arch", "baseline_from")
 
 def figures(recipe: Recipe, test: bool) -> list[str]:
     """The metric columns: dev accuracy, the selection metric when it is another, then their test twins."""
-    dev = dev_keys(recipe.data)
+    dev = recipe.data.dev_keys
     return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
 
 
 def rows(recipe: Recipe) -> list[dict]:
     """One row per finished student of the recipe (baseline columns empty when it has not run)."""
     folder = run_dir(recipe)
-    key = selection_key(recipe.data)
+    key = recipe.data.selection_key
     teacher = mf.load(folder / "teacher", verify=False).metrics
     found = [("teacher", "teacher", teacher, None)]
     for name in recipe.distill.students:
@@ -73,7 +73,7 @@ def write(recipe: Recipe) -> list[dict]:
     folder."""
     table_rows = rows(recipe)
     columns = list(table_rows[0])
-    key = selection_key(recipe.data)
+    key = recipe.data.selection_key
     fmt = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
     lines = [
         f"# Distillation: {recipe.name}",

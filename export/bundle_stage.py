@@ -36,7 +36,6 @@ from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here,
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
-from edgedistill.distill.metrics import selection_key
 from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export import optimize, quantize, validate
@@ -275,7 +274,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         (folder / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     fused_note = f" fused={fused}" if fused else ""
-    selected = selection_key(recipe.data)
+    selected = recipe.data.selection_key
     selected_note = f" {selected}={figures[selected]:.4f}" if selected != "dev_accuracy" else ""
     return Built(
         write,

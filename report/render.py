@@ -15,7 +15,6 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.distill.metrics import dev_keys, selection_key
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
@@ -84,7 +83,7 @@ class Page:
 def _stages(page: Page, root: Path, recipe: Recipe) -> None:
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
-    keys = dev_keys(recipe.data)
+    keys = recipe.data.dev_keys
     rows = []
     for folder in folders:
         m = mf.load(folder, verify=False).metrics
@@ -118,7 +117,7 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
     ]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
-        key = selection_key(recipe.data)
+        key = recipe.data.selection_key
         page.heading("Training curves", [f"../{name}/{mf.MANIFEST}" for name in histories])
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
@@ -129,7 +128,7 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         rows = plots.read_json(summary)
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        key = selection_key(recipe.data)
+        key = recipe.data.selection_key
         page.note(
             f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
             "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."

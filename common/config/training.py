@@ -92,6 +92,17 @@ class DataConfig(Strict):
         """Whether every example is a sentence pair (`text_pair_column` set)."""
         return self.text_pair_column is not None
 
+    @property
+    def selection_key(self) -> str:
+        """The dev figure that selects checkpoints (`metric`): `dev_accuracy`, `dev_macro_f1` or `dev_f1`."""
+        return f"dev_{self.metric}"
+
+    @property
+    def dev_keys(self) -> list[str]:
+        """The dev figures a table or a summary line shows: `dev_accuracy`, then the selection metric when it is
+        another."""
+        return list(dict.fromkeys(["dev_accuracy", self.selection_key]))
+
 
 class ModelConfig(Strict):
     """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common import settings
+from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,6 +242,28 @@ def test_positive_label_names_the_positive_class(tmp_path):
 
 def test_multiclass_has_no_default_positive_class(tmp_path):
     assert load_recipe(write(tmp_path, TREC_DATA % "")).data.positive_index is None
+
+
+def binary(**fields) -> DataConfig:
+    return DataConfig(train="unused", dev="unused", label_names=["no", "yes"], **fields)
+
+
+@pytest.mark.parametrize(
+    "metric, key", [("accuracy", "dev_accuracy"), ("macro_f1", "dev_macro_f1"), ("f1", "dev_f1")], ids=str
+)
+def test_selection_key_follows_the_recipes_metric(metric, key):
+    assert binary(metric=metric).selection_key == key
+
+
+def test_selection_key_defaults_to_accuracy():
+    assert binary().selection_key == "dev_accuracy"
+
+
+@pytest.mark.parametrize(
+    "metric, keys", [("accuracy", ["dev_accuracy"]), ("macro_f1", ["dev_accuracy", "dev_macro_f1"])], ids=str
+)
+def test_dev_keys_are_accuracy_then_the_selection_metric_when_it_is_another(metric, keys):
+    assert binary(metric=metric).dev_keys == keys
 
 
 def test_macro_f1_is_a_metric_for_multiclass(tmp_path):

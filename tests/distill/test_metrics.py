@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, dev_keys, retention, selection_key
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, retention
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -78,24 +78,6 @@ def test_the_data_configs_positive_index_feeds_f1():
     assert classification_metrics(THREE_LOGITS, THREE_GOLD, cfg.num_labels, cfg.positive_index)["dev_f1"] == (
         pytest.approx(2 / 3)
     )
-
-
-@pytest.mark.parametrize(
-    "metric, key", [("accuracy", "dev_accuracy"), ("macro_f1", "dev_macro_f1"), ("f1", "dev_f1")], ids=str
-)
-def test_selection_key_follows_the_recipes_metric(metric, key):
-    assert selection_key(data(label_names=["no", "yes"], metric=metric)) == key
-
-
-def test_selection_key_defaults_to_accuracy():
-    assert selection_key(data(label_names=["no", "yes"])) == "dev_accuracy"
-
-
-@pytest.mark.parametrize(
-    "metric, keys", [("accuracy", ["dev_accuracy"]), ("macro_f1", ["dev_accuracy", "dev_macro_f1"])], ids=str
-)
-def test_dev_keys_are_accuracy_then_the_selection_metric_when_it_is_another(metric, keys):
-    assert dev_keys(data(label_names=["no", "yes"], metric=metric)) == keys
 
 
 def test_retention_is_the_students_share_of_the_teachers_figure():
