@@ -131,7 +131,17 @@ class Metrics(BatchObserver):
         self.depth.set(sum(self._member_depths.values()))
 
     def member(self, cascade: str, member: str) -> "MemberObserver":
-        """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`."""
+        """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`. Its series
+        start at zero here, so a member that has not answered yet (or whose calls never queue) is scraped as 0, not
+        missing."""
+        for family in (
+            self.cascade_answered,
+            self.cascade_escalated,
+            self.cascade_refused,
+            self.member_inference,
+            self.member_depth,
+        ):
+            family.labels(cascade, member)
         return MemberObserver(self, cascade, member)
 
     def routed(self, cascade: str, member: str, answered: int, escalated: int, refused: int) -> None:

@@ -308,6 +308,26 @@ def test_metrics_keep_apart_two_cascades_that_share_members(start_server, cascad
     assert metric(text, name, cascade="other-cascade", member=TEACHER) == 0
 
 
+MEMBER_SERIES = (
+    "edgedistill_cascade_answered_texts_total",
+    "edgedistill_cascade_escalated_texts_total",
+    "edgedistill_cascade_escalation_refused_texts_total",
+    "edgedistill_cascade_member_inference_seconds_count",
+    "edgedistill_cascade_member_queue_depth",
+)
+
+
+def test_every_members_series_is_scraped_at_zero_before_its_first_call(start_server, cascade):
+    text = scrape(start_server(settings_for(cascade)))
+    found = {
+        (line.split("{")[0], member)
+        for line in text.splitlines()
+        for member in (STUDENT, TEACHER)
+        if f'member="{member}"' in line and line.endswith(" 0.0")
+    }
+    assert found >= {(series, member) for series in MEMBER_SERIES for member in (STUDENT, TEACHER)}
+
+
 @pytest.mark.parametrize("member", [STUDENT, TEACHER])
 def test_metrics_time_each_members_batches(stub, served_cascade, member):
     stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
