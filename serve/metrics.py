@@ -64,6 +64,8 @@ class Metrics(BatchObserver):
             ["reason"],
             registry=r,
         )
+        for reason in DropReason:
+            self.dropped.labels(reason.value)  # every reason scraped from the start, at 0
         self.model = Gauge(
             "edgedistill_model_info",
             "The model being served (value 1)",

@@ -1,7 +1,9 @@
 """The metrics' definitions: what their buckets can tell apart."""
 
 from edgedistill.common.recipe import load_recipe
-from edgedistill.serve.metrics import LATENCY_BUCKETS
+from edgedistill.serve.batching import DropReason
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
+from prometheus_client import generate_latest
 
 from tests.serve.conftest import ROOT
 
@@ -15,3 +17,8 @@ def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_defau
     assert len({bucket_of(s) for s in (0.00008, 0.0003, 0.0015, 0.0028, 0.0035)}) == 5
     p99 = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving.paced_slo.p99_ms / 1000
     assert p99 in LATENCY_BUCKETS  # the share of calls within the SLO is a bucket's count
+
+
+def test_every_drop_reason_is_exposed_at_zero_before_any_drop():
+    text = generate_latest(Metrics().registry).decode()
+    assert all(f'edgedistill_dropped_rows_total{{reason="{reason}"}} 0.0' in text for reason in DropReason)
