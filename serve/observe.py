@@ -24,12 +24,34 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
+# An overload refuses thousands of calls a second, each as cheaply as it can: a line each (about 30 us of the event
+# loop) would slow the refusals and flood the logs. One line a second per method says it, with the count left out.
+THROTTLED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+THROTTLE_S = 1.0
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
     ("unary_stream", grpc.unary_stream_rpc_method_handler),
     ("stream_unary", grpc.stream_unary_rpc_method_handler),
     ("stream_stream", grpc.stream_stream_rpc_method_handler),
 )
+
+
+class _Throttle:
+    """At most one line per `interval` seconds for each key, counting those left out in between."""
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self._next: dict[tuple, float] = {}
+        self._left_out: dict[tuple, int] = {}
+
+    def admit(self, key: tuple) -> int | None:
+        """None: leave this line out; else how many lines of `key` were left out since the last one logged."""
+        now = time.monotonic()
+        if now < self._next.get(key, 0.0):
+            self._left_out[key] = self._left_out.get(key, 0) + 1
+            return None
+        self._next[key] = now + self.interval
+        return self._left_out.pop(key, 0)
 
 
 def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -> grpc.StatusCode:
@@ -86,8 +108,9 @@ class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII;
     else a new one) returned in trailing metadata and attached to its log lines; with `token`, requires
     `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
-    for `admin_methods`; records status and latency in `metrics`; logs failed calls, and successful ones too with
-    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed."""
+    for `admin_methods`; records status and latency in `metrics`; logs failed calls (`THROTTLED` codes once a
+    second per method, unless `access_log`), and successful ones too with `access_log`. `prechecks` maps a unary
+    method to a look at its request's bytes before they are parsed."""
 
     def __init__(
         self,
@@ -104,6 +127,7 @@ class CallObserver:
         self._admin = None if admin_token is None else f"Bearer {admin_token}".encode()
         self.admin_methods = frozenset(admin_methods)
         self.prechecks = dict(prechecks or {})
+        self._throttle = _Throttle(THROTTLE_S)
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
@@ -160,6 +184,11 @@ class CallObserver:
         REQUEST_ID.reset(token)
         if code is grpc.StatusCode.OK and not self.access_log:
             return
+        left_out = 0
+        if code in THROTTLED and not self.access_log:
+            left_out = self._throttle.admit((method, code))
+            if left_out is None:
+                return
         if code in LOGGED_AS_ERRORS:
             level = logging.ERROR
         elif code is grpc.StatusCode.OK and method.startswith(HEALTH_PREFIX):
@@ -180,6 +209,7 @@ class CallObserver:
                 "peer": context.peer(),
                 "request_id": request_id,
                 "details": context.details() or "",
+                **({"left_out": left_out} if left_out else {}),
             },
         )
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import edgedistill.serve.host as serve_host
 import grpc
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import BundleSpec, TensorSpec
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec
+from edgedistill.serve.encoding import TextEncoder
 from onnx import TensorProto, helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
@@ -407,3 +409,48 @@ def channel(served):
     channel = served.channel()
     yield channel
     channel.close()
+
+
+GATED = "great " * 60  # over INLINE_TOKENIZE_CHARS characters: tokenized in a thread
+
+
+class Gate:
+    """Holds every `encode` of a text holding GATED until `open` is set; counts those held at once."""
+
+    def __init__(self):
+        self.open = threading.Event()
+        self.held = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self._lock:
+            self.held += 1
+            self.most = max(self.most, self.held)
+        try:
+            assert self.open.wait(30)
+        finally:
+            with self._lock:
+                self.held -= 1
+
+    def wait_held(self, count: int, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        while self.held < count:
+            assert time.monotonic() < deadline, f"{self.held} encode calls held, expected {count}"
+            time.sleep(0.005)
+
+
+@pytest.fixture
+def slow_tokenizer(monkeypatch) -> Gate:
+    """Servers started in the test tokenize texts holding GATED only once the gate opens (a real TextEncoder)."""
+    gate = Gate()
+
+    class GatedEncoder(TextEncoder):
+        def encode(self, texts, pairs=None):
+            if any(GATED in text for text in texts):
+                gate.hold()
+            return super().encode(texts, pairs)
+
+    monkeypatch.setattr(serve_host, "TextEncoder", GatedEncoder)
+    yield gate
+    gate.open.set()

@@ -7,9 +7,12 @@ import time
 
 import grpc
 import pytest
+from edgedistill.serve import observe
 from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+
+from tests.serve.conftest import GATED, settings_for
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
 
@@ -80,3 +83,23 @@ def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, acce
         time.sleep(0.01)
     (line,) = lines
     assert (line["request_id"], line["code"]) == ("triton-7", "INVALID_ARGUMENT")
+
+
+def test_overload_refusals_are_logged_once_per_interval_with_the_count_left_out(
+    start_server, bundle, slow_tokenizer, access_lines, monkeypatch
+):
+    monkeypatch.setattr(observe, "THROTTLE_S", 0.5)
+    server = start_server(settings_for(bundle, max_queued=2, max_texts=2))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        admitted = stub.Classify.future(pb.ClassifyRequest(texts=[GATED, GATED]), timeout=30)
+        slow_tokenizer.wait_held(1)  # the queue's two rows taken
+        for burst in (10, 1):
+            for _ in range(burst):
+                with pytest.raises(grpc.RpcError):
+                    stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
+            time.sleep(0.6)
+        slow_tokenizer.open.set()
+        admitted.result()
+    lines = [e for e in access_lines() if e.get("code") == "RESOURCE_EXHAUSTED"]
+    assert [line.get("left_out", 0) for line in lines] == [0, 9]

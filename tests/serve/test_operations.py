@@ -24,7 +24,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.serve.conftest import settings_for
+from tests.serve.conftest import GATED, settings_for
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -438,51 +438,6 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
     assert codes["DEADLINE_EXCEEDED"] >= 1
     assert codes["CANCELLED"] >= 1
-
-
-GATED = "great " * 60  # over INLINE_TOKENIZE_CHARS characters: tokenized in a thread
-
-
-class Gate:
-    """Holds every `encode` of a text holding GATED until `open` is set; counts those held at once."""
-
-    def __init__(self):
-        self.open = threading.Event()
-        self.held = 0
-        self.most = 0
-        self._lock = threading.Lock()
-
-    def hold(self) -> None:
-        with self._lock:
-            self.held += 1
-            self.most = max(self.most, self.held)
-        try:
-            assert self.open.wait(30)
-        finally:
-            with self._lock:
-                self.held -= 1
-
-    def wait_held(self, count: int, timeout: float = 5) -> None:
-        deadline = time.monotonic() + timeout
-        while self.held < count:
-            assert time.monotonic() < deadline, f"{self.held} encode calls held, expected {count}"
-            time.sleep(0.005)
-
-
-@pytest.fixture
-def slow_tokenizer(monkeypatch) -> Gate:
-    """Servers started in the test tokenize texts holding GATED only once the gate opens (a real TextEncoder)."""
-    gate = Gate()
-
-    class GatedEncoder(TextEncoder):
-        def encode(self, texts, pairs=None):
-            if any(GATED in text for text in texts):
-                gate.hold()
-            return super().encode(texts, pairs)
-
-    monkeypatch.setattr(serve_host, "TextEncoder", GatedEncoder)
-    yield gate
-    gate.open.set()
 
 
 def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokenizer):
