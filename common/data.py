@@ -183,6 +183,11 @@ def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
     return train.both_ways() if cfg.symmetric_pairs else train, load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
 
 
+def load_test(cfg: DataConfig) -> Labelled | None:
+    """The recipe's test split, or None without one."""
+    return None if cfg.test is None else load_labelled(cfg.test, cfg)
+
+
 def _text_lines(path: Path, limit: int | None) -> list[str]:
     """Stripped lines of a UTF-8 text file, reading only as far as `limit` non-empty lines."""
     if not path.is_file():

@@ -90,6 +90,16 @@ def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-column" / "pretrain").exists()
 
 
+@pytest.mark.parametrize("stage", ["teacher", "finetune"])
+def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
+    test = tmp_path / "test.tsv"
+    test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
+    without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
+    result = run_stage(stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
+    assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.
