@@ -84,6 +84,7 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
     rows = []
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted

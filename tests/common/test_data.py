@@ -114,6 +114,15 @@ def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
 
 
+@pytest.mark.parametrize("name, row", [("a.csv", '"{text}",1'), ("a.tsv", "{text}\t1")])
+def test_a_text_longer_than_the_csv_modules_field_limit_loads_whole(tmp_path, name, row):
+    text = "a long review " * 20_000  # 280k characters: the csv module refuses fields over 128k by default
+    (tmp_path / name).write_text(
+        ("sentence,label\n" if name == "a.csv" else "sentence\tlabel\n") + row.format(text=text)
+    )
+    assert load_labelled(str(tmp_path / name), CFG).texts == [text.strip()]
+
+
 def test_a_jsonl_text_holding_a_unicode_line_separator_stays_one_line(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"sentence": "first\u2028second", "label": 1}\n', encoding="utf-8")
     assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["first\u2028second"]
