@@ -85,15 +85,28 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
     )
     csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
-    rows = []
+    header = reader.fieldnames or []
+    rows, last = [], reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
             stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
             raise DataError(
-                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(reader.fieldnames)}; "
+                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
                 f"{stray} splits it: remove it"
             )
+        if None in row.values():  # fields short of the header's: the last columns would be read as missing
+            lines_of = f"{last + 1}-{reader.line_num}" if reader.line_num > last + 1 else f"{reader.line_num}"
+            cause = (
+                "a missing tab, or a line break inside a text,"
+                if suffix == ".tsv"
+                else "a missing comma, a quote left open, or a line break in an unquoted text"
+            )
+            raise DataError(
+                f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
+                f"{len(header)}; {cause} cuts the row short: fix it"
+            )
         rows.append((reader.line_num, row))
+        last = reader.line_num
     return rows
 
 

@@ -66,6 +66,10 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
             b"sentence\tlabel\ngood\t1\na\tstray tab\t0\n",
             r"a\.tsv:3: 1 field\(s\) more than the header's 2; a tab inside",
         ),
+        (
+            b"sentence\tlabel\ngood\t1\nno label here\n",
+            r"a\.tsv:3: 1 field\(s\) fewer than the header's 2; a missing tab",
+        ),
         (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label '2' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\t1\n\t0\n", r"a\.tsv:3: empty 'sentence'"),
@@ -76,6 +80,12 @@ def test_malformed_files_name_file_and_line(tmp_path, content, message):
     (tmp_path / "a.tsv").write_bytes(content)
     with pytest.raises(DataError, match=message):
         load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
+def test_a_csv_quote_left_open_names_the_lines_it_swallowed(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence,label\ngood,1\n"left open,1\nbad,0\n')
+    with pytest.raises(DataError, match=r"a\.csv:3-4: 1 field\(s\) fewer than the header's 2; .*a quote left open"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
 
 
 def test_missing_file_and_format(tmp_path):
