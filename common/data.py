@@ -86,6 +86,8 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
     )
     csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
     header = reader.fieldnames or []
+    if twice := sorted({name for name in header if header.count(name) > 1}):
+        raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
     rows, last = [], reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted

@@ -88,6 +88,12 @@ def test_a_csv_quote_left_open_names_the_lines_it_swallowed(tmp_path):
         load_labelled(str(tmp_path / "a.csv"), CFG)
 
 
+def test_a_column_named_twice_in_the_header_is_refused(tmp_path):
+    (tmp_path / "a.csv").write_text("sentence,label,sentence\ngood,1,bad\n")  # the csv module keeps the last
+    with pytest.raises(DataError, match=r"a\.csv:1 \(the header\): column\(s\) \['sentence'\] named more than once"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
 def test_missing_file_and_format(tmp_path):
     with pytest.raises(DataError, match="file not found.*EDGEDISTILL_DATA_DIR"):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
