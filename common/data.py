@@ -176,6 +176,12 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
         if missing := [c for c in columns if c not in row]:
             raise _missing_columns(source, (number, row), rows[0][0], missing, cfg)
+        for column in columns[:1] + columns[2:]:  # the texts: a JSON list or object would be read as its repr
+            if not isinstance(row[column], str | None):
+                raise DataError(
+                    f"{source}:{number}: {column!r} is a JSON {type(row[column]).__name__}, not a string; "
+                    "write the text as a JSON string"
+                )
         text = row[cfg.text_column]
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")

@@ -219,6 +219,13 @@ def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
         load_labelled(str(tmp_path / "l.jsonl"), TREC)
 
 
+@pytest.mark.parametrize("value", ['["good", "film"]', '{"en": "good"}', "true", "5"])
+def test_a_jsonl_text_that_is_not_a_string_is_refused_naming_its_line(tmp_path, value):
+    (tmp_path / "a.jsonl").write_text(f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {value}, "label": 1}}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' is a JSON \w+, not a string"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
 def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n["why ?", "DESC"]\n')
     with pytest.raises(DataError, match=r"l\.jsonl:2: a JSON list, not an object"):
