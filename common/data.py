@@ -1,12 +1,14 @@
 """Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
 
 A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per
-line, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+line, gzip-compressed if its name ends in `.gz`, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
 """
 
 import csv
+import gzip
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,20 +213,25 @@ def load_test(cfg: DataConfig) -> Labelled | None:
 
 
 def _text_lines(path: Path, limit: int | None) -> list[str]:
-    """Stripped lines of a UTF-8 text file, reading only as far as `limit` non-empty lines."""
+    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), reading only as far as
+    `limit` non-empty lines."""
     if not path.is_file():
         raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
     found = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
-            if line:
-                found.append(line)
-                if limit is not None and len(found) >= limit:
-                    break
+    with (gzip.open if path.suffix.lower() == ".gz" else open)(path, "rb") as handle:
+        number = 0
+        try:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
+                except UnicodeDecodeError:
+                    raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
+                if line:
+                    found.append(line)
+                    if limit is not None and len(found) >= limit:
+                        break
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # not gzip data, cut short, or corrupt
+            raise DataError(f"{path}:{number + 1}: cannot decompress it ({err}); compress it again with gzip") from None
     return found
 
 

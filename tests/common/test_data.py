@@ -1,3 +1,4 @@
+import gzip
 import re
 
 import pytest
@@ -160,6 +161,18 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     with pytest.raises(DataError, match=r"bad\.txt:2: not valid UTF-8"):
         load_unlabelled([str(tmp_path / "bad.txt")])
+
+
+def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):
+    with gzip.open(tmp_path / "u.txt.gz", "wt", encoding="utf-8") as handle:
+        handle.write("\ufefffirst line\n\nsecond\n")
+    assert load_unlabelled([str(tmp_path / "u.txt.gz")]) == ["first line", "second"]
+
+
+def test_a_gz_file_that_is_not_gzip_data_names_the_file(tmp_path):
+    (tmp_path / "u.txt.gz").write_text("plain text\n")
+    with pytest.raises(DataError, match=r"u\.txt\.gz:1: cannot decompress it"):
+        load_unlabelled([str(tmp_path / "u.txt.gz")])
 
 
 def test_shared_sst2_splits(data_dir):
