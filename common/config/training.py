@@ -178,8 +178,10 @@ class TransferConfig(Strict):
     """The transfer set: unlabelled sentences plus Tang et al. augmentations of the train inputs."""
 
     unlabelled_files: list[str] = Field(min_length=1)
-    unlabelled_max_lines: int | None = Field(None, gt=0, description="raw lines (reviews) to read")
-    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept from the unlabelled text")
+    unlabelled_max_lines: int | None = Field(
+        None, gt=0, description="raw lines (reviews) to read; unset: every line, all held in memory"
+    )
+    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept, drawn from every line read")
     include_train: bool = True
     n_iter: int = Field(20, ge=0, description="augmented samples drawn per train example")
     max_augmented: int | None = Field(None, gt=0)

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import labelling
@@ -55,6 +57,16 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert (labels[sources == 1] >= 0).all()
     assert (labels[sources != 1] == -1).all()
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
+
+
+def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"transfer.unlabelled_max_lines": 20})
+    build_texts(recipe, "[MASK]")
+    err = capsys.readouterr().err
+    assert re.search(r"^\[split\] \d+/20 line", err, re.MULTILINE)
+    assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
 
 
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
