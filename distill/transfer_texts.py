@@ -12,7 +12,14 @@ import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import Recipe
-from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
+from edgedistill.distill.augment import (
+    MIN_WORDS,
+    augment_examples,
+    normalise,
+    split_sentences,
+    styled,
+    vocab_replacer,
+)
 
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
@@ -82,6 +89,12 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
     else:
         unlabelled = [(sentence,) for sentences in split for sentence in sentences]
+    if not unlabelled:
+        need = "two sentences in a row" if train.pairs is not None else "a sentence"
+        print(
+            f"[transfer] warning: no line of transfer.unlabelled_files holds {need} of {MIN_WORDS} words or more "
+            "(shorter ones are dropped): the transfer set has no unlabelled text"
+        )
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
     words = [w for example in train_examples for side in example for w in side.split()]

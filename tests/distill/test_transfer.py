@@ -69,6 +69,21 @@ def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch
     assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
 
 
+@pytest.mark.parametrize(
+    "lines, pairs, need",
+    [("ok then\nfine\n", False, "a sentence"), ("one whole sentence here\n", True, "two sentences")],
+)
+def test_unlabelled_text_that_gives_no_example_is_warned_of(tmp_path, capsys, lines, pairs, need):
+    (tmp_path / "u.txt").write_text(lines)
+    (tmp_path / "p.tsv").write_text("a\tb\tlabel\nthe first side\tthe second side\t1\n")
+    pair_data = str(tmp_path / "p.tsv")
+    data = {"data.train": pair_data, "data.dev": pair_data, "data.text_column": "a", "data.text_pair_column": "b"}
+    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], **(data if pairs else {})}
+    built = build_texts(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), "[MASK]")
+    assert built.composition["unlabelled"] == 0
+    assert f"warning: no line of transfer.unlabelled_files holds {need}" in capsys.readouterr().out
+
+
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
 
 
