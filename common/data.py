@@ -47,9 +47,20 @@ class Labelled:
         return Labelled(self.texts + self.pairs, self.pairs + self.texts, self.labels * 2)
 
 
-def _read_text(path: Path) -> str:
+def _require_file(path: Path) -> None:
+    """Fail unless `path` is a file, saying where a relative one was looked for."""
     if not path.is_file():
-        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
+        relative = (
+            ""
+            if path.is_absolute()
+            else f", looked for from the working directory {Path.cwd()} (a recipe's path starting with ./ or ../ is "
+            "read from the recipe's folder instead)"
+        )
+        raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
+
+
+def _read_text(path: Path) -> str:
+    _require_file(path)
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8").removeprefix(BOM)
@@ -215,8 +226,7 @@ def load_test(cfg: DataConfig) -> Labelled | None:
 def _text_lines(path: Path, limit: int | None) -> list[str]:
     """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), reading only as far as
     `limit` non-empty lines."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
+    _require_file(path)
     found = []
     with (gzip.open if path.suffix.lower() == ".gz" else open)(path, "rb") as handle:
         number = 0

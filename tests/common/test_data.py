@@ -106,6 +106,19 @@ def test_missing_file_and_format(tmp_path):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
+def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        DataError,
+        match=rf"data/train\.tsv: file not found, looked for from the working directory {re.escape(str(tmp_path))}",
+    ):
+        load_labelled("data/train.tsv", CFG)
+    with pytest.raises(
+        DataError, match=rf"u\.txt: file not found, looked for from the working directory {re.escape(str(tmp_path))}"
+    ):
+        load_unlabelled(["u.txt"])
+
+
 def test_a_csv_saved_with_a_byte_order_mark_finds_its_first_column(tmp_path):
     (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfsentence,label\r\ngood,1\r\n")
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good"]
