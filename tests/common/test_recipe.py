@@ -286,6 +286,14 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
 
 
+@pytest.mark.parametrize("written", ["$TASK_DIR/a.tsv", "${TASK_DIR:-.}/a.tsv", "${TASK DIR}/a.tsv"])
+def test_a_variable_written_as_a_shell_would_is_refused_not_kept(tmp_path, monkeypatch, written):
+    monkeypatch.setenv("TASK_DIR", str(tmp_path))
+    reference = re.escape(written.removesuffix("/a.tsv"))
+    with pytest.raises(RecipeError, match=rf"exp\.yaml: data\.train: {reference} would be kept as written"):
+        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", f'"{written}"')))
+
+
 def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, monkeypatch):
     """The server refuses an EDGEDISTILL_* variable it does not know: the recipe says so before any stage runs."""
     monkeypatch.setenv("EDGEDISTILL_MY_DATA", str(tmp_path))
