@@ -169,8 +169,15 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
         return DataError(
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
-    where = f"{source}:1 (the header)" if Path(source).suffix.lower() in (".tsv", ".csv") else f"{source}:{number}"
+    delimited = Path(source).suffix.lower() in (".tsv", ".csv")
+    where = f"{source}:1 (the header)" if delimited else f"{source}:{number}"
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
+    separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
+    if separator:  # a file separated by another character than its name says reads as one column
+        return DataError(
+            f"{where}: missing column(s) {missing}; {found}, one column holding {separator!r}: a .csv file is "
+            "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
+        )
     return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
 
 

@@ -95,6 +95,22 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path):
         load_labelled(str(tmp_path / "a.csv"), CFG)
 
 
+@pytest.mark.parametrize(
+    "name, content, separator",
+    [
+        ("a.csv", "sentence;label\ngood;1\n", "';'"),
+        ("a.csv", "sentence\tlabel\ngood\t1\n", "'\\\\t'"),
+        ("a.tsv", "sentence,label\ngood,1\n", "','"),
+    ],
+)
+def test_a_file_separated_otherwise_than_its_name_says_is_named_so(tmp_path, name, content, separator):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(
+        DataError, match=rf"\(the header\): .*one column holding {separator}: a \.csv file is separated"
+    ):
+        load_labelled(str(tmp_path / name), CFG)
+
+
 def test_missing_file_and_format(tmp_path):
     with pytest.raises(DataError, match="file not found.*EDGEDISTILL_DATA_DIR"):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
