@@ -40,6 +40,11 @@ class Labelled:
         seen = set(self.labels)
         return [name for index, name in enumerate(names) if index not in seen]
 
+    def shared_with(self, other: "Labelled") -> int:
+        """How many of these examples (text, and pair) `other` holds too."""
+        held = set(zip(other.texts, other.pairs or [None] * len(other), strict=True))
+        return sum(example in held for example in zip(self.texts, self.pairs or [None] * len(self), strict=True))
+
     def both_ways(self) -> "Labelled":
         """These pairs followed by each pair the other way round, with the same labels."""
         if self.pairs is None:

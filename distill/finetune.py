@@ -100,6 +100,12 @@ def _build(inputs: Inputs) -> Built | None:
     test = load_test(data)  # read now: a bad test file fails before training, not after it
     if (absent := train.absent(data.label_names)) and dist.is_main():
         print(f"[teacher] warning: no train example is labelled {absent} (data.label_names); the model never learns it")
+    for name, split in (("dev", dev), ("test", test)):
+        if split is not None and (shared := split.shared_with(train)) and dist.is_main():
+            print(
+                f"[teacher] warning: {shared} of the {len(split)} {name} examples are train examples too "
+                f"(data.train, data.{name}): the {name} figures overstate the models"
+            )
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     if data.pairs:

@@ -323,3 +323,9 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
 
 def test_label_names_no_example_carries_are_found():
     assert Labelled(["a", "b"], None, [0, 2]).absent(["x", "y", "z"]) == ["y"]
+
+
+def test_examples_shared_with_another_split_are_counted_text_and_pair():
+    train = Labelled(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0])
+    assert Labelled(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0]).shared_with(train) == 1
+    assert Labelled(["c", "c"], None, [1, 1]).shared_with(Labelled(["c"], None, [0])) == 2

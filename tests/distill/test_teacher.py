@@ -100,6 +100,17 @@ def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
 
 
+def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\nstill more\t1\n")
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
+    split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
+    result = run_stage("finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
+    assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.
