@@ -168,6 +168,7 @@ def _build(inputs: Inputs) -> Built | None:
             "train_examples": len(train),
             "dev_examples": len(dev),
         }
+        | ({"test_examples": len(test)} if test is not None else {})
         | trainer.run_info(),
         line=" ".join(f"{key}={best[key]:.4f}" for key in dict.fromkeys(["dev_accuracy", selection_key(data)]))
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")

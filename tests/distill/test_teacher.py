@@ -111,6 +111,16 @@ def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_trai
     assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
 
 
+def test_the_teacher_manifest_counts_the_test_examples(tmp_path):
+    test = tmp_path / "test.tsv"
+    test.write_text("sentence\tlabel\na fine film\t1\na dull one\t0\nstill more\t1\n")
+    steps = ["--pretrain.optim.max_steps=1", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
+    result = run_stage("teacher", SMOKE, f"--data.test={test}", "--name=smoke-test-count", *steps)
+    assert result.returncode == 0, result.stderr[-3000:]
+    teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-count" / "teacher")
+    assert (teacher.info["train_examples"], teacher.info["test_examples"]) == (32, 3)
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.
