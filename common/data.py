@@ -190,6 +190,11 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
+        if source.count(":") > 2:  # the column of an unlabelled Hub source: here the data.*_column settings say it
+            raise DataError(
+                f"{source}: a labelled Hub source is hub:<dataset>[/<config>]:<split>; name its columns "
+                "in data.text_column / data.label_column"
+            )
         split, _ = _from_hub(source)
         rows = [(i + 1, row) for i, row in enumerate(split)]
     else:

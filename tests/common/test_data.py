@@ -155,6 +155,11 @@ def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
         load_labelled("hub:no-such-org/no-such-set:train", CFG)
 
 
+def test_a_labelled_hub_source_with_a_column_is_refused_before_loading():
+    with pytest.raises(DataError, match=r"hub:glue/sst2:train:sentence: a labelled Hub source is .*data\.text_column"):
+        load_labelled("hub:glue/sst2:train:sentence", CFG)
+
+
 def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,label\n"line one\nline two",1\n')
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
