@@ -15,6 +15,7 @@ from pathlib import Path
 from edgedistill.common.config.training import DataConfig
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 
 
 class DataError(ValueError):
@@ -64,14 +65,23 @@ def _require_file(path: Path) -> None:
         raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
 
 
+def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
+    """The error for text that is not UTF-8; `start`, the file's (or its first line's) first bytes."""
+    if line == 1 and start.startswith(UTF16_BOMS):
+        return DataError(
+            f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
+            "does), not UTF-8; re-encode the file as UTF-8"
+        )
+    return DataError(f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8")
+
+
 def _read_text(path: Path) -> str:
     _require_file(path)
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); re-encode the file as UTF-8") from None
+        raise _not_utf8(path, raw[: err.start].count(b"\n") + 1, f" (byte {err.start})", raw) from None
 
 
 def _rows(path: Path) -> list[tuple[int, dict]]:
@@ -252,7 +262,7 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
                 try:
                     line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
                 except UnicodeDecodeError:
-                    raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
+                    raise _not_utf8(path, number, "", raw) from None
                 if line:
                     found.append(line)
                     if limit is not None and len(found) >= limit:

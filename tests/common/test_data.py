@@ -150,6 +150,15 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_utf16_labelled_and_unlabelled_files_are_named_as_such(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-16")
+    (tmp_path / "u.txt").write_text("first line\n", encoding="utf-16")
+    with pytest.raises(DataError, match=r"a\.tsv:1: UTF-16 text \(it starts with a UTF-16 byte-order mark"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+    with pytest.raises(DataError, match=r"u\.txt:1: UTF-16 text"):
+        load_unlabelled([str(tmp_path / "u.txt")])
+
+
 def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
     with pytest.raises(DataError, match=r"hub:no-such-org/no-such-set:train: cannot load it from the Hub"):
         load_labelled("hub:no-such-org/no-such-set:train", CFG)
