@@ -111,6 +111,8 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         lines,
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
+        # a space after a comma is no part of the field: `a, "b, c"` is quoted, a header's `, label` is `label`
+        skipinitialspace=suffix == ".csv",
     )
     csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
     header = reader.fieldnames or []

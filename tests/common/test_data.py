@@ -169,6 +169,12 @@ def test_a_labelled_hub_source_with_a_column_is_refused_before_loading():
         load_labelled("hub:glue/sst2:train:sentence", CFG)
 
 
+def test_a_csv_with_a_space_after_each_comma_reads_its_columns_and_quotes(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence, label\n"good, really", 1\nbad, 0\n')
+    data = load_labelled(str(tmp_path / "a.csv"), CFG)
+    assert (data.texts, data.labels) == (["good, really", "bad"], [1, 0])
+
+
 def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,label\n"line one\nline two",1\n')
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
