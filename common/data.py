@@ -1,7 +1,7 @@
 """Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
 
-A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per
-line, gzip-compressed if its name ends in `.gz`, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per line, for unlabelled
+data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<split>[:<column>]`.
 """
 
 import csv
@@ -12,10 +12,11 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 
 class DataError(ValueError):
@@ -75,9 +76,27 @@ def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
     return DataError(f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8")
 
 
+def _gzipped(path: Path) -> bool:
+    return path.suffix.lower() == ".gz"
+
+
+def _format(path: Path) -> str:
+    """The suffix that names a file's format (`.csv`), under a `.gz` one."""
+    return Path(path.stem).suffix.lower() if _gzipped(path) else path.suffix.lower()
+
+
+def _cannot_decompress(where: str, err: Exception) -> DataError:
+    return DataError(f"{where}: cannot decompress it ({err}); compress it again with gzip")
+
+
 def _read_text(path: Path) -> str:
     _require_file(path)
     raw = path.read_bytes()
+    if _gzipped(path):
+        try:
+            raw = gzip.decompress(raw)
+        except GZIP_ERRORS as err:
+            raise _cannot_decompress(str(path), err) from None
     try:
         return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
@@ -85,12 +104,14 @@ def _read_text(path: Path) -> str:
 
 
 def _rows(path: Path) -> list[tuple[int, dict]]:
-    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file."""
+    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`)."""
+    suffix = _format(path)
+    if suffix not in LABELLED_FORMATS:
+        raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")
     text = _read_text(path)
     # Lines end at \n or \r\n only, as csv wants them: str.splitlines also ends one at characters a text may hold
     # (U+2028, U+0085, ...), and strips the line ends that keep a quoted CSV field's own lines apart.
     lines = io.StringIO(text, newline="")
-    suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
         for number, line in enumerate(lines, 1):
@@ -105,8 +126,6 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
                     )
                 rows.append((number, row))
         return rows
-    if suffix not in (".tsv", ".csv"):
-        raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
     reader = csv.DictReader(
         lines,
         delimiter="\t" if suffix == ".tsv" else ",",
@@ -186,7 +205,7 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
         return DataError(
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
-    delimited = Path(source).suffix.lower() in (".tsv", ".csv")
+    delimited = _format(Path(source)) in (".tsv", ".csv")
     where = f"{source}:1 (the header)" if delimited else f"{source}:{number}"
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
     separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
@@ -257,7 +276,7 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
     `limit` non-empty lines."""
     _require_file(path)
     found = []
-    with (gzip.open if path.suffix.lower() == ".gz" else open)(path, "rb") as handle:
+    with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
         number = 0
         try:
             for number, raw in enumerate(handle, 1):
@@ -269,8 +288,8 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
                     found.append(line)
                     if limit is not None and len(found) >= limit:
                         break
-        except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # not gzip data, cut short, or corrupt
-            raise DataError(f"{path}:{number + 1}: cannot decompress it ({err}); compress it again with gzip") from None
+        except GZIP_ERRORS as err:
+            raise _cannot_decompress(f"{path}:{number + 1}", err) from None
     return found
 
 

@@ -135,6 +135,19 @@ def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkey
         load_unlabelled(["u.txt"])
 
 
+@pytest.mark.parametrize("name", ["a.tsv.gz", "a.jsonl.GZ"])
+def test_gzipped_labelled_files_are_read_decompressed(tmp_path, name):
+    text = "sentence\tlabel\ngood\t1\n" if ".tsv" in name else '{"sentence": "good", "label": 1}\n'
+    (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+    assert load_labelled(str(tmp_path / name), CFG).texts == ["good"]
+
+
+def test_a_labelled_gz_file_of_no_known_format_is_refused_before_reading(tmp_path):
+    (tmp_path / "a.txt.gz").write_bytes(b"not even gzip")
+    with pytest.raises(DataError, match=r"a\.txt\.gz: unsupported format '\.txt'"):
+        load_labelled(str(tmp_path / "a.txt.gz"), CFG)
+
+
 def test_a_csv_saved_with_a_byte_order_mark_finds_its_first_column(tmp_path):
     (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfsentence,label\r\ngood,1\r\n")
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good"]
