@@ -1,18 +1,22 @@
 """Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
 
-A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per
-line, for unlabelled data) or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per line, for unlabelled
+data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<split>[:<column>]`.
 """
 
 import csv
+import gzip
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 
 class DataError(ValueError):
@@ -38,6 +42,11 @@ class Labelled:
         seen = set(self.labels)
         return [name for index, name in enumerate(names) if index not in seen]
 
+    def shared_with(self, other: "Labelled") -> int:
+        """How many of these examples (text, and pair) `other` holds too."""
+        held = set(zip(other.texts, other.pairs or [None] * len(other), strict=True))
+        return sum(example in held for example in zip(self.texts, self.pairs or [None] * len(self), strict=True))
+
     def both_ways(self) -> "Labelled":
         """These pairs followed by each pair the other way round, with the same labels."""
         if self.pairs is None:
@@ -45,24 +54,64 @@ class Labelled:
         return Labelled(self.texts + self.pairs, self.pairs + self.texts, self.labels * 2)
 
 
-def _read_text(path: Path) -> str:
+def _require_file(path: Path) -> None:
+    """Fail unless `path` is a file, saying where a relative one was looked for."""
     if not path.is_file():
-        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
+        relative = (
+            ""
+            if path.is_absolute()
+            else f", looked for from the working directory {Path.cwd()} (a recipe's path starting with ./ or ../ is "
+            "read from the recipe's folder instead)"
+        )
+        raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
+
+
+def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
+    """The error for text that is not UTF-8; `start`, the file's (or its first line's) first bytes."""
+    if line == 1 and start.startswith(UTF16_BOMS):
+        return DataError(
+            f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
+            "does), not UTF-8; re-encode the file as UTF-8"
+        )
+    return DataError(f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8")
+
+
+def _gzipped(path: Path) -> bool:
+    return path.suffix.lower() == ".gz"
+
+
+def _format(path: Path) -> str:
+    """The suffix that names a file's format (`.csv`), under a `.gz` one."""
+    return Path(path.stem).suffix.lower() if _gzipped(path) else path.suffix.lower()
+
+
+def _cannot_decompress(where: str, err: Exception) -> DataError:
+    return DataError(f"{where}: cannot decompress it ({err}); compress it again with gzip")
+
+
+def _read_text(path: Path) -> str:
+    _require_file(path)
     raw = path.read_bytes()
+    if _gzipped(path):
+        try:
+            raw = gzip.decompress(raw)
+        except GZIP_ERRORS as err:
+            raise _cannot_decompress(str(path), err) from None
     try:
         return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); re-encode the file as UTF-8") from None
+        raise _not_utf8(path, raw[: err.start].count(b"\n") + 1, f" (byte {err.start})", raw) from None
 
 
 def _rows(path: Path) -> list[tuple[int, dict]]:
-    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file."""
+    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`)."""
+    suffix = _format(path)
+    if suffix not in LABELLED_FORMATS:
+        raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")
     text = _read_text(path)
     # Lines end at \n or \r\n only, as csv wants them: str.splitlines also ends one at characters a text may hold
     # (U+2028, U+0085, ...), and strips the line ends that keep a quoted CSV field's own lines apart.
     lines = io.StringIO(text, newline="")
-    suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
         for number, line in enumerate(lines, 1):
@@ -77,22 +126,38 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
                     )
                 rows.append((number, row))
         return rows
-    if suffix not in (".tsv", ".csv"):
-        raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl")
     reader = csv.DictReader(
         lines,
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
+        # a space after a comma is no part of the field: `a, "b, c"` is quoted, a header's `, label` is `label`
+        skipinitialspace=suffix == ".csv",
     )
-    rows = []
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
+    header = reader.fieldnames or []
+    if twice := sorted({name for name in header if header.count(name) > 1}):
+        raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
+    rows, last = [], reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
             stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
             raise DataError(
-                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(reader.fieldnames)}; "
+                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
                 f"{stray} splits it: remove it"
             )
+        if None in row.values():  # fields short of the header's: the last columns would be read as missing
+            lines_of = f"{last + 1}-{reader.line_num}" if reader.line_num > last + 1 else f"{reader.line_num}"
+            cause = (
+                "a missing tab, or a line break inside a text,"
+                if suffix == ".tsv"
+                else "a missing comma, a quote left open, or a line break in an unquoted text"
+            )
+            raise DataError(
+                f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
+                f"{len(header)}; {cause} cuts the row short: fix it"
+            )
         rows.append((reader.line_num, row))
+        last = reader.line_num
     return rows
 
 
@@ -140,8 +205,15 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
         return DataError(
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
-    where = f"{source}:1 (the header)" if Path(source).suffix.lower() in (".tsv", ".csv") else f"{source}:{number}"
+    delimited = _format(Path(source)) in (".tsv", ".csv")
+    where = f"{source}:1 (the header)" if delimited else f"{source}:{number}"
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
+    separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
+    if separator:  # a file separated by another character than its name says reads as one column
+        return DataError(
+            f"{where}: missing column(s) {missing}; {found}, one column holding {separator!r}: a .csv file is "
+            "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
+        )
     return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
 
 
@@ -149,6 +221,11 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
+        if source.count(":") > 2:  # the column of an unlabelled Hub source: here the data.*_column settings say it
+            raise DataError(
+                f"{source}: a labelled Hub source is hub:<dataset>[/<config>]:<split>; name its columns "
+                "in data.text_column / data.label_column"
+            )
         split, _ = _from_hub(source)
         rows = [(i + 1, row) for i, row in enumerate(split)]
     else:
@@ -160,6 +237,12 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
         if missing := [c for c in columns if c not in row]:
             raise _missing_columns(source, (number, row), rows[0][0], missing, cfg)
+        for column in columns[:1] + columns[2:]:  # the texts: a JSON list or object would be read as its repr
+            if not isinstance(row[column], str | None):
+                raise DataError(
+                    f"{source}:{number}: {column!r} is a JSON {type(row[column]).__name__}, not a string; "
+                    "write the text as a JSON string"
+                )
         text = row[cfg.text_column]
         if text is None or not str(text).strip():
             raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
@@ -183,21 +266,30 @@ def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
     return train.both_ways() if cfg.symmetric_pairs else train, load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
 
 
+def load_test(cfg: DataConfig) -> Labelled | None:
+    """The recipe's test split, or None without one."""
+    return None if cfg.test is None else load_labelled(cfg.test, cfg)
+
+
 def _text_lines(path: Path, limit: int | None) -> list[str]:
-    """Stripped lines of a UTF-8 text file, reading only as far as `limit` non-empty lines."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)")
+    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), reading only as far as
+    `limit` non-empty lines."""
+    _require_file(path)
     found = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{number}: not valid UTF-8; re-encode the file as UTF-8") from None
-            if line:
-                found.append(line)
-                if limit is not None and len(found) >= limit:
-                    break
+    with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
+        number = 0
+        try:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
+                except UnicodeDecodeError:
+                    raise _not_utf8(path, number, "", raw) from None
+                if line:
+                    found.append(line)
+                    if limit is not None and len(found) >= limit:
+                        break
+        except GZIP_ERRORS as err:
+            raise _cannot_decompress(f"{path}:{number + 1}", err) from None
     return found
 
 

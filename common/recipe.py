@@ -230,6 +230,7 @@ class RecipeError(ValueError):
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SHELL_VAR = re.compile(r"\$(\{[^}]*\}?|[A-Za-z_][A-Za-z0-9_]*)")  # what a shell would replace, and a recipe does not
 
 
 class _Replace(dict):
@@ -276,6 +277,11 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
             )
         return variables[match.group(1)]
 
+    if unreplaced := _SHELL_VAR.search(_VAR.sub("", value)):
+        raise RecipeError(
+            f"{where}: {unreplaced.group(0)} would be kept as written: a recipe replaces only ${{NAME}} (no $NAME, no "
+            "${NAME:-default}); write ${NAME} and set the variable"
+        )
     value = _VAR.sub(sub, value)
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.common.data import load_labelled, load_splits
+from edgedistill.common.config.training import DataConfig
+from edgedistill.common.data import Labelled, load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, pretrain
@@ -51,12 +52,11 @@ def predict_logits(
     return np.stack(out)
 
 
-def test_metrics(recipe: Recipe, logits_of) -> dict:
-    """`test_accuracy`, `test_f1`, ... of `logits_of(split) -> logits` on the recipe's test split; {} without one."""
-    if recipe.data.test is None:
+def test_metrics(test: Labelled | None, logits_of, data: DataConfig) -> dict:
+    """`test_accuracy`, `test_f1`, ... of `logits_of(split) -> logits` on the test split; {} without one."""
+    if test is None:
         return {}
-    test = load_labelled(recipe.data.test, recipe.data)
-    return task_metrics(logits_of(test), test.labels, recipe.data, prefix="test")
+    return task_metrics(logits_of(test), test.labels, data, prefix="test")
 
 
 def hf_logits(model):
@@ -98,8 +98,15 @@ def _build(inputs: Inputs) -> Built | None:
     recipe = inputs.recipe
     cfg, data = recipe.finetune, recipe.data
     train, dev = load_splits(data)
+    test = load_test(data)  # read now: a bad test file fails before training, not after it
     if (absent := train.absent(data.label_names)) and dist.is_main():
         print(f"[teacher] warning: no train example is labelled {absent} (data.label_names); the model never learns it")
+    for name, split in (("dev", dev), ("test", test)):
+        if split is not None and (shared := split.shared_with(train)) and dist.is_main():
+            print(
+                f"[teacher] warning: {shared} of the {len(split)} {name} examples are train examples too "
+                f"(data.train, data.{name}): the {name} figures overstate the models"
+            )
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     if data.pairs:
@@ -146,7 +153,7 @@ def _build(inputs: Inputs) -> Built | None:
         feats = encode(tokenizer, split.texts, split.pairs, recipe.model.max_length)
         return predict_logits(hf_logits(kept), feats, pad, placement=placement)
 
-    tested = test_metrics(recipe, kept_logits)
+    tested = test_metrics(test, kept_logits, data)
 
     def write(folder: Path) -> None:
         shutil.copytree(work / "best", folder, dirs_exist_ok=True)
@@ -162,6 +169,7 @@ def _build(inputs: Inputs) -> Built | None:
             "train_examples": len(train),
             "dev_examples": len(dev),
         }
+        | ({"test_examples": len(test)} if test is not None else {})
         | trainer.run_info(),
         line=" ".join(f"{key}={best[key]:.4f}" for key in data.dev_keys)
         + (f" test_accuracy={tested['test_accuracy']:.4f}" if tested else "")

@@ -1,7 +1,7 @@
 """What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
 parallel jobs."""
 
-from edgedistill.common.data import load_splits, missing_files
+from edgedistill.common.data import load_splits, load_test, missing_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 
@@ -48,6 +48,7 @@ def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:
     if stage == "pretrain" or (stage == "teacher" and recipe.pretrain is not None):
         if stage == "teacher":  # pretraining reads no labelled data: a wrong column or label fails now, not after it
             load_splits(recipe.data)
+            load_test(recipe.data)
         if recipe.pretrain is None:
             raise RecipeError(f"{recipe_file}: no `pretrain` section to run")
         dist.run_stage(pretrain.stage(recipe), force)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads
 from edgedistill.distill.device import Placement
@@ -159,8 +159,10 @@ def _build(inputs: Inputs) -> Built | None:
         eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines)
     else:
         if len(texts) <= 2 * cfg.eval_holdout_lines:
-            raise ValueError(
-                f"pretrain: {len(texts)} lines are too few to hold out {cfg.eval_holdout_lines} for evaluation"
+            raise RecipeError(
+                f"pretrain.train_files: {len(texts)} non-empty lines are too few to hold out "
+                f"pretrain.eval_holdout_lines={cfg.eval_holdout_lines} for evaluation and train on at least as many; "
+                "lower eval_holdout_lines, or name pretrain.eval_files"
             )
         texts, eval_texts = texts[: -cfg.eval_holdout_lines], texts[-cfg.eval_holdout_lines :]
     work = work_dir(inputs.work, inputs.force)

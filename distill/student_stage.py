@@ -20,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
 from edgedistill.common.config.training import StudentConfig, StudentRun
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, transfer
@@ -153,6 +153,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     pad = tokenizer.pad_token_id
     max_length = recipe.transfer.max_length
     train, dev = load_splits(recipe.data)
+    test = load_test(recipe.data)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length)
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]
@@ -219,8 +220,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(
-        recipe,
+        test,
         lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad, placement),
+        recipe.data,
     )
 
     def write(folder: Path) -> None:

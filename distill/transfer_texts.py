@@ -12,7 +12,14 @@ import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import load_splits, load_unlabelled
 from edgedistill.common.recipe import Recipe
-from edgedistill.distill.augment import augment_examples, normalise, split_sentences, styled, vocab_replacer
+from edgedistill.distill.augment import (
+    MIN_WORDS,
+    augment_examples,
+    normalise,
+    split_sentences,
+    styled,
+    vocab_replacer,
+)
 
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
@@ -70,13 +77,24 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     rng = random.Random(cfg.seed)
     train, dev = load_splits(recipe.data)
     raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
-    split = [split_sentences(line, cfg.text_style) for line in raw]
+    bar = progress.bar(len(raw), desc="split", unit="line")  # minutes of silence on a large dump otherwise
+    split = []
+    for line in raw:
+        split.append(split_sentences(line, cfg.text_style))
+        bar.update()
+    bar.close()
     columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
     train_examples = list(zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True))
     if train.pairs is not None:
         unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
     else:
         unlabelled = [(sentence,) for sentences in split for sentence in sentences]
+    if not unlabelled:
+        need = "two sentences in a row" if train.pairs is not None else "a sentence"
+        print(
+            f"[transfer] warning: no line of transfer.unlabelled_files holds {need} of {MIN_WORDS} words or more "
+            "(shorter ones are dropped): the transfer set has no unlabelled text"
+        )
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
     words = [w for example in train_examples for side in example for w in side.split()]
@@ -103,7 +121,9 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
     removed = {"duplicates": 0, "dev_overlap": 0}
+    bar = progress.bar(len(candidates), desc="filter", unit="text")
     for sides, source, label in candidates:
+        bar.update()
         key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
@@ -118,6 +138,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         inputs.append(sides)
         sources.append(source)
         labels.append(label)
+    bar.close()
     composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(inputs)}
     return TransferTexts(
         [sides[0] for sides in inputs],

@@ -4,10 +4,23 @@ the students, and where training runs."""
 from typing import Literal
 
 from edgedistill.common.config.strict import Strict
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 Metric = Literal["accuracy", "macro_f1", "f1"]
 METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
+LABELLED_FORMATS = (".csv", ".tsv", ".jsonl")
+
+
+def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> list[str]:
+    """`files`, refused where one is in a labelled-data format: text files are read line by line, each line a text,
+    so a header, quoting or JSON syntax would become text."""
+    for name in files:
+        if suffix := next((s for s in LABELLED_FORMATS if name.lower().removesuffix(".gz").endswith(s)), None):
+            raise ValueError(
+                f"{section}.{info.field_name}: {name} would be read line by line as plain text, its {suffix} syntax "
+                "and all; write its texts to a text file, one per line"
+            )
+    return files
 
 
 class DataConfig(Strict):
@@ -167,6 +180,11 @@ class PretrainConfig(Strict):
     whole_word_mask: bool = False
     optim: OptimConfig = OptimConfig(lr=1e-4)
 
+    @field_validator("train_files", "eval_files")
+    @classmethod
+    def _plain_text(cls, files: list[str], info: ValidationInfo) -> list[str]:
+        return plain_text_files("pretrain", files, info)
+
 
 class FinetuneConfig(Strict):
     """Sequence classification on the labelled task; the best dev checkpoint is kept."""
@@ -189,8 +207,10 @@ class TransferConfig(Strict):
     """The transfer set: unlabelled sentences plus Tang et al. augmentations of the train inputs."""
 
     unlabelled_files: list[str] = Field(min_length=1)
-    unlabelled_max_lines: int | None = Field(None, gt=0, description="raw lines (reviews) to read")
-    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept from the unlabelled text")
+    unlabelled_max_lines: int | None = Field(
+        None, gt=0, description="raw lines (reviews) to read; unset: every line, all held in memory"
+    )
+    max_unlabelled: int | None = Field(None, gt=0, description="sentences kept, drawn from every line read")
     include_train: bool = True
     n_iter: int = Field(20, ge=0, description="augmented samples drawn per train example")
     max_augmented: int | None = Field(None, gt=0)
@@ -239,6 +259,11 @@ class TransferConfig(Strict):
         "this, near-ties aside, are made again in fp32",
     )
     seed: int = 13
+
+    @field_validator("unlabelled_files")
+    @classmethod
+    def _plain_text(cls, files: list[str], info: ValidationInfo) -> list[str]:
+        return plain_text_files("transfer", files, info)
 
     @model_validator(mode="after")
     def _probabilities(self):

@@ -1,3 +1,4 @@
+import gzip
 import re
 
 import pytest
@@ -66,6 +67,10 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
             b"sentence\tlabel\ngood\t1\na\tstray tab\t0\n",
             r"a\.tsv:3: 1 field\(s\) more than the header's 2; a tab inside",
         ),
+        (
+            b"sentence\tlabel\ngood\t1\nno label here\n",
+            r"a\.tsv:3: 1 field\(s\) fewer than the header's 2; a missing tab",
+        ),
         (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label '2' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\t1\n\t0\n", r"a\.tsv:3: empty 'sentence'"),
@@ -78,6 +83,34 @@ def test_malformed_files_name_file_and_line(tmp_path, content, message):
         load_labelled(str(tmp_path / "a.tsv"), CFG)
 
 
+def test_a_csv_quote_left_open_names_the_lines_it_swallowed(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence,label\ngood,1\n"left open,1\nbad,0\n')
+    with pytest.raises(DataError, match=r"a\.csv:3-4: 1 field\(s\) fewer than the header's 2; .*a quote left open"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+def test_a_column_named_twice_in_the_header_is_refused(tmp_path):
+    (tmp_path / "a.csv").write_text("sentence,label,sentence\ngood,1,bad\n")  # the csv module keeps the last
+    with pytest.raises(DataError, match=r"a\.csv:1 \(the header\): column\(s\) \['sentence'\] named more than once"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+@pytest.mark.parametrize(
+    "name, content, separator",
+    [
+        ("a.csv", "sentence;label\ngood;1\n", "';'"),
+        ("a.csv", "sentence\tlabel\ngood\t1\n", "'\\\\t'"),
+        ("a.tsv", "sentence,label\ngood,1\n", "','"),
+    ],
+)
+def test_a_file_separated_otherwise_than_its_name_says_is_named_so(tmp_path, name, content, separator):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(
+        DataError, match=rf"\(the header\): .*one column holding {separator}: a \.csv file is separated"
+    ):
+        load_labelled(str(tmp_path / name), CFG)
+
+
 def test_missing_file_and_format(tmp_path):
     with pytest.raises(DataError, match="file not found.*EDGEDISTILL_DATA_DIR"):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
@@ -87,6 +120,32 @@ def test_missing_file_and_format(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"sentence": 1\n')
     with pytest.raises(DataError, match=r"b\.jsonl:1: not valid JSON"):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
+
+
+def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        DataError,
+        match=rf"data/train\.tsv: file not found, looked for from the working directory {re.escape(str(tmp_path))}",
+    ):
+        load_labelled("data/train.tsv", CFG)
+    with pytest.raises(
+        DataError, match=rf"u\.txt: file not found, looked for from the working directory {re.escape(str(tmp_path))}"
+    ):
+        load_unlabelled(["u.txt"])
+
+
+@pytest.mark.parametrize("name", ["a.tsv.gz", "a.jsonl.GZ"])
+def test_gzipped_labelled_files_are_read_decompressed(tmp_path, name):
+    text = "sentence\tlabel\ngood\t1\n" if ".tsv" in name else '{"sentence": "good", "label": 1}\n'
+    (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+    assert load_labelled(str(tmp_path / name), CFG).texts == ["good"]
+
+
+def test_a_labelled_gz_file_of_no_known_format_is_refused_before_reading(tmp_path):
+    (tmp_path / "a.txt.gz").write_bytes(b"not even gzip")
+    with pytest.raises(DataError, match=r"a\.txt\.gz: unsupported format '\.txt'"):
+        load_labelled(str(tmp_path / "a.txt.gz"), CFG)
 
 
 def test_a_csv_saved_with_a_byte_order_mark_finds_its_first_column(tmp_path):
@@ -104,14 +163,43 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_utf16_labelled_and_unlabelled_files_are_named_as_such(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-16")
+    (tmp_path / "u.txt").write_text("first line\n", encoding="utf-16")
+    with pytest.raises(DataError, match=r"a\.tsv:1: UTF-16 text \(it starts with a UTF-16 byte-order mark"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+    with pytest.raises(DataError, match=r"u\.txt:1: UTF-16 text"):
+        load_unlabelled([str(tmp_path / "u.txt")])
+
+
 def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
     with pytest.raises(DataError, match=r"hub:no-such-org/no-such-set:train: cannot load it from the Hub"):
         load_labelled("hub:no-such-org/no-such-set:train", CFG)
 
 
+def test_a_labelled_hub_source_with_a_column_is_refused_before_loading():
+    with pytest.raises(DataError, match=r"hub:glue/sst2:train:sentence: a labelled Hub source is .*data\.text_column"):
+        load_labelled("hub:glue/sst2:train:sentence", CFG)
+
+
+def test_a_csv_with_a_space_after_each_comma_reads_its_columns_and_quotes(tmp_path):
+    (tmp_path / "a.csv").write_text('sentence, label\n"good, really", 1\nbad, 0\n')
+    data = load_labelled(str(tmp_path / "a.csv"), CFG)
+    assert (data.texts, data.labels) == (["good, really", "bad"], [1, 0])
+
+
 def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,label\n"line one\nline two",1\n')
     assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["line one\nline two"]
+
+
+@pytest.mark.parametrize("name, row", [("a.csv", '"{text}",1'), ("a.tsv", "{text}\t1")])
+def test_a_text_longer_than_the_csv_modules_field_limit_loads_whole(tmp_path, name, row):
+    text = "a long review " * 20_000  # 280k characters: the csv module refuses fields over 128k by default
+    (tmp_path / name).write_text(
+        ("sentence,label\n" if name == "a.csv" else "sentence\tlabel\n") + row.format(text=text)
+    )
+    assert load_labelled(str(tmp_path / name), CFG).texts == [text.strip()]
 
 
 def test_a_jsonl_text_holding_a_unicode_line_separator_stays_one_line(tmp_path):
@@ -135,6 +223,18 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     with pytest.raises(DataError, match=r"bad\.txt:2: not valid UTF-8"):
         load_unlabelled([str(tmp_path / "bad.txt")])
+
+
+def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):
+    with gzip.open(tmp_path / "u.txt.gz", "wt", encoding="utf-8") as handle:
+        handle.write("\ufefffirst line\n\nsecond\n")
+    assert load_unlabelled([str(tmp_path / "u.txt.gz")]) == ["first line", "second"]
+
+
+def test_a_gz_file_that_is_not_gzip_data_names_the_file(tmp_path):
+    (tmp_path / "u.txt.gz").write_text("plain text\n")
+    with pytest.raises(DataError, match=r"u\.txt\.gz:1: cannot decompress it"):
+        load_unlabelled([str(tmp_path / "u.txt.gz")])
 
 
 def test_shared_sst2_splits(data_dir):
@@ -194,6 +294,13 @@ def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
         load_labelled(str(tmp_path / "l.jsonl"), TREC)
 
 
+@pytest.mark.parametrize("value", ['["good", "film"]', '{"en": "good"}', "true", "5"])
+def test_a_jsonl_text_that_is_not_a_string_is_refused_naming_its_line(tmp_path, value):
+    (tmp_path / "a.jsonl").write_text(f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {value}, "label": 1}}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' is a JSON \w+, not a string"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
 def test_a_jsonl_line_that_is_not_an_object_names_its_line(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n["why ?", "DESC"]\n')
     with pytest.raises(DataError, match=r"l\.jsonl:2: a JSON list, not an object"):
@@ -249,3 +356,9 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
 
 def test_label_names_no_example_carries_are_found():
     assert Labelled(["a", "b"], None, [0, 2]).absent(["x", "y", "z"]) == ["y"]
+
+
+def test_examples_shared_with_another_split_are_counted_text_and_pair():
+    train = Labelled(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0])
+    assert Labelled(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0]).shared_with(train) == 1
+    assert Labelled(["c", "c"], None, [1, 1]).shared_with(Labelled(["c"], None, [0])) == 2

@@ -309,6 +309,14 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
 
 
+@pytest.mark.parametrize("written", ["$TASK_DIR/a.tsv", "${TASK_DIR:-.}/a.tsv", "${TASK DIR}/a.tsv"])
+def test_a_variable_written_as_a_shell_would_is_refused_not_kept(tmp_path, monkeypatch, written):
+    monkeypatch.setenv("TASK_DIR", str(tmp_path))
+    reference = re.escape(written.removesuffix("/a.tsv"))
+    with pytest.raises(RecipeError, match=rf"exp\.yaml: data\.train: {reference} would be kept as written"):
+        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", f'"{written}"')))
+
+
 def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, monkeypatch):
     """The server refuses an EDGEDISTILL_* variable it does not know: the recipe says so before any stage runs."""
     monkeypatch.setenv("EDGEDISTILL_MY_DATA", str(tmp_path))
@@ -677,3 +685,16 @@ def test_documented_mrpc_recipe_selects_on_the_paraphrase_f1(documented):
 def test_a_student_key_the_data_sets_is_refused_naming_it(tmp_path):
     with pytest.raises(RecipeError, match=r"distill.students.cnn.model sets \['num_labels'\]: the stage sets these"):
         extend(tmp_path, "distill: {students: {cnn: {model: {arch: cnn, num_labels: 7}}}}\n")
+
+
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("transfer: {unlabelled_files: [u.txt, export.jsonl]}", "transfer.unlabelled_files: export.jsonl"),
+        ("transfer: {unlabelled_files: [dump.CSV.gz]}", "transfer.unlabelled_files: dump.CSV.gz"),
+        ("pretrain: {train_files: [u.txt], eval_files: [held.tsv]}", "pretrain.eval_files: held.tsv"),
+    ],
+)
+def test_a_text_file_setting_naming_a_labelled_data_format_is_refused(tmp_path, section, key):
+    with pytest.raises(RecipeError, match=rf"exp\.yaml: {re.escape(key)} would be read line by line as plain text"):
+        load_recipe(write(tmp_path, MINIMAL + section + "\n"))

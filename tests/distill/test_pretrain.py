@@ -7,6 +7,7 @@ from edgedistill.distill.pretrain import LanguageModelObjective, build_model, ma
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel
 
+from tests.conftest import ROOT, run_module
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
 
@@ -88,3 +89,19 @@ def test_two_ranks_share_one_scratch_tokenizer(data_dir, tmp_path):
     reviews = str(data_dir / "unlabeled" / "movie_reviews.txt")
     vocab = on_two_ranks(tmp_path, _scratch_vocab, reviews, str(tmp_path / "tokenizer"))
     assert vocab[0] == vocab[1]
+
+
+def test_too_few_lines_to_hold_out_fail_naming_the_settings(tmp_path):
+    result = run_module(
+        "distill",
+        tmp_path,
+        "pretrain",
+        str(ROOT / "recipes" / "smoke.yaml"),
+        "--pretrain.eval_files=[]",
+        "--pretrain.train_max_lines=10",
+        "--pretrain.eval_holdout_lines=500",
+    )
+    assert result.returncode == 2
+    assert "pretrain.train_files: 10 non-empty lines are too few to hold out pretrain.eval_holdout_lines=500" in (
+        result.stderr
+    )

@@ -90,6 +90,37 @@ def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-column" / "pretrain").exists()
 
 
+@pytest.mark.parametrize("stage", ["teacher", "finetune"])
+def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
+    test = tmp_path / "test.tsv"
+    test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
+    without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
+    result = run_stage(stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
+    assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
+
+
+def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\nstill more\t1\n")
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
+    split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
+    result = run_stage("finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
+    assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
+
+
+def test_the_teacher_manifest_counts_the_test_examples(tmp_path):
+    test = tmp_path / "test.tsv"
+    test.write_text("sentence\tlabel\na fine film\t1\na dull one\t0\nstill more\t1\n")
+    steps = ["--pretrain.optim.max_steps=1", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
+    result = run_stage("teacher", SMOKE, f"--data.test={test}", "--name=smoke-test-count", *steps)
+    assert result.returncode == 0, result.stderr[-3000:]
+    teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-count" / "teacher")
+    assert (teacher.info["train_examples"], teacher.info["test_examples"]) == (32, 3)
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import labelling
@@ -55,6 +57,31 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert (labels[sources == 1] >= 0).all()
     assert (labels[sources != 1] == -1).all()
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
+
+
+def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"transfer.unlabelled_max_lines": 20})
+    build_texts(recipe, "[MASK]")
+    err = capsys.readouterr().err
+    assert re.search(r"^\[split\] \d+/20 line", err, re.MULTILINE)
+    assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    "lines, pairs, need",
+    [("ok then\nfine\n", False, "a sentence"), ("one whole sentence here\n", True, "two sentences")],
+)
+def test_unlabelled_text_that_gives_no_example_is_warned_of(tmp_path, capsys, lines, pairs, need):
+    (tmp_path / "u.txt").write_text(lines)
+    (tmp_path / "p.tsv").write_text("a\tb\tlabel\nthe first side\tthe second side\t1\n")
+    pair_data = str(tmp_path / "p.tsv")
+    data = {"data.train": pair_data, "data.dev": pair_data, "data.text_column": "a", "data.text_pair_column": "b"}
+    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], **(data if pairs else {})}
+    built = build_texts(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), "[MASK]")
+    assert built.composition["unlabelled"] == 0
+    assert f"warning: no line of transfer.unlabelled_files holds {need}" in capsys.readouterr().out
 
 
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
