@@ -295,6 +295,16 @@ class StudentRun(Strict):
         False, description="start the label-only baseline from the teacher too (off: it sees nothing of the teacher)"
     )
 
+    @model_validator(mode="after")
+    def _intermediate_losses_need_a_transformer(self):
+        given = [term for term in ("hidden", "attention") if getattr(self.losses, term)]
+        if given and self.model.arch != "transformer":
+            raise ValueError(
+                f"losses {given} compare the teacher's layers with a transformer student's; a {self.model.arch} "
+                "student has none: set them to 0"
+            )
+        return self
+
 
 class DistillConfig(Strict):
     students: dict[str, StudentRun] = Field(min_length=1)

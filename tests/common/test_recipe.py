@@ -654,3 +654,10 @@ def test_documented_mrpc_recipe_selects_on_the_paraphrase_f1(documented):
 def test_a_student_key_the_data_sets_is_refused_naming_it(tmp_path):
     with pytest.raises(RecipeError, match=r"distill.students.cnn.model sets \['num_labels'\]: the stage sets these"):
         extend(tmp_path, "distill: {students: {cnn: {model: {arch: cnn, num_labels: 7}}}}\n")
+
+
+@pytest.mark.parametrize("term", ["hidden", "attention"])
+def test_layer_losses_for_a_student_without_layers_are_refused_at_load(tmp_path, term):
+    student = "{model: {arch: bilstm}, losses: {" + term + ": 1.0}}"
+    with pytest.raises(RecipeError, match=rf"distill.students.small.*\['{term}'\].*a bilstm student has none"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
