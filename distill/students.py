@@ -244,6 +244,11 @@ def build_student(cfg: StudentConfig, labels: list[str] | None = None) -> Studen
     return ARCHITECTURES[cfg.arch](cfg, labels)
 
 
+def _starts_from_teacher(student: nn.Module) -> bool:
+    """Whether `init_from_teacher` has a rule for `student`: a Transformer, or a word embedding `embed`."""
+    return isinstance(student, TransformerClassifier) or isinstance(getattr(student, "embed", None), nn.Embedding)
+
+
 def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
     """(V, H_t) -> (V, dim): principal components of the centred embeddings, scaled to unit std.
 
@@ -281,8 +286,9 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
     Transformer: embeddings (the first max_length positions) and, by `distill.losses.layer_map`,
     student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
     the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
-    BiLSTM/CNN: the word embeddings, reduced to embed_dim by PCA (`_teacher_embedding_basis`); the
-    padding row is zeroed. The vocabularies must match; a Transformer student needs a BERT teacher.
+    Any other student (BiLSTM, CNN): its word embedding `embed`, the teacher's reduced to embed_dim by PCA
+    (`_teacher_embedding_basis`), the padding row zeroed. The vocabularies must match; a Transformer
+    student needs a BERT teacher.
     """
     teacher_words = teacher.get_input_embeddings().weight
     if isinstance(student, TransformerClassifier):
@@ -301,14 +307,15 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
         for s, t in pairs:
             student.bert.encoder.layer[s - 1].load_state_dict(teacher.encoder.layer[t - 1].state_dict())
         return
-    if not isinstance(student, (BiLSTMClassifier, CNNClassifier)):
-        raise TypeError(f"not a student model: {type(student).__name__}")
+    if not _starts_from_teacher(student):
+        raise TypeError(f"{type(student).__name__} has no `embed` word embedding (nn.Embedding) to start from")
     if student.embed.num_embeddings != teacher_words.shape[0]:
         raise ValueError(
             f"vocab sizes differ: student {student.embed.num_embeddings} vs teacher {teacher_words.shape[0]}"
         )
     student.embed.weight.copy_(_teacher_embedding_basis(teacher_words, student.embed.embedding_dim))
-    student.embed.weight[student.embed.padding_idx].zero_()
+    if student.embed.padding_idx is not None:
+        student.embed.weight[student.embed.padding_idx].zero_()
 
 
 def count_parameters(model: nn.Module) -> int:

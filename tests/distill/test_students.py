@@ -16,6 +16,8 @@ from pydantic import ValidationError
 from torch import nn
 from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
 
+from tests.distill import extension
+
 VOCAB = 50
 TINY = dict(
     vocab_size=VOCAB,
@@ -169,6 +171,15 @@ def test_init_from_teacher_projects_word_embeddings(arch, embed_dim):
     if embed_dim >= 32:  # all components kept: distances are the teacher's up to one scale factor
         ratio = torch.pdist(words[1:]) / torch.pdist(teacher.embeddings.word_embeddings.weight[1:])
         torch.testing.assert_close(ratio, torch.full_like(ratio, ratio[0].item()), atol=1e-4, rtol=1e-4)
+
+
+def test_init_from_teacher_starts_any_student_with_an_embed_layer():
+    teacher = _tiny_teacher()
+    student = extension.BagOfWords(StudentConfig(arch="cnn", **{**TINY, "vocab_size": 100}))
+    init_from_teacher(student, teacher)
+    expected = _teacher_embedding_basis(teacher.embeddings.word_embeddings.weight, TINY["embed_dim"])
+    torch.testing.assert_close(student.embed.weight[1:], expected[1:])
+    assert torch.equal(student.embed.weight[0], torch.zeros(TINY["embed_dim"]))
 
 
 def test_init_from_teacher_needs_the_teachers_vocabulary():
