@@ -1,6 +1,7 @@
 """A student added as docs/extending.md says, for the tests that keep that page true: a fastText-style bag of word
-vectors, siamese on pairs."""
+vectors, siamese on pairs, and variants that each break one part of the student contract."""
 
+import torch
 from edgedistill.distill.students import Student, match, pair_sides
 from torch import Tensor, nn
 
@@ -19,3 +20,33 @@ class BagOfWords(Student):
         mask = attention_mask.unsqueeze(-1)
         mean = (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)
         return self.classifier(match(mean) if self.config.pairs else mean)
+
+
+class TwoArguments(BagOfWords):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return super().forward(input_ids, attention_mask)
+
+
+class OneLogit(BagOfWords):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        return super().forward(input_ids, attention_mask, token_type_ids)[:, 0]
+
+
+class ReadsPadding(BagOfWords):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        return super().forward(input_ids, torch.ones_like(attention_mask), token_type_ids)
+
+
+class NoPairs(BagOfWords):
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        mask = attention_mask.unsqueeze(-1)
+        mean = (self.embed(input_ids) * mask).sum(1) / mask.sum(1)
+        return self.classifier(mean.repeat(1, 4) if self.config.pairs else mean)
+
+
+class NoEmbed(BagOfWords):
+    """Its word vectors inside a Sequential, where `init_from_teacher` finds no rule."""
+
+    def __init__(self, config, labels=None):
+        super().__init__(config, labels)
+        self.embed = nn.Sequential(self.embed)
