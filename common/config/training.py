@@ -282,6 +282,14 @@ class LossWeights(Strict):
     hidden: float = Field(0.0, ge=0, description="hidden-state MSE (transformer students)")
     attention: float = Field(0.0, ge=0, description="attention KL (transformer students)")
 
+    @model_validator(mode="after")
+    def _some_term(self):
+        if not any(self.model_dump().values()):
+            raise ValueError(
+                "every loss weight is 0, so the student would learn nothing: give a term a weight (mse: 1)"
+            )
+        return self
+
 
 class StudentRun(Strict):
     """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""

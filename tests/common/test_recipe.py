@@ -661,3 +661,9 @@ def test_layer_losses_for_a_student_without_layers_are_refused_at_load(tmp_path,
     student = "{model: {arch: bilstm}, losses: {" + term + ": 1.0}}"
     with pytest.raises(RecipeError, match=rf"distill.students.small.*\['{term}'\].*a bilstm student has none"):
         extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+def test_a_student_whose_loss_weights_are_all_zero_is_refused_at_load(tmp_path):
+    student = "{model: {arch: cnn}, losses: {mse: 0}}"
+    with pytest.raises(RecipeError, match=r"distill.students.small.losses: .*every loss weight is 0"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
