@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 from edgedistill.common import settings
-from edgedistill.common.bundle import Bundle, BundleSpec
+from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
 from edgedistill.common.manifest import ArtifactError
 
 try:
@@ -471,7 +471,7 @@ def open_runner(
         )
     if runtime == "tensorrt":
         return EngineRunner(model_path, model)
-    raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(TRITON_PLATFORMS)}")
+    raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(MODEL_FILES)}")
 
 
 def _io_mismatch(runner: Runner, spec: BundleSpec, model_path: Path) -> str | None:

@@ -66,6 +66,8 @@ def _transfer_and_students(
     unknown = set(only or ()) - set(recipe.distill.students)
     if unknown:
         raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {recipe_file}")
+    # A student class that breaks the contract fails now, not after the transfer set or in training.
+    student_stage.check_students(recipe, only or list(recipe.distill.students))
     single = dist.world_size() == 1
     if stage == "transfer":
         if not single:

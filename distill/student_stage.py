@@ -21,14 +21,21 @@ from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
 from edgedistill.distill.metrics import EVAL_KEYS, retention, task_metrics
-from edgedistill.distill.students import Student, build_student, count_parameters, init_from_teacher
+from edgedistill.distill.students import (
+    Student,
+    StudentError,
+    build_student,
+    check_student,
+    count_parameters,
+    init_from_teacher,
+)
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
@@ -37,6 +44,7 @@ from torch import nn
 
 # Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
+PROBE_VOCAB = 100  # tokens of the students `check_students` builds, before the teacher's tokenizer may exist
 
 
 class Frozen(list):
@@ -125,6 +133,32 @@ def student_logits(student: nn.Module, features, pad_id: int, placement=None) ->
     )
 
 
+def student_config(recipe: Recipe, spec: StudentRun, vocab_size: int, pad_token_id: int) -> StudentConfig:
+    """`spec.model` with what the data and the teacher's tokenizer set (`STUDENT_FROM_DATA`)."""
+    return StudentConfig.model_validate(
+        spec.model.model_dump()
+        | {
+            "vocab_size": vocab_size,
+            "num_labels": recipe.data.num_labels,
+            "pad_token_id": pad_token_id,
+            "max_length": recipe.transfer.max_length,
+            "pairs": recipe.data.pairs,
+        }
+    )
+
+
+def check_students(recipe: Recipe, names: list[str]) -> None:
+    """Build each named student at a small vocabulary and check it keeps the student contract (`check_student`),
+    before the transfer set or any training: `RecipeError` names the student and what its class breaks."""
+    for name in names:
+        spec = recipe.distill.students[name]
+        try:
+            student = build_student(student_config(recipe, spec, PROBE_VOCAB, 0))
+            check_student(student, spec.init_from_teacher or spec.baseline_init_from_teacher)
+        except StudentError as err:
+            raise RecipeError(f"distill.students.{name}: {err}") from err
+
+
 def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:
     """`student-<name>/` distilled from the transfer set, or with `baseline` `baseline-<name>/` trained on labels
     only for the same step budget (the transfer set's size sets it); its training bar on terminal line
@@ -167,16 +201,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
         optim = spec.optim
 
-    cfg = StudentConfig.model_validate(
-        spec.model.model_dump()
-        | {
-            "vocab_size": len(tokenizer),
-            "num_labels": recipe.data.num_labels,
-            "pad_token_id": pad,
-            "max_length": max_length,
-            "pairs": recipe.data.pairs,
-        }
-    )
+    cfg = student_config(recipe, spec, len(tokenizer), pad)
     torch.manual_seed(optim.seed)
     student = build_student(cfg, recipe.data.label_names)
     teacher_bert = None

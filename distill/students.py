@@ -1,10 +1,11 @@
 """Student models: BiLSTM (Tang et al. 2019), CNN (Kim 2014) and a small BERT (DistilBERT/TinyBERT).
 
 Every student maps `input_ids` and `attention_mask`, both (B, T) int64, to logits (B, C) from
-`forward(input_ids, attention_mask)`. Padding is on the right (the mask is 1s then 0s, as
-`distill.batching.collate` builds it), and logits do not depend on how much of it there is.
+`forward(input_ids, attention_mask, token_type_ids=None)`. Padding is on the right (the mask is 1s then 0s, as
+`distill.batching.collate` builds it), and logits do not depend on how much of it there is; `check_student`
+checks this contract.
 
-A pair student (`StudentConfig.pairs`) also takes `token_type_ids`: the teacher tokenizer's
+A pair student (`StudentConfig.pairs`) reads `token_type_ids`: the teacher tokenizer's
 `[CLS] A [SEP] B [SEP]`, with 1 marking sentence B. The BiLSTM and the CNN encode each sentence on
 its own with shared weights and classify the matching features `[u, v, u * v, |u - v|]` (Tang et
 al. 2019); the Transformer reads both as two segments, like its teacher.
@@ -14,6 +15,8 @@ Every student is a `Student`, a huggingface_hub `PyTorchModelHubMixin`: `save_pr
 `Student.from_pretrained(folder)` (or the architecture's own class) rebuilds it, from a folder or a Hub
 repository. This module needs torch, transformers and huggingface_hub only, not the training code.
 """
+
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -239,9 +242,65 @@ class TransformerClassifier(Student):
 ARCHITECTURES = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier, "transformer": TransformerClassifier}
 
 
+class StudentError(ValueError):
+    """A student architecture that breaks the contract of this module's docstring; the message says how."""
+
+
 def build_student(cfg: StudentConfig, labels: list[str] | None = None) -> Student:
     """A freshly initialised student of `cfg.arch`; `cfg.vocab_size` must be set."""
+    if cfg.arch not in ARCHITECTURES:
+        raise StudentError(f"arch {cfg.arch!r} has no class in distill.students.ARCHITECTURES: add it there")
     return ARCHITECTURES[cfg.arch](cfg, labels)
+
+
+def check_student(student: Student, from_teacher: bool) -> None:
+    """Raise `StudentError` where `student` breaks the contract: `forward(input_ids, attention_mask,
+    token_type_ids)` gives logits (B, num_labels) that padding does not change and, for a pair student, that depend
+    on token_type_ids; with `from_teacher`, `init_from_teacher` has a rule for it. Leaves `student` in eval mode."""
+    name, cfg = type(student).__name__, student.config
+    ids = torch.randint(0, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))  # padding too
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    types = torch.tensor([[0] * 4 + [1] * 4, [0] * 3 + [1] * 2 + [0] * 3]) if cfg.pairs else None
+    try:
+        inspect.signature(student.forward).bind(ids, mask, types)
+    except TypeError as err:
+        raise StudentError(
+            f"{name}.forward must take (input_ids, attention_mask, token_type_ids=None): {err}"
+        ) from None
+    if from_teacher and not _starts_from_teacher(student):
+        raise StudentError(
+            f"init_from_teacher has no rule for {name}, which has no `embed` word embedding (nn.Embedding): set "
+            "init_from_teacher: false (and baseline_init_from_teacher: false) for it, or extend init_from_teacher"
+        )
+    student.eval()
+    with torch.no_grad():
+        logits = student(ids, mask, types)
+        if not isinstance(logits, Tensor) or logits.shape != (2, cfg.num_labels):
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise StudentError(
+                f"{name} returns {got} for 2 texts; want logits (batch, num_labels) = (2, {cfg.num_labels})"
+            )
+        alone = student(ids[1:, :5], mask[1:, :5], None if types is None else types[1:, :5])
+        if not torch.allclose(logits[1:], alone, atol=1e-4):
+            raise StudentError(
+                f"{name}'s logits for a padded text differ from those of the same text alone (max |Δ| "
+                f"{(logits[1:] - alone).abs().max():.2e}): forward must ignore the positions attention_mask marks 0, "
+                "since batches pad texts to the longest"
+            )
+        if types is not None:
+            moved = types.clone()
+            moved[0, 3] = 1  # sentence B one token longer
+            if torch.allclose(student(ids, mask, moved)[0], logits[0]):
+                raise StudentError(
+                    f"{name}'s logits do not depend on token_type_ids, but this task's texts are pairs "
+                    "(data.text_pair_column): read which tokens are sentence B (`pair_sides` and `match` make a "
+                    "siamese student)"
+                )
+
+
+def _starts_from_teacher(student: nn.Module) -> bool:
+    """Whether `init_from_teacher` has a rule for `student`: a Transformer, or a word embedding `embed`."""
+    return isinstance(student, TransformerClassifier) or isinstance(getattr(student, "embed", None), nn.Embedding)
 
 
 def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
@@ -281,8 +340,9 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
     Transformer: embeddings (the first max_length positions) and, by `distill.losses.layer_map`,
     student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
     the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
-    BiLSTM/CNN: the word embeddings, reduced to embed_dim by PCA (`_teacher_embedding_basis`); the
-    padding row is zeroed. The vocabularies must match; a Transformer student needs a BERT teacher.
+    Any other student (BiLSTM, CNN): its word embedding `embed`, the teacher's reduced to embed_dim by PCA
+    (`_teacher_embedding_basis`), the padding row zeroed. The vocabularies must match; a Transformer
+    student needs a BERT teacher.
     """
     teacher_words = teacher.get_input_embeddings().weight
     if isinstance(student, TransformerClassifier):
@@ -301,14 +361,15 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
         for s, t in pairs:
             student.bert.encoder.layer[s - 1].load_state_dict(teacher.encoder.layer[t - 1].state_dict())
         return
-    if not isinstance(student, (BiLSTMClassifier, CNNClassifier)):
-        raise TypeError(f"not a student model: {type(student).__name__}")
+    if not _starts_from_teacher(student):
+        raise TypeError(f"{type(student).__name__} has no `embed` word embedding (nn.Embedding) to start from")
     if student.embed.num_embeddings != teacher_words.shape[0]:
         raise ValueError(
             f"vocab sizes differ: student {student.embed.num_embeddings} vs teacher {teacher_words.shape[0]}"
         )
     student.embed.weight.copy_(_teacher_embedding_basis(teacher_words, student.embed.embedding_dim))
-    student.embed.weight[student.embed.padding_idx].zero_()
+    if student.embed.padding_idx is not None:
+        student.embed.weight[student.embed.padding_idx].zero_()
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -148,6 +148,12 @@ def _transform(
             quantized = quantize.int8_static(graph, out, calibration(), quantize.static_ops(source.arch))
         else:
             quantized = quantize.int8_dynamic(graph, out, spec.per_channel, spec.int8_ops)
+        if not quantize.int8_weights(out):  # the bundle would be fp32 under an int8 name
+            fix = "int8_ops naming some of them" if spec.quantization == "dynamic" else "quantization: dynamic"
+            raise ExportError(
+                f"{source.arch}: {spec.quantization} INT8 of {quantized['op_types']} quantizes nothing in this graph "
+                f"(its operators: {', '.join(sorted(op_counts(onnx.load(str(graph)))))}): use {fix}, or fp32"
+            )
         graph = out
     elif spec.precision == "fp16" and not spec.fold:  # a folded graph has its table in fp16 already
         out = work / "fp16.onnx"

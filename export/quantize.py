@@ -91,6 +91,12 @@ def int8_static(
     )
 
 
+def int8_weights(path: Path) -> int:
+    """How many of the graph's weights are INT8 or UINT8: 0 where the quantizer found nothing it quantizes."""
+    quantized = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    return sum(t.data_type in quantized for t in onnx.load(str(path)).graph.initializer)
+
+
 def fp16(src: Path, dst: Path) -> None:
     """FP16 weights and compute with FP32 inputs and outputs (for GPU execution providers)."""
     model = OnnxModel(onnx.load(str(src)))

@@ -146,10 +146,11 @@ def classify_response(spec: BundleSpec | CascadeSpec, scores: Scores) -> classif
 
 
 def platform_of(runtime: ModelRuntime | CascadeRuntime) -> tuple[str, str]:
-    """Triton's platform and backend of the served model; Triton's backends are named as the runtimes."""
+    """Triton's platform and backend of the served model; Triton's backends are named as the runtimes, and a runtime
+    Triton has no platform for (none in `TRITON_PLATFORMS`) reports none, as a Triton model with a custom backend."""
     if isinstance(runtime, CascadeRuntime):
         return CASCADE_PLATFORM, ""
-    return TRITON_PLATFORMS[runtime.spec.runtime], runtime.spec.runtime
+    return TRITON_PLATFORMS.get(runtime.spec.runtime, ""), runtime.spec.runtime
 
 
 def outputs_of(runtime: ModelRuntime | CascadeRuntime) -> dict[str, str]:

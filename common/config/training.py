@@ -318,6 +318,14 @@ class LossWeights(Strict):
     hidden: float = Field(0.0, ge=0, description="hidden-state MSE (transformer students)")
     attention: float = Field(0.0, ge=0, description="attention KL (transformer students)")
 
+    @model_validator(mode="after")
+    def _some_term(self):
+        if not any(self.model_dump().values()):
+            raise ValueError(
+                "every loss weight is 0, so the student would learn nothing: give a term a weight (mse: 1)"
+            )
+        return self
+
 
 class StudentRun(Strict):
     """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""
@@ -330,6 +338,16 @@ class StudentRun(Strict):
     baseline_init_from_teacher: bool = Field(
         False, description="start the label-only baseline from the teacher too (off: it sees nothing of the teacher)"
     )
+
+    @model_validator(mode="after")
+    def _intermediate_losses_need_a_transformer(self):
+        given = [term for term in ("hidden", "attention") if getattr(self.losses, term)]
+        if given and self.model.arch != "transformer":
+            raise ValueError(
+                f"losses {given} compare the teacher's layers with a transformer student's; a {self.model.arch} "
+                "student has none: set them to 0"
+            )
+        return self
 
 
 class DistillConfig(Strict):

@@ -698,3 +698,16 @@ def test_a_student_key_the_data_sets_is_refused_naming_it(tmp_path):
 def test_a_text_file_setting_naming_a_labelled_data_format_is_refused(tmp_path, section, key):
     with pytest.raises(RecipeError, match=rf"exp\.yaml: {re.escape(key)} would be read line by line as plain text"):
         load_recipe(write(tmp_path, MINIMAL + section + "\n"))
+
+
+@pytest.mark.parametrize("term", ["hidden", "attention"])
+def test_layer_losses_for_a_student_without_layers_are_refused_at_load(tmp_path, term):
+    student = "{model: {arch: bilstm}, losses: {" + term + ": 1.0}}"
+    with pytest.raises(RecipeError, match=rf"distill.students.small.*\['{term}'\].*a bilstm student has none"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+def test_a_student_whose_loss_weights_are_all_zero_is_refused_at_load(tmp_path):
+    student = "{model: {arch: cnn}, losses: {mse: 0}}"
+    with pytest.raises(RecipeError, match=r"distill.students.small.losses: .*every loss weight is 0"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")

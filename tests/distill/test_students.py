@@ -2,12 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from edgedistill.distill.students import (
+    ARCHITECTURES,
     BiLSTMClassifier,
     CNNClassifier,
+    Student,
     StudentConfig,
+    StudentError,
     TransformerClassifier,
     _teacher_embedding_basis,
     build_student,
+    check_student,
     count_parameters,
     init_from_teacher,
     pair_sides,
@@ -15,6 +19,8 @@ from edgedistill.distill.students import (
 from pydantic import ValidationError
 from torch import nn
 from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+
+from tests.distill import extension
 
 VOCAB = 50
 TINY = dict(
@@ -67,12 +73,12 @@ def _ragged_batch(fill: str) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 
 @pytest.mark.parametrize(
     ("arch", "pooling"),
-    [("bilstm", "max"), ("bilstm", "mean"), ("bilstm", "last"), ("cnn", "max"), ("transformer", "max")],
+    [(arch, "max") for arch in ARCHS] + [("bilstm", "mean"), ("bilstm", "last")],
 )
 @pytest.mark.parametrize("fill", ["pad", "random"])
 def test_padding_does_not_change_logits(arch, pooling, fill):
     model = _student(arch, pooling=pooling)
-    if arch != "transformer":
+    if isinstance(getattr(model, "embed", None), nn.Embedding):
         with torch.no_grad():
             model.embed.weight[0].normal_()  # even a non-zero [PAD] vector must not leak in
     ids, mask, lengths = _ragged_batch(fill)
@@ -169,6 +175,15 @@ def test_init_from_teacher_projects_word_embeddings(arch, embed_dim):
     if embed_dim >= 32:  # all components kept: distances are the teacher's up to one scale factor
         ratio = torch.pdist(words[1:]) / torch.pdist(teacher.embeddings.word_embeddings.weight[1:])
         torch.testing.assert_close(ratio, torch.full_like(ratio, ratio[0].item()), atol=1e-4, rtol=1e-4)
+
+
+def test_init_from_teacher_starts_any_student_with_an_embed_layer():
+    teacher = _tiny_teacher()
+    student = extension.BagOfWords(StudentConfig(arch="cnn", **{**TINY, "vocab_size": 100}))
+    init_from_teacher(student, teacher)
+    expected = _teacher_embedding_basis(teacher.embeddings.word_embeddings.weight, TINY["embed_dim"])
+    torch.testing.assert_close(student.embed.weight[1:], expected[1:])
+    assert torch.equal(student.embed.weight[0], torch.zeros(TINY["embed_dim"]))
 
 
 def test_init_from_teacher_needs_the_teachers_vocabulary():
@@ -295,3 +310,47 @@ def test_init_from_teacher_refuses_a_transformer_student_of_a_gpt_teacher():
     teacher = GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
     with pytest.raises(TypeError, match="BERT teacher"):
         init_from_teacher(_student("transformer"), teacher)
+
+
+def _extension(monkeypatch, cls, **overrides) -> Student:
+    """A `cls` student built by `build_student`, registered in `ARCHITECTURES` as docs/extending.md says (under an
+    arch name the config lists already: the config's list is fixed when it is defined)."""
+    monkeypatch.setitem(ARCHITECTURES, "cnn", cls)
+    return _student("cnn", **overrides)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_a_student_added_as_the_docs_say_keeps_the_contract(monkeypatch, pairs):
+    check_student(_extension(monkeypatch, extension.BagOfWords, pairs=pairs), from_teacher=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("pairs", [False, True])
+def test_every_student_keeps_the_contract(arch, pairs):
+    check_student(_student(arch, pairs=pairs), from_teacher=True)
+
+
+@pytest.mark.parametrize(
+    ("cls", "pairs", "message"),
+    [
+        (extension.TwoArguments, False, r"forward must take \(input_ids, attention_mask, token_type_ids=None\)"),
+        (extension.OneLogit, False, r"returns \(2,\) for 2 texts; want logits \(batch, num_labels\) = \(2, 2\)"),
+        (extension.ReadsPadding, False, "padded text differ from those of the same text alone"),
+        (extension.ReadsPadding, True, "padded text differ from those of the same text alone"),
+        (extension.NoPairs, True, "do not depend on token_type_ids, but this task's texts are pairs"),
+        (extension.NoEmbed, False, "init_from_teacher has no rule for NoEmbed"),
+    ],
+)
+def test_a_student_that_breaks_the_contract_is_refused_saying_how(monkeypatch, cls, pairs, message):
+    with pytest.raises(StudentError, match=message):
+        check_student(_extension(monkeypatch, cls, pairs=pairs), from_teacher=True)
+
+
+def test_a_student_init_from_teacher_has_no_rule_for_passes_when_it_starts_afresh(monkeypatch):
+    check_student(_extension(monkeypatch, extension.NoEmbed), from_teacher=False)
+
+
+def test_an_arch_without_a_class_is_refused_naming_the_registry(monkeypatch):
+    monkeypatch.delitem(ARCHITECTURES, "cnn")
+    with pytest.raises(StudentError, match="'cnn' has no class in distill.students.ARCHITECTURES"):
+        _student("cnn")

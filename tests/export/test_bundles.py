@@ -6,14 +6,16 @@ import onnx
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.config.training import DataConfig, StudentConfig
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.runtime import missing_here, open_runner, tensorrt_available
+from edgedistill.distill import heads
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage
 from edgedistill.export.bundle_stage import max_length, token_features
-from edgedistill.export.onnx_export import load_source
+from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
 from edgedistill.export.validate import (
     ExportGateError,
     as_forward,
@@ -29,6 +31,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from tests.conftest import ROOT, run_export
+from tests.distill import extension
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -411,3 +414,17 @@ def test_tokenizer_json_alone_reads_a_bundle_as_the_server_does(smoke_bundles, b
     text = " ".join(["a gripping , funny and thoroughly moving film"] * 20)  # longer than any max length
     served = TextEncoder.for_bundle(load_bundle(folder)).encode([text])
     assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids == served[0]["input_ids"].tolist()
+
+
+@pytest.mark.parametrize(
+    ("settings", "advice"),
+    [({"quantization": "static"}, "use quantization: dynamic"), ({"int8_ops": ["Conv"]}, "use int8_ops naming")],
+)
+def test_int8_that_quantizes_nothing_is_refused_rather_than_shipped_as_fp32(tmp_path, settings, advice):
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=32)
+    source = Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS[:2], "bag", tmp_path)  # no MatMul
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    spec = BundleRecipe(source="bag", precision="int8", **settings)
+    feeds = [{k: v.numpy() for k, v in example_inputs(source.inputs, 4, 12).items()}]
+    with pytest.raises(ExportError, match=rf"bag: .* INT8 of .* quantizes nothing in this graph .*Gemm.*{advice}"):
+        bundle_stage._transform(spec, source, tmp_path / "plain.onnx", tmp_path, lambda: feeds, lambda: feeds)

@@ -1,0 +1,17 @@
+import os
+from pathlib import Path
+
+import pytest
+from edgedistill.distill import __main__ as distill_main
+from edgedistill.distill.students import ARCHITECTURES
+
+from tests.conftest import ROOT
+from tests.distill import extension
+
+
+@pytest.mark.parametrize("stage", ["transfer", "distill"])
+def test_a_student_class_that_breaks_the_contract_stops_the_run_before_the_transfer_set(monkeypatch, capsys, stage):
+    monkeypatch.setitem(ARCHITECTURES, "cnn", extension.TwoArguments)
+    assert distill_main.main([stage, str(ROOT / "recipes" / "smoke.yaml")]) == 2
+    assert "error: distill.students.cnn: TwoArguments.forward must take" in capsys.readouterr().err
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "transfer").exists()
