@@ -21,9 +21,10 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
 CONFIG = "config.json"
-# Bumped when `BundleSpec` gains a required field, so that bundles built before it are rebuilt (see
-# `export.bundle_stage.stage`). 2: `pad_token_id`.
-SPEC_VERSION = 2
+# The bundle format's version, hashed by the bundle stage (`export.bundle_stage.stage`): bumped when `BundleSpec` gains
+# a required field or a bundle's files are written otherwise, so that bundles built before are rebuilt.
+# 2: `pad_token_id`; 3: `tokenizer.json` truncates at the bundle's max length (`tokenizer_json`).
+SPEC_VERSION = 3
 # Tokens: far more than the students built here take, and few enough that the server's warm-up rows fit in memory.
 MAX_LENGTH = 1 << 16
 

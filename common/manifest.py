@@ -180,9 +180,12 @@ def staleness(
 def changes(old: dict, new: dict, most: int = 3) -> str:
     """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
     changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of
-    them, then how many more."""
-    before, after = _flat(old.get("settings", {}) | old.get("extra", {})), _flat(new["settings"] | new["extra"])
-    said = []
+    them, then how many more. A setting or extra the old record lacks whole (one a later release hashes) is said
+    once, `server: not recorded when it was built`, not as each of its values changed from null."""
+    recorded, hashed = old.get("settings", {}) | old.get("extra", {}), new["settings"] | new["extra"]
+    added = sorted(hashed.keys() - recorded.keys())
+    said = [f"{name}: not recorded when it was built" for name in added]
+    before, after = _flat(recorded), _flat({name: value for name, value in hashed.items() if name not in added})
     for key in sorted(before.keys() | after.keys()):
         was, now = before.get(key), after.get(key)
         if was == now:

@@ -122,6 +122,13 @@ def test_a_stage_built_before_its_settings_were_recorded_is_rebuilt_saying_its_s
     assert "[up] building again: its settings or a parent's changed" in capsys.readouterr().out
 
 
+def test_an_extra_a_later_release_hashes_is_named_once_as_not_recorded(recipe, capsys):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("finetune",), body, extra={"texts": None}).run()
+    Stage("up", recipe(), ("finetune",), body, extra={"texts": None, "server": {"port": 1, "threads": 2}}).run()
+    assert "[up] building again: server: not recorded when it was built\n" in capsys.readouterr().out
+
+
 def test_the_manifest_lists_the_files_and_the_summary_line_is_printed(recipe, capsys):
     manifest = Stage("up", recipe(), ("data",), writer("a.txt")).run()
     assert set(manifest.files) == {"a.txt"}

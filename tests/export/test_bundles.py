@@ -399,6 +399,13 @@ def test_a_bundle_stage_is_stale_when_the_spec_version_changes(monkeypatch):
     assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != before
 
 
+def test_bundles_built_before_tokenizer_json_truncated_are_built_again(monkeypatch):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    now = bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash
+    monkeypatch.setattr(bundle_stage, "SPEC_VERSION", 2)  # whose tokenizer.json kept the source's max length
+    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != now
+
+
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
 def test_auto_tokenizer_reads_a_bundle_as_the_server_does(smoke_bundles, bundle_id):
     folder = smoke_bundles / f"bundle-{bundle_id}"
