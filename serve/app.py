@@ -123,9 +123,10 @@ class EdgeServer:
         await self.host.activate(first)
         await self._set_health(SERVING)
 
-    async def reload(self, folder: str | Path | None = None):
-        """Swap in the bundle at `folder` (default: the one being served); `ReloadFailed` keeps the old one."""
-        return await self.host.reload(folder)
+    async def reload(self, folder: str | Path | None = None, trigger: str = "a Reload call"):
+        """Swap in the bundle at `folder` (default: the one being served); `ReloadFailed` keeps the old one.
+        `trigger`: what asked for it, for the log."""
+        return await self.host.reload(folder, trigger)
 
     async def stop(self, grace: float | None = None, reason: str = "stop") -> None:
         """Drain: NOT_SERVING, refuse new calls, let in-flight ones finish within `grace` seconds. `reason`: what
@@ -248,7 +249,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     async def reload_on_signal():
         # ReloadFailed: logged by the host, the current model keeps serving; NotReady: shutdown began, nothing to load
         with contextlib.suppress(ReloadFailed, NotReady):
-            await server.reload()
+            await server.reload(trigger="SIGHUP")
 
     def on_hangup():
         task = loop.create_task(reload_on_signal())

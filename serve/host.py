@@ -480,10 +480,19 @@ class ModelHost:
             await previous.close()
         return previous
 
-    async def reload(self, folder: str | Path | None = None) -> tuple[ModelRuntime, ModelRuntime | None]:
-        """Load `folder` (default: the folder being served) and swap it in; on failure keep serving the old one."""
+    async def reload(
+        self, folder: str | Path | None = None, trigger: str = "a Reload call"
+    ) -> tuple[ModelRuntime, ModelRuntime | None]:
+        """Load `folder` (default: the folder being served) and swap it in; on failure keep serving the old one.
+        `trigger` (what asked for it) goes in the log lines, with the request id of a Reload call."""
         async with self._lock:
             folder = Path(folder) if folder else self.folder
+            log.info(
+                "reloading %s on %s",
+                folder,
+                trigger,
+                extra={"event": "reload_started", "folder": str(folder), "trigger": trigger},
+            )
             try:
                 if self.draining:
                     raise NotReady("the server is shutting down; no reload")
@@ -494,7 +503,7 @@ class ModelHost:
                     "reload of %s failed, the current model keeps serving: %s",
                     folder,
                     err,
-                    extra={"event": "reload_failed", "folder": str(folder)},
+                    extra={"event": "reload_failed", "folder": str(folder), "trigger": trigger},
                 )
                 raise ReloadFailed(f"reload of {folder} failed, the current model keeps serving: {err}") from err
             return runtime, previous

@@ -3,6 +3,8 @@
 import asyncio
 import gc
 import hashlib
+import json
+import logging
 import re
 import shutil
 import threading
@@ -19,6 +21,7 @@ from edgedistill.serve.client import Client
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.host import TOKENIZE_THREADS
+from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -290,6 +293,17 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
     text = scrape(server)
     assert metric(text, "edgedistill_model_info", version="2") == 1
     assert metric(text, "edgedistill_model_info", version="1") == 0
+
+
+def test_a_reload_call_is_logged_with_its_trigger_and_request_id(start_server, make_bundle, caplog):
+    server = start_server(settings_for(make_bundle("v1"), admin_token=ADMIN_TOKEN))
+    caplog.handler.setFormatter(JsonFormatter())
+    with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
+        classifier_pb2_grpc.ClassifierStub(channel).Reload(
+            pb.ReloadRequest(), metadata=[*ADMIN, ("x-request-id", "swap-1")], timeout=10
+        )
+    (started,) = [e for e in map(json.loads, caplog.text.splitlines()) if e.get("event") == "reload_started"]
+    assert (started["trigger"], started["request_id"]) == ("a Reload call", "swap-1")
 
 
 @pytest.mark.parametrize("kind", ["corrupted", "missing"])

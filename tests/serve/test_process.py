@@ -129,6 +129,7 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
 
         write_bundle(folder, bias=3.0, version="2")
         server.proc.send_signal(signal.SIGHUP)
+        assert server.wait_for("reload_started")["trigger"] == "SIGHUP"
         deadline = time.monotonic() + 20
         while stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5).version != "2":
             assert time.monotonic() < deadline, f"no reload; log: {server.lines[-5:]}"
