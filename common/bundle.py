@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgedistill.common import manifest as mf
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 TOKENIZER = "tokenizer.json"
@@ -139,11 +139,11 @@ def _spec(folder: Path, manifest: mf.Manifest) -> BundleSpec:
         raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a bundle (no info.bundle)")
     try:
         spec = BundleSpec.model_validate(manifest.info["bundle"])
-    except ValueError as err:
+    except ValidationError as err:
         given = manifest.info["bundle"]
         old = isinstance(given, dict) and "pad_token_id" not in given
         hint = " (built before bundles recorded their padding id: build it again)" if old else ""
-        raise mf.ArtifactError(f"{folder}: invalid bundle spec{hint}: {err}") from err
+        raise mf.invalid(f"{folder}: invalid bundle spec{hint}", err) from None
     for required in (spec.model_file, TOKENIZER):
         if required not in manifest.files:
             raise mf.ArtifactError(f"{folder}: {required} is not in the bundle's manifest")

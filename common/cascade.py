@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle, ServedModel, load_bundle
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MEMBERS = "members"
 Rule = Literal["max_prob", "margin", "entropy"]
@@ -75,17 +75,22 @@ def is_cascade(folder: str | Path) -> bool:
         return False
 
 
+def cascade_spec(folder: Path, manifest: mf.Manifest) -> CascadeSpec:
+    """The cascade spec of `folder`'s manifest; `ArtifactError` unless the folder is a cascade and its spec valid."""
+    if "cascade" not in manifest.info:
+        raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a cascade (no info.cascade)")
+    try:
+        return CascadeSpec.model_validate(manifest.info["cascade"])
+    except ValidationError as err:
+        raise mf.invalid(f"{folder}: invalid cascade spec", err) from None
+
+
 def load_cascade(folder: str | Path) -> Cascade:
     """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
     each member as a bundle, and members that agree on labels and inputs."""
     folder = Path(folder)
     manifest, digest = mf.read(folder)
-    if "cascade" not in manifest.info:
-        raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a cascade (no info.cascade)")
-    try:
-        spec = CascadeSpec.model_validate(manifest.info["cascade"])
-    except ValueError as err:
-        raise mf.ArtifactError(f"{folder}: invalid cascade spec: {err}") from err
+    spec = cascade_spec(folder, manifest)
     members = []
     for member in spec.members:
         path = mf.listed_file(folder, f"{MEMBERS}/{member.bundle}")

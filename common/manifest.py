@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, space_checked, temporary_name
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
 CARD = "README.md"
@@ -26,6 +26,17 @@ TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime"
 
 class ArtifactError(RuntimeError):
     """An artifact folder that is missing, incomplete or does not match its manifest."""
+
+
+def invalid(what: str, err: ValidationError) -> ArtifactError:
+    """The error for a manifest or spec that fails validation: each problem as `key: message`, without pydantic's
+    input dumps and links."""
+    problems = []
+    for error in err.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{key}: {message}" if key else message)
+    return ArtifactError(f"{what}: {'; '.join(problems)}")
 
 
 class FileEntry(BaseModel):
@@ -130,8 +141,8 @@ def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
         raise ArtifactError(f"cannot read {path}: {err}") from err
     try:
         manifest = Manifest.model_validate_json(data)
-    except ValueError as err:
-        raise ArtifactError(f"{path} is not a valid manifest: {err}") from err
+    except ValidationError as err:
+        raise invalid(f"{path} is not a valid manifest", err) from None
     files = {name: listed_file(folder, name) for name in manifest.files}
     if verify:
         for name, entry in manifest.files.items():

@@ -18,7 +18,16 @@ from pathlib import Path
 import numpy as np
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.cascade import MEMBERS, Cascade, CascadeSpec, confidence, is_cascade, load_cascade, route
+from edgedistill.common.cascade import (
+    MEMBERS,
+    Cascade,
+    CascadeSpec,
+    cascade_spec,
+    confidence,
+    is_cascade,
+    load_cascade,
+    route,
+)
 from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
 from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
 from edgedistill.serve.metrics import Metrics
@@ -311,7 +320,7 @@ def model_bytes(folder: str | Path) -> int:
         if not is_cascade(folder):
             bundle = load_bundle(folder, verify=False)
             return bundle.manifest.files[bundle.spec.model_file].size_bytes
-        spec = CascadeSpec.model_validate(mf.load(folder, verify=False).info["cascade"])
+        spec = cascade_spec(Path(folder), mf.load(folder, verify=False))
         return sum(model_bytes(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}")) for m in spec.members)
     except (mf.ArtifactError, ValueError) as err:
         raise BundleRejected(f"bundle refused: {err}") from err

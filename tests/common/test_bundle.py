@@ -31,6 +31,28 @@ def test_reading_a_bundle_to_serve_refuses_one_without_its_padding_id(tmp_path):
         read_bundle(folder)
 
 
+def with_bad_max_length(folder):
+    """`folder`'s manifest with a spec field of the wrong type."""
+    path = folder / mf.MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["info"]["bundle"]["max_length"] = "long"
+    path.write_text(json.dumps(manifest))
+    return folder
+
+
+def test_an_invalid_bundle_spec_is_refused_naming_the_key_and_its_problem(tmp_path):
+    folder = with_bad_max_length(write_bundle(tmp_path / "bundle"))
+    with pytest.raises(mf.ArtifactError, match="invalid bundle spec: max_length: Input should be a valid integer"):
+        load_bundle(folder, verify=False)
+
+
+def test_an_invalid_bundle_spec_is_refused_without_the_validators_dump_of_the_input(tmp_path):
+    folder = with_bad_max_length(write_bundle(tmp_path / "bundle"))
+    with pytest.raises(mf.ArtifactError) as caught:
+        load_bundle(folder, verify=False)
+    assert "input_value" not in str(caught.value)
+
+
 def test_the_padding_id_is_read_from_the_spec(tmp_path):
     assert load_bundle(write_bundle(tmp_path / "bundle", pad_token_id=4)).spec.pad_token_id == 4
 

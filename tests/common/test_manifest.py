@@ -43,6 +43,16 @@ def test_damaged_artifact_is_refused(tmp_path, damage, message):
         mf.load(tmp_path / "stage")
 
 
+def test_a_manifest_field_of_the_wrong_type_is_refused_naming_it(tmp_path):
+    publish(tmp_path)
+    path = tmp_path / "stage" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["files"]["model.bin"]["size_bytes"] = "big"
+    path.write_text(json.dumps(data))
+    with pytest.raises(mf.ArtifactError, match="files.model.bin.size_bytes: Input should be a valid integer"):
+        mf.load(tmp_path / "stage")
+
+
 def list_outside_file(tmp_path, name_of) -> None:
     """Add to the stage's manifest a file outside its folder, listed with its true size and sha256, under the name
     `name_of(outside_path)`: verification by hash alone would accept it."""

@@ -558,6 +558,25 @@ def test_worker_memory_counts_every_members_model_file(cascade):
     assert model_bytes(cascade) == sum(path.stat().st_size for path in members)
 
 
+def with_text_threshold(cascade, tmp_path):
+    """A copy of `cascade` whose first member's threshold is text."""
+    folder = shutil.copytree(cascade, tmp_path / "cascade")
+    manifest = json.loads((folder / mf.MANIFEST).read_text())
+    manifest["info"]["cascade"]["members"][0]["threshold"] = "high"
+    (folder / mf.MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_an_invalid_cascade_spec_is_refused_naming_the_key_and_its_problem(cascade, tmp_path):
+    with pytest.raises(mf.ArtifactError, match="invalid cascade spec: members.0.threshold: Input should be a valid"):
+        load_cascade(with_text_threshold(cascade, tmp_path))
+
+
+def test_worker_memory_refuses_an_invalid_cascade_spec_naming_the_key(cascade, tmp_path):
+    with pytest.raises(BundleRejected, match="members.0.threshold: Input should be a valid number"):
+        model_bytes(with_text_threshold(cascade, tmp_path))
+
+
 def test_two_workers_serve_a_cascade(spawn, cascade):
     process = spawn(cascade, EDGEDISTILL_WORKERS="2")
     serving = process.wait_for("workers_serving", timeout=90)
