@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 
 import grpc
-from edgedistill.serve.logs import REQUEST_ID
+from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.metrics import Metrics
 from google.protobuf.message import DecodeError
 
@@ -150,7 +150,7 @@ class CallObserver:
         raise ValueError(f"{method}: a method handler without a behavior")
 
     def _begin(self, request, context, method: str) -> tuple[str, object, bool]:
-        """The call's request id and its context token; and whether the call is refused (auth, or a `Refused`
+        """The call's request id and its context tokens (request id, model); and whether the call is refused (auth, or a `Refused`
         request), its status then set."""
         metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
         request_id = (
@@ -159,7 +159,7 @@ class CallObserver:
             or uuid.uuid4().hex
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-        token = REQUEST_ID.set(request_id)
+        token = REQUEST_ID.set(request_id), MODEL.set(None)  # the call's own; no model until one takes it
         expected = self._admin if self._admin is not None and method in self.admin_methods else self._expected
         if (
             expected is not None
@@ -178,10 +178,16 @@ class CallObserver:
         return request_id, token, False
 
     def _end(self, context, method, request_id, started, token, err) -> None:
-        seconds = time.perf_counter() - started
+        try:
+            self._record(context, method, request_id, time.perf_counter() - started, err)
+        finally:
+            REQUEST_ID.reset(token[0])
+            MODEL.reset(token[1])
+
+    def _record(self, context, method, request_id, seconds, err) -> None:
+        """The call's metrics, and its log line where one is due."""
         code = _status_code(context, err)
         self.metrics.observe_call(method, code, seconds)
-        REQUEST_ID.reset(token)
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0

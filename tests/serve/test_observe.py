@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 from edgedistill.serve import observe
-from edgedistill.serve.logs import JsonFormatter
+from edgedistill.serve.logs import MODEL, JsonFormatter
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
-from tests.serve.conftest import GATED, settings_for
+from tests.serve.conftest import GATED, RunningServer, settings_for
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
 
@@ -32,6 +32,31 @@ def access_lines():
     logger.setLevel(level)
 
 
+def logged(access_lines, count: int = 1, **fields) -> list[dict]:
+    """The access lines with `fields` (default: the `rpc` lines), once `count` are there or 5 s have passed."""
+    fields = fields or {"event": "rpc"}
+    deadline = time.monotonic() + 5
+    while (
+        len(lines := [e for e in access_lines() if fields.items() <= e.items()]) < count and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    return lines
+
+
+def test_a_call_no_model_took_names_no_model_whatever_context_the_server_started_in(bundle, access_lines):
+    token = MODEL.set(("stale", "9"))  # as a model looked up before the server started leaves it
+    server = RunningServer(settings_for(bundle))
+    MODEL.reset(token)
+    try:
+        with server.channel() as channel, pytest.raises(grpc.RpcError):
+            request = pb.ClassifyRequest(texts=["words"], model_name="nope")
+            classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=10)
+        lines = logged(access_lines)
+    finally:
+        server.close()
+    assert "model" not in lines[0]
+
+
 def test_a_failed_call_logs_its_reason_and_model_but_not_its_text(served, access_lines):
     with served.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
@@ -41,9 +66,7 @@ def test_a_failed_call_logs_its_reason_and_model_but_not_its_text(served, access
         ):
             with pytest.raises(grpc.RpcError):
                 stub.Classify(request, timeout=10, metadata=[("x-request-id", request_id)])
-    deadline = time.monotonic() + 5
-    while len(lines := [e for e in access_lines() if e.get("event") == "rpc"]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    lines = logged(access_lines, 2)
     pairs, unknown = (next(e for e in lines if e["request_id"] == request_id) for request_id in ("pairs", "unknown"))
     assert (pairs["method"], pairs["code"]) == (CLASSIFY, "INVALID_ARGUMENT")
     assert "takes single texts, not text pairs" in pairs["details"]
@@ -61,9 +84,7 @@ def test_a_failed_stream_logs_the_model_that_answered_it(served, access_lines):
         replies = stub.ClassifyStream(iter(requests), timeout=10, metadata=[("x-request-id", "stream")])
         with pytest.raises(grpc.RpcError):
             list(replies)
-    deadline = time.monotonic() + 5
-    while not (lines := [e for e in access_lines() if e.get("request_id") == "stream"]) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    lines = logged(access_lines, request_id="stream")
     (line,) = lines
     assert (line["code"], line["details"]) == ("INVALID_ARGUMENT", "empty request: send at least one text")
     assert (line["model"], line["model_version"]) == ("tiny-sentiment", "1")
@@ -78,9 +99,7 @@ def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, acce
     with served.channel() as channel, pytest.raises(grpc.RpcError) as refused:
         kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert dict(refused.value.trailing_metadata())["x-request-id"] == "triton-7"
-    deadline = time.monotonic() + 5
-    while not (lines := [e for e in access_lines() if e.get("event") == "rpc"]) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    lines = logged(access_lines)
     (line,) = lines
     assert (line["request_id"], line["code"]) == ("triton-7", "INVALID_ARGUMENT")
 
