@@ -1,13 +1,16 @@
 """Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`; with several workers, the
 supervisor serves their sum."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from edgedistill.serve.batching import BatchObserver, DropReason
 from edgedistill.serve.settings import SettingsError, env_name
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 # Seconds. A small student's backend call takes about 50-200 us and its call a few hundred, the default recipe's
 # paced SLO is a p99 of 3 ms: dense below 10 ms, with edges at 0.1 ms and at 3 ms; up to 10 s for a hung backend.
@@ -105,6 +108,8 @@ class Metrics(BatchObserver):
             registry=r,
             multiprocess_mode="livesum",
         )
+        if not shared:  # a worker's process figures are the supervisor's to read (`WorkerProcesses`)
+            ProcessCollector(registry=r)
         self._member_depths: dict[tuple[str, str], int] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
@@ -218,9 +223,49 @@ def stop_http(server) -> None:
     server.server_close()
 
 
-def workers_registry(folder: Path) -> CollectorRegistry:
+# prometheus-client's process families -> the supervisor's per-worker ones: (name, help, family class)
+WORKER_PROCESS = {
+    "process_resident_memory_bytes": (
+        "edgedistill_worker_resident_memory_bytes",
+        "Resident memory of a worker process in bytes",
+        GaugeMetricFamily,
+    ),
+    "process_cpu_seconds": (
+        "edgedistill_worker_cpu_seconds",
+        "User and system CPU time of a worker process",
+        CounterMetricFamily,
+    ),
+    "process_open_fds": ("edgedistill_worker_open_fds", "Open file descriptors of a worker process", GaugeMetricFamily),
+    "process_start_time_seconds": (
+        "edgedistill_worker_start_time_seconds",
+        "Start time of a worker process since the epoch (a restart moves it)",
+        GaugeMetricFamily,
+    ),
+}
+
+
+class WorkerProcesses(Collector):
+    """Each live worker's memory, CPU time, open files and start time, read from /proc at each scrape and labelled
+    with the worker's index (kept across its restarts): multiprocess mode cannot combine process figures."""
+
+    def __init__(self, pids: Callable[[], dict[int, int]]):
+        self.pids = pids  # worker index -> pid of the live workers
+
+    def collect(self) -> list[Metric]:
+        families = {source: kind(name, doc, labels=["worker"]) for source, (name, doc, kind) in WORKER_PROCESS.items()}
+        for index, pid in self.pids().items():
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # none once it exited
+                if family.name in families:
+                    families[family.name].add_metric([str(index)], family.samples[0].value)
+        return list(families.values())
+
+
+def workers_registry(folder: Path, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:
     """A registry of the metrics that worker processes write to `folder` (prometheus-client's multiprocess mode):
-    counters and histograms summed over every worker that ran, the queue depth over the live ones."""
+    counters and histograms summed over every worker that ran, the queue depth over the live ones; the supervisor's
+    own process figures, and each live worker's (`pids`: index -> pid)."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(folder))
+    ProcessCollector(registry=registry)
+    registry.register(WorkerProcesses(pids))
     return registry

@@ -248,7 +248,7 @@ class Supervisor:
         self.selector.register(wake_read, selectors.EVENT_READ, None)
         try:
             if self.settings.metrics_port is not None:
-                registry = workers_registry(self.metrics_dir)
+                registry = workers_registry(self.metrics_dir, self._live_pids)
                 self.metrics_http = serve_http(registry, self.settings.metrics_host, self.settings.metrics_port)
                 self.metrics_port = self.metrics_http.server_port
             log.info(
@@ -372,6 +372,10 @@ class Supervisor:
                 self._start(worker.index, restarted=True)
         if self.stopping and time.monotonic() > self.stop_deadline:
             self._kill_all()
+
+    def _live_pids(self) -> dict[int, int]:
+        """Worker index -> pid of each worker still running (read by the metrics thread)."""
+        return {w.index: w.proc.pid for w in list(self.workers) if w.proc.returncode is None}
 
     def _forget(self, worker: Worker) -> None:
         """A worker that exited: its report pipe closed, its live gauges dropped from the metrics."""

@@ -18,7 +18,7 @@ from edgedistill.common import settings as common_settings
 from edgedistill.common.manifest import MANIFEST, Manifest
 from edgedistill.common.recipe import Recipe
 from edgedistill.serve import settings as serve_settings
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
+from edgedistill.serve.metrics import LATENCY_BUCKETS, WORKER_PROCESS, Metrics
 from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -295,6 +295,18 @@ def metric_row(metric: MetricWrapperBase) -> str:
     name = metric._name + ("_total" if metric._type == "counter" else "")  # a counter's samples add `_total`
     labels = ", ".join(f"`{label}`" for label in metric._labelnames)
     return f"| `{name}` | {metric._type} | {labels} | {metric._documentation} |"
+
+
+def test_the_process_metrics_table_lists_every_workers_metric_with_its_type_and_help():
+    documented = tables(SERVING_PAGE).get("Process metrics", [])
+    expected = [
+        f"| `{name}{'_total' if kind.__name__.startswith('Counter') else ''}` | "
+        f"{kind.__name__.removesuffix('MetricFamily').lower()} | `worker` | {doc} |"
+        for name, doc, kind in WORKER_PROCESS.values()
+    ]
+    assert documented == [cells(row) for row in expected], "docs/serving.md, Process metrics: the rows should be:\n" + (
+        "\n".join(expected)
+    )
 
 
 def test_the_metrics_table_lists_every_metric_with_its_type_labels_and_help():

@@ -1,11 +1,17 @@
-"""The metrics' definitions: what their buckets can tell apart."""
+"""The metrics' definitions: what their buckets can tell apart, and which process figures they carry."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
-from prometheus_client import generate_latest
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerProcesses
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.serve.conftest import ROOT
+from tests.serve.test_operations import metric
 
 
 def bucket_of(seconds: float) -> float:
@@ -22,3 +28,35 @@ def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_defau
 def test_every_drop_reason_is_exposed_at_zero_before_any_drop():
     text = generate_latest(Metrics().registry).decode()
     assert all(f'edgedistill_dropped_rows_total{{reason="{reason}"}} 0.0' in text for reason in DropReason)
+
+
+def test_one_server_exports_its_own_process_memory():
+    assert metric(generate_latest(Metrics().registry).decode(), "process_resident_memory_bytes") > 0
+
+
+@pytest.fixture
+def worker_scrape():
+    """A scrape of `WorkerProcesses` over this process (worker 0), a running child (worker 1) and an exited one (2)."""
+    running = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE
+    )
+    running.stdout.readline()  # it has run: its memory is mapped
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    registry = CollectorRegistry()
+    registry.register(WorkerProcesses(lambda: {0: os.getpid(), 1: running.pid, 2: exited.pid}))
+    yield generate_latest(registry).decode()
+    running.kill()
+    running.communicate()
+
+
+def test_each_live_workers_memory_is_labelled_with_its_index(worker_scrape):
+    assert metric(worker_scrape, "edgedistill_worker_resident_memory_bytes", worker="1") > 0
+
+
+def test_each_workers_cpu_time_is_a_counter(worker_scrape):
+    assert "# TYPE edgedistill_worker_cpu_seconds_total counter" in worker_scrape
+
+
+def test_a_worker_that_exited_has_no_process_figures(worker_scrape):
+    assert 'worker="2"' not in worker_scrape

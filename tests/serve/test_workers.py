@@ -94,6 +94,13 @@ def test_the_metrics_endpoint_sums_over_the_workers(two_workers):
     assert classified == CHANNELS
 
 
+def test_the_metrics_endpoint_gives_each_workers_memory(two_workers):
+    _, serving = two_workers
+    scraped = scrape(serving["metrics_port"])
+    memory = [metric(scraped, "edgedistill_worker_resident_memory_bytes", worker=w) for w in ("0", "1")]
+    assert all(rss > 10_000_000 for rss in memory)  # each holds Python, gRPC and ONNX Runtime
+
+
 def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     server, serving = two_workers
     server.proc.send_signal(signal.SIGTERM)
