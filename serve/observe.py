@@ -150,8 +150,8 @@ class CallObserver:
         raise ValueError(f"{method}: a method handler without a behavior")
 
     def _begin(self, request, context, method: str) -> tuple[str, object, bool]:
-        """The call's request id and its context tokens (request id, model); and whether the call is refused (auth, or a `Refused`
-        request), its status then set."""
+        """The call's request id and its context tokens (request id, model); and whether the call is refused (auth,
+        or a `Refused` request), its status then set."""
         metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
         request_id = (
             _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID])
