@@ -1,7 +1,12 @@
-"""The `loadtest` recipe section, its presets and schedules, and scenario weights."""
+"""The `loadtest` recipe section, its presets and schedules, scenario weights, and a task for each scenario."""
+
+import ast
+from importlib.util import find_spec
+from pathlib import Path
+from typing import get_args
 
 import pytest
-from edgedistill.common.config.measure import LoadtestConfig
+from edgedistill.common.config.measure import LoadtestConfig, Scenario
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.loadtests import plan
 
@@ -77,3 +82,18 @@ def test_scenario_weights_parse_and_malformed_ones_are_refused():
     for bad in ("single", "single=x", "nope=1", "single=0"):
         with pytest.raises(ValueError):
             plan.parse_scenarios(bad)
+
+
+def locustfile_scenarios() -> set[str]:
+    """The names of the locustfile's `SCENARIOS` table, read from its source: importing locust patches this process."""
+    tree = ast.parse(Path(find_spec("edgedistill.loadtests.locustfile").origin).read_text())
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SCENARIOS" for t in node.targets)
+    )
+    return {key.value for key in table.keys}
+
+
+def test_every_scenario_a_recipe_can_name_has_a_task_in_the_locustfile():
+    assert locustfile_scenarios() == set(get_args(Scenario))
