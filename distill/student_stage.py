@@ -211,9 +211,8 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     if from_teacher:
         init_from_teacher(student, teacher_bert)
     if baseline:
-        run_spec = spec.model_copy(
-            update={"losses": spec.losses.model_copy(update={"mse": 0, "kd": 0, "ce": 1, "hidden": 0, "attention": 0})}
-        )
+        labels_only = dict.fromkeys(type(spec.losses).model_fields, 0.0) | {"ce": 1.0}  # every term, a new one too
+        run_spec = spec.model_copy(update={"losses": spec.losses.model_copy(update=labels_only)})
         objective = DistillObjective(student, run_spec)
     else:
         objective = DistillObjective(student, spec, teacher_bert)
