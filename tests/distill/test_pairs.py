@@ -2,9 +2,11 @@
 
 import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import load_splits
@@ -15,7 +17,9 @@ from edgedistill.distill.tokenization import encode, load_tokenizer
 from tests.conftest import PYTHON, ROOT
 from tests.pair_task import pair_recipe, write_pair_task
 
-STUDENTS = ("bilstm", "cnn", "transformer")
+STUDENTS = tuple(
+    yaml.safe_load(pair_recipe(dict.fromkeys(["train", "dev", "unlabelled"], Path())))["distill"]["students"]
+)
 MAJORITY = 0.5  # the task is balanced
 
 
