@@ -252,8 +252,12 @@ def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
 _Loader.add_constructor("!replace", _replace_tag)
 
 
+HOME = "~/"  # a path under the user's home folder
+
+
 def _localize(value, variables: dict[str, str], folder: Path | None, where: str):
-    """`${NAME}` replaced in every string; then, with a `folder`, strings starting ./ or ../ made absolute from it."""
+    """`${NAME}` replaced in every string; then strings starting ~/ made absolute from the home folder and, with a
+    `folder`, strings starting ./ or ../ from it."""
     if isinstance(value, dict):
         return type(value)(
             {k: _localize(v, variables, folder, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
@@ -283,6 +287,8 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
             "${NAME:-default}); write ${NAME} and set the variable"
         )
     value = _VAR.sub(sub, value)
+    if value.startswith(HOME):  # the shell leaves `--data.train=~/x` and every `~` in a file as written
+        return str(Path(value).expanduser())
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 
 

@@ -383,6 +383,18 @@ def test_a_variable_that_expands_to_a_relative_path_resolves_from_the_recipe(tmp
     assert recipe.data.train == str(tmp_path / "trec" / "a.tsv")
 
 
+def test_a_home_path_in_a_recipe_resolves_from_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", "~/data/a.tsv")))
+    assert recipe.data.train == str(tmp_path / "home" / "data" / "a.tsv")
+
+
+def test_a_home_path_override_resolves_from_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    recipe = load_recipe(write(tmp_path, MINIMAL), {"data.train": "~/x.tsv"})
+    assert recipe.data.train == str(tmp_path / "home" / "x.tsv")
+
+
 def test_paths_without_a_dot_prefix_are_left_as_written(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).data.train == "a.tsv"
 
