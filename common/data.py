@@ -259,16 +259,24 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 
+def _split(cfg: DataConfig, key: str) -> Labelled:
+    """The split the setting `data.<key>` names; its errors name the setting first."""
+    try:
+        return load_labelled(getattr(cfg, key), cfg)
+    except DataError as err:
+        raise DataError(f"data.{key}: {err}") from None
+
+
 def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
     """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`; train pairs both ways if
     `symmetric_pairs`."""
-    train = load_labelled(cfg.train, cfg).head(cfg.train_limit)
-    return train.both_ways() if cfg.symmetric_pairs else train, load_labelled(cfg.dev, cfg).head(cfg.dev_limit)
+    train = _split(cfg, "train").head(cfg.train_limit)
+    return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev").head(cfg.dev_limit)
 
 
 def load_test(cfg: DataConfig) -> Labelled | None:
     """The recipe's test split, or None without one."""
-    return None if cfg.test is None else load_labelled(cfg.test, cfg)
+    return None if cfg.test is None else _split(cfg, "test")
 
 
 def _text_lines(path: Path, limit: int | None) -> list[str]:

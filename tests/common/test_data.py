@@ -3,7 +3,15 @@ import re
 
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, Labelled, _label_index, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.data import (
+    DataError,
+    Labelled,
+    _label_index,
+    load_labelled,
+    load_splits,
+    load_test,
+    load_unlabelled,
+)
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(
@@ -362,3 +370,19 @@ def test_examples_shared_with_another_split_are_counted_text_and_pair():
     train = Labelled(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0])
     assert Labelled(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0]).shared_with(train) == 1
     assert Labelled(["c", "c"], None, [1, 1]).shared_with(Labelled(["c"], None, [0])) == 2
+
+
+def test_a_missing_split_is_named_by_its_setting(tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("sentence\tlabel\ngood\t1\n")
+    cfg = DataConfig(train=str(train), dev=str(tmp_path / "dev.tsv"), label_names=["negative", "positive"])
+    with pytest.raises(DataError, match=r"^data\.dev: .*dev\.tsv: file not found"):
+        load_splits(cfg)
+
+
+def test_a_malformed_test_split_is_named_by_its_setting(tmp_path):
+    test = tmp_path / "test.tsv"
+    test.write_text("sentence\tlabel\ngood\tmaybe\n")
+    cfg = DataConfig(train="x", dev="x", test=str(test), label_names=["negative", "positive"])
+    with pytest.raises(DataError, match=r"^data\.test: "):
+        load_test(cfg)
