@@ -10,13 +10,18 @@ from tokenizers import Tokenizer
 from tests.serve.conftest import spec, tiny_tokenizer, write_bundle, write_cascade
 
 
-def without_pad_id(folder):
-    """`folder`'s manifest as a version before bundles recorded their padding id wrote it."""
+def edited_spec(folder, edit):
+    """`folder`, its manifest's bundle spec changed by `edit(spec)` in place."""
     path = folder / mf.MANIFEST
     manifest = json.loads(path.read_text())
-    del manifest["info"]["bundle"]["pad_token_id"]
+    edit(manifest["info"]["bundle"])
     path.write_text(json.dumps(manifest))
     return folder
+
+
+def without_pad_id(folder):
+    """`folder`'s manifest as a version before bundles recorded their padding id wrote it."""
+    return edited_spec(folder, lambda spec: spec.pop("pad_token_id"))
 
 
 def test_a_bundle_without_its_padding_id_is_refused_with_the_way_out(tmp_path):
@@ -33,11 +38,7 @@ def test_reading_a_bundle_to_serve_refuses_one_without_its_padding_id(tmp_path):
 
 def with_bad_max_length(folder):
     """`folder`'s manifest with a spec field of the wrong type."""
-    path = folder / mf.MANIFEST
-    manifest = json.loads(path.read_text())
-    manifest["info"]["bundle"]["max_length"] = "long"
-    path.write_text(json.dumps(manifest))
-    return folder
+    return edited_spec(folder, lambda spec: spec.update(max_length="long"))
 
 
 def test_an_invalid_bundle_spec_is_refused_naming_the_key_and_its_problem(tmp_path):
