@@ -42,6 +42,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 log = logging.getLogger("serve")
 
 SERVICES = (CLASSIFIER, KSERVE)
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+PROBE_MESSAGE_BYTES = 1024  # largest request on the health port: a Check names a service, a few bytes
 HEALTH_NAMES = ("", *SERVICES)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -195,16 +197,32 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
-    names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    names = (*SERVICES, HEALTH, reflection.SERVICE_NAME)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
     observed.check()
     if settings.health_port is not None:
-        # plaintext, with only the health service (the same statuses): for probes that cannot speak TLS
+        # plaintext, with only the health check (the same statuses): for probes that cannot speak TLS
         edge.health_server = grpc.aio.server(
-            options=[("grpc.so_reuseport", int(share_port)), *connection_options(settings)]
+            options=[
+                ("grpc.max_receive_message_length", PROBE_MESSAGE_BYTES),
+                ("grpc.so_reuseport", int(share_port)),
+                *connection_options(settings),
+            ]
         )
-        health_pb2_grpc.add_HealthServicer_to_server(edge.health, edge.health_server)
+        edge.health_server.add_generic_rpc_handlers((probe_handler(edge.health),))
     return edge, None if share_port else edge.bind()
+
+
+def probe_handler(servicer: health.aio.HealthServicer) -> grpc.GenericRpcHandler:
+    """The health port's one method, grpc.health.v1's `Check`, which ends at once. The port has no call limit (a
+    limit full of held calls would fail the probes) and no token, so `Watch`, a call held open for as long as its
+    client likes (about 20 KB of the server's memory each), is left to the gRPC port, under MAX_CONCURRENT_RPCS."""
+    check = grpc.unary_unary_rpc_method_handler(
+        servicer.Check,
+        request_deserializer=health_pb2.HealthCheckRequest.FromString,
+        response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(HEALTH, {"Check": check})
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:

@@ -36,8 +36,8 @@ class Settings(BaseModel):
         None,
         ge=0,
         le=65535,
-        description="a second, plaintext port serving only grpc.health.v1, for probes when the main port uses TLS "
-        "(0: any free port; 'off': none)",
+        description="a second, plaintext port serving only grpc.health.v1's Check, for probes when the main port uses "
+        "TLS (0: any free port; 'off': none)",
     )
     max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
     max_queue_delay_ms: float = Field(

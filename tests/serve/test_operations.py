@@ -204,6 +204,25 @@ def test_plaintext_health_port_answers_probes_while_the_main_port_uses_tls(start
         assert health_of(probe) == NOT_SERVING
 
 
+def test_the_health_port_answers_check_but_not_watch_which_it_could_not_bound(start_server, bundle):
+    server = start_server(settings_for(bundle, health_port=0))
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}") as probe:
+        watch = health_pb2_grpc.HealthStub(probe).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(watch)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_health_port_refuses_a_request_larger_than_a_check(start_server, bundle):
+    server = start_server(settings_for(bundle, health_port=0))
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}") as probe,
+        pytest.raises(grpc.RpcError) as caught,
+    ):
+        health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(service="x" * 4096), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 @pytest.fixture
 def at_call_limit(start_server, bundle):
     """A server with a health port whose MAX_CONCURRENT_RPCS (2) calls are all taken by streams left open."""
