@@ -32,6 +32,7 @@ from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings, SettingsError
+from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.wire import PRECHECKS
@@ -99,7 +100,7 @@ class EdgeServer:
 
     def bind(self) -> int:
         """Add the gRPC port (TLS with the settings' certificates) and the health port; the gRPC port bound."""
-        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", _credentials(self.settings))
+        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", server_credentials(self.settings))
         if self.health_server is not None:
             self.health_port = _bind(self.health_server, f"{self.settings.host}:{self.settings.health_port}")
         return port
@@ -155,18 +156,6 @@ class EdgeServer:
         self.metrics.stop_http()
         self._stopped = True
         log.info("stopped", extra={"event": "stopped"})
-
-
-def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None:
-        return None
-    try:
-        chain = settings.tls_cert.read_bytes()
-        key = settings.tls_key.read_bytes()
-        ca = settings.tls_ca.read_bytes() if settings.tls_ca else None
-    except OSError as err:
-        raise SettingsError(f"cannot read a TLS file: {err}") from err
-    return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
 def create_server(settings: Settings, supervisor: SupervisorLink | None = None) -> tuple[EdgeServer, int | None]:
