@@ -151,6 +151,12 @@ def test_network_policy_selects_the_servers_pods():
     assert only("NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
 
 
+def test_network_policy_lets_the_server_open_no_connection():
+    spec = only("NetworkPolicy")["spec"]
+    assert "Egress" in spec["policyTypes"]
+    assert not spec.get("egress"), "no destination admitted"
+
+
 def test_network_policy_admits_grpc_from_anywhere_and_metrics_from_monitoring_only():
     rules = only("NetworkPolicy")["spec"]["ingress"]
     admitted = {port["port"]: rule.get("from") for rule in rules for port in rule["ports"]}
