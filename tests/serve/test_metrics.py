@@ -1,8 +1,11 @@
-"""The metrics' definitions: what their buckets can tell apart."""
+"""The metrics' definitions: what their buckets can tell apart; the HTTP server that serves them."""
+
+import socket
 
 from edgedistill.common.recipe import load_recipe
+from edgedistill.serve import metrics
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, serve_http, stop_http
 from prometheus_client import generate_latest
 
 from tests.serve.conftest import ROOT
@@ -22,3 +25,14 @@ def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_defau
 def test_every_drop_reason_is_exposed_at_zero_before_any_drop():
     text = generate_latest(Metrics().registry).decode()
     assert all(f'edgedistill_dropped_rows_total{{reason="{reason}"}} 0.0' in text for reason in DropReason)
+
+
+def test_the_metrics_port_closes_a_connection_that_sends_no_request(monkeypatch):
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.2)
+    server = serve_http(Metrics().registry, "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as silent:
+            silent.sendall(b"GET /metrics HTTP/1.1\r\n")  # the request's first line, and nothing more
+            assert silent.recv(1) == b""  # closed by the server, before this socket's own 5 s
+    finally:
+        stop_http(server)
