@@ -308,7 +308,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     @handles_errors
     async def Reload(self, request, context):
         folder = reload_folder(request.bundle_path, self.settings, worker=self.supervisor is not None)
-        runtime, previous = await self.host.reload(folder)
+        runtime, previous = await self.host.reload(folder, f"a Reload call from {context.peer()}")
         if self.supervisor is not None:
             self.supervisor.reloaded()
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
