@@ -559,7 +559,7 @@ def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_serve
 
 def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):
     server = start_server(settings_for(bundle))
-    cost = server.server.host.get().batcher.cost
+    cost = server.server.host.current.batcher.cost  # not get(), which names its model in this thread's log context
     assert cost is not None, "warm-up times the backend at several shapes"
     assert min(cost.overhead, cost.per_token, cost.per_token_length) >= 0
     assert cost.seconds([(1, 8)]) > 0
