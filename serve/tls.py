@@ -23,7 +23,9 @@ class CertificateFiles:
             self._stamp = self._stamp_now()
             self.initial = self._read()
         except (OSError, ssl.SSLError) as err:
-            raise SettingsError(f"cannot use the TLS files: {err}") from err
+            raise SettingsError(
+                f"cannot use the TLS files (a PEM certificate chain and its key, unencrypted, as gRPC takes it): {err}"
+            ) from err
 
     def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
         """What changes when a file is replaced or written: inode, time and size."""
@@ -31,8 +33,9 @@ class CertificateFiles:
         return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
 
     def _read(self) -> grpc.ServerCertificateConfiguration:
-        """The files' contents; `ssl.SSLError` where the key is not the chain's."""
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.chain, self.key)
+        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted."""
+        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal, holding the server's start.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.chain, self.key, password=lambda: b"")
         ca = self.ca.read_bytes() if self.ca else None
         return grpc.ssl_server_certificate_configuration(
             [(self.key.read_bytes(), self.chain.read_bytes())], root_certificates=ca

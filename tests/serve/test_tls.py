@@ -10,7 +10,7 @@ from edgedistill.serve.settings import SettingsError
 from edgedistill.serve.tls import server_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import settings_for
+from tests.serve.conftest import run_openssl, settings_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -74,4 +74,13 @@ def test_the_new_pair_serves_once_its_key_follows(tls_server, certs, tmp_path):
 def test_a_key_that_is_not_the_certificates_is_refused_at_start(bundle, certs):
     settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "rotated.key")
     with pytest.raises(SettingsError, match="cannot use the TLS files"):
+        server_credentials(settings)
+
+
+def test_an_encrypted_key_is_refused_at_start_naming_what_grpc_takes(bundle, certs, tmp_path):
+    run_openssl(
+        "rsa", "-in", str(certs / "server.key"), "-aes256", "-passout", "pass:x", "-out", "locked.key", cwd=tmp_path
+    )
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=tmp_path / "locked.key")
+    with pytest.raises(SettingsError, match="its key, unencrypted"):
         server_credentials(settings)
