@@ -73,6 +73,12 @@ def _returnable(request_id: str) -> str:
     return request_id if request_id.isascii() and request_id.isprintable() else ""
 
 
+def caller(context: grpc.aio.ServicerContext) -> str:
+    """The call's peer address, and the names its client certificate proves where mutual TLS checked one."""
+    names = ", ".join(name.decode(errors="replace") for name in context.peer_identities() or ())
+    return f"{context.peer()} ({names})" if names else context.peer()
+
+
 class Refused:
     """Stands for request bytes refused before or while parsing: `reason` says why (INVALID_ARGUMENT)."""
 
@@ -207,7 +213,7 @@ class CallObserver:
                 "method": method,
                 "code": code.name,
                 "ms": round(seconds * 1000, 3),
-                "peer": context.peer(),
+                "peer": caller(context),
                 "request_id": request_id,
                 "details": context.details() or "",
                 **({"left_out": left_out} if left_out else {}),

@@ -1,11 +1,13 @@
 """TLS files read again when they change: a rotated certificate serves new connections without a restart, and a
-chain without its key yet leaves the old pair serving."""
+chain without its key yet leaves the old pair serving; a client certificate's name in the log."""
 
 import logging
 import shutil
 
 import grpc
 import pytest
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import SettingsError
 from edgedistill.serve.tls import server_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -84,3 +86,21 @@ def test_an_encrypted_key_is_refused_at_start_naming_what_grpc_takes(bundle, cer
     settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=tmp_path / "locked.key")
     with pytest.raises(SettingsError, match="its key, unencrypted"):
         server_credentials(settings)
+
+
+def test_a_failed_calls_log_line_names_the_client_certificate(start_server, bundle, certs, caplog):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"
+    )
+    server = start_server(settings)
+    credentials = grpc.ssl_channel_credentials(
+        (certs / "ca.pem").read_bytes(), (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes()
+    )
+    with (
+        caplog.at_level(logging.INFO, logger="serve.access"),
+        grpc.secure_channel(server.address, credentials) as channel,
+        pytest.raises(grpc.RpcError),
+    ):
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(), timeout=5)
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "rpc"]
+    assert line.peer.endswith("(client)")
