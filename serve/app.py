@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import ipaddress
 import logging
 import os
 import signal
@@ -55,6 +56,14 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered bef
 # gRPC's defaults, set here so that a change of them cannot lower the bound.
 MIN_PING_INTERVAL_MS = 300_000
 MAX_PING_STRIKES = 2
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` (an address to bind, or `localhost`) reaches only this machine."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def _ms(seconds: float) -> int:
@@ -110,6 +119,13 @@ class EdgeServer:
         await self._set_health(SERVING if self.host.ready else NOT_SERVING)
         self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
+        if self.settings.token is not None and self.settings.tls_cert is None and not loopback(self.settings.host):
+            log.warning(
+                "TOKEN is set but the gRPC port on %s is plaintext: the tokens cross the network as they are; set "
+                "TLS_CERT and TLS_KEY, unless a mesh or proxy encrypts the traffic",
+                self.settings.host,
+                extra={"event": "plaintext_token"},
+            )
         if self.health_server is not None:
             await self.health_server.start()
         if self.settings.metrics_port is not None:

@@ -563,3 +563,10 @@ def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):
     assert cost is not None, "warm-up times the backend at several shapes"
     assert min(cost.overhead, cost.per_token, cost.per_token_length) >= 0
     assert cost.seconds([(1, 8)]) > 0
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.1", False), ("0.0.0.0", True)])
+def test_a_token_on_a_plaintext_port_beyond_loopback_is_warned_of(start_server, bundle, caplog, host, warned):
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        start_server(settings_for(bundle, host=host, token="s3cret"))
+    assert any(getattr(r, "event", None) == "plaintext_token" for r in caplog.records) is warned
