@@ -211,6 +211,11 @@ def test_compose_environment_and_bundle_volume():
     assert int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
 
 
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_TOKEN", "EDGEDISTILL_ADMIN_TOKEN"])
+def test_compose_passes_tokens_from_the_shell(variable):
+    assert compose_service()["environment"][variable] == f"${{{variable}:-}}"
+
+
 def test_compose_healthcheck_asks_grpc_health():
     healthcheck = compose_service()["healthcheck"]
     assert healthcheck["test"][0] == "CMD"
