@@ -24,9 +24,9 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
-# An overload refuses thousands of calls a second, each as cheaply as it can, and so does a token check a client
-# without the token: a line each (about 30 us of the event loop) would slow the refusals and flood the logs, at the
-# will of anyone who can reach the port. One line a second per method says it, with the count left out.
+# An overload refuses thousands of calls a second, each as cheaply as it can, and anyone who can reach the port can
+# send as many without the token: a line each (about 30 us of the event loop) would slow the refusals and flood the
+# logs. One line a second per method and code says it, with the count left out.
 THROTTLED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED})
 THROTTLE_S = 1.0
 _KINDS = (
