@@ -38,6 +38,10 @@ ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
+# Where a model built from bytes finds its external data (tensors kept in other files): by default the working
+# directory, so a model could read any file below it (`/` in a container). The model file itself, inside which no
+# file can be, refuses every such reference; no stage writes external data.
+EXTERNAL_DATA_KEY = "session.model_external_initializers_file_folder_path"
 MIN_TENSORRT_MAJOR = 10
 GPU_HINT = (
     "Install on a machine with an NVIDIA GPU and its driver: pip install '.[gpu]' (onnxruntime-gpu, tensorrt and "
@@ -141,6 +145,8 @@ def open_session(
     # One model call at a time per session: the intra-op threads do the parallel work.
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.inter_op_num_threads = 1
+    if model is not None:
+        options.add_session_config_entry(EXTERNAL_DATA_KEY, str(Path(model_path).absolute()))
     offered = available_providers()
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.

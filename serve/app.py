@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import ipaddress
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings, SettingsError
+from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.wire import PRECHECKS
@@ -42,6 +44,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 log = logging.getLogger("serve")
 
 SERVICES = (CLASSIFIER, KSERVE)
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+PROBE_MESSAGE_BYTES = 1024  # largest request on the health port: a Check names a service, a few bytes
 HEALTH_NAMES = ("", *SERVICES)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -52,6 +56,14 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered bef
 # gRPC's defaults, set here so that a change of them cannot lower the bound.
 MIN_PING_INTERVAL_MS = 300_000
 MAX_PING_STRIKES = 2
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` (an address to bind, or `localhost`) reaches only this machine."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def _ms(seconds: float) -> int:
@@ -97,7 +109,7 @@ class EdgeServer:
 
     def bind(self) -> int:
         """Add the gRPC port (TLS with the settings' certificates) and the health port; the gRPC port bound."""
-        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", _credentials(self.settings))
+        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", server_credentials(self.settings))
         if self.health_server is not None:
             self.health_port = _bind(self.health_server, f"{self.settings.host}:{self.settings.health_port}")
         return port
@@ -107,6 +119,13 @@ class EdgeServer:
         await self._set_health(SERVING if self.host.ready else NOT_SERVING)
         self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
+        if self.settings.token is not None and self.settings.tls_cert is None and not loopback(self.settings.host):
+            log.warning(
+                "TOKEN is set but the gRPC port on %s is plaintext: the tokens cross the network as they are; set "
+                "TLS_CERT and TLS_KEY, unless a mesh or proxy encrypts the traffic",
+                self.settings.host,
+                extra={"event": "plaintext_token"},
+            )
         if self.health_server is not None:
             await self.health_server.start()
         if self.settings.metrics_port is not None:
@@ -155,18 +174,6 @@ class EdgeServer:
         log.info("stopped", extra={"event": "stopped"})
 
 
-def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None:
-        return None
-    try:
-        chain = settings.tls_cert.read_bytes()
-        key = settings.tls_key.read_bytes()
-        ca = settings.tls_ca.read_bytes() if settings.tls_ca else None
-    except OSError as err:
-        raise SettingsError(f"cannot read a TLS file: {err}") from err
-    return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
-
-
 def create_server(settings: Settings, supervisor: SupervisorLink | None = None) -> tuple[EdgeServer, int | None]:
     """Load and verify the bundle, build the server and bind its port (0: any free port); call from a running loop.
     As a worker of `supervisor` the ports are left for `EdgeServer.bind`, and bound with SO_REUSEPORT; else a port in
@@ -195,16 +202,32 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
-    names = (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    names = (*SERVICES, HEALTH, reflection.SERVICE_NAME)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
     observed.check()
     if settings.health_port is not None:
-        # plaintext, with only the health service (the same statuses): for probes that cannot speak TLS
+        # plaintext, with only the health check (the same statuses): for probes that cannot speak TLS
         edge.health_server = grpc.aio.server(
-            options=[("grpc.so_reuseport", int(share_port)), *connection_options(settings)]
+            options=[
+                ("grpc.max_receive_message_length", PROBE_MESSAGE_BYTES),
+                ("grpc.so_reuseport", int(share_port)),
+                *connection_options(settings),
+            ]
         )
-        health_pb2_grpc.add_HealthServicer_to_server(edge.health, edge.health_server)
+        edge.health_server.add_generic_rpc_handlers((probe_handler(edge.health),))
     return edge, None if share_port else edge.bind()
+
+
+def probe_handler(servicer: health.aio.HealthServicer) -> grpc.GenericRpcHandler:
+    """The health port's one method, grpc.health.v1's `Check`, which ends at once. The port has no call limit (a
+    limit full of held calls would fail the probes) and no token, so `Watch`, a call held open for as long as its
+    client likes (about 20 KB of the server's memory each), is left to the gRPC port, under MAX_CONCURRENT_RPCS."""
+    check = grpc.unary_unary_rpc_method_handler(
+        servicer.Check,
+        request_deserializer=health_pb2.HealthCheckRequest.FromString,
+        response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(HEALTH, {"Check": check})
 
 
 def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:

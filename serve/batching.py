@@ -283,12 +283,15 @@ class DynamicBatcher:
                 request.future.set_exception(err)
 
     def _fault(self, message: str, err: BaseException | None = None) -> None:
-        """Stop for good on an internal fault: fail what is held, refuse what comes, tell `on_fault` once."""
+        """Stop for good on an internal fault: fail what is held, refuse what comes, tell `on_fault` once. The
+        callers are told `message`; the error `err`, whose text may name the server's files and internals, only
+        the log."""
         if self.fault is None:
             self.fault = ServerFault(f"{message}; the server is restarting: retry (another replica, or this one soon)")
             self._closing = True
             self._arrived.set()
-            log.error("batcher fault: %s", message, exc_info=err, extra={"event": "batcher_fault"})
+            cause = "" if err is None else f": {err!r}"
+            log.error("batcher fault: %s%s", message, cause, exc_info=err, extra={"event": "batcher_fault"})
             if self.on_fault is not None:
                 self.on_fault(self.fault)
         self._fail_all(ServerFault(str(self.fault)))
@@ -297,7 +300,7 @@ class DynamicBatcher:
         try:
             await self._serve_queue()
         except Exception as err:  # an error of the batcher itself: its state is unknown
-            self._fault(f"the batcher stopped on an internal error: {err!r}", err)
+            self._fault("the batcher stopped on an internal error", err)
 
     async def _serve_queue(self) -> None:
         loop = asyncio.get_running_loop()
@@ -379,7 +382,7 @@ class DynamicBatcher:
             self._deliver(batch, groups, shapes, results)
         except Exception as err:  # handing outputs back failed: the batcher's state is unknown
             self._running.append(batch)
-            self._fault(f"the batcher failed handing a batch's outputs back: {err!r}", err)
+            self._fault("the batcher failed handing a batch's outputs back", err)
 
     async def _watched(self, call: asyncio.Future):
         """The result of a call in the worker thread; `_Hung` when it runs past `batch_timeout`."""

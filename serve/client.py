@@ -1,7 +1,7 @@
 """A small client for the server, as a library (`Client`) and a CLI printing JSON.
 
 python -m serve.client "a great movie" "a dull one"
-python -m serve.client --file reviews.txt --file more.txt --address host:50051 --token $TOKEN --tls-ca ca.pem
+EDGEDISTILL_TOKEN=... python -m serve.client --file reviews.txt --file more.txt --address host:50051 --tls-ca ca.pem
 python -m serve.client "the plot" --pair "a dull one"      # a text pair, for models trained on pairs
 python -m serve.client --tsv dev.tsv --header               # pairs: text<TAB>pair on each line
 echo "a great movie" | python -m serve.client --kserve
@@ -21,6 +21,7 @@ from typing import TextIO
 
 import grpc
 import numpy as np
+from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
@@ -29,6 +30,8 @@ RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restartin
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
+# The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
+TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -403,7 +406,11 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     )
     parser.add_argument("--kserve", action="store_true", help="use the KServe v2 protocol (ModelInfer)")
     parser.add_argument("--model", default="", type=_utf8, help="model name (default: the served one)")
-    parser.add_argument("--token", type=_header, help="bearer token")
+    parser.add_argument(
+        "--token",
+        type=_header,
+        help=f"bearer token (default: ${TOKEN_VAR}, for --reload ${ADMIN_TOKEN_VAR}: a flag shows in `ps`)",
+    )
     parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
@@ -425,12 +432,27 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     return parser
 
 
+def environ_token(reload: bool) -> str | None:
+    """The token of the variable the server reads it from (ADMIN_TOKEN_VAR for a Reload, else TOKEN_VAR); None
+    where unset. `UsageError` for one gRPC metadata cannot carry."""
+    name = ADMIN_TOKEN_VAR if reload else TOKEN_VAR
+    token = os.environ.get(name) or None
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise UsageError(f"{name} must be printable ASCII, as gRPC metadata values are (a trailing newline?)")
+    return token
+
+
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
+        token = args.token or environ_token(args.reload is not None)
+    except UsageError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
+    try:
         client = Client(
             args.address,
-            token=args.token,
+            token=token,
             tls=args.tls,
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,

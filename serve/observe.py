@@ -2,7 +2,7 @@
 
 The wrapping happens once, when a servicer is registered (`ObservedServer` stands in for the
 server), not per call: a `grpc.aio` server interceptor runs an extra coroutine for every call, which
-cost a third of an echo server's throughput. Auth rejections are counted and logged like any call.
+cost a third of an echo server's throughput. Auth rejections are counted like any call.
 """
 
 import asyncio
@@ -24,9 +24,10 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
-# An overload refuses thousands of calls a second, each as cheaply as it can: a line each (about 30 us of the event
-# loop) would slow the refusals and flood the logs. One line a second per method says it, with the count left out.
-THROTTLED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+# An overload refuses thousands of calls a second, each as cheaply as it can, and anyone who can reach the port can
+# send as many without the token: a line each (about 30 us of the event loop) would slow the refusals and flood the
+# logs. One line a second per method and code says it, with the count left out.
+THROTTLED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED})
 THROTTLE_S = 1.0
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
@@ -70,6 +71,12 @@ def _returnable(request_id: str) -> str:
     """The client's request id if trailing metadata can return it: printable ASCII. gRPC receives other bytes
     (a tab, UTF-8) from clients that do not check, but refuses to send them, which would lose the reply."""
     return request_id if request_id.isascii() and request_id.isprintable() else ""
+
+
+def caller(context: grpc.aio.ServicerContext) -> str:
+    """The call's peer address, and the names its client certificate proves where mutual TLS checked one."""
+    names = ", ".join(name.decode(errors="replace") for name in context.peer_identities() or ())
+    return f"{context.peer()} ({names})" if names else context.peer()
 
 
 class Refused:
@@ -212,7 +219,7 @@ class CallObserver:
                 "method": method,
                 "code": code.name,
                 "ms": round(seconds * 1000, 3),
-                "peer": context.peer(),
+                "peer": caller(context),
                 "request_id": request_id,
                 "details": context.details() or "",
                 **({"left_out": left_out} if left_out else {}),

@@ -36,8 +36,8 @@ class Settings(BaseModel):
         None,
         ge=0,
         le=65535,
-        description="a second, plaintext port serving only grpc.health.v1, for probes when the main port uses TLS "
-        "(0: any free port; 'off': none)",
+        description="a second, plaintext port serving only grpc.health.v1's Check, for probes when the main port uses "
+        "TLS (0: any free port; 'off': none)",
     )
     max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
     max_queue_delay_ms: float = Field(
@@ -136,7 +136,11 @@ class Settings(BaseModel):
         "with UNAVAILABLE, health turns NOT_SERVING and the process exits with status 3 for a restart (a call run "
         "inline on the event loop blocks it: the loop's watchdog then exits at once, and the calls end UNAVAILABLE)",
     )
-    tls_cert: Path | None = Field(None, description="server certificate chain (PEM); enables TLS")
+    tls_cert: Path | None = Field(
+        None,
+        description="server certificate chain (PEM); enables TLS. The TLS files are read again at the first "
+        "handshake after one changed: a rotated certificate serves new connections without a restart",
+    )
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA bundle (PEM) that client certificates must chain to: mutual TLS")
     token: SecretStr | None = Field(

@@ -31,7 +31,7 @@ from edgedistill.serve.errors import (
 from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
 from edgedistill.serve.idle import IdleWatch
 from edgedistill.serve.logs import MODEL, REQUEST_ID
-from edgedistill.serve.observe import refuse
+from edgedistill.serve.observe import caller, refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
 from edgedistill.serve.workers import SupervisorLink
@@ -308,7 +308,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     @handles_errors
     async def Reload(self, request, context):
         folder = reload_folder(request.bundle_path, self.settings, worker=self.supervisor is not None)
-        runtime, previous = await self.host.reload(folder)
+        runtime, previous = await self.host.reload(folder, f"a Reload call from {caller(context)}")
         if self.supervisor is not None:
             self.supervisor.reloaded()
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))

@@ -166,6 +166,37 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
         open_session(broken, ["cpu"])
 
 
+def external_data_model(location: str) -> bytes:
+    """y = w, whose 4 bytes ONNX keeps in the file `location` (external data)."""
+    w = numpy_helper.from_array(np.zeros(4, np.uint8), "w")
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "4")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "external",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [4])],
+        [w],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    return onnx_model.SerializeToString()
+
+
+def test_a_model_from_bytes_reads_no_file_of_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(b"SECR")
+    path = tmp_path / "bundle" / "model.onnx"
+    path.parent.mkdir()
+    model = external_data_model("secret.bin")
+    path.write_bytes(model)
+    with pytest.raises(ModelLoadError, match="External data path does not exist"):
+        open_session(path, ["cpu"], model=model)
+
+
 def test_tensorrt_options_enable_fp16_and_cache_where_the_setting_says(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "engines"))
     assert provider_options("TensorrtExecutionProvider") == {

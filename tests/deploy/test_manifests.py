@@ -1,6 +1,6 @@
 """The container and deployment files: schema-valid Kubernetes manifests, probes on the gRPC health
-service, a non-root server, images that install the `serve` extra, and serving pins equal to
-pyproject.toml's extras. Pure file checks (no podman).
+service, a non-root server, tokens from a Secret, a NetworkPolicy, images that install the `serve` extra, and
+serving pins equal to pyproject.toml's extras. Pure file checks (no podman).
 """
 
 import ast
@@ -65,7 +65,8 @@ def test_k8s_manifest_is_schema_valid(name, doc):
 
 
 def container_settings(container: dict):
-    return load_settings([], environ={item["name"]: item["value"] for item in container["env"]})
+    """The settings of the container's literal `value`s (those from a Secret left out)."""
+    return load_settings([], environ={item["name"]: item["value"] for item in container["env"] if "value" in item})
 
 
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
@@ -137,6 +138,32 @@ def test_services_expose_grpc_and_metrics():
     assert {(p["name"], p["port"]) for p in main["spec"]["ports"]} == {("grpc", GRPC_PORT), ("metrics", METRICS_PORT)}
 
 
+@pytest.mark.parametrize(
+    ("variable", "key"), [("EDGEDISTILL_TOKEN", "token"), ("EDGEDISTILL_ADMIN_TOKEN", "admin-token")]
+)
+def test_tokens_come_from_a_secret(variable, key):
+    (item,) = [item for item in serve_container(only("Deployment"))["env"] if item["name"] == variable]
+    assert item["valueFrom"]["secretKeyRef"]["key"] == key
+
+
+def test_network_policy_selects_the_servers_pods():
+    pod_labels = only("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert only("NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_network_policy_lets_the_server_open_no_connection():
+    spec = only("NetworkPolicy")["spec"]
+    assert "Egress" in spec["policyTypes"]
+    assert not spec.get("egress"), "no destination admitted"
+
+
+def test_network_policy_admits_grpc_from_anywhere_and_metrics_from_monitoring_only():
+    rules = only("NetworkPolicy")["spec"]["ingress"]
+    admitted = {port["port"]: rule.get("from") for rule in rules for port in rule["ports"]}
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert admitted == {"grpc": None, "metrics": monitoring}, "the health port: the node's kubelet only"
+
+
 def test_hpa_scales_the_deployment_on_cpu():
     hpa = only("HorizontalPodAutoscaler")
     deployment = only("Deployment")
@@ -182,6 +209,11 @@ def test_compose_environment_and_bundle_volume():
     grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
     assert grace, service["stop_grace_period"]
     assert int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
+
+
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_TOKEN", "EDGEDISTILL_ADMIN_TOKEN"])
+def test_compose_passes_tokens_from_the_shell(variable):
+    assert compose_service()["environment"][variable] == f"${{{variable}:-}}"
 
 
 def test_compose_healthcheck_asks_grpc_health():

@@ -314,11 +314,15 @@ def run_openssl(*args: str, cwd: Path) -> None:
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory) -> Path:
     """A throwaway CA, a server certificate for localhost/127.0.0.1 and a client certificate (openssl CLI);
-    and `stranger.pem`/`.key`, a client certificate from another CA (`other-ca`)."""
+    and from another CA (`other-ca`) `stranger.pem`/`.key`, a client certificate, and `rotated.pem`/`.key`, a server
+    certificate."""
     folder = tmp_path_factory.mktemp("certs")
     (folder / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     (folder / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for ca, certificates in (("ca", {"server": "server", "client": "client"}), ("other-ca", {"stranger": "client"})):
+    for ca, certificates in (
+        ("ca", {"server": "server", "client": "client"}),
+        ("other-ca", {"stranger": "client", "rotated": "server"}),
+    ):
         run_openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=test-{ca}",
                     "-keyout", f"{ca}.key", "-out", f"{ca}.pem", cwd=folder)  # fmt: skip
         for name, ext in certificates.items():

@@ -489,6 +489,34 @@ def test_an_error_handing_outputs_back_fails_every_held_request_at_once_and_repo
     assert len(faults) == 1
 
 
+class FailingObserver(BatchObserver):
+    """Fails handing outputs back with an error whose text names a file of the server."""
+
+    def batch_done(self, rows: int, seconds: float) -> None:
+        raise RuntimeError("cannot write /srv/private/stats.db")
+
+
+def fault_of_failing_observer(caplog) -> ServerFault:
+    async def main():
+        b = batcher(FakeBackend(), observer=FailingObserver())
+        b.start()
+        (result,) = await asyncio.gather(b.submit([row(1)]), return_exceptions=True)
+        await b.close()
+        return result
+
+    with caplog.at_level("ERROR", logger="edgedistill.serve.batching"):
+        return asyncio.run(main())
+
+
+def test_a_fault_tells_the_callers_its_kind_but_not_the_errors_text(caplog):
+    assert "/srv/private" not in str(fault_of_failing_observer(caplog))
+
+
+def test_a_fault_logs_the_errors_text(caplog):
+    fault_of_failing_observer(caplog)
+    assert "/srv/private" in caplog.text
+
+
 def test_a_backend_call_past_the_time_limit_fails_every_held_request_and_reports_the_fault():
     gate, faults = threading.Event(), []
     backend = FakeBackend(gate=gate)

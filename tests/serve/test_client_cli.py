@@ -252,3 +252,25 @@ def test_kserve_names_the_cascade_member_that_answered_as_classify_does(start_se
     classified = json.loads(run(capsys, "--address", server.address, *TEXTS)[1])["predictions"]
     kserved = json.loads(run(capsys, "--address", server.address, "--kserve", *TEXTS)[1])["predictions"]
     assert [p.get("answered_by") for p in kserved] == [p["answered_by"] for p in classified]
+
+
+def test_the_token_comes_from_the_servers_variable_without_the_flag(start_server, bundle, monkeypatch, capsys):
+    server = start_server(settings_for(bundle, token="s3cret"))
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "s3cret")
+    code, _, err = run(capsys, "--address", server.address, "good")
+    assert code == 0, err
+
+
+def test_a_reload_sends_the_admin_token_from_its_variable(start_server, bundle, monkeypatch, capsys):
+    server = start_server(settings_for(bundle, token="s3cret", admin_token="admin"))
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "s3cret")
+    monkeypatch.setenv("EDGEDISTILL_ADMIN_TOKEN", "admin")
+    code, _, err = run(capsys, "--address", server.address, "--reload")
+    assert code == 0, err
+
+
+def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "s3cret\n")
+    code, _, err = run(capsys, "--address", served.address, "good")
+    assert code == 2
+    assert "EDGEDISTILL_TOKEN must be printable ASCII" in err

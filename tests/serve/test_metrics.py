@@ -1,13 +1,16 @@
-"""The metrics' definitions: what their buckets can tell apart, and which process figures they carry."""
+"""The metrics' definitions: what their buckets can tell apart, which process figures they carry; the HTTP server
+that serves them."""
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 from edgedistill.common.recipe import load_recipe
+from edgedistill.serve import metrics
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerProcesses
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerProcesses, serve_http, stop_http
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.serve.conftest import ROOT
@@ -60,3 +63,14 @@ def test_each_workers_cpu_time_is_a_counter(worker_scrape):
 
 def test_a_worker_that_exited_has_no_process_figures(worker_scrape):
     assert 'worker="2"' not in worker_scrape
+
+
+def test_the_metrics_port_closes_a_connection_that_sends_no_request(monkeypatch):
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.2)
+    server = serve_http(Metrics().registry, "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as silent:
+            silent.sendall(b"GET /metrics HTTP/1.1\r\n")  # the request's first line, and nothing more
+            assert silent.recv(1) == b""  # closed by the server, before this socket's own 5 s
+    finally:
+        stop_http(server)

@@ -122,3 +122,14 @@ def test_overload_refusals_are_logged_once_per_interval_with_the_count_left_out(
         admitted.result()
     lines = [e for e in access_lines() if e.get("code") == "RESOURCE_EXHAUSTED"]
     assert [line.get("left_out", 0) for line in lines] == [0, 9]
+
+
+def test_calls_without_the_token_are_logged_once_per_interval(start_server, bundle, access_lines, monkeypatch):
+    monkeypatch.setattr(observe, "THROTTLE_S", 60.0)
+    server = start_server(settings_for(bundle, token="s3cret"))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        for _ in range(10):
+            with pytest.raises(grpc.RpcError):
+                stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
+    assert len([e for e in access_lines() if e.get("code") == "UNAUTHENTICATED"]) == 1

@@ -204,6 +204,25 @@ def test_plaintext_health_port_answers_probes_while_the_main_port_uses_tls(start
         assert health_of(probe) == NOT_SERVING
 
 
+def test_the_health_port_answers_check_but_not_watch_which_it_could_not_bound(start_server, bundle):
+    server = start_server(settings_for(bundle, health_port=0))
+    with grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}") as probe:
+        watch = health_pb2_grpc.HealthStub(probe).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(watch)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_health_port_refuses_a_request_larger_than_a_check(start_server, bundle):
+    server = start_server(settings_for(bundle, health_port=0))
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{server.server.health_port}") as probe,
+        pytest.raises(grpc.RpcError) as caught,
+    ):
+        health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(service="x" * 4096), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 @pytest.fixture
 def at_call_limit(start_server, bundle):
     """A server with a health port whose MAX_CONCURRENT_RPCS (2) calls are all taken by streams left open."""
@@ -295,7 +314,7 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
     assert metric(text, "edgedistill_model_info", version="1") == 0
 
 
-def test_a_reload_call_is_logged_with_its_trigger_and_request_id(start_server, make_bundle, caplog):
+def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_server, make_bundle, caplog):
     server = start_server(settings_for(make_bundle("v1"), admin_token=ADMIN_TOKEN))
     caplog.handler.setFormatter(JsonFormatter())
     with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
@@ -303,7 +322,8 @@ def test_a_reload_call_is_logged_with_its_trigger_and_request_id(start_server, m
             pb.ReloadRequest(), metadata=[*ADMIN, ("x-request-id", "swap-1")], timeout=10
         )
     (started,) = [e for e in map(json.loads, caplog.text.splitlines()) if e.get("event") == "reload_started"]
-    assert (started["trigger"], started["request_id"]) == ("a Reload call", "swap-1")
+    assert started["trigger"].startswith("a Reload call from ipv4:127.0.0.1:")
+    assert started["request_id"] == "swap-1"
 
 
 @pytest.mark.parametrize("kind", ["corrupted", "missing"])
@@ -539,7 +559,14 @@ def test_warm_up_refuses_a_model_whose_outputs_do_not_fit_the_labels(start_serve
 
 def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):
     server = start_server(settings_for(bundle))
-    cost = server.server.host.get().batcher.cost
+    cost = server.server.host.current.batcher.cost  # not get(), which names its model in this thread's log context
     assert cost is not None, "warm-up times the backend at several shapes"
     assert min(cost.overhead, cost.per_token, cost.per_token_length) >= 0
     assert cost.seconds([(1, 8)]) > 0
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.1", False), ("0.0.0.0", True)])
+def test_a_token_on_a_plaintext_port_beyond_loopback_is_warned_of(start_server, bundle, caplog, host, warned):
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        start_server(settings_for(bundle, host=host, token="s3cret"))
+    assert any(getattr(r, "event", None) == "plaintext_token" for r in caplog.records) is warned

@@ -1,0 +1,72 @@
+"""TLS of the gRPC port: the settings' certificate chain, key and client CA, read again at the first handshake after
+one of them changed, so a rotated certificate (cert-manager, a renewed Kubernetes Secret) is served without a
+restart. A new chain and key that do not match (one file replaced, the other not yet) are left until they do: the
+old ones serve meanwhile."""
+
+import logging
+import os
+import ssl
+
+import grpc
+from edgedistill.serve.settings import Settings, SettingsError
+
+log = logging.getLogger("serve")
+
+
+class CertificateFiles:
+    """The TLS files of `settings`; gRPC calls `fetch` before each handshake."""
+
+    def __init__(self, settings: Settings):
+        self.chain, self.key, self.ca = settings.tls_cert, settings.tls_key, settings.tls_ca
+        self._problem = ""  # the last reason a change was not taken, logged once
+        try:
+            self._stamp = self._stamp_now()
+            self.initial = self._read()
+        except (OSError, ssl.SSLError) as err:
+            raise SettingsError(
+                f"cannot use the TLS files (a PEM certificate chain and its key, unencrypted, as gRPC takes it): {err}"
+            ) from err
+
+    def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
+        """What changes when a file is replaced or written: inode, time and size."""
+        paths = (self.chain, self.key, *((self.ca,) if self.ca else ()))
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
+
+    def _read(self) -> grpc.ServerCertificateConfiguration:
+        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted."""
+        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal, holding the server's start.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.chain, self.key, password=lambda: b"")
+        ca = self.ca.read_bytes() if self.ca else None
+        return grpc.ssl_server_certificate_configuration(
+            [(self.key.read_bytes(), self.chain.read_bytes())], root_certificates=ca
+        )
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The files' new contents where they changed since last taken, else None (gRPC keeps what it has)."""
+        try:
+            stamp = self._stamp_now()
+            if stamp == self._stamp:
+                return None
+            config = self._read()
+        except (OSError, ssl.SSLError) as err:
+            if str(err) != self._problem:
+                self._problem = str(err)
+                log.warning(
+                    "the TLS files changed but cannot be used, the previous ones keep serving: %s",
+                    err,
+                    extra={"event": "tls_reload_failed"},
+                )
+            return None
+        self._stamp, self._problem = stamp, ""
+        log.info("the TLS files changed: new connections use them", extra={"event": "tls_reloaded"})
+        return config
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """The gRPC port's TLS credentials (None: plaintext); client certificates required where `tls_ca` is set."""
+    if settings.tls_cert is None:
+        return None
+    files = CertificateFiles(settings)
+    return grpc.dynamic_ssl_server_credentials(
+        files.initial, files.fetch, require_client_authentication=settings.tls_ca is not None
+    )

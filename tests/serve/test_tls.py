@@ -1,0 +1,106 @@
+"""TLS files read again when they change: a rotated certificate serves new connections without a restart, and a
+chain without its key yet leaves the old pair serving; a client certificate's name in the log."""
+
+import logging
+import shutil
+
+import grpc
+import pytest
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.settings import SettingsError
+from edgedistill.serve.tls import server_credentials
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.serve.conftest import run_openssl, settings_for
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def status_trusting(server, ca):
+    """The health status over a new connection (its own subchannel: a new handshake) that trusts `ca`, else the
+    failed call's code."""
+    credentials = grpc.ssl_channel_credentials(ca.read_bytes())
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    with grpc.secure_channel(server.address, credentials, options=options) as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        except grpc.RpcError as err:
+            return err.code()
+
+
+@pytest.fixture
+def tls_server(start_server, bundle, certs, tmp_path):
+    """A server whose certificate and key are copies in `tmp_path`, to be replaced."""
+    for suffix in ("pem", "key"):
+        shutil.copy(certs / f"server.{suffix}", tmp_path / f"served.{suffix}")
+    server = start_server(settings_for(bundle, tls_cert=tmp_path / "served.pem", tls_key=tmp_path / "served.key"))
+    assert status_trusting(server, certs / "ca.pem") == SERVING
+    return server
+
+
+def rotate(certs, folder, *suffixes):
+    for suffix in suffixes:
+        shutil.copy(certs / f"rotated.{suffix}", folder / f"served.{suffix}")
+
+
+def test_a_rotated_certificate_serves_new_connections(tls_server, certs, tmp_path):
+    rotate(certs, tmp_path, "pem", "key")
+    assert status_trusting(tls_server, certs / "other-ca.pem") == SERVING
+
+
+def test_the_replaced_certificate_serves_no_more(tls_server, certs, tmp_path):
+    rotate(certs, tmp_path, "pem", "key")
+    assert status_trusting(tls_server, certs / "ca.pem") == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_rotation_is_logged(tls_server, certs, tmp_path, caplog):
+    rotate(certs, tmp_path, "pem", "key")
+    with caplog.at_level(logging.INFO, logger="serve"):
+        status_trusting(tls_server, certs / "other-ca.pem")
+    assert [r for r in caplog.records if getattr(r, "event", None) == "tls_reloaded"]
+
+
+def test_a_new_chain_without_its_key_leaves_the_old_pair_serving(tls_server, certs, tmp_path):
+    rotate(certs, tmp_path, "pem")
+    assert status_trusting(tls_server, certs / "ca.pem") == SERVING
+
+
+def test_the_new_pair_serves_once_its_key_follows(tls_server, certs, tmp_path):
+    rotate(certs, tmp_path, "pem")
+    status_trusting(tls_server, certs / "ca.pem")
+    rotate(certs, tmp_path, "key")
+    assert status_trusting(tls_server, certs / "other-ca.pem") == SERVING
+
+
+def test_a_key_that_is_not_the_certificates_is_refused_at_start(bundle, certs):
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "rotated.key")
+    with pytest.raises(SettingsError, match="cannot use the TLS files"):
+        server_credentials(settings)
+
+
+def test_an_encrypted_key_is_refused_at_start_naming_what_grpc_takes(bundle, certs, tmp_path):
+    run_openssl(
+        "rsa", "-in", str(certs / "server.key"), "-aes256", "-passout", "pass:x", "-out", "locked.key", cwd=tmp_path
+    )
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=tmp_path / "locked.key")
+    with pytest.raises(SettingsError, match="its key, unencrypted"):
+        server_credentials(settings)
+
+
+def test_a_failed_calls_log_line_names_the_client_certificate(start_server, bundle, certs, caplog):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"
+    )
+    server = start_server(settings)
+    credentials = grpc.ssl_channel_credentials(
+        (certs / "ca.pem").read_bytes(), (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes()
+    )
+    with (
+        caplog.at_level(logging.INFO, logger="serve.access"),
+        grpc.secure_channel(server.address, credentials) as channel,
+        pytest.raises(grpc.RpcError),
+    ):
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(), timeout=5)
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "rpc"]
+    assert line.peer.endswith("(client)")
