@@ -134,6 +134,15 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -
     return path
 
 
+def write_changed(path: str | Path, text: str) -> Path:
+    """`atomic_write` of `text`, skipped where `path` holds it already: a summary of stages that are all current
+    leaves a read-only runs folder as it is."""
+    path = Path(path)
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        atomic_write(path, text)
+    return path
+
+
 def publish_folder(tmp: str | Path, final: str | Path) -> None:
     """Rename the finished folder `tmp` to `final`, replacing an older `final` (removed afterwards)."""
     tmp, final = Path(tmp), Path(final)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from edgedistill.common import atomic
 from edgedistill.common import manifest as mf
-from edgedistill.common.atomic import atomic_write, publish_folder
+from edgedistill.common.atomic import atomic_write, publish_folder, write_changed
 
 
 def test_text_replaces_the_old_file(tmp_path):
@@ -177,3 +177,16 @@ def test_a_write_past_the_file_size_limit_leaves_no_temporary(tmp_path, file_siz
     with pytest.raises(atomic.FileTooLarge):
         atomic_write(tmp_path / "model.bin", b"x" * (1 << 20))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_text_the_file_holds_already_is_not_written_again(tmp_path):
+    summary = atomic_write(tmp_path / "summary.md", "same\n")
+    before = summary.stat().st_ino
+    write_changed(summary, "same\n")
+    assert summary.stat().st_ino == before
+
+
+def test_a_changed_text_is_written(tmp_path):
+    summary = atomic_write(tmp_path / "summary.md", "old\n")
+    write_changed(summary, "new\n")
+    assert summary.read_text() == "new\n"
