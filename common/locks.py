@@ -4,8 +4,8 @@ A second process asking for the same stage waits, says whom for, and then finds 
 it if the first one failed), as `make -j` would; stages with other names run side by side. The lock is
 `flock(2)` on a file under `runs/<recipe>/.work/`, released by the kernel when its holder dies, so a killed
 stage never leaves a lock behind. A runs folder this process cannot write (read-only, another user's) is
-locked through a lock file already there, or not at all: such a process can only find stages up to date, and a
-stage it would build stops at its first write, naming the folder.
+locked shared through a lock file already there, or not at all: such a process can only find stages up to date,
+and a stage it would build stops at its first write, naming the folder.
 """
 
 import errno
@@ -28,13 +28,16 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
         if handle is None:
             yield
             return
+        # shared where this process may only read: it waits for a build, not for other readers (and NFS grants an
+        # exclusive lock only to a file open for writing)
+        kind = fcntl.LOCK_EX if handle.writable() else fcntl.LOCK_SH
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, kind | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             print(f"[{what}] waiting for {holder}, which holds it", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(handle, kind)
         _name_holder(handle)
         try:
             yield

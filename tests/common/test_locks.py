@@ -142,6 +142,21 @@ def test_a_read_only_runs_folder_is_locked_through_its_lock_file(tmp_path, monke
     assert entered.is_set()
 
 
+def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    read_only(tmp_path, monkeypatch)
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    with locks.exclusive(lock, "teacher"):
+        threading.Thread(target=take, daemon=True).start()
+        assert entered.wait(5)
+
+
 def test_a_full_device_still_grants_the_lock(small_fs):
     with open(small_fs / "filler", "wb", buffering=0) as filler:  # every block of the device taken
         try:
