@@ -34,7 +34,7 @@ class Inputs:
     force: bool
     manifests: dict[str, mf.Manifest]
     folders: dict[str, Path]
-    work_key: str = ""
+    work_key: str
     """What work left in `work` must have been made from to be resumed: `config_hash` and the parents as they are
     now, so a parent built again with the same settings (--force, a damaged file) is not built on half old."""
 
