@@ -11,6 +11,7 @@ import errno
 import glob
 import os
 import re
+import resource
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,13 +26,25 @@ class DiskFull(OSError):
     """A write that failed because its file system is full, whatever words the writer used for it."""
 
 
+class FileTooLarge(OSError):
+    """A write that failed at this process's limit on the size of a file (`ulimit -f`)."""
+
+
 @contextmanager
-def space_checked(folder: Path, what: str) -> Iterator[None]:
-    """Re-raise a write into `folder` that failed on a full file system as `DiskFull`, naming the folder: a library
-    may say it in its own words (torch: `unexpected pos 1226304 vs 1226196`)."""
+def space_checked(tmp: Path, what: str) -> Iterator[None]:
+    """Re-raise a write of `tmp` (a file or folder) that failed on a full file system as `DiskFull`, naming its
+    folder, or at the file size limit as `FileTooLarge`: a library may say it in its own words (torch: `unexpected
+    pos 1226304 vs 1226196`)."""
+    folder = tmp.parent
     try:
         yield
     except Exception as err:
+        if limit := _over_limit(tmp, err):
+            raise FileTooLarge(
+                errno.EFBIG,
+                f"{what} in {folder} reached this process's limit on the size of a file ({limit} bytes, `ulimit -f`): "
+                "raise it",
+            ) from err
         if not _full(folder, err):
             raise
         raise DiskFull(
@@ -39,6 +52,18 @@ def space_checked(folder: Path, what: str) -> Iterator[None]:
             f"no space left on the device of {folder} (writing {what}): free some, or set EDGEDISTILL_RUNS_DIR to a "
             "folder on a device with room",
         ) from err
+
+
+def _over_limit(tmp: Path, err: Exception) -> int | None:
+    """The file size limit, where the failed write of `tmp` reached it: the writer says so (safetensors removes its
+    file), or left a file there as large as the limit (torch, numpy)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    if (isinstance(err, OSError) and err.errno == errno.EFBIG) or os.strerror(errno.EFBIG) in str(err):
+        return limit
+    files = [tmp] if tmp.is_file() else tmp.rglob("*")
+    return limit if any(f.is_file() and f.stat().st_size >= limit for f in files) else None
 
 
 def _full(folder: Path, err: Exception) -> bool:
@@ -95,7 +120,7 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -
     tmp = temporary_name(path)
     _remove(tmp)
     try:
-        with space_checked(path.parent, path.name):
+        with space_checked(tmp, path.name):
             if isinstance(data, str):
                 tmp.write_text(data, encoding="utf-8")
             elif isinstance(data, bytes):
@@ -106,6 +131,15 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -
         _replace(tmp, path)
     finally:
         _remove(tmp)
+    return path
+
+
+def write_changed(path: str | Path, text: str) -> Path:
+    """`atomic_write` of `text`, skipped where `path` holds it already: a summary of stages that are all current
+    leaves a read-only runs folder as it is."""
+    path = Path(path)
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        atomic_write(path, text)
     return path
 
 

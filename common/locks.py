@@ -3,35 +3,71 @@
 A second process asking for the same stage waits, says whom for, and then finds it up to date (or builds
 it if the first one failed), as `make -j` would; stages with other names run side by side. The lock is
 `flock(2)` on a file under `runs/<recipe>/.work/`, released by the kernel when its holder dies, so a killed
-stage never leaves a lock behind.
+stage never leaves a lock behind. A runs folder this process cannot write (read-only, another user's) is
+locked shared through a lock file already there, or not at all: such a process can only find stages up to date,
+and a stage it would build stops at its first write, naming the folder.
 """
 
+import errno
 import fcntl
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import IO
+
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # a folder this process may read but not write
 
 
 @contextmanager
 def exclusive(path: Path, what: str) -> Iterator[None]:
     """Hold the lock file `path` (made if missing) while the block runs; wait, saying so, while another process
     holds it. `what` names the work in the message."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
+    with _open(path) as handle:
+        if handle is None:
+            yield
+            return
+        # shared where this process may only read: it waits for a build, not for other readers (and NFS grants an
+        # exclusive lock only to a file open for writing)
+        kind = fcntl.LOCK_EX if handle.writable() else fcntl.LOCK_SH
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, kind | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             print(f"[{what}] waiting for {holder}, which holds it", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+            fcntl.flock(handle, kind)
+        _name_holder(handle)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _open(path: Path) -> IO[str] | nullcontext:
+    """The lock file, open to write the holder's name; open to read where its folder cannot be written (flock needs
+    no write access); `nullcontext()` (no lock) where the file is missing too."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a+", encoding="utf-8")
+    except OSError as err:
+        if err.errno not in READ_ONLY:
+            raise
+    try:
+        return open(path, encoding="utf-8")
+    except FileNotFoundError:
+        return nullcontext()
+
+
+def _name_holder(handle: IO[str]) -> None:
+    """Write this process's name into the lock file, for a waiting one to say; not on a full device, where the
+    lock holds all the same (unbuffered: a failed write left in a buffer would fail again at close)."""
+    if not handle.writable():
+        return
+    try:
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise

@@ -244,7 +244,7 @@ def stage_folder(final: Path):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        with space_checked(final.parent, final.name):
+        with space_checked(tmp, final.name):
             yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -34,6 +34,9 @@ class Inputs:
     force: bool
     manifests: dict[str, mf.Manifest]
     folders: dict[str, Path]
+    work_key: str
+    """What work left in `work` must have been made from to be resumed: `config_hash` and the parents as they are
+    now, so a parent built again with the same settings (--force, a damaged file) is not built on half old."""
 
     def fresh_work(self) -> Path:
         """The scratch folder, emptied of what an interrupted run left there, for work that does not resume."""
@@ -145,7 +148,9 @@ class Stage:
                 manifests[parent.name] = mf.load(parent.folder)
             except mf.ArtifactError as err:
                 raise mf.ArtifactError(f"{err}; run its stage again to rebuild it" if built else str(err)) from None
-        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders)
+        parents = {name: mf.sha256_file(folder / mf.MANIFEST) for name, folder in self.parent_folders.items()}
+        key = hashlib.sha256(json.dumps([self.config_hash, parents], sort_keys=True).encode()).hexdigest()[:16]
+        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key)
 
     def lock(self):
         """The stage's lock (`common.locks`): one process at a time checks and builds it."""

@@ -14,6 +14,7 @@ from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
 from edgedistill.distill import device, pipeline
+from edgedistill.distill.parallel import JobKilled
 from edgedistill.distill.trainer import CheckpointError
 
 STAGES = {
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
         pipeline.run(
             recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
         )
-    except (RecipeError, DataError, ArtifactError, CheckpointError) as err:
+    except (RecipeError, DataError, ArtifactError, CheckpointError, JobKilled) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -133,7 +133,7 @@ def _build(inputs: Inputs) -> Built | None:
 
     placement = device.for_process(recipe.runtime)
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(model, cfg.optim, work, inputs.config_hash, "teacher", placement)
+    trainer = Trainer(model, cfg.optim, work, inputs.work_key, "teacher", placement)
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),
         make_batch=lambda idx: collate(train_feats, idx, pad) | {"labels": labels[idx]},

@@ -31,6 +31,10 @@ def _start_worker(parent: int, threads: int, slots) -> None:
     _bar_position = slots.get()
 
 
+class JobKilled(RuntimeError):
+    """A job's process killed by a signal (the OOM killer, kill -9), which stops every job of the pool with it."""
+
+
 def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
     student_stage.stage(recipe, name, baseline, _bar_position).run(force)
 
@@ -43,22 +47,37 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
     for slot in range(workers):
         slots.put(slot)
     print(f"[distill] {len(jobs)} jobs on {workers} processes x {threads} threads")
-    errors = []
     with cf.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(), threads, slots)
     ) as pool:
         with children_ignore_interrupts():  # the pool starts its processes as jobs are submitted
             pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
         try:
-            for done, future in enumerate(cf.as_completed(pending), 1):
-                name, baseline = pending[future]
-                stage = f"{'baseline' if baseline else 'student'}-{name}"
-                if future.exception() is not None:
-                    errors.append(future.exception())
-                print(f"[distill] {done}/{len(jobs)} {stage}: {'failed' if future.exception() else 'done'}")
+            wait(pending)
         except KeyboardInterrupt:
             for worker in mp.active_children():
                 worker.terminate()  # checkpoints are written atomically: each job resumes from its last one
             raise
+
+
+def wait(pending: dict[cf.Future, tuple[str, bool]]) -> None:
+    """Say how each job (future -> (student name, baseline?)) ends; raise the first failure after all end, or
+    `JobKilled` naming the jobs a killed process stopped."""
+    errors, stopped = [], []
+    for done, future in enumerate(cf.as_completed(pending), 1):
+        name, baseline = pending[future]
+        stage = f"{'baseline' if baseline else 'student'}-{name}"
+        error = future.exception()
+        if isinstance(error, cf.process.BrokenProcessPool):
+            stopped.append(stage)
+        elif error is not None:
+            errors.append(error)
+        outcome = "stopped" if stage in stopped else "failed" if error else "done"
+        print(f"[distill] {done}/{len(pending)} {stage}: {outcome}")
     if errors:
         raise errors[0]
+    if stopped:
+        raise JobKilled(
+            f"a job's process was killed (by the out-of-memory killer? fewer --jobs take less memory), which stopped "
+            f"{', '.join(stopped)}: run distill again, each goes on from its last checkpoint"
+        )

@@ -195,7 +195,7 @@ def _build(inputs: Inputs) -> Built | None:
     objective = LanguageModelObjective(model, causal=not mlm).to(placement.device).eval()
     before = lm_metrics(objective, eval_batches, placement)  # in fp32, as the trainer's evaluations after it
 
-    trainer = Trainer(objective, cfg.optim, work, inputs.config_hash, "pretrain", placement)
+    trainer = Trainer(objective, cfg.optim, work, inputs.work_key, "pretrain", placement)
 
     def batches_for_epoch(epoch: int) -> list[list[int]]:
         order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(cfg.optim.seed + epoch)).tolist()

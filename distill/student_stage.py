@@ -222,7 +222,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     if teacher_bert is not None:  # held outside the objective's parameters, so moved here
         teacher_bert.to(placement.device)
     work = work_dir(inputs.work, inputs.force)
-    trainer = Trainer(objective, optim, work, inputs.config_hash, stage_name, placement, bar_position)
+    trainer = Trainer(objective, optim, work, inputs.work_key, stage_name, placement, bar_position)
     best_path = work / "best.safetensors"
 
     def on_best(module, _):

@@ -9,7 +9,7 @@ pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`
 import json
 
 from edgedistill.common import manifest as mf
-from edgedistill.common.atomic import atomic_write
+from edgedistill.common.atomic import write_changed
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.distill.metrics import retention
 from rich.console import Console
@@ -85,8 +85,8 @@ def write(recipe: Recipe) -> list[dict]:
     ]
     lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in table_rows]
     folder = run_dir(recipe)
-    atomic_write(folder / "distill-summary.md", "\n".join(lines) + "\n")
-    atomic_write(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
+    write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
+    write_changed(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
     table = Table(title=f"distillation: {recipe.name} (selected on {key})", title_justify="left")
     for column in columns:
         table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")

@@ -112,7 +112,8 @@ class Trainer:
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
     runs its `grad_accum` of them (fewer where an epoch's last batch has too few examples) and DDP averages the
     gradients, so a recipe trains the same model, in the same number of steps, on one process or eight.
-    Placement, autocast and the fp16 loss scaler come from `placement`.
+    Placement, autocast and the fp16 loss scaler come from `placement`. A checkpoint resumes only for the same
+    `work_key` (the stage's `Inputs.work_key`).
     """
 
     def __init__(
@@ -120,12 +121,12 @@ class Trainer:
         model: torch.nn.Module,
         cfg: OptimConfig,
         work_dir: Path,
-        config_hash: str,
+        work_key: str,
         desc: str,
         placement: Placement,
         bar_position: int | None = None,
     ):
-        self.cfg, self.desc, self.config_hash, self.placement = cfg, desc, config_hash, placement
+        self.cfg, self.desc, self.work_key, self.placement = cfg, desc, work_key, placement
         self.bar_position = bar_position  # the progress bar's terminal line when several jobs share a terminal
         self.model = model.to(placement.device)
         placement.reset_peak_memory()
@@ -181,7 +182,7 @@ class Trainer:
         if not dist.is_main():
             return
         state = {
-            "config_hash": self.config_hash,
+            "config_hash": self.work_key,  # `Inputs.work_key`, under the name earlier releases gave it
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
@@ -202,8 +203,10 @@ class Trainer:
         except Exception as err:  # torch raises several types for a damaged or foreign file
             raise CheckpointError(f"{path} cannot be read ({_load_problem(err)}); {way_out}") from err
         try:
-            if state["config_hash"] != self.config_hash:
-                self._say(f"[{self.desc}] checkpoint in {path} is from another config; starting over")
+            if state["config_hash"] != self.work_key:
+                self._say(
+                    f"[{self.desc}] checkpoint in {path} is from other settings or parent artifacts; starting over"
+                )
                 return
             self._restore(state, scheduler)
         except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another file, or another release's model

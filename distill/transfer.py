@@ -68,7 +68,7 @@ def _build(inputs: Inputs) -> Built:
     stamp = work / "config_hash"
     # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
     # precision and second pass.
-    key = inputs.config_hash + mf.sha256_file(teacher_dir / mf.MANIFEST) + labelling["engine"] + placement.precision
+    key = inputs.work_key + labelling["engine"] + placement.precision
     key += figures.get("bundle_precision", "") + figures.get("bundle_sha256", "")
     if inputs.force or not stamp.is_file() or stamp.read_text() != key:
         shutil.rmtree(work, ignore_errors=True)

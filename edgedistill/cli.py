@@ -18,7 +18,8 @@ from importlib.metadata import version
 from edgedistill.common.processes import die_with_parent
 
 PROG = "edgedistill"
-CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
+# a full, read-only or foreign runs folder, or a file past `ulimit -f`
+CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
 STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"

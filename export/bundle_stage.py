@@ -80,6 +80,8 @@ class SourceCache:
             if self.tokenizer is None:
                 self.tokenizer = load_tokenizer(str(teacher))
             source = load_source(folder)
+            # made for the first bundle built: bundles all current write nothing (a read-only runs folder serves)
+            self.scratch.mkdir(parents=True, exist_ok=True)
             plain = self.scratch / f"{name}.onnx"
             export_onnx(source, plain, self.recipe.export.opset)
             logits = validate.dev_logits(
@@ -342,7 +344,6 @@ def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) ->
     remove_orphans(work)
     scratch = temporary_name(work)
     shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
     cache = SourceCache(recipe, scratch)
     built = progress.bar(len(ids), desc="bundles", unit="bundle")
     manifests = []

@@ -1,9 +1,11 @@
 """Server and load-generator subprocesses: started until SERVING, stopped with SIGTERM, failures quoting their log."""
 
 import os
+import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import finish, free_port, running, start
@@ -43,3 +45,37 @@ def test_finish_gives_the_exit_status(tmp_path):
     process = start([sys.executable, "-c", "print('done'); raise SystemExit(3)"], tmp_path / "exit.log")
     assert finish(process, 30) == 3
     assert (tmp_path / "exit.log").read_text() == "done\n"
+
+
+STARTS_A_SLEEPER = """
+import sys
+from pathlib import Path
+from edgedistill.bench.processes import start
+child = start([sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1]))
+print(child.pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def running_on(pid: int) -> bool:
+    """Whether `pid` runs (an exited child its new parent has not reaped yet does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
+    measurement = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_SLEEPER, str(tmp_path / "sleep.log")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(measurement.stdout.readline())
+    measurement.kill()
+    measurement.wait()
+    deadline = time.monotonic() + 10
+    while running_on(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running_on(child)

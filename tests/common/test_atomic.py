@@ -1,13 +1,14 @@
 """Atomic writes: the target is the old or the whole new content, and no temporary file is left."""
 
 import os
+import resource
 import subprocess
 
 import numpy as np
 import pytest
 from edgedistill.common import atomic
 from edgedistill.common import manifest as mf
-from edgedistill.common.atomic import atomic_write, publish_folder
+from edgedistill.common.atomic import atomic_write, publish_folder, write_changed
 
 
 def test_text_replaces_the_old_file(tmp_path):
@@ -141,3 +142,51 @@ def test_a_write_that_fills_the_device_leaves_no_temporary(small_fs):
 def test_a_stage_folder_that_fills_the_device_says_so(small_fs):
     with pytest.raises(atomic.DiskFull), mf.stage_folder(small_fs / "stage") as tmp:
         _hiding_its_errno(tmp / "model.bin")
+
+
+@pytest.fixture
+def file_size_limit():
+    """This process limited to files of 64 KiB (`ulimit -f 64`) for the test; Python ignores SIGXFSZ, so a write
+    past it fails with EFBIG."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
+    yield 64 << 10
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _removing_its_file(tmp):
+    """A writer that, as safetensors does, removes its file and says what failed in words of its own."""
+    try:
+        tmp.write_bytes(b"x" * (1 << 20))
+    except OSError as err:
+        tmp.unlink()
+        raise RuntimeError(f"Error while serializing: I/O error: {err.strerror} (os error {err.errno})") from None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"x" * (1 << 20), lambda tmp: np.save(tmp, np.zeros(1 << 17)), _removing_its_file],
+    ids=["errno", "numpy", "safetensors"],
+)
+def test_a_write_past_the_file_size_limit_says_so_naming_the_folder(tmp_path, file_size_limit, data):
+    with pytest.raises(atomic.FileTooLarge, match=f"logits.npy in {tmp_path} reached this process's limit"):
+        atomic_write(tmp_path / "logits.npy", data)
+
+
+def test_a_write_past_the_file_size_limit_leaves_no_temporary(tmp_path, file_size_limit):
+    with pytest.raises(atomic.FileTooLarge):
+        atomic_write(tmp_path / "model.bin", b"x" * (1 << 20))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_text_the_file_holds_already_is_not_written_again(tmp_path):
+    summary = atomic_write(tmp_path / "summary.md", "same\n")
+    before = summary.stat().st_ino
+    write_changed(summary, "same\n")
+    assert summary.stat().st_ino == before
+
+
+def test_a_changed_text_is_written(tmp_path):
+    summary = atomic_write(tmp_path / "summary.md", "old\n")
+    write_changed(summary, "new\n")
+    assert summary.read_text() == "new\n"

@@ -1,9 +1,11 @@
 """One process at a time per stage: a second one waits for the first, says whom for, then finds it built."""
 
+import errno
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 from edgedistill.common import locks
 
@@ -95,3 +97,73 @@ def test_two_processes_running_one_stage_build_it_once(tmp_path):
     assert [run.returncode for run in runs] == [0, 0]
     assert sum(out.count("building") for out in outs) == 1
     assert sum("[slow] up to date" in out for out in outs) == 1
+
+
+def read_only(folder, monkeypatch):
+    """`folder` as on a read-only file system: making or opening a file there to write raises EROFS."""
+    opened = open
+
+    def refuse(path, mode="r", *args, **kwargs):
+        if str(path).startswith(str(folder)) and mode != "r":
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return opened(path, mode, *args, **kwargs)
+
+    def no_folder(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr("builtins.open", refuse)
+    monkeypatch.setattr(Path, "mkdir", no_folder)
+
+
+def test_a_read_only_runs_folder_without_a_lock_file_is_entered(tmp_path, monkeypatch):
+    read_only(tmp_path, monkeypatch)
+    with locks.exclusive(tmp_path / ".work" / "teacher.lock", "teacher"):
+        entered = True
+    assert entered
+
+
+def test_a_read_only_runs_folder_is_locked_through_its_lock_file(tmp_path, monkeypatch, capsys):
+    lock = tmp_path / ".work" / "teacher.lock"
+    child = held_by_a_child(lock)
+    read_only(tmp_path, monkeypatch)
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    try:
+        assert not entered.wait(1.0)
+    finally:
+        child.communicate("go\n", timeout=30)
+    waiter.join(30)
+    assert entered.is_set()
+
+
+def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    read_only(tmp_path, monkeypatch)
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    with locks.exclusive(lock, "teacher"):
+        threading.Thread(target=take, daemon=True).start()
+        assert entered.wait(5)
+
+
+def test_a_full_device_still_grants_the_lock(small_fs):
+    with open(small_fs / "filler", "wb", buffering=0) as filler:  # every block of the device taken
+        try:
+            while True:
+                filler.write(b"x" * 65536)
+        except OSError:
+            pass
+    with locks.exclusive(small_fs / "teacher.lock", "teacher"):
+        entered = True
+    assert entered

@@ -179,6 +179,22 @@ def test_a_rebuilt_parent_makes_the_child_stale(recipe):
     assert not child.is_current()
 
 
+def test_a_parent_built_again_with_the_same_settings_keeps_the_childs_work_from_being_resumed(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    child = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,))
+    parent.run()
+    before = child.inputs().work_key
+    Stage("parent", recipe(), ("data",), writer("p.txt", "retrained")).run(force=True)
+    assert child.inputs().work_key != before
+
+
+def test_an_unchanged_parent_lets_the_child_resume_its_work(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    child = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,))
+    parent.run()
+    assert child.inputs().work_key == child.inputs().work_key
+
+
 def _parent_and_child(r, parent_text: str = "x") -> Stage:
     parent = Stage("parent", r, ("data",), writer("p.txt", parent_text))
     return Stage("child", r, ("data",), writer("c.txt"), (parent,))

@@ -50,7 +50,7 @@ def train(inputs) -> Built:
     torch.manual_seed(0)
     cfg = OptimConfig(lr=0.1, batch_size=16, max_steps=STEPS, eval_every=LOG_EVERY)
     placement = resolve(RuntimeConfig(device="cpu", precision="fp32"))
-    trainer = Trainer(torch.nn.Linear(4, 1), cfg, inputs.work, inputs.config_hash, "tiny", placement)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, inputs.work, inputs.work_key, "tiny", placement)
     trainer.fit(
         batches_for_epoch=lambda epoch: [list(range(16))] * STEPS,
         make_batch=lambda idx: (X[idx], Y[idx]),

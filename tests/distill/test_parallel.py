@@ -1,9 +1,15 @@
 """The process pool that trains students and baselines side by side."""
 
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
+from edgedistill.distill import parallel
 
 from tests.common.test_processes import child_ends_with_parent
 
@@ -26,3 +32,10 @@ def test_a_job_stops_when_the_distill_process_is_terminated():
     parent = subprocess.Popen([sys.executable, "-c", DISTILL], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
     assert child_ends_with_parent(parent, worker, signal.SIGTERM)
+
+
+def test_a_job_killed_by_a_signal_names_the_jobs_it_stopped_and_the_way_on():
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        pending = {pool.submit(os.abort): ("bilstm", False), pool.submit(os.getpid): ("bilstm", True)}
+        with pytest.raises(parallel.JobKilled, match=r"which stopped .*student-bilstm.*: run distill again"):
+            parallel.wait(pending)

@@ -120,3 +120,12 @@ def test_the_json_rows_keep_the_column_order(trec):
     table.write(recipe)
     rows = json.loads((run_dir(recipe) / "distill-summary.json").read_text())
     assert list(rows[0])[4:8] == ["dev_accuracy", "dev_macro_f1", "test_accuracy", "test_macro_f1"]
+
+
+def test_the_table_of_unchanged_stages_leaves_its_files_as_they_are(trec):
+    recipe = trec()
+    table.write(recipe)
+    summary = run_dir(recipe) / "distill-summary.md"
+    before = summary.stat().st_ino
+    table.write(recipe)
+    assert summary.stat().st_ino == before

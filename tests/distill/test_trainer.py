@@ -372,3 +372,18 @@ def test_under_ddp_rank_0_prints_the_evaluations_and_the_resume(logs_of_two_rank
 
 def test_under_ddp_the_other_ranks_print_nothing(logs_of_two_ranks):
     assert logs_of_two_ranks[1] == ""
+
+
+def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
+    trained(tmp_path, max_steps=1)
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, max_steps=1)
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "other", "test", CPU)
+    again.fit(
+        batches_for_epoch=lambda epoch: [list(range(16))],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": 0.0},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out

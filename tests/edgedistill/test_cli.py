@@ -1,12 +1,14 @@
 """The `edgedistill` command: it lists every command, hands each its own help and errors, imports a stage only
 when that stage runs, and runs the whole pipeline stage by stage until one fails."""
 
+import errno
 import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.common.atomic import FileTooLarge
 
 from edgedistill import cli
 from tests.conftest import ROOT
@@ -71,6 +73,15 @@ def test_a_missing_dependency_names_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(cli.importlib, "import_module", absent)
     assert cli.main(["loadtest", "recipes/smoke.yaml"]) == 2
     assert "pip install 'edgedistill[loadtest]'" in capsys.readouterr().err
+
+
+def test_a_file_past_the_size_limit_stops_the_command_with_one_line(monkeypatch, capsys):
+    def too_large(name):
+        raise FileTooLarge(errno.EFBIG, "checkpoint.pt in runs/smoke/.work/teacher reached this process's limit")
+
+    monkeypatch.setattr(cli.importlib, "import_module", too_large)
+    assert cli.main(["teacher", "recipes/smoke.yaml"]) == 2
+    assert capsys.readouterr().err == "error: checkpoint.pt in runs/smoke/.work/teacher reached this process's limit\n"
 
 
 @pytest.mark.parametrize(("blocked", "argv", "hint"), [

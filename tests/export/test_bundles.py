@@ -435,3 +435,15 @@ def test_int8_that_quantizes_nothing_is_refused_rather_than_shipped_as_fp32(tmp_
     feeds = [{k: v.numpy() for k, v in example_inputs(source.inputs, 4, 12).items()}]
     with pytest.raises(ExportError, match=rf"bag: .* INT8 of .* quantizes nothing in this graph .*Gemm.*{advice}"):
         bundle_stage._transform(spec, source, tmp_path / "plain.onnx", tmp_path, lambda: feeds, lambda: feeds)
+
+
+def test_bundles_all_current_write_nothing_into_the_runs_folder(monkeypatch):
+    recipe = load_recipe(SMOKE)
+
+    class Current:
+        def run(self, force):
+            return mf.Manifest(stage="bundle", recipe=recipe.name, recipe_hash="", config_hash="")
+
+    monkeypatch.setattr(bundle_stage, "stage", lambda *args: Current())
+    bundle_stage.build(recipe, only=["bilstm-int8"])
+    assert not run_dir(recipe).exists()
