@@ -8,6 +8,7 @@ import csv
 import gzip
 import io
 import json
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
+INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format (zero-width) and space characters
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 
@@ -217,6 +219,24 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
     return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
 
 
+def _text(cell, where: str, column: str, fix: str) -> str:
+    """A text cell, stripped. One that shows nothing (whitespace, control and zero-width characters only, which
+    tokenizers drop) is empty; a lone surrogate (a JSON escape such as \\ud83d without its pair) is refused, as no
+    tokenizer takes it."""
+    text = "" if cell is None else str(cell).strip()
+    if all(unicodedata.category(char) in INVISIBLE for char in text):
+        shown = " (only control, zero-width or space characters)" if text else ""
+        raise DataError(f"{where}: empty {column!r}{shown}; {fix}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(
+            f"{where}: {column!r} holds a lone surrogate ({text[err.start]!r} at character {err.start}), half of a "
+            "character's JSON escape: write the character itself, or both halves of its escape"
+        ) from None
+    return text
+
+
 def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
@@ -243,19 +263,14 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
                     f"{source}:{number}: {column!r} is a JSON {type(row[column]).__name__}, not a string; "
                     "write the text as a JSON string"
                 )
-        text = row[cfg.text_column]
-        if text is None or not str(text).strip():
-            raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
-        texts.append(str(text).strip())
+        texts.append(_text(row[cfg.text_column], f"{source}:{number}", cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
         if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
             label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
         labels.append(_label_index(label, names, f"{source}:{number}"))
         if cfg.text_pair_column:
-            pair = row[cfg.text_pair_column]
-            if pair is None or not str(pair).strip():
-                raise DataError(f"{source}:{number}: empty {cfg.text_pair_column!r}; every text needs its pair")
-            pairs.append(str(pair).strip())
+            where = f"{source}:{number}"
+            pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 

@@ -1,4 +1,5 @@
 import gzip
+import json
 import re
 
 import pytest
@@ -298,6 +299,28 @@ def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
 def test_a_jsonl_text_that_is_not_a_string_is_refused_naming_its_line(tmp_path, value):
     (tmp_path / "a.jsonl").write_text(f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {value}, "label": 1}}\n')
     with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' is a JSON \w+, not a string"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
+def test_a_jsonl_text_with_a_lone_surrogate_escape_is_refused_naming_its_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "fine", "label": 1}\n{"sentence": "\\ud83d great", "label": 1}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' holds a lone surrogate \('\\ud83d' at character 0\)"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
+def test_a_jsonl_text_with_an_escaped_surrogate_pair_loads_as_its_character(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "\\ud83c\\udfac great", "label": 1}\n')
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["\U0001f3ac great"]
+
+
+@pytest.mark.parametrize("text", ["\u200b\u200d", "\x00\x7f", "\ufeff\u2060", "\u202e \u200f"])
+def test_a_text_of_invisible_characters_only_is_empty(tmp_path, text):
+    (tmp_path / "a.jsonl").write_text(
+        f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {json.dumps(text)}, "label": 1}}\n'
+    )
+    with pytest.raises(
+        DataError, match=r"a\.jsonl:2: empty 'sentence' \(only control, zero-width or space characters\)"
+    ):
         load_labelled(str(tmp_path / "a.jsonl"), CFG)
 
 
