@@ -9,6 +9,7 @@ only from the `random.Random` passed in.
 import html
 import random
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Literal
 
@@ -148,8 +149,12 @@ def normalise(text: str) -> str:
     """Letters and digits only, lower-case, single spaces: a key to find dev/test sentences in other text.
 
     Tokenisation does not change the key: clitics are re-attached and apostrophes dropped
-    ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped.
+    ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped. Nor does how the
+    text is encoded: accents composed or not, full-width forms and ligatures are the same (NFKC), and
+    invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped.
     """
+    if not text.isascii():
+        text = "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
     text = _BRACKET_TOKEN.sub(" ", text.lower().replace("\u2019", "'"))
     text = _SPLIT_CLITIC.sub(r"\1", text).replace("'", "")
     return " ".join(_NON_ALNUM.sub(" ", text).split())
