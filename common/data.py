@@ -8,16 +8,15 @@ import csv
 import gzip
 import io
 import json
-import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
+from edgedistill.common.text import shows_nothing
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
-INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format (zero-width) and space characters
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 
@@ -224,7 +223,7 @@ def _text(cell, where: str, column: str, fix: str) -> str:
     tokenizers drop) is empty; a lone surrogate (a JSON escape such as \\ud83d without its pair) is refused, as no
     tokenizer takes it."""
     text = "" if cell is None else str(cell).strip()
-    if all(unicodedata.category(char) in INVISIBLE for char in text):
+    if shows_nothing(text):
         shown = " (only control, zero-width or space characters)" if text else ""
         raise DataError(f"{where}: empty {column!r}{shown}; {fix}")
     try:

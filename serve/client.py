@@ -21,6 +21,7 @@ from typing import TextIO
 
 import grpc
 import numpy as np
+from edgedistill.common.text import shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
@@ -246,11 +247,29 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
         fields = line.split("\t")
         if len(fields) < 2:
             raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
-        if not fields[0].strip() or not fields[1].strip():  # the server would name its place in one call, not the line
-            raise UsageError(f"{path}:{number}: an empty text or pair; --tsv wants text<TAB>pair on each line")
+        if shows_nothing(fields[0]) or shows_nothing(fields[1]):  # the server would name its place in a call
+            raise UsageError(
+                f"{path}:{number}: an empty text or pair (or one of control or zero-width characters only); --tsv "
+                "wants text<TAB>pair on each line"
+            )
         texts.append(fields[0])
         pairs.append(fields[1])
     return texts, pairs
+
+
+def read_lines(path: Path, stdin: TextIO) -> list[str]:
+    """The lines of `path` ('-': stdin) that are not blank. One of control or zero-width characters only is refused,
+    naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
+    texts = []
+    for number, line in enumerate(_lines(path, stdin), 1):
+        if line.strip():
+            if shows_nothing(line):
+                raise UsageError(
+                    f"{path}:{number}: only control or zero-width characters, which the model reads as nothing; "
+                    "remove them or the line"
+                )
+            texts.append(line)
+    return texts
 
 
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
@@ -267,9 +286,9 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     else:
         texts = list(args.texts)
         for path in args.file or ():
-            texts += [line for line in _lines(path, stdin) if line.strip()]
+            texts += read_lines(path, stdin)
         if not texts and not args.file:
-            texts = [line for line in _lines(Path("-"), stdin) if line.strip()]
+            texts = read_lines(Path("-"), stdin)
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")

@@ -80,6 +80,25 @@ def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_p
     assert f"{path}:11: an empty text or pair" in err
 
 
+def test_a_tsv_pair_of_zero_width_characters_only_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tawful\n" * 10 + "good\t\u200b\u200d\t1\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
+    assert code == 2
+    assert f"{path}:11: an empty text or pair (or one of control or zero-width characters only)" in err
+
+
+@pytest.mark.parametrize("line", ["\u200b", "\u200d\u2060", "\x00 \x1b", "\u202e\u200f"])
+def test_a_file_line_of_control_or_zero_width_characters_only_is_a_usage_error_naming_it(
+    served, tmp_path, capsys, line
+):
+    path = tmp_path / "texts.txt"
+    path.write_text("good\n" * 100 + line + "\n")
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "8")
+    assert code == 2
+    assert f"{path}:101: only control or zero-width characters" in err
+
+
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
     assert code == 2
