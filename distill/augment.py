@@ -109,8 +109,10 @@ _TAG = re.compile(r"<[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000").
 _PUNCT = re.compile(r"(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
-_SENTENCE_END = re.compile(r"(?<=[.!?]) (?![.!?])")
+# After . ! ? and a space; after the full-width 。！？ of Chinese and Japanese, which no space need follow.
+_SENTENCE_END = re.compile(r"(?<=[.!?]) (?![.!?])|(?<=[。！？]) ?(?![。！？])")
 _WORD = re.compile(r"\w")
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs
 MIN_WORDS = 3
 
 
@@ -131,13 +133,20 @@ def styled(text: str, style: Style) -> str:
 
 
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
-    """Sentences of a raw text in `style`, split after . ! ? (kept), dropping those with under 3 words.
+    """Sentences of a raw text in `style`, split after . ! ? and the full-width 。！？ (kept), dropping those
+    with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
-    or digit, so "wow !" and "it 's ." are dropped.
+    or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
     sentences = _SENTENCE_END.split(styled(text, style))
-    return [s for s in sentences if sum(bool(_WORD.search(token)) for token in s.split()) >= MIN_WORDS]
+    return [s for s in sentences if _words(s) >= MIN_WORDS]
+
+
+def _words(sentence: str) -> int:
+    """Its tokens with a letter or digit, each Chinese or Japanese character one (they are written unspaced)."""
+    spaced = _UNSPACED.sub(" ", sentence)
+    return len(_UNSPACED.findall(sentence)) + sum(bool(_WORD.search(token)) for token in spaced.split())
 
 
 _SPLIT_CLITIC = re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b")

@@ -179,6 +179,15 @@ def test_normalise_matches_a_raw_sentence_with_its_tokenised_form():
     assert normalise(raw) == normalise(split_sentences(raw)[0])
 
 
+def test_chinese_text_splits_after_full_width_sentence_ends():
+    raw = "这部电影很好看。演员的表演非常出色！ 你还想再看一遍吗？"
+    assert split_sentences(raw, "raw") == ["这部电影很好看。", "演员的表演非常出色！", "你还想再看一遍吗？"]
+
+
+def test_a_japanese_sentence_counts_each_character_as_a_word():
+    assert split_sentences("とても良い。映画。", "raw") == ["とても良い。"]  # 5 characters kept, 2 dropped
+
+
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
     assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
 
