@@ -8,6 +8,7 @@ import csv
 import gzip
 import io
 import json
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,9 +182,9 @@ def _from_hub(spec: str):
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
-    """A label cell as its index: one of the label names, else an integer index in range."""
+    """A label cell as its index: one of the label names (`names` in NFC), else an integer index in range."""
     if isinstance(cell, str):
-        text = cell.strip()
+        text = unicodedata.normalize("NFC", cell.strip())  # "é" typed as e and U+0301 is the name's "é"
         if text in names:
             return names[text]
         index = int(text) if text.isascii() and text.isdigit() else None
@@ -251,7 +252,7 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         rows = _rows(Path(source))
     if not rows:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
-    names = {name: index for index, name in enumerate(cfg.label_names)}
+    names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
         if missing := [c for c in columns if c not in row]:

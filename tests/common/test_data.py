@@ -258,6 +258,13 @@ def test_label_names_map_to_their_index(tmp_path):
     assert load_labelled(write_labels(tmp_path, "HUM", "ABBR", "NUM"), TREC).labels == [3, 0, 5]
 
 
+@pytest.mark.parametrize(("cell", "name"), [("ne\u0301gatif", "n\u00e9gatif"), ("n\u00e9gatif", "ne\u0301gatif")])
+def test_a_label_with_its_accent_composed_otherwise_than_its_name_is_that_name(tmp_path, cell, name):
+    (tmp_path / "l.tsv").write_text(f"sentence\tlabel\nmauvais film\t{cell}\n", encoding="utf-8")
+    cfg = DataConfig(train="x", dev="x", label_names=[name, "positif"])
+    assert load_labelled(str(tmp_path / "l.tsv"), cfg).labels == [0]
+
+
 def test_integer_labels_in_range_are_indices(tmp_path):
     assert load_labelled(write_labels(tmp_path, "3", "0", "5"), TREC).labels == [3, 0, 5]
 
