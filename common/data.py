@@ -225,7 +225,7 @@ def _text(cell, where: str, column: str, fix: str) -> str:
     tokenizer takes it."""
     text = "" if cell is None else str(cell).strip()
     if shows_nothing(text):
-        shown = " (only control, zero-width or space characters)" if text else ""
+        shown = " (only control, zero-width, space or replacement characters)" if text else ""
         raise DataError(f"{where}: empty {column!r}{shown}; {fix}")
     try:
         text.encode("utf-8")

@@ -249,8 +249,8 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
             raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
         if shows_nothing(fields[0]) or shows_nothing(fields[1]):  # the server would name its place in a call
             raise UsageError(
-                f"{path}:{number}: an empty text or pair (or one of control or zero-width characters only); --tsv "
-                "wants text<TAB>pair on each line"
+                f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
+                "only); --tsv wants text<TAB>pair on each line"
             )
         texts.append(fields[0])
         pairs.append(fields[1])
@@ -258,15 +258,15 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
 
 
 def read_lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin) that are not blank. One of control or zero-width characters only is refused,
+    """The lines of `path` ('-': stdin) that are not blank. One that shows nothing (`shows_nothing`) is refused,
     naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
     texts = []
     for number, line in enumerate(_lines(path, stdin), 1):
         if line.strip():
             if shows_nothing(line):
                 raise UsageError(
-                    f"{path}:{number}: only control or zero-width characters, which the model reads as nothing; "
-                    "remove them or the line"
+                    f"{path}:{number}: only control, zero-width or replacement (U+FFFD) characters, which the model "
+                    "reads as nothing; remove them or the line"
                 )
             texts.append(line)
     return texts

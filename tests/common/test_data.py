@@ -326,7 +326,7 @@ def test_a_text_of_invisible_characters_only_is_empty(tmp_path, text):
         f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {json.dumps(text)}, "label": 1}}\n'
     )
     with pytest.raises(
-        DataError, match=r"a\.jsonl:2: empty 'sentence' \(only control, zero-width or space characters\)"
+        DataError, match=r"a\.jsonl:2: empty 'sentence' \(only control, zero-width, space or replacement characters\)"
     ):
         load_labelled(str(tmp_path / "a.jsonl"), CFG)
 

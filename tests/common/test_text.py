@@ -1,11 +1,13 @@
-"""What a text shows: control, zero-width and space characters show nothing."""
+"""What a text shows: control, zero-width, space and replacement characters show nothing."""
 
 import pytest
 from edgedistill.common.text import shows_nothing
 
 
-@pytest.mark.parametrize("text", ["", " \t\r\n", "\u00a0\u3000\u2028", "\x00\x1b\x7f\x96", "\u200b\u200d\ufeff\u202e"])
-def test_control_format_and_space_characters_show_nothing(text):
+@pytest.mark.parametrize(
+    "text", ["", " \t\r\n", "\u00a0\u3000\u2028", "\x00\x1b\x7f\x96", "\u200b\u200d\ufeff\u202e", "\ufffd \ufffd"]
+)
+def test_control_format_space_and_replacement_characters_show_nothing(text):
     assert shows_nothing(text)
 
 

@@ -85,7 +85,7 @@ def test_a_tsv_pair_of_zero_width_characters_only_is_a_usage_error_naming_the_li
     path.write_text("good\tawful\n" * 10 + "good\t\u200b\u200d\t1\n")
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
     assert code == 2
-    assert f"{path}:11: an empty text or pair (or one of control or zero-width characters only)" in err
+    assert f"{path}:11: an empty text or pair (or one of control, zero-width or replacement characters only)" in err
 
 
 @pytest.mark.parametrize("line", ["\u200b", "\u200d\u2060", "\x00 \x1b", "\u202e\u200f"])
@@ -96,7 +96,7 @@ def test_a_file_line_of_control_or_zero_width_characters_only_is_a_usage_error_n
     path.write_text("good\n" * 100 + line + "\n")
     code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "8")
     assert code == 2
-    assert f"{path}:101: only control or zero-width characters" in err
+    assert f"{path}:101: only control, zero-width or replacement (U+FFFD) characters" in err
 
 
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
