@@ -109,8 +109,9 @@ _TAG = re.compile(r"<[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000").
 _PUNCT = re.compile(r"(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
-# After . ! ? and a space; after the full-width 。！？ of Chinese and Japanese, which no space need follow.
-_SENTENCE_END = re.compile(r"(?<=[.!?]) (?![.!?])|(?<=[。！？]) ?(?![。！？])")
+# After . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space; after the full-width
+# 。！？ of Chinese and Japanese, which no space need follow.
+_SENTENCE_END = re.compile(r"(?<=[.!?؟۔।]) (?![.!?؟۔।])|(?<=[。！？]) ?(?![。！？])")
 _WORD = re.compile(r"\w")
 _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs
 MIN_WORDS = 3
@@ -133,8 +134,8 @@ def styled(text: str, style: Style) -> str:
 
 
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
-    """Sentences of a raw text in `style`, split after . ! ? and the full-width 。！？ (kept), dropping those
-    with under 3 words.
+    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), dropping
+    those with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).

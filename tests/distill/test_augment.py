@@ -184,6 +184,17 @@ def test_chinese_text_splits_after_full_width_sentence_ends():
     assert split_sentences(raw, "raw") == ["这部电影很好看。", "演员的表演非常出色！", "你还想再看一遍吗？"]
 
 
+@pytest.mark.parametrize(
+    ("raw", "sentences"),
+    [
+        ("هل شاهدت هذا الفيلم؟ إنه رائع جدا حقا.", ["هل شاهدت هذا الفيلم؟", "إنه رائع جدا حقا."]),
+        ("यह फिल्म बहुत अच्छी है। मुझे यह पसंद आई।", ["यह फिल्म बहुत अच्छी है।", "मुझे यह पसंद आई।"]),
+    ],
+)
+def test_arabic_and_hindi_text_splits_after_their_own_sentence_ends(raw, sentences):
+    assert split_sentences(raw, "raw") == sentences
+
+
 def test_a_japanese_sentence_counts_each_character_as_a_word():
     assert split_sentences("とても良い。映画。", "raw") == ["とても良い。"]  # 5 characters kept, 2 dropped
 
