@@ -75,7 +75,10 @@ def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
             f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
             "does), not UTF-8; re-encode the file as UTF-8"
         )
-    return DataError(f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8")
+    return DataError(
+        f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8 (from its encoding, e.g. iconv -f cp1252 "
+        "-t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
+    )
 
 
 def _gzipped(path: Path) -> bool:

@@ -164,6 +164,12 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_a_stray_byte_that_is_not_utf8_names_how_to_drop_it(tmp_path):
+    (tmp_path / "u.txt").write_bytes("a good film\nan awful\xa0film\n".encode() + b"broken \xff byte\n")
+    with pytest.raises(DataError, match=r"u\.txt:3: not valid UTF-8.*iconv -f utf-8 -t utf-8 -c"):
+        load_unlabelled([str(tmp_path / "u.txt")])
+
+
 def test_utf16_labelled_and_unlabelled_files_are_named_as_such(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-16")
     (tmp_path / "u.txt").write_text("first line\n", encoding="utf-16")
