@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
-from edgedistill.common.text import shows_nothing
+from edgedistill.common.text import UTF16_BOMS, shows_nothing
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 

@@ -21,7 +21,7 @@ from typing import TextIO
 
 import grpc
 import numpy as np
-from edgedistill.common.text import shows_nothing
+from edgedistill.common.text import UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
@@ -219,6 +219,16 @@ class ModelChanged(RuntimeError):
     """The served model changed between the batches of one run (a reload): its predictions would mix models."""
 
 
+def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
+    """The error for input that is not UTF-8, naming UTF-16 (Notepad's "Unicode") by its byte-order mark."""
+    if err.start == 0 and err.object.startswith(UTF16_BOMS):
+        return UsageError(
+            f"cannot read {source}: it is UTF-16 text (it starts with a UTF-16 byte-order mark, as Notepad's "
+            "'Unicode' and spreadsheets' 'Unicode text' write), not UTF-8; save it as UTF-8"
+        )
+    return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start})")
+
+
 def _lines(path: Path, stdin: TextIO) -> list[str]:
     """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
     dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
@@ -227,12 +237,16 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
         try:
             text = stdin.read()
             text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
-        except (UnicodeDecodeError, UnicodeEncodeError) as err:
+        except UnicodeDecodeError as err:
+            raise _not_utf8("stdin", err) from err
+        except UnicodeEncodeError as err:
             raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
     else:
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError as err:
+            raise _not_utf8(str(path), err) from err
+        except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
     return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
 

@@ -113,6 +113,23 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
     assert code == 2
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_a_usage_error_naming_utf16(served, tmp_path, capsys, encoding):
+    path = tmp_path / "texts.txt"
+    path.write_bytes("\ufeffgood film\r\n".encode(encoding))  # with its byte-order mark, as Notepad writes it
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path))
+    assert code == 2
+    assert f"cannot read {path}: it is UTF-16 text" in err
+
+
+def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, capsys):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"good film\nbad \xff film\n")
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path))
+    assert code == 2
+    assert f"cannot read {path}: it is not UTF-8 (invalid start byte at byte 14)" in err
+
+
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tmp_path / "absent.tsv"))
     assert code == 2
