@@ -222,9 +222,8 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
 
 
 def _text(cell, where: str, column: str, fix: str) -> str:
-    """A text cell, stripped. One that shows nothing (whitespace, control and zero-width characters only, which
-    tokenizers drop) is empty; a lone surrogate (a JSON escape such as \\ud83d without its pair) is refused, as no
-    tokenizer takes it."""
+    """A text cell, stripped. One that shows nothing (`shows_nothing`: characters tokenizers drop) is empty; a lone
+    surrogate (a JSON escape such as \\ud83d without its pair) is refused, as no tokenizer takes it."""
     text = "" if cell is None else str(cell).strip()
     if shows_nothing(text):
         shown = " (only control, zero-width, space or replacement characters)" if text else ""
@@ -265,13 +264,13 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
                     f"{source}:{number}: {column!r} is a JSON {type(row[column]).__name__}, not a string; "
                     "write the text as a JSON string"
                 )
-        texts.append(_text(row[cfg.text_column], f"{source}:{number}", cfg.text_column, "remove the line"))
+        where = f"{source}:{number}"
+        texts.append(_text(row[cfg.text_column], where, cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
         if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
             label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
-        labels.append(_label_index(label, names, f"{source}:{number}"))
+        labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
-            where = f"{source}:{number}"
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
