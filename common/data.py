@@ -288,8 +288,8 @@ def load_test(cfg: DataConfig) -> Labelled | None:
 
 
 def _text_lines(path: Path, limit: int | None) -> list[str]:
-    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), reading only as far as
-    `limit` non-empty lines."""
+    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), each ended by LF, CR LF or
+    CR (as old Mac tools write), reading only as far as `limit` non-empty lines."""
     _require_file(path)
     found = []
     with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
@@ -297,13 +297,12 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
         try:
             for number, raw in enumerate(handle, 1):
                 try:
-                    line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
+                    text = raw.decode("utf-8").removeprefix(BOM if number == 1 else "")
                 except UnicodeDecodeError:
                     raise _not_utf8(path, number, "", raw) from None
-                if line:
-                    found.append(line)
-                    if limit is not None and len(found) >= limit:
-                        break
+                found += [line.strip() for line in text.split("\r") if line.strip()]
+                if limit is not None and len(found) >= limit:
+                    return found[:limit]
         except GZIP_ERRORS as err:
             raise _cannot_decompress(f"{path}:{number + 1}", err) from None
     return found

@@ -232,6 +232,16 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
         load_unlabelled([str(tmp_path / "bad.txt")])
 
 
+def test_unlabelled_lines_ended_by_a_carriage_return_alone_are_lines(tmp_path):
+    (tmp_path / "mac.txt").write_bytes(b"one good film\rtwo\r\rthree\r\nfour\n")
+    assert load_unlabelled([str(tmp_path / "mac.txt")]) == ["one good film", "two", "three", "four"]
+
+
+def test_unlabelled_lines_ended_by_a_carriage_return_alone_count_towards_the_limit(tmp_path):
+    (tmp_path / "mac.txt").write_bytes(b"one\rtwo\rthree\r")
+    assert load_unlabelled([str(tmp_path / "mac.txt")], max_lines=2) == ["one", "two"]
+
+
 def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):
     with gzip.open(tmp_path / "u.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write("\ufefffirst line\n\nsecond\n")
