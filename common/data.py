@@ -8,14 +8,15 @@ import csv
 import gzip
 import io
 import json
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
+from edgedistill.common.text import UTF16_BOMS, shows_nothing
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 
 
@@ -73,7 +74,10 @@ def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
             f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
             "does), not UTF-8; re-encode the file as UTF-8"
         )
-    return DataError(f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8")
+    return DataError(
+        f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8 (from its encoding, e.g. iconv -f cp1252 "
+        "-t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
+    )
 
 
 def _gzipped(path: Path) -> bool:
@@ -180,9 +184,9 @@ def _from_hub(spec: str):
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
-    """A label cell as its index: one of the label names, else an integer index in range."""
+    """A label cell as its index: one of the label names (`names` in NFC), else an integer index in range."""
     if isinstance(cell, str):
-        text = cell.strip()
+        text = unicodedata.normalize("NFC", cell.strip())  # "é" typed as e and U+0301 is the name's "é"
         if text in names:
             return names[text]
         index = int(text) if text.isascii() and text.isdigit() else None
@@ -217,6 +221,23 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
     return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
 
 
+def _text(cell, where: str, column: str, fix: str) -> str:
+    """A text cell, stripped. One that shows nothing (`shows_nothing`: characters tokenizers drop) is empty; a lone
+    surrogate (a JSON escape such as \\ud83d without its pair) is refused, as no tokenizer takes it."""
+    text = "" if cell is None else str(cell).strip()
+    if shows_nothing(text):
+        shown = " (only control, zero-width, space or replacement characters)" if text else ""
+        raise DataError(f"{where}: empty {column!r}{shown}; {fix}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(
+            f"{where}: {column!r} holds a lone surrogate ({text[err.start]!r} at character {err.start}), half of a "
+            "character's JSON escape: write the character itself, or both halves of its escape"
+        ) from None
+    return text
+
+
 def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
@@ -232,7 +253,7 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         rows = _rows(Path(source))
     if not rows:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
-    names = {name: index for index, name in enumerate(cfg.label_names)}
+    names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels = [], [], []
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
         if missing := [c for c in columns if c not in row]:
@@ -243,19 +264,14 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
                     f"{source}:{number}: {column!r} is a JSON {type(row[column]).__name__}, not a string; "
                     "write the text as a JSON string"
                 )
-        text = row[cfg.text_column]
-        if text is None or not str(text).strip():
-            raise DataError(f"{source}:{number}: empty {cfg.text_column!r}; remove the line")
-        texts.append(str(text).strip())
+        where = f"{source}:{number}"
+        texts.append(_text(row[cfg.text_column], where, cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
         if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
             label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
-        labels.append(_label_index(label, names, f"{source}:{number}"))
+        labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
-            pair = row[cfg.text_pair_column]
-            if pair is None or not str(pair).strip():
-                raise DataError(f"{source}:{number}: empty {cfg.text_pair_column!r}; every text needs its pair")
-            pairs.append(str(pair).strip())
+            pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 
@@ -280,8 +296,8 @@ def load_test(cfg: DataConfig) -> Labelled | None:
 
 
 def _text_lines(path: Path, limit: int | None) -> list[str]:
-    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), reading only as far as
-    `limit` non-empty lines."""
+    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), each ended by LF, CR LF or
+    CR (as old Mac tools write), reading only as far as `limit` non-empty lines."""
     _require_file(path)
     found = []
     with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
@@ -289,13 +305,12 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
         try:
             for number, raw in enumerate(handle, 1):
                 try:
-                    line = raw.decode("utf-8").removeprefix(BOM if number == 1 else "").strip()
+                    text = raw.decode("utf-8").removeprefix(BOM if number == 1 else "")
                 except UnicodeDecodeError:
                     raise _not_utf8(path, number, "", raw) from None
-                if line:
-                    found.append(line)
-                    if limit is not None and len(found) >= limit:
-                        break
+                found += [line.strip() for line in text.split("\r") if line.strip()]
+                if limit is not None and len(found) >= limit:
+                    return found[:limit]
         except GZIP_ERRORS as err:
             raise _cannot_decompress(f"{path}:{number + 1}", err) from None
     return found

@@ -9,6 +9,7 @@ only from the `random.Random` passed in.
 import html
 import random
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Literal
 
@@ -108,8 +109,11 @@ _TAG = re.compile(r"<[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000").
 _PUNCT = re.compile(r"(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
-_SENTENCE_END = re.compile(r"(?<=[.!?]) (?![.!?])")
+# After . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space; after the full-width
+# 。！？ of Chinese and Japanese, which no space need follow.
+_SENTENCE_END = re.compile(r"(?<=[.!?؟۔।]) (?![.!?؟۔।])|(?<=[。！？]) ?(?![。！？])")
 _WORD = re.compile(r"\w")
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs
 MIN_WORDS = 3
 
 
@@ -130,13 +134,20 @@ def styled(text: str, style: Style) -> str:
 
 
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
-    """Sentences of a raw text in `style`, split after . ! ? (kept), dropping those with under 3 words.
+    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), dropping
+    those with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
-    or digit, so "wow !" and "it 's ." are dropped.
+    or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
     sentences = _SENTENCE_END.split(styled(text, style))
-    return [s for s in sentences if sum(bool(_WORD.search(token)) for token in s.split()) >= MIN_WORDS]
+    return [s for s in sentences if _words(s) >= MIN_WORDS]
+
+
+def _words(sentence: str) -> int:
+    """Its tokens with a letter or digit, each Chinese or Japanese character one (they are written unspaced)."""
+    spaced = _UNSPACED.sub(" ", sentence)
+    return len(_UNSPACED.findall(sentence)) + sum(bool(_WORD.search(token)) for token in spaced.split())
 
 
 _SPLIT_CLITIC = re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b")
@@ -148,8 +159,12 @@ def normalise(text: str) -> str:
     """Letters and digits only, lower-case, single spaces: a key to find dev/test sentences in other text.
 
     Tokenisation does not change the key: clitics are re-attached and apostrophes dropped
-    ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped.
+    ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped. Nor does how the
+    text is encoded: accents composed or not, full-width forms and ligatures are the same (NFKC), and
+    invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped.
     """
+    if not text.isascii():
+        text = "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
     text = _BRACKET_TOKEN.sub(" ", text.lower().replace("\u2019", "'"))
     text = _SPLIT_CLITIC.sub(r"\1", text).replace("'", "")
     return " ".join(_NON_ALNUM.sub(" ", text).split())

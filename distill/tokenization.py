@@ -33,6 +33,7 @@ def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast
 
 def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # bytes of composed and decomposed accents would be other tokens
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(

@@ -22,6 +22,7 @@ from typing import TextIO
 import grpc
 import numpy as np
 from edgedistill.common.settings import ENV_PREFIX
+from edgedistill.common.text import UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
@@ -221,6 +222,16 @@ class ModelChanged(RuntimeError):
     """The served model changed between the batches of one run (a reload): its predictions would mix models."""
 
 
+def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
+    """The error for input that is not UTF-8, naming UTF-16 (Notepad's "Unicode") by its byte-order mark."""
+    if err.start == 0 and err.object.startswith(UTF16_BOMS):
+        return UsageError(
+            f"cannot read {source}: it is UTF-16 text (it starts with a UTF-16 byte-order mark, as Notepad's "
+            "'Unicode' and spreadsheets' 'Unicode text' write), not UTF-8; save it as UTF-8"
+        )
+    return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start})")
+
+
 def _lines(path: Path, stdin: TextIO) -> list[str]:
     """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
     dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
@@ -229,12 +240,16 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
         try:
             text = stdin.read()
             text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
-        except (UnicodeDecodeError, UnicodeEncodeError) as err:
+        except UnicodeDecodeError as err:
+            raise _not_utf8("stdin", err) from err
+        except UnicodeEncodeError as err:
             raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
     else:
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError as err:
+            raise _not_utf8(str(path), err) from err
+        except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
     return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
@@ -249,11 +264,29 @@ def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[s
         fields = line.split("\t")
         if len(fields) < 2:
             raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
-        if not fields[0].strip() or not fields[1].strip():  # the server would name its place in one call, not the line
-            raise UsageError(f"{path}:{number}: an empty text or pair; --tsv wants text<TAB>pair on each line")
+        if shows_nothing(fields[0]) or shows_nothing(fields[1]):  # the server would name its place in a call
+            raise UsageError(
+                f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
+                "only); --tsv wants text<TAB>pair on each line"
+            )
         texts.append(fields[0])
         pairs.append(fields[1])
     return texts, pairs
+
+
+def read_lines(path: Path, stdin: TextIO) -> list[str]:
+    """The lines of `path` ('-': stdin) that are not blank. One that shows nothing (`shows_nothing`) is refused,
+    naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
+    texts = []
+    for number, line in enumerate(_lines(path, stdin), 1):
+        if line.strip():
+            if shows_nothing(line):
+                raise UsageError(
+                    f"{path}:{number}: only control, zero-width or replacement (U+FFFD) characters, which the model "
+                    "reads as nothing; remove them or the line"
+                )
+            texts.append(line)
+    return texts
 
 
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
@@ -270,9 +303,9 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     else:
         texts = list(args.texts)
         for path in args.file or ():
-            texts += [line for line in _lines(path, stdin) if line.strip()]
+            texts += read_lines(path, stdin)
         if not texts and not args.file:
-            texts = [line for line in _lines(Path("-"), stdin) if line.strip()]
+            texts = read_lines(Path("-"), stdin)
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")

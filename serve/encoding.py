@@ -54,11 +54,16 @@ class TextEncoder:
         return {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> list[dict[str, np.ndarray]]:
+        """One row per text (and pair); a text or pair that gives no token but the special ones is `InvalidInput`."""
         batch = texts if pairs is None else list(zip(texts, pairs, strict=True))
         rows = []
         for i, enc in enumerate(self.tokenizer.encode_batch_fast(batch)):  # _fast: no character offsets
-            if not enc.ids:
-                raise InvalidInput(f"text {i} produced no tokens")
+            for side, kind in enumerate(("text", "text pair")[: 1 if pairs is None else 2]):
+                if side not in enc.sequence_ids:  # e.g. only the control or zero-width characters BERT drops
+                    raise InvalidInput(
+                        f"{kind} {i} holds nothing the tokenizer keeps (only characters it drops, such as control "
+                        "or zero-width ones): the model would see an empty text"
+                    )
             fields = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
             rows.append({name: np.asarray(fields[name], dtype=dtype) for name, dtype in self.dtypes.items()})
         return rows

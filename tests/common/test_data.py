@@ -1,4 +1,5 @@
 import gzip
+import json
 import re
 
 import pytest
@@ -171,6 +172,12 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_a_stray_byte_that_is_not_utf8_names_how_to_drop_it(tmp_path):
+    (tmp_path / "u.txt").write_bytes("a good film\nan awful\xa0film\n".encode() + b"broken \xff byte\n")
+    with pytest.raises(DataError, match=r"u\.txt:3: not valid UTF-8.*iconv -f utf-8 -t utf-8 -c"):
+        load_unlabelled([str(tmp_path / "u.txt")])
+
+
 def test_utf16_labelled_and_unlabelled_files_are_named_as_such(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-16")
     (tmp_path / "u.txt").write_text("first line\n", encoding="utf-16")
@@ -233,6 +240,16 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
         load_unlabelled([str(tmp_path / "bad.txt")])
 
 
+def test_unlabelled_lines_ended_by_a_carriage_return_alone_are_lines(tmp_path):
+    (tmp_path / "mac.txt").write_bytes(b"one good film\rtwo\r\rthree\r\nfour\n")
+    assert load_unlabelled([str(tmp_path / "mac.txt")]) == ["one good film", "two", "three", "four"]
+
+
+def test_unlabelled_lines_ended_by_a_carriage_return_alone_count_towards_the_limit(tmp_path):
+    (tmp_path / "mac.txt").write_bytes(b"one\rtwo\rthree\r")
+    assert load_unlabelled([str(tmp_path / "mac.txt")], max_lines=2) == ["one", "two"]
+
+
 def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):
     with gzip.open(tmp_path / "u.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write("\ufefffirst line\n\nsecond\n")
@@ -263,6 +280,13 @@ def write_labels(tmp_path, *cells, name="l.tsv") -> str:
 
 def test_label_names_map_to_their_index(tmp_path):
     assert load_labelled(write_labels(tmp_path, "HUM", "ABBR", "NUM"), TREC).labels == [3, 0, 5]
+
+
+@pytest.mark.parametrize(("cell", "name"), [("ne\u0301gatif", "n\u00e9gatif"), ("n\u00e9gatif", "ne\u0301gatif")])
+def test_a_label_with_its_accent_composed_otherwise_than_its_name_is_that_name(tmp_path, cell, name):
+    (tmp_path / "l.tsv").write_text(f"sentence\tlabel\nmauvais film\t{cell}\n", encoding="utf-8")
+    cfg = DataConfig(train="x", dev="x", label_names=[name, "positif"])
+    assert load_labelled(str(tmp_path / "l.tsv"), cfg).labels == [0]
 
 
 def test_integer_labels_in_range_are_indices(tmp_path):
@@ -306,6 +330,28 @@ def test_a_jsonl_line_without_a_key_the_first_line_has_names_its_line(tmp_path):
 def test_a_jsonl_text_that_is_not_a_string_is_refused_naming_its_line(tmp_path, value):
     (tmp_path / "a.jsonl").write_text(f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {value}, "label": 1}}\n')
     with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' is a JSON \w+, not a string"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
+def test_a_jsonl_text_with_a_lone_surrogate_escape_is_refused_naming_its_line(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "fine", "label": 1}\n{"sentence": "\\ud83d great", "label": 1}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:2: 'sentence' holds a lone surrogate \('\\ud83d' at character 0\)"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
+def test_a_jsonl_text_with_an_escaped_surrogate_pair_loads_as_its_character(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"sentence": "\\ud83c\\udfac great", "label": 1}\n')
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["\U0001f3ac great"]
+
+
+@pytest.mark.parametrize("text", ["\u200b\u200d", "\x00\x7f", "\ufeff\u2060", "\u202e \u200f"])
+def test_a_text_of_invisible_characters_only_is_empty(tmp_path, text):
+    (tmp_path / "a.jsonl").write_text(
+        f'{{"sentence": "fine", "label": 1}}\n{{"sentence": {json.dumps(text)}, "label": 1}}\n'
+    )
+    with pytest.raises(
+        DataError, match=r"a\.jsonl:2: empty 'sentence' \(only control, zero-width, space or replacement characters\)"
+    ):
         load_labelled(str(tmp_path / "a.jsonl"), CFG)
 
 

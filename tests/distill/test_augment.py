@@ -165,6 +165,9 @@ def test_split_sentences_keeps_a_sentence_without_final_punctuation():
         ("Don't (really) go!", "dont really go"),
         ("3.5 stars_for café", "3 5 stars for café"),
         ("...", ""),
+        ("cafe\u0301 cafe\u0301", "café café"),  # decomposed accents: as the composed ones above
+        ("hel\u200blo wo\u00adrld \u200fok\u202c", "hello world ok"),  # zero-width space, soft hyphen, marks
+        ("\uff47\uff4f\uff4f\uff44 \ufb01lm", "good film"),  # full-width letters, a ligature
     ],
 )
 def test_normalise_examples(text, expected):
@@ -174,6 +177,26 @@ def test_normalise_examples(text, expected):
 def test_normalise_matches_a_raw_sentence_with_its_tokenised_form():
     raw = "Don't miss it: the cast's work is (mostly) great!"
     assert normalise(raw) == normalise(split_sentences(raw)[0])
+
+
+def test_chinese_text_splits_after_full_width_sentence_ends():
+    raw = "这部电影很好看。演员的表演非常出色！ 你还想再看一遍吗？"
+    assert split_sentences(raw, "raw") == ["这部电影很好看。", "演员的表演非常出色！", "你还想再看一遍吗？"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "sentences"),
+    [
+        ("هل شاهدت هذا الفيلم؟ إنه رائع جدا حقا.", ["هل شاهدت هذا الفيلم؟", "إنه رائع جدا حقا."]),
+        ("यह फिल्म बहुत अच्छी है। मुझे यह पसंद आई।", ["यह फिल्म बहुत अच्छी है।", "मुझे यह पसंद आई।"]),
+    ],
+)
+def test_arabic_and_hindi_text_splits_after_their_own_sentence_ends(raw, sentences):
+    assert split_sentences(raw, "raw") == sentences
+
+
+def test_a_japanese_sentence_counts_each_character_as_a_word():
+    assert split_sentences("とても良い。映画。", "raw") == ["とても良い。"]  # 5 characters kept, 2 dropped
 
 
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():

@@ -4,6 +4,7 @@ import pytest
 import torch
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments, train_tokenizer
+from tokenizers import Tokenizer
 from transformers import GPT2ForSequenceClassification
 
 from tests.distill.gpt_init import write_gpt2
@@ -26,6 +27,22 @@ def test_a_bert_tokenizer_is_accepted_for_pairs():
 def test_a_tokenizer_that_does_not_mark_sentence_b_is_refused_for_pairs():
     with pytest.raises(RecipeError, match="does not mark sentence B"):
         require_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
+
+
+def saved_gpt_tokenizer(tmp_path):
+    folder = tmp_path / "gpt"
+    train_tokenizer("gpt", ["the caf\u00e9 was fine", *TEXTS], 300).save_pretrained(folder)
+    return folder
+
+
+def test_a_trained_gpt_tokenizer_reads_decomposed_accents_as_composed_ones(tmp_path):
+    tokenizer = load_tokenizer(str(saved_gpt_tokenizer(tmp_path)))
+    assert tokenizer("cafe\u0301")["input_ids"] == tokenizer("caf\u00e9")["input_ids"]
+
+
+def test_a_trained_gpt_tokenizers_json_reads_decomposed_accents_as_the_server_does(tmp_path):
+    tokenizer = Tokenizer.from_file(str(saved_gpt_tokenizer(tmp_path) / "tokenizer.json"))  # as serve.encoding
+    assert tokenizer.encode("cafe\u0301").ids == tokenizer.encode("caf\u00e9").ids
 
 
 def test_a_checkpoint_that_is_not_there_is_named_with_the_setting(tmp_path):

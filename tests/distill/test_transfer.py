@@ -38,6 +38,12 @@ def test_leak_filter_catches_copies_and_long_overlaps():
     assert not leaks("bleak and desperate")
 
 
+def test_leak_filter_catches_a_dev_sentence_however_its_characters_are_encoded():
+    leaks = leak_filter(["the café was a charming place to visit ."])
+    assert leaks("the cafe\u0301 was a charming place to visit .")
+    assert leaks("the caf\u200b\u00e9 was a charming place to visit .")
+
+
 def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     built = build_texts(recipe, "[MASK]")

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,10 +16,11 @@ from edgedistill.serve.app import create_server
 from edgedistill.serve.backend import BackendUnavailable, load_backend
 from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
-from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.errors import BundleRejected, InvalidInput
 from edgedistill.serve.settings import Settings, load_settings
+from tokenizers import normalizers
 
-from tests.serve.conftest import MAX_LENGTH, settings_for, tiny_model
+from tests.serve.conftest import MAX_LENGTH, PAIR_INPUTS, settings_for, tiny_model, tiny_tokenizer
 
 cuda_offered = "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -126,6 +128,24 @@ def test_encoder_truncates_to_max_length_and_drops_saved_padding(bundle):
     assert short["input_ids"].tolist() == [2, 5, 3]  # [CLS] good [SEP], no padding although the file pads
     assert len(long["input_ids"]) == MAX_LENGTH and long["input_ids"][-1] == 3
     assert encoder.pad_id == 0 and encoder.vocab_size == 30
+
+
+def bert_cleaning_encoder() -> TextEncoder:
+    """The tiny tokenizer with BERT's normalizer, which drops control and zero-width characters as BERT's do."""
+    tok = tiny_tokenizer()
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    inputs = {name: "int64" for name in PAIR_INPUTS}
+    return TextEncoder(Path("tokenizer.json"), MAX_LENGTH, inputs, 0, tokenizer_json=tok.to_str())
+
+
+def test_a_text_the_tokenizer_keeps_nothing_of_is_invalid_input_naming_it():
+    with pytest.raises(InvalidInput, match="text 1 holds nothing the tokenizer keeps"):
+        bert_cleaning_encoder().encode(["good", "\u200b\x00\ufeff"])
+
+
+def test_a_pair_the_tokenizer_keeps_nothing_of_is_invalid_input_naming_it():
+    with pytest.raises(InvalidInput, match="text pair 0 holds nothing the tokenizer keeps"):
+        bert_cleaning_encoder().encode(["good"], ["\u200d\u2060"])
 
 
 def test_encoder_pads_with_the_id_the_bundle_spec_names(make_bundle):

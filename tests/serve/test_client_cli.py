@@ -80,6 +80,25 @@ def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_p
     assert f"{path}:11: an empty text or pair" in err
 
 
+def test_a_tsv_pair_of_zero_width_characters_only_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tawful\n" * 10 + "good\t\u200b\u200d\t1\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path))
+    assert code == 2
+    assert f"{path}:11: an empty text or pair (or one of control, zero-width or replacement characters only)" in err
+
+
+@pytest.mark.parametrize("line", ["\u200b", "\u200d\u2060", "\x00 \x1b", "\u202e\u200f"])
+def test_a_file_line_of_control_or_zero_width_characters_only_is_a_usage_error_naming_it(
+    served, tmp_path, capsys, line
+):
+    path = tmp_path / "texts.txt"
+    path.write_text("good\n" * 100 + line + "\n")
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "8")
+    assert code == 2
+    assert f"{path}:101: only control, zero-width or replacement (U+FFFD) characters" in err
+
+
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
     assert code == 2
@@ -92,6 +111,23 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
         capsys, "--address", served.address, *source, stdin="good\n\udcff bad\n"
     )  # as a C locale reads 0xff
     assert code == 2
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_a_usage_error_naming_utf16(served, tmp_path, capsys, encoding):
+    path = tmp_path / "texts.txt"
+    path.write_bytes("\ufeffgood film\r\n".encode(encoding))  # with its byte-order mark, as Notepad writes it
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path))
+    assert code == 2
+    assert f"cannot read {path}: it is UTF-16 text" in err
+
+
+def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, capsys):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"good film\nbad \xff film\n")
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path))
+    assert code == 2
+    assert f"cannot read {path}: it is not UTF-8 (invalid start byte at byte 14)" in err
 
 
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):

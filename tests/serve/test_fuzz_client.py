@@ -7,6 +7,7 @@ import io
 import json
 
 import pytest
+from edgedistill.common.text import shows_nothing
 from edgedistill.serve import client as cli
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -15,10 +16,11 @@ from tests.serve.test_fuzz import FUZZ, MAX_TEXTS, mostly, sentences
 
 # Characters `str.splitlines` also ends a line at; a text may hold them.
 SEPARATOR_LIKE = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+# Blank lines (skipped) and lines that show something: one of control or zero-width characters only is refused.
 LINES = st.text(
     st.characters(exclude_characters="\n\r\ufeff", exclude_categories=["Cs"]) | st.sampled_from(SEPARATOR_LIKE)
-)
-FIELDS = LINES.map(lambda line: line.replace("\t", " ")).filter(str.strip)
+).filter(lambda line: not line.strip() or not shows_nothing(line))
+FIELDS = LINES.map(lambda line: line.replace("\t", " ")).filter(lambda field: not shows_nothing(field))
 CLIENT_ERRORS = {"INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED"}
 ARGUMENTS = mostly(sentences, st.text(max_size=20) | st.sampled_from(["good\udcff", "\udc80", "-"]))
 
