@@ -3,7 +3,16 @@ import re
 
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, Labelled, _label_index, load_labelled, load_splits, load_unlabelled
+from edgedistill.common.data import (
+    DataError,
+    Labelled,
+    _label_index,
+    _rows,
+    load_labelled,
+    load_splits,
+    load_unlabelled,
+    unlabelled_lines,
+)
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
 TREC = DataConfig(
@@ -223,6 +232,17 @@ def test_unlabelled_lines_limit_and_errors(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     with pytest.raises(DataError, match=r"bad\.txt:2: not valid UTF-8"):
         load_unlabelled([str(tmp_path / "bad.txt")])
+
+
+def test_labelled_rows_are_read_as_they_are_taken(tmp_path):
+    rows = "good\t1\n" * 10_000  # past the first blocks a reader decodes at once
+    (tmp_path / "a.tsv").write_bytes(b"sentence\tlabel\n" + rows.encode() + b"caf\xe9\t1\n")
+    assert next(_rows(tmp_path / "a.tsv")) == (2, {"sentence": "good", "label": "1"})
+
+
+def test_unlabelled_lines_decodes_only_the_lines_taken(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"first\nsecond\n\xff\n")  # line 3 is not UTF-8: reading it would raise
+    assert next(unlabelled_lines([str(tmp_path / "u.txt")])) == "first"
 
 
 def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):
