@@ -37,6 +37,7 @@ def leak_filter(dev_texts: list[str]):
         if MIN_CONTAINED <= len(words) < LEAK_NGRAM:
             grams.add(words)
         grams.update(words[i : i + LEAK_NGRAM] for i in range(len(words) - LEAK_NGRAM + 1))
+    starts = {gram[:MIN_CONTAINED] for gram in grams}  # a gram can start only where its first 5 words do
 
     def leaks(text: str) -> bool:
         key = normalise(text)
@@ -44,7 +45,9 @@ def leak_filter(dev_texts: list[str]):
             return True
         words = tuple(key.split())
         return any(
-            words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1) for i in range(len(words) - n + 1)
+            words[i : i + MIN_CONTAINED] in starts
+            and any(words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1))
+            for i in range(len(words) - MIN_CONTAINED + 1)
         )
 
     return leaks
