@@ -109,7 +109,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         )
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
-    words = [w for example in train_examples for side in example for w in side.split()]
+    words = (w for example in train_examples for side in example for w in side.split())
     bar = progress.bar(len(train_examples), desc="augment", unit="example")
     augmented = augment_examples(
         train_examples,
