@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from edgedistill.common import progress
-from edgedistill.common.data import load_splits, unlabelled_lines
+from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill.augment import (
     MIN_WORDS,
@@ -73,7 +73,8 @@ def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
 def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     """Unlabelled examples of `cfg.unlabelled_files` (read line by line, never held whole): sentences, or adjacent
     sentence pairs for a pair task."""
-    bar = progress.bar(cfg.unlabelled_max_lines, desc="split", unit="line")  # minutes of silence on a large dump
+    total = cfg.unlabelled_max_lines or line_count(cfg.unlabelled_files)  # a bar with an ETA on a large dump
+    bar = progress.bar(total, desc="split", unit="line")
     examples = []
     for line in unlabelled_lines(cfg.unlabelled_files, cfg.unlabelled_max_lines):
         sentences = split_sentences(line, cfg.text_style)

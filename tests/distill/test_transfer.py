@@ -81,6 +81,15 @@ def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch
     assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
 
 
+def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
+    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], "transfer.unlabelled_max_lines": None}
+    build_texts(load_recipe(SMOKE, overrides), "[MASK]")
+    assert re.search(r"^\[split\] \d+/30 line", capsys.readouterr().err, re.MULTILINE)
+
+
 @pytest.mark.parametrize(
     "lines, pairs, need",
     [("ok then\nfine\n", False, "a sentence"), ("one whole sentence here\n", True, "two sentences")],
