@@ -108,10 +108,11 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
 
 
 def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
-    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits, and gold labels or -100."""
+    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits (float16, as stored: a batch
+    takes them as float32), and gold labels or -100."""
     pairs = transfer.read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
-    logits = torch.from_numpy(np.load(transfer_dir / "logits.npy").astype(np.float32))
+    logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
     return encode(tokenizer, transfer.read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
 
@@ -228,7 +229,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
-        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
+        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx].float(), labels[idx]),
         loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
         metric=recipe.data.selection_key,
