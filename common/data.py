@@ -102,7 +102,7 @@ def _where_not_utf8(path: Path) -> DataError:
             except UnicodeDecodeError as err:
                 return _not_utf8(path, number, f" (byte {offset + err.start})", raw)
             offset += len(raw)
-    return _not_utf8(path, number, "", raw)  # a multi-byte character cut short at the very end
+    return DataError(f"{path}: not valid UTF-8; re-encode the file as UTF-8")  # every line decodes on its own
 
 
 def _text_stream(path: Path) -> Iterator[str]:
