@@ -7,9 +7,11 @@ data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<
 import csv
 import gzip
 import io
+import itertools
 import json
 import unicodedata
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from edgedistill.common.text import UTF16_BOMS, shows_nothing
 
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
+FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
 
 
 class DataError(ValueError):
@@ -93,31 +96,45 @@ def _cannot_decompress(where: str, err: Exception) -> DataError:
     return DataError(f"{where}: cannot decompress it ({err}); compress it again with gzip")
 
 
-def _read_text(path: Path) -> str:
+def _where_not_utf8(path: Path) -> DataError:
+    """The error for a file that does not decode as UTF-8, naming its first line that does not."""
+    with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
+        offset = 0
+        for number, raw in enumerate(handle, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return _not_utf8(path, number, f" (byte {offset + err.start})", raw)
+            offset += len(raw)
+    return DataError(f"{path}: not valid UTF-8; re-encode the file as UTF-8")  # every line decodes on its own
+
+
+def _text_stream(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 file (gzip-compressed if its name ends in `.gz`), line ends kept, decoded as they are
+    read: a large file is never held whole."""
     _require_file(path)
-    raw = path.read_bytes()
-    if _gzipped(path):
+    with (gzip.open if _gzipped(path) else open)(path, "rb") as raw:
+        # Lines end at \n, \r\n or \r (newline=""), their ends kept, as csv wants them: str.splitlines also ends one
+        # at characters a text may hold (U+2028, U+0085, ...), and strips the ends that keep a quoted CSV field's
+        # own lines apart.
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         try:
-            raw = gzip.decompress(raw)
+            for number, line in enumerate(text, 1):
+                yield line.removeprefix(BOM) if number == 1 else line
+        except UnicodeDecodeError:
+            raise _where_not_utf8(path) from None
         except GZIP_ERRORS as err:
             raise _cannot_decompress(str(path), err) from None
-    try:
-        return raw.decode("utf-8").removeprefix(BOM)
-    except UnicodeDecodeError as err:
-        raise _not_utf8(path, raw[: err.start].count(b"\n") + 1, f" (byte {err.start})", raw) from None
 
 
-def _rows(path: Path) -> list[tuple[int, dict]]:
-    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`)."""
+def _rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`),
+    read as they are taken."""
     suffix = _format(path)
     if suffix not in LABELLED_FORMATS:
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")
-    text = _read_text(path)
-    # Lines end at \n or \r\n only, as csv wants them: str.splitlines also ends one at characters a text may hold
-    # (U+2028, U+0085, ...), and strips the line ends that keep a quoted CSV field's own lines apart.
-    lines = io.StringIO(text, newline="")
+    lines = _text_stream(path)
     if suffix == ".jsonl":
-        rows = []
         for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
@@ -128,8 +145,8 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
                     raise DataError(
                         f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"
                     )
-                rows.append((number, row))
-        return rows
+                yield number, row
+        return
     reader = csv.DictReader(
         lines,
         delimiter="\t" if suffix == ".tsv" else ",",
@@ -137,11 +154,11 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
         # a space after a comma is no part of the field: `a, "b, c"` is quoted, a header's `, label` is `label`
         skipinitialspace=suffix == ".csv",
     )
-    csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long document is a text like any other
+    csv.field_size_limit(FIELD_SIZE_LIMIT)  # a long document is a text like any other
     header = reader.fieldnames or []
     if twice := sorted({name for name in header if header.count(name) > 1}):
         raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
-    rows, last = [], reader.line_num
+    last = reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
             stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
@@ -160,9 +177,8 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
                 f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
                 f"{len(header)}; {cause} cuts the row short: fix it"
             )
-        rows.append((reader.line_num, row))
+        yield reader.line_num, row
         last = reader.line_num
-    return rows
 
 
 def _from_hub(spec: str):
@@ -248,16 +264,15 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
                 "in data.text_column / data.label_column"
             )
         split, _ = _from_hub(source)
-        rows = [(i + 1, row) for i, row in enumerate(split)]
+        rows = ((i + 1, row) for i, row in enumerate(split))
     else:
         rows = _rows(Path(source))
-    if not rows:
-        raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
-    texts, pairs, labels = [], [], []
+    texts, pairs, labels, first = [], [], [], None
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
+        first = first or number
         if missing := [c for c in columns if c not in row]:
-            raise _missing_columns(source, (number, row), rows[0][0], missing, cfg)
+            raise _missing_columns(source, (number, row), first, missing, cfg)
         for column in columns[:1] + columns[2:]:  # the texts: a JSON list or object would be read as its repr
             if not isinstance(row[column], str | None):
                 raise DataError(
@@ -272,6 +287,8 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
         labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
+    if not texts:
+        raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 
@@ -295,11 +312,10 @@ def load_test(cfg: DataConfig) -> Labelled | None:
     return None if cfg.test is None else _split(cfg, "test")
 
 
-def _text_lines(path: Path, limit: int | None) -> list[str]:
-    """Stripped lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), each ended by LF, CR LF or
-    CR (as old Mac tools write), reading only as far as `limit` non-empty lines."""
+def _text_lines(path: Path) -> Iterator[str]:
+    """Stripped non-empty lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), each ended by LF,
+    CR LF or CR (as old Mac tools write), read as they are taken."""
     _require_file(path)
-    found = []
     with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
         number = 0
         try:
@@ -308,12 +324,11 @@ def _text_lines(path: Path, limit: int | None) -> list[str]:
                     text = raw.decode("utf-8").removeprefix(BOM if number == 1 else "")
                 except UnicodeDecodeError:
                     raise _not_utf8(path, number, "", raw) from None
-                found += [line.strip() for line in text.split("\r") if line.strip()]
-                if limit is not None and len(found) >= limit:
-                    return found[:limit]
+                for line in text.split("\r"):
+                    if line := line.strip():
+                        yield line
         except GZIP_ERRORS as err:
             raise _cannot_decompress(f"{path}:{number + 1}", err) from None
-    return found
 
 
 def missing_files(sources: list[str]) -> list[str]:
@@ -321,19 +336,40 @@ def missing_files(sources: list[str]) -> list[str]:
     return [source for source in sources if not source.startswith("hub:") and not Path(source).is_file()]
 
 
-def load_unlabelled(sources: list[str], max_lines: int | None = None) -> list[str]:
-    """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all."""
-    lines: list[str] = []
+def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterator[str]:
+    """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all, read as they are taken: a
+    multi-million-line dump is never held whole."""
+    left = max_lines
     for source in sources:
         if source.startswith("hub:"):
             split, column = _from_hub(source)
-            found = [str(t).strip() for t in split[column or "text"]]
+            found = (line for line in (str(t).strip() for t in split[column or "text"]) if line)
         else:
-            found = _text_lines(Path(source), None if max_lines is None else max_lines - len(lines))
-        found = [line for line in found if line]
-        if not found:
+            found = _text_lines(Path(source))
+        taken = 0
+        for line in itertools.islice(found, left):
+            taken += 1
+            yield line
+        if not taken:
             raise DataError(f"{source}: no text (the file is empty)")
-        lines.extend(found)
-        if max_lines is not None and len(lines) >= max_lines:
-            return lines[:max_lines]
-    return lines
+        if left is not None:
+            left -= taken
+            if not left:
+                return
+
+
+def line_count(sources: list[str]) -> int | None:
+    """Lines in the local text files `sources` (blank ones too: at least as many as `unlabelled_lines` gives), read
+    in blocks; None with a Hub source."""
+    if any(source.startswith("hub:") for source in sources):
+        return None
+    count = 0
+    for source in sources:
+        with (gzip.open if _gzipped(Path(source)) else open)(source, "rb") as handle:
+            count += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+    return count
+
+
+def load_unlabelled(sources: list[str], max_lines: int | None = None) -> list[str]:
+    """`unlabelled_lines` as a list."""
+    return list(unlabelled_lines(sources, max_lines))

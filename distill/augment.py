@@ -6,11 +6,12 @@ lower-cases and PTB-tokenises them as in SST-2 ("it 's a charming journey ."). R
 only from the `random.Random` passed in.
 """
 
+import array
 import html
 import random
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 Style = Literal["raw", "ptb_lower"]
@@ -93,14 +94,17 @@ def augment_examples(
     return out
 
 
-def vocab_replacer(vocabulary: list[str]) -> Replacer:
-    """A `Replacer` that ignores the context and draws a word uniformly from `vocabulary`."""
-    choices = tuple(vocabulary)
+def vocab_replacer(vocabulary: Iterable[str]) -> Replacer:
+    """A `Replacer` that ignores the context and draws a word uniformly from `vocabulary` (a word as often as it
+    occurs there), held as int32 indices into its distinct words: 4 bytes a word, however many it reads."""
+    distinct: dict[str, int] = {}
+    choices = array.array("i", (distinct.setdefault(word, len(distinct)) for word in vocabulary))
     if not choices:
         raise ValueError("vocab_replacer needs a non-empty vocabulary")
+    words_of = list(distinct)
 
     def replace(words: list[str], index: int, rng: random.Random) -> str:
-        return rng.choice(choices)
+        return words_of[rng.choice(choices)]
 
     return replace
 

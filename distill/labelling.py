@@ -19,19 +19,20 @@ from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode
 
 
-def _kept_shard(path: Path, rows: int) -> np.ndarray | None:
-    """A finished shard of `rows` logits, or None when it is missing or unreadable (then it is labelled again)."""
+def _finished(path: Path, rows: int) -> bool:
+    """Whether `path` is a finished shard of `rows` logits (a missing or unreadable one is labelled again); its
+    header and size are checked, its logits left on disk."""
     if not path.is_file():
-        return None
+        return False
     try:
-        logits = np.load(path)
+        logits = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as err:  # numpy raises these for a truncated or foreign file
         progress.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
-        return None
+        return False
     if logits.ndim != 2 or len(logits) != rows:
         progress.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
-        return None
-    return logits
+        return False
+    return True
 
 
 def top_two_gap(logits: np.ndarray) -> np.ndarray:
@@ -94,23 +95,29 @@ def label_shards(
     starts = range(0, len(texts), cfg.shard_size)
     paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
-    shards = [_kept_shard(path, size) for path, size in zip(paths, sizes, strict=True)]
-    done = sum(size for shard, size in zip(shards, sizes, strict=True) if shard is not None)
+    kept = [_finished(path, size) for path, size in zip(paths, sizes, strict=True)]
+    done = sum(size for held, size in zip(kept, sizes, strict=True) if held)
     bar = progress.bar(len(texts), desc="label", unit="sent", initial=done)
     if done:
         progress.write(f"[transfer] resuming labelling: {done} of {len(texts)} sentences already labelled")
     for index, start in enumerate(starts):
-        if shards[index] is not None:
+        if kept[index]:
             continue
         end = start + cfg.shard_size
         feats = encode(tokenizer, texts[start:end], pairs[start:end] if pairs else None, cfg.max_length)
         logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
         if second_pass is not None:
             logits = second_pass(feats, logits)
-        shards[index] = logits.astype(np.float16)
-        atomic_write(paths[index], lambda tmp, shard=shards[index]: np.save(tmp, shard))
+        shard = logits.astype(np.float16)
+        atomic_write(paths[index], lambda tmp, shard=shard: np.save(tmp, shard))
     bar.close()
-    return np.concatenate(shards)
+    joined = None  # the shards, read back one at a time into one array: never all held, nor joined twice
+    for start, path in zip(starts, paths, strict=True):
+        shard = np.load(path)
+        if joined is None:
+            joined = np.empty((len(texts), shard.shape[1]), dtype=np.float16)
+        joined[start : start + len(shard)] = shard
+    return joined
 
 
 def label_checked(

@@ -7,8 +7,10 @@ accuracy are measured before and after on a fixed, seeded masking of the eval te
 
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from edgedistill.common.atomic import atomic_write
@@ -16,7 +18,7 @@ from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, heads
+from edgedistill.distill import device, dist, heads, tokenization
 from edgedistill.distill.device import Placement
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
@@ -80,31 +82,56 @@ def scratch_tokenizer(cfg: ModelConfig, texts: list[str], folder: Path):
     return load_tokenizer(str(folder))
 
 
-def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool) -> list[dict]:
-    """Concatenate tokenised texts and cut them into blocks of `seq_len` tokens.
+class Blocks(Sequence):
+    """Pretraining blocks as an int32 (N, seq_len) array of token ids, with an (N, seq_len, 2) one of character
+    offsets for whole-word masking: 4 bytes a token (12 with offsets). A block reads as the dict a collator takes
+    (`input_ids`, `offset_mapping`), a slice as a list of them."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray | None):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        block = {"input_ids": self.ids[index].tolist()}
+        if self.offsets is not None:
+            block["offset_mapping"] = [tuple(pair) for pair in self.offsets[index].tolist()]
+        return block
+
+
+def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool) -> Blocks:
+    """Concatenate tokenised texts (`tokenization.ENCODE_CHUNK` at a time) and cut them into blocks of `seq_len`
+    tokens.
 
     BERT blocks are wrapped in [CLS] ... [SEP]; GPT texts are separated by the EOS token.
     `offset_mapping` is kept for whole-word masking.
     """
-    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=with_offsets)
     if family == "bert":
         inner, head, tail = seq_len - 2, [tokenizer.cls_token_id], [tokenizer.sep_token_id]
         sep_ids, sep_offsets = [], []
     else:
         inner, head, tail = seq_len, [], []
         sep_ids, sep_offsets = [tokenizer.eos_token_id], [(0, 0)]
-    ids, offsets = [], []
-    for i, row in enumerate(enc["input_ids"]):
-        ids.extend(row + sep_ids)
+    ids, offsets = [np.zeros(0, dtype=np.int32)], [np.zeros((0, 2), dtype=np.int32)]
+    for start in range(0, len(texts), tokenization.ENCODE_CHUNK):
+        chunk = texts[start : start + tokenization.ENCODE_CHUNK]
+        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=with_offsets)
+        ids.append(np.fromiter((i for row in enc["input_ids"] for i in row + sep_ids), dtype=np.int32))
         if with_offsets:
-            offsets.extend(list(enc["offset_mapping"][i]) + sep_offsets)
-    blocks = []
-    for start in range(0, len(ids) - inner + 1, inner):
-        block = {"input_ids": head + ids[start : start + inner] + tail}
-        if with_offsets:
-            block["offset_mapping"] = [(0, 0)] * len(head) + offsets[start : start + inner] + [(0, 0)] * len(tail)
-        blocks.append(block)
-    return blocks
+            pairs = [pair for row in enc["offset_mapping"] for pair in list(row) + sep_offsets]
+            offsets.append(np.array(pairs, dtype=np.int32).reshape(-1, 2))
+    flat = np.concatenate(ids)
+    count = len(flat) // inner
+    body = flat[: count * inner].reshape(count, inner)
+    blocks = np.hstack([np.full((count, len(head)), head, np.int32), body, np.full((count, len(tail)), tail, np.int32)])
+    if not with_offsets:
+        return Blocks(blocks, None)
+    spans = np.concatenate(offsets)[: count * inner].reshape(count, inner, 2)
+    edges = [np.zeros((count, len(side), 2), np.int32) for side in (head, tail)]
+    return Blocks(blocks, np.concatenate([edges[0], spans, edges[1]], axis=1))
 
 
 class LanguageModelObjective(torch.nn.Module):

@@ -107,17 +107,14 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
     return student, student.config
 
 
-def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
-
-
 def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
-    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits, and gold labels or -100."""
-    pairs = _lines(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
+    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits (float16, as stored: a batch
+    takes them as float32), and gold labels or -100."""
+    pairs = transfer.read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
-    logits = torch.from_numpy(np.load(transfer_dir / "logits.npy").astype(np.float32))
+    logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
-    return encode(tokenizer, _lines(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
+    return encode(tokenizer, transfer.read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
@@ -217,7 +214,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     else:
         objective = DistillObjective(student, spec, teacher_bert)
 
-    lengths = [len(ids) for ids in feats["input_ids"]]
+    lengths = feats["input_ids"].lengths().tolist()
     placement = device.for_process(recipe.runtime)
     if teacher_bert is not None:  # held outside the objective's parameters, so moved here
         teacher_bert.to(placement.device)
@@ -231,7 +228,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
-        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx], labels[idx]),
+        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx].float(), labels[idx]),
         loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
         metric=recipe.data.selection_key,

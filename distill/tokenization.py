@@ -1,13 +1,15 @@
 """Tokenizers: load a pretrained one, or train WordPiece (BERT) / byte-level BPE (GPT) from text."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 from edgedistill.common.recipe import RecipeError
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
+ENCODE_CHUNK = 2_000  # texts per tokenizer call: its Python lists of ids, offsets and masks cost ~400 bytes a token
 
 
 def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -83,9 +85,50 @@ def require_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
         )
 
 
+class TokenRows(Sequence):
+    """Rows of token ids in one flat int32 array cut at `offsets` (N + 1 of them): 4 bytes a token, where a list of
+    Python ints holds ~36. A row reads as a list."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        self.values, self.offsets = values, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> list[int]:
+        index = range(len(self))[index]  # negative indices count from the end; out of range raises IndexError
+        return self.values[self.offsets[index] : self.offsets[index + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (self[index] for index in range(len(self)))
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per row, (N,)."""
+        return np.diff(self.offsets)
+
+
 def encode(
-    tokenizer: PreTrainedTokenizerBase, texts: list[str], pairs: list[str] | None, max_length: int
-) -> dict[str, list[list[int]]]:
-    """Token ids (and token type ids where the model uses them) per example, unpadded, truncated."""
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, padding=False)
-    return {key: enc[key] for key in ("input_ids", "token_type_ids") if key in enc}
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int
+) -> dict[str, TokenRows]:
+    """Token ids (and token type ids where the model uses them) per example, unpadded, truncated; tokenized
+    `ENCODE_CHUNK` texts at a time into `TokenRows`, so memory grows by 4 bytes a token."""
+    values: dict[str, list[np.ndarray]] = {}
+    lengths = [np.zeros(1, dtype=np.int64)]
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        end = start + ENCODE_CHUNK
+        enc = tokenizer(
+            list(texts[start:end]),
+            list(pairs[start:end]) if pairs is not None else None,
+            truncation=True,
+            max_length=max_length,
+            padding=False,
+        )
+        for key in ("input_ids", "token_type_ids"):
+            if key in enc:
+                values.setdefault(key, []).append(np.fromiter((i for row in enc[key] for i in row), dtype=np.int32))
+        lengths.append(np.fromiter((len(row) for row in enc["input_ids"]), dtype=np.int64))
+    offsets = np.cumsum(np.concatenate(lengths))
+    if not values:  # no texts: the keys the tokenizer gives
+        keys = [key for key in ("input_ids", "token_type_ids") if key in tokenizer("")]
+        values = {key: [np.zeros(0, dtype=np.int32)] for key in keys}
+    return {key: TokenRows(np.concatenate(chunks), offsets) for key, chunks in values.items()}

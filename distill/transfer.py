@@ -8,6 +8,7 @@ Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence 
 (float16, (N, C)) and `dev_logits.npy`.
 """
 
+import itertools
 import json
 import shutil
 import time
@@ -27,6 +28,18 @@ from edgedistill.distill.labelling import SecondPass, label_checked, onnx_labell
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.transfer_texts import SOURCES, build_texts
+
+
+def write_texts(path: Path, texts: list[str]) -> None:
+    """`texts` one per line, written as they go (never joined into one string)."""
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(text + "\n" for text in texts)
+
+
+def read_texts(path: Path, count: int | None = None) -> list[str]:
+    """The first `count` texts (all, without it) of a file `write_texts` wrote, read line by line."""
+    with path.open(encoding="utf-8", newline="\n") as handle:
+        return [line.removesuffix("\n") for line in itertools.islice(handle, count)]
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -93,15 +106,15 @@ def _build(inputs: Inputs) -> Built:
         labelling["second_pass"]["dev_agreement"] = float((made.argmax(-1) == dev_logits.argmax(-1)).mean())
 
     def write(folder: Path) -> None:
-        (folder / "texts.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        write_texts(folder / "texts.txt", texts)
         if pairs is not None:
-            (folder / "pairs.txt").write_text("".join(t + "\n" for t in pairs), encoding="utf-8")
+            write_texts(folder / "pairs.txt", pairs)
         np.savez(folder / "meta.npz", source=built.sources, label=built.labels)
         np.save(folder / "logits.npy", logits)
         np.save(folder / "dev_logits.npy", dev_logits.astype(np.float32))
         (folder / "composition.json").write_text(json.dumps(composition, indent=1))
 
-    shares = np.bincount(logits.astype(np.float32).argmax(-1), minlength=recipe.data.num_labels) / len(texts)
+    shares = np.bincount(logits.argmax(-1), minlength=recipe.data.num_labels) / len(texts)
     parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
     engine = f"{labelling['engine']} on {labelling['device']} ({labelling['precision']})"
     if "second_pass" in labelling:

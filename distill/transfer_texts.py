@@ -5,12 +5,13 @@ inputs, and Tang et al. augmentations of those inputs, all written in the recipe
 deduplicated and any that overlaps a dev text is dropped.
 """
 
+import hashlib
 import random
 from dataclasses import dataclass
 
 import numpy as np
 from edgedistill.common import progress
-from edgedistill.common.data import load_splits, load_unlabelled
+from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill.augment import (
     MIN_WORDS,
@@ -36,6 +37,7 @@ def leak_filter(dev_texts: list[str]):
         if MIN_CONTAINED <= len(words) < LEAK_NGRAM:
             grams.add(words)
         grams.update(words[i : i + LEAK_NGRAM] for i in range(len(words) - LEAK_NGRAM + 1))
+    starts = {gram[:MIN_CONTAINED] for gram in grams}  # a gram can start only where its first 5 words do
 
     def leaks(text: str) -> bool:
         key = normalise(text)
@@ -43,7 +45,9 @@ def leak_filter(dev_texts: list[str]):
             return True
         words = tuple(key.split())
         return any(
-            words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1) for i in range(len(words) - n + 1)
+            words[i : i + MIN_CONTAINED] in starts
+            and any(words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1))
+            for i in range(len(words) - MIN_CONTAINED + 1)
         )
 
     return leaks
@@ -66,6 +70,25 @@ def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
     return list(zip(sentences, sentences[1:], strict=False))
 
 
+def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
+    """Unlabelled examples of `cfg.unlabelled_files` (read line by line, never held whole): sentences, or adjacent
+    sentence pairs for a pair task."""
+    total = cfg.unlabelled_max_lines or line_count(cfg.unlabelled_files)  # a bar with an ETA on a large dump
+    bar = progress.bar(total, desc="split", unit="line")
+    examples = []
+    for line in unlabelled_lines(cfg.unlabelled_files, cfg.unlabelled_max_lines):
+        sentences = split_sentences(line, cfg.text_style)
+        examples.extend(_adjacent(sentences) if pairs else ((sentence,) for sentence in sentences))
+        bar.update()
+    bar.close()
+    return examples
+
+
+def _digest(key: tuple[str, ...]) -> bytes:
+    """16 bytes that stand for a normalised example in the set of those seen, instead of a copy of its text."""
+    return hashlib.blake2b("\0".join(key).encode(), digest_size=16).digest()
+
+
 def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`.
 
@@ -76,19 +99,9 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     cfg = recipe.transfer
     rng = random.Random(cfg.seed)
     train, dev = load_splits(recipe.data)
-    raw = load_unlabelled(cfg.unlabelled_files, cfg.unlabelled_max_lines)
-    bar = progress.bar(len(raw), desc="split", unit="line")  # minutes of silence on a large dump otherwise
-    split = []
-    for line in raw:
-        split.append(split_sentences(line, cfg.text_style))
-        bar.update()
-    bar.close()
     columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
     train_examples = list(zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True))
-    if train.pairs is not None:
-        unlabelled = [pair for sentences in split for pair in _adjacent(sentences)]
-    else:
-        unlabelled = [(sentence,) for sentences in split for sentence in sentences]
+    unlabelled = _unlabelled(cfg, train.pairs is not None)
     if not unlabelled:
         need = "two sentences in a row" if train.pairs is not None else "a sentence"
         print(
@@ -97,7 +110,7 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         )
     rng.shuffle(unlabelled)
     # Unigram sampling over the train words stands in for Tang et al.'s same-POS unigram sampling.
-    words = [w for example in train_examples for side in example for w in side.split()]
+    words = (w for example in train_examples for side in example for w in side.split())
     bar = progress.bar(len(train_examples), desc="augment", unit="example")
     augmented = augment_examples(
         train_examples,
@@ -127,13 +140,13 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
-        if not all(key) or key in seen:
+        if not all(key) or (digest := _digest(key)) in seen:
             removed["duplicates"] += 1
             continue
         if any(leaks(side) for side in sides):
             removed["dev_overlap"] += 1
             continue
-        seen.add(key)
+        seen.add(digest)
         counts[SOURCES[source]] += 1
         inputs.append(sides)
         sources.append(source)

@@ -108,9 +108,9 @@ def _calibration(
 ) -> list[dict[str, np.ndarray]]:
     """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
     calibration."""
-    texts = (transfer_dir / "texts.txt").read_text(encoding="utf-8").splitlines()[:count]
+    texts = transfer.read_texts(transfer_dir / "texts.txt", count)
     pairs_file = transfer_dir / "pairs.txt"
-    pairs = pairs_file.read_text(encoding="utf-8").splitlines()[:count] if pairs_file.is_file() else None
+    pairs = transfer.read_texts(pairs_file, count) if pairs_file.is_file() else None
     return _batches(texts, pairs, tokenizer, length, inputs)
 
 

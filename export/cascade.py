@@ -9,6 +9,7 @@ cascade is then run on the dev set: its accuracy, the share of texts each member
 curve (first threshold -> dev accuracy, escalated share) are recorded.
 """
 
+import itertools
 import json
 import shutil
 from functools import partial
@@ -19,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import load_splits, load_unlabelled
+from edgedistill.common.data import load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
@@ -100,7 +101,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
             "cascade calibration reads unlabelled lines the transfer set did not: set transfer.unlabelled_max_lines "
             "below the number of lines in transfer.unlabelled_files"
         )
-    lines = load_unlabelled(cfg.unlabelled_files)[cfg.unlabelled_max_lines :]
+    lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
     leaks = leak_filter(dev.texts + (dev.pairs or []))
     texts, pairs = [], []

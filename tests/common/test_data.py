@@ -8,10 +8,12 @@ from edgedistill.common.data import (
     DataError,
     Labelled,
     _label_index,
+    _rows,
     load_labelled,
     load_splits,
     load_test,
     load_unlabelled,
+    unlabelled_lines,
 )
 
 CFG = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
@@ -248,6 +250,17 @@ def test_unlabelled_lines_ended_by_a_carriage_return_alone_are_lines(tmp_path):
 def test_unlabelled_lines_ended_by_a_carriage_return_alone_count_towards_the_limit(tmp_path):
     (tmp_path / "mac.txt").write_bytes(b"one\rtwo\rthree\r")
     assert load_unlabelled([str(tmp_path / "mac.txt")], max_lines=2) == ["one", "two"]
+
+
+def test_labelled_rows_are_read_as_they_are_taken(tmp_path):
+    rows = "good\t1\n" * 10_000  # past the first blocks a reader decodes at once
+    (tmp_path / "a.tsv").write_bytes(b"sentence\tlabel\n" + rows.encode() + b"caf\xe9\t1\n")
+    assert next(_rows(tmp_path / "a.tsv")) == (2, {"sentence": "good", "label": "1"})
+
+
+def test_unlabelled_lines_decodes_only_the_lines_taken(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"first\nsecond\n\xff\n")  # line 3 is not UTF-8: reading it would raise
+    assert next(unlabelled_lines([str(tmp_path / "u.txt")])) == "first"
 
 
 def test_gzipped_unlabelled_text_is_read_decompressed(tmp_path):

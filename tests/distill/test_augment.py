@@ -1,4 +1,5 @@
 import random
+import tracemalloc
 
 import pytest
 from edgedistill.distill.augment import (
@@ -116,6 +117,21 @@ def test_augment_examples_advances_the_bar_once_per_example():
     kwargs = dict(p_mask=0.5, p_replace=0.0, p_ngram=0.0, mask_token="[MASK]", replace=None)
     augment_examples([("a b",), ("c d",), ("e",)], 2, random.Random(0), bar=bar, **kwargs)
     assert bar.n == 3
+
+
+def test_vocab_replacer_draws_as_a_choice_over_its_words_would():
+    words = ["a", "b", "a", "c"] * 5
+    replace = vocab_replacer(iter(words))
+    ours, reference = random.Random(3), random.Random(3)
+    assert [replace(SENTENCE, 0, ours) for _ in range(30)] == [reference.choice(words) for _ in range(30)]
+
+
+def test_vocab_replacer_holds_4_bytes_a_word_read():
+    tracemalloc.start()
+    replace = vocab_replacer(f"w{i % 10}" for i in range(200_000))  # each word its own string, as split gives
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert held < 1_000_000, replace  # a tuple of the words held 11 MB
 
 
 def test_vocab_replacer_draws_from_its_vocabulary():

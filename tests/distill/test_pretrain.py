@@ -1,8 +1,10 @@
 from pathlib import Path
 
+import numpy as np
 import torch
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
+from edgedistill.distill import tokenization
 from edgedistill.distill.pretrain import LanguageModelObjective, build_model, make_blocks, scratch_tokenizer
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel
@@ -27,6 +29,17 @@ def test_bert_blocks_are_wrapped_and_full_length():
     assert all(b["input_ids"][-1] == tok.sep_token_id for b in blocks)
 
 
+def test_blocks_hold_token_ids_as_int32():
+    assert make_blocks(tokenizer("bert"), TEXTS, 16, "bert", with_offsets=True).ids.dtype == np.int32
+
+
+def test_blocks_are_the_same_whether_texts_are_tokenized_at_once_or_in_chunks(monkeypatch):
+    tok = tokenizer("bert")
+    whole = make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:]
+    monkeypatch.setattr(tokenization, "ENCODE_CHUNK", 7)
+    assert make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:] == whole
+
+
 def test_gpt_blocks_separate_texts_with_eos():
     tok = tokenizer("gpt")
     blocks = make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False)
@@ -43,7 +56,7 @@ def test_a_model_from_scratch_has_positions_for_its_pretraining_blocks():
 def test_causal_lm_learns_the_eos_between_texts_when_the_tokenizer_pads_with_eos(tmp_path):
     folder = write_gpt2(tmp_path / "gpt2", TEXTS)
     tok = load_tokenizer(str(folder))  # GPT-2 has no pad token: it pads with its EOS
-    batch = DataCollatorForLanguageModeling(tok, mlm=False)(make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False))
+    batch = DataCollatorForLanguageModeling(tok, mlm=False)(make_blocks(tok, TEXTS, 16, "gpt", with_offsets=False)[:])
     _, _, labels = LanguageModelObjective(GPT2LMHeadModel.from_pretrained(folder), causal=True)(**batch)
     assert tok.eos_token_id in labels.tolist()
 
@@ -60,7 +73,7 @@ def test_masking_rates_and_whole_words():
     wwm = DataCollatorForLanguageModeling(
         tok, mlm_probability=0.15, whole_word_mask=True, mask_replace_prob=1.0, random_replace_prob=0.0, seed=0
     )
-    batch = wwm(blocks)
+    batch = wwm(blocks[:])
     ids, labels = batch["input_ids"], batch["labels"]
     # A masked word piece ("##...") never stands next to an unmasked piece of the same word.
     for row_ids, row_labels in zip(ids.tolist(), labels.tolist(), strict=True):

@@ -1,6 +1,7 @@
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
@@ -10,9 +11,10 @@ from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics
-from edgedistill.distill.student_stage import DistillObjective, load_student, student_logits
+from edgedistill.distill.student_stage import DistillObjective, _transfer_data, load_student, student_logits
 from edgedistill.distill.students import build_student
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
+from edgedistill.distill.transfer import write_texts
 from transformers import BertConfig, BertModel
 
 from tests.conftest import ROOT
@@ -144,3 +146,11 @@ def test_student_logits_are_computed_with_dropout_off_whatever_mode_training_lef
         first = student_logits(objective.student.train(), feats, 0)
         second = student_logits(objective.student.train(), feats, 0)
     assert (first == second).all()
+
+
+def test_the_teacher_logits_of_the_transfer_set_stay_float16_in_memory(tmp_path):
+    write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
+    np.savez(tmp_path / "meta.npz", source=np.zeros(2, np.int8), label=np.array([-1, 1]))
+    np.save(tmp_path / "logits.npy", np.ones((2, 2), np.float16))
+    _, logits, _ = _transfer_data(tmp_path, train_tokenizer("bert", ["a fine film", "dull"] * 5, 40), 16)
+    assert logits.dtype == torch.float16

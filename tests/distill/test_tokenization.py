@@ -1,8 +1,10 @@
 """Tokenizers trained from text, and the check that a pair task's tokenizer marks sentence B."""
 
+import numpy as np
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError
+from edgedistill.distill import tokenization
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments, train_tokenizer
 from tokenizers import Tokenizer
 from transformers import GPT2ForSequenceClassification
@@ -15,7 +17,38 @@ TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull 
 def test_a_trained_bert_tokenizer_marks_sentence_b():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     # [CLS] a dog [SEP] dull [SEP]
-    assert encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"] == [[0, 0, 0, 0, 1, 1]]
+    assert list(encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"]) == [[0, 0, 0, 0, 1, 1]]
+
+
+def test_encode_holds_token_ids_as_int32():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    assert encode(tokenizer, TEXTS, None, 16)["input_ids"].values.dtype == np.int32
+
+
+def test_encode_gives_each_text_its_tokenizer_ids():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    assert (
+        list(encode(tokenizer, TEXTS[:5], None, 4)["input_ids"])
+        == tokenizer(TEXTS[:5], truncation=True, max_length=4)["input_ids"]
+    )
+
+
+class Counting:
+    """A tokenizer that records how many texts each call gets."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.sizes = tokenizer, []
+
+    def __call__(self, texts, *args, **kwargs):
+        self.sizes.append(len(texts))
+        return self.tokenizer(texts, *args, **kwargs)
+
+
+def test_encode_tokenizes_a_chunk_of_texts_at_a_time(monkeypatch):
+    monkeypatch.setattr(tokenization, "ENCODE_CHUNK", 7)
+    counting = Counting(train_tokenizer("bert", TEXTS, 60))
+    encode(counting, TEXTS, None, 16)
+    assert max(counting.sizes) == 7
 
 
 def test_a_bert_tokenizer_is_accepted_for_pairs():

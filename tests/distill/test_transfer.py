@@ -17,6 +17,7 @@ from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards
 from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.transfer import read_texts, write_texts
 from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
@@ -65,6 +66,17 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
 
 
+def test_transfer_texts_read_back_as_written(tmp_path):
+    write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
+    assert read_texts(tmp_path / "texts.txt") == ["a fine film", "dull"]
+
+
+def test_read_texts_decodes_only_the_lines_it_returns(tmp_path):
+    lines = b"a fine film\n" * 10_000  # past the first blocks a reader decodes at once
+    (tmp_path / "texts.txt").write_bytes(lines + b"caf\xe9\n")  # reading the last line would raise
+    assert read_texts(tmp_path / "texts.txt", 2) == ["a fine film"] * 2
+
+
 def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch, capsys):
     monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
     monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
@@ -73,6 +85,15 @@ def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch
     err = capsys.readouterr().err
     assert re.search(r"^\[split\] \d+/20 line", err, re.MULTILINE)
     assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
+
+
+def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
+    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], "transfer.unlabelled_max_lines": None}
+    build_texts(load_recipe(SMOKE, overrides), "[MASK]")
+    assert re.search(r"^\[split\] \d+/30 line", capsys.readouterr().err, re.MULTILINE)
 
 
 @pytest.mark.parametrize(
