@@ -164,11 +164,13 @@ def normalise(text: str) -> str:
 
     Tokenisation does not change the key: clitics are re-attached and apostrophes dropped
     ("do n't" and "don't" -> "dont"), PTB bracket tokens (-lrb-, -rrb-) are dropped. Nor does how the
-    text is encoded: accents composed or not, full-width forms and ligatures are the same (NFKC), and
-    invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped.
+    text is encoded: accents composed or not are the same (NFC), and invisible format characters (zero-width
+    spaces and joiners, soft hyphens, direction marks) are dropped. Full-width forms and ligatures stay apart
+    from their plain letters: folding them (NFKC) would change the keys of 79 lines of the shared data, and with
+    them the transfer sets behind the recorded figures.
     """
     if not text.isascii():
-        text = "".join(char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf")
+        text = "".join(char for char in unicodedata.normalize("NFC", text) if unicodedata.category(char) != "Cf")
     text = _BRACKET_TOKEN.sub(" ", text.lower().replace("\u2019", "'"))
     text = _SPLIT_CLITIC.sub(r"\1", text).replace("'", "")
     return " ".join(_NON_ALNUM.sub(" ", text).split())

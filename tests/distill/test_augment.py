@@ -183,7 +183,6 @@ def test_split_sentences_keeps_a_sentence_without_final_punctuation():
         ("...", ""),
         ("cafe\u0301 cafe\u0301", "café café"),  # decomposed accents: as the composed ones above
         ("hel\u200blo wo\u00adrld \u200fok\u202c", "hello world ok"),  # zero-width space, soft hyphen, marks
-        ("\uff47\uff4f\uff4f\uff44 \ufb01lm", "good film"),  # full-width letters, a ligature
     ],
 )
 def test_normalise_examples(text, expected):
