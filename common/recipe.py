@@ -8,6 +8,7 @@ the recipe's own folder. `extends:` starts from another recipe (see `_merge` for
 Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
 """
 
+import difflib
 import functools
 import hashlib
 import json
@@ -18,6 +19,7 @@ from typing import Literal
 
 import yaml
 from edgedistill.common import settings
+from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
 from edgedistill.common.config.strict import Strict
@@ -38,7 +40,11 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the run folder's name, `runs/<name>/`: letters, digits, `_`, `.` and `-` (default: the recipe "
+        "file's, without `.yaml`)",
+    )
     data: DataConfig
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig | None = None
@@ -350,6 +356,14 @@ def _known() -> str:
     return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
+def _closest(path: Path) -> str:
+    """`did you mean X? ` for the recipe whose name is nearest to a missing one: a file beside it when `path` has a
+    folder that holds recipes, else a recipe's name; '' when none is near."""
+    beside = {file.stem: file for file in path.parent.glob("*.y*ml")} if len(path.parts) > 1 else {}
+    close = difflib.get_close_matches(path.stem, beside or settings.recipe_names(), n=1)
+    return f"did you mean {beside.get(close[0], close[0])}? " if close else ""
+
+
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
     """A hint where the line YAML stopped at holds `${`: in `{...}` or `[...]`, YAML reads its `{` as a mapping."""
     mark = getattr(err, "problem_mark", None)
@@ -392,7 +406,9 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     if not path.is_file() and len(path.parts) == 1:
         path = settings.find_recipe(path.name) or path
     if not path.is_file():
-        raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
+        raise RecipeError(
+            f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
+        )
     raw = _read(path)
     origins = {}  # key -> where its value came from, for errors: the recipe file does not hold it
     if "name" not in raw:
@@ -416,8 +432,24 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
 def _problem(error: dict, origins: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
     key = ".".join(str(p) for p in error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
+    message = _message(error)
     return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "")
+
+
+def _message(error: dict) -> str:
+    """Pydantic's message, or where it names no valid value: for an unknown key, the nearest known one and every key
+    its section takes; for a value off a pattern, the values the setting's description gives."""
+    loc = error["loc"]
+    if error["type"] == "extra_forbidden" and (section := schema.section_at(Recipe, loc[:-1])):
+        keys = list(section.model_fields) + ([] if loc[:-1] else ["extends"])  # read before the schema sees the rest
+        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
+        guess = f"did you mean {close[0]}? " if close else ""
+        return f"unknown key: {guess}{where} takes {', '.join(keys)}"
+    field = schema.field_at(Recipe, loc)
+    if error["type"] == "string_pattern_mismatch" and field and field.description:
+        return f"{error['input']!r} is not valid: give {field.description}"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def run_dir(recipe: Recipe) -> Path:
