@@ -12,6 +12,7 @@ import importlib
 import os
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from importlib.metadata import version
 
@@ -20,6 +21,12 @@ from edgedistill.common.processes import die_with_parent
 PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
+EXIT_STATUSES = (
+    "Exit status: 0 done (or up to date); 1 a check failed (a bundle's gate, a benchmark's target with --check, a "
+    f"load test's SLO, a call the server refused); 2 bad arguments, recipe, input or artifacts, or a machine that "
+    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {CRASHED} an unexpected error (a traceback)."
+)
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
 STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"
 JOBS = 2  # students trained at once by `all`, as `make all` does
@@ -152,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
-        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md.",
+        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md. {EXIT_STATUSES}",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version(PROG)}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
@@ -178,3 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         note = "" if name in BUILD_NOTHING else STOPPED_BUILDING
         print(f"{PROG} {name}: interrupted{note}", file=sys.stderr)
         return INTERRUPTED
+    except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
+        traceback.print_exc()
+        print(f"{PROG} {name}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
+        return CRASHED

@@ -3,7 +3,8 @@
 Commands: `bundles` (build every bundle of the recipe, or those named with `--only`, each checked
 against PyTorch and gated, then its confidence cascades) and `labeller` (the bundle `transfer.labeller` names, which labels the
 transfer set on the CPU; nothing when the recipe has none or labelling runs on a GPU). The bundles
-are timed by `python -m bench models`.
+are timed by `python -m bench models`. Exit status: 0 when built, 1 when a bundle missed its parity or accuracy gate,
+2 when the recipe, an artifact or the machine stopped the build.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from edgedistill.distill import device
 from edgedistill.export import bundle_stage, cascade
 from edgedistill.export.onnx_export import ExportError
 from edgedistill.export.tensorrt import EngineBuildError
+from edgedistill.export.validate import ExportGateError
 
 # What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
 FAILURES = (
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         if only is None or only:
             bundle_stage.build(recipe, only, args.force)
         cascade.build(recipe, [name for name in args.only if name in cascades] if args.only else None, args.force)
+    except ExportGateError as err:  # built and checked, and missed its gate: 1, as a missed target or SLO
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except FAILURES as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -245,3 +245,27 @@ def test_an_interrupted_client_says_only_that(monkeypatch, capsys):
 
 def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys):
     assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")
+
+
+def crashed(monkeypatch) -> int:
+    """The status of `edgedistill bundles` when the stage raises an error nobody expected."""
+
+    def broken(*_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli.Command, "run", broken)
+    return cli.main(["bundles", "x"])
+
+
+def test_an_unexpected_error_exits_70_not_the_1_of_a_failed_check(monkeypatch):
+    assert crashed(monkeypatch) == 70
+
+
+def test_an_unexpected_error_prints_its_traceback(monkeypatch, capsys):
+    crashed(monkeypatch)
+    assert "RuntimeError: a bug\nedgedistill bundles: stopped by an unexpected error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "70 an unexp"])
+def test_the_help_gives_each_exit_status(top_help, status):
+    assert status in " ".join(top_help.split())
