@@ -8,6 +8,7 @@ the recipe's own folder. `extends:` starts from another recipe (see `_merge` for
 Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
 """
 
+import argparse
 import difflib
 import functools
 import hashlib
@@ -398,6 +399,16 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
+OVERRIDES_HELP = (
+    "Further --section.key=value arguments override the recipe, e.g. --finetune.optim.lr=5e-5 (every key: "
+    "docs/settings.md#recipe)."
+)
+
+
+def add_recipe_argument(parser: argparse.ArgumentParser) -> None:
+    """The positional `recipe`, and the line of the help that says how to override it."""
+    parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.epilog = " ".join(filter(None, [parser.epilog, OVERRIDES_HELP]))
 
 
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:

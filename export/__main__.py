@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.distill import device
 from edgedistill.export import bundle_stage, cascade
@@ -55,10 +55,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():
         command = commands.add_parser(name, help=summary, description=summary)
-        command.add_argument("recipe", help=RECIPE_HELP)
+        add_recipe_argument(command)
         command.add_argument("--force", action="store_true", help="rebuild even if up to date")
     commands.choices["bundles"].add_argument(
-        "--only", action="append", help="just this bundle or cascade id (repeatable)"
+        "--only", action="append", metavar="ID", help="just this bundle or cascade id (repeatable)"
     )
     return parser
 

@@ -269,3 +269,30 @@ def test_an_unexpected_error_prints_its_traceback(monkeypatch, capsys):
 @pytest.mark.parametrize("status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "70 an unexp"])
 def test_the_help_gives_each_exit_status(top_help, status):
     assert status in " ".join(top_help.split())
+
+
+TAKING_A_RECIPE = [
+    *([name] for name, command in cli.COMMANDS.items() if command.dispatches),
+    *(["bench", name] for name in ("models", "serving", "accuracy", "cascade", "peers", "scaling")),
+    ["loadtest"],
+    ["report"],
+    ["headline"],
+]
+
+
+@pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
+def test_a_command_taking_a_recipe_says_how_to_override_it(capsys, argv):
+    from edgedistill.common.recipe import OVERRIDES_HELP
+
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    assert OVERRIDES_HELP in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("name", ["models", "serving", "accuracy", "cascade", "peers", "scaling"])
+def test_a_benchmark_help_says_what_it_measures(capsys, name):
+    from edgedistill.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main([name, "--help"], prog="edgedistill bench")
+    assert not capsys.readouterr().out.split("\n\n")[1].startswith("positional arguments")  # a description first
