@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 from edgedistill.common.processes import die_with_parent
+from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # a full, read-only or foreign runs folder
@@ -180,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         if err.errno not in CANNOT_WRITE:
             raise
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
+        return 2
+    except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
         note = "" if name in BUILD_NOTHING else STOPPED_BUILDING

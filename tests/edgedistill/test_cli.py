@@ -296,3 +296,14 @@ def test_a_benchmark_help_says_what_it_measures(capsys, name):
     with pytest.raises(SystemExit):
         main([name, "--help"], prog="edgedistill bench")
     assert not capsys.readouterr().out.split("\n\n")[1].startswith("positional arguments")  # a description first
+
+
+def test_a_bad_environment_setting_exits_2(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", "abc")
+    assert cli.main(["teacher", "recipes/smoke.yaml"]) == 2
+
+
+def test_a_bad_environment_setting_is_one_line_naming_it(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_PROGRESS", "bogus")
+    cli.main(["bundles", "recipes/smoke.yaml", "--only", "bilstm-int8"])
+    assert capsys.readouterr().err == "error: EDGEDISTILL_PROGRESS='bogus': expected one of auto, bar, lines, off\n"
