@@ -21,3 +21,21 @@ def test_make_serve_serves_the_bundle_of_the_recipes_name(tmp_path):
 
 def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
+
+
+def make_refusal(*args: str) -> subprocess.CompletedProcess:
+    """`make -n teacher ARGS`, which fails where make refuses a variable."""
+    command = ["make", "-n", "--no-print-directory", "teacher", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_misspelt_variable_stops_make():
+    assert make_refusal("RECPIE=recipes/smoke.yaml").returncode == 2
+
+
+def test_a_misspelt_variable_names_the_one_meant():
+    assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
+
+
+def test_a_variable_for_the_commands_environment_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=it's a  film", "OMP_NUM_THREADS=2")
