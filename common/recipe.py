@@ -309,6 +309,8 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars."""
     out = {}
     for arg in args:
+        if arg.startswith("--") and not {".", "="} & set(arg):  # a misspelt option, more likely than an override
+            raise RecipeError(f"{arg}: no such option (--help lists them), nor an override (--section.key=value)")
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")

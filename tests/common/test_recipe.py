@@ -99,6 +99,11 @@ def test_a_missing_recipe_file_is_refused(tmp_path):
         load_recipe(tmp_path / "missing.yaml")
 
 
+def test_a_misspelt_option_is_not_called_a_malformed_override():
+    with pytest.raises(RecipeError, match=r"^--froce: no such option \(--help lists them\), nor an override"):
+        parse_overrides(["--froce"])
+
+
 def test_a_misspelt_recipe_file_is_answered_with_the_file_beside_it(tmp_path):
     write(tmp_path, MINIMAL, "smoke.yaml")
     with pytest.raises(RecipeError, match=f"did you mean {re.escape(str(tmp_path / 'smoke.yaml'))}\\? give a recipe"):
