@@ -29,7 +29,11 @@ EXIT_STATUSES = (
     f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {CRASHED} an unexpected error (a traceback)."
 )
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
-STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"
+STOPPED_BUILDING = "; no artifact was half written: run it again to go on"
+GOES_ON_FROM = {  # where a command run again after Ctrl-C goes on from, beyond the artifacts it finished
+    **dict.fromkeys(("pretrain", "finetune", "teacher", "distill"), "training resumes from its last checkpoint"),
+    "transfer": "labelling resumes from its finished shards",
+}
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
@@ -179,17 +183,28 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
     except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
         if err.errno not in CANNOT_WRITE:
-            raise
+            return crashed(name)
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
         return 2
     except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        note = "" if name in BUILD_NOTHING else STOPPED_BUILDING
-        print(f"{PROG} {name}: interrupted{note}", file=sys.stderr)
+        print(f"{PROG} {name}: interrupted{interrupted_note(name)}", file=sys.stderr)
         return INTERRUPTED
     except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
-        traceback.print_exc()
-        print(f"{PROG} {name}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
-        return CRASHED
+        return crashed(name)
+
+
+def interrupted_note(name: str) -> str:
+    """What the line of a command stopped by Ctrl-C adds: for one that builds, that running it again goes on."""
+    if name in BUILD_NOTHING:
+        return ""
+    return STOPPED_BUILDING + (f" ({GOES_ON_FROM[name]})" if name in GOES_ON_FROM else "")
+
+
+def crashed(name: str) -> int:
+    """Print the traceback of the error being handled and a line naming the command; `CRASHED`."""
+    traceback.print_exc()
+    print(f"{PROG} {name}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
+    return CRASHED

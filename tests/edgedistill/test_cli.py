@@ -247,11 +247,22 @@ def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys
     assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")
 
 
-def crashed(monkeypatch) -> int:
+def test_an_interrupted_training_stage_says_it_resumes_from_its_checkpoint(monkeypatch, capsys):
+    assert "(training resumes from its last checkpoint)" in interrupted(monkeypatch, capsys, "teacher")
+
+
+def test_an_interrupted_benchmark_speaks_of_no_training(monkeypatch, capsys):
+    assert "training" not in interrupted(monkeypatch, capsys, "bench")
+
+
+A_BUG = RuntimeError("a bug")
+
+
+def crashed(monkeypatch, error: Exception = A_BUG) -> int:
     """The status of `edgedistill bundles` when the stage raises an error nobody expected."""
 
     def broken(*_):
-        raise RuntimeError("a bug")
+        raise error
 
     monkeypatch.setattr(cli.Command, "run", broken)
     return cli.main(["bundles", "x"])
@@ -259,6 +270,10 @@ def crashed(monkeypatch) -> int:
 
 def test_an_unexpected_error_exits_70_not_the_1_of_a_failed_check(monkeypatch):
     assert crashed(monkeypatch) == 70
+
+
+def test_an_unexpected_os_error_exits_70_too(monkeypatch):
+    assert crashed(monkeypatch, ConnectionResetError(104, "Connection reset by peer")) == 70
 
 
 def test_an_unexpected_error_prints_its_traceback(monkeypatch, capsys):
