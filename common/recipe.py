@@ -432,21 +432,42 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             apply_override(raw, key, os.environ[variable])
             origins[key] = settings.env_source(key)
     variables = settings.variables()
+    made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
+        made.update(_misspelt_section(raw, key))
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
         origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_problem(e, origins) for e in err.errors()]
+        problems = [_problem(e, origins, made) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
-def _problem(error: dict, origins: dict[str, str]) -> str:
+def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
+    """`{section: hint}` where override `dotted` would make a section the recipe lacks, beside one of a near name
+    (`--distill.students.cnnn.optim.lr` for student cnn), else `{}`."""
+    *parents, _ = dotted.split(".")
+    node, walked = raw, []
+    for part in parents:
+        if not isinstance(node, dict):
+            return {}
+        if part not in node:
+            near = difflib.get_close_matches(part, [str(name) for name in node], n=1)
+            if not near:
+                return {}
+            where = ".".join(walked) or "the recipe"
+            return {".".join([*walked, part]): f" (--{dotted} made it: {where} has no {part}; did you mean {near[0]}?)"}
+        node, walked = node[part], [*walked, part]
+    return {}
+
+
+def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
     key = ".".join(str(p) for p in error["loc"])
     message = _message(error)
-    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "")
+    hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
+    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "") + hint
 
 
 def _message(error: dict) -> str:

@@ -54,6 +54,18 @@ def test_unknown_top_level_key_offers_extends(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + "extend: sst2\n"))
 
 
+def test_an_override_of_a_misspelt_student_names_the_student_meant():
+    overrides = parse_overrides(["--distill.students.cnnn.optim.lr=1"])
+    with pytest.raises(RecipeError, match=r"distill\.students has no cnnn; did you mean cnn\?\)"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_an_override_of_a_new_student_unlike_any_gets_the_plain_error():
+    overrides = parse_overrides(["--distill.students.newone.optim.lr=1"])
+    with pytest.raises(RecipeError, match=r"distill\.students\.newone\.model: Field required$"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
 def test_a_value_off_its_pattern_says_which_values_there_are(tmp_path):
     with pytest.raises(RecipeError, match=r"runtime\.device: 'gpu' is not valid: give auto .*, cpu, cuda, or cuda:N"):
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--runtime.device=gpu"]))
