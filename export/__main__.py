@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
         cascades = recipe.export.cascades
         unknown = set(args.only or ()) - set(recipe.export.bundles) - set(cascades)
         if unknown:
-            raise RecipeError(f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {args.recipe}")
+            raise RecipeError(
+                f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {args.recipe} "
+                f"({', '.join([*recipe.export.bundles, *cascades])})"
+            )
         only = [name for name in args.only or () if name not in cascades] if args.only else None
         if only is None or only:
             bundle_stage.build(recipe, only, args.force)

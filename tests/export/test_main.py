@@ -26,3 +26,8 @@ def test_a_missed_gate_is_an_error_line_and_status_1(monkeypatch, capsys):
     monkeypatch.setattr(bundle_stage, "build", miss)
     assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "bilstm-int8"]) == 1
     assert capsys.readouterr().err == "error: bundle x: agrees on 90% (gate 99%)\n"
+
+
+def test_an_unknown_bundle_given_to_only_lists_the_bundles_and_cascades(capsys):
+    assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn-int9"]) == 2
+    assert "(teacher-onnx, teacher-fused, " in capsys.readouterr().err
