@@ -33,8 +33,9 @@ endif
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
 
-help:  ## list the targets
+help:  ## list the targets and the variables they take
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
 
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)

@@ -39,3 +39,10 @@ def test_a_misspelt_variable_names_the_one_meant():
 
 def test_a_variable_for_the_commands_environment_passes(tmp_path):
     assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=it's a  film", "OMP_NUM_THREADS=2")
+
+
+def test_make_help_lists_the_variables_and_where_each_is_described():
+    result = subprocess.run(
+        ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:\n  RECIPE " in result.stdout
