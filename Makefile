@@ -209,5 +209,6 @@ format: $(STAMP)  ## apply ruff's fixes and formatting
 
 clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
 	@if [ "$(CONFIRM)" != 1 ]; then \
-	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer; [ "$$answer" = y ] || exit 1; fi
+	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer || echo; \
+	  [ "$$answer" = y ] || { echo "not removed (CONFIRM=1 removes it without asking)" >&2; exit 1; }; fi
 	rm -rf -- "$(RUN)"

@@ -46,3 +46,9 @@ def test_make_help_lists_the_variables_and_where_each_is_described():
         ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:\n  RECIPE " in result.stdout
+
+
+def test_make_clean_without_an_answer_says_how_to_skip_the_question(tmp_path):
+    command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/smoke.yaml", f"RUNS_DIR={tmp_path}"]
+    result = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert "not removed (CONFIRM=1 removes it without asking)" in result.stderr
