@@ -25,7 +25,7 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-
 CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
 EXIT_STATUSES = (
     "Exit status: 0 done (or up to date); 1 a check failed (a bundle's gate, a benchmark's target with --check, a "
-    f"load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
+    "load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
     f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {CRASHED} an unexpected error (a traceback)."
 )
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
