@@ -41,6 +41,10 @@ def test_a_variable_for_the_commands_environment_passes(tmp_path):
     assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=it's a  film", "OMP_NUM_THREADS=2")
 
 
+def test_a_variable_that_extends_one_of_makes_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "PYTHONPATH=/opt/lib")
+
+
 def test_make_help_lists_the_variables_and_where_each_is_described():
     result = subprocess.run(
         ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
