@@ -16,6 +16,16 @@ RECIPES  := $(wildcard recipes/*.yaml)
 ED       := $(VENV)/bin/edgedistill
 export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 
+# Make ignores a variable it has no use for: `make all RECPIE=recipes/smoke.yaml` would run the default recipe for an
+# hour. One given on the command line that is near one of these but is none of them stops make, naming the one meant;
+# any other (EDGEDISTILL_DEVICE=cpu, OMP_NUM_THREADS=2, or PYTHONPATH, which extends a name by more than a typo
+# would) passes on to the commands' environment.
+VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX BUNDLE PORT TEXT PAIR CASCADE SERVE_BENCH_ARGS \
+  PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
+GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach word,$(MAKEOVERRIDES),$(firstword $(subst =, ,$(word))))))
+MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name, known, 1, 0.75)] if near and not (name.startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
+$(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
+
 ifeq ($(NPROC),1)
 LAUNCH := $(ED)
 else
@@ -24,8 +34,9 @@ endif
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
 
-help:  ## list the targets
+help:  ## list the targets and the variables they take
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
 
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
@@ -199,5 +210,6 @@ format: $(STAMP)  ## apply ruff's fixes and formatting
 
 clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
 	@if [ "$(CONFIRM)" != 1 ]; then \
-	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer; [ "$$answer" = y ] || exit 1; fi
+	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer || echo; \
+	  [ "$$answer" = y ] || { echo "not removed (CONFIRM=1 removes it without asking)" >&2; exit 1; }; fi
 	rm -rf -- "$(RUN)"

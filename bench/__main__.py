@@ -18,7 +18,7 @@ from pathlib import Path
 from edgedistill.bench import BUNDLE_HELP, BenchError
 from edgedistill.bench.stats import ServingResult
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import SettingsError
@@ -82,17 +82,22 @@ def run_scaling(recipe, args) -> int:
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 
 
+def add_command(commands, name: str, summary: str) -> argparse.ArgumentParser:
+    """A benchmark's subcommand, its summary both in the list of commands and atop its own help."""
+    return commands.add_parser(name, help=summary, description=summary)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=f"`{prog} <command> RECIPE [options] [--section.key=value ...]`."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    timed = commands.add_parser("models", help="every bundle beside the teacher in PyTorch eager")
-    timed.add_argument("recipe", help=RECIPE_HELP)
+    timed = add_command(commands, "models", "every bundle beside the teacher in PyTorch eager")
+    add_recipe_argument(timed)
     timed.add_argument("--force", action="store_true", help="measure again even if up to date")
     timed.set_defaults(command_run=run_models)
-    served = commands.add_parser("serving", help="one bundle behind the server, against the recipe's targets")
-    served.add_argument("recipe", help=RECIPE_HELP)
+    served = add_command(commands, "serving", "one bundle behind the server, against the recipe's targets")
+    add_recipe_argument(served)
     served.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     texts = served.add_mutually_exclusive_group()
     texts.add_argument("--texts", type=Path, help="single texts, one per line (default: the recipe's dev split)")
@@ -104,21 +109,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     served.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     served.add_argument("--force", action="store_true", help="measure again even if up to date")
     served.set_defaults(command_run=run_serving)
-    checked = commands.add_parser(
-        "accuracy", help="the recipe's dev split through the server by both APIs, against the bundle's dev accuracy"
+    checked = add_command(
+        commands,
+        "accuracy",
+        "the recipe's dev split through the server by both APIs, against the bundle's dev accuracy",
     )
-    checked.add_argument("recipe", help=RECIPE_HELP)
+    add_recipe_argument(checked)
     checked.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
-    paired = commands.add_parser("cascade", help="a cascade against its last member served alone: capacity, paced p99")
-    paired.add_argument("recipe", help=RECIPE_HELP)
+    paired = add_command(commands, "cascade", "a cascade against its last member served alone: capacity, paced p99")
+    add_recipe_argument(paired)
     paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
     paired.add_argument("--force", action="store_true", help="measure again even if up to date")
     paired.set_defaults(command_run=run_cascade)
-    peers = commands.add_parser("peers", help="the server against KServe's ModelServer and MLServer, by h2load")
-    peers.add_argument("recipe", help=RECIPE_HELP)
+    peers = add_command(commands, "peers", "the server against KServe's ModelServer and MLServer, by h2load")
+    add_recipe_argument(peers)
     peers.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     for peer in ("kserve", "mlserver"):
         peers.add_argument(
@@ -127,8 +134,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     peers.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     peers.add_argument("--force", action="store_true", help="measure again even if up to date")
     peers.set_defaults(command_run=run_peers)
-    scaled = commands.add_parser("scaling", help="the server with 1, 2, ... worker processes, by h2load")
-    scaled.add_argument("recipe", help=RECIPE_HELP)
+    scaled = add_command(commands, "scaling", "the server with 1, 2, ... worker processes, by h2load")
+    add_recipe_argument(scaled)
     scaled.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     scaled.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     scaled.add_argument("--force", action="store_true", help="measure again even if up to date")

@@ -129,13 +129,33 @@ def wrong_sha256(folder: Path, name: str) -> ArtifactError:
     return ArtifactError(f"{folder}: {name} does not match its sha256 in the manifest (corrupted or edited)")
 
 
+# The command that builds a run's folder, by the folder's name (or its start, where it ends with "-").
+BUILT_BY = {
+    "pretrain": "pretrain",
+    "teacher": "teacher",
+    "transfer": "transfer",
+    "student-": "distill",
+    "baseline-": "distill",
+    "bundle-": "bundles",
+    "bench": "bench models",
+}
+
+
+def how_to_build(folder: Path) -> str:
+    """What to run for a missing artifact: the command that builds a folder of that name, else its stage."""
+    name = folder.name
+    matches = (run for start, run in BUILT_BY.items() if name == start or (start[-1] == "-" and name.startswith(start)))
+    command = next(matches, None)
+    return f"build it: edgedistill {command} RECIPE" if command else "run its stage first"
+
+
 def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
     """`load`, and the sha256 of the very manifest bytes parsed (what a server reports as loaded)."""
     folder = Path(folder)
     path = folder / MANIFEST
     try:
         if not path.is_file():
-            raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing (run its stage first)")
+            raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing ({how_to_build(folder)})")
         data = path.read_bytes()
     except OSError as err:  # unreadable, a name too long, not a folder: the reason, not a traceback
         raise ArtifactError(f"cannot read {path}: {err}") from err

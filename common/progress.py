@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edgedistill.common.settings import PROGRESS_INTERVAL_VAR, PROGRESS_VAR
+from edgedistill.common.settings import PROGRESS_INTERVAL_VAR, PROGRESS_VAR, SettingError
 from tqdm import tqdm
 
 MODES = ("auto", "bar", "lines", "off")
@@ -27,7 +27,7 @@ def mode() -> str:
     """`bar`, `lines` or `off`: the setting, with `auto` resolved by whether stderr is a terminal."""
     chosen = os.environ.get(PROGRESS_VAR, "auto")
     if chosen not in MODES:
-        raise ValueError(f"{PROGRESS_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
+        raise SettingError(f"{PROGRESS_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
     if chosen == "auto":
         return "bar" if sys.stderr.isatty() else "lines"
     return chosen
@@ -41,7 +41,7 @@ def interval() -> float:
     except ValueError:
         seconds = -1.0
     if seconds <= 0:
-        raise ValueError(f"{PROGRESS_INTERVAL_VAR}={raw!r}: expected a positive number of seconds")
+        raise SettingError(f"{PROGRESS_INTERVAL_VAR}={raw!r}: expected a positive number of seconds")
     return seconds
 
 

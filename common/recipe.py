@@ -8,6 +8,8 @@ the recipe's own folder. `extends:` starts from another recipe (see `_merge` for
 Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
 """
 
+import argparse
+import difflib
 import functools
 import hashlib
 import json
@@ -18,6 +20,7 @@ from typing import Literal
 
 import yaml
 from edgedistill.common import settings
+from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
 from edgedistill.common.config.strict import Strict
@@ -38,7 +41,11 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the run folder's name, `runs/<name>/`: letters, digits, `_`, `.` and `-` (default: the recipe "
+        "file's, without `.yaml`)",
+    )
     data: DataConfig
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig | None = None
@@ -308,6 +315,8 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars."""
     out = {}
     for arg in args:
+        if arg.startswith("--") and not {".", "="} & set(arg):  # a misspelt option, more likely than an override
+            raise RecipeError(f"{arg}: no such option (--help lists them), nor an override (--section.key=value)")
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
@@ -356,6 +365,14 @@ def _known() -> str:
     return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
+def _closest(path: Path) -> str:
+    """`did you mean X? ` for the recipe whose name is nearest to a missing one: a file beside it when `path` has a
+    folder that holds recipes, else a recipe's name; '' when none is near."""
+    beside = {file.stem: file for file in path.parent.glob("*.y*ml")} if len(path.parts) > 1 else {}
+    close = difflib.get_close_matches(path.stem, beside or settings.recipe_names(), n=1)
+    return f"did you mean {beside.get(close[0], close[0])}? " if close else ""
+
+
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
     """A hint where the line YAML stopped at holds `${`: in `{...}` or `[...]`, YAML reads its `{` as a mapping."""
     mark = getattr(err, "problem_mark", None)
@@ -390,6 +407,16 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
+OVERRIDES_HELP = (
+    "Further --section.key=value arguments override the recipe, e.g. --finetune.optim.lr=5e-5 (every key: "
+    "docs/settings.md#recipe)."
+)
+
+
+def add_recipe_argument(parser: argparse.ArgumentParser) -> None:
+    """The positional `recipe`, and the line of the help that says how to override it."""
+    parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.epilog = " ".join(filter(None, [parser.epilog, OVERRIDES_HELP]))
 
 
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
@@ -398,7 +425,9 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     if not path.is_file() and len(path.parts) == 1:
         path = settings.find_recipe(path.name) or path
     if not path.is_file():
-        raise RecipeError(f"recipe {path} does not exist: give a recipe file, or the name of a recipe ({_known()})")
+        raise RecipeError(
+            f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
+        )
     raw = _read(path)
     origins = {}  # key -> where its value came from, for errors: the recipe file does not hold it
     if "name" not in raw:
@@ -409,21 +438,58 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             apply_override(raw, key, os.environ[variable])
             origins[key] = settings.env_source(key)
     variables = settings.variables()
+    made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
+        made.update(_misspelt_section(raw, key))
         apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
         origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_problem(e, origins) for e in err.errors()]
+        problems = [_problem(e, origins, made) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
-def _problem(error: dict, origins: dict[str, str]) -> str:
+def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
+    """`{section: hint}` where override `dotted` would make a section the recipe lacks, beside one of a near name
+    (`--distill.students.cnnn.optim.lr` for student cnn), else `{}`."""
+    *parents, _ = dotted.split(".")
+    node, walked = raw, []
+    for part in parents:
+        if not isinstance(node, dict):
+            return {}
+        if part not in node:
+            near = difflib.get_close_matches(part, [str(name) for name in node], n=1)
+            if not near:
+                return {}
+            where = ".".join(walked) or "the recipe"
+            return {".".join([*walked, part]): f" (--{dotted} made it: {where} has no {part}; did you mean {near[0]}?)"}
+        node, walked = node[part], [*walked, part]
+    return {}
+
+
+def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
     key = ".".join(str(p) for p in error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
-    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "")
+    message = _message(error)
+    hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
+    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "") + hint
+
+
+def _message(error: dict) -> str:
+    """Pydantic's message, or where it names no valid value: for an unknown key, the nearest known one and every key
+    its section takes; for a value off a pattern, the values the setting's description gives."""
+    loc = error["loc"]
+    if error["type"] == "extra_forbidden" and (section := schema.section_at(Recipe, loc[:-1])):
+        keys = list(section.model_fields) + ([] if loc[:-1] else ["extends"])  # read before the schema sees the rest
+        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+        where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
+        guess = f"did you mean {close[0]}? " if close else ""
+        return f"unknown key: {guess}{where} takes {', '.join(keys)}"
+    field = schema.field_at(Recipe, loc)
+    if error["type"] == "string_pattern_mismatch" and field and field.description:
+        return f"{error['input']!r} is not valid: give {field.description}"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def run_dir(recipe: Recipe) -> Path:

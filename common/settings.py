@@ -39,6 +39,10 @@ ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server refuses a name u
 PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
 
 
+class SettingError(ValueError):
+    """An environment setting with a value it cannot take; the message names the variable and what it takes."""
+
+
 @functools.cache
 def warn_renamed(old: str, new: str) -> None:
     """Warn, once per process, that `old` is read in place of `new`."""
@@ -136,5 +140,5 @@ def threads() -> int:
     if value is None:
         return os.cpu_count() or 1
     if not value.strip().isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r}: give a whole number of threads, at least 1")
+        raise SettingError(f"{name}={value!r}: give a whole number of threads, at least 1")
     return int(value)

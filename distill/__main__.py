@@ -12,7 +12,7 @@ import sys
 
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.distill import device, pipeline
 from edgedistill.distill.parallel import JobKilled
 from edgedistill.distill.trainer import CheckpointError
@@ -35,12 +35,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name, summary in STAGES.items():
         stage = stages.add_parser(name, help=summary, description=summary)
-        stage.add_argument("recipe", help=RECIPE_HELP)
+        add_recipe_argument(stage)
         stage.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
     distill = stages.choices["distill"]
-    distill.add_argument("--only", action="append", help="just this student (repeatable)")
+    distill.add_argument("--only", action="append", metavar="STUDENT", help="just this student (repeatable)")
     distill.add_argument("--no-baseline", action="store_true", help="skip the label-only baselines")
-    distill.add_argument("--jobs", type=int, default=1, help="train this many students/baselines at once")
+    distill.add_argument("--jobs", type=int, default=1, help="train this many students/baselines at once (default 1)")
     return parser
 
 

@@ -65,7 +65,9 @@ def _transfer_and_students(
         raise RecipeError(f"{recipe_file}: needs `transfer` and `distill` sections for stage {stage}")
     unknown = set(only or ()) - set(recipe.distill.students)
     if unknown:
-        raise RecipeError(f"--only {sorted(unknown)}: not in distill.students of {recipe_file}")
+        raise RecipeError(
+            f"--only {sorted(unknown)}: not in distill.students of {recipe_file} ({', '.join(recipe.distill.students)})"
+        )
     # A student class that breaks the contract fails now, not after the transfer set or in training.
     student_stage.check_students(recipe, only or list(recipe.distill.students))
     single = dist.world_size() == 1

@@ -16,7 +16,9 @@ Every student is a `Student`, a huggingface_hub `PyTorchModelHubMixin`: `save_pr
 repository. This module needs torch, transformers and huggingface_hub only, not the training code.
 """
 
+import contextlib
 import inspect
+import io
 
 import torch
 import torch.nn.functional as F
@@ -106,7 +108,8 @@ class Student(
         arch = ARCHITECTURES[config.arch]
         if not issubclass(arch, cls):
             raise TypeError(f"{model_id} holds a {config.arch} student ({arch.__name__}), not a {cls.__name__}")
-        return super(Student, arch)._from_pretrained(model_id=model_id, config=config, strict=strict, **kwargs)
+        with contextlib.redirect_stdout(io.StringIO()):  # huggingface_hub prints "Loading weights from local directory"
+            return super(Student, arch)._from_pretrained(model_id=model_id, config=config, strict=strict, **kwargs)
 
 
 class BiLSTMClassifier(Student):

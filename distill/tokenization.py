@@ -3,6 +3,7 @@
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from edgedistill.common import progress
 from edgedistill.common.recipe import RecipeError
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -12,12 +13,18 @@ GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
 ENCODE_CHUNK = 2_000  # texts per tokenizer call: its Python lists of ids, offsets and masks cost ~400 bytes a token
 
 
+def _bars() -> bool:
+    """Whether tokenizers may draw its training bars: only where stages draw theirs (in a log it writes blank lines)."""
+    return progress.mode() == "bar"
+
+
 def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS))
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=_bars())
+    tok.train_from_iterator(texts, trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -44,6 +51,7 @@ def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
             vocab_size=vocab_size,
             special_tokens=[GPT_EOS, GPT_PAD],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=_bars(),
         ),
     )
     return PreTrainedTokenizerFast(

@@ -12,17 +12,29 @@ import importlib
 import os
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from importlib.metadata import version
 
 from edgedistill.common.processes import die_with_parent
+from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
 # a full, read-only or foreign runs folder, or a file past `ulimit -f`
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
+EXIT_STATUSES = (
+    "Exit status: 0 done (or up to date); 1 a check failed (a bundle's gate, a benchmark's target with --check, a "
+    "load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
+    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {CRASHED} an unexpected error (a traceback)."
+)
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
-STOPPED_BUILDING = "; no artifact was half written: run it again to go on (training resumes from its last checkpoint)"
+STOPPED_BUILDING = "; no artifact was half written: run it again to go on"
+GOES_ON_FROM = {  # where a command run again after Ctrl-C goes on from, beyond the artifacts it finished
+    **dict.fromkeys(("pretrain", "finetune", "teacher", "distill"), "training resumes from its last checkpoint"),
+    "transfer": "labelling resumes from its finished shards",
+}
 JOBS = 2  # students trained at once by `all`, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
@@ -153,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
-        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md.",
+        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md. {EXIT_STATUSES}",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version(PROG)}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
@@ -172,10 +184,28 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
     except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
         if err.errno not in CANNOT_WRITE:
-            raise
+            return crashed(name)
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
         return 2
+    except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        note = "" if name in BUILD_NOTHING else STOPPED_BUILDING
-        print(f"{PROG} {name}: interrupted{note}", file=sys.stderr)
+        print(f"{PROG} {name}: interrupted{interrupted_note(name)}", file=sys.stderr)
         return INTERRUPTED
+    except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
+        return crashed(name)
+
+
+def interrupted_note(name: str) -> str:
+    """What the line of a command stopped by Ctrl-C adds: for one that builds, that running it again goes on."""
+    if name in BUILD_NOTHING:
+        return ""
+    return STOPPED_BUILDING + (f" ({GOES_ON_FROM[name]})" if name in GOES_ON_FROM else "")
+
+
+def crashed(name: str) -> int:
+    """Print the traceback of the error being handled and a line naming the command; `CRASHED`."""
+    traceback.print_exc()
+    print(f"{PROG} {name}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
+    return CRASHED

@@ -231,10 +231,15 @@ def _build(inputs: Inputs, name: str) -> Built:
             "curve": curve,
             "recipe": cfg.model_dump(),
         },
-        line=f"dev_accuracy={figures['dev_accuracy']:.4f} (members {member_accuracy}) escalated "
+        line=f"dev_accuracy={figures['dev_accuracy']:.4f} (members {members_line(member_accuracy)}) escalated "
         f"{escalated:.1%} of dev (expected {1 - first_kept:.1%}), threshold {spec.members[0].threshold:.4f} "
         f"at T={spec.members[0].temperature:.2f}, calibration agreement {calibration_agreement:.4f}",
     )
+
+
+def members_line(accuracy: dict[str, float]) -> str:
+    """`a 0.7067, b 0.6900`: each member's dev accuracy, as the stage's line gives figures."""
+    return ", ".join(f"{name} {value:.4f}" for name, value in accuracy.items())
 
 
 def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:

@@ -19,7 +19,7 @@ from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RECIPE_HELP, load_recipe, parse_overrides
+from edgedistill.common.recipe import add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
@@ -27,7 +27,7 @@ from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
-    parser.add_argument("recipe", help=RECIPE_HELP)
+    add_recipe_argument(parser)
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     texts = parser.add_mutually_exclusive_group()

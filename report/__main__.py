@@ -4,14 +4,14 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RECIPE_HELP, RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     description = f"`{prog} RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("recipe", help=RECIPE_HELP)
+    add_recipe_argument(parser)
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from edgedistill.bench.stats import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import METRIC_NAMES
-from edgedistill.common.recipe import RECIPE_HELP, Recipe, RecipeError, load_recipe, parse_overrides, run_dir
+from edgedistill.common.recipe import Recipe, RecipeError, add_recipe_argument, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report.render import finished_stages
 from rich.console import Console
@@ -134,7 +134,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("recipe", help=RECIPE_HELP)
+    add_recipe_argument(parser)
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

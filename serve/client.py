@@ -237,6 +237,8 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
     dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
     U+2028, characters a text may hold."""
     if str(path) == "-":
+        if stdin.isatty():  # else a call without texts would seem to hang
+            print("reading texts from the terminal, one per line; end them with Ctrl-D", file=sys.stderr, flush=True)
         try:
             text = stdin.read()
             text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates

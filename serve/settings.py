@@ -5,6 +5,7 @@ are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fa
 """
 
 import argparse
+import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -280,8 +281,10 @@ def load_settings(
         if name not in Settings.model_fields and key in PIPELINE:
             continue
         if name not in Settings.model_fields:
-            known = ", ".join(env_name(n) for n in Settings.model_fields)
-            raise SettingsError(f"unknown environment variable {key}; known: {known}")
+            known = [env_name(n) for n in Settings.model_fields]
+            near = difflib.get_close_matches(key, known, n=1)
+            guess = f"did you mean {near[0]}? " if near else ""
+            raise SettingsError(f"unknown environment variable {key}; {guess}known: {', '.join(known)}")
         values[name] = value
     values.update(vars(build_parser(prog).parse_args(argv)))
     try:

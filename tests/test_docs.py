@@ -291,6 +291,12 @@ def test_every_make_variable_with_a_default_is_documented():
     assert not names - documented, f"docs/settings.md, section Make variables: add {sorted(names - documented)}"
 
 
+def test_the_make_variables_checked_for_typos_are_those_documented():
+    listed = re.search(r"^VARIABLES := ((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE)
+    documented = {row[0].strip("`") for row in tables(SETTINGS_PAGE).get("Make variables", [])}
+    assert set(listed.group(1).replace("\\", " ").split()) == documented
+
+
 def metric_row(metric: MetricWrapperBase) -> str:
     name = metric._name + ("_total" if metric._type == "counter" else "")  # a counter's samples add `_total`
     labels = ", ".join(f"`{label}`" for label in metric._labelnames)

@@ -21,3 +21,38 @@ def test_make_serve_serves_the_bundle_of_the_recipes_name(tmp_path):
 
 def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
+
+
+def make_refusal(*args: str) -> subprocess.CompletedProcess:
+    """`make -n teacher ARGS`, which fails where make refuses a variable."""
+    command = ["make", "-n", "--no-print-directory", "teacher", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_misspelt_variable_stops_make():
+    assert make_refusal("RECPIE=recipes/smoke.yaml").returncode == 2
+
+
+def test_a_misspelt_variable_names_the_one_meant():
+    assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
+
+
+def test_a_variable_for_the_commands_environment_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=it's a  film", "OMP_NUM_THREADS=2")
+
+
+def test_a_variable_that_extends_one_of_makes_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "PYTHONPATH=/opt/lib")
+
+
+def test_make_help_lists_the_variables_and_where_each_is_described():
+    result = subprocess.run(
+        ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:\n  RECIPE " in result.stdout
+
+
+def test_make_clean_without_an_answer_says_how_to_skip_the_question(tmp_path):
+    command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/smoke.yaml", f"RUNS_DIR={tmp_path}"]
+    result = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert "not removed (CONFIRM=1 removes it without asking)" in result.stderr

@@ -148,3 +148,19 @@ def test_the_finished_artifacts_leave_out_what_a_killed_publish_left(tmp_path):
     publish(tmp_path)
     shutil.copytree(tmp_path / "stage", tmp_path / ".stage.tmp-999")
     assert mf.finished(tmp_path) == [tmp_path / "stage"]
+
+
+@pytest.mark.parametrize(
+    ("folder", "command"),
+    [("teacher", "teacher"), ("student-cnn", "distill"), ("baseline-cnn", "distill"), ("bundle-cnn-int8", "bundles")],
+)
+def test_a_missing_artifact_names_the_command_that_builds_it(tmp_path, folder, command):
+    with pytest.raises(
+        mf.ArtifactError, match=rf"manifest\.json is missing \(build it: edgedistill {command} RECIPE\)"
+    ):
+        mf.load(tmp_path / folder)
+
+
+def test_a_missing_artifact_of_no_known_stage_says_to_run_its_stage(tmp_path):
+    with pytest.raises(mf.ArtifactError, match=r"manifest\.json is missing \(run its stage first\)"):
+        mf.load(tmp_path / "models" / "bundle")

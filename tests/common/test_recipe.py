@@ -33,9 +33,42 @@ def test_default_recipe_reads_settings(monkeypatch):
     assert recipe.model.init == "org/model"
 
 
-def test_unknown_key_is_named(tmp_path):
-    with pytest.raises(RecipeError, match=r"finetune\.optim\.lrr: Extra inputs"):
+def test_unknown_key_is_named_with_the_closest_key(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.lrr: unknown key: did you mean lr\? "):
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lrr: 1}}\n"))
+
+
+def test_unknown_key_lists_what_its_section_takes(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optim takes lr, weight_decay, .*, seed$"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--finetune.optim.speed=1"]))
+
+
+def test_unknown_key_in_a_named_student_lists_the_students_keys(tmp_path):
+    overrides = parse_overrides(["--distill.students.cnn.model.filters=8"])
+    with pytest.raises(RecipeError, match=r"did you mean num_filters\? distill\.students\.cnn\.model takes arch, "):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_unknown_top_level_key_offers_extends(tmp_path):
+    with pytest.raises(RecipeError, match=r"extend: unknown key: did you mean extends\? a recipe takes name, "):
+        load_recipe(write(tmp_path, MINIMAL + "extend: sst2\n"))
+
+
+def test_an_override_of_a_misspelt_student_names_the_student_meant():
+    overrides = parse_overrides(["--distill.students.cnnn.optim.lr=1"])
+    with pytest.raises(RecipeError, match=r"distill\.students has no cnnn; did you mean cnn\?\)"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_an_override_of_a_new_student_unlike_any_gets_the_plain_error():
+    overrides = parse_overrides(["--distill.students.newone.optim.lr=1"])
+    with pytest.raises(RecipeError, match=r"distill\.students\.newone\.model: Field required$"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_a_value_off_its_pattern_says_which_values_there_are(tmp_path):
+    with pytest.raises(RecipeError, match=r"runtime\.device: 'gpu' is not valid: give auto .*, cpu, cuda, or cuda:N"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--runtime.device=gpu"]))
 
 
 def test_wrong_type_is_named(tmp_path):
@@ -76,6 +109,23 @@ def test_extends_merges_sections(tmp_path):
 def test_a_missing_recipe_file_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(tmp_path / "missing.yaml")
+
+
+def test_a_misspelt_option_is_not_called_a_malformed_override():
+    with pytest.raises(RecipeError, match=r"^--froce: no such option \(--help lists them\), nor an override"):
+        parse_overrides(["--froce"])
+
+
+def test_a_misspelt_recipe_file_is_answered_with_the_file_beside_it(tmp_path):
+    write(tmp_path, MINIMAL, "smoke.yaml")
+    with pytest.raises(RecipeError, match=f"did you mean {re.escape(str(tmp_path / 'smoke.yaml'))}\\? give a recipe"):
+        load_recipe(tmp_path / "smok.yaml")
+
+
+def test_a_misspelt_recipe_name_is_answered_with_the_nearest_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError, match=r"recipe smokee does not exist: did you mean smoke\? "):
+        load_recipe("smokee")
 
 
 def test_a_recipe_named_without_a_folder_is_read_from_the_installed_recipes(tmp_path, monkeypatch):

@@ -15,3 +15,10 @@ def test_a_student_class_that_breaks_the_contract_stops_the_run_before_the_trans
     assert distill_main.main([stage, str(ROOT / "recipes" / "smoke.yaml")]) == 2
     assert "error: distill.students.cnn: TwoArguments.forward must take" in capsys.readouterr().err
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "transfer").exists()
+
+
+def test_an_unknown_student_given_to_only_lists_the_students(capsys):
+    assert distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnnn"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"not in distill.students of {ROOT / 'recipes' / 'smoke.yaml'} (bilstm, cnn, transformer)\n"
+    )

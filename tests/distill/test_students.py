@@ -354,3 +354,9 @@ def test_an_arch_without_a_class_is_refused_naming_the_registry(monkeypatch):
     monkeypatch.delitem(ARCHITECTURES, "cnn")
     with pytest.raises(StudentError, match="'cnn' has no class in distill.students.ARCHITECTURES"):
         _student("cnn")
+
+
+def test_loading_a_saved_student_prints_nothing(tmp_path, capsys):
+    _student("cnn").save_pretrained(tmp_path)
+    Student.from_pretrained(tmp_path)
+    assert capsys.readouterr().out == ""

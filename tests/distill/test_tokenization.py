@@ -101,3 +101,9 @@ def test_a_gpt_teacher_gives_a_text_the_same_logits_alone_and_in_a_batch(tmp_pat
         batched = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits[1]
         alone = model(**tokenizer(texts[1:], return_tensors="pt")).logits[0]
     torch.testing.assert_close(batched, alone)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_training_a_tokenizer_writes_nothing_into_a_log(capfd, family):
+    train_tokenizer(family, TEXTS, 300)
+    assert capfd.readouterr().out == ""

@@ -256,3 +256,80 @@ def test_an_interrupted_client_says_only_that(monkeypatch, capsys):
 
 def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys):
     assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")
+
+
+def test_an_interrupted_training_stage_says_it_resumes_from_its_checkpoint(monkeypatch, capsys):
+    assert "(training resumes from its last checkpoint)" in interrupted(monkeypatch, capsys, "teacher")
+
+
+def test_an_interrupted_benchmark_speaks_of_no_training(monkeypatch, capsys):
+    assert "training" not in interrupted(monkeypatch, capsys, "bench")
+
+
+A_BUG = RuntimeError("a bug")
+
+
+def crashed(monkeypatch, error: Exception = A_BUG) -> int:
+    """The status of `edgedistill bundles` when the stage raises an error nobody expected."""
+
+    def broken(*_):
+        raise error
+
+    monkeypatch.setattr(cli.Command, "run", broken)
+    return cli.main(["bundles", "x"])
+
+
+def test_an_unexpected_error_exits_70_not_the_1_of_a_failed_check(monkeypatch):
+    assert crashed(monkeypatch) == 70
+
+
+def test_an_unexpected_os_error_exits_70_too(monkeypatch):
+    assert crashed(monkeypatch, ConnectionResetError(104, "Connection reset by peer")) == 70
+
+
+def test_an_unexpected_error_prints_its_traceback(monkeypatch, capsys):
+    crashed(monkeypatch)
+    assert "RuntimeError: a bug\nedgedistill bundles: stopped by an unexpected error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "70 an unexp"])
+def test_the_help_gives_each_exit_status(top_help, status):
+    assert status in " ".join(top_help.split())
+
+
+TAKING_A_RECIPE = [
+    *([name] for name, command in cli.COMMANDS.items() if command.dispatches),
+    *(["bench", name] for name in ("models", "serving", "accuracy", "cascade", "peers", "scaling")),
+    ["loadtest"],
+    ["report"],
+    ["headline"],
+]
+
+
+@pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
+def test_a_command_taking_a_recipe_says_how_to_override_it(capsys, argv):
+    from edgedistill.common.recipe import OVERRIDES_HELP
+
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    assert OVERRIDES_HELP in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("name", ["models", "serving", "accuracy", "cascade", "peers", "scaling"])
+def test_a_benchmark_help_says_what_it_measures(capsys, name):
+    from edgedistill.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main([name, "--help"], prog="edgedistill bench")
+    assert not capsys.readouterr().out.split("\n\n")[1].startswith("positional arguments")  # a description first
+
+
+def test_a_bad_environment_setting_exits_2(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", "abc")
+    assert cli.main(["teacher", "recipes/smoke.yaml"]) == 2
+
+
+def test_a_bad_environment_setting_is_one_line_naming_it(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_PROGRESS", "bogus")
+    cli.main(["bundles", "recipes/smoke.yaml", "--only", "bilstm-int8"])
+    assert capsys.readouterr().err == "error: EDGEDISTILL_PROGRESS='bogus': expected one of auto, bar, lines, off\n"

@@ -133,3 +133,8 @@ def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped
     folder = swapped_after_check(export_cascade)
     tokenizer = load_tokenizer(smoke_bundles / "teacher")
     assert Member(folder).logits(tokenizer, ["a gripping film"], None).shape == (1, 2)
+
+
+def test_the_stage_line_gives_each_members_accuracy_to_four_places():
+    line = export_cascade.members_line({"bilstm-int8": 0.7066666666666667, "teacher-fused": 0.69})
+    assert line == "bilstm-int8 0.7067, teacher-fused 0.6900"

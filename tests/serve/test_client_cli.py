@@ -201,6 +201,21 @@ def test_batch_bytes_count_the_pairs_too():
     assert spans == [(0, 1), (1, 2)]
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_texts_read_from_a_terminal_say_how_to_end_them(capsys):
+    cli.read_texts(cli.build_parser("edgedistill call").parse_args([]), Terminal("good film\n"))
+    assert capsys.readouterr().err == "reading texts from the terminal, one per line; end them with Ctrl-D\n"
+
+
+def test_texts_piped_in_are_read_without_a_word(capsys):
+    cli.read_texts(cli.build_parser("edgedistill call").parse_args([]), io.StringIO("good film\n"))
+    assert capsys.readouterr().err == ""
+
+
 def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     path = tmp_path / "many.txt"
     path.write_text("good film\n" * 9)

@@ -46,6 +46,13 @@ def test_settings_come_from_the_environment_and_a_flag_overrides_it():
     assert settings.log_level == "DEBUG"
 
 
+def test_a_misspelt_variable_is_answered_with_the_nearest_one():
+    with pytest.raises(
+        SettingsError, match="unknown environment variable EDGEDISTILL_PRT; did you mean EDGEDISTILL_PORT"
+    ):
+        load_settings([], environ={"EDGEDISTILL_PRT": "1"})
+
+
 def test_unknown_variable_is_refused_with_the_known_ones():
     with pytest.raises(SettingsError, match="EDGEDISTILL_PROT.*EDGEDISTILL_PORT"):
         load_settings([], environ={"EDGEDISTILL_PROT": "1"})
