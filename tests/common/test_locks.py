@@ -32,9 +32,8 @@ def held_by_a_child(lock):
     return child
 
 
-def test_a_second_process_waits_for_the_holder_and_names_it(tmp_path, capsys):
-    lock = tmp_path / ".work" / "teacher.lock"
-    child = held_by_a_child(lock)
+def waited_for(lock, child) -> bool:
+    """Whether taking `lock`, held by `child`, waited until the child let it go, and then got it."""
     entered = threading.Event()
 
     def take():
@@ -44,11 +43,17 @@ def test_a_second_process_waits_for_the_holder_and_names_it(tmp_path, capsys):
     waiter = threading.Thread(target=take)
     waiter.start()
     try:
-        assert not entered.wait(1.0)
+        waited = not entered.wait(1.0)
     finally:
         child.communicate("go\n", timeout=30)
     waiter.join(30)
-    assert entered.is_set()
+    return waited and entered.is_set()
+
+
+def test_a_second_process_waits_for_the_holder_and_names_it(tmp_path, capsys):
+    lock = tmp_path / ".work" / "teacher.lock"
+    child = held_by_a_child(lock)
+    assert waited_for(lock, child)
     assert f"[teacher] waiting for pid {child.pid} on" in capsys.readouterr().out
 
 
@@ -126,20 +131,7 @@ def test_a_read_only_runs_folder_is_locked_through_its_lock_file(tmp_path, monke
     lock = tmp_path / ".work" / "teacher.lock"
     child = held_by_a_child(lock)
     read_only(tmp_path, monkeypatch)
-    entered = threading.Event()
-
-    def take():
-        with locks.exclusive(lock, "teacher"):
-            entered.set()
-
-    waiter = threading.Thread(target=take)
-    waiter.start()
-    try:
-        assert not entered.wait(1.0)
-    finally:
-        child.communicate("go\n", timeout=30)
-    waiter.join(30)
-    assert entered.is_set()
+    assert waited_for(lock, child)
 
 
 def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path, monkeypatch):

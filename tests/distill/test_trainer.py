@@ -17,11 +17,11 @@ X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
 Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
 
 
-def trained(tmp_path, **optim) -> Trainer:
-    """A linear model after one epoch of one 16-example batch, no warm-up, no decay."""
+def trained(tmp_path, key: str = "h", **optim) -> Trainer:
+    """A linear model after one epoch of one 16-example batch, no warm-up, no decay; its work keyed `key`."""
     torch.manual_seed(0)
     cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, **optim)
-    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, key, "test", CPU)
     trainer.fit(
         batches_for_epoch=lambda epoch: [list(range(16))],
         make_batch=lambda idx: (X[idx], Y[idx]),
@@ -376,14 +376,5 @@ def test_under_ddp_the_other_ranks_print_nothing(logs_of_two_ranks):
 
 def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
     trained(tmp_path, max_steps=1)
-    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, max_steps=1)
-    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "other", "test", CPU)
-    again.fit(
-        batches_for_epoch=lambda epoch: [list(range(16))],
-        make_batch=lambda idx: (X[idx], Y[idx]),
-        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
-        evaluate=lambda m: {"score": 0.0},
-        metric="score",
-        on_best=lambda m, _: None,
-    )
+    trained(tmp_path, "other", max_steps=1)
     assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out
