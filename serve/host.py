@@ -44,6 +44,7 @@ from edgedistill.serve.settings import Settings
 log = logging.getLogger(__name__)
 
 WARM_UP_TIMINGS = 2  # timed calls per warm-up shape for the batcher's cost model
+WARM_UP_TEXT = "a warm up sentence to prime the model"
 # Threads that tokenize large requests. The tokenizer spreads a batch over its own threads, so more of ours
 # would only contend for the same cores; the batcher's admission bounds how many requests wait for them.
 TOKENIZE_THREADS = 2
@@ -213,7 +214,10 @@ class ModelRuntime:
         """Run the backend at several batch sizes and lengths, check the logits' shape and values, then time
         the same shapes again to calibrate the batcher's cost model."""
         pair = ["and its pair"] if self.spec.pairs else None
-        ids = self.encoder.encode(["a warm up sentence to prime the model"], pair)[0]
+        try:
+            ids = self.encoder.encode([WARM_UP_TEXT], pair)[0]
+        except InvalidInput as err:  # a tokenizer that keeps nothing of plain words cannot serve any text
+            raise BundleRejected(f"warm-up: the bundle's tokenizer.json reads {WARM_UP_TEXT!r} so that {err}") from None
         shapes = [
             (batch, length)
             for length in sorted({1, max(1, self.spec.max_length // 2), self.spec.max_length})

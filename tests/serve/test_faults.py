@@ -17,6 +17,7 @@ import edgedistill.serve.host as serve_host
 import grpc
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import TensorSpec
 from edgedistill.serve.app import EXIT_FAULT
 from edgedistill.serve.errors import BundleRejected, NotReady
@@ -438,6 +439,25 @@ def test_warm_up_checks_every_output_of_the_model(make_bundle):
     runtime = ModelRuntime.load(folder, settings_for(folder))
     try:
         with pytest.raises(BundleRejected, match="extra .* non-finite"):
+            runtime.warm_up()
+    finally:
+        asyncio.run(runtime.close())
+
+
+def test_warm_up_refuses_a_tokenizer_that_keeps_nothing_of_plain_words(make_bundle):
+    folder = make_bundle()
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["normalizer"] = {"type": "Replace", "pattern": {"Regex": "."}, "content": ""}  # drops every character
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    manifest = json.loads((folder / mf.MANIFEST).read_text())
+    manifest["files"]["tokenizer.json"] = {
+        "sha256": mf.sha256_file(folder / "tokenizer.json"),
+        "size_bytes": (folder / "tokenizer.json").stat().st_size,
+    }
+    (folder / mf.MANIFEST).write_text(json.dumps(manifest))
+    runtime = ModelRuntime.load(folder, settings_for(folder))
+    try:
+        with pytest.raises(BundleRejected, match="warm-up: the bundle's tokenizer.json reads"):
             runtime.warm_up()
     finally:
         asyncio.run(runtime.close())
