@@ -2,6 +2,7 @@
 
 import numpy as np
 from edgedistill.common.config.training import DataConfig
+from edgedistill.common.scores import label_f1
 
 # What a dev evaluation reports (`dev_f1` only where the task has a positive class), and what a training
 # manifest keeps of its best one.
@@ -25,12 +26,10 @@ def classification_metrics(
     gold = np.asarray(labels)
     confusion = np.zeros((num_labels, num_labels), dtype=int)
     np.add.at(confusion, (gold, pred), 1)
-    tp = np.diag(confusion)
-    predicted, actual = confusion.sum(0), confusion.sum(1)
-    f1 = np.divide(2 * tp, predicted + actual, out=np.zeros(num_labels), where=predicted + actual > 0)
+    f1, seen = label_f1(confusion)
     out = {
         f"{prefix}_accuracy": float((pred == gold).mean()),
-        f"{prefix}_macro_f1": float(f1[predicted + actual > 0].mean()),
+        f"{prefix}_macro_f1": float(f1[seen].mean()),
     }
     if positive is not None:
         out[f"{prefix}_f1"] = float(f1[positive])

@@ -131,3 +131,25 @@ def cascade_curve(name: str, curve: list[dict], chosen: dict, members: dict[str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return png(fig)
+
+
+def confusion(matrices: dict[str, np.ndarray], labels: list[str]) -> bytes:
+    """Each model's dev confusion matrix, rows (gold labels) as shares, one panel per model; counts in the cells
+    while they stay readable."""
+    side = max(3.4, 0.14 * len(labels))  # inches per panel: a 50-label task keeps its ticks apart
+    fig, axes = plt.subplots(1, len(matrices), figsize=(0.6 + side * len(matrices), side + 0.2), squeeze=False)
+    size = max(6, 10 - len(labels) // 4)
+    for ax, (name, counts) in zip(axes[0], matrices.items(), strict=True):
+        totals = counts.sum(1, keepdims=True)
+        shares = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+        ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+        if len(labels) <= 10:
+            for (row, column), count in np.ndenumerate(counts):
+                colour = "white" if shares[row, column] > 0.6 else "black"
+                ax.text(column, row, f"{count:,}", ha="center", va="center", fontsize=size, color=colour)
+        ticks = range(len(labels))
+        ax.set_xticks(ticks, labels, rotation=90, fontsize=size)
+        ax.set_yticks(ticks, labels if ax is axes[0][0] else [], fontsize=size)
+        ax.set(title=name, xlabel="predicted")
+    axes[0][0].set_ylabel("gold")
+    return png(fig)

@@ -8,12 +8,14 @@ import html
 import re
 from pathlib import Path
 
+import numpy as np
 from edgedistill.bench.stats import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.scores import label_f1
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.analysis import Samples
@@ -111,10 +113,15 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
         page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
 
 
-def _curves(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = [
+def _trained(root: Path) -> list[Path]:
+    """The finished teacher, students and baselines, in that order."""
+    return [
         p for p in [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))] if _finished(p)
     ]
+
+
+def _curves(page: Page, root: Path, recipe: Recipe) -> None:
+    folders = _trained(root)
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
         key = recipe.data.selection_key
@@ -140,6 +147,33 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         info = mf.load(root / "transfer", verify=False).info
         unit = "pairs" if info["pairs"] else "sentences"
         page.figure("transfer.png", plots.composition(info["composition"], unit), "transfer set composition")
+
+
+def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
+    names = recipe.data.label_names
+    matrices = {}
+    for folder in _trained(root):
+        confusion = mf.load(folder, verify=False).metrics.get("dev_confusion")
+        if confusion is not None and np.shape(confusion) == (len(names), len(names)):
+            matrices[folder.name] = np.asarray(confusion)
+    if not matrices:
+        return
+    page.heading("Per label (dev)", [f"../{name}/{mf.MANIFEST}" for name in matrices])
+    page.note(
+        "Each label's F1 at the selected checkpoint (-: a label neither in dev nor predicted). The matrices give "
+        "each gold label's share predicted as each label, with counts."
+    )
+    scores = {name: label_f1(m) for name, m in matrices.items()}
+    support = next(iter(matrices.values())).sum(1)
+    page.table(
+        ["label", "dev examples", *(f"{name} F1" for name in matrices)],
+        [
+            [label, int(support[i]), *(f"{f1[i]:.4f}" if seen[i] else None for f1, seen in scores.values())]
+            for i, label in enumerate(names)
+        ],
+    )
+    shown = {name: m for name, m in matrices.items() if not name.startswith("baseline-")}
+    page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
 def _cascades(root: Path) -> list[Path]:
@@ -313,6 +347,7 @@ def _build(inputs: Inputs) -> Built:
     _missing(page, root, inputs.recipe)
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
+    _per_class(page, root, inputs.recipe)
     for section in (_benchmark, _cascade_section, _serving, _loadtests):
         section(page, root)
     work = inputs.fresh_work()

@@ -1,5 +1,6 @@
 """The report's figures, inspected before they are drawn to PNG."""
 
+import numpy as np
 from edgedistill.report import plots
 
 
@@ -22,3 +23,14 @@ def test_the_load_test_throughput_legend_names_the_users_line(monkeypatch):
     series |= {key: [5.0, 4.0] for key in ("p50_ms", "p95_ms", "p99_ms")}
     rate_ax = drawn(monkeypatch, plots.load_over_time, series, "smoke").axes[0]
     assert "users" in [text.get_text() for text in rate_ax.get_legend().get_texts()]
+
+
+def test_a_confusion_figure_of_few_labels_writes_the_counts_in_its_cells(monkeypatch):
+    ax = drawn(monkeypatch, plots.confusion, {"teacher": np.array([[3, 1], [0, 4]])}, ["negative", "positive"]).axes[0]
+    assert [text.get_text() for text in ax.texts] == ["3", "1", "0", "4"]
+
+
+def test_a_confusion_figure_of_many_labels_leaves_its_cells_unwritten(monkeypatch):
+    labels = [f"label-{i}" for i in range(20)]
+    ax = drawn(monkeypatch, plots.confusion, {"teacher": np.eye(20, dtype=int)}, labels).axes[0]
+    assert len(ax.texts) == 0

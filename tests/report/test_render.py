@@ -163,3 +163,50 @@ def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "png", lambda fig: figures.append(fig) or b"")
     render._distillation(render.Page("report"), tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
     assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"
+
+
+def per_label_page(tmp_path) -> render.Page:
+    """The per-label section of a smoke run whose teacher, cnn student and cnn baseline recorded dev confusion
+    matrices, and whose bilstm student (built before they were recorded) did not."""
+    publish(tmp_path / "teacher", metrics={"dev_confusion": [[3, 1], [0, 4]]})
+    publish(tmp_path / "student-cnn", metrics={"dev_confusion": [[2, 2], [0, 4]]})
+    publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
+    publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.5})
+    page = render.Page("report")
+    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return page
+
+
+def test_per_label_section_gives_each_models_f1_of_each_label(tmp_path):
+    # teacher, negative: tp=3, fp=0, fn=1 -> 6/7; cnn: tp=2, fp=0, fn=2 -> 4/6; baseline: tp=4, fp=4, fn=0 -> 8/12
+    assert "| negative | 4 | 0.8571 | 0.6667 | 0.6667 |" in "\n".join(per_label_page(tmp_path).md)
+
+
+def test_per_label_section_gives_a_label_a_model_never_predicts_f1_0(tmp_path):
+    # the baseline predicts negative only, and dev has positives
+    assert "| positive | 4 | 0.8889 | 0.8000 | 0.0000 |" in "\n".join(per_label_page(tmp_path).md)
+
+
+def test_per_label_section_leaves_out_a_model_without_a_confusion_matrix(tmp_path):
+    assert "student-bilstm F1" not in "\n".join(per_label_page(tmp_path).md)
+
+
+def test_per_label_figure_draws_the_teacher_and_students_not_the_baselines(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots, "png", lambda fig: figures.append(fig) or b"")
+    per_label_page(tmp_path)
+    assert [ax.get_title() for ax in figures[0].axes] == ["teacher", "student-cnn"]
+
+
+def test_per_label_section_shows_a_label_neither_in_dev_nor_predicted_as_a_dash(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_confusion": [[4, 0], [0, 0]]})
+    page = render.Page("report")
+    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert "| positive | 0 | - |" in "\n".join(page.md)
+
+
+def test_a_run_without_confusion_matrices_has_no_per_label_section(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    page = render.Page("report")
+    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert page.md == ["# report", ""]

@@ -41,6 +41,7 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     for name in re.findall(r"\(figures/([^)]+)\)", markdown):
         assert (out / "figures" / name).read_bytes().startswith(b"\x89PNG")
     assert "| bilstm | bilstm |" in markdown
+    assert "## Per label (dev)" in markdown
     left_out = mf.load(smoke_bundles / "bench").info["left_out"]
     assert left_out  # the smoke recipe names GPU bundles this machine cannot time
     for bundle_id, why in left_out.items():

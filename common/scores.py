@@ -1,0 +1,12 @@
+"""Scores read off a [true][pred] confusion matrix, for training's metrics and the report alike."""
+
+import numpy as np
+
+
+def label_f1(confusion) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's F1 from a [true][pred] confusion matrix, and which labels occur as gold or prediction (the
+    others' F1 is 0, and means nothing)."""
+    confusion = np.asarray(confusion)
+    counted = confusion.sum(0) + confusion.sum(1)
+    seen = counted > 0
+    return np.divide(2 * np.diag(confusion), counted, out=np.zeros(len(confusion)), where=seen), seen

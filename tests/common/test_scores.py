@@ -1,0 +1,11 @@
+import pytest
+from edgedistill.common.scores import label_f1
+
+
+def test_label_f1_gives_each_labels_f1_by_hand():
+    # label 0: tp=1, fp=0, fn=1 -> 2/3; label 1: tp=0, fp=1, fn=0 -> 0
+    assert label_f1([[1, 1, 0], [0, 0, 0], [0, 0, 0]])[0].tolist() == pytest.approx([2 / 3, 0.0, 0.0])
+
+
+def test_label_f1_marks_a_label_neither_gold_nor_predicted_as_unseen():
+    assert label_f1([[1, 1, 0], [0, 0, 0], [0, 0, 0]])[1].tolist() == [True, True, False]
