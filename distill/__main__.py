@@ -10,6 +10,7 @@ to date is skipped unless `--force`.
 import argparse
 import sys
 
+from edgedistill.common.arguments import count
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
@@ -40,7 +41,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     distill = stages.choices["distill"]
     distill.add_argument("--only", action="append", metavar="STUDENT", help="just this student (repeatable)")
     distill.add_argument("--no-baseline", action="store_true", help="skip the label-only baselines")
-    distill.add_argument("--jobs", type=int, default=1, help="train this many students/baselines at once (default 1)")
+    distill.add_argument("--jobs", type=count, default=1, help="train this many students/baselines at once (default 1)")
     return parser
 
 

@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass
 from importlib.metadata import version
 
+from edgedistill.common.arguments import count
 from edgedistill.common.processes import die_with_parent
 from edgedistill.common.settings import SettingError
 
@@ -146,7 +147,7 @@ def run_all(argv: list[str]) -> int:
         epilog="Further --section.key=value arguments override the recipe in every stage.",
     )
     parser.add_argument("recipe", help=RECIPE_HELP)
-    parser.add_argument("--jobs", type=int, default=JOBS, help=f"students trained at once (default {JOBS})")
+    parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
     for step in pipeline(args.recipe, args.jobs, overrides, args.force):

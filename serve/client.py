@@ -21,6 +21,7 @@ from typing import TextIO
 
 import grpc
 import numpy as np
+from edgedistill.common.arguments import count
 from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
@@ -367,13 +368,6 @@ def write_streamed(results: Iterator[dict], out: TextIO) -> None:
     out.write("\n]}\n")
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
 def _utf8(value: str) -> str:
     """An argument that is UTF-8: Python passes bytes that are not on as lone surrogates, which no message can carry."""
     try:
@@ -425,13 +419,13 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument("--header", action="store_true", help="skip the first line of each --tsv file (its header)")
     parser.add_argument(
         "--batch-size",
-        type=_positive,
+        type=count,
         metavar="N",
         help="texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server)",
     )
     parser.add_argument(
         "--batch-bytes",
-        type=_positive,
+        type=count,
         metavar="N",
         help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
         f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",

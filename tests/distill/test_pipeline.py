@@ -22,3 +22,16 @@ def test_an_unknown_student_given_to_only_lists_the_students(capsys):
     assert capsys.readouterr().err.endswith(
         f"not in distill.students of {ROOT / 'recipes' / 'smoke.yaml'} (bilstm, cnn, transformer)\n"
     )
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_below_one_is_a_usage_error(capsys, jobs):
+    with pytest.raises(SystemExit) as exited:
+        distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", jobs])
+    assert exited.value.code == 2
+
+
+def test_jobs_below_one_says_it_must_be_at_least_1(capsys):
+    with pytest.raises(SystemExit):
+        distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "0"])
+    assert "argument --jobs: must be at least 1, got 0" in capsys.readouterr().err

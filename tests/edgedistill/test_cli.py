@@ -205,6 +205,14 @@ def test_all_passes_jobs_and_overrides_on(monkeypatch):
     assert stages.ran[3] == ["distill", "recipes/smoke.yaml", "--jobs", "3", "--name=x"]
 
 
+def test_all_refuses_jobs_below_one_before_any_stage_runs(monkeypatch, capsys):
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    with pytest.raises(SystemExit):
+        cli.main(["all", "recipes/smoke.yaml", "--jobs", "0"])
+    assert stages.ran == []
+
+
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
