@@ -51,7 +51,7 @@ def dev_split(data: DataConfig) -> Examples:
     """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids (read as
     the training stages read it)."""
     try:
-        dev = load_labelled(data.dev, data).head(data.dev_limit)
+        dev = load_labelled(data.dev, data, data.dev_limit)
     except DataError as err:
         raise BenchError(str(err)) from None
     return Examples(dev.texts, dev.pairs, dev.labels, data.dev)

@@ -36,11 +36,6 @@ class Labelled:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def head(self, n: int | None) -> "Labelled":
-        if n is None:
-            return self
-        return Labelled(self.texts[:n], self.pairs[:n] if self.pairs else None, self.labels[:n])
-
     def absent(self, names: list[str]) -> list[str]:
         """The label names no example carries."""
         seen = set(self.labels)
@@ -254,8 +249,9 @@ def _text(cell, where: str, column: str, fix: str) -> str:
     return text
 
 
-def load_labelled(source: str, cfg: DataConfig) -> Labelled:
-    """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index."""
+def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Labelled:
+    """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index.
+    With `limit`, the first `limit` examples, reading no further."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
         if source.count(":") > 2:  # the column of an unlabelled Hub source: here the data.*_column settings say it
@@ -270,6 +266,8 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels, first = [], [], [], None
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
+        if len(texts) == limit:
+            break
         first = first or number
         if missing := [c for c in columns if c not in row]:
             raise _missing_columns(source, (number, row), first, missing, cfg)
@@ -292,10 +290,10 @@ def load_labelled(source: str, cfg: DataConfig) -> Labelled:
     return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
 
 
-def _split(cfg: DataConfig, key: str) -> Labelled:
-    """The split the setting `data.<key>` names; its errors name the setting first."""
+def _split(cfg: DataConfig, key: str, limit: int | None = None) -> Labelled:
+    """The split the setting `data.<key>` names, its first `limit` examples; its errors name the setting first."""
     try:
-        return load_labelled(getattr(cfg, key), cfg)
+        return load_labelled(getattr(cfg, key), cfg, limit)
     except DataError as err:
         raise DataError(f"data.{key}: {err}") from None
 
@@ -303,8 +301,8 @@ def _split(cfg: DataConfig, key: str) -> Labelled:
 def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
     """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`; train pairs both ways if
     `symmetric_pairs`."""
-    train = _split(cfg, "train").head(cfg.train_limit)
-    return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev").head(cfg.dev_limit)
+    train = _split(cfg, "train", cfg.train_limit)
+    return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev", cfg.dev_limit)
 
 
 def load_test(cfg: DataConfig) -> Labelled | None:

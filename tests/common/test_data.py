@@ -285,6 +285,21 @@ def test_shared_sst2_splits(data_dir):
     assert set(dev.labels) == {0, 1}
 
 
+def limited_splits(tmp_path):
+    """Splits cut to 2 train and 1 dev example, of files whose later lines hold a label no recipe knows."""
+    (tmp_path / "s.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\nfine\t1\nodd\tneutral\n")
+    path = str(tmp_path / "s.tsv")
+    return load_splits(CFG.model_copy(update={"train": path, "dev": path, "train_limit": 2, "dev_limit": 1}))
+
+
+def test_train_limit_keeps_the_first_examples_reading_no_further(tmp_path):
+    assert limited_splits(tmp_path)[0].texts == ["good", "bad"]
+
+
+def test_dev_limit_keeps_the_first_examples_reading_no_further(tmp_path):
+    assert limited_splits(tmp_path)[1].texts == ["good"]
+
+
 def write_labels(tmp_path, *cells, name="l.tsv") -> str:
     path = tmp_path / name
     path.write_text("question\tlabel\n" + "".join(f"what is it ?\t{cell}\n" for cell in cells))
