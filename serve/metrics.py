@@ -7,7 +7,15 @@ from pathlib import Path
 import grpc
 from edgedistill.serve.batching import BatchObserver, DropReason
 from edgedistill.serve.settings import SettingsError, env_name
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -21,6 +29,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # A scrape sends its request at once. prometheus-client's HTTP server gives each connection a thread that waits for
 # the request with no time limit: 500 silent connections held 500 threads (13 MB) for as long as they stayed open.
 HTTP_TIMEOUT_S = 10.0
+# Multiprocess mode has no `_created` series, so with one worker none are made either: a scrape holds the same
+# series whatever WORKERS is, and a labelled counter or histogram is not one series longer per label set.
+disable_created_metrics()
 
 
 class Metrics(BatchObserver):

@@ -33,6 +33,12 @@ def test_every_drop_reason_is_exposed_at_zero_before_any_drop():
     assert all(f'edgedistill_dropped_rows_total{{reason="{reason}"}} 0.0' in text for reason in DropReason)
 
 
+def test_one_server_exports_no_created_series_as_several_workers_do_not():
+    metrics = Metrics()
+    metrics.requests.labels("/edgedistill.v1.Classifier/Classify", "OK").inc()
+    assert "_created" not in generate_latest(metrics.registry).decode()
+
+
 def test_one_server_exports_its_own_process_memory():
     assert metric(generate_latest(Metrics().registry).decode(), "process_resident_memory_bytes") > 0
 
