@@ -6,6 +6,7 @@ Every section names the manifests it was drawn from; sections whose stage has no
 import base64
 import html
 import re
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -336,8 +337,10 @@ def _loadtests(page: Page, root: Path) -> None:
 
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
-    are its parents: it is current until one of them changes or a new one appears."""
-    return Stage("report", recipe, (), _build, tuple(Artifact(p.name, p) for p in finished_stages(recipe)))
+    are its parents: it is current until one of them changes, a new one appears, or another release of edgedistill
+    (which may draw other sections) runs it."""
+    parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
+    return Stage("report", recipe, (), _build, parents, extra={"edgedistill": metadata.version("edgedistill")})
 
 
 def _build(inputs: Inputs) -> Built:

@@ -10,6 +10,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
 from edgedistill.common.stage import Built, Stage
+from edgedistill.report import render
 from edgedistill.report.__main__ import main as report_main
 from edgedistill.report.render import finished_stages, stage
 
@@ -99,3 +100,11 @@ def test_the_report_leaves_out_what_a_killed_publish_left():
     notes.run()
     shutil.copytree(notes.folder, notes.folder.with_name(".notes.tmp-999"))  # as a kill -9 mid-publish leaves it
     assert finished_stages(recipe) == [notes.folder]
+
+
+def test_a_report_rendered_by_another_release_is_not_current(monkeypatch):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x"))).run()
+    stage(recipe).run()
+    monkeypatch.setattr(render.metadata, "version", lambda name: "99.0")
+    assert not stage(recipe).is_current()
