@@ -324,3 +324,11 @@ def test_the_metrics_table_lists_every_metric_with_its_type_labels_and_help():
     )
     buckets = ", ".join(f"{edge:g}" for edge in LATENCY_BUCKETS[:-1]) + f" and {LATENCY_BUCKETS[-1]:g} s"
     assert buckets in " ".join(prose(SERVING_PAGE).split()), f"docs/serving.md: the latency buckets are {buckets}"
+
+
+def test_the_errors_table_names_every_status_a_handler_sets():
+    from edgedistill.serve.transport import STATUS_CODES
+
+    documented = {row[0].strip("`") for row in tables(SERVING_PAGE).get("Errors", [])}
+    expected = {code.name for code in STATUS_CODES.values()} | {"INTERNAL", "UNAUTHENTICATED"}
+    assert sorted(expected - documented) == []
