@@ -103,8 +103,14 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
         raise InvalidInput(f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text, or none")
     for kind, values in (("text", texts), ("text pair", pairs or [])):
         for i, value in enumerate(values):
+            if value[:max_chars].strip():
+                continue
             if not value.strip():
                 raise InvalidInput(f"{kind} {i} is empty or whitespace only")
+            raise InvalidInput(  # the words come after the part the server reads
+                f"{kind} {i} is whitespace only in its first {max_chars} characters (MAX_TEXT_CHARS), all of a "
+                "text the server reads: send it without the leading whitespace"
+            )
     cut = [t[:max_chars] for t in texts]
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
 

@@ -111,6 +111,8 @@ CLASSIFIER_CASES = [
     Case("empty text last of eight", classify(*["good"] * 7, ""), "INVALID_ARGUMENT", "text 7 is empty"),
     Case("unicode whitespace only", classify("\u00a0\u2003\u3000\t\r\n\v\f"), "INVALID_ARGUMENT", "text 0 is empty or whitespace only"),
     Case("empty pair second", classify("a", "b", pairs=["c", ""]), "INVALID_ARGUMENT", "text pair 1 is empty"),
+    Case("words only after 200 characters of spaces", classify(" " * 200 + "great"), "INVALID_ARGUMENT", "text 0 is whitespace only in its first 200 characters (MAX_TEXT_CHARS)"),
+    Case("pair's words only after 200 characters of spaces", classify("good", pairs=["\t" * 250 + "bad"]), "INVALID_ARGUMENT", "text pair 0 is whitespace only in its first 200"),
     Case("10,000 texts", classify(*["good"] * 10_000), "RESOURCE_EXHAUSTED", "10000 texts in one request; the limit is 8"),
     Case("10,000 pairs for one text", classify("good", pairs=["bad"] * 10_000), "INVALID_ARGUMENT", "10000 text pairs for 1 texts"),
     Case("1 MB text over the 64 KiB limit", classify("great " * (MEGABYTE // 6)), "RESOURCE_EXHAUSTED", "larger than max"),
