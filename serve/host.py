@@ -370,8 +370,9 @@ class ModelRuntime:
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
     """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root, and not on a
-    `worker` of several (the call reaches one worker; the others would go on serving the served folder)."""
+    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root (a relative path
+    names a folder of the root), and not on a `worker` of several (the call reaches one worker; the others would go on
+    serving the served folder)."""
     if settings.admin_token is None:
         raise PermissionDenied(
             "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
@@ -392,7 +393,7 @@ def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path |
             "or send Reload without a path to reload the served bundle"
         )
     try:
-        folder = Path(path).resolve()
+        folder = (root / path).resolve()  # relative: to the root, as the caller cannot know the server's directory
     except (OSError, ValueError) as err:
         raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
     if not folder.is_relative_to(root.resolve()):

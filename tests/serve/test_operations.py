@@ -301,6 +301,14 @@ def test_mutual_tls_requires_a_client_certificate_from_its_ca(start_server, bund
         assert client.classify(["great fun"])["predictions"][0]["label"] == "positive"
 
 
+def test_a_reload_path_without_a_leading_slash_names_a_folder_of_the_reload_root(start_server, make_bundle):
+    first = make_bundle("v1")
+    make_bundle("v2", version="2")
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
+    with Client(server.address, token=ADMIN_TOKEN) as client:
+        assert client.reload("v2")["model"]["version"] == "2"
+
+
 def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bundle):
     first = make_bundle("v1")
     second = make_bundle("v2", version="2", bias=3.0)  # pushes every text towards "negative"
