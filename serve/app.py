@@ -38,6 +38,7 @@ from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, Class
 from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.wire import PRECHECKS
 from edgedistill.serve.workers import SupervisorLink
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
@@ -203,7 +204,8 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
     names = (*SERVICES, HEALTH, reflection.SERVICE_NAME)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), observed)
+    servicer = reflection.aio.ReflectionServicer(names, pool=MethodSymbolPool(descriptor_pool.Default()))
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, observed)
     observed.check()
     if settings.health_port is not None:
         # plaintext, with only the health check (the same statuses): for probes that cannot speak TLS
@@ -216,6 +218,31 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
         )
         edge.health_server.add_generic_rpc_handlers((probe_handler(edge.health),))
     return edge, None if share_port else edge.bind()
+
+
+class MethodSymbolPool:
+    """A descriptor pool for the reflection service that also finds the file of an RPC by its full name
+    (`pkg.Service.Method`), as the reflection protocol asks (`grpcurl describe` sends it); protobuf's upb pool finds
+    messages, fields, enums and services but not methods (grpc/grpc#34743). Everything else is the pool's."""
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool):
+        self._pool = pool
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, full_name: str):  # the pool's own name, which reflection calls
+        try:
+            return self._pool.FindFileContainingSymbol(full_name)
+        except KeyError:
+            service, _, method = full_name.rpartition(".")
+            try:
+                found = self._pool.FindServiceByName(service)
+            except KeyError:
+                found = None
+            if found is None or method not in found.methods_by_name:
+                raise
+            return found.file
 
 
 def probe_handler(servicer: health.aio.HealthServicer) -> grpc.GenericRpcHandler:

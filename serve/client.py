@@ -456,7 +456,13 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     )
     parser.add_argument("--info", action="store_true", help="print the served model's info instead")
     parser.add_argument(
-        "--reload", nargs="?", const="", type=_utf8, metavar="BUNDLE", help="reload the bundle (optionally a new one)"
+        "--reload",
+        nargs="?",
+        const="",
+        type=_utf8,
+        metavar="BUNDLE",
+        help="reload the served bundle, or load BUNDLE: a folder inside the server's RELOAD_ROOT, absolute or relative "
+        "to that root",
     )
     return parser
 

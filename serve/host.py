@@ -103,8 +103,14 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
         raise InvalidInput(f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text, or none")
     for kind, values in (("text", texts), ("text pair", pairs or [])):
         for i, value in enumerate(values):
+            if value[:max_chars].strip():
+                continue
             if not value.strip():
                 raise InvalidInput(f"{kind} {i} is empty or whitespace only")
+            raise InvalidInput(  # the words come after the part the server reads
+                f"{kind} {i} is whitespace only in its first {max_chars} characters (MAX_TEXT_CHARS), all of a "
+                "text the server reads: send it without the leading whitespace"
+            )
     cut = [t[:max_chars] for t in texts]
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
 
@@ -364,8 +370,9 @@ class ModelRuntime:
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
     """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root, and not on a
-    `worker` of several (the call reaches one worker; the others would go on serving the served folder)."""
+    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root (a relative path
+    names a folder of the root), and not on a `worker` of several (the call reaches one worker; the others would go on
+    serving the served folder)."""
     if settings.admin_token is None:
         raise PermissionDenied(
             "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
@@ -386,7 +393,7 @@ def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path |
             "or send Reload without a path to reload the served bundle"
         )
     try:
-        folder = Path(path).resolve()
+        folder = (root / path).resolve()  # relative: to the root, as the caller cannot know the server's directory
     except (OSError, ValueError) as err:
         raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
     if not folder.is_relative_to(root.resolve()):

@@ -167,7 +167,8 @@ class CallObserver:
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         token = REQUEST_ID.set(request_id), MODEL.set(None)  # the call's own; no model until one takes it
-        expected = self._admin if self._admin is not None and method in self.admin_methods else self._expected
+        admin = self._admin is not None and method in self.admin_methods
+        expected = self._admin if admin else self._expected
         if (
             expected is not None
             and not method.startswith(HEALTH_PREFIX)
@@ -176,7 +177,10 @@ class CallObserver:
             refuse(
                 context,
                 grpc.StatusCode.UNAUTHENTICATED,
-                "missing or invalid bearer token: send 'authorization: Bearer <token>'",
+                "missing or invalid admin token: this method needs 'authorization: Bearer <ADMIN_TOKEN>', the server's "
+                "admin token, not the token of the other calls"
+                if admin
+                else "missing or invalid bearer token: send 'authorization: Bearer <token>'",
             )
             return request_id, token, True
         if isinstance(request, Refused):

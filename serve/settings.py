@@ -161,8 +161,8 @@ class Settings(BaseModel):
     )
     reload_root: Path | None = Field(
         None,
-        description="Reload calls may name bundles inside this folder (with ADMIN_TOKEN); unset: Reload only "
-        "reloads the bundle being served",
+        description="Reload calls may name bundles inside this folder (with ADMIN_TOKEN), a relative bundle_path "
+        "naming one of its folders; unset: Reload only reloads the bundle being served",
     )
     access_log: bool = Field(
         False, description="log every successful call as well (failed calls are always logged); costs throughput"

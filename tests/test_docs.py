@@ -7,6 +7,7 @@ server's metrics. A failing check prints the rows to paste.
 """
 
 import ast
+import json
 import re
 from pathlib import Path
 from types import NoneType, UnionType
@@ -324,3 +325,18 @@ def test_the_metrics_table_lists_every_metric_with_its_type_labels_and_help():
     )
     buckets = ", ".join(f"{edge:g}" for edge in LATENCY_BUCKETS[:-1]) + f" and {LATENCY_BUCKETS[-1]:g} s"
     assert buckets in " ".join(prose(SERVING_PAGE).split()), f"docs/serving.md: the latency buckets are {buckets}"
+
+
+def test_the_errors_table_names_every_status_a_handler_sets():
+    from edgedistill.serve.transport import STATUS_CODES
+
+    documented = {row[0].strip("`") for row in tables(SERVING_PAGE).get("Errors", [])}
+    expected = {code.name for code in STATUS_CODES.values()} | {"INTERNAL", "UNAUTHENTICATED"}
+    assert sorted(expected - documented) == []
+
+
+def test_the_retry_service_config_in_the_serving_page_is_the_python_clients():
+    from edgedistill.serve.client import retry_options
+
+    block = re.search(r"```json\n(.*?)```", SERVING_PAGE.read_text(encoding="utf-8"), flags=re.DOTALL)
+    assert json.loads(block.group(1)) == json.loads(dict(retry_options(3))["grpc.service_config"])

@@ -26,7 +26,11 @@ if _version_not_supported:
 
 
 class ClassifierStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
+    needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
+    server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
+    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +61,11 @@ class ClassifierStub(object):
 
 
 class ClassifierServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
+    needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
+    server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
+    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    """
 
     def Classify(self, request, context):
         """Classify a batch of texts (optionally text pairs) in one call.
@@ -67,7 +75,8 @@ class ClassifierServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ClassifyStream(self, request_iterator, context):
-        """One reply per request, in the order the requests arrive.
+        """One reply per request, in the order the requests arrive. A request that fails ends the stream with its
+        status after the replies to the requests before it; requests after it get no reply.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,7 +129,11 @@ def add_ClassifierServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Classifier(object):
-    """Missing associated documentation comment in .proto file."""
+    """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
+    needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
+    server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
+    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    """
 
     @staticmethod
     def Classify(request,

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class GRPCInferenceServiceStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """The KServe v2 predict protocol (docs/serving.md#apis): the served model's texts or token ids in, its logits
+    and probabilities out. Token and request-id metadata as for edgedistill.v1.Classifier.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -72,46 +74,56 @@ class GRPCInferenceServiceStub(object):
 
 
 class GRPCInferenceServiceServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """The KServe v2 predict protocol (docs/serving.md#apis): the served model's texts or token ids in, its logits
+    and probabilities out. Token and request-id metadata as for edgedistill.v1.Classifier.
+    """
 
     def ServerLive(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Whether the server is alive: false once a fault ended it, until it is restarted.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ServerReady(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Whether the server takes requests: its model warm and the server not draining.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ModelReady(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Whether the named model (empty: the served one) at the version (empty: the served one) takes requests;
+        false for a model this server does not serve.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ServerMetadata(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The server's name, version and the protocol extensions it supports.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ModelMetadata(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The model's name, version, platform, and its input and output tensors.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ModelInfer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Run the model on one request's tensors: BYTES `text` (and `text_pair`), or INT64 token ids.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ModelConfig(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The model's configuration as Triton's model_config.proto describes it (the subset this server fills).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -163,7 +175,9 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GRPCInferenceService(object):
-    """Missing associated documentation comment in .proto file."""
+    """The KServe v2 predict protocol (docs/serving.md#apis): the served model's texts or token ids in, its logits
+    and probabilities out. Token and request-id metadata as for edgedistill.v1.Classifier.
+    """
 
     @staticmethod
     def ServerLive(request,

@@ -24,6 +24,7 @@ from edgedistill.serve.host import TOKENIZE_THREADS
 from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -100,6 +101,30 @@ def test_reflection_lists_both_services(served):
     assert {"edgedistill.v1.Classifier", "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
     assert classifier.file_descriptor_response.file_descriptor_proto
     assert kserve.file_descriptor_response.file_descriptor_proto
+
+
+@pytest.mark.parametrize(
+    ("symbol", "file"),
+    [
+        ("edgedistill.v1.Classifier.Classify", "classifier.proto"),
+        ("inference.GRPCInferenceService.ModelInfer", "kserve.proto"),
+    ],
+)
+def test_reflection_finds_the_file_of_an_rpc_by_its_full_name(served, symbol, file):
+    with served.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+        (reply,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
+    found = [FileDescriptorProto.FromString(d).name for d in reply.file_descriptor_response.file_descriptor_proto]
+    assert found == [file]
+
+
+def test_reflection_answers_not_found_for_an_rpc_a_service_lacks(served):
+    with served.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="edgedistill.v1.Classifier.Nope")
+        (reply,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
+    assert reply.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 def test_a_reflection_stream_cancelled_while_its_replies_are_sent_counts_as_cancelled(start_server, bundle):
@@ -274,6 +299,14 @@ def test_mutual_tls_requires_a_client_certificate_from_its_ca(start_server, bund
         server.address, tls_ca=certs / "ca.pem", tls_cert=certs / "client.pem", tls_key=certs / "client.key"
     ) as client:
         assert client.classify(["great fun"])["predictions"][0]["label"] == "positive"
+
+
+def test_a_reload_path_without_a_leading_slash_names_a_folder_of_the_reload_root(start_server, make_bundle):
+    first = make_bundle("v1")
+    make_bundle("v2", version="2")
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
+    with Client(server.address, token=ADMIN_TOKEN) as client:
+        assert client.reload("v2")["model"]["version"] == "2"
 
 
 def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bundle):
