@@ -111,6 +111,13 @@ def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: st
     context.set_details(details)
 
 
+def _bearer(authorization: str) -> bytes:
+    """The credentials of an `authorization: Bearer <token>` value, its scheme in any case (RFC 9110 11.1); b"" for
+    another scheme."""
+    scheme, _, credentials = authorization.partition(" ")
+    return credentials.encode() if scheme.lower() == "bearer" else b""
+
+
 class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII;
     else a new one) returned in trailing metadata and attached to its log lines; with `token`, requires
@@ -130,8 +137,8 @@ class CallObserver:
     ):
         self.metrics = metrics
         self.access_log = access_log
-        self._expected = None if token is None else f"Bearer {token}".encode()
-        self._admin = None if admin_token is None else f"Bearer {admin_token}".encode()
+        self._expected = None if token is None else token.encode()
+        self._admin = None if admin_token is None else admin_token.encode()
         self.admin_methods = frozenset(admin_methods)
         self.prechecks = dict(prechecks or {})
         self._throttle = _Throttle(THROTTLE_S)
@@ -172,7 +179,7 @@ class CallObserver:
         if (
             expected is not None
             and not method.startswith(HEALTH_PREFIX)
-            and not hmac.compare_digest(metadata.get("authorization", "").encode(), expected)
+            and not hmac.compare_digest(_bearer(metadata.get("authorization", "")), expected)
         ):
             refuse(
                 context,

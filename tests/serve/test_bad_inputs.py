@@ -149,7 +149,7 @@ CLASSIFIER_CASES = [
     Case("classify with the admin token", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=ADMIN),
     Case("request id over 16 KiB", classify("good"), "RESOURCE_EXHAUSTED", "metadata", metadata=(("x-request-id", "r" * 20_000),)),
     Case("no token", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded"),
-    Case("lower-case bearer", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"bearer {TOKEN}"),)),
+    Case("the token under another scheme", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"Basic {TOKEN}"),)),
     Case("token prefix only", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"Bearer {TOKEN[:-1]}"),)),
     Case("token with trailing space", classify("good"), "UNAUTHENTICATED", "bearer token", target="guarded", metadata=(("authorization", f"Bearer {TOKEN} "),)),
     Case("reload without a token", pb.ReloadRequest(), "UNAUTHENTICATED", "missing or invalid admin token", method="Reload", target="guarded"),

@@ -176,6 +176,15 @@ def test_metrics_count_ok_and_failed_calls_their_timings_batches_and_the_model(s
     )
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_the_bearer_scheme_is_read_in_any_case(start_server, bundle, scheme):
+    server = start_server(settings_for(bundle, token="s3cret"))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        metadata = (("authorization", f"{scheme} s3cret"),)
+        assert stub.Classify(pb.ClassifyRequest(texts=["good"]), metadata=metadata, timeout=5).predictions
+
+
 def test_bearer_token_is_required_except_for_health(start_server, bundle):
     server = start_server(settings_for(bundle, token="s3cret"))
     with server.channel() as channel:
