@@ -221,7 +221,9 @@ def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray
 
 
 def model_info(runtime: ModelRuntime) -> classifier_pb2.ModelInfo:
-    return classifier_pb2.ModelInfo(**asdict(runtime.describe()), pid=os.getpid())
+    """What `GetModelInfo` and `Reload` say of a served model, with the request limits of the server serving it."""
+    limits = {"max_texts": runtime.settings.max_texts, "max_message_bytes": runtime.settings.max_message_bytes}
+    return classifier_pb2.ModelInfo(**asdict(runtime.describe()), pid=os.getpid(), **limits)
 
 
 class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):

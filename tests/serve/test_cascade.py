@@ -244,6 +244,10 @@ def test_model_info_describes_the_cascade(stub, cascade):
     assert (info.name, info.runtime, info.cascade_rule, info.bundle_path, info.bundle_sha256) == expected
 
 
+def test_model_info_of_a_cascade_gives_the_servers_request_limits(stub, cascade):
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).max_texts > 0
+
+
 def test_a_single_bundle_names_no_member(served):
     with served.channel() as channel:
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)

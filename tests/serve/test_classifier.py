@@ -118,6 +118,12 @@ def test_model_info_describes_the_served_bundle(stub, served):
     assert info.bundle_sha256 == mf.sha256_file(served.settings.bundle / mf.MANIFEST)
 
 
+def test_model_info_gives_the_servers_request_limits(stub, served):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    expected = (served.settings.max_texts, served.settings.max_message_bytes)
+    assert (info.max_texts, info.max_message_bytes) == expected
+
+
 @pytest.mark.parametrize(
     ("request_", "code", "message"),
     [
