@@ -170,7 +170,8 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             "",
             f'model = Student.from_pretrained("{folder}")  # or a Hub repository it was pushed to',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
-            'batch = tokenizer(["a text"], return_tensors="pt")',
+            "# cut as training, evaluation and the server cut: a Transformer student has no position beyond it",
+            'batch = tokenizer(["a text"], truncation=True, max_length=model.config.max_length, return_tensors="pt")',
             'logits = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))',
         ]
     else:

@@ -1,5 +1,6 @@
 """Tokenizers: load a pretrained one, or train WordPiece (BERT) / byte-level BPE (GPT) from text."""
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CONTINUATION = "##"  # WordPiece's prefix of a piece that continues a word
 GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
 ENCODE_CHUNK = 2_000  # texts per tokenizer call: its Python lists of ids, offsets and masks cost ~400 bytes a token
 
@@ -18,13 +20,32 @@ def _bars() -> bool:
     return progress.mode() == "bar"
 
 
-def _wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def _continuations(tok: Tokenizer, texts: Iterable[str]) -> list[str]:
+    """`##c` for every character c that follows another inside a pre-tokenized word of `texts`, sorted."""
+    inner = set()
+    for text in texts:
+        for word, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text)):
+            inner.update(word[1:])
+    return [CONTINUATION + char for char in sorted(inner)]
+
+
+def _wordpiece(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=_bars())
+    # The trainer numbers the `##c` tokens in the order of a randomly seeded hash map, and breaks ties between
+    # equally frequent merges by token id, so the same texts gave another vocabulary from run to run
+    # (huggingface/tokenizers#1794). Given first, in sorted order, they get fixed ids; they are then made ordinary
+    # vocabulary again, not special tokens.
+    continuations = _continuations(tok, texts)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=BERT_SPECIALS + continuations, show_progress=_bars()
+    )
     tok.train_from_iterator(texts, trainer)
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] in BERT_SPECIALS]
+    tok = Tokenizer.from_str(json.dumps(data))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -59,8 +80,8 @@ def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A fresh tokenizer for `family` ("bert" or "gpt") trained on `texts`."""
+def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A fresh tokenizer for `family` ("bert" or "gpt") trained on `texts`; the same texts give the same one."""
     return _wordpiece(texts, vocab_size) if family == "bert" else _byte_bpe(texts, vocab_size)
 
 

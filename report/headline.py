@@ -78,8 +78,22 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
         if student:
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
-            gain = f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline" if baseline else ""
-            kept = f"{student['retention']:.1%} of {of}" if "retention" in student else f"{of}: 0, nothing to retain"
+            # The manifest's retention and the gain are on dev, where checkpoints are chosen: beside test figures
+            # the line says so, and gives the share of the teacher's test figure too.
+            test_key = f"test_{metric}"
+            tested = test_key in student
+            on_dev = " on dev" if tested else ""
+            gain = (
+                f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline{on_dev}" if baseline else ""
+            )
+            kept = (
+                f"{student['retention']:.1%} of {of}{on_dev}"
+                if "retention" in student
+                else f"{of}: 0, nothing to retain"
+            )
+            teacher_test = (teacher or {}).get(test_key)
+            if tested and teacher_test:
+                kept += f", {student[test_key] / teacher_test:.1%} on test"
             lines.append(f"student {name}: {figures(student)} ({kept}){gain}")
     if recipe.export is None:
         return lines

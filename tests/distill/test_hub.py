@@ -5,6 +5,8 @@ import sys
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common import modelcard
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.students import (
     BiLSTMClassifier,
@@ -14,7 +16,7 @@ from edgedistill.distill.students import (
     TransformerClassifier,
     build_student,
 )
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
 from huggingface_hub import ModelCard
 
 from tests.conftest import ROOT
@@ -146,3 +148,15 @@ def test_student_folder_manifest_hashes_every_file_but_the_card(smoke_run, arch)
     listed = set(mf.load(folder).files)
     on_disk = {p.name for p in folder.iterdir() if p.name not in (mf.MANIFEST, mf.CARD)}
     assert listed == on_disk
+
+
+def test_the_student_cards_code_scores_a_text_longer_than_the_students_max_length(tmp_path):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    _, folder = _saved(tmp_path, "transformer", max_length=8)
+    train_tokenizer("bert", TEXTS * 10, 40).save_pretrained(folder)
+    lines = modelcard._usage(recipe, "student-transformer", {})
+    code = "\n".join(lines[1:-1])  # inside the ```python fence
+    code = code.replace('"runs/smoke/student-transformer"', repr(folder)).replace('"a text"', repr(" ".join(TEXTS * 5)))
+    scope = {}
+    exec(code, scope)
+    assert tuple(scope["logits"].shape) == (1, len(LABELS))

@@ -20,6 +20,17 @@ def test_a_trained_bert_tokenizer_marks_sentence_b():
     assert list(encode(tokenizer, ["a dog"], ["dull"], 16)["token_type_ids"]) == [[0, 0, 0, 0, 1, 1]]
 
 
+def test_a_bert_tokenizer_trained_again_on_the_same_texts_has_the_same_vocabulary():
+    vocabularies = [train_tokenizer("bert", TEXTS, 60).get_vocab() for _ in range(6)]
+    assert all(vocabulary == vocabularies[0] for vocabulary in vocabularies)
+
+
+def test_a_trained_bert_tokenizers_word_pieces_are_not_special_tokens():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    ids = tokenizer("a dull plot", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "a dull plot"
+
+
 def test_encode_holds_token_ids_as_int32():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     assert encode(tokenizer, TEXTS, None, 16)["input_ids"].values.dtype == np.int32

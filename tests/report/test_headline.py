@@ -47,6 +47,18 @@ def test_headline_gives_retention_and_gain_in_the_selection_metric(tmp_path, mon
     ]
 
 
+def test_headline_beside_test_figures_says_retention_and_gain_are_on_dev_and_gives_the_test_share(recipe):
+    root = run_dir(recipe)
+    name = recipe.distill.deploy
+    publish(root / "teacher", {"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    publish(root / f"student-{name}", {"dev_accuracy": 0.88, "test_accuracy": 0.93, "retention": 0.88 / 0.9})
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.8, "test_accuracy": 0.9})
+    assert headline.headline(recipe, "recipes/smoke.yaml")[1] == (
+        f"student {name}: dev accuracy 0.8800, test accuracy 0.9300 (97.8% of the teacher on dev, 97.9% on test), "
+        "+0.0800 over its label-only baseline on dev"
+    )
+
+
 def test_headline_without_a_baseline_or_later_stages(recipe):
     """A student trained without its baseline (`--no-baseline`) and nothing exported yet."""
     name = recipe.distill.deploy
