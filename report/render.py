@@ -41,6 +41,13 @@ def finished_stages(recipe: Recipe) -> list[Path]:
     return folders
 
 
+def _cell(value) -> str:
+    """A table cell: "-" for a figure not measured, counts with thousands separators (as the stages' own tables)."""
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
 class Page:
     """Collects sections as (markdown, html) pairs and figures as PNG files."""
 
@@ -64,7 +71,7 @@ class Page:
         self.html.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">')
 
     def table(self, header: list[str], rows: list[list]) -> None:
-        cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+        cells = [[_cell(c) for c in row] for row in rows]
         self.md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         self.md += ["| " + " | ".join(row) + " |" for row in cells] + [""]
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)

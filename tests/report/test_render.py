@@ -40,6 +40,12 @@ def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
 
 
+def test_a_table_writes_counts_with_thousands_separators():
+    page = render.Page("report")
+    page.table(["student", "params"], [["cnn", 1234567]])
+    assert "| cnn | 1,234,567 |" in page.md
+
+
 def test_distillation_section_says_which_metric_retention_compares(tmp_path):
     assert "baseline and gain compare dev_macro_f1" in distillation_markdown(tmp_path)
 
