@@ -285,6 +285,60 @@ def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
     assert workers.usable_memory(write_cgroup(tmp_path, files)) <= total
 
 
+def membership(folder, lines: str):
+    """A /proc/self/cgroup of a process in the cgroups `lines` name, as a systemd unit's process sees its own."""
+    (folder / "membership").write_text(lines)
+    return folder / "membership"
+
+
+@pytest.mark.parametrize(
+    ("lines", "files"),
+    [
+        ("0::/system.slice/edge.service\n", {"system.slice/edge.service/cpu.max": "100000 100000"}),
+        (
+            "4:memory:/system.slice/edge.service\n2:cpu,cpuacct:/system.slice/edge.service\n0::/\n",
+            {
+                "cpu/system.slice/edge.service/cpu.cfs_quota_us": "100000",
+                "cpu/system.slice/edge.service/cpu.cfs_period_us": "100000",
+            },
+        ),
+    ],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_cores_are_within_the_cpu_quota_of_the_process_own_cgroup_below_the_mount(tmp_path, lines, files):
+    cgroup = write_cgroup(tmp_path / "cgroup", files)
+    assert workers.usable_cores(cgroup, membership(tmp_path, lines)) == 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "files"),
+    [
+        (
+            "0::/edge.slice/edge.service\n",
+            {"edge.slice/memory.max": str(512 << 20), "edge.slice/edge.service/memory.max": "max"},
+        ),
+        (
+            "4:memory:/edge.slice/edge.service\n",
+            {
+                "memory/edge.slice/memory.limit_in_bytes": str(512 << 20),
+                "memory/edge.slice/edge.service/memory.limit_in_bytes": "9223372036854771712",
+            },
+        ),
+    ],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_memory_is_the_limit_of_an_ancestor_of_the_process_cgroup(tmp_path, lines, files):
+    cgroup = write_cgroup(tmp_path / "cgroup", files)
+    assert workers.usable_memory(cgroup, membership(tmp_path, lines)) == 512 << 20
+
+
+def test_a_container_whose_own_cgroup_is_the_mount_reads_its_limit_there(tmp_path):
+    """Docker on cgroup v1 bind-mounts the container's cgroup at /sys/fs/cgroup/memory; /proc/self/cgroup still
+    names the host's path, which does not exist inside."""
+    cgroup = write_cgroup(tmp_path / "cgroup", {"memory/memory.limit_in_bytes": str(512 << 20)})
+    assert workers.usable_memory(cgroup, membership(tmp_path, "4:memory:/docker/0123abcd\n")) == 512 << 20
+
+
 @pytest.fixture
 def temp_root(tmp_path, monkeypatch):
     monkeypatch.setattr(workers.tempfile, "tempdir", str(tmp_path))
