@@ -133,6 +133,18 @@ def worker_count(settings: Settings) -> int:
     return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * loaded)))
 
 
+def intra_op_threads(threads: int, count: int) -> int:
+    """Intra-op threads of each of `count` workers for THREADS=`threads`: as set, else the usable cores shared among
+    them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of its affinity);
+    ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
+    if threads:
+        return threads
+    cores = usable_cores()
+    if count == 1 and cores == len(os.sched_getaffinity(0)):
+        return 0
+    return max(1, cores // count)
+
+
 # --- the worker's side ----------------------------------------------------------------------------------------
 
 
@@ -229,7 +241,7 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
-        self.threads = settings.threads or max(1, usable_cores() // count)
+        self.threads = intra_op_threads(settings.threads, count)
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))

@@ -2,10 +2,12 @@
 and restarts one that dies; WORKERS=1 stays one process."""
 
 import errno
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -17,7 +19,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import write_bundle
+from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt, metric
 
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
@@ -237,6 +239,49 @@ def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores
     monkeypatch.setattr(workers, "usable_cores", lambda: cores)
     monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
     assert workers.worker_count(Settings(bundle=folder)) == expected
+
+
+# A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
+UNDER_QUOTA = """
+import os, runpy, sys
+import edgedistill.serve.workers as workers
+
+os.sched_getaffinity = lambda pid: set(range(4))
+workers.cpu_quota = lambda *cgroup: {quota}
+sys.argv = ["serve", *sys.argv[1:]]
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def backend_threads(bundle, quota: int | None) -> int:
+    """The intra-op threads a single server process (WORKERS=1, THREADS=0) gives its runtime, from its log."""
+    command = [sys.executable, "-c", UNDER_QUOTA.format(quota=quota), *serve_command(bundle)[3:], "--threads", "0"]
+    command += ["--metrics-port", "off"]
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for line in proc.stdout:
+            entry = json.loads(line)
+            if entry.get("event") == "backend_ready":
+                return entry["threads"]
+        raise AssertionError("no backend_ready log line")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_one_process_under_a_cpu_quota_runs_as_many_intra_op_threads_as_the_quota_has_cpus(bundle):
+    assert backend_threads(bundle, quota=2) == 2
+
+
+def test_one_process_without_a_cpu_quota_leaves_the_intra_op_threads_to_the_runtime(bundle):
+    assert backend_threads(bundle, quota=None) == 0
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
+def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(workers, "cpu_quota", lambda *cgroup: 4)
+    assert workers.intra_op_threads(0, count) == expected
 
 
 def write_cgroup(folder, files: dict[str, str]):
