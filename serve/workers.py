@@ -38,6 +38,7 @@ from typing import BinaryIO
 
 from edgedistill.common.processes import alive, die_with_parent
 from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
 from prometheus_client.multiprocess import mark_process_dead
@@ -124,13 +125,32 @@ def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
 
 
 def worker_count(settings: Settings) -> int:
-    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files."""
-    if settings.workers:
-        return settings.workers
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files. Several
+    workers set by hand that memory does not hold are started all the same, with a warning: the kernel's OOM killer
+    ends a process without a word, and this line says why it may."""
+    if settings.workers == 1:
+        return 1
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
-    loaded = model_bytes(settings.bundle)  # read without verifying: the workers verify it
-    return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * loaded)))
+    try:  # the model files read without verifying them: the workers verify them
+        per_worker = WORKER_BASE_BYTES + 2 * model_bytes(settings.bundle)
+    except BundleRejected:
+        if settings.workers:  # the workers refuse it, and say why
+            return settings.workers
+        raise
+    memory = usable_memory()
+    if not settings.workers:
+        return max(1, min(usable_cores(), memory // per_worker))
+    if settings.workers * per_worker > memory:
+        log.warning(
+            "WORKERS=%d may not fit in the usable memory (%d MiB, the cgroup's limit or what is available): each worker "
+            "counts %d MiB; the kernel may kill the server without a log line. Set WORKERS=0 to fit them to memory",
+            settings.workers,
+            memory >> 20,
+            per_worker >> 20,
+            extra={"event": "workers_exceed_memory", "workers": settings.workers, "usable_memory_mib": memory >> 20},
+        )
+    return settings.workers
 
 
 def intra_op_threads(threads: int, count: int) -> int:

@@ -3,6 +3,7 @@ and restarts one that dies; WORKERS=1 stays one process."""
 
 import errno
 import json
+import logging
 import os
 import signal
 import socket
@@ -239,6 +240,17 @@ def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores
     monkeypatch.setattr(workers, "usable_cores", lambda: cores)
     monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
     assert workers.worker_count(Settings(bundle=folder)) == expected
+
+
+@pytest.mark.parametrize(("memory_mb", "warned"), [(300, True), (64_000, False)], ids=["short", "enough"])
+def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning(
+    monkeypatch, tmp_path, caplog, memory_mb, warned
+):
+    folder = write_bundle(tmp_path / "bundle")
+    monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        assert workers.worker_count(Settings(bundle=folder, workers=2)) == 2
+    assert any(getattr(r, "event", None) == "workers_exceed_memory" for r in caplog.records) == warned
 
 
 # A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
