@@ -104,7 +104,7 @@ class Resources:
 
     @classmethod
     def from_rows(cls, rows: list[tuple[float, float, float, float]], started: float) -> "Resources":
-        """`rows` of (unix time, server CPU s, locust CPU s, server RSS bytes)."""
+        """`rows` of (monotonic time, server CPU s, locust CPU s, server RSS bytes), `started` on the same clock."""
         table = np.array(rows, dtype=np.float64).reshape(-1, 4)
         return cls(table[:, 0] - started, table[:, 1], table[:, 2], table[:, 3] / 2**20)
 

@@ -1,10 +1,11 @@
 """Every call's exact latency, from locust's request events, saved as `requests.npz` when locust quits.
 
 Locust's own statistics round latencies under 100 ms to whole milliseconds, too coarse for a 3 ms
-SLO, so the runner computes its figures from these samples. The file holds `started` (unix time the
-load started), `end_s` (when each call returned, seconds after `started`), `ms` (latency), `ok`
-(no exception), `name` (index into `names`), `names`, `code` (index into `codes`) and `codes`: each call's
-gRPC status name (`OK`, `RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one).
+SLO, so the runner computes its figures from these samples. The file holds `started` (when the load started, on
+the system's monotonic clock, which the runner's process samples share and a stepped wall clock does not move),
+`end_s` (when each call returned, seconds after `started`), `ms` (latency), `ok` (no exception), `name` (index into
+`names`), `names`, `code` (index into `codes`) and `codes`: each call's gRPC status name (`OK`,
+`RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one).
 """
 
 import time
@@ -42,10 +43,10 @@ class Recorder:
         events.quitting.add_listener(self.on_quitting)
 
     def on_start(self, **_kwargs) -> None:
-        self.started = time.time()
+        self.started = time.monotonic()
 
     def on_request(self, name: str, response_time: float, exception=None, **_kwargs) -> None:
-        self.end.append(time.time())
+        self.end.append(time.monotonic())
         self.ms.append(response_time)
         self.ok.append(exception is None)
         self.name.append(self.names.setdefault(name, len(self.names)))
@@ -55,7 +56,7 @@ class Recorder:
         self.save()
 
     def save(self) -> None:
-        started = self.started if self.started is not None else time.time()
+        started = self.started if self.started is not None else time.monotonic()
         columns = {
             "started": np.float64(started),
             "end_s": np.asarray(self.end, np.float64) - started,

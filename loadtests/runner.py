@@ -45,7 +45,8 @@ class LoadtestError(RuntimeError):
 
 
 class Sampler(threading.Thread):
-    """Rows of (unix time, server CPU s, locust CPU s, server RSS bytes) every SAMPLE_S until `stop`."""
+    """Rows of (monotonic time, server CPU s, locust CPU s, server RSS bytes) every SAMPLE_S until `stop`: the
+    system's monotonic clock, as the recorder in locust's process keeps it."""
 
     def __init__(self, server: psutil.Process, locust: psutil.Process):
         super().__init__(daemon=True)
@@ -56,7 +57,12 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while True:
             try:
-                row = (time.time(), cpu_seconds(self.server), cpu_seconds(self.locust), self.server.memory_info().rss)
+                row = (
+                    time.monotonic(),
+                    cpu_seconds(self.server),
+                    cpu_seconds(self.locust),
+                    self.server.memory_info().rss,
+                )
             except psutil.Error:  # locust has exited
                 return
             self.rows.append(row)

@@ -24,10 +24,11 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
-# An overload refuses thousands of calls a second, each as cheaply as it can, and anyone who can reach the port can
-# send as many without the token: a line each (about 30 us of the event loop) would slow the refusals and flood the
-# logs. One line a second per method and code says it, with the count left out.
-THROTTLED = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAUTHENTICATED})
+# An overload refuses thousands of calls a second, each as cheaply as it can; anyone who can reach the port can send as
+# many without the token, a client with a bug as many invalid requests, and clients whose deadlines are too short for
+# a loaded server as many expired calls: a line each (about 30 us of the event loop, 300-600 bytes) would slow the
+# refusals and fill a small disk (one client's invalid or expired calls wrote 450 KB of lines a second). One line a
+# second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
@@ -122,9 +123,9 @@ class CallObserver:
     """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII;
     else a new one) returned in trailing metadata and attached to its log lines; with `token`, requires
     `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
-    for `admin_methods`; records status and latency in `metrics`; logs failed calls (`THROTTLED` codes once a
-    second per method, unless `access_log`), and successful ones too with `access_log`. `prechecks` maps a unary
-    method to a look at its request's bytes before they are parsed."""
+    for `admin_methods`; records status and latency in `metrics`; logs failed calls (once a second per method and
+    code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every time), and successful ones too with
+    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed."""
 
     def __init__(
         self,
@@ -209,7 +210,7 @@ class CallObserver:
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0
-        if code in THROTTLED and not self.access_log:
+        if code not in LOGGED_AS_ERRORS and not self.access_log:
             left_out = self._throttle.admit((method, code))
             if left_out is None:
                 return

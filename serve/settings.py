@@ -107,7 +107,10 @@ class Settings(BaseModel):
         "0: one per usable core, as many as memory holds; 1: one process, no supervisor",
     )
     threads: int = Field(
-        0, ge=0, description="intra-op threads of the runtime (0: its default; with several workers, cores / WORKERS)"
+        0,
+        ge=0,
+        description="intra-op threads of the runtime (0: the usable cores, within a cgroup CPU quota, shared among "
+        "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity)",
     )
     malloc_arenas: int | None = Field(
         None,

@@ -38,6 +38,7 @@ from typing import BinaryIO
 
 from edgedistill.common.processes import alive, die_with_parent
 from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
 from prometheus_client.multiprocess import mark_process_dead
@@ -47,58 +48,121 @@ log = logging.getLogger("serve")
 SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's environment: where to report
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
-CGROUP = Path("/sys/fs/cgroup")  # this process's own cgroup, in a container (v2; v1 mounts one folder per controller)
+CGROUP = Path("/sys/fs/cgroup")  # where the cgroup file systems are (v2; v1 mounts one folder per controller)
+MEMBERSHIP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
 
 
 # --- how many -------------------------------------------------------------------------------------------------
 
 
-def cpu_quota(cgroup: Path = CGROUP) -> int | None:
-    """Whole CPUs of the cgroup's quota (v2 `cpu.max`, else v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us`), at least
-    one; None without a quota."""
+def cgroup_folders(controller: str, cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> list[Path]:
+    """This process's cgroup folder and its ancestors' up to the mount, those that exist, in the v2 hierarchy
+    (`controller` "") or in v1's hierarchy of `controller` ("cpu", "memory"). A limit of any of them applies. In a
+    container the process's cgroup is the mount itself (a cgroup namespace, or v1's bind mount), elsewhere (a systemd
+    unit's CPUQuota and MemoryMax, `systemd-run`, a cgroup made by hand) a folder below it, named in `membership`."""
+    mount = cgroup / controller if controller else cgroup
+    path = "/"
     try:
-        quota, period = (cgroup / "cpu.max").read_text().split()
-    except (OSError, ValueError):
+        lines = membership.read_text().splitlines()
+    except OSError:  # not Linux, or no /proc: the mount alone
+        lines = []
+    for line in lines:  # "<id>:<controllers>:<path>"; v2's line names no controller
+        _, controllers, where = line.split(":", 2)
+        if controller in controllers.split(","):
+            path = where
+            break
+    parts = Path(path).parts[1:]
+    # outside the cgroup namespace it was started in, a process sees its path as "/../..": the mount alone then
+    own = mount if ".." in parts else mount.joinpath(*parts)
+    return [folder for folder in (own, *own.parents) if folder.is_relative_to(mount) and folder.is_dir()]
+
+
+def cpu_quota(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int | None:
+    """Whole CPUs of the smallest quota of this process's cgroup and its ancestors (v2 `cpu.max`, v1
+    `cpu.cfs_quota_us` over `cpu.cfs_period_us`), at least one; None without a quota."""
+    quotas = []
+    for folder in cgroup_folders("", cgroup, membership):
         try:
-            quota, period = (
-                (cgroup / "cpu" / name).read_text().strip() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us")
-            )
-        except OSError:
-            return None
-    return None if quota in ("max", "-1") else max(1, int(quota) // int(period))
-
-
-def usable_cores(cgroup: Path = CGROUP) -> int:
-    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit)."""
-    cores = len(os.sched_getaffinity(0))
-    return min(cores, cpu_quota(cgroup) or cores)
-
-
-def usable_memory(cgroup: Path = CGROUP) -> int:
-    """Bytes of memory for the workers: its cgroup's limit where one is set, else what the system has available."""
-    with open("/proc/meminfo") as meminfo:
-        sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in meminfo)}
-    for limit_file in ("memory.max", "memory/memory.limit_in_bytes"):  # cgroup v2, v1
+            quota, period = (folder / "cpu.max").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if quota != "max":
+            quotas.append(int(quota) / int(period))
+    for folder in cgroup_folders("cpu", cgroup, membership):
         try:
-            limit = (cgroup / limit_file).read_text().strip()
+            quota, period = ((folder / name).read_text().strip() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
         except OSError:
             continue
-        # v1 writes no limit as a number past any machine's memory
-        if limit != "max" and int(limit) < sizes["MemTotal"]:
-            return int(limit)
-        break
-    return sizes["MemAvailable"]
+        if quota != "-1":
+            quotas.append(int(quota) / int(period))
+    return max(1, int(min(quotas))) if quotas else None
+
+
+def usable_cores(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
+    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit, a systemd
+    unit's CPUQuota)."""
+    cores = len(os.sched_getaffinity(0))
+    return min(cores, cpu_quota(cgroup, membership) or cores)
+
+
+def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
+    """Bytes of memory for the workers: the smallest limit of this process's cgroup and its ancestors where one is
+    set (a container's, a systemd unit's MemoryMax), else what the system has available."""
+    with open("/proc/meminfo") as meminfo:
+        sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in meminfo)}
+    limits = []
+    for controller, limit_file in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):  # cgroup v2, v1
+        for folder in cgroup_folders(controller, cgroup, membership):
+            try:
+                limit = (folder / limit_file).read_text().strip()
+            except OSError:
+                continue
+            # v1 writes no limit as a number past any machine's memory
+            if limit != "max" and int(limit) < sizes["MemTotal"]:
+                limits.append(int(limit))
+    return min(limits) if limits else sizes["MemAvailable"]
 
 
 def worker_count(settings: Settings) -> int:
-    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files."""
-    if settings.workers:
-        return settings.workers
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files. Several
+    workers set by hand that memory does not hold are started all the same, with a warning: the kernel's OOM killer
+    ends a process without a word, and this line says why it may."""
+    if settings.workers == 1:
+        return 1
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
-    loaded = model_bytes(settings.bundle)  # read without verifying: the workers verify it
-    return max(1, min(usable_cores(), usable_memory() // (WORKER_BASE_BYTES + 2 * loaded)))
+    try:  # the model files read without verifying them: the workers verify them
+        per_worker = WORKER_BASE_BYTES + 2 * model_bytes(settings.bundle)
+    except BundleRejected:
+        if settings.workers:  # the workers refuse it, and say why
+            return settings.workers
+        raise
+    memory = usable_memory()
+    if not settings.workers:
+        return max(1, min(usable_cores(), memory // per_worker))
+    if settings.workers * per_worker > memory:
+        log.warning(
+            "WORKERS=%d may not fit in the usable memory (%d MiB, the cgroup's limit or what is available): each worker "
+            "counts %d MiB; the kernel may kill the server without a log line. Set WORKERS=0 to fit them to memory",
+            settings.workers,
+            memory >> 20,
+            per_worker >> 20,
+            extra={"event": "workers_exceed_memory", "workers": settings.workers, "usable_memory_mib": memory >> 20},
+        )
+    return settings.workers
+
+
+def intra_op_threads(threads: int, count: int) -> int:
+    """Intra-op threads of each of `count` workers for THREADS=`threads`: as set, else the usable cores shared among
+    them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of its affinity);
+    ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
+    if threads:
+        return threads
+    cores = usable_cores()
+    if count == 1 and cores == len(os.sched_getaffinity(0)):
+        return 0
+    return max(1, cores // count)
 
 
 # --- the worker's side ----------------------------------------------------------------------------------------
@@ -197,7 +261,7 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
-        self.threads = settings.threads or max(1, usable_cores() // count)
+        self.threads = intra_op_threads(settings.threads, count)
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))

@@ -225,6 +225,11 @@ def test_compose_healthcheck_asks_grpc_health():
     compile(script, "healthcheck", "exec")
 
 
+def test_compose_bounds_the_logs_the_engine_keeps():
+    options = compose_service()["logging"]["options"]
+    assert (options["max-size"], options["max-file"]) == ("10m", "3")
+
+
 # --- Dockerfiles ------------------------------------------------------------------------------
 
 

@@ -1,12 +1,16 @@
 """Figures from samples: call statistics, CPU, RSS growth, and the notes on a run."""
 
+import time
+
 import grpc
 import numpy as np
+import psutil
 import pytest
 from edgedistill.bench.processes import free_port
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.recorder import Recorder
+from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import step
@@ -69,6 +73,30 @@ def test_recorder_round_trip(tmp_path):
     assert [loaded.names[i] for i in loaded.name] == ["Classify", "ModelInfer"]
     assert 0 <= loaded.end_s[0] <= loaded.end_s[1] < 5
     assert loaded.started > 0
+
+
+STEPPED_BACK = 1.0e9 - 3600.0  # the wall clock an hour behind where it stood at the start: an NTP step
+
+
+def test_a_wall_clock_stepped_during_the_load_moves_no_call(tmp_path, monkeypatch):
+    recorder = Recorder(tmp_path / "requests.npz")
+    monkeypatch.setattr(time, "time", lambda: 1.0e9)
+    recorder.on_start()
+    monkeypatch.setattr(time, "time", lambda: STEPPED_BACK)
+    recorder.on_request(name="Classify", response_time=1.0, exception=None)
+    recorder.on_quitting()
+    assert 0 <= Samples.load(tmp_path / "requests.npz").end_s[0] < 5
+
+
+def test_process_samples_are_on_the_recorders_clock_whatever_the_wall_clock(monkeypatch):
+    recorder = Recorder("unused.npz")
+    monkeypatch.setattr(time, "time", lambda: 1.0e9)
+    recorder.on_start()
+    monkeypatch.setattr(time, "time", lambda: STEPPED_BACK)
+    sampler = Sampler(psutil.Process(), psutil.Process())
+    sampler.start()
+    rows = sampler.stop()
+    assert 0 <= Resources.from_rows(rows, recorder.started).t_s[0] < 5
 
 
 def test_failures_are_counted_by_grpc_status(tmp_path):

@@ -133,3 +133,21 @@ def test_calls_without_the_token_are_logged_once_per_interval(start_server, bund
             with pytest.raises(grpc.RpcError):
                 stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=5)
     assert len([e for e in access_lines() if e.get("code") == "UNAUTHENTICATED"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "timeout", "code"),
+    [(" ", 5.0, "INVALID_ARGUMENT"), (GATED, 0.2, "DEADLINE_EXCEEDED")],
+    ids=["invalid", "expired while tokenized"],
+)
+def test_a_clients_refused_calls_are_logged_once_per_interval(
+    start_server, bundle, slow_tokenizer, access_lines, monkeypatch, text, timeout, code
+):
+    monkeypatch.setattr(observe, "THROTTLE_S", 60.0)
+    server = start_server(settings_for(bundle))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        for _ in range(10):
+            with pytest.raises(grpc.RpcError):
+                stub.Classify(pb.ClassifyRequest(texts=[text]), timeout=timeout)
+    assert len(logged(access_lines, code=code)) == 1

@@ -2,10 +2,13 @@
 and restarts one that dies; WORKERS=1 stays one process."""
 
 import errno
+import json
+import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -17,7 +20,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import write_bundle
+from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt, metric
 
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
@@ -239,6 +242,60 @@ def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores
     assert workers.worker_count(Settings(bundle=folder)) == expected
 
 
+@pytest.mark.parametrize(("memory_mb", "warned"), [(300, True), (64_000, False)], ids=["short", "enough"])
+def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning(
+    monkeypatch, tmp_path, caplog, memory_mb, warned
+):
+    folder = write_bundle(tmp_path / "bundle")
+    monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        assert workers.worker_count(Settings(bundle=folder, workers=2)) == 2
+    assert any(getattr(r, "event", None) == "workers_exceed_memory" for r in caplog.records) == warned
+
+
+# A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
+UNDER_QUOTA = """
+import os, runpy, sys
+import edgedistill.serve.workers as workers
+
+os.sched_getaffinity = lambda pid: set(range(4))
+workers.cpu_quota = lambda *cgroup: {quota}
+sys.argv = ["serve", *sys.argv[1:]]
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def backend_threads(bundle, quota: int | None) -> int:
+    """The intra-op threads a single server process (WORKERS=1, THREADS=0) gives its runtime, from its log."""
+    command = [sys.executable, "-c", UNDER_QUOTA.format(quota=quota), *serve_command(bundle)[3:], "--threads", "0"]
+    command += ["--metrics-port", "off"]
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for line in proc.stdout:
+            entry = json.loads(line)
+            if entry.get("event") == "backend_ready":
+                return entry["threads"]
+        raise AssertionError("no backend_ready log line")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_one_process_under_a_cpu_quota_runs_as_many_intra_op_threads_as_the_quota_has_cpus(bundle):
+    assert backend_threads(bundle, quota=2) == 2
+
+
+def test_one_process_without_a_cpu_quota_leaves_the_intra_op_threads_to_the_runtime(bundle):
+    assert backend_threads(bundle, quota=None) == 0
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
+def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(workers, "cpu_quota", lambda *cgroup: 4)
+    assert workers.intra_op_threads(0, count) == expected
+
+
 def write_cgroup(folder, files: dict[str, str]):
     """A cgroup folder with `files` (path under it: contents), as a container sees its own at /sys/fs/cgroup."""
     for name, text in files.items():
@@ -283,6 +340,60 @@ def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
     with open("/proc/meminfo") as meminfo:
         total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
     assert workers.usable_memory(write_cgroup(tmp_path, files)) <= total
+
+
+def membership(folder, lines: str):
+    """A /proc/self/cgroup of a process in the cgroups `lines` name, as a systemd unit's process sees its own."""
+    (folder / "membership").write_text(lines)
+    return folder / "membership"
+
+
+@pytest.mark.parametrize(
+    ("lines", "files"),
+    [
+        ("0::/system.slice/edge.service\n", {"system.slice/edge.service/cpu.max": "100000 100000"}),
+        (
+            "4:memory:/system.slice/edge.service\n2:cpu,cpuacct:/system.slice/edge.service\n0::/\n",
+            {
+                "cpu/system.slice/edge.service/cpu.cfs_quota_us": "100000",
+                "cpu/system.slice/edge.service/cpu.cfs_period_us": "100000",
+            },
+        ),
+    ],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_cores_are_within_the_cpu_quota_of_the_process_own_cgroup_below_the_mount(tmp_path, lines, files):
+    cgroup = write_cgroup(tmp_path / "cgroup", files)
+    assert workers.usable_cores(cgroup, membership(tmp_path, lines)) == 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "files"),
+    [
+        (
+            "0::/edge.slice/edge.service\n",
+            {"edge.slice/memory.max": str(512 << 20), "edge.slice/edge.service/memory.max": "max"},
+        ),
+        (
+            "4:memory:/edge.slice/edge.service\n",
+            {
+                "memory/edge.slice/memory.limit_in_bytes": str(512 << 20),
+                "memory/edge.slice/edge.service/memory.limit_in_bytes": "9223372036854771712",
+            },
+        ),
+    ],
+    ids=["cgroup v2", "cgroup v1"],
+)
+def test_usable_memory_is_the_limit_of_an_ancestor_of_the_process_cgroup(tmp_path, lines, files):
+    cgroup = write_cgroup(tmp_path / "cgroup", files)
+    assert workers.usable_memory(cgroup, membership(tmp_path, lines)) == 512 << 20
+
+
+def test_a_container_whose_own_cgroup_is_the_mount_reads_its_limit_there(tmp_path):
+    """Docker on cgroup v1 bind-mounts the container's cgroup at /sys/fs/cgroup/memory; /proc/self/cgroup still
+    names the host's path, which does not exist inside."""
+    cgroup = write_cgroup(tmp_path / "cgroup", {"memory/memory.limit_in_bytes": str(512 << 20)})
+    assert workers.usable_memory(cgroup, membership(tmp_path, "4:memory:/docker/0123abcd\n")) == 512 << 20
 
 
 @pytest.fixture
