@@ -137,8 +137,10 @@ def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_off
 class LanguageModelObjective(torch.nn.Module):
     """Wraps an LM so `forward(batch)` returns (loss, logits, labels) over the predicted tokens only.
 
-    For MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
-    which is most of the step's cost at a 30k vocabulary. Logits (N, V), labels (N,).
+    For a BERT MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
+    which is most of the step's cost at a 30k vocabulary; any other masked LM (RoBERTa, ELECTRA, DeBERTa, ALBERT,
+    ...) names its encoder and head otherwise, so it runs whole and its logits are taken at those positions.
+    Logits (N, V), labels (N,).
     """
 
     def __init__(self, lm, causal: bool):
@@ -153,10 +155,14 @@ class LanguageModelObjective(torch.nn.Module):
             labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
             mask = labels != -100
             logits, labels = logits[mask], labels[mask]
-        else:
+        elif isinstance(self.lm, BertForMaskedLM):
             hidden = self.lm.bert(input_ids=input_ids, attention_mask=attention_mask, **rest).last_hidden_state
             mask = labels != -100
             logits, labels = self.lm.cls(hidden[mask]), labels[mask]
+        else:
+            mask = labels != -100
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, **rest).logits[mask]
+            labels = labels[mask]
         return F.cross_entropy(logits, labels), logits, labels
 
 
