@@ -320,20 +320,30 @@ def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
     return F.pad(scores, (0, dim - scores.shape[1]))
 
 
-def _check_fits(student: BertModel, teacher: BertModel) -> None:
-    names = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size")
+# What a transformer student copies from its teacher (`init_from_teacher`): a BERT's blocks, at the same sizes.
+COPIED_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size")
+BERT_TYPES = ("bert", "edgedistill-bert-mean")
+
+
+def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIED_SIZES) -> list[str]:
+    """Why a transformer student of config `student` cannot copy the layers of a teacher of transformers config
+    `teacher`; empty when it can. Another architecture's blocks (RoBERTa's positions, DistilBERT's or DeBERTa's
+    layers) are not a BERT's."""
+    if teacher.model_type not in BERT_TYPES:
+        return [f"the teacher's model_type is {teacher.model_type}, not bert"]
     differ = [
-        f"{n} {getattr(student.config, n)} vs {getattr(teacher.config, n)}"
-        for n in names
-        if getattr(student.config, n) != getattr(teacher.config, n)
+        f"{n} {getattr(student, n)} vs {getattr(teacher, n)}"
+        for n in sizes
+        if getattr(student, n) != getattr(teacher, n)
     ]
-    if differ:
-        raise ValueError(f"cannot copy teacher weights, student vs teacher sizes differ: {', '.join(differ)}")
-    if student.config.max_position_embeddings > teacher.config.max_position_embeddings:
-        raise ValueError(
-            f"student max_length {student.config.max_position_embeddings} exceeds the teacher's "
-            f"{teacher.config.max_position_embeddings} positions"
-        )
+    if student.max_position_embeddings > teacher.max_position_embeddings:
+        differ.append(f"max_length {student.max_position_embeddings} vs {teacher.max_position_embeddings} positions")
+    return [f"student vs teacher sizes differ: {', '.join(differ)}"] if differ else []
+
+
+def _check_fits(student: BertModel, teacher: BertModel) -> None:
+    if misfits := teacher_misfits(student.config, teacher.config, ("vocab_size", *COPIED_SIZES)):
+        raise ValueError(f"cannot copy teacher weights, {misfits[0]}")
 
 
 @torch.no_grad()
