@@ -58,8 +58,10 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
 
 
 def teacher_inputs(config) -> tuple[str, ...]:
-    """The inputs a teacher with this transformers `config` takes, in order: GPT-2 has no token type ids."""
-    return TOKEN_INPUTS[:2] if config.model_type == "gpt2" else TOKEN_INPUTS
+    """The inputs a teacher with this transformers `config` takes, in order: token type ids only where it has two
+    or more (`type_vocab_size`); GPT-2 and DistilBERT have none, RoBERTa and XLM-RoBERTa one, which a 1 would
+    index past, DeBERTa-v2 by default none (it ignores them)."""
+    return TOKEN_INPUTS if getattr(config, "type_vocab_size", 0) > 1 else TOKEN_INPUTS[:2]
 
 
 def require_family(config, family: str, name) -> None:

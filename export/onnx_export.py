@@ -32,7 +32,9 @@ class _HFLogits(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
 
 
-class _GPTLogits(_HFLogits):
+class _HFLogitsWithoutSegments(_HFLogits):
+    """A Hugging Face classifier without token type ids as `(input_ids, attention_mask) -> logits`."""
+
     def forward(self, input_ids, attention_mask):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
@@ -62,9 +64,10 @@ def load_source(folder: Path) -> Source:
         cfg = model.config
         params = count_parameters(model)
         inputs = heads.teacher_inputs(cfg)
-        if "token_type_ids" not in inputs:  # GPT-2
-            return Source(_GPTLogits(model).eval(), inputs, cfg.model_type, folder, params=params)
-        module = _HFLogits(model).eval()  # export restores the wrapper's mode on every submodule
+        wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
+        module = wrapper(model).eval()  # export restores the wrapper's mode on every submodule
+        if cfg.model_type == "gpt2":  # not an encoder the fusions take
+            return Source(module, inputs, cfg.model_type, folder, params=params)
         return Source(
             module,
             inputs,

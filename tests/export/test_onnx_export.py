@@ -3,11 +3,13 @@ added as docs/extending.md says exports with them."""
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
-from edgedistill.export.onnx_export import Source, example_inputs, export_onnx
+from edgedistill.export.onnx_export import Source, example_inputs, export_onnx, load_source
 from edgedistill.export.validate import check_shapes, logits_runner
+from transformers import RobertaConfig, RobertaForSequenceClassification
 
 from tests.distill import extension
 
@@ -36,4 +38,38 @@ def test_a_student_added_as_the_docs_say_exports_with_every_input_and_passes_the
     graph = export_onnx(source, path, opset=17)
     assert [i.name for i in graph.graph.input] == list(inputs)
     worst = check_shapes(logits_runner(open_runner(path, "onnxruntime", ["CPUExecutionProvider"])), source, True, 64)
+    assert max(worst.values()) < 1e-5
+
+
+def tiny_roberta() -> RobertaConfig:
+    """A RoBERTa of one token type, as roberta-base and xlm-roberta-base are."""
+    return RobertaConfig(
+        vocab_size=120,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        type_vocab_size=1,
+    )
+
+
+def _teacher_artifact(tmp_path, model) -> Source:
+    """`model` committed as a teacher artifact, loaded back as export loads it."""
+    model.save_pretrained(tmp_path / "staged")
+    artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
+    mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
+    return load_source(tmp_path / "teacher")
+
+
+def test_a_roberta_teacher_exports_without_token_type_ids_it_has_one_type_for():
+    config = tiny_roberta()
+    assert heads.teacher_inputs(config) == ("input_ids", "attention_mask")
+
+
+def test_an_exported_roberta_teacher_gives_its_pytorch_logits(tmp_path):
+    config = tiny_roberta()
+    source = _teacher_artifact(tmp_path, RobertaForSequenceClassification(config))
+    export_onnx(source, tmp_path / "model.onnx", opset=17)
+    runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    worst = check_shapes(runner, source, True, 64)
     assert max(worst.values()) < 1e-5
