@@ -76,14 +76,33 @@ def require_family(config, family: str, name) -> None:
         )
 
 
+# Models that number positions from the padding id + 1, as fairseq did: RoBERTa's 514 position embeddings hold
+# 512 tokens (`create_position_ids_from_input_ids` in transformers).
+POSITIONS_AFTER_PADDING = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer", "roberta-prelayernorm",
+     "xmod", "ibert", "luke", "mpnet"}
+)  # fmt: skip
+
+
+def usable_positions(config) -> int:
+    """Tokens a model of transformers `config` can read: its position embeddings, less those below the first
+    position of the models that number positions after the padding id."""
+    positions = config.max_position_embeddings
+    if config.model_type in POSITIONS_AFTER_PADDING:
+        positions -= config.pad_token_id + 1
+    return positions
+
+
 def require_positions(config, tokens: int, setting: str, name) -> None:
     """Refuse sequences of `tokens` (the recipe's `setting`) longer than the positions of the model `name`, whose
     position embeddings would otherwise be indexed out of range at the first long text."""
-    positions = config.max_position_embeddings
+    positions = usable_positions(config)
     if tokens > positions:
+        why = "max_position_embeddings"
+        if positions != config.max_position_embeddings:
+            why += f" {config.max_position_embeddings}, a {config.model_type}'s numbered from its padding id + 1"
         raise RecipeError(
-            f"{setting}={tokens}, but {name} has {positions} positions (max_position_embeddings); "
-            f"set {setting} to at most {positions}"
+            f"{setting}={tokens}, but {name} has {positions} positions ({why}); set {setting} to at most {positions}"
         )
 
 
