@@ -322,7 +322,7 @@ def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
 
 # What a transformer student copies from its teacher (`init_from_teacher`): a BERT's blocks, at the same sizes.
 COPIED_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size")
-BERT_TYPES = ("bert", "edgedistill-bert-mean")
+BERT_TYPES = ("bert", "edgedistill-bert-mean")  # a plain BERT, and a mean-pooled teacher's (distill.heads)
 
 
 def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIED_SIZES) -> list[str]:

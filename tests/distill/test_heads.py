@@ -9,7 +9,14 @@ from edgedistill.distill import heads
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
-from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel, RobertaConfig
+from transformers import (
+    AutoModel,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    RobertaConfig,
+)
 
 SIZES = {
     "vocab_size": 100,
@@ -98,3 +105,19 @@ def test_a_max_length_that_only_a_roberta_s_padding_offset_puts_past_its_positio
 
 def test_a_bert_reads_as_many_tokens_as_its_position_embeddings():
     assert heads.usable_positions(BertConfig(max_position_embeddings=512)) == 512
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_llama_init_is_refused_by_either_family_with_no_other_family_to_set(family):
+    with pytest.raises(RecipeError, match="is a llama; no model.family takes it"):
+        heads.require_family(LlamaConfig(), family, "llama-init")
+
+
+def test_a_roberta_init_under_model_family_gpt_is_sent_to_the_bert_family():
+    with pytest.raises(RecipeError, match="is a roberta; set model.family: bert"):
+        heads.require_family(RobertaConfig(), "gpt", "roberta-init")
+
+
+def test_mean_pooling_of_a_roberta_init_is_refused_as_it_would_load_none_of_its_weights():
+    with pytest.raises(RecipeError, match="finetune.pooling=mean builds a BERT encoder, but roberta-init is a roberta"):
+        heads.require_pooling(RobertaConfig(), "mean", "roberta-init")
