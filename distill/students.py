@@ -341,9 +341,18 @@ def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIE
     return [f"student vs teacher sizes differ: {', '.join(differ)}"] if differ else []
 
 
+def _check_vocabulary(student_rows: int, teacher_rows: int) -> None:
+    """Refuse a student vocabulary (the teacher tokenizer's) that the teacher's embedding rows do not cover. More
+    rows than tokens are fine: checkpoints pad their embeddings (DeBERTa-v3: 128,100 rows, 128,001 tokens), and
+    the rows past the tokenizer's ids are never read."""
+    if student_rows > teacher_rows:
+        raise ValueError(f"vocab sizes differ: student {student_rows} vs teacher {teacher_rows} embedding rows")
+
+
 def _check_fits(student: BertModel, teacher: BertModel) -> None:
-    if misfits := teacher_misfits(student.config, teacher.config, ("vocab_size", *COPIED_SIZES)):
+    if misfits := teacher_misfits(student.config, teacher.config):
         raise ValueError(f"cannot copy teacher weights, {misfits[0]}")
+    _check_vocabulary(student.config.vocab_size, teacher.config.vocab_size)
 
 
 @torch.no_grad()
@@ -354,8 +363,8 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
     student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
     the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
     Any other student (BiLSTM, CNN): its word embedding `embed`, the teacher's reduced to embed_dim by PCA
-    (`_teacher_embedding_basis`), the padding row zeroed. The vocabularies must match; a Transformer
-    student needs a BERT teacher.
+    (`_teacher_embedding_basis`), the padding row zeroed. The teacher's embedding rows must cover the student's
+    vocabulary (the first rows are taken); a Transformer student needs a BERT teacher.
     """
     teacher_words = teacher.get_input_embeddings().weight
     if isinstance(student, TransformerClassifier):
@@ -366,7 +375,8 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
             )
         _check_fits(student.bert, teacher)
         ours, theirs = student.bert.embeddings, teacher.embeddings
-        for name in ("word_embeddings", "token_type_embeddings", "LayerNorm"):
+        ours.word_embeddings.weight.copy_(theirs.word_embeddings.weight[: student.bert.config.vocab_size])
+        for name in ("token_type_embeddings", "LayerNorm"):
             getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
         positions = ours.position_embeddings.weight
         positions.copy_(theirs.position_embeddings.weight[: positions.shape[0]])
@@ -376,11 +386,9 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
         return
     if not _starts_from_teacher(student):
         raise TypeError(f"{type(student).__name__} has no `embed` word embedding (nn.Embedding) to start from")
-    if student.embed.num_embeddings != teacher_words.shape[0]:
-        raise ValueError(
-            f"vocab sizes differ: student {student.embed.num_embeddings} vs teacher {teacher_words.shape[0]}"
-        )
-    student.embed.weight.copy_(_teacher_embedding_basis(teacher_words, student.embed.embedding_dim))
+    _check_vocabulary(student.embed.num_embeddings, teacher_words.shape[0])
+    words = teacher_words[: student.embed.num_embeddings]  # rows past the tokenizer's ids are never read
+    student.embed.weight.copy_(_teacher_embedding_basis(words, student.embed.embedding_dim))
     if student.embed.padding_idx is not None:
         student.embed.weight[student.embed.padding_idx].zero_()
 
