@@ -8,8 +8,14 @@ from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
 from edgedistill.export.onnx_export import Source, example_inputs, export_onnx, load_source
-from edgedistill.export.validate import check_shapes, logits_runner
-from transformers import RobertaConfig, RobertaForSequenceClassification
+from edgedistill.export.optimize import fuse
+from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
+from transformers import (
+    ElectraConfig,
+    ElectraForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 from tests.distill import extension
 
@@ -73,3 +79,15 @@ def test_an_exported_roberta_teacher_gives_its_pytorch_logits(tmp_path):
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
     worst = check_shapes(runner, source, True, 64)
     assert max(worst.values()) < 1e-5
+
+
+def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its_logits(tmp_path):
+    config = ElectraConfig(
+        vocab_size=120, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    source = _teacher_artifact(tmp_path, ElectraForSequenceClassification(config))
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
+    runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    assert max(check_shapes(runner, source, True, 64).values()) <= FP32_SHAPE_TOLERANCE
