@@ -110,7 +110,8 @@ def require_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
     if 1 not in tokenizer("a", "b").get("token_type_ids", []):
         raise RecipeError(
             f"{name}: its tokenizer does not mark sentence B of a pair (token_type_ids 1), which the pair students "
-            "split pairs by; use a BERT-style checkpoint (model.init) for a pair task"
+            "split pairs by; use a checkpoint whose tokenizer does (BERT, ELECTRA, DeBERTa, ALBERT; not RoBERTa, "
+            "XLM-RoBERTa or DistilBERT) in model.init for a pair task"
         )
 
 
