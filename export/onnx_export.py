@@ -99,7 +99,8 @@ def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> 
 
 
 def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
-    """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker`."""
+    """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker` and check the graph takes every input
+    of `source`."""
     inputs = example_inputs(source.inputs)
     axes = {name: {0: "batch", 1: "sequence"} for name in source.inputs} | {"logits": {0: "batch"}}
     with torch.no_grad():
@@ -118,6 +119,10 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as err:
         raise ExportError(f"{source.arch}: exported graph fails onnx.checker: {err}") from err
+    # The exporter drops an input the model never reads; the bundle's spec, which the server checks the graph
+    # against, would still name it.
+    if unread := [name for name in source.inputs if name not in {i.name for i in model.graph.input}]:
+        raise ExportError(f"{source.arch}: the model never reads its input(s) {unread}, so the exported graph has none")
     return model
 
 

@@ -7,7 +7,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
-from edgedistill.export.onnx_export import Source, example_inputs, export_onnx, load_source
+from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
 from transformers import (
@@ -91,3 +91,10 @@ def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
     runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
     assert max(check_shapes(runner, source, True, 64).values()) <= FP32_SHAPE_TOLERANCE
+
+
+def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)  # single texts: no token types
+    source = Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS, "bag", tmp_path)
+    with pytest.raises(ExportError, match=r"never reads its input\(s\) \['token_type_ids'\]"):
+        export_onnx(source, tmp_path / "model.onnx", opset=17)
