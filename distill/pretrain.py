@@ -37,10 +37,15 @@ from transformers import (
 EVAL_MASK_SEED = 1234
 
 
+def scratch_positions(cfg: ModelConfig, seq_len: int) -> int:
+    """The positions of a model built from scratch: for `seq_len` tokens of pretraining and `cfg.max_length` of
+    fine-tuning, 512 at least."""
+    return max(512, cfg.max_length, seq_len)
+
+
 def build_model(cfg: ModelConfig, tokenizer, seq_len: int):
-    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe, with positions for `seq_len` tokens of
-    pretraining and `cfg.max_length` of fine-tuning."""
-    positions = max(512, cfg.max_length, seq_len)
+    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe, with `scratch_positions`."""
+    positions = scratch_positions(cfg, seq_len)
     if cfg.family == "bert":
         config = BertConfig(
             vocab_size=len(tokenizer),

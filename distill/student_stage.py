@@ -23,7 +23,7 @@ from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, heads, transfer
+from edgedistill.distill import device, dist, heads, pretrain, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
@@ -156,7 +156,7 @@ def teacher_config(recipe: Recipe):
             hidden_size=cfg.hidden_size,
             num_attention_heads=cfg.num_heads,
             intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=max(512, cfg.max_length, recipe.pretrain.seq_len),
+            max_position_embeddings=pretrain.scratch_positions(cfg, recipe.pretrain.seq_len),
         )
     try:
         return AutoConfig.from_pretrained(recipe.model.init)
