@@ -22,6 +22,7 @@ from edgedistill.distill.metrics import EVAL_KEYS, task_metrics
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
+from transformers import AutoConfig
 
 
 @torch.no_grad()
@@ -111,6 +112,9 @@ def _build(inputs: Inputs) -> Built | None:
     tokenizer = load_tokenizer(init)
     if data.pairs:
         require_segments(tokenizer, init)
+    config = AutoConfig.from_pretrained(init)
+    heads.require_family(config, recipe.model.family, init)
+    heads.require_pooling(config, cfg.pooling, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
     model = device.load_trainable(
@@ -122,7 +126,6 @@ def _build(inputs: Inputs) -> Built | None:
         pad_token_id=tokenizer.pad_token_id,
         **extra,
     )
-    heads.require_family(model.config, recipe.model.family, init)
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)
     train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)

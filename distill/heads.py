@@ -8,9 +8,11 @@ The classes are registered with the transformers Auto classes: once this module 
 
 import torch
 from edgedistill.common.recipe import RecipeError
+from edgedistill.distill.students import BERT_TYPES
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
 from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 
 # What a BERT-style classifier takes, in order of its forward's arguments.
@@ -18,7 +20,7 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class MeanPooledBertConfig(BertConfig):
-    model_type = "edgedistill-bert-mean"
+    model_type = BERT_TYPES[1]
 
 
 class MeanPooledBertModel(BertModel):
@@ -58,30 +60,74 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
 
 
 def teacher_inputs(config) -> tuple[str, ...]:
-    """The inputs a teacher with this transformers `config` takes, in order: GPT-2 has no token type ids."""
-    return TOKEN_INPUTS[:2] if config.model_type == "gpt2" else TOKEN_INPUTS
+    """The inputs a teacher with this transformers `config` takes, in order: token type ids only where it has two
+    or more (`type_vocab_size`); GPT-2 and DistilBERT have none, RoBERTa and XLM-RoBERTa one, which a 1 would
+    index past, DeBERTa-v2 by default none (it ignores them)."""
+    return TOKEN_INPUTS if getattr(config, "type_vocab_size", 0) > 1 else TOKEN_INPUTS[:2]
+
+
+def _family_of(config) -> str | None:
+    """The `model.family` that takes a checkpoint of this transformers `config`: gpt for a GPT-2, bert for a
+    masked-LM encoder (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa, ALBERT, ...); None for any other model (a
+    Llama, a Qwen, T5), which neither family's pretraining, head and export are written for."""
+    if config.model_type == "gpt2":
+        return "gpt"
+    masked = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or config.model_type in BERT_TYPES
+    return "bert" if masked else None
 
 
 def require_family(config, family: str, name) -> None:
     """Refuse a checkpoint `name` that is not of `model.family`: a GPT is a GPT-2 (`model_type` gpt2), which the
-    causal-LM pretraining, the export and the pair and student checks take it for; a BERT is any other encoder."""
-    if (config.model_type == "gpt2") != (family == "gpt"):
-        want = "a GPT-2 checkpoint (model_type gpt2)" if family == "gpt" else "a BERT-style encoder"
-        other = "gpt" if family == "bert" else "bert"
+    causal-LM pretraining, the export and the pair and student checks take it for; a BERT is a masked-LM encoder,
+    which the MLM pretraining and the classifier's [CLS] or mean pooling take it for."""
+    found = _family_of(config)
+    if found == family:
+        return
+    want = "a GPT-2 checkpoint (model_type gpt2)" if family == "gpt" else "a BERT-style encoder"
+    if found is None:
+        way_out = "no model.family takes it: name a GPT-2 or a masked-LM encoder (BERT, RoBERTa, ...) in model.init"
+    else:
+        way_out = f"set model.family: {found}, or name such a checkpoint in model.init"
+    raise RecipeError(f"model.family={family} wants {want}, but {name} is a {config.model_type}; {way_out}")
+
+
+def require_pooling(config, pooling: str, name) -> None:
+    """Refuse `finetune.pooling: mean` for a checkpoint `name` that is not a BERT: the mean-pooled head is built on
+    `BertModel`, which would load none of another encoder's weights and start from random ones."""
+    if pooling == "mean" and config.model_type not in BERT_TYPES:
         raise RecipeError(
-            f"model.family={family} wants {want}, but {name} is a {config.model_type}; "
-            f"set model.family: {other}, or name such a checkpoint in model.init"
+            f"finetune.pooling=mean builds a BERT encoder, but {name} is a {config.model_type}, whose weights it "
+            "would not load; use finetune.pooling: cls (the model's own head)"
         )
+
+
+# Models that number positions from the padding id + 1, as fairseq did: RoBERTa's 514 position embeddings hold
+# 512 tokens (`create_position_ids_from_input_ids` in transformers).
+POSITIONS_AFTER_PADDING = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer", "roberta-prelayernorm",
+     "xmod", "ibert", "luke", "mpnet"}
+)  # fmt: skip
+
+
+def usable_positions(config) -> int:
+    """Tokens a model of transformers `config` can read: its position embeddings, less those below the first
+    position of the models that number positions after the padding id."""
+    positions = config.max_position_embeddings
+    if config.model_type in POSITIONS_AFTER_PADDING:
+        positions -= config.pad_token_id + 1
+    return positions
 
 
 def require_positions(config, tokens: int, setting: str, name) -> None:
     """Refuse sequences of `tokens` (the recipe's `setting`) longer than the positions of the model `name`, whose
     position embeddings would otherwise be indexed out of range at the first long text."""
-    positions = config.max_position_embeddings
+    positions = usable_positions(config)
     if tokens > positions:
+        why = "max_position_embeddings"
+        if positions != config.max_position_embeddings:
+            why += f" {config.max_position_embeddings}, a {config.model_type}'s numbered from its padding id + 1"
         raise RecipeError(
-            f"{setting}={tokens}, but {name} has {positions} positions (max_position_embeddings); "
-            f"set {setting} to at most {positions}"
+            f"{setting}={tokens}, but {name} has {positions} positions ({why}); set {setting} to at most {positions}"
         )
 
 

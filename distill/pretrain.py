@@ -37,10 +37,15 @@ from transformers import (
 EVAL_MASK_SEED = 1234
 
 
+def scratch_positions(cfg: ModelConfig, seq_len: int) -> int:
+    """The positions of a model built from scratch: for `seq_len` tokens of pretraining and `cfg.max_length` of
+    fine-tuning, 512 at least."""
+    return max(512, cfg.max_length, seq_len)
+
+
 def build_model(cfg: ModelConfig, tokenizer, seq_len: int):
-    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe, with positions for `seq_len` tokens of
-    pretraining and `cfg.max_length` of fine-tuning."""
-    positions = max(512, cfg.max_length, seq_len)
+    """A fresh BERT (MLM head) or GPT-2 (LM head) sized from the recipe, with `scratch_positions`."""
+    positions = scratch_positions(cfg, seq_len)
     if cfg.family == "bert":
         config = BertConfig(
             vocab_size=len(tokenizer),
@@ -137,8 +142,10 @@ def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_off
 class LanguageModelObjective(torch.nn.Module):
     """Wraps an LM so `forward(batch)` returns (loss, logits, labels) over the predicted tokens only.
 
-    For MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
-    which is most of the step's cost at a 30k vocabulary. Logits (N, V), labels (N,).
+    For a BERT MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
+    which is most of the step's cost at a 30k vocabulary; any other masked LM (RoBERTa, ELECTRA, DeBERTa, ALBERT,
+    ...) names its encoder and head otherwise, so it runs whole and its logits are taken at those positions.
+    Logits (N, V), labels (N,).
     """
 
     def __init__(self, lm, causal: bool):
@@ -153,10 +160,14 @@ class LanguageModelObjective(torch.nn.Module):
             labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
             mask = labels != -100
             logits, labels = logits[mask], labels[mask]
-        else:
+        elif isinstance(self.lm, BertForMaskedLM):
             hidden = self.lm.bert(input_ids=input_ids, attention_mask=attention_mask, **rest).last_hidden_state
             mask = labels != -100
             logits, labels = self.lm.cls(hidden[mask]), labels[mask]
+        else:
+            mask = labels != -100
+            logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, **rest).logits[mask]
+            labels = labels[mask]
         return F.cross_entropy(logits, labels), logits, labels
 
 

@@ -23,7 +23,7 @@ from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, heads, transfer
+from edgedistill.distill import device, dist, heads, pretrain, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
@@ -31,16 +31,19 @@ from edgedistill.distill.metrics import EVAL_KEYS, retention, task_metrics
 from edgedistill.distill.students import (
     Student,
     StudentError,
+    TransformerClassifier,
     build_student,
     check_student,
     count_parameters,
     init_from_teacher,
+    teacher_misfits,
 )
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.trainer import Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import AutoConfig, BertConfig
 
 # Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
@@ -144,16 +147,44 @@ def student_config(recipe: Recipe, spec: StudentRun, vocab_size: int, pad_token_
     )
 
 
+def teacher_config(recipe: Recipe):
+    """The transformers config of the teacher's architecture: its init checkpoint's (pretraining continues it),
+    else a BERT's from the recipe's sizes."""
+    if recipe.model.init is None:
+        cfg = recipe.model
+        return BertConfig(
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=pretrain.scratch_positions(cfg, recipe.pretrain.seq_len),
+        )
+    try:
+        return AutoConfig.from_pretrained(recipe.model.init)
+    except (OSError, ValueError) as err:
+        raise RecipeError(
+            f"{recipe.model.init}: cannot read its config ({err}); model.init must name a checkpoint"
+        ) from err
+
+
 def check_students(recipe: Recipe, names: list[str]) -> None:
     """Build each named student at a small vocabulary and check it keeps the student contract (`check_student`),
-    before the transfer set or any training: `RecipeError` names the student and what its class breaks."""
+    and that a transformer that starts from the teacher can copy its layers, before the transfer set or any
+    training: `RecipeError` names the student and what its class breaks."""
     for name in names:
         spec = recipe.distill.students[name]
+        from_teacher = spec.init_from_teacher or spec.baseline_init_from_teacher
         try:
             student = build_student(student_config(recipe, spec, PROBE_VOCAB, 0))
-            check_student(student, spec.init_from_teacher or spec.baseline_init_from_teacher)
+            check_student(student, from_teacher)
         except StudentError as err:
             raise RecipeError(f"distill.students.{name}: {err}") from err
+        copies = from_teacher and isinstance(student, TransformerClassifier)
+        if copies and (misfits := teacher_misfits(student.bert.config, teacher_config(recipe))):
+            raise RecipeError(
+                f"distill.students.{name} starts from the teacher's layers, which it cannot copy: {misfits[0]}; "
+                f"set distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false), "
+                "or size it as the teacher"
+            )
 
 
 def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:

@@ -320,20 +320,39 @@ def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
     return F.pad(scores, (0, dim - scores.shape[1]))
 
 
-def _check_fits(student: BertModel, teacher: BertModel) -> None:
-    names = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size")
+# What a transformer student copies from its teacher (`init_from_teacher`): a BERT's blocks, at the same sizes.
+COPIED_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size")
+BERT_TYPES = ("bert", "edgedistill-bert-mean")  # a plain BERT, and a mean-pooled teacher's (distill.heads)
+
+
+def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIED_SIZES) -> list[str]:
+    """Why a transformer student of config `student` cannot copy the layers of a teacher of transformers config
+    `teacher`; empty when it can. Another architecture's blocks (RoBERTa's positions, DistilBERT's or DeBERTa's
+    layers) are not a BERT's."""
+    if teacher.model_type not in BERT_TYPES:
+        return [f"the teacher's model_type is {teacher.model_type}, not bert"]
     differ = [
-        f"{n} {getattr(student.config, n)} vs {getattr(teacher.config, n)}"
-        for n in names
-        if getattr(student.config, n) != getattr(teacher.config, n)
+        f"{n} {getattr(student, n)} vs {getattr(teacher, n)}"
+        for n in sizes
+        if getattr(student, n) != getattr(teacher, n)
     ]
-    if differ:
-        raise ValueError(f"cannot copy teacher weights, student vs teacher sizes differ: {', '.join(differ)}")
-    if student.config.max_position_embeddings > teacher.config.max_position_embeddings:
-        raise ValueError(
-            f"student max_length {student.config.max_position_embeddings} exceeds the teacher's "
-            f"{teacher.config.max_position_embeddings} positions"
-        )
+    if student.max_position_embeddings > teacher.max_position_embeddings:
+        differ.append(f"max_length {student.max_position_embeddings} vs {teacher.max_position_embeddings} positions")
+    return [f"student vs teacher sizes differ: {', '.join(differ)}"] if differ else []
+
+
+def _check_vocabulary(student_rows: int, teacher_rows: int) -> None:
+    """Refuse a student vocabulary (the teacher tokenizer's) that the teacher's embedding rows do not cover. More
+    rows than tokens are fine: checkpoints pad their embeddings (DeBERTa-v3: 128,100 rows, 128,001 tokens), and
+    the rows past the tokenizer's ids are never read."""
+    if student_rows > teacher_rows:
+        raise ValueError(f"vocab sizes differ: student {student_rows} vs teacher {teacher_rows} embedding rows")
+
+
+def _check_fits(student: BertModel, teacher: BertModel) -> None:
+    if misfits := teacher_misfits(student.config, teacher.config):
+        raise ValueError(f"cannot copy teacher weights, {misfits[0]}")
+    _check_vocabulary(student.config.vocab_size, teacher.config.vocab_size)
 
 
 @torch.no_grad()
@@ -344,8 +363,8 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
     student block i <- teacher block i * N_t // N_s (1-based; 0-based teacher 2i + 1 for half depth),
     the same pairs the hidden-state loss uses. Vocabulary, width, heads and FFN size must match.
     Any other student (BiLSTM, CNN): its word embedding `embed`, the teacher's reduced to embed_dim by PCA
-    (`_teacher_embedding_basis`), the padding row zeroed. The vocabularies must match; a Transformer
-    student needs a BERT teacher.
+    (`_teacher_embedding_basis`), the padding row zeroed. The teacher's embedding rows must cover the student's
+    vocabulary (the first rows are taken); a Transformer student needs a BERT teacher.
     """
     teacher_words = teacher.get_input_embeddings().weight
     if isinstance(student, TransformerClassifier):
@@ -356,7 +375,8 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
             )
         _check_fits(student.bert, teacher)
         ours, theirs = student.bert.embeddings, teacher.embeddings
-        for name in ("word_embeddings", "token_type_embeddings", "LayerNorm"):
+        ours.word_embeddings.weight.copy_(theirs.word_embeddings.weight[: student.bert.config.vocab_size])
+        for name in ("token_type_embeddings", "LayerNorm"):
             getattr(ours, name).load_state_dict(getattr(theirs, name).state_dict())
         positions = ours.position_embeddings.weight
         positions.copy_(theirs.position_embeddings.weight[: positions.shape[0]])
@@ -366,11 +386,9 @@ def init_from_teacher(student: nn.Module, teacher: PreTrainedModel) -> None:
         return
     if not _starts_from_teacher(student):
         raise TypeError(f"{type(student).__name__} has no `embed` word embedding (nn.Embedding) to start from")
-    if student.embed.num_embeddings != teacher_words.shape[0]:
-        raise ValueError(
-            f"vocab sizes differ: student {student.embed.num_embeddings} vs teacher {teacher_words.shape[0]}"
-        )
-    student.embed.weight.copy_(_teacher_embedding_basis(teacher_words, student.embed.embedding_dim))
+    _check_vocabulary(student.embed.num_embeddings, teacher_words.shape[0])
+    words = teacher_words[: student.embed.num_embeddings]  # rows past the tokenizer's ids are never read
+    student.embed.weight.copy_(_teacher_embedding_basis(words, student.embed.embedding_dim))
     if student.embed.padding_idx is not None:
         student.embed.weight[student.embed.padding_idx].zero_()
 

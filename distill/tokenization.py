@@ -86,7 +86,8 @@ def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> PreTr
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token. It pads and truncates on
+    """A pretrained tokenizer; GPT-style ones without a pad token pad with their EOS token, and one with neither is
+    a `RecipeError`. It pads and truncates on
     the right, whatever the checkpoint says, as every stage and the server do: a GPT reads positions from 0 and its
     classifier the last real token, so a left-padded text would not give the logits it gives alone. A checkpoint
     that cannot be found or read is a `RecipeError` naming it, not a traceback."""
@@ -100,6 +101,11 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token is None:  # batches of texts of unequal lengths need one
+        raise RecipeError(
+            f"{name_or_path}: its tokenizer has no pad token and no EOS token to pad with; add a pad token to the "
+            "checkpoint (its tokenizer's add_special_tokens, the model's resize_token_embeddings)"
+        )
     tokenizer.padding_side = tokenizer.truncation_side = "right"
     return tokenizer
 
@@ -110,7 +116,8 @@ def require_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
     if 1 not in tokenizer("a", "b").get("token_type_ids", []):
         raise RecipeError(
             f"{name}: its tokenizer does not mark sentence B of a pair (token_type_ids 1), which the pair students "
-            "split pairs by; use a BERT-style checkpoint (model.init) for a pair task"
+            "split pairs by; use a checkpoint whose tokenizer does (BERT, ELECTRA, DeBERTa, ALBERT; not RoBERTa, "
+            "XLM-RoBERTa or DistilBERT) in model.init for a pair task"
         )
 
 

@@ -32,7 +32,9 @@ class _HFLogits(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
 
 
-class _GPTLogits(_HFLogits):
+class _HFLogitsWithoutSegments(_HFLogits):
+    """A Hugging Face classifier without token type ids as `(input_ids, attention_mask) -> logits`."""
+
     def forward(self, input_ids, attention_mask):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
@@ -62,9 +64,10 @@ def load_source(folder: Path) -> Source:
         cfg = model.config
         params = count_parameters(model)
         inputs = heads.teacher_inputs(cfg)
-        if "token_type_ids" not in inputs:  # GPT-2
-            return Source(_GPTLogits(model).eval(), inputs, cfg.model_type, folder, params=params)
-        module = _HFLogits(model).eval()  # export restores the wrapper's mode on every submodule
+        wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
+        module = wrapper(model).eval()  # export restores the wrapper's mode on every submodule
+        if cfg.model_type == "gpt2":  # not an encoder the fusions take
+            return Source(module, inputs, cfg.model_type, folder, params=params)
         return Source(
             module,
             inputs,
@@ -96,7 +99,8 @@ def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> 
 
 
 def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
-    """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker`."""
+    """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker` and check the graph takes every input
+    of `source`."""
     inputs = example_inputs(source.inputs)
     axes = {name: {0: "batch", 1: "sequence"} for name in source.inputs} | {"logits": {0: "batch"}}
     with torch.no_grad():
@@ -115,6 +119,10 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as err:
         raise ExportError(f"{source.arch}: exported graph fails onnx.checker: {err}") from err
+    # The exporter drops an input the model never reads; the bundle's spec, which the server checks the graph
+    # against, would still name it.
+    if unread := [name for name in source.inputs if name not in {i.name for i in model.graph.input}]:
+        raise ExportError(f"{source.arch}: the model never reads its input(s) {unread}, so the exported graph has none")
     return model
 
 

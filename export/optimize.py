@@ -21,7 +21,8 @@ def fuse(
     Every layer must get one fused attention node (`attention_op`: `Attention`, which holds the Q/K/V
     projections, or `MultiHeadAttention`, which takes Q, K and V from MatMuls) and two
     `SkipLayerNormalization`s (or, without `skip_layer_norm`, two `LayerNormalization`s after their
-    residual Adds), the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU.
+    residual Adds), the embeddings one `EmbedLayerNormalization`, and the FFN a fused GELU; a head may hold GELUs of
+    its own (ELECTRA's classifier does), so more GELUs than layers pass.
     """
     options = FusionOptions("bert")
     options.use_multi_head_attention = attention_op == "MultiHeadAttention"
@@ -47,9 +48,13 @@ def fuse(
         attention_op: counts.get(attention_op, 0),
         norm: counts.get(norm, 0),
         "EmbedLayerNormalization": counts.get("EmbedLayerNormalization", 0),
-        "gelu": gelu,
+        "gelu": min(gelu, num_layers),  # a GELU beyond the layers' is the head's
     }
     if found != expected:
-        raise ExportError(f"fusion incomplete for a {num_layers}-layer encoder: expected {expected}, found {found}")
+        raise ExportError(
+            f"fusion incomplete for a {num_layers}-layer encoder: expected {expected}, found {found}; ONNX Runtime "
+            "fuses BERT-like graphs only (a RoBERTa's embeddings and a DeBERTa's attention are not): set fused: false "
+            "for this bundle"
+        )
     model.save_model_to_file(str(dst))
     return counts

@@ -4,11 +4,19 @@ import onnxruntime as ort
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import heads
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
-from transformers import AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
+from transformers import (
+    AutoModel,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    RobertaConfig,
+)
 
 SIZES = {
     "vocab_size": 100,
@@ -82,3 +90,34 @@ def test_exported_and_fused_graph_matches_pytorch(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
     worst = check_shapes(lambda feeds: session.run(["logits"], feeds)[0], source, exact=True, max_length=64)
     assert max(worst.values()) <= FP32_SHAPE_TOLERANCE
+
+
+def test_a_roberta_reads_two_tokens_fewer_than_its_position_embeddings():
+    config = RobertaConfig(max_position_embeddings=514, pad_token_id=1)
+    assert heads.usable_positions(config) == 512
+
+
+def test_a_max_length_that_only_a_roberta_s_padding_offset_puts_past_its_positions_is_refused():
+    config = RobertaConfig(max_position_embeddings=514, pad_token_id=1)
+    with pytest.raises(RecipeError, match="model.max_length=513, but roberta-init has 512 positions"):
+        heads.require_positions(config, 513, "model.max_length", "roberta-init")
+
+
+def test_a_bert_reads_as_many_tokens_as_its_position_embeddings():
+    assert heads.usable_positions(BertConfig(max_position_embeddings=512)) == 512
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_llama_init_is_refused_by_either_family_with_no_other_family_to_set(family):
+    with pytest.raises(RecipeError, match="is a llama; no model.family takes it"):
+        heads.require_family(LlamaConfig(), family, "llama-init")
+
+
+def test_a_roberta_init_under_model_family_gpt_is_sent_to_the_bert_family():
+    with pytest.raises(RecipeError, match="is a roberta; set model.family: bert"):
+        heads.require_family(RobertaConfig(), "gpt", "roberta-init")
+
+
+def test_mean_pooling_of_a_roberta_init_is_refused_as_it_would_load_none_of_its_weights():
+    with pytest.raises(RecipeError, match="finetune.pooling=mean builds a BERT encoder, but roberta-init is a roberta"):
+        heads.require_pooling(RobertaConfig(), "mean", "roberta-init")

@@ -7,7 +7,7 @@ from edgedistill.common.data import load_unlabelled
 from edgedistill.distill import tokenization
 from edgedistill.distill.pretrain import LanguageModelObjective, build_model, make_blocks, scratch_tokenizer
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
-from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel
+from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel, RobertaConfig, RobertaForMaskedLM
 
 from tests.conftest import ROOT, run_module
 from tests.distill.gpt_init import write_gpt2
@@ -118,3 +118,16 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings(tmp_path):
     assert "pretrain.train_files: 10 non-empty lines are too few to hold out pretrain.eval_holdout_lines=500" in (
         result.stderr
     )
+
+
+def test_masked_lm_objective_of_a_roberta_checkpoint_is_its_own_mlm_loss():
+    config = RobertaConfig(
+        vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    lm = RobertaForMaskedLM(config).eval()
+    ids = torch.randint(5, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3] = ids[:, 3]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    loss, _, _ = LanguageModelObjective(lm, causal=False)(**batch)
+    assert torch.allclose(loss, lm(**batch).loss)

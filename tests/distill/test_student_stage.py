@@ -7,15 +7,21 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics
-from edgedistill.distill.student_stage import DistillObjective, _transfer_data, load_student, student_logits
+from edgedistill.distill.student_stage import (
+    DistillObjective,
+    _transfer_data,
+    check_students,
+    load_student,
+    student_logits,
+)
 from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
 from edgedistill.distill.transfer import write_texts
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT
 
@@ -154,3 +160,28 @@ def test_the_teacher_logits_of_the_transfer_set_stay_float16_in_memory(tmp_path)
     np.save(tmp_path / "logits.npy", np.ones((2, 2), np.float16))
     _, logits, _ = _transfer_data(tmp_path, train_tokenizer("bert", ["a fine film", "dull"] * 5, 40), 16)
     assert logits.dtype == torch.float16
+
+
+def _recipe_from(tmp_path, config) -> object:
+    """The smoke recipe with `model.init` a checkpoint folder holding `config` alone (what the check reads)."""
+    config.save_pretrained(tmp_path / "init")
+    return load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path / "init")})
+
+
+def test_a_transformer_student_that_would_copy_a_roberta_teacher_is_refused_before_the_transfer_set(tmp_path):
+    config = RobertaConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    with pytest.raises(
+        RecipeError, match=r"distill.students.transformer starts .* the teacher.s model_type is roberta"
+    ):
+        check_students(_recipe_from(tmp_path, config), ["transformer"])
+
+
+def test_a_transformer_student_wider_than_its_bert_teacher_is_refused_before_the_transfer_set(tmp_path):
+    config = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=128)
+    with pytest.raises(RecipeError, match="sizes differ: hidden_size 64 vs 32"):
+        check_students(_recipe_from(tmp_path, config), ["transformer"])
+
+
+def test_a_transformer_student_sized_as_its_bert_teacher_passes_the_check(tmp_path):
+    config = BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    assert check_students(_recipe_from(tmp_path, config), ["transformer"]) is None

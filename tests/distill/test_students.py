@@ -150,7 +150,7 @@ def test_init_from_teacher_copies_embeddings_and_mapped_layers():
     [
         (dict(vocab_size=100, hidden_size=16, intermediate_size=64), "hidden_size 16 vs 32"),
         (dict(vocab_size=100, hidden_size=32, intermediate_size=32), "intermediate_size 32 vs 64"),
-        (dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64), "vocab_size 50 vs 100"),
+        (dict(vocab_size=150, hidden_size=32, intermediate_size=64), "vocab sizes differ: student 150 vs teacher 100"),
         (dict(vocab_size=100, hidden_size=32, intermediate_size=64, max_length=600), "max_length 600"),
     ],
 )
@@ -187,8 +187,25 @@ def test_init_from_teacher_starts_any_student_with_an_embed_layer():
 
 
 def test_init_from_teacher_needs_the_teachers_vocabulary():
-    with pytest.raises(ValueError, match="vocab sizes differ"):
-        init_from_teacher(_student("cnn"), _tiny_teacher())
+    with pytest.raises(ValueError, match="vocab sizes differ: student 150 vs teacher 100"):
+        init_from_teacher(_student("cnn", vocab_size=150), _tiny_teacher())
+
+
+def test_init_from_teacher_takes_the_first_rows_of_a_teacher_with_padded_embeddings():
+    teacher = _tiny_teacher()  # 100 rows, as a checkpoint padding its embeddings past a tokenizer of 50 tokens
+    student = _student("cnn", embed_dim=8)
+    init_from_teacher(student, teacher)
+    expected = _teacher_embedding_basis(teacher.embeddings.word_embeddings.weight[:VOCAB], 8)
+    torch.testing.assert_close(student.embed.weight[1:], expected[1:])
+
+
+def test_a_transformer_student_takes_the_first_rows_of_a_teacher_with_padded_embeddings():
+    teacher = _tiny_teacher()
+    student = _student("transformer", hidden_size=32, intermediate_size=64, num_layers=2)
+    init_from_teacher(student, teacher)
+    assert torch.equal(
+        student.bert.embeddings.word_embeddings.weight, teacher.embeddings.word_embeddings.weight[:VOCAB]
+    )
 
 
 def test_init_from_teacher_rejects_other_modules():

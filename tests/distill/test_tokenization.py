@@ -6,8 +6,8 @@ import torch
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import tokenization
 from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments, train_tokenizer
-from tokenizers import Tokenizer
-from transformers import GPT2ForSequenceClassification
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from tests.distill.gpt_init import write_gpt2
 
@@ -118,3 +118,11 @@ def test_a_gpt_teacher_gives_a_text_the_same_logits_alone_and_in_a_batch(tmp_pat
 def test_training_a_tokenizer_writes_nothing_into_a_log(capfd, family):
     train_tokenizer(family, TEXTS, 300)
     assert capfd.readouterr().out == ""
+
+
+def test_a_checkpoint_tokenizer_without_a_pad_or_an_eos_token_is_refused(tmp_path):
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "good": 1, "film": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "nopad")
+    with pytest.raises(RecipeError, match="has no pad token and no EOS token to pad with"):
+        load_tokenizer(str(tmp_path / "nopad"))

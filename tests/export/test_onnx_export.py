@@ -3,11 +3,19 @@ added as docs/extending.md says exports with them."""
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
-from edgedistill.export.onnx_export import Source, example_inputs, export_onnx
-from edgedistill.export.validate import check_shapes, logits_runner
+from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
+from edgedistill.export.optimize import fuse
+from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
+from transformers import (
+    ElectraConfig,
+    ElectraForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 from tests.distill import extension
 
@@ -37,3 +45,56 @@ def test_a_student_added_as_the_docs_say_exports_with_every_input_and_passes_the
     assert [i.name for i in graph.graph.input] == list(inputs)
     worst = check_shapes(logits_runner(open_runner(path, "onnxruntime", ["CPUExecutionProvider"])), source, True, 64)
     assert max(worst.values()) < 1e-5
+
+
+def tiny_roberta() -> RobertaConfig:
+    """A RoBERTa of one token type, as roberta-base and xlm-roberta-base are."""
+    return RobertaConfig(
+        vocab_size=120,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        type_vocab_size=1,
+    )
+
+
+def _teacher_artifact(tmp_path, model) -> Source:
+    """`model` committed as a teacher artifact, loaded back as export loads it."""
+    model.save_pretrained(tmp_path / "staged")
+    artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
+    mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
+    return load_source(tmp_path / "teacher")
+
+
+def test_a_roberta_teacher_exports_without_token_type_ids_it_has_one_type_for():
+    config = tiny_roberta()
+    assert heads.teacher_inputs(config) == ("input_ids", "attention_mask")
+
+
+def test_an_exported_roberta_teacher_gives_its_pytorch_logits(tmp_path):
+    config = tiny_roberta()
+    source = _teacher_artifact(tmp_path, RobertaForSequenceClassification(config))
+    export_onnx(source, tmp_path / "model.onnx", opset=17)
+    runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    worst = check_shapes(runner, source, True, 64)
+    assert max(worst.values()) < 1e-5
+
+
+def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its_logits(tmp_path):
+    config = ElectraConfig(
+        vocab_size=120, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    source = _teacher_artifact(tmp_path, ElectraForSequenceClassification(config))
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
+    runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    assert max(check_shapes(runner, source, True, 64).values()) <= FP32_SHAPE_TOLERANCE
+
+
+def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)  # single texts: no token types
+    source = Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS, "bag", tmp_path)
+    with pytest.raises(ExportError, match=r"never reads its input\(s\) \['token_type_ids'\]"):
+        export_onnx(source, tmp_path / "model.onnx", opset=17)
