@@ -241,7 +241,7 @@ class DynamicBatcher:
         if inline and deadline is not None and deadline <= now:
             raise DeadlineExpired("deadline exceeded before the request was queued")
         if inline and len(shapes) == 1:  # light load and one quick backend call: run it now, as it is
-            return self._run_now(rows, shapes[0])
+            return self._run_now(rows, shapes[0], loop)
         request = _Request(rows, loop.create_future(), now, deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
         if inline:  # light load and a quick batch in several calls: run it now, without the batcher task
@@ -258,11 +258,12 @@ class DynamicBatcher:
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
 
-    def _run_now(self, rows: list[Arrays], shape: tuple[int, int]) -> BatchResult:
-        """One request as one backend call on the event loop, nothing else running: no queue, no bookkeeping of a
-        batch (the call ends before any other coroutine runs); the backend's error is the request's."""
+    def _run_now(self, rows: list[Arrays], shape: tuple[int, int], loop: asyncio.AbstractEventLoop) -> BatchResult:
+        """One request as one backend call on `loop`, nothing else running: no queue, no bookkeeping of a batch (the
+        call ends before any other coroutine runs); the backend's error is the request's. `loop` is the caller's:
+        `asyncio.get_running_loop` calls getpid, a system call, on Python 3.11."""
         outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
-        self._last_done = asyncio.get_running_loop().time()
+        self._last_done = loop.time()
         if wrong := {name: len(value) for name, value in outputs.items() if len(value) != len(rows)}:
             self._fault(f"the backend answered a call of {len(rows)} rows with {wrong} rows")
             raise ServerFault(str(self.fault))
