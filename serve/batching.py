@@ -34,7 +34,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -95,6 +95,24 @@ class _Request:
     remaining: int = 0
     started: float | None = None
     batches: int = 0
+
+
+class _Admission:
+    """The `with` block of `DynamicBatcher.admit`. A class rather than a `contextlib.contextmanager` generator, which
+    cost as much as the rest of a light request's way through the batcher."""
+
+    __slots__ = ("batcher", "rows")
+
+    def __init__(self, batcher: "DynamicBatcher", rows: int):
+        self.batcher = batcher
+        self.rows = rows
+
+    def __enter__(self) -> None:
+        self.batcher._check_room(self.rows)
+        self.batcher._admitted += self.rows
+
+    def __exit__(self, *exc_info) -> None:
+        self.batcher._admitted -= self.rows
 
 
 @dataclass(eq=False)
@@ -197,17 +215,11 @@ class DynamicBatcher:
                 f"{rows} more would exceed the limit of {self.max_queued}; retry with backoff"
             )
 
-    @contextlib.contextmanager
-    def admit(self, rows: int) -> Iterator[None]:
+    def admit(self, rows: int) -> "_Admission":
         """Hold `rows` places in the queue while a request's rows are made (e.g. tokenized), refusing it at once
         (`Overloaded`, `BatcherClosed`, `ServerFault`) when they do not fit. `submit` the rows after the block:
         the places are given back as the block ends, and the rows take them in the same step of the event loop."""
-        self._check_room(rows)
-        self._admitted += rows
-        try:
-            yield
-        finally:
-            self._admitted -= rows
+        return _Admission(self, rows)
 
     async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:
         """Queue `rows` and wait for their outputs, stacked in row order.
@@ -229,7 +241,7 @@ class DynamicBatcher:
         if inline and deadline is not None and deadline <= now:
             raise DeadlineExpired("deadline exceeded before the request was queued")
         if inline and len(shapes) == 1:  # light load and one quick backend call: run it now, as it is
-            return self._run_now(rows, shapes[0])
+            return self._run_now(rows, shapes[0], loop)
         request = _Request(rows, loop.create_future(), now, deadline, [None] * len(rows), len(rows))
         batch = [_Row(request, i, length) for i, length in enumerate(lengths)]
         if inline:  # light load and a quick batch in several calls: run it now, without the batcher task
@@ -246,11 +258,12 @@ class DynamicBatcher:
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
 
-    def _run_now(self, rows: list[Arrays], shape: tuple[int, int]) -> BatchResult:
-        """One request as one backend call on the event loop, nothing else running: no queue, no bookkeeping of a
-        batch (the call ends before any other coroutine runs); the backend's error is the request's."""
+    def _run_now(self, rows: list[Arrays], shape: tuple[int, int], loop: asyncio.AbstractEventLoop) -> BatchResult:
+        """One request as one backend call on `loop`, nothing else running: no queue, no bookkeeping of a batch (the
+        call ends before any other coroutine runs); the backend's error is the request's. `loop` is the caller's:
+        `asyncio.get_running_loop` calls getpid, a system call, on Python 3.11."""
         outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
-        self._last_done = asyncio.get_running_loop().time()
+        self._last_done = loop.time()
         if wrong := {name: len(value) for name, value in outputs.items() if len(value) != len(rows)}:
             self._fault(f"the backend answered a call of {len(rows)} rows with {wrong} rows")
             raise ServerFault(str(self.fault))

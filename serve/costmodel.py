@@ -118,9 +118,9 @@ def group_shapes(lengths: Sequence[int], cuts: Sequence[int]) -> list[tuple[int,
     return [(end - start, lengths[end - 1]) for start, end in zip([0, *cuts], cuts, strict=False)]
 
 
-@dataclass(frozen=True)
-class Load:
-    """What the batcher is doing when a request arrives."""
+class Load(NamedTuple):
+    """What the batcher is doing when a request arrives; made for every request, so a tuple, which costs a third of
+    a frozen dataclass's `__init__`."""
 
     max_delay: float  # seconds a partial batch waits for more rows
     queued: int  # rows waiting

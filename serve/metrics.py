@@ -125,14 +125,22 @@ class Metrics(BatchObserver):
         if not shared:  # a worker's process figures are the supervisor's to read (`WorkerProcesses`)
             ProcessCollector(registry=r)
         self._member_depths: dict[tuple[str, str], int] = {}
+        # (method, code) -> its children of `requests`, `latency` and `errors`: a `labels()` lookup per call (argument
+        # checks, a lock) cost more than the counting itself; the server's methods and codes are few
+        self._call_children: dict[tuple[str, grpc.StatusCode], tuple] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
     def observe_call(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        self.requests.labels(method, code.name).inc()
-        self.latency.labels(method).observe(seconds)
-        if code is not grpc.StatusCode.OK:
-            self.errors.labels(code.name).inc()
+        if (children := self._call_children.get((method, code))) is None:
+            errors = None if code is grpc.StatusCode.OK else self.errors.labels(code.name)
+            children = self.requests.labels(method, code.name), self.latency.labels(method), errors
+            self._call_children[method, code] = children
+        requests, latency, errors = children
+        requests.inc()
+        latency.observe(seconds)
+        if errors is not None:
+            errors.inc()
 
     def set_model(self, name: str, version: str, runtime: str, providers: list[str]) -> None:
         if not self.shared:

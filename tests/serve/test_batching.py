@@ -179,6 +179,20 @@ def test_rows_being_admitted_count_against_the_queue_limit():
     assert asyncio.run(main()).outputs["sum"].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_admitted_places_are_given_back_when_the_block_raises():
+    b = batcher(FakeBackend(), max_queued=4)
+    with pytest.raises(ValueError), b.admit(3):
+        raise ValueError("tokenizing failed")
+    assert b.room == 4
+
+
+def test_a_refused_admission_holds_no_places():
+    b = batcher(FakeBackend(), max_queued=4)
+    with pytest.raises(Overloaded), b.admit(5):
+        pass
+    assert b.room == 4
+
+
 def test_overload_is_refused_then_recovers():
     gate = threading.Event()
     backend = FakeBackend(gate=gate)

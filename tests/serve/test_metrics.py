@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import grpc
 import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve import metrics
@@ -37,6 +38,45 @@ def test_one_server_exports_no_created_series_as_several_workers_do_not():
     metrics = Metrics()
     metrics.requests.labels("/edgedistill.v1.Classifier/Classify", "OK").inc()
     assert "_created" not in generate_latest(metrics.registry).decode()
+
+
+CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+
+
+def observed_calls() -> str:
+    """A scrape after three calls of Classify: two OK, one INVALID_ARGUMENT."""
+    metrics = Metrics()
+    for code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK):
+        metrics.observe_call(CLASSIFY, code, 0.0004)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_observed_calls_are_counted_by_method_and_code():
+    assert f'edgedistill_requests_total{{code="OK",method="{CLASSIFY}"}} 2.0' in observed_calls()
+
+
+def test_observed_calls_count_errors_by_code():
+    assert 'edgedistill_errors_total{code="INVALID_ARGUMENT"} 1.0' in observed_calls()
+
+
+def test_observed_calls_count_no_error_for_ok():
+    assert 'edgedistill_errors_total{code="OK"}' not in observed_calls()
+
+
+def test_observed_calls_time_every_call_by_method():
+    assert f'edgedistill_request_seconds_count{{method="{CLASSIFY}"}} 3.0' in observed_calls()
+
+
+def test_observe_call_looks_up_the_labels_of_a_method_and_code_once(monkeypatch):
+    metrics = Metrics()
+    lookups = []
+    for family in (metrics.requests, metrics.latency, metrics.errors):
+        monkeypatch.setattr(
+            family, "labels", lambda *values, lookup=family.labels: lookups.append(values) or lookup(*values)
+        )
+    for _ in range(3):
+        metrics.observe_call(CLASSIFY, grpc.StatusCode.INVALID_ARGUMENT, 0.0004)
+    assert len(lookups) == 3  # requests, latency and errors, at the first call only
 
 
 def test_one_server_exports_its_own_process_memory():
