@@ -173,14 +173,15 @@ def call_metadata(draw) -> tuple[tuple[str, str | bytes], ...]:
 @FUZZ
 @given(headers=call_metadata(), timeout=mostly(st.just(10.0), st.floats(1e-4, 0.05)), stream=st.booleans())
 def test_calls_fuzz_metadata_and_deadlines(guarded, headers, timeout, stream):
-    """Only the exact bearer token is let in; other headers are ignored; a short deadline may pass, nothing else
-    fails."""
+    """Only the exact token, under the bearer scheme in any case, is let in; other headers are ignored; a short
+    deadline may pass, nothing else fails."""
     with guarded.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         request = pb.ClassifyRequest(texts=KNOWN)
         method = (lambda r, **kw: list(stub.ClassifyStream(iter([r]), **kw))) if stream else stub.Classify
         code, _ = call(method, request, metadata=headers, timeout=timeout)
-        authorized = dict(headers).get("authorization") == f"Bearer {TOKEN}"
+        scheme, _, credentials = dict(headers).get("authorization", "").partition(" ")
+        authorized = scheme.lower() == "bearer" and credentials == TOKEN  # the scheme in any case, as in HTTP
         assert code in ({"OK", "DEADLINE_EXCEEDED"} if authorized else {"UNAUTHENTICATED", "DEADLINE_EXCEEDED"})
         if timeout == 10.0:
             assert code == ("OK" if authorized else "UNAUTHENTICATED")
