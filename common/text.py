@@ -1,8 +1,15 @@
-"""Text as files hold it and tokenizers read it: what starts UTF-16 text, and what a text shows (tokenizers drop
+"""Text as files hold it and tokenizers read it: what starts UTF-16 text, what a text shows (tokenizers drop
 control, format such as zero-width, and space characters, and U+FFFD, the replacement character a decoder writes
-for bytes it could not read)."""
+for bytes it could not read), and the style a task's text is written in, which training and serving share.
 
+A `Style` says how a task's text is written: `raw` as given; `ptb_lower` lower-cased and PTB-tokenised as in
+SST-2 ("it 's a charming journey ."). The transfer set writes every text in the recipe's style (`styled`).
+"""
+
+import html
+import re
 import unicodedata
+from typing import Literal
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 
@@ -13,3 +20,30 @@ REPLACEMENT = "\ufffd"
 def shows_nothing(text: str) -> bool:
     """True for a text of control, zero-width, space and replacement characters only (the empty text too)."""
     return all(char == REPLACEMENT or unicodedata.category(char) in INVISIBLE for char in text)
+
+
+Style = Literal["raw", "ptb_lower"]
+
+_TAG = re.compile(r"<[^>]*>")
+_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
+# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
+# alternative starts with, lets the regex engine skip the other characters fast.
+_PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
+
+
+def tokenise(text: str) -> str:
+    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    if "'" in text:  # every clitic holds one
+        text = _CLITIC.sub(r" \1", text)
+    text = _PUNCT.sub(r" \1 ", text)
+    return " ".join(text.split())
+
+
+def styled(text: str, style: Style) -> str:
+    """`text` written in `style`: `ptb_lower` tokenises it; `raw` only removes HTML tags and entities and
+    collapses whitespace."""
+    if style == "ptb_lower":
+        return tokenise(text)
+    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
+

@@ -1,20 +1,16 @@
 """Transfer-set text: Tang et al. (2019) augmentation of labelled sentences and sentence splitting of raw text.
 
-Text is a list of whitespace-separated words. A `Style` says how every transfer-set text is written:
-`raw` keeps the words as given (HTML tags and entities removed, whitespace collapsed); `ptb_lower`
-lower-cases and PTB-tokenises them as in SST-2 ("it 's a charming journey ."). Randomness comes
-only from the `random.Random` passed in.
+Text is a list of whitespace-separated words, every transfer-set text written in the recipe's `Style`
+(`common.text`). Randomness comes only from the `random.Random` passed in.
 """
 
 import array
-import html
 import random
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
-from typing import Literal
 
-Style = Literal["raw", "ptb_lower"]
+from edgedistill.common.text import Style, styled
 
 Replacer = Callable[[list[str], int, random.Random], str]
 """Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""
@@ -109,32 +105,12 @@ def vocab_replacer(vocabulary: Iterable[str]) -> Replacer:
     return replace
 
 
-_TAG = re.compile(r"<[^>]*>")
-_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
-# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000").
-_PUNCT = re.compile(r"(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
 # After . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space; after the full-width
 # 。！？ of Chinese and Japanese, which no space need follow.
 _SENTENCE_END = re.compile(r"(?<=[.!?؟۔।]) (?![.!?؟۔।])|(?<=[。！？]) ?(?![。！？])")
 _WORD = re.compile(r"\w")
 _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs
 MIN_WORDS = 3
-
-
-def tokenise(text: str) -> str:
-    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
-    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
-    text = _CLITIC.sub(r" \1", text)
-    text = _PUNCT.sub(r" \1 ", text)
-    return " ".join(text.split())
-
-
-def styled(text: str, style: Style) -> str:
-    """`text` written in `style`: `ptb_lower` tokenises it; `raw` only removes HTML tags and entities and
-    collapses whitespace."""
-    if style == "ptb_lower":
-        return tokenise(text)
-    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
 
 
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:

@@ -4,6 +4,7 @@ the students, and where training runs."""
 from typing import Literal
 
 from edgedistill.common.config.strict import Strict
+from edgedistill.common.text import Style
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 Metric = Literal["accuracy", "macro_f1", "f1"]
@@ -217,7 +218,7 @@ class TransferConfig(Strict):
     p_mask: float = Field(0.1, ge=0, le=1)
     p_replace: float = Field(0.1, ge=0, le=1)
     p_ngram: float = Field(0.25, ge=0, le=1)
-    text_style: Literal["raw", "ptb_lower"] = Field(
+    text_style: Style = Field(
         "raw",
         description="how every transfer-set text (unlabelled, train, augmented) is written: as given, or "
         "lower-cased and PTB-tokenised like SST-2",

@@ -1,7 +1,7 @@
-"""What a text shows: control, zero-width, space and replacement characters show nothing."""
+"""What a text shows, and the styles a task's text is written in (training and serving alike)."""
 
 import pytest
-from edgedistill.common.text import shows_nothing
+from edgedistill.common.text import shows_nothing, styled, tokenise
 
 
 @pytest.mark.parametrize(
@@ -14,3 +14,21 @@ def test_control_format_space_and_replacement_characters_show_nothing(text):
 @pytest.mark.parametrize("text", ["a", "\u0301", "\U0001f3ac", "\ue000", "\u200b.\u200b", "東京"])
 def test_a_letter_mark_symbol_or_private_use_character_shows_something(text):
     assert not shows_nothing(text)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Don't do it.", "do n't do it ."),
+        ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
+        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
+        ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
+    ],
+)
+def test_tokenise_examples(raw, expected):
+    assert tokenise(raw) == expected
+
+
+def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
+    assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
+

@@ -7,8 +7,6 @@ from edgedistill.distill.augment import (
     augment_examples,
     normalise,
     split_sentences,
-    styled,
-    tokenise,
     vocab_replacer,
 )
 from hypothesis import given
@@ -144,19 +142,6 @@ def test_vocab_replacer_draws_from_its_vocabulary():
         vocab_replacer([])
 
 
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("Don't do it.", "do n't do it ."),
-        ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
-        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
-        ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
-    ],
-)
-def test_tokenise_examples(raw, expected):
-    assert tokenise(raw) == expected
-
-
 def test_split_sentences_splits_cleans_and_drops_short_ones():
     raw = "This movie rocks! I loved it.<br /><br />Wow!! Don't miss the ending... Truly great, it's a gem?"
     assert split_sentences(raw) == [
@@ -212,10 +197,6 @@ def test_arabic_and_hindi_text_splits_after_their_own_sentence_ends(raw, sentenc
 
 def test_a_japanese_sentence_counts_each_character_as_a_word():
     assert split_sentences("とても良い。映画。", "raw") == ["とても良い。"]  # 5 characters kept, 2 dropped
-
-
-def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
-    assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
 
 
 def test_split_sentences_in_raw_style_keeps_the_words_as_written():
