@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgedistill.common import manifest as mf
+from edgedistill.common.text import Style
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
@@ -22,9 +23,10 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
 CONFIG = "config.json"
 # The bundle format's version, hashed by the bundle stage (`export.bundle_stage.stage`): bumped when `BundleSpec` gains
-# a required field or a bundle's files are written otherwise, so that bundles built before are rebuilt.
-# 2: `pad_token_id`; 3: `tokenizer.json` truncates at the bundle's max length (`tokenizer_json`).
-SPEC_VERSION = 3
+# a field that changes what is served or a bundle's files are written otherwise, so that bundles built before are
+# rebuilt. 2: `pad_token_id`; 3: `tokenizer.json` truncates at the bundle's max length (`tokenizer_json`);
+# 4: `text_style`.
+SPEC_VERSION = 4
 # Tokens: far more than the students built here take, and few enough that the server's warm-up rows fit in memory.
 MAX_LENGTH = 1 << 16
 
@@ -85,6 +87,12 @@ class BundleSpec(ServedModel):
     fused_operators: dict[str, int] = {}
     disabled_optimizers: list[str] = Field(
         [], description="ONNX Runtime graph optimizers to turn off when loading, so they cannot undo a build choice"
+    )
+    text_style: Style = Field(
+        "raw",
+        description="how the model's training text was written (the recipe's `transfer.text_style`), and so how the "
+        "server writes each text before its tokenizer: `ptb_lower` lower-cased and PTB-tokenised, `raw` as sent "
+        "(`common.text.as_served`); raw in bundles built before it was recorded",
     )
 
     @property

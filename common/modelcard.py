@@ -203,6 +203,17 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     return ["```python", *code, "```"]
 
 
+def _style(recipe: Recipe) -> list[str]:
+    """How to write texts for the model, where its training text was written otherwise than people write."""
+    if recipe.text_style != "ptb_lower":
+        return []
+    return [
+        "The model learnt from lower-cased, PTB-tokenised text (`do n't stop .`), and reads `don't` otherwise than "
+        "`do n't`: write texts so before the tokenizer, with `edgedistill.common.text.tokenise`, as the server does.",
+        "",
+    ]
+
+
 def card(recipe: Recipe, folder: Path) -> ModelCard:
     """The card of the model artifact in `folder`, from its manifest (and the benchmark, if it has run)."""
     manifest = mf.load(folder, verify=False)
@@ -237,6 +248,7 @@ def card(recipe: Recipe, folder: Path) -> ModelCard:
         "",
         *_usage(recipe, stage, info),
         "",
+        *_style(recipe),
     ]
     header = _header(recipe, stage, info).to_yaml()
     return ModelCard(f"---\n{header}\n---\n\n" + "\n".join(body))

@@ -35,6 +35,7 @@ from edgedistill.common.config.training import (
     TransferConfig,
 )
 from edgedistill.common.manifest import sha256_file
+from edgedistill.common.text import Style
 from pydantic import Field, ValidationError, model_validator
 
 UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change no artifact of another stage
@@ -60,6 +61,12 @@ class Recipe(Strict):
         "none",
         description="experiment tracking into runs/<recipe>/tracking/ (common.tracking): none, tensorboard, mlflow",
     )
+
+    @property
+    def text_style(self) -> Style:
+        """How the task's text is written, in which its bundles' servers write each text they are sent:
+        `transfer.text_style`, or `raw` for a recipe without a transfer set."""
+        return self.transfer.text_style if self.transfer else "raw"
 
     @model_validator(mode="after")
     def _bundle_sources_known(self):

@@ -3,7 +3,8 @@ control, format such as zero-width, and space characters, and U+FFFD, the replac
 for bytes it could not read), and the style a task's text is written in, which training and serving share.
 
 A `Style` says how a task's text is written: `raw` as given; `ptb_lower` lower-cased and PTB-tokenised as in
-SST-2 ("it 's a charming journey ."). The transfer set writes every text in the recipe's style (`styled`).
+SST-2 ("it 's a charming journey ."). The transfer set writes every text in the recipe's style (`styled`); a
+bundle records the style, and the server writes each text it is sent in it (`as_served`) before its tokenizer.
 """
 
 import html
@@ -47,3 +48,9 @@ def styled(text: str, style: Style) -> str:
         return tokenise(text)
     return " ".join(html.unescape(_TAG.sub(" ", text)).split())
 
+
+def as_served(texts: list[str] | None, style: Style) -> list[str] | None:
+    """`texts` as a bundle of `style` hands them to its tokenizer: tokenised for `ptb_lower`, so that a client's
+    "Don't" reads as the model's training text "do n't"; as sent for `raw` (whose markup removal is for scraped
+    text, which clients do not send). None (a task without pairs) stays None."""
+    return [tokenise(text) for text in texts] if texts is not None and style == "ptb_lower" else texts

@@ -34,6 +34,7 @@ from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.text import as_served
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
@@ -71,7 +72,9 @@ class SourceCache:
         self.train, self.dev = load_splits(recipe.data)
 
     def features(self, name: str) -> dict[str, list[list[int]]]:
-        return token_features(self.tokenizer, self.dev.texts, self.dev.pairs, max_length(self.recipe, name))
+        """The dev split's features for source `name`, its texts written as the bundles' servers write them."""
+        texts, pairs = (as_served(texts, self.recipe.text_style) for texts in (self.dev.texts, self.dev.pairs))
+        return token_features(self.tokenizer, texts, pairs, max_length(self.recipe, name))
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
         """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
@@ -188,7 +191,7 @@ def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
         (f"export.bundles.{bundle_id}", *(f"export.{key}" for key in gates)),
         partial(_build, bundle_id=bundle_id, cache=cache),
         tuple(parents),
-        extra={"spec_version": SPEC_VERSION},
+        extra={"spec_version": SPEC_VERSION, "text_style": recipe.text_style},
     )
 
 
@@ -268,6 +271,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         opset=recipe.export.opset,
         fused_operators=fused,
         disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
+        text_style=recipe.text_style,
     )
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 

@@ -24,6 +24,7 @@ from edgedistill.common.data import load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.text import as_served
 from edgedistill.distill import finetune
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
@@ -196,7 +197,8 @@ def _build(inputs: Inputs, name: str) -> Built:
         ],
     )
     _, dev = load_splits(recipe.data)
-    dev_logits = [member.logits(tokenizer, dev.texts, dev.pairs) for member in opened]
+    texts, pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
+    dev_logits = [member.logits(tokenizer, texts, pairs) for member in opened]  # dev as the server writes it
     answers, answered_by = route(dev_logits, spec)
     figures = task_metrics(answers, dev.labels, recipe.data)
     shares = np.bincount(answered_by, minlength=len(folders)) / len(dev)

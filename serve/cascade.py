@@ -281,6 +281,7 @@ class CascadeRuntime:
             bundle_path=str(self.folder),
             bundle_sha256=self.manifest_sha256,
             max_batch_size=members[0].max_batch_size,
+            text_style=members[0].text_style,
             cascade_rule=self.spec.rule,
             cascade_members=tuple(
                 MemberDescription(model, member.threshold, member.temperature)

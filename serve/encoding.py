@@ -1,9 +1,11 @@
-"""Text -> model rows with the bundle's `tokenizer.json` (the `tokenizers` library, no transformers)."""
+"""Text -> model rows: each text written in the bundle's `text_style`, then tokenized with its `tokenizer.json` (the
+`tokenizers` library, no transformers)."""
 
 from pathlib import Path
 
 import numpy as np
 from edgedistill.common.bundle import Bundle
+from edgedistill.common.text import Style, as_served
 from edgedistill.serve.errors import BundleRejected, InvalidInput
 from tokenizers import Tokenizer
 
@@ -15,11 +17,17 @@ class TextEncoder:
     """Tokenizes texts (or text pairs) into one row per text: `{input name: 1-D int array}`, unpadded."""
 
     def __init__(
-        self, path: Path, max_length: int, inputs: dict[str, str], pad_id: int, tokenizer_json: str | None = None
+        self,
+        path: Path,
+        max_length: int,
+        inputs: dict[str, str],
+        pad_id: int,
+        tokenizer_json: str | None = None,
+        text_style: Style = "raw",
     ):
-        """`inputs` maps each model input name to its dtype, `pad_id` pads `input_ids` (both from the bundle spec).
-        With `tokenizer_json` (the text of `path`, already read and verified) the file is not read again; `path`
-        names it in messages."""
+        """`inputs` maps each model input name to its dtype, `pad_id` pads `input_ids`, `text_style` says how each
+        text is written before tokenizing (all from the bundle spec). With `tokenizer_json` (the text of `path`,
+        already read and verified) the file is not read again; `path` names it in messages."""
         unknown = set(inputs) - set(SEQUENCE_INPUTS)
         if unknown or "input_ids" not in inputs:
             raise BundleRejected(
@@ -38,6 +46,7 @@ class TextEncoder:
         self.max_length = max_length
         self.dtypes = {name: _NUMPY_DTYPES.get(dtype, np.int64) for name, dtype in inputs.items()}
         self.pad_id = pad_id
+        self.text_style = text_style
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         if not 0 <= pad_id < self.vocab_size:
             raise BundleRejected(f"pad_token_id {pad_id} is outside the tokenizer's {self.vocab_size} ids")
@@ -47,14 +56,20 @@ class TextEncoder:
         """The encoder a bundle's spec describes; `tokenizer_json` as read and verified by `read_bundle`."""
         spec = bundle.spec
         inputs = {t.name: t.dtype for t in spec.inputs}
-        return cls(bundle.tokenizer_path, spec.max_length, inputs, spec.pad_token_id, tokenizer_json)
+        return cls(bundle.tokenizer_path, spec.max_length, inputs, spec.pad_token_id, tokenizer_json, spec.text_style)
+
+    @property
+    def _markup_note(self) -> str:
+        return ", or HTML markup, which the text style removes" if self.text_style == "ptb_lower" else ""
 
     @property
     def pad_values(self) -> dict[str, int]:
         return {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> list[dict[str, np.ndarray]]:
-        """One row per text (and pair); a text or pair that gives no token but the special ones is `InvalidInput`."""
+        """One row per text (and pair), written in the text style first; a text or pair that gives no token but the
+        special ones is `InvalidInput`."""
+        texts, pairs = as_served(texts, self.text_style), as_served(pairs, self.text_style)
         batch = texts if pairs is None else list(zip(texts, pairs, strict=True))
         rows = []
         for i, enc in enumerate(self.tokenizer.encode_batch_fast(batch)):  # _fast: no character offsets
@@ -62,7 +77,7 @@ class TextEncoder:
                 if side not in enc.sequence_ids:  # e.g. only the control or zero-width characters BERT drops
                     raise InvalidInput(
                         f"{kind} {i} holds nothing the tokenizer keeps (only characters it drops, such as control "
-                        "or zero-width ones): the model would see an empty text"
+                        f"or zero-width ones{self._markup_note}): the model would see an empty text"
                     )
             fields = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
             rows.append({name: np.asarray(fields[name], dtype=dtype) for name, dtype in self.dtypes.items()})

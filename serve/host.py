@@ -79,6 +79,7 @@ class ModelDescription:
     bundle_path: str
     bundle_sha256: str
     max_batch_size: int
+    text_style: str
     cascade_rule: str = ""
     cascade_members: tuple["MemberDescription", ...] = ()
 
@@ -355,6 +356,7 @@ class ModelRuntime:
             bundle_path=str(self.bundle.folder),
             bundle_sha256=self.manifest_sha256,
             max_batch_size=self.max_batch_size,
+            text_style=self.spec.text_style,
         )
 
     async def close(self, timeout: float | None = None) -> None:

@@ -117,6 +117,17 @@ def test_student_card_shows_from_pretrained(recipe):
     assert 'Student.from_pretrained("runs/smoke/student-bilstm")' in _text(recipe, folder)
 
 
+def test_card_of_a_ptb_lower_task_says_to_write_texts_in_its_style(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "`edgedistill.common.text.tokenise`" in _text(recipe, folder)
+
+
+def test_card_of_a_raw_task_says_nothing_of_a_text_style(recipe):
+    raw = recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
+    folder = _publish(raw, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "tokenise" not in _text(raw, folder)
+
+
 def test_bundle_card_says_how_to_serve(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
     assert "edgedistill serve --bundle runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)

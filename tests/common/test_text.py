@@ -1,7 +1,7 @@
 """What a text shows, and the styles a task's text is written in (training and serving alike)."""
 
 import pytest
-from edgedistill.common.text import shows_nothing, styled, tokenise
+from edgedistill.common.text import as_served, shows_nothing, styled, tokenise
 
 
 @pytest.mark.parametrize(
@@ -32,3 +32,16 @@ def test_tokenise_examples(raw, expected):
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
     assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
 
+
+def test_a_ptb_lower_bundle_serves_a_contraction_as_its_training_text_wrote_it():
+    assert as_served(["Don't waste your money!"], "ptb_lower") == ["do n't waste your money !"]
+
+
+def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
+    sst2 = "while undisputed is n't exactly a high , it 's a gripping , tidy little movie ."
+    assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+def test_a_raw_bundle_serves_text_as_sent():
+    texts = ["I <3 this movie > all  &amp; more"]
+    assert as_served(texts, "raw") == texts

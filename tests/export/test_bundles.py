@@ -392,6 +392,16 @@ def test_a_bundle_records_the_padding_id_of_the_teachers_tokenizer(smoke_bundles
     assert load_bundle(smoke_bundles / "bundle-bilstm-int8").spec.pad_token_id == pad_id
 
 
+def test_a_bundle_records_the_recipes_text_style_for_the_server(smoke_bundles):
+    assert load_bundle(smoke_bundles / "bundle-bilstm-int8").spec.text_style == "ptb_lower"  # smoke.yaml's
+
+
+def test_a_bundle_stage_is_stale_when_the_text_style_changes():
+    before = bundle_stage.stage(load_recipe(SMOKE), "teacher-int8", cache=None).config_hash
+    raw = load_recipe(SMOKE, {"transfer.text_style": "raw"})
+    assert bundle_stage.stage(raw, "teacher-int8", cache=None).config_hash != before
+
+
 def test_a_bundle_stage_is_stale_when_the_spec_version_changes(monkeypatch):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     before = bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash

@@ -1,0 +1,53 @@
+"""A bundle's text style on a real server: each text written as the model's training text was, in both APIs."""
+
+import pytest
+from edgedistill.serve.client import Client
+from edgedistill.serve.proto import classifier_pb2 as pb
+from edgedistill.serve.proto import classifier_pb2_grpc
+
+from tests.serve.conftest import pair_spec, settings_for
+
+SENT = "GREAT<br />film!"  # as a client writes it: cased, with markup and punctuation against a word
+TRAINED = "great film !"  # as a ptb_lower task's training text writes it
+
+
+@pytest.fixture
+def client_of(make_bundle, start_server):
+    def start(style: str) -> Client:
+        server = start_server(settings_for(make_bundle(f"bundle-{style}", text_style=style)))
+        return Client(server.address, timeout=10)
+
+    return start
+
+
+@pytest.mark.parametrize("api", ["classify", "kserve_infer"])
+def test_a_ptb_lower_bundle_reads_a_text_as_its_training_text_is_written(client_of, api):
+    with client_of("ptb_lower") as client:
+        sent, trained = getattr(client, api)([SENT, TRAINED])["predictions"]
+    assert sent["probabilities"] == trained["probabilities"]
+
+
+@pytest.mark.parametrize("api", ["classify", "kserve_infer"])
+def test_a_raw_bundle_reads_a_text_as_sent(client_of, api):
+    with client_of("raw") as client:
+        sent, trained = getattr(client, api)([SENT, TRAINED])["predictions"]
+    assert sent["probabilities"] != trained["probabilities"]
+
+
+def test_model_info_gives_the_bundles_text_style(make_bundle, start_server):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower")))
+    with server.channel() as channel:
+        info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.text_style == "ptb_lower"
+
+
+def test_a_text_of_markup_alone_is_refused_naming_the_text_style(client_of):
+    with client_of("ptb_lower") as client, pytest.raises(Exception, match="HTML markup, which the text style removes"):
+        client.classify(["<br />"])
+
+
+def test_a_ptb_lower_pair_bundle_writes_both_texts_of_a_pair_in_its_style(make_bundle, start_server):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower", **pair_spec())))
+    with Client(server.address, timeout=10) as client:
+        sent, trained = client.classify(["a movie", "A MOVIE"], [SENT, TRAINED])["predictions"]
+    assert sent["probabilities"] == trained["probabilities"]
