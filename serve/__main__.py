@@ -49,4 +49,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `serve` in a checkout, `edgedistill.serve`
+    signal.signal(signal.SIGTERM, exit_while_starting)  # before the command's handling is imported, as in `main`
+    from edgedistill.cli import run_module
+
+    # as it was run: `serve` in a checkout, `edgedistill.serve`
+    run_module(main, f"python -m {__spec__.parent}", "serve")
