@@ -18,7 +18,9 @@ def exit_while_starting(number: int, frame) -> None:
 def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     # A container's first process gets no signal it has no handler for, and Python sets none for SIGTERM: a server
     # told to stop while it starts would start serving, until SIGKILL. Set before the server's imports, which take
-    # most of a second.
+    # most of a second. SIGHUP's default action ends the process: ignored until the server handles it, before it
+    # reads its bundle, so no reload is lost.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, exit_while_starting)
     from edgedistill.serve.app import EXIT_FAULT, run
     from edgedistill.serve.errors import BundleRejected
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, exit_while_starting)  # before the command's handling is imported, as in `main`
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # before the command's handling is imported, as in `main`
+    signal.signal(signal.SIGTERM, exit_while_starting)
     from edgedistill.cli import run_module
 
     # as it was run: `serve` in a checkout, `edgedistill.serve`
