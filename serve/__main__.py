@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2
+    except Exception:  # noqa: BLE001 - logged with its traceback; the status is the edgedistill command's for a crash
+        from edgedistill.cli import CRASHED
+
+        # a JSON line like every other, with the traceback in `exc`: a log pipeline would split a bare traceback
+        log.exception("stopped by an unexpected error", extra={"event": "crashed", "exit_status": CRASHED})
+        return CRASHED
     if status == EXIT_FAULT:  # a hung backend call holds a worker thread that a normal exit would wait for
         logging.shutdown()
         os._exit(status)

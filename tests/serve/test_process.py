@@ -219,6 +219,34 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
     assert "does not match its sha256" in refusal["msg"]
 
 
+# `python -m edgedistill.serve` whose server fails with an error nobody expected
+CRASHING = """
+import runpy
+from edgedistill.serve import app
+
+def run(*args):
+    raise RuntimeError("a bug")
+
+app.run = run
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def crashed(bundle) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", CRASHING, *serve_command(bundle)[3:]]
+    return subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_a_server_stopped_by_an_unexpected_error_exits_70(crashed):
+    assert crashed.returncode == 70
+
+
+def test_a_server_stopped_by_an_unexpected_error_logs_it_as_a_json_line_with_its_traceback(crashed):
+    last = json.loads(crashed.stderr.strip().splitlines()[-1])
+    assert (last["event"], last["exc"].splitlines()[-1]) == ("crashed", "RuntimeError: a bug")
+
+
 def test_the_server_imports_neither_torch_nor_transformers():
     code = (
         "import sys, serve.app, serve.client, serve.__main__, serve.backend, common.runtime\n"
