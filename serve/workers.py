@@ -428,7 +428,7 @@ class Supervisor:
             self._forget(worker)
             if self.stopping:
                 if status not in (0, -signal.SIGTERM) and self.exit_status == 0:  # SIGTERM: still starting up
-                    self.exit_status = 1
+                    self.exit_status = shell_status(status)
                 continue
             killed_by = {"signal": signal_name(-status)} if status < 0 else {}
             log.error(

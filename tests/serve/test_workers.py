@@ -212,6 +212,13 @@ def test_a_worker_killed_by_a_signal_is_logged_with_the_signal(killed_while_star
     assert killed_while_starting.wait_for("worker_exited")["signal"] == "SIGKILL"
 
 
+def test_a_worker_killed_while_the_workers_drain_gives_the_supervisor_its_status(two_workers):
+    server, serving = two_workers
+    server.proc.send_signal(signal.SIGTERM)
+    os.kill(serving["workers"][0], signal.SIGKILL)
+    assert server.proc.wait(60) == 128 + signal.SIGKILL
+
+
 def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
