@@ -159,4 +159,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `bench` in a checkout, `edgedistill.bench`
+    from edgedistill.cli import run_module
+
+    # as it was run: `bench` in a checkout, `edgedistill.bench`
+    run_module(main, f"python -m {__spec__.parent}", "bench")

@@ -60,4 +60,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `distill` in a checkout, `edgedistill.distill`
+    from edgedistill.cli import run_module
+
+    # as it was run: `distill` in a checkout, `edgedistill.distill`
+    run_module(main, f"python -m {__spec__.parent}")

@@ -13,8 +13,10 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
+from typing import NoReturn
 
 from edgedistill.common.arguments import count
 from edgedistill.common.processes import die_with_parent
@@ -181,21 +183,37 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in {*COMMANDS, "all"}:
         build_parser().parse_args(argv)  # prints the help, the version or the usage error, and exits
     name, rest = argv[0], argv[1:]
+    return guarded(f"{PROG} {name}", name, lambda: run_all(rest) if name == "all" else COMMANDS[name].run(name, rest))
+
+
+def guarded(label: str, name: str, work: Callable[[], int]) -> int:
+    """`work()`'s exit status; where it ends by Ctrl-C or an error of no stage's own, one line naming `label` (after
+    the traceback of an unexpected error) and the status `EXIT_STATUSES` gives it. `name`: the `edgedistill` command
+    that runs, for what the line of an interrupted one adds."""
     try:
-        return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+        return work()
     except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
         if err.errno not in CANNOT_WRITE:
-            return crashed(name)
+            return crashed(label)
         print(f"error: {err.strerror}{f': {err.filename}' if err.filename else ''}", file=sys.stderr)
         return 2
     except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        print(f"{PROG} {name}: interrupted{interrupted_note(name)}", file=sys.stderr)
+        print(f"{label}: interrupted{interrupted_note(name)}", file=sys.stderr)
         return INTERRUPTED
     except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
-        return crashed(name)
+        return crashed(label)
+
+
+def run_module(main: Callable[..., int], prog: str, command: str | None = None) -> NoReturn:
+    """Exit with the status of `python -m <stage>`'s `main(prog=prog)`, Ctrl-C and unexpected errors handled as the
+    `edgedistill` command handles them. `command`: the `edgedistill` command the module is; None where its first
+    argument names it (`python -m distill teacher`)."""
+    name = command or next(iter(sys.argv[1:2]), "")
+    label = prog if command else f"{prog} {name}".rstrip()
+    sys.exit(guarded(label, name, lambda: main(prog=prog)))
 
 
 def interrupted_note(name: str) -> str:
@@ -205,8 +223,8 @@ def interrupted_note(name: str) -> str:
     return STOPPED_BUILDING + (f" ({GOES_ON_FROM[name]})" if name in GOES_ON_FROM else "")
 
 
-def crashed(name: str) -> int:
-    """Print the traceback of the error being handled and a line naming the command; `CRASHED`."""
+def crashed(label: str) -> int:
+    """Print the traceback of the error being handled and a line naming the command, `label`; `CRASHED`."""
     traceback.print_exc()
-    print(f"{PROG} {name}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
+    print(f"{label}: stopped by an unexpected error (above): exit status {CRASHED}", file=sys.stderr)
     return CRASHED

@@ -93,4 +93,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `export` in a checkout, `edgedistill.export`
+    from edgedistill.cli import run_module
+
+    # as it was run: `export` in a checkout, `edgedistill.export`
+    run_module(main, f"python -m {__spec__.parent}")

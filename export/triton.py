@@ -195,4 +195,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -
 
 
 if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
-    sys.exit(main(prog=f"python -m {__spec__.name}"))
+    from edgedistill.cli import run_module
+
+    run_module(main, f"python -m {__spec__.name}", "triton-repo")

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
 
 
 if __name__ == "__main__":
-    sys.exit(
-        main(prog=f"python -m {__spec__.parent}")
-    )  # as it was run: `loadtests` in a checkout, `edgedistill.loadtests`
+    from edgedistill.cli import run_module
+
+    # as it was run: `loadtests` in a checkout, `edgedistill.loadtests`
+    run_module(main, f"python -m {__spec__.parent}", "loadtest")

@@ -23,4 +23,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `report` in a checkout, `edgedistill.report`
+    from edgedistill.cli import run_module
+
+    # as it was run: `report` in a checkout, `edgedistill.report`
+    run_module(main, f"python -m {__spec__.parent}", "report")

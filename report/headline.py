@@ -163,5 +163,7 @@ def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> i
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
+    from edgedistill.cli import run_module
+
+    run_module(main, f"python -m {__spec__.name}", "headline")

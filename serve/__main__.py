@@ -18,7 +18,9 @@ def exit_while_starting(number: int, frame) -> None:
 def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     # A container's first process gets no signal it has no handler for, and Python sets none for SIGTERM: a server
     # told to stop while it starts would start serving, until SIGKILL. Set before the server's imports, which take
-    # most of a second.
+    # most of a second. SIGHUP's default action ends the process: ignored until the server handles it, before it
+    # reads its bundle, so no reload is lost.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, exit_while_starting)
     from edgedistill.serve.app import EXIT_FAULT, run
     from edgedistill.serve.errors import BundleRejected
@@ -42,6 +44,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2
+    except Exception:  # noqa: BLE001 - logged with its traceback; the status is the edgedistill command's for a crash
+        from edgedistill.cli import CRASHED
+
+        # a JSON line like every other, with the traceback in `exc`: a log pipeline would split a bare traceback
+        log.exception("stopped by an unexpected error", extra={"event": "crashed", "exit_status": CRASHED})
+        return CRASHED
     if status == EXIT_FAULT:  # a hung backend call holds a worker thread that a normal exit would wait for
         logging.shutdown()
         os._exit(status)
@@ -49,4 +57,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog=f"python -m {__spec__.parent}"))  # as it was run: `serve` in a checkout, `edgedistill.serve`
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # before the command's handling is imported, as in `main`
+    signal.signal(signal.SIGTERM, exit_while_starting)
+    from edgedistill.cli import run_module
+
+    # as it was run: `serve` in a checkout, `edgedistill.serve`
+    run_module(main, f"python -m {__spec__.parent}", "serve")

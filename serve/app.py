@@ -288,13 +288,13 @@ def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
 
 
 async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle.
-    Reloads still running at shutdown are cancelled. As a worker of `supervisor`, share the port and report there
-    once serving."""
-    server, port = create_server(settings, supervisor)
+    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle
+    (one that comes while the first model loads or warms up, once it serves). Reloads still running at shutdown are
+    cancelled. As a worker of `supervisor`, share the port and report there once serving."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()
+    warm = reload_due = False
 
     async def reload_on_signal():
         # ReloadFailed: logged by the host, the current model keeps serving; NotReady: shutdown began, nothing to load
@@ -302,9 +302,18 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
             await server.reload(trigger="SIGHUP")
 
     def on_hangup():
+        nonlocal reload_due
+        if not warm:  # the first model is loading or warming up: a reload now could finish first, then be replaced
+            reload_due = True
+            return
         task = loop.create_task(reload_on_signal())
         reloads.add(task)
         task.add_done_callback(reloads.discard)
+
+    # Before the bundle is read: a SIGHUP while it loads asks for what the folder holds by then (the default action
+    # would end the process).
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    server, port = create_server(settings, supervisor)
 
     async def open_port() -> None:
         await server.start()
@@ -328,7 +337,6 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop, sig)
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     if supervisor is None:  # health says NOT_SERVING until warm, for the probes
         await open_port()
     try:
@@ -355,6 +363,9 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     )
     if supervisor is not None:
         supervisor.serving(port)
+    warm = True
+    if reload_due:
+        on_hangup()
     watchdog = LoopWatchdog(loop, settings.batch_timeout_s, exit_on_stall)
     watchdog.start()
     try:

@@ -530,4 +530,6 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
 
 
 if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
-    sys.exit(main(prog=f"python -m {__spec__.name}"))
+    from edgedistill.cli import run_module
+
+    run_module(main, f"python -m {__spec__.name}", "call")

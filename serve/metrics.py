@@ -29,6 +29,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # A scrape sends its request at once. prometheus-client's HTTP server gives each connection a thread that waits for
 # the request with no time limit: 500 silent connections held 500 threads (13 MB) for as long as they stayed open.
 HTTP_TIMEOUT_S = 10.0
+# Calls the client ended: it cancelled, or its deadline passed (or it sent nothing for STREAM_IDLE_S). Counted apart
+# from the errors: a client that gives up is no server error (a rise with the queue wait still means a slow server).
+ABANDONED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Multiprocess mode has no `_created` series, so with one worker none are made either: a scrape holds the same
 # series whatever WORKERS is, and a labelled counter or histogram is not one series longer per label set.
 disable_created_metrics()
@@ -47,8 +50,20 @@ class Metrics(BatchObserver):
             "edgedistill_requests", "gRPC calls by method and status code", ["method", "code"], registry=r
         )
         self.errors = Counter(
-            "edgedistill_errors", "gRPC calls that ended with a status other than OK", ["code"], registry=r
+            "edgedistill_errors",
+            "gRPC calls that ended with a status other than OK, CANCELLED or DEADLINE_EXCEEDED",
+            ["code"],
+            registry=r,
         )
+        self.abandoned = Counter(
+            "edgedistill_abandoned_calls",
+            "gRPC calls the client ended: CANCELLED (it gave up or went away) or DEADLINE_EXCEEDED (its deadline "
+            "passed)",
+            ["code"],
+            registry=r,
+        )
+        for code in ABANDONED:
+            self.abandoned.labels(code.name)  # scraped from the start, at 0
         self.latency = Histogram(
             "edgedistill_request_seconds",
             "Total time of a call in the server",
@@ -125,22 +140,24 @@ class Metrics(BatchObserver):
         if not shared:  # a worker's process figures are the supervisor's to read (`WorkerProcesses`)
             ProcessCollector(registry=r)
         self._member_depths: dict[tuple[str, str], int] = {}
-        # (method, code) -> its children of `requests`, `latency` and `errors`: a `labels()` lookup per call (argument
-        # checks, a lock) cost more than the counting itself; the server's methods and codes are few
+        # (method, code) -> its children of `requests`, `latency` and `errors` or `abandoned`: a `labels()` lookup per
+        # call (argument checks, a lock) cost more than the counting itself; the server's methods and codes are few
         self._call_children: dict[tuple[str, grpc.StatusCode], tuple] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
     def observe_call(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         if (children := self._call_children.get((method, code))) is None:
-            errors = None if code is grpc.StatusCode.OK else self.errors.labels(code.name)
-            children = self.requests.labels(method, code.name), self.latency.labels(method), errors
+            failed = None
+            if code is not grpc.StatusCode.OK:
+                failed = (self.abandoned if code in ABANDONED else self.errors).labels(code.name)
+            children = self.requests.labels(method, code.name), self.latency.labels(method), failed
             self._call_children[method, code] = children
-        requests, latency, errors = children
+        requests, latency, failed = children
         requests.inc()
         latency.observe(seconds)
-        if errors is not None:
-            errors.inc()
+        if failed is not None:
+            failed.inc()
 
     def set_model(self, name: str, version: str, runtime: str, providers: list[str]) -> None:
         if not self.shared:

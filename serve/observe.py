@@ -9,8 +9,8 @@ import asyncio
 import hmac
 import inspect
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable
 
 import grpc
@@ -22,6 +22,9 @@ log = logging.getLogger("serve.access")
 
 REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
+# A new request id: 16 random bytes in hex, the 32 characters of `uuid.uuid4().hex` (with 128 random bits to its 122)
+# for a quarter of its time, since building a UUID object per call costs more than the random bytes.
+NEW_ID_BYTES = 16
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
 # An overload refuses thousands of calls a second, each as cheaply as it can; anyone who can reach the port can send as
@@ -171,7 +174,7 @@ class CallObserver:
         request_id = (
             _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID])
             or _returnable(getattr(request, "id", "")[:MAX_REQUEST_ID])  # KServe's: a Triton client's request_id
-            or uuid.uuid4().hex
+            or os.urandom(NEW_ID_BYTES).hex()
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         token = REQUEST_ID.set(request_id), MODEL.set(None)  # the call's own; no model until one takes it

@@ -254,6 +254,20 @@ class Worker:
     buffer: bytes = field(default=b"")
 
 
+def shell_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: its own, or 128 + N where signal N killed it (137 for SIGKILL,
+    the out-of-memory killer's), where `Popen.returncode` says -N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9; a number of no name (a real-time signal's) as `signal 40`."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class Supervisor:
     """Starts `count` workers from the flags `argv` (and this environment), keeps them running, stops them."""
 
@@ -414,24 +428,26 @@ class Supervisor:
             self._forget(worker)
             if self.stopping:
                 if status not in (0, -signal.SIGTERM) and self.exit_status == 0:  # SIGTERM: still starting up
-                    self.exit_status = 1
+                    self.exit_status = shell_status(status)
                 continue
+            killed_by = {"signal": signal_name(-status)} if status < 0 else {}
             log.error(
-                "worker %d (pid %d) exited with status %d",
+                "worker %d (pid %d) exited with status %d%s",
                 worker.index,
                 worker.proc.pid,
-                status,
+                shell_status(status),
+                f" (killed by {killed_by['signal']})" if killed_by else "",
                 extra={"event": "worker_exited", "worker": worker.index, "worker_pid": worker.proc.pid,
-                       "status": status, "was_serving": worker.serving},
+                       "status": shell_status(status), **killed_by, "was_serving": worker.serving},
             )  # fmt: skip
             now = time.monotonic()
             self.restarts.append(now)
             while self.restarts and self.restarts[0] < now - 60:
                 self.restarts.popleft()
             if not worker.serving:
-                self._stop(status if status > 0 else 1, f"worker {worker.index} exited before it served")
+                self._stop(shell_status(status) or 1, f"worker {worker.index} exited before it served")
             elif len(self.restarts) > RESTARTS_PER_MINUTE:
-                self._stop(status if status > 0 else 1, f"more than {RESTARTS_PER_MINUTE} restarts a minute")
+                self._stop(shell_status(status) or 1, f"more than {RESTARTS_PER_MINUTE} restarts a minute")
             else:
                 self._start(worker.index, restarted=True)
         if self.stopping and time.monotonic() > self.stop_deadline:

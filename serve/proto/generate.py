@@ -6,7 +6,6 @@ they are rewritten to package-relative ones so the modules import as `serve.prot
 
 import argparse
 import re
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -64,4 +63,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve.proto.gener
 
 
 if __name__ == "__main__":  # its usage names the module as it was run: `edgedistill.` first when installed
-    sys.exit(main(prog=f"python -m {__spec__.name}"))
+    from edgedistill.cli import run_module
+
+    run_module(main, f"python -m {__spec__.name}", "proto")

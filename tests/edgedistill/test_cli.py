@@ -2,6 +2,7 @@
 when that stage runs, and runs the whole pipeline stage by stage until one fails."""
 
 import errno
+import functools
 import importlib
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_python_m_edgedistill_is_the_command():
 
 
 ENTRY_POINTS = ("serve", "distill", "export", "bench", "loadtests", "report")  # and the modules with their own `-m`:
-ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate")
+ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate", "report.headline")
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -133,6 +134,55 @@ def test_a_module_entry_point_of_the_package_names_no_module_of_the_checkout_in_
     command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert "python -m " not in result.stdout.replace("python -m edgedistill.", "")
+
+
+# Makes every entry point's argument parsing raise `error`, then runs `module` as `python -m` would.
+FAILING_PROBE = """
+import argparse, runpy, sys
+
+def fail(*args, **kwargs):
+    raise {error}
+
+argparse.ArgumentParser.parse_known_args = fail  # parse_args calls it too
+runpy.run_module("edgedistill.{module}", run_name="__main__", alter_sys=True)
+"""
+FIRST_ARGUMENT = {"distill": "teacher", "export": "bundles"}  # the modules whose first argument names the command
+
+
+@functools.cache
+def failed_entry_point(module: str, error: str) -> subprocess.CompletedProcess:
+    """`python -m edgedistill.<module> [command] x` whose main raised `error` (e.g. `KeyboardInterrupt`)."""
+    argv = [*([FIRST_ARGUMENT[module]] if module in FIRST_ARGUMENT else []), "x"]
+    probe = FAILING_PROBE.format(error=error, module=module)
+    return subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_stopped_by_ctrl_c_exits_130(module):
+    assert failed_entry_point(module, "KeyboardInterrupt").returncode == cli.INTERRUPTED
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_stopped_by_ctrl_c_says_so_in_one_line_naming_itself(module):
+    command = " ".join(
+        [f"python -m edgedistill.{module}", *([FIRST_ARGUMENT[module]] if module in FIRST_ARGUMENT else [])]
+    )
+    lines = failed_entry_point(module, "KeyboardInterrupt").stderr.splitlines()
+    assert [line.startswith(f"{command}: interrupted") for line in lines] == [True]
+
+
+def test_a_training_module_stopped_by_ctrl_c_says_training_resumes():
+    assert "(training resumes from its last checkpoint)" in failed_entry_point("distill", "KeyboardInterrupt").stderr
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_stopped_by_an_unexpected_error_exits_70(module):
+    assert failed_entry_point(module, "RuntimeError('a bug')").returncode == cli.CRASHED
+
+
+def test_a_module_entry_point_stopped_by_an_unexpected_error_names_itself_after_the_traceback():
+    stderr = failed_entry_point("report", "RuntimeError('a bug')").stderr
+    assert "RuntimeError: a bug\npython -m edgedistill.report: stopped by an unexpected error" in stderr
 
 
 class Stages:

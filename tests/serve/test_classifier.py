@@ -171,6 +171,11 @@ def test_request_id_is_echoed_or_generated_also_on_errors(stub):
     assert dict(caught.value.trailing_metadata())["x-request-id"] == "req-43"
 
 
+def test_calls_without_a_request_id_each_get_a_new_one(stub):
+    ids = {dict(stub.Classify.with_call(pb.ClassifyRequest(texts=["good"]))[1].trailing_metadata())["x-request-id"] for _ in range(3)}  # fmt: skip
+    assert len(ids) == 3
+
+
 def test_concurrent_requests_share_batches_with_the_same_results(start_server, bundle):
     server = start_server(settings_for(bundle, max_queue_delay_ms=100, max_batch_size=16))
     with server.channel() as channel:

@@ -63,6 +63,35 @@ def test_observed_calls_count_no_error_for_ok():
     assert 'edgedistill_errors_total{code="OK"}' not in observed_calls()
 
 
+def calls_the_client_ended() -> str:
+    """A scrape after two calls of Classify that their client ended: one cancelled, one past its deadline."""
+    metrics = Metrics()
+    for code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+        metrics.observe_call(CLASSIFY, code, 0.0004)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_a_cancelled_call_counts_as_abandoned():
+    assert 'edgedistill_abandoned_calls_total{code="CANCELLED"} 1.0' in calls_the_client_ended()
+
+
+def test_a_call_past_its_deadline_counts_as_abandoned():
+    assert 'edgedistill_abandoned_calls_total{code="DEADLINE_EXCEEDED"} 1.0' in calls_the_client_ended()
+
+
+def test_calls_the_client_ended_count_no_error():
+    assert "edgedistill_errors_total{" not in calls_the_client_ended()
+
+
+def test_calls_the_client_ended_still_count_as_requests_by_code():
+    assert f'edgedistill_requests_total{{code="CANCELLED",method="{CLASSIFY}"}} 1.0' in calls_the_client_ended()
+
+
+@pytest.mark.parametrize("code", ["CANCELLED", "DEADLINE_EXCEEDED"])
+def test_every_abandoned_code_is_exposed_at_zero_before_any_call(code):
+    assert f'edgedistill_abandoned_calls_total{{code="{code}"}} 0.0' in generate_latest(Metrics().registry).decode()
+
+
 def test_observed_calls_time_every_call_by_method():
     assert f'edgedistill_request_seconds_count{{method="{CLASSIFY}"}} 3.0' in observed_calls()
 

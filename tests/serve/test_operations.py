@@ -516,6 +516,22 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     assert codes["CANCELLED"] >= 1
 
 
+def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_queue):
+    before = scrape(slow_queue)
+    with slow_queue.channel() as channel, pytest.raises(grpc.RpcError):
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["good"]), timeout=0.1)
+    deadline = time.monotonic() + 5  # the status reaches the client before the call is recorded
+    while (
+        metric(after := scrape(slow_queue), "edgedistill_abandoned_calls_total", code="DEADLINE_EXCEEDED")
+        == metric(before, "edgedistill_abandoned_calls_total", code="DEADLINE_EXCEEDED")
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    counted = {name: metric(after, name, code="DEADLINE_EXCEEDED") - metric(before, name, code="DEADLINE_EXCEEDED") for name in ("edgedistill_abandoned_calls_total", "edgedistill_errors_total")}  # fmt: skip
+    assert counted["edgedistill_abandoned_calls_total"] == 1
+    assert counted["edgedistill_errors_total"] == 0
+
+
 def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokenizer):
     server = start_server(settings_for(bundle, max_queued=4, max_texts=2))
     with server.channel() as channel:

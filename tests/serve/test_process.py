@@ -16,6 +16,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt
 
@@ -83,6 +84,55 @@ def test_a_sigterm_while_starting_exits_zero_before_serving(spawn, bundle, count
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0
     assert not [line for line in server.lines if line.get("event") in ("serving", "workers_serving")]
+
+
+@pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
+def test_a_sighup_while_starting_leaves_the_server_to_start(spawn, bundle, count):
+    server = spawn(bundle, EDGEDISTILL_WORKERS=count)
+    deadline = time.monotonic() + 30
+    while not handles_sigterm(server.proc.pid):  # set with SIGHUP's, before the server's imports
+        assert time.monotonic() < deadline, "the server never handled SIGTERM"
+        time.sleep(0.001)
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for("serving" if count == "1" else "workers_serving", timeout=60)
+    assert server.proc.poll() is None
+
+
+# `python -m edgedistill.serve` whose bundle takes a second to load, saying `loading` as it begins
+SLOW_LOAD = """
+import json, runpy, sys, time
+from edgedistill.serve import app
+
+def create_server(*args):
+    print(json.dumps({"event": "loading"}), file=sys.stderr, flush=True)
+    time.sleep(1)
+    return loaded(*args)
+
+loaded, app.create_server = app.create_server, create_server
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_sighup_while_the_bundle_loads_reloads_it_once_serving(spawn, bundle, monkeypatch):
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_LOAD, *serve_command(*args)[3:]]
+    )
+    server = spawn(bundle)
+    server.wait_for("loading", timeout=60)
+    server.proc.send_signal(signal.SIGHUP)
+    assert server.wait_for("reload_started", timeout=60)["trigger"] == "SIGHUP"
+
+
+def test_a_sighup_while_the_bundle_loads_is_taken_after_the_server_serves(spawn, bundle, monkeypatch):
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_LOAD, *serve_command(*args)[3:]]
+    )
+    server = spawn(bundle)
+    server.wait_for("loading", timeout=60)
+    server.proc.send_signal(signal.SIGHUP)
+    server.wait_for("reload_started", timeout=60)
+    events = [line.get("event") for line in server.lines]
+    assert events.index("serving") < events.index("reload_started")
 
 
 def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle):
@@ -167,6 +217,34 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
     refusal = json.loads(result.stderr.strip().splitlines()[-1])
     assert refusal["event"] == "start_failed"
     assert "does not match its sha256" in refusal["msg"]
+
+
+# `python -m edgedistill.serve` whose server fails with an error nobody expected
+CRASHING = """
+import runpy
+from edgedistill.serve import app
+
+def run(*args):
+    raise RuntimeError("a bug")
+
+app.run = run
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def crashed(bundle) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", CRASHING, *serve_command(bundle)[3:]]
+    return subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_a_server_stopped_by_an_unexpected_error_exits_70(crashed):
+    assert crashed.returncode == 70
+
+
+def test_a_server_stopped_by_an_unexpected_error_logs_it_as_a_json_line_with_its_traceback(crashed):
+    last = json.loads(crashed.stderr.strip().splitlines()[-1])
+    assert (last["event"], last["exc"].splitlines()[-1]) == ("crashed", "RuntimeError: a bug")
 
 
 def test_the_server_imports_neither_torch_nor_transformers():

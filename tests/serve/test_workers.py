@@ -195,6 +195,30 @@ def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, 
     assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
+@pytest.fixture
+def killed_while_starting(spawn, bundle):
+    """A supervisor of two workers, the first killed by SIGKILL (as the out-of-memory killer kills) before it served."""
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    os.kill(server.wait_for("worker_started", timeout=60)["worker_pid"], signal.SIGKILL)
+    server.proc.wait(60)
+    return server
+
+
+def test_a_worker_killed_before_it_served_stops_the_supervisor_with_128_plus_the_signal(killed_while_starting):
+    assert killed_while_starting.proc.returncode == 128 + signal.SIGKILL
+
+
+def test_a_worker_killed_by_a_signal_is_logged_with_the_signal(killed_while_starting):
+    assert killed_while_starting.wait_for("worker_exited")["signal"] == "SIGKILL"
+
+
+def test_a_worker_killed_while_the_workers_drain_gives_the_supervisor_its_status(two_workers):
+    server, serving = two_workers
+    server.proc.send_signal(signal.SIGTERM)
+    os.kill(serving["workers"][0], signal.SIGKILL)
+    assert server.proc.wait(60) == 128 + signal.SIGKILL
+
+
 def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
