@@ -1,7 +1,6 @@
 """Subprocesses of a measurement: a server started until it reports SERVING and stopped with SIGTERM, or a
 load generator run to its end; their output goes to a log file, whose tail a failure quotes."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
-from edgedistill.common.processes import die_with_parent
+from edgedistill.common.processes import dying_with_this_process
 from edgedistill.serve.settings import load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -55,9 +54,8 @@ def log_tail(log: Path) -> str:
 def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`command` in this process's working directory, its stdout and stderr written to `log`; sent SIGTERM when this
     process dies (a measurement killed, even with kill -9, leaves no server running on)."""
-    parent = os.getpid()
     with open(log, "w") as sink:
-        return subprocess.Popen(command, env=env, stdout=sink, stderr=sink, preexec_fn=lambda: die_with_parent(parent))
+        return subprocess.Popen(dying_with_this_process(command), env=env, stdout=sink, stderr=sink)
 
 
 def finish(process: subprocess.Popen, timeout: float) -> int | None:

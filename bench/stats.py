@@ -38,17 +38,17 @@ def percentiles(ms: np.ndarray) -> dict[str, float | None]:
 
 
 def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: float | None = None) -> dict:
-    """Requests, failures, error rate, requests/s (and its share of `offered_rate`) over `seconds`, and the
-    mean and percentiles of the successful calls' latencies `ok_ms`."""
+    """Requests, failures, error rate, requests/s over `seconds`, the share of `offered_rate` achieved, and the mean
+    and percentiles of the successful calls' latencies `ok_ms`. The achieved rate counts successful calls alone: a
+    server that refuses calls (RESOURCE_EXHAUSTED) as fast as they come does not keep up with the offered rate."""
     requests = len(ok_ms) + failures
-    rate = requests / seconds
     stats = {
         "requests": requests,
         "failures": failures,
         "error_rate": failures / requests if requests else 0.0,
-        "requests_per_s": rate,
+        "requests_per_s": requests / seconds,
         "offered_rate": offered_rate,
-        "rate_share": rate / offered_rate if offered_rate else None,
+        "rate_share": len(ok_ms) / seconds / offered_rate if offered_rate else None,
         "mean_ms": float(ok_ms.mean()) if ok_ms.size else None,
     }
     return stats | percentiles(ok_ms)

@@ -1,4 +1,8 @@
-"""Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C."""
+"""Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C.
+
+`python -m edgedistill.common.processes PARENT COMMAND...` asks to die with process PARENT, then becomes COMMAND
+(see `dying_with_this_process`).
+"""
 
 import ctypes
 import os
@@ -30,6 +34,27 @@ def die_with_parent(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:
         sys.exit(f"the parent process {parent} is gone")
 
 
+def dying_with_this_process(command: list[str]) -> list[str]:
+    """`command` tied to this process as by `die_with_parent`, for `subprocess.Popen`: a launcher asks for the
+    signal, then execs `command` in its place (same pid; the kernel keeps the request across exec).
+
+    Instead of a `preexec_fn`, which makes Popen fork and so run the at-fork handlers of the libraries loaded here
+    in the child before it execs: gRPC's restart its pollers there, and closing the child's file descriptors then
+    aborts it (`Check failed: wakeup_fd_->Wakeup().ok()`) or hangs it, the more often the busier the machine.
+    Without one, Popen starts the child with vfork, which runs no handler.
+    """
+    return [sys.executable, "-m", __name__, str(os.getpid()), *command]
+
+
+def _launch(argv: list[str]) -> None:
+    parent, *command = argv
+    die_with_parent(int(parent))
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:
+        sys.exit(f"cannot run {command[0]}: {err}")
+
+
 @contextmanager
 def children_ignore_interrupts() -> Iterator[None]:
     """Ignore SIGINT while the block starts processes, which then ignore it from their first instruction (Python
@@ -39,3 +64,7 @@ def children_ignore_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])

@@ -3,14 +3,17 @@
 `grpc.experimental.gevent.init_gevent()` runs on import, before any channel exists: without it a
 blocking gRPC call holds the whole gevent-driven locust process and the users run one at a time.
 A call is reported under its method's name (`Classify`) unless `GrpcUser.call` names it; the name
-travels in the `x-locust-name` metadata key, which the interceptor removes before the call leaves.
+travels in the `x-locust-name` metadata key, which the interceptor removes before the call leaves. A user connects
+in `on_start`, so that no reported call's latency includes setting up its connection.
 """
 
 import collections
+import contextlib
 import time
 
 import grpc
 import grpc.experimental.gevent as grpc_gevent
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from locust import User
 from locust.event import Events
 from locust.exception import LocustError
@@ -102,10 +105,20 @@ class GrpcUser(User):
         if not self.host:
             raise LocustError("no server address: pass --host HOST:PORT")
         # A local subchannel pool gives each user its own connection, as separate clients would have;
-        # by default channels to one target share a connection. It connects on the first call (waiting
-        # with grpc.channel_ready_future instead held every first call ~200 ms under gevent).
-        channel = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
-        self.channel = grpc.intercept_channel(channel, EventInterceptor(environment.events))
+        # by default channels to one target share a connection.
+        self._unreported = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
+        self.channel = grpc.intercept_channel(self._unreported, EventInterceptor(environment.events))
+
+    def on_start(self):
+        """Connect before the first timed call; subclasses that add an `on_start` call this one."""
+        self.connect()
+
+    def connect(self) -> None:
+        """Open the user's connection with a health check that no event reports, waiting up to `timeout` for the
+        server. (grpc.channel_ready_future polls the state every 200 ms: under gevent it held each first call.)"""
+        health = health_pb2_grpc.HealthStub(self._unreported)
+        with contextlib.suppress(grpc.RpcError):  # answered or not: the timed calls report what the server does
+            health.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout, wait_for_ready=True)
 
     def call(self, method, request, name: str | None = None):
         """Unary `method(request)` reported as `name`; its reply, or None when it failed (the event has the error)."""

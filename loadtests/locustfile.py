@@ -103,3 +103,4 @@ class ClassifierUser(GrpcUser):
     def on_start(self):
         self.classifier = classifier_pb2_grpc.ClassifierStub(self.channel)
         self.kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        super().on_start()

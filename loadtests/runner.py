@@ -10,6 +10,7 @@ summary.json and summary.md (see `loadtests.result`).
 
 import csv
 import json
+import math
 import os
 import sys
 import threading
@@ -86,17 +87,23 @@ def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings
     return flags, settings
 
 
-def drive(folder: Path, port: int, server: psutil.Process, seconds: float) -> list[tuple]:
-    """Run headless locust on the plan in `folder` against `port`; the process samples taken meanwhile."""
+def drive(folder: Path, port: int, server: psutil.Process, seconds: float, call_timeout_s: float) -> list[tuple]:
+    """Run headless locust on the plan in `folder` against `port`; the process samples taken meanwhile.
+
+    A user that stops (a spike's end, the end of the run) finishes the call it is making, which ends within
+    `call_timeout_s`: locust would otherwise kill it mid-call, and the call, typically a slow one, would be in
+    no figure.
+    """
+    stop_timeout_s = math.ceil(call_timeout_s)
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}"]
     command += ["--csv", str(folder / "locust"), "--csv-full-history", "--html", str(folder / "report.html")]
-    command += ["--only-summary", "--exit-code-on-error", "0"]
+    command += ["--only-summary", "--exit-code-on-error", "0", "--stop-timeout", str(stop_timeout_s)]
     env = os.environ | {PLAN_VAR: str(folder / "plan.json")}
     log = folder / "locust.log"
     process = start(command, log, env)
     sampler = Sampler(server, psutil.Process(process.pid))
     sampler.start()
-    code = live.follow(process, folder / "locust_stats_history.csv", seconds, seconds + EXIT_MARGIN_S)
+    code = live.follow(process, folder / "locust_stats_history.csv", seconds, seconds + stop_timeout_s + EXIT_MARGIN_S)
     rows = sampler.stop()
     if code != 0:
         outcome = "hung" if code is None else f"exited with {code}"
@@ -191,7 +198,7 @@ def _build(
         ("edgedistill.bench.servers", ["--port", str(settings.port)]) if echo else ("edgedistill.serve", flags)
     )
     with running(module, args, settings.port, work / "server.log") as server:
-        rows = drive(work, settings.port, server, plan.duration_s)
+        rows = drive(work, settings.port, server, plan.duration_s, cfg.timeout_s)
     samples = Samples.load(work / SAMPLES_FILE)
     target = ECHO_TARGET if echo else loaded.description
     context = {

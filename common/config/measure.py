@@ -24,7 +24,8 @@ class SloConfig(Strict):
         0.95,
         gt=0,
         le=1,
-        description="achieved calls/s / offered calls/s: a server (or load generator) that falls behind fails",
+        description="successful calls/s / offered calls/s: a server (or load generator) that falls behind, or "
+        "refuses calls, fails",
     )
 
 

@@ -46,7 +46,7 @@ def test_a_record_counts_texts_and_failures():
     record = tally.record(seconds=2.0, texts_per_call=8, offered_rate=4.0)
     assert (record["requests"], record["failures"], record["error_codes"]) == (4, 1, {"UNAVAILABLE": 1})
     assert record["texts_per_s"] == 12.0
-    assert record["rate_share"] == 0.5
+    assert record["rate_share"] == 0.375  # 3 successful calls in 2 s of 4/s
     assert record["p50_ms"] == pytest.approx(2.0)
 
 

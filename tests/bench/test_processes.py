@@ -79,3 +79,31 @@ def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
     while running_on(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running_on(child)
+
+
+ABORTS_FORKED_CHILDREN = """
+import ctypes, sys
+from pathlib import Path
+from edgedistill.bench.processes import start
+libc = ctypes.CDLL(None)
+libc.__register_atfork(None, None, ctypes.cast(libc.abort, ctypes.c_void_p), None)  # abort in every forked child
+print(start([sys.executable, "-c", "pass"], Path(sys.argv[1])).wait())
+"""
+
+
+def test_a_child_starts_whatever_the_at_fork_handlers_of_its_parent(tmp_path):
+    """gRPC's at-fork handlers can abort a forked child before it execs; `start` runs none of them in the child."""
+    parent = subprocess.run(
+        [sys.executable, "-c", ABORTS_FORKED_CHILDREN, str(tmp_path / "child.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert parent.stdout.strip() == "0", parent.stderr[-2000:]
+
+
+def test_a_started_child_keeps_the_pid_it_was_started_with(tmp_path):
+    """The launcher that ties the child to this process becomes the command: its CPU and memory are sampled by pid."""
+    process = start([sys.executable, "-c", "import os; print(os.getpid())"], tmp_path / "pid.log")
+    assert finish(process, 30) == 0
+    assert (tmp_path / "pid.log").read_text() == f"{process.pid}\n"

@@ -8,9 +8,14 @@ from edgedistill.bench.stats import Cell, ModelRow, ModelTable, Spread, Timing, 
 def test_call_stats_count_failures_but_time_only_successes():
     stats = call_stats(np.arange(1, 191) / 100, failures=10, seconds=2.0, offered_rate=125)
     assert (stats["requests"], stats["failures"], stats["error_rate"]) == (200, 10, 0.05)
-    assert (stats["requests_per_s"], stats["rate_share"]) == (100, 0.8)
+    assert (stats["requests_per_s"], stats["rate_share"]) == (100, 0.76)  # 190 successful calls in 2 s of 125/s
     assert stats["max_ms"] == 1.9
     assert stats["mean_ms"] == pytest.approx(0.955)
+
+
+def test_refused_calls_achieve_none_of_the_offered_rate():
+    stats = call_stats(np.array([]), failures=100, seconds=1.0, offered_rate=100)
+    assert stats["rate_share"] == 0
 
 
 def test_call_stats_without_an_offered_rate_have_no_rate_share():

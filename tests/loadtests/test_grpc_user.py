@@ -94,6 +94,36 @@ def test_interceptor_fires_request_events(server):
     assert out["empty"] is None
 
 
+CONNECTS = """
+import json, sys, time
+import gevent
+from locust.env import Environment
+from edgedistill.loadtests.grpc_user import GrpcUser
+
+class User(GrpcUser):
+    host = sys.argv[1]
+
+environment = Environment()
+fired = []
+environment.events.request.add_listener(lambda name, **_: fired.append(name))
+user = User(environment)
+user.on_start()
+states = []
+user.channel.subscribe(states.append)  # its state now: subscribing does not connect
+deadline = time.monotonic() + 10
+while not states and time.monotonic() < deadline:
+    gevent.sleep(0.01)
+user.on_stop()
+print(json.dumps({"state": states[0].name if states else None, "events": fired}))
+"""
+
+
+def test_a_user_connects_on_start_without_reporting_a_call(server):
+    out = run_client(CONNECTS, server.address)
+    assert out["state"] == "READY"
+    assert out["events"] == []
+
+
 CONCURRENT = """
 import json, sys, time
 import gevent
@@ -107,7 +137,7 @@ class User(GrpcUser):
 users = [User(Environment()) for _ in range(4)]
 request = classifier_pb2.ClassifyRequest(texts=["a great movie"])
 for user in users:  # connect first, so that only the calls are timed
-    user.call(classifier_pb2_grpc.ClassifierStub(user.channel).Classify, request)
+    user.on_start()
 started = time.perf_counter()
 calls = [gevent.spawn(user.call, classifier_pb2_grpc.ClassifierStub(user.channel).Classify, request) for user in users]
 gevent.joinall(calls, timeout=30)

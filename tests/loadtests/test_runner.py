@@ -141,6 +141,17 @@ def test_spike_profile_reports_each_phase(bundle):
     assert summary["overall"]["failures"] == 0
 
 
+def test_users_stopped_at_the_end_of_a_spike_finish_their_calls(bundle):
+    """Every call takes a 500 ms batching delay: the one user left after the spike returns at most 2 calls in the
+    after stage's second; the 3 users stopped at the spike's end were in the middle of a call each."""
+    slow = {"EDGEDISTILL_MAX_QUEUE_DELAY_MS": "500"}
+    unchecked = ("--loadtest.spike.slo.p99_ms=10000", "--loadtest.spike.slo.min_rate_share=null")
+    run = loadtest(bundle, "spike", *unchecked, env=slow)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    _, summary = results("spike")
+    assert summary["stages"][2]["requests"] > 2
+
+
 def test_soak_profile_samples_server_memory_and_gates_its_growth(bundle):
     gate = ("--loadtest.soak.duration_s=10", "--loadtest.soak.max_rss_growth_mb_per_10k=1000")
     run = loadtest(bundle, "soak", *gate, "--loadtest.soak.slo.p99_ms=10000", "--loadtest.soak.slo.min_rate_share=0.5")
