@@ -9,7 +9,6 @@ that fails, with its exit status.
 import argparse
 import errno
 import importlib
-import os
 import subprocess
 import sys
 import traceback
@@ -19,7 +18,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from edgedistill.common.arguments import count
-from edgedistill.common.processes import die_with_parent
+from edgedistill.common.processes import dying_with_this_process
 from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
@@ -130,8 +129,7 @@ def run_stage(command: list[str]) -> int:
     """Run a stage's process to its end; its exit status. Ctrl-C reaches the stage too: this waits while it stops
     and says so, where `subprocess.run` would kill it a quarter of a second later. Killed (SIGTERM, kill -9), this
     process takes the stage with it, which would otherwise train on alone, holding its lock."""
-    parent = os.getpid()
-    with subprocess.Popen(command, preexec_fn=lambda: die_with_parent(parent)) as stage:
+    with subprocess.Popen(dying_with_this_process(command)) as stage:
         try:
             return stage.wait()
         except KeyboardInterrupt:
