@@ -163,7 +163,8 @@ def model_config(
 ) -> kserve_pb2.ModelConfigResponse.ModelConfig:
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
     a request's most rows (MAX_TEXTS) as `max_batch_size`, the label names as the parameter `labels` (a JSON list)
-    beside each output's `label_filename`, and the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`."""
+    beside each output's `label_filename`, the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`, and the
+    style the server writes texts in before tokenizing as `text_style`."""
     spec = runtime.spec
     platform, backend = platform_of(runtime)
     Config = kserve_pb2.ModelConfigResponse
@@ -179,6 +180,7 @@ def model_config(
         config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
+    config.parameters["text_style"].string_value = runtime.describe().text_style
     return config
 
 

@@ -3,7 +3,7 @@
 import pytest
 from edgedistill.serve.client import Client
 from edgedistill.serve.proto import classifier_pb2 as pb
-from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 
 from tests.serve.conftest import pair_spec, settings_for
 
@@ -39,6 +39,15 @@ def test_model_info_gives_the_bundles_text_style(make_bundle, start_server):
     with server.channel() as channel:
         info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.text_style == "ptb_lower"
+
+
+def test_model_config_gives_the_bundles_text_style(make_bundle, start_server):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower")))
+    with server.channel() as channel:
+        config = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelConfig(
+            kserve_pb2.ModelConfigRequest(), timeout=10
+        )
+    assert config.config.parameters["text_style"].string_value == "ptb_lower"
 
 
 def test_a_text_of_markup_alone_is_refused_naming_the_text_style(client_of):
