@@ -19,9 +19,10 @@ from edgedistill.bench.processes import running, served_settings
 from edgedistill.bench.serving import server_settings
 from edgedistill.bench.stats import Record
 from edgedistill.bench.tables import markdown_results, print_results
-from edgedistill.bench.texts import Examples, check_kind, dev_split, texts_info
+from edgedistill.bench.texts import check_kind, dev_split, texts_info
 from edgedistill.common import progress
 from edgedistill.common.cascade import describe, load_served
+from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.client import Client

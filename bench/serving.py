@@ -33,12 +33,13 @@ from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
 from edgedistill.bench.stats import ServingResult, machine, summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
-from edgedistill.bench.texts import Examples, load_texts, texts_info
+from edgedistill.bench.texts import load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ServingBenchConfig
+from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
@@ -108,14 +109,14 @@ def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
 def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
     """The examples tokenized with the bundle's tokenizer, padded into batches of BATCH."""
     encoder = TextEncoder.for_bundle(bundle)
-    return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in examples.load_groups(BATCH)]
+    return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in load_groups(examples, BATCH)]
 
 
 def classify_requests(examples: Examples, size: int) -> list[classifier_pb2.ClassifyRequest]:
-    """`Classify` requests of `size` examples each (`Examples.load_groups`), with their pairs where they have them."""
+    """`Classify` requests of `size` examples each (`bench.texts.load_groups`), with their pairs where they have them."""
     return [
         classifier_pb2.ClassifyRequest(texts=group.texts, text_pairs=group.pairs or [])
-        for group in examples.load_groups(size)
+        for group in load_groups(examples, size)
     ]
 
 
