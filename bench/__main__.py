@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from edgedistill.bench import BUNDLE_HELP, BenchError
-from edgedistill.bench.stats import ServingResult
+from edgedistill.bench.records import ServingResult
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable

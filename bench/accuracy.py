@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import running, served_settings
+from edgedistill.bench.records import Record
 from edgedistill.bench.serving import server_settings
-from edgedistill.bench.stats import Record
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
 from edgedistill.common import progress

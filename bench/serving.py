@@ -19,7 +19,7 @@ Settings and targets come from the recipe's `bench.serving` section; server sett
 `EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
 process and the server, so a client-bound result shows. Each figure is the median over the repeats
 with min and max. The result is the artifact `runs/<recipe>/serve-bench/`: bench.json (a
-`bench.stats.ServingResult`), bench.md, the three servers' logs and the manifest.
+`bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
 """
 
 import asyncio
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
-from edgedistill.bench.stats import ServingResult, machine, summarize
+from edgedistill.bench.records import ServingResult, machine
+from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf

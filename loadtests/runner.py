@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, served_settings, start
-from edgedistill.bench.stats import machine
+from edgedistill.bench.records import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile

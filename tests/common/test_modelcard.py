@@ -1,5 +1,5 @@
 import pytest
-from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable
+from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.bundle import BundleSpec, TensorSpec
