@@ -25,6 +25,7 @@ from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.common.text import write_texts
 from edgedistill.loadtests import live
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
@@ -182,9 +183,14 @@ def _build(
         samples=Path(SAMPLES_FILE),
     )
     (work / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
-    (work / "texts.txt").write_text("\n".join(examples.texts) + "\n", encoding="utf-8")
-    if examples.pairs is not None:
-        (work / "pairs.txt").write_text("\n".join(examples.pairs) + "\n", encoding="utf-8")
+    try:
+        write_texts(work / "texts.txt", examples.texts)
+        if examples.pairs is not None:
+            write_texts(work / "pairs.txt", examples.pairs)
+    except ValueError as err:
+        raise LoadtestError(
+            f"{examples.source}: {err}; the load test sends its texts from such a file: remove it"
+        ) from None
     load_before = os.getloadavg()
     console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}[/]")
     module, args = (
