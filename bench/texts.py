@@ -14,7 +14,7 @@ from pathlib import Path
 from edgedistill.bench import BenchError
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Examples, load_labelled
-from edgedistill.serve.client import UsageError, read_tsv
+from edgedistill.serve.client import UsageError, read_lines, read_tsv
 
 TEXT_COUNT = 512
 
@@ -29,12 +29,13 @@ def dev_split(data: DataConfig) -> Examples:
 
 
 def read_texts_file(path: Path) -> Examples:
-    """Single texts, one per line; blank lines skipped."""
+    """Single texts, one per line, stripped (as the client's --file reads them: blank lines skipped, one that shows
+    nothing refused)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise BenchError(f"cannot read {path}: {err}") from err
-    return Examples([line.strip() for line in lines if line.strip()], None, None, str(path))
+        lines = read_lines(path, stdin=sys.stdin)
+    except UsageError as err:
+        raise BenchError(str(err)) from err
+    return Examples([line.strip() for line in lines], None, None, str(path))
 
 
 def read_pairs_file(path: Path) -> Examples:

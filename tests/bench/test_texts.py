@@ -2,7 +2,15 @@
 
 import pytest
 from edgedistill.bench import BenchError
-from edgedistill.bench.texts import batches_of, dev_split, load_groups, load_texts, read_pairs_file, texts_info
+from edgedistill.bench.texts import (
+    batches_of,
+    dev_split,
+    load_groups,
+    load_texts,
+    read_pairs_file,
+    read_texts_file,
+    texts_info,
+)
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import Examples
 
@@ -93,6 +101,25 @@ def test_a_pairs_file_gives_pairs(tmp_path, pairs_dev):
     path.write_text("good\tbad\nfun\tdull\n")
     examples = load_texts(data(pairs_dev), pairs=True, pairs_file=path)
     assert sorted(zip(examples.texts, examples.pairs, strict=True)) == [("fun", "dull"), ("good", "bad")]
+
+
+def test_a_texts_files_byte_order_mark_is_no_part_of_its_first_text(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("\ufeffgood film\ndull\n", encoding="utf-8")
+    assert read_texts_file(path).texts == ["good film", "dull"]
+
+
+def test_a_texts_file_line_holding_a_line_separator_is_one_text(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("good\u2028film\nnext\x85line\n", encoding="utf-8")
+    assert read_texts_file(path).texts == ["good\u2028film", "next\x85line"]
+
+
+def test_a_texts_file_line_that_shows_nothing_is_refused_naming_it(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("good film\n\u200b\u200d\n", encoding="utf-8")
+    with pytest.raises(BenchError, match="texts.txt:2: only control, zero-width"):
+        read_texts_file(path)
 
 
 def test_a_pairs_file_line_without_a_tab_is_refused(tmp_path):
