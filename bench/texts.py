@@ -6,6 +6,7 @@ training and export stages read it: the recipe's `text_column`, `text_pair_colum
 `dev_limit` as the export stage cut it.
 """
 
+import argparse
 import random
 import statistics
 import sys
@@ -45,6 +46,19 @@ def read_pairs_file(path: Path) -> Examples:
     except UsageError as err:
         raise BenchError(str(err)) from err
     return Examples(texts, pairs, None, str(path))
+
+
+def add_texts_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--texts FILE` or `--pairs FILE` (for `load_texts`), on every command that sends texts."""
+    texts = parser.add_mutually_exclusive_group()
+    texts.add_argument(
+        "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
+    )
+    texts.add_argument(
+        "--pairs",
+        type=Path,
+        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
+    )
 
 
 def load_texts(
