@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
+from edgedistill.bench.processes import free_port, measured_server, running, served_settings
 from edgedistill.bench.records import ServingResult, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
@@ -48,7 +48,7 @@ from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.client import bearer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
-from edgedistill.serve.settings import Settings, load_settings
+from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 STAGE = "serve-bench"
@@ -95,16 +95,6 @@ def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], 
             slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:.2f}", measured >= least)
         )
     return ratios, targets
-
-
-def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
-    """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
-    # One server process: the drivers use one connection and the CPU figure samples one process.
-    flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = load_settings(flags)
-    if settings.tls_cert is not None:
-        raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
-    return flags, settings
 
 
 def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
@@ -218,7 +208,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
         )
     bundle = load_bundle(bundle_folder)
     examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
-    flags, settings = server_settings(bundle_folder, cfg.threads)
+    flags, settings = measured_server(bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()
     runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, examples))

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, served_settings, start
+from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
@@ -31,7 +31,7 @@ from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
 from edgedistill.loadtests.recorder import SAMPLES_FILE
-from edgedistill.serve.settings import Settings, load_settings
+from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
@@ -78,10 +78,7 @@ class Sampler(threading.Thread):
 
 def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
     """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags = serve_flags(bundle, free_port(), cfg.threads, workers=1)  # the sampler watches one server process
-    settings = load_settings(flags)
-    if settings.tls_cert is not None:
-        raise LoadtestError("the load test calls over plaintext: unset EDGEDISTILL_TLS_*")
+    flags, settings = measured_server(bundle, cfg.threads)  # the sampler watches one server process
     if cfg.batch_size > settings.max_texts:
         raise LoadtestError(f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={settings.max_texts}")
     return flags, settings

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import finish, free_port, running, start
+from edgedistill.bench.processes import finish, free_port, measured_server, running, start
 
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
@@ -79,3 +79,15 @@ def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
     while running_on(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running_on(child)
+
+
+def test_a_measured_server_is_one_process_on_loopback(bundle):
+    _, settings = measured_server(bundle, 2)
+    assert (settings.host, settings.workers, settings.threads) == ("127.0.0.1", 1, 2)
+
+
+def test_a_measured_server_given_tls_is_refused_at_once(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TLS_CERT", "cert.pem")
+    monkeypatch.setenv("EDGEDISTILL_TLS_KEY", "key.pem")
+    with pytest.raises(BenchError, match="measurements call the server over plaintext"):
+        measured_server(bundle, 1)
