@@ -2,7 +2,8 @@
 
 `Spread` is a figure's median, min and max over repeats, `Timing` that of one model's timed calls. `ModelTable` is
 the model benchmark's `bench.json`; `ServingResult` that of the serving benchmark, the peer comparison and the scaling
-benchmark; `machine` what each result records of the machine it was measured on.
+benchmark; `machine` and `bundle_record` what each result records of the machine it was measured on and of the
+bundle it measured.
 """
 
 import os
@@ -10,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +22,11 @@ def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, A
     """The machine a measurement ran on: its CPUs, the load average before it (`os.getloadavg()` then) and now,
     after it, and `more` (versions, usable cores, ...)."""
     return {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(), **more}
+
+
+def bundle_record(folder: Path, spec: BundleSpec) -> dict[str, Any]:
+    """The bundle a measurement served: its folder, name, version, architecture, precision and runtime."""
+    return {"path": str(folder)} | spec.model_dump(include={"name", "version", "arch", "precision", "runtime"})
 
 
 class Record(BaseModel):

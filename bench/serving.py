@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
 from edgedistill.bench.processes import free_port, measured_server, running, served_settings
-from edgedistill.bench.records import ServingResult, machine
+from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import load_groups, load_texts, texts_info
@@ -215,8 +215,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     summary = {phase: summarize(records) for phase, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
-        bundle={"path": str(bundle_folder)}
-        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle=bundle_record(bundle_folder, bundle.spec),
         settings=settings.model_dump(mode="json", exclude={"token", "port"}),
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},

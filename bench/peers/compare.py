@@ -25,7 +25,7 @@ from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, me
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
-from edgedistill.bench.records import ServingResult, machine
+from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
@@ -113,8 +113,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
-        bundle={"path": str(bundle_folder)}
-        | model.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle=bundle_record(bundle_folder, model.spec),
         settings={name: {"command": server.command} for name, server in servers.items()},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},

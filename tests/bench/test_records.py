@@ -1,6 +1,7 @@
 """The result records: timings of calls, and the model benchmark's table as its JSON holds it."""
 
-from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, bundle_record
+from edgedistill.common.bundle import load_bundle
 
 
 def test_timing_of_calls_is_their_median_min_max_and_count():
@@ -56,3 +57,15 @@ def test_model_table_of_an_accuracy_recipe_shows_accuracy_alone():
     cells = [Cell(median_ms=2.0, min_ms=2.0, max_ms=2.0, calls=5, batch=1, length=16, speedup=1.0, items_per_s=500.0)]
     row = ModelRow(model="m", precision="fp32", runtime="ort", size_bytes=10, dev_accuracy=0.8, cells=cells)
     assert ModelTable(threads=1, rows=[row]).dev_columns() == ["dev acc"]
+
+
+def test_a_bundle_is_recorded_by_its_folder_name_and_build(bundle):
+    spec = load_bundle(bundle).spec
+    assert bundle_record(bundle, spec) == {
+        "path": str(bundle),
+        "name": spec.name,
+        "version": spec.version,
+        "arch": spec.arch,
+        "precision": spec.precision,
+        "runtime": spec.runtime,
+    }
