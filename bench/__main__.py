@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from edgedistill.bench import BUNDLE_HELP, BenchError
-from edgedistill.bench.stats import ServingResult
+from edgedistill.bench.records import ServingResult
+from edgedistill.bench.texts import add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -99,13 +100,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     served = add_command(commands, "serving", "one bundle behind the server, against the recipe's targets")
     add_recipe_argument(served)
     served.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
-    texts = served.add_mutually_exclusive_group()
-    texts.add_argument("--texts", type=Path, help="single texts, one per line (default: the recipe's dev split)")
-    texts.add_argument(
-        "--pairs",
-        type=Path,
-        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
-    )
+    add_texts_arguments(served)
     served.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     served.add_argument("--force", action="store_true", help="measure again even if up to date")
     served.set_defaults(command_run=run_serving)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import running, served_settings
-from edgedistill.bench.serving import server_settings
-from edgedistill.bench.stats import Record
+from edgedistill.bench.processes import measured_server, running, served_settings
+from edgedistill.bench.records import Record
 from edgedistill.bench.tables import markdown_results, print_results
-from edgedistill.bench.texts import Examples, check_kind, dev_split, texts_info
+from edgedistill.bench.texts import check_kind, dev_split, texts_info
 from edgedistill.common import progress
 from edgedistill.common.cascade import describe, load_served
+from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.client import Client
@@ -93,7 +93,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")
     examples = dev_split(inputs.recipe.data)
     check_kind(examples, bundle.pairs)
-    flags, settings = server_settings(bundle.folder, threads=0)
+    flags, settings = measured_server(bundle.folder, threads=0)
     token = settings.token.get_secret_value() if settings.token else None
     work = inputs.fresh_work()
     predicted = {}

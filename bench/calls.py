@@ -5,7 +5,7 @@ import statistics
 
 import numpy as np
 from edgedistill.bench import BenchError
-from edgedistill.bench.texts import Examples
+from edgedistill.common.data import Examples
 from edgedistill.serve.proto import kserve_pb2
 
 LOGITS_TOLERANCE = 1e-3  # every server runs the same ONNX Runtime model; only thread scheduling may differ
@@ -13,7 +13,7 @@ LOGITS_TOLERANCE = 1e-3  # every server runs the same ONNX Runtime model; only t
 
 def median_example(examples: Examples) -> tuple[str, str | None]:
     """The example of median length (characters of the text and its pair)."""
-    lengths = [len(t) + (len(examples.pairs[i]) if examples.pairs else 0) for i, t in enumerate(examples.texts)]
+    lengths = examples.lengths()
     index = lengths.index(statistics.median_low(lengths))
     return examples.texts[index], examples.pairs[index] if examples.pairs else None
 

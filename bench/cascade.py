@@ -19,8 +19,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from edgedistill.bench import BenchError, drivers
-from edgedistill.bench.processes import running, served_settings
-from edgedistill.bench.serving import WARMUP_S, classify_requests, server_settings
+from edgedistill.bench.processes import measured_server, running, served_settings
+from edgedistill.bench.serving import WARMUP_S, classify_requests
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import record_line
 from edgedistill.bench.texts import load_texts
@@ -81,7 +81,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
     async with AsyncExitStack() as stack:
         calls, servers = {}, {}
         for model, folder in folders.items():
-            flags, settings = server_settings(folder, cfg.threads)
+            flags, settings = measured_server(folder, cfg.threads)
             servers[model] = stack.enter_context(
                 running("edgedistill.serve", flags, settings.port, work / f"{model}.log")
             )

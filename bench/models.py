@@ -6,7 +6,7 @@ execution providers are timed where this onnxruntime build offers them, and left
 elsewhere; the teacher in eager mode is also timed on the GPU that the recipe's `runtime.device` resolves
 to, if it resolves to one (`distill.device`). Settings come from the recipe's `bench.models` section, its
 `threads` for PyTorch and ONNX Runtime alike. Results go to `runs/<recipe>/bench/` as a
-`bench.stats.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
+`bench.records.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
 """
 
 import time
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import read_bundle

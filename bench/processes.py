@@ -13,7 +13,7 @@ import grpc
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.processes import dying_with_this_process
-from edgedistill.serve.settings import load_settings
+from edgedistill.serve.settings import Settings, load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 120.0
@@ -33,6 +33,17 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
     return flags + ["--threads", str(threads), "--workers", str(workers)]
+
+
+def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
+    """The flags of one measured server process on `bundle` (`serve_flags`, on a free port) and the settings they
+    give with `EDGEDISTILL_*` variables; `BenchError` when those give it TLS, as measurements call over plaintext."""
+    # One server process: a driver's connection and the CPU figure sample one process.
+    flags = serve_flags(bundle, free_port(), threads, workers=1)
+    settings = load_settings(flags)
+    if settings.tls_cert is not None:
+        raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
+    return flags, settings
 
 
 def served_settings(bundle: Path, threads: int) -> dict:

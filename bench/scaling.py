@@ -6,7 +6,7 @@ then, `repeats` times with the counts in a rotating order, h2load runs two phase
 (`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
 over `paced_connections`, the same for every count, each from its own h2load process so that their calls
 interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.calls`). The
-result is the artifact `runs/<recipe>/serve-scaling/`: bench.json (a `bench.stats.ServingResult`), bench.md,
+result is the artifact `runs/<recipe>/serve-scaling/`: bench.json (a `bench.records.ServingResult`), bench.md,
 every server's log.
 """
 
@@ -21,7 +21,8 @@ from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, me
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
-from edgedistill.bench.stats import ServingResult, machine, summarize
+from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
@@ -79,8 +80,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg, counts)
     result = ServingResult(
-        bundle={"path": str(bundle_folder)}
-        | model.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle=bundle_record(bundle_folder, model.spec),
         settings={"workers": {"asked": cfg.workers, "measured": counts}},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},

@@ -19,7 +19,7 @@ Settings and targets come from the recipe's `bench.serving` section; server sett
 `EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
 process and the server, so a client-bound result shows. Each figure is the median over the repeats
 with min and max. The result is the artifact `runs/<recipe>/serve-bench/`: bench.json (a
-`bench.stats.ServingResult`), bench.md, the three servers' logs and the manifest.
+`bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
 """
 
 import asyncio
@@ -30,15 +30,17 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, running, serve_flags, served_settings
-from edgedistill.bench.stats import ServingResult, machine, summarize
+from edgedistill.bench.processes import free_port, measured_server, running, served_settings
+from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
-from edgedistill.bench.texts import Examples, load_texts, texts_info
+from edgedistill.bench.texts import load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ServingBenchConfig
+from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
@@ -46,7 +48,7 @@ from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.client import bearer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
-from edgedistill.serve.settings import Settings, load_settings
+from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 STAGE = "serve-bench"
@@ -95,27 +97,17 @@ def evaluate(summary: dict, cfg: ServingBenchConfig) -> tuple[dict[str, float], 
     return ratios, targets
 
 
-def server_settings(bundle: Path, threads: int) -> tuple[list[str], Settings]:
-    """The server's flags and the settings they give together with `EDGEDISTILL_*` variables."""
-    # One server process: the drivers use one connection and the CPU figure samples one process.
-    flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = load_settings(flags)
-    if settings.tls_cert is not None:
-        raise BenchError("the benchmark calls over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
-    return flags, settings
-
-
 def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
     """The examples tokenized with the bundle's tokenizer, padded into batches of BATCH."""
     encoder = TextEncoder.for_bundle(bundle)
-    return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in examples.load_groups(BATCH)]
+    return [pad_rows(encoder.encode(g.texts, g.pairs), encoder.pad_values) for g in load_groups(examples, BATCH)]
 
 
 def classify_requests(examples: Examples, size: int) -> list[classifier_pb2.ClassifyRequest]:
-    """`Classify` requests of `size` examples each (`Examples.load_groups`), with their pairs where they have them."""
+    """`Classify` requests of `size` examples each (`bench.texts.load_groups`), with their pairs where they have them."""
     return [
         classifier_pb2.ClassifyRequest(texts=group.texts, text_pairs=group.pairs or [])
-        for group in examples.load_groups(size)
+        for group in load_groups(examples, size)
     ]
 
 
@@ -216,15 +208,14 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
         )
     bundle = load_bundle(bundle_folder)
     examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
-    flags, settings = server_settings(bundle_folder, cfg.threads)
+    flags, settings = measured_server(bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()
     runs = asyncio.run(measure_all(cfg, bundle, work, flags, settings, examples))
     summary = {phase: summarize(records) for phase, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
-        bundle={"path": str(bundle_folder)}
-        | bundle.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle=bundle_record(bundle_folder, bundle.spec),
         settings=settings.model_dump(mode="json", exclude={"token", "port"}),
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},

@@ -1,33 +1,13 @@
-"""Statistics of timed calls, and the benchmarks' result records as their JSON files hold them.
+"""Statistics of timed calls, in ms: the figures of one stretch of calls, and their spread over repeats.
 
-Latencies are in ms. `call_stats` gives the figures of one stretch of calls, from the serving
-benchmark's drivers and the load tests' samples alike; `Spread` is a figure's median, min and max
-over repeats. `ModelTable` is the model benchmark's `bench.json`; `ServingResult` that of the serving
-benchmark, the peer comparison and the scaling benchmark; `machine` what each result records of the machine
-it was measured on.
+`call_stats` gives the figures of one stretch of calls, from the serving benchmark's drivers and the load tests'
+samples alike; `summarize` their spread (`bench.records.Spread`) over repeats.
 """
 
-import os
-import statistics
-from pathlib import Path
-from typing import Any
-
 import numpy as np
-from edgedistill.common.config.training import METRIC_NAMES, Metric
-from pydantic import BaseModel, ConfigDict, Field
+from edgedistill.bench.records import Spread
 
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
-RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
-
-
-def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, Any]:
-    """The machine a measurement ran on: its CPUs, the load average before it (`os.getloadavg()` then) and now,
-    after it, and `more` (versions, usable cores, ...)."""
-    return {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(), **more}
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def percentiles(ms: np.ndarray) -> dict[str, float | None]:
@@ -54,124 +34,9 @@ def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: f
     return stats | percentiles(ok_ms)
 
 
-class Spread(Record):
-    """A figure over repeats."""
-
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Spread":
-        return cls(median=statistics.median(values), min=min(values), max=max(values))
-
-
 def summarize(records: list[dict]) -> dict[str, Spread]:
     """The spread over `records` (one per repeat) of every field that is a number in the first."""
     numeric = [
         key for key, value in records[0].items() if isinstance(value, int | float) and not isinstance(value, bool)
     ]
     return {key: Spread.of([record[key] for record in records]) for key in numeric}
-
-
-class Timing(Record):
-    """Milliseconds per call over `calls` timed calls."""
-
-    median_ms: float
-    min_ms: float
-    max_ms: float
-    calls: int
-
-    @classmethod
-    def of(cls, times_ms: list[float]) -> "Timing":
-        return cls(
-            median_ms=statistics.median(times_ms), min_ms=min(times_ms), max_ms=max(times_ms), calls=len(times_ms)
-        )
-
-
-class Cell(Timing):
-    """One model at one batch size and length; `speedup` is against the table's first row at the same shape."""
-
-    batch: int
-    length: int
-    speedup: float
-    items_per_s: float
-
-    @property
-    def label(self) -> str:
-        return f"b{self.batch}_s{self.length}"
-
-
-class ModelRow(Record):
-    """One model of the model benchmark: what it is, and a cell per batch size and length."""
-
-    model: str
-    precision: str
-    runtime: str
-    size_bytes: int
-    dev_accuracy: float
-    dev_selected: float | None = Field(
-        None, description="the recipe's selection metric on dev (`ModelTable.metric`) when it is not accuracy"
-    )
-    max_length: int | None = None
-    cells: list[Cell]
-
-    def cell(self, batch: int, length: int) -> Cell | None:
-        return next((c for c in self.cells if (c.batch, c.length) == (batch, length)), None)
-
-
-class ModelTable(Record):
-    """The model benchmark's `bench.json`: the rows, the teacher in PyTorch eager on the CPU first."""
-
-    threads: int
-    metric: Metric = Field("accuracy", description="the recipe's selection metric (`data.metric`)")
-    rows: list[ModelRow]
-
-    def dev_columns(self) -> list[str]:
-        """Titles of the dev figures a table shows: accuracy, then the selection metric when it is another."""
-        return ["dev acc"] + ([] if self.metric == "accuracy" else [f"dev {METRIC_NAMES[self.metric]}"])
-
-    def dev_figures(self, row: ModelRow) -> list[str]:
-        """`row`'s figures under `dev_columns` ("-" where its manifest has no such figure)."""
-        shown = [f"{row.dev_accuracy:.4f}"]
-        if self.metric != "accuracy":
-            shown.append("-" if row.dev_selected is None else f"{row.dev_selected:.4f}")
-        return shown
-
-    @property
-    def shapes(self) -> list[tuple[int, int]]:
-        """(batch, length) of every cell, in the order of the columns."""
-        return [(c.batch, c.length) for c in self.rows[0].cells]
-
-    @classmethod
-    def load(cls, folder: Path) -> "ModelTable":
-        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))
-
-
-class ServingResult(Record):
-    """The `bench.json` of the serving benchmark, the peer comparison and the scaling benchmark (`bench.serving`,
-    `bench.peers.compare`, `bench.scaling`): every repeat's figures per run (a phase, of a server or a worker count
-    in the last two), their spreads, the ratios between runs and the targets' verdicts."""
-
-    bundle: dict[str, Any]
-    settings: dict[str, Any]
-    options: dict[str, Any]
-    texts: dict[str, Any]
-    machine: dict[str, Any]
-    runs: dict[str, list[dict[str, Any]]]
-    summary: dict[str, dict[str, Spread]]
-    ratios: dict[str, float]
-    targets: list[dict[str, Any]]
-    passed: bool
-
-    def median(self, phase: str, figure: str) -> float:
-        return self.summary[phase][figure].median
-
-    def save(self, folder: Path, markdown: str) -> None:
-        """bench.json and its tables as bench.md in `folder`."""
-        (folder / RESULT_FILE).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (folder / "bench.md").write_text(markdown, encoding="utf-8")
-
-    @classmethod
-    def load(cls, folder: Path) -> "ServingResult":
-        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))

@@ -6,64 +6,37 @@ training and export stages read it: the recipe's `text_column`, `text_pair_colum
 `dev_limit` as the export stage cut it.
 """
 
+import argparse
 import random
 import statistics
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgedistill.bench import BenchError
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, load_labelled
-from edgedistill.serve.client import UsageError, read_tsv
+from edgedistill.common.data import DataError, Examples, load_labelled
+from edgedistill.serve.client import UsageError, read_lines, read_tsv
 
 TEXT_COUNT = 512
-
-
-@dataclass(frozen=True)
-class Examples:
-    """Texts, their pairs (None: single texts), their gold label ids (None: unlabelled), and where they came from."""
-
-    texts: list[str]
-    pairs: list[str] | None
-    labels: list[int] | None
-    source: str
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def take(self, indices: list[int]) -> "Examples":
-        def pick(values):
-            return None if values is None else [values[i] for i in indices]
-
-        return replace(self, texts=pick(self.texts), pairs=pick(self.pairs), labels=pick(self.labels))
-
-    def batches(self, size: int) -> list["Examples"]:
-        """Consecutive groups of at most `size`, in order, covering every example once."""
-        return [self.take(list(range(start, min(start + size, len(self))))) for start in range(0, len(self), size)]
-
-    def load_groups(self, size: int) -> list["Examples"]:
-        """Groups of exactly `size` to send as load (`batches_of`: at least one, wrapping round)."""
-        return [self.take(indices) for indices in batches_of(list(range(len(self))), size)]
 
 
 def dev_split(data: DataConfig) -> Examples:
     """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids (read as
     the training stages read it)."""
     try:
-        dev = load_labelled(data.dev, data, data.dev_limit)
+        return load_labelled(data.dev, data, data.dev_limit)
     except DataError as err:
         raise BenchError(str(err)) from None
-    return Examples(dev.texts, dev.pairs, dev.labels, data.dev)
 
 
 def read_texts_file(path: Path) -> Examples:
-    """Single texts, one per line; blank lines skipped."""
+    """Single texts, one per line, stripped (as the client's --file reads them: blank lines skipped, one that shows
+    nothing refused)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise BenchError(f"cannot read {path}: {err}") from err
-    return Examples([line.strip() for line in lines if line.strip()], None, None, str(path))
+        lines = read_lines(path, stdin=sys.stdin)
+    except UsageError as err:
+        raise BenchError(str(err)) from err
+    return Examples([line.strip() for line in lines], None, None, str(path))
 
 
 def read_pairs_file(path: Path) -> Examples:
@@ -73,6 +46,19 @@ def read_pairs_file(path: Path) -> Examples:
     except UsageError as err:
         raise BenchError(str(err)) from err
     return Examples(texts, pairs, None, str(path))
+
+
+def add_texts_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--texts FILE` or `--pairs FILE` (for `load_texts`), on every command that sends texts."""
+    texts = parser.add_mutually_exclusive_group()
+    texts.add_argument(
+        "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
+    )
+    texts.add_argument(
+        "--pairs",
+        type=Path,
+        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
+    )
 
 
 def load_texts(
@@ -120,11 +106,14 @@ def batches_of(values: list, size: int) -> list[list]:
     return [[values[(k * size + j) % len(values)] for j in range(size)] for k in range(max(1, len(values) // size))]
 
 
+def load_groups(examples: Examples, size: int) -> list[Examples]:
+    """Groups of exactly `size` examples to send as load (`batches_of`: at least one, wrapping round)."""
+    return [examples.take(indices) for indices in batches_of(list(range(len(examples))), size)]
+
+
 def texts_info(examples: Examples) -> dict:
     """Where the texts came from, how many, whether pairs, and their lengths in characters (a pair's both texts)."""
-    lengths = [len(text) for text in examples.texts]
-    if examples.pairs is not None:
-        lengths = [length + len(pair) for length, pair in zip(lengths, examples.pairs, strict=True)]
+    lengths = examples.lengths()
     return {
         "source": examples.source,
         "count": len(examples),

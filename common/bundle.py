@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgedistill.common import manifest as mf
-from edgedistill.common.text import Style
+from edgedistill.common.textstyle import Style
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
@@ -92,7 +92,7 @@ class BundleSpec(ServedModel):
         "raw",
         description="how the model's training text was written (the recipe's `transfer.text_style`), and so how the "
         "server writes each text before its tokenizer: `ptb_lower` lower-cased and PTB-tokenised, `raw` as sent "
-        "(`common.text.as_served`); raw in bundles built before it was recorded",
+        "(`common.textstyle.as_served`); raw in bundles built before it was recorded",
     )
 
     @property

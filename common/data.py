@@ -12,7 +12,7 @@ import json
 import unicodedata
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
@@ -28,29 +28,50 @@ class DataError(ValueError):
 
 
 @dataclass(frozen=True)
-class Labelled:
+class Examples:
+    """Texts, their pairs (None: single texts), their gold label ids (None: unlabelled), and where they came from."""
+
     texts: list[str]
     pairs: list[str] | None
-    labels: list[int]
+    labels: list[int] | None
+    source: str
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def take(self, indices: list[int]) -> "Examples":
+        """The examples at `indices`, in their order."""
+
+        def pick(values):
+            return None if values is None else [values[i] for i in indices]
+
+        return replace(self, texts=pick(self.texts), pairs=pick(self.pairs), labels=pick(self.labels))
+
+    def batches(self, size: int) -> list["Examples"]:
+        """Consecutive groups of at most `size`, in order, covering every example once."""
+        return [self.take(list(range(start, min(start + size, len(self))))) for start in range(0, len(self), size)]
+
+    def lengths(self) -> list[int]:
+        """Each example's length in characters, a pair's both texts."""
+        if self.pairs is None:
+            return [len(text) for text in self.texts]
+        return [len(text) + len(pair) for text, pair in zip(self.texts, self.pairs, strict=True)]
 
     def absent(self, names: list[str]) -> list[str]:
         """The label names no example carries."""
         seen = set(self.labels)
         return [name for index, name in enumerate(names) if index not in seen]
 
-    def shared_with(self, other: "Labelled") -> int:
+    def shared_with(self, other: "Examples") -> int:
         """How many of these examples (text, and pair) `other` holds too."""
         held = set(zip(other.texts, other.pairs or [None] * len(other), strict=True))
         return sum(example in held for example in zip(self.texts, self.pairs or [None] * len(self), strict=True))
 
-    def both_ways(self) -> "Labelled":
+    def both_ways(self) -> "Examples":
         """These pairs followed by each pair the other way round, with the same labels."""
         if self.pairs is None:
             raise ValueError("both_ways needs sentence pairs")
-        return Labelled(self.texts + self.pairs, self.pairs + self.texts, self.labels * 2)
+        return replace(self, texts=self.texts + self.pairs, pairs=self.pairs + self.texts, labels=self.labels * 2)
 
 
 def _require_file(path: Path) -> None:
@@ -249,7 +270,7 @@ def _text(cell, where: str, column: str, fix: str) -> str:
     return text
 
 
-def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Labelled:
+def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Examples:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index.
     With `limit`, the first `limit` examples, reading no further."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
@@ -287,10 +308,10 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Lab
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
     if not texts:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
-    return Labelled(texts, pairs if cfg.text_pair_column else None, labels)
+    return Examples(texts, pairs if cfg.text_pair_column else None, labels, source)
 
 
-def _split(cfg: DataConfig, key: str, limit: int | None = None) -> Labelled:
+def _split(cfg: DataConfig, key: str, limit: int | None = None) -> Examples:
     """The split the setting `data.<key>` names, its first `limit` examples; its errors name the setting first."""
     try:
         return load_labelled(getattr(cfg, key), cfg, limit)
@@ -298,14 +319,14 @@ def _split(cfg: DataConfig, key: str, limit: int | None = None) -> Labelled:
         raise DataError(f"data.{key}: {err}") from None
 
 
-def load_splits(cfg: DataConfig) -> tuple[Labelled, Labelled]:
+def load_splits(cfg: DataConfig) -> tuple[Examples, Examples]:
     """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`; train pairs both ways if
     `symmetric_pairs`."""
     train = _split(cfg, "train", cfg.train_limit)
     return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev", cfg.dev_limit)
 
 
-def load_test(cfg: DataConfig) -> Labelled | None:
+def load_test(cfg: DataConfig) -> Examples | None:
     """The recipe's test split, or None without one."""
     return None if cfg.test is None else _split(cfg, "test")
 

@@ -209,7 +209,8 @@ def _style(recipe: Recipe) -> list[str]:
         return []
     return [
         "The model learnt from lower-cased, PTB-tokenised text (`do n't stop .`), and reads `don't` otherwise than "
-        "`do n't`: write texts so before the tokenizer, with `edgedistill.common.text.tokenise`, as the server does.",
+        "`do n't`: write texts so before the tokenizer, with `edgedistill.common.textstyle.tokenise`, as the server "
+        "does.",
         "",
     ]
 

@@ -35,7 +35,7 @@ from edgedistill.common.config.training import (
     TransferConfig,
 )
 from edgedistill.common.manifest import sha256_file
-from edgedistill.common.text import Style
+from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
 
 UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change no artifact of another stage

@@ -20,6 +20,8 @@ import os
 import warnings
 from pathlib import Path
 
+from edgedistill.common.machine import usable_cores
+
 HUB_TEACHER = "sentence-transformers/all-MiniLM-L6-v2"
 RENAMED = {  # new name -> the name an earlier release read
     "EDGEDISTILL_DATA_DIR": "DATA_DIR",
@@ -131,14 +133,15 @@ def trt_cache() -> Path:
 
 def threads() -> int:
     """Intra-op threads of PyTorch in a pipeline stage, and of ONNX Runtime where the labeller bundle labels the
-    transfer set: `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every core. The model
-    benchmark takes its recipe's `bench.models.threads` instead, and the export checks a fixed two."""
+    transfer set: `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every usable core (the
+    affinity within a cgroup's CPU quota, `common.machine.usable_cores`). The model benchmark takes its recipe's
+    `bench.models.threads` instead, and the export checks a fixed two."""
     name = "EDGEDISTILL_TORCH_THREADS"
     value = env(name)
     if value is None and os.environ.get("OMP_NUM_THREADS"):
         name, value = "OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"].split(",")[0]
     if value is None:
-        return os.cpu_count() or 1
+        return usable_cores()
     if not value.strip().isdigit() or int(value) < 1:
         raise SettingError(f"{name}={value!r}: give a whole number of threads, at least 1")
     return int(value)

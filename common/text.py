@@ -1,16 +1,10 @@
-"""Text as files hold it and tokenizers read it: what starts UTF-16 text, what a text shows (tokenizers drop
-control, format such as zero-width, and space characters, and U+FFFD, the replacement character a decoder writes
-for bytes it could not read), and the style a task's text is written in, which training and serving share.
+"""Text as files hold it and tokenizers read it: what starts UTF-16 text, texts stored one per line, and what a text
+shows (tokenizers drop control, format such as zero-width, and space characters, and U+FFFD, the replacement
+character a decoder writes for bytes it could not read)."""
 
-A `Style` says how a task's text is written: `raw` as given; `ptb_lower` lower-cased and PTB-tokenised as in
-SST-2 ("it 's a charming journey ."). The transfer set writes every text in the recipe's style (`styled`); a
-bundle records the style, and the server writes each text it is sent in it (`as_served`) before its tokenizer.
-"""
-
-import html
-import re
+import itertools
 import unicodedata
-from typing import Literal
+from pathlib import Path
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 
@@ -23,34 +17,18 @@ def shows_nothing(text: str) -> bool:
     return all(char == REPLACEMENT or unicodedata.category(char) in INVISIBLE for char in text)
 
 
-Style = Literal["raw", "ptb_lower"]
-
-_TAG = re.compile(r"<[^>]*>")
-_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
-# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
-# alternative starts with, lets the regex engine skip the other characters fast.
-_PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
-
-
-def tokenise(text: str) -> str:
-    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
-    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
-    if "'" in text:  # every clitic holds one
-        text = _CLITIC.sub(r" \1", text)
-    text = _PUNCT.sub(r" \1 ", text)
-    return " ".join(text.split())
+def write_texts(path: Path, texts: list[str]) -> None:
+    """`texts` one per line, each ended by LF, written as they go (never joined into one string); `ValueError` for a
+    text that holds an LF itself, which would read back as two."""
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for text in texts:
+            if "\n" in text:
+                raise ValueError(f"the text {text[:80]!r} holds a line break (LF), which one text per line cannot hold")
+            handle.write(text + "\n")
 
 
-def styled(text: str, style: Style) -> str:
-    """`text` written in `style`: `ptb_lower` tokenises it; `raw` only removes HTML tags and entities and
-    collapses whitespace."""
-    if style == "ptb_lower":
-        return tokenise(text)
-    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
-
-
-def as_served(texts: list[str] | None, style: Style) -> list[str] | None:
-    """`texts` as a bundle of `style` hands them to its tokenizer: tokenised for `ptb_lower`, so that a client's
-    "Don't" reads as the model's training text "do n't"; as sent for `raw` (whose markup removal is for scraped
-    text, which clients do not send). None (a task without pairs) stays None."""
-    return [tokenise(text) for text in texts] if texts is not None and style == "ptb_lower" else texts
+def read_texts(path: Path, count: int | None = None) -> list[str]:
+    """The first `count` texts (all, without it) of a file `write_texts` wrote, read line by line: only LF ends a
+    line, so that a text keeps the CR, form feed, U+0085 or U+2028 it holds (`str.splitlines` would end one there)."""
+    with path.open(encoding="utf-8", newline="\n") as handle:
+        return [line.removesuffix("\n") for line in itertools.islice(handle, count)]

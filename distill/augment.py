@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable
 
-from edgedistill.common.text import Style, styled
+from edgedistill.common.textstyle import Style, styled
 
 Replacer = Callable[[list[str], int, random.Random], str]
 """Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import Labelled, load_splits, load_test
+from edgedistill.common.data import Examples, load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, pretrain
@@ -53,7 +53,7 @@ def predict_logits(
     return np.stack(out)
 
 
-def test_metrics(test: Labelled | None, logits_of, data: DataConfig) -> dict:
+def test_metrics(test: Examples | None, logits_of, data: DataConfig) -> dict:
     """`test_accuracy`, `test_f1`, ... of `logits_of(split) -> logits` on the test split; {} without one."""
     if test is None:
         return {}

@@ -41,6 +41,20 @@ def top_two_gap(logits: np.ndarray) -> np.ndarray:
     return top[:, -1] - top[:, -2]
 
 
+def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> dict:
+    """How the predictions of `logits` agree with those of `reference`, both (N, C): the share equal; the share equal
+    but for tie flips, differing where `reference`'s top two logits are within `tie_margin` (a near-tie); the tie
+    flips; and the largest |Δlogit|."""
+    tie = top_two_gap(reference) < tie_margin
+    differ = logits.argmax(-1) != reference.argmax(-1)
+    return {
+        "agreement": float(1 - differ.mean()),
+        "agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
+        "tie_flips": int((differ & tie).sum()),
+        "max_abs_diff": float(np.abs(logits - reference).max()),
+    }
+
+
 class SecondPass:
     """Labels again with `forward` (the teacher in PyTorch) every text an INT8 labeller is unsure of: its margin,
     the gap between its two highest logits, below `margin`. Counts the texts it sees and those it labels again."""
@@ -184,16 +198,8 @@ def precision_check(
         reference = predict_logits(
             hf_logits(model), feats, tokenizer.pad_token_id, cfg.label_batch_size, None, placement
         )
-    reduced = logits[sample].astype(np.float32)
-    tie = top_two_gap(reference) < cfg.tie_margin
-    differ = reduced.argmax(-1) != reference.argmax(-1)
-    return {
-        "fp32_check_sentences": len(sample),
-        "fp32_agreement": float(1 - differ.mean()),
-        "fp32_agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
-        "fp32_tie_flips": int((differ & tie).sum()),
-        "fp32_max_abs_diff": float(np.abs(reduced - reference).max()),
-    }
+    figures = agreement(logits[sample].astype(np.float32), reference, cfg.tie_margin)
+    return {"fp32_check_sentences": len(sample)} | {f"fp32_{key}": value for key, value in figures.items()}
 
 
 def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:

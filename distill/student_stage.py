@@ -23,6 +23,7 @@ from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.text import read_texts
 from edgedistill.distill import device, dist, heads, pretrain, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
@@ -113,11 +114,11 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
 def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
     """Token ids of the transfer set (pairs too, when it has them), the teacher's logits (float16, as stored: a batch
     takes them as float32), and gold labels or -100."""
-    pairs = transfer.read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
+    pairs = read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
-    return encode(tokenizer, transfer.read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
+    return encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:

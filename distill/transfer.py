@@ -8,7 +8,6 @@ Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence 
 (float16, (N, C)) and `dev_logits.npy`.
 """
 
-import itertools
 import json
 import shutil
 import time
@@ -22,24 +21,13 @@ from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.text import write_texts
 from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.transfer_texts import SOURCES, build_texts
-
-
-def write_texts(path: Path, texts: list[str]) -> None:
-    """`texts` one per line, written as they go (never joined into one string)."""
-    with path.open("w", encoding="utf-8", newline="\n") as handle:
-        handle.writelines(text + "\n" for text in texts)
-
-
-def read_texts(path: Path, count: int | None = None) -> list[str]:
-    """The first `count` texts (all, without it) of a file `write_texts` wrote, read line by line."""
-    with path.open(encoding="utf-8", newline="\n") as handle:
-        return [line.removesuffix("\n") for line in itertools.islice(handle, count)]
 
 
 def stage(recipe: Recipe) -> Stage:

@@ -13,7 +13,7 @@ import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.text import styled
+from edgedistill.common.textstyle import styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
     augment_examples,

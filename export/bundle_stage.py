@@ -34,7 +34,8 @@ from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.common.text import as_served
+from edgedistill.common.text import read_texts
+from edgedistill.common.textstyle import as_served
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
@@ -111,9 +112,9 @@ def _calibration(
 ) -> list[dict[str, np.ndarray]]:
     """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
     calibration."""
-    texts = transfer.read_texts(transfer_dir / "texts.txt", count)
+    texts = read_texts(transfer_dir / "texts.txt", count)
     pairs_file = transfer_dir / "pairs.txt"
-    pairs = transfer.read_texts(pairs_file, count) if pairs_file.is_file() else None
+    pairs = read_texts(pairs_file, count) if pairs_file.is_file() else None
     return _batches(texts, pairs, tokenizer, length, inputs)
 
 

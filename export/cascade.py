@@ -24,7 +24,7 @@ from edgedistill.common.data import load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.common.text import as_served
+from edgedistill.common.textstyle import as_served
 from edgedistill.distill import finetune
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics

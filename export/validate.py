@@ -6,7 +6,7 @@ import torch
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.runtime import Runner
 from edgedistill.distill.finetune import predict_logits
-from edgedistill.distill.labelling import top_two_gap
+from edgedistill.distill.labelling import agreement
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
@@ -66,13 +66,7 @@ def parity(
     tie flip (`tie_flips`), which `agreement_beyond_ties` (what the gate reads) does not count."""
     gold = np.asarray(labels)
     task = task_metrics(ort_logits, labels, data)
-    differ = ort_logits.argmax(-1) != torch_logits.argmax(-1)
-    tie = top_two_gap(torch_logits) < tie_margin
-    return {
-        "agreement": float(1 - differ.mean()),
-        "agreement_beyond_ties": float(1 - (differ & ~tie).mean()),
-        "tie_flips": int((differ & tie).sum()),
-        "max_abs_diff": float(np.abs(ort_logits - torch_logits).max()),
+    return agreement(ort_logits, torch_logits, tie_margin) | {
         "dev_accuracy": float((ort_logits.argmax(-1) == gold).mean()),
         "torch_dev_accuracy": float((torch_logits.argmax(-1) == gold).mean()),
         **{key: task[key] for key in ("dev_macro_f1", "dev_f1") if key in task},

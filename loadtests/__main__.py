@@ -16,6 +16,7 @@ from typing import get_args
 
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.serving import bundle_to_serve
+from edgedistill.bench.texts import add_texts_arguments
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
@@ -30,15 +31,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     add_recipe_argument(parser)
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
-    texts = parser.add_mutually_exclusive_group()
-    texts.add_argument(
-        "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
-    )
-    texts.add_argument(
-        "--pairs",
-        type=Path,
-        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
-    )
+    add_texts_arguments(parser)
     parser.add_argument(
         "--scenarios",
         default=settings.env(SCENARIOS_VAR),

@@ -15,6 +15,7 @@ import random
 import time
 
 from edgedistill.common import settings
+from edgedistill.common.text import read_texts
 from edgedistill.loadtests import plan
 from edgedistill.loadtests.grpc_user import GrpcUser
 from edgedistill.loadtests.recorder import Recorder
@@ -26,8 +27,8 @@ from edgedistill.serve.settings import env_name
 from locust import events
 
 PLAN = plan.current()
-TEXTS = PLAN.texts.read_text(encoding="utf-8").splitlines()
-PAIRS = None if PLAN.pairs is None else PLAN.pairs.read_text(encoding="utf-8").splitlines()
+TEXTS = read_texts(PLAN.texts)
+PAIRS = None if PLAN.pairs is None else read_texts(PLAN.pairs)
 Shape = SHAPES[PLAN.profile]  # the one shape class locust finds in this module
 
 

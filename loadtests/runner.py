@@ -19,19 +19,20 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, free_port, log_tail, running, serve_flags, served_settings, start
-from edgedistill.bench.stats import machine
+from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
+from edgedistill.bench.records import machine
 from edgedistill.bench.texts import load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.common.text import write_texts
 from edgedistill.loadtests import live
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
 from edgedistill.loadtests.recorder import SAMPLES_FILE
-from edgedistill.serve.settings import Settings, load_settings
+from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
@@ -78,10 +79,7 @@ class Sampler(threading.Thread):
 
 def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
     """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags = serve_flags(bundle, free_port(), cfg.threads, workers=1)  # the sampler watches one server process
-    settings = load_settings(flags)
-    if settings.tls_cert is not None:
-        raise LoadtestError("the load test calls over plaintext: unset EDGEDISTILL_TLS_*")
+    flags, settings = measured_server(bundle, cfg.threads)  # the sampler watches one server process
     if cfg.batch_size > settings.max_texts:
         raise LoadtestError(f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={settings.max_texts}")
     return flags, settings
@@ -189,9 +187,14 @@ def _build(
         samples=Path(SAMPLES_FILE),
     )
     (work / "plan.json").write_text(plan.model_dump_json(indent=1), encoding="utf-8")
-    (work / "texts.txt").write_text("\n".join(examples.texts) + "\n", encoding="utf-8")
-    if examples.pairs is not None:
-        (work / "pairs.txt").write_text("\n".join(examples.pairs) + "\n", encoding="utf-8")
+    try:
+        write_texts(work / "texts.txt", examples.texts)
+        if examples.pairs is not None:
+            write_texts(work / "pairs.txt", examples.pairs)
+    except ValueError as err:
+        raise LoadtestError(
+            f"{examples.source}: {err}; the load test sends its texts from such a file: remove it"
+        ) from None
     load_before = os.getloadavg()
     console.print(f"[dim]{profile}: {plan.duration_s:g} s of load on {bundle.name}[/]")
     module, args = (

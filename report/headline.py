@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgedistill.bench.stats import ModelTable, ServingResult
+from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import Recipe, RecipeError, add_recipe_argument, load_recipe, parse_overrides, run_dir

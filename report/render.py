@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.stats import ModelTable
+from edgedistill.bench.records import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.cascade import is_cascade

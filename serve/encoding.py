@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common.bundle import Bundle
-from edgedistill.common.text import Style, as_served
+from edgedistill.common.textstyle import Style, as_served
 from edgedistill.serve.errors import BundleRejected, InvalidInput
 from tokenizers import Tokenizer
 

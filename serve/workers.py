@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.processes import alive, die_with_parent
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.errors import BundleRejected
@@ -48,80 +49,10 @@ log = logging.getLogger("serve")
 SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's environment: where to report
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
-CGROUP = Path("/sys/fs/cgroup")  # where the cgroup file systems are (v2; v1 mounts one folder per controller)
-MEMBERSHIP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
 
 
 # --- how many -------------------------------------------------------------------------------------------------
-
-
-def cgroup_folders(controller: str, cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> list[Path]:
-    """This process's cgroup folder and its ancestors' up to the mount, those that exist, in the v2 hierarchy
-    (`controller` "") or in v1's hierarchy of `controller` ("cpu", "memory"). A limit of any of them applies. In a
-    container the process's cgroup is the mount itself (a cgroup namespace, or v1's bind mount), elsewhere (a systemd
-    unit's CPUQuota and MemoryMax, `systemd-run`, a cgroup made by hand) a folder below it, named in `membership`."""
-    mount = cgroup / controller if controller else cgroup
-    path = "/"
-    try:
-        lines = membership.read_text().splitlines()
-    except OSError:  # not Linux, or no /proc: the mount alone
-        lines = []
-    for line in lines:  # "<id>:<controllers>:<path>"; v2's line names no controller
-        _, controllers, where = line.split(":", 2)
-        if controller in controllers.split(","):
-            path = where
-            break
-    parts = Path(path).parts[1:]
-    # outside the cgroup namespace it was started in, a process sees its path as "/../..": the mount alone then
-    own = mount if ".." in parts else mount.joinpath(*parts)
-    return [folder for folder in (own, *own.parents) if folder.is_relative_to(mount) and folder.is_dir()]
-
-
-def cpu_quota(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int | None:
-    """Whole CPUs of the smallest quota of this process's cgroup and its ancestors (v2 `cpu.max`, v1
-    `cpu.cfs_quota_us` over `cpu.cfs_period_us`), at least one; None without a quota."""
-    quotas = []
-    for folder in cgroup_folders("", cgroup, membership):
-        try:
-            quota, period = (folder / "cpu.max").read_text().split()
-        except (OSError, ValueError):
-            continue
-        if quota != "max":
-            quotas.append(int(quota) / int(period))
-    for folder in cgroup_folders("cpu", cgroup, membership):
-        try:
-            quota, period = ((folder / name).read_text().strip() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
-        except OSError:
-            continue
-        if quota != "-1":
-            quotas.append(int(quota) / int(period))
-    return max(1, int(min(quotas))) if quotas else None
-
-
-def usable_cores(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
-    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit, a systemd
-    unit's CPUQuota)."""
-    cores = len(os.sched_getaffinity(0))
-    return min(cores, cpu_quota(cgroup, membership) or cores)
-
-
-def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
-    """Bytes of memory for the workers: the smallest limit of this process's cgroup and its ancestors where one is
-    set (a container's, a systemd unit's MemoryMax), else what the system has available."""
-    with open("/proc/meminfo") as meminfo:
-        sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in meminfo)}
-    limits = []
-    for controller, limit_file in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):  # cgroup v2, v1
-        for folder in cgroup_folders(controller, cgroup, membership):
-            try:
-                limit = (folder / limit_file).read_text().strip()
-            except OSError:
-                continue
-            # v1 writes no limit as a number past any machine's memory
-            if limit != "max" and int(limit) < sizes["MemTotal"]:
-                limits.append(int(limit))
-    return min(limits) if limits else sizes["MemAvailable"]
 
 
 def worker_count(settings: Settings) -> int:

@@ -9,7 +9,7 @@ loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h
 phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
 `rate` calls/s over `paced_connections`, each from its own h2load process started 1/`rate` s after the
 last, so that their calls interleave (one h2load paces its connections together, in bursts). The result
-is the artifact `runs/<recipe>/serve-peers/`: bench.json (a `bench.stats.ServingResult`), bench.md,
+is the artifact `runs/<recipe>/serve-peers/`: bench.json (a `bench.records.ServingResult`), bench.md,
 every server's log.
 """
 
@@ -25,7 +25,8 @@ from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, me
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
-from edgedistill.bench.stats import ServingResult, machine, summarize
+from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
@@ -112,8 +113,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
-        bundle={"path": str(bundle_folder)}
-        | model.spec.model_dump(include={"name", "version", "arch", "precision", "runtime"}),
+        bundle=bundle_record(bundle_folder, model.spec),
         settings={name: {"command": server.command} for name, server in servers.items()},
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},

@@ -4,7 +4,7 @@ the students, and where training runs."""
 from typing import Literal
 
 from edgedistill.common.config.strict import Strict
-from edgedistill.common.text import Style
+from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 Metric = Literal["accuracy", "macro_f1", "f1"]

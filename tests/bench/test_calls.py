@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from edgedistill.bench import BenchError, calls
-from edgedistill.bench.texts import Examples
+from edgedistill.common.data import Examples
 from edgedistill.serve.proto import kserve_pb2
 
 

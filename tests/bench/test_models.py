@@ -3,7 +3,7 @@
 import pytest
 import torch
 from edgedistill.bench import models
-from edgedistill.bench.stats import ModelTable
+from edgedistill.bench.records import ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.config.export import BundleRecipe

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 from edgedistill.bench import BenchError
-from edgedistill.bench.processes import finish, free_port, running, start
+from edgedistill.bench.processes import finish, free_port, measured_server, running, start
 
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
@@ -107,3 +107,15 @@ def test_a_started_child_keeps_the_pid_it_was_started_with(tmp_path):
     process = start([sys.executable, "-c", "import os; print(os.getpid())"], tmp_path / "pid.log")
     assert finish(process, 30) == 0
     assert (tmp_path / "pid.log").read_text() == f"{process.pid}\n"
+
+
+def test_a_measured_server_is_one_process_on_loopback(bundle):
+    _, settings = measured_server(bundle, 2)
+    assert (settings.host, settings.workers, settings.threads) == ("127.0.0.1", 1, 2)
+
+
+def test_a_measured_server_given_tls_is_refused_at_once(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TLS_CERT", "cert.pem")
+    monkeypatch.setenv("EDGEDISTILL_TLS_KEY", "key.pem")
+    with pytest.raises(BenchError, match="measurements call the server over plaintext"):
+        measured_server(bundle, 1)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from edgedistill.bench import BenchError, scaling
 from edgedistill.bench.__main__ import main
-from edgedistill.bench.stats import ServingResult, Spread
+from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
 

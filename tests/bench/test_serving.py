@@ -7,10 +7,11 @@ import pytest
 from edgedistill.bench import accuracy, cascade, scaling, serving
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare
-from edgedistill.bench.stats import ServingResult
-from edgedistill.bench.texts import Examples, load_texts
+from edgedistill.bench.records import ServingResult
+from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
+from edgedistill.common.data import Examples
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve.batching import pad_rows
 

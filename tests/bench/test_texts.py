@@ -2,8 +2,17 @@
 
 import pytest
 from edgedistill.bench import BenchError
-from edgedistill.bench.texts import Examples, batches_of, dev_split, load_texts, read_pairs_file, texts_info
+from edgedistill.bench.texts import (
+    batches_of,
+    dev_split,
+    load_groups,
+    load_texts,
+    read_pairs_file,
+    read_texts_file,
+    texts_info,
+)
 from edgedistill.common.config.training import DataConfig
+from edgedistill.common.data import Examples
 
 PAIRS_DEV = (
     "sentence1\tsentence2\tlabel\n"
@@ -94,6 +103,25 @@ def test_a_pairs_file_gives_pairs(tmp_path, pairs_dev):
     assert sorted(zip(examples.texts, examples.pairs, strict=True)) == [("fun", "dull"), ("good", "bad")]
 
 
+def test_a_texts_files_byte_order_mark_is_no_part_of_its_first_text(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("\ufeffgood film\ndull\n", encoding="utf-8")
+    assert read_texts_file(path).texts == ["good film", "dull"]
+
+
+def test_a_texts_file_line_holding_a_line_separator_is_one_text(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("good\u2028film\nnext\x85line\n", encoding="utf-8")
+    assert read_texts_file(path).texts == ["good\u2028film", "next\x85line"]
+
+
+def test_a_texts_file_line_that_shows_nothing_is_refused_naming_it(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("good film\n\u200b\u200d\n", encoding="utf-8")
+    with pytest.raises(BenchError, match="texts.txt:2: only control, zero-width"):
+        read_texts_file(path)
+
+
 def test_a_pairs_file_line_without_a_tab_is_refused(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tbad\nno tab here\n")
@@ -128,17 +156,8 @@ def test_batches_wrap_round_to_one_full_batch():
 
 def test_load_groups_keep_each_pair_with_its_text():
     examples = Examples(["a", "b", "c"], ["x", "y", "z"], None, "here")
-    (group,) = examples.load_groups(4)
+    (group,) = load_groups(examples, 4)
     assert (group.texts, group.pairs) == (["a", "b", "c", "a"], ["x", "y", "z", "x"])
-
-
-def test_batches_cover_every_example_once_in_order():
-    examples = Examples(list("abcde"), None, [0, 1, 0, 1, 0], "here")
-    assert [(b.texts, b.labels) for b in examples.batches(2)] == [
-        (["a", "b"], [0, 1]),
-        (["c", "d"], [0, 1]),
-        (["e"], [0]),
-    ]
 
 
 def test_texts_info_gives_the_source_count_and_lengths():

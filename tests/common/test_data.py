@@ -6,7 +6,7 @@ import pytest
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import (
     DataError,
-    Labelled,
+    Examples,
     _label_index,
     _rows,
     load_labelled,
@@ -437,13 +437,22 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
 
 
 def test_label_names_no_example_carries_are_found():
-    assert Labelled(["a", "b"], None, [0, 2]).absent(["x", "y", "z"]) == ["y"]
+    assert Examples(["a", "b"], None, [0, 2], "here").absent(["x", "y", "z"]) == ["y"]
 
 
 def test_examples_shared_with_another_split_are_counted_text_and_pair():
-    train = Labelled(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0])
-    assert Labelled(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0]).shared_with(train) == 1
-    assert Labelled(["c", "c"], None, [1, 1]).shared_with(Labelled(["c"], None, [0])) == 2
+    train = Examples(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0], "train")
+    assert Examples(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0], "dev").shared_with(train) == 1
+    assert Examples(["c", "c"], None, [1, 1], "dev").shared_with(Examples(["c"], None, [0], "train")) == 2
+
+
+def test_batches_cover_every_example_once_in_order():
+    examples = Examples(list("abcde"), None, [0, 1, 0, 1, 0], "here")
+    assert [(b.texts, b.labels) for b in examples.batches(2)] == [
+        (["a", "b"], [0, 1]),
+        (["c", "d"], [0, 1]),
+        (["e"], [0]),
+    ]
 
 
 def test_a_missing_split_is_named_by_its_setting(tmp_path):

@@ -1,5 +1,5 @@
 import pytest
-from edgedistill.bench.stats import RESULT_FILE, Cell, ModelRow, ModelTable
+from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.bundle import BundleSpec, TensorSpec
@@ -119,7 +119,7 @@ def test_student_card_shows_from_pretrained(recipe):
 
 def test_card_of_a_ptb_lower_task_says_to_write_texts_in_its_style(recipe):
     folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
-    assert "`edgedistill.common.text.tokenise`" in _text(recipe, folder)
+    assert "`edgedistill.common.textstyle.tokenise`" in _text(recipe, folder)
 
 
 def test_card_of_a_raw_task_says_nothing_of_a_text_style(recipe):

@@ -4,7 +4,7 @@ directory, and the server leaving the pipeline's variables alone."""
 import warnings
 
 import pytest
-from edgedistill.common import settings
+from edgedistill.common import machine, settings
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.serve.settings import SettingsError, load_settings
 
@@ -115,9 +115,17 @@ def test_the_threads_setting_wins_over_omp_num_threads(monkeypatch):
     assert settings.threads() == 5
 
 
-def test_threads_default_to_every_core(monkeypatch):
-    monkeypatch.setattr(settings.os, "cpu_count", lambda: 6)
+def test_threads_default_to_every_usable_core(monkeypatch):
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
+    monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(6)))
     assert settings.threads() == 6
+
+
+def test_threads_default_to_the_cpus_of_a_cgroup_quota_not_the_machines(monkeypatch):
+    monkeypatch.setattr(settings.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 2)
+    assert settings.threads() == 2
 
 
 def test_a_bad_thread_count_names_the_variable(monkeypatch):

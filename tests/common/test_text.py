@@ -1,7 +1,8 @@
-"""What a text shows, and the styles a task's text is written in (training and serving alike)."""
+"""Texts stored one per line, and what a text shows: control, zero-width, space and replacement characters show
+nothing."""
 
 import pytest
-from edgedistill.common.text import as_served, shows_nothing, styled, tokenise
+from edgedistill.common.text import read_texts, shows_nothing, write_texts
 
 
 @pytest.mark.parametrize(
@@ -16,32 +17,23 @@ def test_a_letter_mark_symbol_or_private_use_character_shows_something(text):
     assert not shows_nothing(text)
 
 
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("Don't do it.", "do n't do it ."),
-        ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
-        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
-        ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
-    ],
-)
-def test_tokenise_examples(raw, expected):
-    assert tokenise(raw) == expected
+def test_texts_read_back_as_written(tmp_path):
+    write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
+    assert read_texts(tmp_path / "texts.txt") == ["a fine film", "dull"]
 
 
-def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
-    assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
+def test_read_texts_decodes_only_the_lines_it_returns(tmp_path):
+    lines = b"a fine film\n" * 10_000  # past the first blocks a reader decodes at once
+    (tmp_path / "texts.txt").write_bytes(lines + b"caf\xe9\n")  # reading the last line would raise
+    assert read_texts(tmp_path / "texts.txt", 2) == ["a fine film"] * 2
 
 
-def test_a_ptb_lower_bundle_serves_a_contraction_as_its_training_text_wrote_it():
-    assert as_served(["Don't waste your money!"], "ptb_lower") == ["do n't waste your money !"]
+def test_texts_keep_the_line_separators_other_than_lf_they_hold(tmp_path):
+    texts = ["first\u2028second", "next\x85line", "form\x0cfeed", "carriage\rreturn", "group\x1dsplit"]
+    write_texts(tmp_path / "texts.txt", texts)
+    assert read_texts(tmp_path / "texts.txt") == texts
 
 
-def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
-    sst2 = "while undisputed is n't exactly a high , it 's a gripping , tidy little movie ."
-    assert as_served([sst2], "ptb_lower") == [sst2]
-
-
-def test_a_raw_bundle_serves_text_as_sent():
-    texts = ["I <3 this movie > all  &amp; more"]
-    assert as_served(texts, "raw") == texts
+def test_a_text_holding_a_line_feed_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="holds a line break"):
+        write_texts(tmp_path / "texts.txt", ["line one\nline two"])

@@ -8,6 +8,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.common.text import write_texts
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.metrics import classification_metrics
@@ -20,7 +21,6 @@ from edgedistill.distill.student_stage import (
 )
 from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
-from edgedistill.distill.transfer import write_texts
 from transformers import BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT

@@ -17,7 +17,6 @@ from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.distill.transfer import read_texts, write_texts
 from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
@@ -64,17 +63,6 @@ def test_build_texts_is_deterministic_deduplicated_and_leak_free():
     assert (labels[sources == 1] >= 0).all()
     assert (labels[sources != 1] == -1).all()
     assert any("[MASK]" in t for t, s in zip(texts, sources, strict=True) if s == 2)
-
-
-def test_transfer_texts_read_back_as_written(tmp_path):
-    write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
-    assert read_texts(tmp_path / "texts.txt") == ["a fine film", "dull"]
-
-
-def test_read_texts_decodes_only_the_lines_it_returns(tmp_path):
-    lines = b"a fine film\n" * 10_000  # past the first blocks a reader decodes at once
-    (tmp_path / "texts.txt").write_bytes(lines + b"caf\xe9\n")  # reading the last line would raise
-    assert read_texts(tmp_path / "texts.txt", 2) == ["a fine film"] * 2
 
 
 def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch, capsys):

@@ -217,6 +217,21 @@ def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pai
     assert len((folder / "pairs.txt").read_text().splitlines()) == summary["texts"]["count"]
 
 
+def test_pairs_holding_a_line_separator_stay_with_their_texts(pair_bundle, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"film {n}\u2028part two\tplot {n}\n" for n in range(40)), encoding="utf-8")
+    run = loadtest(pair_bundle, "smoke", "--pairs", str(pairs), "--loadtest.smoke.scenarios={single: 1}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_a_dev_text_holding_a_line_break_exits_2_naming_its_split(bundle, tmp_path):
+    dev = tmp_path / "dev.csv"
+    dev.write_text('sentence,label\n"line one\nline two",1\ngood,0\n', encoding="utf-8")
+    run = loadtest(bundle, "smoke", f"--data.dev={dev}")
+    assert run.returncode == 2
+    assert f"{dev}: the text 'line one\\nline two' holds a line break" in run.stderr
+
+
 def test_single_texts_for_a_pair_model_exit_2(pair_bundle):
     run = loadtest(pair_bundle, "smoke")
     assert run.returncode == 2

@@ -14,6 +14,7 @@ import urllib.request
 
 import grpc
 import pytest
+from edgedistill.common import machine
 from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
@@ -280,10 +281,10 @@ def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning
 # A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
 UNDER_QUOTA = """
 import os, runpy, sys
-import edgedistill.serve.workers as workers
+import edgedistill.common.machine as machine
 
 os.sched_getaffinity = lambda pid: set(range(4))
-workers.cpu_quota = lambda *cgroup: {quota}
+machine.cpu_quota = lambda *cgroup: {quota}
 sys.argv = ["serve", *sys.argv[1:]]
 runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
@@ -316,108 +317,8 @@ def test_one_process_without_a_cpu_quota_leaves_the_intra_op_threads_to_the_runt
 @pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
 def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(workers, "cpu_quota", lambda *cgroup: 4)
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
     assert workers.intra_op_threads(0, count) == expected
-
-
-def write_cgroup(folder, files: dict[str, str]):
-    """A cgroup folder with `files` (path under it: contents), as a container sees its own at /sys/fs/cgroup."""
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text + "\n")
-    return folder
-
-
-@pytest.mark.parametrize(
-    "files",
-    [{"cpu.max": "150000 100000"}, {"cpu/cpu.cfs_quota_us": "150000", "cpu/cpu.cfs_period_us": "100000"}],
-    ids=["cgroup v2", "cgroup v1"],
-)
-def test_usable_cores_are_within_the_cgroup_cpu_quota(tmp_path, files):
-    assert workers.usable_cores(write_cgroup(tmp_path, files)) == 1
-
-
-@pytest.mark.parametrize(
-    "files",
-    [{"cpu.max": "max 100000"}, {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, {}],
-    ids=["cgroup v2", "cgroup v1", "no cgroup files"],
-)
-def test_usable_cores_without_a_cpu_quota_are_the_affinity(tmp_path, files):
-    assert workers.usable_cores(write_cgroup(tmp_path, files)) == len(os.sched_getaffinity(0))
-
-
-@pytest.mark.parametrize(
-    "files",
-    [{"memory.max": str(512 << 20)}, {"memory/memory.limit_in_bytes": str(512 << 20)}],
-    ids=["cgroup v2", "cgroup v1"],
-)
-def test_usable_memory_is_the_cgroup_memory_limit(tmp_path, files):
-    assert workers.usable_memory(write_cgroup(tmp_path, files)) == 512 << 20
-
-
-@pytest.mark.parametrize(
-    "files",
-    [{"memory.max": "max"}, {"memory/memory.limit_in_bytes": "9223372036854771712"}, {}],
-    ids=["cgroup v2", "cgroup v1", "no cgroup files"],
-)
-def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
-    with open("/proc/meminfo") as meminfo:
-        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
-    assert workers.usable_memory(write_cgroup(tmp_path, files)) <= total
-
-
-def membership(folder, lines: str):
-    """A /proc/self/cgroup of a process in the cgroups `lines` name, as a systemd unit's process sees its own."""
-    (folder / "membership").write_text(lines)
-    return folder / "membership"
-
-
-@pytest.mark.parametrize(
-    ("lines", "files"),
-    [
-        ("0::/system.slice/edge.service\n", {"system.slice/edge.service/cpu.max": "100000 100000"}),
-        (
-            "4:memory:/system.slice/edge.service\n2:cpu,cpuacct:/system.slice/edge.service\n0::/\n",
-            {
-                "cpu/system.slice/edge.service/cpu.cfs_quota_us": "100000",
-                "cpu/system.slice/edge.service/cpu.cfs_period_us": "100000",
-            },
-        ),
-    ],
-    ids=["cgroup v2", "cgroup v1"],
-)
-def test_usable_cores_are_within_the_cpu_quota_of_the_process_own_cgroup_below_the_mount(tmp_path, lines, files):
-    cgroup = write_cgroup(tmp_path / "cgroup", files)
-    assert workers.usable_cores(cgroup, membership(tmp_path, lines)) == 1
-
-
-@pytest.mark.parametrize(
-    ("lines", "files"),
-    [
-        (
-            "0::/edge.slice/edge.service\n",
-            {"edge.slice/memory.max": str(512 << 20), "edge.slice/edge.service/memory.max": "max"},
-        ),
-        (
-            "4:memory:/edge.slice/edge.service\n",
-            {
-                "memory/edge.slice/memory.limit_in_bytes": str(512 << 20),
-                "memory/edge.slice/edge.service/memory.limit_in_bytes": "9223372036854771712",
-            },
-        ),
-    ],
-    ids=["cgroup v2", "cgroup v1"],
-)
-def test_usable_memory_is_the_limit_of_an_ancestor_of_the_process_cgroup(tmp_path, lines, files):
-    cgroup = write_cgroup(tmp_path / "cgroup", files)
-    assert workers.usable_memory(cgroup, membership(tmp_path, lines)) == 512 << 20
-
-
-def test_a_container_whose_own_cgroup_is_the_mount_reads_its_limit_there(tmp_path):
-    """Docker on cgroup v1 bind-mounts the container's cgroup at /sys/fs/cgroup/memory; /proc/self/cgroup still
-    names the host's path, which does not exist inside."""
-    cgroup = write_cgroup(tmp_path / "cgroup", {"memory/memory.limit_in_bytes": str(512 << 20)})
-    assert workers.usable_memory(cgroup, membership(tmp_path, "4:memory:/docker/0123abcd\n")) == 512 << 20
 
 
 @pytest.fixture

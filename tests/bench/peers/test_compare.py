@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare, launch
-from edgedistill.bench.stats import ServingResult, Spread
+from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common.config.measure import PeersBenchConfig
 
 from tests.serve.conftest import ROOT

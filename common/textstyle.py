@@ -1,0 +1,42 @@
+"""The style a task's text is written in, which training and serving share.
+
+A `Style` says how a task's text is written: `raw` as given; `ptb_lower` lower-cased and PTB-tokenised as in
+SST-2 ("it 's a charming journey ."). The transfer set writes every text in the recipe's style (`styled`); a
+bundle records the style, and the server writes each text it is sent in it (`as_served`) before its tokenizer.
+"""
+
+import html
+import re
+from typing import Literal
+
+Style = Literal["raw", "ptb_lower"]
+
+_TAG = re.compile(r"<[^>]*>")
+_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
+# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
+# alternative starts with, lets the regex engine skip the other characters fast.
+_PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
+
+
+def tokenise(text: str) -> str:
+    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    if "'" in text:  # every clitic holds one
+        text = _CLITIC.sub(r" \1", text)
+    text = _PUNCT.sub(r" \1 ", text)
+    return " ".join(text.split())
+
+
+def styled(text: str, style: Style) -> str:
+    """`text` written in `style`: `ptb_lower` tokenises it; `raw` only removes HTML tags and entities and
+    collapses whitespace."""
+    if style == "ptb_lower":
+        return tokenise(text)
+    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
+
+
+def as_served(texts: list[str] | None, style: Style) -> list[str] | None:
+    """`texts` as a bundle of `style` hands them to its tokenizer: tokenised for `ptb_lower`, so that a client's
+    "Don't" reads as the model's training text "do n't"; as sent for `raw` (whose markup removal is for scraped
+    text, which clients do not send). None (a task without pairs) stays None."""
+    return [tokenise(text) for text in texts] if texts is not None and style == "ptb_lower" else texts

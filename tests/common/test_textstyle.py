@@ -1,0 +1,35 @@
+"""The styles a task's text is written in, for training and serving alike."""
+
+import pytest
+from edgedistill.common.textstyle import as_served, styled, tokenise
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Don't do it.", "do n't do it ."),
+        ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
+        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
+        ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
+    ],
+)
+def test_tokenise_examples(raw, expected):
+    assert tokenise(raw) == expected
+
+
+def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
+    assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
+
+
+def test_a_ptb_lower_bundle_serves_a_contraction_as_its_training_text_wrote_it():
+    assert as_served(["Don't waste your money!"], "ptb_lower") == ["do n't waste your money !"]
+
+
+def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
+    sst2 = "while undisputed is n't exactly a high , it 's a gripping , tidy little movie ."
+    assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+def test_a_raw_bundle_serves_text_as_sent():
+    texts = ["I <3 this movie > all  &amp; more"]
+    assert as_served(texts, "raw") == texts
