@@ -113,25 +113,25 @@ runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_sighup_while_the_bundle_loads_reloads_it_once_serving(spawn, bundle, monkeypatch):
+@pytest.fixture
+def hung_up_while_loading(spawn, bundle, monkeypatch):
+    """A server sent SIGHUP while its bundle loads (for a second, `SLOW_LOAD`)."""
     monkeypatch.setattr(
         conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_LOAD, *serve_command(*args)[3:]]
     )
     server = spawn(bundle)
     server.wait_for("loading", timeout=60)
     server.proc.send_signal(signal.SIGHUP)
-    assert server.wait_for("reload_started", timeout=60)["trigger"] == "SIGHUP"
+    return server
 
 
-def test_a_sighup_while_the_bundle_loads_is_taken_after_the_server_serves(spawn, bundle, monkeypatch):
-    monkeypatch.setattr(
-        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_LOAD, *serve_command(*args)[3:]]
-    )
-    server = spawn(bundle)
-    server.wait_for("loading", timeout=60)
-    server.proc.send_signal(signal.SIGHUP)
-    server.wait_for("reload_started", timeout=60)
-    events = [line.get("event") for line in server.lines]
+def test_a_sighup_while_the_bundle_loads_reloads_it_once_serving(hung_up_while_loading):
+    assert hung_up_while_loading.wait_for("reload_started", timeout=60)["trigger"] == "SIGHUP"
+
+
+def test_a_sighup_while_the_bundle_loads_is_taken_after_the_server_serves(hung_up_while_loading):
+    hung_up_while_loading.wait_for("reload_started", timeout=60)
+    events = [line.get("event") for line in hung_up_while_loading.lines]
     assert events.index("serving") < events.index("reload_started")
 
 
