@@ -54,8 +54,8 @@ def cpu_quota(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int | Non
 
 def usable_cores(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
     """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit, a systemd
-    unit's CPUQuota)."""
-    cores = len(os.sched_getaffinity(0))
+    unit's CPUQuota); where the system gives no affinity (macOS), every CPU."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(cores, cpu_quota(cgroup, membership) or cores)
 
 

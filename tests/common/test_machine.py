@@ -104,3 +104,9 @@ def test_a_container_whose_own_cgroup_is_the_mount_reads_its_limit_there(tmp_pat
     names the host's path, which does not exist inside."""
     cgroup = write_cgroup(tmp_path / "cgroup", {"memory/memory.limit_in_bytes": str(512 << 20)})
     assert machine.usable_memory(cgroup, membership(tmp_path, "4:memory:/docker/0123abcd\n")) == 512 << 20
+
+
+def test_usable_cores_where_the_system_gives_no_affinity_are_every_cpu(tmp_path, monkeypatch):
+    monkeypatch.delattr(machine.os, "sched_getaffinity")  # as on macOS
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 8)
+    assert machine.usable_cores(write_cgroup(tmp_path, {})) == 8
