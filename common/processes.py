@@ -34,6 +34,12 @@ def die_with_parent(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:
         sys.exit(f"the parent process {parent} is gone")
 
 
+def shell_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: its own, or 128 + N where signal N killed it (137 for SIGKILL,
+    the out-of-memory killer's), where `Popen.returncode` says -N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
 def dying_with_this_process(command: list[str]) -> list[str]:
     """`command` tied to this process as by `die_with_parent`, for `subprocess.Popen`: a launcher asks for the
     signal, then execs `command` in its place (same pid; the kernel keeps the request across exec).

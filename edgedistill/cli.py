@@ -18,7 +18,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from edgedistill.common.arguments import count
-from edgedistill.common.processes import dying_with_this_process
+from edgedistill.common.processes import dying_with_this_process, shell_status
 from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
@@ -126,14 +126,14 @@ def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) 
 
 
 def run_stage(command: list[str]) -> int:
-    """Run a stage's process to its end; its exit status. Ctrl-C reaches the stage too: this waits while it stops
+    """Run a stage's process to its end; its exit status as a shell gives it (128 + N where signal N killed it). Ctrl-C reaches the stage too: this waits while it stops
     and says so, where `subprocess.run` would kill it a quarter of a second later. Killed (SIGTERM, kill -9), this
     process takes the stage with it, which would otherwise train on alone, holding its lock."""
     with subprocess.Popen(dying_with_this_process(command)) as stage:
         try:
-            return stage.wait()
+            return shell_status(stage.wait())
         except KeyboardInterrupt:
-            return stage.wait()
+            return shell_status(stage.wait())
 
 
 def run_all(argv: list[str]) -> int:

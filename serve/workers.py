@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from edgedistill.common.machine import usable_cores, usable_memory
-from edgedistill.common.processes import alive, die_with_parent
+from edgedistill.common.processes import alive, die_with_parent, shell_status
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
@@ -183,12 +183,6 @@ class Worker:
     serving: bool = False
     reload_due: bool = False  # a SIGHUP came before it served: it gets one once it does
     buffer: bytes = field(default=b"")
-
-
-def shell_status(returncode: int) -> int:
-    """A process's exit status as a shell reports it: its own, or 128 + N where signal N killed it (137 for SIGKILL,
-    the out-of-memory killer's), where `Popen.returncode` says -N."""
-    return returncode if returncode >= 0 else 128 - returncode
 
 
 def signal_name(number: int) -> str:

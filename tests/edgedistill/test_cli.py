@@ -185,6 +185,11 @@ def test_a_module_entry_point_stopped_by_an_unexpected_error_names_itself_after_
     assert "RuntimeError: a bug\npython -m edgedistill.report: stopped by an unexpected error" in stderr
 
 
+def test_a_stage_killed_by_a_signal_gives_its_status_as_a_shell_does():
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert cli.run_stage([sys.executable, "-c", kill]) == 128 + 9
+
+
 class Stages:
     """Stands in for `cli.run_stage` in `edgedistill all`: records each stage, fails the one named `failing`."""
 
