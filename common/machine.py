@@ -52,10 +52,16 @@ def cpu_quota(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int | Non
     return max(1, int(min(quotas))) if quotas else None
 
 
+def affinity_cores() -> int:
+    """The CPUs of this process's affinity (`taskset`, a container's cpuset); where the system gives no affinity
+    (macOS), every CPU."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def usable_cores(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
-    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit, a systemd
-    unit's CPUQuota); where the system gives no affinity (macOS), every CPU."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may run on: its affinity (`affinity_cores`), within its cgroup's CPU quota (a
+    container's limit, a systemd unit's CPUQuota)."""
+    cores = affinity_cores()
     return min(cores, cpu_quota(cgroup, membership) or cores)
 
 
