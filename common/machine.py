@@ -7,6 +7,7 @@ from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")  # where the cgroup file systems are (v2; v1 mounts one folder per controller)
 MEMBERSHIP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
+MEMINFO = Path("/proc/meminfo")  # the system's memory: its total and what is available (Linux)
 
 
 def cgroup_folders(controller: str, cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> list[Path]:
@@ -52,18 +53,28 @@ def cpu_quota(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int | Non
     return max(1, int(min(quotas))) if quotas else None
 
 
+def affinity_cores() -> int:
+    """The CPUs of this process's affinity (`taskset`, a container's cpuset); where the system gives no affinity
+    (macOS), every CPU."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def usable_cores(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
-    """The CPUs this process may run on: its affinity, within its cgroup's CPU quota (a container's limit, a systemd
-    unit's CPUQuota); where the system gives no affinity (macOS), every CPU."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may run on: its affinity (`affinity_cores`), within its cgroup's CPU quota (a
+    container's limit, a systemd unit's CPUQuota)."""
+    cores = affinity_cores()
     return min(cores, cpu_quota(cgroup, membership) or cores)
 
 
-def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP) -> int:
+def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP, meminfo: Path = MEMINFO) -> int:
     """Bytes of memory for the workers: the smallest limit of this process's cgroup and its ancestors where one is
-    set (a container's, a systemd unit's MemoryMax), else what the system has available."""
-    with open("/proc/meminfo") as meminfo:
-        sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in meminfo)}
+    set (a container's, a systemd unit's MemoryMax), else what the system has available; where the system has no
+    `meminfo` (macOS, no cgroups either), its physical memory."""
+    try:
+        with meminfo.open() as lines:
+            sizes = {key: int(value.split()[0]) * 1024 for key, value in (line.split(":", 1) for line in lines)}
+    except FileNotFoundError:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     limits = []
     for controller, limit_file in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):  # cgroup v2, v1
         for folder in cgroup_folders(controller, cgroup, membership):

@@ -1,7 +1,7 @@
 """Transfer-set text: Tang et al. (2019) augmentation of labelled sentences and sentence splitting of raw text.
 
 Text is a list of whitespace-separated words, every transfer-set text written in the recipe's `Style`
-(`common.text`). Randomness comes only from the `random.Random` passed in.
+(`common.textstyle`). Randomness comes only from the `random.Random` passed in.
 """
 
 import array

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common.machine import usable_cores, usable_memory
+from edgedistill.common.machine import affinity_cores, usable_cores, usable_memory
 from edgedistill.common.processes import alive, die_with_parent, shell_status
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.errors import BundleRejected
@@ -91,7 +91,7 @@ def intra_op_threads(threads: int, count: int) -> int:
     if threads:
         return threads
     cores = usable_cores()
-    if count == 1 and cores == len(os.sched_getaffinity(0)):
+    if count == 1 and cores == affinity_cores():
         return 0
     return max(1, cores // count)
 

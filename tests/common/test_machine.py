@@ -52,6 +52,11 @@ def test_usable_memory_without_a_limit_is_at_most_the_machines(tmp_path, files):
     assert machine.usable_memory(write_cgroup(tmp_path, files)) <= total
 
 
+def test_usable_memory_where_the_system_has_no_meminfo_is_its_physical_memory(tmp_path):
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert machine.usable_memory(write_cgroup(tmp_path, {}), meminfo=tmp_path / "no-meminfo") == physical  # as on macOS
+
+
 def membership(folder, lines: str):
     """A /proc/self/cgroup of a process in the cgroups `lines` name, as a systemd unit's process sees its own."""
     (folder / "membership").write_text(lines)

@@ -314,6 +314,13 @@ def test_one_process_without_a_cpu_quota_leaves_the_intra_op_threads_to_the_runt
     assert backend_threads(bundle, quota=None) == 0
 
 
+def test_one_process_where_the_system_gives_no_affinity_leaves_the_intra_op_threads_to_the_runtime(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
+    assert workers.intra_op_threads(0, 1) == 0
+
+
 @pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
 def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
