@@ -28,6 +28,7 @@ from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
+from edgedistill.common.machine import usable_cores
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve import workers
@@ -85,7 +86,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         options=cfg.model_dump(mode="json"),
         texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
         machine=machine(
-            load_before, cores=workers.usable_cores(), versions=mf.package_versions() | {"h2load": h2load.version()}
+            load_before, cores=usable_cores(), versions=mf.package_versions() | {"h2load": h2load.version()}
         ),
         runs=runs,
         summary=summary,

@@ -109,6 +109,7 @@ def model_config(
     config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
+    config.parameters["text_style"].string_value = spec.text_style  # how a client writes texts before tokenizing
     return config
 
 

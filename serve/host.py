@@ -22,6 +22,7 @@ import numpy as np
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle, ServedFiles, ServedModel, read_bundle
 from edgedistill.common.cascade import softmax
+from edgedistill.common.textstyle import Style
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import BatchObserver, DynamicBatcher, pad_rows
 from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, Timing, runs_inline
@@ -79,7 +80,7 @@ class ModelDescription:
     bundle_path: str
     bundle_sha256: str
     max_batch_size: int
-    text_style: str
+    text_style: Style
     cascade_rule: str = ""
     cascade_members: tuple["MemberDescription", ...] = ()
 

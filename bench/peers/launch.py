@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import free_port, serve_flags
-from edgedistill.serve import workers as serve_workers
+from edgedistill.common.machine import usable_cores
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import load_settings
 
@@ -90,7 +90,7 @@ def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Pat
     ports = {"grpc_port": port, "http_port": free_port(), "metrics_port": free_port()}
     folder.mkdir(parents=True, exist_ok=True)
     settings = {"host": "127.0.0.1", "debug": False, "metrics_dir": str(folder / "metrics")} | ports
-    settings["parallel_workers"] = workers or serve_workers.usable_cores()
+    settings["parallel_workers"] = workers or usable_cores()
     (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
     model = {
         "name": MODEL,

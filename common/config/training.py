@@ -221,7 +221,7 @@ class TransferConfig(Strict):
     text_style: Style = Field(
         "raw",
         description="how every transfer-set text (unlabelled, train, augmented) is written: as given, or "
-        "lower-cased and PTB-tokenised like SST-2",
+        "lower-cased and PTB-tokenised like SST-2; bundles record it, and their server writes each text in it",
     )
     max_length: int = Field(
         64, ge=8, description="tokens per example (both sides of a pair), for labelling and students"

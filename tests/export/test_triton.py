@@ -214,3 +214,8 @@ def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
     assert list(config.dynamic_batching.preferred_batch_size) == [4]
     assert triton.main([str(tmp_path / "missing"), str(tmp_path / "repo")]) == 2
     assert "not a finished artifact" in capsys.readouterr().err
+
+
+def test_the_config_gives_the_bundles_text_style_for_clients_that_tokenize(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert config.parameters["text_style"].string_value == "raw"  # the spec's default: a bundle built without one

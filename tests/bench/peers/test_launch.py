@@ -6,7 +6,6 @@ import sys
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.peers import launch
-from edgedistill.serve import workers
 
 
 def test_the_server_runs_the_workers_asked_for(bundle):
@@ -62,6 +61,6 @@ def test_the_default_peer_environment_is_under_the_working_directory(tmp_path, m
 
 
 def test_mlserver_runs_one_inference_worker_per_usable_core_by_default(tmp_path, bundle, monkeypatch):
-    monkeypatch.setattr(workers, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
+    monkeypatch.setattr(launch, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
     launch.mlserver(launch.Path(sys.executable), bundle, 1, 0, tmp_path)
     assert json.loads((tmp_path / "settings.json").read_text())["parallel_workers"] == 3
