@@ -15,13 +15,17 @@ def exit_while_starting(number: int, frame) -> None:
     os._exit(0)
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
-    # A container's first process gets no signal it has no handler for, and Python sets none for SIGTERM: a server
-    # told to stop while it starts would start serving, until SIGKILL. Set before the server's imports, which take
-    # most of a second. SIGHUP's default action ends the process: ignored until the server handles it, before it
-    # reads its bundle, so no reload is lost.
+def hold_signals() -> None:
+    """Signals while the server starts, set before its imports, which take most of a second. A container's first
+    process gets no signal it has no handler for, and Python sets none for SIGTERM: a server told to stop while it
+    starts would start serving, until SIGKILL. SIGHUP's default action ends the process: ignored until the server
+    handles it, before it reads its bundle, so no reload is lost."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, exit_while_starting)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
+    hold_signals()
     from edgedistill.serve.app import EXIT_FAULT, run
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
@@ -57,8 +61,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # before the command's handling is imported, as in `main`
-    signal.signal(signal.SIGTERM, exit_while_starting)
+    hold_signals()  # before the command's handling is imported
     from edgedistill.cli import run_module
 
     # as it was run: `serve` in a checkout, `edgedistill.serve`
