@@ -71,11 +71,12 @@ class SourceCache:
         self._sources: dict[str, tuple[Source, Path, np.ndarray]] = {}
         self.tokenizer = None
         self.train, self.dev = load_splits(recipe.data)
+        # the dev texts as the bundles' servers write them, once for every source and bundle
+        self.served_dev = tuple(as_served(texts, recipe.text_style) for texts in (self.dev.texts, self.dev.pairs))
 
     def features(self, name: str) -> dict[str, list[list[int]]]:
         """The dev split's features for source `name`, its texts written as the bundles' servers write them."""
-        texts, pairs = (as_served(texts, self.recipe.text_style) for texts in (self.dev.texts, self.dev.pairs))
-        return token_features(self.tokenizer, texts, pairs, max_length(self.recipe, name))
+        return token_features(self.tokenizer, *self.served_dev, max_length(self.recipe, name))
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
         """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
