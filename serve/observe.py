@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import grpc
 from edgedistill.serve.logs import MODEL, REQUEST_ID
@@ -106,13 +107,20 @@ def _tolerant(deserializer, precheck: Precheck | None):
     return deserialize
 
 
-def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+# Set by `refuse` for the call being handled: its request, not the server, is at fault whatever the code says.
+_CLIENTS_FAULT: ContextVar[bool] = ContextVar("clients_fault", default=False)
+
+
+def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str, clients_fault: bool = False) -> None:
     """End the call with `code` once the handler returns (nothing more is sent). Unlike `context.abort`, no
     exception is raised: gRPC keeps an abort's exception, whose traceback holds the handler's frames and so the
     request, in a reference cycle with the call, so a refused request would live until the collector's next pass
-    (a large parsed request holds megabytes)."""
+    (a large parsed request holds megabytes). `clients_fault`: the request caused it where the code does not say so
+    (RESOURCE_EXHAUSTED for a request over a limit): the metrics count it as a client's error, not the server's."""
     context.set_code(code)
     context.set_details(details)
+    if clients_fault:
+        _CLIENTS_FAULT.set(True)
 
 
 def _bearer(authorization: str) -> bytes:
@@ -177,7 +185,8 @@ class CallObserver:
             or os.urandom(NEW_ID_BYTES).hex()
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-        token = REQUEST_ID.set(request_id), MODEL.set(None)  # the call's own; no model until one takes it
+        # the call's own; no model until one takes it, no fault yet
+        token = REQUEST_ID.set(request_id), MODEL.set(None), _CLIENTS_FAULT.set(False)
         admin = self._admin is not None and method in self.admin_methods
         expected = self._admin if admin else self._expected
         if (
@@ -205,11 +214,12 @@ class CallObserver:
         finally:
             REQUEST_ID.reset(token[0])
             MODEL.reset(token[1])
+            _CLIENTS_FAULT.reset(token[2])
 
     def _record(self, context, method, request_id, seconds, err) -> None:
         """The call's metrics, and its log line where one is due."""
         code = _status_code(context, err)
-        self.metrics.observe_call(method, code, seconds)
+        self.metrics.observe_call(method, code, seconds, _CLIENTS_FAULT.get())
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0

@@ -532,6 +532,41 @@ def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_q
     assert counted["edgedistill_errors_total"] == 0
 
 
+def errors_after(server, call) -> dict[tuple[str, str], float]:
+    """The rise of `edgedistill_errors_total` by (code, kind) over `call()`, which must fail."""
+    labels = [(code, kind) for code in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT") for kind in ("client", "server")]
+    before = scrape(server)
+    with pytest.raises(grpc.RpcError):
+        call()
+    deadline = time.monotonic() + 5  # the status reaches the client before the call is recorded
+    while time.monotonic() < deadline:
+        after = scrape(server)
+        rise = {(c, k): metric(after, "edgedistill_errors_total", code=c, kind=k) - metric(before, "edgedistill_errors_total", code=c, kind=k) for c, k in labels}  # fmt: skip
+        if any(rise.values()):
+            return rise
+        time.sleep(0.01)
+    return rise
+
+
+def test_a_request_over_the_texts_limit_counts_as_a_client_error(served):
+    with served.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        rise = errors_after(served, lambda: stub.Classify(pb.ClassifyRequest(texts=["good"] * 9), timeout=10))
+    assert rise[("RESOURCE_EXHAUSTED", "client")] == 1
+    assert rise[("RESOURCE_EXHAUSTED", "server")] == 0
+
+
+def test_a_full_queue_counts_as_a_server_error(slow_queue):
+    with slow_queue.channel() as channel:
+        infer = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        waiting = infer.future(text_infer("good", "bad", "fun"), timeout=10)
+        wait_for_queued(slow_queue, 3)
+        rise = errors_after(slow_queue, lambda: infer(text_infer("great", "dull"), timeout=10))
+        waiting.result()
+    assert rise[("RESOURCE_EXHAUSTED", "server")] == 1
+    assert rise[("RESOURCE_EXHAUSTED", "client")] == 0
+
+
 def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokenizer):
     server = start_server(settings_for(bundle, max_queued=4, max_texts=2))
     with server.channel() as channel:
