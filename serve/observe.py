@@ -34,6 +34,7 @@ LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 # refusals and fill a small disk (one client's invalid or expired calls wrote 450 KB of lines a second). One line a
 # second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
+CUT_DETAILS = "cut by the server's shutdown: still running when SHUTDOWN_GRACE_S ran out"
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
     ("unary_stream", grpc.unary_stream_rpc_method_handler),
@@ -60,8 +61,12 @@ class _Throttle:
         return self._left_out.pop(key, 0)
 
 
-def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -> grpc.StatusCode:
+def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None, cut: bool) -> grpc.StatusCode:
+    """The status the call ended with, as its client sees it; `cut`: a cancelled call was ended by the server's
+    shutdown, not by its client."""
     if isinstance(err, asyncio.CancelledError):
+        if cut:
+            return grpc.StatusCode.UNAVAILABLE  # gRPC's "Cancelling all calls", as the client gets it
         remaining = context.time_remaining()
         return (
             grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
@@ -136,7 +141,9 @@ class CallObserver:
     `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
     for `admin_methods`; records status and latency in `metrics`; logs failed calls (once a second per method and
     code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every time), and successful ones too with
-    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed."""
+    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed. Calls
+    still running when the shutdown's grace runs out (`grace_ends`) are recorded as the server's UNAVAILABLE, not as
+    calls their clients cancelled."""
 
     def __init__(
         self,
@@ -154,6 +161,21 @@ class CallObserver:
         self.admin_methods = frozenset(admin_methods)
         self.prechecks = dict(prechecks or {})
         self._throttle = _Throttle(THROTTLE_S)
+        self._grace_end: float | None = None
+        self.cut_calls = 0
+
+    def grace_ends(self, deadline: float) -> None:
+        """The server is stopping: gRPC cancels the calls still running at event-loop time `deadline`, and their
+        clients get UNAVAILABLE."""
+        self._grace_end = deadline
+
+    def _cut(self, err: BaseException | None) -> bool:
+        """Whether a call that ended with `err` was cut by the shutdown: cancelled once its grace ran out."""
+        return (
+            isinstance(err, asyncio.CancelledError)
+            and self._grace_end is not None
+            and asyncio.get_running_loop().time() >= self._grace_end
+        )
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
@@ -218,17 +240,21 @@ class CallObserver:
 
     def _record(self, context, method, request_id, seconds, err) -> None:
         """The call's metrics, and its log line where one is due."""
-        code = _status_code(context, err)
+        cut = self._cut(err)
+        self.cut_calls += cut
+        code = _status_code(context, err, cut)
         self.metrics.observe_call(method, code, seconds, _CLIENTS_FAULT.get())
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0
         if code not in LOGGED_AS_ERRORS and not self.access_log:
-            left_out = self._throttle.admit((method, code))
+            left_out = self._throttle.admit((method, code, cut))
             if left_out is None:
                 return
         if code in LOGGED_AS_ERRORS:
             level = logging.ERROR
+        elif cut:
+            level = logging.WARNING  # work lost at a shutdown: SHUTDOWN_GRACE_S too short for it, or a hung call
         elif code is grpc.StatusCode.OK and method.startswith(HEALTH_PREFIX):
             level = logging.DEBUG  # probes every few seconds would drown the rest
         else:
@@ -246,7 +272,7 @@ class CallObserver:
                 "ms": round(seconds * 1000, 3),
                 "peer": caller(context),
                 "request_id": request_id,
-                "details": context.details() or "",
+                "details": CUT_DETAILS if cut else context.details() or "",
                 **({"left_out": left_out} if left_out else {}),
             },
         )
