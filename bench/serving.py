@@ -231,7 +231,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     result.save(work, markdown(result))
     print_tables(result, console)
     missed = [t["name"] for t in targets if not t["passed"]]
-    failed = sum(sum(codes.values()) for codes in failed_calls(result).values())
+    failed = result.failed_calls()
     return Built(
         metrics={
             "paced_p99_ms": result.median("paced", "p99_ms"),
