@@ -138,6 +138,10 @@ class ServingResult(Record):
     def median(self, phase: str, figure: str) -> float:
         return self.summary[phase][figure].median
 
+    def failed_calls(self) -> int:
+        """The calls that failed over every run and repeat."""
+        return sum(record.get("failures", 0) for records in self.runs.values() for record in records)
+
     def save(self, folder: Path, markdown: str) -> None:
         """bench.json and its tables as bench.md in `folder`."""
         (folder / RESULT_FILE).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")

@@ -23,7 +23,14 @@ from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import served_settings, serving
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
-from edgedistill.bench.tables import H2LOAD_COLUMNS, h2load_rows, markdown_results, print_results, target_rows
+from edgedistill.bench.tables import (
+    H2LOAD_COLUMNS,
+    h2load_failures_line,
+    h2load_rows,
+    markdown_results,
+    print_results,
+    target_rows,
+)
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
@@ -198,6 +205,8 @@ def heading(result: ServingResult) -> str:
 def markdown(result: ServingResult) -> str:
     lines = [f"Scaling with worker processes: {heading(result)}.", ""]
     lines += markdown_results(HEADER, table_rows(result), ("target", target_rows(result.targets)))
+    if failures := h2load_failures_line(result.runs, result.options["rate"]):
+        lines += ["", failures]
     lines += [
         "",
         "calls/s: calls answered with a complete reply, per second. CPU %: 100 = one core; the server's includes its",

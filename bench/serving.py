@@ -25,6 +25,7 @@ with min and max. The result is the artifact `runs/<recipe>/serve-bench/`: bench
 import asyncio
 import functools
 import os
+from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -230,15 +231,18 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     result.save(work, markdown(result))
     print_tables(result, console)
     missed = [t["name"] for t in targets if not t["passed"]]
+    failed = result.failed_calls()
     return Built(
         metrics={
             "paced_p99_ms": result.median("paced", "p99_ms"),
             "capacity_calls_per_s": result.median("capacity", "texts_per_s"),
             **ratios,
+            "failed_calls": failed,
             "passed": result.passed,
         },
         info={"bench": cfg.model_dump(mode="json"), "targets": targets},
-        line=f"every target met on {bundle_folder.name}" if not missed else f"missed {', '.join(missed)}",
+        line=(f"every target met on {bundle_folder.name}" if not missed else f"missed {', '.join(missed)}")
+        + (f"; {failed} calls failed" if failed else ""),
     )
 
 
@@ -279,9 +283,35 @@ def baseline_line(result: ServingResult) -> str:
     )
 
 
+def failed_calls(result: ServingResult) -> dict[str, Counter]:
+    """The failed calls of every phase that had any, by status code, summed over the repeats."""
+    failed = {}
+    for phase, records in result.runs.items():
+        codes = Counter()
+        for record in records:
+            codes.update(record.get("error_codes", {}))
+        if codes:
+            failed[phase] = codes
+    return failed
+
+
+def failures_line(result: ServingResult) -> str | None:
+    """Which phases had failed calls, by status code, over all repeats; None when every call succeeded."""
+    if not (failed := failed_calls(result)):
+        return None
+    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    phases = "; ".join(
+        f"{names[phase]}: " + ", ".join(f"{code} {count}" for code, count in codes.most_common())
+        for phase, codes in failed.items()
+    )
+    return f"Failed calls over the repeats ({phases}): calls/s and texts/s count successful calls only."
+
+
 def markdown(result: ServingResult) -> str:
     lines = [f"Serving benchmark: {heading(result)}.", ""]
     lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result.targets)))
+    if failures := failures_line(result):
+        lines += ["", failures]
     lines += ["", baseline_line(result)]
     lines += [
         "",
@@ -296,4 +326,6 @@ def print_tables(result: ServingResult, console: Console) -> None:
     print_results(
         console, heading(result), header, table_rows(result), ("targets", "target", target_rows(result.targets))
     )
+    if failures := failures_line(result):
+        console.print(failures)
     console.print(baseline_line(result))

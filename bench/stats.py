@@ -18,15 +18,16 @@ def percentiles(ms: np.ndarray) -> dict[str, float | None]:
 
 
 def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: float | None = None) -> dict:
-    """Requests, failures, error rate, requests/s over `seconds`, the share of `offered_rate` achieved, and the mean
-    and percentiles of the successful calls' latencies `ok_ms`. The achieved rate counts successful calls alone: a
-    server that refuses calls (RESOURCE_EXHAUSTED) as fast as they come does not keep up with the offered rate."""
+    """Requests, failures, error rate, successful requests/s over `seconds`, the share of `offered_rate` achieved, and
+    the mean and percentiles of the successful calls' latencies `ok_ms`. The rates count successful calls alone, as
+    h2load's (`bench.h2load.run`) do: a server that refuses calls (RESOURCE_EXHAUSTED) as fast as they come neither
+    serves them nor keeps up with the offered rate."""
     requests = len(ok_ms) + failures
     stats = {
         "requests": requests,
         "failures": failures,
         "error_rate": failures / requests if requests else 0.0,
-        "requests_per_s": requests / seconds,
+        "requests_per_s": len(ok_ms) / seconds,
         "offered_rate": offered_rate,
         "rate_share": len(ok_ms) / seconds / offered_rate if offered_rate else None,
         "mean_ms": float(ok_ms.mean()) if ok_ms.size else None,

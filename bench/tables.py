@@ -71,6 +71,24 @@ def h2load_rows(summary: dict, rate: float) -> list[list[str]]:
     return rows
 
 
+def h2load_failures_line(runs: dict[str, list[dict]], rate: float) -> str | None:
+    """For the runs of an h2load benchmark ('<server> <phase>' -> its repeats' records) that had calls without a
+    complete reply: how many, over the repeats, and what that does to the figures; None when every call had one."""
+    failed = {key: sum(r["failures"] for r in records) for key, records in runs.items()}
+    if not any(failed.values()):
+        return None
+    parts = []
+    for key, count in failed.items():
+        if count:
+            server, phase = key.split(" ")
+            label = "saturated" if phase == "capacity" else f"paced {rate:g}/s"
+            parts.append(f"{server} {label} {count} of {sum(r['requests'] for r in runs[key])}")
+    return (
+        f"Failed calls over the repeats: {', '.join(parts)}. Their calls/s counts complete replies only; their latency"
+        " percentiles include the failed calls, which h2load times like any other, so they are not those of served calls."
+    )
+
+
 def record_line(record: dict) -> str:
     """The figures of one measured phase, in a line (texts/s and server CPU where the record has them)."""
     texts = f", {record['texts_per_s']:.0f} texts/s" if "texts_per_s" in record else ""

@@ -4,15 +4,16 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
-- `overall`: requests, failures, error_rate, requests_per_s, offered_rate, rate_share, mean_ms,
+- `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;
 - `by_name`: the call figures per request name (`Classify`, `Classify x8`, `ClassifyStream x8`, `ModelInfer`);
 - `stages`: per stage of the schedule: name, start_s, end_s, users, the call figures (a step's first
   `settle_s` left out), server_cpu_pct, locust_cpu_pct, generator_bound;
-- `series`: per second: t_s, users, requests_per_s, failures_per_s, p50_ms, p95_ms, p99_ms (null: no call);
+- `series`: per second: t_s, users, requests_per_s (every call, failed ones too), failures_per_s, p50_ms, p95_ms,
+  p99_ms (null: no call);
 - `resources`: per process sample (twice a second): t_s, server_cpu_pct, locust_cpu_pct,
   server_rss_mb, requests_done;
-- `capacity` (step): the stage with the most requests/s within the SLO, else null;
+- `capacity` (step): the stage with the most successful requests/s within the SLO, else null;
 - `rss_growth_mb_per_10k` (soak): server RSS slope over the second half of the run (null: too little data);
 - `generator_bound`: locust, which runs on one core, used >= 90 % of it in some stage: there the load
   generator, not the server, limited the load; `notes`: such findings in words;

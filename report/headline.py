@@ -117,6 +117,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
             f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
             f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
+            + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
         )
     for loadtest in sorted(root.glob(f"loadtest-*/{loadtest_result.RESULT_FILE}")):
         result = _json(loadtest)

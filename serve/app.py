@@ -90,11 +90,17 @@ class EdgeServer:
     """The gRPC server with its model host, health servicer and metrics."""
 
     def __init__(
-        self, settings: Settings, server: grpc.aio.Server, host: ModelHost, runtime: ModelRuntime | CascadeRuntime
+        self,
+        settings: Settings,
+        server: grpc.aio.Server,
+        host: ModelHost,
+        runtime: ModelRuntime | CascadeRuntime,
+        observer: CallObserver,
     ):
         self.settings = settings
         self.grpc = server
         self.host = host
+        self.observer = observer
         self.metrics: Metrics = host.metrics
         self.health = health.aio.HealthServicer()
         self.metrics_port: int | None = None
@@ -160,6 +166,7 @@ class EdgeServer:
         # server at once would answer calls racing the signal with CANCELLED instead.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        self.observer.grace_ends(deadline)
         await self.host.drain(deadline)
         await self.grpc.stop(max(0.0, deadline - loop.time()))
         if self.health_server is not None:
@@ -172,7 +179,12 @@ class EdgeServer:
             self._first = None
         self.metrics.stop_http()
         self._stopped = True
-        log.info("stopped", extra={"event": "stopped"})
+        cut = self.observer.cut_calls
+        log.log(
+            logging.WARNING if cut else logging.INFO,
+            "stopped" + (f", {cut} call(s) cut when the grace ran out" if cut else ""),
+            extra={"event": "stopped", "cut_calls": cut},
+        )
 
 
 def create_server(settings: Settings, supervisor: SupervisorLink | None = None) -> tuple[EdgeServer, int | None]:
@@ -195,10 +207,10 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
         ],
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )
-    edge = EdgeServer(settings, server, host, runtime)
     token = settings.token.get_secret_value() if settings.token is not None else None
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
     observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS, PRECHECKS)
+    edge = EdgeServer(settings, server, host, runtime, observer)
     observed = ObservedServer(server, observer)
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)

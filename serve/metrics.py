@@ -32,6 +32,22 @@ HTTP_TIMEOUT_S = 10.0
 # Calls the client ended: it cancelled, or its deadline passed (or it sent nothing for STREAM_IDLE_S). Counted apart
 # from the errors: a client that gives up is no server error (a rise with the queue wait still means a slow server).
 ABANDONED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Failed calls whose status blames the request, not the server: malformed, unauthorised, for a model or method that is
+# not served, a reload the operator asked of a bad bundle. Counted as errors of kind "client", apart from the server's
+# own (INTERNAL, UNKNOWN, UNAVAILABLE, a full queue's RESOURCE_EXHAUSTED, ...), so that one client's bad requests do
+# not page. RESOURCE_EXHAUSTED is the server's unless the call says otherwise (a request over a limit, `observe_call`).
+CLIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
 # Multiprocess mode has no `_created` series, so with one worker none are made either: a scrape holds the same
 # series whatever WORKERS is, and a labelled counter or histogram is not one series longer per label set.
 disable_created_metrics()
@@ -51,8 +67,9 @@ class Metrics(BatchObserver):
         )
         self.errors = Counter(
             "edgedistill_errors",
-            "gRPC calls that ended with a status other than OK, CANCELLED or DEADLINE_EXCEEDED",
-            ["code"],
+            "gRPC calls that ended with a status other than OK, CANCELLED or DEADLINE_EXCEEDED, by whose fault: client "
+            "(the request) or server",
+            ["code", "kind"],
             registry=r,
         )
         self.abandoned = Counter(
@@ -140,19 +157,26 @@ class Metrics(BatchObserver):
         if not shared:  # a worker's process figures are the supervisor's to read (`WorkerProcesses`)
             ProcessCollector(registry=r)
         self._member_depths: dict[tuple[str, str], int] = {}
-        # (method, code) -> its children of `requests`, `latency` and `errors` or `abandoned`: a `labels()` lookup per
-        # call (argument checks, a lock) cost more than the counting itself; the server's methods and codes are few
-        self._call_children: dict[tuple[str, grpc.StatusCode], tuple] = {}
+        # (method, code, the request's fault) -> its children of `requests`, `latency` and `errors` or `abandoned`: a
+        # `labels()` lookup per call (argument checks, a lock) cost more than the counting itself; the server's methods
+        # and codes are few
+        self._call_children: dict[tuple[str, grpc.StatusCode, bool], tuple] = {}
         self._model_labels: tuple[str, ...] | None = None
         self._http = None
 
-    def observe_call(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        if (children := self._call_children.get((method, code))) is None:
+    def observe_call(self, method: str, code: grpc.StatusCode, seconds: float, clients_fault: bool = False) -> None:
+        """One call of `method` that ended with `code` after `seconds`; `clients_fault`: a failed call the request
+        itself caused, whatever its code (e.g. RESOURCE_EXHAUSTED for one over a limit), else its code says whose."""
+        key = method, code, clients_fault
+        if (children := self._call_children.get(key)) is None:
             failed = None
-            if code is not grpc.StatusCode.OK:
-                failed = (self.abandoned if code in ABANDONED else self.errors).labels(code.name)
+            if code in ABANDONED:
+                failed = self.abandoned.labels(code.name)
+            elif code is not grpc.StatusCode.OK:
+                kind = "client" if clients_fault or code in CLIENT_CODES else "server"
+                failed = self.errors.labels(code.name, kind)
             children = self.requests.labels(method, code.name), self.latency.labels(method), failed
-            self._call_children[method, code] = children
+            self._call_children[key] = children
         requests, latency, failed = children
         requests.inc()
         latency.observe(seconds)

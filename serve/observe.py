@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import grpc
 from edgedistill.serve.logs import MODEL, REQUEST_ID
@@ -33,6 +34,7 @@ LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 # refusals and fill a small disk (one client's invalid or expired calls wrote 450 KB of lines a second). One line a
 # second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
+CUT_DETAILS = "cut by the server's shutdown: still running when SHUTDOWN_GRACE_S ran out"
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
     ("unary_stream", grpc.unary_stream_rpc_method_handler),
@@ -59,8 +61,12 @@ class _Throttle:
         return self._left_out.pop(key, 0)
 
 
-def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None) -> grpc.StatusCode:
+def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None, cut: bool) -> grpc.StatusCode:
+    """The status the call ended with, as its client sees it; `cut`: a cancelled call was ended by the server's
+    shutdown, not by its client."""
     if isinstance(err, asyncio.CancelledError):
+        if cut:
+            return grpc.StatusCode.UNAVAILABLE  # gRPC's "Cancelling all calls", as the client gets it
         remaining = context.time_remaining()
         return (
             grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
@@ -106,13 +112,20 @@ def _tolerant(deserializer, precheck: Precheck | None):
     return deserialize
 
 
-def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+# Set by `refuse` for the call being handled: its request, not the server, is at fault whatever the code says.
+_CLIENTS_FAULT: ContextVar[bool] = ContextVar("clients_fault", default=False)
+
+
+def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str, clients_fault: bool = False) -> None:
     """End the call with `code` once the handler returns (nothing more is sent). Unlike `context.abort`, no
     exception is raised: gRPC keeps an abort's exception, whose traceback holds the handler's frames and so the
     request, in a reference cycle with the call, so a refused request would live until the collector's next pass
-    (a large parsed request holds megabytes)."""
+    (a large parsed request holds megabytes). `clients_fault`: the request caused it where the code does not say so
+    (RESOURCE_EXHAUSTED for a request over a limit): the metrics count it as a client's error, not the server's."""
     context.set_code(code)
     context.set_details(details)
+    if clients_fault:
+        _CLIENTS_FAULT.set(True)
 
 
 def _bearer(authorization: str) -> bytes:
@@ -128,7 +141,9 @@ class CallObserver:
     `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
     for `admin_methods`; records status and latency in `metrics`; logs failed calls (once a second per method and
     code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every time), and successful ones too with
-    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed."""
+    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed. Calls
+    still running when the shutdown's grace runs out (`grace_ends`) are recorded as the server's UNAVAILABLE, not as
+    calls their clients cancelled."""
 
     def __init__(
         self,
@@ -146,6 +161,21 @@ class CallObserver:
         self.admin_methods = frozenset(admin_methods)
         self.prechecks = dict(prechecks or {})
         self._throttle = _Throttle(THROTTLE_S)
+        self._grace_end: float | None = None
+        self.cut_calls = 0
+
+    def grace_ends(self, deadline: float) -> None:
+        """The server is stopping: gRPC cancels the calls still running at event-loop time `deadline`, and their
+        clients get UNAVAILABLE."""
+        self._grace_end = deadline
+
+    def _cut(self, err: BaseException | None) -> bool:
+        """Whether a call that ended with `err` was cut by the shutdown: cancelled once its grace ran out."""
+        return (
+            isinstance(err, asyncio.CancelledError)
+            and self._grace_end is not None
+            and asyncio.get_running_loop().time() >= self._grace_end
+        )
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """The same kind of handler for `method` (e.g. `/pkg.Service/Call`), its behavior observed.
@@ -177,7 +207,8 @@ class CallObserver:
             or os.urandom(NEW_ID_BYTES).hex()
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-        token = REQUEST_ID.set(request_id), MODEL.set(None)  # the call's own; no model until one takes it
+        # the call's own; no model until one takes it, no fault yet
+        token = REQUEST_ID.set(request_id), MODEL.set(None), _CLIENTS_FAULT.set(False)
         admin = self._admin is not None and method in self.admin_methods
         expected = self._admin if admin else self._expected
         if (
@@ -205,20 +236,25 @@ class CallObserver:
         finally:
             REQUEST_ID.reset(token[0])
             MODEL.reset(token[1])
+            _CLIENTS_FAULT.reset(token[2])
 
     def _record(self, context, method, request_id, seconds, err) -> None:
         """The call's metrics, and its log line where one is due."""
-        code = _status_code(context, err)
-        self.metrics.observe_call(method, code, seconds)
+        cut = self._cut(err)
+        self.cut_calls += cut
+        code = _status_code(context, err, cut)
+        self.metrics.observe_call(method, code, seconds, _CLIENTS_FAULT.get())
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0
         if code not in LOGGED_AS_ERRORS and not self.access_log:
-            left_out = self._throttle.admit((method, code))
+            left_out = self._throttle.admit((method, code, cut))
             if left_out is None:
                 return
         if code in LOGGED_AS_ERRORS:
             level = logging.ERROR
+        elif cut:
+            level = logging.WARNING  # work lost at a shutdown: SHUTDOWN_GRACE_S too short for it, or a hung call
         elif code is grpc.StatusCode.OK and method.startswith(HEALTH_PREFIX):
             level = logging.DEBUG  # probes every few seconds would drown the rest
         else:
@@ -236,7 +272,7 @@ class CallObserver:
                 "ms": round(seconds * 1000, 3),
                 "peer": caller(context),
                 "request_id": request_id,
-                "details": context.details() or "",
+                "details": CUT_DETAILS if cut else context.details() or "",
                 **({"left_out": left_out} if left_out else {}),
             },
         )

@@ -93,7 +93,8 @@ def fail(context: grpc.aio.ServicerContext, err: Exception) -> None:
     if (code := status_of(err)) is not None:
         if err.recurs:  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
-        refuse(context, code, details_of(err))
+        # an error that recurs for the same request is the request's fault, not the server's, whatever its code
+        refuse(context, code, details_of(err), clients_fault=err.recurs)
         return
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     refuse(context, grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")

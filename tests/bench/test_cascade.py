@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 from edgedistill.bench.__main__ import main
-from edgedistill.bench.cascade import counting
+from edgedistill.bench.cascade import counting, failed_calls
 from edgedistill.common import manifest as mf
 from edgedistill.serve.proto import classifier_pb2 as pb
 
@@ -69,3 +69,8 @@ def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, ca
         status = main(["serving", str(SMOKE), "--bundle", str(smoke_bundles / "bundle-bilstm-cascade")])
     assert status == 2
     assert "bench cascade" in capsys.readouterr().err
+
+
+def test_a_models_failed_calls_are_summed_over_every_phase_and_round():
+    phases = {"capacity": [{"failures": 5}, {"failures": 0}], "paced": [{"failures": 3}, {"failures": 4}]}
+    assert failed_calls(phases) == 12

@@ -122,6 +122,28 @@ def test_bench_ratios_and_targets_follow_the_recorded_numbers(result):
     assert result.passed == all(t["passed"] for t in result.targets)
 
 
+def with_failed_capacity_calls(result: ServingResult) -> ServingResult:
+    """`result` as if 3 calls of its capacity phase's first repeat had been refused."""
+    runs = dict(result.runs)
+    first = runs["capacity"][0]
+    runs["capacity"] = [first | {"failures": 3, "error_codes": {"RESOURCE_EXHAUSTED": 3}}, *runs["capacity"][1:]]
+    return result.model_copy(update={"runs": runs})
+
+
+def test_a_run_with_failed_calls_says_which_phase_failed_them_and_how(result):
+    assert "server 4x1: RESOURCE_EXHAUSTED 3" in serving.markdown(with_failed_capacity_calls(result))
+
+
+def test_a_run_without_failed_calls_has_no_failures_line(result):
+    runs = {phase: [r | {"failures": 0, "error_codes": {}} for r in records] for phase, records in result.runs.items()}
+    assert "Failed calls" not in serving.markdown(result.model_copy(update={"runs": runs}))
+
+
+def test_the_manifest_counts_the_failed_calls_of_a_run(out, result):
+    failed = sum(record["failures"] for records in result.runs.values() for record in records)
+    assert mf.load(out).metrics["failed_calls"] == failed
+
+
 def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, texts_file, capsys):
     created = mf.load(out).created
     code = bench_serving(bundle, texts_file, runs)

@@ -9,9 +9,14 @@ from edgedistill.bench.stats import call_stats, percentiles, summarize
 def test_call_stats_count_failures_but_time_only_successes():
     stats = call_stats(np.arange(1, 191) / 100, failures=10, seconds=2.0, offered_rate=125)
     assert (stats["requests"], stats["failures"], stats["error_rate"]) == (200, 10, 0.05)
-    assert (stats["requests_per_s"], stats["rate_share"]) == (100, 0.76)  # 190 successful calls in 2 s of 125/s
+    assert (stats["requests_per_s"], stats["rate_share"]) == (95, 0.76)  # 190 successful calls in 2 s of 125/s
     assert stats["max_ms"] == 1.9
     assert stats["mean_ms"] == pytest.approx(0.955)
+
+
+def test_failed_calls_add_nothing_to_the_requests_per_second():
+    stats = call_stats(np.ones(50), failures=50, seconds=1.0)
+    assert stats["requests_per_s"] == 50
 
 
 def test_refused_calls_achieve_none_of_the_offered_rate():

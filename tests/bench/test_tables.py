@@ -1,4 +1,4 @@
-from edgedistill.bench.tables import record_line
+from edgedistill.bench.tables import h2load_failures_line, record_line
 
 
 def test_record_line_names_texts_per_s_where_the_record_has_it():
@@ -9,3 +9,27 @@ def test_record_line_names_texts_per_s_where_the_record_has_it():
 def test_record_line_names_server_cpu_where_the_record_has_it():
     record = {"requests_per_s": 10, "p99_ms": 1.5, "failures": 0, "client_cpu": 5, "server_cpu": 90}
     assert record_line(record).endswith("server CPU 90 %")
+
+
+def h2load_runs(failures: list[int]) -> dict[str, list[dict]]:
+    """The saturated and paced runs of one server over two repeats, the saturated one's failures as given."""
+    return {
+        "edgedistill capacity": [{"requests": 1000, "failures": f} for f in failures],
+        "edgedistill paced": [{"requests": 400, "failures": 0}] * 2,
+    }
+
+
+def test_h2load_failures_line_counts_a_runs_failed_calls_over_its_repeats():
+    assert "edgedistill saturated 7 of 2000" in h2load_failures_line(h2load_runs([3, 4]), 200)
+
+
+def test_h2load_failures_line_leaves_out_runs_without_failed_calls():
+    assert "paced" not in h2load_failures_line(h2load_runs([3, 4]), 200)
+
+
+def test_h2load_failures_line_says_the_percentiles_include_the_failed_calls():
+    assert "percentiles include the failed calls" in h2load_failures_line(h2load_runs([1, 0]), 200)
+
+
+def test_h2load_runs_without_failed_calls_have_no_failures_line():
+    assert h2load_failures_line(h2load_runs([0, 0]), 200) is None

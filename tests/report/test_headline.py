@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.report import __main__ as report_main
@@ -169,3 +170,36 @@ def test_headline_gives_the_test_selection_metric_of_a_macro_f1_task(tmp_path, m
     assert headline.headline(recipe, "recipes/smoke.yaml")[0] == (
         "teacher: dev accuracy 0.9000, dev macro-F1 0.8000, test accuracy 0.9500, test macro-F1 0.8500"
     )
+
+
+def publish_serving(folder, failures: int) -> None:
+    """A serving benchmark's artifact whose capacity phase failed `failures` calls."""
+    result = ServingResult(
+        bundle={},
+        settings={},
+        options={"rate": 200},
+        texts={},
+        machine={},
+        runs={"paced": [{"failures": 0}], "capacity": [{"failures": failures}]},
+        summary={"paced": {"p99_ms": Spread.of([2.5])}, "capacity": {"texts_per_s": Spread.of([1500])}},
+        ratios={"capacity_vs_echo": 0.5, "capacity_vs_bare": 0.9},
+        targets=[],
+        passed=True,
+    )
+    with mf.stage_folder(folder) as tmp:
+        result.save(tmp, "")
+        mf.commit(tmp, folder, mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c"))
+
+
+def serving_line(recipe) -> str:
+    return next(line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("serving:"))
+
+
+def test_the_serving_line_says_how_many_calls_of_the_benchmark_failed(recipe):
+    publish_serving(run_dir(recipe) / "serve-bench", failures=4)
+    assert serving_line(recipe).endswith("; 4 calls failed")
+
+
+def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe):
+    publish_serving(run_dir(recipe) / "serve-bench", failures=0)
+    assert "failed" not in serving_line(recipe)

@@ -56,7 +56,37 @@ def test_observed_calls_are_counted_by_method_and_code():
 
 
 def test_observed_calls_count_errors_by_code():
-    assert 'edgedistill_errors_total{code="INVALID_ARGUMENT"} 1.0' in observed_calls()
+    assert metric(observed_calls(), "edgedistill_errors_total", code="INVALID_ARGUMENT") == 1
+
+
+def errors_by_kind(code: grpc.StatusCode, clients_fault: bool = False) -> dict[str, float]:
+    """Errors of each kind after one failed call of Classify with `code`."""
+    metrics = Metrics()
+    metrics.observe_call(CLASSIFY, code, 0.0004, clients_fault)
+    text = generate_latest(metrics.registry).decode()
+    return {kind: metric(text, "edgedistill_errors_total", code=code.name, kind=kind) for kind in ("client", "server")}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND],
+    ids=lambda code: code.name,
+)
+def test_a_call_refused_for_its_request_is_a_client_error(code):
+    assert errors_by_kind(code) == {"client": 1, "server": 0}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED],
+    ids=lambda code: code.name,
+)
+def test_a_call_the_server_failed_is_a_server_error(code):
+    assert errors_by_kind(code) == {"client": 0, "server": 1}
+
+
+def test_resource_exhausted_caused_by_the_request_is_a_client_error():
+    assert errors_by_kind(grpc.StatusCode.RESOURCE_EXHAUSTED, clients_fault=True) == {"client": 1, "server": 0}
 
 
 def test_observed_calls_count_no_error_for_ok():

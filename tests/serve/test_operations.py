@@ -22,11 +22,13 @@ from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.host import TOKENIZE_THREADS
 from edgedistill.serve.logs import JsonFormatter
+from edgedistill.serve.observe import CUT_DETAILS
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import generate_latest
 
 from tests.serve.conftest import GATED, settings_for
 
@@ -86,6 +88,60 @@ def test_health_is_not_serving_until_warm_then_serving_then_not_serving_while_dr
     watch.cancel()
     stopping.result(10)
     channel.close()
+
+
+def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
+    """Stop `server` (a grace of 0.3 s) while a Classify call is held in the tokenizer; `cancel_it`: its client
+    cancels it meanwhile, before the grace runs out. The client's status code, the server's scrape after it stopped
+    and its log lines."""
+    caplog.handler.setFormatter(JsonFormatter())
+    with caplog.at_level(logging.INFO), server.channel() as channel:
+        call = classifier_pb2_grpc.ClassifierStub(channel).Classify.future(
+            pb.ClassifyRequest(texts=[GATED]), timeout=30
+        )
+        gate.wait_held(1)
+        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=0.3), server.loop)
+        if cancel_it:
+            call.cancel()
+        stopping.result(10)
+        code = grpc.StatusCode.CANCELLED if call.cancelled() else call.exception().code()
+    scraped = generate_latest(server.server.metrics.registry).decode()
+    return {"code": code, "scrape": scraped, "lines": [json.loads(line) for line in caplog.text.splitlines()]}
+
+
+@pytest.fixture
+def cut_at_shutdown(start_server, bundle, slow_tokenizer, caplog):
+    """A call still running when the shutdown's grace ran out."""
+    return stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, False, caplog)
+
+
+def test_a_call_cut_by_the_shutdown_ends_unavailable_for_its_client(cut_at_shutdown):
+    assert cut_at_shutdown["code"] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_call_cut_by_the_shutdown_is_counted_as_the_servers_unavailable(cut_at_shutdown):
+    assert metric(cut_at_shutdown["scrape"], "edgedistill_errors_total", code="UNAVAILABLE", kind="server") == 1
+
+
+def test_a_call_cut_by_the_shutdown_is_not_counted_as_abandoned_by_its_client(cut_at_shutdown):
+    assert metric(cut_at_shutdown["scrape"], "edgedistill_abandoned_calls_total", code="CANCELLED") == 0
+
+
+def test_a_call_cut_by_the_shutdown_is_logged_as_a_warning_saying_so(cut_at_shutdown):
+    (line,) = [e for e in cut_at_shutdown["lines"] if e.get("event") == "rpc"]
+    assert (line["level"], line["code"], line["details"]) == ("WARNING", "UNAVAILABLE", CUT_DETAILS)
+
+
+def test_the_stopped_line_counts_the_calls_the_shutdown_cut(cut_at_shutdown):
+    (line,) = [e for e in cut_at_shutdown["lines"] if e.get("event") == "stopped"]
+    assert line["cut_calls"] == 1
+
+
+def test_a_call_its_client_cancels_during_the_drain_is_counted_as_abandoned(
+    start_server, bundle, slow_tokenizer, caplog
+):
+    cancelled = stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, True, caplog)
+    assert metric(cancelled["scrape"], "edgedistill_abandoned_calls_total", code="CANCELLED") == 1
 
 
 def test_reflection_lists_both_services(served):
@@ -530,6 +586,41 @@ def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_q
     counted = {name: metric(after, name, code="DEADLINE_EXCEEDED") - metric(before, name, code="DEADLINE_EXCEEDED") for name in ("edgedistill_abandoned_calls_total", "edgedistill_errors_total")}  # fmt: skip
     assert counted["edgedistill_abandoned_calls_total"] == 1
     assert counted["edgedistill_errors_total"] == 0
+
+
+def errors_after(server, call) -> dict[tuple[str, str], float]:
+    """The rise of `edgedistill_errors_total` by (code, kind) over `call()`, which must fail."""
+    labels = [(code, kind) for code in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT") for kind in ("client", "server")]
+    before = scrape(server)
+    with pytest.raises(grpc.RpcError):
+        call()
+    deadline = time.monotonic() + 5  # the status reaches the client before the call is recorded
+    while time.monotonic() < deadline:
+        after = scrape(server)
+        rise = {(c, k): metric(after, "edgedistill_errors_total", code=c, kind=k) - metric(before, "edgedistill_errors_total", code=c, kind=k) for c, k in labels}  # fmt: skip
+        if any(rise.values()):
+            return rise
+        time.sleep(0.01)
+    return rise
+
+
+def test_a_request_over_the_texts_limit_counts_as_a_client_error(served):
+    with served.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        rise = errors_after(served, lambda: stub.Classify(pb.ClassifyRequest(texts=["good"] * 9), timeout=10))
+    assert rise[("RESOURCE_EXHAUSTED", "client")] == 1
+    assert rise[("RESOURCE_EXHAUSTED", "server")] == 0
+
+
+def test_a_full_queue_counts_as_a_server_error(slow_queue):
+    with slow_queue.channel() as channel:
+        infer = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        waiting = infer.future(text_infer("good", "bad", "fun"), timeout=10)
+        wait_for_queued(slow_queue, 3)
+        rise = errors_after(slow_queue, lambda: infer(text_infer("great", "dull"), timeout=10))
+        waiting.result()
+    assert rise[("RESOURCE_EXHAUSTED", "server")] == 1
+    assert rise[("RESOURCE_EXHAUSTED", "client")] == 0
 
 
 def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokenizer):
