@@ -11,7 +11,10 @@ from typing import Literal
 
 Style = Literal["raw", "ptb_lower"]
 
-_TAG = re.compile(r"<[^>]*>")
+# Markup: `<` up to the next `>`, as scraped reviews hold it ("<br />", "< SPOILER >"). A `<` before a digit or `=`
+# opens none (HTML reads it as text too), so "I <3 it", "under <10 min" and "x <= y" keep their words when a `>` comes
+# later ("... 5 > 4"), which would otherwise close a span over them. The shared data's text is styled the same either way.
+_TAG = re.compile(r"<(?![\d=])[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
 # alternative starts with, lets the regex engine skip the other characters fast.
