@@ -47,6 +47,9 @@ CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per 
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 TEXT_INPUTS = ("text", "text_pair")
+# Triton's dims of a text input without the batch axis: one string per row, so [batch, 1] with it, as ModelMetadata
+# says (Triton's dims must hold at least one axis); ModelInfer also takes [batch].
+TEXT_DIMS = (1,)
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 # The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
 SHARED_MEMORY_REGION = "shared_memory_region"
@@ -170,7 +173,7 @@ def model_config(
     Config = kserve_pb2.ModelConfigResponse
     config = Config.ModelConfig(name=spec.name, platform=platform, backend=backend, max_batch_size=max_texts)
     for name in spec.text_inputs:
-        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=[1])
+        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=TEXT_DIMS)
     for name in OUTPUTS:
         config.output.add(
             name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=TRITON_LABELS_FILE
@@ -359,7 +362,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             name=runtime.name,
             versions=[runtime.version],
             platform=platform_of(runtime)[0],
-            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1]) for name in runtime.spec.text_inputs],
+            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1, *TEXT_DIMS]) for name in runtime.spec.text_inputs],
             outputs=[
                 Tensor(name=name, datatype=datatype, shape=[-1, labels] if name in OUTPUTS else [-1])
                 for name, datatype in outputs_of(runtime).items()
