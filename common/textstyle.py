@@ -7,6 +7,7 @@ bundle records the style, and the server writes each text it is sent in it (`as_
 
 import html
 import re
+import unicodedata
 from typing import Literal
 
 Style = Literal["raw", "ptb_lower"]
@@ -23,6 +24,9 @@ _PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))
 
 def tokenise(text: str) -> str:
     """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    # Accents composed, as the data is written: to the clitic rule a decomposed accent is a mark, not a letter, so a
+    # client's "xe\u0301n't" would keep its "n't" where "x\u00e9n't" is split.
+    text = unicodedata.normalize("NFC", text)
     text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)
