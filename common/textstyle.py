@@ -7,11 +7,15 @@ bundle records the style, and the server writes each text it is sent in it (`as_
 
 import html
 import re
+import unicodedata
 from typing import Literal
 
 Style = Literal["raw", "ptb_lower"]
 
-_TAG = re.compile(r"<[^>]*>")
+# Markup: `<` up to the next `>`, as scraped reviews hold it ("<br />", "< SPOILER >"). A `<` before a digit or `=`
+# opens none (HTML reads it as text too), so "I <3 it", "under <10 min" and "x <= y" keep their words when a `>` comes
+# later ("... 5 > 4"), which would otherwise close a span over them. The shared data's text is styled the same either way.
+_TAG = re.compile(r"<(?![\d=])[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
 # alternative starts with, lets the regex engine skip the other characters fast.
@@ -20,6 +24,9 @@ _PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))
 
 def tokenise(text: str) -> str:
     """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    # Accents composed, as the data is written: to the clitic rule a decomposed accent is a mark, not a letter, so a
+    # client's "xe\u0301n't" would keep its "n't" where "x\u00e9n't" is split.
+    text = unicodedata.normalize("NFC", text)
     text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)

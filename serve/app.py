@@ -197,9 +197,10 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     metrics = Metrics(shared=share_port)
     host = ModelHost(settings, metrics, load_runtime)
     runtime = load_runtime(settings.bundle, settings, metrics, host.on_fault)
+    # Only what clients send is limited: a reply is bounded by the request limits (MAX_TEXTS rows of the labels'
+    # values), and a send limit would fail a call the model had answered, with RESOURCE_EXHAUSTED that clients retry.
     server = grpc.aio.server(
         options=[
-            ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
             ("grpc.so_reuseport", int(share_port)),

@@ -155,8 +155,9 @@ class Client:
             out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
             for out, data in zip(reply.outputs, reply.raw_output_contents, strict=True)
         }
-        members = outputs.get("answered_by", [b""] * len(texts))
-        refused = outputs.get("escalation_refused", [False] * len(texts))
+        # a cascade's per-row outputs, [batch, 1] (or [batch], as earlier servers sent them): one value per text
+        members = outputs["answered_by"].reshape(-1) if "answered_by" in outputs else [b""] * len(texts)
+        refused = outputs["escalation_refused"].reshape(-1) if "escalation_refused" in outputs else [False] * len(texts)
         labels = self.labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, row, labels) | _cascade_fields(member.decode(), bool(flag))

@@ -61,8 +61,8 @@ class Settings(BaseModel):
     max_message_bytes: int = Field(
         1 << 20,
         ge=1024,
-        description="largest gRPC message, each way; a call still receiving its message holds up to about twice "
-        "this much memory",
+        description="largest gRPC message a client may send (replies are not limited); a call still receiving its "
+        "message holds up to about twice this much memory",
     )
     max_concurrent_rpcs: int = Field(
         256,

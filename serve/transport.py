@@ -47,6 +47,9 @@ CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per 
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 TEXT_INPUTS = ("text", "text_pair")
+# Triton's dims of a tensor of one element per row (a text input, a cascade's per-row outputs) without the batch axis:
+# [batch, 1] with it, as ModelMetadata gives it and ModelInfer returns it (Triton's dims hold at least one axis).
+ROW_DIMS = (1,)
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 # The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
 SHARED_MEMORY_REGION = "shared_memory_region"
@@ -101,9 +104,12 @@ def fail(context: grpc.aio.ServicerContext, err: Exception) -> None:
 
 
 def output_value(scores: Scores, name: str) -> np.ndarray:
-    """The values of the KServe output `name` (one of `outputs_of`), computed only when asked for."""
+    """The values of the KServe output `name` (one of `outputs_of`), computed only when asked for: (N, labels) for
+    OUTPUTS, (N, 1) for a cascade's per-row outputs (ROW_DIMS)."""
     if name == "answered_by":
-        return np.array([member.encode() for member in scores.answered_by or ()], dtype=object)
+        return np.array([member.encode() for member in scores.answered_by or ()], dtype=object).reshape(-1, *ROW_DIMS)
+    if name == "escalation_refused":
+        return scores.escalation_refused.reshape(-1, *ROW_DIMS)
     return getattr(scores, name)
 
 
@@ -171,14 +177,14 @@ def model_config(
     Config = kserve_pb2.ModelConfigResponse
     config = Config.ModelConfig(name=spec.name, platform=platform, backend=backend, max_batch_size=max_texts)
     for name in spec.text_inputs:
-        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=[1])
+        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=ROW_DIMS)
     for name in OUTPUTS:
         config.output.add(
             name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=TRITON_LABELS_FILE
         )
     if isinstance(runtime, CascadeRuntime):
-        config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=[1])
-        config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=[1])
+        config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=ROW_DIMS)
+        config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=ROW_DIMS)
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
     config.parameters["text_style"].string_value = runtime.describe().text_style
@@ -360,9 +366,9 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             name=runtime.name,
             versions=[runtime.version],
             platform=platform_of(runtime)[0],
-            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1]) for name in runtime.spec.text_inputs],
+            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1, *ROW_DIMS]) for name in runtime.spec.text_inputs],
             outputs=[
-                Tensor(name=name, datatype=datatype, shape=[-1, labels] if name in OUTPUTS else [-1])
+                Tensor(name=name, datatype=datatype, shape=[-1, labels] if name in OUTPUTS else [-1, *ROW_DIMS])
                 for name, datatype in outputs_of(runtime).items()
             ],
         )

@@ -1,5 +1,7 @@
 """The styles a task's text is written in, for training and serving alike."""
 
+import unicodedata
+
 import pytest
 from edgedistill.common.textstyle import as_served, styled, tokenise
 
@@ -19,6 +21,29 @@ def test_tokenise_examples(raw, expected):
 
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
     assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("I <3 it, 5 > 4", "i <3 it , 5 > 4"),
+        ("done in <10 minutes, >90 % liked it", "done in <10 minutes , >90 % liked it"),
+        ("x <= y and y >= z", "x <= y and y >= z"),
+        ("<b>I <3 it</b>", "i <3 it"),
+    ],
+)
+def test_a_less_than_sign_before_a_digit_or_equals_sign_opens_no_markup(raw, expected):
+    assert tokenise(raw) == expected
+
+
+@pytest.mark.parametrize("text", ["Zoë's naïve charm", "Xén't good"])
+def test_a_ptb_lower_bundle_serves_decomposed_accents_as_composed_ones(text):
+    decomposed, composed = unicodedata.normalize("NFD", text), unicodedata.normalize("NFC", text)
+    assert as_served([decomposed], "ptb_lower") == as_served([composed], "ptb_lower")
+
+
+def test_raw_style_keeps_a_heart_before_a_later_greater_than_sign():
+    assert styled("I <3 it > all", "raw") == "I <3 it > all"
 
 
 def test_a_ptb_lower_bundle_serves_a_contraction_as_its_training_text_wrote_it():

@@ -163,16 +163,16 @@ def test_a_stream_names_the_member_per_text(stub):
 def test_model_infer_returns_answered_by_and_escalation_refused_by_default(kserve, raw):
     outputs = decoded(kserve.ModelInfer(infer_request(TEXTS, raw=raw), timeout=10))
     assert list(outputs) == ["logits", "probabilities", "answered_by", "escalation_refused"]
-    assert [member.decode() for member in outputs["answered_by"]] == ANSWERED_BY
-    assert outputs["escalation_refused"].tolist() == [False] * len(TEXTS)
+    assert [member.decode() for member in outputs["answered_by"].reshape(-1)] == ANSWERED_BY
+    assert outputs["escalation_refused"].reshape(-1).tolist() == [False] * len(TEXTS)
 
 
 def test_model_infer_returns_answered_by_alone_when_asked_for_by_name(kserve):
     reply = kserve.ModelInfer(infer_request(TEXTS, outputs=("answered_by",)), timeout=10)
     assert [(out.name, out.datatype, list(out.shape)) for out in reply.outputs] == [
-        ("answered_by", "BYTES", [len(TEXTS)])
+        ("answered_by", "BYTES", [len(TEXTS), 1])
     ]
-    assert [member.decode() for member in decoded(reply)["answered_by"]] == ANSWERED_BY
+    assert [member.decode() for member in decoded(reply)["answered_by"].reshape(-1)] == ANSWERED_BY
 
 
 def test_model_infer_answers_equal_classify(kserve, stub):
@@ -205,9 +205,22 @@ def test_model_metadata_lists_the_cascade_outputs(kserve):
     assert [(t.name, t.datatype, list(t.shape)) for t in reply.outputs] == [
         ("logits", "FP32", [-1, 2]),
         ("probabilities", "FP32", [-1, 2]),
-        ("answered_by", "BYTES", [-1]),
-        ("escalation_refused", "BOOL", [-1]),
+        ("answered_by", "BYTES", [-1, 1]),
+        ("escalation_refused", "BOOL", [-1, 1]),
     ]
+
+
+def test_model_infer_returns_each_output_in_the_shape_model_metadata_gives(kserve):
+    meta = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-cascade"), timeout=10)
+    reply = kserve.ModelInfer(infer_request(TEXTS), timeout=10)
+    described = {t.name: [len(TEXTS) if dim == -1 else dim for dim in t.shape] for t in meta.outputs}
+    assert {out.name: list(out.shape) for out in reply.outputs} == described
+
+
+def test_model_metadata_gives_the_outputs_the_model_configs_dims_with_the_batch_axis(kserve):
+    meta = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-cascade"), timeout=10)
+    config = kserve.ModelConfig(kserve_pb2.ModelConfigRequest(name="tiny-cascade"), timeout=10).config
+    assert [list(t.shape) for t in meta.outputs] == [[-1, *o.dims] for o in config.output]
 
 
 def test_model_metadata_platform_is_tritons_ensemble(kserve):
@@ -420,8 +433,8 @@ def test_overload_answer_flags_escalation_refused_in_model_infer(overloaded, cas
             infer_request([*SURE[:2], less_sure, surer]), timeout=10
         )
     outputs = decoded(reply)
-    assert [member.decode() for member in outputs["answered_by"]] == [STUDENT, STUDENT, TEACHER, STUDENT]
-    assert outputs["escalation_refused"].tolist() == [False, False, False, True]
+    assert [member.decode() for member in outputs["answered_by"].reshape(-1)] == [STUDENT, STUDENT, TEACHER, STUDENT]
+    assert outputs["escalation_refused"].reshape(-1).tolist() == [False, False, False, True]
     waiting.result()
 
 

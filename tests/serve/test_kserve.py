@@ -121,7 +121,7 @@ def test_health_and_metadata_rpcs(stub):
     assert meta.name == MODEL
     assert list(meta.versions) == ["1"]
     assert meta.platform == "onnxruntime_onnx"
-    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("text", "BYTES", [-1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("text", "BYTES", [-1, 1])]
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
         ("logits", "FP32", [-1, 2]),
         ("probabilities", "FP32", [-1, 2]),
@@ -147,6 +147,19 @@ def test_model_config_describes_the_model_as_triton_does(stub):
         ("logits", kserve_pb2.ModelConfigResponse.TYPE_FP32, [2], "labels.txt"),
         ("probabilities", kserve_pb2.ModelConfigResponse.TYPE_FP32, [2], "labels.txt"),
     ]
+
+
+def test_model_metadata_gives_the_text_inputs_the_model_configs_dims_with_the_batch_axis(stub):
+    meta = stub.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=MODEL), timeout=10)
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert [list(t.shape) for t in meta.inputs] == [[-1, *t.dims] for t in config.input]
+
+
+def test_a_text_input_shaped_as_model_metadata_gives_is_classified(stub, expected):
+    meta = stub.ModelMetadata(kserve_pb2.ModelMetadataRequest(name=MODEL), timeout=10)
+    shape = [len(TEXTS) if dim == -1 else dim for dim in meta.inputs[0].shape]
+    reply = stub.ModelInfer(text_request(TEXTS, shape=shape), timeout=10)
+    np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
 
 
 def test_model_config_gives_the_label_names(stub):

@@ -175,6 +175,28 @@ def test_reflection_finds_the_file_of_an_rpc_by_its_full_name(served, symbol, fi
     assert found == [file]
 
 
+@pytest.fixture
+def small_messages(make_bundle, start_server):
+    """A server whose MAX_MESSAGE_BYTES (1 KiB, the least it takes) is below its full reply to MAX_TEXTS texts."""
+    return start_server(settings_for(make_bundle(), max_message_bytes=1024, max_texts=64, max_queued=64))
+
+
+def test_a_reply_larger_than_max_message_bytes_is_sent(small_messages):
+    with small_messages.channel() as channel:
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(
+            pb.ClassifyRequest(texts=["a good film"] * 64), timeout=10
+        )
+    assert reply.ByteSize() > 1024
+
+
+def test_reflection_describes_a_service_whose_file_is_larger_than_max_message_bytes(small_messages):
+    with small_messages.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService")
+        (reply,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
+    assert reply.file_descriptor_response.file_descriptor_proto
+
+
 def test_reflection_answers_not_found_for_an_rpc_a_service_lacks(served):
     with served.channel() as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)

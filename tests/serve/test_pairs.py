@@ -119,8 +119,8 @@ def test_model_info_of_a_pair_model_names_both_text_inputs(classifier):
 def test_model_metadata_of_a_pair_model_lists_text_and_text_pair(kserve):
     meta = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-pairs"), timeout=10)
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        ("text", "BYTES", [-1]),
-        ("text_pair", "BYTES", [-1]),
+        ("text", "BYTES", [-1, 1]),
+        ("text_pair", "BYTES", [-1, 1]),
     ]
 
 
