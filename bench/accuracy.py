@@ -19,7 +19,7 @@ from edgedistill.bench.processes import measured_server, running, served_setting
 from edgedistill.bench.records import Record
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
-from edgedistill.common import progress
+from edgedistill.common import progress, tables
 from edgedistill.common.cascade import describe, load_served
 from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe
@@ -152,7 +152,7 @@ def table_rows(result: AccuracyResult) -> list[list[str]]:
 def check_rows(result: AccuracyResult) -> list[list[str]]:
     wanted = f"= {result.bundle_dev_accuracy:.4f}"
     return [
-        [f"{APIS[api]} accuracy", f"{f.accuracy:.4f}", wanted, "pass" if f.matches_bundle else "MISS"]
+        [f"{APIS[api]} accuracy", f"{f.accuracy:.4f}", wanted, tables.result(f.matches_bundle)]
         for api, f in result.apis.items()
     ]
 
