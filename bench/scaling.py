@@ -91,13 +91,12 @@ def _build(inputs: Inputs, console: Console) -> Built:
     result.save(work, markdown(result))
     print_results(console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(targets)))
     most = max(counts)
-    missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics=ratios | {"passed": result.passed},
         info={"bench": cfg.model_dump(mode="json"), "workers": result.settings["workers"], "targets": targets},
         line=(
             f"{most} workers: {ratios[f'capacity_{most}_vs_first']:.2f}x the calls/s of {counts[0]}"
-            + (f"; missed {', '.join(missed)}" if missed else "")
+            + (f"; {missed}" if (missed := slo.missed(targets)) else "")
         ),
     )
 

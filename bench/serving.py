@@ -229,7 +229,6 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     )
     result.save(work, markdown(result))
     print_tables(result, console)
-    missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics={
             "paced_p99_ms": result.median("paced", "p99_ms"),
@@ -238,7 +237,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
             "passed": result.passed,
         },
         info={"bench": cfg.model_dump(mode="json"), "targets": targets},
-        line=f"every target met on {bundle_folder.name}" if not missed else f"missed {', '.join(missed)}",
+        line=slo.missed(targets) or f"every target met on {bundle_folder.name}",
     )
 
 

@@ -127,13 +127,12 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     print_results(
         console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result.targets))
     )
-    missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics=ratios | {"passed": result.passed},
         info={"bench": cfg.model_dump(mode="json"), "targets": targets},
         line=(
             f"{ratios['capacity_vs_best_peer']:.2f}x the best peer's calls/s, p99 {ratios['p99_vs_best_peer']:.2f}x"
-            + (f"; missed {', '.join(missed)}" if missed else "")
+            + (f"; {missed}" if (missed := slo.missed(targets)) else "")
         ),
     )
 
