@@ -15,6 +15,11 @@ def result(passed: bool) -> str:
     return PASSED if passed else MISSED
 
 
+def slo(passed: bool) -> str:
+    """A load test's verdict: 'SLO passed', or 'SLO MISSED' in capitals as a missed check."""
+    return "SLO passed" if passed else "SLO MISSED"
+
+
 def verdict_rows(verdicts: list[dict], measured) -> list[list[str]]:
     """Rows of [name, measured, wanted, result] for verdicts {name, measured, limit, passed} (`bench.slo.verdict`),
     each measured figure written by `measured`."""

@@ -291,7 +291,7 @@ def _loadtests(page: Page, root: Path) -> None:
         profile = result["profile"]
         target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
         page.heading(
-            f"Load test: {profile}{target} ({'SLO passed' if result['passed'] else 'SLO MISSED'})",
+            f"Load test: {profile}{target} ({tables.slo(result['passed'])})",
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
         )
         overall = result["overall"]

@@ -32,3 +32,11 @@ def test_verdict_rows_write_the_measured_figure_with_the_given_format():
 
 def test_a_markdown_table_has_a_header_its_rule_and_a_line_per_row():
     assert tables.markdown(["a", "b"], [["1", "2"], ["3", "4"]]) == ["| a | b |", "|---|---|", "| 1 | 2 |", "| 3 | 4 |"]
+
+
+def test_a_load_test_within_its_slo_reads_slo_passed():
+    assert tables.slo(True) == "SLO passed"
+
+
+def test_a_load_test_outside_its_slo_reads_slo_missed_in_capitals():
+    assert tables.slo(False) == "SLO MISSED"
