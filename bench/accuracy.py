@@ -12,14 +12,15 @@ the manifest.
 
 import functools
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import measured_server, running, served_settings
-from edgedistill.bench.records import Record
+from edgedistill.bench.records import Record, Result
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
-from edgedistill.common import progress
+from edgedistill.common import progress, tables
 from edgedistill.common.cascade import describe, load_served
 from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe
@@ -39,8 +40,11 @@ class ApiAccuracy(Record):
     matches_bundle: bool = Field(description="as many correct predictions as the bundle's dev_accuracy says")
 
 
-class AccuracyResult(Record):
+class AccuracyResult(Result):
     """`accuracy.json`: per API its accuracy, the bundle's dev accuracy, how often the APIs agree, the verdict."""
+
+    FILE: ClassVar[str] = RESULT_FILE
+    TABLES: ClassVar[str] = "accuracy.md"
 
     bundle: dict
     texts: dict
@@ -48,10 +52,6 @@ class AccuracyResult(Record):
     apis: dict[str, ApiAccuracy]
     agreement: float = Field(description="share of the examples for which both APIs predicted the same label")
     passed: bool
-
-    @classmethod
-    def load(cls, folder: Path) -> "AccuracyResult":
-        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))
 
 
 def predict(infer, examples: Examples, batch_size: int, labels: list[str], bar) -> list[int]:
@@ -122,8 +122,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         agreement=sum(a == b for a, b in zip(predicted["classify"], predicted["kserve"], strict=True)) / count,
         passed=all(figures.matches_bundle for figures in apis.values()),
     )
-    (work / RESULT_FILE).write_text(result.model_dump_json(indent=1) + "\n", encoding="utf-8")
-    (work / "accuracy.md").write_text(markdown(result), encoding="utf-8")
+    result.save(work, markdown(result))
     print_results(console, heading(result), HEADER, table_rows(result), ("check", "check", check_rows(result)))
     return Built(
         metrics={f"{api}_accuracy": figures.accuracy for api, figures in apis.items()}
@@ -152,7 +151,7 @@ def table_rows(result: AccuracyResult) -> list[list[str]]:
 def check_rows(result: AccuracyResult) -> list[list[str]]:
     wanted = f"= {result.bundle_dev_accuracy:.4f}"
     return [
-        [f"{APIS[api]} accuracy", f"{f.accuracy:.4f}", wanted, "pass" if f.matches_bundle else "MISS"]
+        [f"{APIS[api]} accuracy", f"{f.accuracy:.4f}", wanted, tables.result(f.matches_bundle)]
         for api, f in result.apis.items()
     ]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
-from edgedistill.common import progress
+from edgedistill.common import progress, tables
 from edgedistill.common.bundle import read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.config.training import Metric, RuntimeConfig
@@ -208,25 +208,19 @@ def _build(inputs: Inputs) -> Built:
 
 def markdown(result: ModelTable) -> str:
     labels = [cell.label for cell in result.rows[0].cells]
-    dev = result.dev_columns()
-    head = f"| model | precision | size MiB | {' | '.join(dev)} | " + " | ".join(
-        f"{k} ms (min-max) / x" for k in labels
-    )
-    lines = [
-        f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.",
-        "",
-        head + " |",
+    header = ["model", "precision", "size MiB", *result.dev_columns(), *(f"{k} ms (min-max) / x" for k in labels)]
+    rows = [
+        [
+            r.model,
+            r.precision,
+            f"{r.size_bytes / 2**20:.1f}",
+            *result.dev_figures(r),
+            *(f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.speedup:.1f}x" for c in r.cells),
+        ]
+        for r in result.rows
     ]
-    lines.append("|" + "---|" * (3 + len(dev) + len(labels)))
-    for r in result.rows:
-        cells = [f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.speedup:.1f}x" for c in r.cells]
-        size = r.size_bytes / 2**20
-        lines.append(
-            f"| {r.model} | {r.precision} | {size:.1f} | {' | '.join(result.dev_figures(r))} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+    lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", ""]
+    return "\n".join(lines + tables.markdown(header, rows)) + "\n"
 
 
 def print_table(result: ModelTable) -> None:

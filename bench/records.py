@@ -9,7 +9,7 @@ bundle it measured.
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.config.training import METRIC_NAMES, Metric
@@ -31,6 +31,22 @@ def bundle_record(folder: Path, spec: BundleSpec) -> dict[str, Any]:
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Result(Record):
+    """A benchmark's result: `FILE` in its artifact folder, beside its tables in markdown, `TABLES`."""
+
+    FILE: ClassVar[str] = RESULT_FILE
+    TABLES: ClassVar[str] = "bench.md"
+
+    def save(self, folder: Path, markdown: str) -> None:
+        """The result as `FILE` and its tables as `TABLES` in `folder`."""
+        (folder / self.FILE).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (folder / self.TABLES).write_text(markdown, encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> Self:
+        return cls.model_validate_json((Path(folder) / cls.FILE).read_text(encoding="utf-8"))
 
 
 class Spread(Record):
@@ -91,7 +107,7 @@ class ModelRow(Record):
         return next((c for c in self.cells if (c.batch, c.length) == (batch, length)), None)
 
 
-class ModelTable(Record):
+class ModelTable(Result):
     """The model benchmark's `bench.json`: the rows, the teacher in PyTorch eager on the CPU first."""
 
     threads: int
@@ -114,12 +130,8 @@ class ModelTable(Record):
         """(batch, length) of every cell, in the order of the columns."""
         return [(c.batch, c.length) for c in self.rows[0].cells]
 
-    @classmethod
-    def load(cls, folder: Path) -> "ModelTable":
-        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))
 
-
-class ServingResult(Record):
+class ServingResult(Result):
     """The `bench.json` of the serving benchmark, the peer comparison and the scaling benchmark (`bench.serving`,
     `bench.peers.compare`, `bench.scaling`): every repeat's figures per run (a phase, of a server or a worker count
     in the last two), their spreads, the ratios between runs and the targets' verdicts."""
@@ -141,12 +153,3 @@ class ServingResult(Record):
     def failed_calls(self) -> int:
         """The calls that failed over every run and repeat."""
         return sum(record.get("failures", 0) for records in self.runs.values() for record in records)
-
-    def save(self, folder: Path, markdown: str) -> None:
-        """bench.json and its tables as bench.md in `folder`."""
-        (folder / RESULT_FILE).write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
-        (folder / "bench.md").write_text(markdown, encoding="utf-8")
-
-    @classmethod
-    def load(cls, folder: Path) -> "ServingResult":
-        return cls.model_validate_json((Path(folder) / RESULT_FILE).read_text(encoding="utf-8"))

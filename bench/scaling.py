@@ -15,12 +15,9 @@ import os
 from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
-from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import served_settings, serving
+from edgedistill.bench.processes import served_settings
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
@@ -31,7 +28,7 @@ from edgedistill.bench.tables import (
     print_results,
     target_rows,
 )
-from edgedistill.bench.texts import load_texts
+from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
@@ -78,20 +75,17 @@ def _build(inputs: Inputs, console: Console) -> Built:
     bundle_folder = inputs.parent("bundle")
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: measure one of its members")
-    h2load.executable()
-    model = BundleClassifier(bundle_folder, cfg.threads)
-    text, pair = median_example(load_texts(inputs.recipe.data, model.spec.pairs, None, None))
-    expected = model.logits([text], None if pair is None else [pair])
+    example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()
-    runs, counts = measure(cfg, bundle_folder, model.spec.name, text, pair, expected, work)
+    runs, counts = measure(cfg, bundle_folder, example, work)
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg, counts)
     result = ServingResult(
-        bundle=bundle_record(bundle_folder, model.spec),
+        bundle=bundle_record(bundle_folder, example.spec),
         settings={"workers": {"asked": cfg.workers, "measured": counts}},
         options=cfg.model_dump(mode="json"),
-        texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
+        texts={"text": example.text, "pair": example.pair, "source": inputs.recipe.data.dev},
         machine=machine(
             load_before, cores=usable_cores(), versions=mf.package_versions() | {"h2load": h2load.version()}
         ),
@@ -104,35 +98,29 @@ def _build(inputs: Inputs, console: Console) -> Built:
     result.save(work, markdown(result))
     print_results(console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(targets)))
     most = max(counts)
-    missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics=ratios | {"passed": result.passed},
         info={"bench": cfg.model_dump(mode="json"), "workers": result.settings["workers"], "targets": targets},
         line=(
             f"{most} workers: {ratios[f'capacity_{most}_vs_first']:.2f}x the calls/s of {counts[0]}"
-            + (f"; missed {', '.join(missed)}" if missed else "")
+            + (f"; {missed}" if (missed := slo.missed(targets)) else "")
         ),
     )
 
 
 def measure(
-    cfg: ScalingBenchConfig, bundle: Path, name: str, text: str, pair: str | None, expected: np.ndarray, work: Path
+    cfg: ScalingBenchConfig, bundle: Path, example: Example, work: Path
 ) -> tuple[dict[str, list[dict]], list[int]]:
-    """Start the server once per worker count, probe and warm each, then run both phases on each, `cfg.repeats`
-    times in a rotating order (`h2load.interleaved`). The runs by '<workers> <phase>', and the counts measured."""
-    body = infer_request(name, text, pair)
-    refused = infer_request(ABSENT_MODEL, text, pair)
-    request = work / "request"
-    request.write_bytes(h2load.frame(body))
+    """Start the server once per worker count, probe and warm each (`bench.targets.started`), then run both phases
+    on each, `cfg.repeats` times in a rotating order (`h2load.interleaved`). The runs by '<workers> <phase>', and the
+    counts measured."""
+    name = example.spec.name
     counts = worker_counts(cfg.workers, bundle)
     with ExitStack() as stack:
         targets = {}
         for count in counts:
             server = launch.edgedistill(bundle, name, cfg.threads, count)
             log = work / f"workers-{count}.log"
-            process = stack.enter_context(serving(server.command, server.port, log, all_serving(log, name)))
-            reply = h2load.probe(server.port, body)
-            check_reply(f"{count} workers", reply, expected)
             saturated = cfg.connections_per_worker * count
             loads = {
                 "capacity": h2load.Load(saturated, cfg.streams, cfg.duration_s, None, cfg.client_threads),
@@ -141,11 +129,11 @@ def measure(
                     cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
                 ),
             }
-            replies = h2load.Replies.measure(server.port, reply, refused, work)
-            targets[str(count)] = h2load.Target(server.port, request, replies, process, loads)
-            if cfg.warmup_s:
-                warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
-                h2load.run(server.port, request, replies, warm, work / "h2load.log", None)
+            warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
+            files = (log, work / "request")
+            targets[str(count)] = started(
+                stack, server, f"{count} workers", files, all_serving(log, name), example, loads, warm, work
+            )
         return h2load.interleaved(targets, cfg.repeats, work, STAGE), counts
 
 

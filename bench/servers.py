@@ -24,6 +24,7 @@ from edgedistill.serve.settings import Settings
 from edgedistill.serve.transport import classify_response
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+MODULE = "edgedistill.bench.servers"
 MODEL = "echo"  # the one model the echo server's ModelInfer serves
 CONSTANT = classifier_pb2.Prediction(
     label="positive", label_id=1, score=0.75, probabilities=[0.25, 0.75], logits=[-0.55, 0.55]
@@ -109,6 +110,13 @@ async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(1.0)
+
+
+def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str]:
+    """The command of a baseline server on loopback `port`: the echo server, or with `bundle` the bare server, with
+    `threads` intra-op threads."""
+    line = [sys.executable, "-m", MODULE, "--host", "127.0.0.1", "--port", str(port)]
+    return line if bundle is None else [*line, "--bundle", str(bundle), "--threads", str(threads)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench import BenchError, drivers, slo
-from edgedistill.bench.processes import free_port, measured_server, running, served_settings
+from edgedistill.bench import BenchError, drivers, servers, slo
+from edgedistill.bench.processes import free_port, measured_server, running, served_settings, serving
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
@@ -132,11 +132,9 @@ async def measure_all(
         backend = load_backend(bundle, settings)
         stack.callback(backend.close)
         server = stack.enter_context(running("edgedistill.serve", flags, settings.port, logs / "server.log"))
-        echo_flags = ["--host", "127.0.0.1", "--port", str(echo_port)]
-        echo = stack.enter_context(running("edgedistill.bench.servers", echo_flags, echo_port, logs / "echo.log"))
-        bare_flags = ["--host", "127.0.0.1", "--port", str(bare_port), "--bundle", str(bundle.folder)]
-        bare_flags += ["--threads", str(cfg.threads)]
-        bare = stack.enter_context(running("edgedistill.bench.servers", bare_flags, bare_port, logs / "bare.log"))
+        echo = stack.enter_context(serving(servers.command(echo_port), echo_port, logs / "echo.log"))
+        bare_command = servers.command(bare_port, bundle.folder, cfg.threads)
+        bare = stack.enter_context(serving(bare_command, bare_port, logs / "bare.log"))
         call = await drivers.classify_call(stack, settings.port, metadata)
         echo_call = await drivers.classify_call(stack, echo_port)
         bare_call = await drivers.classify_call(stack, bare_port)
@@ -230,7 +228,6 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
     )
     result.save(work, markdown(result))
     print_tables(result, console)
-    missed = [t["name"] for t in targets if not t["passed"]]
     failed = result.failed_calls()
     return Built(
         metrics={
@@ -241,7 +238,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, con
             "passed": result.passed,
         },
         info={"bench": cfg.model_dump(mode="json"), "targets": targets},
-        line=(f"every target met on {bundle_folder.name}" if not missed else f"missed {', '.join(missed)}")
+        line=(slo.missed(targets) or f"every target met on {bundle_folder.name}")
         + (f"; {failed} calls failed" if failed else ""),
     )
 

@@ -45,6 +45,12 @@ def capacity_verdict(capacity: dict | None, least: float | None) -> dict:
     return verdict("capacity_rps", measured, limit, measured is not None and (least is None or measured >= least))
 
 
+def missed(verdicts: list[dict]) -> str:
+    """'missed <name>, <name>' for the verdicts not passed; '' when every one passed."""
+    names = [v["name"] for v in verdicts if not v["passed"]]
+    return f"missed {', '.join(names)}" if names else ""
+
+
 def describe(v: dict) -> str:
     """'p99_ms 4.120 (wanted <= 3)'."""
     measured = "none" if v["measured"] is None else f"{v['measured']:.4g}"

@@ -1,5 +1,6 @@
 """Output shared by the benchmarks: a results table, then a table of checks marked pass/MISS (console or markdown)."""
 
+from edgedistill.common import tables
 from rich.console import Console
 from rich.table import Table
 
@@ -20,7 +21,9 @@ def print_results(
     for column in (first, "measured", "wanted", "result"):
         verdicts.add_column(column)
     for name, measured, wanted, result in check_rows:
-        verdicts.add_row(name, measured, wanted, f"[green]{result}[/]" if result == "pass" else f"[red]{result}[/]")
+        verdicts.add_row(
+            name, measured, wanted, f"[green]{result}[/]" if result == tables.PASSED else f"[red]{result}[/]"
+        )
     console.print(table)
     console.print(verdicts)
 
@@ -29,10 +32,7 @@ def markdown_results(header: list[str], rows: list[list[str]], checks: tuple[str
     """The same two tables as markdown lines: `rows` under `header`, then `checks` (the name of its first
     column and rows of [name, measured, wanted, result])."""
     first, check_rows = checks
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    lines += ["", f"| {first} | measured | wanted | result |", "|---|---|---|---|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in check_rows]
+    return [*tables.markdown(header, rows), "", *tables.markdown([first, "measured", "wanted", "result"], check_rows)]
 
 
 def spread_cell(spread, digits: int) -> str:
@@ -45,7 +45,7 @@ def spread_cell(spread, digits: int) -> str:
 
 def target_rows(targets: list[dict]) -> list[list[str]]:
     """Rows of [name, measured, wanted, pass/MISS] for verdicts of `bench.slo.verdict`."""
-    return [[t["name"], f"{t['measured']:.3g}", t["limit"], "pass" if t["passed"] else "MISS"] for t in targets]
+    return tables.verdict_rows(targets, lambda measured: f"{measured:.3g}")
 
 
 H2LOAD_COLUMNS = {

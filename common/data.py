@@ -6,7 +6,6 @@ data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<
 
 import csv
 import gzip
-import io
 import itertools
 import json
 import unicodedata
@@ -16,9 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
-from edgedistill.common.text import UTF16_BOMS, shows_nothing
+from edgedistill.common.text import NotUtf8, shows_nothing, utf8_lines
 
-BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
 
@@ -86,16 +84,16 @@ def _require_file(path: Path) -> None:
         raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
 
 
-def _not_utf8(path: Path, line: int, where: str, start: bytes) -> DataError:
-    """The error for text that is not UTF-8; `start`, the file's (or its first line's) first bytes."""
-    if line == 1 and start.startswith(UTF16_BOMS):
+def _not_utf8(path: Path, err: NotUtf8) -> DataError:
+    """The error for a line of `path` that is not UTF-8, naming UTF-16 text by its byte-order mark."""
+    if err.utf16:
         return DataError(
             f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
             "does), not UTF-8; re-encode the file as UTF-8"
         )
     return DataError(
-        f"{path}:{line}: not valid UTF-8{where}; re-encode the file as UTF-8 (from its encoding, e.g. iconv -f cp1252 "
-        "-t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
+        f"{path}:{err.line}: not valid UTF-8 (byte {err.byte}); re-encode the file as UTF-8 (from its encoding, e.g. "
+        "iconv -f cp1252 -t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
     )
 
 
@@ -112,35 +110,25 @@ def _cannot_decompress(where: str, err: Exception) -> DataError:
     return DataError(f"{where}: cannot decompress it ({err}); compress it again with gzip")
 
 
-def _where_not_utf8(path: Path) -> DataError:
-    """The error for a file that does not decode as UTF-8, naming its first line that does not."""
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(number, line) of a UTF-8 file (gzip-compressed if its name ends in `.gz`), line ends kept, decoded as they are
+    taken (`common.text.utf8_lines`): a large file is never held whole. The ends are kept as csv wants them: they keep
+    a quoted CSV field's own lines apart."""
+    _require_file(path)
     with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
-        offset = 0
-        for number, raw in enumerate(handle, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                return _not_utf8(path, number, f" (byte {offset + err.start})", raw)
-            offset += len(raw)
-    return DataError(f"{path}: not valid UTF-8; re-encode the file as UTF-8")  # every line decodes on its own
+        number = 0
+        try:
+            for number, line in utf8_lines(handle):
+                yield number, line
+        except NotUtf8 as err:
+            raise _not_utf8(path, err) from None
+        except GZIP_ERRORS as err:
+            raise _cannot_decompress(f"{path}:{number + 1}", err) from None
 
 
 def _text_stream(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 file (gzip-compressed if its name ends in `.gz`), line ends kept, decoded as they are
-    read: a large file is never held whole."""
-    _require_file(path)
-    with (gzip.open if _gzipped(path) else open)(path, "rb") as raw:
-        # Lines end at \n, \r\n or \r (newline=""), their ends kept, as csv wants them: str.splitlines also ends one
-        # at characters a text may hold (U+2028, U+0085, ...), and strips the ends that keep a quoted CSV field's
-        # own lines apart.
-        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-        try:
-            for number, line in enumerate(text, 1):
-                yield line.removeprefix(BOM) if number == 1 else line
-        except UnicodeDecodeError:
-            raise _where_not_utf8(path) from None
-        except GZIP_ERRORS as err:
-            raise _cannot_decompress(str(path), err) from None
+    """The lines of a UTF-8 file, line ends kept (`_numbered_lines`)."""
+    return (line for _, line in _numbered_lines(path))
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict]]:
@@ -332,22 +320,8 @@ def load_test(cfg: DataConfig) -> Examples | None:
 
 
 def _text_lines(path: Path) -> Iterator[str]:
-    """Stripped non-empty lines of a UTF-8 text file (gzip-compressed if its name ends in `.gz`), each ended by LF,
-    CR LF or CR (as old Mac tools write), read as they are taken."""
-    _require_file(path)
-    with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
-        number = 0
-        try:
-            for number, raw in enumerate(handle, 1):
-                try:
-                    text = raw.decode("utf-8").removeprefix(BOM if number == 1 else "")
-                except UnicodeDecodeError:
-                    raise _not_utf8(path, number, "", raw) from None
-                for line in text.split("\r"):
-                    if line := line.strip():
-                        yield line
-        except GZIP_ERRORS as err:
-            raise _cannot_decompress(f"{path}:{number + 1}", err) from None
+    """Stripped non-empty lines of a UTF-8 text file (`_text_stream`), read as they are taken."""
+    return (stripped for line in _text_stream(path) if (stripped := line.strip()))
 
 
 def missing_files(sources: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
+from edgedistill.common import tables
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.recipe import Recipe, run_dir
 from huggingface_hub import ModelCard, ModelCardData
@@ -65,7 +66,7 @@ def _results(metrics: dict) -> list[str]:
     keys = [k for k in metrics if k.startswith(("dev_", "test_", "torch_dev_")) and not k.endswith("_confusion")]
     extra = ("retention", "agreement", "max_abs_diff", "params", "expected_escalated", "calibration_agreement")
     keys += [k for k in extra if k in metrics]
-    lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {_figure(metrics[k])} |" for k in keys]
+    lines = tables.markdown(["figure", "value"], [[k, _figure(metrics[k])] for k in keys])
     if "size_bytes" in metrics:
         lines.append(f"| size | {metrics['size_bytes'] / 2**20:.1f} MiB |")
     return lines
@@ -87,10 +88,14 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
         f"From the model benchmark (`edgedistill bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
         f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.",
         "",
-        "| batch | tokens | median ms | speedup |",
-        "|---|---|---|---|",
+        *tables.markdown(
+            ["batch", "tokens", "median ms", "speedup"],
+            [
+                [str(c["batch"]), str(c["length"]), f"{c['median_ms']:.2f}", f"{c['speedup']:.1f}x"]
+                for c in row["cells"]
+            ],
+        ),
     ]
-    lines += [f"| {c['batch']} | {c['length']} | {c['median_ms']:.2f} | {c['speedup']:.1f}x |" for c in row["cells"]]
     return [*lines, ""]
 
 
@@ -139,9 +144,7 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
             f"confidence (`{info['cascade']['rule']}` at its temperature) reaches its threshold and passes the rest "
             "on; the last answers what reaches it.",
             "",
-            f"| {' | '.join(headers)} |",
-            f"|{'---|' * len(headers)}",
-            *(f"| {' | '.join(row)} |" for row in rows),
+            *tables.markdown(headers, rows),
         ]
     spec = info["bundle"]
     return [

@@ -1,15 +1,52 @@
-"""Text as files hold it and tokenizers read it: what starts UTF-16 text, texts stored one per line, and what a text
-shows (tokenizers drop control, format such as zero-width, and space characters, and U+FFFD, the replacement
-character a decoder writes for bytes it could not read)."""
+"""Text as files hold it and tokenizers read it: the lines of a UTF-8 file, what starts UTF-16 text, texts stored
+one per line, and what a text shows (tokenizers drop control, format such as zero-width, and space characters, and
+U+FFFD, the replacement character a decoder writes for bytes it could not read)."""
 
 import itertools
+import re
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
+BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
+CR_ALONE = re.compile(
+    r"(?<=\r)(?!\n)"
+)  # just after a CR that no LF follows: the end of a line, as old Mac tools end it
 
 INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format and space characters
 REPLACEMENT = "\ufffd"
+
+
+class NotUtf8(ValueError):
+    """A line that does not decode as UTF-8: its `line` number and the file's `byte` where decoding fails; `utf16`
+    when it is the first line and starts with a UTF-16 byte-order mark."""
+
+    def __init__(self, line: int, byte: int, utf16: bool):
+        super().__init__(f"line {line}: not valid UTF-8 (byte {byte})")
+        self.line, self.byte, self.utf16 = line, byte, utf16
+
+
+def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
+    """(number, line) of a binary file read as UTF-8, each line decoded as it is taken, so that a large file is never
+    held whole and a line never taken is never decoded; its end kept. A line ends at LF, CR LF, or CR alone, never at
+    what `str.splitlines` also ends one at (U+2028, U+0085, a form feed: characters a text may hold); `number` counts
+    the LFs before it, plus one. A byte-order mark before the first line is dropped; `NotUtf8` for a line that does
+    not decode."""
+    offset = 0
+    for number, raw in enumerate(handle, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise NotUtf8(number, offset + err.start, number == 1 and raw.startswith(UTF16_BOMS)) from None
+        if number == 1:
+            text = text.removeprefix(BOM)
+        if "\r" in text:
+            yield from ((number, line) for line in CR_ALONE.split(text) if line)
+        elif text:
+            yield number, text
+        offset += len(raw)
 
 
 def shows_nothing(text: str) -> bool:

@@ -9,6 +9,7 @@ pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`
 import json
 
 from edgedistill.common import manifest as mf
+from edgedistill.common import tables
 from edgedistill.common.atomic import write_changed
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.distill.metrics import retention
@@ -74,23 +75,21 @@ def write(recipe: Recipe) -> list[dict]:
     table_rows = rows(recipe)
     columns = list(table_rows[0])
     key = recipe.data.selection_key
-    fmt = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v))  # noqa: E731
+    cells = [[tables.cell(r[c]) for c in columns] for r in table_rows]
     lines = [
         f"# Distillation: {recipe.name}",
         "",
         f"Checkpoints are selected on {key}; retention, baseline and gain compare {key}.",
         "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
+        *tables.markdown(columns, cells),
     ]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in table_rows]
     folder = run_dir(recipe)
     write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
     write_changed(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
     table = Table(title=f"distillation: {recipe.name} (selected on {key})", title_justify="left")
     for column in columns:
         table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
-    for r in table_rows:
-        table.add_row(*(fmt(r[c]) for c in columns))
+    for row in cells:
+        table.add_row(*row)
     Console(width=160).print(table)
     return table_rows

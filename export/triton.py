@@ -18,11 +18,13 @@ from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS
 from google.protobuf import text_format
+from pydantic import BaseModel, ConfigDict, Field
 
 DATA_TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 KINDS = ("KIND_CPU", "KIND_GPU")
 PREFERRED_BATCH_SIZES = (8, 32)  # those within max_batch_size, unless told
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+FLAG_TYPES = {"preferred_batch_sizes": {"type": int, "nargs": "*"}, "kind": {"choices": KINDS}}  # else an int
 
 
 def _load_model_config_pb2() -> ModuleType:
@@ -58,23 +60,39 @@ def _tensor(message, spec: TensorSpec) -> None:
     message.dims.extend(-1 if isinstance(axis, str) else axis for axis in spec.shape[1:])
 
 
+class Batching(BaseModel):
+    """How Triton batches and places the model, each option declared once for `write_repository` and the command
+    line; `model_config` checks them, against the bundle too."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_batch_size: int = Field(64, description="rows per batch Triton may form")
+    preferred_batch_sizes: tuple[int, ...] | None = Field(
+        None,
+        description=f"the dynamic batcher's (default: those of {' '.join(map(str, PREFERRED_BATCH_SIZES))} within "
+        "max_batch_size)",
+    )
+    max_queue_delay_us: int = Field(1000, description="how long a request waits for a batch, in microseconds")
+    instance_count: int = Field(1, description="model instances")
+    kind: str | None = Field(
+        None,
+        description="where the instances run (default: KIND_GPU for a TensorRT plan or a bundle built for a GPU "
+        "provider, else KIND_CPU)",
+    )
+
+
 def default_kind(spec: BundleSpec) -> str:
     """Where a bundle's instances run unless told: on a GPU for a TensorRT plan or a bundle built for a GPU provider."""
     on_gpu = spec.runtime == "tensorrt" or bool({CUDA, TENSORRT} & set(spec.providers))
     return "KIND_GPU" if on_gpu else "KIND_CPU"
 
 
-def model_config(
-    bundle: Bundle,
-    max_batch_size: int = 64,
-    preferred_batch_sizes: tuple[int, ...] | None = None,
-    max_queue_delay_us: int = 1000,
-    instance_count: int = 1,
-    kind: str | None = None,
-):
-    """The `ModelConfig` message for a loaded bundle (see `write_repository` for the arguments)."""
+def model_config(bundle: Bundle, batching: Batching):
+    """The `ModelConfig` message for a loaded bundle, batched and placed by `batching`."""
     spec = bundle.spec
-    kind = kind or default_kind(spec)
+    max_batch_size, preferred_batch_sizes = batching.max_batch_size, batching.preferred_batch_sizes
+    max_queue_delay_us, instance_count = batching.max_queue_delay_us, batching.instance_count
+    kind = batching.kind or default_kind(spec)
     if preferred_batch_sizes is None:
         preferred_batch_sizes = tuple(size for size in PREFERRED_BATCH_SIZES if size <= max_batch_size)
     if max_batch_size < 1:
@@ -121,26 +139,17 @@ def _profile_max_batch(bundle: Bundle) -> int:
     return min(shapes["max"][0] for shapes in profile.values())
 
 
-def write_repository(
-    bundle_folder: str | Path,
-    repo_root: str | Path,
-    max_batch_size: int = 64,
-    preferred_batch_sizes: tuple[int, ...] | None = None,
-    max_queue_delay_us: int = 1000,
-    instance_count: int = 1,
-    kind: str | None = None,
-) -> Path:
+def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batching) -> Path:
     """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, <version>/model file); return it.
 
-    `preferred_batch_sizes` defaults to those of PREFERRED_BATCH_SIZES within `max_batch_size`, `kind` to
-    `default_kind` of the bundle. A TensorRT plan's optimization profile must cover `max_batch_size`, or Triton
-    refuses to load it. An existing model folder of the same name is replaced whole.
+    `batching`: the options of `Batching`. A TensorRT plan's optimization profile must cover `max_batch_size`, or
+    Triton refuses to load it. An existing model folder of the same name is replaced whole.
     """
     bundle = load_bundle(bundle_folder)
     spec = bundle.spec
     if not spec.version.isdigit():
         raise ValueError(f"{bundle.folder}: version {spec.version!r} must be a positive integer for Triton")
-    config = model_config(bundle, max_batch_size, preferred_batch_sizes, max_queue_delay_us, instance_count, kind)
+    config = model_config(bundle, Batching(**batching))
     final = Path(repo_root) / spec.name
 
     def fill(folder: Path) -> None:
@@ -160,34 +169,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-student-int8")
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="rows per batch Triton may form (default 64)")
-    parser.add_argument(
-        "--preferred-batch-sizes",
-        type=int,
-        nargs="*",
-        help="the dynamic batcher's (default 8 32, those within --max-batch-size)",
-    )
-    parser.add_argument(
-        "--max-queue-delay-us", type=int, default=1000, help="how long a request waits for a batch (default 1000)"
-    )
-    parser.add_argument("--instance-count", type=int, default=1, help="model instances (default 1)")
-    parser.add_argument(
-        "--kind",
-        choices=KINDS,
-        help="where the instances run (default KIND_GPU for a TensorRT plan or a bundle built for a GPU provider, "
-        "else KIND_CPU)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        folder = write_repository(
-            args.bundle,
-            args.repo,
-            max_batch_size=args.max_batch_size,
-            preferred_batch_sizes=None if args.preferred_batch_sizes is None else tuple(args.preferred_batch_sizes),
-            max_queue_delay_us=args.max_queue_delay_us,
-            instance_count=args.instance_count,
-            kind=args.kind,
+    for name, field in Batching.model_fields.items():
+        shown = "" if field.default is None else f" (default {field.default})"
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            default=argparse.SUPPRESS,
+            help=field.description + shown,
+            **FLAG_TYPES.get(name, {"type": int}),
         )
+    args = vars(parser.parse_args(argv))
+    try:
+        folder = write_repository(args.pop("bundle"), args.pop("repo"), **args)
     except (mf.ArtifactError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

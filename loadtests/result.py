@@ -22,6 +22,7 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 
 from edgedistill.bench import slo
 from edgedistill.bench.tables import markdown_results, print_results
+from edgedistill.common import tables
 from edgedistill.common.cascade import describe
 from edgedistill.loadtests import analysis
 from edgedistill.loadtests.analysis import Resources, Samples
@@ -156,7 +157,7 @@ def heading(result: dict) -> str:
 
 
 def verdict_rows(result: dict) -> list[list[str]]:
-    return [[c["name"], _cell(c["measured"]), c["limit"], "pass" if c["passed"] else "MISS"] for c in result["checks"]]
+    return tables.verdict_rows(result["checks"], _cell)
 
 
 def failures_line(stats: dict) -> str | None:

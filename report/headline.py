@@ -12,6 +12,7 @@ from pathlib import Path
 
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
+from edgedistill.common import tables
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import Recipe, RecipeError, add_recipe_argument, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
@@ -131,7 +132,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         lines.append(
             f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "
             f"{overall['requests']} calls, {figure}, "
-            f"{overall['failures']} failures, SLO {'passed' if result['passed'] else 'MISSED'}"
+            f"{overall['failures']} failures, {tables.slo(result['passed'])}"
         )
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")

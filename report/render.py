@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench.records import ModelTable
 from edgedistill.common import manifest as mf
-from edgedistill.common import modelcard
+from edgedistill.common import modelcard, tables
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
@@ -41,13 +41,6 @@ def finished_stages(recipe: Recipe) -> list[Path]:
     return folders
 
 
-def _cell(value) -> str:
-    """A table cell: "-" for a figure not measured, counts with thousands separators (as the stages' own tables)."""
-    if value is None:
-        return "-"
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
 class Page:
     """Collects sections as (markdown, html) pairs and figures as PNG files."""
 
@@ -71,9 +64,8 @@ class Page:
         self.html.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">')
 
     def table(self, header: list[str], rows: list[list]) -> None:
-        cells = [[_cell(c) for c in row] for row in rows]
-        self.md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        self.md += ["| " + " | ".join(row) + " |" for row in cells] + [""]
+        cells = [[tables.cell(c) for c in row] for row in rows]
+        self.md += [*tables.markdown(header, cells), ""]
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
         self.html.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
@@ -280,10 +272,10 @@ SERVED = {  # folder pattern -> the section's title and the stage's own tables (
 
 
 def _serving(page: Page, root: Path) -> None:
-    for pattern, (title, tables) in SERVED.items():
+    for pattern, (title, written) in SERVED.items():
         for folder in sorted(p for p in root.glob(pattern) if _finished(p)):
-            page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{tables}"])
-            results = (folder / tables).read_text(encoding="utf-8")
+            page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{written}"])
+            results = (folder / written).read_text(encoding="utf-8")
             page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
             page.html.append(f"<pre>{html.escape(results)}</pre>")
 
@@ -299,7 +291,7 @@ def _loadtests(page: Page, root: Path) -> None:
         profile = result["profile"]
         target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
         page.heading(
-            f"Load test: {profile}{target} ({'SLO passed' if result['passed'] else 'SLO MISSED'})",
+            f"Load test: {profile}{target} ({tables.slo(result['passed'])})",
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
         )
         overall = result["overall"]
@@ -323,10 +315,7 @@ def _loadtests(page: Page, root: Path) -> None:
         )
         page.table(
             ["SLO check", "measured", "wanted", "result"],
-            [
-                [c["name"], _number(c["measured"], ".3g"), c["limit"], "pass" if c["passed"] else "MISS"]
-                for c in result["checks"]
-            ],
+            tables.verdict_rows(result["checks"], lambda measured: tables.cell(_number(measured, ".3g"))),
         )
         by_name = Samples.load(folder / SAMPLES_FILE).latencies_by_name()
         if by_name:

@@ -19,12 +19,9 @@ import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
 from edgedistill.bench import BenchError, h2load, slo
-from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, median_example
 from edgedistill.bench.peers import launch
-from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import served_settings, serving
+from edgedistill.bench.processes import served_settings
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
@@ -35,7 +32,7 @@ from edgedistill.bench.tables import (
     print_results,
     target_rows,
 )
-from edgedistill.bench.texts import load_texts
+from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import PeersBenchConfig
@@ -102,12 +99,9 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: the peers serve one model; compare one of its members")
     interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}
-    h2load.executable()
-    model = BundleClassifier(bundle_folder, cfg.threads)
-    text, pair = median_example(load_texts(inputs.recipe.data, model.spec.pairs, None, None))
-    expected = model.logits([text], None if pair is None else [pair])
+    example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)
     work = inputs.fresh_work()
-    servers = {"edgedistill": launch.edgedistill(bundle_folder, model.spec.name, cfg.threads, cfg.workers)}
+    servers = {"edgedistill": launch.edgedistill(bundle_folder, example.spec.name, cfg.threads, cfg.workers)}
     if "kserve" in interpreters:
         servers["kserve"] = launch.kserve(interpreters["kserve"], bundle_folder, cfg.threads)
     if "mlserver" in interpreters:
@@ -116,14 +110,14 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
         )
     servers["echo"] = launch.echo()
     load_before = os.getloadavg()
-    runs = measure(cfg, servers, text, pair, expected, work)
+    runs = measure(cfg, servers, example, work)
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
-        bundle=bundle_record(bundle_folder, model.spec),
+        bundle=bundle_record(bundle_folder, example.spec),
         settings={name: {"command": server.command} for name, server in servers.items()},
         options=cfg.model_dump(mode="json"),
-        texts={"text": text, "pair": pair, "source": inputs.recipe.data.dev},
+        texts={"text": example.text, "pair": example.pair, "source": inputs.recipe.data.dev},
         machine=machine(
             load_before,
             versions=mf.package_versions()
@@ -140,49 +134,42 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     print_results(
         console, heading(result), HEADER, table_rows(result), ("targets", "target", target_rows(result.targets))
     )
-    missed = [t["name"] for t in targets if not t["passed"]]
     return Built(
         metrics=ratios | {"passed": result.passed},
         info={"bench": cfg.model_dump(mode="json"), "targets": targets},
         line=(
             f"{ratios['capacity_vs_best_peer']:.2f}x the best peer's calls/s, p99 {ratios['p99_vs_best_peer']:.2f}x"
-            + (f"; missed {', '.join(missed)}" if missed else "")
+            + (f"; {missed}" if (missed := slo.missed(targets)) else "")
         ),
     )
 
 
 def measure(
-    cfg: PeersBenchConfig,
-    servers: dict[str, launch.Server],
-    text: str,
-    pair: str | None,
-    expected: np.ndarray,
-    work: Path,
+    cfg: PeersBenchConfig, servers: dict[str, launch.Server], example: Example, work: Path
 ) -> dict[str, list[dict]]:
-    """Start every server, probe and warm each, then run both phases on each, `cfg.repeats` times in a rotating
-    order (`h2load.interleaved`)."""
+    """Start every server, probe and warm each (`bench.targets.started`), then run both phases on each,
+    `cfg.repeats` times in a rotating order (`h2load.interleaved`)."""
     loads = {
         "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
         # one h2load per connection, started 1/rate apart: calls spread evenly over time and over the workers
         "paced": h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections),
     }
-    refused = infer_request(ABSENT_MODEL, text, pair)
+    warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
     with ExitStack() as stack:
-        targets = {}
-        for name, server in servers.items():
-            log = work / f"{name}.log"
-            ready = launch.model_ready(server.model)
-            process = stack.enter_context(serving(server.command, server.port, log, ready, server.clean_exit))
-            body = infer_request(server.model, text, pair)
-            reply = h2load.probe(server.port, body)
-            check_reply(name, reply, None if name == "echo" else expected)
-            request = work / f"{name}.request"
-            request.write_bytes(h2load.frame(body))
-            replies = h2load.Replies.measure(server.port, reply, refused, work)
-            targets[name] = h2load.Target(server.port, request, replies, process, loads)
-            if cfg.warmup_s:
-                warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
-                h2load.run(server.port, request, replies, warm, work / "h2load.log", None)
+        targets = {
+            name: started(
+                stack,
+                server,
+                name,
+                (work / f"{name}.log", work / f"{name}.request"),
+                launch.model_ready(server.model),
+                example,
+                loads,
+                warm,
+                work,
+            )
+            for name, server in servers.items()
+        }
         return h2load.interleaved(targets, cfg.repeats, work, STAGE)
 
 

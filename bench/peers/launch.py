@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from edgedistill.bench import BenchError
+from edgedistill.bench import BenchError, servers
 from edgedistill.bench.processes import free_port, serve_flags
 from edgedistill.common.machine import usable_cores
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
@@ -70,8 +70,7 @@ def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
 
 def echo() -> Server:
     port = free_port()
-    command = [sys.executable, "-m", "edgedistill.bench.servers", "--host", "127.0.0.1", "--port", str(port)]
-    return Server("echo", command, port, "echo")
+    return Server("echo", servers.command(port), port, servers.MODEL)
 
 
 def kserve(python: Path, bundle: Path, threads: int) -> Server:

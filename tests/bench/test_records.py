@@ -1,5 +1,6 @@
 """The result records: timings of calls, and the model benchmark's table as its JSON holds it."""
 
+from edgedistill.bench.accuracy import AccuracyResult, ApiAccuracy
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, bundle_record
 from edgedistill.common.bundle import load_bundle
 
@@ -69,3 +70,20 @@ def test_a_bundle_is_recorded_by_its_folder_name_and_build(bundle):
         "precision": spec.precision,
         "runtime": spec.runtime,
     }
+
+
+def accuracy_result() -> AccuracyResult:
+    figures = ApiAccuracy(correct=3, accuracy=0.75, matches_bundle=True)
+    return AccuracyResult(
+        bundle={}, texts={}, bundle_dev_accuracy=0.75, apis={"classify": figures}, agreement=1.0, passed=True
+    )
+
+
+def test_a_saved_result_loads_back_equal(tmp_path):
+    accuracy_result().save(tmp_path, "tables\n")
+    assert AccuracyResult.load(tmp_path) == accuracy_result()
+
+
+def test_a_result_is_saved_under_its_own_file_names(tmp_path):
+    accuracy_result().save(tmp_path, "tables\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.json", "accuracy.md"]

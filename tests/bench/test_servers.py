@@ -4,6 +4,7 @@ import asyncio
 
 import grpc
 import pytest
+from edgedistill.bench import servers
 from edgedistill.bench.servers import create_baseline_server
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
@@ -53,3 +54,11 @@ def test_bare_server_answers_as_the_server_does(bundle):
     for got, want in zip(reply.predictions, expected.predictions, strict=True):
         assert list(got.logits) == pytest.approx(list(want.logits), abs=1e-5)
         assert list(got.probabilities) == pytest.approx(list(want.probabilities), abs=1e-6)
+
+
+def test_the_echo_servers_command_serves_no_bundle():
+    assert "--bundle" not in servers.command(50052)
+
+
+def test_the_bare_servers_command_names_its_bundle_and_threads(tmp_path):
+    assert servers.command(50052, tmp_path, threads=2)[-4:] == ["--bundle", str(tmp_path), "--threads", "2"]

@@ -33,3 +33,16 @@ def test_capacity_verdict_needs_a_measured_step_above_any_wanted_rate():
     assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
     assert not slo.capacity_verdict(None, None)["passed"]
     assert slo.capacity_verdict(step(1, 1.0), None)["passed"]
+
+
+def test_missed_names_each_verdict_not_passed():
+    verdicts = [
+        slo.verdict("p99_ms", 5.0, "<= 3", False),
+        slo.verdict("error_rate", 0.0, "<= 0", True),
+        slo.verdict("rate_share", 0.5, ">= 0.95", False),
+    ]
+    assert slo.missed(verdicts) == "missed p99_ms, rate_share"
+
+
+def test_missed_is_empty_when_every_verdict_passed():
+    assert slo.missed([slo.verdict("error_rate", 0.0, "<= 0", True)]) == ""

@@ -469,3 +469,9 @@ def test_a_malformed_test_split_is_named_by_its_setting(tmp_path):
     cfg = DataConfig(train="x", dev="x", test=str(test), label_names=["negative", "positive"])
     with pytest.raises(DataError, match=r"^data\.test: "):
         load_test(cfg)
+
+
+def test_unlabelled_text_that_is_not_utf8_names_the_byte_as_labelled_data_does(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"ok\nbad \xff\n")
+    with pytest.raises(DataError, match=r"u\.txt:2: not valid UTF-8 \(byte 7\)"):
+        load_unlabelled([str(tmp_path / "u.txt")])

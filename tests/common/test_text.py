@@ -1,8 +1,10 @@
 """Texts stored one per line, and what a text shows: control, zero-width, space and replacement characters show
-nothing."""
+nothing; the lines of a UTF-8 file."""
+
+import io
 
 import pytest
-from edgedistill.common.text import read_texts, shows_nothing, write_texts
+from edgedistill.common.text import NotUtf8, read_texts, shows_nothing, utf8_lines, write_texts
 
 
 @pytest.mark.parametrize(
@@ -37,3 +39,47 @@ def test_texts_keep_the_line_separators_other_than_lf_they_hold(tmp_path):
 def test_a_text_holding_a_line_feed_is_refused(tmp_path):
     with pytest.raises(ValueError, match="holds a line break"):
         write_texts(tmp_path / "texts.txt", ["line one\nline two"])
+
+
+def lines_of(data: bytes) -> list[tuple[int, str]]:
+    return list(utf8_lines(io.BytesIO(data)))
+
+
+def test_utf8_lines_keep_each_lines_end():
+    assert lines_of(b"one\r\ntwo\n") == [(1, "one\r\n"), (2, "two\n")]
+
+
+def test_utf8_lines_end_a_line_at_a_carriage_return_alone():
+    assert lines_of(b"one\rtwo\r") == [(1, "one\r"), (1, "two\r")]
+
+
+def test_utf8_lines_keep_the_separators_splitlines_would_end_a_line_at():
+    assert lines_of("first\u2028second\x85third\x0cfourth\n".encode()) == [
+        (1, "first\u2028second\x85third\x0cfourth\n")
+    ]
+
+
+def test_utf8_lines_drop_the_byte_order_mark_before_the_first_line():
+    assert lines_of(b"\xef\xbb\xbfone\n\xef\xbb\xbftwo\n") == [(1, "one\n"), (2, "\ufefftwo\n")]
+
+
+def test_utf8_lines_name_the_line_that_is_not_utf8():
+    with pytest.raises(NotUtf8) as err:
+        lines_of(b"ok\nbad \xff\n")
+    assert err.value.line == 2
+
+
+def test_utf8_lines_name_the_files_byte_that_is_not_utf8():
+    with pytest.raises(NotUtf8) as err:
+        lines_of(b"ok\nbad \xff\n")
+    assert err.value.byte == 7
+
+
+def test_utf8_lines_name_utf16_text_by_its_byte_order_mark():
+    with pytest.raises(NotUtf8) as err:
+        lines_of("one\n".encode("utf-16"))
+    assert err.value.utf16
+
+
+def test_utf8_lines_decode_only_the_lines_taken():
+    assert next(utf8_lines(io.BytesIO(b"first\n\xff\n"))) == (1, "first\n")

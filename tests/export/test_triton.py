@@ -219,3 +219,22 @@ def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
 def test_the_config_gives_the_bundles_text_style_for_clients_that_tokenize(tmp_path):
     config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
     assert config.parameters["text_style"].string_value == "raw"  # the spec's default: a bundle built without one
+
+
+def test_the_cli_has_a_flag_for_every_batching_option(capsys):
+    with pytest.raises(SystemExit):
+        triton.main(["--help"])
+    shown = capsys.readouterr().out
+    assert all(f"--{name.replace('_', '-')}" in shown for name in triton.Batching.model_fields)
+
+
+def test_the_clis_batching_flags_reach_the_config(tmp_path):
+    bundle = make_bundle(tmp_path)
+    triton.main([str(bundle), str(tmp_path / "repo"), "--max-queue-delay-us", "250", "--instance-count", "3"])
+    config = read_config(tmp_path / "repo" / NAME)
+    assert (config.dynamic_batching.max_queue_delay_microseconds, config.instance_group[0].count) == (250, 3)
+
+
+def test_an_unknown_batching_option_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="max_batch"):
+        write_repository(make_bundle(tmp_path), tmp_path / "repo", max_batch=8)

@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare, launch
+from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.records import ServingResult, Spread
+from edgedistill.bench.targets import Example
 from edgedistill.common.config.measure import PeersBenchConfig
 
+from tests.bench.test_h2load import needs_h2load
 from tests.serve.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -79,3 +82,16 @@ def test_a_short_comparison_measures_every_server(tmp_path, bundle):
     assert sorted(result.runs) == sorted(f"{s} {p}" for s in launch.SERVERS for p in compare.PHASES)
     assert all(records[0]["failures"] == 0 for records in result.runs.values())
     assert (tmp_path / "smoke" / "serve-peers" / "bench.md").is_file()
+
+
+@needs_h2load
+def test_measure_runs_both_phases_on_every_server_it_is_given(tmp_path, bundle, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    model = BundleClassifier(bundle)
+    text = "a gripping, funny film"
+    example = Example(text, None, model.logits([text]), model.spec)
+    servers = {"edgedistill": launch.edgedistill(bundle, model.spec.name, 1, 1), "echo": launch.echo()}
+    cfg = PeersBenchConfig(duration_s=0.3, warmup_s=0.1, repeats=1)
+    runs = compare.measure(cfg, servers, example, tmp_path)
+    assert sorted(runs) == sorted(f"{server} {phase}" for server in servers for phase in compare.PHASES)

@@ -1,0 +1,42 @@
+from edgedistill.common import tables
+
+
+def test_a_figure_not_measured_is_a_dash():
+    assert tables.cell(None) == "-"
+
+
+def test_a_count_has_thousands_separators():
+    assert tables.cell(1234567) == "1,234,567"
+
+
+def test_a_boolean_is_written_as_a_word_not_a_count():
+    assert tables.cell(True) == "True"
+
+
+def test_a_float_is_written_as_given():
+    assert tables.cell(0.9123) == "0.9123"
+
+
+def test_a_passed_check_reads_pass():
+    assert tables.result(True) == "pass"
+
+
+def test_a_missed_check_reads_miss_in_capitals():
+    assert tables.result(False) == "MISS"
+
+
+def test_verdict_rows_write_the_measured_figure_with_the_given_format():
+    verdicts = [{"name": "p99_ms", "measured": 4.1234, "limit": "<= 3", "passed": False}]
+    assert tables.verdict_rows(verdicts, lambda measured: f"{measured:.3g}") == [["p99_ms", "4.12", "<= 3", "MISS"]]
+
+
+def test_a_markdown_table_has_a_header_its_rule_and_a_line_per_row():
+    assert tables.markdown(["a", "b"], [["1", "2"], ["3", "4"]]) == ["| a | b |", "|---|---|", "| 1 | 2 |", "| 3 | 4 |"]
+
+
+def test_a_load_test_within_its_slo_reads_slo_passed():
+    assert tables.slo(True) == "SLO passed"
+
+
+def test_a_load_test_outside_its_slo_reads_slo_missed_in_capitals():
+    assert tables.slo(False) == "SLO MISSED"
