@@ -85,6 +85,23 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _transfer_set_readers_have_one(self):
+        if self.transfer is not None:
+            return self
+        readers = ["distill"] if self.distill is not None else []
+        if self.export is not None:
+            bundles = self.export.bundles.items()
+            readers += [f"export.bundles.{name}" for name, spec in bundles if spec.calibrated_on_transfer_set]
+            readers += [f"export.cascades.{name}" for name in self.export.cascades]
+        if readers:
+            raise ValueError(
+                f"{', '.join(readers)} read the transfer set (students learn from it, static and TensorRT INT8 "
+                "calibrate on it, cascades calibrate on the unlabelled lines past it), but there is no `transfer` "
+                "section: add one, or drop them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _labeller_is_a_cpu_teacher_bundle(self):
         name = self.transfer.labeller if self.transfer else None
         margin = self.transfer.relabel_margin if self.transfer else None

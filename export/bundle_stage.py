@@ -129,10 +129,6 @@ def model_config(source: Source) -> dict:
     return source.module.config.model_dump(mode="json") | {"model_type": f"edgedistill-{source.arch}"}
 
 
-def _needs_calibration(spec: BundleRecipe) -> bool:
-    return spec.precision == "int8" and (spec.quantization == "static" or spec.runtime == "tensorrt")
-
-
 def _transform(
     spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration, train_calibration
 ) -> tuple[Path, dict, int, dict]:
@@ -176,7 +172,7 @@ def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
     spec = recipe.export.bundles[bundle_id]
     teacher = finetune.stage(recipe)
     parents = [teacher] if spec.source == "teacher" else [student_stage.stage(recipe, spec.source), teacher]
-    if _needs_calibration(spec):
+    if spec.calibrated_on_transfer_set:
         parents.append(transfer.stage(recipe))
     gates = (
         "opset",

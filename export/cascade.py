@@ -106,7 +106,9 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
     _, dev = load_splits(recipe.data)
     leaks = leak_filter(dev.texts + (dev.pairs or []))
     texts, pairs = [], []
+    read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:
+        read += 1
         sentences = [s for s in split_sentences(line, cfg.text_style) if not leaks(s)]
         if recipe.data.pairs:
             pairs.extend(sentences[1:])
@@ -116,7 +118,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
             break
     if len(texts) < min(count, 100):
         raise ExportError(
-            f"cascade calibration found {len(texts)} unlabelled texts in the {len(lines)} lines of "
+            f"cascade calibration found {len(texts)} unlabelled texts in the {read} lines of "
             f"transfer.unlabelled_files past the transfer set's {cfg.unlabelled_max_lines}, and needs "
             f"{min(count, 100)}: lower transfer.unlabelled_max_lines or add unlabelled text"
         )

@@ -46,6 +46,11 @@ class BundleRecipe(Strict):
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
 
+    @property
+    def calibrated_on_transfer_set(self) -> bool:
+        """Static INT8 and TensorRT INT8 take their activation ranges from transfer-set sentences."""
+        return self.precision == "int8" and (self.quantization == "static" or self.runtime == "tensorrt")
+
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):
         if self.smooth is not None and not (

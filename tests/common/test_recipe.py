@@ -612,6 +612,33 @@ def test_null_drops_a_whole_section(tmp_path):
     assert extend(tmp_path, text).distill is None
 
 
+TEACHER_ALONE = "transfer: null\ndistill: null\nexport:\n  deploy: teacher-int8\n"
+
+
+def test_a_teacher_alone_with_its_bundles_loads(tmp_path):
+    recipe = extend(tmp_path, TEACHER_ALONE + "  bundles: {bilstm-int8: null}\n")
+    assert set(recipe.export.bundles) == {"teacher-onnx", "teacher-int8"}
+
+
+def test_students_without_a_transfer_set_are_refused(tmp_path):
+    with pytest.raises(RecipeError, match="distill read the transfer set"):
+        extend(tmp_path, "transfer: null\n")
+
+
+def test_a_static_int8_bundle_without_a_transfer_set_is_refused(tmp_path):
+    text = TEACHER_ALONE + "  bundles: {bilstm-int8: null, teacher-int8: {quantization: static}}\n"
+    with pytest.raises(RecipeError, match="export.bundles.teacher-int8 read the transfer set"):
+        extend(tmp_path, text)
+
+
+def test_a_cascade_without_a_transfer_set_is_refused(tmp_path):
+    text = (
+        TEACHER_ALONE + "  bundles: {bilstm-int8: null}\n  cascades: {pair: {members: [teacher-int8, teacher-onnx]}}\n"
+    )
+    with pytest.raises(RecipeError, match="export.cascades.pair read the transfer set"):
+        extend(tmp_path, text)
+
+
 def test_null_sets_a_nullable_scalar_to_null(tmp_path):
     assert extend(tmp_path, "transfer: {labeller: null}\n").transfer.labeller is None
 

@@ -129,6 +129,16 @@ def test_pair_calibration_reads_on_past_lines_that_hold_no_pair(tmp_path):
     assert len(texts) == 150
 
 
+def test_calibration_short_of_unlabelled_text_says_how_many_lines_it_read(tmp_path):
+    paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
+    lines = [f"first half {i} . second half {i} ." for i in range(30)]  # one pair each
+    paths["unlabelled"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "pairs.yaml").write_text(pair_recipe(paths), encoding="utf-8")
+    recipe = load_recipe(tmp_path / "pairs.yaml", {"transfer.unlabelled_max_lines": 10})
+    with pytest.raises(ExportError, match="found 20 unlabelled texts in the 20 lines of"):
+        calibration_texts(recipe, 150)
+
+
 def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):
     folder = swapped_after_check(export_cascade)
     tokenizer = load_tokenizer(smoke_bundles / "teacher")
