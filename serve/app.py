@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 from edgedistill.serve.cascade import CascadeRuntime, load_runtime
 from edgedistill.serve.errors import BundleRejected, NotReady, ReloadFailed
+from edgedistill.serve.health import HealthServicer
 from edgedistill.serve.host import ModelHost, ModelRuntime
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
@@ -39,7 +40,7 @@ from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.wire import PRECHECKS
 from edgedistill.serve.workers import SupervisorLink
 from google.protobuf import descriptor_pool
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 log = logging.getLogger("serve")
@@ -102,7 +103,7 @@ class EdgeServer:
         self.host = host
         self.observer = observer
         self.metrics: Metrics = host.metrics
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         self.metrics_port: int | None = None
         self.health_server: grpc.aio.Server | None = None  # the plaintext probe port, with `health_port`
         self.health_port: int | None = None
@@ -258,7 +259,7 @@ class MethodSymbolPool:
             return found.file
 
 
-def probe_handler(servicer: health.aio.HealthServicer) -> grpc.GenericRpcHandler:
+def probe_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
     """The health port's one method, grpc.health.v1's `Check`, which ends at once. The port has no call limit (a
     limit full of held calls would fail the probes) and no token, so `Watch`, a call held open for as long as its
     client likes (about 20 KB of the server's memory each), is left to the gRPC port, under MAX_CONCURRENT_RPCS."""
