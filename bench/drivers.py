@@ -23,12 +23,14 @@ CALL_TIMEOUT_S = 10.0
 
 @dataclass
 class Tally:
-    """Successful calls' latencies (seconds) and failed calls by status code."""
+    """Successful calls' latencies (seconds), failed calls by status code, and for paced calls how long each
+    successful one waited past its due time for the call before it to return."""
 
     latencies: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
+    queued: list[float] = field(default_factory=list)
 
-    async def call(self, classify, request) -> None:
+    async def call(self, classify, request, queued: float | None = None) -> None:
         start = time.perf_counter()
         try:
             await classify(request)
@@ -36,13 +38,21 @@ class Tally:
             self.errors[err.code().name] += 1
             return
         self.latencies.append(time.perf_counter() - start)
+        if queued is not None:
+            self.queued.append(queued)
 
     def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
-        """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code."""
+        """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
+        also the p99 timed from each call's due time (what a client sending on schedule would have waited: a slow
+        call delays the ones due behind it, which timing from the send alone leaves out) and how many were late."""
         if not self.latencies:
             raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
-        stats = call_stats(np.array(self.latencies) * 1e3, sum(self.errors.values()), seconds, offered_rate)
+        ms = np.array(self.latencies) * 1e3
+        stats = call_stats(ms, sum(self.errors.values()), seconds, offered_rate)
         texts = len(self.latencies) * texts_per_call / seconds
+        if self.queued:
+            queued = np.array(self.queued) * 1e3
+            stats |= {"p99_from_due_ms": float(np.percentile(ms + queued, 99)), "late_calls": int((queued > 0).sum())}
         return stats | {"texts_per_s": texts, "seconds": seconds, "error_codes": dict(self.errors)}
 
 
@@ -55,9 +65,10 @@ async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) 
 
 
 async def paced(classify, requests: list, rate: float, duration: float) -> Tally:
-    """One call at a time, the i-th sent at start + i / rate (at once when behind), for `duration` seconds."""
+    """One call at a time, the i-th due at start + i / rate and sent then, or at once when the call before it returned
+    later, for `duration` seconds."""
     tally = Tally()
-    start = time.perf_counter()
+    start = returned = time.perf_counter()
     end = start + duration
     for i in itertools.count():
         due = start + i / rate
@@ -65,7 +76,8 @@ async def paced(classify, requests: list, rate: float, duration: float) -> Tally
             return tally
         if (wait := due - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
-        await tally.call(classify, requests[i % len(requests)])
+        await tally.call(classify, requests[i % len(requests)], max(0.0, returned - due))
+        returned = time.perf_counter()
 
 
 async def saturate(classify, requests: list, concurrency: int, duration: float) -> Tally:

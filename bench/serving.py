@@ -304,12 +304,26 @@ def failures_line(result: ServingResult) -> str | None:
     return f"Failed calls over the repeats ({phases}): calls/s and texts/s count successful calls only."
 
 
+def due_line(result: ServingResult) -> str:
+    """The paced phases' p99 timed from each call's due time, and the calls sent late, over the repeats."""
+    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    phases = "; ".join(
+        f"{names[phase]} {spread_cell(result.summary[phase]['p99_from_due_ms'], 2)} ms, "
+        f"{sum(record['late_calls'] for record in result.runs[phase])} calls sent late"
+        for phase in ("paced", "echo_paced")
+    )
+    return (
+        f"Paced p99 timed from each call's due time, so that a slow call's delay to the calls due behind it counts "
+        f"({phases} over the repeats)."
+    )
+
+
 def markdown(result: ServingResult) -> str:
     lines = [f"Serving benchmark: {heading(result)}.", ""]
     lines += markdown_results(["phase", *COLUMNS.values()], table_rows(result), ("target", target_rows(result.targets)))
     if failures := failures_line(result):
         lines += ["", failures]
-    lines += ["", baseline_line(result)]
+    lines += ["", due_line(result), "", baseline_line(result)]
     lines += [
         "",
         "CPU %: 100 = one core. Client CPU near 100 % means the client, not the server, limited the rate;",
@@ -325,4 +339,5 @@ def print_tables(result: ServingResult, console: Console) -> None:
     )
     if failures := failures_line(result):
         console.print(failures)
+    console.print(due_line(result))
     console.print(baseline_line(result))

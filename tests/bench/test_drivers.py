@@ -54,3 +54,40 @@ def test_a_load_without_one_success_cannot_be_measured():
     tally = asyncio.run(drivers.saturate(FakeClassify(fail=True), ["r"], concurrency=2, duration=0.05))
     with pytest.raises(BenchError, match=r"no call succeeded; failures by status: \{'UNAVAILABLE': \d+\}"):
         tally.record(seconds=0.05, texts_per_call=1)
+
+
+class SlowOnce(FakeClassify):
+    """Answers at once, but the `slow`-th call takes `delay` seconds."""
+
+    def __init__(self, slow: int, delay: float):
+        super().__init__()
+        self.slow, self.slow_delay = slow, delay
+
+    async def __call__(self, request):
+        self.delay = self.slow_delay if self.calls == self.slow else 0.0
+        await super().__call__(request)
+
+
+@pytest.fixture(scope="module")
+def stalled():
+    """A paced tally of 100 calls at 100 calls/s whose sixth call took 55 ms, holding back the calls due behind it."""
+    return asyncio.run(drivers.paced(SlowOnce(slow=5, delay=0.055), ["r"], rate=100, duration=1.0))
+
+
+def test_calls_due_while_a_slow_call_runs_count_as_late(stalled):
+    assert stalled.record(seconds=1.0, texts_per_call=1)["late_calls"] >= 4
+
+
+def test_the_p99_from_the_due_time_counts_a_slow_calls_delay_to_the_calls_behind_it(stalled):
+    record = stalled.record(seconds=1.0, texts_per_call=1)
+    assert record["p99_from_due_ms"] >= record["p99_ms"] + 20
+
+
+def test_paced_calls_on_time_wait_for_none_before_them():
+    tally = asyncio.run(drivers.paced(FakeClassify(), ["r"], rate=100, duration=0.2))
+    assert tally.record(seconds=0.2, texts_per_call=1)["late_calls"] == 0
+
+
+def test_saturating_calls_have_no_due_time():
+    tally = asyncio.run(drivers.saturate(FakeClassify(), ["r"], concurrency=2, duration=0.05))
+    assert "p99_from_due_ms" not in tally.record(seconds=0.05, texts_per_call=1)

@@ -8,6 +8,7 @@ from edgedistill.bench import accuracy, cascade, scaling, serving
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare
 from edgedistill.bench.records import ServingResult
+from edgedistill.bench.tables import spread_cell
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
@@ -128,6 +129,12 @@ def with_failed_capacity_calls(result: ServingResult) -> ServingResult:
     first = runs["capacity"][0]
     runs["capacity"] = [first | {"failures": 3, "error_codes": {"RESOURCE_EXHAUSTED": 3}}, *runs["capacity"][1:]]
     return result.model_copy(update={"runs": runs})
+
+
+def test_the_tables_give_the_paced_p99_from_the_due_time_and_the_late_calls(result):
+    late = sum(record["late_calls"] for record in result.runs["paced"])
+    p99 = result.summary["paced"]["p99_from_due_ms"]
+    assert f"server, paced 50/s {spread_cell(p99, 2)} ms, {late} calls sent late" in serving.markdown(result)
 
 
 def test_a_run_with_failed_calls_says_which_phase_failed_them_and_how(result):
