@@ -10,6 +10,7 @@ from edgedistill.distill import table
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}
 model: {init: some/model}
+transfer: {unlabelled_files: [u.txt]}
 distill:
   deploy: cnn
   students:
