@@ -417,10 +417,14 @@ class ModelHost:
         self.load = load
         self.current: ModelRuntime | None = None
         self.folder = settings.bundle
-        self.draining = False
+        self.shutting_down = asyncio.Event()  # set once the server drains: open streams end, no model is installed
         self.fault: ServerFault | None = None
         self.faulted = asyncio.Event()
         self._lock = asyncio.Lock()
+
+    @property
+    def draining(self) -> bool:
+        return self.shutting_down.is_set()
 
     @property
     def ready(self) -> bool:
@@ -439,7 +443,7 @@ class ModelHost:
 
     async def drain(self, deadline: float, settle: float = 0.1) -> None:
         """Refuse new work (UNAVAILABLE) and wait, until the loop time `deadline`, for the queue to empty."""
-        self.draining = True
+        self.shutting_down.set()
         loop = asyncio.get_running_loop()
         while self.current is not None and self.current.queued_rows and loop.time() < deadline:
             await asyncio.sleep(0.01)
@@ -535,7 +539,7 @@ class ModelHost:
     async def close(self, timeout: float | None = None) -> None:
         """Install nothing more; close the current runtime, its queue given `timeout` seconds (default:
         SHUTDOWN_GRACE_S)."""
-        self.draining = True
+        self.shutting_down.set()
         if self.current is not None:
             runtime, self.current = self.current, None
             await runtime.close(timeout)

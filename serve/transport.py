@@ -44,6 +44,9 @@ KSERVE = kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_nam
 ADMIN_METHODS = (f"/{CLASSIFIER}/Reload",)  # authorised by ADMIN_TOKEN (refused without one), not by TOKEN
 OUTPUTS = ("logits", "probabilities")
 CASCADE_OUTPUTS = {"answered_by": "BYTES", "escalation_refused": "BOOL"}  # per row, beside OUTPUTS, for a cascade
+SHUTDOWN_STREAM = (
+    "the server is shutting down: open a new stream (to another replica, or to this one after its restart)"
+)
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
 TEXT_INPUTS = ("text", "text_pair")
@@ -260,7 +263,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     async def ClassifyStream(self, request_iterator, context):
         """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order. A stream
         that receives no request for STREAM_IDLE_S (its client sends none, or reads no reply, which stops the
-        reading here) is ended with DEADLINE_EXCEEDED."""
+        reading here) is ended with DEADLINE_EXCEEDED. When the server drains, a stream ends with UNAVAILABLE once
+        the replies to the requests it received before are written, instead of holding the drain for its grace."""
         deadline = deadline_of(context)
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
         idle = IdleWatch(self.settings.stream_idle_s, asyncio.current_task())
@@ -278,7 +282,12 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 await pending.put(err)
             await pending.put(None)
 
+        async def end_at_shutdown():  # after the replies to what came before, as a call arriving now is refused
+            await self.host.shutting_down.wait()
+            await pending.put(NotReady(SHUTDOWN_STREAM))
+
         reader = asyncio.ensure_future(read())
+        ender = asyncio.ensure_future(end_at_shutdown())
         try:
             while (item := await pending.get()) is not None:
                 if isinstance(item, Exception):
@@ -306,6 +315,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         finally:
             idle.stop()
             reader.cancel()
+            ender.cancel()
             while not pending.empty():
                 if isinstance(item := pending.get_nowait(), asyncio.Future):
                     item.cancel()

@@ -1,10 +1,12 @@
 """Operating the server: health, reflection, metrics, auth, TLS, reload, overload, deadlines."""
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import json
 import logging
+import queue
 import re
 import shutil
 import threading
@@ -741,3 +743,49 @@ def test_a_token_on_a_plaintext_port_beyond_loopback_is_warned_of(start_server, 
     with caplog.at_level(logging.WARNING, logger="serve"):
         start_server(settings_for(bundle, host=host, token="s3cret"))
     assert any(getattr(r, "event", None) == "plaintext_token" for r in caplog.records) is warned
+
+
+@pytest.fixture
+def stream_at_shutdown(start_server, bundle, slow_tokenizer):
+    """A ClassifyStream open when the server stops with a grace of 5 s: one request answered before, one held in
+    the tokenizer until the drain has begun. Its replies, how it ended, and how long the stop took."""
+    server = start_server(settings_for(bundle))
+    requests = queue.Queue()
+    with server.channel() as channel:
+        stream = classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(iter(requests.get, None), timeout=30)
+        requests.put(pb.ClassifyRequest(texts=["good"]))
+        replies = [next(stream)]
+        requests.put(pb.ClassifyRequest(texts=[GATED]))
+        slow_tokenizer.wait_held(1)
+        began = time.monotonic()
+        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=5), server.loop)
+        while not server.server.host.draining:
+            time.sleep(0.005)
+        slow_tokenizer.open.set()
+        with contextlib.suppress(grpc.RpcError):  # the stream's end, read below
+            for reply in stream:
+                replies.append(reply)
+        stopping.result(10)
+        requests.put(None)
+        return {
+            "replies": replies,
+            "code": stream.code(),
+            "details": stream.details(),
+            "stop_s": time.monotonic() - began,
+        }
+
+
+def test_a_stream_gets_the_reply_to_a_request_it_sent_before_the_drain(stream_at_shutdown):
+    assert len(stream_at_shutdown["replies"]) == 2
+
+
+def test_an_open_stream_ends_unavailable_when_the_server_drains(stream_at_shutdown):
+    assert stream_at_shutdown["code"] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_open_stream_is_told_to_open_a_new_one_when_the_server_drains(stream_at_shutdown):
+    assert "open a new stream" in stream_at_shutdown["details"]
+
+
+def test_an_open_stream_does_not_hold_the_drain_for_its_grace(stream_at_shutdown):
+    assert stream_at_shutdown["stop_s"] < 2.5
