@@ -256,8 +256,13 @@ COLUMNS = {  # figure -> table column
 }
 
 
+def phase_names(result: ServingResult) -> dict[str, str]:
+    """Each phase's name in the tables, with the run's options (`server, paced 200/s`)."""
+    return {phase: label.format(**result.options) for phase, label in PHASES.items()}
+
+
 def table_rows(result: ServingResult) -> list[list[str]]:
-    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    names = phase_names(result)
     return [
         [names[phase]] + [spread_cell(figures.get(key), 2 if key.endswith("_ms") else 0) for key in COLUMNS]
         for phase, figures in result.summary.items()
@@ -296,7 +301,7 @@ def failures_line(result: ServingResult) -> str | None:
     """Which phases had failed calls, by status code, over all repeats; None when every call succeeded."""
     if not (failed := failed_calls(result)):
         return None
-    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    names = phase_names(result)
     phases = "; ".join(
         f"{names[phase]}: " + ", ".join(f"{code} {count}" for code, count in codes.most_common())
         for phase, codes in failed.items()
@@ -306,7 +311,7 @@ def failures_line(result: ServingResult) -> str | None:
 
 def due_line(result: ServingResult) -> str:
     """The paced phases' p99 timed from each call's due time, and the calls sent late, over the repeats."""
-    names = {phase: label.format(**result.options) for phase, label in PHASES.items()}
+    names = phase_names(result)
     phases = "; ".join(
         f"{names[phase]} {spread_cell(result.summary[phase]['p99_from_due_ms'], 2)} ms, "
         f"{sum(record['late_calls'] for record in result.runs[phase])} calls sent late"

@@ -11,9 +11,8 @@ from typing import BinaryIO
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
-CR_ALONE = re.compile(
-    r"(?<=\r)(?!\n)"
-)  # just after a CR that no LF follows: the end of a line, as old Mac tools end it
+# just after a CR that no LF follows: the end of a line, as old Mac tools end it
+CR_ALONE = re.compile(r"(?<=\r)(?!\n)")
 
 INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format and space characters
 REPLACEMENT = "\ufffd"

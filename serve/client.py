@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 from edgedistill.common.arguments import count
 from edgedistill.common.settings import ENV_PREFIX
-from edgedistill.common.text import UTF16_BOMS, shows_nothing
+from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
@@ -255,7 +255,7 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
             raise _not_utf8(str(path), err) from err
         except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
-    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
