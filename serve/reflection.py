@@ -17,6 +17,7 @@ from edgedistill.serve.errors import NotReady
 from edgedistill.serve.idle import IdleWatch, idle_limit
 from edgedistill.serve.observe import refuse
 from edgedistill.serve.transport import SHUTDOWN_STREAM
+from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 
@@ -38,6 +39,8 @@ class ReflectionServicer(reflection.aio.ReflectionServicer):
                         await context.write(reply)
             except NotReady as err:
                 refuse(context, grpc.StatusCode.UNAVAILABLE, str(err))
+            except DecodeError as err:  # bytes from the client that do not parse as a ServerReflectionRequest
+                refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"a stream message does not parse: {err}")
             except grpc.aio.BaseError:  # a failed read or write: the call already ended, its client went away
                 context.set_code(grpc.StatusCode.CANCELLED)
 

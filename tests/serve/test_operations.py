@@ -207,6 +207,35 @@ def test_reflection_answers_not_found_for_an_rpc_a_service_lacks(served):
     assert reply.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
+@pytest.fixture
+def reflection_of_bytes_that_do_not_parse(start_server, bundle):
+    """A reflection stream whose message does not parse as a ServerReflectionRequest: its client's error and the
+    server's scrape."""
+    server = start_server(settings_for(bundle))
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        list(channel.stream_stream(method)(iter([b"\xff\xff\xff"]), timeout=10))
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=method) and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return {"code": caught.value.code(), "scrape": text}
+
+
+def test_a_reflection_stream_message_that_does_not_parse_is_refused_invalid_argument(
+    reflection_of_bytes_that_do_not_parse,
+):
+    assert reflection_of_bytes_that_do_not_parse["code"] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_reflection_stream_message_that_does_not_parse_is_counted_as_the_clients_error(
+    reflection_of_bytes_that_do_not_parse,
+):
+    scraped = reflection_of_bytes_that_do_not_parse["scrape"]
+    assert metric(scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT", kind="client") == 1
+
+
 def test_a_reflection_stream_cancelled_while_its_replies_are_sent_counts_as_cancelled(start_server, bundle):
     server = start_server(settings_for(bundle))
     method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
