@@ -33,6 +33,7 @@ from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
+from edgedistill.serve.reflection import ReflectionServicer
 from edgedistill.serve.settings import Settings, SettingsError
 from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
@@ -218,7 +219,8 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
     health_pb2_grpc.add_HealthServicer_to_server(edge.health, observed)
     names = (*SERVICES, HEALTH, reflection.SERVICE_NAME)
-    servicer = reflection.aio.ReflectionServicer(names, pool=MethodSymbolPool(descriptor_pool.Default()))
+    pool = MethodSymbolPool(descriptor_pool.Default())
+    servicer = ReflectionServicer(names, pool, settings.stream_idle_s, host.shutting_down)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, observed)
     observed.check()
     if settings.health_port is not None:

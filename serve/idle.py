@@ -1,6 +1,11 @@
 """A stream's idle timer: cancels the task serving it once nothing has touched the timer for a while."""
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import grpc
+from edgedistill.serve.observe import refuse
 
 
 class IdleWatch:
@@ -28,3 +33,24 @@ class IdleWatch:
 
     def stop(self) -> None:
         self._timer.cancel()
+
+
+@contextlib.contextmanager
+def idle_limit(seconds: float, context: grpc.aio.ServicerContext) -> Iterator[IdleWatch]:
+    """An `IdleWatch` of `seconds` (STREAM_IDLE_S) on the task serving a stream: once it expires, the stream ends
+    with DEADLINE_EXCEEDED."""
+    idle = IdleWatch(seconds, asyncio.current_task())
+    try:
+        yield idle
+    except asyncio.CancelledError:
+        if not idle.expired:
+            raise
+        idle.task.uncancel()  # the timer's own cancellation, handled here
+        refuse(
+            context,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"no request on this stream for {seconds:g} s (STREAM_IDLE_S), or no reply read: the server ended it; "
+            "open a new stream to send more",
+        )
+    finally:
+        idle.stop()

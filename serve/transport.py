@@ -29,7 +29,7 @@ from edgedistill.serve.errors import (
     TooLarge,
 )
 from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
-from edgedistill.serve.idle import IdleWatch
+from edgedistill.serve.idle import IdleWatch, idle_limit
 from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.observe import caller, refuse
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -265,9 +265,12 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         that receives no request for STREAM_IDLE_S (its client sends none, or reads no reply, which stops the
         reading here) is ended with DEADLINE_EXCEEDED. When the server drains, a stream ends with UNAVAILABLE once
         the replies to the requests it received before are written, instead of holding the drain for its grace."""
+        with idle_limit(self.settings.stream_idle_s, context) as idle:
+            await self._serve_stream(request_iterator, context, idle)
+
+    async def _serve_stream(self, request_iterator, context, idle: IdleWatch) -> None:
         deadline = deadline_of(context)
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
-        idle = IdleWatch(self.settings.stream_idle_s, asyncio.current_task())
 
         async def read():
             received = 0
@@ -295,15 +298,6 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 reply = await item
                 MODEL.set((reply.model_name, reply.model_version))  # from the reply: `item` ran in a task of its own
                 await context.write(reply)
-        except asyncio.CancelledError:
-            if not idle.expired:
-                raise
-            refuse(
-                context,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"no request on this stream for {self.settings.stream_idle_s:g} s (STREAM_IDLE_S), or no reply "
-                "read: the server ended it; open a new stream to send more",
-            )
         except Exception as err:
             # gRPC's own errors (a failed read or write, a finished call) mean the call already ended: the
             # client went away, or gRPC refused a message and answered the client itself. No one to answer.
@@ -313,7 +307,6 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 return
             fail(context, err)
         finally:
-            idle.stop()
             reader.cancel()
             ender.cancel()
             while not pending.empty():

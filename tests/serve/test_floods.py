@@ -25,6 +25,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.serve.conftest import ROOT, ServerProcess, settings_for, subprocess_env
 from tests.serve.rawh2 import (
@@ -454,6 +455,52 @@ def test_a_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle
 
     with server.channel() as channel:
         replies = list(classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=10))
+    assert len(replies) == 8
+
+
+@pytest.fixture
+def idle_reflection_stream(start_server, bundle):
+    """A reflection stream that sends one request, then nothing, to a server with STREAM_IDLE_S 0.5 s: how it ended
+    and after how long."""
+    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+    release = threading.Event()
+
+    def requests():
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+        release.wait(10)
+
+    with server.channel() as channel:
+        started = time.monotonic()
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(requests(), timeout=10)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call)
+        ended_s = time.monotonic() - started
+        release.set()
+    return {"code": caught.value.code(), "details": caught.value.details(), "ended_s": ended_s}
+
+
+def test_a_reflection_stream_that_sends_nothing_is_ended_deadline_exceeded(idle_reflection_stream):
+    assert idle_reflection_stream["code"] == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_reflection_stream_that_sends_nothing_is_told_of_stream_idle_s(idle_reflection_stream):
+    assert "STREAM_IDLE_S" in idle_reflection_stream["details"]
+
+
+def test_a_reflection_stream_that_sends_nothing_is_ended_after_stream_idle_s(idle_reflection_stream):
+    assert idle_reflection_stream["ended_s"] < 5
+
+
+def test_a_reflection_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle):
+    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+
+    def requests():
+        for _ in range(8):
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+            time.sleep(0.2)
+
+    with server.channel() as channel:
+        replies = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(requests(), timeout=10))
     assert len(replies) == 8
 
 

@@ -207,6 +207,35 @@ def test_reflection_answers_not_found_for_an_rpc_a_service_lacks(served):
     assert reply.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
+@pytest.fixture
+def reflection_of_bytes_that_do_not_parse(start_server, bundle):
+    """A reflection stream whose message does not parse as a ServerReflectionRequest: its client's error and the
+    server's scrape."""
+    server = start_server(settings_for(bundle))
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        list(channel.stream_stream(method)(iter([b"\xff\xff\xff"]), timeout=10))
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=method) and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return {"code": caught.value.code(), "scrape": text}
+
+
+def test_a_reflection_stream_message_that_does_not_parse_is_refused_invalid_argument(
+    reflection_of_bytes_that_do_not_parse,
+):
+    assert reflection_of_bytes_that_do_not_parse["code"] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_reflection_stream_message_that_does_not_parse_is_counted_as_the_clients_error(
+    reflection_of_bytes_that_do_not_parse,
+):
+    scraped = reflection_of_bytes_that_do_not_parse["scrape"]
+    assert metric(scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT", kind="client") == 1
+
+
 def test_a_reflection_stream_cancelled_while_its_replies_are_sent_counts_as_cancelled(start_server, bundle):
     server = start_server(settings_for(bundle))
     method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
@@ -789,3 +818,50 @@ def test_an_open_stream_is_told_to_open_a_new_one_when_the_server_drains(stream_
 
 def test_an_open_stream_does_not_hold_the_drain_for_its_grace(stream_at_shutdown):
     assert stream_at_shutdown["stop_s"] < 2.5
+
+
+@pytest.fixture
+def reflection_at_shutdown(start_server, bundle):
+    """A reflection stream, one request answered and the stream held open, when the server stops with a grace of
+    30 s: its replies, how it ended, and how long the stop took."""
+    server = start_server(settings_for(bundle))
+    requests = queue.Queue()
+    with server.channel() as channel:
+        stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter(requests.get, None), timeout=60
+        )
+        requests.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+        replies = [next(stream)]
+        began = time.monotonic()
+        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=30), server.loop)
+        with contextlib.suppress(grpc.RpcError):  # the stream's end, read below
+            replies.extend(stream)
+        stopping.result(40)
+        stop_s = time.monotonic() - began
+        requests.put(None)
+        return {"replies": replies, "code": stream.code(), "details": stream.details(), "stop_s": stop_s}
+
+
+def test_an_open_reflection_stream_does_not_hold_the_drain_for_its_grace(reflection_at_shutdown):
+    assert reflection_at_shutdown["stop_s"] < 10
+
+
+def test_an_open_reflection_stream_ends_unavailable_when_the_server_drains(reflection_at_shutdown):
+    assert reflection_at_shutdown["code"] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_open_reflection_stream_is_told_to_open_a_new_one_when_the_server_drains(reflection_at_shutdown):
+    assert "open a new stream" in reflection_at_shutdown["details"]
+
+
+def test_an_open_reflection_stream_gets_no_reply_after_the_one_it_was_owed(reflection_at_shutdown):
+    assert len(reflection_at_shutdown["replies"]) == 1
+
+
+def test_a_reflection_stream_opened_during_the_drain_ends_unavailable(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    server.call(server.server.host.drain(deadline=0))  # the drain begun, its queue empty
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([request]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -1,10 +1,12 @@
 """WORKERS=N: worker processes on one port under a supervisor that sums their metrics, drains and reloads them all,
 and restarts one that dies; WORKERS=1 stays one process."""
 
+import contextlib
 import errno
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -20,6 +22,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
 from tests.serve.test_operations import corrupt, metric
@@ -113,6 +116,37 @@ def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     stopped = {line["pid"] for line in server.lines if line.get("event") == "stopped"}
     assert stopped == set(serving["workers"])
     assert not [pid for pid in serving["workers"] if alive(pid)]
+
+
+@pytest.fixture
+def reflection_at_sigterm(spawn, tmp_path):
+    """Two workers with a grace of 30 s, sent SIGTERM while a reflection stream (one request answered) is held open
+    on one of them: how the stream ended, and how long the supervisor took to exit."""
+    server = spawn(write_bundle(tmp_path / "bundle"), EDGEDISTILL_WORKERS="2", EDGEDISTILL_SHUTDOWN_GRACE_S="30")
+    port = server.wait_for("workers_serving", timeout=60)["port"]
+    requests = queue.Queue()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stream = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter(requests.get, None), timeout=90
+        )
+        requests.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+        next(stream)
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(grpc.RpcError):  # the stream's end, read below
+            list(stream)
+        server.proc.wait(60)
+        exit_s = time.monotonic() - began
+        requests.put(None)
+    return {"details": stream.details(), "exit_s": exit_s}
+
+
+def test_an_open_reflection_stream_does_not_hold_the_workers_drain_for_its_grace(reflection_at_sigterm):
+    assert reflection_at_sigterm["exit_s"] < 10
+
+
+def test_an_open_reflection_stream_is_told_to_open_a_new_one_when_the_workers_drain(reflection_at_sigterm):
+    assert "open a new stream" in reflection_at_sigterm["details"]
 
 
 def test_sighup_reloads_every_worker(two_workers):
