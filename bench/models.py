@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
 from edgedistill.common.bundle import read_bundle
@@ -195,12 +195,8 @@ def _build(inputs: Inputs) -> Built:
     result = table(cfg.threads, measured, metric)
     print_table(result)
 
-    def write(folder: Path) -> None:
-        (folder / RESULT_FILE).write_text(result.model_dump_json(indent=1), encoding="utf-8")
-        (folder / "bench.md").write_text(markdown(result), encoding="utf-8")
-
     return Built(
-        write,
+        lambda folder: result.save(folder, markdown(result)),
         info={"threads": cfg.threads, "bench": cfg.model_dump(), "missing_bundles": missing, "left_out": left_out},
         line=f"{len(result.rows)} models x {len(shapes(cfg))} shapes timed",
     )
