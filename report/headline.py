@@ -6,7 +6,6 @@ and capacity, and the load test's SLO result. Lines whose artifact is missing ar
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -45,10 +44,6 @@ def stage_table(recipe: Recipe) -> Table:
         ]
         table.add_row(folder.name, *cells, str(folder))
     return table
-
-
-def _json(path: Path) -> dict | list | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def _metrics(folder: Path) -> dict | None:
@@ -121,7 +116,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
         )
     for loadtest in sorted(root.glob(f"loadtest-*/{loadtest_result.RESULT_FILE}")):
-        result = _json(loadtest)
+        result = loadtest_result.load(loadtest.parent)
         overall = result["overall"]
         if result["profile"] == "step":  # overall latency mixes every step: the capacity is the figure
             capacity = result["capacity"]
