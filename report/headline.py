@@ -31,9 +31,7 @@ CALL = {  # data.pairs -> how to call the served bundle: the command line, and t
 
 
 def stage_table(recipe: Recipe) -> Table:
-    table = Table(title=f"edgedistill: {recipe.name}", title_justify="left")
-    for column in ("stage", *HEADLINE, "folder"):
-        table.add_column(column, justify="left" if column in ("stage", "folder") else "right")
+    rows = []
     for folder in finished_stages(recipe):
         metrics = mf.load(folder, verify=False).metrics
         cells = [
@@ -42,8 +40,8 @@ def stage_table(recipe: Recipe) -> Table:
             f"{metrics['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in metrics else "-",
             f"{metrics['wall_seconds'] / 60:.1f} min" if "wall_seconds" in metrics else "-",
         ]
-        table.add_row(folder.name, *cells, str(folder))
-    return table
+        rows.append([folder.name, *cells, str(folder)])
+    return tables.console_table(f"edgedistill: {recipe.name}", ["stage", *HEADLINE, "folder"], rows, ("folder",))
 
 
 def _metrics(folder: Path) -> dict | None:
