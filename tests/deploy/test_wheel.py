@@ -122,6 +122,7 @@ def test_installed_wheel_serves_a_bundle(installed, tmp_path):
     bundle = write_bundle(tmp_path / "bundle-tiny")
     port = free_port()
     serve = [installed, "-m", "edgedistill.serve", "--bundle", bundle, "--host", "127.0.0.1", "--port", str(port)]
+    serve += ["--metrics-port", "0"]  # any free port: another server on the machine may hold the default
     client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
     with (
         (tmp_path / "server.log").open("w") as log,
