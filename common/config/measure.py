@@ -191,7 +191,7 @@ class ScalingBenchConfig(H2loadBenchConfig):
     )
     client_threads: int = Field(1, ge=1, description="h2load's threads (more where one cannot keep the workers busy)")
     min_capacity_vs_first: float | None = Field(
-        None, gt=0, description="calls/s at saturation with the most workers / with the first count"
+        None, gt=0, description="calls/s at saturation with the most workers of the other counts / with the first count"
     )
     max_p99_vs_first: float | None = Field(
         None, gt=0, description="each other count's p99 paced at `rate` / the first count's"
