@@ -11,15 +11,16 @@ answers (after warm-up) that its first member escalated, beside the dev share it
 
 import asyncio
 import functools
-import json
 import os
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any, ClassVar
 
 from edgedistill.bench import BenchError, drivers
 from edgedistill.bench.processes import measured_server, running, served_settings
+from edgedistill.bench.records import Result, Spread
 from edgedistill.bench.serving import WARMUP_S, classify_requests
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import record_line
@@ -32,7 +33,20 @@ from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
 
 PHASES = ("capacity", "paced")
-RESULT = "cascade.json"
+
+
+class CascadeResult(Result):
+    """`cascade.json`: the bundles' names, each model's records and their spreads per phase ("cascade" and "last"),
+    the cascade's capacity over its last member's, and its answers as [answering member, escalation refused, count]."""
+
+    FILE: ClassVar[str] = "cascade.json"
+    TABLES: ClassVar[str] = "cascade.md"
+
+    names: dict[str, str]
+    runs: dict[str, dict[str, list[dict[str, Any]]]]
+    summary: dict[str, dict[str, dict[str, Spread]]]
+    capacity_ratio: float
+    answered: list[tuple[str, bool, int]]
 
 
 def default_name(recipe: Recipe, name: str | None) -> str:
@@ -163,23 +177,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
         "member before).",
     ]
     markdown = "\n".join(lines) + "\n"
-    (work / "cascade.md").write_text(markdown, encoding="utf-8")
-    dumped = {
-        model: {p: {k: v.model_dump() for k, v in f.items()} for p, f in phases.items()}
-        for model, phases in summary.items()
-    }
-    (work / RESULT).write_text(
-        json.dumps(
-            {
-                "names": names,
-                "runs": runs,
-                "summary": dumped,
-                "capacity_ratio": ratio,
-                "answered": [[member, flagged, n] for (member, flagged), n in answers.items()],
-            },
-            indent=1,
-        )
-    )
+    answered = [(member, flagged, n) for (member, flagged), n in answers.items()]
+    result = CascadeResult(names=names, runs=runs, summary=summary, capacity_ratio=ratio, answered=answered)
+    result.save(work, markdown)
     console.print(markdown)
     return Built(
         metrics={

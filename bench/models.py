@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
 from edgedistill.common.bundle import read_bundle
@@ -26,7 +26,6 @@ from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import device, heads
 from rich.console import Console
-from rich.table import Table
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
@@ -195,12 +194,8 @@ def _build(inputs: Inputs) -> Built:
     result = table(cfg.threads, measured, metric)
     print_table(result)
 
-    def write(folder: Path) -> None:
-        (folder / RESULT_FILE).write_text(result.model_dump_json(indent=1), encoding="utf-8")
-        (folder / "bench.md").write_text(markdown(result), encoding="utf-8")
-
     return Built(
-        write,
+        lambda folder: result.save(folder, markdown(result)),
         info={"threads": cfg.threads, "bench": cfg.model_dump(), "missing_bundles": missing, "left_out": left_out},
         line=f"{len(result.rows)} models x {len(shapes(cfg))} shapes timed",
     )
@@ -225,10 +220,10 @@ def markdown(result: ModelTable) -> str:
 
 def print_table(result: ModelTable) -> None:
     title = f"latency ms (median, speedup vs {EAGER}), {result.threads} threads"
-    out = Table(title=title, title_justify="left")
-    for column in ("model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)):
-        out.add_column(column, justify="left" if column == "model" else "right")
-    for r in result.rows:
-        cells = [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
-        out.add_row(r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r), *cells)
-    Console(width=200).print(out)
+    header = ["model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)]
+    rows = [
+        [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r)]
+        + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+        for r in result.rows
+    ]
+    Console(width=200).print(tables.console_table(title, header, rows))

@@ -4,7 +4,6 @@ load generator run to its end; their output goes to a log file, whose tail a fai
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -13,8 +12,8 @@ import grpc
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.processes import dying_with_this_process
+from edgedistill.serve.client import health_serving, wait_ready
 from edgedistill.serve.settings import Settings, load_settings
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -79,12 +78,6 @@ def finish(process: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
-def health_serving(channel: grpc.Channel) -> bool:
-    """Whether the gRPC health service on `channel` reports SERVING."""
-    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
 def wait_serving(
     address: str,
     process: subprocess.Popen,
@@ -94,17 +87,10 @@ def wait_serving(
 ) -> None:
     """Poll `ready` (by default the health service) until it says yes; `BenchError` if the process exits or time
     runs out."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with grpc.insecure_channel(address) as channel:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise BenchError(f"{name} exited with {process.returncode} at start; its log ends:\n{log_tail(log)}")
-            try:
-                if ready(channel):
-                    return
-            except grpc.RpcError:
-                pass  # not listening yet
-            time.sleep(0.2)
+    if wait_ready(address, START_TIMEOUT_S, ready, running=lambda: process.poll() is None):
+        return
+    if process.poll() is not None:
+        raise BenchError(f"{name} exited with {process.returncode} at start; its log ends:\n{log_tail(log)}")
     raise BenchError(f"{name} did not report SERVING within {START_TIMEOUT_S:.0f} s; its log ends:\n{log_tail(log)}")
 
 

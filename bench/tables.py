@@ -10,12 +10,7 @@ def print_results(
 ) -> None:
     """`rows` under `header` (first column left-aligned, the rest right), then `checks`: its title, the name
     of its first column, and rows of [name, measured, wanted, result]."""
-    table = Table(title=title, title_justify="left")
-    table.add_column(header[0])
-    for column in header[1:]:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*row)
+    table = tables.console_table(title, header, rows)
     checks_title, first, check_rows = checks
     verdicts = Table(title=checks_title, title_justify="left")
     for column in (first, "measured", "wanted", "result"):

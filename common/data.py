@@ -55,9 +55,15 @@ class Examples:
             return [len(text) for text in self.texts]
         return [len(text) + len(pair) for text, pair in zip(self.texts, self.pairs, strict=True)]
 
+    def _labelled(self, what: str) -> list[int]:
+        """The gold label ids, for `what` (a method that needs them); ValueError for unlabelled examples."""
+        if self.labels is None:
+            raise ValueError(f"{what} needs labelled examples; {self.source} has no labels")
+        return self.labels
+
     def absent(self, names: list[str]) -> list[str]:
         """The label names no example carries."""
-        seen = set(self.labels)
+        seen = set(self._labelled("absent"))
         return [name for index, name in enumerate(names) if index not in seen]
 
     def shared_with(self, other: "Examples") -> int:
@@ -69,7 +75,8 @@ class Examples:
         """These pairs followed by each pair the other way round, with the same labels."""
         if self.pairs is None:
             raise ValueError("both_ways needs sentence pairs")
-        return replace(self, texts=self.texts + self.pairs, pairs=self.pairs + self.texts, labels=self.labels * 2)
+        labels = self._labelled("both_ways")
+        return replace(self, texts=self.texts + self.pairs, pairs=self.pairs + self.texts, labels=labels * 2)
 
 
 def _require_file(path: Path) -> None:

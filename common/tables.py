@@ -1,4 +1,10 @@
-"""Tables of figures as every stage writes them: a cell's text, a check's result, markdown lines."""
+"""Tables of figures as every stage writes them: a cell's text, a check's result, markdown lines, a console table."""
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 PASSED, MISSED = "pass", "MISS"  # a check's result; a miss in capitals, so that it stands out in a table
 
@@ -30,3 +36,17 @@ def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a markdown table: `header`, its rule, then one line per row of cells (text, as given)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def console_table(title: str, header: list[str], rows: list[list[str]], words: Collection[str] = ()) -> "Table":
+    """A rich `Table` of `rows` (cells' text, as given) under `header`, titled on the left: the first column and those
+    named in `words` left-aligned, the figures in the rest right-aligned."""
+    # Imported here: rich comes with the stages that print tables, not with what common needs (the server has none).
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for index, column in enumerate(header):
+        table.add_column(column, justify="left" if index == 0 or column in words else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -14,7 +14,6 @@ from edgedistill.common.atomic import write_changed
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.distill.metrics import retention
 from rich.console import Console
-from rich.table import Table
 
 TEXT_COLUMNS = ("student", "arch", "baseline_from")
 
@@ -86,10 +85,6 @@ def write(recipe: Recipe) -> list[dict]:
     folder = run_dir(recipe)
     write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
     write_changed(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
-    table = Table(title=f"distillation: {recipe.name} (selected on {key})", title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="left" if column in TEXT_COLUMNS else "right")
-    for row in cells:
-        table.add_row(*row)
-    Console(width=160).print(table)
+    title = f"distillation: {recipe.name} (selected on {key})"
+    Console(width=160).print(tables.console_table(title, columns, cells, TEXT_COLUMNS))
     return table_rows

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=args.pairs)
         stage.run(args.force)
-        result = runner.load_result(stage)
+        result = rs.load(stage.folder)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings
         print(f"{prog}: {err}", file=sys.stderr)
         return 2

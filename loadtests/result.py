@@ -20,6 +20,9 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 - `checks` [{name, measured, limit, passed}] and `passed`: the SLO gate.
 """
 
+import json
+from pathlib import Path
+
 from edgedistill.bench import slo
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.common import tables
@@ -30,6 +33,7 @@ from edgedistill.loadtests.plan import Plan
 from rich.console import Console
 
 RESULT_FILE = "summary.json"
+TABLES_FILE = "summary.md"
 GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more
 
 
@@ -185,6 +189,17 @@ def markdown(result: dict) -> str:
         lines += ["", *(f"- {line}" for line in notes)]
     lines += ["", "Latency of successful calls as locust saw them; CPU %: 100 = one core."]
     return "\n".join(lines) + "\n"
+
+
+def save(folder: Path, result: dict) -> None:
+    """`result` as RESULT_FILE and its tables as TABLES_FILE in `folder`."""
+    (folder / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (folder / TABLES_FILE).write_text(markdown(result), encoding="utf-8")
+
+
+def load(folder: Path) -> dict:
+    """The result a load-test run wrote in `folder`."""
+    return json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
 
 
 def show(result: dict, console: Console) -> None:

@@ -9,7 +9,6 @@ summary.json and summary.md (see `loadtests.result`).
 """
 
 import csv
-import json
 import math
 import os
 import sys
@@ -213,8 +212,7 @@ def _build(
         "machine": machine(load_before),
     }
     result = rs.build(plan, samples, Resources.from_rows(rows, samples.started), task_errors(work), context)
-    (work / rs.RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    (work / "summary.md").write_text(rs.markdown(result), encoding="utf-8")
+    rs.save(work, result)
     rs.show(result, console)
     missed = sum(not check["passed"] for check in result["checks"])
     return Built(
@@ -222,8 +220,3 @@ def _build(
         info={"profile": profile, "echo": echo, "checks": result["checks"]},
         line=f"{len(result['checks']) - missed} of {len(result['checks'])} SLO checks met",
     )
-
-
-def load_result(stage: Stage) -> dict:
-    """The result a finished load-test stage wrote."""
-    return json.loads((stage.folder / rs.RESULT_FILE).read_text(encoding="utf-8"))

@@ -6,7 +6,6 @@ and capacity, and the load test's SLO result. Lines whose artifact is missing ar
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,9 +31,7 @@ CALL = {  # data.pairs -> how to call the served bundle: the command line, and t
 
 
 def stage_table(recipe: Recipe) -> Table:
-    table = Table(title=f"edgedistill: {recipe.name}", title_justify="left")
-    for column in ("stage", *HEADLINE, "folder"):
-        table.add_column(column, justify="left" if column in ("stage", "folder") else "right")
+    rows = []
     for folder in finished_stages(recipe):
         metrics = mf.load(folder, verify=False).metrics
         cells = [
@@ -43,12 +40,8 @@ def stage_table(recipe: Recipe) -> Table:
             f"{metrics['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in metrics else "-",
             f"{metrics['wall_seconds'] / 60:.1f} min" if "wall_seconds" in metrics else "-",
         ]
-        table.add_row(folder.name, *cells, str(folder))
-    return table
-
-
-def _json(path: Path) -> dict | list | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        rows.append([folder.name, *cells, str(folder)])
+    return tables.console_table(f"edgedistill: {recipe.name}", ["stage", *HEADLINE, "folder"], rows, ("folder",))
 
 
 def _metrics(folder: Path) -> dict | None:
@@ -104,7 +97,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         bench = ModelTable.load(root / "bench")
         batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
         rows = {row.model: row for row in bench.rows}
-        for model in (deploy, "teacher-int8"):
+        for model in dict.fromkeys((deploy, "teacher-int8")):  # once, where the deployed bundle is teacher-int8
             if model in rows:
                 cell = rows[model].cell(batch, length)
                 lines.append(
@@ -121,7 +114,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
         )
     for loadtest in sorted(root.glob(f"loadtest-*/{loadtest_result.RESULT_FILE}")):
-        result = _json(loadtest)
+        result = loadtest_result.load(loadtest.parent)
         overall = result["overall"]
         if result["profile"] == "step":  # overall latency mixes every step: the capacity is the figure
             capacity = result["capacity"]

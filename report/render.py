@@ -287,7 +287,7 @@ def _number(value, spec: str) -> str | None:
 
 def _loadtests(page: Page, root: Path) -> None:
     for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
-        result = plots.read_json(folder / loadtest_result.RESULT_FILE)
+        result = loadtest_result.load(folder)
         profile = result["profile"]
         target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
         page.heading(

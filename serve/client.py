@@ -15,7 +15,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -26,6 +27,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
@@ -60,6 +62,33 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
 def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata carrying `token` as the server's TOKEN wants it ('authorization: Bearer ...'); () without."""
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def health_serving(channel: grpc.Channel) -> bool:
+    """Whether the gRPC health service on `channel` reports SERVING."""
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_ready(
+    address: str,
+    seconds: float,
+    ready: Callable[[grpc.Channel], bool] = health_serving,
+    running: Callable[[], bool] = lambda: True,
+) -> bool:
+    """Poll `ready` (by default the health service) on a plaintext channel to `address` until it says yes: True; False
+    when `seconds` pass first, or when `running()` says, before a poll, that the server is gone. A poll whose call
+    fails (a server not listening yet) says no."""
+    deadline = time.monotonic() + seconds
+    with grpc.insecure_channel(address) as channel:
+        while time.monotonic() < deadline and running():
+            try:
+                if ready(channel):
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    return False
 
 
 class Client:

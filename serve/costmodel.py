@@ -55,6 +55,8 @@ class BackendCost:
         """Least relative squared error over single calls at two or more shapes, with no coefficient below zero."""
         if len({(rows, longest) for rows, longest, _ in timings}) < 2:
             raise ValueError("fitting a backend cost needs timings at two or more shapes")
+        if not_finite := [timing for timing in timings if not math.isfinite(timing[2])]:
+            raise ValueError(f"fitting a backend cost needs finite timings, got {not_finite}")
         terms = np.array([_terms(rows, longest) for rows, longest, _ in timings])
         seconds = np.maximum([s for *_, s in timings], 1e-9)
         best, best_error = None, math.inf

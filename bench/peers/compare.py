@@ -1,6 +1,6 @@
 """The peer comparison: the server against the Python servers a user would pick instead, on one bundle.
 
-Every server (`bench.peers.launch`: edgedistill with one worker, KServe's `ModelServer`, MLServer, and
+Every server (`bench.peers.launch`: edgedistill with `workers` processes, KServe's `ModelServer`, MLServer, and
 the echo floor) runs at once on loopback and answers the same KServe v2 `ModelInfer` call: one
 example of the recipe's dev split (the one of median length, with its pair for a pair model),
 `logits` requested. Each server is first probed (its reply must carry the bundle's logits, computed

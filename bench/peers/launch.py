@@ -1,9 +1,9 @@
 """The servers of the peer comparison, each one process tree on loopback answering KServe v2 `ModelInfer`.
 
-`edgedistill` is the server as deployed (one worker); `kserve` and `mlserver` serve the same bundle
-with `bench.peers.model` from their own environments (a Python interpreter each, from `make
-peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2
-`ModelReady` says so for the model name it serves.
+`edgedistill` is the server as deployed, with the recipe's `bench.peers.workers` processes; `kserve` and `mlserver`
+serve the same bundle with `bench.peers.model` from their own environments (a Python interpreter each, from `make
+peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for
+the model name it serves.
 """
 
 import json

@@ -133,34 +133,41 @@ class ServingBenchConfig(Strict):
     )
 
 
-class PeersBenchConfig(Strict):
+class H2loadBenchConfig(Strict):
+    """What the comparisons driven by h2load share (`bench.peers`, `bench.scaling`): a saturated and a paced phase on
+    each server compared (a peer, or the server with one count of workers), the servers interleaved over repeats."""
+
+    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
+    duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
+    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before its first repeat")
+    streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
+    paced_connections: int = Field(
+        4,
+        ge=1,
+        description="connections of the paced phase, the same for every server, each from its own h2load process "
+        "started 1/rate s after the last, so that their calls interleave (over one, a single worker would get every "
+        "call)",
+    )
+    threads: int = Field(1, ge=1, description="intra-op threads of the model in each server process")
+    repeats: int = Field(3, ge=1, description="repeats, the servers interleaved; figures are their medians")
+
+
+class PeersBenchConfig(H2loadBenchConfig):
     """The peer comparison (`python -m bench peers`): the server against the Python servers a user would pick
     instead, on one bundle, driven by h2load. A null target is not checked."""
 
     peers: list[Literal["kserve", "mlserver"]] = Field(
         ["kserve", "mlserver"], min_length=1, description="the peers, each from its own environment"
     )
-    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
-    duration_s: float = Field(10.0, gt=0, description="seconds per phase, server and repeat")
-    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each server before the first repeat")
     connections: int = Field(
         16, ge=1, description="HTTP/2 connections at saturation (several, so worker processes share them)"
     )
-    streams: int = Field(2, ge=1, description="calls in flight per connection at most (all of them at saturation)")
-    paced_connections: int = Field(
-        4,
-        ge=1,
-        description="connections of the paced phase, each from its own h2load process started 1/rate s after the "
-        "last, so that their calls interleave",
-    )
-    threads: int = Field(1, ge=1, description="intra-op threads of every server's model")
     workers: int = Field(
         0,
         ge=0,
         description="processes per server where it has that setting: the server's WORKERS and MLServer's "
         "parallel_workers (KServe's ModelServer answers gRPC from one process whatever its workers); 0: one per core",
     )
-    repeats: int = Field(3, ge=1, description="repeats, the servers interleaved; figures are their medians")
     min_capacity_vs_best_peer: float | None = Field(
         None, gt=0, description="the server's calls/s at saturation / the best peer's"
     )
@@ -169,7 +176,7 @@ class PeersBenchConfig(Strict):
     )
 
 
-class ScalingBenchConfig(Strict):
+class ScalingBenchConfig(H2loadBenchConfig):
     """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with each
     count of `workers` in turn, driven by h2load. A null target is not checked."""
 
@@ -179,25 +186,12 @@ class ScalingBenchConfig(Strict):
         description="worker counts, the first the reference the others are compared with; 0: the server's default, "
         "one per core as memory allows",
     )
-    rate: float = Field(200.0, gt=0, description="calls/s of the paced phase")
-    duration_s: float = Field(10.0, gt=0, description="seconds per phase, count and repeat")
-    warmup_s: float = Field(3.0, ge=0, description="seconds of unrecorded load on each count before its first repeat")
     connections_per_worker: int = Field(
         4, ge=1, description="HTTP/2 connections per worker at saturation, so that the kernel spreads them over all"
     )
-    streams: int = Field(2, ge=1, description="calls in flight per connection at saturation")
-    paced_connections: int = Field(
-        4,
-        ge=1,
-        description="connections of the paced phase, the same for every count, each from its own h2load process "
-        "started 1/rate s after the last, so that their calls interleave (over one, a single worker would get every "
-        "call)",
-    )
     client_threads: int = Field(1, ge=1, description="h2load's threads (more where one cannot keep the workers busy)")
-    threads: int = Field(1, ge=1, description="intra-op threads of each worker's model")
-    repeats: int = Field(3, ge=1, description="repeats, the counts interleaved; figures are their medians")
     min_capacity_vs_first: float | None = Field(
-        None, gt=0, description="calls/s at saturation with the most workers / with the first count"
+        None, gt=0, description="calls/s at saturation with the most workers of the other counts / with the first count"
     )
     max_p99_vs_first: float | None = Field(
         None, gt=0, description="each other count's p99 paced at `rate` / the first count's"

@@ -1,14 +1,20 @@
-"""`python -m bench cascade` on the smoke run's cascade: both servers measured, the figures recorded."""
+"""`python -m bench cascade` on the smoke run's cascade: both servers measured, the figures recorded; its result files
+written from canned figures."""
 
 import asyncio
+import io
 import os
 from collections import Counter
 
 import pytest
+from edgedistill.bench import cascade
 from edgedistill.bench.__main__ import main
-from edgedistill.bench.cascade import counting, failed_calls
+from edgedistill.bench.cascade import PHASES, CascadeResult, counting, failed_calls
 from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
+from edgedistill.common.stage import Inputs
 from edgedistill.serve.proto import classifier_pb2 as pb
+from rich.console import Console
 
 from tests.serve.conftest import ROOT
 
@@ -74,3 +80,37 @@ def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, ca
 def test_a_models_failed_calls_are_summed_over_every_phase_and_round():
     phases = {"capacity": [{"failures": 5}, {"failures": 0}], "paced": [{"failures": 3}, {"failures": 4}]}
     assert failed_calls(phases) == 12
+
+
+def publish(folder, metrics: dict, info: dict) -> None:
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "manifest-only").write_text("")
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", metrics=metrics)
+        mf.commit(tmp, folder, base.model_copy(update={"info": info}))
+
+
+@pytest.fixture
+def measured_without_servers(tmp_path, monkeypatch):
+    """The cascade benchmark's artifact written from canned figures, as `_build` writes it after measuring."""
+    record = {"texts_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "failures": 0, "error_codes": {}}
+
+    async def canned(recipe, folders, work, answers):
+        answers.update({("small", False): 3, ("big", False): 1})
+        return {model: {phase: [record] for phase in PHASES} for model in folders}
+
+    monkeypatch.setattr(cascade, "_measure", canned)
+    members = {"cascade": {"members": [{"bundle": "small"}, {"bundle": "big"}]}}
+    publish(tmp_path / "bundle-cascade", {"dev_escalated": 0.3}, members)
+    publish(tmp_path / "bundle-big", {}, {})
+    folders = {"cascade": tmp_path / "bundle-cascade", "last": tmp_path / "bundle-big"}
+    inputs = Inputs(load_recipe(SMOKE), "h", tmp_path / "work", False, {}, folders, "k")
+    cascade._build(inputs, Console(file=io.StringIO()))
+    return tmp_path / "work"
+
+
+def test_cascade_json_ends_with_a_newline_as_every_result_file(measured_without_servers):
+    assert (measured_without_servers / "cascade.json").read_text(encoding="utf-8").endswith("}\n")
+
+
+def test_cascade_json_loads_back_as_its_result(measured_without_servers):
+    assert CascadeResult.load(measured_without_servers).answered == [("small", False, 3), ("big", False, 1)]

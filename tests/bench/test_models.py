@@ -3,13 +3,14 @@
 import pytest
 import torch
 from edgedistill.bench import models
-from edgedistill.bench.records import ModelTable
+from edgedistill.bench.records import ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
+from edgedistill.common.stage import Inputs
 from edgedistill.distill.device import DeviceError
 from tqdm import tqdm
 
@@ -92,3 +93,23 @@ def test_a_row_of_an_f1_recipe_takes_dev_f1_from_the_manifest():
 def test_a_row_of_an_accuracy_recipe_has_no_second_dev_figure():
     metrics = {"size_bytes": 10, "dev_accuracy": 0.8, "dev_macro_f1": 0.75}
     assert models._figures(metrics, "accuracy")["dev_selected"] is None
+
+
+def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_path):
+    recipe = load_recipe(SMOKE)
+    timing = Timing(median_ms=1.0, min_ms=1.0, max_ms=1.0, calls=5)
+    row = {
+        "model": models.EAGER,
+        "precision": "fp32",
+        "runtime": "pytorch (cpu)",
+        "size_bytes": 10,
+        "dev_accuracy": 0.5,
+    }
+    monkeypatch.setattr(models, "eager_devices", lambda runtime: [torch.device("cpu")])
+    monkeypatch.setattr(
+        models, "_eager_row", lambda *args: (row, dict.fromkeys(models.shapes(recipe.bench.models), timing))
+    )
+    folders = {"teacher": tmp_path / "teacher"}  # no bundle built: only the teacher is timed
+    inputs = Inputs(recipe, "hash", tmp_path / "work", False, {}, folders, "key")
+    models._build(inputs).write(tmp_path)
+    assert (tmp_path / "bench.json").read_text(encoding="utf-8").endswith("}\n")

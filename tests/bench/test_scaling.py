@@ -55,6 +55,12 @@ def test_the_capacity_target_is_checked_on_the_most_workers():
     assert [(t["name"], t["passed"]) for t in targets] == [("calls/s at saturation, 16 workers / 1", False)]
 
 
+def test_a_first_count_with_the_most_workers_is_compared_with_the_most_of_the_others():
+    cfg = ScalingBenchConfig(min_capacity_vs_first=0.1)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [16, 1, 2])
+    assert [t["name"] for t in targets] == ["calls/s at saturation, 2 workers / 16"]
+
+
 def test_the_p99_target_is_checked_on_every_other_count():
     cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
     _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [1, 2, 16])

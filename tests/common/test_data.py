@@ -440,6 +440,16 @@ def test_label_names_no_example_carries_are_found():
     assert Examples(["a", "b"], None, [0, 2], "here").absent(["x", "y", "z"]) == ["y"]
 
 
+def test_absent_labels_of_unlabelled_examples_are_refused():
+    with pytest.raises(ValueError, match="absent needs labelled examples; transfer.txt has no labels"):
+        Examples(["a", "b"], None, None, "transfer.txt").absent(["x", "y"])
+
+
+def test_unlabelled_pairs_are_not_turned_both_ways():
+    with pytest.raises(ValueError, match="both_ways needs labelled examples; transfer.txt has no labels"):
+        Examples(["a"], ["b"], None, "transfer.txt").both_ways()
+
+
 def test_examples_shared_with_another_split_are_counted_text_and_pair():
     train = Examples(["a", "b", "c"], ["x", "y", "z"], [0, 1, 0], "train")
     assert Examples(["a", "b", "q"], ["x", "other", "z"], [0, 0, 0], "dev").shared_with(train) == 1

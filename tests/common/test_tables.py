@@ -40,3 +40,13 @@ def test_a_load_test_within_its_slo_reads_slo_passed():
 
 def test_a_load_test_outside_its_slo_reads_slo_missed_in_capitals():
     assert tables.slo(False) == "SLO MISSED"
+
+
+def test_a_console_tables_first_column_and_the_named_word_columns_are_left_aligned():
+    table = tables.console_table("t", ["model", "ms", "arch", "MiB"], [["a", "1.0", "cnn", "2.0"]], ("arch",))
+    assert [column.justify for column in table.columns] == ["left", "right", "left", "right"]
+
+
+def test_a_console_table_holds_its_rows():
+    table = tables.console_table("t", ["model", "ms"], [["a", "1.0"], ["b", "2.0"]])
+    assert list(table.columns[1].cells) == ["1.0", "2.0"]

@@ -10,14 +10,12 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import tomllib
 import zipfile
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from edgedistill.serve.client import wait_ready
 
 from tests.serve.conftest import LABELS, write_bundle
 
@@ -108,23 +106,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_serving(address: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"the server exited with {proc.returncode}"
-            try:
-                if (
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return
-            except grpc.RpcError:
-                time.sleep(0.2)
-    raise AssertionError(f"not SERVING after {READY_TIMEOUT_S} s")
-
-
 def test_installed_package_comes_from_the_wheel(installed, tmp_path):
     code = "import edgedistill.serve.app as app; print(app.__file__)"
     result = subprocess.run([installed, "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True, text=True)
@@ -141,13 +122,15 @@ def test_installed_wheel_serves_a_bundle(installed, tmp_path):
     bundle = write_bundle(tmp_path / "bundle-tiny")
     port = free_port()
     serve = [installed, "-m", "edgedistill.serve", "--bundle", bundle, "--host", "127.0.0.1", "--port", str(port)]
+    serve += ["--metrics-port", "0"]  # any free port: another server on the machine may hold the default
     client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
     with (
         (tmp_path / "server.log").open("w") as log,
         subprocess.Popen(serve, cwd=tmp_path, env=outside_env(), stderr=log) as proc,
     ):
         try:
-            wait_serving(f"127.0.0.1:{port}", proc)
+            served = wait_ready(f"127.0.0.1:{port}", READY_TIMEOUT_S, running=lambda: proc.poll() is None)
+            assert served, f"not SERVING within {READY_TIMEOUT_S} s (server exit status {proc.poll()})"
             reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -146,15 +146,29 @@ def test_the_report_of_a_run_with_nothing_finished_is_an_error_line(tmp_path, mo
     assert "holds no finished stage of recipe 'smoke' yet" in capsys.readouterr().err
 
 
-def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(recipe):
+def publish_bench(recipe, model: str) -> None:
+    """A one-thread model benchmark of `model` alone."""
     cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 3.0}
-    row = {"model": recipe.export.deploy, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
+    row = {"model": model, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
     bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
     folder = run_dir(recipe) / "bench"
     with mf.stage_folder(folder) as tmp:
         (tmp / "bench.json").write_text(json.dumps(bench))
         mf.commit(tmp, folder, mf.Manifest(stage="bench", recipe="smoke", recipe_hash="h", config_hash="c"))
+
+
+def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(recipe):
+    publish_bench(recipe, recipe.export.deploy)
     assert headline.headline(recipe, "recipes/smoke.yaml")[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
+
+
+def test_a_deployed_teacher_int8_has_one_bench_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--export.deploy=teacher-int8"]))
+    publish_bench(recipe, "teacher-int8")
+    assert [line for line in headline.headline(recipe, "smoke") if line.startswith("bench ")] == [
+        "bench teacher-int8: 2.00 ms at batch 1, 64 tokens = 3.0x teacher PyTorch eager (1 thread)"
+    ]
 
 
 def test_headline_gives_test_figures_after_dev_where_the_recipe_has_a_test_split(recipe):

@@ -22,6 +22,12 @@ def test_backend_cost_fit_recovers_its_terms(attention):
         BackendCost.fit([(1, 32, 1e-3), (1, 32, 2e-3)])
 
 
+@pytest.mark.parametrize("seconds", [math.nan, math.inf])
+def test_backend_cost_fit_refuses_timings_that_are_not_finite(seconds):
+    with pytest.raises(ValueError, match=r"needs finite timings, got \[\(1, 32, (nan|inf)\)\]"):
+        BackendCost.fit([(1, 8, 1e-3), (1, 32, seconds)])
+
+
 def test_backend_cost_fit_has_no_negative_terms():
     # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
     cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])

@@ -1,0 +1,40 @@
+"""The client library's wait for a server: ready once its health service says SERVING, not while it warms up, not
+once it is gone, and not past its seconds."""
+
+import socket
+import time
+
+from edgedistill.serve.client import wait_ready
+
+from tests.serve.conftest import settings_for
+
+
+def unused_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_serving_server_is_ready(served):
+    assert wait_ready(served.address, 10)
+
+
+def test_a_server_still_warming_up_is_not_ready(start_server, bundle):
+    server = start_server(settings_for(bundle), warm=False)
+    assert not wait_ready(server.address, 1)
+
+
+def test_nothing_listening_is_not_ready():
+    assert not wait_ready(unused_address(), 0.5)
+
+
+def test_a_wait_ends_once_its_seconds_pass():
+    started = time.monotonic()
+    wait_ready(unused_address(), 0.5)
+    assert time.monotonic() - started < 5
+
+
+def test_a_server_gone_is_not_waited_for():
+    started = time.monotonic()
+    wait_ready(unused_address(), 60, running=lambda: False)
+    assert time.monotonic() - started < 5
