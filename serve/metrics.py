@@ -1,6 +1,9 @@
 """Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`; with several workers, the
 supervisor serves their sum."""
 
+import logging
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +20,11 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("serve")
 
 # Seconds. A small student's backend call takes about 50-200 us and its call a few hundred, the default recipe's
 # paced SLO is a p99 of 3 ms: dense below 10 ms, with edges at 0.1 ms and at 3 ms; up to 10 s for a hung backend.
@@ -327,12 +333,74 @@ class WorkerProcesses(Collector):
         return list(families.values())
 
 
-def workers_registry(folder: Path, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:
-    """A registry of the metrics that worker processes write to `folder` (prometheus-client's multiprocess mode):
-    counters and histograms summed over every worker that ran, the queue depth over the live ones; the supervisor's
-    own process figures, and each live worker's (`pids`: index -> pid)."""
+# Multiprocess mode keeps each worker process's counters and histograms in files of its own (64 KiB each at least),
+# which the sums need after it exited: every restart left two more files in the temporary folder (a 64 MiB
+# memory-backed volume in the Kubernetes deployment), and every scrape read them all. An exited worker's values are
+# added to one file per kind instead, named as a worker's file is (`<kind>_<name>.db`) so that scrapes sum it too.
+RETIRED_KINDS = ("counter", "histogram")
+RETIRED = "retired"
+
+
+class WorkerFiles(MultiProcessCollector):
+    """The metrics that worker processes write to `folder` (prometheus-client's multiprocess mode), summed at each
+    scrape: counters and histograms over every worker that ran, the live gauges over the live ones. `retire` folds
+    an exited worker's files into the retired workers' ones, so that restarts add no files."""
+
+    def __init__(self, folder: Path):
+        super().__init__(None, path=str(folder))
+        self.folder = Path(folder)
+        self._lock = threading.Lock()  # a scrape sees a retiring worker's values once: not twice, not missing
+
+    def collect(self):
+        with self._lock:
+            return super().collect()
+
+    def retire(self, pid: int) -> None:
+        """Worker `pid` exited: its live gauges are dropped, its counters and histograms added to the retired ones."""
+        with self._lock:
+            mark_process_dead(pid, str(self.folder))
+            for kind in RETIRED_KINDS:
+                own = self.folder / f"{kind}_{pid}.db"
+                if not own.exists():
+                    continue
+                retired = self.folder / f"{kind}_{RETIRED}.db"
+                staged = retired.with_suffix(".tmp")  # not *.db until complete: scrapes read only those
+                try:
+                    self._fold(own, retired, staged)
+                except OSError as err:  # e.g. a full volume: the worker's own file stays, and is summed as before
+                    staged.unlink(missing_ok=True)
+                    log.warning(
+                        "cannot add an exited worker's %s metrics to the retired workers' file; its own file stays: %s",
+                        kind,
+                        err,
+                        extra={"event": "metrics_retire_failed", "worker_pid": pid},
+                    )
+                    continue
+                own.unlink()
+
+    def _fold(self, own: Path, retired: Path, staged: Path) -> None:
+        """Write the sums of the files `own` and `retired` (where it exists) to `staged`, then rename it `retired`."""
+        # accumulate=False: the buckets as the workers write them (each its own count), not cumulated
+        merged = self.merge([str(path) for path in (retired, own) if path.exists()], accumulate=False)
+        staged.unlink(missing_ok=True)
+        values = MmapedDict(str(staged))
+        try:
+            for family in merged:
+                for sample in family.samples:
+                    labels = sample.labels
+                    key = mmap_key(family.name, sample.name, list(labels), list(labels.values()), family.documentation)
+                    values.write_value(key, sample.value, 0.0)
+        finally:
+            values.close()
+        os.replace(staged, retired)
+
+
+def workers_registry(files: WorkerFiles, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:
+    """A registry of the metrics that worker processes write to `files`' folder (counters and histograms summed over
+    every worker that ran, the queue depth over the live ones); the supervisor's own process figures, and each live
+    worker's (`pids`: index -> pid)."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(folder))
+    registry.register(files)
     ProcessCollector(registry=registry)
     registry.register(WorkerProcesses(pids))
     return registry

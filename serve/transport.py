@@ -130,6 +130,14 @@ def handles_errors(method):
     return wrapper
 
 
+def discard(work: asyncio.Future) -> None:
+    """Cancel work whose result no one will read; an error it already ended with is marked as seen, else asyncio
+    logs it ("Task exception was never retrieved") when the task is freed."""
+    work.cancel()
+    if work.done() and not work.cancelled():
+        work.exception()
+
+
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     """The client's deadline in event-loop time, or None without one."""
     remaining = context.time_remaining()
@@ -278,7 +286,12 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 async for request in request_iterator:
                     idle.touch()
                     received += 1
-                    await pending.put(asyncio.ensure_future(self._classify(request, deadline)))
+                    work = asyncio.ensure_future(self._classify(request, deadline))
+                    try:
+                        await pending.put(work)  # waits while STREAM_WINDOW requests are in flight
+                    except asyncio.CancelledError:  # the stream ended meanwhile: no one will read this reply
+                        discard(work)
+                        raise
             except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
                 await pending.put(InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}"))
             except Exception as err:  # a broken request stream ends the call with its error
@@ -311,9 +324,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
             ender.cancel()
             while not pending.empty():
                 if isinstance(item := pending.get_nowait(), asyncio.Future):
-                    item.cancel()
-                    if item.done() and not item.cancelled():
-                        item.exception()  # already failed: mark its error as seen
+                    discard(item)
 
     @handles_errors
     async def GetModelInfo(self, request, context):

@@ -40,9 +40,8 @@ from edgedistill.common.machine import affinity_cores, usable_cores, usable_memo
 from edgedistill.common.processes import alive, die_with_parent, shell_status
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.errors import BundleRejected
-from edgedistill.serve.metrics import serve_http, stop_http, workers_registry
+from edgedistill.serve.metrics import WorkerFiles, serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
-from prometheus_client.multiprocess import mark_process_dead
 
 log = logging.getLogger("serve")
 
@@ -206,6 +205,7 @@ class Supervisor:
             self.ports.append(reserve_port(settings.host, settings.health_port))
         self.port = self.ports[0].getsockname()[1]
         self.metrics_dir = metrics_folder()
+        self.metric_files = WorkerFiles(self.metrics_dir)
         self.metrics_http = None
         self.metrics_port: int | None = None
         self.workers: list[Worker] = []
@@ -251,7 +251,7 @@ class Supervisor:
         self.selector.register(wake_read, selectors.EVENT_READ, None)
         try:
             if self.settings.metrics_port is not None:
-                registry = workers_registry(self.metrics_dir, self._live_pids)
+                registry = workers_registry(self.metric_files, self._live_pids)
                 self.metrics_http = serve_http(registry, self.settings.metrics_host, self.settings.metrics_port)
                 self.metrics_port = self.metrics_http.server_port
             log.info(
@@ -383,11 +383,12 @@ class Supervisor:
         return {w.index: w.proc.pid for w in list(self.workers) if w.proc.returncode is None}
 
     def _forget(self, worker: Worker) -> None:
-        """A worker that exited: its report pipe closed, its live gauges dropped from the metrics."""
+        """A worker that exited: its report pipe closed, its live gauges dropped from the metrics, its counters and
+        histograms added to the retired workers' files."""
         if worker.reports.fileno() in self.selector.get_map():
             self.selector.unregister(worker.reports)
         worker.reports.close()
-        mark_process_dead(worker.proc.pid, str(self.metrics_dir))
+        self.metric_files.retire(worker.proc.pid)
 
     def _kill_all(self) -> None:
         for worker in self.workers:

@@ -1,5 +1,8 @@
 """edgedistill.v1.Classifier against a real server: results, streaming, limits, errors, request ids."""
 
+import asyncio
+import contextlib
+import gc
 import re
 import urllib.request
 
@@ -9,7 +12,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
-from edgedistill.serve.transport import ClassifierServicer
+from edgedistill.serve.transport import STREAM_WINDOW, ClassifierServicer
 
 from tests.serve.conftest import LABELS, settings_for
 
@@ -103,6 +106,46 @@ def test_a_stream_whose_call_grpc_already_failed_ends_cancelled_not_internal(ser
     served.call(servicer.ClassifyStream(requests(), context))
     assert context.code == grpc.StatusCode.CANCELLED
     assert context.aborted is None
+
+
+class UnreadStream:
+    """The servicer context of a stream whose client reads no reply: the first write waits for good."""
+
+    def time_remaining(self):
+        return None
+
+    def done(self):
+        return False
+
+    async def write(self, reply):
+        await asyncio.Event().wait()
+
+
+def test_a_stream_ended_while_its_window_is_full_leaves_no_request_unowned(served, caplog):
+    """The client reads no reply and sends more requests than the window holds, then goes away: the request read
+    while the window was full is cancelled with the rest, not left to fail with no one to see its error."""
+    sent_past_window = asyncio.Event()
+
+    async def requests():
+        yield pb.ClassifyRequest(texts=["good"])  # its reply's write never ends
+        for i in range(STREAM_WINDOW + 4):
+            if i == STREAM_WINDOW:  # the request that waits for a place in the full window
+                sent_past_window.set()
+            yield pb.ClassifyRequest(texts=["   "])  # refused at once
+
+    async def client_goes_away():
+        servicer = ClassifierServicer(served.server.host, served.settings)
+        stream = asyncio.ensure_future(servicer.ClassifyStream(requests(), UnreadStream()))
+        await sent_past_window.wait()
+        await asyncio.sleep(0.1)
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stream
+        await asyncio.sleep(0.1)
+
+    served.call(client_goes_away())
+    gc.collect()
+    assert "Task exception was never retrieved" not in caplog.text
 
 
 def test_model_info_describes_the_served_bundle(stub, served):

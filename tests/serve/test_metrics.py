@@ -11,8 +11,8 @@ import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve import metrics
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerProcesses, serve_http, stop_http
-from prometheus_client import CollectorRegistry, generate_latest
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerFiles, WorkerProcesses, serve_http, stop_http
+from prometheus_client import CollectorRegistry, generate_latest, values
 
 from tests.serve.conftest import ROOT
 from tests.serve.test_operations import metric
@@ -179,3 +179,62 @@ def test_the_metrics_port_closes_a_connection_that_sends_no_request(monkeypatch)
             assert silent.recv(1) == b""  # closed by the server, before this socket's own 5 s
     finally:
         stop_http(server)
+
+
+WORKER_PIDS = (101, 102, 103)
+
+
+@pytest.fixture
+def worker_files(tmp_path, monkeypatch) -> WorkerFiles:
+    """The metrics folder of workers WORKER_PIDS that exited, each after its own calls and batches, as
+    prometheus-client's multiprocess mode writes them."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    for n, pid in enumerate(WORKER_PIDS, 1):
+        monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda pid=pid: pid))
+        worker = Metrics(shared=True)
+        worker.set_model("tiny", "1", "onnxruntime", ["CPUExecutionProvider"])
+        for _ in range(n):
+            worker.observe_call("/edgedistill.v1.Classifier/Classify", grpc.StatusCode.OK, 0.002 * n)
+        worker.observe_call("/edgedistill.v1.Classifier/Classify", grpc.StatusCode.INVALID_ARGUMENT, 0.0003)
+        worker.batch_done(rows=4 * n, seconds=0.0001 * n)
+        worker.queue_depth(n)
+    return WorkerFiles(tmp_path)
+
+
+def summed(files: WorkerFiles) -> dict:
+    """Every counter and histogram sample a scrape gives: (name, labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in files.collect()
+        if family.type in ("counter", "histogram")
+        for sample in family.samples
+    }
+
+
+def test_retired_workers_counters_and_histograms_keep_their_sums(worker_files):
+    before = summed(worker_files)
+    for pid in WORKER_PIDS:
+        worker_files.retire(pid)
+    assert summed(worker_files) == pytest.approx(before)  # float sums, added in another order
+
+
+def test_retired_workers_leave_one_file_of_each_kind(worker_files, tmp_path):
+    for pid in WORKER_PIDS:
+        worker_files.retire(pid)
+    assert sorted(os.listdir(tmp_path)) == ["counter_retired.db", "histogram_retired.db"]
+
+
+def test_a_retired_workers_queue_depth_leaves_the_sum(worker_files):
+    worker_files.retire(WORKER_PIDS[0])
+    depth = next(family for family in worker_files.collect() if family.name == "edgedistill_queue_depth")
+    assert [sample.value for sample in depth.samples] == [2 + 3]
+
+
+def test_a_retired_worker_whose_values_cannot_be_written_keeps_its_own_files_in_the_sums(worker_files, monkeypatch):
+    def full_volume(filename):
+        raise OSError(28, "No space left on device", filename)
+
+    before = summed(worker_files)
+    monkeypatch.setattr(metrics, "MmapedDict", full_volume)
+    worker_files.retire(WORKER_PIDS[0])
+    assert summed(worker_files) == pytest.approx(before)

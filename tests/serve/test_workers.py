@@ -209,6 +209,23 @@ def test_a_worker_that_dies_is_restarted_while_the_other_serves(two_workers):
     assert server.proc.poll() is None
 
 
+def test_a_dead_workers_metrics_files_go_and_its_calls_stay_counted(two_workers, tmp_path):
+    server, serving = two_workers
+    answering_pids(serving["port"])
+    killed = serving["workers"][0]
+    os.kill(killed, signal.SIGKILL)
+    wait_for_restart(server)
+    calls = metric(
+        scrape(serving["metrics_port"]),
+        "edgedistill_requests_total",
+        method="/edgedistill.v1.Classifier/Classify",
+        code="OK",
+    )
+    files = [path.name for path in tmp_path.glob("edgedistill-metrics-*/*")]
+    assert [name for name in files if name.endswith(f"_{killed}.db")] == []
+    assert calls == CHANNELS
+
+
 def test_a_restarted_worker_takes_connections_only_once_warm(two_workers):
     server, serving = two_workers
     os.kill(serving["workers"][0], signal.SIGKILL)
