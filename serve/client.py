@@ -258,23 +258,37 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
-    """Texts and their pairs: the first two tab-separated fields of each line (no quoting, further fields such as a
-    label ignored; neither may be empty); blank lines skipped, and the first line with `header`."""
+def read_tsv(
+    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None
+) -> tuple[list[str], list[str]]:
+    """Texts and their pairs: the first two tab-separated fields of each line, or with `columns` the fields under
+    those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
+    may be empty; blank lines skipped, and the first line with `header` or `columns`."""
     texts, pairs = [], []
+    where = (0, 1)
+    wants = "text<TAB>pair on each line"
     for number, line in enumerate(_lines(path, stdin), 1):
+        if number == 1 and columns:
+            names = [name.strip() for name in line.split("\t")]
+            if missing := [name for name in columns if name not in names]:
+                raise UsageError(f"{path}:1 (the header): no column {missing}; found {names}")
+            where = (names.index(columns[0]), names.index(columns[1]))
+            wants = f"the columns {list(columns)} on each line"
+            continue
         if (header and number == 1) or not line.strip():
             continue
         fields = line.split("\t")
-        if len(fields) < 2:
-            raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
-        if shows_nothing(fields[0]) or shows_nothing(fields[1]):  # the server would name its place in a call
+        if len(fields) <= max(where):
+            short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
+            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}")
+        text, pair = fields[where[0]], fields[where[1]]
+        if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call
             raise UsageError(
                 f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
-                "only); --tsv wants text<TAB>pair on each line"
+                f"only); --tsv wants {wants}"
             )
-        texts.append(fields[0])
-        pairs.append(fields[1])
+        texts.append(text)
+        pairs.append(pair)
     return texts, pairs
 
 
@@ -296,12 +310,16 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
     """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
     per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
+    if args.columns and not args.tsv:
+        raise UsageError("--columns names the columns of --tsv files: give one")
+    if args.columns and args.columns[0] == args.columns[1]:
+        raise UsageError(f"--columns names {args.columns[0]!r} twice: name the text's column, then the pair's")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
         texts, pairs = [], []
         for path in args.tsv:
-            more_texts, more_pairs = read_tsv(path, args.header, stdin)
+            more_texts, more_pairs = read_tsv(path, args.header, stdin, args.columns)
             texts += more_texts
             pairs += more_pairs
     else:
@@ -415,9 +433,17 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "--tsv",
         type=Path,
         action="append",
-        help="text pairs, text<TAB>pair on each line (no quoting; further fields ignored; '-': stdin); repeatable",
+        help="text pairs, text<TAB>pair on each line, or the --columns (no quoting; further fields ignored; '-': "
+        "stdin); repeatable",
     )
     parser.add_argument("--header", action="store_true", help="skip the first line of each --tsv file (its header)")
+    parser.add_argument(
+        "--columns",
+        nargs=2,
+        metavar=("TEXT", "PAIR"),
+        help="the text and pair columns of each --tsv file, named as in its first line (a recipe's data.text_column "
+        "and data.text_pair_column); default: the first two fields, whatever the header says",
+    )
     parser.add_argument(
         "--batch-size",
         type=count,
