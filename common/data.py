@@ -5,6 +5,7 @@ data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<
 """
 
 import csv
+import difflib
 import gzip
 import itertools
 import json
@@ -81,7 +82,19 @@ def _require_file(path: Path) -> None:
             else f", looked for from the working directory {Path.cwd()} (a recipe's path starting with ./ or ../ is "
             "read from the recipe's folder instead)"
         )
-        raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
+        near = difflib.get_close_matches(path.name, _file_names(path.parent), n=1, cutoff=0.8)
+        nearest = f"; {path.parent} has {near[0]}" if near else ""
+        raise DataError(
+            f"{path}: file not found{relative}{nearest}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe"
+        )
+
+
+def _file_names(folder: Path) -> list[str]:
+    """The names of the files in `folder`; none where it cannot be listed."""
+    try:
+        return [item.name for item in folder.iterdir() if item.is_file()]
+    except OSError:
+        return []
 
 
 def _not_utf8(path: Path, err: NotUtf8) -> DataError:
