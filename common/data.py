@@ -226,11 +226,19 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
     else:
         index = cell if isinstance(cell, int) and not isinstance(cell, bool) else None
     if index is None or not 0 <= index < len(names):
+        near = _near_name(text, list(names)) if isinstance(cell, str) else None
+        meant = f" (did you mean {near!r}? a name matches as written, case included)" if near else ""
         raise DataError(
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
-            f"0..{len(names) - 1}; fix the file, or list the task's labels in data.label_names in the recipe"
+            f"0..{len(names) - 1}{meant}; fix the file, or list the task's labels in data.label_names in the recipe"
         )
     return index
+
+
+def _near_name(text: str, names: list[str]) -> str | None:
+    """The label name `text` differs from only in case, else the closest name, if any is close."""
+    same = [name for name in names if name.casefold() == text.casefold()]
+    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1, cutoff=0.8)), None)
 
 
 def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:

@@ -434,6 +434,21 @@ def test_unknown_label_lists_the_known_names(tmp_path):
         load_labelled(write_labels(tmp_path, "what"), TREC)
 
 
+def test_a_label_unknown_but_for_its_case_names_the_label_meant(tmp_path):
+    with pytest.raises(DataError, match=re.escape("nor an index 0..5 (did you mean 'HUM'? a name matches as written")):
+        load_labelled(write_labels(tmp_path, "hum"), TREC)
+
+
+def test_a_label_unknown_but_for_a_typo_names_the_label_meant(tmp_path):
+    with pytest.raises(DataError, match=re.escape("(did you mean 'DESC'?")):
+        load_labelled(write_labels(tmp_path, "DESCR"), TREC)
+
+
+def test_a_label_like_no_name_names_none(tmp_path):
+    with pytest.raises(DataError, match=re.escape("nor an index 0..5; fix the file")):
+        load_labelled(write_labels(tmp_path, "what"), TREC)
+
+
 @pytest.mark.parametrize("cell", ["true", "6", "1.5", "null"])
 def test_jsonl_label_that_is_neither_name_nor_index_is_refused(tmp_path, cell):
     (tmp_path / "l.jsonl").write_text(f'{{"question": "who ?", "label": {cell}}}\n')
