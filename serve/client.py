@@ -504,6 +504,20 @@ def environ_token(reload: bool) -> str | None:
     return token
 
 
+def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
+    """After a refused call, what to give the CLI where the texts were of the wrong shape for the served model
+    (single texts for a model of pairs, or the reverse); None where they were not, or the server does not say."""
+    try:
+        takes_pairs = "text_pair" in client.model_info(model)["text_inputs"]
+    except grpc.RpcError:
+        return None
+    if takes_pairs and not given_pairs:
+        return "the served model takes text pairs: give --pair once per text, or --tsv FILE (text<TAB>pair lines)"
+    if given_pairs and not takes_pairs:
+        return "the served model takes single texts: give them as arguments or --file, without --pair or --tsv"
+    return None
+
+
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
@@ -525,6 +539,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except OSError as err:  # a --tls-ca, --tls-cert or --tls-key that cannot be read
         print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
+    hint = None  # what to give instead, where a call was refused for texts of the wrong shape
     try:
         with client:
             if args.info:
@@ -540,7 +555,12 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                     batch_size = args.batch_size or max_texts
                     batch_bytes = args.batch_bytes or (max_bytes // 2 if max_bytes else BATCH_BYTES)
                 results = classify_in_batches(infer, texts, pairs, batch_size, args.model, batch_bytes)
-                write_streamed(results, sys.stdout)
+                try:
+                    write_streamed(results, sys.stdout)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        hint = _input_hint(client, args.model, pairs is not None)
+                    raise
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -548,7 +568,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
+        error = {"code": err.code().name, "message": err.details()} | ({"hint": hint} if hint else {})
+        print(json.dumps({"error": error}), file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again

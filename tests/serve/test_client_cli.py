@@ -375,3 +375,21 @@ def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch,
     code, _, err = run(capsys, "--address", served.address, "good")
     assert code == 2
     assert "EDGEDISTILL_TOKEN must be printable ASCII" in err
+
+
+def test_single_texts_sent_to_a_pair_model_are_told_to_give_pairs(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good")
+    assert code == 1
+    assert json.loads(err)["error"]["hint"].startswith("the served model takes text pairs: give --pair once per text")
+
+
+def test_pairs_sent_to_a_single_text_model_are_told_to_drop_them(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "good", "--pair", "bad")
+    assert code == 1
+    assert json.loads(err)["error"]["hint"].startswith("the served model takes single texts: give them as arguments")
+
+
+def test_a_call_refused_for_another_reason_names_no_input_shape(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "")
+    assert code == 1
+    assert "hint" not in json.loads(err)["error"]
