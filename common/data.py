@@ -5,6 +5,7 @@ data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<
 """
 
 import csv
+import difflib
 import gzip
 import itertools
 import json
@@ -88,7 +89,19 @@ def _require_file(path: Path) -> None:
             else f", looked for from the working directory {Path.cwd()} (a recipe's path starting with ./ or ../ is "
             "read from the recipe's folder instead)"
         )
-        raise DataError(f"{path}: file not found{relative}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe")
+        near = difflib.get_close_matches(path.name, _file_names(path.parent), n=1, cutoff=0.8)
+        nearest = f"; {path.parent} has {near[0]}" if near else ""
+        raise DataError(
+            f"{path}: file not found{relative}{nearest}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe"
+        )
+
+
+def _file_names(folder: Path) -> list[str]:
+    """The names of the files in `folder`; none where it cannot be listed."""
+    try:
+        return [item.name for item in folder.iterdir() if item.is_file()]
+    except OSError:
+        return []
 
 
 def _not_utf8(path: Path, err: NotUtf8) -> DataError:
@@ -220,11 +233,19 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
     else:
         index = cell if isinstance(cell, int) and not isinstance(cell, bool) else None
     if index is None or not 0 <= index < len(names):
+        near = _near_name(text, list(names)) if isinstance(cell, str) else None
+        meant = f" (did you mean {near!r}? a name matches as written, case included)" if near else ""
         raise DataError(
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
-            f"0..{len(names) - 1}; fix the file, or list the task's labels in data.label_names in the recipe"
+            f"0..{len(names) - 1}{meant}; fix the file, or list the task's labels in data.label_names in the recipe"
         )
     return index
+
+
+def _near_name(text: str, names: list[str]) -> str | None:
+    """The label name `text` differs from only in case, else the closest name, if any is close."""
+    same = [name for name in names if name.casefold() == text.casefold()]
+    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1, cutoff=0.8)), None)
 
 
 def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:

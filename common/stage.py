@@ -140,7 +140,8 @@ class Stage:
         return {parent.name: parent.folder for parent in self.parents}
 
     def inputs(self, force: bool = False) -> Inputs:
-        """Load and verify every parent; a missing or altered one raises `ArtifactError` naming it and the way out."""
+        """Load and verify every parent; a missing or altered one, or one built from other settings than this
+        recipe's, raises `ArtifactError` naming it and the way out."""
         manifests = {}
         for parent in self.parents:
             built = (parent.folder / mf.MANIFEST).is_file()  # else the error says to run its stage first
@@ -148,6 +149,17 @@ class Stage:
                 manifests[parent.name] = mf.load(parent.folder)
             except mf.ArtifactError as err:
                 raise mf.ArtifactError(f"{err}; run its stage again to rebuild it" if built else str(err)) from None
+        for parent in self.parents:
+            # a parent built from other settings than this recipe's: the child would be built on it (a teacher of
+            # other labels labelling the transfer set) while recording the recipe's, and be current
+            built_from = manifests[parent.name]
+            if isinstance(parent, Stage) and built_from.config_hash != parent.config_hash:
+                why = mf.changes(built_from.hashed, parent.hashed) if built_from.hashed else "its settings changed"
+                raise mf.ArtifactError(
+                    f"[{self.name}] its parent {parent.folder} was built from other settings ({why}); "
+                    f"{mf.how_to_build(parent.folder)} first, or `edgedistill all RECIPE`, which builds every stage "
+                    "in order"
+                )
         parents = {name: mf.sha256_file(folder / mf.MANIFEST) for name, folder in self.parent_folders.items()}
         key = hashlib.sha256(json.dumps([self.config_hash, parents], sort_keys=True).encode()).hexdigest()[:16]
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key)

@@ -168,3 +168,8 @@ def encode(
         keys = [key for key in ("input_ids", "token_type_ids") if key in tokenizer("")]
         values = {key: [np.zeros(0, dtype=np.int32)] for key in keys}
     return {key: TokenRows(np.concatenate(chunks), offsets) for key, chunks in values.items()}
+
+
+def cut_share(rows: TokenRows, max_length: int) -> float:
+    """The share of rows (0..1) that reach `max_length` tokens: those `encode` cut there, and any exactly that long."""
+    return float((rows.lengths() >= max_length).mean()) if len(rows) else 0.0

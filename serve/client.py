@@ -287,23 +287,37 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def read_tsv(path: Path, header: bool, stdin: TextIO) -> tuple[list[str], list[str]]:
-    """Texts and their pairs: the first two tab-separated fields of each line (no quoting, further fields such as a
-    label ignored; neither may be empty); blank lines skipped, and the first line with `header`."""
+def read_tsv(
+    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None
+) -> tuple[list[str], list[str]]:
+    """Texts and their pairs: the first two tab-separated fields of each line, or with `columns` the fields under
+    those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
+    may be empty; blank lines skipped, and the first line with `header` or `columns`."""
     texts, pairs = [], []
+    where = (0, 1)
+    wants = "text<TAB>pair on each line"
     for number, line in enumerate(_lines(path, stdin), 1):
+        if number == 1 and columns:
+            names = [name.strip() for name in line.split("\t")]
+            if missing := [name for name in columns if name not in names]:
+                raise UsageError(f"{path}:1 (the header): no column {missing}; found {names}")
+            where = (names.index(columns[0]), names.index(columns[1]))
+            wants = f"the columns {list(columns)} on each line"
+            continue
         if (header and number == 1) or not line.strip():
             continue
         fields = line.split("\t")
-        if len(fields) < 2:
-            raise UsageError(f"{path}:{number}: no tab; --tsv wants text<TAB>pair on each line")
-        if shows_nothing(fields[0]) or shows_nothing(fields[1]):  # the server would name its place in a call
+        if len(fields) <= max(where):
+            short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
+            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}")
+        text, pair = fields[where[0]], fields[where[1]]
+        if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call
             raise UsageError(
                 f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
-                "only); --tsv wants text<TAB>pair on each line"
+                f"only); --tsv wants {wants}"
             )
-        texts.append(fields[0])
-        pairs.append(fields[1])
+        texts.append(text)
+        pairs.append(pair)
     return texts, pairs
 
 
@@ -325,12 +339,16 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
     """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
     per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
+    if args.columns and not args.tsv:
+        raise UsageError("--columns names the columns of --tsv files: give one")
+    if args.columns and args.columns[0] == args.columns[1]:
+        raise UsageError(f"--columns names {args.columns[0]!r} twice: name the text's column, then the pair's")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
         texts, pairs = [], []
         for path in args.tsv:
-            more_texts, more_pairs = read_tsv(path, args.header, stdin)
+            more_texts, more_pairs = read_tsv(path, args.header, stdin, args.columns)
             texts += more_texts
             pairs += more_pairs
     else:
@@ -444,9 +462,17 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "--tsv",
         type=Path,
         action="append",
-        help="text pairs, text<TAB>pair on each line (no quoting; further fields ignored; '-': stdin); repeatable",
+        help="text pairs, text<TAB>pair on each line, or the --columns (no quoting; further fields ignored; '-': "
+        "stdin); repeatable",
     )
     parser.add_argument("--header", action="store_true", help="skip the first line of each --tsv file (its header)")
+    parser.add_argument(
+        "--columns",
+        nargs=2,
+        metavar=("TEXT", "PAIR"),
+        help="the text and pair columns of each --tsv file, named as in its first line (a recipe's data.text_column "
+        "and data.text_pair_column); default: the first two fields, whatever the header says",
+    )
     parser.add_argument(
         "--batch-size",
         type=count,
@@ -507,6 +533,20 @@ def environ_token(reload: bool) -> str | None:
     return token
 
 
+def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
+    """After a refused call, what to give the CLI where the texts were of the wrong shape for the served model
+    (single texts for a model of pairs, or the reverse); None where they were not, or the server does not say."""
+    try:
+        takes_pairs = "text_pair" in client.model_info(model)["text_inputs"]
+    except grpc.RpcError:
+        return None
+    if takes_pairs and not given_pairs:
+        return "the served model takes text pairs: give --pair once per text, or --tsv FILE (text<TAB>pair lines)"
+    if given_pairs and not takes_pairs:
+        return "the served model takes single texts: give them as arguments or --file, without --pair or --tsv"
+    return None
+
+
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
@@ -528,6 +568,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except OSError as err:  # a --tls-ca, --tls-cert or --tls-key that cannot be read
         print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
+    hint = None  # what to give instead, where a call was refused for texts of the wrong shape
     try:
         with client:
             if args.info:
@@ -543,7 +584,12 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                     batch_size = args.batch_size or max_texts
                     batch_bytes = args.batch_bytes or (max_bytes // 2 if max_bytes else BATCH_BYTES)
                 results = classify_in_batches(infer, texts, pairs, batch_size, args.model, batch_bytes)
-                write_streamed(results, sys.stdout)
+                try:
+                    write_streamed(results, sys.stdout)
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        hint = _input_hint(client, args.model, pairs is not None)
+                    raise
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -551,7 +597,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        print(json.dumps({"error": {"code": err.code().name, "message": err.details()}}), file=sys.stderr)
+        error = {"code": err.code().name, "message": err.details()} | ({"hint": hint} if hint else {})
+        print(json.dumps({"error": error}), file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again

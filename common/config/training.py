@@ -81,6 +81,15 @@ class DataConfig(Strict):
             raise ValueError(
                 f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
             )
+        columns = {"text_column": self.text_column, "label_column": self.label_column}
+        if self.text_pair_column is not None:
+            columns["text_pair_column"] = self.text_pair_column
+        shared = {name: [key for key, value in columns.items() if value == name] for name in columns.values()}
+        if clash := next((keys for keys in shared.values() if len(keys) > 1), None):
+            # one column read twice: a pair of the same text, or a label read as text, would train without an error
+            raise ValueError(
+                f"data.{' and data.'.join(clash)} both name the column {columns[clash[0]]!r}; each names its own column"
+            )
         if self.symmetric_pairs and self.text_pair_column is None:
             raise ValueError("data.symmetric_pairs needs data.text_pair_column: only pairs have an order to swap")
         if self.metric == "f1" and self.positive_index is None:

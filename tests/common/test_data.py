@@ -133,6 +133,18 @@ def test_missing_file_and_format(tmp_path):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
+def test_a_file_not_found_names_the_file_of_a_close_name_beside_it(tmp_path):
+    (tmp_path / "questions_train.csv").write_text("sentence,label\ngood,1\n")
+    with pytest.raises(DataError, match=rf"file not found; {re.escape(str(tmp_path))} has questions_train\.csv; "):
+        load_labelled(str(tmp_path / "questions_trian.csv"), CFG)
+
+
+def test_a_file_not_found_names_no_file_of_another_name_beside_it(tmp_path):
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    with pytest.raises(DataError, match=r"questions\.tsv: file not found; set EDGEDISTILL_DATA_DIR"):
+        load_labelled(str(tmp_path / "questions.tsv"), CFG)
+
+
 def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(
@@ -419,6 +431,21 @@ def test_an_empty_sentence_b_is_refused_naming_the_line(tmp_path, row):
 
 def test_unknown_label_lists_the_known_names(tmp_path):
     with pytest.raises(DataError, match=re.escape("['ABBR', 'DESC', 'ENTY', 'HUM', 'LOC', 'NUM'] nor an index 0..5")):
+        load_labelled(write_labels(tmp_path, "what"), TREC)
+
+
+def test_a_label_unknown_but_for_its_case_names_the_label_meant(tmp_path):
+    with pytest.raises(DataError, match=re.escape("nor an index 0..5 (did you mean 'HUM'? a name matches as written")):
+        load_labelled(write_labels(tmp_path, "hum"), TREC)
+
+
+def test_a_label_unknown_but_for_a_typo_names_the_label_meant(tmp_path):
+    with pytest.raises(DataError, match=re.escape("(did you mean 'DESC'?")):
+        load_labelled(write_labels(tmp_path, "DESCR"), TREC)
+
+
+def test_a_label_like_no_name_names_none(tmp_path):
+    with pytest.raises(DataError, match=re.escape("nor an index 0..5; fix the file")):
         load_labelled(write_labels(tmp_path, "what"), TREC)
 
 

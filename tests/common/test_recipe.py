@@ -800,3 +800,18 @@ def test_a_student_whose_loss_weights_are_all_zero_is_refused_at_load(tmp_path):
     student = "{model: {arch: cnn}, losses: {mse: 0}}"
     with pytest.raises(RecipeError, match=r"distill.students.small.losses: .*every loss weight is 0"):
         extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+def test_a_pair_column_that_is_the_text_column_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.text_column and data\.text_pair_column both name the column 'a'"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.text_column": "a", "data.text_pair_column": "a"})
+
+
+def test_a_pair_column_that_is_the_label_column_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.label_column and data\.text_pair_column both name the column 'y'"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.label_column": "y", "data.text_pair_column": "y"})
+
+
+def test_a_label_column_that_is_the_text_column_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.text_column and data\.label_column both name the column 'label'"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.text_column": "label"})

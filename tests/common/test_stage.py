@@ -99,8 +99,32 @@ def test_a_rebuilt_child_names_the_parent_whose_settings_changed(recipe, capsys)
 
     child(recipe()).parents[0].run()
     child(recipe()).run()
-    child(recipe(**{"finetune.optim.lr": 0.1})).run()
+    changed = child(recipe(**{"finetune.optim.lr": 0.1}))
+    changed.parents[0].run()
+    changed.run()
     assert "[child] building again: parent teacher's settings changed\n" in capsys.readouterr().out
+
+
+def _teacher_and_child(r, body=None) -> Stage:
+    teacher = Stage("teacher", r, ("finetune",), writer("p.txt"))
+    return Stage("child", r, ("data",), body or writer("c.txt"), (teacher,))
+
+
+def test_a_child_of_a_parent_built_from_other_settings_is_refused_naming_the_setting(recipe):
+    _teacher_and_child(recipe()).parents[0].run()
+    with pytest.raises(
+        mf.ArtifactError,
+        match=r"its parent \S*/teacher was built from other settings \(finetune\.optim\.lr 0\.001 -> 0\.1\)",
+    ):
+        _teacher_and_child(recipe(**{"finetune.optim.lr": 0.1})).run()
+
+
+def test_a_child_of_a_parent_built_from_other_settings_is_not_built(recipe):
+    _teacher_and_child(recipe()).parents[0].run()
+    body = writer("c.txt")
+    with pytest.raises(mf.ArtifactError):
+        _teacher_and_child(recipe(**{"finetune.optim.lr": 0.1}), body).run()
+    assert body.calls == []
 
 
 def test_a_measurement_of_another_artifact_says_so(recipe, capsys, tmp_path):

@@ -126,3 +126,26 @@ def test_a_checkpoint_tokenizer_without_a_pad_or_an_eos_token_is_refused(tmp_pat
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "nopad")
     with pytest.raises(RecipeError, match="has no pad token and no EOS token to pad with"):
         load_tokenizer(str(tmp_path / "nopad"))
+
+
+def test_cut_share_is_the_share_of_rows_that_reach_max_length():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    # [CLS] a dog [SEP]: 4 tokens; the other is cut at 5
+    assert (
+        tokenization.cut_share(encode(tokenizer, ["a dog", "a fine film about a dog"], None, 5)["input_ids"], 5) == 0.5
+    )
+
+
+def test_pairs_cut_at_max_length_give_the_teacher_a_warning_naming_the_setting():
+    from edgedistill.distill.finetune import cut_warning
+
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    rows = encode(tokenizer, TEXTS[:3], TEXTS[1:4], 8)["input_ids"]
+    assert "100% of the train pairs reach it with both texts (model.max_length=8 tokens)" in cut_warning(rows, 8, True)
+
+
+def test_examples_within_max_length_give_the_teacher_no_warning():
+    from edgedistill.distill.finetune import cut_warning
+
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    assert cut_warning(encode(tokenizer, TEXTS, None, 64)["input_ids"], 64, False) is None

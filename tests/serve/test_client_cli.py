@@ -58,6 +58,56 @@ def test_pairs_from_a_tsv_with_a_header_skip_it_and_further_fields(served_pairs,
     assert [(p["text"], p["label"]) for p in predictions] == [("good", "negative"), ("awful", "positive")]
 
 
+LABEL_FIRST_TSV = "verdict\tfirst\tsecond\n0\tgood\tawful awful\n1\tawful\tgreat fun\n"
+
+
+def test_pairs_from_a_tsv_by_its_column_names_read_those_columns(served_pairs, tmp_path, capsys):
+    path = tmp_path / "labelled.tsv"
+    path.write_text(LABEL_FIRST_TSV)
+    code, out, _ = run(capsys, "--address", served_pairs.address, "--tsv", str(path), "--columns", "first", "second")
+    assert code == 0
+    assert [(p["text"], p["pair"]) for p in json.loads(out)["predictions"]] == [
+        ("good", "awful awful"),
+        ("awful", "great fun"),
+    ]
+
+
+def test_pairs_from_a_tsv_by_column_names_take_them_in_the_order_given(served_pairs, tmp_path, capsys):
+    path = tmp_path / "labelled.tsv"
+    path.write_text(LABEL_FIRST_TSV)
+    code, out, _ = run(capsys, "--address", served_pairs.address, "--tsv", str(path), "--columns", "second", "first")
+    assert code == 0
+    assert json.loads(out)["predictions"][0]["text"] == "awful awful"
+
+
+def test_a_column_name_missing_from_the_tsv_header_is_a_usage_error_naming_the_columns(served_pairs, tmp_path, capsys):
+    path = tmp_path / "labelled.tsv"
+    path.write_text(LABEL_FIRST_TSV)
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path), "--columns", "first", "other")
+    assert code == 2
+    assert f"{path}:1 (the header): no column ['other']; found ['verdict', 'first', 'second']" in err
+
+
+def test_a_tsv_line_short_of_the_named_columns_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
+    path = tmp_path / "labelled.tsv"
+    path.write_text(LABEL_FIRST_TSV + "1\tgood\n")
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(path), "--columns", "first", "second")
+    assert code == 2
+    assert f"{path}:4: 2 fields; --tsv wants the columns ['first', 'second'] on each line" in err
+
+
+def test_columns_without_a_tsv_is_a_usage_error(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good", "--pair", "bad", "--columns", "a", "b")
+    assert code == 2
+    assert "--columns names the columns of --tsv files" in err
+
+
+def test_columns_naming_one_column_twice_is_a_usage_error(served_pairs, tsv, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "--columns", "label", "label")
+    assert code == 2
+    assert "--columns names 'label' twice" in err
+
+
 def test_pairs_from_a_tsv_on_stdin(served_pairs, capsys):
     code, out, _ = run(capsys, "--address", served_pairs.address, "--tsv", "-", stdin="good\tawful awful\n")
     assert code == 0
@@ -325,3 +375,21 @@ def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch,
     code, _, err = run(capsys, "--address", served.address, "good")
     assert code == 2
     assert "EDGEDISTILL_TOKEN must be printable ASCII" in err
+
+
+def test_single_texts_sent_to_a_pair_model_are_told_to_give_pairs(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good")
+    assert code == 1
+    assert json.loads(err)["error"]["hint"].startswith("the served model takes text pairs: give --pair once per text")
+
+
+def test_pairs_sent_to_a_single_text_model_are_told_to_drop_them(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "good", "--pair", "bad")
+    assert code == 1
+    assert json.loads(err)["error"]["hint"].startswith("the served model takes single texts: give them as arguments")
+
+
+def test_a_call_refused_for_another_reason_names_no_input_shape(served, capsys):
+    code, _, err = run(capsys, "--address", served.address, "")
+    assert code == 1
+    assert "hint" not in json.loads(err)["error"]
