@@ -202,7 +202,10 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _scratch_needs_pretrain(self):
         if self.model.init is None and self.pretrain is None:
-            raise ValueError("model.init is null (build from scratch) but there is no `pretrain` section")
+            raise ValueError(
+                "model.init is null (build from scratch) but there is no `pretrain` section: add one (see recipes/"
+                "sst2-gpt.yaml), or set model.init to a checkpoint (a folder or a Hub name) to fine-tune"
+            )
         return self
 
     def settings(self, *keys: str) -> dict:

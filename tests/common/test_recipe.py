@@ -86,6 +86,11 @@ def test_a_model_from_scratch_without_a_pretrain_section_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
 
 
+def test_a_model_from_scratch_without_a_pretrain_section_is_told_to_add_one_or_set_model_init(tmp_path):
+    with pytest.raises(RecipeError, match="add one .*or set model.init to a checkpoint"):
+        load_recipe(write(tmp_path, MINIMAL.replace("init: some/model", "init: null")))
+
+
 def test_overrides_parse_and_apply(tmp_path):
     overrides = parse_overrides(["--finetune.optim.lr=3e-5", "--model.family=gpt", "--name=other"])
     recipe = load_recipe(write(tmp_path, MINIMAL), overrides)
