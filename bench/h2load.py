@@ -193,7 +193,8 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     """One run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file, which the
     server answers with `replies`: calls and failures (calls without a complete reply), successful calls/s,
     latency percentiles of every finished call, and the CPU % (100 = one core) of h2load and of `server` with its
-    child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients)."""
+    child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients). `BenchError` when
+    no call finished."""
     part = load.part()
     logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
     gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
@@ -213,6 +214,11 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     client_times = os.times()
     parts = [summary_of(client.returncode, output) for client, output in zip(clients, outputs, strict=True)]
     summary = {figure: sum(p[figure] for p in parts) for figure in SUMMARY}
+    if not summary["done"]:  # nothing to time: a server that stopped, or took no connection
+        raise BenchError(
+            f"h2load finished no call to port {port} in {load.duration_s:g} s: the server there answered none "
+            "(see its log; is it still running?)"
+        )
     ok = replies.count(summary)
     ms = np.concatenate([latencies_ms(part_log) for part_log in logs])
     record = {

@@ -1,5 +1,6 @@
 """h2load as the load generator: the gRPC frame it sends, its summary, and calls counted by the bytes of their replies."""
 
+import socket
 import subprocess
 
 import pytest
@@ -118,6 +119,16 @@ def test_calls_refused_with_a_grpc_status_are_failures(tmp_path, served):
     record = h2load.run(served.port, path, replies, h2load.Load(1, 2, 0.3), tmp_path / "h2load.log", None)
     assert record["failures"] == record["requests"]
     assert record["requests_per_s"] == 0
+
+
+@needs_h2load
+def test_a_run_in_which_no_call_finishes_is_a_bench_error(tmp_path):
+    _, path = write_request(tmp_path, "echo")
+    with socket.socket() as closed:  # a free port, nothing listening on it
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(BenchError, match=f"finished no call to port {port}"):
+        h2load.run(port, path, h2load.Replies(71, 0), h2load.Load(1, 1, 0.3), tmp_path / "h2load.log", None)
 
 
 def test_a_failed_probe_names_the_status(served):
