@@ -4,7 +4,7 @@
 # `python -m build` makes the sdist and, from it, the wheel in a temporary folder; a fresh virtual
 # environment installs the wheel with the `serve` and `cpu` extras from the package index. From a
 # folder outside the checkout (so nothing can import from it): `python -m edgedistill.serve` on a
-# free loopback port, wait for gRPC health SERVING, classify a text with
+# free loopback port (its metrics on any free port), wait for gRPC health SERVING, classify a text with
 # `python -m edgedistill.serve.client`, then SIGTERM must drain and exit 0. Prints one result line;
 # exits non-zero on any failure and always stops the server and removes its files.
 #
@@ -85,7 +85,8 @@ print(s.getsockname()[1])
 ')
 started=$EPOCHREALTIME
 env -u PYTHONPATH EDGEDISTILL_WORKERS=1 EDGEDISTILL_THREADS=1 \
-  "$VPY" -m edgedistill.serve --bundle "$BUNDLE_DIR" --host 127.0.0.1 --port "$PORT" >"$WORK/server.log" 2>&1 &
+  "$VPY" -m edgedistill.serve --bundle "$BUNDLE_DIR" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
+  >"$WORK/server.log" 2>&1 &
 SERVER=$!
 "$VPY" "$ROOT/deploy/wait_serving.py" "127.0.0.1:$PORT" "$READY_TIMEOUT" "$SERVER" ||
   fail "not SERVING after ${READY_TIMEOUT}s"
