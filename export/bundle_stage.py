@@ -252,7 +252,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     cfg = recipe.export
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
-    validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id)
+    validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id, recipe.data.metric)
     bundle = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
         labels=recipe.data.label_names,
@@ -295,7 +295,11 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "agreement_beyond_ties": figures["agreement_beyond_ties"],
             "tie_flips": figures["tie_flips"],
             "max_abs_diff": figures["max_abs_diff"],
-            **{key: figures[key] for key in ("dev_macro_f1", "dev_f1") if key in figures},
+            **{
+                key: figures[key]
+                for key in ("dev_macro_f1", "dev_f1", "torch_dev_macro_f1", "torch_dev_f1")
+                if key in figures
+            },
             "params": source.params,
         },
         info={

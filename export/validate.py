@@ -60,29 +60,41 @@ def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str,
 def parity(
     ort_logits: np.ndarray, torch_logits: np.ndarray, labels: list[int], data: DataConfig, tie_margin: float
 ) -> dict[str, float]:
-    """Agreement of predictions, max |Δlogit|, both accuracies on the same examples, and the exported model's
-    `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too. An
-    example whose PyTorch top two logits are within `tie_margin` is a near-tie: a differing prediction there is a
-    tie flip (`tie_flips`), which `agreement_beyond_ties` (what the gate reads) does not count."""
+    """Agreement of predictions, max |Δlogit|, both accuracies on the same examples, the exported model's
+    `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too, and
+    PyTorch's figure of that metric (`torch_dev_<metric>`) for the INT8 gate. An example whose PyTorch top two logits
+    are within `tie_margin` is a near-tie: a differing prediction there is a tie flip (`tie_flips`), which
+    `agreement_beyond_ties` (what the gate reads) does not count."""
     gold = np.asarray(labels)
     task = task_metrics(ort_logits, labels, data)
-    return agreement(ort_logits, torch_logits, tie_margin) | {
+    figures = agreement(ort_logits, torch_logits, tie_margin) | {
         "dev_accuracy": float((ort_logits.argmax(-1) == gold).mean()),
         "torch_dev_accuracy": float((torch_logits.argmax(-1) == gold).mean()),
         **{key: task[key] for key in ("dev_macro_f1", "dev_f1") if key in task},
     }
+    if data.metric != "accuracy":
+        selected = f"dev_{data.metric}"
+        figures[f"torch_{selected}"] = task_metrics(torch_logits, labels, data)[selected]
+    return figures
 
 
-def gate(figures: dict[str, float], precision: str, min_agreement: float, max_int8_drop: float, bundle: str) -> None:
+def gate(
+    figures: dict[str, float],
+    precision: str,
+    min_agreement: float,
+    max_int8_drop: float,
+    bundle: str,
+    metric: str = "accuracy",
+) -> None:
     """Raise `ExportGateError` with the figures when the bundle misses its gate: its predictions agree with PyTorch's
-    on at least `min_agreement` of dev, near-tie flips aside, and an INT8 bundle loses at most `max_int8_drop` dev
-    accuracy."""
+    on at least `min_agreement` of dev, near-tie flips aside, and an INT8 bundle loses at most `max_int8_drop` of the
+    task's dev `metric` (`data.metric`)."""
     if precision == "int8":
-        drop = figures["torch_dev_accuracy"] - figures["dev_accuracy"]
-        if drop > max_int8_drop:
+        ours, theirs = figures[f"dev_{metric}"], figures[f"torch_dev_{metric}"]
+        if theirs - ours > max_int8_drop:
             raise ExportGateError(
-                f"{bundle}: INT8 loses {drop:.4f} dev accuracy ({figures['torch_dev_accuracy']:.4f} -> "
-                f"{figures['dev_accuracy']:.4f}); the gate allows {max_int8_drop} (export.max_int8_drop)"
+                f"{bundle}: INT8 loses {theirs - ours:.4f} dev {metric} (data.metric) ({theirs:.4f} -> {ours:.4f}); "
+                f"the gate allows {max_int8_drop} (export.max_int8_drop)"
             )
     if figures["agreement_beyond_ties"] < min_agreement:
         raise ExportGateError(

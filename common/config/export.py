@@ -127,7 +127,7 @@ class ExportConfig(Strict):
         description="fp16 gate: the same share; half precision moves logits by about 1e-3, which flips the "
         "odd sentence the teacher is unsure of",
     )
-    max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev accuracy lost against PyTorch")
+    max_int8_drop: float = Field(0.005, ge=0, description="int8 gate: dev figure of data.metric lost against PyTorch")
     min_int8_agreement: float = Field(
         0.97,
         gt=0,

@@ -272,6 +272,40 @@ def test_the_int8_accuracy_gate_names_its_recipe_key():
         gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "int8", 0.0, 0.005, "x")
 
 
+def minority_lost_at_equal_accuracy() -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Exported and PyTorch logits over 100 texts of three labels: PyTorch gets the 4 texts of the rare label right
+    and 4 common ones wrong; the exported model the reverse, so accuracy is equal and the rare label's F1 is gone."""
+    labels = [0] * 48 + [1] * 48 + [2] * 4
+    torch_logits, exported = np.eye(3)[labels], np.eye(3)[labels]
+    torch_logits[:4] = np.eye(3)[1]
+    exported[96:] = np.eye(3)[0]
+    return exported, torch_logits, labels
+
+
+MACRO = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"], metric="macro_f1")
+
+
+def test_the_int8_gate_refuses_a_loss_on_the_selection_metric_at_equal_accuracy():
+    exported, torch_logits, labels = minority_lost_at_equal_accuracy()
+    with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev macro_f1 \(data\.metric\)"):
+        gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "x", "macro_f1")
+
+
+def test_the_int8_gate_on_accuracy_passes_a_loss_it_does_not_measure():
+    exported, torch_logits, labels = minority_lost_at_equal_accuracy()
+    gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "x", "accuracy")
+
+
+def test_parity_gives_pytorchs_figure_of_the_selection_metric():
+    exported, torch_logits, labels = minority_lost_at_equal_accuracy()
+    assert parity(exported, torch_logits, labels, MACRO, TIE)["torch_dev_macro_f1"] > 0.9
+
+
+def test_parity_of_an_accuracy_task_adds_no_second_accuracy_key():
+    logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert "torch_dev_f1" not in parity(logits, logits, [0, 1], BINARY, TIE)
+
+
 def test_a_flip_at_a_near_tie_does_not_count_against_the_agreement_gate():
     torch_logits = np.array([[1.0, 0.95]] + [[1.0, 0.0]] * 9)
     exported = torch_logits.copy()
