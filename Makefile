@@ -32,7 +32,7 @@ else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
 
-.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test lint format clean help
+.PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 
 help:  ## list the targets and the variables they take
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -199,6 +199,23 @@ test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), l
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' || status=$$?; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m serial || status=$$?; \
 	exit $$status
+
+# Everything that runs on a GPU, for a machine that has one: the GPU tests (training, labelling, checkpoints and DDP on
+# CUDA), then RECIPE's training part (teacher, transfer set, students and baselines, JOBS at a time) under the run
+# name gpu-check, each stage a process timed from start to exit as docs/benchmarks.md times them; the walls go to
+# $(RUNS_DIR)/gpu-check/timing.json, the figures to the stages' manifests beside it.
+gpu-check: $(STAMP)  ## on an NVIDIA GPU: the GPU tests, then RECIPE's training part there, each stage timed (runs/gpu-check/timing.json)
+	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 installs a CUDA one (docs/install.md)"))'
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 -m gpu tests/distill/test_gpu.py tests/distill/test_device.py
+	@set -e; mkdir -p "$(RUNS_DIR)/gpu-check"; walls=; total=0; \
+	for stage in teacher transfer distill; do \
+	  jobs=; [ $$stage = distill ] && jobs="--jobs $(JOBS)"; \
+	  start=$$(date +%s%N); \
+	  $(ED) $$stage $(RECIPE) --name=gpu-check --runtime.device=cuda --force $$jobs; \
+	  ms=$$(( ($$(date +%s%N) - start) / 1000000 )); total=$$((total + ms)); walls="$$walls\"$$stage\": $$ms, "; \
+	done; \
+	echo "{\"recipe\": \"$(RECIPE)\", \"wall_ms\": {$$walls\"training_part\": $$total}}" > "$(RUNS_DIR)/gpu-check/timing.json"; \
+	cat "$(RUNS_DIR)/gpu-check/timing.json"
 
 lint: $(STAMP)  ## ruff check and format check
 	$(VENV)/bin/ruff check .

@@ -30,6 +30,24 @@ CHECKPOINT = "checkpoint.pt"
 LOG_EVERY = 10  # steps between points of the tracked training curves
 
 
+def ema_update(decay: float):
+    """The moving average's `multi_avg_fn`: floating-point weights and buffers average with `decay`; integer buffers
+    (a BERT's `position_ids`, a norm's batch count) are copied, since torch's EMA would round their averages down
+    (3 * 0.9995 + 3 * 0.0005 is 2.9999998 in float32, stored as 2)."""
+    average = get_ema_multi_avg_fn(decay)
+
+    @torch.no_grad()
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], count: torch.Tensor) -> None:
+        # `AveragedModel` calls this once per (device, dtype) group of tensors
+        if averaged[0].is_floating_point() or averaged[0].is_complex():
+            average(averaged, current, count)
+            return
+        for mine, theirs in zip(averaged, current, strict=True):
+            mine.copy_(theirs)
+
+    return update
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read: the message names the file and the way out."""
 
@@ -139,7 +157,7 @@ class Trainer:
         self.scaler = placement.scaler()
         self.progress = Progress()
         self.ema = (
-            AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+            AveragedModel(self.model, multi_avg_fn=ema_update(cfg.ema_decay), use_buffers=True)
             if cfg.ema_decay
             else None
         )

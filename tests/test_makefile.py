@@ -2,6 +2,9 @@
 
 import subprocess
 
+import pytest
+import torch
+
 from tests.conftest import ROOT
 
 
@@ -56,3 +59,20 @@ def test_make_clean_without_an_answer_says_how_to_skip_the_question(tmp_path):
     command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/smoke.yaml", f"RUNS_DIR={tmp_path}"]
     result = subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert "not removed (CONFIRM=1 removes it without asking)" in result.stderr
+
+
+def test_make_gpu_check_runs_the_gpu_tests(tmp_path):
+    assert "-m gpu tests/distill/test_gpu.py tests/distill/test_device.py" in make_dry_run(tmp_path, "gpu-check")
+
+
+def test_make_gpu_check_trains_the_recipe_on_cuda_under_its_own_run_name(tmp_path):
+    assert "--name=gpu-check --runtime.device=cuda --force" in make_dry_run(tmp_path, "gpu-check")
+
+
+def test_make_gpu_check_without_cuda_says_what_it_needs():
+    if torch.cuda.is_available():
+        pytest.skip("checks the message of a machine without CUDA")
+    # -o: the installed environment counts as current, so make never installs anything here
+    command = ["make", "--no-print-directory", "-o", ".venv/.installed", "gpu-check"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "gpu-check needs an NVIDIA GPU and a CUDA build of torch" in result.stderr

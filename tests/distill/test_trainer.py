@@ -378,3 +378,25 @@ def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
     trained(tmp_path, max_steps=1)
     trained(tmp_path, "other", max_steps=1)
     assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out
+
+
+class LinearWithPositions(torch.nn.Linear):
+    """A linear model holding an integer buffer, as a BERT holds its `position_ids`."""
+
+    def __init__(self):
+        super().__init__(4, 1)
+        self.register_buffer("positions", torch.arange(64), persistent=False)
+
+
+def test_the_moving_average_keeps_integer_buffers_exact(tmp_path):
+    cfg = OptimConfig(lr=0.1, batch_size=4, warmup_ratio=0.0, ema_decay=0.9995)
+    trainer = Trainer(LinearWithPositions(), cfg, tmp_path, "h", "test", CPU)
+    trainer.fit(
+        batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": 0.0},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+    assert torch.equal(trainer.ema.module.positions, torch.arange(64))
