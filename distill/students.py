@@ -137,7 +137,13 @@ class BiLSTMClassifier(Student):
         padding_first = _rotation(length - lengths, length)  # right padding -> left padding
         padding_last = _rotation(lengths, length)  # and back
         x = self.embed(input_ids)  # (B, T, E)
-        states, _ = self.lstm(torch.cat([x, _rotate(x, padding_first)]))  # (2B, T, 2H)
+        rows = torch.cat([x, _rotate(x, padding_first)])
+        if rows.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16:
+            # CUDA autocast runs cuDNN's LSTM in fp16 whatever its dtype, and bf16 has no loss scaler: fp32 instead
+            with torch.autocast("cuda", enabled=False):
+                states, _ = self.lstm(rows.float())  # (2B, T, 2H)
+        else:
+            states, _ = self.lstm(rows)  # (2B, T, 2H)
         size = self.lstm.hidden_size
         forward_states = states[:batch, :, :size]
         backward_states = _rotate(states[batch:, :, size:], padding_last)

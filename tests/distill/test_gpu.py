@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.config.training import OptimConfig, RuntimeConfig
+from edgedistill.common.config.training import OptimConfig, RuntimeConfig, StudentConfig
 from edgedistill.distill.device import gpu_bf16, resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass
+from edgedistill.distill.students import BiLSTMClassifier
 from edgedistill.distill.trainer import Trainer
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -192,3 +193,16 @@ def test_an_int8_labellers_second_pass_relabels_on_cuda_what_it_is_unsure_of():
     reference = predict_logits(hf_logits(model), {"input_ids": rows[::3]}, 0, placement=placement)
     assert count == 4
     np.testing.assert_allclose(relabelled[::3], reference, atol=0.05)
+
+
+def test_the_lstm_student_runs_its_lstm_in_fp32_under_bf16_autocast():
+    """CUDA autocast casts cuDNN's LSTM to fp16 whatever its dtype, which a bf16 run, without a loss scaler, must not
+    get: the student's LSTM states come out in fp32."""
+    if not gpu_bf16(torch.device("cuda", 0)):
+        pytest.skip("this GPU has no bf16 kernels")
+    config = StudentConfig(arch="bilstm", vocab_size=50, embed_dim=8, hidden_size=8, num_labels=2, pad_token_id=0)
+    model = BiLSTMClassifier(config).cuda()
+    ids = torch.tensor([[2, 5, 7, 3], [2, 6, 3, 0]], device="cuda")
+    with cuda("bf16").autocast():
+        states = model.encode(ids, (ids != 0).long())
+    assert states.dtype == torch.float32
