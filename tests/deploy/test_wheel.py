@@ -6,7 +6,6 @@ package index into a clean environment; here the third-party packages come from 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from edgedistill.serve.client import wait_ready
 
+from tests.conftest import free_port
 from tests.serve.conftest import LABELS, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,12 +98,6 @@ def outside_env() -> dict[str, str]:
     """This environment without PYTHONPATH and EDGEDISTILL_* settings; one worker, one thread."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_") and k != "PYTHONPATH"}
     return env | {"EDGEDISTILL_WORKERS": "1", "EDGEDISTILL_THREADS": "1", "OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_installed_package_comes_from_the_wheel(installed, tmp_path):

@@ -22,7 +22,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, free_port
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -179,6 +179,43 @@ def test_torchrun_two_cpu_processes(data_dir):
     # The effective batch is the recipe's on any world size: 3 epochs of 4,000 examples in batches of 32.
     assert teacher.info["steps"] == 3 * 4000 // 32
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
+
+
+def test_two_nodes_of_one_process_train_the_same_teacher_as_one_node_of_two():
+    """Multi-node DDP as the docs give it (`--nnodes` with c10d rendezvous), two nodes on this host sharing the run
+    folder: the ranks meet, and the teacher is the bit-identical one a single node of two processes trains."""
+    torchrun = Path(PYTHON).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    stage = ["-m", "distill", "teacher", SMOKE, "--data.train_limit=640", "--finetune.optim.epochs=1"]
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [
+                torchrun,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                "--rdzv_id=nodes",
+                *stage,
+                "--name=nodes",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    errors = [node.communicate(timeout=600)[1][-3000:] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    one = [torchrun, "--standalone", "--nproc_per_node=2", *stage, "--name=one"]
+    result = subprocess.run(one, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    weights = [(runs / name / "teacher" / "model.safetensors").read_bytes() for name in ("nodes", "one")]
+    assert weights[0] == weights[1]
 
 
 def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):

@@ -1,18 +1,16 @@
 """The client library's wait for a server: ready once its health service says SERVING, not while it warms up, not
 once it is gone, and not past its seconds."""
 
-import socket
 import time
 
 from edgedistill.serve.client import wait_ready
 
+from tests.conftest import free_port
 from tests.serve.conftest import settings_for
 
 
 def unused_address() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def test_a_serving_server_is_ready(served):
