@@ -118,7 +118,11 @@ def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
-    return encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
+    return (
+        encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True),
+        logits,
+        labels,
+    )
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
@@ -217,12 +221,12 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     max_length = recipe.transfer.max_length
     train, dev = load_splits(recipe.data)
     test = load_test(recipe.data)
-    dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length)
+    dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length, student_segments=True)
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]
     distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
     if baseline:
-        feats = encode(tokenizer, train.texts, train.pairs, max_length)
+        feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
         optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
@@ -274,7 +278,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(
         test,
-        lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad, placement),
+        lambda split: student_logits(
+            student, encode(tokenizer, split.texts, split.pairs, max_length, student_segments=True), pad, placement
+        ),
         recipe.data,
     )
 
