@@ -39,7 +39,7 @@ from edgedistill.distill.students import (
     init_from_teacher,
     teacher_misfits,
 )
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
@@ -291,6 +291,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)
+    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
+    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
+    segments = {"pair_segments": "sequence_ids"} if derived else {}
     return Built(
         write,
         metrics={k: best[k] for k in EVAL_KEYS if k in best}
@@ -305,6 +308,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
             "temperature": spec.temperature,
             "init_from_teacher": from_teacher,
         }
+        | segments
         | trainer.run_info(),
         line=" ".join(f"{k}={best[k]:.4f}" for k in recipe.data.dev_keys)
         + (f" retention={kept:.3f} (of the teacher's {key})" if kept is not None else f" (the teacher's {key} is 0)")

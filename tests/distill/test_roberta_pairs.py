@@ -1,12 +1,14 @@
 """Sentence pairs with a teacher whose tokenizer gives no token types (a tiny RoBERTa): teacher, transfer set, pair
 students, bundles and a served pair, the students splitting each pair by the tokenizer's sequence ids."""
 
+import json
 import os
 import subprocess
 
 import grpc
 import numpy as np
 import pytest
+from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe
@@ -169,3 +171,19 @@ def test_a_roberta_pair_student_reads_sentence_b(roberta_run, name):
     as_given = student_logits(student, encode(tokenizer, texts, pairs, length, student_segments=True), pad)
     other_b = student_logits(student, encode(tokenizer, texts, swapped, length, student_segments=True), pad)
     assert (as_given.argmax(-1) != other_b.argmax(-1)).mean() > 0.2
+
+
+@pytest.mark.slow
+def test_a_roberta_pair_student_s_card_code_gives_its_logits_for_a_pair(roberta_run):
+    run, recipe = roberta_run
+    card = (run / "student-bilstm" / mf.CARD).read_text(encoding="utf-8")
+    code = card.split("```python\n", 1)[1].split("```", 1)[0] + "print(logits.tolist())\n"
+    shown = subprocess.run(
+        [PYTHON, "-c", code], cwd=run.parent.parent, capture_output=True, text=True, timeout=120, check=True
+    )
+    student, _ = load_student(run / "student-bilstm")
+    tokenizer = load_tokenizer(str(run / "teacher"))
+    feats = encode(tokenizer, ["a text"], ["its pair"], recipe.transfer.max_length, student_segments=True)
+    np.testing.assert_allclose(
+        json.loads(shown.stdout), student_logits(student, feats, tokenizer.pad_token_id), atol=1e-5
+    )
