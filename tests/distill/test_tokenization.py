@@ -7,7 +7,7 @@ from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import tokenization
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments, train_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2ForSequenceClassification, PreTrainedTokenizerFast
+from transformers import ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from tests.distill.gpt_init import write_gpt2
 from tests.roberta_init import write_roberta
@@ -104,6 +104,11 @@ def test_a_truncated_roberta_pair_keeps_sentence_b_marked(roberta):
     long = " ".join(TEXTS[:6])
     types = encode(roberta, [long], [long], 12, student_segments=True)["token_type_ids"][0]
     assert types == [0] * 7 + [1] * 5  # <s> A </s> </s> | B </s>, each text cut to 4 tokens
+
+
+def test_a_slow_tokenizer_without_token_type_1_is_refused_for_pairs():
+    with pytest.raises(RecipeError, match="a slow tokenizer gives no sequence ids"):
+        pair_segments(ByT5Tokenizer(), "byt5")  # Python, no files: A </s> B </s>, no token types
 
 
 def test_a_tokenizer_whose_pairs_mark_no_boundary_is_refused_for_pairs(tmp_path):
