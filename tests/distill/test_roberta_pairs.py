@@ -25,12 +25,13 @@ from tests.pair_task import LABELS, write_pair_task
 from tests.roberta_init import write_roberta
 from tests.serve.conftest import RunningServer, settings_for
 
-STUDENTS = ("bilstm", "cnn")
-BUNDLES = ("teacher-onnx", "bilstm-fp32", "cnn-folded")
+STUDENTS = ("bilstm", "cnn", "transformer")
+BUNDLES = ("teacher-onnx", "bilstm-fp32", "cnn-folded", "transformer-fused")
 
 
 def roberta_pair_recipe(paths, init) -> str:
-    """A smoke-size pair recipe fine-tuning the RoBERTa checkpoint `init`, with a BiLSTM and a CNN student."""
+    """A smoke-size pair recipe fine-tuning the RoBERTa checkpoint `init`, with a BiLSTM, a CNN and a Transformer
+    student (which cannot start from a RoBERTa's layers)."""
     return f"""\
 data:
   train: {paths["train"]}
@@ -56,12 +57,18 @@ distill:
     cnn:
       model: {{arch: cnn, embed_dim: 32, num_filters: 32}}
       optim: {{lr: 3.0e-3, epochs: 3, batch_size: 64}}
+    transformer:
+      model: {{arch: transformer, hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}}
+      init_from_teacher: false
+      baseline_init_from_teacher: false
+      optim: {{lr: 1.0e-3, epochs: 3, batch_size: 64}}
 export:
   deploy: bilstm-fp32
   bundles:
     teacher-onnx: {{source: teacher, fused: false}}
     bilstm-fp32: {{source: bilstm}}
     cnn-folded: {{source: cnn, fold: true}}
+    transformer-fused: {{source: transformer}}
 """
 
 
