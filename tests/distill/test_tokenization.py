@@ -76,6 +76,23 @@ def test_a_bert_pair_s_student_segment_ids_are_its_tokenizer_s_token_type_ids():
     assert list(students) == tokenizer(TEXTS[:30], pairs, truncation=True, max_length=16)["token_type_ids"]
 
 
+def distilbert_style(bert: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """`bert`'s WordPiece and pair template without token type ids among its outputs, as DistilBERT's tokenizer."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bert.backend_tokenizer, pad_token="[PAD]", model_input_names=["input_ids", "attention_mask"]
+    )
+
+
+def test_a_distilbert_style_tokenizer_s_pairs_are_split_by_its_sequence_ids():
+    assert pair_segments(distilbert_style(train_tokenizer("bert", TEXTS, 60)), "distilbert") == "sequence_ids"
+
+
+def test_a_distilbert_style_pair_is_split_where_bert_s_token_types_split_it():
+    bert = train_tokenizer("bert", TEXTS, 60)
+    made = encode(distilbert_style(bert), TEXTS[:30], TEXTS[1:31], 16, student_segments=True)["token_type_ids"]
+    assert list(made) == list(encode(bert, TEXTS[:30], TEXTS[1:31], 16)["token_type_ids"])
+
+
 def test_a_gpt_tokenizer_is_refused_for_pairs():
     with pytest.raises(RecipeError, match="does not mark sentence B of a pair .no token type 1, and no special token"):
         pair_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
