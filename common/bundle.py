@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from edgedistill.common import manifest as mf
+from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -93,6 +94,13 @@ class BundleSpec(ServedModel):
         description="how the model's training text was written (the recipe's `transfer.text_style`), and so how the "
         "server writes each text before its tokenizer: `ptb_lower` lower-cased and PTB-tokenised, `raw` as sent "
         "(`common.textstyle.as_served`); raw in bundles built before it was recorded",
+    )
+    pair_segments: PairSegments = Field(
+        "token_types",
+        description="how a pair's `token_type_ids` input is made (`common.segments`): the tokenizer's token type ids, "
+        "or, for a tokenizer that marks sentence B with none (RoBERTa), segment ids from its sequence ids, as the "
+        "model was trained; left out of the manifest when `token_types`, which every bundle built before it had",
+        exclude_if=lambda rule: rule == "token_types",
     )
 
     @property

@@ -154,6 +154,28 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
     ]
 
 
+def _student_call(pairs: bool, derived: bool) -> list[str]:
+    """A student's logits for a text, or for a pair with its segment ids as training made them: the tokenizer's
+    token types, or, `derived`, from its sequence ids (`common.segments`)."""
+    if not pairs:
+        return [
+            'batch = tokenizer(["a text"], truncation=True, max_length=model.config.max_length, return_tensors="pt")',
+            'logits = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))',
+        ]
+    tokenized = [
+        'batch = tokenizer(["a text"], ["its pair"], truncation=True, max_length=model.config.max_length, '
+        'return_tensors="pt")'
+    ]
+    if not derived:
+        return [*tokenized, 'logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])']
+    return [
+        *tokenized,
+        "# the tokenizer gives no token type 1: sentence B's segment ids come from its sequence ids, as in training",
+        'types = torch.tensor([from_sequence_ids(batch.sequence_ids(i)) for i in range(len(batch["input_ids"]))])',
+        'logits = model(batch["input_ids"], batch["attention_mask"], types)',
+    ]
+
+
 def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     folder = f"runs/{recipe.name}/{stage}"
     kind = _kind(stage)
@@ -167,15 +189,16 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
         ]
     elif kind in ("student", "baseline"):
+        derived = recipe.data.pairs and info.get("pair_segments") == "sequence_ids"
         code = [
+            *(["import torch", "from edgedistill.common.segments import from_sequence_ids"] if derived else []),
             "from edgedistill.distill.students import Student",
             "from transformers import AutoTokenizer",
             "",
             f'model = Student.from_pretrained("{folder}")  # or a Hub repository it was pushed to',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             "# cut as training, evaluation and the server cut: a Transformer student has no position beyond it",
-            'batch = tokenizer(["a text"], truncation=True, max_length=model.config.max_length, return_tensors="pt")',
-            'logits = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))',
+            *_student_call(recipe.data.pairs, derived),
         ]
     else:
         served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]

@@ -139,8 +139,9 @@ class Recipe(Strict):
     def _pairs_need_segments(self):
         if self.data.pairs and self.model.family == "gpt":
             raise ValueError(
-                "data.text_pair_column is set but model.family is gpt: sentence pairs need a tokenizer that marks "
-                "sentence B (token_type_ids), which the bert family has; use a bert teacher for pair tasks"
+                "data.text_pair_column is set but model.family is gpt: the pair students find sentence B by the "
+                "tokenizer's token_type_ids or a special token between the two texts, and a GPT-2 pair has neither; "
+                "use a bert-family teacher (BERT, RoBERTa, DeBERTa, ...) for pair tasks"
             )
         return self
 

@@ -20,7 +20,7 @@ from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, task_metrics
 from edgedistill.distill.students import count_parameters
-from edgedistill.distill.tokenization import TokenRows, cut_share, encode, load_tokenizer, require_segments
+from edgedistill.distill.tokenization import TokenRows, cut_share, encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import AutoConfig
 
@@ -127,7 +127,7 @@ def _build(inputs: Inputs) -> Built | None:
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     if data.pairs:
-        require_segments(tokenizer, init)
+        pair_segments(tokenizer, init)
     config = AutoConfig.from_pretrained(init)
     heads.require_family(config, recipe.model.family, init)
     heads.require_pooling(config, cfg.pooling, init)

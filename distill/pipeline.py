@@ -4,7 +4,7 @@ parallel jobs."""
 from edgedistill.common.data import load_splits, load_test, missing_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
-from edgedistill.distill.tokenization import load_tokenizer, require_segments
+from edgedistill.distill.tokenization import load_tokenizer, pair_segments
 
 
 def run(
@@ -51,7 +51,7 @@ def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:
             load_splits(recipe.data)
             load_test(recipe.data)
             if recipe.data.pairs and recipe.model.init:  # nor a pair task's tokenizer: pretraining keeps the init's
-                require_segments(load_tokenizer(recipe.model.init), recipe.model.init)
+                pair_segments(load_tokenizer(recipe.model.init), recipe.model.init)
         if recipe.pretrain is None:
             raise RecipeError(f"{recipe_file}: no `pretrain` section to run")
         dist.run_stage(pretrain.stage(recipe), force)

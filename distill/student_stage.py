@@ -39,7 +39,7 @@ from edgedistill.distill.students import (
     init_from_teacher,
     teacher_misfits,
 )
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
@@ -118,7 +118,11 @@ def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
-    return encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length), logits, labels
+    return (
+        encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True),
+        logits,
+        labels,
+    )
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
@@ -217,12 +221,12 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     max_length = recipe.transfer.max_length
     train, dev = load_splits(recipe.data)
     test = load_test(recipe.data)
-    dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length)
+    dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length, student_segments=True)
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]
     distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
     if baseline:
-        feats = encode(tokenizer, train.texts, train.pairs, max_length)
+        feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
         optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
@@ -274,7 +278,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(
         test,
-        lambda split: student_logits(student, encode(tokenizer, split.texts, split.pairs, max_length), pad, placement),
+        lambda split: student_logits(
+            student, encode(tokenizer, split.texts, split.pairs, max_length, student_segments=True), pad, placement
+        ),
         recipe.data,
     )
 
@@ -285,6 +291,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)
+    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
+    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
+    segments = {"pair_segments": "sequence_ids"} if derived else {}
     return Built(
         write,
         metrics={k: best[k] for k in EVAL_KEYS if k in best}
@@ -299,6 +308,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
             "temperature": spec.temperature,
             "init_from_teacher": from_teacher,
         }
+        | segments
         | trainer.run_info(),
         line=" ".join(f"{k}={best[k]:.4f}" for k in recipe.data.dev_keys)
         + (f" retention={kept:.3f} (of the teacher's {key})" if kept is not None else f" (the teacher's {key} is 0)")

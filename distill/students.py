@@ -6,7 +6,8 @@ Every student maps `input_ids` and `attention_mask`, both (B, T) int64, to logit
 checks this contract.
 
 A pair student (`StudentConfig.pairs`) reads `token_type_ids`: the teacher tokenizer's
-`[CLS] A [SEP] B [SEP]`, with 1 marking sentence B. The BiLSTM and the CNN encode each sentence on
+`[CLS] A [SEP] B [SEP]`, with 1 marking sentence B (for a tokenizer that gives no type 1, such as RoBERTa's,
+`<s> A </s> </s> B </s>` with 1 from B's first token on: `common.segments`). The BiLSTM and the CNN encode each sentence on
 its own with shared weights and classify the matching features `[u, v, u * v, |u - v|]` (Tang et
 al. 2019); the Transformer reads both as two segments, like its teacher.
 

@@ -4,8 +4,9 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
-from edgedistill.common import progress
+from edgedistill.common import progress, segments
 from edgedistill.common.recipe import RecipeError
+from edgedistill.common.segments import PairSegments
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -110,15 +111,25 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def require_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
-    """Refuse a tokenizer whose pairs do not mark sentence B with token type 1: the pair students split a pair
-    there, so a pair task needs one (BERT-style checkpoints have it)."""
-    if 1 not in tokenizer("a", "b").get("token_type_ids", []):
-        raise RecipeError(
-            f"{name}: its tokenizer does not mark sentence B of a pair (token_type_ids 1), which the pair students "
-            "split pairs by; use a checkpoint whose tokenizer does (BERT, ELECTRA, DeBERTa, ALBERT; not RoBERTa, "
-            "XLM-RoBERTa or DistilBERT) in model.init for a pair task"
-        )
+def pair_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> PairSegments:
+    """How the pair students find sentence B in this tokenizer's pairs (`common.segments`): by its token type ids
+    where it marks B with 1 (BERT, ELECTRA, DeBERTa, ALBERT), else by the sequence ids of a fast tokenizer whose
+    pair holds a special token between the texts (RoBERTa, XLM-RoBERTa, DistilBERT). A tokenizer that gives
+    neither (a slow tokenizer, a pair with no separator such as GPT-2's) is a `RecipeError`."""
+    probe = tokenizer("a", "b")
+    if 1 in probe.get("token_type_ids", []):
+        return "token_types"
+    if tokenizer.is_fast and segments.separated(probe.sequence_ids(0)):
+        return "sequence_ids"
+    if tokenizer.is_fast:
+        why = "no token type 1, and no special token between the two texts"
+    else:
+        why = "no token type 1, and a slow tokenizer gives no sequence ids"
+    raise RecipeError(
+        f"{name}: its tokenizer does not mark sentence B of a pair ({why}), which the pair students split pairs by; "
+        "use a checkpoint with a fast tokenizer that does in model.init for a pair task (BERT, ELECTRA, DeBERTa, "
+        "ALBERT mark it with token types; RoBERTa, XLM-RoBERTa, DistilBERT with a separator)"
+    )
 
 
 class TokenRows(Sequence):
@@ -144,10 +155,21 @@ class TokenRows(Sequence):
 
 
 def encode(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None,
+    max_length: int,
+    student_segments: bool = False,
 ) -> dict[str, TokenRows]:
     """Token ids (and token type ids where the model uses them) per example, unpadded, truncated; tokenized
-    `ENCODE_CHUNK` texts at a time into `TokenRows`, so memory grows by 4 bytes a token."""
+    `ENCODE_CHUNK` texts at a time into `TokenRows`, so memory grows by 4 bytes a token.
+
+    With `student_segments`, the `token_type_ids` of pairs are the segment ids the pair students read
+    (`pair_segments`): the tokenizer's own where it marks sentence B with them, else made from its sequence ids.
+    Without, they are what the teacher takes: the tokenizer's own, or none where it gives none."""
+    derive = (
+        student_segments and pairs is not None and pair_segments(tokenizer, tokenizer.name_or_path) == "sequence_ids"
+    )
     values: dict[str, list[np.ndarray]] = {}
     lengths = [np.zeros(1, dtype=np.int64)]
     for start in range(0, len(texts), ENCODE_CHUNK):
@@ -159,13 +181,16 @@ def encode(
             max_length=max_length,
             padding=False,
         )
+        if derive:
+            types = (segments.from_sequence_ids(enc.sequence_ids(row)) for row in range(len(enc["input_ids"])))
+            enc["token_type_ids"] = list(types)
         for key in ("input_ids", "token_type_ids"):
             if key in enc:
                 values.setdefault(key, []).append(np.fromiter((i for row in enc[key] for i in row), dtype=np.int32))
         lengths.append(np.fromiter((len(row) for row in enc["input_ids"]), dtype=np.int64))
     offsets = np.cumsum(np.concatenate(lengths))
     if not values:  # no texts: the keys the tokenizer gives
-        keys = [key for key in ("input_ids", "token_type_ids") if key in tokenizer("")]
+        keys = [key for key in ("input_ids", "token_type_ids") if key in tokenizer("") or derive]
         values = {key: [np.zeros(0, dtype=np.int32)] for key in keys}
     return {key: TokenRows(np.concatenate(chunks), offsets) for key, chunks in values.items()}
 

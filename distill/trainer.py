@@ -20,11 +20,12 @@ import torch
 from edgedistill.common import progress, tracking
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import OptimConfig
+from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import dist
 from edgedistill.distill.device import Placement
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from transformers import get_linear_schedule_with_warmup
+from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 CHECKPOINT = "checkpoint.pt"
 LOG_EVERY = 10  # steps between points of the tracked training curves
@@ -70,27 +71,67 @@ class Progress:
         return next(entry for entry in self.history if entry["step"] == self.best_step)
 
 
-_LAYER = re.compile(r"\.(?:layer|h)\.(\d+)\.")
+@dataclass(frozen=True)
+class _Stack:
+    """A transformers model's stack of Transformer layers: the module list `name`, whose entry i serves layers
+    i * per_entry to (i + 1) * per_entry - 1 of `layers`, inside `encoder` (None where the base model holds it)."""
+
+    name: str
+    layers: int
+    per_entry: int
+    encoder: str | None
 
 
-def _depth(name: str, num_layers: int) -> int:
-    """How far below the head a parameter sits: embeddings deepest, then layers top-down, head 0."""
-    if match := _LAYER.search(name):
-        return num_layers - int(match.group(1))
+def _stacks(model: torch.nn.Module) -> list[_Stack]:
+    """The layer stacks of every transformers model in `model`, found by structure, not names: the first module list
+    that holds its config's `num_hidden_layers` blocks, or, where layers share weights (ALBERT's
+    `num_hidden_groups`), one entry per group. A transformers model without such a list is a `RecipeError`: its
+    layers would silently all learn at the head's rate."""
+    modules = dict(model.named_modules())
+    stacks: dict[str, _Stack] = {}
+    for prefix, module in modules.items():
+        layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
+        if not isinstance(module, PreTrainedModel) or not layers:
+            continue
+        groups = getattr(module.config, "num_hidden_groups", layers)
+        for name, sub in module.named_modules(prefix=prefix):
+            if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and layers % groups == 0:
+                parent = name.rpartition(".")[0]
+                encoder = None if isinstance(modules.get(parent), PreTrainedModel) else parent
+                stacks.setdefault(name, _Stack(name, layers, layers // groups, encoder))
+                break
+        else:
+            raise RecipeError(
+                f"optim.layer_decay: {type(module).__name__} holds no module list of its {layers} layers (or of its "
+                f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
+            )
+    return list(stacks.values())
+
+
+def _depth(name: str, stacks: list[_Stack], num_layers: int) -> int:
+    """How far below the head parameter `name` sits: the head, and what follows the layers (a pooler, GPT-2's final
+    norm), 0; layer i of L, L - i; what several layers share (an ALBERT group, DeBERTa's relative embeddings and
+    the rest of an encoder outside its layers), its lowest layer's L; the embeddings L + 1."""
+    for stack in stacks:
+        if name.startswith(stack.name + "."):
+            entry = int(name[len(stack.name) + 1 :].split(".", 1)[0])
+            return stack.layers - entry * stack.per_entry
+        if stack.encoder and name.startswith(stack.encoder + "."):
+            return stack.layers
     return num_layers + 1 if "embed" in name or ".wte." in name or ".wpe." in name else 0
 
 
 def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     """AdamW groups: no weight decay on biases and LayerNorm weights (the usual BERT recipe); with
     `layer_decay`, each Transformer layer's learning rate is that factor times the one above it."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    num_layers = 1 + max((int(m.group(1)) for n in names if (m := _LAYER.search(n))), default=-1)
+    stacks = _stacks(model) if cfg.layer_decay else []
+    num_layers = max((stack.layers for stack in stacks), default=0)
     groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         decay = 0.0 if param.ndim < 2 or "LayerNorm" in name or "norm" in name else cfg.weight_decay
-        lr = cfg.lr * (cfg.layer_decay ** _depth(name, num_layers) if cfg.layer_decay else 1.0)
+        lr = cfg.lr * (cfg.layer_decay ** _depth(name, stacks, num_layers) if cfg.layer_decay else 1.0)
         groups.setdefault((lr, decay), []).append(param)
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 

@@ -39,7 +39,7 @@ from edgedistill.common.textstyle import as_served
 from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
 from edgedistill.export import optimize, quantize, validate
 from edgedistill.export.fold import fold
 from edgedistill.export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
@@ -57,8 +57,9 @@ def max_length(recipe: Recipe, source: str) -> int:
 
 def token_features(tokenizer, texts: list[str], pairs: list[str] | None, length: int) -> dict[str, list[list[int]]]:
     """`texts` (with their `pairs`) as unpadded token ids with segment ids, zero for single sentences: what the
-    parity checks, the calibration feeds and a cascade's members run on."""
-    feats = encode(tokenizer, texts, pairs, length)
+    parity checks, the calibration feeds and a cascade's members run on. A pair's are the students' (`encode`'s
+    `student_segments`); a teacher that takes none is fed none of them."""
+    feats = encode(tokenizer, texts, pairs, length, student_segments=True)
     feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
     return feats
 
@@ -270,6 +271,9 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         fused_operators=fused,
         disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
         text_style=recipe.text_style,
+        pair_segments=pair_segments(cache.tokenizer, cache.tokenizer.name_or_path)
+        if recipe.data.pairs and "token_type_ids" in source.inputs
+        else "token_types",
     )
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 

@@ -128,6 +128,8 @@ def model_config(bundle: Bundle, batching: Batching):
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
     config.parameters["text_style"].string_value = spec.text_style  # how a client writes texts before tokenizing
+    if spec.pair_segments != "token_types":  # how a client makes a pair's token_type_ids (common.segments)
+        config.parameters["pair_segments"].string_value = spec.pair_segments
     return config
 
 

@@ -4,7 +4,9 @@
 from pathlib import Path
 
 import numpy as np
+from edgedistill.common import segments
 from edgedistill.common.bundle import Bundle
+from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style, as_served
 from edgedistill.serve.errors import BundleRejected, InvalidInput
 from tokenizers import Tokenizer
@@ -24,10 +26,12 @@ class TextEncoder:
         pad_id: int,
         tokenizer_json: str | None = None,
         text_style: Style = "raw",
+        pair_segments: PairSegments = "token_types",
     ):
         """`inputs` maps each model input name to its dtype, `pad_id` pads `input_ids`, `text_style` says how each
-        text is written before tokenizing (all from the bundle spec). With `tokenizer_json` (the text of `path`,
-        already read and verified) the file is not read again; `path` names it in messages."""
+        text is written before tokenizing, `pair_segments` how a pair's `token_type_ids` are made (all from the bundle
+        spec). With `tokenizer_json` (the text of `path`, already read and verified) the file is not read again;
+        `path` names it in messages."""
         unknown = set(inputs) - set(SEQUENCE_INPUTS)
         if unknown or "input_ids" not in inputs:
             raise BundleRejected(
@@ -47,6 +51,7 @@ class TextEncoder:
         self.dtypes = {name: _NUMPY_DTYPES.get(dtype, np.int64) for name, dtype in inputs.items()}
         self.pad_id = pad_id
         self.text_style = text_style
+        self.pair_segments = pair_segments
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         if not 0 <= pad_id < self.vocab_size:
             raise BundleRejected(f"pad_token_id {pad_id} is outside the tokenizer's {self.vocab_size} ids")
@@ -56,7 +61,15 @@ class TextEncoder:
         """The encoder a bundle's spec describes; `tokenizer_json` as read and verified by `read_bundle`."""
         spec = bundle.spec
         inputs = {t.name: t.dtype for t in spec.inputs}
-        return cls(bundle.tokenizer_path, spec.max_length, inputs, spec.pad_token_id, tokenizer_json, spec.text_style)
+        return cls(
+            bundle.tokenizer_path,
+            spec.max_length,
+            inputs,
+            spec.pad_token_id,
+            tokenizer_json,
+            spec.text_style,
+            spec.pair_segments,
+        )
 
     @property
     def _markup_note(self) -> str:
@@ -79,6 +92,9 @@ class TextEncoder:
                         f"{kind} {i} holds nothing the tokenizer keeps (only characters it drops, such as control "
                         f"or zero-width ones{self._markup_note}): the model would see an empty text"
                     )
-            fields = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": enc.type_ids}
+            types = enc.type_ids
+            if pairs is not None and self.pair_segments == "sequence_ids":
+                types = segments.from_sequence_ids(enc.sequence_ids)
+            fields = {"input_ids": enc.ids, "attention_mask": enc.attention_mask, "token_type_ids": types}
             rows.append({name: np.asarray(fields[name], dtype=dtype) for name, dtype in self.dtypes.items()})
         return rows

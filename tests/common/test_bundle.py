@@ -7,7 +7,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle, read_bundle, tokenizer_json
 from tokenizers import Tokenizer
 
-from tests.serve.conftest import spec, tiny_tokenizer, write_bundle, write_cascade
+from tests.serve.conftest import pair_spec, spec, tiny_tokenizer, write_bundle, write_cascade
 
 
 def edited_spec(folder, edit):
@@ -56,6 +56,15 @@ def test_an_invalid_bundle_spec_is_refused_without_the_validators_dump_of_the_in
 
 def test_the_padding_id_is_read_from_the_spec(tmp_path):
     assert load_bundle(write_bundle(tmp_path / "bundle", pad_token_id=4)).spec.pad_token_id == 4
+
+
+def test_a_spec_that_splits_pairs_by_token_types_writes_no_pair_segments():
+    assert "pair_segments" not in spec(**pair_spec()).model_dump()  # as every bundle built before the rule was named
+
+
+def test_a_bundle_s_pair_segments_are_read_from_the_spec(tmp_path):
+    bundle = write_bundle(tmp_path / "bundle", **pair_spec(pair_segments="sequence_ids"))
+    assert load_bundle(bundle).spec.pair_segments == "sequence_ids"
 
 
 def bundle_tokenizer(max_length: int) -> Tokenizer:

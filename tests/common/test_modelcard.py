@@ -226,3 +226,20 @@ def test_stage_contract_writes_the_card_when_a_model_publishes(recipe):
 
     Stage("teacher", recipe, ("data",), build).run()
     assert ModelCard.load(run_dir(recipe) / "teacher" / mf.CARD).data.pipeline_tag == "text-classification"
+
+
+def pairs_of(recipe):
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"text_pair_column": "sentence2"})})
+
+
+def test_pair_student_card_gives_the_model_a_pair_and_its_token_types(recipe):
+    pairs = pairs_of(recipe)
+    text = _text(pairs, _publish(pairs, "student-bilstm", STUDENT_METRICS, STUDENT_INFO))
+    assert 'model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])' in text
+
+
+def test_card_of_a_pair_student_whose_tokenizer_gives_no_token_types_makes_them_from_sequence_ids(recipe):
+    pairs = pairs_of(recipe)
+    info = STUDENT_INFO | {"pair_segments": "sequence_ids"}
+    text = _text(pairs, _publish(pairs, "student-bilstm", STUDENT_METRICS, info))
+    assert "from_sequence_ids(batch.sequence_ids(i))" in text

@@ -1,9 +1,12 @@
 import random
 
+import pytest
 import torch
 from edgedistill.distill.batching import collate, length_grouped_batches
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tests.conftest import ROOT
 
 
 @given(st.lists(st.integers(1, 60), min_size=1, max_size=400), st.integers(1, 40), st.integers(0, 10))
@@ -63,3 +66,167 @@ def test_layer_decay_scales_learning_rates_by_depth():
     flat = _param_groups(model, OptimConfig(lr=1.0))
     assert {g["lr"] for g in flat} == {1.0}
     assert sum(len(g["params"]) for g in flat) == len(params)
+
+
+def rate(lr: float) -> float:
+    """A learning rate to 12 significant digits, where products in another order may differ in the last bits."""
+    return float(f"{lr:.12g}")
+
+
+def default_teacher_groups(recipe: str) -> list[tuple[float, float, int, str, str]]:
+    """The optimizer groups of `recipe`'s teacher (the default recipe's MiniLM, its mean-pooled head), each as
+    (lr to 12 digits, weight_decay, parameters, first name, last name)."""
+    from edgedistill.common.recipe import load_recipe
+    from edgedistill.distill import heads
+    from edgedistill.distill.trainer import _param_groups
+    from transformers import AutoConfig
+
+    cfg = load_recipe(ROOT / "recipes" / recipe)
+    config = AutoConfig.from_pretrained(cfg.model.init, num_labels=cfg.data.num_labels)
+    model = heads.classifier_class(cfg.finetune.pooling)(config)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [
+        (rate(g["lr"]), g["weight_decay"], len(g["params"]), names[id(g["params"][0])], names[id(g["params"][-1])])
+        for g in _param_groups(model, cfg.finetune.optim)
+    ]
+
+
+def minilm_layer_groups(lr: float) -> list[tuple[float, float, int, str, str]]:
+    """Layer i of the six: its weights, then its biases and LayerNorm weights."""
+    groups = []
+    for i in range(6):
+        layer = f"bert.encoder.layer.{i}"
+        decayed = rate(lr * 0.85 ** (6 - i))
+        groups += [
+            (decayed, 0.01, 6, f"{layer}.attention.self.query.weight", f"{layer}.output.dense.weight"),
+            (decayed, 0.0, 10, f"{layer}.attention.self.query.bias", f"{layer}.output.LayerNorm.bias"),
+        ]
+    return groups
+
+
+def test_the_default_teacher_s_layer_decay_groups_are_its_embeddings_each_layer_and_the_head():
+    lr = 1.0e-4
+    assert default_teacher_groups("sst2-llrd.yaml") == (
+        [
+            (
+                rate(lr * 0.85**7),
+                0.01,
+                3,
+                "bert.embeddings.word_embeddings.weight",
+                "bert.embeddings.token_type_embeddings.weight",
+            ),
+            (rate(lr * 0.85**7), 0.0, 2, "bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias"),
+            *minilm_layer_groups(lr),
+            (lr, 0.01, 1, "classifier.weight", "classifier.weight"),
+            (lr, 0.0, 1, "classifier.bias", "classifier.bias"),
+        ]
+    )
+
+
+def test_the_default_teacher_without_layer_decay_has_one_rate_and_two_weight_decays():
+    assert [group[:3] for group in default_teacher_groups("sst2.yaml")] == [(1.0e-4, 0.01, 40), (1.0e-4, 0.0, 63)]
+
+
+def decayed_rates(model) -> dict[str, float]:
+    """Each parameter's learning rate at lr 1, layer_decay 0.5."""
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.distill.trainer import _param_groups
+
+    rates = {id(p): g["lr"] for g in _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5)) for p in g["params"]}
+    return {name: rates[id(param)] for name, param in model.named_parameters()}
+
+
+def tiny_albert():
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    config = AlbertConfig(
+        vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
+        intermediate_size=16,
+    )  # fmt: skip
+    return AlbertForSequenceClassification(config)
+
+
+def test_albert_s_shared_layer_learns_at_its_lowest_layer_s_rate():
+    rates = decayed_rates(tiny_albert())
+    assert rates["albert.encoder.albert_layer_groups.0.albert_layers.0.ffn.weight"] == 0.5**4
+
+
+def test_albert_s_embeddings_learn_below_its_shared_layer():
+    assert decayed_rates(tiny_albert())["albert.embeddings.word_embeddings.weight"] == 0.5**5
+
+
+def tiny_deberta():
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    config = DebertaV2Config(
+        vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16,
+        relative_attention=True, position_buckets=8, norm_rel_ebd="layer_norm",
+    )  # fmt: skip
+    return DebertaV2ForSequenceClassification(config)
+
+
+@pytest.mark.parametrize("name", ["deberta.encoder.rel_embeddings.weight", "deberta.encoder.LayerNorm.weight"])
+def test_deberta_s_relative_embeddings_learn_at_its_lowest_layer_s_rate(name):
+    assert decayed_rates(tiny_deberta())[name] == 0.5**3
+
+
+def encoders():
+    """A tiny classifier of each encoder the bert and gpt families take, and the name of its layer 1's weight."""
+    from transformers import (
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        ElectraConfig,
+        ElectraForSequenceClassification,
+        GPT2Config,
+        GPT2ForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
+
+    sizes = {"vocab_size": 50, "num_attention_heads": 2}
+    return {
+        "roberta": (
+            RobertaForSequenceClassification(
+                RobertaConfig(**sizes, hidden_size=16, num_hidden_layers=3, intermediate_size=16)
+            ),
+            "roberta.encoder.layer.1.output.dense.weight",
+        ),
+        "distilbert": (
+            DistilBertForSequenceClassification(
+                DistilBertConfig(vocab_size=50, dim=16, n_layers=3, n_heads=2, hidden_dim=16)
+            ),
+            "distilbert.transformer.layer.1.ffn.lin1.weight",
+        ),
+        "electra": (
+            ElectraForSequenceClassification(
+                ElectraConfig(**sizes, embedding_size=8, hidden_size=16, num_hidden_layers=3, intermediate_size=16)
+            ),
+            "electra.encoder.layer.1.output.dense.weight",
+        ),
+        "gpt2": (
+            GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_embd=16, n_layer=3, n_head=2, pad_token_id=0)),
+            "transformer.h.1.mlp.c_fc.weight",
+        ),
+    }
+
+
+@pytest.mark.parametrize("arch", ["roberta", "distilbert", "electra", "gpt2"])
+def test_each_encoder_s_layer_1_of_3_learns_at_two_decays_below_the_head(arch):
+    model, name = encoders()[arch]
+    assert decayed_rates(model)[name] == 0.5**2
+
+
+def test_gpt2_s_final_norm_learns_at_the_head_s_rate():
+    model, _ = encoders()["gpt2"]
+    assert decayed_rates(model)["transformer.ln_f.weight"] == 1.0
+
+
+def test_a_transformers_model_whose_layers_are_not_found_is_refused_layer_decay():
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.common.recipe import RecipeError
+    from edgedistill.distill.trainer import _param_groups
+
+    model = tiny_deberta()
+    model.config.num_hidden_layers = 5  # no module list of 5 layers
+    with pytest.raises(RecipeError, match="holds no module list of its 5 layers"):
+        _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))

@@ -100,3 +100,10 @@ def test_pair_data_with_a_gpt_teacher_is_refused_at_load(tmp_path):
     recipe.write_text(pair_recipe(paths).replace("family: bert", "family: gpt"))
     with pytest.raises(RecipeError, match="token_type_ids"):
         load_recipe(recipe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bundle", ["bilstm-fp32", "cnn-folded", "transformer-int8"])
+def test_a_bert_pair_bundle_records_no_segment_rule_but_the_token_types_bundles_always_had(pair_run, bundle):
+    run, _ = pair_run
+    assert "pair_segments" not in mf.load(run / f"bundle-{bundle}").info["bundle"]

@@ -4,12 +4,11 @@ from pathlib import Path
 import pytest
 from edgedistill.distill import __main__ as distill_main
 from edgedistill.distill.students import ARCHITECTURES
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-from transformers import RobertaConfig, RobertaForMaskedLM, RobertaTokenizerFast
 
 from tests.conftest import ROOT
 from tests.distill import extension
 from tests.pair_task import pair_recipe, write_pair_task
+from tests.roberta_init import write_roberta
 
 
 @pytest.mark.parametrize("stage", ["transfer", "distill"])
@@ -40,31 +39,14 @@ def test_jobs_below_one_says_it_must_be_at_least_1(capsys):
     assert "argument --jobs: must be at least 1, got 0" in capsys.readouterr().err
 
 
-def _roberta_init(folder: Path, texts: list[str]) -> Path:
-    """A tiny RoBERTa checkpoint in `folder`: its tokenizer (byte-level BPE, no token type ids) trained on `texts`."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok.train_from_iterator(
-        texts, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=alphabet)
-    )
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    tokenizer = RobertaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", mask_token="<mask>")
-    tokenizer.save_pretrained(folder)
-    config = RobertaConfig(
-        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        type_vocab_size=1,
-    )  # fmt: skip
-    RobertaForMaskedLM(config).save_pretrained(folder)
-    return folder
-
-
-def test_a_pair_task_whose_init_tokenizer_gives_no_token_types_stops_before_pretraining(tmp_path, capsys):
+def test_a_pair_task_whose_init_tokenizer_marks_no_boundary_between_the_texts_stops_before_pretraining(
+    tmp_path, capsys
+):
     paths = write_pair_task(tmp_path / "data", train=200, dev=50, unlabelled=300)
     recipe = tmp_path / "pairs.yaml"
     recipe.write_text(pair_recipe(paths))
-    init = _roberta_init(tmp_path / "roberta", paths["unlabelled"].read_text().splitlines())
+    texts = paths["unlabelled"].read_text().splitlines()
+    init = write_roberta(tmp_path / "roberta", texts, separated=False)
     assert distill_main.main(["teacher", str(recipe), f"--model.init={init}"]) == 2
     assert f"error: {init}: its tokenizer does not mark sentence B" in capsys.readouterr().err
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "pretrain").exists()

@@ -5,11 +5,12 @@ import pytest
 import torch
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import tokenization
-from edgedistill.distill.tokenization import encode, load_tokenizer, require_segments, train_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments, train_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2ForSequenceClassification, PreTrainedTokenizerFast
+from transformers import ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from tests.distill.gpt_init import write_gpt2
+from tests.roberta_init import write_roberta
 
 TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull plot"] * 20
 
@@ -62,15 +63,75 @@ def test_encode_tokenizes_a_chunk_of_texts_at_a_time(monkeypatch):
     assert max(counting.sizes) == 7
 
 
-def test_a_bert_tokenizer_is_accepted_for_pairs():
+def test_a_bert_tokenizer_s_pairs_are_split_by_its_token_types():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     assert tokenizer("a", "b")["token_type_ids"] == [0, 0, 0, 1, 1]  # [CLS] a [SEP] b [SEP]: the pair it probes
-    require_segments(tokenizer, "bert")  # a refusal raises RecipeError
+    assert pair_segments(tokenizer, "bert") == "token_types"
 
 
-def test_a_tokenizer_that_does_not_mark_sentence_b_is_refused_for_pairs():
-    with pytest.raises(RecipeError, match="does not mark sentence B"):
-        require_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
+def test_a_bert_pair_s_student_segment_ids_are_its_tokenizer_s_token_type_ids():
+    tokenizer = train_tokenizer("bert", TEXTS, 60)
+    pairs = TEXTS[1:31]
+    students = encode(tokenizer, TEXTS[:30], pairs, 16, student_segments=True)["token_type_ids"]
+    assert list(students) == tokenizer(TEXTS[:30], pairs, truncation=True, max_length=16)["token_type_ids"]
+
+
+def distilbert_style(bert: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """`bert`'s WordPiece and pair template without token type ids among its outputs, as DistilBERT's tokenizer."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bert.backend_tokenizer, pad_token="[PAD]", model_input_names=["input_ids", "attention_mask"]
+    )
+
+
+def test_a_distilbert_style_tokenizer_s_pairs_are_split_by_its_sequence_ids():
+    assert pair_segments(distilbert_style(train_tokenizer("bert", TEXTS, 60)), "distilbert") == "sequence_ids"
+
+
+def test_a_distilbert_style_pair_is_split_where_bert_s_token_types_split_it():
+    bert = train_tokenizer("bert", TEXTS, 60)
+    made = encode(distilbert_style(bert), TEXTS[:30], TEXTS[1:31], 16, student_segments=True)["token_type_ids"]
+    assert list(made) == list(encode(bert, TEXTS[:30], TEXTS[1:31], 16)["token_type_ids"])
+
+
+def test_a_gpt_tokenizer_is_refused_for_pairs():
+    with pytest.raises(RecipeError, match="does not mark sentence B of a pair .no token type 1, and no special token"):
+        pair_segments(train_tokenizer("gpt", TEXTS, 300), "gpt")
+
+
+@pytest.fixture(scope="module")
+def roberta(tmp_path_factory):
+    return load_tokenizer(str(write_roberta(tmp_path_factory.mktemp("roberta"), TEXTS)))
+
+
+def test_a_roberta_tokenizer_s_pairs_are_split_by_its_sequence_ids(roberta):
+    assert pair_segments(roberta, "roberta") == "sequence_ids"
+
+
+def test_a_roberta_pair_s_student_segment_ids_mark_sentence_b_and_its_end(roberta):
+    a, b = (len(roberta(text, add_special_tokens=False)["input_ids"]) for text in ("a dog", "dull"))
+    types = encode(roberta, ["a dog"], ["dull"], 32, student_segments=True)["token_type_ids"][0]
+    assert types == [0] * (1 + a + 2) + [1] * (b + 1)  # <s> a dog </s> </s> | dull </s>
+
+
+def test_a_roberta_teacher_is_given_no_token_type_ids_for_pairs(roberta):
+    assert "token_type_ids" not in encode(roberta, ["a dog"], ["dull"], 32)
+
+
+def test_a_truncated_roberta_pair_keeps_sentence_b_marked(roberta):
+    long = " ".join(TEXTS[:6])
+    types = encode(roberta, [long], [long], 12, student_segments=True)["token_type_ids"][0]
+    assert types == [0] * 7 + [1] * 5  # <s> A </s> </s> | B </s>, each text cut to 4 tokens
+
+
+def test_a_slow_tokenizer_without_token_type_1_is_refused_for_pairs():
+    with pytest.raises(RecipeError, match="a slow tokenizer gives no sequence ids"):
+        pair_segments(ByT5Tokenizer(), "byt5")  # Python, no files: A </s> B </s>, no token types
+
+
+def test_a_tokenizer_whose_pairs_mark_no_boundary_is_refused_for_pairs(tmp_path):
+    tokenizer = load_tokenizer(str(write_roberta(tmp_path / "joined", TEXTS, separated=False)))
+    with pytest.raises(RecipeError, match="joined: its tokenizer does not mark sentence B"):
+        pair_segments(tokenizer, "joined")
 
 
 def saved_gpt_tokenizer(tmp_path):

@@ -43,7 +43,12 @@ def plan_build(max_batch: int) -> dict:
 
 
 def make_bundle(
-    tmp_path, runtime="onnxruntime", version="1", build: dict | None = None, providers=("CPUExecutionProvider",)
+    tmp_path,
+    runtime="onnxruntime",
+    version="1",
+    build: dict | None = None,
+    providers=("CPUExecutionProvider",),
+    pair_segments="token_types",
 ):
     model_file = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}[runtime]
     folder = tmp_path / f"bundle-{runtime}"
@@ -70,6 +75,7 @@ def make_bundle(
             model_file=model_file,
             arch="tiny",
             opset=17,
+            pair_segments=pair_segments,
         )
         base = mf.Manifest(stage="bundle-tiny", recipe="tiny", recipe_hash="h", config_hash="c")
         if build is None and runtime == "tensorrt":
@@ -219,6 +225,16 @@ def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
 def test_the_config_gives_the_bundles_text_style_for_clients_that_tokenize(tmp_path):
     config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
     assert config.parameters["text_style"].string_value == "raw"  # the spec's default: a bundle built without one
+
+
+def test_the_config_gives_a_bundle_s_pair_segments_for_clients_that_tokenize_pairs(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path, pair_segments="sequence_ids"), tmp_path / "repo"))
+    assert config.parameters["pair_segments"].string_value == "sequence_ids"
+
+
+def test_the_config_of_a_bundle_that_splits_pairs_by_token_types_has_no_pair_segments(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert "pair_segments" not in config.parameters
 
 
 def test_the_cli_has_a_flag_for_every_batching_option(capsys):
