@@ -207,7 +207,7 @@ def test_a_file_name_that_is_no_run_name_says_the_name_comes_from_it(tmp_path):
 
 
 def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
-    with pytest.raises(RecipeError) as refused:
+    with pytest.raises(RecipeError, match=r"exp\.yaml: name: 'my exp' is not valid: give the run folder's") as refused:
         load_recipe(write(tmp_path, MINIMAL), {"name": "my exp"})
     assert "file name" not in str(refused.value)
 
@@ -403,7 +403,7 @@ def test_an_unquoted_variable_inside_brackets_says_to_quote_it(tmp_path):
 
 
 def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
-    with pytest.raises(RecipeError) as refused:
+    with pytest.raises(RecipeError, match=r"exp\.yaml: not valid YAML: ") as refused:
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: 1\n"))
     assert "quote a value" not in str(refused.value)
 
