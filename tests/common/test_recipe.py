@@ -97,7 +97,10 @@ def test_overrides_parse_and_apply(tmp_path):
     assert recipe.finetune.optim.lr == 3e-5
     assert recipe.model.family == "gpt"
     assert recipe.name == "other"
-    with pytest.raises(RecipeError, match="must look like"):
+
+
+def test_an_override_without_its_dashes_and_value_is_refused():
+    with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
 
 
@@ -107,7 +110,10 @@ def test_extends_merges_sections(tmp_path):
     assert recipe.name == "exp"
     assert recipe.finetune.optim.lr == 0.2
     assert recipe.finetune.optim.epochs == 3
-    with pytest.raises(RecipeError, match="does not exist"):
+
+
+def test_extends_of_a_missing_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"bad\.yaml: extends nope\.yaml, which does not exist"):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
 
