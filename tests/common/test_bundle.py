@@ -49,7 +49,7 @@ def test_an_invalid_bundle_spec_is_refused_naming_the_key_and_its_problem(tmp_pa
 
 def test_an_invalid_bundle_spec_is_refused_without_the_validators_dump_of_the_input(tmp_path):
     folder = with_bad_max_length(write_bundle(tmp_path / "bundle"))
-    with pytest.raises(mf.ArtifactError) as caught:
+    with pytest.raises(mf.ArtifactError, match="invalid bundle spec: max_length: ") as caught:
         load_bundle(folder, verify=False)
     assert "input_value" not in str(caught.value)
 

@@ -97,7 +97,10 @@ def test_overrides_parse_and_apply(tmp_path):
     assert recipe.finetune.optim.lr == 3e-5
     assert recipe.model.family == "gpt"
     assert recipe.name == "other"
-    with pytest.raises(RecipeError, match="must look like"):
+
+
+def test_an_override_without_its_dashes_and_value_is_refused():
+    with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
 
 
@@ -107,7 +110,10 @@ def test_extends_merges_sections(tmp_path):
     assert recipe.name == "exp"
     assert recipe.finetune.optim.lr == 0.2
     assert recipe.finetune.optim.epochs == 3
-    with pytest.raises(RecipeError, match="does not exist"):
+
+
+def test_extends_of_a_missing_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"bad\.yaml: extends nope\.yaml, which does not exist"):
         load_recipe(write(tmp_path, "extends: nope.yaml\n", "bad.yaml"))
 
 
@@ -207,7 +213,7 @@ def test_a_file_name_that_is_no_run_name_says_the_name_comes_from_it(tmp_path):
 
 
 def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path):
-    with pytest.raises(RecipeError) as refused:
+    with pytest.raises(RecipeError, match=r"exp\.yaml: name: 'my exp' is not valid: give the run folder's") as refused:
         load_recipe(write(tmp_path, MINIMAL), {"name": "my exp"})
     assert "file name" not in str(refused.value)
 
@@ -403,7 +409,7 @@ def test_an_unquoted_variable_inside_brackets_says_to_quote_it(tmp_path):
 
 
 def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
-    with pytest.raises(RecipeError) as refused:
+    with pytest.raises(RecipeError, match=r"exp\.yaml: not valid YAML: ") as refused:
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: 1\n"))
     assert "quote a value" not in str(refused.value)
 

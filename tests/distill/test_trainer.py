@@ -83,7 +83,7 @@ def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
 @pytest.mark.parametrize("content", [b"not a checkpoint", b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01cos\nsystem\nq\x02s."])
 def test_an_unreadable_checkpoint_is_not_met_with_advice_to_load_it_unsafely(tmp_path, content):
     (tmp_path / CHECKPOINT).write_bytes(content)
-    with pytest.raises(CheckpointError) as refused:
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt cannot be read") as refused:
         trained(tmp_path)
     assert "weights_only" not in str(refused.value)
 

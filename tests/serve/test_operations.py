@@ -256,33 +256,72 @@ def test_a_reflection_stream_cancelled_while_its_replies_are_sent_counts_as_canc
     assert metric(text, "edgedistill_requests_total", method=method, code="CANCELLED") == 1
 
 
-def test_metrics_count_ok_and_failed_calls_their_timings_batches_and_the_model(served):
+CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+
+
+@pytest.fixture(scope="module")
+def two_calls_scraped(served) -> tuple[str, str]:
+    """Scrapes of the module's server before and after two calls of Classify: one of two texts, one refused as
+    empty."""
+    before = scrape(served)
     with served.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=10)
-        with pytest.raises(grpc.RpcError):
+        with contextlib.suppress(grpc.RpcError):  # its code is read from the scrape below
             stub.Classify(pb.ClassifyRequest(), timeout=10)
+    refused = {"method": CLASSIFY, "code": "INVALID_ARGUMENT"}
     # `abort` sends the status before the handler's wrapper records the call: allow it a moment
     deadline = time.monotonic() + 5
-    while "INVALID_ARGUMENT" not in (text := scrape(served)) and time.monotonic() < deadline:
+    while (
+        metric(after := scrape(served), "edgedistill_requests_total", **refused)
+        == metric(before, "edgedistill_requests_total", **refused)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
-    assert metric(text, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code="OK") >= 1
-    assert (
-        metric(
-            text, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code="INVALID_ARGUMENT"
-        )
-        >= 1
-    )
-    assert metric(text, "edgedistill_errors_total", code="INVALID_ARGUMENT") >= 1
-    assert metric(text, "edgedistill_request_seconds_count", method="/edgedistill.v1.Classifier/Classify") >= 2
-    assert metric(text, "edgedistill_queue_wait_seconds_count") >= 1
-    assert metric(text, "edgedistill_inference_seconds_count") >= 1
-    assert metric(text, "edgedistill_batch_size_sum") >= 2
-    assert "edgedistill_queue_depth 0.0" in text
-    assert (
-        metric(text, "edgedistill_model_info", name="tiny-sentiment", version="1", providers="CPUExecutionProvider")
-        == 1
-    )
+    return before, after
+
+
+def rise(scrapes: tuple[str, str], sample_name: str, **labels) -> float:
+    """How much a sample rose between two scrapes."""
+    before, after = scrapes
+    return metric(after, sample_name, **labels) - metric(before, sample_name, **labels)
+
+
+def test_metrics_count_an_ok_call_by_method_and_code(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_requests_total", method=CLASSIFY, code="OK") == 1
+
+
+def test_metrics_count_a_refused_call_by_method_and_code(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_requests_total", method=CLASSIFY, code="INVALID_ARGUMENT") == 1
+
+
+def test_metrics_count_a_refused_call_as_an_error_by_its_code(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT") == 1
+
+
+def test_metrics_time_every_call_by_method(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_request_seconds_count", method=CLASSIFY) == 2
+
+
+def test_metrics_time_the_queue_wait_of_a_request_that_reached_the_batcher(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_queue_wait_seconds_count") == 1
+
+
+def test_metrics_time_the_inference_of_a_batch(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_inference_seconds_count") >= 1  # the batcher may cut the texts
+
+
+def test_metrics_sum_the_rows_of_the_batches(two_calls_scraped):
+    assert rise(two_calls_scraped, "edgedistill_batch_size_sum") == 2
+
+
+def test_metrics_show_the_queue_empty_once_the_calls_ended(two_calls_scraped):
+    assert "edgedistill_queue_depth 0.0" in two_calls_scraped[1]
+
+
+def test_metrics_name_the_served_model_its_version_and_providers(two_calls_scraped):
+    labels = {"name": "tiny-sentiment", "version": "1", "providers": "CPUExecutionProvider"}
+    assert metric(two_calls_scraped[1], "edgedistill_model_info", **labels) == 1
 
 
 @pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
@@ -620,9 +659,9 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     dropped -= sum(metric(before, "edgedistill_dropped_rows_total", reason=r) for r in ("cancelled", "deadline"))
     assert dropped == 3
     assert metric(after, "edgedistill_batch_size_count") == metric(before, "edgedistill_batch_size_count")
-    codes = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
-    assert codes["DEADLINE_EXCEEDED"] >= 1
-    assert codes["CANCELLED"] >= 1
+    calls = {c: metric(after, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) - metric(before, "edgedistill_requests_total", method="/edgedistill.v1.Classifier/Classify", code=c) for c in ("DEADLINE_EXCEEDED", "CANCELLED")}  # fmt: skip
+    assert calls["DEADLINE_EXCEEDED"] == 1
+    assert calls["CANCELLED"] == 1
 
 
 def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_queue):

@@ -120,9 +120,16 @@ def refused_calls(server) -> float:
     return seen
 
 
-def test_retry_settings_are_checked():
+def test_retry_options_refuse_more_retries_than_grpc_allows():
     with pytest.raises(ValueError, match="between 0 and 4"):
         retry_options(5)
+
+
+def test_the_client_cli_refuses_more_retries_than_grpc_allows(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--retries", "9", "text"])
+    assert "argument --retries: invalid choice: 9" in capsys.readouterr().err
+
+
+def test_the_client_cli_retries_three_times_by_default():
     assert build_parser().parse_args(["text"]).retries == 3
