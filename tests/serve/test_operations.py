@@ -92,11 +92,18 @@ def test_health_is_not_serving_until_warm_then_serving_then_not_serving_while_dr
     channel.close()
 
 
+def capture_json(caplog) -> None:
+    """Capture the server's JSON log lines from here on, formatted as they are logged (request ids and all); what
+    was captured before (such as asyncio's line about a task of an earlier test collected meanwhile) is dropped."""
+    caplog.handler.setFormatter(JsonFormatter())
+    caplog.clear()
+
+
 def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
     """Stop `server` (a grace of 0.3 s) while a Classify call is held in the tokenizer; `cancel_it`: its client
     cancels it meanwhile, before the grace runs out. The client's status code, the server's scrape after it stopped
     and its log lines."""
-    caplog.handler.setFormatter(JsonFormatter())
+    capture_json(caplog)
     with caplog.at_level(logging.INFO), server.channel() as channel:
         call = classifier_pb2_grpc.ClassifierStub(channel).Classify.future(
             pb.ClassifyRequest(texts=[GATED]), timeout=30
@@ -506,7 +513,7 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
 
 def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_server, make_bundle, caplog):
     server = start_server(settings_for(make_bundle("v1"), admin_token=ADMIN_TOKEN))
-    caplog.handler.setFormatter(JsonFormatter())
+    capture_json(caplog)
     with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
         classifier_pb2_grpc.ClassifierStub(channel).Reload(
             pb.ReloadRequest(), metadata=[*ADMIN, ("x-request-id", "swap-1")], timeout=10
