@@ -25,6 +25,7 @@ from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import device, heads
+from edgedistill.distill.tokenization import load_tokenizer
 from rich.console import Console
 
 STAGE = "bench"
@@ -79,7 +80,7 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, met
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = heads.load_teacher(folder).eval().to(on)
     name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
-    names = heads.teacher_inputs(model.config)
+    names = heads.teacher_inputs(model.config, load_tokenizer(str(folder)))
 
     def call(feed):
         logits = model(**feed).logits

@@ -154,26 +154,23 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
     ]
 
 
-def _student_call(pairs: bool, derived: bool) -> list[str]:
-    """A student's logits for a text, or for a pair with its segment ids as training made them: the tokenizer's
-    token types, or, `derived`, from its sequence ids (`common.segments`)."""
-    if not pairs:
-        return [
-            'batch = tokenizer(["a text"], truncation=True, max_length=model.config.max_length, return_tensors="pt")',
-            'logits = model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))',
+FROM_SEQUENCE_IDS = "from edgedistill.common.segments import from_sequence_ids"
+
+
+def _tokenized(pairs: bool, derived: bool, cut: str, tensors: str) -> list[str]:
+    """Code tokenizing a text, or a text and its pair, into `batch` (`tensors` "pt" or "np", cut by the arguments
+    `cut`), a pair's segment ids as training made them: the tokenizer's token types, or, `derived`, from its sequence
+    ids (`common.segments`)."""
+    texts = '["a text"], ["its pair"]' if pairs else '["a text"]'
+    code = [f'batch = tokenizer({texts}, {cut}, return_tensors="{tensors}")']
+    if derived:
+        array = "torch.tensor" if tensors == "pt" else "np.array"
+        code += [
+            "# the tokenizer gives no token type 1: sentence B's segment ids come from its sequence ids, as in training",
+            f'batch["token_type_ids"] = {array}('
+            '[from_sequence_ids(batch.sequence_ids(i)) for i in range(len(batch["input_ids"]))])',
         ]
-    tokenized = [
-        'batch = tokenizer(["a text"], ["its pair"], truncation=True, max_length=model.config.max_length, '
-        'return_tensors="pt")'
-    ]
-    if not derived:
-        return [*tokenized, 'logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])']
-    return [
-        *tokenized,
-        "# the tokenizer gives no token type 1: sentence B's segment ids come from its sequence ids, as in training",
-        'types = torch.tensor([from_sequence_ids(batch.sequence_ids(i)) for i in range(len(batch["input_ids"]))])',
-        'logits = model(batch["input_ids"], batch["attention_mask"], types)',
-    ]
+    return code
 
 
 def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
@@ -190,15 +187,17 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
         ]
     elif kind in ("student", "baseline"):
         derived = recipe.data.pairs and info.get("pair_segments") == "sequence_ids"
+        types = 'batch["token_type_ids"]' if recipe.data.pairs else 'batch.get("token_type_ids")'
         code = [
-            *(["import torch", "from edgedistill.common.segments import from_sequence_ids"] if derived else []),
+            *(["import torch", FROM_SEQUENCE_IDS] if derived else []),
             "from edgedistill.distill.students import Student",
             "from transformers import AutoTokenizer",
             "",
             f'model = Student.from_pretrained("{folder}")  # or a Hub repository it was pushed to',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             "# cut as training, evaluation and the server cut: a Transformer student has no position beyond it",
-            *_student_call(recipe.data.pairs, derived),
+            *_tokenized(recipe.data.pairs, derived, "truncation=True, max_length=model.config.max_length", "pt"),
+            f'logits = model(batch["input_ids"], batch["attention_mask"], {types})',
         ]
     else:
         served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]
@@ -210,6 +209,7 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
         # without the optimizers it turns off (they would undo a build choice on load: docs/export.md).
         options = f", providers={spec['providers']}" if spec["providers"] != ["CPUExecutionProvider"] else ""
         options += f", disabled_optimizers={spec['disabled_optimizers']}" if spec.get("disabled_optimizers") else ""
+        derived = recipe.data.pairs and spec.get("pair_segments") == "sequence_ids"
         return [
             *served,
             "",
@@ -217,12 +217,14 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             "docs/export.md says where optimum's `ORTModelForSequenceClassification` stands):",
             "",
             "```python",
+            *(["import numpy as np"] if derived else []),
             "import onnxruntime as ort",
+            *([FROM_SEQUENCE_IDS] if derived else []),
             "from transformers import AutoTokenizer",
             "",
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             f'session = ort.InferenceSession("{folder}/{spec["model_file"]}"{options})',
-            'batch = tokenizer(["a text"], truncation=True, return_tensors="np")',
+            *_tokenized(recipe.data.pairs, derived, "truncation=True", "np"),
             'logits = session.run(["logits"], {i.name: batch[i.name] for i in session.get_inputs()})[0]',
             "```",
         ]

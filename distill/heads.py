@@ -59,11 +59,13 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-def teacher_inputs(config) -> tuple[str, ...]:
-    """The inputs a teacher with this transformers `config` takes, in order: token type ids only where it has two
-    or more (`type_vocab_size`); GPT-2 and DistilBERT have none, RoBERTa and XLM-RoBERTa one, which a 1 would
-    index past, DeBERTa-v2 by default none (it ignores them)."""
-    return TOKEN_INPUTS if getattr(config, "type_vocab_size", 0) > 1 else TOKEN_INPUTS[:2]
+def teacher_inputs(config, tokenizer) -> tuple[str, ...]:
+    """The inputs a teacher with this transformers `config` takes, in order, as training fed it: token type ids only
+    where it has two or more (`type_vocab_size`) and its `tokenizer` gives them; GPT-2 and DistilBERT have none,
+    RoBERTa and XLM-RoBERTa one, which a 1 would index past, DeBERTa-v2 by default none (it ignores them), and
+    BigBird's tokenizer gives none, so its teacher learnt with type 0 throughout."""
+    segments = getattr(config, "type_vocab_size", 0) > 1 and "token_type_ids" in tokenizer.model_input_names
+    return TOKEN_INPUTS if segments else TOKEN_INPUTS[:2]
 
 
 def _family_of(config) -> str | None:

@@ -14,6 +14,7 @@ import torch
 from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
 from edgedistill.distill.students import count_parameters
+from edgedistill.distill.tokenization import load_tokenizer
 from torch import nn
 
 
@@ -63,7 +64,7 @@ def load_source(folder: Path) -> Source:
         model = heads.load_teacher(folder, attn_implementation="eager").eval()
         cfg = model.config
         params = count_parameters(model)
-        inputs = heads.teacher_inputs(cfg)
+        inputs = heads.teacher_inputs(cfg, load_tokenizer(str(folder)))
         wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
         module = wrapper(model).eval()  # export restores the wrapper's mode on every submodule
         if cfg.model_type == "gpt2":  # not an encoder the fusions take

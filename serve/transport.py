@@ -181,8 +181,10 @@ def model_config(
 ) -> kserve_pb2.ModelConfigResponse.ModelConfig:
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
     a request's most rows (MAX_TEXTS) as `max_batch_size`, the label names as the parameter `labels` (a JSON list)
-    beside each output's `label_filename`, the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`, and the
-    style the server writes texts in before tokenizing as `text_style`."""
+    beside each output's `label_filename`, the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`, the
+    style the server writes texts in before tokenizing as `text_style`, and, as a bundle's Triton `config.pbtxt`
+    does, `pair_segments` where a pair's segment ids come from sequence ids (`common.segments`): how a client that
+    sends token ids makes `token_type_ids`."""
     spec = runtime.spec
     platform, backend = platform_of(runtime)
     Config = kserve_pb2.ModelConfigResponse
@@ -199,6 +201,8 @@ def model_config(
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
     config.parameters["text_style"].string_value = runtime.describe().text_style
+    if isinstance(runtime, ModelRuntime) and runtime.spec.pair_segments != "token_types":
+        config.parameters["pair_segments"].string_value = runtime.spec.pair_segments
     return config
 
 

@@ -243,3 +243,16 @@ def test_card_of_a_pair_student_whose_tokenizer_gives_no_token_types_makes_them_
     info = STUDENT_INFO | {"pair_segments": "sequence_ids"}
     text = _text(pairs, _publish(pairs, "student-bilstm", STUDENT_METRICS, info))
     assert "from_sequence_ids(batch.sequence_ids(i))" in text
+
+
+def test_pair_bundle_card_runs_the_model_on_a_pair(recipe):
+    pairs = pairs_of(recipe)
+    folder = _publish(pairs, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert 'batch = tokenizer(["a text"], ["its pair"], truncation=True, return_tensors="np")' in _text(pairs, folder)
+
+
+def test_card_of_a_pair_bundle_whose_tokenizer_gives_no_token_types_makes_them_from_sequence_ids(recipe):
+    pairs = pairs_of(recipe)
+    info = _bundle_info(pair_segments="sequence_ids")
+    folder = _publish(pairs, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert 'batch["token_type_ids"] = np.array([from_sequence_ids(batch.sequence_ids(i))' in _text(pairs, folder)

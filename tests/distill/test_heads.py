@@ -6,6 +6,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import heads
+from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
@@ -82,6 +83,9 @@ def test_built_from_a_plain_bert_checkpoint_keeps_its_encoder(tmp_path):
 @pytest.mark.slow
 def test_exported_and_fused_graph_matches_pytorch(tmp_path):
     tiny_mean_pooled().save_pretrained(tmp_path / "staged")
+    train_tokenizer("bert", ["a fine film about a dog", "the dog was dull"] * 20, 60).save_pretrained(
+        tmp_path / "staged"
+    )
     artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
     mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
     source = load_source(tmp_path / "teacher")

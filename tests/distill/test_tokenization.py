@@ -1,11 +1,16 @@
 """Tokenizers trained from text, and the check that a pair task's tokenizer marks sentence B."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import tokenization
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments, train_tokenizer
+from edgedistill.serve.encoding import TextEncoder
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
@@ -121,6 +126,28 @@ def test_a_truncated_roberta_pair_keeps_sentence_b_marked(roberta):
     long = " ".join(TEXTS[:6])
     types = encode(roberta, [long], [long], 12, student_segments=True)["token_type_ids"][0]
     assert types == [0] * 7 + [1] * 5  # <s> A </s> </s> | B </s>, each text cut to 4 tokens
+
+
+WORDS = st.sampled_from([*" ".join(TEXTS[:3]).split(), "caf\u00e9", "don't", "42", "zyx", "!?"])
+SENTENCES = st.lists(WORDS, min_size=1, max_size=12).map(" ".join)
+
+
+@pytest.fixture(scope="module", params=["roberta", "distilbert"])
+def derived(request, roberta):
+    """A tokenizer whose pairs carry no token type 1, as training loads it and as the server reads its json."""
+    tokenizer = roberta if request.param == "roberta" else distilbert_style(train_tokenizer("bert", TEXTS, 60))
+    return tokenizer, tokenizer.backend_tokenizer.to_str()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(pairs=st.lists(st.tuples(SENTENCES, SENTENCES), min_size=1, max_size=6), length=st.integers(8, 24))
+def test_the_server_makes_the_segment_ids_training_makes_for_any_pair(derived, pairs, length):
+    tokenizer, tokenizer_json = derived
+    texts, seconds = (list(side) for side in zip(*pairs, strict=True))
+    inputs = {"input_ids": "int64", "attention_mask": "int64", "token_type_ids": "int64"}
+    server = TextEncoder(Path("tokenizer.json"), length, inputs, 1, tokenizer_json, pair_segments="sequence_ids")
+    served = [row["token_type_ids"].tolist() for row in server.encode(texts, seconds)]
+    assert served == list(encode(tokenizer, texts, seconds, length, student_segments=True)["token_type_ids"])
 
 
 def test_a_slow_tokenizer_without_token_type_1_is_refused_for_pairs():

@@ -7,12 +7,15 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
+from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
 from transformers import (
+    BertConfig,
     ElectraConfig,
     ElectraForSequenceClassification,
+    PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForSequenceClassification,
 )
@@ -20,6 +23,7 @@ from transformers import (
 from tests.distill import extension
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
+TEXTS = ["a fine film about a dog", "the dog was dull", "fine acting and a dull plot"] * 20
 
 
 def test_the_same_shape_gets_the_same_ids_so_a_shape_check_repeats():
@@ -62,14 +66,27 @@ def tiny_roberta() -> RobertaConfig:
 def _teacher_artifact(tmp_path, model) -> Source:
     """`model` committed as a teacher artifact, loaded back as export loads it."""
     model.save_pretrained(tmp_path / "staged")
+    train_tokenizer("bert", TEXTS, 60).save_pretrained(tmp_path / "staged")
     artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
     mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
     return load_source(tmp_path / "teacher")
 
 
 def test_a_roberta_teacher_exports_without_token_type_ids_it_has_one_type_for():
-    config = tiny_roberta()
-    assert heads.teacher_inputs(config) == ("input_ids", "attention_mask")
+    tokenizer = train_tokenizer("bert", TEXTS, 60)  # one that gives token type ids
+    assert heads.teacher_inputs(tiny_roberta(), tokenizer) == ("input_ids", "attention_mask")
+
+
+def test_a_teacher_of_two_token_types_exports_with_the_token_type_ids_its_tokenizer_gives():
+    assert heads.teacher_inputs(BertConfig(), train_tokenizer("bert", TEXTS, 60)) == NAMES
+
+
+def test_a_teacher_of_two_token_types_exports_without_token_type_ids_its_tokenizer_never_gave():
+    bert = train_tokenizer("bert", TEXTS, 60)  # BigBird's tokenizer, like DistilBERT's, gives none: trained on type 0
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bert.backend_tokenizer, pad_token="[PAD]", model_input_names=["input_ids", "attention_mask"]
+    )
+    assert heads.teacher_inputs(BertConfig(), tokenizer) == ("input_ids", "attention_mask")
 
 
 def test_an_exported_roberta_teacher_gives_its_pytorch_logits(tmp_path):

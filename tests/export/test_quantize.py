@@ -3,6 +3,7 @@
 import onnx
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export import quantize
 from edgedistill.export.onnx_export import example_inputs, export_onnx, load_source
 from transformers import GPT2Config, GPT2ForSequenceClassification
@@ -12,6 +13,9 @@ def test_static_int8_quantizes_a_gpt_teachers_projection_weights(tmp_path):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=120, n_embd=16, n_layer=2, n_head=2, n_positions=64, pad_token_id=0)
     GPT2ForSequenceClassification(config).save_pretrained(tmp_path / "staged")
+    train_tokenizer("gpt", ["a fine film about a dog", "the dog was dull"] * 20, 300).save_pretrained(
+        tmp_path / "staged"
+    )
     artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c")
     mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
     source = load_source(tmp_path / "teacher")

@@ -8,7 +8,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 
-from tests.serve.conftest import tiny_tokenizer
+from tests.serve.conftest import pair_spec, settings_for, tiny_tokenizer
 
 TEXTS = ["good", "awful", "a great movie"]
 PAIRS = ["awful awful", "great fun", "the plot was dull"]
@@ -130,6 +130,19 @@ def test_model_config_of_a_pair_model_lists_text_and_text_pair(kserve):
         ("text", kserve_pb2.ModelConfigResponse.TYPE_STRING),
         ("text_pair", kserve_pb2.ModelConfigResponse.TYPE_STRING),
     ]
+
+
+def test_model_config_gives_a_bundle_s_pair_segments_for_clients_that_send_token_ids(make_bundle, start_server):
+    server = start_server(settings_for(make_bundle(**pair_spec(pair_segments="sequence_ids"))))
+    with server.channel() as channel:
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(), timeout=10).config
+    assert config.parameters["pair_segments"].string_value == "sequence_ids"
+
+
+def test_model_config_of_a_pair_model_split_by_token_types_has_no_pair_segments(kserve):
+    config = kserve.ModelConfig(kserve_pb2.ModelConfigRequest(name="tiny-pairs"), timeout=10).config
+    assert "pair_segments" not in config.parameters
 
 
 def test_classification_of_a_pair_model_labels_the_pairs(kserve):
