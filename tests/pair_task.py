@@ -9,6 +9,9 @@ for many, so a model has to read both sentences. Unlabelled lines hold three suc
 import random
 from pathlib import Path
 
+from edgedistill.distill.student_stage import load_student, student_logits
+from edgedistill.distill.tokenization import encode, load_tokenizer
+
 WORDS, LENGTH = 30, 7
 LABELS = ["low", "high"]
 
@@ -101,3 +104,17 @@ export:
     cnn-folded: {{source: cnn, fold: true}}
     transformer-int8: {{source: transformer, precision: int8, smooth: 0.85}}
 """
+
+
+def share_changed_by_another_b(run: Path, student: str, texts: list[str], pairs: list[str], length: int) -> float:
+    """The share of `student`'s predictions (in `run`) that change when each text gets another example's sentence B:
+    near 0 for a student that reads sentence A alone."""
+    model, _ = load_student(run / f"student-{student}")
+    tokenizer = load_tokenizer(str(run / "teacher"))
+    swapped = pairs[1:] + pairs[:1]
+
+    def predictions(seconds: list[str]):
+        features = encode(tokenizer, texts, seconds, length, student_segments=True)
+        return student_logits(model, features, tokenizer.pad_token_id).argmax(-1)
+
+    return float((predictions(pairs) != predictions(swapped)).mean())
