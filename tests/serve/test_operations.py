@@ -809,8 +809,6 @@ def test_warm_up_calibrates_the_batchers_cost_model(start_server, bundle):
     server = start_server(settings_for(bundle))
     cost = server.server.host.current.batcher.cost  # not get(), which names its model in this thread's log context
     assert cost is not None, "warm-up times the backend at several shapes"
-    assert min(cost.overhead, cost.per_token, cost.per_token_length) >= 0
-    assert cost.seconds([(1, 8)]) > 0
 
 
 @pytest.mark.parametrize(("host", "warned"), [("127.0.0.1", False), ("0.0.0.0", True)])
