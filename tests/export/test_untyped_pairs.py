@@ -8,7 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from edgedistill.common.bundle import load_bundle
+from edgedistill.bench import models
+from edgedistill.common.bundle import load_bundle, read_bundle
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import heads
@@ -149,3 +150,11 @@ def test_a_served_untyped_pair_gets_the_pytorch_model_s_prediction(untyped_run, 
     texts, pairs = dev_pairs(recipe, 16)
     want = softmax(trained_logits(run, recipe, BUNDLES[bundle], texts, pairs))
     np.testing.assert_allclose(served_probabilities(run / f"bundle-{bundle}", texts, pairs), want, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("bundle", "types"), [("teacher-onnx", [0] * 16), ("bilstm-fp32", [0] * 8 + [1] * 8)])
+def test_the_model_benchmark_times_an_untyped_pair_bundle_on_the_segment_ids_it_is_served(untyped_run, bundle, types):
+    run, _ = untyped_run
+    loaded, files = read_bundle(run / f"bundle-{bundle}")
+    assert models.bundle_feed(loaded, files.tokenizer, batch=1, length=16)["token_type_ids"].tolist() == [types]
