@@ -4,7 +4,9 @@ Each cell is the median of many timed calls after warm-up, with min and max; rat
 the teacher in PyTorch eager mode on the CPU at the same batch size and length. Bundles for GPU
 execution providers are timed where this onnxruntime build offers them, and left out with the reason
 elsewhere; the teacher in eager mode is also timed on the GPU that the recipe's `runtime.device` resolves
-to, if it resolves to one (`distill.device`). Settings come from the recipe's `bench.models` section, its
+to, if it resolves to one (`distill.device`). A pair model is timed on a long pair cut to each length, as the
+server makes its rows (sentence B marked by the bundle's own rule), the teacher on the same pair as its tokenizer
+writes it. Settings come from the recipe's `bench.models` section, its
 `threads` for PyTorch and ONNX Runtime alike. Results go to `runs/<recipe>/bench/` as a
 `bench.records.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
 """
@@ -18,18 +20,21 @@ import torch
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
-from edgedistill.common.bundle import read_bundle
+from edgedistill.common.bundle import Bundle, read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.config.training import Metric, RuntimeConfig
-from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.distill import device, heads
-from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.errors import InvalidInput
 from rich.console import Console
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
+PAIR_WORD = "text"  # the words of the pairs that pair models are timed on
 
 Timings = dict[tuple[int, int], Timing]  # (batch, length) -> timing
 
@@ -47,6 +52,7 @@ def time_calls(call, cfg: ModelBenchConfig) -> Timing:
 
 
 def inputs(names: Sequence[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds of a single-text model: `batch` rows of `length` random token ids, every token attended."""
     rng = np.random.default_rng(seed)
     values = {
         "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
@@ -54,6 +60,53 @@ def inputs(names: Sequence[str], batch: int, length: int, seed: int = 0) -> dict
         "token_type_ids": np.zeros((batch, length), dtype=np.int64),
     }
     return {name: values[name] for name in names}
+
+
+def _pair(length: int) -> tuple[list[str], list[str]]:
+    """One pair whose texts are each more than `length` tokens long in any tokenizer (at least one token a word), so
+    that one cut to `length` tokens leaves about half to each text, as a long pair request is cut."""
+    text = " ".join([PAIR_WORD] * length)
+    return [text], [text]
+
+
+def _too_short(length: int) -> RecipeError:
+    return RecipeError(
+        f"bench.models.seq_lens: a pair cannot be cut to {length} tokens, which its special tokens and a token of "
+        "each text exceed; time pair models at longer lengths"
+    )
+
+
+def _tiled(row: dict[str, np.ndarray], names: Sequence[str], batch: int, length: int) -> dict[str, np.ndarray]:
+    """`row` (a pair's inputs, `length` tokens) as every row of a batch; a `RecipeError` where the tokenizer could not
+    cut the pair to `length` tokens."""
+    if len(row["input_ids"]) != length:
+        raise _too_short(length)
+    return {name: np.tile(row[name], (batch, 1)) for name in names}
+
+
+def bundle_feed(bundle: Bundle, tokenizer_json: str, batch: int, length: int) -> dict[str, np.ndarray]:
+    """What a bundle is timed on: for a pair model, the rows the server makes of a pair request `length` tokens long
+    (both texts cut to about half, `token_type_ids` by the bundle's `pair_segments`: `serve.encoding`); else
+    `inputs`."""
+    if not bundle.spec.pairs:
+        return inputs(bundle.spec.input_names, batch, length)
+    encoder = TextEncoder.for_bundle(bundle, tokenizer_json, max_length=length)
+    try:
+        row = encoder.encode(*_pair(length))[0]
+    except InvalidInput as err:  # a length that leaves a text no token
+        raise _too_short(length) from err
+    return _tiled(row, bundle.spec.input_names, batch, length)
+
+
+def teacher_feed(tokenizer, names: Sequence[str], batch: int, length: int, pairs: bool) -> dict[str, np.ndarray]:
+    """What the teacher is timed on in PyTorch: for a pair task, a pair `length` tokens long as its tokenizer writes
+    it (`token_type_ids` its own, as the teacher was trained), the rows its bundles are timed on; else `inputs`."""
+    if not pairs:
+        return inputs(names, batch, length)
+    encoded = encode(tokenizer, *_pair(length), length)
+    row = {key: np.asarray(rows[0], dtype=np.int64) for key, rows in encoded.items()}
+    row["attention_mask"] = np.ones_like(row["input_ids"])
+    return _tiled(row, names, batch, length)
 
 
 def shapes(cfg: ModelBenchConfig) -> list[tuple[int, int]]:
@@ -76,11 +129,14 @@ def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
     return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
 
 
-def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, metric: Metric) -> tuple[dict, Timings]:
+def _eager_row(
+    folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, metric: Metric, pairs: bool
+) -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = heads.load_teacher(folder).eval().to(on)
     name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
-    names = heads.teacher_inputs(model.config, load_tokenizer(str(folder)))
+    tokenizer = load_tokenizer(str(folder))
+    names = heads.teacher_inputs(model.config, tokenizer)
 
     def call(feed):
         logits = model(**feed).logits
@@ -89,7 +145,8 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, met
     timings = {}
     with torch.inference_mode():
         for batch, length in shapes(cfg):
-            feed = {k: torch.from_numpy(v).to(on) for k, v in inputs(names, batch, length).items()}
+            feed = teacher_feed(tokenizer, names, batch, length, pairs)
+            feed = {k: torch.from_numpy(v).to(on) for k, v in feed.items()}
             timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
             _cell_done(cells, name, batch, length, timings[batch, length])
     row = {"model": name, "precision": "fp32", "runtime": f"pytorch ({on.type})"}
@@ -99,11 +156,10 @@ def _eager_row(folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, met
 def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells, metric: Metric) -> tuple[dict, Timings]:
     bundle, files = read_bundle(folder)
     runner = open_bundle(bundle, model=files.model, threads=cfg.threads)
-    names = bundle.spec.input_names
     timings = {}
     try:
         for batch, length in shapes(cfg):
-            feed = inputs(names, batch, min(length, bundle.spec.max_length))
+            feed = bundle_feed(bundle, files.tokenizer, batch, min(length, bundle.spec.max_length))
             timings[batch, length] = time_calls(lambda feed=feed: runner.infer(feed), cfg)
             _cell_done(cells, bundle_id, batch, length, timings[batch, length])
         providers = runner.providers
@@ -183,7 +239,7 @@ def _build(inputs: Inputs) -> Built:
             missing.append(bundle_id)
     cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=STAGE, unit="cell")
     metric = recipe.data.metric
-    measured = [_eager_row(teacher, cfg, cells, on, metric) for on in devices]
+    measured = [_eager_row(teacher, cfg, cells, on, metric, recipe.data.pairs) for on in devices]
     measured += [
         _bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells, metric) for bundle_id in timed
     ]

@@ -33,6 +33,7 @@ from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
+from edgedistill.common.segments import PairSegments
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.common.text import read_texts
 from edgedistill.common.textstyle import as_served
@@ -55,11 +56,13 @@ def max_length(recipe: Recipe, source: str) -> int:
     return recipe.model.max_length if source == "teacher" else recipe.transfer.max_length
 
 
-def token_features(tokenizer, texts: list[str], pairs: list[str] | None, length: int) -> dict[str, list[list[int]]]:
+def token_features(
+    tokenizer, texts: list[str], pairs: list[str] | None, length: int, segments: PairSegments
+) -> dict[str, list[list[int]]]:
     """`texts` (with their `pairs`) as unpadded token ids with segment ids, zero for single sentences: what the
-    parity checks, the calibration feeds and a cascade's members run on. A pair's are the students' (`encode`'s
-    `student_segments`); a teacher that takes none is fed none of them."""
-    feats = encode(tokenizer, texts, pairs, length, student_segments=True)
+    parity checks, the calibration feeds and a cascade's members run on. A pair's are made by the bundle's rule
+    (`BundleSpec.pair_segments`), as the server makes them: the tokenizer's own, or from its sequence ids."""
+    feats = encode(tokenizer, texts, pairs, length, student_segments=segments == "sequence_ids")
     feats.setdefault("token_type_ids", [[0] * len(ids) for ids in feats["input_ids"]])
     return feats
 
@@ -75,9 +78,17 @@ class SourceCache:
         # the dev texts as the bundles' servers write them, once for every source and bundle
         self.served_dev = tuple(as_served(texts, recipe.text_style) for texts in (self.dev.texts, self.dev.pairs))
 
+    def segments(self, name: str) -> PairSegments:
+        """How a pair's `token_type_ids` are made for source `name`, as it was trained: a pair student's by the
+        students' rule (`pair_segments`); the teacher's as its tokenizer gives them, which for a tokenizer that
+        gives type ids but marks no sentence B with 1 are 0 throughout, whatever its students read."""
+        if name == "teacher" or not self.recipe.data.pairs:
+            return "token_types"
+        return pair_segments(self.tokenizer, self.tokenizer.name_or_path)
+
     def features(self, name: str) -> dict[str, list[list[int]]]:
         """The dev split's features for source `name`, its texts written as the bundles' servers write them."""
-        return token_features(self.tokenizer, *self.served_dev, max_length(self.recipe, name))
+        return token_features(self.tokenizer, *self.served_dev, max_length(self.recipe, name), self.segments(name))
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
         """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
@@ -98,10 +109,16 @@ class SourceCache:
 
 
 def _batches(
-    texts: list[str], pairs: list[str] | None, tokenizer, length: int, inputs: tuple[str, ...]
+    texts: list[str],
+    pairs: list[str] | None,
+    tokenizer,
+    length: int,
+    inputs: tuple[str, ...],
+    segments: PairSegments,
 ) -> list[dict[str, np.ndarray]]:
-    """`texts` (with their `pairs`) as token-id batches padded to their longest, the feeds of a calibration."""
-    feats = token_features(tokenizer, texts, pairs, length)
+    """`texts` (with their `pairs`, segment ids made by `segments`) as token-id batches padded to their longest, the
+    feeds of a calibration."""
+    feats = token_features(tokenizer, texts, pairs, length, segments)
     batches = []
     for start in range(0, len(texts), CALIBRATION_BATCH):
         batch = collate(feats, list(range(start, min(start + CALIBRATION_BATCH, len(texts)))), tokenizer.pad_token_id)
@@ -110,14 +127,14 @@ def _batches(
 
 
 def _calibration(
-    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...]
+    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...], segments: PairSegments
 ) -> list[dict[str, np.ndarray]]:
     """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
     calibration."""
     texts = read_texts(transfer_dir / "texts.txt", count)
     pairs_file = transfer_dir / "pairs.txt"
     pairs = read_texts(pairs_file, count) if pairs_file.is_file() else None
-    return _batches(texts, pairs, tokenizer, length, inputs)
+    return _batches(texts, pairs, tokenizer, length, inputs, segments)
 
 
 def model_config(source: Source) -> dict:
@@ -204,16 +221,16 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     length = max_length(recipe, spec.source)
+    segments = cache.segments(spec.source)
 
     def calibration() -> list[dict[str, np.ndarray]]:
-        return _calibration(
-            inputs.parent("transfer"), recipe.export.calibration_sentences, cache.tokenizer, length, source.inputs
-        )
+        count = recipe.export.calibration_sentences
+        return _calibration(inputs.parent("transfer"), count, cache.tokenizer, length, source.inputs, segments)
 
     def train_calibration() -> list[dict[str, np.ndarray]]:
         train, count = cache.train, recipe.export.calibration_sentences
         pairs = train.pairs[:count] if train.pairs else None
-        return _batches(train.texts[:count], pairs, cache.tokenizer, length, source.inputs)
+        return _batches(train.texts[:count], pairs, cache.tokenizer, length, source.inputs, segments)
 
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
@@ -271,9 +288,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         fused_operators=fused,
         disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
         text_style=recipe.text_style,
-        pair_segments=pair_segments(cache.tokenizer, cache.tokenizer.name_or_path)
-        if recipe.data.pairs and "token_type_ids" in source.inputs
-        else "token_types",
+        pair_segments=segments,
     )
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 

@@ -130,12 +130,12 @@ class Member:
 
     def __init__(self, folder: Path):
         bundle, files = read_bundle(folder)
-        self.max_length = bundle.spec.max_length
+        self.max_length, self.segments = bundle.spec.max_length, bundle.spec.pair_segments
         self.run = validate.logits_runner(open_bundle(bundle, model=files.model, threads=THREADS))
 
     def logits(self, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
-        """The member's logits on texts (and pairs)."""
-        feats = bundle_stage.token_features(tokenizer, texts, pairs, self.max_length)
+        """The member's logits on texts (and pairs, with the segment ids its spec's `pair_segments` makes)."""
+        feats = bundle_stage.token_features(tokenizer, texts, pairs, self.max_length, self.segments)
         return validate.dev_logits(validate.as_forward(self.run), feats, tokenizer.pad_token_id)
 
 

@@ -57,13 +57,16 @@ class TextEncoder:
             raise BundleRejected(f"pad_token_id {pad_id} is outside the tokenizer's {self.vocab_size} ids")
 
     @classmethod
-    def for_bundle(cls, bundle: Bundle, tokenizer_json: str | None = None) -> "TextEncoder":
-        """The encoder a bundle's spec describes; `tokenizer_json` as read and verified by `read_bundle`."""
+    def for_bundle(
+        cls, bundle: Bundle, tokenizer_json: str | None = None, max_length: int | None = None
+    ) -> "TextEncoder":
+        """The encoder a bundle's spec describes; `tokenizer_json` as read and verified by `read_bundle`; `max_length`
+        cuts texts shorter than the spec's (the model benchmark's lengths)."""
         spec = bundle.spec
         inputs = {t.name: t.dtype for t in spec.inputs}
         return cls(
             bundle.tokenizer_path,
-            spec.max_length,
+            spec.max_length if max_length is None else max_length,
             inputs,
             spec.pad_token_id,
             tokenizer_json,

@@ -6,15 +6,20 @@ from edgedistill.bench import models
 from edgedistill.bench.records import ModelTable, Timing
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
+from edgedistill.common.bundle import read_bundle
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.config.measure import ModelBenchConfig
-from edgedistill.common.recipe import load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
 from edgedistill.common.stage import Inputs
 from edgedistill.distill.device import DeviceError
+from edgedistill.distill.heads import TOKEN_INPUTS
+from edgedistill.distill.tokenization import train_tokenizer
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from tests.conftest import ROOT, run_module
+from tests.serve.conftest import pair_spec, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
@@ -83,6 +88,56 @@ def test_a_bundle_is_timed_from_the_model_it_verified_not_a_file_swapped_in_sinc
     cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[8], warmup=0, iterations=1, min_seconds=0, threads=1)
     _, timings = models._bundle_row("teacher-fused", folder, cfg, tqdm(disable=True), "accuracy")
     assert list(timings) == [(1, 8)]
+
+
+class RecordingRunner:
+    """A runner that keeps every feed it is given and returns no output."""
+
+    providers = ["CPUExecutionProvider"]
+
+    def __init__(self):
+        self.feeds = []
+
+    def infer(self, feed):
+        self.feeds.append(feed)
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("rule", ["token_types", "sequence_ids"])
+def test_a_pair_bundle_is_timed_with_sentence_b_marked_as_the_server_marks_it(tmp_path, monkeypatch, rule):
+    metrics = {"size_bytes": 1, "dev_accuracy": 1.0}
+    folder = write_bundle(tmp_path / "bundle-pairs", metrics=metrics, **pair_spec(pair_segments=rule))
+    runner = RecordingRunner()
+    monkeypatch.setattr(models, "open_bundle", lambda bundle, **options: runner)
+    cfg = ModelBenchConfig(batch_sizes=[2], seq_lens=[16], warmup=0, iterations=1, min_seconds=0, threads=1)
+    models._bundle_row("pairs", folder, cfg, tqdm(disable=True), "accuracy")
+    assert runner.feeds[0]["token_type_ids"].tolist() == [[0] * 8 + [1] * 8] * 2
+
+
+def test_a_pair_bundle_is_timed_on_token_ids_of_its_own_vocabulary(pair_bundle):
+    bundle, files = read_bundle(pair_bundle)
+    feed = models.bundle_feed(bundle, files.tokenizer, batch=2, length=16)
+    assert feed["input_ids"].max() < Tokenizer.from_str(files.tokenizer).get_vocab_size()
+
+
+def test_a_pair_bundle_is_timed_on_rows_of_the_cell_s_length(pair_bundle):
+    bundle, files = read_bundle(pair_bundle)
+    assert models.bundle_feed(bundle, files.tokenizer, batch=3, length=9)["attention_mask"].shape == (3, 9)
+
+
+def test_a_length_too_short_for_a_pair_is_refused_with_the_setting_to_change(pair_bundle):
+    bundle, files = read_bundle(pair_bundle)
+    with pytest.raises(RecipeError, match="bench.models.seq_lens"):
+        models.bundle_feed(bundle, files.tokenizer, batch=1, length=4)
+
+
+def test_a_pair_teacher_is_timed_with_its_tokenizer_s_token_type_ids():
+    tokenizer = train_tokenizer("bert", ["a text and its pair", "another text"] * 20, vocab_size=100)
+    feed = models.teacher_feed(tokenizer, TOKEN_INPUTS, batch=2, length=16, pairs=True)
+    assert feed["token_type_ids"].tolist() == [[0] * 8 + [1] * 8] * 2
 
 
 def test_a_row_of_an_f1_recipe_takes_dev_f1_from_the_manifest():

@@ -174,7 +174,8 @@ def test_bundle_round_trip_and_parity(smoke_bundles, bundle_id):
     recipe = load_recipe(SMOKE)
     _, dev = load_splits(recipe.data)
     tokenizer = load_tokenizer(str(smoke_bundles / "teacher"))
-    feats = token_features(tokenizer, dev.texts, dev.pairs, max_length(recipe, m.info["source"]))
+    length = max_length(recipe, m.info["source"])
+    feats = token_features(tokenizer, dev.texts, dev.pairs, length, bundle.spec.pair_segments)
     logits = dev_logits(
         as_forward(logits_runner(open_runner(bundle.model_path, "onnxruntime", ["cpu"], threads=1))), feats, 0
     )
@@ -214,7 +215,8 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
     onnx.save(model, str(broken))
     source = load_source(run_dir(recipe) / "student-cnn")
     _, dev = load_splits(recipe.data)
-    feats = token_features(load_tokenizer(str(source.folder)), dev.texts, dev.pairs, max_length(recipe, "cnn"))
+    tokenizer = load_tokenizer(str(source.folder))
+    feats = token_features(tokenizer, dev.texts, dev.pairs, max_length(recipe, "cnn"), "token_types")
     figures = parity(
         dev_logits(as_forward(logits_runner(open_runner(broken, "onnxruntime", ["cpu"], threads=1))), feats, 0),
         dev_logits(torch_forward(source), feats, 0),
