@@ -122,6 +122,31 @@ def test_a_tsv_line_without_a_tab_is_a_usage_error_naming_the_line(served_pairs,
     assert f"{path}:2: no tab" in err
 
 
+CSV_PAIRS = 'verdict,first,second\n0,"good, really",awful\n'
+
+
+def test_a_csv_file_named_by_its_columns_is_a_usage_error_saying_tsv_wants_tabs(tmp_path):
+    path = tmp_path / "dev.csv"
+    path.write_text(CSV_PAIRS)
+    with pytest.raises(cli.UsageError, match=r":1 \(the header\): no column .*a CSV file\? --tsv reads tab-separated"):
+        cli.read_tsv(path, False, io.StringIO(), ("first", "second"))
+
+
+def test_a_csv_file_read_by_position_is_a_usage_error_saying_tsv_wants_tabs(tmp_path):
+    path = tmp_path / "dev.csv"
+    path.write_text(CSV_PAIRS)
+    with pytest.raises(cli.UsageError, match=r":2: no tab; .*a CSV file\? --tsv reads tab-separated"):
+        cli.read_tsv(path, True, io.StringIO())
+
+
+def test_a_line_without_commas_or_a_tab_is_not_called_a_csv_line(tmp_path):
+    path = tmp_path / "broken.tsv"
+    path.write_text("just one text\n")
+    with pytest.raises(cli.UsageError) as refused:
+        cli.read_tsv(path, False, io.StringIO())
+    assert "CSV" not in str(refused.value)
+
+
 def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
