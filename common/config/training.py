@@ -98,7 +98,9 @@ class DataConfig(Strict):
 
     @model_validator(mode="after")
     def _labels_and_metric(self):
-        repeated = sorted({name for name in self.label_names if self.label_names.count(name) > 1})
+        # names equal once accents are composed (NFC) are one name to the data reader, and look alike when served
+        composed = [unicodedata.normalize("NFC", name) for name in self.label_names]
+        repeated = sorted({name for name in composed if composed.count(name) > 1})
         if repeated:
             raise ValueError(f"data.label_names lists {repeated} more than once")
         if self.positive_label is not None and self.positive_label not in self.label_names:

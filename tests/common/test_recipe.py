@@ -277,6 +277,11 @@ def test_label_names_must_differ(tmp_path):
         load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", "[good, bad, good]")))
 
 
+def test_label_names_equal_but_for_how_an_accent_is_typed_are_one_name_listed_twice():
+    with pytest.raises(ValueError, match=r"data\.label_names lists \['caf\u00e9'\] more than once"):
+        DataConfig(train="unused", dev="unused", label_names=["caf\u00e9", "cafe\u0301", "other"])
+
+
 def test_empty_label_name_is_refused_as_the_server_would_answer_with_it(tmp_path):
     with pytest.raises(RecipeError, match=r"data\.label_names: '' is no name"):
         load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", '[negative, "", positive]')))
