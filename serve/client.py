@@ -369,7 +369,9 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
     if pairs is not None and len(pairs) != len(texts):
-        raise UsageError(f"{len(pairs)} --pair values for {len(texts)} texts: give one per text, or none")
+        raise UsageError(
+            f"{len(pairs)} --pair values for {len(texts)} texts: give one per text (none to a model of single texts)"
+        )
     return texts, pairs
 
 

@@ -217,6 +217,11 @@ def test_a_pair_count_unlike_the_text_count_is_a_usage_error(served_pairs, capsy
     assert "1 --pair values for 2 texts" in err
 
 
+def test_a_pair_count_unlike_the_text_count_says_a_pair_model_wants_one_per_text(served_pairs, capsys):
+    _, _, err = run(capsys, "--address", served_pairs.address, "one", "two", "--pair", "only one")
+    assert "give one per text (none to a model of single texts)" in err
+
+
 def test_texts_without_pairs_to_a_pair_model_are_refused_by_the_server(served_pairs, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "good")
     assert code == 1
