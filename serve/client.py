@@ -317,7 +317,8 @@ def read_tsv(
         fields = line.split("\t")
         if len(fields) <= max(where):
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
-            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}{_comma_separated(line)}")
+            csv = "" if texts else _comma_separated(line)  # after lines split at tabs, a comma is the text's own
+            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}{csv}")
         text, pair = fields[where[0]], fields[where[1]]
         if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call
             raise UsageError(
