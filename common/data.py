@@ -286,6 +286,20 @@ def _text(cell, where: str, column: str, fix: str) -> str:
     return text
 
 
+def _check_class_names(source: str, feature, cfg: DataConfig) -> None:
+    """Refuse a Hub label column whose class label names are `cfg.label_names` in another order: its labels reach
+    the reader as indices into the dataset's own names, so each would be read as another label. Other names (the
+    recipe's own for the same classes) are the recipe's choice."""
+    theirs = [unicodedata.normalize("NFC", name) for name in getattr(feature, "names", None) or []]
+    ours = [unicodedata.normalize("NFC", name) for name in cfg.label_names]
+    if sorted(theirs) == sorted(ours) and theirs != ours:
+        raise DataError(
+            f"{source}: its {cfg.label_column!r} column is a class label named {theirs} in index order, and "
+            f"data.label_names lists those names in another order, {cfg.label_names}: each label would be read as "
+            "another; list them in the dataset's order"
+        )
+
+
 def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Examples:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index.
     With `limit`, the first `limit` examples, reading no further."""
@@ -297,6 +311,7 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
                 "in data.text_column / data.label_column"
             )
         split, _ = _from_hub(source)
+        _check_class_names(source, split.features.get(cfg.label_column), cfg)
         rows = ((i + 1, row) for i, row in enumerate(split))
     else:
         rows = _rows(Path(source))

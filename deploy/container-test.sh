@@ -2,9 +2,9 @@
 # Build the serving image and check it end to end with podman: `deploy/container-test.sh BUNDLE_DIR`.
 #
 # The bundle folder is mounted read-only at run time (not baked in). From the host, on loopback
-# ports only: wait for gRPC health SERVING, classify a text with `python -m serve.client`, read
-# /metrics; inside: the image's HEALTHCHECK passes and the process is not root. Then SIGTERM
-# (`podman stop`) must drain and exit 0. Prints one result line; exits non-zero on any failure
+# ports only: wait for gRPC health SERVING, classify a text (with its pair, for a pair model) with
+# `deploy/classify_once.py`, read /metrics; inside: the image's HEALTHCHECK passes and the process
+# is not root. Then SIGTERM (`podman stop`) must drain and exit 0. Prints one result line; exits non-zero on any failure
 # and always removes the container.
 #
 # Settings (environment): IMAGE (tag to build), BASE (base image; deploy/base-image.sh makes the
@@ -23,7 +23,6 @@ BASE=${BASE:-localhost/edgedistill-base:bookworm}
 PY=${PY:-$ROOT/.venv/bin/python}
 READY_TIMEOUT=${READY_TIMEOUT:-180}
 NAME=edgedistill-container-test-$$
-TEXT="a gripping , beautifully acted film"
 # What podman needs on this kind of host: runc, and explicit limits instead of inherited ones.
 RUN_FLAGS=(--runtime runc --ulimit nofile=20000:20000 --ulimit nproc=4096:4096)
 
@@ -111,16 +110,8 @@ podman healthcheck run "$NAME" >/dev/null 2>>"$WORK/podman.log" || podman_failed
 
 # --- classify from the host ---
 started=$EPOCHREALTIME
-reply=$(cd "$ROOT" && "$PY" -m serve.client --address "127.0.0.1:$GRPC_PORT" --timeout 30 "$TEXT") ||
-  fail "Classify failed"
+label=$("$PY" "$ROOT/deploy/classify_once.py" "127.0.0.1:$GRPC_PORT") || fail "Classify from the host"
 classify_s=$(seconds_since "$started")
-label=$("$PY" -c '
-import json, sys
-reply = json.load(sys.stdin)
-label = reply["predictions"][0]["label"]
-print(label if isinstance(label, str) and label else "")
-' <<<"$reply") || fail "unexpected reply: $reply"
-[ -n "$label" ] || fail "reply has no label: $reply"
 
 # --- metrics from the host: the call above is counted ---
 "$PY" - "http://127.0.0.1:$METRICS_PORT/metrics" <<'EOF' || fail "/metrics does not count the Classify call"

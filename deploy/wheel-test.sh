@@ -4,9 +4,10 @@
 # `python -m build` makes the sdist and, from it, the wheel in a temporary folder; a fresh virtual
 # environment installs the wheel with the `serve` and `cpu` extras from the package index. From a
 # folder outside the checkout (so nothing can import from it): `python -m edgedistill.serve` on a
-# free loopback port (its metrics on any free port), wait for gRPC health SERVING, classify a text with
-# `python -m edgedistill.serve.client`, then SIGTERM must drain and exit 0. Prints one result line;
-# exits non-zero on any failure and always stops the server and removes its files.
+# free loopback port (its metrics on any free port), wait for gRPC health SERVING, classify a text
+# (with its pair, for a pair model) with `deploy/classify_once.py`, then SIGTERM must drain and
+# exit 0. Prints one result line; exits non-zero on any failure and always stops the server and
+# removes its files.
 #
 # Settings (environment): PY (the project's Python, which has `build`), PYTHON (the interpreter of
 # the clean environment, default python3), READY_TIMEOUT (seconds to SERVING).
@@ -21,7 +22,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 PYTHON=${PYTHON:-python3}
 READY_TIMEOUT=${READY_TIMEOUT:-60}
-TEXT="a gripping , beautifully acted film"
 
 say() { printf 'wheel-test: %s\n' "$*" >&2; }
 fail() {
@@ -94,14 +94,7 @@ ready_s=$(seconds_since "$started")
 location=$("$VPY" -c 'import edgedistill, pathlib; print(pathlib.Path(edgedistill.__file__).parent)')
 [[ "$location" == "$WORK/venv/"* ]] || fail "edgedistill imports from $location, not from the installed wheel"
 
-reply=$(env -u PYTHONPATH "$VPY" -m edgedistill.serve.client --address "127.0.0.1:$PORT" --timeout 30 "$TEXT") ||
-  fail "Classify failed"
-label=$("$VPY" -c '
-import json, sys
-label = json.load(sys.stdin)["predictions"][0]["label"]
-print(label if isinstance(label, str) else "")
-' <<<"$reply") || fail "unexpected reply: $reply"
-[ -n "$label" ] || fail "reply has no label: $reply"
+label=$(env -u PYTHONPATH "$VPY" "$ROOT/deploy/classify_once.py" "127.0.0.1:$PORT") || fail "Classify"
 
 # --- SIGTERM drains and exits 0 ---
 kill -TERM "$SERVER"

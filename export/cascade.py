@@ -199,8 +199,8 @@ def _build(inputs: Inputs, name: str) -> Built:
         ],
     )
     _, dev = load_splits(recipe.data)
-    texts, pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
-    dev_logits = [member.logits(tokenizer, texts, pairs) for member in opened]  # dev as the server writes it
+    dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
+    dev_logits = [member.logits(tokenizer, dev_texts, dev_pairs) for member in opened]  # as the server writes them
     answers, answered_by = route(dev_logits, spec)
     figures = task_metrics(answers, dev.labels, recipe.data)
     shares = np.bincount(answered_by, minlength=len(folders)) / len(dev)

@@ -287,6 +287,14 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
+def _comma_separated(line: str) -> str:
+    """For the error about a line `--tsv` cannot split: what it says where the line looks like CSV (a recipe's data
+    may be CSV, and `--columns` takes its column names)."""
+    if "\t" in line or "," not in line:
+        return ""
+    return " (separated by commas: a CSV file? --tsv reads tab-separated fields only: save the file as TSV)"
+
+
 def read_tsv(
     path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None
 ) -> tuple[list[str], list[str]]:
@@ -300,7 +308,7 @@ def read_tsv(
         if number == 1 and columns:
             names = [name.strip() for name in line.split("\t")]
             if missing := [name for name in columns if name not in names]:
-                raise UsageError(f"{path}:1 (the header): no column {missing}; found {names}")
+                raise UsageError(f"{path}:1 (the header): no column {missing}; found {names}{_comma_separated(line)}")
             where = (names.index(columns[0]), names.index(columns[1]))
             wants = f"the columns {list(columns)} on each line"
             continue
@@ -309,7 +317,8 @@ def read_tsv(
         fields = line.split("\t")
         if len(fields) <= max(where):
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
-            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}")
+            csv = "" if texts else _comma_separated(line)  # after lines split at tabs, a comma is the text's own
+            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}{csv}")
         text, pair = fields[where[0]], fields[where[1]]
         if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call
             raise UsageError(
@@ -361,7 +370,9 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
     if pairs is not None and len(pairs) != len(texts):
-        raise UsageError(f"{len(pairs)} --pair values for {len(texts)} texts: give one per text, or none")
+        raise UsageError(
+            f"{len(pairs)} --pair values for {len(texts)} texts: give one per text (none to a model of single texts)"
+        )
     return texts, pairs
 
 

@@ -102,7 +102,9 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
     if len(texts) > max_texts:
         raise TooLarge(f"{len(texts)} texts in one request; the limit is {max_texts}: split the request")
     if pairs is not None and len(pairs) != len(texts):
-        raise InvalidInput(f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text, or none")
+        raise InvalidInput(  # the model is not known yet: the advice holds for either kind
+            f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text (none to a model of single texts)"
+        )
     for kind, values in (("text", texts), ("text pair", pairs or [])):
         for i, value in enumerate(values):
             if value[:max_chars].strip():

@@ -1,9 +1,11 @@
 """The recipe sections of training: the task data, the teacher, its pretraining and fine-tuning, the transfer set,
 the students, and where training runs."""
 
+import unicodedata
 from typing import Literal
 
 from edgedistill.common.config.strict import Strict
+from edgedistill.common.text import shows_nothing
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -72,9 +74,33 @@ class DataConfig(Strict):
             )
         return data
 
+    @field_validator("label_names")
+    @classmethod
+    def _label_names_servable(cls, names: list[str]) -> list[str]:
+        # A label cell is read stripped, and the server answers with the name, one line each in a Triton labels.txt.
+        for name in names:
+            if shows_nothing(name):
+                raise ValueError(
+                    f"data.label_names: {name!r} is no name (empty, or spaces or invisible characters only): the "
+                    "server answers with each label's name, so give every label one"
+                )
+            if name != name.strip():
+                raise ValueError(
+                    f"data.label_names: {name!r} has spaces around it, which a label cell is read without, so no "
+                    f"cell could name it: write {name.strip()!r}"
+                )
+            if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in name):
+                raise ValueError(
+                    f"data.label_names: {name!r} holds a line break or another control character: a served label "
+                    "name is one line (a Triton repository's labels.txt holds one name a line)"
+                )
+        return names
+
     @model_validator(mode="after")
     def _labels_and_metric(self):
-        repeated = sorted({name for name in self.label_names if self.label_names.count(name) > 1})
+        # names equal once accents are composed (NFC) are one name to the data reader, and look alike when served
+        composed = [unicodedata.normalize("NFC", name) for name in self.label_names]
+        repeated = sorted({name for name in composed if composed.count(name) > 1})
         if repeated:
             raise ValueError(f"data.label_names lists {repeated} more than once")
         if self.positive_label is not None and self.positive_label not in self.label_names:

@@ -533,3 +533,45 @@ def test_unlabelled_text_that_is_not_utf8_names_the_byte_as_labelled_data_does(t
     (tmp_path / "u.txt").write_bytes(b"ok\nbad \xff\n")
     with pytest.raises(DataError, match=r"u\.txt:2: not valid UTF-8 \(byte 7\)"):
         load_unlabelled([str(tmp_path / "u.txt")])
+
+
+NLI = ["entailment", "neutral", "contradiction"]
+
+
+@pytest.fixture
+def hub_nli(monkeypatch):
+    """`hub:nli/x:train` as a Hub dataset whose label column is a class label named `NLI`, loaded from memory."""
+    import datasets
+    from edgedistill.common import data
+
+    features = datasets.Features(
+        {
+            "premise": datasets.Value("string"),
+            "hypothesis": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=NLI),
+        }
+    )
+    split = datasets.Dataset.from_dict(
+        {"premise": ["a man sleeps", "a cat runs"], "hypothesis": ["he rests", "a dog sits"], "label": [0, 2]}, features
+    )
+    monkeypatch.setattr(data, "_from_hub", lambda spec: (split, None))
+    return "hub:nli/x:train"
+
+
+def nli_config(names: list[str]) -> DataConfig:
+    return DataConfig(train="x", dev="x", text_column="premise", text_pair_column="hypothesis", label_names=names)
+
+
+def test_a_hub_class_label_is_read_by_the_datasets_own_index(hub_nli):
+    assert load_labelled(hub_nli, nli_config(NLI)).labels == [0, 2]
+
+
+def test_hub_class_label_names_listed_in_another_order_are_refused(hub_nli):
+    with pytest.raises(
+        DataError, match=r"class label named \['entailment', 'neutral', 'contradiction'\] in index order"
+    ):
+        load_labelled(hub_nli, nli_config(["contradiction", "entailment", "neutral"]))
+
+
+def test_hub_class_labels_given_names_of_the_recipes_own_are_read_by_index(hub_nli):
+    assert load_labelled(hub_nli, nli_config(["yes", "maybe", "no"])).labels == [0, 2]

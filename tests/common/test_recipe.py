@@ -277,6 +277,32 @@ def test_label_names_must_differ(tmp_path):
         load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", "[good, bad, good]")))
 
 
+def test_label_names_equal_but_for_how_an_accent_is_typed_are_one_name_listed_twice():
+    with pytest.raises(ValueError, match=r"data\.label_names lists \['caf\u00e9'\] more than once"):
+        DataConfig(train="unused", dev="unused", label_names=["caf\u00e9", "cafe\u0301", "other"])
+
+
+def test_empty_label_name_is_refused_as_the_server_would_answer_with_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"data\.label_names: '' is no name"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", '[negative, "", positive]')))
+
+
+def test_label_name_with_spaces_around_it_is_refused_naming_the_name_to_write(tmp_path):
+    with pytest.raises(RecipeError, match=r"'neutral ' has spaces around it, .* write 'neutral'"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", '[negative, "neutral ", positive]')))
+
+
+def test_label_name_with_a_line_break_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"'neu\\ntral' holds a line break"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", '[negative, "neu\\ntral", positive]')))
+
+
+def test_label_name_with_inner_spaces_and_punctuation_is_a_name(tmp_path):
+    names = '["not entailment", "contra:diction"]'
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", names)))
+    assert recipe.data.label_names == ["not entailment", "contra:diction"]
+
+
 def test_label_names_yaml_reads_as_booleans_get_a_quoting_hint(tmp_path):
     with pytest.raises(RecipeError, match=r"\[False, True\] are not names: .* quote them"):
         load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", "[no, yes]")))

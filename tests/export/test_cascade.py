@@ -88,6 +88,12 @@ def test_cascade_escalates_a_share_between_none_and_all(smoke_cascade):
     assert 0 < escalated < 1
 
 
+def test_cascade_manifest_counts_the_calibration_texts_not_the_dev_texts(smoke_cascade):
+    recipe = load_recipe(SMOKE)
+    texts, _ = calibration_texts(recipe, recipe.export.cascades["bilstm-cascade"].calibration_sentences)
+    assert mf.load(smoke_cascade).metrics["calibration_texts"] == len(texts)
+
+
 def test_cascade_curve_spans_thresholds_with_escalation_falling(smoke_cascade):
     curve = json.loads((smoke_cascade / "curve.json").read_text())
     escalated = [point["escalated"] for point in curve]

@@ -122,6 +122,39 @@ def test_a_tsv_line_without_a_tab_is_a_usage_error_naming_the_line(served_pairs,
     assert f"{path}:2: no tab" in err
 
 
+CSV_PAIRS = 'verdict,first,second\n0,"good, really",awful\n'
+
+
+def test_a_csv_file_named_by_its_columns_is_a_usage_error_saying_tsv_wants_tabs(tmp_path):
+    path = tmp_path / "dev.csv"
+    path.write_text(CSV_PAIRS)
+    with pytest.raises(cli.UsageError, match=r":1 \(the header\): no column .*a CSV file\? --tsv reads tab-separated"):
+        cli.read_tsv(path, False, io.StringIO(), ("first", "second"))
+
+
+def test_a_csv_file_read_by_position_is_a_usage_error_saying_tsv_wants_tabs(tmp_path):
+    path = tmp_path / "dev.csv"
+    path.write_text(CSV_PAIRS)
+    with pytest.raises(cli.UsageError, match=r":2: no tab; .*a CSV file\? --tsv reads tab-separated"):
+        cli.read_tsv(path, True, io.StringIO())
+
+
+def test_a_line_without_a_tab_after_lines_with_one_is_not_called_a_csv_line(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("good\tbad\nyes, one text alone\n")
+    with pytest.raises(cli.UsageError) as refused:
+        cli.read_tsv(path, False, io.StringIO())
+    assert "CSV" not in str(refused.value)
+
+
+def test_a_line_without_commas_or_a_tab_is_not_called_a_csv_line(tmp_path):
+    path = tmp_path / "broken.tsv"
+    path.write_text("just one text\n")
+    with pytest.raises(cli.UsageError) as refused:
+        cli.read_tsv(path, False, io.StringIO())
+    assert "CSV" not in str(refused.value)
+
+
 def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
@@ -190,6 +223,11 @@ def test_a_pair_count_unlike_the_text_count_is_a_usage_error(served_pairs, capsy
     code, _, err = run(capsys, "--address", served_pairs.address, "one", "two", "--pair", "only one")
     assert code == 2
     assert "1 --pair values for 2 texts" in err
+
+
+def test_a_pair_count_unlike_the_text_count_says_a_pair_model_wants_one_per_text(served_pairs, capsys):
+    _, _, err = run(capsys, "--address", served_pairs.address, "one", "two", "--pair", "only one")
+    assert "give one per text (none to a model of single texts)" in err
 
 
 def test_texts_without_pairs_to_a_pair_model_are_refused_by_the_server(served_pairs, capsys):

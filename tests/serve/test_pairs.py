@@ -91,6 +91,11 @@ def test_kserve_without_text_pair_to_a_pair_model_is_invalid_argument(kserve):
     assert "model 'tiny-pairs' takes text pairs" in details
 
 
+def test_fewer_pairs_than_texts_to_a_pair_model_are_refused_without_advising_to_send_none(classifier):
+    _, details = refusal(classifier.Classify, pb.ClassifyRequest(texts=TEXTS, text_pairs=TEXTS[:1]))
+    assert details.endswith("send one pair per text (none to a model of single texts)")
+
+
 def test_classify_stream_without_pairs_to_a_pair_model_ends_with_invalid_argument(classifier):
     with pytest.raises(grpc.RpcError) as caught:
         list(classifier.ClassifyStream(iter([pb.ClassifyRequest(texts=["good"])]), timeout=10))
