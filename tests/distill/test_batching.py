@@ -230,3 +230,66 @@ def test_a_transformers_model_whose_layers_are_not_found_is_refused_layer_decay(
     model.config.num_hidden_layers = 5  # no module list of 5 layers
     with pytest.raises(RecipeError, match="holds no module list of its 5 layers"):
         _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def tiny_ctrl():
+    """A tiny CTRL, whose word embedding is `transformer.w`: a name that says nothing of what it is."""
+    from transformers import CTRLConfig, CTRLForSequenceClassification
+
+    config = CTRLConfig(vocab_size=50, n_embd=16, n_layer=3, n_head=2, dff=16, n_positions=32, pad_token_id=0)
+    return CTRLForSequenceClassification(config)
+
+
+def parameters_of(model, module: str) -> list[str]:
+    """The names of every parameter of `model`'s submodule `module`."""
+    return [name for name, _ in model.get_submodule(module).named_parameters(prefix=module)]
+
+
+def embedding_models():
+    """A tiny classifier of each kind of embeddings, its number of layers and the names of all its embedding
+    parameters: a BERT's embeddings module (word, position and token type embeddings, their LayerNorm), GPT-2's word
+    and position embeddings beside its layers, ALBERT's and DeBERTa-v2's embeddings modules, CTRL's `w`."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = BertForSequenceClassification(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    )
+    albert, deberta = tiny_albert(), tiny_deberta()
+    return {
+        "bert": (bert, 3, parameters_of(bert, "bert.embeddings")),
+        "gpt2": (encoders()["gpt2"][0], 3, ["transformer.wte.weight", "transformer.wpe.weight"]),
+        "albert": (albert, 4, parameters_of(albert, "albert.embeddings")),
+        "deberta-v2": (deberta, 3, parameters_of(deberta, "deberta.embeddings")),
+        "ctrl": (tiny_ctrl(), 3, ["transformer.w.weight"]),
+    }
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "albert", "deberta-v2", "ctrl"])
+def test_every_embedding_parameter_learns_one_decay_below_the_lowest_layer(arch):
+    model, layers, names = embedding_models()[arch]
+    rates = decayed_rates(model)
+    assert {name: rates[name] for name in names} == dict.fromkeys(names, 0.5 ** (layers + 1))
+
+
+def test_ctrl_s_final_norm_learns_at_the_head_s_rate():
+    assert decayed_rates(tiny_ctrl())["transformer.layernorm.weight"] == 1.0
+
+
+def test_electra_s_embedding_projection_learns_with_its_embeddings():
+    model, _ = encoders()["electra"]
+    assert decayed_rates(model)["electra.embeddings_project.weight"] == 0.5**4
+
+
+def test_a_pooler_registered_before_the_layers_learns_at_the_head_s_rate():
+    from transformers import GteConfig, GteForSequenceClassification
+
+    config = GteConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    model = GteForSequenceClassification(config)  # its pooler is registered between its embeddings and its layers
+    assert decayed_rates(model)["gte.pooler.dense.weight"] == 1.0
+
+
+def test_a_masked_lm_head_tied_to_the_word_embeddings_learns_at_the_head_s_rate():
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    assert decayed_rates(BertForMaskedLM(config))["cls.predictions.transform.dense.weight"] == 1.0
