@@ -82,15 +82,15 @@ class _Stack:
     per_entry: int
 
 
-def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int) -> _Stack:
-    """The first module list in `within` that holds `model`'s `count` layers, or, where layers share weights
-    (ALBERT's `num_hidden_groups`), one entry per group. None is a `RecipeError`: the layers would silently all
-    learn at the head's rate."""
+def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int, kind: str = "") -> _Stack:
+    """The first module list in `within` that holds `model`'s `count` layers (of `kind`: "decoder "), or, where
+    layers share weights (ALBERT's `num_hidden_groups`), one entry per group. None is a `RecipeError`: the layers
+    would silently all learn at the head's rate."""
     for name, sub in within.named_modules():
         if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and count % groups == 0:
             return _Stack(sub, within.get_submodule(name.rpartition(".")[0]), count, count // groups)
     raise RecipeError(
-        f"optim.layer_decay: {type(model).__name__} holds no module list of its {count} layers (or of its "
+        f"optim.layer_decay: {type(model).__name__} holds no module list of its {count} {kind}layers (or of its "
         f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
     )
 
@@ -137,7 +137,9 @@ def _model_depths(model: PreTrainedModel) -> dict[int, int]:
     """How far below the head each parameter of the transformers `model` sits, by the parameter's id: layer i of
     L, L - i; what several layers share (an ALBERT group, and what an encoder holds beside its layers, as DeBERTa's
     relative embeddings), its lowest layer's L; the embeddings L + 1; the head and what follows the layers (a
-    pooler, GPT-2's final norm) are absent, at 0."""
+    pooler, GPT-2's final norm) are absent, at 0. An encoder-decoder's head reads its decoder: decoder layer j of D
+    is at D - j, encoder layer i of E at D + E - i, what the decoder holds beside its layers at D, what the encoder
+    holds at D + E, and the embeddings, which both read, at D + E + 1."""
     config = model.config
     layers = getattr(config, "num_hidden_layers", None)
     if not layers:
@@ -145,7 +147,19 @@ def _model_depths(model: PreTrainedModel) -> dict[int, int]:
             f"optim.layer_decay: {type(model).__name__}'s config gives no num_hidden_layers, so its layers cannot be "
             "found; leave layer_decay unset for it"
         )
-    stacks = [_stack(model, model.base_model, layers, getattr(config, "num_hidden_groups", layers))]
+    if config.is_encoder_decoder:
+        decoder_layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
+        if not decoder_layers:
+            raise RecipeError(
+                f"optim.layer_decay: {type(model).__name__}'s config gives no decoder_layers, so its decoder's "
+                "layers cannot be found; leave layer_decay unset for it"
+            )
+        stacks = [
+            _stack(model, model.get_decoder(), decoder_layers, decoder_layers, "decoder "),
+            _stack(model, model.get_encoder(), layers, layers, "encoder "),
+        ]
+    else:
+        stacks = [_stack(model, model.base_model, layers, getattr(config, "num_hidden_groups", layers))]
     depths: dict[int, int] = {}
     shared: dict[int, int] = {}
     below = 0

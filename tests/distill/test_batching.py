@@ -293,3 +293,49 @@ def test_a_masked_lm_head_tied_to_the_word_embeddings_learns_at_the_head_s_rate(
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
     assert decayed_rates(BertForMaskedLM(config))["cls.predictions.transform.dense.weight"] == 1.0
+
+
+def tiny_bart(encoder_layers: int, decoder_layers: int):
+    """A tiny BART classifier: `shared` word embeddings tied into its encoder and decoder, each with its own
+    position embeddings; the head reads the decoder's last state."""
+    from transformers import BartConfig, BartForSequenceClassification
+
+    config = BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return BartForSequenceClassification(config)
+
+
+@pytest.mark.parametrize(("encoder_layers", "decoder_layers"), [(2, 3), (3, 3), (3, 2)])
+def test_bart_s_decoder_layers_learn_below_the_head_and_its_encoder_layers_below_them(encoder_layers, decoder_layers):
+    rates = decayed_rates(tiny_bart(encoder_layers, decoder_layers))
+    expected = {f"model.decoder.layers.{j}.fc1.weight": 0.5 ** (decoder_layers - j) for j in range(decoder_layers)}
+    expected |= {
+        f"model.encoder.layers.{i}.fc1.weight": 0.5 ** (decoder_layers + encoder_layers - i)
+        for i in range(encoder_layers)
+    }
+    assert {name: rates[name] for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "name", ["model.shared.weight", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+)
+def test_bart_s_embeddings_learn_one_decay_below_its_lowest_encoder_layer(name):
+    assert decayed_rates(tiny_bart(2, 3))[name] == 0.5**6
+
+
+def test_bart_s_classification_head_learns_at_the_head_s_rate():
+    assert decayed_rates(tiny_bart(2, 3))["classification_head.dense.weight"] == 1.0
+
+
+def test_an_encoder_decoder_whose_decoder_layers_are_not_found_is_refused_layer_decay():
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.common.recipe import RecipeError
+    from edgedistill.distill.trainer import _param_groups
+
+    model = tiny_bart(2, 3)
+    model.config.decoder_layers = 5  # no module list of 5 decoder layers
+    with pytest.raises(RecipeError, match="holds no module list of its 5 decoder layers"):
+        _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))
