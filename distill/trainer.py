@@ -178,9 +178,16 @@ def _model_depths(model: PreTrainedModel) -> dict[int, int]:
 
 def _depths(model: torch.nn.Module) -> dict[int, int]:
     """How far below the head each parameter of every transformers model in `model` sits, by the parameter's id;
-    a parameter outside them (a student's classifier) is absent, at the head's 0."""
+    a parameter outside them (a student's classifier) is absent, at the head's 0. A `model` without one (a BiLSTM
+    student) is a `RecipeError`: it has no Transformer layers, and every parameter would learn at the head's rate."""
+    models = _transformers_models(model)
+    if not models:
+        raise RecipeError(
+            f"optim.layer_decay: {type(model).__name__} holds no transformers model, so no Transformer layers to "
+            "scale the learning rates of; leave layer_decay unset for it"
+        )
     depths: dict[int, int] = {}
-    for found in _transformers_models(model):
+    for found in models:
         depths |= _model_depths(found)
     return depths
 

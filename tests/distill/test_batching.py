@@ -339,3 +339,40 @@ def test_an_encoder_decoder_whose_decoder_layers_are_not_found_is_refused_layer_
     model.config.decoder_layers = 5  # no module list of 5 decoder layers
     with pytest.raises(RecipeError, match="holds no module list of its 5 decoder layers"):
         _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def student(arch: str):
+    """A tiny student of `arch` in the objective the student stage trains."""
+    from edgedistill.common.config.training import StudentConfig, StudentRun
+    from edgedistill.distill.student_stage import DistillObjective
+    from edgedistill.distill.students import build_student
+
+    layers = 2 if arch == "transformer" else 1
+    cfg = StudentConfig(
+        arch=arch, vocab_size=50, embed_dim=8, hidden_size=16, num_layers=layers, num_heads=2, intermediate_size=16,
+        num_filters=4,
+    )  # fmt: skip
+    return DistillObjective(build_student(cfg), StudentRun(model=cfg))
+
+
+@pytest.mark.parametrize(
+    ("name", "rate"),
+    [
+        ("student.bert.embeddings.word_embeddings.weight", 0.5**3),
+        ("student.bert.encoder.layer.0.output.dense.weight", 0.5**2),
+        ("student.bert.encoder.layer.1.output.dense.weight", 0.5),
+        ("student.classifier.weight", 1.0),
+    ],
+)
+def test_a_transformer_student_s_layers_learn_at_decayed_rates_below_its_classifier(name, rate):
+    assert decayed_rates(student("transformer"))[name] == rate
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_a_student_without_transformer_layers_is_refused_layer_decay(arch):
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.common.recipe import RecipeError
+    from edgedistill.distill.trainer import _param_groups
+
+    with pytest.raises(RecipeError, match="DistillObjective holds no transformers model"):
+        _param_groups(student(arch), OptimConfig(lr=1.0, layer_decay=0.5))
