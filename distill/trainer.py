@@ -73,10 +73,11 @@ class Progress:
 
 @dataclass(frozen=True)
 class _Stack:
-    """A stack of Transformer layers: the module list `layers`, whose entry i serves layers i * per_entry to
-    (i + 1) * per_entry - 1 of `count`, and `holder`, the module that holds the list."""
+    """A stack of Transformer layers: the module lists `lists` (one, or several side by side, as XLM's attentions and
+    feed-forwards), whose entry i serves layers i * per_entry to (i + 1) * per_entry - 1 of `count`, and `holder`, the
+    module that holds them."""
 
-    layers: torch.nn.ModuleList
+    lists: tuple[torch.nn.ModuleList, ...]
     holder: torch.nn.Module
     count: int
     per_entry: int
@@ -84,11 +85,13 @@ class _Stack:
 
 def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int, kind: str = "") -> _Stack:
     """The first module list in `within` that holds `model`'s `count` layers (of `kind`: "decoder "), or, where
-    layers share weights (ALBERT's `num_hidden_groups`), one entry per group. None is a `RecipeError`: the layers
-    would silently all learn at the head's rate."""
+    layers share weights (ALBERT's `num_hidden_groups`), one entry per group, with the lists of as many entries
+    beside it. None is a `RecipeError`: the layers would silently all learn at the head's rate."""
     for name, sub in within.named_modules():
         if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and count % groups == 0:
-            return _Stack(sub, within.get_submodule(name.rpartition(".")[0]), count, count // groups)
+            holder = within.get_submodule(name.rpartition(".")[0])
+            lists = tuple(m for m in holder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == groups)
+            return _Stack(lists, holder, count, count // groups)
     raise RecipeError(
         f"optim.layer_decay: {type(model).__name__} holds no module list of its {count} {kind}layers (or of its "
         f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
@@ -106,7 +109,7 @@ def _transformers_models(model: torch.nn.Module) -> list[PreTrainedModel]:
 
 
 def _holds(module: torch.nn.Module, stacks: list[_Stack]) -> bool:
-    return any(sub is stack.layers for sub in module.modules() for stack in stacks)
+    return any(sub is layers for sub in module.modules() for stack in stacks for layers in stack.lists)
 
 
 def _embeddings(model: PreTrainedModel, stacks: list[_Stack]) -> list[torch.nn.Parameter]:
@@ -164,9 +167,10 @@ def _model_depths(model: PreTrainedModel) -> dict[int, int]:
     shared: dict[int, int] = {}
     below = 0
     for stack in stacks:  # from the head down
-        for entry, block in enumerate(stack.layers):
-            for param in block.parameters():
-                depths.setdefault(id(param), below + stack.count - entry * stack.per_entry)
+        for layer_list in stack.lists:
+            for entry, block in enumerate(layer_list):
+                for param in block.parameters():
+                    depths.setdefault(id(param), below + stack.count - entry * stack.per_entry)
         if stack.holder is not model.base_model:
             for param in stack.holder.parameters():
                 shared.setdefault(id(param), below + stack.count)

@@ -376,3 +376,23 @@ def test_a_student_without_transformer_layers_is_refused_layer_decay(arch):
 
     with pytest.raises(RecipeError, match="DistillObjective holds no transformers model"):
         _param_groups(student(arch), OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def tiny_xlm():
+    """A tiny XLM, whose layers are four module lists side by side: attentions, norms, feed-forwards, norms."""
+    from transformers import XLMConfig, XLMForSequenceClassification
+
+    return XLMForSequenceClassification(XLMConfig(vocab_size=50, emb_dim=16, n_layers=3, n_heads=2))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "transformer.attentions.1.q_lin.weight",
+        "transformer.layer_norm1.1.weight",
+        "transformer.ffns.1.lin1.weight",
+        "transformer.layer_norm2.1.weight",
+    ],
+)
+def test_each_of_xlm_s_side_by_side_layer_lists_learns_at_its_layer_s_rate(name):
+    assert decayed_rates(tiny_xlm())[name] == 0.5**2
