@@ -73,65 +73,139 @@ class Progress:
 
 @dataclass(frozen=True)
 class _Stack:
-    """A transformers model's stack of Transformer layers: the module list `name`, whose entry i serves layers
-    i * per_entry to (i + 1) * per_entry - 1 of `layers`, inside `encoder` (None where the base model holds it)."""
+    """A stack of Transformer layers: the module lists `lists` (one, or several side by side, as XLM's attentions and
+    feed-forwards), whose entry i serves layers i * per_entry to (i + 1) * per_entry - 1 of `count`, and `holder`, the
+    module that holds them."""
 
-    name: str
-    layers: int
+    lists: tuple[torch.nn.ModuleList, ...]
+    holder: torch.nn.Module
+    count: int
     per_entry: int
-    encoder: str | None
 
 
-def _stacks(model: torch.nn.Module) -> list[_Stack]:
-    """The layer stacks of every transformers model in `model`, found by structure, not names: the first module list
-    that holds its config's `num_hidden_layers` blocks, or, where layers share weights (ALBERT's
-    `num_hidden_groups`), one entry per group. A transformers model without such a list is a `RecipeError`: its
-    layers would silently all learn at the head's rate."""
-    modules = dict(model.named_modules())
-    stacks: dict[str, _Stack] = {}
-    for prefix, module in modules.items():
-        layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
-        if not isinstance(module, PreTrainedModel) or not layers:
+def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int, kind: str = "") -> _Stack:
+    """The first module list in `within` that holds `model`'s `count` layers (of `kind`: "decoder "), or, where
+    layers share weights (ALBERT's `num_hidden_groups`), one entry per group, with the lists of as many entries
+    beside it. None is a `RecipeError`: the layers would silently all learn at the head's rate."""
+    for name, sub in within.named_modules():
+        if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and count % groups == 0:
+            holder = within.get_submodule(name.rpartition(".")[0])
+            lists = tuple(m for m in holder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == groups)
+            return _Stack(lists, holder, count, count // groups)
+    raise RecipeError(
+        f"optim.layer_decay: {type(model).__name__} holds no module list of its {count} {kind}layers (or of its "
+        f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
+    )
+
+
+def _transformers_models(model: torch.nn.Module) -> list[PreTrainedModel]:
+    """The outermost transformers models in `model`: itself, or a student's encoder."""
+    found: dict[str, PreTrainedModel] = {}
+    for name, module in model.named_modules():
+        inside = any(outer == "" or name.startswith(outer + ".") for outer in found)
+        if isinstance(module, PreTrainedModel) and not inside:
+            found[name] = module
+    return list(found.values())
+
+
+def _holds(module: torch.nn.Module, stacks: list[_Stack]) -> bool:
+    return any(sub is layers for sub in module.modules() for stack in stacks for layers in stack.lists)
+
+
+def _embeddings(model: PreTrainedModel, stacks: list[_Stack]) -> list[torch.nn.Parameter]:
+    """`model`'s embeddings, found by structure: every module that holds its input embedding's weight (tied
+    copies too) and, beside each, the module that owns it when that holds no layers (a BERT's embeddings: position
+    and token type embeddings, LayerNorm), else the embeddings the owner holds directly (GPT-2's positions); then,
+    where the embeddings are narrower or wider than the layers, the linear maps the base model holds directly that
+    take the embeddings' width: nothing else has it (ELECTRA's projection of the embeddings)."""
+    words = model.get_input_embeddings().weight
+    found = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not (isinstance(module, torch.nn.Embedding) and module.weight is words):
             continue
-        groups = getattr(module.config, "num_hidden_groups", layers)
-        for name, sub in module.named_modules(prefix=prefix):
-            if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and layers % groups == 0:
-                parent = name.rpartition(".")[0]
-                encoder = None if isinstance(modules.get(parent), PreTrainedModel) else parent
-                stacks.setdefault(name, _Stack(name, layers, layers // groups, encoder))
-                break
+        owner = model.get_submodule(name.rpartition(".")[0])
+        if _holds(owner, stacks):
+            found += [p for sub in owner.children() if isinstance(sub, torch.nn.Embedding) for p in sub.parameters()]
         else:
+            found += owner.parameters()
+    width = words.shape[1]
+    if width != getattr(model.config, "hidden_size", width):
+        for child in model.base_model.children():
+            if isinstance(child, torch.nn.Linear) and child.in_features == width:
+                found += child.parameters()
+    return found
+
+
+def _model_depths(model: PreTrainedModel) -> dict[int, int]:
+    """How far below the head each parameter of the transformers `model` sits, by the parameter's id: layer i of
+    L, L - i; what several layers share (an ALBERT group, and what an encoder holds beside its layers, as DeBERTa's
+    relative embeddings), its lowest layer's L; the embeddings L + 1; the head and what follows the layers (a
+    pooler, GPT-2's final norm) are absent, at 0. An encoder-decoder's head reads its decoder: decoder layer j of D
+    is at D - j, encoder layer i of E at D + E - i, what the decoder holds beside its layers at D, what the encoder
+    holds at D + E, and the embeddings, which both read, at D + E + 1."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", None)
+    if not layers:
+        raise RecipeError(
+            f"optim.layer_decay: {type(model).__name__}'s config gives no num_hidden_layers, so its layers cannot be "
+            "found; leave layer_decay unset for it"
+        )
+    if config.is_encoder_decoder:
+        decoder_layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
+        if not decoder_layers:
             raise RecipeError(
-                f"optim.layer_decay: {type(module).__name__} holds no module list of its {layers} layers (or of its "
-                f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
+                f"optim.layer_decay: {type(model).__name__}'s config gives no decoder_layers, so its decoder's "
+                "layers cannot be found; leave layer_decay unset for it"
             )
-    return list(stacks.values())
+        stacks = [
+            _stack(model, model.get_decoder(), decoder_layers, decoder_layers, "decoder "),
+            _stack(model, model.get_encoder(), layers, layers, "encoder "),
+        ]
+    else:
+        stacks = [_stack(model, model.base_model, layers, getattr(config, "num_hidden_groups", layers))]
+    depths: dict[int, int] = {}
+    shared: dict[int, int] = {}
+    below = 0
+    for stack in stacks:  # from the head down
+        for layer_list in stack.lists:
+            for entry, block in enumerate(layer_list):
+                for param in block.parameters():
+                    depths.setdefault(id(param), below + stack.count - entry * stack.per_entry)
+        if stack.holder is not model.base_model:
+            for param in stack.holder.parameters():
+                shared.setdefault(id(param), below + stack.count)
+        below += stack.count
+    for param in _embeddings(model, stacks):
+        depths.setdefault(id(param), below + 1)
+    return shared | depths
 
 
-def _depth(name: str, stacks: list[_Stack], num_layers: int) -> int:
-    """How far below the head parameter `name` sits: the head, and what follows the layers (a pooler, GPT-2's final
-    norm), 0; layer i of L, L - i; what several layers share (an ALBERT group, DeBERTa's relative embeddings and
-    the rest of an encoder outside its layers), its lowest layer's L; the embeddings L + 1."""
-    for stack in stacks:
-        if name.startswith(stack.name + "."):
-            entry = int(name[len(stack.name) + 1 :].split(".", 1)[0])
-            return stack.layers - entry * stack.per_entry
-        if stack.encoder and name.startswith(stack.encoder + "."):
-            return stack.layers
-    return num_layers + 1 if "embed" in name or ".wte." in name or ".wpe." in name else 0
+def _depths(model: torch.nn.Module) -> dict[int, int]:
+    """How far below the head each parameter of every transformers model in `model` sits, by the parameter's id;
+    a parameter outside them (a student's classifier) is absent, at the head's 0. A `model` without one (a BiLSTM
+    student) is a `RecipeError`: it has no Transformer layers, and every parameter would learn at the head's rate."""
+    models = _transformers_models(model)
+    if not models:
+        raise RecipeError(
+            f"optim.layer_decay: {type(model).__name__} holds no transformers model, so no Transformer layers to "
+            "scale the learning rates of; leave layer_decay unset for it"
+        )
+    depths: dict[int, int] = {}
+    for found in models:
+        depths |= _model_depths(found)
+    return depths
 
 
 def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     """AdamW groups: no weight decay on biases and LayerNorm weights (the usual BERT recipe); with
     `layer_decay`, each Transformer layer's learning rate is that factor times the one above it."""
-    stacks = _stacks(model) if cfg.layer_decay else []
-    num_layers = max((stack.layers for stack in stacks), default=0)
+    depths = _depths(model) if cfg.layer_decay else {}
     groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         decay = 0.0 if param.ndim < 2 or "LayerNorm" in name or "norm" in name else cfg.weight_decay
-        lr = cfg.lr * (cfg.layer_decay ** _depth(name, stacks, num_layers) if cfg.layer_decay else 1.0)
+        lr = cfg.lr * (cfg.layer_decay ** depths.get(id(param), 0) if cfg.layer_decay else 1.0)
         groups.setdefault((lr, decay), []).append(param)
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 

@@ -385,6 +385,15 @@ class StudentRun(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _layer_decay_needs_a_transformer(self):
+        if self.optim.layer_decay is not None and self.model.arch != "transformer":
+            raise ValueError(
+                f"optim.layer_decay scales the learning rates of a transformer student's layers; a {self.model.arch} "
+                "student has none (it would scale its embedding alone): leave optim.layer_decay unset"
+            )
+        return self
+
 
 class DistillConfig(Strict):
     students: dict[str, StudentRun] = Field(min_length=1)

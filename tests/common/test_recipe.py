@@ -852,3 +852,16 @@ def test_a_pair_column_that_is_the_label_column_is_refused(tmp_path):
 def test_a_label_column_that_is_the_text_column_is_refused(tmp_path):
     with pytest.raises(RecipeError, match=r"data\.text_column and data\.label_column both name the column 'label'"):
         load_recipe(write(tmp_path, MINIMAL), {"data.text_column": "label"})
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_layer_decay_for_a_student_without_transformer_layers_is_refused_at_load(tmp_path, arch):
+    student = "{model: {arch: " + arch + "}, optim: {layer_decay: 0.8}}"
+    with pytest.raises(RecipeError, match=rf"distill.students.small: optim.layer_decay .*a {arch} student has none"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+def test_layer_decay_for_a_transformer_student_is_taken(tmp_path):
+    student = "{model: {arch: transformer, hidden_size: 64, num_heads: 2}, optim: {layer_decay: 0.8}}"
+    recipe = extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+    assert recipe.distill.students["small"].optim.layer_decay == 0.8

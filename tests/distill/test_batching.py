@@ -230,3 +230,169 @@ def test_a_transformers_model_whose_layers_are_not_found_is_refused_layer_decay(
     model.config.num_hidden_layers = 5  # no module list of 5 layers
     with pytest.raises(RecipeError, match="holds no module list of its 5 layers"):
         _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def tiny_ctrl():
+    """A tiny CTRL, whose word embedding is `transformer.w`: a name that says nothing of what it is."""
+    from transformers import CTRLConfig, CTRLForSequenceClassification
+
+    config = CTRLConfig(vocab_size=50, n_embd=16, n_layer=3, n_head=2, dff=16, n_positions=32, pad_token_id=0)
+    return CTRLForSequenceClassification(config)
+
+
+def parameters_of(model, module: str) -> list[str]:
+    """The names of every parameter of `model`'s submodule `module`."""
+    return [name for name, _ in model.get_submodule(module).named_parameters(prefix=module)]
+
+
+def embedding_models():
+    """A tiny classifier of each kind of embeddings, its number of layers and the names of all its embedding
+    parameters: a BERT's embeddings module (word, position and token type embeddings, their LayerNorm), GPT-2's word
+    and position embeddings beside its layers, ALBERT's and DeBERTa-v2's embeddings modules, CTRL's `w`."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = BertForSequenceClassification(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    )
+    albert, deberta = tiny_albert(), tiny_deberta()
+    return {
+        "bert": (bert, 3, parameters_of(bert, "bert.embeddings")),
+        "gpt2": (encoders()["gpt2"][0], 3, ["transformer.wte.weight", "transformer.wpe.weight"]),
+        "albert": (albert, 4, parameters_of(albert, "albert.embeddings")),
+        "deberta-v2": (deberta, 3, parameters_of(deberta, "deberta.embeddings")),
+        "ctrl": (tiny_ctrl(), 3, ["transformer.w.weight"]),
+    }
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "albert", "deberta-v2", "ctrl"])
+def test_every_embedding_parameter_learns_one_decay_below_the_lowest_layer(arch):
+    model, layers, names = embedding_models()[arch]
+    rates = decayed_rates(model)
+    assert {name: rates[name] for name in names} == dict.fromkeys(names, 0.5 ** (layers + 1))
+
+
+def test_ctrl_s_final_norm_learns_at_the_head_s_rate():
+    assert decayed_rates(tiny_ctrl())["transformer.layernorm.weight"] == 1.0
+
+
+def test_electra_s_embedding_projection_learns_with_its_embeddings():
+    model, _ = encoders()["electra"]
+    assert decayed_rates(model)["electra.embeddings_project.weight"] == 0.5**4
+
+
+def test_a_pooler_registered_before_the_layers_learns_at_the_head_s_rate():
+    from transformers import GteConfig, GteForSequenceClassification
+
+    config = GteConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    model = GteForSequenceClassification(config)  # its pooler is registered between its embeddings and its layers
+    assert decayed_rates(model)["gte.pooler.dense.weight"] == 1.0
+
+
+def test_a_masked_lm_head_tied_to_the_word_embeddings_learns_at_the_head_s_rate():
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=16)
+    assert decayed_rates(BertForMaskedLM(config))["cls.predictions.transform.dense.weight"] == 1.0
+
+
+def tiny_bart(encoder_layers: int, decoder_layers: int):
+    """A tiny BART classifier: `shared` word embeddings tied into its encoder and decoder, each with its own
+    position embeddings; the head reads the decoder's last state."""
+    from transformers import BartConfig, BartForSequenceClassification
+
+    config = BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return BartForSequenceClassification(config)
+
+
+@pytest.mark.parametrize(("encoder_layers", "decoder_layers"), [(2, 3), (3, 3), (3, 2)])
+def test_bart_s_decoder_layers_learn_below_the_head_and_its_encoder_layers_below_them(encoder_layers, decoder_layers):
+    rates = decayed_rates(tiny_bart(encoder_layers, decoder_layers))
+    expected = {f"model.decoder.layers.{j}.fc1.weight": 0.5 ** (decoder_layers - j) for j in range(decoder_layers)}
+    expected |= {
+        f"model.encoder.layers.{i}.fc1.weight": 0.5 ** (decoder_layers + encoder_layers - i)
+        for i in range(encoder_layers)
+    }
+    assert {name: rates[name] for name in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "name", ["model.shared.weight", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+)
+def test_bart_s_embeddings_learn_one_decay_below_its_lowest_encoder_layer(name):
+    assert decayed_rates(tiny_bart(2, 3))[name] == 0.5**6
+
+
+def test_bart_s_classification_head_learns_at_the_head_s_rate():
+    assert decayed_rates(tiny_bart(2, 3))["classification_head.dense.weight"] == 1.0
+
+
+def test_an_encoder_decoder_whose_decoder_layers_are_not_found_is_refused_layer_decay():
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.common.recipe import RecipeError
+    from edgedistill.distill.trainer import _param_groups
+
+    model = tiny_bart(2, 3)
+    model.config.decoder_layers = 5  # no module list of 5 decoder layers
+    with pytest.raises(RecipeError, match="holds no module list of its 5 decoder layers"):
+        _param_groups(model, OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def student(arch: str):
+    """A tiny student of `arch` in the objective the student stage trains."""
+    from edgedistill.common.config.training import StudentConfig, StudentRun
+    from edgedistill.distill.student_stage import DistillObjective
+    from edgedistill.distill.students import build_student
+
+    layers = 2 if arch == "transformer" else 1
+    cfg = StudentConfig(
+        arch=arch, vocab_size=50, embed_dim=8, hidden_size=16, num_layers=layers, num_heads=2, intermediate_size=16,
+        num_filters=4,
+    )  # fmt: skip
+    return DistillObjective(build_student(cfg), StudentRun(model=cfg))
+
+
+@pytest.mark.parametrize(
+    ("name", "rate"),
+    [
+        ("student.bert.embeddings.word_embeddings.weight", 0.5**3),
+        ("student.bert.encoder.layer.0.output.dense.weight", 0.5**2),
+        ("student.bert.encoder.layer.1.output.dense.weight", 0.5),
+        ("student.classifier.weight", 1.0),
+    ],
+)
+def test_a_transformer_student_s_layers_learn_at_decayed_rates_below_its_classifier(name, rate):
+    assert decayed_rates(student("transformer"))[name] == rate
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+def test_a_student_without_transformer_layers_is_refused_layer_decay(arch):
+    from edgedistill.common.config.training import OptimConfig
+    from edgedistill.common.recipe import RecipeError
+    from edgedistill.distill.trainer import _param_groups
+
+    with pytest.raises(RecipeError, match="DistillObjective holds no transformers model"):
+        _param_groups(student(arch), OptimConfig(lr=1.0, layer_decay=0.5))
+
+
+def tiny_xlm():
+    """A tiny XLM, whose layers are four module lists side by side: attentions, norms, feed-forwards, norms."""
+    from transformers import XLMConfig, XLMForSequenceClassification
+
+    return XLMForSequenceClassification(XLMConfig(vocab_size=50, emb_dim=16, n_layers=3, n_heads=2))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "transformer.attentions.1.q_lin.weight",
+        "transformer.layer_norm1.1.weight",
+        "transformer.ffns.1.lin1.weight",
+        "transformer.layer_norm2.1.weight",
+    ],
+)
+def test_each_of_xlm_s_side_by_side_layer_lists_learns_at_its_layer_s_rate(name):
+    assert decayed_rates(tiny_xlm())[name] == 0.5**2

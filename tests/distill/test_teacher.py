@@ -365,3 +365,22 @@ def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_befor
     init = short_gpt2(tmp_path, data_dir)
     result = run_stage("pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
     assert f"pretrain.seq_len=64, but {init} has 32 positions" in result.stderr
+
+
+def test_reinit_layers_for_an_encoder_decoder_is_refused_naming_its_decoder():
+    from transformers import BartConfig, BartForSequenceClassification
+
+    config = BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=32,
+    )  # fmt: skip
+    with pytest.raises(RecipeError, match="BartForSequenceClassification is an encoder-decoder, whose head reads"):
+        reinit_top_layers(BartForSequenceClassification(config), 1)
+
+
+def test_reinit_layers_for_a_model_without_initializer_range_is_refused():
+    from transformers import XLMConfig, XLMForSequenceClassification
+
+    model = XLMForSequenceClassification(XLMConfig(vocab_size=50, emb_dim=16, n_layers=2, n_heads=2))
+    with pytest.raises(RecipeError, match="XLMForSequenceClassification's config gives no initializer_range"):
+        reinit_top_layers(model, 1)
