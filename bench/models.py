@@ -51,11 +51,14 @@ def time_calls(call, cfg: ModelBenchConfig) -> Timing:
     return Timing.of(times)
 
 
-def inputs(names: Sequence[str], batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds of a single-text model: `batch` rows of `length` random token ids, every token attended."""
+def inputs(names: Sequence[str], batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds of a single-text model: `batch` rows of `length` random token ids, every token attended. The ids are
+    drawn from 1000-1999, or from the upper half of a vocabulary of fewer ids (clear of the special tokens at its
+    start)."""
     rng = np.random.default_rng(seed)
+    high = min(2000, vocab_size)
     values = {
-        "input_ids": rng.integers(1000, 2000, size=(batch, length), dtype=np.int64),
+        "input_ids": rng.integers(min(1000, high // 2), high, size=(batch, length), dtype=np.int64),
         "attention_mask": np.ones((batch, length), dtype=np.int64),
         "token_type_ids": np.zeros((batch, length), dtype=np.int64),
     }
@@ -88,9 +91,9 @@ def bundle_feed(bundle: Bundle, tokenizer_json: str, batch: int, length: int) ->
     """What a bundle is timed on: for a pair model, the rows the server makes of a pair request `length` tokens long
     (both texts cut to about half, `token_type_ids` by the bundle's `pair_segments`: `serve.encoding`); else
     `inputs`."""
-    if not bundle.spec.pairs:
-        return inputs(bundle.spec.input_names, batch, length)
     encoder = TextEncoder.for_bundle(bundle, tokenizer_json, max_length=length)
+    if not bundle.spec.pairs:
+        return inputs(bundle.spec.input_names, batch, length, encoder.vocab_size)
     try:
         row = encoder.encode(*_pair(length))[0]
     except InvalidInput as err:  # a length that leaves a text no token
@@ -102,7 +105,7 @@ def teacher_feed(tokenizer, names: Sequence[str], batch: int, length: int, pairs
     """What the teacher is timed on in PyTorch: for a pair task, a pair `length` tokens long as its tokenizer writes
     it (`token_type_ids` its own, as the teacher was trained), the rows its bundles are timed on; else `inputs`."""
     if not pairs:
-        return inputs(names, batch, length)
+        return inputs(names, batch, length, len(tokenizer))
     encoded = encode(tokenizer, *_pair(length), length)
     row = {key: np.asarray(rows[0], dtype=np.int64) for key, rows in encoded.items()}
     row["attention_mask"] = np.ones_like(row["input_ids"])

@@ -1,5 +1,6 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
+import numpy as np
 import pytest
 import torch
 from edgedistill.bench import models
@@ -121,6 +122,17 @@ def test_a_pair_bundle_is_timed_on_token_ids_of_its_own_vocabulary(pair_bundle):
     bundle, files = read_bundle(pair_bundle)
     feed = models.bundle_feed(bundle, files.tokenizer, batch=2, length=16)
     assert feed["input_ids"].max() < Tokenizer.from_str(files.tokenizer).get_vocab_size()
+
+
+def test_a_single_text_bundle_of_a_small_vocabulary_is_timed_on_token_ids_it_holds(tmp_path):
+    bundle, files = read_bundle(write_bundle(tmp_path / "bundle-small-vocabulary"))
+    feed = models.bundle_feed(bundle, files.tokenizer, batch=2, length=16)
+    assert feed["input_ids"].max() < Tokenizer.from_str(files.tokenizer).get_vocab_size()
+
+
+def test_a_model_of_a_large_vocabulary_is_timed_on_the_ids_drawn_from_1000_to_1999_as_before():
+    feed = models.inputs(("input_ids",), batch=4, length=64, vocab_size=30522)
+    assert feed["input_ids"].tolist() == np.random.default_rng(0).integers(1000, 2000, size=(4, 64)).tolist()
 
 
 def test_a_pair_bundle_is_timed_on_rows_of_the_cell_s_length(pair_bundle):
