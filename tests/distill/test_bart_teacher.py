@@ -1,6 +1,6 @@
 """An encoder-decoder teacher (a tiny BART, whose head reads the decoder's state at the last `</s>`) through every
 stage: teacher, a labeller bundle that labels the transfer set, a BiLSTM student, the teacher's bundles, and the
-server."""
+server, for single texts and pairs."""
 
 import os
 import subprocess
@@ -21,6 +21,8 @@ from edgedistill.serve.proto import classifier_pb2_grpc
 
 from tests.bart_init import write_bart
 from tests.conftest import PYTHON, ROOT
+from tests.distill.test_roberta_pairs import roberta_pair_recipe
+from tests.pair_task import write_pair_task
 from tests.serve.conftest import RunningServer, settings_for
 
 
@@ -60,6 +62,25 @@ export:
 """
 
 
+def run_stages(folder, recipe_text: str, *commands: list[str]):
+    """Write `recipe_text` to `folder`/bart.yaml and run each `python -m` command on it into `folder`/runs; the run
+    folder and the recipe."""
+    recipe = folder / "bart.yaml"
+    recipe.write_text(recipe_text)
+    env = {
+        **os.environ,
+        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
+        "HF_HUB_OFFLINE": "1",
+        "EDGEDISTILL_TORCH_THREADS": "1",
+    }
+    for command in commands:
+        result = subprocess.run(
+            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "runs" / "bart", load_recipe(recipe)
+
+
 @pytest.fixture(scope="module")
 def bart_run(tmp_path_factory):
     """The run folder of the BART recipe after teacher, labeller, transfer set, student (no baseline) and bundles;
@@ -70,21 +91,37 @@ def bart_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bart")
     texts = (Path(data_dir) / "unlabeled" / "movie_reviews.txt").read_text(encoding="utf-8").splitlines()[:2000]
     init = write_bart(folder / "bart", texts)
-    recipe = folder / "bart.yaml"
-    recipe.write_text(bart_recipe(data_dir, init))
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
     commands = (["distill", "teacher"], ["export", "labeller"], ["distill", "distill", "--no-baseline"])
-    for command in (*commands, ["export", "bundles"]):
-        result = subprocess.run(
-            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-    return folder / "runs" / "bart", load_recipe(recipe)
+    return run_stages(folder, bart_recipe(data_dir, init), *commands, ["export", "bundles"])
+
+
+@pytest.fixture(scope="module")
+def bart_pair_run(tmp_path_factory):
+    """The run folder of a BART teacher of the synthetic pair task, `<s> A </s></s> B </s>`, and its fp32 bundle;
+    its recipe."""
+    folder = tmp_path_factory.mktemp("bart-pairs")
+    paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
+    init = write_bart(folder / "bart", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
+    commands = (["distill", "teacher"], ["export", "bundles", "--only", "teacher-onnx"])
+    return run_stages(folder, roberta_pair_recipe(paths, init), *commands)
+
+
+def served_and_pytorch(run, recipe, bundle: str, texts: list[str], pairs: list[str] | None):
+    """The probabilities the server gives for `texts` (with their `pairs`) from `bundle`, and those of the teacher in
+    PyTorch on them as training tokenized them: (N, C) each."""
+    tokenizer = load_tokenizer(str(run / "teacher"))
+    rows = list(range(len(texts)))
+    batch = collate(encode(tokenizer, texts, pairs, recipe.model.max_length), rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        want = heads.load_teacher(run / "teacher").eval()(**batch).logits.softmax(-1).numpy()
+    server = RunningServer(settings_for(run / f"bundle-{bundle}"))
+    try:
+        with server.channel() as channel:
+            request = pb.ClassifyRequest(texts=texts, text_pairs=pairs or [])
+            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
+    finally:
+        server.close()
+    return np.array([p.probabilities for p in reply.predictions]), want
 
 
 @pytest.mark.slow
@@ -104,15 +141,13 @@ def test_a_bart_teacher_s_bundle_ships_its_graph_unfused(bart_run, bundle):
 def test_a_served_bart_teacher_gives_the_probabilities_of_its_pytorch_model(bart_run):
     run, recipe = bart_run
     _, dev = load_splits(recipe.data)
-    texts = dev.texts[:8]
-    tokenizer = load_tokenizer(str(run / "teacher"))
-    batch = collate(encode(tokenizer, texts, None, recipe.model.max_length), list(range(8)), tokenizer.pad_token_id)
-    with torch.no_grad():
-        want = heads.load_teacher(run / "teacher").eval()(**batch).logits.softmax(-1).numpy()
-    server = RunningServer(settings_for(run / "bundle-teacher-fused"))
-    try:
-        with server.channel() as channel:
-            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=texts), timeout=30)
-    finally:
-        server.close()
-    np.testing.assert_allclose([p.probabilities for p in reply.predictions], want, atol=1e-5)
+    served, want = served_and_pytorch(run, recipe, "teacher-fused", dev.texts[:8], None)
+    np.testing.assert_allclose(served, want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_served_bart_pair_teacher_gives_the_probabilities_of_its_pytorch_model(bart_pair_run):
+    run, recipe = bart_pair_run
+    _, dev = load_splits(recipe.data)
+    served, want = served_and_pytorch(run, recipe, "teacher-onnx", dev.texts[:8], dev.pairs[:8])
+    np.testing.assert_allclose(served, want, atol=1e-5)
