@@ -18,6 +18,10 @@ from transformers import (
     BertConfig,
     ElectraConfig,
     ElectraForSequenceClassification,
+    MBartConfig,
+    MBartForSequenceClassification,
+    MvpConfig,
+    MvpForSequenceClassification,
     PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForSequenceClassification,
@@ -120,13 +124,21 @@ def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
         export_onnx(source, tmp_path / "model.onnx", opset=17)
 
 
-def tiny_bart(tmp_path) -> Source:
-    """A tiny BART classifier (`</s>` is id 2, padding id 1) committed as a teacher artifact."""
-    config = BartConfig(
+ENCODER_DECODERS = {
+    "bart": (BartConfig, BartForSequenceClassification),
+    "mbart": (MBartConfig, MBartForSequenceClassification),
+    "mvp": (MvpConfig, MvpForSequenceClassification),
+}
+
+
+def tiny_encoder_decoder(tmp_path, model_type: str = "bart") -> Source:
+    """A tiny encoder-decoder classifier (`</s>` is id 2, padding id 1) committed as a teacher artifact."""
+    config_class, model_class = ENCODER_DECODERS[model_type]
+    config = config_class(
         vocab_size=120, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
     )  # fmt: skip
-    return _teacher_artifact(tmp_path, BartForSequenceClassification(config).eval())
+    return _teacher_artifact(tmp_path, model_class(config).eval())
 
 
 def bart_rows(rows: list[list[int]]) -> dict[str, torch.Tensor]:
@@ -140,15 +152,17 @@ def bart_rows(rows: list[list[int]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def test_a_bart_teacher_exports_and_keeps_its_logits_at_every_shape(tmp_path):
-    source = tiny_bart(tmp_path)
+@pytest.mark.parametrize("model_type", ENCODER_DECODERS)
+def test_an_encoder_decoder_teacher_exports_and_keeps_its_logits_at_every_shape(tmp_path, model_type):
+    source = tiny_encoder_decoder(tmp_path, model_type)
     export_onnx(source, tmp_path / "model.onnx", opset=17)
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
     assert max(check_shapes(runner, source, True, 64).values()) < 1e-5
 
 
-def test_an_exported_bart_teacher_gives_the_logits_of_transformers_head_at_each_row_s_last_eos(tmp_path):
-    source = tiny_bart(tmp_path)
+@pytest.mark.parametrize("model_type", ENCODER_DECODERS)
+def test_an_exported_encoder_decoder_gives_the_logits_of_transformers_head_at_each_row_s_last_eos(tmp_path, model_type):
+    source = tiny_encoder_decoder(tmp_path, model_type)
     export_onnx(source, tmp_path / "model.onnx", opset=17)
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
     batch = bart_rows([[7, 8, 2, 2, 9], [12, 2, 2, 13, 14, 15, 16], [17, 2, 2, 18]])  # pairs: A </s></s> B
@@ -158,7 +172,7 @@ def test_an_exported_bart_teacher_gives_the_logits_of_transformers_head_at_each_
 
 
 def test_an_exported_bart_teacher_gives_a_row_its_own_logits_beside_rows_of_more_eos(tmp_path):
-    source = tiny_bart(tmp_path)
+    source = tiny_encoder_decoder(tmp_path)
     export_onnx(source, tmp_path / "model.onnx", opset=17)
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
     rows = [[7, 8, 9], [12, 2, 2, 13, 14]]
