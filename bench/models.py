@@ -72,18 +72,21 @@ def _pair(length: int) -> tuple[list[str], list[str]]:
     return [text], [text]
 
 
-def _too_short(length: int) -> RecipeError:
+def _too_short(length: int, pairs: bool = True) -> RecipeError:
+    what, texts, timed = ("a pair", "each text", "pair models") if pairs else ("a text", "the text", "this teacher")
     return RecipeError(
-        f"bench.models.seq_lens: a pair cannot be cut to {length} tokens, which its special tokens and a token of "
-        "each text exceed; time pair models at longer lengths"
+        f"bench.models.seq_lens: {what} cannot be cut to {length} tokens, which its special tokens and a token of "
+        f"{texts} exceed; time {timed} at longer lengths"
     )
 
 
-def _tiled(row: dict[str, np.ndarray], names: Sequence[str], batch: int, length: int) -> dict[str, np.ndarray]:
-    """`row` (a pair's inputs, `length` tokens) as every row of a batch; a `RecipeError` where the tokenizer could not
-    cut the pair to `length` tokens."""
+def _tiled(
+    row: dict[str, np.ndarray], names: Sequence[str], batch: int, length: int, pairs: bool = True
+) -> dict[str, np.ndarray]:
+    """`row` (a pair's inputs, or a text's, `length` tokens) as every row of a batch; a `RecipeError` where the
+    tokenizer could not cut it to `length` tokens."""
     if len(row["input_ids"]) != length:
-        raise _too_short(length)
+        raise _too_short(length, pairs)
     return {name: np.tile(row[name], (batch, 1)) for name in names}
 
 
@@ -101,15 +104,20 @@ def bundle_feed(bundle: Bundle, tokenizer_json: str, batch: int, length: int) ->
     return _tiled(row, bundle.spec.input_names, batch, length)
 
 
-def teacher_feed(tokenizer, names: Sequence[str], batch: int, length: int, pairs: bool) -> dict[str, np.ndarray]:
+def teacher_feed(
+    tokenizer, names: Sequence[str], batch: int, length: int, pairs: bool, written: bool = False
+) -> dict[str, np.ndarray]:
     """What the teacher is timed on in PyTorch: for a pair task, a pair `length` tokens long as its tokenizer writes
-    it (`token_type_ids` its own, as the teacher was trained), the rows its bundles are timed on; else `inputs`."""
-    if not pairs:
+    it (`token_type_ids` its own, as the teacher was trained), the rows its bundles are timed on; with `written`, a
+    text `length` tokens long as its tokenizer writes it, special tokens and all (an encoder-decoder's head reads its
+    `</s>`, which random ids lack); else `inputs`."""
+    if not (pairs or written):
         return inputs(names, batch, length, len(tokenizer))
-    encoded = encode(tokenizer, *_pair(length), length)
+    texts, second = _pair(length)
+    encoded = encode(tokenizer, texts, second if pairs else None, length)
     row = {key: np.asarray(rows[0], dtype=np.int64) for key, rows in encoded.items()}
     row["attention_mask"] = np.ones_like(row["input_ids"])
-    return _tiled(row, names, batch, length)
+    return _tiled(row, names, batch, length, pairs)
 
 
 def shapes(cfg: ModelBenchConfig) -> list[tuple[int, int]]:
@@ -148,7 +156,7 @@ def _eager_row(
     timings = {}
     with torch.inference_mode():
         for batch, length in shapes(cfg):
-            feed = teacher_feed(tokenizer, names, batch, length, pairs)
+            feed = teacher_feed(tokenizer, names, batch, length, pairs, model.config.is_encoder_decoder)
             feed = {k: torch.from_numpy(v).to(on) for k, v in feed.items()}
             timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
             _cell_done(cells, name, batch, length, timings[batch, length])

@@ -70,8 +70,9 @@ def teacher_inputs(config, tokenizer) -> tuple[str, ...]:
 
 def _family_of(config) -> str | None:
     """The `model.family` that takes a checkpoint of this transformers `config`: gpt for a GPT-2, bert for a
-    masked-LM encoder (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa, ALBERT, ...); None for any other model (a
-    Llama, a Qwen, T5), which neither family's pretraining, head and export are written for."""
+    masked-LM encoder (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa, ALBERT, ...) or an encoder-decoder transformers
+    lists among masked LMs (BART, mBART, MVP); None for any other model (a Llama, a Qwen, T5), which neither
+    family's pretraining, head and export are written for."""
     if config.model_type == "gpt2":
         return "gpt"
     masked = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or config.model_type in BERT_TYPES

@@ -190,6 +190,14 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
                 f"set distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false), "
                 "or size it as the teacher"
             )
+        layered = [key for key in ("hidden", "attention") if getattr(spec.losses, key) > 0]
+        if layered and getattr(teacher := teacher_config(recipe), "is_encoder_decoder", False):
+            raise RecipeError(
+                f"distill.students.{name}.losses.{layered[0]} matches the student's layers to a stack of the "
+                f"teacher's, but {recipe.model.init} is an encoder-decoder ({teacher.model_type}), whose head reads "
+                f"its decoder through cross-attention to its encoder; set distill.students.{name}.losses.hidden "
+                "and losses.attention to 0"
+            )
 
 
 def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:

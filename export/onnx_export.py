@@ -40,6 +40,24 @@ class _HFLogitsWithoutSegments(_HFLogits):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
 
+class _LastEosLogits(nn.Module):
+    """An encoder-decoder classifier (BART, mBART, MVP) as `(input_ids, attention_mask) -> logits`: its head reads the
+    decoder's state at each row's last `</s>`. transformers finds those by a boolean index and a reshape, after
+    checking that every row holds as many `</s>`, which the tracer cannot follow; here each row's last `</s>` is the
+    highest position holding one, so a row never reads another's state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        states = self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]  # (B, T, H)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = (input_ids.eq(self.model.config.eos_token_id).long() * positions).amax(-1)  # (B,)
+        picked = states.gather(1, last.view(-1, 1, 1).expand(-1, 1, states.shape[-1])).squeeze(1)  # (B, H)
+        return self.model.classification_head(picked)
+
+
 @dataclass
 class Source:
     """A model ready to export: the module, its input names, and what the optimizer needs to know."""
@@ -65,9 +83,14 @@ def load_source(folder: Path) -> Source:
         cfg = model.config
         params = count_parameters(model)
         inputs = heads.teacher_inputs(cfg, load_tokenizer(str(folder)))
-        wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
+        if cfg.is_encoder_decoder:
+            wrapper = _LastEosLogits
+        else:
+            wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
         module = wrapper(model).eval()  # export restores the wrapper's mode on every submodule
-        if cfg.model_type == "gpt2":  # not an encoder the fusions take
+        # Neither a GPT-2 nor an encoder-decoder (its decoder's self- and cross-attention) is an encoder the fusions
+        # take: their graphs ship unfused.
+        if cfg.model_type == "gpt2" or cfg.is_encoder_decoder:
             return Source(module, inputs, cfg.model_type, folder, params=params)
         return Source(
             module,

@@ -19,10 +19,12 @@ from edgedistill.distill.tokenization import train_tokenizer
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from tests.bart_init import bart_tokenizer
 from tests.conftest import ROOT, run_module
 from tests.serve.conftest import pair_spec, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+TEXTS = ["a text and its pair", "another text"] * 20
 
 
 def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch):
@@ -180,3 +182,32 @@ def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_pa
     inputs = Inputs(recipe, "hash", tmp_path / "work", False, {}, folders, "key")
     models._build(inputs).write(tmp_path)
     assert (tmp_path / "bench.json").read_text(encoding="utf-8").endswith("}\n")
+
+
+@pytest.fixture
+def bart_teacher(tmp_path):
+    """A tiny BART teacher artifact whose vocabulary holds the random ids single texts are timed on (1000-1999)."""
+    from transformers import BartConfig, BartForSequenceClassification
+
+    bart_tokenizer(TEXTS).save_pretrained(tmp_path / "staged")
+    config = BartConfig(
+        vocab_size=2048, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+    )  # fmt: skip
+    BartForSequenceClassification(config).save_pretrained(tmp_path / "staged")
+    metrics = {"size_bytes": 1, "dev_accuracy": 0.5}
+    artifact = mf.Manifest(stage="teacher", recipe="tiny", recipe_hash="h", config_hash="c", metrics=metrics)
+    mf.commit(tmp_path / "staged", tmp_path / "teacher", artifact)
+    return tmp_path / "teacher"
+
+
+def test_an_encoder_decoder_teacher_is_timed_in_pytorch_on_texts_that_end_with_its_eos(bart_teacher):
+    cfg = ModelBenchConfig(batch_sizes=[2], seq_lens=[12], warmup=0, iterations=1, min_seconds=0, threads=1)
+    _, timings = models._eager_row(bart_teacher, cfg, tqdm(disable=True), torch.device("cpu"), "accuracy", False)
+    assert list(timings) == [(2, 12)]
+
+
+def test_a_text_too_short_for_an_encoder_decoder_teacher_s_special_tokens_is_refused_with_the_setting():
+    tokenizer = bart_tokenizer(TEXTS)
+    with pytest.raises(RecipeError, match="bench.models.seq_lens: a text cannot be cut to 1 tokens"):
+        models.teacher_feed(tokenizer, TOKEN_INPUTS[:2], batch=1, length=1, pairs=False, written=True)

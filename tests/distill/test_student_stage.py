@@ -21,7 +21,7 @@ from edgedistill.distill.student_stage import (
 )
 from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
-from transformers import BertConfig, BertModel, RobertaConfig
+from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT
 
@@ -185,3 +185,22 @@ def test_a_transformer_student_wider_than_its_bert_teacher_is_refused_before_the
 def test_a_transformer_student_sized_as_its_bert_teacher_passes_the_check(tmp_path):
     config = BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128)
     assert check_students(_recipe_from(tmp_path, config), ["transformer"]) is None
+
+
+@pytest.mark.parametrize("loss", ["hidden", "attention"])
+def test_a_student_matching_the_layers_of_an_encoder_decoder_teacher_is_refused_before_the_transfer_set(tmp_path, loss):
+    BartConfig(d_model=64, encoder_attention_heads=2, decoder_attention_heads=2).save_pretrained(tmp_path / "init")
+    student = "distill.students.transformer"
+    overrides = {"model.init": str(tmp_path / "init"), f"{student}.init_from_teacher": False}
+    overrides |= {f"{student}.losses.{key}": 0.0 for key in ("hidden", "attention") if key != loss}
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+    with pytest.raises(RecipeError, match=rf"{student}.losses.{loss} .* is an encoder-decoder \(bart\)"):
+        check_students(recipe, ["transformer"])
+
+
+def test_a_student_matching_no_layers_of_an_encoder_decoder_teacher_passes_the_check(tmp_path):
+    BartConfig(d_model=64, encoder_attention_heads=2, decoder_attention_heads=2).save_pretrained(tmp_path / "init")
+    student = "distill.students.transformer"
+    overrides = {"model.init": str(tmp_path / "init"), f"{student}.init_from_teacher": False}
+    overrides |= {f"{student}.losses.{key}": 0.0 for key in ("hidden", "attention")}
+    assert check_students(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), ["transformer"]) is None

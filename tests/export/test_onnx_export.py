@@ -1,6 +1,7 @@
 """The example inputs that export traces and the shape checks feed: fixed per shape, masked unevenly; a student
 added as docs/extending.md says exports with them."""
 
+import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
@@ -12,9 +13,15 @@ from edgedistill.export.onnx_export import ExportError, Source, example_inputs, 
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
 from transformers import (
+    BartConfig,
+    BartForSequenceClassification,
     BertConfig,
     ElectraConfig,
     ElectraForSequenceClassification,
+    MBartConfig,
+    MBartForSequenceClassification,
+    MvpConfig,
+    MvpForSequenceClassification,
     PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForSequenceClassification,
@@ -115,3 +122,60 @@ def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
     source = Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS, "bag", tmp_path)
     with pytest.raises(ExportError, match=r"never reads its input\(s\) \['token_type_ids'\]"):
         export_onnx(source, tmp_path / "model.onnx", opset=17)
+
+
+ENCODER_DECODERS = {
+    "bart": (BartConfig, BartForSequenceClassification),
+    "mbart": (MBartConfig, MBartForSequenceClassification),
+    "mvp": (MvpConfig, MvpForSequenceClassification),
+}
+
+
+def tiny_encoder_decoder(tmp_path, model_type: str = "bart") -> Source:
+    """A tiny encoder-decoder classifier (`</s>` is id 2, padding id 1) committed as a teacher artifact."""
+    config_class, model_class = ENCODER_DECODERS[model_type]
+    config = config_class(
+        vocab_size=120, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+    )  # fmt: skip
+    return _teacher_artifact(tmp_path, model_class(config).eval())
+
+
+def bart_rows(rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    """`<s> ids </s>` per row, padded on the right with BART's padding id 1."""
+    length = max(len(ids) for ids in rows) + 2
+    ids = torch.ones(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row) + 2] = torch.tensor([0, *row, 2])
+        mask[i, : len(row) + 2] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("model_type", ENCODER_DECODERS)
+def test_an_encoder_decoder_teacher_exports_and_keeps_its_logits_at_every_shape(tmp_path, model_type):
+    source = tiny_encoder_decoder(tmp_path, model_type)
+    export_onnx(source, tmp_path / "model.onnx", opset=17)
+    runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    assert max(check_shapes(runner, source, True, 64).values()) < 1e-5
+
+
+@pytest.mark.parametrize("model_type", ENCODER_DECODERS)
+def test_an_exported_encoder_decoder_gives_the_logits_of_transformers_head_at_each_row_s_last_eos(tmp_path, model_type):
+    source = tiny_encoder_decoder(tmp_path, model_type)
+    export_onnx(source, tmp_path / "model.onnx", opset=17)
+    runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    batch = bart_rows([[7, 8, 2, 2, 9], [12, 2, 2, 13, 14, 15, 16], [17, 2, 2, 18]])  # pairs: A </s></s> B
+    with torch.no_grad():
+        want = source.module.model(**batch).logits.numpy()
+    assert abs(runner({k: v.numpy() for k, v in batch.items()}) - want).max() < 1e-5
+
+
+def test_an_exported_bart_teacher_gives_a_row_its_own_logits_beside_rows_of_more_eos(tmp_path):
+    source = tiny_encoder_decoder(tmp_path)
+    export_onnx(source, tmp_path / "model.onnx", opset=17)
+    runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
+    rows = [[7, 8, 9], [12, 2, 2, 13, 14]]
+    alone = [runner({k: v.numpy() for k, v in bart_rows([row]).items()})[0] for row in rows]
+    together = runner({k: v.numpy() for k, v in bart_rows(rows).items()})
+    assert abs(together - np.stack(alone)).max() < 1e-5
