@@ -3,7 +3,7 @@
 Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
 recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
-through the server by both APIs, against the bundle's own predictions and dev accuracy: runs/<recipe>/serve-accuracy/)
+through the server by both APIs, against the bundle's own predictions and dev accuracy: runs/<recipe>/serve-accuracy-<bundle id>/)
 `cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/), `peers`
 (the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/)
 and `scaling` (the deployed bundle behind the server with 1, 2, ... workers, by h2load: runs/<recipe>/serve-scaling/).

@@ -9,8 +9,8 @@ the same examples through `Classify` and through KServe `ModelInfer` (BYTES `tex
 server's `MAX_TEXTS`, and checks per API that no served prediction differs from the bundle's own on the same example
 (but where the bundle's top two logits are within `export.tie_margin`, a near-tie that padding may flip) and that
 its accuracy is the `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples
-tokenized by the training tokenizer. The result is the artifact `runs/<recipe>/serve-accuracy/`: accuracy.json (an
-`AccuracyResult`), accuracy.md, server.log and the manifest.
+tokenized by the training tokenizer. The result is the artifact `runs/<recipe>/serve-accuracy-<bundle>/`, one per
+bundle folder (`folder_name`): accuracy.json (an `AccuracyResult`), accuracy.md, server.log and the manifest.
 """
 
 import functools
@@ -124,11 +124,17 @@ def same_accuracy(correct: int, count: int, expected: float) -> bool:
     return abs(correct / count - expected) < 0.5 / count
 
 
+def folder_name(bundle_folder: Path) -> str:
+    """The result's folder for the bundle (or cascade) in `bundle_folder`: `serve-accuracy-<id>` for `bundle-<id>`,
+    so that each bundle keeps its own and the report finds the deployed one's."""
+    return f"{STAGE}-{bundle_folder.name.removeprefix('bundle-')}"
+
+
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
-    """`runs/<recipe>/serve-accuracy/`: the dev split through the server on `bundle_folder`; current while the data
-    settings and the bundle are unchanged."""
+    """`runs/<recipe>/serve-accuracy-<bundle>/`: the dev split through the server on `bundle_folder`; current while
+    the data settings and the bundle are unchanged."""
     return Stage(
-        STAGE,
+        folder_name(bundle_folder),
         recipe,
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),

@@ -53,7 +53,7 @@ def served_run(tmp_path_factory, single_dev):
     bundle = write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-tiny", metrics={"dev_accuracy": 0.875})
     runs = tmp_path_factory.mktemp("runs")
     code = bench_accuracy(bundle, single_dev, runs, "--check")
-    return code, runs / "smoke" / "serve-accuracy", bundle
+    return code, runs / "smoke" / "serve-accuracy-tiny", bundle
 
 
 def test_served_accuracy_equal_to_the_bundles_passes_the_check(served_run):
@@ -89,7 +89,7 @@ def check_against(tmp_path, single_dev, monkeypatch, labels: list[int], gap: flo
     monkeypatch.setattr(accuracy, "bundle_logits", lambda folder, examples, size: own_logits(labels, gap))
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.875})
     code = bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check")
-    return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
 
 
 def test_served_predictions_unlike_the_bundles_fail_the_check_though_as_many_are_right(
@@ -112,7 +112,7 @@ def test_served_accuracy_still_matches_when_predictions_differ_in_ways_that_canc
 
 def test_the_markdown_counts_the_predictions_unlike_the_bundles(tmp_path, single_dev, monkeypatch):
     check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
-    report = (tmp_path / "runs" / "smoke" / "serve-accuracy" / "accuracy.md").read_text()
+    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
     assert "| Classify predictions unlike the bundle's | 2 |" in report
 
 
@@ -151,10 +151,19 @@ def test_the_markdown_gives_both_apis_and_the_bundle(served_run):
     assert "| bundle (export stage) |  | 0.8750 |" in report
 
 
+def test_each_bundle_keeps_its_own_result(tmp_path, single_dev):
+    checked = {"tiny": 0.875, "other": 1.0}
+    for name, figure in checked.items():
+        bundle = write_bundle(tmp_path / f"bundle-{name}", metrics={"dev_accuracy": figure})
+        bench_accuracy(bundle, single_dev, tmp_path / "runs")
+    kept = {name: AccuracyResult.load(tmp_path / "runs" / "smoke" / f"serve-accuracy-{name}") for name in checked}
+    assert {name: result.bundle_dev_accuracy for name, result in kept.items()} == checked
+
+
 def test_a_served_accuracy_unlike_the_bundles_fails_the_check(tmp_path, single_dev):
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check") == 1
-    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
     assert not result.passed
     assert result.bundle_dev_accuracy == 1.0
 
@@ -167,7 +176,7 @@ def test_without_check_a_difference_still_exits_0(tmp_path, single_dev):
 def test_the_dev_split_is_cut_to_dev_limit(tmp_path, single_dev):
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--data.dev_limit=4", "--check") == 0
-    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy").texts["count"] == 4
+    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny").texts["count"] == 4
 
 
 def test_pairs_go_through_both_apis(tmp_path):
@@ -176,7 +185,7 @@ def test_pairs_go_through_both_apis(tmp_path):
     bundle = write_bundle(tmp_path / "bundle-pairs", metrics={"dev_accuracy": 0.75}, **pair_spec())
     columns = ["--data.text_column=sentence1", "--data.text_pair_column=sentence2"]
     assert bench_accuracy(bundle, dev, tmp_path / "runs", *columns, "--check") == 0
-    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-pairs")
     assert result.texts["pairs"]
     assert {api: f.correct for api, f in result.apis.items()} == {"classify": 3, "kserve": 3}
 
