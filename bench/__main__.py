@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edgedistill.bench import BUNDLE_HELP, BenchError
 from edgedistill.bench.records import ServingResult
-from edgedistill.bench.texts import add_texts_arguments
+from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -41,7 +41,7 @@ def run_serving(recipe, args) -> int:
     from edgedistill.bench import serving
 
     bundle = serving.bundle_to_serve(recipe, args.bundle)
-    stage = serving.stage(recipe, bundle, args.texts, pairs_file=args.pairs)
+    stage = serving.stage(recipe, bundle, args.texts, pairs_file=PairsFile.of(args))
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 
