@@ -131,7 +131,7 @@ scaling-bench: bundles  ## BUNDLE behind the server with 1, 2 and one worker per
 serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the deployed one, else the first) against its last member served alone
 	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 
-serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own dev accuracy
+serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own predictions and dev accuracy
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE) --check
 
 PROFILE       ?= smoke

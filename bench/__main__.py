@@ -3,12 +3,13 @@
 Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
 recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
-through the server by both APIs, against the bundle's own dev accuracy: runs/<recipe>/serve-accuracy/)
+through the server by both APIs, against the bundle's own predictions and dev accuracy: runs/<recipe>/serve-accuracy-<bundle id>/)
 `cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/), `peers`
 (the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/)
 and `scaling` (the deployed bundle behind the server with 1, 2, ... workers, by h2load: runs/<recipe>/serve-scaling/).
-Exit status: 0 when measured (with `--check`, also every target met, or the served accuracy equal to the
-bundle's), 1 when `--check` found a target missed or a different accuracy, 2 when the benchmark could not run.
+Exit status: 0 when measured (with `--check`, also every target met, or the served predictions and accuracy equal to the
+bundle's), 1 when `--check` found a target missed or a different prediction or accuracy, 2 when the benchmark could not
+run.
 """
 
 import argparse
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from edgedistill.bench import BUNDLE_HELP, BenchError
 from edgedistill.bench.records import ServingResult
-from edgedistill.bench.texts import add_texts_arguments
+from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
@@ -40,7 +41,7 @@ def run_serving(recipe, args) -> int:
     from edgedistill.bench import serving
 
     bundle = serving.bundle_to_serve(recipe, args.bundle)
-    stage = serving.stage(recipe, bundle, args.texts, pairs_file=args.pairs)
+    stage = serving.stage(recipe, bundle, args.texts, pairs_file=PairsFile.of(args))
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 
@@ -107,11 +108,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     checked = add_command(
         commands,
         "accuracy",
-        "the recipe's dev split through the server by both APIs, against the bundle's dev accuracy",
+        "the recipe's dev split through the server by both APIs, against the bundle's own predictions and dev accuracy",
     )
     add_recipe_argument(checked)
     checked.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
-    checked.add_argument("--check", action="store_true", help="exit 1 when an API's accuracy differs from the bundle's")
+    checked.add_argument(
+        "--check", action="store_true", help="exit 1 when an API's predictions or accuracy differ from the bundle's"
+    )
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
     paired = add_command(commands, "cascade", "a cascade against its last member served alone: capacity, paced p99")

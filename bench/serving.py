@@ -35,7 +35,7 @@ from edgedistill.bench.processes import free_port, measured_server, running, ser
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
-from edgedistill.bench.texts import load_groups, load_texts, texts_info
+from edgedistill.bench.texts import PairsFile, load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
@@ -179,7 +179,7 @@ def stage(
     bundle_folder: Path,
     texts_file: Path | None = None,
     console: Console | None = None,
-    pairs_file: Path | None = None,
+    pairs_file: PairsFile | None = None,
 ) -> Stage:
     """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
     current while the settings, the dev split, the bundle, the texts and the server's settings are unchanged."""
@@ -191,13 +191,13 @@ def stage(
         (Artifact("bundle", bundle_folder),),
         extra={
             "texts": None if texts_file is None else str(texts_file),
-            "pairs": None if pairs_file is None else str(pairs_file),
+            "pairs": None if pairs_file is None else pairs_file.hashed(),
             "server": served_settings(bundle_folder, recipe.bench.serving.threads),
         },
     )
 
 
-def _build(inputs: Inputs, texts_file: Path | None, pairs_file: Path | None, console: Console) -> Built:
+def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None, console: Console) -> Built:
     cfg = inputs.recipe.bench.serving
     bundle_folder = inputs.parent("bundle")
     if is_cascade(bundle_folder):

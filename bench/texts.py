@@ -10,12 +10,13 @@ import argparse
 import random
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgedistill.bench import BenchError
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Examples, load_labelled
-from edgedistill.serve.client import UsageError, read_lines, read_tsv
+from edgedistill.serve.client import UsageError, add_columns_arguments, check_columns, read_lines, read_tsv
 
 TEXT_COUNT = 512
 
@@ -39,17 +40,45 @@ def read_texts_file(path: Path) -> Examples:
     return Examples([line.strip() for line in lines], None, None, str(path))
 
 
-def read_pairs_file(path: Path) -> Examples:
-    """Text pairs, text<TAB>pair on each line (as the client's --tsv, without a header)."""
+@dataclass(frozen=True)
+class PairsFile:
+    """A file of text pairs and how its lines are read: the first two tab-separated fields, or the `columns` named in
+    its first line, after a `header` line skipped, as `edgedistill call --tsv` reads them (`serve.client.read_tsv`)."""
+
+    path: Path
+    header: bool = False
+    columns: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> "PairsFile | None":
+        """The `--pairs`, `--header` and `--columns` of `add_texts_arguments`, checked as the client checks its own;
+        None without `--pairs`."""
+        try:
+            check_columns(args.columns, args.pairs is not None, "--pairs")
+        except UsageError as err:
+            raise BenchError(str(err)) from None
+        if args.pairs is None:
+            return None
+        return cls(args.pairs, args.header, None if args.columns is None else tuple(args.columns))
+
+    def hashed(self) -> dict:
+        """What a measurement's stage hashes: the file (by its contents) and how it is read."""
+        columns = None if self.columns is None else list(self.columns)
+        return {"path": str(self.path), "header": self.header, "columns": columns}
+
+
+def read_pairs_file(pairs: PairsFile) -> Examples:
+    """The text pairs of `pairs`, read as the client's --tsv reads a file."""
     try:
-        texts, pairs = read_tsv(path, header=False, stdin=sys.stdin)
+        texts, pairs_read = read_tsv(pairs.path, pairs.header, sys.stdin, pairs.columns, option="--pairs")
     except UsageError as err:
         raise BenchError(str(err)) from err
-    return Examples(texts, pairs, None, str(path))
+    return Examples(texts, pairs_read, None, str(pairs.path))
 
 
 def add_texts_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--texts FILE` or `--pairs FILE` (for `load_texts`), on every command that sends texts."""
+    """`--texts FILE` or `--pairs FILE` with `--header` and `--columns` (for `load_texts`, the pairs file by
+    `PairsFile.of`), on every command that sends texts."""
     texts = parser.add_mutually_exclusive_group()
     texts.add_argument(
         "--texts", type=Path, help="single texts to send, one per line (default: the recipe's dev split)"
@@ -57,20 +86,22 @@ def add_texts_arguments(parser: argparse.ArgumentParser) -> None:
     texts.add_argument(
         "--pairs",
         type=Path,
-        help="text pairs for a pair model, text<TAB>pair per line (default: the recipe's dev split)",
+        help="text pairs for a pair model, text<TAB>pair per line or the --columns, read as `call --tsv` reads them "
+        "(default: the recipe's dev split)",
     )
+    add_columns_arguments(parser, "the --pairs file")
 
 
 def load_texts(
     data: DataConfig,
     pairs: bool,
     texts_file: Path | None = None,
-    pairs_file: Path | None = None,
+    pairs_file: PairsFile | None = None,
     count: int = TEXT_COUNT,
     seed: int = 0,
 ) -> Examples:
-    """Up to `count` shuffled examples from `texts_file` (one text per line) or `pairs_file` (text<TAB>pair), else
-    from the recipe's dev split. `pairs`: whether the served model takes pairs; examples of the other kind are
+    """Up to `count` shuffled examples from `texts_file` (one text per line) or `pairs_file` (`read_pairs_file`),
+    else from the recipe's dev split. `pairs`: whether the served model takes pairs; examples of the other kind are
     refused."""
     if texts_file is not None and pairs_file is not None:
         raise BenchError("give a texts file or a pairs file, not both")

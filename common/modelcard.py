@@ -184,6 +184,9 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             "",
             f'model = AutoModelForSequenceClassification.from_pretrained("{folder}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
+            # a pair's token types as the tokenizer gives them, which the teacher trained on
+            *_tokenized(recipe.data.pairs, False, f"truncation=True, max_length={recipe.model.max_length}", "pt"),
+            "logits = model(**batch).logits",
         ]
     elif kind in ("student", "baseline"):
         derived = recipe.data.pairs and info.get("pair_segments") == "sequence_ids"

@@ -1,4 +1,5 @@
-"""Scores read off a [true][pred] confusion matrix, for training's metrics and the report alike."""
+"""Scores read off a [true][pred] confusion matrix, for training's metrics and the report alike, and how sure a model
+is of its labels."""
 
 import numpy as np
 
@@ -10,3 +11,9 @@ def label_f1(confusion) -> tuple[np.ndarray, np.ndarray]:
     counted = confusion.sum(0) + confusion.sum(1)
     seen = counted > 0
     return np.divide(2 * np.diag(confusion), counted, out=np.zeros(len(confusion)), where=seen), seen
+
+
+def top_two_gap(logits: np.ndarray) -> np.ndarray:
+    """Per row of (N, C) logits, the gap between the two highest: how sure the model is of its label."""
+    top = np.sort(logits, -1)
+    return top[:, -1] - top[:, -2]

@@ -14,6 +14,7 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import read_bundle
 from edgedistill.common.runtime import open_bundle
+from edgedistill.common.scores import top_two_gap
 from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode
@@ -33,12 +34,6 @@ def _finished(path: Path, rows: int) -> bool:
         progress.write(f"[transfer] {path} holds {logits.shape}, not {rows} rows; labelling its sentences again")
         return False
     return True
-
-
-def top_two_gap(logits: np.ndarray) -> np.ndarray:
-    """Per row, the gap between the two highest logits: how sure the labeller is of its label."""
-    top = np.sort(logits, -1)
-    return top[:, -1] - top[:, -2]
 
 
 def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> dict:

@@ -1,8 +1,9 @@
-"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE | --pairs FILE] [--echo] [--force]
-[--section.key=value ...]`.
+"""`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE | --pairs FILE [--header] [--columns TEXT
+PAIR]] [--echo] [--force] [--section.key=value ...]`.
 
 Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
-runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine.
+runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine. A pairs file
+is read as `edgedistill call --tsv` reads one (`bench.texts.PairsFile`).
 A run whose settings, bundle, texts and server settings (`EDGEDISTILL_*`) are unchanged is not repeated without
 `--force`.
 Exit status: 0 when every SLO check passed, 1 when one was missed (each named on stderr, with the failed calls by
@@ -16,7 +17,7 @@ from typing import get_args
 
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.serving import bundle_to_serve
-from edgedistill.bench.texts import add_texts_arguments
+from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=args.pairs)
+        pairs_file = PairsFile.of(args)
+        stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)
         stage.run(args.force)
         result = rs.load(stage.folder)
     except (ValueError, ArtifactError, BenchError, runner.LoadtestError) as err:  # ValueError: recipe, settings

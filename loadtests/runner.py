@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
-from edgedistill.bench.texts import load_texts, texts_info
+from edgedistill.bench.texts import PairsFile, load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe
@@ -122,7 +122,7 @@ def stage(
     scenarios: dict[str, int] | None = None,
     console: Console | None = None,
     echo: bool = False,
-    pairs_file: Path | None = None,
+    pairs_file: PairsFile | None = None,
 ) -> Stage:
     """`profile` of the recipe's `loadtest` section against `bundle` (`loadtest-<profile>/`, result: see
     `loadtests.result`), with the texts of `texts_file` or the pairs of `pairs_file` (`bench.texts`: default, the
@@ -152,7 +152,7 @@ def stage(
         () if echo else (Artifact("bundle", bundle),),
         extra={
             "texts": None if texts_file is None else str(texts_file),
-            "pairs": None if pairs_file is None else str(pairs_file),
+            "pairs": None if pairs_file is None else pairs_file.hashed(),
             "scenarios": scenarios,
             "echo": echo,
             "server": None if echo else served_settings(bundle, cfg.threads),
@@ -165,7 +165,7 @@ def _build(
     profile: Profile,
     bundle: Path,
     texts_file: Path | None,
-    pairs_file: Path | None,
+    pairs_file: PairsFile | None,
     scenarios: dict[str, int],
     echo: bool,
     console: Console,

@@ -13,11 +13,17 @@ def planned(recipe: Recipe) -> dict[str, str]:
         folders |= {f"student-{name}": "distill", f"baseline-{name}": "distill"}
     if recipe.export is not None:
         folders |= {f"bundle-{b}": "bundles" for b in (*recipe.export.bundles, *recipe.export.cascades)}
-        folders |= {"bench": "bench", "serve-bench": "all", "serve-accuracy": "all"}
+        folders |= {"bench": "bench", "serve-bench": "all", deployed_accuracy(recipe): "all"}
         if (cascade := recipe.export.default_cascade) is not None:
             folders[f"serve-cascade-{cascade}"] = "all"
         folders["loadtest-smoke"] = "all"
     return folders
+
+
+def deployed_accuracy(recipe: Recipe) -> str | None:
+    """The served-accuracy folder of the deployed bundle, `serve-accuracy-<export.deploy>` (`bench.accuracy` keeps one
+    per bundle); None without an export section."""
+    return None if recipe.export is None else f"serve-accuracy-{recipe.export.deploy}"
 
 
 def missing(recipe: Recipe, finished: set[str]) -> dict[str, str]:

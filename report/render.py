@@ -264,15 +264,17 @@ def _benchmark(page: Page, root: Path) -> None:
     )
 
 
-SERVED = {  # folder pattern -> the section's title and the stage's own tables (markdown), shown as written
-    "serve-bench": ("Serving benchmark", "bench.md"),
-    "serve-accuracy": ("Served accuracy", "accuracy.md"),
-    "serve-cascade-*": ("Cascade served", "cascade.md"),
-}
+def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
+    """Folder pattern -> the section's title and the stage's own tables (markdown), shown as written. Of the
+    served-accuracy checks, one per bundle, the deployed bundle's."""
+    served = {"serve-bench": ("Serving benchmark", "bench.md")}
+    if (accuracy := plan.deployed_accuracy(recipe)) is not None:
+        served[accuracy] = (f"Served accuracy of the deployed bundle, bundle-{recipe.export.deploy}", "accuracy.md")
+    return served | {"serve-cascade-*": ("Cascade served", "cascade.md")}
 
 
-def _serving(page: Page, root: Path) -> None:
-    for pattern, (title, written) in SERVED.items():
+def _serving(page: Page, root: Path, recipe: Recipe) -> None:
+    for pattern, (title, written) in _served(recipe).items():
         for folder in sorted(p for p in root.glob(pattern) if _finished(p)):
             page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{written}"])
             results = (folder / written).read_text(encoding="utf-8")
@@ -347,8 +349,10 @@ def _build(inputs: Inputs) -> Built:
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)
-    for section in (_benchmark, _cascade_section, _serving, _loadtests):
+    for section in (_benchmark, _cascade_section):
         section(page, root)
+    _serving(page, root, inputs.recipe)
+    _loadtests(page, root)
     work = inputs.fresh_work()
     (work / "figures").mkdir()
     for name, data in page.figures.items():

@@ -287,20 +287,42 @@ def _lines(path: Path, stdin: TextIO) -> list[str]:
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def _comma_separated(line: str) -> str:
-    """For the error about a line `--tsv` cannot split: what it says where the line looks like CSV (a recipe's data
-    may be CSV, and `--columns` takes its column names)."""
+def _comma_separated(line: str, option: str) -> str:
+    """For the error about a line `option` (`--tsv`) cannot split: what it says where the line looks like CSV (a
+    recipe's data may be CSV, and `--columns` takes its column names)."""
     if "\t" in line or "," not in line:
         return ""
-    return " (separated by commas: a CSV file? --tsv reads tab-separated fields only: save the file as TSV)"
+    return f" (separated by commas: a CSV file? {option} reads tab-separated fields only: save the file as TSV)"
+
+
+def add_columns_arguments(parser: argparse.ArgumentParser, files: str) -> None:
+    """`--header` and `--columns TEXT PAIR`: how `read_tsv` reads `files` ("each --tsv file"), for every command that
+    takes text pairs from such files (`check_columns` checks them)."""
+    parser.add_argument("--header", action="store_true", help=f"skip the first line of {files} (its header)")
+    parser.add_argument(
+        "--columns",
+        nargs=2,
+        metavar=("TEXT", "PAIR"),
+        help=f"the text and pair columns of {files}, named as in its first line (a recipe's data.text_column and "
+        "data.text_pair_column); default: the first two fields, whatever the header says",
+    )
+
+
+def check_columns(columns: list[str] | None, files_given: bool, option: str) -> None:
+    """`UsageError` for `--columns` without a file of `option` to read them in, or naming one column twice."""
+    if columns and not files_given:
+        raise UsageError(f"--columns names the columns of {option} files: give one")
+    if columns and columns[0] == columns[1]:
+        raise UsageError(f"--columns names {columns[0]!r} twice: name the text's column, then the pair's")
 
 
 def read_tsv(
-    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None
+    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
 ) -> tuple[list[str], list[str]]:
     """Texts and their pairs: the first two tab-separated fields of each line, or with `columns` the fields under
     those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
-    may be empty; blank lines skipped, and the first line with `header` or `columns`."""
+    may be empty; blank lines skipped, and the first line with `header` or `columns`. Errors name the file's
+    `option`."""
     texts, pairs = [], []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
@@ -308,7 +330,9 @@ def read_tsv(
         if number == 1 and columns:
             names = [name.strip() for name in line.split("\t")]
             if missing := [name for name in columns if name not in names]:
-                raise UsageError(f"{path}:1 (the header): no column {missing}; found {names}{_comma_separated(line)}")
+                raise UsageError(
+                    f"{path}:1 (the header): no column {missing}; found {names}{_comma_separated(line, option)}"
+                )
             where = (names.index(columns[0]), names.index(columns[1]))
             wants = f"the columns {list(columns)} on each line"
             continue
@@ -317,13 +341,15 @@ def read_tsv(
         fields = line.split("\t")
         if len(fields) <= max(where):
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
-            csv = "" if texts else _comma_separated(line)  # after lines split at tabs, a comma is the text's own
-            raise UsageError(f"{path}:{number}: {short}; --tsv wants {wants}{csv}")
+            csv = (
+                "" if texts else _comma_separated(line, option)
+            )  # after lines split at tabs, a comma is the text's own
+            raise UsageError(f"{path}:{number}: {short}; {option} wants {wants}{csv}")
         text, pair = fields[where[0]], fields[where[1]]
         if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call
             raise UsageError(
                 f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
-                f"only); --tsv wants {wants}"
+                f"only); {option} wants {wants}"
             )
         texts.append(text)
         pairs.append(pair)
@@ -348,10 +374,7 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
     """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
     per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
-    if args.columns and not args.tsv:
-        raise UsageError("--columns names the columns of --tsv files: give one")
-    if args.columns and args.columns[0] == args.columns[1]:
-        raise UsageError(f"--columns names {args.columns[0]!r} twice: name the text's column, then the pair's")
+    check_columns(args.columns, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
@@ -476,14 +499,7 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         help="text pairs, text<TAB>pair on each line, or the --columns (no quoting; further fields ignored; '-': "
         "stdin); repeatable",
     )
-    parser.add_argument("--header", action="store_true", help="skip the first line of each --tsv file (its header)")
-    parser.add_argument(
-        "--columns",
-        nargs=2,
-        metavar=("TEXT", "PAIR"),
-        help="the text and pair columns of each --tsv file, named as in its first line (a recipe's data.text_column "
-        "and data.text_pair_column); default: the first two fields, whatever the header says",
-    )
+    add_columns_arguments(parser, "each --tsv file")
     parser.add_argument(
         "--batch-size",
         type=count,

@@ -32,3 +32,7 @@ class BundleClassifier:
         rows = self.encoder.encode(texts, pairs or None)
         batch = pad_rows(rows, self.encoder.pad_values)
         return self.backend.infer(batch)[self.output].astype(np.float32, copy=False)
+
+    def close(self) -> None:
+        """Release the model (an engine's device memory); `logits` must not be called afterwards."""
+        self.backend.close()

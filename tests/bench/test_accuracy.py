@@ -1,13 +1,18 @@
-"""`python -m bench accuracy`: the dev split through a real server by both APIs, against the bundle's dev accuracy."""
+"""`python -m bench accuracy`: the dev split through a real server by both APIs, against the bundle's own predictions and
+dev accuracy."""
 
 import os
 
+import numpy as np
 import pytest
+from edgedistill.bench import accuracy
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.accuracy import AccuracyResult
+from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.common import manifest as mf
+from edgedistill.common.data import Examples
 
-from tests.serve.conftest import ROOT, pair_spec, write_bundle
+from tests.serve.conftest import ROOT, pair_spec, write_bundle, write_cascade
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 # The tiny model labels by its sentiment words; the last example's label is wrong, so 7 of 8 are right.
@@ -48,7 +53,7 @@ def served_run(tmp_path_factory, single_dev):
     bundle = write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-tiny", metrics={"dev_accuracy": 0.875})
     runs = tmp_path_factory.mktemp("runs")
     code = bench_accuracy(bundle, single_dev, runs, "--check")
-    return code, runs / "smoke" / "serve-accuracy", bundle
+    return code, runs / "smoke" / "serve-accuracy-tiny", bundle
 
 
 def test_served_accuracy_equal_to_the_bundles_passes_the_check(served_run):
@@ -61,6 +66,75 @@ def test_served_accuracy_equal_to_the_bundles_passes_the_check(served_run):
 def test_each_api_is_measured_on_the_whole_dev_split(served_run, api):
     figures = AccuracyResult.load(served_run[1]).apis[api]
     assert (figures.correct, figures.accuracy) == (7, 0.875)
+
+
+@pytest.mark.parametrize("api", ["classify", "kserve"])
+def test_each_api_predicts_as_the_bundle_run_in_process(served_run, api):
+    assert AccuracyResult.load(served_run[1]).apis[api].differing == 0
+
+
+# What the tiny model predicts on SINGLE_DEV: right but for the last example.
+SERVED = [1, 1, 1, 1, 0, 0, 0, 1]
+
+
+def own_logits(labels: list[int], gap: float) -> np.ndarray:
+    """Logits whose argmax is `labels`, the top two `gap` apart: the bundle's own predictions, as a test sets them."""
+    logits = np.zeros((len(labels), 2), np.float32)
+    logits[np.arange(len(labels)), labels] = gap
+    return logits
+
+
+def check_against(tmp_path, single_dev, monkeypatch, labels: list[int], gap: float) -> tuple[int, AccuracyResult]:
+    """A `--check` run on a bundle of dev accuracy 0.875 whose own predictions are `labels`, `gap` sure."""
+    monkeypatch.setattr(accuracy, "bundle_logits", lambda folder, examples, size: own_logits(labels, gap))
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.875})
+    code = bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check")
+    return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
+
+
+def test_served_predictions_unlike_the_bundles_fail_the_check_though_as_many_are_right(
+    tmp_path, single_dev, monkeypatch
+):
+    # the bundle's own: wrong on the first example, right on the last; served: the other way round
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    assert code == 1
+
+
+def test_served_predictions_unlike_the_bundles_are_counted_per_api(tmp_path, single_dev, monkeypatch):
+    _, result = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    assert {api: f.differing for api, f in result.apis.items()} == {"classify": 2, "kserve": 2}
+
+
+def test_served_accuracy_still_matches_when_predictions_differ_in_ways_that_cancel(tmp_path, single_dev, monkeypatch):
+    _, result = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    assert all(f.matches_bundle for f in result.apis.values())
+
+
+def test_the_markdown_counts_the_predictions_unlike_the_bundles(tmp_path, single_dev, monkeypatch):
+    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+    assert "| Classify predictions unlike the bundle's | 2 |" in report
+
+
+def test_a_served_prediction_unlike_the_bundles_at_a_near_tie_passes(tmp_path, single_dev, monkeypatch):
+    labels = [*SERVED[:-1], 0]  # the last example a near-tie of the bundle's (export.tie_margin 0.1)
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, labels, gap=0.05)
+    assert code == 0
+
+
+def test_a_near_tie_flip_is_counted_as_one(tmp_path, single_dev, monkeypatch):
+    labels = [*SERVED[:-1], 0]
+    _, result = check_against(tmp_path, single_dev, monkeypatch, labels, gap=0.05)
+    assert (result.apis["classify"].differing, result.apis["classify"].tie_flips) == (1, 1)
+
+
+def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_path):
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)  # sure of "negative" for every text
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    cascade = write_cascade(tmp_path / "bundle-cascade", {"sure": sure, "tiny": tiny}, thresholds=[0.9])
+    examples = Examples(["great fun", "awful plot", "the best film"], None, None, "test")
+    expected = BundleClassifier(sure).logits(examples.texts)
+    np.testing.assert_allclose(accuracy.bundle_logits(cascade, examples, 2), expected, atol=1e-6)
 
 
 def test_the_result_is_an_artifact_with_the_bundle_as_parent(served_run):
@@ -77,10 +151,19 @@ def test_the_markdown_gives_both_apis_and_the_bundle(served_run):
     assert "| bundle (export stage) |  | 0.8750 |" in report
 
 
+def test_each_bundle_keeps_its_own_result(tmp_path, single_dev):
+    checked = {"tiny": 0.875, "other": 1.0}
+    for name, figure in checked.items():
+        bundle = write_bundle(tmp_path / f"bundle-{name}", metrics={"dev_accuracy": figure})
+        bench_accuracy(bundle, single_dev, tmp_path / "runs")
+    kept = {name: AccuracyResult.load(tmp_path / "runs" / "smoke" / f"serve-accuracy-{name}") for name in checked}
+    assert {name: result.bundle_dev_accuracy for name, result in kept.items()} == checked
+
+
 def test_a_served_accuracy_unlike_the_bundles_fails_the_check(tmp_path, single_dev):
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check") == 1
-    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
     assert not result.passed
     assert result.bundle_dev_accuracy == 1.0
 
@@ -93,7 +176,7 @@ def test_without_check_a_difference_still_exits_0(tmp_path, single_dev):
 def test_the_dev_split_is_cut_to_dev_limit(tmp_path, single_dev):
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--data.dev_limit=4", "--check") == 0
-    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy").texts["count"] == 4
+    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny").texts["count"] == 4
 
 
 def test_pairs_go_through_both_apis(tmp_path):
@@ -102,7 +185,7 @@ def test_pairs_go_through_both_apis(tmp_path):
     bundle = write_bundle(tmp_path / "bundle-pairs", metrics={"dev_accuracy": 0.75}, **pair_spec())
     columns = ["--data.text_column=sentence1", "--data.text_pair_column=sentence2"]
     assert bench_accuracy(bundle, dev, tmp_path / "runs", *columns, "--check") == 0
-    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy")
+    result = AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-pairs")
     assert result.texts["pairs"]
     assert {api: f.correct for api, f in result.apis.items()} == {"classify": 3, "kserve": 3}
 

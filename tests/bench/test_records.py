@@ -73,9 +73,17 @@ def test_a_bundle_is_recorded_by_its_folder_name_and_build(bundle):
 
 
 def accuracy_result() -> AccuracyResult:
-    figures = ApiAccuracy(correct=3, accuracy=0.75, matches_bundle=True)
+    figures = ApiAccuracy(
+        correct=3, accuracy=0.75, matches_bundle=True, differing=1, tie_flips=1, same_predictions=True
+    )
     return AccuracyResult(
-        bundle={}, texts={}, bundle_dev_accuracy=0.75, apis={"classify": figures}, agreement=1.0, passed=True
+        bundle={},
+        texts={},
+        bundle_dev_accuracy=0.75,
+        tie_margin=0.1,
+        apis={"classify": figures},
+        agreement=1.0,
+        passed=True,
     )
 
 

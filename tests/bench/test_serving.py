@@ -9,7 +9,7 @@ from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare
 from edgedistill.bench.records import ServingResult
 from edgedistill.bench.tables import spread_cell
-from edgedistill.bench.texts import load_texts
+from edgedistill.bench.texts import PairsFile, load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import Examples
@@ -175,6 +175,15 @@ def test_a_server_setting_from_the_environment_makes_the_result_stale(measuremen
     before = MEASUREMENTS[measurement](recipe, bundle).config_hash
     monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "512")
     assert MEASUREMENTS[measurement](recipe, bundle).config_hash != before
+
+
+@pytest.mark.parametrize("reading", [{"header": True}, {"columns": ("premise", "hypothesis")}])
+def test_how_a_pairs_file_is_read_makes_the_result_stale(reading, bundle, tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("premise\thypothesis\ngood\tbad\n")
+    recipe = load_recipe(SMOKE)
+    before = serving.stage(recipe, bundle, pairs_file=PairsFile(path)).config_hash
+    assert serving.stage(recipe, bundle, pairs_file=PairsFile(path, **reading)).config_hash != before
 
 
 def test_targets_come_from_the_recipe():

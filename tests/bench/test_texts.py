@@ -1,8 +1,12 @@
 """The texts the serving benchmark, the served-accuracy check and the load tests send."""
 
+import argparse
+
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.texts import (
+    PairsFile,
+    add_texts_arguments,
     batches_of,
     dev_split,
     load_groups,
@@ -99,7 +103,7 @@ def test_texts_are_shuffled_and_counted(texts_file, pairs_dev):
 def test_a_pairs_file_gives_pairs(tmp_path, pairs_dev):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tbad\nfun\tdull\n")
-    examples = load_texts(data(pairs_dev), pairs=True, pairs_file=path)
+    examples = load_texts(data(pairs_dev), pairs=True, pairs_file=PairsFile(path))
     assert sorted(zip(examples.texts, examples.pairs, strict=True)) == [("fun", "dull"), ("good", "bad")]
 
 
@@ -125,8 +129,49 @@ def test_a_texts_file_line_that_shows_nothing_is_refused_naming_it(tmp_path):
 def test_a_pairs_file_line_without_a_tab_is_refused(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tbad\nno tab here\n")
-    with pytest.raises(BenchError, match="pairs.tsv:2: no tab"):
-        read_pairs_file(path)
+    with pytest.raises(BenchError, match="pairs.tsv:2: no tab; --pairs wants"):
+        read_pairs_file(PairsFile(path))
+
+
+# A pairs file laid out as GLUE's RTE and MNLI files are: the label first.
+LABEL_FIRST = "label\tpremise\thypothesis\nentailment\ta dog runs\tan animal moves\n"
+
+
+def pairs_options(*argv: str) -> PairsFile | None:
+    """The pairs file of a command's `--pairs`, `--header` and `--columns` options."""
+    parser = argparse.ArgumentParser()
+    add_texts_arguments(parser)
+    return PairsFile.of(parser.parse_args(argv))
+
+
+def test_a_pairs_files_columns_are_read_by_name(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(LABEL_FIRST)
+    examples = read_pairs_file(pairs_options("--pairs", str(path), "--columns", "premise", "hypothesis"))
+    assert (examples.texts, examples.pairs) == (["a dog runs"], ["an animal moves"])
+
+
+def test_a_pairs_files_header_is_skipped_with_header(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("text\tpair\ngood\tbad\n")
+    assert read_pairs_file(pairs_options("--pairs", str(path), "--header")).texts == ["good"]
+
+
+def test_a_pairs_files_column_missing_from_its_header_is_refused_naming_the_columns_found(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(LABEL_FIRST)
+    with pytest.raises(BenchError, match=r"pairs.tsv:1 \(the header\): no column \['sentence1'\]"):
+        read_pairs_file(pairs_options("--pairs", str(path), "--columns", "sentence1", "hypothesis"))
+
+
+def test_columns_without_a_pairs_file_are_refused():
+    with pytest.raises(BenchError, match="--columns names the columns of --pairs files: give one"):
+        pairs_options("--columns", "premise", "hypothesis")
+
+
+def test_columns_naming_one_column_twice_are_refused(tmp_path):
+    with pytest.raises(BenchError, match="--columns names 'premise' twice"):
+        pairs_options("--pairs", str(tmp_path / "pairs.tsv"), "--columns", "premise", "premise")
 
 
 def test_single_texts_for_a_pair_model_are_refused(texts_file, pairs_dev):

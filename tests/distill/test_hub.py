@@ -7,6 +7,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
 from edgedistill.common.recipe import load_recipe
+from edgedistill.distill import heads
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.students import (
     BiLSTMClassifier,
@@ -160,3 +161,24 @@ def test_the_student_cards_code_scores_a_text_longer_than_the_students_max_lengt
     scope = {}
     exec(code, scope)
     assert tuple(scope["logits"].shape) == (1, len(LABELS))
+
+
+@pytest.mark.parametrize("pair", [["its pair"], None], ids=["pair", "single"])
+def test_the_teachers_card_code_gives_its_logits_for_a_text_and_a_pair_task_its_pair(tmp_path, pair):
+    pairs = {} if pair is None else {"data.text_pair_column": "pair"}
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", pairs | {"finetune.pooling": "mean"})
+    torch.manual_seed(0)
+    config = heads.MeanPooledBertConfig(
+        num_labels=2, vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32
+    )
+    model = heads.MeanPooledBertForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer = train_tokenizer("bert", ["a text and its pair", *TEXTS] * 20, 60)
+    tokenizer.save_pretrained(tmp_path)
+    lines = modelcard._usage(recipe, "teacher", {})
+    code = "\n".join(lines[1:-1]).replace('"runs/smoke/teacher"', repr(str(tmp_path)))  # inside the ```python fence
+    scope = {}
+    exec(code, scope)
+    with torch.no_grad():
+        expected = model(**tokenizer(["a text"], pair, return_tensors="pt")).logits
+    torch.testing.assert_close(scope["logits"].detach(), expected)

@@ -224,6 +224,16 @@ def test_pairs_holding_a_line_separator_stay_with_their_texts(pair_bundle, tmp_p
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
+def test_the_columns_of_a_pairs_file_name_the_texts_and_pairs_sent(pair_bundle, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("label\tpremise\thypothesis\n" + "".join(f"0\tfilm {n}\tplot {n}\n" for n in range(40)))
+    columns = ["--columns", "premise", "hypothesis"]
+    run = loadtest(pair_bundle, "smoke", "--pairs", str(pairs), *columns, "--loadtest.smoke.scenarios={single: 1}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    sent = sorted((results("smoke")[0] / "texts.txt").read_text().splitlines())
+    assert sent == sorted(f"film {n}" for n in range(40))
+
+
 def test_a_dev_text_holding_a_line_break_exits_2_naming_its_split(bundle, tmp_path):
     dev = tmp_path / "dev.csv"
     dev.write_text('sentence,label\n"line one\nline two",1\ngood,0\n', encoding="utf-8")

@@ -115,6 +115,10 @@ def test_a_report_of_the_teacher_alone_names_the_absent_load_test(tmp_path):
     assert "| loadtest-smoke | make all |" in missing_markdown(tmp_path)
 
 
+def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_accuracy(tmp_path):
+    assert "| serve-accuracy-bilstm-int8 | make all |" in missing_markdown(tmp_path)
+
+
 def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path):
     assert "| teacher |" not in missing_markdown(tmp_path)
 
@@ -146,16 +150,26 @@ def test_benchmark_figure_of_an_f1_recipe_plots_f1_against_latency(tmp_path):
 
 
 def serving_markdown(tmp_path) -> str:
-    """The served sections of a run with its served-accuracy check and a cascade's serving benchmark."""
-    publish(tmp_path / "serve-accuracy", files={"accuracy.md": "Served accuracy: 300 dev texts.\n"})
+    """The served sections of a smoke run with the served-accuracy checks of its deployed bundle (bilstm-int8) and of
+    another bundle checked after it, and a cascade's serving benchmark."""
+    publish(tmp_path / "serve-accuracy-bilstm-int8", files={"accuracy.md": "Served accuracy: 300 dev texts.\n"})
+    publish(tmp_path / "serve-accuracy-cnn-int8", files={"accuracy.md": "Served accuracy: cnn-int8.\n"})
     publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
     page = render.Page("report")
-    render._serving(page, tmp_path)
+    render._serving(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
     return "\n".join(page.md)
 
 
 def test_serving_sections_show_the_served_accuracy(tmp_path):
     assert "Served accuracy: 300 dev texts." in serving_markdown(tmp_path)
+
+
+def test_serving_sections_name_the_deployed_bundle_whose_served_accuracy_they_show(tmp_path):
+    assert "Served accuracy of the deployed bundle, bundle-bilstm-int8" in serving_markdown(tmp_path)
+
+
+def test_serving_sections_leave_out_the_served_accuracy_of_a_bundle_not_deployed(tmp_path):
+    assert "Served accuracy: cnn-int8." not in serving_markdown(tmp_path)
 
 
 def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):
