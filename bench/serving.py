@@ -35,7 +35,7 @@ from edgedistill.bench.processes import free_port, measured_server, running, ser
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
-from edgedistill.bench.texts import PairsFile, load_groups, load_texts, texts_info
+from edgedistill.bench.texts import PairsFile, hashed_path, load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.bundle import Bundle, load_bundle
@@ -190,7 +190,7 @@ def stage(
         functools.partial(_build, texts_file=texts_file, pairs_file=pairs_file, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
         extra={
-            "texts": None if texts_file is None else str(texts_file),
+            "texts": None if texts_file is None else hashed_path(texts_file),
             "pairs": None if pairs_file is None else pairs_file.hashed(),
             "server": served_settings(bundle_folder, recipe.bench.serving.threads),
         },

@@ -62,9 +62,17 @@ class PairsFile:
         return cls(args.pairs, args.header, None if args.columns is None else tuple(args.columns))
 
     def hashed(self) -> dict:
-        """What a measurement's stage hashes: the file (by its contents) and how it is read."""
+        """What a measurement's stage hashes: the file (by its contents, `hashed_path`) and how it is read."""
         columns = None if self.columns is None else list(self.columns)
-        return {"path": str(self.path), "header": self.header, "columns": columns}
+        return {"path": hashed_path(self.path), "header": self.header, "columns": columns}
+
+
+def hashed_path(path: Path) -> str:
+    """A `--texts` or `--pairs` file as a measurement's stage hashes it: by its absolute path, which the stage hashes
+    by the file's contents (`common.recipe.by_content` takes only a string holding a "/" for a file: a bare name
+    in the working directory would be hashed by its name, and an edited file's old result kept). `-` (stdin) as
+    given."""
+    return str(path) if str(path) == "-" else str(path.absolute())
 
 
 def read_pairs_file(pairs: PairsFile) -> Examples:

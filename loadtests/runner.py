@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
-from edgedistill.bench.texts import PairsFile, load_texts, texts_info
+from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_info
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe
@@ -151,7 +151,7 @@ def stage(
         ),
         () if echo else (Artifact("bundle", bundle),),
         extra={
-            "texts": None if texts_file is None else str(texts_file),
+            "texts": None if texts_file is None else hashed_path(texts_file),
             "pairs": None if pairs_file is None else pairs_file.hashed(),
             "scenarios": scenarios,
             "echo": echo,

@@ -1,6 +1,7 @@
 """The serving benchmark end to end on the tiny bundle, with the targets of recipes/smoke.yaml."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,6 +185,24 @@ def test_how_a_pairs_file_is_read_makes_the_result_stale(reading, bundle, tmp_pa
     recipe = load_recipe(SMOKE)
     before = serving.stage(recipe, bundle, pairs_file=PairsFile(path)).config_hash
     assert serving.stage(recipe, bundle, pairs_file=PairsFile(path, **reading)).config_hash != before
+
+
+BARE_FILE_STAGES = {  # the stage given a texts or pairs file named bare, in the working directory
+    "texts": lambda recipe, bundle: serving.stage(recipe, bundle, Path("sent.txt")),
+    "pairs": lambda recipe, bundle: serving.stage(recipe, bundle, pairs_file=PairsFile(Path("sent.txt"))),
+}
+
+
+@pytest.mark.parametrize("measurement", BARE_FILE_STAGES)
+def test_an_edited_texts_file_named_in_the_working_directory_makes_the_result_stale(
+    measurement, bundle, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(SMOKE)
+    Path("sent.txt").write_text("good\tfilm\n")
+    before = BARE_FILE_STAGES[measurement](recipe, bundle).config_hash
+    Path("sent.txt").write_text("bad\tplot\n")
+    assert BARE_FILE_STAGES[measurement](recipe, bundle).config_hash != before
 
 
 def test_targets_come_from_the_recipe():

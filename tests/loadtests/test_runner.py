@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.bench.texts import PairsFile
 from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe
+from edgedistill.loadtests import runner
 
 from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
@@ -232,6 +235,22 @@ def test_the_columns_of_a_pairs_file_name_the_texts_and_pairs_sent(pair_bundle, 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     sent = sorted((results("smoke")[0] / "texts.txt").read_text().splitlines())
     assert sent == sorted(f"film {n}" for n in range(40))
+
+
+BARE_FILE_STAGES = {  # the stage given a texts or pairs file named bare, in the working directory
+    "texts": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, Path("sent.txt")),
+    "pairs": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, pairs_file=PairsFile(Path("sent.txt"))),
+}
+
+
+@pytest.mark.parametrize("sent", BARE_FILE_STAGES)
+def test_an_edited_texts_file_named_in_the_working_directory_runs_again(sent, bundle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    Path("sent.txt").write_text("good\tfilm\n")
+    before = BARE_FILE_STAGES[sent](recipe, bundle).config_hash
+    Path("sent.txt").write_text("bad\tplot\n")
+    assert BARE_FILE_STAGES[sent](recipe, bundle).config_hash != before
 
 
 def test_a_dev_text_holding_a_line_break_exits_2_naming_its_split(bundle, tmp_path):
