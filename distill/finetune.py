@@ -142,6 +142,7 @@ def _build(inputs: Inputs) -> Built | None:
     config = AutoConfig.from_pretrained(init)
     heads.require_family(config, recipe.model.family, init)
     heads.require_pooling(config, cfg.pooling, init)
+    heads.require_fusable(config, recipe, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
     model = device.load_trainable(

@@ -7,7 +7,7 @@ The classes are registered with the transformers Auto classes: once this module 
 """
 
 import torch
-from edgedistill.common.recipe import RecipeError
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.distill.students import BERT_TYPES
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
@@ -101,6 +101,40 @@ def require_pooling(config, pooling: str, name) -> None:
         raise RecipeError(
             f"finetune.pooling=mean builds a BERT encoder, but {name} is a {config.model_type}, whose weights it "
             "would not load; use finetune.pooling: cls (the model's own head)"
+        )
+
+
+# The teachers whose exported graph ONNX Runtime's BERT fusions fuse completely: an attention node per layer, the
+# embeddings' EmbedLayerNormalization, two SkipLayerNormalizations and a GELU per layer, as export.optimize checks.
+# Measured on tiny models of each type (docs/export.md#fusion-by-model-type): RoBERTa-like embeddings (positions
+# numbered from the padding id), DeBERTa's disentangled attention, ALBERT's shared layers, MPNet's relative
+# attention bias and others leave part of the graph unfused.
+FUSABLE_TYPES = frozenset({*BERT_TYPES, "distilbert", "electra", "ernie", "rembert", "big_bird"})
+
+
+def fusion_applies(config) -> bool:
+    """Whether ONNX Runtime's BERT fusions apply to a teacher of transformers `config` at all: not to a GPT-2 or an
+    encoder-decoder (its decoder's self- and cross-attention), whose graphs ship unfused whatever `fused` says."""
+    return config.model_type != "gpt2" and not config.is_encoder_decoder
+
+
+def require_fusable(config, recipe: Recipe, name) -> None:
+    """Refuse a recipe whose teacher bundles (ONNX Runtime ones, the `transfer.labeller` among them) ask for
+    `fused: true` when the checkpoint `name` of transformers `config` is an encoder the fusions take but cannot fuse
+    completely: known from its model type before the teacher trains, not when its bundles are built."""
+    if recipe.export is None or not fusion_applies(config) or config.model_type in FUSABLE_TYPES:
+        return
+    labeller = recipe.transfer.labeller if recipe.transfer else None
+    fused = [
+        f"{bundle_id} (transfer.labeller)" if bundle_id == labeller else bundle_id
+        for bundle_id, spec in recipe.export.bundles.items()
+        if spec.source == "teacher" and spec.fused and spec.runtime == "onnxruntime"
+    ]
+    if fused:
+        raise RecipeError(
+            f"export.bundles {', '.join(fused)}: fused: true (the default), but ONNX Runtime's BERT fusions cannot "
+            f"fully fuse {name}, a {config.model_type} (they fuse {', '.join(sorted(FUSABLE_TYPES))}); set fused: "
+            "false in each of these teacher bundles (docs/export.md#fusion-by-model-type)"
         )
 
 

@@ -207,7 +207,9 @@ def _build(inputs: Inputs) -> Built | None:
     torch.manual_seed(cfg.optim.seed)
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)
-        heads.require_family(AutoConfig.from_pretrained(model_cfg.init), model_cfg.family, model_cfg.init)
+        config = AutoConfig.from_pretrained(model_cfg.init)
+        heads.require_family(config, model_cfg.family, model_cfg.init)
+        heads.require_fusable(config, recipe, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
     else:

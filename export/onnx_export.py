@@ -88,9 +88,7 @@ def load_source(folder: Path) -> Source:
         else:
             wrapper = _HFLogits if "token_type_ids" in inputs else _HFLogitsWithoutSegments
         module = wrapper(model).eval()  # export restores the wrapper's mode on every submodule
-        # Neither a GPT-2 nor an encoder-decoder (its decoder's self- and cross-attention) is an encoder the fusions
-        # take: their graphs ship unfused.
-        if cfg.model_type == "gpt2" or cfg.is_encoder_decoder:
+        if not heads.fusion_applies(cfg):  # a GPT-2's or an encoder-decoder's graph ships unfused
             return Source(module, inputs, cfg.model_type, folder, params=params)
         return Source(
             module,

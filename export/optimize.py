@@ -53,8 +53,8 @@ def fuse(
     if found != expected:
         raise ExportError(
             f"fusion incomplete for a {num_layers}-layer encoder: expected {expected}, found {found}; ONNX Runtime "
-            "fuses BERT-like graphs only (a RoBERTa's embeddings and a DeBERTa's attention are not): set fused: false "
-            "for this bundle"
+            "fuses BERT-like graphs only (a RoBERTa's embeddings and a DeBERTa's attention are not, "
+            "docs/export.md#fusion-by-model-type): set fused: false for this bundle"
         )
     model.save_model_to_file(str(dst))
     return counts

@@ -11,7 +11,11 @@ class BundleRecipe(Strict):
 
     source: str = Field(description="`teacher` or a name in distill.students")
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
-    fused: bool = Field(True, description="fuse attention/LayerNorm/GELU kernels (Transformer graphs)")
+    fused: bool = Field(
+        True,
+        description="fuse attention/LayerNorm/GELU kernels (BERT-style Transformer graphs); a teacher whose model type "
+        "ONNX Runtime fuses only in part is refused with it before training (docs/export.md#fusion-by-model-type)",
+    )
     attention: Literal["Attention", "MultiHeadAttention"] = Field(
         "Attention",
         description="the fused attention operator: `Attention` takes the Q/K/V projections inside it (in fp32); "

@@ -4,20 +4,26 @@ import onnxruntime as ort
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import RecipeError
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill import heads
 from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
 from transformers import (
+    AlbertConfig,
     AutoModel,
     AutoModelForSequenceClassification,
+    BartConfig,
     BertConfig,
     BertModel,
+    DebertaV2Config,
+    GPT2Config,
     LlamaConfig,
     RobertaConfig,
 )
+
+from tests.conftest import ROOT
 
 SIZES = {
     "vocab_size": 100,
@@ -125,3 +131,29 @@ def test_a_roberta_init_under_model_family_gpt_is_sent_to_the_bert_family():
 def test_mean_pooling_of_a_roberta_init_is_refused_as_it_would_load_none_of_its_weights():
     with pytest.raises(RecipeError, match="finetune.pooling=mean builds a BERT encoder, but roberta-init is a roberta"):
         heads.require_pooling(RobertaConfig(), "mean", "roberta-init")
+
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+# smoke's teacher bundles that fuse (the default): all but teacher-onnx
+UNFUSED = {f"export.bundles.{bundle}.fused": False for bundle in ("teacher-fused", "teacher-int8", "teacher-cuda-fp16")}
+
+
+@pytest.mark.parametrize("config", [RobertaConfig(), DebertaV2Config(), AlbertConfig()], ids=lambda c: c.model_type)
+def test_fused_teacher_bundles_of_an_encoder_the_fusions_cannot_fuse_fully_are_refused(config):
+    with pytest.raises(RecipeError, match=f"cannot fully fuse init, a {config.model_type} .* set fused: false"):
+        heads.require_fusable(config, load_recipe(SMOKE), "init")
+
+
+def test_the_labeller_among_the_refused_teacher_bundles_is_named_as_such():
+    recipe = load_recipe(SMOKE, {"transfer.labeller": "teacher-fused"})
+    with pytest.raises(RecipeError, match=r"teacher-fused \(transfer.labeller\), teacher-int8, teacher-cuda-fp16:"):
+        heads.require_fusable(RobertaConfig(), recipe, "init")
+
+
+def test_an_encoder_the_fusions_cannot_fuse_fully_passes_with_its_teacher_bundles_unfused():
+    assert heads.require_fusable(RobertaConfig(), load_recipe(SMOKE, UNFUSED), "init") is None
+
+
+@pytest.mark.parametrize("config", [BertConfig(), GPT2Config(), BartConfig()], ids=lambda c: c.model_type)
+def test_a_teacher_the_fusions_fuse_fully_or_leave_alone_passes_with_fused_bundles(config):
+    assert heads.require_fusable(config, load_recipe(SMOKE), "init") is None

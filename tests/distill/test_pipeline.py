@@ -50,3 +50,28 @@ def test_a_pair_task_whose_init_tokenizer_marks_no_boundary_between_the_texts_st
     assert distill_main.main(["teacher", str(recipe), f"--model.init={init}"]) == 2
     assert f"error: {init}: its tokenizer does not mark sentence B" in capsys.readouterr().err
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "pairs" / "pretrain").exists()
+
+
+@pytest.mark.parametrize(
+    "stage, folder, skipped", [("teacher", "pretrain", []), ("finetune", "teacher", ["--pretrain=null"])]
+)
+def test_a_roberta_teacher_with_fused_teacher_bundles_is_refused_before_it_trains(
+    tmp_path, capsys, data_dir, stage, folder, skipped
+):
+    texts = (data_dir / "unlabeled" / "movie_reviews.txt").read_text(encoding="utf-8").splitlines()[:300]
+    init = write_roberta(tmp_path / "roberta", texts)
+    # smoke's teacher-fused, teacher-int8 and teacher-cuda-fp16 fuse (the default); teacher-onnx does not
+    assert distill_main.main([stage, str(ROOT / "recipes" / "smoke.yaml"), f"--model.init={init}", *skipped]) == 2
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / folder).exists()
+
+
+def test_a_roberta_teacher_with_fused_teacher_bundles_is_refused_naming_those_bundles_and_its_type(
+    tmp_path, capsys, data_dir
+):
+    texts = (data_dir / "unlabeled" / "movie_reviews.txt").read_text(encoding="utf-8").splitlines()[:300]
+    init = write_roberta(tmp_path / "roberta", texts)
+    distill_main.main(["finetune", str(ROOT / "recipes" / "smoke.yaml"), f"--model.init={init}", "--pretrain=null"])
+    assert capsys.readouterr().err.startswith(
+        "error: export.bundles teacher-fused, teacher-int8, teacher-cuda-fp16: fused: true (the default), but ONNX "
+        f"Runtime's BERT fusions cannot fully fuse {init}, a roberta"
+    )

@@ -13,6 +13,8 @@ from edgedistill.export.onnx_export import ExportError, Source, example_inputs, 
 from edgedistill.export.optimize import fuse
 from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
 from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
     BartConfig,
     BartForSequenceClassification,
     BertConfig,
@@ -179,3 +181,59 @@ def test_an_exported_bart_teacher_gives_a_row_its_own_logits_beside_rows_of_more
     alone = [runner({k: v.numpy() for k, v in bart_rows([row]).items()})[0] for row in rows]
     together = runner({k: v.numpy() for k, v in bart_rows(rows).items()})
     assert abs(together - np.stack(alone)).max() < 1e-5
+
+
+# A tiny encoder of each model type, two layers of hidden 16: what a teacher's config would say beyond the defaults.
+SIZES = {
+    "vocab_size": 120,
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+}
+ONE_TYPE = {"type_vocab_size": 1, "pad_token_id": 1}  # RoBERTa-like: positions numbered from the padding id
+ENCODERS = {
+    "bert": SIZES,
+    "edgedistill-bert-mean": SIZES,
+    "distilbert": {"vocab_size": 120, "dim": 16, "n_layers": 2, "n_heads": 2, "hidden_dim": 32},
+    "electra": SIZES | {"embedding_size": 8},
+    "ernie": SIZES,
+    "rembert": SIZES | {"input_embedding_size": 8, "output_embedding_size": 8},
+    "big_bird": SIZES,
+    "roberta": SIZES | ONE_TYPE,
+    "xlm-roberta": SIZES | ONE_TYPE,
+    "camembert": SIZES | ONE_TYPE,
+    "data2vec-text": SIZES | ONE_TYPE,
+    "roberta-prelayernorm": SIZES | ONE_TYPE,
+    "xlm-roberta-xl": SIZES | ONE_TYPE,
+    "deberta": SIZES | {"type_vocab_size": 0},
+    "deberta-v2": SIZES | {"type_vocab_size": 0},
+    "albert": SIZES | {"embedding_size": 8},
+    "mpnet": SIZES | {"pad_token_id": 1},
+    "megatron-bert": SIZES,
+    "mobilebert": SIZES | {"embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16},
+    "roformer": SIZES,
+    "convbert": SIZES,
+    "nystromformer": SIZES,
+    "modernbert": SIZES | {"pad_token_id": 0},
+    "squeezebert": SIZES | {"embedding_size": 16},
+    "funnel": {"vocab_size": 120, "d_model": 16, "n_head": 2, "d_head": 8, "d_inner": 32, "block_sizes": [1, 1]},
+}
+
+
+def fuses_completely(tmp_path, model_type: str) -> bool:
+    """Whether ONNX Runtime's BERT fusions fuse a tiny teacher of `model_type`, as exported, as the bundles check."""
+    config = AutoConfig.for_model(model_type, **ENCODERS[model_type])
+    torch.manual_seed(0)
+    source = _teacher_artifact(tmp_path, AutoModelForSequenceClassification.from_config(config))
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    try:
+        fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", source.num_heads, source.hidden_size, source.num_layers)
+    except ExportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model_type", ENCODERS)
+def test_the_model_types_a_teacher_may_fuse_are_those_onnx_runtime_fuses_completely(tmp_path, model_type):
+    assert fuses_completely(tmp_path, model_type) == (model_type in heads.FUSABLE_TYPES)
