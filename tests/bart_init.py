@@ -3,21 +3,15 @@
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from tokenizers import processors
 from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast, RobertaTokenizerFast
 
-SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+from tests.roberta_init import byte_level_bpe
 
 
 def bart_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     """A byte-level BPE of 400 tokens trained on `texts`, writing texts and pairs as BART's does."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok.train_from_iterator(
-        texts,
-        trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False),
-    )
+    tok = byte_level_bpe(texts)
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     return RobertaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", mask_token="<mask>")
 

@@ -6,11 +6,17 @@ each. One sentence alone leaves the label open for most pairs, and replacing sen
 for many, so a model has to read both sentences. Unlabelled lines hold three such sentences.
 """
 
+import os
 import random
+import subprocess
 from pathlib import Path
 
+from edgedistill.common.data import load_splits
+from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
+
+from tests.conftest import PYTHON, ROOT
 
 WORDS, LENGTH = 30, 7
 LABELS = ["low", "high"]
@@ -118,3 +124,28 @@ def share_changed_by_another_b(run: Path, student: str, texts: list[str], pairs:
         return student_logits(model, features, tokenizer.pad_token_id).argmax(-1)
 
     return float((predictions(pairs) != predictions(swapped)).mean())
+
+
+def run_pair_stages(folder: Path, recipe_text: str) -> tuple[Path, Recipe]:
+    """Teacher, students (no baselines) and bundles of `recipe_text`, a recipe of run name `pairs` written to
+    `folder`/pairs.yaml, each stage a process of one thread; the run folder and the recipe."""
+    recipe = folder / "pairs.yaml"
+    recipe.write_text(recipe_text)
+    env = {
+        **os.environ,
+        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
+        "HF_HUB_OFFLINE": "1",
+        "EDGEDISTILL_TORCH_THREADS": "1",
+    }
+    for command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
+        result = subprocess.run(
+            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "runs" / "pairs", load_recipe(recipe)
+
+
+def dev_pairs(recipe: Recipe, count: int | None = None) -> tuple[list[str], list[str]]:
+    """The first `count` (all) dev texts and their pairs."""
+    _, dev = load_splits(recipe.data)
+    return dev.texts[:count], dev.pairs[:count]

@@ -8,9 +8,9 @@ from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaForMaske
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
-def write_roberta(folder: Path, texts: list[str], separated: bool = True) -> Path:
-    """A tiny RoBERTa checkpoint in `folder` (hidden 16, one layer), its tokenizer trained on `texts`: a pair is
-    `<s> A </s> </s> B </s>` as roberta-base's, or with `separated=False` `<s> A B </s>`, which marks no boundary."""
+def byte_level_bpe(texts: list[str]) -> Tokenizer:
+    """A byte-level BPE of 400 tokens trained on `texts`, `SPECIALS` first (`<s>` 0, `<pad>` 1, `</s>` 2), with no
+    template yet."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -18,6 +18,13 @@ def write_roberta(folder: Path, texts: list[str], separated: bool = True) -> Pat
         texts,
         trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False),
     )
+    return tok
+
+
+def write_roberta(folder: Path, texts: list[str], separated: bool = True) -> Path:
+    """A tiny RoBERTa checkpoint in `folder` (hidden 16, one layer), its tokenizer trained on `texts`: a pair is
+    `<s> A </s> </s> B </s>` as roberta-base's, or with `separated=False` `<s> A B </s>`, which marks no boundary."""
+    tok = byte_level_bpe(texts)
     if separated:
         tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
         tokenizer = RobertaTokenizerFast(tokenizer_object=tok, pad_token="<pad>", mask_token="<mask>")

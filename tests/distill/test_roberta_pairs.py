@@ -2,7 +2,6 @@
 students, bundles and a served pair, the students splitting each pair by the tokenizer's sequence ids."""
 
 import json
-import os
 import subprocess
 
 import grpc
@@ -10,8 +9,6 @@ import numpy as np
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill.batching import collate
 from edgedistill.distill.student_stage import load_student, student_logits
@@ -20,8 +17,8 @@ from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 
-from tests.conftest import PYTHON, ROOT
-from tests.pair_task import LABELS, share_changed_by_another_b, write_pair_task
+from tests.conftest import PYTHON
+from tests.pair_task import LABELS, dev_pairs, run_pair_stages, share_changed_by_another_b, write_pair_task
 from tests.roberta_init import write_roberta
 from tests.serve.conftest import RunningServer, settings_for
 
@@ -78,25 +75,7 @@ def roberta_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("roberta-pairs")
     paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
     init = write_roberta(folder / "roberta", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
-    recipe = folder / "pairs.yaml"
-    recipe.write_text(roberta_pair_recipe(paths, init))
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
-    for command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
-        result = subprocess.run(
-            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-    return folder / "runs" / "pairs", load_recipe(recipe)
-
-
-def dev_pairs(recipe, count: int | None = None) -> tuple[list[str], list[str]]:
-    _, dev = load_splits(recipe.data)
-    return dev.texts[:count], dev.pairs[:count]
+    return run_pair_stages(folder, roberta_pair_recipe(paths, init))
 
 
 def bundle_probabilities(bundle, tokenizer, texts: list[str], pairs: list[str]) -> np.ndarray:

@@ -2,16 +2,11 @@
 with two token types: the teacher's bundle is checked and served with the type ids it was trained with (all 0), its
 students' with segment ids made from the tokenizer's sequence ids."""
 
-import os
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 from edgedistill.bench import models
 from edgedistill.common.bundle import load_bundle, read_bundle
-from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.student_stage import load_student, student_logits
@@ -21,9 +16,8 @@ from edgedistill.export.cascade import Member
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 
-from tests.conftest import PYTHON, ROOT
 from tests.distill.test_roberta_pairs import roberta_pair_recipe
-from tests.pair_task import write_pair_task
+from tests.pair_task import dev_pairs, run_pair_stages, write_pair_task
 from tests.serve.conftest import RunningServer, settings_for
 from tests.untyped_bert_init import write_untyped_bert
 
@@ -56,25 +50,7 @@ def untyped_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("untyped-pairs")
     paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
     init = write_untyped_bert(folder / "bert", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
-    recipe = folder / "pairs.yaml"
-    recipe.write_text(untyped_pair_recipe(paths, init))
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
-    for command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
-        result = subprocess.run(
-            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-    return folder / "runs" / "pairs", load_recipe(recipe)
-
-
-def dev_pairs(recipe, count: int | None = None) -> tuple[list[str], list[str]]:
-    _, dev = load_splits(recipe.data)
-    return dev.texts[:count], dev.pairs[:count]
+    return run_pair_stages(folder, untyped_pair_recipe(paths, init))
 
 
 def trained_logits(run, recipe, source: str, texts: list[str], pairs: list[str]) -> np.ndarray:
