@@ -126,11 +126,15 @@ def share_changed_by_another_b(run: Path, student: str, texts: list[str], pairs:
     return float((predictions(pairs) != predictions(swapped)).mean())
 
 
-def run_pair_stages(folder: Path, recipe_text: str) -> tuple[Path, Recipe]:
-    """Teacher, students (no baselines) and bundles of `recipe_text`, a recipe of run name `pairs` written to
-    `folder`/pairs.yaml, each stage a process of one thread; the run folder and the recipe."""
+def run_pair_stages(folder: Path, write_teacher, recipe_text) -> tuple[Path, Recipe]:
+    """The pair task (1000 train, 200 dev, 600 unlabelled lines) in `folder`/data, a teacher checkpoint
+    `write_teacher(folder, unlabelled lines)` made from it, then teacher, students (no baselines) and bundles of the
+    recipe `recipe_text(paths, checkpoint)` (run name `pairs`, written to `folder`/pairs.yaml), each stage a process
+    of one thread; the run folder and the recipe."""
+    paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
+    init = write_teacher(folder / "teacher-init", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
     recipe = folder / "pairs.yaml"
-    recipe.write_text(recipe_text)
+    recipe.write_text(recipe_text(paths, init))
     env = {
         **os.environ,
         "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),

@@ -18,7 +18,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 
 from tests.conftest import PYTHON
-from tests.pair_task import LABELS, dev_pairs, run_pair_stages, share_changed_by_another_b, write_pair_task
+from tests.pair_task import LABELS, dev_pairs, run_pair_stages, share_changed_by_another_b
 from tests.roberta_init import write_roberta
 from tests.serve.conftest import RunningServer, settings_for
 
@@ -73,9 +73,7 @@ export:
 def roberta_run(tmp_path_factory):
     """The run folder of the RoBERTa pair task after teacher, students (no baselines) and bundles; its recipe."""
     folder = tmp_path_factory.mktemp("roberta-pairs")
-    paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
-    init = write_roberta(folder / "roberta", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
-    return run_pair_stages(folder, roberta_pair_recipe(paths, init))
+    return run_pair_stages(folder, write_roberta, roberta_pair_recipe)
 
 
 def bundle_probabilities(bundle, tokenizer, texts: list[str], pairs: list[str]) -> np.ndarray:

@@ -17,7 +17,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 
 from tests.distill.test_roberta_pairs import roberta_pair_recipe
-from tests.pair_task import dev_pairs, run_pair_stages, write_pair_task
+from tests.pair_task import dev_pairs, run_pair_stages
 from tests.serve.conftest import RunningServer, settings_for
 from tests.untyped_bert_init import write_untyped_bert
 
@@ -48,9 +48,7 @@ export:
 def untyped_run(tmp_path_factory):
     """The run folder of the pair task after teacher, student (no baseline) and bundles; its recipe."""
     folder = tmp_path_factory.mktemp("untyped-pairs")
-    paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
-    init = write_untyped_bert(folder / "bert", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
-    return run_pair_stages(folder, untyped_pair_recipe(paths, init))
+    return run_pair_stages(folder, write_untyped_bert, untyped_pair_recipe)
 
 
 def trained_logits(run, recipe, source: str, texts: list[str], pairs: list[str]) -> np.ndarray:

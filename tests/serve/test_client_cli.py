@@ -139,17 +139,14 @@ def test_a_csv_file_read_by_position_is_a_usage_error_saying_tsv_wants_tabs(tmp_
         cli.read_tsv(path, True, io.StringIO())
 
 
-def test_a_line_without_a_tab_after_lines_with_one_is_not_called_a_csv_line(tmp_path):
+@pytest.mark.parametrize(
+    "content",
+    ["good\tbad\nyes, one text alone\n", "just one text\n"],
+    ids=["a-line-without-a-tab-after-lines-with-one", "a-line-without-commas-or-a-tab"],
+)
+def test_a_line_that_is_no_csv_line_is_not_called_one(tmp_path, content):
     path = tmp_path / "pairs.tsv"
-    path.write_text("good\tbad\nyes, one text alone\n")
-    with pytest.raises(cli.UsageError) as refused:
-        cli.read_tsv(path, False, io.StringIO())
-    assert "CSV" not in str(refused.value)
-
-
-def test_a_line_without_commas_or_a_tab_is_not_called_a_csv_line(tmp_path):
-    path = tmp_path / "broken.tsv"
-    path.write_text("just one text\n")
+    path.write_text(content)
     with pytest.raises(cli.UsageError) as refused:
         cli.read_tsv(path, False, io.StringIO())
     assert "CSV" not in str(refused.value)
