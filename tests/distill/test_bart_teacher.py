@@ -16,14 +16,12 @@ from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import heads
 from edgedistill.distill.batching import collate
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.serve.proto import classifier_pb2 as pb
-from edgedistill.serve.proto import classifier_pb2_grpc
 
 from tests.bart_init import write_bart
 from tests.conftest import PYTHON, ROOT
 from tests.distill.test_roberta_pairs import roberta_pair_recipe
 from tests.pair_task import write_pair_task
-from tests.serve.conftest import RunningServer, settings_for
+from tests.serve.conftest import served_probabilities
 
 
 def bart_recipe(data_dir, init) -> str:
@@ -114,14 +112,7 @@ def served_and_pytorch(run, recipe, bundle: str, texts: list[str], pairs: list[s
     batch = collate(encode(tokenizer, texts, pairs, recipe.model.max_length), rows, tokenizer.pad_token_id)
     with torch.no_grad():
         want = heads.load_teacher(run / "teacher").eval()(**batch).logits.softmax(-1).numpy()
-    server = RunningServer(settings_for(run / f"bundle-{bundle}"))
-    try:
-        with server.channel() as channel:
-            request = pb.ClassifyRequest(texts=texts, text_pairs=pairs or [])
-            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
-    finally:
-        server.close()
-    return np.array([p.probabilities for p in reply.predictions]), want
+    return served_probabilities(run / f"bundle-{bundle}", texts, pairs), want
 
 
 @pytest.mark.slow

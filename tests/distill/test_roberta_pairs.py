@@ -20,7 +20,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc
 from tests.conftest import PYTHON
 from tests.pair_task import LABELS, dev_pairs, run_pair_stages, share_changed_by_another_b
 from tests.roberta_init import write_roberta
-from tests.serve.conftest import RunningServer, settings_for
+from tests.serve.conftest import RunningServer, served_probabilities, settings_for
 
 STUDENTS = ("bilstm", "cnn", "transformer")
 BUNDLES = ("teacher-onnx", "bilstm-fp32", "cnn-folded", "transformer-fused")
@@ -120,15 +120,7 @@ def test_a_served_roberta_pair_gets_the_bundle_s_prediction(roberta_run, bundle)
     run, recipe = roberta_run
     texts, pairs = dev_pairs(recipe, 8)
     want = bundle_probabilities(run / f"bundle-{bundle}", load_tokenizer(str(run / "teacher")), texts, pairs)
-    server = RunningServer(settings_for(run / f"bundle-{bundle}"))
-    try:
-        with server.channel() as channel:
-            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(
-                pb.ClassifyRequest(texts=texts, text_pairs=pairs), timeout=30
-            )
-    finally:
-        server.close()
-    np.testing.assert_allclose([p.probabilities for p in reply.predictions], want, atol=1e-5)
+    np.testing.assert_allclose(served_probabilities(run / f"bundle-{bundle}", texts, pairs), want, atol=1e-5)
 
 
 @pytest.mark.slow

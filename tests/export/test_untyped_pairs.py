@@ -13,12 +13,10 @@ from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.export.bundle_stage import SourceCache
 from edgedistill.export.cascade import Member
-from edgedistill.serve.proto import classifier_pb2 as pb
-from edgedistill.serve.proto import classifier_pb2_grpc
 
 from tests.distill.test_roberta_pairs import roberta_pair_recipe
 from tests.pair_task import dev_pairs, run_pair_stages
-from tests.serve.conftest import RunningServer, settings_for
+from tests.serve.conftest import served_probabilities
 from tests.untyped_bert_init import write_untyped_bert
 
 BUNDLES = {"teacher-onnx": "teacher", "bilstm-fp32": "bilstm"}
@@ -62,19 +60,6 @@ def trained_logits(run, recipe, source: str, texts: list[str], pairs: list[str])
     student, _ = load_student(run / f"student-{source}")
     feats = encode(tokenizer, texts, pairs, recipe.transfer.max_length, student_segments=True)
     return student_logits(student, feats, tokenizer.pad_token_id)
-
-
-def served_probabilities(bundle, texts: list[str], pairs: list[str]) -> np.ndarray:
-    """The probabilities a real server of `bundle` answers a `Classify` of the pairs with, (N, C)."""
-    server = RunningServer(settings_for(bundle))
-    try:
-        with server.channel() as channel:
-            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(
-                pb.ClassifyRequest(texts=texts, text_pairs=pairs), timeout=30
-            )
-    finally:
-        server.close()
-    return np.array([p.probabilities for p in reply.predictions])
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -275,6 +275,21 @@ class RunningServer:
             self.loop.close()
 
 
+def served_probabilities(bundle: Path, texts: list[str], pairs: list[str] | None = None) -> np.ndarray:
+    """The probabilities a real server of `bundle` answers one `Classify` of `texts` (with their `pairs`) with,
+    (N, C); the server is stopped after."""
+    from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+
+    server = RunningServer(settings_for(bundle))
+    try:
+        with server.channel() as channel:
+            request = classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [])
+            reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
+    finally:
+        server.close()
+    return np.array([p.probabilities for p in reply.predictions])
+
+
 @pytest.fixture
 def start_server():
     """`start_server(settings, warm=True) -> RunningServer`, stopped at the end of the test."""
