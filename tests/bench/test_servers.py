@@ -48,7 +48,8 @@ def test_bare_server_answers_as_the_server_does(bundle):
         server.close()
     reply, status = classify_baseline(texts, bundle)
     assert status.status == health_pb2.HealthCheckResponse.SERVING
-    assert (reply.model_name, reply.model_version) == (expected.model_name, expected.model_version)
+    assert reply.model_name == expected.model_name
+    assert reply.model_version == expected.model_version
     assert [p.label for p in reply.predictions] == [p.label for p in expected.predictions]
     assert len({p.label for p in reply.predictions}) == 2  # the texts do not all get one label
     for got, want in zip(reply.predictions, expected.predictions, strict=True):

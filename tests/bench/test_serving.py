@@ -207,14 +207,16 @@ def test_an_edited_texts_file_named_in_the_working_directory_makes_the_result_st
 
 def test_targets_come_from_the_recipe():
     cfg = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving
-    assert (cfg.rate, cfg.paced_slo.p99_ms, cfg.paced_slo.min_rate_share, cfg.paced_slo.max_error_rate) == (
-        200.0,
-        3.0,
-        0.95,
-        0.0,
-    )
-    assert (cfg.min_capacity_vs_echo, cfg.min_batched_vs_raw) == (0.80, 0.70)
-    assert (cfg.duration_s, cfg.repeats, cfg.concurrency, cfg.threads) == (20.0, 3, 12, 1)
+    assert cfg.rate == 200.0
+    assert cfg.paced_slo.p99_ms == 3.0
+    assert cfg.paced_slo.min_rate_share == 0.95
+    assert cfg.paced_slo.max_error_rate == 0.0
+    assert cfg.min_capacity_vs_echo == 0.80
+    assert cfg.min_batched_vs_raw == 0.70
+    assert cfg.duration_s == 20.0
+    assert cfg.repeats == 3
+    assert cfg.concurrency == 12
+    assert cfg.threads == 1
 
 
 def test_the_default_bundle_is_the_deployed_one(tmp_path, monkeypatch):

@@ -148,7 +148,8 @@ def test_a_pairs_files_columns_are_read_by_name(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(LABEL_FIRST)
     examples = read_pairs_file(pairs_options("--pairs", str(path), "--columns", "premise", "hypothesis"))
-    assert (examples.texts, examples.pairs) == (["a dog runs"], ["an animal moves"])
+    assert examples.texts == ["a dog runs"]
+    assert examples.pairs == ["an animal moves"]
 
 
 def test_a_pairs_files_header_is_skipped_with_header(tmp_path):
@@ -202,7 +203,8 @@ def test_batches_wrap_round_to_one_full_batch():
 def test_load_groups_keep_each_pair_with_its_text():
     examples = Examples(["a", "b", "c"], ["x", "y", "z"], None, "here")
     (group,) = load_groups(examples, 4)
-    assert (group.texts, group.pairs) == (["a", "b", "c", "a"], ["x", "y", "z", "x"])
+    assert group.texts == ["a", "b", "c", "a"]
+    assert group.pairs == ["x", "y", "z", "x"]
 
 
 def test_texts_info_gives_the_source_count_and_lengths():

@@ -65,7 +65,8 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
         train=path, dev=path, text_column="a", text_pair_column="b", label_names=["no", "yes"], symmetric_pairs=True
     )
     _, dev = load_splits(cfg)
-    assert (dev.texts, dev.pairs) == (["first"], ["second"])
+    assert dev.texts == ["first"]
+    assert dev.pairs == ["second"]
 
 
 @pytest.mark.parametrize(
@@ -227,7 +228,8 @@ def test_a_labelled_hub_source_with_a_column_is_refused_before_loading():
 def test_a_csv_with_a_space_after_each_comma_reads_its_columns_and_quotes(tmp_path):
     (tmp_path / "a.csv").write_text('sentence, label\n"good, really", 1\nbad, 0\n')
     data = load_labelled(str(tmp_path / "a.csv"), CFG)
-    assert (data.texts, data.labels) == (["good, really", "bad"], [1, 0])
+    assert data.texts == ["good, really", "bad"]
+    assert data.labels == [1, 0]
 
 
 def test_a_quoted_csv_cell_over_two_lines_keeps_them_apart(tmp_path):

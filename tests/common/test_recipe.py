@@ -553,7 +553,8 @@ def test_an_int8_labeller_needs_a_relabel_margin(tmp_path):
 
 def test_an_int8_labeller_with_a_margin_loads(tmp_path):
     recipe = extend(tmp_path, "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\n")
-    assert (recipe.transfer.labeller, recipe.transfer.relabel_margin) == ("teacher-int8", 1.0)
+    assert recipe.transfer.labeller == "teacher-int8"
+    assert recipe.transfer.relabel_margin == 1.0
 
 
 def test_a_relabel_margin_with_an_fp32_labeller_is_refused(tmp_path):

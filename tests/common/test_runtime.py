@@ -269,7 +269,9 @@ def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
     outputs = runner.infer({"x": x, "token_type_ids": np.zeros((1, 2), np.int64)})
     np.testing.assert_allclose(outputs["y"], [[0.0, 1.5]])
     np.testing.assert_allclose(outputs["z"], [[-2.0, 1.5]])
-    assert (runner.providers, runner.max_batch_size, runner.max_sequence) == (["CPUExecutionProvider"], None, None)
+    assert runner.providers == ["CPUExecutionProvider"]
+    assert runner.max_batch_size is None
+    assert runner.max_sequence is None
     runner.close()
 
 
@@ -313,7 +315,8 @@ def test_open_bundle_builds_the_session_from_the_verified_bytes_not_the_file(mak
 def test_read_bundle_reads_the_model_and_tokenizer_it_verified(make_bundle):
     bundle = make_bundle()
     _, files = read_bundle(bundle.folder)
-    assert (files.model, files.tokenizer) == (bundle.model_path.read_bytes(), "{}")
+    assert files.model == bundle.model_path.read_bytes()
+    assert files.tokenizer == "{}"
 
 
 @pytest.mark.parametrize(

@@ -227,7 +227,8 @@ def test_compose_healthcheck_asks_grpc_health():
 
 def test_compose_bounds_the_logs_the_engine_keeps():
     options = compose_service()["logging"]["options"]
-    assert (options["max-size"], options["max-file"]) == ("10m", "3")
+    assert options["max-size"] == "10m"
+    assert options["max-file"] == "3"
 
 
 # --- Dockerfiles ------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an N
 @no_cuda
 def test_auto_is_the_cpu_in_fp32_without_a_gpu():
     placement = resolve(RuntimeConfig())
-    assert (placement.device.type, placement.precision) == ("cpu", "fp32")
+    assert placement.device.type == "cpu"
+    assert placement.precision == "fp32"
 
 
 @pytest.mark.parametrize(("native", "precision"), [(True, "bf16"), (False, "fp32")])

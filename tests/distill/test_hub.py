@@ -83,7 +83,8 @@ def test_config_json_holds_the_student_config_and_labels(tmp_path):
 def test_loaded_student_keeps_config_and_labels(tmp_path):
     student, folder = _saved(tmp_path, "bilstm", pooling="mean")
     loaded = Student.from_pretrained(folder)
-    assert (loaded.config, loaded.labels) == (student.config, LABELS)
+    assert loaded.config == student.config
+    assert loaded.labels == LABELS
 
 
 def test_architecture_class_refuses_another_architectures_folder(tmp_path):
@@ -111,7 +112,8 @@ def test_label_names_must_match_num_labels():
 def test_save_pretrained_card_has_the_hub_header(tmp_path):
     _saved(tmp_path, "cnn")
     data = ModelCard.load(tmp_path / "README.md").data
-    assert (data.library_name, data.pipeline_tag) == ("edgedistill", "text-classification")
+    assert data.library_name == "edgedistill"
+    assert data.pipeline_tag == "text-classification"
 
 
 @pytest.fixture(scope="module")

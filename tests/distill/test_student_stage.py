@@ -109,7 +109,8 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     student = mf.load(runs / "smoke" / "student-cnn")
-    assert (student.info["world_size"], student.info["grad_accum"]) == (2, 2)
+    assert student.info["world_size"] == 2
+    assert student.info["grad_accum"] == 2
     assert student.metrics["dev_accuracy"] > 0.6
 
 

@@ -179,14 +179,17 @@ def test_bf16_labels_below_the_agreement_gate_are_made_again_in_fp32(tmp_path):
     logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=True)  # no tie margin: every flip counts
     rejected = figures["rejected"]
     assert figures["precision"] == "fp32"
-    assert (rejected["precision"], rejected["fp32_check_sentences"], rejected["fp32_agreement"]) == ("bf16", 8, 0.0)
+    assert rejected["precision"] == "bf16"
+    assert rejected["fp32_check_sentences"] == 8
+    assert rejected["fp32_agreement"] == 0.0
     assert rejected["fp32_max_abs_diff"] > 0
     assert (logits.astype(np.float32).argmax(-1) == 1).all(), "the fp32 labels rank the two logits"
 
 
 def test_explicit_bf16_labels_are_kept_with_their_agreement(tmp_path):
     logits, figures = label_in_bf16(NearTieModel(), tmp_path, recheck=False)
-    assert (figures["precision"], figures["fp32_agreement"]) == ("bf16", 0.0)
+    assert figures["precision"] == "bf16"
+    assert figures["fp32_agreement"] == 0.0
     assert "rejected" not in figures
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "bf16 rounds the two logits to a tie"
 
@@ -201,7 +204,8 @@ def test_int8_labels_below_the_gate_are_made_again_in_fp32_whatever_the_precisio
     cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2, tie_margin=0.0)
     second_pass = SecondPass(hf_logits(teacher), 0.5, 0, 2, CPU)
     logits, figures = label_checked(teacher, int8, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, False, second_pass)
-    assert (figures["precision"], figures["rejected"]["fp32_agreement"]) == ("fp32", 0.0)
+    assert figures["precision"] == "fp32"
+    assert figures["rejected"]["fp32_agreement"] == 0.0
     assert (logits.astype(np.float32).argmax(-1) == 1).all(), "the fp32 labels"
 
 
@@ -216,7 +220,8 @@ def test_flips_of_near_ties_are_counted_but_do_not_fail_the_gate(tmp_path):
 
 def test_bf16_labels_within_the_agreement_gate_are_kept(tmp_path):
     _, figures = label_in_bf16(CountingModel(), tmp_path, recheck=True)
-    assert (figures["precision"], figures["fp32_agreement"]) == ("bf16", 1.0)
+    assert figures["precision"] == "bf16"
+    assert figures["fp32_agreement"] == 1.0
     assert "rejected" not in figures
 
 
@@ -233,7 +238,8 @@ def test_the_second_pass_labels_again_only_the_texts_below_its_margin():
     second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
     made = second({"input_ids": [[1], [2, 3], [9]]}, first)
     assert made.tolist() == [[1.0, -1.0], [0.0, 3.0], [9.0, -9.0]]
-    assert (second.seen, second.relabelled) == (3, 2)
+    assert second.seen == 3
+    assert second.relabelled == 2
     assert model.calls == 1, "the two unsure texts go to the teacher as one batch"
     assert first[0].tolist() == [0.25, 0.0], "the labeller's logits are not changed in place"
 
@@ -268,13 +274,15 @@ def test_labels_with_a_second_pass_are_checked_against_fp32(tmp_path):
         "relabelled": 3,
         "relabelled_share": 0.375,
     }
-    assert (figures["fp32_check_sentences"], figures["fp32_agreement"]) == (8, 1.0)
+    assert figures["fp32_check_sentences"] == 8
+    assert figures["fp32_agreement"] == 1.0
     assert (logits.astype(np.float32).argmax(-1) == 0).all()
 
 
 def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path):
     logits, figures = label_with_second_pass(tmp_path, margin=0.1)
-    assert (figures["precision"], figures["engine"]) == ("fp32", "pytorch")
+    assert figures["precision"] == "fp32"
+    assert figures["engine"] == "pytorch"
     assert figures["rejected"]["fp32_agreement"] == 5 / 8
     assert figures["rejected"]["second_pass"]["relabelled"] == 0
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
@@ -336,7 +344,8 @@ def test_int8_labelling_with_its_second_pass_agrees_with_pytorch_within_the_gate
     assert result.returncode == 0, result.stderr[-3000:]
     labelling = mf.load(run / "transfer").info["labelling"]
     texts = (run / "transfer" / "texts.txt").read_text().splitlines()
-    assert (labelling["engine"], labelling["bundle_precision"]) == ("onnxruntime", "int8")
+    assert labelling["engine"] == "onnxruntime"
+    assert labelling["bundle_precision"] == "int8"
     assert labelling["second_pass"]["texts"] == len(texts)
     assert labelling["fp32_agreement"] >= 0.999
     assert labelling["second_pass"]["dev_agreement"] >= 0.99

@@ -96,9 +96,9 @@ def test_a_missing_runtime_names_the_install_command_not_a_traceback(blocked, ar
         f"from edgedistill import cli\nsys.exit(cli.main({argv!r}))"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
-    assert (result.returncode, result.stderr.strip()) == (
-        2,
-        f"edgedistill {argv[0]}: needs {blocked}, which is not installed: pip install '{hint}'",
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip() == f"edgedistill {argv[0]}: needs {blocked}, which is not installed: pip install '{hint}'"
     )
 
 

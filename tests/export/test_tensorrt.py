@@ -158,7 +158,8 @@ def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
     assert any("Softmax" in name for name in info["fp32_layers"])
     assert any("LayerNorm" in name for name in info["fp32_layers"])
     engine = open_runner(plan, "tensorrt", [])
-    assert (engine.max_batch_size, engine.max_sequence) == (8, 32)
+    assert engine.max_batch_size == 8
+    assert engine.max_sequence == 32
     for batch, length in [(1, 1), (3, 17), (8, 32)]:
         inputs = feeds(batch, length, seed=batch)
         got = engine.infer(inputs)

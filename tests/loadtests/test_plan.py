@@ -21,7 +21,9 @@ def write(tmp_path, text):
 
 def test_presets_fill_what_a_recipe_leaves_out():
     cfg = LoadtestConfig.model_validate({"smoke": {"duration_s": 3}, "steady": {"slo": {"p99_ms": 3}}})
-    assert (cfg.smoke.users, cfg.smoke.rate, cfg.smoke.duration_s) == (2, 20.0, 3)
+    assert cfg.smoke.users == 2
+    assert cfg.smoke.rate == 20.0
+    assert cfg.smoke.duration_s == 3
     assert set(cfg.smoke.scenarios) == {"single", "batch", "stream", "kserve"}
     assert cfg.steady.slo.p99_ms == 3
     assert cfg.steady.slo.max_error_rate == 0
@@ -74,7 +76,9 @@ def test_spike_profile_is_before_spike_and_after_phases():
 
 def test_steady_profile_is_one_stage_at_its_rate():
     (steady,) = plan.stages(SCHEDULES.steady)
-    assert (steady.end_s, steady.users, steady.offered_rate) == (7, 4, 100)
+    assert steady.end_s == 7
+    assert steady.users == 4
+    assert steady.offered_rate == 100
 
 
 def test_scenario_weights_parse():

@@ -129,7 +129,8 @@ def test_classify_keeps_sure_texts_at_the_student_and_escalates_the_rest_to_the_
 
 def test_classify_answers_under_the_cascades_name(stub):
     reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS[:2]), timeout=10)
-    assert (reply.model_name, reply.model_version) == ("tiny-cascade", "1")
+    assert reply.model_name == "tiny-cascade"
+    assert reply.model_version == "1"
 
 
 def test_classify_flags_no_refused_escalation_without_overload(stub):

@@ -31,7 +31,8 @@ def test_backend_cost_fit_refuses_timings_that_are_not_finite(seconds):
 def test_backend_cost_fit_has_no_negative_terms():
     # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
     cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])
-    assert (cost.overhead, cost.per_token_length) == (0.0, 0.0)
+    assert cost.overhead == 0.0
+    assert cost.per_token_length == 0.0
     assert cost.per_token > 0
 
 
@@ -79,7 +80,8 @@ def test_backend_cost_fits_timing_records():
 
 def test_backend_cost_with_no_overhead_known_counts_all_time_per_padded_token():
     cost = BackendCost.per_token_only([(2, 10), (1, 30)], 5e-3)
-    assert (cost.overhead, cost.per_token) == (0.0, pytest.approx(1e-4))
+    assert cost.overhead == 0.0
+    assert cost.per_token == pytest.approx(1e-4)
 
 
 def test_group_shapes_are_rows_and_longest_of_each_group():

@@ -138,7 +138,9 @@ def test_server_metadata_names_the_extensions(stub):
 
 def test_model_config_describes_the_model_as_triton_does(stub):
     config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL, version="1"), timeout=10).config
-    assert (config.name, config.platform, config.backend) == (MODEL, "onnxruntime_onnx", "onnxruntime")
+    assert config.name == MODEL
+    assert config.platform == "onnxruntime_onnx"
+    assert config.backend == "onnxruntime"
     assert config.max_batch_size == 8  # the server's MAX_TEXTS
     assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
         ("text", kserve_pb2.ModelConfigResponse.TYPE_STRING, [1])
@@ -195,7 +197,9 @@ def expected_classes(values: np.ndarray) -> list[list[str]]:
 def test_classification_gives_score_index_label_strings_for_the_top_classes(stub, expected, raw):
     reply = stub.ModelInfer(classes_request(raw, probabilities=2), timeout=10)
     output = reply.outputs[0]
-    assert (output.name, output.datatype, list(output.shape)) == ("probabilities", "BYTES", [3, 2])
+    assert output.name == "probabilities"
+    assert output.datatype == "BYTES"
+    assert list(output.shape) == [3, 2]
     got = outputs_of(reply)["probabilities"]
     assert [[element.decode() for element in row] for row in got] == expected_classes(expected["probabilities"])
 

@@ -138,7 +138,9 @@ def test_a_call_cut_by_the_shutdown_is_not_counted_as_abandoned_by_its_client(cu
 
 def test_a_call_cut_by_the_shutdown_is_logged_as_a_warning_saying_so(cut_at_shutdown):
     (line,) = [e for e in cut_at_shutdown["lines"] if e.get("event") == "rpc"]
-    assert (line["level"], line["code"], line["details"]) == ("WARNING", "UNAVAILABLE", CUT_DETAILS)
+    assert line["level"] == "WARNING"
+    assert line["code"] == "UNAVAILABLE"
+    assert line["details"] == CUT_DETAILS
 
 
 def test_the_stopped_line_counts_the_calls_the_shutdown_cut(cut_at_shutdown):

@@ -202,7 +202,8 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         with pytest.raises(grpc.RpcError):
             stub.Classify(pb.ClassifyRequest(texts=["great"], model_name="nope"), timeout=5)
         failed_call = server.wait_for("rpc")  # without --access-log only failed calls are logged
-        assert (failed_call["code"], failed_call["method"]) == ("NOT_FOUND", "/edgedistill.v1.Classifier/Classify")
+        assert failed_call["code"] == "NOT_FOUND"
+        assert failed_call["method"] == "/edgedistill.v1.Classifier/Classify"
         assert not [e for e in server.lines if e.get("event") == "rpc" and e["code"] == "OK"]
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(20) == 0
@@ -244,7 +245,8 @@ def test_a_server_stopped_by_an_unexpected_error_exits_70(crashed):
 
 def test_a_server_stopped_by_an_unexpected_error_logs_it_as_a_json_line_with_its_traceback(crashed):
     last = json.loads(crashed.stderr.strip().splitlines()[-1])
-    assert (last["event"], last["exc"].splitlines()[-1]) == ("crashed", "RuntimeError: a bug")
+    assert last["event"] == "crashed"
+    assert last["exc"].splitlines()[-1] == "RuntimeError: a bug"
 
 
 def test_the_server_imports_neither_torch_nor_transformers():

@@ -41,7 +41,9 @@ def test_mlserver_model_settings_name_the_runtime_and_the_bundle(tmp_path, bundl
 def test_mlserver_listens_on_loopback_with_debug_off(tmp_path, bundle):
     server = launch.mlserver(launch.Path(sys.executable), bundle, 1, 1, tmp_path)
     settings = json.loads((tmp_path / "settings.json").read_text())
-    assert (settings["host"], settings["debug"], settings["grpc_port"]) == ("127.0.0.1", False, server.port)
+    assert settings["host"] == "127.0.0.1"
+    assert settings["debug"] is False
+    assert settings["grpc_port"] == server.port
 
 
 def test_mlserver_starts_with_the_environments_mlserver_command(tmp_path, bundle):
