@@ -287,16 +287,32 @@ def _text(cell, where: str, column: str, fix: str) -> str:
 
 
 def _check_class_names(source: str, feature, cfg: DataConfig) -> None:
-    """Refuse a Hub label column whose class label names are `cfg.label_names` in another order: its labels reach
-    the reader as indices into the dataset's own names, so each would be read as another label. Other names (the
-    recipe's own for the same classes) are the recipe's choice."""
+    """Refuse a Hub label column whose class label names `cfg.label_names` lists at other indices: its labels reach
+    the reader as indices into the dataset's own names, so each would be read as another label. A recipe name is the
+    dataset's name it equals with accents composed, else the one it equals but for case (`Positive` for
+    `positive`); names of the recipe's own for the classes are the recipe's choice."""
     theirs = [unicodedata.normalize("NFC", name) for name in getattr(feature, "names", None) or []]
-    ours = [unicodedata.normalize("NFC", name) for name in cfg.label_names]
-    if sorted(theirs) == sorted(ours) and theirs != ours:
+    folded: dict[str, list[int]] = {}
+    for index, name in enumerate(theirs):
+        folded.setdefault(name.casefold(), []).append(index)
+
+    def index_in_theirs(name: str) -> int | None:
+        name = unicodedata.normalize("NFC", name)
+        if name in theirs:
+            return theirs.index(name)
+        found = folded.get(name.casefold(), [])
+        return found[0] if len(found) == 1 else None
+
+    moved = [
+        f"{name!r} at {index} (the dataset's at {at})"
+        for index, name in enumerate(cfg.label_names)
+        if (at := index_in_theirs(name)) is not None and at != index
+    ]
+    if moved:
         raise DataError(
             f"{source}: its {cfg.label_column!r} column is a class label named {theirs} in index order, and "
-            f"data.label_names lists those names in another order, {cfg.label_names}: each label would be read as "
-            "another; list them in the dataset's order"
+            f"data.label_names {cfg.label_names} lists {', '.join(moved)}: each label would be read as another; "
+            "list them in the dataset's order"
         )
 
 

@@ -71,19 +71,8 @@ def reinit_top_layers(model, count: int) -> None:
     if count == 0:
         return
     model_name = type(model).__name__
-    if model.config.is_encoder_decoder:
-        raise RecipeError(
-            f"finetune.reinit_layers draws an encoder's top layers afresh, but {model_name} is an encoder-decoder, "
-            "whose head reads its decoder's layers; leave reinit_layers at 0 for it"
-        )
-    if getattr(model.config, "initializer_range", None) is None:
-        raise RecipeError(
-            f"finetune.reinit_layers: {model_name}'s config gives no initializer_range to draw the fresh weights "
-            "from; leave reinit_layers at 0 for it"
-        )
+    heads.require_reinit(model.config, count, model_name)
     total = model.config.num_hidden_layers
-    if count > total:
-        raise RecipeError(f"finetune.reinit_layers={count}, but the model has {total} layers")
     lists = (m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == total)
     layers = next(lists, None)
     if layers is None:

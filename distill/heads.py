@@ -104,6 +104,27 @@ def require_pooling(config, pooling: str, name) -> None:
         )
 
 
+def require_reinit(config, count: int, name) -> None:
+    """Refuse `finetune.reinit_layers` of `count` top layers where a model of transformers `config` (named `name`)
+    cannot have them drawn afresh: an encoder-decoder, whose head reads its decoder's layers; a config without the
+    `initializer_range` to draw from (BART's and XLM's give `init_std`); fewer layers than `count`. Known from the
+    config, so the pretrain stage refuses it too, before it trains."""
+    if count == 0:
+        return
+    if config.is_encoder_decoder:
+        raise RecipeError(
+            f"finetune.reinit_layers draws an encoder's top layers afresh, but {name} is an encoder-decoder, whose "
+            "head reads its decoder's layers; leave reinit_layers at 0 for it"
+        )
+    if getattr(config, "initializer_range", None) is None:
+        raise RecipeError(
+            f"finetune.reinit_layers: {name}'s config gives no initializer_range to draw the fresh weights from; "
+            "leave reinit_layers at 0 for it"
+        )
+    if count > config.num_hidden_layers:
+        raise RecipeError(f"finetune.reinit_layers={count}, but the model has {config.num_hidden_layers} layers")
+
+
 # The teachers whose exported graph ONNX Runtime's BERT fusions fuse completely: an attention node per layer, the
 # embeddings' EmbedLayerNormalization, two SkipLayerNormalizations and a GELU per layer, as export.optimize checks.
 # Measured on tiny models of each type (docs/export.md#fusion-by-model-type): RoBERTa-like embeddings (positions

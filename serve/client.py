@@ -326,7 +326,8 @@ def read_tsv(
     texts, pairs = [], []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
-    for number, line in enumerate(_lines(path, stdin), 1):
+    lines = _lines(path, stdin)
+    for number, line in enumerate(lines, 1):
         if number == 1 and columns:
             names = [name.strip() for name in line.split("\t")]
             if missing := [name for name in columns if name not in names]:
@@ -341,9 +342,10 @@ def read_tsv(
         fields = line.split("\t")
         if len(fields) <= max(where):
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
-            csv = (
-                "" if texts else _comma_separated(line, option)
-            )  # after lines split at tabs, a comma is the text's own
+            # after a line holding a tab (a header too, skipped or split into the columns), the file is TSV and a
+            # comma the text's own
+            tabbed = any("\t" in before for before in lines[: number - 1])
+            csv = "" if tabbed else _comma_separated(line, option)
             raise UsageError(f"{path}:{number}: {short}; {option} wants {wants}{csv}")
         text, pair = fields[where[0]], fields[where[1]]
         if shows_nothing(text) or shows_nothing(pair):  # the server would name its place in a call

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from tests.bart_init import bart_tokenizer
 from tests.conftest import ROOT, run_module
-from tests.serve.conftest import pair_spec, write_bundle
+from tests.serve.conftest import pair_spec, tiny_tokenizer, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 TEXTS = ["a text and its pair", "another text"] * 20
@@ -109,15 +109,17 @@ class RecordingRunner:
         pass
 
 
-@pytest.mark.parametrize("rule", ["token_types", "sequence_ids"])
-def test_a_pair_bundle_is_timed_with_sentence_b_marked_as_the_server_marks_it(tmp_path, monkeypatch, rule):
+@pytest.mark.parametrize(("rule", "types"), [("token_types", [0] * 16), ("sequence_ids", [0] * 8 + [1] * 8)])
+def test_a_pair_bundle_is_timed_with_sentence_b_marked_as_the_server_marks_it(tmp_path, monkeypatch, rule, types):
     metrics = {"size_bytes": 1, "dev_accuracy": 1.0}
-    folder = write_bundle(tmp_path / "bundle-pairs", metrics=metrics, **pair_spec(pair_segments=rule))
+    untyped = tiny_tokenizer(pair_types=False)  # type 0 throughout: only the sequence ids say where sentence B is
+    spec = pair_spec(pair_segments=rule)
+    folder = write_bundle(tmp_path / "bundle-pairs", metrics=metrics, tokenizer=untyped, **spec)
     runner = RecordingRunner()
     monkeypatch.setattr(models, "open_bundle", lambda bundle, **options: runner)
     cfg = ModelBenchConfig(batch_sizes=[2], seq_lens=[16], warmup=0, iterations=1, min_seconds=0, threads=1)
     models._bundle_row("pairs", folder, cfg, tqdm(disable=True), "accuracy")
-    assert runner.feeds[0]["token_type_ids"].tolist() == [[0] * 8 + [1] * 8] * 2
+    assert runner.feeds[0]["token_type_ids"].tolist() == [types] * 2
 
 
 def test_a_pair_bundle_is_timed_on_token_ids_of_its_own_vocabulary(pair_bundle):

@@ -577,3 +577,17 @@ def test_hub_class_label_names_listed_in_another_order_are_refused(hub_nli):
 
 def test_hub_class_labels_given_names_of_the_recipes_own_are_read_by_index(hub_nli):
     assert load_labelled(hub_nli, nli_config(["yes", "maybe", "no"])).labels == [0, 2]
+
+
+def test_hub_class_label_names_written_in_another_case_in_another_order_are_refused(hub_nli):
+    with pytest.raises(DataError, match=r"lists 'Contradiction' at 0 \(the dataset's at 2\)"):
+        load_labelled(hub_nli, nli_config(["Contradiction", "Neutral", "Entailment"]))
+
+
+def test_a_hub_class_label_name_the_recipe_lists_at_another_index_beside_names_of_its_own_is_refused(hub_nli):
+    with pytest.raises(DataError, match=r"lists 'contradiction' at 0 \(the dataset's at 2\): each label would be read"):
+        load_labelled(hub_nli, nli_config(["contradiction", "maybe", "yes"]))
+
+
+def test_hub_class_label_names_kept_at_their_indices_beside_names_of_the_recipes_own_are_read_by_index(hub_nli):
+    assert load_labelled(hub_nli, nli_config(["entailment", "maybe", "contra"])).labels == [0, 2]

@@ -157,3 +157,8 @@ def test_an_encoder_the_fusions_cannot_fuse_fully_passes_with_its_teacher_bundle
 @pytest.mark.parametrize("config", [BertConfig(), GPT2Config(), BartConfig()], ids=lambda c: c.model_type)
 def test_a_teacher_the_fusions_fuse_fully_or_leave_alone_passes_with_fused_bundles(config):
     assert heads.require_fusable(config, load_recipe(SMOKE), "init") is None
+
+
+def test_reinit_layers_of_an_encoder_decoder_is_refused_from_its_config_naming_the_checkpoint():
+    with pytest.raises(RecipeError, match="reinit_layers draws an encoder's top layers afresh, but init is an encoder"):
+        heads.require_reinit(BartConfig(), 1, "init")

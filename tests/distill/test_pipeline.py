@@ -75,3 +75,14 @@ def test_a_roberta_teacher_with_fused_teacher_bundles_is_refused_naming_those_bu
         "error: export.bundles teacher-fused, teacher-int8, teacher-cuda-fp16: fused: true (the default), but ONNX "
         f"Runtime's BERT fusions cannot fully fuse {init}, a roberta"
     )
+
+
+def test_reinit_layers_beyond_the_teachers_layers_is_refused_before_it_pretrains():
+    # smoke's teacher has 2 layers and pretrains first
+    assert distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml"), "--finetune.reinit_layers=3"]) == 2
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "pretrain").exists()
+
+
+def test_reinit_layers_refused_by_the_pretrain_stage_names_the_setting(capsys):
+    distill_main.main(["pretrain", str(ROOT / "recipes" / "smoke.yaml"), "--finetune.reinit_layers=3"])
+    assert "error: finetune.reinit_layers=3, but the model has 2 layers" in capsys.readouterr().err

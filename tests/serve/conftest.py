@@ -35,14 +35,16 @@ LABELS = ["negative", "positive"]
 PAIR_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def tiny_tokenizer() -> Tokenizer:
-    """WordLevel over VOCAB, lower-cased, [CLS] a [SEP] (b [SEP]), saved with padding on (the server turns it off)."""
+def tiny_tokenizer(pair_types: bool = True) -> Tokenizer:
+    """WordLevel over VOCAB, lower-cased, [CLS] a [SEP] (b [SEP]), saved with padding on (the server turns it off).
+    A pair's `b [SEP]` is token type 1, or 0 without `pair_types` (a tokenizer that marks no sentence B)."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     cls, sep = VOCAB.index("[CLS]"), VOCAB.index("[SEP]")
+    pair = "[CLS] $A [SEP] $B:1 [SEP]:1" if pair_types else "[CLS] $A [SEP] $B [SEP]"
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+        single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     tok.enable_padding(pad_id=0, pad_token="[PAD]", length=MAX_LENGTH)
     tok.enable_truncation(MAX_LENGTH)
@@ -140,9 +142,15 @@ def pair_spec(**changes) -> dict:
 
 
 def write_bundle(
-    folder: Path, bias: float = 0.0, model: bytes | None = None, metrics: dict | None = None, **spec_changes
+    folder: Path,
+    bias: float = 0.0,
+    model: bytes | None = None,
+    metrics: dict | None = None,
+    tokenizer: Tokenizer | None = None,
+    **spec_changes,
 ) -> Path:
-    """A bundle folder as the export stage writes it: model, tokenizer.json, manifest with the spec (and `metrics`).
+    """A bundle folder as the export stage writes it: model, tokenizer.json (`tokenizer`, else `tiny_tokenizer()`),
+    manifest with the spec (and `metrics`).
 
     The model file holds `model` when given, else the tiny ONNX model (with `bias` towards "negative"; the pair
     model when the spec takes pairs).
@@ -151,7 +159,7 @@ def write_bundle(
     with mf.stage_folder(folder) as tmp:
         built = tiny_model(bias, pairs=bundle_spec.pairs).SerializeToString()
         (tmp / bundle_spec.model_file).write_bytes(model or built)
-        tiny_tokenizer().save(str(tmp / "tokenizer.json"))
+        (tokenizer or tiny_tokenizer()).save(str(tmp / "tokenizer.json"))
         manifest = mf.Manifest(
             stage="bundle",
             recipe="tests",

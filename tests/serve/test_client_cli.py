@@ -152,6 +152,17 @@ def test_a_line_that_is_no_csv_line_is_not_called_one(tmp_path, content):
     assert "CSV" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("header", "columns"), [(False, ("premise", "hypothesis")), (True, None)], ids=["split-by-columns", "skipped"]
+)
+def test_a_line_without_a_tab_under_a_header_holding_one_is_not_called_a_csv_line(tmp_path, header, columns):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("premise\thypothesis\nyes, one text alone\n")
+    with pytest.raises(cli.UsageError) as refused:
+        cli.read_tsv(path, header, io.StringIO(), columns)
+    assert "CSV" not in str(refused.value)
+
+
 def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
