@@ -6,6 +6,9 @@ them without importing the server.
 """
 
 from pathlib import Path
+from typing import get_args
+
+from edgedistill.common.config.measure import Profile
 
 SERVING = "serve-bench"  # `bench serving`
 ACCURACY = "serve-accuracy"  # `bench accuracy`
@@ -37,3 +40,7 @@ def loadtest(profile: str) -> str:
 def echo_loadtest(profile: str) -> str:
     """The folder of a load test of `profile` against the echo server: one, whatever bundle gave its texts."""
     return f"{loadtest(profile)}-echo"
+
+
+# Folders of releases that kept one result whatever bundle was measured: which bundle they hold, the name does not say.
+UNKEYED = (SERVING, ACCURACY, PEERS, SCALING, *(loadtest(profile) for profile in get_args(Profile)))

@@ -113,6 +113,19 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
         page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
 
 
+def _unkeyed(page: Page, root: Path) -> None:
+    """Results of older releases, one folder whatever bundle was measured: named, not shown as the deployed one's."""
+    older = [name for name in measured.UNKEYED if _finished(root / name)]
+    if older:
+        page.heading("Not shown: results of an older release", [f"../{name}/{mf.MANIFEST}" for name in older])
+        page.note(
+            "These folders hold one result whatever bundle was measured, as releases before one folder per bundle "
+            "wrote them: the report shows the deployed bundle's own (<measurement>-<bundle id>) alone. Measure it "
+            "again (make all, or the benchmark's target), then remove these folders."
+        )
+        page.table(["folder"], [[name] for name in older])
+
+
 def _trained(root: Path) -> list[Path]:
     """The finished teacher, students and baselines, in that order."""
     return [
@@ -364,6 +377,7 @@ def _build(inputs: Inputs) -> Built:
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     _stages(page, root, inputs.recipe)
     _missing(page, root, inputs.recipe)
+    _unkeyed(page, root)
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)

@@ -204,6 +204,32 @@ def test_serving_sections_leave_out_an_older_releases_one_result_for_every_bundl
     assert f"{measurement}: an older release's." not in serving_markdown(tmp_path)
 
 
+def unkeyed_markdown(tmp_path) -> str:
+    """The report's note on an older release's serving benchmark and load test, one folder each for every bundle."""
+    publish(tmp_path / "serve-bench", files={"bench.md": "older\n"})
+    publish(tmp_path / "loadtest-smoke")
+    page = render.Page("report")
+    render._unkeyed(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_a_report_says_an_older_releases_serving_results_are_not_shown(tmp_path):
+    assert "## Not shown: results of an older release" in unkeyed_markdown(tmp_path)
+
+
+@pytest.mark.parametrize("folder", ["serve-bench", "loadtest-smoke"])
+def test_a_report_names_each_folder_of_an_older_release(tmp_path, folder):
+    assert f"| {folder} |" in unkeyed_markdown(tmp_path)
+
+
+def test_a_report_of_a_run_without_older_folders_has_no_note_on_them(tmp_path):
+    publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "now\n"})
+    publish(tmp_path / "loadtest-smoke-echo")
+    page = render.Page("report")
+    render._unkeyed(page, tmp_path)
+    assert page.md == ["# report", ""]
+
+
 def test_the_reports_load_tests_are_the_deployed_bundles():
     assert "loadtest-steady-bilstm-int8" in plan.loadtests(load_recipe(ROOT / "recipes" / "smoke.yaml"))
 
