@@ -136,8 +136,11 @@ def stage(
     scenarios = scenarios or cfg.profile(profile).scenarios
     if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
         raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
+    folder = measured.echo_loadtest(profile) if echo else measured.of_bundle(measured.loadtest(profile), bundle)
+    if not echo and folder == measured.echo_loadtest(profile):
+        raise LoadtestError(f"{bundle}: its load test would share the echo server's folder {folder}: rename the bundle")
     return Stage(
-        measured.echo_loadtest(profile) if echo else measured.of_bundle(measured.loadtest(profile), bundle),
+        folder,
         recipe,
         ("loadtest", "data"),
         partial(

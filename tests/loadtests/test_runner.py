@@ -254,6 +254,12 @@ def test_a_load_test_of_the_echo_server_keeps_one_folder_whatever_bundle_gave_it
     assert {stage.folder.name for stage in stages} == {"loadtest-smoke-echo"}
 
 
+def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
+    echo = write_bundle(tmp_path / "bundle-echo")
+    with pytest.raises(runner.LoadtestError, match="would share the echo server's folder loadtest-smoke-echo"):
+        runner.stage(load_recipe(ROOT / "recipes" / "smoke.yaml"), "smoke", echo)
+
+
 BARE_FILE_STAGES = {  # the stage given a texts or pairs file named bare, in the working directory
     "texts": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, Path("sent.txt")),
     "pairs": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, pairs_file=PairsFile(Path("sent.txt"))),
