@@ -136,7 +136,7 @@ serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both AP
 
 PROFILE       ?= smoke
 LOADTEST_ARGS ?=
-loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; runs/<recipe>/loadtest-PROFILE; fails on a missed SLO
+loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; runs/<recipe>/loadtest-PROFILE-<bundle id>; fails on a missed SLO
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth

@@ -2,11 +2,13 @@
 
 Commands: `models` (every bundle beside the teacher in PyTorch eager, batch x length:
 runs/<recipe>/bench/), `serving` (one bundle behind the server, against the targets of the
-recipe's `bench.serving` section: runs/<recipe>/serve-bench/), `accuracy` (the recipe's dev split
+recipe's `bench.serving` section: runs/<recipe>/serve-bench-<bundle id>/), `accuracy` (the recipe's dev split
 through the server by both APIs, against the bundle's own predictions and dev accuracy: runs/<recipe>/serve-accuracy-<bundle id>/)
 `cascade` (a cascade against its last member served alone: runs/<recipe>/serve-cascade-<name>/), `peers`
-(the deployed bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers/)
-and `scaling` (the deployed bundle behind the server with 1, 2, ... workers, by h2load: runs/<recipe>/serve-scaling/).
+(one bundle behind the server, KServe's ModelServer and MLServer, driven by h2load: runs/<recipe>/serve-peers-<bundle id>/)
+and `scaling` (one bundle behind the server with 1, 2, ... workers, by h2load: runs/<recipe>/serve-scaling-<bundle id>/).
+`--bundle runs/<recipe>/bundle-<id>` (default: the deployed bundle, `export.deploy`) gives the bundle id; each bundle keeps
+its own result (`common.measured`).
 Exit status: 0 when measured (with `--check`, also every target met, or the served predictions and accuracy equal to the
 bundle's), 1 when `--check` found a target missed or a different prediction or accuracy, 2 when the benchmark could not
 run.

@@ -10,7 +10,7 @@ server's `MAX_TEXTS`, and checks per API that no served prediction differs from 
 (but where the bundle's top two logits are within `export.tie_margin`, a near-tie that padding may flip) and that
 its accuracy is the `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples
 tokenized by the training tokenizer. The result is the artifact `runs/<recipe>/serve-accuracy-<bundle>/`, one per
-bundle folder (`folder_name`): accuracy.json (an `AccuracyResult`), accuracy.md, server.log and the manifest.
+bundle folder (`common.measured`): accuracy.json (an `AccuracyResult`), accuracy.md, server.log and the manifest.
 """
 
 import functools
@@ -25,7 +25,7 @@ from edgedistill.bench.processes import measured_server, running, served_setting
 from edgedistill.bench.records import Record, Result
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
-from edgedistill.common import progress, tables
+from edgedistill.common import measured, progress, tables
 from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.data import Examples
@@ -36,7 +36,7 @@ from edgedistill.serve.client import Client
 from pydantic import Field
 from rich.console import Console
 
-STAGE = "serve-accuracy"
+STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"
 APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> table name
 
@@ -124,17 +124,11 @@ def same_accuracy(correct: int, count: int, expected: float) -> bool:
     return abs(correct / count - expected) < 0.5 / count
 
 
-def folder_name(bundle_folder: Path) -> str:
-    """The result's folder for the bundle (or cascade) in `bundle_folder`: `serve-accuracy-<id>` for `bundle-<id>`,
-    so that each bundle keeps its own and the report finds the deployed one's."""
-    return f"{STAGE}-{bundle_folder.name.removeprefix('bundle-')}"
-
-
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
     """`runs/<recipe>/serve-accuracy-<bundle>/`: the dev split through the server on `bundle_folder`; current while
     the data settings and the bundle are unchanged."""
     return Stage(
-        folder_name(bundle_folder),
+        measured.of_bundle(STAGE, bundle_folder),
         recipe,
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),

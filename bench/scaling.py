@@ -6,8 +6,8 @@ then, `repeats` times with the counts in a rotating order, h2load runs two phase
 (`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
 over `paced_connections`, the same for every count, each from its own h2load process so that their calls
 interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.calls`). The
-result is the artifact `runs/<recipe>/serve-scaling/`: bench.json (a `bench.records.ServingResult`), bench.md,
-every server's log.
+result is the artifact `runs/<recipe>/serve-scaling-<bundle>/`, one per bundle folder (`common.measured`):
+bench.json (a `bench.records.ServingResult`), bench.md, every server's log.
 """
 
 import functools
@@ -30,6 +30,7 @@ from edgedistill.bench.tables import (
 )
 from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
+from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.machine import usable_cores
@@ -39,16 +40,16 @@ from edgedistill.serve import workers
 from edgedistill.serve.settings import Settings
 from rich.console import Console
 
-STAGE = "serve-scaling"
+STAGE = measured.SCALING
 SUPERVISING = "supervising"  # the first log line of a server with several workers
 SERVING_LINE = "workers serving on port"  # and its line once every worker serves
 
 
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
-    """`runs/<recipe>/serve-scaling/`: `bundle_folder` served with each worker count; current while the settings,
-    the dev split, the bundle and the server's settings are unchanged."""
+    """`runs/<recipe>/serve-scaling-<bundle>/`: `bundle_folder` served with each worker count; current while the
+    settings, the dev split, the bundle and the server's settings are unchanged."""
     return Stage(
-        STAGE,
+        measured.of_bundle(STAGE, bundle_folder),
         recipe,
         ("bench.scaling", "data"),
         functools.partial(_build, console=console or Console(width=200)),

@@ -18,8 +18,8 @@ Each repeat measures:
 Settings and targets come from the recipe's `bench.serving` section; server settings also from
 `EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
 process and the server, so a client-bound result shows. Each figure is the median over the repeats
-with min and max. The result is the artifact `runs/<recipe>/serve-bench/`: bench.json (a
-`bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
+with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
+(`common.measured`): bench.json (a `bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
 """
 
 import asyncio
@@ -37,7 +37,7 @@ from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
 from edgedistill.bench.texts import PairsFile, hashed_path, load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
-from edgedistill.common import progress
+from edgedistill.common import measured, progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ServingBenchConfig
@@ -52,7 +52,7 @@ from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings
 from rich.console import Console
 
-STAGE = "serve-bench"
+STAGE = measured.SERVING
 BATCH = 32
 BATCH_CONCURRENCY = 4
 WARMUP_S = 1.0
@@ -181,10 +181,11 @@ def stage(
     console: Console | None = None,
     pairs_file: PairsFile | None = None,
 ) -> Stage:
-    """`runs/<recipe>/serve-bench/`: `bundle_folder` measured behind the server against the recipe's targets;
-    current while the settings, the dev split, the bundle, the texts and the server's settings are unchanged."""
+    """`runs/<recipe>/serve-bench-<bundle>/`: `bundle_folder` measured behind the server against the recipe's
+    targets; current while the settings, the dev split, the bundle, the texts and the server's settings are
+    unchanged."""
     return Stage(
-        STAGE,
+        measured.of_bundle(STAGE, bundle_folder),
         recipe,
         ("bench.serving", "data"),
         functools.partial(_build, texts_file=texts_file, pairs_file=pairs_file, console=console or Console(width=200)),

@@ -1,7 +1,8 @@
 """`python -m loadtests RECIPE --profile NAME [--bundle PATH] [--texts FILE | --pairs FILE [--header] [--columns TEXT
 PAIR]] [--echo] [--force] [--section.key=value ...]`.
 
-Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. `--echo`
+Profiles (settings in the recipe's `loadtest` section): smoke, steady, step, spike, soak. The result is
+`runs/<recipe>/loadtest-<profile>-<id>/` for `--bundle runs/<recipe>/bundle-<id>`, one per bundle. `--echo`
 runs the profile against the do-nothing echo server: what gRPC and locust alone cost on this machine. A pairs file
 is read as `edgedistill call --tsv` reads one (`bench.texts.PairsFile`).
 A run whose settings, bundle, texts and server settings (`EDGEDISTILL_*`) are unchanged is not repeated without

@@ -1,4 +1,4 @@
-"""Run one load-test profile: serve the bundle, drive it with locust, write `runs/<recipe>/loadtest-<profile>/`.
+"""Run one load-test profile: serve the bundle, drive it with locust, write `runs/<recipe>/loadtest-<profile>-<id>/`.
 
 The server (`python -m serve`) and locust (headless, `loadtests/locustfile.py`) run as subprocesses
 on loopback; this process samples their CPU and the server's RSS twice a second. The folder is
@@ -21,6 +21,7 @@ import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
 from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_info
+from edgedistill.common import measured
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe
@@ -124,19 +125,22 @@ def stage(
     echo: bool = False,
     pairs_file: PairsFile | None = None,
 ) -> Stage:
-    """`profile` of the recipe's `loadtest` section against `bundle` (`loadtest-<profile>/`, result: see
-    `loadtests.result`), with the texts of `texts_file` or the pairs of `pairs_file` (`bench.texts`: default, the
-    recipe's dev split). With `echo`, the same load goes to the do-nothing echo server instead
-    (`loadtest-<profile>-echo/`): the latency floor of gRPC and locust on this machine, to tell the server's
-    cost from the client's. Current while the settings, dev split, bundle, texts, scenarios and the server's settings
-    (`EDGEDISTILL_*` variables) are unchanged.
+    """`profile` of the recipe's `loadtest` section against `bundle` (`loadtest-<profile>-<bundle id>/`, one per
+    bundle folder (`common.measured`); result: see `loadtests.result`), with the texts of `texts_file` or the pairs
+    of `pairs_file` (`bench.texts`: default, the recipe's dev split). With `echo`, the same load goes to the
+    do-nothing echo server instead (`loadtest-<profile>-echo/`, whatever the bundle): the latency floor of gRPC and
+    locust on this machine, to tell the server's cost from the client's. Current while the settings, dev split,
+    bundle, texts, scenarios and the server's settings (`EDGEDISTILL_*` variables) are unchanged.
     """
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
     if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
         raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
+    folder = measured.echo_loadtest(profile) if echo else measured.of_bundle(measured.loadtest(profile), bundle)
+    if not echo and folder == measured.echo_loadtest(profile):
+        raise LoadtestError(f"{bundle}: its load test would share the echo server's folder {folder}: rename the bundle")
     return Stage(
-        f"loadtest-{profile}" + ("-echo" if echo else ""),
+        folder,
         recipe,
         ("loadtest", "data"),
         partial(

@@ -2,7 +2,8 @@
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 teacher and student dev accuracy (and test accuracy with a test split), speedup over the teacher in PyTorch eager mode, serving latency
-and capacity, and the load test's SLO result. Lines whose artifact is missing are left out.
+and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
+bundle: `common.measured`). Lines whose artifact is missing are left out.
 """
 
 import argparse
@@ -11,10 +12,11 @@ from pathlib import Path
 
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
-from edgedistill.common import tables
+from edgedistill.common import measured, tables
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import Recipe, RecipeError, add_recipe_argument, load_recipe, parse_overrides, run_dir
 from edgedistill.loadtests import result as loadtest_result
+from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
 from rich.console import Console
 from rich.table import Table
@@ -104,8 +106,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                     f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {length} tokens = "
                     f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} thread{'' if bench.threads == 1 else 's'})"
                 )
-    if (root / "serve-bench" / mf.MANIFEST).is_file():
-        served = ServingResult.load(root / "serve-bench")
+    serving = root / plan.deployed(recipe, measured.SERVING)
+    if (serving / mf.MANIFEST).is_file():
+        served = ServingResult.load(serving)
         lines.append(
             f"serving: p99 {served.median('paced', 'p99_ms'):.2f} ms at {served.options['rate']:g} calls/s; "
             f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
@@ -113,8 +116,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
         )
-    for loadtest in sorted(root.glob(f"loadtest-*/{loadtest_result.RESULT_FILE}")):
-        result = loadtest_result.load(loadtest.parent)
+    for folder in (root / name for name in plan.loadtests(recipe)):
+        if not (folder / loadtest_result.RESULT_FILE).is_file():
+            continue
+        result = loadtest_result.load(folder)
         overall = result["overall"]
         if result["profile"] == "step":  # overall latency mixes every step: the capacity is the figure
             capacity = result["capacity"]

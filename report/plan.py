@@ -1,5 +1,9 @@
 """The artifact folders `make all` writes for a recipe, each with the make target that builds it."""
 
+from typing import get_args
+
+from edgedistill.common import measured
+from edgedistill.common.config.measure import Profile
 from edgedistill.common.recipe import Recipe
 
 
@@ -13,17 +17,30 @@ def planned(recipe: Recipe) -> dict[str, str]:
         folders |= {f"student-{name}": "distill", f"baseline-{name}": "distill"}
     if recipe.export is not None:
         folders |= {f"bundle-{b}": "bundles" for b in (*recipe.export.bundles, *recipe.export.cascades)}
-        folders |= {"bench": "bench", "serve-bench": "all", deployed_accuracy(recipe): "all"}
+        folders |= {
+            "bench": "bench",
+            deployed(recipe, measured.SERVING): "all",
+            deployed(recipe, measured.ACCURACY): "all",
+        }
         if (cascade := recipe.export.default_cascade) is not None:
             folders[f"serve-cascade-{cascade}"] = "all"
-        folders["loadtest-smoke"] = "all"
+        folders[deployed(recipe, measured.loadtest("smoke"))] = "all"
     return folders
 
 
-def deployed_accuracy(recipe: Recipe) -> str | None:
-    """The served-accuracy folder of the deployed bundle, `serve-accuracy-<export.deploy>` (`bench.accuracy` keeps one
-    per bundle); None without an export section."""
-    return None if recipe.export is None else f"serve-accuracy-{recipe.export.deploy}"
+def deployed(recipe: Recipe, measurement: str) -> str | None:
+    """The folder of `measurement` (`common.measured`: one per bundle) on the deployed bundle, `export.deploy`; None
+    without an export section."""
+    return None if recipe.export is None else measured.folder_name(measurement, recipe.export.deploy)
+
+
+def loadtests(recipe: Recipe) -> list[str]:
+    """The folders of the load tests the report shows, sorted: each profile's on the deployed bundle (one folder per
+    bundle, `common.measured`) and against the echo server."""
+    names = [measured.echo_loadtest(profile) for profile in get_args(Profile)]
+    if recipe.export is not None:
+        names += [deployed(recipe, measured.loadtest(profile)) for profile in get_args(Profile)]
+    return sorted(names)
 
 
 def missing(recipe: Recipe, finished: set[str]) -> dict[str, str]:

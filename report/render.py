@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench.records import ModelTable
 from edgedistill.common import manifest as mf
-from edgedistill.common import modelcard, tables
+from edgedistill.common import measured, modelcard, tables
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
@@ -111,6 +111,19 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
             "machine that ran it (a GPU bundle on a CPU machine)."
         )
         page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
+
+
+def _unkeyed(page: Page, root: Path) -> None:
+    """Results of older releases, one folder whatever bundle was measured: named, not shown as the deployed one's."""
+    older = [name for name in measured.UNKEYED if _finished(root / name)]
+    if older:
+        page.heading("Not shown: results of an older release", [f"../{name}/{mf.MANIFEST}" for name in older])
+        page.note(
+            "These folders hold one result whatever bundle was measured, as releases before one folder per bundle "
+            "wrote them: the report shows the deployed bundle's own (<measurement>-<bundle id>) alone. Measure it "
+            "again (make all, or the benchmark's target), then remove these folders."
+        )
+        page.table(["folder"], [[name] for name in older])
 
 
 def _trained(root: Path) -> list[Path]:
@@ -264,12 +277,26 @@ def _benchmark(page: Page, root: Path) -> None:
     )
 
 
+PER_BUNDLE = {  # measurement kept one folder per bundle -> the section's title and the stage's own tables (markdown)
+    measured.SERVING: ("Serving benchmark", "bench.md"),
+    measured.ACCURACY: ("Served accuracy", "accuracy.md"),
+    measured.PEERS: ("Peer comparison", "bench.md"),
+    measured.SCALING: ("Scaling with worker processes", "bench.md"),
+}
+
+
+def _deployed(recipe: Recipe) -> str:
+    """How a section names the bundle it shows: the deployed one, `export.deploy`."""
+    return f"the deployed bundle, bundle-{recipe.export.deploy}"
+
+
 def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
     """Folder pattern -> the section's title and the stage's own tables (markdown), shown as written. Of the
-    served-accuracy checks, one per bundle, the deployed bundle's."""
-    served = {"serve-bench": ("Serving benchmark", "bench.md")}
-    if (accuracy := plan.deployed_accuracy(recipe)) is not None:
-        served[accuracy] = (f"Served accuracy of the deployed bundle, bundle-{recipe.export.deploy}", "accuracy.md")
+    measurements kept one per bundle, the deployed bundle's, under a title that names it."""
+    served = {}
+    if recipe.export is not None:
+        for measurement, (title, written) in PER_BUNDLE.items():
+            served[plan.deployed(recipe, measurement)] = (f"{title} of {_deployed(recipe)}", written)
     return served | {"serve-cascade-*": ("Cascade served", "cascade.md")}
 
 
@@ -287,11 +314,15 @@ def _number(value, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
-def _loadtests(page: Page, root: Path) -> None:
-    for folder in sorted(p for p in root.glob("loadtest-*") if _finished(p)):
+def _loadtests(page: Page, root: Path, recipe: Recipe) -> None:
+    for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name)):
         result = loadtest_result.load(folder)
         profile = result["profile"]
-        target = " against the echo server, the floor of gRPC and locust" if result.get("echo") else ""
+        target = (
+            " against the echo server, the floor of gRPC and locust"
+            if result.get("echo")
+            else f" of {_deployed(recipe)}"
+        )
         page.heading(
             f"Load test: {profile}{target} ({tables.slo(result['passed'])})",
             [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/report.html"],
@@ -346,13 +377,14 @@ def _build(inputs: Inputs) -> Built:
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     _stages(page, root, inputs.recipe)
     _missing(page, root, inputs.recipe)
+    _unkeyed(page, root)
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)
     for section in (_benchmark, _cascade_section):
         section(page, root)
     _serving(page, root, inputs.recipe)
-    _loadtests(page, root)
+    _loadtests(page, root, inputs.recipe)
     work = inputs.fresh_work()
     (work / "figures").mkdir()
     for name, data in page.figures.items():

@@ -24,7 +24,7 @@ def test_make_all_on_the_smoke_recipe(smoke_bundles):
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for stage in ("bench", "serve-bench", "loadtest-smoke", "report"):
+    for stage in ("bench", "serve-bench-bilstm-int8", "loadtest-smoke-bilstm-int8", "report"):
         assert mf.load(smoke_bundles / stage).stage == stage
     out = result.stdout
     assert "up to date" in out  # the teacher, transfer set, students and bundles were not rebuilt
@@ -50,8 +50,8 @@ def test_make_all_on_the_smoke_recipe(smoke_bundles):
         "student-bilstm",
         "bundle-bilstm-int8",
         "bench",
-        "serve-bench",
-        "loadtest-smoke",
+        "serve-bench-bilstm-int8",
+        "loadtest-smoke-bilstm-int8",
         "report",
     ):
         assert f"[{stage}] up to date" in again.stdout

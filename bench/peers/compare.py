@@ -9,8 +9,8 @@ loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h
 phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
 `rate` calls/s over `paced_connections`, each from its own h2load process started 1/`rate` s after the
 last, so that their calls interleave (one h2load paces its connections together, in bursts). The result
-is the artifact `runs/<recipe>/serve-peers/`: bench.json (a `bench.records.ServingResult`), bench.md,
-every server's log.
+is the artifact `runs/<recipe>/serve-peers-<bundle>/`, one per bundle folder (`common.measured`): bench.json (a
+`bench.records.ServingResult`), bench.md, every server's log.
 """
 
 import functools
@@ -34,13 +34,14 @@ from edgedistill.bench.tables import (
 )
 from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
+from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
 
-STAGE = "serve-peers"
+STAGE = measured.PEERS
 PHASES = ("capacity", "paced")
 
 
@@ -80,11 +81,11 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
 def stage(
     recipe: Recipe, bundle_folder: Path, pythons: dict[str, Path | None], console: Console | None = None
 ) -> Stage:
-    """`runs/<recipe>/serve-peers/`: `bundle_folder` behind the server and its peers; current while the settings,
-    the dev split, the bundle and the server's settings are unchanged (`--force` after changing a peer's
+    """`runs/<recipe>/serve-peers-<bundle>/`: `bundle_folder` behind the server and its peers; current while the
+    settings, the dev split, the bundle and the server's settings are unchanged (`--force` after changing a peer's
     environment)."""
     return Stage(
-        STAGE,
+        measured.of_bundle(STAGE, bundle_folder),
         recipe,
         ("bench.peers", "data"),
         functools.partial(_build, pythons=pythons, console=console or Console(width=200)),

@@ -95,7 +95,7 @@ def test_a_short_run_measures_one_and_two_workers(tmp_path, bundle):
         "--bench.scaling.warmup_s=0.2",
         "--bench.scaling.repeats=1",
     )
-    folder = tmp_path / "smoke" / "serve-scaling"
+    folder = tmp_path / "smoke" / "serve-scaling-tiny"
     result = ServingResult.load(folder)
     assert code == 0
     assert sorted(result.runs) == ["1 capacity", "1 paced", "2 capacity", "2 paced"]

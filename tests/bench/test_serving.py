@@ -51,13 +51,13 @@ def runs(bundle, texts_file, tmp_path_factory):
     """The runs folder of one short benchmark run with `--check` (its exit status checked against the result)."""
     folder = tmp_path_factory.mktemp("runs")
     code = bench_serving(bundle, texts_file, folder, "--check")
-    assert code == (0 if ServingResult.load(folder / "smoke" / "serve-bench").passed else 1)
+    assert code == (0 if ServingResult.load(folder / "smoke" / "serve-bench-tiny").passed else 1)
     return folder
 
 
 @pytest.fixture(scope="module")
 def out(runs):
-    return runs / "smoke" / "serve-bench"
+    return runs / "smoke" / "serve-bench-tiny"
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def result(out):
 
 def test_result_is_an_artifact_with_its_files_and_the_bundle_as_parent(out, bundle):
     manifest = mf.load(out)  # every file present and matching its sha256
-    assert manifest.stage == "serve-bench"
+    assert manifest.stage == "serve-bench-tiny"
     assert sorted(manifest.files) == ["bare.log", "bench.json", "bench.md", "echo.log", "server.log"]
     assert manifest.parents["bundle"].path == str(bundle.resolve())
     assert manifest.info["bench"]["rate"] == RATE
@@ -156,7 +156,7 @@ def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, te
     created = mf.load(out).created
     code = bench_serving(bundle, texts_file, runs)
     assert code == 0
-    assert "[serve-bench] up to date" in capsys.readouterr().out
+    assert "[serve-bench-tiny] up to date" in capsys.readouterr().out
     assert mf.load(out).created == created  # not measured again
 
 
@@ -167,6 +167,25 @@ MEASUREMENTS = {  # every stage that measures a server, on the tiny bundle
     "peers": lambda recipe, bundle: compare.stage(recipe, bundle, {}),
     "cascade": lambda recipe, bundle: cascade.stage(recipe, recipe.export.default_cascade),
 }
+
+
+KEPT_PER_BUNDLE = {  # every measurement kept one folder per bundle -> its folder for bundle-tiny
+    "serving": "serve-bench-tiny",
+    "accuracy": "serve-accuracy-tiny",
+    "scaling": "serve-scaling-tiny",
+    "peers": "serve-peers-tiny",
+}
+
+
+@pytest.mark.parametrize("measurement", KEPT_PER_BUNDLE)
+def test_a_measurement_of_a_bundle_writes_a_folder_named_after_the_bundle(measurement, bundle):
+    assert MEASUREMENTS[measurement](load_recipe(SMOKE), bundle).folder.name == KEPT_PER_BUNDLE[measurement]
+
+
+@pytest.mark.parametrize("measurement", KEPT_PER_BUNDLE)
+def test_measurements_of_two_bundles_keep_two_folders(measurement, bundle, pair_bundle):
+    recipe = load_recipe(SMOKE)
+    assert MEASUREMENTS[measurement](recipe, bundle).folder != MEASUREMENTS[measurement](recipe, pair_bundle).folder
 
 
 @pytest.mark.parametrize("measurement", MEASUREMENTS)
@@ -228,7 +247,7 @@ def test_the_default_bundle_is_the_deployed_one(tmp_path, monkeypatch):
 def test_a_folder_that_is_not_a_bundle_exits_2(tmp_path, texts_file, capsys):
     assert bench_serving(tmp_path, texts_file, tmp_path / "runs") == 2
     assert "python -m bench serving:" in capsys.readouterr().err
-    assert not (tmp_path / "runs" / "smoke" / "serve-bench").exists()
+    assert not list((tmp_path / "runs" / "smoke").glob("serve-bench-*"))
 
 
 def test_padding_of_the_raw_batches():
@@ -257,7 +276,7 @@ def test_pairs_go_to_a_pair_model_in_every_phase(pair_bundle, tmp_path):
     pairs.write_text("".join(f"{w} film\t{v} plot\n" for w, v in zip(WORDS, reversed(WORDS), strict=True)))
     runs = tmp_path / "runs"
     assert bench_serving(pair_bundle, None, runs, "--pairs", str(pairs)) in (0, 1)  # 1: a target missed here
-    result = ServingResult.load(runs / "smoke" / "serve-bench")
+    result = ServingResult.load(runs / "smoke" / "serve-bench-pairs")
     assert result.texts["pairs"]
     assert result.texts["source"] == str(pairs)
     assert {phase: runs_[0]["failures"] for phase, runs_ in result.runs.items()} == dict.fromkeys(result.runs, 0)

@@ -39,8 +39,9 @@ def loadtest(
     return subprocess.run(run, cwd=ROOT, env=kept | (env or {}), capture_output=True, text=True, timeout=120)
 
 
-def results(profile: str) -> tuple[Path, dict]:
-    folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / f"loadtest-{profile}"
+def results(profile: str, bundle: str = "tiny") -> tuple[Path, dict]:
+    """The folder and summary of `profile` on the bundle `bundle-<bundle>` (`echo`: against the echo server)."""
+    folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / f"loadtest-{profile}-{bundle}"
     return folder, json.loads((folder / "summary.json").read_text())
 
 
@@ -50,7 +51,7 @@ def test_smoke_profile_passes_and_writes_its_folder(bundle):
     folder, summary = results("smoke")
     manifest = mf.load(folder)  # every file present and matching its sha256
     assert set(FILES) <= set(manifest.files)
-    assert manifest.stage == "loadtest-smoke"
+    assert manifest.stage == "loadtest-smoke-tiny"
     assert manifest.parents["bundle"].path == str(bundle)
     assert manifest.metrics["passed"] is True
     overall = summary["overall"]
@@ -98,7 +99,7 @@ def test_a_server_that_wants_a_token_is_sent_it(bundle):
     assert without.returncode == 0, without.stdout[-3000:] + without.stderr[-3000:]
     run = loadtest(bundle, "smoke", scenarios, env={"EDGEDISTILL_TOKEN": "s3cret"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "[loadtest-smoke] building again" in run.stdout
+    assert "[loadtest-smoke-tiny] building again" in run.stdout
     _, summary = results("smoke")
     assert summary["overall"]["failures"] == 0
 
@@ -121,7 +122,7 @@ def test_echo_run_measures_the_client_floor_in_its_own_folder(bundle):
     assert "drop scenarios ['kserve', 'stream']" in refused.stderr
     run = loadtest(bundle, "smoke", "--echo", "--loadtest.smoke.scenarios={single: 1, batch: 1}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    folder, summary = results("smoke-echo")
+    folder, summary = results("smoke", "echo")
     manifest = mf.load(folder)
     assert manifest.stage == "loadtest-smoke-echo"
     assert manifest.parents == {}
@@ -191,7 +192,7 @@ def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
     created = mf.load(folder).created
     again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[loadtest-smoke] up to date" in again.stdout, again.stderr[-3000:]
+    assert "[loadtest-smoke-tiny] up to date" in again.stdout, again.stderr[-3000:]
     assert mf.load(folder).created == created
     forced = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", "--force")
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
@@ -203,7 +204,7 @@ def test_a_changed_server_setting_runs_again(bundle):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"EDGEDISTILL_MAX_QUEUED": "512"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "[loadtest-smoke] building again" in again.stdout
+    assert "[loadtest-smoke-tiny] building again" in again.stdout
     _, summary = results("smoke")
     assert summary["server"]["max_queued"] == 512
 
@@ -212,7 +213,7 @@ def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pai
     mrpc = ["--data.dev=" + str(data_dir / "mrpc" / "dev.tsv"), "--data.text_column=sentence1"]
     run = loadtest(pair_bundle, "smoke", *mrpc, "--data.text_pair_column=sentence2")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    folder, summary = results("smoke")
+    folder, summary = results("smoke", "pairs")
     assert summary["texts"]["pairs"]
     assert summary["texts"]["source"] == str(data_dir / "mrpc" / "dev.tsv")
     assert set(summary["by_name"]) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
@@ -233,8 +234,30 @@ def test_the_columns_of_a_pairs_file_name_the_texts_and_pairs_sent(pair_bundle, 
     columns = ["--columns", "premise", "hypothesis"]
     run = loadtest(pair_bundle, "smoke", "--pairs", str(pairs), *columns, "--loadtest.smoke.scenarios={single: 1}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    sent = sorted((results("smoke")[0] / "texts.txt").read_text().splitlines())
+    sent = sorted((results("smoke", "pairs")[0] / "texts.txt").read_text().splitlines())
     assert sent == sorted(f"film {n}" for n in range(40))
+
+
+def test_a_load_test_of_a_bundle_writes_a_folder_named_after_the_profile_and_the_bundle(bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert runner.stage(recipe, "steady", bundle).folder.name == "loadtest-steady-tiny"
+
+
+def test_load_tests_of_two_bundles_keep_two_folders(bundle, pair_bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert runner.stage(recipe, "smoke", bundle).folder != runner.stage(recipe, "smoke", pair_bundle).folder
+
+
+def test_a_load_test_of_the_echo_server_keeps_one_folder_whatever_bundle_gave_its_texts(bundle, pair_bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stages = [runner.stage(recipe, "smoke", b, scenarios={"single": 1}, echo=True) for b in (bundle, pair_bundle)]
+    assert {stage.folder.name for stage in stages} == {"loadtest-smoke-echo"}
+
+
+def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
+    echo = write_bundle(tmp_path / "bundle-echo")
+    with pytest.raises(runner.LoadtestError, match="would share the echo server's folder loadtest-smoke-echo"):
+        runner.stage(load_recipe(ROOT / "recipes" / "smoke.yaml"), "smoke", echo)
 
 
 BARE_FILE_STAGES = {  # the stage given a texts or pairs file named bare, in the working directory

@@ -75,9 +75,14 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     root = run_dir(recipe)
     overall = {"requests": 1000, "failures": 0, "p99_ms": 2.5}
     runs = {
-        "steady": {"profile": "steady", "overall": overall, "passed": True},
+        "steady-bilstm-int8": {"profile": "steady", "overall": overall, "passed": True},
         "steady-echo": {"profile": "steady", "echo": True, "overall": overall, "passed": True},
-        "step": {"profile": "step", "overall": overall, "capacity": {"requests_per_s": 399.6}, "passed": True},
+        "step-bilstm-int8": {
+            "profile": "step",
+            "overall": overall,
+            "capacity": {"requests_per_s": 399.6},
+            "passed": True,
+        },
     }
     for name, result in runs.items():
         (root / f"loadtest-{name}").mkdir(parents=True)
@@ -87,11 +92,19 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
         "load test steady against the echo server: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
         "load test step: 1000 calls, capacity within the SLO 400 calls/s, 0 failures, SLO passed",
     ]
-    runs["step"] |= {"capacity": None, "passed": False}
-    (root / "loadtest-step" / "summary.json").write_text(json.dumps(runs["step"]))
+    runs["step-bilstm-int8"] |= {"capacity": None, "passed": False}
+    (root / "loadtest-step-bilstm-int8" / "summary.json").write_text(json.dumps(runs["step-bilstm-int8"]))
     assert headline.headline(recipe, "recipes/smoke.yaml")[-1] == (
         "load test step: 1000 calls, capacity within the SLO none, 0 failures, SLO MISSED"
     )
+
+
+@pytest.mark.parametrize("folder", ["loadtest-steady-cnn-int8", "loadtest-steady"])
+def test_no_load_test_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
+    result = {"profile": "steady", "overall": {"requests": 10, "failures": 0, "p99_ms": 2.5}, "passed": True}
+    (run_dir(recipe) / folder).mkdir(parents=True)
+    (run_dir(recipe) / folder / "summary.json").write_text(json.dumps(result))
+    assert headline.headline(recipe, "recipes/smoke.yaml") == []
 
 
 def test_command_prints_the_headline_and_refuses_a_missing_recipe(recipe, capsys):
@@ -210,10 +223,16 @@ def serving_line(recipe) -> str:
 
 
 def test_the_serving_line_says_how_many_calls_of_the_benchmark_failed(recipe):
-    publish_serving(run_dir(recipe) / "serve-bench", failures=4)
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=4)
     assert serving_line(recipe).endswith("; 4 calls failed")
 
 
 def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe):
-    publish_serving(run_dir(recipe) / "serve-bench", failures=0)
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0)
     assert "failed" not in serving_line(recipe)
+
+
+@pytest.mark.parametrize("folder", ["serve-bench-cnn-int8", "serve-bench"])
+def test_no_serving_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
+    publish_serving(run_dir(recipe) / folder, failures=0)
+    assert not [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("serving")]

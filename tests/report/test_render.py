@@ -2,9 +2,10 @@
 
 import json
 
+import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.report import plots, render
+from edgedistill.report import plan, plots, render
 
 from tests.conftest import ROOT
 
@@ -111,8 +112,12 @@ def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
     assert "| student-bilstm | make distill |" in missing_markdown(tmp_path)
 
 
-def test_a_report_of_the_teacher_alone_names_the_absent_load_test(tmp_path):
-    assert "| loadtest-smoke | make all |" in missing_markdown(tmp_path)
+def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_load_test(tmp_path):
+    assert "| loadtest-smoke-bilstm-int8 | make all |" in missing_markdown(tmp_path)
+
+
+def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_serving_benchmark(tmp_path):
+    assert "| serve-bench-bilstm-int8 | make all |" in missing_markdown(tmp_path)
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_accuracy(tmp_path):
@@ -149,27 +154,93 @@ def test_benchmark_figure_of_an_f1_recipe_plots_f1_against_latency(tmp_path):
     assert "F1 against latency" in benchmark_markdown(tmp_path, metric="f1")
 
 
+SERVED_RESULTS = {  # measurement -> the file of tables it writes
+    "serve-bench": "bench.md",
+    "serve-accuracy": "accuracy.md",
+    "serve-peers": "bench.md",
+    "serve-scaling": "bench.md",
+}
+
+
 def serving_markdown(tmp_path) -> str:
-    """The served sections of a smoke run with the served-accuracy checks of its deployed bundle (bilstm-int8) and of
-    another bundle checked after it, and a cascade's serving benchmark."""
-    publish(tmp_path / "serve-accuracy-bilstm-int8", files={"accuracy.md": "Served accuracy: 300 dev texts.\n"})
-    publish(tmp_path / "serve-accuracy-cnn-int8", files={"accuracy.md": "Served accuracy: cnn-int8.\n"})
+    """The served sections of a smoke run with each measurement of its deployed bundle (bilstm-int8), of another
+    bundle measured after it, and of an older release's one folder for every bundle, and a cascade's serving
+    benchmark."""
+    for measurement, written in SERVED_RESULTS.items():
+        publish(tmp_path / f"{measurement}-bilstm-int8", files={written: f"{measurement}: the deployed bundle's.\n"})
+        publish(tmp_path / f"{measurement}-cnn-int8", files={written: f"{measurement}: cnn-int8's.\n"})
+        publish(tmp_path / measurement, files={written: f"{measurement}: an older release's.\n"})
     publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
     page = render.Page("report")
     render._serving(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
     return "\n".join(page.md)
 
 
-def test_serving_sections_show_the_served_accuracy(tmp_path):
-    assert "Served accuracy: 300 dev texts." in serving_markdown(tmp_path)
+@pytest.mark.parametrize("measurement", SERVED_RESULTS)
+def test_serving_sections_show_the_deployed_bundles_result(tmp_path, measurement):
+    assert f"{measurement}: the deployed bundle's." in serving_markdown(tmp_path)
 
 
-def test_serving_sections_name_the_deployed_bundle_whose_served_accuracy_they_show(tmp_path):
-    assert "Served accuracy of the deployed bundle, bundle-bilstm-int8" in serving_markdown(tmp_path)
+@pytest.mark.parametrize(
+    "heading",
+    [
+        "Serving benchmark of the deployed bundle, bundle-bilstm-int8",
+        "Served accuracy of the deployed bundle, bundle-bilstm-int8",
+        "Peer comparison of the deployed bundle, bundle-bilstm-int8",
+        "Scaling with worker processes of the deployed bundle, bundle-bilstm-int8",
+    ],
+)
+def test_serving_sections_name_the_deployed_bundle_whose_result_they_show(tmp_path, heading):
+    assert f"\n## {heading}\n" in serving_markdown(tmp_path)
 
 
-def test_serving_sections_leave_out_the_served_accuracy_of_a_bundle_not_deployed(tmp_path):
-    assert "Served accuracy: cnn-int8." not in serving_markdown(tmp_path)
+@pytest.mark.parametrize("measurement", SERVED_RESULTS)
+def test_serving_sections_leave_out_the_result_of_a_bundle_not_deployed(tmp_path, measurement):
+    assert f"{measurement}: cnn-int8's." not in serving_markdown(tmp_path)
+
+
+@pytest.mark.parametrize("measurement", SERVED_RESULTS)
+def test_serving_sections_leave_out_an_older_releases_one_result_for_every_bundle(tmp_path, measurement):
+    assert f"{measurement}: an older release's." not in serving_markdown(tmp_path)
+
+
+def unkeyed_markdown(tmp_path) -> str:
+    """The report's note on an older release's serving benchmark and load test, one folder each for every bundle."""
+    publish(tmp_path / "serve-bench", files={"bench.md": "older\n"})
+    publish(tmp_path / "loadtest-smoke")
+    page = render.Page("report")
+    render._unkeyed(page, tmp_path)
+    return "\n".join(page.md)
+
+
+def test_a_report_says_an_older_releases_serving_results_are_not_shown(tmp_path):
+    assert "## Not shown: results of an older release" in unkeyed_markdown(tmp_path)
+
+
+@pytest.mark.parametrize("folder", ["serve-bench", "loadtest-smoke"])
+def test_a_report_names_each_folder_of_an_older_release(tmp_path, folder):
+    assert f"| {folder} |" in unkeyed_markdown(tmp_path)
+
+
+def test_a_report_of_a_run_without_older_folders_has_no_note_on_them(tmp_path):
+    publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "now\n"})
+    publish(tmp_path / "loadtest-smoke-echo")
+    page = render.Page("report")
+    render._unkeyed(page, tmp_path)
+    assert page.md == ["# report", ""]
+
+
+def test_the_reports_load_tests_are_the_deployed_bundles():
+    assert "loadtest-steady-bilstm-int8" in plan.loadtests(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+
+
+def test_the_reports_load_tests_include_the_echo_servers():
+    assert "loadtest-steady-echo" in plan.loadtests(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+
+
+@pytest.mark.parametrize("folder", ["loadtest-steady", "loadtest-steady-cnn-int8"])
+def test_the_reports_load_tests_leave_out_an_older_release_and_other_bundles(folder):
+    assert folder not in plan.loadtests(load_recipe(ROOT / "recipes" / "smoke.yaml"))
 
 
 def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):

@@ -47,9 +47,9 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     assert left_out  # the smoke recipe names GPU bundles this machine cannot time
     for bundle_id, why in left_out.items():
         assert f"| {bundle_id} | {why} |" in markdown
-    assert "## Serving benchmark" in markdown
-    assert "[../serve-bench/manifest.json]" in markdown
-    assert (smoke_bundles / "serve-bench" / "bench.md").read_text() in markdown
+    assert "## Serving benchmark of the deployed bundle, bundle-bilstm-int8" in markdown
+    assert "[../serve-bench-bilstm-int8/manifest.json]" in markdown
+    assert (smoke_bundles / "serve-bench-bilstm-int8" / "bench.md").read_text() in markdown
     assert mf.load(out).stage == "report"
 
 

@@ -78,11 +78,11 @@ def test_a_short_comparison_measures_every_server(tmp_path, bundle):
         "--bench.peers.warmup_s=0.2",
         "--bench.peers.repeats=1",
     )
-    result = ServingResult.load(tmp_path / "smoke" / "serve-peers")
+    result = ServingResult.load(tmp_path / "smoke" / "serve-peers-tiny")
     assert code == 0
     assert sorted(result.runs) == sorted(f"{s} {p}" for s in launch.SERVERS for p in compare.PHASES)
     assert all(records[0]["failures"] == 0 for records in result.runs.values())
-    assert (tmp_path / "smoke" / "serve-peers" / "bench.md").is_file()
+    assert (tmp_path / "smoke" / "serve-peers-tiny" / "bench.md").is_file()
 
 
 @needs_h2load

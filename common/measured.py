@@ -1,0 +1,46 @@
+"""The folders of a run's measurements of a served bundle: one per bundle, `<measurement>-<bundle id>`.
+
+Measuring a second bundle keeps the first's result, and the report and the headline find the deployed bundle's by
+`export.deploy`. The measurements (`bench`, `loadtests`) and the report name their folders here, so the report reads
+them without importing the server.
+"""
+
+from pathlib import Path
+from typing import get_args
+
+from edgedistill.common.config.measure import Profile
+
+SERVING = "serve-bench"  # `bench serving`
+ACCURACY = "serve-accuracy"  # `bench accuracy`
+PEERS = "serve-peers"  # `bench peers`
+SCALING = "serve-scaling"  # `bench scaling`
+
+
+def bundle_id(bundle_folder: Path) -> str:
+    """The id of the bundle (or cascade) in `bundle_folder`: `<id>` for `bundle-<id>`, else the folder's name."""
+    return bundle_folder.name.removeprefix("bundle-")
+
+
+def folder_name(measurement: str, bundle: str) -> str:
+    """`<measurement>-<bundle>`: the result folder of `measurement` (SERVING, ..., or `loadtest(profile)`) on the
+    bundle whose id is `bundle`."""
+    return f"{measurement}-{bundle}"
+
+
+def of_bundle(measurement: str, bundle_folder: Path) -> str:
+    """The result folder of `measurement` on the bundle (or cascade) in `bundle_folder`."""
+    return folder_name(measurement, bundle_id(bundle_folder))
+
+
+def loadtest(profile: str) -> str:
+    """The measurement a load test of `profile` is: `loadtest-<profile>`, whose folders are one per bundle."""
+    return f"loadtest-{profile}"
+
+
+def echo_loadtest(profile: str) -> str:
+    """The folder of a load test of `profile` against the echo server: one, whatever bundle gave its texts."""
+    return f"{loadtest(profile)}-echo"
+
+
+# Folders of releases that kept one result whatever bundle was measured: which bundle they hold, the name does not say.
+UNKEYED = (SERVING, ACCURACY, PEERS, SCALING, *(loadtest(profile) for profile in get_args(Profile)))
