@@ -53,8 +53,8 @@ def time_calls(call, cfg: ModelBenchConfig) -> Timing:
 
 def inputs(names: Sequence[str], batch: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds of a single-text model: `batch` rows of `length` random token ids, every token attended. The ids are
-    drawn from 1000-1999, or from the upper half of a vocabulary of fewer ids (clear of the special tokens at its
-    start)."""
+    drawn from 1000-1999, or from the upper half of a vocabulary of fewer ids: clear of special tokens kept at a
+    vocabulary's start (BERT's), though a small vocabulary's upper half holds those kept at its end (GPT-2's)."""
     rng = np.random.default_rng(seed)
     high = min(2000, vocab_size)
     values = {
