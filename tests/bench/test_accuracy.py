@@ -131,11 +131,13 @@ def test_a_near_tie_flip_is_counted_as_one(tmp_path, single_dev, monkeypatch):
 
 
 def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_path):
+    tiny = write_bundle(tmp_path / "bundle-tiny")  # sure (max_prob over 0.9) of texts with two sentiment words
     sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)  # sure of "negative" for every text
-    tiny = write_bundle(tmp_path / "bundle-tiny")
-    cascade = write_cascade(tmp_path / "bundle-cascade", {"sure": sure, "tiny": tiny}, thresholds=[0.9])
-    examples = Examples(["great fun", "awful plot", "the best film"], None, None, "test")
-    expected = BundleClassifier(sure).logits(examples.texts)
+    cascade = write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, thresholds=[0.9])
+    # answered by tiny, escalated to sure (no sentiment word), answered by tiny
+    examples = Examples(["great fun", "the plot", "awful boring"], None, None, "test")
+    first, last = BundleClassifier(tiny).logits(examples.texts), BundleClassifier(sure).logits(examples.texts)
+    expected = np.stack([first[0], last[1], first[2]])
     np.testing.assert_allclose(accuracy.bundle_logits(cascade, examples, 2), expected, atol=1e-6)
 
 
