@@ -202,6 +202,15 @@ def test_the_export_stages_count_may_lie_only_as_far_as_the_near_ties_reach(expe
     assert accuracy.own_accuracy([0, 0, 0, 0], THREE_LABELS, 0.1, expected).matches_bundle is matches
 
 
+def test_a_served_label_far_below_the_bundles_near_tie_is_no_tie_flip():
+    # the bundle's top two within 0.05; the served label, the third, 1.0 below its top
+    assert accuracy.compare([2], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 0
+
+
+def test_a_served_label_within_reach_of_the_bundles_top_is_a_tie_flip():
+    assert accuracy.compare([1], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 1
+
+
 def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_path):
     tiny = write_bundle(tmp_path / "bundle-tiny")  # sure (max_prob over 0.9) of texts with two sentiment words
     sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)  # sure of "negative" for every text
