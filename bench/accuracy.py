@@ -7,10 +7,16 @@ example (with its pair, for a pair task; cut to `dev_limit`), through the server
 then starts the server on the bundle (`python -m serve` on loopback, supervised as in the serving benchmark), sends
 the same examples through `Classify` and through KServe `ModelInfer` (BYTES `text` and `text_pair`) in calls of the
 server's `MAX_TEXTS`, and checks per API that no served prediction differs from the bundle's own on the same example
-(but where the bundle's top two logits are within `export.tie_margin`, a near-tie that padding may flip) and that
-its accuracy is the `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples
-tokenized by the training tokenizer. The result is the artifact `runs/<recipe>/serve-accuracy-<bundle>/`, one per
-bundle folder (`common.measured`): accuracy.json (an `AccuracyResult`), accuracy.md, server.log and the manifest.
+(but at a near-tie, where the served label's logit is within `export.tie_margin` of the bundle's top: padding may
+flip it).
+
+The counts of correct predictions are checked as a chain, exact but at near-ties: the bundle's own against the
+`dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples tokenized by the
+training tokenizer in batches padded otherwise (a dynamic INT8 model quantizes each batch's activations on their own
+range, so a near-tie may go either way there), give or take the near-ties that another padding may answer otherwise;
+each API's against the bundle's own, give or take its tie flips. The result is the artifact
+`runs/<recipe>/serve-accuracy-<bundle>/`, one per bundle folder (`common.measured`): accuracy.json (an
+`AccuracyResult`), accuracy.md, server.log and the manifest.
 """
 
 import functools
@@ -38,6 +44,7 @@ from rich.console import Console
 
 STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"
+RESULT_VERSION = 2  # of accuracy.json: a result of another version is measured again, not read
 APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> table name
 
 
@@ -46,8 +53,29 @@ class ApiAccuracy(Record):
     accuracy: float
     matches_bundle: bool = Field(description="as many correct predictions as the bundle's dev_accuracy says")
     differing: int = Field(description="examples whose served prediction differs from the bundle's own")
-    tie_flips: int = Field(description="of those, the near-ties: the bundle's top two logits within tie_margin")
+    tie_flips: int = Field(
+        description="of those, the near-ties: the served label's logit within tie_margin of the bundle's top"
+    )
     same_predictions: bool = Field(description="no served prediction differs from the bundle's but at near-ties")
+    matches_own: bool = Field(
+        description="as many correct predictions as the bundle's own, give or take its tie_flips (at most one each)"
+    )
+
+
+class OwnAccuracy(Record):
+    """The bundle's own predictions on the labelled examples, and how far another padding may move their count."""
+
+    correct: int
+    accuracy: float
+    near_ties: int = Field(description="examples whose top two logits are within tie_margin")
+    may_lose: int = Field(description="of those, the ones answered right: another padding may answer them wrong")
+    may_gain: int = Field(
+        description="of those, the ones answered wrong with the gold label's logit within tie_margin of the top: "
+        "another padding may answer them right"
+    )
+    matches_bundle: bool = Field(
+        description="the bundle's dev_accuracy counts correct - may_lose to correct + may_gain correct predictions"
+    )
 
 
 class AccuracyResult(Result):
@@ -60,6 +88,8 @@ class AccuracyResult(Result):
     bundle: dict
     texts: dict
     bundle_dev_accuracy: float
+    bundle_dev_correct: int = Field(description="bundle_dev_accuracy as a count of correct predictions")
+    own: OwnAccuracy = Field(description="the bundle's own predictions, run in the checking process")
     tie_margin: float = Field(
         description="export.tie_margin: a smaller gap of the bundle's top two logits is a near-tie"
     )
@@ -100,6 +130,31 @@ def bundle_logits(folder: Path, examples: Examples, batch_size: int) -> np.ndarr
     return logits(folder)
 
 
+def within_reach(reference: np.ndarray, labels: np.ndarray, tie_margin: float) -> np.ndarray:
+    """(N,) whether each example's label in `labels` has a logit within `tie_margin` of the top of its `reference`
+    logits, (N, labels): a label that another padding may answer it by."""
+    return reference.max(-1) - reference[np.arange(len(labels)), labels] < tie_margin
+
+
+def own_accuracy(gold: list[int], reference: np.ndarray, tie_margin: float, expected_correct: int) -> OwnAccuracy:
+    """The bundle's own figures: its predictions (the argmax of its `reference` logits, (N, labels)) against the
+    `gold` labels, and whether `expected_correct`, the count the export stage measured with other batches, is theirs
+    but for near-ties: another padding may answer a near-tie by any label within `tie_margin` of its top."""
+    gold = np.asarray(gold)
+    right = reference.argmax(-1) == gold
+    near = top_two_gap(reference) < tie_margin
+    gold_reached = within_reach(reference, gold, tie_margin)
+    correct, lose, gain = int(right.sum()), int((near & right).sum()), int((near & ~right & gold_reached).sum())
+    return OwnAccuracy(
+        correct=correct,
+        accuracy=correct / len(gold),
+        near_ties=int(near.sum()),
+        may_lose=lose,
+        may_gain=gain,
+        matches_bundle=correct - lose <= expected_correct <= correct + gain,
+    )
+
+
 def compare(
     served: list[int], gold: list[int], reference: np.ndarray, tie_margin: float, expected: float
 ) -> ApiAccuracy:
@@ -107,21 +162,49 @@ def compare(
     argmax of its `reference` logits, (N, labels)) and the bundle's dev accuracy `expected`."""
     count = len(gold)
     correct = sum(p == g for p, g in zip(served, gold, strict=True))
-    differ = np.asarray(served) != reference.argmax(-1)
-    ties = int((differ & (top_two_gap(reference) < tie_margin)).sum())
+    own = reference.argmax(-1)
+    differ = np.asarray(served) != own
+    ties = int((differ & within_reach(reference, np.asarray(served), tie_margin)).sum())
     return ApiAccuracy(
         correct=correct,
         accuracy=correct / count,
-        matches_bundle=same_accuracy(correct, count, expected),
+        matches_bundle=correct == correct_count(expected, count),
         differing=int(differ.sum()),
         tie_flips=ties,
         same_predictions=int(differ.sum()) == ties,
+        matches_own=abs(correct - int((own == np.asarray(gold)).sum())) <= ties,
     )
 
 
-def same_accuracy(correct: int, count: int, expected: float) -> bool:
-    """Whether `correct` of `count` is the accuracy `expected` (the same number of correct predictions)."""
-    return abs(correct / count - expected) < 0.5 / count
+def correct_count(accuracy: float, count: int) -> int:
+    """The number of correct predictions of `count` that `accuracy` stands for."""
+    return round(accuracy * count)
+
+
+def failures(result: "AccuracyResult") -> list[str]:
+    """What failed the check, each part with by how much; empty when it passed."""
+    own, expected = result.own, result.bundle_dev_correct
+    found = []
+    if not own.matches_bundle:
+        if expected > own.correct:
+            by = (
+                f"{expected - own.correct - own.may_gain} more than their {own.may_gain} near-ties answered wrong allow"
+            )
+        else:
+            by = f"{own.correct - own.may_lose - expected} fewer than their {own.may_lose} near-ties answered right allow"
+        found.append(f"the bundle's dev_accuracy counts {expected} correct, its own predictions {own.correct}: {by}")
+    for api, f in result.apis.items():
+        if not f.same_predictions:
+            found.append(
+                f"{APIS[api]}: {f.differing - f.tie_flips} predictions unlike the bundle's own, near-ties aside"
+            )
+        if not f.matches_own:
+            by = abs(f.correct - own.correct) - f.tie_flips
+            found.append(
+                f"{APIS[api]}: {f.correct} correct, the bundle's own {own.correct}: {by} apart beyond its "
+                f"{f.tie_flips} tie flips"
+            )
+    return found
 
 
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
@@ -133,7 +216,11 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),
         (Artifact("bundle", bundle_folder),),
-        extra={"server": served_settings(bundle_folder, 0), "tie_margin": tie_margin(recipe)},
+        extra={
+            "server": served_settings(bundle_folder, 0),
+            "tie_margin": tie_margin(recipe),
+            "result_version": RESULT_VERSION,
+        },
     )
 
 
@@ -168,15 +255,18 @@ def _build(inputs: Inputs, console: Console) -> Built:
             predicted[api] = predict(infer, examples, settings.max_texts, bundle.labels, sent)
         sent.close()
     count = len(examples)
+    own = own_accuracy(examples.labels, reference, margin, correct_count(expected, count))
     apis = {api: compare(labels, examples.labels, reference, margin, expected) for api, labels in predicted.items()}
     result = AccuracyResult(
         bundle={"path": str(bundle.folder)} | bundle.description,
         texts=texts_info(examples),
         bundle_dev_accuracy=expected,
+        bundle_dev_correct=correct_count(expected, count),
+        own=own,
         tie_margin=margin,
         apis=apis,
         agreement=sum(a == b for a, b in zip(predicted["classify"], predicted["kserve"], strict=True)) / count,
-        passed=all(figures.matches_bundle and figures.same_predictions for figures in apis.values()),
+        passed=own.matches_bundle and all(f.same_predictions and f.matches_own for f in apis.values()),
     )
     result.save(work, markdown(result))
     print_results(console, heading(result), HEADER, table_rows(result), ("check", "check", check_rows(result)))
@@ -188,7 +278,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         line=", ".join(f"{APIS[api]} {figures.accuracy:.4f}" for api, figures in apis.items())
         + f" (bundle {expected:.4f}), predictions unlike the bundle's "
         + ", ".join(f"{figures.differing}" for figures in apis.values())
-        + f": {'the same' if result.passed else 'DIFFERENT'}",
+        + f": {'the same' if result.passed else 'DIFFERENT: ' + '; '.join(failures(result))}",
     )
 
 
@@ -207,15 +297,32 @@ def table_rows(result: AccuracyResult) -> list[list[str]]:
         [APIS[api], f"{f.correct} / {count}", f"{f.accuracy:.4f}", f"{f.differing} ({f.tie_flips})"]
         for api, f in result.apis.items()
     ]
-    return rows + [["bundle (export stage)", "", f"{result.bundle_dev_accuracy:.4f}", ""]]
+    own = result.own
+    return rows + [
+        ["bundle's own", f"{own.correct} / {count}", f"{own.accuracy:.4f}", ""],
+        ["bundle (export stage)", "", f"{result.bundle_dev_accuracy:.4f}", ""],
+    ]
 
 
 def check_rows(result: AccuracyResult) -> list[list[str]]:
-    wanted = f"= {result.bundle_dev_accuracy:.4f}"
-    rows = []
+    own = result.own
+    rows = [
+        [
+            "bundle (export stage) correct",
+            str(result.bundle_dev_correct),
+            f"{own.correct - own.may_lose} to {own.correct + own.may_gain}: the bundle's own {own.correct}, "
+            f"-{own.may_lose} / +{own.may_gain} near-ties answered right / wrong",
+            tables.result(own.matches_bundle),
+        ]
+    ]
     for api, f in result.apis.items():
         rows += [
-            [f"{APIS[api]} accuracy", f"{f.accuracy:.4f}", wanted, tables.result(f.matches_bundle)],
+            [
+                f"{APIS[api]} correct",
+                str(f.correct),
+                f"the bundle's own {own.correct} ± its tie flips ({f.tie_flips})",
+                tables.result(f.matches_own),
+            ],
             [
                 f"{APIS[api]} predictions unlike the bundle's",
                 str(f.differing - f.tie_flips),
@@ -232,6 +339,8 @@ def markdown(result: AccuracyResult) -> str:
     lines += ["", f"The two APIs predicted the same label for {result.agreement:.2%} of the examples."]
     lines += [
         "The bundle's own predictions: the bundle run in the checking process by the server's tokenizer and model "
-        "runtime, without gRPC or the batcher."
+        "runtime, without gRPC or the batcher. A near-tie: the bundle's own top two logits within "
+        f"{result.tie_margin:g} (export.tie_margin), which another padding may answer otherwise; "
+        f"{result.own.near_ties} of the {result.texts['count']} examples."
     ]
     return "\n".join(lines) + "\n"

@@ -78,17 +78,20 @@ def test_each_api_predicts_as_the_bundle_run_in_process(served_run, api):
 SERVED = [1, 1, 1, 1, 0, 0, 0, 1]
 
 
-def own_logits(labels: list[int], gap: float) -> np.ndarray:
-    """Logits whose argmax is `labels`, the top two `gap` apart: the bundle's own predictions, as a test sets them."""
+def own_logits(labels: list[int], gap: float | list[float]) -> np.ndarray:
+    """Logits whose argmax is `labels`, the top two `gap` apart (one for all, or one per example): the bundle's own
+    predictions, as a test sets them."""
     logits = np.zeros((len(labels), 2), np.float32)
     logits[np.arange(len(labels)), labels] = gap
     return logits
 
 
-def check_against(tmp_path, single_dev, monkeypatch, labels: list[int], gap: float) -> tuple[int, AccuracyResult]:
-    """A `--check` run on a bundle of dev accuracy 0.875 whose own predictions are `labels`, `gap` sure."""
+def check_against(
+    tmp_path, single_dev, monkeypatch, labels: list[int], gap: float | list[float], dev_accuracy: float = 0.875
+) -> tuple[int, AccuracyResult]:
+    """A `--check` run on a bundle of `dev_accuracy` whose own predictions are `labels`, `gap` sure."""
     monkeypatch.setattr(accuracy, "bundle_logits", lambda folder, examples, size: own_logits(labels, gap))
-    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.875})
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": dev_accuracy})
     code = bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check")
     return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
 
@@ -130,12 +133,92 @@ def test_a_near_tie_flip_is_counted_as_one(tmp_path, single_dev, monkeypatch):
     assert result.apis["classify"].tie_flips == 1
 
 
+# The last example a near-tie of the bundle's own (export.tie_margin 0.1), the others sure.
+LAST_NEAR_TIE = [5.0] * 7 + [0.05]
+FIRST_NEAR_TIE = [0.05] + [5.0] * 7
+
+
+def test_a_count_another_padding_moved_at_a_near_tie_the_bundle_answers_wrong_passes(tmp_path, single_dev, monkeypatch):
+    # served as the bundle's own (7 of 8 right); the export stage's batches put the last near-tie the right way: 8
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
+    assert code == 0
+
+
+def test_a_binary_tie_flip_passes_though_it_changes_the_count(tmp_path, single_dev, monkeypatch):
+    # the bundle's own right on all 8, as the export stage counted; served wrong on the last, a near-tie: 7
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, [*SERVED[:-1], 0], LAST_NEAR_TIE, dev_accuracy=1.0)
+    assert code == 0
+
+
+def test_a_count_beyond_the_near_ties_that_could_move_it_fails(tmp_path, single_dev, monkeypatch):
+    # the only near-tie is answered right, so no padding makes the bundle's own 7 right the export stage's 8
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0)
+    assert code == 1
+
+
+def test_a_failed_count_says_which_part_failed_and_by_how_much(tmp_path, single_dev, monkeypatch, capsys):
+    check_against(tmp_path, single_dev, monkeypatch, SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0)
+    said = "the bundle's dev_accuracy counts 8 correct, its own predictions 7: 1 more than their 0 near-ties answered"
+    assert said in capsys.readouterr().err
+
+
+def test_served_predictions_unlike_the_bundles_say_how_many_per_api(tmp_path, single_dev, monkeypatch, capsys):
+    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    assert "KServe ModelInfer: 2 predictions unlike the bundle's own, near-ties aside" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("correct", 7), ("near_ties", 1), ("may_lose", 0), ("may_gain", 1), ("matches_bundle", True)],
+)
+def test_the_bundles_own_figures_are_recorded(tmp_path, single_dev, monkeypatch, field, value):
+    _, result = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
+    assert getattr(result.own, field) == value
+
+
+def test_the_bundles_dev_accuracy_is_recorded_as_a_count(tmp_path, single_dev, monkeypatch):
+    _, result = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
+    assert result.bundle_dev_correct == 8
+
+
+def test_the_markdown_gives_the_range_the_near_ties_allow(tmp_path, single_dev, monkeypatch):
+    check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
+    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+    assert "| bundle (export stage) correct | 8 | 7 to 8: the bundle's own 7," in report
+
+
+# Three labels; gold 0. Rows: right and sure; right at a near-tie; wrong at a near-tie with gold the runner-up;
+# wrong at a near-tie of two other labels, gold far below.
+THREE_LABELS = np.array([[3.0, 0.0, 0.0], [1.0, 0.95, 0.0], [0.95, 1.0, 0.0], [0.0, 1.0, 0.95]], np.float32)
+
+
+@pytest.mark.parametrize(("field", "value"), [("correct", 2), ("near_ties", 3), ("may_lose", 1), ("may_gain", 1)])
+def test_only_near_ties_within_reach_of_gold_may_gain(field, value):
+    assert getattr(accuracy.own_accuracy([0, 0, 0, 0], THREE_LABELS, 0.1, 2), field) == value
+
+
+@pytest.mark.parametrize(("expected", "matches"), [(0, False), (1, True), (3, True), (4, False)])
+def test_the_export_stages_count_may_lie_only_as_far_as_the_near_ties_reach(expected, matches):
+    assert accuracy.own_accuracy([0, 0, 0, 0], THREE_LABELS, 0.1, expected).matches_bundle is matches
+
+
+def test_a_served_label_far_below_the_bundles_near_tie_is_no_tie_flip():
+    # the bundle's top two within 0.05; the served label, the third, 1.0 below its top
+    assert accuracy.compare([2], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 0
+
+
+def test_a_served_label_within_reach_of_the_bundles_top_is_a_tie_flip():
+    assert accuracy.compare([1], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 1
+
+
 def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_path):
+    tiny = write_bundle(tmp_path / "bundle-tiny")  # sure (max_prob over 0.9) of texts with two sentiment words
     sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)  # sure of "negative" for every text
-    tiny = write_bundle(tmp_path / "bundle-tiny")
-    cascade = write_cascade(tmp_path / "bundle-cascade", {"sure": sure, "tiny": tiny}, thresholds=[0.9])
-    examples = Examples(["great fun", "awful plot", "the best film"], None, None, "test")
-    expected = BundleClassifier(sure).logits(examples.texts)
+    cascade = write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, thresholds=[0.9])
+    # answered by tiny, escalated to sure (no sentiment word), answered by tiny
+    examples = Examples(["great fun", "the plot", "awful boring"], None, None, "test")
+    first, last = BundleClassifier(tiny).logits(examples.texts), BundleClassifier(sure).logits(examples.texts)
+    expected = np.stack([first[0], last[1], first[2]])
     np.testing.assert_allclose(accuracy.bundle_logits(cascade, examples, 2), expected, atol=1e-6)
 
 

@@ -1,6 +1,6 @@
 """The result records: timings of calls, and the model benchmark's table as its JSON holds it."""
 
-from edgedistill.bench.accuracy import AccuracyResult, ApiAccuracy
+from edgedistill.bench.accuracy import AccuracyResult, ApiAccuracy, OwnAccuracy
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, bundle_record
 from edgedistill.common.bundle import load_bundle
 
@@ -74,12 +74,21 @@ def test_a_bundle_is_recorded_by_its_folder_name_and_build(bundle):
 
 def accuracy_result() -> AccuracyResult:
     figures = ApiAccuracy(
-        correct=3, accuracy=0.75, matches_bundle=True, differing=1, tie_flips=1, same_predictions=True
+        correct=3,
+        accuracy=0.75,
+        matches_bundle=True,
+        differing=1,
+        tie_flips=1,
+        same_predictions=True,
+        matches_own=True,
     )
+    own = OwnAccuracy(correct=3, accuracy=0.75, near_ties=1, may_lose=1, may_gain=0, matches_bundle=True)
     return AccuracyResult(
         bundle={},
         texts={},
         bundle_dev_accuracy=0.75,
+        bundle_dev_correct=3,
+        own=own,
         tie_margin=0.1,
         apis={"classify": figures},
         agreement=1.0,
