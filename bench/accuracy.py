@@ -36,7 +36,7 @@ from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.scores import top_two_gap
+from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.client import Client
 from pydantic import Field
@@ -128,12 +128,6 @@ def bundle_logits(folder: Path, examples: Examples, batch_size: int) -> np.ndarr
         cascade = load_cascade(folder)
         return route([logits(member.folder) for member in cascade.members], cascade.spec)[0]
     return logits(folder)
-
-
-def within_reach(reference: np.ndarray, labels: np.ndarray, tie_margin: float) -> np.ndarray:
-    """(N,) whether each example's label in `labels` has a logit within `tie_margin` of the top of its `reference`
-    logits, (N, labels): a label that another padding may answer it by."""
-    return reference.max(-1) - reference[np.arange(len(labels)), labels] < tie_margin
 
 
 def own_accuracy(gold: list[int], reference: np.ndarray, tie_margin: float, expected_correct: int) -> OwnAccuracy:

@@ -17,3 +17,10 @@ def top_two_gap(logits: np.ndarray) -> np.ndarray:
     """Per row of (N, C) logits, the gap between the two highest: how sure the model is of its label."""
     top = np.sort(logits, -1)
     return top[:, -1] - top[:, -2]
+
+
+def within_reach(logits: np.ndarray, labels: np.ndarray, margin: float) -> np.ndarray:
+    """(N,) whether each row's label in `labels` has a logit within `margin` of the top of its row of (N, C) `logits`:
+    a label that another run of the same model (another padding, precision or runtime) may answer the row by. A
+    prediction that differs from `logits`' own by such a label is a near-tie flip."""
+    return logits.max(-1) - logits[np.arange(len(labels)), labels] < margin

@@ -14,7 +14,7 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import read_bundle
 from edgedistill.common.runtime import open_bundle
-from edgedistill.common.scores import top_two_gap
+from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode
@@ -38,10 +38,11 @@ def _finished(path: Path, rows: int) -> bool:
 
 def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> dict:
     """How the predictions of `logits` agree with those of `reference`, both (N, C): the share equal; the share equal
-    but for tie flips, differing where `reference`'s top two logits are within `tie_margin` (a near-tie); the tie
-    flips; and the largest |Δlogit|."""
-    tie = top_two_gap(reference) < tie_margin
-    differ = logits.argmax(-1) != reference.argmax(-1)
+    but for tie flips, a label whose `reference` logit is within `tie_margin` of its top (a near-tie); the tie flips;
+    and the largest |Δlogit|."""
+    predicted = logits.argmax(-1)
+    tie = within_reach(reference, predicted, tie_margin)
+    differ = predicted != reference.argmax(-1)
     return {
         "agreement": float(1 - differ.mean()),
         "agreement_beyond_ties": float(1 - (differ & ~tie).mean()),

@@ -63,8 +63,9 @@ def parity(
     """Agreement of predictions, max |Δlogit|, both accuracies on the same examples, the exported model's
     `dev_macro_f1` and (for a task with a positive class) `dev_f1`, so that its selection metric is there too, and
     PyTorch's figure of that metric (`torch_dev_<metric>`) for the INT8 gate. An example whose PyTorch top two logits
-    are within `tie_margin` is a near-tie: a differing prediction there is a tie flip (`tie_flips`), which
-    `agreement_beyond_ties` (what the gate reads) does not count."""
+    are within `tie_margin` is a near-tie: a prediction that differs there by a label whose PyTorch logit is within
+    `tie_margin` of the top is a tie flip (`tie_flips`), which `agreement_beyond_ties` (what the gate reads) does not
+    count."""
     gold = np.asarray(labels)
     task = task_metrics(ort_logits, labels, data)
     figures = agreement(ort_logits, torch_logits, tie_margin) | {

@@ -143,8 +143,8 @@ class ExportConfig(Strict):
         0.1,
         ge=0,
         description="a dev example whose PyTorch logits' top two are closer than this is a near-tie: a prediction "
-        "that differs there is counted (`tie_flips`) but not against the agreement gates, as transfer.tie_margin "
-        "does for labels",
+        "that differs there by a label whose PyTorch logit is this close to the top is counted (`tie_flips`) but not "
+        "against the agreement gates, as transfer.tie_margin does for labels",
     )
     calibration_sentences: int = Field(
         256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"

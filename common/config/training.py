@@ -284,7 +284,8 @@ class TransferConfig(Strict):
         0.1,
         ge=0,
         description="a checked text whose fp32 logits' top two are closer than this is a near-tie: a label that "
-        "differs from fp32's there is counted (`fp32_tie_flips`) but does not count against min_agreement",
+        "differs from fp32's there but whose fp32 logit is this close to the top is counted (`fp32_tie_flips`) "
+        "but does not count against min_agreement",
     )
     min_agreement: float = Field(
         0.999,

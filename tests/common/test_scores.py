@@ -1,5 +1,6 @@
+import numpy as np
 import pytest
-from edgedistill.common.scores import label_f1
+from edgedistill.common.scores import label_f1, within_reach
 
 
 def test_label_f1_gives_each_labels_f1_by_hand():
@@ -9,3 +10,11 @@ def test_label_f1_gives_each_labels_f1_by_hand():
 
 def test_label_f1_marks_a_label_neither_gold_nor_predicted_as_unseen():
     assert label_f1([[1, 1, 0], [0, 0, 0], [0, 0, 0]])[1].tolist() == [True, True, False]
+
+
+def test_within_reach_marks_a_label_close_to_the_top():
+    assert within_reach(np.array([[1.0, 0.95, -3.0]]), np.array([1]), 0.1).tolist() == [True]
+
+
+def test_within_reach_leaves_out_a_label_far_below_a_near_tie():
+    assert within_reach(np.array([[1.0, 0.95, -3.0]]), np.array([2]), 0.1).tolist() == [False]

@@ -321,6 +321,13 @@ def test_parity_counts_a_flip_at_a_near_tie():
     assert parity(torch_logits[:, ::-1], torch_logits, [0, 0], BINARY, TIE)["tie_flips"] == 1
 
 
+def test_parity_counts_no_tie_flip_to_a_label_far_below_a_near_tie():
+    torch_logits = np.array([[1.0, 0.95, -3.0], [1.0, 0.0, 0.0]])
+    exported = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    three = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"])
+    assert parity(exported, torch_logits, [0, 0], three, TIE)["tie_flips"] == 0
+
+
 def test_parity_gives_agreement_beyond_ties_without_the_near_tie_flip():
     torch_logits = np.array([[1.0, 0.95], [1.0, 0.0]])
     assert parity(torch_logits[:, ::-1], torch_logits, [0, 0], BINARY, TIE)["agreement_beyond_ties"] == 0.5
