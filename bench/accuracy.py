@@ -8,7 +8,10 @@ then starts the server on the bundle (`python -m serve` on loopback, supervised 
 the same examples through `Classify` and through KServe `ModelInfer` (BYTES `text` and `text_pair`) in calls of the
 server's `MAX_TEXTS`, and checks per API that no served prediction differs from the bundle's own on the same example
 (but at a near-tie, where the served label's logit is within `export.tie_margin` of the bundle's top: padding may
-flip it).
+flip it). A bundle that quantizes its activations per batch (dynamic INT8, or a cascade with such a member) gives a
+text other logits beside other texts, and the server groups texts by length as its cost model decides: for it the
+check also runs its dev examples in calls of 8 texts and of 1, and the largest change of a logit between the
+groupings (`grouping_margin`) widens the near-tie margin where it is the wider.
 
 The counts of correct predictions are checked as a chain, exact but at near-ties: the bundle's own against the
 `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples tokenized by the
@@ -20,6 +23,7 @@ each API's against the bundle's own, give or take its tie flips. The result is t
 """
 
 import functools
+import itertools
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,6 +35,7 @@ from edgedistill.bench.processes import measured_server, running, served_setting
 from edgedistill.bench.records import Record, Result
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
+from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress, tables
 from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
@@ -44,8 +49,9 @@ from rich.console import Console
 
 STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"
-RESULT_VERSION = 2  # of accuracy.json: a result of another version is measured again, not read
+RESULT_VERSION = 3  # of accuracy.json: a result of another version is measured again, not read
 APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> table name
+GROUPINGS = (8, 1)  # texts per call, beside the server's MAX_TEXTS, that show how batch-mates move a dynamic INT8 model
 
 
 class ApiAccuracy(Record):
@@ -54,7 +60,7 @@ class ApiAccuracy(Record):
     matches_bundle: bool = Field(description="as many correct predictions as the bundle's dev_accuracy says")
     differing: int = Field(description="examples whose served prediction differs from the bundle's own")
     tie_flips: int = Field(
-        description="of those, the near-ties: the served label's logit within tie_margin of the bundle's top"
+        description="of those, the near-ties: the served label's logit within the near-tie margin of the bundle's top"
     )
     same_predictions: bool = Field(description="no served prediction differs from the bundle's but at near-ties")
     matches_own: bool = Field(
@@ -67,10 +73,10 @@ class OwnAccuracy(Record):
 
     correct: int
     accuracy: float
-    near_ties: int = Field(description="examples whose top two logits are within tie_margin")
+    near_ties: int = Field(description="examples whose top two logits are within the near-tie margin")
     may_lose: int = Field(description="of those, the ones answered right: another padding may answer them wrong")
     may_gain: int = Field(
-        description="of those, the ones answered wrong with the gold label's logit within tie_margin of the top: "
+        description="of those, the ones answered wrong with the gold label's logit within the margin of the top: "
         "another padding may answer them right"
     )
     matches_bundle: bool = Field(
@@ -93,6 +99,11 @@ class AccuracyResult(Result):
     tie_margin: float = Field(
         description="export.tie_margin: a smaller gap of the bundle's top two logits is a near-tie"
     )
+    grouping_margin: float | None = Field(
+        None,
+        description="for a bundle that quantizes activations per batch, the largest change of a logit between runs "
+        "of the dev examples in calls of MAX_TEXTS, 8 and 1 texts; the near-tie margin where wider than tie_margin",
+    )
     apis: dict[str, ApiAccuracy]
     agreement: float = Field(description="share of the examples for which both APIs predicted the same label")
     passed: bool
@@ -112,22 +123,53 @@ def predict(infer, examples: Examples, batch_size: int, labels: list[str], bar) 
     return predicted
 
 
+def _logits(bundle: Path, examples: Examples, batch_size: int) -> np.ndarray:
+    """(N, labels) logits of the bundle in `bundle` on `examples`, in groups of `batch_size`, by the server's tokenizer
+    and model runtime."""
+    classifier = BundleClassifier(bundle)
+    try:
+        return np.concatenate([classifier.logits(b.texts, b.pairs) for b in examples.batches(batch_size)])
+    finally:
+        classifier.close()
+
+
+def _bundles(folder: Path) -> list[Path]:
+    """The bundle in `folder`, or the members of the cascade there."""
+    return [member.folder for member in load_cascade(folder).members] if is_cascade(folder) else [folder]
+
+
 def bundle_logits(folder: Path, examples: Examples, batch_size: int) -> np.ndarray:
     """(N, labels) logits of the bundle or cascade in `folder` on `examples`, run in this process in groups of
     `batch_size` by the server's tokenizer and model runtime, without gRPC or the batcher (a cascade: every member
     on every example, routed as the server routes)."""
+    logits = [_logits(bundle, examples, batch_size) for bundle in _bundles(folder)]
+    return route(logits, load_cascade(folder).spec)[0] if is_cascade(folder) else logits[0]
 
-    def logits(member: Path) -> np.ndarray:
-        classifier = BundleClassifier(member)
-        try:
-            return np.concatenate([classifier.logits(b.texts, b.pairs) for b in examples.batches(batch_size)])
-        finally:
-            classifier.close()
 
-    if is_cascade(folder):
-        cascade = load_cascade(folder)
-        return route([logits(member.folder) for member in cascade.members], cascade.spec)[0]
-    return logits(folder)
+def quantizes_per_batch(bundle: Path) -> bool:
+    """Whether the bundle in `bundle` quantizes its activations per batch (dynamic INT8), as its manifest says: a
+    text's logits then depend on the texts batched with it."""
+    return mf.load(bundle).info.get("quantization", {}).get("mode") == "dynamic"
+
+
+def grouping_margin(folder: Path, examples: Examples, batch_size: int) -> float | None:
+    """For a bundle (or cascade members) that quantizes activations per batch, the largest change of a logit of
+    `examples` between runs in calls of `batch_size` texts and of each of GROUPINGS: how far batch-mates move its
+    logits. None for a bundle whose logits do not depend on batch-mates."""
+    dynamic = [bundle for bundle in _bundles(folder) if quantizes_per_batch(bundle)]
+    if not dynamic:
+        return None
+    spread = 0.0
+    for bundle in dynamic:
+        runs = [_logits(bundle, examples, size) for size in (batch_size, *GROUPINGS)]
+        spread = max(spread, *(float(np.abs(a - b).max()) for a, b in itertools.combinations(runs, 2)))
+    return spread
+
+
+def near_tie_margin(tie_margin: float, grouping: float | None) -> float:
+    """The margin within which a served label may differ from the bundle's own: `tie_margin`, or the bundle's
+    `grouping` margin where that is wider."""
+    return max(tie_margin, grouping or 0.0)
 
 
 def own_accuracy(gold: list[int], reference: np.ndarray, tie_margin: float, expected_correct: int) -> OwnAccuracy:
@@ -233,8 +275,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
     examples = dev_split(inputs.recipe.data)
     check_kind(examples, bundle.pairs)
     flags, settings = measured_server(bundle.folder, threads=0)
-    margin = tie_margin(inputs.recipe)
     reference = bundle_logits(bundle.folder, examples, settings.max_texts)
+    grouping = grouping_margin(bundle.folder, examples, settings.max_texts)
+    margin = near_tie_margin(tie_margin(inputs.recipe), grouping)
     token = settings.token.get_secret_value() if settings.token else None
     work = inputs.fresh_work()
     predicted = {}
@@ -257,7 +300,8 @@ def _build(inputs: Inputs, console: Console) -> Built:
         bundle_dev_accuracy=expected,
         bundle_dev_correct=correct_count(expected, count),
         own=own,
-        tie_margin=margin,
+        tie_margin=tie_margin(inputs.recipe),
+        grouping_margin=grouping,
         apis=apis,
         agreement=sum(a == b for a, b in zip(predicted["classify"], predicted["kserve"], strict=True)) / count,
         passed=own.matches_bundle and all(f.same_predictions and f.matches_own for f in apis.values()),
@@ -320,11 +364,19 @@ def check_rows(result: AccuracyResult) -> list[list[str]]:
             [
                 f"{APIS[api]} predictions unlike the bundle's",
                 str(f.differing - f.tie_flips),
-                f"0 (near-ties aside: top two logits within {result.tie_margin:g})",
+                f"0 (near-ties aside: {margin_text(result)})",
                 tables.result(f.same_predictions),
             ],
         ]
     return rows
+
+
+def margin_text(result: AccuracyResult) -> str:
+    """The near-tie margin the check used, and where it came from."""
+    margin = near_tie_margin(result.tie_margin, result.grouping_margin)
+    if margin == result.tie_margin:
+        return f"top two logits within {margin:g}, export.tie_margin"
+    return f"within {margin:.3g}, how far batch-mates moved a logit of this per-batch quantized bundle"
 
 
 def markdown(result: AccuracyResult) -> str:
@@ -333,8 +385,7 @@ def markdown(result: AccuracyResult) -> str:
     lines += ["", f"The two APIs predicted the same label for {result.agreement:.2%} of the examples."]
     lines += [
         "The bundle's own predictions: the bundle run in the checking process by the server's tokenizer and model "
-        "runtime, without gRPC or the batcher. A near-tie: the bundle's own top two logits within "
-        f"{result.tie_margin:g} (export.tie_margin), which another padding may answer otherwise; "
-        f"{result.own.near_ties} of the {result.texts['count']} examples."
+        f"runtime, without gRPC or the batcher. A near-tie ({margin_text(result)}) is one that another padding "
+        f"may answer otherwise; {result.own.near_ties} of the {result.texts['count']} examples."
     ]
     return "\n".join(lines) + "\n"

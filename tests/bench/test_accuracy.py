@@ -11,8 +11,9 @@ from edgedistill.bench.accuracy import AccuracyResult
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.common import manifest as mf
 from edgedistill.common.data import Examples
+from edgedistill.export.quantize import int8_dynamic
 
-from tests.serve.conftest import ROOT, pair_spec, write_bundle, write_cascade
+from tests.serve.conftest import ROOT, pair_spec, tiny_model, write_bundle, write_cascade
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 # The tiny model labels by its sentiment words; the last example's label is wrong, so 7 of 8 are right.
@@ -288,3 +289,46 @@ def test_a_bundle_without_dev_accuracy_exits_2(tmp_path, single_dev, capsys):
     bundle = write_bundle(tmp_path / "bundle-tiny")
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 2
     assert "no dev_accuracy" in capsys.readouterr().err
+
+
+def dynamic_int8_bundle(folder):
+    """The tiny bundle with its weights INT8 and its activations quantized per batch, as the export stage writes it."""
+    fp32 = folder.parent / "fp32.onnx"
+    fp32.write_bytes(tiny_model(0.0).SerializeToString())
+    applied = int8_dynamic(fp32, folder.parent / "int8.onnx", op_types=["MatMul"])
+    model = (folder.parent / "int8.onnx").read_bytes()
+    return write_bundle(folder, model=model, info={"quantization": applied}, precision="int8")
+
+
+# Texts of several lengths: batched together they pad and share a quantization range; one by one they do not.
+GROUPED = Examples(
+    texts=["great fun", "awful plot and dull acting, the worst", "good", "boring film"] * 4,
+    pairs=None,
+    labels=[1, 0, 1, 0] * 4,
+    source="test",
+)
+
+
+def test_a_bundle_that_quantizes_per_batch_has_a_grouping_margin(tmp_path):
+    bundle = dynamic_int8_bundle(tmp_path / "bundle-int8")
+    assert accuracy.grouping_margin(bundle, GROUPED, 16) > 0
+
+
+def test_a_bundle_whose_logits_do_not_depend_on_batch_mates_has_no_grouping_margin(tmp_path):
+    bundle = write_bundle(tmp_path / "bundle-tiny")
+    assert accuracy.grouping_margin(bundle, GROUPED, 16) is None
+
+
+def test_a_served_label_within_the_grouping_margin_of_a_per_batch_quantized_bundle_passes(
+    tmp_path, single_dev, monkeypatch
+):
+    monkeypatch.setattr(accuracy, "grouping_margin", lambda folder, examples, size: 0.5)
+    own = [0, 1, 1, 1, 0, 0, 0, 1]  # the first text served as 1: 0.3 below the bundle's own top, within 0.5
+    code, _ = check_against(tmp_path, single_dev, monkeypatch, own, [0.3] + [1.0] * 7)
+    assert code == 0
+
+
+def test_the_grouping_margin_is_recorded(tmp_path, single_dev, monkeypatch):
+    monkeypatch.setattr(accuracy, "grouping_margin", lambda folder, examples, size: 0.5)
+    _, result = check_against(tmp_path, single_dev, monkeypatch, [1, 1, 1, 1, 0, 0, 0, 1], 1.0)
+    assert result.grouping_margin == 0.5

@@ -147,10 +147,11 @@ def write_bundle(
     model: bytes | None = None,
     metrics: dict | None = None,
     tokenizer: Tokenizer | None = None,
+    info: dict | None = None,
     **spec_changes,
 ) -> Path:
     """A bundle folder as the export stage writes it: model, tokenizer.json (`tokenizer`, else `tiny_tokenizer()`),
-    manifest with the spec (and `metrics`).
+    manifest with the spec (and `metrics`, and `info` beside the spec).
 
     The model file holds `model` when given, else the tiny ONNX model (with `bias` towards "negative"; the pair
     model when the spec takes pairs).
@@ -166,7 +167,7 @@ def write_bundle(
             recipe_hash="0" * 16,
             config_hash="0" * 16,
             metrics=metrics or {},
-            info={"bundle": bundle_spec.model_dump()},
+            info={"bundle": bundle_spec.model_dump()} | (info or {}),
         )
         mf.commit(tmp, folder, manifest)
     return folder
