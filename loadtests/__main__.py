@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
+        pairs_file = PairsFile.of(args)
         recipe = load_recipe(args.recipe, parse_overrides(rest))
         bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        pairs_file = PairsFile.of(args)
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)
         stage.run(args.force)
         result = rs.load(stage.folder)

@@ -308,10 +308,13 @@ def add_columns_arguments(parser: argparse.ArgumentParser, files: str) -> None:
     )
 
 
-def check_columns(columns: list[str] | None, files_given: bool, option: str) -> None:
-    """`UsageError` for `--columns` without a file of `option` to read them in, or naming one column twice."""
+def check_columns(columns: list[str] | None, header: bool, files_given: bool, option: str) -> None:
+    """`UsageError` for `--columns` or `--header` without a file of `option` to read them in (either would do
+    nothing), or `--columns` naming one column twice."""
     if columns and not files_given:
         raise UsageError(f"--columns names the columns of {option} files: give one")
+    if header and not files_given:
+        raise UsageError(f"--header skips the first line of {option} files: give one, or drop --header")
     if columns and columns[0] == columns[1]:
         raise UsageError(f"--columns names {columns[0]!r} twice: name the text's column, then the pair's")
 
@@ -376,7 +379,7 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
     """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
     per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
-    check_columns(args.columns, bool(args.tsv), "--tsv")
+    check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")

@@ -102,6 +102,12 @@ def test_columns_without_a_tsv_is_a_usage_error(served_pairs, capsys):
     assert "--columns names the columns of --tsv files" in err
 
 
+def test_header_without_a_tsv_is_a_usage_error_naming_both(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good", "--pair", "bad", "--header")
+    assert code == 2
+    assert "--header skips the first line of --tsv files: give one" in err
+
+
 def test_columns_naming_one_column_twice_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "--columns", "label", "label")
     assert code == 2
