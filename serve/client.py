@@ -542,8 +542,9 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         help=f"retries of a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED, with backoff, 0-{MAX_ATTEMPTS - 1} "
         "(default 3)",
     )
-    parser.add_argument("--info", action="store_true", help="print the served model's info instead")
-    parser.add_argument(
+    instead = parser.add_mutually_exclusive_group()  # each makes one call of its own, and sends no texts
+    instead.add_argument("--info", action="store_true", help="print the served model's info instead")
+    instead.add_argument(
         "--reload",
         nargs="?",
         const="",
@@ -553,6 +554,37 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "to that root",
     )
     return parser
+
+
+# The options that only a classification uses, by their `argparse` destination: --info and --reload send no texts.
+CLASSIFY_OPTIONS = {
+    "texts": "text arguments",
+    "file": "--file",
+    "pair": "--pair",
+    "tsv": "--tsv",
+    "header": "--header",
+    "columns": "--columns",
+    "kserve": "--kserve",
+    "batch_size": "--batch-size",
+    "batch_bytes": "--batch-bytes",
+}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """`UsageError` for options given where they would do nothing: those of a classification with --info or
+    --reload, --model with --reload (a Reload call names no model), and a client certificate without its key or the
+    reverse."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError(
+            "--tls-cert and --tls-key go together (a client certificate and its key): give both or neither"
+        )
+    command = "--info" if args.info else "--reload" if args.reload is not None else None
+    if command is None:
+        return
+    if unused := [option for name, option in CLASSIFY_OPTIONS.items() if getattr(args, name)]:
+        raise UsageError(f"{command} sends no texts: {', '.join(unused)} would do nothing with it; drop them")
+    if command == "--reload" and args.model:
+        raise UsageError("--reload names no model (it reloads the served bundle, or loads BUNDLE): drop --model")
 
 
 def environ_token(reload: bool) -> str | None:
@@ -582,6 +614,7 @@ def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
+        check_arguments(args)
         token = args.token or environ_token(args.reload is not None)
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
