@@ -73,8 +73,10 @@ transfer: teacher  ## build the transfer set and label it with the teacher (on t
 	$(ED) labeller $(RECIPE)
 	$(ED) transfer $(RECIPE)
 
+# Under torchrun (NPROC above 1) the ranks train each student together, so JOBS passes on only where given, for
+# distill to refuse rather than drop.
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-	$(LAUNCH) distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
+	$(LAUNCH) distill $(RECIPE) $(if $(or $(filter 1,$(NPROC)),$(filter command line,$(origin JOBS))),--jobs $(JOBS))
 
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(ED) bundles $(RECIPE)

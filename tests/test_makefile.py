@@ -26,6 +26,16 @@ def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
 
+def test_make_distill_passes_jobs_given_under_torchrun_on_to_be_refused(tmp_path):
+    assert f"edgedistill distill {tmp_path / 'mine.yaml'} --jobs 3\n" in make_dry_run(
+        tmp_path, "distill", "NPROC=2", "JOBS=3"
+    )
+
+
+def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
+    assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
+
+
 def make_refusal(*args: str) -> subprocess.CompletedProcess:
     """`make -n teacher ARGS`, which fails where make refuses a variable."""
     command = ["make", "-n", "--no-print-directory", "teacher", *args]
