@@ -147,7 +147,8 @@ soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recip
 IMAGE      ?= edgedistill-serve
 BASE_IMAGE ?= localhost/edgedistill-base:bookworm
 # BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
-# bundle is mounted at /models/bundle at run time.
+# bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would build the image without it.
+$(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into the image, BAKE=0 or none mounts it at run time))
 ifeq ($(BAKE),1)
 IMAGE_TAG   = $(IMAGE):$(notdir $(BUNDLE))
 IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BUNDLE)

@@ -50,6 +50,14 @@ def test_a_misspelt_variable_names_the_one_meant():
     assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
 
 
+def test_a_bake_value_other_than_1_stops_make():
+    assert make_refusal("BAKE=yes").returncode == 2
+
+
+def test_a_bake_value_other_than_1_says_what_bake_takes():
+    assert "BAKE=yes: BAKE=1 bakes BUNDLE into the image" in make_refusal("BAKE=yes").stderr
+
+
 def test_a_variable_for_the_commands_environment_passes(tmp_path):
     assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=it's a  film", "OMP_NUM_THREADS=2")
 
