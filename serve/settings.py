@@ -125,7 +125,9 @@ class Settings(BaseModel):
         "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine",
     )
     providers: list[str] = Field(
-        [], description="ONNX Runtime execution providers, comma-separated (empty: the bundle's)"
+        [],
+        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused for a TensorRT "
+        "engine, which runs without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(
         False,
