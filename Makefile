@@ -142,6 +142,7 @@ loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|so
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth
+	$(if $(and $(filter command line,$(origin PROFILE)),$(filter-out soak,$(PROFILE))),$(error PROFILE=$(PROFILE): make soak runs the soak profile; make loadtest PROFILE=$(PROFILE) runs that one))
 	$(MAKE) --no-print-directory loadtest PROFILE=soak
 
 IMAGE      ?= edgedistill-serve

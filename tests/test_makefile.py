@@ -36,6 +36,16 @@ def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
     assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
 
 
+def test_make_soak_with_another_profile_stops_make():
+    command = ["make", "-n", "--no-print-directory", "soak", "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "PROFILE=steady: make soak runs the soak profile" in result.stderr
+
+
+def test_make_soak_runs_the_soak_profile(tmp_path):
+    assert "loadtest PROFILE=soak" in make_dry_run(tmp_path, "soak")
+
+
 def make_refusal(*args: str) -> subprocess.CompletedProcess:
     """`make -n teacher ARGS`, which fails where make refuses a variable."""
     command = ["make", "-n", "--no-print-directory", "teacher", *args]
