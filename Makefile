@@ -41,7 +41,7 @@ help:  ## list the targets and the variables they take
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE)
-	$(ED) bench cascade $(RECIPE)
+	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
 	$(ED) report $(RECIPE)
 	@$(ED) headline $(RECIPE)

@@ -46,6 +46,10 @@ def test_make_soak_runs_the_soak_profile(tmp_path):
     assert "loadtest PROFILE=soak" in make_dry_run(tmp_path, "soak")
 
 
+def test_make_all_measures_the_cascade_given(tmp_path):
+    assert f"bench cascade {tmp_path / 'mine.yaml'} --name fast\n" in make_dry_run(tmp_path, "all", "CASCADE=fast")
+
+
 def make_refusal(*args: str) -> subprocess.CompletedProcess:
     """`make -n teacher ARGS`, which fails where make refuses a variable."""
     command = ["make", "-n", "--no-print-directory", "teacher", *args]
