@@ -41,7 +41,7 @@ help:  ## list the targets and the variables they take
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE)
-	$(ED) bench cascade $(RECIPE)
+	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
 	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
 	$(ED) report $(RECIPE)
 	@$(ED) headline $(RECIPE)
@@ -73,8 +73,10 @@ transfer: teacher  ## build the transfer set and label it with the teacher (on t
 	$(ED) labeller $(RECIPE)
 	$(ED) transfer $(RECIPE)
 
+# Under torchrun (NPROC above 1) the ranks train each student together, so JOBS passes on only where given, for
+# distill to refuse rather than drop.
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-	$(LAUNCH) distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
+	$(LAUNCH) distill $(RECIPE) $(if $(or $(filter 1,$(NPROC)),$(filter command line,$(origin JOBS))),--jobs $(JOBS))
 
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(ED) bundles $(RECIPE)
@@ -140,12 +142,14 @@ loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|so
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 
 soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recipe): errors and server memory growth
+	$(if $(and $(filter command line,$(origin PROFILE)),$(filter-out soak,$(PROFILE))),$(error PROFILE=$(PROFILE): make soak runs the soak profile; make loadtest PROFILE=$(PROFILE) runs that one))
 	$(MAKE) --no-print-directory loadtest PROFILE=soak
 
 IMAGE      ?= edgedistill-serve
 BASE_IMAGE ?= localhost/edgedistill-base:bookworm
 # BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
-# bundle is mounted at /models/bundle at run time.
+# bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would build the image without it.
+$(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into the image, BAKE=0 or none mounts it at run time))
 ifeq ($(BAKE),1)
 IMAGE_TAG   = $(IMAGE):$(notdir $(BUNDLE))
 IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BUNDLE)

@@ -42,8 +42,9 @@ def run_models(recipe, args) -> int:
 def run_serving(recipe, args) -> int:
     from edgedistill.bench import serving
 
+    pairs_file = PairsFile.of(args)
     bundle = serving.bundle_to_serve(recipe, args.bundle)
-    stage = serving.stage(recipe, bundle, args.texts, pairs_file=PairsFile.of(args))
+    stage = serving.stage(recipe, bundle, args.texts, pairs_file=pairs_file)
     stage.run(args.force)
     return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
 

@@ -1,6 +1,7 @@
 """Subprocesses of a measurement: a server started until it reports SERVING and stopped with SIGTERM, or a
 load generator run to its end; their output goes to a log file, whose tail a failure quotes."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.processes import dying_with_this_process
 from edgedistill.serve.client import health_serving, wait_ready
-from edgedistill.serve.settings import Settings, load_settings
+from edgedistill.serve.settings import Settings, env_name, load_settings
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -26,9 +27,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The server settings a measurement sets by flags, which win over their EDGEDISTILL_* variables
+MEASURED_SETTINGS = ("bundle", "host", "port", "metrics_port", "threads", "workers")
+
+
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
     """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
-    runtime's default) and `workers` processes, metrics on `metrics_port` (None: off)."""
+    runtime's default) and `workers` processes, metrics on `metrics_port` (None: off). `BenchError` where this
+    process's environment sets one of these settings: the flag would override it without a word."""
+    if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
+        raise BenchError(
+            f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, metrics "
+            "port, threads (the recipe's, e.g. --bench.serving.threads=N or --loadtest.threads=N) and workers itself; "
+            "unset them"
+        )
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
     return flags + ["--threads", str(threads), "--workers", str(workers)]

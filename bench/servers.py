@@ -124,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
     parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the bare server (default 1)")
+    parser.add_argument("--threads", type=int, help="intra-op threads of the bare server (default 1)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.bundle, args.threads))
+    if args.threads is not None and args.bundle is None:
+        parser.error(
+            "--threads sets the bare server's threads: give --bundle, or drop --threads (the echo server runs no model)"
+        )
+    asyncio.run(serve(args.host, args.port, args.bundle, 1 if args.threads is None else args.threads))
     return 0
 
 

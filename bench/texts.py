@@ -54,7 +54,7 @@ class PairsFile:
         """The `--pairs`, `--header` and `--columns` of `add_texts_arguments`, checked as the client checks its own;
         None without `--pairs`."""
         try:
-            check_columns(args.columns, args.pairs is not None, "--pairs")
+            check_columns(args.columns, args.header, args.pairs is not None, "--pairs")
         except UsageError as err:
             raise BenchError(str(err)) from None
         if args.pairs is None:

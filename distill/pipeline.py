@@ -66,6 +66,11 @@ def _transfer_and_students(
     already), then the students and their baselines, then the table."""
     if recipe.transfer is None or recipe.distill is None:
         raise RecipeError(f"{recipe_file}: needs `transfer` and `distill` sections for stage {stage}")
+    if jobs > 1 and dist.world_size() > 1:  # the processes of torchrun train each student together, one at a time
+        raise RecipeError(
+            f"--jobs {jobs} trains students in parallel processes of one launch, and torchrun already runs "
+            f"{dist.world_size()} processes training each student together: drop --jobs (make: NPROC=1 for JOBS)"
+        )
     unknown = set(only or ()) - set(recipe.distill.students)
     if unknown:
         raise RecipeError(

@@ -28,6 +28,23 @@ from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
+def scenarios_override(overrides: dict[str, object], profile: str) -> str | None:
+    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, or a section above it holding
+    them), which `--scenarios` would override in turn; None where none does."""
+    path = ["loadtest", profile, "scenarios"]
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts != path[: len(parts)]:
+            continue
+        for part in path[len(parts) :]:
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            return key
+    return None
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
     add_recipe_argument(parser)
@@ -47,10 +64,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
-        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        pairs_file = PairsFile.of(args)
+        overrides = parse_overrides(rest)
+        if args.scenarios and (key := scenarios_override(overrides, args.profile)):
+            raise runner.LoadtestError(
+                f"--{key} would do nothing: --scenarios (default ${SCENARIOS_VAR}, set to {args.scenarios!r}) gives "
+                "the weights instead; give one of them"
+            )
+        recipe = load_recipe(args.recipe, overrides)
         bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
-        pairs_file = PairsFile.of(args)
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)
         stage.run(args.force)
         result = rs.load(stage.folder)

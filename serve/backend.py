@@ -20,8 +20,15 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
     (empty: the bundle's), `threads` and `spin`.
 
-    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU.
+    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU; so do
+    providers requested for a TensorRT engine, which runs on its GPU whatever they say.
     """
+    if settings.providers and bundle.spec.runtime == "tensorrt":
+        raise BundleRejected(
+            f"{bundle.folder} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
+            f"{env_name('providers')} ({flag_name('providers')}) {','.join(settings.providers)} would do nothing; unset "
+            "it, or serve an ONNX bundle (runtime 'onnxruntime') on those providers"
+        )
     try:
         runner = open_bundle(
             bundle,

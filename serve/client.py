@@ -308,10 +308,13 @@ def add_columns_arguments(parser: argparse.ArgumentParser, files: str) -> None:
     )
 
 
-def check_columns(columns: list[str] | None, files_given: bool, option: str) -> None:
-    """`UsageError` for `--columns` without a file of `option` to read them in, or naming one column twice."""
+def check_columns(columns: list[str] | None, header: bool, files_given: bool, option: str) -> None:
+    """`UsageError` for `--columns` or `--header` without a file of `option` to read them in (either would do
+    nothing), or `--columns` naming one column twice."""
     if columns and not files_given:
         raise UsageError(f"--columns names the columns of {option} files: give one")
+    if header and not files_given:
+        raise UsageError(f"--header skips the first line of {option} files: give one, or drop --header")
     if columns and columns[0] == columns[1]:
         raise UsageError(f"--columns names {columns[0]!r} twice: name the text's column, then the pair's")
 
@@ -376,7 +379,7 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
 def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
     """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
     per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
-    check_columns(args.columns, bool(args.tsv), "--tsv")
+    check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
@@ -539,8 +542,9 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         help=f"retries of a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED, with backoff, 0-{MAX_ATTEMPTS - 1} "
         "(default 3)",
     )
-    parser.add_argument("--info", action="store_true", help="print the served model's info instead")
-    parser.add_argument(
+    instead = parser.add_mutually_exclusive_group()  # each makes one call of its own, and sends no texts
+    instead.add_argument("--info", action="store_true", help="print the served model's info instead")
+    instead.add_argument(
         "--reload",
         nargs="?",
         const="",
@@ -550,6 +554,37 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "to that root",
     )
     return parser
+
+
+# The options that only a classification uses, by their `argparse` destination: --info and --reload send no texts.
+CLASSIFY_OPTIONS = {
+    "texts": "text arguments",
+    "file": "--file",
+    "pair": "--pair",
+    "tsv": "--tsv",
+    "header": "--header",
+    "columns": "--columns",
+    "kserve": "--kserve",
+    "batch_size": "--batch-size",
+    "batch_bytes": "--batch-bytes",
+}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """`UsageError` for options given where they would do nothing: those of a classification with --info or
+    --reload, --model with --reload (a Reload call names no model), and a client certificate without its key or the
+    reverse."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError(
+            "--tls-cert and --tls-key go together (a client certificate and its key): give both or neither"
+        )
+    command = "--info" if args.info else "--reload" if args.reload is not None else None
+    if command is None:
+        return
+    if unused := [option for name, option in CLASSIFY_OPTIONS.items() if getattr(args, name)]:
+        raise UsageError(f"{command} sends no texts: {', '.join(unused)} would do nothing with it; drop them")
+    if command == "--reload" and args.model:
+        raise UsageError("--reload names no model (it reloads the served bundle, or loads BUNDLE): drop --model")
 
 
 def environ_token(reload: bool) -> str | None:
@@ -579,6 +614,7 @@ def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
     args = build_parser(prog).parse_args(argv)
     try:
+        check_arguments(args)
         token = args.token or environ_token(args.reload is not None)
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)

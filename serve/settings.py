@@ -125,7 +125,9 @@ class Settings(BaseModel):
         "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine",
     )
     providers: list[str] = Field(
-        [], description="ONNX Runtime execution providers, comma-separated (empty: the bundle's)"
+        [],
+        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused for a TensorRT "
+        "engine, which runs without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(
         False,
@@ -164,8 +166,9 @@ class Settings(BaseModel):
     )
     reload_root: Path | None = Field(
         None,
-        description="Reload calls may name bundles inside this folder (with ADMIN_TOKEN), a relative bundle_path "
-        "naming one of its folders; unset: Reload only reloads the bundle being served",
+        description="Reload calls may name bundles inside this folder, a relative bundle_path naming one of its "
+        "folders; needs ADMIN_TOKEN, and one worker (WORKERS=1, or 0 on one core): a call reaches one worker; unset: "
+        "Reload only reloads the bundle being served",
     )
     access_log: bool = Field(
         False, description="log every successful call as well (failed calls are always logged); costs throughput"
@@ -230,6 +233,11 @@ class Settings(BaseModel):
             raise ValueError("admin_token must differ from token, so a client allowed to classify cannot reload")
         if self.reload_root is not None and self.reload_root.resolve().parent == self.reload_root.resolve():
             raise ValueError(f"reload_root {self.reload_root} is a file system root: name the folder of the bundles")
+        if self.reload_root is not None and self.admin_token is None:
+            raise ValueError(
+                "reload_root lets Reload calls name a bundle, and Reload is off without admin_token: set admin_token "
+                "too, or unset reload_root"
+            )
         if self.max_texts > self.max_queued:
             raise ValueError(f"max_texts ({self.max_texts}) must not exceed max_queued ({self.max_queued})")
         return self

@@ -407,5 +407,11 @@ class Supervisor:
 
 
 def supervise(settings: Settings, argv: list[str], count: int) -> int:
-    """Run `count` workers of `python -m serve` with the flags `argv`; the exit status (see the module doc)."""
+    """Run `count` workers of `python -m serve` with the flags `argv`; the exit status (see the module doc).
+    `SettingsError` for a RELOAD_ROOT, which no worker could use: a Reload call naming a bundle reaches one."""
+    if settings.reload_root is not None:
+        raise SettingsError(
+            f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
+            f"{settings.workers}) refuses, as the call reaches one of them: set WORKERS=1, or unset RELOAD_ROOT"
+        )
     return Supervisor(settings, argv, count).run()

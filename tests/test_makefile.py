@@ -26,6 +26,30 @@ def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
 
+def test_make_distill_passes_jobs_given_under_torchrun_on_to_be_refused(tmp_path):
+    assert f"edgedistill distill {tmp_path / 'mine.yaml'} --jobs 3\n" in make_dry_run(
+        tmp_path, "distill", "NPROC=2", "JOBS=3"
+    )
+
+
+def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
+    assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
+
+
+def test_make_soak_with_another_profile_stops_make():
+    command = ["make", "-n", "--no-print-directory", "soak", "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "PROFILE=steady: make soak runs the soak profile" in result.stderr
+
+
+def test_make_soak_runs_the_soak_profile(tmp_path):
+    assert "loadtest PROFILE=soak" in make_dry_run(tmp_path, "soak")
+
+
+def test_make_all_measures_the_cascade_given(tmp_path):
+    assert f"bench cascade {tmp_path / 'mine.yaml'} --name fast\n" in make_dry_run(tmp_path, "all", "CASCADE=fast")
+
+
 def make_refusal(*args: str) -> subprocess.CompletedProcess:
     """`make -n teacher ARGS`, which fails where make refuses a variable."""
     command = ["make", "-n", "--no-print-directory", "teacher", *args]
@@ -38,6 +62,14 @@ def test_a_misspelt_variable_stops_make():
 
 def test_a_misspelt_variable_names_the_one_meant():
     assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
+
+
+def test_a_bake_value_other_than_1_stops_make():
+    assert make_refusal("BAKE=yes").returncode == 2
+
+
+def test_a_bake_value_other_than_1_says_what_bake_takes():
+    assert "BAKE=yes: BAKE=1 bakes BUNDLE into the image" in make_refusal("BAKE=yes").stderr
 
 
 def test_a_variable_for_the_commands_environment_passes(tmp_path):

@@ -121,3 +121,10 @@ def test_a_measured_server_given_tls_is_refused_at_once(bundle, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_TLS_KEY", "key.pem")
     with pytest.raises(BenchError, match="measurements call the server over plaintext"):
         measured_server(bundle, 1)
+
+
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_THREADS", "EDGEDISTILL_WORKERS", "EDGEDISTILL_PORT"])
+def test_a_variable_a_measured_servers_flag_would_override_is_refused_naming_it(bundle, monkeypatch, variable):
+    monkeypatch.setenv(variable, "4")
+    with pytest.raises(BenchError, match=f"{variable} would do nothing: a measurement sets the server's"):
+        measured_server(bundle, 1)

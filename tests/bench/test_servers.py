@@ -63,3 +63,32 @@ def test_the_echo_servers_command_serves_no_bundle():
 
 def test_the_bare_servers_command_names_its_bundle_and_threads(tmp_path):
     assert servers.command(50052, tmp_path, threads=2)[-4:] == ["--bundle", str(tmp_path), "--threads", "2"]
+
+
+@pytest.fixture
+def served_with(monkeypatch):
+    """The arguments `servers.main` would start a server with, recorded instead of serving."""
+    calls = []
+
+    async def record(*args):
+        calls.append(args)
+
+    monkeypatch.setattr(servers, "serve", record)
+    return calls
+
+
+def test_threads_without_a_bundle_are_refused_by_the_parser(served_with):
+    with pytest.raises(SystemExit) as exited:
+        servers.main(["--port", "0", "--threads", "2"])
+    assert exited.value.code == 2
+
+
+def test_threads_without_a_bundle_are_refused_naming_both(served_with, capsys):
+    with pytest.raises(SystemExit):
+        servers.main(["--port", "0", "--threads", "2"])
+    assert "--threads sets the bare server's threads: give --bundle" in capsys.readouterr().err
+
+
+def test_the_bare_server_takes_one_thread_unless_told(served_with, tmp_path):
+    servers.main(["--port", "0", "--bundle", str(tmp_path)])
+    assert served_with == [("127.0.0.1", 0, tmp_path, 1)]

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 from edgedistill.distill import __main__ as distill_main
+from edgedistill.distill import pipeline
 from edgedistill.distill.students import ARCHITECTURES
 
 from tests.conftest import ROOT
@@ -37,6 +38,12 @@ def test_jobs_below_one_says_it_must_be_at_least_1(capsys):
     with pytest.raises(SystemExit):
         distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "0"])
     assert "argument --jobs: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_jobs_under_torchrun_are_refused_naming_both(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline.dist, "world_size", lambda: 2)  # as under torchrun --nproc_per_node=2
+    assert distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "2"]) == 2
+    assert "--jobs 2 trains students in parallel processes of one launch, and torchrun" in capsys.readouterr().err
 
 
 def test_a_pair_task_whose_init_tokenizer_marks_no_boundary_between_the_texts_stops_before_pretraining(

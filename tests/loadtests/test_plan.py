@@ -8,7 +8,10 @@ from typing import get_args
 import pytest
 from edgedistill.common.config.measure import LoadtestConfig, Scenario
 from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.loadtests import __main__ as loadtests_main
 from edgedistill.loadtests import plan
+
+from tests.conftest import ROOT
 
 MINIMAL = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"
 
@@ -109,3 +112,22 @@ def locustfile_scenarios() -> set[str]:
 
 def test_every_scenario_a_recipe_can_name_has_a_task_in_the_locustfile():
     assert locustfile_scenarios() == set(get_args(Scenario))
+
+
+SMOKE_RECIPE = str(ROOT / "recipes" / "smoke.yaml")
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["--loadtest.smoke.scenarios={batch: 1}", "--loadtest.smoke={scenarios: {batch: 1}}"],
+    ids=["key", "section"],
+)
+def test_scenarios_with_an_override_of_the_profiles_scenarios_are_refused_naming_both(capsys, override):
+    assert loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", override]) == 2
+    assert f"{override.partition('=')[0]} would do nothing: --scenarios" in capsys.readouterr().err
+
+
+def test_scenarios_from_the_variable_with_an_override_of_them_are_refused(capsys, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
+    loadtests_main.main([SMOKE_RECIPE, "--loadtest.smoke.scenarios={batch: 1}"])
+    assert "(default $EDGEDISTILL_LOADTEST_SCENARIOS, set to 'single=1')" in capsys.readouterr().err

@@ -102,6 +102,12 @@ def test_columns_without_a_tsv_is_a_usage_error(served_pairs, capsys):
     assert "--columns names the columns of --tsv files" in err
 
 
+def test_header_without_a_tsv_is_a_usage_error_naming_both(served_pairs, capsys):
+    code, _, err = run(capsys, "--address", served_pairs.address, "good", "--pair", "bad", "--header")
+    assert code == 2
+    assert "--header skips the first line of --tsv files: give one" in err
+
+
 def test_columns_naming_one_column_twice_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "--columns", "label", "label")
     assert code == 2
@@ -439,3 +445,43 @@ def test_a_call_refused_for_another_reason_names_no_input_shape(served, capsys):
     code, _, err = run(capsys, "--address", served.address, "")
     assert code == 1
     assert "hint" not in json.loads(err)["error"]
+
+
+# Each refused before any call: no server is needed.
+@pytest.mark.parametrize(
+    "given",
+    [["good"], ["--file", "texts.txt"], ["--tsv", "pairs.tsv"], ["--kserve"], ["--batch-size", "4"]],
+    ids=["text", "file", "tsv", "kserve", "batch-size"],
+)
+@pytest.mark.parametrize(
+    "command", [["--info"], ["--reload"], ["--reload", "bundle-v2"]], ids=["info", "reload", "path"]
+)
+def test_classification_options_with_info_or_reload_are_a_usage_error_naming_both(capsys, command, given):
+    code, _, err = run(capsys, *given, *command)
+    assert code == 2
+    assert f"{command[0]} sends no texts: " in err
+
+
+def test_classification_options_with_info_are_named_in_the_error(capsys):
+    _, _, err = run(capsys, "--info", "--kserve", "--batch-size", "4")
+    assert "--kserve, --batch-size would do nothing" in err
+
+
+def test_a_model_with_reload_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "--reload", "--model", "tiny-sentiment")
+    assert code == 2
+    assert "--reload names no model" in err
+
+
+def test_info_and_reload_together_are_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--info", "--reload"])
+    assert exited.value.code == 2
+    assert "argument --reload: not allowed with argument --info" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key"])
+def test_a_client_certificate_or_key_alone_is_a_usage_error(tmp_path, capsys, flag):
+    code, _, err = run(capsys, flag, str(tmp_path / "client.pem"), "good")
+    assert code == 2
+    assert "--tls-cert and --tls-key go together" in err

@@ -83,9 +83,9 @@ def test_any_arguments_end_in_predictions_a_usage_error_or_a_client_error(served
         assert json.loads(err)["error"]["code"] in CLIENT_ERRORS
 
 
-@pytest.mark.parametrize("flag", ["--tls-ca", "--tls-cert"])
-def test_a_tls_file_that_cannot_be_read_is_a_usage_error(tmp_path, flag):
-    code, _, err = outcome([flag, str(tmp_path / "absent.pem"), "good"])
+@pytest.mark.parametrize("flags", [["--tls-ca"], ["--tls-cert", "--tls-key"]], ids=["ca", "client certificate"])
+def test_a_tls_file_that_cannot_be_read_is_a_usage_error(tmp_path, flags):
+    code, _, err = outcome([*(part for flag in flags for part in (flag, str(tmp_path / "absent.pem"))), "good"])
     assert code == 2
     assert "absent.pem" in err
 

@@ -96,6 +96,11 @@ def test_a_file_system_root_is_refused_as_the_reload_root(root):
         load_settings([], {"EDGEDISTILL_RELOAD_ROOT": root})
 
 
+def test_a_reload_root_without_an_admin_token_is_refused_naming_both(tmp_path):
+    with pytest.raises(SettingsError, match="reload_root lets Reload calls name a bundle, and Reload is off without "):
+        load_settings([], {"EDGEDISTILL_RELOAD_ROOT": str(tmp_path)})
+
+
 def test_the_admin_token_must_differ_from_the_classify_token():
     with pytest.raises(SettingsError, match="admin_token must differ from token"):
         load_settings([], {"EDGEDISTILL_TOKEN": "same", "EDGEDISTILL_ADMIN_TOKEN": "same"})

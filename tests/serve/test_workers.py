@@ -164,9 +164,7 @@ def test_sighup_reloads_every_worker(two_workers):
 
 def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_path):
     folder = write_bundle(tmp_path / "bundle")
-    server = spawn(
-        folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
-    )
+    server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin")
     serving = server.wait_for("workers_serving", timeout=60)
     write_bundle(folder, version="2")
     admin = [("authorization", "Bearer admin")]
@@ -182,6 +180,23 @@ def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_p
         "not every worker reloaded",
     )
     assert set(answering_pids(serving["port"])) == {(pid, "2") for pid in serving["workers"]}
+
+
+def test_a_reload_root_with_several_workers_stops_the_server_with_status_2(spawn, bundle, tmp_path):
+    server = spawn(
+        bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
+    )
+    assert server.proc.wait(60) == 2
+
+
+def test_a_reload_root_with_several_workers_is_refused_naming_both(spawn, bundle, tmp_path):
+    server = spawn(
+        bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
+    )
+    assert (
+        "RELOAD_ROOT lets a Reload call name a bundle, which a server of 2 workers (WORKERS=2)"
+        in server.wait_for("start_failed", timeout=60)["msg"]
+    )
 
 
 def test_sighup_while_the_workers_start_reloads_them_once_they_serve(spawn, bundle):
