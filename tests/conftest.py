@@ -35,6 +35,16 @@ def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProce
     return subprocess.run([PYTHON, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
+def distill_here(capsys, *args) -> subprocess.CompletedProcess:
+    """`python -m distill *args` run in this process (the module's `main`), for a stage that stops before it trains:
+    its exit status and what it printed."""
+    from edgedistill.distill.__main__ import main
+
+    status = main(list(map(str, args)))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
+
+
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m export *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     return run_module("export", runs, *args)

@@ -12,7 +12,6 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import heads
-from edgedistill.distill.__main__ import main as distill_main
 from edgedistill.distill.finetune import reinit_top_layers
 from transformers import (
     AutoModelForSequenceClassification,
@@ -23,7 +22,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, free_port
+from tests.conftest import PYTHON, ROOT, distill_here, free_port
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -35,14 +34,6 @@ def run_stage(*args, env_extra=None, **kw):
     return subprocess.run(
         [PYTHON, "-m", "distill", *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, **kw
     )
-
-
-def stage_here(capsys, *args) -> subprocess.CompletedProcess:
-    """`python -m distill *args` run in this process (the module's `main`), for a stage that stops before it trains:
-    its exit status and what it printed."""
-    status = distill_main(list(map(str, args)))
-    printed = capsys.readouterr()
-    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
 
 
 def majority_rate(labels_file: Path, limit: int) -> float:
@@ -80,21 +71,21 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
 
 
 def test_bad_recipe_and_data_fail_with_a_clear_message(capsys, tmp_path):
-    result = stage_here(capsys, "teacher", SMOKE, "--finetune.optim.lrr=1")
+    result = distill_here(capsys, "teacher", SMOKE, "--finetune.optim.lrr=1")
     assert result.returncode == 2
     assert "finetune.optim.lrr" in result.stderr
-    result = stage_here(
+    result = distill_here(
         capsys, "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
     )
     assert result.returncode == 2
     assert "none.tsv: file not found" in result.stderr
-    result = stage_here(capsys, "finetune", SMOKE)
+    result = distill_here(capsys, "finetune", SMOKE)
     assert result.returncode == 2
     assert "pretrain is not a finished artifact" in result.stderr
 
 
 def test_a_wrong_column_fails_the_teacher_before_pretraining(capsys, tmp_path):
-    result = stage_here(
+    result = distill_here(
         capsys, "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
     )
     assert "missing column(s) ['review']" in result.stderr
@@ -106,7 +97,7 @@ def test_a_bad_test_split_fails_before_any_training(capsys, stage, tmp_path):
     test = tmp_path / "test.tsv"
     test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
     without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
-    result = stage_here(capsys, stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
+    result = distill_here(capsys, stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
     assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
 
@@ -117,7 +108,7 @@ def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_trai
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
     split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
-    result = stage_here(capsys, "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    result = distill_here(capsys, "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
     assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
     assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
 
@@ -242,7 +233,7 @@ def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
 def test_cuda_on_a_machine_without_one_fails_before_any_work(capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the error of a machine without CUDA")
-    result = stage_here(capsys, "teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
+    result = distill_here(capsys, "teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
     assert result.returncode == 2
     assert "runtime.device=cuda but no CUDA device visible" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "nocuda").exists()
@@ -344,7 +335,7 @@ def test_reinit_layers_past_the_model_is_refused():
 
 
 def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
-    result = stage_here(
+    result = distill_here(
         capsys,
         "teacher",
         SMOKE,
@@ -369,19 +360,19 @@ def short_gpt2(tmp_path, data_dir) -> Path:
 def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(capsys, stage, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
     without = ["--pretrain=null"] if stage == "finetune" else []
-    result = stage_here(capsys, stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
+    result = distill_here(capsys, stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
     assert f"model.family=bert wants a BERT-style encoder, but {init} is a gpt2" in result.stderr
 
 
 def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = stage_here(capsys, "finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
+    result = distill_here(capsys, "finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
     assert f"model.max_length=64, but {init} has 32 positions" in result.stderr
 
 
 def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = stage_here(capsys, "pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
+    result = distill_here(capsys, "pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
     assert f"pretrain.seq_len=64, but {init} has 32 positions" in result.stderr
 
 
