@@ -81,8 +81,9 @@ def data_dir() -> Path:
     return path
 
 
-def run_smoke(runs: Path, module: str, stage: str) -> None:
-    """`python -m module stage recipes/smoke.yaml` into the runs folder `runs`; fails the caller if it fails."""
+def run_smoke(runs: Path, module: str, stage: str) -> str:
+    """`python -m module stage recipes/smoke.yaml` into the runs folder `runs`; what it printed. Fails the caller if
+    it fails."""
     env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
     result = subprocess.run(
         [PYTHON, "-m", module, stage, str(ROOT / "recipes" / "smoke.yaml")],
@@ -93,6 +94,7 @@ def run_smoke(runs: Path, module: str, stage: str) -> None:
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
@@ -113,7 +115,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
 
 def build_smoke_run(runs: Path) -> None:
     for stage in ("teacher", "distill"):
-        run_smoke(runs, "distill", stage)
+        (runs / f"{stage}.out").write_text(run_smoke(runs, "distill", stage))
 
 
 @pytest.fixture(scope="session")
@@ -123,6 +125,12 @@ def smoke_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("smoke-runs")
     shutil.copytree(built_once(tmp_path_factory, "smoke-run", build_smoke_run) / "smoke", runs / "smoke")
     return runs / "smoke"
+
+
+@pytest.fixture(scope="session")
+def smoke_teacher_said(tmp_path_factory) -> str:
+    """What `python -m distill teacher recipes/smoke.yaml` printed when it built `smoke_run`'s teacher."""
+    return (built_once(tmp_path_factory, "smoke-run", build_smoke_run) / "teacher.out").read_text()
 
 
 @pytest.fixture(scope="session")
