@@ -45,6 +45,16 @@ def distill_here(capsys, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, status, printed.out, printed.err)
 
 
+def export_here(capsys, *args) -> subprocess.CompletedProcess:
+    """`python -m export *args` run in this process (the module's `main`), for an export refused before it builds:
+    its exit status and what it printed."""
+    from edgedistill.export.__main__ import main
+
+    status = main(list(map(str, args)))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
+
+
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m export *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     return run_module("export", runs, *args)
