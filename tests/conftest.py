@@ -5,9 +5,11 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from edgedistill.common import locks
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -31,6 +33,26 @@ def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProce
     """`python -m module *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "EDGEDISTILL_TORCH_THREADS": "1"}
     return subprocess.run([PYTHON, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def distill_here(capsys, *args) -> subprocess.CompletedProcess:
+    """`python -m distill *args` run in this process (the module's `main`), for a stage that stops before it trains:
+    its exit status and what it printed."""
+    from edgedistill.distill.__main__ import main
+
+    status = main(list(map(str, args)))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
+
+
+def export_here(capsys, *args) -> subprocess.CompletedProcess:
+    """`python -m export *args` run in this process (the module's `main`), for an export refused before it builds:
+    its exit status and what it printed."""
+    from edgedistill.export.__main__ import main
+
+    status = main(list(map(str, args)))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
 
 
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
@@ -69,35 +91,12 @@ def data_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory) -> Path:
-    """`runs/smoke/` after the teacher and distill stages of recipes/smoke.yaml, built once per session."""
-    runs = tmp_path_factory.mktemp("smoke-runs")
+def run_smoke(runs: Path, module: str, stage: str) -> str:
+    """`python -m module stage recipes/smoke.yaml` into the runs folder `runs`; what it printed. Fails the caller if
+    it fails."""
     env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    for stage in ("teacher", "distill"):
-        result = subprocess.run(
-            [PYTHON, "-m", "distill", stage, str(ROOT / "recipes" / "smoke.yaml")],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-    return runs / "smoke"
-
-
-@pytest.fixture(scope="session")
-def smoke_bundles(smoke_run) -> Path:
-    """`smoke_run` plus every bundle of recipes/smoke.yaml."""
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(smoke_run.parent),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
     result = subprocess.run(
-        [PYTHON, "-m", "export", "bundles", str(ROOT / "recipes" / "smoke.yaml")],
+        [PYTHON, "-m", module, stage, str(ROOT / "recipes" / "smoke.yaml")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -105,6 +104,54 @@ def smoke_bundles(smoke_run) -> Path:
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `build(folder)` fills, built once for the whole test run: pytest-xdist's workers share it (the
+    first to ask builds it under a lock while the others wait) instead of each training it again. Callers copy it
+    and write only in their copy."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the run's base folder, above each worker's own
+    shared = root / f"built-{name}"
+    with locks.exclusive(root / f"built-{name}.lock", f"tests' {name}"):
+        if not (shared / ".built").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            build(shared)
+            (shared / ".built").touch()
+    return shared
+
+
+def build_smoke_run(runs: Path) -> None:
+    for stage in ("teacher", "distill"):
+        (runs / f"{stage}.out").write_text(run_smoke(runs, "distill", stage))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """`runs/smoke/` after the teacher and distill stages of recipes/smoke.yaml, built once per test run; this
+    process's own copy."""
+    runs = tmp_path_factory.mktemp("smoke-runs")
+    shutil.copytree(built_once(tmp_path_factory, "smoke-run", build_smoke_run) / "smoke", runs / "smoke")
+    return runs / "smoke"
+
+
+@pytest.fixture(scope="session")
+def smoke_teacher_said(tmp_path_factory) -> str:
+    """What `python -m distill teacher recipes/smoke.yaml` printed when it built `smoke_run`'s teacher."""
+    return (built_once(tmp_path_factory, "smoke-run", build_smoke_run) / "teacher.out").read_text()
+
+
+@pytest.fixture(scope="session")
+def smoke_bundles(smoke_run, tmp_path_factory) -> Path:
+    """`smoke_run` plus every bundle of recipes/smoke.yaml."""
+
+    def build(runs: Path) -> None:
+        shutil.copytree(smoke_run, runs / "smoke")
+        run_smoke(runs, "export", "bundles")
+
+    shutil.copytree(built_once(tmp_path_factory, "smoke-bundles", build) / "smoke", smoke_run, dirs_exist_ok=True)
     return smoke_run
 
 

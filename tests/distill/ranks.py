@@ -1,11 +1,19 @@
-"""Run a function on two real gloo ranks, each a spawned process, as torchrun would on one machine."""
+"""Run a function on two real gloo ranks, each a process of its own, as torchrun would on one machine."""
 
 import multiprocessing
+import os
 
 import torch.distributed as torch_dist
 
+# What the ranks' server imports once, so that each rank starts without importing torch again (seconds each).
+PRELOAD = ["torch.distributed", "edgedistill.distill.dist", "edgedistill.distill.trainer"]
 
-def _on_rank(rank: int, store: str, job, args, results) -> None:
+
+def _on_rank(rank: int, store: str, environ: dict, cwd: str, job, args, results) -> None:
+    # the server was started by an earlier test: take this test's environment and folder, as a spawned process would
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         results.put((rank, job(*args)))
@@ -14,11 +22,16 @@ def _on_rank(rank: int, store: str, job, args, results) -> None:
 
 
 def on_two_ranks(tmp_path, job, *args) -> dict:
-    """`job(*args)`'s result on each of two gloo ranks, by rank (a module-level `job`, for the spawned processes)."""
-    context = multiprocessing.get_context("spawn")
+    """`job(*args)`'s result on each of two gloo ranks, by rank (a module-level `job`, for the new processes). The
+    ranks are forked from multiprocessing's forkserver, a clean process that imported PRELOAD, not from pytest."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # read when the server starts: the first call of the test process
     results = context.Queue()
+    environ, cwd = dict(os.environ), os.getcwd()
     procs = [
-        context.Process(target=_on_rank, args=(r, str(tmp_path / "store"), job, args, results), daemon=True)
+        context.Process(
+            target=_on_rank, args=(r, str(tmp_path / "store"), environ, cwd, job, args, results), daemon=True
+        )
         for r in (0, 1)
     ]
     for proc in procs:

@@ -29,6 +29,18 @@ def check_from_two_ranks(tmp_path, folders: list[str]) -> dict[int, str]:
     return on_two_ranks(tmp_path, _check, folders)
 
 
+def _environment_variable(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_environment_of_the_test_that_starts_them(tmp_path, monkeypatch):
+    (tmp_path / "before").mkdir()
+    on_two_ranks(tmp_path / "before", _environment_variable, "PATH")  # the ranks' server runs from here on
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "this-test"))
+    said = on_two_ranks(tmp_path, _environment_variable, "EDGEDISTILL_RUNS_DIR")
+    assert said == {0: str(tmp_path / "this-test"), 1: str(tmp_path / "this-test")}
+
+
 def test_ranks_that_share_the_run_folder_pass(tmp_path):
     shared = str(tmp_path / "runs")
     assert check_from_two_ranks(tmp_path, [shared, shared]) == {0: "ok", 1: "ok"}

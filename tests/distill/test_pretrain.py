@@ -9,7 +9,7 @@ from edgedistill.distill.pretrain import LanguageModelObjective, build_model, ma
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel, RobertaConfig, RobertaForMaskedLM
 
-from tests.conftest import ROOT, run_module
+from tests.conftest import ROOT, distill_here
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
 
@@ -104,12 +104,11 @@ def test_two_ranks_share_one_scratch_tokenizer(data_dir, tmp_path):
     assert vocab[0] == vocab[1]
 
 
-def test_too_few_lines_to_hold_out_fail_naming_the_settings(tmp_path):
-    result = run_module(
-        "distill",
-        tmp_path,
+def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):
+    result = distill_here(
+        capsys,
         "pretrain",
-        str(ROOT / "recipes" / "smoke.yaml"),
+        ROOT / "recipes" / "smoke.yaml",
         "--pretrain.eval_files=[]",
         "--pretrain.train_max_lines=10",
         "--pretrain.eval_holdout_lines=500",

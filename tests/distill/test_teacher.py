@@ -22,7 +22,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, free_port
+from tests.conftest import PYTHON, ROOT, distill_here, free_port
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,22 @@ def majority_rate(labels_file: Path, limit: int) -> float:
     return max(labels.count("0"), labels.count("1")) / len(labels)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt"])
-def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
+def scratch_teacher(family: str, request) -> tuple[Path, list[str], str]:
+    """The run folder of the smoke recipe's teacher of `family`, pretrained from scratch then fine-tuned; the
+    arguments of the stage that built it; what the stage printed. The BERT one is the session's smoke run (the same
+    stage of the same recipe); the GPT one is trained here."""
+    if family == "bert":
+        return request.getfixturevalue("smoke_run"), [], request.getfixturevalue("smoke_teacher_said")
     # a GPT's blocks cannot seed the recipe's transformer student: it starts afresh (else the recipe is refused)
-    fresh = ["--distill.students.transformer.init_from_teacher=false"] if family == "gpt" else []
-    result = run_stage("teacher", SMOKE, f"--model.family={family}", f"--name=smoke-{family}", *fresh)
+    args = ["--model.family=gpt", "--name=smoke-gpt", "--distill.students.transformer.init_from_teacher=false"]
+    result = run_stage("teacher", SMOKE, *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / f"smoke-{family}"
+    return Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-gpt", args, result.stdout
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir, request):
+    runs, args, said = scratch_teacher(family, request)
     pre = mf.load(runs / "pretrain")
     assert pre.info["objective"] == ("mlm" if family == "bert" else "clm")
     assert pre.metrics["perplexity_after"] < pre.metrics["perplexity_before"]
@@ -57,7 +66,7 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
         assert key in teacher.metrics
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
     assert "tokenizer.json" in teacher.files
-    assert "[teacher]" in result.stdout
+    assert "[teacher]" in said
 
     model = AutoModelForSequenceClassification.from_pretrained(runs / "teacher")
     tokenizer = AutoTokenizer.from_pretrained(runs / "teacher")
@@ -65,48 +74,50 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir):
     assert logits.shape == (2, 2)
     assert model.config.id2label == {0: "negative", 1: "positive"}
 
-    again = run_stage("teacher", SMOKE, f"--model.family={family}", f"--name=smoke-{family}", *fresh)
+    again = run_stage("teacher", SMOKE, *args, env_extra={"EDGEDISTILL_RUNS_DIR": str(runs.parent)})
     assert "up to date" in again.stdout
     assert mf.load(runs / "teacher") == teacher
 
 
-def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
-    result = run_stage("teacher", SMOKE, "--finetune.optim.lrr=1")
+def test_bad_recipe_and_data_fail_with_a_clear_message(capsys, tmp_path):
+    result = distill_here(capsys, "teacher", SMOKE, "--finetune.optim.lrr=1")
     assert result.returncode == 2
     assert "finetune.optim.lrr" in result.stderr
-    result = run_stage("finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x")
+    result = distill_here(
+        capsys, "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
+    )
     assert result.returncode == 2
     assert "none.tsv: file not found" in result.stderr
-    result = run_stage("finetune", SMOKE)
+    result = distill_here(capsys, "finetune", SMOKE)
     assert result.returncode == 2
     assert "pretrain is not a finished artifact" in result.stderr
 
 
-def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
-    result = run_stage(
-        "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
+def test_a_wrong_column_fails_the_teacher_before_pretraining(capsys, tmp_path):
+    result = distill_here(
+        capsys, "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
     )
     assert "missing column(s) ['review']" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-column" / "pretrain").exists()
 
 
 @pytest.mark.parametrize("stage", ["teacher", "finetune"])
-def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
+def test_a_bad_test_split_fails_before_any_training(capsys, stage, tmp_path):
     test = tmp_path / "test.tsv"
     test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
     without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
-    result = run_stage(stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
+    result = distill_here(capsys, stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
     assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
 
 
-def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(tmp_path):
+def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(capsys, tmp_path):
     train = tmp_path / "train.tsv"
     train.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\nstill more\t1\n")
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
     split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
-    result = run_stage("finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    result = distill_here(capsys, "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
     assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
     assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
 
@@ -228,10 +239,10 @@ def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
 
 
-def test_cuda_on_a_machine_without_one_fails_before_any_work():
+def test_cuda_on_a_machine_without_one_fails_before_any_work(capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the error of a machine without CUDA")
-    result = run_stage("teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
+    result = distill_here(capsys, "teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
     assert result.returncode == 2
     assert "runtime.device=cuda but no CUDA device visible" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "nocuda").exists()
@@ -332,9 +343,14 @@ def test_reinit_layers_past_the_model_is_refused():
         reinit_top_layers(tiny_classifier("bert"), 3)
 
 
-def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist():
-    result = run_stage(
-        "teacher", SMOKE, "--transfer.unlabelled_files=[nowhere.txt]", "--data.text_column=review", "--name=smoke-gone"
+def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
+    result = distill_here(
+        capsys,
+        "teacher",
+        SMOKE,
+        "--transfer.unlabelled_files=[nowhere.txt]",
+        "--data.text_column=review",
+        "--name=smoke-gone",
     )
     assert "[teacher] warning: transfer.unlabelled_files names nowhere.txt, which does not exist" in result.stdout
 
@@ -350,22 +366,22 @@ def short_gpt2(tmp_path, data_dir) -> Path:
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune"])
-def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(stage, tmp_path, data_dir):
+def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(capsys, stage, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
     without = ["--pretrain=null"] if stage == "finetune" else []
-    result = run_stage(stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
+    result = distill_here(capsys, stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
     assert f"model.family=bert wants a BERT-style encoder, but {init} is a gpt2" in result.stderr
 
 
-def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
+def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = run_stage("finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
+    result = distill_here(capsys, "finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
     assert f"model.max_length=64, but {init} has 32 positions" in result.stderr
 
 
-def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
+def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = run_stage("pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
+    result = distill_here(capsys, "pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
     assert f"pretrain.seq_len=64, but {init} has 32 positions" in result.stderr
 
 

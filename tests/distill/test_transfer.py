@@ -21,7 +21,7 @@ from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
-from tests.conftest import PYTHON, ROOT, run_module
+from tests.conftest import PYTHON, ROOT, distill_here, run_module
 from tests.distill.gpt_init import write_gpt2
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -353,33 +353,39 @@ def test_int8_labelling_with_its_second_pass_agrees_with_pytorch_within_the_gate
     assert (by_int8.argmax(-1) == fp32_teacher_logits(run).argmax(-1)).mean() >= 0.999
 
 
-def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles):
+def transfer_here(capsys, monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:
+    """`transfer_with_labeller` run in this process, for a labeller that is refused before any labelling."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
+    return distill_here(capsys, "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
+
+
+def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles, capsys, monkeypatch):
     run = smoke_bundles.parent / "stale-labeller"
     run.mkdir()
     (run / "teacher").symlink_to(smoke_bundles / "teacher")
     (run / "bundle-teacher-int8").symlink_to(smoke_bundles / "bundle-teacher-fused")
     int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
-    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
+    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
     assert result.returncode == 2
     assert "is a fp32 bundle but the recipe makes it int8" in result.stderr
 
 
-def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles):
+def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, capsys, monkeypatch):
     run = smoke_bundles.parent / "other-teacher"
     shutil.copytree(smoke_bundles / "teacher", run / "teacher")
     manifest = run / "teacher" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"recipe": "smoke"', '"recipe": "retrained"'))
     (run / "bundle-teacher-fused").symlink_to(smoke_bundles / "bundle-teacher-fused")
-    result = transfer_with_labeller(smoke_bundles.parent, run.name)
+    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name)
     assert result.returncode == 2
     assert "was not exported from the teacher" in result.stderr
 
 
-def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run):
+def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run, capsys, monkeypatch):
     run = smoke_run.parent / "no-labeller"
     run.mkdir()
     (run / "teacher").symlink_to(smoke_run / "teacher")
-    result = transfer_with_labeller(smoke_run.parent, run.name, "--runtime.device=cpu")
+    result = transfer_here(capsys, monkeypatch, smoke_run.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 2
     assert "edgedistill labeller RECIPE" in result.stderr
 

@@ -6,6 +6,7 @@ import functools
 import importlib
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -122,18 +123,22 @@ ENTRY_POINTS = ("serve", "distill", "export", "bench", "loadtests", "report")  #
 ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate", "report.headline")
 
 
-@pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module, tmp_path):
-    command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
-    assert result.stdout.startswith(f"usage: python -m edgedistill.{module} ")
+@functools.cache
+def module_help(module: str) -> str:
+    """The output of `python -m edgedistill.<module> --help`, run in an empty folder outside the checkout."""
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
+        return subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=120).stdout
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_a_module_entry_point_of_the_package_names_no_module_of_the_checkout_in_its_help(module, tmp_path):
-    command = [sys.executable, "-m", f"edgedistill.{module}", "--help"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
-    assert "python -m " not in result.stdout.replace("python -m edgedistill.", "")
+def test_a_module_entry_point_of_the_package_names_itself_in_its_usage(module):
+    assert module_help(module).startswith(f"usage: python -m edgedistill.{module} ")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_of_the_package_names_no_module_of_the_checkout_in_its_help(module):
+    assert "python -m " not in module_help(module).replace("python -m edgedistill.", "")
 
 
 # Makes every entry point's argument parsing raise `error`, then runs `module` as `python -m` would.

@@ -30,7 +30,7 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from tests.conftest import ROOT, run_export
+from tests.conftest import ROOT, export_here, run_export
 from tests.distill import extension
 
 pytestmark = pytest.mark.slow
@@ -367,8 +367,9 @@ def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bund
 
 
 @pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
-def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles):
-    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), "--only=bilstm-engine")
+def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles, capsys, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    result = export_here(capsys, "bundles", SMOKE, "--only=bilstm-engine")
     assert result.returncode == 2
     assert "tensorrt" in result.stderr
     assert "pip install '.[gpu]'" in result.stderr
@@ -376,18 +377,22 @@ def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles):
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
-def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles):
+def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles, capsys, monkeypatch):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
-    result = run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    result = export_here(capsys, "bundles", SMOKE, *cuda, "--only=cnn-cuda")
     assert result.returncode == 2
     assert "CUDAExecutionProvider" in result.stderr
     assert not (smoke_bundles / "bundle-cnn-cuda").exists()
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
-def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(smoke_bundles):
+def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(
+    smoke_bundles, capsys, monkeypatch
+):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
-    run_export(smoke_bundles.parent, "bundles", str(SMOKE), *cuda, "--only=cnn-cuda")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    export_here(capsys, "bundles", SMOKE, *cuda, "--only=cnn-cuda")
     assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
 
 
