@@ -14,9 +14,6 @@ from edgedistill.common.arguments import count
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
-from edgedistill.distill import device, pipeline
-from edgedistill.distill.parallel import JobKilled
-from edgedistill.distill.trainer import CheckpointError
 
 STAGES = {
     "pretrain": "pretrain the teacher language model (recipes with a `pretrain` section)",
@@ -47,6 +44,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     args, rest = build_parser(prog).parse_known_args(argv)
+    # The stages import torch and transformers (seconds): only once the arguments are read, so that --help and a
+    # usage error answer at once.
+    from edgedistill.distill import device, pipeline
+    from edgedistill.distill.parallel import JobKilled
+    from edgedistill.distill.trainer import CheckpointError
+
     device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))

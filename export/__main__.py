@@ -12,27 +12,32 @@ import sys
 
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
-from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
-from edgedistill.distill import device
-from edgedistill.export import bundle_stage, cascade
-from edgedistill.export.onnx_export import ExportError
-from edgedistill.export.tensorrt import EngineBuildError
-from edgedistill.export.validate import ExportGateError
 
-# What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
-FAILURES = (
-    RecipeError,
-    ArtifactError,
-    ExportError,
-    EngineBuildError,
-    TensorRTUnavailable,
-    ProviderFallback,
-    ModelLoadError,
-    DeviceError,
-)
+
+def failures() -> tuple[type[Exception], ...]:
+    """What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
+    Imported when a command runs: the export imports torch, transformers and ONNX Runtime (seconds), which --help and a
+    usage error need not wait for."""
+    from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
+    from edgedistill.export.onnx_export import ExportError
+    from edgedistill.export.tensorrt import EngineBuildError
+
+    return (
+        RecipeError,
+        ArtifactError,
+        ExportError,
+        EngineBuildError,
+        TensorRTUnavailable,
+        ProviderFallback,
+        ModelLoadError,
+        DeviceError,
+    )
 
 
 def labeller(recipe, force: bool) -> int:
+    from edgedistill.distill import device
+    from edgedistill.export import bundle_stage
+
     name = recipe.transfer.labeller if recipe.transfer else None
     placement = device.for_process(recipe.runtime)
     if name is None or placement.device.type != "cpu":
@@ -65,6 +70,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     args, rest = build_parser(prog).parse_known_args(argv)
+    caught = failures()
+    from edgedistill.distill import device
+    from edgedistill.export import bundle_stage, cascade
+    from edgedistill.export.validate import ExportGateError
+
     device.configure_process()
     try:
         recipe = load_recipe(args.recipe, parse_overrides(rest))
@@ -86,7 +96,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     except ExportGateError as err:  # built and checked, and missed its gate: 1, as a missed target or SLO
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except FAILURES as err:
+    except caught as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -401,3 +401,21 @@ def test_a_bad_environment_setting_is_one_line_naming_it(monkeypatch, capsys):
     monkeypatch.setenv("EDGEDISTILL_PROGRESS", "bogus")
     cli.main(["bundles", "recipes/smoke.yaml", "--only", "bilstm-int8"])
     assert capsys.readouterr().err == "error: EDGEDISTILL_PROGRESS='bogus': expected one of auto, bar, lines, off\n"
+
+
+# Runs `module`'s `main` with --help, then prints whether torch was imported.
+HELP_IMPORTS_PROBE = """
+import importlib, sys
+try:
+    importlib.import_module({module!r}).main(["--help"])
+except SystemExit:
+    pass
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("module", ["edgedistill.distill.__main__", "edgedistill.export.__main__"])
+def test_the_help_of_a_training_or_export_module_answers_without_importing_torch(module):
+    probe = HELP_IMPORTS_PROBE.format(module=module)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "False"

@@ -9,7 +9,7 @@ from edgedistill.export.validate import ExportGateError
 from tests.conftest import ROOT
 
 
-@pytest.mark.parametrize("failure", export_main.FAILURES, ids=lambda kind: kind.__name__)
+@pytest.mark.parametrize("failure", export_main.failures(), ids=lambda kind: kind.__name__)
 def test_a_build_failure_is_an_error_line_and_status_2(monkeypatch, capsys, failure):
     def fail(*args, **kwargs):
         raise failure("the reason")
