@@ -138,11 +138,17 @@ def _bundles(folder: Path) -> list[Path]:
     return [member.folder for member in load_cascade(folder).members] if is_cascade(folder) else [folder]
 
 
-def bundle_logits(folder: Path, examples: Examples, batch_size: int) -> np.ndarray:
-    """(N, labels) logits of the bundle or cascade in `folder` on `examples`, run in this process in groups of
-    `batch_size` by the server's tokenizer and model runtime, without gRPC or the batcher (a cascade: every member
-    on every example, routed as the server routes)."""
-    logits = [_logits(bundle, examples, batch_size) for bundle in _bundles(folder)]
+def member_logits(folder: Path, examples: Examples, batch_size: int) -> dict[Path, np.ndarray]:
+    """{bundle folder: (N, labels) logits} of the bundle in `folder`, or of each member of the cascade there, on
+    `examples`, run in this process in groups of `batch_size` by the server's tokenizer and model runtime, without
+    gRPC or the batcher."""
+    return {bundle: _logits(bundle, examples, batch_size) for bundle in _bundles(folder)}
+
+
+def routed(folder: Path, members: dict[Path, np.ndarray]) -> np.ndarray:
+    """The logits the bundle or cascade in `folder` answers with, from its `members`' (a cascade: routed as the
+    server routes)."""
+    logits = list(members.values())
     return route(logits, load_cascade(folder).spec)[0] if is_cascade(folder) else logits[0]
 
 
@@ -152,16 +158,16 @@ def quantizes_per_batch(bundle: Path) -> bool:
     return mf.load(bundle).info.get("quantization", {}).get("mode") == "dynamic"
 
 
-def grouping_margin(folder: Path, examples: Examples, batch_size: int) -> float | None:
-    """For a bundle (or cascade members) that quantizes activations per batch, the largest change of a logit of
-    `examples` between runs in calls of `batch_size` texts and of each of GROUPINGS: how far batch-mates move its
-    logits. None for a bundle whose logits do not depend on batch-mates."""
-    dynamic = [bundle for bundle in _bundles(folder) if quantizes_per_batch(bundle)]
+def grouping_margin(examples: Examples, members: dict[Path, np.ndarray]) -> float | None:
+    """For members (`member_logits`, in calls of the server's size) that quantize activations per batch, the largest
+    change of a logit of `examples` between those and runs in calls of each of GROUPINGS: how far batch-mates move
+    its logits. None where no member's logits depend on batch-mates."""
+    dynamic = {bundle: logits for bundle, logits in members.items() if quantizes_per_batch(bundle)}
     if not dynamic:
         return None
     spread = 0.0
-    for bundle in dynamic:
-        runs = [_logits(bundle, examples, size) for size in (batch_size, *GROUPINGS)]
+    for bundle, logits in dynamic.items():
+        runs = [logits, *(_logits(bundle, examples, size) for size in GROUPINGS)]
         spread = max(spread, *(float(np.abs(a - b).max()) for a, b in itertools.combinations(runs, 2)))
     return spread
 
@@ -275,8 +281,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
     examples = dev_split(inputs.recipe.data)
     check_kind(examples, bundle.pairs)
     flags, settings = measured_server(bundle.folder, threads=0)
-    reference = bundle_logits(bundle.folder, examples, settings.max_texts)
-    grouping = grouping_margin(bundle.folder, examples, settings.max_texts)
+    members = member_logits(bundle.folder, examples, settings.max_texts)
+    reference = routed(bundle.folder, members)
+    grouping = grouping_margin(examples, members)
     margin = near_tie_margin(tie_margin(inputs.recipe), grouping)
     token = settings.token.get_secret_value() if settings.token else None
     work = inputs.fresh_work()

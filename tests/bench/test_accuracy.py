@@ -91,7 +91,7 @@ def check_against(
     tmp_path, single_dev, monkeypatch, labels: list[int], gap: float | list[float], dev_accuracy: float = 0.875
 ) -> tuple[int, AccuracyResult]:
     """A `--check` run on a bundle of `dev_accuracy` whose own predictions are `labels`, `gap` sure."""
-    monkeypatch.setattr(accuracy, "bundle_logits", lambda folder, examples, size: own_logits(labels, gap))
+    monkeypatch.setattr(accuracy, "member_logits", lambda folder, examples, size: {folder: own_logits(labels, gap)})
     bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": dev_accuracy})
     code = bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check")
     return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
@@ -220,7 +220,9 @@ def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_pat
     examples = Examples(["great fun", "the plot", "awful boring"], None, None, "test")
     first, last = BundleClassifier(tiny).logits(examples.texts), BundleClassifier(sure).logits(examples.texts)
     expected = np.stack([first[0], last[1], first[2]])
-    np.testing.assert_allclose(accuracy.bundle_logits(cascade, examples, 2), expected, atol=1e-6)
+    np.testing.assert_allclose(
+        accuracy.routed(cascade, accuracy.member_logits(cascade, examples, 2)), expected, atol=1e-6
+    )
 
 
 def test_the_result_is_an_artifact_with_the_bundle_as_parent(served_run):
@@ -311,24 +313,35 @@ GROUPED = Examples(
 
 def test_a_bundle_that_quantizes_per_batch_has_a_grouping_margin(tmp_path):
     bundle = dynamic_int8_bundle(tmp_path / "bundle-int8")
-    assert accuracy.grouping_margin(bundle, GROUPED, 16) > 0
+    assert accuracy.grouping_margin(GROUPED, accuracy.member_logits(bundle, GROUPED, 16)) > 0
+
+
+def test_the_grouping_margin_runs_only_the_other_groupings_again(tmp_path, monkeypatch):
+    bundle = dynamic_int8_bundle(tmp_path / "bundle-int8")
+    members = accuracy.member_logits(bundle, GROUPED, 16)
+    sizes, run = [], accuracy._logits
+    monkeypatch.setattr(
+        accuracy, "_logits", lambda folder, examples, size: sizes.append(size) or run(folder, examples, size)
+    )
+    accuracy.grouping_margin(GROUPED, members)
+    assert sizes == list(accuracy.GROUPINGS)
 
 
 def test_a_bundle_whose_logits_do_not_depend_on_batch_mates_has_no_grouping_margin(tmp_path):
     bundle = write_bundle(tmp_path / "bundle-tiny")
-    assert accuracy.grouping_margin(bundle, GROUPED, 16) is None
+    assert accuracy.grouping_margin(GROUPED, accuracy.member_logits(bundle, GROUPED, 16)) is None
 
 
 def test_a_served_label_within_the_grouping_margin_of_a_per_batch_quantized_bundle_passes(
     tmp_path, single_dev, monkeypatch
 ):
-    monkeypatch.setattr(accuracy, "grouping_margin", lambda folder, examples, size: 0.5)
+    monkeypatch.setattr(accuracy, "grouping_margin", lambda examples, members: 0.5)
     own = [0, 1, 1, 1, 0, 0, 0, 1]  # the first text served as 1: 0.3 below the bundle's own top, within 0.5
     code, _ = check_against(tmp_path, single_dev, monkeypatch, own, [0.3] + [1.0] * 7)
     assert code == 0
 
 
 def test_the_grouping_margin_is_recorded(tmp_path, single_dev, monkeypatch):
-    monkeypatch.setattr(accuracy, "grouping_margin", lambda folder, examples, size: 0.5)
+    monkeypatch.setattr(accuracy, "grouping_margin", lambda examples, members: 0.5)
     _, result = check_against(tmp_path, single_dev, monkeypatch, [1, 1, 1, 1, 0, 0, 0, 1], 1.0)
     assert result.grouping_margin == 0.5
