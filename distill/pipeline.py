@@ -28,6 +28,7 @@ def run(
         if stage in ("pretrain", "finetune", "teacher"):
             if dist.is_main():
                 _warn_missing_transfer_files(recipe)
+                _warn_student_problems(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
             _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
@@ -42,6 +43,16 @@ def _warn_missing_transfer_files(recipe: Recipe) -> None:
             f"[teacher] warning: transfer.unlabelled_files names {source}, which does not exist: the transfer stage "
             "will stop on it (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)"
         )
+
+
+def _warn_student_problems(recipe: Recipe) -> None:
+    """Say now, not after the teacher has trained, that the distill stage will refuse a student of the recipe."""
+    if recipe.distill is None:
+        return
+    try:
+        student_stage.check_students(recipe, list(recipe.distill.students))
+    except RecipeError as err:
+        print(f"[teacher] warning: {err}; the distill stage will stop on it")
 
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:

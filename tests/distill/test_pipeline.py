@@ -20,6 +20,15 @@ def test_a_student_class_that_breaks_the_contract_stops_the_run_before_the_trans
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "transfer").exists()
 
 
+@pytest.mark.parametrize("stage", ["teacher", "pretrain", "finetune"])
+def test_a_student_the_distill_stage_would_refuse_is_warned_of_before_the_teacher_trains(monkeypatch, capsys, stage):
+    monkeypatch.setitem(ARCHITECTURES, "cnn", extension.TwoArguments)
+    before_training = []
+    monkeypatch.setattr(pipeline, "_teacher", lambda *args: before_training.append(capsys.readouterr().out))
+    distill_main.main([stage, str(ROOT / "recipes" / "smoke.yaml")])
+    assert "[teacher] warning: distill.students.cnn: TwoArguments.forward must take" in before_training[0]
+
+
 def test_an_unknown_student_given_to_only_lists_the_students(capsys):
     assert distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnnn"]) == 2
     assert capsys.readouterr().err.endswith(
