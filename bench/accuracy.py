@@ -40,7 +40,7 @@ from edgedistill.common import measured, progress, tables
 from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.data import Examples
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.client import Client
@@ -253,7 +253,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
     """`runs/<recipe>/serve-accuracy-<bundle>/`: the dev split through the server on `bundle_folder`; current while
     the data settings and the bundle are unchanged."""
     return Stage(
-        measured.of_bundle(STAGE, bundle_folder),
+        measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),

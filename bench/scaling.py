@@ -34,7 +34,7 @@ from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.machine import usable_cores
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve import workers
 from edgedistill.serve.settings import Settings
@@ -49,7 +49,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
     """`runs/<recipe>/serve-scaling-<bundle>/`: `bundle_folder` served with each worker count; current while the
     settings, the dev split, the bundle and the server's settings are unchanged."""
     return Stage(
-        measured.of_bundle(STAGE, bundle_folder),
+        measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
         ("bench.scaling", "data"),
         functools.partial(_build, console=console or Console(width=200)),

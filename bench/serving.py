@@ -185,7 +185,7 @@ def stage(
     targets; current while the settings, the dev split, the bundle, the texts and the server's settings are
     unchanged."""
     return Stage(
-        measured.of_bundle(STAGE, bundle_folder),
+        measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
         ("bench.serving", "data"),
         functools.partial(_build, texts_file=texts_file, pairs_file=pairs_file, console=console or Console(width=200)),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import get_args
 
 from edgedistill.common.config.measure import Profile
+from edgedistill.common.manifest import ArtifactError
 
 SERVING = "serve-bench"  # `bench serving`
 ACCURACY = "serve-accuracy"  # `bench accuracy`
@@ -27,9 +28,18 @@ def folder_name(measurement: str, bundle: str) -> str:
     return f"{measurement}-{bundle}"
 
 
-def of_bundle(measurement: str, bundle_folder: Path) -> str:
-    """The result folder of `measurement` on the bundle (or cascade) in `bundle_folder`."""
-    return folder_name(measurement, bundle_id(bundle_folder))
+def of_bundle(measurement: str, bundle_folder: Path, run: Path) -> str:
+    """The result folder of `measurement` on the bundle (or cascade) in `bundle_folder`, in the run folder `run`;
+    `ArtifactError` where `run` has a bundle of that id of its own elsewhere than `bundle_folder`, whose result the
+    folder holds (the report would show the other bundle's as this run's)."""
+    name = bundle_id(bundle_folder)
+    own = run / f"bundle-{name}"
+    if own.exists() and own.resolve() != bundle_folder.resolve():
+        raise ArtifactError(
+            f"{bundle_folder}: {run} has a bundle of that name of its own, {own}, whose {measurement} result "
+            f"{folder_name(measurement, name)}/ holds: measure {own}, or copy {bundle_folder} under another name"
+        )
+    return folder_name(measurement, name)
 
 
 def loadtest(profile: str) -> str:

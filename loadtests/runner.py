@@ -24,7 +24,7 @@ from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_in
 from edgedistill.common import measured
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.common.text import write_texts
 from edgedistill.loadtests import live
@@ -136,7 +136,11 @@ def stage(
     scenarios = scenarios or cfg.profile(profile).scenarios
     if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
         raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
-    folder = measured.echo_loadtest(profile) if echo else measured.of_bundle(measured.loadtest(profile), bundle)
+    folder = (
+        measured.echo_loadtest(profile)
+        if echo
+        else measured.of_bundle(measured.loadtest(profile), bundle, run_dir(recipe))
+    )
     if not echo and folder == measured.echo_loadtest(profile):
         raise LoadtestError(f"{bundle}: its load test would share the echo server's folder {folder}: rename the bundle")
     return Stage(

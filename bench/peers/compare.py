@@ -37,7 +37,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import PeersBenchConfig
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
 
@@ -85,7 +85,7 @@ def stage(
     settings, the dev split, the bundle and the server's settings are unchanged (`--force` after changing a peer's
     environment)."""
     return Stage(
-        measured.of_bundle(STAGE, bundle_folder),
+        measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
         ("bench.peers", "data"),
         functools.partial(_build, pythons=pythons, console=console or Console(width=200)),

@@ -345,3 +345,10 @@ def test_the_grouping_margin_is_recorded(tmp_path, single_dev, monkeypatch):
     monkeypatch.setattr(accuracy, "grouping_margin", lambda examples, members: 0.5)
     _, result = check_against(tmp_path, single_dev, monkeypatch, [1, 1, 1, 1, 0, 0, 0, 1], 1.0)
     assert result.grouping_margin == 0.5
+
+
+def test_a_bundle_named_as_one_of_the_runs_own_is_refused_before_the_server_starts(tmp_path, single_dev, capsys):
+    write_bundle(tmp_path / "runs" / "smoke" / "bundle-tiny")
+    other = write_bundle(tmp_path / "other" / "bundle-tiny")
+    assert bench_accuracy(other, single_dev, tmp_path / "runs") == 2
+    assert "has a bundle of that name of its own" in capsys.readouterr().err
