@@ -29,11 +29,13 @@ from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
 def scenarios_override(overrides: dict[str, object], profile: str) -> str | None:
-    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, or a section above it holding
-    them), which `--scenarios` would override in turn; None where none does."""
+    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, one scenario's weight under it,
+    or a section above it holding them), which `--scenarios` would override in turn; None where none does."""
     path = ["loadtest", profile, "scenarios"]
     for key, value in overrides.items():
         parts = key.split(".")
+        if parts[: len(path)] == path:  # the scenarios, or one weight of them
+            return key
         if parts != path[: len(parts)]:
             continue
         for part in path[len(parts) :]:

@@ -119,8 +119,12 @@ SMOKE_RECIPE = str(ROOT / "recipes" / "smoke.yaml")
 
 @pytest.mark.parametrize(
     "override",
-    ["--loadtest.smoke.scenarios={batch: 1}", "--loadtest.smoke={scenarios: {batch: 1}}"],
-    ids=["key", "section"],
+    [
+        "--loadtest.smoke.scenarios={batch: 1}",
+        "--loadtest.smoke={scenarios: {batch: 1}}",
+        "--loadtest.smoke.scenarios.batch=3",
+    ],
+    ids=["key", "section", "one-weight"],
 )
 def test_scenarios_with_an_override_of_the_profiles_scenarios_are_refused_naming_both(capsys, override):
     assert loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", override]) == 2
