@@ -382,8 +382,11 @@ def margin_text(result: AccuracyResult) -> str:
     """The near-tie margin the check used, and where it came from."""
     margin = near_tie_margin(result.tie_margin, result.grouping_margin)
     if margin == result.tie_margin:
-        return f"top two logits within {margin:g}, export.tie_margin"
-    return f"within {margin:.3g}, how far batch-mates moved a logit of this per-batch quantized bundle"
+        return f"a label within {margin:g} of the bundle's top, export.tie_margin"
+    return (
+        f"a label within {margin:.3g} of the bundle's top, how far batch-mates moved a logit of this per-batch "
+        "quantized bundle"
+    )
 
 
 def markdown(result: AccuracyResult) -> str:

@@ -183,8 +183,8 @@ def check_sample(total: int, count: int) -> np.ndarray:
 def precision_check(
     model, tokenizer, texts: list[str], pairs: list[str] | None, logits: np.ndarray, cfg, placement: Placement
 ) -> dict:
-    """How labels made in reduced precision compare with fp32 ones on `check_sample` of the texts. A text whose
-    fp32 top two logits are within `cfg.tie_margin` is a near-tie: a differing label there is a tie flip, which
+    """How labels made in reduced precision compare with fp32 ones on `check_sample` of the texts (`agreement`): a
+    differing label whose fp32 logit is within `cfg.tie_margin` of fp32's highest is a tie flip, which
     `fp32_agreement_beyond_ties` (what the gate reads) does not count against the labels."""
     sample = check_sample(len(texts), cfg.precision_check_sentences)
     with torch.inference_mode():

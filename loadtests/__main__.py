@@ -29,11 +29,13 @@ from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
 
 
 def scenarios_override(overrides: dict[str, object], profile: str) -> str | None:
-    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, or a section above it holding
-    them), which `--scenarios` would override in turn; None where none does."""
+    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, one scenario's weight under it,
+    or a section above it holding them), which `--scenarios` would override in turn; None where none does."""
     path = ["loadtest", profile, "scenarios"]
     for key, value in overrides.items():
         parts = key.split(".")
+        if parts[: len(path)] == path:  # the scenarios, or one weight of them
+            return key
         if parts != path[: len(parts)]:
             continue
         for part in path[len(parts) :]:
@@ -53,7 +55,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     add_texts_arguments(parser)
     parser.add_argument(
         "--scenarios",
-        default=settings.env(SCENARIOS_VAR),
         help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)",
     )
     parser.add_argument(
@@ -63,13 +64,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     )
     parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
+    given = args.scenarios is not None
+    if not given:
+        args.scenarios = settings.env(SCENARIOS_VAR)
     try:
         pairs_file = PairsFile.of(args)
         overrides = parse_overrides(rest)
         if args.scenarios and (key := scenarios_override(overrides, args.profile)):
+            source = "" if given else f" (default ${SCENARIOS_VAR}, set to {args.scenarios!r})"
             raise runner.LoadtestError(
-                f"--{key} would do nothing: --scenarios (default ${SCENARIOS_VAR}, set to {args.scenarios!r}) gives "
-                "the weights instead; give one of them"
+                f"--{key} would do nothing: --scenarios{source} gives the weights instead; give one of them"
             )
         recipe = load_recipe(args.recipe, overrides)
         bundle = bundle_to_serve(recipe, args.bundle)

@@ -121,6 +121,14 @@ def test_the_markdown_counts_the_predictions_unlike_the_bundles(tmp_path, single
     assert "| Classify predictions unlike the bundle's | 2 |" in report
 
 
+def test_the_markdown_says_a_tie_flip_is_a_label_within_the_margin_of_the_bundles_top(
+    tmp_path, single_dev, monkeypatch
+):
+    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+    assert "near-ties aside: a label within 0.1 of the bundle's top, export.tie_margin" in report
+
+
 def test_a_served_prediction_unlike_the_bundles_at_a_near_tie_passes(tmp_path, single_dev, monkeypatch):
     labels = [*SERVED[:-1], 0]  # the last example a near-tie of the bundle's (export.tie_margin 0.1)
     code, _ = check_against(tmp_path, single_dev, monkeypatch, labels, gap=0.05)

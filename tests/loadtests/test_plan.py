@@ -119,8 +119,12 @@ SMOKE_RECIPE = str(ROOT / "recipes" / "smoke.yaml")
 
 @pytest.mark.parametrize(
     "override",
-    ["--loadtest.smoke.scenarios={batch: 1}", "--loadtest.smoke={scenarios: {batch: 1}}"],
-    ids=["key", "section"],
+    [
+        "--loadtest.smoke.scenarios={batch: 1}",
+        "--loadtest.smoke={scenarios: {batch: 1}}",
+        "--loadtest.smoke.scenarios.batch=3",
+    ],
+    ids=["key", "section", "one-weight"],
 )
 def test_scenarios_with_an_override_of_the_profiles_scenarios_are_refused_naming_both(capsys, override):
     assert loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", override]) == 2
@@ -131,3 +135,9 @@ def test_scenarios_from_the_variable_with_an_override_of_them_are_refused(capsys
     monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
     loadtests_main.main([SMOKE_RECIPE, "--loadtest.smoke.scenarios={batch: 1}"])
     assert "(default $EDGEDISTILL_LOADTEST_SCENARIOS, set to 'single=1')" in capsys.readouterr().err
+
+
+def test_scenarios_given_on_the_command_line_with_an_override_of_them_name_no_variable(capsys, monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
+    loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", "--loadtest.smoke.scenarios={batch: 1}"])
+    assert "EDGEDISTILL_LOADTEST_SCENARIOS" not in capsys.readouterr().err
