@@ -10,8 +10,8 @@ server's `MAX_TEXTS`, and checks per API that no served prediction differs from 
 (but at a near-tie, where the served label's logit is within `export.tie_margin` of the bundle's top: padding may
 flip it). A bundle that quantizes its activations per batch (dynamic INT8, or a cascade with such a member) gives a
 text other logits beside other texts, and the server groups texts by length as its cost model decides: for it the
-check also runs its dev examples in calls of 8 texts and of 1, and the largest change of a logit between the
-groupings (`grouping_margin`) widens the near-tie margin where it is the wider.
+check also runs its dev examples in calls of 8 texts and of 1, and the largest change between the groupings of the
+gap between two logits of a text (`grouping_margin`) widens the near-tie margin where it is the wider.
 
 The counts of correct predictions are checked as a chain, exact but at near-ties: the bundle's own against the
 `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples tokenized by the
@@ -49,7 +49,7 @@ from rich.console import Console
 
 STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"
-RESULT_VERSION = 3  # of accuracy.json: a result of another version is measured again, not read
+RESULT_VERSION = 4  # of accuracy.json: a result of another version is measured again, not read
 APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> table name
 GROUPINGS = (8, 1)  # texts per call, beside the server's MAX_TEXTS, that show how batch-mates move a dynamic INT8 model
 
@@ -101,8 +101,9 @@ class AccuracyResult(Result):
     )
     grouping_margin: float | None = Field(
         None,
-        description="for a bundle that quantizes activations per batch, the largest change of a logit between runs "
-        "of the dev examples in calls of MAX_TEXTS, 8 and 1 texts; the near-tie margin where wider than tie_margin",
+        description="for a bundle that quantizes activations per batch, the largest change of the gap between two "
+        "logits of a dev example between runs in calls of MAX_TEXTS, 8 and 1 texts; the near-tie margin where wider "
+        "than tie_margin",
     )
     apis: dict[str, ApiAccuracy]
     agreement: float = Field(description="share of the examples for which both APIs predicted the same label")
@@ -160,15 +161,16 @@ def quantizes_per_batch(bundle: Path) -> bool:
 
 def grouping_margin(examples: Examples, members: dict[Path, np.ndarray]) -> float | None:
     """For members (`member_logits`, in calls of the server's size) that quantize activations per batch, the largest
-    change of a logit of `examples` between those and runs in calls of each of GROUPINGS: how far batch-mates move
-    its logits. None where no member's logits depend on batch-mates."""
+    change of the gap between two logits of an example between those and runs in calls of each of GROUPINGS: how far
+    batch-mates can move a label towards the top (a label's logit may rise as the top's falls). None where no
+    member's logits depend on batch-mates."""
     dynamic = {bundle: logits for bundle, logits in members.items() if quantizes_per_batch(bundle)}
     if not dynamic:
         return None
     spread = 0.0
     for bundle, logits in dynamic.items():
         runs = [logits, *(_logits(bundle, examples, size) for size in GROUPINGS)]
-        spread = max(spread, *(float(np.abs(a - b).max()) for a, b in itertools.combinations(runs, 2)))
+        spread = max(spread, *(float(np.ptp(a - b, axis=1).max()) for a, b in itertools.combinations(runs, 2)))
     return spread
 
 

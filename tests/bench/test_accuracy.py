@@ -335,6 +335,15 @@ def test_the_grouping_margin_runs_only_the_other_groupings_again(tmp_path, monke
     assert sizes == list(accuracy.GROUPINGS)
 
 
+def test_the_grouping_margin_is_the_largest_change_of_a_gap_between_two_logits(tmp_path, monkeypatch):
+    # in other groupings the top falls by 0.1 as the other label rises by 0.1: their gap closes by 0.2
+    bundle = tmp_path / "bundle-int8"
+    monkeypatch.setattr(accuracy, "quantizes_per_batch", lambda folder: True)
+    monkeypatch.setattr(accuracy, "_logits", lambda folder, examples, size: np.array([[0.9, 0.6]], np.float32))
+    margin = accuracy.grouping_margin(GROUPED, {bundle: np.array([[1.0, 0.5]], np.float32)})
+    assert margin == pytest.approx(0.2)
+
+
 def test_a_bundle_whose_logits_do_not_depend_on_batch_mates_has_no_grouping_margin(tmp_path):
     bundle = write_bundle(tmp_path / "bundle-tiny")
     assert accuracy.grouping_margin(GROUPED, accuracy.member_logits(bundle, GROUPED, 16)) is None
