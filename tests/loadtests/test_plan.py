@@ -131,3 +131,8 @@ def test_scenarios_from_the_variable_with_an_override_of_them_are_refused(capsys
     monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
     loadtests_main.main([SMOKE_RECIPE, "--loadtest.smoke.scenarios={batch: 1}"])
     assert "(default $EDGEDISTILL_LOADTEST_SCENARIOS, set to 'single=1')" in capsys.readouterr().err
+
+
+def test_an_override_of_a_section_the_load_test_does_not_read_is_refused_naming_it(capsys):
+    loadtests_main.main([SMOKE_RECIPE, "--bench.serving.threads=4"])
+    assert "--bench.serving.threads: python -m loadtests reads no bench.serving" in capsys.readouterr().err
