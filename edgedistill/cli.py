@@ -130,14 +130,23 @@ def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) 
 
 
 def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[list[str]]:
-    """For each of `commands`, those of `overrides` it takes: `all` reads every section, each command only some
-    (`common.sections`), and refuses an override of another, which would change nothing it does."""
-    from edgedistill.common.recipe import parse_overrides, removable
-    from edgedistill.common.sections import outside
+    """For each of `commands`, those of `overrides` it takes: each reads only some sections (`common.sections`),
+    and refuses an override of another, which would change nothing it does. An override none of them reads is
+    refused (`RecipeError`)."""
+    from edgedistill.common.recipe import RecipeError, parse_overrides, removable
+    from edgedistill.common.sections import READS, outside, scope
 
     keys = [next(iter(parse_overrides([override]))) for override in overrides]
     beyond = {command: set(outside(keys, command)) for command in commands}
     loadable = removable(recipe, parse_overrides(overrides), set().union(*beyond.values()))
+    if unread := [key for key in keys if key in loadable and all(key in beyond[command] for command in commands)]:
+        raise RecipeError(
+            "; ".join(
+                f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
+                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in READS if not outside([key], c))}"
+                for key in unread
+            )
+        )
     return [
         [arg for arg, key in zip(overrides, keys, strict=True) if key not in beyond[command] & loadable]
         for command in commands
@@ -164,7 +173,7 @@ def run_all(argv: list[str]) -> int:
         description=f"Run {ALL_HELP}: teacher, labeller, transfer, distill, bundles, the model, serving, accuracy "
         "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
         epilog="Further --section.key=value arguments override the recipe: each stage is given those of the sections it "
-        "reads (`edgedistill <command> --help` names them).",
+        "reads (`edgedistill <command> --help` names them), and one no stage reads is refused.",
     )
     parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
@@ -172,7 +181,7 @@ def run_all(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     try:
         steps = pipeline(args.recipe, args.jobs, overrides, args.force)
-    except RecipeError as err:  # a malformed override: before any stage runs
+    except RecipeError as err:  # a malformed override, or one no stage reads: before any stage runs
         print(f"error: {err}", file=sys.stderr)
         return 2
     for step in steps:

@@ -318,7 +318,16 @@ def test_all_gives_an_override_the_recipe_needs_to_load_to_every_stage(monkeypat
     assert all(gpt[1] in step for step in all_steps(monkeypatch, *gpt).values())
 
 
-def test_all_refuses_a_malformed_override_before_any_stage_runs(monkeypatch, capsys):
+def test_all_refuses_an_override_no_stage_reads_before_any_stage_runs(monkeypatch):
+    assert all_steps(monkeypatch, "--bench.peers.workers=1") == {}
+
+
+def test_all_names_the_command_that_reads_an_override_no_stage_reads(monkeypatch, capsys):
+    all_steps(monkeypatch, "--bench.peers.workers=1")
+    assert "give it to edgedistill bench peers" in capsys.readouterr().err
+
+
+def test_all_refuses_a_malformed_override_before_any_stage_runs(monkeypatch):
     assert all_steps(monkeypatch, "--name") == {}
 
 
