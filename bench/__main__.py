@@ -22,7 +22,7 @@ from edgedistill.bench import BUNDLE_HELP, BenchError
 from edgedistill.bench.records import ServingResult
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import SettingsError
@@ -102,11 +102,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     timed = add_command(commands, "models", "every bundle beside the teacher in PyTorch eager")
-    add_recipe_argument(timed)
+    add_recipe_argument(timed, "bench models")
     timed.add_argument("--force", action="store_true", help="measure again even if up to date")
     timed.set_defaults(command_run=run_models)
     served = add_command(commands, "serving", "one bundle behind the server, against the recipe's targets")
-    add_recipe_argument(served)
+    add_recipe_argument(served, "bench serving")
     served.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     add_texts_arguments(served)
     served.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         "accuracy",
         "the recipe's dev split through the server by both APIs, against the bundle's own predictions and dev accuracy",
     )
-    add_recipe_argument(checked)
+    add_recipe_argument(checked, "bench accuracy")
     checked.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     checked.add_argument(
         "--check",
@@ -127,12 +127,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     checked.add_argument("--force", action="store_true", help="measure again even if up to date")
     checked.set_defaults(command_run=run_accuracy)
     paired = add_command(commands, "cascade", "a cascade against its last member served alone: capacity, paced p99")
-    add_recipe_argument(paired)
+    add_recipe_argument(paired, "bench cascade")
     paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
     paired.add_argument("--force", action="store_true", help="measure again even if up to date")
     paired.set_defaults(command_run=run_cascade)
     peers = add_command(commands, "peers", "the server against KServe's ModelServer and MLServer, by h2load")
-    add_recipe_argument(peers)
+    add_recipe_argument(peers, "bench peers")
     peers.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     for peer in ("kserve", "mlserver"):
         peers.add_argument(
@@ -142,14 +142,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     peers.add_argument("--force", action="store_true", help="measure again even if up to date")
     peers.set_defaults(command_run=run_peers)
     scaled = add_command(commands, "scaling", "the server with 1, 2, ... worker processes, by h2load")
-    add_recipe_argument(scaled)
+    add_recipe_argument(scaled, "bench scaling")
     scaled.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     scaled.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     scaled.add_argument("--force", action="store_true", help="measure again even if up to date")
     scaled.set_defaults(command_run=run_scaling)
     args, rest = parser.parse_known_args(argv)
     try:
-        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        overrides = parse_overrides(rest)
+        recipe = load_command_recipe(args.recipe, overrides, f"bench {args.command}", f"{prog} {args.command}")
         return args.command_run(recipe, args)
     except (
         BenchError,

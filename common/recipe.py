@@ -5,7 +5,8 @@ A `Recipe` holds the sections (their schemas: `common.config`) and the rules tha
 `${NAME}` in a string value is replaced by the environment variable of that name, or by the setting's
 default (see `common.settings`); a string value that then starts with `./` or `../` is a path relative to
 the recipe's own folder. `extends:` starts from another recipe (see `_merge` for how the two combine).
-Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars.
+Overrides use dotted keys: `--finetune.optim.lr=3e-5`; values are parsed as YAML scalars. A command refuses an
+override of a section it does not read (`common.sections`, `load_command_recipe`).
 """
 
 import argparse
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from edgedistill.common import settings
+from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
@@ -441,10 +442,19 @@ OVERRIDES_HELP = (
 )
 
 
-def add_recipe_argument(parser: argparse.ArgumentParser) -> None:
-    """The positional `recipe`, and the line of the help that says how to override it."""
+def reads_help(command: str) -> str:
+    """The line of `command`'s help that names the sections it reads, whose overrides it takes."""
+    return (
+        f"This command reads the sections {', '.join(sections.reads(command))} (those of the stages it builds on "
+        "included): an override of any other section would change nothing it does, and is refused."
+    )
+
+
+def add_recipe_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """The positional `recipe`, and the lines of the help that say how `command` (as `edgedistill` names it, e.g.
+    `bench serving`) takes overrides."""
     parser.add_argument("recipe", help=RECIPE_HELP)
-    parser.epilog = " ".join(filter(None, [parser.epilog, OVERRIDES_HELP]))
+    parser.epilog = " ".join(filter(None, [parser.epilog, OVERRIDES_HELP, reads_help(command)]))
 
 
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:
@@ -476,6 +486,44 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     except ValidationError as err:
         problems = [_problem(e, origins, made) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
+
+
+def removable(path: str | Path, overrides: dict[str, object], keys) -> set[str]:
+    """Those of `keys` (of `overrides`) without which the recipe still loads: one it needs stays, as a GPT teacher's
+    recipe needs `--distill.students.transformer.init_from_teacher=false` to load at all, for `teacher` too."""
+    loadable = set()
+    for key in keys:
+        try:
+            load_recipe(path, {other: value for other, value in overrides.items() if other != key})
+        except RecipeError:
+            continue
+        loadable.add(key)
+    return loadable
+
+
+def unread(path: str | Path, overrides: dict[str, object], command: str) -> list[str]:
+    """The overrides of sections `command` does not read (`common.sections`) that the recipe loads without: each
+    would change nothing the command does."""
+    beyond = sections.outside(overrides, command)
+    loadable = removable(path, overrides, beyond)
+    return [key for key in beyond if key in loadable]
+
+
+def load_command_recipe(path: str | Path, overrides: dict[str, object], command: str, label: str) -> Recipe:
+    """`load_recipe` for `command` (as `edgedistill` names it; `label`: as it was run): an override of a section it
+    does not read is refused (`RecipeError`), before any work. Environment variables that set recipe keys
+    (`settings.ENV_OVERRIDES`) apply to every command and are not checked."""
+    recipe = load_recipe(path, overrides)
+    if refused := unread(path, overrides, command):
+        read = ", ".join(sections.reads(command))
+        raise RecipeError(
+            "; ".join(
+                f"--{key}: {label} reads no {sections.scope(key)} setting (it reads {read}), so the override would "
+                "change nothing: drop it"
+                for key in refused
+            )
+        )
+    return recipe
 
 
 def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:

@@ -5,6 +5,8 @@ config hash covers its own settings and its parents' hashes, so a change anywher
 stale. `Stage.run` skips a current artifact; otherwise it loads (and verifies) every parent, calls
 the build body, and publishes what the body returns as `runs/<recipe>/<name>/` with its manifest,
 atomically, then prints one summary line. Parents are read only through `Inputs`, which verified them.
+The settings a command's stages and their parents hash lie in the sections `common.sections` says the command
+reads, whose overrides alone it takes.
 """
 
 import contextlib

@@ -13,7 +13,7 @@ import sys
 from edgedistill.common.arguments import count
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 
 STAGES = {
     "pretrain": "pretrain the teacher language model (recipes with a `pretrain` section)",
@@ -33,7 +33,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name, summary in STAGES.items():
         stage = stages.add_parser(name, help=summary, description=summary)
-        add_recipe_argument(stage)
+        add_recipe_argument(stage, name)
         stage.add_argument("--force", action="store_true", help="rerun even if the artifact is up to date")
     distill = stages.choices["distill"]
     distill.add_argument("--only", action="append", metavar="STUDENT", help="just this student (repeatable)")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
 
     device.configure_process()
     try:
-        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.stage, f"{prog} {args.stage}")
         pipeline.run(
             recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
         )

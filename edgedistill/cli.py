@@ -106,23 +106,51 @@ ALL_HELP = "the whole pipeline on a recipe, as `make all` runs it"
 
 
 def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
-    """The commands `edgedistill all` runs, in order, each with the recipe overrides (and with `force`, each that
-    builds or measures with `--force`)."""
-    steps = [
-        ["teacher", recipe],
-        ["labeller", recipe],
-        ["transfer", recipe],
-        ["distill", recipe, "--jobs", str(jobs)],
-        ["bundles", recipe],
-        ["bench", "models", recipe],
-        ["bench", "serving", recipe],
-        ["bench", "accuracy", recipe],
-        ["bench", "cascade", recipe],
-        ["loadtest", recipe, "--profile", "smoke"],
-        ["report", recipe],
+    """The commands `edgedistill all` runs, in order, each with the recipe overrides of the sections it reads
+    (`forwarded`) and, with `force`, each that builds or measures with `--force`."""
+    steps = [  # (the command, as `common.sections` names it; its options)
+        ("teacher", []),
+        ("labeller", []),
+        ("transfer", []),
+        ("distill", ["--jobs", str(jobs)]),
+        ("bundles", []),
+        ("bench models", []),
+        ("bench serving", []),
+        ("bench accuracy", []),
+        ("bench cascade", []),
+        ("loadtest", ["--profile", "smoke"]),
+        ("report", []),
     ]
+    given = forwarded(recipe, overrides, [*(command for command, _ in steps), "headline"])
     again = ["--force"] if force else []
-    return [*([*step, *overrides, *again] for step in steps), ["headline", recipe, *overrides]]
+    return [
+        *([*command.split(), recipe, *options, *given[i], *again] for i, (command, options) in enumerate(steps)),
+        ["headline", recipe, *given[-1]],
+    ]
+
+
+def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[list[str]]:
+    """For each of `commands`, those of `overrides` it takes: each reads only some sections (`common.sections`),
+    and refuses an override of another, which would change nothing it does. An override none of them reads is
+    refused (`RecipeError`)."""
+    from edgedistill.common.recipe import RecipeError, parse_overrides, removable
+    from edgedistill.common.sections import READS, outside, scope
+
+    keys = [next(iter(parse_overrides([override]))) for override in overrides]
+    beyond = {command: set(outside(keys, command)) for command in commands}
+    loadable = removable(recipe, parse_overrides(overrides), set().union(*beyond.values()))
+    if unread := [key for key in keys if key in loadable and all(key in beyond[command] for command in commands)]:
+        raise RecipeError(
+            "; ".join(
+                f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
+                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in READS if not outside([key], c))}"
+                for key in unread
+            )
+        )
+    return [
+        [arg for arg, key in zip(overrides, keys, strict=True) if key not in beyond[command] & loadable]
+        for command in commands
+    ]
 
 
 def run_stage(command: list[str]) -> int:
@@ -138,19 +166,25 @@ def run_stage(command: list[str]) -> int:
 
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
-    from edgedistill.common.recipe import RECIPE_HELP
+    from edgedistill.common.recipe import RECIPE_HELP, RecipeError
 
     parser = argparse.ArgumentParser(
         prog=f"{PROG} all",
         description=f"Run {ALL_HELP}: teacher, labeller, transfer, distill, bundles, the model, serving, accuracy "
         "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
-        epilog="Further --section.key=value arguments override the recipe in every stage.",
+        epilog="Further --section.key=value arguments override the recipe: each stage is given those of the sections it "
+        "reads (`edgedistill <command> --help` names them), and one no stage reads is refused.",
     )
     parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
-    for step in pipeline(args.recipe, args.jobs, overrides, args.force):
+    try:
+        steps = pipeline(args.recipe, args.jobs, overrides, args.force)
+    except RecipeError as err:  # a malformed override, or one no stage reads: before any stage runs
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for step in steps:
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
         status = run_stage([sys.executable, "-m", PROG, *step])
         if status == INTERRUPTED:

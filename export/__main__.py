@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 
 
 def failures() -> tuple[type[Exception], ...]:
@@ -60,7 +60,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():
         command = commands.add_parser(name, help=summary, description=summary)
-        add_recipe_argument(command)
+        add_recipe_argument(command, name)
         command.add_argument("--force", action="store_true", help="rebuild even if up to date")
     commands.choices["bundles"].add_argument(
         "--only", action="append", metavar="ID", help="just this bundle or cascade id (repeatable)"
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
 
     device.configure_process()
     try:
-        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.command, f"{prog} {args.command}")
         if args.command == "labeller":
             return labeller(recipe, args.force)
         if recipe.export is None:

@@ -22,7 +22,7 @@ from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common import settings
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import add_recipe_argument, load_recipe, parse_overrides
+from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests import runner
 from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
@@ -49,7 +49,7 @@ def scenarios_override(overrides: dict[str, object], profile: str) -> str | None
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
-    add_recipe_argument(parser)
+    add_recipe_argument(parser, "loadtest")
     parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
     parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     add_texts_arguments(parser)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
             raise runner.LoadtestError(
                 f"--{key} would do nothing: --scenarios{source} gives the weights instead; give one of them"
             )
-        recipe = load_recipe(args.recipe, overrides)
+        recipe = load_command_recipe(args.recipe, overrides, "loadtest", prog)
         bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)

@@ -4,18 +4,18 @@ import argparse
 import sys
 
 from edgedistill.common.manifest import ArtifactError
-from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     description = f"`{prog} RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_recipe_argument(parser)
+    add_recipe_argument(parser, "report")
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)
     try:
-        stage(load_recipe(args.recipe, parse_overrides(rest))).run(args.force)
+        stage(load_command_recipe(args.recipe, parse_overrides(rest), "report", prog)).run(args.force)
     except (RecipeError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

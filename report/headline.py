@@ -14,7 +14,14 @@ from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, tables
 from edgedistill.common.config.training import METRIC_NAMES
-from edgedistill.common.recipe import Recipe, RecipeError, add_recipe_argument, load_recipe, parse_overrides, run_dir
+from edgedistill.common.recipe import (
+    Recipe,
+    RecipeError,
+    add_recipe_argument,
+    load_command_recipe,
+    parse_overrides,
+    run_dir,
+)
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
@@ -148,10 +155,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_recipe_argument(parser)
+    add_recipe_argument(parser, "headline")
     args, rest = parser.parse_known_args(argv)
     try:
-        recipe = load_recipe(args.recipe, parse_overrides(rest))
+        recipe = load_command_recipe(args.recipe, parse_overrides(rest), "headline", prog)
         table = stage_table(recipe)
     except (RecipeError, mf.ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)

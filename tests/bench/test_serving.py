@@ -46,6 +46,16 @@ def bench_serving(bundle, texts_file, runs, *extra: str) -> int:
         return main([*argv, *extra])
 
 
+def test_an_override_of_a_section_the_serving_benchmark_does_not_read_is_refused_naming_it(capsys):
+    main(["serving", str(SMOKE), "--runtime.device=cuda"])
+    assert "--runtime.device: python -m bench serving reads no runtime setting" in capsys.readouterr().err
+
+
+def test_an_override_of_another_benchmarks_section_is_refused_by_the_serving_benchmark(capsys):
+    main(["serving", str(SMOKE), "--bench.peers.workers=1"])
+    assert "--bench.peers.workers: python -m bench serving reads no bench.peers" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def runs(bundle, texts_file, tmp_path_factory):
     """The runs folder of one short benchmark run with `--check` (its exit status checked against the result)."""

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from edgedistill.common import settings
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -866,3 +866,57 @@ def test_layer_decay_for_a_transformer_student_is_taken(tmp_path):
     student = "{model: {arch: transformer, hidden_size: 64, num_heads: 2}, optim: {layer_decay: 0.8}}"
     recipe = extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
     assert recipe.distill.students["small"].optim.layer_decay == 0.8
+
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+def refusal(overrides: dict, command: str = "bench serving") -> str:
+    """The error `command` (run as `edgedistill <command>`) gives for `overrides` of recipes/smoke.yaml."""
+    with pytest.raises(RecipeError) as refused:
+        load_command_recipe(SMOKE, overrides, command, f"edgedistill {command}")
+    return str(refused.value)
+
+
+def test_an_override_of_a_section_the_command_does_not_read_names_the_override():
+    assert refusal({"runtime.device": "cuda"}).startswith("--runtime.device: ")
+
+
+def test_an_override_of_a_section_the_command_does_not_read_names_the_command():
+    assert "edgedistill bench serving reads no runtime setting" in refusal({"runtime.device": "cuda"})
+
+
+def test_an_override_of_a_section_the_command_does_not_read_names_the_sections_it_reads():
+    assert "(it reads name, data, export, tracking, bench.serving)" in refusal({"runtime.device": "cuda"})
+
+
+def test_an_override_of_another_benchmarks_subsection_is_refused():
+    assert "reads no bench.peers setting" in refusal({"bench.peers.workers": 1})
+
+
+def test_an_override_of_a_benchmark_section_is_refused_by_the_teacher():
+    assert "edgedistill teacher reads no bench.serving setting" in refusal({"bench.serving.threads": 4}, "teacher")
+
+
+def test_every_override_a_command_does_not_read_is_named():
+    assert "--tracking: " in refusal({"runtime.device": "cuda", "tracking": "mlflow"}, "headline")
+
+
+def test_an_override_of_a_section_the_command_reads_is_taken():
+    recipe = load_command_recipe(SMOKE, {"bench.serving.threads": 4}, "bench serving", "edgedistill bench serving")
+    assert recipe.bench.serving.threads == 4
+
+
+def test_an_override_of_a_parents_section_is_taken():
+    recipe = load_command_recipe(SMOKE, {"finetune.optim.lr": 1e-4}, "distill", "edgedistill distill")
+    assert recipe.finetune.optim.lr == 1e-4
+
+
+def test_an_override_the_recipe_needs_to_load_is_taken_by_a_command_that_does_not_read_it():
+    gpt = {"model.family": "gpt", "distill.students.transformer.init_from_teacher": False}
+    assert load_command_recipe(SMOKE, gpt, "teacher", "edgedistill teacher").model.family == "gpt"
+
+
+def test_an_environment_variable_that_sets_a_section_the_command_does_not_read_is_taken(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    assert load_command_recipe(SMOKE, {}, "bench serving", "edgedistill bench serving").runtime.device == "cpu"

@@ -102,3 +102,13 @@ def test_reinit_layers_beyond_the_teachers_layers_is_refused_before_it_pretrains
 def test_reinit_layers_refused_by_the_pretrain_stage_names_the_setting(capsys):
     distill_main.main(["pretrain", str(ROOT / "recipes" / "smoke.yaml"), "--finetune.reinit_layers=3"])
     assert "error: finetune.reinit_layers=3, but the model has 2 layers" in capsys.readouterr().err
+
+
+def test_an_override_of_a_section_the_teacher_does_not_read_is_refused_naming_it(capsys):
+    distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml"), "--bench.serving.threads=4"])
+    assert "error: --bench.serving.threads: python -m distill teacher reads no bench.serving" in capsys.readouterr().err
+
+
+def test_an_override_of_a_section_the_teacher_does_not_read_is_refused_before_it_pretrains():
+    distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml"), "--bench.serving.threads=4"])
+    assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "pretrain").exists()

@@ -293,6 +293,49 @@ def test_all_force_rebuilds_every_stage(monkeypatch):
     assert [step[0] for step in stages.ran if step[-1] != "--force"] == ["headline"]
 
 
+def all_steps(monkeypatch, *overrides: str) -> dict[str, list[str]]:
+    """The commands `edgedistill all recipes/smoke.yaml *overrides` runs, by name (`bench serving`)."""
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", str(ROOT / "recipes" / "smoke.yaml"), *overrides])
+    return {step_name(step): step for step in stages.ran}
+
+
+def test_all_leaves_an_override_out_of_a_stage_that_does_not_read_its_section(monkeypatch):
+    assert "--bench.serving.threads=4" not in all_steps(monkeypatch, "--bench.serving.threads=4")["teacher"]
+
+
+def test_all_gives_an_override_to_a_stage_that_reads_its_section(monkeypatch):
+    assert "--bench.serving.threads=4" in all_steps(monkeypatch, "--bench.serving.threads=4")["bench serving"]
+
+
+def test_all_gives_an_override_of_the_teachers_settings_to_a_stage_built_on_the_teacher(monkeypatch):
+    assert "--finetune.optim.lr=1e-4" in all_steps(monkeypatch, "--finetune.optim.lr=1e-4")["bundles"]
+
+
+def test_all_gives_an_override_the_recipe_needs_to_load_to_every_stage(monkeypatch):
+    gpt = ("--model.family=gpt", "--distill.students.transformer.init_from_teacher=false")
+    assert all(gpt[1] in step for step in all_steps(monkeypatch, *gpt).values())
+
+
+def test_all_refuses_an_override_no_stage_reads_before_any_stage_runs(monkeypatch):
+    assert all_steps(monkeypatch, "--bench.peers.workers=1") == {}
+
+
+def test_all_names_the_command_that_reads_an_override_no_stage_reads(monkeypatch, capsys):
+    all_steps(monkeypatch, "--bench.peers.workers=1")
+    assert "give it to edgedistill bench peers" in capsys.readouterr().err
+
+
+def test_all_refuses_a_malformed_override_before_any_stage_runs(monkeypatch):
+    assert all_steps(monkeypatch, "--name") == {}
+
+
+def test_all_exits_2_on_a_malformed_override(monkeypatch):
+    monkeypatch.setattr(cli, "run_stage", Stages())
+    assert cli.main(["all", str(ROOT / "recipes" / "smoke.yaml"), "--finetune.optim.lr"]) == 2
+
+
 def test_all_describes_its_recipe_argument_as_every_stage_does(capsys):
     from edgedistill.common.recipe import RECIPE_HELP
 
@@ -419,3 +462,25 @@ def test_the_help_of_a_training_or_export_module_answers_without_importing_torch
     probe = HELP_IMPORTS_PROBE.format(module=module)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
+def test_a_command_taking_a_recipe_names_the_sections_it_reads(capsys, argv):
+    from edgedistill.common.recipe import reads_help
+
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    assert reads_help(" ".join(argv)) in " ".join(capsys.readouterr().out.split())
+
+
+def unread_override(command: str) -> str:
+    """An override of a section `command` does not read."""
+    from edgedistill.common.sections import reads
+
+    return "--bench.peers.workers=1" if "runtime" in reads(command) else "--runtime.device=cpu"
+
+
+@pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
+def test_a_command_refuses_an_override_of_a_section_it_does_not_read_with_status_2(argv):
+    command = " ".join(argv)
+    assert cli.main([*argv, str(ROOT / "recipes" / "smoke.yaml"), unread_override(command)]) == 2

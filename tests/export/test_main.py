@@ -31,3 +31,8 @@ def test_a_missed_gate_is_an_error_line_and_status_1(monkeypatch, capsys):
 def test_an_unknown_bundle_given_to_only_lists_the_bundles_and_cascades(capsys):
     assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn-int9"]) == 2
     assert "(teacher-onnx, teacher-fused, " in capsys.readouterr().err
+
+
+def test_an_override_of_a_section_the_bundles_do_not_read_is_refused_naming_it(capsys):
+    export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--runtime.device=cuda"])
+    assert "error: --runtime.device: python -m export bundles reads no runtime setting" in capsys.readouterr().err

@@ -141,3 +141,8 @@ def test_scenarios_given_on_the_command_line_with_an_override_of_them_name_no_va
     monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
     loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", "--loadtest.smoke.scenarios={batch: 1}"])
     assert "EDGEDISTILL_LOADTEST_SCENARIOS" not in capsys.readouterr().err
+
+
+def test_an_override_of_a_section_the_load_test_does_not_read_is_refused_naming_it(capsys):
+    loadtests_main.main([SMOKE_RECIPE, "--bench.serving.threads=4"])
+    assert "--bench.serving.threads: python -m loadtests reads no bench.serving" in capsys.readouterr().err

@@ -159,6 +159,11 @@ def test_the_report_of_a_run_with_nothing_finished_is_an_error_line(tmp_path, mo
     assert "holds no finished stage of recipe 'smoke' yet" in capsys.readouterr().err
 
 
+def test_an_override_of_a_section_the_headline_does_not_read_is_refused_naming_it(capsys):
+    headline.main([str(ROOT / "recipes" / "smoke.yaml"), "--bench.serving.threads=4"])
+    assert "error: --bench.serving.threads: edgedistill headline reads no bench.serving" in capsys.readouterr().err
+
+
 def publish_bench(recipe, model: str) -> None:
     """A one-thread model benchmark of `model` alone."""
     cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 3.0}

@@ -94,6 +94,11 @@ def test_command_line_needs_a_recipe_and_refuses_a_missing_one(capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_an_override_of_a_section_the_report_does_not_read_is_refused_naming_it(capsys):
+    report_main([str(ROOT / "recipes" / "smoke.yaml"), "--runtime.device=cpu"])
+    assert "error: --runtime.device: python -m report reads no runtime setting" in capsys.readouterr().err
+
+
 def test_the_report_leaves_out_what_a_killed_publish_left():
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     notes = Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x")))

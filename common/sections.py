@@ -1,0 +1,56 @@
+"""The recipe sections each command reads; a command-line override of any other section changes nothing it does.
+
+A command reads the sections its stages hash (`Stage.settings`), those its stages' parents hash (through their
+hashes: `distill --finetune.optim.lr=...` makes the teacher stale, and the command says so), and those it reads
+without hashing them (`runtime`: where it trains; `tracking`: where its stages log; `export.deploy`: the bundle a
+benchmark serves by default). Every command reads `name`, its run folder. `bench` is shared: each benchmark reads
+its own subsection (`bench.serving`, `bench.peers`, ...). `edgedistill all` runs every command, so reads every
+section. `common.recipe.load_command_recipe` refuses an override of any other section.
+"""
+
+SHARED = ("bench",)  # sections whose subsections different commands read
+EVERY = ("name",)  # the run folder's name: every command writes or reads runs/<name>/
+TEACHER = ("data", "model", "pretrain", "finetune")  # what the teacher is built from
+TRAINED = (*TEACHER, "transfer", "distill", "export")  # ... and the transfer set (its labeller too) and the students
+_BENCH = ("data", "export", "tracking")  # a benchmark of a served bundle: the dev split, the deployed bundle's id
+READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> the sections it reads
+    # pretraining checks finetune.reinit_layers against the model; the teacher's commands warn about missing
+    # transfer.unlabelled_files before hours of training
+    "pretrain": ("model", "pretrain", "finetune", "transfer", "runtime", "tracking"),
+    "finetune": (*TEACHER, "transfer", "runtime", "tracking"),
+    "teacher": (*TEACHER, "transfer", "runtime", "tracking"),
+    "labeller": (*TEACHER, "transfer", "export", "runtime", "tracking"),
+    "transfer": (*TRAINED, "runtime", "tracking"),  # checks the students before labelling
+    "distill": (*TRAINED, "runtime", "tracking"),
+    "bundles": (*TRAINED, "tracking"),
+    "bench models": (*TRAINED, "bench.models", "runtime", "tracking"),  # the teacher in PyTorch on runtime.device
+    "bench serving": (*_BENCH, "bench.serving"),
+    "bench accuracy": _BENCH,
+    "bench cascade": (*_BENCH, "bench.serving"),
+    "bench peers": (*_BENCH, "bench.peers"),
+    "bench scaling": (*_BENCH, "bench.scaling"),
+    "loadtest": (*_BENCH, "loadtest"),
+    "report": (*TRAINED, "tracking"),  # the plan of make all's folders, the models' cards
+    "headline": ("data", "distill", "export"),
+}
+
+
+def reads(command: str) -> tuple[str, ...]:
+    """The sections `command` reads, `name` first."""
+    return (*EVERY, *READS[command])
+
+
+def scope(key: str) -> str:
+    """The section an override of dotted `key` sets: its first part, or its first two in a shared section."""
+    parts = key.split(".")
+    return ".".join(parts[:2] if parts[0] in SHARED else parts[:1])
+
+
+def outside(keys, command: str) -> list[str]:
+    """The override keys that set no section `command` reads (`--bench` sets `bench.serving` too)."""
+    read = reads(command)
+    return [
+        key
+        for key in keys
+        if not any(key == section or key.startswith(f"{section}.") or section.startswith(f"{key}.") for section in read)
+    ]

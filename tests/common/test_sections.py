@@ -1,0 +1,78 @@
+"""The recipe sections each command reads (common.sections), against what its stages hash."""
+
+import pytest
+from edgedistill.common import sections
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.stage import Stage
+
+from tests.conftest import ROOT
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
+def test_an_override_in_a_shared_section_sets_its_subsection():
+    assert sections.scope("bench.serving.threads") == "bench.serving"
+
+
+def test_an_override_in_another_section_sets_that_section():
+    assert sections.scope("runtime.device") == "runtime"
+
+
+def test_a_benchmark_does_not_read_another_benchmarks_subsection():
+    assert sections.outside(["bench.peers.workers"], "bench serving") == ["bench.peers.workers"]
+
+
+def test_an_override_of_a_whole_shared_section_sets_the_subsection_a_benchmark_reads():
+    assert sections.outside(["bench"], "bench serving") == []
+
+
+@pytest.mark.parametrize("command", sections.READS)
+def test_every_command_reads_the_run_name(command):
+    assert sections.outside(["name"], command) == []
+
+
+def hashed(stage: Stage) -> set[str]:
+    """The sections of every setting `stage` and its parent stages hash."""
+    own = {sections.scope(key) for key in stage.settings}
+    return own.union(*(hashed(parent) for parent in stage.parents if isinstance(parent, Stage)))
+
+
+def stages(command: str) -> list[Stage]:
+    """The stages `command` runs on recipes/smoke.yaml, built and not run."""
+    from edgedistill.bench import accuracy, cascade, models, scaling, serving
+    from edgedistill.bench.peers import compare
+    from edgedistill.distill import finetune, pretrain, student_stage, transfer
+    from edgedistill.export import bundle_stage
+    from edgedistill.export import cascade as export_cascade
+    from edgedistill.loadtests import runner
+
+    recipe = load_recipe(SMOKE, {"transfer.labeller": "teacher-int8", "transfer.relabel_margin": 1.0})
+    bundle = run_dir(recipe) / f"bundle-{recipe.export.deploy}"
+    students = [student_stage.stage(recipe, name, baseline) for name in recipe.distill.students for baseline in (0, 1)]
+    return {
+        "pretrain": lambda: [pretrain.stage(recipe)],
+        "finetune": lambda: [finetune.stage(recipe)],
+        "teacher": lambda: [pretrain.stage(recipe), finetune.stage(recipe)],
+        "labeller": lambda: [bundle_stage.stage(recipe, recipe.transfer.labeller, None)],
+        "transfer": lambda: [transfer.stage(recipe)],
+        "distill": lambda: [transfer.stage(recipe), *students],
+        "bundles": lambda: [
+            *(bundle_stage.stage(recipe, name, None) for name in recipe.export.bundles),
+            *(export_cascade.stage(recipe, name) for name in recipe.export.cascades),
+        ],
+        "bench models": lambda: [models.stage(recipe)],
+        "bench serving": lambda: [serving.stage(recipe, bundle)],
+        "bench accuracy": lambda: [accuracy.stage(recipe, bundle)],
+        "bench cascade": lambda: [cascade.stage(recipe, next(iter(recipe.export.cascades)))],
+        "bench peers": lambda: [compare.stage(recipe, bundle, {})],
+        "bench scaling": lambda: [scaling.stage(recipe, bundle)],
+        "loadtest": lambda: [runner.stage(recipe, "smoke", bundle)],
+    }[command]()
+
+
+@pytest.mark.parametrize(
+    "command", [command for command in sections.READS if command not in ("report", "headline")]
+)  # the report hashes no setting, and the headline runs no stage
+def test_a_command_reads_every_section_its_stages_and_their_parents_hash(command):
+    read = set(sections.reads(command))
+    assert set().union(*(hashed(stage) for stage in stages(command))) - read == set()
