@@ -24,6 +24,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from edgedistill import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -186,6 +188,12 @@ def imported(package: Path) -> set[str]:
     return names - {package.name}
 
 
+def building_steps() -> list[str]:
+    """The commands `edgedistill all` runs that build an artifact, as `bench models` (the words before the recipe)."""
+    steps = cli.pipeline("RECIPE", cli.JOBS, [])
+    return [" ".join(step[: step.index("RECIPE")]) for step in steps if step[0] not in cli.BUILD_NOTHING]
+
+
 # --- the checks --------------------------------------------------------------------------------------------
 
 
@@ -225,6 +233,12 @@ def test_packages_import_only_what_the_readme_allows(package):
     guarded = {other.name for other in project_packages()} | HEAVY
     forbidden = imported(package) & guarded - allowed
     assert not forbidden, f"{package.name}/ imports {sorted(forbidden)}, which README.md (Layout) does not allow"
+
+
+@pytest.mark.parametrize("step", building_steps())
+def test_the_readme_stage_table_gives_every_command_edgedistill_all_runs(step):
+    commands = " ".join(row[1] for row in tables(README)["Stages"])
+    assert f"`edgedistill {step} RECIPE" in commands, f"README.md, section Stages: no row for `edgedistill {step}`"
 
 
 def test_every_server_setting_has_its_row():
