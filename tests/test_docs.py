@@ -28,6 +28,7 @@ from edgedistill import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+MAKEFILE = ROOT / "Makefile"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SETTINGS_PAGE = DOCS / "settings.md"
@@ -39,6 +40,7 @@ CELL_SPLIT = re.compile(r"(?<!\\)\|")
 ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']""")
 ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", re.MULTILINE)
 MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
+MAKE_ERROR = re.compile(r"\[Makefile:(\d+): ([\w-]+)\]")  # make's line for a failed command
 TOP_LEVEL = "Top level"
 HEAVY = {"torch", "transformers"}  # the serving image carries neither
 
@@ -188,6 +190,16 @@ def imported(package: Path) -> set[str]:
     return names - {package.name}
 
 
+def command_lines(target: str) -> range:
+    """The Makefile's line numbers (from 1) of `target`'s commands: the tab-indented lines below its rule."""
+    lines = MAKEFILE.read_text(encoding="utf-8").splitlines()
+    rule = next(index for index, line in enumerate(lines) if line.startswith(f"{target}:"))
+    end = rule + 1
+    while end < len(lines) and lines[end].startswith("\t"):
+        end += 1
+    return range(rule + 2, end + 1)
+
+
 def building_steps() -> list[str]:
     """The commands `edgedistill all` runs that build an artifact, as `bench models` (the words before the recipe)."""
     steps = cli.pipeline("RECIPE", cli.JOBS, [])
@@ -239,6 +251,17 @@ def test_packages_import_only_what_the_readme_allows(package):
 def test_the_readme_stage_table_gives_every_command_edgedistill_all_runs(step):
     commands = " ".join(row[1] for row in tables(README)["Stages"])
     assert f"`edgedistill {step} RECIPE" in commands, f"README.md, section Stages: no row for `edgedistill {step}`"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_a_quoted_make_error_gives_the_makefile_line_of_its_targets_command(page):
+    quoted = MAKE_ERROR.findall(prose(page))
+    wrong = {
+        f"Makefile:{line}: {target}": f"{target}'s command is on line {lines[0]}-{lines[-1]}"
+        for line, target in quoted
+        if int(line) not in (lines := command_lines(target))
+    }
+    assert not wrong, f"{page.name}: quotes make's line for a failed command wrongly: {wrong}"
 
 
 def test_every_server_setting_has_its_row():
