@@ -9,6 +9,7 @@ server's metrics. A failing check prints the rows to paste.
 import ast
 import json
 import re
+import tomllib
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Union, get_args, get_origin
@@ -33,6 +34,7 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SETTINGS_PAGE = DOCS / "settings.md"
 PIPELINE_PAGE = DOCS / "pipeline.md"
+INSTALL_PAGE = DOCS / "install.md"
 SERVING_PAGE = DOCS / "serving.md"
 README_MAX_LINES = 250
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -41,6 +43,7 @@ ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']"
 ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", re.MULTILINE)
 MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
 MAKE_ERROR = re.compile(r"\[Makefile:(\d+): ([\w-]+)\]")  # make's line for a failed command
+REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?")  # a name, its extras
 TOP_LEVEL = "Top level"
 HEAVY = {"torch", "transformers"}  # the serving image carries neither
 
@@ -206,6 +209,20 @@ def building_steps() -> list[str]:
     return [" ".join(step[: step.index("RECIPE")]) for step in steps if step[0] not in cli.BUILD_NOTHING]
 
 
+def extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras -> what each adds as docs/install.md writes it: a package's name in lower case,
+    another extra of the project as `name` in backticks."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    out = {}
+    for extra, requirements in declared.items():
+        out[extra] = []
+        for requirement in requirements:
+            name, included = REQUIREMENT.match(requirement).groups()
+            own = name == "edgedistill"
+            out[extra] += [f"`{other}`" for other in included.split(",")] if own else [name.lower()]
+    return out
+
+
 # --- the checks --------------------------------------------------------------------------------------------
 
 
@@ -262,6 +279,18 @@ def test_a_quoted_make_error_gives_the_makefile_line_of_its_targets_command(page
         if int(line) not in (lines := command_lines(target))
     }
     assert not wrong, f"{page.name}: quotes make's line for a failed command wrongly: {wrong}"
+
+
+@pytest.mark.parametrize("extra", list(extras()))
+def test_the_extras_table_lists_what_each_extra_adds(extra):
+    rows = {row[0]: row for row in tables(INSTALL_PAGE)["Extras"]}
+    documented = sorted(item.strip().lower() for item in rows[f"`{extra}`"][2].split(","))
+    assert documented == sorted(extras()[extra]), f"docs/install.md, section Extras: `{extra}` adds {extras()[extra]}"
+
+
+def test_the_extras_table_names_only_the_projects_extras():
+    documented = [row[0] for row in tables(INSTALL_PAGE)["Extras"]]
+    assert sorted(documented) == sorted(f"`{extra}`" for extra in extras())
 
 
 def test_every_server_setting_has_its_row():
