@@ -7,6 +7,8 @@ server's metrics. A failing check prints the rows to paste.
 """
 
 import ast
+import contextlib
+import io
 import json
 import re
 import tomllib
@@ -18,7 +20,7 @@ import pytest
 import yaml
 from edgedistill.common import settings as common_settings
 from edgedistill.common.manifest import MANIFEST, Manifest
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.serve import settings as serve_settings
 from edgedistill.serve.metrics import LATENCY_BUCKETS, WORKER_PROCESS, Metrics
 from prometheus_client.metrics import MetricWrapperBase
@@ -44,6 +46,8 @@ ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", r
 MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
 MAKE_ERROR = re.compile(r"\[Makefile:(\d+): ([\w-]+)\]")  # make's line for a failed command
 REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?")  # a name, its extras
+BUNDLE_PATH = re.compile(r"runs/([\w.-]+)/bundle-([a-z0-9][a-z0-9-]*[a-z0-9])")  # an example: recipe, bundle id
+BENCH_COMMANDS = re.compile(r"\{([a-z,]+)\}")  # `edgedistill bench --help`'s list of benchmarks
 TOP_LEVEL = "Top level"
 HEAVY = {"torch", "transformers"}  # the serving image carries neither
 
@@ -223,6 +227,26 @@ def extras() -> dict[str, list[str]]:
     return out
 
 
+def command_help(words: list[str]) -> str:
+    """What `edgedistill <words> --help` prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main([*words, "--help"])
+    return out.getvalue()
+
+
+def commands() -> list[list[str]]:
+    """Every `edgedistill` command with a help of its own, each benchmark of `bench` among them."""
+    benchmarks = BENCH_COMMANDS.search(command_help(["bench"])).group(1).split(",")
+    return [[name] for name in [*cli.COMMANDS, "all"]] + [["bench", name] for name in benchmarks]
+
+
+def bundles_of(recipe_name: str) -> set[str]:
+    """The ids of the bundles and cascades a shipped recipe builds."""
+    export = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml").export
+    return set(export.bundles) | set(export.cascades) if export else set()
+
+
 # --- the checks --------------------------------------------------------------------------------------------
 
 
@@ -291,6 +315,21 @@ def test_the_extras_table_lists_what_each_extra_adds(extra):
 def test_the_extras_table_names_only_the_projects_extras():
     documented = [row[0] for row in tables(INSTALL_PAGE)["Extras"]]
     assert sorted(documented) == sorted(f"`{extra}`" for extra in extras())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_a_bundle_folder_a_page_names_is_one_its_recipe_builds(page):
+    named = set(BUNDLE_PATH.findall(page.read_text(encoding="utf-8")))
+    unbuilt = sorted(f"runs/{run}/bundle-{bundle}" for run, bundle in named if bundle not in bundles_of(run))
+    assert not unbuilt, f"{page.name}: no recipe builds {unbuilt}"
+
+
+@pytest.mark.parametrize("command", commands(), ids=" ".join)
+def test_a_bundle_folder_a_commands_help_names_is_one_its_recipe_builds(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse would wrap a long path at its hyphens
+    named = set(BUNDLE_PATH.findall(command_help(command)))
+    unbuilt = sorted(f"runs/{run}/bundle-{bundle}" for run, bundle in named if bundle not in bundles_of(run))
+    assert not unbuilt, f"edgedistill {' '.join(command)} --help: no recipe builds {unbuilt}"
 
 
 def test_every_server_setting_has_its_row():
