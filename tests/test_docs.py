@@ -3,7 +3,9 @@
 The README's import table is checked against each package's imports. The settings tables in docs/settings.md
 are written by hand and checked against the settings' own fields: every field has a row, and its name, default
 and description (where the field has one) are the field's; so is the metrics table in docs/serving.md, against the
-server's metrics. A failing check prints the rows to paste.
+server's metrics. A failing check prints the rows to paste. The README's stage table is checked against the
+commands `edgedistill all` runs, docs/install.md's extras against pyproject.toml, and the examples the pages and
+the commands' help give (bundle folders, make's error lines) against the recipes and the Makefile.
 """
 
 import ast
