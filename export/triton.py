@@ -169,7 +169,7 @@ def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batchin
 
 def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-student-int8")
+    parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-cnn-small-folded")
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
     for name, field in Batching.model_fields.items():
         shown = "" if field.default is None else f" (default {field.default})"

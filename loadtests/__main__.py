@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     add_texts_arguments(parser)
     parser.add_argument(
-        "--scenarios",
-        help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)",
+        "--scenarios", help=f"scenario weights, e.g. single=3,batch=1 (default: ${SCENARIOS_VAR}, else the recipe's)"
     )
     parser.add_argument(
         "--echo",
@@ -64,20 +63,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     )
     parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
-    given = args.scenarios is not None
-    if not given:
-        args.scenarios = settings.env(SCENARIOS_VAR)
     try:
         pairs_file = PairsFile.of(args)
         overrides = parse_overrides(rest)
-        if args.scenarios and (key := scenarios_override(overrides, args.profile)):
-            source = "" if given else f" (default ${SCENARIOS_VAR}, set to {args.scenarios!r})"
+        variable = settings.env(SCENARIOS_VAR)  # --scenarios' default
+        weights = args.scenarios or variable
+        given_as = f"--scenarios {args.scenarios!r}" if args.scenarios else f"${SCENARIOS_VAR}={variable!r}"
+        if weights and (key := scenarios_override(overrides, args.profile)):
             raise runner.LoadtestError(
-                f"--{key} would do nothing: --scenarios{source} gives the weights instead; give one of them"
+                f"--{key} would do nothing: {given_as} gives the weights instead; give one of them"
             )
         recipe = load_command_recipe(args.recipe, overrides, "loadtest", prog)
         bundle = bundle_to_serve(recipe, args.bundle)
-        scenarios = parse_scenarios(args.scenarios) if args.scenarios else None
+        scenarios = parse_scenarios(weights) if weights else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)
         stage.run(args.force)
         result = rs.load(stage.folder)

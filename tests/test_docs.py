@@ -3,12 +3,17 @@
 The README's import table is checked against each package's imports. The settings tables in docs/settings.md
 are written by hand and checked against the settings' own fields: every field has a row, and its name, default
 and description (where the field has one) are the field's; so is the metrics table in docs/serving.md, against the
-server's metrics. A failing check prints the rows to paste.
+server's metrics. A failing check prints the rows to paste. The README's stage table is checked against the
+commands `edgedistill all` runs, docs/install.md's extras against pyproject.toml, and the examples the pages and
+the commands' help give (bundle folders, make's error lines) against the recipes and the Makefile.
 """
 
 import ast
+import contextlib
+import io
 import json
 import re
+import tomllib
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Union, get_args, get_origin
@@ -17,19 +22,23 @@ import pytest
 import yaml
 from edgedistill.common import settings as common_settings
 from edgedistill.common.manifest import MANIFEST, Manifest
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.serve import settings as serve_settings
 from edgedistill.serve.metrics import LATENCY_BUCKETS, WORKER_PROCESS, Metrics
 from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from edgedistill import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+MAKEFILE = ROOT / "Makefile"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SETTINGS_PAGE = DOCS / "settings.md"
 PIPELINE_PAGE = DOCS / "pipeline.md"
+INSTALL_PAGE = DOCS / "install.md"
 SERVING_PAGE = DOCS / "serving.md"
 README_MAX_LINES = 250
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -37,6 +46,10 @@ CELL_SPLIT = re.compile(r"(?<!\\)\|")
 ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']""")
 ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", re.MULTILINE)
 MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
+MAKE_ERROR = re.compile(r"\[Makefile:(\d+): ([\w-]+)\]")  # make's line for a failed command
+REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?")  # a name, its extras
+BUNDLE_PATH = re.compile(r"runs/([\w.-]+)/bundle-([a-z0-9][a-z0-9-]*[a-z0-9])")  # an example: recipe, bundle id
+BENCH_COMMANDS = re.compile(r"\{([a-z,]+)\}")  # `edgedistill bench --help`'s list of benchmarks
 TOP_LEVEL = "Top level"
 HEAVY = {"torch", "transformers"}  # the serving image carries neither
 
@@ -186,6 +199,56 @@ def imported(package: Path) -> set[str]:
     return names - {package.name}
 
 
+def command_lines(target: str) -> range:
+    """The Makefile's line numbers (from 1) of `target`'s commands: the tab-indented lines below its rule."""
+    lines = MAKEFILE.read_text(encoding="utf-8").splitlines()
+    rule = next(index for index, line in enumerate(lines) if line.startswith(f"{target}:"))
+    end = rule + 1
+    while end < len(lines) and lines[end].startswith("\t"):
+        end += 1
+    return range(rule + 2, end + 1)
+
+
+def building_steps() -> list[str]:
+    """The commands `edgedistill all` runs that build an artifact, as `bench models` (the words before the recipe)."""
+    steps = cli.pipeline("RECIPE", cli.JOBS, [])
+    return [" ".join(step[: step.index("RECIPE")]) for step in steps if step[0] not in cli.BUILD_NOTHING]
+
+
+def extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras -> what each adds as docs/install.md writes it: a package's name in lower case,
+    another extra of the project as `name` in backticks."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    out = {}
+    for extra, requirements in declared.items():
+        out[extra] = []
+        for requirement in requirements:
+            name, included = REQUIREMENT.match(requirement).groups()
+            own = name == "edgedistill"
+            out[extra] += [f"`{other}`" for other in included.split(",")] if own else [name.lower()]
+    return out
+
+
+def command_help(words: list[str]) -> str:
+    """What `edgedistill <words> --help` prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main([*words, "--help"])
+    return out.getvalue()
+
+
+def commands() -> list[list[str]]:
+    """Every `edgedistill` command with a help of its own, each benchmark of `bench` among them."""
+    benchmarks = BENCH_COMMANDS.search(command_help(["bench"])).group(1).split(",")
+    return [[name] for name in [*cli.COMMANDS, "all"]] + [["bench", name] for name in benchmarks]
+
+
+def bundles_of(recipe_name: str) -> set[str]:
+    """The ids of the bundles and cascades a shipped recipe builds."""
+    export = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml").export
+    return set(export.bundles) | set(export.cascades) if export else set()
+
+
 # --- the checks --------------------------------------------------------------------------------------------
 
 
@@ -225,6 +288,50 @@ def test_packages_import_only_what_the_readme_allows(package):
     guarded = {other.name for other in project_packages()} | HEAVY
     forbidden = imported(package) & guarded - allowed
     assert not forbidden, f"{package.name}/ imports {sorted(forbidden)}, which README.md (Layout) does not allow"
+
+
+@pytest.mark.parametrize("step", building_steps())
+def test_the_readme_stage_table_gives_every_command_edgedistill_all_runs(step):
+    commands = " ".join(row[1] for row in tables(README)["Stages"])
+    assert f"`edgedistill {step} RECIPE" in commands, f"README.md, section Stages: no row for `edgedistill {step}`"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_a_quoted_make_error_gives_the_makefile_line_of_its_targets_command(page):
+    quoted = MAKE_ERROR.findall(prose(page))
+    wrong = {
+        f"Makefile:{line}: {target}": f"{target}'s command is on line {lines[0]}-{lines[-1]}"
+        for line, target in quoted
+        if int(line) not in (lines := command_lines(target))
+    }
+    assert not wrong, f"{page.name}: quotes make's line for a failed command wrongly: {wrong}"
+
+
+@pytest.mark.parametrize("extra", list(extras()))
+def test_the_extras_table_lists_what_each_extra_adds(extra):
+    rows = {row[0]: row for row in tables(INSTALL_PAGE)["Extras"]}
+    documented = sorted(item.strip().lower() for item in rows[f"`{extra}`"][2].split(","))
+    assert documented == sorted(extras()[extra]), f"docs/install.md, section Extras: `{extra}` adds {extras()[extra]}"
+
+
+def test_the_extras_table_names_only_the_projects_extras():
+    documented = [row[0] for row in tables(INSTALL_PAGE)["Extras"]]
+    assert sorted(documented) == sorted(f"`{extra}`" for extra in extras())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_a_bundle_folder_a_page_names_is_one_its_recipe_builds(page):
+    named = set(BUNDLE_PATH.findall(page.read_text(encoding="utf-8")))
+    unbuilt = sorted(f"runs/{run}/bundle-{bundle}" for run, bundle in named if bundle not in bundles_of(run))
+    assert not unbuilt, f"{page.name}: no recipe builds {unbuilt}"
+
+
+@pytest.mark.parametrize("command", commands(), ids=" ".join)
+def test_a_bundle_folder_a_commands_help_names_is_one_its_recipe_builds(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse would wrap a long path at its hyphens
+    named = set(BUNDLE_PATH.findall(command_help(command)))
+    unbuilt = sorted(f"runs/{run}/bundle-{bundle}" for run, bundle in named if bundle not in bundles_of(run))
+    assert not unbuilt, f"edgedistill {' '.join(command)} --help: no recipe builds {unbuilt}"
 
 
 def test_every_server_setting_has_its_row():

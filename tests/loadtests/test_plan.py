@@ -131,16 +131,22 @@ def test_scenarios_with_an_override_of_the_profiles_scenarios_are_refused_naming
     assert f"{override.partition('=')[0]} would do nothing: --scenarios" in capsys.readouterr().err
 
 
-def test_scenarios_from_the_variable_with_an_override_of_them_are_refused(capsys, monkeypatch):
+def test_scenarios_from_the_variable_with_an_override_of_them_are_refused_naming_the_variable(capsys, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
     loadtests_main.main([SMOKE_RECIPE, "--loadtest.smoke.scenarios={batch: 1}"])
-    assert "(default $EDGEDISTILL_LOADTEST_SCENARIOS, set to 'single=1')" in capsys.readouterr().err
+    assert "would do nothing: $EDGEDISTILL_LOADTEST_SCENARIOS='single=1' gives" in capsys.readouterr().err
 
 
-def test_scenarios_given_on_the_command_line_with_an_override_of_them_name_no_variable(capsys, monkeypatch):
+def test_scenarios_given_as_the_option_are_not_said_to_come_from_the_variable(capsys, monkeypatch):
     monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
     loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", "--loadtest.smoke.scenarios={batch: 1}"])
-    assert "EDGEDISTILL_LOADTEST_SCENARIOS" not in capsys.readouterr().err
+    assert "$EDGEDISTILL_LOADTEST_SCENARIOS" not in capsys.readouterr().err
+
+
+def test_the_option_wins_over_the_variable_where_both_give_scenarios(capsys, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "batch=1")
+    loadtests_main.main([SMOKE_RECIPE, "--scenarios", "single=1", "--loadtest.smoke.scenarios={batch: 1}"])
+    assert "would do nothing: --scenarios 'single=1' gives" in capsys.readouterr().err
 
 
 def test_an_override_of_a_section_the_load_test_does_not_read_is_refused_naming_it(capsys):
