@@ -2,7 +2,8 @@
 
 The wrapping happens once, when a servicer is registered (`ObservedServer` stands in for the
 server), not per call: a `grpc.aio` server interceptor runs an extra coroutine for every call, which
-cost a third of an echo server's throughput. Auth rejections are counted like any call.
+cost a third of an echo server's throughput. Auth rejections are counted like any call. With a token, a unary
+method is registered as one whose request streams, so that the token is checked before the request is read.
 """
 
 import asyncio
@@ -87,6 +88,11 @@ def caller(context: grpc.aio.ServicerContext) -> str:
     """The call's peer address, and the names its client certificate proves where mutual TLS checked one."""
     names = ", ".join(name.decode(errors="replace") for name in context.peer_identities() or ())
     return f"{context.peer()} ({names})" if names else context.peer()
+
+
+def _metadata(context) -> dict[str, str]:
+    """The call's text metadata."""
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
 class Refused:
@@ -182,7 +188,10 @@ class CallObserver:
 
         A unary request that its precheck refuses, or that does not parse, reaches the behavior as `Refused` and
         is answered INVALID_ARGUMENT (gRPC itself would answer UNKNOWN); streamed requests are checked by the
-        servicer.
+        servicer. A unary-unary method that needs a token is registered as one whose request streams (the same on
+        the wire): its token is checked on the call's metadata before its request is read, so a client without one
+        is refused at once and holds no place among the server's concurrent calls while it sends (or never sends)
+        its message.
         """
         for kind, build in _KINDS:
             behavior = getattr(handler, kind)
@@ -190,17 +199,35 @@ class CallObserver:
                 deserializer = handler.request_deserializer
                 if kind.startswith("unary_") and deserializer is not None:
                     deserializer = _tolerant(deserializer, self.prechecks.get(method))
-                return build(
-                    self._observed(behavior, method),
+                read = kind == "unary_unary" and self._expected_by(method) is not None
+                return (grpc.stream_unary_rpc_method_handler if read else build)(
+                    self._observed(behavior, method, read),
                     request_deserializer=deserializer,
                     response_serializer=handler.response_serializer,
                 )
         raise ValueError(f"{method}: a method handler without a behavior")
 
-    def _begin(self, request, context, method: str) -> tuple[str, object, bool]:
-        """The call's request id and its context tokens (request id, model); and whether the call is refused (auth,
-        or a `Refused` request), its status then set."""
-        metadata = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+    def _expected_by(self, method: str) -> bytes | None:
+        """The token `method` needs (`admin_token` for an admin method), or None where it needs none."""
+        if method.startswith(HEALTH_PREFIX):
+            return None
+        return self._admin if self._admin is not None and method in self.admin_methods else self._expected
+
+    def _denied(self, method: str, metadata: dict[str, str]) -> str | None:
+        """Why a call of `method` with `metadata` is refused UNAUTHENTICATED, or None."""
+        expected = self._expected_by(method)
+        if expected is None or hmac.compare_digest(_bearer(metadata.get("authorization", "")), expected):
+            return None
+        if expected is self._admin and method in self.admin_methods:
+            return (
+                "missing or invalid admin token: this method needs 'authorization: Bearer <ADMIN_TOKEN>', the server's "
+                "admin token, not the token of the other calls"
+            )
+        return "missing or invalid bearer token: send 'authorization: Bearer <token>'"
+
+    def _begin(self, request, context, method: str, metadata: dict[str, str], denied: str | None):
+        """The call's request id and its context tokens (request id, model); and whether the call is refused (auth:
+        `denied`, or a `Refused` request), its status then set."""
         request_id = (
             _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID])
             or _returnable(getattr(request, "id", "")[:MAX_REQUEST_ID])  # KServe's: a Triton client's request_id
@@ -209,21 +236,8 @@ class CallObserver:
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         # the call's own; no model until one takes it, no fault yet
         token = REQUEST_ID.set(request_id), MODEL.set(None), _CLIENTS_FAULT.set(False)
-        admin = self._admin is not None and method in self.admin_methods
-        expected = self._admin if admin else self._expected
-        if (
-            expected is not None
-            and not method.startswith(HEALTH_PREFIX)
-            and not hmac.compare_digest(_bearer(metadata.get("authorization", "")), expected)
-        ):
-            refuse(
-                context,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or invalid admin token: this method needs 'authorization: Bearer <ADMIN_TOKEN>', the server's "
-                "admin token, not the token of the other calls"
-                if admin
-                else "missing or invalid bearer token: send 'authorization: Bearer <token>'",
-            )
+        if denied is not None:
+            refuse(context, grpc.StatusCode.UNAUTHENTICATED, denied)
             return request_id, token, True
         if isinstance(request, Refused):
             refuse(context, grpc.StatusCode.INVALID_ARGUMENT, request.reason)
@@ -277,7 +291,8 @@ class CallObserver:
             },
         )
 
-    def _observed(self, behavior, method: str):
+    def _observed(self, behavior, method: str, read: bool = False):
+        """`behavior` observed; with `read`, a unary-unary one registered as one whose request streams (`wrap`)."""
         if inspect.isasyncgenfunction(behavior):
             # Written here rather than yielded: a call that ends while gRPC sends a yielded reply leaves a generator
             # at its `yield`, which asyncio closes later in a task of its own, where the request id cannot be reset
@@ -285,7 +300,10 @@ class CallObserver:
 
             async def stream(request, context):
                 started = time.perf_counter()
-                request_id, token, refused = self._begin(request, context, method)
+                metadata = _metadata(context)
+                request_id, token, refused = self._begin(
+                    request, context, method, metadata, self._denied(method, metadata)
+                )
                 replies = None if refused else behavior(request, context)
                 err = None
                 try:
@@ -308,8 +326,14 @@ class CallObserver:
             return stream
 
         async def call(request, context):
+            metadata = _metadata(context)
+            denied = self._denied(method, metadata)
+            if read:  # `request` streams: its one message is read only once the call is admitted
+                request = None if denied is not None else await context.read()
+                if request is grpc.aio.EOF:
+                    request = Refused("the call ended before its request")
             started = time.perf_counter()
-            request_id, token, refused = self._begin(request, context, method)
+            request_id, token, refused = self._begin(request, context, method, metadata, denied)
             err = None
             try:
                 return None if refused else await behavior(request, context)

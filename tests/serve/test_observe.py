@@ -109,6 +109,19 @@ def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, acce
     assert line["code"] == "INVALID_ARGUMENT"
 
 
+def test_a_kserve_request_id_names_the_call_on_a_server_with_a_token(start_server, bundle):
+    # with a token the request is read after the metadata: its id still names the call
+    server = start_server(settings_for(bundle, token="s3cret"))
+    request = kserve_pb2.ModelInferRequest(
+        id="triton-8",
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"good"]}}],
+    )
+    with server.channel() as channel:
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        _, call = stub.ModelInfer.with_call(request, metadata=(("authorization", "Bearer s3cret"),), timeout=10)
+    assert dict(call.trailing_metadata())["x-request-id"] == "triton-8"
+
+
 def test_overload_refusals_are_logged_once_per_interval_with_the_count_left_out(
     start_server, bundle, slow_tokenizer, access_lines, monkeypatch
 ):
