@@ -38,7 +38,8 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
     if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
         raise BenchError(
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, metrics "
-            "port, threads (the recipe's, e.g. --bench.serving.threads=N or --loadtest.threads=N) and workers itself; "
+            "port, threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
+            "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; "
             "unset them"
         )
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]

@@ -26,6 +26,11 @@ def test_an_override_of_a_whole_shared_section_sets_the_subsection_a_benchmark_r
     assert sections.outside(["bench"], "bench serving") == []
 
 
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher"])
+def test_the_teachers_commands_read_the_students_they_warn_about(command):
+    assert sections.outside(["distill.students.cnn.optim.lr"], command) == []
+
+
 @pytest.mark.parametrize("command", sections.READS)
 def test_every_command_reads_the_run_name(command):
     assert sections.outside(["name"], command) == []
