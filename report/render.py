@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench.records import ModelTable
 from edgedistill.common import manifest as mf
-from edgedistill.common import measured, modelcard, tables
+from edgedistill.common import measured, modelcard, sections, tables
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
@@ -366,10 +366,12 @@ def _loadtests(page: Page, root: Path, recipe: Recipe) -> None:
 
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
-    are its parents: it is current until one of them changes, a new one appears, or another release of edgedistill
-    (which may draw other sections) runs it."""
+    are its parents: it is current until one of them changes, a new one appears, the recipe sections it reads change
+    (`export.deploy` names the bundle whose measurements it shows), or another release of edgedistill (which may draw
+    other sections) runs it."""
     parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
-    return Stage("report", recipe, (), _build, parents, extra={"edgedistill": metadata.version("edgedistill")})
+    extra = {"edgedistill": metadata.version("edgedistill")}
+    return Stage("report", recipe, sections.TRAINED, _build, parents, extra=extra)
 
 
 def _build(inputs: Inputs) -> Built:

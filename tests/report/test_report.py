@@ -113,3 +113,11 @@ def test_a_report_rendered_by_another_release_is_not_current(monkeypatch):
     stage(recipe).run()
     monkeypatch.setattr(render.metadata, "version", lambda name: "99.0")
     assert not stage(recipe).is_current()
+
+
+def test_a_report_of_another_deployed_bundle_is_not_current():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x"))).run()
+    stage(recipe).run()
+    other = load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.deploy": "cnn-int8"})
+    assert not stage(other).is_current()
