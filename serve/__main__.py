@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     from edgedistill.serve.app import EXIT_FAULT, run
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
-    from edgedistill.serve.settings import SettingsError, load_settings
+    from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
     from edgedistill.serve.workers import SupervisorLink, intra_op_threads, supervise, worker_count
 
     try:
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     configure_logging(settings.log_level)
     supervisor = SupervisorLink.from_environ()
     try:
+        if supervisor is None:  # a worker runs with the metrics port off and the deployment's METRICS_HOST
+            refuse_unused(settings)
         if supervisor is None and (count := worker_count(settings)) > 1:
             return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
         if supervisor is None:  # a supervisor's worker has its share of the cores in its flags

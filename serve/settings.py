@@ -27,7 +27,7 @@ class Settings(BaseModel):
     metrics_host: str = Field(
         "127.0.0.1",
         description="address to bind the metrics port to: loopback, so only this machine reads it; '[::]' or "
-        "'0.0.0.0' exposes it (a Kubernetes scrape needs that)",
+        "'0.0.0.0' exposes it (a Kubernetes scrape needs that); refused with METRICS_PORT off",
     )
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
     metrics_port: int | None = Field(
@@ -257,6 +257,18 @@ def env_name(field: str) -> str:
 
 def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def refuse_unused(settings: Settings) -> None:
+    """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
+    metrics port off. For the process a user starts, not a supervisor's workers: they run with the metrics port off
+    and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
+    if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
+        raise SettingsError(
+            f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "
+            f"metrics port is off ({env_name('metrics_port')}=off); unset it, or set {env_name('metrics_port')} to "
+            "serve /metrics on that address"
+        )
 
 
 def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:

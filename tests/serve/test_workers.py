@@ -77,7 +77,8 @@ def wait_for_restart(server) -> int:
 def two_workers(spawn, tmp_path):
     """A supervisor with two workers on a bundle of its own (version 1): (process, its workers_serving line)."""
     folder = write_bundle(tmp_path / "bundle")
-    server = spawn(folder, EDGEDISTILL_WORKERS="2")
+    # METRICS_HOST as the deployments set it: the workers inherit it and run with their metrics port off
+    server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_METRICS_HOST="127.0.0.1")
     server.folder = folder
     return server, server.wait_for("workers_serving", timeout=60)
 
