@@ -113,11 +113,13 @@ def serving(
     log: Path,
     ready: Callable[[grpc.Channel], bool] = health_serving,
     clean_exit: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[psutil.Process]:
-    """`command` with its output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the
-    block. `BenchError` when it exited before that, and with `clean_exit`, when it does not exit with status 0."""
+    """`command` (in `env`, default this environment) with its output in `log`, ready (`ready`) on loopback `port`;
+    stopped with SIGTERM after the block. `BenchError` when it exited before that, and with `clean_exit`, when it does
+    not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
-    process = start(command, log)
+    process = start(command, log, env)
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)
@@ -131,6 +133,8 @@ def serving(
         raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
 
 
-def running(module: str, args: list[str], port: int, log: Path) -> AbstractContextManager[psutil.Process]:
-    """`python -m module args`, `serving` until the block ends."""
-    return serving([sys.executable, "-m", module, *args], port, log)
+def running(
+    module: str, args: list[str], port: int, log: Path, env: dict[str, str] | None = None
+) -> AbstractContextManager[psutil.Process]:
+    """`python -m module args` (in `env`, default this environment), `serving` until the block ends."""
+    return serving([sys.executable, "-m", module, *args], port, log, env=env)

@@ -31,7 +31,7 @@ from edgedistill.common.cascade import (
 from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
 from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
 from edgedistill.serve.metrics import Metrics
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, env_name, flag_name
 
 log = logging.getLogger(__name__)
 
@@ -308,10 +308,24 @@ def load_runtime(
     metrics: Metrics | None = None,
     on_fault: Callable[[ServerFault], None] | None = None,
 ) -> ModelRuntime | CascadeRuntime:
-    """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's."""
-    if is_cascade(folder):
+    """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's;
+    `BundleRejected` for `settings` it would not use (`refuse_unused`), at start as for a reload."""
+    cascade = is_cascade(folder)
+    refuse_unused(folder, settings, cascade)
+    if cascade:
         return CascadeRuntime.load(folder, settings, metrics, on_fault)
     return ModelRuntime.load(folder, settings, metrics, on_fault)
+
+
+def refuse_unused(folder: str | Path, settings: Settings, cascade: bool) -> None:
+    """`BundleRejected` naming a setting given (flag or variable) that the runtime serving `folder` (a `cascade` or
+    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade."""
+    if not cascade and "cascade_overload" in settings.model_fields_set:
+        raise BundleRejected(
+            f"{folder} is a single bundle, not a confidence cascade: {env_name('cascade_overload')} "
+            f"({flag_name('cascade_overload')}) {settings.cascade_overload} would do nothing; unset it, or serve a "
+            "cascade"
+        )
 
 
 def model_bytes(folder: str | Path) -> int:

@@ -177,7 +177,7 @@ class Settings(BaseModel):
         "answer",
         description="a confidence cascade whose next member's queue cannot take a request's escalated texts: "
         "'answer' has the earlier member answer those it cannot take, flagged escalation_refused; 'refuse' fails "
-        "the request with RESOURCE_EXHAUSTED",
+        "the request with RESOURCE_EXHAUSTED; refused for a single bundle, at start as at a reload",
     )
 
     @field_validator("providers", mode="before")

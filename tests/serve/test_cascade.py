@@ -559,6 +559,28 @@ def test_a_reload_swaps_a_single_bundle_for_a_cascade(start_server, bundle, casc
         )
 
 
+def test_cascade_overload_for_a_single_bundle_is_refused_naming_it(bundle):
+    refusal = (
+        r"is a single bundle, not a confidence cascade: EDGEDISTILL_CASCADE_OVERLOAD \(--cascade-overload\) refuse"
+    )
+    with pytest.raises(BundleRejected, match=refusal):
+        asyncio.run(start_and_stop(settings_for(bundle, cascade_overload="refuse")))
+
+
+def test_a_reload_of_a_cascade_server_given_cascade_overload_onto_a_single_bundle_keeps_the_cascade(
+    start_server, bundle, cascade
+):
+    settings = settings_for(cascade, cascade_overload="refuse", admin_token=ADMIN_TOKEN, reload_root=bundle.parent)
+    server = start_server(settings)
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(bundle)), metadata=ADMIN, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "EDGEDISTILL_CASCADE_OVERLOAD (--cascade-overload) refuse would do nothing" in caught.value.details()
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(cascade)
+
+
 def test_a_pair_cascade_takes_pairs(start_server, tmp_path):
     from tests.serve.conftest import pair_spec
 
