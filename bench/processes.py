@@ -13,6 +13,7 @@ import grpc
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.processes import dying_with_this_process
+from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
 
@@ -33,8 +34,9 @@ MEASURED_SETTINGS = ("bundle", "host", "port", "metrics_port", "threads", "worke
 
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
     """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
-    runtime's default) and `workers` processes, metrics on `metrics_port` (None: off). `BenchError` where this
-    process's environment sets one of these settings: the flag would override it without a word."""
+    runtime's default; none for TensorRT engines alone) and `workers` processes, metrics on `metrics_port` (None:
+    off). `BenchError` where this process's environment sets one of these settings: the flag would override it
+    without a word."""
     if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
         raise BenchError(
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, metrics "
@@ -42,8 +44,9 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
             "unset them"
         )
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
-    flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
-    return flags + ["--threads", str(threads), "--workers", str(workers)]
+    flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port), "--workers", str(workers)]
+    # a TensorRT engine runs without ONNX Runtime's threads, and the server refuses THREADS for it
+    return flags + (["--threads", str(threads)] if runs_onnx_runtime(bundle) else [])
 
 
 def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:

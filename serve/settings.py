@@ -110,7 +110,8 @@ class Settings(BaseModel):
         0,
         ge=0,
         description="intra-op threads of the runtime (0: the usable cores, within a cgroup CPU quota, shared among "
-        "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity)",
+        "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity); "
+        "refused where every model is a TensorRT engine, which runs without ONNX Runtime",
     )
     malloc_arenas: int | None = Field(
         None,
@@ -122,7 +123,8 @@ class Settings(BaseModel):
     spin: bool = Field(
         False,
         description="let ONNX Runtime's intra-op threads spin while they wait for work: slightly lower latency "
-        "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine",
+        "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine; "
+        "refused where every model is a TensorRT engine, which runs without ONNX Runtime",
     )
     providers: list[str] = Field(
         [],
