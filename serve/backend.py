@@ -33,15 +33,10 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
     (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`.
 
-    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU; so do
-    providers requested for a TensorRT engine, which runs on its GPU whatever they say.
+    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
+    TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused`
+    refuses them for a server of engines alone).
     """
-    if settings.providers and bundle.spec.runtime == "tensorrt":
-        raise BundleRejected(
-            f"{bundle.folder} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
-            f"{env_name('providers')} ({flag_name('providers')}) {','.join(settings.providers)} would do nothing; unset "
-            "it, or serve an ONNX bundle (runtime 'onnxruntime') on those providers"
-        )
     threads = intra_op_threads(settings.threads, max(1, settings.workers))  # WORKERS=0 is one process here
     try:
         runner = open_bundle(

@@ -319,19 +319,25 @@ def load_runtime(
 
 def refuse_unused(folder: str | Path, settings: Settings, cascade: bool) -> None:
     """`BundleRejected` naming a setting given (flag or variable) that the runtime serving `folder` (a `cascade` or
-    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; THREADS or SPIN, which set ONNX Runtime's
-    intra-op threads, where every model is a TensorRT engine. THREADS=0 and SPIN=false, the defaults, ask for nothing."""
+    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; PROVIDERS, THREADS or SPIN, which set ONNX
+    Runtime's session, where every model is a TensorRT engine (THREADS=0, SPIN=false and no PROVIDERS, the defaults,
+    ask for nothing). A folder that cannot be read is left to the load, which says why."""
+    try:
+        bundles = served_bundles(folder)
+    except (mf.ArtifactError, ValueError, OSError):
+        return
     if not cascade and "cascade_overload" in settings.model_fields_set:
         raise BundleRejected(
             f"{folder} is a single bundle, not a confidence cascade: {env_name('cascade_overload')} "
             f"({flag_name('cascade_overload')}) {settings.cascade_overload} would do nothing; unset it, or serve a "
             "cascade"
         )
-    given = [f"{env_name(name)} ({flag_name(name)})" for name in ("threads", "spin") if getattr(settings, name)]
-    if given and not runs_onnx_runtime(folder):
+    shown = {"providers": ",".join(settings.providers), "threads": str(settings.threads), "spin": "true"}
+    given = [f"{env_name(name)} ({flag_name(name)}) {shown[name]}" for name in shown if getattr(settings, name)]
+    if given and all(bundle.spec.runtime == "tensorrt" for bundle in bundles):
         models = "every member of the cascade is" if cascade else "it is"
         raise BundleRejected(
-            f"{folder}: {models} a TensorRT engine (runtime 'tensorrt'), which runs without ONNX Runtime: "
+            f"{folder}: {models} a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
             f"{' and '.join(given)} would do nothing; unset {'them' if len(given) > 1 else 'it'}, or serve an ONNX "
             "bundle (runtime 'onnxruntime')"
         )
@@ -346,12 +352,12 @@ def served_bundles(folder: str | Path) -> list[Bundle]:
 
 
 def runs_onnx_runtime(folder: str | Path) -> bool:
-    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose intra-op
-    threads THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one: its
-    load refuses it, saying why."""
+    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose session
+    PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
+    its load refuses it, saying why."""
     try:
         return any(bundle.spec.runtime == "onnxruntime" for bundle in served_bundles(folder))
-    except (mf.ArtifactError, ValueError):
+    except (mf.ArtifactError, ValueError, OSError):
         return True
 
 

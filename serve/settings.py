@@ -128,8 +128,8 @@ class Settings(BaseModel):
     )
     providers: list[str] = Field(
         [],
-        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused for a TensorRT "
-        "engine, which runs without ONNX Runtime",
+        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused where every "
+        "model is a TensorRT engine, which runs without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(
         False,

@@ -193,11 +193,6 @@ def _fake_module(name: str, **attrs) -> types.ModuleType:
     return module
 
 
-def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(trt_bundle):
-    with pytest.raises(BundleRejected, match=r"is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) cpu"):
-        load_backend(load_bundle(trt_bundle), Settings(threads=1, providers=["cpu"]))
-
-
 def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # importing it raises ImportError
     with pytest.raises(

@@ -567,6 +567,11 @@ def test_cascade_overload_for_a_single_bundle_is_refused_naming_it(bundle):
         asyncio.run(start_and_stop(settings_for(bundle, cascade_overload="refuse")))
 
 
+def test_cascade_overload_for_a_folder_that_is_no_bundle_is_refused_for_what_it_lacks(tmp_path):
+    with pytest.raises(BundleRejected, match="manifest.json is missing"):
+        asyncio.run(start_and_stop(settings_for(tmp_path / "nothing", cascade_overload="refuse")))
+
+
 def test_a_reload_of_a_cascade_server_given_cascade_overload_onto_a_single_bundle_keeps_the_cascade(
     start_server, bundle, cascade
 ):
@@ -601,14 +606,22 @@ def mixed(tmp_path_factory, engine):
 
 
 def test_threads_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
-    refusal = r"it is a TensorRT engine \(runtime 'tensorrt'\), .*: EDGEDISTILL_THREADS \(--threads\) would do nothing"
+    refusal = (
+        r"it is a TensorRT engine \(runtime 'tensorrt'\), .*: EDGEDISTILL_THREADS \(--threads\) 2 would do nothing"
+    )
     with pytest.raises(BundleRejected, match=refusal):
         load_runtime(engine, settings_for(engine, threads=2))
 
 
 def test_spin_for_a_tensorrt_engine_is_refused_naming_the_setting(engine):
-    with pytest.raises(BundleRejected, match=r"EDGEDISTILL_SPIN \(--spin\) would do nothing"):
+    with pytest.raises(BundleRejected, match=r"EDGEDISTILL_SPIN \(--spin\) true would do nothing"):
         load_runtime(engine, settings_for(engine, threads=0, spin=True))
+
+
+def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
+    refusal = r"it is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) cpu would do nothing"
+    with pytest.raises(BundleRejected, match=refusal):
+        load_runtime(engine, settings_for(engine, threads=0, providers=["cpu"]))
 
 
 def test_threads_for_a_cascade_of_tensorrt_engines_alone_are_refused(engines):
@@ -618,6 +631,12 @@ def test_threads_for_a_cascade_of_tensorrt_engines_alone_are_refused(engines):
 
 def test_threads_for_a_cascade_with_an_onnx_member_are_used(mixed):
     assert refuse_unused(mixed, settings_for(mixed, threads=2, spin=True), cascade=True) is None
+
+
+def test_providers_for_a_cascade_with_an_onnx_member_are_used(mixed):
+    with pytest.raises(BundleRejected) as caught:  # the placeholder engine cannot be opened
+        load_runtime(mixed, settings_for(mixed, threads=0, providers=["cpu"]))
+    assert "EDGEDISTILL_PROVIDERS" not in str(caught.value)
 
 
 def test_the_default_threads_and_spin_for_a_tensorrt_engine_are_accepted(engine):
@@ -631,7 +650,7 @@ def test_a_reload_onto_a_tensorrt_engine_given_threads_keeps_the_old_bundle(star
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.Reload(pb.ReloadRequest(bundle_path=str(engine)), metadata=ADMIN, timeout=30)
-        assert "EDGEDISTILL_THREADS (--threads) would do nothing" in caught.value.details()
+        assert "EDGEDISTILL_THREADS (--threads) 1 would do nothing" in caught.value.details()
         assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(bundle)
 
 
