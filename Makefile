@@ -37,6 +37,7 @@ endif
 help:  ## list the targets and the variables they take
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
+	@echo "PYTHON and TORCH_INDEX make .venv, once: given later with others, they stop make (rm -rf .venv, then make setup)"
 
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
@@ -54,6 +55,28 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
+# .venv is made once: PYTHON (its interpreter) and TORCH_INDEX (where its torch came from, recorded in the stamp) given
+# on the command line once .venv exists, other than its own, would do nothing, so they stop make, naming the fix
+# (rm -rf .venv, then make setup with them). Same interpreter: the same installation and version, however it is named.
+# PYTHON also makes the environments of peers-setup and wheel-test, which take it whatever .venv's interpreter is.
+INTERPRETER := import sys; print(sys.base_prefix, "%d.%d.%d" % sys.version_info[:3])
+ifeq ($(origin PYTHON)$(filter peers-setup wheel-test,$(MAKECMDGOALS)),command line)
+ifneq ($(wildcard $(PY)),)
+VENV_INTERPRETER := $(shell $(PY) -c '$(INTERPRETER)')
+ifneq ($(shell $(PYTHON) -c '$(INTERPRETER)' 2>/dev/null),$(VENV_INTERPRETER))
+$(error PYTHON=$(PYTHON) would do nothing: $(VENV) exists, made with Python $(lastword $(VENV_INTERPRETER)) in $(firstword $(VENV_INTERPRETER)), and make setup makes it once; rm -rf $(VENV), then make setup PYTHON=$(PYTHON), or leave PYTHON out)
+endif
+endif
+endif
+ifeq ($(origin TORCH_INDEX),command line)
+VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
+ifneq ($(VENV_TORCH_INDEX),)
+ifneq ($(VENV_TORCH_INDEX),[$(TORCH_INDEX)])
+$(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX), or leave TORCH_INDEX out)
+endif
+endif
+endif
+
 setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,dev]`, torch from TORCH_INDEX (CPU)
 
 $(STAMP): pyproject.toml
@@ -61,7 +84,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
-	touch $@
+	printf 'TORCH_INDEX=%s\n' '$(TORCH_INDEX)' > $@
 
 pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` section)
 	$(LAUNCH) pretrain $(RECIPE)

@@ -13,6 +13,7 @@ import grpc
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.processes import dying_with_this_process
+from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
 
@@ -33,8 +34,9 @@ MEASURED_SETTINGS = ("bundle", "host", "port", "metrics_port", "threads", "worke
 
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
     """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
-    runtime's default) and `workers` processes, metrics on `metrics_port` (None: off). `BenchError` where this
-    process's environment sets one of these settings: the flag would override it without a word."""
+    runtime's default; none for TensorRT engines alone) and `workers` processes, metrics on `metrics_port` (None:
+    off). `BenchError` where this process's environment sets one of these settings: the flag would override it
+    without a word."""
     if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
         raise BenchError(
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, metrics "
@@ -43,8 +45,9 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
             "unset them"
         )
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
-    flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port)]
-    return flags + ["--threads", str(threads), "--workers", str(workers)]
+    flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port), "--workers", str(workers)]
+    # a TensorRT engine runs without ONNX Runtime's threads, and the server refuses THREADS for it
+    return flags + (["--threads", str(threads)] if runs_onnx_runtime(bundle) else [])
 
 
 def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
@@ -114,11 +117,13 @@ def serving(
     log: Path,
     ready: Callable[[grpc.Channel], bool] = health_serving,
     clean_exit: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[psutil.Process]:
-    """`command` with its output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the
-    block. `BenchError` when it exited before that, and with `clean_exit`, when it does not exit with status 0."""
+    """`command` (in `env`, default this environment) with its output in `log`, ready (`ready`) on loopback `port`;
+    stopped with SIGTERM after the block. `BenchError` when it exited before that, and with `clean_exit`, when it does
+    not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
-    process = start(command, log)
+    process = start(command, log, env)
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)
@@ -132,6 +137,8 @@ def serving(
         raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
 
 
-def running(module: str, args: list[str], port: int, log: Path) -> AbstractContextManager[psutil.Process]:
-    """`python -m module args`, `serving` until the block ends."""
-    return serving([sys.executable, "-m", module, *args], port, log)
+def running(
+    module: str, args: list[str], port: int, log: Path, env: dict[str, str] | None = None
+) -> AbstractContextManager[psutil.Process]:
+    """`python -m module args` (in `env`, default this environment), `serving` until the block ends."""
+    return serving([sys.executable, "-m", module, *args], port, log, env=env)

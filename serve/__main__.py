@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     from edgedistill.serve.app import EXIT_FAULT, run
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
-    from edgedistill.serve.settings import SettingsError, load_settings
-    from edgedistill.serve.workers import SupervisorLink, intra_op_threads, supervise, worker_count
+    from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
+    from edgedistill.serve.workers import SupervisorLink, supervise, worker_count
 
     try:
         settings = load_settings(argv, prog=prog)
@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     configure_logging(settings.log_level)
     supervisor = SupervisorLink.from_environ()
     try:
+        if supervisor is None:  # a worker runs with the metrics port off and the deployment's METRICS_HOST
+            refuse_unused(settings)
         if supervisor is None and (count := worker_count(settings)) > 1:
             return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
-        if supervisor is None:  # a supervisor's worker has its share of the cores in its flags
-            settings = settings.model_copy(update={"threads": intra_op_threads(settings.threads, 1)})
         status = run(settings, supervisor)
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})

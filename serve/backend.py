@@ -5,6 +5,7 @@ import logging
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
+from edgedistill.common.machine import affinity_cores, usable_cores
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, env_name, flag_name
@@ -16,25 +17,33 @@ class BackendUnavailable(BundleRejected):
     """The runtime or execution provider a bundle needs is not installed here, or has no device to run on."""
 
 
+def intra_op_threads(threads: int, count: int) -> int:
+    """Intra-op threads of each of `count` server processes (WORKERS) for THREADS=`threads`: as set, else the usable
+    cores shared among them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of
+    its affinity); ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
+    if threads:
+        return threads
+    cores = usable_cores()
+    if count == 1 and cores == affinity_cores():
+        return 0
+    return max(1, cores // count)
+
+
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
-    (empty: the bundle's), `threads` and `spin`.
+    (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`.
 
-    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU; so do
-    providers requested for a TensorRT engine, which runs on its GPU whatever they say.
+    A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
+    TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused`
+    refuses them for a server of engines alone).
     """
-    if settings.providers and bundle.spec.runtime == "tensorrt":
-        raise BundleRejected(
-            f"{bundle.folder} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
-            f"{env_name('providers')} ({flag_name('providers')}) {','.join(settings.providers)} would do nothing; unset "
-            "it, or serve an ONNX bundle (runtime 'onnxruntime') on those providers"
-        )
+    threads = intra_op_threads(settings.threads, max(1, settings.workers))  # WORKERS=0 is one process here
     try:
         runner = open_bundle(
             bundle,
             settings.providers,
             model=model,
-            threads=settings.threads,
+            threads=threads,
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,
         )
@@ -54,13 +63,13 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
         "%s ready on %s, %s intra-op threads, spinning %s",
         bundle.spec.runtime,
         runner.providers,
-        settings.threads or "default",
+        threads or "default",
         "on" if settings.spin else "off",
         extra={
             "event": "backend_ready",
             "runtime": bundle.spec.runtime,
             "providers": runner.providers,
-            "threads": settings.threads,
+            "threads": threads,
             "spin": settings.spin,
         },
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import load_bundle
+from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import (
     MEMBERS,
     Cascade,
@@ -31,7 +31,7 @@ from edgedistill.common.cascade import (
 from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
 from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
 from edgedistill.serve.metrics import Metrics
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, env_name, flag_name
 
 log = logging.getLogger(__name__)
 
@@ -308,20 +308,63 @@ def load_runtime(
     metrics: Metrics | None = None,
     on_fault: Callable[[ServerFault], None] | None = None,
 ) -> ModelRuntime | CascadeRuntime:
-    """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's."""
-    if is_cascade(folder):
+    """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's;
+    `BundleRejected` for `settings` it would not use (`refuse_unused`), at start as for a reload."""
+    cascade = is_cascade(folder)
+    refuse_unused(folder, settings, cascade)
+    if cascade:
         return CascadeRuntime.load(folder, settings, metrics, on_fault)
     return ModelRuntime.load(folder, settings, metrics, on_fault)
+
+
+def refuse_unused(folder: str | Path, settings: Settings, cascade: bool) -> None:
+    """`BundleRejected` naming a setting given (flag or variable) that the runtime serving `folder` (a `cascade` or
+    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; PROVIDERS, THREADS or SPIN, which set ONNX
+    Runtime's session, where every model is a TensorRT engine (THREADS=0, SPIN=false and no PROVIDERS, the defaults,
+    ask for nothing). A folder that cannot be read is left to the load, which says why."""
+    try:
+        bundles = served_bundles(folder)
+    except (mf.ArtifactError, ValueError, OSError):
+        return
+    if not cascade and "cascade_overload" in settings.model_fields_set:
+        raise BundleRejected(
+            f"{folder} is a single bundle, not a confidence cascade: {env_name('cascade_overload')} "
+            f"({flag_name('cascade_overload')}) {settings.cascade_overload} would do nothing; unset it, or serve a "
+            "cascade"
+        )
+    shown = {"providers": ",".join(settings.providers), "threads": str(settings.threads), "spin": "true"}
+    given = [f"{env_name(name)} ({flag_name(name)}) {shown[name]}" for name in shown if getattr(settings, name)]
+    if given and all(bundle.spec.runtime == "tensorrt" for bundle in bundles):
+        models = "every member of the cascade is" if cascade else "it is"
+        raise BundleRejected(
+            f"{folder}: {models} a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
+            f"{' and '.join(given)} would do nothing; unset {'them' if len(given) > 1 else 'it'}, or serve an ONNX "
+            "bundle (runtime 'onnxruntime')"
+        )
+
+
+def served_bundles(folder: str | Path) -> list[Bundle]:
+    """The bundles a server loads from `folder`, read without verifying: the bundle, or a cascade's members."""
+    if not is_cascade(folder):
+        return [load_bundle(folder, verify=False)]
+    spec = cascade_spec(Path(folder), mf.load(folder, verify=False))
+    return [load_bundle(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}"), verify=False) for m in spec.members]
+
+
+def runs_onnx_runtime(folder: str | Path) -> bool:
+    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose session
+    PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
+    its load refuses it, saying why."""
+    try:
+        return any(bundle.spec.runtime == "onnxruntime" for bundle in served_bundles(folder))
+    except (mf.ArtifactError, ValueError, OSError):
+        return True
 
 
 def model_bytes(folder: str | Path) -> int:
     """Bytes of the model files a server loads from `folder` (read without verifying): a bundle's model file, or
     every member's of a cascade."""
     try:
-        if not is_cascade(folder):
-            bundle = load_bundle(folder, verify=False)
-            return bundle.manifest.files[bundle.spec.model_file].size_bytes
-        spec = cascade_spec(Path(folder), mf.load(folder, verify=False))
-        return sum(model_bytes(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}")) for m in spec.members)
+        return sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in served_bundles(folder))
     except (mf.ArtifactError, ValueError) as err:
         raise BundleRejected(f"bundle refused: {err}") from err

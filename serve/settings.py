@@ -27,7 +27,7 @@ class Settings(BaseModel):
     metrics_host: str = Field(
         "127.0.0.1",
         description="address to bind the metrics port to: loopback, so only this machine reads it; '[::]' or "
-        "'0.0.0.0' exposes it (a Kubernetes scrape needs that)",
+        "'0.0.0.0' exposes it (a Kubernetes scrape needs that); refused with METRICS_PORT off",
     )
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
     metrics_port: int | None = Field(
@@ -110,7 +110,8 @@ class Settings(BaseModel):
         0,
         ge=0,
         description="intra-op threads of the runtime (0: the usable cores, within a cgroup CPU quota, shared among "
-        "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity)",
+        "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity); "
+        "refused where every model is a TensorRT engine, which runs without ONNX Runtime",
     )
     malloc_arenas: int | None = Field(
         None,
@@ -122,12 +123,13 @@ class Settings(BaseModel):
     spin: bool = Field(
         False,
         description="let ONNX Runtime's intra-op threads spin while they wait for work: slightly lower latency "
-        "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine",
+        "under constant load, but idle threads keep a core busy, taken from the gRPC event loop on a small machine; "
+        "refused where every model is a TensorRT engine, which runs without ONNX Runtime",
     )
     providers: list[str] = Field(
         [],
-        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused for a TensorRT "
-        "engine, which runs without ONNX Runtime",
+        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused where every "
+        "model is a TensorRT engine, which runs without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(
         False,
@@ -177,7 +179,7 @@ class Settings(BaseModel):
         "answer",
         description="a confidence cascade whose next member's queue cannot take a request's escalated texts: "
         "'answer' has the earlier member answer those it cannot take, flagged escalation_refused; 'refuse' fails "
-        "the request with RESOURCE_EXHAUSTED",
+        "the request with RESOURCE_EXHAUSTED; refused for a single bundle, at start as at a reload",
     )
 
     @field_validator("providers", mode="before")
@@ -257,6 +259,18 @@ def env_name(field: str) -> str:
 
 def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def refuse_unused(settings: Settings) -> None:
+    """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
+    metrics port off. For the process a user starts, not a supervisor's workers: they run with the metrics port off
+    and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
+    if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
+        raise SettingsError(
+            f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "
+            f"metrics port is off ({env_name('metrics_port')}=off); unset it, or set {env_name('metrics_port')} to "
+            "serve /metrics on that address"
+        )
 
 
 def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:

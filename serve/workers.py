@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common.machine import affinity_cores, usable_cores, usable_memory
+from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.processes import alive, die_with_parent, shell_status
+from edgedistill.serve.backend import intra_op_threads
 from edgedistill.serve.cascade import model_bytes
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import WorkerFiles, serve_http, stop_http, workers_registry
@@ -81,18 +82,6 @@ def worker_count(settings: Settings) -> int:
             extra={"event": "workers_exceed_memory", "workers": settings.workers, "usable_memory_mib": memory >> 20},
         )
     return settings.workers
-
-
-def intra_op_threads(threads: int, count: int) -> int:
-    """Intra-op threads of each of `count` workers for THREADS=`threads`: as set, else the usable cores shared among
-    them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of its affinity);
-    ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
-    if threads:
-        return threads
-    cores = usable_cores()
-    if count == 1 and cores == affinity_cores():
-        return 0
-    return max(1, cores // count)
 
 
 # --- the worker's side ----------------------------------------------------------------------------------------
@@ -199,7 +188,7 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
-        self.threads = intra_op_threads(settings.threads, count)
+        self.threads = intra_op_threads(settings.threads, count)  # each worker's, as it works them out
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))
@@ -216,7 +205,8 @@ class Supervisor:
         self.exit_status = 0
 
     def _command(self) -> list[str]:
-        pinned = ["--workers", "1", "--port", str(self.port), "--metrics-port", "off", "--threads", str(self.threads)]
+        # WORKERS: how many share the cores, for a worker's intra-op threads under THREADS=0 (a worker never supervises)
+        pinned = ["--workers", str(self.count), "--port", str(self.port), "--metrics-port", "off"]
         if len(self.ports) > 1:
             pinned += ["--health-port", str(self.ports[1].getsockname()[1])]
         return [sys.executable, "-m", "edgedistill.serve", *self.argv, *pinned]  # later flags win

@@ -1,6 +1,8 @@
 """The Makefile's targets as `make -n` prints them: which folders they take from the recipe."""
 
+import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,3 +110,94 @@ def test_make_gpu_check_without_cuda_says_what_it_needs():
     command = ["make", "--no-print-directory", "-o", ".venv/.installed", "gpu-check"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "gpu-check needs an NVIDIA GPU and a CUDA build of torch" in result.stderr
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A folder whose .venv (this interpreter's) is current, its stamp recording torch from the CPU index."""
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    os.utime(tmp_path / "pyproject.toml", (0, 0))  # older than the stamp: setup is done
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / ".venv" / ".installed").write_text(f"TORCH_INDEX={CPU_INDEX}\n")
+    return tmp_path
+
+
+def make_in(folder, *args: str) -> subprocess.CompletedProcess:
+    """`make -n ARGS` with the Makefile, in `folder`."""
+    command = ["make", "-n", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(folder), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def other_python(tmp_path):
+    """An interpreter that says it is another installation's Python."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho /opt/other 3.99.0\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_make_on_a_current_venv_installs_nothing(checkout):
+    assert "pip install" not in make_in(checkout, "lint").stdout
+
+
+def test_a_python_other_than_the_venvs_stops_make(checkout, other_python):
+    assert make_in(checkout, "lint", f"PYTHON={other_python}").returncode == 2
+
+
+def test_a_python_other_than_the_venvs_names_the_venvs(checkout, other_python):
+    refusal = make_in(checkout, "lint", f"PYTHON={other_python}").stderr
+    assert f"PYTHON={other_python} would do nothing: .venv exists, made with Python 3." in refusal
+
+
+def test_a_python_other_than_the_venvs_says_how_to_make_the_venv_with_it(checkout, other_python):
+    refusal = make_in(checkout, "lint", f"PYTHON={other_python}").stderr
+    assert f"rm -rf .venv, then make setup PYTHON={other_python}, or leave PYTHON out" in refusal
+
+
+def test_the_venvs_python_by_another_name_passes(checkout):
+    assert make_in(checkout, "lint", f"PYTHON={os.path.realpath(sys.executable)}").returncode == 0
+
+
+def test_a_python_for_the_peers_environments_passes(checkout, other_python):
+    assert make_in(checkout, "peers-setup", f"PYTHON={other_python}").returncode == 0
+
+
+def test_a_python_for_the_wheel_tests_environment_passes(checkout, other_python):
+    assert make_in(checkout, "wheel-test", "BUNDLE=runs/b", f"PYTHON={other_python}").returncode == 0
+
+
+def test_a_torch_index_other_than_the_venvs_stops_make(checkout):
+    assert make_in(checkout, "lint", "TORCH_INDEX=https://download.pytorch.org/whl/cu130").returncode == 2
+
+
+def test_a_torch_index_other_than_the_venvs_names_where_its_torch_came_from(checkout):
+    refusal = make_in(checkout, "lint", "TORCH_INDEX=https://download.pytorch.org/whl/cu130").stderr
+    assert (
+        f"TORCH_INDEX=https://download.pytorch.org/whl/cu130 would do nothing: .venv's torch came from {CPU_INDEX}"
+        in (refusal)
+    )
+
+
+def test_an_empty_torch_index_on_a_venv_with_torch_from_an_index_stops_make(checkout):
+    assert make_in(checkout, "lint", "TORCH_INDEX=").returncode == 2
+
+
+def test_the_venvs_torch_index_passes(checkout):
+    assert make_in(checkout, "lint", f"TORCH_INDEX={CPU_INDEX}").returncode == 0
+
+
+def test_a_venv_whose_stamp_records_no_torch_index_takes_any(checkout):
+    (checkout / ".venv" / ".installed").write_text("")  # as setup left it before it recorded the index
+    assert make_in(checkout, "lint", "TORCH_INDEX=https://download.pytorch.org/whl/cu130").returncode == 0
+
+
+def test_setup_records_the_torch_index_in_its_stamp(checkout):
+    (checkout / ".venv" / ".installed").unlink()
+    assert "printf 'TORCH_INDEX=%s\\n' 'https://example.org/whl' > .venv/.installed" in (
+        make_in(checkout, "setup", "TORCH_INDEX=https://example.org/whl").stdout
+    )

@@ -122,7 +122,12 @@ class ServingBenchConfig(Strict):
     rate: float = Field(200.0, gt=0, description="calls/s of the paced phases")
     duration_s: float = Field(20.0, gt=0, description="seconds per phase and repeat")
     concurrency: int = Field(12, ge=1, description="calls in flight in the capacity phases")
-    threads: int = Field(1, ge=0, description="intra-op threads of the servers and the raw backend (0: the default)")
+    threads: int = Field(
+        1,
+        ge=0,
+        description="intra-op threads of the servers and the raw backend (0: the default); a server of TensorRT "
+        "engines alone runs without them",
+    )
     repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
     paced_slo: SloConfig = Field(SloConfig(), description="what the server must meet when paced at `rate`")
     min_capacity_vs_echo: float | None = Field(
@@ -148,7 +153,12 @@ class H2loadBenchConfig(Strict):
         "started 1/rate s after the last, so that their calls interleave (over one, a single worker would get every "
         "call)",
     )
-    threads: int = Field(1, ge=1, description="intra-op threads of the model in each server process")
+    threads: int = Field(
+        1,
+        ge=1,
+        description="intra-op threads of the model in each server process; a server of TensorRT engines alone "
+        "runs without them",
+    )
     repeats: int = Field(3, ge=1, description="repeats, the servers interleaved; figures are their medians")
 
 
@@ -224,7 +234,12 @@ class LoadtestConfig(Strict):
     batch_size: int = Field(8, ge=1, description="texts per call in the `batch` scenario")
     stream_messages: int = Field(8, ge=1, description="requests (one text each) per `ClassifyStream` call")
     timeout_s: float = Field(10.0, gt=0, description="deadline per call")
-    threads: int = Field(1, ge=0, description="the server's intra-op threads (0: the runtime's default)")
+    threads: int = Field(
+        1,
+        ge=0,
+        description="the server's intra-op threads (0: the runtime's default); a server of TensorRT engines "
+        "alone runs without them",
+    )
     smoke: ConstantLoad = Field(description="short, every scenario, low rate: does everything answer?")
     steady: ConstantLoad = Field(description="a fixed rate for a while: the latency SLO")
     step: StepLoad = Field(description="rising load: the capacity within the SLO")

@@ -10,6 +10,8 @@ import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import finish, free_port, measured_server, running, start
 
+from tests.serve.conftest import write_engine
+
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
     port = free_port()
@@ -114,6 +116,11 @@ def test_a_measured_server_is_one_process_on_loopback(bundle):
     assert settings.host == "127.0.0.1"
     assert settings.workers == 1
     assert settings.threads == 2
+
+
+def test_a_measured_server_of_a_tensorrt_engine_is_given_no_threads(tmp_path):
+    _, settings = measured_server(write_engine(tmp_path / "engine"), 2)
+    assert settings.threads == 0
 
 
 def test_a_measured_server_given_tls_is_refused_at_once(bundle, monkeypatch):

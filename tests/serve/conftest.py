@@ -173,6 +173,14 @@ def write_bundle(
     return folder
 
 
+def write_engine(folder: Path) -> Path:
+    """A bundle of a TensorRT engine (runtime 'tensorrt') whose plan file is a placeholder: for what is decided from
+    its manifest, before the engine is opened."""
+    return write_bundle(
+        folder, model=b"engine", runtime="tensorrt", model_file="model.plan", providers=["TensorrtExecutionProvider"]
+    )
+
+
 def write_cascade(
     folder: Path,
     members: dict[str, Path],

@@ -3,6 +3,7 @@ TensorRT's errors without TensorRT or a GPU."""
 
 import asyncio
 import logging
+import os
 import sys
 import types
 from pathlib import Path
@@ -10,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from edgedistill.common import machine
 from edgedistill.common.bundle import TensorSpec, load_bundle
 from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
 from edgedistill.serve.app import create_server
-from edgedistill.serve.backend import BackendUnavailable, load_backend
+from edgedistill.serve.backend import BackendUnavailable, intra_op_threads, load_backend
 from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected, InvalidInput
@@ -164,6 +166,20 @@ def test_a_padding_id_outside_the_vocabulary_is_refused(make_bundle):
         TextEncoder.for_bundle(load_bundle(make_bundle(pad_token_id=30)))
 
 
+def test_one_process_where_the_system_gives_no_affinity_leaves_the_intra_op_threads_to_the_runtime(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
+    assert intra_op_threads(0, 1) == 0
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
+def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
+    assert intra_op_threads(0, count) == expected
+
+
 @pytest.fixture
 def trt_bundle(make_bundle):
     return make_bundle(
@@ -175,11 +191,6 @@ def _fake_module(name: str, **attrs) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
     return module
-
-
-def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(trt_bundle):
-    with pytest.raises(BundleRejected, match=r"is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) cpu"):
-        load_backend(load_bundle(trt_bundle), Settings(threads=1, providers=["cpu"]))
 
 
 def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):
@@ -216,7 +227,7 @@ def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch)
     monkeypatch.setitem(sys.modules, "tensorrt", None)
 
     async def build():
-        create_server(settings_for(trt_bundle))
+        create_server(settings_for(trt_bundle, threads=0))  # THREADS, which an engine does not use, is refused
 
     with pytest.raises(BackendUnavailable, match="tensorrt"):
         asyncio.run(build())

@@ -15,14 +15,14 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import MEMBERS, confidence, load_cascade, route
 from edgedistill.serve import tensors
-from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.cascade import load_runtime, model_bytes, refuse_unused
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade
+from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade, write_engine
 from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
 
 STUDENT, TEACHER = "student", "teacher"
@@ -557,6 +557,101 @@ def test_a_reload_swaps_a_single_bundle_for_a_cascade(start_server, bundle, casc
         assert [p.answered_by for p in stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10).predictions] == (
             ANSWERED_BY
         )
+
+
+def test_cascade_overload_for_a_single_bundle_is_refused_naming_it(bundle):
+    refusal = (
+        r"is a single bundle, not a confidence cascade: EDGEDISTILL_CASCADE_OVERLOAD \(--cascade-overload\) refuse"
+    )
+    with pytest.raises(BundleRejected, match=refusal):
+        asyncio.run(start_and_stop(settings_for(bundle, cascade_overload="refuse")))
+
+
+def test_cascade_overload_for_a_folder_that_is_no_bundle_is_refused_for_what_it_lacks(tmp_path):
+    with pytest.raises(BundleRejected, match="manifest.json is missing"):
+        asyncio.run(start_and_stop(settings_for(tmp_path / "nothing", cascade_overload="refuse")))
+
+
+def test_a_reload_of_a_cascade_server_given_cascade_overload_onto_a_single_bundle_keeps_the_cascade(
+    start_server, bundle, cascade
+):
+    settings = settings_for(cascade, cascade_overload="refuse", admin_token=ADMIN_TOKEN, reload_root=bundle.parent)
+    server = start_server(settings)
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(bundle)), metadata=ADMIN, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "EDGEDISTILL_CASCADE_OVERLOAD (--cascade-overload) refuse would do nothing" in caught.value.details()
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(cascade)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return write_engine(tmp_path_factory.mktemp("engine") / "bundle-engine")
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, engine):
+    """A cascade of two TensorRT engines."""
+    folder = tmp_path_factory.mktemp("engines")
+    return write_cascade(folder / "bundle-cascade", {STUDENT: engine, TEACHER: engine}, [THRESHOLD])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory, engine):
+    """A cascade of an ONNX student and a TensorRT engine as its teacher."""
+    folder = tmp_path_factory.mktemp("mixed")
+    return write_cascade(folder / "bundle-cascade", {STUDENT: write_bundle(folder / "student"), TEACHER: engine}, [0.9])
+
+
+def test_threads_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
+    refusal = (
+        r"it is a TensorRT engine \(runtime 'tensorrt'\), .*: EDGEDISTILL_THREADS \(--threads\) 2 would do nothing"
+    )
+    with pytest.raises(BundleRejected, match=refusal):
+        load_runtime(engine, settings_for(engine, threads=2))
+
+
+def test_spin_for_a_tensorrt_engine_is_refused_naming_the_setting(engine):
+    with pytest.raises(BundleRejected, match=r"EDGEDISTILL_SPIN \(--spin\) true would do nothing"):
+        load_runtime(engine, settings_for(engine, threads=0, spin=True))
+
+
+def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
+    refusal = r"it is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) cpu would do nothing"
+    with pytest.raises(BundleRejected, match=refusal):
+        load_runtime(engine, settings_for(engine, threads=0, providers=["cpu"]))
+
+
+def test_threads_for_a_cascade_of_tensorrt_engines_alone_are_refused(engines):
+    with pytest.raises(BundleRejected, match="every member of the cascade is a TensorRT engine"):
+        load_runtime(engines, settings_for(engines, threads=2))
+
+
+def test_threads_for_a_cascade_with_an_onnx_member_are_used(mixed):
+    assert refuse_unused(mixed, settings_for(mixed, threads=2, spin=True), cascade=True) is None
+
+
+def test_providers_for_a_cascade_with_an_onnx_member_are_used(mixed):
+    with pytest.raises(BundleRejected) as caught:  # the placeholder engine cannot be opened
+        load_runtime(mixed, settings_for(mixed, threads=0, providers=["cpu"]))
+    assert "EDGEDISTILL_PROVIDERS" not in str(caught.value)
+
+
+def test_the_default_threads_and_spin_for_a_tensorrt_engine_are_accepted(engine):
+    assert refuse_unused(engine, settings_for(engine, threads=0), cascade=False) is None
+
+
+def test_a_reload_onto_a_tensorrt_engine_given_threads_keeps_the_old_bundle(start_server, bundle, engine):
+    settings = settings_for(bundle, threads=1, admin_token=ADMIN_TOKEN, reload_root=engine.parent)
+    server = start_server(settings)
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(engine)), metadata=ADMIN, timeout=30)
+        assert "EDGEDISTILL_THREADS (--threads) 1 would do nothing" in caught.value.details()
+        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(bundle)
 
 
 def test_a_pair_cascade_takes_pairs(start_server, tmp_path):

@@ -274,6 +274,13 @@ def test_bad_settings_exit_2_with_the_variable_named(bundle):
     assert "EDGEDISTILL_MAX_BATCH_SIZE" in result.stderr
 
 
+def test_a_metrics_host_with_the_metrics_port_off_stops_the_server_naming_it(spawn, bundle):
+    server = spawn(bundle, "--metrics-port", "off", EDGEDISTILL_METRICS_HOST="0.0.0.0")
+    assert (
+        "EDGEDISTILL_METRICS_HOST (--metrics-host) 0.0.0.0 would do nothing" in server.wait_for("start_failed")["msg"]
+    )
+
+
 def test_client_cli_prints_the_model_and_each_texts_label_and_probabilities(served, capsys):
     assert cli.main(["--address", served.address, "a great movie", "awful boring film"]) == 0
     out = json.loads(capsys.readouterr().out)

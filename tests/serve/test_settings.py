@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from edgedistill.serve.settings import Settings, SettingsError, build_parser, load_settings
+from edgedistill.serve.settings import Settings, SettingsError, build_parser, load_settings, refuse_unused
 
 
 def test_without_flags_or_environment_the_settings_take_their_defaults():
@@ -118,3 +118,15 @@ def test_concurrency_limits_are_settable():
     settings = load_settings(["--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4"], {})
     assert settings.max_concurrent_rpcs == 8
     assert settings.max_concurrent_streams == 4
+
+
+def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
+    settings = load_settings(["--metrics-port", "off"], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
+    refusal = r"EDGEDISTILL_METRICS_HOST \(--metrics-host\) 0.0.0.0 would do nothing: the metrics port is off"
+    with pytest.raises(SettingsError, match=refusal):
+        refuse_unused(settings)
+
+
+def test_a_metrics_host_with_the_metrics_port_on_is_accepted():
+    settings = load_settings([], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
+    assert refuse_unused(settings) is None

@@ -24,7 +24,7 @@ from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle
+from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
 from tests.serve.test_operations import corrupt, metric
 
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
@@ -77,7 +77,8 @@ def wait_for_restart(server) -> int:
 def two_workers(spawn, tmp_path):
     """A supervisor with two workers on a bundle of its own (version 1): (process, its workers_serving line)."""
     folder = write_bundle(tmp_path / "bundle")
-    server = spawn(folder, EDGEDISTILL_WORKERS="2")
+    # METRICS_HOST as the deployments set it: the workers inherit it and run with their metrics port off
+    server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_METRICS_HOST="127.0.0.1")
     server.folder = folder
     return server, server.wait_for("workers_serving", timeout=60)
 
@@ -380,18 +381,19 @@ def test_one_process_without_a_cpu_quota_leaves_the_intra_op_threads_to_the_runt
     assert backend_threads(bundle, quota=None) == 0
 
 
-def test_one_process_where_the_system_gives_no_affinity_leaves_the_intra_op_threads_to_the_runtime(monkeypatch):
-    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
-    assert workers.intra_op_threads(0, 1) == 0
+def test_one_process_under_a_cpu_quota_on_a_tensorrt_engine_is_not_refused_for_threads_it_was_not_given(tmp_path):
+    engine = write_engine(tmp_path / "engine")
+    command = [sys.executable, "-c", UNDER_QUOTA.format(quota=2), *serve_command(engine)[3:], "--metrics-port", "off"]
+    result = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    refusal = json.loads(result.stderr.strip().splitlines()[-1])
+    assert "EDGEDISTILL_THREADS" not in refusal["msg"]
 
 
-@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
-def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
-    assert workers.intra_op_threads(0, count) == expected
+def test_workers_share_the_usable_cores_as_intra_op_threads(spawn, bundle):
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    server.wait_for("workers_serving", timeout=60)
+    threads = [line["threads"] for line in server.lines if line.get("event") == "backend_ready"]
+    assert threads == [max(1, machine.usable_cores() // 2)] * 2
 
 
 @pytest.fixture
