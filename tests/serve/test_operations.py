@@ -342,12 +342,8 @@ def test_the_bearer_scheme_is_read_in_any_case(start_server, bundle, scheme):
         assert stub.Classify(pb.ClassifyRequest(texts=["good"]), metadata=metadata, timeout=5).predictions
 
 
-CLASSIFY = "/edgedistill.v1.Classifier/Classify"
-
-
 def classify_streamed(channel: grpc.Channel):
-    """`Classify` called with its request streamed, as a client sends it that stalls before its message (the same
-    on the wire as a unary call)."""
+    """`Classify` called with its request streamed (the same on the wire as a unary call)."""
     return channel.stream_unary(
         CLASSIFY,
         request_serializer=pb.ClassifyRequest.SerializeToString,
@@ -355,39 +351,34 @@ def classify_streamed(channel: grpc.Channel):
     )
 
 
-def test_a_call_without_the_token_is_refused_before_its_request_arrives(start_server, bundle):
-    server = start_server(settings_for(bundle, token="s3cret"))
+@contextlib.contextmanager
+def stalled_without_the_token(channel: grpc.Channel):
+    """A `Classify` future with a wrong token whose client sends no message until the block ends."""
     sent = threading.Event()
 
     def stalled():
         sent.wait(10)
         yield pb.ClassifyRequest(texts=["good"])
 
-    with server.channel() as channel:
-        call = classify_streamed(channel).future(stalled(), metadata=(("authorization", "Bearer wrong"),), timeout=10)
-        try:
-            assert call.exception(timeout=3).code() == grpc.StatusCode.UNAUTHENTICATED
-        finally:
-            sent.set()
+    try:
+        yield classify_streamed(channel).future(stalled(), metadata=(("authorization", "Bearer wrong"),), timeout=10)
+    finally:
+        sent.set()
+
+
+def test_a_call_without_the_token_is_refused_before_its_request_arrives(start_server, bundle):
+    server = start_server(settings_for(bundle, token="s3cret"))
+    with server.channel() as channel, stalled_without_the_token(channel) as call:
+        assert call.exception(timeout=3).code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_a_call_without_the_token_holds_no_place_among_the_concurrent_calls(start_server, bundle):
     server = start_server(settings_for(bundle, token="s3cret", max_concurrent_rpcs=1))
-    sent = threading.Event()
-
-    def stalled():
-        sent.wait(10)
-        yield pb.ClassifyRequest(texts=["good"])
-
-    with server.channel() as channel:
-        call = classify_streamed(channel).future(stalled(), metadata=(("authorization", "Bearer wrong"),), timeout=10)
-        try:
-            call.exception(timeout=3)
-            request = pb.ClassifyRequest(texts=["good"])
-            stub = classifier_pb2_grpc.ClassifierStub(channel)
-            assert stub.Classify(request, metadata=(("authorization", "Bearer s3cret"),), timeout=5).predictions
-        finally:
-            sent.set()
+    with server.channel() as channel, stalled_without_the_token(channel) as call:
+        call.exception(timeout=3)
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        metadata = (("authorization", "Bearer s3cret"),)
+        assert stub.Classify(pb.ClassifyRequest(texts=["good"]), metadata=metadata, timeout=5).predictions
 
 
 def test_a_call_with_the_token_that_ends_before_its_request_is_invalid(start_server, bundle):
