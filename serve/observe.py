@@ -218,7 +218,7 @@ class CallObserver:
         expected = self._expected_by(method)
         if expected is None or hmac.compare_digest(_bearer(metadata.get("authorization", "")), expected):
             return None
-        if expected is self._admin and method in self.admin_methods:
+        if self._admin is not None and method in self.admin_methods:
             return (
                 "missing or invalid admin token: this method needs 'authorization: Bearer <ADMIN_TOKEN>', the server's "
                 "admin token, not the token of the other calls"
