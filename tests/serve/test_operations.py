@@ -397,6 +397,70 @@ def test_a_call_with_the_token_that_ends_before_its_request_is_invalid(start_ser
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def ended_while_its_request_is_awaited(start_server, bundle, cancel: bool) -> str:
+    """The scrape of a server with a token once a call with the token, whose message never comes, has ended: its
+    client cancels it (`cancel`), else its 0.5 s deadline passes."""
+    server = start_server(settings_for(bundle, token="s3cret"))
+    sent = threading.Event()
+
+    def stalled():
+        sent.wait(10)
+        yield pb.ClassifyRequest(texts=["good"])
+
+    with server.channel() as channel:
+        timeout = 10 if cancel else 0.5
+        call = classify_streamed(channel).future(
+            stalled(), metadata=(("authorization", "Bearer s3cret"),), timeout=timeout
+        )
+        try:
+            if cancel:
+                time.sleep(0.3)  # the server waits for the request
+                call.cancel()
+            else:
+                call.exception(timeout=5)
+        finally:
+            sent.set()
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=CLASSIFY)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return text
+
+
+def test_a_call_cancelled_while_its_request_is_awaited_is_counted_as_abandoned(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+    assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="CANCELLED") == 1
+
+
+def test_a_call_cancelled_while_its_request_is_awaited_is_no_clients_error(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+    assert metric(scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT") == 0
+
+
+def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as_expired(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=False)
+    assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="DEADLINE_EXCEEDED") == 1
+
+
+def test_a_message_over_the_limit_on_a_server_with_a_token_is_counted_as_cancelled(start_server, bundle):
+    # gRPC refuses it RESOURCE_EXHAUSTED and ends the handler reading it as a cancellation would, unexplained
+    server = start_server(settings_for(bundle, token="s3cret", max_message_bytes=1024))
+    with server.channel() as channel, contextlib.suppress(grpc.RpcError):
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(
+            pb.ClassifyRequest(texts=["good " * 400]), metadata=(("authorization", "Bearer s3cret"),), timeout=5
+        )
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=CLASSIFY)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert metric(text, "edgedistill_requests_total", method=CLASSIFY, code="CANCELLED") == 1
+
+
 def test_bearer_token_is_required_except_for_health(start_server, bundle):
     server = start_server(settings_for(bundle, token="s3cret"))
     with server.channel() as channel:
