@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import generate_latest
 
 from tests.serve.conftest import GATED, settings_for
+from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -395,6 +396,34 @@ def test_a_call_with_the_token_that_ends_before_its_request_is_invalid(start_ser
     with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
         classify_streamed(channel)(iter([]), metadata=(("authorization", "Bearer s3cret"),), timeout=5)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def answered(client: RawClient) -> set[int]:
+    """The streams the server has ended: trailers (HEADERS with END_STREAM) or RST_STREAM."""
+    return {
+        stream
+        for kind, flags, stream, _ in list(client.frames)
+        if kind == Kind.RST_STREAM or (kind == Kind.HEADERS and flags & END_STREAM)
+    }
+
+
+def test_calls_with_the_token_that_half_close_before_their_request_hold_no_place(start_server, bundle):
+    # gRPC's unary path never answers such a call, which holds its place until CONNECTION_AGE_S: this one answers
+    server = start_server(settings_for(bundle, token="s3cret", max_concurrent_rpcs=2))
+    client = RawClient(server.port)
+    try:
+        for stream in (1, 3, 5, 7):  # twice the places: headers with END_STREAM, no message
+            headers = header_block(CLASSIFY, (("authorization", "Bearer s3cret"),))
+            client.send(frame(Kind.HEADERS, END_HEADERS | END_STREAM, stream, headers))
+        deadline = time.monotonic() + 5
+        while len(answered(client)) < 4 and time.monotonic() < deadline:  # the server has taken them all
+            time.sleep(0.01)
+        with server.channel() as channel:
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            request = pb.ClassifyRequest(texts=["good"])
+            assert stub.Classify(request, metadata=(("authorization", "Bearer s3cret"),), timeout=5).predictions
+    finally:
+        client.close()
 
 
 def ended_while_its_request_is_awaited(start_server, bundle, cancel: bool) -> str:
