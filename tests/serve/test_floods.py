@@ -543,6 +543,32 @@ def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_o
         assert stub.Classify(classify("good"), timeout=5).predictions
 
 
+def test_calls_stalled_mid_message_leave_their_places_when_their_connection_closes(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=2))
+    client = RawClient(server.port)
+    for stream in (1, 3):  # every place, each call with half a message
+        client.open_call(stream, CLASSIFY)
+        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    with grpc.insecure_channel(server.address, options=LOCAL) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+
+        def answer() -> str:
+            try:
+                stub.Classify(classify("good"), timeout=5)
+            except grpc.RpcError as err:
+                return err.code().name
+            return "OK"
+
+        deadline = time.monotonic() + 5
+        while answer() != "RESOURCE_EXHAUSTED":
+            assert time.monotonic() < deadline, "the stalled calls never held every place"
+        client.close()
+        deadline = time.monotonic() + 5
+        while (code := answer()) != "OK" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert code == "OK"
+
+
 def test_a_ping_flood_gets_goaway(start_server, bundle):
     server = start_server(settings_for(bundle))
     client = RawClient(server.port)
