@@ -102,6 +102,18 @@ class Refused:
         self.reason = reason
 
 
+async def _without_request(context: grpc.aio.ServicerContext) -> Refused:
+    """The stand-in for the request of a call whose request stream ended before its one message: `Refused` where its
+    client half-closed. gRPC ends the stream the same way for a call that ended (cancelled, past its deadline, its
+    message over the limit, its connection gone): sending the initial metadata tells them apart, as only a live call
+    takes it; for an ended one this raises `CancelledError`, as it would while a handler works."""
+    try:
+        await context.send_initial_metadata(())
+    except grpc.aio.BaseError:  # the batch failed before gRPC cancelled this task
+        raise asyncio.CancelledError from None
+    return Refused("the call ended before its request")
+
+
 Precheck = Callable[[bytes], str | None]
 """Looks at a request's bytes before they are parsed: why the request is refused, or None."""
 
@@ -329,9 +341,17 @@ class CallObserver:
             metadata = _metadata(context)
             denied = self._denied(method, metadata)
             if read:  # `request` streams: its one message is read only once the call is admitted
-                request = None if denied is not None else await context.read()
-                if request is grpc.aio.EOF:
-                    request = Refused("the call ended before its request")
+                request = None
+                if denied is None:
+                    waiting = time.perf_counter()
+                    try:
+                        request = await context.read()
+                        if request is grpc.aio.EOF:
+                            request = await _without_request(context)
+                    except asyncio.CancelledError as caught:  # the call ended first: recorded as any call that did
+                        request_id, token, _ = self._begin(None, context, method, metadata, None)
+                        self._end(context, method, request_id, waiting, token, caught)
+                        raise
             started = time.perf_counter()
             request_id, token, refused = self._begin(request, context, method, metadata, denied)
             err = None

@@ -2,6 +2,7 @@
 floods, rapid resets, header blocks that never end. Frames as in RFC 9113; header blocks as HPACK literals
 without Huffman coding (RFC 7541, 6.2.2)."""
 
+import contextlib
 import socket
 import struct
 import threading
@@ -123,6 +124,10 @@ class RawClient:
         return int.from_bytes(found[0][4:8], "big") if found else None
 
     def close(self) -> None:
+        """Close the connection. `close` alone would not: the reader thread's `recv` holds the socket open, so the
+        server would keep the connection and its calls until it timed them out."""
+        with contextlib.suppress(OSError):  # the server closed it first
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
     def _read(self) -> None:

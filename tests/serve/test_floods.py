@@ -1,10 +1,12 @@
 """Floods and slow clients, the bad-input suite's cases that hold on: each flood runs against a server process
-while a good client calls it back to back. The good client's calls must all succeed with their p99 under
-LATENCY_BOUND_S, and the server's resident memory (VmRSS) must stay within RSS_SLACK_MB of where the case began,
-plus what the calls the flood stalls mid-message may hold (about twice MAX_MESSAGE_BYTES each).
+(those of calls without the token against one with a token) while a good client calls it back to back. The good
+client's calls must all succeed with their p99 under LATENCY_BOUND_S, and the server's resident memory (VmRSS) must
+stay within RSS_SLACK_MB of where the case began, plus what the calls the flood stalls mid-message may hold (about
+twice MAX_MESSAGE_BYTES each).
 
 Then the bounds on slow clients one by one, on in-process servers: a stream that sends nothing, a connection
-that never finishes its handshake, calls stalled mid-message until the connection's age runs out, ping floods.
+that never finishes its handshake, calls stalled mid-message until the connection's age runs out or the
+connection closes, ping floods.
 Raw HTTP/2 comes from `tests.serve.rawh2`: no gRPC library sends such traffic.
 """
 
@@ -49,6 +51,8 @@ FLOOD_S = 3.0  # how long each flood runs with the good client calling
 LATENCY_BOUND_S = 1.0  # the good client's p99 under a flood: a call takes about 2 ms on a quiet machine
 RSS_SLACK_MB = 64  # growth of the server's VmRSS allowed beyond what stalled calls may hold
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own, not shared with other channels
+TOKEN = "flood-token"  # the guarded flood server's
+WRONG_TOKEN = (("authorization", "Bearer not-the-token"),)
 
 
 def classify(*texts: str) -> pb.ClassifyRequest:
@@ -60,17 +64,30 @@ def vm_rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
 
 
-@pytest.fixture(scope="module")
-def flood_server(bundle):
+def start_flood_server(bundle, **env: str) -> ServerProcess:
     """A server process with small limits, so that a flood meets them: 8 texts, 256 KiB messages, 160 calls."""
     server = ServerProcess(
         bundle,
         "--max-texts", "8", "--max-message-bytes", str(MESSAGE_BYTES), "--max-concurrent-rpcs", str(MAX_RPCS),
-        "--threads", "1",
+        "--threads", "1", **env,
     )  # fmt: skip
     serving = server.wait_for("serving")
     server.port = serving["port"]
     server.address = f"127.0.0.1:{serving['port']}"
+    return server
+
+
+@pytest.fixture(scope="module")
+def flood_server(bundle):
+    server = start_flood_server(bundle)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def guarded_flood_server(bundle):
+    """The flood server with a bearer token, TOKEN."""
+    server = start_flood_server(bundle, EDGEDISTILL_TOKEN=TOKEN)
     yield server
     server.close()
 
@@ -219,6 +236,29 @@ def oversized_metadata(server):
     return threads_running(works * 2)
 
 
+@contextlib.contextmanager
+def stalled_without_the_token(server) -> Iterator[int]:
+    """400 Classify calls with a wrong token over 4 raw connections, more than the server's MAX_RPCS, each sending
+    what the flow-control windows let it of half a message as large as the server allows, then nothing."""
+    clients = [RawClient(server.port) for _ in range(4)]
+    half = message_prefix(MESSAGE_BYTES - 5) + b"\x00" * (MESSAGE_BYTES // 2)
+    for client in clients:
+        for stream in range(1, 201, 2):
+            client.open_call(stream, CLASSIFY, WRONG_TOKEN)
+            client.send_data(stream, half)
+    try:
+        yield 0  # refused before their messages are read: none holds a place or its message
+    finally:
+        for client in clients:
+            client.close()
+
+
+def without_the_token(server):
+    """4 clients sending Classify calls of 8 texts with a wrong token, back to back."""
+    request = classify(*["a great movie"] * 8).SerializeToString()
+    return threads_running([send_until_stopped(server.address, CLASSIFY, request, WRONG_TOKEN)] * 4)
+
+
 def reconnecting(server, attack: Callable[[RawClient], None], rate: float | None = None):
     """2 clients repeating `attack` on a raw connection (`rate` times a second each, or as fast as they can), a new
     connection whenever the server closes one."""
@@ -280,6 +320,7 @@ class Flood:
     id: str
     run: Callable  # (server) -> a context manager holding the flood, yielding the calls it stalls (or None)
     rss_slack_mb: float = RSS_SLACK_MB
+    guarded: bool = False  # against the server with a token, which the good client sends
 
 
 FLOODS = [
@@ -294,6 +335,8 @@ FLOODS = [
     Flood("ping flood", ping_flood),
     Flood("rapid reset, 1,000 calls a second", rapid_reset),
     Flood("endless CONTINUATION frames", endless_headers, rss_slack_mb=512),
+    Flood("400 calls without the token stalled halfway through their message", stalled_without_the_token, guarded=True),
+    Flood("calls without the token, back to back", without_the_token, guarded=True),
 ]
 
 
@@ -301,6 +344,7 @@ GOOD_CLIENT = """
 import json, sys, time, grpc
 from edgedistill.serve.proto import classifier_pb2 as pb, classifier_pb2_grpc
 address, seconds = sys.argv[1], float(sys.argv[2])
+metadata = (("authorization", f"Bearer {sys.argv[3]}"),) if len(sys.argv) > 3 else ()
 calls = []
 with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
     stub = classifier_pb2_grpc.ClassifierStub(channel)
@@ -310,7 +354,7 @@ with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 
     while time.monotonic() < end:
         started = time.perf_counter()
         try:
-            stub.Classify(pb.ClassifyRequest(texts=["a great movie"]), timeout=10)
+            stub.Classify(pb.ClassifyRequest(texts=["a great movie"]), metadata=metadata, timeout=10)
             code = "OK"
         except grpc.RpcError as err:
             code = err.code().name
@@ -321,11 +365,11 @@ print(json.dumps(calls))
 
 class GoodClient:
     """Classify calls back to back for FLOOD_S seconds from `start`, in a process of its own (the flood's threads
-    in this one would slow its calls down), each recorded as (seconds, code)."""
+    in this one would slow its calls down), each recorded as (seconds, code); with `token`, each sends it."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, token: str | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", GOOD_CLIENT, address, str(FLOOD_S)],
+            [sys.executable, "-c", GOOD_CLIENT, address, str(FLOOD_S), *([token] if token else [])],
             cwd=ROOT,
             env=subprocess_env(),
             stdin=subprocess.PIPE,
@@ -378,15 +422,16 @@ class Outcome:
 
 
 @pytest.fixture(scope="module")
-def outcomes(flood_server) -> dict[str, Outcome]:
+def outcomes(flood_server, guarded_flood_server) -> dict[str, Outcome]:
     """Each flood in turn, with the good client calling and the server's memory watched throughout."""
     found = {}
-    pid = flood_server.proc.pid
     for flood in FLOODS:
-        good = GoodClient(flood_server.address)
+        server = guarded_flood_server if flood.guarded else flood_server
+        pid = server.proc.pid
+        good = GoodClient(server.address, TOKEN if flood.guarded else None)
         before = vm_rss_mb(pid)
         rss = PeakRss(pid)
-        with flood.run(flood_server) as stalled:
+        with flood.run(server) as stalled:
             good.start()
             calls = good.finish()
         peak = rss.finish()
@@ -541,6 +586,32 @@ def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_o
             assert time.monotonic() < deadline, "the stalled calls never held every place"
         assert client.closed.wait(10), "the stalled connection was never closed"
         assert stub.Classify(classify("good"), timeout=5).predictions
+
+
+def test_calls_stalled_mid_message_leave_their_places_when_their_connection_closes(start_server, bundle):
+    server = start_server(settings_for(bundle, max_concurrent_rpcs=2))
+    client = RawClient(server.port)
+    for stream in (1, 3):  # every place, each call with half a message
+        client.open_call(stream, CLASSIFY)
+        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    with grpc.insecure_channel(server.address, options=LOCAL) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+
+        def answer() -> str:
+            try:
+                stub.Classify(classify("good"), timeout=5)
+            except grpc.RpcError as err:
+                return err.code().name
+            return "OK"
+
+        deadline = time.monotonic() + 5
+        while answer() != "RESOURCE_EXHAUSTED":
+            assert time.monotonic() < deadline, "the stalled calls never held every place"
+        client.close()
+        deadline = time.monotonic() + 5
+        while (code := answer()) != "OK" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert code == "OK"
 
 
 def test_a_ping_flood_gets_goaway(start_server, bundle):

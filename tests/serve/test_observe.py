@@ -122,6 +122,18 @@ def test_a_kserve_request_id_names_the_call_on_a_server_with_a_token(start_serve
     assert dict(call.trailing_metadata())["x-request-id"] == "triton-8"
 
 
+def test_a_kserve_request_id_does_not_name_a_call_refused_for_its_token(start_server, bundle):
+    # the token is checked before the request is read: a new id names the refused call
+    server = start_server(settings_for(bundle, token="s3cret"))
+    request = kserve_pb2.ModelInferRequest(
+        id="triton-9",
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"good"]}}],
+    )
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert dict(refused.value.trailing_metadata())["x-request-id"] != "triton-9"
+
+
 def test_overload_refusals_are_logged_once_per_interval_with_the_count_left_out(
     start_server, bundle, slow_tokenizer, access_lines, monkeypatch
 ):

@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import generate_latest
 
 from tests.serve.conftest import GATED, settings_for
+from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -386,6 +387,98 @@ def test_a_call_with_the_token_that_ends_before_its_request_is_invalid(start_ser
     with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
         classify_streamed(channel)(iter([]), metadata=(("authorization", "Bearer s3cret"),), timeout=5)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def answered(client: RawClient) -> set[int]:
+    """The streams the server has ended: trailers (HEADERS with END_STREAM) or RST_STREAM."""
+    return {
+        stream
+        for kind, flags, stream, _ in list(client.frames)
+        if kind == Kind.RST_STREAM or (kind == Kind.HEADERS and flags & END_STREAM)
+    }
+
+
+def test_calls_with_the_token_that_half_close_before_their_request_hold_no_place(start_server, bundle):
+    # gRPC's unary path never answers such a call, which holds its place until CONNECTION_AGE_S: this one answers
+    server = start_server(settings_for(bundle, token="s3cret", max_concurrent_rpcs=2))
+    client = RawClient(server.port)
+    try:
+        for stream in (1, 3, 5, 7):  # twice the places: headers with END_STREAM, no message
+            headers = header_block(CLASSIFY, (("authorization", "Bearer s3cret"),))
+            client.send(frame(Kind.HEADERS, END_HEADERS | END_STREAM, stream, headers))
+        deadline = time.monotonic() + 5
+        while len(answered(client)) < 4 and time.monotonic() < deadline:  # the server has taken them all
+            time.sleep(0.01)
+        with server.channel() as channel:
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            request = pb.ClassifyRequest(texts=["good"])
+            assert stub.Classify(request, metadata=(("authorization", "Bearer s3cret"),), timeout=5).predictions
+    finally:
+        client.close()
+
+
+def ended_while_its_request_is_awaited(start_server, bundle, cancel: bool) -> str:
+    """The scrape of a server with a token once a call with the token, whose message never comes, has ended: its
+    client cancels it (`cancel`), else its 0.5 s deadline passes."""
+    server = start_server(settings_for(bundle, token="s3cret"))
+    sent = threading.Event()
+
+    def stalled():
+        sent.wait(10)
+        yield pb.ClassifyRequest(texts=["good"])
+
+    with server.channel() as channel:
+        timeout = 10 if cancel else 0.5
+        call = classify_streamed(channel).future(
+            stalled(), metadata=(("authorization", "Bearer s3cret"),), timeout=timeout
+        )
+        try:
+            if cancel:
+                time.sleep(0.3)  # the server waits for the request
+                call.cancel()
+            else:
+                call.exception(timeout=5)
+        finally:
+            sent.set()
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=CLASSIFY)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return text
+
+
+def test_a_call_cancelled_while_its_request_is_awaited_is_counted_as_abandoned(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+    assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="CANCELLED") == 1
+
+
+def test_a_call_cancelled_while_its_request_is_awaited_is_no_clients_error(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+    assert metric(scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT") == 0
+
+
+def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as_expired(start_server, bundle):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=False)
+    assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="DEADLINE_EXCEEDED") == 1
+
+
+def test_a_message_over_the_limit_on_a_server_with_a_token_is_counted_as_cancelled(start_server, bundle):
+    # gRPC refuses it RESOURCE_EXHAUSTED and ends the handler reading it as a cancellation would, unexplained
+    server = start_server(settings_for(bundle, token="s3cret", max_message_bytes=1024))
+    with server.channel() as channel, contextlib.suppress(grpc.RpcError):
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(
+            pb.ClassifyRequest(texts=["good " * 400]), metadata=(("authorization", "Bearer s3cret"),), timeout=5
+        )
+    deadline = time.monotonic() + 5
+    while (
+        not metric(text := scrape(server), "edgedistill_requests_total", method=CLASSIFY)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert metric(text, "edgedistill_requests_total", method=CLASSIFY, code="CANCELLED") == 1
 
 
 def test_bearer_token_is_required_except_for_health(start_server, bundle):
