@@ -52,7 +52,10 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 # TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). One retry: where the index
 # cannot be reached (an offline machine with a local mirror), pip goes on to its configured indexes at once
 # instead of after its back-off of 7.5 s for each of torch's packages.
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where .venv exists its stamp records the index its torch came from ([index], [] for pip's configured indexes; nothing
+# in a stamp from before), and setup installs again from that one: after an edit of pyproject.toml a CUDA build stays.
+VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
+TORCH_INDEX ?= $(if $(VENV_TORCH_INDEX),$(patsubst [%],%,$(VENV_TORCH_INDEX)),https://download.pytorch.org/whl/cpu)
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
 # .venv is made once: PYTHON (its interpreter) and TORCH_INDEX (where its torch came from, recorded in the stamp) given
@@ -69,7 +72,6 @@ endif
 endif
 endif
 ifeq ($(origin TORCH_INDEX),command line)
-VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
 ifneq ($(VENV_TORCH_INDEX),)
 ifneq ($(VENV_TORCH_INDEX),[$(TORCH_INDEX)])
 $(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX), or leave TORCH_INDEX out)

@@ -386,8 +386,8 @@ def margin_text(result: AccuracyResult) -> str:
     if margin == result.tie_margin:
         return f"a label within {margin:g} of the bundle's top, export.tie_margin"
     return (
-        f"a label within {margin:.3g} of the bundle's top, how far batch-mates moved a logit of this per-batch "
-        "quantized bundle"
+        f"a label within {margin:.3g} of the bundle's top, how far batch-mates moved the gap between two logits of "
+        "this per-batch quantized bundle"
     )
 
 

@@ -131,12 +131,13 @@ def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) 
 
 def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[list[str]]:
     """For each of `commands`, those of `overrides` it takes: each reads only some sections (`common.sections`),
-    and refuses an override of another, which would change nothing it does. An override none of them reads is
-    refused (`RecipeError`)."""
-    from edgedistill.common.recipe import RecipeError, parse_overrides, removable
+    and refuses an override of another, which would change nothing it does. An override the recipe does not take (an
+    unknown key: the loader's message names the near ones), or that none of them reads, is refused (`RecipeError`)."""
+    from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides, removable
     from edgedistill.common.sections import READS, outside, scope
 
     keys = [next(iter(parse_overrides([override]))) for override in overrides]
+    load_recipe(recipe, parse_overrides(overrides))  # a misspelt key is one, not a section no stage reads
     beyond = {command: set(outside(keys, command)) for command in commands}
     loadable = removable(recipe, parse_overrides(overrides), set().union(*beyond.values()))
     if unread := [key for key in keys if key in loadable and all(key in beyond[command] for command in commands)]:

@@ -201,3 +201,25 @@ def test_setup_records_the_torch_index_in_its_stamp(checkout):
     assert "printf 'TORCH_INDEX=%s\\n' 'https://example.org/whl' > .venv/.installed" in (
         make_in(checkout, "setup", "TORCH_INDEX=https://example.org/whl").stdout
     )
+
+
+CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
+
+
+def edited_after_setup(checkout, index: str):
+    """`checkout` with torch from `index` recorded in its stamp, and pyproject.toml edited since setup."""
+    stamp = checkout / ".venv" / ".installed"
+    stamp.write_text(f"TORCH_INDEX={index}\n")
+    os.utime(stamp, (0, 0))
+    os.utime(checkout / "pyproject.toml")
+    return checkout
+
+
+def test_setup_after_an_edit_of_pyproject_installs_torch_from_the_index_the_venv_records(checkout):
+    setup = make_in(edited_after_setup(checkout, CUDA_INDEX), "setup").stdout
+    assert f"--index-url {CUDA_INDEX}" in setup
+
+
+def test_setup_after_an_edit_of_pyproject_on_torch_from_pips_indexes_installs_no_torch_from_an_index(checkout):
+    setup = make_in(edited_after_setup(checkout, ""), "setup").stdout
+    assert "--index-url" not in setup

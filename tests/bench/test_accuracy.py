@@ -2,6 +2,7 @@
 dev accuracy."""
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -127,6 +128,13 @@ def test_the_markdown_says_a_tie_flip_is_a_label_within_the_margin_of_the_bundle
     check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
     report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
     assert "near-ties aside: a label within 0.1 of the bundle's top, export.tie_margin" in report
+
+
+def test_a_measured_near_tie_margin_is_named_as_the_change_of_a_gap_between_two_logits():
+    result = types.SimpleNamespace(tie_margin=0.1, grouping_margin=0.494)
+    assert accuracy.margin_text(result).endswith(
+        "how far batch-mates moved the gap between two logits of this per-batch quantized bundle"
+    )
 
 
 def test_a_served_prediction_unlike_the_bundles_at_a_near_tie_passes(tmp_path, single_dev, monkeypatch):

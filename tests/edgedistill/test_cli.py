@@ -327,6 +327,16 @@ def test_all_names_the_command_that_reads_an_override_no_stage_reads(monkeypatch
     assert "give it to edgedistill bench peers" in capsys.readouterr().err
 
 
+def test_all_names_the_benchmark_a_misspelt_override_meant(monkeypatch, capsys):
+    all_steps(monkeypatch, "--bench.servng.threads=4")
+    assert "bench.servng: unknown key: did you mean serving?" in capsys.readouterr().err
+
+
+def test_all_names_the_recipe_section_a_misspelt_override_meant(monkeypatch, capsys):
+    all_steps(monkeypatch, "--runtim.device=cpu")
+    assert "runtim: unknown key: did you mean runtime?" in capsys.readouterr().err
+
+
 def test_all_refuses_a_malformed_override_before_any_stage_runs(monkeypatch):
     assert all_steps(monkeypatch, "--name") == {}
 
