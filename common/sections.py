@@ -16,7 +16,7 @@ _BENCH = ("data", "export", "tracking")  # a benchmark of a served bundle: the d
 READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> the sections it reads
     # pretraining checks finetune.reinit_layers against the model; the teacher's commands warn about missing
     # transfer.unlabelled_files, and about students the distill stage would refuse, before hours of training
-    "pretrain": ("model", "pretrain", "finetune", "transfer", "distill", "runtime", "tracking"),
+    "pretrain": ("data", "model", "pretrain", "finetune", "transfer", "distill", "runtime", "tracking"),
     "finetune": (*TEACHER, "transfer", "distill", "runtime", "tracking"),
     "teacher": (*TEACHER, "transfer", "distill", "runtime", "tracking"),
     "labeller": (*TEACHER, "transfer", "export", "runtime", "tracking"),

@@ -31,6 +31,10 @@ def test_the_teachers_commands_read_the_students_they_warn_about(command):
     assert sections.outside(["distill.students.cnn.optim.lr"], command) == []
 
 
+def test_pretraining_reads_the_task_the_students_it_warns_about_are_built_for():
+    assert sections.outside(["data.pairs"], "pretrain") == []
+
+
 @pytest.mark.parametrize("command", sections.READS)
 def test_every_command_reads_the_run_name(command):
     assert sections.outside(["name"], command) == []
@@ -77,7 +81,7 @@ def stages(command: str) -> list[Stage]:
 
 @pytest.mark.parametrize(
     "command", [command for command in sections.READS if command not in ("report", "headline")]
-)  # the report hashes no setting, and the headline runs no stage
+)  # the report's stage needs finished stages to be made, and the headline runs no stage
 def test_a_command_reads_every_section_its_stages_and_their_parents_hash(command):
     read = set(sections.reads(command))
     assert set().union(*(hashed(stage) for stage in stages(command))) - read == set()
