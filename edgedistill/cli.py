@@ -136,6 +136,8 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
     from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides, removable
     from edgedistill.common.sections import READS, outside, scope
 
+    if not overrides:
+        return [[] for _ in commands]
     keys = [next(iter(parse_overrides([override]))) for override in overrides]
     load_recipe(recipe, parse_overrides(overrides))  # a misspelt key is one, not a section no stage reads
     beyond = {command: set(outside(keys, command)) for command in commands}
