@@ -561,28 +561,36 @@ def test_a_connection_without_calls_is_closed_after_connection_idle_s(start_serv
     assert client.closed.wait(5)
 
 
+def stall_every_place(server, places: int) -> RawClient:
+    """A raw client holding `places` calls, each with half a message: every place of a server whose
+    MAX_CONCURRENT_RPCS is `places`."""
+    client = RawClient(server.port)
+    for stream in range(1, 2 * places, 2):
+        client.open_call(stream, CLASSIFY)
+        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    return client
+
+
+def classify_code(stub) -> str:
+    """The status code of one good `Classify`, by name."""
+    try:
+        stub.Classify(classify("good"), timeout=5)
+    except grpc.RpcError as err:
+        return err.code().name
+    return "OK"
+
+
 def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_out(start_server, bundle):
     age_s = 6.0  # room for the 4 stalled calls to be admitted on a busy machine
     server = start_server(
         settings_for(bundle, max_concurrent_rpcs=4, connection_age_s=age_s, connection_age_grace_s=0.5)
     )
     opened = time.monotonic()
-    client = RawClient(server.port)
-    for stream in (1, 3, 5, 7):  # every place, each call with half a message
-        client.open_call(stream, CLASSIFY)
-        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    client = stall_every_place(server, 4)
     with grpc.insecure_channel(server.address, options=LOCAL) as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
-
-        def refused() -> bool:
-            try:
-                stub.Classify(classify("good"), timeout=5)
-            except grpc.RpcError as err:
-                return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            return False
-
         deadline = opened + 0.85 * age_s  # within the connection's age, less gRPC's 10 % jitter
-        while not refused():
+        while classify_code(stub) != "RESOURCE_EXHAUSTED":
             assert time.monotonic() < deadline, "the stalled calls never held every place"
         assert client.closed.wait(10), "the stalled connection was never closed"
         assert stub.Classify(classify("good"), timeout=5).predictions
@@ -590,26 +598,15 @@ def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_o
 
 def test_calls_stalled_mid_message_leave_their_places_when_their_connection_closes(start_server, bundle):
     server = start_server(settings_for(bundle, max_concurrent_rpcs=2))
-    client = RawClient(server.port)
-    for stream in (1, 3):  # every place, each call with half a message
-        client.open_call(stream, CLASSIFY)
-        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+    client = stall_every_place(server, 2)
     with grpc.insecure_channel(server.address, options=LOCAL) as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
-
-        def answer() -> str:
-            try:
-                stub.Classify(classify("good"), timeout=5)
-            except grpc.RpcError as err:
-                return err.code().name
-            return "OK"
-
         deadline = time.monotonic() + 5
-        while answer() != "RESOURCE_EXHAUSTED":
+        while classify_code(stub) != "RESOURCE_EXHAUSTED":
             assert time.monotonic() < deadline, "the stalled calls never held every place"
         client.close()
         deadline = time.monotonic() + 5
-        while (code := answer()) != "OK" and time.monotonic() < deadline:
+        while (code := classify_code(stub)) != "OK" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert code == "OK"
 
