@@ -54,9 +54,14 @@ APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> 
 GROUPINGS = (8, 1)  # texts per call, beside the server's MAX_TEXTS, that show how batch-mates move a dynamic INT8 model
 
 
-class ApiAccuracy(Record):
+class Counted(Record):
+    """Correct predictions on the labelled examples, as a count and a share."""
+
     correct: int
     accuracy: float
+
+
+class ApiAccuracy(Counted):
     matches_bundle: bool = Field(description="as many correct predictions as the bundle's dev_accuracy says")
     differing: int = Field(description="examples whose served prediction differs from the bundle's own")
     tie_flips: int = Field(
@@ -68,11 +73,9 @@ class ApiAccuracy(Record):
     )
 
 
-class OwnAccuracy(Record):
+class OwnAccuracy(Counted):
     """The bundle's own predictions on the labelled examples, and how far another padding may move their count."""
 
-    correct: int
-    accuracy: float
     near_ties: int = Field(description="examples whose top two logits are within the near-tie margin")
     may_lose: int = Field(description="of those, the ones answered right: another padding may answer them wrong")
     may_gain: int = Field(

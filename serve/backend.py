@@ -34,7 +34,7 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
     (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`.
 
     A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
-    TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused`
+    TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused_by`
     refuses them for a server of engines alone).
     """
     threads = intra_op_threads(settings.threads, max(1, settings.workers))  # WORKERS=0 is one process here

@@ -309,15 +309,15 @@ def load_runtime(
     on_fault: Callable[[ServerFault], None] | None = None,
 ) -> ModelRuntime | CascadeRuntime:
     """The runtime serving `folder`: a cascade's when it holds one (`common.cascade.is_cascade`), else a bundle's;
-    `BundleRejected` for `settings` it would not use (`refuse_unused`), at start as for a reload."""
+    `BundleRejected` for `settings` it would not use (`refuse_unused_by`), at start as for a reload."""
     cascade = is_cascade(folder)
-    refuse_unused(folder, settings, cascade)
+    refuse_unused_by(folder, settings, cascade)
     if cascade:
         return CascadeRuntime.load(folder, settings, metrics, on_fault)
     return ModelRuntime.load(folder, settings, metrics, on_fault)
 
 
-def refuse_unused(folder: str | Path, settings: Settings, cascade: bool) -> None:
+def refuse_unused_by(folder: str | Path, settings: Settings, cascade: bool) -> None:
     """`BundleRejected` naming a setting given (flag or variable) that the runtime serving `folder` (a `cascade` or
     not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; PROVIDERS, THREADS or SPIN, which set ONNX
     Runtime's session, where every model is a TensorRT engine (THREADS=0, SPIN=false and no PROVIDERS, the defaults,

@@ -15,7 +15,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import MEMBERS, confidence, load_cascade, route
 from edgedistill.serve import tensors
-from edgedistill.serve.cascade import load_runtime, model_bytes, refuse_unused
+from edgedistill.serve.cascade import load_runtime, model_bytes, refuse_unused_by
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -630,7 +630,7 @@ def test_threads_for_a_cascade_of_tensorrt_engines_alone_are_refused(engines):
 
 
 def test_threads_for_a_cascade_with_an_onnx_member_are_used(mixed):
-    assert refuse_unused(mixed, settings_for(mixed, threads=2, spin=True), cascade=True) is None
+    assert refuse_unused_by(mixed, settings_for(mixed, threads=2, spin=True), cascade=True) is None
 
 
 def test_providers_for_a_cascade_with_an_onnx_member_are_used(mixed):
@@ -640,7 +640,7 @@ def test_providers_for_a_cascade_with_an_onnx_member_are_used(mixed):
 
 
 def test_the_default_threads_and_spin_for_a_tensorrt_engine_are_accepted(engine):
-    assert refuse_unused(engine, settings_for(engine, threads=0), cascade=False) is None
+    assert refuse_unused_by(engine, settings_for(engine, threads=0), cascade=False) is None
 
 
 def test_a_reload_onto_a_tensorrt_engine_given_threads_keeps_the_old_bundle(start_server, bundle, engine):
