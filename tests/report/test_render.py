@@ -128,6 +128,29 @@ def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path)
     assert "| teacher |" not in missing_markdown(tmp_path)
 
 
+def absent_cascade_markdown(tmp_path, measured_cascade: str) -> str:
+    """The report section on absent stages, for a smoke run with a second cascade, `cnn-cascade`, where only
+    `measured_cascade` was served (`make all CASCADE=...`)."""
+    recipe = load_recipe(
+        ROOT / "recipes" / "smoke.yaml",
+        {"export.cascades.cnn-cascade": {"members": ["cnn-int8", "teacher-fused"]}},
+    )
+    with mf.stage_folder(tmp_path / f"serve-cascade-{measured_cascade}") as tmp:
+        base = mf.Manifest(stage="serve-cascade", recipe="smoke", recipe_hash="h", config_hash="h")
+        mf.commit(tmp, tmp_path / f"serve-cascade-{measured_cascade}", base)
+    page = render.Page("report")
+    render._missing(page, tmp_path, recipe)
+    return "\n".join(page.md)
+
+
+def test_a_report_of_a_run_that_served_another_cascade_does_not_ask_for_the_default_one(tmp_path):
+    assert "serve-cascade-bilstm-cascade" not in absent_cascade_markdown(tmp_path, "cnn-cascade")
+
+
+def test_a_report_of_the_teacher_alone_names_the_default_cascades_absent_serving(tmp_path):
+    assert "| serve-cascade-bilstm-cascade | make all |" in missing_markdown(tmp_path)
+
+
 def benchmark_markdown(tmp_path, **table) -> str:
     """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran; `table` adds
     fields to its bench.json (`metric`)."""
