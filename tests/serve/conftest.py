@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import edgedistill.serve.host as serve_host
@@ -252,6 +253,15 @@ def settings_for(bundle: Path, **changes):
     return Settings(**(base | changes))
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A refused `Reload`: its status code and details, and the model the server serves after it."""
+
+    code: grpc.StatusCode
+    details: str
+    serving: object  # classifier_pb2.ModelInfo
+
+
 class RunningServer:
     """A real server on port 0, on its own event loop in a background thread; tests talk to it with sync gRPC."""
 
@@ -278,6 +288,19 @@ class RunningServer:
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.address)
+
+    def refused_reload(self, bundle: Path | None, metadata=()) -> Refusal:
+        """What a `Reload` onto `bundle` (None: the served folder again), sent with `metadata`, is refused with; fails
+        the test where it succeeds."""
+        from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+
+        request = classifier_pb2.ReloadRequest(bundle_path=str(bundle) if bundle is not None else "")
+        with self.channel() as channel:
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Reload(request, metadata=metadata, timeout=30)
+            serving = stub.GetModelInfo(classifier_pb2.GetModelInfoRequest(), timeout=10)
+        return Refusal(caught.value.code(), caught.value.details(), serving)
 
     @property
     def metrics_url(self) -> str:

@@ -336,12 +336,9 @@ def test_error_details_are_capped_so_the_status_arrives(channels):
 
 
 def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(start_server, bundle):
-    server = start_server(settings_for(bundle, admin_token=ADMIN_TOKEN))
-    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
-        request = pb.ReloadRequest(bundle_path=str(bundle))
-        classifier_pb2_grpc.ClassifierStub(channel).Reload(request, metadata=ADMIN, timeout=10)
-    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "EDGEDISTILL_RELOAD_ROOT" in caught.value.details()
+    refusal = start_server(settings_for(bundle, admin_token=ADMIN_TOKEN)).refused_reload(bundle, ADMIN)
+    assert refusal.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "EDGEDISTILL_RELOAD_ROOT" in refusal.details
 
 
 def held_streams(channel, count: int) -> tuple[list, threading.Event]:

@@ -526,14 +526,12 @@ def test_a_reload_onto_a_corrupt_cascade_keeps_the_old_one(start_server, tmp_pat
     good = make_cascade(tmp_path / "good")
     bad = corrupt_member(make_cascade(tmp_path / "bad"))
     server = start_server(settings_for(good, admin_token=ADMIN_TOKEN, reload_root=tmp_path))
+    refusal = server.refused_reload(bad, ADMIN)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "members/teacher/model.onnx does not match" in refusal.details
     with server.channel() as channel:
-        stub = classifier_pb2_grpc.ClassifierStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(bad)), metadata=ADMIN, timeout=30)
-        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "members/teacher/model.onnx does not match" in caught.value.details()
-        reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
-        assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
 
 
 def test_a_member_changed_since_the_cascade_was_built_is_refused(tmp_path):
@@ -576,14 +574,10 @@ def test_a_reload_of_a_cascade_server_given_cascade_overload_onto_a_single_bundl
     start_server, bundle, cascade
 ):
     settings = settings_for(cascade, cascade_overload="refuse", admin_token=ADMIN_TOKEN, reload_root=bundle.parent)
-    server = start_server(settings)
-    with server.channel() as channel:
-        stub = classifier_pb2_grpc.ClassifierStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(bundle)), metadata=ADMIN, timeout=30)
-        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "EDGEDISTILL_CASCADE_OVERLOAD (--cascade-overload) refuse would do nothing" in caught.value.details()
-        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(cascade)
+    refusal = start_server(settings).refused_reload(bundle, ADMIN)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "EDGEDISTILL_CASCADE_OVERLOAD (--cascade-overload) refuse would do nothing" in refusal.details
+    assert refusal.serving.bundle_path == str(cascade)
 
 
 @pytest.fixture(scope="module")
@@ -645,13 +639,9 @@ def test_the_default_threads_and_spin_for_a_tensorrt_engine_are_accepted(engine)
 
 def test_a_reload_onto_a_tensorrt_engine_given_threads_keeps_the_old_bundle(start_server, bundle, engine):
     settings = settings_for(bundle, threads=1, admin_token=ADMIN_TOKEN, reload_root=engine.parent)
-    server = start_server(settings)
-    with server.channel() as channel:
-        stub = classifier_pb2_grpc.ClassifierStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(engine)), metadata=ADMIN, timeout=30)
-        assert "EDGEDISTILL_THREADS (--threads) 1 would do nothing" in caught.value.details()
-        assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).bundle_path == str(bundle)
+    refusal = start_server(settings).refused_reload(engine, ADMIN)
+    assert "EDGEDISTILL_THREADS (--threads) 1 would do nothing" in refusal.details
+    assert refusal.serving.bundle_path == str(bundle)
 
 
 def test_a_pair_cascade_takes_pairs(start_server, tmp_path):
