@@ -1,11 +1,12 @@
 """Subprocesses of a measurement: a server started until it reports SERVING and stopped with SIGTERM, or a
 load generator run to its end; their output goes to a log file, whose tail a failure quotes."""
 
+import functools
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -29,18 +30,38 @@ def free_port() -> int:
 
 
 # The server settings a measurement sets by flags, which win over their EDGEDISTILL_* variables
-MEASURED_SETTINGS = ("bundle", "host", "port", "metrics_port", "threads", "workers")
+MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
+# The deployed server's metrics address and port, which an operator may export: a measurement runs its servers'
+# metrics itself (off, or on a loopback port of its own), so their variables are left out of the servers' environment,
+# where METRICS_HOST with the metrics port off would stop the server
+METRICS_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"))
+
+
+def server_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server a measurement starts: `environ` (default this process's) less `METRICS_VARIABLES`."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items() if name not in METRICS_VARIABLES}
+
+
+@functools.cache
+def say_left_out(names: tuple[str, ...]) -> None:
+    """Say on stderr, once per process, that the servers measured run without the metrics variables `names`."""
+    print(
+        f"[bench] {', '.join(names)} left out of the environment of the servers measured here, whose metrics the "
+        "measurement sets (off, or on a loopback port of its own); the server you deploy reads them as set",
+        file=sys.stderr,
+    )
 
 
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
     """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
     runtime's default; none for TensorRT engines alone) and `workers` processes, metrics on `metrics_port` (None:
-    off). `BenchError` where this process's environment sets one of these settings: the flag would override it
-    without a word."""
+    off), run in `server_environ`. `BenchError` where this process's environment sets one of the other settings
+    these flags set: the flag would override it without a word."""
     if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
         raise BenchError(
-            f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, metrics "
-            "port, threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
+            f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
+            "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
             "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; "
             "unset them"
         )
@@ -55,7 +76,7 @@ def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     give with `EDGEDISTILL_*` variables; `BenchError` when those give it TLS, as measurements call over plaintext."""
     # One server process: a driver's connection and the CPU figure sample one process.
     flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = load_settings(flags)
+    settings = load_settings(flags, server_environ())
     if settings.tls_cert is not None:
         raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
     return flags, settings
@@ -64,7 +85,7 @@ def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
 def served_settings(bundle: Path, threads: int) -> dict:
     """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
     port, bundle and reload root, tokens masked: hashed by a measurement's stage, so a changed setting measures again."""
-    settings = load_settings(serve_flags(bundle, 0, threads))
+    settings = load_settings(serve_flags(bundle, 0, threads), server_environ())
     return settings.model_dump(mode="json", exclude={"port", "bundle", "reload_root"})  # a SecretStr dumps masked
 
 
@@ -119,11 +140,14 @@ def serving(
     clean_exit: bool = True,
     env: dict[str, str] | None = None,
 ) -> Iterator[psutil.Process]:
-    """`command` (in `env`, default this environment) with its output in `log`, ready (`ready`) on loopback `port`;
-    stopped with SIGTERM after the block. `BenchError` when it exited before that, and with `clean_exit`, when it does
-    not exit with status 0."""
+    """`command` (in `env`, default this environment, less the metrics variables: `server_environ`) with its output
+    in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it exited
+    before that, and with `clean_exit`, when it does not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
-    process = start(command, log, env)
+    environ = os.environ if env is None else env
+    if left_out := tuple(variable for variable in METRICS_VARIABLES if variable in environ):
+        say_left_out(left_out)
+    process = start(command, log, server_environ(environ))
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
@@ -114,9 +115,12 @@ async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None
 
 def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str]:
     """The command of a baseline server on loopback `port`: the echo server, or with `bundle` the bare server, with
-    `threads` intra-op threads."""
+    `threads` intra-op threads (none for a TensorRT engine)."""
     line = [sys.executable, "-m", MODULE, "--host", "127.0.0.1", "--port", str(port)]
-    return line if bundle is None else [*line, "--bundle", str(bundle), "--threads", str(threads)]
+    if bundle is None:
+        return line
+    # a TensorRT engine runs without ONNX Runtime's threads, and `main` refuses --threads for it
+    return [*line, "--bundle", str(bundle)] + (["--threads", str(threads)] if runs_onnx_runtime(bundle) else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,11 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
     parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")
-    parser.add_argument("--threads", type=int, help="intra-op threads of the bare server (default 1)")
+    parser.add_argument(
+        "--threads", type=int, help="intra-op threads of the bare server (default 1; none for a TensorRT engine)"
+    )
     args = parser.parse_args(argv)
     if args.threads is not None and args.bundle is None:
         parser.error(
             "--threads sets the bare server's threads: give --bundle, or drop --threads (the echo server runs no model)"
+        )
+    if args.threads and not runs_onnx_runtime(args.bundle):  # 0, ONNX Runtime's default, asks for nothing
+        parser.error(
+            f"{args.bundle} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
+            "--threads, ONNX Runtime's intra-op threads, would do nothing; drop it, or give an ONNX bundle (runtime "
+            "'onnxruntime')"
         )
     asyncio.run(serve(args.host, args.port, args.bundle, 1 if args.threads is None else args.threads))
     return 0

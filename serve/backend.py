@@ -37,7 +37,9 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
     TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused_by`
     refuses them for a server of engines alone).
     """
-    threads = intra_op_threads(settings.threads, max(1, settings.workers))  # WORKERS=0 is one process here
+    # ONNX Runtime's intra-op threads (WORKERS=0 is one process here); a TensorRT engine runs none, nor spins them
+    onnx_runtime = bundle.spec.runtime == "onnxruntime"
+    threads = intra_op_threads(settings.threads, max(1, settings.workers)) if onnx_runtime else None
     try:
         runner = open_bundle(
             bundle,
@@ -59,18 +61,18 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
         ) from err
     except (ModelLoadError, mf.ArtifactError) as err:
         raise BundleRejected(str(err)) from err
+    session = f", {threads or 'default'} intra-op threads, spinning {'on' if settings.spin else 'off'}"
     log.info(
-        "%s ready on %s, %s intra-op threads, spinning %s",
+        "%s ready on %s%s",
         bundle.spec.runtime,
         runner.providers,
-        threads or "default",
-        "on" if settings.spin else "off",
+        session if onnx_runtime else "",
         extra={
             "event": "backend_ready",
             "runtime": bundle.spec.runtime,
             "providers": runner.providers,
             "threads": threads,
-            "spin": settings.spin,
+            "spin": settings.spin if onnx_runtime else None,
         },
     )
     return runner

@@ -39,7 +39,7 @@ from typing import BinaryIO
 from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.processes import alive, die_with_parent, shell_status
 from edgedistill.serve.backend import intra_op_threads
-from edgedistill.serve.cascade import model_bytes
+from edgedistill.serve.cascade import model_bytes, runs_onnx_runtime
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import WorkerFiles, serve_http, stop_http, workers_registry
 from edgedistill.serve.settings import Settings, SettingsError
@@ -188,7 +188,8 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
-        self.threads = intra_op_threads(settings.threads, count)  # each worker's, as it works them out
+        # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
+        self.threads = intra_op_threads(settings.threads, count) if runs_onnx_runtime(settings.bundle) else None
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))

@@ -7,8 +7,8 @@ import time
 
 import psutil
 import pytest
-from edgedistill.bench import BenchError
-from edgedistill.bench.processes import finish, free_port, measured_server, running, start
+from edgedistill.bench import BenchError, processes
+from edgedistill.bench.processes import finish, free_port, measured_server, running, served_settings, start
 
 from tests.serve.conftest import write_engine
 
@@ -135,3 +135,50 @@ def test_a_variable_a_measured_servers_flag_would_override_is_refused_naming_it(
     monkeypatch.setenv(variable, "4")
     with pytest.raises(BenchError, match=f"{variable} would do nothing: a measurement sets the server's"):
         measured_server(bundle, 1)
+
+
+# Where an operator exports them for the server they deploy (the Kubernetes manifests' METRICS_HOST)
+OPERATORS_METRICS = {"EDGEDISTILL_METRICS_HOST": "0.0.0.0", "EDGEDISTILL_METRICS_PORT": "8002"}
+
+
+@pytest.fixture
+def operators_metrics(monkeypatch):
+    """This environment with the operator's metrics variables, whose note is not said yet in this process."""
+    for name, value in OPERATORS_METRICS.items():
+        monkeypatch.setenv(name, value)
+    processes.say_left_out.cache_clear()
+    yield
+    processes.say_left_out.cache_clear()
+
+
+def test_a_measured_server_starts_where_the_operator_exports_metrics_host(bundle, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEDISTILL_METRICS_HOST", "0.0.0.0")  # with the measurement's metrics off: refused by serve
+    flags, settings = measured_server(bundle, 1)
+    with running("edgedistill.serve", flags, settings.port, tmp_path / "server.log") as process:
+        assert process.is_running()
+
+
+def test_a_measured_server_runs_with_its_metrics_off_where_the_operator_exports_them(bundle, operators_metrics):
+    _, settings = measured_server(bundle, 1)
+    assert settings.metrics_port is None
+
+
+def test_a_measured_server_binds_its_metrics_to_loopback_where_the_operator_exports_them(bundle, operators_metrics):
+    _, settings = measured_server(bundle, 1)
+    assert settings.metrics_host == "127.0.0.1"
+
+
+def test_the_operators_metrics_variables_change_no_measured_setting(bundle, monkeypatch):
+    measured = served_settings(bundle, 1)
+    for name, value in OPERATORS_METRICS.items():
+        monkeypatch.setenv(name, value)
+    assert served_settings(bundle, 1) == measured
+
+
+def test_the_metrics_variables_left_out_of_the_servers_are_named_once(operators_metrics, tmp_path, capsys):
+    for attempt in range(2):
+        port = free_port()
+        with running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / f"echo-{attempt}.log"):
+            pass
+    err = capsys.readouterr().err
+    assert err.count("EDGEDISTILL_METRICS_HOST, EDGEDISTILL_METRICS_PORT left out") == 1

@@ -10,7 +10,7 @@ from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import RunningServer, settings_for
+from tests.serve.conftest import RunningServer, settings_for, write_engine
 
 
 def classify_baseline(texts: list[str], bundle=None):
@@ -65,6 +65,11 @@ def test_the_bare_servers_command_names_its_bundle_and_threads(tmp_path):
     assert servers.command(50052, tmp_path, threads=2)[-4:] == ["--bundle", str(tmp_path), "--threads", "2"]
 
 
+def test_the_bare_servers_command_gives_a_tensorrt_engine_no_threads(tmp_path):
+    engine = write_engine(tmp_path / "engine")
+    assert servers.command(50052, engine, threads=2)[-2:] == ["--bundle", str(engine)]
+
+
 @pytest.fixture
 def served_with(monkeypatch):
     """The arguments `servers.main` would start a server with, recorded instead of serving."""
@@ -87,6 +92,22 @@ def test_threads_without_a_bundle_are_refused_naming_both(served_with, capsys):
     with pytest.raises(SystemExit):
         servers.main(["--port", "0", "--threads", "2"])
     assert "--threads sets the bare server's threads: give --bundle" in capsys.readouterr().err
+
+
+def test_threads_on_a_tensorrt_engine_are_refused_by_the_parser(served_with, tmp_path):
+    engine = write_engine(tmp_path / "engine")
+    with pytest.raises(SystemExit) as exited:
+        servers.main(["--port", "0", "--bundle", str(engine), "--threads", "2"])
+    assert exited.value.code == 2
+
+
+def test_threads_on_a_tensorrt_engine_are_refused_saying_why(served_with, tmp_path, capsys):
+    engine = write_engine(tmp_path / "engine")
+    with pytest.raises(SystemExit):
+        servers.main(["--port", "0", "--bundle", str(engine), "--threads", "2"])
+    assert "is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime" in (
+        capsys.readouterr().err
+    )
 
 
 def test_the_bare_server_takes_one_thread_unless_told(served_with, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from edgedistill.common import machine
 from edgedistill.common.bundle import TensorSpec, load_bundle
 from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
+from edgedistill.serve import backend as served_backend
 from edgedistill.serve.app import create_server
 from edgedistill.serve.backend import BackendUnavailable, intra_op_threads, load_backend
 from edgedistill.serve.batching import pad_rows
@@ -191,6 +192,39 @@ def _fake_module(name: str, **attrs) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
     return module
+
+
+def backend_ready(bundle: Path, settings: Settings, caplog) -> logging.LogRecord:
+    """The backend_ready log record of loading `bundle` with `settings`."""
+    with caplog.at_level(logging.INFO, logger=served_backend.__name__):
+        load_backend(load_bundle(bundle), settings)
+    return next(record for record in caplog.records if getattr(record, "event", None) == "backend_ready")
+
+
+@pytest.fixture
+def engine_ready(trt_bundle, monkeypatch, caplog) -> logging.LogRecord:
+    """The backend_ready record of an engine bundle served by two workers (whose ONNX Runtime would share the cores),
+    its engine opened by a stand-in: TensorRT cannot run here."""
+    engine = types.SimpleNamespace(providers=["TensorRT 10.0"])
+    monkeypatch.setattr(served_backend, "open_bundle", lambda *args, **kwargs: engine)
+    return backend_ready(trt_bundle, Settings(workers=2), caplog)
+
+
+def test_an_onnx_bundles_ready_line_gives_its_intra_op_threads_and_spinning(bundle, caplog):
+    record = backend_ready(bundle, Settings(providers=["cpu"], threads=2), caplog)
+    assert record.getMessage() == "onnxruntime ready on ['CPUExecutionProvider'], 2 intra-op threads, spinning off"
+
+
+def test_a_tensorrt_engines_ready_line_names_no_intra_op_threads(engine_ready):
+    assert engine_ready.getMessage() == "tensorrt ready on ['TensorRT 10.0']"
+
+
+def test_a_tensorrt_engines_ready_event_gives_no_thread_count(engine_ready):
+    assert engine_ready.threads is None
+
+
+def test_a_tensorrt_engines_ready_event_gives_no_spinning(engine_ready):
+    assert engine_ready.spin is None
 
 
 def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):

@@ -396,6 +396,16 @@ def test_workers_share_the_usable_cores_as_intra_op_threads(spawn, bundle):
     assert threads == [max(1, machine.usable_cores() // 2)] * 2
 
 
+def test_a_supervisor_of_tensorrt_engine_workers_gives_no_intra_op_thread_count(spawn, tmp_path):
+    server = spawn(write_engine(tmp_path / "engine"), EDGEDISTILL_WORKERS="2")
+    assert server.wait_for("supervising", timeout=30)["threads"] is None
+
+
+def test_a_supervisor_of_onnx_workers_gives_their_intra_op_threads(spawn, bundle):
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_THREADS="3")
+    assert server.wait_for("supervising", timeout=30)["threads"] == 3
+
+
 @pytest.fixture
 def temp_root(tmp_path, monkeypatch):
     monkeypatch.setattr(workers.tempfile, "tempdir", str(tmp_path))
