@@ -27,6 +27,7 @@ from edgedistill.bench.tables import (
     markdown_results,
     print_results,
     target_rows,
+    threads_phrase,
 )
 from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
@@ -190,8 +191,9 @@ def table_rows(result: ServingResult) -> list[list[str]]:
 def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     return (
-        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind the server, {o['threads']} intra-op "
-        f"thread(s) per worker, {result.machine['cores']} cores; h2load with {o['client_threads']} thread(s), "
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind the server, "
+        f"{threads_phrase(b, o['threads'], ' per worker')}, {result.machine['cores']} cores; h2load with "
+        f"{o['client_threads']} thread(s), "
         f"saturated over {o['connections_per_worker']} connection(s) per worker x {o['streams']} streams, paced over "
         f"{o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )

@@ -34,7 +34,14 @@ from edgedistill.bench import BenchError, drivers, servers, slo
 from edgedistill.bench.processes import free_port, measured_server, running, served_settings, serving
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
-from edgedistill.bench.tables import markdown_results, print_results, record_line, spread_cell, target_rows
+from edgedistill.bench.tables import (
+    markdown_results,
+    print_results,
+    record_line,
+    spread_cell,
+    target_rows,
+    threads_phrase,
+)
 from edgedistill.bench.texts import PairsFile, hashed_path, load_groups, load_texts, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress
@@ -273,7 +280,7 @@ def table_rows(result: ServingResult) -> list[list[str]]:
 def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     return (
-        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {o['threads']} intra-op threads, "
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, o['threads'])}, "
         f"{result.machine['cpus']} CPUs; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 

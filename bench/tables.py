@@ -92,3 +92,12 @@ def record_line(record: dict) -> str:
         f"{record['requests_per_s']:.0f} calls/s{texts}, p99 {record['p99_ms']:.2f} ms, {record['failures']} failed, "
         f"client CPU {record['client_cpu']:.0f} %{server}"
     )
+
+
+def threads_phrase(bundle: dict, threads: int, per: str = "") -> str:
+    """The intra-op threads of a measured `bundle` (its `bundle_record`) run with `threads` (0: ONNX Runtime's default;
+    `per` worker, say): none for a TensorRT engine, which runs without ONNX Runtime."""
+    if bundle["runtime"] == "tensorrt":
+        return "no intra-op threads (a TensorRT engine)"
+    count = "ONNX Runtime's default" if threads == 0 else threads
+    return f"{count} intra-op thread{'' if threads == 1 else 's'}{per}"

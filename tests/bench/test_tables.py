@@ -1,4 +1,4 @@
-from edgedistill.bench.tables import h2load_failures_line, record_line
+from edgedistill.bench.tables import h2load_failures_line, record_line, threads_phrase
 
 
 def test_record_line_names_texts_per_s_where_the_record_has_it():
@@ -33,3 +33,19 @@ def test_h2load_failures_line_says_the_percentiles_include_the_failed_calls():
 
 def test_h2load_runs_without_failed_calls_have_no_failures_line():
     assert h2load_failures_line(h2load_runs([0, 0]), 200) is None
+
+
+def test_a_tensorrt_engines_threads_phrase_names_no_intra_op_threads():
+    assert threads_phrase({"runtime": "tensorrt"}, 2, " per worker") == "no intra-op threads (a TensorRT engine)"
+
+
+def test_an_onnx_bundles_threads_phrase_gives_its_threads_per_worker():
+    assert threads_phrase({"runtime": "onnxruntime"}, 2, " per worker") == "2 intra-op threads per worker"
+
+
+def test_an_onnx_bundles_threads_phrase_gives_one_thread_in_the_singular():
+    assert threads_phrase({"runtime": "onnxruntime"}, 1) == "1 intra-op thread"
+
+
+def test_an_onnx_bundles_threads_phrase_names_the_runtimes_default_for_zero():
+    assert threads_phrase({"runtime": "onnxruntime"}, 0) == "ONNX Runtime's default intra-op threads"
