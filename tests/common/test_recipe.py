@@ -902,6 +902,11 @@ def test_every_override_a_command_does_not_read_is_named():
     assert "--tracking: " in refusal({"runtime.device": "cuda", "tracking": "mlflow"}, "headline")
 
 
+def test_an_override_needed_only_beside_another_unread_one_is_refused_with_it():
+    extra = {"export.bundles.extra.source": "cnn", "export.deploy": "extra"}
+    assert "--export.bundles.extra.source: " in refusal(extra, "teacher")
+
+
 def test_an_override_of_a_section_the_command_reads_is_taken():
     recipe = load_command_recipe(SMOKE, {"bench.serving.threads": 4}, "bench serving", "edgedistill bench serving")
     assert recipe.bench.serving.threads == 4
