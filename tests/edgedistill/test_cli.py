@@ -314,13 +314,14 @@ def test_all_gives_an_override_of_the_teachers_settings_to_a_stage_built_on_the_
 
 
 def test_all_gives_a_stage_an_override_it_does_not_read_that_the_recipe_needs_beside_one_it_reads(monkeypatch):
-    # the teacher reads the students, not the bundles: a folded bundle of a student no longer a CNN cannot load
-    unfolded = (
-        "--distill.students.cnn.model.arch=bilstm",
-        "--export.bundles.cnn-folded.fold=false",
-        "--export.bundles.cnn-folded-int8.fold=false",
-    )
-    assert unfolded[1] in all_steps(monkeypatch, *unfolded)["teacher"]
+    # the serving benchmark reads the bundles, not the students: a bundle of a student the recipe lacks cannot load
+    extra = ("--distill.students.extra.model.arch=cnn", "--export.bundles.cnn-folded.source=extra")
+    assert extra[0] in all_steps(monkeypatch, *extra)["bench serving"]
+
+
+def test_all_gives_the_teacher_an_override_of_a_teacher_bundles_fusion(monkeypatch):
+    unfused = "--export.bundles.teacher-fused.fused=false"
+    assert unfused in all_steps(monkeypatch, unfused)["teacher"]
 
 
 def test_all_gives_a_stage_that_reads_neither_no_override_needed_only_beside_another(monkeypatch):
@@ -329,13 +330,13 @@ def test_all_gives_a_stage_that_reads_neither_no_override_needed_only_beside_ano
 
 
 def test_all_leaves_out_of_a_stage_an_override_needed_only_beside_one_it_leaves_out(monkeypatch):
-    # the teacher reads no export setting: the new bundle is needed only by the deployment the teacher is not given
-    extra = ("--export.bundles.extra.source=cnn", "--export.deploy=extra")
-    assert extra[0] not in all_steps(monkeypatch, *extra)["teacher"]
+    # the serving benchmark reads no distill setting: the new student is needed only by the student deployed
+    extra = ("--distill.students.extra.model.arch=cnn", "--distill.deploy=extra")
+    assert extra[0] not in all_steps(monkeypatch, *extra)["bench serving"]
 
 
 def test_all_gives_a_stage_that_reads_them_an_override_and_the_one_it_needs(monkeypatch):
-    extra = ("--export.bundles.extra.source=cnn", "--export.deploy=extra")
+    extra = ("--distill.students.extra.model.arch=cnn", "--distill.deploy=extra")
     assert all(override in all_steps(monkeypatch, *extra)["bundles"] for override in extra)
 
 
