@@ -59,9 +59,9 @@ TORCH_INDEX ?= $(if $(VENV_TORCH_INDEX),$(patsubst [%],%,$(VENV_TORCH_INDEX)),ht
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
 # .venv is made once: PYTHON (its interpreter) and TORCH_INDEX (where its torch came from, recorded in the stamp) given
-# on the command line once .venv exists, other than its own, would do nothing, so they stop make, naming the fix
-# (rm -rf .venv, then make setup with them). Same interpreter: the same installation and version, however it is named.
-# PYTHON also makes the environments of peers-setup and wheel-test, which take it whatever .venv's interpreter is.
+# on the command line once .venv exists, other than its own, would do nothing, so they stop make, naming the fix (rm -rf
+# .venv, then make setup with them). Same interpreter: the same installation and version, however it is named; same
+# index: with or without a trailing /. PYTHON also makes peers-setup's and wheel-test's environments, whatever .venv's.
 INTERPRETER := import sys; print(sys.base_prefix, "%d.%d.%d" % sys.version_info[:3])
 ifeq ($(origin PYTHON)$(filter peers-setup wheel-test,$(MAKECMDGOALS)),command line)
 ifneq ($(wildcard $(PY)),)
@@ -73,7 +73,7 @@ endif
 endif
 ifeq ($(origin TORCH_INDEX),command line)
 ifneq ($(VENV_TORCH_INDEX),)
-ifneq ($(VENV_TORCH_INDEX),[$(TORCH_INDEX)])
+ifneq ($(patsubst %/],%],$(VENV_TORCH_INDEX)),$(patsubst %/],%],[$(TORCH_INDEX)]))
 $(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX), or leave TORCH_INDEX out)
 endif
 endif

@@ -388,9 +388,14 @@ def margin_text(result: AccuracyResult) -> str:
     margin = near_tie_margin(result.tie_margin, result.grouping_margin)
     if margin == result.tie_margin:
         return f"a label within {margin:g} of the bundle's top, export.tie_margin"
+    quantized = (
+        "a per-batch quantized member of this cascade"
+        if result.bundle.get("kind") == "cascade"
+        else "this per-batch quantized bundle"
+    )
     return (
         f"a label within {margin:.3g} of the bundle's top, how far batch-mates moved the gap between two logits of "
-        "this per-batch quantized bundle"
+        f"{quantized}"
     )
 
 

@@ -488,25 +488,30 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
-def removable(path: str | Path, overrides: dict[str, object], keys) -> set[str]:
-    """Those of `keys` (of `overrides`) without which the recipe still loads: one it needs stays, as a GPT teacher's
-    recipe needs `--distill.students.transformer.init_from_teacher=false` to load at all, for `teacher` too."""
-    loadable = set()
-    for key in keys:
-        try:
-            load_recipe(path, {other: value for other, value in overrides.items() if other != key})
-        except RecipeError:
-            continue
-        loadable.add(key)
-    return loadable
+def needless(path: str | Path, overrides: dict[str, object], keys) -> list[str]:
+    """Those of `keys` (of `overrides`) that the recipe loads without, all left out together: each is left out in turn
+    while the recipe still loads without it and those left out before it, until no more can be. One the recipe needs
+    beside the overrides kept stays, as `--distill.students.extra.model.arch=cnn` does beside
+    `--export.bundles.cnn-folded.source=extra`; one needed only beside another that is left out goes with it, as that
+    student does with `--distill.deploy=extra`."""
+    kept = dict(overrides)
+    left_out = True
+    while left_out:
+        left_out = False
+        for key in [key for key in keys if key in kept]:
+            rest = {other: value for other, value in kept.items() if other != key}
+            try:
+                load_recipe(path, rest)
+            except RecipeError:
+                continue
+            kept, left_out = rest, True
+    return [key for key in keys if key not in kept]
 
 
 def unread(path: str | Path, overrides: dict[str, object], command: str) -> list[str]:
-    """The overrides of sections `command` does not read (`common.sections`) that the recipe loads without: each
-    would change nothing the command does."""
-    beyond = sections.outside(overrides, command)
-    loadable = removable(path, overrides, beyond)
-    return [key for key in beyond if key in loadable]
+    """The overrides of sections `command` does not read (`common.sections`) that the recipe loads without
+    (`needless`): each would change nothing the command does."""
+    return needless(path, overrides, sections.outside(overrides, command))
 
 
 def load_command_recipe(path: str | Path, overrides: dict[str, object], command: str, label: str) -> Recipe:

@@ -15,10 +15,12 @@ TRAINED = (*TEACHER, "transfer", "distill", "export")  # ... and the transfer se
 _BENCH = ("data", "export", "tracking")  # a benchmark of a served bundle: the dev split, the deployed bundle's id
 READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> the sections it reads
     # pretraining checks finetune.reinit_layers against the model; the teacher's commands warn about missing
-    # transfer.unlabelled_files, and about students the distill stage would refuse, before hours of training
-    "pretrain": ("data", "model", "pretrain", "finetune", "transfer", "distill", "runtime", "tracking"),
-    "finetune": (*TEACHER, "transfer", "distill", "runtime", "tracking"),
-    "teacher": (*TEACHER, "transfer", "distill", "runtime", "tracking"),
+    # transfer.unlabelled_files, and about students the distill stage would refuse, before hours of training, and
+    # refuse teacher bundles (export.bundles, transfer.labeller) asking for fusion of a teacher ONNX Runtime fuses only
+    # in part (distill.heads.require_fusable)
+    "pretrain": ("data", "model", "pretrain", "finetune", "transfer", "distill", "export", "runtime", "tracking"),
+    "finetune": (*TEACHER, "transfer", "distill", "export", "runtime", "tracking"),
+    "teacher": (*TEACHER, "transfer", "distill", "export", "runtime", "tracking"),
     "labeller": (*TEACHER, "transfer", "export", "runtime", "tracking"),
     "transfer": (*TRAINED, "runtime", "tracking"),  # checks the students before labelling
     "distill": (*TRAINED, "runtime", "tracking"),

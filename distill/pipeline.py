@@ -46,13 +46,14 @@ def _warn_missing_transfer_files(recipe: Recipe) -> None:
 
 
 def _warn_student_problems(recipe: Recipe) -> None:
-    """Say now, not after the teacher has trained, that the distill stage will refuse a student of the recipe."""
+    """Say now, not after the teacher has trained, that the transfer and distill stages will refuse a student of the
+    recipe: each checks the students before it builds the transfer set."""
     if recipe.distill is None:
         return
     try:
         student_stage.check_students(recipe, list(recipe.distill.students))
     except RecipeError as err:
-        print(f"[teacher] warning: {err}; the distill stage will stop on it")
+        print(f"[teacher] warning: {err}; the transfer and distill stages will stop on it, before the transfer set")
 
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:

@@ -133,16 +133,19 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
     """For each of `commands`, those of `overrides` it takes: each reads only some sections (`common.sections`),
     and refuses an override of another, which would change nothing it does. An override the recipe does not take (an
     unknown key: the loader's message names the near ones), or that none of them reads, is refused (`RecipeError`)."""
-    from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides, removable
+    from edgedistill.common.recipe import RecipeError, load_recipe, needless, parse_overrides
     from edgedistill.common.sections import READS, outside, scope
 
     if not overrides:
         return [[] for _ in commands]
     keys = [next(iter(parse_overrides([override]))) for override in overrides]
-    load_recipe(recipe, parse_overrides(overrides))  # a misspelt key is one, not a section no stage reads
-    beyond = {command: set(outside(keys, command)) for command in commands}
-    loadable = removable(recipe, parse_overrides(overrides), set().union(*beyond.values()))
-    if unread := [key for key in keys if key in loadable and all(key in beyond[command] for command in commands)]:
+    parsed = parse_overrides(overrides)
+    load_recipe(recipe, parsed)  # a misspelt key is one, not a section no stage reads
+    beyond = {command: tuple(dict.fromkeys(outside(keys, command))) for command in commands}
+    # what each command is not given: as it would refuse it (`load_command_recipe`), once per set of unread sections
+    left_out = {outside_keys: set(needless(recipe, parsed, outside_keys)) for outside_keys in set(beyond.values())}
+    dropped = {command: left_out[beyond[command]] for command in commands}
+    if unread := [key for key in dict.fromkeys(keys) if all(key in dropped[command] for command in commands)]:
         raise RecipeError(
             "; ".join(
                 f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
@@ -151,8 +154,7 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
             )
         )
     return [
-        [arg for arg, key in zip(overrides, keys, strict=True) if key not in beyond[command] & loadable]
-        for command in commands
+        [arg for arg, key in zip(overrides, keys, strict=True) if key not in dropped[command]] for command in commands
     ]
 
 

@@ -36,6 +36,7 @@ LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 # second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
 CUT_DETAILS = "cut by the server's shutdown: still running when SHUTDOWN_GRACE_S ran out"
+UNSENT_DETAILS = "ended by the server's shutdown: its request had not arrived when SHUTDOWN_GRACE_S ran out"
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
     ("unary_stream", grpc.unary_stream_rpc_method_handler),
@@ -161,7 +162,7 @@ class CallObserver:
     code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every time), and successful ones too with
     `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed. Calls
     still running when the shutdown's grace runs out (`grace_ends`) are recorded as the server's UNAVAILABLE, not as
-    calls their clients cancelled."""
+    calls their clients cancelled; those whose request had not arrived then, as their clients' UNAVAILABLE."""
 
     def __init__(
         self,
@@ -256,20 +257,24 @@ class CallObserver:
             return request_id, token, True
         return request_id, token, False
 
-    def _end(self, context, method, request_id, started, token, err) -> None:
+    def _end(self, context, method, request_id, started, token, err, awaited: bool = False) -> None:
         try:
-            self._record(context, method, request_id, time.perf_counter() - started, err)
+            self._record(context, method, request_id, time.perf_counter() - started, err, awaited)
         finally:
             REQUEST_ID.reset(token[0])
             MODEL.reset(token[1])
             _CLIENTS_FAULT.reset(token[2])
 
-    def _record(self, context, method, request_id, seconds, err) -> None:
-        """The call's metrics, and its log line where one is due."""
-        cut = self._cut(err)
+    def _record(self, context, method, request_id, seconds, err, awaited: bool = False) -> None:
+        """The call's metrics, and its log line where one is due; `awaited`: it ended while its request was awaited.
+        Such a call ended by the shutdown lost no work of the server's, which its client never gave it: UNAVAILABLE as
+        its client gets it, but the client's error, and not cut."""
+        ended_by_shutdown = self._cut(err)
+        unsent = awaited and ended_by_shutdown
+        cut = ended_by_shutdown and not unsent
         self.cut_calls += cut
-        code = _status_code(context, err, cut)
-        self.metrics.observe_call(method, code, seconds, _CLIENTS_FAULT.get())
+        code = _status_code(context, err, cut or unsent)
+        self.metrics.observe_call(method, code, seconds, _CLIENTS_FAULT.get() or unsent)
         if code is grpc.StatusCode.OK and not self.access_log:
             return
         left_out = 0
@@ -298,7 +303,7 @@ class CallObserver:
                 "ms": round(seconds * 1000, 3),
                 "peer": caller(context),
                 "request_id": request_id,
-                "details": CUT_DETAILS if cut else context.details() or "",
+                "details": CUT_DETAILS if cut else UNSENT_DETAILS if unsent else context.details() or "",
                 **({"left_out": left_out} if left_out else {}),
             },
         )
@@ -350,7 +355,7 @@ class CallObserver:
                             request = await _without_request(context)
                     except asyncio.CancelledError as caught:  # the call ended first: recorded as any call that did
                         request_id, token, _ = self._begin(None, context, method, metadata, None)
-                        self._end(context, method, request_id, waiting, token, caught)
+                        self._end(context, method, request_id, waiting, token, caught, awaited=True)
                         raise
             started = time.perf_counter()
             request_id, token, refused = self._begin(request, context, method, metadata, denied)

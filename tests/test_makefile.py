@@ -191,6 +191,10 @@ def test_the_venvs_torch_index_passes(checkout):
     assert make_in(checkout, "lint", f"TORCH_INDEX={CPU_INDEX}").returncode == 0
 
 
+def test_the_venvs_torch_index_with_a_trailing_slash_passes(checkout):
+    assert make_in(checkout, "lint", f"TORCH_INDEX={CPU_INDEX}/").returncode == 0
+
+
 def test_a_venv_whose_stamp_records_no_torch_index_takes_any(checkout):
     (checkout / ".venv" / ".installed").write_text("")  # as setup left it before it recorded the index
     assert make_in(checkout, "lint", "TORCH_INDEX=https://download.pytorch.org/whl/cu130").returncode == 0

@@ -131,9 +131,16 @@ def test_the_markdown_says_a_tie_flip_is_a_label_within_the_margin_of_the_bundle
 
 
 def test_a_measured_near_tie_margin_is_named_as_the_change_of_a_gap_between_two_logits():
-    result = types.SimpleNamespace(tie_margin=0.1, grouping_margin=0.494)
+    result = types.SimpleNamespace(tie_margin=0.1, grouping_margin=0.494, bundle={"kind": "bundle"})
     assert accuracy.margin_text(result).endswith(
         "how far batch-mates moved the gap between two logits of this per-batch quantized bundle"
+    )
+
+
+def test_a_cascades_measured_near_tie_margin_is_named_as_its_quantized_members():
+    result = types.SimpleNamespace(tie_margin=0.1, grouping_margin=0.494, bundle={"kind": "cascade"})
+    assert accuracy.margin_text(result).endswith(
+        "how far batch-mates moved the gap between two logits of a per-batch quantized member of this cascade"
     )
 
 

@@ -902,6 +902,18 @@ def test_every_override_a_command_does_not_read_is_named():
     assert "--tracking: " in refusal({"runtime.device": "cuda", "tracking": "mlflow"}, "headline")
 
 
+def test_an_override_needed_only_beside_another_unread_one_is_refused_with_it():
+    extra = {"distill.students.extra.model.arch": "cnn", "distill.deploy": "extra"}
+    assert "--distill.students.extra.model.arch: " in refusal(extra)
+
+
+def test_an_override_of_a_teacher_bundles_fusion_is_taken_by_the_teacher():
+    # a teacher ONNX Runtime fuses only in part is refused before it trains unless its bundles say fused: false
+    unfused = {"export.bundles.teacher-fused.fused": False}
+    recipe = load_command_recipe(SMOKE, unfused, "teacher", "edgedistill teacher")
+    assert recipe.export.bundles["teacher-fused"].fused is False
+
+
 def test_an_override_of_a_section_the_command_reads_is_taken():
     recipe = load_command_recipe(SMOKE, {"bench.serving.threads": 4}, "bench serving", "edgedistill bench serving")
     assert recipe.bench.serving.threads == 4

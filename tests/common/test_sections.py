@@ -31,6 +31,11 @@ def test_the_teachers_commands_read_the_students_they_warn_about(command):
     assert sections.outside(["distill.students.cnn.optim.lr"], command) == []
 
 
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher"])
+def test_the_teachers_commands_read_the_teacher_bundles_whose_fusion_they_check(command):
+    assert sections.outside(["export.bundles.teacher-fused.fused"], command) == []
+
+
 def test_pretraining_reads_the_task_the_students_it_warns_about_are_built_for():
     assert sections.outside(["data.pairs"], "pretrain") == []
 

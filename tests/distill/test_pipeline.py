@@ -29,6 +29,13 @@ def test_a_student_the_distill_stage_would_refuse_is_warned_of_before_the_teache
     assert "[teacher] warning: distill.students.cnn: TwoArguments.forward must take" in before_training[0]
 
 
+def test_the_warning_of_a_refused_student_names_the_transfer_stage_which_stops_on_it_first(monkeypatch, capsys):
+    monkeypatch.setitem(ARCHITECTURES, "cnn", extension.TwoArguments)
+    monkeypatch.setattr(pipeline, "_teacher", lambda *args: None)
+    distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml")])
+    assert "the transfer and distill stages will stop on it" in capsys.readouterr().out
+
+
 def test_an_unknown_student_given_to_only_lists_the_students(capsys):
     assert distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnnn"]) == 2
     assert capsys.readouterr().err.endswith(

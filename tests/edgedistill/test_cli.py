@@ -313,9 +313,31 @@ def test_all_gives_an_override_of_the_teachers_settings_to_a_stage_built_on_the_
     assert "--finetune.optim.lr=1e-4" in all_steps(monkeypatch, "--finetune.optim.lr=1e-4")["bundles"]
 
 
-def test_all_gives_an_override_the_recipe_needs_to_load_to_every_stage(monkeypatch):
+def test_all_gives_a_stage_an_override_it_does_not_read_that_the_recipe_needs_beside_one_it_reads(monkeypatch):
+    # the serving benchmark reads the bundles, not the students: a bundle of a student the recipe lacks cannot load
+    extra = ("--distill.students.extra.model.arch=cnn", "--export.bundles.cnn-folded.source=extra")
+    assert extra[0] in all_steps(monkeypatch, *extra)["bench serving"]
+
+
+def test_all_gives_the_teacher_an_override_of_a_teacher_bundles_fusion(monkeypatch):
+    unfused = "--export.bundles.teacher-fused.fused=false"
+    assert unfused in all_steps(monkeypatch, unfused)["teacher"]
+
+
+def test_all_gives_a_stage_that_reads_neither_no_override_needed_only_beside_another(monkeypatch):
     gpt = ("--model.family=gpt", "--distill.students.transformer.init_from_teacher=false")
-    assert all(gpt[1] in step for step in all_steps(monkeypatch, *gpt).values())
+    assert gpt[1] not in all_steps(monkeypatch, *gpt)["bench serving"]
+
+
+def test_all_leaves_out_of_a_stage_an_override_needed_only_beside_one_it_leaves_out(monkeypatch):
+    # the serving benchmark reads no distill setting: the new student is needed only by the student deployed
+    extra = ("--distill.students.extra.model.arch=cnn", "--distill.deploy=extra")
+    assert extra[0] not in all_steps(monkeypatch, *extra)["bench serving"]
+
+
+def test_all_gives_a_stage_that_reads_them_an_override_and_the_one_it_needs(monkeypatch):
+    extra = ("--distill.students.extra.model.arch=cnn", "--distill.deploy=extra")
+    assert all(override in all_steps(monkeypatch, *extra)["bundles"] for override in extra)
 
 
 def test_all_refuses_an_override_no_stage_reads_before_any_stage_runs(monkeypatch):

@@ -24,7 +24,7 @@ from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.host import TOKENIZE_THREADS
 from edgedistill.serve.logs import JsonFormatter
-from edgedistill.serve.observe import CUT_DETAILS
+from edgedistill.serve.observe import CUT_DETAILS, UNSENT_DETAILS
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
@@ -462,6 +462,44 @@ def test_a_call_cancelled_while_its_request_is_awaited_is_no_clients_error(start
 def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as_expired(start_server, bundle):
     scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=False)
     assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="DEADLINE_EXCEEDED") == 1
+
+
+@pytest.fixture
+def unsent_at_shutdown(start_server, bundle, caplog) -> dict:
+    """A call with the token whose message had not come when the shutdown's grace (0.3 s) ran out: the server's
+    scrape after it stopped, and its log lines."""
+    server = start_server(settings_for(bundle, token="s3cret"))
+    capture_json(caplog)
+    sent = threading.Event()
+
+    def stalled():
+        sent.wait(10)
+        yield pb.ClassifyRequest(texts=["good"])
+
+    with caplog.at_level(logging.INFO), server.channel() as channel:
+        call = classify_streamed(channel).future(stalled(), metadata=(("authorization", "Bearer s3cret"),), timeout=30)
+        try:
+            time.sleep(0.3)  # the server waits for the request
+            asyncio.run_coroutine_threadsafe(server.server.stop(grace=0.3), server.loop).result(10)
+            call.exception(timeout=5)
+        finally:
+            sent.set()
+    scraped = generate_latest(server.server.metrics.registry).decode()
+    return {"scrape": scraped, "lines": [json.loads(line) for line in caplog.text.splitlines()]}
+
+
+def test_a_call_whose_request_had_not_come_when_the_grace_ran_out_is_not_counted_as_cut(unsent_at_shutdown):
+    (line,) = [e for e in unsent_at_shutdown["lines"] if e.get("event") == "stopped"]
+    assert line["cut_calls"] == 0
+
+
+def test_a_call_whose_request_had_not_come_when_the_grace_ran_out_is_its_clients_unavailable(unsent_at_shutdown):
+    assert metric(unsent_at_shutdown["scrape"], "edgedistill_errors_total", code="UNAVAILABLE", kind="client") == 1
+
+
+def test_a_call_whose_request_had_not_come_when_the_grace_ran_out_is_logged_saying_so(unsent_at_shutdown):
+    (line,) = [e for e in unsent_at_shutdown["lines"] if e.get("event") == "rpc"]
+    assert line["details"] == UNSENT_DETAILS
 
 
 def test_a_message_over_the_limit_on_a_server_with_a_token_is_counted_as_cancelled(start_server, bundle):
