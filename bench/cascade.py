@@ -30,7 +30,6 @@ from edgedistill.common import progress
 from edgedistill.common.cascade import load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve.settings import env_name
 from rich.console import Console
 
 PHASES = ("capacity", "paced")
@@ -75,12 +74,6 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
     )
 
 
-def alone_environ() -> dict[str, str]:
-    """The environment of the last member served alone: this one without CASCADE_OVERLOAD, which is for the cascade
-    and which a server of a single bundle refuses."""
-    return {name: value for name, value in os.environ.items() if name != env_name("cascade_overload")}
-
-
 def counting(classify: Callable, answers: Counter) -> Callable:
     """`classify` that counts, in `answers`, each text's (answering member, escalation refused)."""
 
@@ -103,9 +96,8 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
         calls, servers = {}, {}
         for model, folder in folders.items():
             flags, settings = measured_server(folder, cfg.threads)
-            env = None if model == "cascade" else alone_environ()
             servers[model] = stack.enter_context(
-                running("edgedistill.serve", flags, settings.port, work / f"{model}.log", env)
+                running("edgedistill.serve", flags, settings.port, work / f"{model}.log")
             )
             calls[model] = await drivers.classify_call(stack, settings.port)
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.common.cascade import is_cascade
 from edgedistill.common.processes import dying_with_this_process
 from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import health_serving, wait_ready
@@ -35,20 +36,32 @@ MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
 # metrics itself (off, or on a loopback port of its own), so their variables are left out of the servers' environment,
 # where METRICS_HOST with the metrics port off would stop the server
 METRICS_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"))
+# A deployed cascade's overload policy, which a server of a single bundle refuses as doing nothing: left out of the
+# environment of a measured single bundle (a cascade's last member alone, a student measured beside it)
+CASCADE_VARIABLES = (env_name("cascade_overload"),)
 
 
-def server_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a server a measurement starts: `environ` (default this process's) less `METRICS_VARIABLES`."""
+def left_out_of(command: list[str]) -> tuple[str, ...]:
+    """The variables a measured server's `command` runs without: `METRICS_VARIABLES`, and `CASCADE_VARIABLES` where
+    its `--bundle` (`serve_flags`) is a single bundle."""
+    bundle = command[command.index("--bundle") + 1] if "--bundle" in command else None
+    single = bundle is not None and not is_cascade(bundle)
+    return METRICS_VARIABLES + (CASCADE_VARIABLES if single else ())
+
+
+def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = METRICS_VARIABLES) -> dict:
+    """The environment of a server a measurement starts: `environ` (default this process's) less `left_out`."""
     environ = os.environ if environ is None else environ
-    return {name: value for name, value in environ.items() if name not in METRICS_VARIABLES}
+    return {name: value for name, value in environ.items() if name not in left_out}
 
 
 @functools.cache
 def say_left_out(names: tuple[str, ...]) -> None:
-    """Say on stderr, once per process, that the servers measured run without the metrics variables `names`."""
+    """Say on stderr, once per process and set of `names`, that the servers measured here run without them."""
     print(
-        f"[bench] {', '.join(names)} left out of the environment of the servers measured here, whose metrics the "
-        "measurement sets (off, or on a loopback port of its own); the server you deploy reads them as set",
+        f"[bench] {', '.join(names)} left out of the environment of the servers measured here: the measurement sets "
+        "their metrics (off, or on a loopback port of its own), and a single bundle takes no cascade setting; the "
+        "server you deploy reads them as set",
         file=sys.stderr,
     )
 
@@ -76,7 +89,7 @@ def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     give with `EDGEDISTILL_*` variables; `BenchError` when those give it TLS, as measurements call over plaintext."""
     # One server process: a driver's connection and the CPU figure sample one process.
     flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = load_settings(flags, server_environ())
+    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)))
     if settings.tls_cert is not None:
         raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
     return flags, settings
@@ -85,7 +98,8 @@ def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
 def served_settings(bundle: Path, threads: int) -> dict:
     """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
     port, bundle and reload root, tokens masked: hashed by a measurement's stage, so a changed setting measures again."""
-    settings = load_settings(serve_flags(bundle, 0, threads), server_environ())
+    flags = serve_flags(bundle, 0, threads)
+    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)))
     return settings.model_dump(mode="json", exclude={"port", "bundle", "reload_root"})  # a SecretStr dumps masked
 
 
@@ -140,14 +154,14 @@ def serving(
     clean_exit: bool = True,
     env: dict[str, str] | None = None,
 ) -> Iterator[psutil.Process]:
-    """`command` (in `env`, default this environment, less the metrics variables: `server_environ`) with its output
-    in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it exited
-    before that, and with `clean_exit`, when it does not exit with status 0."""
+    """`command` (in `env`, default this environment, less the variables it runs without: `left_out_of`) with its
+    output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it
+    exited before that, and with `clean_exit`, when it does not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
     environ = os.environ if env is None else env
-    if left_out := tuple(variable for variable in METRICS_VARIABLES if variable in environ):
-        say_left_out(left_out)
-    process = start(command, log, server_environ(environ))
+    if given := tuple(variable for variable in left_out_of(command) if variable in environ):
+        say_left_out(given)
+    process = start(command, log, server_environ(environ, left_out_of(command)))
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)

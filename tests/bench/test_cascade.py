@@ -48,16 +48,6 @@ def test_bench_cascade_records_the_share_of_its_answers_escalated(measured):
     assert "escalated past bilstm-int8" in (measured[1] / "cascade.md").read_text()
 
 
-def test_the_last_member_alone_runs_without_the_cascades_overload_setting(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_CASCADE_OVERLOAD", "refuse")
-    assert "EDGEDISTILL_CASCADE_OVERLOAD" not in cascade.alone_environ()
-
-
-def test_the_last_member_alone_runs_with_the_other_settings(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
-    assert cascade.alone_environ()["EDGEDISTILL_MAX_QUEUED"] == "64"
-
-
 def test_counting_tallies_each_answers_member_and_refused_escalation():
     predictions = [
         pb.Prediction(answered_by="small"),

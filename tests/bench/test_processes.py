@@ -11,6 +11,7 @@ from edgedistill.bench import BenchError, processes
 from edgedistill.bench.processes import finish, free_port, measured_server, running, served_settings, start
 
 from tests.serve.conftest import write_engine
+from tests.serve.test_cascade import make_cascade
 
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
@@ -182,3 +183,25 @@ def test_the_metrics_variables_left_out_of_the_servers_are_named_once(operators_
             pass
     err = capsys.readouterr().err
     assert err.count("EDGEDISTILL_METRICS_HOST, EDGEDISTILL_METRICS_PORT left out") == 1
+
+
+def test_a_measured_single_bundle_starts_where_the_operator_exports_a_cascades_overload(bundle, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEDISTILL_CASCADE_OVERLOAD", "refuse")  # refused by serve for a single bundle
+    flags, settings = measured_server(bundle, 1)
+    with running("edgedistill.serve", flags, settings.port, tmp_path / "server.log") as process:
+        assert process.is_running()
+
+
+def test_a_measured_single_bundle_runs_without_a_cascades_overload(bundle):
+    assert processes.CASCADE_VARIABLES[0] in processes.left_out_of(processes.serve_flags(bundle, 0, 1))
+
+
+def test_a_measured_cascade_runs_with_its_overload_setting(tmp_path):
+    flags = processes.serve_flags(make_cascade(tmp_path), 0, 1)
+    assert processes.CASCADE_VARIABLES[0] not in processes.left_out_of(flags)
+
+
+def test_a_measured_server_runs_with_the_operators_other_settings(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
+    left_out = processes.left_out_of(processes.serve_flags(bundle, 0, 1))
+    assert processes.server_environ(left_out=left_out)["EDGEDISTILL_MAX_QUEUED"] == "64"
