@@ -319,9 +319,10 @@ def load_runtime(
 
 def refuse_unused_by(folder: str | Path, settings: Settings, cascade: bool) -> None:
     """`BundleRejected` naming a setting given (flag or variable) that the runtime serving `folder` (a `cascade` or
-    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; PROVIDERS, THREADS or SPIN, which set ONNX
-    Runtime's session, where every model is a TensorRT engine (THREADS=0, SPIN=false and no PROVIDERS, the defaults,
-    ask for nothing). A folder that cannot be read is left to the load, which says why."""
+    not) would not use: CASCADE_OVERLOAD for a bundle that is no cascade; PROVIDERS, THREADS, SPIN or
+    ALLOW_CPU_FALLBACK, which set ONNX Runtime's session, where every model is a TensorRT engine (THREADS=0, SPIN and
+    ALLOW_CPU_FALLBACK false and no PROVIDERS, the defaults, ask for nothing). A folder that cannot be read is left to
+    the load, which says why."""
     try:
         bundles = served_bundles(folder)
     except (mf.ArtifactError, ValueError, OSError):
@@ -332,7 +333,12 @@ def refuse_unused_by(folder: str | Path, settings: Settings, cascade: bool) -> N
             f"({flag_name('cascade_overload')}) {settings.cascade_overload} would do nothing; unset it, or serve a "
             "cascade"
         )
-    shown = {"providers": ",".join(settings.providers), "threads": str(settings.threads), "spin": "true"}
+    shown = {
+        "providers": ",".join(settings.providers),
+        "threads": str(settings.threads),
+        "spin": "true",
+        "allow_cpu_fallback": "true",
+    }
     given = [f"{env_name(name)} ({flag_name(name)}) {shown[name]}" for name in shown if getattr(settings, name)]
     if given and all(bundle.spec.runtime == "tensorrt" for bundle in bundles):
         models = "every member of the cascade is" if cascade else "it is"

@@ -134,7 +134,8 @@ class Settings(BaseModel):
     allow_cpu_fallback: bool = Field(
         False,
         description="serve on the CPU when a requested GPU execution provider is not active (logged as a warning); "
-        "off: such a bundle is refused, naming the requested and active providers",
+        "off: such a bundle is refused, naming the requested and active providers; refused where every model is a "
+        "TensorRT engine, which runs on its GPU or not at all",
     )
     shutdown_grace_s: float = Field(10.0, ge=0, description="how long in-flight calls may finish on SIGTERM")
     batch_timeout_s: float = Field(

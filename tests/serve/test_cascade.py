@@ -618,6 +618,14 @@ def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
         load_runtime(engine, settings_for(engine, threads=0, providers=["cpu"]))
 
 
+def test_cpu_fallback_for_a_tensorrt_engine_is_refused_naming_the_setting(engine):
+    refusal = (
+        r"it is a TensorRT engine .*: EDGEDISTILL_ALLOW_CPU_FALLBACK \(--allow-cpu-fallback\) true would do nothing"
+    )
+    with pytest.raises(BundleRejected, match=refusal):
+        load_runtime(engine, settings_for(engine, threads=0, allow_cpu_fallback=True))
+
+
 def test_threads_for_a_cascade_of_tensorrt_engines_alone_are_refused(engines):
     with pytest.raises(BundleRejected, match="every member of the cascade is a TensorRT engine"):
         load_runtime(engines, settings_for(engines, threads=2))
