@@ -446,7 +446,8 @@ def reads_help(command: str) -> str:
     """The line of `command`'s help that names the sections it reads, whose overrides it takes."""
     return (
         f"This command reads the sections {', '.join(sections.reads(command))} (those of the stages it builds on "
-        "included): an override of any other section would change nothing it does, and is refused."
+        "included): an override of any other section would change nothing it does, and is refused, unless the recipe "
+        "cannot load without it."
     )
 
 
