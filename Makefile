@@ -31,6 +31,9 @@ LAUNCH := $(ED)
 else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
+# Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line, it
+# stops make at once rather than after the teacher and the transfer set, which make builds first.
+$(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 
@@ -98,10 +101,9 @@ transfer: teacher  ## build the transfer set and label it with the teacher (on t
 	$(ED) labeller $(RECIPE)
 	$(ED) transfer $(RECIPE)
 
-# Under torchrun (NPROC above 1) the ranks train each student together, so JOBS passes on only where given, for
-# distill to refuse rather than drop.
+# Under torchrun (NPROC above 1) the ranks train each student together: no JOBS (a JOBS above 1 given stops make, above).
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-	$(LAUNCH) distill $(RECIPE) $(if $(or $(filter 1,$(NPROC)),$(filter command line,$(origin JOBS))),--jobs $(JOBS))
+	$(LAUNCH) distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
 
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(ED) bundles $(RECIPE)

@@ -28,10 +28,16 @@ def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
 
-def test_make_distill_passes_jobs_given_under_torchrun_on_to_be_refused(tmp_path):
-    assert f"edgedistill distill {tmp_path / 'mine.yaml'} --jobs 3\n" in make_dry_run(
-        tmp_path, "distill", "NPROC=2", "JOBS=3"
-    )
+def test_jobs_above_one_under_torchrun_stops_make():
+    assert make_refusal("NPROC=2", "JOBS=3").returncode == 2
+
+
+def test_jobs_above_one_under_torchrun_says_what_to_drop():
+    assert "drop JOBS, or NPROC=1 for JOBS students at once" in make_refusal("NPROC=2", "JOBS=3").stderr
+
+
+def test_make_distill_under_torchrun_takes_jobs_of_one(tmp_path):
+    assert f"edgedistill distill {tmp_path / 'mine.yaml'} \n" in make_dry_run(tmp_path, "distill", "NPROC=2", "JOBS=1")
 
 
 def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
