@@ -112,8 +112,10 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 	$(ED) bench models $(RECIPE)
 
 # The recipe's name (its `name:`, else the file's) and export.deploy, read once when a target needs them; a recipe
-# that does not load prints its error (one line), and then make stops where it needs the deployed bundle.
-RECIPE_INFO = $(eval RECIPE_INFO := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
+# that does not load prints its error (one line), and then make stops where it needs the deployed bundle. It reads the
+# recipe as the targets' commands do, with EDGEDISTILL_RUNS_DIR set (make before 4.4 exports none to $(shell)), so
+# a RUNS_DIR given in the environment is not read as that variable's old name.
+RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
 BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))

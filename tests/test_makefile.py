@@ -229,3 +229,10 @@ def test_setup_after_an_edit_of_pyproject_installs_torch_from_the_index_the_venv
 def test_setup_after_an_edit_of_pyproject_on_torch_from_pips_indexes_installs_no_torch_from_an_index(checkout):
     setup = make_in(edited_after_setup(checkout, ""), "setup").stdout
     assert "--index-url" not in setup
+
+
+def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
+    env = {name: value for name, value in os.environ.items() if name != "EDGEDISTILL_RUNS_DIR"} | {"RUNS_DIR": "runs"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "FutureWarning" not in result.stderr
