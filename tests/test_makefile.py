@@ -118,6 +118,15 @@ def test_make_gpu_check_without_cuda_says_what_it_needs():
     assert "gpu-check needs an NVIDIA GPU and a CUDA build of torch" in result.stderr
 
 
+def test_make_gpu_check_on_a_cpu_build_of_torch_names_the_setup_that_installs_a_cuda_one():
+    if torch.version.cuda is not None:
+        pytest.skip("checks the message of a CPU-only build of torch")
+    command = ["make", "--no-print-directory", "-o", ".venv/.installed", "gpu-check"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # .venv exists here, and make setup refuses another TORCH_INDEX until it is removed
+    assert "rm -rf .venv, then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130" in result.stderr
+
+
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
