@@ -134,8 +134,11 @@ serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gR
 
 TEXT ?= a gripping , beautifully acted film
 PAIR ?=
+# The value of variable $(1) as written, single-quoted for the shell: in double quotes make would expand its $ and the
+# shell its ", ` and $ (SST-2's own text quotes with `` and '').
+QUOTED = '$(subst ','\'',$(value $(1)))'
 call: $(STAMP)  ## classify TEXT (with its sentence B, PAIR, for a pair model) with the server on PORT
-	$(ED) call --address localhost:$(PORT) "$(TEXT)" $(if $(PAIR),--pair "$(PAIR)")
+	$(ED) call --address localhost:$(PORT) $(call QUOTED,TEXT) $(if $(value PAIR),--pair $(call QUOTED,PAIR))
 
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend

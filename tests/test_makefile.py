@@ -1,6 +1,7 @@
 """The Makefile's targets as `make -n` prints them: which folders they take from the recipe."""
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -42,6 +43,19 @@ def test_make_distill_under_torchrun_takes_jobs_of_one(tmp_path):
 
 def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
     assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
+
+
+SST2_QUOTED = "the `` best '' film, at $5"  # SST-2 quotes with `` and ''; a $ as written
+
+
+def test_make_call_sends_text_as_written(tmp_path):
+    sent = shlex.split(make_dry_run(tmp_path, "call", f"TEXT={SST2_QUOTED}"))
+    assert sent[sent.index("--address") + 2] == SST2_QUOTED
+
+
+def test_make_call_sends_a_pair_as_written(tmp_path):
+    sent = shlex.split(make_dry_run(tmp_path, "call", "TEXT=a", f"PAIR={SST2_QUOTED}"))
+    assert sent[sent.index("--pair") + 1] == SST2_QUOTED
 
 
 def test_make_soak_with_another_profile_stops_make():
