@@ -258,6 +258,12 @@ def test_all_exits_with_the_failing_stage_status(monkeypatch):
     assert cli.main(["all", "recipes/smoke.yaml"]) == 5
 
 
+def test_all_names_a_failing_benchmark_by_its_whole_command(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "run_stage", Stages(failing="bench serving", status=5))
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert "[all] edgedistill bench serving failed with exit status 5" in capsys.readouterr().err
+
+
 def test_all_passes_jobs_and_overrides_on(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
