@@ -87,6 +87,29 @@ def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, ca
     assert "bench cascade" in capsys.readouterr().err
 
 
+@pytest.fixture
+def deployed_cascade_run(tmp_path, monkeypatch):
+    """A runs folder whose smoke run deploys a tiny cascade as bilstm-cascade; the arguments that deploy it."""
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)
+    cascade_folder = tmp_path / "runs" / "smoke" / "bundle-bilstm-cascade"
+    write_cascade(cascade_folder, {"tiny": tiny, "sure": sure}, [0.9])
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
+    return cascade_folder, [str(SMOKE), "--export.deploy=bilstm-cascade"]
+
+
+def test_bench_serving_of_a_deployed_cascade_leaves_it_to_the_cascade_benchmark(deployed_cascade_run, capsys):
+    main(["serving", *deployed_cascade_run[1]])
+    assert "bench cascade` measures" in capsys.readouterr().out
+
+
+def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_zero(deployed_cascade_run):
+    folder, argv = deployed_cascade_run
+    assert main(["serving", *argv, "--bundle", str(folder)]) == 0
+
+
 @pytest.fixture(scope="module")
 def measured_with_a_token(tmp_path_factory):
     """Both phases of a tiny cascade and its last member, each served with EDGEDISTILL_TOKEN set."""
