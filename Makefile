@@ -31,6 +31,9 @@ LAUNCH := $(ED)
 else
 LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
 endif
+# Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line, it
+# stops make at once rather than after the teacher and the transfer set, which make builds first.
+$(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 
@@ -98,10 +101,9 @@ transfer: teacher  ## build the transfer set and label it with the teacher (on t
 	$(ED) labeller $(RECIPE)
 	$(ED) transfer $(RECIPE)
 
-# Under torchrun (NPROC above 1) the ranks train each student together, so JOBS passes on only where given, for
-# distill to refuse rather than drop.
+# Under torchrun (NPROC above 1) the ranks train each student together: no JOBS (a JOBS above 1 given stops make, above).
 distill: transfer  ## distil every student of the recipe and train their baselines, JOBS at a time; print the table
-	$(LAUNCH) distill $(RECIPE) $(if $(or $(filter 1,$(NPROC)),$(filter command line,$(origin JOBS))),--jobs $(JOBS))
+	$(LAUNCH) distill $(RECIPE) $(if $(filter 1,$(NPROC)),--jobs $(JOBS))
 
 bundles: distill  ## build every bundle of the recipe (ONNX, fused, INT8), each gated on parity
 	$(ED) bundles $(RECIPE)
@@ -110,8 +112,10 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 	$(ED) bench models $(RECIPE)
 
 # The recipe's name (its `name:`, else the file's) and export.deploy, read once when a target needs them; a recipe
-# that does not load prints its error (one line), and then make stops where it needs the deployed bundle.
-RECIPE_INFO = $(eval RECIPE_INFO := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
+# that does not load prints its error (one line), and then make stops where it needs the deployed bundle. It reads the
+# recipe as the targets' commands do, with EDGEDISTILL_RUNS_DIR set (make before 4.4 exports none to $(shell)), so
+# a RUNS_DIR given in the environment is not read as that variable's old name.
+RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
 BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
@@ -130,8 +134,11 @@ serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gR
 
 TEXT ?= a gripping , beautifully acted film
 PAIR ?=
+# The value of variable $(1) as written, single-quoted for the shell: in double quotes make would expand its $ and the
+# shell its ", ` and $ (SST-2's own text quotes with `` and '').
+QUOTED = '$(subst ','\'',$(value $(1)))'
 call: $(STAMP)  ## classify TEXT (with its sentence B, PAIR, for a pair model) with the server on PORT
-	$(ED) call --address localhost:$(PORT) "$(TEXT)" $(if $(PAIR),--pair "$(PAIR)")
+	$(ED) call --address localhost:$(PORT) $(call QUOTED,TEXT) $(if $(value PAIR),--pair $(call QUOTED,PAIR))
 
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend
@@ -234,7 +241,7 @@ test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), l
 # name gpu-check, each stage a process timed from start to exit as docs/benchmarks.md times them; the walls go to
 # $(RUNS_DIR)/gpu-check/timing.json, the figures to the stages' manifests beside it.
 gpu-check: $(STAMP)  ## on an NVIDIA GPU: the GPU tests, then RECIPE's training part there, each stage timed (runs/gpu-check/timing.json)
-	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 installs a CUDA one (docs/install.md)"))'
+	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: rm -rf $(VENV), then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 installs a CUDA one (docs/install.md)"))'
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 -m gpu tests/distill/test_gpu.py tests/distill/test_device.py
 	@set -e; mkdir -p "$(RUNS_DIR)/gpu-check"; walls=; total=0; \
 	for stage in teacher transfer distill; do \

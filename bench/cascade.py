@@ -30,6 +30,7 @@ from edgedistill.common import progress
 from edgedistill.common.cascade import load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.client import bearer
 from rich.console import Console
 
 PHASES = ("capacity", "paced")
@@ -99,7 +100,8 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
             servers[model] = stack.enter_context(
                 running("edgedistill.serve", flags, settings.port, work / f"{model}.log")
             )
-            calls[model] = await drivers.classify_call(stack, settings.port)
+            token = bearer(settings.token.get_secret_value() if settings.token else None)  # EDGEDISTILL_TOKEN's
+            calls[model] = await drivers.classify_call(stack, settings.port, token)
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
         calls["cascade"] = counting(calls["cascade"], answers)
         rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")

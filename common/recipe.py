@@ -436,10 +436,23 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
-OVERRIDES_HELP = (
-    "Further --section.key=value arguments override the recipe, e.g. --finetune.optim.lr=5e-5 (every key: "
-    "docs/settings.md#recipe)."
-)
+# An override to show in a command's help, from the first of these sections it reads: one it takes
+OVERRIDE_EXAMPLES = {
+    "bench.models": "bench.models.threads=1",
+    "bench.serving": "bench.serving.repeats=1",
+    "bench.peers": "bench.peers.workers=1",
+    "bench.scaling": "bench.scaling.workers=[1,2,4]",
+    "loadtest": "loadtest.timeout_s=5",
+    "finetune": "finetune.optim.lr=5e-5",
+}
+
+
+def overrides_help(command: str) -> str:
+    """The line of `command`'s help that says how to override the recipe, with an override it takes where one of
+    `OVERRIDE_EXAMPLES` is."""
+    read = sections.reads(command)
+    example = next((f", e.g. --{key}" for section, key in OVERRIDE_EXAMPLES.items() if section in read), "")
+    return f"Further --section.key=value arguments override the recipe{example} (every key: docs/settings.md#recipe)."
 
 
 def reads_help(command: str) -> str:
@@ -455,7 +468,7 @@ def add_recipe_argument(parser: argparse.ArgumentParser, command: str) -> None:
     """The positional `recipe`, and the lines of the help that say how `command` (as `edgedistill` names it, e.g.
     `bench serving`) takes overrides."""
     parser.add_argument("recipe", help=RECIPE_HELP)
-    parser.epilog = " ".join(filter(None, [parser.epilog, OVERRIDES_HELP, reads_help(command)]))
+    parser.epilog = " ".join(filter(None, [parser.epilog, overrides_help(command), reads_help(command)]))
 
 
 def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> Recipe:

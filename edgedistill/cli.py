@@ -105,27 +105,32 @@ COMMANDS = {
 ALL_HELP = "the whole pipeline on a recipe, as `make all` runs it"
 
 
+# The commands `edgedistill all` runs, in order, as `common.sections` names them; those that build or measure first
+BUILDING = (
+    "teacher",
+    "labeller",
+    "transfer",
+    "distill",
+    "bundles",
+    "bench models",
+    "bench serving",
+    "bench accuracy",
+    "bench cascade",
+    "loadtest",
+    "report",
+)
+STEPS = (*BUILDING, "headline")
+
+
 def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
-    """The commands `edgedistill all` runs, in order, each with the recipe overrides of the sections it reads
+    """The arguments of each of `STEPS`, in order, each with the recipe overrides of the sections it reads
     (`forwarded`) and, with `force`, each that builds or measures with `--force`."""
-    steps = [  # (the command, as `common.sections` names it; its options)
-        ("teacher", []),
-        ("labeller", []),
-        ("transfer", []),
-        ("distill", ["--jobs", str(jobs)]),
-        ("bundles", []),
-        ("bench models", []),
-        ("bench serving", []),
-        ("bench accuracy", []),
-        ("bench cascade", []),
-        ("loadtest", ["--profile", "smoke"]),
-        ("report", []),
-    ]
-    given = forwarded(recipe, overrides, [*(command for command, _ in steps), "headline"])
+    options = {"distill": ["--jobs", str(jobs)], "loadtest": ["--profile", "smoke"]}
+    given = forwarded(recipe, overrides, list(STEPS))
     again = ["--force"] if force else []
     return [
-        *([*command.split(), recipe, *options, *given[i], *again] for i, (command, options) in enumerate(steps)),
-        ["headline", recipe, *given[-1]],
+        [*command.split(), recipe, *options.get(command, []), *extra, *(again if command in BUILDING else [])]
+        for command, extra in zip(STEPS, given, strict=True)
     ]
 
 
@@ -189,13 +194,13 @@ def run_all(argv: list[str]) -> int:
     except RecipeError as err:  # a malformed override, or one no stage reads: before any stage runs
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for step in steps:
+    for command, step in zip(STEPS, steps, strict=True):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
         status = run_stage([sys.executable, "-m", PROG, *step])
         if status == INTERRUPTED:
             return status
         if status != 0:
-            print(f"[all] {PROG} {step[0]} failed with exit status {status}", file=sys.stderr)
+            print(f"[all] {PROG} {command} failed with exit status {status}", file=sys.stderr)
             return status
     return 0
 

@@ -17,11 +17,10 @@ def planned(recipe: Recipe) -> dict[str, str]:
         folders |= {f"student-{name}": "distill", f"baseline-{name}": "distill"}
     if recipe.export is not None:
         folders |= {f"bundle-{b}": "bundles" for b in (*recipe.export.bundles, *recipe.export.cascades)}
-        folders |= {
-            "bench": "bench",
-            deployed(recipe, measured.SERVING): "all",
-            deployed(recipe, measured.ACCURACY): "all",
-        }
+        folders["bench"] = "bench"
+        if recipe.export.deploy not in recipe.export.cascades:  # a deployed cascade's is the cascade benchmark
+            folders[deployed(recipe, measured.SERVING)] = "all"
+        folders[deployed(recipe, measured.ACCURACY)] = "all"
         if (cascade := recipe.export.default_cascade) is not None:
             folders[f"serve-cascade-{cascade}"] = "all"
         folders[deployed(recipe, measured.loadtest("smoke"))] = "all"

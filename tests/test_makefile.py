@@ -1,6 +1,7 @@
 """The Makefile's targets as `make -n` prints them: which folders they take from the recipe."""
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -28,14 +29,33 @@ def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
 
-def test_make_distill_passes_jobs_given_under_torchrun_on_to_be_refused(tmp_path):
-    assert f"edgedistill distill {tmp_path / 'mine.yaml'} --jobs 3\n" in make_dry_run(
-        tmp_path, "distill", "NPROC=2", "JOBS=3"
-    )
+def test_jobs_above_one_under_torchrun_stops_make():
+    assert make_refusal("NPROC=2", "JOBS=3").returncode == 2
+
+
+def test_jobs_above_one_under_torchrun_says_what_to_drop():
+    assert "drop JOBS, or NPROC=1 for JOBS students at once" in make_refusal("NPROC=2", "JOBS=3").stderr
+
+
+def test_make_distill_under_torchrun_takes_jobs_of_one(tmp_path):
+    assert f"edgedistill distill {tmp_path / 'mine.yaml'} \n" in make_dry_run(tmp_path, "distill", "NPROC=2", "JOBS=1")
 
 
 def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
     assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
+
+
+SST2_QUOTED = "the `` best '' film, at $5"  # SST-2 quotes with `` and ''; a $ as written
+
+
+def test_make_call_sends_text_as_written(tmp_path):
+    sent = shlex.split(make_dry_run(tmp_path, "call", f"TEXT={SST2_QUOTED}"))
+    assert sent[sent.index("--address") + 2] == SST2_QUOTED
+
+
+def test_make_call_sends_a_pair_as_written(tmp_path):
+    sent = shlex.split(make_dry_run(tmp_path, "call", "TEXT=a", f"PAIR={SST2_QUOTED}"))
+    assert sent[sent.index("--pair") + 1] == SST2_QUOTED
 
 
 def test_make_soak_with_another_profile_stops_make():
@@ -110,6 +130,15 @@ def test_make_gpu_check_without_cuda_says_what_it_needs():
     command = ["make", "--no-print-directory", "-o", ".venv/.installed", "gpu-check"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "gpu-check needs an NVIDIA GPU and a CUDA build of torch" in result.stderr
+
+
+def test_make_gpu_check_on_a_cpu_build_of_torch_names_the_setup_that_installs_a_cuda_one():
+    if torch.version.cuda is not None:
+        pytest.skip("checks the message of a CPU-only build of torch")
+    command = ["make", "--no-print-directory", "-o", ".venv/.installed", "gpu-check"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # .venv exists here, and make setup refuses another TORCH_INDEX until it is removed
+    assert "rm -rf .venv, then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130" in result.stderr
 
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -227,3 +256,10 @@ def test_setup_after_an_edit_of_pyproject_installs_torch_from_the_index_the_venv
 def test_setup_after_an_edit_of_pyproject_on_torch_from_pips_indexes_installs_no_torch_from_an_index(checkout):
     setup = make_in(edited_after_setup(checkout, ""), "setup").stdout
     assert "--index-url" not in setup
+
+
+def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
+    env = {name: value for name, value in os.environ.items() if name != "EDGEDISTILL_RUNS_DIR"} | {"RUNS_DIR": "runs"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "FutureWarning" not in result.stderr

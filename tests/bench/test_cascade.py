@@ -16,7 +16,7 @@ from edgedistill.common.stage import Inputs
 from edgedistill.serve.proto import classifier_pb2 as pb
 from rich.console import Console
 
-from tests.serve.conftest import ROOT
+from tests.serve.conftest import ROOT, write_bundle, write_cascade
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
@@ -75,6 +75,51 @@ def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, ca
         status = main(["serving", str(SMOKE), "--bundle", str(smoke_bundles / "bundle-bilstm-cascade")])
     assert status == 2
     assert "bench cascade" in capsys.readouterr().err
+
+
+@pytest.fixture
+def deployed_cascade_run(tmp_path, monkeypatch):
+    """A runs folder whose smoke run deploys a tiny cascade as bilstm-cascade; the arguments that deploy it."""
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)
+    cascade_folder = tmp_path / "runs" / "smoke" / "bundle-bilstm-cascade"
+    write_cascade(cascade_folder, {"tiny": tiny, "sure": sure}, [0.9])
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
+    return cascade_folder, [str(SMOKE), "--export.deploy=bilstm-cascade"]
+
+
+def test_bench_serving_of_a_deployed_cascade_leaves_it_to_the_cascade_benchmark(deployed_cascade_run, capsys):
+    main(["serving", *deployed_cascade_run[1]])
+    assert "bench cascade` measures" in capsys.readouterr().out
+
+
+def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_zero(deployed_cascade_run):
+    folder, argv = deployed_cascade_run
+    assert main(["serving", *argv, "--bundle", str(folder)]) == 0
+
+
+@pytest.fixture(scope="module")
+def measured_with_a_token(tmp_path_factory):
+    """Both phases of a tiny cascade and its last member, each served with EDGEDISTILL_TOKEN set."""
+    folder = tmp_path_factory.mktemp("token")
+    tiny = write_bundle(folder / "bundle-tiny")
+    sure = write_bundle(folder / "bundle-sure", bias=10.0)
+    folders = {"cascade": write_cascade(folder / "bundle-cascade", {"tiny": tiny, "sure": sure}, [0.9]), "last": sure}
+    dev = folder / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngreat fun\t1\nthe plot\t0\nawful boring\t0\n")
+    overrides = {"data.dev": str(dev), "bench.serving.duration_s": 0.3, "bench.serving.repeats": 1}
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("EDGEDISTILL_TOKEN", "s3cret")
+        return asyncio.run(cascade._measure(load_recipe(SMOKE, overrides), folders, folder, Counter()))
+
+
+@pytest.mark.parametrize("model", ["cascade", "last"])
+def test_a_server_with_a_token_is_called_with_it(measured_with_a_token, model):
+    assert failed_calls(measured_with_a_token[model]) == 0
 
 
 def test_a_models_failed_calls_are_summed_over_every_phase_and_round():

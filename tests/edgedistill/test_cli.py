@@ -258,6 +258,12 @@ def test_all_exits_with_the_failing_stage_status(monkeypatch):
     assert cli.main(["all", "recipes/smoke.yaml"]) == 5
 
 
+def test_all_names_a_failing_benchmark_by_its_whole_command(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "run_stage", Stages(failing="bench serving", status=5))
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert "[all] edgedistill bench serving failed with exit status 5" in capsys.readouterr().err
+
+
 def test_all_passes_jobs_and_overrides_on(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
@@ -451,11 +457,22 @@ TAKING_A_RECIPE = [
 
 @pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
 def test_a_command_taking_a_recipe_says_how_to_override_it(capsys, argv):
-    from edgedistill.common.recipe import OVERRIDES_HELP
+    from edgedistill.common.recipe import overrides_help
 
     with pytest.raises(SystemExit):
         cli.main([*argv, "--help"])
-    assert OVERRIDES_HELP in " ".join(capsys.readouterr().out.split())
+    assert overrides_help(" ".join(argv)) in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
+def test_the_override_a_command_help_shows_is_one_it_takes(argv):
+    import re
+
+    from edgedistill.common.recipe import overrides_help
+    from edgedistill.common.sections import outside
+
+    shown = re.findall(r"e.g. --([\w.]+)=", overrides_help(" ".join(argv)))
+    assert outside(shown, " ".join(argv)) == []
 
 
 @pytest.mark.parametrize("name", ["models", "serving", "accuracy", "cascade", "peers", "scaling"])

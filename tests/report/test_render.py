@@ -124,6 +124,12 @@ def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_
     assert "| serve-accuracy-bilstm-int8 | make all |" in missing_markdown(tmp_path)
 
 
+def test_a_report_of_a_run_deploying_a_cascade_asks_for_no_serving_benchmark_of_it(tmp_path):
+    page = render.Page("report")
+    render._missing(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.deploy": "bilstm-cascade"}))
+    assert "serve-bench-bilstm-cascade" not in "\n".join(page.md)
+
+
 def test_a_report_leaves_the_finished_teacher_out_of_the_absent_stages(tmp_path):
     assert "| teacher |" not in missing_markdown(tmp_path)
 
