@@ -32,24 +32,25 @@ def free_port() -> int:
 
 # The server settings a measurement sets by flags, which win over their EDGEDISTILL_* variables
 MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
-# The deployed server's metrics address and port, which an operator may export: a measurement runs its servers'
-# metrics itself (off, or on a loopback port of its own), so their variables are left out of the servers' environment,
-# where METRICS_HOST with the metrics port off would stop the server
-METRICS_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"))
+# The deployed server's metrics address and port and its probes' port, which an operator may export: a measurement
+# runs its servers' metrics itself (off, or on a loopback port of its own) and checks their health on the gRPC port, so
+# these variables are left out of the servers' environment, where METRICS_HOST with the metrics port off would stop the
+# server, and where two servers (a cascade and its last member) would bind one health port
+PORT_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"), env_name("health_port"))
 # A deployed cascade's overload policy, which a server of a single bundle refuses as doing nothing: left out of the
 # environment of a measured single bundle (a cascade's last member alone, a student measured beside it)
 CASCADE_VARIABLES = (env_name("cascade_overload"),)
 
 
 def left_out_of(command: list[str]) -> tuple[str, ...]:
-    """The variables a measured server's `command` runs without: `METRICS_VARIABLES`, and `CASCADE_VARIABLES` where
+    """The variables a measured server's `command` runs without: `PORT_VARIABLES`, and `CASCADE_VARIABLES` where
     its `--bundle` (`serve_flags`) is a single bundle."""
     bundle = command[command.index("--bundle") + 1] if "--bundle" in command else None
     single = bundle is not None and not is_cascade(bundle)
-    return METRICS_VARIABLES + (CASCADE_VARIABLES if single else ())
+    return PORT_VARIABLES + (CASCADE_VARIABLES if single else ())
 
 
-def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = METRICS_VARIABLES) -> dict:
+def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = PORT_VARIABLES) -> dict:
     """The environment of a server a measurement starts: `environ` (default this process's) less `left_out`."""
     environ = os.environ if environ is None else environ
     return {name: value for name, value in environ.items() if name not in left_out}
@@ -60,8 +61,8 @@ def say_left_out(names: tuple[str, ...]) -> None:
     """Say on stderr, once per process and set of `names`, that the servers measured here run without them."""
     print(
         f"[bench] {', '.join(names)} left out of the environment of the servers measured here: the measurement sets "
-        "their metrics (off, or on a loopback port of its own), and a single bundle takes no cascade setting; the "
-        "server you deploy reads them as set",
+        "their metrics (off, or on a loopback port of its own) and checks their health on the gRPC port, and a single "
+        "bundle takes no cascade setting; the server you deploy reads them as set",
         file=sys.stderr,
     )
 

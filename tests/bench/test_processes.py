@@ -205,3 +205,15 @@ def test_a_measured_server_runs_with_the_operators_other_settings(bundle, monkey
     monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
     left_out = processes.left_out_of(processes.serve_flags(bundle, 0, 1))
     assert processes.server_environ(left_out=left_out)["EDGEDISTILL_MAX_QUEUED"] == "64"
+
+
+def test_two_measured_servers_start_side_by_side_where_the_operator_exports_a_health_port(
+    bundle, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("EDGEDISTILL_HEALTH_PORT", str(free_port()))  # each server would bind it
+    first, second = measured_server(bundle, 1), measured_server(bundle, 1)
+    with (
+        running("edgedistill.serve", first[0], first[1].port, tmp_path / "first.log"),
+        running("edgedistill.serve", second[0], second[1].port, tmp_path / "second.log") as process,
+    ):
+        assert process.is_running()
