@@ -15,6 +15,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.processes import dying_with_this_process
+from edgedistill.common.settings import SettingError, refuse_measured_variables
 from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
@@ -30,8 +31,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The server settings a measurement sets by flags, which win over their EDGEDISTILL_* variables
-MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
 # The deployed server's metrics address and port and its probes' port, which an operator may export: a measurement
 # runs its servers' metrics itself (off, or on a loopback port of its own) and checks their health on the gRPC port, so
 # these variables are left out of the servers' environment, where METRICS_HOST with the metrics port off would stop the
@@ -70,15 +69,12 @@ def say_left_out(names: tuple[str, ...]) -> None:
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
     """The flags of a measured `python -m serve`: `bundle` on loopback `port` with `threads` intra-op threads (0: the
     runtime's default; none for TensorRT engines alone) and `workers` processes, metrics on `metrics_port` (None:
-    off), run in `server_environ`. `BenchError` where this process's environment sets one of the other settings
-    these flags set: the flag would override it without a word."""
-    if given := [env_name(name) for name in MEASURED_SETTINGS if env_name(name) in os.environ]:
-        raise BenchError(
-            f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
-            "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
-            "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; "
-            "unset them"
-        )
+    off), run in `server_environ`. `BenchError` where the environment sets one of the settings these flags set
+    (`common.settings.refuse_measured_variables`)."""
+    try:
+        refuse_measured_variables()
+    except SettingError as err:
+        raise BenchError(str(err)) from None
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port), "--workers", str(workers)]
     # a TensorRT engine runs without ONNX Runtime's threads, and the server refuses THREADS for it

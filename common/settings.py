@@ -41,8 +41,23 @@ ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server refuses a name u
 PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
 
 
+# The server settings a measurement sets by its servers' flags (bench/processes.py), which win over their variables
+MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
+
+
 class SettingError(ValueError):
     """An environment setting with a value it cannot take; the message names the variable and what it takes."""
+
+
+def refuse_measured_variables() -> None:
+    """`SettingError` where the environment sets the variable of one of `MEASURED_SETTINGS`, which a measured
+    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains."""
+    if given := [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS if ENV_PREFIX + name.upper() in os.environ]:
+        raise SettingError(
+            f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
+            "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
+            "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; unset them"
+        )
 
 
 @functools.cache

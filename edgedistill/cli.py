@@ -189,9 +189,12 @@ def run_all(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
+    from edgedistill.common.settings import SettingError, refuse_measured_variables
+
     try:
         steps = pipeline(args.recipe, args.jobs, overrides, args.force)
-    except RecipeError as err:  # a malformed override, or one no stage reads: before any stage runs
+        refuse_measured_variables()  # the benchmarks' refusal, before hours of training
+    except (RecipeError, SettingError) as err:  # a malformed override, one no stage reads, a variable no bench takes
         print(f"error: {err}", file=sys.stderr)
         return 2
     for command, step in zip(STEPS, steps, strict=True):

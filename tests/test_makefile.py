@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import torch
+from edgedistill.common.settings import MEASURED_SETTINGS
+from edgedistill.serve.settings import env_name
 
 from tests.conftest import ROOT
 
@@ -76,6 +78,30 @@ def make_refusal(*args: str) -> subprocess.CompletedProcess:
     """`make -n teacher ARGS`, which fails where make refuses a variable."""
     command = ["make", "-n", "--no-print-directory", "teacher", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def make_with_environ(goal: str, **environ: str) -> subprocess.CompletedProcess:
+    """`make -n GOAL` on the smoke recipe with `environ` exported."""
+    command = ["make", "-n", "--no-print-directory", goal, "RECIPE=recipes/smoke.yaml"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=os.environ | environ)
+
+
+def test_a_variable_the_benchmarks_refuse_stops_make_all_before_it_trains():
+    assert make_with_environ("all", EDGEDISTILL_THREADS="4").returncode == 2
+
+
+def test_a_variable_the_benchmarks_refuse_is_named_by_make():
+    stderr = make_with_environ("serve-bench", EDGEDISTILL_WORKERS="2").stderr
+    assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets its servers'" in stderr
+
+
+def test_a_variable_the_benchmarks_refuse_passes_for_make_serve():
+    assert make_with_environ("serve", EDGEDISTILL_THREADS="4").returncode == 0
+
+
+def test_make_refuses_the_variables_the_benchmarks_refuse():
+    refused = [name for name in MEASURED_SETTINGS if make_with_environ("all", **{env_name(name): "1"}).returncode == 2]
+    assert refused == list(MEASURED_SETTINGS)
 
 
 def test_a_misspelt_variable_stops_make():

@@ -279,6 +279,21 @@ def test_all_refuses_jobs_below_one_before_any_stage_runs(monkeypatch, capsys):
     assert stages.ran == []
 
 
+def test_all_refuses_a_variable_the_benchmarks_refuse_before_any_stage_runs(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_THREADS", "4")  # a measured server's flag would override it
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert stages.ran == []
+
+
+def test_all_names_the_variable_the_benchmarks_refuse(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_WORKERS", "2")
+    monkeypatch.setattr(cli, "run_stage", Stages())
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 2
+    assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets" in capsys.readouterr().err
+
+
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
