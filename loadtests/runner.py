@@ -16,6 +16,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
+from typing import get_args
 
 import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
@@ -115,6 +116,13 @@ def task_errors(folder: Path) -> int:
         return sum(int(row["Count"]) for row in csv.DictReader(handle))
 
 
+def hashed_settings(profile: Profile) -> tuple[str, ...]:
+    """The recipe settings a load test of `profile` hashes: the dev split, the settings every profile shares and its
+    own profile's; another profile's change measures nothing again."""
+    shared = [f"loadtest.{name}" for name in LoadtestConfig.model_fields if name not in get_args(Profile)]
+    return ("data", *shared, f"loadtest.{profile}")
+
+
 def stage(
     recipe: Recipe,
     profile: Profile,
@@ -146,7 +154,7 @@ def stage(
     return Stage(
         folder,
         recipe,
-        ("loadtest", "data"),
+        hashed_settings(profile),
         partial(
             _build,
             profile=profile,

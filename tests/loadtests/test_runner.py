@@ -276,6 +276,23 @@ def test_an_edited_texts_file_named_in_the_working_directory_runs_again(sent, bu
     assert BARE_FILE_STAGES[sent](recipe, bundle).config_hash != before
 
 
+def smoke_hash(bundle: Path, overrides: dict) -> str:
+    """The smoke load test's config hash on the smoke recipe with `overrides`."""
+    return runner.stage(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), "smoke", bundle).config_hash
+
+
+def test_another_profiles_change_leaves_a_load_test_current(bundle):
+    assert smoke_hash(bundle, {"loadtest.steady.rate": 7.0}) == smoke_hash(bundle, {})
+
+
+def test_a_change_of_its_own_profile_runs_a_load_test_again(bundle):
+    assert smoke_hash(bundle, {"loadtest.smoke.rate": 7.0}) != smoke_hash(bundle, {})
+
+
+def test_a_change_of_a_setting_every_profile_shares_runs_a_load_test_again(bundle):
+    assert smoke_hash(bundle, {"loadtest.timeout_s": 3.0}) != smoke_hash(bundle, {})
+
+
 def test_a_dev_text_holding_a_line_break_exits_2_naming_its_split(bundle, tmp_path):
     dev = tmp_path / "dev.csv"
     dev.write_text('sentence,label\n"line one\nline two",1\ngood,0\n', encoding="utf-8")
