@@ -177,6 +177,7 @@ def run_stage(command: list[str]) -> int:
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
     from edgedistill.common.recipe import RECIPE_HELP, RecipeError
+    from edgedistill.common.settings import SettingError, refuse_measured_variables
 
     parser = argparse.ArgumentParser(
         prog=f"{PROG} all",
@@ -189,8 +190,6 @@ def run_all(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)
-    from edgedistill.common.settings import SettingError, refuse_measured_variables
-
     try:
         steps = pipeline(args.recipe, args.jobs, overrides, args.force)
         refuse_measured_variables()  # the benchmarks' refusal, before hours of training
