@@ -442,7 +442,7 @@ OVERRIDE_EXAMPLES = {
     "bench.serving": "bench.serving.repeats=1",
     "bench.peers": "bench.peers.workers=1",
     "bench.scaling": "bench.scaling.workers=[1,2,4]",
-    "loadtest": "loadtest.timeout_s=5",
+    "loadtest.timeout_s": "loadtest.timeout_s=5",
     "finetune": "finetune.optim.lr=5e-5",
 }
 
@@ -458,7 +458,7 @@ def overrides_help(command: str) -> str:
 def reads_help(command: str) -> str:
     """The line of `command`'s help that names the sections it reads, whose overrides it takes."""
     return (
-        f"This command reads the sections {', '.join(sections.reads(command))} (those of the stages it builds on "
+        f"This command reads the sections {', '.join(sections.named(command))} (those of the stages it builds on "
         "included): an override of any other section would change nothing it does, and is refused, unless the recipe "
         "cannot load without it."
     )
@@ -538,11 +538,18 @@ def load_command_recipe(path: str | Path, overrides: dict[str, object], command:
         raise RecipeError(
             "; ".join(
                 f"--{key}: {label} reads no {sections.scope(key)} setting (it reads {read}), so the override would "
-                "change nothing: drop it"
+                f"change nothing: drop it{_read_by(key)}"
                 for key in refused
             )
         )
     return recipe
+
+
+def _read_by(key: str) -> str:
+    """Where a refused override of a shared section's part belongs (`, or give it to edgedistill bench peers`): the
+    commands that read it are few, where those of another section are most of them."""
+    readers = sections.readers(key) if sections.scope(key) != key.partition(".")[0] else []
+    return f", or give it to {' or '.join(f'edgedistill {command}' for command in readers)}" if readers else ""
 
 
 def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:

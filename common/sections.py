@@ -3,12 +3,22 @@
 A command reads the sections its stages hash (`Stage.settings`), those its stages' parents hash (through their
 hashes: `distill --finetune.optim.lr=...` makes the teacher stale, and the command says so), and those it reads
 without hashing them (`runtime`: where it trains; `tracking`: where its stages log; `export.deploy`: the bundle a
-benchmark serves by default). Every command reads `name`, its run folder. `bench` is shared: each benchmark reads
-its own subsection (`bench.serving`, `bench.peers`, ...). `edgedistill all` runs every command, so reads every
-section. `common.recipe.load_command_recipe` refuses an override of any other section.
+benchmark serves by default). Every command reads `name`, its run folder. `bench` and `loadtest` are shared: each
+benchmark reads its own subsection (`bench.serving`, `bench.peers`, ...), and a load test the settings every profile
+shares (`loadtest.timeout_s`, ...) and its own profile's (`loadtest --profile steady` reads `loadtest.steady`).
+`common.recipe.load_command_recipe` refuses an override of any other section; `edgedistill all` gives each command it
+runs those of the sections it reads, and refuses one that none of them reads.
 """
 
-SHARED = ("bench",)  # sections whose subsections different commands read
+from typing import get_args
+
+from edgedistill.common.config.measure import LoadtestConfig, Profile
+
+SHARED = ("bench", "loadtest")  # sections whose subsections different commands read
+PROFILES: tuple[str, ...] = get_args(Profile)  # a load test's, each a subsection of `loadtest`
+DEFAULT_PROFILE = "smoke"  # the one `edgedistill loadtest RECIPE` runs without --profile
+PROFILE = "PROFILE"  # a load test's own profile, as its help names it: the one its --profile gives
+LOADTEST = tuple(f"loadtest.{key}" for key in LoadtestConfig.model_fields if key not in PROFILES)  # every profile's
 EVERY = ("name",)  # the run folder's name: every command writes or reads runs/<name>/
 TEACHER = ("data", "model", "pretrain", "finetune")  # what the teacher is built from
 TRAINED = (*TEACHER, "transfer", "distill", "export")  # ... and the transfer set (its labeller too) and the students
@@ -31,15 +41,40 @@ READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> 
     "bench cascade": (*_BENCH, "bench.serving"),
     "bench peers": (*_BENCH, "bench.peers"),
     "bench scaling": (*_BENCH, "bench.scaling"),
-    "loadtest": (*_BENCH, "loadtest"),
+    "loadtest": (*_BENCH, *LOADTEST),  # and its own profile's settings (`named`)
     "report": (*TRAINED, "tracking"),  # the plan of make all's folders, the models' cards
     "headline": ("data", "distill", "export"),
 }
 
 
+def loadtest(profile: str) -> str:
+    """The load test of `profile` as `reads` takes it: `loadtest --profile steady`."""
+    return f"loadtest --profile {profile}"
+
+
+def named(command: str) -> tuple[str, ...]:
+    """The sections `command` reads as its help names them, `name` first: a load test's own profile as
+    `loadtest.PROFILE` where `command` names none."""
+    name, _, profile = command.partition(" --profile ")
+    own = (f"loadtest.{profile or PROFILE}",) if name == "loadtest" else ()
+    return (*EVERY, *READS[name], *own)
+
+
 def reads(command: str) -> tuple[str, ...]:
-    """The sections `command` reads, `name` first."""
-    return (*EVERY, *READS[command])
+    """The sections `command` reads, `name` first; a load test its own profile's (`loadtest --profile steady`;
+    `loadtest` alone: `DEFAULT_PROFILE`, as it runs)."""
+    return named(loadtest(DEFAULT_PROFILE) if command == "loadtest" else command)
+
+
+def readers(key: str) -> list[str]:
+    """The commands that read the section override `key` sets, as `reads` names them: the load test as `loadtest`
+    where every profile reads it, else as the profiles that do (`loadtest --profile steady`)."""
+    found = []
+    for name in READS:
+        runs = [loadtest(profile) for profile in PROFILES] if name == "loadtest" else [name]
+        reading = [command for command in runs if not outside([key], command)]
+        found += [name] if reading == runs else reading
+    return found
 
 
 def scope(key: str) -> str:

@@ -38,6 +38,7 @@ GOES_ON_FROM = {  # where a command run again after Ctrl-C goes on from, beyond 
     "transfer": "labelling resumes from its finished shards",
 }
 JOBS = 2  # students trained at once by `all`, as `make all` does
+LOADTEST_PROFILE = "smoke"  # the load test `all` runs, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
 EXPORT = "edgedistill.export.__main__"  # python -m export <command>
 
@@ -125,8 +126,11 @@ STEPS = (*BUILDING, "headline")
 def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
     """The arguments of each of `STEPS`, in order, each with the recipe overrides of the sections it reads
     (`forwarded`) and, with `force`, each that builds or measures with `--force`."""
-    options = {"distill": ["--jobs", str(jobs)], "loadtest": ["--profile", "smoke"]}
-    given = forwarded(recipe, overrides, list(STEPS))
+    from edgedistill.common.sections import loadtest
+
+    options = {"distill": ["--jobs", str(jobs)], "loadtest": ["--profile", LOADTEST_PROFILE]}
+    read_as = {"loadtest": loadtest(LOADTEST_PROFILE)}  # a load test reads its own profile's settings
+    given = forwarded(recipe, overrides, [read_as.get(command, command) for command in STEPS])
     again = ["--force"] if force else []
     return [
         [*command.split(), recipe, *options.get(command, []), *extra, *(again if command in BUILDING else [])]
@@ -139,7 +143,7 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
     and refuses an override of another, which would change nothing it does. An override the recipe does not take (an
     unknown key: the loader's message names the near ones), or that none of them reads, is refused (`RecipeError`)."""
     from edgedistill.common.recipe import RecipeError, load_recipe, needless, parse_overrides
-    from edgedistill.common.sections import READS, outside, scope
+    from edgedistill.common.sections import outside, readers, scope
 
     if not overrides:
         return [[] for _ in commands]
@@ -154,7 +158,7 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
         raise RecipeError(
             "; ".join(
                 f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
-                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in READS if not outside([key], c))}"
+                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in readers(key))}"
                 for key in unread
             )
         )

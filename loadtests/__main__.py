@@ -14,13 +14,11 @@ gRPC status), 2 when the run could not be made.
 import argparse
 import sys
 from pathlib import Path
-from typing import get_args
 
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
-from edgedistill.common import settings
-from edgedistill.common.config.measure import Profile
+from edgedistill.common import sections, settings
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.loadtests import result as rs
@@ -50,7 +48,13 @@ def scenarios_override(overrides: dict[str, object], profile: str) -> str | None
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
     add_recipe_argument(parser, "loadtest")
-    parser.add_argument("--profile", choices=get_args(Profile), default="smoke", help="load profile (default smoke)")
+    parser.add_argument(
+        "--profile",
+        choices=sections.PROFILES,
+        default=sections.DEFAULT_PROFILE,
+        metavar=sections.PROFILE,
+        help=f"load profile: {', '.join(sections.PROFILES)} (default {sections.DEFAULT_PROFILE})",
+    )
     parser.add_argument("--bundle", type=Path, help=BUNDLE_HELP)
     add_texts_arguments(parser)
     parser.add_argument(
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
             raise runner.LoadtestError(
                 f"--{key} would do nothing: {given_as} gives the weights instead; give one of them"
             )
-        recipe = load_command_recipe(args.recipe, overrides, "loadtest", prog)
+        command = sections.loadtest(args.profile)
+        recipe = load_command_recipe(args.recipe, overrides, command, f"{prog} --profile {args.profile}")
         bundle = bundle_to_serve(recipe, args.bundle)
         scenarios = parse_scenarios(weights) if weights else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)

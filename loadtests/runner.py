@@ -16,13 +16,12 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import get_args
 
 import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
 from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_info
-from edgedistill.common import measured
+from edgedistill.common import measured, sections
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 from edgedistill.common.recipe import Recipe, run_dir
@@ -119,8 +118,7 @@ def task_errors(folder: Path) -> int:
 def hashed_settings(profile: Profile) -> tuple[str, ...]:
     """The recipe settings a load test of `profile` hashes: the dev split, the settings every profile shares and its
     own profile's; another profile's change measures nothing again."""
-    shared = [f"loadtest.{name}" for name in LoadtestConfig.model_fields if name not in get_args(Profile)]
-    return ("data", *shared, f"loadtest.{profile}")
+    return ("data", *sections.LOADTEST, f"loadtest.{profile}")
 
 
 def stage(

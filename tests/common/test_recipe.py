@@ -907,6 +907,36 @@ def test_an_override_needed_only_beside_another_unread_one_is_refused_with_it():
     assert "--distill.students.extra.model.arch: " in refusal(extra)
 
 
+SMOKE_LOADTEST = "loadtest --profile smoke"
+
+
+def test_an_override_of_another_profiles_settings_is_refused_by_a_load_test():
+    assert "reads no loadtest.steady setting" in refusal({"loadtest.steady.rate": 5.0}, SMOKE_LOADTEST)
+
+
+def test_an_override_of_another_profiles_settings_names_the_load_test_that_reads_it():
+    refused = refusal({"loadtest.steady.rate": 5.0}, SMOKE_LOADTEST)
+    assert refused.endswith("drop it, or give it to edgedistill loadtest --profile steady")
+
+
+def test_an_override_of_another_benchmarks_subsection_names_the_benchmark_that_reads_it():
+    assert refusal({"bench.peers.workers": 1}).endswith("drop it, or give it to edgedistill bench peers")
+
+
+def test_an_override_of_a_section_no_command_shares_names_no_command_that_reads_it():
+    assert refusal({"runtime.device": "cuda"}).endswith("change nothing: drop it")
+
+
+def test_an_override_of_a_load_tests_own_profile_is_taken():
+    recipe = load_command_recipe(SMOKE, {"loadtest.smoke.rate": 5.0}, SMOKE_LOADTEST, "edgedistill loadtest")
+    assert recipe.loadtest.smoke.rate == 5.0
+
+
+def test_an_override_of_a_setting_every_profile_shares_is_taken_by_a_load_test():
+    recipe = load_command_recipe(SMOKE, {"loadtest.timeout_s": 5.0}, SMOKE_LOADTEST, "edgedistill loadtest")
+    assert recipe.loadtest.timeout_s == 5.0
+
+
 def test_an_override_of_a_teacher_bundles_fusion_is_taken_by_the_teacher():
     # a teacher ONNX Runtime fuses only in part is refused before it trains unless its bundles say fused: false
     unfused = {"export.bundles.teacher-fused.fused": False}

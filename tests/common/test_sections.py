@@ -26,6 +26,44 @@ def test_an_override_of_a_whole_shared_section_sets_the_subsection_a_benchmark_r
     assert sections.outside(["bench"], "bench serving") == []
 
 
+def test_an_override_in_a_load_test_profile_sets_that_profile():
+    assert sections.scope("loadtest.steady.rate") == "loadtest.steady"
+
+
+def test_a_load_test_does_not_read_another_profiles_settings():
+    assert sections.outside(["loadtest.steady.rate"], sections.loadtest("smoke")) == ["loadtest.steady.rate"]
+
+
+@pytest.mark.parametrize("profile", sections.PROFILES)
+def test_a_load_test_reads_its_own_profiles_settings(profile):
+    assert sections.outside([f"loadtest.{profile}.users"], sections.loadtest(profile)) == []
+
+
+@pytest.mark.parametrize("profile", sections.PROFILES)
+def test_a_load_test_reads_the_settings_every_profile_shares(profile):
+    assert sections.outside(["loadtest.timeout_s"], sections.loadtest(profile)) == []
+
+
+def test_a_load_test_given_no_profile_reads_the_one_it_runs_by_default():
+    assert sections.outside([f"loadtest.{sections.DEFAULT_PROFILE}.rate"], "loadtest") == []
+
+
+def test_a_load_tests_help_names_its_own_profiles_settings_by_the_option():
+    assert sections.named("loadtest")[-1] == "loadtest.PROFILE"
+
+
+def test_a_setting_every_profile_shares_is_read_by_the_load_test_whatever_its_profile():
+    assert sections.readers("loadtest.timeout_s") == ["loadtest"]
+
+
+def test_a_profiles_setting_is_read_by_the_load_test_of_that_profile():
+    assert sections.readers("loadtest.steady.rate") == ["loadtest --profile steady"]
+
+
+def test_a_benchmarks_setting_is_read_by_the_commands_that_run_it():
+    assert sections.readers("bench.serving.threads") == ["bench serving", "bench cascade"]
+
+
 @pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher"])
 def test_the_teachers_commands_read_the_students_they_warn_about(command):
     assert sections.outside(["distill.students.cnn.optim.lr"], command) == []
@@ -90,3 +128,12 @@ def stages(command: str) -> list[Stage]:
 def test_a_command_reads_every_section_its_stages_and_their_parents_hash(command):
     read = set(sections.reads(command))
     assert set().union(*(hashed(stage) for stage in stages(command))) - read == set()
+
+
+@pytest.mark.parametrize("profile", sections.PROFILES)
+def test_a_load_test_reads_every_section_its_profiles_stage_hashes(profile):
+    from edgedistill.loadtests import runner
+
+    recipe = load_recipe(SMOKE)
+    stage = runner.stage(recipe, profile, run_dir(recipe) / f"bundle-{recipe.export.deploy}")
+    assert hashed(stage) - set(sections.reads(sections.loadtest(profile))) == set()

@@ -370,6 +370,20 @@ def test_all_names_the_command_that_reads_an_override_no_stage_reads(monkeypatch
     assert "give it to edgedistill bench peers" in capsys.readouterr().err
 
 
+def test_all_refuses_an_override_of_a_profile_it_does_not_load_test_before_any_stage_runs(monkeypatch):
+    assert all_steps(monkeypatch, "--loadtest.steady.rate=5") == {}
+
+
+def test_all_names_the_load_test_that_reads_an_override_of_another_profile(monkeypatch, capsys):
+    all_steps(monkeypatch, "--loadtest.steady.rate=5")
+    assert "give it to edgedistill loadtest --profile steady" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["--loadtest.smoke.rate=5", "--loadtest.timeout_s=5"])
+def test_all_gives_the_smoke_load_test_an_override_of_its_profile_or_of_every_profiles_settings(monkeypatch, override):
+    assert override in all_steps(monkeypatch, override)["loadtest"]
+
+
 def test_all_names_the_benchmark_a_misspelt_override_meant(monkeypatch, capsys):
     all_steps(monkeypatch, "--bench.servng.threads=4")
     assert "bench.servng: unknown key: did you mean serving?" in capsys.readouterr().err

@@ -151,4 +151,23 @@ def test_the_option_wins_over_the_variable_where_both_give_scenarios(capsys, mon
 
 def test_an_override_of_a_section_the_load_test_does_not_read_is_refused_naming_it(capsys):
     loadtests_main.main([SMOKE_RECIPE, "--bench.serving.threads=4"])
-    assert "--bench.serving.threads: python -m loadtests reads no bench.serving" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "--bench.serving.threads: python -m loadtests --profile smoke reads no bench.serving" in refused
+
+
+def test_an_override_of_another_profiles_settings_is_refused_before_the_bundle_is_looked_for(monkeypatch):
+    looked_for = []
+    monkeypatch.setattr(loadtests_main, "bundle_to_serve", lambda *args: looked_for.append(args))
+    loadtests_main.main([SMOKE_RECIPE, "--profile", "smoke", "--loadtest.steady.rate=5"])
+    assert looked_for == []
+
+
+def test_an_override_of_another_profiles_settings_is_refused_naming_the_load_test_that_reads_it(capsys):
+    loadtests_main.main([SMOKE_RECIPE, "--profile", "smoke", "--loadtest.steady.rate=5"])
+    assert "give it to edgedistill loadtest --profile steady" in capsys.readouterr().err
+
+
+def test_the_load_test_help_names_the_option_its_own_profiles_settings_follow(capsys):
+    with pytest.raises(SystemExit):
+        loadtests_main.main(["--help"])
+    assert "--profile PROFILE" in capsys.readouterr().out
