@@ -35,6 +35,9 @@ LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 # refusals and fill a small disk (one client's invalid or expired calls wrote 450 KB of lines a second). One line a
 # second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
+# A client's deadline ends its call on the client first (which then cancels it on the server), a little before the
+# server's own timer, which started when the call's headers arrived: a cancel this close to the deadline is its expiry.
+DEADLINE_SLACK_S = 0.05
 CUT_DETAILS = "cut by the server's shutdown: still running when SHUTDOWN_GRACE_S ran out"
 UNSENT_DETAILS = "ended by the server's shutdown: its request had not arrived when SHUTDOWN_GRACE_S ran out"
 _KINDS = (
@@ -70,9 +73,8 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None, c
         if cut:
             return grpc.StatusCode.UNAVAILABLE  # gRPC's "Cancelling all calls", as the client gets it
         remaining = context.time_remaining()
-        return (
-            grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
-        )
+        expired = remaining is not None and remaining <= DEADLINE_SLACK_S
+        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
     code = context.code()
     if isinstance(code, grpc.StatusCode):
         return code

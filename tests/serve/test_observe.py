@@ -1,5 +1,6 @@
 """Each call's log line: what an on-call reader needs, and nothing of the request's text."""
 
+import asyncio
 import io
 import json
 import logging
@@ -181,3 +182,28 @@ def test_a_clients_refused_calls_are_logged_once_per_interval(
             with pytest.raises(grpc.RpcError):
                 stub.Classify(pb.ClassifyRequest(texts=[text]), timeout=timeout)
     assert len(logged(access_lines, code=code)) == 1
+
+
+class Remaining:
+    """A call's context whose deadline is `seconds` away (None: no deadline)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+
+    def time_remaining(self) -> float | None:
+        return self.seconds
+
+
+def test_a_call_cancelled_just_before_its_deadline_is_counted_as_expired():
+    # the client's own deadline timer ends the call a moment before the server's
+    assert (
+        observe._status_code(Remaining(0.01), asyncio.CancelledError(), cut=False) == grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+
+
+def test_a_call_cancelled_well_before_its_deadline_is_counted_as_cancelled():
+    assert observe._status_code(Remaining(5.0), asyncio.CancelledError(), cut=False) == grpc.StatusCode.CANCELLED
+
+
+def test_a_call_cancelled_without_a_deadline_is_counted_as_cancelled():
+    assert observe._status_code(Remaining(None), asyncio.CancelledError(), cut=False) == grpc.StatusCode.CANCELLED
