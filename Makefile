@@ -36,11 +36,12 @@ endif
 $(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))
 
 # A measurement sets its servers' bundle, address, threads and workers by flags, so the benchmarks refuse those
-# EDGEDISTILL_* variables exported (common/settings.py MEASURED_SETTINGS): a goal that measures stops at once, not after
-# the training make builds first. `make serve` reads them.
+# EDGEDISTILL_* variables exported (common/settings.py MEASURED_SETTINGS), from the environment or from make's command
+# line, which make exports to the commands too: a goal that measures stops at once, not after the training make builds
+# first. `make serve` reads them; the default goal, help, measures nothing.
 MEASURING := all serve-bench serve-accuracy serve-cascade loadtest soak peers-bench scaling-bench
-MEASURED_EXPORTED := $(strip $(foreach name,BUNDLE HOST PORT THREADS WORKERS,$(if $(filter environment%,$(origin EDGEDISTILL_$(name))),EDGEDISTILL_$(name))))
-$(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(or $(MAKECMDGOALS),all))),$(error $(MEASURED_EXPORTED) would do nothing: a measurement sets its servers' bundle, address, threads (the recipe's) and workers itself; unset them for make $(filter $(MEASURING),$(or $(MAKECMDGOALS),all)) (make serve reads them)))
+MEASURED_EXPORTED := $(strip $(foreach name,BUNDLE HOST PORT THREADS WORKERS,$(if $(filter environment% command,$(origin EDGEDISTILL_$(name))),EDGEDISTILL_$(name))))
+$(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error $(MEASURED_EXPORTED) would do nothing: a measurement sets its servers' bundle, address, threads (the recipe's) and workers itself; leave them out of make $(filter $(MEASURING),$(MAKECMDGOALS)) (make serve reads them)))
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 

@@ -1,7 +1,6 @@
 """Subprocesses of a measurement: a server started until it reports SERVING and stopped with SIGTERM, or a
 load generator run to its end; their output goes to a log file, whose tail a failure quotes."""
 
-import functools
 import os
 import socket
 import subprocess
@@ -55,15 +54,27 @@ def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str
     return {name: value for name, value in environ.items() if name not in left_out}
 
 
-@functools.cache
+_said: set[str] = set()  # the variables `say_left_out` has named in this process
+
+
 def say_left_out(names: tuple[str, ...]) -> None:
-    """Say on stderr, once per process and set of `names`, that the servers measured here run without them."""
-    print(
-        f"[bench] {', '.join(names)} left out of the environment of the servers measured here: the measurement sets "
-        "their metrics (off, or on a loopback port of its own) and checks their health on the gRPC port, and a single "
-        "bundle takes no cascade setting; the server you deploy reads them as set",
-        file=sys.stderr,
-    )
+    """Say on stderr, once per process for each of `names`, that the servers measured here run without it, and why:
+    a cascade and its last member alone (`bench cascade`) leave out different sets, and each is named once."""
+    new = [name for name in names if name not in _said]
+    _said.update(new)
+    if ports := [name for name in new if name in PORT_VARIABLES]:
+        print(
+            f"[bench] {', '.join(ports)} left out of the environment of the servers measured here: the measurement "
+            "sets their metrics (off, or on a loopback port of its own) and checks their health on the gRPC port; "
+            "the server you deploy reads them as set",
+            file=sys.stderr,
+        )
+    if cascade := [name for name in new if name in CASCADE_VARIABLES]:
+        print(
+            f"[bench] {', '.join(cascade)} left out of the environment of the single bundles measured here, which "
+            "take no cascade setting; a cascade runs with it, as the one you deploy does",
+            file=sys.stderr,
+        )
 
 
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:

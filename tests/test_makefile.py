@@ -80,9 +80,9 @@ def make_refusal(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def make_with_environ(goal: str, **environ: str) -> subprocess.CompletedProcess:
-    """`make -n GOAL` on the smoke recipe with `environ` exported."""
-    command = ["make", "-n", "--no-print-directory", goal, "RECIPE=recipes/smoke.yaml"]
+def make_with_environ(*goals: str, **environ: str) -> subprocess.CompletedProcess:
+    """`make -n GOALS` on the smoke recipe with `environ` exported."""
+    command = ["make", "-n", "--no-print-directory", *goals, "RECIPE=recipes/smoke.yaml"]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=os.environ | environ)
 
 
@@ -97,6 +97,16 @@ def test_a_variable_the_benchmarks_refuse_is_named_by_make():
 
 def test_a_variable_the_benchmarks_refuse_passes_for_make_serve():
     assert make_with_environ("serve", EDGEDISTILL_THREADS="4").returncode == 0
+
+
+def test_a_variable_the_benchmarks_refuse_passes_for_make_without_a_goal():
+    assert make_with_environ(EDGEDISTILL_THREADS="4").returncode == 0  # the default goal, help, measures nothing
+
+
+def test_a_variable_the_benchmarks_refuse_given_on_the_command_line_stops_make_all():
+    # make exports a variable given on its command line to the commands, as it does one from the environment
+    command = ["make", "-n", "--no-print-directory", "all", "RECIPE=recipes/smoke.yaml", "EDGEDISTILL_THREADS=4"]
+    assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 2
 
 
 def test_make_refuses_the_variables_the_benchmarks_refuse():

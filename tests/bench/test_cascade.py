@@ -100,6 +100,12 @@ def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_ze
     assert main(["serving", *argv, "--bundle", str(folder)]) == 0
 
 
+def test_bench_serving_of_a_cascade_not_deployed_names_the_option_that_measures_it(deployed_cascade_run, capsys):
+    # the cascade benchmark measures the deployed cascade, else the first, unless --name says which
+    main(["serving", str(SMOKE), "--bundle", str(deployed_cascade_run[0])])
+    assert "`edgedistill bench cascade RECIPE --name NAME`" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def measured_with_a_token(tmp_path_factory):
     """Both phases of a tiny cascade and its last member, each served with EDGEDISTILL_TOKEN set."""

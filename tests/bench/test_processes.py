@@ -147,9 +147,7 @@ def operators_metrics(monkeypatch):
     """This environment with the operator's metrics variables, whose note is not said yet in this process."""
     for name, value in OPERATORS_METRICS.items():
         monkeypatch.setenv(name, value)
-    processes.say_left_out.cache_clear()
-    yield
-    processes.say_left_out.cache_clear()
+    monkeypatch.setattr(processes, "_said", set())
 
 
 def test_a_measured_server_starts_where_the_operator_exports_metrics_host(bundle, monkeypatch, tmp_path):
@@ -183,6 +181,25 @@ def test_the_metrics_variables_left_out_of_the_servers_are_named_once(operators_
             pass
     err = capsys.readouterr().err
     assert err.count("EDGEDISTILL_METRICS_HOST, EDGEDISTILL_METRICS_PORT left out") == 1
+
+
+def test_a_variable_left_out_is_named_once_where_another_server_leaves_out_more(operators_metrics, capsys):
+    # bench cascade: its last member alone runs without CASCADE_OVERLOAD as well, the cascade with it
+    processes.say_left_out(("EDGEDISTILL_METRICS_HOST",))
+    processes.say_left_out(("EDGEDISTILL_METRICS_HOST", "EDGEDISTILL_CASCADE_OVERLOAD"))
+    assert capsys.readouterr().err.count("EDGEDISTILL_METRICS_HOST") == 1
+
+
+def test_a_cascades_overload_is_said_to_be_left_out_of_the_single_bundles_alone(operators_metrics, capsys):
+    processes.say_left_out(("EDGEDISTILL_CASCADE_OVERLOAD",))
+    assert "EDGEDISTILL_CASCADE_OVERLOAD left out of the environment of the single bundles measured here" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_metrics_variables_left_out_are_said_without_the_cascades_reason(operators_metrics, capsys):
+    processes.say_left_out(("EDGEDISTILL_METRICS_HOST",))
+    assert "cascade" not in capsys.readouterr().err
 
 
 def test_a_measured_single_bundle_starts_where_the_operator_exports_a_cascades_overload(bundle, monkeypatch, tmp_path):
