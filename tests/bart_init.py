@@ -6,6 +6,7 @@ from pathlib import Path
 from tokenizers import processors
 from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast, RobertaTokenizerFast
 
+from tests.conftest import save_initialised
 from tests.roberta_init import byte_level_bpe
 
 
@@ -25,5 +26,5 @@ def write_bart(folder: Path, texts: list[str]) -> Path:
         vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
     )  # fmt: skip
-    BartForConditionalGeneration(config).save_pretrained(folder)
+    save_initialised(BartForConditionalGeneration, config, folder)
     return folder

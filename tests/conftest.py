@@ -15,6 +15,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+def save_initialised(model_class, config, folder: Path) -> None:
+    """A `model_class(config)` checkpoint in `folder` whose weights are drawn alike in every run (seed 0), so that a
+    test training from it has one outcome; the process's random state is left as it was."""
+    import torch
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model_class(config).save_pretrained(folder)
+
+
 def pytest_collection_modifyitems(items):
     """The modules with end-to-end runs (marked `slow`) first, so that `make test`'s pytest-xdist workers, given one
     module at a time in this order, start the longest ones first instead of ending on one."""

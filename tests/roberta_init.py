@@ -5,6 +5,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM, RobertaTokenizerFast
 
+from tests.conftest import save_initialised
+
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
@@ -40,5 +42,5 @@ def write_roberta(folder: Path, texts: list[str], separated: bool = True) -> Pat
         vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         type_vocab_size=1,
     )  # fmt: skip
-    RobertaForMaskedLM(config).save_pretrained(folder)
+    save_initialised(RobertaForMaskedLM, config, folder)
     return folder

@@ -7,6 +7,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
 
+from tests.conftest import save_initialised
+
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -32,5 +34,5 @@ def write_untyped_bert(folder: Path, texts: list[str]) -> Path:
         vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
         type_vocab_size=2, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    BertForMaskedLM(config).save_pretrained(folder)
+    save_initialised(BertForMaskedLM, config, folder)
     return folder
