@@ -6,6 +6,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
+from tests.conftest import save_initialised
+
 EOS = "<|endoftext|>"
 
 
@@ -31,5 +33,5 @@ def write_gpt2(folder: Path, texts: list[str], positions: int = 256, padding_sid
         bos_token_id=eos,
         eos_token_id=eos,
     )
-    GPT2LMHeadModel(config).save_pretrained(folder)
+    save_initialised(GPT2LMHeadModel, config, folder)
     return folder
