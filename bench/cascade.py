@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgedistill.bench import BenchError, drivers
-from edgedistill.bench.processes import measured_server, running, served_settings
+from edgedistill.bench.processes import call_metadata, measured_server, running, served_settings
 from edgedistill.bench.records import Result, Spread
 from edgedistill.bench.serving import WARMUP_S, classify_requests
 from edgedistill.bench.stats import summarize
@@ -30,7 +30,6 @@ from edgedistill.common import progress
 from edgedistill.common.cascade import load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve.client import bearer
 from rich.console import Console
 
 PHASES = ("capacity", "paced")
@@ -100,8 +99,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
             servers[model] = stack.enter_context(
                 running("edgedistill.serve", flags, settings.port, work / f"{model}.log")
             )
-            token = bearer(settings.token.get_secret_value() if settings.token else None)  # EDGEDISTILL_TOKEN's
-            calls[model] = await drivers.classify_call(stack, settings.port, token)
+            calls[model] = await drivers.classify_call(stack, settings.port, call_metadata(settings))
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
         calls["cascade"] = counting(calls["cascade"], answers)
         rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")

@@ -16,7 +16,7 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.processes import dying_with_this_process
 from edgedistill.common.settings import SettingError, refuse_measured_variables
 from edgedistill.serve.cascade import runs_onnx_runtime
-from edgedistill.serve.client import health_serving, wait_ready
+from edgedistill.serve.client import bearer, health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
 
 START_TIMEOUT_S = 120.0
@@ -52,6 +52,11 @@ def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str
     """The environment of a server a measurement starts: `environ` (default this process's) less `left_out`."""
     environ = os.environ if environ is None else environ
     return {name: value for name, value in environ.items() if name not in left_out}
+
+
+def measured_settings(flags: list[str]) -> Settings:
+    """The settings a measured server given `flags` (`serve_flags`) runs with, in the environment it runs in."""
+    return load_settings(flags, server_environ(left_out=left_out_of(flags)))
 
 
 _said: set[str] = set()  # the variables `say_left_out` has named in this process
@@ -97,17 +102,22 @@ def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     give with `EDGEDISTILL_*` variables; `BenchError` when those give it TLS, as measurements call over plaintext."""
     # One server process: a driver's connection and the CPU figure sample one process.
     flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)))
+    settings = measured_settings(flags)
     if settings.tls_cert is not None:
         raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
     return flags, settings
+
+
+def call_metadata(settings: Settings) -> tuple:
+    """The metadata a measurement's calls to a server of `settings` send: its TOKEN as a bearer token, if it has one."""
+    return bearer(settings.token.get_secret_value() if settings.token else None)
 
 
 def served_settings(bundle: Path, threads: int) -> dict:
     """The settings a measured server on `bundle` runs with (`serve_flags`, then `EDGEDISTILL_*` variables) but its
     port, bundle and reload root, tokens masked: hashed by a measurement's stage, so a changed setting measures again."""
     flags = serve_flags(bundle, 0, threads)
-    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)))
+    settings = measured_settings(flags)
     return settings.model_dump(mode="json", exclude={"port", "bundle", "reload_root"})  # a SecretStr dumps masked
 
 
@@ -167,9 +177,10 @@ def serving(
     exited before that, and with `clean_exit`, when it does not exit with status 0."""
     name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
     environ = os.environ if env is None else env
-    if given := tuple(variable for variable in left_out_of(command) if variable in environ):
+    left_out = left_out_of(command)
+    if given := tuple(variable for variable in left_out if variable in environ):
         say_left_out(given)
-    process = start(command, log, server_environ(environ, left_out_of(command)))
+    process = start(command, log, server_environ(environ, left_out))
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
         yield psutil.Process(process.pid)

@@ -31,7 +31,14 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, servers, slo
-from edgedistill.bench.processes import free_port, measured_server, running, served_settings, serving
+from edgedistill.bench.processes import (
+    call_metadata,
+    free_port,
+    measured_server,
+    running,
+    served_settings,
+    serving,
+)
 from edgedistill.bench.records import ServingResult, bundle_record, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
@@ -53,7 +60,6 @@ from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
-from edgedistill.serve.client import bearer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings
@@ -132,7 +138,7 @@ async def measure_all(
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
-    metadata = bearer(settings.token.get_secret_value() if settings.token else None)
+    metadata = call_metadata(settings)
     echo_port, bare_port = free_port(), free_port()
     runs: dict[str, list[dict]] = {phase: [] for phase in PHASES}
     async with AsyncExitStack() as stack:

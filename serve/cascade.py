@@ -340,7 +340,7 @@ def refuse_unused_by(folder: str | Path, settings: Settings, cascade: bool) -> N
         "allow_cpu_fallback": "true",
     }
     given = [f"{env_name(name)} ({flag_name(name)}) {shown[name]}" for name in shown if getattr(settings, name)]
-    if given and all(bundle.spec.runtime == "tensorrt" for bundle in bundles):
+    if given and not _on_onnx_runtime(bundles):
         models = "every member of the cascade is" if cascade else "it is"
         raise BundleRejected(
             f"{folder}: {models} a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
@@ -362,9 +362,14 @@ def runs_onnx_runtime(folder: str | Path) -> bool:
     PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
     its load refuses it, saying why."""
     try:
-        return any(bundle.spec.runtime == "onnxruntime" for bundle in served_bundles(folder))
+        return _on_onnx_runtime(served_bundles(folder))
     except (mf.ArtifactError, ValueError, OSError):
         return True
+
+
+def _on_onnx_runtime(bundles: list[Bundle]) -> bool:
+    """Whether any of `bundles` runs on ONNX Runtime rather than as a TensorRT engine."""
+    return any(bundle.spec.runtime == "onnxruntime" for bundle in bundles)
 
 
 def model_bytes(folder: str | Path) -> int:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError, servers
-from edgedistill.bench.processes import free_port, left_out_of, serve_flags, server_environ
+from edgedistill.bench.processes import free_port, measured_settings, serve_flags
 from edgedistill.common.machine import usable_cores
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.settings import load_settings
 
 PEERS = ("kserve", "mlserver")
 SERVERS = ("edgedistill", *PEERS, "echo")
@@ -62,7 +61,7 @@ def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     readiness check do not send."""
     port = free_port()
     flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
-    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)))
+    settings = measured_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
     return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
