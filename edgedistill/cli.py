@@ -180,8 +180,9 @@ def run_stage(command: list[str]) -> int:
 
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
-    from edgedistill.common.recipe import RECIPE_HELP, RecipeError
-    from edgedistill.common.settings import SettingError, refuse_measured_variables
+    from edgedistill.common.recipe import RECIPE_HELP, parse_overrides
+    from edgedistill.common.settings import refuse_measured_variables
+    from edgedistill.loadtests.plan import scenario_weights
 
     parser = argparse.ArgumentParser(
         prog=f"{PROG} all",
@@ -197,7 +198,8 @@ def run_all(argv: list[str]) -> int:
     try:
         steps = pipeline(args.recipe, args.jobs, overrides, args.force)
         refuse_measured_variables()  # the benchmarks' refusal, before hours of training
-    except (RecipeError, SettingError) as err:  # a malformed override, one no stage reads, a variable no bench takes
+        scenario_weights(parse_overrides(overrides), LOADTEST_PROFILE)  # the load test's refusals, likewise
+    except ValueError as err:  # a malformed override, one no stage reads, a variable no bench takes, scenario weights
         print(f"error: {err}", file=sys.stderr)
         return 2
     for command, step in zip(STEPS, steps, strict=True):

@@ -18,31 +18,12 @@ from pathlib import Path
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
-from edgedistill.common import sections, settings
+from edgedistill.common import sections
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests import runner
-from edgedistill.loadtests.plan import SCENARIOS_VAR, parse_scenarios
-
-
-def scenarios_override(overrides: dict[str, object], profile: str) -> str | None:
-    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, one scenario's weight under it,
-    or a section above it holding them), which `--scenarios` would override in turn; None where none does."""
-    path = ["loadtest", profile, "scenarios"]
-    for key, value in overrides.items():
-        parts = key.split(".")
-        if parts[: len(path)] == path:  # the scenarios, or one weight of them
-            return key
-        if parts != path[: len(parts)]:
-            continue
-        for part in path[len(parts) :]:
-            if not isinstance(value, dict) or part not in value:
-                break
-            value = value[part]
-        else:
-            return key
-    return None
+from edgedistill.loadtests.plan import SCENARIOS_VAR, scenario_weights
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
@@ -70,17 +51,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     try:
         pairs_file = PairsFile.of(args)
         overrides = parse_overrides(rest)
-        variable = settings.env(SCENARIOS_VAR)  # --scenarios' default
-        weights = args.scenarios or variable
-        given_as = f"--scenarios {args.scenarios!r}" if args.scenarios else f"${SCENARIOS_VAR}={variable!r}"
-        if weights and (key := scenarios_override(overrides, args.profile)):
-            raise runner.LoadtestError(
-                f"--{key} would do nothing: {given_as} gives the weights instead; give one of them"
-            )
+        scenarios = scenario_weights(overrides, args.profile, args.scenarios)
         command = sections.loadtest(args.profile)
         recipe = load_command_recipe(args.recipe, overrides, command, f"{prog} --profile {args.profile}")
         bundle = bundle_to_serve(recipe, args.bundle)
-        scenarios = parse_scenarios(weights) if weights else None
         stage = runner.stage(recipe, args.profile, bundle, args.texts, scenarios, echo=args.echo, pairs_file=pairs_file)
         stage.run(args.force)
         result = rs.load(stage.folder)

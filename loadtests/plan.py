@@ -89,6 +89,39 @@ def parse_scenarios(text: str) -> dict[str, int]:
     return weights
 
 
+def scenarios_override(overrides: dict[str, object], profile: str) -> str | None:
+    """The override that sets `profile`'s scenarios (`loadtest.<profile>.scenarios`, one scenario's weight under it,
+    or a section above it holding them), which `--scenarios` would override in turn; None where none does."""
+    path = ["loadtest", profile, "scenarios"]
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts[: len(path)] == path:  # the scenarios, or one weight of them
+            return key
+        if parts != path[: len(parts)]:
+            continue
+        for part in path[len(parts) :]:
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            return key
+    return None
+
+
+def scenario_weights(overrides: dict[str, object], profile: str, option: str | None = None) -> dict[str, int] | None:
+    """The weights a load test of `profile` runs: `--scenarios` (`option`), else `$EDGEDISTILL_LOADTEST_SCENARIOS`;
+    None for the recipe's. `ValueError` for weights that do not parse, or that come beside an override of the
+    profile's scenarios, which would then do nothing."""
+    variable = settings.env(SCENARIOS_VAR)
+    weights = option or variable
+    if not weights:
+        return None
+    if key := scenarios_override(overrides, profile):
+        given_as = f"--scenarios {option!r}" if option else f"${SCENARIOS_VAR}={variable!r}"
+        raise ValueError(f"--{key} would do nothing: {given_as} gives the weights instead; give one of them")
+    return parse_scenarios(weights)
+
+
 @functools.cache
 def current() -> Plan:
     """The plan at `$EDGEDISTILL_LOADTEST_PLAN` (written by `python -m loadtests`)."""

@@ -294,6 +294,24 @@ def test_all_names_the_variable_the_benchmarks_refuse(monkeypatch, capsys):
     assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets" in capsys.readouterr().err
 
 
+def test_all_refuses_scenario_weights_beside_an_override_of_them_before_any_stage_runs(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    assert cli.main(["all", "recipes/smoke.yaml", "--loadtest.smoke.scenarios={batch: 1}"]) == 2
+    assert stages.ran == []
+    assert "--loadtest.smoke.scenarios would do nothing: $EDGEDISTILL_LOADTEST_SCENARIOS" in capsys.readouterr().err
+
+
+def test_all_refuses_scenario_weights_that_do_not_parse_before_any_stage_runs(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "singel=1")
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 2
+    assert stages.ran == []
+    assert "scenario weight 'singel=1': want NAME=INT" in capsys.readouterr().err
+
+
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
