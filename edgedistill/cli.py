@@ -181,8 +181,8 @@ def run_stage(command: list[str]) -> int:
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
     from edgedistill.common.recipe import RECIPE_HELP, parse_overrides
+    from edgedistill.common.scenarios import scenario_weights
     from edgedistill.common.settings import refuse_measured_variables
-    from edgedistill.loadtests.plan import scenario_weights
 
     parser = argparse.ArgumentParser(
         prog=f"{PROG} all",

@@ -21,9 +21,9 @@ from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common import sections
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
+from edgedistill.common.scenarios import SCENARIOS_VAR, scenario_weights
 from edgedistill.loadtests import result as rs
 from edgedistill.loadtests import runner
-from edgedistill.loadtests.plan import SCENARIOS_VAR, scenario_weights
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:

@@ -84,21 +84,6 @@ def test_steady_profile_is_one_stage_at_its_rate():
     assert steady.offered_rate == 100
 
 
-def test_scenario_weights_parse():
-    assert plan.parse_scenarios("single=3, batch=1,kserve=0") == {"single": 3, "batch": 1, "kserve": 0}
-
-
-@pytest.mark.parametrize("bad", ["single", "single=x", "nope=1"])
-def test_a_malformed_scenario_weight_is_refused_naming_the_form_it_wants(bad):
-    with pytest.raises(ValueError, match=rf"^scenario weight '{bad}': want NAME=INT with NAME one of single, "):
-        plan.parse_scenarios(bad)
-
-
-def test_scenario_weights_all_zero_are_refused_asking_for_one_above_zero():
-    with pytest.raises(ValueError, match=r"^scenarios 'single=0': give at least one a weight above 0$"):
-        plan.parse_scenarios("single=0")
-
-
 def locustfile_scenarios() -> set[str]:
     """The names of the locustfile's `SCENARIOS` table, read from its source: importing locust patches this process."""
     tree = ast.parse(Path(find_spec("edgedistill.loadtests.locustfile").origin).read_text())

@@ -1,0 +1,40 @@
+"""A load test's scenario weights: parsed from `--scenarios` or the variable, and refused beside an override of the
+profile's own, which would do nothing."""
+
+import pytest
+from edgedistill.common import scenarios
+
+
+def test_scenario_weights_parse():
+    assert scenarios.parse_scenarios("single=3, batch=1,kserve=0") == {"single": 3, "batch": 1, "kserve": 0}
+
+
+@pytest.mark.parametrize("bad", ["single", "single=x", "nope=1"])
+def test_a_malformed_scenario_weight_is_refused_naming_the_form_it_wants(bad):
+    with pytest.raises(ValueError, match=rf"^scenario weight '{bad}': want NAME=INT with NAME one of single, "):
+        scenarios.parse_scenarios(bad)
+
+
+def test_scenario_weights_all_zero_are_refused_asking_for_one_above_zero():
+    with pytest.raises(ValueError, match=r"^scenarios 'single=0': give at least one a weight above 0$"):
+        scenarios.parse_scenarios("single=0")
+
+
+def test_the_option_gives_the_weights_over_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "batch=1")
+    assert scenarios.scenario_weights({}, "smoke", "single=2") == {"single": 2}
+
+
+def test_the_variable_gives_the_weights_without_the_option(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "batch=1")
+    assert scenarios.scenario_weights({}, "smoke") == {"batch": 1}
+
+
+def test_neither_leaves_the_profiles_weights(monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
+    assert scenarios.scenario_weights({"loadtest.smoke.scenarios": {"batch": 1}}, "smoke") is None
+
+
+def test_an_override_of_another_profiles_scenarios_is_no_clash(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "batch=1")
+    assert scenarios.scenario_weights({"loadtest.steady.scenarios": {"single": 1}}, "smoke") == {"batch": 1}
