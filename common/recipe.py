@@ -236,14 +236,23 @@ class Recipe(Strict):
 
 
 def by_content(value):
-    """`value` (JSON) with every string naming an existing local file or folder replaced by its digest."""
+    """`value` (JSON) with every string naming an existing local file or folder replaced by its digest. A bare name
+    (`train.tsv`, no `/`) counts as a file, or as a folder holding a checkpoint (`config.json`), which is what the
+    stages read it as; a bare name of another folder is a setting's value (a student named `bench`)."""
     if isinstance(value, dict):
         return {key: by_content(item) for key, item in value.items()}
     if isinstance(value, list):
         return [by_content(item) for item in value]
-    if isinstance(value, str) and "/" in value and (path := Path(value)).exists():
-        return f"sha256:{_digest(path)}"
+    if isinstance(value, str) and value and _names_local(Path(value), written_as_path="/" in value):
+        return f"sha256:{_digest(Path(value))}"
     return value
+
+
+def _names_local(path: Path, written_as_path: bool) -> bool:
+    """Whether a recipe's string is read as the local `path` (see `by_content`)."""
+    if written_as_path:
+        return path.exists()
+    return path.is_file() or (path / "config.json").is_file()
 
 
 def _digest(path: Path) -> str:

@@ -521,6 +521,32 @@ def test_relative_data_that_changes_changes_the_hash(tmp_path):
     assert load_recipe(path).section_hash("data") != before
 
 
+def test_data_named_bare_from_the_working_directory_that_changes_changes_the_hash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
+    path = write(tmp_path, "data: {train: train.tsv, dev: train.tsv, label_names: [bad, good]}\nmodel: {init: m/x}\n")
+    before = load_recipe(path).section_hash("data")
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\nbad\tbad\n")
+    assert load_recipe(path).section_hash("data") != before
+
+
+def test_a_checkpoint_folder_named_bare_that_changes_changes_the_hash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "config.json").write_text("{}")
+    path = write(tmp_path, "data: {train: a.tsv, dev: b.tsv, label_names: [bad, good]}\nmodel: {init: teacher}\n")
+    before = load_recipe(path).section_hash("model")
+    (tmp_path / "teacher" / "config.json").write_text('{"hidden_size": 8}')
+    assert load_recipe(path).section_hash("model") != before
+
+
+def test_a_bare_name_of_a_folder_without_a_checkpoint_counts_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench").mkdir()
+    path = write(tmp_path, MINIMAL)
+    assert load_recipe(path, {"model.init": "bench"}).settings("model.init") == {"model.init": "bench"}
+
+
 # --- extends: merge, drop, replace ------------------------------------------------------------------------------
 
 BASE = """
