@@ -38,7 +38,7 @@ from edgedistill.serve.settings import Settings, SettingsError
 from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
-from edgedistill.serve.wire import PRECHECKS
+from edgedistill.serve.wire import prechecks
 from edgedistill.serve.workers import SupervisorLink
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -212,7 +212,9 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     )
     token = settings.token.get_secret_value() if settings.token is not None else None
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token is not None else None
-    observer = CallObserver(metrics, settings.access_log, token, admin_token, ADMIN_METHODS, PRECHECKS)
+    observer = CallObserver(
+        metrics, settings.access_log, token, admin_token, ADMIN_METHODS, prechecks(settings.max_texts)
+    )
     edge = EdgeServer(settings, server, host, runtime, observer)
     observed = ObservedServer(server, observer)
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)

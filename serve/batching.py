@@ -18,7 +18,8 @@ spent on a request. Rows of a request that was cancelled (or whose deadline pass
 dropped before the batch runs. A request of more than `max_batch_size` rows always goes through the queue, which
 takes it in batches of at most that many.
 
-Faults: a backend call that raises fails the requests of its batch, and the batcher goes on. An error
+Faults: a backend call that raises fails the requests of its batch, their rows still queued are dropped (a request
+of more than `max_batch_size` rows fails as a whole), and the batcher goes on. An error
 of the batcher itself (while taking a batch or handing its outputs back), or a backend call running
 past `batch_timeout` seconds (the watchdog: a hung backend; one hung inline blocks the loop, which the server's
 loop watchdog, `serve.watchdog`, sees), or a backend call answering another number of rows than it was given,
@@ -54,6 +55,7 @@ class DropReason(StrEnum):
 
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
+    FAILED = "failed"  # another of its request's rows failed in the backend: nobody waits for these
 
 
 class BatchObserver:
@@ -382,8 +384,9 @@ class DynamicBatcher:
         except _Hung:
             self._fault(f"a backend call of {len(batch)} rows ran past its {self.batch_timeout:g} s limit")
             return
-        except Exception as err:  # the backend's failure belongs to every request in the batch
+        except Exception as err:  # the backend's failure belongs to every request in the batch, and its queued rows
             for request in {row.request for row in batch}:
+                self._drop(request, DropReason.FAILED)
                 if not request.future.done():
                     request.future.set_exception(err)
             return

@@ -115,7 +115,8 @@ class Metrics(BatchObserver):
         )
         self.dropped = Counter(
             "edgedistill_dropped_rows",
-            "Queued rows dropped before running, by reason: cancelled (by the client) or deadline (the call's passed)",
+            "Queued rows dropped before running, by reason: cancelled (by the client), deadline (the call's passed) or "
+            "failed (another row of the call failed in the backend)",
             ["reason"],
             registry=r,
         )

@@ -82,6 +82,14 @@ def with_unknown_fields(request: ModelInferRequest, count: int) -> ModelInferReq
     return padded
 
 
+def with_parameters(request: ModelInferRequest, count: int, output: str = "") -> ModelInferRequest:
+    """`request` with `count` boolean parameters on its first input, or on the output `output` added."""
+    tensor = request.outputs.add(name=output) if output else request.inputs[0]
+    for i in range(count):
+        tensor.parameters[f"{i:x}"].bool_param = True
+    return request
+
+
 def in_shared_memory(request: ModelInferRequest, output: str = "") -> ModelInferRequest:
     """`request` with its first input, or the output `output` added, in a shared-memory region, as tritonclient's
     `set_shared_memory` names one."""
@@ -193,8 +201,9 @@ KSERVE_CASES = [
     Case("10,000 texts", raw_text(*[b"a"] * 10_000), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 8"),
     Case("10,000 rows of token ids", infer(ids(*[[GOOD]] * 10_000), ids(*[[1]] * 10_000, name="attention_mask")), "RESOURCE_EXHAUSTED", "holds 10000 elements; the limit is 128"),
     Case("raw BYTES claiming a billion elements", raw_text(b"good", shape=[10**9]), "RESOURCE_EXHAUSTED", "holds 1000000000 elements; the limit is 8"),
-    Case("300,000 typed BYTES elements", infer(("text", "BYTES", [300_000], [b""] * 300_000)), "RESOURCE_EXHAUSTED", "holds 300000 elements", target="guarded", metadata=AUTH),
-    Case("300,000 typed BYTES elements for shape [1]", infer(("text", "BYTES", [1], [b""] * 300_000)), "INVALID_ARGUMENT", "300000 elements for shape [1]", target="guarded", metadata=AUTH),
+    Case("300,000 typed BYTES elements", infer(("text", "BYTES", [300_000], [b""] * 300_000)), "INVALID_ARGUMENT", "contents hold more than 32 elements in all (4 x the server's MAX_TEXTS, 8)", target="guarded", metadata=AUTH),
+    Case("20 typed BYTES elements", infer(("text", "BYTES", [20], [b"good"] * 20)), "RESOURCE_EXHAUSTED", "holds 20 elements; the limit is 8"),
+    Case("20 typed BYTES elements for shape [1]", infer(("text", "BYTES", [1], [b"good"] * 20)), "INVALID_ARGUMENT", "20 elements for shape [1]"),
     Case("300,000 raw BYTES elements for shape [2]", raw_text(*[b""] * 300_000, shape=[2]), "INVALID_ARGUMENT", "more than the 2 elements of its shape", target="guarded", metadata=AUTH),
     Case("200,000 token ids for shape [1, 1]", infer(("input_ids", "INT64", [1, 1], [GOOD] * 200_000), ids([1], name="attention_mask")), "INVALID_ARGUMENT", "200000 elements for shape [1, 1]", target="guarded", metadata=AUTH),
     Case("token ids of a 2**40 sequence", infer(("input_ids", "INT64", [1, 2**40], None), ids([1], name="attention_mask")), "RESOURCE_EXHAUSTED", "holds 1099511627776 elements; the limit is 128"),
@@ -205,6 +214,8 @@ KSERVE_CASES = [
     Case("17 outputs", raw_text(b"good", outputs=["logits", "probabilities"] * 8 + ["logits"]), "INVALID_ARGUMENT", "holds more than 16 outputs: name each input and output once"),
     Case("17 inputs", infer(*[("text", "BYTES", [1], [b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 inputs"),
     Case("17 raw_input_contents", infer(("text", "BYTES", [1], None), raw=[tensors.serialize_bytes([b"good"])] * 17), "INVALID_ARGUMENT", "holds more than 16 raw_input_contents"),
+    Case("84,000 parameters on an input", with_parameters(raw_text(b"good"), 84_000), "INVALID_ARGUMENT", "inputs[0].parameters holds more than 16 entries", target="guarded", metadata=AUTH),
+    Case("84,000 parameters on an output", with_parameters(raw_text(b"good"), 84_000, output="logits"), "INVALID_ARGUMENT", "outputs[0].parameters holds more than 16 entries", target="guarded", metadata=AUTH),
     Case("100 request parameters", raw_text(b"good", parameters={f"p{i}": kserve_pb2.InferParameter(bool_param=True) for i in range(100)}), "INVALID_ARGUMENT", "holds more than 64 parameters"),
     Case("input in shared memory", in_shared_memory(infer(("text", "BYTES", [1], None))), "INVALID_ARGUMENT", "input 'text' is in shared memory"),
     Case("output to shared memory", in_shared_memory(raw_text(b"good"), output="probabilities"), "INVALID_ARGUMENT", "output 'probabilities' is in shared memory"),

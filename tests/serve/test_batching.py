@@ -59,17 +59,17 @@ def row(*ids: int) -> dict[str, np.ndarray]:
     return {"input_ids": np.array(ids, np.int64), "attention_mask": np.ones(len(ids), np.int64)}
 
 
-def fails_first_call():
-    """A backend that raises on its first call and sums each row's ids after."""
-    calls = []
+class FailsFirstCall:
+    """A backend that raises on its first call and sums each row's ids after; `calls` holds each call's rows."""
 
-    def flaky(inputs):
-        calls.append(inputs["input_ids"].shape[0])
-        if len(calls) == 1:
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def __call__(self, inputs):
+        self.calls.append(inputs["input_ids"].shape[0])
+        if len(self.calls) == 1:
             raise RuntimeError("backend exploded")
         return {"sum": inputs["input_ids"].sum(axis=1)}
-
-    return flaky
 
 
 def batcher(backend, **kwargs) -> DynamicBatcher:
@@ -280,7 +280,7 @@ def test_a_request_cancelled_past_its_deadline_is_dropped_for_the_deadline():
 
 
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
-    flaky = fails_first_call()
+    flaky = FailsFirstCall()
 
     async def main():
         b = batcher(flaky, max_delay=0.05)
@@ -293,6 +293,24 @@ def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes
     results, after = asyncio.run(main())
     assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
     assert after.outputs["sum"].tolist() == [5]
+
+
+def test_a_backend_failure_drops_the_rest_of_a_request_spanning_several_batches():
+    """4 rows, batches of 3: the first batch fails while the fourth row waits out the delay for company."""
+    flaky, observer = FailsFirstCall(), Recorder()
+
+    async def main():
+        b = batcher(flaky, max_batch_size=3, max_delay=0.5, observer=observer)
+        b.start()
+        with pytest.raises(RuntimeError, match="exploded"):
+            await b.submit([row(1), row(2), row(3), row(4)])
+        queued = b.queued_rows
+        await b.close()
+        return queued
+
+    assert asyncio.run(main()) == 0
+    assert flaky.calls == [3], "the failed request's last row must not run"
+    assert observer.dropped == [(1, DropReason.FAILED)]
 
 
 def test_close_finishes_queued_work_and_refuses_new():
@@ -615,7 +633,7 @@ def test_a_quick_request_at_light_load_is_one_backend_call_reported_to_the_obser
 
 
 def test_a_backend_error_at_light_load_is_the_requests_and_the_batcher_goes_on():
-    flaky = fails_first_call()
+    flaky = FailsFirstCall()
 
     async def main():
         b = quick_batcher(flaky)

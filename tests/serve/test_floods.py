@@ -217,6 +217,20 @@ def unknown_fields(server):
     return threads_running([send_until_stopped(server.address, MODEL_INFER, data)] * 4)
 
 
+def tensor_parameters(server):
+    """4 clients sending ModelInfer requests of 20,000 parameters (240 KB) on their input, or on their output, back
+    to back: parsed, each took tens of milliseconds and its call held megabytes (see serve/wire.py)."""
+    requests = []
+    for output in ("", "logits"):
+        request = ModelInferRequest(model_name="tiny-sentiment")
+        request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"good")
+        tensor = request.outputs.add(name=output) if output else request.inputs[0]
+        for i in range(20_000):
+            tensor.parameters[f"{i:x}"].bool_param = True
+        requests.append(request.SerializeToString())
+    return threads_running([send_until_stopped(server.address, MODEL_INFER, data) for data in requests] * 2)
+
+
 def huge_element_counts(server):
     """4 clients sending BYTES tensors that claim a billion elements, or hold 30,000, back to back."""
     claimed = ModelInferRequest(model_name="tiny-sentiment")
@@ -330,6 +344,7 @@ FLOODS = [
     Flood("300 connections that never send the preface", silent_connections),
     Flood("ModelInfer naming logits 20,000 times", duplicate_outputs),
     Flood("ModelInfer followed by 120,000 unknown fields", unknown_fields),
+    Flood("ModelInfer with 20,000 parameters on its input or output", tensor_parameters),
     Flood("BYTES claiming a billion elements or holding 30,000", huge_element_counts),
     Flood("20 KB request ids and 400 headers", oversized_metadata),
     Flood("ping flood", ping_flood),
