@@ -352,7 +352,25 @@ def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
         "--data.text_column=review",
         "--name=smoke-gone",
     )
-    assert "[teacher] warning: transfer.unlabelled_files names nowhere.txt, which does not exist" in result.stdout
+    assert "[teacher] warning: transfer.unlabelled_files: nowhere.txt: file not found" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(b"\n\n", ": no text (the file is empty)"), (b"caf\xe9 au lait\n", ":1: not valid UTF-8 (byte 3)")],
+    ids=["empty", "not-utf8"],
+)
+def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(capsys, tmp_path, content, problem):
+    (tmp_path / "u.txt").write_bytes(content)
+    result = distill_here(
+        capsys,
+        "teacher",
+        SMOKE,
+        f"--transfer.unlabelled_files=[{tmp_path / 'u.txt'}]",
+        "--data.text_column=review",
+        "--name=smoke-unreadable",
+    )
+    assert f"[teacher] warning: transfer.unlabelled_files: {tmp_path / 'u.txt'}{problem}" in result.stdout
 
 
 # The smoke recipe as a GPT teacher's: its Transformer student cannot start from a GPT's blocks.
