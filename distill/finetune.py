@@ -118,15 +118,22 @@ def _build(inputs: Inputs) -> Built | None:
     heads.require_fusable(config, recipe, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
-    model = device.load_trainable(
+    model, loaded = device.load_trainable(
         heads.classifier_class(cfg.pooling),
         init,
         num_labels=data.num_labels,
         id2label=dict(enumerate(data.label_names)),
         label2id={name: i for i, name in enumerate(data.label_names)},
         pad_token_id=tokenizer.pad_token_id,
+        ignore_mismatched_sizes=True,  # a head for other labels (an MNLI checkpoint's three) is drawn afresh
+        output_loading_info=True,
         **extra,
     )
+    if loaded["mismatched_keys"] and dist.is_main():
+        print(
+            f"[teacher] warning: model.init {init} has a classification head for {config.num_labels} labels and "
+            f"data.label_names {data.num_labels}: the head is drawn afresh, the rest of the checkpoint kept"
+        )
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)
     train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
