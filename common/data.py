@@ -191,6 +191,10 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
         raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
     last = reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
+        cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
+        if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
+            last = reader.line_num
+            continue
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
             stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
             raise DataError(

@@ -603,3 +603,13 @@ def test_line_count_of_a_file_that_is_not_gzip_data_is_a_data_error_naming_it(tm
     (tmp_path / "u.txt.gz").write_bytes(b"plain text\n")
     with pytest.raises(DataError, match=r"u\.txt\.gz: cannot decompress it"):
         line_count([str(tmp_path / "u.txt.gz")])
+
+
+def test_a_csv_line_of_spaces_is_skipped_as_a_blank_line_is(tmp_path):
+    (tmp_path / "a.csv").write_text("sentence,label\ngood,1\n   \nbad,0\n")
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good", "bad"]
+
+
+def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n \t \nbad\t0\n")
+    assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]
