@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 from edgedistill.common.text import NotUtf8, shows_nothing, utf8_lines
@@ -130,12 +131,18 @@ def _cannot_decompress(where: str, err: Exception) -> DataError:
     return DataError(f"{where}: cannot decompress it ({err}); compress it again with gzip")
 
 
+def _opened(path: Path) -> BinaryIO:
+    """A local file opened for its bytes, gunzipped as they are read if its name ends in `.gz`; `DataError` for a
+    missing one."""
+    _require_file(path)
+    return (gzip.open if _gzipped(path) else open)(path, "rb")
+
+
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(number, line) of a UTF-8 file (gzip-compressed if its name ends in `.gz`), line ends kept, decoded as they are
     taken (`common.text.utf8_lines`): a large file is never held whole. The ends are kept as csv wants them: they keep
     a quoted CSV field's own lines apart."""
-    _require_file(path)
-    with (gzip.open if _gzipped(path) else open)(path, "rb") as handle:
+    with _opened(path) as handle:
         number = 0
         try:
             for number, line in utf8_lines(handle):
@@ -184,6 +191,10 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
         raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
     last = reader.line_num
     for row in reader:  # the line a row ends on: blank lines are skipped, not counted
+        cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
+        if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
+            last = reader.line_num
+            continue
         if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
             stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
             raise DataError(
@@ -383,9 +394,17 @@ def _text_lines(path: Path) -> Iterator[str]:
     return (stripped for line in _text_stream(path) if (stripped := line.strip()))
 
 
-def missing_files(sources: list[str]) -> list[str]:
-    """The local files among `sources` (Hub sources aside) that do not exist."""
-    return [source for source in sources if not source.startswith("hub:") and not Path(source).is_file()]
+def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
+    """Why each local file among `sources` (Hub sources aside) cannot be read, found in its first `lines` text lines
+    as `unlabelled_lines` reads them: missing, not UTF-8, not gzip data, or empty."""
+    errors = []
+    for source in sources:
+        if not source.startswith("hub:"):
+            try:
+                load_unlabelled([source], lines)
+            except DataError as err:
+                errors.append(err)
+    return errors
 
 
 def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterator[str]:
@@ -412,13 +431,16 @@ def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterat
 
 def line_count(sources: list[str]) -> int | None:
     """Lines in the local text files `sources` (blank ones too: at least as many as `unlabelled_lines` gives), read
-    in blocks; None with a Hub source."""
+    in blocks; None with a Hub source. `DataError` for a file missing or not gzip data, as `unlabelled_lines` gives."""
     if any(source.startswith("hub:") for source in sources):
         return None
     count = 0
-    for source in sources:
-        with (gzip.open if _gzipped(Path(source)) else open)(source, "rb") as handle:
-            count += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+    for source in map(Path, sources):
+        with _opened(source) as handle:
+            try:
+                count += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+            except GZIP_ERRORS as err:
+                raise _cannot_decompress(str(source), err) from None
     return count
 
 

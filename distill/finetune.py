@@ -20,7 +20,7 @@ from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, task_metrics
 from edgedistill.distill.students import count_parameters
-from edgedistill.distill.tokenization import TokenRows, cut_share, encode, load_tokenizer, pair_segments
+from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
 from transformers import AutoConfig
 
@@ -95,22 +95,6 @@ def stage(recipe: Recipe) -> Stage:
     return Stage("teacher", recipe, ("data", "model", "finetune"), _build, parents)
 
 
-CUT_WARNING_SHARE = 0.05  # train examples cut at model.max_length above which the teacher stage says so
-
-
-def cut_warning(rows: TokenRows, max_length: int, pairs: bool) -> str | None:
-    """The warning for train examples that `encode` cut at `max_length` tokens (a pair's two texts together), or
-    None when fewer than `CUT_WARNING_SHARE` of them reach it."""
-    share = cut_share(rows, max_length)
-    if share < CUT_WARNING_SHARE:
-        return None
-    what = "pairs reach it with both texts" if pairs else "examples reach it"
-    return (
-        f"[teacher] warning: {share:.0%} of the train {what} (model.max_length={max_length} tokens) and are cut "
-        "there; raise model.max_length, and transfer.max_length for the students"
-    )
-
-
 def _build(inputs: Inputs) -> Built | None:
     recipe = inputs.recipe
     cfg, data = recipe.finetune, recipe.data
@@ -134,21 +118,29 @@ def _build(inputs: Inputs) -> Built | None:
     heads.require_fusable(config, recipe, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
-    model = device.load_trainable(
+    model, loaded = device.load_trainable(
         heads.classifier_class(cfg.pooling),
         init,
         num_labels=data.num_labels,
         id2label=dict(enumerate(data.label_names)),
         label2id={name: i for i, name in enumerate(data.label_names)},
         pad_token_id=tokenizer.pad_token_id,
+        ignore_mismatched_sizes=True,  # a head for other labels (an MNLI checkpoint's three) is drawn afresh
+        output_loading_info=True,
         **extra,
     )
+    if loaded["mismatched_keys"] and dist.is_main():
+        print(
+            f"[teacher] warning: model.init {init} has a classification head for {config.num_labels} labels and "
+            f"data.label_names {data.num_labels}: the head is drawn afresh, the rest of the checkpoint kept"
+        )
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)
     train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
-    if (warning := cut_warning(train_feats["input_ids"], recipe.model.max_length, data.pairs)) and dist.is_main():
-        print(warning)
+    cut = cut_warning(train_feats["input_ids"], "model.max_length", recipe.model.max_length, data.pairs, "train")
+    if cut and dist.is_main():
+        print(f"[teacher] warning: {cut}; raise model.max_length, and transfer.max_length for the students")
     lengths = [len(ids) for ids in train_feats["input_ids"]]
     labels = torch.tensor(train.labels)
     pad = tokenizer.pad_token_id

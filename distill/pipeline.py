@@ -1,7 +1,7 @@
 """What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
 parallel jobs."""
 
-from edgedistill.common.data import load_splits, load_test, missing_files
+from edgedistill.common.data import load_splits, load_test, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
 from edgedistill.distill.tokenization import load_tokenizer, pair_segments
@@ -27,7 +27,7 @@ def run(
             print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")
         if stage in ("pretrain", "finetune", "teacher"):
             if dist.is_main():
-                _warn_missing_transfer_files(recipe)
+                _warn_unreadable_transfer_files(recipe)
                 _warn_student_problems(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
@@ -36,13 +36,11 @@ def run(
         dist.shutdown()
 
 
-def _warn_missing_transfer_files(recipe: Recipe) -> None:
-    """Say now, not after the teacher has trained, that the transfer stage will not find a file it reads."""
-    for source in missing_files(recipe.transfer.unlabelled_files if recipe.transfer is not None else []):
-        print(
-            f"[teacher] warning: transfer.unlabelled_files names {source}, which does not exist: the transfer stage "
-            "will stop on it (set EDGEDISTILL_DATA_DIR, or fix the path in the recipe)"
-        )
+def _warn_unreadable_transfer_files(recipe: Recipe) -> None:
+    """Say now, not after the teacher has trained, that the transfer stage cannot read a file it reads (missing, not
+    UTF-8, not gzip data, or empty), from the file's first text line."""
+    for err in unreadable_files(recipe.transfer.unlabelled_files if recipe.transfer is not None else []):
+        print(f"[teacher] warning: transfer.unlabelled_files: {err}; the transfer stage will stop on it")
 
 
 def _warn_student_problems(recipe: Recipe) -> None:

@@ -14,6 +14,7 @@ BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CONTINUATION = "##"  # WordPiece's prefix of a piece that continues a word
 GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
 ENCODE_CHUNK = 2_000  # texts per tokenizer call: its Python lists of ids, offsets and masks cost ~400 bytes a token
+CUT_WARNING_SHARE = 0.05  # the share of examples cut at a length setting from which a stage warns of it
 
 
 def _bars() -> bool:
@@ -198,3 +199,13 @@ def encode(
 def cut_share(rows: TokenRows, max_length: int) -> float:
     """The share of rows (0..1) that reach `max_length` tokens: those `encode` cut there, and any exactly that long."""
     return float((rows.lengths() >= max_length).mean()) if len(rows) else 0.0
+
+
+def cut_warning(rows: TokenRows, setting: str, max_length: int, pairs: bool, examples: str) -> str | None:
+    """What a stage warns of `examples` (their name: "train") that `encode` cut at `max_length` tokens (a pair's two
+    texts together), the value of `setting`; None when fewer than `CUT_WARNING_SHARE` of them reach it."""
+    share = cut_share(rows, max_length)
+    if share < CUT_WARNING_SHARE:
+        return None
+    what = "pairs reach it with both texts" if pairs else "examples reach it"
+    return f"{share:.0%} of the {examples} {what} ({setting}={max_length} tokens) and are cut there"

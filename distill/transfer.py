@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import Examples, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.common.text import write_texts
@@ -26,7 +26,7 @@ from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
-from edgedistill.distill.tokenization import encode, load_tokenizer
+from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer
 from edgedistill.distill.transfer_texts import SOURCES, build_texts
 
 
@@ -38,6 +38,15 @@ def stage(recipe: Recipe) -> Stage:
     return Stage("transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),), extra=labeller)
 
 
+def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length: int) -> None:
+    """Warn when `transfer.max_length` cuts many train and dev examples: the teacher labels, the students read and
+    the bundles serve them at that length."""
+    pairs = None if train.pairs is None else train.pairs + dev.pairs
+    rows = encode(tokenizer, train.texts + dev.texts, pairs, max_length)["input_ids"]
+    if cut := cut_warning(rows, "transfer.max_length", max_length, pairs is not None, "train and dev"):
+        print(f"[transfer] warning: {cut}, for the students and the served bundles; raise transfer.max_length")
+
+
 def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
@@ -45,6 +54,8 @@ def _build(inputs: Inputs) -> Built:
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)
+    train, dev = load_splits(recipe.data)
+    _warn_of_cut_examples(tokenizer, train, dev, recipe.transfer.max_length)
     forward = hf_logits(model)
     figures, second_pass = {"engine": "pytorch"}, None
     if recipe.transfer.labeller and placement.device.type == "cpu":
@@ -82,7 +93,6 @@ def _build(inputs: Inputs) -> Built:
         model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck, second_pass
     )
     labelling |= figures | {"seconds": round(time.perf_counter() - started, 1)}
-    _, dev = load_splits(recipe.data)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     with torch.inference_mode():  # the teacher's dev accuracy in fp32, as its manifest gives it
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)

@@ -9,6 +9,7 @@ from edgedistill.common.data import (
     Examples,
     _label_index,
     _rows,
+    line_count,
     load_labelled,
     load_splits,
     load_test,
@@ -591,3 +592,24 @@ def test_a_hub_class_label_name_the_recipe_lists_at_another_index_beside_names_o
 
 def test_hub_class_label_names_kept_at_their_indices_beside_names_of_the_recipes_own_are_read_by_index(hub_nli):
     assert load_labelled(hub_nli, nli_config(["entailment", "maybe", "contra"])).labels == [0, 2]
+
+
+def test_line_count_of_a_missing_file_is_a_data_error_naming_it(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.txt: file not found"):
+        line_count([str(tmp_path / "missing.txt")])
+
+
+def test_line_count_of_a_file_that_is_not_gzip_data_is_a_data_error_naming_it(tmp_path):
+    (tmp_path / "u.txt.gz").write_bytes(b"plain text\n")
+    with pytest.raises(DataError, match=r"u\.txt\.gz: cannot decompress it"):
+        line_count([str(tmp_path / "u.txt.gz")])
+
+
+def test_a_csv_line_of_spaces_is_skipped_as_a_blank_line_is(tmp_path):
+    (tmp_path / "a.csv").write_text("sentence,label\ngood,1\n   \nbad,0\n")
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ["good", "bad"]
+
+
+def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n \t \nbad\t0\n")
+    assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import RecipeError
+from edgedistill.common.data import load_unlabelled
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill import heads
 from edgedistill.distill.finetune import reinit_top_layers
+from edgedistill.distill.tokenization import train_tokenizer
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -22,7 +24,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, distill_here, free_port
+from tests.conftest import PYTHON, ROOT, distill_here, free_port, run_module, save_initialised
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -352,7 +354,60 @@ def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
         "--data.text_column=review",
         "--name=smoke-gone",
     )
-    assert "[teacher] warning: transfer.unlabelled_files names nowhere.txt, which does not exist" in result.stdout
+    assert "[teacher] warning: transfer.unlabelled_files: nowhere.txt: file not found" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(b"\n\n", ": no text (the file is empty)"), (b"caf\xe9 au lait\n", ":1: not valid UTF-8 (byte 3)")],
+    ids=["empty", "not-utf8"],
+)
+def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(capsys, tmp_path, content, problem):
+    (tmp_path / "u.txt").write_bytes(content)
+    result = distill_here(
+        capsys,
+        "teacher",
+        SMOKE,
+        f"--transfer.unlabelled_files=[{tmp_path / 'u.txt'}]",
+        "--data.text_column=review",
+        "--name=smoke-unreadable",
+    )
+    assert f"[teacher] warning: transfer.unlabelled_files: {tmp_path / 'u.txt'}{problem}" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def from_a_three_label_head(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The smoke recipe's two-label teacher fine-tuned (one step) from a tiny BERT with a three-label head, as an
+    MNLI checkpoint has: what the stage printed, and the teacher's folder."""
+    init = tmp_path_factory.mktemp("three-labels")
+    texts = load_unlabelled(load_recipe(SMOKE).transfer.unlabelled_files, 300)
+    tokenizer = train_tokenizer("bert", texts, 400)
+    tokenizer.save_pretrained(init)
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        num_labels=3, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    save_initialised(BertForSequenceClassification, config, init)
+    runs = tmp_path_factory.mktemp("runs")
+    steps = ["--pretrain=null", f"--model.init={init}", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
+    return run_module("distill", runs, "finetune", str(SMOKE), *steps), runs / "smoke" / "teacher"
+
+
+def test_an_init_checkpoint_with_a_head_for_other_labels_fine_tunes(from_a_three_label_head):
+    result, _ = from_a_three_label_head
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_an_init_checkpoint_with_a_head_for_other_labels_gives_the_teacher_a_head_of_the_recipe_s_labels(
+    from_a_three_label_head,
+):
+    _, teacher = from_a_three_label_head
+    assert heads.load_teacher(teacher).classifier.out_features == 2
+
+
+def test_an_init_checkpoint_with_a_head_for_other_labels_is_warned_of_naming_both_counts(from_a_three_label_head):
+    result, _ = from_a_three_label_head
+    assert "has a classification head for 3 labels and data.label_names 2: the head is drawn afresh" in result.stdout
 
 
 # The smoke recipe as a GPT teacher's: its Transformer student cannot start from a GPT's blocks.

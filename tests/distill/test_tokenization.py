@@ -224,16 +224,15 @@ def test_cut_share_is_the_share_of_rows_that_reach_max_length():
     )
 
 
-def test_pairs_cut_at_max_length_give_the_teacher_a_warning_naming_the_setting():
-    from edgedistill.distill.finetune import cut_warning
-
+def test_pairs_cut_at_max_length_give_a_warning_naming_the_setting():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     rows = encode(tokenizer, TEXTS[:3], TEXTS[1:4], 8)["input_ids"]
-    assert "100% of the train pairs reach it with both texts (model.max_length=8 tokens)" in cut_warning(rows, 8, True)
+    assert tokenization.cut_warning(rows, "model.max_length", 8, True, "train") == (
+        "100% of the train pairs reach it with both texts (model.max_length=8 tokens) and are cut there"
+    )
 
 
-def test_examples_within_max_length_give_the_teacher_no_warning():
-    from edgedistill.distill.finetune import cut_warning
-
+def test_examples_within_max_length_give_no_warning():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
-    assert cut_warning(encode(tokenizer, TEXTS, None, 64)["input_ids"], 64, False) is None
+    rows = encode(tokenizer, TEXTS, None, 64)["input_ids"]
+    assert tokenization.cut_warning(rows, "model.max_length", 64, False, "train") is None

@@ -23,6 +23,7 @@ from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT, distill_here, run_module
 from tests.distill.gpt_init import write_gpt2
+from tests.pair_task import pair_recipe, write_pair_task
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
@@ -452,3 +453,18 @@ def test_a_transfer_max_length_past_the_teachers_positions_is_refused_before_lab
     assert run_module("distill", runs, "teacher", *args).returncode == 0
     result = run_module("distill", runs, "transfer", *args)
     assert "transfer.max_length=48, but" in result.stderr and "has 32 positions" in result.stderr
+
+
+def test_pairs_that_transfer_max_length_cuts_are_warned_of_by_the_transfer_stage(tmp_path):
+    paths = write_pair_task(tmp_path / "data", train=200, dev=50, unlabelled=300)
+    recipe = tmp_path / "pairs.yaml"
+    recipe.write_text(pair_recipe(paths))
+    args = [str(recipe), "--pretrain.optim.max_steps=1", "--finetune.optim.max_steps=1"]
+    args += ["--transfer.max_length=8", "--transfer.max_unlabelled=50", "--transfer.max_augmented=50"]
+    runs = tmp_path / "runs"
+    assert run_module("distill", runs, "teacher", *args).returncode == 0
+    result = run_module("distill", runs, "transfer", *args)
+    assert (
+        "[transfer] warning: 100% of the train and dev pairs reach it with both texts (transfer.max_length=8 tokens)"
+        in result.stdout
+    )
