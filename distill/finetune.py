@@ -132,7 +132,8 @@ def _build(inputs: Inputs) -> Built | None:
     if loaded["mismatched_keys"] and dist.is_main():
         print(
             f"[teacher] warning: model.init {init} has a classification head for {config.num_labels} labels and "
-            f"data.label_names {data.num_labels}: the head is drawn afresh, the rest of the checkpoint kept"
+            f"data.label_names {data.num_labels}: {', '.join(sorted(key for key, *_ in loaded['mismatched_keys']))} "
+            "drawn afresh, the rest of the checkpoint kept"
         )
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)

@@ -407,7 +407,7 @@ def test_an_init_checkpoint_with_a_head_for_other_labels_gives_the_teacher_a_hea
 
 def test_an_init_checkpoint_with_a_head_for_other_labels_is_warned_of_naming_both_counts(from_a_three_label_head):
     result, _ = from_a_three_label_head
-    assert "has a classification head for 3 labels and data.label_names 2: the head is drawn afresh" in result.stdout
+    assert "head for 3 labels and data.label_names 2: classifier.bias, classifier.weight drawn afresh" in result.stdout
 
 
 # The smoke recipe as a GPT teacher's: its Transformer student cannot start from a GPT's blocks.
