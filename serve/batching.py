@@ -185,12 +185,10 @@ class DynamicBatcher:
         thread; what is still queued or running at the limit fails with `BatcherClosed`."""
         self._closing = True
         self._arrived.set()
-        finished = self.fault is None
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except TimeoutError:
-                finished = False
                 self._task.cancel()
                 self._fail_all(
                     BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)")
@@ -200,8 +198,9 @@ class DynamicBatcher:
                     timeout,
                     extra={"event": "batcher_close_timeout"},
                 )
-        # a hung backend call holds the worker thread: never wait for it
-        self._executor.shutdown(wait=finished, cancel_futures=True)
+        # never join the worker thread here: on the event loop, a backend call hung in it (one that ran past
+        # `batch_timeout` while the queue finished, or past `timeout`) would block every coroutine
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _check_room(self, rows: int) -> None:
         """Raise unless `rows` more rows fit in the queue beside those queued and those admitted."""

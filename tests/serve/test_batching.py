@@ -574,6 +574,31 @@ def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
     assert hung, "close waited for the hung call instead of giving up at its time limit"
 
 
+def test_close_returns_at_the_time_limit_of_a_batch_that_hangs_while_it_closes():
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    release = threading.Timer(3.0, gate.set)  # the hung call returns 3 s on
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, batch_timeout=0.2)
+        b.start()
+        held = asyncio.ensure_future(b.submit([row(1)]))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        release.start()
+        started = time.monotonic()
+        await b.close(timeout=5)  # past the batch's time limit: the call faults while close waits
+        closing = time.monotonic() - started
+        await asyncio.gather(held, return_exceptions=True)
+        return closing
+
+    try:
+        closing = asyncio.run(main())
+    finally:
+        release.cancel()
+        gate.set()
+    assert closing < 2, "close waited on the event loop for the hung call's thread"
+
+
 def test_a_request_over_max_batch_size_at_light_load_is_split_into_calls_within_it():
     backend = FakeBackend()
 
