@@ -363,14 +363,17 @@ class ModelRuntime:
         )
 
     async def close(self, timeout: float | None = None) -> None:
-        """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend."""
-        await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout)
-        self.release()
+        """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend,
+        unless a call still runs in it: closing it would free what the call uses, so it stays open until the process
+        exits."""
+        self.release(backend=await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout))
 
-    def release(self) -> None:
-        """Release the tokenizing threads and the backend; what is being tokenized then meets the closed batcher."""
+    def release(self, backend: bool = True) -> None:
+        """Release the tokenizing threads and, with `backend`, the backend; what is being tokenized then meets the
+        closed batcher."""
         self._tokenizing.shutdown(wait=False)
-        self.backend.close()
+        if backend:
+            self.backend.close()
 
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:

@@ -387,6 +387,26 @@ def test_a_reload_finishing_after_shutdown_began_installs_nothing(start_server, 
     assert server.server.host.current is None
 
 
+def test_closing_a_model_leaves_its_backend_open_under_a_call_still_running(bundle):
+    runtime = ModelRuntime.load(bundle, settings_for(bundle, inline_infer_ms=0))
+    gate, entered, closed = threading.Event(), threading.Event(), []
+    runtime.batcher.infer = lambda inputs: entered.set() or gate.wait(30)
+    runtime.backend.close = lambda: closed.append(True)
+
+    async def main():
+        await runtime.start()
+        call = asyncio.ensure_future(runtime.classify(KNOWN, None, None))
+        await asyncio.to_thread(entered.wait, 10)
+        await runtime.close(0.2)
+        await asyncio.gather(call, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+    assert not closed
+
+
 def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_server, make_bundle, monkeypatch):
     folder = make_bundle()
     server = start_server(settings_for(folder, admin_token=ADMIN_TOKEN))
@@ -456,3 +476,45 @@ def test_warm_up_refuses_a_tokenizer_that_keeps_nothing_of_plain_words(make_bund
             runtime.warm_up()
     finally:
         asyncio.run(runtime.close())
+
+
+@pytest.fixture
+def stopped_with_a_call_hung(bundle) -> tuple[int | None, list[dict]]:
+    """A server whose backend call hangs, stopped by SIGTERM before the call's time limit (BATCH_TIMEOUT_S 60 s, past
+    SHUTDOWN_GRACE_S 1 s): its exit status within 15 s (None: still running), and its log lines."""
+    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+               "--batch-timeout-s", "60", "--shutdown-grace-s", "1", "--metrics-port", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(json.loads(line))
+            if lines[-1].get("event") == "serving":
+                break
+        address = f"127.0.0.1:{lines[-1]['port']}"
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
+            classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=1)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            status = None
+        proc.kill()
+        lines += [json.loads(line) for line in proc.stdout]
+        return status, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_sigterm_with_a_backend_call_hung_exits_zero_without_waiting_for_it(stopped_with_a_call_hung):
+    status, _ = stopped_with_a_call_hung
+    assert status == 0
+
+
+def test_sigterm_with_a_backend_call_hung_logs_the_call_left_running(stopped_with_a_call_hung):
+    _, lines = stopped_with_a_call_hung
+    assert "backend_call_left_running" in {entry.get("event") for entry in lines}
