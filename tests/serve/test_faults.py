@@ -517,7 +517,7 @@ def test_warm_up_refuses_a_tokenizer_that_keeps_nothing_of_plain_words(make_bund
         asyncio.run(runtime.close())
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stopped_with_a_call_hung(bundle) -> tuple[int | None, list[dict]]:
     """A server whose backend call hangs, stopped by SIGTERM before the call's time limit (BATCH_TIMEOUT_S 60 s, past
     SHUTDOWN_GRACE_S 1 s): its exit status within 15 s (None: still running), and its log lines."""
