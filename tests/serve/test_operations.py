@@ -748,6 +748,19 @@ def test_a_reload_whose_call_passes_its_deadline_logs_the_new_model_active(reloa
     assert [e["model"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
 
 
+def test_a_reload_whose_caller_is_cancelled_still_runs_its_then_once_the_new_model_serves(
+    start_server, make_bundle, monkeypatch
+):
+    server = start_server(settings_for(make_bundle("v1")))
+    warm_up = serve_host.ModelRuntime.warm_up
+    monkeypatch.setattr(serve_host.ModelRuntime, "warm_up", lambda runtime: time.sleep(1.0) or warm_up(runtime))
+    told = threading.Event()  # as a worker tells its supervisor, for the other workers to reload
+    caller = asyncio.run_coroutine_threadsafe(server.server.host.reload(then=told.set), server.loop)
+    time.sleep(0.3)  # the new model is warming up
+    caller.cancel()
+    assert told.wait(10)
+
+
 @pytest.mark.parametrize("kind", ["corrupted", "missing"])
 def test_failed_reload_keeps_the_old_model(start_server, make_bundle, kind):
     first = make_bundle("v1")
