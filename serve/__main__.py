@@ -26,7 +26,8 @@ def hold_signals() -> None:
 
 def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     hold_signals()
-    from edgedistill.serve.app import EXIT_FAULT, run
+    from edgedistill.serve.app import run
+    from edgedistill.serve.batching import calls_left_running
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
     from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
         # a JSON line like every other, with the traceback in `exc`: a log pipeline would split a bare traceback
         log.exception("stopped by an unexpected error", extra={"event": "crashed", "exit_status": CRASHED})
         return CRASHED
-    if status == EXIT_FAULT:  # a hung backend call holds a worker thread that a normal exit would wait for
+    if calls_left_running():  # a hung backend call holds a worker thread, which a normal exit would wait for
         logging.shutdown()
         os._exit(status)
     return status

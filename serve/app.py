@@ -307,11 +307,12 @@ def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
 
 async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle
-    (one that comes while the first model loads or warms up, once it serves). Reloads still running at shutdown are
-    cancelled. As a worker of `supervisor`, share the port and report there once serving."""
+    (one that comes while the first model loads or warms up, once it serves). A reload still running at shutdown
+    installs nothing: the drain waits for the step it is in (`ModelHost.close`). As a worker of `supervisor`, share
+    the port and report there once serving."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    reloads: set[asyncio.Task] = set()
+    reloads: set[asyncio.Task] = set()  # held: the loop keeps only weak references to its tasks
     warm = reload_due = False
 
     async def reload_on_signal():
@@ -389,9 +390,8 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     try:
         waits = [loop.create_task(stop.wait()), loop.create_task(server.host.faulted.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in (*waits, *reloads):
+        for task in waits:
             task.cancel()
-        await asyncio.gather(*reloads, return_exceptions=True)
         await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
     finally:
         watchdog.stop()

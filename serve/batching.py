@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -72,6 +72,16 @@ class BatchObserver:
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         """Rows removed from the queue without running."""
+
+
+# Backend calls that a closed batcher left running in their threads: a normal interpreter exit would wait for them.
+_left_running: set[Future] = set()
+
+
+def calls_left_running() -> int:
+    """Backend calls still running that a closed batcher left in their threads (hung, or slower than its close's
+    limit); the server's process exits without waiting for them (`serve.__main__`)."""
+    return len(_left_running)
 
 
 class _Hung(Exception):
@@ -118,6 +128,15 @@ class _Admission:
 
 
 @dataclass(eq=False)
+class _Call:
+    """A backend call sent to the worker thread: its future there, its rows, and its start in loop time."""
+
+    future: Future
+    rows: int
+    started: float
+
+
+@dataclass(eq=False)
 class _Row:
     request: _Request
     index: int
@@ -159,6 +178,7 @@ class DynamicBatcher:
         self._admitted = 0  # rows held by `admit` blocks: admitted, not yet submitted
         self._running: list[list[_Row]] = []  # batches taken from the queue and not yet answered
         self._busy = False  # a batch is running in the worker thread
+        self._call: _Call | None = None  # the last backend call sent to the worker thread
         self._last_done = -math.inf  # loop time at which the last batch finished
         self._arrived = asyncio.Event()
         self._closing = False
@@ -182,17 +202,17 @@ class DynamicBatcher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
-    async def close(self, timeout: float | None = None) -> None:
+    async def close(self, timeout: float | None = None) -> bool:
         """Take no new work, run what is queued within `timeout` seconds (None: no limit), then stop the worker
-        thread; what is still queued or running at the limit fails with `BatcherClosed`."""
+        thread; what is still queued or running at the limit fails with `BatcherClosed`. False when a backend call
+        still runs in the worker thread (hung, or slower than the limit): it is left there, as a thread cannot be
+        stopped, and counted by `calls_left_running`; the backend must not be closed under it."""
         self._closing = True
         self._arrived.set()
-        finished = self.fault is None
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except TimeoutError:
-                finished = False
                 self._task.cancel()
                 self._fail_all(
                     BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)")
@@ -202,8 +222,23 @@ class DynamicBatcher:
                     timeout,
                     extra={"event": "batcher_close_timeout"},
                 )
-        # a hung backend call holds the worker thread: never wait for it
-        self._executor.shutdown(wait=finished, cancel_futures=True)
+        # never join the worker thread here: on the event loop, a backend call hung in it (one that ran past
+        # `batch_timeout` while the queue finished, or past `timeout`) would block every coroutine
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        call = self._call
+        if call is None or call.future.done():
+            return True
+        _left_running.add(call.future)
+        call.future.add_done_callback(_left_running.discard)
+        running = asyncio.get_running_loop().time() - call.started
+        log.warning(
+            "a backend call of %d rows is still running after %.1f s: it is left in its thread, and its model stays "
+            "open under it",
+            call.rows,
+            running,
+            extra={"event": "backend_call_left_running", "rows": call.rows, "running_s": round(running, 3)},
+        )
+        return False
 
     def _check_room(self, rows: int) -> None:
         """Raise unless `rows` more rows fit in the queue beside those queued and those admitted."""
@@ -378,7 +413,8 @@ class DynamicBatcher:
             else:
                 self._busy = True
                 try:
-                    results = await self._watched(loop.run_in_executor(self._executor, self._timed_infer, inputs))
+                    self._call = _Call(self._executor.submit(self._timed_infer, inputs), len(batch), now)
+                    results = await self._watched(asyncio.wrap_future(self._call.future))
                 finally:
                     self._busy = False
         except _Hung:

@@ -10,6 +10,7 @@ Reload call may have the host load: nothing without an admin token, a named fold
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -363,14 +364,17 @@ class ModelRuntime:
         )
 
     async def close(self, timeout: float | None = None) -> None:
-        """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend."""
-        await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout)
-        self.release()
+        """Finish the queued rows within `timeout` seconds (default: SHUTDOWN_GRACE_S), then release the backend,
+        unless a call still runs in it: closing it would free what the call uses, so it stays open until the process
+        exits."""
+        self.release(backend=await self.batcher.close(self.settings.shutdown_grace_s if timeout is None else timeout))
 
-    def release(self) -> None:
-        """Release the tokenizing threads and the backend; what is being tokenized then meets the closed batcher."""
+    def release(self, backend: bool = True) -> None:
+        """Release the tokenizing threads and, with `backend`, the backend; what is being tokenized then meets the
+        closed batcher."""
         self._tokenizing.shutdown(wait=False)
-        self.backend.close()
+        if backend:
+            self.backend.close()
 
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
@@ -423,6 +427,7 @@ class ModelHost:
         self.fault: ServerFault | None = None
         self.faulted = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._reloads: set[asyncio.Task] = set()
 
     @property
     def draining(self) -> bool:
@@ -477,9 +482,9 @@ class ModelHost:
 
     async def _swap(self, runtime: ModelRuntime) -> ModelRuntime | None:
         try:
-            await asyncio.to_thread(runtime.warm_up)
-            if self.draining:  # shutdown began while this runtime loaded or warmed up
-                raise NotReady("the server is shutting down; the new model was not installed")
+            self._refuse_at_shutdown()  # shutdown began while this runtime loaded
+            await finish_in_thread(runtime.warm_up)
+            self._refuse_at_shutdown()  # ... or while it warmed up
             await runtime.start()
         except BaseException:
             await runtime.close()
@@ -500,22 +505,37 @@ class ModelHost:
             await previous.close()
         return previous
 
+    def _refuse_at_shutdown(self) -> None:
+        if self.draining:
+            raise NotReady("the server is shutting down; the new model was not installed")
+
     async def reload(
-        self, folder: str | Path | None = None, trigger: str = "a Reload call"
+        self, folder: str | Path | None = None, trigger: str = "a Reload call", then: Callable[[], None] | None = None
     ) -> tuple[ModelRuntime, ModelRuntime | None]:
         """Load `folder` (default: the folder being served) and swap it in; on failure keep serving the old one.
-        `trigger` (what asked for it) goes in the log lines, with the request id of a Reload call."""
+        `trigger` (what asked for it) goes in the log lines, with the request id of a Reload call; `then` runs once the
+        new model serves and the old one is closed. The reload runs in a task of its own, to its end: a caller
+        cancelled meanwhile (a Reload call past its deadline) leaves it to end with `model_active` or
+        `reload_failed` in the log, and `then` to run."""
+        task = asyncio.get_running_loop().create_task(self._reload(folder, trigger, then), name="reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reload_done)
+        return await asyncio.shield(task)
+
+    def _reload_done(self, task: asyncio.Task) -> None:
+        self._reloads.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen: `_reload` logged it, and a caller that went away never reads it
+
+    async def _reload(
+        self, folder: str | Path | None, trigger: str, then: Callable[[], None] | None
+    ) -> tuple[ModelRuntime, ModelRuntime | None]:
         async with self._lock:
             folder = Path(folder) if folder else self.folder
-            log.info(
-                "reloading %s on %s",
-                folder,
-                trigger,
-                extra={"event": "reload_started", "folder": str(folder), "trigger": trigger},
-            )
+            about = {"folder": str(folder), "trigger": trigger}
+            log.info("reloading %s on %s", folder, trigger, extra={"event": "reload_started"} | about)
             try:
-                if self.draining:
-                    raise NotReady("the server is shutting down; no reload")
+                self._refuse_at_shutdown()
                 runtime = await asyncio.to_thread(self.load, folder, self.settings, self.metrics, self.on_fault)
                 previous = await self._swap(runtime)
             except (BundleRejected, OSError) as err:  # OSError: a file the file system refuses (permission, name)
@@ -523,10 +543,18 @@ class ModelHost:
                     "reload of %s failed, the current model keeps serving: %s",
                     folder,
                     err,
-                    extra={"event": "reload_failed", "folder": str(folder), "trigger": trigger},
+                    extra={"event": "reload_failed"} | about,
                 )
                 raise ReloadFailed(f"reload of {folder} failed, the current model keeps serving: {err}") from err
-            return runtime, previous
+            except NotReady as err:
+                log.warning("reload of %s ended: %s", folder, err, extra={"event": "reload_failed"} | about)
+                raise
+            except Exception as err:  # the server's own error, not the bundle's
+                log.error("reload of %s failed", folder, exc_info=err, extra={"event": "reload_failed"} | about)
+                raise
+        if then is not None:
+            then()
+        return runtime, previous
 
     async def dispatch(self, name: str, version: str, work) -> tuple[ModelRuntime, object]:
         """`await work(runtime)` on the runtime for `name`/`version`; retried once the runtime was swapped meanwhile."""
@@ -540,8 +568,24 @@ class ModelHost:
 
     async def close(self, timeout: float | None = None) -> None:
         """Install nothing more; close the current runtime, its queue given `timeout` seconds (default:
-        SHUTDOWN_GRACE_S)."""
+        SHUTDOWN_GRACE_S), then wait for the reloads under way to end: one loading or warming up a model finishes
+        that step in its thread (a thread cannot be stopped), then closes that model."""
         self.shutting_down.set()
         if self.current is not None:
             runtime, self.current = self.current, None
             await runtime.close(timeout)
+        if self._reloads:
+            await asyncio.wait(set(self._reloads))
+
+
+async def finish_in_thread(function: Callable[[], None]) -> None:
+    """`function()` in a thread of the loop's executor, in the caller's context. A caller cancelled meanwhile waits
+    for it to return, as a thread cannot be stopped, so that what it uses is not released under it; then the
+    cancellation goes on."""
+    call = asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, function)
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        call.exception()  # seen: the caller was cancelled, which is the news
+        raise

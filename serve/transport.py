@@ -337,9 +337,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     @handles_errors
     async def Reload(self, request, context):
         folder = reload_folder(request.bundle_path, self.settings, worker=self.supervisor is not None)
-        runtime, previous = await self.host.reload(folder, f"a Reload call from {caller(context)}")
-        if self.supervisor is not None:
-            self.supervisor.reloaded()
+        reloaded = None if self.supervisor is None else self.supervisor.reloaded
+        runtime, previous = await self.host.reload(folder, f"a Reload call from {caller(context)}", reloaded)
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
         if previous is not None:
             reply.previous.CopyFrom(model_info(previous))

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, pad_rows
+from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from edgedistill.serve.settings import Settings
@@ -590,6 +590,52 @@ def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
         gate.set()
     assert isinstance(result, BatcherClosed)
     assert hung, "close waited for the hung call instead of giving up at its time limit"
+
+
+def test_close_counts_a_hung_call_it_gives_up_on_as_left_running():
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b = batcher(backend, max_delay=0.0)
+        b.start()
+        held = asyncio.ensure_future(b.submit([row(1)]))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        await b.close(timeout=0.2)
+        await asyncio.gather(held, return_exceptions=True)
+        return calls_left_running()
+
+    try:
+        left = asyncio.run(main())
+    finally:
+        gate.set()
+        backend.returned.wait(10)
+    assert left == 1
+
+
+def test_close_returns_at_the_time_limit_of_a_batch_that_hangs_while_it_closes():
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    release = threading.Timer(3.0, gate.set)  # the hung call returns 3 s on
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, batch_timeout=0.2)
+        b.start()
+        held = asyncio.ensure_future(b.submit([row(1)]))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        release.start()
+        started = time.monotonic()
+        await b.close(timeout=5)  # past the batch's time limit: the call faults while close waits
+        closing = time.monotonic() - started
+        await asyncio.gather(held, return_exceptions=True)
+        return closing
+
+    try:
+        closing = asyncio.run(main())
+    finally:
+        release.cancel()
+        gate.set()
+    assert closing < 2, "close waited on the event loop for the hung call's thread"
 
 
 def test_a_request_over_max_batch_size_at_light_load_is_split_into_calls_within_it():

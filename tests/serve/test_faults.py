@@ -6,6 +6,7 @@ these keep many clients calling the whole time and time what they see.
 
 import asyncio
 import json
+import logging
 import signal
 import statistics
 import subprocess
@@ -21,7 +22,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import TensorSpec
 from edgedistill.serve.app import EXIT_FAULT
 from edgedistill.serve.errors import BundleRejected, NotReady
-from edgedistill.serve.host import ModelRuntime
+from edgedistill.serve.host import ModelHost, ModelRuntime
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -370,7 +371,10 @@ def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle, inline_infe
         proc.wait(10)
 
 
-def test_a_reload_finishing_after_shutdown_began_installs_nothing(start_server, bundle, make_bundle, monkeypatch):
+@pytest.fixture
+def reload_at_shutdown(start_server, bundle, make_bundle, monkeypatch, caplog) -> tuple[bool, object, set[str]]:
+    """A reload warming its model up (1 s) when the server stops: whether it had ended once `stop` returned, the
+    server's model after, and the events the host logged."""
     server = start_server(settings_for(bundle))
     warm_up = ModelRuntime.warm_up
 
@@ -379,12 +383,67 @@ def test_a_reload_finishing_after_shutdown_began_installs_nothing(start_server, 
         warm_up(runtime)
 
     monkeypatch.setattr(ModelRuntime, "warm_up", slow_warm_up)
-    reload = asyncio.run_coroutine_threadsafe(server.server.reload(make_bundle(version="2")), server.loop)
-    time.sleep(0.3)  # the new model is warming up
-    server.call(server.server.stop(0))
-    with pytest.raises(NotReady):
-        reload.result(10)
-    assert server.server.host.current is None
+    with caplog.at_level(logging.INFO, logger=serve_host.__name__):
+        reload = asyncio.run_coroutine_threadsafe(server.server.reload(make_bundle(version="2")), server.loop)
+        time.sleep(0.3)  # the new model is warming up
+        server.call(server.server.stop(0))
+        ended = reload.done()
+        with pytest.raises(NotReady):
+            reload.result(10)
+    return ended, server.server.host.current, {record.event for record in caplog.records if hasattr(record, "event")}
+
+
+def test_a_reload_finishing_after_shutdown_began_installs_nothing(reload_at_shutdown):
+    _, current, _ = reload_at_shutdown
+    assert current is None
+
+
+def test_a_stop_waits_for_a_reload_under_way_to_end(reload_at_shutdown):
+    ended, _, _ = reload_at_shutdown
+    assert ended
+
+
+def test_a_reload_under_way_at_shutdown_logs_its_end_as_failed(reload_at_shutdown):
+    _, _, events = reload_at_shutdown
+    assert "reload_failed" in events
+
+
+def test_closing_a_model_leaves_its_backend_open_under_a_call_still_running(bundle):
+    runtime = ModelRuntime.load(bundle, settings_for(bundle, inline_infer_ms=0))
+    gate, entered, closed = threading.Event(), threading.Event(), []
+    runtime.batcher.infer = lambda inputs: entered.set() or gate.wait(30)
+    runtime.backend.close = lambda: closed.append(True)
+
+    async def main():
+        await runtime.start()
+        call = asyncio.ensure_future(runtime.classify(KNOWN, None, None))
+        await asyncio.to_thread(entered.wait, 10)
+        await runtime.close(0.2)
+        await asyncio.gather(call, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+    assert not closed
+
+
+def test_a_model_whose_warm_up_is_cancelled_is_closed_only_once_its_warm_up_returned(bundle):
+    runtime = ModelRuntime.load(bundle, settings_for(bundle))
+    warmed, closes = threading.Event(), []
+    release = runtime.backend.close
+    runtime.warm_up = lambda: time.sleep(1.0) or warmed.set()
+    runtime.backend.close = lambda: closes.append(warmed.is_set())
+
+    async def main():
+        activating = asyncio.ensure_future(ModelHost(settings_for(bundle)).activate(runtime))
+        await asyncio.sleep(0.3)  # warming up
+        activating.cancel()
+        await asyncio.gather(activating, return_exceptions=True)
+
+    asyncio.run(main())
+    release()
+    assert closes == [True]
 
 
 def test_an_os_error_while_reloading_is_a_failed_reload_with_its_reason(start_server, make_bundle, monkeypatch):
@@ -456,3 +515,45 @@ def test_warm_up_refuses_a_tokenizer_that_keeps_nothing_of_plain_words(make_bund
             runtime.warm_up()
     finally:
         asyncio.run(runtime.close())
+
+
+@pytest.fixture(scope="module")
+def stopped_with_a_call_hung(bundle) -> tuple[int | None, list[dict]]:
+    """A server whose backend call hangs, stopped by SIGTERM before the call's time limit (BATCH_TIMEOUT_S 60 s, past
+    SHUTDOWN_GRACE_S 1 s): its exit status within 15 s (None: still running), and its log lines."""
+    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+               "--batch-timeout-s", "60", "--shutdown-grace-s", "1", "--metrics-port", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(json.loads(line))
+            if lines[-1].get("event") == "serving":
+                break
+        address = f"127.0.0.1:{lines[-1]['port']}"
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
+            classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=1)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            status = None
+        proc.kill()
+        lines += [json.loads(line) for line in proc.stdout]
+        return status, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_sigterm_with_a_backend_call_hung_exits_zero_without_waiting_for_it(stopped_with_a_call_hung):
+    status, _ = stopped_with_a_call_hung
+    assert status == 0
+
+
+def test_sigterm_with_a_backend_call_hung_logs_the_call_left_running(stopped_with_a_call_hung):
+    _, lines = stopped_with_a_call_hung
+    assert "backend_call_left_running" in {entry.get("event") for entry in lines}

@@ -100,6 +100,11 @@ def capture_json(caplog) -> None:
     caplog.clear()
 
 
+def logged_events(caplog) -> set[str]:
+    """The events of the JSON lines captured so far (`capture_json`)."""
+    return {json.loads(line).get("event") for line in caplog.text.splitlines()}
+
+
 def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
     """Stop `server` (a grace of 0.3 s) while a Classify call is held in the tokenizer; `cancel_it`: its client
     cancels it meanwhile, before the grace runs out. The client's status code, the server's scrape after it stopped
@@ -700,6 +705,60 @@ def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_serv
     (started,) = [e for e in map(json.loads, caplog.text.splitlines()) if e.get("event") == "reload_started"]
     assert started["trigger"].startswith("a Reload call from ipv4:127.0.0.1:")
     assert started["request_id"] == "swap-1"
+
+
+@pytest.fixture
+def reload_past_its_deadline(start_server, make_bundle, monkeypatch, caplog) -> tuple[grpc.StatusCode, str, list]:
+    """A Reload onto version 2, whose warm-up (1.5 s) outlasts the call's 0.5 s deadline: the call's status code, the
+    version served once the server logged the reload's end (at most 10 s on), and the server's log lines."""
+    first = make_bundle("v1")
+    server = start_server(settings_for(first, admin_token=ADMIN_TOKEN, reload_root=first.parent))
+    second = make_bundle("v2", version="2")
+    warm_up = serve_host.ModelRuntime.warm_up
+
+    def slow_warm_up(runtime):
+        time.sleep(1.5)
+        warm_up(runtime)
+
+    monkeypatch.setattr(serve_host.ModelRuntime, "warm_up", slow_warm_up)
+    capture_json(caplog)
+    with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Reload(pb.ReloadRequest(bundle_path=str(second)), metadata=ADMIN, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not {"model_active", "reload_failed"} & logged_events(caplog):
+            time.sleep(0.05)
+        served = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).version
+    return caught.value.code(), served, [json.loads(line) for line in caplog.text.splitlines()]
+
+
+def test_a_reload_whose_call_passes_its_deadline_leaves_the_caller_deadline_exceeded(reload_past_its_deadline):
+    code, _, _ = reload_past_its_deadline
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_reload_whose_call_passes_its_deadline_goes_on_to_serve_the_new_model(reload_past_its_deadline):
+    _, served, _ = reload_past_its_deadline
+    assert served == "2"
+
+
+def test_a_reload_whose_call_passes_its_deadline_logs_the_new_model_active(reload_past_its_deadline):
+    _, _, lines = reload_past_its_deadline
+    assert [e["model"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
+
+
+def test_a_reload_whose_caller_is_cancelled_still_runs_its_then_once_the_new_model_serves(
+    start_server, make_bundle, monkeypatch
+):
+    server = start_server(settings_for(make_bundle("v1")))
+    warm_up = serve_host.ModelRuntime.warm_up
+    monkeypatch.setattr(serve_host.ModelRuntime, "warm_up", lambda runtime: time.sleep(1.0) or warm_up(runtime))
+    told = threading.Event()  # as a worker tells its supervisor, for the other workers to reload
+    caller = asyncio.run_coroutine_threadsafe(server.server.host.reload(then=told.set), server.loop)
+    time.sleep(0.3)  # the new model is warming up
+    caller.cancel()
+    assert told.wait(10)
 
 
 @pytest.mark.parametrize("kind", ["corrupted", "missing"])
