@@ -261,12 +261,13 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         providers = runner.providers
     run = validate.logits_runner(runner)
     try:  # an engine holds device memory and a CUDA stream until it is closed
-        shapes = validate.check_shapes(run, source, spec.precision == "fp32", length)
+        shapes = validate.check_shapes(run, source, spec.precision, length)
         exported_logits = validate.dev_logits(
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )
     finally:
         runner.close()
+    validate.require_finite(exported_logits, f"{bundle_id} on dev", spec.precision)
     cfg = recipe.export
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
