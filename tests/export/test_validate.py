@@ -1,4 +1,5 @@
-"""The shape checks and the dev check of `export.validate`: a non-finite logit misses the gate."""
+"""The shape checks and the dev check of `export.validate`: a non-finite logit, or an fp32 graph off by more than
+the tolerance, misses the gate."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,7 @@ import torch
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.distill import heads
 from edgedistill.export.onnx_export import Source
-from edgedistill.export.validate import ExportGateError, check_shapes, require_finite
+from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, ExportGateError, check_shapes, require_finite
 
 from tests.distill import extension
 
@@ -43,3 +44,11 @@ def test_a_nan_logit_at_one_shape_misses_the_gate_naming_the_shape(source, preci
 def test_an_infinite_dev_logit_misses_the_gate():
     with pytest.raises(ExportGateError, match="the fp16 graph gives 1 NaN or infinite logits of 4"):
         require_finite(np.array([[0.5, np.inf], [0.1, 0.2]]), "bundle on dev", "fp16")
+
+
+def test_an_fp32_graph_off_by_more_than_the_tolerance_misses_the_gate(source):
+    def off(logits, batch, length):
+        return logits + 2 * FP32_SHAPE_TOLERANCE
+
+    with pytest.raises(ExportGateError, match=r"max \|Δlogit\| 2.00e-03 against PyTorch at batch 1, length 1"):
+        check_shapes(runner(source, off), source, "fp32", 64)
