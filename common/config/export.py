@@ -5,6 +5,10 @@ from typing import Literal
 from edgedistill.common.config.strict import Strict
 from pydantic import Field, model_validator
 
+# Dynamic INT8's settings, and every setting an engine (runtime: tensorrt) would not apply.
+DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
+ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
+
 
 class BundleRecipe(Strict):
     """How one bundle is built: from the teacher or a student, at a precision, for a runtime."""
@@ -68,10 +72,30 @@ class BundleRecipe(Strict):
 
     @model_validator(mode="after")
     def _static_int8_sets_its_own_choices(self):
-        if self.quantization == "static" and (given := sorted(self.model_fields_set & {"per_channel", "int8_ops"})):
+        if self.quantization == "static" and (given := sorted(self.model_fields_set & DYNAMIC_INT8)):
             raise ValueError(
                 "quantization: static quantizes MatMul and Conv (and a GPT teacher's Gemm) with weights per channel, "
                 f"so {given} would not apply: they are dynamic INT8 settings (remove them)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _int8_settings_need_int8(self):
+        if self.precision != "int8" and (given := sorted(self.model_fields_set & {"quantization", *DYNAMIC_INT8})):
+            keys = ", ".join(given)
+            raise ValueError(
+                f"{keys} would not apply: INT8 settings, and precision is {self.precision} (remove {keys}, or set "
+                "precision: int8)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tensorrt_takes_no_onnxruntime_settings(self):
+        if self.runtime == "tensorrt" and (given := sorted(self.model_fields_set & ONNXRUNTIME_ONLY)):
+            keys = ", ".join(given)
+            raise ValueError(
+                f"{keys} would not apply: ONNX Runtime settings, and runtime: tensorrt builds an engine from the plain "
+                f"graph, which TensorRT fuses, calibrates and runs on the GPU its own way (remove {keys})"
             )
         return self
 
