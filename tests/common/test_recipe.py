@@ -1016,3 +1016,11 @@ def test_smoothing_a_student_whose_graph_is_not_fused_is_refused_at_load(student
     smoothed = {"source": student, "precision": "int8", "smooth": 0.5}
     with pytest.raises(RecipeError, match=r"export\.bundles\.extra\.smooth needs a fused graph"):
         load_recipe(SMOKE, {f"export.bundles.extra.{k}": v for k, v in smoothed.items()})
+
+
+def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_refused_at_load():
+    engine = {"export.calibration_sentences": 4, "export.bundles.bilstm-engine.precision": "int8"}
+    with pytest.raises(
+        RecipeError, match=r"export\.calibration_sentences=4: the TensorRT INT8 bundles \['bilstm-engine'\]"
+    ):
+        load_recipe(SMOKE, engine)
