@@ -352,13 +352,24 @@ def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
     if only:
         return list(only)
     ids = []
-    for bundle_id, spec in recipe.export.bundles.items():
-        reason = missing_here(spec.runtime, spec.providers)
+    for bundle_id in recipe.export.bundles:
+        reason = missing_for(recipe, bundle_id)
         if reason is None:
             ids.append(bundle_id)
         else:
-            print(f"[bundle-{bundle_id}] not built here: {reason} (name it with --only for the whole error)")
+            left_out(bundle_id, reason)
     return ids
+
+
+def missing_for(recipe: Recipe, bundle_id: str) -> str | None:
+    """Why this machine cannot run bundle `bundle_id` (its runtime or execution provider is absent), or None."""
+    spec = recipe.export.bundles[bundle_id]
+    return missing_here(spec.runtime, spec.providers)
+
+
+def left_out(name: str, reason: str) -> None:
+    """Say that `bundle-<name>` is not built on this machine, and why."""
+    print(f"[bundle-{name}] not built here: {reason} (name it with --only for the whole error)")
 
 
 def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
