@@ -257,7 +257,14 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     else:
         graph, fused, smoothed, quantized = _transform(spec, source, plain, work, calibration, train_calibration)
         shutil.copy2(graph, model)
-        runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
+        runner = open_runner(
+            model,
+            spec.runtime,
+            spec.providers,
+            threads=CHECK_THREADS,
+            disabled_optimizers=disabled,
+            precision=spec.precision,
+        )
         providers = runner.providers
     run = validate.logits_runner(runner)
     try:  # an engine holds device memory and a CUDA stream until it is closed
