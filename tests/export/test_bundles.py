@@ -375,7 +375,7 @@ def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses
 
     monkeypatch.setattr(validate, "logits_runner", off)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
-    assert export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32").returncode == 1
+    assert export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32", "--force").returncode == 1
 
 
 @pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
