@@ -79,10 +79,15 @@ class Recipe(Strict):
                         f"export.bundles.{bundle_id}.source={bundle.source!r} is neither teacher nor one of "
                         f"distill.students {sorted(students)}: drop the bundle too (export.bundles.{bundle_id}: null)"
                     )
-                if bundle.fold and (
-                    bundle.source == "teacher" or self.distill.students[bundle.source].model.arch != "cnn"
-                ):
+                arch = "teacher" if bundle.source == "teacher" else self.distill.students[bundle.source].model.arch
+                if bundle.fold and arch != "cnn":
                     raise ValueError(f"export.bundles.{bundle_id}.fold: true needs a CNN student as its source")
+                if bundle.smooth is not None and arch not in ("teacher", "transformer"):
+                    raise ValueError(
+                        f"export.bundles.{bundle_id}.smooth needs a fused graph, the teacher's or a transformer "
+                        f"student's: {bundle.source} is a {arch}, whose graph has no LayerNorm or GELU feeding a MatMul "
+                        "(remove smooth)"
+                    )
         return self
 
     @model_validator(mode="after")

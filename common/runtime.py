@@ -80,9 +80,10 @@ def available_providers() -> list[str]:
     return ort.get_available_providers()
 
 
-def provider_options(provider: str) -> dict:
-    """Options for one provider: CUDA picks cuDNN algorithms by heuristic; TensorRT gets FP16 and engine and timing
-    caches in `common.settings.trt_cache()`."""
+def provider_options(provider: str, precision: str) -> dict:
+    """Options for one provider running a model of `precision` (a bundle's: fp32, fp16 or int8): CUDA picks cuDNN
+    algorithms by heuristic; TensorRT gets engine and timing caches in `common.settings.trt_cache()`, and FP16
+    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -92,7 +93,7 @@ def provider_options(provider: str) -> dict:
         return {}
     cache = str(settings.trt_cache())
     return {
-        "trt_fp16_enable": True,
+        "trt_fp16_enable": precision == "fp16",
         # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
         "trt_engine_cache_enable": True,
         "trt_engine_cache_path": cache,
@@ -124,14 +125,16 @@ def open_session(
     spin: bool = False,
     disabled_optimizers: list[str] | None = None,
     allow_cpu_fallback: bool = False,
+    precision: str = "fp32",
 ) -> ort.InferenceSession:
     """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
 
     With `model`, the session is built from those bytes (the file at `model_path`, already read and verified)
     and the file is not opened again; `model_path` still names it in messages and places TensorRT's caches.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
-    wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list). With
-    `allow_cpu_fallback` a provider that is not active is logged as a warning and the session returned anyway.
+    wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
+    model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
+    and the session returned anyway.
     A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
@@ -150,7 +153,7 @@ def open_session(
     offered = available_providers()
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.
-    usable = [(p, provider_options(p)) for p in requested if p in offered]
+    usable = [(p, provider_options(p, precision)) for p in requested if p in offered]
     try:
         session = ort.InferenceSession(
             str(model_path) if model is None else model,
@@ -457,6 +460,7 @@ def open_runner(
     spin: bool = False,
     disabled_optimizers: list[str] | None = None,
     allow_cpu_fallback: bool = False,
+    precision: str = "fp32",
 ) -> Runner:
     """A `Runner` for `model_path` (from its bytes `model`, where given) on `runtime` ('onnxruntime' or 'tensorrt').
 
@@ -473,6 +477,7 @@ def open_runner(
                 spin=spin,
                 disabled_optimizers=disabled_optimizers,
                 allow_cpu_fallback=allow_cpu_fallback,
+                precision=precision,
             )
         )
     if runtime == "tensorrt":
@@ -508,7 +513,7 @@ def open_bundle(
 ) -> Runner:
     """A `Runner` for a loaded bundle (from `model`, its model file's verified bytes, where given: see
     `common.bundle.read_bundle`), on `providers` (empty or None: the bundle's), with the bundle's disabled
-    optimizers; `ArtifactError` when the model's inputs, outputs or profile disagree with its spec."""
+    optimizers, at its precision; `ArtifactError` when the model's inputs, outputs or profile disagree with its spec."""
     spec = bundle.spec
     runner = open_runner(
         bundle.model_path,
@@ -519,6 +524,7 @@ def open_bundle(
         spin=spin,
         disabled_optimizers=spec.disabled_optimizers,
         allow_cpu_fallback=allow_cpu_fallback,
+        precision=spec.precision,
     )
     problem = _io_mismatch(runner, spec, bundle.model_path)
     if problem is not None:

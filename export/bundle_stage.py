@@ -257,16 +257,24 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     else:
         graph, fused, smoothed, quantized = _transform(spec, source, plain, work, calibration, train_calibration)
         shutil.copy2(graph, model)
-        runner = open_runner(model, spec.runtime, spec.providers, threads=CHECK_THREADS, disabled_optimizers=disabled)
+        runner = open_runner(
+            model,
+            spec.runtime,
+            spec.providers,
+            threads=CHECK_THREADS,
+            disabled_optimizers=disabled,
+            precision=spec.precision,
+        )
         providers = runner.providers
     run = validate.logits_runner(runner)
     try:  # an engine holds device memory and a CUDA stream until it is closed
-        shapes = validate.check_shapes(run, source, spec.precision == "fp32", length)
+        shapes = validate.check_shapes(run, source, spec.precision, length)
         exported_logits = validate.dev_logits(
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )
     finally:
         runner.close()
+    validate.require_finite(exported_logits, f"{bundle_id} on dev", spec.precision)
     cfg = recipe.export
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
@@ -351,13 +359,24 @@ def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
     if only:
         return list(only)
     ids = []
-    for bundle_id, spec in recipe.export.bundles.items():
-        reason = missing_here(spec.runtime, spec.providers)
+    for bundle_id in recipe.export.bundles:
+        reason = missing_for(recipe, bundle_id)
         if reason is None:
             ids.append(bundle_id)
         else:
-            print(f"[bundle-{bundle_id}] not built here: {reason} (name it with --only for the whole error)")
+            left_out(bundle_id, reason)
     return ids
+
+
+def missing_for(recipe: Recipe, bundle_id: str) -> str | None:
+    """Why this machine cannot run bundle `bundle_id` (its runtime or execution provider is absent), or None."""
+    spec = recipe.export.bundles[bundle_id]
+    return missing_here(spec.runtime, spec.providers)
+
+
+def left_out(name: str, reason: str) -> None:
+    """Say that `bundle-<name>` is not built on this machine, and why."""
+    print(f"[bundle-{name}] not built here: {reason} (name it with --only for the whole error)")
 
 
 def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:

@@ -246,7 +246,24 @@ def members_line(accuracy: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.4f}" for name, value in accuracy.items())
 
 
+def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
+    """The cascades to build: those named in `only`, else every cascade whose members this machine can run.
+
+    A cascade of a bundle that `bundle_stage.buildable` leaves out is left out too, naming that member and the
+    reason. Named with `--only`, such a cascade fails with the full error.
+    """
+    if only is not None:
+        return [name for name in recipe.export.cascades if name in only]
+    names = []
+    for name, spec in recipe.export.cascades.items():
+        reasons = [f"member {m}: {r}" for m in spec.members if (r := bundle_stage.missing_for(recipe, m)) is not None]
+        if reasons:
+            bundle_stage.left_out(name, "; ".join(reasons))
+        else:
+            names.append(name)
+    return names
+
+
 def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
-    """Every cascade of the recipe (or those in `only`) whose members are built."""
-    names = [n for n in recipe.export.cascades if only is None or n in only]
-    return [stage(recipe, name).run(force) for name in names]
+    """Every cascade of the recipe this machine can run the members of (or those in `only`)."""
+    return [stage(recipe, name).run(force) for name in buildable(recipe, only)]

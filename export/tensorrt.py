@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgedistill.common.atomic import atomic_write
+from edgedistill.common.config.export import ENGINE_BATCH
 from edgedistill.common.runtime import Cuda, require_tensorrt, tensorrt_logger
 
 # Layers whose FP16 versions lose accuracy: softmax and normalization reduce over a whole axis.
@@ -144,7 +145,7 @@ def build_engine(
     onnx_path: str | Path,
     plan_path: str | Path,
     inputs: list[str],
-    batch: tuple[int, int, int] = (1, 8, 64),
+    batch: tuple[int, int, int] = ENGINE_BATCH,
     sequence: tuple[int, int, int] = (1, 64, 128),
     fp16: bool = True,
     int8: bool = False,

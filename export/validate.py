@@ -34,9 +34,9 @@ def torch_forward(source: Source):
     return lambda batch: source.module(*(batch[n] for n in source.inputs))
 
 
-def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str, float]:
+def check_shapes(run, source: Source, precision: str, max_length: int) -> dict[str, float]:
     """Run batch sizes 1, 3, 32 at several lengths up to `max_length` (a graph with a hard-coded batch or
-    length fails here)."""
+    length fails here); an fp32 graph's logits must also be within `FP32_SHAPE_TOLERANCE` of PyTorch's."""
     worst = {}
     for batch, length in sorted({(b, min(t, max_length)) for b, t in SHAPES}):
         inputs = example_inputs(source.inputs, batch, length)
@@ -50,11 +50,31 @@ def check_shapes(run, source: Source, exact: bool, max_length: int) -> dict[str,
             raise ExportError(
                 f"{source.arch}: output shape {got.shape} at batch {batch}, length {length}; want {want.shape}"
             )
+        require_finite(got, f"{source.arch} at batch {batch}, length {length}", precision)
         diff = float(np.abs(got - want).max())
-        if exact and diff > FP32_SHAPE_TOLERANCE:
-            raise ExportError(f"{source.arch}: max |Δlogit| {diff:.2e} at batch {batch}, length {length} (fp32 graph)")
+        if precision == "fp32" and not diff <= FP32_SHAPE_TOLERANCE:
+            unfused = (
+                " (fused: false builds a Transformer without ONNX Runtime's fused kernels)"
+                if source.is_transformer
+                else ""
+            )
+            raise ExportGateError(
+                f"{source.arch}: max |Δlogit| {diff:.2e} against PyTorch at batch {batch}, length {length}, over the "
+                f"fp32 tolerance {FP32_SHAPE_TOLERANCE}{unfused}"
+            )
         worst[f"b{batch}_t{length}"] = diff
     return worst
+
+
+def require_finite(logits: np.ndarray, where: str, precision: str) -> None:
+    """Raise `ExportGateError` when exported `logits` hold a NaN or an infinity, which no precision's gate accepts."""
+    finite = np.isfinite(logits)
+    if not finite.all():
+        overflow = " (half precision overflows: build it with precision: fp32)" if precision == "fp16" else ""
+        raise ExportGateError(
+            f"{where}: the {precision} graph gives {finite.size - finite.sum()} NaN or infinite logits of "
+            f"{finite.size}{overflow}"
+        )
 
 
 def parity(

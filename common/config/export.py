@@ -5,6 +5,12 @@ from typing import Literal
 from edgedistill.common.config.strict import Strict
 from pydantic import Field, model_validator
 
+# Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
+ENGINE_BATCH = (1, 8, 64)
+# Dynamic INT8's settings, and every setting an engine (runtime: tensorrt) would not apply.
+DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
+ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
+
 
 class BundleRecipe(Strict):
     """How one bundle is built: from the teacher or a student, at a precision, for a runtime."""
@@ -68,10 +74,30 @@ class BundleRecipe(Strict):
 
     @model_validator(mode="after")
     def _static_int8_sets_its_own_choices(self):
-        if self.quantization == "static" and (given := sorted(self.model_fields_set & {"per_channel", "int8_ops"})):
+        if self.quantization == "static" and (given := sorted(self.model_fields_set & DYNAMIC_INT8)):
             raise ValueError(
                 "quantization: static quantizes MatMul and Conv (and a GPT teacher's Gemm) with weights per channel, "
                 f"so {given} would not apply: they are dynamic INT8 settings (remove them)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _int8_settings_need_int8(self):
+        if self.precision != "int8" and (given := sorted(self.model_fields_set & {"quantization", *DYNAMIC_INT8})):
+            keys = ", ".join(given)
+            raise ValueError(
+                f"{keys} would not apply: INT8 settings, and precision is {self.precision} (remove {keys}, or set "
+                "precision: int8)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tensorrt_takes_no_onnxruntime_settings(self):
+        if self.runtime == "tensorrt" and (given := sorted(self.model_fields_set & ONNXRUNTIME_ONLY)):
+            keys = ", ".join(given)
+            raise ValueError(
+                f"{keys} would not apply: ONNX Runtime settings, and runtime: tensorrt builds an engine from the plain "
+                f"graph, which TensorRT fuses, calibrates and runs on the GPU its own way (remove {keys})"
             )
         return self
 
@@ -147,7 +173,10 @@ class ExportConfig(Strict):
         "against the agreement gates, as transfer.tie_margin does for labels",
     )
     calibration_sentences: int = Field(
-        256, gt=0, description="calibration sentences: transfer-set ones for static INT8, train ones for `smooth`"
+        256,
+        gt=0,
+        description="calibration sentences: transfer-set ones for static INT8 and TensorRT INT8 (at least 8 there, "
+        "the engine's opt batch), train ones for `smooth`",
     )
 
     @property
@@ -163,6 +192,19 @@ class ExportConfig(Strict):
             raise ValueError(
                 f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)} or export.cascades "
                 f"{sorted(self.cascades)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_calibration_fills_a_batch(self):
+        engines = [
+            name for name, spec in self.bundles.items() if spec.runtime == "tensorrt" and spec.precision == "int8"
+        ]
+        if engines and self.calibration_sentences < ENGINE_BATCH[1]:
+            raise ValueError(
+                f"export.calibration_sentences={self.calibration_sentences}: the TensorRT INT8 bundles {engines} "
+                f"calibrate on batches of {ENGINE_BATCH[1]} sentences (their profile's opt batch): set it to at least "
+                f"{ENGINE_BATCH[1]}"
             )
         return self
 

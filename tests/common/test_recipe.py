@@ -988,3 +988,39 @@ def test_an_override_the_recipe_needs_to_load_is_taken_by_a_command_that_does_no
 def test_an_environment_variable_that_sets_a_section_the_command_does_not_read_is_taken(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
     assert load_command_recipe(SMOKE, {}, "bench serving", "edgedistill bench serving").runtime.device == "cpu"
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"precision": "fp32", "per_channel": True}, "per_channel"),
+        ({"precision": "fp32", "int8_ops": ["MatMul"]}, "int8_ops"),
+        ({"precision": "fp16", "quantization": "static"}, "quantization"),
+        ({"runtime": "tensorrt", "attention": "MultiHeadAttention"}, "attention"),
+        ({"runtime": "tensorrt", "skip_layer_norm": False}, "skip_layer_norm"),
+        ({"runtime": "tensorrt", "precision": "int8", "quantization": "static"}, "quantization"),
+        ({"runtime": "tensorrt", "precision": "int8", "per_channel": True}, "per_channel"),
+        ({"runtime": "tensorrt", "precision": "int8", "int8_ops": ["MatMul"]}, "int8_ops"),
+        ({"runtime": "tensorrt", "providers": ["CUDAExecutionProvider"]}, "providers"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
+)
+def test_a_bundle_setting_its_precision_or_runtime_would_not_apply_is_refused_naming_it(settings, key):
+    bundle = {"export.bundles.extra.source": "teacher"} | {f"export.bundles.extra.{k}": v for k, v in settings.items()}
+    with pytest.raises(RecipeError, match=rf"export\.bundles\.extra: {key} would not apply"):
+        load_recipe(SMOKE, bundle)
+
+
+@pytest.mark.parametrize("student", ["bilstm", "cnn"])
+def test_smoothing_a_student_whose_graph_is_not_fused_is_refused_at_load(student):
+    smoothed = {"source": student, "precision": "int8", "smooth": 0.5}
+    with pytest.raises(RecipeError, match=r"export\.bundles\.extra\.smooth needs a fused graph"):
+        load_recipe(SMOKE, {f"export.bundles.extra.{k}": v for k, v in smoothed.items()})
+
+
+def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_refused_at_load():
+    engine = {"export.calibration_sentences": 4, "export.bundles.bilstm-engine.precision": "int8"}
+    with pytest.raises(
+        RecipeError, match=r"export\.calibration_sentences=4: the TensorRT INT8 bundles \['bilstm-engine'\]"
+    ):
+        load_recipe(SMOKE, engine)

@@ -197,9 +197,9 @@ def test_a_model_from_bytes_reads_no_file_of_the_working_directory(tmp_path, mon
         open_session(path, ["cpu"], model=model)
 
 
-def test_tensorrt_options_enable_fp16_and_cache_where_the_setting_says(tmp_path, monkeypatch):
+def test_tensorrt_options_enable_fp16_for_an_fp16_model_and_cache_where_the_setting_says(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "engines"))
-    assert provider_options("TensorrtExecutionProvider") == {
+    assert provider_options("TensorrtExecutionProvider", "fp16") == {
         "trt_fp16_enable": True,
         "trt_engine_cache_enable": True,
         "trt_engine_cache_path": str(tmp_path / "engines"),
@@ -211,17 +211,22 @@ def test_tensorrt_options_enable_fp16_and_cache_where_the_setting_says(tmp_path,
 def test_tensorrt_caches_in_the_users_cache_folder_not_in_the_bundle(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGEDISTILL_TRT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert provider_options("TensorrtExecutionProvider")["trt_engine_cache_path"] == str(
+    assert provider_options("TensorrtExecutionProvider", "fp16")["trt_engine_cache_path"] == str(
         tmp_path / "edgedistill" / "trt"
     )
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_tensorrt_runs_a_model_that_is_not_fp16_without_fp16_kernels(precision):
+    assert provider_options("TensorrtExecutionProvider", precision)["trt_fp16_enable"] is False
+
+
 def test_cuda_picks_cudnn_algorithms_by_heuristic():
-    assert provider_options("CUDAExecutionProvider") == {"cudnn_conv_algo_search": "HEURISTIC"}
+    assert provider_options("CUDAExecutionProvider", "fp32") == {"cudnn_conv_algo_search": "HEURISTIC"}
 
 
 def test_cpu_has_no_provider_options():
-    assert provider_options("CPUExecutionProvider") == {}
+    assert provider_options("CPUExecutionProvider", "fp32") == {}
 
 
 @pytest.mark.gpu

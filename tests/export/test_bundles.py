@@ -13,7 +13,7 @@ from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.runtime import available_providers, missing_here, open_runner, tensorrt_available
 from edgedistill.distill import heads
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.export import bundle_stage
+from edgedistill.export import bundle_stage, validate
 from edgedistill.export.bundle_stage import max_length, token_features
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
 from edgedistill.export.validate import (
@@ -364,6 +364,18 @@ def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bund
         else:
             assert f"[bundle-{bundle_id}] not built here: {reason}" in result.stdout
             assert not (smoke_bundles / f"bundle-{bundle_id}").exists()
+
+
+def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses_its_gate(
+    smoke_run, capsys, monkeypatch
+):
+    def off(runner):
+        run = logits_runner(runner)
+        return lambda feeds: run(feeds) + 2 * validate.FP32_SHAPE_TOLERANCE
+
+    monkeypatch.setattr(validate, "logits_runner", off)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
+    assert export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32", "--force").returncode == 1
 
 
 @pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")

@@ -9,16 +9,21 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade, load_cascade, route
 from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import load_recipe, parse_overrides
+from edgedistill.common.runtime import available_providers
 from edgedistill.distill.tokenization import load_tokenizer
+from edgedistill.export import bundle_stage
 from edgedistill.export import cascade as export_cascade
 from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_routing, fit_temperature
 from edgedistill.export.onnx_export import ExportError
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, export_here
 from tests.pair_task import pair_recipe, write_pair_task
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+# A cascade of the smoke recipe whose second member runs on CUDA only.
+GPU_CASCADE = ["--export.cascades.gpu-cascade.members=[bilstm-int8,teacher-cuda-fp16]"]
+cuda_offered = "CUDAExecutionProvider" in available_providers()
 
 
 def test_threshold_keeps_the_most_confident_texts_within_the_allowed_disagreement():
@@ -154,3 +159,21 @@ def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped
 def test_the_stage_line_gives_each_members_accuracy_to_four_places():
     line = export_cascade.members_line({"bilstm-int8": 0.7066666666666667, "teacher-fused": 0.69})
     assert line == "bilstm-int8 0.7067, teacher-fused 0.6900"
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade left out where this onnxruntime build offers no CUDA")
+def test_a_cascade_of_a_bundle_this_machine_cannot_run_is_left_out_with_the_reason(smoke_bundles, capsys, monkeypatch):
+    recipe = load_recipe(SMOKE, parse_overrides(GPU_CASCADE))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    result = export_here(capsys, "bundles", SMOKE, *GPU_CASCADE)
+    assert result.returncode == 0, result.stderr
+    reason = bundle_stage.missing_for(recipe, "teacher-cuda-fp16")
+    assert f"[bundle-gpu-cascade] not built here: member teacher-cuda-fp16: {reason}" in result.stdout
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade refused where this onnxruntime build offers no CUDA")
+def test_a_cascade_of_a_bundle_this_machine_cannot_run_named_with_only_fails_with_the_whole_error(
+    smoke_bundles, capsys, monkeypatch
+):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    assert export_here(capsys, "bundles", SMOKE, *GPU_CASCADE, "--only=gpu-cascade").returncode == 2

@@ -56,7 +56,7 @@ def test_a_student_added_as_the_docs_say_exports_with_every_input_and_passes_the
     path = tmp_path / "model.onnx"
     graph = export_onnx(source, path, opset=17)
     assert [i.name for i in graph.graph.input] == list(inputs)
-    worst = check_shapes(logits_runner(open_runner(path, "onnxruntime", ["CPUExecutionProvider"])), source, True, 64)
+    worst = check_shapes(logits_runner(open_runner(path, "onnxruntime", ["CPUExecutionProvider"])), source, "fp32", 64)
     assert max(worst.values()) < 1e-5
 
 
@@ -103,7 +103,7 @@ def test_an_exported_roberta_teacher_gives_its_pytorch_logits(tmp_path):
     source = _teacher_artifact(tmp_path, RobertaForSequenceClassification(config))
     export_onnx(source, tmp_path / "model.onnx", opset=17)
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
-    worst = check_shapes(runner, source, True, 64)
+    worst = check_shapes(runner, source, "fp32", 64)
     assert max(worst.values()) < 1e-5
 
 
@@ -116,7 +116,7 @@ def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its
     export_onnx(source, tmp_path / "plain.onnx", opset=17)
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
     runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
-    assert max(check_shapes(runner, source, True, 64).values()) <= FP32_SHAPE_TOLERANCE
+    assert max(check_shapes(runner, source, "fp32", 64).values()) <= FP32_SHAPE_TOLERANCE
 
 
 def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
@@ -159,7 +159,7 @@ def test_an_encoder_decoder_teacher_exports_and_keeps_its_logits_at_every_shape(
     source = tiny_encoder_decoder(tmp_path, model_type)
     export_onnx(source, tmp_path / "model.onnx", opset=17)
     runner = logits_runner(open_runner(tmp_path / "model.onnx", "onnxruntime", ["CPUExecutionProvider"]))
-    assert max(check_shapes(runner, source, True, 64).values()) < 1e-5
+    assert max(check_shapes(runner, source, "fp32", 64).values()) < 1e-5
 
 
 @pytest.mark.parametrize("model_type", ENCODER_DECODERS)

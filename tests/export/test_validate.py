@@ -1,0 +1,54 @@
+"""The shape checks and the dev check of `export.validate`: a non-finite logit, or an fp32 graph off by more than
+the tolerance, misses the gate."""
+
+import numpy as np
+import pytest
+import torch
+from edgedistill.common.config.training import StudentConfig
+from edgedistill.distill import heads
+from edgedistill.export.onnx_export import Source
+from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, ExportGateError, check_shapes, require_finite
+
+from tests.distill import extension
+
+
+@pytest.fixture
+def source(tmp_path) -> Source:
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)
+    return Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS[:2], "bag", tmp_path)
+
+
+def runner(source: Source, change):
+    """`run(feeds)`: PyTorch's logits for `feeds`, passed through `change(logits, batch, length)`."""
+
+    def run(feeds):
+        with torch.no_grad():
+            logits = source.module(*(torch.from_numpy(feeds[name]) for name in source.inputs)).numpy()
+        return change(logits, *feeds["input_ids"].shape)
+
+    return run
+
+
+def nan_at_batch_3(logits: np.ndarray, batch: int, length: int) -> np.ndarray:
+    if batch == 3:
+        logits[1, 0] = np.nan
+    return logits
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_a_nan_logit_at_one_shape_misses_the_gate_naming_the_shape(source, precision):
+    with pytest.raises(ExportGateError, match=rf"at batch 3, length 17: the {precision} graph gives 1 NaN"):
+        check_shapes(runner(source, nan_at_batch_3), source, precision, 64)
+
+
+def test_an_infinite_dev_logit_misses_the_gate():
+    with pytest.raises(ExportGateError, match="the fp16 graph gives 1 NaN or infinite logits of 4"):
+        require_finite(np.array([[0.5, np.inf], [0.1, 0.2]]), "bundle on dev", "fp16")
+
+
+def test_an_fp32_graph_off_by_more_than_the_tolerance_misses_the_gate(source):
+    def off(logits, batch, length):
+        return logits + 2 * FP32_SHAPE_TOLERANCE
+
+    with pytest.raises(ExportGateError, match=r"max \|Δlogit\| 2.00e-03 against PyTorch at batch 1, length 1"):
+        check_shapes(runner(source, off), source, "fp32", 64)
