@@ -54,7 +54,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         recipe,
         ("bench.scaling", "data"),
         functools.partial(_build, console=console or Console(width=200)),
-        (Artifact("bundle", bundle_folder),),
+        (Artifact(measured.BUNDLE, bundle_folder),),
         extra={"server": served_settings(bundle_folder, recipe.bench.scaling.threads)},
     )
 
@@ -74,7 +74,7 @@ def all_serving(log: Path, model: str):
 
 def _build(inputs: Inputs, console: Console) -> Built:
     cfg = inputs.recipe.bench.scaling
-    bundle_folder = inputs.parent("bundle")
+    bundle_folder = inputs.parent(measured.BUNDLE)
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: measure one of its members")
     example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)

@@ -202,7 +202,7 @@ def stage(
         recipe,
         ("bench.serving", "data"),
         functools.partial(_build, texts_file=texts_file, pairs_file=pairs_file, console=console or Console(width=200)),
-        (Artifact("bundle", bundle_folder),),
+        (Artifact(measured.BUNDLE, bundle_folder),),
         extra={
             "texts": None if texts_file is None else hashed_path(texts_file),
             "pairs": None if pairs_file is None else pairs_file.hashed(),
@@ -213,7 +213,7 @@ def stage(
 
 def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None, console: Console) -> Built:
     cfg = inputs.recipe.bench.serving
-    bundle_folder = inputs.parent("bundle")
+    bundle_folder = inputs.parent(measured.BUNDLE)
     if is_cascade(bundle_folder):
         raise BenchError(
             f"{bundle_folder} is a cascade: its members have no single backend for the raw and bare phases; measure it "
