@@ -1,6 +1,8 @@
 """The serving benchmark end to end on the tiny bundle, with the targets of recipes/smoke.yaml."""
 
+import io
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +234,27 @@ def test_an_edited_texts_file_named_in_the_working_directory_makes_the_result_st
     before = BARE_FILE_STAGES[measurement](recipe, bundle).config_hash
     Path("sent.txt").write_text("bad\tplot\n")
     assert BARE_FILE_STAGES[measurement](recipe, bundle).config_hash != before
+
+
+STDIN_STAGES = {  # the stage given texts or pairs on stdin
+    "texts": lambda recipe, bundle: serving.stage(recipe, bundle, Path("-")),
+    "pairs": lambda recipe, bundle: serving.stage(recipe, bundle, pairs_file=PairsFile(Path("-"))),
+}
+
+
+@pytest.mark.parametrize("measurement", STDIN_STAGES)
+def test_other_texts_on_stdin_make_the_result_stale(measurement, bundle, monkeypatch):
+    recipe = load_recipe(SMOKE)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("good\tfilm\n"))
+    before = STDIN_STAGES[measurement](recipe, bundle).config_hash
+    monkeypatch.setattr(sys, "stdin", io.StringIO("bad\tplot\n"))
+    assert STDIN_STAGES[measurement](recipe, bundle).config_hash != before
+
+
+def test_texts_on_stdin_are_sent_as_read_after_the_stage_hashed_them(bundle, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("good film\nbad plot\n"))
+    serving.stage(load_recipe(SMOKE), bundle, Path("-"))
+    assert sorted(load_texts(load_recipe(SMOKE).data, False, Path("-")).texts) == ["bad plot", "good film"]
 
 
 def test_targets_come_from_the_recipe():
