@@ -129,7 +129,11 @@ class ServingBenchConfig(Strict):
         "engines alone runs without them",
     )
     repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
-    paced_slo: SloConfig = Field(SloConfig(), description="what the server must meet when paced at `rate`")
+    paced_slo: SloConfig = Field(
+        SloConfig(),
+        description="what the server must meet when paced at `rate`: latencies as medians over the repeats, the error "
+        "rate and rate share over every repeat's calls together",
+    )
     min_capacity_vs_echo: float | None = Field(
         None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"
     )
