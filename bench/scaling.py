@@ -178,6 +178,8 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
             targets.append(slo.verdict(name, measured, f"<= {limit:.2f}", measured <= limit))
+            failed = [summary[f"{n} paced"]["failures"].max for n in (count, first)]
+            targets.append(slo.no_failed_calls([f"{count} workers", str(first)], failed))
     return ratios, targets
 
 

@@ -75,6 +75,8 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
         measured = ratios["p99_vs_best_peer"]
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
         targets.append(slo.verdict(name, measured, f"<= {most:.2f}", measured <= most))
+        sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
+        targets.append(slo.no_failed_calls(sides, [summary[f"{side} paced"]["failures"].max for side in sides]))
     return ratios, targets
 
 

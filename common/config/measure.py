@@ -186,7 +186,10 @@ class PeersBenchConfig(H2loadBenchConfig):
         None, gt=0, description="the server's calls/s at saturation / the best peer's"
     )
     max_p99_vs_best_peer: float | None = Field(
-        None, gt=0, description="the server's p99 when paced at `rate` / the best peer's (the lowest)"
+        None,
+        gt=0,
+        description="the server's p99 when paced at `rate` / the best peer's (the lowest); missed too where either "
+        "failed a paced call",
     )
 
 
@@ -208,7 +211,10 @@ class ScalingBenchConfig(H2loadBenchConfig):
         None, gt=0, description="calls/s at saturation with the most workers of the other counts / with the first count"
     )
     max_p99_vs_first: float | None = Field(
-        None, gt=0, description="each other count's p99 paced at `rate` / the first count's"
+        None,
+        gt=0,
+        description="each other count's p99 paced at `rate` / the first count's; missed too where either failed a "
+        "paced call",
     )
 
 
