@@ -262,7 +262,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         recipe,
         ("data",),
         functools.partial(_build, console=console or Console(width=200)),
-        (Artifact("bundle", bundle_folder),),
+        (Artifact(measured.BUNDLE, bundle_folder),),
         extra={
             "server": served_settings(bundle_folder, 0),
             "tie_margin": tie_margin(recipe),
@@ -279,7 +279,7 @@ def tie_margin(recipe: Recipe) -> float:
 
 
 def _build(inputs: Inputs, console: Console) -> Built:
-    bundle = load_served(inputs.parent("bundle"))
+    bundle = load_served(inputs.parent(measured.BUNDLE))
     expected = bundle.manifest.metrics.get("dev_accuracy")
     if expected is None:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")

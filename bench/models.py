@@ -221,7 +221,9 @@ def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) ->
 
 
 def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher."""
+    """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
+    PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
+    loses, or another `runtime.device`, measures again."""
     folder = run_dir(recipe)
     timed = [
         bundle_id
@@ -232,7 +234,8 @@ def stage(recipe: Recipe) -> Stage:
         Artifact("teacher", folder / "teacher"),
         *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
     )
-    return Stage(STAGE, recipe, ("export.bundles", "bench.models"), _build, parents)
+    eager = [str(on) for on in eager_devices(recipe.runtime)]
+    return Stage(STAGE, recipe, ("export.bundles", "bench.models"), _build, parents, extra={"eager_devices": eager})
 
 
 def _build(inputs: Inputs) -> Built:

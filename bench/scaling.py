@@ -54,7 +54,7 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         recipe,
         ("bench.scaling", "data"),
         functools.partial(_build, console=console or Console(width=200)),
-        (Artifact("bundle", bundle_folder),),
+        (Artifact(measured.BUNDLE, bundle_folder),),
         extra={"server": served_settings(bundle_folder, recipe.bench.scaling.threads)},
     )
 
@@ -74,7 +74,7 @@ def all_serving(log: Path, model: str):
 
 def _build(inputs: Inputs, console: Console) -> Built:
     cfg = inputs.recipe.bench.scaling
-    bundle_folder = inputs.parent("bundle")
+    bundle_folder = inputs.parent(measured.BUNDLE)
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: measure one of its members")
     example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)
@@ -178,6 +178,8 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
             targets.append(slo.verdict(name, measured, f"<= {limit:.2f}", measured <= limit))
+            failed = [summary[f"{n} paced"]["failures"].max for n in (count, first)]
+            targets.append(slo.no_failed_calls([f"{count} workers", str(first)], failed))
     return ratios, targets
 
 

@@ -32,6 +32,14 @@ def check(stats: dict, slo: SloConfig) -> list[dict]:
     return verdicts
 
 
+def no_failed_calls(sides: list[str], failures: list[float]) -> dict:
+    """The verdict beside a target on h2load's paced percentiles, which time failed calls as well (a server that fails
+    calls fast would meet it): that no paced repeat of `sides` failed a call; `failures`, the most failed calls in
+    one repeat of each side."""
+    most = max(failures)
+    return verdict(f"failed paced calls, {' or '.join(sides)}", most, "0", most == 0)
+
+
 def capacity(steps: list[dict], slo: SloConfig) -> dict | None:
     """The step with the most requests/s among those that met every threshold of `slo`; None when none did."""
     within = [step for step in steps if all(v["passed"] for v in check(step, slo))]

@@ -1,7 +1,7 @@
 """Statistics of timed calls, in ms: the figures of one stretch of calls, and their spread over repeats.
 
 `call_stats` gives the figures of one stretch of calls, from the serving benchmark's drivers and the load tests'
-samples alike; `summarize` their spread (`bench.records.Spread`) over repeats.
+samples alike; `summarize` their spread (`bench.records.Spread`) over repeats, `pooled` their counts over repeats.
 """
 
 import numpy as np
@@ -33,6 +33,21 @@ def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: f
         "mean_ms": float(ok_ms.mean()) if ok_ms.size else None,
     }
     return stats | percentiles(ok_ms)
+
+
+def pooled(records: list[dict]) -> dict:
+    """The counts of `records` (`call_stats` of repeats of one phase) taken together: requests, failures, the error
+    rate, and with an offered rate the share of the offered calls that succeeded (`rate_share`). A target on them is
+    met by every repeat's calls, where the median of three repeats would pass one that failed calls."""
+    requests = sum(record["requests"] for record in records)
+    failures = sum(record["failures"] for record in records)
+    offered = sum(record["offered_rate"] * record["seconds"] for record in records if record["offered_rate"])
+    return {
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests if requests else 0.0,
+        "rate_share": (requests - failures) / offered if offered else None,
+    }
 
 
 def summarize(records: list[dict]) -> dict[str, Spread]:

@@ -7,16 +7,27 @@ training and export stages read it: the recipe's `text_column`, `text_pair_colum
 """
 
 import argparse
+import functools
+import hashlib
+import io
 import random
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from edgedistill.bench import BenchError
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Examples, load_labelled
-from edgedistill.serve.client import UsageError, add_columns_arguments, check_columns, read_lines, read_tsv
+from edgedistill.serve.client import (
+    UsageError,
+    add_columns_arguments,
+    check_columns,
+    lines_of,
+    read_lines,
+    read_tsv,
+)
 
 TEXT_COUNT = 512
 
@@ -30,11 +41,26 @@ def dev_split(data: DataConfig) -> Examples:
         raise BenchError(str(err)) from None
 
 
+@functools.cache
+def _read_once(stream: TextIO) -> str:
+    """The lines of `stream` (standard input), read as the client reads `-`, joined: read once per stream."""
+    try:
+        return "\n".join(lines_of(Path("-"), stream))
+    except UsageError as err:
+        raise BenchError(str(err)) from err
+
+
+def stdin_for(path: Path) -> TextIO:
+    """What `path` reads as stdin: for `-`, a copy of standard input, which is read once, so that a stage can hash
+    what it held (`hashed_path`) before its build reads it; else `sys.stdin`, unread."""
+    return io.StringIO(_read_once(sys.stdin)) if str(path) == "-" else sys.stdin
+
+
 def read_texts_file(path: Path) -> Examples:
     """Single texts, one per line, stripped (as the client's --file reads them: blank lines skipped, one that shows
     nothing refused)."""
     try:
-        lines = read_lines(path, stdin=sys.stdin)
+        lines = read_lines(path, stdin=stdin_for(path))
     except UsageError as err:
         raise BenchError(str(err)) from err
     return Examples([line.strip() for line in lines], None, None, str(path))
@@ -70,15 +96,17 @@ class PairsFile:
 def hashed_path(path: Path) -> str:
     """A `--texts` or `--pairs` file as a measurement's stage hashes it: by its absolute path, which the stage hashes
     by the file's contents (`common.recipe.by_content` takes only a string holding a "/" for a file: a bare name
-    in the working directory would be hashed by its name, and an edited file's old result kept). `-` (stdin) as
-    given."""
-    return str(path) if str(path) == "-" else str(path.absolute())
+    in the working directory would be hashed by its name, and an edited file's old result kept). `-` (stdin) by
+    the digest of what it held, in the form `by_content` gives a file's."""
+    if str(path) == "-":
+        return f"sha256:{hashlib.sha256(_read_once(sys.stdin).encode()).hexdigest()}"
+    return str(path.absolute())
 
 
 def read_pairs_file(pairs: PairsFile) -> Examples:
     """The text pairs of `pairs`, read as the client's --tsv reads a file."""
     try:
-        texts, pairs_read = read_tsv(pairs.path, pairs.header, sys.stdin, pairs.columns, option="--pairs")
+        texts, pairs_read = read_tsv(pairs.path, pairs.header, stdin_for(pairs.path), pairs.columns, option="--pairs")
     except UsageError as err:
         raise BenchError(str(err)) from err
     return Examples(texts, pairs_read, None, str(pairs.path))

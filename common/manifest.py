@@ -198,7 +198,13 @@ def staleness(
         return str(err)
     if manifest.config_hash != config_hash:
         return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
-    for name, parent_folder in (parents or {}).items():
+    return parent_change(manifest, parents or {})
+
+
+def parent_change(manifest: Manifest, parents: dict[str, Path]) -> str | None:
+    """Why `manifest`'s artifact was not built from the artifacts now in the `parents` folders (name -> folder): one
+    is missing or was built again since; None when it was built from them all."""
+    for name, parent_folder in parents.items():
         recorded = manifest.parents.get(name)
         parent_manifest = Path(parent_folder) / MANIFEST
         if not parent_manifest.is_file():

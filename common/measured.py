@@ -8,6 +8,7 @@ them without importing the server.
 from pathlib import Path
 from typing import get_args
 
+from edgedistill.common import manifest as mf
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import ArtifactError
 
@@ -15,6 +16,7 @@ SERVING = "serve-bench"  # `bench serving`
 ACCURACY = "serve-accuracy"  # `bench accuracy`
 PEERS = "serve-peers"  # `bench peers`
 SCALING = "serve-scaling"  # `bench scaling`
+BUNDLE = "bundle"  # the parent a measurement records the bundle it measured as
 
 
 def bundle_id(bundle_folder: Path) -> str:
@@ -52,5 +54,12 @@ def echo_loadtest(profile: str) -> str:
     return f"{loadtest(profile)}-echo"
 
 
+MEASUREMENTS = (SERVING, ACCURACY, PEERS, SCALING, *(loadtest(profile) for profile in get_args(Profile)))
 # Folders of releases that kept one result whatever bundle was measured: which bundle they hold, the name does not say.
-UNKEYED = (SERVING, ACCURACY, PEERS, SCALING, *(loadtest(profile) for profile in get_args(Profile)))
+UNKEYED = MEASUREMENTS
+
+
+def stale(result: Path, bundle_folder: Path) -> str | None:
+    """Why the finished measurement in `result` is not of the bundle now in `bundle_folder`: that bundle was built
+    again since it ran, or is gone (`common.manifest.parent_change`); None when it is."""
+    return mf.parent_change(mf.load(result, verify=False), {BUNDLE: bundle_folder})

@@ -1,7 +1,8 @@
 """Figures of a run: call statistics overall, per stage, per name and per second; CPU and memory of both processes.
 
 Latencies are those of successful calls (ms); failed calls count in the error rate. A call belongs to
-the second (and stage) in which it returned. CPU % is of one core (100 = one core busy).
+the second (and stage) in which it returned; one that returned after the schedule ended, to the last stage.
+CPU % is of one core (100 = one core busy).
 """
 
 from dataclasses import dataclass

@@ -1,6 +1,8 @@
 """The result of a load-test run: its figures and SLO verdicts, as `summary.json`, `summary.md` and a console table.
 
-summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core):
+summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core; calls still in flight
+when the schedule ends, which return within the stop timeout, count overall, by name and in the last stage, whose
+rates are over the scheduled seconds):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
@@ -21,6 +23,7 @@ summary.json (latencies in ms, of successful calls as locust saw them; CPU % of 
 """
 
 import json
+import math
 from pathlib import Path
 
 from edgedistill.bench import slo
@@ -39,10 +42,11 @@ GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and ca
 
 def stage_figures(plan: Plan, samples: Samples, resources: Resources) -> list[dict]:
     settle = getattr(plan.settings, "settle_s", 0.0)
-    figures = []
-    for stage in plan.stages:
+    figures, stages = [], plan.stages
+    for stage in stages:
         start = stage.start_s + settle
-        stats = analysis.call_stats(samples.between(start, stage.end_s), stage.end_s - start, stage.offered_rate)
+        returned = samples.between(start, math.inf if stage is stages[-1] else stage.end_s)
+        stats = analysis.call_stats(returned, stage.end_s - start, stage.offered_rate)
         cpu = {f"{p}_cpu_pct": resources.cpu_pct(p, start, stage.end_s) for p in ("server", "locust")}
         bound = (cpu["locust_cpu_pct"] or 0) >= GENERATOR_BOUND_CPU
         figures.append(stage.model_dump() | stats | cpu | {"generator_bound": bound})
@@ -77,7 +81,8 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
     """Every figure and the SLO verdicts; `context` adds recipe, bundle, server, texts and machine."""
     settings = plan.settings
     duration = plan.duration_s
-    overall = analysis.call_stats(samples.between(0, duration), duration, analysis.offered_rate(plan.stages))
+    returned = samples.between(0, math.inf)  # those in flight at the end too, which return within the stop timeout
+    overall = analysis.call_stats(returned, duration, analysis.offered_rate(plan.stages))
     overall |= {f"{p}_cpu_pct": resources.cpu_pct(p, 0, duration) for p in ("server", "locust")}
     stages = stage_figures(plan, samples, resources)
     series = resources.series(samples, duration)
@@ -100,7 +105,7 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
         "scenarios": plan.scenarios,
         "duration_s": duration,
         "overall": overall,
-        "by_name": analysis.by_name(samples.between(0, duration), duration),
+        "by_name": analysis.by_name(returned, duration),
         "stages": stages,
         "series": analysis.per_second(samples, plan.stages),
         "resources": series,

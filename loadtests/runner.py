@@ -163,7 +163,7 @@ def stage(
             echo=echo,
             console=console or Console(width=200),
         ),
-        () if echo else (Artifact("bundle", bundle),),
+        () if echo else (Artifact(measured.BUNDLE, bundle),),
         extra={
             "texts": None if texts_file is None else hashed_path(texts_file),
             "pairs": None if pairs_file is None else pairs_file.hashed(),

@@ -3,7 +3,8 @@
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 teacher and student dev accuracy (and test accuracy with a test split), speedup over the teacher in PyTorch eager mode, serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
-bundle: `common.measured`). Lines whose artifact is missing are left out.
+bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement of the deployed bundle
+taken before it was built again is named, not shown, with the command that measures it again.
 """
 
 import argparse
@@ -102,6 +103,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         return lines
     deploy = recipe.export.deploy
     bundle = root / f"bundle-{deploy}"
+    stale = plan.stale(recipe, root)
     if (root / "bench" / mf.MANIFEST).is_file():
         bench = ModelTable.load(root / "bench")
         batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
@@ -114,7 +116,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                     f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} thread{'' if bench.threads == 1 else 's'})"
                 )
     serving = root / plan.deployed(recipe, measured.SERVING)
-    if (serving / mf.MANIFEST).is_file():
+    if (serving / mf.MANIFEST).is_file() and serving.name not in stale:
         served = ServingResult.load(serving)
         lines.append(
             f"serving: p99 {served.median('paced', 'p99_ms'):.2f} ms at {served.options['rate']:g} calls/s; "
@@ -124,7 +126,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
         )
     for folder in (root / name for name in plan.loadtests(recipe)):
-        if not (folder / loadtest_result.RESULT_FILE).is_file():
+        if not (folder / loadtest_result.RESULT_FILE).is_file() or folder.name in stale:
             continue
         result = loadtest_result.load(folder)
         overall = result["overall"]
@@ -139,6 +141,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{overall['requests']} calls, {figure}, "
             f"{overall['failures']} failures, {tables.slo(result['passed'])}"
         )
+    for name, (why, command) in stale.items():
+        lines.append(f"not shown: {name}, {why} (measure it again: {command} RECIPE={recipe_path})")
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():

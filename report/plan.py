@@ -1,9 +1,11 @@
 """The artifact folders `make all` writes for a recipe, each with the make target that builds it."""
 
+from pathlib import Path
 from typing import get_args
 
 from edgedistill.common import measured
 from edgedistill.common.config.measure import Profile
+from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
 
 
@@ -31,6 +33,29 @@ def deployed(recipe: Recipe, measurement: str) -> str | None:
     """The folder of `measurement` (`common.measured`: one per bundle) on the deployed bundle, `export.deploy`; None
     without an export section."""
     return None if recipe.export is None else measured.folder_name(measurement, recipe.export.deploy)
+
+
+MEASURE_AGAIN = {  # measurement kept one folder per bundle -> the make target that measures the deployed bundle
+    measured.SERVING: "serve-bench",
+    measured.ACCURACY: "serve-accuracy",
+    measured.PEERS: "peers-bench",
+    measured.SCALING: "scaling-bench",
+} | {measured.loadtest(profile): f"loadtest PROFILE={profile}" for profile in get_args(Profile)}
+
+
+def stale(recipe: Recipe, root: Path) -> dict[str, tuple[str, str]]:
+    """The deployed bundle's finished measurements in the run folder `root` that are not of the bundle now there
+    (`common.measured.stale`: built again since they ran, or gone): folder name -> why, and the make target that
+    measures it again."""
+    if recipe.export is None:
+        return {}
+    bundle = root / f"bundle-{recipe.export.deploy}"
+    found = {}
+    for measurement, target in MEASURE_AGAIN.items():
+        folder = root / deployed(recipe, measurement)
+        if (folder / MANIFEST).is_file() and (why := measured.stale(folder, bundle)):
+            found[folder.name] = (why, f"make {target}")
+    return found
 
 
 def loadtests(recipe: Recipe) -> list[str]:

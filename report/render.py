@@ -126,6 +126,21 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.table(["folder"], [[name] for name in older])
 
 
+def _stale(page: Page, root: Path, recipe: Recipe) -> None:
+    """The deployed bundle's measurements taken before it was built again: named, not shown as its own."""
+    stale = plan.stale(recipe, root)
+    if stale:
+        page.heading(
+            "Not shown: measurements of an earlier build of the deployed bundle",
+            [f"../{name}/{mf.MANIFEST}" for name in stale],
+        )
+        page.note(
+            f"{_deployed(recipe)} was built again, or is gone, since these ran: their figures are not its own. "
+            "Measure it again with the target named."
+        )
+        page.table(["folder", "why", "measured by"], [[name, why, command] for name, (why, command) in stale.items()])
+
+
 def _trained(root: Path) -> list[Path]:
     """The finished teacher, students and baselines, in that order."""
     return [
@@ -301,8 +316,9 @@ def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
 
 
 def _serving(page: Page, root: Path, recipe: Recipe) -> None:
+    stale = plan.stale(recipe, root)
     for pattern, (title, written) in _served(recipe).items():
-        for folder in sorted(p for p in root.glob(pattern) if _finished(p)):
+        for folder in sorted(p for p in root.glob(pattern) if _finished(p) and p.name not in stale):
             page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{written}"])
             results = (folder / written).read_text(encoding="utf-8")
             page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
@@ -315,7 +331,8 @@ def _number(value, spec: str) -> str | None:
 
 
 def _loadtests(page: Page, root: Path, recipe: Recipe) -> None:
-    for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name)):
+    stale = plan.stale(recipe, root)
+    for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name) and name not in stale):
         result = loadtest_result.load(folder)
         profile = result["profile"]
         target = (
@@ -380,6 +397,7 @@ def _build(inputs: Inputs) -> Built:
     _stages(page, root, inputs.recipe)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
+    _stale(page, root, inputs.recipe)
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)

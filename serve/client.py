@@ -263,7 +263,7 @@ def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
     return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start})")
 
 
-def _lines(path: Path, stdin: TextIO) -> list[str]:
+def lines_of(path: Path, stdin: TextIO) -> list[str]:
     """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
     dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
     U+2028, characters a text may hold."""
@@ -329,7 +329,7 @@ def read_tsv(
     texts, pairs = [], []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
-    lines = _lines(path, stdin)
+    lines = lines_of(path, stdin)
     for number, line in enumerate(lines, 1):
         if number == 1 and columns:
             names = [name.strip() for name in line.split("\t")]
@@ -365,7 +365,7 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
     """The lines of `path` ('-': stdin) that are not blank. One that shows nothing (`shows_nothing`) is refused,
     naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
     texts = []
-    for number, line in enumerate(_lines(path, stdin), 1):
+    for number, line in enumerate(lines_of(path, stdin), 1):
         if line.strip():
             if shows_nothing(line):
                 raise UsageError(

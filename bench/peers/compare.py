@@ -75,6 +75,8 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
         measured = ratios["p99_vs_best_peer"]
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
         targets.append(slo.verdict(name, measured, f"<= {most:.2f}", measured <= most))
+        sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
+        targets.append(slo.no_failed_calls(sides, [summary[f"{side} paced"]["failures"].max for side in sides]))
     return ratios, targets
 
 
@@ -89,14 +91,14 @@ def stage(
         recipe,
         ("bench.peers", "data"),
         functools.partial(_build, pythons=pythons, console=console or Console(width=200)),
-        (Artifact("bundle", bundle_folder),),
+        (Artifact(measured.BUNDLE, bundle_folder),),
         extra={"server": served_settings(bundle_folder, recipe.bench.peers.threads)},
     )
 
 
 def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) -> Built:
     cfg = inputs.recipe.bench.peers
-    bundle_folder = inputs.parent("bundle")
+    bundle_folder = inputs.parent(measured.BUNDLE)
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: the peers serve one model; compare one of its members")
     interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}

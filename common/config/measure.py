@@ -129,7 +129,11 @@ class ServingBenchConfig(Strict):
         "engines alone runs without them",
     )
     repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
-    paced_slo: SloConfig = Field(SloConfig(), description="what the server must meet when paced at `rate`")
+    paced_slo: SloConfig = Field(
+        SloConfig(),
+        description="what the server must meet when paced at `rate`: latencies as medians over the repeats, the error "
+        "rate and rate share over every repeat's calls together",
+    )
     min_capacity_vs_echo: float | None = Field(
         None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"
     )
@@ -182,7 +186,10 @@ class PeersBenchConfig(H2loadBenchConfig):
         None, gt=0, description="the server's calls/s at saturation / the best peer's"
     )
     max_p99_vs_best_peer: float | None = Field(
-        None, gt=0, description="the server's p99 when paced at `rate` / the best peer's (the lowest)"
+        None,
+        gt=0,
+        description="the server's p99 when paced at `rate` / the best peer's (the lowest); missed too where either "
+        "failed a paced call",
     )
 
 
@@ -204,7 +211,10 @@ class ScalingBenchConfig(H2loadBenchConfig):
         None, gt=0, description="calls/s at saturation with the most workers of the other counts / with the first count"
     )
     max_p99_vs_first: float | None = Field(
-        None, gt=0, description="each other count's p99 paced at `rate` / the first count's"
+        None,
+        gt=0,
+        description="each other count's p99 paced at `rate` / the first count's; missed too where either failed a "
+        "paced call",
     )
 
 

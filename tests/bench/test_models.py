@@ -167,6 +167,15 @@ def test_a_row_of_an_accuracy_recipe_has_no_second_dev_figure():
     assert models._figures(metrics, "accuracy")["dev_selected"] is None
 
 
+def test_the_benchmark_is_measured_again_when_the_eager_teacher_moves_to_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
+    on_cpu, on_gpu = (load_recipe(SMOKE, parse_overrides([f"--runtime.device={d}"])) for d in ("cpu", "cuda"))
+    assert models.stage(on_cpu).config_hash != models.stage(on_gpu).config_hash
+
+
 def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_path):
     recipe = load_recipe(SMOKE)
     timing = Timing(median_ms=1.0, min_ms=1.0, max_ms=1.0, calls=5)

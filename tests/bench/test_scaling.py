@@ -27,11 +27,13 @@ def test_fewer_than_two_counts_is_a_bench_error(bundle, monkeypatch):
         scaling.worker_counts([1, 0], bundle)
 
 
-def summary(capacity: dict[int, float], p99: dict[int, float]) -> dict:
+def summary(capacity: dict[int, float], p99: dict[int, float], failed: dict[int, int] | None = None) -> dict:
+    """Each count's medians, its paced phase with the `failed` calls of a repeat (default none)."""
     figures = {}
     for count in capacity:
         figures[f"{count} capacity"] = {"requests_per_s": Spread.of([capacity[count]])}
-        figures[f"{count} paced"] = {"p99_ms": Spread.of([p99[count]])}
+        paced = {"p99_ms": Spread.of([p99[count]]), "failures": Spread.of([0, (failed or {}).get(count, 0)])}
+        figures[f"{count} paced"] = paced
     return figures
 
 
@@ -64,7 +66,19 @@ def test_a_first_count_with_the_most_workers_is_compared_with_the_most_of_the_ot
 def test_the_p99_target_is_checked_on_every_other_count():
     cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
     _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [1, 2, 16])
-    assert [t["passed"] for t in targets] == [True, False]
+    assert [t["passed"] for t in targets if t["name"].startswith("p99")] == [True, False]
+
+
+def test_failed_paced_calls_of_a_count_with_a_low_p99_miss_its_target():
+    cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99, failed={2: 5}), cfg, [1, 2, 16])
+    assert {t["name"]: t["passed"] for t in targets}["failed paced calls, 2 workers or 1"] is False
+
+
+def test_failed_paced_calls_are_counted_in_their_verdict():
+    cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99, failed={2: 5}), cfg, [1, 2, 16])
+    assert {t["name"]: t["measured"] for t in targets}["failed paced calls, 2 workers or 1"] == 5
 
 
 def test_no_target_is_checked_by_default():

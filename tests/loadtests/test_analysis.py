@@ -1,14 +1,17 @@
 """Figures from samples: call statistics, CPU, RSS growth, and the notes on a run."""
 
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
 import psutil
 import pytest
 from edgedistill.bench.processes import free_port
+from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
+from edgedistill.loadtests.plan import Plan
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -146,3 +149,23 @@ def test_latencies_by_name_keep_the_successful_calls_of_each_name(tmp_path):
     recorder.on_quitting()
     by_name = Samples.load(tmp_path / "requests.npz").latencies_by_name()
     assert {name: ms.tolist() for name, ms in by_name.items()} == {"Classify": [1.25]}
+
+
+def test_calls_that_return_after_the_schedule_ends_count_overall_by_name_and_in_the_last_stage():
+    plan = Plan(
+        profile="spike",
+        loadtest=LoadtestConfig(spike={"users": 1, "spike_users": 2, "user_rate": 1, "before_s": 2, "spike_s": 2}),
+        scenarios={"single": 1},
+        model="m",
+        texts=Path("texts.txt"),
+        samples=Path("requests.npz"),
+    )
+    end = plan.duration_s
+    run = samples([1.0, end + 0.5, end + 2], [1.0, 2.0, 3.0], ok=[True, True, False])
+    resources = Resources.from_rows([(t, 0.0, 0.0, 0.0) for t in np.arange(0, end + 3, 0.5)], started=0.0)
+    built = result.build(plan, run, resources, task_errors=0, context={})
+    assert built["overall"]["requests"] == 3
+    assert built["overall"]["failures"] == 1
+    assert built["by_name"]["Classify"]["failures"] == 1
+    assert built["stages"][-1]["requests"] == 2
+    assert built["overall"]["requests_per_s"] == 2 / end  # over the schedule's seconds

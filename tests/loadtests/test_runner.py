@@ -1,6 +1,7 @@
 """`python -m loadtests` end to end on the tiny bundle, with the seconds-long profiles of recipes/smoke.yaml."""
 
 import csv
+import io
 import json
 import os
 import subprocess
@@ -274,6 +275,21 @@ def test_an_edited_texts_file_named_in_the_working_directory_runs_again(sent, bu
     before = BARE_FILE_STAGES[sent](recipe, bundle).config_hash
     Path("sent.txt").write_text("bad\tplot\n")
     assert BARE_FILE_STAGES[sent](recipe, bundle).config_hash != before
+
+
+STDIN_STAGES = {  # the stage given texts or pairs on stdin
+    "texts": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, Path("-")),
+    "pairs": lambda recipe, bundle: runner.stage(recipe, "smoke", bundle, pairs_file=PairsFile(Path("-"))),
+}
+
+
+@pytest.mark.parametrize("sent", STDIN_STAGES)
+def test_other_texts_on_stdin_run_again(sent, bundle, monkeypatch):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("good\tfilm\n"))
+    before = STDIN_STAGES[sent](recipe, bundle).config_hash
+    monkeypatch.setattr(sys, "stdin", io.StringIO("bad\tplot\n"))
+    assert STDIN_STAGES[sent](recipe, bundle).config_hash != before
 
 
 def smoke_hash(bundle: Path, overrides: dict) -> str:

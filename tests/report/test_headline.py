@@ -205,7 +205,10 @@ def test_headline_gives_the_test_selection_metric_of_a_macro_f1_task(tmp_path, m
 
 
 def publish_serving(folder, failures: int) -> None:
-    """A serving benchmark's artifact whose capacity phase failed `failures` calls."""
+    """A serving benchmark's artifact of the run's bundle-bilstm-int8 (published with it) whose capacity phase failed
+    `failures` calls."""
+    bundle = folder.parent / "bundle-bilstm-int8"
+    publish(bundle, {})
     result = ServingResult(
         bundle={},
         settings={},
@@ -220,7 +223,9 @@ def publish_serving(folder, failures: int) -> None:
     )
     with mf.stage_folder(folder) as tmp:
         result.save(tmp, "")
-        mf.commit(tmp, folder, mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c"))
+        parents = {"bundle": mf.parent_of(bundle)}
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", parents=parents)
+        mf.commit(tmp, folder, base)
 
 
 def serving_line(recipe) -> str:
@@ -241,3 +246,31 @@ def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe)
 def test_no_serving_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
     publish_serving(run_dir(recipe) / folder, failures=0)
     assert not [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("serving")]
+
+
+def measured_on_another_build(recipe) -> list[str]:
+    """The headline of a run whose deployed bundle was built again after its steady load test passed."""
+    root = run_dir(recipe)
+    bundle = root / f"bundle-{recipe.export.deploy}"
+    publish(bundle, {})
+    folder = root / f"loadtest-steady-{recipe.export.deploy}"
+    with mf.stage_folder(folder) as tmp:
+        result = {"profile": "steady", "overall": {"requests": 10, "failures": 0, "p99_ms": 2.5}, "passed": True}
+        (tmp / "summary.json").write_text(json.dumps(result))
+        earlier = mf.Parent(path=str(bundle), manifest_sha256="0" * 64)
+        base = mf.Manifest(
+            stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", parents={"bundle": earlier}
+        )
+        mf.commit(tmp, folder, base)
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_no_load_test_line_comes_from_an_earlier_build_of_the_deployed_bundle(recipe):
+    assert not [line for line in measured_on_another_build(recipe) if line.startswith("load test steady")]
+
+
+def test_a_load_test_of_an_earlier_build_of_the_deployed_bundle_is_named_with_the_command_to_run_again(recipe):
+    assert (
+        "not shown: loadtest-steady-bilstm-int8, its parent bundle was built again "
+        "(measure it again: make loadtest PROFILE=steady RECIPE=recipes/smoke.yaml)"
+    ) in measured_on_another_build(recipe)

@@ -15,12 +15,12 @@ ROWS = [
 ]
 
 
-def publish(folder, metrics=None, info=None, files=None):
+def publish(folder, metrics=None, info=None, files=None, parents=None):
     with mf.stage_folder(folder) as tmp:
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
         base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics or {})
-        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
+        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}, "parents": parents or {}}))
 
 
 def distillation_markdown(tmp_path) -> str:
@@ -195,8 +195,11 @@ def serving_markdown(tmp_path) -> str:
     """The served sections of a smoke run with each measurement of its deployed bundle (bilstm-int8), of another
     bundle measured after it, and of an older release's one folder for every bundle, and a cascade's serving
     benchmark."""
+    publish(tmp_path / "bundle-bilstm-int8")
+    deployed = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
     for measurement, written in SERVED_RESULTS.items():
-        publish(tmp_path / f"{measurement}-bilstm-int8", files={written: f"{measurement}: the deployed bundle's.\n"})
+        text = f"{measurement}: the deployed bundle's.\n"
+        publish(tmp_path / f"{measurement}-bilstm-int8", files={written: text}, parents=deployed)
         publish(tmp_path / f"{measurement}-cnn-int8", files={written: f"{measurement}: cnn-int8's.\n"})
         publish(tmp_path / measurement, files={written: f"{measurement}: an older release's.\n"})
     publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
@@ -231,6 +234,38 @@ def test_serving_sections_leave_out_the_result_of_a_bundle_not_deployed(tmp_path
 @pytest.mark.parametrize("measurement", SERVED_RESULTS)
 def test_serving_sections_leave_out_an_older_releases_one_result_for_every_bundle(tmp_path, measurement):
     assert f"{measurement}: an older release's." not in serving_markdown(tmp_path)
+
+
+def earlier_build_markdown(tmp_path) -> str:
+    """The served and load-test sections and the note on measurements of a smoke run whose deployed bundle
+    (bilstm-int8) was built again after its serving benchmark and steady load test ran."""
+    publish(tmp_path / "bundle-bilstm-int8")
+    earlier = {"bundle": mf.Parent(path=str(tmp_path / "bundle-bilstm-int8"), manifest_sha256="0" * 64)}
+    publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "an earlier build's.\n"}, parents=earlier)
+    publish(tmp_path / "loadtest-steady-bilstm-int8", files={"summary.json": "{}"}, parents=earlier)
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    for section in (render._stale, render._serving, render._loadtests):
+        section(page, tmp_path, recipe)
+    return "\n".join(page.md)
+
+
+def test_serving_sections_leave_out_the_result_of_an_earlier_build_of_the_deployed_bundle(tmp_path):
+    assert "an earlier build's." not in earlier_build_markdown(tmp_path)
+
+
+def test_load_test_sections_leave_out_the_result_of_an_earlier_build_of_the_deployed_bundle(tmp_path):
+    assert "## Load test" not in earlier_build_markdown(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "| serve-bench-bilstm-int8 | its parent bundle was built again | make serve-bench |",
+        "| loadtest-steady-bilstm-int8 | its parent bundle was built again | make loadtest PROFILE=steady |",
+    ],
+)
+def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bundle(tmp_path, row):
+    assert row in earlier_build_markdown(tmp_path)
 
 
 def unkeyed_markdown(tmp_path) -> str:

@@ -18,11 +18,13 @@ SMOKE = ROOT / "recipes" / "smoke.yaml"
 PEER_ENVS = {peer: ROOT / ".venv-peers" / peer / "bin" / "python" for peer in launch.PEERS}
 
 
-def summary(capacity: dict[str, float], p99: dict[str, float]) -> dict:
+def summary(capacity: dict[str, float], p99: dict[str, float], failed: dict[str, int] | None = None) -> dict:
+    """Each server's medians, its paced phase with the `failed` calls of a repeat (default none)."""
     figures = {}
     for server in capacity:
         figures[f"{server} capacity"] = {"requests_per_s": Spread.of([capacity[server]])}
-        figures[f"{server} paced"] = {"p99_ms": Spread.of([p99[server]])}
+        paced = {"p99_ms": Spread.of([p99[server]]), "failures": Spread.of([0, (failed or {}).get(server, 0)])}
+        figures[f"{server} paced"] = paced
     return figures
 
 
@@ -43,7 +45,14 @@ def test_p99_is_compared_with_the_best_peers():
 def test_targets_are_checked_when_the_recipe_sets_them():
     cfg = PeersBenchConfig(min_capacity_vs_best_peer=1.4, max_p99_vs_best_peer=1.0)
     _, targets = compare.evaluate(summary(CAPACITY, P99), cfg)
-    assert [t["passed"] for t in targets] == [False, True]
+    assert [t["passed"] for t in targets] == [False, True, True]
+
+
+@pytest.mark.parametrize("server", ["edgedistill", "kserve"])
+def test_failed_paced_calls_of_the_server_or_the_best_peer_miss_the_p99_target(server):
+    cfg = PeersBenchConfig(max_p99_vs_best_peer=1.0)
+    _, targets = compare.evaluate(summary(CAPACITY, P99, failed={server: 3}), cfg)
+    assert {t["name"]: t["passed"] for t in targets}["failed paced calls, edgedistill or kserve"] is False
 
 
 def test_no_target_is_checked_by_default():
