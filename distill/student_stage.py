@@ -159,6 +159,7 @@ def teacher_config(recipe: Recipe):
         cfg = recipe.model
         return BertConfig(
             hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads,
             intermediate_size=cfg.intermediate_size,
             max_position_embeddings=pretrain.scratch_positions(cfg, recipe.pretrain.seq_len),
@@ -173,8 +174,9 @@ def teacher_config(recipe: Recipe):
 
 def check_students(recipe: Recipe, names: list[str]) -> None:
     """Build each named student at a small vocabulary and check it keeps the student contract (`check_student`),
-    and that a transformer that starts from the teacher can copy its layers, before the transfer set or any
-    training: `RecipeError` names the student and what its class breaks."""
+    that a transformer that starts from the teacher can copy its layers, and that one that copies or matches the
+    teacher's layers has no more of them, before the transfer set or any training: `RecipeError` names the student
+    and what its class breaks."""
     for name in names:
         spec = recipe.distill.students[name]
         from_teacher = spec.init_from_teacher or spec.baseline_init_from_teacher
@@ -183,20 +185,28 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
             check_student(student, from_teacher)
         except StudentError as err:
             raise RecipeError(f"distill.students.{name}: {err}") from err
+        teacher = teacher_config(recipe)
         copies = from_teacher and isinstance(student, TransformerClassifier)
-        if copies and (misfits := teacher_misfits(student.bert.config, teacher_config(recipe))):
+        if copies and (misfits := teacher_misfits(student.bert.config, teacher)):
             raise RecipeError(
                 f"distill.students.{name} starts from the teacher's layers, which it cannot copy: {misfits[0]}; "
                 f"set distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false), "
                 "or size it as the teacher"
             )
         layered = [key for key in ("hidden", "attention") if getattr(spec.losses, key) > 0]
-        if layered and getattr(teacher := teacher_config(recipe), "is_encoder_decoder", False):
+        if layered and getattr(teacher, "is_encoder_decoder", False):
             raise RecipeError(
                 f"distill.students.{name}.losses.{layered[0]} matches the student's layers to a stack of the "
                 f"teacher's, but {recipe.model.init} is an encoder-decoder ({teacher.model_type}), whose head reads "
                 f"its decoder through cross-attention to its encoder; set distill.students.{name}.losses.hidden "
                 "and losses.attention to 0"
+            )
+        if (copies or layered) and spec.model.num_layers > teacher.num_hidden_layers:
+            uses = f"losses.{layered[0]} matches" if layered else "init_from_teacher copies"
+            raise RecipeError(
+                f"distill.students.{name}.model.num_layers is {spec.model.num_layers}, but the teacher has "
+                f"{teacher.num_hidden_layers} layers, and its {uses} each student layer to one of the teacher's; set "
+                f"distill.students.{name}.model.num_layers to at most {teacher.num_hidden_layers}"
             )
 
 
