@@ -60,12 +60,16 @@ class Frozen(list):
 
 
 class DistillObjective(nn.Module):
-    """The student plus what its intermediate losses train (hidden-state projections); returns the loss."""
+    """The student plus what its intermediate losses train (hidden-state projections); returns the loss.
 
-    def __init__(self, student: nn.Module, run: StudentRun, teacher=None):
+    With `derived_segments` the batch's token_type_ids are the pair students' segment ids made from sequence ids
+    (`pair_segments`), which the teacher never took (RoBERTa's one token type): it reads the batch without them."""
+
+    def __init__(self, student: nn.Module, run: StudentRun, teacher=None, derived_segments: bool = False):
         super().__init__()
         self.student, self.run = student, run
         self.teacher = Frozen([teacher])
+        self.derived_segments = derived_segments
         self.intermediate = teacher is not None and (run.losses.hidden > 0 or run.losses.attention > 0)
         if self.intermediate:
             t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
@@ -86,8 +90,9 @@ class DistillObjective(nn.Module):
         if w.kd:
             terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
         if self.intermediate:
+            own = {k: v for k, v in batch.items() if k != "token_type_ids"} if self.derived_segments else batch
             with torch.no_grad():
-                out = self.teacher[0](**batch, output_hidden_states=True, output_attentions=True)
+                out = self.teacher[0](**own, output_hidden_states=True, output_attentions=True)
             if w.hidden:
                 terms["hidden"] = sum(
                     hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
@@ -252,6 +257,8 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
         optim = spec.optim
 
+    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
+    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
     cfg = student_config(recipe, spec, len(tokenizer), pad)
     torch.manual_seed(optim.seed)
     student = build_student(cfg, recipe.data.label_names)
@@ -266,7 +273,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         run_spec = spec.model_copy(update={"losses": spec.losses.model_copy(update=labels_only)})
         objective = DistillObjective(student, run_spec)
     else:
-        objective = DistillObjective(student, spec, teacher_bert)
+        objective = DistillObjective(student, spec, teacher_bert, derived)
 
     lengths = feats["input_ids"].lengths().tolist()
     placement = device.for_process(recipe.runtime)
@@ -309,8 +316,6 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)
-    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
-    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
     segments = {"pair_segments": "sequence_ids"} if derived else {}
     return Built(
         write,
