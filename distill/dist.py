@@ -7,6 +7,7 @@ import secrets
 import socket
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from edgedistill.common.recipe import RecipeError
 
@@ -92,6 +93,16 @@ def broadcast(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def mean_over_ranks(mean: float, count: int, device: torch.device) -> float:
+    """The mean over every rank's examples of a figure whose mean over this rank's `count` examples is `mean` (0 for
+    none); `mean` itself in one process."""
+    if not dist.is_initialized():
+        return mean
+    both = torch.tensor([mean * count, count], dtype=torch.float64, device=device)
+    dist.all_reduce(both)
+    return (both[0] / both[1]).item()
 
 
 def barrier() -> None:
