@@ -132,9 +132,13 @@ class Stage:
         upstream = self.hashed["parents"] | self.hashed["artifacts"]
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
+    def staleness(self) -> str | None:
+        """Why the artifact must be built again (`manifest.staleness`), or None when it is current."""
+        return mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
+
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
-        return mf.is_current(self.folder, self.config_hash, self.parent_folders)
+        return self.staleness() is None
 
     @property
     def parent_folders(self) -> dict[str, Path]:
@@ -181,7 +185,7 @@ class Stage:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         if _main_rank():
             remove_orphans(self.folder)  # what a publish killed half-way left, even where nothing is built now
-        stale = "--force" if force else mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
+        stale = "--force" if force else self.staleness()
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
                 print(f"[{self.name}] up to date: {self.folder}")

@@ -7,10 +7,17 @@ import secrets
 import socket
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from edgedistill.common.recipe import RecipeError
 
-SHARED_PROBE = ".shared-probe"  # the file rank 0 writes for the other ranks to find in the run folder
+SHARED_PROBE = ".shared-probe"  # how the files rank 0 writes for the other ranks to find start (`probe_file`)
+
+
+def probe_file(folder: Path, token: str) -> Path:
+    """The probe the launch whose rank 0 drew `token` writes into `folder`: one name per launch, so that two launches
+    at once on one run folder neither overwrite nor remove each other's."""
+    return Path(folder) / f"{SHARED_PROBE}-{token}"
 
 
 def launched() -> tuple[int, int]:
@@ -31,12 +38,13 @@ def check_shared(folder: Path) -> None:
     folder must be on storage they share. A no-op in one process; on failure every rank raises, naming the hosts."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    probe = Path(folder) / SHARED_PROBE
     token = [secrets.token_hex(8) if is_main() else None]
     if is_main():
+        probe = probe_file(folder, token[0])
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_text(token[0])
     dist.broadcast_object_list(token, src=0)
+    probe = probe_file(folder, token[0])
     try:
         seen = probe.read_text() == token[0]
     except OSError:
@@ -85,6 +93,16 @@ def broadcast(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def mean_over_ranks(mean: float, count: int, device: torch.device) -> float:
+    """The mean over every rank's examples of a figure whose mean over this rank's `count` examples is `mean` (0 for
+    none); `mean` itself in one process."""
+    if not dist.is_initialized():
+        return mean
+    both = torch.tensor([mean * count, count], dtype=torch.float64, device=device)
+    dist.all_reduce(both)
+    return (both[0] / both[1]).item()
 
 
 def barrier() -> None:

@@ -60,12 +60,16 @@ class Frozen(list):
 
 
 class DistillObjective(nn.Module):
-    """The student plus what its intermediate losses train (hidden-state projections); returns the loss."""
+    """The student plus what its intermediate losses train (hidden-state projections); returns the loss.
 
-    def __init__(self, student: nn.Module, run: StudentRun, teacher=None):
+    With `derived_segments` the batch's token_type_ids are the pair students' segment ids made from sequence ids
+    (`pair_segments`), which the teacher never took (RoBERTa's one token type): it reads the batch without them."""
+
+    def __init__(self, student: nn.Module, run: StudentRun, teacher=None, derived_segments: bool = False):
         super().__init__()
         self.student, self.run = student, run
         self.teacher = Frozen([teacher])
+        self.derived_segments = derived_segments
         self.intermediate = teacher is not None and (run.losses.hidden > 0 or run.losses.attention > 0)
         if self.intermediate:
             t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
@@ -86,8 +90,9 @@ class DistillObjective(nn.Module):
         if w.kd:
             terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
         if self.intermediate:
+            own = {k: v for k, v in batch.items() if k != "token_type_ids"} if self.derived_segments else batch
             with torch.no_grad():
-                out = self.teacher[0](**batch, output_hidden_states=True, output_attentions=True)
+                out = self.teacher[0](**own, output_hidden_states=True, output_attentions=True)
             if w.hidden:
                 terms["hidden"] = sum(
                     hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
@@ -159,6 +164,7 @@ def teacher_config(recipe: Recipe):
         cfg = recipe.model
         return BertConfig(
             hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads,
             intermediate_size=cfg.intermediate_size,
             max_position_embeddings=pretrain.scratch_positions(cfg, recipe.pretrain.seq_len),
@@ -173,8 +179,9 @@ def teacher_config(recipe: Recipe):
 
 def check_students(recipe: Recipe, names: list[str]) -> None:
     """Build each named student at a small vocabulary and check it keeps the student contract (`check_student`),
-    and that a transformer that starts from the teacher can copy its layers, before the transfer set or any
-    training: `RecipeError` names the student and what its class breaks."""
+    that a transformer that starts from the teacher can copy its layers, and that one that copies or matches the
+    teacher's layers has no more of them, before the transfer set or any training: `RecipeError` names the student
+    and what its class breaks."""
     for name in names:
         spec = recipe.distill.students[name]
         from_teacher = spec.init_from_teacher or spec.baseline_init_from_teacher
@@ -183,20 +190,28 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
             check_student(student, from_teacher)
         except StudentError as err:
             raise RecipeError(f"distill.students.{name}: {err}") from err
+        teacher = teacher_config(recipe)
         copies = from_teacher and isinstance(student, TransformerClassifier)
-        if copies and (misfits := teacher_misfits(student.bert.config, teacher_config(recipe))):
+        if copies and (misfits := teacher_misfits(student.bert.config, teacher)):
             raise RecipeError(
                 f"distill.students.{name} starts from the teacher's layers, which it cannot copy: {misfits[0]}; "
                 f"set distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false), "
                 "or size it as the teacher"
             )
         layered = [key for key in ("hidden", "attention") if getattr(spec.losses, key) > 0]
-        if layered and getattr(teacher := teacher_config(recipe), "is_encoder_decoder", False):
+        if layered and getattr(teacher, "is_encoder_decoder", False):
             raise RecipeError(
                 f"distill.students.{name}.losses.{layered[0]} matches the student's layers to a stack of the "
                 f"teacher's, but {recipe.model.init} is an encoder-decoder ({teacher.model_type}), whose head reads "
                 f"its decoder through cross-attention to its encoder; set distill.students.{name}.losses.hidden "
                 "and losses.attention to 0"
+            )
+        if (copies or layered) and spec.model.num_layers > teacher.num_hidden_layers:
+            uses = f"losses.{layered[0]} matches" if layered else "init_from_teacher copies"
+            raise RecipeError(
+                f"distill.students.{name}.model.num_layers is {spec.model.num_layers}, but the teacher has "
+                f"{teacher.num_hidden_layers} layers, and its {uses} each student layer to one of the teacher's; set "
+                f"distill.students.{name}.model.num_layers to at most {teacher.num_hidden_layers}"
             )
 
 
@@ -242,6 +257,8 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
         optim = spec.optim
 
+    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
+    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
     cfg = student_config(recipe, spec, len(tokenizer), pad)
     torch.manual_seed(optim.seed)
     student = build_student(cfg, recipe.data.label_names)
@@ -256,7 +273,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         run_spec = spec.model_copy(update={"losses": spec.losses.model_copy(update=labels_only)})
         objective = DistillObjective(student, run_spec)
     else:
-        objective = DistillObjective(student, spec, teacher_bert)
+        objective = DistillObjective(student, spec, teacher_bert, derived)
 
     lengths = feats["input_ids"].lengths().tolist()
     placement = device.for_process(recipe.runtime)
@@ -299,8 +316,6 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)
-    # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
-    derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
     segments = {"pair_segments": "sequence_ids"} if derived else {}
     return Built(
         write,

@@ -12,10 +12,11 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import tables
 from edgedistill.common.atomic import write_changed
 from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.distill import student_stage
 from edgedistill.distill.metrics import retention
 from rich.console import Console
 
-TEXT_COLUMNS = ("student", "arch", "baseline_from")
+TEXT_COLUMNS = ("student", "arch", "baseline_from", "out_of_date")
 
 
 def figures(recipe: Recipe, test: bool) -> list[str]:
@@ -24,28 +25,43 @@ def figures(recipe: Recipe, test: bool) -> list[str]:
     return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
 
 
+def _built(recipe: Recipe, name: str, baseline: bool) -> tuple[mf.Manifest | None, bool]:
+    """The manifest of student `name` (or its baseline), None when it has not run; and whether it is out of date:
+    built from other settings than the recipe's now, or from other parents than those now in the run folder
+    (`Stage.staleness`)."""
+    stage = student_stage.stage(recipe, name, baseline)
+    try:
+        manifest = mf.load(stage.folder, verify=False)
+    except mf.ArtifactError:
+        return None, False
+    return manifest, not stage.is_current()
+
+
 def rows(recipe: Recipe) -> list[dict]:
-    """One row per finished student of the recipe (baseline columns empty when it has not run)."""
+    """One row per finished student of the recipe (baseline columns empty when it has not run). The figures of a
+    student or baseline out of date are left out, and an `out_of_date` column, there only then, names them."""
     folder = run_dir(recipe)
     key = recipe.data.selection_key
     teacher = mf.load(folder / "teacher", verify=False).metrics
-    found = [("teacher", "teacher", teacher, None)]
+    found = [("teacher", "teacher", teacher, None, [])]
     for name in recipe.distill.students:
-        try:
-            student = mf.load(folder / f"student-{name}", verify=False)
-        except mf.ArtifactError:
+        student, student_stale = _built(recipe, name, baseline=False)
+        if student is None:
             continue
-        try:
-            baseline = mf.load(folder / f"baseline-{name}", verify=False)
-        except mf.ArtifactError:
-            baseline = None
-        found.append((name, student.info["arch"], student.metrics, baseline))
-    columns = figures(recipe, test=any("test_accuracy" in metrics for _, _, metrics, _ in found))
-    return [_row(name, arch, m, columns, key, teacher.get(key), baseline) for name, arch, m, baseline in found]
+        baseline, baseline_stale = _built(recipe, name, baseline=True)
+        stale = [kind for kind, out in (("student", student_stale), ("baseline", baseline_stale)) if out]
+        metrics = {} if student_stale else student.metrics
+        found.append((name, student.info["arch"], metrics, None if baseline_stale else baseline, stale))
+    columns = figures(recipe, test=any("test_accuracy" in metrics for _, _, metrics, _, _ in found))
+    table_rows = [_row(name, arch, m, columns, key, teacher.get(key), baseline) for name, arch, m, baseline, _ in found]
+    if any(stale for *_, stale in found):
+        for row, (*_, stale) in zip(table_rows, found, strict=True):
+            row["out_of_date"] = ", ".join(stale) or None
+    return table_rows
 
 
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
@@ -57,14 +73,14 @@ def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
     return {
         "student": name,
         "arch": arch,
-        "params": m["params"],
-        "size_MiB": round(m["size_bytes"] / 2**20, 2),
+        "params": m.get("params"),
+        "size_MiB": _rounded(m["size_bytes"] / 2**20 if "size_bytes" in m else None, 2),
         **{column: _rounded(m.get(column)) for column in columns},
         "retention": None if (kept := retention(score, teacher_score)) is None else round(kept, 4),
         "baseline": _rounded(baseline),
         "baseline_from": start,
         "gain": None if None in (score, baseline) else round(score - baseline, 4),
-        "wall_min": round(m["wall_seconds"] / 60, 1),
+        "wall_min": _rounded(m["wall_seconds"] / 60 if "wall_seconds" in m else None, 1),
     }
 
 
@@ -82,9 +98,17 @@ def write(recipe: Recipe) -> list[dict]:
         "",
         *tables.markdown(columns, cells),
     ]
+    if stale := [r["student"] for r in table_rows if r.get("out_of_date")]:
+        note = (
+            "out_of_date: built from other settings or another teacher or transfer set than the recipe's now, so its "
+            f"figures are left out; `edgedistill distill RECIPE {' '.join(f'--only {n}' for n in stale)}` rebuilds them."
+        )
+        lines += ["", note]
     folder = run_dir(recipe)
     write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
     write_changed(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
     title = f"distillation: {recipe.name} (selected on {key})"
     Console(width=160).print(tables.console_table(title, columns, cells, TEXT_COLUMNS))
+    if stale:
+        print(note)
     return table_rows

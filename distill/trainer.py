@@ -380,8 +380,9 @@ class Trainer:
         return [batch[i::parts] for i in mine if i < len(batch)]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
-        """One optimizer step over this rank's micro-batches of `batch`: their mean loss per example, and whether the
-        optimizer stepped (fp16's loss scaler skips a step whose gradients overflowed, and lowers its scale)."""
+        """One optimizer step over this rank's micro-batches of `batch`: the mean loss per example of the whole batch
+        (every rank's), and whether the optimizer stepped (fp16's loss scaler skips a step whose gradients
+        overflowed, and lowers its scale)."""
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
         # a rank the batch leaves without examples still runs one pass, weighted 0: DDP's all-reduce needs every rank
@@ -403,7 +404,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return total, self.scaler.get_scale() >= scale
+        return dist.mean_over_ranks(total, mine, self.placement.device), self.scaler.get_scale() >= scale
 
     def fit(
         self,

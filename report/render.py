@@ -164,11 +164,17 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
         key = recipe.data.selection_key
+        columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
+        stale = (
+            " out_of_date: a student or baseline built from other settings or another teacher or transfer set than "
+            "the recipe's when the table was written, its figures left out (edgedistill distill RECIPE --only NAME "
+            "rebuilds it)."
+        )
         page.note(
             f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
             "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
+            + (stale if "out_of_date" in columns else "")
         )
-        columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
         page.table(columns, [[r[c] for c in columns] for r in rows])
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])

@@ -49,7 +49,27 @@ def test_ranks_that_share_the_run_folder_pass(tmp_path):
 def test_the_probe_is_removed_after_the_check(tmp_path):
     shared = tmp_path / "runs"
     check_from_two_ranks(tmp_path, [str(shared), str(shared)])
-    assert not (shared / dist.SHARED_PROBE).exists()
+    assert list(shared.iterdir()) == []
+
+
+def _check_while_another_launch_probes(folder: str) -> str:
+    """What `check_shared` says on this rank when, once rank 0 has written its probe, another launch's rank 0 writes
+    its own into the same run folder."""
+    broadcast = torch_dist.broadcast_object_list
+
+    def then_another_launch_probes(*args, **kwargs):
+        broadcast(*args, **kwargs)
+        if torch_dist.get_rank() == 0:
+            dist.probe_file(Path(folder), "another-launch").write_text("another-launch")
+        torch_dist.barrier()  # before rank 1 reads the probe
+
+    torch_dist.broadcast_object_list = then_another_launch_probes
+    return _check([folder, folder])
+
+
+def test_another_launch_probing_the_same_run_folder_does_not_make_the_check_refuse(tmp_path):
+    shared = str(tmp_path / "runs")
+    assert on_two_ranks(tmp_path, _check_while_another_launch_probes, shared) == {0: "ok", 1: "ok"}
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -205,3 +205,23 @@ def test_a_student_matching_no_layers_of_an_encoder_decoder_teacher_passes_the_c
     overrides = {"model.init": str(tmp_path / "init"), f"{student}.init_from_teacher": False}
     overrides |= {f"{student}.losses.{key}": 0.0 for key in ("hidden", "attention")}
     assert check_students(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), ["transformer"]) is None
+
+
+DEEPER = {"distill.students.transformer.model.num_layers": 3}
+COPYING = {"distill.students.transformer.losses": {"mse": 1.0}}  # init_from_teacher, by default
+MATCHING = {"distill.students.transformer.init_from_teacher": False, "distill.students.transformer.losses.attention": 0}
+
+
+@pytest.mark.parametrize("uses", [COPYING, MATCHING], ids=["copying", "matching"])
+def test_a_transformer_student_deeper_than_its_teacher_is_refused_before_the_transfer_set(tmp_path, uses):
+    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    config.save_pretrained(tmp_path / "init")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path / "init")} | DEEPER | uses)
+    with pytest.raises(RecipeError, match=r"distill.students.transformer.model.num_layers is 3, .* has 2 layers"):
+        check_students(recipe, ["transformer"])
+
+
+def test_a_transformer_student_deeper_than_a_teacher_from_scratch_is_refused_before_the_transfer_set():
+    # a BERT config made without num_hidden_layers says 12: the recipe's model.num_layers (2) is the teacher's depth
+    with pytest.raises(RecipeError, match=r"distill.students.transformer.model.num_layers is 3, .* has 2 layers"):
+        check_students(load_recipe(ROOT / "recipes" / "smoke.yaml", DEEPER), ["transformer"])

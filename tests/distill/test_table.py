@@ -5,7 +5,7 @@ import json
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, run_dir
-from edgedistill.distill import table
+from edgedistill.distill import finetune, student_stage, table, transfer
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}
@@ -20,29 +20,43 @@ distill:
 SIZES = {"params": 1000, "size_bytes": 2**20, "wall_seconds": 60.0}
 
 
-def publish(folder, metrics, info=None):
-    with mf.stage_folder(folder) as tmp:
+def publish(stage, metrics=None, info=None, config_hash=None):
+    """`stage`'s artifact as its build would publish it, from its parents now (under `config_hash`, when given,
+    instead of the stage's own)."""
+    with mf.stage_folder(stage.folder) as tmp:
         (tmp / "result.json").write_text("{}")
-        base = mf.Manifest(stage=folder.name, recipe="trec", recipe_hash="h", config_hash="c", metrics=metrics)
-        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}}))
+        base = mf.Manifest(
+            stage=stage.name,
+            recipe="trec",
+            recipe_hash="h",
+            config_hash=config_hash or stage.config_hash,
+            hashed=stage.hashed,
+            parents={name: mf.parent_of(folder) for name, folder in stage.parent_folders.items()},
+            metrics=metrics or {},
+        )
+        mf.commit(tmp, stage.folder, base.model_copy(update={"info": info or {}}))
+
+
+def publish_teacher(recipe, accuracy=0.9, macro_f1=0.8):
+    publish(finetune.stage(recipe), SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1})
 
 
 @pytest.fixture
 def trec(tmp_path):
-    """A six-label recipe selecting on `data` (the text after the label names), with a finished teacher,
-    a cnn student and its baseline (the bilstm has not run)."""
+    """A six-label recipe selecting on `data` (the text after the label names), with a finished teacher, transfer
+    set, cnn student and its baseline (the bilstm has not run), each current."""
 
     def make(data: str = "", test: bool = False):
         path = tmp_path / "trec.yaml"
         path.write_text(RECIPE % data)
         recipe = load_recipe(path)
-        root = run_dir(recipe)
-        scores = {"teacher": (0.9, 0.8), "student-cnn": (0.85, 0.6), "baseline-cnn": (0.8, 0.4)}
-        for name, (accuracy, macro_f1) in scores.items():
+        publish_teacher(recipe)
+        publish(transfer.stage(recipe))
+        for baseline, (accuracy, macro_f1) in ((False, (0.85, 0.6)), (True, (0.8, 0.4))):
             metrics = SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1}
             if test:
                 metrics |= {"test_accuracy": accuracy - 0.1, "test_macro_f1": macro_f1 - 0.1}
-            publish(root / name, metrics, {"arch": "cnn"})
+            publish(student_stage.stage(recipe, "cnn", baseline), metrics, {"arch": "cnn"})
         return recipe
 
     return make
@@ -130,3 +144,44 @@ def test_the_table_of_unchanged_stages_leaves_its_files_as_they_are(trec):
     before = summary.stat().st_ino
     table.write(recipe)
     assert summary.stat().st_ino == before
+
+
+def test_a_baseline_built_from_other_settings_is_not_reported(trec):
+    recipe = trec()
+    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    assert table.rows(recipe)[1]["baseline"] is None
+
+
+def test_no_gain_is_reported_against_a_baseline_built_from_other_settings(trec):
+    recipe = trec()
+    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    assert table.rows(recipe)[1]["gain"] is None
+
+
+def test_a_baseline_built_from_other_settings_is_marked_out_of_date(trec):
+    recipe = trec()
+    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    assert table.rows(recipe)[1]["out_of_date"] == "baseline"
+
+
+def test_no_retention_is_reported_for_a_student_of_a_teacher_built_again(trec):
+    recipe = trec()
+    publish_teacher(recipe, accuracy=0.95)
+    assert table.rows(recipe)[1]["retention"] is None
+
+
+def test_a_student_of_a_teacher_built_again_is_marked_out_of_date(trec):
+    recipe = trec()
+    publish_teacher(recipe, accuracy=0.95)
+    assert table.rows(recipe)[1]["out_of_date"] == "student, baseline"
+
+
+def test_a_table_of_current_stages_has_no_out_of_date_column(trec):
+    assert "out_of_date" not in table.rows(trec())[0]
+
+
+def test_the_markdown_says_which_command_rebuilds_what_is_out_of_date(trec):
+    recipe = trec()
+    publish_teacher(recipe, accuracy=0.95)
+    table.write(recipe)
+    assert "`edgedistill distill RECIPE --only cnn` rebuilds" in (run_dir(recipe) / "distill-summary.md").read_text()

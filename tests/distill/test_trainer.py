@@ -244,6 +244,25 @@ def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted
     assert resumed == straight
 
 
+def _train_losses(folder: str) -> list[float]:
+    """The train_loss of each evaluation over two epochs of a linear model on batches of 5 (3 examples on rank 0, 2
+    on rank 1 under DDP), evaluated every other step and at each epoch's end."""
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.1, batch_size=5, epochs=2, eval_every=2, warmup_ratio=0.0, weight_decay=0.0)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+    progress = trainer.fit(lambda epoch: [list(range(i, i + 5)) for i in range(0, 15, 5)],
+                           lambda idx: (X[idx], Y[idx]),
+                           lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+                           lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return [entry["train_loss"] for entry in progress.history]
+
+
+def test_under_ddp_the_recorded_train_loss_is_that_of_every_rank_s_examples(tmp_path):
+    two = on_two_ranks(tmp_path, _train_losses, str(tmp_path / "two"))
+    # float32 losses near 30, summed over other splits of the batch: equal to a few units in the last place
+    torch.testing.assert_close(two[0], _train_losses(str(tmp_path / "one")), rtol=1e-6, atol=0)
+
+
 def _fit_judged_by_each_rank(folder: str) -> tuple[int, int]:
     """A run whose evaluations would differ by rank (rank 1's keep improving, rank 0's never after the first):
     the steps it took, and how many evaluations this rank ran."""

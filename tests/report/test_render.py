@@ -23,9 +23,10 @@ def publish(folder, metrics=None, info=None, files=None, parents=None):
         mf.commit(tmp, folder, base.model_copy(update={"info": info or {}, "parents": parents or {}}))
 
 
-def distillation_markdown(tmp_path) -> str:
-    """The distillation section of a run of the smoke recipe selected on macro-F1, with the cnn's baseline."""
-    (tmp_path / "distill-summary.json").write_text(json.dumps(ROWS))
+def distillation_markdown(tmp_path, rows=ROWS) -> str:
+    """The distillation section of a run of the smoke recipe selected on macro-F1, with the cnn's baseline, from the
+    table's `rows`."""
+    (tmp_path / "distill-summary.json").write_text(json.dumps(rows))
     for folder in ("teacher", "student-cnn", "baseline-cnn"):
         publish(tmp_path / folder)
     page = render.Page("report")
@@ -39,6 +40,11 @@ def test_distillation_section_shows_the_tables_own_columns(tmp_path):
 
 def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
+
+
+def test_distillation_section_says_what_an_out_of_date_row_leaves_out(tmp_path):
+    rows = [ROWS[0] | {"out_of_date": None}, ROWS[1] | {"out_of_date": "baseline"}]
+    assert "out_of_date: a student or baseline built from other settings" in distillation_markdown(tmp_path, rows)
 
 
 def test_a_table_writes_counts_with_thousands_separators():
