@@ -166,7 +166,10 @@ class Stage:
                     f"{mf.how_to_build(parent.folder)} first, or `edgedistill all RECIPE`, which builds every stage "
                     "in order"
                 )
-        parents = {name: mf.sha256_file(folder / mf.MANIFEST) for name, folder in self.parent_folders.items()}
+        # each parent by its files' digests, not its manifest's bytes, which hold when it was built
+        parents = {
+            name: {file: entry.sha256 for file, entry in built.files.items()} for name, built in manifests.items()
+        }
         key = hashlib.sha256(json.dumps([self.config_hash, parents], sort_keys=True).encode()).hexdigest()[:16]
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key)
 

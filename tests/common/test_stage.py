@@ -1,6 +1,7 @@
 """The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
 
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -212,11 +213,18 @@ def test_a_parent_built_again_with_the_same_settings_keeps_the_childs_work_from_
     assert child.inputs().work_key != before
 
 
-def test_a_parent_built_again_to_the_same_artifact_lets_the_child_resume_its_work(recipe):
+class _AnHourLater(datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.now(tz) + timedelta(hours=1)
+
+
+def test_a_parent_built_again_to_the_same_artifact_lets_the_child_resume_its_work(recipe, monkeypatch):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     child = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,))
     parent.run()
     before = child.inputs().work_key
+    monkeypatch.setattr(mf, "datetime", _AnHourLater)  # built again later: its manifest records another time
     Stage("parent", recipe(), ("data",), writer("p.txt")).run(force=True)
     assert child.inputs().work_key == before
 
