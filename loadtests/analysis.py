@@ -5,6 +5,7 @@ the second (and stage) in which it returned; one that returned after the schedul
 CPU % is of one core (100 = one core busy).
 """
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,11 +81,12 @@ def offered_rate(stages: list[Stage]) -> float:
 
 
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
-    """One entry per second of the schedule: users, requests/s, failures/s, latency percentiles (None: no call)."""
+    """One entry per second of the schedule: users, requests/s, failures/s, latency percentiles (None: no call). The
+    last second counts too the calls that return after the schedule ends, as the last stage does."""
     seconds = int(np.ceil(stages[-1].end_s))
     series = {key: [] for key in ("t_s", "users", "requests_per_s", "failures_per_s", "p50_ms", "p95_ms", "p99_ms")}
     for t in range(seconds):
-        stats = call_stats(samples.between(t, t + 1), 1.0)
+        stats = call_stats(samples.between(t, math.inf if t == seconds - 1 else t + 1), 1.0)
         series["t_s"].append(t)
         series["users"].append(next((s.users for s in stages if s.start_s <= t < s.end_s), stages[-1].users))
         series["requests_per_s"].append(stats["requests"])

@@ -11,7 +11,7 @@ from edgedistill.bench.processes import free_port
 from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
-from edgedistill.loadtests.plan import Plan
+from edgedistill.loadtests.plan import Plan, Stage
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -169,3 +169,9 @@ def test_calls_that_return_after_the_schedule_ends_count_overall_by_name_and_in_
     assert built["by_name"]["Classify"]["failures"] == 1
     assert built["stages"][-1]["requests"] == 2
     assert built["overall"]["requests_per_s"] == 2 / end  # over the schedule's seconds
+
+
+def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():
+    stages = [Stage(name="constant", start_s=0.0, end_s=3.0, users=1, offered_rate=1.0)]
+    series = analysis.per_second(samples([0.5, 1.5, 2.5, 3.5, 5.0], [1.0] * 5), stages)
+    assert series["requests_per_s"] == [1, 1, 3]
