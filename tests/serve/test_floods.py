@@ -576,14 +576,29 @@ def test_a_connection_without_calls_is_closed_after_connection_idle_s(start_serv
     assert client.closed.wait(5)
 
 
+def stall_call(client: RawClient, stream: int) -> None:
+    """A call on `stream` that sends half of its message and then nothing."""
+    client.open_call(stream, CLASSIFY)
+    client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+
+
 def stall_every_place(server, places: int) -> RawClient:
     """A raw client holding `places` calls, each with half a message: every place of a server whose
     MAX_CONCURRENT_RPCS is `places`."""
     client = RawClient(server.port)
     for stream in range(1, 2 * places, 2):
-        client.open_call(stream, CLASSIFY)
-        client.send_data(stream, message_prefix(1000) + b"\x0a\x05")
+        stall_call(client, stream)
     return client
+
+
+def until_every_place_is_held(client: RawClient, places: int, stub, deadline: float) -> None:
+    """Wait until a good `Classify` is refused for want of a place. A stalled call the server received while a good
+    call held a place was refused: each good call answered meanwhile is followed by another stalled call."""
+    stream = 2 * places + 1
+    while classify_code(stub) != "RESOURCE_EXHAUSTED":
+        assert time.monotonic() < deadline, "the stalled calls never held every place"
+        stall_call(client, stream)
+        stream += 2
 
 
 def classify_code(stub) -> str:
@@ -604,9 +619,7 @@ def test_calls_stalled_mid_message_are_cancelled_when_the_connections_age_runs_o
     client = stall_every_place(server, 4)
     with grpc.insecure_channel(server.address, options=LOCAL) as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
-        deadline = opened + 0.85 * age_s  # within the connection's age, less gRPC's 10 % jitter
-        while classify_code(stub) != "RESOURCE_EXHAUSTED":
-            assert time.monotonic() < deadline, "the stalled calls never held every place"
+        until_every_place_is_held(client, 4, stub, opened + 0.85 * age_s)  # within the age, less gRPC's 10 % jitter
         assert client.closed.wait(10), "the stalled connection was never closed"
         assert stub.Classify(classify("good"), timeout=5).predictions
 
@@ -616,9 +629,7 @@ def test_calls_stalled_mid_message_leave_their_places_when_their_connection_clos
     client = stall_every_place(server, 2)
     with grpc.insecure_channel(server.address, options=LOCAL) as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
-        deadline = time.monotonic() + 5
-        while classify_code(stub) != "RESOURCE_EXHAUSTED":
-            assert time.monotonic() < deadline, "the stalled calls never held every place"
+        until_every_place_is_held(client, 2, stub, time.monotonic() + 5)
         client.close()
         deadline = time.monotonic() + 5
         while (code := classify_code(stub)) != "OK" and time.monotonic() < deadline:
