@@ -95,9 +95,8 @@ class PairsFile:
 
 def hashed_path(path: Path) -> str:
     """A `--texts` or `--pairs` file as a measurement's stage hashes it: by its absolute path, which the stage hashes
-    by the file's contents (`common.recipe.by_content` takes only a string holding a "/" for a file: a bare name
-    in the working directory would be hashed by its name, and an edited file's old result kept). `-` (stdin) by
-    the digest of what it held, in the form `by_content` gives a file's."""
+    by the file's contents (`common.recipe.by_content`), the same wherever it is run from. `-` (stdin) by the digest
+    of what it held, in the form `by_content` gives a file's."""
     if str(path) == "-":
         return f"sha256:{hashlib.sha256(_read_once(sys.stdin).encode()).hexdigest()}"
     return str(path.absolute())

@@ -54,9 +54,9 @@ def echo_loadtest(profile: str) -> str:
     return f"{loadtest(profile)}-echo"
 
 
+# Each measurement of a bundle; also the folder names of releases that kept one result whatever bundle was measured
+# (which bundle they hold, the name does not say).
 MEASUREMENTS = (SERVING, ACCURACY, PEERS, SCALING, *(loadtest(profile) for profile in get_args(Profile)))
-# Folders of releases that kept one result whatever bundle was measured: which bundle they hold, the name does not say.
-UNKEYED = MEASUREMENTS
 
 
 def stale(result: Path, bundle_folder: Path) -> str | None:

@@ -115,7 +115,7 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
 
 def _unkeyed(page: Page, root: Path) -> None:
     """Results of older releases, one folder whatever bundle was measured: named, not shown as the deployed one's."""
-    older = [name for name in measured.UNKEYED if _finished(root / name)]
+    older = [name for name in measured.MEASUREMENTS if _finished(root / name)]
     if older:
         page.heading("Not shown: results of an older release", [f"../{name}/{mf.MANIFEST}" for name in older])
         page.note(

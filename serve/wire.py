@@ -108,7 +108,7 @@ def _tensor_elements(
                     "the server reads ('classification' on an output)"
                 )
         elif number == numbers.get("contents") and first >= 0:
-            found += len(list(_fields(data, first, last, elements - found, too_many_elements)))
+            found += sum(1 for _ in _fields(data, first, last, elements - found, too_many_elements))
     return found
 
 

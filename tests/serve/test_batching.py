@@ -571,15 +571,22 @@ def test_a_backend_call_past_the_time_limit_fails_every_held_request_and_reports
     assert hung, "the held requests waited for the hung call instead of failing at its time limit"
 
 
+async def hung_in_its_call(backend, **kwargs) -> tuple[DynamicBatcher, asyncio.Future]:
+    """A started batcher and its one request of one row, once the request's backend call has begun in `backend`
+    (one given a gate holds it there)."""
+    b = batcher(backend, max_delay=0.0, **kwargs)
+    b.start()
+    held = asyncio.ensure_future(b.submit([row(1)]))
+    await asyncio.to_thread(backend.entered.wait, 10)
+    return b, held
+
+
 def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
     gate = threading.Event()
     backend = FakeBackend(gate=gate)
 
     async def main():
-        b = batcher(backend, max_delay=0.0)
-        b.start()
-        held = asyncio.ensure_future(b.submit([row(1)]))
-        await asyncio.to_thread(backend.entered.wait, 10)
+        b, held = await hung_in_its_call(backend)
         await asyncio.wait_for(b.close(timeout=0.2), 5)
         hung = not backend.returned.is_set()
         return await asyncio.gather(held, return_exceptions=True), hung
@@ -597,10 +604,7 @@ def test_close_counts_a_hung_call_it_gives_up_on_as_left_running():
     backend = FakeBackend(gate=gate)
 
     async def main():
-        b = batcher(backend, max_delay=0.0)
-        b.start()
-        held = asyncio.ensure_future(b.submit([row(1)]))
-        await asyncio.to_thread(backend.entered.wait, 10)
+        b, held = await hung_in_its_call(backend)
         await b.close(timeout=0.2)
         await asyncio.gather(held, return_exceptions=True)
         return calls_left_running()
@@ -619,10 +623,7 @@ def test_close_returns_at_the_time_limit_of_a_batch_that_hangs_while_it_closes()
     release = threading.Timer(3.0, gate.set)  # the hung call returns 3 s on
 
     async def main():
-        b = batcher(backend, max_delay=0.0, batch_timeout=0.2)
-        b.start()
-        held = asyncio.ensure_future(b.submit([row(1)]))
-        await asyncio.to_thread(backend.entered.wait, 10)
+        b, held = await hung_in_its_call(backend, batch_timeout=0.2)
         release.start()
         started = time.monotonic()
         await b.close(timeout=5)  # past the batch's time limit: the call faults while close waits
