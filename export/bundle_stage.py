@@ -252,6 +252,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             fp16=spec.precision in ("fp16", "int8"),
             int8=spec.precision == "int8",
             calibration=calibration() if spec.precision == "int8" else None,
+            pad_id=cache.tokenizer.pad_token_id,
         )
         runner, fused = open_runner(model, spec.runtime, []), {}
     else:

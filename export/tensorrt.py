@@ -26,7 +26,7 @@ QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 
 
 class EngineBuildError(RuntimeError):
-    """TensorRT could not parse the ONNX model or build an engine from it."""
+    """TensorRT could not parse the ONNX model or build an engine from it, or had too few sentences to calibrate."""
 
 
 def _check_range(axis: str, values: tuple[int, int, int]) -> None:
@@ -50,12 +50,12 @@ def _inspect_onnx(onnx_path: Path, inputs: list[str]) -> bool:
 
 
 def calibration_batches(
-    batches: list[dict[str, np.ndarray]], inputs: list[str], batch_size: int, sequence: int
+    batches: list[dict[str, np.ndarray]], inputs: list[str], batch_size: int, sequence: int, pad_id: int = 0
 ) -> list[dict[str, np.ndarray]]:
     """Re-cut token-id batches of any shape into (batch_size, sequence) batches, as dynamic-shape calibration needs.
 
-    TensorRT calibrates at the profile's opt shape. Rows are zero-padded (pad id 0, attention mask 0)
-    or truncated to `sequence`; rows left over after the last full batch are dropped.
+    TensorRT calibrates at the profile's opt shape. Rows are padded (`input_ids` with `pad_id`, the other inputs
+    with 0, so attention mask 0) or truncated to `sequence`; rows left over after the last full batch are dropped.
     """
     columns: dict[str, list[np.ndarray]] = {name: [] for name in inputs}
     for index, batch in enumerate(batches):
@@ -66,7 +66,7 @@ def calibration_batches(
             array = np.asarray(batch[name])
             if array.ndim != 2:
                 raise ValueError(f"calibration batch {index}: {name} has shape {array.shape}, want (batch, sequence)")
-            fitted = np.zeros((array.shape[0], sequence), dtype=np.int64)
+            fitted = np.full((array.shape[0], sequence), pad_id if name == "input_ids" else 0, dtype=np.int64)
             width = min(sequence, array.shape[1])
             fitted[:, :width] = array[:, :width]
             columns[name].append(fitted)
@@ -75,7 +75,10 @@ def calibration_batches(
     }
     total = len(next(iter(rows.values())))
     if total < batch_size:
-        raise ValueError(f"{total} calibration rows, fewer than one batch of the profile's opt batch size {batch_size}")
+        raise EngineBuildError(
+            f"{total} calibration sentences, fewer than one batch of the profile's opt batch size {batch_size}: "
+            f"TensorRT INT8 calibrates on full batches, so the transfer set needs at least {batch_size} texts"
+        )
     return [
         {name: rows[name][start : start + batch_size] for name in inputs}
         for start in range(0, total - batch_size + 1, batch_size)
@@ -150,12 +153,13 @@ def build_engine(
     fp16: bool = True,
     int8: bool = False,
     calibration: list[dict[str, np.ndarray]] | None = None,
+    pad_id: int = 0,
     workspace_gb: float = 2.0,
 ) -> dict:
     """Build `plan_path` from `onnx_path` for inputs of shape (batch, sequence) within (min, opt, max); return build info.
 
     INT8 needs either `calibration` (token-id batches keyed by input name, re-cut to the opt shape)
-    or a model with Q/DQ nodes, never both. The returned dict is meant for the manifest.
+    or a model with Q/DQ nodes, never both; `pad_id` pads their token ids. The returned dict is meant for the manifest.
     """
     onnx_path, plan_path = Path(onnx_path), Path(plan_path)
     _check_range("batch", batch)
@@ -171,7 +175,9 @@ def build_engine(
         raise ValueError(
             f"INT8 for {onnx_path} needs calibration batches, or a model quantized with Q/DQ nodes (static QDQ quantization)"
         )
-    batches = calibration_batches(calibration, inputs, batch[1], sequence[1]) if calibration is not None else None
+    batches = (
+        calibration_batches(calibration, inputs, batch[1], sequence[1], pad_id) if calibration is not None else None
+    )
     versions = require_tensorrt()
     import tensorrt as trt
 

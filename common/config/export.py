@@ -176,7 +176,7 @@ class ExportConfig(Strict):
         256,
         gt=0,
         description="calibration sentences: transfer-set ones for static INT8 and TensorRT INT8 (at least 8 there, "
-        "the engine's opt batch), train ones for `smooth`",
+        "the engine's opt batch, and the transfer set needs as many texts), train ones for `smooth`",
     )
 
     @property

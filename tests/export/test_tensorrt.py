@@ -101,7 +101,6 @@ def test_build_engine_without_tensorrt_raises_and_writes_nothing(tmp_path, no_te
         ({"int8": True}, "needs calibration batches, or a model quantized with Q/DQ"),
         ({"calibration": [feeds(8, 64)]}, "only used with int8=True"),
         ({"int8": True, "calibration": [{"input_ids": np.zeros((8, 64), np.int64)}]}, "lacks inputs"),
-        ({"int8": True, "batch": (1, 8, 64), "calibration": [feeds(4, 64)]}, "fewer than one batch"),
     ],
 )
 def test_arguments_are_checked_before_tensorrt_is_needed(tmp_path, no_tensorrt, kwargs, message):
@@ -109,6 +108,12 @@ def test_arguments_are_checked_before_tensorrt_is_needed(tmp_path, no_tensorrt, 
     kwargs = {"inputs": INPUTS, **kwargs}
     with pytest.raises(ValueError, match=message):
         build_engine(model, tmp_path / "model.plan", **kwargs)
+
+
+def test_too_few_calibration_sentences_are_refused_before_tensorrt_is_needed(tmp_path, no_tensorrt):
+    model = tiny_classifier(tmp_path / "model.onnx")
+    with pytest.raises(EngineBuildError, match="4 calibration sentences, fewer than one batch .* at least 8 texts"):
+        build_engine(model, tmp_path / "model.plan", INPUTS, batch=(1, 8, 64), int8=True, calibration=[feeds(4, 64)])
 
 
 def test_qdq_model_needs_int8_and_no_calibration(tmp_path, no_tensorrt):
@@ -137,6 +142,18 @@ def test_calibration_batches_are_recut_to_the_opt_shape():
     assert batches[2]["input_ids"][1].tolist() == [9] * 8, "long rows are truncated"
 
 
+def test_calibration_batches_pad_token_ids_with_the_tokenizers_pad_id():
+    short = [{"input_ids": np.full((2, 3), 7), "attention_mask": np.ones((2, 3))}]
+    batch = trt_export.calibration_batches(short, INPUTS, batch_size=2, sequence=5, pad_id=50256)[0]
+    assert batch["input_ids"][0].tolist() == [7, 7, 7, 50256, 50256]
+
+
+def test_calibration_batches_pad_the_attention_mask_with_zeros_whatever_the_pad_id():
+    short = [{"input_ids": np.full((2, 3), 7), "attention_mask": np.ones((2, 3))}]
+    batch = trt_export.calibration_batches(short, INPUTS, batch_size=2, sequence=5, pad_id=50256)[0]
+    assert batch["attention_mask"][0].tolist() == [1, 1, 1, 0, 0]
+
+
 def _ort_outputs(model, inputs):
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     return dict(zip(["logits", "probs"], session.run(["logits", "probs"], inputs), strict=True))
@@ -153,7 +170,13 @@ def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.plan"], "no temporary file left"
     assert int(info["tensorrt"].split(".")[0]) >= 10
     assert info["gpu"]
-    assert info["precision"] == {"fp16": True, "int8": False, "int8_mode": None, "obey_precision_constraints": True}
+    assert info["precision"] == {
+        "fp16": True,
+        "int8": False,
+        "tf32": True,
+        "int8_mode": None,
+        "obey_precision_constraints": True,
+    }
     assert info["profile"]["input_ids"] == {"min": [1, 1], "opt": [4, 16], "max": [8, 32]}
     assert any("Softmax" in name for name in info["fp32_layers"])
     assert any("LayerNorm" in name for name in info["fp32_layers"])
