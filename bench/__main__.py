@@ -71,11 +71,16 @@ def run_accuracy(recipe, args) -> int:
 
 def run_cascade(recipe, args) -> int:
     from edgedistill.bench import cascade
+    from edgedistill.common.runtime import cascade_missing_here
 
     if args.name is None and not (recipe.export and recipe.export.cascades):
         print(f"[serve-cascade] none: recipe {recipe.name} has no export.cascades")
         return 0
-    cascade.stage(recipe, cascade.default_name(recipe, args.name)).run(args.force)
+    name = cascade.default_name(recipe, args.name)
+    if args.name is None and (absent := cascade_missing_here(recipe.export, name)):  # as `export bundles` left it out
+        print(f"[serve-cascade] none here: cascade {name}'s {absent} (name it with --name for the whole error)")
+        return 0
+    cascade.stage(recipe, name).run(args.force)
     return 0
 
 

@@ -116,6 +116,17 @@ def missing_here(runtime: str, providers: list[str]) -> str | None:
     return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
 
 
+def cascade_missing_here(export, name: str) -> str | None:
+    """Why this machine cannot run cascade `name` of `export` (an `ExportConfig`): `member <id>: <reason>` for each
+    member it cannot run, or None when it can run them all."""
+    reasons = []
+    for member in export.cascades[name].members:
+        spec = export.bundles[member]
+        if (reason := missing_here(spec.runtime, spec.providers)) is not None:
+            reasons.append(f"member {member}: {reason}")
+    return "; ".join(reasons) or None
+
+
 def open_session(
     model_path: str | Path,
     providers: list[str],

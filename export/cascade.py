@@ -22,7 +22,7 @@ from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, conf
 from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.runtime import open_bundle
+from edgedistill.common.runtime import cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.common.textstyle import as_served
 from edgedistill.distill import finetune
@@ -255,10 +255,9 @@ def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
     if only is not None:
         return [name for name in recipe.export.cascades if name in only]
     names = []
-    for name, spec in recipe.export.cascades.items():
-        reasons = [f"member {m}: {r}" for m in spec.members if (r := bundle_stage.missing_for(recipe, m)) is not None]
-        if reasons:
-            bundle_stage.left_out(name, "; ".join(reasons))
+    for name in recipe.export.cascades:
+        if reasons := cascade_missing_here(recipe.export, name):
+            bundle_stage.left_out(name, reasons)
         else:
             names.append(name)
     return names

@@ -12,6 +12,7 @@ from edgedistill.bench.__main__ import main
 from edgedistill.bench.cascade import PHASES, CascadeResult, counting, failed_calls
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
+from edgedistill.common.runtime import available_providers
 from edgedistill.common.stage import Inputs
 from edgedistill.serve.proto import classifier_pb2 as pb
 from rich.console import Console
@@ -19,6 +20,8 @@ from rich.console import Console
 from tests.serve.conftest import ROOT, write_bundle, write_cascade
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+GPU_DEPLOYED = ["--export.cascades.gpu-cascade.members=[bilstm-int8,teacher-cuda-fp16]", "--export.deploy=gpu-cascade"]
+cuda_offered = "CUDAExecutionProvider" in available_providers()
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,29 @@ def test_bench_serving_of_a_cascade_not_deployed_names_the_option_that_measures_
     # the cascade benchmark measures the deployed cascade, else the first, unless --name says which
     main(["serving", str(SMOKE), "--bundle", str(deployed_cascade_run[0])])
     assert "`edgedistill bench cascade RECIPE --name NAME`" in capsys.readouterr().err
+
+
+@pytest.fixture
+def empty_runs(tmp_path, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade this machine cannot run: its onnxruntime offers no CUDA")
+def test_bench_cascade_of_a_deployed_cascade_this_machine_cannot_run_exits_zero(empty_runs):
+    assert main(["cascade", str(SMOKE), *GPU_DEPLOYED]) == 0
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade this machine cannot run: its onnxruntime offers no CUDA")
+def test_bench_cascade_of_a_deployed_cascade_this_machine_cannot_run_names_the_member_and_why(empty_runs, capsys):
+    main(["cascade", str(SMOKE), *GPU_DEPLOYED])
+    assert "[serve-cascade] none here: cascade gpu-cascade's member teacher-cuda-fp16: CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade this machine cannot run: its onnxruntime offers no CUDA")
+def test_bench_cascade_named_with_name_that_this_machine_cannot_run_fails(empty_runs):
+    assert main(["cascade", str(SMOKE), *GPU_DEPLOYED, "--name=gpu-cascade"]) == 2
 
 
 @pytest.fixture(scope="module")
