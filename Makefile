@@ -245,12 +245,15 @@ test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), l
 	exit $$status
 
 # Everything that runs on a GPU, for a machine that has one: the GPU tests (training, labelling, checkpoints and DDP on
-# CUDA), then RECIPE's training part (teacher, transfer set, students and baselines, JOBS at a time) under the run
-# name gpu-check, each stage a process timed from start to exit as docs/benchmarks.md times them; the walls go to
+# CUDA; then ONNX Runtime's CUDA provider and TensorRT, which need the gpu extra and are skipped, saying so, without
+# it), then RECIPE's training part (teacher, transfer set, students and baselines, JOBS at a time) under the run name
+# gpu-check, each stage a process timed from start to exit as docs/benchmarks.md times them; the walls go to
 # $(RUNS_DIR)/gpu-check/timing.json, the figures to the stages' manifests beside it.
+GPU_RUNTIME_TESTS := tests/export/test_tensorrt.py tests/common/test_runtime.py tests/serve/test_backend.py
 gpu-check: $(STAMP)  ## on an NVIDIA GPU: the GPU tests, then RECIPE's training part there, each stage timed (runs/gpu-check/timing.json)
 	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: rm -rf $(VENV), then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 installs a CUDA one (docs/install.md)"))'
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 -m gpu tests/distill/test_gpu.py tests/distill/test_device.py
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -rs -m gpu $(GPU_RUNTIME_TESTS)
 	@set -e; mkdir -p "$(RUNS_DIR)/gpu-check"; walls=; total=0; \
 	for stage in teacher transfer distill; do \
 	  jobs=; [ $$stage = distill ] && jobs="--jobs $(JOBS)"; \

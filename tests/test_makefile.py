@@ -155,6 +155,11 @@ def test_make_gpu_check_runs_the_gpu_tests(tmp_path):
     assert "-m gpu tests/distill/test_gpu.py tests/distill/test_device.py" in make_dry_run(tmp_path, "gpu-check")
 
 
+def test_make_gpu_check_runs_the_gpu_tests_of_onnx_runtime_and_tensorrt_naming_their_skips(tmp_path):
+    runs = "-rs -m gpu tests/export/test_tensorrt.py tests/common/test_runtime.py tests/serve/test_backend.py"
+    assert runs in make_dry_run(tmp_path, "gpu-check")
+
+
 def test_make_gpu_check_trains_the_recipe_on_cuda_under_its_own_run_name(tmp_path):
     assert "--name=gpu-check --runtime.device=cuda --force" in make_dry_run(tmp_path, "gpu-check")
 
