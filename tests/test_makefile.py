@@ -122,6 +122,14 @@ def test_a_misspelt_variable_names_the_one_meant():
     assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
 
 
+def test_a_variable_in_lower_case_stops_make():
+    assert make_refusal("recipe=recipes/smoke.yaml").returncode == 2
+
+
+def test_a_variable_in_lower_case_names_the_one_meant():
+    assert "unknown variable recipe: did you mean RECIPE?" in make_refusal("recipe=recipes/smoke.yaml").stderr
+
+
 def test_a_bake_value_other_than_1_stops_make():
     assert make_refusal("BAKE=yes").returncode == 2
 
