@@ -46,7 +46,8 @@ $(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 
 help:  ## list the targets and the variables they take
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / { name[++n] = $$1; text[n] = $$2; if (length($$1) > width) width = length($$1) } \
+	  END { for (i = 1; i <= n; i++) printf "%-" (width + 2) "s%s\n", name[i], text[i] }' $(MAKEFILE_LIST)
 	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
 	@echo "PYTHON and TORCH_INDEX make .venv, once: given later with others, they stop make (rm -rf .venv, then make setup)"
 

@@ -4,6 +4,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,6 +152,33 @@ def test_make_help_lists_the_variables_and_where_each_is_described():
         ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:\n  RECIPE " in result.stdout
+
+
+def path_without(tmp_path, command: str) -> str:
+    """A PATH of one folder linking every command on this PATH but `command`."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for directory in reversed(os.environ["PATH"].split(os.pathsep)):
+        for tool in Path(directory).glob("*") if Path(directory).is_dir() else []:
+            if tool.name != command and os.access(tool, os.X_OK):
+                (folder / tool.name).unlink(missing_ok=True)
+                (folder / tool.name).symlink_to(tool)
+    return str(folder)
+
+
+def help_without_column(tmp_path) -> subprocess.CompletedProcess:
+    """`make help` where column, of bsdextrautils (which a plain Debian may lack), is not installed."""
+    env = os.environ | {"PATH": path_without(tmp_path, "column")}
+    command = ["make", "--no-print-directory", "help"]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_make_help_without_column_succeeds(tmp_path):
+    assert help_without_column(tmp_path).returncode == 0
+
+
+def test_make_help_without_column_aligns_the_targets(tmp_path):
+    assert "\nsetup           make .venv and install the project" in help_without_column(tmp_path).stdout
 
 
 def test_make_clean_without_an_answer_says_how_to_skip_the_question(tmp_path):
