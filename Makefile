@@ -127,7 +127,9 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
-BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
+# BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
+# those, above), so make serve and make call honour them rather than override them by their flags.
+BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 
@@ -137,7 +139,7 @@ report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures an
 proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
 	$(ED) proto
 
-PORT ?= 50051
+PORT ?= $(or $(EDGEDISTILL_PORT),50051)
 serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gRPC on PORT
 	$(ED) serve --bundle $(BUNDLE) --port $(PORT)
 

@@ -100,6 +100,23 @@ def test_a_variable_the_benchmarks_refuse_passes_for_make_serve():
     assert make_with_environ("serve", EDGEDISTILL_THREADS="4").returncode == 0
 
 
+def test_make_serve_serves_the_bundle_of_edgedistill_bundle():
+    assert "--bundle /srv/bundle-b " in make_with_environ("serve", EDGEDISTILL_BUNDLE="/srv/bundle-b").stdout
+
+
+def test_make_serve_serves_on_edgedistill_port():
+    assert "--port 50099\n" in make_with_environ("serve", EDGEDISTILL_PORT="50099").stdout
+
+
+def test_make_call_calls_edgedistill_port():
+    assert "--address localhost:50099 " in make_with_environ("call", EDGEDISTILL_PORT="50099").stdout
+
+
+def test_bundle_given_to_make_serve_wins_over_edgedistill_bundle():
+    served = make_with_environ("serve", "BUNDLE=/srv/bundle-a", EDGEDISTILL_BUNDLE="/srv/bundle-b").stdout
+    assert "--bundle /srv/bundle-a " in served
+
+
 def test_a_variable_the_benchmarks_refuse_passes_for_make_without_a_goal():
     assert make_with_environ(EDGEDISTILL_THREADS="4").returncode == 0  # the default goal, help, measures nothing
 
