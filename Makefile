@@ -193,9 +193,14 @@ BASE_IMAGE ?= localhost/edgedistill-base:bookworm
 # BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
 # bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would build the image without it.
 $(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into the image, BAKE=0 or none mounts it at run time))
+# The Dockerfile copies a baked bundle from the build context, this folder, which lets in runs/<recipe>/bundle-<id>/
+# alone (.dockerignore): BAKED is BUNDLE there, however it is written (absolute, ./, a trailing /), and empty for a
+# bundle elsewhere (RUNS_DIR outside this folder, or a link out of it), which make image refuses.
 ifeq ($(BAKE),1)
-IMAGE_TAG   = $(IMAGE):$(notdir $(BUNDLE))
-IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BUNDLE)
+IN_CONTEXT  = $(patsubst $(CURDIR)/%,%,$(realpath $(BUNDLE)))
+BAKED       = $(if $(and $(filter runs/%,$(IN_CONTEXT)),$(filter 3,$(words $(subst /, ,$(IN_CONTEXT)))),$(filter bundle-%,$(notdir $(IN_CONTEXT)))),$(IN_CONTEXT))
+IMAGE_TAG   = $(IMAGE):$(notdir $(patsubst %/,%,$(BUNDLE)))
+IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BAKED)
 else
 IMAGE_TAG   = $(IMAGE):latest
 IMAGE_ARGS  =
@@ -206,6 +211,7 @@ base-image:  ## a local Debian bookworm base image for podman (debootstrap + pod
 
 image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
 	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
+	$(if $(filter 1,$(BAKE)),$(if $(BAKED),,@echo "BAKE=1: $(BUNDLE) is outside the build context, which takes a bundle from runs/<recipe>/bundle-<id> in $(CURDIR) only: copy it there and pass that as BUNDLE, or mount it at run time (BAKE=0)" >&2; exit 2))
 	@if docker info >/dev/null 2>&1; then \
 	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	else \

@@ -347,6 +347,28 @@ def test_setup_after_an_edit_of_pyproject_on_torch_from_pips_indexes_installs_no
     assert "--index-url" not in setup
 
 
+def finished_bundle(folder):
+    """`folder`, made a bundle folder with a manifest."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text("{}")
+    return folder
+
+
+def test_make_image_bakes_a_bundle_of_the_build_context_named_by_its_absolute_path(checkout):
+    bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
+    assert "--build-arg BUNDLE=runs/r/bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+
+
+def test_make_image_tags_a_bundle_given_with_a_trailing_slash_with_its_folders_name(checkout):
+    bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
+    assert "-t edgedistill-serve:bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}/").stdout
+
+
+def test_make_image_refuses_to_bake_a_bundle_outside_the_build_context(checkout, tmp_path_factory):
+    bundle = finished_bundle(tmp_path_factory.mktemp("elsewhere") / "bundle-b")
+    assert "is outside the build context" in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+
+
 def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
     env = {name: value for name, value in os.environ.items() if name != "EDGEDISTILL_RUNS_DIR"} | {"RUNS_DIR": "runs"}
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
