@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from edgedistill.serve.settings import load_settings
+from edgedistill.serve.workers import STOP_MARGIN_S
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +122,7 @@ def test_termination_grace_covers_the_drain():
     drain = container_settings(container).shutdown_grace_s
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain
+    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain + STOP_MARGIN_S
 
 
 def test_services_expose_grpc_and_metrics():
@@ -208,7 +209,7 @@ def test_compose_environment_and_bundle_volume():
     assert volume["read_only"] is True
     grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
     assert grace, service["stop_grace_period"]
-    assert int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
+    assert int(grace[1]) > settings.shutdown_grace_s + STOP_MARGIN_S, "SIGKILL would cut the drain short"
 
 
 @pytest.mark.parametrize("variable", ["EDGEDISTILL_TOKEN", "EDGEDISTILL_ADMIN_TOKEN"])
