@@ -61,9 +61,10 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 
 # PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
 # PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;
-# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). One retry: where the index
-# cannot be reached (an offline machine with a local mirror), pip goes on to its configured indexes at once
-# instead of after its back-off of 7.5 s for each of torch's packages.
+# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). --index-url replaces pip's own
+# index-url (a local mirror), so where torch cannot come from TORCH_INDEX (an offline machine) setup installs it again
+# from pip's configured indexes; one retry, so that this comes at once instead of after pip's back-off of 7.5 s for
+# each of torch's packages.
 # Where .venv exists its stamp records the index its torch came from ([index], [] for pip's configured indexes; nothing
 # in a stamp from before), and setup installs again from that one: after an edit of pyproject.toml a CUDA build stays.
 VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
@@ -96,7 +97,9 @@ setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,d
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX))
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX) || \
+	  { echo "setup: no $(TORCH) from TORCH_INDEX=$(TORCH_INDEX); trying pip's configured indexes (TORCH_INDEX= goes there at once)" >&2; \
+	  $(PY) -m pip install --quiet '$(TORCH)'; })
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	printf 'TORCH_INDEX=%s\n' '$(TORCH_INDEX)' > $@
 

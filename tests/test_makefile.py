@@ -325,6 +325,34 @@ def test_setup_records_the_torch_index_in_its_stamp(checkout):
     )
 
 
+@pytest.fixture
+def offline_setup(checkout) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make setup` in `checkout`, whose Python (a stub) installs anything but from an --index-url, as pip does on an
+    offline machine whose configured index is a local mirror; its result and the pip commands the stub was given."""
+    calls = checkout / "calls"
+    python = checkout / ".venv" / "bin" / "python"
+    python.unlink()
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *--index-url*) exit 1;; esac\n')
+    python.chmod(0o755)
+    (checkout / ".venv" / ".installed").unlink()
+    command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return result, calls.read_text().splitlines()
+
+
+def test_setup_where_the_torch_index_fails_succeeds(offline_setup):
+    assert offline_setup[0].returncode == 0
+
+
+def test_setup_where_the_torch_index_fails_installs_torch_from_pips_configured_indexes(offline_setup):
+    torch = next(line for line in (ROOT / "pyproject.toml").read_text().split('"') if line.startswith("torch=="))
+    assert f"-m pip install --quiet {torch}" in offline_setup[1]
+
+
+def test_setup_where_the_torch_index_fails_says_it_tries_pips_configured_indexes(offline_setup):
+    assert "trying pip's configured indexes (TORCH_INDEX= goes there at once)" in offline_setup[0].stderr
+
+
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 
 
