@@ -56,9 +56,9 @@ USER 10001:10001
 EXPOSE 50051 50052 8002
 # SERVING only after warm-up (with several workers, nothing listens before); NOT_SERVING while draining.
 # It asks EDGEDISTILL_HEALTH_PORT (above: a plaintext port with only the health check), which neither TLS nor the
-# call limit of the gRPC port (MAX_CONCURRENT_RPCS) can refuse; unset, the gRPC port.
+# call limit of the gRPC port (MAX_CONCURRENT_RPCS) can refuse; unset, off or 0, the gRPC port (serve/healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["/opt/venv/bin/python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel('localhost:' + (os.environ.get('EDGEDISTILL_HEALTH_PORT') or os.environ.get('EDGEDISTILL_PORT', '50051'))); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(), timeout=3); sys.exit(reply.status != h.HealthCheckResponse.SERVING)"]
+    CMD ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
 
 # A self-contained image with one bundle, for registries and Kubernetes: `--target baked

@@ -16,14 +16,14 @@ RECIPES  := $(wildcard recipes/*.yaml)
 ED       := $(VENV)/bin/edgedistill
 export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 
-# Make ignores a variable it has no use for: `make all RECPIE=recipes/smoke.yaml` would run the default recipe for an
-# hour. One given on the command line that is near one of these but is none of them stops make, naming the one meant;
-# any other (EDGEDISTILL_DEVICE=cpu, OMP_NUM_THREADS=2, or PYTHONPATH, which extends a name by more than a typo
-# would) passes on to the commands' environment.
+# Make ignores a variable it has no use for: `make all RECPIE=recipes/smoke.yaml` (or recipe=) would run the default
+# recipe for an hour. One given on the command line that is near one of these in any case, but is none of them, stops
+# make, naming the one meant; any other (EDGEDISTILL_DEVICE=cpu, OMP_NUM_THREADS=2, or PYTHONPATH, which extends a
+# name by more than a typo would) passes on to the commands' environment.
 VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX BUNDLE PORT TEXT PAIR CASCADE SERVE_BENCH_ARGS \
   PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
 GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach word,$(MAKEOVERRIDES),$(firstword $(subst =, ,$(word))))))
-MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name, known, 1, 0.75)] if near and not (name.startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
+MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name.upper(), known, 1, 0.75)] if near and not (name.upper().startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
 
 ifeq ($(NPROC),1)
@@ -46,7 +46,8 @@ $(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 
 help:  ## list the targets and the variables they take
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / { name[++n] = $$1; text[n] = $$2; if (length($$1) > width) width = length($$1) } \
+	  END { for (i = 1; i <= n; i++) printf "%-" (width + 2) "s%s\n", name[i], text[i] }' $(MAKEFILE_LIST)
 	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
 	@echo "PYTHON and TORCH_INDEX make .venv, once: given later with others, they stop make (rm -rf .venv, then make setup)"
 
@@ -60,9 +61,10 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 
 # PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
 # PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;
-# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). One retry: where the index
-# cannot be reached (an offline machine with a local mirror), pip goes on to its configured indexes at once
-# instead of after its back-off of 7.5 s for each of torch's packages.
+# TORCH_INDEX= (empty) leaves torch to pip's configured indexes (docs/install.md). --index-url replaces pip's own
+# index-url (a local mirror), so where torch cannot come from TORCH_INDEX (an offline machine) setup installs it again
+# from pip's configured indexes; one retry, so that this comes at once instead of after pip's back-off of 7.5 s for
+# each of torch's packages.
 # Where .venv exists its stamp records the index its torch came from ([index], [] for pip's configured indexes; nothing
 # in a stamp from before), and setup installs again from that one: after an edit of pyproject.toml a CUDA build stays.
 VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
@@ -95,7 +97,9 @@ setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,d
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX))
+	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX) || \
+	  { echo "setup: no $(TORCH) from TORCH_INDEX=$(TORCH_INDEX); trying pip's configured indexes (TORCH_INDEX= goes there at once)" >&2; \
+	  $(PY) -m pip install --quiet '$(TORCH)'; })
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
 	printf 'TORCH_INDEX=%s\n' '$(TORCH_INDEX)' > $@
 
@@ -126,7 +130,9 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
-BUNDLE ?= $(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>))
+# BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
+# those, above), so make serve and make call honour them rather than override them by their flags.
+BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 
@@ -136,7 +142,7 @@ report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures an
 proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
 	$(ED) proto
 
-PORT ?= 50051
+PORT ?= $(or $(EDGEDISTILL_PORT),50051)
 serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gRPC on PORT
 	$(ED) serve --bundle $(BUNDLE) --port $(PORT)
 
@@ -190,9 +196,14 @@ BASE_IMAGE ?= localhost/edgedistill-base:bookworm
 # BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
 # bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would build the image without it.
 $(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into the image, BAKE=0 or none mounts it at run time))
+# The Dockerfile copies a baked bundle from the build context, this folder, which lets in runs/<recipe>/bundle-<id>/
+# alone (.dockerignore): BAKED is BUNDLE there, however it is written (absolute, ./, a trailing /), and empty for a
+# bundle elsewhere (RUNS_DIR outside this folder, or a link out of it), which make image refuses.
 ifeq ($(BAKE),1)
-IMAGE_TAG   = $(IMAGE):$(notdir $(BUNDLE))
-IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BUNDLE)
+IN_CONTEXT  = $(patsubst $(CURDIR)/%,%,$(realpath $(BUNDLE)))
+BAKED       = $(if $(and $(filter runs/%,$(IN_CONTEXT)),$(filter 3,$(words $(subst /, ,$(IN_CONTEXT)))),$(filter bundle-%,$(notdir $(IN_CONTEXT)))),$(IN_CONTEXT))
+IMAGE_TAG   = $(IMAGE):$(notdir $(patsubst %/,%,$(BUNDLE)))
+IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BAKED)
 else
 IMAGE_TAG   = $(IMAGE):latest
 IMAGE_ARGS  =
@@ -203,6 +214,7 @@ base-image:  ## a local Debian bookworm base image for podman (debootstrap + pod
 
 image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
 	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
+	$(if $(filter 1,$(BAKE)),$(if $(BAKED),,@echo "BAKE=1: $(BUNDLE) is outside the build context, which takes a bundle from runs/<recipe>/bundle-<id> in $(CURDIR) only: copy it there and pass that as BUNDLE, or mount it at run time (BAKE=0)" >&2; exit 2))
 	@if docker info >/dev/null 2>&1; then \
 	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	else \

@@ -4,8 +4,8 @@
 # Where no registry can be reached, or no Docker engine runs, the serving image is built FROM this
 # base instead of debian:bookworm-slim (`--build-arg BASE=localhost/edgedistill-base:bookworm`).
 # It is a `debootstrap --variant=minbase` tree from the mirror apt already uses, imported with
-# `podman import`. Skipped when the image exists. Needs root (debootstrap); installs debootstrap,
-# podman and runc with apt-get when they are missing.
+# `podman import`. Skipped when the image exists, as any user; making it needs root (debootstrap), and
+# installs debootstrap, podman and runc with apt-get when they are missing.
 set -euo pipefail
 
 IMAGE=${1:-localhost/edgedistill-base:bookworm}
@@ -13,8 +13,12 @@ SUITE=bookworm
 
 log() { printf 'base-image: %s\n' "$*" >&2; }
 
+if command -v podman >/dev/null && podman image exists "$IMAGE"; then
+  log "$IMAGE exists, skipped"
+  exit 0
+fi
 if [ "$(id -u)" != 0 ]; then
-  log "run as root: debootstrap needs it"
+  log "$IMAGE does not exist, and making it needs root (debootstrap): run make base-image as root, or set BASE_IMAGE to an image podman has"
   exit 1
 fi
 
@@ -26,11 +30,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-if podman image exists "$IMAGE"; then
-  log "$IMAGE exists, skipped"
-  exit 0
 fi
 
 # The Debian mirror apt is configured with (deb822 .sources or one-line sources.list), so the

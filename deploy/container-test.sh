@@ -126,9 +126,9 @@ EOF
 uid=$(podman exec "$NAME" id -u 2>>"$WORK/podman.log") || podman_failed "podman exec id -u"
 [ "$uid" != 0 ] || fail "the server runs as root"
 
-# --- SIGTERM drains and exits 0 ---
+# --- SIGTERM drains and exits 0, within SHUTDOWN_GRACE_S (10 s) and the supervisor's STOP_MARGIN_S (10 s) ---
 started=$EPOCHREALTIME
-podman stop --time 15 "$NAME" >/dev/null 2>>"$WORK/podman.log" || podman_failed "podman stop"
+podman stop --time 25 "$NAME" >/dev/null 2>>"$WORK/podman.log" || podman_failed "podman stop"
 stop_s=$(seconds_since "$started")
 code=$(podman inspect --format '{{.State.ExitCode}}' "$NAME")
 [ "$code" = 0 ] || fail "exit code $code after SIGTERM (0 expected: a graceful drain)"

@@ -4,6 +4,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,6 +100,23 @@ def test_a_variable_the_benchmarks_refuse_passes_for_make_serve():
     assert make_with_environ("serve", EDGEDISTILL_THREADS="4").returncode == 0
 
 
+def test_make_serve_serves_the_bundle_of_edgedistill_bundle():
+    assert "--bundle /srv/bundle-b " in make_with_environ("serve", EDGEDISTILL_BUNDLE="/srv/bundle-b").stdout
+
+
+def test_make_serve_serves_on_edgedistill_port():
+    assert "--port 50099\n" in make_with_environ("serve", EDGEDISTILL_PORT="50099").stdout
+
+
+def test_make_call_calls_edgedistill_port():
+    assert "--address localhost:50099 " in make_with_environ("call", EDGEDISTILL_PORT="50099").stdout
+
+
+def test_bundle_given_to_make_serve_wins_over_edgedistill_bundle():
+    served = make_with_environ("serve", "BUNDLE=/srv/bundle-a", EDGEDISTILL_BUNDLE="/srv/bundle-b").stdout
+    assert "--bundle /srv/bundle-a " in served
+
+
 def test_a_variable_the_benchmarks_refuse_passes_for_make_without_a_goal():
     assert make_with_environ(EDGEDISTILL_THREADS="4").returncode == 0  # the default goal, help, measures nothing
 
@@ -122,6 +140,14 @@ def test_a_misspelt_variable_names_the_one_meant():
     assert "unknown variable RECPIE: did you mean RECIPE?" in make_refusal("RECPIE=recipes/smoke.yaml").stderr
 
 
+def test_a_variable_in_lower_case_stops_make():
+    assert make_refusal("recipe=recipes/smoke.yaml").returncode == 2
+
+
+def test_a_variable_in_lower_case_names_the_one_meant():
+    assert "unknown variable recipe: did you mean RECIPE?" in make_refusal("recipe=recipes/smoke.yaml").stderr
+
+
 def test_a_bake_value_other_than_1_stops_make():
     assert make_refusal("BAKE=yes").returncode == 2
 
@@ -143,6 +169,33 @@ def test_make_help_lists_the_variables_and_where_each_is_described():
         ["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:\n  RECIPE " in result.stdout
+
+
+def path_without(tmp_path, command: str) -> str:
+    """A PATH of one folder linking every command on this PATH but `command`."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for directory in reversed(os.environ["PATH"].split(os.pathsep)):
+        for tool in Path(directory).glob("*") if Path(directory).is_dir() else []:
+            if tool.name != command and os.access(tool, os.X_OK):
+                (folder / tool.name).unlink(missing_ok=True)
+                (folder / tool.name).symlink_to(tool)
+    return str(folder)
+
+
+def help_without_column(tmp_path) -> subprocess.CompletedProcess:
+    """`make help` where column, of bsdextrautils (which a plain Debian may lack), is not installed."""
+    env = os.environ | {"PATH": path_without(tmp_path, "column")}
+    command = ["make", "--no-print-directory", "help"]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_make_help_without_column_succeeds(tmp_path):
+    assert help_without_column(tmp_path).returncode == 0
+
+
+def test_make_help_without_column_aligns_the_targets(tmp_path):
+    assert "\nsetup           make .venv and install the project" in help_without_column(tmp_path).stdout
 
 
 def test_make_clean_without_an_answer_says_how_to_skip_the_question(tmp_path):
@@ -277,6 +330,34 @@ def test_setup_records_the_torch_index_in_its_stamp(checkout):
     )
 
 
+@pytest.fixture
+def offline_setup(checkout) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make setup` in `checkout`, whose Python (a stub) installs anything but from an --index-url, as pip does on an
+    offline machine whose configured index is a local mirror; its result and the pip commands the stub was given."""
+    calls = checkout / "calls"
+    python = checkout / ".venv" / "bin" / "python"
+    python.unlink()
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *--index-url*) exit 1;; esac\n')
+    python.chmod(0o755)
+    (checkout / ".venv" / ".installed").unlink()
+    command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return result, calls.read_text().splitlines()
+
+
+def test_setup_where_the_torch_index_fails_succeeds(offline_setup):
+    assert offline_setup[0].returncode == 0
+
+
+def test_setup_where_the_torch_index_fails_installs_torch_from_pips_configured_indexes(offline_setup):
+    torch = next(line for line in (ROOT / "pyproject.toml").read_text().split('"') if line.startswith("torch=="))
+    assert f"-m pip install --quiet {torch}" in offline_setup[1]
+
+
+def test_setup_where_the_torch_index_fails_says_it_tries_pips_configured_indexes(offline_setup):
+    assert "trying pip's configured indexes (TORCH_INDEX= goes there at once)" in offline_setup[0].stderr
+
+
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 
 
@@ -297,6 +378,28 @@ def test_setup_after_an_edit_of_pyproject_installs_torch_from_the_index_the_venv
 def test_setup_after_an_edit_of_pyproject_on_torch_from_pips_indexes_installs_no_torch_from_an_index(checkout):
     setup = make_in(edited_after_setup(checkout, ""), "setup").stdout
     assert "--index-url" not in setup
+
+
+def finished_bundle(folder):
+    """`folder`, made a bundle folder with a manifest."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text("{}")
+    return folder
+
+
+def test_make_image_bakes_a_bundle_of_the_build_context_named_by_its_absolute_path(checkout):
+    bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
+    assert "--build-arg BUNDLE=runs/r/bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+
+
+def test_make_image_tags_a_bundle_given_with_a_trailing_slash_with_its_folders_name(checkout):
+    bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
+    assert "-t edgedistill-serve:bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}/").stdout
+
+
+def test_make_image_refuses_to_bake_a_bundle_outside_the_build_context(checkout, tmp_path_factory):
+    bundle = finished_bundle(tmp_path_factory.mktemp("elsewhere") / "bundle-b")
+    assert "is outside the build context" in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
 
 
 def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():

@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from edgedistill.serve.settings import load_settings
+from edgedistill.serve.workers import STOP_MARGIN_S
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,7 @@ IMAGES = {"Dockerfile": ("cpu", "requirements-serve.txt"), "Dockerfile.gpu": ("g
 RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # the `cpu` and `gpu` extras; no other group may carry one
 GRPC_PORT, METRICS_PORT, HEALTH_PORT = 50051, 8002, 50052
 BUNDLE_MOUNT = "/models/bundle"
+HEALTHCHECK = ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]  # serve/healthcheck.py, in the image
 FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
 # Imported by the server only for TensorRT engine bundles, which the GPU image serves.
 GPU_ONLY = {"tensorrt", "cuda"}
@@ -121,7 +123,7 @@ def test_termination_grace_covers_the_drain():
     drain = container_settings(container).shutdown_grace_s
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain
+    assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain + STOP_MARGIN_S
 
 
 def test_services_expose_grpc_and_metrics():
@@ -208,7 +210,7 @@ def test_compose_environment_and_bundle_volume():
     assert volume["read_only"] is True
     grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
     assert grace, service["stop_grace_period"]
-    assert int(grace[1]) > settings.shutdown_grace_s, "SIGKILL would cut the drain short"
+    assert int(grace[1]) > settings.shutdown_grace_s + STOP_MARGIN_S, "SIGKILL would cut the drain short"
 
 
 @pytest.mark.parametrize("variable", ["EDGEDISTILL_TOKEN", "EDGEDISTILL_ADMIN_TOKEN"])
@@ -216,13 +218,8 @@ def test_compose_passes_tokens_from_the_shell(variable):
     assert compose_service()["environment"][variable] == f"${{{variable}:-}}"
 
 
-def test_compose_healthcheck_asks_grpc_health():
-    healthcheck = compose_service()["healthcheck"]
-    assert healthcheck["test"][0] == "CMD"
-    script = healthcheck["test"][-1]
-    assert "grpc_health" in script
-    assert "SERVING" in script
-    compile(script, "healthcheck", "exec")
+def test_compose_healthcheck_runs_the_servers_health_check():
+    assert compose_service()["healthcheck"]["test"] == ["CMD", *HEALTHCHECK]
 
 
 def test_compose_bounds_the_logs_the_engine_keeps():
@@ -250,6 +247,12 @@ def instructions(dockerfile: str) -> list[tuple[str, str]]:
         keyword, _, rest = line.strip().partition(" ")
         result.append((keyword.upper(), rest.strip()))
     return result
+
+
+def health_command(dockerfile: str) -> list[str]:
+    """The command of the Dockerfile's HEALTHCHECK, in its exec form."""
+    health = last(instructions(dockerfile), "HEALTHCHECK")
+    return json.loads(health[health.index("CMD ") + len("CMD ") :])
 
 
 def last(items: list[tuple[str, str]], keyword: str) -> str:
@@ -281,12 +284,7 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     exposed = {int(port.split("/")[0]) for port in last(items, "EXPOSE").split()}
     assert {GRPC_PORT, METRICS_PORT} <= exposed
     assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
-    health = last(items, "HEALTHCHECK")
-    assert "CMD" in health
-    assert "grpc_health" in health
-    assert "SERVING" in health
-    command = json.loads(health[health.index("[") :])
-    compile(command[-1], "healthcheck", "exec")
+    assert health_command(dockerfile) == HEALTHCHECK
     env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))
     settings = load_settings(
         [], environ={name: value for name, value in env.items() if name.startswith("EDGEDISTILL_")}
