@@ -2,5 +2,6 @@
 
 Layers: `transport` (gRPC servicers; `wire` checks a request's bytes before they are parsed), `batching`
 (dynamic batcher, with the backend's cost model in `costmodel`), `backend` (the bundle opened by
-`common.runtime`); `host` ties a bundle to them, `app` runs it. Imports neither torch nor transformers.
+`common.runtime`); `host` ties a bundle to them, `app` runs it; `healthcheck` is a container's probe of it. Imports
+neither torch nor transformers.
 """
