@@ -149,15 +149,24 @@ def _bind_family(address: str) -> tuple[socket.AddressFamily, str]:
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to `host:port` with SO_REUSEPORT and not listening: it keeps the port for the workers (a
     connection only ever goes to a listening socket). The port must be free first: with SO_REUSEPORT alone, the
-    workers would share a port some other server holds. Port 0 picks a free one."""
+    workers would share a port some other server holds. Port 0 picks a free one.
+
+    Both sockets bind with SO_REUSEADDR, as gRPC binds its listeners: connections a drain cut stay on the port in
+    TIME_WAIT for a minute, and without it they would refuse a restart on a port that nothing holds. A listener or
+    another supervisor's reservation still refuses them."""
     try:
         family, address = _bind_family(host.strip("[]"))
         with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((address, port))
             port = probe.getsockname()[1]
         holder = socket.socket(family, socket.SOCK_STREAM)
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # TIME_WAIT of a single server's connections (bound without SO_REUSEPORT) lets only SO_REUSEADDR bind
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind((address, port))
+        # cleared once bound: another supervisor's probe, with SO_REUSEADDR, would bind beside a holder that kept it
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except OSError as err:
         raise SettingsError(f"cannot bind {host}:{port}: {err.strerror or err}") from err
     return holder

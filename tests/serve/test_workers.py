@@ -20,7 +20,7 @@ from edgedistill.common import machine
 from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, SettingsError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -454,3 +454,40 @@ def test_every_address_on_a_kernel_without_ipv6_binds_every_ipv4_address(monkeyp
     monkeypatch.setattr(workers.socket, "socket", no_ipv6)
     with workers.reserve_port("[::]", 0) as held:
         assert held.getsockname()[0] == "0.0.0.0"
+
+
+def cut_connection_port(reuseport: bool) -> int:
+    """A loopback port that nothing holds, left with a connection in TIME_WAIT on the server's side, as a drain that
+    cut its calls leaves one: the listener bound as gRPC binds it (SO_REUSEADDR; SO_REUSEPORT as a worker)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuseport))
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server closes first: its side waits in TIME_WAIT
+            client.recv(1)
+    return port
+
+
+@pytest.mark.parametrize("reuseport", [False, True], ids=["after one process", "after workers"])
+def test_a_port_left_with_cut_connections_is_reserved_for_a_restart(reuseport):
+    port = cut_connection_port(reuseport)
+    with workers.reserve_port("127.0.0.1", port) as held:
+        assert held.getsockname()[1] == port
+
+
+def test_a_port_a_listener_holds_as_grpc_binds_it_is_refused():
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with pytest.raises(SettingsError, match="cannot bind"):
+            workers.reserve_port("127.0.0.1", listener.getsockname()[1])
+
+
+def test_a_port_another_supervisor_reserved_is_refused():
+    with workers.reserve_port("127.0.0.1", 0) as held, pytest.raises(SettingsError, match="cannot bind"):
+        workers.reserve_port("127.0.0.1", held.getsockname()[1])
