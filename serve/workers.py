@@ -392,7 +392,7 @@ class Supervisor:
             self._start(index, restarted=True)
         except OSError as err:
             log.error(
-                "cannot restart worker %d: %s",
+                "cannot restart worker %d: %s; raise the container's pids or open-files limit, or lower WORKERS",
                 index,
                 err,
                 extra={"event": "worker_restart_failed", "worker": index, "errno": errno.errorcode.get(err.errno)},
