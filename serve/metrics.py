@@ -57,6 +57,7 @@ CLIENT_CODES = frozenset(
 # Multiprocess mode has no `_created` series, so with one worker none are made either: a scrape holds the same
 # series whatever WORKERS is, and a labelled counter or histogram is not one series longer per label set.
 disable_created_metrics()
+MODEL_INFO = "edgedistill_model_info"
 
 
 class Metrics(BatchObserver):
@@ -123,7 +124,7 @@ class Metrics(BatchObserver):
         for reason in DropReason:
             self.dropped.labels(reason.value)  # every reason scraped from the start, at 0
         self.model = Gauge(
-            "edgedistill_model_info",
+            MODEL_INFO,
             "The model being served (value 1)",
             ["name", "version", "runtime", "providers"],
             registry=r,
@@ -194,7 +195,8 @@ class Metrics(BatchObserver):
         if not self.shared:
             self.model.clear()
         elif self._model_labels is not None:
-            self.model.labels(*self._model_labels).set(0)  # clear() cannot reach the shared file: it would stay 1
+            # clear() cannot reach the shared file, where it would stay 1: at 0, the supervisor's scrape drops it
+            self.model.labels(*self._model_labels).set(0)
         self._model_labels = (name, version, runtime, ",".join(providers))
         self.model.labels(*self._model_labels).set(1)
 
@@ -344,8 +346,9 @@ RETIRED = "retired"
 
 class WorkerFiles(MultiProcessCollector):
     """The metrics that worker processes write to `folder` (prometheus-client's multiprocess mode), summed at each
-    scrape: counters and histograms over every worker that ran, the live gauges over the live ones. `retire` folds
-    an exited worker's files into the retired workers' ones, so that restarts add no files."""
+    scrape: counters and histograms over every worker that ran, the live gauges over the live ones, the model info
+    of the models served. `retire` folds an exited worker's files into the retired workers' ones, so that restarts
+    add no files."""
 
     def __init__(self, folder: Path):
         super().__init__(None, path=str(folder))
@@ -354,7 +357,11 @@ class WorkerFiles(MultiProcessCollector):
 
     def collect(self):
         with self._lock:
-            return super().collect()
+            families = list(super().collect())
+        for family in families:
+            if family.name == MODEL_INFO:  # a worker's earlier models stay in its file at 0: one server drops them
+                family.samples = [sample for sample in family.samples if sample.value]
+        return families
 
     def retire(self, pid: int) -> None:
         """Worker `pid` exited: its live gauges are dropped, its counters and histograms added to the retired ones."""

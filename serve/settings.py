@@ -6,6 +6,7 @@ are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fa
 
 import argparse
 import difflib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,13 +15,18 @@ from typing import Literal
 from edgedistill.common.settings import ENV_PREFIX, PIPELINE
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+# The largest integer option gRPC takes (a C int): a message size, a call count, a time in ms. gRPC reads that time
+# as never: a duration of NEVER_S seconds or more (capped there as ms) never runs out.
+GRPC_INT_MAX = 2**31 - 1
+NEVER_S = math.ceil(GRPC_INT_MAX / 1000)
+
 
 class SettingsError(ValueError):
     """Settings that cannot be used, with the flag or variable to fix."""
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     bundle: Path | None = Field(None, description="bundle folder to serve, e.g. runs/sst2/bundle-cnn-small-folded")
     host: str = Field("[::]", description="address to bind the gRPC port (and the health port) to")
@@ -61,17 +67,22 @@ class Settings(BaseModel):
     max_message_bytes: int = Field(
         1 << 20,
         ge=1024,
+        le=GRPC_INT_MAX,
         description="largest gRPC message a client may send (replies are not limited); a call still receiving its "
         "message holds up to about twice this much memory",
     )
     max_concurrent_rpcs: int = Field(
         256,
         ge=1,
+        le=GRPC_INT_MAX,
         description="calls in progress at once, over all connections; more: RESOURCE_EXHAUSTED; with "
         "MAX_MESSAGE_BYTES it bounds the memory of messages being received",
     )
     max_concurrent_streams: int = Field(
-        100, ge=1, description="calls in progress at once on one HTTP/2 connection; more wait in the client"
+        100,
+        ge=1,
+        le=GRPC_INT_MAX,
+        description="calls in progress at once on one HTTP/2 connection; more wait in the client",
     )
     stream_idle_s: float = Field(
         60.0,
@@ -217,6 +228,25 @@ class Settings(BaseModel):
                 "must be printable ASCII, as gRPC metadata is, else no client can send it and every call is "
                 "UNAUTHENTICATED (a value read from a file often ends with a newline)"
             )
+        return value
+
+    @field_validator(
+        "handshake_timeout_s",
+        "connection_idle_s",
+        "connection_age_s",
+        "connection_age_grace_s",
+        "keepalive_s",
+        mode="before",
+    )
+    @classmethod
+    def _never_is_finite(cls, value):
+        """gRPC's times: `inf` refused with the finite value that gRPC takes as never."""
+        try:
+            infinite = float(value) == math.inf
+        except (TypeError, ValueError):
+            infinite = False
+        if infinite:
+            raise ValueError(f"must be finite; for never, set {NEVER_S} or more ({GRPC_INT_MAX} ms, gRPC's never)")
         return value
 
     @field_validator("log_level", mode="before")

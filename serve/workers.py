@@ -10,7 +10,8 @@ SIGINT drain every worker, SIGHUP reloads every worker, and so does a Reload cal
 A worker that exits on its own (a batcher fault, a crash) is restarted; the others keep serving meanwhile.
 A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), or
 more than RESTARTS_PER_MINUTE restarts a minute, stop the supervisor: it drains the rest and exits with
-that worker's status, for the orchestrator to take over. Workers die with the supervisor (Linux's
+that worker's status, for the orchestrator to take over; so does a worker that cannot be restarted for want of a
+process (EAGAIN under a pids limit, EMFILE), with EXIT_NO_PROCESS. Workers die with the supervisor (Linux's
 parent-death signal), so none outlives it.
 
 `WORKERS=0` (the default) picks one worker per usable core (affinity and cgroup CPU quota), as many as the
@@ -50,6 +51,7 @@ SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's env
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
+EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
 
 
 # --- how many -------------------------------------------------------------------------------------------------
@@ -149,15 +151,24 @@ def _bind_family(address: str) -> tuple[socket.AddressFamily, str]:
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to `host:port` with SO_REUSEPORT and not listening: it keeps the port for the workers (a
     connection only ever goes to a listening socket). The port must be free first: with SO_REUSEPORT alone, the
-    workers would share a port some other server holds. Port 0 picks a free one."""
+    workers would share a port some other server holds. Port 0 picks a free one.
+
+    Both sockets bind with SO_REUSEADDR, as gRPC binds its listeners: connections a drain cut stay on the port in
+    TIME_WAIT for a minute, and without it they would refuse a restart on a port that nothing holds. A listener or
+    another supervisor's reservation still refuses them."""
     try:
         family, address = _bind_family(host.strip("[]"))
         with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((address, port))
             port = probe.getsockname()[1]
         holder = socket.socket(family, socket.SOCK_STREAM)
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # TIME_WAIT of a single server's connections (bound without SO_REUSEPORT) lets only SO_REUSEADDR bind
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind((address, port))
+        # cleared once bound: another supervisor's probe, with SO_REUSEADDR, would bind beside a holder that kept it
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except OSError as err:
         raise SettingsError(f"cannot bind {host}:{port}: {err.strerror or err}") from err
     return holder
@@ -213,10 +224,16 @@ class Supervisor:
         return [sys.executable, "-m", "edgedistill.serve", *self.argv, *pinned]  # later flags win
 
     def _start(self, index: int, restarted: bool = False) -> Worker:
+        """Worker `index`, started; `OSError` where its process or pipe cannot be made, with no descriptor left open."""
         read, write = os.pipe()
         env = os.environ | {SUPERVISOR_VAR: f"{os.getpid()}:{write}", "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
-        proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
-        os.close(write)
+        try:
+            proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
+        except OSError:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
         reports = os.fdopen(read, "rb", buffering=0)
         worker = Worker(index, proc, reports)
         self.selector.register(reports, selectors.EVENT_READ, worker)
@@ -230,8 +247,8 @@ class Supervisor:
         return worker
 
     def run(self) -> int:
-        """Until SIGTERM or SIGINT (exit 0 when every worker drained cleanly) or a worker that cannot serve
-        (exit with its status)."""
+        """Until SIGTERM or SIGINT (exit 0 when every worker drained cleanly), a worker that cannot serve (exit with
+        its status) or one that cannot be restarted (EXIT_NO_PROCESS)."""
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
@@ -365,9 +382,22 @@ class Supervisor:
             elif len(self.restarts) > RESTARTS_PER_MINUTE:
                 self._stop(shell_status(status) or 1, f"more than {RESTARTS_PER_MINUTE} restarts a minute")
             else:
-                self._start(worker.index, restarted=True)
+                self._restart(worker.index)
         if self.stopping and time.monotonic() > self.stop_deadline:
             self._kill_all()
+
+    def _restart(self, index: int) -> None:
+        """Start worker `index` again; where no process can be made, drain the others and exit EXIT_NO_PROCESS."""
+        try:
+            self._start(index, restarted=True)
+        except OSError as err:
+            log.error(
+                "cannot restart worker %d: %s; raise the container's pids or open-files limit, or lower WORKERS",
+                index,
+                err,
+                extra={"event": "worker_restart_failed", "worker": index, "errno": errno.errorcode.get(err.errno)},
+            )
+            self._stop(EXIT_NO_PROCESS, f"worker {index} could not be restarted")
 
     def _live_pids(self) -> dict[int, int]:
         """Worker index -> pid of each worker still running (read by the metrics thread)."""

@@ -11,7 +11,15 @@ import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve import metrics
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics, WorkerFiles, WorkerProcesses, serve_http, stop_http
+from edgedistill.serve.metrics import (
+    LATENCY_BUCKETS,
+    Metrics,
+    WorkerFiles,
+    WorkerProcesses,
+    serve_http,
+    stop_http,
+    workers_registry,
+)
 from prometheus_client import CollectorRegistry, generate_latest, values
 
 from tests.serve.conftest import ROOT
@@ -238,3 +246,22 @@ def test_a_retired_worker_whose_values_cannot_be_written_keeps_its_own_files_in_
     monkeypatch.setattr(metrics, "MmapedDict", full_volume)
     worker_files.retire(WORKER_PIDS[0])
     assert summed(worker_files) == pytest.approx(before)
+
+
+@pytest.fixture
+def reloaded_workers_scrape(tmp_path, monkeypatch) -> str:
+    """The supervisor's scrape of two workers that served version 1 of a model, then reloaded onto version 2."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    for pid in WORKER_PIDS[:2]:
+        monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda pid=pid: pid))
+        worker = Metrics(shared=True)
+        for version in ("1", "2"):
+            worker.set_model("tiny", version, "onnxruntime", ["CPUExecutionProvider"])
+    return generate_latest(workers_registry(WorkerFiles(tmp_path), dict)).decode()
+
+
+def test_after_a_reload_the_workers_model_info_gives_only_the_served_model(reloaded_workers_scrape):
+    samples = [line for line in reloaded_workers_scrape.splitlines() if line.startswith("edgedistill_model_info{")]
+    assert samples == [
+        'edgedistill_model_info{name="tiny",providers="CPUExecutionProvider",runtime="onnxruntime",version="2"} 1.0'
+    ]

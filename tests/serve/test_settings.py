@@ -3,7 +3,17 @@
 from pathlib import Path
 
 import pytest
-from edgedistill.serve.settings import Settings, SettingsError, build_parser, load_settings, refuse_unused
+from edgedistill.serve.app import connection_options
+from edgedistill.serve.settings import (
+    GRPC_INT_MAX,
+    NEVER_S,
+    Settings,
+    SettingsError,
+    build_parser,
+    env_name,
+    load_settings,
+    refuse_unused,
+)
 
 
 def test_without_flags_or_environment_the_settings_take_their_defaults():
@@ -130,3 +140,29 @@ def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
 def test_a_metrics_host_with_the_metrics_port_on_is_accepted():
     settings = load_settings([], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
     assert refuse_unused(settings) is None
+
+
+FLOAT_FIELDS = [name for name, info in Settings.model_fields.items() if info.annotation is float]
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_a_time_that_is_not_finite_is_refused_naming_its_variable(field, value):
+    with pytest.raises(SettingsError, match=env_name(field)):
+        load_settings([], {env_name(field): value})
+
+
+@pytest.mark.parametrize("field", ["max_message_bytes", "max_concurrent_rpcs", "max_concurrent_streams"])
+def test_a_limit_past_what_grpc_takes_is_refused_naming_its_variable(field):
+    with pytest.raises(SettingsError, match=env_name(field)):
+        load_settings([], {env_name(field): str(GRPC_INT_MAX + 1)})
+
+
+def test_an_infinite_connection_age_is_refused_with_the_value_grpc_takes_as_never():
+    with pytest.raises(SettingsError, match=f"for never, set {NEVER_S} or more"):
+        load_settings([], {"EDGEDISTILL_CONNECTION_AGE_S": "inf"})
+
+
+def test_the_connection_age_said_to_mean_never_is_grpcs_never():
+    options = dict(connection_options(load_settings([], {"EDGEDISTILL_CONNECTION_AGE_S": str(NEVER_S)})))
+    assert options["grpc.max_connection_age_ms"] == GRPC_INT_MAX

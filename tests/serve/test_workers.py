@@ -20,10 +20,11 @@ from edgedistill.common import machine
 from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, SettingsError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
 from tests.serve.test_operations import corrupt, metric
 
@@ -287,6 +288,59 @@ def test_a_worker_killed_while_the_workers_drain_gives_the_supervisor_its_status
     assert server.proc.wait(60) == 128 + signal.SIGKILL
 
 
+# `python -m edgedistill.serve` whose supervisor can start two worker processes and no more, as under a pids limit
+TWO_PROCESSES = """
+import errno, runpy, subprocess, types
+from edgedistill.serve import workers
+
+started = []
+
+def popen(*args, **kwargs):
+    if len(started) == 2:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    started.append(subprocess.Popen(*args, **kwargs))
+    return started[-1]
+
+workers.subprocess = types.SimpleNamespace(Popen=popen)
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture
+def restart_without_a_process(spawn, bundle, monkeypatch):
+    """Two workers under a supervisor that cannot start a third process, one of them killed: (the supervisor, the
+    pid of the worker left)."""
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", TWO_PROCESSES, *serve_command(*args)[3:]]
+    )
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    killed, survivor = server.wait_for("workers_serving", timeout=60)["workers"]
+    os.kill(killed, signal.SIGKILL)
+    server.proc.wait(60)
+    return server, survivor
+
+
+def test_a_worker_that_cannot_be_restarted_stops_the_supervisor_with_status_71(restart_without_a_process):
+    server, _ = restart_without_a_process
+    assert server.proc.returncode == 71
+
+
+def test_a_worker_that_cannot_be_restarted_is_logged_with_the_errno(restart_without_a_process):
+    server, _ = restart_without_a_process
+    assert server.wait_for("worker_restart_failed")["errno"] == "EAGAIN"
+
+
+def test_a_worker_that_cannot_be_restarted_lets_the_others_drain(restart_without_a_process):
+    server, survivor = restart_without_a_process
+    drained = [(line["pid"], line["cut_calls"]) for line in server.lines if line.get("event") == "stopped"]
+    assert drained == [(survivor, 0)]
+
+
+def test_a_worker_that_cannot_be_restarted_kills_no_worker(restart_without_a_process):
+    server, _ = restart_without_a_process
+    assert not [line for line in server.lines if line.get("event") in ("worker_killed", "start_failed")]
+
+
 def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
@@ -454,3 +508,54 @@ def test_every_address_on_a_kernel_without_ipv6_binds_every_ipv4_address(monkeyp
     monkeypatch.setattr(workers.socket, "socket", no_ipv6)
     with workers.reserve_port("[::]", 0) as held:
         assert held.getsockname()[0] == "0.0.0.0"
+
+
+def cut_connection_port(reuseport: bool) -> int:
+    """A loopback port that nothing holds, left with a connection in TIME_WAIT on the server's side, as a drain that
+    cut its calls leaves one: the listener bound as gRPC binds it (SO_REUSEADDR; SO_REUSEPORT as a worker)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuseport))
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server closes first: its side waits in TIME_WAIT
+            client.recv(1)
+    return port
+
+
+@pytest.mark.parametrize("reuseport", [False, True], ids=["after one process", "after workers"])
+def test_a_port_left_with_cut_connections_is_reserved_for_a_restart(reuseport):
+    port = cut_connection_port(reuseport)
+    with workers.reserve_port("127.0.0.1", port) as held:
+        assert held.getsockname()[1] == port
+
+
+def test_a_port_a_listener_holds_as_grpc_binds_it_is_refused():
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with pytest.raises(SettingsError, match="cannot bind"):
+            workers.reserve_port("127.0.0.1", listener.getsockname()[1])
+
+
+def test_a_port_another_supervisor_reserved_is_refused():
+    with workers.reserve_port("127.0.0.1", 0) as held, pytest.raises(SettingsError, match="cannot bind"):
+        workers.reserve_port("127.0.0.1", held.getsockname()[1])
+
+
+def test_a_worker_process_that_cannot_be_made_leaves_no_descriptor_open(bundle, temp_root, monkeypatch):
+    def no_process(*args, **kwargs):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    supervisor = workers.Supervisor(Settings(bundle=bundle, host="127.0.0.1", port=0), [], 2)
+    monkeypatch.setattr(workers.subprocess, "Popen", no_process)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with contextlib.suppress(OSError):
+        supervisor._start(0)
+    after = sorted(os.listdir("/proc/self/fd"))
+    supervisor._close()
+    assert after == before
