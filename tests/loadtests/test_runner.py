@@ -255,6 +255,18 @@ def test_a_load_test_of_the_echo_server_keeps_one_folder_whatever_bundle_gave_it
     assert {stage.folder.name for stage in stages} == {"loadtest-smoke-echo"}
 
 
+def test_an_echo_load_test_takes_scenarios_it_cannot_run_at_weight_0(bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stage = runner.stage(recipe, "smoke", bundle, scenarios={"single": 1, "stream": 0, "kserve": 0}, echo=True)
+    assert stage.folder.name == "loadtest-smoke-echo"
+
+
+def test_an_echo_load_test_refuses_only_the_weighted_scenarios_it_cannot_run(bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    with pytest.raises(runner.LoadtestError, match=r"drop scenarios \['kserve'\] or give them weight 0"):
+        runner.stage(recipe, "smoke", bundle, scenarios={"single": 1, "stream": 0, "kserve": 1}, echo=True)
+
+
 def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
     echo = write_bundle(tmp_path / "bundle-echo")
     with pytest.raises(runner.LoadtestError, match="would share the echo server's folder loadtest-smoke-echo"):
