@@ -5,7 +5,7 @@ when the schedule ends, which return within the stop timeout, count overall, by 
 rates are over the scheduled seconds; calls started after it, as locust changes its users only at its shape's tick,
 about once a second, count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
-  `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
+  `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;

@@ -223,7 +223,7 @@ def _build(
         "recipe": recipe.name,
         "echo": echo,
         "bundle": {"path": None if echo else str(bundle)} | target,
-        "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
+        "server": None if echo else settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
         "texts": texts_info(examples),
         "machine": machine(load_before),
     }
