@@ -24,7 +24,7 @@ from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
-from edgedistill.common.config.strict import Strict
+from edgedistill.common.config.strict import Overridden, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
     DataConfig,
@@ -343,11 +343,11 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
 
 
 def apply_override(raw: dict, dotted: str, value) -> None:
-    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections as needed."""
+    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed."""
     *parents, leaf = dotted.split(".")
     node = raw
     for key in parents:
-        child = node.setdefault(key, {})
+        child = node.setdefault(key, Overridden())
         if not isinstance(child, dict):
             raise RecipeError(f"override {dotted}: {key} is not a section")
         node = child

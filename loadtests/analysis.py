@@ -1,7 +1,8 @@
 """Figures of a run: call statistics overall, per stage, per name and per second; CPU and memory of both processes.
 
 Latencies are those of successful calls (ms); failed calls count in the error rate. A call belongs to
-the second (and stage) in which it returned; one that returned after the schedule ended, to the last stage.
+the second (and stage) in which it returned; one that returned after the schedule ended, to the last stage, and one
+that started after it, to none (`loadtests.result`).
 CPU % is of one core (100 = one core busy).
 """
 
@@ -53,6 +54,10 @@ class Samples:
     def between(self, start: float, end: float) -> "Samples":
         """The calls that returned in [start, end) seconds."""
         return self.where((self.end_s >= start) & (self.end_s < end))
+
+    def started_before(self, seconds: float) -> "Samples":
+        """The calls that started (returned less their latency) before `seconds`."""
+        return self.where(self.end_s - self.ms / 1000 < seconds)
 
     def latencies_by_name(self) -> dict[str, np.ndarray]:
         """The successful calls' latencies (ms) per request name, for the names with any."""

@@ -10,14 +10,13 @@ pair model each comes with its pair (`text_pairs`, or a BYTES `text_pair` input)
 Run it through `python -m loadtests RECIPE --profile NAME`, which writes the plan and starts the server.
 """
 
-import math
 import random
-import time
 
 from edgedistill.common import settings
 from edgedistill.common.text import read_texts
 from edgedistill.loadtests import plan
 from edgedistill.loadtests.grpc_user import GrpcUser
+from edgedistill.loadtests.pacing import PacedUser
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.shapes import SHAPES
 from edgedistill.serve import tensors
@@ -72,32 +71,11 @@ def kserve(user: "ClassifierUser") -> None:
 SCENARIOS = {"single": single, "batch": batch, "stream": stream, "kserve": kserve}
 
 
-def paced(rate: float):
-    """A wait_time of `rate` task starts per second per user, on a grid of its own with a random phase.
-
-    locust's constant_throughput anchors each user's schedule where the user was created and restarts
-    it whenever a wait comes up short, so users spawned together (or delayed together by a busy moment
-    of the locust process) call in step, and the server sees bursts of all of them at once instead of a
-    steady rate. Here a late user skips the start times it missed and keeps its phase.
-    """
-    interval = 1 / rate
-
-    def wait_time(user) -> float:
-        now = time.perf_counter()
-        due = getattr(user, "next_start", now - random.random() * interval) + interval
-        if due < now:
-            due += math.ceil((now - due) / interval) * interval
-        user.next_start = due
-        return due - now
-
-    return wait_time
-
-
-class ClassifierUser(GrpcUser):
-    """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user."""
+class ClassifierUser(PacedUser, GrpcUser):
+    """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user from its first call."""
 
     tasks = {SCENARIOS[name]: weight for name, weight in PLAN.scenarios.items() if weight}
-    wait_time = paced(PLAN.settings.user_rate)
+    user_rate = PLAN.settings.user_rate
     timeout = PLAN.loadtest.timeout_s
     metadata = bearer(settings.env(env_name("token")))  # the server's TOKEN, which it reads from the same variable
 

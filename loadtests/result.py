@@ -2,9 +2,10 @@
 
 summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core; calls still in flight
 when the schedule ends, which return within the stop timeout, count overall, by name and in the last stage, whose
-rates are over the scheduled seconds):
+rates are over the scheduled seconds; calls started after it, as locust changes its users only at its shape's tick,
+about once a second, count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
-  `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings), `texts` {source,
+  `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;
@@ -81,6 +82,9 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
     """Every figure and the SLO verdicts; `context` adds recipe, bundle, server, texts and machine."""
     settings = plan.settings
     duration = plan.duration_s
+    # Locust stops the users at its shape's first tick past the end, up to a second late: their calls started since
+    # would count against the scheduled seconds.
+    samples = samples.started_before(duration)
     returned = samples.between(0, math.inf)  # those in flight at the end too, which return within the stop timeout
     overall = analysis.call_stats(returned, duration, analysis.offered_rate(plan.stages))
     overall |= {f"{p}_cpu_pct": resources.cpu_pct(p, 0, duration) for p in ("server", "locust")}

@@ -140,8 +140,10 @@ def stage(
     """
     cfg = recipe.loadtest or LoadtestConfig()
     scenarios = scenarios or cfg.profile(profile).scenarios
-    if echo and (unsupported := sorted(set(scenarios) - ECHO_SCENARIOS)):
-        raise LoadtestError(f"the echo server answers Classify only; drop scenarios {unsupported} (--scenarios)")
+    if echo and (unsupported := sorted({name for name, weight in scenarios.items() if weight} - ECHO_SCENARIOS)):
+        raise LoadtestError(
+            f"the echo server answers Classify only; drop scenarios {unsupported} or give them weight 0 (--scenarios)"
+        )
     folder = (
         measured.echo_loadtest(profile)
         if echo
@@ -221,7 +223,7 @@ def _build(
         "recipe": recipe.name,
         "echo": echo,
         "bundle": {"path": None if echo else str(bundle)} | target,
-        "server": settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
+        "server": None if echo else settings.model_dump(mode="json", exclude={"token", "port", "bundle"}),
         "texts": texts_info(examples),
         "machine": machine(load_before),
     }

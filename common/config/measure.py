@@ -3,11 +3,12 @@ They change no bundle, so the recipe's hash leaves them out; each measurement's 
 
 from typing import Literal, get_args
 
-from edgedistill.common.config.strict import Strict
+from edgedistill.common.config.strict import Overridden, Strict
 from pydantic import BaseModel, Field, model_validator
 
 Scenario = Literal["single", "batch", "stream", "kserve"]
 Profile = Literal["smoke", "steady", "step", "spike", "soak"]
+DEFAULT_SCENARIOS = {"single": 1}
 
 
 class SloConfig(Strict):
@@ -33,7 +34,9 @@ class LoadProfile(Strict):
     """What every load profile sets: the scenario mix and the SLO."""
 
     scenarios: dict[Scenario, int] = Field(
-        default_factory=lambda: {"single": 1}, min_length=1, description="scenario -> weight (locust task weight)"
+        default_factory=lambda: dict(DEFAULT_SCENARIOS),
+        min_length=1,
+        description="scenario -> weight (locust task weight)",
     )
     slo: SloConfig = SloConfig()
 
@@ -228,7 +231,8 @@ class BenchConfig(Strict):
     scaling: ScalingBenchConfig = ScalingBenchConfig()
 
 
-# Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole).
+# Each profile starts from its preset; a recipe's keys replace the preset's (one level: `slo` as a whole), but
+# weights that overrides set one by one (`--loadtest.smoke.scenarios.batch=2`) go into the preset's (or default) mix.
 LOAD_PRESETS: dict[str, dict] = {
     "smoke": {"users": 2, "rate": 20.0, "duration_s": 30.0, "scenarios": dict.fromkeys(get_args(Scenario), 1)},
     "steady": {},
@@ -264,7 +268,10 @@ class LoadtestConfig(Strict):
         data = dict(data)
         for name, preset in LOAD_PRESETS.items():
             value = data.get(name)
-            data[name] = value if isinstance(value, BaseModel) else preset | (value or {})
+            if not isinstance(value, BaseModel):
+                data[name] = preset | (value or {})
+                if isinstance(weights := data[name].get("scenarios"), Overridden):
+                    data[name]["scenarios"] = preset.get("scenarios", DEFAULT_SCENARIOS) | weights
         return data
 
     def profile(self, name: Profile) -> ConstantLoad | StepLoad | SpikeLoad:

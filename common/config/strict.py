@@ -19,3 +19,9 @@ class Strict(BaseModel):
             if getattr(self, name) == type(self).model_fields[name].default:
                 dumped.pop(name, None)
         return dumped
+
+
+class Overridden(dict):
+    """A mapping that dotted overrides made where the recipe has none: only the keys they set. A mapping setting with
+    a default or preset (a load profile's scenario weights) takes these keys into it, where a mapping the recipe
+    spells out takes its place."""

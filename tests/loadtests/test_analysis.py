@@ -151,24 +151,41 @@ def test_latencies_by_name_keep_the_successful_calls_of_each_name(tmp_path):
     assert {name: ms.tolist() for name, ms in by_name.items()} == {"Classify": [1.25]}
 
 
-def test_calls_that_return_after_the_schedule_ends_count_overall_by_name_and_in_the_last_stage():
-    plan = Plan(
-        profile="spike",
-        loadtest=LoadtestConfig(spike={"users": 1, "spike_users": 2, "user_rate": 1, "before_s": 2, "spike_s": 2}),
-        scenarios={"single": 1},
-        model="m",
-        texts=Path("texts.txt"),
-        samples=Path("requests.npz"),
-    )
-    end = plan.duration_s
-    run = samples([1.0, end + 0.5, end + 2], [1.0, 2.0, 3.0], ok=[True, True, False])
+SPIKE_PLAN = Plan(
+    profile="spike",
+    loadtest=LoadtestConfig(spike={"users": 1, "spike_users": 2, "user_rate": 1, "before_s": 2, "spike_s": 2}),
+    scenarios={"single": 1},
+    model="m",
+    texts=Path("texts.txt"),
+    samples=Path("requests.npz"),
+)
+
+
+def build_spike(run: Samples) -> dict:
+    """The result of `run` under SPIKE_PLAN, its processes sampled until 3 s past the end."""
+    end = SPIKE_PLAN.duration_s
     resources = Resources.from_rows([(t, 0.0, 0.0, 0.0) for t in np.arange(0, end + 3, 0.5)], started=0.0)
-    built = result.build(plan, run, resources, task_errors=0, context={})
+    return result.build(SPIKE_PLAN, run, resources, task_errors=0, context={})
+
+
+def test_calls_that_return_after_the_schedule_ends_count_overall_by_name_and_in_the_last_stage():
+    end = SPIKE_PLAN.duration_s
+    # the last two started 0.1 s and 0.5 s before the end
+    built = build_spike(samples([1.0, end + 0.5, end + 2], [1.0, 600.0, 2500.0], ok=[True, True, False]))
     assert built["overall"]["requests"] == 3
     assert built["overall"]["failures"] == 1
     assert built["by_name"]["Classify"]["failures"] == 1
     assert built["stages"][-1]["requests"] == 2
     assert built["overall"]["requests_per_s"] == 2 / end  # over the schedule's seconds
+
+
+def test_calls_started_after_the_schedule_ends_count_nowhere():
+    end = SPIKE_PLAN.duration_s
+    built = build_spike(samples([1.0, end + 0.5, end + 0.9], [1.0, 600.0, 5.0]))  # the last started 0.895 s after
+    assert built["overall"]["requests"] == 2
+    assert built["by_name"]["Classify"]["requests"] == 2
+    assert built["stages"][-1]["requests"] == 1
+    assert built["series"]["requests_per_s"][-1] == 1
 
 
 def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():

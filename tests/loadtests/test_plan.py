@@ -34,6 +34,29 @@ def test_presets_fill_what_a_recipe_leaves_out():
     assert cfg.soak.duration_s == 600
 
 
+TREC_RECIPE = ROOT / "recipes" / "trec.yaml"  # a recipe that sets no scenarios: its profiles run the preset mixes
+
+
+def test_an_override_of_one_smoke_weight_keeps_the_other_weights_of_the_preset():
+    recipe = load_recipe(TREC_RECIPE, {"loadtest.smoke.scenarios.batch": 2})
+    assert recipe.loadtest.smoke.scenarios == {"single": 1, "batch": 2, "stream": 1, "kserve": 1}
+
+
+def test_an_override_of_one_steady_weight_keeps_the_default_weights():
+    recipe = load_recipe(TREC_RECIPE, {"loadtest.steady.scenarios.batch": 1})
+    assert recipe.loadtest.steady.scenarios == {"single": 1, "batch": 1}
+
+
+def test_an_override_of_the_whole_mix_replaces_the_preset():
+    recipe = load_recipe(TREC_RECIPE, {"loadtest.smoke.scenarios": {"batch": 2}})
+    assert recipe.loadtest.smoke.scenarios == {"batch": 2}
+
+
+def test_scenarios_a_recipe_spells_out_replace_the_preset(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL + "loadtest: {smoke: {scenarios: {batch: 2}}}\n"))
+    assert recipe.loadtest.smoke.scenarios == {"batch": 2}
+
+
 def test_bad_loadtest_settings_are_named(tmp_path):
     with pytest.raises(RecipeError, match=r"loadtest\.step.*settle_s"):
         load_recipe(write(tmp_path, MINIMAL + "loadtest: {step: {step_s: 1, settle_s: 2}}\n"))

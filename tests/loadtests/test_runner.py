@@ -130,6 +130,7 @@ def test_echo_run_measures_the_client_floor_in_its_own_folder(bundle):
     assert manifest.info["echo"] is True
     assert summary["echo"] is True
     assert summary["bundle"]["arch"] == "echo"
+    assert summary["server"] is None  # the model server's settings, which the echo server does not take
     assert set(summary["by_name"]) == {"Classify", "Classify x4"}
     assert summary["overall"]["failures"] == 0
     assert "echo server" in run.stdout
@@ -253,6 +254,18 @@ def test_a_load_test_of_the_echo_server_keeps_one_folder_whatever_bundle_gave_it
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     stages = [runner.stage(recipe, "smoke", b, scenarios={"single": 1}, echo=True) for b in (bundle, pair_bundle)]
     assert {stage.folder.name for stage in stages} == {"loadtest-smoke-echo"}
+
+
+def test_an_echo_load_test_takes_scenarios_it_cannot_run_at_weight_0(bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stage = runner.stage(recipe, "smoke", bundle, scenarios={"single": 1, "stream": 0, "kserve": 0}, echo=True)
+    assert stage.folder.name == "loadtest-smoke-echo"
+
+
+def test_an_echo_load_test_refuses_only_the_weighted_scenarios_it_cannot_run(bundle):
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    with pytest.raises(runner.LoadtestError, match=r"drop scenarios \['kserve'\] or give them weight 0"):
+        runner.stage(recipe, "smoke", bundle, scenarios={"single": 1, "stream": 0, "kserve": 1}, echo=True)
 
 
 def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
