@@ -244,7 +244,10 @@ class TransferConfig(Strict):
 
     unlabelled_files: list[str] = Field(min_length=1)
     unlabelled_max_lines: int | None = Field(
-        None, gt=0, description="raw lines (reviews) to read; unset: every line, their sentences all held in memory"
+        None,
+        gt=0,
+        description="raw lines (reviews) to read; unset: every line, their sentences all held in memory (refused "
+        "with `export.cascades`, which calibrate on the lines past these)",
     )
     max_unlabelled: int | None = Field(None, gt=0, description="sentences kept, drawn from every line read")
     include_train: bool = True
