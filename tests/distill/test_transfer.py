@@ -375,6 +375,19 @@ def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(
     assert "is a fp32 bundle but the recipe makes it int8" in result.stderr
 
 
+def test_a_labeller_built_from_other_export_settings_is_refused_naming_the_setting(smoke_bundles, capsys, monkeypatch):
+    run = smoke_bundles.parent / "relabelled"
+    run.mkdir()
+    for folder in ("teacher", "bundle-teacher-int8"):
+        (run / folder).symlink_to(smoke_bundles / folder)
+    int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
+    changed = "--export.bundles.teacher-int8.per_channel=true"
+    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8, changed)
+    assert result.returncode == 2
+    assert "export.bundles.teacher-int8.per_channel false -> true" in result.stderr
+    assert "run `edgedistill labeller RECIPE` first" in result.stderr
+
+
 def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, capsys, monkeypatch):
     run = smoke_bundles.parent / "other-teacher"
     shutil.copytree(smoke_bundles / "teacher", run / "teacher")
