@@ -401,7 +401,10 @@ class StudentRun(Strict):
 
 class DistillConfig(Strict):
     students: dict[str, StudentRun] = Field(min_length=1)
-    deploy: str = Field(description="the student that is exported and served by default")
+    deploy: str = Field(
+        description="the student `edgedistill headline` reports for a recipe without an `export` section; with one, "
+        "`export.deploy` picks what is served, and the headline reports the student that bundle is built from"
+    )
 
     @model_validator(mode="after")
     def _deploy_known(self):
