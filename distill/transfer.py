@@ -49,8 +49,9 @@ def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length:
 
 def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
     """Refuse (`ArtifactError`) the labeller bundle in `folder` when a setting its manifest records differs from the
-    recipe's now: the transfer set would be labelled by it while its own manifest records the recipe's. (The bundle
-    is no declared parent, whose check this is, because its hash would then change every transfer set's.)"""
+    recipe's now: the transfer set would be labelled by it while its own manifest records the recipe's. The check
+    `Stage.inputs` makes of a parent, by the bundle's record: as a declared parent its hash would change every
+    transfer set's."""
     built = mf.load(folder, verify=False)  # verified by `onnx_labeller`
     recorded = built.hashed.get("settings", {})
     now = recipe.settings(*recorded)
