@@ -108,6 +108,18 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _cascades_have_lines_past_the_transfer_set(self):
+        cascades = list(self.export.cascades) if self.export is not None else []
+        if cascades and self.transfer is not None and self.transfer.unlabelled_max_lines is None:
+            raise ValueError(
+                f"export.cascades ({', '.join(cascades)}) calibrate on the unlabelled lines past those the transfer set "
+                "reads, but transfer.unlabelled_max_lines is unset, so it reads them all: set "
+                "transfer.unlabelled_max_lines below the number of lines in transfer.unlabelled_files, or drop the "
+                "cascades (export.cascades: null)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _labeller_is_a_cpu_teacher_bundle(self):
         name = self.transfer.labeller if self.transfer else None
         margin = self.transfer.relabel_margin if self.transfer else None

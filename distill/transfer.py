@@ -47,6 +47,22 @@ def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length:
         print(f"[transfer] warning: {cut}, for the students and the served bundles; raise transfer.max_length")
 
 
+def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
+    """Refuse (`ArtifactError`) the labeller bundle in `folder` when a setting its manifest records differs from the
+    recipe's now: the transfer set would be labelled by it while its own manifest records the recipe's. The check
+    `Stage.inputs` makes of a parent, by the bundle's record: as a declared parent its hash would change every
+    transfer set's."""
+    built = mf.load(folder, verify=False)  # verified by `onnx_labeller`
+    recorded = built.hashed.get("settings", {})
+    now = recipe.settings(*recorded)
+    if now != recorded:
+        why = mf.changes(built.hashed, built.hashed | {"settings": now})
+        raise mf.ArtifactError(
+            f"[transfer] the labeller {folder} was built from other settings than the recipe's ({why}): run "
+            "`edgedistill labeller RECIPE` first (make transfer does)"
+        )
+
+
 def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
@@ -61,6 +77,7 @@ def _build(inputs: Inputs) -> Built:
     if recipe.transfer.labeller and placement.device.type == "cpu":
         folder = run_dir(recipe) / f"bundle-{recipe.transfer.labeller}"
         forward, figures = onnx_labeller(folder, teacher_dir)
+        _refuse_a_labeller_built_otherwise(recipe, folder)
         wanted = recipe.export.bundles[recipe.transfer.labeller].precision
         if figures["bundle_precision"] != wanted:
             raise mf.ArtifactError(

@@ -1,7 +1,8 @@
 """`edgedistill headline RECIPE [--section.key=value ...]`: one line per finished stage, then the headline.
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
-teacher and student dev accuracy (and test accuracy with a test split), speedup over the teacher in PyTorch eager mode, serving latency
+the dev accuracy of the teacher and of the student the deployed bundle is built from (and test accuracy with a
+test split), speedup over the teacher in PyTorch eager mode, serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
 bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement of the deployed bundle
 taken before it was built again is named, not shown, with the command that measures it again.
@@ -58,6 +59,19 @@ def _metrics(folder: Path) -> dict | None:
     return mf.load(folder, verify=False).metrics if (folder / mf.MANIFEST).is_file() else None
 
 
+def deployed_student(recipe: Recipe) -> str | None:
+    """The student the served bundle (`export.deploy`; a cascade's first member) is built from, `teacher` for a
+    teacher bundle; without an `export` section, `distill.deploy`; None without students."""
+    if recipe.distill is None:
+        return None
+    if recipe.export is None:
+        return recipe.distill.deploy
+    bundle = recipe.export.deploy
+    if bundle in recipe.export.cascades:
+        bundle = recipe.export.cascades[bundle].members[0]
+    return recipe.export.bundles[bundle].source
+
+
 def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
     root = run_dir(recipe)
@@ -77,8 +91,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     teacher = _metrics(root / "teacher")
     if teacher:
         lines.append(f"teacher: {figures(teacher)}")
-    if recipe.distill is not None:
-        name = recipe.distill.deploy
+    name = deployed_student(recipe)
+    if name == "teacher" and teacher:
+        lines.append(f"student: none served, the deployed bundle {recipe.export.deploy} is the teacher's")
+    elif name not in (None, "teacher"):
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
         if student:
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")

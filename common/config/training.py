@@ -244,7 +244,10 @@ class TransferConfig(Strict):
 
     unlabelled_files: list[str] = Field(min_length=1)
     unlabelled_max_lines: int | None = Field(
-        None, gt=0, description="raw lines (reviews) to read; unset: every line, their sentences all held in memory"
+        None,
+        gt=0,
+        description="raw lines (reviews) to read; unset: every line, their sentences all held in memory (refused "
+        "with `export.cascades`, which calibrate on the lines past these)",
     )
     max_unlabelled: int | None = Field(None, gt=0, description="sentences kept, drawn from every line read")
     include_train: bool = True
@@ -398,7 +401,10 @@ class StudentRun(Strict):
 
 class DistillConfig(Strict):
     students: dict[str, StudentRun] = Field(min_length=1)
-    deploy: str = Field(description="the student that is exported and served by default")
+    deploy: str = Field(
+        description="the student `edgedistill headline` reports for a recipe without an `export` section; with one, "
+        "`export.deploy` picks what is served, and the headline reports the student that bundle is built from"
+    )
 
     @model_validator(mode="after")
     def _deploy_known(self):

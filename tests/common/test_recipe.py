@@ -695,6 +695,12 @@ def test_a_static_int8_bundle_without_a_transfer_set_is_refused(tmp_path):
         extend(tmp_path, text)
 
 
+def test_a_cascade_with_every_unlabelled_line_read_by_the_transfer_set_is_refused_naming_both_keys(tmp_path):
+    write(tmp_path, "extends: smoke\ntransfer: {unlabelled_max_lines: null}\n")
+    with pytest.raises(RecipeError, match=r"export\.cascades .*transfer\.unlabelled_max_lines is unset"):
+        load_recipe(tmp_path / "exp.yaml")
+
+
 def test_a_cascade_without_a_transfer_set_is_refused(tmp_path):
     text = (
         TEACHER_ALONE + "  bundles: {bilstm-int8: null}\n  cascades: {pair: {members: [teacher-int8, teacher-onnx]}}\n"

@@ -80,7 +80,11 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
     monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
     monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
     (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
-    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], "transfer.unlabelled_max_lines": None}
+    overrides = {
+        "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
+        "transfer.unlabelled_max_lines": None,
+        "export.cascades": {},  # which need lines past those the transfer set reads
+    }
     build_texts(load_recipe(SMOKE, overrides), "[MASK]")
     assert re.search(r"^\[split\] \d+/30 line", capsys.readouterr().err, re.MULTILINE)
 
@@ -369,6 +373,19 @@ def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(
     result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
     assert result.returncode == 2
     assert "is a fp32 bundle but the recipe makes it int8" in result.stderr
+
+
+def test_a_labeller_built_from_other_export_settings_is_refused_naming_the_setting(smoke_bundles, capsys, monkeypatch):
+    run = smoke_bundles.parent / "relabelled"
+    run.mkdir()
+    for folder in ("teacher", "bundle-teacher-int8"):
+        (run / folder).symlink_to(smoke_bundles / folder)
+    int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
+    changed = "--export.bundles.teacher-int8.per_channel=true"
+    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8, changed)
+    assert result.returncode == 2
+    assert "export.bundles.teacher-int8.per_channel false -> true" in result.stderr
+    assert "run `edgedistill labeller RECIPE` first" in result.stderr
 
 
 def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, capsys, monkeypatch):

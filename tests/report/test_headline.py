@@ -71,6 +71,35 @@ def test_headline_without_a_baseline_or_later_stages(recipe):
     assert table.row_count == 1
 
 
+def smoke_with(tmp_path, monkeypatch, *overrides: str):
+    """The smoke recipe with `overrides`, its runs folder under `tmp_path`."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    return load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(list(overrides)))
+
+
+@pytest.mark.parametrize("bundle", ["cnn-int8", "cnn-cascade"])
+def test_headline_reports_the_student_the_served_bundle_or_cascades_first_member_is_built_from(
+    tmp_path, monkeypatch, bundle
+):
+    cascade = "--export.cascades.cnn-cascade.members=[cnn-int8,teacher-fused]"
+    recipe = smoke_with(tmp_path, monkeypatch, f"--export.deploy={bundle}", cascade)
+    for name, accuracy in (("bilstm", 0.8), ("cnn", 0.85)):
+        publish(run_dir(recipe) / f"student-{name}", {"dev_accuracy": accuracy, "retention": accuracy / 0.9})
+    assert headline.headline(recipe, "recipes/smoke.yaml") == [
+        "student cnn: dev accuracy 0.8500 (94.4% of the teacher)"
+    ]
+
+
+def test_headline_of_a_served_teacher_bundle_says_no_student_is_served(tmp_path, monkeypatch):
+    recipe = smoke_with(tmp_path, monkeypatch, "--export.deploy=teacher-int8")
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9})
+    publish(run_dir(recipe) / f"student-{recipe.distill.deploy}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9})
+    assert headline.headline(recipe, "recipes/smoke.yaml") == [
+        "teacher: dev accuracy 0.9000",
+        "student: none served, the deployed bundle teacher-int8 is the teacher's",
+    ]
+
+
 def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     root = run_dir(recipe)
     overall = {"requests": 1000, "failures": 0, "p99_ms": 2.5}
