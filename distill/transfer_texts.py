@@ -134,14 +134,17 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
     leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
-    removed = {"duplicates": 0, "dev_overlap": 0}
+    removed = {"no_words": 0, "duplicates": 0, "dev_overlap": 0}
     bar = progress.bar(len(candidates), desc="filter", unit="text")
     for sides, source, label in candidates:
         bar.update()
         key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
-        if not all(key) or (digest := _digest(key)) in seen:
+        if not all(key):  # no letter or digit on a side (an emoji, `:-(`): nothing to compare it on
+            removed["no_words"] += 1
+            continue
+        if (digest := _digest(key)) in seen:
             removed["duplicates"] += 1
             continue
         if any(leaks(side) for side in sides):

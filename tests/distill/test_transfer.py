@@ -55,11 +55,11 @@ def test_leak_filter_catches_the_styled_copy_of_a_dev_text_with_markup(dev, styl
     assert leak_filter([dev], style)(styled(dev, style))
 
 
-@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
-def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
-    rows = "".join(f"{text}\t1\n" for text in MARKED_UP)
-    (tmp_path / "train.tsv").write_text(f"sentence\tlabel\n{rows}a different review of the film\t0\n")
-    (tmp_path / "dev.tsv").write_text(f"sentence\tlabel\n{rows}")
+def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower") -> dict:
+    """The composition of the smoke recipe's transfer set, unaugmented, from these train and dev texts (labelled 1)
+    and one unlabelled sentence."""
+    for name, texts in (("train", train), ("dev", dev)):
+        (tmp_path / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{text}\t1\n" for text in texts))
     (tmp_path / "u.txt").write_text("An unrelated line of unlabelled text.\n")
     overrides = {
         "data.train": str(tmp_path / "train.tsv"),
@@ -68,8 +68,23 @@ def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overla
         "transfer.text_style": style,
         "transfer.n_iter": 0,
     }
-    built = build_texts(load_recipe(SMOKE, overrides), "[MASK]")
-    assert built.composition["removed_dev_overlap"] == len(MARKED_UP)
+    return build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition
+
+
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
+    composition = composition_of(tmp_path, [*MARKED_UP, "a different review of the film"], MARKED_UP, style)
+    assert composition["removed_dev_overlap"] == len(MARKED_UP)
+
+
+def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words(tmp_path):
+    composition = composition_of(tmp_path, [":-(", "a review of the film", "a review of the film"], ["a dev text"])
+    assert composition["removed_no_words"] == 1
+
+
+def test_a_train_text_without_letters_or_digits_is_no_duplicate(tmp_path):
+    composition = composition_of(tmp_path, [":-(", "a review of the film", "a review of the film"], ["a dev text"])
+    assert composition["removed_duplicates"] == 1
 
 
 def test_build_texts_is_deterministic_deduplicated_and_leak_free():
