@@ -430,16 +430,28 @@ def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
     return errors
 
 
+def _hub_lines(source: str) -> Iterator[str]:
+    """The stripped non-empty texts of a Hub source's text column (`text` unless the source names one); a missing
+    value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or that holds no text."""
+    split, column = _from_hub(source)
+    column = column or "text"
+    feature = split.features.get(column)
+    kind = None if feature is None else getattr(feature, "dtype", type(feature).__name__)
+    if kind not in ("string", "large_string"):
+        what = f"no column {column!r}" if feature is None else f"column {column!r} holds {kind}, not text"
+        raise DataError(
+            f"{source}: {what}; its columns are {split.column_names}: name its text column in the recipe's "
+            "source, as hub:<dataset>[/<config>]:<split>:<column>"
+        )
+    return (line for text in split[column] if text is not None and (line := text.strip()))
+
+
 def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterator[str]:
     """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all, read as they are taken: a
     multi-million-line dump is never held whole."""
     left = max_lines
     for source in sources:
-        if source.startswith("hub:"):
-            split, column = _from_hub(source)
-            found = (line for line in (str(t).strip() for t in split[column or "text"]) if line)
-        else:
-            found = _text_lines(Path(source))
+        found = _hub_lines(source) if source.startswith("hub:") else _text_lines(Path(source))
         taken = 0
         for line in itertools.islice(found, left):
             taken += 1

@@ -562,6 +562,31 @@ def test_a_malformed_test_split_is_named_by_its_setting(tmp_path):
         load_test(cfg)
 
 
+@pytest.fixture
+def hub_texts(monkeypatch):
+    """A Hub source reading an in-memory dataset with a text column holding a missing value and a label column."""
+    import datasets
+    from edgedistill.common import data
+
+    split = datasets.Dataset.from_dict({"text": ["a first line", None, " another "], "label": [0, 1, 0]})
+    monkeypatch.setattr(data, "_from_hub", lambda spec: (split, (spec.split(":")[3:] or [None])[0]))
+    return "hub:texts/x:train"
+
+
+def test_a_hub_text_columns_missing_values_are_skipped(hub_texts):
+    assert load_unlabelled([hub_texts]) == ["a first line", "another"]
+
+
+def test_a_hub_column_the_dataset_lacks_is_refused_naming_its_columns(hub_texts):
+    with pytest.raises(DataError, match=r"train:txt: no column 'txt'; its columns are \['text', 'label'\]"):
+        load_unlabelled([f"{hub_texts}:txt"])
+
+
+def test_a_hub_column_that_holds_no_text_is_refused(hub_texts):
+    with pytest.raises(DataError, match=r"train:label: column 'label' holds int64, not text; its columns are"):
+        load_unlabelled([f"{hub_texts}:label"])
+
+
 def test_unlabelled_text_that_is_not_utf8_names_the_byte_as_labelled_data_does(tmp_path):
     (tmp_path / "u.txt").write_bytes(b"ok\nbad \xff\n")
     with pytest.raises(DataError, match=r"u\.txt:2: not valid UTF-8 \(byte 7\)"):
