@@ -184,36 +184,59 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
         # a space after a comma is no part of the field: `a, "b, c"` is quoted, a header's `, label` is `label`
         skipinitialspace=suffix == ".csv",
+        # a quote left open is an error, not a text that takes in every line up to the next quote
+        strict=suffix == ".csv",
     )
     csv.field_size_limit(FIELD_SIZE_LIMIT)  # a long document is a text like any other
-    header = reader.fieldnames or []
-    if twice := sorted({name for name in header if header.count(name) > 1}):
-        raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
-    last = reader.line_num
-    for row in reader:  # the line a row ends on: blank lines are skipped, not counted
-        cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
-        if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
-            last = reader.line_num
-            continue
-        if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
-            stray = "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
-            raise DataError(
-                f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
-                f"{stray} splits it: remove it"
-            )
-        if None in row.values():  # fields short of the header's: the last columns would be read as missing
-            lines_of = f"{last + 1}-{reader.line_num}" if reader.line_num > last + 1 else f"{reader.line_num}"
-            cause = (
-                "a missing tab, or a line break inside a text,"
-                if suffix == ".tsv"
-                else "a missing comma, a quote left open, or a line break in an unquoted text"
-            )
-            raise DataError(
-                f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
-                f"{len(header)}; {cause} cuts the row short: fix it"
-            )
-        yield reader.line_num, row
+    last = 0
+    try:
+        header = reader.fieldnames or []
+        if twice := sorted({name for name in header if header.count(name) > 1}):
+            raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
         last = reader.line_num
+        for row in reader:  # the line a row ends on: blank lines are skipped, not counted
+            cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
+            if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
+                last = reader.line_num
+                continue
+            if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
+                stray = (
+                    "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
+                )
+                raise DataError(
+                    f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
+                    f"{stray} splits it: remove it"
+                )
+            if None in row.values():  # fields short of the header's: the last columns would be read as missing
+                lines_of = f"{last + 1}-{reader.line_num}" if reader.line_num > last + 1 else f"{reader.line_num}"
+                cause = (
+                    "a missing tab, or a line break inside a text,"
+                    if suffix == ".tsv"
+                    else "a missing comma, a quote left open, or a line break in an unquoted text"
+                )
+                raise DataError(
+                    f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
+                    f"{len(header)}; {cause} cuts the row short: fix it"
+                )
+            yield reader.line_num, row
+            last = reader.line_num
+    except csv.Error as err:  # strict quoting's
+        raise _open_quote(path, last, reader.reader.line_num, err) from None
+
+
+def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
+    """The error for a CSV row that opens a quote after line `last` and does not close it as CSV does, found on line
+    `found`: it names the line the row starts on (blank lines skipped)."""
+    start = next((number for number, line in _numbered_lines(path) if number > last and line.strip("\r\n")), last + 1)
+    ends = (
+        "is never closed (the file ends inside it)"
+        if "end of data" in str(err)
+        else f"closes before other characters on line {found} ({err})"
+    )
+    return DataError(
+        f"{path}:{start}: a quote in the row that starts here {ends}; a text that starts with a quote must end with "
+        'one, and a quote inside a quoted text is written twice (""): fix the quotes, or quote the whole text'
+    )
 
 
 def _from_hub(spec: str):
@@ -407,16 +430,28 @@ def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
     return errors
 
 
+def _hub_lines(source: str) -> Iterator[str]:
+    """The stripped non-empty texts of a Hub source's text column (`text` unless the source names one); a missing
+    value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or that holds no text."""
+    split, column = _from_hub(source)
+    column = column or "text"
+    feature = split.features.get(column)
+    kind = None if feature is None else getattr(feature, "dtype", type(feature).__name__)
+    if kind not in ("string", "large_string"):
+        what = f"no column {column!r}" if feature is None else f"column {column!r} holds {kind}, not text"
+        raise DataError(
+            f"{source}: {what}; its columns are {split.column_names}: name its text column in the recipe's "
+            "source, as hub:<dataset>[/<config>]:<split>:<column>"
+        )
+    return (line for text in split[column] if text is not None and (line := text.strip()))
+
+
 def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterator[str]:
     """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all, read as they are taken: a
     multi-million-line dump is never held whole."""
     left = max_lines
     for source in sources:
-        if source.startswith("hub:"):
-            split, column = _from_hub(source)
-            found = (line for line in (str(t).strip() for t in split[column or "text"]) if line)
-        else:
-            found = _text_lines(Path(source))
+        found = _hub_lines(source) if source.startswith("hub:") else _text_lines(Path(source))
         taken = 0
         for line in itertools.islice(found, left):
             taken += 1

@@ -13,7 +13,7 @@ import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.textstyle import styled
+from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
     augment_examples,
@@ -27,10 +27,11 @@ LEAK_NGRAM = 8
 MIN_CONTAINED = 5
 
 
-def leak_filter(dev_texts: list[str]):
+def leak_filter(dev_texts: list[str], style: Style):
     """A predicate: True for text equal to a dev sentence, containing a whole dev sentence of 5 to 7
-    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words)."""
-    keys = {normalise(t) for t in dev_texts}
+    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words). A dev sentence is
+    compared as written and as `styled` in `style`, as the transfer texts are: without its tags and entities."""
+    keys = {normalise(text) for dev in dev_texts for text in (dev, styled(dev, style))}
     grams = set()
     for key in keys:
         words = tuple(key.split())
@@ -130,17 +131,20 @@ def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
         unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
     candidates += [(t, 0, -1) for t in unlabelled]
     candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
-    leaks = leak_filter(dev.texts + (dev.pairs or []))
+    leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
-    removed = {"duplicates": 0, "dev_overlap": 0}
+    removed = {"no_words": 0, "duplicates": 0, "dev_overlap": 0}
     bar = progress.bar(len(candidates), desc="filter", unit="text")
     for sides, source, label in candidates:
         bar.update()
         key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
-        if not all(key) or (digest := _digest(key)) in seen:
+        if not all(key):  # no letter or digit on a side (an emoji, `:-(`): nothing to compare it on
+            removed["no_words"] += 1
+            continue
+        if (digest := _digest(key)) in seen:
             removed["duplicates"] += 1
             continue
         if any(leaks(side) for side in sides):

@@ -104,7 +104,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
         )
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
-    leaks = leak_filter(dev.texts + (dev.pairs or []))
+    leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     texts, pairs = [], []
     read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:

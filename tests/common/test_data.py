@@ -96,10 +96,40 @@ def test_malformed_files_name_file_and_line(tmp_path, content, message):
         load_labelled(str(tmp_path / "a.tsv"), CFG)
 
 
-def test_a_csv_quote_left_open_names_the_lines_it_swallowed(tmp_path):
+def test_a_csv_quote_left_open_to_the_end_of_the_file_names_the_line_it_opens_on(tmp_path):
     (tmp_path / "a.csv").write_text('sentence,label\ngood,1\n"left open,1\nbad,0\n')
-    with pytest.raises(DataError, match=r"a\.csv:3-4: 1 field\(s\) fewer than the header's 2; .*a quote left open"):
+    with pytest.raises(DataError, match=r"a\.csv:3: a quote in the row that starts here is never closed"):
         load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        'label,sentence\n1,"quoted start\n0,second row\n1,third row\n',  # read leniently: one example
+        'label,sentence\n1,"oops\n0,b\n1,"c"\n0,d',  # read leniently: two of four
+    ],
+)
+def test_a_csv_text_opening_a_quote_it_never_closes_is_refused_at_its_line(tmp_path, content):
+    (tmp_path / "a.csv").write_text(content)
+    with pytest.raises(DataError, match=r"a\.csv:2: a quote in the row that starts here"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+def test_a_csv_quote_left_open_after_blank_lines_names_the_line_it_opens_on(tmp_path):
+    (tmp_path / "a.csv").write_text('label,sentence\n0,good\n\n\n1,"oops\n0,b\n1,"c"\n')
+    with pytest.raises(DataError, match=r"a\.csv:5: a quote in the row that starts here closes before other "):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+def test_a_csv_header_opening_a_quote_it_never_closes_is_refused_at_line_1(tmp_path):
+    (tmp_path / "a.csv").write_text('"label,sentence\n0,good\n')
+    with pytest.raises(DataError, match=r"a\.csv:1: a quote in the row that starts here is never closed"):
+        load_labelled(str(tmp_path / "a.csv"), CFG)
+
+
+def test_csv_quotes_inside_doubled_and_over_lines_read_as_written(tmp_path):
+    (tmp_path / "a.csv").write_text('label,sentence\n1,he said "hi" there\n0,"two\nlines"\n1,  "a, b"\n0,"a ""b"""\n')
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).texts == ['he said "hi" there', "two\nlines", "a, b", 'a "b"']
 
 
 def test_a_column_named_twice_in_the_header_is_refused(tmp_path):
@@ -530,6 +560,31 @@ def test_a_malformed_test_split_is_named_by_its_setting(tmp_path):
     cfg = DataConfig(train="x", dev="x", test=str(test), label_names=["negative", "positive"])
     with pytest.raises(DataError, match=r"^data\.test: "):
         load_test(cfg)
+
+
+@pytest.fixture
+def hub_texts(monkeypatch):
+    """A Hub source reading an in-memory dataset with a text column holding a missing value and a label column."""
+    import datasets
+    from edgedistill.common import data
+
+    split = datasets.Dataset.from_dict({"text": ["a first line", None, " another "], "label": [0, 1, 0]})
+    monkeypatch.setattr(data, "_from_hub", lambda spec: (split, (spec.split(":")[3:] or [None])[0]))
+    return "hub:texts/x:train"
+
+
+def test_a_hub_text_columns_missing_values_are_skipped(hub_texts):
+    assert load_unlabelled([hub_texts]) == ["a first line", "another"]
+
+
+def test_a_hub_column_the_dataset_lacks_is_refused_naming_its_columns(hub_texts):
+    with pytest.raises(DataError, match=r"train:txt: no column 'txt'; its columns are \['text', 'label'\]"):
+        load_unlabelled([f"{hub_texts}:txt"])
+
+
+def test_a_hub_column_that_holds_no_text_is_refused(hub_texts):
+    with pytest.raises(DataError, match=r"train:label: column 'label' holds int64, not text; its columns are"):
+        load_unlabelled([f"{hub_texts}:label"])
 
 
 def test_unlabelled_text_that_is_not_utf8_names_the_byte_as_labelled_data_does(tmp_path):

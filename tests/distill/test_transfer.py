@@ -11,6 +11,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import load_recipe
+from edgedistill.common.textstyle import styled
 from edgedistill.distill import labelling
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
@@ -30,7 +31,7 @@ SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 def test_leak_filter_catches_copies_and_long_overlaps():
     long = "the film is a charming and often affecting journey through grief ."
-    leaks = leak_filter(["it 's a charming and often affecting journey .", "bleak", long])
+    leaks = leak_filter(["it 's a charming and often affecting journey .", "bleak", long], "ptb_lower")
     assert leaks("It's a charming and often affecting journey.")
     assert leaks("we said it 's a charming and often affecting journey , sort of")  # whole 7-word sentence inside
     assert leaks("honestly : a charming and often affecting journey through grief , or not")  # 8-word overlap
@@ -40,9 +41,50 @@ def test_leak_filter_catches_copies_and_long_overlaps():
 
 
 def test_leak_filter_catches_a_dev_sentence_however_its_characters_are_encoded():
-    leaks = leak_filter(["the café was a charming place to visit ."])
+    leaks = leak_filter(["the café was a charming place to visit ."], "ptb_lower")
     assert leaks("the cafe\u0301 was a charming place to visit .")
     assert leaks("the caf\u200b\u00e9 was a charming place to visit .")
+
+
+MARKED_UP = ["Tom &amp; Jerry is a fun show", "A fine film.<br /><br />I loved every minute of it"]
+
+
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+@pytest.mark.parametrize("dev", MARKED_UP)
+def test_leak_filter_catches_the_styled_copy_of_a_dev_text_with_markup(dev, style):
+    assert leak_filter([dev], style)(styled(dev, style))
+
+
+def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower") -> dict:
+    """The composition of the smoke recipe's transfer set, unaugmented, from these train and dev texts (labelled 1)
+    and one unlabelled sentence."""
+    for name, texts in (("train", train), ("dev", dev)):
+        (tmp_path / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{text}\t1\n" for text in texts))
+    (tmp_path / "u.txt").write_text("An unrelated line of unlabelled text.\n")
+    overrides = {
+        "data.train": str(tmp_path / "train.tsv"),
+        "data.dev": str(tmp_path / "dev.tsv"),
+        "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
+        "transfer.text_style": style,
+        "transfer.n_iter": 0,
+    }
+    return build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition
+
+
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
+    composition = composition_of(tmp_path, [*MARKED_UP, "a different review of the film"], MARKED_UP, style)
+    assert composition["removed_dev_overlap"] == len(MARKED_UP)
+
+
+def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words(tmp_path):
+    composition = composition_of(tmp_path, [":-(", "a review of the film", "a review of the film"], ["a dev text"])
+    assert composition["removed_no_words"] == 1
+
+
+def test_a_train_text_without_letters_or_digits_is_no_duplicate(tmp_path):
+    composition = composition_of(tmp_path, [":-(", "a review of the film", "a review of the film"], ["a dev text"])
+    assert composition["removed_duplicates"] == 1
 
 
 def test_build_texts_is_deterministic_deduplicated_and_leak_free():
