@@ -154,7 +154,8 @@ def _build(inputs: Inputs) -> Built:
             "logits_dtype": "float16",
             "labelling": labelling,
         },
-        line=f"{len(texts)} {'pairs' if pairs else 'sentences'} ({parts}; {composition['removed_duplicates']} duplicates and "
+        line=f"{len(texts)} {'pairs' if pairs else 'sentences'} ({parts}; "
+        f"{composition['removed_duplicates']} duplicates, {composition['removed_no_words']} without words and "
         f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {engine} "
         f"in {labelling['seconds'] / 60:.1f} min",
     )
