@@ -96,12 +96,7 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
 def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
     """Up to `count` unlabelled texts (adjacent sentence pairs for a pair task) from the lines after those the
     transfer set read (as many as it takes), in its text style, none overlapping a dev text."""
-    cfg = recipe.transfer
-    if cfg.unlabelled_max_lines is None:
-        raise ExportError(
-            "cascade calibration reads unlabelled lines the transfer set did not: set transfer.unlabelled_max_lines "
-            "below the number of lines in transfer.unlabelled_files"
-        )
+    cfg = recipe.transfer  # unlabelled_max_lines is set: a recipe with cascades refuses to load without
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
     leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
