@@ -161,25 +161,49 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
+def _summary_change(rows: list[dict], root: Path) -> str | None:
+    """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
+    run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
+    set) than those now there (`plan.built_from_others`); None when none was."""
+    for row in rows[1:]:
+        marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
+        for kind in ("student", "baseline"):
+            folder = root / f"{kind}-{row['student']}"
+            if kind not in marked and _finished(folder) and (why := plan.built_from_others(folder, root)):
+                return f"{folder.name}: {why}"
+    return None
+
+
+def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
+    """The distillation table's `rows` as written, with what its columns compare."""
+    key = recipe.data.selection_key
+    columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
+    stale = (
+        " out_of_date: a student or baseline built from other settings or another teacher or transfer set than "
+        "the recipe's when the table was written, its figures left out (edgedistill distill RECIPE --only NAME "
+        "rebuilds it)."
+    )
+    page.note(
+        f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
+        "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
+        + (stale if "out_of_date" in columns else "")
+    )
+    page.table(columns, [[r[c] for c in columns] for r in rows])
+
+
 def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
     summary = root / "distill-summary.json"
     if summary.is_file():
         rows = plots.read_json(summary)
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        key = recipe.data.selection_key
-        columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
-        stale = (
-            " out_of_date: a student or baseline built from other settings or another teacher or transfer set than "
-            "the recipe's when the table was written, its figures left out (edgedistill distill RECIPE --only NAME "
-            "rebuilds it)."
-        )
-        page.note(
-            f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
-            "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
-            + (stale if "out_of_date" in columns else "")
-        )
-        page.table(columns, [[r[c] for c in columns] for r in rows])
+        if change := _summary_change(rows, root):
+            page.note(
+                f"Not shown: the table the last make distill wrote (distill-summary.json) is not of the artifacts now "
+                f"in the run ({change}). make distill builds the students out of date again and writes it again."
+            )
+        else:
+            _distill_table(page, rows, recipe)
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
         info = mf.load(root / "transfer", verify=False).info

@@ -47,6 +47,39 @@ def test_distillation_section_says_what_an_out_of_date_row_leaves_out(tmp_path):
     assert "out_of_date: a student or baseline built from other settings" in distillation_markdown(tmp_path, rows)
 
 
+def teacher_built_again_markdown(tmp_path, rows=ROWS, written_after: bool = False) -> str:
+    """The distillation section of a run whose teacher was built again after the cnn student and baseline distilled
+    from it; the table (`rows`) was written before, or with `written_after` after, that."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    parents = {"teacher": mf.parent_of(tmp_path / "teacher")}
+    for folder in ("student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder, parents=parents)
+    summary = tmp_path / "distill-summary.json"
+    if not written_after:
+        summary.write_text(json.dumps(rows))
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.95})
+    if written_after:
+        summary.write_text(json.dumps(rows))
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_distillation_section_leaves_out_the_table_of_a_teacher_built_again_since(tmp_path):
+    assert "| teacher | teacher | 0.9 |" not in teacher_built_again_markdown(tmp_path)
+
+
+def test_distillation_section_says_why_it_leaves_out_the_table_and_what_writes_it_again(tmp_path):
+    assert (
+        "(student-cnn: its parent teacher was built again). make distill builds the students out of date again"
+    ) in teacher_built_again_markdown(tmp_path)
+
+
+def test_distillation_section_shows_a_table_written_since_that_marks_its_students_out_of_date(tmp_path):
+    rows = [ROWS[0] | {"dev_accuracy": 0.95, "out_of_date": None}, ROWS[1] | {"out_of_date": "student, baseline"}]
+    assert "| teacher | teacher | 0.95 |" in teacher_built_again_markdown(tmp_path, rows, written_after=True)
+
+
 def test_a_table_writes_counts_with_thousands_separators():
     page = render.Page("report")
     page.table(["student", "params"], [["cnn", 1234567]])
