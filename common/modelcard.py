@@ -3,7 +3,7 @@
 The teacher, each student and baseline, and each bundle get a card: task and labels, data, how the
 model was made (teacher, distillation losses and temperature), its figures (dev and test metrics,
 retention against the teacher, size, parity of a bundle with its source, latency from the model
-benchmark's `bench.json` once it exists), and how to load or serve it. A card is derived, like the
+benchmark's `bench.json` once it exists, while neither the model nor the teacher was built again since), and how to load or serve it. A card is derived, like the
 report: `common.stage` writes it when a model stage publishes, the report stage rewrites every card
 of the run, and the manifest does not hash it (`manifest.CARD`).
 """
@@ -72,10 +72,20 @@ def _results(metrics: dict) -> list[str]:
     return lines
 
 
+def bench_change(run: Path, stage: str) -> str | None:
+    """Why the model benchmark's row of the artifact `stage` (the teacher, or `bundle-<id>`) in the run folder `run`
+    is not of the one there now: it, or the teacher every speedup is against, was built again since the benchmark
+    ran, or is gone (`common.manifest.parent_change`); None when it is."""
+    bench = mf.load(run / BENCH_FILE.parent, verify=False)
+    return mf.parent_change(bench, {name: run / name for name in ("teacher", stage)})
+
+
 def _latency(recipe: Recipe, stage: str) -> list[str]:
-    """The model benchmark's cells for this model: the teacher in PyTorch eager, or a bundle."""
-    path = run_dir(recipe) / BENCH_FILE
-    if not path.is_file() or not (stage == "teacher" or stage.startswith("bundle-")):
+    """The model benchmark's cells for this model, the teacher in PyTorch eager or a bundle, while they are of the
+    artifact now in the run (`bench_change`)."""
+    run = run_dir(recipe)
+    path = run / BENCH_FILE
+    if not path.is_file() or not (stage == "teacher" or stage.startswith("bundle-")) or bench_change(run, stage):
         return []
     bench = json.loads(path.read_text(encoding="utf-8"))
     name = TEACHER_ROW if stage == "teacher" else stage.removeprefix("bundle-")

@@ -4,8 +4,9 @@ The headline names the deployed bundle and how to serve and call it, with the fi
 the dev accuracy of the teacher and of the student the deployed bundle is built from (and test accuracy with a
 test split), speedup over the teacher in PyTorch eager mode, serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
-bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement of the deployed bundle
-taken before it was built again is named, not shown, with the command that measures it again.
+bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement taken before what it
+measured was built again (the deployed bundle, a cascade, a model of the model benchmark or its teacher:
+`report.plan.stale`) is named, not shown, with the command that measures it again.
 """
 
 import argparse
@@ -123,7 +124,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     if (root / "bench" / mf.MANIFEST).is_file():
         bench = ModelTable.load(root / "bench")
         batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
-        rows = {row.model: row for row in bench.rows}
+        rows = {row.model: row for row in plan.bench_rows(bench, stale)}
         for model in dict.fromkeys((deploy, "teacher-int8")):  # once, where the deployed bundle is teacher-int8
             if model in rows:
                 cell = rows[model].cell(batch, length)
@@ -157,8 +158,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{overall['requests']} calls, {figure}, "
             f"{overall['failures']} failures, {tables.slo(result['passed'])}"
         )
-    for name, (why, command) in stale.items():
-        lines.append(f"not shown: {name}, {why} (measure it again: {command} RECIPE={recipe_path})")
+    for name, left_out in stale.items():
+        lines.append(f"not shown: {name}, {left_out.why} (measure it again: {left_out.command} RECIPE={recipe_path})")
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():

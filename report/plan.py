@@ -1,9 +1,11 @@
 """The artifact folders `make all` writes for a recipe, each with the make target that builds it."""
 
 from pathlib import Path
-from typing import get_args
+from typing import NamedTuple, get_args
 
-from edgedistill.common import measured
+from edgedistill.bench.records import ModelRow, ModelTable
+from edgedistill.common import manifest as mf
+from edgedistill.common import measured, modelcard
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
@@ -43,10 +45,46 @@ MEASURE_AGAIN = {  # measurement kept one folder per bundle -> the make target t
 } | {measured.loadtest(profile): f"loadtest PROFILE={profile}" for profile in get_args(Profile)}
 
 
-def stale(recipe: Recipe, root: Path) -> dict[str, tuple[str, str]]:
-    """The deployed bundle's finished measurements in the run folder `root` that are not of the bundle now there
-    (`common.measured.stale`: built again since they ran, or gone): folder name -> why, and the make target that
-    measures it again."""
+class Stale(NamedTuple):
+    """A finished measurement the report and the headline name instead of showing: its folder, why it is not of the
+    artifacts now in the run, and the make target that measures it again."""
+
+    folder: str
+    why: str
+    command: str
+
+
+def built_from_others(folder: Path, root: Path) -> str | None:
+    """Why the finished artifact in `folder` was not built from the artifacts now in the run folder `root`, each
+    parent it records looked up there by its folder's name (`common.manifest.parent_change`); None when it was."""
+    manifest = mf.load(folder, verify=False)
+    return mf.parent_change(manifest, {name: root / Path(p.path).name for name, p in manifest.parents.items()})
+
+
+def bench_row(model: str) -> str:
+    """How the report and the headline name the model benchmark's row of `model` when they leave it out."""
+    return f"bench row {model}"
+
+
+def _stale_bench(root: Path) -> dict[str, Stale]:
+    """The model benchmark whole where the teacher, each speedup's base, was built again since it ran, else its
+    rows of bundles built again since (`common.modelcard.bench_change`)."""
+    if not (root / "bench" / MANIFEST).is_file():
+        return {}
+    if why := modelcard.bench_change(root, "teacher"):
+        return {"bench": Stale("bench", why, "make bench")}
+    bundles = [name for name in mf.load(root / "bench", verify=False).parents if name != "teacher"]
+    return {
+        bench_row(measured.bundle_id(Path(name))): Stale("bench", why, "make bench")
+        for name in bundles
+        if (why := modelcard.bench_change(root, name))
+    }
+
+
+def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
+    """The finished measurements in the run folder `root` that are not of the artifacts now there (built again
+    since they ran, or gone), by the name they are shown under: the deployed bundle's (`common.measured.stale`),
+    each cascade's serving benchmark, and the model benchmark's rows (`bench_row`), or the whole of it as `bench`."""
     if recipe.export is None:
         return {}
     bundle = root / f"bundle-{recipe.export.deploy}"
@@ -54,8 +92,18 @@ def stale(recipe: Recipe, root: Path) -> dict[str, tuple[str, str]]:
     for measurement, target in MEASURE_AGAIN.items():
         folder = root / deployed(recipe, measurement)
         if (folder / MANIFEST).is_file() and (why := measured.stale(folder, bundle)):
-            found[folder.name] = (why, f"make {target}")
-    return found
+            found[folder.name] = Stale(folder.name, why, f"make {target}")
+    for name in recipe.export.cascades:
+        folder = root / f"serve-cascade-{name}"
+        if (folder / MANIFEST).is_file() and (why := built_from_others(folder, root)):
+            found[folder.name] = Stale(folder.name, why, f"make serve-cascade CASCADE={name}")
+    return found | _stale_bench(root)
+
+
+def bench_rows(table: ModelTable, stale: dict[str, Stale]) -> list[ModelRow]:
+    """The rows of the model benchmark `table` the report and the headline show: none where `stale` names it whole,
+    else those it does not name."""
+    return [] if "bench" in stale else [row for row in table.rows if bench_row(row.model) not in stale]
 
 
 def loadtests(recipe: Recipe) -> list[str]:

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.records import ModelTable
+from edgedistill.bench.records import ModelRow, ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, sections, tables
 from edgedistill.common.cascade import is_cascade
@@ -127,18 +127,22 @@ def _unkeyed(page: Page, root: Path) -> None:
 
 
 def _stale(page: Page, root: Path, recipe: Recipe) -> None:
-    """The deployed bundle's measurements taken before it was built again: named, not shown as its own."""
+    """Measurements taken before what they measured was built again: named, not shown as current."""
     stale = plan.stale(recipe, root)
     if stale:
         page.heading(
-            "Not shown: measurements of an earlier build of the deployed bundle",
-            [f"../{name}/{mf.MANIFEST}" for name in stale],
+            "Not shown: measurements of an earlier build",
+            [f"../{folder}/{mf.MANIFEST}" for folder in dict.fromkeys(left_out.folder for left_out in stale.values())],
         )
         page.note(
-            f"{_deployed(recipe)} was built again, or is gone, since these ran: their figures are not its own. "
-            "Measure it again with the target named."
+            f"What these measured ({_deployed(recipe)}, a cascade, or a model of the model benchmark or the teacher "
+            "its speedups are against) was built again, or is gone, since they ran: their figures are not of the "
+            "artifacts now in the run. Measure them again with the target named."
         )
-        page.table(["folder", "why", "measured by"], [[name, why, command] for name, (why, command) in stale.items()])
+        page.table(
+            ["not shown", "why", "measured by"],
+            [[name, left_out.why, left_out.command] for name, left_out in stale.items()],
+        )
 
 
 def _trained(root: Path) -> list[Path]:
@@ -157,25 +161,49 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
+def _summary_change(rows: list[dict], root: Path) -> str | None:
+    """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
+    run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
+    set) than those now there (`plan.built_from_others`); None when none was."""
+    for row in rows[1:]:
+        marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
+        for kind in ("student", "baseline"):
+            folder = root / f"{kind}-{row['student']}"
+            if kind not in marked and _finished(folder) and (why := plan.built_from_others(folder, root)):
+                return f"{folder.name}: {why}"
+    return None
+
+
+def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
+    """The distillation table's `rows` as written, with what its columns compare."""
+    key = recipe.data.selection_key
+    columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
+    stale = (
+        " out_of_date: a student or baseline built from other settings or another teacher or transfer set than "
+        "the recipe's when the table was written, its figures left out (edgedistill distill RECIPE --only NAME "
+        "rebuilds it)."
+    )
+    page.note(
+        f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
+        "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
+        + (stale if "out_of_date" in columns else "")
+    )
+    page.table(columns, [[r[c] for c in columns] for r in rows])
+
+
 def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
     summary = root / "distill-summary.json"
     if summary.is_file():
         rows = plots.read_json(summary)
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        key = recipe.data.selection_key
-        columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
-        stale = (
-            " out_of_date: a student or baseline built from other settings or another teacher or transfer set than "
-            "the recipe's when the table was written, its figures left out (edgedistill distill RECIPE --only NAME "
-            "rebuilds it)."
-        )
-        page.note(
-            f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
-            "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
-            + (stale if "out_of_date" in columns else "")
-        )
-        page.table(columns, [[r[c] for c in columns] for r in rows])
+        if change := _summary_change(rows, root):
+            page.note(
+                f"Not shown: the table the last make distill wrote (distill-summary.json) is not of the artifacts now "
+                f"in the run ({change}). make distill builds the students out of date again and writes it again."
+            )
+        else:
+            _distill_table(page, rows, recipe)
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
         info = mf.load(root / "transfer", verify=False).info
@@ -237,10 +265,10 @@ def _cascade_section(page: Page, root: Path) -> None:
         page.figure(f"{folder.name}.png", figure, "cascade accuracy against escalation")
 
 
-def _cascade_points(root: Path, table: ModelTable, batch: int, length: int, metric: Metric) -> list[dict]:
-    """Cascades on the latency figure at their expected model time (each member's time at the cell times the share
-    of dev texts that reach it), with their dev `metric`."""
-    timed = {r.model: r for r in table.rows}
+def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, metric: Metric) -> list[dict]:
+    """Cascades on the latency figure at their expected model time (each member's time at the cell, among the
+    benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`."""
+    timed = {r.model: r for r in rows}
     points = []
     for folder in _cascades(root):
         manifest = mf.load(folder, verify=False)
@@ -262,18 +290,22 @@ def _cascade_points(root: Path, table: ModelTable, batch: int, length: int, metr
     return points
 
 
-def _benchmark(page: Page, root: Path) -> None:
+def _benchmark(page: Page, root: Path, recipe: Recipe) -> None:
+    """The model benchmark's table and accuracy-latency figure, without the rows `plan.stale` names."""
     if not _finished(root / "bench"):
         return
     table = ModelTable.load(root / "bench")
-    labels = [cell.label for cell in table.rows[0].cells]
+    rows = plan.bench_rows(table, plan.stale(recipe, root))
+    if not rows:
+        return
+    labels = [cell.label for cell in rows[0].cells]
     page.heading("Benchmark (latency ms, median; speedup vs teacher PyTorch eager)", [f"../bench/{mf.MANIFEST}"])
     page.table(
         ["model", "precision", "size MiB", *table.dev_columns(), *labels],
         [
             [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *table.dev_figures(r)]
             + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
-            for r in table.rows
+            for r in rows
         ],
     )
     info = mf.load(root / "bench", verify=False).info
@@ -282,7 +314,7 @@ def _benchmark(page: Page, root: Path) -> None:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
     # The selection metric where every model has it (bundles built before they recorded it have accuracy only)
-    metric = table.metric if all(r.dev_selected is not None for r in table.rows) else "accuracy"
+    metric = table.metric if all(r.dev_selected is not None for r in rows) else "accuracy"
     points = [
         {
             "model": r.model,
@@ -290,8 +322,8 @@ def _benchmark(page: Page, root: Path) -> None:
             "dev": r.dev_accuracy if metric == "accuracy" else r.dev_selected,
             "size_mib": r.size_bytes / 2**20,
         }
-        for r in table.rows
-    ] + _cascade_points(root, table, batch, length, metric)
+        for r in rows
+    ] + _cascade_points(root, rows, batch, length, metric)
     shown = METRIC_NAMES[metric]
     page.figure(
         "pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens", shown), f"{shown} against latency"
@@ -312,23 +344,27 @@ def _deployed(recipe: Recipe) -> str:
 
 
 def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
-    """Folder pattern -> the section's title and the stage's own tables (markdown), shown as written. Of the
-    measurements kept one per bundle, the deployed bundle's, under a title that names it."""
+    """Folder -> the section's title and the stage's own tables (markdown), shown as written. Of the measurements
+    kept one per bundle, the deployed bundle's, under a title that names it; the serving benchmark of each of the
+    recipe's cascades."""
     served = {}
     if recipe.export is not None:
         for measurement, (title, written) in PER_BUNDLE.items():
             served[plan.deployed(recipe, measurement)] = (f"{title} of {_deployed(recipe)}", written)
-    return served | {"serve-cascade-*": ("Cascade served", "cascade.md")}
+        served |= {f"serve-cascade-{name}": ("Cascade served", "cascade.md") for name in recipe.export.cascades}
+    return served
 
 
 def _serving(page: Page, root: Path, recipe: Recipe) -> None:
     stale = plan.stale(recipe, root)
-    for pattern, (title, written) in _served(recipe).items():
-        for folder in sorted(p for p in root.glob(pattern) if _finished(p) and p.name not in stale):
-            page.heading(title, [f"../{folder.name}/{mf.MANIFEST}", f"../{folder.name}/{written}"])
-            results = (folder / written).read_text(encoding="utf-8")
-            page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
-            page.html.append(f"<pre>{html.escape(results)}</pre>")
+    for name, (title, written) in _served(recipe).items():
+        folder = root / name
+        if not _finished(folder) or name in stale:
+            continue
+        page.heading(title, [f"../{name}/{mf.MANIFEST}", f"../{name}/{written}"])
+        results = (folder / written).read_text(encoding="utf-8")
+        page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading
+        page.html.append(f"<pre>{html.escape(results)}</pre>")
 
 
 def _number(value, spec: str) -> str | None:
@@ -407,8 +443,8 @@ def _build(inputs: Inputs) -> Built:
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)
-    for section in (_benchmark, _cascade_section):
-        section(page, root)
+    _benchmark(page, root, inputs.recipe)
+    _cascade_section(page, root)
     _serving(page, root, inputs.recipe)
     _loadtests(page, root, inputs.recipe)
     work = inputs.fresh_work()

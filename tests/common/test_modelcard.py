@@ -56,14 +56,23 @@ def _publish(recipe, stage: str, metrics: dict | None = None, info: dict | None 
     return final
 
 
-def _bench(recipe) -> None:
+def _bench(recipe, bundle_hash: str | None = None) -> None:
+    """A model benchmark of the run's teacher and bundle-bilstm-int8 (both published first), recording the bundle's
+    manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
     cell = Cell(median_ms=0.5, min_ms=0.4, max_ms=0.7, calls=5, batch=1, length=16, speedup=20.0, items_per_s=2e3)
     row = ModelRow(
         model="bilstm-int8", precision="int8", runtime="onnxruntime (CPU)", size_bytes=1, dev_accuracy=0.8, cells=[cell]
     )
-    folder = run_dir(recipe) / "bench"
-    folder.mkdir(parents=True)
-    (folder / RESULT_FILE).write_text(ModelTable(threads=1, rows=[row]).model_dump_json())
+    run = run_dir(recipe)
+    bundle = mf.parent_of(run / "bundle-bilstm-int8")
+    parents = {
+        "teacher": mf.parent_of(run / "teacher"),
+        "bundle-bilstm-int8": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
+    }
+    folder = run / "bench"
+    with mf.stage_folder(folder) as tmp:
+        (tmp / RESULT_FILE).write_text(ModelTable(threads=1, rows=[row]).model_dump_json())
+        mf.commit(tmp, folder, mf.for_stage(recipe, "bench", "hash", mf.Stopwatch(), parents=parents))
 
 
 def _text(recipe, folder) -> str:
@@ -199,10 +208,26 @@ def test_card_has_no_latency_before_the_benchmark(recipe):
 
 
 def test_refreshed_card_shows_the_benchmarks_latency(recipe):
+    _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
     _bench(recipe)
     modelcard.refresh(recipe)
     assert "| 1 | 16 | 0.50 | 20.0x |" in (folder / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_card_of_a_bundle_built_again_since_the_benchmark_has_no_latency(recipe):
+    _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    _bench(recipe, bundle_hash="0" * 64)
+    assert "## Latency" not in _text(recipe, folder)
+
+
+def test_card_of_a_bundle_whose_teacher_was_built_again_since_the_benchmark_has_no_latency(recipe):
+    _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    _bench(recipe)
+    _publish(recipe, "teacher", {"dev_accuracy": 0.9}, {"steps": 10})
+    assert "## Latency" not in _text(recipe, folder)
 
 
 def test_refresh_writes_a_card_for_models_only(recipe):

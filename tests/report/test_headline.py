@@ -193,27 +193,60 @@ def test_an_override_of_a_section_the_headline_does_not_read_is_refused_naming_i
     assert "error: --bench.serving.threads: edgedistill headline reads no bench.serving" in capsys.readouterr().err
 
 
-def publish_bench(recipe, model: str) -> None:
-    """A one-thread model benchmark of `model` alone."""
+def publish_bench(recipe, model: str, bundle_hash: str | None = None) -> None:
+    """A one-thread model benchmark of bundle `model` alone, it and the teacher published first; it records the
+    bundle's manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
+    root = run_dir(recipe)
+    publish(root / "teacher", {"dev_accuracy": 0.9})
+    publish(root / f"bundle-{model}", {})
+    bundle = mf.parent_of(root / f"bundle-{model}")
+    parents = {
+        "teacher": mf.parent_of(root / "teacher"),
+        f"bundle-{model}": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
+    }
     cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 3.0}
     row = {"model": model, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
     bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
-    folder = run_dir(recipe) / "bench"
+    folder = root / "bench"
     with mf.stage_folder(folder) as tmp:
         (tmp / "bench.json").write_text(json.dumps(bench))
-        mf.commit(tmp, folder, mf.Manifest(stage="bench", recipe="smoke", recipe_hash="h", config_hash="c"))
+        base = mf.Manifest(stage="bench", recipe="smoke", recipe_hash="h", config_hash="c", parents=parents)
+        mf.commit(tmp, folder, base)
+
+
+def bench_lines(recipe) -> list[str]:
+    return [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("bench ")]
 
 
 def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(recipe):
     publish_bench(recipe, recipe.export.deploy)
-    assert headline.headline(recipe, "recipes/smoke.yaml")[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
+    assert bench_lines(recipe)[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
+
+
+def test_no_bench_line_comes_from_an_earlier_build_of_the_deployed_bundle(recipe):
+    publish_bench(recipe, recipe.export.deploy, bundle_hash="0" * 64)
+    assert bench_lines(recipe) == []
+
+
+def test_a_bench_row_of_an_earlier_build_of_the_deployed_bundle_is_named_with_the_command_to_time_it_again(recipe):
+    publish_bench(recipe, recipe.export.deploy, bundle_hash="0" * 64)
+    assert (
+        "not shown: bench row bilstm-int8, its parent bundle-bilstm-int8 was built again "
+        "(measure it again: make bench RECIPE=recipes/smoke.yaml)"
+    ) in headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_no_bench_line_comes_from_a_benchmark_of_an_earlier_build_of_the_teacher(recipe):
+    publish_bench(recipe, recipe.export.deploy)
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.95})
+    assert bench_lines(recipe) == []
 
 
 def test_a_deployed_teacher_int8_has_one_bench_line(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--export.deploy=teacher-int8"]))
     publish_bench(recipe, "teacher-int8")
-    assert [line for line in headline.headline(recipe, "smoke") if line.startswith("bench ")] == [
+    assert bench_lines(recipe) == [
         "bench teacher-int8: 2.00 ms at batch 1, 64 tokens = 3.0x teacher PyTorch eager (1 thread)"
     ]
 

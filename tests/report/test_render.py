@@ -47,6 +47,39 @@ def test_distillation_section_says_what_an_out_of_date_row_leaves_out(tmp_path):
     assert "out_of_date: a student or baseline built from other settings" in distillation_markdown(tmp_path, rows)
 
 
+def teacher_built_again_markdown(tmp_path, rows=ROWS, written_after: bool = False) -> str:
+    """The distillation section of a run whose teacher was built again after the cnn student and baseline distilled
+    from it; the table (`rows`) was written before, or with `written_after` after, that."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    parents = {"teacher": mf.parent_of(tmp_path / "teacher")}
+    for folder in ("student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder, parents=parents)
+    summary = tmp_path / "distill-summary.json"
+    if not written_after:
+        summary.write_text(json.dumps(rows))
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.95})
+    if written_after:
+        summary.write_text(json.dumps(rows))
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_distillation_section_leaves_out_the_table_of_a_teacher_built_again_since(tmp_path):
+    assert "| teacher | teacher | 0.9 |" not in teacher_built_again_markdown(tmp_path)
+
+
+def test_distillation_section_says_why_it_leaves_out_the_table_and_what_writes_it_again(tmp_path):
+    assert (
+        "(student-cnn: its parent teacher was built again). make distill builds the students out of date again"
+    ) in teacher_built_again_markdown(tmp_path)
+
+
+def test_distillation_section_shows_a_table_written_since_that_marks_its_students_out_of_date(tmp_path):
+    rows = [ROWS[0] | {"dev_accuracy": 0.95, "out_of_date": None}, ROWS[1] | {"out_of_date": "student, baseline"}]
+    assert "| teacher | teacher | 0.95 |" in teacher_built_again_markdown(tmp_path, rows, written_after=True)
+
+
 def test_a_table_writes_counts_with_thousands_separators():
     page = render.Page("report")
     page.table(["student", "params"], [["cnn", 1234567]])
@@ -163,17 +196,36 @@ def test_a_report_of_the_teacher_alone_names_the_default_cascades_absent_serving
     assert "| serve-cascade-bilstm-cascade | make all |" in missing_markdown(tmp_path)
 
 
-def benchmark_markdown(tmp_path, **table) -> str:
-    """The benchmark section of a run whose bundle cnn-int8 was not built when the benchmark ran; `table` adds
-    fields to its bench.json (`metric`)."""
-    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 1.0}
-    row = {"model": "teacher-pytorch-eager", "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
-    row |= {"dev_accuracy": 0.9, "dev_selected": 0.875, "cells": [cell | {"items_per_s": 500.0}]}
-    bench = {"threads": 1, "rows": [row]} | table
+def bench_row(model: str, median_ms: float) -> dict:
+    """A row of the model benchmark's bench.json with one cell, at batch 1 and 64 tokens."""
+    cell = {"median_ms": median_ms, "min_ms": median_ms, "max_ms": median_ms, "calls": 5, "batch": 1, "length": 64}
+    row = {"model": model, "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
+    cell |= {"speedup": 2.0 / median_ms, "items_per_s": 1e3 / median_ms}
+    return row | {"dev_accuracy": 0.9, "dev_selected": 0.875, "cells": [cell]}
+
+
+def publish_bench(tmp_path, bundle_hash: str | None = None, **table) -> None:
+    """A model benchmark of the run's teacher and its bundle bilstm-int8 (both published first), whose bundle cnn-int8
+    was not built when it ran; it records bilstm-int8's manifest hash as `bundle_hash` where given (an earlier build),
+    else as it is. `table` adds fields to its bench.json (`metric`)."""
+    publish(tmp_path / "teacher")
+    publish(tmp_path / "bundle-bilstm-int8")
+    bundle = mf.parent_of(tmp_path / "bundle-bilstm-int8")
+    parents = {
+        "teacher": mf.parent_of(tmp_path / "teacher"),
+        "bundle-bilstm-int8": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
+    }
+    bench = {"threads": 1, "rows": [bench_row("teacher-pytorch-eager", 2.0), bench_row("bilstm-int8", 0.25)]} | table
     info = {"left_out": {}, "missing_bundles": ["cnn-int8"]}
-    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)})
-    page = render.Page("report")
-    render._benchmark(page, tmp_path)
+    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
+
+
+def benchmark_markdown(tmp_path, bundle_hash: str | None = None, **table) -> str:
+    """The benchmark section and the note on measurements of an earlier build of the run of `publish_bench`."""
+    publish_bench(tmp_path, bundle_hash, **table)
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._stale(page, tmp_path, recipe)
+    render._benchmark(page, tmp_path, recipe)
     return "\n".join(page.md)
 
 
@@ -189,6 +241,35 @@ def test_benchmark_figure_of_an_f1_recipe_plots_f1_against_latency(tmp_path):
     assert "F1 against latency" in benchmark_markdown(tmp_path, metric="f1")
 
 
+def test_benchmark_section_shows_the_row_of_a_bundle_as_it_was_timed(tmp_path):
+    assert "| bilstm-int8 | fp32 |" in benchmark_markdown(tmp_path)
+
+
+def test_benchmark_section_leaves_out_the_row_of_a_bundle_built_again_since(tmp_path):
+    assert "| bilstm-int8 | fp32 |" not in benchmark_markdown(tmp_path, bundle_hash="0" * 64)
+
+
+def test_a_report_names_the_benchmark_row_of_a_bundle_built_again_since_with_the_command_to_time_it_again(tmp_path):
+    assert "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again | make bench |" in (
+        benchmark_markdown(tmp_path, bundle_hash="0" * 64)
+    )
+
+
+def test_benchmark_figure_leaves_out_a_bundle_built_again_since(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "pareto", lambda points, *_: drawn.extend(p["model"] for p in points) or b"")
+    benchmark_markdown(tmp_path, bundle_hash="0" * 64)
+    assert drawn == ["teacher-pytorch-eager"]
+
+
+def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):
+    publish_bench(tmp_path)
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.95})
+    page = render.Page("report")
+    render._benchmark(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert page.md == ["# report", ""]
+
+
 SERVED_RESULTS = {  # measurement -> the file of tables it writes
     "serve-bench": "bench.md",
     "serve-accuracy": "accuracy.md",
@@ -197,10 +278,26 @@ SERVED_RESULTS = {  # measurement -> the file of tables it writes
 }
 
 
+def publish_cascade_benchmark(tmp_path, name: str, cascade_hash: str | None = None) -> None:
+    """The serving benchmark of cascade `name` against teacher-fused, its last member served alone, both bundles
+    published first (teacher-fused once); it records the cascade's manifest hash as `cascade_hash` where given (an
+    earlier build)."""
+    publish(tmp_path / f"bundle-{name}")
+    if not (tmp_path / "bundle-teacher-fused" / mf.MANIFEST).is_file():
+        publish(tmp_path / "bundle-teacher-fused")
+    cascade = mf.parent_of(tmp_path / f"bundle-{name}")
+    parents = {
+        "cascade": cascade.model_copy(update={"manifest_sha256": cascade_hash or cascade.manifest_sha256}),
+        "last": mf.parent_of(tmp_path / "bundle-teacher-fused"),
+    }
+    text = f"# Cascade {name} against teacher-fused served alone\n"
+    publish(tmp_path / f"serve-cascade-{name}", files={"cascade.md": text}, parents=parents)
+
+
 def serving_markdown(tmp_path) -> str:
     """The served sections of a smoke run with each measurement of its deployed bundle (bilstm-int8), of another
-    bundle measured after it, and of an older release's one folder for every bundle, and a cascade's serving
-    benchmark."""
+    bundle measured after it, and of an older release's one folder for every bundle, and the serving benchmarks of
+    its cascade bilstm-cascade and of a cascade `c` no longer in the recipe."""
     publish(tmp_path / "bundle-bilstm-int8")
     deployed = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
     for measurement, written in SERVED_RESULTS.items():
@@ -208,7 +305,8 @@ def serving_markdown(tmp_path) -> str:
         publish(tmp_path / f"{measurement}-bilstm-int8", files={written: text}, parents=deployed)
         publish(tmp_path / f"{measurement}-cnn-int8", files={written: f"{measurement}: cnn-int8's.\n"})
         publish(tmp_path / measurement, files={written: f"{measurement}: an older release's.\n"})
-    publish(tmp_path / "serve-cascade-c", files={"cascade.md": "# Cascade c against big served alone\n"})
+    publish_cascade_benchmark(tmp_path, "bilstm-cascade")
+    publish_cascade_benchmark(tmp_path, "c")
     page = render.Page("report")
     render._serving(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
     return "\n".join(page.md)
@@ -314,7 +412,30 @@ def test_the_reports_load_tests_leave_out_an_older_release_and_other_bundles(fol
 
 
 def test_serving_sections_show_a_cascades_benchmark_under_its_section_heading(tmp_path):
-    assert "\n### Cascade c against big served alone\n" in serving_markdown(tmp_path)
+    assert "\n### Cascade bilstm-cascade against teacher-fused served alone\n" in serving_markdown(tmp_path)
+
+
+def test_serving_sections_leave_out_the_benchmark_of_a_cascade_not_in_the_recipe(tmp_path):
+    assert "Cascade c against" not in serving_markdown(tmp_path)
+
+
+def earlier_cascade_markdown(tmp_path) -> str:
+    """The served sections and the note on measurements of a smoke run whose cascade bilstm-cascade was built again
+    after its serving benchmark ran."""
+    publish_cascade_benchmark(tmp_path, "bilstm-cascade", cascade_hash="0" * 64)
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    for section in (render._stale, render._serving):
+        section(page, tmp_path, recipe)
+    return "\n".join(page.md)
+
+
+def test_serving_sections_leave_out_the_benchmark_of_an_earlier_build_of_a_cascade(tmp_path):
+    assert "## Cascade served" not in earlier_cascade_markdown(tmp_path)
+
+
+def test_a_report_names_the_benchmark_of_an_earlier_build_of_a_cascade_with_the_command_to_run_again(tmp_path):
+    row = "| serve-cascade-bilstm-cascade | its parent cascade was built again | make serve-cascade CASCADE=bilstm-cascade |"
+    assert row in earlier_cascade_markdown(tmp_path)
 
 
 def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
