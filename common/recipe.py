@@ -24,7 +24,7 @@ from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
-from edgedistill.common.config.strict import Overridden, Strict
+from edgedistill.common.config.strict import NAME_RULE, Name, Overridden, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
     DataConfig,
@@ -43,10 +43,8 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 
 class Recipe(Strict):
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="the run folder's name, `runs/<name>/`: letters, digits, `_`, `.` and `-` (default: the recipe "
-        "file's, without `.yaml`)",
+    name: Name = Field(
+        description=f"the run folder's name, `runs/<name>/`: {NAME_RULE} (default: the recipe file's, without `.yaml`)"
     )
     data: DataConfig
     model: ModelConfig = ModelConfig()
@@ -231,16 +229,12 @@ class Recipe(Strict):
         """The named settings (sections or dotted keys, e.g. `export.bundles.int8`) as JSON, for a stage's hash.
 
         Local files and folders named in them count by their contents, not their paths: moving the
-        data or the checkout keeps artifacts current, and editing a data file makes them stale.
+        data or the checkout keeps artifacts current, and editing a data file makes them stale. A key the schema
+        takes but the recipe leaves out (a null section, a setting hashed only once set) is None; any other raises
+        `KeyError`.
         """
         dumped = self.model_dump(mode="json")
-        out = {}
-        for key in keys:
-            value = dumped
-            for part in key.split("."):
-                value = value[part] if isinstance(value, dict) and part in value else None
-            out[key] = by_content(value)
-        return out
+        return {key: by_content(_setting(dumped, key)) for key in keys}
 
     def section_hash(self, *sections: str) -> str:
         """A short hash of `settings(*sections)`."""
@@ -250,6 +244,20 @@ class Recipe(Strict):
     def hash(self) -> str:
         """Hash of the sections that shape artifacts; `bench` and `loadtest` only measure them, so they are left out."""
         return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
+
+
+def _setting(dumped: dict, key: str):
+    """The value of dotted `key` in a recipe's JSON dump (see `Recipe.settings`)."""
+    value, parts = dumped, key.split(".")
+    for depth, part in enumerate(parts):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+            continue
+        section = schema.section_at(Recipe, tuple(parts[:depth]))
+        if section is None or part not in section.model_fields:
+            raise KeyError(f"{key}: the recipe has no such setting")
+        value = None
+    return value
 
 
 def by_content(value):
@@ -598,7 +606,7 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
-    key = ".".join(str(p) for p in error["loc"])
+    key = ".".join(str(p) for p in error["loc"] if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
     return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "") + hint
@@ -614,6 +622,8 @@ def _message(error: dict) -> str:
         where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
         guess = f"did you mean {close[0]}? " if close else ""
         return f"unknown key: {guess}{where} takes {', '.join(keys)}"
+    if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
+        return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"

@@ -1,9 +1,14 @@
 """The base of every recipe section: unknown keys fail at load, values are frozen, and a setting added later is
 hashed only once a recipe sets it."""
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict, StringConstraints, model_serializer
+
+NAME_RULE = "letters, digits, `_` and `-`, starting with a letter or digit"
+# A recipe's, a student's, a bundle's or a cascade's name: it names a folder (`runs/<name>/`, `bundle-<name>/`) and is a
+# part of a dotted key (`export.bundles.<name>`), so it holds no `/` and no `.`
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
 
 
 class Strict(BaseModel):

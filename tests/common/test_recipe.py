@@ -218,6 +218,34 @@ def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path
     assert "file name" not in str(refused.value)
 
 
+def test_a_run_name_that_leaves_the_runs_folder_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"name: '\.\.' is not valid: give .*letters, digits, `_` and `-`, starting"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--name=.."]))
+
+
+def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
+    bundles = "export: {deploy: cnn.int8, bundles: {cnn.int8: {source: teacher, precision: int8}}}\n"
+    rule = r"export\.bundles\.cnn\.int8: 'cnn\.int8' is not a valid name: give letters, digits, `_` and `-`"
+    with pytest.raises(RecipeError, match=rule):
+        load_recipe(write(tmp_path, MINIMAL + bundles))
+
+
+def test_a_student_name_with_a_slash_is_refused(tmp_path):
+    student = "distill: {deploy: a/b, students: {a/b: {model: {arch: cnn}}}}\n"
+    with pytest.raises(RecipeError, match=r"distill\.students\.a/b: 'a/b' is not a valid name"):
+        load_recipe(write(tmp_path, MINIMAL + student))
+
+
+def test_settings_refuses_a_key_the_recipe_has_not():
+    with pytest.raises(KeyError, match="export.bundles.cnn.int8: the recipe has no such setting"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml").settings("export.bundles.cnn.int8")
+
+
+def test_settings_of_a_setting_left_at_its_default_and_out_of_the_dump_is_none():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert recipe.settings("export.min_int8_agreement") == {"export.min_int8_agreement": None}
+
+
 def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="finetune.pooling=mean needs a bert teacher"):
         load_recipe(write(tmp_path, MINIMAL), {"model.family": "gpt", "finetune.pooling": "mean"})
