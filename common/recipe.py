@@ -308,7 +308,24 @@ class _Replace(dict):
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML plus the `!replace` tag."""
+    """Safe YAML plus the `!replace` tag, refusing a key written twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines = {}  # key -> the line it is first written on
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in lines:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is written twice in one mapping, here and on line {lines[key] + 1}, and only the last "
+                    "would count: keep one (merge the two)",
+                    key_node.start_mark,
+                )
+            lines[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:

@@ -468,6 +468,19 @@ def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
     assert "quote a value" not in str(refused.value)
 
 
+def test_a_section_written_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    text = MINIMAL + "finetune:\n  pooling: mean\nfinetune:\n  optim: {lr: 1}\n"
+    with pytest.raises(
+        RecipeError, match=r"(?s)'finetune' is written twice in one mapping, here and on line 3.*line 5"
+    ):
+        load_recipe(write(tmp_path, text))
+
+
+def test_a_key_written_twice_inside_a_section_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"'lr' is written twice in one mapping"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lr: 1, lr: 2}}\n"))
+
+
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
     monkeypatch.delenv("NOPE", raising=False)
     with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
