@@ -400,7 +400,14 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
-        out[key] = yaml.safe_load(value) if value else None
+        try:
+            out[key] = yaml.safe_load(value) if value else None
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or err
+            raise RecipeError(
+                f"override --{key}: {value!r} is not a YAML value ({problem}); to give it as text, quote it: "
+                f"--{key}='\"{value}\"'"
+            ) from None
     return out
 
 
@@ -467,7 +474,10 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise RecipeError(f"{path}: extends itself: {cycle}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"{path}: not UTF-8 text ({err}): save the recipe as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as err:

@@ -6,6 +6,8 @@ from edgedistill.common import settings
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
 
+from edgedistill import cli
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -102,6 +104,31 @@ def test_overrides_parse_and_apply(tmp_path):
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
+
+
+@pytest.mark.parametrize("arg", ["--x=[1,2", "--x=@a", "--data.text_column=*t"])
+def test_an_override_that_is_not_yaml_is_refused_naming_it(arg):
+    key = arg[2:].partition("=")[0]
+    with pytest.raises(RecipeError, match=rf"^override --{re.escape(key)}: .* is not a YAML value"):
+        parse_overrides([arg])
+
+
+def test_a_command_given_an_override_that_is_not_yaml_exits_with_status_2(capsys):
+    assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--x=[1,2"]) == 2
+
+
+def test_a_recipe_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    path = tmp_path / "latin.yaml"
+    path.write_bytes(MINIMAL.encode() + "# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}: not UTF-8 text"):
+        load_recipe(path)
+
+
+def test_a_base_recipe_that_is_not_utf8_is_refused_naming_the_base(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_bytes(MINIMAL.encode() + "# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(base))}: not UTF-8 text"):
+        load_recipe(write(tmp_path, "extends: base.yaml\n"))
 
 
 def test_extends_merges_sections(tmp_path):
