@@ -401,7 +401,7 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
         try:
-            out[key] = yaml.safe_load(value) if value else None
+            out[key] = _scalar(key, value) if value else None
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or err
             raise RecipeError(
@@ -409,6 +409,23 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
                 f"--{key}='\"{value}\"'"
             ) from None
     return out
+
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1 reads 010 as 8
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")  # ... and 1:30 as 90
+
+
+def _scalar(key: str, value: str):
+    """An override's value as YAML reads it; one it would read as an octal or sexagesimal number is refused."""
+    parsed = yaml.safe_load(value)
+    number = isinstance(parsed, int | float) and not isinstance(parsed, bool)
+    if number and (_OCTAL.fullmatch(value) or _SEXAGESIMAL.fullmatch(value)):
+        base, fix = ("an octal", "without its leading 0") if _OCTAL.fullmatch(value) else ("a base-60", "as one number")
+        raise RecipeError(
+            f"override --{key}: YAML 1.1 reads {value} as {base} number, {parsed}: write it {fix} ({parsed} if that "
+            f"is the one meant), or quote it to give it as text: --{key}='\"{value}\"'"
+        )
+    return parsed
 
 
 def _merge(base: dict, top: dict, where: str = "") -> dict:

@@ -131,6 +131,45 @@ def test_a_base_recipe_that_is_not_utf8_is_refused_naming_the_base(tmp_path):
         load_recipe(write(tmp_path, "extends: base.yaml\n"))
 
 
+def test_an_override_yaml_reads_as_octal_is_refused_naming_the_number_it_would_be():
+    with pytest.raises(
+        RecipeError, match=r"^override --finetune\.optim\.seed: YAML 1\.1 reads 010 as an octal number, 8"
+    ):
+        parse_overrides(["--finetune.optim.seed=010"])
+
+
+def test_an_override_yaml_reads_as_base_60_is_refused():
+    with pytest.raises(RecipeError, match=r"^override --x: YAML 1\.1 reads 1:30 as a base-60 number, 90"):
+        parse_overrides(["--x=1:30"])
+
+
+def test_an_override_of_a_plain_zero_is_the_number():
+    assert parse_overrides(["--finetune.optim.seed=0"]) == {"finetune.optim.seed": 0}
+
+
+@pytest.mark.parametrize("value", ["yes", "true"])
+def test_a_boolean_for_a_whole_number_is_refused(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.batch_size: a boolean where a number goes"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides([f"--finetune.optim.batch_size={value}"]))
+
+
+def test_a_boolean_for_a_real_number_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.lr: a boolean where a number goes"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lr: on}}\n"))
+
+
+def test_a_boolean_in_a_list_of_numbers_is_refused():
+    overrides = parse_overrides(["--bench.models.batch_sizes=[1, true]"])
+    with pytest.raises(RecipeError, match=r"bench\.models\.batch_sizes: a boolean where a number goes"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_a_number_that_is_not_finite_is_refused(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.epochs: Input should be a finite number"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides([f"--finetune.optim.epochs={value}"]))
+
+
 def test_extends_merges_sections(tmp_path):
     write(tmp_path, MINIMAL + "finetune: {optim: {lr: 0.1, epochs: 3}}\n", "base.yaml")
     recipe = load_recipe(write(tmp_path, "extends: base.yaml\nfinetune: {optim: {lr: 0.2}}\n"))
