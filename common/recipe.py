@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from edgedistill.common import manifest as mf
 from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
@@ -35,7 +36,6 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     TransferConfig,
 )
-from edgedistill.common.manifest import sha256_file
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
 
@@ -281,18 +281,23 @@ def _names_local(path: Path, written_as_path: bool) -> bool:
 
 
 def _digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's file names and their digests (recursively)."""
+    """sha256 of a file's bytes, or of a folder's file names and their digests (recursively). An artifact folder (one
+    with a manifest, a teacher of another run given as model.init) counts by the files its manifest lists: its card
+    (README.md), which that run's report writes again, and the manifest itself are left out."""
     if path.is_file():
         stat = path.stat()
         return _file_digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
-    files = sorted(item for item in path.rglob("*") if item.is_file())
+    if (path / mf.MANIFEST).is_file():
+        files = sorted(path / name for name in mf.load(path, verify=False).files)
+    else:
+        files = sorted(item for item in path.rglob("*") if item.is_file())
     listing = [(item.relative_to(path).as_posix(), _digest(item)) for item in files]
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=256)
 def _file_digest(path: Path, size: int, mtime_ns: int) -> str:  # size and mtime: a changed file is read again
-    return sha256_file(path)
+    return mf.sha256_file(path)
 
 
 class RecipeError(ValueError):

@@ -2,6 +2,7 @@ import re
 from pathlib import Path
 
 import pytest
+from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
@@ -635,6 +636,35 @@ def test_data_named_bare_from_the_working_directory_that_changes_changes_the_has
     before = load_recipe(path).section_hash("data")
     (tmp_path / "train.tsv").write_text("sentence\tlabel\nbad\tbad\n")
     assert load_recipe(path).section_hash("data") != before
+
+
+def _published_teacher(tmp_path):
+    """A teacher artifact of another run: a checkpoint published with its manifest, then its card written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.json").write_text("{}")
+    (work / "model.safetensors").write_bytes(b"weights")
+    folder = tmp_path / "runs" / "a" / "teacher"
+    folder.parent.mkdir(parents=True)
+    mf.commit(work, folder, mf.Manifest(stage="teacher", recipe="a", recipe_hash="r", config_hash="c"))
+    (folder / mf.CARD).write_text("# teacher\n")
+    return folder
+
+
+def test_a_teacher_artifact_as_init_keeps_its_hash_when_its_card_is_written_again(tmp_path):
+    folder = _published_teacher(tmp_path)
+    path = write(tmp_path, f"data: {{train: a.tsv, dev: b.tsv, label_names: [bad, good]}}\nmodel: {{init: {folder}}}\n")
+    before = load_recipe(path).section_hash("model")
+    (folder / mf.CARD).write_text("# teacher\n\nfigures of a later report\n")
+    assert load_recipe(path).section_hash("model") == before
+
+
+def test_a_teacher_artifact_as_init_whose_weights_change_changes_the_hash(tmp_path):
+    folder = _published_teacher(tmp_path)
+    path = write(tmp_path, f"data: {{train: a.tsv, dev: b.tsv, label_names: [bad, good]}}\nmodel: {{init: {folder}}}\n")
+    before = load_recipe(path).section_hash("model")
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    assert load_recipe(path).section_hash("model") != before
 
 
 def test_a_checkpoint_folder_named_bare_that_changes_changes_the_hash(tmp_path, monkeypatch):
