@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,8 @@ def test_the_teacher_manifest_counts_the_test_examples(tmp_path):
     assert teacher.info["test_examples"] == 3
 
 
-def kill_9_at_checkpoint(args: list, run: Path, step: int) -> None:
-    """Start `python -m distill *args` and kill -9 it once the teacher's checkpoint in `run` has reached `step`."""
+def kill_9_once(args: list, ready: Callable[[], bool]) -> None:
+    """Start `python -m distill *args` and kill -9 it once `ready()` (polled) is true."""
     proc = subprocess.Popen(
         [PYTHON, "-m", "distill", *map(str, args)],
         cwd=ROOT,
@@ -144,19 +145,25 @@ def kill_9_at_checkpoint(args: list, run: Path, step: int) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    checkpoint = run / ".work" / "teacher" / "checkpoint.pt"
     deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if checkpoint.is_file() and checkpoint.stat().st_mtime > 0:
-            try:
-                if torch.load(checkpoint, weights_only=False)["progress"]["global_step"] >= step:
-                    break
-            except Exception:  # noqa: BLE001 - the file may be mid-replace; poll again
-                pass
+    while time.time() < deadline and proc.poll() is None and not ready():
         time.sleep(0.2)
-    assert proc.poll() is None, "fine-tune finished before it could be killed; raise the step count"
+    assert proc.poll() is None, "the stage finished before it could be killed; give it more work"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def kill_9_at_checkpoint(args: list, run: Path, step: int) -> None:
+    """`kill_9_once` when the teacher's checkpoint in `run` has reached `step`."""
+    checkpoint = run / ".work" / "teacher" / "checkpoint.pt"
+
+    def reached() -> bool:
+        try:
+            return torch.load(checkpoint, weights_only=False)["progress"]["global_step"] >= step
+        except Exception:  # noqa: BLE001 - missing, or mid-replace; poll again
+            return False
+
+    kill_9_once(args, reached)
 
 
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
