@@ -6,7 +6,8 @@ it if the first one failed), as `make -j` would; stages with other names run sid
 stage never leaves a lock behind. A runs folder this process cannot write (read-only, another user's) is
 locked shared through a lock file already there, or not at all: such a process can only find stages up to date,
 and a stage it would build stops at its first write, naming the folder. A lock file this process may not write in a
-folder it may (another user's file) is locked exclusively all the same.
+folder it may (another user's file) is locked exclusively all the same, or refused, naming it, where the file system
+(NFS) locks so only a file open for writing.
 """
 
 import errno
@@ -40,6 +41,15 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
             holder = handle.read().strip() or "another process"
             print(f"[{what}] waiting for {holder}, which holds it", flush=True)
             fcntl.flock(handle, kind)
+        except OSError as err:  # EBADF: NFS locks a file exclusively only for a process that opened it to write
+            if err.errno != errno.EBADF:
+                raise
+            raise PermissionError(
+                errno.EACCES,
+                "another user's lock file, which this file system locks only for a process that may write it: remove "
+                "it (its folder is writable), or let this user write it",
+                str(path),
+            ) from None
         _name_holder(handle)
         try:
             yield

@@ -8,6 +8,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 from edgedistill.common import locks
 
 from tests.conftest import ROOT
@@ -173,6 +174,23 @@ def test_a_lock_file_of_another_user_in_a_writable_folder_makes_a_second_taker_w
         threading.Thread(target=take, daemon=True).start()
         waited = not entered.wait(1.0)
     assert waited and entered.wait(10)
+
+
+def test_a_lock_file_of_another_user_on_nfs_is_refused_naming_it(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    unwritable_lock_files(tmp_path, monkeypatch)
+
+    def nfs(handle, operation):  # an exclusive lock of a file open to read: EBADF on NFS
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(locks.fcntl, "flock", nfs)
+    with (
+        pytest.raises(PermissionError, match=r"another user's lock file, .*: remove it") as refused,
+        locks.exclusive(lock, "teacher"),
+    ):
+        pass
+    assert refused.value.filename == str(lock)
 
 
 def test_a_full_device_still_grants_the_lock(small_fs):
