@@ -5,7 +5,9 @@ it if the first one failed), as `make -j` would; stages with other names run sid
 `flock(2)` on a file under `runs/<recipe>/.work/`, released by the kernel when its holder dies, so a killed
 stage never leaves a lock behind. A runs folder this process cannot write (read-only, another user's) is
 locked shared through a lock file already there, or not at all: such a process can only find stages up to date,
-and a stage it would build stops at its first write, naming the folder.
+and a stage it would build stops at its first write, naming the folder. A lock file this process may not write in a
+folder it may (another user's file) is locked exclusively all the same, or refused, naming it, where the file system
+(NFS) locks so only a file open for writing.
 """
 
 import errno
@@ -28,9 +30,10 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
         if handle is None:
             yield
             return
-        # shared where this process may only read: it waits for a build, not for other readers (and NFS grants an
-        # exclusive lock only to a file open for writing)
-        kind = fcntl.LOCK_EX if handle.writable() else fcntl.LOCK_SH
+        # shared where this process may only read the folder: it waits for a build, not for other readers (and NFS
+        # grants an exclusive lock only to a file open for writing); exclusive where it may build, even through a lock
+        # file it may only read (another user's), as two such processes would otherwise build the stage at once
+        kind = fcntl.LOCK_EX if handle.writable() or os.access(path.parent, os.W_OK) else fcntl.LOCK_SH
         try:
             fcntl.flock(handle, kind | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -38,6 +41,15 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
             holder = handle.read().strip() or "another process"
             print(f"[{what}] waiting for {holder}, which holds it", flush=True)
             fcntl.flock(handle, kind)
+        except OSError as err:  # EBADF: NFS locks a file exclusively only for a process that opened it to write
+            if err.errno != errno.EBADF:
+                raise
+            raise PermissionError(
+                errno.EACCES,
+                "another user's lock file, which this file system locks only for a process that may write it: remove "
+                "it (its folder is writable), or let this user write it",
+                str(path),
+            ) from None
         _name_holder(handle)
         try:
             yield

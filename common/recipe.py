@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from edgedistill.common import manifest as mf
 from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
-from edgedistill.common.config.strict import Overridden, Strict
+from edgedistill.common.config.strict import NAME_RULE, Name, Overridden, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
     DataConfig,
@@ -35,7 +36,6 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     TransferConfig,
 )
-from edgedistill.common.manifest import sha256_file
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
 
@@ -43,10 +43,8 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 
 class Recipe(Strict):
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="the run folder's name, `runs/<name>/`: letters, digits, `_`, `.` and `-` (default: the recipe "
-        "file's, without `.yaml`)",
+    name: Name = Field(
+        description=f"the run folder's name, `runs/<name>/`: {NAME_RULE} (default: the recipe file's, without `.yaml`)"
     )
     data: DataConfig
     model: ModelConfig = ModelConfig()
@@ -231,16 +229,12 @@ class Recipe(Strict):
         """The named settings (sections or dotted keys, e.g. `export.bundles.int8`) as JSON, for a stage's hash.
 
         Local files and folders named in them count by their contents, not their paths: moving the
-        data or the checkout keeps artifacts current, and editing a data file makes them stale.
+        data or the checkout keeps artifacts current, and editing a data file makes them stale. A key the schema
+        takes but the recipe leaves out (a null section, a setting hashed only once set) is None; any other raises
+        `KeyError`.
         """
         dumped = self.model_dump(mode="json")
-        out = {}
-        for key in keys:
-            value = dumped
-            for part in key.split("."):
-                value = value[part] if isinstance(value, dict) and part in value else None
-            out[key] = by_content(value)
-        return out
+        return {key: by_content(_setting(dumped, key)) for key in keys}
 
     def section_hash(self, *sections: str) -> str:
         """A short hash of `settings(*sections)`."""
@@ -250,6 +244,20 @@ class Recipe(Strict):
     def hash(self) -> str:
         """Hash of the sections that shape artifacts; `bench` and `loadtest` only measure them, so they are left out."""
         return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
+
+
+def _setting(dumped: dict, key: str):
+    """The value of dotted `key` in a recipe's JSON dump (see `Recipe.settings`)."""
+    value, parts = dumped, key.split(".")
+    for depth, part in enumerate(parts):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+            continue
+        section = schema.section_at(Recipe, tuple(parts[:depth]))
+        if section is None or part not in section.model_fields:
+            raise KeyError(f"{key}: the recipe has no such setting")
+        value = None
+    return value
 
 
 def by_content(value):
@@ -273,18 +281,23 @@ def _names_local(path: Path, written_as_path: bool) -> bool:
 
 
 def _digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's file names and their digests (recursively)."""
+    """sha256 of a file's bytes, or of a folder's file names and their digests (recursively). An artifact folder (one
+    with a manifest, a teacher of another run given as model.init) counts by the files its manifest lists: its card
+    (README.md), which that run's report writes again, and the manifest itself are left out."""
     if path.is_file():
         stat = path.stat()
         return _file_digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
-    files = sorted(item for item in path.rglob("*") if item.is_file())
+    if (path / mf.MANIFEST).is_file():
+        files = sorted(path / name for name in mf.load(path, verify=False).files)
+    else:
+        files = sorted(item for item in path.rglob("*") if item.is_file())
     listing = [(item.relative_to(path).as_posix(), _digest(item)) for item in files]
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=256)
 def _file_digest(path: Path, size: int, mtime_ns: int) -> str:  # size and mtime: a changed file is read again
-    return sha256_file(path)
+    return mf.sha256_file(path)
 
 
 class RecipeError(ValueError):
@@ -300,7 +313,24 @@ class _Replace(dict):
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML plus the `!replace` tag."""
+    """Safe YAML plus the `!replace` tag, refusing a key written twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines = {}  # key -> the line it is first written on
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in lines:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is written twice in one mapping, here and on line {lines[key] + 1}, and only the last "
+                    "would count: keep one (merge the two)",
+                    key_node.start_mark,
+                )
+            lines[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
 
 
 def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
@@ -375,8 +405,32 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
-        out[key] = yaml.safe_load(value) if value else None
+        try:
+            out[key] = _scalar(key, value) if value else None
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or err
+            raise RecipeError(
+                f"override --{key}: {value!r} is not a YAML value ({problem}); to give it as text, quote it: "
+                f"--{key}='\"{value}\"'"
+            ) from None
     return out
+
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1 reads 010 as 8
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")  # ... and 1:30 as 90
+
+
+def _scalar(key: str, value: str):
+    """An override's value as YAML reads it; one it would read as an octal or sexagesimal number is refused."""
+    parsed = yaml.safe_load(value)
+    number = isinstance(parsed, int | float) and not isinstance(parsed, bool)
+    if number and (_OCTAL.fullmatch(value) or _SEXAGESIMAL.fullmatch(value)):
+        base, fix = ("an octal", "without its leading 0") if _OCTAL.fullmatch(value) else ("a base-60", "as one number")
+        raise RecipeError(
+            f"override --{key}: YAML 1.1 reads {value} as {base} number, {parsed}: write it {fix} ({parsed} if that "
+            f"is the one meant), or quote it to give it as text: --{key}='\"{value}\"'"
+        )
+    return parsed
 
 
 def _merge(base: dict, top: dict, where: str = "") -> dict:
@@ -442,7 +496,10 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise RecipeError(f"{path}: extends itself: {cycle}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"{path}: not UTF-8 text ({err}): save the recipe as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as err:
@@ -598,7 +655,7 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
-    key = ".".join(str(p) for p in error["loc"])
+    key = ".".join(str(p) for p in error["loc"] if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
     return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "") + hint
@@ -614,6 +671,8 @@ def _message(error: dict) -> str:
         where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
         guess = f"did you mean {close[0]}? " if close else ""
         return f"unknown key: {guess}{where} takes {', '.join(keys)}"
+    if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
+        return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"

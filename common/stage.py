@@ -22,8 +22,10 @@ from typing import Any
 
 from edgedistill.common import locks, modelcard, tracking
 from edgedistill.common import manifest as mf
-from edgedistill.common.atomic import remove_orphans
+from edgedistill.common.atomic import atomic_write, remove_orphans
 from edgedistill.common.recipe import Recipe, by_content, run_dir
+
+FORCED = "forced"  # in a scratch folder a forced run started: the key of the work it holds
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,17 @@ class Inputs:
         """The scratch folder, emptied of what an interrupted run left there, for work that does not resume."""
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
+        return self.work
+
+    def resumable_work(self, key: str | None = None) -> Path:
+        """The scratch folder for work that resumes (checkpoints, label shards). A forced run starts it afresh once:
+        it empties the folder and marks it with `key` (default `work_key`), so that the same forced command, killed
+        and run again, goes on from what the first left; it empties a folder another run left (a plain one, or a
+        forced run of other settings). A plain run leaves the folder as it is, for the stage to check."""
+        key = key or self.work_key
+        marker = self.work / FORCED
+        if self.force and not (marker.is_file() and marker.read_text() == key):
+            atomic_write(self.fresh_work() / FORCED, key)
         return self.work
 
     def parent(self, name: str) -> Path:

@@ -147,7 +147,7 @@ def _build(inputs: Inputs) -> Built | None:
     pad = tokenizer.pad_token_id
 
     placement = device.for_process(recipe.runtime)
-    work = work_dir(inputs.work, inputs.force)
+    work = work_dir(inputs)
     trainer = Trainer(model, cfg.optim, work, inputs.work_key, "teacher", placement)
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, cfg.optim.batch_size, cfg.optim.seed + epoch),

@@ -203,7 +203,7 @@ def _build(inputs: Inputs) -> Built | None:
                 "lower eval_holdout_lines, or name pretrain.eval_files"
             )
         texts, eval_texts = texts[: -cfg.eval_holdout_lines], texts[-cfg.eval_holdout_lines :]
-    work = work_dir(inputs.work, inputs.force)
+    work = work_dir(inputs)
     torch.manual_seed(cfg.optim.seed)
     if model_cfg.init:
         tokenizer = load_tokenizer(model_cfg.init)

@@ -279,7 +279,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     placement = device.for_process(recipe.runtime)
     if teacher_bert is not None:  # held outside the objective's parameters, so moved here
         teacher_bert.to(placement.device)
-    work = work_dir(inputs.work, inputs.force)
+    work = work_dir(inputs)
     trainer = Trainer(objective, optim, work, inputs.work_key, stage_name, placement, bar_position)
     best_path = work / "best.safetensors"
 

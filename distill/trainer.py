@@ -9,7 +9,6 @@ import contextlib
 import math
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from edgedistill.common import progress, tracking
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import OptimConfig
 from edgedistill.common.recipe import RecipeError
+from edgedistill.common.stage import Inputs
 from edgedistill.distill import dist
 from edgedistill.distill.device import Placement
 from torch.nn.parallel import DistributedDataParallel
@@ -220,12 +220,13 @@ def save_pretrained_atomic(model, tokenizer, folder: Path) -> None:
     atomic_write(folder, save)
 
 
-def work_dir(folder: Path, force: bool) -> Path:
-    """The stage's scratch folder for checkpoints; `force` discards what an earlier run left there."""
-    if force and dist.is_main():
-        shutil.rmtree(folder, ignore_errors=True)
+def work_dir(inputs: Inputs) -> Path:
+    """The stage's scratch folder for checkpoints (`Inputs.resumable_work`: a forced run starts it afresh once, and
+    goes on from it when run again), made ready by rank 0 while the others wait."""
+    if dist.is_main():
+        inputs.resumable_work()
     dist.barrier()
-    return folder
+    return inputs.work
 
 
 def _load_problem(err: Exception) -> str:

@@ -93,15 +93,15 @@ def _build(inputs: Inputs) -> Built:
             )
     labelling = placement.describe() | figures
 
-    work = inputs.work
-    stamp = work / "config_hash"
     # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
-    # precision and second pass.
+    # precision and second pass; under --force, only those a forced run of them left (`Inputs.resumable_work`).
     key = inputs.work_key + labelling["engine"] + placement.precision
     key += figures.get("bundle_precision", "") + figures.get("bundle_sha256", "")
-    if inputs.force or not stamp.is_file() or stamp.read_text() != key:
+    work = inputs.resumable_work(key)
+    stamp = work / "config_hash"
+    if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
         shutil.rmtree(work, ignore_errors=True)
-        atomic_write(stamp, key)
+    atomic_write(stamp, key)
     built = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free

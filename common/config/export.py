@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from edgedistill.common.config.strict import Strict
+from edgedistill.common.config.strict import Name, Strict
 from pydantic import Field, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
@@ -142,8 +142,8 @@ class ExportConfig(Strict):
     opset: int = Field(
         17, ge=14, le=20, description="ONNX opset of the exported graphs (14-20: what torch.onnx's exporter writes)"
     )
-    bundles: dict[str, BundleRecipe] = Field(min_length=1)
-    cascades: dict[str, CascadeRecipe] = Field(
+    bundles: dict[Name, BundleRecipe] = Field(min_length=1)
+    cascades: dict[Name, CascadeRecipe] = Field(
         {}, description="confidence cascades of the bundles above, served under one name like any bundle"
     )
     deploy: str = Field(description="the bundle (or cascade) `make serve` serves by default")

@@ -4,7 +4,7 @@ the students, and where training runs."""
 import unicodedata
 from typing import Literal
 
-from edgedistill.common.config.strict import Strict
+from edgedistill.common.config.strict import Name, Strict
 from edgedistill.common.text import shows_nothing
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -400,7 +400,7 @@ class StudentRun(Strict):
 
 
 class DistillConfig(Strict):
-    students: dict[str, StudentRun] = Field(min_length=1)
+    students: dict[Name, StudentRun] = Field(min_length=1)
     deploy: str = Field(
         description="the student `edgedistill headline` reports for a recipe without an `export` section; with one, "
         "`export.deploy` picks what is served, and the headline reports the student that bundle is built from"

@@ -1,12 +1,14 @@
 """One process at a time per stage: a second one waits for the first, says whom for, then finds it built."""
 
 import errno
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 from edgedistill.common import locks
 
 from tests.conftest import ROOT
@@ -104,20 +106,29 @@ def test_two_processes_running_one_stage_build_it_once(tmp_path):
     assert sum("[slow] up to date" in out for out in outs) == 1
 
 
-def read_only(folder, monkeypatch):
-    """`folder` as on a read-only file system: making or opening a file there to write raises EROFS."""
+def unwritable_lock_files(folder, monkeypatch, code=errno.EACCES):
+    """Opening a file under `folder` to write raises `code`, as another user's 0644 lock file does (EACCES)."""
     opened = open
 
     def refuse(path, mode="r", *args, **kwargs):
         if str(path).startswith(str(folder)) and mode != "r":
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
+            raise OSError(code, os.strerror(code), str(path))
         return opened(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refuse)
+
+
+def read_only(folder, monkeypatch):
+    """`folder` as on a read-only file system: making or opening a file there to write raises EROFS, and the folder
+    is not writable to `os.access`."""
+    unwritable_lock_files(folder, monkeypatch, errno.EROFS)
+    access = os.access
 
     def no_folder(path, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr("builtins.open", refuse)
     monkeypatch.setattr(Path, "mkdir", no_folder)
+    monkeypatch.setattr(os, "access", lambda path, mode: not str(path).startswith(str(folder)) and access(path, mode))
 
 
 def test_a_read_only_runs_folder_without_a_lock_file_is_entered(tmp_path, monkeypatch):
@@ -147,6 +158,39 @@ def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path,
     with locks.exclusive(lock, "teacher"):
         threading.Thread(target=take, daemon=True).start()
         assert entered.wait(5)
+
+
+def test_a_lock_file_of_another_user_in_a_writable_folder_makes_a_second_taker_wait(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    unwritable_lock_files(tmp_path, monkeypatch)
+    entered = threading.Event()
+
+    def take():
+        with locks.exclusive(lock, "teacher"):
+            entered.set()
+
+    with locks.exclusive(lock, "teacher"):
+        threading.Thread(target=take, daemon=True).start()
+        waited = not entered.wait(1.0)
+    assert waited and entered.wait(10)
+
+
+def test_a_lock_file_of_another_user_on_nfs_is_refused_naming_it(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    unwritable_lock_files(tmp_path, monkeypatch)
+
+    def nfs(handle, operation):  # an exclusive lock of a file open to read: EBADF on NFS
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(locks.fcntl, "flock", nfs)
+    with (
+        pytest.raises(PermissionError, match=r"another user's lock file, .*: remove it") as refused,
+        locks.exclusive(lock, "teacher"),
+    ):
+        pass
+    assert refused.value.filename == str(lock)
 
 
 def test_a_full_device_still_grants_the_lock(small_fs):

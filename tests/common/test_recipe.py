@@ -2,9 +2,12 @@ import re
 from pathlib import Path
 
 import pytest
+from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
+
+from edgedistill import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,6 +105,70 @@ def test_overrides_parse_and_apply(tmp_path):
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
+
+
+@pytest.mark.parametrize("arg", ["--x=[1,2", "--x=@a", "--data.text_column=*t"])
+def test_an_override_that_is_not_yaml_is_refused_naming_it(arg):
+    key = arg[2:].partition("=")[0]
+    with pytest.raises(RecipeError, match=rf"^override --{re.escape(key)}: .* is not a YAML value"):
+        parse_overrides([arg])
+
+
+def test_a_command_given_an_override_that_is_not_yaml_exits_with_status_2(capsys):
+    assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--x=[1,2"]) == 2
+
+
+def test_a_recipe_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    path = tmp_path / "latin.yaml"
+    path.write_bytes(MINIMAL.encode() + "# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}: not UTF-8 text"):
+        load_recipe(path)
+
+
+def test_a_base_recipe_that_is_not_utf8_is_refused_naming_the_base(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_bytes(MINIMAL.encode() + "# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(base))}: not UTF-8 text"):
+        load_recipe(write(tmp_path, "extends: base.yaml\n"))
+
+
+def test_an_override_yaml_reads_as_octal_is_refused_naming_the_number_it_would_be():
+    with pytest.raises(
+        RecipeError, match=r"^override --finetune\.optim\.seed: YAML 1\.1 reads 010 as an octal number, 8"
+    ):
+        parse_overrides(["--finetune.optim.seed=010"])
+
+
+def test_an_override_yaml_reads_as_base_60_is_refused():
+    with pytest.raises(RecipeError, match=r"^override --x: YAML 1\.1 reads 1:30 as a base-60 number, 90"):
+        parse_overrides(["--x=1:30"])
+
+
+def test_an_override_of_a_plain_zero_is_the_number():
+    assert parse_overrides(["--finetune.optim.seed=0"]) == {"finetune.optim.seed": 0}
+
+
+@pytest.mark.parametrize("value", ["yes", "true"])
+def test_a_boolean_for_a_whole_number_is_refused(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.batch_size: a boolean where a number goes"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides([f"--finetune.optim.batch_size={value}"]))
+
+
+def test_a_boolean_for_a_real_number_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.lr: a boolean where a number goes"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lr: on}}\n"))
+
+
+def test_a_boolean_in_a_list_of_numbers_is_refused():
+    overrides = parse_overrides(["--bench.models.batch_sizes=[1, true]"])
+    with pytest.raises(RecipeError, match=r"bench\.models\.batch_sizes: a boolean where a number goes"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_a_number_that_is_not_finite_is_refused(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"finetune\.optim\.epochs: Input should be a finite number"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides([f"--finetune.optim.epochs={value}"]))
 
 
 def test_extends_merges_sections(tmp_path):
@@ -216,6 +283,34 @@ def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path
     with pytest.raises(RecipeError, match=r"exp\.yaml: name: 'my exp' is not valid: give the run folder's") as refused:
         load_recipe(write(tmp_path, MINIMAL), {"name": "my exp"})
     assert "file name" not in str(refused.value)
+
+
+def test_a_run_name_that_leaves_the_runs_folder_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"name: '\.\.' is not valid: give .*letters, digits, `_` and `-`, starting"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--name=.."]))
+
+
+def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
+    bundles = "export: {deploy: cnn.int8, bundles: {cnn.int8: {source: teacher, precision: int8}}}\n"
+    rule = r"export\.bundles\.cnn\.int8: 'cnn\.int8' is not a valid name: give letters, digits, `_` and `-`"
+    with pytest.raises(RecipeError, match=rule):
+        load_recipe(write(tmp_path, MINIMAL + bundles))
+
+
+def test_a_student_name_with_a_slash_is_refused(tmp_path):
+    student = "distill: {deploy: a/b, students: {a/b: {model: {arch: cnn}}}}\n"
+    with pytest.raises(RecipeError, match=r"distill\.students\.a/b: 'a/b' is not a valid name"):
+        load_recipe(write(tmp_path, MINIMAL + student))
+
+
+def test_settings_refuses_a_key_the_recipe_has_not():
+    with pytest.raises(KeyError, match="export.bundles.cnn.int8: the recipe has no such setting"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml").settings("export.bundles.cnn.int8")
+
+
+def test_settings_of_a_setting_left_at_its_default_and_out_of_the_dump_is_none():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert recipe.settings("export.min_int8_agreement") == {"export.min_int8_agreement": None}
 
 
 def test_mean_pooling_on_a_gpt_teacher_is_refused(tmp_path):
@@ -440,6 +535,19 @@ def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
     assert "quote a value" not in str(refused.value)
 
 
+def test_a_section_written_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    text = MINIMAL + "finetune:\n  pooling: mean\nfinetune:\n  optim: {lr: 1}\n"
+    with pytest.raises(
+        RecipeError, match=r"(?s)'finetune' is written twice in one mapping, here and on line 3.*line 5"
+    ):
+        load_recipe(write(tmp_path, text))
+
+
+def test_a_key_written_twice_inside_a_section_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"'lr' is written twice in one mapping"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lr: 1, lr: 2}}\n"))
+
+
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
     monkeypatch.delenv("NOPE", raising=False)
     with pytest.raises(RecipeError, match=r"override --data\.dev: unknown setting \$\{NOPE\}"):
@@ -528,6 +636,35 @@ def test_data_named_bare_from_the_working_directory_that_changes_changes_the_has
     before = load_recipe(path).section_hash("data")
     (tmp_path / "train.tsv").write_text("sentence\tlabel\nbad\tbad\n")
     assert load_recipe(path).section_hash("data") != before
+
+
+def _published_teacher(tmp_path):
+    """A teacher artifact of another run: a checkpoint published with its manifest, then its card written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.json").write_text("{}")
+    (work / "model.safetensors").write_bytes(b"weights")
+    folder = tmp_path / "runs" / "a" / "teacher"
+    folder.parent.mkdir(parents=True)
+    mf.commit(work, folder, mf.Manifest(stage="teacher", recipe="a", recipe_hash="r", config_hash="c"))
+    (folder / mf.CARD).write_text("# teacher\n")
+    return folder
+
+
+def test_a_teacher_artifact_as_init_keeps_its_hash_when_its_card_is_written_again(tmp_path):
+    folder = _published_teacher(tmp_path)
+    path = write(tmp_path, f"data: {{train: a.tsv, dev: b.tsv, label_names: [bad, good]}}\nmodel: {{init: {folder}}}\n")
+    before = load_recipe(path).section_hash("model")
+    (folder / mf.CARD).write_text("# teacher\n\nfigures of a later report\n")
+    assert load_recipe(path).section_hash("model") == before
+
+
+def test_a_teacher_artifact_as_init_whose_weights_change_changes_the_hash(tmp_path):
+    folder = _published_teacher(tmp_path)
+    path = write(tmp_path, f"data: {{train: a.tsv, dev: b.tsv, label_names: [bad, good]}}\nmodel: {{init: {folder}}}\n")
+    before = load_recipe(path).section_hash("model")
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    assert load_recipe(path).section_hash("model") != before
 
 
 def test_a_checkpoint_folder_named_bare_that_changes_changes_the_hash(tmp_path, monkeypatch):

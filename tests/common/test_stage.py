@@ -348,3 +348,41 @@ def test_the_work_folder_is_removed_once_published(recipe):
     stage = Stage("up", recipe(), ("data",), build)
     stage.run()
     assert not stage.work.exists()
+
+
+def left_by_a_killed_run(stage: Stage, text: str) -> Path:
+    """A checkpoint in `stage`'s scratch folder, as a killed run leaves it."""
+    stage.work.mkdir(parents=True, exist_ok=True)
+    checkpoint = stage.work / "checkpoint.pt"
+    checkpoint.write_text(text)
+    return checkpoint
+
+
+def test_a_forced_run_starts_over_from_work_a_plain_run_left(recipe):
+    stage = Stage("s", recipe(), ("data",), writer("a.txt"))
+    checkpoint = left_by_a_killed_run(stage, "plain")
+    stage.inputs(force=True).resumable_work()
+    assert not checkpoint.exists()
+
+
+def test_a_forced_run_run_again_goes_on_from_the_work_the_first_left(recipe):
+    stage = Stage("s", recipe(), ("data",), writer("a.txt"))
+    stage.inputs(force=True).resumable_work()
+    checkpoint = left_by_a_killed_run(stage, "forced")
+    stage.inputs(force=True).resumable_work()
+    assert checkpoint.read_text() == "forced"
+
+
+def test_a_forced_run_starts_over_from_work_a_forced_run_of_other_work_left(recipe):
+    stage = Stage("s", recipe(), ("data",), writer("a.txt"))
+    stage.inputs(force=True).resumable_work("labelled in fp32")
+    checkpoint = left_by_a_killed_run(stage, "forced")
+    stage.inputs(force=True).resumable_work("labelled in int8")
+    assert not checkpoint.exists()
+
+
+def test_a_plain_run_leaves_the_work_a_killed_run_left_for_the_stage_to_check(recipe):
+    stage = Stage("s", recipe(), ("data",), writer("a.txt"))
+    checkpoint = left_by_a_killed_run(stage, "plain")
+    stage.inputs().resumable_work()
+    assert checkpoint.read_text() == "plain"

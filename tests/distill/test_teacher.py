@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,36 @@ def test_the_teacher_manifest_counts_the_test_examples(tmp_path):
     assert teacher.info["test_examples"] == 3
 
 
+def kill_9_once(args: list, ready: Callable[[], bool]) -> None:
+    """Start `python -m distill *args` and kill -9 it once `ready()` (polled) is true."""
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "distill", *map(str, args)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,  # never read: a pipe would fill with progress bars and stall the stage
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.2)
+    assert proc.poll() is None, "the stage finished before it could be killed; give it more work"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def kill_9_at_checkpoint(args: list, run: Path, step: int) -> None:
+    """`kill_9_once` when the teacher's checkpoint in `run` has reached `step`."""
+    checkpoint = run / ".work" / "teacher" / "checkpoint.pt"
+
+    def reached() -> bool:
+        try:
+            return torch.load(checkpoint, weights_only=False)["progress"]["global_step"] >= step
+        except Exception:  # noqa: BLE001 - missing, or mid-replace; poll again
+            return False
+
+    kill_9_once(args, reached)
+
+
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
     # The moving average (ema_decay) is part of the state that must survive the kill.
@@ -147,28 +178,7 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     (runs / "killed").mkdir()
     os.symlink(runs / "straight" / "pretrain", runs / "killed" / "pretrain")
 
-    env = {**os.environ}
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "distill", "finetune", SMOKE, "--name=killed", *common],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,  # never read: a pipe would fill with progress bars and stall the stage
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    checkpoint = runs / "killed" / ".work" / "teacher" / "checkpoint.pt"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if checkpoint.is_file() and checkpoint.stat().st_mtime > 0:
-            try:
-                if torch.load(checkpoint, weights_only=False)["progress"]["global_step"] >= 40:
-                    break
-            except Exception:  # noqa: BLE001 - the file may be mid-replace; poll again
-                pass
-        time.sleep(0.2)
-    assert proc.poll() is None, "fine-tune finished before it could be killed; raise the step count"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_at_checkpoint(["finetune", SMOKE, "--name=killed", *common], runs / "killed", 40)
     assert not (runs / "killed" / "teacher").exists(), "a killed stage must not publish an artifact"
 
     resumed = run_stage("finetune", SMOKE, "--name=killed", *common)
@@ -180,6 +190,16 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     assert killed.info["best_step"] == straight.info["best_step"]
     history = json.loads((runs / "killed" / "teacher" / "history.json").read_text())
     assert history[-1]["step"] == straight.info["steps"]
+
+
+def test_a_forced_teacher_killed_and_forced_again_goes_on_from_its_checkpoint():
+    """`teacher --force` starts afresh once: the same forced command, run again after a kill, resumes."""
+    args = ["teacher", SMOKE, "--name=forced", "--pretrain.optim.max_steps=10", "--finetune.optim.checkpoint_every=10"]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    kill_9_at_checkpoint([*args, "--force"], runs / "forced", 10)
+    resumed = run_stage(*args, "--force")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert mf.load(runs / "forced" / "teacher").info["resumed_from_step"] is not None
 
 
 def test_torchrun_two_cpu_processes(data_dir):

@@ -24,6 +24,7 @@ from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT, distill_here, run_module
 from tests.distill.gpt_init import write_gpt2
+from tests.distill.test_teacher import kill_9_once, run_stage
 from tests.pair_task import pair_recipe, write_pair_task
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -344,6 +345,20 @@ def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smok
     assert manifest.metrics["sentences"] == len(texts)
     assert manifest.parents["teacher"].manifest_sha256 == mf.sha256_file(smoke_run / "teacher" / "manifest.json")
     assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
+
+
+@pytest.mark.slow
+def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards():
+    """`transfer --force` starts afresh once: the same forced command, run again after a kill, keeps its shards."""
+    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+    built = run_stage("teacher", SMOKE, "--name=forced", *small)
+    assert built.returncode == 0, built.stderr[-3000:]
+    work = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "forced" / ".work" / "transfer"
+    args = ["transfer", SMOKE, "--name=forced", *small, "--force"]
+    kill_9_once(args, lambda: any(work.glob("logits-*.npy")))
+    again = run_stage(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[transfer] resuming labelling" in again.stdout
 
 
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
