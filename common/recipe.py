@@ -25,7 +25,7 @@ from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
-from edgedistill.common.config.strict import NAME_RULE, Name, Overridden, Strict
+from edgedistill.common.config.strict import NAME_RULE, RUN_NAME_RULE, Overridden, RunName, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
     DataConfig,
@@ -43,8 +43,9 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 
 class Recipe(Strict):
-    name: Name = Field(
-        description=f"the run folder's name, `runs/<name>/`: {NAME_RULE} (default: the recipe file's, without `.yaml`)"
+    name: RunName = Field(
+        description=f"the run folder's name, `runs/<name>/`: {RUN_NAME_RULE} (default: the recipe file's, without "
+        "`.yaml`)"
     )
     data: DataConfig
     model: ModelConfig = ModelConfig()

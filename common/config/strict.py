@@ -8,9 +8,13 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationInfo, field_validator, model_serializer
 
 NAME_RULE = "letters, digits, `_` and `-`, starting with a letter or digit"
-# A recipe's, a student's, a bundle's or a cascade's name: it names a folder (`runs/<name>/`, `bundle-<name>/`) and is a
-# part of a dotted key (`export.bundles.<name>`), so it holds no `/` and no `.`
+# A student's, a bundle's or a cascade's name: it names a folder (`bundle-<name>/`) and is a part of a dotted key
+# (`export.bundles.<name>`), so it holds no `/` and no `.`
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+RUN_NAME_RULE = "letters, digits, `.`, `_` and `-`, starting with a letter or digit"
+# A recipe's name names its run folder alone (`runs/<name>/`, as a recipe file `sst2.v2.yaml` gives): no `/`, and no
+# `.` or `..` that would put the run in the runs folder itself or above it
+RunName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
 def _takes_a_number(annotation) -> bool:

@@ -286,8 +286,14 @@ def test_a_run_name_given_on_the_command_line_is_not_blamed_on_the_file(tmp_path
 
 
 def test_a_run_name_that_leaves_the_runs_folder_is_refused(tmp_path):
-    with pytest.raises(RecipeError, match=r"name: '\.\.' is not valid: give .*letters, digits, `_` and `-`, starting"):
+    with pytest.raises(
+        RecipeError, match=r"name: '\.\.' is not valid: give .*letters, digits, `\.`, `_` and `-`, start"
+    ):
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--name=.."]))
+
+
+def test_a_recipe_file_named_with_a_dot_names_its_run_so(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL, name="sst2.v2.yaml")).name == "sst2.v2"
 
 
 def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
