@@ -54,7 +54,13 @@ def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
     transfer set's."""
     built = mf.load(folder, verify=False)  # verified by `onnx_labeller`
     recorded = built.hashed.get("settings", {})
-    now = recipe.settings(*recorded)
+    try:
+        now = recipe.settings(*recorded)
+    except KeyError as err:  # recorded by a release whose recipes had a setting this one's have not
+        raise mf.ArtifactError(
+            f"[transfer] the labeller {folder} records a setting recipes no longer have ({err.args[0]}): run "
+            "`edgedistill labeller RECIPE` first (make transfer does)"
+        ) from None
     if now != recorded:
         why = mf.changes(built.hashed, built.hashed | {"settings": now})
         raise mf.ArtifactError(

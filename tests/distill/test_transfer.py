@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import shutil
@@ -443,6 +444,22 @@ def test_a_labeller_built_from_other_export_settings_is_refused_naming_the_setti
     assert result.returncode == 2
     assert "export.bundles.teacher-int8.per_channel false -> true" in result.stderr
     assert "run `edgedistill labeller RECIPE` first" in result.stderr
+
+
+def test_a_labeller_recording_a_setting_recipes_no_longer_have_is_refused_naming_it(smoke_bundles, capsys, monkeypatch):
+    run = smoke_bundles.parent / "older-labeller"
+    (run / "teacher").parent.mkdir()
+    (run / "teacher").symlink_to(smoke_bundles / "teacher")
+    shutil.copytree(smoke_bundles / "bundle-teacher-int8", run / "bundle-teacher-int8")
+    manifest = run / "bundle-teacher-int8" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["hashed"]["settings"]["export.dropped_setting"] = 1
+    manifest.write_text(json.dumps(record))
+    int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
+    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
+    assert "records a setting recipes no longer have (export.dropped_setting: the recipe has no such setting)" in (
+        result.stderr
+    )
 
 
 def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, capsys, monkeypatch):
