@@ -77,6 +77,8 @@ class DistillObjective(nn.Module):
             # only the hidden-state term reads the projection: made without it, it would get no gradient (DDP refuses)
             widths_differ = s_width != t_width and run.losses.hidden > 0
             self.projection = nn.Linear(s_width, t_width) if widths_differ else None
+        if self.intermediate and run.losses.attention > 0:
+            student.keep_attention_rows()  # the KL compares probability rows: dropped ones sum to less than 1
 
     def forward(self, batch: dict[str, torch.Tensor], teacher_logits: torch.Tensor, labels: torch.Tensor):
         w = self.run.losses

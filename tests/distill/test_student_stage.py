@@ -11,6 +11,7 @@ from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
 from edgedistill.distill.batching import collate
 from edgedistill.distill.finetune import predict_logits
+from edgedistill.distill.losses import attention_kl
 from edgedistill.distill.metrics import classification_metrics
 from edgedistill.distill.student_stage import (
     DistillObjective,
@@ -19,8 +20,9 @@ from edgedistill.distill.student_stage import (
     load_student,
     student_logits,
 )
-from edgedistill.distill.students import build_student
+from edgedistill.distill.students import build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
+from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT
@@ -128,6 +130,28 @@ def test_every_parameter_of_the_objective_gets_a_gradient(hidden, attention):
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     objective(batch, torch.randn(3, 2), torch.tensor([0, 1, 0])).backward()
     assert [name for name, p in objective.named_parameters() if p.grad is None] == []
+
+
+def test_the_attention_term_of_a_student_copied_from_its_teacher_is_zero_in_train_mode():
+    # eager attention returns its probabilities after dropout, whose rows no longer sum to 1 (a KL of 2.48 here)
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                        intermediate_size=32, max_length=16, dropout=0.1)  # fmt: skip
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, attn_implementation="eager")).eval()  # fmt: skip
+    student = build_student(cfg)
+    init_from_teacher(student, teacher)
+    objective = DistillObjective(student, StudentRun(model=cfg, losses={"mse": 1.0, "attention": 1.0}), teacher)
+    for name, module in student.named_modules():  # dropout of the hidden states would move the attentions too
+        if isinstance(module, nn.Dropout) and not name.endswith("attention.self.dropout"):
+            module.p = 0.0
+    ids = torch.randint(1, 50, (3, 7))
+    mask = torch.ones_like(ids)
+    _, _, s_attn = objective.student.train()(ids, mask, return_internals=True)
+    with torch.no_grad():
+        t_attn = teacher(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    for s, t in objective.pairs:
+        assert attention_kl(s_attn[s - 1], t_attn[t - 1], mask).item() < 1e-6, f"student layer {s}"
 
 
 def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:
