@@ -28,14 +28,17 @@ def logit_mse(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return F.mse_loss(student_logits.float(), teacher_logits.float())
 
 
-def hard_ce(student_logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
-    """Cross-entropy with gold labels, mean over the labelled rows. Logits (B, C), labels (B,).
+def hard_ce(student_logits: Tensor, labels: Tensor, labelled: float | None = None, ignore_index: int = -100) -> Tensor:
+    """Cross-entropy with gold labels summed over the labelled rows, divided by `labelled` (positive): by default
+    their number here (at least 1), giving their mean. Logits (B, C), labels (B,).
 
-    Rows labelled `ignore_index` (transfer-set examples have no label) are skipped; with no labelled row
-    the result is a zero that stays connected to the logits, so `backward()` still works.
+    A micro-batch passes its share of its whole batch's labelled rows, so that its term, weighted by its share of
+    the batch's examples, adds up to the mean over the batch's labelled rows whatever its split. Rows labelled
+    `ignore_index` (transfer-set examples have no label) are skipped; with no labelled row the result is a zero
+    that stays connected to the logits, so `backward()` still works.
     """
     total = F.cross_entropy(student_logits.float(), labels, ignore_index=ignore_index, reduction="sum")
-    return total / (labels != ignore_index).sum().clamp(min=1)
+    return total / ((labels != ignore_index).sum().clamp(min=1) if labelled is None else labelled)
 
 
 def hidden_mse(

@@ -1,15 +1,17 @@
 import copy
 import json
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.config.training import StudentConfig, StudentRun
+from edgedistill.common.config.training import OptimConfig, RuntimeConfig, StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
 from edgedistill.distill.batching import collate
+from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.losses import attention_kl
 from edgedistill.distill.metrics import classification_metrics
@@ -17,11 +19,13 @@ from edgedistill.distill.student_stage import (
     DistillObjective,
     _transfer_data,
     check_students,
+    distill_batch,
     load_student,
     student_logits,
 )
 from edgedistill.distill.students import build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
+from edgedistill.distill.trainer import Trainer
 from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
@@ -152,6 +156,29 @@ def test_the_attention_term_of_a_student_copied_from_its_teacher_is_zero_in_trai
         t_attn = teacher(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
     for s, t in objective.pairs:
         assert attention_kl(s_attn[s - 1], t_attn[t - 1], mask).item() < 1e-6, f"student layer {s}"
+
+
+def _hard_label_gradients(folder, grad_accum: int) -> dict[str, torch.Tensor]:
+    """The gradient of one step of a student trained on labels alone, over a batch of 4 labelled [1, -100, 0, 0]."""
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="cnn", vocab_size=50, embed_dim=8, num_filters=4, dropout=0.0)
+    objective = DistillObjective(build_student(cfg), StudentRun(model=cfg, losses={"mse": 0.0, "ce": 1.0}))
+    grads = {}
+    for name, param in objective.named_parameters():  # each micro-batch's contribution, summed
+        param.register_hook(lambda grad, name=name: grads.__setitem__(name, grads.get(name, 0) + grad))
+    feats = {"input_ids": [[2, 7, 9, 3], [2, 5, 3], [2, 8, 8, 11, 3], [2, 6, 3]]}
+    make_batch = partial(distill_batch, feats, torch.zeros(4, 2), torch.tensor([1, -100, 0, 0]), 0)
+    optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
+    trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
+    trainer.fit(lambda epoch: [[0, 1, 2, 3]], make_batch, lambda m, batch: m(*batch), lambda m: {"score": 0.0},
+                "score", lambda m, _: None)  # fmt: skip
+    return grads
+
+
+def test_the_hard_label_term_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path):
+    # micro-batches [1, 0] and [-100, 0]: each averaging over its own labelled rows weighs the last row 1/2, not 1/3
+    whole, split = _hard_label_gradients(tmp_path / "one", 1), _hard_label_gradients(tmp_path / "two", 2)
+    assert max((split[name] - grad).abs().max().item() for name, grad in whole.items()) < 1e-6
 
 
 def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:
