@@ -30,6 +30,7 @@ from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT
+from tests.distill.ranks import on_two_ranks
 
 pytestmark = pytest.mark.slow
 SMOKE = load_recipe(ROOT / "recipes" / "smoke.yaml")
@@ -158,18 +159,20 @@ def test_the_attention_term_of_a_student_copied_from_its_teacher_is_zero_in_trai
         assert attention_kl(s_attn[s - 1], t_attn[t - 1], mask).item() < 1e-6, f"student layer {s}"
 
 
-def _hard_label_gradients(folder, grad_accum: int) -> dict[str, torch.Tensor]:
-    """The gradient of one step of a student trained on labels alone, over a batch of 4 labelled [1, -100, 0, 0]."""
+def _hard_label_gradient(folder, grad_accum: int) -> list[float]:
+    """The gradient of one step of a student trained on labels alone, over a batch of 4 labelled [1, -100, 0, 0],
+    flattened (plain floats, which a rank's process hands back)."""
     torch.manual_seed(0)
     cfg = StudentConfig(arch="cnn", vocab_size=50, embed_dim=8, num_filters=4, dropout=0.0)
     objective = DistillObjective(build_student(cfg), StudentRun(model=cfg, losses={"mse": 0.0, "ce": 1.0}))
-    grads = {}
-    for name, param in objective.named_parameters():  # each micro-batch's contribution, summed
-        param.register_hook(lambda grad, name=name: grads.__setitem__(name, grads.get(name, 0) + grad))
     feats = {"input_ids": [[2, 7, 9, 3], [2, 5, 3], [2, 8, 8, 11, 3], [2, 6, 3]]}
     make_batch = partial(distill_batch, feats, torch.zeros(4, 2), torch.tensor([1, -100, 0, 0]), 0)
     optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
     trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
+    grads = []  # as the optimizer steps on them: accumulated, and averaged over the ranks
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.extend(torch.cat([p.grad.flatten() for p in objective.parameters()]).tolist())
+    )
     trainer.fit(lambda epoch: [[0, 1, 2, 3]], make_batch, lambda m, batch: m(*batch), lambda m: {"score": 0.0},
                 "score", lambda m, _: None)  # fmt: skip
     return grads
@@ -177,8 +180,14 @@ def _hard_label_gradients(folder, grad_accum: int) -> dict[str, torch.Tensor]:
 
 def test_the_hard_label_term_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path):
     # micro-batches [1, 0] and [-100, 0]: each averaging over its own labelled rows weighs the last row 1/2, not 1/3
-    whole, split = _hard_label_gradients(tmp_path / "one", 1), _hard_label_gradients(tmp_path / "two", 2)
-    assert max((split[name] - grad).abs().max().item() for name, grad in whole.items()) < 1e-6
+    whole, split = _hard_label_gradient(tmp_path / "one", 1), _hard_label_gradient(tmp_path / "two", 2)
+    assert (torch.tensor(split) - torch.tensor(whole)).abs().max().item() < 1e-6
+
+
+def test_the_hard_label_term_has_the_same_gradient_on_two_ranks_as_on_one(tmp_path):
+    whole = _hard_label_gradient(tmp_path / "one", 1)
+    ranks = on_two_ranks(tmp_path, _hard_label_gradient, str(tmp_path / "two"), 1)
+    assert (torch.tensor(ranks[0]) - torch.tensor(whole)).abs().max().item() < 1e-6
 
 
 def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:
