@@ -11,6 +11,7 @@ random weights unless `baseline_init_from_teacher` is set, so their gap is every
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -52,6 +53,15 @@ PROBE_VOCAB = 100  # tokens of the students `check_students` builds, before the 
 UNLABELLED = -100  # the label of a transfer-set example without one: `hard_ce` skips it
 
 
+@dataclass(frozen=True)
+class Divisors:
+    """What a micro-batch's averaged terms divide by: its share of its whole batch's labelled rows and real tokens
+    (`distill_batch`); None, the micro-batch's own count."""
+
+    labelled: float | None = None
+    tokens: float | None = None
+
+
 class Frozen(list):
     """Holds the frozen teacher out of parameters and state_dict; a copy (the weights' moving average) shares it
     instead of holding a second teacher in memory."""
@@ -86,10 +96,10 @@ class DistillObjective(nn.Module):
         batch: dict[str, torch.Tensor],
         teacher_logits: torch.Tensor,
         labels: torch.Tensor,
-        labelled: float | None = None,
+        divisors: Divisors = Divisors(),
     ):
-        """The weighted loss; the hard-label term divides by `labelled` (`distill_batch`), by default by the rows
-        labelled here."""
+        """The weighted loss; its averaged terms divide by `divisors` (`distill_batch`), by default by the labelled
+        rows and real tokens here."""
         w = self.run.losses
         mask = batch["attention_mask"]
         segments = batch.get("token_type_ids")
@@ -97,7 +107,7 @@ class DistillObjective(nn.Module):
             logits, s_hidden, s_attn = self.student(batch["input_ids"], mask, segments, return_internals=True)
         else:
             logits = self.student(batch["input_ids"], mask, segments)
-        terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels, labelled)}
+        terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels, divisors.labelled)}
         if w.kd:
             terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
         if self.intermediate:
@@ -106,11 +116,12 @@ class DistillObjective(nn.Module):
                 out = self.teacher[0](**own, output_hidden_states=True, output_attentions=True)
             if w.hidden:
                 terms["hidden"] = sum(
-                    hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
+                    hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection, divisors.tokens)
+                    for s, t in self.pairs
                 ) / len(self.pairs)
             if w.attention:
                 terms["attention"] = sum(
-                    attention_kl(s_attn[s - 1], out.attentions[t - 1], mask) for s, t in self.pairs
+                    attention_kl(s_attn[s - 1], out.attentions[t - 1], mask, divisors.tokens) for s, t in self.pairs
                 ) / len(self.pairs)
         return combine(terms, w.model_dump())
 
@@ -143,10 +154,13 @@ def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
 
 def distill_batch(features, teacher_logits: torch.Tensor, labels: torch.Tensor, pad_id: int, part: MicroBatch):
     """The `DistillObjective` inputs of micro-batch `part`: its collated features, teacher logits (float32) and
-    labels, and what its hard-label term divides by: the labelled rows of its whole batch (at least 1) times its
-    share of that batch's examples, so that the term means the same whatever the split (`Trainer.fit`)."""
-    labelled = max(int((labels[part.batch] != UNLABELLED).sum()), 1) * len(part) / len(part.batch)
-    return collate(features, part, pad_id), teacher_logits[part].float(), labels[part], labelled
+    labels, and what its averaged terms divide by: the labelled rows (at least 1) and the real tokens of its whole
+    batch, each times its share of that batch's examples, so that the terms mean the same whatever the split
+    (`Trainer.fit`)."""
+    labelled = max(int((labels[part.batch] != UNLABELLED).sum()), 1)
+    tokens = sum(len(features["input_ids"][i]) for i in part.batch)
+    divisors = Divisors(labelled * len(part) / len(part.batch), tokens * len(part) / len(part.batch))
+    return collate(features, part, pad_id), teacher_logits[part].float(), labels[part], divisors
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:

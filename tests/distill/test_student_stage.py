@@ -159,12 +159,18 @@ def test_the_attention_term_of_a_student_copied_from_its_teacher_is_zero_in_trai
         assert attention_kl(s_attn[s - 1], t_attn[t - 1], mask).item() < 1e-6, f"student layer {s}"
 
 
-def _hard_label_gradient(folder, grad_accum: int) -> list[float]:
-    """The gradient of one step of a student trained on labels alone, over a batch of 4 labelled [1, -100, 0, 0],
-    flattened (plain floats, which a rank's process hands back)."""
+def _step_gradient(folder, grad_accum: int, term: str) -> list[float]:
+    """The gradient of one step of a student trained on loss `term` and the logit MSE (which reaches every weight, as
+    DDP needs), over a batch of 4 texts of 4, 3, 5 and 3 tokens labelled [1, -100, 0, 0], flattened (plain floats,
+    which a rank's process hands back)."""
     torch.manual_seed(0)
-    cfg = StudentConfig(arch="cnn", vocab_size=50, embed_dim=8, num_filters=4, dropout=0.0)
-    objective = DistillObjective(build_student(cfg), StudentRun(model=cfg, losses={"mse": 0.0, "ce": 1.0}))
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=8, num_layers=1, num_heads=2,
+                        intermediate_size=16, max_length=16, dropout=0.0)  # fmt: skip
+    # weights far from BERT's small init: attention far from uniform, whose KL terms would be nearly 0
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, initializer_range=1.0,
+                                   attn_implementation="eager")).eval()  # fmt: skip
+    objective = DistillObjective(build_student(cfg), StudentRun(model=cfg, losses={"mse": 1.0, term: 1.0}), teacher)
     feats = {"input_ids": [[2, 7, 9, 3], [2, 5, 3], [2, 8, 8, 11, 3], [2, 6, 3]]}
     make_batch = partial(distill_batch, feats, torch.zeros(4, 2), torch.tensor([1, -100, 0, 0]), 0)
     optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
@@ -178,15 +184,21 @@ def _hard_label_gradient(folder, grad_accum: int) -> list[float]:
     return grads
 
 
-def test_the_hard_label_term_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path):
-    # micro-batches [1, 0] and [-100, 0]: each averaging over its own labelled rows weighs the last row 1/2, not 1/3
-    whole, split = _hard_label_gradient(tmp_path / "one", 1), _hard_label_gradient(tmp_path / "two", 2)
+# Micro-batches of texts 0, 2 and 1, 3 hold 2 and 1 labelled rows, 9 and 6 real tokens: each averaging over its own
+# would weigh the rows or tokens of the second more than those of the first.
+AVERAGED_TERMS = ["ce", "hidden", "attention"]
+
+
+@pytest.mark.parametrize("term", AVERAGED_TERMS)
+def test_a_term_averaged_over_rows_or_tokens_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path, term):
+    whole, split = _step_gradient(tmp_path / "one", 1, term), _step_gradient(tmp_path / "two", 2, term)
     assert (torch.tensor(split) - torch.tensor(whole)).abs().max().item() < 1e-6
 
 
-def test_the_hard_label_term_has_the_same_gradient_on_two_ranks_as_on_one(tmp_path):
-    whole = _hard_label_gradient(tmp_path / "one", 1)
-    ranks = on_two_ranks(tmp_path, _hard_label_gradient, str(tmp_path / "two"), 1)
+@pytest.mark.parametrize("term", AVERAGED_TERMS)
+def test_a_term_averaged_over_rows_or_tokens_has_the_same_gradient_on_two_ranks_as_on_one(tmp_path, term):
+    whole = _step_gradient(tmp_path / "one", 1, term)
+    ranks = on_two_ranks(tmp_path, _step_gradient, str(tmp_path / "two"), 1, term)
     assert (torch.tensor(ranks[0]) - torch.tensor(whole)).abs().max().item() < 1e-6
 
 
