@@ -51,7 +51,8 @@ def ema_update(decay: float):
 
 class MicroBatch(list):
     """The example indices of a micro-batch, and `batch`, the whole global batch of its step they were dealt from
-    (the same on every rank): what a loss averaged over some of the batch's examples (its labelled rows) counts."""
+    (the same on every rank): what a loss averaged over some of the examples (the labelled ones) or over tokens
+    counts them in."""
 
     def __init__(self, indices: list[int], batch: list[int]):
         super().__init__(indices)
