@@ -28,23 +28,31 @@ def logit_mse(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     return F.mse_loss(student_logits.float(), teacher_logits.float())
 
 
-def hard_ce(student_logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
-    """Cross-entropy with gold labels, mean over the labelled rows. Logits (B, C), labels (B,).
+def hard_ce(student_logits: Tensor, labels: Tensor, labelled: float | None = None, ignore_index: int = -100) -> Tensor:
+    """Cross-entropy with gold labels summed over the labelled rows, divided by `labelled` (positive): by default
+    their number here (at least 1), giving their mean. Logits (B, C), labels (B,).
 
-    Rows labelled `ignore_index` (transfer-set examples have no label) are skipped; with no labelled row
-    the result is a zero that stays connected to the logits, so `backward()` still works.
+    A micro-batch passes its share of its whole batch's labelled rows, so that its term, weighted by its share of
+    the batch's examples, adds up to the mean over the batch's labelled rows whatever its split. Rows labelled
+    `ignore_index` (transfer-set examples have no label) are skipped; with no labelled row the result is a zero
+    that stays connected to the logits, so `backward()` still works.
     """
     total = F.cross_entropy(student_logits.float(), labels, ignore_index=ignore_index, reduction="sum")
-    return total / (labels != ignore_index).sum().clamp(min=1)
+    return total / ((labels != ignore_index).sum().clamp(min=1) if labelled is None else labelled)
 
 
 def hidden_mse(
-    student_hidden: Tensor, teacher_hidden: Tensor, attention_mask: Tensor, projection: nn.Module | None = None
+    student_hidden: Tensor,
+    teacher_hidden: Tensor,
+    attention_mask: Tensor,
+    projection: nn.Module | None = None,
+    tokens: float | None = None,
 ) -> Tensor:
     """MSE between hidden states, mean over real positions and the teacher's H_t units.
 
     `student_hidden` (B, T, H_s) goes through `projection` (e.g. nn.Linear(H_s, H_t)) first when given;
     `teacher_hidden` is (B, T, H_t). Padded positions (mask 0) count neither in the sum nor in the mean.
+    `tokens` (positive), when given, stands for the number of real positions, as `hard_ce`'s `labelled` does.
     """
     if projection is not None:
         student_hidden = projection(student_hidden)
@@ -56,15 +64,19 @@ def hidden_mse(
     valid = attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
     squared = (student_hidden.float() - teacher_hidden.float()).pow(2)
     total = torch.where(valid, squared, 0.0).sum()
-    return total / (valid.sum() * teacher_hidden.shape[-1]).clamp(min=1)
+    units = teacher_hidden.shape[-1]
+    return total / ((valid.sum() * units).clamp(min=1) if tokens is None else tokens * units)
 
 
-def attention_kl(student_attn: Tensor, teacher_attn: Tensor, attention_mask: Tensor) -> Tensor:
+def attention_kl(
+    student_attn: Tensor, teacher_attn: Tensor, attention_mask: Tensor, tokens: float | None = None
+) -> Tensor:
     """KL(teacher || student) per attention row, mean over heads and over real query positions.
 
     Attentions are (B, heads, T, T) probabilities; rows of padded queries (mask 0) are left out. When the
     head counts differ, each model's attention is first averaged over its heads, giving one (B, T, T)
-    distribution per model (still rows summing to 1), and the KL is taken between those.
+    distribution per model (still rows summing to 1), and the KL is taken between those. `tokens` (positive),
+    when given, stands for the number of real query positions, as `hard_ce`'s `labelled` does.
     """
     student_attn, teacher_attn = student_attn.float(), teacher_attn.float()
     if student_attn.shape[1] != teacher_attn.shape[1]:
@@ -73,7 +85,7 @@ def attention_kl(student_attn: Tensor, teacher_attn: Tensor, attention_mask: Ten
     kl = (teacher_attn * ((teacher_attn + EPS).log() - (student_attn + EPS).log())).sum(-1)  # (B, heads, T)
     valid = attention_mask.bool().unsqueeze(1)  # (B, 1, T)
     per_query = torch.where(valid, kl, 0.0).mean(1)  # (B, T)
-    return per_query.sum() / valid.sum().clamp(min=1)
+    return per_query.sum() / (valid.sum().clamp(min=1) if tokens is None else tokens)
 
 
 def layer_map(num_student_layers: int, num_teacher_layers: int) -> list[tuple[int, int]]:

@@ -145,7 +145,7 @@ class LanguageModelObjective(torch.nn.Module):
     For a BERT MLM the vocabulary projection runs on the ~15% masked positions instead of all of them,
     which is most of the step's cost at a 30k vocabulary; any other masked LM (RoBERTa, ELECTRA, DeBERTa, ALBERT,
     ...) names its encoder and head otherwise, so it runs whole and its logits are taken at those positions.
-    Logits (N, V), labels (N,).
+    Logits (N, V), labels (N,). A batch with no predicted token has a loss of 0 that moves no weight.
     """
 
     def __init__(self, lm, causal: bool):
@@ -168,6 +168,8 @@ class LanguageModelObjective(torch.nn.Module):
             mask = labels != -100
             logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, **rest).logits[mask]
             labels = labels[mask]
+        if not len(labels):  # a batch with no masked position: the mean over no targets would be NaN
+            return logits.sum() * 0, logits, labels
         return F.cross_entropy(logits, labels), logits, labels
 
 

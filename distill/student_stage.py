@@ -11,6 +11,7 @@ random weights unless `baseline_init_from_teacher` is set, so their gap is every
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from edgedistill.distill.students import (
     teacher_misfits,
 )
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
-from edgedistill.distill.trainer import Trainer, work_dir
+from edgedistill.distill.trainer import MicroBatch, Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -49,6 +50,16 @@ from transformers import AutoConfig, BertConfig
 # Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
 PROBE_VOCAB = 100  # tokens of the students `check_students` builds, before the teacher's tokenizer may exist
+UNLABELLED = -100  # the label of a transfer-set example without one: `hard_ce` skips it
+
+
+@dataclass(frozen=True)
+class Divisors:
+    """What a micro-batch's averaged terms divide by: its share of its whole batch's labelled rows and real tokens
+    (`distill_batch`); None, the micro-batch's own count."""
+
+    labelled: float | None = None
+    tokens: float | None = None
 
 
 class Frozen(list):
@@ -77,8 +88,18 @@ class DistillObjective(nn.Module):
             # only the hidden-state term reads the projection: made without it, it would get no gradient (DDP refuses)
             widths_differ = s_width != t_width and run.losses.hidden > 0
             self.projection = nn.Linear(s_width, t_width) if widths_differ else None
+        if self.intermediate and run.losses.attention > 0:
+            student.keep_attention_rows()  # the KL compares probability rows: dropped ones sum to less than 1
 
-    def forward(self, batch: dict[str, torch.Tensor], teacher_logits: torch.Tensor, labels: torch.Tensor):
+    def forward(
+        self,
+        batch: dict[str, torch.Tensor],
+        teacher_logits: torch.Tensor,
+        labels: torch.Tensor,
+        divisors: Divisors = Divisors(),
+    ):
+        """The weighted loss; its averaged terms divide by `divisors` (`distill_batch`), by default by the labelled
+        rows and real tokens here."""
         w = self.run.losses
         mask = batch["attention_mask"]
         segments = batch.get("token_type_ids")
@@ -86,7 +107,7 @@ class DistillObjective(nn.Module):
             logits, s_hidden, s_attn = self.student(batch["input_ids"], mask, segments, return_internals=True)
         else:
             logits = self.student(batch["input_ids"], mask, segments)
-        terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels)}
+        terms = {"mse": logit_mse(logits, teacher_logits), "ce": hard_ce(logits, labels, divisors.labelled)}
         if w.kd:
             terms["kd"] = kd_kl(logits, teacher_logits, self.run.temperature)
         if self.intermediate:
@@ -95,11 +116,12 @@ class DistillObjective(nn.Module):
                 out = self.teacher[0](**own, output_hidden_states=True, output_attentions=True)
             if w.hidden:
                 terms["hidden"] = sum(
-                    hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection) for s, t in self.pairs
+                    hidden_mse(s_hidden[s], out.hidden_states[t], mask, self.projection, divisors.tokens)
+                    for s, t in self.pairs
                 ) / len(self.pairs)
             if w.attention:
                 terms["attention"] = sum(
-                    attention_kl(s_attn[s - 1], out.attentions[t - 1], mask) for s, t in self.pairs
+                    attention_kl(s_attn[s - 1], out.attentions[t - 1], mask, divisors.tokens) for s, t in self.pairs
                 ) / len(self.pairs)
         return combine(terms, w.model_dump())
 
@@ -118,16 +140,27 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
 
 def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
     """Token ids of the transfer set (pairs too, when it has them), the teacher's logits (float16, as stored: a batch
-    takes them as float32), and gold labels or -100."""
+    takes them as float32), and gold labels or `UNLABELLED`."""
     pairs = read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
-    labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], -100))
+    labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], UNLABELLED))
     return (
         encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True),
         logits,
         labels,
     )
+
+
+def distill_batch(features, teacher_logits: torch.Tensor, labels: torch.Tensor, pad_id: int, part: MicroBatch):
+    """The `DistillObjective` inputs of micro-batch `part`: its collated features, teacher logits (float32) and
+    labels, and what its averaged terms divide by: the labelled rows (at least 1) and the real tokens of its whole
+    batch, each times its share of that batch's examples, so that the terms mean the same whatever the split
+    (`Trainer.fit`)."""
+    labelled = max(int((labels[part.batch] != UNLABELLED).sum()), 1)
+    tokens = sum(len(features["input_ids"][i]) for i in part.batch)
+    divisors = Divisors(labelled * len(part) / len(part.batch), tokens * len(part) / len(part.batch))
+    return collate(features, part, pad_id), teacher_logits[part].float(), labels[part], divisors
 
 
 def student_logits(student: nn.Module, features, pad_id: int, placement=None) -> np.ndarray:
@@ -289,7 +322,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
-        make_batch=lambda idx: (collate(feats, idx, pad), teacher_logits[idx].float(), labels[idx]),
+        make_batch=partial(distill_batch, feats, teacher_logits, labels, pad),
         loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
         metric=recipe.data.selection_key,

@@ -248,6 +248,14 @@ class TransformerClassifier(Student):
             return logits, out.hidden_states, out.attentions
         return logits
 
+    def keep_attention_rows(self) -> None:
+        """Turn attention dropout off, so that the attentions `forward` returns with `return_internals` are
+        probabilities (rows summing to 1) in train mode too: eager attention returns them after its dropout.
+        Evaluation and inference never drop, so the outputs in eval mode, and the export, are unchanged."""
+        self.bert.config.attention_probs_dropout_prob = 0.0
+        for layer in self.bert.encoder.layer:
+            layer.attention.self.dropout.p = 0.0
+
 
 ARCHITECTURES = {"bilstm": BiLSTMClassifier, "cnn": CNNClassifier, "transformer": TransformerClassifier}
 

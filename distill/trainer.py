@@ -49,6 +49,16 @@ def ema_update(decay: float):
     return update
 
 
+class MicroBatch(list):
+    """The example indices of a micro-batch, and `batch`, the whole global batch of its step they were dealt from
+    (the same on every rank): what a loss averaged over some of the examples (the labelled ones) or over tokens
+    counts them in."""
+
+    def __init__(self, indices: list[int], batch: list[int]):
+        super().__init__(indices)
+        self.batch = batch
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read: the message names the file and the way out."""
 
@@ -373,12 +383,12 @@ class Trainer:
         if "cuda" in rng and self.placement.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.placement.device)
 
-    def _micro_batches(self, batch: list[int]) -> list[list[int]]:
+    def _micro_batches(self, batch: list[int]) -> list[MicroBatch]:
         """This rank's shares of a global batch: `grad_accum` of them, fewer (none at all) where the batch has fewer
         examples than `world_size * grad_accum`, as an epoch's last batch may."""
         parts = self.world_size * self.cfg.grad_accum
         mine = range(self.rank * self.cfg.grad_accum, (self.rank + 1) * self.cfg.grad_accum)
-        return [batch[i::parts] for i in mine if i < len(batch)]
+        return [MicroBatch(batch[i::parts], batch) for i in mine if i < len(batch)]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
         """One optimizer step over this rank's micro-batches of `batch`: the mean loss per example of the whole batch
@@ -387,7 +397,7 @@ class Trainer:
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
         # a rank the batch leaves without examples still runs one pass, weighted 0: DDP's all-reduce needs every rank
-        runs = [(part, len(part)) for part in parts] or [(batch[:1], 0)]
+        runs = [(part, len(part)) for part in parts] or [(MicroBatch(batch[:1], batch), 0)]
         total = 0.0
         scale = self.scaler.get_scale()
         for i, (part, examples) in enumerate(runs):
@@ -410,7 +420,7 @@ class Trainer:
     def fit(
         self,
         batches_for_epoch: Callable[[int], list[list[int]]],
-        make_batch: Callable[[list[int]], Any],
+        make_batch: Callable[[MicroBatch], Any],
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
         evaluate: Callable[[torch.nn.Module], dict[str, float]],
         metric: str,
@@ -419,7 +429,10 @@ class Trainer:
         """Train until the step budget or early stopping; returns the progress with its history.
 
         `batches_for_epoch(epoch)` gives the epoch's batches of example indices (the same on every rank),
-        `make_batch(indices)` their tensors (on the CPU; moved here), `loss_fn(model, tensors)` their mean loss.
+        `make_batch(indices)` a micro-batch's tensors (on the CPU; moved here), `loss_fn(model, tensors)` their mean
+        loss. The indices are a `MicroBatch`, which holds its whole batch too: a term averaged over some of the
+        examples divides by their count in the whole batch, times the micro-batch's share of its examples, so
+        that the micro-batches, weighted by that share, add up to the term's mean over the batch.
         `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
         """
         cfg = self.cfg

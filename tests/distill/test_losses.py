@@ -54,6 +54,13 @@ def test_hard_ce_skips_unlabelled_rows_and_matches_torch_on_labelled_ones():
     assert hard_ce(logits, labels).item() == pytest.approx(by_hand, rel=1e-5)
 
 
+def test_hard_ce_divides_the_labelled_rows_sum_by_the_count_it_is_given():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [5.0, -5.0]])
+    labels = torch.tensor([0, -100, 1])
+    summed = F.cross_entropy(logits[[0, 2]], torch.tensor([0, 1]), reduction="sum")
+    assert hard_ce(logits, labels, labelled=1.5).item() == pytest.approx(summed.item() / 1.5)
+
+
 def test_hard_ce_custom_ignore_index():
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
     assert hard_ce(logits, torch.tensor([0, -1]), ignore_index=-1).item() == pytest.approx(

@@ -2,12 +2,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.common.config.training import ModelConfig
+from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.distill import tokenization
-from edgedistill.distill.pretrain import LanguageModelObjective, build_model, make_blocks, scratch_tokenizer
+from edgedistill.distill.device import resolve
+from edgedistill.distill.pretrain import (
+    LanguageModelObjective,
+    build_model,
+    lm_metrics,
+    make_blocks,
+    scratch_tokenizer,
+)
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
-from transformers import DataCollatorForLanguageModeling, GPT2LMHeadModel, RobertaConfig, RobertaForMaskedLM
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    GPT2LMHeadModel,
+    RobertaConfig,
+    RobertaForMaskedLM,
+)
 
 from tests.conftest import ROOT, distill_here
 from tests.distill.gpt_init import write_gpt2
@@ -130,3 +144,38 @@ def test_masked_lm_objective_of_a_roberta_checkpoint_is_its_own_mlm_loss():
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     loss, _, _ = LanguageModelObjective(lm, causal=False)(**batch)
     assert torch.allclose(loss, lm(**batch).loss)
+
+
+def _mlm_batch(masked: bool) -> dict[str, torch.Tensor]:
+    """Two blocks of a tiny vocabulary, position 3 masked in each, or none at all."""
+    ids = torch.randint(5, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.full_like(ids, -100)
+    if masked:
+        labels[:, 3] = ids[:, 3]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def _tiny_bert_mlm() -> BertForMaskedLM:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    return BertForMaskedLM(config)
+
+
+def test_a_batch_without_masked_positions_has_a_zero_loss():
+    loss, _, _ = LanguageModelObjective(_tiny_bert_mlm(), causal=False)(**_mlm_batch(masked=False))
+    assert loss.item() == 0.0
+
+
+def test_a_batch_without_masked_positions_backpropagates_zero_gradients():
+    objective = LanguageModelObjective(_tiny_bert_mlm(), causal=False)
+    objective(**_mlm_batch(masked=False))[0].backward()
+    assert all(not p.grad.any() for p in objective.parameters() if p.grad is not None)
+
+
+def test_an_eval_batch_without_masked_positions_is_left_out_of_the_eval_figures():
+    objective = LanguageModelObjective(_tiny_bert_mlm(), causal=False).eval()
+    cpu = resolve(RuntimeConfig(device="cpu", precision="fp32"))
+    with_empty = lm_metrics(objective, [_mlm_batch(masked=True), _mlm_batch(masked=False)], cpu)
+    assert with_empty == lm_metrics(objective, [_mlm_batch(masked=True)], cpu)

@@ -1,29 +1,36 @@
 import copy
 import json
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.config.training import StudentConfig, StudentRun
+from edgedistill.common.config.training import OptimConfig, RuntimeConfig, StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
 from edgedistill.distill.batching import collate
+from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
+from edgedistill.distill.losses import attention_kl
 from edgedistill.distill.metrics import classification_metrics
 from edgedistill.distill.student_stage import (
     DistillObjective,
     _transfer_data,
     check_students,
+    distill_batch,
     load_student,
     student_logits,
 )
-from edgedistill.distill.students import build_student
+from edgedistill.distill.students import build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
+from edgedistill.distill.trainer import Trainer
+from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT
+from tests.distill.ranks import on_two_ranks
 
 pytestmark = pytest.mark.slow
 SMOKE = load_recipe(ROOT / "recipes" / "smoke.yaml")
@@ -128,6 +135,71 @@ def test_every_parameter_of_the_objective_gets_a_gradient(hidden, attention):
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     objective(batch, torch.randn(3, 2), torch.tensor([0, 1, 0])).backward()
     assert [name for name, p in objective.named_parameters() if p.grad is None] == []
+
+
+def test_the_attention_term_of_a_student_copied_from_its_teacher_is_zero_in_train_mode():
+    # eager attention returns its probabilities after dropout, whose rows no longer sum to 1 (a KL of 2.48 here)
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                        intermediate_size=32, max_length=16, dropout=0.1)  # fmt: skip
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, attn_implementation="eager")).eval()  # fmt: skip
+    student = build_student(cfg)
+    init_from_teacher(student, teacher)
+    objective = DistillObjective(student, StudentRun(model=cfg, losses={"mse": 1.0, "attention": 1.0}), teacher)
+    for name, module in student.named_modules():  # dropout of the hidden states would move the attentions too
+        if isinstance(module, nn.Dropout) and not name.endswith("attention.self.dropout"):
+            module.p = 0.0
+    ids = torch.randint(1, 50, (3, 7))
+    mask = torch.ones_like(ids)
+    _, _, s_attn = objective.student.train()(ids, mask, return_internals=True)
+    with torch.no_grad():
+        t_attn = teacher(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    for s, t in objective.pairs:
+        assert attention_kl(s_attn[s - 1], t_attn[t - 1], mask).item() < 1e-6, f"student layer {s}"
+
+
+def _step_gradient(folder, grad_accum: int, term: str) -> list[float]:
+    """The gradient of one step of a student trained on loss `term` and the logit MSE (which reaches every weight, as
+    DDP needs), over a batch of 4 texts of 4, 3, 5 and 3 tokens labelled [1, -100, 0, 0], flattened (plain floats,
+    which a rank's process hands back)."""
+    torch.manual_seed(0)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=8, num_layers=1, num_heads=2,
+                        intermediate_size=16, max_length=16, dropout=0.0)  # fmt: skip
+    # weights far from BERT's small init: attention far from uniform, whose KL terms would be nearly 0
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, initializer_range=1.0,
+                                   attn_implementation="eager")).eval()  # fmt: skip
+    objective = DistillObjective(build_student(cfg), StudentRun(model=cfg, losses={"mse": 1.0, term: 1.0}), teacher)
+    feats = {"input_ids": [[2, 7, 9, 3], [2, 5, 3], [2, 8, 8, 11, 3], [2, 6, 3]]}
+    make_batch = partial(distill_batch, feats, torch.zeros(4, 2), torch.tensor([1, -100, 0, 0]), 0)
+    optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
+    trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
+    grads = []  # as the optimizer steps on them: accumulated, and averaged over the ranks
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.extend(torch.cat([p.grad.flatten() for p in objective.parameters()]).tolist())
+    )
+    trainer.fit(lambda epoch: [[0, 1, 2, 3]], make_batch, lambda m, batch: m(*batch), lambda m: {"score": 0.0},
+                "score", lambda m, _: None)  # fmt: skip
+    return grads
+
+
+# Micro-batches of texts 0, 2 and 1, 3 hold 2 and 1 labelled rows, 9 and 6 real tokens: each averaging over its own
+# would weigh the rows or tokens of the second more than those of the first.
+AVERAGED_TERMS = ["ce", "hidden", "attention"]
+
+
+@pytest.mark.parametrize("term", AVERAGED_TERMS)
+def test_a_term_averaged_over_rows_or_tokens_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path, term):
+    whole, split = _step_gradient(tmp_path / "one", 1, term), _step_gradient(tmp_path / "two", 2, term)
+    assert (torch.tensor(split) - torch.tensor(whole)).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("term", AVERAGED_TERMS)
+def test_a_term_averaged_over_rows_or_tokens_has_the_same_gradient_on_two_ranks_as_on_one(tmp_path, term):
+    whole = _step_gradient(tmp_path / "one", 1, term)
+    ranks = on_two_ranks(tmp_path, _step_gradient, str(tmp_path / "two"), 1, term)
+    assert (torch.tensor(ranks[0]) - torch.tensor(whole)).abs().max().item() < 1e-6
 
 
 def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:
