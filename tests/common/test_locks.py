@@ -145,10 +145,9 @@ def test_a_read_only_runs_folder_is_locked_through_its_lock_file(tmp_path, monke
     assert waited_for(lock, child)
 
 
-def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path, monkeypatch):
-    lock = tmp_path / "teacher.lock"
-    lock.touch()
-    read_only(tmp_path, monkeypatch)
+def taken_meanwhile(lock, wait_s: float) -> tuple[bool, threading.Event]:
+    """Hold `lock` while a thread takes it too: whether the thread had it within `wait_s`, and the event it sets
+    once it has it."""
     entered = threading.Event()
 
     def take():
@@ -157,23 +156,28 @@ def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path,
 
     with locks.exclusive(lock, "teacher"):
         threading.Thread(target=take, daemon=True).start()
-        assert entered.wait(5)
+        return entered.wait(wait_s), entered
+
+
+def test_readers_of_a_read_only_runs_folder_do_not_wait_for_each_other(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    read_only(tmp_path, monkeypatch)
+    assert taken_meanwhile(lock, 5)[0]
 
 
 def test_a_lock_file_of_another_user_in_a_writable_folder_makes_a_second_taker_wait(tmp_path, monkeypatch):
     lock = tmp_path / "teacher.lock"
     lock.touch()
     unwritable_lock_files(tmp_path, monkeypatch)
-    entered = threading.Event()
+    assert not taken_meanwhile(lock, 1.0)[0]
 
-    def take():
-        with locks.exclusive(lock, "teacher"):
-            entered.set()
 
-    with locks.exclusive(lock, "teacher"):
-        threading.Thread(target=take, daemon=True).start()
-        waited = not entered.wait(1.0)
-    assert waited and entered.wait(10)
+def test_a_second_taker_of_a_lock_file_of_another_user_has_it_once_it_is_let_go(tmp_path, monkeypatch):
+    lock = tmp_path / "teacher.lock"
+    lock.touch()
+    unwritable_lock_files(tmp_path, monkeypatch)
+    assert taken_meanwhile(lock, 1.0)[1].wait(10)
 
 
 def test_a_lock_file_of_another_user_on_nfs_is_refused_naming_it(tmp_path, monkeypatch):
