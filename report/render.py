@@ -126,9 +126,8 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.table(["folder"], [[name] for name in older])
 
 
-def _stale(page: Page, root: Path, recipe: Recipe) -> None:
-    """Measurements taken before what they measured was built again: named, not shown as current."""
-    stale = plan.stale(recipe, root)
+def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """Measurements taken before what they measured was built again (`stale`): named, not shown as current."""
     if stale:
         page.heading(
             "Not shown: measurements of an earlier build",
@@ -290,12 +289,12 @@ def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, m
     return points
 
 
-def _benchmark(page: Page, root: Path, recipe: Recipe) -> None:
-    """The model benchmark's table and accuracy-latency figure, without the rows `plan.stale` names."""
+def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
+    """The model benchmark's table and accuracy-latency figure, without the rows `stale` names."""
     if not _finished(root / "bench"):
         return
     table = ModelTable.load(root / "bench")
-    rows = plan.bench_rows(table, plan.stale(recipe, root))
+    rows = plan.bench_rows(table, stale)
     if not rows:
         return
     labels = [cell.label for cell in rows[0].cells]
@@ -355,8 +354,7 @@ def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
     return served
 
 
-def _serving(page: Page, root: Path, recipe: Recipe) -> None:
-    stale = plan.stale(recipe, root)
+def _serving(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
     for name, (title, written) in _served(recipe).items():
         folder = root / name
         if not _finished(folder) or name in stale:
@@ -372,8 +370,7 @@ def _number(value, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
-def _loadtests(page: Page, root: Path, recipe: Recipe) -> None:
-    stale = plan.stale(recipe, root)
+def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
     for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name) and name not in stale):
         result = loadtest_result.load(folder)
         profile = result["profile"]
@@ -436,17 +433,18 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
+    stale = plan.stale(inputs.recipe, root)  # measurements of an earlier build: named once, left out of each section
     _stages(page, root, inputs.recipe)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
-    _stale(page, root, inputs.recipe)
+    _stale(page, inputs.recipe, stale)
     _curves(page, root, inputs.recipe)
     _distillation(page, root, inputs.recipe)
     _per_class(page, root, inputs.recipe)
-    _benchmark(page, root, inputs.recipe)
+    _benchmark(page, root, stale)
     _cascade_section(page, root)
-    _serving(page, root, inputs.recipe)
-    _loadtests(page, root, inputs.recipe)
+    _serving(page, root, inputs.recipe, stale)
+    _loadtests(page, root, inputs.recipe, stale)
     work = inputs.fresh_work()
     (work / "figures").mkdir()
     for name, data in page.figures.items():

@@ -224,8 +224,9 @@ def benchmark_markdown(tmp_path, bundle_hash: str | None = None, **table) -> str
     """The benchmark section and the note on measurements of an earlier build of the run of `publish_bench`."""
     publish_bench(tmp_path, bundle_hash, **table)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
-    render._stale(page, tmp_path, recipe)
-    render._benchmark(page, tmp_path, recipe)
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._benchmark(page, tmp_path, stale)
     return "\n".join(page.md)
 
 
@@ -266,7 +267,7 @@ def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):
     publish_bench(tmp_path)
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.95})
     page = render.Page("report")
-    render._benchmark(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    render._benchmark(page, tmp_path, plan.stale(load_recipe(ROOT / "recipes" / "smoke.yaml"), tmp_path))
     assert page.md == ["# report", ""]
 
 
@@ -308,7 +309,8 @@ def serving_markdown(tmp_path) -> str:
     publish_cascade_benchmark(tmp_path, "bilstm-cascade")
     publish_cascade_benchmark(tmp_path, "c")
     page = render.Page("report")
-    render._serving(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._serving(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return "\n".join(page.md)
 
 
@@ -348,8 +350,10 @@ def earlier_build_markdown(tmp_path) -> str:
     publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "an earlier build's.\n"}, parents=earlier)
     publish(tmp_path / "loadtest-steady-bilstm-int8", files={"summary.json": "{}"}, parents=earlier)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
-    for section in (render._stale, render._serving, render._loadtests):
-        section(page, tmp_path, recipe)
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._serving(page, tmp_path, recipe, stale)
+    render._loadtests(page, tmp_path, recipe, stale)
     return "\n".join(page.md)
 
 
@@ -424,8 +428,9 @@ def earlier_cascade_markdown(tmp_path) -> str:
     after its serving benchmark ran."""
     publish_cascade_benchmark(tmp_path, "bilstm-cascade", cascade_hash="0" * 64)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
-    for section in (render._stale, render._serving):
-        section(page, tmp_path, recipe)
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._serving(page, tmp_path, recipe, stale)
     return "\n".join(page.md)
 
 
