@@ -11,6 +11,7 @@ A TensorRT engine (`model.plan`) is deserialised once per runner and run with de
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
 """
 
+import hashlib
 import importlib
 import logging
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Protocol
 import numpy as np
 from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
-from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
     import onnxruntime as ort
@@ -80,10 +81,11 @@ def available_providers() -> list[str]:
     return ort.get_available_providers()
 
 
-def provider_options(provider: str, precision: str) -> dict:
-    """Options for one provider running a model of `precision` (a bundle's: fp32, fp16 or int8): CUDA picks cuDNN
-    algorithms by heuristic; TensorRT gets engine and timing caches in `common.settings.trt_cache()`, and FP16
-    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32."""
+def provider_options(provider: str, precision: str, model: bytes | Path) -> dict:
+    """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
+    int8): CUDA picks cuDNN algorithms by heuristic; TensorRT gets FP16 kernels for an fp16 model only, so that an
+    fp32 one is checked and served in fp32, an engine cache of this model's own in `common.settings.trt_cache()`
+    and the timing cache there."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -91,14 +93,18 @@ def provider_options(provider: str, precision: str) -> dict:
         return {"cudnn_conv_algo_search": "HEURISTIC"}
     if provider != TENSORRT:
         return {}
-    cache = str(settings.trt_cache())
+    root = settings.trt_cache()
+    # The provider names an engine after the model's file name and graph (names, shapes, versions), not its weights
+    # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
+    # layers hold whatever the weights, so the timing cache is shared.
+    digest = hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else sha256_file(model)
     return {
         "trt_fp16_enable": precision == "fp16",
-        # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
+        # Building an engine takes minutes for a BERT; the provider also keys it by GPU and TensorRT version.
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": cache,
+        "trt_engine_cache_path": str(root / f"{digest[:16]}-{precision}"),
         "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": cache,
+        "trt_timing_cache_path": str(root),
     }
 
 
@@ -141,7 +147,7 @@ def open_session(
     """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
 
     With `model`, the session is built from those bytes (the file at `model_path`, already read and verified)
-    and the file is not opened again; `model_path` still names it in messages and places TensorRT's caches.
+    and the file is not opened again; `model_path` still names it in messages.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
     model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
@@ -164,7 +170,8 @@ def open_session(
     offered = available_providers()
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.
-    usable = [(p, provider_options(p, precision)) for p in requested if p in offered]
+    source = Path(model_path) if model is None else model
+    usable = [(p, provider_options(p, precision, source)) for p in requested if p in offered]
     try:
         session = ort.InferenceSession(
             str(model_path) if model is None else model,

@@ -1,6 +1,7 @@
 import logging
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -197,36 +198,58 @@ def test_a_model_from_bytes_reads_no_file_of_the_working_directory(tmp_path, mon
         open_session(path, ["cpu"], model=model)
 
 
-def test_tensorrt_options_enable_fp16_for_an_fp16_model_and_cache_where_the_setting_says(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "engines"))
-    assert provider_options("TensorrtExecutionProvider", "fp16") == {
-        "trt_fp16_enable": True,
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(tmp_path / "engines"),
-        "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(tmp_path / "engines"),
-    }
+@pytest.fixture
+def trt_cache(tmp_path, monkeypatch):
+    """`EDGEDISTILL_TRT_CACHE` set to a folder that does not exist yet."""
+    cache = tmp_path / "trt"
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(cache))
+    return cache
+
+
+def test_tensorrt_options_enable_fp16_for_an_fp16_model(trt_cache):
+    assert provider_options("TensorrtExecutionProvider", "fp16", b"model")["trt_fp16_enable"] is True
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_tensorrt_runs_a_model_that_is_not_fp16_without_fp16_kernels(trt_cache, precision):
+    assert provider_options("TensorrtExecutionProvider", precision, b"model")["trt_fp16_enable"] is False
+
+
+def test_tensorrt_keeps_timing_and_engines_where_the_setting_says(trt_cache):
+    options = provider_options("TensorrtExecutionProvider", "fp16", b"model")
+    assert options["trt_timing_cache_path"] == str(trt_cache)
+    assert Path(options["trt_engine_cache_path"]).parent == trt_cache
 
 
 def test_tensorrt_caches_in_the_users_cache_folder_not_in_the_bundle(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGEDISTILL_TRT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert provider_options("TensorrtExecutionProvider", "fp16")["trt_engine_cache_path"] == str(
-        tmp_path / "edgedistill" / "trt"
-    )
+    options = provider_options("TensorrtExecutionProvider", "fp16", b"model")
+    assert options["trt_timing_cache_path"] == str(tmp_path / "edgedistill" / "trt")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_tensorrt_runs_a_model_that_is_not_fp16_without_fp16_kernels(precision):
-    assert provider_options("TensorrtExecutionProvider", precision)["trt_fp16_enable"] is False
+def engine_cache(model: bytes | Path, precision: str = "fp32") -> str:
+    return provider_options("TensorrtExecutionProvider", precision, model)["trt_engine_cache_path"]
+
+
+def test_a_retrained_model_of_the_same_graph_gets_its_own_engine_cache(trt_cache):
+    assert engine_cache(b"weights before") != engine_cache(b"weights after")
+
+
+def test_fp16_and_fp32_runs_of_one_model_get_their_own_engine_caches(trt_cache):
+    assert engine_cache(b"model", "fp16") != engine_cache(b"model", "fp32")
+
+
+def test_a_model_file_and_its_bytes_share_an_engine_cache(trt_cache, model):
+    assert engine_cache(model) == engine_cache(model.read_bytes())
 
 
 def test_cuda_picks_cudnn_algorithms_by_heuristic():
-    assert provider_options("CUDAExecutionProvider", "fp32") == {"cudnn_conv_algo_search": "HEURISTIC"}
+    assert provider_options("CUDAExecutionProvider", "fp32", b"model") == {"cudnn_conv_algo_search": "HEURISTIC"}
 
 
 def test_cpu_has_no_provider_options():
-    assert provider_options("CPUExecutionProvider", "fp32") == {}
+    assert provider_options("CPUExecutionProvider", "fp32", b"model") == {}
 
 
 @pytest.mark.gpu
