@@ -85,7 +85,7 @@ def provider_options(provider: str, precision: str, model: bytes | Path) -> dict
     """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
     int8): CUDA picks cuDNN algorithms by heuristic; TensorRT gets FP16 kernels for an fp16 model only, so that an
     fp32 one is checked and served in fp32, an engine cache of this model's own in `common.settings.trt_cache()`
-    and the timing cache there."""
+    (made here; `SettingError` where it cannot be) and the timing cache there."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -98,11 +98,19 @@ def provider_options(provider: str, precision: str, model: bytes | Path) -> dict
     # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
     # layers hold whatever the weights, so the timing cache is shared.
     digest = hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else sha256_file(model)
+    engines = root / f"{digest[:16]}-{precision}"
+    try:  # the provider makes only the last folder of the path, and cannot start without it
+        engines.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise settings.SettingError(
+            f"{settings.TRT_CACHE_VAR}: cannot make TensorRT's engine cache {engines} ({err.strerror}); set it to a "
+            "writable folder"
+        ) from err
     return {
         "trt_fp16_enable": precision == "fp16",
         # Building an engine takes minutes for a BERT; the provider also keys it by GPU and TensorRT version.
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(root / f"{digest[:16]}-{precision}"),
+        "trt_engine_cache_path": str(engines),
         "trt_timing_cache_enable": True,
         "trt_timing_cache_path": str(root),
     }

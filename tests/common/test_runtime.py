@@ -24,6 +24,7 @@ from edgedistill.common.runtime import (
     resolve_providers,
     tensorrt_available,
 )
+from edgedistill.common.settings import SettingError
 from onnx import TensorProto, helper, numpy_helper
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
@@ -200,8 +201,8 @@ def test_a_model_from_bytes_reads_no_file_of_the_working_directory(tmp_path, mon
 
 @pytest.fixture
 def trt_cache(tmp_path, monkeypatch):
-    """`EDGEDISTILL_TRT_CACHE` set to a folder that does not exist yet."""
-    cache = tmp_path / "trt"
+    """`EDGEDISTILL_TRT_CACHE` set to a folder that does not exist yet, nor its parent."""
+    cache = tmp_path / "cache" / "trt"
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(cache))
     return cache
 
@@ -226,6 +227,18 @@ def test_tensorrt_caches_in_the_users_cache_folder_not_in_the_bundle(tmp_path, m
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     options = provider_options("TensorrtExecutionProvider", "fp16", b"model")
     assert options["trt_timing_cache_path"] == str(tmp_path / "edgedistill" / "trt")
+
+
+def test_tensorrt_options_make_the_engine_cache_with_its_parents(trt_cache):
+    options = provider_options("TensorrtExecutionProvider", "fp32", b"model")
+    assert Path(options["trt_engine_cache_path"]).is_dir()
+
+
+def test_an_engine_cache_that_cannot_be_made_names_the_setting(trt_cache):
+    trt_cache.parent.mkdir(parents=True, exist_ok=True)
+    trt_cache.write_text("a file where the folder should be")
+    with pytest.raises(SettingError, match="EDGEDISTILL_TRT_CACHE: cannot make TensorRT's engine cache"):
+        provider_options("TensorrtExecutionProvider", "fp32", b"model")
 
 
 def engine_cache(model: bytes | Path, precision: str = "fp32") -> str:
