@@ -257,8 +257,18 @@ def test_a_model_file_and_its_bytes_share_an_engine_cache(trt_cache, model):
     assert engine_cache(model) == engine_cache(model.read_bytes())
 
 
-def test_cuda_picks_cudnn_algorithms_by_heuristic():
-    assert provider_options("CUDAExecutionProvider", "fp32", b"model") == {"cudnn_conv_algo_search": "HEURISTIC"}
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_cuda_picks_cudnn_algorithms_by_heuristic(precision):
+    assert provider_options("CUDAExecutionProvider", precision, b"model")["cudnn_conv_algo_search"] == "HEURISTIC"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_cuda_runs_a_model_that_is_not_fp16_without_tf32(precision):
+    assert provider_options("CUDAExecutionProvider", precision, b"model")["use_tf32"] == 0
+
+
+def test_cuda_leaves_tf32_to_onnx_runtime_for_an_fp16_model():
+    assert "use_tf32" not in provider_options("CUDAExecutionProvider", "fp16", b"model")
 
 
 def test_cpu_has_no_provider_options():
