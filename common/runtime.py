@@ -6,6 +6,8 @@ execution provider it cannot start (plain `onnxruntime` installed, or `onnxrunti
 without a GPU) and runs on the CPU with only a console warning, which would make a GPU check or
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
 with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
+ONNX Runtime's own fallback, which moves a session to the CPU when a provider fails to start or fails a call, is
+off: a provider that fails a call raises `DeviceError`.
 
 A TensorRT engine (`model.plan`) is deserialised once per runner and run with device buffers from
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
@@ -24,6 +26,7 @@ from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
     import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
     raise ModuleNotFoundError(
         "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)",
@@ -162,8 +165,8 @@ def open_session(
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
     model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway.
-    A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    and the session returned anyway, on the CPU alone where a GPU provider failed to start (with the same options
+    and disabled optimizers). A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
@@ -183,22 +186,30 @@ def open_session(
     # they are reported below together with those that failed to start.
     source = Path(model_path) if model is None else model
     usable = [(p, provider_options(p, precision, source)) for p in requested if p in offered]
-    try:
-        session = ort.InferenceSession(
-            str(model_path) if model is None else model,
-            options,
-            providers=usable,
-            disabled_optimizers=disabled_optimizers or None,
+
+    def build(providers: list[tuple[str, dict]]) -> ort.InferenceSession:
+        # ONNX Runtime's own fallback, where a provider fails to start or fails a call, rebuilds the session on the
+        # CPU without the provider options and disabled optimizers, and keeps it there: off, as that is decided here.
+        return ort.InferenceSession(
+            source, options, providers=providers, disabled_optimizers=disabled_optimizers or None, enable_fallback=0
         )
+
+    failure = None
+    try:
+        session = build(usable)
     except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
-        raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
+        if all(p == CPU for p, _ in usable):
+            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
+        failure = err
+        try:  # on the CPU alone: a model that loads there is one a GPU provider could not take
+            session = build([(CPU, {})])
+        except Exception as cpu_err:
+            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {cpu_err}") from cpu_err
     active = session.get_providers()
     missing = [p for p in requested if p not in active]
     if missing:
-        reasons = [
-            f"{p} is {'offered but failed to start (no GPU or driver?)' if p in offered else 'not in this onnxruntime build'}"
-            for p in missing
-        ]
+        failed = f"offered but failed to start ({failure or 'no GPU or driver?'})"
+        reasons = [f"{p} is {failed if p in offered else 'not in this onnxruntime build'}" for p in missing]
         message = f"{model_path}: requested providers {requested}, active {active}; {'; '.join(reasons)}. {GPU_HINT}"
         if not allow_cpu_fallback:
             raise ProviderFallback(message)
@@ -245,7 +256,11 @@ class SessionRunner:
         self.output_names = [o.name for o in session.get_outputs()]
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
+        """`Runner.infer`; `DeviceError` where the execution provider fails the call (never retried on the CPU)."""
+        try:
+            values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
+        except EPFail as err:
+            raise DeviceError(f"{self.providers[0]} failed running the model: {err}") from err
         return dict(zip(self.output_names, values, strict=True))
 
     def close(self) -> None:

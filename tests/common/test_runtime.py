@@ -11,6 +11,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
 from edgedistill.common.runtime import (
+    DeviceError,
     ModelLoadError,
     ProviderFallback,
     TensorRTUnavailable,
@@ -26,6 +27,7 @@ from edgedistill.common.runtime import (
 )
 from edgedistill.common.settings import SettingError
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
 
@@ -166,6 +168,41 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
     broken.write_bytes(b"not an onnx graph")
     with pytest.raises(ModelLoadError, match=f"onnxruntime cannot load {broken}"):
         open_session(broken, ["cpu"])
+
+
+@pytest.fixture
+def cuda_fails_to_start(monkeypatch):
+    """CUDA offered, but every session asked for it fails to start; returns the disabled optimizers of each session
+    ONNX Runtime built."""
+    built, real = [], ort.InferenceSession._create_inference_session
+
+    def create(session, providers, provider_options, disabled_optimizers=None):
+        if any(p[0] == "CUDAExecutionProvider" for p in providers):
+            session._fallback_providers = ["CPUExecutionProvider"]  # as ONNX Runtime sets it before it starts them
+            raise RuntimeError("CUDA failure 35: driver too old")
+        built.append(disabled_optimizers)
+        return real(session, providers, provider_options, disabled_optimizers)
+
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort.InferenceSession, "_create_inference_session", create)
+    return built
+
+
+def test_a_gpu_provider_that_fails_to_start_is_refused_with_its_error(model, cuda_fails_to_start):
+    with pytest.raises(ProviderFallback, match=r"offered but failed to start \(CUDA failure 35: driver too old\)"):
+        open_session(model, ["cuda"])
+
+
+def test_an_allowed_fallback_keeps_the_disabled_optimizers(model, cuda_fails_to_start):
+    open_session(model, ["cuda"], disabled_optimizers=["SkipLayerNormFusion"], allow_cpu_fallback=True)
+    assert cuda_fails_to_start == [["SkipLayerNormFusion"]]
+
+
+def test_a_model_the_cpu_cannot_load_either_raises_model_load_error(tmp_path, cuda_fails_to_start):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ModelLoadError, match=f"onnxruntime cannot load {broken}"):
+        open_session(broken, ["cuda"], allow_cpu_fallback=True)
 
 
 def external_data_model(location: str) -> bytes:
@@ -324,6 +361,35 @@ def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
     assert runner.max_batch_size is None
     assert runner.max_sequence is None
     runner.close()
+
+
+class FailingProvider:
+    """An ONNX Runtime session whose execution provider fails every call."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def run(self, *args):
+        raise EPFail("CUDA error cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess))
+    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: CUDA error"):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+
+
+def test_a_provider_that_fails_a_call_keeps_its_session(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    failing = FailingProvider(runner.session._sess)
+    monkeypatch.setattr(runner.session, "_sess", failing)
+    with pytest.raises(DeviceError):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+    assert runner.session._sess is failing  # not rebuilt on the CPU by ONNX Runtime
 
 
 def test_an_unknown_runtime_is_an_error(model):
