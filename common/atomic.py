@@ -1,7 +1,7 @@
 """Atomic writes: a reader sees the old file (or folder) or the whole new one, never a part.
 
-Every write goes to a temporary name beside its target, is flushed to disk (the file, then its
-folder), and is renamed over the target. A folder replaces a folder by exchanging the two names in one
+Every write goes to a temporary name beside its target, is flushed to disk (a folder's files, then its folders
+from the deepest up), and is renamed over the target, whose folder is flushed then. A folder replaces a folder by exchanging the two names in one
 step (Linux's renameat2), where the file system can; elsewhere (NFS) by two renames, with a moment
 between them without the target. This module is the only place that renames into place.
 """
@@ -76,9 +76,10 @@ def _full(folder: Path, err: Exception) -> bool:
     return stat.f_bavail * stat.f_frsize < FULL_BELOW
 
 
-def fsync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename inside it) to disk."""
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a folder's entries (a rename inside it), to disk. Through a read-only descriptor: a
+    file copied from a read-only one is read-only, and only root may open it for writing."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -86,10 +87,10 @@ def fsync_folder(folder: Path) -> None:
 
 
 def _fsync_tree(path: Path) -> None:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in files:
-        with open(file, "rb+") as handle:
-            os.fsync(handle.fileno())
+    """Flush a file; or a folder's files, then its folders from the deepest up, itself last."""
+    below = [] if path.is_file() else [p for p in path.rglob("*") if p.is_file() or (p.is_dir() and not p.is_symlink())]
+    for entry in [*sorted(below, key=lambda p: len(p.parts), reverse=True), path]:
+        _fsync(entry)
 
 
 def temporary_name(path: Path, kind: str = "tmp", pid: int | None = None) -> Path:
@@ -177,7 +178,7 @@ def _replace(tmp: Path, final: Path) -> None:
         _remove(old)
     else:
         os.replace(tmp, final)
-    fsync_folder(final.parent)
+    _fsync(final.parent)
 
 
 def _remove(path: Path) -> None:

@@ -6,11 +6,14 @@ execution provider it cannot start (plain `onnxruntime` installed, or `onnxrunti
 without a GPU) and runs on the CPU with only a console warning, which would make a GPU check or
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
 with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
+ONNX Runtime's own fallback, which moves a session to the CPU when a provider fails to start or fails a call, is
+off: a provider that fails a call raises `DeviceError`.
 
 A TensorRT engine (`model.plan`) is deserialised once per runner and run with device buffers from
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
 """
 
+import hashlib
 import importlib
 import logging
 from pathlib import Path
@@ -19,10 +22,11 @@ from typing import Protocol
 import numpy as np
 from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
-from edgedistill.common.manifest import ArtifactError
+from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
     import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
     raise ModuleNotFoundError(
         "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)",
@@ -80,25 +84,41 @@ def available_providers() -> list[str]:
     return ort.get_available_providers()
 
 
-def provider_options(provider: str, precision: str) -> dict:
-    """Options for one provider running a model of `precision` (a bundle's: fp32, fp16 or int8): CUDA picks cuDNN
-    algorithms by heuristic; TensorRT gets engine and timing caches in `common.settings.trt_cache()`, and FP16
-    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32."""
+def provider_options(provider: str, precision: str, model: bytes | Path) -> dict:
+    """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
+    int8): CUDA picks cuDNN algorithms by heuristic, and leaves TF32 off but for an fp16 model; TensorRT gets FP16 kernels for an fp16 model only, so that an
+    fp32 one is checked and served in fp32, an engine cache of this model's own in `common.settings.trt_cache()`
+    (made here; `SettingError` where it cannot be) and the timing cache there."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
         # took 97 ms per call (median) with it.
-        return {"cudnn_conv_algo_search": "HEURISTIC"}
+        heuristic = {"cudnn_conv_algo_search": "HEURISTIC"}
+        # ONNX Runtime's default runs fp32 MatMuls and convolutions in TF32 on Ampere and later (10 mantissa bits),
+        # so an fp32 model would be checked and served in less than fp32; its TensorRT engine is built without TF32.
+        return heuristic if precision == "fp16" else heuristic | {"use_tf32": 0}
     if provider != TENSORRT:
         return {}
-    cache = str(settings.trt_cache())
+    root = settings.trt_cache()
+    # The provider names an engine after the model's file name and graph (names, shapes, versions), not its weights
+    # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
+    # layers hold whatever the weights, so the timing cache is shared.
+    digest = hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else sha256_file(model)
+    engines = root / f"{digest[:16]}-{precision}"
+    try:  # the provider makes only the last folder of the path, and cannot start without it
+        engines.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise settings.SettingError(
+            f"{settings.TRT_CACHE_VAR}: cannot make TensorRT's engine cache {engines} ({err.strerror}); set it to a "
+            "writable folder"
+        ) from err
     return {
         "trt_fp16_enable": precision == "fp16",
-        # Building an engine takes minutes for a BERT; the cache is keyed by model, GPU and TensorRT version.
+        # Building an engine takes minutes for a BERT; the provider also keys it by GPU and TensorRT version.
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": cache,
+        "trt_engine_cache_path": str(engines),
         "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": cache,
+        "trt_timing_cache_path": str(root),
     }
 
 
@@ -141,12 +161,12 @@ def open_session(
     """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
 
     With `model`, the session is built from those bytes (the file at `model_path`, already read and verified)
-    and the file is not opened again; `model_path` still names it in messages and places TensorRT's caches.
+    and the file is not opened again; `model_path` still names it in messages.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
     model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway.
-    A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    and the session returned anyway, on the CPU alone where a GPU provider failed to start (with the same options
+    and disabled optimizers). A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
@@ -164,23 +184,32 @@ def open_session(
     offered = available_providers()
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.
-    usable = [(p, provider_options(p, precision)) for p in requested if p in offered]
-    try:
-        session = ort.InferenceSession(
-            str(model_path) if model is None else model,
-            options,
-            providers=usable,
-            disabled_optimizers=disabled_optimizers or None,
+    source = Path(model_path) if model is None else model
+    usable = [(p, provider_options(p, precision, source)) for p in requested if p in offered]
+
+    def build(providers: list[tuple[str, dict]]) -> ort.InferenceSession:
+        # ONNX Runtime's own fallback, where a provider fails to start or fails a call, rebuilds the session on the
+        # CPU without the provider options and disabled optimizers, and keeps it there: off, as that is decided here.
+        return ort.InferenceSession(
+            source, options, providers=providers, disabled_optimizers=disabled_optimizers or None, enable_fallback=0
         )
+
+    failure = None
+    try:
+        session = build(usable)
     except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
-        raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
+        if all(p == CPU for p, _ in usable):
+            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
+        failure = err
+        try:  # on the CPU alone: a model that loads there is one a GPU provider could not take
+            session = build([(CPU, {})])
+        except Exception as cpu_err:
+            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {cpu_err}") from cpu_err
     active = session.get_providers()
     missing = [p for p in requested if p not in active]
     if missing:
-        reasons = [
-            f"{p} is {'offered but failed to start (no GPU or driver?)' if p in offered else 'not in this onnxruntime build'}"
-            for p in missing
-        ]
+        failed = f"offered but failed to start ({failure or 'no GPU or driver?'})"
+        reasons = [f"{p} is {failed if p in offered else 'not in this onnxruntime build'}" for p in missing]
         message = f"{model_path}: requested providers {requested}, active {active}; {'; '.join(reasons)}. {GPU_HINT}"
         if not allow_cpu_fallback:
             raise ProviderFallback(message)
@@ -227,7 +256,11 @@ class SessionRunner:
         self.output_names = [o.name for o in session.get_outputs()]
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
+        """`Runner.infer`; `DeviceError` where the execution provider fails the call (never retried on the CPU)."""
+        try:
+            values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
+        except EPFail as err:
+            raise DeviceError(f"{self.providers[0]} failed running the model: {err}") from err
         return dict(zip(self.output_names, values, strict=True))
 
     def close(self) -> None:

@@ -138,9 +138,9 @@ def recipe_names() -> list[str]:
 
 
 def trt_cache() -> Path:
-    """Where ONNX Runtime's TensorRT provider keeps its engines and timing cache: `EDGEDISTILL_TRT_CACHE`, else
-    the user's cache folder. Never the bundle's own folder, which may be mounted read-only and is verified file by
-    file; the provider names each engine by its model's hash, so bundles can share the folder."""
+    """Where ONNX Runtime's TensorRT provider keeps its timing cache, and its engines in a folder per model content
+    and precision (`common.runtime.provider_options`): `EDGEDISTILL_TRT_CACHE`, else the user's cache folder. Never
+    the bundle's own folder, which may be mounted read-only and is verified file by file."""
     if value := os.environ.get(TRT_CACHE_VAR):
         return Path(value)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgedistill" / "trt"

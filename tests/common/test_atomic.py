@@ -1,8 +1,10 @@
 """Atomic writes: the target is the old or the whole new content, and no temporary file is left."""
 
+import errno
 import os
 import resource
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +89,65 @@ def test_where_names_cannot_be_exchanged_a_folder_is_replaced_by_two_renames(tmp
         publish_folder(staged(tmp_path, "best", name), final)
     assert [p.name for p in tmp_path.iterdir()] == ["best"]
     assert [p.name for p in final.iterdir()] == ["new"]
+
+
+@pytest.fixture
+def writing_needs_permission(monkeypatch):
+    """Opening a read-only file for writing fails, as it does for a user other than root (the tests run as root)."""
+    real_open, real_os_open = open, os.open
+
+    def refuse_if_read_only(path):
+        if os.path.isfile(path) and not os.stat(path).st_mode & 0o222:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def opening(file, mode="r", *args, **kwargs):
+        if set(mode) & set("wa+"):
+            refuse_if_read_only(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def os_opening(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            refuse_if_read_only(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(atomic, "open", opening, raising=False)
+    monkeypatch.setattr(atomic.os, "open", os_opening)
+
+
+def test_a_folder_holding_a_read_only_file_is_published(tmp_path, writing_needs_permission):
+    tmp = tmp_path / "copy"
+    tmp.mkdir()
+    (tmp / "tokenizer.json").write_text("{}")
+    (tmp / "tokenizer.json").chmod(0o444)  # as copy2 leaves the copy of a read-only file
+    publish_folder(tmp, tmp_path / "bundle")
+    assert (tmp_path / "bundle" / "tokenizer.json").read_text() == "{}"
+
+
+@pytest.fixture
+def flushed(monkeypatch):
+    """The paths `os.fsync` flushes, in order (None for a descriptor not opened by `os.open`)."""
+    paths, names, real_os_open, real_fsync = [], {}, os.open, os.fsync
+
+    def os_opening(path, flags, *args, **kwargs):
+        fd = real_os_open(path, flags, *args, **kwargs)
+        names[fd] = Path(path)
+        return fd
+
+    def fsync(fd):
+        paths.append(names.get(fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "open", os_opening)
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    return paths
+
+
+def test_publishing_flushes_files_then_their_folders_deepest_first(tmp_path, flushed):
+    tmp = tmp_path / "tmp"
+    (tmp / "tokenizer").mkdir(parents=True)
+    (tmp / "tokenizer" / "vocab.txt").write_text("[PAD]")
+    publish_folder(tmp, tmp_path / "stage")
+    assert flushed == [tmp / "tokenizer" / "vocab.txt", tmp / "tokenizer", tmp, tmp_path]
 
 
 def gone_pid() -> int:

@@ -1,6 +1,7 @@
 import logging
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -10,6 +11,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
 from edgedistill.common.runtime import (
+    DeviceError,
     ModelLoadError,
     ProviderFallback,
     TensorRTUnavailable,
@@ -23,7 +25,9 @@ from edgedistill.common.runtime import (
     resolve_providers,
     tensorrt_available,
 )
+from edgedistill.common.settings import SettingError
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
 
@@ -166,6 +170,41 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
         open_session(broken, ["cpu"])
 
 
+@pytest.fixture
+def cuda_fails_to_start(monkeypatch):
+    """CUDA offered, but every session asked for it fails to start; returns the disabled optimizers of each session
+    ONNX Runtime built."""
+    built, real = [], ort.InferenceSession._create_inference_session
+
+    def create(session, providers, provider_options, disabled_optimizers=None):
+        if any(p[0] == "CUDAExecutionProvider" for p in providers):
+            session._fallback_providers = ["CPUExecutionProvider"]  # as ONNX Runtime sets it before it starts them
+            raise RuntimeError("CUDA failure 35: driver too old")
+        built.append(disabled_optimizers)
+        return real(session, providers, provider_options, disabled_optimizers)
+
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort.InferenceSession, "_create_inference_session", create)
+    return built
+
+
+def test_a_gpu_provider_that_fails_to_start_is_refused_with_its_error(model, cuda_fails_to_start):
+    with pytest.raises(ProviderFallback, match=r"offered but failed to start \(CUDA failure 35: driver too old\)"):
+        open_session(model, ["cuda"])
+
+
+def test_an_allowed_fallback_keeps_the_disabled_optimizers(model, cuda_fails_to_start):
+    open_session(model, ["cuda"], disabled_optimizers=["SkipLayerNormFusion"], allow_cpu_fallback=True)
+    assert cuda_fails_to_start == [["SkipLayerNormFusion"]]
+
+
+def test_a_model_the_cpu_cannot_load_either_raises_model_load_error(tmp_path, cuda_fails_to_start):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ModelLoadError, match=f"onnxruntime cannot load {broken}"):
+        open_session(broken, ["cuda"], allow_cpu_fallback=True)
+
+
 def external_data_model(location: str) -> bytes:
     """y = w, whose 4 bytes ONNX keeps in the file `location` (external data)."""
     w = numpy_helper.from_array(np.zeros(4, np.uint8), "w")
@@ -197,36 +236,80 @@ def test_a_model_from_bytes_reads_no_file_of_the_working_directory(tmp_path, mon
         open_session(path, ["cpu"], model=model)
 
 
-def test_tensorrt_options_enable_fp16_for_an_fp16_model_and_cache_where_the_setting_says(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "engines"))
-    assert provider_options("TensorrtExecutionProvider", "fp16") == {
-        "trt_fp16_enable": True,
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(tmp_path / "engines"),
-        "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(tmp_path / "engines"),
-    }
+@pytest.fixture
+def trt_cache(tmp_path, monkeypatch):
+    """`EDGEDISTILL_TRT_CACHE` set to a folder that does not exist yet, nor its parent."""
+    cache = tmp_path / "cache" / "trt"
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(cache))
+    return cache
+
+
+def test_tensorrt_options_enable_fp16_for_an_fp16_model(trt_cache):
+    assert provider_options("TensorrtExecutionProvider", "fp16", b"model")["trt_fp16_enable"] is True
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_tensorrt_runs_a_model_that_is_not_fp16_without_fp16_kernels(trt_cache, precision):
+    assert provider_options("TensorrtExecutionProvider", precision, b"model")["trt_fp16_enable"] is False
+
+
+def test_tensorrt_keeps_timing_and_engines_where_the_setting_says(trt_cache):
+    options = provider_options("TensorrtExecutionProvider", "fp16", b"model")
+    assert options["trt_timing_cache_path"] == str(trt_cache)
+    assert Path(options["trt_engine_cache_path"]).parent == trt_cache
 
 
 def test_tensorrt_caches_in_the_users_cache_folder_not_in_the_bundle(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGEDISTILL_TRT_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert provider_options("TensorrtExecutionProvider", "fp16")["trt_engine_cache_path"] == str(
-        tmp_path / "edgedistill" / "trt"
-    )
+    options = provider_options("TensorrtExecutionProvider", "fp16", b"model")
+    assert options["trt_timing_cache_path"] == str(tmp_path / "edgedistill" / "trt")
+
+
+def test_tensorrt_options_make_the_engine_cache_with_its_parents(trt_cache):
+    options = provider_options("TensorrtExecutionProvider", "fp32", b"model")
+    assert Path(options["trt_engine_cache_path"]).is_dir()
+
+
+def test_an_engine_cache_that_cannot_be_made_names_the_setting(trt_cache):
+    trt_cache.parent.mkdir(parents=True, exist_ok=True)
+    trt_cache.write_text("a file where the folder should be")
+    with pytest.raises(SettingError, match="EDGEDISTILL_TRT_CACHE: cannot make TensorRT's engine cache"):
+        provider_options("TensorrtExecutionProvider", "fp32", b"model")
+
+
+def engine_cache(model: bytes | Path, precision: str = "fp32") -> str:
+    return provider_options("TensorrtExecutionProvider", precision, model)["trt_engine_cache_path"]
+
+
+def test_a_retrained_model_of_the_same_graph_gets_its_own_engine_cache(trt_cache):
+    assert engine_cache(b"weights before") != engine_cache(b"weights after")
+
+
+def test_fp16_and_fp32_runs_of_one_model_get_their_own_engine_caches(trt_cache):
+    assert engine_cache(b"model", "fp16") != engine_cache(b"model", "fp32")
+
+
+def test_a_model_file_and_its_bytes_share_an_engine_cache(trt_cache, model):
+    assert engine_cache(model) == engine_cache(model.read_bytes())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_cuda_picks_cudnn_algorithms_by_heuristic(precision):
+    assert provider_options("CUDAExecutionProvider", precision, b"model")["cudnn_conv_algo_search"] == "HEURISTIC"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_tensorrt_runs_a_model_that_is_not_fp16_without_fp16_kernels(precision):
-    assert provider_options("TensorrtExecutionProvider", precision)["trt_fp16_enable"] is False
+def test_cuda_runs_a_model_that_is_not_fp16_without_tf32(precision):
+    assert provider_options("CUDAExecutionProvider", precision, b"model")["use_tf32"] == 0
 
 
-def test_cuda_picks_cudnn_algorithms_by_heuristic():
-    assert provider_options("CUDAExecutionProvider", "fp32") == {"cudnn_conv_algo_search": "HEURISTIC"}
+def test_cuda_leaves_tf32_to_onnx_runtime_for_an_fp16_model():
+    assert "use_tf32" not in provider_options("CUDAExecutionProvider", "fp16", b"model")
 
 
 def test_cpu_has_no_provider_options():
-    assert provider_options("CPUExecutionProvider", "fp32") == {}
+    assert provider_options("CPUExecutionProvider", "fp32", b"model") == {}
 
 
 @pytest.mark.gpu
@@ -278,6 +361,35 @@ def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
     assert runner.max_batch_size is None
     assert runner.max_sequence is None
     runner.close()
+
+
+class FailingProvider:
+    """An ONNX Runtime session whose execution provider fails every call."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def run(self, *args):
+        raise EPFail("CUDA error cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess))
+    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: CUDA error"):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+
+
+def test_a_provider_that_fails_a_call_keeps_its_session(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    failing = FailingProvider(runner.session._sess)
+    monkeypatch.setattr(runner.session, "_sess", failing)
+    with pytest.raises(DeviceError):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+    assert runner.session._sess is failing  # not rebuilt on the CPU by ONNX Runtime
 
 
 def test_an_unknown_runtime_is_an_error(model):
