@@ -86,9 +86,10 @@ def available_providers() -> list[str]:
 
 def provider_options(provider: str, precision: str, model: bytes | Path) -> dict:
     """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
-    int8): CUDA picks cuDNN algorithms by heuristic, and leaves TF32 off but for an fp16 model; TensorRT gets FP16 kernels for an fp16 model only, so that an
-    fp32 one is checked and served in fp32, an engine cache of this model's own in `common.settings.trt_cache()`
-    (made here; `SettingError` where it cannot be) and the timing cache there."""
+    int8): CUDA picks cuDNN algorithms by heuristic and leaves TF32 off but for an fp16 model; TensorRT gets FP16
+    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32, an engine cache of this
+    model's own in `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache
+    there."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100

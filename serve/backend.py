@@ -7,6 +7,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
 from edgedistill.common.machine import affinity_cores, usable_cores
 from edgedistill.common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
+from edgedistill.common.settings import SettingError
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, env_name, flag_name
 
@@ -49,6 +50,8 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,
         )
+    except SettingError as err:  # TensorRT's engine cache (EDGEDISTILL_TRT_CACHE) cannot be made
+        raise BackendUnavailable(str(err)) from err
     except ProviderFallback as err:
         raise BackendUnavailable(
             f"{err} To serve on the CPU anyway, set {env_name('allow_cpu_fallback')}=true "

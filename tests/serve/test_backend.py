@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from edgedistill.common import machine
+from edgedistill.common import machine, runtime
 from edgedistill.common.bundle import TensorSpec, load_bundle
 from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
 from edgedistill.serve import backend as served_backend
@@ -295,3 +295,13 @@ def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
     np.testing.assert_allclose(engine.infer(inputs)["logits"], reference.infer(inputs)["logits"], atol=1e-4)
     assert engine.max_batch_size == 8
     engine.close()
+
+
+def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(bundle, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(blocker / "trt"))
+    # the TensorRT provider offered, as on a GPU machine: its options are built before any session
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(BackendUnavailable, match="EDGEDISTILL_TRT_CACHE"):
+        load_backend(load_bundle(bundle), Settings(providers=["tensorrt"], threads=1))
