@@ -27,6 +27,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.serve.settings import GRPC_INT_MAX
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -41,7 +42,8 @@ TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 def retry_options(retries: int) -> list[tuple[str, object]]:
     """Channel options for gRPC's retry policy: up to `retries` more attempts of a call that failed with
     UNAVAILABLE or RESOURCE_EXHAUSTED, with exponential backoff (50 ms doubling, at most 1 s, jittered),
-    within the call's deadline. The server stops them for errors that would recur (a request over a limit)."""
+    within the call's deadline, whatever the call's size. The server stops them for errors that would recur (a request
+    over a limit)."""
     if not 0 <= retries < MAX_ATTEMPTS:
         raise ValueError(f"retries must be between 0 and {MAX_ATTEMPTS - 1}, got {retries}")
     if retries == 0:
@@ -56,7 +58,14 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
     # Spelled out: kserve_pb2 is imported only when used (see `kserve_infer`), and the server's modules never.
     services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
     config = {"methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}]}
-    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
+    # gRPC's C core keeps at most this much of a call to send it again (256 KiB by default) and never retries a larger
+    # one; GRPC_INT_MAX is as much as a server's MAX_MESSAGE_BYTES may take. The buffer holds what a call has sent,
+    # only until its reply starts.
+    return [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(config)),
+        ("grpc.per_rpc_retry_buffer_size", GRPC_INT_MAX),
+    ]
 
 
 def bearer(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -71,6 +71,13 @@ def test_the_client_retries_an_overloaded_or_unavailable_server(refusing, code):
     assert servicer.attempts == 3
 
 
+def test_the_client_retries_a_call_larger_than_grpcs_default_retry_buffer(refusing):
+    servicer, address = refusing(2)
+    with Client(address, retries=3) as client:  # 300 kB: over the 256 KiB gRPC keeps of a call by default
+        client.classify(["x" * 300_000])
+    assert servicer.attempts == 3
+
+
 def test_retries_stop_at_the_limit_and_can_be_turned_off(refusing):
     servicer, address = refusing(10)
     with Client(address, retries=2) as client, pytest.raises(grpc.RpcError) as caught:
