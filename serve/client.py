@@ -453,15 +453,24 @@ def classify_in_batches(
 
 def write_streamed(results: Iterator[dict], out: TextIO) -> None:
     """One JSON document {"model", "version", "predictions": [...]}, each prediction written (one a line) as its
-    batch arrives."""
-    for i, result in enumerate(results):
-        if i == 0:
-            head = json.dumps({"model": result["model"], "version": result["version"]})
-            out.write(head[:-1] + ', "predictions": [\n')
-        for j, prediction in enumerate(result["predictions"]):
-            out.write(("  " if i == j == 0 else ",\n  ") + json.dumps(prediction))
-        out.flush()
-    out.write("\n]}\n")
+    batch arrives. Where `results` raise after the first batch (a refused call, a reload, Ctrl-C), the document is
+    still closed, holding the predictions so far and `"complete": false`, and the error goes on."""
+    separator, complete = None, False  # None: the head is not written yet
+    try:
+        for result in results:
+            if separator is None:
+                head = json.dumps({"model": result["model"], "version": result["version"]})
+                out.write(head[:-1] + ', "predictions": [\n')
+                separator = "  "
+            for prediction in result["predictions"]:
+                out.write(separator + json.dumps(prediction))
+                separator = ",\n  "
+            out.flush()
+        complete = True
+    finally:
+        if separator is not None:
+            out.write("\n]" + ("}" if complete else ', "complete": false}') + "\n")
+            out.flush()
 
 
 def _utf8(value: str) -> str:

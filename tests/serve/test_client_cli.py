@@ -355,6 +355,32 @@ def test_each_batch_is_written_before_the_next_is_asked_for():
     }
 
 
+def results_then(error: Exception):
+    """One batch's results, then `error`, as a run stopped after its first call yields them."""
+    yield {"model": "m", "version": "1", "predictions": [{"text": "a"}]}
+    raise error
+
+
+def test_a_run_stopped_after_its_first_batch_still_writes_one_json_document_of_the_predictions_so_far():
+    out = io.StringIO()
+    with pytest.raises(cli.ModelChanged):
+        cli.write_streamed(results_then(cli.ModelChanged("reloaded")), out)
+    assert json.loads(out.getvalue())["predictions"] == [{"text": "a"}]
+
+
+def test_a_run_stopped_after_its_first_batch_says_its_document_is_incomplete():
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        cli.write_streamed(results_then(KeyboardInterrupt()), out)
+    assert json.loads(out.getvalue())["complete"] is False
+
+
+def test_a_whole_run_writes_no_completeness_flag():
+    out = io.StringIO()
+    cli.write_streamed(iter([{"model": "m", "version": "1", "predictions": [{"text": "a"}]}]), out)
+    assert "complete" not in json.loads(out.getvalue())
+
+
 def test_a_model_change_between_batches_stops_the_run():
     versions = iter(["1", "2"])
 
