@@ -27,14 +27,18 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import GRPC_INT_MAX
+from edgedistill.serve.settings import GRPC_INT_MAX, Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
-BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
+# For a server that does not say its limits: its default MAX_TEXTS, and half its default MAX_MESSAGE_BYTES
+MAX_TEXTS, BATCH_BYTES = (
+    Settings.model_fields["max_texts"].default,
+    Settings.model_fields["max_message_bytes"].default // 2,
+)
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 
@@ -166,15 +170,26 @@ class Client:
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
-    def limits(self, model: str = "") -> tuple[int, int | None]:
-        """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES; None
-        from a server that does not say), from KServe's `ModelConfig`."""
-        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+    def limits(self, model: str = "", kserve: bool = False) -> tuple[int | None, int | None]:
+        """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES), from
+        `GetModelInfo`, or with `kserve` KServe's `ModelConfig`; each None where the server does not say, or has no
+        such method (UNIMPLEMENTED, as behind a gateway that exposes one API only)."""
+        try:
+            if kserve:
+                from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
 
-        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
-        message = config.parameters.get("max_message_bytes")
-        return config.max_batch_size, int(message.string_value) if message is not None else None
+                stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+                config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
+                message = config.parameters.get("max_message_bytes")
+                texts, message_bytes = config.max_batch_size, int(message.string_value) if message is not None else 0
+            else:
+                info = self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest(model_name=model))
+                texts, message_bytes = info.max_texts, info.max_message_bytes
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return None, None
+        return texts or None, message_bytes or None
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
@@ -527,7 +542,8 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "--batch-size",
         type=count,
         metavar="N",
-        help="texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server)",
+        help=f"texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server; {MAX_TEXTS} "
+        "where it does not say)",
     )
     parser.add_argument(
         "--batch-bytes",
@@ -661,12 +677,14 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             else:
                 texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
-                batch_size, batch_bytes = args.batch_size or 1, args.batch_bytes or BATCH_BYTES
-                if len(texts) > 1 and not (args.batch_size and args.batch_bytes):
-                    max_texts, max_bytes = client.limits(args.model)
-                    batch_size = args.batch_size or max_texts
-                    batch_bytes = args.batch_bytes or (max_bytes // 2 if max_bytes else BATCH_BYTES)
-                results = classify_in_batches(infer, texts, pairs, batch_size, args.model, batch_bytes)
+                batch_size, batch_bytes = args.batch_size, args.batch_bytes
+                if len(texts) > 1 and not (batch_size and batch_bytes):  # a single text goes alone whatever they are
+                    max_texts, max_bytes = client.limits(args.model, args.kserve)
+                    batch_size = batch_size or max_texts
+                    batch_bytes = batch_bytes or (max_bytes // 2 if max_bytes else None)
+                results = classify_in_batches(
+                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, batch_bytes or BATCH_BYTES
+                )
                 try:
                     write_streamed(results, sys.stdout)
                 except grpc.RpcError as err:

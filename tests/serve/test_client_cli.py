@@ -270,6 +270,20 @@ def test_without_a_batch_size_the_calls_take_as_many_texts_as_the_server_does(se
     assert [p["text"] for p in json.loads(out)["predictions"]] == texts
 
 
+def test_texts_to_a_server_without_kserve_go_in_calls_of_the_max_texts_its_model_info_gives(refusing, capsys):
+    servicer, address = refusing(0, max_texts=2)
+    code, _, err = run(capsys, "a", "b", "c", "--address", address)
+    assert code == 0, err
+    assert servicer.texts_per_call == [2, 1]
+
+
+def test_texts_to_a_server_that_gives_no_max_texts_go_in_calls_of_the_default_one(refusing, capsys):
+    servicer, address = refusing(0)
+    code, _, err = run(capsys, *(f"text {i}" for i in range(65)), "--address", address)
+    assert code == 0, err
+    assert servicer.texts_per_call == [64, 1]
+
+
 @pytest.mark.parametrize("api", [[], ["--kserve"]])
 def test_long_texts_go_in_batches_within_the_bytes_given(served, tmp_path, capsys, api):
     texts = [f"{'great' if i % 3 else 'awful'} film {i} " + "x" * 10_000 for i in range(8)]  # 80 KB: above 64 KiB
