@@ -288,27 +288,34 @@ def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
 
 
 def lines_of(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
-    dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
-    U+2028, characters a text may hold."""
+    """The lines of `path` ('-': stdin's bytes, whatever the locale's encoding), which must be UTF-8 (a leading byte
+    order mark, as Windows tools write, is dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also
+    end one at a form feed, U+0085 or U+2028, characters a text may hold."""
     if str(path) == "-":
         if stdin.isatty():  # else a call without texts would seem to hang
             print("reading texts from the terminal, one per line; end them with Ctrl-D", file=sys.stderr, flush=True)
-        try:
+        if hasattr(stdin, "buffer"):
+            text = _utf8_text(stdin.buffer.read(), "stdin")
+        else:  # a text stream over no bytes (io.StringIO)
             text = stdin.read()
-            text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
-        except UnicodeDecodeError as err:
-            raise _not_utf8("stdin", err) from err
-        except UnicodeEncodeError as err:
-            raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
+            try:  # for lone surrogates, as a C locale's text stdin lets bytes that are not UTF-8 through
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
     else:
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise _not_utf8(str(path), err) from err
+            text = _utf8_text(path.read_bytes(), str(path))
         except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _utf8_text(data: bytes, source: str) -> str:
+    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(source, err) from err
 
 
 def _comma_separated(line: str, option: str) -> str:

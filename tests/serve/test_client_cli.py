@@ -5,6 +5,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -208,6 +209,17 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
         capsys, "--address", served.address, *source, stdin="good\n\udcff bad\n"
     )  # as a C locale reads 0xff
     assert code == 2
+
+
+def test_stdin_is_read_as_utf8_whatever_the_locales_encoding():
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffcafé naïve\n".encode()), encoding="cp1252")
+    assert cli.lines_of(Path("-"), stdin) == ["café naïve", ""]
+
+
+def test_utf16_stdin_is_a_usage_error_naming_utf16_whatever_the_locales_encoding():
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffgood film\n".encode("utf-16-le")), encoding="latin-1")
+    with pytest.raises(cli.UsageError, match="cannot read stdin: it is UTF-16 text"):
+        cli.lines_of(Path("-"), stdin)
 
 
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
