@@ -14,6 +14,7 @@ predictions as they come.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,9 @@ MAX_TEXTS, BATCH_BYTES = (
     Settings.model_fields["max_texts"].default,
     Settings.model_fields["max_message_bytes"].default // 2,
 )
+SERVER_NAMED_TEXT = re.compile(
+    r"text (?:pair )?(\d+) "
+)  # how the server names a text it refuses, by its place in a call
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 
@@ -277,6 +281,14 @@ class ModelChanged(RuntimeError):
     """The served model changed between the batches of one run (a reload): its predictions would mix models."""
 
 
+class CallFailed(Exception):
+    """A call of a run in batches failed with `error`: `where` names its texts in the input (`classify_in_batches`)."""
+
+    def __init__(self, error: grpc.RpcError, where: str):
+        super().__init__(where)
+        self.error, self.where = error, where
+
+
 def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
     """The error for input that is not UTF-8, naming UTF-16 (Notepad's "Unicode") by its byte-order mark."""
     if err.start == 0 and err.object.startswith(UTF16_BOMS):
@@ -353,11 +365,19 @@ def check_columns(columns: list[str] | None, header: bool, files_given: bool, op
 def read_tsv(
     path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
 ) -> tuple[list[str], list[str]]:
-    """Texts and their pairs: the first two tab-separated fields of each line, or with `columns` the fields under
+    """Texts and their pairs, as `numbered_pairs` reads them."""
+    rows = numbered_pairs(path, header, stdin, columns, option)
+    return [text for _, text, _ in rows], [pair for _, _, pair in rows]
+
+
+def numbered_pairs(
+    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
+) -> list[tuple[int, str, str]]:
+    """(line number, text, pair): the first two tab-separated fields of each line, or with `columns` the fields under
     those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
     may be empty; blank lines skipped, and the first line with `header` or `columns`. Errors name the file's
     `option`."""
-    texts, pairs = [], []
+    rows = []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
     lines = lines_of(path, stdin)
@@ -387,14 +407,19 @@ def read_tsv(
                 f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
                 f"only); {option} wants {wants}"
             )
-        texts.append(text)
-        pairs.append(pair)
-    return texts, pairs
+        rows.append((number, text, pair))
+    return rows
 
 
 def read_lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin) that are not blank. One that shows nothing (`shows_nothing`) is refused,
-    naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
+    """The lines of `path` ('-': stdin) that are not blank, as `numbered_lines` reads them."""
+    return [line for _, line in numbered_lines(path, stdin)]
+
+
+def numbered_lines(path: Path, stdin: TextIO) -> list[tuple[int, str]]:
+    """(line number, line) of the lines of `path` ('-': stdin) that are not blank. One that shows nothing
+    (`shows_nothing`) is refused, naming its line: the server would refuse it too (the model reads it as nothing),
+    naming its place in one call."""
     texts = []
     for number, line in enumerate(lines_of(path, stdin), 1):
         if line.strip():
@@ -403,28 +428,32 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
                     f"{path}:{number}: only control, zero-width or replacement (U+FFFD) characters, which the model "
                     "reads as nothing; remove them or the line"
                 )
-            texts.append(line)
+            texts.append((number, line))
     return texts
 
 
-def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
-    """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
-    per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
+def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None, list[str]]:
+    """Texts, their pairs (None: single texts) and where each text is ('reviews.txt:70', 'argument 2'): from each
+    `--tsv`; else the arguments, then each `--file` (one per line; `-` is stdin), else stdin, blank lines skipped,
+    with the `--pair` values."""
     check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
-        texts, pairs = [], []
+        texts, pairs, origins = [], [], []
         for path in args.tsv:
-            more_texts, more_pairs = read_tsv(path, args.header, stdin, args.columns)
-            texts += more_texts
-            pairs += more_pairs
+            for number, text, pair in numbered_pairs(path, args.header, stdin, args.columns):
+                texts.append(text)
+                pairs.append(pair)
+                origins.append(f"{path}:{number}")
     else:
         texts = list(args.texts)
-        for path in args.file or ():
-            texts += read_lines(path, stdin)
-        if not texts and not args.file:
-            texts = read_lines(Path("-"), stdin)
+        origins = [f"argument {i}" for i in range(1, len(texts) + 1)]
+        paths = args.file or ([] if texts else [Path("-")])
+        for path in paths:
+            for number, line in numbered_lines(path, stdin):
+                texts.append(line)
+                origins.append(f"{path}:{number}")
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
@@ -432,7 +461,7 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
         raise UsageError(
             f"{len(pairs)} --pair values for {len(texts)} texts: give one per text (none to a model of single texts)"
         )
-    return texts, pairs
+    return texts, pairs, origins
 
 
 def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_bytes: int) -> Iterator[slice]:
@@ -456,13 +485,19 @@ def classify_in_batches(
     batch_size: int,
     model: str = "",
     batch_bytes: int = BATCH_BYTES,
+    origins: list[str] | None = None,
 ) -> Iterator[dict]:
     """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive `batches`; each reply in order;
-    `ModelChanged` when the served model changes between batches."""
+    `ModelChanged` when the served model changes between batches; `CallFailed` for a call that fails, naming where
+    its texts are by their `origins` (default: 'text N', counted from 1)."""
+    origins = origins or [f"text {number}" for number in range(1, len(texts) + 1)]
     first = None
     for batch in batches(texts, pairs, batch_size, batch_bytes):
         start = batch.start
-        result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
+        try:
+            result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
+        except grpc.RpcError as err:
+            raise CallFailed(err, _where(err, origins[batch])) from err
         served = (result["model"], result["version"])
         if first is not None and served != first:
             raise ModelChanged(
@@ -471,6 +506,15 @@ def classify_in_batches(
             )
         first = served
         yield result
+
+
+def _where(error: grpc.RpcError, origins: list[str]) -> str:
+    """Where the texts of a call that failed with `error` are: the one the server refused where it names it (as 'text
+    5' or 'text pair 5', counted from 0 in the call), else the call's first and last."""
+    named = SERVER_NAMED_TEXT.match(error.details() or "")
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT and named and int(named[1]) < len(origins):
+        return origins[int(named[1])]
+    return origins[0] if len(origins) == 1 else f"{origins[0]} to {origins[-1]}"
 
 
 def write_streamed(results: Iterator[dict], out: TextIO) -> None:
@@ -675,6 +719,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     hint = None  # what to give instead, where a call was refused for texts of the wrong shape
+    where = None  # the texts of the call that failed, in the input
     try:
         with client:
             if args.info:
@@ -682,7 +727,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             elif args.reload is not None:
                 print(json.dumps(client.reload(args.reload), indent=2), flush=True)
             else:
-                texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
+                texts, pairs, origins = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
                 batch_size, batch_bytes = args.batch_size, args.batch_bytes
                 if len(texts) > 1 and not (batch_size and batch_bytes):  # a single text goes alone whatever they are
@@ -690,14 +735,15 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                     batch_size = batch_size or max_texts
                     batch_bytes = batch_bytes or (max_bytes // 2 if max_bytes else None)
                 results = classify_in_batches(
-                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, batch_bytes or BATCH_BYTES
+                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, batch_bytes or BATCH_BYTES, origins
                 )
                 try:
                     write_streamed(results, sys.stdout)
-                except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                except CallFailed as failed:
+                    where = failed.where
+                    if failed.error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                         hint = _input_hint(client, args.model, pairs is not None)
-                    raise
+                    raise failed.error from None
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -705,7 +751,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        error = {"code": err.code().name, "message": err.details()} | ({"hint": hint} if hint else {})
+        error = {"code": err.code().name, "message": err.details()}
+        error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do

@@ -13,6 +13,7 @@ from edgedistill.serve import client as cli
 
 from tests.serve.conftest import settings_for
 from tests.serve.test_cascade import TEXTS, make_cascade
+from tests.serve.test_client import unused_address
 
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 
@@ -350,6 +351,20 @@ def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "9")
     assert code == 1
     assert json.loads(err)["error"]["code"] == "RESOURCE_EXHAUSTED"
+
+
+def test_a_text_the_server_refuses_is_named_by_its_file_and_line(make_bundle, start_server, tmp_path, capsys):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower"), max_texts=8))
+    path = tmp_path / "many.txt"
+    path.write_text("".join("<br />\n" if number == 70 else "good film\n" for number in range(1, 101)))
+    _, _, err = run(capsys, "--address", server.address, "--file", str(path))
+    assert json.loads(err)["error"]["where"] == f"{path}:70"  # markup alone, which its text style removes
+
+
+def test_a_call_that_fails_names_the_first_and_last_of_its_texts(capsys):
+    limits = ["--batch-size", "8", "--batch-bytes", "1024"]  # so that the call that fails is the texts'
+    _, _, err = run(capsys, "good", "bad", "--address", unused_address(), *limits, "--retries", "0")
+    assert json.loads(err)["error"]["where"] == "argument 1 to argument 2"
 
 
 def test_a_batch_size_below_one_is_refused(capsys):
