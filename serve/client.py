@@ -155,12 +155,13 @@ class Client:
         return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The labels of model `name` at `version` (empty: the served one), asked once per name and version; NOT_FOUND
-        once the server no longer serves that version (a reload), rather than another version's labels."""
+        """The labels of model `name` at `version` (empty: the served one, asked each time, as a reload changes it),
+        asked once per name and version; NOT_FOUND once the server no longer serves that version (a reload), rather
+        than another version's labels."""
         if (name, version) not in self._labels:
             info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
-            self._labels.setdefault((name, version), info["labels"])
+            return info["labels"]
         return self._labels[(name, version)]
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:

@@ -14,6 +14,7 @@ from edgedistill.serve import client as cli
 from tests.serve.conftest import settings_for
 from tests.serve.test_cascade import TEXTS, make_cascade
 from tests.serve.test_client import unused_address
+from tests.serve.test_operations import ADMIN_TOKEN
 
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 
@@ -456,6 +457,16 @@ def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
     with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
         client.labels("tiny-sentiment", "2")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_labels_of_the_served_model_are_those_of_the_model_served_after_a_reload(start_server, make_bundle):
+    first = make_bundle("v1")
+    make_bundle("v2", version="2", labels=["bad", "good"])
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
+    with cli.Client(server.address, token=ADMIN_TOKEN) as client:
+        client.labels()
+        client.reload("v2")
+        assert client.labels() == ["bad", "good"]
 
 
 def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
