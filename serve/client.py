@@ -36,13 +36,10 @@ RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restartin
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 # For a server that does not say its limits: its default MAX_TEXTS, and half its default MAX_MESSAGE_BYTES
-MAX_TEXTS, BATCH_BYTES = (
-    Settings.model_fields["max_texts"].default,
-    Settings.model_fields["max_message_bytes"].default // 2,
-)
-SERVER_NAMED_TEXT = re.compile(
-    r"text (?:pair )?(\d+) "
-)  # how the server names a text it refuses, by its place in a call
+MAX_TEXTS = Settings.model_fields["max_texts"].default
+BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
+# How the server names a text it refuses: by its place in the call, counted from 0
+SERVER_NAMED_TEXT = re.compile(r"text (?:pair )?(\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 
