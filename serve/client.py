@@ -14,6 +14,7 @@ predictions as they come.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,13 +28,18 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
+from edgedistill.serve.settings import GRPC_INT_MAX, Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
-BATCH_BYTES = 512 * 1024  # for a server that does not say its MAX_MESSAGE_BYTES: half the default one
+# For a server that does not say its limits: its default MAX_TEXTS, and half its default MAX_MESSAGE_BYTES
+MAX_TEXTS = Settings.model_fields["max_texts"].default
+BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
+# How the server names a text it refuses: by its place in the call, counted from 0
+SERVER_NAMED_TEXT = re.compile(r"text (?:pair )?(\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 
@@ -41,7 +47,8 @@ TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 def retry_options(retries: int) -> list[tuple[str, object]]:
     """Channel options for gRPC's retry policy: up to `retries` more attempts of a call that failed with
     UNAVAILABLE or RESOURCE_EXHAUSTED, with exponential backoff (50 ms doubling, at most 1 s, jittered),
-    within the call's deadline. The server stops them for errors that would recur (a request over a limit)."""
+    within the call's deadline, whatever the call's size. The server stops them for errors that would recur (a request
+    over a limit)."""
     if not 0 <= retries < MAX_ATTEMPTS:
         raise ValueError(f"retries must be between 0 and {MAX_ATTEMPTS - 1}, got {retries}")
     if retries == 0:
@@ -56,7 +63,14 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
     # Spelled out: kserve_pb2 is imported only when used (see `kserve_infer`), and the server's modules never.
     services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
     config = {"methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}]}
-    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config))]
+    # gRPC's C core keeps at most this much of a call to send it again (256 KiB by default) and never retries a larger
+    # one; GRPC_INT_MAX is as much as a server's MAX_MESSAGE_BYTES may take. The buffer holds what a call has sent,
+    # only until its reply starts.
+    return [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(config)),
+        ("grpc.per_rpc_retry_buffer_size", GRPC_INT_MAX),
+    ]
 
 
 def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -138,12 +152,13 @@ class Client:
         return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The labels of model `name` at `version` (empty: the served one), asked once per name and version; NOT_FOUND
-        once the server no longer serves that version (a reload), rather than another version's labels."""
+        """The labels of model `name` at `version` (empty: the served one, asked each time, as a reload changes it),
+        asked once per name and version; NOT_FOUND once the server no longer serves that version (a reload), rather
+        than another version's labels."""
         if (name, version) not in self._labels:
             info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
-            self._labels.setdefault((name, version), info["labels"])
+            return info["labels"]
         return self._labels[(name, version)]
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
@@ -157,15 +172,26 @@ class Client:
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
 
-    def limits(self, model: str = "") -> tuple[int, int | None]:
-        """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES; None
-        from a server that does not say), from KServe's `ModelConfig`."""
-        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+    def limits(self, model: str = "", kserve: bool = False) -> tuple[int | None, int | None]:
+        """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES), from
+        `GetModelInfo`, or with `kserve` KServe's `ModelConfig`; each None where the server does not say, or has no
+        such method (UNIMPLEMENTED, as behind a gateway that exposes one API only)."""
+        try:
+            if kserve:
+                from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
 
-        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
-        message = config.parameters.get("max_message_bytes")
-        return config.max_batch_size, int(message.string_value) if message is not None else None
+                stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+                config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
+                message = config.parameters.get("max_message_bytes")
+                texts, message_bytes = config.max_batch_size, int(message.string_value) if message is not None else 0
+            else:
+                info = self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest(model_name=model))
+                texts, message_bytes = info.max_texts, info.max_message_bytes
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return None, None
+        return texts or None, message_bytes or None
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
@@ -253,6 +279,14 @@ class ModelChanged(RuntimeError):
     """The served model changed between the batches of one run (a reload): its predictions would mix models."""
 
 
+class CallFailed(Exception):
+    """A call of a run in batches failed with `error`: `where` names its texts in the input (`classify_in_batches`)."""
+
+    def __init__(self, error: grpc.RpcError, where: str):
+        super().__init__(where)
+        self.error, self.where = error, where
+
+
 def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
     """The error for input that is not UTF-8, naming UTF-16 (Notepad's "Unicode") by its byte-order mark."""
     if err.start == 0 and err.object.startswith(UTF16_BOMS):
@@ -264,27 +298,34 @@ def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
 
 
 def lines_of(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin), which must be UTF-8 (a leading byte order mark, as Windows tools write, is
-    dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also end one at a form feed, U+0085 or
-    U+2028, characters a text may hold."""
+    """The lines of `path` ('-': stdin's bytes, whatever the locale's encoding), which must be UTF-8 (a leading byte
+    order mark, as Windows tools write, is dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also
+    end one at a form feed, U+0085 or U+2028, characters a text may hold."""
     if str(path) == "-":
         if stdin.isatty():  # else a call without texts would seem to hang
             print("reading texts from the terminal, one per line; end them with Ctrl-D", file=sys.stderr, flush=True)
-        try:
+        if hasattr(stdin, "buffer"):
+            text = _utf8_text(stdin.buffer.read(), "stdin")
+        else:  # a text stream over no bytes (io.StringIO)
             text = stdin.read()
-            text.encode("utf-8")  # a C locale's stdin lets bytes that are not UTF-8 through as lone surrogates
-        except UnicodeDecodeError as err:
-            raise _not_utf8("stdin", err) from err
-        except UnicodeEncodeError as err:
-            raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
+            try:  # for lone surrogates, as a C locale's text stdin lets bytes that are not UTF-8 through
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
     else:
         try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise _not_utf8(str(path), err) from err
+            text = _utf8_text(path.read_bytes(), str(path))
         except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
     return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _utf8_text(data: bytes, source: str) -> str:
+    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(source, err) from err
 
 
 def _comma_separated(line: str, option: str) -> str:
@@ -322,11 +363,19 @@ def check_columns(columns: list[str] | None, header: bool, files_given: bool, op
 def read_tsv(
     path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
 ) -> tuple[list[str], list[str]]:
-    """Texts and their pairs: the first two tab-separated fields of each line, or with `columns` the fields under
+    """Texts and their pairs, as `numbered_pairs` reads them."""
+    rows = numbered_pairs(path, header, stdin, columns, option)
+    return [text for _, text, _ in rows], [pair for _, _, pair in rows]
+
+
+def numbered_pairs(
+    path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
+) -> list[tuple[int, str, str]]:
+    """(line number, text, pair): the first two tab-separated fields of each line, or with `columns` the fields under
     those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
     may be empty; blank lines skipped, and the first line with `header` or `columns`. Errors name the file's
     `option`."""
-    texts, pairs = [], []
+    rows = []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
     lines = lines_of(path, stdin)
@@ -356,14 +405,19 @@ def read_tsv(
                 f"{path}:{number}: an empty text or pair (or one of control, zero-width or replacement characters "
                 f"only); {option} wants {wants}"
             )
-        texts.append(text)
-        pairs.append(pair)
-    return texts, pairs
+        rows.append((number, text, pair))
+    return rows
 
 
 def read_lines(path: Path, stdin: TextIO) -> list[str]:
-    """The lines of `path` ('-': stdin) that are not blank. One that shows nothing (`shows_nothing`) is refused,
-    naming its line: the server would refuse it too (the model reads it as nothing), naming its place in one call."""
+    """The lines of `path` ('-': stdin) that are not blank, as `numbered_lines` reads them."""
+    return [line for _, line in numbered_lines(path, stdin)]
+
+
+def numbered_lines(path: Path, stdin: TextIO) -> list[tuple[int, str]]:
+    """(line number, line) of the lines of `path` ('-': stdin) that are not blank. One that shows nothing
+    (`shows_nothing`) is refused, naming its line: the server would refuse it too (the model reads it as nothing),
+    naming its place in one call."""
     texts = []
     for number, line in enumerate(lines_of(path, stdin), 1):
         if line.strip():
@@ -372,28 +426,32 @@ def read_lines(path: Path, stdin: TextIO) -> list[str]:
                     f"{path}:{number}: only control, zero-width or replacement (U+FFFD) characters, which the model "
                     "reads as nothing; remove them or the line"
                 )
-            texts.append(line)
+            texts.append((number, line))
     return texts
 
 
-def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None]:
-    """Texts and their pairs (None: single texts): from each `--tsv`; else the arguments, then each `--file` (one
-    per line; `-` is stdin), else stdin, blank lines skipped, with the `--pair` values."""
+def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None, list[str]]:
+    """Texts, their pairs (None: single texts) and where each text is ('reviews.txt:70', 'argument 2'): from each
+    `--tsv`; else the arguments, then each `--file` (one per line; `-` is stdin), else stdin, blank lines skipped,
+    with the `--pair` values."""
     check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
-        texts, pairs = [], []
+        texts, pairs, origins = [], [], []
         for path in args.tsv:
-            more_texts, more_pairs = read_tsv(path, args.header, stdin, args.columns)
-            texts += more_texts
-            pairs += more_pairs
+            for number, text, pair in numbered_pairs(path, args.header, stdin, args.columns):
+                texts.append(text)
+                pairs.append(pair)
+                origins.append(f"{path}:{number}")
     else:
         texts = list(args.texts)
-        for path in args.file or ():
-            texts += read_lines(path, stdin)
-        if not texts and not args.file:
-            texts = read_lines(Path("-"), stdin)
+        origins = [f"argument {i}" for i in range(1, len(texts) + 1)]
+        paths = args.file or ([] if texts else [Path("-")])
+        for path in paths:
+            for number, line in numbered_lines(path, stdin):
+                texts.append(line)
+                origins.append(f"{path}:{number}")
         pairs = args.pair
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
@@ -401,7 +459,7 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
         raise UsageError(
             f"{len(pairs)} --pair values for {len(texts)} texts: give one per text (none to a model of single texts)"
         )
-    return texts, pairs
+    return texts, pairs, origins
 
 
 def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_bytes: int) -> Iterator[slice]:
@@ -425,13 +483,19 @@ def classify_in_batches(
     batch_size: int,
     model: str = "",
     batch_bytes: int = BATCH_BYTES,
+    origins: list[str] | None = None,
 ) -> Iterator[dict]:
     """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive `batches`; each reply in order;
-    `ModelChanged` when the served model changes between batches."""
+    `ModelChanged` when the served model changes between batches; `CallFailed` for a call that fails, naming where
+    its texts are by their `origins` (default: 'text N', counted from 1)."""
+    origins = origins or [f"text {number}" for number in range(1, len(texts) + 1)]
     first = None
     for batch in batches(texts, pairs, batch_size, batch_bytes):
         start = batch.start
-        result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
+        try:
+            result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
+        except grpc.RpcError as err:
+            raise CallFailed(err, _where(err, origins[batch])) from err
         served = (result["model"], result["version"])
         if first is not None and served != first:
             raise ModelChanged(
@@ -442,17 +506,35 @@ def classify_in_batches(
         yield result
 
 
+def _where(error: grpc.RpcError, origins: list[str]) -> str:
+    """Where the texts of a call that failed with `error` are: the one the server refused where it names it (as 'text
+    5' or 'text pair 5', counted from 0 in the call), else the call's first and last."""
+    named = SERVER_NAMED_TEXT.match(error.details() or "")
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT and named and int(named[1]) < len(origins):
+        return origins[int(named[1])]
+    return origins[0] if len(origins) == 1 else f"{origins[0]} to {origins[-1]}"
+
+
 def write_streamed(results: Iterator[dict], out: TextIO) -> None:
     """One JSON document {"model", "version", "predictions": [...]}, each prediction written (one a line) as its
-    batch arrives."""
-    for i, result in enumerate(results):
-        if i == 0:
-            head = json.dumps({"model": result["model"], "version": result["version"]})
-            out.write(head[:-1] + ', "predictions": [\n')
-        for j, prediction in enumerate(result["predictions"]):
-            out.write(("  " if i == j == 0 else ",\n  ") + json.dumps(prediction))
-        out.flush()
-    out.write("\n]}\n")
+    batch arrives. Where `results` raise after the first batch (a refused call, a reload, Ctrl-C), the document is
+    still closed, holding the predictions so far and `"complete": false`, and the error goes on."""
+    separator, complete = None, False  # None: the head is not written yet
+    try:
+        for result in results:
+            if separator is None:
+                head = json.dumps({"model": result["model"], "version": result["version"]})
+                out.write(head[:-1] + ', "predictions": [\n')
+                separator = "  "
+            for prediction in result["predictions"]:
+                out.write(separator + json.dumps(prediction))
+                separator = ",\n  "
+            out.flush()
+        complete = True
+    finally:
+        if separator is not None:
+            out.write("\n]" + ("}" if complete else ', "complete": false}') + "\n")
+            out.flush()
 
 
 def _utf8(value: str) -> str:
@@ -509,7 +591,8 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "--batch-size",
         type=count,
         metavar="N",
-        help="texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server)",
+        help=f"texts per call, at most the server's MAX_TEXTS (default: that limit, asked of the server; {MAX_TEXTS} "
+        "where it does not say)",
     )
     parser.add_argument(
         "--batch-bytes",
@@ -634,6 +717,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     hint = None  # what to give instead, where a call was refused for texts of the wrong shape
+    where = None  # the texts of the call that failed, in the input
     try:
         with client:
             if args.info:
@@ -641,20 +725,23 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             elif args.reload is not None:
                 print(json.dumps(client.reload(args.reload), indent=2), flush=True)
             else:
-                texts, pairs = read_texts(args, sys.stdin if stdin is None else stdin)
+                texts, pairs, origins = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
-                batch_size, batch_bytes = args.batch_size or 1, args.batch_bytes or BATCH_BYTES
-                if len(texts) > 1 and not (args.batch_size and args.batch_bytes):
-                    max_texts, max_bytes = client.limits(args.model)
-                    batch_size = args.batch_size or max_texts
-                    batch_bytes = args.batch_bytes or (max_bytes // 2 if max_bytes else BATCH_BYTES)
-                results = classify_in_batches(infer, texts, pairs, batch_size, args.model, batch_bytes)
+                batch_size, batch_bytes = args.batch_size, args.batch_bytes
+                if len(texts) > 1 and not (batch_size and batch_bytes):  # a single text goes alone whatever they are
+                    max_texts, max_bytes = client.limits(args.model, args.kserve)
+                    batch_size = batch_size or max_texts
+                    batch_bytes = batch_bytes or (max_bytes // 2 if max_bytes else None)
+                results = classify_in_batches(
+                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, batch_bytes or BATCH_BYTES, origins
+                )
                 try:
                     write_streamed(results, sys.stdout)
-                except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                except CallFailed as failed:
+                    where = failed.where
+                    if failed.error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                         hint = _input_hint(client, args.model, pairs is not None)
-                    raise
+                    raise failed.error from None
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
@@ -662,7 +749,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        error = {"code": err.code().name, "message": err.details()} | ({"hint": hint} if hint else {})
+        error = {"code": err.code().name, "message": err.details()}
+        error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do

@@ -22,6 +22,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import BundleSpec, TensorSpec
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec
 from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from onnx import TensorProto, helper
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
@@ -292,8 +293,6 @@ class RunningServer:
     def refused_reload(self, bundle: Path | None, metadata=()) -> Refusal:
         """What a `Reload` onto `bundle` (None: the served folder again), sent with `metadata`, is refused with; fails
         the test where it succeeds."""
-        from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-
         request = classifier_pb2.ReloadRequest(bundle_path=str(bundle) if bundle is not None else "")
         with self.channel() as channel:
             stub = classifier_pb2_grpc.ClassifierStub(channel)
@@ -318,8 +317,6 @@ class RunningServer:
 def served_probabilities(bundle: Path, texts: list[str], pairs: list[str] | None = None) -> np.ndarray:
     """The probabilities a real server of `bundle` answers one `Classify` of `texts` (with their `pairs`) with,
     (N, C); the server is stopped after."""
-    from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-
     server = RunningServer(settings_for(bundle))
     try:
         with server.channel() as channel:
@@ -513,3 +510,57 @@ def slow_tokenizer(monkeypatch) -> Gate:
     monkeypatch.setattr(serve_host, "TextEncoder", GatedEncoder)
     yield gate
     gate.open.set()
+
+
+class Refusing(classifier_pb2_grpc.ClassifierServicer):
+    """Only the Classifier service, without KServe's (as behind a gateway exposing one API): refuses the first
+    `refusals` Classify attempts with `code`, then answers; counts attempts, and the texts of each call answered. Its
+    GetModelInfo gives `max_texts` (0: says nothing of it)."""
+
+    def __init__(self, refusals: int, code: grpc.StatusCode, max_texts: int = 0):
+        self.refusals, self.code, self.max_texts = refusals, code, max_texts
+        self.attempts, self.texts_per_call = 0, []
+
+    async def Classify(self, request, context):
+        self.attempts += 1
+        if self.attempts <= self.refusals:
+            await context.abort(self.code, "busy, retry")
+        self.texts_per_call.append(len(request.texts))
+        prediction = classifier_pb2.Prediction(label="positive", label_id=1, score=0.9, probabilities=[0.1, 0.9])
+        return classifier_pb2.ClassifyResponse(
+            predictions=[prediction] * len(request.texts), model_name="m", model_version="1"
+        )
+
+    async def GetModelInfo(self, request, context):
+        return classifier_pb2.ModelInfo(
+            name="m", version="1", labels=["negative", "positive"], max_texts=self.max_texts
+        )
+
+
+@pytest.fixture
+def refusing():
+    """`refusing(refusals, code, max_texts) -> (servicer, address)`: a gRPC server on loopback running `Refusing`."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = []
+
+    def start(refusals: int, code=grpc.StatusCode.RESOURCE_EXHAUSTED, max_texts: int = 0):
+        servicer = Refusing(refusals, code, max_texts)
+
+        async def build():
+            server = grpc.aio.server()
+            classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            return server, port
+
+        server, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
+        servers.append(server)
+        return servicer, f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)

@@ -5,6 +5,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -12,6 +13,8 @@ from edgedistill.serve import client as cli
 
 from tests.serve.conftest import settings_for
 from tests.serve.test_cascade import TEXTS, make_cascade
+from tests.serve.test_client import unused_address
+from tests.serve.test_operations import ADMIN_TOKEN
 
 PAIRS_TSV = "sentence1\tsentence2\tlabel\ngood\tawful awful\t0\n\nawful\tgreat fun\t1\n"
 
@@ -210,6 +213,17 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
     assert code == 2
 
 
+def test_stdin_is_read_as_utf8_whatever_the_locales_encoding():
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffcafé naïve\n".encode()), encoding="cp1252")
+    assert cli.lines_of(Path("-"), stdin) == ["café naïve", ""]
+
+
+def test_utf16_stdin_is_a_usage_error_naming_utf16_whatever_the_locales_encoding():
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffgood film\n".encode("utf-16-le")), encoding="latin-1")
+    with pytest.raises(cli.UsageError, match="cannot read stdin: it is UTF-16 text"):
+        cli.lines_of(Path("-"), stdin)
+
+
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
 def test_a_utf16_file_is_a_usage_error_naming_utf16(served, tmp_path, capsys, encoding):
     path = tmp_path / "texts.txt"
@@ -270,6 +284,20 @@ def test_without_a_batch_size_the_calls_take_as_many_texts_as_the_server_does(se
     assert [p["text"] for p in json.loads(out)["predictions"]] == texts
 
 
+def test_texts_to_a_server_without_kserve_go_in_calls_of_the_max_texts_its_model_info_gives(refusing, capsys):
+    servicer, address = refusing(0, max_texts=2)
+    code, _, err = run(capsys, "a", "b", "c", "--address", address)
+    assert code == 0, err
+    assert servicer.texts_per_call == [2, 1]
+
+
+def test_texts_to_a_server_that_gives_no_max_texts_go_in_calls_of_the_default_one(refusing, capsys):
+    servicer, address = refusing(0)
+    code, _, err = run(capsys, *(f"text {i}" for i in range(65)), "--address", address)
+    assert code == 0, err
+    assert servicer.texts_per_call == [64, 1]
+
+
 @pytest.mark.parametrize("api", [[], ["--kserve"]])
 def test_long_texts_go_in_batches_within_the_bytes_given(served, tmp_path, capsys, api):
     texts = [f"{'great' if i % 3 else 'awful'} film {i} " + "x" * 10_000 for i in range(8)]  # 80 KB: above 64 KiB
@@ -326,6 +354,20 @@ def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     assert json.loads(err)["error"]["code"] == "RESOURCE_EXHAUSTED"
 
 
+def test_a_text_the_server_refuses_is_named_by_its_file_and_line(make_bundle, start_server, tmp_path, capsys):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower"), max_texts=8))
+    path = tmp_path / "many.txt"
+    path.write_text("".join("<br />\n" if number == 70 else "good film\n" for number in range(1, 101)))
+    _, _, err = run(capsys, "--address", server.address, "--file", str(path))
+    assert json.loads(err)["error"]["where"] == f"{path}:70"  # markup alone, which its text style removes
+
+
+def test_a_call_that_fails_names_the_first_and_last_of_its_texts(capsys):
+    limits = ["--batch-size", "8", "--batch-bytes", "1024"]  # so that the call that fails is the texts'
+    _, _, err = run(capsys, "good", "bad", "--address", unused_address(), *limits, "--retries", "0")
+    assert json.loads(err)["error"]["where"] == "argument 1 to argument 2"
+
+
 def test_a_batch_size_below_one_is_refused(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["--batch-size", "0", "good"])
@@ -353,6 +395,32 @@ def test_each_batch_is_written_before_the_next_is_asked_for():
         "version": "1",
         "predictions": [{"text": "a"}, {"text": "b"}, {"text": "c"}],
     }
+
+
+def results_then(error: Exception):
+    """One batch's results, then `error`, as a run stopped after its first call yields them."""
+    yield {"model": "m", "version": "1", "predictions": [{"text": "a"}]}
+    raise error
+
+
+def test_a_run_stopped_after_its_first_batch_still_writes_one_json_document_of_the_predictions_so_far():
+    out = io.StringIO()
+    with pytest.raises(cli.ModelChanged):
+        cli.write_streamed(results_then(cli.ModelChanged("reloaded")), out)
+    assert json.loads(out.getvalue())["predictions"] == [{"text": "a"}]
+
+
+def test_a_run_stopped_after_its_first_batch_says_its_document_is_incomplete():
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        cli.write_streamed(results_then(KeyboardInterrupt()), out)
+    assert json.loads(out.getvalue())["complete"] is False
+
+
+def test_a_whole_run_writes_no_completeness_flag():
+    out = io.StringIO()
+    cli.write_streamed(iter([{"model": "m", "version": "1", "predictions": [{"text": "a"}]}]), out)
+    assert "complete" not in json.loads(out.getvalue())
 
 
 def test_a_model_change_between_batches_stops_the_run():
@@ -389,6 +457,16 @@ def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
     with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
         client.labels("tiny-sentiment", "2")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_labels_of_the_served_model_are_those_of_the_model_served_after_a_reload(start_server, make_bundle):
+    first = make_bundle("v1")
+    make_bundle("v2", version="2", labels=["bad", "good"])
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
+    with cli.Client(server.address, token=ADMIN_TOKEN) as client:
+        client.labels()
+        client.reload("v2")
+        assert client.labels() == ["bad", "good"]
 
 
 def test_info_to_a_closed_pipe_ends_the_client_quietly(served):

@@ -41,7 +41,7 @@ def test_a_file_gives_its_lines_that_are_not_blank(tmp_path_factory, lines, newl
     """Whatever the lines hold, and whether a byte order mark (`mark`) begins the file."""
     path = tmp_path_factory.getbasetemp() / "texts.txt"
     path.write_bytes((mark + "".join(line + newline for line in lines)).encode())
-    texts, _ = cli.read_texts(parse("--file", str(path)), io.StringIO())
+    texts, _, _ = cli.read_texts(parse("--file", str(path)), io.StringIO())
     assert texts == [line for line in lines if line.strip()]
 
 
@@ -50,7 +50,7 @@ def test_a_file_gives_its_lines_that_are_not_blank(tmp_path_factory, lines, newl
 @example(rows=[("a\x1cb", "c\x85d")], header=False)
 def test_a_tsv_on_stdin_gives_its_texts_and_pairs(rows, header):
     stdin = io.StringIO(("text\tpair\n" if header else "") + "".join(f"{a}\t{b}\t0\n" for a, b in rows))
-    texts, pairs = cli.read_texts(parse("--tsv", "-", *(["--header"] if header else [])), stdin)
+    texts, pairs, _ = cli.read_texts(parse("--tsv", "-", *(["--header"] if header else [])), stdin)
     assert list(zip(texts, pairs, strict=True)) == rows
 
 

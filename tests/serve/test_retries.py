@@ -1,14 +1,10 @@
 """Retries: the client's gRPC retry policy, and the server telling it when sending again cannot help."""
 
-import asyncio
-import threading
 import time
 
 import grpc
 import pytest
 from edgedistill.serve.client import Client, build_parser, retry_options
-from edgedistill.serve.proto import classifier_pb2 as pb
-from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
 from tests.serve.conftest import settings_for
@@ -17,57 +13,18 @@ from tests.serve.test_operations import metric, scrape
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
 
 
-class Refusing(classifier_pb2_grpc.ClassifierServicer):
-    """Refuses the first `refusals` Classify attempts with `code`, then answers; counts attempts."""
-
-    def __init__(self, refusals: int, code: grpc.StatusCode):
-        self.refusals, self.code, self.attempts = refusals, code, 0
-
-    async def Classify(self, request, context):
-        self.attempts += 1
-        if self.attempts <= self.refusals:
-            await context.abort(self.code, "busy, retry")
-        prediction = pb.Prediction(label="positive", label_id=1, score=0.9, probabilities=[0.1, 0.9])
-        return pb.ClassifyResponse(predictions=[prediction] * len(request.texts), model_name="m", model_version="1")
-
-    async def GetModelInfo(self, request, context):
-        return pb.ModelInfo(name="m", version="1", labels=["negative", "positive"])
-
-
-@pytest.fixture
-def refusing():
-    """`refusing(refusals, code) -> (servicer, address)`: a gRPC server on loopback running `Refusing`."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servers = []
-
-    def start(refusals: int, code=grpc.StatusCode.RESOURCE_EXHAUSTED):
-        servicer = Refusing(refusals, code)
-
-        async def build():
-            server = grpc.aio.server()
-            classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            return server, port
-
-        server, port = asyncio.run_coroutine_threadsafe(build(), loop).result(10)
-        servers.append(server)
-        return servicer, f"127.0.0.1:{port}"
-
-    yield start
-    for server in servers:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-
-
 @pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE])
 def test_the_client_retries_an_overloaded_or_unavailable_server(refusing, code):
     servicer, address = refusing(2, code)
     with Client(address, retries=3) as client:
         assert client.classify(["a great movie"])["predictions"][0]["label"] == "positive"
+    assert servicer.attempts == 3
+
+
+def test_the_client_retries_a_call_larger_than_grpcs_default_retry_buffer(refusing):
+    servicer, address = refusing(2)
+    with Client(address, retries=3) as client:  # 300 kB: over the 256 KiB gRPC keeps of a call by default
+        client.classify(["x" * 300_000])
     assert servicer.attempts == 3
 
 
