@@ -306,7 +306,8 @@ def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
 
 
 async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle
+    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain (a SIGTERM/SIGINT during
+    the warm-up ends the process at once, with 0, as there is nothing to drain); SIGHUP reloads the bundle
     (one that comes while the first model loads or warms up, once it serves). A reload still running at shutdown
     installs nothing: the drain waits for the step it is in (`ModelHost.close`). As a worker of `supervisor`, share
     the port and report there once serving."""
@@ -358,8 +359,20 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         loop.add_signal_handler(sig, on_stop, sig)
     if supervisor is None:  # health says NOT_SERVING until warm, for the probes
         await open_port()
+    warming = loop.create_task(server.warm_up(), name="warm-up")
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not warming.done():  # stopped before serving: no call to drain, and the warm-up's thread cannot be stopped
+        log.info(
+            "stopped on %s while warming up",
+            stopped_by[0],
+            extra={"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
+        )
+        logging.shutdown()
+        os._exit(0)
     try:
-        await server.warm_up()
+        warming.result()
     except BundleRejected as err:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
         await server.stop(0, "a failed warm-up")
