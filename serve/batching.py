@@ -42,7 +42,7 @@ from enum import StrEnum
 
 import numpy as np
 from edgedistill.serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
-from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class DynamicBatcher:
 
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
         `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too (counted as dropped for
-        the deadline when it has passed).
+        the deadline when it is at most `DEADLINE_SLACK_S` away, as a client's deadline cancels its call).
         """
         if not rows:
             raise ValueError("submit needs at least one row")
@@ -290,7 +290,7 @@ class DynamicBatcher:
         try:
             outputs = await request.future
         except asyncio.CancelledError:  # gRPC cancels the call at its deadline, often before `_expire` sees it
-            late = deadline is not None and deadline <= loop.time()
+            late = deadline is not None and deadline - DEADLINE_SLACK_S <= loop.time()
             self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
 from edgedistill.serve.costmodel import BackendCost
-from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from edgedistill.serve.settings import Settings
 
 
@@ -276,6 +276,24 @@ def test_a_request_cancelled_past_its_deadline_is_dropped_for_the_deadline():
 
     asyncio.run(main())
     assert backend.seen == []
+    assert observer.dropped == [(1, DropReason.DEADLINE)]
+
+
+def test_a_request_cancelled_just_before_its_deadline_is_dropped_for_the_deadline():
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.3, observer=observer)
+        b.start()
+        loop = asyncio.get_running_loop()
+        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.1))
+        await asyncio.sleep(0.1 - DEADLINE_SLACK_S / 2)
+        late.cancel()  # as a client's deadline cancels its call, a little before the server's own timer ends
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        await b.close()
+
+    asyncio.run(main())
     assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
