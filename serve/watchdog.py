@@ -46,6 +46,8 @@ class LoopWatchdog:
         asked = last = time.monotonic()
         number = 0
         while not self._stopped.wait(self.period):
+            if self.loop.is_closed():  # nothing left to watch, nor to answer the heartbeat asked
+                return
             now = time.monotonic()
             late = now - last - self.period
             if late > self.period:  # this thread did not run either: the whole process was paused, not the loop
@@ -56,7 +58,7 @@ class LoopWatchdog:
                 asked = now
                 try:
                     self.loop.call_soon_threadsafe(self._heartbeat, number)
-                except RuntimeError:  # the loop was closed: nothing left to watch
+                except RuntimeError:  # the loop was closed meanwhile
                     return
             elif now - asked > self.limit:
                 self.on_stall(now - asked)

@@ -115,6 +115,18 @@ def test_a_pause_of_the_whole_process_while_a_heartbeat_waits_is_never_reported(
     assert watch(busy_then_paused) == []
 
 
+def test_a_watchdog_whose_loop_closed_with_a_heartbeat_asked_never_reports():
+    stalls = []
+    loop = asyncio.new_event_loop()
+    watchdog = LoopWatchdog(loop, LIMIT_S, stalls.append)
+    watchdog.start()
+    time.sleep(LIMIT_S / 2)  # the loop is not running: the heartbeat asked meanwhile waits
+    loop.close()
+    time.sleep(LIMIT_S * 2)
+    watchdog.stop()
+    assert stalls == []
+
+
 def test_stop_ends_the_watchdog_thread():
     async def body():
         watchdog = LoopWatchdog(asyncio.get_running_loop(), LIMIT_S, lambda seconds: None)
