@@ -20,6 +20,7 @@ import ipaddress
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +30,7 @@ from edgedistill.serve.cascade import CascadeRuntime, load_runtime
 from edgedistill.serve.errors import BundleRejected, NotReady, ReloadFailed
 from edgedistill.serve.health import HealthServicer
 from edgedistill.serve.host import ModelHost, ModelRuntime
+from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
@@ -53,6 +55,7 @@ HEALTH_NAMES = ("", *SERVICES)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 EXIT_FAULT = 3  # the exit status after a batcher fault: restart me
+STALL_LINE_WAIT_S = 1.0  # longest a stalled loop's exit waits for its log line to be written
 CLOSE_FLOOR_S = 1.0  # least time the model's queue gets to finish at stop, even with no grace left
 KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered before the connection is closed
 # Ping abuse: a client pinging more often than this without sending data gets a strike; past the strikes, GOAWAY.
@@ -306,7 +309,8 @@ def run(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
 
 
 async def serve(settings: Settings, supervisor: SupervisorLink | None = None) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain; SIGHUP reloads the bundle
+    """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain (a SIGTERM/SIGINT during
+    the warm-up ends the process at once, with 0, as there is nothing to drain); SIGHUP reloads the bundle
     (one that comes while the first model loads or warms up, once it serves). A reload still running at shutdown
     installs nothing: the drain waits for the step it is in (`ModelHost.close`). As a worker of `supervisor`, share
     the port and report there once serving."""
@@ -358,8 +362,20 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         loop.add_signal_handler(sig, on_stop, sig)
     if supervisor is None:  # health says NOT_SERVING until warm, for the probes
         await open_port()
+    warming = loop.create_task(server.warm_up(), name="warm-up")
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not warming.done():  # stopped before serving: no call to drain, and the warm-up's thread cannot be stopped
+        log.info(
+            "stopped on %s while warming up",
+            stopped_by[0],
+            extra={"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
+        )
+        logging.shutdown()
+        os._exit(0)
     try:
-        await server.warm_up()
+        warming.result()
     except BundleRejected as err:
         log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
         await server.stop(0, "a failed warm-up")
@@ -401,11 +417,26 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
 def exit_on_stall(seconds: float) -> None:
     """The event loop ran nothing for `seconds`, past `batch_timeout_s`: a call on it hung, and no coroutine can fail
     the waiting calls or report NOT_SERVING. Exit at once with `EXIT_FAULT` (from the watchdog's thread) for a restart;
-    the clients' calls end with UNAVAILABLE as the connections close."""
-    log.error(
+    the clients' calls end with UNAVAILABLE as the connections close. The `server_fault` line goes straight to
+    stderr, past the logging module: the loop may be stuck inside it, holding a handler's lock (stderr a full pipe),
+    and a line not written within STALL_LINE_WAIT_S is left out."""
+    record = log.makeRecord(
+        log.name,
+        logging.ERROR,
+        __file__,
+        0,
         "server fault, exiting for a restart: the event loop ran nothing for %.1f s (a call on it hung)",
-        seconds,
+        (seconds,),
+        None,
         extra={"event": "server_fault", "stalled_s": round(seconds, 3)},
     )
-    logging.shutdown()
+    line = (JsonFormatter().format(record) + "\n").encode()
+    writer = threading.Thread(target=_write_stderr, args=(line,), name="stall-line", daemon=True)
+    writer.start()
+    writer.join(STALL_LINE_WAIT_S)
     os._exit(EXIT_FAULT)
+
+
+def _write_stderr(data: bytes) -> None:
+    with contextlib.suppress(OSError):  # best effort: the process exits either way
+        os.write(2, data)

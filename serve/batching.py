@@ -42,7 +42,7 @@ from enum import StrEnum
 
 import numpy as np
 from edgedistill.serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
-from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class DynamicBatcher:
 
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
         `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too (counted as dropped for
-        the deadline when it has passed).
+        the deadline when it is at most `DEADLINE_SLACK_S` away, as a client's deadline cancels its call).
         """
         if not rows:
             raise ValueError("submit needs at least one row")
@@ -290,7 +290,7 @@ class DynamicBatcher:
         try:
             outputs = await request.future
         except asyncio.CancelledError:  # gRPC cancels the call at its deadline, often before `_expire` sees it
-            late = deadline is not None and deadline <= loop.time()
+            late = deadline is not None and deadline - DEADLINE_SLACK_S <= loop.time()
             self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
@@ -301,8 +301,8 @@ class DynamicBatcher:
         `asyncio.get_running_loop` calls getpid, a system call, on Python 3.11."""
         outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
         self._last_done = loop.time()
-        if wrong := {name: len(value) for name, value in outputs.items() if len(value) != len(rows)}:
-            self._fault(f"the backend answered a call of {len(rows)} rows with {wrong} rows")
+        if miscount := _miscounted(outputs, len(rows)):
+            self._fault(miscount)
             raise ServerFault(str(self.fault))
         self._learn([shape], seconds)
         self.observer.batch_done(len(rows), seconds)
@@ -430,6 +430,11 @@ class DynamicBatcher:
             self._last_done = loop.time()
             if batch in self._running:
                 self._running.remove(batch)
+        for group, (outputs, _) in zip(groups, results, strict=True):
+            if miscount := _miscounted(outputs, len(group)):  # before any caller is answered: the batch fails whole
+                self._running.append(batch)
+                self._fault(miscount)
+                return
         try:
             self._deliver(batch, groups, shapes, results)
         except Exception as err:  # handing outputs back failed: the batcher's state is unknown
@@ -491,6 +496,13 @@ class DynamicBatcher:
             outputs = self.infer(group)
             results.append((outputs, time.perf_counter() - start))
         return results
+
+
+def _miscounted(outputs: Mapping[str, np.ndarray], rows: int) -> str | None:
+    """What is wrong with a backend call's outputs for `rows` rows: None when each output has as many."""
+    if wrong := {name: len(value) for name, value in outputs.items() if len(value) != rows}:
+        return f"the backend answered a call of {rows} rows with {wrong} rows"
+    return None
 
 
 def _gather(parts: list[tuple[Arrays, int]]) -> Arrays:

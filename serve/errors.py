@@ -4,6 +4,11 @@ Free of grpc so the host and the batcher can raise them; `serve.transport` maps 
 raise to its status code (`STATUS_CODES`), and answers any other error as an internal one.
 """
 
+# A client's deadline ends its call on the client first (which then cancels it on the server), a little before the
+# server's own timer, which started when the call's headers arrived: a cancel this close to the deadline is its expiry,
+# to the batcher's dropped rows and the call's recorded status alike.
+DEADLINE_SLACK_S = 0.05
+
 
 class ServeError(Exception):
     """An error of the serving layer; its message says what went wrong and what to do."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 
 import grpc
+from edgedistill.serve.errors import DEADLINE_SLACK_S
 from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.metrics import Metrics
 from google.protobuf.message import DecodeError
@@ -35,9 +36,6 @@ LOGGED_AS_ERRORS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
 # refusals and fill a small disk (one client's invalid or expired calls wrote 450 KB of lines a second). One line a
 # second per method and code says it, with the count left out; only the server's own errors are logged every time.
 THROTTLE_S = 1.0
-# A client's deadline ends its call on the client first (which then cancels it on the server), a little before the
-# server's own timer, which started when the call's headers arrived: a cancel this close to the deadline is its expiry.
-DEADLINE_SLACK_S = 0.05
 CUT_DETAILS = "cut by the server's shutdown: still running when SHUTDOWN_GRACE_S ran out"
 UNSENT_DETAILS = "ended by the server's shutdown: its request had not arrived when SHUTDOWN_GRACE_S ran out"
 _KINDS = (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
 from edgedistill.serve.costmodel import BackendCost
-from edgedistill.serve.errors import BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from edgedistill.serve.settings import Settings
 
 
@@ -279,6 +279,24 @@ def test_a_request_cancelled_past_its_deadline_is_dropped_for_the_deadline():
     assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
+def test_a_request_cancelled_just_before_its_deadline_is_dropped_for_the_deadline():
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_delay=0.3, observer=observer)
+        b.start()
+        loop = asyncio.get_running_loop()
+        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.1))
+        await asyncio.sleep(0.1 - DEADLINE_SLACK_S / 2)
+        late.cancel()  # as a client's deadline cancels its call, a little before the server's own timer ends
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        await b.close()
+
+    asyncio.run(main())
+    assert observer.dropped == [(1, DropReason.DEADLINE)]
+
+
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
     flaky = FailsFirstCall()
 
@@ -500,14 +518,18 @@ def test_a_batch_of_mixed_lengths_runs_as_groups_of_similar_length():
     assert observer.batches == [1, 3, 2]
 
 
+class FailingObserver(BatchObserver):
+    """Fails handing outputs back with an error whose text names a file of the server."""
+
+    def batch_done(self, rows: int, seconds: float) -> None:
+        raise RuntimeError("cannot write /srv/private/stats.db")
+
+
 def test_an_error_handing_outputs_back_fails_every_held_request_at_once_and_reports_the_fault():
     faults = []
 
-    def short(inputs):  # no output rows: handing the outputs back fails after the backend call
-        return {"sum": inputs["input_ids"].sum(axis=1)[:0]}
-
     async def main():
-        b = batcher(short, max_batch_size=2, max_delay=0.05, on_fault=faults.append)
+        b = batcher(FakeBackend(), max_batch_size=2, max_delay=0.05, observer=FailingObserver(), on_fault=faults.append)
         b.start()
         held = [b.submit([row(n)]) for n in (1, 2, 3)]  # two in the first batch, one left queued
         results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 5)
@@ -519,13 +541,6 @@ def test_an_error_handing_outputs_back_fails_every_held_request_at_once_and_repo
     results = asyncio.run(main())
     assert [type(r) for r in results] == [ServerFault] * 3
     assert len(faults) == 1
-
-
-class FailingObserver(BatchObserver):
-    """Fails handing outputs back with an error whose text names a file of the server."""
-
-    def batch_done(self, rows: int, seconds: float) -> None:
-        raise RuntimeError("cannot write /srv/private/stats.db")
 
 
 def fault_of_failing_observer(caplog) -> ServerFault:
@@ -547,6 +562,50 @@ def test_a_fault_tells_the_callers_its_kind_but_not_the_errors_text(caplog):
 def test_a_fault_logs_the_errors_text(caplog):
     fault_of_failing_observer(caplog)
     assert "/srv/private" in caplog.text
+
+
+def one_row_too_many(inputs):
+    """A backend that answers each call with one row more than it was given."""
+    return {"sum": np.append(inputs["input_ids"].sum(axis=1), 0)}
+
+
+def miscounted_batch(backend=one_row_too_many) -> tuple[list, list[ServerFault]]:
+    """Two requests batched together (max_delay 0.05 s) for `backend`: what each got, and the faults."""
+    faults = []
+
+    async def main():
+        b = batcher(backend, max_delay=0.05, on_fault=faults.append)
+        b.start()
+        results = await asyncio.wait_for(
+            asyncio.gather(b.submit([row(1)]), b.submit([row(2)]), return_exceptions=True), 5
+        )
+        await b.close()
+        return results
+
+    return asyncio.run(main()), faults
+
+
+def test_a_batch_answered_with_too_many_rows_fails_each_of_its_requests():
+    results, _ = miscounted_batch()
+    assert [type(r) for r in results] == [ServerFault, ServerFault]
+
+
+def test_a_batch_answered_with_too_many_rows_reports_the_fault_once():
+    _, faults = miscounted_batch()
+    assert len(faults) == 1
+
+
+def test_a_batch_answered_with_too_many_rows_tells_the_callers_what_the_backend_did():
+    results, _ = miscounted_batch()
+    assert "answered a call of 2 rows with {'sum': 3} rows" in str(results[0])
+
+
+def test_a_batch_answered_with_too_few_rows_answers_none_of_its_requests():
+    def one_row_too_few(inputs):
+        return {"sum": inputs["input_ids"].sum(axis=1)[:-1]}
+
+    results, _ = miscounted_batch(one_row_too_few)
+    assert [type(r) for r in results] == [ServerFault, ServerFault]
 
 
 def test_a_backend_call_past_the_time_limit_fails_every_held_request_and_reports_the_fault():

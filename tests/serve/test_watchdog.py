@@ -62,6 +62,71 @@ def test_an_idle_loop_is_never_reported():
     assert watch(idle) == []
 
 
+class PausedClock:
+    """`time` for the watchdog: the monotonic clock, which jumps by `skipped` seconds, as both threads see it after
+    SIGSTOP and SIGCONT."""
+
+    skipped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+
+@pytest.fixture
+def clock(monkeypatch) -> PausedClock:
+    clock = PausedClock()
+    monkeypatch.setattr("edgedistill.serve.watchdog.time", clock)
+    return clock
+
+
+def test_a_pause_of_the_whole_process_while_idle_is_never_reported(clock):
+    async def idle_then_paused():
+        await asyncio.sleep(LIMIT_S)
+        clock.skipped = LIMIT_S * 4
+        await asyncio.sleep(LIMIT_S * 2)
+
+    assert watch(idle_then_paused) == []
+
+
+class PausedWhileBusyClock(PausedClock):
+    """Jumps at the watchdog's third reading (it reads the clock as it starts, then once a pass: the second pass,
+    after the first asked a heartbeat), while the loop runs a step that then ends (`resumed`)."""
+
+    def __init__(self):
+        self.readings = 0
+        self.resumed = threading.Event()
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        if self.readings == 3:
+            self.skipped = LIMIT_S * 4
+            self.resumed.set()
+        return super().monotonic()
+
+
+def test_a_pause_of_the_whole_process_while_a_heartbeat_waits_is_never_reported(monkeypatch):
+    clock = PausedWhileBusyClock()
+    monkeypatch.setattr("edgedistill.serve.watchdog.time", clock)
+
+    async def busy_then_paused():
+        clock.resumed.wait(LIMIT_S * 4)  # a blocking step, paused midway
+        await asyncio.sleep(LIMIT_S * 2)
+
+    assert watch(busy_then_paused) == []
+
+
+def test_a_watchdog_whose_loop_closed_with_a_heartbeat_asked_never_reports():
+    stalls = []
+    loop = asyncio.new_event_loop()
+    watchdog = LoopWatchdog(loop, LIMIT_S, stalls.append)
+    watchdog.start()
+    time.sleep(LIMIT_S / 2)  # the loop is not running: the heartbeat asked meanwhile waits
+    loop.close()
+    time.sleep(LIMIT_S * 2)
+    watchdog.stop()
+    assert stalls == []
+
+
 def test_stop_ends_the_watchdog_thread():
     async def body():
         watchdog = LoopWatchdog(asyncio.get_running_loop(), LIMIT_S, lambda seconds: None)

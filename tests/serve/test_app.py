@@ -1,0 +1,179 @@
+"""The server's own process: a stop while the model warms up, the exit when its event loop stalls."""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+import pytest
+from edgedistill.serve.app import EXIT_FAULT, STALL_LINE_WAIT_S, exit_on_stall
+from edgedistill.serve.watchdog import LoopWatchdog
+
+from tests.serve import conftest
+from tests.serve.conftest import serve_command
+
+EXIT_WAIT_S = 2.0  # an exit "at once", with room for a loaded machine
+
+# `python -m edgedistill.serve` whose warm-up takes 5 s, saying `warming_up` as it begins
+SLOW_WARM_UP = """
+import json, runpy, sys, time
+from edgedistill.serve.host import ModelRuntime
+
+def warm_up(self):
+    print(json.dumps({"event": "warming_up"}), file=sys.stderr, flush=True)
+    time.sleep(5)
+    warmed(self)
+
+warmed, ModelRuntime.warm_up = ModelRuntime.warm_up, warm_up
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture
+def stopped_while_warming_up(spawn, bundle, monkeypatch):
+    """A server sent SIGTERM while it warms up its model (for 5 s, `SLOW_WARM_UP`); its exit status, or None when it
+    runs on past `EXIT_WAIT_S`."""
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_WARM_UP, *serve_command(*args)[3:]]
+    )
+    server = spawn(bundle)
+    server.wait_for("warming_up", timeout=60)
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.status = server.proc.wait(EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        server.status = None
+    return server
+
+
+def test_a_sigterm_while_warming_up_exits_zero_at_once(stopped_while_warming_up):
+    assert stopped_while_warming_up.status == 0
+
+
+def test_a_sigterm_while_warming_up_never_serves(stopped_while_warming_up):
+    with pytest.raises(AssertionError, match="no 'serving' log line"):  # read to the end of its log
+        stopped_while_warming_up.wait_for("serving")
+
+
+def test_a_sigterm_while_warming_up_logs_stopped_with_its_signal(stopped_while_warming_up):
+    assert stopped_while_warming_up.wait_for("stopped")["reason"] == "signal SIGTERM"
+
+
+STALL_LIMIT_S = 0.2
+STUCK_S = 5.0  # how long the loop stays stuck in its log line, unless the process exits first
+
+
+class StuckHandler(logging.Handler):
+    """A handler whose first line holds its lock until the process exits (`exited`), at most STUCK_S: as one writing
+    to a stderr pipe that nobody reads. `exited_meanwhile`: whether the exit came while it held the lock."""
+
+    def __init__(self, exited: threading.Event):
+        super().__init__()
+        self.exited = exited
+        self.exited_meanwhile: bool | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.exited_meanwhile is None:
+            self.exited_meanwhile = self.exited.wait(STUCK_S)
+
+
+@dataclass
+class Stall:
+    handler: StuckHandler
+    statuses: list[int]  # what `os._exit` was called with
+    stderr: str
+
+
+@pytest.fixture
+def stalled_in_logging(monkeypatch, capfd) -> Stall:
+    """An event loop stuck in a log line under the loop's watchdog with `exit_on_stall`, whose `os._exit` is recorded,
+    not done."""
+    statuses, exited = [], threading.Event()
+
+    def record_exit(status: int) -> None:
+        statuses.append(status)
+        exited.set()
+
+    monkeypatch.setattr(os, "_exit", record_exit)
+    handler = StuckHandler(exited)
+    logger = logging.getLogger("serve")
+    logger.addHandler(handler)
+
+    async def main():
+        watchdog = LoopWatchdog(asyncio.get_running_loop(), STALL_LIMIT_S, exit_on_stall)
+        watchdog.start()
+        try:
+            logger.error("a line that the loop cannot write")
+        finally:
+            watchdog.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+    return Stall(handler, statuses, capfd.readouterr().err)
+
+
+def test_a_loop_stalled_in_a_log_line_exits_while_it_holds_the_handler(stalled_in_logging):
+    assert stalled_in_logging.handler.exited_meanwhile is True
+
+
+def test_a_loop_stalled_in_a_log_line_exits_with_the_fault_status(stalled_in_logging):
+    assert stalled_in_logging.statuses == [EXIT_FAULT]
+
+
+def server_fault_line(stall: Stall) -> dict:
+    return json.loads(stall.stderr.splitlines()[-1])
+
+
+def test_a_loop_stalled_in_a_log_line_writes_its_server_fault_line_to_stderr(stalled_in_logging):
+    line = server_fault_line(stalled_in_logging)
+    assert {key: line.get(key) for key in ("level", "logger", "event")} == {
+        "level": "ERROR",
+        "logger": "serve",
+        "event": "server_fault",
+    }
+
+
+def test_the_server_fault_line_says_how_long_the_loop_stalled(stalled_in_logging):
+    assert server_fault_line(stalled_in_logging)["stalled_s"] > STALL_LIMIT_S
+
+
+@contextlib.contextmanager
+def full_stderr():
+    """fd 2 a full pipe that nobody reads, with the server's log handler on it (as `configure_logging` sets one);
+    restored after, and the pipe's reader closed, so that a write still blocked on it fails. Not a fixture: pytest
+    sets fd 2 to its own capture file again after a fixture's setup."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write, b"x" * 65536)
+    os.set_blocking(write, True)
+    saved = os.dup(2)
+    os.dup2(write, 2)
+    os.close(write)
+    handler = logging.StreamHandler(open(2, "w", closefd=False))  # noqa: SIM115 - fd 2 stays open, as stderr
+    logging.getLogger("serve").addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger("serve").removeHandler(handler)
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(read)
+
+
+def test_a_stall_exits_within_its_line_wait_where_stderr_is_a_full_pipe(monkeypatch):
+    exited = threading.Event()
+    monkeypatch.setattr(os, "_exit", lambda status: exited.set())
+    with full_stderr():
+        threading.Thread(target=exit_on_stall, args=(STALL_LIMIT_S,), daemon=True).start()
+        exited_in_time = exited.wait(STALL_LINE_WAIT_S + 2)
+    assert exited_in_time
