@@ -203,13 +203,19 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     client_before = os.times()
     start = time.perf_counter()
     clients = []
-    for index, part_log in enumerate(logs):
-        part_log.unlink(missing_ok=True)
-        line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
-        if index:
-            time.sleep(gap)
-        clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [client.communicate()[0] for client in clients]
+    try:
+        for index, part_log in enumerate(logs):
+            part_log.unlink(missing_ok=True)
+            line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
+            if index:
+                time.sleep(gap)
+            clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [client.communicate()[0] for client in clients]
+    finally:  # an error or Ctrl-C while clients run leaves none running on
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
     seconds = time.perf_counter() - start
     client_times = os.times()
     parts = [summary_of(client.returncode, output) for client, output in zip(clients, outputs, strict=True)]
