@@ -2,8 +2,9 @@
 
 `python -m bench cascade RECIPE [--name CASCADE]` starts the server twice (one process each, the same
 settings as `bench serving`): on the cascade folder and on its last member's bundle. Interleaved, for
-`bench.serving.repeats` rounds: capacity (single-text `Classify` calls from `concurrency` callers for
-`duration_s`) and the paced phase (one call at a time at `rate` calls/s). The texts are the recipe's
+`bench.serving.repeats` rounds, the two in an order rotated each round (`bench.drivers.rotated`): capacity
+(single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time
+at `rate` calls/s). The texts are the recipe's
 dev split (pairs for a pair task), shuffled. Writes `runs/<recipe>/serve-cascade-<name>/cascade.json`
 and `cascade.md`; capacity is texts/s, medians with min/max over the rounds, and the share of the cascade's
 answers (after warm-up) that its first member escalated, beside the dev share its manifest records.
@@ -104,7 +105,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
         calls["cascade"] = counting(calls["cascade"], answers)
         rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")
         for repeat in range(1, cfg.repeats + 1):
-            for model in folders:
+            for model in drivers.rotated(list(folders), repeat - 1):
                 loads = {
                     "capacity": functools.partial(
                         drivers.saturate, calls[model], singles, cfg.concurrency, cfg.duration_s

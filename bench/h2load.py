@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.bench.drivers import rotated
 from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
 from edgedistill.bench.tables import record_line
@@ -264,7 +265,7 @@ def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str)
     runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in order for phase in targets[name].loads}
     bar = progress.bar(len(runs) * repeats, desc=desc, unit="phase")
     for repeat in range(repeats):
-        for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
+        for name in rotated(order, repeat):
             target = targets[name]
             for phase, load in target.loads.items():
                 record = run(target.port, target.request, target.replies, load, work / "h2load.log", target.process)

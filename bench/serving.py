@@ -4,7 +4,7 @@ One run starts the server (`python -m serve`) and the two baseline servers of `b
 subprocesses on loopback and drives them from this process with grpc.aio tasks (`bench.drivers`).
 The texts are the recipe's dev split (with their pairs, for a pair model) unless a file is given
 (`bench.texts`); "single-text" below means one example per call, a text and its pair for a pair model.
-Each repeat measures:
+Each repeat measures, in an order rotated by one phase each repeat (`bench.drivers.rotated`):
 
 - paced: single-text `Classify` calls, one at a time, paced at `rate` for `duration_s`: latency, achieved rate;
   the same against the echo server gives the latency floor of gRPC and this client;
@@ -138,7 +138,7 @@ async def measure_all(
     examples: Examples,
 ) -> dict[str, list[dict]]:
     """Start the three servers (their logs in `logs`), warm everything up, then run every phase `cfg.repeats`
-    times, interleaved, reporting each finished phase as progress."""
+    times, in an order rotated each repeat, reporting each finished phase as progress."""
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
@@ -182,7 +182,8 @@ async def measure_all(
         }
         rounds = progress.bar(cfg.repeats * len(phases), desc=STAGE, unit="phase")
         for repeat in range(1, cfg.repeats + 1):
-            for phase, (load, texts_per_call, process, offered) in phases.items():
+            for phase in drivers.rotated(list(phases), repeat - 1):
+                load, texts_per_call, process, offered = phases[phase]
                 record = await drivers.measure(load, texts_per_call, process, offered)
                 runs[phase].append(record)
                 rounds.set_postfix_str(f"repeat {repeat}/{cfg.repeats} {phase}: {record_line(record)}", refresh=False)
