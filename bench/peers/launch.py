@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 from edgedistill.bench import BenchError, servers
 from edgedistill.bench.processes import free_port, measured_settings, serve_flags
-from edgedistill.common.machine import usable_cores
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.settings import Settings
+from edgedistill.serve.workers import worker_count
 
 PEERS = ("kserve", "mlserver")
 SERVERS = ("edgedistill", *PEERS, "echo")
@@ -26,13 +27,15 @@ MODEL = "bundle"  # the model name every peer serves the bundle under
 
 @dataclass(frozen=True)
 class Server:
-    """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name;
-    `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
+    """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name; `workers`:
+    the processes that answer them; `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit
+    statuses are theirs)."""
 
     name: str
     command: list[str]
     port: int
     model: str
+    workers: int = 1
     clean_exit: bool = True
 
 
@@ -55,16 +58,22 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
     return found.absolute()
 
 
+def resolved_workers(workers: int, bundle: Path) -> int:
+    """`workers`, or for 0 the count the server picks on `bundle` (one per usable core, as many as memory holds:
+    `serve.workers.worker_count`): resolved here once, so that the servers compared run the same count."""
+    return workers or worker_count(Settings(bundle=bundle))
+
+
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
-    """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
-    core as memory allows); `BenchError` when `EDGEDISTILL_*` variables give it TLS or a token, which h2load and the
-    readiness check do not send."""
+    """The server as deployed (metrics on, as the peers' are) with `workers` processes (`resolved_workers`);
+    `BenchError` when `EDGEDISTILL_*` variables give it TLS or a token, which h2load and the readiness check do not
+    send."""
     port = free_port()
     flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
     settings = measured_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
-    return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
+    return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model, workers)
 
 
 def echo() -> Server:
@@ -83,12 +92,13 @@ def kserve(python: Path, bundle: Path, threads: int) -> Server:
 
 def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Path) -> Server:
     """`mlserver start` on a model repository in `folder` serving `bundle` with `workers` parallel inference workers
-    (0: one per usable core, as Seldon's tuning guide advises), on loopback, debug off, MLServer's defaults otherwise."""
+    (`resolved_workers`: the server's count, which Seldon's tuning guide would also size to the cores), on loopback,
+    debug off, MLServer's defaults otherwise."""
     port = free_port()
     ports = {"grpc_port": port, "http_port": free_port(), "metrics_port": free_port()}
     folder.mkdir(parents=True, exist_ok=True)
     settings = {"host": "127.0.0.1", "debug": False, "metrics_dir": str(folder / "metrics")} | ports
-    settings["parallel_workers"] = workers or usable_cores()
+    settings["parallel_workers"] = workers
     (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
     model = {
         "name": MODEL,
@@ -97,4 +107,5 @@ def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Pat
     }
     (folder / MODEL).mkdir(exist_ok=True)
     (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
-    return Server("mlserver", [str(python.with_name("mlserver")), "start", str(folder)], port, MODEL, clean_exit=False)
+    command = [str(python.with_name("mlserver")), "start", str(folder)]
+    return Server("mlserver", command, port, MODEL, workers, clean_exit=False)

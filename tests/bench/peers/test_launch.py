@@ -6,6 +6,7 @@ import sys
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.peers import launch
+from edgedistill.serve import workers
 
 
 def test_the_server_runs_the_workers_asked_for(bundle):
@@ -62,7 +63,18 @@ def test_the_default_peer_environment_is_under_the_working_directory(tmp_path, m
         launch.peer_python("mlserver")
 
 
-def test_mlserver_runs_one_inference_worker_per_usable_core_by_default(tmp_path, bundle, monkeypatch):
-    monkeypatch.setattr(launch, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
-    launch.mlserver(launch.Path(sys.executable), bundle, 1, 0, tmp_path)
+def test_mlserver_runs_the_inference_workers_asked_for(tmp_path, bundle):
+    launch.mlserver(launch.Path(sys.executable), bundle, 1, 3, tmp_path)
     assert json.loads((tmp_path / "settings.json").read_text())["parallel_workers"] == 3
+
+
+def test_zero_workers_resolve_to_one_per_usable_core_where_memory_holds_them(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
+    monkeypatch.setattr(workers, "usable_memory", lambda: 1 << 40)
+    assert launch.resolved_workers(0, bundle) == 3
+
+
+def test_zero_workers_resolve_to_as_many_as_memory_holds(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    monkeypatch.setattr(workers, "usable_memory", lambda: 2 * workers.WORKER_BASE_BYTES)
+    assert launch.resolved_workers(0, bundle) == 1
