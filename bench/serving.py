@@ -16,7 +16,8 @@ Each repeat measures, in an order rotated by one phase each repeat (`bench.drive
   into batches of 32: the throughput the server's batched path is compared with.
 
 Settings and targets come from the recipe's `bench.serving` section; server settings also from
-`EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
+`EDGEDISTILL_*` variables, as for `python -m serve`, whose session settings (SPIN, PROVIDERS, ALLOW_CPU_FALLBACK) the
+bare server and the raw backend run with too, recorded per model as `sessions`. CPU % (100 = one core) is recorded for this
 process and the server, so a client-bound result shows. Each figure is the median over the repeats
 with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
 (`common.measured`): bench.json (a `bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, servers, slo
+from edgedistill.bench.peers.launch import classifier_session
+from edgedistill.bench.peers.model import session_of
 from edgedistill.bench.processes import (
     call_metadata,
     free_port,
@@ -235,7 +238,8 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
     ratios, targets = evaluate(runs, cfg)
     result = ServingResult(
         bundle=bundle_record(bundle_folder, bundle.spec),
-        settings=settings.model_dump(mode="json", exclude={"token", "port"}),
+        settings=settings.model_dump(mode="json", exclude={"token", "port"})
+        | {"sessions": {"server": session_of(settings), "bare": classifier_session(cfg.threads)}},
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
         texts=texts_info(examples),

@@ -111,7 +111,10 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
         bundle=bundle_record(bundle_folder, example.spec),
-        settings={name: {"command": server.command, "workers": server.workers} for name, server in servers.items()},
+        settings={
+            name: {"command": server.command, "workers": server.workers, "session": server.session}
+            for name, server in servers.items()
+        },
         options=cfg.model_dump(mode="json"),
         texts={"text": example.text, "pair": example.pair, "source": inputs.recipe.data.dev},
         machine=machine(

@@ -2,8 +2,8 @@
 
 `edgedistill` is the server as deployed, with the recipe's `bench.peers.workers` processes; `kserve` and `mlserver`
 serve the same bundle with `bench.peers.model` from their own environments (a Python interpreter each, from `make
-peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for
-the model name it serves.
+peers-setup`), with the server's session settings (`classifier_session`) and as many workers; `echo` is the
+do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for the model name it serves.
 """
 
 import json
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError, servers
-from edgedistill.bench.processes import free_port, measured_settings, serve_flags
+from edgedistill.bench.peers.model import session_of, session_settings
+from edgedistill.bench.processes import free_port, measured_settings, serve_flags, server_environ
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
 from edgedistill.serve.workers import worker_count
@@ -28,14 +29,15 @@ MODEL = "bundle"  # the model name every peer serves the bundle under
 @dataclass(frozen=True)
 class Server:
     """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name; `workers`:
-    the processes that answer them; `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit
-    statuses are theirs)."""
+    the processes that answer them; `session`: the settings of its model's session (`model.session_of`; None: it runs
+    no model); `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
 
     name: str
     command: list[str]
     port: int
     model: str
     workers: int = 1
+    session: dict | None = None
     clean_exit: bool = True
 
 
@@ -73,7 +75,14 @@ def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     settings = measured_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
-    return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model, workers)
+    command = [sys.executable, "-m", "edgedistill.serve", *flags]
+    return Server("edgedistill", command, port, model, workers, session_of(settings))
+
+
+def classifier_session(threads: int) -> dict:
+    """The session of a `model.BundleClassifier` (a peer's model, the bare server's) with `threads` intra-op threads
+    in the environment a measurement's servers run in: the measured server's `EDGEDISTILL_*` session settings."""
+    return session_of(session_settings(threads, server_environ()))
 
 
 def echo() -> Server:
@@ -87,7 +96,7 @@ def kserve(python: Path, bundle: Path, threads: int) -> Server:
     command = [str(python), "-m", "edgedistill.bench.peers.kserve_server", "--bundle", str(bundle)]
     command += ["--threads", str(threads), "--model_name", MODEL, "--grpc_port", str(port)]
     command += ["--http_port", str(free_port()), "--enable_latency_logging", "false", "--configure_logging", "false"]
-    return Server("kserve", command, port, MODEL, clean_exit=False)
+    return Server("kserve", command, port, MODEL, session=classifier_session(threads), clean_exit=False)
 
 
 def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Path) -> Server:
@@ -108,4 +117,4 @@ def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Pat
     (folder / MODEL).mkdir(exist_ok=True)
     (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
     command = [str(python.with_name("mlserver")), "start", str(folder)]
-    return Server("mlserver", command, port, MODEL, workers, clean_exit=False)
+    return Server("mlserver", command, port, MODEL, workers, classifier_session(threads), clean_exit=False)

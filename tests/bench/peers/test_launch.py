@@ -1,5 +1,6 @@
 """How each server of the peer comparison is started: commands, MLServer's settings, the peers' environments."""
 
+import functools
 import json
 import sys
 
@@ -30,6 +31,18 @@ def test_kserve_runs_without_its_per_request_log(bundle):
 def test_kserve_serves_the_bundle_under_the_peers_model_name(bundle):
     command = launch.kserve(launch.Path(sys.executable), bundle, 1).command
     assert command[command.index("--model_name") + 1] == launch.MODEL
+
+
+@pytest.mark.parametrize("peer", ["kserve", "mlserver"])
+def test_a_peer_records_the_servers_session_settings_from_the_environment(tmp_path, bundle, monkeypatch, peer):
+    monkeypatch.setenv("EDGEDISTILL_SPIN", "true")
+    start = {"kserve": launch.kserve, "mlserver": functools.partial(launch.mlserver, workers=1, folder=tmp_path)}
+    session = start[peer](launch.Path(sys.executable), bundle, 1).session
+    assert session == launch.edgedistill(bundle, "tiny-sentiment", 1, 1).session
+
+
+def test_the_echo_server_records_no_session():
+    assert launch.echo().session is None
 
 
 def test_mlserver_model_settings_name_the_runtime_and_the_bundle(tmp_path, bundle):
