@@ -5,9 +5,10 @@ settings as `bench serving`): on the cascade folder and on its last member's bun
 `bench.serving.repeats` rounds, the two in an order rotated each round (`bench.drivers.rotated`): capacity
 (single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time
 at `rate` calls/s). The texts are the recipe's dev split (pairs for a pair task), shuffled. Writes
-`runs/<recipe>/serve-cascade-<name>/cascade.json` and `cascade.md`; capacity is texts/s, medians with min/max over the rounds, and the share of the cascade's
-answers (after warm-up) that its first member escalated, beside the dev share its manifest records. A last member's
-bundle rebuilt since the cascade copied it is refused: the two would serve different models.
+`runs/<recipe>/serve-cascade-<name>/cascade.json` and `cascade.md`; capacity is texts/s, medians with min/max over
+the rounds, and the share of the cascade's answers (after warm-up) that its first member escalated, beside the dev
+share its manifest records. A last member's bundle rebuilt since the cascade copied it is refused: the two would
+serve different models.
 """
 
 import asyncio

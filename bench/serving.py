@@ -17,9 +17,9 @@ Each repeat measures, in an order rotated by one phase each repeat (`bench.drive
 
 Settings and targets come from the recipe's `bench.serving` section; server settings also from
 `EDGEDISTILL_*` variables, as for `python -m serve`, whose session settings (SPIN, PROVIDERS, ALLOW_CPU_FALLBACK) the
-bare server and the raw backend run with too, recorded per model as `sessions`. CPU % (100 = one core) is recorded for this
-process and the server, so a client-bound result shows. Each figure is the median over the repeats
-with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
+bare server and the raw backend run with too (bench.json's `sessions`: the server's and the bare server's). CPU %
+(100 = one core) is recorded for this process and the server, so a client-bound result shows. Each figure is the
+median over the repeats with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
 (`common.measured`): bench.json (a `bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
 """
 
