@@ -2,11 +2,13 @@
 
 `python -m bench cascade RECIPE [--name CASCADE]` starts the server twice (one process each, the same
 settings as `bench serving`): on the cascade folder and on its last member's bundle. Interleaved, for
-`bench.serving.repeats` rounds: capacity (single-text `Classify` calls from `concurrency` callers for
-`duration_s`) and the paced phase (one call at a time at `rate` calls/s). The texts are the recipe's
-dev split (pairs for a pair task), shuffled. Writes `runs/<recipe>/serve-cascade-<name>/cascade.json`
-and `cascade.md`; capacity is texts/s, medians with min/max over the rounds, and the share of the cascade's
-answers (after warm-up) that its first member escalated, beside the dev share its manifest records.
+`bench.serving.repeats` rounds, the two in an order rotated each round (`bench.drivers.rotated`): capacity
+(single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time
+at `rate` calls/s). The texts are the recipe's dev split (pairs for a pair task), shuffled. Writes
+`runs/<recipe>/serve-cascade-<name>/cascade.json` and `cascade.md`; capacity is texts/s, medians with min/max over
+the rounds, and the share of the cascade's answers (after warm-up) that its first member escalated, beside the dev
+share its manifest records. A last member's bundle rebuilt since the cascade copied it is refused: the two would
+serve different models.
 """
 
 import asyncio
@@ -27,7 +29,7 @@ from edgedistill.bench.tables import record_line
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
-from edgedistill.common.cascade import load_cascade
+from edgedistill.common.cascade import Cascade, load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
@@ -85,10 +87,24 @@ def counting(classify: Callable, answers: Counter) -> Callable:
     return call
 
 
+def refuse_another_last(cascade: Cascade, last: Path) -> None:
+    """`BenchError` unless `last` is the bundle the cascade's last member was copied from (their manifests' sha256):
+    a bundle rebuilt since would be another model than the one the cascade serves."""
+    member = cascade.spec.members[-1]
+    if mf.sha256_file(last / mf.MANIFEST) != member.manifest_sha256:
+        name = cascade.folder.name.removeprefix("bundle-")
+        raise BenchError(
+            f"{last} is not the bundle {cascade.folder} copied as its last member {member.bundle} (its manifest's "
+            f"sha256 differs: rebuilt since), so the two would serve different models: rebuild the cascade "
+            f"(`edgedistill export bundles RECIPE --only {name}`)"
+        )
+
+
 async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers: Counter) -> dict[str, dict]:
     """Both servers' phases; `answers` counts the cascade's answers after warm-up (`counting`)."""
     cfg = recipe.bench.serving
     cascade = load_cascade(folders["cascade"])
+    refuse_another_last(cascade, folders["last"])
     examples = load_texts(recipe.data, cascade.spec.pairs, None, None)
     singles = classify_requests(examples, 1)
     runs: dict[str, dict[str, list]] = {model: {phase: [] for phase in PHASES} for model in folders}
@@ -104,7 +120,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
         calls["cascade"] = counting(calls["cascade"], answers)
         rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")
         for repeat in range(1, cfg.repeats + 1):
-            for model in folders:
+            for model in drivers.rotated(list(folders), repeat - 1):
                 loads = {
                     "capacity": functools.partial(
                         drivers.saturate, calls[model], singles, cfg.concurrency, cfg.duration_s

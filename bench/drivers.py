@@ -1,5 +1,6 @@
 """Load drivers of the serving benchmark: gRPC calls from asyncio tasks, paced or saturating, and a backend
-called in a loop; each returns a `Tally`, and `measure` turns one into figures with the CPU it cost."""
+called in a loop; each returns a `Tally`, and `measure` turns one into figures with the CPU it cost. `rotated` is
+the order of each repeat's phases, in every benchmark that repeats several."""
 
 import asyncio
 import functools
@@ -19,6 +20,13 @@ from edgedistill.bench.stats import call_stats
 from edgedistill.serve.proto import classifier_pb2_grpc
 
 CALL_TIMEOUT_S = 10.0
+
+
+def rotated(order: list, repeat: int) -> list:
+    """`order` as repeat `repeat` (from 0) runs it: rotated by one each repeat, so that none always runs first or
+    after the same one."""
+    shift = repeat % len(order)
+    return order[shift:] + order[:shift]
 
 
 @dataclass

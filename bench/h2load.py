@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.bench.drivers import rotated
 from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
 from edgedistill.bench.tables import record_line
@@ -203,13 +204,19 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     client_before = os.times()
     start = time.perf_counter()
     clients = []
-    for index, part_log in enumerate(logs):
-        part_log.unlink(missing_ok=True)
-        line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
-        if index:
-            time.sleep(gap)
-        clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [client.communicate()[0] for client in clients]
+    try:
+        for index, part_log in enumerate(logs):
+            part_log.unlink(missing_ok=True)
+            line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
+            if index:
+                time.sleep(gap)
+            clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [client.communicate()[0] for client in clients]
+    finally:  # an error or Ctrl-C while clients run leaves none running on
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
     seconds = time.perf_counter() - start
     client_times = os.times()
     parts = [summary_of(client.returncode, output) for client, output in zip(clients, outputs, strict=True)]
@@ -258,7 +265,7 @@ def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str)
     runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in order for phase in targets[name].loads}
     bar = progress.bar(len(runs) * repeats, desc=desc, unit="phase")
     for repeat in range(repeats):
-        for name in order[repeat % len(order) :] + order[: repeat % len(order)]:
+        for name in rotated(order, repeat):
             target = targets[name]
             for phase, load in target.loads.items():
                 record = run(target.port, target.request, target.replies, load, work / "h2load.log", target.process)

@@ -37,8 +37,6 @@ from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.machine import usable_cores
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve import workers
-from edgedistill.serve.settings import Settings
 from rich.console import Console
 
 STAGE = measured.SCALING
@@ -142,7 +140,7 @@ def measure(
 def worker_counts(asked: list[int], bundle: Path) -> list[int]:
     """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), repeats dropped;
     `BenchError` when fewer than two counts are left."""
-    counts = list(dict.fromkeys(count or workers.worker_count(Settings(bundle=bundle)) for count in asked))
+    counts = list(dict.fromkeys(launch.resolved_workers(count, bundle) for count in asked))
     if len(counts) < 2:
         raise BenchError(f"workers {asked}: {counts} on this machine; scaling needs two counts or more")
     return counts

@@ -5,7 +5,8 @@ comparison) answers one constant prediction per text, with no tokenizer, model o
 against it measures gRPC and the client alone. With
 `--bundle`, the bare server: each call tokenizes its texts and runs the bundle's backend on the event
 loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows the ceiling
-of any server that runs this model on its event loop. Both have the real server's health
+of any server that runs this model on its event loop; its session takes the server's `EDGEDISTILL_*` session
+settings (`bench.peers.model`). Both have the real server's health
 service and message limits, and stop on SIGTERM/SIGINT.
 """
 

@@ -4,7 +4,7 @@ One run starts the server (`python -m serve`) and the two baseline servers of `b
 subprocesses on loopback and drives them from this process with grpc.aio tasks (`bench.drivers`).
 The texts are the recipe's dev split (with their pairs, for a pair model) unless a file is given
 (`bench.texts`); "single-text" below means one example per call, a text and its pair for a pair model.
-Each repeat measures:
+Each repeat measures, in an order rotated by one phase each repeat (`bench.drivers.rotated`):
 
 - paced: single-text `Classify` calls, one at a time, paced at `rate` for `duration_s`: latency, achieved rate;
   the same against the echo server gives the latency floor of gRPC and this client;
@@ -16,9 +16,10 @@ Each repeat measures:
   into batches of 32: the throughput the server's batched path is compared with.
 
 Settings and targets come from the recipe's `bench.serving` section; server settings also from
-`EDGEDISTILL_*` variables, as for `python -m serve`. CPU % (100 = one core) is recorded for this
-process and the server, so a client-bound result shows. Each figure is the median over the repeats
-with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
+`EDGEDISTILL_*` variables, as for `python -m serve`, whose session settings (SPIN, PROVIDERS, ALLOW_CPU_FALLBACK) the
+bare server and the raw backend run with too (bench.json's `sessions`: the server's and the bare server's). CPU %
+(100 = one core) is recorded for this process and the server, so a client-bound result shows. Each figure is the
+median over the repeats with min and max. The result is the artifact `runs/<recipe>/serve-bench-<bundle>/`, one per bundle folder
 (`common.measured`): bench.json (a `bench.records.ServingResult`), bench.md, the three servers' logs and the manifest.
 """
 
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, servers, slo
+from edgedistill.bench.peers.launch import classifier_session
+from edgedistill.bench.peers.model import session_of
 from edgedistill.bench.processes import (
     call_metadata,
     free_port,
@@ -138,7 +141,7 @@ async def measure_all(
     examples: Examples,
 ) -> dict[str, list[dict]]:
     """Start the three servers (their logs in `logs`), warm everything up, then run every phase `cfg.repeats`
-    times, interleaved, reporting each finished phase as progress."""
+    times, in an order rotated each repeat, reporting each finished phase as progress."""
     batches = raw_batches(bundle, examples)
     singles = classify_requests(examples, 1)
     grouped = classify_requests(examples, BATCH)
@@ -182,7 +185,8 @@ async def measure_all(
         }
         rounds = progress.bar(cfg.repeats * len(phases), desc=STAGE, unit="phase")
         for repeat in range(1, cfg.repeats + 1):
-            for phase, (load, texts_per_call, process, offered) in phases.items():
+            for phase in drivers.rotated(list(phases), repeat - 1):
+                load, texts_per_call, process, offered = phases[phase]
                 record = await drivers.measure(load, texts_per_call, process, offered)
                 runs[phase].append(record)
                 rounds.set_postfix_str(f"repeat {repeat}/{cfg.repeats} {phase}: {record_line(record)}", refresh=False)
@@ -234,7 +238,8 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
     ratios, targets = evaluate(runs, cfg)
     result = ServingResult(
         bundle=bundle_record(bundle_folder, bundle.spec),
-        settings=settings.model_dump(mode="json", exclude={"token", "port"}),
+        settings=settings.model_dump(mode="json", exclude={"token", "port"})
+        | {"sessions": {"server": session_of(settings), "bare": classifier_session(cfg.threads)}},
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
         | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
         texts=texts_info(examples),

@@ -104,21 +104,17 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
     interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}
     example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)
     work = inputs.fresh_work()
-    servers = {"edgedistill": launch.edgedistill(bundle_folder, example.spec.name, cfg.threads, cfg.workers)}
-    if "kserve" in interpreters:
-        servers["kserve"] = launch.kserve(interpreters["kserve"], bundle_folder, cfg.threads)
-    if "mlserver" in interpreters:
-        servers["mlserver"] = launch.mlserver(
-            interpreters["mlserver"], bundle_folder, cfg.threads, cfg.workers, work / "mlserver"
-        )
-    servers["echo"] = launch.echo()
+    servers = launched(cfg, bundle_folder, example.spec.name, interpreters, work)
     load_before = os.getloadavg()
     runs = measure(cfg, servers, example, work)
     summary = {key: summarize(records) for key, records in runs.items()}
     ratios, targets = evaluate(summary, cfg)
     result = ServingResult(
         bundle=bundle_record(bundle_folder, example.spec),
-        settings={name: {"command": server.command} for name, server in servers.items()},
+        settings={
+            name: {"command": server.command, "workers": server.workers, "session": server.session}
+            for name, server in servers.items()
+        },
         options=cfg.model_dump(mode="json"),
         texts={"text": example.text, "pair": example.pair, "source": inputs.recipe.data.dev},
         machine=machine(
@@ -145,6 +141,20 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
             + (f"; {missed}" if (missed := slo.missed(targets)) else "")
         ),
     )
+
+
+def launched(
+    cfg: PeersBenchConfig, bundle: Path, model: str, interpreters: dict[str, Path], work: Path
+) -> dict[str, launch.Server]:
+    """How to start each server of the comparison on `bundle` (`model`: the server's name for it), the peers from
+    `interpreters`; the server and MLServer with the same count of workers, `cfg.workers` resolved once."""
+    workers = launch.resolved_workers(cfg.workers, bundle)
+    servers = {"edgedistill": launch.edgedistill(bundle, model, cfg.threads, workers)}
+    if "kserve" in interpreters:
+        servers["kserve"] = launch.kserve(interpreters["kserve"], bundle, cfg.threads)
+    if "mlserver" in interpreters:
+        servers["mlserver"] = launch.mlserver(interpreters["mlserver"], bundle, cfg.threads, workers, work / "mlserver")
+    return servers | {"echo": launch.echo()}
 
 
 def measure(
@@ -185,9 +195,10 @@ def table_rows(result: ServingResult) -> list[list[str]]:
 
 def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
+    workers = result.settings["edgedistill"]["workers"]
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
-        f"thread(s), {o['workers'] or 'one per core'} worker(s) where a server has them, {result.machine['cpus']} "
+        f"thread(s), {workers} worker(s) where a server has them, {result.machine['cpus']} "
         f"CPUs; h2load, saturated over {o['connections']} connection(s) x "
         f"{o['streams']} streams, paced over {o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )

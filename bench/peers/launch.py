@@ -2,8 +2,8 @@
 
 `edgedistill` is the server as deployed, with the recipe's `bench.peers.workers` processes; `kserve` and `mlserver`
 serve the same bundle with `bench.peers.model` from their own environments (a Python interpreter each, from `make
-peers-setup`); `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for
-the model name it serves.
+peers-setup`), with the server's session settings (`classifier_session`) and as many workers; `echo` is the
+do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for the model name it serves.
 """
 
 import json
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError, servers
-from edgedistill.bench.processes import free_port, measured_settings, serve_flags
-from edgedistill.common.machine import usable_cores
+from edgedistill.bench.peers.model import session_of, session_settings
+from edgedistill.bench.processes import free_port, measured_settings, serve_flags, server_environ
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
+from edgedistill.serve.settings import Settings
+from edgedistill.serve.workers import worker_count
 
 PEERS = ("kserve", "mlserver")
 SERVERS = ("edgedistill", *PEERS, "echo")
@@ -26,13 +28,16 @@ MODEL = "bundle"  # the model name every peer serves the bundle under
 
 @dataclass(frozen=True)
 class Server:
-    """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name;
-    `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
+    """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name; `workers`:
+    the processes that answer them; `session`: the settings of its model's session (`model.session_of`; None: it runs
+    no model); `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
 
     name: str
     command: list[str]
     port: int
     model: str
+    workers: int = 1
+    session: dict | None = None
     clean_exit: bool = True
 
 
@@ -55,16 +60,29 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
     return found.absolute()
 
 
+def resolved_workers(workers: int, bundle: Path) -> int:
+    """`workers`, or for 0 the count the server picks on `bundle` (one per usable core, as many as memory holds:
+    `serve.workers.worker_count`): resolved here once, so that the servers compared run the same count."""
+    return workers or worker_count(Settings(bundle=bundle))
+
+
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
-    """The server as deployed (metrics on, as the peers' are) with `workers` processes (0: its default, one per
-    core as memory allows); `BenchError` when `EDGEDISTILL_*` variables give it TLS or a token, which h2load and the
-    readiness check do not send."""
+    """The server as deployed (metrics on, as the peers' are) with `workers` processes (`resolved_workers`);
+    `BenchError` when `EDGEDISTILL_*` variables give it TLS or a token, which h2load and the readiness check do not
+    send."""
     port = free_port()
     flags = serve_flags(bundle, port, threads, workers, metrics_port=free_port())
     settings = measured_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
-    return Server("edgedistill", [sys.executable, "-m", "edgedistill.serve", *flags], port, model)
+    command = [sys.executable, "-m", "edgedistill.serve", *flags]
+    return Server("edgedistill", command, port, model, workers, session_of(settings))
+
+
+def classifier_session(threads: int) -> dict:
+    """The session of a `model.BundleClassifier` (a peer's model, the bare server's) with `threads` intra-op threads
+    in the environment a measurement's servers run in: the measured server's `EDGEDISTILL_*` session settings."""
+    return session_of(session_settings(threads, server_environ()))
 
 
 def echo() -> Server:
@@ -78,17 +96,18 @@ def kserve(python: Path, bundle: Path, threads: int) -> Server:
     command = [str(python), "-m", "edgedistill.bench.peers.kserve_server", "--bundle", str(bundle)]
     command += ["--threads", str(threads), "--model_name", MODEL, "--grpc_port", str(port)]
     command += ["--http_port", str(free_port()), "--enable_latency_logging", "false", "--configure_logging", "false"]
-    return Server("kserve", command, port, MODEL, clean_exit=False)
+    return Server("kserve", command, port, MODEL, session=classifier_session(threads), clean_exit=False)
 
 
 def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Path) -> Server:
     """`mlserver start` on a model repository in `folder` serving `bundle` with `workers` parallel inference workers
-    (0: one per usable core, as Seldon's tuning guide advises), on loopback, debug off, MLServer's defaults otherwise."""
+    (`resolved_workers`: the server's count, which Seldon's tuning guide would also size to the cores), on loopback,
+    debug off, MLServer's defaults otherwise."""
     port = free_port()
     ports = {"grpc_port": port, "http_port": free_port(), "metrics_port": free_port()}
     folder.mkdir(parents=True, exist_ok=True)
     settings = {"host": "127.0.0.1", "debug": False, "metrics_dir": str(folder / "metrics")} | ports
-    settings["parallel_workers"] = workers or usable_cores()
+    settings["parallel_workers"] = workers
     (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
     model = {
         "name": MODEL,
@@ -97,4 +116,5 @@ def mlserver(python: Path, bundle: Path, threads: int, workers: int, folder: Pat
     }
     (folder / MODEL).mkdir(exist_ok=True)
     (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=1), encoding="utf-8")
-    return Server("mlserver", [str(python.with_name("mlserver")), "start", str(folder)], port, MODEL, clean_exit=False)
+    command = [str(python.with_name("mlserver")), "start", str(folder)]
+    return Server("mlserver", command, port, MODEL, workers, classifier_session(threads), clean_exit=False)

@@ -1,5 +1,11 @@
-"""A bundle's tokenizer and backend as one call, texts (and pairs) in and logits out: what a peer server serves."""
+"""A bundle's tokenizer and backend as one call, texts (and pairs) in and logits out: what a peer server serves.
 
+Its session is the measured server's: the same `threads`, and the session settings of the `EDGEDISTILL_*` variables
+(SPIN, PROVIDERS, ALLOW_CPU_FALLBACK) read from the same environment, so that a comparison runs every server's model
+alike.
+"""
+
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -8,17 +14,32 @@ from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import InvalidInput
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, load_settings
+
+SESSION = ("threads", "spin", "providers", "allow_cpu_fallback")  # the server settings that shape a model's session
+
+
+def session_settings(threads: int, environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of one server process with `threads` intra-op threads and the `EDGEDISTILL_*` variables of
+    `environ` (default this process's), read as the server reads them."""
+    return load_settings(["--threads", str(threads), "--workers", "1"], environ)
+
+
+def session_of(settings: Settings) -> dict:
+    """The `SESSION` settings of `settings`, as a result records them."""
+    return settings.model_dump(mode="json", include=set(SESSION))
 
 
 class BundleClassifier:
-    """The verified bundle in `folder`, run on ONNX Runtime (or TensorRT) with `threads` intra-op threads."""
+    """The verified bundle in `folder`, run on ONNX Runtime (or TensorRT) with `threads` intra-op threads and the
+    session settings of this process's environment (`session_settings`)."""
 
     def __init__(self, folder: Path, threads: int = 1):
         bundle = load_bundle(folder)
         self.spec = bundle.spec
         self.encoder = TextEncoder.for_bundle(bundle)
-        self.backend = load_backend(bundle, Settings(threads=threads))
+        self.settings = session_settings(threads)
+        self.backend = load_backend(bundle, self.settings)
         self.output = self.spec.outputs[0].name
 
     @property

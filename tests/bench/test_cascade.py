@@ -3,11 +3,12 @@ written from canned figures."""
 
 import asyncio
 import io
+import json
 import os
 from collections import Counter
 
 import pytest
-from edgedistill.bench import cascade
+from edgedistill.bench import BenchError, cascade
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.cascade import PHASES, CascadeResult, counting, failed_calls
 from edgedistill.common import manifest as mf
@@ -152,6 +153,17 @@ def measured_with_a_token(tmp_path_factory):
 @pytest.mark.parametrize("model", ["cascade", "last"])
 def test_a_server_with_a_token_is_called_with_it(measured_with_a_token, model):
     assert failed_calls(measured_with_a_token[model]) == 0
+
+
+def test_a_last_member_rebuilt_since_the_cascade_is_refused_naming_the_rebuild(tmp_path):
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)
+    folders = {"cascade": write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, [0.9]), "last": sure}
+    manifest = json.loads((sure / mf.MANIFEST).read_text())
+    manifest["metrics"]["rebuilt"] = 1  # the standalone bundle rebuilt after the cascade copied it
+    (sure / mf.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BenchError, match=r"rebuild the cascade \(`edgedistill export bundles RECIPE --only cascade`\)"):
+        asyncio.run(cascade._measure(load_recipe(SMOKE), folders, tmp_path, Counter()))
 
 
 def test_a_models_failed_calls_are_summed_over_every_phase_and_round():

@@ -26,6 +26,16 @@ class FakeClassify:
             self.in_flight -= 1
 
 
+def test_each_repeat_starts_with_the_phase_after_the_last_repeats_first():
+    assert drivers.rotated(["paced", "capacity", "raw"], 1) == ["capacity", "raw", "paced"]
+
+
+def test_the_order_of_the_phases_differs_in_every_repeat_until_it_comes_round():
+    orders = [tuple(drivers.rotated(["cascade", "last", "echo"], repeat)) for repeat in range(4)]
+    assert orders[:3] == [("cascade", "last", "echo"), ("last", "echo", "cascade"), ("echo", "cascade", "last")]
+    assert orders[3] == orders[0]
+
+
 def test_paced_calls_come_at_the_rate_one_at_a_time():
     classify = FakeClassify()
     tally = asyncio.run(drivers.paced(classify, ["r"], rate=100, duration=0.5))

@@ -3,6 +3,7 @@
 import socket
 import subprocess
 
+import psutil
 import pytest
 from edgedistill.bench import BenchError, h2load
 from edgedistill.bench.calls import ABSENT_MODEL, infer_request
@@ -129,6 +130,23 @@ def test_a_run_in_which_no_call_finishes_is_a_bench_error(tmp_path):
         port = closed.getsockname()[1]
     with pytest.raises(BenchError, match=f"finished no call to port {port}"):
         h2load.run(port, path, h2load.Replies(71, 0), h2load.Load(1, 1, 0.3), tmp_path / "h2load.log", None)
+
+
+@needs_h2load
+def test_an_error_while_clients_run_leaves_no_h2load_running(tmp_path, monkeypatch):
+    _, path = write_request(tmp_path, "echo")
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt  # before the second client starts, while the first waits on a server that never answers
+
+    monkeypatch.setattr(h2load.time, "sleep", interrupted)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        load = h2load.Load(2, 1, 30, rate=10, clients=2)
+        with pytest.raises(KeyboardInterrupt):
+            h2load.run(silent.getsockname()[1], path, h2load.Replies(71, 0), load, tmp_path / "h2load.log", None)
+    assert [child for child in psutil.Process().children() if child.name() == "h2load"] == []
 
 
 def test_a_failed_probe_names_the_status(served):

@@ -1,6 +1,8 @@
 """The peer comparison: the ratios against the best peer, and a whole run."""
 
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.bench.targets import Example
 from edgedistill.common.config.measure import PeersBenchConfig
+from edgedistill.serve import workers
 
 from tests.bench.test_h2load import needs_h2load
 from tests.serve.conftest import ROOT
@@ -58,6 +61,18 @@ def test_failed_paced_calls_of_the_server_or_the_best_peer_miss_the_p99_target(s
 def test_no_target_is_checked_by_default():
     _, targets = compare.evaluate(summary(CAPACITY, P99), PeersBenchConfig())
     assert targets == []
+
+
+def test_the_server_and_mlserver_run_the_same_count_of_workers_where_memory_holds_fewer_than_the_cores(
+    tmp_path, bundle, monkeypatch
+):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    monkeypatch.setattr(workers, "usable_memory", lambda: 2 * workers.WORKER_BASE_BYTES)
+    cfg = PeersBenchConfig(peers=["mlserver"], workers=0)
+    servers = compare.launched(cfg, bundle, "tiny-sentiment", {"mlserver": Path(sys.executable)}, tmp_path)
+    ours = servers["edgedistill"].command
+    mlserver = json.loads((tmp_path / "mlserver" / "settings.json").read_text())
+    assert mlserver["parallel_workers"] == int(ours[ours.index("--workers") + 1])
 
 
 def bench_peers(bundle, runs: Path, *extra: str) -> int:

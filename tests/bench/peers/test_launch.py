@@ -1,11 +1,13 @@
 """How each server of the peer comparison is started: commands, MLServer's settings, the peers' environments."""
 
+import functools
 import json
 import sys
 
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.peers import launch
+from edgedistill.serve import workers
 
 
 def test_the_server_runs_the_workers_asked_for(bundle):
@@ -29,6 +31,18 @@ def test_kserve_runs_without_its_per_request_log(bundle):
 def test_kserve_serves_the_bundle_under_the_peers_model_name(bundle):
     command = launch.kserve(launch.Path(sys.executable), bundle, 1).command
     assert command[command.index("--model_name") + 1] == launch.MODEL
+
+
+@pytest.mark.parametrize("peer", ["kserve", "mlserver"])
+def test_a_peer_records_the_servers_session_settings_from_the_environment(tmp_path, bundle, monkeypatch, peer):
+    monkeypatch.setenv("EDGEDISTILL_SPIN", "true")
+    start = {"kserve": launch.kserve, "mlserver": functools.partial(launch.mlserver, workers=1, folder=tmp_path)}
+    session = start[peer](launch.Path(sys.executable), bundle, 1).session
+    assert session == launch.edgedistill(bundle, "tiny-sentiment", 1, 1).session
+
+
+def test_the_echo_server_records_no_session():
+    assert launch.echo().session is None
 
 
 def test_mlserver_model_settings_name_the_runtime_and_the_bundle(tmp_path, bundle):
@@ -62,7 +76,18 @@ def test_the_default_peer_environment_is_under_the_working_directory(tmp_path, m
         launch.peer_python("mlserver")
 
 
-def test_mlserver_runs_one_inference_worker_per_usable_core_by_default(tmp_path, bundle, monkeypatch):
-    monkeypatch.setattr(launch, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
-    launch.mlserver(launch.Path(sys.executable), bundle, 1, 0, tmp_path)
+def test_mlserver_runs_the_inference_workers_asked_for(tmp_path, bundle):
+    launch.mlserver(launch.Path(sys.executable), bundle, 1, 3, tmp_path)
     assert json.loads((tmp_path / "settings.json").read_text())["parallel_workers"] == 3
+
+
+def test_zero_workers_resolve_to_one_per_usable_core_where_memory_holds_them(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 3)  # affinity within the cgroup quota, as the server counts
+    monkeypatch.setattr(workers, "usable_memory", lambda: 1 << 40)
+    assert launch.resolved_workers(0, bundle) == 3
+
+
+def test_zero_workers_resolve_to_as_many_as_memory_holds(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    monkeypatch.setattr(workers, "usable_memory", lambda: 2 * workers.WORKER_BASE_BYTES)
+    assert launch.resolved_workers(0, bundle) == 1

@@ -3,7 +3,8 @@
 import grpc
 import numpy as np
 import pytest
-from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.bench.peers.model import BundleClassifier, session_of
+from edgedistill.bench.processes import measured_settings, serve_flags
 from edgedistill.serve.errors import InvalidInput
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
@@ -22,6 +23,22 @@ def test_logits_equal_the_servers(bundle):
         server.close()
     served = np.array([list(p.logits) for p in reply.predictions], np.float32)
     np.testing.assert_allclose(BundleClassifier(bundle).logits(TEXTS), served, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("SPIN", "true"), ("PROVIDERS", "CPUExecutionProvider"), ("ALLOW_CPU_FALLBACK", "true")]
+)
+def test_a_session_setting_in_the_environment_reaches_the_model_as_it_reaches_the_measured_server(
+    bundle, monkeypatch, variable, value
+):
+    monkeypatch.setenv(f"EDGEDISTILL_{variable}", value)
+    server = measured_settings(serve_flags(bundle, 0, 2))
+    assert session_of(BundleClassifier(bundle, 2).settings) == session_of(server)
+
+
+def test_spin_set_in_the_environment_spins_the_models_threads(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_SPIN", "true")
+    assert BundleClassifier(bundle).settings.spin is True
 
 
 def test_labels_are_the_bundles(bundle):
