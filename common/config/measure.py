@@ -183,7 +183,7 @@ class PeersBenchConfig(H2loadBenchConfig):
         0,
         ge=0,
         description="processes per server where it has that setting: the server's WORKERS and MLServer's "
-        "parallel_workers (KServe's ModelServer answers gRPC from one process whatever its workers); 0: one per core",
+        "parallel_workers (KServe's ModelServer answers gRPC from one process whatever its workers); 0: one per core as memory allows, as the server picks it",
     )
     min_capacity_vs_best_peer: float | None = Field(
         None, gt=0, description="the server's calls/s at saturation / the best peer's"
