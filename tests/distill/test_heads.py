@@ -159,6 +159,19 @@ def test_a_teacher_the_fusions_fuse_fully_or_leave_alone_passes_with_fused_bundl
     assert heads.require_fusable(config, load_recipe(SMOKE), "init") is None
 
 
+@pytest.mark.parametrize("config", [GPT2Config(), BartConfig()], ids=lambda c: c.model_type)
+@pytest.mark.parametrize("key, value", [("attention", "MultiHeadAttention"), ("skip_layer_norm", False)])
+def test_a_fusion_choice_for_a_teacher_the_fusions_leave_alone_is_refused_naming_it(config, key, value):
+    recipe = load_recipe(SMOKE, {f"export.bundles.teacher-fused.{key}": value})
+    with pytest.raises(RecipeError, match=rf"export\.bundles\.teacher-fused\.{key} would not apply: .* init, a "):
+        heads.require_fusable(config, recipe, "init")
+
+
+def test_a_fusion_choice_for_a_teacher_the_fusions_fuse_fully_passes():
+    recipe = load_recipe(SMOKE, {"export.bundles.teacher-fused.attention": "MultiHeadAttention"})
+    assert heads.require_fusable(BertConfig(), recipe, "init") is None
+
+
 def test_reinit_layers_of_an_encoder_decoder_is_refused_from_its_config_naming_the_checkpoint():
     with pytest.raises(RecipeError, match="reinit_layers draws an encoder's top layers afresh, but init is an encoder"):
         heads.require_reinit(BartConfig(), 1, "init")
