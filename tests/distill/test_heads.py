@@ -9,7 +9,7 @@ from edgedistill.distill import heads
 from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
-from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
+from edgedistill.export.validate import FP32_TOLERANCE, check_shapes
 from transformers import (
     AlbertConfig,
     AutoModel,
@@ -99,7 +99,7 @@ def test_exported_and_fused_graph_matches_pytorch(tmp_path):
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 2)
     session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
     worst = check_shapes(lambda feeds: session.run(["logits"], feeds)[0], source, precision="fp32", max_length=64)
-    assert max(worst.values()) <= FP32_SHAPE_TOLERANCE
+    assert max(worst.values()) <= FP32_TOLERANCE
 
 
 def test_a_roberta_reads_two_tokens_fewer_than_its_position_embeddings():

@@ -380,7 +380,7 @@ def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses
 ):
     def off(runner):
         run = logits_runner(runner)
-        return lambda feeds: run(feeds) + 2 * validate.FP32_SHAPE_TOLERANCE
+        return lambda feeds: run(feeds) + 2 * validate.FP32_TOLERANCE
 
     monkeypatch.setattr(validate, "logits_runner", off)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))

@@ -19,7 +19,7 @@ from edgedistill.export.onnx_export import (
     load_source,
 )
 from edgedistill.export.optimize import fuse
-from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
+from edgedistill.export.validate import FP32_TOLERANCE, check_shapes, logits_runner
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -124,7 +124,7 @@ def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its
     export_onnx(source, tmp_path / "plain.onnx", opset=17)
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
     runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
-    assert max(check_shapes(runner, source, "fp32", 64).values()) <= FP32_SHAPE_TOLERANCE
+    assert max(check_shapes(runner, source, "fp32", 64).values()) <= FP32_TOLERANCE
 
 
 def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
