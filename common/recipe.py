@@ -81,6 +81,11 @@ class Recipe(Strict):
                 arch = "teacher" if bundle.source == "teacher" else self.distill.students[bundle.source].model.arch
                 if bundle.fold and arch != "cnn":
                     raise ValueError(f"export.bundles.{bundle_id}.fold: true needs a CNN student as its source")
+                graph = f"the graph of {bundle.source}, a {arch} student"
+                if arch not in ("teacher", "transformer") and (
+                    unapplied := bundle.unapplied_fusion_choices(bundle_id, graph)
+                ):
+                    raise ValueError(unapplied)
                 if bundle.smooth is not None and arch not in ("teacher", "transformer"):
                     raise ValueError(
                         f"export.bundles.{bundle_id}.smooth needs a fused graph, the teacher's or a transformer "

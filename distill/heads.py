@@ -142,8 +142,15 @@ def fusion_applies(config) -> bool:
 def require_fusable(config, recipe: Recipe, name) -> None:
     """Refuse a recipe whose teacher bundles (ONNX Runtime ones, the `transfer.labeller` among them) ask for
     `fused: true` when the checkpoint `name` of transformers `config` is an encoder the fusions take but cannot fuse
-    completely: known from its model type before the teacher trains, not when its bundles are built."""
-    if recipe.export is None or not fusion_applies(config) or config.model_type in FUSABLE_TYPES:
+    completely, or set a fusion choice (`attention`, `skip_layer_norm`) when the fusions do not take it at all:
+    known from its model type before the teacher trains, not when its bundles are built."""
+    if recipe.export is None or config.model_type in FUSABLE_TYPES:
+        return
+    if not fusion_applies(config):
+        graph = f"the graph of {name}, a {config.model_type}"
+        for bundle_id, spec in recipe.export.bundles.items():
+            if spec.source == "teacher" and (unapplied := spec.unapplied_fusion_choices(bundle_id, graph)):
+                raise RecipeError(unapplied)
         return
     labeller = recipe.transfer.labeller if recipe.transfer else None
     fused = [

@@ -147,6 +147,15 @@ def model_config(source: Source) -> dict:
     return source.module.config.model_dump(mode="json") | {"model_type": f"edgedistill-{source.arch}"}
 
 
+def require_fusion_applies(spec: BundleRecipe, bundle_id: str, source: Source) -> None:
+    """Refuse bundle `bundle_id`'s fusion choices (`attention`, `skip_layer_norm`) for a `source` whose graph ONNX
+    Runtime's BERT fusions do not take: a GPT-2 or encoder-decoder teacher trained before the recipe set them (the
+    recipe refuses them for a student, the teacher's stage before it trains)."""
+    graph = f"the graph of {spec.source}, a {source.arch}"
+    if not source.is_transformer and (unapplied := spec.unapplied_fusion_choices(bundle_id, graph)):
+        raise ExportError(unapplied)
+
+
 def _transform(
     spec: BundleRecipe, source: Source, plain: Path, work: Path, calibration, train_calibration
 ) -> tuple[Path, dict, int, dict]:
@@ -220,6 +229,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
+    require_fusion_applies(spec, bundle_id, source)
     length = max_length(recipe, spec.source)
     segments = cache.segments(spec.source)
 

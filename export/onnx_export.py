@@ -15,6 +15,7 @@ from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import load_tokenizer
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 from torch import nn
 
 
@@ -136,6 +137,14 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
             opset_version=opset,
             dynamo=False,
         )
+    size = exported_bytes(path)
+    if size > onnx.checker.MAXIMUM_PROTOBUF:  # the exporter spilled the weights into external data files
+        raise ExportError(
+            f"{source.arch}: the exported graph is {size / 2**30:.2f} GiB, over the 2 GiB one ONNX file holds, and a "
+            "bundle ships its model as one file: export a smaller model, a smaller teacher (model.init, e.g. a "
+            "base-size checkpoint for a large one) or student (precision: fp16 or int8 does not help: those bundles "
+            "are converted from this export)"
+        )
     model = onnx.load(str(path))
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -146,6 +155,13 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
     if unread := [name for name in source.inputs if name not in {i.name for i in model.graph.input}]:
         raise ExportError(f"{source.arch}: the model never reads its input(s) {unread}, so the exported graph has none")
     return model
+
+
+def exported_bytes(path: Path) -> int:
+    """The bytes of the ONNX graph at `path` and of the external data files its initializers are stored in."""
+    model = onnx.load(str(path), load_external_data=False)
+    files = {ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)}
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in files)
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

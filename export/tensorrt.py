@@ -50,30 +50,40 @@ def _inspect_onnx(onnx_path: Path, inputs: list[str]) -> bool:
 
 
 def calibration_batches(
-    batches: list[dict[str, np.ndarray]], inputs: list[str], batch_size: int, sequence: int, pad_id: int = 0
+    batches: list[dict[str, np.ndarray]],
+    inputs: list[str],
+    batch: tuple[int, int, int],
+    sequence: tuple[int, int, int],
+    pad_id: int = 0,
 ) -> list[dict[str, np.ndarray]]:
-    """Re-cut token-id batches of any shape into (batch_size, sequence) batches, as dynamic-shape calibration needs.
+    """Re-cut token-id batches of any shape into the one shape TensorRT calibrates at: the `batch` profile's opt
+    batch of rows as long as the longest, within the `sequence` profile's max, so that no row loses its tail.
 
-    TensorRT calibrates at the profile's opt shape. Rows are padded (`input_ids` with `pad_id`, the other inputs
-    with 0, so attention mask 0) or truncated to `sequence`; rows left over after the last full batch are dropped.
+    Rows are padded (`input_ids` with `pad_id`, the other inputs with 0, so attention mask 0) to that length, and one
+    longer than the profile's max is cut to it; rows left over after the last full batch are dropped.
     """
-    columns: dict[str, list[np.ndarray]] = {name: [] for name in inputs}
-    for index, batch in enumerate(batches):
-        missing = set(inputs) - set(batch)
+    fed = []
+    for index, given in enumerate(batches):
+        missing = set(inputs) - set(given)
         if missing:
             raise ValueError(f"calibration batch {index} lacks inputs {sorted(missing)}")
-        for name in inputs:
-            array = np.asarray(batch[name])
+        arrays = {name: np.asarray(given[name]) for name in inputs}
+        for name, array in arrays.items():
             if array.ndim != 2:
                 raise ValueError(f"calibration batch {index}: {name} has shape {array.shape}, want (batch, sequence)")
-            fitted = np.full((array.shape[0], sequence), pad_id if name == "input_ids" else 0, dtype=np.int64)
-            width = min(sequence, array.shape[1])
+        fed.append(arrays)
+    length = min(sequence[2], max((arrays[inputs[0]].shape[1] for arrays in fed), default=1))
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in inputs}
+    for arrays in fed:
+        for name, array in arrays.items():
+            fitted = np.full((array.shape[0], length), pad_id if name == "input_ids" else 0, dtype=np.int64)
+            width = min(length, array.shape[1])
             fitted[:, :width] = array[:, :width]
             columns[name].append(fitted)
     rows = {
-        name: np.concatenate(parts) if parts else np.zeros((0, sequence), np.int64) for name, parts in columns.items()
+        name: np.concatenate(parts) if parts else np.zeros((0, length), np.int64) for name, parts in columns.items()
     }
-    total = len(next(iter(rows.values())))
+    total, batch_size = len(next(iter(rows.values()))), batch[1]
     if total < batch_size:
         raise EngineBuildError(
             f"{total} calibration sentences, fewer than one batch of the profile's opt batch size {batch_size}: "
@@ -83,6 +93,15 @@ def calibration_batches(
         {name: rows[name][start : start + batch_size] for name in inputs}
         for start in range(0, total - batch_size + 1, batch_size)
     ]
+
+
+def _calibration_profile(builder, batch: dict[str, np.ndarray]):
+    """A profile of `batch`'s one shape: TensorRT calibrates at its calibration profile's opt shape, and the
+    engine's opt length would cut longer rows."""
+    profile = builder.create_optimization_profile()
+    for name, array in batch.items():
+        profile.set_shape(name, array.shape, array.shape, array.shape)
+    return profile
 
 
 def _calibrator(trt, cuda: Cuda, batches: list[dict[str, np.ndarray]], dtypes: dict[str, np.dtype]):
@@ -158,7 +177,7 @@ def build_engine(
 ) -> dict:
     """Build `plan_path` from `onnx_path` for inputs of shape (batch, sequence) within (min, opt, max); return build info.
 
-    INT8 needs either `calibration` (token-id batches keyed by input name, re-cut to the opt shape)
+    INT8 needs either `calibration` (token-id batches keyed by input name, re-cut by `calibration_batches`)
     or a model with Q/DQ nodes, never both; `pad_id` pads their token ids. The returned dict is meant for the manifest.
     """
     onnx_path, plan_path = Path(onnx_path), Path(plan_path)
@@ -175,9 +194,7 @@ def build_engine(
         raise ValueError(
             f"INT8 for {onnx_path} needs calibration batches, or a model quantized with Q/DQ nodes (static QDQ quantization)"
         )
-    batches = (
-        calibration_batches(calibration, inputs, batch[1], sequence[1], pad_id) if calibration is not None else None
-    )
+    batches = calibration_batches(calibration, inputs, batch, sequence, pad_id) if calibration is not None else None
     versions = require_tensorrt()
     import tensorrt as trt
 
@@ -211,9 +228,10 @@ def build_engine(
             for i in range(network.num_inputs):
                 tensor = network.get_input(i)
                 dtypes[tensor.name] = np.dtype(trt.nptype(tensor.dtype))
+            if not config.set_calibration_profile(_calibration_profile(builder, batches[0])):
+                raise EngineBuildError(f"TensorRT refused a calibration profile of shape {batches[0][inputs[0]].shape}")
             calibrator = _calibrator(trt, Cuda(), batches, dtypes)
             config.int8_calibrator = calibrator
-            config.set_calibration_profile(profile)
     fp32_layers = _keep_fp32(trt, network) if fp16 or int8 else []
     if fp32_layers:
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
@@ -239,6 +257,7 @@ def build_engine(
         "profile": shapes,
         "fp32_layers": fp32_layers,
         "calibration_batches": len(batches) if batches else 0,
+        "calibration_shape": list(batches[0][inputs[0]].shape) if batches else None,
         "workspace_gb": workspace_gb,
         "plan_bytes": plan_path.stat().st_size,
         "build_seconds": round(time.perf_counter() - start, 2),

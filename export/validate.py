@@ -11,9 +11,11 @@ from edgedistill.distill.metrics import task_metrics
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 
 SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
+# Rows of the shape at a bundle's max length, where that is longer than every length of SHAPES.
+LONGEST_BATCH = 3
 # Each precision's agreement gate: its key under the recipe's `export` section.
 AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
-FP32_SHAPE_TOLERANCE = 1e-3
+FP32_TOLERANCE = 1e-3
 
 
 class ExportGateError(ExportError):
@@ -34,11 +36,20 @@ def torch_forward(source: Source):
     return lambda batch: source.module(*(batch[n] for n in source.inputs))
 
 
+def shape_cases(max_length: int) -> list[tuple[int, int]]:
+    """The (batch, length) shapes `check_shapes` runs: those of `SHAPES` within `max_length`, and `LONGEST_BATCH`
+    rows of `max_length` where it is longer than all of them."""
+    cases = {(batch, min(length, max_length)) for batch, length in SHAPES}
+    if max_length > max(length for _, length in SHAPES):
+        cases.add((LONGEST_BATCH, max_length))
+    return sorted(cases)
+
+
 def check_shapes(run, source: Source, precision: str, max_length: int) -> dict[str, float]:
     """Run batch sizes 1, 3, 32 at several lengths up to `max_length` (a graph with a hard-coded batch or
-    length fails here); an fp32 graph's logits must also be within `FP32_SHAPE_TOLERANCE` of PyTorch's."""
+    length fails here); an fp32 graph's logits must also be within `FP32_TOLERANCE` of PyTorch's."""
     worst = {}
-    for batch, length in sorted({(b, min(t, max_length)) for b, t in SHAPES}):
+    for batch, length in shape_cases(max_length):
         inputs = example_inputs(source.inputs, batch, length)
         try:
             got = run({k: v.numpy() for k, v in inputs.items()})
@@ -52,7 +63,7 @@ def check_shapes(run, source: Source, precision: str, max_length: int) -> dict[s
             )
         require_finite(got, f"{source.arch} at batch {batch}, length {length}", precision)
         diff = float(np.abs(got - want).max())
-        if precision == "fp32" and not diff <= FP32_SHAPE_TOLERANCE:
+        if precision == "fp32" and not diff <= FP32_TOLERANCE:
             unfused = (
                 " (fused: false builds a Transformer without ONNX Runtime's fused kernels)"
                 if source.is_transformer
@@ -60,7 +71,7 @@ def check_shapes(run, source: Source, precision: str, max_length: int) -> dict[s
             )
             raise ExportGateError(
                 f"{source.arch}: max |Δlogit| {diff:.2e} against PyTorch at batch {batch}, length {length}, over the "
-                f"fp32 tolerance {FP32_SHAPE_TOLERANCE}{unfused}"
+                f"fp32 tolerance {FP32_TOLERANCE}{unfused}"
             )
         worst[f"b{batch}_t{length}"] = diff
     return worst
@@ -108,8 +119,9 @@ def gate(
     metric: str = "accuracy",
 ) -> None:
     """Raise `ExportGateError` with the figures when the bundle misses its gate: its predictions agree with PyTorch's
-    on at least `min_agreement` of dev, near-tie flips aside, and an INT8 bundle loses at most `max_int8_drop` of the
-    task's dev `metric` (`data.metric`)."""
+    on at least `min_agreement` of dev, near-tie flips aside, an INT8 bundle loses at most `max_int8_drop` of the
+    task's dev `metric` (`data.metric`), and an fp32 bundle's logits are within `FP32_TOLERANCE` of PyTorch's on dev
+    too, where the texts have the special tokens and padding id that the shape checks' random ids lack."""
     if precision == "int8":
         ours, theirs = figures[f"dev_{metric}"], figures[f"torch_dev_{metric}"]
         if theirs - ours > max_int8_drop:
@@ -122,6 +134,12 @@ def gate(
             f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement_beyond_ties']:.4%} of dev "
             f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), near-tie flips aside "
             f"({figures['tie_flips']}, export.tie_margin), max |Δlogit| {figures['max_abs_diff']:.3e}"
+        )
+    if precision == "fp32" and not figures["max_abs_diff"] <= FP32_TOLERANCE:
+        raise ExportGateError(
+            f"{bundle}: max |Δlogit| {figures['max_abs_diff']:.2e} against PyTorch on dev, over the fp32 tolerance "
+            f"{FP32_TOLERANCE} (an fp32 graph computes what PyTorch does up to float rounding; a fused Transformer "
+            "that misses it builds with fused: false, without ONNX Runtime's fused kernels)"
         )
 
 

@@ -10,6 +10,8 @@ ENGINE_BATCH = (1, 8, 64)
 # Dynamic INT8's settings, and every setting an engine (runtime: tensorrt) would not apply.
 DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
 ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
+# How a fused graph is fused: they change nothing where ONNX Runtime's BERT fusions do not take the source's graph.
+FUSION_CHOICES = ("attention", "skip_layer_norm")
 
 
 class BundleRecipe(Strict):
@@ -60,6 +62,17 @@ class BundleRecipe(Strict):
     def calibrated_on_transfer_set(self) -> bool:
         """Static INT8 and TensorRT INT8 take their activation ranges from transfer-set sentences."""
         return self.precision == "int8" and (self.quantization == "static" or self.runtime == "tensorrt")
+
+    def unapplied_fusion_choices(self, bundle_id: str, graph: str) -> str | None:
+        """Why bundle `bundle_id`'s `FUSION_CHOICES` would change nothing, naming each it sets, for a source whose
+        `graph` ONNX Runtime's BERT fusions do not take; None where it sets none."""
+        given = ", ".join(f"export.bundles.{bundle_id}.{key}" for key in FUSION_CHOICES if key in self.model_fields_set)
+        if not given:
+            return None
+        return (
+            f"{given} would not apply: they choose how ONNX Runtime's BERT fusions fuse a graph, and those fusions do "
+            f"not take {graph}, which ships unfused (remove {given})"
+        )
 
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):

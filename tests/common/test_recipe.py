@@ -1167,6 +1167,20 @@ def test_smoothing_a_student_whose_graph_is_not_fused_is_refused_at_load(student
         load_recipe(SMOKE, {f"export.bundles.extra.{k}": v for k, v in smoothed.items()})
 
 
+@pytest.mark.parametrize("student", ["bilstm", "cnn"])
+@pytest.mark.parametrize("key, value", [("attention", "MultiHeadAttention"), ("skip_layer_norm", False)])
+def test_a_fusion_choice_for_a_student_whose_graph_is_not_fused_is_refused_at_load_naming_it(student, key, value):
+    bundle = {"export.bundles.extra.source": student, f"export.bundles.extra.{key}": value}
+    with pytest.raises(RecipeError, match=rf"export\.bundles\.extra\.{key} would not apply: .* a {student} student"):
+        load_recipe(SMOKE, bundle)
+
+
+def test_a_fusion_choice_set_to_its_default_for_a_student_is_refused_at_load_too():
+    bundle = {"export.bundles.extra.source": "cnn", "export.bundles.extra.attention": "Attention"}
+    with pytest.raises(RecipeError, match=r"export\.bundles\.extra\.attention would not apply"):
+        load_recipe(SMOKE, bundle)
+
+
 def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_refused_at_load():
     engine = {"export.calibration_sentences": 4, "export.bundles.bilstm-engine.precision": "int8"}
     with pytest.raises(

@@ -9,7 +9,7 @@ from edgedistill.distill import heads
 from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import export_onnx, load_source
 from edgedistill.export.optimize import fuse
-from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes
+from edgedistill.export.validate import FP32_TOLERANCE, check_shapes
 from transformers import (
     AlbertConfig,
     AutoModel,
@@ -99,7 +99,7 @@ def test_exported_and_fused_graph_matches_pytorch(tmp_path):
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 2)
     session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
     worst = check_shapes(lambda feeds: session.run(["logits"], feeds)[0], source, precision="fp32", max_length=64)
-    assert max(worst.values()) <= FP32_SHAPE_TOLERANCE
+    assert max(worst.values()) <= FP32_TOLERANCE
 
 
 def test_a_roberta_reads_two_tokens_fewer_than_its_position_embeddings():
@@ -157,6 +157,19 @@ def test_an_encoder_the_fusions_cannot_fuse_fully_passes_with_its_teacher_bundle
 @pytest.mark.parametrize("config", [BertConfig(), GPT2Config(), BartConfig()], ids=lambda c: c.model_type)
 def test_a_teacher_the_fusions_fuse_fully_or_leave_alone_passes_with_fused_bundles(config):
     assert heads.require_fusable(config, load_recipe(SMOKE), "init") is None
+
+
+@pytest.mark.parametrize("config", [GPT2Config(), BartConfig()], ids=lambda c: c.model_type)
+@pytest.mark.parametrize("key, value", [("attention", "MultiHeadAttention"), ("skip_layer_norm", False)])
+def test_a_fusion_choice_for_a_teacher_the_fusions_leave_alone_is_refused_naming_it(config, key, value):
+    recipe = load_recipe(SMOKE, {f"export.bundles.teacher-fused.{key}": value})
+    with pytest.raises(RecipeError, match=rf"export\.bundles\.teacher-fused\.{key} would not apply: .* init, a "):
+        heads.require_fusable(config, recipe, "init")
+
+
+def test_a_fusion_choice_for_a_teacher_the_fusions_fuse_fully_passes():
+    recipe = load_recipe(SMOKE, {"export.bundles.teacher-fused.attention": "MultiHeadAttention"})
+    assert heads.require_fusable(BertConfig(), recipe, "init") is None
 
 
 def test_reinit_layers_of_an_encoder_decoder_is_refused_from_its_config_naming_the_checkpoint():

@@ -4,6 +4,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.config.export import BundleRecipe
@@ -87,6 +88,14 @@ def test_int8_ops_limits_quantization_to_the_named_operators(smoke_bundles):
 def test_fusion_choices_need_fusion(key, value, message):
     with pytest.raises(ValueError, match=message):
         load_recipe(SMOKE, {f"export.bundles.teacher-onnx.{key}": value})  # teacher-onnx: fused: false
+
+
+@pytest.mark.parametrize("key, value", [("attention", "MultiHeadAttention"), ("skip_layer_norm", False)])
+def test_a_fusion_choice_for_a_teacher_graph_the_fusions_do_not_take_stops_its_bundle_naming_it(tmp_path, key, value):
+    spec = BundleRecipe(source="teacher", **{key: value})
+    gpt2 = Source(torch.nn.Identity(), heads.TOKEN_INPUTS[:2], "gpt2", tmp_path)  # as load_source gives a GPT-2's
+    with pytest.raises(ExportError, match=rf"export\.bundles\.teacher-int8\.{key} would not apply: .* a gpt2"):
+        bundle_stage.require_fusion_applies(spec, "teacher-int8", gpt2)
 
 
 def test_smoothing_needs_dynamic_int8_of_a_fused_graph():
@@ -371,7 +380,7 @@ def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses
 ):
     def off(runner):
         run = logits_runner(runner)
-        return lambda feeds: run(feeds) + 2 * validate.FP32_SHAPE_TOLERANCE
+        return lambda feeds: run(feeds) + 2 * validate.FP32_TOLERANCE
 
     monkeypatch.setattr(validate, "logits_runner", off)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))

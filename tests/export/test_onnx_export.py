@@ -2,6 +2,7 @@
 added as docs/extending.md says exports with them."""
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from edgedistill.common import manifest as mf
@@ -9,9 +10,16 @@ from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
 from edgedistill.distill.tokenization import train_tokenizer
-from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
+from edgedistill.export.onnx_export import (
+    ExportError,
+    Source,
+    example_inputs,
+    export_onnx,
+    exported_bytes,
+    load_source,
+)
 from edgedistill.export.optimize import fuse
-from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, check_shapes, logits_runner
+from edgedistill.export.validate import FP32_TOLERANCE, check_shapes, logits_runner
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -116,7 +124,7 @@ def test_an_electra_teacher_whose_head_has_a_gelu_of_its_own_fuses_and_keeps_its
     export_onnx(source, tmp_path / "plain.onnx", opset=17)
     fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx", 2, 16, 1)
     runner = logits_runner(open_runner(tmp_path / "fused.onnx", "onnxruntime", ["CPUExecutionProvider"]))
-    assert max(check_shapes(runner, source, "fp32", 64).values()) <= FP32_SHAPE_TOLERANCE
+    assert max(check_shapes(runner, source, "fp32", 64).values()) <= FP32_TOLERANCE
 
 
 def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
@@ -124,6 +132,27 @@ def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
     source = Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS, "bag", tmp_path)
     with pytest.raises(ExportError, match=r"never reads its input\(s\) \['token_type_ids'\]"):
         export_onnx(source, tmp_path / "model.onnx", opset=17)
+
+
+def bag_of_words(tmp_path) -> Source:
+    """docs/extending.md's student of single texts, as a source to export."""
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)
+    return Source(extension.BagOfWords(config).eval(), heads.TOKEN_INPUTS[:2], "bag", tmp_path)
+
+
+def test_a_graph_over_what_one_onnx_file_holds_stops_the_export_with_its_size_and_what_to_change(tmp_path, monkeypatch):
+    source = bag_of_words(tmp_path)
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", 1000)  # this graph's bytes, and more, are over it
+    with pytest.raises(ExportError, match=r"GiB, over the 2 GiB one ONNX file holds.*a smaller teacher \(model.init"):
+        export_onnx(source, tmp_path / "model.onnx", opset=17)
+
+
+def test_the_exported_size_counts_the_external_data_files_of_the_weights(tmp_path):
+    source = bag_of_words(tmp_path)
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    spilled = tmp_path / "spilled.onnx"
+    onnx.save(onnx.load(str(tmp_path / "plain.onnx")), str(spilled), save_as_external_data=True, location="weights")
+    assert exported_bytes(spilled) == spilled.stat().st_size + (tmp_path / "weights").stat().st_size
 
 
 ENCODER_DECODERS = {

@@ -126,12 +126,12 @@ def test_qdq_model_needs_int8_and_no_calibration(tmp_path, no_tensorrt):
         build_engine(model, tmp_path / "model.plan", ["x"], int8=True)
 
 
-def test_calibration_batches_are_recut_to_the_opt_shape():
+def test_calibration_batches_are_recut_to_one_shape_within_the_profile():
     ragged = [
         {"input_ids": np.full((3, 5), 7), "attention_mask": np.ones((3, 5))},
         {"input_ids": np.full((4, 12), 9), "attention_mask": np.ones((4, 12))},
     ]
-    batches = trt_export.calibration_batches(ragged, INPUTS, batch_size=2, sequence=8)
+    batches = trt_export.calibration_batches(ragged, INPUTS, (1, 2, 4), (1, 4, 8))
     assert len(batches) == 3, "7 rows make 3 full batches of 2; the last row is dropped"
     for batch in batches:
         assert {k: v.shape for k, v in batch.items()} == {"input_ids": (2, 8), "attention_mask": (2, 8)}
@@ -139,18 +139,27 @@ def test_calibration_batches_are_recut_to_the_opt_shape():
     first = batches[0]
     assert first["input_ids"][0].tolist() == [7] * 5 + [0] * 3, "short rows are padded with id 0"
     assert first["attention_mask"][0].tolist() == [1] * 5 + [0] * 3, "and masked out"
-    assert batches[2]["input_ids"][1].tolist() == [9] * 8, "long rows are truncated"
+    assert batches[2]["input_ids"][1].tolist() == [9] * 8, "rows longer than the profile's max are truncated"
+
+
+# two rows of 3 tokens, then two of 5: the first batch of 2 is padded to 5
+SHORT_THEN_LONGER = [{"input_ids": np.full((2, 3), 7), "attention_mask": np.ones((2, 3))}, feeds(2, 5)]
 
 
 def test_calibration_batches_pad_token_ids_with_the_tokenizers_pad_id():
-    short = [{"input_ids": np.full((2, 3), 7), "attention_mask": np.ones((2, 3))}]
-    batch = trt_export.calibration_batches(short, INPUTS, batch_size=2, sequence=5, pad_id=50256)[0]
+    batch = trt_export.calibration_batches(SHORT_THEN_LONGER, INPUTS, (1, 2, 4), (1, 4, 8), pad_id=50256)[0]
     assert batch["input_ids"][0].tolist() == [7, 7, 7, 50256, 50256]
 
 
+def test_a_calibration_row_longer_than_the_profiles_opt_length_keeps_its_last_token():
+    long_row = {"input_ids": np.arange(1, 101)[None], "attention_mask": np.ones((1, 100))}  # a pair's final [SEP]: 100
+    rows = [long_row, {"input_ids": np.full((1, 10), 7), "attention_mask": np.ones((1, 10))}]
+    batch = trt_export.calibration_batches(rows, INPUTS, (1, 2, 64), (1, 64, 128))[0]
+    assert batch["input_ids"][0, -1] == 100
+
+
 def test_calibration_batches_pad_the_attention_mask_with_zeros_whatever_the_pad_id():
-    short = [{"input_ids": np.full((2, 3), 7), "attention_mask": np.ones((2, 3))}]
-    batch = trt_export.calibration_batches(short, INPUTS, batch_size=2, sequence=5, pad_id=50256)[0]
+    batch = trt_export.calibration_batches(SHORT_THEN_LONGER, INPUTS, (1, 2, 4), (1, 4, 8), pad_id=50256)[0]
     assert batch["attention_mask"][0].tolist() == [1, 1, 1, 0, 0]
 
 
@@ -198,12 +207,13 @@ def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
 def test_calibrated_int8_engine_builds_and_runs(tmp_path):
     model = tiny_classifier(tmp_path / "model.onnx")
     plan = tmp_path / "model.plan"
-    calibration = [feeds(5, 10, seed=s) for s in range(4)]
+    calibration = [feeds(5, 24, seed=s) for s in range(4)]  # rows longer than the profile's opt length, 16
     info = build_engine(
         model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), int8=True, calibration=calibration, workspace_gb=0.5
     )
     assert info["precision"]["int8_mode"] == "calibrated"
     assert info["calibration_batches"] == 5
+    assert info["calibration_shape"] == [4, 24]
     got = open_runner(plan, "tensorrt", []).infer(feeds(2, 9))
     assert got["logits"].shape == (2, 2)
     assert np.isfinite(got["logits"]).all()

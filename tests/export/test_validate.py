@@ -1,13 +1,13 @@
 """The shape checks and the dev check of `export.validate`: a non-finite logit, or an fp32 graph off by more than
-the tolerance, misses the gate."""
+the tolerance at a shape or on dev, misses the gate; a bundle longer than the shapes is checked at its length."""
 
 import numpy as np
 import pytest
 import torch
-from edgedistill.common.config.training import StudentConfig
+from edgedistill.common.config.training import DataConfig, StudentConfig
 from edgedistill.distill import heads
 from edgedistill.export.onnx_export import Source
-from edgedistill.export.validate import FP32_SHAPE_TOLERANCE, ExportGateError, check_shapes, require_finite
+from edgedistill.export.validate import FP32_TOLERANCE, ExportGateError, check_shapes, gate, parity, require_finite
 
 from tests.distill import extension
 
@@ -48,7 +48,33 @@ def test_an_infinite_dev_logit_misses_the_gate():
 
 def test_an_fp32_graph_off_by_more_than_the_tolerance_misses_the_gate(source):
     def off(logits, batch, length):
-        return logits + 2 * FP32_SHAPE_TOLERANCE
+        return logits + 2 * FP32_TOLERANCE
 
     with pytest.raises(ExportGateError, match=r"max \|Δlogit\| 2.00e-03 against PyTorch at batch 1, length 1"):
         check_shapes(runner(source, off), source, "fp32", 64)
+
+
+def test_a_bundle_longer_than_every_shape_is_checked_at_its_max_length(source):
+    worst = check_shapes(runner(source, lambda logits, batch, length: logits), source, "fp32", 192)
+    assert "b3_t192" in worst
+
+
+def test_a_bundle_within_the_shapes_is_checked_at_no_further_length(source):
+    worst = check_shapes(runner(source, lambda logits, batch, length: logits), source, "fp32", 128)
+    assert "b3_t128" not in worst
+
+
+def dev_figures_off_by(difference: float) -> dict[str, float]:
+    """Parity figures of a bundle whose dev logits are all `difference` above PyTorch's, with the same answers."""
+    torch_logits = np.array([[1.0, 0.0], [0.0, 1.0]])
+    data = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
+    return parity(torch_logits + difference, torch_logits, [0, 1], data, 0.1)
+
+
+def test_an_fp32_bundle_off_pytorch_on_dev_by_more_than_the_tolerance_misses_the_gate():
+    with pytest.raises(ExportGateError, match=r"x: max \|Δlogit\| 2.00e-03 against PyTorch on dev, over the fp32"):
+        gate(dev_figures_off_by(2 * FP32_TOLERANCE), "fp32", 0.999, 0.005, "x")
+
+
+def test_an_fp16_bundle_off_pytorch_on_dev_by_the_same_passes_its_gate():
+    assert gate(dev_figures_off_by(2 * FP32_TOLERANCE), "fp16", 0.995, 0.005, "x") is None
