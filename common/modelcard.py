@@ -92,19 +92,25 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
     row = next((r for r in bench["rows"] if r["model"] == name), None)
     if row is None:
         return []
+    cells, cut = [], ""
+    for c in row["cells"]:
+        timed = c.get("timed_length", c["length"])  # a bench.json written before cells recorded it: as long
+        tokens = str(c["length"])
+        if timed != c["length"]:
+            tokens += f" (cut to {timed})"
+            cut = (
+                " Where the benchmark asks for more tokens than the bundle's max_length, it is timed at that (cut "
+                "to), with no speedup against the teacher at the longer length."
+            )
+        speedup = "-" if c["speedup"] is None else f"{c['speedup']:.1f}x"
+        cells.append([str(c["batch"]), tokens, f"{c['median_ms']:.2f}", speedup])
     lines = [
         "## Latency",
         "",
         f"From the model benchmark (`edgedistill bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
-        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.",
+        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.{cut}",
         "",
-        *tables.markdown(
-            ["batch", "tokens", "median ms", "speedup"],
-            [
-                [str(c["batch"]), str(c["length"]), f"{c['median_ms']:.2f}", f"{c['speedup']:.1f}x"]
-                for c in row["cells"]
-            ],
-        ),
+        *tables.markdown(["batch", "tokens", "median ms", "speedup"], cells),
     ]
     return [*lines, ""]
 

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.records import ModelRow, ModelTable
+from edgedistill.bench.records import CUT_NOTE, Cell, ModelRow, ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, sections, tables
 from edgedistill.common.cascade import is_cascade
@@ -289,6 +289,11 @@ def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, m
     return points
 
 
+def _pareto_label(model: str, cell: Cell) -> str:
+    """A model's label on the accuracy-latency figure, with the length it was timed at where it cut the cell's."""
+    return model if cell.timed_length == cell.length else f"{model} ({cell.timed_length} tokens)"
+
+
 def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     """The model benchmark's table and accuracy-latency figure, without the rows `stale` names."""
     if not _finished(root / "bench"):
@@ -303,10 +308,12 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
         ["model", "precision", "size MiB", *table.dev_columns(), *labels],
         [
             [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *table.dev_figures(r)]
-            + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+            + [f"{c.median_ms:.2f} ({c.versus})" for c in r.cells]
             for r in rows
         ],
     )
+    if table.cut():
+        page.note(CUT_NOTE)
     info = mf.load(root / "bench", verify=False).info
     not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
@@ -316,7 +323,7 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     metric = table.metric if all(r.dev_selected is not None for r in rows) else "accuracy"
     points = [
         {
-            "model": r.model,
+            "model": _pareto_label(r.model, r.cell(batch, length)),
             "latency_ms": r.cell(batch, length).median_ms,
             "dev": r.dev_accuracy if metric == "accuracy" else r.dev_selected,
             "size_mib": r.size_bytes / 2**20,

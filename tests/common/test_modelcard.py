@@ -56,10 +56,13 @@ def _publish(recipe, stage: str, metrics: dict | None = None, info: dict | None 
     return final
 
 
-def _bench(recipe, bundle_hash: str | None = None) -> None:
-    """A model benchmark of the run's teacher and bundle-bilstm-int8 (both published first), recording the bundle's
-    manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
-    cell = Cell(median_ms=0.5, min_ms=0.4, max_ms=0.7, calls=5, batch=1, length=16, speedup=20.0, items_per_s=2e3)
+def _bench(recipe, bundle_hash: str | None = None, timed_length: int = 16) -> None:
+    """A model benchmark of the run's teacher and bundle-bilstm-int8 (both published first) at 16 tokens, the bundle
+    timed at `timed_length` (its max_length, where shorter: no speedup), recording the bundle's manifest hash as
+    `bundle_hash` where given (an earlier build), else as it is."""
+    timing = {"median_ms": 0.5, "min_ms": 0.4, "max_ms": 0.7, "calls": 5, "items_per_s": 2e3}
+    speedup = 20.0 if timed_length == 16 else None
+    cell = Cell(**timing, batch=1, length=16, timed_length=timed_length, speedup=speedup)
     row = ModelRow(
         model="bilstm-int8", precision="int8", runtime="onnxruntime (CPU)", size_bytes=1, dev_accuracy=0.8, cells=[cell]
     )
@@ -213,6 +216,14 @@ def test_refreshed_card_shows_the_benchmarks_latency(recipe):
     _bench(recipe)
     modelcard.refresh(recipe)
     assert "| 1 | 16 | 0.50 | 20.0x |" in (folder / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refreshed_card_gives_the_length_a_bundle_cut_to_its_max_length_was_timed_at_and_no_speedup(recipe):
+    _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    _bench(recipe, timed_length=8)
+    modelcard.refresh(recipe)
+    assert "| 1 | 16 (cut to 8) | 0.50 | - |" in (folder / mf.CARD).read_text(encoding="utf-8")
 
 
 def test_card_of_a_bundle_built_again_since_the_benchmark_has_no_latency(recipe):
