@@ -163,12 +163,12 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
 def _summary_change(rows: list[dict], root: Path) -> str | None:
     """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
     run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
-    set) than those now there (`plan.built_from_others`); None when none was."""
+    set) than those now there (`common.manifest.built_from_others`); None when none was."""
     for row in rows[1:]:
         marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
         for kind in ("student", "baseline"):
             folder = root / f"{kind}-{row['student']}"
-            if kind not in marked and _finished(folder) and (why := plan.built_from_others(folder, root)):
+            if kind not in marked and _finished(folder) and (why := mf.built_from_others(folder)):
                 return f"{folder.name}: {why}"
     return None
 
