@@ -266,6 +266,47 @@ def test_stage_contract_writes_the_card_when_a_model_publishes(recipe):
     assert ModelCard.load(run_dir(recipe) / "teacher" / mf.CARD).data.pipeline_tag == "text-classification"
 
 
+def _built(recipe, stage: str, settings: tuple[str, ...] = (), parents: tuple = ()) -> Stage:
+    """Stage `stage` of `recipe` (its `settings` and `parents` as declared), built and published with its card."""
+    metrics = {"dev_accuracy": 0.9} | (STUDENT_METRICS if stage.startswith("student-") else {})
+    info = STUDENT_INFO if stage.startswith("student-") else {"steps": 10}
+
+    def build(inputs):
+        return Built(lambda folder: (folder / "model.safetensors").write_bytes(b"w"), metrics=metrics, info=info)
+
+    built = Stage(stage, recipe, settings, build, parents)
+    built.run()
+    return built
+
+
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+
+
+def test_refresh_leaves_the_card_of_a_teacher_built_before_its_pooling_changed_as_its_build_wrote_it():
+    mean = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.pooling": "mean"})
+    _built(mean, "teacher", TEACHER_SETTINGS)
+    modelcard.refresh(load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.pooling": "cls"}))
+    assert "import edgedistill.distill.heads" in (run_dir(mean) / "teacher" / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refresh_leaves_the_card_of_a_student_whose_teacher_was_built_with_other_labels_as_its_build_wrote_it(recipe):
+    student = _built(recipe, "student-bilstm", parents=(_built(recipe, "teacher", TEACHER_SETTINGS),))
+    modelcard.refresh(load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.label_names": ["bad", "good"]}))
+    assert "2 labels: `negative`, `positive`" in (student.folder / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refresh_rewrites_the_card_of_a_model_built_with_the_recipes_settings(recipe):
+    teacher = _built(recipe, "teacher", TEACHER_SETTINGS)
+    assert modelcard.refresh(recipe) == [teacher.folder / mf.CARD]
+
+
+def test_bundle_card_gives_the_text_style_its_spec_records_whatever_the_recipe_says_now(recipe):
+    raw = recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
+    info = _bundle_info(text_style="ptb_lower")
+    folder = _publish(raw, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "`edgedistill.common.textstyle.tokenise`" in _text(raw, folder)
+
+
 def pairs_of(recipe):
     return recipe.model_copy(update={"data": recipe.data.model_copy(update={"text_pair_column": "sentence2"})})
 
