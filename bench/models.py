@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.bench.records import CUT_NOTE, Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
 from edgedistill.common.bundle import Bundle, read_bundle
@@ -290,8 +290,8 @@ def markdown(result: ModelTable) -> str:
         for r in result.rows
     ]
     lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", ""]
-    if result.cut():
-        lines += [CUT_NOTE, ""]
+    if note := cut_note(result.rows):
+        lines += [note, ""]
     return "\n".join(lines + tables.markdown(header, rows)) + "\n"
 
 
@@ -304,5 +304,5 @@ def print_table(result: ModelTable) -> None:
         for r in result.rows
     ]
     Console(width=200).print(tables.console_table(title, header, rows))
-    if result.cut():
-        print(CUT_NOTE)
+    if note := cut_note(result.rows):
+        print(note)

@@ -16,10 +16,6 @@ from edgedistill.common.config.training import METRIC_NAMES, Metric
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
-CUT_NOTE = (  # under a model benchmark's table where a cell says `cut to N` (`ModelTable.cut`)
-    "cut to N: a bundle whose max_length is N tokens, timed at N where the column asks for more (the server cuts "
-    "texts to it), so with no speedup against the teacher at the column's length."
-)
 
 
 def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, Any]:
@@ -104,6 +100,11 @@ class Cell(Timing):
         return f"b{self.batch}_s{self.length}"
 
     @property
+    def cut(self) -> bool:
+        """Whether the model was timed at fewer tokens than the cell's length."""
+        return self.timed_length != self.length
+
+    @property
     def versus(self) -> str:
         """What a table shows beside the cell's latency: its speedup (`2.1x`), or the length a model cut to fewer
         tokens was timed at (`cut to 64`), which has no speedup of the same shape."""
@@ -128,6 +129,16 @@ class ModelRow(Record):
         return next((c for c in self.cells if (c.batch, c.length) == (batch, length)), None)
 
 
+def cut_note(rows: list[ModelRow]) -> str | None:
+    """The note under a model benchmark's table of `rows` where a cell says `cut to N` (`Cell.cut`), else None."""
+    if not any(cell.cut for row in rows for cell in row.cells):
+        return None
+    return (
+        "cut to N: a bundle whose max_length is N tokens, timed at N where the column asks for more (the server cuts "
+        "texts to it), so with no speedup against the teacher at the column's length."
+    )
+
+
 class ModelTable(Result):
     """The model benchmark's `bench.json`: the rows, the teacher in PyTorch eager on the CPU first."""
 
@@ -145,10 +156,6 @@ class ModelTable(Result):
         if self.metric != "accuracy":
             shown.append("-" if row.dev_selected is None else f"{row.dev_selected:.4f}")
         return shown
-
-    def cut(self) -> bool:
-        """Whether a model was timed at fewer tokens than a column asks for (`Cell.timed_length`)."""
-        return any(c.timed_length != c.length for r in self.rows for c in r.cells)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:

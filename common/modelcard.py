@@ -100,8 +100,8 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
         if timed != c["length"]:
             tokens += f" (cut to {timed})"
             cut = (
-                " Where the benchmark asks for more tokens than the bundle's max_length, it is timed at that (cut "
-                "to), with no speedup against the teacher at the longer length."
+                " Where the benchmark asks for more tokens than the bundle's max_length, it is timed at its max_length "
+                "(cut to), with no speedup against the teacher at the longer length."
             )
         speedup = "-" if c["speedup"] is None else f"{c['speedup']:.1f}x"
         cells.append([str(c["batch"]), tokens, f"{c['median_ms']:.2f}", speedup])

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.records import CUT_NOTE, Cell, ModelRow, ModelTable
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, sections, tables
 from edgedistill.common.cascade import is_cascade
@@ -291,7 +291,7 @@ def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, m
 
 def _pareto_label(model: str, cell: Cell) -> str:
     """A model's label on the accuracy-latency figure, with the length it was timed at where it cut the cell's."""
-    return model if cell.timed_length == cell.length else f"{model} ({cell.timed_length} tokens)"
+    return f"{model} ({cell.timed_length} tokens)" if cell.cut else model
 
 
 def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
@@ -312,8 +312,8 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
             for r in rows
         ],
     )
-    if table.cut():
-        page.note(CUT_NOTE)
+    if note := cut_note(rows):
+        page.note(note)
     info = mf.load(root / "bench", verify=False).info
     not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
