@@ -1,8 +1,9 @@
 """The model benchmark: teacher PyTorch eager against every bundle, side by side, in one process and one run.
 
 Each cell is the median of many timed calls after warm-up, with min and max; ratios are against
-the teacher in PyTorch eager mode on the CPU at the same batch size and length. Bundles for GPU
-execution providers are timed where this onnxruntime build offers them, and left out with the reason
+the teacher in PyTorch eager mode on the CPU at the same batch size and length. A bundle is timed at its
+`max_length` where a cell asks for more (the server cuts texts to it): such a cell records the length it was timed
+at, and no ratio. Bundles for GPU execution providers are timed where this onnxruntime build offers them, and left out with the reason
 elsewhere; the teacher in eager mode is also timed on the GPU that the recipe's `runtime.device` resolves
 to, if it resolves to one (`distill.device`). A pair model is timed on a long pair cut to each length, as the
 server makes its rows (sentence B marked by the bundle's own rule), the teacher on the same pair as its tokenizer
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
 from edgedistill.common.bundle import Bundle, read_bundle
@@ -36,7 +37,7 @@ STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
 PAIR_WORD = "text"  # the words of the pairs that pair models are timed on
 
-Timings = dict[tuple[int, int], Timing]  # (batch, length) -> timing
+Timings = dict[tuple[int, int], tuple[int, Timing]]  # (batch, length) -> the length timed at, timing
 
 
 def time_calls(call, cfg: ModelBenchConfig) -> Timing:
@@ -158,8 +159,9 @@ def _eager_row(
         for batch, length in shapes(cfg):
             feed = teacher_feed(tokenizer, names, batch, length, pairs, model.config.is_encoder_decoder)
             feed = {k: torch.from_numpy(v).to(on) for k, v in feed.items()}
-            timings[batch, length] = time_calls(lambda feed=feed: call(feed), cfg)
-            _cell_done(cells, name, batch, length, timings[batch, length])
+            timing = time_calls(lambda feed=feed: call(feed), cfg)
+            timings[batch, length] = length, timing
+            _cell_done(cells, name, batch, length, timing)
     row = {"model": name, "precision": "fp32", "runtime": f"pytorch ({on.type})"}
     return row | _figures(manifest.metrics, metric), timings
 
@@ -170,9 +172,11 @@ def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells, metric: Me
     timings = {}
     try:
         for batch, length in shapes(cfg):
-            feed = bundle_feed(bundle, files.tokenizer, batch, min(length, bundle.spec.max_length))
-            timings[batch, length] = time_calls(lambda feed=feed: runner.infer(feed), cfg)
-            _cell_done(cells, bundle_id, batch, length, timings[batch, length])
+            timed = min(length, bundle.spec.max_length)
+            feed = bundle_feed(bundle, files.tokenizer, batch, timed)
+            timing = time_calls(lambda feed=feed: runner.infer(feed), cfg)
+            timings[batch, length] = timed, timing
+            _cell_done(cells, bundle_id, batch, timed, timing)
         providers = runner.providers
     finally:
         runner.close()
@@ -199,22 +203,22 @@ def _left_out(spec) -> str | None:
 
 
 def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) -> ModelTable:
-    """The rows with every cell's speedup over the first row's and items/s."""
+    """The rows with every cell's speedup over the first row's, where it was timed at the same length, and items/s."""
     base = measured[0][1]
-    rows = [
-        ModelRow(
-            **row,
-            cells=[
-                Cell(
-                    **timing.model_dump(),
-                    batch=batch,
-                    length=length,
-                    speedup=base[batch, length].median_ms / timing.median_ms,
-                    items_per_s=batch * 1e3 / timing.median_ms,
-                )
-                for (batch, length), timing in timings.items()
-            ],
+
+    def cell(batch: int, length: int, timed: int, timing: Timing) -> Cell:
+        base_timed, base_timing = base[batch, length]
+        return Cell(
+            **timing.model_dump(),
+            batch=batch,
+            length=length,
+            timed_length=timed,
+            speedup=base_timing.median_ms / timing.median_ms if timed == base_timed else None,
+            items_per_s=batch * 1e3 / timing.median_ms,
         )
+
+    rows = [
+        ModelRow(**row, cells=[cell(batch, length, *timed) for (batch, length), timed in timings.items()])
         for row, timings in measured
     ]
     return ModelTable(threads=threads, metric=metric, rows=rows)
@@ -281,11 +285,13 @@ def markdown(result: ModelTable) -> str:
             r.precision,
             f"{r.size_bytes / 2**20:.1f}",
             *result.dev_figures(r),
-            *(f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.speedup:.1f}x" for c in r.cells),
+            *(f"{c.median_ms:.2f} ({c.min_ms:.2f}-{c.max_ms:.2f}) / {c.versus}" for c in r.cells),
         ]
         for r in result.rows
     ]
     lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", ""]
+    if note := cut_note(result.rows):
+        lines += [note, ""]
     return "\n".join(lines + tables.markdown(header, rows)) + "\n"
 
 
@@ -294,7 +300,9 @@ def print_table(result: ModelTable) -> None:
     header = ["model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)]
     rows = [
         [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r)]
-        + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+        + [f"{c.median_ms:.2f} ({c.versus})" for c in r.cells]
         for r in result.rows
     ]
     Console(width=200).print(tables.console_table(title, header, rows))
+    if note := cut_note(result.rows):
+        print(note)

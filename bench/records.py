@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Self
 
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.config.training import METRIC_NAMES, Metric
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
 
@@ -77,16 +77,38 @@ class Timing(Record):
 
 
 class Cell(Timing):
-    """One model at one batch size and length; `speedup` is against the table's first row at the same shape."""
+    """One model at one batch size and length. A model that cuts texts to fewer tokens (a bundle's `max_length`) is
+    timed at those, `timed_length`; `speedup` is against the table's first row at the same shape, None where the
+    model was timed at another length than that row."""
 
     batch: int
     length: int
-    speedup: float
+    timed_length: int
+    speedup: float | None
     items_per_s: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timed_at_its_length(cls, data):
+        """A cell of a bench.json written before cells recorded `timed_length` counts as timed at its length."""
+        if isinstance(data, dict) and "timed_length" not in data:
+            return data | {"timed_length": data.get("length")}
+        return data
 
     @property
     def label(self) -> str:
         return f"b{self.batch}_s{self.length}"
+
+    @property
+    def cut(self) -> bool:
+        """Whether the model was timed at fewer tokens than the cell's length."""
+        return self.timed_length != self.length
+
+    @property
+    def versus(self) -> str:
+        """What a table shows beside the cell's latency: its speedup (`2.1x`), or the length a model cut to fewer
+        tokens was timed at (`cut to 64`), which has no speedup of the same shape."""
+        return f"cut to {self.timed_length}" if self.speedup is None else f"{self.speedup:.1f}x"
 
 
 class ModelRow(Record):
@@ -105,6 +127,16 @@ class ModelRow(Record):
 
     def cell(self, batch: int, length: int) -> Cell | None:
         return next((c for c in self.cells if (c.batch, c.length) == (batch, length)), None)
+
+
+def cut_note(rows: list[ModelRow]) -> str | None:
+    """The note under a model benchmark's table of `rows` where a cell says `cut to N` (`Cell.cut`), else None."""
+    if not any(cell.cut for row in rows for cell in row.cells):
+        return None
+    return (
+        "cut to N: a bundle whose max_length is N tokens, timed at N where the column asks for more (the server cuts "
+        "texts to it), so with no speedup against the teacher at the column's length."
+    )
 
 
 class ModelTable(Result):

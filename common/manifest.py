@@ -214,6 +214,15 @@ def parent_change(manifest: Manifest, parents: dict[str, Path]) -> str | None:
     return None
 
 
+def built_from_others(folder: Path) -> str | None:
+    """Why the finished artifact in `folder` was not built from the artifacts now beside it in its run folder, each
+    parent it records looked up there by its folder's name (`parent_change`); None when it was."""
+    manifest = load(folder, verify=False)
+    return parent_change(
+        manifest, {name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items()}
+    )
+
+
 def changes(old: dict, new: dict, most: int = 3) -> str:
     """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
     changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of

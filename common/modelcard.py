@@ -4,8 +4,9 @@ The teacher, each student and baseline, and each bundle get a card: task and lab
 model was made (teacher, distillation losses and temperature), its figures (dev and test metrics,
 retention against the teacher, size, parity of a bundle with its source, latency from the model
 benchmark's `bench.json` once it exists, while neither the model nor the teacher was built again since), and how to load or serve it. A card is derived, like the
-report: `common.stage` writes it when a model stage publishes, the report stage rewrites every card
-of the run, and the manifest does not hash it (`manifest.CARD`).
+report: `common.stage` writes it when a model stage publishes, the report stage rewrites the card of every model of
+the run that is of the recipe as it is now (`recipe_change`: the card draws labels, data and pooling from the recipe),
+and the manifest does not hash it (`manifest.CARD`).
 """
 
 import json
@@ -92,19 +93,25 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
     row = next((r for r in bench["rows"] if r["model"] == name), None)
     if row is None:
         return []
+    cells, cut = [], ""
+    for c in row["cells"]:
+        timed = c.get("timed_length", c["length"])  # a bench.json written before cells recorded it: as long
+        tokens = str(c["length"])
+        if timed != c["length"]:
+            tokens += f" (cut to {timed})"
+            cut = (
+                " Where the benchmark asks for more tokens than the bundle's max_length, it is timed at its max_length "
+                "(cut to), with no speedup against the teacher at the longer length."
+            )
+        speedup = "-" if c["speedup"] is None else f"{c['speedup']:.1f}x"
+        cells.append([str(c["batch"]), tokens, f"{c['median_ms']:.2f}", speedup])
     lines = [
         "## Latency",
         "",
         f"From the model benchmark (`edgedistill bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
-        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.",
+        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.{cut}",
         "",
-        *tables.markdown(
-            ["batch", "tokens", "median ms", "speedup"],
-            [
-                [str(c["batch"]), str(c["length"]), f"{c['median_ms']:.2f}", f"{c['speedup']:.1f}x"]
-                for c in row["cells"]
-            ],
-        ),
+        *tables.markdown(["batch", "tokens", "median ms", "speedup"], cells),
     ]
     return [*lines, ""]
 
@@ -244,9 +251,11 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     return ["```python", *code, "```"]
 
 
-def _style(recipe: Recipe) -> list[str]:
-    """How to write texts for the model, where its training text was written otherwise than people write."""
-    if recipe.text_style != "ptb_lower":
+def _style(recipe: Recipe, info: dict) -> list[str]:
+    """How to write texts for the model, where its training text was written otherwise than people write: as a
+    bundle's spec records it (the server writes texts so), else as the recipe's `transfer.text_style`."""
+    style = info["bundle"].get("text_style", "raw") if "bundle" in info else recipe.text_style
+    if style != "ptb_lower":
         return []
     return [
         "The model learnt from lower-cased, PTB-tokenised text (`do n't stop .`), and reads `don't` otherwise than "
@@ -290,7 +299,7 @@ def card(recipe: Recipe, folder: Path) -> ModelCard:
         "",
         *_usage(recipe, stage, info),
         "",
-        *_style(recipe),
+        *_style(recipe, info),
     ]
     header = _header(recipe, stage, info).to_yaml()
     return ModelCard(f"---\n{header}\n---\n\n" + "\n".join(body))
@@ -307,6 +316,35 @@ def write(recipe: Recipe, folder: Path) -> Path | None:
     return path
 
 
+def recipe_change(recipe: Recipe, folder: Path) -> str | None:
+    """Why the artifact in `folder` is not of `recipe` as it is now, so that a card drawing labels, data, pooling and
+    lengths from the recipe would misdescribe it: it, or an artifact it was built from, records settings that the
+    recipe now has otherwise, or such an artifact in the run folder was built again since or is gone; None when it
+    is of the recipe."""
+    manifest = mf.load(folder, verify=False)
+    recorded = manifest.hashed.get("settings", {})  # a manifest of an older release records none
+    try:
+        now = recipe.settings(*recorded)
+    except KeyError:  # a setting the recipe no longer has (a bundle taken out of it)
+        now = {}
+    if changed := [key for key in recorded if now.get(key) != recorded[key]]:
+        return f"{folder.name} was built with other {', '.join(changed)} settings"
+    if why := mf.built_from_others(folder):
+        return f"{folder.name}: {why}"
+    parents = (folder.parent / Path(parent.path).name for parent in manifest.parents.values())
+    return next((why for parent in parents if (why := recipe_change(recipe, parent))), None)
+
+
 def refresh(recipe: Recipe) -> list[Path]:
-    """Rewrite the card of every finished model artifact of the recipe's run (the benchmark may have run since)."""
-    return [path for folder in mf.finished(run_dir(recipe)) if (path := write(recipe, folder)) is not None]
+    """Rewrite the card of every finished model artifact of the recipe's run that is of the recipe as it is now (the
+    benchmark may have run since); the card of one built before the recipe changed (`recipe_change`) is left as its
+    build wrote it, of the recipe it was built from."""
+    written = []
+    for folder in mf.finished(run_dir(recipe)):
+        if not is_model(mf.load(folder, verify=False).stage):
+            continue
+        if why := recipe_change(recipe, folder):
+            print(f"[{folder.name}] card left as written, of the recipe it was built from: {why}")
+        else:
+            written.append(write(recipe, folder))
+    return written

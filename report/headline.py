@@ -2,7 +2,8 @@
 
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 the dev accuracy of the teacher and of the student the deployed bundle is built from (and test accuracy with a
-test split), speedup over the teacher in PyTorch eager mode, serving latency
+test split), speedup over the teacher in PyTorch eager mode (none for a bundle that cuts texts to fewer tokens than
+the teacher was timed on), serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
 bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement taken before what it
 measured was built again (the deployed bundle, a cascade, a model of the model benchmark or its teacher:
@@ -128,9 +129,14 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         for model in dict.fromkeys((deploy, "teacher-int8")):  # once, where the deployed bundle is teacher-int8
             if model in rows:
                 cell = rows[model].cell(batch, length)
+                versus = (
+                    f"= {cell.speedup:.1f}x teacher PyTorch eager"
+                    if cell.speedup is not None
+                    else f"(its max_length, cut from {length}: no speedup against the teacher at {length})"
+                )
                 lines.append(
-                    f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {length} tokens = "
-                    f"{cell.speedup:.1f}x teacher PyTorch eager ({bench.threads} thread{'' if bench.threads == 1 else 's'})"
+                    f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {cell.timed_length} tokens {versus} "
+                    f"({bench.threads} thread{'' if bench.threads == 1 else 's'})"
                 )
     serving = root / plan.deployed(recipe, measured.SERVING)
     if (serving / mf.MANIFEST).is_file() and serving.name not in stale:

@@ -54,13 +54,6 @@ class Stale(NamedTuple):
     command: str
 
 
-def built_from_others(folder: Path, root: Path) -> str | None:
-    """Why the finished artifact in `folder` was not built from the artifacts now in the run folder `root`, each
-    parent it records looked up there by its folder's name (`common.manifest.parent_change`); None when it was."""
-    manifest = mf.load(folder, verify=False)
-    return mf.parent_change(manifest, {name: root / Path(p.path).name for name, p in manifest.parents.items()})
-
-
 def bench_row(model: str) -> str:
     """How the report and the headline name the model benchmark's row of `model` when they leave it out."""
     return f"bench row {model}"
@@ -95,7 +88,7 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
             found[folder.name] = Stale(folder.name, why, f"make {target}")
     for name in recipe.export.cascades:
         folder = root / f"serve-cascade-{name}"
-        if (folder / MANIFEST).is_file() and (why := built_from_others(folder, root)):
+        if (folder / MANIFEST).is_file() and (why := mf.built_from_others(folder)):
             found[folder.name] = Stale(folder.name, why, f"make serve-cascade CASCADE={name}")
     return found | _stale_bench(root)
 

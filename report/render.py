@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.records import ModelRow, ModelTable
+from edgedistill.bench.records import Cell, ModelRow, ModelTable, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, sections, tables
 from edgedistill.common.cascade import is_cascade
@@ -163,12 +163,12 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
 def _summary_change(rows: list[dict], root: Path) -> str | None:
     """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
     run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
-    set) than those now there (`plan.built_from_others`); None when none was."""
+    set) than those now there (`common.manifest.built_from_others`); None when none was."""
     for row in rows[1:]:
         marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
         for kind in ("student", "baseline"):
             folder = root / f"{kind}-{row['student']}"
-            if kind not in marked and _finished(folder) and (why := plan.built_from_others(folder, root)):
+            if kind not in marked and _finished(folder) and (why := mf.built_from_others(folder)):
                 return f"{folder.name}: {why}"
     return None
 
@@ -289,6 +289,11 @@ def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, m
     return points
 
 
+def _pareto_label(model: str, cell: Cell) -> str:
+    """A model's label on the accuracy-latency figure, with the length it was timed at where it cut the cell's."""
+    return f"{model} ({cell.timed_length} tokens)" if cell.cut else model
+
+
 def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     """The model benchmark's table and accuracy-latency figure, without the rows `stale` names."""
     if not _finished(root / "bench"):
@@ -303,10 +308,12 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
         ["model", "precision", "size MiB", *table.dev_columns(), *labels],
         [
             [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *table.dev_figures(r)]
-            + [f"{c.median_ms:.2f} ({c.speedup:.1f}x)" for c in r.cells]
+            + [f"{c.median_ms:.2f} ({c.versus})" for c in r.cells]
             for r in rows
         ],
     )
+    if note := cut_note(rows):
+        page.note(note)
     info = mf.load(root / "bench", verify=False).info
     not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
@@ -316,7 +323,7 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     metric = table.metric if all(r.dev_selected is not None for r in rows) else "accuracy"
     points = [
         {
-            "model": r.model,
+            "model": _pareto_label(r.model, r.cell(batch, length)),
             "latency_ms": r.cell(batch, length).median_ms,
             "dev": r.dev_accuracy if metric == "accuracy" else r.dev_selected,
             "size_mib": r.size_bytes / 2**20,

@@ -124,6 +124,30 @@ def test_a_pair_bundle_is_timed_with_sentence_b_marked_as_the_server_marks_it(tm
     assert runner.feeds[0]["token_type_ids"].tolist() == [types] * 2
 
 
+def cut_table(tmp_path) -> ModelTable:
+    """The table of a bundle whose max_length is 16 timed at 32 tokens, beside a teacher row timed at 32."""
+    metrics = {"size_bytes": 1, "dev_accuracy": 1.0}
+    folder = write_bundle(tmp_path / "bundle-short", metrics=metrics, max_length=16)
+    cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[32], warmup=0, iterations=1, min_seconds=0, threads=1)
+    bundle = models._bundle_row("short", folder, cfg, tqdm(disable=True), "accuracy")
+    teacher = {"model": models.EAGER, "precision": "fp32", "runtime": "pytorch (cpu)", "size_bytes": 1}
+    teacher |= {"dev_accuracy": 1.0}
+    timing = Timing(median_ms=4.0, min_ms=4.0, max_ms=4.0, calls=1)
+    return models.table(1, [(teacher, {(1, 32): (32, timing)}), bundle], "accuracy")
+
+
+def test_a_bundle_timed_at_its_max_length_records_the_length_it_was_timed_at(tmp_path):
+    assert cut_table(tmp_path).rows[1].cell(1, 32).timed_length == 16
+
+
+def test_a_bundle_timed_at_fewer_tokens_than_the_teacher_has_no_speedup(tmp_path):
+    assert cut_table(tmp_path).rows[1].cell(1, 32).speedup is None
+
+
+def test_the_benchmark_markdown_marks_a_bundle_cut_to_its_max_length(tmp_path):
+    assert " / cut to 16 |" in models.markdown(cut_table(tmp_path))
+
+
 def test_a_pair_bundle_is_timed_on_token_ids_of_its_own_vocabulary(pair_bundle):
     bundle, files = read_bundle(pair_bundle)
     feed = models.bundle_feed(bundle, files.tokenizer, batch=2, length=16)
@@ -188,9 +212,8 @@ def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_pa
         "dev_accuracy": 0.5,
     }
     monkeypatch.setattr(models, "eager_devices", lambda runtime: [torch.device("cpu")])
-    monkeypatch.setattr(
-        models, "_eager_row", lambda *args: (row, dict.fromkeys(models.shapes(recipe.bench.models), timing))
-    )
+    timings = {(batch, length): (length, timing) for batch, length in models.shapes(recipe.bench.models)}
+    monkeypatch.setattr(models, "_eager_row", lambda *args: (row, timings))
     folders = {"teacher": tmp_path / "teacher"}  # no bundle built: only the teacher is timed
     inputs = Inputs(recipe, "hash", tmp_path / "work", False, {}, folders, "key")
     models._build(inputs).write(tmp_path)

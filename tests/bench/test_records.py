@@ -25,6 +25,11 @@ def test_model_table_round_trip_and_lookup(tmp_path):
     assert [c.label for c in loaded.rows[0].cells] == ["b1_s16", "b4_s16"]
 
 
+def test_a_cell_of_a_bench_json_without_the_timed_length_was_timed_at_its_length():
+    recorded = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 16}
+    assert Cell.model_validate(recorded | {"speedup": 1.0, "items_per_s": 500.0}).timed_length == 16
+
+
 def f1_table(dev_selected: float | None) -> ModelTable:
     """A one-row table of a recipe that selects on F1."""
     cells = [Cell(median_ms=2.0, min_ms=2.0, max_ms=2.0, calls=5, batch=1, length=16, speedup=1.0, items_per_s=500.0)]

@@ -56,10 +56,13 @@ def _publish(recipe, stage: str, metrics: dict | None = None, info: dict | None 
     return final
 
 
-def _bench(recipe, bundle_hash: str | None = None) -> None:
-    """A model benchmark of the run's teacher and bundle-bilstm-int8 (both published first), recording the bundle's
-    manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
-    cell = Cell(median_ms=0.5, min_ms=0.4, max_ms=0.7, calls=5, batch=1, length=16, speedup=20.0, items_per_s=2e3)
+def _bench(recipe, bundle_hash: str | None = None, timed_length: int = 16) -> None:
+    """A model benchmark of the run's teacher and bundle-bilstm-int8 (both published first) at 16 tokens, the bundle
+    timed at `timed_length` (its max_length, where shorter: no speedup), recording the bundle's manifest hash as
+    `bundle_hash` where given (an earlier build), else as it is."""
+    timing = {"median_ms": 0.5, "min_ms": 0.4, "max_ms": 0.7, "calls": 5, "items_per_s": 2e3}
+    speedup = 20.0 if timed_length == 16 else None
+    cell = Cell(**timing, batch=1, length=16, timed_length=timed_length, speedup=speedup)
     row = ModelRow(
         model="bilstm-int8", precision="int8", runtime="onnxruntime (CPU)", size_bytes=1, dev_accuracy=0.8, cells=[cell]
     )
@@ -215,6 +218,14 @@ def test_refreshed_card_shows_the_benchmarks_latency(recipe):
     assert "| 1 | 16 | 0.50 | 20.0x |" in (folder / mf.CARD).read_text(encoding="utf-8")
 
 
+def test_refreshed_card_gives_the_length_a_bundle_cut_to_its_max_length_was_timed_at_and_no_speedup(recipe):
+    _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    _bench(recipe, timed_length=8)
+    modelcard.refresh(recipe)
+    assert "| 1 | 16 (cut to 8) | 0.50 | - |" in (folder / mf.CARD).read_text(encoding="utf-8")
+
+
 def test_card_of_a_bundle_built_again_since_the_benchmark_has_no_latency(recipe):
     _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
@@ -253,6 +264,47 @@ def test_stage_contract_writes_the_card_when_a_model_publishes(recipe):
 
     Stage("teacher", recipe, ("data",), build).run()
     assert ModelCard.load(run_dir(recipe) / "teacher" / mf.CARD).data.pipeline_tag == "text-classification"
+
+
+def _built(recipe, stage: str, settings: tuple[str, ...] = (), parents: tuple = ()) -> Stage:
+    """Stage `stage` of `recipe` (its `settings` and `parents` as declared), built and published with its card."""
+    metrics = {"dev_accuracy": 0.9} | (STUDENT_METRICS if stage.startswith("student-") else {})
+    info = STUDENT_INFO if stage.startswith("student-") else {"steps": 10}
+
+    def build(inputs):
+        return Built(lambda folder: (folder / "model.safetensors").write_bytes(b"w"), metrics=metrics, info=info)
+
+    built = Stage(stage, recipe, settings, build, parents)
+    built.run()
+    return built
+
+
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+
+
+def test_refresh_leaves_the_card_of_a_teacher_built_before_its_pooling_changed_as_its_build_wrote_it():
+    mean = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.pooling": "mean"})
+    _built(mean, "teacher", TEACHER_SETTINGS)
+    modelcard.refresh(load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.pooling": "cls"}))
+    assert "import edgedistill.distill.heads" in (run_dir(mean) / "teacher" / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refresh_leaves_the_card_of_a_student_whose_teacher_was_built_with_other_labels_as_its_build_wrote_it(recipe):
+    student = _built(recipe, "student-bilstm", parents=(_built(recipe, "teacher", TEACHER_SETTINGS),))
+    modelcard.refresh(load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.label_names": ["bad", "good"]}))
+    assert "2 labels: `negative`, `positive`" in (student.folder / mf.CARD).read_text(encoding="utf-8")
+
+
+def test_refresh_rewrites_the_card_of_a_model_built_with_the_recipes_settings(recipe):
+    teacher = _built(recipe, "teacher", TEACHER_SETTINGS)
+    assert modelcard.refresh(recipe) == [teacher.folder / mf.CARD]
+
+
+def test_bundle_card_gives_the_text_style_its_spec_records_whatever_the_recipe_says_now(recipe):
+    raw = recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
+    info = _bundle_info(text_style="ptb_lower")
+    folder = _publish(raw, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "`edgedistill.common.textstyle.tokenise`" in _text(raw, folder)
 
 
 def pairs_of(recipe):

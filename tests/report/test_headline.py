@@ -193,9 +193,10 @@ def test_an_override_of_a_section_the_headline_does_not_read_is_refused_naming_i
     assert "error: --bench.serving.threads: edgedistill headline reads no bench.serving" in capsys.readouterr().err
 
 
-def publish_bench(recipe, model: str, bundle_hash: str | None = None) -> None:
-    """A one-thread model benchmark of bundle `model` alone, it and the teacher published first; it records the
-    bundle's manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
+def publish_bench(recipe, model: str, bundle_hash: str | None = None, timed_length: int = 64) -> None:
+    """A one-thread model benchmark of bundle `model` alone at 64 tokens, timed at `timed_length` (its max_length,
+    where shorter: no speedup), it and the teacher published first; it records the bundle's manifest hash as
+    `bundle_hash` where given (an earlier build), else as it is."""
     root = run_dir(recipe)
     publish(root / "teacher", {"dev_accuracy": 0.9})
     publish(root / f"bundle-{model}", {})
@@ -204,7 +205,8 @@ def publish_bench(recipe, model: str, bundle_hash: str | None = None) -> None:
         "teacher": mf.parent_of(root / "teacher"),
         f"bundle-{model}": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
     }
-    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64, "speedup": 3.0}
+    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64}
+    cell |= {"timed_length": timed_length, "speedup": 3.0 if timed_length == 64 else None}
     row = {"model": model, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
     bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
     folder = root / "bench"
@@ -248,6 +250,14 @@ def test_a_deployed_teacher_int8_has_one_bench_line(tmp_path, monkeypatch):
     publish_bench(recipe, "teacher-int8")
     assert bench_lines(recipe) == [
         "bench teacher-int8: 2.00 ms at batch 1, 64 tokens = 3.0x teacher PyTorch eager (1 thread)"
+    ]
+
+
+def test_the_bench_line_of_a_bundle_cut_to_its_max_length_gives_the_length_timed_and_no_speedup(recipe):
+    publish_bench(recipe, recipe.export.deploy, timed_length=48)
+    assert bench_lines(recipe) == [
+        "bench bilstm-int8: 2.00 ms at batch 1, 48 tokens (its max_length, cut from 64: no speedup against the "
+        "teacher at 64) (1 thread)"
     ]
 
 

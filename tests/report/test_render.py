@@ -196,18 +196,20 @@ def test_a_report_of_the_teacher_alone_names_the_default_cascades_absent_serving
     assert "| serve-cascade-bilstm-cascade | make all |" in missing_markdown(tmp_path)
 
 
-def bench_row(model: str, median_ms: float) -> dict:
-    """A row of the model benchmark's bench.json with one cell, at batch 1 and 64 tokens."""
+def bench_row(model: str, median_ms: float, timed_length: int = 64) -> dict:
+    """A row of the model benchmark's bench.json with one cell, at batch 1 and 64 tokens, timed at `timed_length`
+    (a bundle's max_length, where shorter: no speedup)."""
     cell = {"median_ms": median_ms, "min_ms": median_ms, "max_ms": median_ms, "calls": 5, "batch": 1, "length": 64}
     row = {"model": model, "precision": "fp32", "runtime": "torch", "size_bytes": 2**20}
-    cell |= {"speedup": 2.0 / median_ms, "items_per_s": 1e3 / median_ms}
+    speedup = 2.0 / median_ms if timed_length == 64 else None
+    cell |= {"timed_length": timed_length, "speedup": speedup, "items_per_s": 1e3 / median_ms}
     return row | {"dev_accuracy": 0.9, "dev_selected": 0.875, "cells": [cell]}
 
 
-def publish_bench(tmp_path, bundle_hash: str | None = None, **table) -> None:
-    """A model benchmark of the run's teacher and its bundle bilstm-int8 (both published first), whose bundle cnn-int8
-    was not built when it ran; it records bilstm-int8's manifest hash as `bundle_hash` where given (an earlier build),
-    else as it is. `table` adds fields to its bench.json (`metric`)."""
+def publish_bench(tmp_path, bundle_hash: str | None = None, timed_length: int = 64, **table) -> None:
+    """A model benchmark of the run's teacher and its bundle bilstm-int8 (both published first, the bundle timed at
+    `timed_length`), whose bundle cnn-int8 was not built when it ran; it records bilstm-int8's manifest hash as
+    `bundle_hash` where given (an earlier build), else as it is. `table` adds fields to its bench.json (`metric`)."""
     publish(tmp_path / "teacher")
     publish(tmp_path / "bundle-bilstm-int8")
     bundle = mf.parent_of(tmp_path / "bundle-bilstm-int8")
@@ -215,14 +217,15 @@ def publish_bench(tmp_path, bundle_hash: str | None = None, **table) -> None:
         "teacher": mf.parent_of(tmp_path / "teacher"),
         "bundle-bilstm-int8": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
     }
-    bench = {"threads": 1, "rows": [bench_row("teacher-pytorch-eager", 2.0), bench_row("bilstm-int8", 0.25)]} | table
+    rows = [bench_row("teacher-pytorch-eager", 2.0), bench_row("bilstm-int8", 0.25, timed_length)]
+    bench = {"threads": 1, "rows": rows} | table
     info = {"left_out": {}, "missing_bundles": ["cnn-int8"]}
     publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
 
 
-def benchmark_markdown(tmp_path, bundle_hash: str | None = None, **table) -> str:
+def benchmark_markdown(tmp_path, bundle_hash: str | None = None, timed_length: int = 64, **table) -> str:
     """The benchmark section and the note on measurements of an earlier build of the run of `publish_bench`."""
-    publish_bench(tmp_path, bundle_hash, **table)
+    publish_bench(tmp_path, bundle_hash, timed_length, **table)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
     stale = plan.stale(recipe, tmp_path)
     render._stale(page, recipe, stale)
@@ -261,6 +264,17 @@ def test_benchmark_figure_leaves_out_a_bundle_built_again_since(tmp_path, monkey
     monkeypatch.setattr(plots, "pareto", lambda points, *_: drawn.extend(p["model"] for p in points) or b"")
     benchmark_markdown(tmp_path, bundle_hash="0" * 64)
     assert drawn == ["teacher-pytorch-eager"]
+
+
+def test_benchmark_section_marks_a_bundle_cut_to_its_max_length_in_place_of_its_speedup(tmp_path):
+    assert "| 0.25 (cut to 48) |" in benchmark_markdown(tmp_path, timed_length=48)
+
+
+def test_benchmark_figure_labels_a_bundle_cut_to_its_max_length_with_the_length_it_was_timed_at(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "pareto", lambda points, *_: drawn.extend(p["model"] for p in points) or b"")
+    benchmark_markdown(tmp_path, timed_length=48)
+    assert drawn == ["teacher-pytorch-eager", "bilstm-int8 (48 tokens)"]
 
 
 def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):

@@ -53,6 +53,14 @@ def test_report_embeds_its_figures_and_links_manifests(smoke_bundles, monkeypatc
     assert mf.load(out).stage == "report"
 
 
+def test_report_rewrites_the_card_of_each_model_of_the_run_with_the_benchmarks_latency(smoke_bundles, monkeypatch):
+    bench = run_module("bench", smoke_bundles.parent, "models", str(ROOT / "recipes" / "smoke.yaml"))  # if not yet
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    render_report()
+    assert "## Latency" in (smoke_bundles / "bundle-bilstm-int8" / mf.CARD).read_text(encoding="utf-8")
+
+
 PROBE = """<script>
 window.addEventListener("load", () => {
   const images = [...document.images];
