@@ -1,7 +1,7 @@
 """Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
 
 A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per line, for unlabelled
-data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[@<config>]:<split>[:<column>]` (`HubSource`).
 """
 
 import csv
@@ -9,6 +9,7 @@ import difflib
 import gzip
 import itertools
 import json
+import re
 import unicodedata
 import zlib
 from collections.abc import Iterator
@@ -239,22 +240,49 @@ def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
     )
 
 
+@dataclass(frozen=True)
+class HubSource:
+    """A Hub split as a source names it: `hub:<dataset>[@<config>]:<split>[:<column>]`. The dataset is its Hub id,
+    an organisation's included (`nyu-mll/glue`); the split may be sliced as `datasets` slices it (`train[:90%]`)."""
+
+    dataset: str
+    config: str | None
+    split: str
+    column: str | None
+
+    @classmethod
+    def parse(cls, spec: str) -> "HubSource":
+        """The parts of `spec`; `DataError` for one that does not have them."""
+        # a colon inside a slice's brackets (train[:90%]) separates nothing
+        parts = re.split(r":(?![^\[]*\])", spec.removeprefix("hub:"))
+        dataset, at, config = parts[0].partition("@")
+        if len(parts) not in (2, 3) or not all([dataset, *parts[1:]]) or (at and not config):
+            raise DataError(
+                f"{spec}: a Hub source looks like hub:<dataset>[@<config>]:<split>[:<column>], e.g. "
+                "hub:nyu-mll/glue@sst2:train"
+            )
+        return cls(dataset, config or None, parts[1], parts[2] if len(parts) == 3 else None)
+
+
 def _from_hub(spec: str):
-    """`hub:glue/sst2:train[:column]` -> (dataset split, column or None)."""
+    """`hub:nyu-mll/glue@sst2:train[:column]` -> (dataset split, column or None)."""
     import datasets
 
-    parts = spec.removeprefix("hub:").split(":")
-    if len(parts) < 2:
-        raise DataError(f"{spec}: a Hub source looks like hub:<dataset>[/<config>]:<split>[:<column>]")
-    name, _, config = parts[0].partition("/")
+    source = HubSource.parse(spec)
     try:
-        split = datasets.load_dataset(name, config or None, split=parts[1])
+        split = datasets.load_dataset(source.dataset, source.config, split=source.split)
     except (OSError, ValueError) as err:  # no network or offline (ConnectionError), no such dataset, no such split
+        owner, slash, name = source.dataset.partition("/")
+        config = (
+            f"; if {owner} is the dataset and {name} its config, write hub:{owner}@{name}:{source.split}"
+            if slash and source.config is None
+            else ""
+        )
         raise DataError(
             f"{spec}: cannot load it from the Hub ({err}); name a local file, or a Hub dataset where the Hub can be "
-            "reached (with HF_HUB_OFFLINE=1, one in the local cache)"
+            f"reached (with HF_HUB_OFFLINE=1, one in the local cache){config}"
         ) from None
-    return split, (parts[2] if len(parts) > 2 else None)
+    return split, source.column
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
@@ -355,9 +383,9 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
     With `limit`, the first `limit` examples, reading no further."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
-        if source.count(":") > 2:  # the column of an unlabelled Hub source: here the data.*_column settings say it
+        if HubSource.parse(source).column is not None:  # an unlabelled source's: here data.*_column say them
             raise DataError(
-                f"{source}: a labelled Hub source is hub:<dataset>[/<config>]:<split>; name its columns "
+                f"{source}: a labelled Hub source is hub:<dataset>[@<config>]:<split>; name its columns "
                 "in data.text_column / data.label_column"
             )
         split, _ = _from_hub(source)
@@ -441,7 +469,7 @@ def _hub_lines(source: str) -> Iterator[str]:
         what = f"no column {column!r}" if feature is None else f"column {column!r} holds {kind}, not text"
         raise DataError(
             f"{source}: {what}; its columns are {split.column_names}: name its text column in the recipe's "
-            "source, as hub:<dataset>[/<config>]:<split>:<column>"
+            "source, as hub:<dataset>[@<config>]:<split>:<column>"
         )
     return (line for text in split[column] if text is not None and (line := text.strip()))
 

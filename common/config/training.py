@@ -27,7 +27,7 @@ def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> li
 
 
 class DataConfig(Strict):
-    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[/<config>]:<split>`."""
+    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[@<config>]:<split>`."""
 
     train: str
     dev: str

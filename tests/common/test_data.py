@@ -7,6 +7,7 @@ from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import (
     DataError,
     Examples,
+    HubSource,
     _label_index,
     _rows,
     line_count,
@@ -668,3 +669,60 @@ def test_a_csv_line_of_spaces_is_skipped_as_a_blank_line_is(tmp_path):
 def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n \t \nbad\t0\n")
     assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """The (dataset, config, split) each Hub source asks `datasets.load_dataset` for, which returns an in-memory
+    labelled split."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict({"sentence": ["good", "bad"], "label": [1, 0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_a_hub_dataset_of_an_organisation_is_loaded_by_its_id(hub_calls):
+    load_labelled("hub:dair-ai/emotion:train", CFG)
+    assert hub_calls == [("dair-ai/emotion", None, "train")]
+
+
+def test_a_hub_config_is_named_after_an_at(hub_calls):
+    load_labelled("hub:nyu-mll/glue@mrpc:validation", CFG)
+    assert hub_calls == [("nyu-mll/glue", "mrpc", "validation")]
+
+
+def test_a_hub_dataset_without_an_organisation_or_config_is_loaded_by_its_name(hub_calls):
+    load_labelled("hub:imdb:train", CFG)
+    assert hub_calls == [("imdb", None, "train")]
+
+
+def test_a_sliced_hub_split_is_passed_to_the_hub_whole(hub_calls):
+    load_labelled("hub:imdb:train[:90%]", CFG)
+    assert hub_calls == [("imdb", None, "train[:90%]")]
+
+
+def test_a_column_after_a_sliced_hub_split_is_the_column():
+    assert HubSource.parse("hub:imdb@plain_text:unsupervised[10:20]:text") == HubSource(
+        "imdb", "plain_text", "unsupervised[10:20]", "text"
+    )
+
+
+def test_a_hub_source_without_a_split_is_refused_with_the_syntax():
+    with pytest.raises(DataError, match=r"hub:imdb: a Hub source looks like hub:<dataset>\[@<config>\]:<split>"):
+        load_labelled("hub:imdb", CFG)
+
+
+def test_an_empty_hub_config_is_refused_with_the_syntax():
+    with pytest.raises(DataError, match=r"hub:imdb@:train: a Hub source looks like"):
+        load_labelled("hub:imdb@:train", CFG)
+
+
+def test_a_hub_dataset_that_cannot_be_loaded_with_one_slash_is_shown_the_config_syntax():
+    with pytest.raises(DataError, match=r"if no-such-set is the dataset and its-config its config, write hub:no-such"):
+        load_labelled("hub:no-such-set/its-config:train", CFG)
