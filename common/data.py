@@ -388,11 +388,15 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
                 f"{source}: a labelled Hub source is hub:<dataset>[@<config>]:<split>; name its columns "
                 "in data.text_column / data.label_column"
             )
+        import datasets
+
         split, _ = _from_hub(source)
-        _check_class_names(source, split.features.get(cfg.label_column), cfg)
+        feature = split.features.get(cfg.label_column)
+        _check_class_names(source, feature, cfg)
+        class_label = isinstance(feature, datasets.ClassLabel)
         rows = ((i + 1, row) for i, row in enumerate(split))
     else:
-        rows = _rows(Path(source))
+        class_label, rows = False, _rows(Path(source))
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels, first = [], [], [], None
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
@@ -410,8 +414,14 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         where = f"{source}:{number}"
         texts.append(_text(row[cfg.text_column], where, cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
-        if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
-            label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
+        if class_label and label in (-1, None):
+            raise DataError(
+                f"{where}: label {label}, which marks a missing label in a Hub class label: the split is unlabelled "
+                "(as GLUE's test splits are); data.train, data.dev and data.test take a labelled split, e.g. a slice "
+                "of train held out (train[90%:])"
+            )
+        if isinstance(label, int) and not isinstance(label, bool) and not class_label:
+            label = str(label)  # an integer reads as its digits, as a TSV cell does; a Hub class label is an index
         labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))

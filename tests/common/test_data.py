@@ -726,3 +726,30 @@ def test_an_empty_hub_config_is_refused_with_the_syntax():
 def test_a_hub_dataset_that_cannot_be_loaded_with_one_slash_is_shown_the_config_syntax():
     with pytest.raises(DataError, match=r"if no-such-set is the dataset and its-config its config, write hub:no-such"):
         load_labelled("hub:no-such-set/its-config:train", CFG)
+
+
+def hub_split(monkeypatch, labels: list, feature) -> str:
+    """A Hub source whose `label` column holds `labels` as `feature`, loaded from memory."""
+    import datasets
+
+    features = datasets.Features({"sentence": datasets.Value("string"), "label": feature})
+    dataset = datasets.Dataset.from_dict({"sentence": ["a"] * len(labels), "label": labels}, features)
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, name=None, split=None: dataset)
+    return "hub:org/set:train"
+
+
+STARS = DataConfig(train="x", dev="x", label_names=["1", "2", "3", "4", "5"])
+
+
+def test_a_hub_integer_column_that_is_no_class_label_is_read_by_name_first(monkeypatch):
+    import datasets
+
+    assert load_labelled(hub_split(monkeypatch, [5, 1], datasets.Value("int64")), STARS).labels == [4, 0]
+
+
+def test_a_hub_class_label_of_minus_one_says_the_split_is_unlabelled(monkeypatch):
+    import datasets
+
+    source = hub_split(monkeypatch, [-1], datasets.ClassLabel(names=["negative", "positive"]))
+    with pytest.raises(DataError, match=r"org/set:train:1: label -1, .* the split is unlabelled"):
+        load_labelled(source, CFG)
