@@ -69,6 +69,18 @@ class Examples:
         seen = set(self._labelled("absent"))
         return [name for index, name in enumerate(names) if index not in seen]
 
+    def f1_warning(self, cfg: DataConfig) -> str | None:
+        """What the teacher stage warns of dev examples (these) that select on F1 (`data.metric: f1`) without one of
+        `data.positive_label`: dev_f1 is 0 at every evaluation. None when they hold one, or select on another metric."""
+        if cfg.metric != "f1" or cfg.positive_index in self._labelled("f1_warning"):
+            return None
+        return (
+            f"no dev example is labelled {cfg.label_names[cfg.positive_index]!r} (data.positive_label), so dev_f1, "
+            "the selection metric (data.metric), is 0 at every evaluation: the first checkpoint is kept and patience "
+            "stops training early; give data.dev examples of it (raise data.dev_limit, or name another split), or "
+            "select on another data.metric"
+        )
+
     def shared_with(self, other: "Examples") -> int:
         """How many of these examples (text, and pair) `other` holds too."""
         held = set(zip(other.texts, other.pairs or [None] * len(other), strict=True))

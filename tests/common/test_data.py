@@ -753,3 +753,19 @@ def test_a_hub_class_label_of_minus_one_says_the_split_is_unlabelled(monkeypatch
     source = hub_split(monkeypatch, [-1], datasets.ClassLabel(names=["negative", "positive"]))
     with pytest.raises(DataError, match=r"org/set:train:1: label -1, .* the split is unlabelled"):
         load_labelled(source, CFG)
+
+
+F1 = DataConfig(train="x", dev="x", label_names=["negative", "positive"], metric="f1")
+
+
+def test_dev_without_the_positive_label_warns_that_f1_selects_nothing():
+    warning = Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(F1)
+    assert re.search(r"'positive' \(data\.positive_label\).*raise data\.dev_limit", warning)
+
+
+def test_dev_with_the_positive_label_gives_no_f1_warning():
+    assert Examples(["a", "b"], None, [0, 1], "dev.tsv").f1_warning(F1) is None
+
+
+def test_dev_without_the_positive_label_gives_no_warning_selecting_on_accuracy():
+    assert Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(CFG) is None
