@@ -1187,3 +1187,14 @@ def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_re
         RecipeError, match=r"export\.calibration_sentences=4: the TensorRT INT8 bundles \['bilstm-engine'\]"
     ):
         load_recipe(SMOKE, engine)
+
+
+@pytest.mark.parametrize("field", ["text_column", "text_pair_column", "label_column", "positive_label"])
+def test_a_column_or_positive_label_yaml_reads_as_a_boolean_gets_a_quoting_hint(field):
+    with pytest.raises(ValueError, match=rf"data\.{field}: True is not a name: .* quote it"):
+        binary(**{field: True})
+
+
+def test_a_positive_label_yaml_reads_as_a_number_is_shown_quoted(tmp_path):
+    with pytest.raises(RecipeError, match=r'data\.positive_label: 5 is not a name: .*positive_label: "5"'):
+        load_recipe(write(tmp_path, TREC_DATA % ", positive_label: 5"))
