@@ -116,7 +116,8 @@ class DataConfig(Strict):
             raise ValueError(f"data.label_names lists {repeated} more than once")
         if self.positive_label is not None and self.positive_label not in self.label_names:
             raise ValueError(
-                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
+                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}: set "
+                "it to one of them, or to null for the default: the second of two labels"
             )
         columns = {"text_column": self.text_column, "label_column": self.label_column}
         if self.text_pair_column is not None:
