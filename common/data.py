@@ -1,7 +1,7 @@
 """Labelled and unlabelled text from local files or the Hugging Face Hub, validated at load.
 
 A source is a path (`.tsv`, `.csv`, `.jsonl` for labelled data; any text file, one text per line, for unlabelled
-data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[/<config>]:<split>[:<column>]`.
+data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[@<config>]:<split>[:<column>]` (`HubSource`).
 """
 
 import csv
@@ -9,6 +9,7 @@ import difflib
 import gzip
 import itertools
 import json
+import re
 import unicodedata
 import zlib
 from collections.abc import Iterator
@@ -67,6 +68,18 @@ class Examples:
         """The label names no example carries."""
         seen = set(self._labelled("absent"))
         return [name for index, name in enumerate(names) if index not in seen]
+
+    def f1_warning(self, cfg: DataConfig) -> str | None:
+        """What the teacher stage warns of dev examples (these) that select on F1 (`data.metric: f1`) without one of
+        `data.positive_label`: dev_f1 is 0 at every evaluation. None when they hold one, or select on another metric."""
+        if cfg.metric != "f1" or cfg.positive_index in self._labelled("f1_warning"):
+            return None
+        return (
+            f"no dev example is labelled {cfg.label_names[cfg.positive_index]!r} (data.positive_label), so dev_f1, "
+            "the selection metric (data.metric), is 0 at every evaluation: the first checkpoint is kept and patience "
+            "stops training early; give data.dev examples of it (raise data.dev_limit, or name another split), or "
+            "select on another data.metric"
+        )
 
     def shared_with(self, other: "Examples") -> int:
         """How many of these examples (text, and pair) `other` holds too."""
@@ -239,22 +252,49 @@ def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
     )
 
 
+@dataclass(frozen=True)
+class HubSource:
+    """A Hub split as a source names it: `hub:<dataset>[@<config>]:<split>[:<column>]`. The dataset is its Hub id,
+    an organisation's included (`nyu-mll/glue`); the split may be sliced as `datasets` slices it (`train[:90%]`)."""
+
+    dataset: str
+    config: str | None
+    split: str
+    column: str | None
+
+    @classmethod
+    def parse(cls, spec: str) -> "HubSource":
+        """The parts of `spec`; `DataError` for one that does not have them."""
+        # a colon inside a slice's brackets (train[:90%]) separates nothing
+        parts = re.split(r":(?![^\[]*\])", spec.removeprefix("hub:"))
+        dataset, at, config = parts[0].partition("@")
+        if len(parts) not in (2, 3) or not all([dataset, *parts[1:]]) or (at and not config):
+            raise DataError(
+                f"{spec}: a Hub source looks like hub:<dataset>[@<config>]:<split>[:<column>], e.g. "
+                "hub:nyu-mll/glue@sst2:train"
+            )
+        return cls(dataset, config or None, parts[1], parts[2] if len(parts) == 3 else None)
+
+
 def _from_hub(spec: str):
-    """`hub:glue/sst2:train[:column]` -> (dataset split, column or None)."""
+    """`hub:nyu-mll/glue@sst2:train[:column]` -> (dataset split, column or None)."""
     import datasets
 
-    parts = spec.removeprefix("hub:").split(":")
-    if len(parts) < 2:
-        raise DataError(f"{spec}: a Hub source looks like hub:<dataset>[/<config>]:<split>[:<column>]")
-    name, _, config = parts[0].partition("/")
+    source = HubSource.parse(spec)
     try:
-        split = datasets.load_dataset(name, config or None, split=parts[1])
+        split = datasets.load_dataset(source.dataset, source.config, split=source.split)
     except (OSError, ValueError) as err:  # no network or offline (ConnectionError), no such dataset, no such split
+        owner, slash, name = source.dataset.partition("/")
+        config = (
+            f"; if {owner} is the dataset and {name} its config, write hub:{owner}@{name}:{source.split}"
+            if slash and source.config is None
+            else ""
+        )
         raise DataError(
             f"{spec}: cannot load it from the Hub ({err}); name a local file, or a Hub dataset where the Hub can be "
-            "reached (with HF_HUB_OFFLINE=1, one in the local cache)"
+            f"reached (with HF_HUB_OFFLINE=1, one in the local cache){config}"
         ) from None
-    return split, (parts[2] if len(parts) > 2 else None)
+    return split, source.column
 
 
 def _label_index(cell, names: dict[str, int], where: str) -> int:
@@ -355,16 +395,20 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
     With `limit`, the first `limit` examples, reading no further."""
     columns = [cfg.text_column, cfg.label_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
     if source.startswith("hub:"):
-        if source.count(":") > 2:  # the column of an unlabelled Hub source: here the data.*_column settings say it
+        if HubSource.parse(source).column is not None:  # an unlabelled source's: here data.*_column say them
             raise DataError(
-                f"{source}: a labelled Hub source is hub:<dataset>[/<config>]:<split>; name its columns "
+                f"{source}: a labelled Hub source is hub:<dataset>[@<config>]:<split>; name its columns "
                 "in data.text_column / data.label_column"
             )
+        import datasets
+
         split, _ = _from_hub(source)
-        _check_class_names(source, split.features.get(cfg.label_column), cfg)
+        feature = split.features.get(cfg.label_column)
+        _check_class_names(source, feature, cfg)
+        class_label = isinstance(feature, datasets.ClassLabel)
         rows = ((i + 1, row) for i, row in enumerate(split))
     else:
-        rows = _rows(Path(source))
+        class_label, rows = False, _rows(Path(source))
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels, first = [], [], [], None
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
@@ -382,8 +426,14 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         where = f"{source}:{number}"
         texts.append(_text(row[cfg.text_column], where, cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
-        if isinstance(label, int) and not isinstance(label, bool) and not source.startswith("hub:"):
-            label = str(label)  # a JSON integer reads as its digits, as a TSV cell does; a Hub class label is an index
+        if class_label and label in (-1, None):
+            raise DataError(
+                f"{where}: label {label}, which marks a missing label in a Hub class label: the split is unlabelled "
+                "(as GLUE's test splits are); data.train, data.dev and data.test take a labelled split, e.g. a slice "
+                "of train held out (train[90%:])"
+            )
+        if isinstance(label, int) and not isinstance(label, bool) and not class_label:
+            label = str(label)  # an integer reads as its digits, as a TSV cell does; a Hub class label is an index
         labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
@@ -441,7 +491,7 @@ def _hub_lines(source: str) -> Iterator[str]:
         what = f"no column {column!r}" if feature is None else f"column {column!r} holds {kind}, not text"
         raise DataError(
             f"{source}: {what}; its columns are {split.column_names}: name its text column in the recipe's "
-            "source, as hub:<dataset>[/<config>]:<split>:<column>"
+            "source, as hub:<dataset>[@<config>]:<split>:<column>"
         )
     return (line for text in split[column] if text is not None and (line := text.strip()))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from edgedistill.common import manifest as mf
 from edgedistill.common import tables
 from edgedistill.common.atomic import atomic_write
+from edgedistill.common.data import HubSource
 from edgedistill.common.recipe import Recipe, run_dir
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -33,8 +34,8 @@ def _kind(stage: str) -> str:
 
 
 def _dataset(source: str) -> str:
-    """A data source as the card names it: the Hub dataset of `hub:<dataset>[/<config>]:<split>`, else the file."""
-    return source.removeprefix("hub:").split(":")[0] if source.startswith("hub:") else Path(source).name
+    """A data source as the card names it: the Hub id of a Hub source's dataset (`HubSource`), else the file."""
+    return HubSource.parse(source).dataset if source.startswith("hub:") else Path(source).name
 
 
 def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:

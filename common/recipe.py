@@ -497,8 +497,18 @@ def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
     return '\n(inside {...} or [...], quote a value that holds ${NAME}: ["${EDGEDISTILL_DATA_DIR}/file.txt"])'
 
 
-def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
-    """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way)."""
+def _settings_in(node: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of the settings (values other than mappings) a recipe's mapping writes."""
+    return [
+        dotted
+        for key, value in node.items()
+        for dotted in (_settings_in(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])
+    ]
+
+
+def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
+    """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way); and the file
+    each setting comes from, by dotted key."""
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise RecipeError(f"{path}: extends itself: {cycle}")
@@ -517,11 +527,13 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     except RecipeError as err:
         raise RecipeError(f"{path}: {err}") from None
     base_name = raw.pop("extends", None)
+    written = dict.fromkeys(_settings_in(raw), path)
     if base_name is None:
-        return raw
-    base = _read(_base_path(path, base_name), (*chain, path.resolve()))
+        return raw, written
+    base, base_written = _read(_base_path(path, base_name), (*chain, path.resolve()))
     base.pop("name", None)
-    return _merge(base, raw)
+    base_written.pop("name", None)
+    return _merge(base, raw), base_written | written
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
@@ -569,8 +581,10 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raise RecipeError(
             f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
         )
-    raw = _read(path)
-    origins = {}  # key -> where its value came from, for errors: the recipe file does not hold it
+    raw, written = _read(path)
+    origins = {  # key -> where its value came from, for errors: the recipe file does not hold it
+        key: f" ({key} comes from {base}, which this recipe extends)" for key, base in written.items() if base != path
+    }
     if "name" not in raw:
         raw["name"] = path.stem
         origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
@@ -664,7 +678,9 @@ def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     key = ".".join(str(p) for p in error["loc"] if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
-    return (message if message.startswith(key) else f"{key}: {message}") + origins.get(key, "") + hint
+    if message.startswith(key):  # a rule's: the setting it names first is the one at fault
+        return message + origins.get(re.match(r"[\w.-]*", message).group(), "") + hint
+    return f"{key}: {message}" + origins.get(key, "") + hint
 
 
 def _message(error: dict) -> str:

@@ -102,6 +102,8 @@ def _build(inputs: Inputs) -> Built | None:
     test = load_test(data)  # read now: a bad test file fails before training, not after it
     if (absent := train.absent(data.label_names)) and dist.is_main():
         print(f"[teacher] warning: no train example is labelled {absent} (data.label_names); the model never learns it")
+    if (unscored := dev.f1_warning(data)) and dist.is_main():
+        print(f"[teacher] warning: {unscored}")
     for name, split in (("dev", dev), ("test", test)):
         if split is not None and (shared := split.shared_with(train)) and dist.is_main():
             print(

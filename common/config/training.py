@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 Metric = Literal["accuracy", "macro_f1", "f1"]
 METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
 LABELLED_FORMATS = (".csv", ".tsv", ".jsonl")
+UNQUOTED = "YAML reads yes/no/true/false/on/off, null and bare numbers as other types"
 
 
 def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> list[str]:
@@ -27,7 +28,7 @@ def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> li
 
 
 class DataConfig(Strict):
-    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[/<config>]:<split>`."""
+    """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[@<config>]:<split>`."""
 
     train: str
     dev: str
@@ -69,10 +70,20 @@ class DataConfig(Strict):
         unquoted = [name for name in data["label_names"] or [] if not isinstance(name, str)]
         if unquoted:
             raise ValueError(
-                f"data.label_names: {unquoted} are not names: YAML reads yes/no/true/false/on/off, null and bare "
-                'numbers as other types; quote them, e.g. ["no", "yes"] or ["1", "2"]'
+                f'data.label_names: {unquoted} are not names: {UNQUOTED}; quote them, e.g. ["no", "yes"] or ["1", "2"]'
             )
         return data
+
+    @field_validator("text_column", "text_pair_column", "label_column", "positive_label", mode="before")
+    @classmethod
+    def _names_quoted(cls, value, info: ValidationInfo):
+        if isinstance(value, bool | int | float):
+            example = "yes" if isinstance(value, bool) else value
+            raise ValueError(
+                f"data.{info.field_name}: {value!r} is not a name: {UNQUOTED}; quote it, e.g. "
+                f'{info.field_name}: "{example}"'
+            )
+        return value
 
     @field_validator("label_names")
     @classmethod
@@ -105,7 +116,8 @@ class DataConfig(Strict):
             raise ValueError(f"data.label_names lists {repeated} more than once")
         if self.positive_label is not None and self.positive_label not in self.label_names:
             raise ValueError(
-                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}"
+                f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}: set "
+                "it to one of them, or to null for the default: the second of two labels"
             )
         columns = {"text_column": self.text_column, "label_column": self.label_column}
         if self.text_pair_column is not None:

@@ -7,6 +7,7 @@ from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import (
     DataError,
     Examples,
+    HubSource,
     _label_index,
     _rows,
     line_count,
@@ -668,3 +669,103 @@ def test_a_csv_line_of_spaces_is_skipped_as_a_blank_line_is(tmp_path):
 def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n \t \nbad\t0\n")
     assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """The (dataset, config, split) each Hub source asks `datasets.load_dataset` for, which returns an in-memory
+    labelled split."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict({"sentence": ["good", "bad"], "label": [1, 0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_a_hub_dataset_of_an_organisation_is_loaded_by_its_id(hub_calls):
+    load_labelled("hub:dair-ai/emotion:train", CFG)
+    assert hub_calls == [("dair-ai/emotion", None, "train")]
+
+
+def test_a_hub_config_is_named_after_an_at(hub_calls):
+    load_labelled("hub:nyu-mll/glue@mrpc:validation", CFG)
+    assert hub_calls == [("nyu-mll/glue", "mrpc", "validation")]
+
+
+def test_a_hub_dataset_without_an_organisation_or_config_is_loaded_by_its_name(hub_calls):
+    load_labelled("hub:imdb:train", CFG)
+    assert hub_calls == [("imdb", None, "train")]
+
+
+def test_a_sliced_hub_split_is_passed_to_the_hub_whole(hub_calls):
+    load_labelled("hub:imdb:train[:90%]", CFG)
+    assert hub_calls == [("imdb", None, "train[:90%]")]
+
+
+def test_a_column_after_a_sliced_hub_split_is_the_column():
+    assert HubSource.parse("hub:imdb@plain_text:unsupervised[10:20]:text") == HubSource(
+        "imdb", "plain_text", "unsupervised[10:20]", "text"
+    )
+
+
+def test_a_hub_source_without_a_split_is_refused_with_the_syntax():
+    with pytest.raises(DataError, match=r"hub:imdb: a Hub source looks like hub:<dataset>\[@<config>\]:<split>"):
+        load_labelled("hub:imdb", CFG)
+
+
+def test_an_empty_hub_config_is_refused_with_the_syntax():
+    with pytest.raises(DataError, match=r"hub:imdb@:train: a Hub source looks like"):
+        load_labelled("hub:imdb@:train", CFG)
+
+
+def test_a_hub_dataset_that_cannot_be_loaded_with_one_slash_is_shown_the_config_syntax():
+    with pytest.raises(DataError, match=r"if no-such-set is the dataset and its-config its config, write hub:no-such"):
+        load_labelled("hub:no-such-set/its-config:train", CFG)
+
+
+def hub_split(monkeypatch, labels: list, feature) -> str:
+    """A Hub source whose `label` column holds `labels` as `feature`, loaded from memory."""
+    import datasets
+
+    features = datasets.Features({"sentence": datasets.Value("string"), "label": feature})
+    dataset = datasets.Dataset.from_dict({"sentence": ["a"] * len(labels), "label": labels}, features)
+    monkeypatch.setattr(datasets, "load_dataset", lambda path, name=None, split=None: dataset)
+    return "hub:org/set:train"
+
+
+STARS = DataConfig(train="x", dev="x", label_names=["1", "2", "3", "4", "5"])
+
+
+def test_a_hub_integer_column_that_is_no_class_label_is_read_by_name_first(monkeypatch):
+    import datasets
+
+    assert load_labelled(hub_split(monkeypatch, [5, 1], datasets.Value("int64")), STARS).labels == [4, 0]
+
+
+def test_a_hub_class_label_of_minus_one_says_the_split_is_unlabelled(monkeypatch):
+    import datasets
+
+    source = hub_split(monkeypatch, [-1], datasets.ClassLabel(names=["negative", "positive"]))
+    with pytest.raises(DataError, match=r"org/set:train:1: label -1, .* the split is unlabelled"):
+        load_labelled(source, CFG)
+
+
+F1 = DataConfig(train="x", dev="x", label_names=["negative", "positive"], metric="f1")
+
+
+def test_dev_without_the_positive_label_warns_that_f1_selects_nothing():
+    warning = Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(F1)
+    assert re.search(r"'positive' \(data\.positive_label\).*raise data\.dev_limit", warning)
+
+
+def test_dev_with_the_positive_label_gives_no_f1_warning():
+    assert Examples(["a", "b"], None, [0, 1], "dev.tsv").f1_warning(F1) is None
+
+
+def test_dev_without_the_positive_label_gives_no_warning_selecting_on_accuracy():
+    assert Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(CFG) is None

@@ -335,3 +335,9 @@ def test_card_of_a_pair_bundle_whose_tokenizer_gives_no_token_types_makes_them_f
     info = _bundle_info(pair_segments="sequence_ids")
     folder = _publish(pairs, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
     assert 'batch["token_type_ids"] = np.array([from_sequence_ids(batch.sequence_ids(i))' in _text(pairs, folder)
+
+
+def test_a_hub_sources_card_names_its_dataset_by_its_hub_id_without_config_or_split(recipe):
+    hub = recipe.model_copy(update={"data": recipe.data.model_copy(update={"train": "hub:nyu-mll/glue@sst2:train"})})
+    folder = _publish(hub, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert ModelCard.load(modelcard.write(hub, folder)).data.datasets == ["nyu-mll/glue"]

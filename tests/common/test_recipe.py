@@ -1187,3 +1187,39 @@ def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_re
         RecipeError, match=r"export\.calibration_sentences=4: the TensorRT INT8 bundles \['bilstm-engine'\]"
     ):
         load_recipe(SMOKE, engine)
+
+
+@pytest.mark.parametrize("field", ["text_column", "text_pair_column", "label_column", "positive_label"])
+def test_a_column_or_positive_label_yaml_reads_as_a_boolean_gets_a_quoting_hint(field):
+    with pytest.raises(ValueError, match=rf"data\.{field}: True is not a name: .* quote it"):
+        binary(**{field: True})
+
+
+def test_a_positive_label_yaml_reads_as_a_number_is_shown_quoted(tmp_path):
+    with pytest.raises(RecipeError, match=r'data\.positive_label: 5 is not a name: .*positive_label: "5"'):
+        load_recipe(write(tmp_path, TREC_DATA % ", positive_label: 5"))
+
+
+def inherited_positive_label(tmp_path) -> str:
+    """The error of a recipe that relabels MRPC, keeping the positive_label mrpc.yaml names."""
+    text = f"extends: {ROOT / 'recipes' / 'mrpc.yaml'}\ndata: {{label_names: [different, same]}}\n"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, text))
+    return str(err.value)
+
+
+def test_an_inherited_positive_label_that_is_no_label_name_is_named_with_the_recipe_it_comes_from(tmp_path):
+    assert re.search(
+        r"data\.positive_label comes from \S+mrpc\.yaml, which this recipe extends", inherited_positive_label(tmp_path)
+    )
+
+
+def test_a_positive_label_that_is_no_label_name_can_be_set_to_null(tmp_path):
+    assert "or to null for the default" in inherited_positive_label(tmp_path)
+
+
+def test_a_positive_label_the_recipe_writes_itself_is_not_said_to_be_inherited(tmp_path):
+    text = f"extends: {ROOT / 'recipes' / 'mrpc.yaml'}\ndata: {{label_names: [different, same], positive_label: one}}\n"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, text))
+    assert "comes from" not in str(err.value)
