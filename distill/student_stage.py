@@ -20,6 +20,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
+from edgedistill.common.config.strict import HASHING
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
@@ -262,7 +263,7 @@ def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int |
         (),
         partial(_build, name=name, baseline=baseline, bar_position=bar_position),
         (transfer_stage, *transfer_stage.parents),
-        extra=spec.model_dump(mode="json", exclude=own) | {"layout": FOLDER_LAYOUT},
+        extra=spec.model_dump(mode="json", exclude=own, context=HASHING) | {"layout": FOLDER_LAYOUT},
     )
 
 

@@ -10,6 +10,7 @@ from edgedistill.common.config.training import OptimConfig, RuntimeConfig, Stude
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
+from edgedistill.distill import student_stage
 from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
@@ -119,6 +120,12 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     assert student.info["world_size"] == 2
     assert student.info["grad_accum"] == 2
     assert student.metrics["dev_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize("setting", ["grad_accum", "checkpoint_every"])
+def test_how_a_student_s_batch_is_split_or_how_often_it_is_checkpointed_leaves_its_hash_unchanged(setting):
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.optim.{setting}": 5})
+    assert student_stage.stage(changed, "cnn").config_hash == student_stage.stage(SMOKE, "cnn").config_hash
 
 
 @pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill import finetune
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 
@@ -106,10 +108,10 @@ def test_a_torch_file_that_is_no_checkpoint_names_the_file_and_the_way_out(tmp_p
         trained(tmp_path)
 
 
-def resumed(tmp_path, placement):
-    """The progress of a second epoch that resumes `trained(tmp_path)`'s checkpoint on `placement`."""
-    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
-    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", placement)
+def resumed(tmp_path, placement, key: str = "h", **optim):
+    """The progress of a second epoch that resumes `trained(tmp_path, key)`'s checkpoint on `placement`."""
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2, **optim)
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, key, "test", placement)
     return again.fit(
         batches_for_epoch=lambda epoch: [list(range(16))],
         make_batch=lambda idx: (X[idx], Y[idx]),
@@ -125,6 +127,19 @@ def test_a_checkpoint_resumes_in_another_precision(tmp_path):
     progress = resumed(tmp_path, resolve(RuntimeConfig(device="cpu", precision="bf16")))
     assert progress.resumed_from == 1
     assert progress.global_step == 2
+
+
+def teacher_work_key(tmp_path, **optim) -> str:
+    """The work key of the teacher stage that fine-tunes a checkpoint with these `finetune.optim` settings."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: some/model}\n")
+    return finetune.stage(load_recipe(recipe, {f"finetune.optim.{k}": v for k, v in optim.items()})).inputs().work_key
+
+
+@pytest.mark.parametrize("setting", [{"grad_accum": 2}, {"checkpoint_every": 5}])
+def test_a_teacher_checkpoint_resumes_with_another_split_of_its_batches_or_checkpoint_cadence(tmp_path, setting):
+    trained(tmp_path, teacher_work_key(tmp_path))
+    assert resumed(tmp_path, CPU, teacher_work_key(tmp_path, **setting), **setting).resumed_from == 1
 
 
 def test_a_checkpoint_written_on_a_gpu_in_fp16_resumes_on_the_cpu(tmp_path):
