@@ -277,6 +277,9 @@ class Trainer:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = dist.rank(), dist.world_size()
+        if self.rank:  # each rank draws its own dropout and masks; rank 0 goes on with the stream one process draws
+            torch.manual_seed(cfg.seed + self.rank)  # the GPUs' generators too
+            random.seed(cfg.seed + self.rank)
         # fused: one kernel for all the tensors instead of a loop over them; on the CPU that step is 4-9x faster
         # for 6-23 M parameters, about two fifths of a small student's step time (docs/benchmarks.md).
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, cfg), lr=cfg.lr, fused=True)

@@ -259,6 +259,43 @@ def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted
     assert resumed == straight
 
 
+def _draws(folder: str) -> list[list[float]]:
+    """What a loss drew from the global generator (`torch.rand(2)`) at each of three steps of batches of 4 (2 examples
+    on each rank under DDP), seeded with 0 before the model was made."""
+    torch.manual_seed(0)
+    model, draws = torch.nn.Linear(4, 1), []
+
+    def loss_fn(m, batch):
+        draws.append(torch.rand(2).tolist())
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    trainer = Trainer(model, OptimConfig(lr=0.1, batch_size=4, max_steps=3), folder, "h", "test", CPU)
+    trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]), loss_fn,
+                lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return draws
+
+
+@pytest.fixture(scope="module")
+def draws_of_two_ranks(tmp_path_factory) -> dict[int, list]:
+    folder = tmp_path_factory.mktemp("draws")
+    return on_two_ranks(folder, _draws, str(folder / "runs"))
+
+
+def test_under_ddp_each_rank_draws_its_own_random_numbers(draws_of_two_ranks):
+    assert draws_of_two_ranks[0] != draws_of_two_ranks[1]
+
+
+def test_under_ddp_rank_0_draws_what_one_process_draws(tmp_path, draws_of_two_ranks):
+    assert draws_of_two_ranks[0] == _draws(str(tmp_path))
+
+
+def test_one_process_draws_the_stream_its_seed_gives(tmp_path):
+    torch.manual_seed(0)
+    torch.nn.Linear(4, 1)
+    seeded = [torch.rand(2).tolist() for _ in range(3)]
+    assert _draws(str(tmp_path)) == seeded
+
+
 def _train_losses(folder: str) -> list[float]:
     """The train_loss of each evaluation over two epochs of a linear model on batches of 5 (3 examples on rank 0, 2
     on rank 1 under DDP), evaluated every other step and at each epoch's end."""
