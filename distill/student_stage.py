@@ -315,11 +315,10 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         teacher_bert.to(placement.device)
     work = work_dir(inputs)
     trainer = Trainer(objective, optim, work, inputs.work_key, stage_name, placement, bar_position)
-    best_path = work / "best.safetensors"
 
     def on_best(module, _):
         weights = {k: v.detach().cpu().contiguous() for k, v in module.student.state_dict().items()}
-        atomic_write(best_path, lambda tmp: save_file(weights, tmp))
+        atomic_write(trainer.best_path, lambda tmp: save_file(weights, tmp))
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
@@ -331,7 +330,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     )
     if not dist.is_main():
         return None
-    student.load_state_dict(load_file(best_path))
+    student.load_state_dict(load_file(trainer.best_path))
     best = progress.best_entry
     key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])

@@ -9,6 +9,7 @@ import contextlib
 import math
 import random
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 CHECKPOINT = "checkpoint.pt"
+BEST = "best"  # the kept weights in the work folder, as `best-<step>` (`Trainer.best_path`)
 LOG_EVERY = 10  # steps between points of the tracked training curves
 
 
@@ -293,6 +295,12 @@ class Trainer:
         self._examples, self._train_seconds = 0, 0.0
 
     @property
+    def best_path(self) -> Path:
+        """Where `on_best` writes the kept weights, and the stage reads them: named by their step, so that whenever a
+        run is killed, its checkpoint's best step names weights of that step."""
+        return self.work_dir / f"{BEST}-{self.progress.best_step}"
+
+    @property
     def evaluated(self) -> torch.nn.Module:
         """The weights that are evaluated and kept: the moving average when there is one."""
         return self.ema.module if self.ema else self.model
@@ -527,8 +535,16 @@ class Trainer:
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
+        # only once the checkpoint names the new weights: till then, a resume reads the earlier
+        if improved and dist.is_main():
+            self._remove_earlier_best()
         dist.barrier()
         return self._patience_spent()
+
+    def _remove_earlier_best(self) -> None:
+        for path in self.work_dir.glob(f"{BEST}-*"):
+            if path != self.best_path:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     @staticmethod
     def _say(line: str) -> None:

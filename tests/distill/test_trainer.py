@@ -239,6 +239,38 @@ def _history(folder, crash_at: int | None = None) -> list[dict]:
                        mse_crashing_at(crash_at), lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
 
 
+def _best_after_a_kill_between_best_weights_and_checkpoint(folder, monkeypatch) -> tuple[int, str]:
+    """The best step, and the step whose weights `best_path` holds, of a run evaluated at each of its 3 steps and killed
+    after keeping step 2's weights (dev 0.5, then 0.9) but before checkpointing them, then resumed (0.4, 0.3)."""
+    scores = iter([0.5, 0.9, 0.4, 0.3])
+    save = Trainer._save_checkpoint
+    saves = []
+
+    def killed_at_the_second(self, scheduler):
+        saves.append(1)
+        if len(saves) == 2:
+            raise Crash
+        save(self, scheduler)
+
+    def fit():
+        cfg = OptimConfig(lr=0.1, batch_size=4, eval_every=1, warmup_ratio=0.0)
+        trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+        progress = trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)],
+                               lambda idx: (X[idx], Y[idx]), mse_crashing_at(None), lambda m: {"score": next(scores)},
+                               "score", lambda m, _: trainer.best_path.write_text(str(trainer.progress.global_step)))  # fmt: skip
+        return progress.best_step, trainer.best_path.read_text()
+
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(Trainer, "_save_checkpoint", killed_at_the_second)
+        fit()
+    return fit()
+
+
+def test_the_kept_weights_are_of_the_best_step_after_a_kill_between_keeping_and_checkpointing(tmp_path, monkeypatch):
+    best_step, kept = _best_after_a_kill_between_best_weights_and_checkpoint(tmp_path, monkeypatch)
+    assert kept == str(best_step)
+
+
 def test_a_run_resumed_between_evaluations_records_the_train_loss_of_an_uninterrupted_one(tmp_path):
     with pytest.raises(Crash):
         _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
