@@ -222,6 +222,11 @@ def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 
 
+def _lr(scheduler) -> float:
+    """The learning rate the schedule is at: the head's, the highest (`layer_decay` scales the layers' below it down)."""
+    return max(scheduler.get_last_lr())
+
+
 def save_pretrained_atomic(model, tokenizer, folder: Path) -> None:
     """Replace `folder` with a `save_pretrained` of model and tokenizer, never leaving it half written."""
 
@@ -491,7 +496,7 @@ class Trainer:
                     recent = p.losses[-LOG_EVERY:]
                     curves = {
                         "loss": sum(recent) / len(recent),
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": _lr(scheduler),
                         "examples_per_s": rate,
                     }
                     tracking.active().log({f"train/{key}": value for key, value in curves.items()}, p.global_step)
@@ -521,7 +526,7 @@ class Trainer:
         if p.losses:
             entry["train_loss"] = sum(p.losses) / len(p.losses)
         p.losses = []
-        entry["lr"] = scheduler.get_last_lr()[0]
+        entry["lr"] = _lr(scheduler)
         entry.update(metrics)
         p.history.append(entry)
         improved = metrics[metric] > p.best

@@ -11,6 +11,7 @@ from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import finetune
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
+from transformers import BertConfig, BertForSequenceClassification
 
 from tests.distill.ranks import on_two_ranks
 
@@ -486,6 +487,17 @@ def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
     trained(tmp_path, max_steps=1)
     trained(tmp_path, "other", max_steps=1)
     assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out
+
+
+def test_the_recorded_learning_rate_is_the_head_s_under_layer_decay(tmp_path):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
+    ids = torch.randint(1, 20, (4, 6), generator=torch.Generator().manual_seed(0))
+    cfg = OptimConfig(lr=0.01, batch_size=4, max_steps=10, warmup_ratio=0.5, eval_every=5, layer_decay=0.5)
+    trainer = Trainer(BertForSequenceClassification(config), cfg, tmp_path, "h", "test", CPU)
+    progress = trainer.fit(lambda epoch: [[0, 1, 2, 3]] * 10, lambda idx: {"input_ids": ids[idx], "labels": torch.tensor(idx) % 2},
+                           lambda m, batch: m(**batch).loss, lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    assert progress.history[0]["lr"] == pytest.approx(0.01)  # at step 5, the end of the warm-up
 
 
 class LinearWithPositions(torch.nn.Linear):
