@@ -257,7 +257,7 @@ def _load_problem(err: Exception) -> str:
 
 
 class Trainer:
-    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights.
+    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights (at `best_path`).
 
     Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
