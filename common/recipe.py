@@ -25,7 +25,7 @@ from edgedistill.common import sections, settings
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
-from edgedistill.common.config.strict import NAME_RULE, RUN_NAME_RULE, Overridden, RunName, Strict
+from edgedistill.common.config.strict import HASHING, NAME_RULE, RUN_NAME_RULE, Overridden, RunName, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
     DataConfig,
@@ -237,9 +237,9 @@ class Recipe(Strict):
         Local files and folders named in them count by their contents, not their paths: moving the
         data or the checkout keeps artifacts current, and editing a data file makes them stale. A key the schema
         takes but the recipe leaves out (a null section, a setting hashed only once set) is None; any other raises
-        `KeyError`.
+        `KeyError`. A setting that changes no artifact (`Strict.hashed_as_default`) is at its default.
         """
-        dumped = self.model_dump(mode="json")
+        dumped = self.model_dump(mode="json", context=HASHING)
         return {key: by_content(_setting(dumped, key)) for key in keys}
 
     def section_hash(self, *sections: str) -> str:

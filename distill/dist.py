@@ -2,16 +2,21 @@
 Across nodes the run folder must be shared (`check_shared`)."""
 
 import contextlib
+import itertools
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from edgedistill.common.recipe import RecipeError
+from torch.distributed import distributed_c10d
 
+WAIT_POLL_S = 0.5  # how often a rank waiting for rank 0 (`wait_for_main`) looks again
 SHARED_PROBE = ".shared-probe"  # how the files rank 0 writes for the other ranks to find start (`probe_file`)
+_main_calls = itertools.count()  # `wait_for_main`'s calls in this process, the same sequence on every rank
 
 
 def probe_file(folder: Path, token: str) -> Path:
@@ -110,14 +115,30 @@ def barrier() -> None:
         dist.barrier()
 
 
+def wait_for_main() -> None:
+    """Hold every other rank until rank 0 makes this call too, however long rank 0 takes to: a collective (`barrier`)
+    fails after the process group's timeout (10 min under NCCL, 30 under gloo), and torchrun then ends the job,
+    while rank 0 may wait longer for a stage's lock that another job holds. Every rank makes these calls in the same
+    order: the n-th call of each waits for rank 0's n-th. A no-op in one process."""
+    if not dist.is_initialized():
+        return
+    store = distributed_c10d._get_default_store()  # the process group's own: torch has no public getter for it
+    key = f"edgedistill/rank-0-reached/{next(_main_calls)}"
+    if is_main():
+        store.set(key, "1")
+        return
+    while not store.check([key]):
+        time.sleep(WAIT_POLL_S)
+
+
 def run_stage(stage, force: bool = False):
     """Run a `common.stage.Stage` on every rank. Every rank decides whether to build it once rank 0 holds its
-    lock, so that all skip it or all build it even while another job holds the lock; the others then wait until
-    rank 0 has published its artifact, so the next stage finds it."""
+    lock, so that all skip it or all build it even while another job holds the lock for hours; the others then wait
+    until rank 0 has published its artifact, so the next stage finds it."""
     with stage.lock() if is_main() else contextlib.nullcontext():
-        barrier()
+        wait_for_main()
         manifest = stage.run_locked(force)
-    barrier()
+    wait_for_main()
     return manifest
 
 

@@ -159,21 +159,21 @@ def _build(inputs: Inputs) -> Built | None:
             predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data
         ),
         metric=data.selection_key,
-        on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, work / "best"),
+        on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, trainer.best_path),
     )
     if not dist.is_main():
         return None
     best = progress.best_entry
 
     def kept_logits(split) -> np.ndarray:
-        kept = heads.load_teacher(work / "best").eval().to(placement.device)
+        kept = heads.load_teacher(trainer.best_path).eval().to(placement.device)
         feats = encode(tokenizer, split.texts, split.pairs, recipe.model.max_length)
         return predict_logits(hf_logits(kept), feats, pad, placement=placement)
 
     tested = test_metrics(test, kept_logits, data)
 
     def write(folder: Path) -> None:
-        shutil.copytree(work / "best", folder, dirs_exist_ok=True)
+        shutil.copytree(trainer.best_path, folder, dirs_exist_ok=True)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(model)

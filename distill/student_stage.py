@@ -20,6 +20,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
+from edgedistill.common.config.strict import HASHING
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
@@ -248,6 +249,18 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
             )
 
 
+def teacher_in_training(student: nn.Module, teacher_dir: Path, copied: bool, matched: bool):
+    """The teacher's encoder where training matches its layers (`matched`: a hidden or attention term), else None,
+    having started `student` from it where `copied`: one only copied from is let go before training, so it takes
+    neither device memory nor a share of `peak_memory_mb`."""
+    if not (copied or matched):
+        return None
+    teacher = heads.load_encoder(teacher_dir, attn_implementation="eager").eval()
+    if copied:
+        init_from_teacher(student, teacher)
+    return teacher if matched else None
+
+
 def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:
     """`student-<name>/` distilled from the transfer set, or with `baseline` `baseline-<name>/` trained on labels
     only for the same step budget (the transfer set's size sets it); its training bar on terminal line
@@ -262,7 +275,7 @@ def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int |
         (),
         partial(_build, name=name, baseline=baseline, bar_position=bar_position),
         (transfer_stage, *transfer_stage.parents),
-        extra=spec.model_dump(mode="json", exclude=own) | {"layout": FOLDER_LAYOUT},
+        extra=spec.model_dump(mode="json", exclude=own, context=HASHING) | {"layout": FOLDER_LAYOUT},
     )
 
 
@@ -295,12 +308,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     cfg = student_config(recipe, spec, len(tokenizer), pad)
     torch.manual_seed(optim.seed)
     student = build_student(cfg, recipe.data.label_names)
-    teacher_bert = None
     from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
-    if from_teacher or (not baseline and (spec.losses.hidden or spec.losses.attention)):
-        teacher_bert = heads.load_encoder(teacher_dir, attn_implementation="eager").eval()
-    if from_teacher:
-        init_from_teacher(student, teacher_bert)
+    matched = not baseline and bool(spec.losses.hidden or spec.losses.attention)
+    teacher_bert = teacher_in_training(student, teacher_dir, from_teacher, matched)
     if baseline:
         labels_only = dict.fromkeys(type(spec.losses).model_fields, 0.0) | {"ce": 1.0}  # every term, a new one too
         run_spec = spec.model_copy(update={"losses": spec.losses.model_copy(update=labels_only)})
@@ -314,11 +324,10 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         teacher_bert.to(placement.device)
     work = work_dir(inputs)
     trainer = Trainer(objective, optim, work, inputs.work_key, stage_name, placement, bar_position)
-    best_path = work / "best.safetensors"
 
     def on_best(module, _):
         weights = {k: v.detach().cpu().contiguous() for k, v in module.student.state_dict().items()}
-        atomic_write(best_path, lambda tmp: save_file(weights, tmp))
+        atomic_write(trainer.best_path, lambda tmp: save_file(weights, tmp))
 
     progress = trainer.fit(
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
@@ -330,7 +339,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
     )
     if not dist.is_main():
         return None
-    student.load_state_dict(load_file(best_path))
+    student.load_state_dict(load_file(trainer.best_path))
     best = progress.best_entry
     key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])

@@ -9,6 +9,7 @@ import contextlib
 import math
 import random
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 CHECKPOINT = "checkpoint.pt"
+BEST = "best"  # the kept weights in the work folder, as `best-<step>` (`Trainer.best_path`)
 LOG_EVERY = 10  # steps between points of the tracked training curves
 
 
@@ -220,6 +222,11 @@ def _param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 
 
+def _lr(scheduler) -> float:
+    """The learning rate the schedule is at: the head's, the highest (`layer_decay` scales the layers' below it down)."""
+    return max(scheduler.get_last_lr())
+
+
 def save_pretrained_atomic(model, tokenizer, folder: Path) -> None:
     """Replace `folder` with a `save_pretrained` of model and tokenizer, never leaving it half written."""
 
@@ -250,7 +257,7 @@ def _load_problem(err: Exception) -> str:
 
 
 class Trainer:
-    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights.
+    """Runs `loss_fn` over batches with periodic `evaluate`; `on_best` keeps the best weights (at `best_path`).
 
     Batches are global: `batch_size` examples per optimizer step whatever the world size. Each step's batch
     is dealt out to `world_size * grad_accum` micro-batches (interleaved, so their lengths match); each rank
@@ -277,6 +284,9 @@ class Trainer:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = dist.rank(), dist.world_size()
+        if self.rank:  # each rank draws its own dropout and masks; rank 0 goes on with the stream one process draws
+            torch.manual_seed(cfg.seed + self.rank)  # the GPUs' generators too
+            random.seed(cfg.seed + self.rank)
         # fused: one kernel for all the tensors instead of a loop over them; on the CPU that step is 4-9x faster
         # for 6-23 M parameters, about two fifths of a small student's step time (docs/benchmarks.md).
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, cfg), lr=cfg.lr, fused=True)
@@ -288,6 +298,12 @@ class Trainer:
             else None
         )
         self._examples, self._train_seconds = 0, 0.0
+
+    @property
+    def best_path(self) -> Path:
+        """Where `on_best` writes the kept weights, and the stage reads them: named by their step, so that whenever a
+        run is killed, its checkpoint's best step names weights of that step."""
+        return self.work_dir / f"{BEST}-{self.progress.best_step}"
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -480,7 +496,7 @@ class Trainer:
                     recent = p.losses[-LOG_EVERY:]
                     curves = {
                         "loss": sum(recent) / len(recent),
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": _lr(scheduler),
                         "examples_per_s": rate,
                     }
                     tracking.active().log({f"train/{key}": value for key, value in curves.items()}, p.global_step)
@@ -510,7 +526,7 @@ class Trainer:
         if p.losses:
             entry["train_loss"] = sum(p.losses) / len(p.losses)
         p.losses = []
-        entry["lr"] = scheduler.get_last_lr()[0]
+        entry["lr"] = _lr(scheduler)
         entry.update(metrics)
         p.history.append(entry)
         improved = metrics[metric] > p.best
@@ -524,8 +540,16 @@ class Trainer:
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler)
+        # only once the checkpoint names the new weights: till then, a resume reads the earlier
+        if improved and dist.is_main():
+            self._remove_earlier_best()
         dist.barrier()
         return self._patience_spent()
+
+    def _remove_earlier_best(self) -> None:
+        for path in self.work_dir.glob(f"{BEST}-*"):
+            if path != self.best_path:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     @staticmethod
     def _say(line: str) -> None:

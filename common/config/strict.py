@@ -5,12 +5,21 @@ import types
 import typing
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationInfo, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializationInfo,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 NAME_RULE = "letters, digits, `_` and `-`, starting with a letter or digit"
 # A student's, a bundle's or a cascade's name: it names a folder (`bundle-<name>/`) and is a part of a dotted key
 # (`export.bundles.<name>`), so it holds no `/` and no `.`
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+HASHING = {"hashing": True}  # the serialization context of a stage's hash (`Recipe.settings`)
 RUN_NAME_RULE = "letters, digits, `.`, `_` and `-`, starting with a letter or digit"
 # A recipe's name names its run folder alone (`runs/<name>/`, as a recipe file `sst2.v2.yaml` gives): no `/`, and no
 # `.` or `..` that would put the run in the runs folder itself or above it
@@ -40,6 +49,9 @@ class Strict(BaseModel):
     # Settings added after runs of this version existed: left out of the dump (so of every stage's hash) while at
     # their default, so that a new setting nobody sets keeps those runs' artifacts current.
     hashed_when_set: ClassVar[frozenset[str]] = frozenset()
+    # Settings that change how work is done, not what it makes: dumped as their defaults under `HASHING`, so that
+    # changing one neither makes an artifact stale nor discards a checkpoint, and a run at the default keeps its hash.
+    hashed_as_default: ClassVar[frozenset[str]] = frozenset()
 
     @field_validator("*", mode="before")
     @classmethod
@@ -52,11 +64,14 @@ class Strict(BaseModel):
         return value
 
     @model_serializer(mode="wrap")
-    def _leave_out_unset_later_settings(self, handler):
+    def _as_hashed(self, handler, info: SerializationInfo):
         dumped = handler(self)
         for name in self.hashed_when_set:
             if getattr(self, name) == type(self).model_fields[name].default:
                 dumped.pop(name, None)
+        if info.context == HASHING:
+            for name in self.hashed_as_default & dumped.keys():
+                dumped[name] = type(self).model_fields[name].default
         return dumped
 
 

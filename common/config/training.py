@@ -213,6 +213,8 @@ class OptimConfig(Strict):
         None, gt=0, lt=1, description="evaluate and keep an exponential moving average of the weights"
     )
     seed: int = 13
+    # how a step's batch is split and how often the work is saved: the steps and their gradients stay the same
+    hashed_as_default = frozenset({"grad_accum", "checkpoint_every"})
 
 
 class PretrainConfig(Strict):

@@ -238,6 +238,17 @@ def test_section_hash_tracks_only_its_sections(tmp_path):
     assert a.section_hash("finetune") != b.section_hash("finetune")
 
 
+@pytest.mark.parametrize("setting", ["finetune.optim.grad_accum", "finetune.optim.checkpoint_every"])
+def test_how_a_batch_is_split_or_how_often_it_is_checkpointed_leaves_the_hash_unchanged(tmp_path, setting):
+    plain = load_recipe(write(tmp_path, MINIMAL))
+    changed = load_recipe(write(tmp_path, MINIMAL), {setting: 5})
+    assert plain.section_hash("finetune") == changed.section_hash("finetune")
+
+
+def test_the_finetune_hash_of_default_settings_is_the_one_runs_were_built_with(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL)).section_hash("finetune") == "89909594ecbea52f"
+
+
 PAIRS = MINIMAL.replace("label_names", "text_pair_column: b, label_names")
 
 

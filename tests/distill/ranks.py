@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+from datetime import timedelta
 
 import torch.distributed as torch_dist
 
@@ -9,28 +10,30 @@ import torch.distributed as torch_dist
 PRELOAD = ["torch.distributed", "edgedistill.distill.dist", "edgedistill.distill.trainer"]
 
 
-def _on_rank(rank: int, store: str, environ: dict, cwd: str, job, args, results) -> None:
+def _on_rank(rank: int, store: str, environ: dict, cwd: str, timeout: timedelta | None, job, args, results) -> None:
     # the server was started by an earlier test: take this test's environment and folder, as a spawned process would
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
-    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timeout)
     try:
         results.put((rank, job(*args)))
     finally:
         torch_dist.destroy_process_group()
 
 
-def on_two_ranks(tmp_path, job, *args) -> dict:
-    """`job(*args)`'s result on each of two gloo ranks, by rank (a module-level `job`, for the new processes). The
-    ranks are forked from multiprocessing's forkserver, a clean process that imported PRELOAD, not from pytest."""
+def on_two_ranks(tmp_path, job, *args, timeout_s: float | None = None) -> dict:
+    """`job(*args)`'s result on each of two gloo ranks, by rank (a module-level `job`, for the new processes), whose
+    collectives fail after `timeout_s` (default: gloo's 30 min). The ranks are forked from multiprocessing's
+    forkserver, a clean process that imported PRELOAD, not from pytest."""
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # read when the server starts: the first call of the test process
     results = context.Queue()
     environ, cwd = dict(os.environ), os.getcwd()
     procs = [
         context.Process(
-            target=_on_rank, args=(r, str(tmp_path / "store"), environ, cwd, job, args, results), daemon=True
+            target=_on_rank, args=(r, str(tmp_path / "store"), environ, cwd, timeout, job, args, results), daemon=True
         )
         for r in (0, 1)
     ]

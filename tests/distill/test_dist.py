@@ -3,6 +3,8 @@
 import contextlib
 import io
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,31 @@ def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_p
     on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
     assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
+
+
+def _run_stage_saying_so(recipe_path: str, runs: str) -> bool:
+    """`_run_stage`, once this rank has written that it starts it into the runs folder."""
+    (Path(runs) / f"rank-{torch_dist.get_rank()}-starts").touch()
+    return _run_stage(recipe_path, runs)
+
+
+def test_ranks_wait_for_a_stage_another_job_holds_past_their_collectives_timeout(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
+    held = threading.Event()
+
+    def another_job():  # holds the stage's lock until both ranks have waited twice their collectives' timeout
+        with Stage("up", load_recipe(recipe), ("data",), _build_on_rank_0).lock():
+            held.set()
+            while len(list(runs.glob("rank-*-starts"))) < 2:
+                time.sleep(0.1)
+            time.sleep(4)
+
+    threading.Thread(target=another_job, daemon=True).start()
+    held.wait()
+    assert on_two_ranks(tmp_path, _run_stage_saying_so, str(recipe), str(runs), timeout_s=2) == {0: True, 1: True}
 
 
 def _said_by_run_stage(recipe_path: str, runs: str) -> str:

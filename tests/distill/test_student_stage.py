@@ -1,5 +1,7 @@
 import copy
+import gc
 import json
+import weakref
 from functools import partial
 
 import numpy as np
@@ -10,6 +12,7 @@ from edgedistill.common.config.training import OptimConfig, RuntimeConfig, Stude
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
+from edgedistill.distill import heads, student_stage
 from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
@@ -29,7 +32,7 @@ from edgedistill.distill.trainer import Trainer
 from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, save_initialised
 from tests.distill.ranks import on_two_ranks
 
 pytestmark = pytest.mark.slow
@@ -121,6 +124,12 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     assert student.metrics["dev_accuracy"] > 0.6
 
 
+@pytest.mark.parametrize("setting", ["grad_accum", "checkpoint_every"])
+def test_how_a_student_s_batch_is_split_or_how_often_it_is_checkpointed_leaves_its_hash_unchanged(setting):
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.optim.{setting}": 5})
+    assert student_stage.stage(changed, "cnn").config_hash == student_stage.stage(SMOKE, "cnn").config_hash
+
+
 @pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])
 def test_every_parameter_of_the_objective_gets_a_gradient(hidden, attention):
     # DDP refuses a parameter without a gradient: a projection made for a hidden-state term weighted 0 had none
@@ -200,6 +209,30 @@ def test_a_term_averaged_over_rows_or_tokens_has_the_same_gradient_on_two_ranks_
     whole = _step_gradient(tmp_path / "one", 1, term)
     ranks = on_two_ranks(tmp_path, _step_gradient, str(tmp_path / "two"), 1, term)
     assert (torch.tensor(ranks[0]) - torch.tensor(whole)).abs().max().item() < 1e-6
+
+
+def _loaded_teacher(tmp_path, monkeypatch, matched: bool):
+    """A weak reference to the teacher encoder `teacher_in_training` loaded to start a CNN student from (and match
+    the layers of, where `matched`), and what it returned."""
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
+    save_initialised(BertModel, config, tmp_path / "teacher")
+    load, loaded = heads.load_encoder, []
+    monkeypatch.setattr(heads, "load_encoder", lambda *args, **kw: loaded.append(load(*args, **kw)) or loaded[-1])
+    student = build_student(StudentConfig(arch="cnn", vocab_size=50, embed_dim=4, num_filters=4))
+    returned = student_stage.teacher_in_training(student, tmp_path / "teacher", copied=True, matched=matched)
+    teacher = weakref.ref(loaded.pop())
+    return teacher, returned
+
+
+def test_a_teacher_only_copied_from_is_let_go_before_training(tmp_path, monkeypatch):
+    teacher, handed_to_training = _loaded_teacher(tmp_path, monkeypatch, matched=False)
+    gc.collect()
+    assert teacher() is None
+
+
+def test_a_teacher_whose_layers_are_matched_is_kept_for_training(tmp_path, monkeypatch):
+    teacher, returned = _loaded_teacher(tmp_path, monkeypatch, matched=True)
+    assert returned is teacher()
 
 
 def _objective_with_teacher() -> tuple[DistillObjective, BertModel]:

@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill import finetune
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
+from transformers import BertConfig, BertForSequenceClassification
 
 from tests.distill.ranks import on_two_ranks
 
@@ -106,10 +109,10 @@ def test_a_torch_file_that_is_no_checkpoint_names_the_file_and_the_way_out(tmp_p
         trained(tmp_path)
 
 
-def resumed(tmp_path, placement):
-    """The progress of a second epoch that resumes `trained(tmp_path)`'s checkpoint on `placement`."""
-    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
-    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", placement)
+def resumed(tmp_path, placement, key: str = "h", **optim):
+    """The progress of a second epoch that resumes `trained(tmp_path, key)`'s checkpoint on `placement`."""
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2, **optim)
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, key, "test", placement)
     return again.fit(
         batches_for_epoch=lambda epoch: [list(range(16))],
         make_batch=lambda idx: (X[idx], Y[idx]),
@@ -125,6 +128,19 @@ def test_a_checkpoint_resumes_in_another_precision(tmp_path):
     progress = resumed(tmp_path, resolve(RuntimeConfig(device="cpu", precision="bf16")))
     assert progress.resumed_from == 1
     assert progress.global_step == 2
+
+
+def teacher_work_key(tmp_path, **optim) -> str:
+    """The work key of the teacher stage that fine-tunes a checkpoint with these `finetune.optim` settings."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: some/model}\n")
+    return finetune.stage(load_recipe(recipe, {f"finetune.optim.{k}": v for k, v in optim.items()})).inputs().work_key
+
+
+@pytest.mark.parametrize("setting", [{"grad_accum": 2}, {"checkpoint_every": 5}])
+def test_a_teacher_checkpoint_resumes_with_another_split_of_its_batches_or_checkpoint_cadence(tmp_path, setting):
+    trained(tmp_path, teacher_work_key(tmp_path))
+    assert resumed(tmp_path, CPU, teacher_work_key(tmp_path, **setting), **setting).resumed_from == 1
 
 
 def test_a_checkpoint_written_on_a_gpu_in_fp16_resumes_on_the_cpu(tmp_path):
@@ -224,6 +240,38 @@ def _history(folder, crash_at: int | None = None) -> list[dict]:
                        mse_crashing_at(crash_at), lambda m: {"score": 0.0}, "score", lambda m, _: None).history  # fmt: skip
 
 
+def _best_after_a_kill_between_best_weights_and_checkpoint(folder, monkeypatch) -> tuple[int, str]:
+    """The best step, and the step whose weights `best_path` holds, of a run evaluated at each of its 3 steps and killed
+    after keeping step 2's weights (dev 0.5, then 0.9) but before checkpointing them, then resumed (0.4, 0.3)."""
+    scores = iter([0.5, 0.9, 0.4, 0.3])
+    save = Trainer._save_checkpoint
+    saves = []
+
+    def killed_at_the_second(self, scheduler):
+        saves.append(1)
+        if len(saves) == 2:
+            raise Crash
+        save(self, scheduler)
+
+    def fit():
+        cfg = OptimConfig(lr=0.1, batch_size=4, eval_every=1, warmup_ratio=0.0)
+        trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, "h", "test", CPU)
+        progress = trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)],
+                               lambda idx: (X[idx], Y[idx]), mse_crashing_at(None), lambda m: {"score": next(scores)},
+                               "score", lambda m, _: trainer.best_path.write_text(str(trainer.progress.global_step)))  # fmt: skip
+        return progress.best_step, trainer.best_path.read_text()
+
+    with monkeypatch.context() as patched, pytest.raises(Crash):
+        patched.setattr(Trainer, "_save_checkpoint", killed_at_the_second)
+        fit()
+    return fit()
+
+
+def test_the_kept_weights_are_of_the_best_step_after_a_kill_between_keeping_and_checkpointing(tmp_path, monkeypatch):
+    best_step, kept = _best_after_a_kill_between_best_weights_and_checkpoint(tmp_path, monkeypatch)
+    assert kept == str(best_step)
+
+
 def test_a_run_resumed_between_evaluations_records_the_train_loss_of_an_uninterrupted_one(tmp_path):
     with pytest.raises(Crash):
         _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
@@ -242,6 +290,43 @@ def _resume_runs(folder: str) -> tuple[dict, dict]:
 def test_ddp_resume_restores_every_ranks_generators_and_ends_as_an_uninterrupted_run(tmp_path):
     straight, resumed = on_two_ranks(tmp_path, _resume_runs, str(tmp_path / "runs"))[0]
     assert resumed == straight
+
+
+def _draws(folder: str) -> list[list[float]]:
+    """What a loss drew from the global generator (`torch.rand(2)`) at each of three steps of batches of 4 (2 examples
+    on each rank under DDP), seeded with 0 before the model was made."""
+    torch.manual_seed(0)
+    model, draws = torch.nn.Linear(4, 1), []
+
+    def loss_fn(m, batch):
+        draws.append(torch.rand(2).tolist())
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    trainer = Trainer(model, OptimConfig(lr=0.1, batch_size=4, max_steps=3), folder, "h", "test", CPU)
+    trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]), loss_fn,
+                lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return draws
+
+
+@pytest.fixture(scope="module")
+def draws_of_two_ranks(tmp_path_factory) -> dict[int, list]:
+    folder = tmp_path_factory.mktemp("draws")
+    return on_two_ranks(folder, _draws, str(folder / "runs"))
+
+
+def test_under_ddp_each_rank_draws_its_own_random_numbers(draws_of_two_ranks):
+    assert draws_of_two_ranks[0] != draws_of_two_ranks[1]
+
+
+def test_under_ddp_rank_0_draws_what_one_process_draws(tmp_path, draws_of_two_ranks):
+    assert draws_of_two_ranks[0] == _draws(str(tmp_path))
+
+
+def test_one_process_draws_the_stream_its_seed_gives(tmp_path):
+    torch.manual_seed(0)
+    torch.nn.Linear(4, 1)
+    seeded = [torch.rand(2).tolist() for _ in range(3)]
+    assert _draws(str(tmp_path)) == seeded
 
 
 def _train_losses(folder: str) -> list[float]:
@@ -402,6 +487,17 @@ def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
     trained(tmp_path, max_steps=1)
     trained(tmp_path, "other", max_steps=1)
     assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out
+
+
+def test_the_recorded_learning_rate_is_the_head_s_under_layer_decay(tmp_path):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
+    ids = torch.randint(1, 20, (4, 6), generator=torch.Generator().manual_seed(0))
+    cfg = OptimConfig(lr=0.01, batch_size=4, max_steps=10, warmup_ratio=0.5, eval_every=5, layer_decay=0.5)
+    trainer = Trainer(BertForSequenceClassification(config), cfg, tmp_path, "h", "test", CPU)
+    progress = trainer.fit(lambda epoch: [[0, 1, 2, 3]] * 10, lambda idx: {"input_ids": ids[idx], "labels": torch.tensor(idx) % 2},
+                           lambda m, batch: m(**batch).loss, lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    assert progress.history[0]["lr"] == pytest.approx(0.01)  # at step 5, the end of the warm-up
 
 
 class LinearWithPositions(torch.nn.Linear):
