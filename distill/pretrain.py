@@ -251,7 +251,7 @@ def _build(inputs: Inputs) -> Built | None:
         loss_fn=lambda m, batch: m(**batch)[0],
         evaluate=lambda m: lm_metrics(m, eval_batches, placement),
         metric="token_accuracy",
-        on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, work / "best"),
+        on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, trainer.best_path),
     )
     if not dist.is_main():
         return None
@@ -259,7 +259,7 @@ def _build(inputs: Inputs) -> Built | None:
 
     objective_name = "mlm" if mlm else "clm"
     return Built(
-        lambda folder: shutil.copytree(work / "best", folder, dirs_exist_ok=True),
+        lambda folder: shutil.copytree(trainer.best_path, folder, dirs_exist_ok=True),
         metrics={f"{k}_before": v for k, v in before.items()}
         | {f"{k}_after": after[k] for k in before}
         | {"params": count_parameters(model)},
