@@ -200,7 +200,10 @@ class OptimConfig(Strict):
         32, ge=1, description="examples per optimizer step, whatever the number of processes (split among them)"
     )
     grad_accum: int = Field(
-        1, ge=1, description="micro-batches per optimizer step and process, for models whose batch does not fit"
+        1,
+        ge=1,
+        description="micro-batches per optimizer step and process, for models whose batch does not fit; not hashed "
+        "(a checkpoint resumes under another value)",
     )
     grad_clip: float = Field(1.0, gt=0)
     eval_every: int | None = Field(None, gt=0, description="also evaluate every N steps")
