@@ -90,8 +90,9 @@ def _digest(key: tuple[str, ...]) -> bytes:
     return hashlib.blake2b("\0".join(key).encode(), digest_size=16).digest()
 
 
-def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
-    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`.
+def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
+    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`; masked
+    words become `mask_token` (`tokenization.mask_token`: None only where `transfer.p_mask` is 0).
 
     Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
     and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a
