@@ -112,6 +112,28 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def mask_token(tokenizer: PreTrainedTokenizerBase, p_mask: float) -> str | None:
+    """The token augmentation puts in place of a masked word: the tokenizer's mask token, else its unknown token.
+    With `p_mask` > 0, one that is also the pad token (a GPT-2 checkpoint's `<|endoftext|>`, which `load_tokenizer`
+    pads with) or none at all is a `RecipeError`: a masked word would be read as padding, skipped by a GPT's
+    classifier at the end of a text and held at zero by the students' embeddings."""
+    token = tokenizer.mask_token or tokenizer.unk_token
+    if p_mask == 0:
+        return token
+    if token is None:
+        raise RecipeError(
+            f"{tokenizer.name_or_path}: its tokenizer has neither a mask token nor an unknown token to mask words "
+            f"with; set transfer.p_mask to 0 (it is {p_mask}) to augment without masking"
+        )
+    if tokenizer.convert_tokens_to_ids(token) == tokenizer.pad_token_id:
+        raise RecipeError(
+            f"{tokenizer.name_or_path}: its tokenizer would mask words with {token}, which is also its pad token, so "
+            f"a masked word would be read as padding; set transfer.p_mask to 0 (it is {p_mask}) to augment without "
+            "masking"
+        )
+    return token
+
+
 def pair_segments(tokenizer: PreTrainedTokenizerBase, name: str) -> PairSegments:
     """How the pair students find sentence B in this tokenizer's pairs (`common.segments`): by its token type ids
     where it marks B with 1 (BERT, ELECTRA, DeBERTa, ALBERT), else by the sequence ids of a fast tokenizer whose

@@ -26,7 +26,7 @@ from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
-from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer
+from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, mask_token
 from edgedistill.distill.transfer_texts import SOURCES, build_texts
 
 
@@ -73,6 +73,7 @@ def _build(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
+    mask = mask_token(tokenizer, recipe.transfer.p_mask)
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)
@@ -108,7 +109,7 @@ def _build(inputs: Inputs) -> Built:
     if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
         shutil.rmtree(work, ignore_errors=True)
     atomic_write(stamp, key)
-    built = build_texts(recipe, tokenizer.mask_token or tokenizer.unk_token)
+    built = build_texts(recipe, mask)
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free
     recheck = recipe.runtime.precision == "auto"

@@ -16,6 +16,7 @@ from edgedistill.common.recipe import Recipe
 from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
+    adjacent_sentences,
     augment_examples,
     normalise,
     split_sentences,
@@ -66,11 +67,6 @@ class TransferTexts:
     composition: dict
 
 
-def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
-    """Unlabelled pairs: each sentence of a text with the next one."""
-    return list(zip(sentences, sentences[1:], strict=False))
-
-
 def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     """Unlabelled examples of `cfg.unlabelled_files` (read line by line, never held whole): sentences, or adjacent
     sentence pairs for a pair task."""
@@ -78,8 +74,10 @@ def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     bar = progress.bar(total, desc="split", unit="line")
     examples = []
     for line in unlabelled_lines(cfg.unlabelled_files, cfg.unlabelled_max_lines):
-        sentences = split_sentences(line, cfg.text_style)
-        examples.extend(_adjacent(sentences) if pairs else ((sentence,) for sentence in sentences))
+        if pairs:
+            examples.extend(adjacent_sentences(line, cfg.text_style))
+        else:
+            examples.extend((sentence,) for sentence in split_sentences(line, cfg.text_style))
         bar.update()
     bar.close()
     return examples
@@ -90,8 +88,9 @@ def _digest(key: tuple[str, ...]) -> bytes:
     return hashlib.blake2b("\0".join(key).encode(), digest_size=16).digest()
 
 
-def build_texts(recipe: Recipe, mask_token: str) -> TransferTexts:
-    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`.
+def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
+    """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`; masked
+    words become `mask_token` (`tokenization.mask_token`: None only where `transfer.p_mask` is 0).
 
     Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
     and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a

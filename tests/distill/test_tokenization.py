@@ -236,3 +236,17 @@ def test_examples_within_max_length_give_no_warning():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     rows = encode(tokenizer, TEXTS, None, 64)["input_ids"]
     assert tokenization.cut_warning(rows, "model.max_length", 64, False, "train") is None
+
+
+@pytest.mark.parametrize("family, token", [("bert", "[MASK]"), ("gpt", "<|endoftext|>")])
+def test_a_trained_tokenizer_masks_with_a_token_that_is_not_its_pad_token(family, token):
+    # the from-scratch recipes' (smoke, sst2-gpt): a GPT's EOS masks, its `<|pad|>` pads
+    assert tokenization.mask_token(train_tokenizer(family, TEXTS, 300), 0.1) == token
+
+
+def test_masking_with_a_tokenizer_without_a_mask_or_an_unknown_token_is_refused_naming_transfer_p_mask():
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[PAD]": 0, "film": 1})), pad_token="[PAD]"
+    )
+    with pytest.raises(RecipeError, match="neither a mask token nor an unknown token .* set transfer.p_mask to 0"):
+        tokenization.mask_token(tok, 0.1)

@@ -135,7 +135,12 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
 
 @pytest.mark.parametrize(
     "lines, pairs, need",
-    [("ok then\nfine\n", False, "a sentence"), ("one whole sentence here\n", True, "two sentences")],
+    [
+        ("ok then\nfine\n", False, "a sentence"),
+        ("one whole sentence here\n", True, "two sentences"),
+        # a pair of two sentences that a short one stands between would not be adjacent
+        ("The film was dull. Oh no! The cast tried hard though.\n", True, "two sentences"),
+    ],
 )
 def test_unlabelled_text_that_gives_no_example_is_warned_of(tmp_path, capsys, lines, pairs, need):
     (tmp_path / "u.txt").write_text(lines)
@@ -534,16 +539,41 @@ def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(swa
     assert forward({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (1, 2)
 
 
-def test_a_transfer_max_length_past_the_teachers_positions_is_refused_before_labelling(tmp_path, data_dir):
-    texts = (data_dir / "unlabeled" / "movie_reviews.txt").read_text().splitlines()[:300]
-    init = write_gpt2(tmp_path / "gpt2-short", texts, positions=32)
+@pytest.fixture(scope="module")
+def gpt2_teacher(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A runs folder holding the smoke recipe's teacher fine-tuned for two steps from a GPT-2 checkpoint of 32
+    positions (whose tokenizer pads with its unknown token, `<|endoftext|>`), and the arguments that built it."""
+    folder = tmp_path_factory.mktemp("gpt2-teacher")
+    reviews = Path(settings.defaults()["EDGEDISTILL_DATA_DIR"]) / "unlabeled" / "movie_reviews.txt"
+    init = write_gpt2(folder / "gpt2-short", reviews.read_text().splitlines()[:300], positions=32)
     args = [str(SMOKE), "--model.family=gpt", "--distill.students.transformer.init_from_teacher=false"]
-    args += [f"--model.init={init}", "--pretrain=null", "--model.max_length=32", "--transfer.max_length=48"]
+    args += [f"--model.init={init}", "--pretrain=null", "--model.max_length=32"]
     args += ["--finetune.optim.max_steps=2", "--data.train_limit=100", "--data.dev_limit=50"]
-    runs = tmp_path / "runs"
-    assert run_module("distill", runs, "teacher", *args).returncode == 0
-    result = run_module("distill", runs, "transfer", *args)
+    assert run_module("distill", folder / "runs", "teacher", *args).returncode == 0
+    return folder / "runs", args
+
+
+def test_a_transfer_max_length_past_the_teachers_positions_is_refused_before_labelling(gpt2_teacher):
+    runs, args = gpt2_teacher
+    result = run_module("distill", runs, "transfer", *args, "--transfer.max_length=48", "--transfer.p_mask=0")
     assert "transfer.max_length=48, but" in result.stderr and "has 32 positions" in result.stderr
+
+
+# Fewer texts to label than the smoke recipe's, within the teacher's 32 positions.
+SMALL_TRANSFER = ["--transfer.max_length=32", "--transfer.max_unlabelled=50", "--transfer.max_augmented=50"]
+
+
+def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_refused_naming_transfer_p_mask(gpt2_teacher):
+    runs, args = gpt2_teacher
+    result = run_module("distill", runs, "transfer", *args, *SMALL_TRANSFER, "--transfer.p_mask=0.1")
+    assert "which is also its pad token, so a masked word would be read as padding; set transfer.p_mask to 0" in (
+        result.stderr
+    )
+
+
+def test_a_tokenizer_whose_unknown_token_pads_is_accepted_without_masking(gpt2_teacher):
+    runs, args = gpt2_teacher
+    assert run_module("distill", runs, "transfer", *args, *SMALL_TRANSFER, "--transfer.p_mask=0").returncode == 0
 
 
 def test_pairs_that_transfer_max_length_cuts_are_warned_of_by_the_transfer_stage(tmp_path):

@@ -839,9 +839,9 @@ def test_the_bundle_sha256_reported_is_of_the_manifest_read_not_of_one_swapped_i
         shutil.copyfile(other / "manifest.json", folder / "manifest.json")
         return read_listed(bundle_folder, name, entry)
 
-    monkeypatch.setattr(common_bundle, "_read_listed", swapping)
-    server = start_server(settings_for(folder))
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # `monkeypatch.undo` would undo the hermetic settings too
+        patch.setattr(common_bundle, "_read_listed", swapping)
+        server = start_server(settings_for(folder))
     with server.channel() as channel:
         info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.bundle_sha256 == loaded
