@@ -113,11 +113,6 @@ _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
 MIN_WORDS = 3
 
 
-def _sentences(text: str, style: Style) -> list[str]:
-    """The pieces of a raw text in `style` between sentence ends, however short."""
-    return _SENTENCE_END.split(styled(text, style))
-
-
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
     """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), dropping
     those with under 3 words.
@@ -125,14 +120,8 @@ def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
-    return [s for s in _sentences(text, style) if _words(s) >= MIN_WORDS]
-
-
-def adjacent_sentences(text: str, style: Style = "ptb_lower") -> list[tuple[str, str]]:
-    """Each sentence of a raw text with the one after it, split as `split_sentences` splits them: a pair with a
-    side of under 3 words is dropped, never closed up over it, so that the two always stand next to each other."""
-    sentences = _sentences(text, style)
-    return [(a, b) for a, b in zip(sentences, sentences[1:], strict=False) if min(_words(a), _words(b)) >= MIN_WORDS]
+    sentences = _SENTENCE_END.split(styled(text, style))
+    return [s for s in sentences if _words(s) >= MIN_WORDS]
 
 
 def _words(sentence: str) -> int:

@@ -16,7 +16,6 @@ from edgedistill.common.recipe import Recipe
 from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
-    adjacent_sentences,
     augment_examples,
     normalise,
     split_sentences,
@@ -67,6 +66,11 @@ class TransferTexts:
     composition: dict
 
 
+def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
+    """Unlabelled pairs: each sentence of a text with the next one."""
+    return list(zip(sentences, sentences[1:], strict=False))
+
+
 def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     """Unlabelled examples of `cfg.unlabelled_files` (read line by line, never held whole): sentences, or adjacent
     sentence pairs for a pair task."""
@@ -74,10 +78,8 @@ def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     bar = progress.bar(total, desc="split", unit="line")
     examples = []
     for line in unlabelled_lines(cfg.unlabelled_files, cfg.unlabelled_max_lines):
-        if pairs:
-            examples.extend(adjacent_sentences(line, cfg.text_style))
-        else:
-            examples.extend((sentence,) for sentence in split_sentences(line, cfg.text_style))
+        sentences = split_sentences(line, cfg.text_style)
+        examples.extend(_adjacent(sentences) if pairs else ((sentence,) for sentence in sentences))
         bar.update()
     bar.close()
     return examples

@@ -3,7 +3,6 @@ import tracemalloc
 
 import pytest
 from edgedistill.distill.augment import (
-    adjacent_sentences,
     augment,
     augment_examples,
     normalise,
@@ -203,11 +202,6 @@ def test_a_japanese_sentence_counts_each_character_as_a_word():
 def test_split_sentences_in_raw_style_keeps_the_words_as_written():
     raw = "This movie rocks! I loved it.<br /><br />Wow!! Don't miss the ending..."
     assert split_sentences(raw, "raw") == ["This movie rocks!", "I loved it.", "Don't miss the ending..."]
-
-
-def test_adjacent_sentences_pair_only_sentences_that_stand_next_to_each_other():
-    raw = "The film was dull. The plot went nowhere. Oh no! The cast tried hard though."
-    assert adjacent_sentences(raw, "raw") == [("The film was dull.", "The plot went nowhere.")]
 
 
 def test_augment_examples_changes_each_side_of_a_pair_on_its_own_and_drops_the_originals():
