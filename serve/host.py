@@ -412,7 +412,7 @@ def confined(folder: Path, root: Path) -> Path:
     have been pointed elsewhere meanwhile."""
     try:
         resolved = folder.resolve()
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: a symlink loop, before Python 3.13
         raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
     if not resolved.is_relative_to(root.resolve()):
         raise PermissionDenied(

@@ -42,3 +42,12 @@ def test_a_reload_without_a_path_refuses_the_named_link_once_it_leads_outside_th
     assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "EDGEDISTILL_RELOAD_ROOT" in refusal.details
     assert refusal.serving.bundle_path == str((link.parent / "v1").resolve())
+
+
+def test_a_reload_naming_a_symlink_loop_is_refused_as_an_unusable_path(start_server, tmp_path):
+    root = tmp_path / "root"
+    first = write_bundle(root / "v1")
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    server = start_server(settings_for(first, reload_root=root, admin_token=ADMIN_TOKEN))
+    assert server.refused_reload(root / "a", ADMIN).code == grpc.StatusCode.INVALID_ARGUMENT
