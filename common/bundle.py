@@ -8,10 +8,11 @@ model and read its outputs.
 """
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.segments import PairSegments
@@ -30,6 +31,7 @@ CONFIG = "config.json"
 SPEC_VERSION = 4
 # Tokens: far more than the students built here take, and few enough that the server's warm-up rows fit in memory.
 MAX_LENGTH = 1 << 16
+VERSION_DIGITS = 12  # hex digits of a content version (`ServedModel.content_versioned`)
 
 
 class TensorSpec(BaseModel):
@@ -54,11 +56,22 @@ class ServedModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="the model name clients ask for, in both gRPC APIs")
-    version: str = "1"
+    version: str = Field(
+        "1",
+        description="the version clients are told is served, in both gRPC APIs and the metrics: set from the "
+        "model's content when it is built (`content_versioned`); 1 in models built before",
+    )
     labels: list[str]
     text_inputs: list[TextInput] = Field(
         description="the texts a request gives per example: ['text'], or ['text', 'text_pair'] for a pair model"
     )
+
+    def content_versioned(self, *digests: str) -> Self:
+        """This spec with the version that names what it serves: the first VERSION_DIGITS hex digits of the sha256 of
+        the spec (its version aside) and `digests` (the sha256 of what it serves beside the spec, e.g. a bundle's
+        model file), so that a model built again with other weights or settings is served as another version."""
+        content = json.dumps([self.model_dump(mode="json", exclude={"version"}), *digests], sort_keys=True)
+        return self.model_copy(update={"version": hashlib.sha256(content.encode()).hexdigest()[:VERSION_DIGITS]})
 
     @property
     def pairs(self) -> bool:

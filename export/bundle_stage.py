@@ -308,7 +308,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
         text_style=recipe.text_style,
         pair_segments=segments,
-    )
+    ).content_versioned(mf.sha256_file(model))
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 
     def write(folder: Path) -> None:

@@ -192,7 +192,7 @@ def _build(inputs: Inputs, name: str) -> Built:
             )
             for member, folder, (threshold, temperature) in zip(cfg.members, folders, routing, strict=True)
         ],
-    )
+    ).content_versioned()  # the spec holds the members' manifest hashes
     _, dev = load_splits(recipe.data)
     dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
     dev_logits = [member.logits(tokenizer, dev_texts, dev_pairs) for member in opened]  # as the server writes them

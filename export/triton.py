@@ -1,7 +1,8 @@
 """A Triton Inference Server model repository for a bundle: `<repo>/<model name>/{config.pbtxt, 1/model.*}`.
 
 The config is built as Triton's own `ModelConfig` protobuf message and printed in text format, so it
-is well-formed by construction. The model folder is written atomically (`common.atomic`).
+is well-formed by construction. The model folder is written atomically (`common.atomic`). It holds one version,
+1, as Triton numbers versions: the bundle's own version (`ServedModel.version`, a content hash) is not a number.
 `python -m export.triton BUNDLE_FOLDER REPO_ROOT [options]`.
 """
 
@@ -25,6 +26,7 @@ KINDS = ("KIND_CPU", "KIND_GPU")
 PREFERRED_BATCH_SIZES = (8, 32)  # those within max_batch_size, unless told
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 FLAG_TYPES = {"preferred_batch_sizes": {"type": int, "nargs": "*"}, "kind": {"choices": KINDS}}  # else an int
+VERSION = "1"  # the model folder's only version folder: a new bundle replaces the whole model folder
 
 
 def _load_model_config_pb2() -> ModuleType:
@@ -142,21 +144,19 @@ def _profile_max_batch(bundle: Bundle) -> int:
 
 
 def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batching) -> Path:
-    """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, <version>/model file); return it.
+    """Verify the bundle and write `<repo_root>/<name>/` (config.pbtxt, labels.txt, 1/model file); return it.
 
     `batching`: the options of `Batching`. A TensorRT plan's optimization profile must cover `max_batch_size`, or
     Triton refuses to load it. An existing model folder of the same name is replaced whole.
     """
     bundle = load_bundle(bundle_folder)
     spec = bundle.spec
-    if not spec.version.isdigit():
-        raise ValueError(f"{bundle.folder}: version {spec.version!r} must be a positive integer for Triton")
     config = model_config(bundle, Batching(**batching))
     final = Path(repo_root) / spec.name
 
     def fill(folder: Path) -> None:
-        (folder / spec.version).mkdir(parents=True)
-        copied = folder / spec.version / spec.model_file
+        (folder / VERSION).mkdir(parents=True)
+        copied = folder / VERSION / spec.model_file
         shutil.copyfile(bundle.model_path, copied)
         if mf.sha256_file(copied) != bundle.manifest.files[spec.model_file].sha256:
             raise mf.ArtifactError(f"{bundle.model_path} changed while it was being copied")

@@ -378,10 +378,10 @@ class ModelRuntime:
 
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
-    """The bundle folder a Reload call names (None: the one being served). Reload is allowed only with an admin
-    token set (SIGHUP reloads without one); a path only with a reload root set too, inside that root (a relative path
-    names a folder of the root), and not on a `worker` of several (the call reaches one worker; the others would go on
-    serving the served folder)."""
+    """The bundle folder a Reload call names, as named (None: the one being served): every reload of it follows its
+    links anew (`confined`). Reload is allowed only with an admin token set (SIGHUP reloads without one); a path only
+    with a reload root set too, inside that root (a relative path names a folder of the root), and not on a `worker`
+    of several (the call reaches one worker; the others would go on serving the served folder)."""
     if settings.admin_token is None:
         raise PermissionDenied(
             "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
@@ -401,13 +401,24 @@ def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path |
             "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
             "or send Reload without a path to reload the served bundle"
         )
-    try:
-        folder = (root / path).resolve()  # relative: to the root, as the caller cannot know the server's directory
-    except (OSError, ValueError) as err:
-        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
-    if not folder.is_relative_to(root.resolve()):
-        raise PermissionDenied(f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT)")
+    folder = root / path  # relative: to the root, as the caller cannot know the server's directory
+    confined(folder, root)
     return folder
+
+
+def confined(folder: Path, root: Path) -> Path:
+    """`folder` resolved, its links followed as they point now; `PermissionDenied` unless it lies inside the reload
+    `root`. A Reload call's folder is checked so at that reload and at every later reload of it, as a link in it may
+    have been pointed elsewhere meanwhile."""
+    try:
+        resolved = folder.resolve()
+    except (OSError, ValueError, RuntimeError) as err:  # RuntimeError: a symlink loop, before Python 3.13
+        raise InvalidInput(f"bundle_path is not a usable path: {err}") from err
+    if not resolved.is_relative_to(root.resolve()):
+        raise PermissionDenied(
+            f"bundle_path must lie inside {root} (the reload root, EDGEDISTILL_RELOAD_ROOT), its links followed"
+        )
+    return resolved
 
 
 Loader = Callable[[Path, Settings, Metrics | None, Callable[[ServerFault], None]], ModelRuntime]
@@ -422,7 +433,8 @@ class ModelHost:
         self.metrics = metrics
         self.load = load
         self.current: ModelRuntime | None = None
-        self.folder = settings.bundle
+        self.folder = settings.bundle  # what a reload without a folder loads: as named, its links followed each time
+        self.root: Path | None = None  # the reload root `folder` must lead inside, for a folder a Reload call named
         self.shutting_down = asyncio.Event()  # set once the server drains: open streams end, no model is installed
         self.fault: ServerFault | None = None
         self.faulted = asyncio.Event()
@@ -490,7 +502,6 @@ class ModelHost:
             await runtime.close()
             raise
         previous, self.current = self.current, runtime
-        self.folder = runtime.folder
         description = runtime.describe()
         if self.metrics is not None:
             self.metrics.set_model(description.name, description.version, description.runtime, description.providers)
@@ -510,14 +521,19 @@ class ModelHost:
             raise NotReady("the server is shutting down; the new model was not installed")
 
     async def reload(
-        self, folder: str | Path | None = None, trigger: str = "a Reload call", then: Callable[[], None] | None = None
+        self,
+        folder: str | Path | None = None,
+        trigger: str = "a Reload call",
+        then: Callable[[], None] | None = None,
+        root: Path | None = None,
     ) -> tuple[ModelRuntime, ModelRuntime | None]:
         """Load `folder` (default: the folder being served) and swap it in; on failure keep serving the old one.
         `trigger` (what asked for it) goes in the log lines, with the request id of a Reload call; `then` runs once the
-        new model serves and the old one is closed. The reload runs in a task of its own, to its end: a caller
-        cancelled meanwhile (a Reload call past its deadline) leaves it to end with `model_active` or
+        new model serves and the old one is closed; `root`: the reload root a `folder` a Reload call named must lead
+        inside (`confined`), at this reload and every later one of it. The reload runs in a task of its own, to its
+        end: a caller cancelled meanwhile (a Reload call past its deadline) leaves it to end with `model_active` or
         `reload_failed` in the log, and `then` to run."""
-        task = asyncio.get_running_loop().create_task(self._reload(folder, trigger, then), name="reload")
+        task = asyncio.get_running_loop().create_task(self._reload(folder, trigger, then, root), name="reload")
         self._reloads.add(task)
         task.add_done_callback(self._reload_done)
         return await asyncio.shield(task)
@@ -528,17 +544,21 @@ class ModelHost:
             task.exception()  # seen: `_reload` logged it, and a caller that went away never reads it
 
     async def _reload(
-        self, folder: str | Path | None, trigger: str, then: Callable[[], None] | None
+        self, folder: str | Path | None, trigger: str, then: Callable[[], None] | None, root: Path | None
     ) -> tuple[ModelRuntime, ModelRuntime | None]:
         async with self._lock:
-            folder = Path(folder) if folder else self.folder
+            folder, root = (Path(folder), root) if folder else (self.folder, self.root)
             about = {"folder": str(folder), "trigger": trigger}
             log.info("reloading %s on %s", folder, trigger, extra={"event": "reload_started"} | about)
             try:
                 self._refuse_at_shutdown()
-                runtime = await asyncio.to_thread(self.load, folder, self.settings, self.metrics, self.on_fault)
+                target = folder if root is None else confined(folder, root)  # where its links lead now
+                runtime = await asyncio.to_thread(self.load, target, self.settings, self.metrics, self.on_fault)
                 previous = await self._swap(runtime)
-            except (BundleRejected, OSError) as err:  # OSError: a file the file system refuses (permission, name)
+                self.folder, self.root = folder, root
+            # PermissionDenied, InvalidInput: the served folder's link leads outside the root now, or nowhere usable;
+            # OSError: a file the file system refuses (permission, name)
+            except (BundleRejected, PermissionDenied, InvalidInput, OSError) as err:
                 log.error(
                     "reload of %s failed, the current model keeps serving: %s",
                     folder,

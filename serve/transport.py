@@ -338,7 +338,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     async def Reload(self, request, context):
         folder = reload_folder(request.bundle_path, self.settings, worker=self.supervisor is not None)
         reloaded = None if self.supervisor is None else self.supervisor.reloaded
-        runtime, previous = await self.host.reload(folder, f"a Reload call from {caller(context)}", reloaded)
+        trigger = f"a Reload call from {caller(context)}"
+        runtime, previous = await self.host.reload(folder, trigger, reloaded, root=self.settings.reload_root)
         reply = classifier_pb2.ReloadResponse(model=model_info(runtime))
         if previous is not None:
             reply.previous.CopyFrom(model_info(previous))

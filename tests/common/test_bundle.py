@@ -4,7 +4,7 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import load_bundle, read_bundle, tokenizer_json
+from edgedistill.common.bundle import VERSION_DIGITS, load_bundle, read_bundle, tokenizer_json
 from tokenizers import Tokenizer
 
 from tests.serve.conftest import pair_spec, spec, tiny_tokenizer, write_bundle, write_cascade
@@ -86,3 +86,23 @@ def test_a_cascade_is_refused_as_a_bundle_with_where_its_members_are(tmp_path):
     folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
     with pytest.raises(mf.ArtifactError, match="is a confidence cascade, not a bundle: its members are bundles, in"):
         load_bundle(folder)
+
+
+MODEL_SHA256 = "ab" * 32
+
+
+def test_a_content_version_differs_for_another_model_file():
+    assert spec().content_versioned(MODEL_SHA256).version != spec().content_versioned("cd" * 32).version
+
+
+def test_a_content_version_differs_for_another_spec():
+    other = spec(max_length=8).content_versioned(MODEL_SHA256)
+    assert other.version != spec().content_versioned(MODEL_SHA256).version
+
+
+def test_a_content_version_leaves_the_version_it_replaces_out():
+    assert spec(version="7").content_versioned(MODEL_SHA256) == spec().content_versioned(MODEL_SHA256)
+
+
+def test_a_content_version_has_its_number_of_hex_digits():
+    assert len(spec().content_versioned(MODEL_SHA256).version) == VERSION_DIGITS

@@ -125,6 +125,18 @@ def test_a_dynamic_int8_bundle_records_the_quantization_it_applied(smoke_bundles
     assert applied["op_types"] == load_recipe(SMOKE).export.bundles["transformer-int8"].int8_ops
 
 
+def test_bundles_of_other_weights_are_served_as_other_versions(smoke_bundles):
+    versions = {
+        load_bundle(smoke_bundles / f"bundle-{bundle_id}").spec.version for bundle_id in ("bilstm-fp32", "bilstm-int8")
+    }
+    assert len(versions) == 2
+
+
+def test_a_bundle_is_served_as_the_version_of_its_content(smoke_bundles):
+    bundle = load_bundle(smoke_bundles / "bundle-bilstm-int8")
+    assert bundle.spec.version == bundle.spec.content_versioned(bundle.manifest.files["model.onnx"].sha256).version
+
+
 def test_plain_teacher_export_is_unfused(smoke_bundles):
     ops = op_types(smoke_bundles / "bundle-teacher-onnx")
     assert "Attention" not in ops

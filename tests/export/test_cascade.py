@@ -77,6 +77,11 @@ def test_smoke_run_builds_its_cascade(smoke_cascade):
     assert is_cascade(smoke_cascade)
 
 
+def test_a_cascade_is_served_as_the_version_of_its_spec(smoke_cascade):
+    spec = load_cascade(smoke_cascade).spec
+    assert spec.version == spec.content_versioned().version
+
+
 def test_cascade_answers_equal_its_members_routed_by_hand(smoke_cascade, smoke_bundles):
     cascade = load_cascade(smoke_cascade)
     recipe = load_recipe(SMOKE)

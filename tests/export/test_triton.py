@@ -118,7 +118,7 @@ def test_onnx_bundle_becomes_a_triton_model(tmp_path):
 
 
 def test_plan_bundle_on_gpu_with_custom_batching(tmp_path):
-    bundle = make_bundle(tmp_path, runtime="tensorrt", version="3")
+    bundle = make_bundle(tmp_path, runtime="tensorrt")
     model_dir = write_repository(
         bundle,
         tmp_path / "repo",
@@ -136,7 +136,12 @@ def test_plan_bundle_on_gpu_with_custom_batching(tmp_path):
     [group] = config.instance_group
     assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     assert group.count == 2
-    assert (model_dir / "3" / "model.plan").read_bytes() == b"serialized engine bytes"
+    assert (model_dir / "1" / "model.plan").read_bytes() == b"serialized engine bytes"
+
+
+def test_a_bundle_of_a_content_version_is_triton_version_1(tmp_path):
+    model_dir = write_repository(make_bundle(tmp_path, version="5d41402abc4b"), tmp_path / "repo")
+    assert sorted(p.name for p in model_dir.iterdir() if p.is_dir()) == ["1"]
 
 
 @pytest.mark.parametrize(
