@@ -47,16 +47,17 @@ _KINDS = (
 
 
 class _Throttle:
-    """At most one line per `interval` seconds for each key, counting those left out in between."""
+    """At most one line per `interval` seconds of `clock` for each key, counting those left out in between."""
 
-    def __init__(self, interval: float):
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
         self.interval = interval
+        self.clock = clock
         self._next: dict[tuple, float] = {}
         self._left_out: dict[tuple, int] = {}
 
     def admit(self, key: tuple) -> int | None:
         """None: leave this line out; else how many lines of `key` were left out since the last one logged."""
-        now = time.monotonic()
+        now = self.clock()
         if now < self._next.get(key, 0.0):
             self._left_out[key] = self._left_out.get(key, 0) + 1
             return None

@@ -5,6 +5,7 @@ A terminal's Ctrl-C sends SIGINT to every process of the command's group, the jo
 the stage `edgedistill all` runs included.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -29,16 +30,26 @@ def tiny(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     recipe = tiny_recipe(folder)
     env = environment(folder / "runs")
     for stage in ("teacher", "transfer"):
-        result = subprocess.run(
-            [PYTHON, "-m", "edgedistill", stage, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True
-        )
+        command = [PYTHON, "-m", "edgedistill", stage, str(recipe)]
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     return recipe, env
 
 
+def in_session(sid: int) -> list[psutil.Process]:
+    """The processes of session `sid` still running (zombies left out)."""
+    running = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):  # ended meanwhile
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+    return running
+
+
 def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float = 300) -> tuple[int, str, list]:
-    """Run `edgedistill *args` in its own process group, send the group SIGINT (as Ctrl-C does) once its output
-    matches `printed`; its exit status, its output and the processes of the group still alive 10 s later."""
+    """Run `edgedistill *args` in its own session, send its process group SIGINT (as Ctrl-C does) once its output
+    matches `printed`; its exit status, its output and the processes of its session, whenever started, still
+    running 10 s after it exited (then killed)."""
     log = Path(env["EDGEDISTILL_RUNS_DIR"]) / f"interrupted-{time.monotonic_ns()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
@@ -57,11 +68,14 @@ def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float
             proc.kill()
             raise AssertionError(f"no {printed!r} before the command ended: {log.read_text()[-2000:]}")
         time.sleep(0.1)
-    group = [proc, *psutil.Process(proc.pid).children(recursive=True)]
     os.killpg(proc.pid, signal.SIGINT)
     status = proc.wait(60)
-    time.sleep(10)
-    left = [p for p in group if p.pid != proc.pid and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    deadline = time.monotonic() + 10
+    while (left := in_session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # not left training after the test
     return status, log.read_text(), left
 
 

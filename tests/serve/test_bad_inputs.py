@@ -10,7 +10,6 @@ as raw bytes instead.
 
 import re
 import threading
-import time
 import urllib.request
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, write_bundle
+from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, wait_until, write_bundle
 
 MODEL = "tiny-sentiment"
 TOKEN = "s3cret-token"
@@ -394,7 +393,8 @@ def test_a_flood_of_held_streams_is_refused_beyond_the_limit_and_the_server_reco
     with server.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         calls = [stub.ClassifyStream(requests(), timeout=30) for _ in range(200)]
-        time.sleep(1)
+        refused = 200 - 16  # every call the server did not admit has ended; the admitted ones are held
+        wait_until(lambda: sum(call.done() for call in calls) >= refused, f"fewer than {refused} calls ended")
         release.set()
         for call in calls:
             try:
@@ -402,7 +402,7 @@ def test_a_flood_of_held_streams_is_refused_beyond_the_limit_and_the_server_reco
                 codes.append(grpc.StatusCode.OK)
             except grpc.RpcError as err:
                 codes.append(err.code())
-        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 200 - 16
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= refused
         assert stub.Classify(classify("good"), timeout=5).predictions
 
 

@@ -24,7 +24,7 @@ from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.host import TOKENIZE_THREADS
 from edgedistill.serve.logs import JsonFormatter
-from edgedistill.serve.observe import CUT_DETAILS, UNSENT_DETAILS
+from edgedistill.serve.observe import CUT_DETAILS, UNSENT_DETAILS, CallObserver
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import generate_latest
 
-from tests.serve.conftest import GATED, settings_for
+from tests.serve.conftest import GATED, settings_for, wait_until
 from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
@@ -422,9 +422,27 @@ def test_calls_with_the_token_that_half_close_before_their_request_hold_no_place
         client.close()
 
 
-def ended_while_its_request_is_awaited(start_server, bundle, cancel: bool) -> str:
-    """The scrape of a server with a token once a call with the token, whose message never comes, has ended: its
-    client cancels it (`cancel`), else its 0.5 s deadline passes."""
+@pytest.fixture
+def request_awaited(monkeypatch) -> threading.Event:
+    """Set once a `Classify` with the token has passed its check on a server started in the test: the server then
+    awaits its request (`CallObserver.wrap`), and a cancellation reaches the call there at the earliest, since
+    nothing else runs on the server's event loop before it."""
+    awaited = threading.Event()
+    denied = CallObserver._denied
+
+    def checked(self, method: str, metadata: dict[str, str]) -> str | None:
+        why = denied(self, method, metadata)
+        if method == CLASSIFY and why is None:
+            awaited.set()
+        return why
+
+    monkeypatch.setattr(CallObserver, "_denied", checked)
+    return awaited
+
+
+def ended_while_its_request_is_awaited(start_server, bundle, request_awaited, cancel: bool) -> str:
+    """The scrape of a server with a token once a call with the token, whose message never comes, has ended and been
+    counted: its client cancels it (`cancel`), else its 0.5 s deadline passes."""
     server = start_server(settings_for(bundle, token="s3cret"))
     sent = threading.Event()
 
@@ -438,39 +456,40 @@ def ended_while_its_request_is_awaited(start_server, bundle, cancel: bool) -> st
             stalled(), metadata=(("authorization", "Bearer s3cret"),), timeout=timeout
         )
         try:
+            assert request_awaited.wait(5), "the server never awaited the call's request"
             if cancel:
-                time.sleep(0.3)  # the server waits for the request
                 call.cancel()
             else:
                 call.exception(timeout=5)
         finally:
             sent.set()
-    deadline = time.monotonic() + 5
-    while (
-        not metric(text := scrape(server), "edgedistill_requests_total", method=CLASSIFY)
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.05)
-    return text
+
+    def counted() -> float:
+        return metric(scrape(server), "edgedistill_requests_total", method=CLASSIFY)
+
+    wait_until(counted, "the call was never counted", 5)
+    return scrape(server)
 
 
-def test_a_call_cancelled_while_its_request_is_awaited_is_counted_as_abandoned(start_server, bundle):
-    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+def test_a_call_cancelled_while_its_request_is_awaited_is_counted_as_abandoned(start_server, bundle, request_awaited):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, request_awaited, cancel=True)
     assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="CANCELLED") == 1
 
 
-def test_a_call_cancelled_while_its_request_is_awaited_is_no_clients_error(start_server, bundle):
-    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=True)
+def test_a_call_cancelled_while_its_request_is_awaited_is_no_clients_error(start_server, bundle, request_awaited):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, request_awaited, cancel=True)
     assert metric(scraped, "edgedistill_errors_total", code="INVALID_ARGUMENT") == 0
 
 
-def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as_expired(start_server, bundle):
-    scraped = ended_while_its_request_is_awaited(start_server, bundle, cancel=False)
+def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as_expired(
+    start_server, bundle, request_awaited
+):
+    scraped = ended_while_its_request_is_awaited(start_server, bundle, request_awaited, cancel=False)
     assert metric(scraped, "edgedistill_requests_total", method=CLASSIFY, code="DEADLINE_EXCEEDED") == 1
 
 
 @pytest.fixture
-def unsent_at_shutdown(start_server, bundle, caplog) -> dict:
+def unsent_at_shutdown(start_server, bundle, caplog, request_awaited) -> dict:
     """A call with the token whose message had not come when the shutdown's grace (0.3 s) ran out: the server's
     scrape after it stopped, and its log lines."""
     server = start_server(settings_for(bundle, token="s3cret"))
@@ -484,7 +503,7 @@ def unsent_at_shutdown(start_server, bundle, caplog) -> dict:
     with caplog.at_level(logging.INFO), server.channel() as channel:
         call = classify_streamed(channel).future(stalled(), metadata=(("authorization", "Bearer s3cret"),), timeout=30)
         try:
-            time.sleep(0.3)  # the server waits for the request
+            assert request_awaited.wait(5), "the server never awaited the call's request"
             asyncio.run_coroutine_threadsafe(server.server.stop(grace=0.3), server.loop).result(10)
             call.exception(timeout=5)
         finally:
