@@ -124,9 +124,8 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
     assert student.metrics["dev_accuracy"] > 0.6
 
 
-@pytest.mark.parametrize("setting", ["grad_accum", "checkpoint_every"])
-def test_how_a_student_s_batch_is_split_or_how_often_it_is_checkpointed_leaves_its_hash_unchanged(setting):
-    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.optim.{setting}": 5})
+def test_how_a_student_s_batch_is_split_leaves_its_hash_unchanged():
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {"distill.students.cnn.optim.grad_accum": 5})
     assert student_stage.stage(changed, "cnn").config_hash == student_stage.stage(SMOKE, "cnn").config_hash
 
 

@@ -137,10 +137,9 @@ def teacher_work_key(tmp_path, **optim) -> str:
     return finetune.stage(load_recipe(recipe, {f"finetune.optim.{k}": v for k, v in optim.items()})).inputs().work_key
 
 
-@pytest.mark.parametrize("setting", [{"grad_accum": 2}, {"checkpoint_every": 5}])
-def test_a_teacher_checkpoint_resumes_with_another_split_of_its_batches_or_checkpoint_cadence(tmp_path, setting):
+def test_a_teacher_checkpoint_resumes_with_another_split_of_its_batches(tmp_path):
     trained(tmp_path, teacher_work_key(tmp_path))
-    assert resumed(tmp_path, CPU, teacher_work_key(tmp_path, **setting), **setting).resumed_from == 1
+    assert resumed(tmp_path, CPU, teacher_work_key(tmp_path, grad_accum=2), grad_accum=2).resumed_from == 1
 
 
 def test_a_checkpoint_written_on_a_gpu_in_fp16_resumes_on_the_cpu(tmp_path):
