@@ -4,7 +4,7 @@ parallel jobs."""
 from edgedistill.common.data import load_splits, load_test, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
-from edgedistill.distill.tokenization import load_tokenizer, pair_segments
+from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
 
 
 def run(
@@ -28,6 +28,7 @@ def run(
         if stage in ("pretrain", "finetune", "teacher"):
             if dist.is_main():
                 _warn_unreadable_transfer_files(recipe)
+                _warn_masking(recipe)
                 _warn_student_problems(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
@@ -41,6 +42,17 @@ def _warn_unreadable_transfer_files(recipe: Recipe) -> None:
     UTF-8, not gzip data, or empty), from the file's first text line."""
     for err in unreadable_files(recipe.transfer.unlabelled_files if recipe.transfer is not None else []):
         print(f"[teacher] warning: transfer.unlabelled_files: {err}; the transfer stage will stop on it")
+
+
+def _warn_masking(recipe: Recipe) -> None:
+    """Say now, not after the teacher has trained, that the transfer stage will refuse to mask words with the
+    tokenizer of `model.init` (a scratch tokenizer is trained with a mask token of its own)."""
+    if recipe.transfer is None or recipe.model.init is None:
+        return
+    try:
+        mask_token(load_tokenizer(recipe.model.init), recipe.transfer.p_mask)
+    except RecipeError as err:
+        print(f"[teacher] warning: {err}; the transfer stage will stop on it")
 
 
 def _warn_student_problems(recipe: Recipe) -> None:

@@ -566,6 +566,12 @@ def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_refused_naming_tra
     )
 
 
+def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_warned_of_before_the_teacher_trains(gpt2_teacher):
+    runs, args = gpt2_teacher
+    result = run_module("distill", runs, "finetune", *args, "--transfer.p_mask=0.1")
+    assert "[teacher] warning: " in result.stdout and "set transfer.p_mask to 0" in result.stdout
+
+
 def test_a_tokenizer_whose_unknown_token_pads_is_accepted_without_masking(gpt2_teacher):
     runs, args = gpt2_teacher
     assert run_module("distill", runs, "transfer", *args, *SMALL_TRANSFER, "--transfer.p_mask=0").returncode == 0
