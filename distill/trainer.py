@@ -371,9 +371,11 @@ class Trainer:
             self._restore(state, scheduler)
         except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another file, or another release's model
             raise CheckpointError(f"{path} does not fit this run ({type(err).__name__}: {err}); {way_out}") from err
-        unnamed = self.work_dir / BEST  # kept by an earlier release, which did not name the weights by their step
-        if dist.is_main() and unnamed.exists() and not self.best_path.exists():
-            unnamed.rename(self.best_path)
+        # kept by an earlier release, which did not name the weights by their step: a folder (teacher, pretraining)
+        # or a file (students)
+        for unnamed in (self.work_dir / BEST, self.work_dir / f"{BEST}.safetensors"):
+            if dist.is_main() and unnamed.exists() and not self.best_path.exists():
+                unnamed.rename(self.best_path)
         self._say(f"[{self.desc}] resumed from step {self.progress.global_step} (epoch {self.progress.epoch})")
 
     def _restore(self, state: dict[str, Any], scheduler) -> None:

@@ -521,13 +521,14 @@ def test_the_moving_average_keeps_integer_buffers_exact(tmp_path):
     assert torch.equal(trainer.ema.module.positions, torch.arange(64))
 
 
-def test_a_checkpoint_of_an_earlier_release_resumes_with_its_kept_weights_named_by_their_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("unnamed", ["best", "best.safetensors"])  # a teacher's folder, a student's file
+def test_a_checkpoint_of_an_earlier_release_resumes_with_its_kept_weights_named_by_their_step(tmp_path, unnamed):
     cfg = OptimConfig(lr=0.1, batch_size=4, eval_every=1, warmup_ratio=0.0, max_steps=1)
     trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
     trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)], lambda idx: (X[idx], Y[idx]),
                 mse_crashing_at(None), lambda m: {"score": 0.5}, "score",
                 lambda m, _: trainer.best_path.write_text("kept"))  # fmt: skip
-    trainer.best_path.rename(tmp_path / "best")  # as an earlier release named them
+    trainer.best_path.rename(tmp_path / unnamed)  # as an earlier release named them
     resumed = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
     resumed.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)], lambda idx: (X[idx], Y[idx]),
                 mse_crashing_at(None), lambda m: {"score": 0.4}, "score", lambda m, _: None)  # fmt: skip
