@@ -403,6 +403,11 @@ class Trainer:
         random.setstate(rng["python"])
         if "cuda" in rng and self.placement.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.placement.device)
+        if self.rank and (self.rank >= len(ranks) or torch.equal(rng["torch"], ranks[0]["torch"])):
+            # no stream of its own: written by fewer ranks, or by an earlier release, whose ranks all drew alike
+            seed = self.cfg.seed + self.rank + 1_000_003 * self.progress.global_step
+            torch.manual_seed(seed)
+            random.seed(seed)
 
     def _micro_batches(self, batch: list[int]) -> list[MicroBatch]:
         """This rank's shares of a global batch: `grad_accum` of them, fewer (none at all) where the batch has fewer

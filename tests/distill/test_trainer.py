@@ -321,6 +321,31 @@ def test_under_ddp_rank_0_draws_what_one_process_draws(tmp_path, draws_of_two_ra
     assert draws_of_two_ranks[0] == _draws(str(tmp_path))
 
 
+def _draws_from_step_2(folder: str) -> list[list[float]]:
+    """What a loss drew (`torch.rand(2)`) at steps 3 and 4 of batches of 4, resumed from the step-2 checkpoint of one
+    process in `folder`."""
+    model, draws = torch.nn.Linear(4, 1), []
+
+    def loss_fn(m, batch):
+        draws.append(torch.rand(2).tolist())
+        return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+    cfg = OptimConfig(lr=0.1, batch_size=4, max_steps=4, checkpoint_every=1)
+    trainer = Trainer(model, cfg, folder, "h", "test", CPU)
+    trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]), loss_fn,
+                lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    return draws
+
+
+def test_ranks_resumed_from_one_processs_checkpoint_draw_their_own_random_numbers(tmp_path):
+    cfg = OptimConfig(lr=0.1, batch_size=4, max_steps=2, checkpoint_every=1)
+    Trainer(torch.nn.Linear(4, 1), cfg, tmp_path / "run", "h", "test", CPU).fit(
+        lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+        mse_crashing_at(None), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    draws = on_two_ranks(tmp_path, _draws_from_step_2, str(tmp_path / "run"))
+    assert draws[0] != draws[1]
+
+
 def test_one_process_draws_the_stream_its_seed_gives(tmp_path):
     torch.manual_seed(0)
     torch.nn.Linear(4, 1)
