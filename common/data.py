@@ -428,9 +428,10 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         label = row[cfg.label_column]
         if class_label and label in (-1, None):
             raise DataError(
-                f"{where}: label {label}, which marks a missing label in a Hub class label: the split is unlabelled "
-                "(as GLUE's test splits are); data.train, data.dev and data.test take a labelled split, e.g. a slice "
-                "of train held out (train[90%:])"
+                f"{where}: label {label}, which marks an example without a label in a Hub class label: the split is "
+                "unlabelled (as GLUE's test splits are) or holds such examples (as a few of SNLI's do); data.train, "
+                "data.dev and data.test take labelled examples only: a labelled split, e.g. a slice of train held out "
+                "(train[90%:]), or the split without those examples saved as a file"
             )
         if isinstance(label, int) and not isinstance(label, bool) and not class_label:
             label = str(label)  # an integer reads as its digits, as a TSV cell does; a Hub class label is an index
