@@ -166,8 +166,8 @@ def open_session(
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
     model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway, on the CPU alone where a GPU provider failed to start (with the same options
-    and disabled optimizers). A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    and the session returned anyway, without each GPU provider that failed to start (the others keep their options,
+    and the disabled optimizers hold). A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
@@ -195,22 +195,32 @@ def open_session(
             source, options, providers=providers, disabled_optimizers=disabled_optimizers or None, enable_fallback=0
         )
 
-    failure = None
-    try:
-        session = build(usable)
-    except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
-        if all(p == CPU for p, _ in usable):
-            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
-        failure = err
-        try:  # on the CPU alone: a model that loads there is one a GPU provider could not take
-            session = build([(CPU, {})])
-        except Exception as cpu_err:
-            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {cpu_err}") from cpu_err
+    # A failed start does not say whether a provider or the model is at fault, so the session is built again
+    # without the GPU provider first in line (the others keep their options), down to the CPU alone: a model that
+    # loads there is one a GPU provider could not take, else the model itself cannot load. The CPU attempt is that
+    # test, needed even where no fallback is allowed, to raise `ModelLoadError` rather than `ProviderFallback`.
+    failures: dict[str, Exception] = {}  # each GPU provider that was first in line when a start failed: its error
+    attempt = usable
+    while True:
+        try:
+            session = build(attempt)
+            break
+        except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
+            failed = next((p for p, _ in attempt if p != CPU), None)
+            if failed is None:
+                before = "".join(f"; before that, {p} failed to start: {e}" for p, e in failures.items())
+                raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}{before}") from err
+            failures[failed] = err
+            attempt = [(p, o) for p, o in attempt if p != failed]
     active = session.get_providers()
     missing = [p for p in requested if p not in active]
     if missing:
-        failed = f"offered but failed to start ({failure or 'no GPU or driver?'})"
-        reasons = [f"{p} is {failed if p in offered else 'not in this onnxruntime build'}" for p in missing]
+        reasons = [
+            f"{p} is offered but failed to start ({failures.get(p, 'no GPU or driver?')})"
+            if p in offered
+            else f"{p} is not in this onnxruntime build"
+            for p in missing
+        ]
         message = f"{model_path}: requested providers {requested}, active {active}; {'; '.join(reasons)}. {GPU_HINT}"
         if not allow_cpu_fallback:
             raise ProviderFallback(message)
