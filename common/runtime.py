@@ -7,7 +7,7 @@ without a GPU) and runs on the CPU with only a console warning, which would make
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
 with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
 ONNX Runtime's own fallback, which moves a session to the CPU when a provider fails to start or fails a call, is
-off: a provider that fails a call raises `DeviceError`.
+off: a provider that fails a call (EP_FAIL, or a CUDA, cuBLAS or cuDNN failure) raises `DeviceError`.
 
 A TensorRT engine (`model.plan`) is deserialised once per runner and run with device buffers from
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
@@ -16,6 +16,7 @@ cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt`
 import hashlib
 import importlib
 import logging
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -26,7 +27,7 @@ from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
     import onnxruntime as ort
-    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
 except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
     raise ModuleNotFoundError(
         "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)",
@@ -47,6 +48,9 @@ SPIN_KEY = "session.intra_op.allow_spinning"
 # file can be, refuses every such reference; no stage writes external data.
 EXTERNAL_DATA_KEY = "session.model_external_initializers_file_folder_path"
 MIN_TENSORRT_MAJOR = 10
+# ONNX Runtime's CUDA provider fails a call with status FAIL, not EP_FAIL, naming the library: "CUDA failure 700: an
+# illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
+GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
 GPU_HINT = (
     "Install on a machine with an NVIDIA GPU and its driver: pip install '.[gpu]' (onnxruntime-gpu, tensorrt and "
     "cuda-python); uninstall onnxruntime first, since onnxruntime and onnxruntime-gpu must not be installed together."
@@ -270,7 +274,9 @@ class SessionRunner:
         """`Runner.infer`; `DeviceError` where the execution provider fails the call (never retried on the CPU)."""
         try:
             values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
-        except EPFail as err:
+        except (EPFail, Fail) as err:
+            if isinstance(err, Fail) and not GPU_FAILURE.search(str(err)):
+                raise
             raise DeviceError(f"{self.providers[0]} failed running the model: {err}") from err
         return dict(zip(self.output_names, values, strict=True))
 

@@ -27,7 +27,7 @@ from edgedistill.common.runtime import (
 )
 from edgedistill.common.settings import SettingError
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
 
@@ -398,28 +398,45 @@ def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
 
 
 class FailingProvider:
-    """An ONNX Runtime session whose execution provider fails every call."""
+    """An ONNX Runtime session whose execution provider fails every call with `error`."""
 
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, session, error: Exception):
+        self.session, self.error = session, error
 
     def run(self, *args):
-        raise EPFail("CUDA error cudaErrorIllegalAddress: an illegal memory access was encountered")
+        raise self.error
 
     def __getattr__(self, name):
         return getattr(self.session, name)
 
 
-def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch):
+# How ONNX Runtime's TensorRT provider and its CUDA provider fail a call: EP_FAIL, and FAIL naming the CUDA error
+TENSORRT_FAILURE = EPFail("[ONNXRuntimeError] : 11 : EP_FAIL : TensorRT EP execution context enqueue failed.")
+CUDA_FAILURE = Fail(
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MatMul node. Name:'m' "
+    "Status Message: CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=h ; expr=x;"
+)
+
+
+@pytest.mark.parametrize("error", [TENSORRT_FAILURE, CUDA_FAILURE], ids=["tensorrt", "cuda"])
+def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch, error):
     runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
-    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess))
-    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: CUDA error"):
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess, error))
+    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: "):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+
+
+def test_a_call_failing_without_a_gpu_error_is_not_a_device_error(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    error = Fail("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node.")
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess, error))
+    with pytest.raises(Fail):
         runner.infer({"x": np.ones((1, 2), np.float32)})
 
 
 def test_a_provider_that_fails_a_call_keeps_its_session(model, monkeypatch):
     runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
-    failing = FailingProvider(runner.session._sess)
+    failing = FailingProvider(runner.session._sess, TENSORRT_FAILURE)
     monkeypatch.setattr(runner.session, "_sess", failing)
     with pytest.raises(DeviceError):
         runner.infer({"x": np.ones((1, 2), np.float32)})
