@@ -154,9 +154,10 @@ class Client:
         return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The labels of model `name` at `version` (empty: the served one, asked each time, as a reload changes it),
-        asked once per name and version; NOT_FOUND once the server no longer serves that version (a reload), rather
-        than another version's labels."""
+        """The labels of model `name` at `version`. An explicit name and version are asked of the server once, then
+        kept; an empty name or version (the served one) is asked each time, as a reload changes it, and the answer kept
+        under the name and version the server gives. NOT_FOUND once the server no longer serves a version it was
+        asked for (a reload), rather than another version's labels."""
         if (name, version) not in self._labels:
             info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
