@@ -49,8 +49,8 @@ from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineEx
 log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
-DEVICE_FAULT = "a backend call failed on its device"
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+DEVICE_FAULT = "a backend call failed on its device"  # what the callers are told of a `DeviceError`
 
 
 class DropReason(StrEnum):
@@ -300,7 +300,8 @@ class DynamicBatcher:
 
     def _run_now(self, rows: list[Arrays], shape: tuple[int, int], loop: asyncio.AbstractEventLoop) -> BatchResult:
         """One request as one backend call on `loop`, nothing else running: no queue, no bookkeeping of a batch (the
-        call ends before any other coroutine runs); the backend's error is the request's. `loop` is the caller's:
+        call ends before any other coroutine runs); the backend's error is the request's, but for a `DeviceError`, a
+        fault. `loop` is the caller's:
         `asyncio.get_running_loop` calls getpid, a system call, on Python 3.11."""
         try:
             outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
