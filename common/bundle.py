@@ -69,7 +69,7 @@ class ServedModel(BaseModel):
     def content_versioned(self, *digests: str) -> Self:
         """This spec with the version that names what it serves: the first VERSION_DIGITS hex digits of the sha256 of
         the spec (its version aside) and `digests` (the sha256 of what it serves beside the spec, e.g. a bundle's
-        model file), so that a model built again with other weights or settings is served as another version."""
+        model file and tokenizer.json), so that a model built again with other weights or settings is served as another version."""
         content = json.dumps([self.model_dump(mode="json", exclude={"version"}), *digests], sort_keys=True)
         return self.model_copy(update={"version": hashlib.sha256(content.encode()).hexdigest()[:VERSION_DIGITS]})
 

@@ -7,7 +7,7 @@ without a GPU) and runs on the CPU with only a console warning, which would make
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
 with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
 ONNX Runtime's own fallback, which moves a session to the CPU when a provider fails to start or fails a call, is
-off: a provider that fails a call raises `DeviceError`.
+off: a provider that fails a call (EP_FAIL, or a CUDA, cuBLAS or cuDNN failure) raises `DeviceError`.
 
 A TensorRT engine (`model.plan`) is deserialised once per runner and run with device buffers from
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
@@ -16,6 +16,7 @@ cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt`
 import hashlib
 import importlib
 import logging
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -26,7 +27,7 @@ from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
     import onnxruntime as ort
-    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+    from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
 except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the `cpu` or `gpu` extra
     raise ModuleNotFoundError(
         "ONNX Runtime is not installed: pip install 'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)",
@@ -47,6 +48,9 @@ SPIN_KEY = "session.intra_op.allow_spinning"
 # file can be, refuses every such reference; no stage writes external data.
 EXTERNAL_DATA_KEY = "session.model_external_initializers_file_folder_path"
 MIN_TENSORRT_MAJOR = 10
+# ONNX Runtime's CUDA provider fails a call with status FAIL, not EP_FAIL, naming the library: "CUDA failure 700: an
+# illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
+GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
 GPU_HINT = (
     "Install on a machine with an NVIDIA GPU and its driver: pip install '.[gpu]' (onnxruntime-gpu, tensorrt and "
     "cuda-python); uninstall onnxruntime first, since onnxruntime and onnxruntime-gpu must not be installed together."
@@ -166,8 +170,8 @@ def open_session(
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
     model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway, on the CPU alone where a GPU provider failed to start (with the same options
-    and disabled optimizers). A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    and the session returned anyway, without each GPU provider that failed to start (the others keep their options,
+    and the disabled optimizers hold). A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
@@ -195,22 +199,32 @@ def open_session(
             source, options, providers=providers, disabled_optimizers=disabled_optimizers or None, enable_fallback=0
         )
 
-    failure = None
-    try:
-        session = build(usable)
-    except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
-        if all(p == CPU for p, _ in usable):
-            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}") from err
-        failure = err
-        try:  # on the CPU alone: a model that loads there is one a GPU provider could not take
-            session = build([(CPU, {})])
-        except Exception as cpu_err:
-            raise ModelLoadError(f"onnxruntime cannot load {model_path}: {cpu_err}") from cpu_err
+    # A failed start does not say whether a provider or the model is at fault, so the session is built again
+    # without the GPU provider first in line (the others keep their options), down to the CPU alone: a model that
+    # loads there is one a GPU provider could not take, else the model itself cannot load. The CPU attempt is that
+    # test, needed even where no fallback is allowed, to raise `ModelLoadError` rather than `ProviderFallback`.
+    failures: dict[str, Exception] = {}  # each GPU provider that was first in line when a start failed: its error
+    attempt = usable
+    while True:
+        try:
+            session = build(attempt)
+            break
+        except Exception as err:  # onnxruntime raises its own exception types for broken graphs and files
+            failed = next((p for p, _ in attempt if p != CPU), None)
+            if failed is None:
+                before = "".join(f"; before that, {p} failed to start: {e}" for p, e in failures.items())
+                raise ModelLoadError(f"onnxruntime cannot load {model_path}: {err}{before}") from err
+            failures[failed] = err
+            attempt = [(p, o) for p, o in attempt if p != failed]
     active = session.get_providers()
     missing = [p for p in requested if p not in active]
     if missing:
-        failed = f"offered but failed to start ({failure or 'no GPU or driver?'})"
-        reasons = [f"{p} is {failed if p in offered else 'not in this onnxruntime build'}" for p in missing]
+        reasons = [
+            f"{p} is offered but failed to start ({failures.get(p, 'no GPU or driver?')})"
+            if p in offered
+            else f"{p} is not in this onnxruntime build"
+            for p in missing
+        ]
         message = f"{model_path}: requested providers {requested}, active {active}; {'; '.join(reasons)}. {GPU_HINT}"
         if not allow_cpu_fallback:
             raise ProviderFallback(message)
@@ -260,7 +274,9 @@ class SessionRunner:
         """`Runner.infer`; `DeviceError` where the execution provider fails the call (never retried on the CPU)."""
         try:
             values = self.session.run(self.output_names, {name: inputs[name] for name in self.input_names})
-        except EPFail as err:
+        except (EPFail, Fail) as err:
+            if isinstance(err, Fail) and not GPU_FAILURE.search(str(err)):
+                raise
             raise DeviceError(f"{self.providers[0]} failed running the model: {err}") from err
         return dict(zip(self.output_names, values, strict=True))
 

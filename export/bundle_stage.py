@@ -6,6 +6,7 @@ atomically with a manifest that carries its `BundleSpec`.
 """
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from functools import partial
@@ -290,7 +291,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id, recipe.data.metric)
-    bundle = BundleSpec(
+    unversioned = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
         labels=recipe.data.label_names,
         text_inputs=text_inputs(recipe.data.pairs),
@@ -308,13 +309,16 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         disabled_optimizers=disabled if spec.runtime == "onnxruntime" else [],
         text_style=recipe.text_style,
         pair_segments=segments,
-    ).content_versioned(mf.sha256_file(model))
+    )
+    tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), unversioned)
+    tokenizer_bytes = json.dumps(tokenizer, ensure_ascii=False).encode("utf-8")
+    # the server tokenizes with tokenizer.json: another tokenizer before the same graph is another version
+    bundle = unversioned.content_versioned(mf.sha256_file(model), hashlib.sha256(tokenizer_bytes).hexdigest())
     ops = op_counts(onnx.load(str(model))) if spec.runtime == "onnxruntime" else {}
 
     def write(folder: Path) -> None:
         shutil.copy2(model, folder / model_file)
-        tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), bundle)
-        (folder / TOKENIZER).write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+        (folder / TOKENIZER).write_bytes(tokenizer_bytes)
         tokenizer_file = source.folder / TOKENIZER_CONFIG
         settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), bundle)
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2), encoding="utf-8")

@@ -55,7 +55,7 @@ HEALTH_NAMES = ("", *SERVICES)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 EXIT_FAULT = 3  # the exit status after a batcher fault: restart me
-STALL_LINE_WAIT_S = 1.0  # longest a stalled loop's exit waits for its log line to be written
+EXIT_LINE_WAIT_S = 1.0  # longest an exit at once (`exit_with_line`) waits for its log line to be written
 CLOSE_FLOOR_S = 1.0  # least time the model's queue gets to finish at stop, even with no grace left
 KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered before the connection is closed
 # Ping abuse: a client pinging more often than this without sending data gets a strike; past the strikes, GOAWAY.
@@ -367,13 +367,14 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     if not warming.done():  # stopped before serving: no call to drain, and the warm-up's thread cannot be stopped
-        log.info(
+        # the warm-up's thread may hold a log handler, stuck writing to a full stderr
+        exit_with_line(
+            0,
+            logging.INFO,
             "stopped on %s while warming up",
-            stopped_by[0],
-            extra={"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
+            (stopped_by[0],),
+            {"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
         )
-        logging.shutdown()
-        os._exit(0)
     try:
         warming.result()
     except BundleRejected as err:
@@ -417,24 +418,27 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
 def exit_on_stall(seconds: float) -> None:
     """The event loop ran nothing for `seconds`, past `batch_timeout_s`: a call on it hung, and no coroutine can fail
     the waiting calls or report NOT_SERVING. Exit at once with `EXIT_FAULT` (from the watchdog's thread) for a restart;
-    the clients' calls end with UNAVAILABLE as the connections close. The `server_fault` line goes straight to
-    stderr, past the logging module: the loop may be stuck inside it, holding a handler's lock (stderr a full pipe),
-    and a line not written within STALL_LINE_WAIT_S is left out."""
-    record = log.makeRecord(
-        log.name,
+    the clients' calls end with UNAVAILABLE as the connections close. The loop may be stuck inside the logging module,
+    holding a handler's lock, hence `exit_with_line`."""
+    exit_with_line(
+        EXIT_FAULT,
         logging.ERROR,
-        __file__,
-        0,
         "server fault, exiting for a restart: the event loop ran nothing for %.1f s (a call on it hung)",
         (seconds,),
-        None,
-        extra={"event": "server_fault", "stalled_s": round(seconds, 3)},
+        {"event": "server_fault", "stalled_s": round(seconds, 3)},
     )
+
+
+def exit_with_line(status: int, level: int, message: str, args: tuple, extra: dict) -> None:
+    """Exit with `status` at once, after one log line written straight to stderr, past the logging module: another
+    thread may hold a handler's lock, blocked writing to stderr (a full pipe). A line not written within
+    EXIT_LINE_WAIT_S is left out."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, args, None, extra=extra)
     line = (JsonFormatter().format(record) + "\n").encode()
-    writer = threading.Thread(target=_write_stderr, args=(line,), name="stall-line", daemon=True)
+    writer = threading.Thread(target=_write_stderr, args=(line,), name="exit-line", daemon=True)
     writer.start()
-    writer.join(STALL_LINE_WAIT_S)
-    os._exit(EXIT_FAULT)
+    writer.join(EXIT_LINE_WAIT_S)
+    os._exit(status)
 
 
 def _write_stderr(data: bytes) -> None:

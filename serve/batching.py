@@ -23,7 +23,8 @@ of more than `max_batch_size` rows fails as a whole), and the batcher goes on. A
 of the batcher itself (while taking a batch or handing its outputs back), or a backend call running
 past `batch_timeout` seconds (the watchdog: a hung backend; one hung inline blocks the loop, which the server's
 loop watchdog, `serve.watchdog`, sees), or a backend call answering another number of rows than it was given,
-leaves it in an unknown state: it fails
+leaves it in an unknown state, as does a backend call failing on the GPU (`DeviceError`: a CUDA error leaves the
+device's context broken for every later call): it fails
 every request it holds with `ServerFault`, refuses new ones, and calls `on_fault` once, so the server
 can report NOT_SERVING and exit for its supervisor to restart it (a hung call cannot be taken back
 from its thread). Imports no grpc: the transport maps the errors raised here (`Overloaded`,
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
+from edgedistill.common.runtime import DeviceError
 from edgedistill.serve.costmodel import BackendCost, Load, Timing, group_shapes, runs_inline
 from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+DEVICE_FAULT = "a backend call failed on its device"  # what the callers are told of a `DeviceError`
 
 
 class DropReason(StrEnum):
@@ -297,9 +300,14 @@ class DynamicBatcher:
 
     def _run_now(self, rows: list[Arrays], shape: tuple[int, int], loop: asyncio.AbstractEventLoop) -> BatchResult:
         """One request as one backend call on `loop`, nothing else running: no queue, no bookkeeping of a batch (the
-        call ends before any other coroutine runs); the backend's error is the request's. `loop` is the caller's:
+        call ends before any other coroutine runs); the backend's error is the request's, but for a `DeviceError`, a
+        fault. `loop` is the caller's:
         `asyncio.get_running_loop` calls getpid, a system call, on Python 3.11."""
-        outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
+        try:
+            outputs, seconds = self._timed_infer([pad_rows(rows, self.pad_values)])[0]
+        except DeviceError as err:
+            self._fault(DEVICE_FAULT, err)
+            raise ServerFault(str(self.fault)) from None
         self._last_done = loop.time()
         if miscount := _miscounted(outputs, len(rows)):
             self._fault(miscount)
@@ -419,6 +427,9 @@ class DynamicBatcher:
                     self._busy = False
         except _Hung:
             self._fault(f"a backend call of {len(batch)} rows ran past its {self.batch_timeout:g} s limit")
+            return
+        except DeviceError as err:
+            self._fault(DEVICE_FAULT, err)
             return
         except Exception as err:  # the backend's failure belongs to every request in the batch, and its queued rows
             for request in {row.request for row in batch}:

@@ -38,10 +38,12 @@ MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since t
 # For a server that does not say its limits: its default MAX_TEXTS, and half its default MAX_MESSAGE_BYTES
 MAX_TEXTS = Settings.model_fields["max_texts"].default
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
-# How the server names a text it refuses: by its place in the call, counted from 0
-SERVER_NAMED_TEXT = re.compile(r"text (?:pair )?(\d+) ")
+# How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
+SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
+# Where each text and each pair is in the input, by the server's name for its kind: "text" and "text pair"
+Origins = dict[str, list[str]]
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -152,9 +154,10 @@ class Client:
         return _info(self._call(self.stub.GetModelInfo, request))
 
     def labels(self, name: str = "", version: str = "") -> list[str]:
-        """The labels of model `name` at `version` (empty: the served one, asked each time, as a reload changes it),
-        asked once per name and version; NOT_FOUND once the server no longer serves that version (a reload), rather
-        than another version's labels."""
+        """The labels of model `name` at `version`. An explicit name and version are asked of the server once, then
+        kept; an empty name or version (the served one) is asked each time, as a reload changes it, and the answer kept
+        under the name and version the server gives. NOT_FOUND once the server no longer serves a version it was
+        asked for (a reload), rather than another version's labels."""
         if (name, version) not in self._labels:
             info = self.model_info(name, version)
             self._labels[(info["name"], info["version"])] = info["labels"]
@@ -430,10 +433,10 @@ def numbered_lines(path: Path, stdin: TextIO) -> list[tuple[int, str]]:
     return texts
 
 
-def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None, list[str]]:
-    """Texts, their pairs (None: single texts) and where each text is ('reviews.txt:70', 'argument 2'): from each
-    `--tsv`; else the arguments, then each `--file` (one per line; `-` is stdin), else stdin, blank lines skipped,
-    with the `--pair` values."""
+def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list[str] | None, Origins]:
+    """Texts, their pairs (None: single texts) and where each is (`Origins`: 'reviews.txt:70', 'argument 2', '--pair
+    2'): from each `--tsv`; else the arguments, then each `--file` (one per line; `-` is stdin), else stdin, blank
+    lines skipped, with the `--pair` values."""
     check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
     if args.tsv:
         if args.texts or args.file or args.pair:
@@ -444,6 +447,7 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
                 texts.append(text)
                 pairs.append(pair)
                 origins.append(f"{path}:{number}")
+        pair_origins = origins  # a pair is on its text's line
     else:
         texts = list(args.texts)
         origins = [f"argument {i}" for i in range(1, len(texts) + 1)]
@@ -453,13 +457,14 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
                 texts.append(line)
                 origins.append(f"{path}:{number}")
         pairs = args.pair
+        pair_origins = [f"--pair {i}" for i in range(1, len(pairs or []) + 1)]
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
     if pairs is not None and len(pairs) != len(texts):
         raise UsageError(
             f"{len(pairs)} --pair values for {len(texts)} texts: give one per text (none to a model of single texts)"
         )
-    return texts, pairs, origins
+    return texts, pairs, {"text": origins, "text pair": pair_origins}
 
 
 def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_bytes: int) -> Iterator[slice]:
@@ -483,19 +488,20 @@ def classify_in_batches(
     batch_size: int,
     model: str = "",
     batch_bytes: int = BATCH_BYTES,
-    origins: list[str] | None = None,
+    origins: Origins | None = None,
 ) -> Iterator[dict]:
     """`infer` (`Client.classify` or `Client.kserve_infer`) on consecutive `batches`; each reply in order;
     `ModelChanged` when the served model changes between batches; `CallFailed` for a call that fails, naming where
-    its texts are by their `origins` (default: 'text N', counted from 1)."""
-    origins = origins or [f"text {number}" for number in range(1, len(texts) + 1)]
+    its texts are by their `origins` (default: 'text N' and 'text pair N', counted from 1)."""
+    numbers = range(1, len(texts) + 1)
+    origins = origins or {kind: [f"{kind} {number}" for number in numbers] for kind in ("text", "text pair")}
     first = None
     for batch in batches(texts, pairs, batch_size, batch_bytes):
         start = batch.start
         try:
             result = infer(texts[batch], None if pairs is None else pairs[batch], model=model)
         except grpc.RpcError as err:
-            raise CallFailed(err, _where(err, origins[batch])) from err
+            raise CallFailed(err, _where(err, {kind: places[batch] for kind, places in origins.items()})) from err
         served = (result["model"], result["version"])
         if first is not None and served != first:
             raise ModelChanged(
@@ -506,13 +512,14 @@ def classify_in_batches(
         yield result
 
 
-def _where(error: grpc.RpcError, origins: list[str]) -> str:
-    """Where the texts of a call that failed with `error` are: the one the server refused where it names it (as 'text
-    5' or 'text pair 5', counted from 0 in the call), else the call's first and last."""
+def _where(error: grpc.RpcError, origins: Origins) -> str:
+    """Where the texts of a call that failed with `error` are: the text or pair the server refused where it names it
+    (as 'text 5' or 'text pair 5', counted from 0 in the call), else the call's first and last texts."""
     named = SERVER_NAMED_TEXT.match(error.details() or "")
-    if error.code() == grpc.StatusCode.INVALID_ARGUMENT and named and int(named[1]) < len(origins):
-        return origins[int(named[1])]
-    return origins[0] if len(origins) == 1 else f"{origins[0]} to {origins[-1]}"
+    if error.code() == grpc.StatusCode.INVALID_ARGUMENT and named and int(named[2]) < len(origins[named[1]]):
+        return origins[named[1]][int(named[2])]
+    texts = origins["text"]
+    return texts[0] if len(texts) == 1 else f"{texts[0]} to {texts[-1]}"
 
 
 def write_streamed(results: Iterator[dict], out: TextIO) -> None:

@@ -27,7 +27,7 @@ from edgedistill.common.runtime import (
 )
 from edgedistill.common.settings import SettingError
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail, Fail
 
 cuda_offered = "CUDAExecutionProvider" in available_providers()
 
@@ -170,22 +170,34 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
         open_session(broken, ["cpu"])
 
 
-@pytest.fixture
-def cuda_fails_to_start(monkeypatch):
-    """CUDA offered, but every session asked for it fails to start; returns the disabled optimizers of each session
-    ONNX Runtime built."""
-    built, real = [], ort.InferenceSession._create_inference_session
+def fail_to_start(monkeypatch, provider: str, error: str) -> list[tuple[list[str], list[str] | None]]:
+    """CUDA and TensorRT offered, but every session asked for `provider` fails to start with `error`; returns each
+    session ONNX Runtime was asked to build: (its providers, its disabled optimizers)."""
+    attempts, real = [], ort.InferenceSession._create_inference_session
 
     def create(session, providers, provider_options, disabled_optimizers=None):
-        if any(p[0] == "CUDAExecutionProvider" for p in providers):
+        attempts.append(([p[0] for p in providers], disabled_optimizers))
+        if any(p[0] == provider for p in providers):
             session._fallback_providers = ["CPUExecutionProvider"]  # as ONNX Runtime sets it before it starts them
-            raise RuntimeError("CUDA failure 35: driver too old")
-        built.append(disabled_optimizers)
+            raise RuntimeError(error)
         return real(session, providers, provider_options, disabled_optimizers)
 
-    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    offered = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(runtime, "available_providers", lambda: offered)
     monkeypatch.setattr(ort.InferenceSession, "_create_inference_session", create)
-    return built
+    return attempts
+
+
+@pytest.fixture
+def cuda_fails_to_start(monkeypatch):
+    """Every session asked for CUDA fails to start (see `fail_to_start`)."""
+    return fail_to_start(monkeypatch, "CUDAExecutionProvider", "CUDA failure 35: driver too old")
+
+
+@pytest.fixture
+def tensorrt_fails_to_start(monkeypatch, trt_cache):
+    """Every session asked for TensorRT fails to start (see `fail_to_start`)."""
+    return fail_to_start(monkeypatch, "TensorrtExecutionProvider", "TensorRT EP failed to create engine")
 
 
 def test_a_gpu_provider_that_fails_to_start_is_refused_with_its_error(model, cuda_fails_to_start):
@@ -195,7 +207,22 @@ def test_a_gpu_provider_that_fails_to_start_is_refused_with_its_error(model, cud
 
 def test_an_allowed_fallback_keeps_the_disabled_optimizers(model, cuda_fails_to_start):
     open_session(model, ["cuda"], disabled_optimizers=["SkipLayerNormFusion"], allow_cpu_fallback=True)
-    assert cuda_fails_to_start == [["SkipLayerNormFusion"]]
+    assert cuda_fails_to_start[-1] == (["CPUExecutionProvider"], ["SkipLayerNormFusion"])
+
+
+def test_tensorrt_failing_to_start_leaves_cuda_to_run_the_model(model, tensorrt_fails_to_start):
+    open_session(model, ["tensorrt", "cuda"], allow_cpu_fallback=True)
+    assert [providers for providers, _ in tensorrt_fails_to_start] == [
+        ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    ]
+
+
+def test_a_start_failure_is_told_of_the_provider_that_failed_alone(model, tensorrt_fails_to_start):
+    # ONNX Runtime's CPU build drops CUDA without an error, as a machine without a GPU does
+    with pytest.raises(ProviderFallback) as refused:
+        open_session(model, ["tensorrt", "cuda"])
+    assert str(refused.value).count("TensorRT EP failed to create engine") == 1
 
 
 def test_a_model_the_cpu_cannot_load_either_raises_model_load_error(tmp_path, cuda_fails_to_start):
@@ -203,6 +230,13 @@ def test_a_model_the_cpu_cannot_load_either_raises_model_load_error(tmp_path, cu
     broken.write_bytes(b"not an onnx graph")
     with pytest.raises(ModelLoadError, match=f"onnxruntime cannot load {broken}"):
         open_session(broken, ["cuda"], allow_cpu_fallback=True)
+
+
+def test_a_model_load_error_keeps_the_gpu_providers_error(tmp_path, cuda_fails_to_start):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ModelLoadError, match="CUDAExecutionProvider failed to start: CUDA failure 35: driver too old"):
+        open_session(broken, ["cuda"])
 
 
 def external_data_model(location: str) -> bytes:
@@ -364,28 +398,45 @@ def test_session_runner_returns_every_output_and_ignores_extra_feeds(model):
 
 
 class FailingProvider:
-    """An ONNX Runtime session whose execution provider fails every call."""
+    """An ONNX Runtime session whose execution provider fails every call with `error`."""
 
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, session, error: Exception):
+        self.session, self.error = session, error
 
     def run(self, *args):
-        raise EPFail("CUDA error cudaErrorIllegalAddress: an illegal memory access was encountered")
+        raise self.error
 
     def __getattr__(self, name):
         return getattr(self.session, name)
 
 
-def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch):
+# How ONNX Runtime's TensorRT provider and its CUDA provider fail a call: EP_FAIL, and FAIL naming the CUDA error
+TENSORRT_FAILURE = EPFail("[ONNXRuntimeError] : 11 : EP_FAIL : TensorRT EP execution context enqueue failed.")
+CUDA_FAILURE = Fail(
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MatMul node. Name:'m' "
+    "Status Message: CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=h ; expr=x;"
+)
+
+
+@pytest.mark.parametrize("error", [TENSORRT_FAILURE, CUDA_FAILURE], ids=["tensorrt", "cuda"])
+def test_a_provider_that_fails_a_call_raises_device_error(model, monkeypatch, error):
     runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
-    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess))
-    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: CUDA error"):
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess, error))
+    with pytest.raises(DeviceError, match="CPUExecutionProvider failed running the model: "):
+        runner.infer({"x": np.ones((1, 2), np.float32)})
+
+
+def test_a_call_failing_without_a_gpu_error_is_not_a_device_error(model, monkeypatch):
+    runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
+    error = Fail("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node.")
+    monkeypatch.setattr(runner.session, "_sess", FailingProvider(runner.session._sess, error))
+    with pytest.raises(Fail):
         runner.infer({"x": np.ones((1, 2), np.float32)})
 
 
 def test_a_provider_that_fails_a_call_keeps_its_session(model, monkeypatch):
     runner = open_runner(model, "onnxruntime", ["cpu"], threads=1)
-    failing = FailingProvider(runner.session._sess)
+    failing = FailingProvider(runner.session._sess, TENSORRT_FAILURE)
     monkeypatch.setattr(runner.session, "_sess", failing)
     with pytest.raises(DeviceError):
         runner.infer({"x": np.ones((1, 2), np.float32)})

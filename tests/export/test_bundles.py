@@ -132,9 +132,11 @@ def test_bundles_of_other_weights_are_served_as_other_versions(smoke_bundles):
     assert len(versions) == 2
 
 
-def test_a_bundle_is_served_as_the_version_of_its_content(smoke_bundles):
+def test_a_bundle_is_served_as_the_version_of_its_model_and_tokenizer(smoke_bundles):
     bundle = load_bundle(smoke_bundles / "bundle-bilstm-int8")
-    assert bundle.spec.version == bundle.spec.content_versioned(bundle.manifest.files["model.onnx"].sha256).version
+    files = bundle.manifest.files
+    content = bundle.spec.content_versioned(files["model.onnx"].sha256, files["tokenizer.json"].sha256)
+    assert bundle.spec.version == content.version
 
 
 def test_plain_teacher_export_is_unfused(smoke_bundles):

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 
 import pytest
-from edgedistill.serve.app import EXIT_FAULT, STALL_LINE_WAIT_S, exit_on_stall
+from edgedistill.serve.app import EXIT_FAULT, EXIT_LINE_WAIT_S, exit_on_stall
 from edgedistill.serve.watchdog import LoopWatchdog
 
 from tests.serve import conftest
@@ -35,21 +35,52 @@ runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def stopped_while_warming_up(spawn, bundle, monkeypatch):
-    """A server sent SIGTERM while it warms up its model (for 5 s, `SLOW_WARM_UP`); its exit status, or None when it
-    runs on past `EXIT_WAIT_S`."""
+# `python -m edgedistill.serve` whose warm-up is stuck in a log line, holding the handler's lock while it writes to a
+# full stderr (`full_stderr`); it says `warming_up` on stdout, which the test still reads, once stuck there
+STUCK_IN_A_LOG_LINE = """
+import json, logging, runpy, threading, time
+from edgedistill.serve.host import ModelRuntime
+from tests.serve.test_app import full_stderr
+
+def say_warming_up():
+    time.sleep(1)
+    print(json.dumps({"event": "warming_up"}), flush=True)
+
+def warm_up(self):
+    threading.Thread(target=say_warming_up, daemon=True).start()
+    with full_stderr():
+        logging.getLogger("serve").info("a line that stderr does not take")
+
+ModelRuntime.warm_up = warm_up
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def stop_while_warming_up(spawn, bundle, monkeypatch, script: str, wait: float):
+    """A server running `script` sent SIGTERM while it warms up; its exit status, or None when it runs on past
+    `wait` seconds."""
     monkeypatch.setattr(
-        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_WARM_UP, *serve_command(*args)[3:]]
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", script, *serve_command(*args)[3:]]
     )
     server = spawn(bundle)
     server.wait_for("warming_up", timeout=60)
     server.proc.send_signal(signal.SIGTERM)
     try:
-        server.status = server.proc.wait(EXIT_WAIT_S)
+        server.status = server.proc.wait(wait)
     except subprocess.TimeoutExpired:
         server.status = None
     return server
+
+
+@pytest.fixture
+def stopped_while_warming_up(spawn, bundle, monkeypatch):
+    """A server sent SIGTERM while it warms up its model (for 5 s, `SLOW_WARM_UP`), see `stop_while_warming_up`."""
+    return stop_while_warming_up(spawn, bundle, monkeypatch, SLOW_WARM_UP, EXIT_WAIT_S)
+
+
+def test_a_sigterm_while_the_warm_up_is_stuck_in_a_log_line_exits_within_its_line_wait(spawn, bundle, monkeypatch):
+    server = stop_while_warming_up(spawn, bundle, monkeypatch, STUCK_IN_A_LOG_LINE, EXIT_LINE_WAIT_S + EXIT_WAIT_S)
+    assert server.status == 0
 
 
 def test_a_sigterm_while_warming_up_exits_zero_at_once(stopped_while_warming_up):
@@ -175,5 +206,5 @@ def test_a_stall_exits_within_its_line_wait_where_stderr_is_a_full_pipe(monkeypa
     monkeypatch.setattr(os, "_exit", lambda status: exited.set())
     with full_stderr():
         threading.Thread(target=exit_on_stall, args=(STALL_LIMIT_S,), daemon=True).start()
-        exited_in_time = exited.wait(STALL_LINE_WAIT_S + 2)
+        exited_in_time = exited.wait(EXIT_LINE_WAIT_S + 2)
     assert exited_in_time

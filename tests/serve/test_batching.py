@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from edgedistill.common.runtime import DeviceError
 from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
@@ -751,6 +752,40 @@ def test_a_backend_error_at_light_load_is_the_requests_and_the_batcher_goes_on()
         return after
 
     assert asyncio.run(main()).outputs["sum"].tolist() == [5]
+
+
+def fails_on_its_device(inputs):
+    raise DeviceError("CUDAExecutionProvider failed running the model: CUDA failure 700: an illegal memory access")
+
+
+def after_a_device_failure(make) -> tuple[list[ServerFault], BaseException]:
+    """The faults a batcher made by `make(backend, on_fault=...)` reports once its backend fails a call on its
+    device, and the error of the request sent after that."""
+    faults = []
+
+    async def main():
+        b = make(fails_on_its_device, on_fault=faults.append)
+        b.start()
+        with pytest.raises(ServerFault):
+            await b.submit([row(1)])
+        with pytest.raises(Exception) as refused:
+            await b.submit([row(2)])
+        await b.close()
+        return refused.value
+
+    return faults, asyncio.run(main())
+
+
+@pytest.mark.parametrize("make", [batcher, quick_batcher], ids=["queued", "at_light_load"])
+def test_a_backend_call_failing_on_its_device_reports_the_fault_once(make):
+    faults, _ = after_a_device_failure(make)
+    assert len(faults) == 1
+
+
+@pytest.mark.parametrize("make", [batcher, quick_batcher], ids=["queued", "at_light_load"])
+def test_a_backend_call_failing_on_its_device_refuses_the_next_request(make):
+    _, refused = after_a_device_failure(make)
+    assert isinstance(refused, ServerFault)
 
 
 def test_pad_rows_of_one_row_is_that_row_with_a_batch_axis():

@@ -362,6 +362,11 @@ def test_a_text_the_server_refuses_is_named_by_its_file_and_line(make_bundle, st
     assert json.loads(err)["error"]["where"] == f"{path}:70"  # markup alone, which its text style removes
 
 
+def test_a_pair_the_server_refuses_is_named_by_its_pair_option(served_pairs, capsys):
+    _, _, err = run(capsys, "--address", served_pairs.address, "good", "awful", "--pair", "fun", "--pair", " ")
+    assert json.loads(err)["error"]["where"] == "--pair 2"
+
+
 def test_a_call_that_fails_names_the_first_and_last_of_its_texts(capsys):
     limits = ["--batch-size", "8", "--batch-bytes", "1024"]  # so that the call that fails is the texts'
     _, _, err = run(capsys, "good", "bad", "--address", unused_address(), *limits, "--retries", "0")
