@@ -261,40 +261,28 @@ def test_rows_past_their_deadline_are_dropped():
     assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
-def test_a_request_cancelled_past_its_deadline_is_dropped_for_the_deadline():
+@pytest.mark.parametrize(
+    ("deadline_s", "cancel_at_s"),
+    # as gRPC cancels a call's handler at its deadline, before the batcher looks at the queue; and as a client's
+    # deadline cancels its call, a little before the server's own timer ends
+    [(0.02, 0.05), (0.1, 0.1 - DEADLINE_SLACK_S / 2)],
+    ids=["past", "just_before"],
+)
+def test_a_request_cancelled_at_its_deadline_is_dropped_for_the_deadline(deadline_s, cancel_at_s):
     backend, observer = FakeBackend(), Recorder()
 
     async def main():
         b = batcher(backend, max_delay=0.3, observer=observer)
         b.start()
-        loop = asyncio.get_running_loop()
-        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.02))
-        await asyncio.sleep(0.05)
-        late.cancel()  # as gRPC cancels a call's handler at its deadline, before the batcher looks at the queue
+        late = asyncio.ensure_future(b.submit([row(9)], deadline=asyncio.get_running_loop().time() + deadline_s))
+        await asyncio.sleep(cancel_at_s)
+        late.cancel()
         with pytest.raises(asyncio.CancelledError):
             await late
         await b.close()
 
     asyncio.run(main())
     assert backend.seen == []
-    assert observer.dropped == [(1, DropReason.DEADLINE)]
-
-
-def test_a_request_cancelled_just_before_its_deadline_is_dropped_for_the_deadline():
-    backend, observer = FakeBackend(), Recorder()
-
-    async def main():
-        b = batcher(backend, max_delay=0.3, observer=observer)
-        b.start()
-        loop = asyncio.get_running_loop()
-        late = asyncio.ensure_future(b.submit([row(9)], deadline=loop.time() + 0.1))
-        await asyncio.sleep(0.1 - DEADLINE_SLACK_S / 2)
-        late.cancel()  # as a client's deadline cancels its call, a little before the server's own timer ends
-        with pytest.raises(asyncio.CancelledError):
-            await late
-        await b.close()
-
-    asyncio.run(main())
     assert observer.dropped == [(1, DropReason.DEADLINE)]
 
 
