@@ -68,8 +68,9 @@ class SecondPass:
         return made
 
     def relabel(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> tuple[np.ndarray, int]:
-        """`logits` with the rows below the margin made again by `forward` (a new array), and how many were."""
-        unsure = np.flatnonzero(top_two_gap(logits) < self.margin)
+        """`logits` with the rows below the margin (or without one: a NaN) made again by `forward` (a new array), and
+        how many were."""
+        unsure = np.flatnonzero(~(top_two_gap(logits) >= self.margin))
         if len(unsure):
             subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
             logits = logits.copy()

@@ -293,6 +293,12 @@ def test_the_second_pass_labels_again_only_the_texts_below_its_margin():
     assert first[0].tolist() == [0.25, 0.0], "the labeller's logits are not changed in place"
 
 
+def test_the_second_pass_labels_again_a_row_of_nan_logits():
+    second = SecondPass(hf_logits(CountingModel()), 1.0, 0, 2, CPU)
+    made, _ = second.relabel({"input_ids": [[2], [9]]}, np.array([[np.nan, 0.0], [9.0, -9.0]]))
+    assert made[0].tolist() == [2.0, -2.0]
+
+
 def unsure_labeller(model):
     """An INT8 labeller's stand-in: the teacher's logits, but the wrong label at a margin of 0.2 for texts whose
     ids sum below 5."""
