@@ -285,10 +285,9 @@ def test_the_second_pass_labels_again_only_the_texts_below_its_margin():
     model = CountingModel()  # the teacher: logits (total, -total) of the ids
     first = np.array([[0.25, 0.0], [0.0, 3.0], [0.5, 0.0]], dtype=np.float32)
     second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
-    made = second({"input_ids": [[1], [2, 3], [9]]}, first)
+    made, relabelled = second.relabel({"input_ids": [[1], [2, 3], [9]]}, first)
     assert made.tolist() == [[1.0, -1.0], [0.0, 3.0], [9.0, -9.0]]
-    assert second.seen == 3
-    assert second.relabelled == 2
+    assert relabelled == 2
     assert model.calls == 1, "the two unsure texts go to the teacher as one batch"
     assert first[0].tolist() == [0.25, 0.0], "the labeller's logits are not changed in place"
 
@@ -318,6 +317,26 @@ def label_with_second_pass(tmp_path, margin: float):
     second = SecondPass(hf_logits(model), margin, 0, 2, CPU)
     forward = unsure_labeller(model)
     return label_checked(model, forward, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True, second)
+
+
+def label_shards_with_second_pass(tmp_path, model):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+    second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
+    label_shards(unsure_labeller(model), WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, second)
+    return second.figures()
+
+
+def test_the_second_pass_figures_of_a_rerun_count_the_shards_it_kept(tmp_path):
+    first = label_shards_with_second_pass(tmp_path, CountingModel())
+    again = label_shards_with_second_pass(tmp_path, CountingModel())
+    assert again == first
+
+
+def test_a_shard_without_its_second_pass_counts_is_labelled_again(tmp_path, capsys):
+    label_shards_with_second_pass(tmp_path, CountingModel())
+    (tmp_path / "logits-00001.json").unlink()  # as if killed between writing the shard and its counts
+    label_shards_with_second_pass(tmp_path, CountingModel())
+    assert "resuming labelling: 5 of 8 sentences already labelled" in capsys.readouterr().out
 
 
 def test_labels_with_a_second_pass_are_checked_against_fp32(tmp_path):
