@@ -198,6 +198,15 @@ def label_checked(
     return logits, {"precision": "fp32", "engine": "pytorch", "rejected": made | check}
 
 
+def labelling_info(placement: Placement, labeller: dict, made: dict) -> dict:
+    """`info.labelling`: where labelling ran (`placement`), the labeller (`labeller`: its engine and, for an ONNX
+    bundle, the bundle and its parity figures) and what `label_checked` measured (`made`). Labels made again in fp32
+    keep the labeller under `rejected`, with the figures that rejected it: the top names only what labelled."""
+    if "rejected" in made:
+        return placement.describe() | made | {"rejected": labeller | made["rejected"]}
+    return placement.describe() | labeller | made
+
+
 def check_sample(total: int, count: int) -> np.ndarray:
     """`count` indices evenly spaced over `total` texts (all of them when there are fewer), so the check sees every
     source of the transfer set in its share."""

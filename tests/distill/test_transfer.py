@@ -17,7 +17,7 @@ from edgedistill.distill import labelling
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
-from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards
+from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards, labelling_info
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
@@ -360,6 +360,32 @@ def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path)
     assert figures["rejected"]["fp32_agreement"] == 5 / 8
     assert figures["rejected"]["second_pass"]["relabelled"] == 0
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
+
+
+INT8_LABELLER = {
+    "engine": "onnxruntime",
+    "bundle": "runs/x/bundle-teacher-int8",
+    "bundle_precision": "int8",
+    "bundle_sha256": "ab12",
+    "agreement": 0.99,
+    "max_abs_diff": 0.3,
+    "dev_accuracy": 0.9,
+}
+
+
+def test_a_rejected_labellers_bundle_is_not_named_at_the_top_of_the_labelling_record(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=0.1)
+    assert "bundle_sha256" not in labelling_info(CPU, INT8_LABELLER, made)
+
+
+def test_a_rejected_labellers_bundle_is_named_under_rejected(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=0.1)
+    assert labelling_info(CPU, INT8_LABELLER, made)["rejected"]["bundle_sha256"] == "ab12"
+
+
+def test_an_accepted_labellers_bundle_is_named_at_the_top_of_the_labelling_record(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=1.0)
+    assert labelling_info(CPU, INT8_LABELLER, made)["bundle_sha256"] == "ab12"
 
 
 def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smoke_run):
