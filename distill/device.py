@@ -57,12 +57,14 @@ class Placement:
         return value
 
     def describe(self) -> dict:
-        """What a manifest records of the placement."""
+        """What a manifest records of the placement, with this process's intra-op threads (results repeat byte for
+        byte only with the same count)."""
         return {
             "device": str(self.device),
             "device_name": self.name,
             "device_count": self.count,
             "precision": self.precision,
+            "threads": torch.get_num_threads(),
         }
 
     def reset_peak_memory(self) -> None:

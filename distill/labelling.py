@@ -1,9 +1,11 @@
 """Labelling the transfer set with the teacher: in shards that survive a killed run, in PyTorch or through an ONNX
 labeller bundle (INT8 with a second pass over the texts it is unsure of), checked against fp32 labels.
 
-Each shard is written atomically to the work folder, so a killed run resumes at the first missing shard.
+Each shard is written atomically to the work folder, so a killed run resumes at the first missing shard; a second
+pass's counts are written beside each shard, after it, so its figures cover every shard, kept ones too.
 """
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +38,20 @@ def _finished(path: Path, rows: int) -> bool:
     return True
 
 
+def _record(shard: Path) -> Path:
+    """Where the second pass's counts of `shard` are kept: beside it."""
+    return shard.with_suffix(".json")
+
+
+def _counted(shard: Path) -> dict | None:
+    """The second pass's counts of `shard` ({texts, relabelled}), None where its record is missing or unreadable (a
+    run killed between writing the shard and its record): the shard is then labelled again."""
+    try:
+        return json.loads(_record(shard).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> dict:
     """How the predictions of `logits` agree with those of `reference`, both (N, C): the share equal; the share equal
     but for tie flips, a label whose `reference` logit is within `tie_margin` of its top (a near-tie); the tie flips;
@@ -53,23 +69,23 @@ def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> d
 
 class SecondPass:
     """Labels again with `forward` (the teacher in PyTorch) every text an INT8 labeller is unsure of: its margin,
-    the gap between its two highest logits, below `margin`. Counts the texts it sees and those it labels again."""
+    the gap between its two highest logits, below `margin`. Its figures sum the counts of every shard (`count`)."""
 
     def __init__(self, forward, margin: float, pad_id: int, batch_size: int, placement: Placement):
         self.forward, self.margin, self.pad_id = forward, margin, pad_id
         self.batch_size, self.placement = batch_size, placement
         self.seen = self.relabelled = 0
 
-    def __call__(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> np.ndarray:
-        """`relabel`, counted in the figures."""
-        made, relabelled = self.relabel(features, logits)
-        self.seen += len(logits)
-        self.relabelled += relabelled
-        return made
+    def count(self, shards: list[dict]) -> None:
+        """Take the figures from every shard's counts ({texts, relabelled}), shards kept from an interrupted run
+        too."""
+        self.seen = sum(shard["texts"] for shard in shards)
+        self.relabelled = sum(shard["relabelled"] for shard in shards)
 
     def relabel(self, features: dict[str, list[list[int]]], logits: np.ndarray) -> tuple[np.ndarray, int]:
-        """`logits` with the rows below the margin made again by `forward` (a new array), and how many were."""
-        unsure = np.flatnonzero(top_two_gap(logits) < self.margin)
+        """`logits` with the rows below the margin (or without one: a NaN) made again by `forward` (a new array), and
+        how many were."""
+        unsure = np.flatnonzero(~(top_two_gap(logits) >= self.margin))
         if len(unsure):
             subset = {key: [rows[i] for i in unsure] for key, rows in features.items()}
             logits = logits.copy()
@@ -77,8 +93,7 @@ class SecondPass:
         return logits, len(unsure)
 
     def figures(self) -> dict:
-        """What the manifest records: the margin, the precision, and the share labelled again (of the texts
-        labelled in this run: shards kept from an interrupted one are not counted)."""
+        """What the manifest records: the margin, the precision, and the share of the whole set labelled again."""
         share = self.relabelled / self.seen if self.seen else 0.0
         return {
             "margin": self.margin,
@@ -100,12 +115,16 @@ def label_shards(
     second_pass: SecondPass | None = None,
 ) -> np.ndarray:
     """Teacher logits (`forward(batch) -> logits`, then `second_pass` where given) for `texts` (with their
-    `pairs`), batched by length on `placement`, one atomically written float16 shard at a time; finished shards
-    are kept, damaged ones labelled again."""
+    `pairs`), batched by length on `placement`, one atomically written float16 shard at a time, then the second
+    pass's counts of it; finished shards are kept (with a second pass, only those with their counts), damaged ones
+    labelled again."""
     starts = range(0, len(texts), cfg.shard_size)
     paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
     kept = [_finished(path, size) for path, size in zip(paths, sizes, strict=True)]
+    if second_pass is not None:
+        counts = [_counted(path) if held else None for path, held in zip(paths, kept, strict=True)]
+        kept = [shard is not None for shard in counts]
     done = sum(size for held, size in zip(kept, sizes, strict=True) if held)
     bar = progress.bar(len(texts), desc="label", unit="sent", initial=done)
     if done:
@@ -117,10 +136,15 @@ def label_shards(
         feats = encode(tokenizer, texts[start:end], pairs[start:end] if pairs else None, cfg.max_length)
         logits = predict_logits(forward, feats, tokenizer.pad_token_id, cfg.label_batch_size, bar, placement)
         if second_pass is not None:
-            logits = second_pass(feats, logits)
+            logits, relabelled = second_pass.relabel(feats, logits)
+            counts[index] = {"texts": len(logits), "relabelled": relabelled}
         shard = logits.astype(np.float16)
         atomic_write(paths[index], lambda tmp, shard=shard: np.save(tmp, shard))
+        if second_pass is not None:
+            atomic_write(_record(paths[index]), json.dumps(counts[index]))
     bar.close()
+    if second_pass is not None:
+        second_pass.count(counts)
     joined = None  # the shards, read back one at a time into one array: never all held, nor joined twice
     for start, path in zip(starts, paths, strict=True):
         shard = np.load(path)
@@ -172,6 +196,15 @@ def label_checked(
     with torch.inference_mode():
         logits = label_shards(hf_logits(model), tokenizer, texts, pairs, cfg, work / "fp32", placement)
     return logits, {"precision": "fp32", "engine": "pytorch", "rejected": made | check}
+
+
+def labelling_info(placement: Placement, labeller: dict, made: dict) -> dict:
+    """`info.labelling`: where labelling ran (`placement`), the labeller (`labeller`: its engine and, for an ONNX
+    bundle, the bundle and its parity figures) and what `label_checked` measured (`made`). Labels made again in fp32
+    keep the labeller under `rejected`, with the figures that rejected it: the top names only what labelled."""
+    if "rejected" in made:
+        return placement.describe() | made | {"rejected": labeller | made["rejected"]}
+    return placement.describe() | labeller | made
 
 
 def check_sample(total: int, count: int) -> np.ndarray:

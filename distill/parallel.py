@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import threading
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 from edgedistill.common.processes import children_ignore_interrupts, die_with_parent
@@ -61,18 +62,18 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
 
 
 def wait(pending: dict[cf.Future, tuple[str, bool]]) -> None:
-    """Say how each job (future -> (student name, baseline?)) ends; raise the first failure after all end, or
-    `JobKilled` naming the jobs a killed process stopped."""
+    """Say how each job (future -> (student name, baseline?)) ends, a failed one with its error; raise the first
+    failure after all end, or `JobKilled` naming the jobs a killed process stopped."""
     errors, stopped = [], []
     for done, future in enumerate(cf.as_completed(pending), 1):
         name, baseline = pending[future]
         stage = f"{'baseline' if baseline else 'student'}-{name}"
         error = future.exception()
-        if isinstance(error, cf.process.BrokenProcessPool):
+        if isinstance(error, BrokenProcessPool):
             stopped.append(stage)
         elif error is not None:
             errors.append(error)
-        outcome = "stopped" if stage in stopped else "failed" if error else "done"
+        outcome = "stopped" if stage in stopped else f"failed: {type(error).__name__}: {error}" if error else "done"
         print(f"[distill] {done}/{len(pending)} {stage}: {outcome}")
     if errors:
         raise errors[0]

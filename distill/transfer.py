@@ -24,7 +24,7 @@ from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.common.text import write_texts
 from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
-from edgedistill.distill.labelling import SecondPass, label_checked, onnx_labeller
+from edgedistill.distill.labelling import SecondPass, label_checked, labelling_info, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, mask_token
 from edgedistill.distill.transfer_texts import SOURCES, build_texts
@@ -80,30 +80,29 @@ def _build(inputs: Inputs) -> Built:
     train, dev = load_splits(recipe.data)
     _warn_of_cut_examples(tokenizer, train, dev, recipe.transfer.max_length)
     forward = hf_logits(model)
-    figures, second_pass = {"engine": "pytorch"}, None
+    labeller, second_pass = {"engine": "pytorch"}, None
     if recipe.transfer.labeller and placement.device.type == "cpu":
         folder = run_dir(recipe) / f"bundle-{recipe.transfer.labeller}"
-        forward, figures = onnx_labeller(folder, teacher_dir)
+        forward, labeller = onnx_labeller(folder, teacher_dir)
         _refuse_a_labeller_built_otherwise(recipe, folder)
         wanted = recipe.export.bundles[recipe.transfer.labeller].precision
-        if figures["bundle_precision"] != wanted:
+        if labeller["bundle_precision"] != wanted:
             raise mf.ArtifactError(
-                f"{folder} is a {figures['bundle_precision']} bundle but the recipe makes it {wanted}: rebuild it "
+                f"{folder} is a {labeller['bundle_precision']} bundle but the recipe makes it {wanted}: rebuild it "
                 "with `edgedistill labeller RECIPE --force` (make transfer builds it)"
             )
-        if figures["bundle_precision"] == "fp32":
+        if labeller["bundle_precision"] == "fp32":
             placement = replace(placement, precision="fp32")  # an fp32 graph labels; nothing runs in PyTorch
         else:  # INT8 labels; the texts it is unsure of are labelled again in PyTorch, in the labelling precision
             cfg = recipe.transfer
             second_pass = SecondPass(
                 hf_logits(model), cfg.relabel_margin, tokenizer.pad_token_id, cfg.label_batch_size, placement
             )
-    labelling = placement.describe() | figures
 
     # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
     # precision and second pass; under --force, only those a forced run of them left (`Inputs.resumable_work`).
-    key = inputs.work_key + labelling["engine"] + placement.precision
-    key += figures.get("bundle_precision", "") + figures.get("bundle_sha256", "")
+    key = inputs.work_key + labeller["engine"] + placement.precision
+    key += labeller.get("bundle_precision", "") + labeller.get("bundle_sha256", "")
     work = inputs.resumable_work(key)
     stamp = work / "config_hash"
     if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
@@ -113,10 +112,10 @@ def _build(inputs: Inputs) -> Built:
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free
     recheck = recipe.runtime.precision == "auto"
-    logits, figures = label_checked(
+    logits, measured = label_checked(
         model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck, second_pass
     )
-    labelling |= figures | {"seconds": round(time.perf_counter() - started, 1)}
+    labelling = labelling_info(placement, labeller, measured | {"seconds": round(time.perf_counter() - started, 1)})
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     with torch.inference_mode():  # the teacher's dev accuracy in fp32, as its manifest gives it
         dev_logits = predict_logits(hf_logits(model), dev_feats, tokenizer.pad_token_id, placement=placement)

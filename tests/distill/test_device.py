@@ -133,12 +133,13 @@ def test_move_takes_a_collators_batch_encoding_to_the_device():
     assert moved["input_ids"].device.type == "meta"
 
 
-def test_describe_names_device_and_precision():
+def test_describe_names_device_precision_and_threads():
     assert resolve(RuntimeConfig(device="cpu", precision="bf16")).describe() == {
         "device": "cpu",
         "device_name": "cpu",
         "device_count": 1,
         "precision": "bf16",
+        "threads": torch.get_num_threads(),
     }
 
 

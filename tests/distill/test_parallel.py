@@ -34,6 +34,21 @@ def test_a_job_stops_when_the_distill_process_is_terminated():
     assert child_ends_with_parent(parent, worker, signal.SIGTERM)
 
 
+def failed(error: Exception) -> cf.Future:
+    future = cf.Future()
+    future.set_exception(error)
+    return future
+
+
+def test_each_failed_job_s_error_is_printed_not_only_the_first_raised(capsys):
+    pending = {failed(ValueError("bilstm diverged")): ("bilstm", False), failed(OSError("cnn disk")): ("cnn", False)}
+    with pytest.raises((ValueError, OSError)):
+        parallel.wait(pending)
+    out = capsys.readouterr().out
+    assert "student-bilstm: failed: ValueError: bilstm diverged" in out
+    assert "student-cnn: failed: OSError: cnn disk" in out
+
+
 def test_a_job_killed_by_a_signal_names_the_jobs_it_stopped_and_the_way_on():
     with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         pending = {pool.submit(os.abort): ("bilstm", False), pool.submit(os.getpid): ("bilstm", True)}

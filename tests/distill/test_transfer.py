@@ -17,7 +17,7 @@ from edgedistill.distill import labelling
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
-from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards
+from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards, labelling_info
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
@@ -285,12 +285,17 @@ def test_the_second_pass_labels_again_only_the_texts_below_its_margin():
     model = CountingModel()  # the teacher: logits (total, -total) of the ids
     first = np.array([[0.25, 0.0], [0.0, 3.0], [0.5, 0.0]], dtype=np.float32)
     second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
-    made = second({"input_ids": [[1], [2, 3], [9]]}, first)
+    made, relabelled = second.relabel({"input_ids": [[1], [2, 3], [9]]}, first)
     assert made.tolist() == [[1.0, -1.0], [0.0, 3.0], [9.0, -9.0]]
-    assert second.seen == 3
-    assert second.relabelled == 2
+    assert relabelled == 2
     assert model.calls == 1, "the two unsure texts go to the teacher as one batch"
     assert first[0].tolist() == [0.25, 0.0], "the labeller's logits are not changed in place"
+
+
+def test_the_second_pass_labels_again_a_row_of_nan_logits():
+    second = SecondPass(hf_logits(CountingModel()), 1.0, 0, 2, CPU)
+    made, _ = second.relabel({"input_ids": [[2], [9]]}, np.array([[np.nan, 0.0], [9.0, -9.0]]))
+    assert made[0].tolist() == [2.0, -2.0]
 
 
 def unsure_labeller(model):
@@ -314,6 +319,26 @@ def label_with_second_pass(tmp_path, margin: float):
     return label_checked(model, forward, WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, True, second)
 
 
+def label_shards_with_second_pass(tmp_path, model):
+    cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
+    second = SecondPass(hf_logits(model), 1.0, 0, 2, CPU)
+    label_shards(unsure_labeller(model), WordTokenizer(), TEXTS, None, cfg, tmp_path, CPU, second)
+    return second.figures()
+
+
+def test_the_second_pass_figures_of_a_rerun_count_the_shards_it_kept(tmp_path):
+    first = label_shards_with_second_pass(tmp_path, CountingModel())
+    again = label_shards_with_second_pass(tmp_path, CountingModel())
+    assert again == first
+
+
+def test_a_shard_without_its_second_pass_counts_is_labelled_again(tmp_path, capsys):
+    label_shards_with_second_pass(tmp_path, CountingModel())
+    (tmp_path / "logits-00001.json").unlink()  # as if killed between writing the shard and its counts
+    label_shards_with_second_pass(tmp_path, CountingModel())
+    assert "resuming labelling: 5 of 8 sentences already labelled" in capsys.readouterr().out
+
+
 def test_labels_with_a_second_pass_are_checked_against_fp32(tmp_path):
     logits, figures = label_with_second_pass(tmp_path, margin=1.0)
     assert figures["second_pass"] == {
@@ -335,6 +360,32 @@ def test_labels_with_too_narrow_a_margin_are_made_again_by_the_teacher(tmp_path)
     assert figures["rejected"]["fp32_agreement"] == 5 / 8
     assert figures["rejected"]["second_pass"]["relabelled"] == 0
     assert (logits.astype(np.float32).argmax(-1) == 0).all(), "the teacher's labels replace the labeller's"
+
+
+INT8_LABELLER = {
+    "engine": "onnxruntime",
+    "bundle": "runs/x/bundle-teacher-int8",
+    "bundle_precision": "int8",
+    "bundle_sha256": "ab12",
+    "agreement": 0.99,
+    "max_abs_diff": 0.3,
+    "dev_accuracy": 0.9,
+}
+
+
+def test_a_rejected_labellers_bundle_is_not_named_at_the_top_of_the_labelling_record(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=0.1)
+    assert "bundle_sha256" not in labelling_info(CPU, INT8_LABELLER, made)
+
+
+def test_a_rejected_labellers_bundle_is_named_under_rejected(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=0.1)
+    assert labelling_info(CPU, INT8_LABELLER, made)["rejected"]["bundle_sha256"] == "ab12"
+
+
+def test_an_accepted_labellers_bundle_is_named_at_the_top_of_the_labelling_record(tmp_path):
+    _, made = label_with_second_pass(tmp_path, margin=1.0)
+    assert labelling_info(CPU, INT8_LABELLER, made)["bundle_sha256"] == "ab12"
 
 
 def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smoke_run):
