@@ -5,7 +5,6 @@ reload, refused cascades, several workers."""
 import asyncio
 import json
 import shutil
-import time
 import urllib.request
 
 import grpc
@@ -22,7 +21,7 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade, write_engine
+from tests.serve.conftest import RunningServer, settings_for, wait_until, write_bundle, write_cascade, write_engine
 from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
 
 STUDENT, TEACHER = "student", "teacher"
@@ -110,13 +109,6 @@ def decoded(reply: kserve_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
 
 def scrape(server) -> str:
     return urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-
-
-def wait_until(condition, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 # --- routing ----------------------------------------------------------------------------------------------
