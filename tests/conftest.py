@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from edgedistill.common import locks
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Polls `condition` until it holds; fails the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
 
 
 def save_initialised(model_class, config, folder: Path) -> None:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.common.test_processes import gone
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, wait_until
 from tests.faults.conftest import environment, tiny_recipe
 
 pytestmark = pytest.mark.slow
@@ -136,9 +136,14 @@ def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 300
-    while "[teacher] building again" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    try:
+        wait_until(
+            lambda: "[teacher] building again" in log.read_text(), "the teacher stage never started", timeout=300
+        )
+    except AssertionError:
+        for process in [*psutil.Process(pipeline.pid).children(recursive=True), pipeline]:
+            process.kill()  # nothing left training after the test
+        raise
     stage = psutil.Process(pipeline.pid).children()[0]
     pipeline.kill()  # this process alone, as `kill -9 PID` does
     pipeline.wait()

@@ -314,14 +314,6 @@ class RunningServer:
             self.loop.close()
 
 
-def wait_until(condition, what: str, timeout: float = 10) -> None:
-    """Polls `condition` until it holds; fails the test naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
 def served_probabilities(bundle: Path, texts: list[str], pairs: list[str] | None = None) -> np.ndarray:
     """The probabilities a real server of `bundle` answers one `Classify` of `texts` (with their `pairs`) with,
     (N, C); the server is stopped after."""

@@ -22,7 +22,8 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, wait_until, write_bundle
+from tests.conftest import wait_until
+from tests.serve.conftest import LABELS, VOCAB, RunningServer, settings_for, write_bundle
 
 MODEL = "tiny-sentiment"
 TOKEN = "s3cret-token"

@@ -21,7 +21,8 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from tests.serve.conftest import RunningServer, settings_for, wait_until, write_bundle, write_cascade, write_engine
+from tests.conftest import wait_until
+from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade, write_engine
 from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
 
 STUDENT, TEACHER = "student", "teacher"

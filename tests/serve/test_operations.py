@@ -32,7 +32,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import generate_latest
 
-from tests.serve.conftest import GATED, settings_for, wait_until
+from tests.conftest import wait_until
+from tests.serve.conftest import GATED, settings_for
 from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")

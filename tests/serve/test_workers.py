@@ -24,6 +24,7 @@ from edgedistill.serve.settings import Settings, SettingsError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.conftest import wait_until
 from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
 from tests.serve.test_operations import corrupt, metric
@@ -57,17 +58,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def wait_for_restart(server) -> int:
     """The pid of the worker the supervisor started in place of one that died, once it serves."""
     wait_until(
-        lambda: sum(line.get("event") == "serving" for line in server.lines) == 3, 60, "the worker never came back"
+        lambda: sum(line.get("event") == "serving" for line in server.lines) == 3,
+        "the worker never came back",
+        timeout=60,
     )
     return next(
         line["worker_pid"] for line in server.lines if line.get("event") == "worker_started" and line["restart"]
@@ -157,8 +153,8 @@ def test_sighup_reloads_every_worker(two_workers):
     server.proc.send_signal(signal.SIGHUP)
     wait_until(
         lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
-        30,
         "not every worker reloaded",
+        timeout=30,
     )
     answers = set(answering_pids(serving["port"]))
     assert answers == {(pid, "2") for pid in serving["workers"]}
@@ -178,8 +174,8 @@ def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_p
         assert stub.Reload(pb.ReloadRequest(), metadata=admin, timeout=30).model.version == "2"
     wait_until(
         lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
-        30,
         "not every worker reloaded",
+        timeout=30,
     )
     assert set(answering_pids(serving["port"])) == {(pid, "2") for pid in serving["workers"]}
 
@@ -207,7 +203,9 @@ def test_sighup_while_the_workers_start_reloads_them_once_they_serve(spawn, bund
     server.proc.send_signal(signal.SIGHUP)  # before any worker can handle it
     server.wait_for("workers_serving", timeout=60)
     wait_until(
-        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4, 30, "a worker never reloaded"
+        lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,
+        "a worker never reloaded",
+        timeout=30,
     )
     assert server.proc.poll() is None
 
@@ -216,7 +214,7 @@ def test_a_worker_that_dies_is_restarted_while_the_other_serves(two_workers):
     server, serving = two_workers
     killed, survivor = serving["workers"]
     os.kill(killed, signal.SIGKILL)
-    wait_until(lambda: not alive(killed), 10, "the killed worker lives on")
+    wait_until(lambda: not alive(killed), "the killed worker lives on", timeout=10)
     # new connections go to the listener still open (and to the replacement, once it listens)
     answers = {pid for pid, _ in answering_pids(serving["port"])}
     assert killed not in answers
@@ -254,7 +252,9 @@ def test_a_restarted_worker_takes_connections_only_once_warm(two_workers):
 def test_the_workers_die_with_the_supervisor(two_workers):
     server, serving = two_workers
     server.proc.send_signal(signal.SIGKILL)
-    wait_until(lambda: not any(alive(pid) for pid in serving["workers"]), 30, "a worker outlived its supervisor")
+    wait_until(
+        lambda: not any(alive(pid) for pid in serving["workers"]), "a worker outlived its supervisor", timeout=30
+    )
 
 
 def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, tmp_path):
