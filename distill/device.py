@@ -117,6 +117,17 @@ def native_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
+def emulation_warning(placement: Placement) -> str | None:
+    """What to tell a user whose placement computes bf16 on a CPU that only emulates it (several times slower than
+    fp32), else None. Not refused: the results are right, only slow."""
+    if placement.device.type != "cpu" or placement.precision != "bf16" or native_bf16():
+        return None
+    return (
+        "runtime.precision=bf16 on a CPU without AVX512-BF16 or AMX: PyTorch emulates bf16 there, several times "
+        "slower than fp32; set runtime.precision=fp32 (or auto)"
+    )
+
+
 def for_labelling(cfg: RuntimeConfig) -> Placement:
     """The placement of a stage that runs the teacher forward only: as `for_process`, but `precision: auto` on a
     CPU with native bf16 is bf16 (1.6-1.8x fp32's speed there; the labels are checked against fp32)."""

@@ -25,6 +25,8 @@ def run(
         if dist.is_main():
             p = placement.describe()
             print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")
+            if slow := device.emulation_warning(placement):
+                print(f"[runtime] warning: {slow}")
         if stage in ("pretrain", "finetune", "teacher"):
             if dist.is_main():
                 _warn_unreadable_transfer_files(recipe)

@@ -41,6 +41,22 @@ def test_explicit_fp32_labels_in_fp32_on_a_cpu_with_native_bf16(monkeypatch):
     assert for_labelling(RuntimeConfig(device="cpu", precision="fp32")).precision == "fp32"
 
 
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_of_naming_the_setting(monkeypatch):
+    monkeypatch.setattr(device, "native_bf16", lambda: False)
+    placement = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+    assert "runtime.precision=bf16" in device.emulation_warning(placement)
+
+
+def test_bf16_on_a_cpu_that_computes_it_natively_is_not_warned_of(monkeypatch):
+    monkeypatch.setattr(device, "native_bf16", lambda: True)
+    assert device.emulation_warning(resolve(RuntimeConfig(device="cpu", precision="bf16"))) is None
+
+
+def test_fp32_on_a_cpu_without_native_bf16_is_not_warned_of(monkeypatch):
+    monkeypatch.setattr(device, "native_bf16", lambda: False)
+    assert device.emulation_warning(resolve(RuntimeConfig(device="cpu"))) is None
+
+
 @no_cuda
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_cuda_without_a_gpu_names_the_setting_and_the_machine(device):
