@@ -25,7 +25,8 @@ def _lasts_a_tick(seconds: float, info: ValidationInfo) -> float:
 class SloConfig(Strict):
     """What a load-test run (or, for `step`, each step) must meet; a null threshold is not checked.
 
-    Latencies are those of successful calls as the load generator saw them, in ms.
+    Latencies are those of successful calls as the load generator saw them, in ms; a load test's from each call's due
+    time (`loadtests.pacing`).
     """
 
     p50_ms: float | None = Field(None, gt=0, description="median call latency")
