@@ -164,7 +164,9 @@ def test_a_server_that_stalls_once_misses_the_p99_timed_from_the_due_time(stalle
 
 def test_a_user_held_up_by_a_stalled_call_sends_the_calls_due_meanwhile(stalled):
     _, built = stalled
-    assert built["overall"]["requests"] >= 0.97 * STALL_RATE * STALL_RUN_S, built["overall"]
+    # less the calls connecting and the first phase take, and those still due when locust stops the user; skipping
+    # the 50 calls due during the stall would leave about 140
+    assert built["overall"]["requests"] >= 0.9 * STALL_RATE * STALL_RUN_S, built["overall"]
 
 
 def test_the_calls_held_up_by_the_stall_are_counted_late(stalled):
