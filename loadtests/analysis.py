@@ -1,8 +1,8 @@
 """Figures of a run: call statistics overall, per stage, per name and per second; CPU and memory of both processes.
 
-Latencies are those of successful calls (ms); failed calls count in the error rate. A call belongs to
-the second (and stage) in which it returned; one that returned after the schedule ended, to the last stage, and one
-that started after it, to none (`loadtests.result`).
+Latencies are those of successful calls (ms), from each call's send and (`p99_from_due_ms`, ...) from its due time;
+failed calls count in the error rate. A call belongs to the second (and stage) in which it returned; one that
+returned after the schedule ended, to the last stage, and one due after it, to none (`loadtests.result`).
 CPU % is of one core (100 = one core busy).
 """
 
@@ -23,6 +23,7 @@ class Samples:
 
     end_s: np.ndarray
     ms: np.ndarray
+    due_ms: np.ndarray
     ok: np.ndarray
     name: np.ndarray
     names: list[str]
@@ -35,15 +36,16 @@ class Samples:
         with np.load(path) as data:
             order = np.argsort(data["end_s"], kind="stable")
             end_s, ms, ok, name = (data[key][order] for key in ("end_s", "ms", "ok", "name"))
+            due_ms = data["due_ms"][order] if "due_ms" in data else ms  # written before calls were sent late
             if "code" in data:
                 code, codes = data["code"][order], [str(c) for c in data["codes"]]
             else:  # written before statuses were recorded
                 code, codes = (~ok).astype(np.int16), ["OK", "unknown"]
             names = [str(n) for n in data["names"]]
-            return cls(end_s, ms, ok, name, names, code, codes, float(data["started"]))
+            return cls(end_s, ms, due_ms, ok, name, names, code, codes, float(data["started"]))
 
     def where(self, keep: np.ndarray) -> "Samples":
-        columns = (self.end_s, self.ms, self.ok, self.name)
+        columns = (self.end_s, self.ms, self.due_ms, self.ok, self.name)
         return Samples(*(c[keep] for c in columns), self.names, self.code[keep], self.codes, self.started)
 
     def error_codes(self) -> dict[str, int]:
@@ -55,9 +57,9 @@ class Samples:
         """The calls that returned in [start, end) seconds."""
         return self.where((self.end_s >= start) & (self.end_s < end))
 
-    def started_before(self, seconds: float) -> "Samples":
-        """The calls that started (returned less their latency) before `seconds`."""
-        return self.where(self.end_s - self.ms / 1000 < seconds)
+    def due_before(self, seconds: float) -> "Samples":
+        """The calls due (returned less their latency from the due time) before `seconds`."""
+        return self.where(self.end_s - self.due_ms / 1000 < seconds)
 
     def latencies_by_name(self) -> dict[str, np.ndarray]:
         """The successful calls' latencies (ms) per request name, for the names with any."""
@@ -65,11 +67,21 @@ class Samples:
         return {name: ms for name, ms in by_name.items() if ms.size}
 
 
+def from_due(key: str) -> str:
+    """The name of latency figure `key` (`p99_ms`) timed from each call's due time (`p99_from_due_ms`)."""
+    return key.removesuffix("_ms") + "_from_due_ms"
+
+
 def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
-    """`bench.stats.call_stats` of the calls in `samples`, and their failures by status (`error_codes`)."""
+    """`bench.stats.call_stats` of the calls in `samples` (latencies from the send), the percentiles of their
+    latencies from the due time, the successful calls sent late (`late_calls`) and the failures by status
+    (`error_codes`)."""
     failures = int(np.count_nonzero(~samples.ok))
-    figures = stats.call_stats(samples.ms[samples.ok], failures, seconds, offered_rate)
-    return figures | {"error_codes": samples.error_codes()}
+    ms, due_ms = samples.ms[samples.ok], samples.due_ms[samples.ok]
+    figures = stats.call_stats(ms, failures, seconds, offered_rate)
+    due = {from_due(key): value for key, value in stats.percentiles(due_ms).items()}
+    late = int(np.count_nonzero(due_ms > ms))
+    return figures | due | {"late_calls": late, "error_codes": samples.error_codes()}
 
 
 def by_name(samples: Samples, seconds: float) -> dict[str, dict]:

@@ -10,6 +10,7 @@ in `on_start`, so that no reported call's latency includes setting up its connec
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 
 import grpc
 import grpc.experimental.gevent as grpc_gevent
@@ -47,13 +48,15 @@ def _named(details: grpc.ClientCallDetails) -> tuple[str, grpc.ClientCallDetails
 
 
 class EventInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Fires a locust `request` event per call: type "grpc", name, response time (ms), reply bytes, exception.
+    """Fires a locust `request` event per call: type "grpc", name, response time (ms), reply bytes, exception, and
+    the `context` of the user that made it (`User.context`).
 
     A stream is one request: timed from the call to its last reply, its length is the sum of the replies.
     """
 
-    def __init__(self, events: Events):
+    def __init__(self, events: Events, context: Callable[[], dict] = dict):
         self.events = events
+        self.context = context
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         name, details = _named(client_call_details)
@@ -86,7 +89,7 @@ class EventInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClient
             response_time=(time.perf_counter() - start) * 1000,
             response_length=size,
             response=None,
-            context=None,
+            context=self.context(),
             exception=error,
         )
 
@@ -107,7 +110,7 @@ class GrpcUser(User):
         # A local subchannel pool gives each user its own connection, as separate clients would have;
         # by default channels to one target share a connection.
         self._unreported = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
-        self.channel = grpc.intercept_channel(self._unreported, EventInterceptor(environment.events))
+        self.channel = grpc.intercept_channel(self._unreported, EventInterceptor(environment.events, self.context))
 
     def on_start(self):
         """Connect before the first timed call; subclasses that add an `on_start` call this one."""

@@ -72,10 +72,12 @@ SCENARIOS = {"single": single, "batch": batch, "stream": stream, "kserve": kserv
 
 
 class ClassifierUser(PacedUser, GrpcUser):
-    """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user from its first call."""
+    """Runs the plan's scenarios by weight, each user paced at the profile's calls/s per user from its first call to
+    the end of the plan's schedule."""
 
     tasks = {SCENARIOS[name]: weight for name, weight in PLAN.scenarios.items() if weight}
     user_rate = PLAN.settings.user_rate
+    schedule_s = PLAN.duration_s
     timeout = PLAN.loadtest.timeout_s
     metadata = bearer(settings.env(env_name("token")))  # the server's TOKEN, which it reads from the same variable
 

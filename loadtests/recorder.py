@@ -3,7 +3,8 @@
 Locust's own statistics round latencies under 100 ms to whole milliseconds, too coarse for a 3 ms
 SLO, so the runner computes its figures from these samples. The file holds `started` (when the load started, on
 the system's monotonic clock, which the runner's process samples share and a stepped wall clock does not move),
-`end_s` (when each call returned, seconds after `started`), `ms` (latency), `ok` (no exception), `name` (index into
+`end_s` (when each call returned, seconds after `started`), `ms` (latency from the send), `due_ms` (latency from the
+due time: `ms` and how late a paced user sent the call, `loadtests.pacing`), `ok` (no exception), `name` (index into
 `names`), `names`, `code` (index into `codes`) and `codes`: each call's gRPC status name (`OK`,
 `RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one).
 """
@@ -16,6 +17,7 @@ import numpy as np
 from edgedistill.common.atomic import atomic_write
 
 SAMPLES_FILE = "requests.npz"
+LATE_KEY = "late_ms"  # in a request event's context: how late (ms) the call was sent after its due time
 
 
 def status_of(exception: BaseException | None) -> str:
@@ -32,7 +34,7 @@ class Recorder:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.started: float | None = None
-        self.end, self.ms, self.ok = array("d"), array("d"), array("b")
+        self.end, self.ms, self.due_ms, self.ok = array("d"), array("d"), array("d"), array("b")
         self.name, self.code = array("h"), array("h")
         self.names: dict[str, int] = {}
         self.codes: dict[str, int] = {}
@@ -45,9 +47,10 @@ class Recorder:
     def on_start(self, **_kwargs) -> None:
         self.started = time.monotonic()
 
-    def on_request(self, name: str, response_time: float, exception=None, **_kwargs) -> None:
+    def on_request(self, name: str, response_time: float, exception=None, context=None, **_kwargs) -> None:
         self.end.append(time.monotonic())
         self.ms.append(response_time)
+        self.due_ms.append(response_time + (context or {}).get(LATE_KEY, 0.0))
         self.ok.append(exception is None)
         self.name.append(self.names.setdefault(name, len(self.names)))
         self.code.append(self.codes.setdefault(status_of(exception), len(self.codes)))
@@ -61,6 +64,7 @@ class Recorder:
             "started": np.float64(started),
             "end_s": np.asarray(self.end, np.float64) - started,
             "ms": np.asarray(self.ms, np.float64),
+            "due_ms": np.asarray(self.due_ms, np.float64),
             "ok": np.asarray(self.ok, bool),
             "name": np.asarray(self.name, np.int16),
             "names": np.array(list(self.names) or [""]),

@@ -1,19 +1,22 @@
 """The result of a load-test run: its figures and SLO verdicts, as `summary.json`, `summary.md` and a console table.
 
-summary.json (latencies in ms, of successful calls as locust saw them; CPU % of one core; calls still in flight
-when the schedule ends, which return within the stop timeout, count overall, by name and in the last stage, whose
-rates are over the scheduled seconds; calls started after it, as locust changes its users only at its shape's tick,
-about once a second, count nowhere):
+summary.json (latencies in ms, of successful calls as locust saw them, from each call's send (`p99_ms`, ...) and from
+its due time (`p99_from_due_ms`, ...: a call a paced user sent late, behind a slow one, waited that long more; the
+SLO's latency checks read these); CPU % of one core; calls still in flight when the schedule ends, which return within
+the stop timeout, count overall, by name and in the last stage, whose rates are over the scheduled seconds; calls due
+after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
-  p50_ms, p95_ms, p99_ms, max_ms, error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;
+  p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms, late_calls
+  (successful calls sent after their due time), error_codes {gRPC status: failed calls}, server_cpu_pct,
+  locust_cpu_pct;
 - `by_name`: the call figures per request name (`Classify`, `Classify x8`, `ClassifyStream x8`, `ModelInfer`);
 - `stages`: per stage of the schedule: name, start_s, end_s, users, the call figures (a step's first
   `settle_s` left out), server_cpu_pct, locust_cpu_pct, generator_bound;
 - `series`: per second: t_s, users, requests_per_s (every call, failed ones too), failures_per_s, p50_ms, p95_ms,
-  p99_ms (null: no call);
+  p99_ms (from the send; null: no call);
 - `resources`: per process sample (twice a second): t_s, server_cpu_pct, locust_cpu_pct,
   server_rss_mb, requests_done;
 - `capacity` (step): the stage with the most successful requests/s within the SLO, else null;
@@ -31,11 +34,13 @@ from edgedistill.bench import slo
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.common import tables
 from edgedistill.common.cascade import describe
+from edgedistill.common.config.measure import SloConfig
 from edgedistill.loadtests import analysis
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan
 from rich.console import Console
 
+SLO_LATENCIES = ("p50_ms", "p95_ms", "p99_ms")
 RESULT_FILE = "summary.json"
 TABLES_FILE = "summary.md"
 GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more
@@ -54,6 +59,11 @@ def stage_figures(plan: Plan, samples: Samples, resources: Resources) -> list[di
     return figures
 
 
+def slo_figures(stats: dict) -> dict:
+    """`stats` with the latencies the SLO reads: those from each call's due time, in place of those from its send."""
+    return stats | {key: stats[analysis.from_due(key)] for key in SLO_LATENCIES}
+
+
 def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[str]:
     notes = []
     bound = [s["name"] for s in stages if s["generator_bound"]]
@@ -62,12 +72,12 @@ def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[s
             f"locust used >= {GENERATOR_BOUND_CPU:g} % of its core in {', '.join(bound)}: "
             "there the load generator, not the server, limited the load"
         )
-    timed = [s for s in stages if s["p99_ms"] is not None]
+    timed = [s for s in stages if s["p99_from_due_ms"] is not None]
     if profile == "step" and capacity is None and timed:
-        best = min(timed, key=lambda s: s["p99_ms"])
+        best = min(timed, key=lambda s: s["p99_from_due_ms"])
         notes.append(
-            f"no step met the SLO; the lowest p99 was {best['p99_ms']:.2f} ms, in {best['name']} "
-            f"at {best['requests_per_s']:.0f} requests/s"
+            f"no step met the SLO; the lowest p99 from the due time was {best['p99_from_due_ms']:.2f} ms, "
+            f"in {best['name']} at {best['requests_per_s']:.0f} requests/s"
         )
     if profile == "step" and capacity is not None:
         after = stages.index(capacity) + 1
@@ -78,25 +88,31 @@ def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[s
     return notes
 
 
+def capacity_of(stages: list[dict], slo_config: SloConfig) -> dict | None:
+    """The step (its figures) with the most requests/s within the SLO, its latencies from the due time."""
+    best = slo.capacity([slo_figures(stage) for stage in stages], slo_config)
+    return None if best is None else next(stage for stage in stages if stage["name"] == best["name"])
+
+
 def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, context: dict) -> dict:
     """Every figure and the SLO verdicts; `context` adds recipe, bundle, server, texts and machine."""
     settings = plan.settings
     duration = plan.duration_s
-    # Locust stops the users at its shape's first tick past the end, up to a second late: their calls started since
-    # would count against the scheduled seconds.
-    samples = samples.started_before(duration)
+    # Only calls due within the schedule count: a paced user sends no other, but locust lets a user call until its
+    # shape's first tick past the end, up to a second late.
+    samples = samples.due_before(duration)
     returned = samples.between(0, math.inf)  # those in flight at the end too, which return within the stop timeout
     overall = analysis.call_stats(returned, duration, analysis.offered_rate(plan.stages))
     overall |= {f"{p}_cpu_pct": resources.cpu_pct(p, 0, duration) for p in ("server", "locust")}
     stages = stage_figures(plan, samples, resources)
     series = resources.series(samples, duration)
-    capacity = slo.capacity(stages, settings.slo) if plan.profile == "step" else None
+    capacity = capacity_of(stages, settings.slo) if plan.profile == "step" else None
     soak = plan.profile == "soak"
     growth = analysis.rss_growth_per_10k(series["requests_done"], series["server_rss_mb"]) if soak else None
     if plan.profile == "step":
         checks = [slo.capacity_verdict(capacity, settings.min_capacity_rps)]
     else:
-        checks = slo.check(overall, settings.slo)
+        checks = slo.check(slo_figures(overall), settings.slo)
     if soak and settings.max_rss_growth_mb_per_10k is not None:
         limit = settings.max_rss_growth_mb_per_10k
         checks.append(
@@ -124,7 +140,7 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
 
 def headline(result: dict) -> dict:
     """The manifest's metrics: overall call figures, capacity and RSS growth where measured, the verdict."""
-    keys = ("requests", "error_rate", "requests_per_s", "p50_ms", "p95_ms", "p99_ms")
+    keys = ("requests", "error_rate", "requests_per_s", "p50_ms", "p95_ms", "p99_ms", "p99_from_due_ms")
     metrics = {key: result["overall"][key] for key in keys}
     if result["capacity"] is not None:
         metrics["capacity_rps"] = result["capacity"]["requests_per_s"]
@@ -141,6 +157,10 @@ COLUMNS = {  # figure -> column
     "p95_ms": "p95 ms",
     "p99_ms": "p99 ms",
     "max_ms": "max ms",
+    "p50_from_due_ms": "p50 ms due",
+    "p95_from_due_ms": "p95 ms due",
+    "p99_from_due_ms": "p99 ms due",
+    "late_calls": "late",
     "failures": "failures",
     "locust_cpu_pct": "locust CPU %",
     "server_cpu_pct": "server CPU %",
@@ -169,8 +189,30 @@ def heading(result: dict) -> str:
     )
 
 
+def _limit_value(limit: str) -> float | None:
+    """The number a verdict's limit text ends with ('<= 3', '>= 0.95', '0'); None for one without."""
+    try:
+        return float(limit.split()[-1])
+    except ValueError:
+        return None
+
+
+def _measured(verdict: dict) -> str:
+    """The verdict's measured figure as a cell, with as many more decimals as it takes not to print its limit's
+    number unless it is that number: 1 failed call in 12,000 is 0.0001, not 0.00 against <= 0."""
+    value, limit = verdict["measured"], _limit_value(verdict["limit"])
+    text = _cell(value)
+    if not isinstance(value, float) or limit is None or value == limit:
+        return text
+    decimals = len(text.partition(".")[2])
+    while float(text) == limit:
+        decimals += 1
+        text = f"{value:.{decimals}f}"
+    return text
+
+
 def verdict_rows(result: dict) -> list[list[str]]:
-    return tables.verdict_rows(result["checks"], _cell)
+    return tables.verdict_rows([v | {"measured": _measured(v)} for v in result["checks"]], str)
 
 
 def failures_line(stats: dict) -> str | None:
@@ -196,7 +238,11 @@ def markdown(result: dict) -> str:
     lines += markdown_results(["stage", *COLUMNS.values()], rows(result), ("check", verdict_rows(result)))
     if notes := extras(result):
         lines += ["", *(f"- {line}" for line in notes)]
-    lines += ["", "Latency of successful calls as locust saw them; CPU %: 100 = one core."]
+    lines += [
+        "",
+        "Latency of successful calls as locust saw them, from the send and (due) from the due time, which the SLO "
+        "reads; late: calls sent after their due time; CPU %: 100 = one core.",
+    ]
     return "\n".join(lines) + "\n"
 
 

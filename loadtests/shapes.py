@@ -2,7 +2,8 @@
 
 Each runs the stages `loadtests.plan.stages` gives for the plan's settings (see `common.config.measure`):
 smoke, steady and soak hold `users` for `duration_s`; step adds `step_users` every `step_s`; spike
-jumps from `users` to `spike_users` and back. Locust calls `tick` about once a second.
+jumps from `users` to `spike_users` and back. Locust calls `tick` about once a second, so the settings refuse a stage
+shorter than that (`common.config.measure.SHAPE_TICK_S`).
 """
 
 from edgedistill.loadtests import plan

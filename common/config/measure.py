@@ -4,17 +4,29 @@ They change no bundle, so the recipe's hash leaves them out; each measurement's 
 from typing import Literal, get_args
 
 from edgedistill.common.config.strict import Overridden, Strict
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 Scenario = Literal["single", "batch", "stream", "kserve"]
 Profile = Literal["smoke", "steady", "step", "spike", "soak"]
 DEFAULT_SCENARIOS = {"single": 1}
+SHAPE_TICK_S = 1.0  # locust asks a load shape for its users about once a second
+
+
+def _lasts_a_tick(seconds: float, info: ValidationInfo) -> float:
+    """A stage of a stepped or spiked load: one shorter than the shape's tick may never run."""
+    if seconds < SHAPE_TICK_S:
+        raise ValueError(
+            f"{info.field_name}={seconds:g} is shorter than the {SHAPE_TICK_S:g}-second tick at which locust changes "
+            f"the users: a stage that short may never run; set {info.field_name} >= {SHAPE_TICK_S:g}"
+        )
+    return seconds
 
 
 class SloConfig(Strict):
     """What a load-test run (or, for `step`, each step) must meet; a null threshold is not checked.
 
-    Latencies are those of successful calls as the load generator saw them, in ms.
+    Latencies are those of successful calls as the load generator saw them, in ms; a load test's from each call's due
+    time (`loadtests.pacing`).
     """
 
     p50_ms: float | None = Field(None, gt=0, description="median call latency")
@@ -76,10 +88,12 @@ class StepLoad(LoadProfile):
     users: int = Field(10, ge=1, description="users in the first step")
     step_users: int = Field(10, ge=1)
     steps: int = Field(10, ge=1)
-    step_s: float = Field(10.0, gt=0)
+    step_s: float = 10.0
     settle_s: float = Field(2.0, ge=0, description="seconds at the start of each step left out of its figures")
     user_rate: float = Field(20.0, gt=0, description="calls/s per user")
     min_capacity_rps: float | None = Field(None, gt=0, description="fail the run when capacity is below this")
+
+    _stages_last_a_tick = field_validator("step_s")(_lasts_a_tick)
 
     @model_validator(mode="after")
     def _settles_within_step(self):
@@ -94,9 +108,11 @@ class SpikeLoad(LoadProfile):
     users: int = Field(10, ge=1)
     spike_users: int = Field(50, ge=1)
     user_rate: float = Field(20.0, gt=0, description="calls/s per user")
-    before_s: float = Field(20.0, gt=0)
-    spike_s: float = Field(10.0, gt=0)
-    after_s: float = Field(20.0, gt=0)
+    before_s: float = 20.0
+    spike_s: float = 10.0
+    after_s: float = 20.0
+
+    _stages_last_a_tick = field_validator("before_s", "spike_s", "after_s")(_lasts_a_tick)
 
     @model_validator(mode="after")
     def _spikes(self):

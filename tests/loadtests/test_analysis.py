@@ -12,18 +12,21 @@ from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan, Stage
-from edgedistill.loadtests.recorder import Recorder
+from edgedistill.loadtests.recorder import LATE_KEY, Recorder
 from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import step
 
 
-def samples(end_s, ms, ok=None) -> Samples:
+def samples(end_s, ms, ok=None, due_ms=None) -> Samples:
+    """Calls of one name; each sent on time unless `due_ms` (latency from the due time) says otherwise."""
     end_s, ms = np.asarray(end_s, float), np.asarray(ms, float)
+    due_ms = ms if due_ms is None else np.asarray(due_ms, float)
     ok = np.ones(len(ms), bool) if ok is None else np.asarray(ok, bool)
     codes = np.where(ok, 0, 1).astype(np.int16)
-    return Samples(end_s, ms, ok, np.zeros(len(ms), np.int16), ["Classify"], codes, ["OK", "UNAVAILABLE"], 0.0)
+    name = np.zeros(len(ms), np.int16)
+    return Samples(end_s, ms, due_ms, ok, name, ["Classify"], codes, ["OK", "UNAVAILABLE"], 0.0)
 
 
 def test_call_stats_count_failures_but_time_only_successes():
@@ -78,6 +81,20 @@ def test_recorder_round_trip(tmp_path):
     assert loaded.started > 0
 
 
+def test_recorder_keeps_each_calls_latency_from_its_due_time(tmp_path):
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.25, exception=None, context={LATE_KEY: 40.0})
+    recorder.on_request(name="Classify", response_time=2.0, exception=None, context={})
+    recorder.on_quitting()
+    assert Samples.load(tmp_path / "requests.npz").due_ms.tolist() == [41.25, 2.0]
+
+
+def test_call_stats_time_calls_sent_late_from_their_due_time():
+    stats = analysis.call_stats(samples([0.1, 0.2, 0.3, 0.4], [1.0] * 4, due_ms=[1.0, 1.0, 31.0, 11.0]), 1.0)
+    assert (stats["max_ms"], stats["max_from_due_ms"], stats["late_calls"]) == (1.0, 31.0, 2)
+
+
 STEPPED_BACK = 1.0e9 - 3600.0  # the wall clock an hour behind where it stood at the start: an NTP step
 
 
@@ -125,11 +142,17 @@ def test_samples_saved_without_statuses_still_load(tmp_path):
     assert loaded.error_codes() == {"unknown": 1}
 
 
+def test_samples_saved_without_due_times_time_every_call_from_its_send(tmp_path):
+    columns = {"end_s": [0.1, 0.2], "ms": [1.0, 2.0], "ok": [True, True], "name": np.zeros(2, np.int16)}
+    np.savez(tmp_path / "requests.npz", started=1.0, names=["Classify"], **columns)
+    assert Samples.load(tmp_path / "requests.npz").due_ms.tolist() == [1.0, 2.0]
+
+
 def test_notes_say_when_the_load_generator_is_the_limit():
     stages = [
-        step(200, 1.0) | {"name": "step 1", "generator_bound": False},
-        step(400, 2.0) | {"name": "step 2", "generator_bound": False},
-        step(500, 9.0) | {"name": "step 3", "generator_bound": True},
+        step(200, 1.0) | {"name": "step 1", "generator_bound": False, "p99_from_due_ms": 1.0},
+        step(400, 2.0) | {"name": "step 2", "generator_bound": False, "p99_from_due_ms": 2.0},
+        step(500, 9.0) | {"name": "step 3", "generator_bound": True, "p99_from_due_ms": 9.5},
     ]
     notes = result.notes_for(stages, stages[1], "step")
     assert notes[0].startswith("locust used >= 90 % of its core in step 3")
@@ -137,7 +160,9 @@ def test_notes_say_when_the_load_generator_is_the_limit():
     assert result.notes_for(stages[:2], stages[1], "step") == [
         "every step met the SLO: capacity is a lower bound (add steps)"
     ]
-    assert result.notes_for(stages[2:], None, "step")[1].startswith("no step met the SLO; the lowest p99 was 9.00 ms")
+    assert result.notes_for(stages[2:], None, "step")[1].startswith(
+        "no step met the SLO; the lowest p99 from the due time was 9.50 ms"
+    )
 
 
 def test_latencies_by_name_keep_the_successful_calls_of_each_name(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from edgedistill.common.config.measure import LoadtestConfig, Scenario
+from edgedistill.common.config.measure import LoadtestConfig, Scenario, SpikeLoad
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.loadtests import __main__ as loadtests_main
 from edgedistill.loadtests import plan
@@ -64,6 +64,11 @@ def test_bad_loadtest_settings_are_named(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + "loadtest: {smoke: {scenarios: {sing: 1}}}\n"))
     with pytest.raises(RecipeError, match=r"loadtest\.spike"):
         load_recipe(write(tmp_path, MINIMAL + "loadtest: {spike: {users: 5, spike_users: 5}}\n"))
+
+
+def test_a_stage_shorter_than_the_shapes_tick_is_refused_naming_its_key():
+    with pytest.raises(ValueError, match=r"spike_s=0\.3 is shorter than the 1-second tick"):
+        SpikeLoad(before_s=20.6, spike_s=0.3)
 
 
 def test_loadtest_section_leaves_artifact_hashes_alone(tmp_path):
