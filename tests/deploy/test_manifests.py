@@ -126,6 +126,12 @@ def test_termination_grace_covers_the_drain():
     assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain + STOP_MARGIN_S
 
 
+def test_a_workers_start_timeout_is_the_startup_probes_budget():
+    container = serve_container(only("Deployment"))
+    probe = container["startupProbe"]
+    assert container_settings(container).start_timeout_s == probe["periodSeconds"] * probe["failureThreshold"]
+
+
 def test_services_expose_grpc_and_metrics():
     deployment = only("Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
