@@ -7,6 +7,11 @@ RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
 TEST_WORKERS ?= auto
+# RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
+# RUNS_DIR given on make's command line wins over both.
+ifeq ($(origin RUNS_DIR),environment)
+RUNS_DIR := $(or $(EDGEDISTILL_RUNS_DIR),$(RUNS_DIR))
+endif
 RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv

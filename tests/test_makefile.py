@@ -436,3 +436,17 @@ def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "FutureWarning" not in result.stderr
+
+
+def test_runs_dir_in_the_environment_gives_way_to_its_new_name_set_beside_it():
+    env = os.environ | {"RUNS_DIR": "old", "EDGEDISTILL_RUNS_DIR": "new"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "--bundle new/smoke/" in result.stdout
+
+
+def test_runs_dir_on_the_command_line_wins_over_both_names_in_the_environment():
+    env = os.environ | {"RUNS_DIR": "old", "EDGEDISTILL_RUNS_DIR": "new"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml", "RUNS_DIR=given"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "--bundle given/smoke/" in result.stdout
