@@ -283,8 +283,8 @@ class Supervisor:
                         self._read_reports(key.data)
                 while received:
                     self._on_signal(received.pop(0))
-                self._time_out_starts()
                 self._reap()
+                self._time_out_starts()
                 if not announced and not self.stopping and all(w.serving for w in self.workers):
                     announced = True
                     log.info(
