@@ -1,9 +1,9 @@
 # The serving image (CPU): edgedistill installed with its `serve` and `cpu` extras (ONNX Runtime), no torch.
 #
 #   docker build -t edgedistill-serve .                      # the bundle is mounted at /models/bundle
-#   docker run -p 50051:50051 -v "$PWD/runs/sst2/bundle-cnn-small-folded:/models/bundle:ro" edgedistill-serve
+#   docker run --stop-timeout 25 -p 50051:50051 -v "$PWD/runs/sst2/bundle-cnn-small-folded:/models/bundle:ro" edgedistill-serve
 #   docker build --target baked --build-arg BUNDLE=runs/sst2/bundle-cnn-small-folded \
-#       -t edgedistill-serve:bundle-cnn-small-folded .            # the bundle baked in
+#       -t edgedistill-serve:bundle-cnn-small-folded-VERSION .    # baked in; VERSION: its content version
 #
 # Without a registry, build FROM the local base that deploy/base-image.sh makes:
 #   podman build --isolation chroot --format docker --build-arg BASE=localhost/edgedistill-base:bookworm .

@@ -7,6 +7,11 @@ RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
 TEST_WORKERS ?= auto
+# RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
+# RUNS_DIR given on make's command line wins over both.
+ifeq ($(origin RUNS_DIR),environment)
+RUNS_DIR := $(or $(EDGEDISTILL_RUNS_DIR),$(RUNS_DIR))
+endif
 RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
 PYTHON   ?= python3
 VENV     := .venv
@@ -193,8 +198,10 @@ soak: $(STAMP)  ## the long soak on BUNDLE (10 min at 200/s in the default recip
 
 IMAGE      ?= edgedistill-serve
 BASE_IMAGE ?= localhost/edgedistill-base:bookworm
-# BAKE=1 bakes BUNDLE into the image (tagged with the bundle folder's name); otherwise the
-# bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would build the image without it.
+# BAKE=1 bakes BUNDLE into the image, tagged <bundle folder>-<content version> (the version GetModelInfo reports,
+# read once): a bundle built again with other weights gets a new tag, which a Deployment's image must name for the new
+# model to roll out. Otherwise the bundle is mounted at /models/bundle at run time. Another value (BAKE=yes) would
+# build the image without it.
 $(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into the image, BAKE=0 or none mounts it at run time))
 # The Dockerfile copies a baked bundle from the build context, this folder, which lets in runs/<recipe>/bundle-<id>/
 # alone (.dockerignore): BAKED is BUNDLE there, however it is written (absolute, ./, a trailing /), and empty for a
@@ -202,7 +209,8 @@ $(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into th
 ifeq ($(BAKE),1)
 IN_CONTEXT  = $(patsubst $(CURDIR)/%,%,$(realpath $(BUNDLE)))
 BAKED       = $(if $(and $(filter runs/%,$(IN_CONTEXT)),$(filter 3,$(words $(subst /, ,$(IN_CONTEXT)))),$(filter bundle-%,$(notdir $(IN_CONTEXT)))),$(IN_CONTEXT))
-IMAGE_TAG   = $(IMAGE):$(notdir $(patsubst %/,%,$(BUNDLE)))
+BUNDLE_VERSION = $(eval BUNDLE_VERSION := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.bundle import load_bundle; print(load_bundle(sys.argv[1], verify=False).spec.version)" '$(BUNDLE)'))$(BUNDLE_VERSION)
+IMAGE_TAG   = $(IMAGE):$(notdir $(patsubst %/,%,$(BUNDLE)))-$(BUNDLE_VERSION)
 IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BAKED)
 else
 IMAGE_TAG   = $(IMAGE):latest
@@ -215,6 +223,7 @@ base-image:  ## a local Debian bookworm base image for podman (debootstrap + pod
 image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
 	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
 	$(if $(filter 1,$(BAKE)),$(if $(BAKED),,@echo "BAKE=1: $(BUNDLE) is outside the build context, which takes a bundle from runs/<recipe>/bundle-<id> in $(CURDIR) only: copy it there and pass that as BUNDLE, or mount it at run time (BAKE=0)" >&2; exit 2))
+	$(if $(filter 1,$(BAKE)),$(if $(BUNDLE_VERSION),,@echo "BAKE=1: $(BUNDLE) does not load as a bundle (the line above says why), so there is no content version to tag its image with: build it again (make bundles RECIPE=$(RECIPE))" >&2; exit 2))
 	@if docker info >/dev/null 2>&1; then \
 	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	else \

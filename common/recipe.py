@@ -44,8 +44,9 @@ UNHASHED = ("runtime", "bench", "loadtest", "tracking")  # sections that change 
 
 class Recipe(Strict):
     name: RunName = Field(
-        description=f"the run folder's name, `runs/<name>/`: {RUN_NAME_RULE} (default: the recipe file's, without "
-        "`.yaml`)"
+        description=f"the run folder's name, `runs/<name>/`: {RUN_NAME_RULE}",
+        # not a default of the model: load_recipe fills it in from the file name where the recipe has none
+        json_schema_extra={"default_from": "the recipe file's name, without `.yaml`"},
     )
     data: DataConfig
     model: ModelConfig = ModelConfig()

@@ -148,6 +148,13 @@ class Settings(BaseModel):
         "off: such a bundle is refused, naming the requested and active providers; refused where every model is a "
         "TensorRT engine, which runs on its GPU or not at all",
     )
+    start_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="under a supervisor (WORKERS above 1), a worker that has not loaded and warmed up its model within "
+        "this many seconds of its start (a hung mount, a stuck GPU) is killed, and the supervisor stops as for a "
+        "worker that exited before it served; the default is the startup probe's budget in deploy/k8s (60 x 2 s)",
+    )
     shutdown_grace_s: float = Field(10.0, ge=0, description="how long in-flight calls may finish on SIGTERM")
     batch_timeout_s: float = Field(
         30.0,

@@ -8,7 +8,8 @@ multiprocess mode (a fresh folder per start, `PROMETHEUS_MULTIPROC_DIR` for the 
 SIGINT drain every worker, SIGHUP reloads every worker, and so does a Reload call (without a path) that reached one.
 
 A worker that exits on its own (a batcher fault, a crash) is restarted; the others keep serving meanwhile.
-A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), or
+A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), one that has
+not served within START_TIMEOUT_S of its start (killed: it hangs in its model's load or warm-up), or
 more than RESTARTS_PER_MINUTE restarts a minute, stop the supervisor: it drains the rest and exits with
 that worker's status, for the orchestrator to take over; so does a worker that cannot be restarted for want of a
 process (EAGAIN under a pids limit, EMFILE), with EXIT_NO_PROCESS. Workers die with the supervisor (Linux's
@@ -179,6 +180,7 @@ class Worker:
     index: int
     proc: subprocess.Popen
     reports: BinaryIO  # the read end of its report pipe
+    start_deadline: float  # time.monotonic() by which it must serve (START_TIMEOUT_S after its start)
     serving: bool = False
     reload_due: bool = False  # a SIGHUP came before it served: it gets one once it does
     buffer: bytes = field(default=b"")
@@ -235,7 +237,7 @@ class Supervisor:
         finally:
             os.close(write)
         reports = os.fdopen(read, "rb", buffering=0)
-        worker = Worker(index, proc, reports)
+        worker = Worker(index, proc, reports, time.monotonic() + self.settings.start_timeout_s)
         self.selector.register(reports, selectors.EVENT_READ, worker)
         self.workers.append(worker)
         log.info(
@@ -282,6 +284,7 @@ class Supervisor:
                 while received:
                     self._on_signal(received.pop(0))
                 self._reap()
+                self._time_out_starts()
                 if not announced and not self.stopping and all(w.serving for w in self.workers):
                     announced = True
                     log.info(
@@ -351,6 +354,29 @@ class Supervisor:
         for worker in self.workers:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGTERM)
+
+    def _time_out_starts(self) -> None:
+        """Kill (SIGKILL) a worker that has not served by its start deadline and stop, as for one that exited before it
+        served: hung in its model's load or warm-up (a hung mount, a stuck GPU), it would hold its share of the port's
+        capacity for good. The supervisor stops at once, for a worker that SIGKILL cannot end yet (a mount's wait)."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.serving or now < worker.start_deadline:
+                continue
+            log.error(
+                "worker %d (pid %d) did not serve within %g s of its start, killed; raise EDGEDISTILL_START_TIMEOUT_S "
+                "if its model takes longer to load and warm up",
+                worker.index,
+                worker.proc.pid,
+                self.settings.start_timeout_s,
+                extra={"event": "worker_start_timeout", "worker": worker.index, "worker_pid": worker.proc.pid,
+                       "start_timeout_s": self.settings.start_timeout_s},
+            )  # fmt: skip
+            worker.proc.kill()
+            self._stop(shell_status(-signal.SIGKILL), f"worker {worker.index} did not serve within START_TIMEOUT_S")
+            return
 
     def _reap(self) -> None:
         for worker in list(self.workers):

@@ -122,7 +122,8 @@ def description(info: FieldInfo) -> str:
 
 def defaults_of(model: type[BaseModel]) -> dict[str, str]:
     """Field -> its default as written in the docs; a model valid without keys gives its effective defaults
-    (presets applied by its validators), otherwise each field's own default or `(required)`."""
+    (presets applied by its validators), otherwise each field's own default, where its value comes from when none is
+    given (`default_from`, e.g. the recipe's name, from its file's), or `(required)`."""
     try:
         instance = model.model_validate({})
     except ValidationError:
@@ -132,7 +133,7 @@ def defaults_of(model: type[BaseModel]) -> dict[str, str]:
         if instance is not None:
             out[name] = value(getattr(instance, name))
         elif info.is_required():
-            out[name] = "(required)"
+            out[name] = (info.json_schema_extra or {}).get("default_from", "(required)")
         else:
             out[name] = value(info.get_default(call_default_factory=True))
     return out

@@ -1,6 +1,7 @@
 """The Makefile's targets as `make -n` prints them: which folders they take from the recipe."""
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from edgedistill.common.settings import MEASURED_SETTINGS
 from edgedistill.serve.settings import env_name
 
 from tests.conftest import ROOT
+from tests.serve.conftest import write_bundle
 
 
 def make_dry_run(tmp_path, *args: str) -> str:
@@ -392,9 +394,36 @@ def test_make_image_bakes_a_bundle_of_the_build_context_named_by_its_absolute_pa
     assert "--build-arg BUNDLE=runs/r/bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
 
 
-def test_make_image_tags_a_bundle_given_with_a_trailing_slash_with_its_folders_name(checkout):
-    bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
-    assert "-t edgedistill-serve:bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}/").stdout
+@pytest.fixture
+def installed(checkout):
+    """`checkout` whose .venv holds this project, as `make setup` leaves it: this interpreter's environment."""
+    venv = Path(sys.prefix)
+    (checkout / ".venv" / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (checkout / ".venv" / "lib").symlink_to(venv / "lib")
+    return checkout
+
+
+def baked_tag(checkout, bundle) -> str:
+    """The tag `make image BAKE=1` gives `bundle`."""
+    return re.search(r" -t (\S+) ", make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout)[1]
+
+
+def test_make_image_tags_a_bundle_given_with_a_trailing_slash_with_its_folders_name_and_content_version(installed):
+    bundle = write_bundle(installed / "runs" / "r" / "bundle-b", version="0123abcd")
+    assert baked_tag(installed, f"{bundle}/") == "edgedistill-serve:bundle-b-0123abcd"
+
+
+def test_make_image_tags_bundles_of_one_folder_name_and_other_contents_apart(installed):
+    first = write_bundle(installed / "runs" / "r" / "bundle-b", version="0123abcd")
+    retrained = write_bundle(installed / "runs" / "q" / "bundle-b", version="4567ef01")
+    assert baked_tag(installed, first) != baked_tag(installed, retrained)
+
+
+def test_make_image_refuses_to_bake_a_bundle_that_does_not_load(installed):
+    bundle = finished_bundle(installed / "runs" / "r" / "bundle-b")
+    assert (
+        "no content version to tag its image with" in make_in(installed, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+    )
 
 
 def test_make_image_refuses_to_bake_a_bundle_outside_the_build_context(checkout, tmp_path_factory):
@@ -407,3 +436,17 @@ def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "FutureWarning" not in result.stderr
+
+
+def test_runs_dir_in_the_environment_gives_way_to_its_new_name_set_beside_it():
+    env = os.environ | {"RUNS_DIR": "old", "EDGEDISTILL_RUNS_DIR": "new"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "--bundle new/smoke/" in result.stdout
+
+
+def test_runs_dir_on_the_command_line_wins_over_both_names_in_the_environment():
+    env = os.environ | {"RUNS_DIR": "old", "EDGEDISTILL_RUNS_DIR": "new"}
+    command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml", "RUNS_DIR=given"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "--bundle given/smoke/" in result.stdout

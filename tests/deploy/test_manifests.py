@@ -126,6 +126,12 @@ def test_termination_grace_covers_the_drain():
     assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain + STOP_MARGIN_S
 
 
+def test_a_workers_start_timeout_is_the_startup_probes_budget():
+    container = serve_container(only("Deployment"))
+    probe = container["startupProbe"]
+    assert container_settings(container).start_timeout_s == probe["periodSeconds"] * probe["failureThreshold"]
+
+
 def test_services_expose_grpc_and_metrics():
     deployment = only("Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -255,6 +261,13 @@ def health_command(dockerfile: str) -> list[str]:
     return json.loads(health[health.index("CMD ") + len("CMD ") :])
 
 
+def image_env(dockerfile: str) -> dict[str, str]:
+    """The variables the Dockerfile's ENV instructions set."""
+    return dict(
+        pair.split("=", 1) for word, rest in instructions(dockerfile) if word == "ENV" for pair in shlex.split(rest)
+    )
+
+
 def last(items: list[tuple[str, str]], keyword: str) -> str:
     values = [rest for word, rest in items if word == keyword]
     assert values, f"no {keyword}"
@@ -285,7 +298,7 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
     assert {GRPC_PORT, METRICS_PORT} <= exposed
     assert json.loads(last(items, "ENTRYPOINT")) == ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
     assert health_command(dockerfile) == HEALTHCHECK
-    env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))
+    env = image_env(dockerfile)
     settings = load_settings(
         [], environ={name: value for name, value in env.items() if name.startswith("EDGEDISTILL_")}
     )
@@ -294,8 +307,7 @@ def test_dockerfile_ports_entrypoint_health_and_bundle(dockerfile):
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfile_health_check_asks_a_health_port_of_its_own(dockerfile):
-    items = instructions(dockerfile)
-    env = dict(pair.split("=", 1) for word, rest in items if word == "ENV" for pair in shlex.split(rest))
+    env = image_env(dockerfile)
     health_port = load_settings([], environ={"EDGEDISTILL_HEALTH_PORT": env["EDGEDISTILL_HEALTH_PORT"]}).health_port
     assert health_port == HEALTH_PORT
 
@@ -304,6 +316,23 @@ def test_dockerfile_health_check_asks_a_health_port_of_its_own(dockerfile):
 def test_dockerfile_exposes_the_health_port(dockerfile):
     exposed = {int(port.split("/")[0]) for port in last(instructions(dockerfile), "EXPOSE").split()}
     assert HEALTH_PORT in exposed
+
+
+def test_the_gpu_image_runs_a_set_number_of_workers():
+    workers = load_settings([], environ={"EDGEDISTILL_WORKERS": image_env("Dockerfile.gpu")["EDGEDISTILL_WORKERS"]})
+    assert workers.workers >= 1, "WORKERS=0 counts host cores and memory, not the GPU's: a CUDA context per worker"
+
+
+def test_the_gpu_image_makes_its_engine_cache_owned_by_its_user():
+    uid, gid = last(instructions("Dockerfile.gpu"), "USER").split(":")
+    made = ["install", "-d", "--owner", uid, "--group", gid, image_env("Dockerfile.gpu")["EDGEDISTILL_TRT_CACHE"]]
+    commands = [
+        shlex.split(command)
+        for word, rest in instructions("Dockerfile.gpu")
+        if word == "RUN"
+        for command in rest.split("&&")
+    ]
+    assert made in commands, "a new named volume at EDGEDISTILL_TRT_CACHE takes the owner of the image's folder"
 
 
 def pyproject() -> dict:

@@ -559,3 +559,32 @@ def test_a_worker_process_that_cannot_be_made_leaves_no_descriptor_open(bundle, 
     after = sorted(os.listdir("/proc/self/fd"))
     supervisor._close()
     assert after == before
+
+
+@pytest.fixture
+def worker_that_never_serves(bundle, temp_root, monkeypatch, caplog):
+    """A supervisor (START_TIMEOUT_S 1 s) of one worker that sleeps instead of loading its model, as one hung in a
+    mount's read: (its exit status, the seconds it ran, its log records)."""
+    settings = Settings(bundle=bundle, host="127.0.0.1", port=0, metrics_port=None, start_timeout_s=1)
+    supervisor = workers.Supervisor(settings, [], 1)
+    monkeypatch.setattr(supervisor, "_command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
+    began = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="serve"):
+        status = supervisor.run()
+    return status, time.monotonic() - began, caplog.records
+
+
+def test_a_worker_that_never_serves_stops_the_supervisor_with_a_failure_status(worker_that_never_serves):
+    status, _, _ = worker_that_never_serves
+    assert status == 128 + signal.SIGKILL
+
+
+def test_a_worker_that_never_serves_is_killed_soon_after_the_start_timeout(worker_that_never_serves):
+    _, seconds, _ = worker_that_never_serves
+    assert seconds < 10
+
+
+def test_a_worker_that_never_serves_is_logged_naming_the_start_timeout_setting(worker_that_never_serves):
+    _, _, records = worker_that_never_serves
+    (timeout,) = [record for record in records if getattr(record, "event", None) == "worker_start_timeout"]
+    assert "EDGEDISTILL_START_TIMEOUT_S" in timeout.getMessage()
