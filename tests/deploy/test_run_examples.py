@@ -1,5 +1,5 @@
-"""The `docker run` / `podman run` examples of the server (docs/deploy.md, the Dockerfiles' usage lines) give it its
-whole drain before the engine's SIGKILL."""
+"""The `docker run` / `podman run` examples of the server (README.md, docs/deploy.md, the Dockerfiles' usage lines)
+give it its whole drain before the engine's SIGKILL."""
 
 import re
 
@@ -27,7 +27,11 @@ def markdown_code(text: str) -> list[str]:
 
 def server_runs() -> list[str]:
     """The examples that run the server: those that publish its gRPC port."""
-    code = markdown_code((ROOT / "docs" / "deploy.md").read_text(encoding="utf-8"))
+    code = [
+        line
+        for page in ("README.md", "docs/deploy.md")
+        for line in markdown_code((ROOT / page).read_text(encoding="utf-8"))
+    ]
     code += [
         line.lstrip("# ")
         for name in ("Dockerfile", "Dockerfile.gpu")
@@ -37,7 +41,7 @@ def server_runs() -> list[str]:
 
 
 def test_the_deploy_page_and_the_dockerfiles_have_server_run_examples():
-    assert len(server_runs()) >= 4
+    assert len(server_runs()) >= 5
 
 
 @pytest.mark.parametrize("example", server_runs())
