@@ -19,10 +19,11 @@ export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 # Make ignores a variable it has no use for: `make all RECPIE=recipes/smoke.yaml` (or recipe=) would run the default
 # recipe for an hour. One given on the command line that is near one of these in any case, but is none of them, stops
 # make, naming the one meant; any other (EDGEDISTILL_DEVICE=cpu, OMP_NUM_THREADS=2, or PYTHONPATH, which extends a
-# name by more than a typo would) passes on to the commands' environment.
+# name by more than a typo would) passes on to the commands' environment. GIVEN takes the names whose origin is the
+# command line: MAKEOVERRIDES escapes the spaces of a value (TEXT=a\ pair\ of), so its words are not definitions.
 VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX BUNDLE PORT TEXT PAIR CASCADE SERVE_BENCH_ARGS \
   PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
-GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach word,$(MAKEOVERRIDES),$(firstword $(subst =, ,$(word))))))
+GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))))
 MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name.upper(), known, 1, 0.75)] if near and not (name.upper().startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
 

@@ -407,3 +407,7 @@ def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "FutureWarning" not in result.stderr
+
+
+def test_a_value_of_several_words_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=a pair of fine images")
