@@ -125,7 +125,8 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 	$(ED) bench models $(RECIPE)
 
 # The recipe's name (its `name:`, else the file's) and export.deploy, read once when a target needs them; a recipe
-# that does not load prints its error (one line), and then make stops where it needs the deployed bundle. It reads the
+# that does not load prints its error (one line), and then make stops where it needs the deployed bundle, and clean at
+# once (the fallback, the file's name, is none for RECIPE= or a folder, and RUN would be every run). It reads the
 # recipe as the targets' commands do, with EDGEDISTILL_RUNS_DIR set (make before 4.4 exports none to $(shell)), so
 # a RUNS_DIR given in the environment is not read as that variable's old name.
 RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
@@ -286,6 +287,7 @@ format: $(STAMP)  ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff format .
 
 clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
+	$(if $(word 1,$(RECIPE_INFO)),,$(error RECIPE=$(RECIPE) does not load (the error above says why), so make clean has no run to remove: pass RECIPE=<recipe file> of the run, or remove its folder in $(RUNS_DIR) by hand))
 	@if [ "$(CONFIRM)" != 1 ]; then \
 	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer || echo; \
 	  [ "$$answer" = y ] || { echo "not removed (CONFIRM=1 removes it without asking)" >&2; exit 1; }; fi

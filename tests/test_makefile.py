@@ -411,3 +411,16 @@ def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():
 
 def test_a_value_of_several_words_passes(tmp_path):
     assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=a pair of fine images")
+
+
+def test_make_clean_of_a_recipe_that_does_not_load_stops_make(tmp_path):
+    (tmp_path / "sst2").mkdir()
+    command = ["make", "--no-print-directory", "clean", "RECIPE=", "CONFIRM=1", f"RUNS_DIR={tmp_path}"]
+    assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 2
+
+
+def test_make_clean_of_a_recipe_that_does_not_load_removes_no_run(tmp_path):
+    (tmp_path / "sst2").mkdir()
+    command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/", "CONFIRM=1", f"RUNS_DIR={tmp_path}"]
+    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "sst2").is_dir()
