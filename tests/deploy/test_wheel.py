@@ -35,11 +35,12 @@ READY_TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel, built without build isolation from a copy of the sources pyproject.toml names."""
+    """The wheel, built without build isolation from a copy of the sources pyproject.toml names (LICENSE among them,
+    as setuptools' license-files default)."""
     src = tmp_path_factory.mktemp("src")
     for folder in {path.split("/")[0] for path in SETUPTOOLS["package-dir"].values()}:
         subprocess.run(["cp", "-r", ROOT / folder, src / folder], check=True)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         (src / name).write_bytes((ROOT / name).read_bytes())
     out = tmp_path_factory.mktemp("dist")
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src)]
@@ -62,6 +63,10 @@ def test_wheel_holds_only_the_edgedistill_package(files):
 @pytest.mark.parametrize("package", SETUPTOOLS["packages"])
 def test_wheel_holds_every_package(files, package):
     assert f"{package.replace('.', '/')}/__init__.py" in files
+
+
+def test_wheel_holds_the_licence(files):
+    assert f"{DIST_INFO}/licenses/LICENSE" in files
 
 
 @pytest.mark.parametrize("path", PACKAGE_DATA)
