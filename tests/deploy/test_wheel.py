@@ -30,6 +30,14 @@ PACKAGE_DATA = [
     "edgedistill/loadtests/locustfile.py",
 ]
 RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
+# Every package folder (one with __init__.py) under the folders package-dir installs as packages, by its installed
+# name: what the wheel must hold, whether pyproject's `packages` lists it or not (the editable install finds it anyway).
+PACKAGES = sorted(
+    ".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+    for package, folder in SETUPTOOLS["package-dir"].items()
+    if "/" not in folder
+    for init in (ROOT / folder).rglob("__init__.py")
+)
 READY_TIMEOUT_S = 60
 
 
@@ -60,7 +68,11 @@ def test_wheel_holds_only_the_edgedistill_package(files):
     assert {name.split("/")[0] for name in files} == {"edgedistill", DIST_INFO}
 
 
-@pytest.mark.parametrize("package", SETUPTOOLS["packages"])
+def test_pyproject_lists_every_package_folder():
+    assert sorted(SETUPTOOLS["packages"]) == PACKAGES
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_wheel_holds_every_package(files, package):
     assert f"{package.replace('.', '/')}/__init__.py" in files
 
