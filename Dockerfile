@@ -17,7 +17,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 # The project's sources as pyproject.toml lays them out: pip builds its wheel and installs it with the
 # `serve,cpu` extras, under the serving pins of requirements-serve.txt (equal to those extras).
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY edgedistill/ /src/edgedistill/
 COPY common/ /src/common/
 COPY distill/ /src/distill/

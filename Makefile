@@ -24,10 +24,11 @@ export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 # Make ignores a variable it has no use for: `make all RECPIE=recipes/smoke.yaml` (or recipe=) would run the default
 # recipe for an hour. One given on the command line that is near one of these in any case, but is none of them, stops
 # make, naming the one meant; any other (EDGEDISTILL_DEVICE=cpu, OMP_NUM_THREADS=2, or PYTHONPATH, which extends a
-# name by more than a typo would) passes on to the commands' environment.
-VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX BUNDLE PORT TEXT PAIR CASCADE SERVE_BENCH_ARGS \
-  PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
-GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach word,$(MAKEOVERRIDES),$(firstword $(subst =, ,$(word))))))
+# name by more than a typo would) passes on to the commands' environment. GIVEN takes the names whose origin is the
+# command line: MAKEOVERRIDES escapes the spaces of a value (TEXT=a\ pair\ of), so its words are not definitions.
+VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX ORT BUNDLE PORT TEXT PAIR CASCADE \
+  SERVE_BENCH_ARGS PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
+GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))))
 MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name.upper(), known, 1, 0.75)] if near and not (name.upper().startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
 
@@ -54,7 +55,7 @@ help:  ## list the targets and the variables they take
 	@awk -F ':.*## ' '/^[a-z-]+:.*## / { name[++n] = $$1; text[n] = $$2; if (length($$1) > width) width = length($$1) } \
 	  END { for (i = 1; i <= n; i++) printf "%-" (width + 2) "s%s\n", name[i], text[i] }' $(MAKEFILE_LIST)
 	@echo; echo "variables (make TARGET NAME=value), each in docs/settings.md#make-variables:"; echo "$(VARIABLES)" | fold -s -w 100 | sed 's/^/  /'
-	@echo "PYTHON and TORCH_INDEX make .venv, once: given later with others, they stop make (rm -rf .venv, then make setup)"
+	@echo "PYTHON, TORCH_INDEX and ORT make .venv, once: given later with others, they stop make (rm -rf .venv, then make setup)"
 
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
@@ -76,10 +77,22 @@ VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.
 TORCH_INDEX ?= $(if $(VENV_TORCH_INDEX),$(patsubst [%],%,$(VENV_TORCH_INDEX)),https://download.pytorch.org/whl/cpu)
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
-# .venv is made once: PYTHON (its interpreter) and TORCH_INDEX (where its torch came from, recorded in the stamp) given
-# on the command line once .venv exists, other than its own, would do nothing, so they stop make, naming the fix (rm -rf
-# .venv, then make setup with them). Same interpreter: the same installation and version, however it is named; same
-# index: with or without a trailing /. PYTHON also makes peers-setup's and wheel-test's environments, whatever .venv's.
+# ONNX Runtime: ORT=cpu installs the cpu extra (onnxruntime), ORT=gpu the gpu extra (onnxruntime-gpu and TensorRT, whose
+# wheel comes from NVIDIA's index: pyproject.toml). The two wheels own the same folder and break each other, so where
+# the other one is installed (by hand) setup removes both before it installs its own whole. The stamp records ORT (cpu
+# in a stamp from before, when setup installed the cpu extra alone), and setup installs that one again after an edit of
+# pyproject.toml: onnxruntime never comes back over onnxruntime-gpu.
+VENV_ORT := $(if $(wildcard $(STAMP)),$(or $(shell sed -n 's/^ORT=//p' $(STAMP)),cpu))
+ORT      ?= $(or $(VENV_ORT),cpu)
+$(if $(filter-out cpu gpu,$(ORT))$(filter-out 1,$(words $(ORT))),$(error ORT=$(ORT): ORT=cpu installs ONNX Runtime for the CPU, ORT=gpu for NVIDIA GPUs (with TensorRT)))
+ORT_OTHER := $(if $(filter gpu,$(ORT)),onnxruntime,onnxruntime-gpu)
+ORT_INDEX := $(if $(filter gpu,$(ORT)),--extra-index-url https://pypi.nvidia.com)
+
+# .venv is made once: PYTHON (its interpreter), TORCH_INDEX (where its torch came from) and ORT (its ONNX Runtime), the
+# last two recorded in the stamp, given on the command line once .venv exists, other than its own, would do nothing, so
+# they stop make, naming the fix (rm -rf .venv, then make setup with them). Same interpreter: the same installation and
+# version, however it is named; same index: with or without a trailing /. PYTHON also makes peers-setup's and
+# wheel-test's environments, whatever .venv's.
 INTERPRETER := import sys; print(sys.base_prefix, "%d.%d.%d" % sys.version_info[:3])
 ifeq ($(origin PYTHON)$(filter peers-setup wheel-test,$(MAKECMDGOALS)),command line)
 ifneq ($(wildcard $(PY)),)
@@ -96,8 +109,9 @@ $(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $
 endif
 endif
 endif
+$(if $(and $(filter command line,$(origin ORT)),$(VENV_ORT),$(filter-out $(VENV_ORT),$(ORT))),$(error ORT=$(ORT) would do nothing: $(VENV)'s ONNX Runtime is the $(VENV_ORT) extra's, and make setup installs it once; rm -rf $(VENV), then make setup ORT=$(ORT), or leave ORT out))
 
-setup: $(STAMP)  ## make .venv and install the project for development: `.[cpu,dev]`, torch from TORCH_INDEX (CPU)
+setup: $(STAMP)  ## make .venv and install the project for development: `.[ORT,dev]` (ORT=cpu|gpu), torch from TORCH_INDEX (CPU)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -105,8 +119,9 @@ $(STAMP): pyproject.toml
 	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX) || \
 	  { echo "setup: no $(TORCH) from TORCH_INDEX=$(TORCH_INDEX); trying pip's configured indexes (TORCH_INDEX= goes there at once)" >&2; \
 	  $(PY) -m pip install --quiet '$(TORCH)'; })
-	$(PY) -m pip install --quiet -e '.[cpu,dev]'
-	printf 'TORCH_INDEX=%s\n' '$(TORCH_INDEX)' > $@
+	if $(PY) -m pip show --quiet $(ORT_OTHER) >/dev/null 2>&1; then $(PY) -m pip uninstall --quiet --yes onnxruntime onnxruntime-gpu; fi
+	$(PY) -m pip install --quiet -e '.[$(ORT),dev]' $(ORT_INDEX)
+	printf 'TORCH_INDEX=%s\nORT=%s\n' '$(TORCH_INDEX)' '$(ORT)' > $@
 
 pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` section)
 	$(LAUNCH) pretrain $(RECIPE)
@@ -129,7 +144,8 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 	$(ED) bench models $(RECIPE)
 
 # The recipe's name (its `name:`, else the file's) and export.deploy, read once when a target needs them; a recipe
-# that does not load prints its error (one line), and then make stops where it needs the deployed bundle. It reads the
+# that does not load prints its error (one line), and then make stops where it needs the deployed bundle, and clean at
+# once (the fallback, the file's name, is none for RECIPE= or a folder, and RUN would be every run). It reads the
 # recipe as the targets' commands do, with EDGEDISTILL_RUNS_DIR set (make before 4.4 exports none to $(shell)), so
 # a RUNS_DIR given in the environment is not read as that variable's old name.
 RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
@@ -294,6 +310,7 @@ format: $(STAMP)  ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff format .
 
 clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
+	$(if $(word 1,$(RECIPE_INFO)),,$(error RECIPE=$(RECIPE) does not load (the error above says why), so make clean has no run to remove: pass RECIPE=<recipe file> of the run, or remove its folder in $(RUNS_DIR) by hand))
 	@if [ "$(CONFIRM)" != 1 ]; then \
 	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer || echo; \
 	  [ "$$answer" = y ] || { echo "not removed (CONFIRM=1 removes it without asking)" >&2; exit 1; }; fi

@@ -22,6 +22,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 PYTHON=${PYTHON:-python3}
 READY_TIMEOUT=${READY_TIMEOUT:-60}
+# Every Python here imports only what its environment installed: a PYTHONPATH (at a checkout, say) would put its
+# edgedistill/ before the wheel's.
+unset PYTHONPATH
 
 say() { printf 'wheel-test: %s\n' "$*" >&2; }
 fail() {
@@ -84,7 +87,7 @@ s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])
 ')
 started=$EPOCHREALTIME
-env -u PYTHONPATH EDGEDISTILL_WORKERS=1 EDGEDISTILL_THREADS=1 \
+EDGEDISTILL_WORKERS=1 EDGEDISTILL_THREADS=1 \
   "$VPY" -m edgedistill.serve --bundle "$BUNDLE_DIR" --host 127.0.0.1 --port "$PORT" --metrics-port 0 \
   >"$WORK/server.log" 2>&1 &
 SERVER=$!
@@ -94,7 +97,7 @@ ready_s=$(seconds_since "$started")
 location=$("$VPY" -c 'import edgedistill, pathlib; print(pathlib.Path(edgedistill.__file__).parent)')
 [[ "$location" == "$WORK/venv/"* ]] || fail "edgedistill imports from $location, not from the installed wheel"
 
-label=$(env -u PYTHONPATH "$VPY" "$ROOT/deploy/classify_once.py" "127.0.0.1:$PORT") || fail "Classify"
+label=$("$VPY" "$ROOT/deploy/classify_once.py" "127.0.0.1:$PORT") || fail "Classify"
 
 # --- SIGTERM drains and exits 0 ---
 kill -TERM "$SERVER"

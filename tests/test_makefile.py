@@ -242,12 +242,13 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 @pytest.fixture
 def checkout(tmp_path):
-    """A folder whose .venv (this interpreter's) is current, its stamp recording torch from the CPU index."""
+    """A folder whose .venv (this interpreter's) is current, its stamp recording torch from the CPU index and ONNX
+    Runtime for the CPU."""
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     os.utime(tmp_path / "pyproject.toml", (0, 0))  # older than the stamp: setup is done
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
-    (tmp_path / ".venv" / ".installed").write_text(f"TORCH_INDEX={CPU_INDEX}\n")
+    (tmp_path / ".venv" / ".installed").write_text(f"TORCH_INDEX={CPU_INDEX}\nORT=cpu\n")
     return tmp_path
 
 
@@ -327,24 +328,30 @@ def test_a_venv_whose_stamp_records_no_torch_index_takes_any(checkout):
 
 def test_setup_records_the_torch_index_in_its_stamp(checkout):
     (checkout / ".venv" / ".installed").unlink()
-    assert "printf 'TORCH_INDEX=%s\\n' 'https://example.org/whl' > .venv/.installed" in (
+    assert "printf 'TORCH_INDEX=%s\\nORT=%s\\n' 'https://example.org/whl' 'cpu' > .venv/.installed" in (
         make_in(checkout, "setup", "TORCH_INDEX=https://example.org/whl").stdout
     )
 
 
-@pytest.fixture
-def offline_setup(checkout) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`make setup` in `checkout`, whose Python (a stub) installs anything but from an --index-url, as pip does on an
-    offline machine whose configured index is a local mirror; its result and the pip commands the stub was given."""
+def setup_with_stub_pip(checkout, failing: str = "''") -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make setup` in `checkout`, whose Python (a stub) succeeds at every command (pip finds any package installed)
+    but those matching the shell pattern `failing` (by default none); its result and the pip commands it was given."""
     calls = checkout / "calls"
     python = checkout / ".venv" / "bin" / "python"
     python.unlink()
-    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *--index-url*) exit 1;; esac\n')
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in {failing}) exit 1;; esac\n')
     python.chmod(0o755)
-    (checkout / ".venv" / ".installed").unlink()
     command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     return result, calls.read_text().splitlines()
+
+
+@pytest.fixture
+def offline_setup(checkout) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make setup` where pip installs anything but from an --index-url, as it does on an offline machine whose
+    configured index is a local mirror."""
+    (checkout / ".venv" / ".installed").unlink()
+    return setup_with_stub_pip(checkout, failing="*--index-url*")
 
 
 def test_setup_where_the_torch_index_fails_succeeds(offline_setup):
@@ -363,10 +370,11 @@ def test_setup_where_the_torch_index_fails_says_it_tries_pips_configured_indexes
 CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 
 
-def edited_after_setup(checkout, index: str):
-    """`checkout` with torch from `index` recorded in its stamp, and pyproject.toml edited since setup."""
+def edited_after_setup(checkout, index: str, ort: str = "cpu"):
+    """`checkout` with torch from `index` and ONNX Runtime for `ort` recorded in its stamp, and pyproject.toml edited
+    since setup."""
     stamp = checkout / ".venv" / ".installed"
-    stamp.write_text(f"TORCH_INDEX={index}\n")
+    stamp.write_text(f"TORCH_INDEX={index}\nORT={ort}\n")
     os.utime(stamp, (0, 0))
     os.utime(checkout / "pyproject.toml")
     return checkout
@@ -450,3 +458,75 @@ def test_runs_dir_on_the_command_line_wins_over_both_names_in_the_environment():
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml", "RUNS_DIR=given"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "--bundle given/smoke/" in result.stdout
+
+
+def test_a_value_of_several_words_passes(tmp_path):
+    assert "edgedistill call" in make_dry_run(tmp_path, "call", "TEXT=a pair of fine images")
+
+
+def test_make_clean_of_a_recipe_that_does_not_load_stops_make(tmp_path):
+    (tmp_path / "sst2").mkdir()
+    command = ["make", "--no-print-directory", "clean", "RECIPE=", "CONFIRM=1", f"RUNS_DIR={tmp_path}"]
+    assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 2
+
+
+def test_make_clean_of_a_recipe_that_does_not_load_removes_no_run(tmp_path):
+    (tmp_path / "sst2").mkdir()
+    command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/", "CONFIRM=1", f"RUNS_DIR={tmp_path}"]
+    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "sst2").is_dir()
+
+
+@pytest.fixture
+def gpu_setup(checkout) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`make setup` after an edit of pyproject.toml, on a .venv made with ORT=gpu where pip finds onnxruntime too."""
+    return setup_with_stub_pip(edited_after_setup(checkout, CPU_INDEX, ort="gpu"))
+
+
+def test_setup_after_an_edit_of_pyproject_installs_the_onnx_runtime_the_venv_records(gpu_setup):
+    assert "-m pip install --quiet -e .[gpu,dev] --extra-index-url https://pypi.nvidia.com" in gpu_setup[1]
+
+
+def test_setup_after_an_edit_of_pyproject_on_a_gpu_venv_installs_no_cpu_onnx_runtime(gpu_setup):
+    assert not [call for call in gpu_setup[1] if ".[cpu,dev]" in call]
+
+
+def test_setup_removes_both_onnx_runtimes_where_the_other_one_is_installed(gpu_setup):
+    assert "-m pip uninstall --quiet --yes onnxruntime onnxruntime-gpu" in gpu_setup[1]
+
+
+def test_setup_records_the_onnx_runtime_in_its_stamp(checkout, gpu_setup):
+    assert "ORT=gpu\n" in (checkout / ".venv" / ".installed").read_text()
+
+
+def test_an_onnx_runtime_other_than_the_venvs_stops_make(checkout):
+    assert make_in(checkout, "setup", "ORT=gpu").returncode == 2
+
+
+def test_an_onnx_runtime_other_than_the_venvs_names_the_venvs(checkout):
+    refusal = make_in(checkout, "setup", "ORT=gpu").stderr
+    assert "ORT=gpu would do nothing: .venv's ONNX Runtime is the cpu extra's" in refusal
+
+
+def test_an_onnx_runtime_other_than_the_venvs_says_how_to_make_the_venv_with_it(checkout):
+    refusal = make_in(checkout, "setup", "ORT=gpu").stderr
+    assert "rm -rf .venv, then make setup ORT=gpu, or leave ORT out" in refusal
+
+
+def test_the_venvs_onnx_runtime_passes(checkout):
+    assert make_in(checkout, "lint", "ORT=cpu").returncode == 0
+
+
+def test_a_venv_whose_stamp_records_no_onnx_runtime_has_the_cpu_one(checkout):
+    (checkout / ".venv" / ".installed").write_text(f"TORCH_INDEX={CPU_INDEX}\n")  # as setup left it, cpu alone
+    assert ".venv's ONNX Runtime is the cpu extra's" in make_in(checkout, "lint", "ORT=gpu").stderr
+
+
+def test_an_onnx_runtime_other_than_cpu_or_gpu_stops_make(checkout):
+    assert make_in(checkout, "lint", "ORT=cuda").returncode == 2
+
+
+def test_an_onnx_runtime_other_than_cpu_or_gpu_says_what_ort_takes(checkout):
+    assert "ORT=cuda: ORT=cpu installs ONNX Runtime for the CPU, ORT=gpu for NVIDIA GPUs" in (
+        make_in(checkout, "lint", "ORT=cuda").stderr
+    )

@@ -351,7 +351,8 @@ def build_stage(dockerfile: str) -> list[tuple[str, str]]:
 def test_dockerfile_copies_the_project_sources_and_pins(dockerfile):
     sources = {part for word, rest in build_stage(dockerfile) if word == "COPY" for part in rest.split()[:-1]}
     package_dirs = {folder.split("/")[0] for folder in pyproject()["tool"]["setuptools"]["package-dir"].values()}
-    assert sources == {f"{folder}/" for folder in package_dirs} | {"pyproject.toml", "README.md", IMAGES[dockerfile][1]}
+    project_files = {"pyproject.toml", "README.md", "LICENSE", IMAGES[dockerfile][1]}  # LICENSE: the wheel's licence
+    assert sources == {f"{folder}/" for folder in package_dirs} | project_files
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)

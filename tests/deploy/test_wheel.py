@@ -30,16 +30,25 @@ PACKAGE_DATA = [
     "edgedistill/loadtests/locustfile.py",
 ]
 RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
+# Every package folder (one with __init__.py) under the folders package-dir installs as packages, by its installed
+# name: what the wheel must hold, whether pyproject's `packages` lists it or not (the editable install finds it anyway).
+PACKAGES = sorted(
+    ".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+    for package, folder in SETUPTOOLS["package-dir"].items()
+    if "/" not in folder
+    for init in (ROOT / folder).rglob("__init__.py")
+)
 READY_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel, built without build isolation from a copy of the sources pyproject.toml names."""
+    """The wheel, built without build isolation from a copy of the sources pyproject.toml names (LICENSE among them,
+    as setuptools' license-files default)."""
     src = tmp_path_factory.mktemp("src")
     for folder in {path.split("/")[0] for path in SETUPTOOLS["package-dir"].values()}:
         subprocess.run(["cp", "-r", ROOT / folder, src / folder], check=True)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         (src / name).write_bytes((ROOT / name).read_bytes())
     out = tmp_path_factory.mktemp("dist")
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(src)]
@@ -59,9 +68,17 @@ def test_wheel_holds_only_the_edgedistill_package(files):
     assert {name.split("/")[0] for name in files} == {"edgedistill", DIST_INFO}
 
 
-@pytest.mark.parametrize("package", SETUPTOOLS["packages"])
+def test_pyproject_lists_every_package_folder():
+    assert sorted(SETUPTOOLS["packages"]) == PACKAGES
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_wheel_holds_every_package(files, package):
     assert f"{package.replace('.', '/')}/__init__.py" in files
+
+
+def test_wheel_holds_the_licence(files):
+    assert f"{DIST_INFO}/licenses/LICENSE" in files
 
 
 @pytest.mark.parametrize("path", PACKAGE_DATA)
