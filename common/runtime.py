@@ -52,8 +52,9 @@ MIN_TENSORRT_MAJOR = 10
 # illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
 GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
 GPU_HINT = (
-    "Install on a machine with an NVIDIA GPU and its driver: pip install '.[gpu]' (onnxruntime-gpu, tensorrt and "
-    "cuda-python); uninstall onnxruntime first, since onnxruntime and onnxruntime-gpu must not be installed together."
+    "Install on a machine with an NVIDIA GPU and its driver: make setup ORT=gpu in a checkout, else pip install "
+    "'.[gpu]' (onnxruntime-gpu, tensorrt and cuda-python) after uninstalling onnxruntime, since onnxruntime and "
+    "onnxruntime-gpu must not be installed together."
 )
 
 
