@@ -120,7 +120,7 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.heading("Not shown: results of an older release", [f"../{name}/{mf.MANIFEST}" for name in older])
         page.note(
             "These folders hold one result whatever bundle was measured, as releases before one folder per bundle "
-            "wrote them: the report shows the deployed bundle's own (<measurement>-<bundle id>) alone. Measure it "
+            "wrote them: the report shows the deployed bundle's own (`<measurement>-<bundle id>`) alone. Measure it "
             "again (make all, or the benchmark's target), then remove these folders."
         )
         page.table(["folder"], [[name] for name in older])

@@ -408,6 +408,10 @@ def test_a_report_names_each_folder_of_an_older_release(tmp_path, folder):
     assert f"| {folder} |" in unkeyed_markdown(tmp_path)
 
 
+def test_a_report_writes_the_folder_name_pattern_of_its_note_on_older_releases_as_code(tmp_path):
+    assert "(`<measurement>-<bundle id>`)" in unkeyed_markdown(tmp_path)
+
+
 def test_a_report_of_a_run_without_older_folders_has_no_note_on_them(tmp_path):
     publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "now\n"})
     publish(tmp_path / "loadtest-smoke-echo")
