@@ -60,15 +60,19 @@ def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:
     )
 
 
-def _figure(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+def _figure(key: str, value) -> str:
+    """A figure of the results table: a float to 4 decimals, but a difference (`max_abs_diff`) or a figure under 1e-3
+    to 3 significant digits, so that a small one does not read as 0."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.3g}" if key == "max_abs_diff" or 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def _results(metrics: dict) -> list[str]:
     keys = [k for k in metrics if k.startswith(("dev_", "test_", "torch_dev_")) and not k.endswith("_confusion")]
     extra = ("retention", "agreement", "max_abs_diff", "params", "expected_escalated", "calibration_agreement")
     keys += [k for k in extra if k in metrics]
-    lines = tables.markdown(["figure", "value"], [[k, _figure(metrics[k])] for k in keys])
+    lines = tables.markdown(["figure", "value"], [[k, _figure(k, metrics[k])] for k in keys])
     if "size_bytes" in metrics:
         lines.append(f"| size | {metrics['size_bytes'] / 2**20:.1f} MiB |")
     return lines

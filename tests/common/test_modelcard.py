@@ -164,6 +164,12 @@ def test_bundle_card_gives_parity(recipe):
     assert "| agreement | 0.9900 |" in _text(recipe, folder)
 
 
+def test_bundle_card_gives_a_small_parity_difference_in_significant_digits_not_as_0(recipe):
+    metrics = {"dev_accuracy": 0.8, "agreement": 0.99, "max_abs_diff": 7.9e-06}
+    folder = _publish(recipe, "bundle-bilstm-int8", metrics, _bundle_info())
+    assert "| max_abs_diff | 7.9e-06 |" in _text(recipe, folder)
+
+
 CASCADE_INFO = {
     "cascade": {
         "name": "smoke-c",
