@@ -1,10 +1,13 @@
 """Report sections drawn from one artifact, without a run: fast checks of what they show."""
 
 import json
+import time
 
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
+from edgedistill.loadtests import result as loadtest_result
+from edgedistill.loadtests.recorder import SAMPLES_FILE, Recorder
 from edgedistill.report import plan, plots, render
 
 from tests.conftest import ROOT
@@ -388,6 +391,65 @@ def test_load_test_sections_leave_out_the_result_of_an_earlier_build_of_the_depl
 )
 def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bundle(tmp_path, row):
     assert row in earlier_build_markdown(tmp_path)
+
+
+LOADTEST_STEADY = "loadtest-steady-bilstm-int8"
+
+
+def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
+    """A steady load test of the smoke run's deployed bundle (bilstm-int8, published first), scheduled for 5 s, with
+    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in."""
+    publish(tmp_path / "bundle-bilstm-int8")
+    overall = {"requests": len(calls), "failures": 0, "requests_per_s": 0.4, "error_codes": {}}
+    overall |= {key: 5.0 for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "server_cpu_pct", "locust_cpu_pct")}
+    series = {"t_s": [0], "users": [1], "requests_per_s": [1.0], "failures_per_s": [0.0]}
+    result = {
+        "profile": "steady",
+        "duration_s": 5.0,
+        "scenarios": {"single": 1},
+        "bundle": {"name": "smoke-bilstm-int8", "arch": "bilstm"},
+        "machine": {"cpus": 2},
+        "overall": overall,
+        "stages": [],
+        "series": series | {key: [5.0] for key in ("p50_ms", "p95_ms", "p99_ms")},
+        "capacity": None,
+        "rss_growth_mb_per_10k": None,
+        "notes": [],
+        "checks": checks,
+        "passed": all(check["passed"] for check in checks),
+    }
+    folder = tmp_path / LOADTEST_STEADY
+    with mf.stage_folder(folder) as tmp:
+        loadtest_result.save(tmp, result)
+        recorder = Recorder(tmp / SAMPLES_FILE)
+        recorder.started = time.monotonic() - 10
+        for ms in calls:
+            recorder.on_request("Classify", ms)
+        recorder.save()
+        parents = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
+        base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", parents=parents)
+        mf.commit(tmp, folder, base)
+
+
+def loadtest_page(tmp_path, checks: list[dict], calls: list[float] = (5.0,)) -> render.Page:
+    """The load-test section of the run of `publish_loadtest`."""
+    publish_loadtest(tmp_path, checks, list(calls))
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._loadtests(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+    return page
+
+
+def test_load_test_section_writes_its_slo_checks_as_the_load_tests_own_summary_does(tmp_path):
+    check = {"name": "p99_ms", "measured": 12.345, "limit": "<= 20", "passed": True}
+    page = loadtest_page(tmp_path, [check])
+    summary = (tmp_path / LOADTEST_STEADY / loadtest_result.TABLES_FILE).read_text()
+    row = next(line for line in summary.splitlines() if line.startswith("| p99_ms |"))
+    assert row in page.md
+
+
+def test_load_test_section_writes_a_rate_of_thousands_without_an_exponent(tmp_path):
+    check = {"name": "requests_per_s", "measured": 3596.0, "limit": ">= 3000", "passed": True}
+    assert "e+0" not in "\n".join(loadtest_page(tmp_path, [check]).md)
 
 
 def unkeyed_markdown(tmp_path) -> str:
