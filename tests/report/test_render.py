@@ -452,6 +452,13 @@ def test_load_test_section_writes_a_rate_of_thousands_without_an_exponent(tmp_pa
     assert "e+0" not in "\n".join(loadtest_page(tmp_path, [check]).md)
 
 
+def test_load_test_latency_figure_leaves_out_a_call_started_after_the_schedule(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(plots, "latency_distribution", lambda by_name, *_: drawn.update(by_name) or b"")
+    loadtest_page(tmp_path, [], calls=[8000.0, 1.5])  # returned 10 s in: started 2 s in, and 10 s in, past the 5
+    assert drawn["Classify"].tolist() == [8000.0]
+
+
 def unkeyed_markdown(tmp_path) -> str:
     """The report's note on an older release's serving benchmark and load test, one folder each for every bundle."""
     publish(tmp_path / "serve-bench", files={"bench.md": "older\n"})
