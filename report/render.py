@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, cut_note
 from edgedistill.common import manifest as mf
-from edgedistill.common import measured, modelcard, sections, tables
+from edgedistill.common import measured, modelcard, sections, summary, tables
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
@@ -160,19 +160,6 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
-def _summary_change(rows: list[dict], root: Path) -> str | None:
-    """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
-    run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
-    set) than those now there (`common.manifest.built_from_others`); None when none was."""
-    for row in rows[1:]:
-        marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
-        for kind in ("student", "baseline"):
-            folder = root / f"{kind}-{row['student']}"
-            if kind not in marked and _finished(folder) and (why := mf.built_from_others(folder)):
-                return f"{folder.name}: {why}"
-    return None
-
-
 def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
     """The distillation table's `rows` as written, with what its columns compare."""
     key = recipe.data.selection_key
@@ -191,14 +178,12 @@ def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
 
 
 def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
-    summary = root / "distill-summary.json"
-    if summary.is_file():
-        rows = plots.read_json(summary)
+    if (rows := summary.load(root)) is not None:
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        if change := _summary_change(rows, root):
+        if change := summary.change(root):
             page.note(
-                f"Not shown: the table the last make distill wrote (distill-summary.json) is not of the artifacts now "
+                f"Not shown: the table the last make distill wrote ({summary.FILE}) is not of the artifacts now "
                 f"in the run ({change}). make distill builds the students out of date again and writes it again."
             )
         else:

@@ -5,6 +5,7 @@ import time
 
 import pytest
 from edgedistill.common import manifest as mf
+from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.recorder import SAMPLES_FILE, Recorder
@@ -81,6 +82,36 @@ def test_distillation_section_says_why_it_leaves_out_the_table_and_what_writes_i
 def test_distillation_section_shows_a_table_written_since_that_marks_its_students_out_of_date(tmp_path):
     rows = [ROWS[0] | {"dev_accuracy": 0.95, "out_of_date": None}, ROWS[1] | {"out_of_date": "student, baseline"}]
     assert "| teacher | teacher | 0.95 |" in teacher_built_again_markdown(tmp_path, rows, written_after=True)
+
+
+def redistilled_markdown(tmp_path) -> str:
+    """The distillation section of a run whose cnn student was distilled again from the same teacher after the
+    table was written, and the table not written again (make distill stopped on another student)."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    parents = {"teacher": mf.parent_of(tmp_path / "teacher")}
+    for folder in ("student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder, metrics={"dev_accuracy": 0.85}, parents=parents)
+    summary.write(tmp_path, ROWS)
+    publish(tmp_path / "student-cnn", metrics={"dev_accuracy": 0.87}, parents=parents)
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_distillation_section_leaves_out_the_table_of_a_student_distilled_again_since(tmp_path):
+    assert "| cnn | cnn | 0.85 |" not in redistilled_markdown(tmp_path)
+
+
+def test_distillation_section_names_the_student_distilled_again_since_the_table(tmp_path):
+    assert "(student-cnn was built again)" in redistilled_markdown(tmp_path)
+
+
+def test_distillation_section_shows_the_table_of_the_artifacts_it_was_drawn_from(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    summary.write(tmp_path, ROWS)
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert "| student | arch | dev_accuracy | dev_macro_f1 | retention |" in page.md
 
 
 def test_a_table_writes_counts_with_thousands_separators():
