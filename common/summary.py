@@ -39,6 +39,11 @@ def load(root: Path) -> list[dict] | None:
     return [{k: v for k, v in row.items() if k != DRAWN_FROM} for row in json.loads(path.read_text(encoding="utf-8"))]
 
 
+def out_of_date(row: dict) -> list[str]:
+    """The kinds of a student's row ("student", "baseline") whose figures it leaves out as out of date."""
+    return (row.get("out_of_date") or "").split(", ")  # distill.table joins them so
+
+
 def _redrawn(root: Path, rows: list[dict]) -> str | None:
     """Which folder a row was drawn from holds another manifest now (built again, gone, or built since)."""
     for row in rows:
@@ -55,10 +60,13 @@ def _built_from_others(root: Path, rows: list[dict]) -> str | None:
     """Which student or baseline the rows show as current was built from other parents (teacher, transfer set) than
     those now in the run (`common.manifest.built_from_others`)."""
     for row in rows[1:]:
-        marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
         for kind in ("student", "baseline"):
             folder = root / f"{kind}-{row['student']}"
-            if kind not in marked and (folder / mf.MANIFEST).is_file() and (why := mf.built_from_others(folder)):
+            if (
+                kind not in out_of_date(row)
+                and (folder / mf.MANIFEST).is_file()
+                and (why := mf.built_from_others(folder))
+            ):
                 return f"{folder.name}: {why}"
     return None
 

@@ -64,3 +64,7 @@ def test_a_table_of_a_student_gone_since_names_it(tmp_path):
     root = written(tmp_path, "teacher", "student-cnn")
     (root / "student-cnn" / mf.MANIFEST).unlink()
     assert summary.change(root) == "student-cnn is gone"
+
+
+def test_a_rows_out_of_date_kinds_are_those_it_marks():
+    assert summary.out_of_date({"student": "cnn", "out_of_date": "student, baseline"}) == ["student", "baseline"]
