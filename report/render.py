@@ -13,7 +13,6 @@ import numpy as np
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, sections, summary, tables
-from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.scores import label_f1
@@ -222,12 +221,8 @@ def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
     page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
-def _cascades(root: Path) -> list[Path]:
-    return [p for p in sorted(root.glob("bundle-*")) if _finished(p) and is_cascade(p)]
-
-
 def _cascade_section(page: Page, root: Path) -> None:
-    for folder in _cascades(root):
+    for folder in plan.cascades(root):
         manifest = mf.load(folder, verify=False)
         m, info = manifest.metrics, manifest.info
         page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
@@ -249,12 +244,17 @@ def _cascade_section(page: Page, root: Path) -> None:
         page.figure(f"{folder.name}.png", figure, "cascade accuracy against escalation")
 
 
-def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, metric: Metric) -> list[dict]:
+def _cascade_points(
+    root: Path, rows: list[ModelRow], batch: int, length: int, metric: Metric, stale: dict[str, plan.Stale]
+) -> list[dict]:
     """Cascades on the latency figure at their expected model time (each member's time at the cell, among the
-    benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`."""
+    benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`; not those `stale`
+    names (`plan.cascade_point`)."""
     timed = {r.model: r for r in rows}
     points = []
-    for folder in _cascades(root):
+    for folder in plan.cascades(root):
+        if plan.cascade_point(measured.bundle_id(folder)) in stale:
+            continue
         manifest = mf.load(folder, verify=False)
         members = [m["bundle"] for m in manifest.info["cascade"]["members"]]
         if any(member not in timed for member in members):
@@ -314,7 +314,7 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
             "size_mib": r.size_bytes / 2**20,
         }
         for r in rows
-    ] + _cascade_points(root, rows, batch, length, metric)
+    ] + _cascade_points(root, rows, batch, length, metric, stale)
     shown = METRIC_NAMES[metric]
     page.figure(
         "pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens", shown), f"{shown} against latency"

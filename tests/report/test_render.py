@@ -128,8 +128,8 @@ def test_distillation_section_links_the_baselines_manifest(tmp_path):
     assert "[../baseline-cnn/manifest.json]" in distillation_markdown(tmp_path)
 
 
-def cascade_page(tmp_path) -> render.Page:
-    """The cascade section for a published cascade artifact of two members."""
+def publish_cascade(tmp_path, parents: dict | None = None) -> None:
+    """A cascade artifact `bundle-c` of two members, small and big, built from the `parents` given."""
     members = [
         {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},
         {"bundle": "big", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
@@ -144,10 +144,12 @@ def cascade_page(tmp_path) -> render.Page:
         ],
     }
     metrics = {"dev_accuracy": 0.895, "dev_escalated": 0.2, "expected_escalated": 0.21, "calibration_agreement": 0.99}
-    folder = tmp_path / "bundle-c"
-    with mf.stage_folder(folder) as tmp:
-        base = mf.Manifest(stage="bundle-c", recipe="r", recipe_hash="h", config_hash="h", metrics=metrics, info=info)
-        mf.commit(tmp, folder, base)
+    publish(tmp_path / "bundle-c", metrics, info, parents=parents)
+
+
+def cascade_page(tmp_path) -> render.Page:
+    """The cascade section for a published cascade artifact of two members."""
+    publish_cascade(tmp_path)
     page = render.Page("report")
     render._cascade_section(page, tmp_path)
     return page
@@ -317,6 +319,47 @@ def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):
     page = render.Page("report")
     render._benchmark(page, tmp_path, plan.stale(load_recipe(ROOT / "recipes" / "smoke.yaml"), tmp_path))
     assert page.md == ["# report", ""]
+
+
+def cascade_run(tmp_path, monkeypatch, member_rebuilt: bool) -> tuple[str, list[str]]:
+    """The note on measurements of an earlier build and the accuracy-latency figure's points of a run with a cascade
+    c of small and big, whose member small was, with `member_rebuilt`, built again after c; its benchmark timed both
+    members since."""
+    members = ("teacher", "bundle-small", "bundle-big")
+    for folder in members:
+        publish(tmp_path / folder)
+    publish_cascade(tmp_path, {name: mf.parent_of(tmp_path / name) for name in members})
+    if member_rebuilt:
+        publish(tmp_path / "bundle-small", metrics={"dev_accuracy": 0.86})
+    bench = {
+        "threads": 1,
+        "rows": [bench_row(m, ms) for m, ms in (("teacher-pytorch-eager", 2.0), ("small", 0.25), ("big", 1.0))],
+    }
+    parents = {name: mf.parent_of(tmp_path / name) for name in members}
+    info = {"left_out": {}, "missing_bundles": []}
+    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
+    drawn = []
+    monkeypatch.setattr(plots, "pareto", lambda points, *_: drawn.extend(p["model"] for p in points) or b"")
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._benchmark(page, tmp_path, stale)
+    return "\n".join(page.md), drawn
+
+
+def test_benchmark_figure_draws_a_cascade_at_the_expected_latency_of_its_members(tmp_path, monkeypatch):
+    assert "c (expected)" in cascade_run(tmp_path, monkeypatch, member_rebuilt=False)[1]
+
+
+def test_benchmark_figure_leaves_out_a_cascade_built_before_a_member_was_built_again(tmp_path, monkeypatch):
+    assert "c (expected)" not in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[1]
+
+
+def test_a_report_names_the_point_of_a_cascade_built_before_a_member_was_built_again_with_the_command(
+    tmp_path, monkeypatch
+):
+    row = "| expected latency of cascade c | its parent bundle-small was built again | make bundles |"
+    assert row in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[0]
 
 
 SERVED_RESULTS = {  # measurement -> the file of tables it writes
