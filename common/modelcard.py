@@ -22,6 +22,10 @@ from huggingface_hub import ModelCard, ModelCardData
 BENCH_FILE = Path("bench") / "bench.json"  # the model benchmark (`bench.models`), when it has run
 TEACHER_ROW = "teacher-pytorch-eager"  # the teacher's row in bench.json
 METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "f1": "f1"}  # recipe metric -> Hub metric id
+RUNTIMES = {  # a bundle's runtime -> its Hub library (and tag), and how a card's first line names it
+    "onnxruntime": ("onnx", "An ONNX Runtime"),
+    "tensorrt": ("tensorrt", "A TensorRT"),
+}
 
 
 def is_model(stage: str) -> bool:
@@ -43,15 +47,17 @@ def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:
     tags = ["text-classification", recipe.name]
     if kind in ("student", "bundle"):
         tags.append("knowledge-distillation")
+    library = {"teacher": "transformers"}.get(kind, "edgedistill")  # a cascade is edgedistill's, whatever its members
     if kind == "bundle" and "bundle" in info:
-        tags += ["onnx", info["bundle"]["precision"]]
+        library = RUNTIMES[info["bundle"]["runtime"]][0]
+        tags += [library, info["bundle"]["precision"]]
     init = recipe.model.init
     hub_init = init is not None and not Path(init).exists()  # a local folder is no Hub model
     hub_data = [_dataset(s) for s in (recipe.data.train, recipe.data.dev) if s.startswith("hub:")]
     return ModelCardData(
         model_name=f"{recipe.name}-{stage}",
         license="apache-2.0",
-        library_name={"teacher": "transformers", "bundle": "onnx"}.get(kind, "edgedistill"),
+        library_name=library,
         pipeline_tag="text-classification",
         tags=tags,
         datasets=sorted(set(hub_data)) or None,
@@ -60,15 +66,19 @@ def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:
     )
 
 
-def _figure(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+def _figure(key: str, value) -> str:
+    """A figure of the results table: a float to 4 decimals, but a difference (`max_abs_diff`) or a figure under 1e-3
+    to 3 significant digits, so that a small one does not read as 0."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.3g}" if key == "max_abs_diff" or 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def _results(metrics: dict) -> list[str]:
     keys = [k for k in metrics if k.startswith(("dev_", "test_", "torch_dev_")) and not k.endswith("_confusion")]
     extra = ("retention", "agreement", "max_abs_diff", "params", "expected_escalated", "calibration_agreement")
     keys += [k for k in extra if k in metrics]
-    lines = tables.markdown(["figure", "value"], [[k, _figure(metrics[k])] for k in keys])
+    lines = tables.markdown(["figure", "value"], [[k, _figure(k, metrics[k])] for k in keys])
     if "size_bytes" in metrics:
         lines.append(f"| size | {metrics['size_bytes'] / 2**20:.1f} MiB |")
     return lines
@@ -166,7 +176,7 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
         ]
     spec = info["bundle"]
     return [
-        f"An {spec['runtime']} bundle ({spec['precision']}, opset {spec['opset']}) exported from "
+        f"{RUNTIMES[spec['runtime']][1]} bundle ({spec['precision']}, opset {spec['opset']}) exported from "
         f"`runs/{recipe.name}/{'teacher' if info['source'] == 'teacher' else 'student-' + info['source']}` and "
         "checked against it on the dev set (parity figures below)."
     ]

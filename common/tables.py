@@ -32,10 +32,15 @@ def verdict_rows(verdicts: list[dict], measured) -> list[list[str]]:
     return [[v["name"], measured(v["measured"]), v["limit"], result(v["passed"])] for v in verdicts]
 
 
+def _markdown_row(cells: list[str]) -> str:
+    """A markdown table's line of `cells`, each kept whole inside its cell: a `|` escaped, line breaks as spaces."""
+    return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) + " |"
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
-    """The lines of a markdown table: `header`, its rule, then one line per row of cells (text, as given)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    """The lines of a markdown table: `header`, its rule, then one line per row of cells (text, with `|` escaped and
+    line breaks as spaces, so that a cell holds its text whole)."""
+    return [_markdown_row(header), "|" + "---|" * len(header), *(_markdown_row(row) for row in rows)]
 
 
 def console_table(title: str, header: list[str], rows: list[list[str]], words: Collection[str] = ()) -> "Table":

@@ -6,10 +6,8 @@ accuracy, that metric when it is another, and the same on the test split when th
 pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`).
 """
 
-import json
-
 from edgedistill.common import manifest as mf
-from edgedistill.common import tables
+from edgedistill.common import summary, tables
 from edgedistill.common.atomic import write_changed
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.distill import student_stage
@@ -85,8 +83,8 @@ def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
 
 
 def write(recipe: Recipe) -> list[dict]:
-    """Print the table and write `distill-summary.md` and `.json` (its rows, keys in column order) into the run
-    folder."""
+    """Print the table and write `distill-summary.md` and `.json` (its rows, keys in column order, each with the
+    manifests it was drawn from: `common.summary`) into the run folder."""
     table_rows = rows(recipe)
     columns = list(table_rows[0])
     key = recipe.data.selection_key
@@ -106,7 +104,7 @@ def write(recipe: Recipe) -> list[dict]:
         lines += ["", note]
     folder = run_dir(recipe)
     write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
-    write_changed(folder / "distill-summary.json", json.dumps(table_rows, indent=1))
+    summary.write(folder, table_rows)
     title = f"distillation: {recipe.name} (selected on {key})"
     Console(width=160).print(tables.console_table(title, columns, cells, TEXT_COLUMNS))
     if stale:

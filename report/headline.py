@@ -7,7 +7,9 @@ the teacher was timed on), serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
 bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement taken before what it
 measured was built again (the deployed bundle, a cascade, a model of the model benchmark or its teacher:
-`report.plan.stale`) is named, not shown, with the command that measures it again.
+`report.plan.stale`) is named, not shown, with the command that measures it again. The student's retention and
+gain are shown by the distillation table's rule: while that table is of the artifacts now in the run
+(`common.summary`) and does not mark the student (for the gain, nor its baseline) out of date; else named, not shown.
 """
 
 import argparse
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
-from edgedistill.common import measured, tables
+from edgedistill.common import measured, summary, tables
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import (
     Recipe,
@@ -74,6 +76,22 @@ def deployed_student(recipe: Recipe) -> str | None:
     return recipe.export.bundles[bundle].source
 
 
+def _out_of_date(root: Path, name: str) -> tuple[list[str], str | None]:
+    """The kinds of student `name` ("student", "baseline") that the distillation table of the run folder `root` marks
+    out of date (`distill.table`: built from other settings, teacher or transfer set than the recipe's); and why it
+    can tell nothing of them, None when it can: there is no table, it is not of the artifacts now in the run
+    (`common.summary`), or it has no row of `name`."""
+    rows = summary.load(root)
+    if rows is None:
+        return [], "no distillation table was written"
+    if change := summary.change(root):
+        return [], f"the distillation table is not of the artifacts now in the run ({change})"
+    row = next((r for r in rows[1:] if r["student"] == name), None)
+    if row is None:
+        return [], f"the distillation table has no row of {name}"
+    return [kind for kind in ("student", "baseline") if kind in summary.out_of_date(row)], None
+
+
 def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
     root = run_dir(recipe)
@@ -99,6 +117,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     elif name not in (None, "teacher"):
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
         if student:
+            marked, unknown = _out_of_date(root, name)
+            shown_kept = not unknown and "student" not in marked
+            shown_gain = bool(baseline) and not unknown and not marked
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
             # The manifest's retention and the gain are on dev, where checkpoints are chosen: beside test figures
             # the line says so, and gives the share of the teacher's test figure too.
@@ -106,7 +127,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             tested = test_key in student
             on_dev = " on dev" if tested else ""
             gain = (
-                f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline{on_dev}" if baseline else ""
+                f", {student[key] - baseline[key]:+.4f}{unit} over its label-only baseline{on_dev}"
+                if shown_gain
+                else ""
             )
             kept = (
                 f"{student['retention']:.1%} of {of}{on_dev}"
@@ -116,7 +139,16 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             teacher_test = (teacher or {}).get(test_key)
             if tested and teacher_test:
                 kept += f", {student[test_key] / teacher_test:.1%} on test"
-            lines.append(f"student {name}: {figures(student)} ({kept}){gain}")
+            lines.append(f"student {name}: {figures(student)}{f' ({kept})' if shown_kept else ''}{gain}")
+            left_out = [
+                what for what, left in (("retention", not shown_kept), ("gain", baseline and not shown_gain)) if left
+            ]
+            if left_out:
+                why = unknown or " and ".join(f"{kind}-{name}" for kind in marked) + " out of date"
+                lines.append(
+                    f"not shown: student {name}'s {' and '.join(left_out)}, {why} "
+                    f"(make distill RECIPE={recipe_path} builds what is out of date and writes the table again)"
+                )
     if recipe.export is None:
         return lines
     deploy = recipe.export.deploy

@@ -6,6 +6,7 @@ from typing import NamedTuple, get_args
 from edgedistill.bench.records import ModelRow, ModelTable
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard
+from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
@@ -74,10 +75,22 @@ def _stale_bench(root: Path) -> dict[str, Stale]:
     }
 
 
+def cascades(root: Path) -> list[Path]:
+    """The finished cascade bundles in the run folder `root`."""
+    return [p for p in sorted(root.glob("bundle-*")) if (p / MANIFEST).is_file() and is_cascade(p)]
+
+
+def cascade_point(cascade: str) -> str:
+    """How the report and the headline name the accuracy-latency figure's point of `cascade` when they leave it out."""
+    return f"expected latency of cascade {cascade}"
+
+
 def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
     """The finished measurements in the run folder `root` that are not of the artifacts now there (built again
     since they ran, or gone), by the name they are shown under: the deployed bundle's (`common.measured.stale`),
-    each cascade's serving benchmark, and the model benchmark's rows (`bench_row`), or the whole of it as `bench`."""
+    each cascade's serving benchmark, the model benchmark's rows (`bench_row`), or the whole of it as `bench`, and
+    the expected latency of each cascade built from members built again since (`cascade_point`), whose dev answered
+    shares are not of the members the benchmark timed."""
     if recipe.export is None:
         return {}
     bundle = root / f"bundle-{recipe.export.deploy}"
@@ -90,6 +103,9 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
         folder = root / f"serve-cascade-{name}"
         if (folder / MANIFEST).is_file() and (why := mf.built_from_others(folder)):
             found[folder.name] = Stale(folder.name, why, f"make serve-cascade CASCADE={name}")
+    for folder in cascades(root):
+        if why := mf.built_from_others(folder):
+            found[cascade_point(measured.bundle_id(folder))] = Stale(folder.name, why, "make bundles")
     return found | _stale_bench(root)
 
 

@@ -1,6 +1,7 @@
 """The report's figures, each a PNG drawn from artifacts of one run folder (matplotlib, no display)."""
 
 import io
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -125,7 +126,7 @@ def cascade_curve(name: str, curve: list[dict], chosen: dict, members: dict[str,
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([p["escalated"] for p in curve], [p["dev_accuracy"] for p in curve], marker=".", label="cascade")
     ax.scatter([chosen["escalated"]], [chosen["dev_accuracy"]], s=80, color="#c44e52", zorder=3, label="chosen")
-    for (member, accuracy), style in zip(members.items(), ("--", ":", "-."), strict=False):
+    for (member, accuracy), style in zip(members.items(), itertools.cycle(("--", ":", "-."))):
         ax.axhline(accuracy, linestyle=style, color="grey", alpha=0.8, label=f"{member} alone")
     ax.set(xlabel="share of dev texts escalated", ylabel="dev accuracy", title=f"{name}: accuracy vs escalation")
     ax.grid(alpha=0.3)

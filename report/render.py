@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, cut_note
 from edgedistill.common import manifest as mf
-from edgedistill.common import measured, modelcard, sections, tables
-from edgedistill.common.cascade import is_cascade
+from edgedistill.common import measured, modelcard, sections, summary, tables
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.scores import label_f1
@@ -120,7 +119,7 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.heading("Not shown: results of an older release", [f"../{name}/{mf.MANIFEST}" for name in older])
         page.note(
             "These folders hold one result whatever bundle was measured, as releases before one folder per bundle "
-            "wrote them: the report shows the deployed bundle's own (<measurement>-<bundle id>) alone. Measure it "
+            "wrote them: the report shows the deployed bundle's own (`<measurement>-<bundle id>`) alone. Measure it "
             "again (make all, or the benchmark's target), then remove these folders."
         )
         page.table(["folder"], [[name] for name in older])
@@ -160,19 +159,6 @@ def _curves(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
-def _summary_change(rows: list[dict], root: Path) -> str | None:
-    """Why the distillation table's `rows`, as the last `make distill` wrote them, are not of the artifacts now in the
-    run folder `root`: a student or baseline they show as current was built from other parents (teacher, transfer
-    set) than those now there (`common.manifest.built_from_others`); None when none was."""
-    for row in rows[1:]:
-        marked = (row.get("out_of_date") or "").split(", ")  # distill.table joins the kinds out of date so
-        for kind in ("student", "baseline"):
-            folder = root / f"{kind}-{row['student']}"
-            if kind not in marked and _finished(folder) and (why := mf.built_from_others(folder)):
-                return f"{folder.name}: {why}"
-    return None
-
-
 def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
     """The distillation table's `rows` as written, with what its columns compare."""
     key = recipe.data.selection_key
@@ -191,14 +177,12 @@ def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
 
 
 def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
-    summary = root / "distill-summary.json"
-    if summary.is_file():
-        rows = plots.read_json(summary)
+    if (rows := summary.load(root)) is not None:
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        if change := _summary_change(rows, root):
+        if change := summary.change(root):
             page.note(
-                f"Not shown: the table the last make distill wrote (distill-summary.json) is not of the artifacts now "
+                f"Not shown: the table the last make distill wrote ({summary.FILE}) is not of the artifacts now "
                 f"in the run ({change}). make distill builds the students out of date again and writes it again."
             )
         else:
@@ -237,12 +221,8 @@ def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
     page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
-def _cascades(root: Path) -> list[Path]:
-    return [p for p in sorted(root.glob("bundle-*")) if _finished(p) and is_cascade(p)]
-
-
 def _cascade_section(page: Page, root: Path) -> None:
-    for folder in _cascades(root):
+    for folder in plan.cascades(root):
         manifest = mf.load(folder, verify=False)
         m, info = manifest.metrics, manifest.info
         page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
@@ -264,12 +244,17 @@ def _cascade_section(page: Page, root: Path) -> None:
         page.figure(f"{folder.name}.png", figure, "cascade accuracy against escalation")
 
 
-def _cascade_points(root: Path, rows: list[ModelRow], batch: int, length: int, metric: Metric) -> list[dict]:
+def _cascade_points(
+    root: Path, rows: list[ModelRow], batch: int, length: int, metric: Metric, stale: dict[str, plan.Stale]
+) -> list[dict]:
     """Cascades on the latency figure at their expected model time (each member's time at the cell, among the
-    benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`."""
+    benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`; not those `stale`
+    names (`plan.cascade_point`)."""
     timed = {r.model: r for r in rows}
     points = []
-    for folder in _cascades(root):
+    for folder in plan.cascades(root):
+        if plan.cascade_point(measured.bundle_id(folder)) in stale:
+            continue
         manifest = mf.load(folder, verify=False)
         members = [m["bundle"] for m in manifest.info["cascade"]["members"]]
         if any(member not in timed for member in members):
@@ -329,7 +314,7 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
             "size_mib": r.size_bytes / 2**20,
         }
         for r in rows
-    ] + _cascade_points(root, rows, batch, length, metric)
+    ] + _cascade_points(root, rows, batch, length, metric, stale)
     shown = METRIC_NAMES[metric]
     page.figure(
         "pareto.png", plots.pareto(points, f"batch {batch}, {length} tokens", shown), f"{shown} against latency"
@@ -409,11 +394,10 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
                 + [_number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
             ],
         )
-        page.table(
-            ["SLO check", "measured", "wanted", "result"],
-            tables.verdict_rows(result["checks"], lambda measured: tables.cell(_number(measured, ".3g"))),
-        )
-        by_name = Samples.load(folder / SAMPLES_FILE).latencies_by_name()
+        # The load test's own rows, so that the report and its summary.md write each measured figure alike
+        page.table(["SLO check", "measured", "wanted", "result"], loadtest_result.verdict_rows(result))
+        # The calls its figures count: those started after the schedule count nowhere (`loadtests.result`)
+        by_name = Samples.load(folder / SAMPLES_FILE).started_before(result["duration_s"]).latencies_by_name()
         if by_name:
             page.figure(
                 f"{folder.name}-latency.png",

@@ -164,6 +164,35 @@ def test_bundle_card_gives_parity(recipe):
     assert "| agreement | 0.9900 |" in _text(recipe, folder)
 
 
+def test_bundle_card_gives_a_small_parity_difference_in_significant_digits_not_as_0(recipe):
+    metrics = {"dev_accuracy": 0.8, "agreement": 0.99, "max_abs_diff": 7.9e-06}
+    folder = _publish(recipe, "bundle-bilstm-int8", metrics, _bundle_info())
+    assert "| max_abs_diff | 7.9e-06 |" in _text(recipe, folder)
+
+
+def tensorrt_card(recipe) -> ModelCard:
+    """The card of a TensorRT bundle."""
+    info = _bundle_info(runtime="tensorrt", providers=[], model_file="model.plan")
+    return ModelCard.load(modelcard.write(recipe, _publish(recipe, "bundle-bilstm-trt", {"dev_accuracy": 0.8}, info)))
+
+
+def test_tensorrt_bundle_card_is_not_an_onnx_model(recipe):
+    assert tensorrt_card(recipe).data.library_name == "tensorrt"
+
+
+def test_tensorrt_bundle_card_is_not_tagged_onnx(recipe):
+    assert "onnx" not in tensorrt_card(recipe).data.tags
+
+
+def test_tensorrt_bundle_card_names_its_runtime_with_its_article(recipe):
+    assert "A TensorRT bundle (int8, opset 17)" in tensorrt_card(recipe).text
+
+
+def test_onnx_runtime_bundle_card_is_an_onnx_model(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info())
+    assert ModelCard.load(modelcard.write(recipe, folder)).data.library_name == "onnx"
+
+
 CASCADE_INFO = {
     "cascade": {
         "name": "smoke-c",

@@ -50,3 +50,11 @@ def test_a_console_tables_first_column_and_the_named_word_columns_are_left_align
 def test_a_console_table_holds_its_rows():
     table = tables.console_table("t", ["model", "ms"], [["a", "1.0"], ["b", "2.0"]])
     assert list(table.columns[1].cells) == ["1.0", "2.0"]
+
+
+def test_a_markdown_cell_escapes_a_bar_that_would_end_it():
+    assert tables.markdown(["a", "b"], [["x|y", "1"]])[2] == "| x\\|y | 1 |"
+
+
+def test_a_markdown_cell_writes_a_line_break_as_a_space():
+    assert tables.markdown(["a", "b"], [["x\ny", "1"]])[2] == "| x y | 1 |"

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
+from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.distill import finetune, student_stage, table, transfer
 
@@ -185,3 +186,11 @@ def test_the_markdown_says_which_command_rebuilds_what_is_out_of_date(trec):
     publish_teacher(recipe, accuracy=0.95)
     table.write(recipe)
     assert "`edgedistill distill RECIPE --only cnn` rebuilds" in (run_dir(recipe) / "distill-summary.md").read_text()
+
+
+def test_the_json_records_the_teachers_manifest_its_row_was_drawn_from(trec):
+    recipe = trec()
+    table.write(recipe)
+    folder = run_dir(recipe)
+    rows = json.loads((folder / summary.FILE).read_text())
+    assert rows[0][summary.DRAWN_FROM] == {"teacher": mf.sha256_file(folder / "teacher" / mf.MANIFEST)}

@@ -3,6 +3,7 @@ import json
 import pytest
 from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common import manifest as mf
+from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.report import __main__ as report_main
 from edgedistill.report import headline
@@ -10,11 +11,20 @@ from edgedistill.report import headline
 from tests.conftest import ROOT
 
 
-def publish(folder, metrics):
+def publish(folder, metrics, parents=None):
     with mf.stage_folder(folder) as tmp:
         (tmp / "result.json").write_text("{}")
         base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", metrics=metrics)
-        mf.commit(tmp, folder, base)
+        mf.commit(tmp, folder, base.model_copy(update={"parents": parents or {}}))
+
+
+def tabled(recipe, out_of_date: dict[str, str] | None = None) -> None:
+    """The distillation table as make distill writes it from the run's teacher and students now, marking each
+    student's kinds `out_of_date` (name -> "student, baseline") as given."""
+    root = run_dir(recipe)
+    names = sorted(folder.name.removeprefix("student-") for folder in root.glob("student-*"))
+    marks = out_of_date or {}
+    summary.write(root, [{"student": "teacher"}, *({"student": n, "out_of_date": marks.get(n)} for n in names)])
 
 
 @pytest.fixture
@@ -29,6 +39,7 @@ def test_headline_names_the_baseline_gain_when_there_is_one(recipe):
     publish(root / "teacher", {"dev_accuracy": 0.9})
     publish(root / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9})
     publish(root / f"baseline-{name}", {"dev_accuracy": 0.8})
+    tabled(recipe)
     lines = headline.headline(recipe, "recipes/smoke.yaml")
     assert lines[0] == "teacher: dev accuracy 0.9000"
     assert (
@@ -42,6 +53,7 @@ def test_headline_gives_retention_and_gain_in_the_selection_metric(tmp_path, mon
     root, name = run_dir(recipe), recipe.distill.deploy
     publish(root / f"student-{name}", {"dev_accuracy": 0.88, "dev_macro_f1": 0.8, "retention": 0.8 / 0.85})
     publish(root / f"baseline-{name}", {"dev_accuracy": 0.86, "dev_macro_f1": 0.7})
+    tabled(recipe)
     assert headline.headline(recipe, "recipes/smoke.yaml") == [
         f"student {name}: dev accuracy 0.8800, dev macro-F1 0.8000 (94.1% of the teacher's macro-F1), "
         "+0.1000 macro-F1 over its label-only baseline"
@@ -54,6 +66,7 @@ def test_headline_beside_test_figures_says_retention_and_gain_are_on_dev_and_giv
     publish(root / "teacher", {"dev_accuracy": 0.9, "test_accuracy": 0.95})
     publish(root / f"student-{name}", {"dev_accuracy": 0.88, "test_accuracy": 0.93, "retention": 0.88 / 0.9})
     publish(root / f"baseline-{name}", {"dev_accuracy": 0.8, "test_accuracy": 0.9})
+    tabled(recipe)
     assert headline.headline(recipe, "recipes/smoke.yaml")[1] == (
         f"student {name}: dev accuracy 0.8800, test accuracy 0.9300 (97.8% of the teacher on dev, 97.9% on test), "
         "+0.0800 over its label-only baseline on dev"
@@ -64,11 +77,75 @@ def test_headline_without_a_baseline_or_later_stages(recipe):
     """A student trained without its baseline (`--no-baseline`) and nothing exported yet."""
     name = recipe.distill.deploy
     publish(run_dir(recipe) / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.98})
+    tabled(recipe)
     assert headline.headline(recipe, "recipes/smoke.yaml") == [
         f"student {name}: dev accuracy 0.8800 (98.0% of the teacher)"
     ]
     table = headline.stage_table(recipe)
     assert table.row_count == 1
+
+
+def left_out_lines(recipe, out_of_date: dict[str, str] | None = None, table: bool = True) -> list[str]:
+    """The headline of a run whose deployed student and its baseline were distilled from its teacher, with the
+    distillation table written from them (marking `out_of_date` kinds), or with `table` False none."""
+    root, name = run_dir(recipe), recipe.distill.deploy
+    publish(root / "teacher", {"dev_accuracy": 0.9})
+    parents = {"teacher": mf.parent_of(root / "teacher")}
+    publish(root / f"student-{name}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9}, parents)
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.8}, parents)
+    if table:
+        tabled(recipe, out_of_date)
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_headline_gives_no_gain_over_a_baseline_built_from_another_teacher(recipe):
+    root, name = run_dir(recipe), recipe.distill.deploy
+    publish(root / "teacher", {"dev_accuracy": 0.9})
+    earlier = {"teacher": mf.Parent(path=str(root / "teacher"), manifest_sha256="0" * 64)}
+    publish(
+        root / f"student-{name}",
+        {"dev_accuracy": 0.88, "retention": 0.88 / 0.9},
+        {"teacher": mf.parent_of(root / "teacher")},
+    )
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.8}, earlier)
+    tabled(recipe)
+    assert "over its label-only baseline" not in "\n".join(headline.headline(recipe, "recipes/smoke.yaml"))
+
+
+def test_headline_gives_no_gain_over_a_baseline_the_table_marks_out_of_date(recipe):
+    lines = left_out_lines(recipe, {recipe.distill.deploy: "baseline"})
+    assert "over its label-only baseline" not in "\n".join(lines)
+
+
+def test_headline_keeps_the_retention_of_a_student_whose_baseline_alone_is_out_of_date(recipe):
+    lines = left_out_lines(recipe, {recipe.distill.deploy: "baseline"})
+    assert lines[1] == f"student {recipe.distill.deploy}: dev accuracy 0.8800 (97.8% of the teacher)"
+
+
+def test_headline_names_the_gain_it_leaves_out_with_the_command_that_builds_it_again(recipe):
+    name = recipe.distill.deploy
+    assert left_out_lines(recipe, {name: "baseline"})[2] == (
+        f"not shown: student {name}'s gain, baseline-{name} out of date "
+        "(make distill RECIPE=recipes/smoke.yaml builds what is out of date and writes the table again)"
+    )
+
+
+def test_headline_gives_no_retention_of_a_student_the_table_marks_out_of_date(recipe):
+    lines = left_out_lines(recipe, {recipe.distill.deploy: "student, baseline"})
+    assert lines[1] == f"student {recipe.distill.deploy}: dev accuracy 0.8800"
+
+
+def test_headline_gives_no_retention_against_a_teacher_built_again_since_the_table(recipe):
+    left_out_lines(recipe)
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.95})
+    assert headline.headline(recipe, "recipes/smoke.yaml")[1] == f"student {recipe.distill.deploy}: dev accuracy 0.8800"
+
+
+def test_headline_says_why_it_leaves_out_retention_and_gain_without_a_distillation_table(recipe):
+    name = recipe.distill.deploy
+    assert left_out_lines(recipe, table=False)[2].startswith(
+        f"not shown: student {name}'s retention and gain, no distillation table was written"
+    )
 
 
 def smoke_with(tmp_path, monkeypatch, *overrides: str):
@@ -85,6 +162,7 @@ def test_headline_reports_the_student_the_served_bundle_or_cascades_first_member
     recipe = smoke_with(tmp_path, monkeypatch, f"--export.deploy={bundle}", cascade)
     for name, accuracy in (("bilstm", 0.8), ("cnn", 0.85)):
         publish(run_dir(recipe) / f"student-{name}", {"dev_accuracy": accuracy, "retention": accuracy / 0.9})
+    tabled(recipe)
     assert headline.headline(recipe, "recipes/smoke.yaml") == [
         "student cnn: dev accuracy 0.8500 (94.4% of the teacher)"
     ]

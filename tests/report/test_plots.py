@@ -34,3 +34,12 @@ def test_a_confusion_figure_of_many_labels_leaves_its_cells_unwritten(monkeypatc
     labels = [f"label-{i}" for i in range(20)]
     ax = drawn(monkeypatch, plots.confusion, {"teacher": np.eye(20, dtype=int)}, labels).axes[0]
     assert len(ax.texts) == 0
+
+
+def test_a_cascade_figure_draws_every_members_line_past_the_third(monkeypatch):
+    curve = [{"escalated": 0.0, "dev_accuracy": 0.8}, {"escalated": 1.0, "dev_accuracy": 0.9}]
+    members = {"a": 0.8, "b": 0.85, "c": 0.88, "d": 0.9}
+    chosen = {"escalated": 0.5, "dev_accuracy": 0.87}
+    ax = drawn(monkeypatch, plots.cascade_curve, "c", curve, chosen, members).axes[0]
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert [label for label in legend if label.endswith(" alone")] == ["a alone", "b alone", "c alone", "d alone"]

@@ -1,10 +1,14 @@
 """Report sections drawn from one artifact, without a run: fast checks of what they show."""
 
 import json
+import time
 
 import pytest
 from edgedistill.common import manifest as mf
+from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe
+from edgedistill.loadtests import result as loadtest_result
+from edgedistill.loadtests.recorder import SAMPLES_FILE, Recorder
 from edgedistill.report import plan, plots, render
 
 from tests.conftest import ROOT
@@ -80,6 +84,36 @@ def test_distillation_section_shows_a_table_written_since_that_marks_its_student
     assert "| teacher | teacher | 0.95 |" in teacher_built_again_markdown(tmp_path, rows, written_after=True)
 
 
+def redistilled_markdown(tmp_path) -> str:
+    """The distillation section of a run whose cnn student was distilled again from the same teacher after the
+    table was written, and the table not written again (make distill stopped on another student)."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    parents = {"teacher": mf.parent_of(tmp_path / "teacher")}
+    for folder in ("student-cnn", "baseline-cnn"):
+        publish(tmp_path / folder, metrics={"dev_accuracy": 0.85}, parents=parents)
+    summary.write(tmp_path, ROWS)
+    publish(tmp_path / "student-cnn", metrics={"dev_accuracy": 0.87}, parents=parents)
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return "\n".join(page.md)
+
+
+def test_distillation_section_leaves_out_the_table_of_a_student_distilled_again_since(tmp_path):
+    assert "| cnn | cnn | 0.85 |" not in redistilled_markdown(tmp_path)
+
+
+def test_distillation_section_names_the_student_distilled_again_since_the_table(tmp_path):
+    assert "(student-cnn was built again)" in redistilled_markdown(tmp_path)
+
+
+def test_distillation_section_shows_the_table_of_the_artifacts_it_was_drawn_from(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    summary.write(tmp_path, ROWS)
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert "| student | arch | dev_accuracy | dev_macro_f1 | retention |" in page.md
+
+
 def test_a_table_writes_counts_with_thousands_separators():
     page = render.Page("report")
     page.table(["student", "params"], [["cnn", 1234567]])
@@ -94,8 +128,8 @@ def test_distillation_section_links_the_baselines_manifest(tmp_path):
     assert "[../baseline-cnn/manifest.json]" in distillation_markdown(tmp_path)
 
 
-def cascade_page(tmp_path) -> render.Page:
-    """The cascade section for a published cascade artifact of two members."""
+def publish_cascade(tmp_path, parents: dict | None = None) -> None:
+    """A cascade artifact `bundle-c` of two members, small and big, built from the `parents` given."""
     members = [
         {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},
         {"bundle": "big", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
@@ -110,10 +144,12 @@ def cascade_page(tmp_path) -> render.Page:
         ],
     }
     metrics = {"dev_accuracy": 0.895, "dev_escalated": 0.2, "expected_escalated": 0.21, "calibration_agreement": 0.99}
-    folder = tmp_path / "bundle-c"
-    with mf.stage_folder(folder) as tmp:
-        base = mf.Manifest(stage="bundle-c", recipe="r", recipe_hash="h", config_hash="h", metrics=metrics, info=info)
-        mf.commit(tmp, folder, base)
+    publish(tmp_path / "bundle-c", metrics, info, parents=parents)
+
+
+def cascade_page(tmp_path) -> render.Page:
+    """The cascade section for a published cascade artifact of two members."""
+    publish_cascade(tmp_path)
     page = render.Page("report")
     render._cascade_section(page, tmp_path)
     return page
@@ -285,6 +321,47 @@ def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):
     assert page.md == ["# report", ""]
 
 
+def cascade_run(tmp_path, monkeypatch, member_rebuilt: bool) -> tuple[str, list[str]]:
+    """The note on measurements of an earlier build and the accuracy-latency figure's points of a run with a cascade
+    c of small and big, whose member small was, with `member_rebuilt`, built again after c; its benchmark timed both
+    members since."""
+    members = ("teacher", "bundle-small", "bundle-big")
+    for folder in members:
+        publish(tmp_path / folder)
+    publish_cascade(tmp_path, {name: mf.parent_of(tmp_path / name) for name in members})
+    if member_rebuilt:
+        publish(tmp_path / "bundle-small", metrics={"dev_accuracy": 0.86})
+    bench = {
+        "threads": 1,
+        "rows": [bench_row(m, ms) for m, ms in (("teacher-pytorch-eager", 2.0), ("small", 0.25), ("big", 1.0))],
+    }
+    parents = {name: mf.parent_of(tmp_path / name) for name in members}
+    info = {"left_out": {}, "missing_bundles": []}
+    publish(tmp_path / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
+    drawn = []
+    monkeypatch.setattr(plots, "pareto", lambda points, *_: drawn.extend(p["model"] for p in points) or b"")
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._benchmark(page, tmp_path, stale)
+    return "\n".join(page.md), drawn
+
+
+def test_benchmark_figure_draws_a_cascade_at_the_expected_latency_of_its_members(tmp_path, monkeypatch):
+    assert "c (expected)" in cascade_run(tmp_path, monkeypatch, member_rebuilt=False)[1]
+
+
+def test_benchmark_figure_leaves_out_a_cascade_built_before_a_member_was_built_again(tmp_path, monkeypatch):
+    assert "c (expected)" not in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[1]
+
+
+def test_a_report_names_the_point_of_a_cascade_built_before_a_member_was_built_again_with_the_command(
+    tmp_path, monkeypatch
+):
+    row = "| expected latency of cascade c | its parent bundle-small was built again | make bundles |"
+    assert row in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[0]
+
+
 SERVED_RESULTS = {  # measurement -> the file of tables it writes
     "serve-bench": "bench.md",
     "serve-accuracy": "accuracy.md",
@@ -390,6 +467,72 @@ def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bun
     assert row in earlier_build_markdown(tmp_path)
 
 
+LOADTEST_STEADY = "loadtest-steady-bilstm-int8"
+
+
+def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
+    """A steady load test of the smoke run's deployed bundle (bilstm-int8, published first), scheduled for 5 s, with
+    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in."""
+    publish(tmp_path / "bundle-bilstm-int8")
+    overall = {"requests": len(calls), "failures": 0, "requests_per_s": 0.4, "error_codes": {}}
+    overall |= {key: 5.0 for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "server_cpu_pct", "locust_cpu_pct")}
+    series = {"t_s": [0], "users": [1], "requests_per_s": [1.0], "failures_per_s": [0.0]}
+    result = {
+        "profile": "steady",
+        "duration_s": 5.0,
+        "scenarios": {"single": 1},
+        "bundle": {"name": "smoke-bilstm-int8", "arch": "bilstm"},
+        "machine": {"cpus": 2},
+        "overall": overall,
+        "stages": [],
+        "series": series | {key: [5.0] for key in ("p50_ms", "p95_ms", "p99_ms")},
+        "capacity": None,
+        "rss_growth_mb_per_10k": None,
+        "notes": [],
+        "checks": checks,
+        "passed": all(check["passed"] for check in checks),
+    }
+    folder = tmp_path / LOADTEST_STEADY
+    with mf.stage_folder(folder) as tmp:
+        loadtest_result.save(tmp, result)
+        recorder = Recorder(tmp / SAMPLES_FILE)
+        recorder.started = time.monotonic() - 10
+        for ms in calls:
+            recorder.on_request("Classify", ms)
+        recorder.save()
+        parents = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
+        base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", parents=parents)
+        mf.commit(tmp, folder, base)
+
+
+def loadtest_page(tmp_path, checks: list[dict], calls: list[float] = (5.0,)) -> render.Page:
+    """The load-test section of the run of `publish_loadtest`."""
+    publish_loadtest(tmp_path, checks, list(calls))
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._loadtests(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+    return page
+
+
+def test_load_test_section_writes_its_slo_checks_as_the_load_tests_own_summary_does(tmp_path):
+    check = {"name": "p99_ms", "measured": 12.345, "limit": "<= 20", "passed": True}
+    page = loadtest_page(tmp_path, [check])
+    summary = (tmp_path / LOADTEST_STEADY / loadtest_result.TABLES_FILE).read_text()
+    row = next(line for line in summary.splitlines() if line.startswith("| p99_ms |"))
+    assert row in page.md
+
+
+def test_load_test_section_writes_a_rate_of_thousands_without_an_exponent(tmp_path):
+    check = {"name": "requests_per_s", "measured": 3596.0, "limit": ">= 3000", "passed": True}
+    assert "e+0" not in "\n".join(loadtest_page(tmp_path, [check]).md)
+
+
+def test_load_test_latency_figure_leaves_out_a_call_started_after_the_schedule(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(plots, "latency_distribution", lambda by_name, *_: drawn.update(by_name) or b"")
+    loadtest_page(tmp_path, [], calls=[8000.0, 1.5])  # returned 10 s in: started 2 s in, and 10 s in, past the 5
+    assert drawn["Classify"].tolist() == [8000.0]
+
+
 def unkeyed_markdown(tmp_path) -> str:
     """The report's note on an older release's serving benchmark and load test, one folder each for every bundle."""
     publish(tmp_path / "serve-bench", files={"bench.md": "older\n"})
@@ -406,6 +549,10 @@ def test_a_report_says_an_older_releases_serving_results_are_not_shown(tmp_path)
 @pytest.mark.parametrize("folder", ["serve-bench", "loadtest-smoke"])
 def test_a_report_names_each_folder_of_an_older_release(tmp_path, folder):
     assert f"| {folder} |" in unkeyed_markdown(tmp_path)
+
+
+def test_a_report_writes_the_folder_name_pattern_of_its_note_on_older_releases_as_code(tmp_path):
+    assert "(`<measurement>-<bundle id>`)" in unkeyed_markdown(tmp_path)
 
 
 def test_a_report_of_a_run_without_older_folders_has_no_note_on_them(tmp_path):
