@@ -1,7 +1,8 @@
 """Build a confidence cascade (`export.cascades`): member bundles, cheapest first, with thresholds chosen for a target.
 
 The thresholds are chosen on calibration texts that are neither dev nor test: unlabelled text past the
-lines the transfer set read (split and written as the transfer set is), labelled by the last member.
+lines the transfer set read (split and written as the transfer set is), any overlapping a dev or test text
+left out by the transfer set's leak filter, labelled by the last member.
 Each member but the last gets a softmax temperature fitted there (the last member's answers as labels),
 then the lowest threshold whose answers, with the texts it passes on counted as the last member's,
 agree with the last member on at least `target_agreement` of the texts that reach it. The whole
@@ -20,7 +21,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import load_splits, unlabelled_lines
+from edgedistill.common.data import load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
@@ -96,11 +97,12 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
 def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
     """Up to `count` unlabelled texts (for a pair task, adjacent sentences of a line, paired as the transfer set pairs
     them) from the lines after those the transfer set read (as many as it takes), in its text style; a text, or a
-    pair with either side, overlapping a dev text is left out."""
+    pair with either side, overlapping a dev or test text is left out."""
     cfg = recipe.transfer  # unlabelled_max_lines is set: a recipe with cascades refuses to load without
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
-    leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
+    held_out = [split for split in (dev, load_test(recipe.data)) if split is not None]
+    leaks = leak_filter([text for split in held_out for text in split.texts + (split.pairs or [])], cfg.text_style)
     examples = []
     read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:

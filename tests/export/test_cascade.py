@@ -160,6 +160,19 @@ def test_pair_calibration_drops_the_pairs_of_a_dev_sentence_rather_than_pairing_
     assert ("the sentence before .", "the sentence after .") not in zip(texts, pairs, strict=True)
 
 
+def test_calibration_leaves_out_an_unlabelled_sentence_of_the_test_split(tmp_path):
+    test_sentence = "a quietly moving portrait of a family at war ."
+    (tmp_path / "test.tsv").write_text(f"sentence\tlabel\n{test_sentence}\t1\n", encoding="utf-8")
+    lines = [f"filler sentence number {i} ." for i in range(200)]
+    (tmp_path / "unlabelled.txt").write_text("\n".join([*lines[:10], test_sentence, *lines[10:]]) + "\n")
+    overrides = {
+        "data.test": str(tmp_path / "test.tsv"),
+        "transfer.unlabelled_files": [str(tmp_path / "unlabelled.txt")],
+    }
+    texts, _ = calibration_texts(load_recipe(SMOKE, {**overrides, "transfer.unlabelled_max_lines": 10}), 150)
+    assert test_sentence not in texts
+
+
 def test_calibration_short_of_unlabelled_text_says_how_many_lines_it_read(tmp_path):
     paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
     lines = [f"first half {i} . second half {i} ." for i in range(30)]  # one pair each
