@@ -6,9 +6,10 @@ settings as `bench serving`): on the cascade folder and on its last member's bun
 (single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time
 at `rate` calls/s). The texts are the recipe's dev split (pairs for a pair task), shuffled. Writes
 `runs/<recipe>/serve-cascade-<name>/cascade.json` and `cascade.md`; capacity is texts/s, medians with min/max over
-the rounds, and the share of the cascade's answers (after warm-up) that its first member escalated, beside the dev
-share its manifest records. A last member's bundle rebuilt since the cascade copied it is refused: the two would
-serve different models.
+the rounds, and the share of the cascade's answers (after warm-up) that its first member escalated, beside the share
+the cascade's own routing escalates of the same texts, each counted as often as it was sent (the first member run
+in this process on each text alone, as the calls sent it), and the whole dev split's share its manifest records.
+A last member's bundle rebuilt since the cascade copied it is refused: the two would serve different models.
 """
 
 import asyncio
@@ -20,7 +21,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 from edgedistill.bench import BenchError, drivers
+from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import call_metadata, measured_server, running, served_settings
 from edgedistill.bench.records import Result, Spread
 from edgedistill.bench.serving import WARMUP_S, classify_requests
@@ -29,7 +32,7 @@ from edgedistill.bench.tables import record_line
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
-from edgedistill.common.cascade import Cascade, load_cascade
+from edgedistill.common.cascade import Cascade, keeps, load_cascade
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
@@ -77,14 +80,36 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
 
 
 def counting(classify: Callable, answers: Counter) -> Callable:
-    """`classify` that counts, in `answers`, each text's (answering member, escalation refused)."""
+    """`classify` that counts, in `answers`, each text's (text, its pair or None, answering member, escalation
+    refused)."""
 
     async def call(request):
         reply = await classify(request)
-        answers.update((p.answered_by, p.escalation_refused) for p in reply.predictions)
+        pairs = request.text_pairs or [None] * len(request.texts)
+        answers.update(
+            (text, pair, p.answered_by, p.escalation_refused)
+            for text, pair, p in zip(request.texts, pairs, reply.predictions, strict=True)
+        )
         return reply
 
     return call
+
+
+def routed_escalated(folder: Path, answers: Counter) -> float:
+    """The share of the texts in `answers` (`counting`'s, each text as often as it was answered) that the cascade in
+    `folder` passes on past its first member by its own routing (`common.cascade.keeps`), the first member run in this
+    process on each text alone, as the single-text calls sent it."""
+    cascade = load_cascade(folder)
+    sent: Counter = Counter()
+    for (text, pair, _, _), count in answers.items():
+        sent[text, pair] += count
+    first = BundleClassifier(cascade.members[0].folder)
+    try:
+        logits = np.concatenate([first.logits([text], None if pair is None else [pair]) for text, pair in sent])
+    finally:
+        first.close()
+    escalated = ~keeps(logits, cascade.spec, 0)
+    return float(np.dot(escalated, list(sent.values())) / sum(sent.values()))
 
 
 def refuse_another_last(cascade: Cascade, last: Path) -> None:
@@ -181,19 +206,24 @@ def _build(inputs: Inputs, console: Console) -> Built:
         )
     cascade = mf.load(folders["cascade"], verify=False)
     first = cascade.info["cascade"]["members"][0]["bundle"]
-    total = sum(answers.values())
-    escalated = 1 - sum(n for (member, _), n in answers.items() if member == first) / total
-    refused = sum(n for (_, flagged), n in answers.items() if flagged)
+    answered_by: Counter = Counter()
+    for (_, _, member, flagged), n in answers.items():
+        answered_by[member, flagged] += n
+    total = sum(answered_by.values())
+    escalated = 1 - sum(n for (member, _), n in answered_by.items() if member == first) / total
+    routed = routed_escalated(folders["cascade"], answers)
+    refused = sum(n for (_, flagged), n in answered_by.items() if flagged)
     lines += [
         "",
         f"Capacity of the cascade: {ratio:.2f}x its last member's.",
         "",
-        f"The cascade's {total} answers in these phases: {escalated:.1%} escalated past {first} (dev: "
-        f"{cascade.metrics['dev_escalated']:.1%}), {refused} escalations refused by a full queue (answered by the "
-        "member before).",
+        f"The cascade's {total} answers in these phases: {escalated:.1%} escalated past {first}, where its routing "
+        f"run in this process escalates {routed:.1%} of the same texts as often as sent (the whole dev split: "
+        f"{cascade.metrics['dev_escalated']:.1%}, from its manifest); {refused} escalations refused by a full queue "
+        "(answered by the member before).",
     ]
     markdown = "\n".join(lines) + "\n"
-    answered = [(member, flagged, n) for (member, flagged), n in answers.items()]
+    answered = [(member, flagged, n) for (member, flagged), n in answered_by.items()]
     result = CascadeResult(names=names, runs=runs, summary=summary, capacity_ratio=ratio, answered=answered)
     result.save(work, markdown)
     console.print(markdown)
@@ -201,12 +231,14 @@ def _build(inputs: Inputs, console: Console) -> Built:
         metrics={
             "capacity_ratio": ratio,
             "served_escalated": escalated,
+            "routed_escalated": routed,
             "escalation_refused": refused,
             **{f"{model}_capacity_texts_per_s": capacity[model] for model in folders},
             **{f"{model}_paced_p99_ms": summary[model]["paced"]["p99_ms"].median for model in folders},
         },
         info={"names": names},
-        line=f"capacity {ratio:.2f}x {names['last']}, {escalated:.1%} escalated, {refused} escalations refused; "
+        line=f"capacity {ratio:.2f}x {names['last']}, {escalated:.1%} escalated (routing on the same texts "
+        f"{routed:.1%}), {refused} escalations refused; "
         f"paced p99 {summary['cascade']['paced']['p99_ms'].median:.2f} ms "
         f"vs {summary['last']['paced']['p99_ms'].median:.2f} ms",
     )

@@ -114,6 +114,13 @@ def load_cascade(folder: str | Path) -> Cascade:
     return Cascade(folder=folder, manifest=manifest, manifest_sha256=digest, spec=spec, members=members)
 
 
+def keeps(logits: np.ndarray, spec: CascadeSpec, index: int) -> np.ndarray:
+    """(N,) whether member `index` (not the last) keeps each text, from its (N, C) logits: whether its confidence at
+    the member's temperature reaches its threshold."""
+    member = spec.members[index]
+    return confidence(logits, spec.rule, member.temperature) >= member.threshold
+
+
 def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarray, np.ndarray]:
     """Answers of the cascade from every member's logits on the same N texts: (N, C) logits of the member that
     answered each text, and (N,) its index. The server runs a member only on the texts that reach it; this is the
@@ -121,8 +128,8 @@ def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarra
     count = len(member_logits[0])
     answered_by = np.full(count, len(spec.members) - 1)
     open_ = np.ones(count, dtype=bool)
-    for index, member in enumerate(spec.members[:-1]):
-        keep = open_ & (confidence(member_logits[index], spec.rule, member.temperature) >= member.threshold)
+    for index in range(len(spec.members) - 1):
+        keep = open_ & keeps(member_logits[index], spec, index)
         answered_by[keep] = index
         open_ &= ~keep
     logits = np.stack([member_logits[m][i] for i, m in enumerate(answered_by)]) if count else member_logits[0]

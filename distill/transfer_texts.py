@@ -66,8 +66,8 @@ class TransferTexts:
     composition: dict
 
 
-def _adjacent(sentences: list[str]) -> list[tuple[str, str]]:
-    """Unlabelled pairs: each sentence of a text with the next one."""
+def adjacent(sentences: list[str]) -> list[tuple[str, str]]:
+    """Unlabelled pairs: each sentence of a text with the next one (the cascade's calibration pairs them alike)."""
     return list(zip(sentences, sentences[1:], strict=False))
 
 
@@ -79,7 +79,7 @@ def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     examples = []
     for line in unlabelled_lines(cfg.unlabelled_files, cfg.unlabelled_max_lines):
         sentences = split_sentences(line, cfg.text_style)
-        examples.extend(_adjacent(sentences) if pairs else ((sentence,) for sentence in sentences))
+        examples.extend(adjacent(sentences) if pairs else ((sentence,) for sentence in sentences))
         bar.update()
     bar.close()
     return examples

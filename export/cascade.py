@@ -1,7 +1,8 @@
 """Build a confidence cascade (`export.cascades`): member bundles, cheapest first, with thresholds chosen for a target.
 
 The thresholds are chosen on calibration texts that are neither dev nor test: unlabelled text past the
-lines the transfer set read (split and written as the transfer set is), labelled by the last member.
+lines the transfer set read (split and written as the transfer set is), any overlapping a dev or test text
+left out by the transfer set's leak filter, labelled by the last member.
 Each member but the last gets a softmax temperature fitted there (the last member's answers as labels),
 then the lowest threshold whose answers, with the texts it passes on counted as the last member's,
 agree with the last member on at least `target_agreement` of the texts that reach it. The whole
@@ -20,7 +21,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import load_splits, unlabelled_lines
+from edgedistill.common.data import load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs, Stage
@@ -29,7 +30,7 @@ from edgedistill.distill import finetune
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.distill.transfer_texts import leak_filter
+from edgedistill.distill.transfer_texts import adjacent, leak_filter
 from edgedistill.export import bundle_stage, validate
 from edgedistill.export.onnx_export import ExportError
 
@@ -94,30 +95,31 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
 
 
 def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] | None]:
-    """Up to `count` unlabelled texts (adjacent sentence pairs for a pair task) from the lines after those the
-    transfer set read (as many as it takes), in its text style, none overlapping a dev text."""
+    """Up to `count` unlabelled texts (for a pair task, adjacent sentences of a line, paired as the transfer set pairs
+    them) from the lines after those the transfer set read (as many as it takes), in its text style; a text, or a
+    pair with either side, overlapping a dev or test text is left out."""
     cfg = recipe.transfer  # unlabelled_max_lines is set: a recipe with cascades refuses to load without
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
-    leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
-    texts, pairs = [], []
+    held_out = [split for split in (dev, load_test(recipe.data)) if split is not None]
+    leaks = leak_filter([text for split in held_out for text in split.texts + (split.pairs or [])], cfg.text_style)
+    examples = []
     read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:
         read += 1
-        sentences = [s for s in split_sentences(line, cfg.text_style) if not leaks(s)]
-        if recipe.data.pairs:
-            pairs.extend(sentences[1:])
-            sentences = sentences[:-1]
-        texts.extend(sentences)
-        if len(texts) >= count:
+        sentences = split_sentences(line, cfg.text_style)
+        candidates = adjacent(sentences) if recipe.data.pairs else [(sentence,) for sentence in sentences]
+        examples.extend(sides for sides in candidates if not any(leaks(side) for side in sides))
+        if len(examples) >= count:
             break
-    if len(texts) < min(count, 100):
+    if len(examples) < min(count, 100):
         raise ExportError(
-            f"cascade calibration found {len(texts)} unlabelled texts in the {read} lines of "
+            f"cascade calibration found {len(examples)} unlabelled texts in the {read} lines of "
             f"transfer.unlabelled_files past the transfer set's {cfg.unlabelled_max_lines}, and needs "
             f"{min(count, 100)}: lower transfer.unlabelled_max_lines or add unlabelled text"
         )
-    return texts[:count], (pairs[:count] if recipe.data.pairs else None)
+    examples = examples[:count]
+    return [sides[0] for sides in examples], ([sides[1] for sides in examples] if recipe.data.pairs else None)
 
 
 class Member:

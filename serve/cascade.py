@@ -190,8 +190,12 @@ class CascadeRuntime:
         if self._closing:
             raise BatcherClosed("the model is shutting down or being replaced; retry")
 
+        waits = []  # at each member reached
+
         async def through_batcher(index: int, texts: list[str], pairs: list[str] | None) -> np.ndarray:
-            return (await self.members[index].classify(texts, pairs, deadline)).logits
+            scores = await self.members[index].classify(texts, pairs, deadline)
+            waits.append(scores.queue_wait)
+            return scores.logits
 
         self._inflight += 1
         self._idle.clear()
@@ -202,6 +206,7 @@ class CascadeRuntime:
             if not self._inflight:
                 self._idle.set()
         if self.metrics is not None:
+            self.metrics.request_done(sum(waits))  # once per request, as a bundle's batcher records it
             answered = np.array([self.ids.index(member) for member in scores.answered_by])
             for index, member in enumerate(self.ids):
                 self.metrics.routed(

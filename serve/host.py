@@ -57,6 +57,7 @@ class Scores:
     logits: np.ndarray  # (N, labels) float32
     answered_by: list[str] | None = None  # a cascade's: per row, the bundle id of the member that answered
     escalation_refused: np.ndarray | None = None  # a cascade's: (N,) bool, rows the next member's queue refused
+    queue_wait: float = 0.0  # seconds its first row waited before a batch took it
 
     @cached_property
     def probabilities(self) -> np.ndarray:
@@ -304,7 +305,7 @@ class ModelRuntime:
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:
         result = await self.batcher.submit(rows, deadline)
         logits = result.outputs[self.output].astype(np.float32, copy=False)
-        return Scores(logits)
+        return Scores(logits, queue_wait=result.queue_wait)
 
     async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
         """(N, L) token-id tensors through the model."""

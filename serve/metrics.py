@@ -97,7 +97,8 @@ class Metrics(BatchObserver):
         )
         self.queue_wait = Histogram(
             "edgedistill_queue_wait_seconds",
-            "Time a request waited before a batch took it",
+            "Time a request waited before a batch took it (a cascade's request: its waits at the members it reached, "
+            "summed)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -151,6 +152,13 @@ class Metrics(BatchObserver):
         self.member_inference = Histogram(
             "edgedistill_cascade_member_inference_seconds",
             "Time of one backend call of a cascade's member",
+            ["cascade", "member"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.member_queue_wait = Histogram(
+            "edgedistill_cascade_member_queue_wait_seconds",
+            "Time a cascade request's texts waited before a batch of a cascade's member took them",
             ["cascade", "member"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -218,6 +226,7 @@ class Metrics(BatchObserver):
             self.cascade_escalated,
             self.cascade_refused,
             self.member_inference,
+            self.member_queue_wait,
             self.member_depth,
         ):
             family.labels(cascade, member)
@@ -251,7 +260,8 @@ class Metrics(BatchObserver):
 
 
 class MemberObserver(BatchObserver):
-    """A cascade member's batcher: the server's batch metrics, plus the member's own backend time and queue depth."""
+    """A cascade member's batcher: the server's batch metrics, plus the member's own backend time, queue depth and
+    queue wait (the cascade records each request's total wait in the server's, `CascadeRuntime.classify`)."""
 
     def __init__(self, metrics: Metrics, cascade: str, member: str):
         self.metrics = metrics
@@ -265,7 +275,7 @@ class MemberObserver(BatchObserver):
         self.metrics.member_inference.labels(*self.labels).observe(seconds)
 
     def request_done(self, queue_wait: float) -> None:
-        self.metrics.request_done(queue_wait)
+        self.metrics.member_queue_wait.labels(*self.labels).observe(queue_wait)
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         self.metrics.rows_dropped(rows, reason)

@@ -5,6 +5,7 @@ import asyncio
 import io
 import json
 import os
+import random
 from collections import Counter
 
 import pytest
@@ -64,7 +65,7 @@ def test_counting_tallies_each_answers_member_and_refused_escalation():
 
     answers = Counter()
     asyncio.run(counting(classify, answers)(pb.ClassifyRequest(texts=["a", "b", "c"])))
-    assert answers == {("small", False): 1, ("big", False): 1, ("small", True): 1}
+    assert answers == {("a", None, "small", False): 1, ("b", None, "big", False): 1, ("c", None, "small", True): 1}
 
 
 def test_bench_cascade_table_names_the_cascade_and_its_last_member(measured):
@@ -171,11 +172,56 @@ def test_a_models_failed_calls_are_summed_over_every_phase_and_round():
     assert failed_calls(phases) == 12
 
 
-def publish(folder, metrics: dict, info: dict) -> None:
-    with mf.stage_folder(folder) as tmp:
-        (tmp / "manifest-only").write_text("")
-        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", metrics=metrics)
-        mf.commit(tmp, folder, base.model_copy(update={"info": info}))
+SURE_TEXT, UNSURE_TEXT = "great good love fun", "the movie"  # the tiny member's confidence above 0.9, below
+
+
+def tiny_cascade(folder, dev_escalated: float) -> dict:
+    """The folders of a cascade of the tiny model ("small") and the same model sure of "negative" ("big"), which
+    keeps SURE_TEXT at "small" and escalates UNSURE_TEXT; its manifest gives `dev_escalated`."""
+    small = write_bundle(folder / "bundle-small")
+    big = write_bundle(folder / "bundle-big", bias=10.0)
+    cascade_folder = write_cascade(folder / "bundle-cascade", {"small": small, "big": big}, [0.9])
+    manifest = json.loads((cascade_folder / mf.MANIFEST).read_text())
+    manifest["metrics"]["dev_escalated"] = dev_escalated  # as the export stage records it
+    (cascade_folder / mf.MANIFEST).write_text(json.dumps(manifest))
+    return {"cascade": cascade_folder, "last": big}
+
+
+@pytest.fixture(scope="module")
+def built_on_texts_past_those_sent(tmp_path_factory):
+    """The benchmark's figures on a dev split of 600 texts whose 88 not among the 512 sent (`load_texts`) are all
+    UNSURE_TEXT, and one in 8 of those sent; and that split's escalated share."""
+    folder = tmp_path_factory.mktemp("past-sent")
+    order = list(range(600))
+    random.Random(0).shuffle(order)  # as load_texts shuffles
+    sent = order[:512]
+    unsure = set(order[512:]) | set(sent[::8])
+    rows = [f"{UNSURE_TEXT if i in unsure else SURE_TEXT}\t1" for i in range(600)]
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    folders = tiny_cascade(folder, dev_escalated=len(unsure) / 600)
+    overrides = {"data.dev": str(folder / "dev.tsv"), "data.dev_limit": None, "bench.serving.duration_s": 0.5}
+    recipe = load_recipe(SMOKE, overrides | {"bench.serving.repeats": 1})
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        built = cascade._build(
+            Inputs(recipe, "h", folder / "work", False, {}, folders, "k"), Console(file=io.StringIO())
+        )
+    return built.metrics, len(unsure) / 600
+
+
+def test_the_routing_share_is_that_of_the_texts_sent(built_on_texts_past_those_sent):
+    metrics, _ = built_on_texts_past_those_sent
+    assert metrics["routed_escalated"] == pytest.approx(metrics["served_escalated"], abs=1e-12)
+
+
+def test_the_routing_share_of_texts_sent_differs_from_the_whole_dev_splits(built_on_texts_past_those_sent):
+    metrics, whole_split = built_on_texts_past_those_sent
+    assert metrics["routed_escalated"] < whole_split - 0.05
+
+
+def test_the_routing_share_counts_each_text_as_often_as_it_was_sent(measured_without_servers):
+    assert "escalates 25.0% of the same texts" in (measured_without_servers / "cascade.md").read_text()
 
 
 @pytest.fixture
@@ -184,14 +230,11 @@ def measured_without_servers(tmp_path, monkeypatch):
     record = {"texts_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "failures": 0, "error_codes": {}}
 
     async def canned(recipe, folders, work, answers):
-        answers.update({("small", False): 3, ("big", False): 1})
+        answers.update({(SURE_TEXT, None, "small", False): 3, (UNSURE_TEXT, None, "big", False): 1})
         return {model: {phase: [record] for phase in PHASES} for model in folders}
 
     monkeypatch.setattr(cascade, "_measure", canned)
-    members = {"cascade": {"members": [{"bundle": "small"}, {"bundle": "big"}]}}
-    publish(tmp_path / "bundle-cascade", {"dev_escalated": 0.3}, members)
-    publish(tmp_path / "bundle-big", {}, {})
-    folders = {"cascade": tmp_path / "bundle-cascade", "last": tmp_path / "bundle-big"}
+    folders = tiny_cascade(tmp_path, dev_escalated=0.3)
     inputs = Inputs(load_recipe(SMOKE), "h", tmp_path / "work", False, {}, folders, "k")
     cascade._build(inputs, Console(file=io.StringIO()))
     return tmp_path / "work"

@@ -132,27 +132,53 @@ def test_cascade_with_a_member_rebuilt_since_is_refused(smoke_cascade, tmp_path)
         load_cascade(copy)
 
 
+def load_recipe_of(folder, paths):
+    """The smoke-size pair recipe of the task in `paths`, its transfer set reading the first 10 unlabelled lines."""
+    (folder / "pairs.yaml").write_text(pair_recipe(paths), encoding="utf-8")
+    return load_recipe(folder / "pairs.yaml", {"transfer.unlabelled_max_lines": 10})
+
+
 def test_pair_calibration_reads_on_past_lines_that_hold_no_pair(tmp_path):
     paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
     window = [f"window sentence {i} ." for i in range(10)]
     single = [f"lonely sentence {i} ." for i in range(200)]  # one sentence each: no adjacent pair
     double = [f"first half {i} . second half {i} ." for i in range(200)]
     paths["unlabelled"].write_text("\n".join(window + single + double) + "\n", encoding="utf-8")
-    (tmp_path / "pairs.yaml").write_text(pair_recipe(paths), encoding="utf-8")
-    recipe = load_recipe(tmp_path / "pairs.yaml", {"transfer.unlabelled_max_lines": 10})
-    texts, pairs = calibration_texts(recipe, 150)
+    texts, pairs = calibration_texts(load_recipe_of(tmp_path, paths), 150)
     assert pairs[:2] == ["second half 0 .", "second half 1 ."]
     assert len(texts) == 150
+
+
+def test_pair_calibration_drops_the_pairs_of_a_dev_sentence_rather_than_pairing_across_it(tmp_path):
+    paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
+    dev_sentence = load_splits(load_recipe_of(tmp_path, paths).data)[1].texts[0]
+    window = [f"window sentence {i} ." for i in range(10)]
+    around = f"the sentence before . {dev_sentence} the sentence after ."
+    double = [f"first half {i} . second half {i} ." for i in range(200)]
+    paths["unlabelled"].write_text("\n".join([*window, around, *double]) + "\n", encoding="utf-8")
+    texts, pairs = calibration_texts(load_recipe_of(tmp_path, paths), 150)
+    assert ("the sentence before .", "the sentence after .") not in zip(texts, pairs, strict=True)
+
+
+def test_calibration_leaves_out_an_unlabelled_sentence_of_the_test_split(tmp_path):
+    test_sentence = "a quietly moving portrait of a family at war ."
+    (tmp_path / "test.tsv").write_text(f"sentence\tlabel\n{test_sentence}\t1\n", encoding="utf-8")
+    lines = [f"filler sentence number {i} ." for i in range(200)]
+    (tmp_path / "unlabelled.txt").write_text("\n".join([*lines[:10], test_sentence, *lines[10:]]) + "\n")
+    overrides = {
+        "data.test": str(tmp_path / "test.tsv"),
+        "transfer.unlabelled_files": [str(tmp_path / "unlabelled.txt")],
+    }
+    texts, _ = calibration_texts(load_recipe(SMOKE, {**overrides, "transfer.unlabelled_max_lines": 10}), 150)
+    assert test_sentence not in texts
 
 
 def test_calibration_short_of_unlabelled_text_says_how_many_lines_it_read(tmp_path):
     paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
     lines = [f"first half {i} . second half {i} ." for i in range(30)]  # one pair each
     paths["unlabelled"].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (tmp_path / "pairs.yaml").write_text(pair_recipe(paths), encoding="utf-8")
-    recipe = load_recipe(tmp_path / "pairs.yaml", {"transfer.unlabelled_max_lines": 10})
     with pytest.raises(ExportError, match="found 20 unlabelled texts in the 20 lines of"):
-        calibration_texts(recipe, 150)
+        calibration_texts(load_recipe_of(tmp_path, paths), 150)
 
 
 def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):

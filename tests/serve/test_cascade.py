@@ -324,6 +324,7 @@ MEMBER_SERIES = (
     "edgedistill_cascade_escalated_texts_total",
     "edgedistill_cascade_escalation_refused_texts_total",
     "edgedistill_cascade_member_inference_seconds_count",
+    "edgedistill_cascade_member_queue_wait_seconds_count",
     "edgedistill_cascade_member_queue_depth",
 )
 
@@ -337,6 +338,23 @@ def test_every_members_series_is_scraped_at_zero_before_its_first_call(start_ser
         if f'member="{member}"' in line and line.endswith(" 0.0")
     }
     assert found >= {(series, member) for series in MEMBER_SERIES for member in (STUDENT, TEACHER)}
+
+
+def escalated_once(server, stub, sample: str, **labels) -> float:
+    """How much one text that the student escalates to the teacher raises the sample `sample` of `server`."""
+    before = metric(scrape(server), sample, **labels)
+    stub.Classify(pb.ClassifyRequest(texts=UNSURE[:1]), timeout=10)
+    return metric(scrape(server), sample, **labels) - before
+
+
+def test_a_request_escalated_to_the_teacher_is_one_queue_wait_of_the_server(stub, served_cascade):
+    assert escalated_once(served_cascade, stub, "edgedistill_queue_wait_seconds_count") == 1
+
+
+@pytest.mark.parametrize("member", [STUDENT, TEACHER])
+def test_metrics_time_each_members_queue_wait(stub, served_cascade, member):
+    sample = "edgedistill_cascade_member_queue_wait_seconds_count"
+    assert escalated_once(served_cascade, stub, sample, member=member) == 1
 
 
 @pytest.mark.parametrize("member", [STUDENT, TEACHER])
