@@ -396,8 +396,8 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         )
         # The load test's own rows, so that the report and its summary.md write each measured figure alike
         page.table(["SLO check", "measured", "wanted", "result"], loadtest_result.verdict_rows(result))
-        # The calls its figures count: those started after the schedule count nowhere (`loadtests.result`)
-        by_name = Samples.load(folder / SAMPLES_FILE).started_before(result["duration_s"]).latencies_by_name()
+        # The calls its figures count: those due after the schedule count nowhere (`loadtests.result`)
+        by_name = Samples.load(folder / SAMPLES_FILE).due_before(result["duration_s"]).latencies_by_name()
         if by_name:
             page.figure(
                 f"{folder.name}-latency.png",
