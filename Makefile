@@ -225,7 +225,7 @@ $(if $(filter-out 0 1,$(BAKE)),$(error BAKE=$(BAKE): BAKE=1 bakes BUNDLE into th
 ifeq ($(BAKE),1)
 IN_CONTEXT  = $(patsubst $(CURDIR)/%,%,$(realpath $(BUNDLE)))
 BAKED       = $(if $(and $(filter runs/%,$(IN_CONTEXT)),$(filter 3,$(words $(subst /, ,$(IN_CONTEXT)))),$(filter bundle-%,$(notdir $(IN_CONTEXT)))),$(IN_CONTEXT))
-BUNDLE_VERSION = $(eval BUNDLE_VERSION := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.bundle import load_bundle; print(load_bundle(sys.argv[1], verify=False).spec.version)" '$(BUNDLE)'))$(BUNDLE_VERSION)
+BUNDLE_VERSION = $(eval BUNDLE_VERSION := $(shell $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.cascade import served_version; print(served_version(sys.argv[1]))" '$(BUNDLE)'))$(BUNDLE_VERSION)
 IMAGE_TAG   = $(IMAGE):$(notdir $(patsubst %/,%,$(BUNDLE)))-$(BUNDLE_VERSION)
 IMAGE_ARGS  = --target baked --build-arg BUNDLE=$(BAKED)
 else

@@ -85,6 +85,13 @@ def cascade_spec(folder: Path, manifest: mf.Manifest) -> CascadeSpec:
         raise mf.invalid(f"{folder}: invalid cascade spec", err) from None
 
 
+def served_version(folder: str | Path) -> str:
+    """The version a server of `folder`, a bundle or a cascade, reports (read without verifying its files)."""
+    if is_cascade(folder):
+        return cascade_spec(Path(folder), mf.load(folder, verify=False)).version
+    return load_bundle(folder, verify=False).spec.version
+
+
 def load_cascade(folder: str | Path) -> Cascade:
     """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
     each member as a bundle, and members that agree on labels and inputs."""

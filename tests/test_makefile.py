@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
 from edgedistill.common.settings import MEASURED_SETTINGS
 from edgedistill.serve.settings import env_name
 
 from tests.conftest import ROOT
-from tests.serve.conftest import write_bundle
+from tests.serve.conftest import write_bundle, write_cascade
 
 
 def make_dry_run(tmp_path, *args: str) -> str:
@@ -425,6 +426,13 @@ def test_make_image_tags_bundles_of_one_folder_name_and_other_contents_apart(ins
     first = write_bundle(installed / "runs" / "r" / "bundle-b", version="0123abcd")
     retrained = write_bundle(installed / "runs" / "q" / "bundle-b", version="4567ef01")
     assert baked_tag(installed, first) != baked_tag(installed, retrained)
+
+
+def test_make_image_tags_a_cascade_with_its_content_version(installed):
+    member = write_bundle(installed / "members" / "bundle-m")
+    cascade = write_cascade(installed / "runs" / "r" / "bundle-c", {"small": member, "large": member}, [0.9])
+    version = mf.load(cascade).info["cascade"]["version"]
+    assert baked_tag(installed, cascade) == f"edgedistill-serve:bundle-c-{version}"
 
 
 def test_make_image_refuses_to_bake_a_bundle_that_does_not_load(installed):
