@@ -311,6 +311,7 @@ format: $(STAMP)  ## apply ruff's fixes and formatting
 
 clean:  ## remove the run folder of RECIPE (asks first; CONFIRM=1 to skip the question)
 	$(if $(word 1,$(RECIPE_INFO)),,$(error RECIPE=$(RECIPE) does not load (the error above says why), so make clean has no run to remove: pass RECIPE=<recipe file> of the run, or remove its folder in $(RUNS_DIR) by hand))
+	$(if $(strip $(RUNS_DIR)),,$(error RUNS_DIR is empty, so make clean would remove /$(word 1,$(RECIPE_INFO)): give the runs folder, or leave RUNS_DIR out for runs/))
 	@if [ "$(CONFIRM)" != 1 ]; then \
 	  printf 'remove %s? [y/N] ' "$(RUN)"; read answer || echo; \
 	  [ "$$answer" = y ] || { echo "not removed (CONFIRM=1 removes it without asking)" >&2; exit 1; }; fi

@@ -478,6 +478,12 @@ def test_make_clean_of_a_recipe_that_does_not_load_stops_make(tmp_path):
     assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 2
 
 
+def test_make_clean_with_an_empty_runs_dir_stops_make():
+    command = ["make", "-n", "--no-print-directory", "clean", "RECIPE=recipes/smoke.yaml", "CONFIRM=1", "RUNS_DIR="]
+    refusal = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "RUNS_DIR is empty, so make clean would remove /smoke" in refusal.stderr
+
+
 def test_make_clean_of_a_recipe_that_does_not_load_removes_no_run(tmp_path):
     (tmp_path / "sst2").mkdir()
     command = ["make", "--no-print-directory", "clean", "RECIPE=recipes/", "CONFIRM=1", f"RUNS_DIR={tmp_path}"]
