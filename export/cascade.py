@@ -10,6 +10,7 @@ cascade is then run on the dev set: its accuracy, the share of texts each member
 curve (first threshold -> dev accuracy, escalated share) are recorded.
 """
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -123,12 +124,20 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
 
 
 class Member:
-    """A member bundle opened once, through ONNX Runtime or TensorRT as it is served, for calibration and dev."""
+    """A member bundle opened once, through ONNX Runtime or TensorRT as it is served, for calibration and dev; as a
+    context manager, closed on leaving it (an engine holds device memory and a CUDA stream until then)."""
 
     def __init__(self, folder: Path):
         bundle, files = read_bundle(folder)
         self.max_length, self.segments = bundle.spec.max_length, bundle.spec.pair_segments
-        self.run = validate.logits_runner(open_bundle(bundle, model=files.model, threads=THREADS))
+        self.runner = open_bundle(bundle, model=files.model, threads=THREADS)
+        self.run = validate.logits_runner(self.runner)
+
+    def __enter__(self) -> "Member":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.close()
 
     def logits(self, tokenizer, texts: list[str], pairs: list[str] | None) -> np.ndarray:
         """The member's logits on texts (and pairs, with the segment ids its spec's `pair_segments` makes)."""
@@ -176,8 +185,12 @@ def _build(inputs: Inputs, name: str) -> Built:
     tokenizer = load_tokenizer(str(inputs.parent("teacher")))
     folders = [inputs.parent(f"bundle-{member}") for member in cfg.members]
     texts, pairs = calibration_texts(recipe, cfg.calibration_sentences)
-    opened = [Member(folder) for folder in folders]
-    calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
+    _, dev = load_splits(recipe.data)
+    dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
+    with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
+        opened = [members.enter_context(Member(folder)) for folder in folders]
+        calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
+        dev_logits = [member.logits(tokenizer, dev_texts, dev_pairs) for member in opened]  # as the server writes them
     reference = calibration[-1].argmax(-1)
     routing, first_kept = fit_routing(calibration, cfg)
     spec = CascadeSpec(
@@ -195,9 +208,6 @@ def _build(inputs: Inputs, name: str) -> Built:
             for member, folder, (threshold, temperature) in zip(cfg.members, folders, routing, strict=True)
         ],
     ).content_versioned()  # the spec holds the members' manifest hashes
-    _, dev = load_splits(recipe.data)
-    dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
-    dev_logits = [member.logits(tokenizer, dev_texts, dev_pairs) for member in opened]  # as the server writes them
     answers, answered_by = route(dev_logits, spec)
     figures = task_metrics(answers, dev.labels, recipe.data)
     shares = np.bincount(answered_by, minlength=len(folders)) / len(dev)

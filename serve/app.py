@@ -341,14 +341,16 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     async def open_port() -> None:
         await server.start()
         log.info(
-            "listening on port %d",
+            "listening on port %d, %s",
             port,
+            "calls need the bearer token TOKEN" if settings.token else "calls need no token (set TOKEN to require one)",
             extra={
                 "event": "listening",
                 "port": port,
                 "metrics_port": server.metrics_port,
                 "health_port": server.health_port,
                 "tls": settings.tls_cert is not None,
+                "token": settings.token is not None,
             },
         )
 

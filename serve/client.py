@@ -216,7 +216,7 @@ class Client:
         # a cascade's per-row outputs, [batch, 1] (or [batch], as earlier servers sent them): one value per text
         members = outputs["answered_by"].reshape(-1) if "answered_by" in outputs else [b""] * len(texts)
         refused = outputs["escalation_refused"].reshape(-1) if "escalation_refused" in outputs else [False] * len(texts)
-        labels = self.labels(reply.model_name, reply.model_version)
+        labels = self.kserve_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, row, labels) | _cascade_fields(member.decode(), bool(flag))
             for given, row, member, flag in zip(
@@ -224,6 +224,34 @@ class Client:
             )
         ]
         return {"model": reply.model_name, "version": reply.model_version, "predictions": predictions}
+
+    def kserve_labels(self, name: str, version: str) -> list[str]:
+        """The labels of model `name` at `version` as a client behind a gateway that exposes only KServe reads them:
+        `ModelConfig`'s parameter `labels`, else the Classifier API's (`labels`); kept per name and version.
+        `LabelsUnavailable` where neither gives them."""
+        if (name, version) not in self._labels:
+            try:
+                self._labels[(name, version)] = self._model_config_labels(name, version)
+            except (grpc.RpcError, LookupError) as kserve:
+                try:
+                    return self.labels(name, version)
+                except grpc.RpcError as err:
+                    raise LabelsUnavailable(
+                        f"the server answered, but the labels of model {name} version {version} cannot be read: "
+                        f"ModelConfig: {_failure(kserve)}; GetModelInfo: {_failure(err)}"
+                    ) from err
+        return self._labels[(name, version)]
+
+    def _model_config_labels(self, name: str, version: str) -> list[str]:
+        """KServe `ModelConfig`'s parameter `labels` (a JSON list); `LookupError` where it has none."""
+        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+
+        stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=name, version=version)).config
+        labels = config.parameters.get("labels")
+        if labels is None:
+            raise LookupError("no parameter 'labels'")
+        return json.loads(labels.string_value)
 
     def reload(self, bundle_path: str = "") -> dict:
         reply = self._call(self.stub.Reload, classifier_pb2.ReloadRequest(bundle_path=bundle_path))
@@ -254,6 +282,11 @@ def _cascade_fields(answered_by: str, escalation_refused: bool) -> dict:
     return {"answered_by": answered_by} | ({"escalation_refused": True} if escalation_refused else {})
 
 
+def _failure(error: Exception) -> str:
+    """A failed call's status and details, or another error's text."""
+    return f"{error.code().name} ({error.details()})" if isinstance(error, grpc.RpcError) else str(error)
+
+
 def _read(path: Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
@@ -276,6 +309,10 @@ def _info(message) -> dict:
 
 class UsageError(ValueError):
     """Arguments or input files the CLI cannot use; the message says why."""
+
+
+class LabelsUnavailable(RuntimeError):
+    """A reply's label names could be read neither over KServe nor over the Classifier API: the texts were answered."""
 
 
 class ModelChanged(RuntimeError):
@@ -752,7 +789,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
     except UsageError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
-    except ModelChanged as err:
+    except (ModelChanged, LabelsUnavailable) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Literal
 
 from edgedistill.common.settings import ENV_PREFIX, PIPELINE
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # The largest integer option gRPC takes (a C int): a message size, a call count, a time in ms. gRPC reads that time
 # as never: a duration of NEVER_S seconds or more (capped there as ms) never runs out.
@@ -23,6 +32,11 @@ NEVER_S = math.ceil(GRPC_INT_MAX / 1000)
 
 class SettingsError(ValueError):
     """Settings that cannot be used, with the flag or variable to fix."""
+
+
+def _blank(value) -> bool:
+    """Whether a value given as text says 'nothing': empty, whitespace, 'none' or 'off'."""
+    return isinstance(value, str) and value.strip().lower() in ("", "off", "none")
 
 
 class Settings(BaseModel):
@@ -165,14 +179,16 @@ class Settings(BaseModel):
     )
     tls_cert: Path | None = Field(
         None,
-        description="server certificate chain (PEM); enables TLS. The TLS files are read again at the first "
-        "handshake after one changed: a rotated certificate serves new connections without a restart",
+        description="server certificate chain (PEM); enables TLS (unset: plaintext; an empty value is refused). The "
+        "TLS files are read again at the first handshake after one changed: a rotated certificate serves new "
+        "connections without a restart",
     )
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA bundle (PEM) that client certificates must chain to: mutual TLS")
     token: SecretStr | None = Field(
         None,
-        description="bearer token clients must send ('authorization: Bearer ...'); prefer the variable, flags show in ps",
+        description="bearer token clients must send ('authorization: Bearer ...'); unset: none, and an empty value is "
+        "refused; prefer the variable, flags show in ps",
     )
     admin_token: SecretStr | None = Field(
         None,
@@ -208,22 +224,21 @@ class Settings(BaseModel):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator(
-        "metrics_port",
-        "health_port",
-        "tls_cert",
-        "tls_key",
-        "tls_ca",
-        "token",
-        "admin_token",
-        "bundle",
-        "reload_root",
-        mode="before",
-    )
+    @field_validator("metrics_port", "health_port", "bundle", "reload_root", mode="before")
     @classmethod
     def _blank_is_none(cls, value):
-        if isinstance(value, str) and value.strip().lower() in ("", "off", "none"):
-            return None
+        return None if _blank(value) else value
+
+    @field_validator("tls_cert", "tls_key", "tls_ca", "token", "admin_token", mode="before")
+    @classmethod
+    def _unset_to_turn_off(cls, value, info: ValidationInfo):
+        """Security settings turn off only unset: an empty value (a Secret with an empty key, a compose file's
+        `${VAR:-}`) would otherwise serve without a token, or in plaintext, unnoticed."""
+        if _blank(value):
+            off = {"token": "serve without a token", "admin_token": "refuse Reload calls"}.get(info.field_name)
+            raise ValueError(
+                f"must not be empty, 'none' or 'off': unset the variable (and give no flag) to {off or 'serve plaintext'}"
+            )
         return value
 
     @field_validator("token", "admin_token")

@@ -187,6 +187,54 @@ def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped
     assert Member(folder).logits(tokenizer, ["a gripping film"], None).shape == (1, 2)
 
 
+class ClosingRecorded:
+    """A member's runner, as `open_bundle` gave it, that notes whether it was closed."""
+
+    def __init__(self, runner):
+        self.runner, self.closed = runner, False
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def close(self) -> None:
+        self.closed = True
+        self.runner.close()
+
+
+def recorded_openings(monkeypatch, fail_opening: int | None = None) -> list[ClosingRecorded]:
+    """The runners `export.cascade` opens from now on, in order; the `fail_opening`-th (from 0) fails to open."""
+    opened, open_bundle = [], export_cascade.open_bundle
+
+    def open_recorded(*args, **kwargs):
+        if len(opened) == fail_opening:
+            raise RuntimeError("out of device memory")
+        opened.append(ClosingRecorded(open_bundle(*args, **kwargs)))
+        return opened[-1]
+
+    monkeypatch.setattr(export_cascade, "open_bundle", open_recorded)
+    return opened
+
+
+def build_smoke_cascade(smoke_bundles, monkeypatch) -> None:
+    """The smoke cascade's build (what it would publish is left unwritten)."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    cascade = export_cascade.stage(load_recipe(SMOKE), "bilstm-cascade")
+    cascade.build(cascade.inputs())
+
+
+def test_building_a_cascade_closes_every_member_it_opened(smoke_bundles, monkeypatch):
+    opened = recorded_openings(monkeypatch)
+    build_smoke_cascade(smoke_bundles, monkeypatch)
+    assert [runner.closed for runner in opened] == [True, True]
+
+
+def test_a_cascade_whose_last_member_fails_to_open_closes_those_opened_before(smoke_bundles, monkeypatch):
+    opened = recorded_openings(monkeypatch, fail_opening=1)
+    with pytest.raises(RuntimeError, match="out of device memory"):
+        build_smoke_cascade(smoke_bundles, monkeypatch)
+    assert [runner.closed for runner in opened] == [True]
+
+
 def test_the_stage_line_gives_each_members_accuracy_to_four_places():
     line = export_cascade.members_line({"bilstm-int8": 0.7066666666666667, "teacher-fused": 0.69})
     assert line == "bilstm-int8 0.7067, teacher-fused 0.6900"

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -564,3 +566,47 @@ def refusing():
         asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
+
+
+class Gateway(grpc.GenericRpcHandler):
+    """A gRPC server on loopback that forwards the unary calls of the methods it exposes to `upstream`, their bytes as
+    they are, as a gateway in front of the server would, counting them by method; any other is UNIMPLEMENTED."""
+
+    def __init__(self, upstream: str, exposed: tuple[str, ...]):
+        self.exposed = exposed  # full method names ('/package.Service/Method'), or a service's prefix
+        self.calls: Counter[str] = Counter()
+        self.upstream = grpc.insecure_channel(upstream)
+        self.server = grpc.server(ThreadPoolExecutor(4))
+        self.server.add_generic_rpc_handlers((self,))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        if not method.startswith(self.exposed):
+            return None
+        forward = self.upstream.unary_unary(method)
+
+        def handle(request: bytes, context) -> bytes:
+            self.calls[method] += 1
+            return forward(request, timeout=10)
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+    def close(self) -> None:
+        self.server.stop(0)
+        self.upstream.close()
+
+
+@pytest.fixture
+def gateway():
+    """`gateway(upstream, exposed) -> Gateway`, stopped at the end of the test."""
+    started = []
+
+    def start(upstream: str, exposed: tuple[str, ...]) -> Gateway:
+        started.append(Gateway(upstream, exposed))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()

@@ -474,6 +474,37 @@ def test_labels_of_the_served_model_are_those_of_the_model_served_after_a_reload
         assert client.labels() == ["bad", "good"]
 
 
+KSERVE = "/inference.GRPCInferenceService/"
+MODEL_INFER = KSERVE + "ModelInfer"
+
+
+def test_kserve_behind_a_gateway_of_kserve_only_gives_the_label_names(served, gateway):
+    with cli.Client(gateway(served.address, (KSERVE,)).address) as client:
+        (prediction,) = client.kserve_infer(["a great movie"])["predictions"]
+    assert set(prediction["probabilities"]) == {"negative", "positive"}
+
+
+def test_kserve_behind_a_gateway_without_model_config_reads_the_labels_from_model_info(served, gateway):
+    with cli.Client(gateway(served.address, (MODEL_INFER, "/edgedistill.v1.Classifier/")).address) as client:
+        (prediction,) = client.kserve_infer(["a great movie"])["predictions"]
+    assert set(prediction["probabilities"]) == {"negative", "positive"}
+
+
+def test_kserve_labels_are_asked_once_per_model_version(served, gateway):
+    front = gateway(served.address, (KSERVE,))
+    with cli.Client(front.address) as client:
+        client.kserve_infer(["a great movie"])
+        client.kserve_infer(["awful boring film"])
+    assert front.calls[KSERVE + "ModelConfig"] == 1
+
+
+def test_kserve_labels_that_cannot_be_read_are_not_blamed_on_the_texts(served, gateway, capsys):
+    code, _, err = run(capsys, "--address", gateway(served.address, (MODEL_INFER,)).address, "--kserve", "good")
+    assert code == 1
+    assert "the server answered, but the labels of model tiny-sentiment" in err
+    assert "where" not in err
+
+
 def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
     command = [sys.executable, "-m", "edgedistill", "call", "--address", served.address, "--info"]
     client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -281,6 +281,11 @@ def test_a_metrics_host_with_the_metrics_port_off_stops_the_server_naming_it(spa
     )
 
 
+@pytest.mark.parametrize(("environ", "needed"), [({}, False), ({"EDGEDISTILL_TOKEN": "s3cret"}, True)])
+def test_the_listening_line_says_whether_calls_need_a_token(spawn, bundle, environ, needed):
+    assert spawn(bundle, **environ).wait_for("listening")["token"] is needed
+
+
 def test_client_cli_prints_the_model_and_each_texts_label_and_probabilities(served, capsys):
     assert cli.main(["--address", served.address, "a great movie", "awful boring film"]) == 0
     out = json.loads(capsys.readouterr().out)

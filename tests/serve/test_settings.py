@@ -124,6 +124,36 @@ def test_a_token_no_client_can_send_is_refused_without_showing_it(variable, toke
     assert "s3cr" not in str(refused.value)
 
 
+BLANKS = ["", "\n", " ", "none", "None", "off", "OFF"]
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+@pytest.mark.parametrize(
+    ("variable", "remedy"),
+    [("EDGEDISTILL_TOKEN", "to serve without a token"), ("EDGEDISTILL_ADMIN_TOKEN", "to refuse Reload calls")],
+)
+def test_an_empty_token_is_refused_saying_to_unset_it(variable, remedy, blank):
+    with pytest.raises(SettingsError, match=f"{variable}: .*unset the variable .*{remedy}"):
+        load_settings([], {variable: blank})
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_TLS_CERT", "EDGEDISTILL_TLS_KEY", "EDGEDISTILL_TLS_CA"])
+def test_an_empty_tls_path_is_refused_saying_to_unset_it(variable, blank):
+    with pytest.raises(SettingsError, match=f"{variable}: .*unset the variable .*to serve plaintext"):
+        load_settings([], {variable: blank})
+
+
+def test_unset_tokens_mean_no_token():
+    settings = load_settings([], {})
+    assert (settings.token, settings.admin_token) == (None, None)
+
+
+def test_unset_tls_paths_mean_plaintext():
+    settings = load_settings([], {})
+    assert (settings.tls_cert, settings.tls_key, settings.tls_ca) == (None, None, None)
+
+
 def test_concurrency_limits_are_settable():
     settings = load_settings(["--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4"], {})
     assert settings.max_concurrent_rpcs == 8
