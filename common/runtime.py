@@ -16,6 +16,7 @@ cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt`
 import hashlib
 import importlib
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,9 @@ SPIN_KEY = "session.intra_op.allow_spinning"
 # file can be, refuses every such reference; no stage writes external data.
 EXTERNAL_DATA_KEY = "session.model_external_initializers_file_folder_path"
 MIN_TENSORRT_MAJOR = 10
+# TensorRT builds fp32 layers in TF32 (10 mantissa bits) on Ampere and later unless its builder flag is cleared, which
+# ONNX Runtime's TensorRT provider does not offer; CUDA reads this variable once, when it starts in the process.
+TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
 # ONNX Runtime's CUDA provider fails a call with status FAIL, not EP_FAIL, naming the library: "CUDA failure 700: an
 # illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
 GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
@@ -74,6 +78,10 @@ class DeviceError(RuntimeError):
     """A CUDA or TensorRT call failed on the GPU."""
 
 
+class PrecisionRefused(ValueError):
+    """The requested execution providers would run the model below its precision; the message names the ways out."""
+
+
 # --- ONNX Runtime ---------------------------------------------------------------------------------------------
 
 
@@ -84,6 +92,19 @@ def resolve_providers(names: list[str]) -> list[str]:
     return ordered if CPU in ordered else [*ordered, CPU]
 
 
+def refuse_tf32(providers: list[str], precision: str, what: str) -> None:
+    """Raise `PrecisionRefused` where ONNX Runtime's TensorRT provider, among `providers`, would run `what`, a model of
+    `precision` other than fp16, in TF32: unless `NVIDIA_TF32_OVERRIDE=0` is set in the environment."""
+    if precision == "fp16" or TENSORRT not in resolve_providers(providers) or os.environ.get(TF32_OVERRIDE_VAR) == "0":
+        return
+    raise PrecisionRefused(
+        f"{what}: {TENSORRT} would run this {precision} model's fp32 layers in TF32 (10 mantissa bits), as TensorRT "
+        f"builds them on Ampere and later GPUs, and ONNX Runtime offers no option to turn that off. Run it on "
+        f"{CUDA} (without TF32), build a TensorRT engine bundle (runtime: tensorrt, built without TF32), or set "
+        f"{TF32_OVERRIDE_VAR}=0 in the environment before the process starts"
+    )
+
+
 def available_providers() -> list[str]:
     """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
     return ort.get_available_providers()
@@ -92,9 +113,8 @@ def available_providers() -> list[str]:
 def provider_options(provider: str, precision: str, model: bytes | Path) -> dict:
     """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
     int8): CUDA picks cuDNN algorithms by heuristic and leaves TF32 off but for an fp16 model; TensorRT gets FP16
-    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32, an engine cache of this
-    model's own in `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache
-    there."""
+    kernels for an fp16 model only (its TF32 is left to `refuse_tf32`), an engine cache of this model's own in
+    `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache there."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -170,13 +190,15 @@ def open_session(
     and the file is not opened again; `model_path` still names it in messages.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
-    model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
+    model's (see `provider_options`); `PrecisionRefused` where TensorRT would run it in TF32 (`refuse_tf32`), on any
+    machine, before a session is built. With `allow_cpu_fallback` a provider that is not active is logged as a warning
     and the session returned anyway, without each GPU provider that failed to start (the others keep their options,
     and the disabled optimizers hold). A model file ONNX Runtime cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
     requested = resolve_providers(providers)
+    refuse_tf32(requested, precision, str(model_path))
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads

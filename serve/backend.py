@@ -6,7 +6,14 @@ import logging
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
 from edgedistill.common.machine import affinity_cores, usable_cores
-from edgedistill.common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
+from edgedistill.common.runtime import (
+    ModelLoadError,
+    PrecisionRefused,
+    ProviderFallback,
+    Runner,
+    TensorRTUnavailable,
+    open_bundle,
+)
 from edgedistill.common.settings import SettingError
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, env_name, flag_name
@@ -52,6 +59,11 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
         )
     except SettingError as err:  # TensorRT's engine cache (EDGEDISTILL_TRT_CACHE) cannot be made
         raise BackendUnavailable(str(err)) from err
+    except PrecisionRefused as err:
+        chosen = f"those {env_name('providers')} names" if settings.providers else "the bundle's"
+        raise BackendUnavailable(
+            f"{err}. The providers are {chosen}; {env_name('providers')} ({flag_name('providers')}) chooses others."
+        ) from err
     except ProviderFallback as err:
         raise BackendUnavailable(
             f"{err} To serve on the CPU anyway, set {env_name('allow_cpu_fallback')}=true "

@@ -13,6 +13,7 @@ from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_
 from edgedistill.common.runtime import (
     DeviceError,
     ModelLoadError,
+    PrecisionRefused,
     ProviderFallback,
     TensorRTUnavailable,
     available_providers,
@@ -147,7 +148,7 @@ def test_missing_gpu_provider_raises_with_requested_and_active(model):
 
 
 @pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
-def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog):
+def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog, tf32_override):
     with caplog.at_level(logging.WARNING, logger=runtime.__name__):
         session = open_session(model, ["TensorrtExecutionProvider", "CUDAExecutionProvider"], allow_cpu_fallback=True)
     assert session.get_providers() == ["CPUExecutionProvider"]
@@ -156,6 +157,30 @@ def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog):
     assert record.levelno == logging.WARNING
     assert "TensorrtExecutionProvider" in record.getMessage()
     assert "active ['CPUExecutionProvider']" in record.getMessage()
+
+
+def test_tensorrt_provider_for_an_fp32_model_is_refused_naming_the_ways_out(model, no_tf32_override):
+    with pytest.raises(PrecisionRefused, match="CUDAExecutionProvider .*runtime: tensorrt.*NVIDIA_TF32_OVERRIDE=0"):
+        open_session(model, ["tensorrt", "cuda"])
+
+
+def test_tensorrt_provider_for_an_int8_model_is_refused(model, no_tf32_override):
+    with pytest.raises(PrecisionRefused, match="int8 model"):
+        open_session(model, ["tensorrt"], precision="int8")
+
+
+def test_tensorrt_provider_for_an_fp16_model_is_not_refused(model, no_tf32_override):
+    assert open_session(model, ["tensorrt"], precision="fp16", allow_cpu_fallback=True) is not None
+
+
+def test_tensorrt_provider_for_an_fp32_model_is_allowed_under_the_tf32_override(model, tf32_override):
+    assert open_session(model, ["tensorrt"], allow_cpu_fallback=True) is not None
+
+
+def test_a_tf32_override_other_than_zero_does_not_lift_the_refusal(model, monkeypatch):
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")
+    with pytest.raises(PrecisionRefused):
+        open_session(model, ["tensorrt"], allow_cpu_fallback=True)
 
 
 def test_no_requested_provider_is_an_error(model):
@@ -195,7 +220,7 @@ def cuda_fails_to_start(monkeypatch):
 
 
 @pytest.fixture
-def tensorrt_fails_to_start(monkeypatch, trt_cache):
+def tensorrt_fails_to_start(monkeypatch, trt_cache, tf32_override):
     """Every session asked for TensorRT fails to start (see `fail_to_start`)."""
     return fail_to_start(monkeypatch, "TensorrtExecutionProvider", "TensorRT EP failed to create engine")
 

@@ -297,7 +297,14 @@ def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
     engine.close()
 
 
-def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(bundle, tmp_path, monkeypatch):
+def test_an_fp32_bundle_the_providers_setting_sends_to_tensorrt_is_refused_naming_it(bundle, no_tf32_override):
+    with pytest.raises(BackendUnavailable, match="NVIDIA_TF32_OVERRIDE=0.*EDGEDISTILL_PROVIDERS names"):
+        load_backend(load_bundle(bundle), Settings(providers=["tensorrt"], threads=1))
+
+
+def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(
+    bundle, tmp_path, monkeypatch, tf32_override
+):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(blocker / "trt"))
