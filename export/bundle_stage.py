@@ -30,12 +30,13 @@ from edgedistill.common.bundle import (
     tokenizer_json,
     transformers_config,
 )
-from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.config.export import ENGINE_OPT_SEQUENCE, BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import (
     GPU_HINT,
     ProviderFallback,
+    Shapes,
     missing_here,
     open_runner,
     refuse_tf32,
@@ -268,7 +269,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             plain,
             model,
             list(source.inputs),
-            sequence=(1, min(64, length), length),
+            sequence=(1, min(ENGINE_OPT_SEQUENCE, length), length),
             fp16=spec.precision in ("fp16", "int8"),
             int8=spec.precision == "int8",
             calibration=calibration() if spec.precision == "int8" else None,
@@ -285,6 +286,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             threads=CHECK_THREADS,
             disabled_optimizers=disabled,
             precision=spec.precision,
+            shapes=Shapes(tuple(source.inputs), validate.DEV_BATCH, length),
         )
         providers = runner.providers
     run = validate.logits_runner(runner)

@@ -39,7 +39,8 @@ def intra_op_threads(threads: int, count: int) -> int:
 
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
-    (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`.
+    (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`, for batches of up to
+    `max_batch_size` rows.
 
     A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
     TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused_by`
@@ -56,6 +57,7 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
             threads=threads,
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,
+            max_batch=settings.max_batch_size,
         )
     except SettingError as err:  # TensorRT's engine cache (EDGEDISTILL_TRT_CACHE) cannot be made
         raise BackendUnavailable(str(err)) from err
