@@ -221,10 +221,11 @@ def open_session(
     and the file is not opened again; `model_path` still names it in messages.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
-    model's and `shapes` those it will be called with (see `provider_options`); `PrecisionRefused` where TensorRT would run it in TF32 (`refuse_tf32`), on any
-    machine, before a session is built. With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway, without each GPU provider that failed to start (the others keep their options,
-    and the disabled optimizers hold). A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    model's and `shapes` those it will be called with (see `provider_options`); `PrecisionRefused` where TensorRT
+    would run it in TF32 (`refuse_tf32`), on any machine, before a session is built. With `allow_cpu_fallback` a
+    provider that is not active is logged as a warning and the session returned anyway, without each GPU provider
+    that failed to start (the others keep their options, and the disabled optimizers hold). A model file ONNX Runtime
+    cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
