@@ -23,7 +23,7 @@ from edgedistill.bench.records import ServingResult
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
-from edgedistill.common.runtime import ModelLoadError, ProviderFallback, TensorRTUnavailable
+from edgedistill.common.runtime import ModelLoadError, PrecisionRefused, ProviderFallback, TensorRTUnavailable
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import SettingsError
 
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         SettingsError,
         ArtifactError,
         ProviderFallback,
+        PrecisionRefused,
         TensorRTUnavailable,
         ModelLoadError,
         BundleRejected,

@@ -168,7 +168,7 @@ def _eager_row(
 
 def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells, metric: Metric) -> tuple[dict, Timings]:
     bundle, files = read_bundle(folder)
-    runner = open_bundle(bundle, model=files.model, threads=cfg.threads)
+    runner = open_bundle(bundle, model=files.model, threads=cfg.threads, max_batch=max(cfg.batch_sizes))
     timings = {}
     try:
         for batch, length in shapes(cfg):

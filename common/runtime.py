@@ -16,13 +16,16 @@ cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt`
 import hashlib
 import importlib
 import logging
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
+from edgedistill.common.config.export import ENGINE_BATCH, ENGINE_OPT_SEQUENCE
 from edgedistill.common.manifest import ArtifactError, sha256_file
 
 try:
@@ -48,6 +51,9 @@ SPIN_KEY = "session.intra_op.allow_spinning"
 # file can be, refuses every such reference; no stage writes external data.
 EXTERNAL_DATA_KEY = "session.model_external_initializers_file_folder_path"
 MIN_TENSORRT_MAJOR = 10
+# TensorRT builds fp32 layers in TF32 (10 mantissa bits) on Ampere and later unless its builder flag is cleared, which
+# ONNX Runtime's TensorRT provider does not offer; CUDA reads this variable once, when it starts in the process.
+TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
 # ONNX Runtime's CUDA provider fails a call with status FAIL, not EP_FAIL, naming the library: "CUDA failure 700: an
 # illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
 GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
@@ -74,7 +80,34 @@ class DeviceError(RuntimeError):
     """A CUDA or TensorRT call failed on the GPU."""
 
 
+class PrecisionRefused(ValueError):
+    """The requested execution providers would run the model below its precision; the message names the ways out."""
+
+
 # --- ONNX Runtime ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The inputs a model is opened for: each of `inputs` a (batch, sequence) tensor of 1 to `max_batch` rows and 1 to
+    `max_sequence` tokens."""
+
+    inputs: tuple[str, ...]
+    max_batch: int
+    max_sequence: int
+
+    def tensorrt_profile(self) -> dict[str, str]:
+        """ONNX Runtime's TensorRT provider options for one optimisation profile over these shapes, tuned where
+        TensorRT engines are (`ENGINE_BATCH`'s opt batch, `ENGINE_OPT_SEQUENCE` tokens): `name:BxT,...` each."""
+        points = {
+            "min": (1, 1),
+            "opt": (min(ENGINE_BATCH[1], self.max_batch), min(ENGINE_OPT_SEQUENCE, self.max_sequence)),
+            "max": (self.max_batch, self.max_sequence),
+        }
+        return {
+            f"trt_profile_{point}_shapes": ",".join(f"{name}:{batch}x{length}" for name in self.inputs)
+            for point, (batch, length) in points.items()
+        }
 
 
 def resolve_providers(names: list[str]) -> list[str]:
@@ -84,17 +117,31 @@ def resolve_providers(names: list[str]) -> list[str]:
     return ordered if CPU in ordered else [*ordered, CPU]
 
 
+def refuse_tf32(providers: list[str], precision: str, what: str) -> None:
+    """Raise `PrecisionRefused` where ONNX Runtime's TensorRT provider, among `providers`, would run `what`, a model of
+    `precision` other than fp16, in TF32: unless `NVIDIA_TF32_OVERRIDE=0` is set in the environment."""
+    if precision == "fp16" or TENSORRT not in resolve_providers(providers) or os.environ.get(TF32_OVERRIDE_VAR) == "0":
+        return
+    raise PrecisionRefused(
+        f"{what}: {TENSORRT} would run this {precision} model's fp32 layers in TF32 (10 mantissa bits), as TensorRT "
+        f"builds them on Ampere and later GPUs, and ONNX Runtime offers no option to turn that off. Run it on "
+        f"{CUDA} (without TF32), build a TensorRT engine bundle (runtime: tensorrt, built without TF32), or set "
+        f"{TF32_OVERRIDE_VAR}=0 in the environment before the process starts"
+    )
+
+
 def available_providers() -> list[str]:
     """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
     return ort.get_available_providers()
 
 
-def provider_options(provider: str, precision: str, model: bytes | Path) -> dict:
+def provider_options(provider: str, precision: str, model: bytes | Path, shapes: Shapes | None = None) -> dict:
     """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
     int8): CUDA picks cuDNN algorithms by heuristic and leaves TF32 off but for an fp16 model; TensorRT gets FP16
-    kernels for an fp16 model only, so that an fp32 one is checked and served in fp32, an engine cache of this
-    model's own in `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache
-    there."""
+    kernels for an fp16 model only (its TF32 is left to `refuse_tf32`), one optimisation profile over `shapes`, an
+    engine cache of this model's and profile's own in `common.settings.trt_cache()` (made here; `SettingError` where
+    it cannot be) and the timing cache there. Without `shapes`, TensorRT builds an engine for the shapes it has met,
+    and again for each shape outside them."""
     if provider == CUDA:
         # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
         # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
@@ -110,7 +157,8 @@ def provider_options(provider: str, precision: str, model: bytes | Path) -> dict
     # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
     # layers hold whatever the weights, so the timing cache is shared.
     digest = hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else sha256_file(model)
-    engines = root / f"{digest[:16]}-{precision}"
+    profile = f"-b{shapes.max_batch}-t{shapes.max_sequence}" if shapes else ""
+    engines = root / f"{digest[:16]}-{precision}{profile}"
     try:  # the provider makes only the last folder of the path, and cannot start without it
         engines.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -125,6 +173,8 @@ def provider_options(provider: str, precision: str, model: bytes | Path) -> dict
         "trt_engine_cache_path": str(engines),
         "trt_timing_cache_enable": True,
         "trt_timing_cache_path": str(root),
+        # An explicit profile is built once, covering every call; the shapes a first call happens to have would not.
+        **(shapes.tensorrt_profile() if shapes else {}),
     }
 
 
@@ -163,6 +213,7 @@ def open_session(
     disabled_optimizers: list[str] | None = None,
     allow_cpu_fallback: bool = False,
     precision: str = "fp32",
+    shapes: Shapes | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession on `providers` (priority order, aliases allowed); `ProviderFallback` if one is not active.
 
@@ -170,13 +221,16 @@ def open_session(
     and the file is not opened again; `model_path` still names it in messages.
     `threads` sets intra-op threads (None or 0: ONNX Runtime's default); `spin` lets them spin while they
     wait for work; `disabled_optimizers` names graph optimizers to skip (a bundle's own list); `precision` is the
-    model's (see `provider_options`). With `allow_cpu_fallback` a provider that is not active is logged as a warning
-    and the session returned anyway, without each GPU provider that failed to start (the others keep their options,
-    and the disabled optimizers hold). A model file ONNX Runtime cannot load raises `ModelLoadError`.
+    model's and `shapes` those it will be called with (see `provider_options`); `PrecisionRefused` where TensorRT
+    would run it in TF32 (`refuse_tf32`), on any machine, before a session is built. With `allow_cpu_fallback` a
+    provider that is not active is logged as a warning and the session returned anyway, without each GPU provider
+    that failed to start (the others keep their options, and the disabled optimizers hold). A model file ONNX Runtime
+    cannot load raises `ModelLoadError`.
     """
     if not providers:
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
     requested = resolve_providers(providers)
+    refuse_tf32(requested, precision, str(model_path))
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
@@ -191,7 +245,7 @@ def open_session(
     # Leave out providers this build lacks, so ONNX Runtime does not print its own fallback banner;
     # they are reported below together with those that failed to start.
     source = Path(model_path) if model is None else model
-    usable = [(p, provider_options(p, precision, source)) for p in requested if p in offered]
+    usable = [(p, provider_options(p, precision, source, shapes)) for p in requested if p in offered]
 
     def build(providers: list[tuple[str, dict]]) -> ort.InferenceSession:
         # ONNX Runtime's own fallback, where a provider fails to start or fails a call, rebuilds the session on the
@@ -523,6 +577,7 @@ def open_runner(
     disabled_optimizers: list[str] | None = None,
     allow_cpu_fallback: bool = False,
     precision: str = "fp32",
+    shapes: Shapes | None = None,
 ) -> Runner:
     """A `Runner` for `model_path` (from its bytes `model`, where given) on `runtime` ('onnxruntime' or 'tensorrt').
 
@@ -540,6 +595,7 @@ def open_runner(
                 disabled_optimizers=disabled_optimizers,
                 allow_cpu_fallback=allow_cpu_fallback,
                 precision=precision,
+                shapes=shapes,
             )
         )
     if runtime == "tensorrt":
@@ -572,10 +628,12 @@ def open_bundle(
     threads: int | None = None,
     spin: bool = False,
     allow_cpu_fallback: bool = False,
+    max_batch: int = ENGINE_BATCH[2],
 ) -> Runner:
     """A `Runner` for a loaded bundle (from `model`, its model file's verified bytes, where given: see
     `common.bundle.read_bundle`), on `providers` (empty or None: the bundle's), with the bundle's disabled
-    optimizers, at its precision; `ArtifactError` when the model's inputs, outputs or profile disagree with its spec."""
+    optimizers, at its precision, for calls of up to `max_batch` rows and the bundle's max length; `ArtifactError`
+    when the model's inputs, outputs or profile disagree with its spec."""
     spec = bundle.spec
     runner = open_runner(
         bundle.model_path,
@@ -587,6 +645,7 @@ def open_bundle(
         disabled_optimizers=spec.disabled_optimizers,
         allow_cpu_fallback=allow_cpu_fallback,
         precision=spec.precision,
+        shapes=Shapes(tuple(spec.input_names), max_batch, spec.max_length),
     )
     problem = _io_mismatch(runner, spec, bundle.model_path)
     if problem is not None:

@@ -80,10 +80,11 @@ def scratch_tokenizer(cfg: ModelConfig, texts: list[str], folder: Path):
     """The tokenizer of a model built from scratch, trained on `texts` by rank 0 into `folder` unless an earlier
     run of these settings left it there, and read from there by every rank: WordPiece training breaks ties between
     equally frequent pairs in no fixed order, so two trainings on one corpus may number the vocabulary differently,
-    and the ranks, or a run and its resumption, would not share the embeddings' rows."""
+    and the ranks, or a run and its resumption, would not share the embeddings' rows. The other ranks wait however
+    long the training takes (`dist.wait_for_main`), not a collective's timeout."""
     if dist.is_main() and not folder.is_dir():
         atomic_write(folder, train_tokenizer(cfg.family, texts, cfg.vocab_size).save_pretrained)
-    dist.barrier()
+    dist.wait_for_main()
     return load_tokenizer(str(folder))
 
 

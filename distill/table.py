@@ -1,7 +1,8 @@
 """The distillation table: each student against the teacher and its label-only baseline, on the recipe's metric.
 
-Retention, baseline and gain compare the metric that selects checkpoints (`data.metric`); the table shows dev
-accuracy, that metric when it is another, and the same on the test split when the manifests carry it.
+Retention, baseline and gain compare the metric that selects checkpoints (`data.metric`); the table shows the dev
+figures of `DataConfig.dev_keys` (accuracy, that metric, and the F1 figures that fit the task), and the same on the
+test split when the manifests carry it.
 `baseline_from` says where the baseline started: `scratch`, or `teacher` (its layers or embeddings: a
 pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`).
 """
@@ -18,7 +19,7 @@ TEXT_COLUMNS = ("student", "arch", "baseline_from", "out_of_date")
 
 
 def figures(recipe: Recipe, test: bool) -> list[str]:
-    """The metric columns: dev accuracy, the selection metric when it is another, then their test twins."""
+    """The metric columns: `DataConfig.dev_keys`, then their test twins."""
     dev = recipe.data.dev_keys
     return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
 

@@ -18,7 +18,13 @@ def failures() -> tuple[type[Exception], ...]:
     """What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
     Imported when a command runs: the export imports torch, transformers and ONNX Runtime (seconds), which --help and a
     usage error need not wait for."""
-    from edgedistill.common.runtime import DeviceError, ModelLoadError, ProviderFallback, TensorRTUnavailable
+    from edgedistill.common.runtime import (
+        DeviceError,
+        ModelLoadError,
+        PrecisionRefused,
+        ProviderFallback,
+        TensorRTUnavailable,
+    )
     from edgedistill.export.onnx_export import ExportError
     from edgedistill.export.tensorrt import EngineBuildError
 
@@ -29,6 +35,7 @@ def failures() -> tuple[type[Exception], ...]:
         EngineBuildError,
         TensorRTUnavailable,
         ProviderFallback,
+        PrecisionRefused,
         ModelLoadError,
         DeviceError,
     )

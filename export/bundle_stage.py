@@ -30,10 +30,18 @@ from edgedistill.common.bundle import (
     tokenizer_json,
     transformers_config,
 )
-from edgedistill.common.config.export import BundleRecipe
+from edgedistill.common.config.export import ENGINE_OPT_SEQUENCE, BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.runtime import GPU_HINT, ProviderFallback, missing_here, open_runner, require_tensorrt
+from edgedistill.common.runtime import (
+    GPU_HINT,
+    ProviderFallback,
+    Shapes,
+    missing_here,
+    open_runner,
+    refuse_tf32,
+    require_tensorrt,
+)
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.common.text import read_texts
@@ -226,8 +234,10 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     spec = recipe.export.bundles[bundle_id]
     if spec.runtime == "tensorrt":
         require_tensorrt()
-    elif absent := missing_here(spec.runtime, spec.providers):  # named with --only: fail before the export's work
-        raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
+    else:  # named with --only: fail before the export's work
+        refuse_tf32(spec.providers, spec.precision, f"bundle {bundle_id} (export.bundles.{bundle_id}.providers)")
+        if absent := missing_here(spec.runtime, spec.providers):
+            raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     require_fusion_applies(spec, bundle_id, source)
@@ -259,7 +269,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             plain,
             model,
             list(source.inputs),
-            sequence=(1, min(64, length), length),
+            sequence=(1, min(ENGINE_OPT_SEQUENCE, length), length),
             fp16=spec.precision in ("fp16", "int8"),
             int8=spec.precision == "int8",
             calibration=calibration() if spec.precision == "int8" else None,
@@ -276,6 +286,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             threads=CHECK_THREADS,
             disabled_optimizers=disabled,
             precision=spec.precision,
+            shapes=Shapes(tuple(source.inputs), validate.DEV_BATCH, length),
         )
         providers = runner.providers
     run = validate.logits_runner(runner)

@@ -13,6 +13,8 @@ from edgedistill.export.onnx_export import ExportError, Source, example_inputs
 SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
 # Rows of the shape at a bundle's max length, where that is longer than every length of SHAPES.
 LONGEST_BATCH = 3
+# Rows per call of the dev-set pass; with SHAPES, the largest batch a bundle's checks run.
+DEV_BATCH = 64
 # Each precision's agreement gate: its key under the recipe's `export` section.
 AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
 FP32_TOLERANCE = 1e-3
@@ -145,4 +147,4 @@ def gate(
 
 def dev_logits(forward, features, pad_id: int) -> np.ndarray:
     with torch.no_grad():
-        return predict_logits(forward, features, pad_id, batch_size=64)
+        return predict_logits(forward, features, pad_id, batch_size=DEV_BATCH)

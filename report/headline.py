@@ -100,12 +100,14 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     key, shown = f"dev_{metric}", METRIC_NAMES[metric]
 
     def figures(metrics: dict) -> str:
-        """Dev figures, then test figures where the recipe has a test split."""
+        """The dev figures of the distillation table (`dev_keys`) the manifest carries, then their test twins where
+        the recipe has a test split."""
         parts = []
         for split in ("dev", "test") if "test_accuracy" in metrics else ("dev",):
-            chosen = f"{split}_{metric}"
-            also = f", {split} {shown} {metrics[chosen]:.4f}" if metric != "accuracy" and chosen in metrics else ""
-            parts.append(f"{split} accuracy {metrics[f'{split}_accuracy']:.4f}{also}")
+            for dev_key in recipe.data.dev_keys:
+                name = dev_key.removeprefix("dev_")
+                if (value := metrics.get(f"{split}_{name}")) is not None:
+                    parts.append(f"{split} {METRIC_NAMES[name]} {value:.4f}")
         return ", ".join(parts)
 
     teacher = _metrics(root / "teacher")

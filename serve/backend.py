@@ -6,7 +6,14 @@ import logging
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
 from edgedistill.common.machine import affinity_cores, usable_cores
-from edgedistill.common.runtime import ModelLoadError, ProviderFallback, Runner, TensorRTUnavailable, open_bundle
+from edgedistill.common.runtime import (
+    ModelLoadError,
+    PrecisionRefused,
+    ProviderFallback,
+    Runner,
+    TensorRTUnavailable,
+    open_bundle,
+)
 from edgedistill.common.settings import SettingError
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, env_name, flag_name
@@ -32,7 +39,8 @@ def intra_op_threads(threads: int, count: int) -> int:
 
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
-    (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`.
+    (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`, for batches of up to
+    `max_batch_size` rows.
 
     A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
     TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused_by`
@@ -49,9 +57,15 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
             threads=threads,
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,
+            max_batch=settings.max_batch_size,
         )
     except SettingError as err:  # TensorRT's engine cache (EDGEDISTILL_TRT_CACHE) cannot be made
         raise BackendUnavailable(str(err)) from err
+    except PrecisionRefused as err:
+        chosen = f"those {env_name('providers')} names" if settings.providers else "the bundle's"
+        raise BackendUnavailable(
+            f"{err}. The providers are {chosen}; {env_name('providers')} ({flag_name('providers')}) chooses others."
+        ) from err
     except ProviderFallback as err:
         raise BackendUnavailable(
             f"{err} To serve on the CPU anyway, set {env_name('allow_cpu_fallback')}=true "

@@ -201,6 +201,18 @@ def no_tensorrt(monkeypatch):
 
 
 @pytest.fixture
+def tf32_override(monkeypatch):
+    """NVIDIA_TF32_OVERRIDE=0, under which ONNX Runtime's TensorRT provider may run a model that is not fp16."""
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+
+
+@pytest.fixture
+def no_tf32_override(monkeypatch):
+    """NVIDIA_TF32_OVERRIDE unset, as on most machines."""
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+
+
+@pytest.fixture
 def no_cuda_python(monkeypatch):
     """This machine as if cuda-python were not installed."""
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):

@@ -7,6 +7,8 @@ from pydantic import Field, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
 ENGINE_BATCH = (1, 8, 64)
+# The sequence length TensorRT tunes for, where the model takes longer ones.
+ENGINE_OPT_SEQUENCE = 64
 # Dynamic INT8's settings, and every setting an engine (runtime: tensorrt) would not apply.
 DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
 ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})

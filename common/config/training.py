@@ -160,9 +160,12 @@ class DataConfig(Strict):
 
     @property
     def dev_keys(self) -> list[str]:
-        """The dev figures a table or a summary line shows: `dev_accuracy`, then the selection metric when it is
-        another."""
-        return list(dict.fromkeys(["dev_accuracy", self.selection_key]))
+        """The dev figures a table or a summary line shows: `dev_accuracy`, the selection metric when it is another,
+        then whatever the selection metric, those that fit the task: `dev_macro_f1` for more than two labels, `dev_f1`
+        for a task with a positive class (`positive_index`)."""
+        fitting = ["dev_macro_f1"] if self.num_labels > 2 else []
+        fitting += ["dev_f1"] if self.positive_index is not None else []
+        return list(dict.fromkeys(["dev_accuracy", self.selection_key, *fitting]))
 
 
 class ModelConfig(Strict):

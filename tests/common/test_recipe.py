@@ -458,10 +458,22 @@ def test_selection_key_defaults_to_accuracy():
 
 
 @pytest.mark.parametrize(
-    "metric, keys", [("accuracy", ["dev_accuracy"]), ("macro_f1", ["dev_accuracy", "dev_macro_f1"])], ids=str
+    "metric, keys",
+    [("accuracy", ["dev_accuracy", "dev_f1"]), ("macro_f1", ["dev_accuracy", "dev_macro_f1", "dev_f1"])],
+    ids=str,
 )
-def test_dev_keys_are_accuracy_then_the_selection_metric_when_it_is_another(metric, keys):
+def test_dev_keys_are_accuracy_the_selection_metric_then_the_binary_tasks_f1(metric, keys):
     assert binary(metric=metric).dev_keys == keys
+
+
+def test_dev_keys_of_many_labels_give_macro_f1_whatever_the_selection_metric():
+    data = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"])
+    assert data.dev_keys == ["dev_accuracy", "dev_macro_f1"]
+
+
+def test_dev_keys_of_many_labels_with_a_positive_class_give_its_f1():
+    data = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"], positive_label="c", metric="f1")
+    assert data.dev_keys == ["dev_accuracy", "dev_f1", "dev_macro_f1"]
 
 
 def test_macro_f1_is_a_metric_for_multiclass(tmp_path):

@@ -13,7 +13,9 @@ from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_
 from edgedistill.common.runtime import (
     DeviceError,
     ModelLoadError,
+    PrecisionRefused,
     ProviderFallback,
+    Shapes,
     TensorRTUnavailable,
     available_providers,
     missing_here,
@@ -147,7 +149,7 @@ def test_missing_gpu_provider_raises_with_requested_and_active(model):
 
 
 @pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
-def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog):
+def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog, tf32_override):
     with caplog.at_level(logging.WARNING, logger=runtime.__name__):
         session = open_session(model, ["TensorrtExecutionProvider", "CUDAExecutionProvider"], allow_cpu_fallback=True)
     assert session.get_providers() == ["CPUExecutionProvider"]
@@ -156,6 +158,30 @@ def test_allowed_cpu_fallback_returns_a_cpu_session_and_warns(model, caplog):
     assert record.levelno == logging.WARNING
     assert "TensorrtExecutionProvider" in record.getMessage()
     assert "active ['CPUExecutionProvider']" in record.getMessage()
+
+
+def test_tensorrt_provider_for_an_fp32_model_is_refused_naming_the_ways_out(model, no_tf32_override):
+    with pytest.raises(PrecisionRefused, match="CUDAExecutionProvider .*runtime: tensorrt.*NVIDIA_TF32_OVERRIDE=0"):
+        open_session(model, ["tensorrt", "cuda"])
+
+
+def test_tensorrt_provider_for_an_int8_model_is_refused(model, no_tf32_override):
+    with pytest.raises(PrecisionRefused, match="int8 model"):
+        open_session(model, ["tensorrt"], precision="int8")
+
+
+def test_tensorrt_provider_for_an_fp16_model_is_not_refused(model, no_tf32_override):
+    assert open_session(model, ["tensorrt"], precision="fp16", allow_cpu_fallback=True) is not None
+
+
+def test_tensorrt_provider_for_an_fp32_model_is_allowed_under_the_tf32_override(model, tf32_override):
+    assert open_session(model, ["tensorrt"], allow_cpu_fallback=True) is not None
+
+
+def test_a_tf32_override_other_than_zero_does_not_lift_the_refusal(model, monkeypatch):
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")
+    with pytest.raises(PrecisionRefused):
+        open_session(model, ["tensorrt"], allow_cpu_fallback=True)
 
 
 def test_no_requested_provider_is_an_error(model):
@@ -195,7 +221,7 @@ def cuda_fails_to_start(monkeypatch):
 
 
 @pytest.fixture
-def tensorrt_fails_to_start(monkeypatch, trt_cache):
+def tensorrt_fails_to_start(monkeypatch, trt_cache, tf32_override):
     """Every session asked for TensorRT fails to start (see `fail_to_start`)."""
     return fail_to_start(monkeypatch, "TensorrtExecutionProvider", "TensorRT EP failed to create engine")
 
@@ -326,6 +352,57 @@ def test_fp16_and_fp32_runs_of_one_model_get_their_own_engine_caches(trt_cache):
 
 def test_a_model_file_and_its_bytes_share_an_engine_cache(trt_cache, model):
     assert engine_cache(model) == engine_cache(model.read_bytes())
+
+
+def profile(model: Path, max_batch: int = 32, max_sequence: int = 128) -> dict:
+    """TensorRT's options for `model`, for every input of the ONNX graph."""
+    inputs = tuple(i.name for i in onnx.load(str(model)).graph.input)
+    return provider_options("TensorrtExecutionProvider", "fp16", model, Shapes(inputs, max_batch, max_sequence))
+
+
+def test_tensorrt_profile_starts_every_input_at_one_row_of_one_token(trt_cache, model):
+    assert profile(model)["trt_profile_min_shapes"] == "x:1x1"
+
+
+def test_tensorrt_profile_ends_every_input_at_the_callers_batch_and_the_max_length(trt_cache, model):
+    assert profile(model)["trt_profile_max_shapes"] == "x:32x128"
+
+
+def test_tensorrt_profile_is_tuned_where_the_engines_are(trt_cache, model):
+    assert profile(model)["trt_profile_opt_shapes"] == "x:8x64"
+
+
+def test_tensorrt_profile_is_tuned_within_a_smaller_maximum(trt_cache, model):
+    assert profile(model, max_batch=4, max_sequence=16)["trt_profile_opt_shapes"] == "x:4x16"
+
+
+def test_tensorrt_profile_names_each_input():
+    shapes = Shapes(("input_ids", "attention_mask"), 16, 32)
+    assert shapes.tensorrt_profile()["trt_profile_max_shapes"] == "input_ids:16x32,attention_mask:16x32"
+
+
+def test_engines_of_two_profiles_get_their_own_caches(trt_cache, model):
+    assert (
+        profile(model, max_batch=16)["trt_engine_cache_path"] != profile(model, max_batch=32)["trt_engine_cache_path"]
+    )
+
+
+def test_a_bundle_on_tensorrt_gets_a_profile_to_the_callers_batch_and_its_max_length(
+    make_bundle, monkeypatch, trt_cache
+):
+    offered, real = {}, ort.InferenceSession._create_inference_session
+
+    def create(session, providers, provider_options, disabled_optimizers=None):
+        offered.update((name, options) for name, options in providers if name == "TensorrtExecutionProvider")
+        if offered and any(name == "TensorrtExecutionProvider" for name, _ in providers):
+            raise RuntimeError("no GPU here")  # the options are what is checked; the CPU runs the model
+        return real(session, providers, provider_options, disabled_optimizers)
+
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort.InferenceSession, "_create_inference_session", create)
+    bundle = make_bundle(precision="fp16", providers=["TensorrtExecutionProvider"])
+    open_bundle(bundle, allow_cpu_fallback=True, max_batch=16).close()
+    assert offered["TensorrtExecutionProvider"]["trt_profile_max_shapes"] == "x:16x2"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])

@@ -1,10 +1,12 @@
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.distill import tokenization
+from edgedistill.distill import pretrain, tokenization
 from edgedistill.distill.device import resolve
 from edgedistill.distill.pretrain import (
     LanguageModelObjective,
@@ -117,6 +119,24 @@ def test_a_scratch_tokenizer_is_read_back_by_a_resumed_run_as_first_trained(data
 def test_two_ranks_share_one_scratch_tokenizer(data_dir, tmp_path):
     reviews = str(data_dir / "unlabeled" / "movie_reviews.txt")
     vocab = on_two_ranks(tmp_path, _scratch_vocab, reviews, str(tmp_path / "tokenizer"))
+    assert vocab[0] == vocab[1]
+
+
+def _slowly_trained_scratch_vocab(reviews: str, folder: str) -> dict[str, int]:
+    """`_scratch_vocab`, with rank 0's training taking 4 s longer."""
+
+    def slow(*args):
+        time.sleep(4)
+        return train_tokenizer(*args)
+
+    if torch_dist.get_rank() == 0:
+        pretrain.train_tokenizer = slow  # this rank's process alone, which ends with the job
+    return _scratch_vocab(reviews, folder)
+
+
+def test_ranks_wait_for_a_scratch_tokenizer_past_their_collectives_timeout(data_dir, tmp_path):
+    reviews = str(data_dir / "unlabeled" / "movie_reviews.txt")
+    vocab = on_two_ranks(tmp_path, _slowly_trained_scratch_vocab, reviews, str(tmp_path / "tokenizer"), timeout_s=2)
     assert vocab[0] == vocab[1]
 
 

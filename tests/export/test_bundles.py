@@ -431,6 +431,18 @@ def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_wo
     assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
 
 
+def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_before_the_export_naming_the_setting(
+    smoke_run, capsys, monkeypatch, no_tf32_override
+):
+    trt = ["--export.bundles.cnn-trt.source=cnn", "--export.bundles.cnn-trt.providers=[TensorrtExecutionProvider]"]
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
+    result = export_here(capsys, "bundles", SMOKE, *trt, "--only=cnn-trt")
+    assert result.returncode == 2
+    assert "export.bundles.cnn-trt.providers" in result.stderr
+    assert "NVIDIA_TF32_OVERRIDE=0" in result.stderr
+    assert not (smoke_run / ".work" / "bundle-cnn-trt").exists()
+
+
 def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
     from edgedistill.export.quantize import fp16
 

@@ -354,6 +354,19 @@ def test_headline_gives_the_test_selection_metric_of_a_macro_f1_task(tmp_path, m
     )
 
 
+def test_headline_gives_the_f1_of_a_binary_task_selected_on_accuracy(recipe):
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9, "dev_macro_f1": 0.85, "dev_f1": 0.8})
+    assert headline.headline(recipe, "recipes/smoke.yaml")[0] == "teacher: dev accuracy 0.9000, dev F1 0.8000"
+
+
+def test_headline_gives_the_macro_f1_of_the_shipped_trec_recipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
+    recipe = load_recipe(ROOT / "recipes" / "trec.yaml")
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9, "dev_macro_f1": 0.8})
+    assert headline.headline(recipe, "recipes/trec.yaml")[0] == "teacher: dev accuracy 0.9000, dev macro-F1 0.8000"
+
+
 def publish_serving(folder, failures: int) -> None:
     """A serving benchmark's artifact of the run's bundle-bilstm-int8 (published with it) whose capacity phase failed
     `failures` calls."""

@@ -297,7 +297,29 @@ def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
     engine.close()
 
 
-def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(bundle, tmp_path, monkeypatch):
+def test_an_fp32_bundle_the_providers_setting_sends_to_tensorrt_is_refused_naming_it(bundle, no_tf32_override):
+    with pytest.raises(BackendUnavailable, match="NVIDIA_TF32_OVERRIDE=0.*EDGEDISTILL_PROVIDERS names"):
+        load_backend(load_bundle(bundle), Settings(providers=["tensorrt"], threads=1))
+
+
+def test_the_tensorrt_provider_is_given_a_profile_up_to_the_max_batch_size_setting(bundle, monkeypatch, tf32_override):
+    profiles, real = [], runtime.provider_options
+
+    def recording(provider, precision, model, shapes=None):
+        profiles.append(shapes)
+        return real(provider, precision, model, shapes)
+
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(bundle.parent / "trt"))
+    monkeypatch.setattr(runtime, "provider_options", recording)
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    settings = Settings(providers=["tensorrt"], threads=1, max_batch_size=8, allow_cpu_fallback=True)
+    load_backend(load_bundle(bundle), settings).close()
+    assert {shapes.max_batch for shapes in profiles} == {8}
+
+
+def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(
+    bundle, tmp_path, monkeypatch, tf32_override
+):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(blocker / "trt"))
