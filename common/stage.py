@@ -78,13 +78,17 @@ class Inputs:
 class Built:
     """What a build body hands back: `write(folder)` fills the artifact folder (None: the build wrote its files
     into `Inputs.fresh_work()`, which becomes the artifact as it is); `size_of` names the file whose size is
-    recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest)."""
+    recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest); `parents` the
+    artifacts of the run beyond the declared parents that the build chose to read (the labeller bundle that
+    labelled the transfer set), recorded with them so that building one again makes this artifact stale, without
+    entering its config hash."""
 
     write: Callable[[Path], None] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     line: str | Callable[[mf.Manifest], str] = ""
     size_of: str | None = None
+    parents: dict[str, mf.Parent] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,7 @@ class Stage:
             self.config_hash,
             watch,
             metrics=built.metrics | measured,
-            parents=parents,
+            parents=parents | built.parents,
             hashed=self.hashed,
             info=built.info,
         )

@@ -267,6 +267,30 @@ def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
     )
 
 
+def _labelled_by(labeller: Stage):
+    """A build body that chose to read `labeller`'s artifact and records it."""
+    return lambda inputs: Built(
+        lambda folder: (folder / "labels.txt").write_text("x"),
+        parents={labeller.name: mf.parent_of(labeller.folder)},
+    )
+
+
+def test_a_stage_whose_build_read_an_artifact_built_again_since_is_stale_naming_it(recipe):
+    labeller = Stage("labeller", recipe(), ("data",), writer("model.onnx"))
+    labeller.run()
+    stage = Stage("transfer", recipe(), ("data",), _labelled_by(labeller))
+    stage.run()
+    Stage("labeller", recipe(), ("data",), writer("model.onnx", "rebuilt")).run(force=True)
+    assert stage.staleness() == "its parent labeller was built again"
+
+
+def test_an_artifact_the_build_read_leaves_its_config_hash_as_it_is(recipe):
+    labeller = Stage("labeller", recipe(), ("data",), writer("model.onnx"))
+    labeller.run()
+    stage = Stage("transfer", recipe(), ("data",), _labelled_by(labeller))
+    assert stage.run().config_hash == Stage("transfer", recipe(), ("data",), writer("labels.txt")).config_hash
+
+
 def test_the_child_records_its_parents_manifest(recipe):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     parent.run()
