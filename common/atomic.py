@@ -20,6 +20,7 @@ from pathlib import Path
 from edgedistill.common.processes import alive
 
 FULL_BELOW = 1 << 20  # bytes free: a write that failed this close to the end of its device ran out of room
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full device, a full quota
 
 
 class DiskFull(OSError):
@@ -67,13 +68,34 @@ def _over_limit(tmp: Path, err: Exception) -> int | None:
 
 
 def _full(folder: Path, err: Exception) -> bool:
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+    """Whether the failed write ran out of room: its error says so (a device or a quota full), its device has under
+    `FULL_BELOW` free, or, where the writer gave no errno (torch), a write of that much into `folder` runs out too
+    (a quota leaves the device's free space as it is)."""
+    code = err.errno if isinstance(err, OSError) else None
+    if code in OUT_OF_ROOM:
         return True
     try:
         stat = os.statvfs(folder)
     except OSError:
         return False
-    return stat.f_bavail * stat.f_frsize < FULL_BELOW
+    return stat.f_bavail * stat.f_frsize < FULL_BELOW or (code is None and _room_runs_out(folder))
+
+
+def _room_runs_out(folder: Path) -> bool:
+    """Whether writing and flushing `FULL_BELOW` bytes into `folder` fails for want of room; the file is removed."""
+    probe = temporary_name(folder / "space", "probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, bytes(FULL_BELOW))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        return err.errno in OUT_OF_ROOM
+    finally:
+        probe.unlink(missing_ok=True)
+    return False
 
 
 def _fsync(path: Path) -> None:

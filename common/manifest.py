@@ -188,8 +188,9 @@ def staleness(
     """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
     from the artifacts now in the `parents` folders (name -> folder), with every listed file as the manifest
     records it. The parents are looked up where they are now, not where they were when `folder` was built: a
-    runs folder copied or moved elsewhere is judged by its own artifacts. `hashed` (what `config_hash` covers)
-    names the settings that changed."""
+    runs folder copied or moved elsewhere is judged by its own artifacts. A parent the manifest records beyond
+    `parents` (an artifact the build chose to read) is looked up beside `folder` by its folder's name. `hashed`
+    (what `config_hash` covers) names the settings that changed."""
     if not (Path(folder) / MANIFEST).is_file():
         return "not built yet"
     try:
@@ -198,7 +199,11 @@ def staleness(
         return str(err)
     if manifest.config_hash != config_hash:
         return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
-    return parent_change(manifest, parents or {})
+    parents = parents or {}
+    read = {
+        name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items() if name not in parents
+    }
+    return parent_change(manifest, parents | read)
 
 
 def parent_change(manifest: Manifest, parents: dict[str, Path]) -> str | None:

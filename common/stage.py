@@ -41,6 +41,8 @@ class Inputs:
     work_key: str
     """What work left in `work` must have been made from to be resumed: `config_hash` and the parents as they are
     now, so a parent built again with the same settings (--force, a damaged file) is not built on half old."""
+    folder: Path
+    """The artifact folder the build publishes."""
 
     def fresh_work(self) -> Path:
         """The scratch folder, emptied of what an interrupted run left there, for work that does not resume."""
@@ -52,12 +54,18 @@ class Inputs:
         """The scratch folder for work that resumes (checkpoints, label shards). A forced run starts it afresh once:
         it empties the folder and marks it with `key` (default `work_key`), so that the same forced command, killed
         and run again, goes on from what the first left; it empties a folder another run left (a plain one, or a
-        forced run of other settings). A plain run leaves the folder as it is, for the stage to check."""
+        forced run of other settings), or one whose work was published since it was marked (a run killed between
+        publishing and removing it). A plain run leaves the folder as it is, for the stage to check."""
         key = key or self.work_key
         marker = self.work / FORCED
-        if self.force and not (marker.is_file() and marker.read_text() == key):
+        if self.force and not (marker.is_file() and marker.read_text() == key and not self._published_since(marker)):
             atomic_write(self.fresh_work() / FORCED, key)
         return self.work
+
+    def _published_since(self, marker: Path) -> bool:
+        """Whether the artifact was published after `marker` was written."""
+        manifest = self.folder / mf.MANIFEST
+        return manifest.is_file() and manifest.stat().st_mtime_ns > marker.stat().st_mtime_ns
 
     def parent(self, name: str) -> Path:
         """The folder of parent stage `name` (verified against its manifest before the build started)."""
@@ -70,13 +78,17 @@ class Inputs:
 class Built:
     """What a build body hands back: `write(folder)` fills the artifact folder (None: the build wrote its files
     into `Inputs.fresh_work()`, which becomes the artifact as it is); `size_of` names the file whose size is
-    recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest)."""
+    recorded as `size_bytes`; `line` is the stage's summary (a string, or made from the manifest); `parents` the
+    artifacts of the run beyond the declared parents that the build chose to read (the labeller bundle that
+    labelled the transfer set), recorded with them so that building one again makes this artifact stale, without
+    entering its config hash."""
 
     write: Callable[[Path], None] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     line: str | Callable[[mf.Manifest], str] = ""
     size_of: str | None = None
+    parents: dict[str, mf.Parent] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -184,7 +196,7 @@ class Stage:
             name: {file: entry.sha256 for file, entry in built.files.items()} for name, built in manifests.items()
         }
         key = hashlib.sha256(json.dumps([self.config_hash, parents], sort_keys=True).encode()).hexdigest()[:16]
-        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key)
+        return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key, self.folder)
 
     def lock(self):
         """The stage's lock (`common.locks`): one process at a time checks and builds it."""
@@ -221,8 +233,8 @@ class Stage:
                 with mf.stage_folder(self.folder) as tmp:
                     built.write(tmp)
                     manifest = self._publish(tmp, built, watch, parents)
+            shutil.rmtree(self.work, ignore_errors=True)  # at once: a failure from here on leaves no work to resume
             tracker.log_final(manifest.metrics)
-        shutil.rmtree(self.work, ignore_errors=True)
         modelcard.write(self.recipe, self.folder)  # a model's card, derived from the published manifest
         line = built.line(manifest) if callable(built.line) else built.line
         print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
@@ -236,7 +248,7 @@ class Stage:
             self.config_hash,
             watch,
             metrics=built.metrics | measured,
-            parents=parents,
+            parents=parents | built.parents,
             hashed=self.hashed,
             info=built.info,
         )

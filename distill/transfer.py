@@ -32,7 +32,8 @@ from edgedistill.distill.transfer_texts import SOURCES, build_texts
 
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher (through the labeller bundle the
-    recipe names, whose export settings count too)."""
+    recipe names, whose export settings count too; where it labelled, it is recorded as a parent, so that building
+    it again makes the transfer set stale)."""
     name = recipe.transfer.labeller if recipe.transfer else None
     labeller = {"labeller": recipe.export.bundles[name].model_dump(mode="json")} if name else None
     return Stage("transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),), extra=labeller)
@@ -135,6 +136,10 @@ def _build(inputs: Inputs) -> Built:
         np.save(folder / "dev_logits.npy", dev_logits.astype(np.float32))
         (folder / "composition.json").write_text(json.dumps(composition, indent=1))
 
+    read = {}
+    if labelling["engine"] == "onnxruntime":  # the labels are the bundle's: building it again makes them stale
+        bundle = Path(labeller["bundle"])
+        read[bundle.name] = mf.Parent(path=str(bundle), manifest_sha256=labeller["bundle_sha256"])
     shares = np.bincount(logits.argmax(-1), minlength=recipe.data.num_labels) / len(texts)
     parts = ", ".join(f"{k} {composition[k]}" for k in SOURCES)
     engine = f"{labelling['engine']} on {labelling['device']} ({labelling['precision']})"
@@ -164,4 +169,5 @@ def _build(inputs: Inputs) -> Built:
         f"{composition['removed_duplicates']} duplicates, {composition['removed_no_words']} without words and "
         f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {engine} "
         f"in {labelling['seconds'] / 60:.1f} min",
+        parents=read,
     )

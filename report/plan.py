@@ -85,20 +85,34 @@ def cascade_point(cascade: str) -> str:
     return f"expected latency of cascade {cascade}"
 
 
+def _built_from_others(root: Path) -> dict[str, Stale]:
+    """The finished bundles (not cascades) in the run folder `root` built from a student or teacher built again since,
+    or gone (`common.manifest.built_from_others`), by folder name."""
+    bundles = (p for p in sorted(root.glob("bundle-*")) if (p / MANIFEST).is_file() and not is_cascade(p))
+    return {p.name: Stale(p.name, why, "make bundles") for p in bundles if (why := mf.built_from_others(p))}
+
+
 def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
     """The finished measurements in the run folder `root` that are not of the artifacts now there (built again
-    since they ran, or gone), by the name they are shown under: the deployed bundle's (`common.measured.stale`),
-    each cascade's serving benchmark, the model benchmark's rows (`bench_row`), or the whole of it as `bench`, and
-    the expected latency of each cascade built from members built again since (`cascade_point`), whose dev answered
-    shares are not of the members the benchmark timed."""
+    since they ran, or gone), by the name they are shown under: each bundle built from a student or teacher built
+    again since (by its folder's name), whose row in the model benchmark and measurements are left out with it; the
+    deployed bundle's measurements (`common.measured.stale`), each cascade's serving benchmark, the model benchmark's
+    rows (`bench_row`), or the whole of it as `bench`, and the expected latency of each cascade built from members
+    built again since (`cascade_point`), whose dev answered shares are not of the members the benchmark timed."""
     if recipe.export is None:
         return {}
     bundle = root / f"bundle-{recipe.export.deploy}"
-    found = {}
+    found = _built_from_others(root)
     for measurement, target in MEASURE_AGAIN.items():
         folder = root / deployed(recipe, measurement)
-        if (folder / MANIFEST).is_file() and (why := measured.stale(folder, bundle)):
+        if not (folder / MANIFEST).is_file():
+            continue
+        if why := measured.stale(folder, bundle):
             found[folder.name] = Stale(folder.name, why, f"make {target}")
+        elif bundle.name in found:  # of the bundle now there, which was built from an older model
+            found[folder.name] = Stale(
+                folder.name, f"{bundle.name}: {found[bundle.name].why}", f"make bundles {target}"
+            )
     for name in recipe.export.cascades:
         folder = root / f"serve-cascade-{name}"
         if (folder / MANIFEST).is_file() and (why := mf.built_from_others(folder)):
@@ -111,8 +125,10 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
 
 def bench_rows(table: ModelTable, stale: dict[str, Stale]) -> list[ModelRow]:
     """The rows of the model benchmark `table` the report and the headline show: none where `stale` names it whole,
-    else those it does not name."""
-    return [] if "bench" in stale else [row for row in table.rows if bench_row(row.model) not in stale]
+    else those it names neither as a row nor as a bundle."""
+    if "bench" in stale:
+        return []
+    return [row for row in table.rows if bench_row(row.model) not in stale and f"bundle-{row.model}" not in stale]
 
 
 def loadtests(recipe: Recipe) -> list[str]:

@@ -134,8 +134,9 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
         )
         page.note(
             f"What these measured ({_deployed(recipe)}, a cascade, or a model of the model benchmark or the teacher "
-            "its speedups are against) was built again, or is gone, since they ran: their figures are not of the "
-            "artifacts now in the run. Measure them again with the target named."
+            "its speedups are against) was built again, or is gone, since they ran, or a bundle named here was built "
+            "from a student or teacher built again since: their figures are not of the artifacts now in the run. "
+            "Build and measure them again with the targets named."
         )
         page.table(
             ["not shown", "why", "measured by"],

@@ -205,7 +205,8 @@ def built_on_texts_past_those_sent(tmp_path_factory):
         for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
             env.delenv(name)
         built = cascade._build(
-            Inputs(recipe, "h", folder / "work", False, {}, folders, "k"), Console(file=io.StringIO())
+            Inputs(recipe, "h", folder / "work", False, {}, folders, "k", folder / "serve-cascade"),
+            Console(file=io.StringIO()),
         )
     return built.metrics, len(unsure) / 600
 
@@ -235,7 +236,7 @@ def measured_without_servers(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cascade, "_measure", canned)
     folders = tiny_cascade(tmp_path, dev_escalated=0.3)
-    inputs = Inputs(load_recipe(SMOKE), "h", tmp_path / "work", False, {}, folders, "k")
+    inputs = Inputs(load_recipe(SMOKE), "h", tmp_path / "work", False, {}, folders, "k", tmp_path / "serve-cascade")
     cascade._build(inputs, Console(file=io.StringIO()))
     return tmp_path / "work"
 

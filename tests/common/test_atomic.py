@@ -205,6 +205,47 @@ def test_a_stage_folder_that_fills_the_device_says_so(small_fs):
         _hiding_its_errno(tmp / "model.bin")
 
 
+def _quota_full(monkeypatch) -> None:
+    """A full disk quota: the device shows room, but flushing a write fails with EDQUOT."""
+    plenty = os.statvfs_result((4096, 4096, 1 << 20, 1 << 20, 1 << 20, 1 << 10, 1 << 10, 1 << 10, 0, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: plenty)
+
+    def over_quota(fd):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(os, "fsync", over_quota)
+
+
+def _in_own_words(tmp):
+    raise RuntimeError("unexpected pos 1226304 vs 1226196")
+
+
+def test_a_write_over_a_full_quota_in_the_writers_own_words_says_the_disk_is_full(tmp_path, monkeypatch):
+    _quota_full(monkeypatch)
+    with pytest.raises(atomic.DiskFull, match=f"no space left on the device of {tmp_path}"):
+        atomic_write(tmp_path / "model.bin", _in_own_words)
+
+
+def test_a_write_over_a_full_quota_leaves_no_temporary_nor_probe(tmp_path, monkeypatch):
+    _quota_full(monkeypatch)
+    with pytest.raises(atomic.DiskFull):
+        atomic_write(tmp_path / "model.bin", _in_own_words)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_failing_on_a_full_quota_with_its_errno_says_the_disk_is_full(tmp_path):
+    def over_quota(tmp):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    with pytest.raises(atomic.DiskFull):
+        atomic_write(tmp_path / "model.bin", over_quota)
+
+
+def test_a_writer_failing_in_its_own_words_with_room_left_keeps_its_error(tmp_path):
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        atomic_write(tmp_path / "model.bin", _in_own_words)
+
+
 @pytest.fixture
 def file_size_limit():
     """This process limited to files of 64 KiB (`ulimit -f 64`) for the test; Python ignores SIGXFSZ, so a write

@@ -1,14 +1,15 @@
 """The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
 
+import os
 import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from edgedistill.common import atomic
+from edgedistill.common import atomic, tracking
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.common.stage import Artifact, Built, Stage
+from edgedistill.common.stage import FORCED, Artifact, Built, Stage
 
 from tests.common.test_atomic import gone_pid
 
@@ -266,6 +267,30 @@ def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
     )
 
 
+def _labelled_by(labeller: Stage):
+    """A build body that chose to read `labeller`'s artifact and records it."""
+    return lambda inputs: Built(
+        lambda folder: (folder / "labels.txt").write_text("x"),
+        parents={labeller.name: mf.parent_of(labeller.folder)},
+    )
+
+
+def test_a_stage_whose_build_read_an_artifact_built_again_since_is_stale_naming_it(recipe):
+    labeller = Stage("labeller", recipe(), ("data",), writer("model.onnx"))
+    labeller.run()
+    stage = Stage("transfer", recipe(), ("data",), _labelled_by(labeller))
+    stage.run()
+    Stage("labeller", recipe(), ("data",), writer("model.onnx", "rebuilt")).run(force=True)
+    assert stage.staleness() == "its parent labeller was built again"
+
+
+def test_an_artifact_the_build_read_leaves_its_config_hash_as_it_is(recipe):
+    labeller = Stage("labeller", recipe(), ("data",), writer("model.onnx"))
+    labeller.run()
+    stage = Stage("transfer", recipe(), ("data",), _labelled_by(labeller))
+    assert stage.run().config_hash == Stage("transfer", recipe(), ("data",), writer("labels.txt")).config_hash
+
+
 def test_the_child_records_its_parents_manifest(recipe):
     parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
     parent.run()
@@ -350,6 +375,23 @@ def test_the_work_folder_is_removed_once_published(recipe):
     assert not stage.work.exists()
 
 
+class _FailingTracker(tracking.Tracker):
+    def log_final(self, metrics: dict) -> None:
+        raise OSError("tracking store unreachable")
+
+
+def test_the_work_folder_is_removed_before_the_tracker_records_the_published_metrics(recipe, monkeypatch):
+    def build(inputs):
+        (inputs.resumable_work() / "checkpoint.pt").write_text("final")
+        return Built(lambda folder: (folder / "a.txt").write_text("x"))
+
+    monkeypatch.setattr(tracking, "open_tracker", lambda recipe, stage: _FailingTracker())
+    stage = Stage("up", recipe(), ("data",), build)
+    with pytest.raises(OSError, match="tracking store unreachable"):
+        stage.run(force=True)
+    assert not stage.work.exists()
+
+
 def left_by_a_killed_run(stage: Stage, text: str) -> Path:
     """A checkpoint in `stage`'s scratch folder, as a killed run leaves it."""
     stage.work.mkdir(parents=True, exist_ok=True)
@@ -386,3 +428,14 @@ def test_a_plain_run_leaves_the_work_a_killed_run_left_for_the_stage_to_check(re
     checkpoint = left_by_a_killed_run(stage, "plain")
     stage.inputs().resumable_work()
     assert checkpoint.read_text() == "plain"
+
+
+def test_a_forced_run_starts_over_from_work_a_forced_run_left_after_publishing_it(recipe):
+    stage = Stage("s", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    stage.inputs(force=True).resumable_work()
+    checkpoint = left_by_a_killed_run(stage, "final")
+    published = (stage.folder / mf.MANIFEST).stat().st_mtime_ns
+    os.utime(stage.work / FORCED, ns=(published - 10**9, published - 10**9))  # marked when it started, before
+    stage.inputs(force=True).resumable_work()
+    assert not checkpoint.exists()

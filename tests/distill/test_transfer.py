@@ -467,6 +467,21 @@ def test_int8_labelling_with_its_second_pass_agrees_with_pytorch_within_the_gate
     assert (by_int8.argmax(-1) == fp32_teacher_logits(run).argmax(-1)).mean() >= 0.999
 
 
+def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it(smoke_bundles, monkeypatch):
+    run = smoke_bundles.parent / "labeller-built-again"
+    run.mkdir()
+    (run / "teacher").symlink_to(smoke_bundles / "teacher")
+    shutil.copytree(smoke_bundles / "bundle-teacher-fused", run / "bundle-teacher-fused")
+    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    bundle = run / "bundle-teacher-fused"
+    republished = mf.load(bundle).model_copy(update={"created": "2030-01-01T00:00:00+00:00"})
+    (bundle / mf.MANIFEST).write_text(republished.model_dump_json(indent=2))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    recipe = load_recipe(SMOKE, {"name": run.name, "transfer.labeller": "teacher-fused"})
+    assert transfer_stage(recipe).staleness() == "its parent bundle-teacher-fused was built again"
+
+
 def transfer_here(capsys, monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`transfer_with_labeller` run in this process, for a labeller that is refused before any labelling."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))

@@ -271,13 +271,15 @@ def test_an_override_of_a_section_the_headline_does_not_read_is_refused_naming_i
     assert "error: --bench.serving.threads: edgedistill headline reads no bench.serving" in capsys.readouterr().err
 
 
-def publish_bench(recipe, model: str, bundle_hash: str | None = None, timed_length: int = 64) -> None:
+def publish_bench(
+    recipe, model: str, bundle_hash: str | None = None, timed_length: int = 64, bundle_parents: dict | None = None
+) -> None:
     """A one-thread model benchmark of bundle `model` alone at 64 tokens, timed at `timed_length` (its max_length,
-    where shorter: no speedup), it and the teacher published first; it records the bundle's manifest hash as
-    `bundle_hash` where given (an earlier build), else as it is."""
+    where shorter: no speedup), it (built from `bundle_parents`) and the teacher published first; it records the
+    bundle's manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
     root = run_dir(recipe)
     publish(root / "teacher", {"dev_accuracy": 0.9})
-    publish(root / f"bundle-{model}", {})
+    publish(root / f"bundle-{model}", {}, bundle_parents)
     bundle = mf.parent_of(root / f"bundle-{model}")
     parents = {
         "teacher": mf.parent_of(root / "teacher"),
@@ -314,6 +316,28 @@ def test_a_bench_row_of_an_earlier_build_of_the_deployed_bundle_is_named_with_th
         "not shown: bench row bilstm-int8, its parent bundle-bilstm-int8 was built again "
         "(measure it again: make bench RECIPE=recipes/smoke.yaml)"
     ) in headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def benchmarked_before_its_student_was_distilled_again(recipe) -> list[str]:
+    """The headline of a run whose deployed bundle, benchmarked, was exported from a student distilled again since."""
+    student = run_dir(recipe) / "student-bilstm"
+    publish(student, {"dev_accuracy": 0.8})
+    publish_bench(recipe, recipe.export.deploy, bundle_parents={student.name: mf.parent_of(student)})
+    publish(student, {"dev_accuracy": 0.85})
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_no_bench_line_comes_from_a_bundle_built_from_a_student_distilled_again_since(recipe):
+    assert not [
+        line for line in benchmarked_before_its_student_was_distilled_again(recipe) if line.startswith("bench ")
+    ]
+
+
+def test_a_bundle_built_from_a_student_distilled_again_since_is_named_with_the_command_to_build_it(recipe):
+    assert (
+        "not shown: bundle-bilstm-int8, its parent student-bilstm was built again "
+        "(measure it again: make bundles RECIPE=recipes/smoke.yaml)"
+    ) in benchmarked_before_its_student_was_distilled_again(recipe)
 
 
 def test_no_bench_line_comes_from_a_benchmark_of_an_earlier_build_of_the_teacher(recipe):

@@ -242,12 +242,15 @@ def bench_row(model: str, median_ms: float, timed_length: int = 64) -> dict:
     return row | {"dev_accuracy": 0.9, "dev_selected": 0.875, "cells": [cell]}
 
 
-def publish_bench(tmp_path, bundle_hash: str | None = None, timed_length: int = 64, **table) -> None:
+def publish_bench(
+    tmp_path, bundle_hash: str | None = None, timed_length: int = 64, bundle_parents: dict | None = None, **table
+) -> None:
     """A model benchmark of the run's teacher and its bundle bilstm-int8 (both published first, the bundle timed at
-    `timed_length`), whose bundle cnn-int8 was not built when it ran; it records bilstm-int8's manifest hash as
-    `bundle_hash` where given (an earlier build), else as it is. `table` adds fields to its bench.json (`metric`)."""
+    `timed_length`, built from `bundle_parents`), whose bundle cnn-int8 was not built when it ran; it records
+    bilstm-int8's manifest hash as `bundle_hash` where given (an earlier build), else as it is. `table` adds fields
+    to its bench.json (`metric`)."""
     publish(tmp_path / "teacher")
-    publish(tmp_path / "bundle-bilstm-int8")
+    publish(tmp_path / "bundle-bilstm-int8", parents=bundle_parents)
     bundle = mf.parent_of(tmp_path / "bundle-bilstm-int8")
     parents = {
         "teacher": mf.parent_of(tmp_path / "teacher"),
@@ -292,6 +295,42 @@ def test_benchmark_section_leaves_out_the_row_of_a_bundle_built_again_since(tmp_
 def test_a_report_names_the_benchmark_row_of_a_bundle_built_again_since_with_the_command_to_time_it_again(tmp_path):
     assert "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again | make bench |" in (
         benchmark_markdown(tmp_path, bundle_hash="0" * 64)
+    )
+
+
+def older_student_markdown(tmp_path) -> str:
+    """The note on measurements, the benchmark and the serving sections of a smoke run whose deployed bundle
+    (bilstm-int8), benchmarked and served, was exported from student-bilstm before it was distilled again."""
+    publish(tmp_path / "student-bilstm")
+    publish_bench(tmp_path, bundle_parents={"student-bilstm": mf.parent_of(tmp_path / "student-bilstm")})
+    served = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
+    publish(tmp_path / "serve-bench-bilstm-int8", files={"bench.md": "the older student's.\n"}, parents=served)
+    publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.9})  # distilled again
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    stale = plan.stale(recipe, tmp_path)
+    render._stale(page, recipe, stale)
+    render._benchmark(page, tmp_path, stale)
+    render._serving(page, tmp_path, recipe, stale)
+    return "\n".join(page.md)
+
+
+def test_a_report_names_a_bundle_built_from_a_student_distilled_again_since_with_the_command_to_build_it(tmp_path):
+    assert "| bundle-bilstm-int8 | its parent student-bilstm was built again | make bundles |" in (
+        older_student_markdown(tmp_path)
+    )
+
+
+def test_benchmark_section_leaves_out_the_row_of_a_bundle_built_from_a_student_distilled_again_since(tmp_path):
+    assert "| bilstm-int8 | fp32 |" not in older_student_markdown(tmp_path)
+
+
+def test_serving_sections_leave_out_the_result_of_a_bundle_built_from_a_student_distilled_again_since(tmp_path):
+    assert "the older student's." not in older_student_markdown(tmp_path)
+
+
+def test_a_report_names_the_serving_benchmark_of_a_bundle_built_from_an_older_student_with_the_commands(tmp_path):
+    assert "| serve-bench-bilstm-int8 | bundle-bilstm-int8: its parent student-bilstm was built again | " in (
+        older_student_markdown(tmp_path)
     )
 
 
