@@ -67,7 +67,8 @@ class DataConfig(Strict):
                 "data.label_names is missing: list the task's label names in the recipe, in index order "
                 "(label 0 first), e.g. label_names: [negative, positive]"
             )
-        unquoted = [name for name in data["label_names"] or [] if not isinstance(name, str)]
+        names = data["label_names"]
+        unquoted = [name for name in names if not isinstance(name, str)] if isinstance(names, list) else []
         if unquoted:
             raise ValueError(
                 f'data.label_names: {unquoted} are not names: {UNQUOTED}; quote them, e.g. ["no", "yes"] or ["1", "2"]'

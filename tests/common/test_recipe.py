@@ -426,6 +426,30 @@ def test_quoted_label_names_are_names(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_label_names_that_are_no_list_are_refused_naming_the_key(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"data\.label_names: Input should be a valid list"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", value)))
+
+
+def test_label_names_overridden_by_a_number_are_refused_naming_the_key():
+    with pytest.raises(RecipeError, match=r"data\.label_names: Input should be a valid list"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.label_names=3"]))
+
+
+@pytest.mark.parametrize("arg", ["--loadtest.steady=[1]", "--loadtest.steady=5", "--loadtest.soak=3"])
+def test_a_load_profile_that_is_no_mapping_is_refused_naming_it(arg):
+    profile = arg.split("=")[0].removeprefix("--")
+    with pytest.raises(RecipeError, match=rf"{re.escape(profile)}: Input should be a valid dictionary"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides([arg]))
+
+
+@pytest.mark.parametrize("value", ["off", "false", "0", "''"])
+def test_a_load_profile_written_as_a_false_value_is_refused_not_read_as_its_preset(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"loadtest\.soak: Input should be a valid dictionary"):
+        load_recipe(write(tmp_path, MINIMAL + f"loadtest: {{soak: {value}}}\n"))
+
+
 def test_metric_defaults_to_accuracy(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).data.metric == "accuracy"
 
