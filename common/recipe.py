@@ -378,6 +378,11 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
                 f"{where}: unknown setting ${{{match.group(1)}}}: no environment variable of that name is set "
                 f"(settings with a default: {', '.join(sorted(settings.defaults()))})"
             )
+        if not variables[match.group(1)]:  # `${DATA}/train.tsv` would become `/train.tsv`, `${TEACHER}` no checkpoint
+            raise RecipeError(
+                f"{where}: ${{{match.group(1)}}} is set but empty: set {match.group(1)} to a value, or unset it to use "
+                "a setting's default"
+            )
         return variables[match.group(1)]
 
     if unreplaced := _SHELL_VAR.search(_VAR.sub("", value)):

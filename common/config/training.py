@@ -170,7 +170,7 @@ class ModelConfig(Strict):
     """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""
 
     family: Literal["bert", "gpt"] = "bert"
-    init: str | None = None
+    init: str | None = Field(None, min_length=1)
     max_length: int = Field(128, ge=8)
     # Sizes for a model built from scratch (ignored when `init` is set).
     vocab_size: int = Field(8000, ge=100)

@@ -531,6 +531,30 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
 
 
+def test_an_empty_variable_is_refused_naming_the_key_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYDATA", "")
+    with pytest.raises(RecipeError, match=r"exp\.yaml: data\.train: \$\{MYDATA\} is set but empty"):
+        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${MYDATA}/sst2/train.tsv"')))
+
+
+def test_an_empty_teacher_variable_is_refused_not_read_as_from_scratch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYTEACHER", "")
+    with pytest.raises(RecipeError, match=r"model\.init: \$\{MYTEACHER\} is set but empty"):
+        load_recipe(write(tmp_path, MINIMAL.replace("some/model", '"${MYTEACHER}"')))
+
+
+def test_an_empty_model_init_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"model\.init: String should have at least 1 character"):
+        load_recipe(write(tmp_path, MINIMAL.replace("some/model", "''")))
+
+
+def test_an_empty_path_setting_keeps_its_default(tmp_path, monkeypatch):
+    """An empty `EDGEDISTILL_*` path setting is unset (docs/settings.md), so `${...}` gives its default."""
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "")
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${EDGEDISTILL_DATA_DIR}/a.tsv"')))
+    assert recipe.data.train == settings.defaults()["EDGEDISTILL_DATA_DIR"] + "/a.tsv"
+
+
 @pytest.mark.parametrize("written", ["$TASK_DIR/a.tsv", "${TASK_DIR:-.}/a.tsv", "${TASK DIR}/a.tsv"])
 def test_a_variable_written_as_a_shell_would_is_refused_not_kept(tmp_path, monkeypatch, written):
     monkeypatch.setenv("TASK_DIR", str(tmp_path))
