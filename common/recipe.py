@@ -588,6 +588,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
         )
     raw, written = _read(path)
+    settings.refuse_unknown_variables()  # after `_read`, whose errors name the `${EDGEDISTILL_*}` a recipe misuses
     origins = {  # key -> where its value came from, for errors: the recipe file does not hold it
         key: f" ({key} comes from {base}, which this recipe extends)" for key, base in written.items() if base != path
     }
