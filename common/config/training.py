@@ -426,6 +426,15 @@ class DistillConfig(Strict):
     )
 
     @model_validator(mode="after")
+    def _teacher_is_no_students_name(self):
+        if "teacher" in self.students:
+            raise ValueError(
+                "distill.students.teacher: the name is the teacher's (a bundle of source: teacher is built from the "
+                "teacher, and the headline reports it as the teacher): give the student another name"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _deploy_known(self):
         if self.deploy not in self.students:
             raise ValueError(f"distill.deploy={self.deploy!r} is not one of distill.students {sorted(self.students)}")

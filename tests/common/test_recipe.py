@@ -313,6 +313,12 @@ def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + bundles))
 
 
+def test_a_student_named_teacher_is_refused():
+    overrides = parse_overrides(["--distill.students.teacher.model.arch=cnn"])
+    with pytest.raises(RecipeError, match=r"smoke\.yaml: distill\.students\.teacher: the name is the teacher's"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
 def test_a_student_name_with_a_slash_is_refused(tmp_path):
     student = "distill: {deploy: a/b, students: {a/b: {model: {arch: cnn}}}}\n"
     with pytest.raises(RecipeError, match=r"distill\.students\.a/b: 'a/b' is not a valid name"):
