@@ -397,7 +397,8 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
 
 
 def apply_override(raw: dict, dotted: str, value) -> None:
-    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed."""
+    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed; a null drops a
+    mapping, as `key: null` does in a recipe that extends another (`_merge`): `--export.cascades=null`."""
     *parents, leaf = dotted.split(".")
     node = raw
     for key in parents:
@@ -405,7 +406,14 @@ def apply_override(raw: dict, dotted: str, value) -> None:
         if not isinstance(child, dict):
             raise RecipeError(f"override {dotted}: {key} is not a section")
         node = child
-    node[leaf] = value
+    if value is None and isinstance(node.get(leaf), dict):
+        del node[leaf]
+    elif value is None and _names_nothing(node, leaf, parents):
+        raise RecipeError(
+            f"override --{dotted}=null drops nothing: {'.'.join(parents)} has no {leaf!r} ({', '.join(sorted(node))})"
+        )
+    else:
+        node[leaf] = value
 
 
 def parse_overrides(args: list[str]) -> dict[str, object]:
@@ -445,17 +453,22 @@ def _scalar(key: str, value: str):
     return parsed
 
 
+def _names_nothing(node: dict, key, where) -> bool:
+    """Whether `key: null` in `node`, a mapping of named mappings (students, bundles) below the top level (`where`,
+    its key), names one it lacks: it drops nothing, so the name is misspelt or stale."""
+    return key not in node and bool(where) and bool(node) and all(isinstance(v, dict) for v in node.values())
+
+
 def _merge(base: dict, top: dict, where: str = "") -> dict:
     """`top` over `base`: mappings merge key by key, except those tagged `!replace`, which take the base's place,
-    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null.
-    In a mapping of named mappings (students, bundles), `key: null` for a name the base lacks is an error: it drops
-    nothing, so it is a misspelt or stale name."""
+    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null;
+    one that names nothing (`_names_nothing`) is an error."""
     out = dict(base)
     for key, value in top.items():
         below = out.get(key)
         if value is None and isinstance(below, dict):
             del out[key]
-        elif value is None and key not in out and where and out and all(isinstance(v, dict) for v in out.values()):
+        elif value is None and _names_nothing(out, key, where):
             raise RecipeError(f"{where}.{key}: null drops nothing: the base recipe has no {key!r} ({sorted(out)})")
         elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
             out[key] = _merge(below, value, f"{where}.{key}" if where else str(key))

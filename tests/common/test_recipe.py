@@ -102,6 +102,23 @@ def test_overrides_parse_and_apply(tmp_path):
     assert recipe.name == "other"
 
 
+def test_an_override_of_null_drops_a_section_as_a_recipe_that_extends_another_does():
+    overrides = parse_overrides(["--export.cascades=null"])
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.cascades == {}
+
+
+def test_an_override_of_null_drops_a_named_bundle():
+    overrides = parse_overrides(["--export.cascades=null", "--export.bundles.bilstm-engine=null"])
+    assert "bilstm-engine" not in load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.bundles
+
+
+def test_an_override_of_null_for_a_bundle_the_recipe_lacks_is_refused_naming_it():
+    with pytest.raises(
+        RecipeError, match=r"override --export\.bundles\.nope=null drops nothing: export\.bundles has no"
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--export.bundles.nope=null"]))
+
+
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
