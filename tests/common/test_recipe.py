@@ -330,6 +330,23 @@ def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + bundles))
 
 
+@pytest.mark.parametrize(
+    ("arch", "setting"),
+    [("cnn", "pooling=mean"), ("cnn", "hidden_size=64"), ("cnn", "num_layers=2"), ("transformer", "embed_dim=64"),
+     ("bilstm", "num_filters=8"), ("bilstm", "kernel_sizes=[2]")],
+)  # fmt: skip
+def test_a_student_setting_its_arch_does_not_read_is_refused_naming_the_key(arch, setting):
+    overrides = parse_overrides([f"--distill.students.{arch}.model.{setting}"])
+    key = re.escape(f"distill.students.{arch}.model.{setting.partition('=')[0]}")
+    with pytest.raises(RecipeError, match=rf"smoke\.yaml: {key} would change nothing: a {arch} student reads "):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_a_student_setting_its_arch_reads_is_taken():
+    overrides = parse_overrides(["--distill.students.bilstm.model.pooling=mean"])
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).distill.students["bilstm"].model.pooling == "mean"
+
+
 def test_a_student_named_teacher_is_refused():
     overrides = parse_overrides(["--distill.students.teacher.model.arch=cnn"])
     with pytest.raises(RecipeError, match=r"smoke\.yaml: distill\.students\.teacher: the name is the teacher's"):
