@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import settings
+from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
+from onnxruntime.quantization.registry import IntegerOpsRegistry
 
 from edgedistill import cli
 
@@ -836,6 +838,18 @@ def test_a_static_int8_labeller_is_refused_since_it_calibrates_on_what_it_labels
             "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\n"
             "export: {bundles: {teacher-int8: {source: teacher, precision: int8, quantization: static}}}\n",
         )
+
+
+def test_an_int8_op_onnx_runtime_does_not_quantize_is_refused_naming_the_nearest():
+    overrides = parse_overrides(["--export.bundles.transformer-int8.int8_ops=[Matmul]"])
+    with pytest.raises(
+        RecipeError, match=r"transformer-int8\.int8_ops: 'Matmul' is no operator type .* did you mean MatMul\? "
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_the_dynamic_int8_ops_named_are_those_onnx_runtime_quantizes():
+    assert set(IntegerOpsRegistry) == set(DYNAMIC_INT8_OPS)
 
 
 @pytest.mark.parametrize("key", ["per_channel: true", "int8_ops: [MatMul]"])
