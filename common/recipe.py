@@ -351,9 +351,6 @@ def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
 _Loader.add_constructor("!replace", _replace_tag)
 
 
-HOME = "~/"  # a path under the user's home folder
-
-
 def _localize(value, variables: dict[str, str], folder: Path | None, where: str):
     """`${NAME}` replaced in every string; then strings starting ~/ made absolute from the home folder and, with a
     `folder`, strings starting ./ or ../ from it."""
@@ -390,9 +387,7 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
             f"{where}: {unreplaced.group(0)} would be kept as written: a recipe replaces only ${{NAME}} (no $NAME, no "
             "${NAME:-default}); write ${NAME} and set the variable"
         )
-    value = _VAR.sub(sub, value)
-    if value.startswith(HOME):  # the shell leaves `--data.train=~/x` and every `~` in a file as written
-        return str(Path(value).expanduser())
+    value = settings.under_home(_VAR.sub(sub, value))
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 
 

@@ -122,7 +122,7 @@ def defaults() -> dict[str, str]:
         "EDGEDISTILL_TEACHER_INIT": _first_existing(shared / "models" / "minilm-l6-h384-uncased", HUB_TEACHER),
         "EDGEDISTILL_RUNS_DIR": str(cwd / "runs"),
     }
-    return {name: env(name) or value for name, value in fallback.items()}
+    return {name: under_home(env(name) or value) for name, value in fallback.items()}
 
 
 def env_source(key: str, value: object = None) -> str:
@@ -144,6 +144,13 @@ def variables() -> dict[str, str]:
 
 
 RELATIVE = ("./", "../")  # a path written relative: to the working directory here, to its recipe's folder in a recipe
+HOME = "~/"  # a path under the user's home folder
+
+
+def under_home(value: str) -> str:
+    """`value` made absolute from the home folder where it starts with `~/`, which a shell leaves as written when
+    quoted, in a file or after `=`."""
+    return str(Path(value).expanduser()) if value.startswith(HOME) else value
 
 
 def _from_cwd(value: str) -> str:
@@ -173,7 +180,7 @@ def trt_cache() -> Path:
     and precision (`common.runtime.provider_options`): `EDGEDISTILL_TRT_CACHE`, else the user's cache folder. Never
     the bundle's own folder, which may be mounted read-only and is verified file by file."""
     if value := os.environ.get(TRT_CACHE_VAR):
-        return Path(value)
+        return Path(under_home(value))
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgedistill" / "trt"
 
 

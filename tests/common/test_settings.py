@@ -148,6 +148,18 @@ def test_the_server_still_refuses_an_unknown_variable():
         load_settings([], environ={"EDGEDISTILL_NO_SUCH": "1"})
 
 
+def test_a_runs_folder_under_home_is_in_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", "~/runs")
+    assert run_dir(load_recipe(write_recipe(tmp_path))) == tmp_path / "home" / "runs" / "elsewhere"
+
+
+def test_a_tensorrt_cache_under_home_is_in_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", "~/trt")
+    assert settings.trt_cache() == tmp_path / "trt"
+
+
 def write_recipe(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text(RECIPE)
