@@ -28,6 +28,7 @@ from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
 from edgedistill.common.config.strict import HASHING, NAME_RULE, RUN_NAME_RULE, Overridden, RunName, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
+    UNQUOTED,
     DataConfig,
     DistillConfig,
     FinetuneConfig,
@@ -396,10 +397,16 @@ def apply_override(raw: dict, dotted: str, value) -> None:
     mapping, as `key: null` does in a recipe that extends another (`_merge`): `--export.cascades=null`."""
     *parents, leaf = dotted.split(".")
     node = raw
-    for key in parents:
+    for depth, key in enumerate(parents):
         child = node.setdefault(key, Overridden())
+        where = ".".join(parents[: depth + 1])
+        if child is None:
+            raise RecipeError(
+                f"override --{dotted}: the recipe sets {where} to null, so it has no {where} to set a key of: write "
+                f"the {where} section in the recipe, or give it whole (--{where}={{...}})"
+            )
         if not isinstance(child, dict):
-            raise RecipeError(f"override {dotted}: {key} is not a section")
+            raise RecipeError(f"override --{dotted}: {where} is a setting, not a section")
         node = child
     if value is None and isinstance(node.get(leaf), dict):
         del node[leaf]
@@ -547,7 +554,10 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
     base, base_written = _read(_base_path(path, base_name), (*chain, path.resolve()))
     base.pop("name", None)
     base_written.pop("name", None)
-    return _merge(base, raw), base_written | written
+    try:
+        return _merge(base, raw), base_written | written
+    except RecipeError as err:
+        raise RecipeError(f"{path}: {err}") from None
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
@@ -611,7 +621,10 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
         made.update(_misspelt_section(raw, key))
-        apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        try:
+            apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        except RecipeError as err:
+            raise RecipeError(f"{path}: {err}") from None
         origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
@@ -690,7 +703,8 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
-    key = ".".join(str(p) for p in error["loc"] if p != "[key]")  # a name in a mapping of named sections
+    loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"]  # the mapping, not the name YAML misread
+    key = ".".join(str(p) for p in loc if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
     if message.startswith(key):  # a rule's: the setting it names first is the one at fault
@@ -710,10 +724,20 @@ def _message(error: dict) -> str:
         return f"unknown key: {guess}{where} takes {', '.join(keys)}"
     if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
         return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
+    if _unquoted_name(error):
+        name = error["input"]
+        kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
+        return f'a name read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _unquoted_name(error: dict) -> bool:
+    """Whether `error` is of a name in a mapping of named sections (a student, a bundle) that YAML read as a boolean,
+    null or a number (`on:`, `1:`)."""
+    return error["loc"][-1:] == ("[key]",) and error["type"] == "string_type"
 
 
 def run_dir(recipe: Recipe) -> Path:

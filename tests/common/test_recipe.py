@@ -915,6 +915,31 @@ def test_null_for_a_student_the_base_lacks_is_refused_naming_those_it_has(tmp_pa
         extend(tmp_path, "distill: {students: {transformer: null}}\n")
 
 
+def test_null_for_a_student_the_base_lacks_is_refused_naming_the_file_it_is_written_in(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: distill\.students\.transformer: null drops nothing"):
+        extend(tmp_path, "distill: {students: {transformer: null}}\n")
+
+
+@pytest.mark.parametrize(
+    ("section", "text"),
+    [
+        ("export.bundles", "export: {bundles: {on: {source: teacher}}}\n"),
+        ("distill.students", "distill: {students: {yes: {model: {arch: cnn}}}}\n"),
+    ],
+)
+def test_a_name_yaml_reads_as_a_boolean_is_refused_saying_to_quote_it(tmp_path, section, text):
+    with pytest.raises(
+        RecipeError, match=rf"exp\.yaml: {re.escape(section)}: a name read as a boolean, True: .* quote it"
+    ):
+        extend(tmp_path, text)
+
+
+def test_an_override_into_a_section_the_recipe_sets_to_null_names_the_file_and_the_null(tmp_path):
+    path = write(tmp_path, MINIMAL + "pretrain: null\n")
+    with pytest.raises(RecipeError, match=r"exp\.yaml: override --pretrain\.seq_len: the recipe sets pretrain to null"):
+        load_recipe(path, parse_overrides(["--pretrain.seq_len=64"]))
+
+
 def test_null_for_a_section_the_base_lacks_sets_nothing_up(tmp_path):
     assert extend(tmp_path, "pretrain: null\n").pretrain is None
 
