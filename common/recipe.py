@@ -410,7 +410,7 @@ def apply_override(raw: dict, dotted: str, value) -> None:
         node = child
     if value is None and isinstance(node.get(leaf), dict):
         del node[leaf]
-    elif value is None and _names_nothing(node, leaf, parents):
+    elif value is None and _names_nothing(node, leaf, tuple(parents)):
         raise RecipeError(
             f"override --{dotted}=null drops nothing: {'.'.join(parents)} has no {leaf!r} ({', '.join(sorted(node))})"
         )
@@ -455,10 +455,10 @@ def _scalar(key: str, value: str):
     return parsed
 
 
-def _names_nothing(node: dict, key, where) -> bool:
-    """Whether `key: null` in `node`, a mapping of named mappings (students, bundles) below the top level (`where`,
-    its key), names one it lacks: it drops nothing, so the name is misspelt or stale."""
-    return key not in node and bool(where) and bool(node) and all(isinstance(v, dict) for v in node.values())
+def _names_nothing(node: dict, key, loc: tuple) -> bool:
+    """Whether `key: null` in `node`, the mapping at `loc` of named sections (students, bundles, cascades), names one
+    it lacks: it drops nothing, so the name is misspelt or stale."""
+    return key not in node and schema.names_sections(Recipe, loc)
 
 
 def _merge(base: dict, top: dict, where: str = "") -> dict:
@@ -470,7 +470,7 @@ def _merge(base: dict, top: dict, where: str = "") -> dict:
         below = out.get(key)
         if value is None and isinstance(below, dict):
             del out[key]
-        elif value is None and _names_nothing(out, key, where):
+        elif value is None and _names_nothing(out, key, tuple(where.split("."))):
             raise RecipeError(f"{where}.{key}: null drops nothing: the base recipe has no {key!r} ({sorted(out)})")
         elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
             out[key] = _merge(below, value, f"{where}.{key}" if where else str(key))

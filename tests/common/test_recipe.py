@@ -121,6 +121,12 @@ def test_an_override_of_null_for_a_bundle_the_recipe_lacks_is_refused_naming_it(
         load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--export.bundles.nope=null"]))
 
 
+def test_an_override_of_null_for_a_setting_beside_sections_sets_it(tmp_path):
+    path = write(tmp_path, MINIMAL + "loadtest: {soak: {slo: {p99_ms: 50}}}\n")
+    overrides = parse_overrides(["--loadtest.soak.max_rss_growth_mb_per_10k=null"])
+    assert load_recipe(path, overrides).loadtest.soak.max_rss_growth_mb_per_10k is None
+
+
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
