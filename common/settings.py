@@ -11,7 +11,8 @@ directory, never from where the package is installed.
 | `EDGEDISTILL_TRT_CACHE`     | `$XDG_CACHE_HOME/edgedistill/trt`, else `~/.cache/edgedistill/trt`    |
 
 The unprefixed names of earlier releases (`RENAMED`) are still read while the new name is unset, with a
-`FutureWarning` once per name.
+`FutureWarning` once per name. A recipe's load refuses an `EDGEDISTILL_*` name that neither the pipeline nor the
+server reads (`refuse_unknown_variables`); a path setting that starts with `~/` is under the home folder.
 """
 
 import difflib
@@ -79,8 +80,7 @@ def refuse_unknown_variables() -> None:
     """`SettingError` where the environment sets an `EDGEDISTILL_*` variable that neither the pipeline nor the server
     reads: a misspelt setting (`EDGEDISTILL_RUN_DIR`) would otherwise do nothing, without a word."""
     known = sorted(PIPELINE | SERVER)
-    unknown = sorted(name for name in os.environ if name.startswith(ENV_PREFIX) and name not in PIPELINE | SERVER)
-    if unknown:
+    if unknown := sorted(name for name in os.environ if name.startswith(ENV_PREFIX) and name not in known):
         named = [
             name + "".join(f" (did you mean {near}?)" for near in difflib.get_close_matches(name, known, n=1))
             for name in unknown
