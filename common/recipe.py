@@ -28,6 +28,7 @@ from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
 from edgedistill.common.config.strict import HASHING, NAME_RULE, RUN_NAME_RULE, Overridden, RunName, Strict
 from edgedistill.common.config.training import (
     STUDENT_FROM_DATA,
+    UNQUOTED,
     DataConfig,
     DistillConfig,
     FinetuneConfig,
@@ -351,9 +352,6 @@ def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
 _Loader.add_constructor("!replace", _replace_tag)
 
 
-HOME = "~/"  # a path under the user's home folder
-
-
 def _localize(value, variables: dict[str, str], folder: Path | None, where: str):
     """`${NAME}` replaced in every string; then strings starting ~/ made absolute from the home folder and, with a
     `folder`, strings starting ./ or ../ from it."""
@@ -378,6 +376,11 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
                 f"{where}: unknown setting ${{{match.group(1)}}}: no environment variable of that name is set "
                 f"(settings with a default: {', '.join(sorted(settings.defaults()))})"
             )
+        if not variables[match.group(1)]:  # `${DATA}/train.tsv` would become `/train.tsv`, `${TEACHER}` no checkpoint
+            raise RecipeError(
+                f"{where}: ${{{match.group(1)}}} is set but empty: set {match.group(1)} to a value, or unset it to use "
+                "a setting's default"
+            )
         return variables[match.group(1)]
 
     if unreplaced := _SHELL_VAR.search(_VAR.sub("", value)):
@@ -385,22 +388,34 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
             f"{where}: {unreplaced.group(0)} would be kept as written: a recipe replaces only ${{NAME}} (no $NAME, no "
             "${NAME:-default}); write ${NAME} and set the variable"
         )
-    value = _VAR.sub(sub, value)
-    if value.startswith(HOME):  # the shell leaves `--data.train=~/x` and every `~` in a file as written
-        return str(Path(value).expanduser())
+    value = settings.under_home(_VAR.sub(sub, value))
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 
 
 def apply_override(raw: dict, dotted: str, value) -> None:
-    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed."""
+    """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed; a null drops a
+    mapping, as `key: null` does in a recipe that extends another (`_merge`): `--export.cascades=null`."""
     *parents, leaf = dotted.split(".")
     node = raw
-    for key in parents:
+    for depth, key in enumerate(parents):
         child = node.setdefault(key, Overridden())
+        where = ".".join(parents[: depth + 1])
+        if child is None:
+            raise RecipeError(
+                f"override --{dotted}: the recipe sets {where} to null, so it has no {where} to set a key of: write "
+                f"the {where} section in the recipe, or give it whole (--{where}={{...}})"
+            )
         if not isinstance(child, dict):
-            raise RecipeError(f"override {dotted}: {key} is not a section")
+            raise RecipeError(f"override --{dotted}: {where} is a setting, not a section")
         node = child
-    node[leaf] = value
+    if value is None and isinstance(node.get(leaf), dict):
+        del node[leaf]
+    elif value is None and _names_nothing(node, leaf, tuple(parents)):
+        raise RecipeError(
+            f"override --{dotted}=null drops nothing: {'.'.join(parents)} has no {leaf!r} ({', '.join(sorted(node))})"
+        )
+    else:
+        node[leaf] = value
 
 
 def parse_overrides(args: list[str]) -> dict[str, object]:
@@ -440,17 +455,22 @@ def _scalar(key: str, value: str):
     return parsed
 
 
+def _names_nothing(node: dict, key, loc: tuple) -> bool:
+    """Whether `key: null` in `node`, the mapping at `loc` of named sections (students, bundles, cascades), names one
+    it lacks: it drops nothing, so the name is misspelt or stale."""
+    return key not in node and schema.names_sections(Recipe, loc)
+
+
 def _merge(base: dict, top: dict, where: str = "") -> dict:
     """`top` over `base`: mappings merge key by key, except those tagged `!replace`, which take the base's place,
-    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null.
-    In a mapping of named mappings (students, bundles), `key: null` for a name the base lacks is an error: it drops
-    nothing, so it is a misspelt or stale name."""
+    as lists and scalars do; `key: null` removes a key whose base value is a mapping, and sets any other to null;
+    one that names nothing (`_names_nothing`) is an error."""
     out = dict(base)
     for key, value in top.items():
         below = out.get(key)
         if value is None and isinstance(below, dict):
             del out[key]
-        elif value is None and key not in out and where and out and all(isinstance(v, dict) for v in out.values()):
+        elif value is None and _names_nothing(out, key, tuple(where.split("."))):
             raise RecipeError(f"{where}.{key}: null drops nothing: the base recipe has no {key!r} ({sorted(out)})")
         elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
             out[key] = _merge(below, value, f"{where}.{key}" if where else str(key))
@@ -534,7 +554,10 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
     base, base_written = _read(_base_path(path, base_name), (*chain, path.resolve()))
     base.pop("name", None)
     base_written.pop("name", None)
-    return _merge(base, raw), base_written | written
+    try:
+        return _merge(base, raw), base_written | written
+    except RecipeError as err:
+        raise RecipeError(f"{path}: {err}") from None
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
@@ -583,6 +606,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
         )
     raw, written = _read(path)
+    settings.refuse_unknown_variables()  # after `_read`, whose errors name the `${EDGEDISTILL_*}` a recipe misuses
     origins = {  # key -> where its value came from, for errors: the recipe file does not hold it
         key: f" ({key} comes from {base}, which this recipe extends)" for key, base in written.items() if base != path
     }
@@ -597,7 +621,10 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
         made.update(_misspelt_section(raw, key))
-        apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        try:
+            apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
+        except RecipeError as err:
+            raise RecipeError(f"{path}: {err}") from None
         origins.pop(key, None)
     try:
         return Recipe.model_validate(raw)
@@ -676,7 +703,8 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
-    key = ".".join(str(p) for p in error["loc"] if p != "[key]")  # a name in a mapping of named sections
+    loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"]  # the mapping, not the name YAML misread
+    key = ".".join(str(p) for p in loc if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
     if message.startswith(key):  # a rule's: the setting it names first is the one at fault
@@ -696,10 +724,20 @@ def _message(error: dict) -> str:
         return f"unknown key: {guess}{where} takes {', '.join(keys)}"
     if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
         return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
+    if _unquoted_name(error):
+        name = error["input"]
+        kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
+        return f'a name read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _unquoted_name(error: dict) -> bool:
+    """Whether `error` is of a name in a mapping of named sections (a student, a bundle) that YAML read as a boolean,
+    null or a number (`on:`, `1:`)."""
+    return error["loc"][-1:] == ("[key]",) and error["type"] == "string_type"
 
 
 def run_dir(recipe: Recipe) -> Path:

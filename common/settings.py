@@ -11,9 +11,11 @@ directory, never from where the package is installed.
 | `EDGEDISTILL_TRT_CACHE`     | `$XDG_CACHE_HOME/edgedistill/trt`, else `~/.cache/edgedistill/trt`    |
 
 The unprefixed names of earlier releases (`RENAMED`) are still read while the new name is unset, with a
-`FutureWarning` once per name.
+`FutureWarning` once per name. A recipe's load refuses an `EDGEDISTILL_*` name that neither the pipeline nor the
+server reads (`refuse_unknown_variables`); a path setting that starts with `~/` is under the home folder.
 """
 
+import difflib
 import functools
 import importlib.resources
 import os
@@ -36,9 +38,23 @@ ENV_OVERRIDES = {"EDGEDISTILL_DEVICE": "runtime.device", "EDGEDISTILL_PRECISION"
 PROGRESS_VAR = "EDGEDISTILL_PROGRESS"  # read by common.progress
 PROGRESS_INTERVAL_VAR = "EDGEDISTILL_PROGRESS_INTERVAL"
 TRT_CACHE_VAR = "EDGEDISTILL_TRT_CACHE"  # read by trt_cache()
-ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server refuses a name under it that it does not know
+ENV_PREFIX = "EDGEDISTILL_"  # every setting's name; the server and the pipeline refuse a name under it they do not know
 # the `EDGEDISTILL_*` names the pipeline reads
 PIPELINE = frozenset(RENAMED) | frozenset(ENV_OVERRIDES) | {PROGRESS_VAR, PROGRESS_INTERVAL_VAR, TRT_CACHE_VAR}
+# the server's settings (`serve.settings.Settings`, `EDGEDISTILL_<FIELD>` each), which the pipeline leaves to it, as
+# the server leaves the pipeline's: named here so that common imports nothing of serve (a test keeps the two equal)
+SERVER = frozenset(
+    ENV_PREFIX + field
+    for field in (
+        "ACCESS_LOG", "ADMIN_TOKEN", "ALLOW_CPU_FALLBACK", "BATCH_TIMEOUT_S", "BUNDLE", "CASCADE_OVERLOAD",
+        "CONNECTION_AGE_GRACE_S", "CONNECTION_AGE_S", "CONNECTION_IDLE_S", "EVENT_LOOP", "HANDSHAKE_TIMEOUT_S",
+        "HEALTH_PORT", "HOST", "INLINE_INFER_MS", "KEEPALIVE_S", "LOG_LEVEL", "MALLOC_ARENAS", "MAX_BATCH_SIZE",
+        "MAX_CONCURRENT_RPCS", "MAX_CONCURRENT_STREAMS", "MAX_MESSAGE_BYTES", "MAX_QUEUED", "MAX_QUEUE_DELAY_MS",
+        "MAX_TEXTS", "MAX_TEXT_CHARS", "METRICS_HOST", "METRICS_PORT", "PORT", "PROVIDERS", "RELOAD_ROOT",
+        "SHUTDOWN_GRACE_S", "SPIN", "START_TIMEOUT_S", "STREAM_IDLE_S", "THREADS", "TLS_CA", "TLS_CERT", "TLS_KEY",
+        "TOKEN", "WORKERS",
+    )
+)  # fmt: skip
 
 
 # The server settings a measurement sets by its servers' flags (bench/processes.py), which win over their variables
@@ -57,6 +73,21 @@ def refuse_measured_variables() -> None:
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
             "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
             "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; unset them"
+        )
+
+
+def refuse_unknown_variables() -> None:
+    """`SettingError` where the environment sets an `EDGEDISTILL_*` variable that neither the pipeline nor the server
+    reads: a misspelt setting (`EDGEDISTILL_RUN_DIR`) would otherwise do nothing, without a word."""
+    known = sorted(PIPELINE | SERVER)
+    if unknown := sorted(name for name in os.environ if name.startswith(ENV_PREFIX) and name not in known):
+        named = [
+            name + "".join(f" (did you mean {near}?)" for near in difflib.get_close_matches(name, known, n=1))
+            for name in unknown
+        ]
+        raise SettingError(
+            f"{', '.join(named)}: no edgedistill setting has that name, so it would do nothing: rename or unset it "
+            "(docs/settings.md lists the settings)"
         )
 
 
@@ -91,7 +122,7 @@ def defaults() -> dict[str, str]:
         "EDGEDISTILL_TEACHER_INIT": _first_existing(shared / "models" / "minilm-l6-h384-uncased", HUB_TEACHER),
         "EDGEDISTILL_RUNS_DIR": str(cwd / "runs"),
     }
-    return {name: env(name) or value for name, value in fallback.items()}
+    return {name: under_home(env(name) or value) for name, value in fallback.items()}
 
 
 def env_source(key: str, value: object = None) -> str:
@@ -113,6 +144,13 @@ def variables() -> dict[str, str]:
 
 
 RELATIVE = ("./", "../")  # a path written relative: to the working directory here, to its recipe's folder in a recipe
+HOME = "~/"  # a path under the user's home folder
+
+
+def under_home(value: str) -> str:
+    """`value` made absolute from the home folder where it starts with `~/`, which a shell leaves as written when
+    quoted, in a file or after `=`."""
+    return str(Path(value).expanduser()) if value.startswith(HOME) else value
 
 
 def _from_cwd(value: str) -> str:
@@ -142,7 +180,7 @@ def trt_cache() -> Path:
     and precision (`common.runtime.provider_options`): `EDGEDISTILL_TRT_CACHE`, else the user's cache folder. Never
     the bundle's own folder, which may be mounted read-only and is verified file by file."""
     if value := os.environ.get(TRT_CACHE_VAR):
-        return Path(value)
+        return Path(under_home(value))
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgedistill" / "trt"
 
 

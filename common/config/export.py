@@ -1,9 +1,10 @@
 """The recipe sections of export: how each bundle is built and gated, and the confidence cascades of bundles."""
 
+import difflib
 from typing import Literal
 
 from edgedistill.common.config.strict import Name, Strict
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
 ENGINE_BATCH = (1, 8, 64)
@@ -14,6 +15,9 @@ DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
 ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
 # How a fused graph is fused: they change nothing where ONNX Runtime's BERT fusions do not take the source's graph.
 FUSION_CHOICES = ("attention", "skip_layer_norm")
+# The operator types ONNX Runtime's dynamic INT8 quantizes (`onnxruntime.quantization.registry.IntegerOpsRegistry`,
+# which a test keeps this equal to): it skips any other `int8_ops` names without a word.
+DYNAMIC_INT8_OPS = ("Attention", "Conv", "EmbedLayerNormalization", "Gather", "LSTM", "MatMul", "Transpose")
 
 
 class BundleRecipe(Strict):
@@ -75,6 +79,18 @@ class BundleRecipe(Strict):
             f"{given} would not apply: they choose how ONNX Runtime's BERT fusions fuse a graph, and those fusions do "
             f"not take {graph}, which ships unfused (remove {given})"
         )
+
+    @field_validator("int8_ops")
+    @classmethod
+    def _int8_ops_quantizable(cls, ops: list[str] | None) -> list[str] | None:
+        for op in [op for op in ops or () if op not in DYNAMIC_INT8_OPS]:
+            near = difflib.get_close_matches(op, DYNAMIC_INT8_OPS, n=1)
+            guess = f"did you mean {near[0]}? " if near else ""
+            raise ValueError(
+                f"{op!r} is no operator type ONNX Runtime's dynamic INT8 quantizes, so it would quantize nothing: "
+                f"{guess}it quantizes {', '.join(DYNAMIC_INT8_OPS)}"
+            )
+        return ops
 
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):

@@ -4,7 +4,7 @@ They change no bundle, so the recipe's hash leaves them out; each measurement's 
 from typing import Literal, get_args
 
 from edgedistill.common.config.strict import Overridden, Strict
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 Scenario = Literal["single", "batch", "stream", "kserve"]
 Profile = Literal["smoke", "steady", "step", "spike", "soak"]
@@ -284,8 +284,8 @@ class LoadtestConfig(Strict):
         data = dict(data)
         for name, preset in LOAD_PRESETS.items():
             value = data.get(name)
-            if not isinstance(value, BaseModel):
-                data[name] = preset | (value or {})
+            if value is None or isinstance(value, dict):  # anything else is left for the schema to refuse by name
+                data[name] = preset | (value if value is not None else {})
                 if isinstance(weights := data[name].get("scenarios"), Overridden):
                     data[name]["scenarios"] = preset.get("scenarios", DEFAULT_SCENARIOS) | weights
         return data

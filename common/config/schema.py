@@ -40,3 +40,10 @@ def field_at(model: type[BaseModel], loc: tuple) -> FieldInfo | None:
     """The field `loc` ends at, None where there is none."""
     section = section_at(model, loc[:-1]) if loc else None
     return section.model_fields.get(str(loc[-1])) if section else None
+
+
+def names_sections(model: type[BaseModel], loc: tuple) -> bool:
+    """Whether `loc` leads to a mapping of named sections (`("distill", "students")`, `("export", "bundles")`)."""
+    field = field_at(model, loc)
+    found, named = _section(field.annotation) if field else (None, False)
+    return found is not None and named

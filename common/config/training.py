@@ -67,7 +67,8 @@ class DataConfig(Strict):
                 "data.label_names is missing: list the task's label names in the recipe, in index order "
                 "(label 0 first), e.g. label_names: [negative, positive]"
             )
-        unquoted = [name for name in data["label_names"] or [] if not isinstance(name, str)]
+        names = data["label_names"]
+        unquoted = [name for name in names if not isinstance(name, str)] if isinstance(names, list) else []
         if unquoted:
             raise ValueError(
                 f'data.label_names: {unquoted} are not names: {UNQUOTED}; quote them, e.g. ["no", "yes"] or ["1", "2"]'
@@ -172,7 +173,7 @@ class ModelConfig(Strict):
     """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""
 
     family: Literal["bert", "gpt"] = "bert"
-    init: str | None = None
+    init: str | None = Field(None, min_length=1)
     max_length: int = Field(128, ge=8)
     # Sizes for a model built from scratch (ignored when `init` is set).
     vocab_size: int = Field(8000, ge=100)
@@ -335,10 +336,17 @@ class TransferConfig(Strict):
 
 # What the student stage sets on a student's config from the data and the teacher, whatever a recipe says.
 STUDENT_FROM_DATA = frozenset({"vocab_size", "num_labels", "pad_token_id", "max_length", "pairs"})
+# The settings each architecture reads (`distill.students`); the BiLSTM's num_layers may only be 1.
+ARCH_SETTINGS = {
+    "bilstm": frozenset({"embed_dim", "hidden_size", "num_layers", "dropout", "pooling"}),
+    "cnn": frozenset({"embed_dim", "kernel_sizes", "num_filters", "dropout"}),
+    "transformer": frozenset({"hidden_size", "num_layers", "num_heads", "intermediate_size", "dropout"}),
+}
 
 
 class StudentConfig(Strict):
-    """Architecture and sizes of a student; fields an architecture does not use are ignored by it."""
+    """Architecture and sizes of a student; a recipe that sets one its architecture does not read
+    (`ARCH_SETTINGS`) is refused (`DistillConfig`)."""
 
     arch: Literal["bilstm", "cnn", "transformer"]
     vocab_size: int | None = Field(None, gt=0, description="set from the teacher's tokenizer")
@@ -426,6 +434,28 @@ class DistillConfig(Strict):
         description="the student `edgedistill headline` reports for a recipe without an `export` section; with one, "
         "`export.deploy` picks what is served, and the headline reports the student that bundle is built from"
     )
+
+    @model_validator(mode="after")
+    def _students_set_what_their_arch_reads(self):
+        # the student's hash covers every field, so a setting its architecture never reads would still make it stale
+        for name, run in self.students.items():
+            arch, given = run.model.arch, run.model.model_fields_set - {"arch"} - STUDENT_FROM_DATA
+            if unread := sorted(given - ARCH_SETTINGS[arch]):
+                keys = ", ".join(f"distill.students.{name}.model.{key}" for key in unread)
+                raise ValueError(
+                    f"{keys} would change nothing: a {arch} student reads {', '.join(sorted(ARCH_SETTINGS[arch]))} "
+                    f"(remove {keys})"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_is_no_students_name(self):
+        if "teacher" in self.students:
+            raise ValueError(
+                "distill.students.teacher: the name is the teacher's (a bundle of source: teacher is built from the "
+                "teacher, and the headline reports it as the teacher): give the student another name"
+            )
+        return self
 
     @model_validator(mode="after")
     def _deploy_known(self):

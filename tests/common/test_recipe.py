@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import settings
+from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
+from onnxruntime.quantization.registry import IntegerOpsRegistry
 
 from edgedistill import cli
 
@@ -100,6 +102,29 @@ def test_overrides_parse_and_apply(tmp_path):
     assert recipe.finetune.optim.lr == 3e-5
     assert recipe.model.family == "gpt"
     assert recipe.name == "other"
+
+
+def test_an_override_of_null_drops_a_section_as_a_recipe_that_extends_another_does():
+    overrides = parse_overrides(["--export.cascades=null"])
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.cascades == {}
+
+
+def test_an_override_of_null_drops_a_named_bundle():
+    overrides = parse_overrides(["--export.cascades=null", "--export.bundles.bilstm-engine=null"])
+    assert "bilstm-engine" not in load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.bundles
+
+
+def test_an_override_of_null_for_a_bundle_the_recipe_lacks_is_refused_naming_it():
+    with pytest.raises(
+        RecipeError, match=r"override --export\.bundles\.nope=null drops nothing: export\.bundles has no"
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--export.bundles.nope=null"]))
+
+
+def test_an_override_of_null_for_a_setting_beside_sections_sets_it(tmp_path):
+    path = write(tmp_path, MINIMAL + "loadtest: {soak: {slo: {p99_ms: 50}}}\n")
+    overrides = parse_overrides(["--loadtest.soak.max_rss_growth_mb_per_10k=null"])
+    assert load_recipe(path, overrides).loadtest.soak.max_rss_growth_mb_per_10k is None
 
 
 def test_an_override_without_its_dashes_and_value_is_refused():
@@ -313,6 +338,29 @@ def test_a_bundle_name_with_a_dot_is_refused_naming_the_rule(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + bundles))
 
 
+@pytest.mark.parametrize(
+    ("arch", "setting"),
+    [("cnn", "pooling=mean"), ("cnn", "hidden_size=64"), ("cnn", "num_layers=2"), ("transformer", "embed_dim=64"),
+     ("bilstm", "num_filters=8"), ("bilstm", "kernel_sizes=[2]")],
+)  # fmt: skip
+def test_a_student_setting_its_arch_does_not_read_is_refused_naming_the_key(arch, setting):
+    overrides = parse_overrides([f"--distill.students.{arch}.model.{setting}"])
+    key = re.escape(f"distill.students.{arch}.model.{setting.partition('=')[0]}")
+    with pytest.raises(RecipeError, match=rf"smoke\.yaml: {key} would change nothing: a {arch} student reads "):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_a_student_setting_its_arch_reads_is_taken():
+    overrides = parse_overrides(["--distill.students.bilstm.model.pooling=mean"])
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).distill.students["bilstm"].model.pooling == "mean"
+
+
+def test_a_student_named_teacher_is_refused():
+    overrides = parse_overrides(["--distill.students.teacher.model.arch=cnn"])
+    with pytest.raises(RecipeError, match=r"smoke\.yaml: distill\.students\.teacher: the name is the teacher's"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
 def test_a_student_name_with_a_slash_is_refused(tmp_path):
     student = "distill: {deploy: a/b, students: {a/b: {model: {arch: cnn}}}}\n"
     with pytest.raises(RecipeError, match=r"distill\.students\.a/b: 'a/b' is not a valid name"):
@@ -426,6 +474,30 @@ def test_quoted_label_names_are_names(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("value", ["2", "yes"])
+def test_label_names_that_are_no_list_are_refused_naming_the_key(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"data\.label_names: Input should be a valid list"):
+        load_recipe(write(tmp_path, MINIMAL.replace("[negative, positive]", value)))
+
+
+def test_label_names_overridden_by_a_number_are_refused_naming_the_key():
+    with pytest.raises(RecipeError, match=r"data\.label_names: Input should be a valid list"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.label_names=3"]))
+
+
+@pytest.mark.parametrize("arg", ["--loadtest.steady=[1]", "--loadtest.steady=5", "--loadtest.soak=3"])
+def test_a_load_profile_that_is_no_mapping_is_refused_naming_it(arg):
+    profile = arg.split("=")[0].removeprefix("--")
+    with pytest.raises(RecipeError, match=rf"{re.escape(profile)}: Input should be a valid dictionary"):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides([arg]))
+
+
+@pytest.mark.parametrize("value", ["off", "false", "0", "''"])
+def test_a_load_profile_written_as_a_false_value_is_refused_not_read_as_its_preset(tmp_path, value):
+    with pytest.raises(RecipeError, match=r"loadtest\.soak: Input should be a valid dictionary"):
+        load_recipe(write(tmp_path, MINIMAL + f"loadtest: {{soak: {value}}}\n"))
+
+
 def test_metric_defaults_to_accuracy(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).data.metric == "accuracy"
 
@@ -517,6 +589,30 @@ def test_an_unset_variable_names_the_file_and_key(tmp_path, monkeypatch):
         RecipeError, match=r"exp\.yaml: data\.train: unknown setting \$\{NOPE\}: no environment variable"
     ):
         load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${NOPE}/a.tsv"')))
+
+
+def test_an_empty_variable_is_refused_naming_the_key_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYDATA", "")
+    with pytest.raises(RecipeError, match=r"exp\.yaml: data\.train: \$\{MYDATA\} is set but empty"):
+        load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${MYDATA}/sst2/train.tsv"')))
+
+
+def test_an_empty_teacher_variable_is_refused_not_read_as_from_scratch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYTEACHER", "")
+    with pytest.raises(RecipeError, match=r"model\.init: \$\{MYTEACHER\} is set but empty"):
+        load_recipe(write(tmp_path, MINIMAL.replace("some/model", '"${MYTEACHER}"')))
+
+
+def test_an_empty_model_init_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"model\.init: String should have at least 1 character"):
+        load_recipe(write(tmp_path, MINIMAL.replace("some/model", "''")))
+
+
+def test_an_empty_path_setting_keeps_its_default(tmp_path, monkeypatch):
+    """An empty `EDGEDISTILL_*` path setting is unset (docs/settings.md), so `${...}` gives its default."""
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "")
+    recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${EDGEDISTILL_DATA_DIR}/a.tsv"')))
+    assert recipe.data.train == settings.defaults()["EDGEDISTILL_DATA_DIR"] + "/a.tsv"
 
 
 @pytest.mark.parametrize("written", ["$TASK_DIR/a.tsv", "${TASK_DIR:-.}/a.tsv", "${TASK DIR}/a.tsv"])
@@ -762,6 +858,18 @@ def test_a_static_int8_labeller_is_refused_since_it_calibrates_on_what_it_labels
         )
 
 
+def test_an_int8_op_onnx_runtime_does_not_quantize_is_refused_naming_the_nearest():
+    overrides = parse_overrides(["--export.bundles.transformer-int8.int8_ops=[Matmul]"])
+    with pytest.raises(
+        RecipeError, match=r"transformer-int8\.int8_ops: 'Matmul' is no operator type .* did you mean MatMul\? "
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_the_dynamic_int8_ops_named_are_those_onnx_runtime_quantizes():
+    assert set(IntegerOpsRegistry) == set(DYNAMIC_INT8_OPS)
+
+
 @pytest.mark.parametrize("key", ["per_channel: true", "int8_ops: [MatMul]"])
 def test_static_int8_refuses_the_dynamic_settings_it_would_ignore(tmp_path, key):
     with pytest.raises(
@@ -823,6 +931,31 @@ def test_a_transformer_student_of_a_gpt_teacher_starting_afresh_loads(tmp_path):
 def test_null_for_a_student_the_base_lacks_is_refused_naming_those_it_has(tmp_path):
     with pytest.raises(RecipeError, match=r"distill.students.transformer: null drops nothing.*\['bilstm', 'cnn'\]"):
         extend(tmp_path, "distill: {students: {transformer: null}}\n")
+
+
+def test_null_for_a_student_the_base_lacks_is_refused_naming_the_file_it_is_written_in(tmp_path):
+    with pytest.raises(RecipeError, match=r"exp\.yaml: distill\.students\.transformer: null drops nothing"):
+        extend(tmp_path, "distill: {students: {transformer: null}}\n")
+
+
+@pytest.mark.parametrize(
+    ("section", "text"),
+    [
+        ("export.bundles", "export: {bundles: {on: {source: teacher}}}\n"),
+        ("distill.students", "distill: {students: {yes: {model: {arch: cnn}}}}\n"),
+    ],
+)
+def test_a_name_yaml_reads_as_a_boolean_is_refused_saying_to_quote_it(tmp_path, section, text):
+    with pytest.raises(
+        RecipeError, match=rf"exp\.yaml: {re.escape(section)}: a name read as a boolean, True: .* quote it"
+    ):
+        extend(tmp_path, text)
+
+
+def test_an_override_into_a_section_the_recipe_sets_to_null_names_the_file_and_the_null(tmp_path):
+    path = write(tmp_path, MINIMAL + "pretrain: null\n")
+    with pytest.raises(RecipeError, match=r"exp\.yaml: override --pretrain\.seq_len: the recipe sets pretrain to null"):
+        load_recipe(path, parse_overrides(["--pretrain.seq_len=64"]))
 
 
 def test_null_for_a_section_the_base_lacks_sets_nothing_up(tmp_path):

@@ -1,12 +1,16 @@
 """Pipeline settings: `EDGEDISTILL_*` names, the old names still read with a warning, defaults from the working
-directory, and the server leaving the pipeline's variables alone."""
+directory, the server leaving the pipeline's variables alone, and the pipeline refusing names nothing reads."""
 
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 from edgedistill.common import machine, settings
 from edgedistill.common.recipe import load_recipe, run_dir
-from edgedistill.serve.settings import SettingsError, load_settings
+from edgedistill.serve.settings import Settings, SettingsError, env_name, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RECIPE = """\
 name: elsewhere
@@ -142,3 +146,66 @@ def test_the_server_accepts_the_pipeline_variables(name):
 def test_the_server_still_refuses_an_unknown_variable():
     with pytest.raises(SettingsError, match="EDGEDISTILL_NO_SUCH"):
         load_settings([], environ={"EDGEDISTILL_NO_SUCH": "1"})
+
+
+def test_a_runs_folder_under_home_is_in_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", "~/runs")
+    assert run_dir(load_recipe(write_recipe(tmp_path))) == tmp_path / "home" / "runs" / "elsewhere"
+
+
+def test_a_tensorrt_cache_under_home_is_in_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", "~/trt")
+    assert settings.trt_cache() == tmp_path / "trt"
+
+
+def write_recipe(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(RECIPE)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"), [("EDGEDISTILL_RUN_DIR", "EDGEDISTILL_RUNS_DIR"), ("EDGEDISTILL_DEVICES", "EDGEDISTILL_DEVICE")]
+)
+def test_a_misspelt_setting_is_refused_at_load_naming_the_one_meant(tmp_path, monkeypatch, name, meant):
+    monkeypatch.setenv(name, "x")
+    with pytest.raises(settings.SettingError, match=rf"{name} \(did you mean {meant}\?\): no edgedistill setting"):
+        load_recipe(write_recipe(tmp_path))
+
+
+def test_a_server_setting_in_the_pipelines_environment_is_left_to_the_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_WORKERS", "2")
+    assert load_recipe(write_recipe(tmp_path)).name == "elsewhere"
+
+
+def test_the_server_settings_common_names_are_the_servers_own():
+    assert {env_name(field) for field in Settings.model_fields} == settings.SERVER
+
+
+# Names the repository writes as examples of names nothing reads: misspellings the tests feed the checks, a user's own
+# variable under the prefix, the variables Kubernetes' service links would inject
+UNKNOWN_ON_PURPOSE = {
+    "EDGEDISTILL_DEVICES",
+    "EDGEDISTILL_MY_DATA",
+    "EDGEDISTILL_NO_SUCH",
+    "EDGEDISTILL_PROT",
+    "EDGEDISTILL_PRT",
+    "EDGEDISTILL_RUN_DIR",
+    "EDGEDISTILL_SERVE_PORT",
+}
+NAME = re.compile(r"\bEDGEDISTILL_[A-Z0-9_]+\b(?!\*)")  # not a family of names: `EDGEDISTILL_TLS_*`
+OWN_FILES = ("*.py", "*.sh", "*.md", "*.yml", "*.yaml", "*.toml", "Makefile", "Dockerfile*")
+
+
+def test_every_edgedistill_name_the_repository_writes_is_a_setting_the_pipeline_or_the_server_reads():
+    tops = [
+        top
+        for top in ROOT.iterdir()
+        if top.is_dir() and (top.name == ".ci" or not top.name.startswith(".")) and top.name != "runs"
+    ]
+    files = {file for pattern in OWN_FILES for file in ROOT.glob(pattern)}
+    files |= {file for top in tops for pattern in OWN_FILES for file in top.rglob(pattern)}
+    written = {name for file in files if file.is_file() for name in NAME.findall(file.read_text(encoding="utf-8"))}
+    assert written - (settings.PIPELINE | settings.SERVER) == UNKNOWN_ON_PURPOSE
