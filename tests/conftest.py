@@ -11,9 +11,17 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common import locks
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+# Every property test as tests/serve/test_fuzz.py's FUZZ: the same examples in every run, none kept in the checkout,
+# and no deadline or too-slow check, which a loaded machine misses.
+settings.register_profile(
+    "edgedistill", database=None, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("edgedistill")
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
