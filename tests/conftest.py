@@ -222,6 +222,10 @@ def small_fs(tmp_path) -> Path:
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        said = mounted.stderr.decode().partition("\n")[0]  # its second line only points to dmesg
+        pytest.skip(
+            "needs a 3 MiB tmpfs to fill, and mounting one takes root: run it as root, or under `unshare -rm` where "
+            f"user namespaces are allowed (mount says: {said})"
+        )
     yield folder
     subprocess.run(["umount", str(folder)], check=True)
