@@ -11,9 +11,17 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common import locks
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+# Every property test as tests/serve/test_fuzz.py's FUZZ: the same examples in every run, none kept in the checkout,
+# and no deadline or too-slow check, which a loaded machine misses.
+settings.register_profile(
+    "edgedistill", database=None, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("edgedistill")
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
@@ -226,6 +234,10 @@ def small_fs(tmp_path) -> Path:
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        said = mounted.stderr.decode().partition("\n")[0]  # its second line only points to dmesg
+        pytest.skip(
+            "needs a 3 MiB tmpfs to fill, and mounting one takes root: run it as root, or under `unshare -rm` where "
+            f"user namespaces are allowed (mount says: {said})"
+        )
     yield folder
     subprocess.run(["umount", str(folder)], check=True)

@@ -111,11 +111,11 @@ def test_bench_end_to_end(result, out, texts_file):
     assert batched["texts_per_s"] == pytest.approx(serving.BATCH * batched["requests_per_s"])
 
 
-@pytest.mark.serial  # a bound on time: a loaded machine answers too slowly to keep the pace
 def test_the_bare_server_records_the_servers_session(result):
     assert result.settings["sessions"]["bare"] == result.settings["sessions"]["server"]
 
 
+@pytest.mark.serial  # a bound on time: a loaded machine answers too slowly to keep the pace
 def test_the_paced_phase_keeps_up_with_its_rate(result):
     assert result.runs["paced"][0]["requests_per_s"] >= 0.8 * RATE
 

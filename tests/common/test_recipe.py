@@ -233,7 +233,7 @@ def test_a_misspelt_recipe_name_is_answered_with_the_nearest_name(tmp_path, monk
 
 def test_a_recipe_named_without_a_folder_is_read_from_the_installed_recipes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert load_recipe("smoke").data.text_column == load_recipe(ROOT / "recipes" / "smoke.yaml").data.text_column
+    assert load_recipe("smoke").model_dump() == load_recipe(ROOT / "recipes" / "smoke.yaml").model_dump()
 
 
 def test_a_recipe_named_without_a_folder_takes_the_working_directorys_recipes_first(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as torch_dist
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
@@ -190,10 +191,20 @@ def test_a_batch_without_masked_positions_has_a_zero_loss():
     assert loss.item() == 0.0
 
 
-def test_a_batch_without_masked_positions_backpropagates_zero_gradients():
+@pytest.fixture
+def unmasked_backward() -> LanguageModelObjective:
+    """A tiny masked LM's objective after the backward pass of a batch without masked positions."""
     objective = LanguageModelObjective(_tiny_bert_mlm(), causal=False)
     objective(**_mlm_batch(masked=False))[0].backward()
-    assert all(not p.grad.any() for p in objective.parameters() if p.grad is not None)
+    return objective
+
+
+def test_a_batch_without_masked_positions_backpropagates_to_every_trainable_parameter(unmasked_backward):
+    assert [n for n, p in unmasked_backward.named_parameters() if p.requires_grad and p.grad is None] == []
+
+
+def test_a_batch_without_masked_positions_backpropagates_zero_gradients(unmasked_backward):
+    assert all(not p.grad.any() for p in unmasked_backward.parameters() if p.grad is not None)
 
 
 def test_an_eval_batch_without_masked_positions_is_left_out_of_the_eval_figures():

@@ -398,7 +398,10 @@ def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses
 
     monkeypatch.setattr(validate, "logits_runner", off)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
-    assert export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32", "--force").returncode == 1
+    result = export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32", "--force")
+    assert result.returncode == 1
+    # the shape check's words: the dev gate also exits 1, with "against PyTorch on dev"
+    assert f"against PyTorch at batch 1, length 1, over the fp32 tolerance {validate.FP32_TOLERANCE}" in result.stderr
 
 
 @pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
