@@ -22,12 +22,19 @@ _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 _PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
 
 
+def without_markup(text: str) -> str:
+    """`text` with each markup span (`_TAG`) replaced by a space. A span ends at a `>`, so only the text up to the last
+    `>` is searched: past it, each `<` would scan to the end of the text in vain (quadratic in a run of `<`)."""
+    end = text.rfind(">") + 1
+    return _TAG.sub(" ", text[:end]) + text[end:]
+
+
 def tokenise(text: str) -> str:
     """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
     # Accents composed, as the data is written: to the clitic rule a decomposed accent is a mark, not a letter, so a
     # client's "xe\u0301n't" would keep its "n't" where "x\u00e9n't" is split.
     text = unicodedata.normalize("NFC", text)
-    text = html.unescape(_TAG.sub(" ", text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    text = html.unescape(without_markup(text)).lower().replace("\u2019", "'").replace("\u2018", "'")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)
     text = _PUNCT.sub(r" \1 ", text)
@@ -39,7 +46,7 @@ def styled(text: str, style: Style) -> str:
     collapses whitespace."""
     if style == "ptb_lower":
         return tokenise(text)
-    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
+    return " ".join(html.unescape(without_markup(text)).split())
 
 
 def as_served(texts: list[str] | None, style: Style) -> list[str] | None:

@@ -1,67 +1,70 @@
-"""The health service: grpcio-health-checking's servicer, whose `Watch` streams end when the server drains.
+"""The health service (grpc.health.v1): `Check`, and a `Watch` that no watcher can use to hold up a status change.
+
+grpcio-health-checking's servicer writes to a `Watch` stream while holding the lock that a status change takes, so a
+watcher that never reads (an HTTP/2 window of 0) blocked every later change: the SERVING flip after warm-up, the
+drain's NOT_SERVING, and a fault's exit behind it. Here a change only records the status and wakes the watchers; each
+stream reads the status and writes it with no lock held. A write that never goes out leaves its call to gRPC (which
+cannot end one call alone: trailers wait behind the unsent message), so it ends with the shutdown's grace or
+`CONNECTION_AGE_S`, as any call its client stalls.
 
 A watcher (a gRPC client's own health checking, a mesh) holds its `Watch` call open for as long as the server serves.
-The library's `Watch` never ends, so one open stream held every drain for its whole grace, and was then cut with
-UNAVAILABLE. Here each stream, once shutdown begins, sends the watcher its last status (NOT_SERVING) and ends with OK;
-a `Watch` opened during the drain does the same at once. Clients open the stream again with backoff, and meet a
-server that refuses new calls.
+Once shutdown begins, each stream sends the watcher its last status (NOT_SERVING) and ends with OK; a `Watch` opened
+during the drain does the same at once. Clients open the stream again with backoff, and meet a server that refuses
+new calls.
 """
 
 import asyncio
-import contextlib
 
-from grpc_health.v1 import health, health_pb2
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 
-class _Replies:
-    """A `Watch` call's context whose writes run one at a time, under `lock`, remembering the last status sent."""
-
-    def __init__(self, context, lock: asyncio.Lock):
-        self._context = context
-        self._lock = lock
-        self.last: int | None = None
-
-    def __getattr__(self, name: str):
-        return getattr(self._context, name)
-
-    async def write(self, reply: health_pb2.HealthCheckResponse) -> None:
-        async with self._lock:
-            await self._context.write(reply)
-            self.last = reply.status
-
-
-class HealthServicer(health.aio.HealthServicer):
-    """The library's servicer; `Watch` ends once `enter_graceful_shutdown` was called, its last reply the status."""
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """The statuses by service name ("" is the server's); `set` changes one, `enter_graceful_shutdown` turns all
+    NOT_SERVING for good. Neither waits for a watcher."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._draining = asyncio.Event()
-        self._services: set[str] = {""}
+        self._statuses: dict[str, int] = {"": NOT_SERVING}
+        self._draining = False
+        self._watchers: set[asyncio.Event] = set()  # one per open `Watch`, set on each change
 
     async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        self._services.add(service)
-        await super().set(service, status)
+        """Record `status` for `service`; ignored once the drain began."""
+        if not self._draining:
+            self._statuses[service] = status
+            self._wake()
 
     async def enter_graceful_shutdown(self) -> None:
-        await super().enter_graceful_shutdown()
-        self._draining.set()
+        """Every service NOT_SERVING from now on; each `Watch` stream sends it and ends."""
+        self._draining = True
+        self._statuses = dict.fromkeys(self._statuses, NOT_SERVING)
+        self._wake()
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:  # the library's name
-        lock = asyncio.Lock()
-        replies = _Replies(context, lock)
-        watching = asyncio.ensure_future(super().Watch(request, replies))
-        draining = asyncio.ensure_future(self._draining.wait())
+    def _wake(self) -> None:
+        for changed in self._watchers:
+            changed.set()
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context) -> health_pb2.HealthCheckResponse:
+        if request.service not in self._statuses:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=self._statuses[request.service])
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        changed = asyncio.Event()
+        self._watchers.add(changed)
+        sent = None
         try:
-            await asyncio.wait((watching, draining), return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                changed.clear()
+                status = self._statuses.get(request.service, SERVICE_UNKNOWN)
+                if status != sent:
+                    await context.write(health_pb2.HealthCheckResponse(status=status))
+                    sent = status
+                if self._draining:
+                    return
+                await changed.wait()
         finally:
-            draining.cancel()
-            async with lock:  # gRPC takes one write at a time: the library's is cancelled between two
-                watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-        status = NOT_SERVING if request.service in self._services else SERVICE_UNKNOWN
-        if replies.last != status:
-            await context.write(health_pb2.HealthCheckResponse(status=status))
+            self._watchers.discard(changed)

@@ -259,18 +259,23 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         self.settings = settings
         self.supervisor = supervisor
 
-    async def _classify(self, request: classifier_pb2.ClassifyRequest, deadline: float | None):
+    def _checked(self, request: classifier_pb2.ClassifyRequest) -> tuple[str, str, list[str], list[str] | None]:
+        """The model name and version, and the texts and pairs checked and cut to MAX_TEXT_CHARS: all that a call
+        needs of its message, so that a waiting call holds none."""
         # the repeated fields as they are: their length is checked before a Python string is made of any element
         pairs = request.text_pairs or None
         texts, pairs = check_texts(request.texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
-        runtime, scores = await self.host.dispatch(
-            request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
-        )
+        return request.model_name, request.model_version, texts, pairs
+
+    async def _classify(
+        self, name: str, version: str, texts: list[str], pairs: list[str] | None, deadline: float | None
+    ):
+        runtime, scores = await self.host.dispatch(name, version, lambda rt: rt.classify(texts, pairs, deadline))
         return classify_response(runtime.spec, scores)
 
     @handles_errors
     async def Classify(self, request, context):
-        return await self._classify(request, deadline_of(context))
+        return await self._classify(*self._checked(request), deadline_of(context))
 
     async def ClassifyStream(self, request_iterator, context):
         """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order. A stream
@@ -290,7 +295,10 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 async for request in request_iterator:
                     idle.touch()
                     received += 1
-                    work = asyncio.ensure_future(self._classify(request, deadline))
+                    work = asyncio.ensure_future(self._classify(*self._checked(request), deadline))
+                    # Up to STREAM_WINDOW requests wait per stream, in one call's place among MAX_CONCURRENT_RPCS: each
+                    # holds only what `_checked` kept; of the messages, up to MAX_MESSAGE_BYTES, only the last is kept
+                    # (by gRPC too, until the next one comes).
                     try:
                         await pending.put(work)  # waits while STREAM_WINDOW requests are in flight
                     except asyncio.CancelledError:  # the stream ended meanwhile: no one will read this reply
@@ -298,7 +306,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                         raise
             except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
                 await pending.put(InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}"))
-            except Exception as err:  # a broken request stream ends the call with its error
+            except Exception as err:  # a request refused by its checks, or a broken request stream, ends the call
                 await pending.put(err)
             await pending.put(None)
 

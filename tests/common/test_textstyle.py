@@ -1,9 +1,15 @@
 """The styles a task's text is written in, for training and serving alike."""
 
+import time
 import unicodedata
 
 import pytest
-from edgedistill.common.textstyle import as_served, styled, tokenise
+from edgedistill.common import textstyle
+from edgedistill.common.textstyle import as_served, styled, tokenise, without_markup
+from hypothesis import given
+from hypothesis import strategies as st
+
+MARKUP_ALPHABET = "<<<>>09=ab /"
 
 
 @pytest.mark.parametrize(
@@ -58,3 +64,15 @@ def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
 def test_a_raw_bundle_serves_text_as_sent():
     texts = ["I <3 this movie > all  &amp; more"]
     assert as_served(texts, "raw") == texts
+
+
+@given(st.text(alphabet=MARKUP_ALPHABET, max_size=60))
+def test_markup_removal_gives_the_markup_rules_own_output(text):
+    assert without_markup(text) == textstyle._TAG.sub(" ", text)
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_long_run_of_less_than_signs_is_tokenised_in_linear_time():
+    started = time.perf_counter()
+    tokenise("<" * 65536)  # searched from every `<` to the end: seconds
+    assert time.perf_counter() - started < 0.5

@@ -105,6 +105,11 @@ class RawClient:
             self._windows.setdefault(stream, self._initial)
         return self.send(frame(Kind.HEADERS, END_HEADERS, stream, header_block(path, extra)))
 
+    def read_nothing(self) -> bool:
+        """Set every stream's window to 0 (SETTINGS_INITIAL_WINDOW_SIZE), never to grow: the server can send headers
+        but no message."""
+        return self.send(frame(Kind.SETTINGS, 0, 0, struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE, 0)))
+
     def send_data(self, stream: int, payload: bytes) -> int:
         """Send as much of `payload` as the windows allow now; the bytes sent."""
         with self._lock:

@@ -131,7 +131,7 @@ def test_a_stream_ended_while_its_window_is_full_leaves_no_request_unowned(serve
         for i in range(STREAM_WINDOW + 4):
             if i == STREAM_WINDOW:  # the request that waits for a place in the full window
                 sent_past_window.set()
-            yield pb.ClassifyRequest(texts=["   "])  # refused at once
+            yield pb.ClassifyRequest(texts=["good"], model_name="no-such-model")  # refused at once, in its task
 
     async def client_goes_away():
         servicer = ClassifierServicer(served.server.host, served.settings)

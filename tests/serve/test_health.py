@@ -2,22 +2,45 @@
 
 import asyncio
 import contextlib
+import json
+import signal
+import subprocess
+import sys
 import time
 
 import grpc
 import pytest
+from edgedistill.serve.app import EXIT_FAULT
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.serve.conftest import settings_for
+from tests.serve.conftest import ROOT, serve_command, settings_for, subprocess_env
+from tests.serve.rawh2 import END_STREAM, Kind, RawClient, frame, message_prefix
+from tests.serve.test_faults import HANG_ON, HANGING_SERVER
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 GRACE_S = 5.0
+WATCH = "/grpc.health.v1.Health/Watch"
+EXIT_SLACK_S = 10.0  # past the grace, for a process on a busy machine to stop and exit
 
 
 def watch(channel, service: str = ""):
     return health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
+
+
+def unread_watch(port: int) -> RawClient:
+    """A raw client's `Watch("")` that takes no reply (a window of 0), once the server has begun its first reply."""
+    client = RawClient(port)
+    client.read_nothing()
+    client.open_call(1, WATCH)
+    client.send(frame(Kind.DATA, END_STREAM, 1, message_prefix(0)))  # the empty request: service ""
+    deadline = time.monotonic() + 10
+    while not any(kind == Kind.HEADERS and stream == 1 for kind, _, stream, _ in client.frames):
+        assert time.monotonic() < deadline, "the server never began its reply to the Watch"
+        time.sleep(0.01)
+    return client
 
 
 @pytest.fixture
@@ -73,3 +96,40 @@ def test_a_watch_follows_the_status_while_the_server_serves(start_server, bundle
         assert next(stream).status == NOT_SERVING
         server.call(server.server.warm_up())
         assert next(stream).status == SERVING
+
+
+def test_a_watcher_that_takes_no_reply_does_not_hold_up_the_serving_flip(start_server, bundle):
+    server = start_server(settings_for(bundle), warm=False)
+    with contextlib.closing(unread_watch(server.port)), server.channel() as channel:
+        server.call(server.server.warm_up(), timeout=10)
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == SERVING
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_watcher_that_takes_no_reply_does_not_hold_up_the_exit_after_a_fault(bundle):
+    command = [sys.executable, "-c", HANGING_SERVER, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+               "--batch-timeout-s", "0.5", "--shutdown-grace-s", "1", "--metrics-port", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        port = next(entry for line in proc.stdout if (entry := json.loads(line)).get("event") == "serving")["port"]
+        with contextlib.closing(unread_watch(port)), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with contextlib.suppress(grpc.RpcError):  # UNAVAILABLE: the batcher's fault
+                request = classifier_pb2.ClassifyRequest(texts=[HANG_ON])
+                classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=20)
+            assert proc.wait(1 + EXIT_SLACK_S) == EXIT_FAULT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_watcher_that_takes_no_reply_does_not_hold_up_the_exit_on_sigterm(spawn, bundle):
+    process = spawn(bundle, "--shutdown-grace-s", "1")
+    port = process.wait_for("serving")["port"]
+    with contextlib.closing(unread_watch(port)):
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.proc.wait(1 + EXIT_SLACK_S) == 0
