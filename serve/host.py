@@ -511,7 +511,7 @@ class ModelHost:
             runtime.name,
             runtime.version,
             runtime.folder,
-            extra={"event": "model_active", "model": asdict(description)},
+            extra={"event": "model_active", "served": asdict(description)},
         )
         if previous is not None:
             await previous.close()

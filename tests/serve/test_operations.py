@@ -765,7 +765,7 @@ def test_a_reload_whose_call_passes_its_deadline_goes_on_to_serve_the_new_model(
 
 def test_a_reload_whose_call_passes_its_deadline_logs_the_new_model_active(reload_past_its_deadline):
     _, _, lines = reload_past_its_deadline
-    assert [e["model"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
+    assert [e["served"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
 
 
 def test_a_reload_whose_caller_is_cancelled_still_runs_its_then_once_the_new_model_serves(
