@@ -59,6 +59,8 @@ class DropReason(StrEnum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     FAILED = "failed"  # another of its request's rows failed in the backend: nobody waits for these
+    FAULT = "fault"  # the batcher faulted (a hung or failed device call, an error of its own): it fails all it holds
+    CLOSED = "closed"  # the batcher was closed (a shutdown, a reload) and its queue did not finish within the limit
 
 
 class BatchObserver:
@@ -218,7 +220,8 @@ class DynamicBatcher:
             except TimeoutError:
                 self._task.cancel()
                 self._fail_all(
-                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)")
+                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)"),
+                    DropReason.CLOSED,
                 )
                 log.warning(
                     "the batcher did not finish its queue within %.1f s; its requests failed",
@@ -331,9 +334,11 @@ class DynamicBatcher:
                 if not request.future.done():
                     request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
-    def _fail_all(self, err: Exception) -> None:
-        """Fail every request queued or in a running batch with `err`."""
+    def _fail_all(self, err: Exception, reason: DropReason) -> None:
+        """Fail every request queued or in a running batch with `err`; the queued rows count as dropped for `reason`."""
         rows = [*self._pending, *(row for batch in self._running for row in batch)]
+        if self._pending:
+            self.observer.rows_dropped(len(self._pending), reason)
         self._pending, self._running = [], []
         self.observer.queue_depth(0)
         for request in {row.request for row in rows}:
@@ -352,7 +357,7 @@ class DynamicBatcher:
             log.error("batcher fault: %s%s", message, cause, exc_info=err, extra={"event": "batcher_fault"})
             if self.on_fault is not None:
                 self.on_fault(self.fault)
-        self._fail_all(ServerFault(str(self.fault)))
+        self._fail_all(ServerFault(str(self.fault)), DropReason.FAULT)
 
     async def _run_forever(self) -> None:
         try:

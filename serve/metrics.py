@@ -119,8 +119,9 @@ class Metrics(BatchObserver):
         )
         self.dropped = Counter(
             "edgedistill_dropped_rows",
-            "Queued rows dropped before running, by reason: cancelled (by the client), deadline (the call's passed) or "
-            "failed (another row of the call failed in the backend)",
+            "Queued rows dropped before running, by reason: cancelled (by the client), deadline (the call's passed), "
+            "failed (another row of the call failed in the backend), fault (the batcher faulted) or closed (the model "
+            "closed, at a shutdown or a reload, before its queue finished)",
             ["reason"],
             registry=r,
         )
