@@ -36,10 +36,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 from edgedistill.common.runtime import DeviceError
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+T = TypeVar("T")
 DEVICE_FAULT = "a backend call failed on its device"  # what the callers are told of a `DeviceError`
 
 
@@ -77,6 +79,9 @@ class BatchObserver:
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         """Rows removed from the queue without running."""
+
+    def rows_admitted(self, rows: int) -> None:
+        """`rows` more (fewer, when negative) rows hold places in the queue while they are made off the event loop."""
 
 
 # Backend calls that a closed batcher left running in their threads: a normal interpreter exit would wait for them.
@@ -124,12 +129,22 @@ class _Admission:
         self.batcher = batcher
         self.rows = rows
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "_Admission":
         self.batcher._check_room(self.rows)
         self.batcher._admitted += self.rows
+        return self
 
     def __exit__(self, *exc_info) -> None:
         self.batcher._admitted -= self.rows
+
+    async def making(self, rows: Awaitable[T]) -> T:
+        """Await `rows` being made (e.g. tokenized in a thread), the admitted rows reported to the observer meanwhile:
+        made on the event loop, they are queued in the same step, before any scrape could see them."""
+        self.batcher.observer.rows_admitted(self.rows)
+        try:
+            return await rows
+        finally:
+            self.batcher.observer.rows_admitted(-self.rows)
 
 
 @dataclass(eq=False)
@@ -261,7 +276,8 @@ class DynamicBatcher:
     def admit(self, rows: int) -> "_Admission":
         """Hold `rows` places in the queue while a request's rows are made (e.g. tokenized), refusing it at once
         (`Overloaded`, `BatcherClosed`, `ServerFault`) when they do not fit. `submit` the rows after the block:
-        the places are given back as the block ends, and the rows take them in the same step of the event loop."""
+        the places are given back as the block ends, and the rows take them in the same step of the event loop.
+        Rows made off the event loop are awaited through the block's `making`, which reports them."""
         return _Admission(self, rows)
 
     async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:

@@ -117,6 +117,13 @@ class Metrics(BatchObserver):
         self.depth = Gauge(
             "edgedistill_queue_depth", "Rows waiting for a batch", registry=r, multiprocess_mode="livesum"
         )
+        self.admitted = Gauge(
+            "edgedistill_admitted_rows",
+            "Rows holding queue places while their texts are tokenized in threads, not yet waiting for a batch: with "
+            "the queue depth, what MAX_QUEUED bounds",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.dropped = Counter(
             "edgedistill_dropped_rows",
             "Queued rows dropped before running, by reason: cancelled (by the client), deadline (the call's passed), "
@@ -251,6 +258,9 @@ class Metrics(BatchObserver):
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         self.dropped.labels(reason.value).inc(rows)
 
+    def rows_admitted(self, rows: int) -> None:
+        self.admitted.inc(rows)
+
     def start_http(self, host: str, port: int) -> int:
         """Serve `/metrics` on `host:port` (0: any free port) in a daemon thread; return the port."""
         self._http = serve_http(self.registry, host, port)
@@ -282,6 +292,9 @@ class MemberObserver(BatchObserver):
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         self.metrics.rows_dropped(rows, reason)
+
+    def rows_admitted(self, rows: int) -> None:
+        self.metrics.rows_admitted(rows)
 
 
 def serve_http(registry: CollectorRegistry, host: str, port: int):
