@@ -46,6 +46,10 @@ ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
+# ONNX Runtime prints its own log to stderr as plain text, which breaks the JSON lines there (a server's log): its
+# warnings ("Removing initializer", the CUDA provider's "Memcpy nodes are added") tell nothing to act on, and each of
+# its errors, a failed call's at every call, comes back as the exception raised, so only fatal messages are let out.
+ORT_LOG_SEVERITY = 4
 # Where a model built from bytes finds its external data (tensors kept in other files): by default the working
 # directory, so a model could read any file below it (`/` in a container). The model file itself, inside which no
 # file can be, refuses every such reference; no stage writes external data.
@@ -231,7 +235,10 @@ def open_session(
         raise ValueError("no execution providers requested (e.g. ['CPUExecutionProvider'])")
     requested = resolve_providers(providers)
     refuse_tf32(requested, precision, str(model_path))
+    # the default logger logs what comes before the session's own: loading a provider's library
+    ort.set_default_logger_severity(ORT_LOG_SEVERITY)
     options = ort.SessionOptions()
+    options.log_severity_level = ORT_LOG_SEVERITY  # the session's load and, unless a call says otherwise, its calls
     if threads is not None:
         options.intra_op_num_threads = threads
     # ONNX Runtime spins by default; idle spinning threads keep cores busy that a server's event loop needs.

@@ -223,7 +223,8 @@ class Stage:
         watch = mf.Stopwatch()
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
-        with tracking.stage_run(self.recipe, self.name) as tracker:  # training curves go to it during the build
+        # training curves go to the tracker during the build
+        with tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker:
             built = self.build(inputs)
             if built is None:
                 return None

@@ -4,7 +4,10 @@ The recipe's `tracking` key picks the backend; both write files under `runs/<rec
 needs a server:
 
 - `none` (default): nothing is written;
-- `tensorboard`: event files in `tensorboard/<stage>/` (one TensorBoard run per stage);
+- `tensorboard`: event files in `tensorboard/<stage>/<build>/`, one TensorBoard run per build of a stage, named
+  for its start (UTC) and the stage's config hash, e.g. `20261130T223512.345678Z-1a2b3c4d`: a stage built again
+  (another setting, --force, a retry) is a run of its own beside the earlier ones, and a build resumed after a kill
+  too, its curves going on from the step it resumed at;
 - `mlflow`: a SQLite store, `mlruns/mlflow.db` (MLflow's supported file-based store), one MLflow run per stage in
   an experiment named after the recipe.
 
@@ -19,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from pathlib import Path
 
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
@@ -122,12 +126,13 @@ def require(backend: str) -> None:
             ) from err
 
 
-def open_tracker(recipe: Recipe, stage: str) -> Tracker:
-    """The tracker for one build of `stage` under the recipe's `tracking` backend."""
+def open_tracker(recipe: Recipe, stage: str, config_hash: str) -> Tracker:
+    """The tracker for one build of `stage` (of the stage's `config_hash`) under the recipe's `tracking` backend."""
     require(recipe.tracking)
     folder = run_dir(recipe) / FOLDER
     if recipe.tracking == "tensorboard":
-        return TensorBoardTracker(folder / "tensorboard" / stage)
+        build = f"{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}-{config_hash[:8]}"
+        return TensorBoardTracker(folder / "tensorboard" / stage / build)
     if recipe.tracking == "mlflow":
         return MlflowTracker(folder / "mlruns", recipe.name, stage, {"recipe": recipe.name, "stage": stage})
     return NONE
@@ -142,10 +147,11 @@ def active() -> Tracker:
 
 
 @contextmanager
-def stage_run(recipe: Recipe, stage: str) -> Iterator[Tracker]:
-    """Make the stage's tracker `active()` for the block; a worker rank of a distributed run tracks nothing."""
+def stage_run(recipe: Recipe, stage: str, config_hash: str) -> Iterator[Tracker]:
+    """Make the tracker of a build of `stage` `active()` for the block; a worker rank of a distributed run tracks
+    nothing."""
     main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
-    tracker = open_tracker(recipe, stage) if main else NONE
+    tracker = open_tracker(recipe, stage, config_hash) if main else NONE
     token = _active.set(tracker)
     failed = True
     try:

@@ -396,7 +396,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
             "port": port,
             "metrics_port": server.metrics_port,
             "event_loop": type(loop).__module__.split(".")[0],
-            "model": asdict(server.host.current.describe()),
+            "served": asdict(server.host.current.describe()),
         },
     )
     if supervisor is not None:

@@ -36,10 +36,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 from edgedistill.common.runtime import DeviceError
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+T = TypeVar("T")
 DEVICE_FAULT = "a backend call failed on its device"  # what the callers are told of a `DeviceError`
 
 
@@ -59,6 +61,8 @@ class DropReason(StrEnum):
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
     FAILED = "failed"  # another of its request's rows failed in the backend: nobody waits for these
+    FAULT = "fault"  # the batcher faulted (a hung or failed device call, an error of its own): it fails all it holds
+    CLOSED = "closed"  # the batcher was closed (a shutdown, a reload) and its queue did not finish within the limit
 
 
 class BatchObserver:
@@ -75,6 +79,9 @@ class BatchObserver:
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         """Rows removed from the queue without running."""
+
+    def rows_admitted(self, rows: int) -> None:
+        """`rows` more (fewer, when negative) rows hold places in the queue while they are made off the event loop."""
 
 
 # Backend calls that a closed batcher left running in their threads: a normal interpreter exit would wait for them.
@@ -122,12 +129,22 @@ class _Admission:
         self.batcher = batcher
         self.rows = rows
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "_Admission":
         self.batcher._check_room(self.rows)
         self.batcher._admitted += self.rows
+        return self
 
     def __exit__(self, *exc_info) -> None:
         self.batcher._admitted -= self.rows
+
+    async def making(self, rows: Awaitable[T]) -> T:
+        """Await `rows` being made (e.g. tokenized in a thread), the admitted rows reported to the observer meanwhile:
+        made on the event loop, they are queued in the same step, before any scrape could see them."""
+        self.batcher.observer.rows_admitted(self.rows)
+        try:
+            return await rows
+        finally:
+            self.batcher.observer.rows_admitted(-self.rows)
 
 
 @dataclass(eq=False)
@@ -218,7 +235,8 @@ class DynamicBatcher:
             except TimeoutError:
                 self._task.cancel()
                 self._fail_all(
-                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)")
+                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)"),
+                    DropReason.CLOSED,
                 )
                 log.warning(
                     "the batcher did not finish its queue within %.1f s; its requests failed",
@@ -258,7 +276,8 @@ class DynamicBatcher:
     def admit(self, rows: int) -> "_Admission":
         """Hold `rows` places in the queue while a request's rows are made (e.g. tokenized), refusing it at once
         (`Overloaded`, `BatcherClosed`, `ServerFault`) when they do not fit. `submit` the rows after the block:
-        the places are given back as the block ends, and the rows take them in the same step of the event loop."""
+        the places are given back as the block ends, and the rows take them in the same step of the event loop.
+        Rows made off the event loop are awaited through the block's `making`, which reports them."""
         return _Admission(self, rows)
 
     async def submit(self, rows: list[Arrays], deadline: float | None = None) -> BatchResult:
@@ -331,9 +350,11 @@ class DynamicBatcher:
                 if not request.future.done():
                     request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
-    def _fail_all(self, err: Exception) -> None:
-        """Fail every request queued or in a running batch with `err`."""
+    def _fail_all(self, err: Exception, reason: DropReason) -> None:
+        """Fail every request queued or in a running batch with `err`; the queued rows count as dropped for `reason`."""
         rows = [*self._pending, *(row for batch in self._running for row in batch)]
+        if self._pending:
+            self.observer.rows_dropped(len(self._pending), reason)
         self._pending, self._running = [], []
         self.observer.queue_depth(0)
         for request in {row.request for row in rows}:
@@ -352,7 +373,7 @@ class DynamicBatcher:
             log.error("batcher fault: %s%s", message, cause, exc_info=err, extra={"event": "batcher_fault"})
             if self.on_fault is not None:
                 self.on_fault(self.fault)
-        self._fail_all(ServerFault(str(self.fault)))
+        self._fail_all(ServerFault(str(self.fault)), DropReason.FAULT)
 
     async def _run_forever(self) -> None:
         try:

@@ -294,12 +294,12 @@ class ModelRuntime:
         they are tokenized, so an overloaded server refuses at once. Small requests are tokenized on the event
         loop (cheaper than a thread hop), large ones in one of TOKENIZE_THREADS threads."""
         check_pairs(self.spec, pairs)
-        with self.batcher.admit(len(texts)):
+        with self.batcher.admit(len(texts)) as admission:
             if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
                 rows = self.encoder.encode(texts, pairs)
             else:
                 loop = asyncio.get_running_loop()
-                rows = await loop.run_in_executor(self._tokenizing, self.encoder.encode, texts, pairs)
+                rows = await admission.making(loop.run_in_executor(self._tokenizing, self.encoder.encode, texts, pairs))
         return await self.run(rows, deadline)
 
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:
@@ -511,7 +511,7 @@ class ModelHost:
             runtime.name,
             runtime.version,
             runtime.folder,
-            extra={"event": "model_active", "model": asdict(description)},
+            extra={"event": "model_active", "served": asdict(description)},
         )
         if previous is not None:
             await previous.close()

@@ -208,7 +208,9 @@ class Settings(BaseModel):
         "Reload only reloads the bundle being served",
     )
     access_log: bool = Field(
-        False, description="log every successful call as well (failed calls are always logged); costs throughput"
+        False,
+        description="log every successful call as well (failed calls are always logged), successful health calls at "
+        "DEBUG only (shown with LOG_LEVEL=DEBUG): probes every few seconds would drown the rest; costs throughput",
     )
     cascade_overload: Literal["answer", "refuse"] = Field(
         "answer",

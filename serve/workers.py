@@ -385,12 +385,10 @@ class Supervisor:
                 continue
             self.workers.remove(worker)
             self._forget(worker)
-            if self.stopping:
-                if status not in (0, -signal.SIGTERM) and self.exit_status == 0:  # SIGTERM: still starting up
-                    self.exit_status = shell_status(status)
-                continue
+            drained = self.stopping and status in (0, -signal.SIGTERM)  # SIGTERM: still starting up
             killed_by = {"signal": signal_name(-status)} if status < 0 else {}
-            log.error(
+            log.log(
+                logging.INFO if drained else logging.ERROR,
                 "worker %d (pid %d) exited with status %d%s",
                 worker.index,
                 worker.proc.pid,
@@ -399,6 +397,10 @@ class Supervisor:
                 extra={"event": "worker_exited", "worker": worker.index, "worker_pid": worker.proc.pid,
                        "status": shell_status(status), **killed_by, "was_serving": worker.serving},
             )  # fmt: skip
+            if self.stopping:
+                if not drained and self.exit_status == 0:
+                    self.exit_status = shell_status(status)
+                continue
             now = time.monotonic()
             self.restarts.append(now)
             while self.restarts and self.restarts[0] < now - 60:

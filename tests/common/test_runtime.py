@@ -117,6 +117,37 @@ def test_disabled_optimizers_reach_the_session(model, monkeypatch):
     assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
 
 
+@pytest.fixture
+def noisy_model(tmp_path):
+    """x [n] -> y = x reshaped to [2, 2] (a call with other than 4 values fails), beside an initializer no node uses
+    (ONNX Runtime warns as it removes it)."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "noisy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.array([2, 2], np.int64), "shape"), numpy_helper.from_array(np.ones(2), "unused")],
+    )
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    path = tmp_path / "noisy.onnx"
+    onnx.save(onnx_model, path)
+    return path
+
+
+def test_opening_a_session_prints_no_plain_text_on_stderr(noisy_model, capfd):
+    open_session(noisy_model, ["cpu"])
+    assert capfd.readouterr().err == ""
+
+
+def test_a_failed_call_prints_no_plain_text_on_stderr(noisy_model, capfd):
+    session = open_session(noisy_model, ["cpu"])
+    capfd.readouterr()
+    with pytest.raises(Fail):
+        session.run(None, {"x": np.ones(3, np.float32)})
+    assert capfd.readouterr().err == ""
+
+
 def test_available_providers_lists_cpu():
     assert "CPUExecutionProvider" in available_providers()
 

@@ -385,7 +385,7 @@ def test_the_work_folder_is_removed_before_the_tracker_records_the_published_met
         (inputs.resumable_work() / "checkpoint.pt").write_text("final")
         return Built(lambda folder: (folder / "a.txt").write_text("x"))
 
-    monkeypatch.setattr(tracking, "open_tracker", lambda recipe, stage: _FailingTracker())
+    monkeypatch.setattr(tracking, "open_tracker", lambda recipe, stage, config_hash: _FailingTracker())
     stage = Stage("up", recipe(), ("data",), build)
     with pytest.raises(OSError, match="tracking store unreachable"):
         stage.run(force=True)

@@ -68,7 +68,8 @@ def tensorboard_run(tmp_path_factory):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = tracked(tmp_path_factory.mktemp("tensorboard"), "tensorboard")
-    events = EventAccumulator(str(runs / "tracking" / "tensorboard" / "tiny")).Reload()
+    (build,) = (runs / "tracking" / "tensorboard" / "tiny").iterdir()
+    events = EventAccumulator(str(build)).Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
@@ -86,6 +87,15 @@ def test_tensorboard_holds_each_evaluation(tensorboard_run):
 
 def test_tensorboard_holds_the_published_metrics(tensorboard_run):
     assert tensorboard_run["final/steps"] == [(0, STEPS)]
+
+
+def test_each_build_of_a_stage_is_a_tensorboard_run_of_its_own(recipe):
+    # TensorBoard reads the event files of one folder as one run: a rebuild's curves would draw over the first's
+    chosen = recipe("tensorboard")
+    Stage("tiny", chosen, ("data",), train).run()
+    Stage("tiny", chosen, ("data",), train).run(force=True)
+    events = (run_dir(chosen) / "tracking" / "tensorboard" / "tiny").rglob("events.out.tfevents.*")
+    assert len({event.parent for event in events}) == 2
 
 
 @pytest.fixture(scope="module")

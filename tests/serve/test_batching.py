@@ -629,6 +629,36 @@ async def hung_in_its_call(backend, **kwargs) -> tuple[DynamicBatcher, asyncio.F
     return b, held
 
 
+def dropped_behind_a_hung_call(close_timeout: float | None, **kwargs) -> list[tuple[int, DropReason]]:
+    """The drops a batcher reports once a call hangs with requests of 1 and 2 rows queued behind it, and its time limit
+    (`batch_timeout` in `kwargs`) or close's `close_timeout` passes."""
+    gate, observer = threading.Event(), Recorder()
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b, held = await hung_in_its_call(backend, max_batch_size=1, observer=observer, **kwargs)
+        queued = [asyncio.ensure_future(b.submit(rows)) for rows in ([row(2)], [row(3), row(4)])]
+        await asyncio.sleep(0)
+        if close_timeout is None:
+            await asyncio.wait_for(asyncio.gather(held, *queued, return_exceptions=True), 5)
+        await asyncio.wait_for(b.close(timeout=close_timeout), 5)
+        await asyncio.gather(held, *queued, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+    return observer.dropped
+
+
+def test_rows_queued_at_a_fault_are_counted_as_dropped_for_the_fault():
+    assert dropped_behind_a_hung_call(None, batch_timeout=0.2) == [(3, DropReason.FAULT)]
+
+
+def test_rows_queued_when_close_gives_up_are_counted_as_dropped_for_the_close():
+    assert dropped_behind_a_hung_call(0.2) == [(3, DropReason.CLOSED)]
+
+
 def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
     gate = threading.Event()
     backend = FakeBackend(gate=gate)

@@ -20,6 +20,7 @@ from edgedistill.serve.metrics import (
     stop_http,
     workers_registry,
 )
+from edgedistill.serve.settings import Settings
 from prometheus_client import CollectorRegistry, generate_latest, values
 
 from tests.serve.conftest import ROOT
@@ -35,6 +36,11 @@ def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_defau
     assert len({bucket_of(s) for s in (0.00008, 0.0003, 0.0015, 0.0028, 0.0035)}) == 5
     p99 = load_recipe(ROOT / "recipes" / "sst2.yaml").bench.serving.paced_slo.p99_ms / 1000
     assert p99 in LATENCY_BUCKETS  # the share of calls within the SLO is a bucket's count
+
+
+def test_latency_buckets_reach_the_default_batch_timeout():
+    # a call a slow backend holds up to its time limit lands in a finite bucket, not +Inf
+    assert max(LATENCY_BUCKETS) >= Settings.model_fields["batch_timeout_s"].default
 
 
 def test_every_drop_reason_is_exposed_at_zero_before_any_drop():

@@ -765,7 +765,7 @@ def test_a_reload_whose_call_passes_its_deadline_goes_on_to_serve_the_new_model(
 
 def test_a_reload_whose_call_passes_its_deadline_logs_the_new_model_active(reload_past_its_deadline):
     _, _, lines = reload_past_its_deadline
-    assert [e["model"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
+    assert [e["served"]["version"] for e in lines if e.get("event") == "model_active"] == ["2"]
 
 
 def test_a_reload_whose_caller_is_cancelled_still_runs_its_then_once_the_new_model_serves(
@@ -993,6 +993,20 @@ def test_overload_is_refused_before_tokenizing(start_server, bundle, slow_tokeni
         assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
         assert held == 2, "a refused request reached the tokenizer"
         assert [len(call.result().predictions) for call in admitted] == [2, 2]
+
+
+def test_rows_admitted_while_tokenized_in_threads_are_exported(start_server, bundle, slow_tokenizer):
+    # they hold queue places as queued rows do: an operator told RESOURCE_EXHAUSTED must see them
+    server = start_server(settings_for(bundle))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        calls = [stub.Classify.future(pb.ClassifyRequest(texts=[GATED, GATED]), timeout=30) for _ in range(2)]
+        slow_tokenizer.wait_held(2)
+        while_tokenized = metric(scrape(server), "edgedistill_admitted_rows")
+        slow_tokenizer.open.set()
+        for call in calls:
+            call.result()
+        assert (while_tokenized, metric(scrape(server), "edgedistill_admitted_rows")) == (4, 0)
 
 
 def test_large_requests_are_tokenized_in_a_bounded_pool(start_server, bundle, slow_tokenizer):

@@ -65,6 +65,18 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
     assert all({"ts", "level", "msg", "ms", "peer"} <= set(e) for e in access)
 
 
+def test_every_log_lines_model_is_the_models_name(spawn, bundle):
+    # Elasticsearch fixes a field's type from its first document: `model` an object in one line refuses the others
+    server = spawn(bundle)
+    address = f"127.0.0.1:{server.wait_for('serving')['port']}"
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[""]), timeout=10)
+    server.wait_for("rpc")
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(20)
+    assert all(isinstance(line.get("model", ""), str) for line in server.lines)
+
+
 def handles_sigterm(pid: int) -> bool:
     """Whether process `pid` has a handler for SIGTERM (its caught-signals mask in /proc)."""
     with open(f"/proc/{pid}/status") as status:

@@ -281,11 +281,38 @@ def test_a_worker_killed_by_a_signal_is_logged_with_the_signal(killed_while_star
     assert killed_while_starting.wait_for("worker_exited")["signal"] == "SIGKILL"
 
 
-def test_a_worker_killed_while_the_workers_drain_gives_the_supervisor_its_status(two_workers):
+@pytest.fixture
+def killed_while_draining(two_workers):
+    """A supervisor of two workers sent SIGTERM, its first worker (stopped, so that it cannot drain first) then killed
+    by SIGKILL: (process, the killed worker's pid, the other worker's)."""
     server, serving = two_workers
+    killed, drained = serving["workers"]
+    os.kill(killed, signal.SIGSTOP)
     server.proc.send_signal(signal.SIGTERM)
-    os.kill(serving["workers"][0], signal.SIGKILL)
-    assert server.proc.wait(60) == 128 + signal.SIGKILL
+    server.wait_for("workers_stopping")
+    os.kill(killed, signal.SIGKILL)
+    server.proc.wait(60)
+    return server, killed, drained
+
+
+def exit_line(server, pid: int) -> dict:
+    return next(line for line in server.lines if line.get("event") == "worker_exited" and line["worker_pid"] == pid)
+
+
+def test_a_worker_killed_while_the_workers_drain_gives_the_supervisor_its_status(killed_while_draining):
+    server, _, _ = killed_while_draining
+    assert server.proc.returncode == 128 + signal.SIGKILL
+
+
+def test_a_worker_killed_while_the_workers_drain_is_logged_as_an_error_with_its_signal(killed_while_draining):
+    server, killed, _ = killed_while_draining
+    line = exit_line(server, killed)
+    assert (line["level"], line["signal"]) == ("ERROR", "SIGKILL")
+
+
+def test_a_worker_that_drains_logs_its_exit_at_info(killed_while_draining):
+    server, _, drained = killed_while_draining
+    assert exit_line(server, drained)["level"] == "INFO"
 
 
 # `python -m edgedistill.serve` whose supervisor can start two worker processes and no more, as under a pids limit
