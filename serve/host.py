@@ -587,15 +587,21 @@ class ModelHost:
                 if self.current is runtime:
                     raise
 
+    @property
+    def reloading(self) -> bool:
+        """Whether a reload is under way (after `close` on a fault: left to its load or warm-up)."""
+        return bool(self._reloads)
+
     async def close(self, timeout: float | None = None) -> None:
         """Install nothing more; close the current runtime, its queue given `timeout` seconds (default:
         SHUTDOWN_GRACE_S), then wait for the reloads under way to end: one loading or warming up a model finishes
-        that step in its thread (a thread cannot be stopped), then closes that model."""
+        that step in its thread (a thread cannot be stopped), then closes that model. After a fault none is waited
+        for: its step may hang on the device that broke, and the process exits for a restart."""
         self.shutting_down.set()
         if self.current is not None:
             runtime, self.current = self.current, None
             await runtime.close(timeout)
-        if self._reloads:
+        if self._reloads and self.fault is None:
             await asyncio.wait(set(self._reloads))
 
 
