@@ -215,6 +215,9 @@ class DynamicBatcher:
         self.cost = BackendCost.fit(timings)
 
     def start(self) -> None:
+        """Start taking batches, and reporting the queue depth: the gauge is this batcher's from now on (a reload's
+        old batcher stops reporting as it closes)."""
+        self.observer.queue_depth(len(self._pending))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 

@@ -360,6 +360,24 @@ def test_a_closing_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_rep
     assert asyncio.run(main()) == 3
 
 
+def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_replaces():
+    metrics = Metrics()
+
+    async def main():
+        old, new = (batcher(FakeBackend(), max_delay=10.0, observer=metrics) for _ in range(2))
+        old.start()
+        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
+        await asyncio.sleep(0.01)  # queued
+        new.start()
+        await old.close()
+        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        await new.close()
+        await draining
+        return depth
+
+    assert asyncio.run(main()) == 0
+
+
 def test_backend_runs_off_the_event_loop():
     backend = FakeBackend(delay=0.3)
 
