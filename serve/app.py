@@ -312,9 +312,8 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain (a SIGTERM/SIGINT during
     the warm-up ends the process at once, with 0, as there is nothing to drain); SIGHUP reloads the bundle
     (one that comes while the first model loads or warms up, once it serves). A reload still running at shutdown
-    installs nothing: the drain waits for the step it is in (`ModelHost.close`), but for a fault, which exits at once
-    past it. As a worker of `supervisor`, share
-    the port and report there once serving."""
+    installs nothing: the drain waits for the step it is in (`ModelHost.close`), but after a fault, which exits at once
+    and leaves it in its thread. As a worker of `supervisor`, share the port and report there once serving."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()  # held: the loop keeps only weak references to its tasks
