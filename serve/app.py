@@ -312,8 +312,8 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     """Run until SIGTERM/SIGINT (exit 0) or a batcher fault (`EXIT_FAULT`), then drain (a SIGTERM/SIGINT during
     the warm-up ends the process at once, with 0, as there is nothing to drain); SIGHUP reloads the bundle
     (one that comes while the first model loads or warms up, once it serves). A reload still running at shutdown
-    installs nothing: the drain waits for the step it is in (`ModelHost.close`). As a worker of `supervisor`, share
-    the port and report there once serving."""
+    installs nothing: the drain waits for the step it is in (`ModelHost.close`), but after a fault, which exits at once
+    and leaves it in its thread. As a worker of `supervisor`, share the port and report there once serving."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     reloads: set[asyncio.Task] = set()  # held: the loop keeps only weak references to its tasks
@@ -414,7 +414,17 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
     finally:
         watchdog.stop()
-    return EXIT_FAULT if server.host.fault is not None else 0
+    if server.host.fault is None:
+        return 0
+    if server.host.reloading:  # its thread cannot be stopped, and closing the loop would wait for it
+        exit_with_line(
+            EXIT_FAULT,
+            logging.WARNING,
+            "exiting with a reload still in its load or warm-up, left in its thread",
+            (),
+            {"event": "reload_left_running"},
+        )
+    return EXIT_FAULT
 
 
 def exit_on_stall(seconds: float) -> None:

@@ -84,6 +84,19 @@ class BatchObserver:
         """`rows` more (fewer, when negative) rows hold places in the queue while they are made off the event loop."""
 
 
+class _Retiring:
+    """A closing batcher's observer: every hook but `queue_depth` is `observer`'s."""
+
+    def __init__(self, observer: BatchObserver):
+        self._observer = observer
+
+    def __getattr__(self, name: str):
+        return getattr(self._observer, name)
+
+    def queue_depth(self, rows: int) -> None:
+        """Not reported: the gauge shows the queue of the batcher that serves."""
+
+
 # Backend calls that a closed batcher left running in their threads: a normal interpreter exit would wait for them.
 _left_running: set[Future] = set()
 
@@ -219,6 +232,9 @@ class DynamicBatcher:
         self.cost = BackendCost.fit(timings)
 
     def start(self) -> None:
+        """Start taking batches, and reporting the queue depth: the gauge is this batcher's from now on (a reload's
+        old batcher stops reporting as it closes)."""
+        self.observer.queue_depth(len(self._pending))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
@@ -226,8 +242,10 @@ class DynamicBatcher:
         """Take no new work, run what is queued within `timeout` seconds (None: no limit), then stop the worker
         thread; what is still queued or running at the limit fails with `BatcherClosed`. False when a backend call
         still runs in the worker thread (hung, or slower than the limit): it is left there, as a thread cannot be
-        stopped, and counted by `calls_left_running`; the backend must not be closed under it."""
+        stopped, and counted by `calls_left_running`; the backend must not be closed under it. From here on the queue
+        depth is left to the batcher that replaced this one, as a reload's two queues share one gauge."""
         self._closing = True
+        self.observer = _Retiring(self.observer)
         self._arrived.set()
         if self._task is not None:
             try:

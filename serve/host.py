@@ -380,9 +380,10 @@ class ModelRuntime:
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:
     """The bundle folder a Reload call names, as named (None: the one being served): every reload of it follows its
-    links anew (`confined`). Reload is allowed only with an admin token set (SIGHUP reloads without one); a path only
-    with a reload root set too, inside that root (a relative path names a folder of the root), and not on a `worker`
-    of several (the call reaches one worker; the others would go on serving the served folder)."""
+    links anew (`confined`, in the reload's thread). Reload is allowed only with an admin token set (SIGHUP reloads
+    without one); a path only with a reload root set too, inside that root (a relative path names a folder of the
+    root), and not on a `worker` of several (the call reaches one worker; the others would go on serving the served
+    folder)."""
     if settings.admin_token is None:
         raise PermissionDenied(
             "Reload is off on this server: set EDGEDISTILL_ADMIN_TOKEN and send it as 'authorization: Bearer "
@@ -402,9 +403,7 @@ def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path |
             "Reload may not name a bundle_path on this server: set EDGEDISTILL_RELOAD_ROOT to allow it, "
             "or send Reload without a path to reload the served bundle"
         )
-    folder = root / path  # relative: to the root, as the caller cannot know the server's directory
-    confined(folder, root)
-    return folder
+    return root / path  # relative: to the root, as the caller cannot know the server's directory
 
 
 def confined(folder: Path, root: Path) -> Path:
@@ -548,16 +547,16 @@ class ModelHost:
         self, folder: str | Path | None, trigger: str, then: Callable[[], None] | None, root: Path | None
     ) -> tuple[ModelRuntime, ModelRuntime | None]:
         async with self._lock:
-            folder, root = (Path(folder), root) if folder else (self.folder, self.root)
+            named = bool(folder)
+            folder, root = (Path(folder), root) if named else (self.folder, self.root)
             about = {"folder": str(folder), "trigger": trigger}
             log.info("reloading %s on %s", folder, trigger, extra={"event": "reload_started"} | about)
             try:
                 self._refuse_at_shutdown()
-                target = folder if root is None else confined(folder, root)  # where its links lead now
-                runtime = await asyncio.to_thread(self.load, target, self.settings, self.metrics, self.on_fault)
+                runtime = await asyncio.to_thread(self._load_inside, folder, root)
                 previous = await self._swap(runtime)
                 self.folder, self.root = folder, root
-            # PermissionDenied, InvalidInput: the served folder's link leads outside the root now, or nowhere usable;
+            # PermissionDenied, InvalidInput: the folder leads outside the root (now), or nowhere usable;
             # OSError: a file the file system refuses (permission, name)
             except (BundleRejected, PermissionDenied, InvalidInput, OSError) as err:
                 log.error(
@@ -566,6 +565,8 @@ class ModelHost:
                     err,
                     extra={"event": "reload_failed"} | about,
                 )
+                if named and isinstance(err, PermissionDenied | InvalidInput):  # the call's own path: refused as such
+                    raise
                 raise ReloadFailed(f"reload of {folder} failed, the current model keeps serving: {err}") from err
             except NotReady as err:
                 log.warning("reload of %s ended: %s", folder, err, extra={"event": "reload_failed"} | about)
@@ -577,6 +578,11 @@ class ModelHost:
             then()
         return runtime, previous
 
+    def _load_inside(self, folder: Path, root: Path | None) -> ModelRuntime:
+        """The runtime of `folder`, its links followed as they point now and `confined` to `root` (None: anywhere).
+        For a thread: resolving the folder reads the file system, which may stop answering (a hung mount)."""
+        return self.load(folder if root is None else confined(folder, root), self.settings, self.metrics, self.on_fault)
+
     async def dispatch(self, name: str, version: str, work) -> tuple[ModelRuntime, object]:
         """`await work(runtime)` on the runtime for `name`/`version`; retried once the runtime was swapped meanwhile."""
         while True:
@@ -587,15 +593,21 @@ class ModelHost:
                 if self.current is runtime:
                     raise
 
+    @property
+    def reloading(self) -> bool:
+        """Whether a reload is under way (after `close` on a fault: left to its load or warm-up)."""
+        return bool(self._reloads)
+
     async def close(self, timeout: float | None = None) -> None:
         """Install nothing more; close the current runtime, its queue given `timeout` seconds (default:
         SHUTDOWN_GRACE_S), then wait for the reloads under way to end: one loading or warming up a model finishes
-        that step in its thread (a thread cannot be stopped), then closes that model."""
+        that step in its thread (a thread cannot be stopped), then closes that model. After a fault none is waited
+        for: its step may hang on the device that broke, and the process exits for a restart."""
         self.shutting_down.set()
         if self.current is not None:
             runtime, self.current = self.current, None
             await runtime.close(timeout)
-        if self._reloads:
+        if self._reloads and self.fault is None:
             await asyncio.wait(set(self._reloads))
 
 

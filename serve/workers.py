@@ -52,6 +52,7 @@ SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's env
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
+KILL_WAIT_S = 2.0  # how long a killed worker may take to exit before the supervisor leaves it behind
 EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
 
 
@@ -440,11 +441,29 @@ class Supervisor:
         self.metric_files.retire(worker.proc.pid)
 
     def _kill_all(self) -> None:
-        for worker in self.workers:
-            if worker.proc.poll() is None:
-                log.error("worker %d did not stop, killed", worker.index, extra={"event": "worker_killed"})
-                worker.proc.kill()
-                worker.proc.wait()
+        """SIGKILL every worker still running and wait up to KILL_WAIT_S for each to exit. One that has not exited
+        by then (asleep in the kernel: a hung mount, a GPU driver) is left behind, counted as killed, so that the
+        supervisor still exits and reaps the others."""
+        for worker in list(self.workers):
+            if worker.proc.poll() is not None:
+                continue
+            worker.proc.kill()
+            try:
+                worker.proc.wait(KILL_WAIT_S)
+                left_behind = False
+            except subprocess.TimeoutExpired:
+                left_behind = True
+                self.workers.remove(worker)
+                self._forget(worker)
+                self.exit_status = self.exit_status or shell_status(-signal.SIGKILL)
+            log.error(
+                "worker %d (pid %d) did not stop, killed%s",
+                worker.index,
+                worker.proc.pid,
+                f"; it did not exit within {KILL_WAIT_S:g} s, left behind" if left_behind else "",
+                extra={"event": "worker_killed", "worker": worker.index, "worker_pid": worker.proc.pid,
+                       "exited": not left_behind},
+            )  # fmt: skip
 
     def _close(self) -> None:
         if self.metrics_http is not None:

@@ -11,6 +11,7 @@ from edgedistill.common.runtime import DeviceError
 from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings
 
 
@@ -338,6 +339,43 @@ def test_close_finishes_queued_work_and_refuses_new():
     result, closing = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [8.0]
     assert closing < 5, "close flushes at once instead of waiting for the delay"
+
+
+def test_a_closing_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_replaced_it():
+    metrics = Metrics()  # one gauge for both, as a reload's old and new models share it
+
+    async def main():
+        old, new = (batcher(FakeBackend(), max_delay=10.0, observer=metrics) for _ in range(2))
+        old.start()
+        new.start()
+        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
+        waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
+        await asyncio.sleep(0.01)  # both queued
+        await old.close()
+        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        await new.close()
+        await asyncio.gather(draining, waiting)
+        return depth
+
+    assert asyncio.run(main()) == 3
+
+
+def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_replaces():
+    metrics = Metrics()
+
+    async def main():
+        old, new = (batcher(FakeBackend(), max_delay=10.0, observer=metrics) for _ in range(2))
+        old.start()
+        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
+        await asyncio.sleep(0.01)  # queued
+        new.start()
+        await old.close()
+        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        await new.close()
+        await draining
+        return depth
+
+    assert asyncio.run(main()) == 0
 
 
 def test_backend_runs_off_the_event_loop():

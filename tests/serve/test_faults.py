@@ -315,19 +315,26 @@ def test_a_hung_backend_call_fails_the_waiting_calls_at_the_batch_time_limit(sta
 
 
 HANG_ON = "awful"  # a word of the tiny vocabulary that warm-up never sends
-HANGING_SERVER = f"""
+
+
+def hanging_server(hangs: str) -> str:
+    """A `python -c` script that runs `python -m serve` with backends whose calls hang for good where `hangs`, an
+    expression of the call's `inputs` and of `loaded`, how many backends were loaded before this one, is true."""
+    return f"""
 import runpy, sys, threading
 import edgedistill.serve.host as serve_host
 from tests.serve.conftest import VOCAB
 
 real = serve_host.load_backend
+loads = []
 
 def load_backend(*args, **kwargs):
     backend = real(*args, **kwargs)
-    infer = backend.infer
+    infer, loaded = backend.infer, len(loads)
+    loads.append(backend)
 
     def hanging(inputs):
-        if (inputs["input_ids"] == VOCAB.index({HANG_ON!r})).any():
+        if {hangs}:
             threading.Event().wait()
         return infer(inputs)
 
@@ -338,6 +345,10 @@ serve_host.load_backend = load_backend
 sys.argv = ["serve", *sys.argv[1:]]
 runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
+
+
+HANGS_ON_A_WORD = f'(inputs["input_ids"] == VOCAB.index({HANG_ON!r})).any()'
+HANGING_SERVER = hanging_server(HANGS_ON_A_WORD)
 
 
 @pytest.mark.parametrize(
@@ -369,6 +380,52 @@ def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle, inline_infe
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def fault_during_a_stuck_reload(bundle) -> tuple[int | None, list[dict]]:
+    """A server whose SIGHUP reload hangs in its warm-up (every call of the reloaded backend hangs) when a call past
+    BATCH_TIMEOUT_S (0.5 s) faults it, SHUTDOWN_GRACE_S 1 s: its exit status within 15 s (None: still running), and
+    its log lines."""
+    script = hanging_server(f"loaded or {HANGS_ON_A_WORD}")
+    command = [sys.executable, "-c", script, *serve_command(bundle)[3:], "--inline-infer-ms", "0",
+               "--batch-timeout-s", "0.5", "--shutdown-grace-s", "1", "--metrics-port", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for event in ("serving", "reload_started"):
+            for line in proc.stdout:
+                lines.append(json.loads(line))
+                if lines[-1].get("event") == event:
+                    break
+            if event == "serving":
+                proc.send_signal(signal.SIGHUP)
+        address = f"127.0.0.1:{next(entry['port'] for entry in lines if entry.get('event') == 'serving')}"
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
+            classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=10)
+        try:
+            status = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            status = None
+        proc.kill()
+        lines += [json.loads(line) for line in proc.stdout]
+        return status, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_a_fault_during_a_reload_stuck_in_its_warm_up_exits_for_a_restart(fault_during_a_stuck_reload):
+    status, _ = fault_during_a_stuck_reload
+    assert status == EXIT_FAULT
+
+
+def test_a_fault_during_a_reload_stuck_in_its_warm_up_logs_the_reload_left_running(fault_during_a_stuck_reload):
+    _, lines = fault_during_a_stuck_reload
+    assert "reload_left_running" in {entry.get("event") for entry in lines}
 
 
 @pytest.fixture

@@ -615,3 +615,47 @@ def test_a_worker_that_never_serves_is_logged_naming_the_start_timeout_setting(w
     _, _, records = worker_that_never_serves
     (timeout,) = [record for record in records if getattr(record, "event", None) == "worker_start_timeout"]
     assert "EDGEDISTILL_START_TIMEOUT_S" in timeout.getMessage()
+
+
+STUCK_S = 30.0  # how long the worker below stays asleep in the kernel after SIGKILL
+
+
+class UnkillableProcess:
+    """Stands in for a worker's `subprocess.Popen` whose process sleeps in the kernel (a hung mount, a GPU driver):
+    it ignores every signal, SIGKILL too, until it exits STUCK_S after its start."""
+
+    def __init__(self, *args, **kwargs):
+        self.pid = os.getpid()  # a pid that exists, for the supervisor's log lines and metrics files
+        self.returncode = None
+        self.exits_at = time.monotonic() + STUCK_S
+
+    def poll(self) -> int | None:
+        if time.monotonic() >= self.exits_at:
+            self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        left = self.exits_at - time.monotonic()
+        if timeout is not None and timeout < left:
+            time.sleep(timeout)
+            raise subprocess.TimeoutExpired("worker", timeout)
+        time.sleep(max(0.0, left))
+        return self.poll()
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_worker_that_sigkill_cannot_end_does_not_hold_the_supervisors_exit(bundle, temp_root, monkeypatch):
+    settings = Settings(
+        bundle=bundle, host="127.0.0.1", port=0, metrics_port=None, start_timeout_s=1, shutdown_grace_s=0
+    )
+    monkeypatch.setattr(workers, "STOP_MARGIN_S", 0.0)
+    monkeypatch.setattr(workers.subprocess, "Popen", UnkillableProcess)
+    began = time.monotonic()
+    workers.Supervisor(settings, [], 1).run()
+    assert time.monotonic() - began < STUCK_S / 3
