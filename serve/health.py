@@ -59,11 +59,12 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         try:
             while True:
                 changed.clear()
-                status = self._statuses.get(request.service, SERVICE_UNKNOWN)
+                # read together: a drain that begins while the status is written is seen on the next turn
+                draining, status = self._draining, self._statuses.get(request.service, SERVICE_UNKNOWN)
                 if status != sent:
                     await context.write(health_pb2.HealthCheckResponse(status=status))
                     sent = status
-                if self._draining:
+                if draining:
                     return
                 await changed.wait()
         finally:
