@@ -18,6 +18,9 @@ def _on_rank(rank: int, store: str, environ: dict, cwd: str, timeout: timedelta 
     torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timeout)
     try:
         results.put((rank, job(*args)))
+        # a job without collectives lets rank 0 end, closing its sockets, while the other rank still finishes gloo's
+        # connection handshake (which then fails "closed by peer" on a loaded machine): both leave together
+        torch_dist.barrier()
     finally:
         torch_dist.destroy_process_group()
 
