@@ -85,7 +85,7 @@ class BatchObserver:
 
 
 class _Retiring:
-    """A closing batcher's observer: every hook but `queue_depth` is `observer`'s."""
+    """A replaced batcher's observer: every hook but `queue_depth` is `observer`'s."""
 
     def __init__(self, observer: BatchObserver):
         self._observer = observer
@@ -233,19 +233,23 @@ class DynamicBatcher:
 
     def start(self) -> None:
         """Start taking batches, and reporting the queue depth: the gauge is this batcher's from now on (a reload's
-        old batcher stops reporting as it closes)."""
+        old batcher is retired)."""
         self.observer.queue_depth(len(self._pending))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
+
+    def retire(self) -> None:
+        """Leave the queue-depth gauge to the batcher that replaced this one, as a reload's two queues share it; a
+        batcher closed at shutdown is not retired, so the gauge drains to 0 with its queue."""
+        if not isinstance(self.observer, _Retiring):
+            self.observer = _Retiring(self.observer)
 
     async def close(self, timeout: float | None = None) -> bool:
         """Take no new work, run what is queued within `timeout` seconds (None: no limit), then stop the worker
         thread; what is still queued or running at the limit fails with `BatcherClosed`. False when a backend call
         still runs in the worker thread (hung, or slower than the limit): it is left there, as a thread cannot be
-        stopped, and counted by `calls_left_running`; the backend must not be closed under it. From here on the queue
-        depth is left to the batcher that replaced this one, as a reload's two queues share one gauge."""
+        stopped, and counted by `calls_left_running`; the backend must not be closed under it."""
         self._closing = True
-        self.observer = _Retiring(self.observer)
         self._arrived.set()
         if self._task is not None:
             try:

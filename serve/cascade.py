@@ -183,6 +183,11 @@ class CascadeRuntime:
         for member in self.members:
             await member.start()
 
+    def retire(self) -> None:
+        """Leave the shared gauges to the runtime that replaced this cascade, while its requests finish."""
+        for member in self.members:
+            member.retire()
+
     async def classify(self, texts: list[str], pairs: list[str] | None, deadline: float | None) -> Scores:
         """Texts (and pairs) through the cascade, each member's part through its batcher; the answers name the
         member that gave each."""

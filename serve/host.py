@@ -216,6 +216,10 @@ class ModelRuntime:
         """Start taking batches (after `warm_up`)."""
         self.batcher.start()
 
+    def retire(self) -> None:
+        """Leave the shared gauges to the runtime that replaced this one (`DynamicBatcher.retire`)."""
+        self.batcher.retire()
+
     def logits(self, texts: list[str], pairs: list[str] | None) -> np.ndarray:
         """(N, labels) float32 logits of texts (and pairs) in one backend call, outside the batcher."""
         rows = self.encoder.encode(texts, pairs)
@@ -513,6 +517,7 @@ class ModelHost:
             extra={"event": "model_active", "served": asdict(description)},
         )
         if previous is not None:
+            previous.retire()
             await previous.close()
         return previous
 

@@ -120,7 +120,7 @@ class Metrics(BatchObserver):
         self.admitted = Gauge(
             "edgedistill_admitted_rows",
             "Rows holding queue places while their texts are tokenized in threads, not yet waiting for a batch: with "
-            "the queue depth, what MAX_QUEUED bounds",
+            "the queue depth, what MAX_QUEUED bounds (a cascade: the sum over its members, each bounded by MAX_QUEUED)",
             registry=r,
             multiprocess_mode="livesum",
         )

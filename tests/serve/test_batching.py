@@ -341,7 +341,7 @@ def test_close_finishes_queued_work_and_refuses_new():
     assert closing < 5, "close flushes at once instead of waiting for the delay"
 
 
-def test_a_closing_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_replaced_it():
+def test_a_retired_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_replaced_it():
     metrics = Metrics()  # one gauge for both, as a reload's old and new models share it
 
     async def main():
@@ -351,6 +351,7 @@ def test_a_closing_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_rep
         draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
         waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
         await asyncio.sleep(0.01)  # both queued
+        old.retire()
         await old.close()
         depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
         await new.close()
@@ -358,6 +359,21 @@ def test_a_closing_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_rep
         return depth
 
     assert asyncio.run(main()) == 3
+
+
+def test_a_batcher_closed_without_a_successor_drains_the_queue_depth_to_zero():
+    metrics = Metrics()
+
+    async def main():
+        b = batcher(FakeBackend(), max_delay=10.0, observer=metrics)
+        b.start()
+        waiting = asyncio.ensure_future(b.submit([row(1), row(2)]))
+        await asyncio.sleep(0.01)  # queued
+        await b.close()
+        await waiting
+        return metrics.registry.get_sample_value("edgedistill_queue_depth")
+
+    assert asyncio.run(main()) == 0
 
 
 def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_replaces():
@@ -369,6 +385,7 @@ def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_rep
         draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
         await asyncio.sleep(0.01)  # queued
         new.start()
+        old.retire()
         await old.close()
         depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
         await new.close()
