@@ -231,9 +231,9 @@ def precision_check(
     return {"fp32_check_sentences": len(sample)} | {f"fp32_{key}": value for key, value in figures.items()}
 
 
-def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
+def onnx_labeller(folder: Path, teacher_dir: Path, max_batch: int) -> tuple[Callable, dict]:
     """`forward(batch) -> logits` of the teacher's fp32 or INT8 ONNX bundle `folder`, on the CPU with this
-    process's threads, and its parity figures (`bundle_precision` says which). The bundle is verified and must be
+    process's threads, for batches of up to `max_batch` rows, and its parity figures (`bundle_precision` says which). The bundle is verified and must be
     an export of the teacher in `teacher_dir` (its recorded parent), so its labels are that teacher's within its
     gate."""
     if not (folder / mf.MANIFEST).is_file():
@@ -250,7 +250,7 @@ def onnx_labeller(folder: Path, teacher_dir: Path) -> tuple[Callable, dict]:
         )
     if bundle.spec.precision not in ("fp32", "int8"):
         raise mf.ArtifactError(f"{folder} is a {bundle.spec.precision} bundle: the labeller must be fp32 or INT8")
-    runner = open_bundle(bundle, model=files.model, threads=torch.get_num_threads())
+    runner = open_bundle(bundle, model=files.model, threads=torch.get_num_threads(), max_batch=max_batch)
 
     def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = batch["input_ids"].numpy()

@@ -84,7 +84,7 @@ def _build(inputs: Inputs) -> Built:
     labeller, second_pass = {"engine": "pytorch"}, None
     if recipe.transfer.labeller and placement.device.type == "cpu":
         folder = run_dir(recipe) / f"bundle-{recipe.transfer.labeller}"
-        forward, labeller = onnx_labeller(folder, teacher_dir)
+        forward, labeller = onnx_labeller(folder, teacher_dir, recipe.transfer.label_batch_size)
         _refuse_a_labeller_built_otherwise(recipe, folder)
         wanted = recipe.export.bundles[recipe.transfer.labeller].precision
         if labeller["bundle_precision"] != wanted:

@@ -232,7 +232,7 @@ class Client:
         if (name, version) not in self._labels:
             try:
                 self._labels[(name, version)] = self._model_config_labels(name, version)
-            except (grpc.RpcError, LookupError) as kserve:
+            except (grpc.RpcError, LookupError, ValueError) as kserve:  # ValueError: labels that are no JSON
                 try:
                     return self.labels(name, version)
                 except grpc.RpcError as err:

@@ -237,7 +237,11 @@ class Settings(BaseModel):
         """Security settings turn off only unset: an empty value (a Secret with an empty key, a compose file's
         `${VAR:-}`) would otherwise serve without a token, or in plaintext, unnoticed."""
         if _blank(value):
-            off = {"token": "serve without a token", "admin_token": "refuse Reload calls"}.get(info.field_name)
+            off = {
+                "token": "serve without a token",
+                "admin_token": "refuse Reload calls",
+                "tls_ca": "ask clients for no certificate",
+            }.get(info.field_name)
             raise ValueError(
                 f"must not be empty, 'none' or 'off': unset the variable (and give no flag) to {off or 'serve plaintext'}"
             )

@@ -12,6 +12,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import load_recipe
+from edgedistill.common.runtime import open_bundle
 from edgedistill.common.textstyle import styled
 from edgedistill.distill import labelling
 from edgedistill.distill.augment import normalise
@@ -595,9 +596,21 @@ def test_the_labeller_bundles_export_settings_make_the_transfer_set_stale():
 
 def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):
     folder = swapped_after_check(labelling)
-    forward, _ = labelling.onnx_labeller(folder, smoke_bundles / "teacher")
+    forward, _ = labelling.onnx_labeller(folder, smoke_bundles / "teacher", max_batch=8)
     ids = torch.tensor([[1, 5, 7, 2]])
     assert forward({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).shape == (1, 2)
+
+
+def test_the_labeller_opens_its_bundle_for_batches_of_the_labelling_batch_size(monkeypatch, smoke_bundles):
+    asked = []
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["max_batch"])
+        return open_bundle(*args, **kwargs)
+
+    monkeypatch.setattr(labelling, "open_bundle", recording)
+    labelling.onnx_labeller(smoke_bundles / "bundle-teacher-fused", smoke_bundles / "teacher", max_batch=200)
+    assert asked == [200]
 
 
 @pytest.fixture(scope="module")

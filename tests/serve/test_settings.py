@@ -138,9 +138,16 @@ def test_an_empty_token_is_refused_saying_to_unset_it(variable, remedy, blank):
 
 
 @pytest.mark.parametrize("blank", BLANKS)
-@pytest.mark.parametrize("variable", ["EDGEDISTILL_TLS_CERT", "EDGEDISTILL_TLS_KEY", "EDGEDISTILL_TLS_CA"])
-def test_an_empty_tls_path_is_refused_saying_to_unset_it(variable, blank):
-    with pytest.raises(SettingsError, match=f"{variable}: .*unset the variable .*to serve plaintext"):
+@pytest.mark.parametrize(
+    ("variable", "remedy"),
+    [
+        ("EDGEDISTILL_TLS_CERT", "to serve plaintext"),
+        ("EDGEDISTILL_TLS_KEY", "to serve plaintext"),
+        ("EDGEDISTILL_TLS_CA", "to ask clients for no certificate"),
+    ],
+)
+def test_an_empty_tls_path_is_refused_saying_to_unset_it(variable, remedy, blank):
+    with pytest.raises(SettingsError, match=f"{variable}: .*unset the variable .*{remedy}"):
         load_settings([], {variable: blank})
 
 
