@@ -98,7 +98,11 @@ class BundleSpec(ServedModel):
     model_file: str
     arch: str
     opset: int | None = None
-    fused_operators: dict[str, int] = {}
+    fused_operators: dict[str, int] = Field(
+        {},
+        description="the fused operators ONNX Runtime's optimizer made, counted before smoothing and quantization (an "
+        "INT8 graph's Attention is then QAttention: `op_counts` in the manifest's info counts the shipped graph)",
+    )
     disabled_optimizers: list[str] = Field(
         [], description="ONNX Runtime graph optimizers to turn off when loading, so they cannot undo a build choice"
     )
