@@ -382,6 +382,17 @@ def test_a_hung_backend_makes_the_process_exit_for_a_restart(bundle, inline_infe
         proc.wait(10)
 
 
+def exit_and_lines(proc: subprocess.Popen, lines: list[dict]) -> tuple[int | None, list[dict]]:
+    """`proc`'s exit status within 15 s (None: it still ran, and was killed) and its log lines, `lines` (those read
+    so far) first."""
+    try:
+        status = proc.wait(15)
+    except subprocess.TimeoutExpired:
+        status = None
+    proc.kill()
+    return status, lines + [json.loads(line) for line in proc.stdout]
+
+
 @pytest.fixture(scope="module")
 def fault_during_a_stuck_reload(bundle) -> tuple[int | None, list[dict]]:
     """A server whose SIGHUP reload hangs in its warm-up (every call of the reloaded backend hangs) when a call past
@@ -405,13 +416,7 @@ def fault_during_a_stuck_reload(bundle) -> tuple[int | None, list[dict]]:
         address = f"127.0.0.1:{next(entry['port'] for entry in lines if entry.get('event') == 'serving')}"
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
             classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=10)
-        try:
-            status = proc.wait(15)
-        except subprocess.TimeoutExpired:
-            status = None
-        proc.kill()
-        lines += [json.loads(line) for line in proc.stdout]
-        return status, lines
+        return exit_and_lines(proc, lines)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -593,13 +598,7 @@ def stopped_with_a_call_hung(bundle) -> tuple[int | None, list[dict]]:
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
             classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[HANG_ON]), timeout=1)
         proc.send_signal(signal.SIGTERM)
-        try:
-            status = proc.wait(15)
-        except subprocess.TimeoutExpired:
-            status = None
-        proc.kill()
-        lines += [json.loads(line) for line in proc.stdout]
-        return status, lines
+        return exit_and_lines(proc, lines)
     finally:
         if proc.poll() is None:
             proc.kill()
