@@ -89,6 +89,23 @@ def test_a_watch_of_an_unknown_service_ends_when_the_server_drains(start_server,
         assert list(stream) == []
 
 
+def test_a_watch_of_an_unknown_service_follows_it_once_it_is_set(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    with server.channel() as channel:
+        stream = watch(channel, "later.Service")
+        next(stream)  # SERVICE_UNKNOWN, checked above
+        server.call(server.server.health.set("later.Service", SERVING))
+        assert next(stream).status == SERVING
+        stream.cancel()
+
+
+def test_a_check_of_an_unknown_service_is_not_found(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_a_watch_follows_the_status_while_the_server_serves(start_server, bundle):
     server = start_server(settings_for(bundle), warm=False)
     with server.channel() as channel:
