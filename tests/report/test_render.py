@@ -27,15 +27,21 @@ def publish(folder, metrics=None, info=None, files=None, parents=None):
         mf.commit(tmp, folder, base.model_copy(update={"info": info or {}, "parents": parents or {}}))
 
 
+def distillation_section(tmp_path, overrides: dict | None = None) -> list[str]:
+    """The markdown lines of the distillation section the report writes of the run in `tmp_path`, a run of the smoke
+    recipe (with `overrides`)."""
+    page = render.Page("report")
+    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", overrides))
+    return page.md
+
+
 def distillation_markdown(tmp_path, rows=ROWS) -> str:
     """The distillation section of a run of the smoke recipe selected on macro-F1, with the cnn's baseline, from the
     table's `rows`."""
     (tmp_path / "distill-summary.json").write_text(json.dumps(rows))
     for folder in ("teacher", "student-cnn", "baseline-cnn"):
         publish(tmp_path / folder)
-    page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
-    return "\n".join(page.md)
+    return "\n".join(distillation_section(tmp_path, {"data.metric": "macro_f1"}))
 
 
 def test_distillation_section_shows_the_tables_own_columns(tmp_path):
@@ -64,9 +70,7 @@ def teacher_built_again_markdown(tmp_path, rows=ROWS, written_after: bool = Fals
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.95})
     if written_after:
         summary.write_text(json.dumps(rows))
-    page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
-    return "\n".join(page.md)
+    return "\n".join(distillation_section(tmp_path))
 
 
 def test_distillation_section_leaves_out_the_table_of_a_teacher_built_again_since(tmp_path):
@@ -93,9 +97,7 @@ def redistilled_markdown(tmp_path) -> str:
         publish(tmp_path / folder, metrics={"dev_accuracy": 0.85}, parents=parents)
     summary.write(tmp_path, ROWS)
     publish(tmp_path / "student-cnn", metrics={"dev_accuracy": 0.87}, parents=parents)
-    page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
-    return "\n".join(page.md)
+    return "\n".join(distillation_section(tmp_path))
 
 
 def test_distillation_section_leaves_out_the_table_of_a_student_distilled_again_since(tmp_path):
@@ -109,9 +111,7 @@ def test_distillation_section_names_the_student_distilled_again_since_the_table(
 def test_distillation_section_shows_the_table_of_the_artifacts_it_was_drawn_from(tmp_path):
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
     summary.write(tmp_path, ROWS)
-    page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
-    assert "| student | arch | dev_accuracy | dev_macro_f1 | retention |" in page.md
+    assert "| student | arch | dev_accuracy | dev_macro_f1 | retention |" in distillation_section(tmp_path)
 
 
 def test_a_table_writes_counts_with_thousands_separators():
@@ -648,7 +648,7 @@ def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
     publish(tmp_path / "transfer", info={"composition": composition, "pairs": True})
     figures = []
     monkeypatch.setattr(plots, "png", lambda fig: figures.append(fig) or b"")
-    render._distillation(render.Page("report"), tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    distillation_section(tmp_path)
     assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"
 
 
