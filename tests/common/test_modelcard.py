@@ -153,28 +153,26 @@ def test_bundle_card_opens_the_model_with_the_optimizers_the_bundle_disables(rec
     assert "model.onnx\", disabled_optimizers=['SkipLayerNormFusion'])" in _text(recipe, folder)
 
 
+def cuda_card(recipe, precision: str = "int8") -> str:
+    """The card of a bundle of `precision` built for the CUDA provider."""
+    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"], precision=precision)
+    return _text(recipe, _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info))
+
+
 def test_bundle_card_opens_a_gpu_bundle_on_the_providers_it_was_built_for(recipe):
-    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
-    assert "providers=[('CUDAExecutionProvider', {" in _text(recipe, folder)
+    assert "providers=[('CUDAExecutionProvider', {" in cuda_card(recipe)
 
 
 def test_bundle_card_opens_an_fp32_gpu_bundle_without_tf32_as_the_server_does(recipe):
-    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"], precision="fp32")
-    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
-    assert "'use_tf32': 0" in _text(recipe, folder)
+    assert "'use_tf32': 0" in cuda_card(recipe, "fp32")
 
 
 def test_bundle_card_opens_a_gpu_bundle_with_the_servers_cudnn_search(recipe):
-    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
-    assert "'cudnn_conv_algo_search': 'HEURISTIC'" in _text(recipe, folder)
+    assert "'cudnn_conv_algo_search': 'HEURISTIC'" in cuda_card(recipe)
 
 
 def test_bundle_card_leaves_tf32_to_an_fp16_gpu_bundle(recipe):
-    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"], precision="fp16")
-    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
-    assert "use_tf32" not in _text(recipe, folder)
+    assert "use_tf32" not in cuda_card(recipe, "fp16")
 
 
 def test_bundle_card_gives_parity(recipe):
