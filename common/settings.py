@@ -115,8 +115,10 @@ def service_link(name: str, value: str) -> str | None:
 
 def refuse_measured_variables() -> None:
     """`SettingError` where the environment sets the variable of one of `MEASURED_SETTINGS`, which a measured
-    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains."""
-    if given := [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS if ENV_PREFIX + name.upper() in os.environ]:
+    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains. A
+    Kubernetes service link (`EDGEDISTILL_PORT=tcp://...`) is no setting a user meant, and the flag rightly wins."""
+    variables = [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS]
+    if given := [name for name in variables if name in os.environ and service_link(name, os.environ[name]) is None]:
         raise SettingError(
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
             "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
