@@ -379,8 +379,8 @@ def load_settings(
             raise SettingsError(
                 f"{env_name(name)}={value} looks like a Kubernetes service link, which the kubelet sets for the "
                 f"Service {service} in the pod's namespace, not a value of {flag_name(name)}: set "
-                "`enableServiceLinks: false` in the pod's spec (as deploy/k8s/deployment.yaml does), or rename the "
-                "Service"
+                "`enableServiceLinks: false` in the pod's spec (as deploy/k8s/deployment.yaml does), set "
+                f"{env_name(name)} in the container's `env` (which wins over a service link), or rename the Service"
             )
     values.update(flags)
     try:

@@ -102,6 +102,11 @@ def test_a_service_link_that_sets_a_setting_is_refused_naming_the_pods_setting()
         load_settings([], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"})
 
 
+def test_a_service_link_that_sets_a_setting_is_refused_saying_the_containers_variable_wins():
+    with pytest.raises(SettingsError, match="set EDGEDISTILL_PORT in the container's `env`"):
+        load_settings([], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"})
+
+
 def test_a_flag_overrides_a_service_link_that_sets_its_setting():
     assert load_settings(["--port", "6000"], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"}).port == 6000
 
