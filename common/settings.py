@@ -12,13 +12,16 @@ directory, never from where the package is installed.
 
 The unprefixed names of earlier releases (`RENAMED`) are still read while the new name is unset, with a
 `FutureWarning` once per name. A recipe's load refuses an `EDGEDISTILL_*` name that neither the pipeline nor the
-server reads (`refuse_unknown_variables`); a path setting that starts with `~/` is under the home folder.
+server reads (`refuse_unknown_variables`), but not the variables Kubernetes sets for each Service in a pod's namespace
+(`service_link`); a path setting that starts with `~/` is under the home folder.
 """
 
 import difflib
 import functools
 import importlib.resources
+import ipaddress
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -65,10 +68,57 @@ class SettingError(ValueError):
     """An environment setting with a value it cannot take; the message names the variable and what it takes."""
 
 
+# The variables the kubelet sets in a pod for each Service of its namespace (unless the pod sets `enableServiceLinks:
+# false`), the Service's name upper-cased with `_` for `-`: `<SERVICE>_SERVICE_HOST`, `<SERVICE>_SERVICE_PORT` (and
+# `_<PORT NAME>` for each named port), and Docker's links: `<SERVICE>_PORT` and `<SERVICE>_PORT_<N>_<PROTOCOL>`, with
+# its `_PROTO`, `_PORT` and `_ADDR`
+SERVICE_LINK_NAME = re.compile(
+    r"(?P<service>[A-Z][A-Z0-9_]*?)_(?:(?P<host>SERVICE_HOST)|(?P<ports>SERVICE_PORT(?:_[A-Z0-9_]+)?)|PORT"
+    r"|PORT_(?P<number>[0-9]+)_(?P<protocol>TCP|UDP|SCTP)(?:_(?P<part>PROTO|PORT|ADDR))?)"
+)
+# `<protocol>://<cluster IP>:<port>`, an IPv6 address with or without brackets
+SERVICE_LINK_URL = re.compile(r"(?P<protocol>tcp|udp|sctp)://\[?(?P<address>[0-9A-Fa-f:.]+)\]?:(?P<number>[0-9]+)")
+
+
+def _is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def service_link(name: str, value: str) -> str | None:
+    """The Kubernetes Service whose service link `name=value` is, judged by the name and the value together (a cluster
+    IP, a port number, `tcp://<IP>:<port>`): a variable the kubelet sets, not a setting; else None."""
+    link = SERVICE_LINK_NAME.fullmatch(name)
+    if link is None:
+        return None
+    protocol, number = (link["protocol"] or "").lower(), link["number"]
+    if link["host"] or link["part"] == "ADDR":
+        fits = _is_address(value)
+    elif link["ports"]:
+        fits = re.fullmatch("[0-9]+", value) is not None
+    elif link["part"] == "PROTO":
+        fits = value == protocol
+    elif link["part"] == "PORT":
+        fits = value == number
+    else:  # `<SERVICE>_PORT`: the first port, any protocol; `<SERVICE>_PORT_<N>_<PROTOCOL>`: that port and protocol
+        url = SERVICE_LINK_URL.fullmatch(value)
+        fits = (
+            url is not None
+            and _is_address(url["address"])
+            and (number is None or (url["protocol"], url["number"]) == (protocol, number))
+        )
+    return link["service"].lower().replace("_", "-") if fits else None
+
+
 def refuse_measured_variables() -> None:
     """`SettingError` where the environment sets the variable of one of `MEASURED_SETTINGS`, which a measured
-    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains."""
-    if given := [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS if ENV_PREFIX + name.upper() in os.environ]:
+    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains. A
+    Kubernetes service link (`EDGEDISTILL_PORT=tcp://...`) is no setting a user meant, and the flag rightly wins."""
+    variables = [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS]
+    if given := [name for name in variables if name in os.environ and service_link(name, os.environ[name]) is None]:
         raise SettingError(
             f"{', '.join(given)} would do nothing: a measurement sets the server's bundle (--bundle), address, "
             "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
@@ -78,9 +128,14 @@ def refuse_measured_variables() -> None:
 
 def refuse_unknown_variables() -> None:
     """`SettingError` where the environment sets an `EDGEDISTILL_*` variable that neither the pipeline nor the server
-    reads: a misspelt setting (`EDGEDISTILL_RUN_DIR`) would otherwise do nothing, without a word."""
+    reads: a misspelt setting (`EDGEDISTILL_RUN_DIR`) would otherwise do nothing, without a word. A Kubernetes service
+    link (`service_link`) is no setting, and is left alone."""
     known = sorted(PIPELINE | SERVER)
-    if unknown := sorted(name for name in os.environ if name.startswith(ENV_PREFIX) and name not in known):
+    if unknown := sorted(
+        name
+        for name, value in os.environ.items()
+        if name.startswith(ENV_PREFIX) and name not in known and service_link(name, value) is None
+    ):
         named = [
             name + "".join(f" (did you mean {near}?)" for near in difflib.get_close_matches(name, known, n=1))
             for name in unknown

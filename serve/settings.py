@@ -1,7 +1,8 @@
 """Server settings: typed, from flags and `EDGEDISTILL_*` environment variables (flags win).
 
 Each field is declared once; its flag (`--max-batch-size`) and variable (`EDGEDISTILL_MAX_BATCH_SIZE`)
-are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fail at load.
+are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fail at load; Kubernetes' service links
+(`common.settings.service_link`) are no settings, and one that sets a setting's variable is refused as such.
 """
 
 import argparse
@@ -12,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from edgedistill.common.settings import ENV_PREFIX, PIPELINE
+from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -355,14 +356,16 @@ def load_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, prog: str = "python -m serve"
 ) -> Settings:
     """Settings from `environ` (default `os.environ`), overridden by the flags in `argv`; the pipeline's own
-    `EDGEDISTILL_*` variables (`common.settings.PIPELINE`) are left to it."""
+    `EDGEDISTILL_*` variables (`common.settings.PIPELINE`) are left to it, and Kubernetes' service links ignored. A
+    service link that sets a setting's variable (the Service `edgedistill` sets `EDGEDISTILL_PORT=tcp://...`) is
+    refused, naming the fix, where no flag overrides it."""
     environ = os.environ if environ is None else environ
     values: dict[str, str] = {}
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
         name = key[len(ENV_PREFIX) :].lower()
-        if name not in Settings.model_fields and key in PIPELINE:
+        if name not in Settings.model_fields and (key in PIPELINE or service_link(key, value)):
             continue
         if name not in Settings.model_fields:
             known = [env_name(n) for n in Settings.model_fields]
@@ -370,7 +373,16 @@ def load_settings(
             guess = f"did you mean {near[0]}? " if near else ""
             raise SettingsError(f"unknown environment variable {key}; {guess}known: {', '.join(known)}")
         values[name] = value
-    values.update(vars(build_parser(prog).parse_args(argv)))
+    flags = vars(build_parser(prog).parse_args(argv))
+    for name, value in values.items():
+        if name not in flags and (service := service_link(env_name(name), value)):
+            raise SettingsError(
+                f"{env_name(name)}={value} looks like a Kubernetes service link, which the kubelet sets for the "
+                f"Service {service} in the pod's namespace, not a value of {flag_name(name)}: set "
+                "`enableServiceLinks: false` in the pod's spec (as deploy/k8s/deployment.yaml does), set "
+                f"{env_name(name)} in the container's `env` (which wins over a service link), or rename the Service"
+            )
+    values.update(flags)
     try:
         return Settings.model_validate(values)
     except ValidationError as err:

@@ -138,6 +138,14 @@ def test_a_variable_a_measured_servers_flag_would_override_is_refused_naming_it(
         measured_server(bundle, 1)
 
 
+def test_a_measured_server_takes_its_port_over_a_kubernetes_service_link_that_sets_the_ports_variable(
+    bundle, monkeypatch
+):
+    monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")  # the link of a Service named `edgedistill`
+    flags, settings = measured_server(bundle, 1)
+    assert settings.port == int(flags[flags.index("--port") + 1])
+
+
 # Where an operator exports them for the server they deploy (the Kubernetes manifests' METRICS_HOST)
 OPERATORS_METRICS = {"EDGEDISTILL_METRICS_HOST": "0.0.0.0", "EDGEDISTILL_METRICS_PORT": "8002"}
 

@@ -175,6 +175,64 @@ def test_a_misspelt_setting_is_refused_at_load_naming_the_one_meant(tmp_path, mo
         load_recipe(write_recipe(tmp_path))
 
 
+# What the kubelet sets in a pod for the Service `edgedistill-serve` (cluster IP 10.0.0.5, or fd00::5 in an IPv6
+# cluster; port `grpc` 50051/TCP), or for a Service `edgedistill`, one variable of each shape
+SERVICE_LINKS = [
+    ("EDGEDISTILL_SERVE_SERVICE_HOST", "10.0.0.5"),
+    ("EDGEDISTILL_SERVE_SERVICE_HOST", "fd00::5"),
+    ("EDGEDISTILL_SERVE_SERVICE_PORT", "50051"),
+    ("EDGEDISTILL_SERVE_SERVICE_PORT_GRPC", "50051"),
+    ("EDGEDISTILL_SERVE_PORT", "tcp://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT", "tcp://[fd00::5]:50051"),
+    ("EDGEDISTILL_SERVE_PORT", "tcp://fd00::5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP", "tcp://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_UDP", "udp://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_SCTP", "sctp://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_PROTO", "tcp"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_PORT", "50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_ADDR", "10.0.0.5"),
+    ("EDGEDISTILL_SERVICE_HOST", "10.0.0.5"),
+    ("EDGEDISTILL_PORT_50051_TCP", "tcp://10.0.0.5:50051"),
+]
+# A service link's name with a value the kubelet never gives it
+NOT_SERVICE_LINKS = [
+    ("EDGEDISTILL_SERVE_SERVICE_HOST", "runs"),
+    ("EDGEDISTILL_SERVE_SERVICE_PORT", "grpc"),
+    ("EDGEDISTILL_SERVE_PORT", "50051"),
+    ("EDGEDISTILL_SERVE_PORT", "http://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP", "tcp://10.0.0.5:50052"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP", "udp://10.0.0.5:50051"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_PROTO", "udp"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_PORT", "50052"),
+    ("EDGEDISTILL_SERVE_PORT_50051_TCP_ADDR", "edgedistill-serve"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), SERVICE_LINKS)
+def test_a_kubernetes_service_link_is_left_alone_at_load(tmp_path, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    assert load_recipe(write_recipe(tmp_path)).name == "elsewhere"
+
+
+@pytest.mark.parametrize(("name", "value"), NOT_SERVICE_LINKS)
+def test_a_name_under_the_prefix_without_a_service_links_value_is_still_refused(tmp_path, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(settings.SettingError, match=f"{name}.*: no edgedistill setting"):
+        load_recipe(write_recipe(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "service"),
+    [
+        ("EDGEDISTILL_SERVE_PORT_50051_TCP_ADDR", "10.0.0.5", "edgedistill-serve"),
+        ("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051", "edgedistill"),
+        ("EDGEDISTILL_HEALTH_PORT", "tcp://10.0.0.5:50052", "edgedistill-health"),
+    ],
+)
+def test_a_service_link_names_its_service(name, value, service):
+    assert settings.service_link(name, value) == service
+
+
 def test_a_server_setting_in_the_pipelines_environment_is_left_to_the_server(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_WORKERS", "2")
     assert load_recipe(write_recipe(tmp_path)).name == "elsewhere"
@@ -193,7 +251,18 @@ UNKNOWN_ON_PURPOSE = {
     "EDGEDISTILL_PROT",
     "EDGEDISTILL_PRT",
     "EDGEDISTILL_RUN_DIR",
+    "EDGEDISTILL_PORT_50051_TCP",
     "EDGEDISTILL_SERVE_PORT",
+    "EDGEDISTILL_SERVE_PORT_50051_SCTP",
+    "EDGEDISTILL_SERVE_PORT_50051_TCP",
+    "EDGEDISTILL_SERVE_PORT_50051_TCP_ADDR",
+    "EDGEDISTILL_SERVE_PORT_50051_TCP_PORT",
+    "EDGEDISTILL_SERVE_PORT_50051_TCP_PROTO",
+    "EDGEDISTILL_SERVE_PORT_50051_UDP",
+    "EDGEDISTILL_SERVE_SERVICE_HOST",
+    "EDGEDISTILL_SERVE_SERVICE_PORT",
+    "EDGEDISTILL_SERVE_SERVICE_PORT_GRPC",
+    "EDGEDISTILL_SERVICE_HOST",
 }
 NAME = re.compile(r"\bEDGEDISTILL_[A-Z0-9_]+\b(?!\*)")  # not a family of names: `EDGEDISTILL_TLS_*`
 OWN_FILES = ("*.py", "*.sh", "*.md", "*.yml", "*.yaml", "*.toml", "Makefile", "Dockerfile*")

@@ -109,7 +109,7 @@ def test_deployment_ports_resources_and_settings():
     assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT, "health": HEALTH_PORT}
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= container["resources"][kind].keys(), kind
-    # service links would add EDGEDISTILL_SERVE_* variables, which the server rejects as unknown settings
+    # a Service named after a setting (edgedistill) would set its variable by its service link, which the server refuses
     assert pod["enableServiceLinks"] is False
     settings = container_settings(container)
     assert settings.threads >= 1, "set EDGEDISTILL_THREADS: ONNX Runtime would size its pool by the node's cores"

@@ -1,5 +1,6 @@
 """Settings from flags and EDGEDISTILL_* variables."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from edgedistill.serve.settings import (
     load_settings,
     refuse_unused,
 )
+
+from tests.common.test_settings import NOT_SERVICE_LINKS, SERVICE_LINKS
 
 
 def test_without_flags_or_environment_the_settings_take_their_defaults():
@@ -66,6 +69,46 @@ def test_a_misspelt_variable_is_answered_with_the_nearest_one():
 def test_unknown_variable_is_refused_with_the_known_ones():
     with pytest.raises(SettingsError, match="EDGEDISTILL_PROT.*EDGEDISTILL_PORT"):
         load_settings([], environ={"EDGEDISTILL_PROT": "1"})
+
+
+@pytest.mark.parametrize(("name", "value"), SERVICE_LINKS)
+def test_a_kubernetes_service_link_is_ignored(name, value):
+    assert load_settings([], environ={name: value}) == load_settings([], environ={})
+
+
+@pytest.mark.parametrize(("name", "value"), NOT_SERVICE_LINKS)
+def test_a_name_under_the_prefix_without_a_service_links_value_is_still_refused(name, value):
+    with pytest.raises(SettingsError, match=f"unknown environment variable {name};"):
+        load_settings([], environ={name: value})
+
+
+# A Service named after a setting, whose first port's service link is that setting's variable
+LINKED_SETTINGS = [
+    ("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051", "edgedistill"),
+    ("EDGEDISTILL_HEALTH_PORT", "tcp://10.0.0.5:50052", "edgedistill-health"),
+    ("EDGEDISTILL_METRICS_PORT", "tcp://[fd00::5]:8002", "edgedistill-metrics"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "service"), LINKED_SETTINGS)
+def test_a_service_link_that_sets_a_setting_is_refused_naming_its_service(name, value, service):
+    message = rf"{re.escape(name)}={re.escape(value)} looks like a Kubernetes service link.* Service {service} "
+    with pytest.raises(SettingsError, match=message):
+        load_settings([], environ={name: value})
+
+
+def test_a_service_link_that_sets_a_setting_is_refused_naming_the_pods_setting():
+    with pytest.raises(SettingsError, match="set `enableServiceLinks: false` in the pod's spec"):
+        load_settings([], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"})
+
+
+def test_a_service_link_that_sets_a_setting_is_refused_saying_the_containers_variable_wins():
+    with pytest.raises(SettingsError, match="set EDGEDISTILL_PORT in the container's `env`"):
+        load_settings([], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"})
+
+
+def test_a_flag_overrides_a_service_link_that_sets_its_setting():
+    assert load_settings(["--port", "6000"], environ={"EDGEDISTILL_PORT": "tcp://10.0.0.5:50051"}).port == 6000
 
 
 @pytest.mark.parametrize(
