@@ -164,11 +164,28 @@ class Client:
             return info["labels"]
         return self._labels[(name, version)]
 
+    def answered_labels(self, name: str, version: str, *tried: str) -> list[str]:
+        """The labels of a reply from model `name` at `version` (`labels`). `LabelsUnavailable` where GetModelInfo
+        cannot give them, naming the ways `tried` before it ('ModelConfig: ...') too: the texts were answered, and are
+        not to blame. A NOT_FOUND is not asked again: the version that answered is gone (a reload), as the message says."""
+        try:
+            return self.labels(name, version)
+        except grpc.RpcError as err:
+            failures = [*tried, f"GetModelInfo: {_failure(err)}"]
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                failures.append(
+                    "the server no longer serves that version (it was reloaded): classify those texts again"
+                )
+            raise LabelsUnavailable(
+                f"the server answered, but the labels of model {name} version {version} cannot be read: "
+                + "; ".join(failures)
+            ) from err
+
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         reply = self._call(
             self.stub.Classify, classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
         )
-        labels = self.labels(reply.model_name, reply.model_version)
+        labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
             for given, p in zip(_given(texts, pairs), reply.predictions, strict=True)
@@ -227,19 +244,13 @@ class Client:
 
     def kserve_labels(self, name: str, version: str) -> list[str]:
         """The labels of model `name` at `version` as a client behind a gateway that exposes only KServe reads them:
-        `ModelConfig`'s parameter `labels`, else the Classifier API's (`labels`); kept per name and version.
+        `ModelConfig`'s parameter `labels`, else the Classifier API's (`answered_labels`); kept per name and version.
         `LabelsUnavailable` where neither gives them."""
         if (name, version) not in self._labels:
             try:
                 self._labels[(name, version)] = self._model_config_labels(name, version)
             except (grpc.RpcError, LookupError, ValueError) as kserve:  # ValueError: labels that are no JSON
-                try:
-                    return self.labels(name, version)
-                except grpc.RpcError as err:
-                    raise LabelsUnavailable(
-                        f"the server answered, but the labels of model {name} version {version} cannot be read: "
-                        f"ModelConfig: {_failure(kserve)}; GetModelInfo: {_failure(err)}"
-                    ) from err
+                return self.answered_labels(name, version, f"ModelConfig: {_failure(kserve)}")
         return self._labels[(name, version)]
 
     def _model_config_labels(self, name: str, version: str) -> list[str]:
@@ -312,7 +323,7 @@ class UsageError(ValueError):
 
 
 class LabelsUnavailable(RuntimeError):
-    """A reply's label names could be read neither over KServe nor over the Classifier API: the texts were answered."""
+    """A reply's label names could not be read (`answered_labels`): the texts were answered, not refused."""
 
 
 class ModelChanged(RuntimeError):
