@@ -582,6 +582,30 @@ def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch,
     assert "EDGEDISTILL_TOKEN must be printable ASCII" in err
 
 
+@pytest.mark.parametrize("value", ["", "  ", "off"])
+def test_a_blank_token_variable_is_a_usage_error(served, monkeypatch, capsys, value):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", value)
+    assert run(capsys, "--address", served.address, "good")[0] == 2
+
+
+def test_a_blank_token_variable_is_named_in_its_error(served, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "  ")
+    assert "EDGEDISTILL_TOKEN is empty, 'none' or 'off'" in run(capsys, "--address", served.address, "good")[2]
+
+
+def test_a_blank_admin_token_variable_for_a_reload_is_named_in_its_error(served, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_ADMIN_TOKEN", " ")
+    assert (
+        "EDGEDISTILL_ADMIN_TOKEN is empty, 'none' or 'off'" in run(capsys, "--address", served.address, "--reload")[2]
+    )
+
+
+def test_a_blank_token_flag_is_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--token", " ", "good"])
+    assert exited.value.code == 2
+
+
 def test_single_texts_sent_to_a_pair_model_are_told_to_give_pairs(served_pairs, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "good")
     assert code == 1
