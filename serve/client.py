@@ -28,7 +28,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import GRPC_INT_MAX, Settings
+from edgedistill.serve.settings import GRPC_INT_MAX, Settings, blank
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -42,6 +42,9 @@ BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
+# A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
+# mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
+BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
 # Where each text and each pair is in the input, by the server's name for its kind: "text" and "text pair"
 Origins = dict[str, list[str]]
 
@@ -164,11 +167,28 @@ class Client:
             return info["labels"]
         return self._labels[(name, version)]
 
+    def answered_labels(self, name: str, version: str, *tried: str) -> list[str]:
+        """The labels of a reply from model `name` at `version` (`labels`). `LabelsUnavailable` where GetModelInfo
+        cannot give them, naming the ways `tried` before it ('ModelConfig: ...') too: the texts were answered, and are
+        not to blame. A NOT_FOUND is not asked again: the version that answered is gone (a reload), as the message says."""
+        try:
+            return self.labels(name, version)
+        except grpc.RpcError as err:
+            failures = [*tried, f"GetModelInfo: {_failure(err)}"]
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                failures.append(
+                    "the server no longer serves that version (it was reloaded): classify those texts again"
+                )
+            raise LabelsUnavailable(
+                f"the server answered, but the labels of model {name} version {version} cannot be read: "
+                + "; ".join(failures)
+            ) from err
+
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         reply = self._call(
             self.stub.Classify, classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
         )
-        labels = self.labels(reply.model_name, reply.model_version)
+        labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
             for given, p in zip(_given(texts, pairs), reply.predictions, strict=True)
@@ -227,19 +247,13 @@ class Client:
 
     def kserve_labels(self, name: str, version: str) -> list[str]:
         """The labels of model `name` at `version` as a client behind a gateway that exposes only KServe reads them:
-        `ModelConfig`'s parameter `labels`, else the Classifier API's (`labels`); kept per name and version.
+        `ModelConfig`'s parameter `labels`, else the Classifier API's (`answered_labels`); kept per name and version.
         `LabelsUnavailable` where neither gives them."""
         if (name, version) not in self._labels:
             try:
                 self._labels[(name, version)] = self._model_config_labels(name, version)
             except (grpc.RpcError, LookupError, ValueError) as kserve:  # ValueError: labels that are no JSON
-                try:
-                    return self.labels(name, version)
-                except grpc.RpcError as err:
-                    raise LabelsUnavailable(
-                        f"the server answered, but the labels of model {name} version {version} cannot be read: "
-                        f"ModelConfig: {_failure(kserve)}; GetModelInfo: {_failure(err)}"
-                    ) from err
+                return self.answered_labels(name, version, f"ModelConfig: {_failure(kserve)}")
         return self._labels[(name, version)]
 
     def _model_config_labels(self, name: str, version: str) -> list[str]:
@@ -312,7 +326,7 @@ class UsageError(ValueError):
 
 
 class LabelsUnavailable(RuntimeError):
-    """A reply's label names could be read neither over KServe nor over the Classifier API: the texts were answered."""
+    """A reply's label names could not be read (`answered_labels`): the texts were answered, not refused."""
 
 
 class ModelChanged(RuntimeError):
@@ -590,8 +604,10 @@ def _utf8(value: str) -> str:
     return value
 
 
-def _header(value: str) -> str:
-    """A value gRPC metadata can carry: printable ASCII."""
+def _token(value: str) -> str:
+    """A token to send: not blank (`BLANK_TOKEN`), and printable ASCII, as gRPC metadata values are."""
+    if blank(value):
+        raise argparse.ArgumentTypeError(f"{BLANK_TOKEN}: drop --token to send none")
     if not (value.isascii() and value.isprintable()):
         raise argparse.ArgumentTypeError("must be printable ASCII, as gRPC metadata values are")
     return value
@@ -652,7 +668,7 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
     parser.add_argument("--model", default="", type=_utf8, help="model name (default: the served one)")
     parser.add_argument(
         "--token",
-        type=_header,
+        type=_token,
         help=f"bearer token (default: ${TOKEN_VAR}, for --reload ${ADMIN_TOKEN_VAR}: a flag shows in `ps`)",
     )
     parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
@@ -716,9 +732,11 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def environ_token(reload: bool) -> str | None:
     """The token of the variable the server reads it from (ADMIN_TOKEN_VAR for a Reload, else TOKEN_VAR); None
-    where unset. `UsageError` for one gRPC metadata cannot carry."""
+    where unset. `UsageError` for one set but blank (`BLANK_TOKEN`), or one gRPC metadata cannot carry."""
     name = ADMIN_TOKEN_VAR if reload else TOKEN_VAR
-    token = os.environ.get(name) or None
+    token = os.environ.get(name)
+    if token is not None and blank(token):
+        raise UsageError(f"{name} is {BLANK_TOKEN}: unset it to send no token, or set it to the server's token")
     if token is not None and not (token.isascii() and token.isprintable()):
         raise UsageError(f"{name} must be printable ASCII, as gRPC metadata values are (a trailing newline?)")
     return token

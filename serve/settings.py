@@ -35,7 +35,7 @@ class SettingsError(ValueError):
     """Settings that cannot be used, with the flag or variable to fix."""
 
 
-def _blank(value) -> bool:
+def blank(value) -> bool:
     """Whether a value given as text says 'nothing': empty, whitespace, 'none' or 'off'."""
     return isinstance(value, str) and value.strip().lower() in ("", "off", "none")
 
@@ -230,14 +230,14 @@ class Settings(BaseModel):
     @field_validator("metrics_port", "health_port", "bundle", "reload_root", mode="before")
     @classmethod
     def _blank_is_none(cls, value):
-        return None if _blank(value) else value
+        return None if blank(value) else value
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "token", "admin_token", mode="before")
     @classmethod
     def _unset_to_turn_off(cls, value, info: ValidationInfo):
         """Security settings turn off only unset: an empty value (a Secret with an empty key, a compose file's
         `${VAR:-}`) would otherwise serve without a token, or in plaintext, unnoticed."""
-        if _blank(value):
+        if blank(value):
             off = {
                 "token": "serve without a token",
                 "admin_token": "refuse Reload calls",

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -570,10 +571,13 @@ def refusing():
 
 class Gateway(grpc.GenericRpcHandler):
     """A gRPC server on loopback that forwards the unary calls of the methods it exposes to `upstream`, their bytes as
-    they are, as a gateway in front of the server would, counting them by method; any other is UNIMPLEMENTED."""
+    they are, and the status of one that fails, as a gateway in front of the server would, counting them by method;
+    any other is UNIMPLEMENTED. `after` is called with each forwarded call's method once its reply is in, before the
+    gateway answers (a reload between two calls)."""
 
-    def __init__(self, upstream: str, exposed: tuple[str, ...]):
+    def __init__(self, upstream: str, exposed: tuple[str, ...], after: Callable[[str], None] | None = None):
         self.exposed = exposed  # full method names ('/package.Service/Method'), or a service's prefix
+        self.after = after
         self.calls: Counter[str] = Counter()
         self.upstream = grpc.insecure_channel(upstream)
         self.server = grpc.server(ThreadPoolExecutor(4))
@@ -589,7 +593,13 @@ class Gateway(grpc.GenericRpcHandler):
 
         def handle(request: bytes, context) -> bytes:
             self.calls[method] += 1
-            return forward(request, timeout=10)
+            try:
+                reply = forward(request, timeout=10)
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+            if self.after is not None:
+                self.after(method)
+            return reply
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
@@ -600,11 +610,11 @@ class Gateway(grpc.GenericRpcHandler):
 
 @pytest.fixture
 def gateway():
-    """`gateway(upstream, exposed) -> Gateway`, stopped at the end of the test."""
+    """`gateway(upstream, exposed, after) -> Gateway`, stopped at the end of the test."""
     started = []
 
-    def start(upstream: str, exposed: tuple[str, ...]) -> Gateway:
-        started.append(Gateway(upstream, exposed))
+    def start(upstream: str, exposed: tuple[str, ...], after: Callable[[str], None] | None = None) -> Gateway:
+        started.append(Gateway(upstream, exposed, after))
         return started[-1]
 
     yield start

@@ -505,6 +505,45 @@ def test_kserve_labels_that_cannot_be_read_are_not_blamed_on_the_texts(served, g
     assert "where" not in err
 
 
+@pytest.fixture
+def reloaded_after_classify(start_server, make_bundle, gateway) -> str:
+    """The address of a gateway to a server of version 1 that has it load version 2 once a Classify is answered,
+    before the answer goes back: the version that answered is gone when the client asks its labels."""
+    first = make_bundle("v1")
+    make_bundle("v2", version="2")
+    server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
+
+    def reload(method: str) -> None:
+        if method.endswith("/Classify"):
+            with cli.Client(server.address, token=ADMIN_TOKEN) as admin:
+                admin.reload("v2")
+
+    return gateway(server.address, ("/edgedistill.v1.Classifier/",), reload).address
+
+
+def test_labels_of_a_version_reloaded_away_after_it_answered_are_unavailable(reloaded_after_classify):
+    with cli.Client(reloaded_after_classify) as client, pytest.raises(cli.LabelsUnavailable, match="version 1 cannot"):
+        client.classify(["good"])
+
+
+def test_labels_unavailable_after_a_reload_say_the_version_is_no_longer_served(reloaded_after_classify):
+    with cli.Client(reloaded_after_classify) as client, pytest.raises(cli.LabelsUnavailable, match="no longer serves"):
+        client.classify(["good"])
+
+
+def test_labels_that_cannot_be_read_after_a_classify_fail_the_run(reloaded_after_classify, capsys):
+    assert run(capsys, "--address", reloaded_after_classify, "good")[0] == 1
+
+
+def test_labels_that_cannot_be_read_after_a_classify_say_the_server_answered(reloaded_after_classify, capsys):
+    err = run(capsys, "--address", reloaded_after_classify, "good")[2]
+    assert "the server answered, but the labels of model tiny-sentiment version 1 cannot be read" in err
+
+
+def test_labels_that_cannot_be_read_after_a_classify_are_not_blamed_on_the_texts(reloaded_after_classify, capsys):
+    assert "where" not in run(capsys, "--address", reloaded_after_classify, "good")[2]
+
+
 def test_info_to_a_closed_pipe_ends_the_client_quietly(served):
     command = [sys.executable, "-m", "edgedistill", "call", "--address", served.address, "--info"]
     client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -541,6 +580,30 @@ def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch,
     code, _, err = run(capsys, "--address", served.address, "good")
     assert code == 2
     assert "EDGEDISTILL_TOKEN must be printable ASCII" in err
+
+
+@pytest.mark.parametrize("value", ["", "  ", "off"])
+def test_a_blank_token_variable_is_a_usage_error(served, monkeypatch, capsys, value):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", value)
+    assert run(capsys, "--address", served.address, "good")[0] == 2
+
+
+def test_a_blank_token_variable_is_named_in_its_error(served, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "  ")
+    assert "EDGEDISTILL_TOKEN is empty, 'none' or 'off'" in run(capsys, "--address", served.address, "good")[2]
+
+
+def test_a_blank_admin_token_variable_for_a_reload_is_named_in_its_error(served, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_ADMIN_TOKEN", " ")
+    assert (
+        "EDGEDISTILL_ADMIN_TOKEN is empty, 'none' or 'off'" in run(capsys, "--address", served.address, "--reload")[2]
+    )
+
+
+def test_a_blank_token_flag_is_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--token", " ", "good"])
+    assert exited.value.code == 2
 
 
 def test_single_texts_sent_to_a_pair_model_are_told_to_give_pairs(served_pairs, capsys):
