@@ -121,7 +121,7 @@ def refuse_another_last(cascade: Cascade, last: Path) -> None:
         raise BenchError(
             f"{last} is not the bundle {cascade.folder} copied as its last member {member.bundle} (its manifest's "
             f"sha256 differs: rebuilt since), so the two would serve different models: rebuild the cascade "
-            f"(`edgedistill export bundles RECIPE --only {name}`)"
+            f"(`edgedistill bundles RECIPE --only {name}`)"
         )
 
 

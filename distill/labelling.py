@@ -239,7 +239,8 @@ def onnx_labeller(folder: Path, teacher_dir: Path, max_batch: int) -> tuple[Call
     if not (folder / mf.MANIFEST).is_file():
         raise mf.ArtifactError(
             f"transfer.labeller: {folder} is not built: run `edgedistill labeller RECIPE` first (make transfer "
-            "does), or label in PyTorch with --transfer.labeller=null"
+            "does), or label in PyTorch with --transfer.labeller=null (and --transfer.relabel_margin=null where the "
+            "recipe sets a margin, as recipes/sst2.yaml does)"
         )
     bundle, files = read_bundle(folder)  # the model is opened from the bytes verified here
     exported_from = bundle.manifest.parents.get("teacher")

@@ -163,7 +163,7 @@ def test_a_last_member_rebuilt_since_the_cascade_is_refused_naming_the_rebuild(t
     manifest = json.loads((sure / mf.MANIFEST).read_text())
     manifest["metrics"]["rebuilt"] = 1  # the standalone bundle rebuilt after the cascade copied it
     (sure / mf.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(BenchError, match=r"rebuild the cascade \(`edgedistill export bundles RECIPE --only cascade`\)"):
+    with pytest.raises(BenchError, match=r"rebuild the cascade \(`edgedistill bundles RECIPE --only cascade`\)"):
         asyncio.run(cascade._measure(load_recipe(SMOKE), folders, tmp_path, Counter()))
 
 

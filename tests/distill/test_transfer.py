@@ -669,3 +669,10 @@ def test_pairs_that_transfer_max_length_cuts_are_warned_of_by_the_transfer_stage
         "[transfer] warning: 100% of the train and dev pairs reach it with both texts (transfer.max_length=8 tokens)"
         in result.stdout
     )
+
+
+def test_a_labeller_not_built_names_overrides_that_label_the_default_recipe_in_pytorch(tmp_path):
+    with pytest.raises(mf.ArtifactError) as refused:
+        labelling.onnx_labeller(tmp_path / "bundle-teacher-int8", tmp_path / "teacher", max_batch=8)
+    overrides = dict(re.findall(r"--([\w.]+)=(null)", str(refused.value)))
+    assert load_recipe(ROOT / "recipes" / "sst2.yaml", dict.fromkeys(overrides)).transfer.labeller is None
