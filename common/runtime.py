@@ -113,6 +113,20 @@ class Shapes:
             for point, (batch, length) in points.items()
         }
 
+    @classmethod
+    def of_tensorrt_profile(cls, options: dict[str, str]) -> "Shapes | None":
+        """The shapes whose `tensorrt_profile` gave `options` (a TensorRT provider's options, as a session reports
+        them): its maximum, each limit the smallest over the inputs; None without a profile."""
+        maxima = [shape.rpartition(":") for shape in options.get("trt_profile_max_shapes", "").split(",") if shape]
+        if not maxima:
+            return None
+        sizes = [tuple(int(size) for size in dims.split("x")) for _, _, dims in maxima]
+        return cls(
+            tuple(name for name, _, _ in maxima),
+            min(batch for batch, _ in sizes),
+            min(length for _, length in sizes),
+        )
+
 
 def resolve_providers(names: list[str]) -> list[str]:
     """Full provider names in priority order ('cpu', 'cuda', 'tensorrt', 'trt' expanded), without duplicates, CPU
@@ -305,10 +319,12 @@ class Runner(Protocol):
     """What actually runs the model, e.g. ['CUDAExecutionProvider', 'CPUExecutionProvider'] or ['TensorRT 10.9.0']."""
 
     max_batch_size: int | None
-    """The most rows one call accepts (an engine's optimisation profile), None when unbounded."""
+    """The most rows one call accepts (an engine's or the TensorRT provider's optimisation profile), None when
+    unbounded."""
 
     max_sequence: int | None
-    """The longest sequence one call accepts (an engine's optimisation profile), None when unbounded."""
+    """The longest sequence one call accepts (an engine's or the TensorRT provider's optimisation profile), None when
+    unbounded."""
 
     input_names: list[str]
     output_names: list[str]
@@ -321,14 +337,15 @@ class Runner(Protocol):
 
 
 class SessionRunner:
-    """A `Runner` over an ONNX Runtime session."""
-
-    max_batch_size = None
-    max_sequence = None
+    """A `Runner` over an ONNX Runtime session; on the TensorRT provider with an optimisation profile, its limits are
+    the profile's maximum (the session refuses a call beyond it), else None."""
 
     def __init__(self, session: ort.InferenceSession):
         self.session = session
         self.providers = session.get_providers()
+        profile = Shapes.of_tensorrt_profile(session.get_provider_options().get(TENSORRT, {}))
+        self.max_batch_size = None if profile is None else profile.max_batch
+        self.max_sequence = None if profile is None else profile.max_sequence
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
 

@@ -83,6 +83,9 @@ class BatchObserver:
     def rows_admitted(self, rows: int) -> None:
         """`rows` more (fewer, when negative) rows hold places in the queue while they are made off the event loop."""
 
+    def closed(self) -> None:
+        """The batcher closed (its queue finished, or failed at its close's limit): it reports no more rows."""
+
 
 class _Retiring:
     """A replaced batcher's observer: every hook but `queue_depth` is `observer`'s."""
@@ -239,8 +242,9 @@ class DynamicBatcher:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
     def retire(self) -> None:
-        """Leave the queue-depth gauge to the batcher that replaced this one, as a reload's two queues share it; a
-        batcher closed at shutdown is not retired, so the gauge drains to 0 with its queue."""
+        """Leave the queue-depth gauge to the batcher that replaced this one, as a reload's two queues share it (its
+        observer, told at `close`, clears what only this batcher wrote); a batcher closed at shutdown is not retired,
+        so the gauge drains to 0 with its queue."""
         if not isinstance(self.observer, _Retiring):
             self.observer = _Retiring(self.observer)
 
@@ -248,7 +252,8 @@ class DynamicBatcher:
         """Take no new work, run what is queued within `timeout` seconds (None: no limit), then stop the worker
         thread; what is still queued or running at the limit fails with `BatcherClosed`. False when a backend call
         still runs in the worker thread (hung, or slower than the limit): it is left there, as a thread cannot be
-        stopped, and counted by `calls_left_running`; the backend must not be closed under it."""
+        stopped, and counted by `calls_left_running`; the backend must not be closed under it. The observer is told
+        (`closed`) either way."""
         self._closing = True
         self._arrived.set()
         if self._task is not None:
@@ -268,6 +273,7 @@ class DynamicBatcher:
         # never join the worker thread here: on the event loop, a backend call hung in it (one that ran past
         # `batch_timeout` while the queue finished, or past `timeout`) would block every coroutine
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.observer.closed()
         call = self._call
         if call is None or call.future.done():
             return True

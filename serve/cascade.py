@@ -184,7 +184,8 @@ class CascadeRuntime:
             await member.start()
 
     def retire(self) -> None:
-        """Leave the shared gauges to the runtime that replaced this cascade, while its requests finish."""
+        """Leave the shared gauges to the runtime that replaced this cascade, while its requests finish; once closed,
+        a member's queue depth that runtime does not write reads 0 (`Metrics.member_closed`)."""
         for member in self.members:
             member.retire()
 

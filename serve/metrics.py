@@ -182,7 +182,9 @@ class Metrics(BatchObserver):
         )
         if not shared:  # a worker's process figures are the supervisor's to read (`WorkerProcesses`)
             ProcessCollector(registry=r)
-        self._member_depths: dict[tuple[str, str], int] = {}
+        # (cascade, member) -> the observer that last wrote its queue depth, and the rows: the serving cascade's members
+        # (a replaced one's until it closes), whose sum is the server's queue depth
+        self._member_depths: dict[tuple[str, str], tuple[MemberObserver, int]] = {}
         # (method, code, the request's fault) -> its children of `requests`, `latency` and `errors` or `abandoned`: a
         # `labels()` lookup per call (argument checks, a lock) cost more than the counting itself; the server's methods
         # and codes are few
@@ -219,13 +221,27 @@ class Metrics(BatchObserver):
         self.model.labels(*self._model_labels).set(1)
 
     def queue_depth(self, rows: int) -> None:
+        self._member_depths.clear()  # a bundle serves: no member's queue is in the server's any more
         self.depth.set(rows)
 
-    def member_queue_depth(self, cascade: str, member: str, rows: int) -> None:
-        """Rows waiting for a cascade member's batch; the server's queue depth is the members' sum."""
-        self._member_depths[cascade, member] = rows
-        self.member_depth.labels(cascade, member).set(rows)
-        self.depth.set(sum(self._member_depths.values()))
+    def member_queue_depth(self, observer: "MemberObserver", rows: int) -> None:
+        """Rows waiting for the batch of `observer`'s cascade member; the server's queue depth is the members' sum."""
+        self._member_depths[observer.labels] = observer, rows
+        self.member_depth.labels(*observer.labels).set(rows)
+        self._sum_member_depths()
+
+    def member_closed(self, observer: "MemberObserver") -> None:
+        """`observer`'s member closed: its queue depth reads 0 and leaves the server's sum, unless the runtime that
+        replaced it writes that series now (a member of the same cascade name and id)."""
+        writer, _ = self._member_depths.get(observer.labels, (observer, 0))
+        if writer is not observer:
+            return
+        self.member_depth.labels(*observer.labels).set(0)  # at 0, not removed: multiprocess mode keeps its file's value
+        if self._member_depths.pop(observer.labels, None) is not None:
+            self._sum_member_depths()
+
+    def _sum_member_depths(self) -> None:
+        self.depth.set(sum(rows for _, rows in self._member_depths.values()))
 
     def member(self, cascade: str, member: str) -> "MemberObserver":
         """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`. Its series
@@ -281,7 +297,10 @@ class MemberObserver(BatchObserver):
         self.labels = (cascade, member)
 
     def queue_depth(self, rows: int) -> None:
-        self.metrics.member_queue_depth(*self.labels, rows)
+        self.metrics.member_queue_depth(self, rows)
+
+    def closed(self) -> None:
+        self.metrics.member_closed(self)
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.metrics.batch_done(rows, seconds)

@@ -412,6 +412,29 @@ def test_tensorrt_profile_names_each_input():
     assert shapes.tensorrt_profile()["trt_profile_max_shapes"] == "input_ids:16x32,attention_mask:16x32"
 
 
+def test_a_tensorrt_profile_gives_back_the_shapes_it_was_made_of():
+    shapes = Shapes(("input_ids", "attention_mask"), 16, 32)
+    assert Shapes.of_tensorrt_profile(shapes.tensorrt_profile()) == shapes
+
+
+def test_the_tensorrt_providers_options_give_the_callers_batch_and_the_max_length(trt_cache, model):
+    assert Shapes.of_tensorrt_profile(profile(model, max_batch=16, max_sequence=48)) == Shapes(("x",), 16, 48)
+
+
+def test_a_tensorrt_profile_limits_calls_to_the_smallest_maximum_over_its_inputs():
+    options = {"trt_profile_max_shapes": "input_ids:16x64,attention_mask:8x128"}
+    assert Shapes.of_tensorrt_profile(options) == Shapes(("input_ids", "attention_mask"), 8, 64)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"trt_profile_max_shapes": ""}],
+    ids=["not-given", "reported-empty-by-the-session"],
+)
+def test_tensorrt_options_without_a_profile_give_no_shapes(options):
+    assert Shapes.of_tensorrt_profile(options) is None
+
+
 def test_engines_of_two_profiles_get_their_own_caches(trt_cache, model):
     assert (
         profile(model, max_batch=16)["trt_engine_cache_path"] != profile(model, max_batch=32)["trt_engine_cache_path"]

@@ -395,6 +395,38 @@ def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_rep
     assert asyncio.run(main()) == 0
 
 
+def depth_after_a_retired_member_closes(new_observer) -> float:
+    """The server's queue depth once a retired cascade member's batcher (2 rows queued) closed beside the batcher that
+    replaced it, with 3 rows queued and `new_observer`: the Metrics' own for a bundle, a member's for a cascade."""
+    metrics = Metrics()
+
+    async def main():
+        old = batcher(FakeBackend(), max_delay=10.0, observer=metrics.member("tiny-cascade", "student"))
+        new = batcher(FakeBackend(), max_delay=10.0, observer=new_observer(metrics))
+        old.start()
+        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
+        await asyncio.sleep(0.01)  # queued
+        new.start()
+        waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
+        await asyncio.sleep(0.01)  # queued
+        old.retire()
+        await old.close()
+        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        await new.close()
+        await asyncio.gather(draining, waiting)
+        return depth
+
+    return asyncio.run(main())
+
+
+def test_a_retired_members_close_leaves_the_queue_depth_to_the_member_of_its_id_that_replaced_it():
+    assert depth_after_a_retired_member_closes(lambda metrics: metrics.member("tiny-cascade", "student")) == 3
+
+
+def test_a_retired_members_close_leaves_the_queue_depth_to_the_bundle_that_replaced_its_cascade():
+    assert depth_after_a_retired_member_closes(lambda metrics: metrics) == 3
+
+
 def test_backend_runs_off_the_event_loop():
     backend = FakeBackend(delay=0.3)
 

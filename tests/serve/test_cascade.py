@@ -5,6 +5,7 @@ reload, refused cascades, several workers."""
 import asyncio
 import json
 import shutil
+import threading
 import urllib.request
 
 import grpc
@@ -502,6 +503,52 @@ def test_a_reload_lets_escalated_texts_finish_on_the_old_cascade(overloaded):
     assert previous is not None
     assert reloaded is server.server.host.current
     assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+RENAMED_TEACHER = "big-teacher"
+
+
+@pytest.fixture(scope="module")
+def reloaded_past_a_hung_teacher(cascade, tmp_path_factory):
+    """A scrape after a reload of a server of `cascade`, whose teacher hangs in a call with 2 rows queued behind it,
+    onto a cascade of the same name whose members are `student` and `big-teacher`: once the replaced cascade was
+    closed at SHUTDOWN_GRACE_S, and its request, failed there, was answered by the new one."""
+    other = write_cascade(
+        tmp_path_factory.mktemp("renamed") / "bundle-cascade",
+        {STUDENT: cascade / MEMBERS / STUDENT, RENAMED_TEACHER: cascade / MEMBERS / TEACHER},
+        [THRESHOLD],
+    )
+    server = RunningServer(settings_for(cascade, inline_infer_ms=0, max_batch_size=1, shutdown_grace_s=0.5))
+    teacher = server.server.host.current.members[-1]
+    gate = threading.Event()
+    teacher.batcher.infer = lambda inputs: gate.wait(30)  # hangs until the fixture ends
+    try:
+        with server.channel() as channel:
+            waiting = classifier_pb2_grpc.ClassifierStub(channel).Classify.future(
+                pb.ClassifyRequest(texts=WAITING), timeout=30
+            )
+            wait_until(lambda: teacher.queued_rows == 2, "the escalated texts never queued behind the hung call")
+            server.call(server.server.reload(other))
+            waiting.result()
+        yield scrape(server)
+    finally:
+        gate.set()
+        server.close()
+
+
+def test_a_replaced_cascades_member_that_could_not_finish_its_queue_reads_a_queue_depth_of_zero(
+    reloaded_past_a_hung_teacher,
+):
+    depth = metric(
+        reloaded_past_a_hung_teacher, "edgedistill_cascade_member_queue_depth", cascade="tiny-cascade", member=TEACHER
+    )
+    assert depth == 0
+
+
+def test_the_queue_depth_after_a_reload_past_a_hung_member_leaves_out_the_replaced_members_queue(
+    reloaded_past_a_hung_teacher,
+):
+    assert metric(reloaded_past_a_hung_teacher, "edgedistill_queue_depth") == 0
 
 
 # --- loading --------------------------------------------------------------------------------------------------

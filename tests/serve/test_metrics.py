@@ -271,3 +271,24 @@ def test_after_a_reload_the_workers_model_info_gives_only_the_served_model(reloa
     assert samples == [
         'edgedistill_model_info{name="tiny",providers="CPUExecutionProvider",runtime="onnxruntime",version="2"} 1.0'
     ]
+
+
+@pytest.fixture
+def replaced_member_workers_scrape(tmp_path, monkeypatch) -> str:
+    """The supervisor's scrape of a worker whose cascade member `teacher`, 2 rows queued, was replaced by a cascade of
+    the same name whose members have other ids, then closed."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: WORKER_PIDS[0]))
+    worker = Metrics(shared=True)
+    replaced = worker.member("tiny-cascade", "teacher")
+    replaced.queue_depth(2)
+    worker.member("tiny-cascade", "big-teacher").queue_depth(0)  # the new member's batcher starts
+    replaced.closed()
+    return generate_latest(workers_registry(WorkerFiles(tmp_path), dict)).decode()
+
+
+def test_a_workers_replaced_member_reads_a_queue_depth_of_zero_in_the_supervisors_scrape(
+    replaced_member_workers_scrape,
+):
+    depth = metric(replaced_member_workers_scrape, "edgedistill_cascade_member_queue_depth", member="teacher")
+    assert depth == 0
