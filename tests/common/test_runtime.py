@@ -1,4 +1,5 @@
 import logging
+import re
 import sys
 import types
 from pathlib import Path
@@ -711,3 +712,13 @@ def test_tensorrt_older_than_10_is_refused(monkeypatch):
 def test_an_engine_without_tensorrt_is_refused_before_it_is_read(tmp_path, no_tensorrt, no_cuda_python):
     with pytest.raises(TensorRTUnavailable, match="`tensorrt` Python package"):
         open_runner(tmp_path / "absent.plan", "tensorrt", [])
+
+
+def test_the_gpu_hint_makes_the_checkouts_environment_afresh_before_its_gpu_setup():
+    assert "rm -rf .venv, then make setup ORT=gpu" in runtime.GPU_HINT
+
+
+def test_the_gpu_hint_removes_the_cpu_wheel_before_installing_the_gpu_extra_from_nvidias_index():
+    assert re.search(
+        r"pip uninstall .*onnxruntime .*pip install .*--extra-index-url https://pypi\.nvidia\.com", runtime.GPU_HINT
+    )
