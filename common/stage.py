@@ -122,6 +122,9 @@ class Stage:
     extra: Any = None
     """Further JSON-able choices of this stage alone (one student's spec without a field, a texts file given on
     the command line), hashed too; local files named in it count by their contents."""
+    older_record: Callable[[Path], str | None] | None = None
+    """Why the artifact in a folder, published by an earlier release that recorded less than this one (a transfer set
+    whose labeller bundle is not among its parents), must be built again; None when it need not. Not hashed."""
 
     @property
     def folder(self) -> Path:
@@ -158,8 +161,12 @@ class Stage:
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
     def staleness(self) -> str | None:
-        """Why the artifact must be built again (`manifest.staleness`), or None when it is current."""
-        return mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
+        """Why the artifact must be built again (`manifest.staleness`, then `older_record`), or None when it is
+        current."""
+        why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
+        if why is None and self.older_record is not None:
+            return self.older_record(self.folder)
+        return why
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""

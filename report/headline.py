@@ -46,11 +46,16 @@ CALL = {  # data.pairs -> how to call the served bundle: the command line, and t
 
 
 def stage_table(recipe: Recipe) -> Table:
+    """One row per finished stage; not the dev accuracy of a bundle built from a student or teacher built again since
+    (`report.plan.stale`), which the headline names instead."""
     rows = []
-    for folder in finished_stages(recipe):
+    folders = finished_stages(recipe)
+    stale = plan.stale(recipe, run_dir(recipe))
+    for folder in folders:
         metrics = mf.load(folder, verify=False).metrics
+        shown = folder.name not in stale
         cells = [
-            f"{metrics['dev_accuracy']:.4f}" if "dev_accuracy" in metrics else "-",
+            f"{metrics['dev_accuracy']:.4f}" if "dev_accuracy" in metrics and shown else "-",
             f"{metrics['params'] / 1e6:.2f}M" if "params" in metrics else "-",
             f"{metrics['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in metrics else "-",
             f"{metrics['wall_seconds'] / 60:.1f} min" if "wall_seconds" in metrics else "-",

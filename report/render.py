@@ -81,13 +81,18 @@ class Page:
         )
 
 
-def _stages(page: Page, root: Path, recipe: Recipe) -> None:
+def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """Each finished stage's dev figures, size and wall time; not the dev figures of a bundle `stale` names, which
+    are of a student or teacher built again since."""
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
     keys = recipe.data.dev_keys
-    rows = []
+    rows, left_out = [], []
     for folder in folders:
         m = mf.load(folder, verify=False).metrics
+        if folder.name in stale and any(key in m for key in keys):
+            left_out.append(folder.name)
+            m = {name: value for name, value in m.items() if name not in keys}
         rows.append(
             [
                 folder.name,
@@ -98,6 +103,11 @@ def _stages(page: Page, root: Path, recipe: Recipe) -> None:
             ]
         )
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
+    if left_out:
+        page.note(
+            f"Dev figures not shown of {', '.join(left_out)}: built from a student or teacher built again since, "
+            "as named below with the command that builds it again."
+        )
 
 
 def _missing(page: Page, root: Path, recipe: Recipe) -> None:
@@ -426,7 +436,7 @@ def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     stale = plan.stale(inputs.recipe, root)  # measurements of an earlier build: named once, left out of each section
-    _stages(page, root, inputs.recipe)
+    _stages(page, root, inputs.recipe, stale)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
     _stale(page, inputs.recipe, stale)

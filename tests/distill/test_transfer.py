@@ -468,6 +468,12 @@ def test_int8_labelling_with_its_second_pass_agrees_with_pytorch_within_the_gate
     assert (by_int8.argmax(-1) == fp32_teacher_logits(run).argmax(-1)).mean() >= 0.999
 
 
+def rebuilt(bundle: Path) -> None:
+    """`bundle` published again with the same files, as building it again does: a new manifest."""
+    republished = mf.load(bundle).model_copy(update={"created": "2030-01-01T00:00:00+00:00"})
+    (bundle / mf.MANIFEST).write_text(republished.model_dump_json(indent=2))
+
+
 def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it(smoke_bundles, monkeypatch):
     run = smoke_bundles.parent / "labeller-built-again"
     run.mkdir()
@@ -475,12 +481,79 @@ def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it
     shutil.copytree(smoke_bundles / "bundle-teacher-fused", run / "bundle-teacher-fused")
     result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
-    bundle = run / "bundle-teacher-fused"
-    republished = mf.load(bundle).model_copy(update={"created": "2030-01-01T00:00:00+00:00"})
-    (bundle / mf.MANIFEST).write_text(republished.model_dump_json(indent=2))
+    rebuilt(run / "bundle-teacher-fused")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     recipe = load_recipe(SMOKE, {"name": run.name, "transfer.labeller": "teacher-fused"})
     assert transfer_stage(recipe).staleness() == "its parent bundle-teacher-fused was built again"
+
+
+@pytest.fixture(scope="module")
+def earlier_release_run(smoke_bundles) -> Path:
+    """A run of the smoke recipe whose transfer set teacher-fused labelled, its manifest as a release before the
+    labeller was recorded among the parents wrote it: the bundle in `info.labelling` alone."""
+    run = smoke_bundles.parent / "earlier-release-labelled"
+    run.mkdir()
+    (run / "teacher").symlink_to(smoke_bundles / "teacher")
+    shutil.copytree(smoke_bundles / "bundle-teacher-fused", run / "bundle-teacher-fused")
+    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = mf.load(run / "transfer")
+    earlier = manifest.model_copy(update={"parents": {"teacher": manifest.parents["teacher"]}})
+    (run / "transfer" / mf.MANIFEST).write_text(earlier.model_dump_json(indent=2))
+    return run
+
+
+def copy_of(run: Path, name: str) -> Path:
+    """A copy of the run folder `run` beside it, as run `name`."""
+    shutil.copytree(run, run.parent / name, symlinks=True)
+    return run.parent / name
+
+
+def fused_transfer_staleness(monkeypatch, run: Path) -> str | None:
+    """Why the transfer set of `run`, of the smoke recipe labelled by teacher-fused, must be built again."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(run.parent))
+    return transfer_stage(load_recipe(SMOKE, {"name": run.name, "transfer.labeller": "teacher-fused"})).staleness()
+
+
+def test_a_transfer_set_of_an_earlier_release_whose_labeller_was_built_again_is_stale_saying_what_to_run(
+    earlier_release_run, monkeypatch
+):
+    run = copy_of(earlier_release_run, "earlier-release-labeller-built-again")
+    rebuilt(run / "bundle-teacher-fused")
+    assert fused_transfer_staleness(monkeypatch, run) == (
+        "its labeller bundle-teacher-fused was built again since it labelled the set (info.labelling.bundle_sha256; "
+        "an earlier release did not record the labeller among the parents): `edgedistill transfer RECIPE` labels it "
+        "again"
+    )
+
+
+def test_a_transfer_set_of_an_earlier_release_whose_labeller_is_gone_is_stale_naming_it(
+    earlier_release_run, monkeypatch
+):
+    run = copy_of(earlier_release_run, "earlier-release-labeller-gone")
+    shutil.rmtree(run / "bundle-teacher-fused")
+    assert fused_transfer_staleness(monkeypatch, run).startswith("its labeller bundle-teacher-fused is gone")
+
+
+def test_a_transfer_set_of_an_earlier_release_labelled_by_the_bundle_now_there_is_current(
+    earlier_release_run, monkeypatch
+):
+    run = copy_of(earlier_release_run, "earlier-release-labeller-as-it-was")
+    assert fused_transfer_staleness(monkeypatch, run) is None
+
+
+def test_a_transfer_set_of_an_earlier_release_that_pytorch_labelled_stays_current_when_the_labeller_is_built_again(
+    earlier_release_run, monkeypatch
+):
+    """Labels the gate rejected and PyTorch made again, as a release before they moved under `rejected` recorded them:
+    the bundle at the top of `info.labelling`, the engine PyTorch."""
+    run = copy_of(earlier_release_run, "earlier-release-pytorch-labelled")
+    manifest = mf.load(run / "transfer")
+    labelling = manifest.info["labelling"] | {"engine": "pytorch", "precision": "fp32"}
+    relabelled = manifest.model_copy(update={"info": manifest.info | {"labelling": labelling}})
+    (run / "transfer" / mf.MANIFEST).write_text(relabelled.model_dump_json(indent=2))
+    rebuilt(run / "bundle-teacher-fused")
+    assert fused_transfer_staleness(monkeypatch, run) is None
 
 
 def transfer_here(capsys, monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:

@@ -1,3 +1,4 @@
+import io
 import json
 
 import pytest
@@ -7,6 +8,7 @@ from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.report import __main__ as report_main
 from edgedistill.report import headline
+from rich.console import Console
 
 from tests.conftest import ROOT
 
@@ -83,6 +85,27 @@ def test_headline_without_a_baseline_or_later_stages(recipe):
     ]
     table = headline.stage_table(recipe)
     assert table.row_count == 1
+
+
+def older_student_stage_table(recipe) -> str:
+    """The stage table of the headline of a smoke run whose bundle bilstm-int8 (dev accuracy 0.8125) was exported
+    from student-bilstm before it was distilled again."""
+    root = run_dir(recipe)
+    publish(root / "student-bilstm", {"dev_accuracy": 0.8})
+    parents = {"student-bilstm": mf.parent_of(root / "student-bilstm")}
+    publish(root / "bundle-bilstm-int8", {"dev_accuracy": 0.8125}, parents)
+    publish(root / "student-bilstm", {"dev_accuracy": 0.85})  # distilled again
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(headline.stage_table(recipe))
+    return console.export_text()
+
+
+def test_the_headlines_stage_table_leaves_out_the_dev_accuracy_of_a_bundle_built_from_an_older_student(recipe):
+    assert "0.8125" not in older_student_stage_table(recipe)
+
+
+def test_the_headlines_stage_table_shows_the_dev_accuracy_of_the_student_distilled_again(recipe):
+    assert "0.8500" in older_student_stage_table(recipe)
 
 
 def left_out_lines(recipe, out_of_date: dict[str, str] | None = None, table: bool = True) -> list[str]:

@@ -163,14 +163,38 @@ def test_cascade_section_draws_its_curve(tmp_path):
     assert "bundle-c.png" in cascade_page(tmp_path).figures
 
 
+def stages_markdown(tmp_path, overrides: dict | None = None) -> str:
+    """The stage table the report writes of the run in `tmp_path`, a run of the smoke recipe (with `overrides`)."""
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+    render._stages(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+    return "\n".join(page.md)
+
+
 def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_path):
-    metrics = {"dev_accuracy": 0.9, "dev_macro_f1": 0.8}
-    with mf.stage_folder(tmp_path / "teacher") as tmp:
-        base = mf.Manifest(stage="teacher", recipe="r", recipe_hash="h", config_hash="h", metrics=metrics)
-        mf.commit(tmp, tmp_path / "teacher", base)
-    page = render.Page("report")
-    render._stages(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.metric": "macro_f1"}))
-    assert "| teacher | 0.9000 | 0.8000 |" in "\n".join(page.md)
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9, "dev_macro_f1": 0.8})
+    assert "| teacher | 0.9000 | 0.8000 |" in stages_markdown(tmp_path, {"data.metric": "macro_f1"})
+
+
+def older_student_stages(tmp_path) -> str:
+    """The stage table of a smoke run whose bundle bilstm-int8 (dev accuracy 0.8125) was exported from student-bilstm
+    before it was distilled again."""
+    publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.8})
+    parents = {"student-bilstm": mf.parent_of(tmp_path / "student-bilstm")}
+    publish(tmp_path / "bundle-bilstm-int8", metrics={"dev_accuracy": 0.8125}, parents=parents)
+    publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.85})  # distilled again
+    return stages_markdown(tmp_path)
+
+
+def test_the_stage_table_leaves_out_the_dev_figures_of_a_bundle_built_from_a_student_distilled_again_since(tmp_path):
+    assert "| bundle-bilstm-int8 | - |" in older_student_stages(tmp_path)
+
+
+def test_the_stage_table_says_why_it_leaves_out_the_dev_figures_of_a_bundle_built_from_an_older_student(tmp_path):
+    assert "Dev figures not shown of bundle-bilstm-int8:" in older_student_stages(tmp_path)
+
+
+def test_the_stage_table_shows_the_dev_figures_of_the_student_distilled_again(tmp_path):
+    assert "| student-bilstm | 0.8500 |" in older_student_stages(tmp_path)
 
 
 def missing_markdown(tmp_path) -> str:
