@@ -202,7 +202,7 @@ class Stages:
         self.failing, self.status, self.ran = failing, status, []
 
     def __call__(self, command):
-        step = command[3:]  # after python -m edgedistill
+        step = command[4:]  # after python -P -m edgedistill
         self.ran.append(step)
         failed = self.failing in (step[0], " ".join(step[:2]))
         return self.status if failed else 0
@@ -243,7 +243,7 @@ def test_all_runs_each_stage_as_a_process_of_this_interpreter(monkeypatch):
     commands = []
     monkeypatch.setattr(cli, "run_stage", lambda command: commands.append(command) or Stages()(command))
     cli.main(["all", "recipes/smoke.yaml"])
-    assert {tuple(command[:3]) for command in commands} == {(sys.executable, "-m", "edgedistill")}
+    assert {tuple(command[:4]) for command in commands} == {(sys.executable, "-P", "-m", "edgedistill")}
 
 
 def test_all_stops_at_the_first_failing_stage(monkeypatch):
