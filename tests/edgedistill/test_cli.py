@@ -103,6 +103,13 @@ def test_a_missing_runtime_names_the_install_command_not_a_traceback(blocked, ar
     )
 
 
+@pytest.mark.parametrize("argv", [["report", "--help"], ["headline", "--help"]], ids=" ".join)
+def test_the_report_role_runs_without_onnx_runtime(argv):
+    probe = f"import sys\nsys.modules['onnxruntime'] = None\nfrom edgedistill import cli\nsys.exit(cli.main({argv!r}))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["call", "--help"]], ids=" ".join)
 def test_help_and_the_server_import_no_torch(argv):
     probe = (
