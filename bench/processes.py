@@ -13,7 +13,7 @@ import grpc
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.cascade import is_cascade
-from edgedistill.common.processes import dying_with_this_process
+from edgedistill.common.processes import dying_with_this_process, python_module
 from edgedistill.common.settings import SettingError, refuse_measured_variables
 from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import bearer, health_serving, wait_ready
@@ -130,11 +130,13 @@ def log_tail(log: Path) -> str:
     return log.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
 
 
-def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`command` in this process's working directory, its stdout and stderr written to `log`; sent SIGTERM when this
-    process dies (a measurement killed, even with kill -9, leaves no server running on)."""
+def start(
+    command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
+    """`command` in `cwd` (default this process's working directory), its stdout and stderr written to `log`; sent
+    SIGTERM when this process dies (a measurement killed, even with kill -9, leaves no server running on)."""
     with open(log, "w") as sink:
-        return subprocess.Popen(dying_with_this_process(command), env=env, stdout=sink, stderr=sink)
+        return subprocess.Popen(dying_with_this_process(command), env=env, stdout=sink, stderr=sink, cwd=cwd)
 
 
 def finish(process: subprocess.Popen, timeout: float) -> int | None:
@@ -175,7 +177,7 @@ def serving(
     """`command` (in `env`, default this environment, less the variables it runs without: `left_out_of`) with its
     output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it
     exited before that, and with `clean_exit`, when it does not exit with status 0."""
-    name = Path(command[0]).name if command[1:2] != ["-m"] else command[2]
+    name = command[command.index("-m") + 1] if "-m" in command[1:3] else Path(command[0]).name  # python [-P] -m
     environ = os.environ if env is None else env
     left_out = left_out_of(command)
     if given := tuple(variable for variable in left_out if variable in environ):
@@ -198,4 +200,4 @@ def running(
     module: str, args: list[str], port: int, log: Path, env: dict[str, str] | None = None
 ) -> AbstractContextManager[psutil.Process]:
     """`python -m module args` (in `env`, default this environment), `serving` until the block ends."""
-    return serving([sys.executable, "-m", module, *args], port, log, env=env)
+    return serving(python_module(module, *args), port, log, env=env)

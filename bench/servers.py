@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.common.processes import python_module
 from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -117,7 +118,7 @@ async def serve(host: str, port: int, bundle: Path | None, threads: int) -> None
 def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str]:
     """The command of a baseline server on loopback `port`: the echo server, or with `bundle` the bare server, with
     `threads` intra-op threads (none for a TensorRT engine)."""
-    line = [sys.executable, "-m", MODULE, "--host", "127.0.0.1", "--port", str(port)]
+    line = python_module(MODULE, "--host", "127.0.0.1", "--port", str(port))
     if bundle is None:
         return line
     # a TensorRT engine runs without ONNX Runtime's threads, and `main` refuses --threads for it

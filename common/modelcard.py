@@ -16,8 +16,8 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import tables
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import HubSource
+from edgedistill.common.providers import CPU, CUDA, cuda_options
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.runtime import CUDA, provider_options
 from huggingface_hub import ModelCard, ModelCardData
 
 BENCH_FILE = Path("bench") / "bench.json"  # the model benchmark (`bench.models`), when it has run
@@ -240,11 +240,8 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
         # As the server opens it: on the providers it was built for (a GPU bundle would otherwise run on the CPU),
         # CUDA's with the server's options (TF32 off for an fp32 model, as it was checked), without the optimizers it
         # turns off (they would undo a build choice on load: docs/export.md).
-        providers = [
-            (name, provider_options(name, spec["precision"], b"")) if name == CUDA else name
-            for name in spec["providers"]
-        ]
-        options = f", providers={providers}" if spec["providers"] != ["CPUExecutionProvider"] else ""
+        providers = [(name, cuda_options(spec["precision"])) if name == CUDA else name for name in spec["providers"]]
+        options = f", providers={providers}" if spec["providers"] != [CPU] else ""
         options += f", disabled_optimizers={spec['disabled_optimizers']}" if spec.get("disabled_optimizers") else ""
         derived = recipe.data.pairs and spec.get("pair_segments") == "sequence_ids"
         return [

@@ -1,6 +1,6 @@
 """Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C.
 
-`python -m edgedistill.common.processes PARENT COMMAND...` asks to die with process PARENT, then becomes COMMAND
+`python -P -m edgedistill.common.processes PARENT COMMAND...` asks to die with process PARENT, then becomes COMMAND
 (see `dying_with_this_process`).
 """
 
@@ -49,7 +49,13 @@ def dying_with_this_process(command: list[str]) -> list[str]:
     aborts it (`Check failed: wakeup_fd_->Wakeup().ok()`) or hangs it, the more often the busier the machine.
     Without one, Popen starts the child with vfork, which runs no handler.
     """
-    return [sys.executable, "-m", __name__, str(os.getpid()), *command]
+    return python_module(__name__, str(os.getpid()), *command)
+
+
+def python_module(module: str, *args: str, python: str | os.PathLike = sys.executable) -> list[str]:
+    """`python -m module args` on `python` (default this interpreter) with `-P`: the working directory stays off
+    `sys.path`, where a checkout's top folder `edgedistill/` (the CLI alone) would hide an installed wheel's stages."""
+    return [os.fspath(python), "-P", "-m", module, *args]
 
 
 def _launch(argv: list[str]) -> None:

@@ -27,6 +27,7 @@ from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
 from edgedistill.common.config.export import ENGINE_BATCH, ENGINE_OPT_SEQUENCE
 from edgedistill.common.manifest import ArtifactError, sha256_file
+from edgedistill.common.providers import ALIASES, CPU, CUDA, TENSORRT, cuda_options
 
 try:
     import onnxruntime as ort
@@ -39,10 +40,6 @@ except ModuleNotFoundError as err:  # the role extras leave ONNX Runtime to the 
 
 log = logging.getLogger(__name__)
 
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-TENSORRT = "TensorrtExecutionProvider"
-ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
 TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
@@ -156,19 +153,12 @@ def available_providers() -> list[str]:
 
 def provider_options(provider: str, precision: str, model: bytes | Path, shapes: Shapes | None = None) -> dict:
     """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
-    int8): CUDA picks cuDNN algorithms by heuristic and leaves TF32 off but for an fp16 model; TensorRT gets FP16
-    kernels for an fp16 model only (its TF32 is left to `refuse_tf32`), one optimisation profile over `shapes`, an
-    engine cache of this model's and profile's own in `common.settings.trt_cache()` (made here; `SettingError` where
-    it cannot be) and the timing cache there. Without `shapes`, TensorRT builds an engine for the shapes it has met,
-    and again for each shape outside them."""
+    int8): CUDA's are `cuda_options`; TensorRT gets FP16 kernels for an fp16 model only (its TF32 is left to
+    `refuse_tf32`), one optimisation profile over `shapes`, an engine cache of this model's and profile's own in
+    `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache there. Without
+    `shapes`, TensorRT builds an engine for the shapes it has met, and again for each shape outside them."""
     if provider == CUDA:
-        # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
-        # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
-        # took 97 ms per call (median) with it.
-        heuristic = {"cudnn_conv_algo_search": "HEURISTIC"}
-        # ONNX Runtime's default runs fp32 MatMuls and convolutions in TF32 on Ampere and later (10 mantissa bits),
-        # so an fp32 model would be checked and served in less than fp32; its TensorRT engine is built without TF32.
-        return heuristic if precision == "fp16" else heuristic | {"use_tf32": 0}
+        return cuda_options(precision)
     if provider != TENSORRT:
         return {}
     root = settings.trt_cache()

@@ -18,7 +18,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from edgedistill.common.arguments import count
-from edgedistill.common.processes import dying_with_this_process, shell_status
+from edgedistill.common.processes import dying_with_this_process, python_module, shell_status
 from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
@@ -204,7 +204,7 @@ def run_all(argv: list[str]) -> int:
         return 2
     for command, step in zip(STEPS, steps, strict=True):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
-        status = run_stage([sys.executable, "-m", PROG, *step])
+        status = run_stage(python_module(PROG, *step))
         if status == INTERRUPTED:
             return status
         if status != 0:

@@ -11,8 +11,8 @@ Run it through `python -m loadtests RECIPE --profile NAME`, which writes the pla
 """
 
 import random
+import sys
 
-from edgedistill.common import settings
 from edgedistill.common.text import read_texts
 from edgedistill.loadtests import plan
 from edgedistill.loadtests.grpc_user import GrpcUser
@@ -20,15 +20,18 @@ from edgedistill.loadtests.pacing import PacedUser
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.shapes import SHAPES
 from edgedistill.serve import tensors
-from edgedistill.serve.client import bearer
+from edgedistill.serve.client import UsageError, bearer, environ_token
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.settings import env_name
 from locust import events
 
 PLAN = plan.current()
 TEXTS = read_texts(PLAN.texts)
 PAIRS = None if PLAN.pairs is None else read_texts(PLAN.pairs)
 Shape = SHAPES[PLAN.profile]  # the one shape class locust finds in this module
+try:  # the server's TOKEN, from the variable it reads; one set but blank is refused before any load, as they refuse it
+    TOKEN = environ_token(reload=False)
+except UsageError as err:
+    sys.exit(f"locustfile: {err}")
 
 
 @events.init.add_listener
@@ -79,7 +82,7 @@ class ClassifierUser(PacedUser, GrpcUser):
     user_rate = PLAN.settings.user_rate
     schedule_s = PLAN.duration_s
     timeout = PLAN.loadtest.timeout_s
-    metadata = bearer(settings.env(env_name("token")))  # the server's TOKEN, which it reads from the same variable
+    metadata = bearer(TOKEN)
 
     def on_start(self):
         self.classifier = classifier_pb2_grpc.ClassifierStub(self.channel)

@@ -11,7 +11,6 @@ summary.json and summary.md (see `loadtests.result`).
 import csv
 import math
 import os
-import sys
 import threading
 import time
 from functools import partial
@@ -24,6 +23,7 @@ from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_in
 from edgedistill.common import measured, sections
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
+from edgedistill.common.processes import python_module
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.common.text import write_texts
@@ -93,12 +93,16 @@ def drive(folder: Path, port: int, server: psutil.Process, seconds: float, call_
     no figure.
     """
     stop_timeout_s = math.ceil(call_timeout_s)
-    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}"]
+    # locust runs in `folder`: it puts its working directory first on sys.path (-P or not) before it loads the
+    # locustfile, where a checkout's top folder `edgedistill/` would hide an installed wheel's stages, and it reads a
+    # locust.conf there; the run folder holds neither
+    folder = folder.absolute()
+    command = python_module("locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}")
     command += ["--csv", str(folder / "locust"), "--csv-full-history", "--html", str(folder / "report.html")]
     command += ["--only-summary", "--exit-code-on-error", "0", "--stop-timeout", str(stop_timeout_s)]
     env = os.environ | {PLAN_VAR: str(folder / "plan.json")}
     log = folder / "locust.log"
-    process = start(command, log, env)
+    process = start(command, log, env, cwd=folder)
     sampler = Sampler(server, psutil.Process(process.pid))
     sampler.start()
     code = live.follow(process, folder / "locust_stats_history.csv", seconds, seconds + stop_timeout_s + EXIT_MARGIN_S)

@@ -30,7 +30,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from edgedistill.common.machine import usable_cores, usable_memory
-from edgedistill.common.processes import alive, die_with_parent, shell_status
+from edgedistill.common.processes import alive, die_with_parent, python_module, shell_status
 from edgedistill.serve.backend import intra_op_threads
 from edgedistill.serve.cascade import model_bytes, runs_onnx_runtime
 from edgedistill.serve.errors import BundleRejected
@@ -224,7 +223,7 @@ class Supervisor:
         pinned = ["--workers", str(self.count), "--port", str(self.port), "--metrics-port", "off"]
         if len(self.ports) > 1:
             pinned += ["--health-port", str(self.ports[1].getsockname()[1])]
-        return [sys.executable, "-m", "edgedistill.serve", *self.argv, *pinned]  # later flags win
+        return python_module("edgedistill.serve", *self.argv, *pinned)  # later flags win
 
     def _start(self, index: int, restarted: bool = False) -> Worker:
         """Worker `index`, started; `OSError` where its process or pipe cannot be made, with no descriptor left open."""

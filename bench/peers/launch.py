@@ -7,7 +7,6 @@ do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says
 """
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import grpc
 from edgedistill.bench import BenchError, servers
 from edgedistill.bench.peers.model import session_of, session_settings
 from edgedistill.bench.processes import free_port, measured_settings, serve_flags, server_environ
+from edgedistill.common.processes import python_module
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
 from edgedistill.serve.workers import worker_count
@@ -75,7 +75,7 @@ def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:
     settings = measured_settings(flags)
     if settings.tls_cert is not None or settings.token is not None:
         raise BenchError("h2load calls over plaintext without a token: unset EDGEDISTILL_TLS_* and EDGEDISTILL_TOKEN")
-    command = [sys.executable, "-m", "edgedistill.serve", *flags]
+    command = python_module("edgedistill.serve", *flags)
     return Server("edgedistill", command, port, model, workers, session_of(settings))
 
 
@@ -93,7 +93,7 @@ def echo() -> Server:
 def kserve(python: Path, bundle: Path, threads: int) -> Server:
     """KServe's `ModelServer` with one worker, its per-request latency log and log set-up off."""
     port = free_port()
-    command = [str(python), "-m", "edgedistill.bench.peers.kserve_server", "--bundle", str(bundle)]
+    command = python_module("edgedistill.bench.peers.kserve_server", "--bundle", str(bundle), python=python)
     command += ["--threads", str(threads), "--model_name", MODEL, "--grpc_port", str(port)]
     command += ["--http_port", str(free_port()), "--enable_latency_logging", "false", "--configure_logging", "false"]
     return Server("kserve", command, port, MODEL, session=classifier_session(threads), clean_exit=False)

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 from edgedistill.bench.records import RESULT_FILE, Cell, ModelRow, ModelTable
 from edgedistill.common import manifest as mf
@@ -21,9 +24,12 @@ STUDENT_INFO = {
 STUDENT_METRICS = {"dev_accuracy": 0.8125, "test_accuracy": 0.8, "retention": 0.95, "params": 1000, "size_bytes": 2**20}
 
 
+SMOKE = ROOT / "recipes" / "smoke.yaml"
+
+
 @pytest.fixture
 def recipe():
-    return load_recipe(ROOT / "recipes" / "smoke.yaml")
+    return load_recipe(SMOKE)
 
 
 def _bundle_info(**changes) -> dict:
@@ -173,6 +179,19 @@ def test_bundle_card_opens_a_gpu_bundle_with_the_servers_cudnn_search(recipe):
 
 def test_bundle_card_leaves_tf32_to_an_fp16_gpu_bundle(recipe):
     assert "use_tf32" not in cuda_card(recipe, "fp16")
+
+
+def test_bundle_card_of_a_gpu_bundle_is_written_without_onnx_runtime(recipe):
+    """As the report rewrites it, in the `report` role, which installs no ONNX Runtime."""
+    info = _bundle_info(providers=["CUDAExecutionProvider", "CPUExecutionProvider"], precision="fp32")
+    folder = _publish(recipe, "bundle-bilstm-cuda", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    probe = (
+        "import sys\nfrom pathlib import Path\nsys.modules['onnxruntime'] = None\n"
+        "from edgedistill.common import modelcard\nfrom edgedistill.common.recipe import load_recipe\n"
+        f"modelcard.write(load_recipe({str(SMOKE)!r}), Path({str(folder)!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_bundle_card_gives_parity(recipe):

@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from edgedistill.common.processes import python_module
 
 PARENT = textwrap.dedent(
     """
@@ -66,3 +67,11 @@ def test_the_child_dies_when_its_parent_is_killed(sig):
 def test_a_child_exits_at_once_when_the_named_parent_is_not_its_parent():
     done = subprocess.run([sys.executable, "-c", CHILD, "1"], capture_output=True, text=True, timeout=60)
     assert "is gone" in done.stderr
+
+
+def test_a_python_module_runs_with_the_working_directory_off_sys_path(tmp_path):
+    shadow = tmp_path / "edgedistill"  # as a checkout's top folder, which holds the CLI alone
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('edgedistill imported from the working directory')\n")
+    done = subprocess.run(python_module("edgedistill.serve", "--help"), cwd=tmp_path, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr

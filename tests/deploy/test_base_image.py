@@ -1,5 +1,6 @@
-"""deploy/base-image.sh before it makes anything: an existing base image is enough for any user, and a user
-other than root is told that making one needs root. podman and id are stubs on PATH; nothing is built."""
+"""deploy/base-image.sh: an existing base image is enough for any user, a user other than root is told that making
+one needs root, and under sudo the image goes to the store of the user who ran sudo. podman, id, sudo and debootstrap
+are stubs on PATH; nothing is built."""
 
 import os
 import subprocess
@@ -37,6 +38,59 @@ def test_a_missing_base_image_for_a_user_other_than_root_fails(tmp_path):
     assert base_image_as_a_user(tmp_path, image_exists=False).returncode == 1
 
 
-@pytest.mark.parametrize("fix", ["run make base-image as root", "set BASE_IMAGE to an image podman has"])
+@pytest.mark.parametrize("fix", ["run sudo make base-image", "set BASE_IMAGE to an image your podman has"])
 def test_a_missing_base_image_for_a_user_other_than_root_names_the_fix(tmp_path, fix):
     assert fix in base_image_as_a_user(tmp_path, image_exists=False).stderr
+
+
+def base_image_under_sudo(tmp_path, stores: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The script for IMAGE run by root under sudo for alice, with IMAGE in the podman stores named in `stores`
+    (`root`, `alice`); its result and the podman and debootstrap calls, each as `<user> <command line>`."""
+    calls = tmp_path / "calls.log"
+    stub(tmp_path, "id", "echo 0")
+    stub(tmp_path, "sudo", '[ "$1 $3" = "-u -H" ] || exit 1; user=$2; shift 3; AS=$user exec "$@"')
+    podman = f"""echo "${{AS:-root}} podman $*" >> {calls}
+case "$1 $2" in
+  "image exists") case " {stores} " in *" ${{AS:-root}} "*) exit 0;; *) exit 1;; esac;;
+  "image inspect") echo 1;;
+  "save "*) echo archive;;
+  "import "*|"load "*) cat >/dev/null;;
+esac"""
+    stub(tmp_path, "podman", podman)
+    stub(tmp_path, "debootstrap", f'echo "root debootstrap $*" >> {calls}')
+    stub(tmp_path, "runc", "exit 0")
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    env = os.environ | {"PATH": path, "SUDO_USER": "alice", "DEBIAN_MIRROR": "http://mirror.invalid/debian"}
+    command = [str(ROOT / "deploy" / "base-image.sh"), IMAGE]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def first(calls: list[str], prefix: str) -> int:
+    """The index of the first call that starts with `prefix`."""
+    return next(i for i, call in enumerate(calls) if call.startswith(prefix))
+
+
+def test_a_base_image_made_under_sudo_succeeds(tmp_path):
+    done, _ = base_image_under_sudo(tmp_path, stores="")
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_base_image_made_under_sudo_is_loaded_into_the_invoking_users_store_after_the_import(tmp_path):
+    _, calls = base_image_under_sudo(tmp_path, stores="")
+    assert first(calls, "alice podman load") > first(calls, "root podman import")
+
+
+def test_a_base_image_in_roots_store_alone_is_loaded_into_the_invoking_users_store_under_sudo(tmp_path):
+    _, calls = base_image_under_sudo(tmp_path, stores="root")
+    assert "alice podman load --quiet" in calls
+
+
+def test_a_base_image_in_roots_store_alone_is_not_made_again_under_sudo(tmp_path):
+    _, calls = base_image_under_sudo(tmp_path, stores="root")
+    assert not any(call.startswith("root debootstrap") for call in calls)
+
+
+def test_a_base_image_in_the_invoking_users_store_is_skipped_under_sudo(tmp_path):
+    _, calls = base_image_under_sudo(tmp_path, stores="alice")
+    assert calls == [f"alice podman image exists {IMAGE}"]

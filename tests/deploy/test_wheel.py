@@ -1,6 +1,7 @@
 """The wheel: only the `edgedistill` package at the top, its package data inside, and a server that runs
-from an install of it outside the checkout. `make wheel-test` also installs the `serve` extra from the
-package index into a clean environment; here the third-party packages come from this environment.
+from an install of it outside the checkout, and in it (with workers, under a load test). `make wheel-test` also
+installs the `serve` extra from the package index into a clean environment; here the third-party packages come from
+this environment.
 """
 
 import json
@@ -11,9 +12,12 @@ import sys
 import sysconfig
 import tomllib
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from edgedistill.common import settings
 from edgedistill.serve.client import wait_ready
 
 from tests.conftest import free_port
@@ -39,6 +43,7 @@ PACKAGES = sorted(
     for init in (ROOT / folder).rglob("__init__.py")
 )
 READY_TIMEOUT_S = 60
+DATA_DIR = settings.defaults()["EDGEDISTILL_DATA_DIR"]  # the shared data, found from the checkout
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +116,14 @@ def installed(wheel, tmp_path_factory) -> Path:
     return python
 
 
+def bare_env() -> dict[str, str]:
+    """This environment without PYTHONPATH and EDGEDISTILL_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_") and k != "PYTHONPATH"}
+
+
 def outside_env() -> dict[str, str]:
-    """This environment without PYTHONPATH and EDGEDISTILL_* settings; one worker, one thread."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_") and k != "PYTHONPATH"}
-    return env | {"EDGEDISTILL_WORKERS": "1", "EDGEDISTILL_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    """`bare_env` with one worker, one thread."""
+    return bare_env() | {"EDGEDISTILL_WORKERS": "1", "EDGEDISTILL_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def test_installed_package_comes_from_the_wheel(installed, tmp_path):
@@ -129,21 +138,49 @@ def test_installed_wheel_reads_a_recipe_and_its_base_by_name_outside_the_checkou
     assert result.stdout.strip() == "sentence2", result.stderr
 
 
-def test_installed_wheel_serves_a_bundle(installed, tmp_path):
-    bundle = write_bundle(tmp_path / "bundle-tiny")
-    port = free_port()
-    serve = [installed, "-m", "edgedistill.serve", "--bundle", bundle, "--host", "127.0.0.1", "--port", str(port)]
-    serve += ["--metrics-port", "0"]  # any free port: another server on the machine may hold the default
-    client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
-    with (
-        (tmp_path / "server.log").open("w") as log,
-        subprocess.Popen(serve, cwd=tmp_path, env=outside_env(), stderr=log) as proc,
-    ):
+@contextmanager
+def serving(command: list, port: int, cwd: Path, log: Path) -> Iterator[None]:
+    """`command` (a server on loopback `port`) run in `cwd`, its stderr in `log`, SERVING within the block; stopped
+    with SIGTERM after it."""
+    with log.open("w") as sink, subprocess.Popen(command, cwd=cwd, env=outside_env(), stderr=sink) as proc:
         try:
             served = wait_ready(f"127.0.0.1:{port}", READY_TIMEOUT_S, running=lambda: proc.poll() is None)
             assert served, f"not SERVING within {READY_TIMEOUT_S} s (server exit status {proc.poll()})"
-            reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
+            yield
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+def server_flags(bundle: Path, port: int) -> list:
+    # any free metrics port: another server on the machine may hold the default
+    return ["--bundle", bundle, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+
+
+def test_installed_wheel_serves_a_bundle(installed, tmp_path):
+    port = free_port()
+    serve = [installed, "-m", "edgedistill.serve", *server_flags(write_bundle(tmp_path / "bundle-tiny"), port)]
+    client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
+    with serving(serve, port, tmp_path, tmp_path / "server.log"):
+        reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
     assert json.loads(reply.stdout)["predictions"][0]["label"] in LABELS, reply.stderr
+
+
+# From the checkout, whose top folder `edgedistill/` holds the CLI alone and would hide the installed stages from a
+# child Python that put its working directory first on sys.path.
+
+
+def test_installed_wheel_serves_with_two_workers_from_the_checkout(installed, tmp_path):
+    port = free_port()
+    serve = [installed.with_name("edgedistill"), "serve", *server_flags(write_bundle(tmp_path / "bundle-tiny"), port)]
+    with serving([*serve, "--workers", "2"], port, ROOT, tmp_path / "server.log"):
+        pass
+
+
+def test_installed_wheel_runs_a_load_test_from_the_checkout(installed, tmp_path):
+    bundle = write_bundle(tmp_path / "bundle-tiny")
+    command = [installed.with_name("edgedistill"), "loadtest", "recipes/smoke.yaml", "--profile", "smoke"]
+    command += ["--bundle", bundle, "--loadtest.smoke.slo.min_rate_share=null"]  # no bound on time in a parallel run
+    env = bare_env() | {"EDGEDISTILL_RUNS_DIR": str(tmp_path / "runs"), "EDGEDISTILL_DATA_DIR": DATA_DIR}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -103,6 +103,13 @@ def test_a_missing_runtime_names_the_install_command_not_a_traceback(blocked, ar
     )
 
 
+@pytest.mark.parametrize("argv", [["report", "--help"], ["headline", "--help"]], ids=" ".join)
+def test_the_report_role_runs_without_onnx_runtime(argv):
+    probe = f"import sys\nsys.modules['onnxruntime'] = None\nfrom edgedistill import cli\nsys.exit(cli.main({argv!r}))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["call", "--help"]], ids=" ".join)
 def test_help_and_the_server_import_no_torch(argv):
     probe = (
@@ -202,7 +209,7 @@ class Stages:
         self.failing, self.status, self.ran = failing, status, []
 
     def __call__(self, command):
-        step = command[3:]  # after python -m edgedistill
+        step = command[4:]  # after python -P -m edgedistill
         self.ran.append(step)
         failed = self.failing in (step[0], " ".join(step[:2]))
         return self.status if failed else 0
@@ -243,7 +250,7 @@ def test_all_runs_each_stage_as_a_process_of_this_interpreter(monkeypatch):
     commands = []
     monkeypatch.setattr(cli, "run_stage", lambda command: commands.append(command) or Stages()(command))
     cli.main(["all", "recipes/smoke.yaml"])
-    assert {tuple(command[:3]) for command in commands} == {(sys.executable, "-m", "edgedistill")}
+    assert {tuple(command[:4]) for command in commands} == {(sys.executable, "-P", "-m", "edgedistill")}
 
 
 def test_all_stops_at_the_first_failing_stage(monkeypatch):

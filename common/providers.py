@@ -1,0 +1,19 @@
+"""ONNX Runtime's execution providers by name, and CUDA's provider options: what needs no ONNX Runtime installed (the
+`report` role, which has none, writes them into model cards)."""
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+
+
+def cuda_options(precision: str) -> dict:
+    """CUDA's options for a model of `precision` (a bundle's: fp32, fp16 or int8): cuDNN algorithms picked by
+    heuristic, TF32 off but for an fp16 model."""
+    # A server meets a new (batch, length) shape on most calls, and ONNX Runtime's default, an exhaustive
+    # cuDNN search, runs again for every new shape a convolution sees: a CNN student served on an H100
+    # took 97 ms per call (median) with it.
+    heuristic = {"cudnn_conv_algo_search": "HEURISTIC"}
+    # ONNX Runtime's default runs fp32 MatMuls and convolutions in TF32 on Ampere and later (10 mantissa bits),
+    # so an fp32 model would be checked and served in less than fp32; its TensorRT engine is built without TF32.
+    return heuristic if precision == "fp16" else heuristic | {"use_tf32": 0}
