@@ -102,6 +102,36 @@ def test_paced_calls_on_time_wait_for_none_before_them():
     assert tally.record(seconds=0.2, texts_per_call=1)["late_calls"] == 0
 
 
+class HangsAfter(FakeClassify):
+    """Answers at once until `after` seconds past its first call, then takes `delay` seconds over each call."""
+
+    def __init__(self, after: float, delay: float):
+        super().__init__()
+        self.after, self.hang = after, delay
+        self.first: float | None = None
+
+    async def __call__(self, request):
+        now = asyncio.get_running_loop().time()
+        self.first = now if self.first is None else self.first
+        self.delay = self.hang if now - self.first >= self.after else 0.0
+        await super().__call__(request)
+
+
+@pytest.fixture(scope="module")
+def stalled_at_the_end():
+    """A paced tally of the 50 calls due in 0.5 s at 100 calls/s, the server hanging 0.3 s over each call from 0.3 s
+    on: the run ends with calls due that were never sent."""
+    return asyncio.run(drivers.paced(HangsAfter(after=0.3, delay=0.3), ["r"], rate=100, duration=0.5))
+
+
+def test_paced_calls_due_but_unsent_at_the_end_count_as_requests(stalled_at_the_end):
+    assert stalled_at_the_end.record(seconds=0.8, texts_per_call=1)["requests"] == 50
+
+
+def test_paced_calls_due_but_unsent_at_the_end_count_as_failed_not_sent(stalled_at_the_end):
+    assert stalled_at_the_end.errors[drivers.NOT_SENT] >= 10  # those due in the last 0.2 s at least
+
+
 def test_saturating_calls_have_no_due_time():
     tally = asyncio.run(drivers.saturate(FakeClassify(), ["r"], concurrency=2, duration=0.05))
     assert "p99_from_due_ms" not in tally.record(seconds=0.05, texts_per_call=1)
