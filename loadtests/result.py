@@ -4,7 +4,8 @@ summary.json (latencies in ms, of successful calls as locust saw them, from each
 its due time (`p99_from_due_ms`, ...: a call a paced user sent late, behind a slow one, waited that long more; the
 SLO's latency checks read these); CPU % of one core; calls still in flight when the schedule ends, which return within
 the stop timeout, count overall, by name and in the last stage, whose rates are over the scheduled seconds; calls due
-after it count nowhere):
+within it that a user held up by a call before them never sent count as failed calls (`NotSent`, named `not sent`)
+where the user stopped; calls due after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
