@@ -9,7 +9,8 @@ where the user stopped; calls due after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
-- `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
+- `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, offered_calls (over the
+  scheduled seconds), rate_share (successful of offered calls), mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms, late_calls
   (successful calls sent after their due time), error_codes {gRPC status: failed calls}, server_cpu_pct,
   locust_cpu_pct;

@@ -1,6 +1,7 @@
 """The load drivers against a fake `Classify`: pacing, saturation, and the figures of a tally."""
 
 import asyncio
+import functools
 
 import grpc
 import pytest
@@ -130,6 +131,12 @@ def test_paced_calls_due_but_unsent_at_the_end_count_as_requests(stalled_at_the_
 
 def test_paced_calls_due_but_unsent_at_the_end_count_as_failed_not_sent(stalled_at_the_end):
     assert stalled_at_the_end.errors[drivers.NOT_SENT] >= 10  # those due in the last 0.2 s at least
+
+
+@pytest.mark.serial  # a bound on time: a loaded machine that falls 100 ms behind leaves the last call unsent
+def test_a_slow_last_paced_call_keeps_the_whole_rate_share():
+    load = functools.partial(drivers.paced, SlowOnce(slow=9, delay=0.5), ["r"], rate=10, duration=1.0)
+    assert asyncio.run(drivers.measure(load, 1, None, offered_rate=10))["rate_share"] == 1.0
 
 
 def test_saturating_calls_have_no_due_time():
