@@ -170,12 +170,12 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
         most = most_compared(counts)
         measured = ratios[f"capacity_{most}_vs_first"]
         name = f"calls/s at saturation, {most} workers / {first}"
-        targets.append(slo.verdict(name, measured, f">= {least:.2f}", measured >= least))
+        targets.append(slo.verdict(name, measured, f">= {least:g}", measured >= least))
     if (limit := cfg.max_p99_vs_first) is not None:
         for count in counts[1:]:
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
-            targets.append(slo.verdict(name, measured, f"<= {limit:.2f}", measured <= limit))
+            targets.append(slo.verdict(name, measured, f"<= {limit:g}", measured <= limit))
             failed = [summary[f"{n} paced"]["failures"].max for n in (count, first)]
             targets.append(slo.no_failed_calls([f"{count} workers", str(first)], failed))
     return ratios, targets

@@ -109,11 +109,11 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
     targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check(paced, cfg.paced_slo)]
     if (least := cfg.min_capacity_vs_echo) is not None:
         measured = ratios["capacity_vs_echo"]
-        targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:.2f}", measured >= least))
+        targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:g}", measured >= least))
     if (least := cfg.min_batched_vs_raw) is not None:
         measured = ratios["batched_vs_raw"]
         targets.append(
-            slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:.2f}", measured >= least)
+            slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:g}", measured >= least)
         )
     return ratios, targets
 

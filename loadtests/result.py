@@ -191,30 +191,8 @@ def heading(result: dict) -> str:
     )
 
 
-def _limit_value(limit: str) -> float | None:
-    """The number a verdict's limit text ends with ('<= 3', '>= 0.95', '0'); None for one without."""
-    try:
-        return float(limit.split()[-1])
-    except ValueError:
-        return None
-
-
-def _measured(verdict: dict) -> str:
-    """The verdict's measured figure as a cell, with as many more decimals as it takes not to print its limit's
-    number unless it is that number: 1 failed call in 12,000 is 0.0001, not 0.00 against <= 0."""
-    value, limit = verdict["measured"], _limit_value(verdict["limit"])
-    text = _cell(value)
-    if not isinstance(value, float) or limit is None or value == limit:
-        return text
-    decimals = len(text.partition(".")[2])
-    while float(text) == limit:
-        decimals += 1
-        text = f"{value:.{decimals}f}"
-    return text
-
-
 def verdict_rows(result: dict) -> list[list[str]]:
-    return tables.verdict_rows([v | {"measured": _measured(v)} for v in result["checks"]], str)
+    return tables.verdict_rows(result["checks"], _cell)
 
 
 def failures_line(stats: dict) -> str | None:

@@ -68,13 +68,11 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
     targets = []
     if (least := cfg.min_capacity_vs_best_peer) is not None:
         measured = ratios["capacity_vs_best_peer"]
-        targets.append(
-            slo.verdict("calls/s at saturation / best peer's", measured, f">= {least:.2f}", measured >= least)
-        )
+        targets.append(slo.verdict("calls/s at saturation / best peer's", measured, f">= {least:g}", measured >= least))
     if (most := cfg.max_p99_vs_best_peer) is not None:
         measured = ratios["p99_vs_best_peer"]
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
-        targets.append(slo.verdict(name, measured, f"<= {most:.2f}", measured <= most))
+        targets.append(slo.verdict(name, measured, f"<= {most:g}", measured <= most))
         sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
         targets.append(slo.no_failed_calls(sides, [summary[f"{side} paced"]["failures"].max for side in sides]))
     return ratios, targets
