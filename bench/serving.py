@@ -42,7 +42,7 @@ from edgedistill.bench.processes import (
     served_settings,
     serving,
 )
-from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import pooled, summarize
 from edgedistill.bench.tables import (
     markdown_results,
@@ -297,7 +297,7 @@ def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, o['threads'])}, "
-        f"{result.machine['cpus']} CPUs; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+        f"{cores_phrase(result.machine)}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 
 

@@ -8,7 +8,7 @@ within it that a user held up by a call before them never sent count as failed c
 where the user stopped; calls due after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
-  count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
+  count, chars {min, median, max}}, `machine` {cpus, cores (those the run could use), load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, offered_calls (over the
   scheduled seconds), rate_share (successful of offered calls), mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms, late_calls
@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 
 from edgedistill.bench import slo
+from edgedistill.bench.records import cores_phrase
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.common import tables
 from edgedistill.common.cascade import describe
@@ -187,7 +188,7 @@ def heading(result: dict) -> str:
     b = result["bundle"]
     return (
         f"load test {result['profile']} of {describe(b)}, "
-        f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {result['machine']['cpus']} CPUs"
+        f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {cores_phrase(result['machine'])}"
     )
 
 

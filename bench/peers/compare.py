@@ -22,7 +22,7 @@ from pathlib import Path
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import served_settings
-from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
@@ -196,8 +196,8 @@ def heading(result: ServingResult) -> str:
     workers = result.settings["edgedistill"]["workers"]
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
-        f"thread(s), {workers} worker(s) where a server has them, {result.machine['cpus']} "
-        f"CPUs; h2load, saturated over {o['connections']} connection(s) x "
+        f"thread(s), {workers} worker(s) where a server has them, "
+        f"{cores_phrase(result.machine)}; h2load, saturated over {o['connections']} connection(s) x "
         f"{o['streams']} streams, paced over {o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 
