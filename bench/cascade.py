@@ -25,7 +25,7 @@ import numpy as np
 from edgedistill.bench import BenchError, drivers
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import call_metadata, measured_server, running, served_settings
-from edgedistill.bench.records import Result, Spread
+from edgedistill.bench.records import Result, Spread, cores_phrase, machine
 from edgedistill.bench.serving import WARMUP_S, classify_requests
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import record_line
@@ -180,6 +180,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
     load_before = os.getloadavg()
     answers: Counter = Counter()
     runs = asyncio.run(_measure(recipe, folders, work, answers))
+    ran_on = machine(load_before)
     summary = {
         model: {phase: summarize(records) for phase, records in phases.items()} for model, phases in runs.items()
     }
@@ -193,7 +194,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         f"Single-text Classify calls, {cfg.concurrency} callers for capacity, one call at a time at {cfg.rate:g} "
         f"calls/s for the paced phase; {cfg.repeats} interleaved rounds of {cfg.duration_s:g} s, median (min-max), "
         "failed calls over every round; "
-        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before.",
+        f"{cores_phrase(ran_on)}, load average {load_before[0]:.1f} before.",
         "",
         "| model | capacity texts/s | paced p50 ms | paced p99 ms | failed calls |",
         "| --- | ---: | ---: | ---: | ---: |",

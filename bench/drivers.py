@@ -5,6 +5,7 @@ the order of each repeat's phases, in every benchmark that repeats several."""
 import asyncio
 import functools
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from edgedistill.bench.stats import call_stats
 from edgedistill.serve.proto import classifier_pb2_grpc
 
 CALL_TIMEOUT_S = 10.0
+NOT_SENT = "NOT_SENT"  # the status of a paced call due within the run that was never sent
 
 
 def rotated(order: list, repeat: int) -> list:
@@ -32,11 +34,12 @@ def rotated(order: list, repeat: int) -> list:
 @dataclass
 class Tally:
     """Successful calls' latencies (seconds), failed calls by status code, and for paced calls how long each
-    successful one waited past its due time for the call before it to return."""
+    successful one waited past its due time for the call before it to return and how many were due."""
 
     latencies: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     queued: list[float] = field(default_factory=list)
+    due_calls: int | None = None
 
     async def call(self, classify, request, queued: float | None = None) -> None:
         start = time.perf_counter()
@@ -52,11 +55,12 @@ class Tally:
     def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
         """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
         also the p99 timed from each call's due time (what a client sending on schedule would have waited: a slow
-        call delays the ones due behind it, which timing from the send alone leaves out) and how many were late."""
+        call delays the ones due behind it, which timing from the send alone leaves out), how many were late, and
+        the calls due as those offered."""
         if not self.latencies:
             raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
         ms = np.array(self.latencies) * 1e3
-        stats = call_stats(ms, sum(self.errors.values()), seconds, offered_rate)
+        stats = call_stats(ms, sum(self.errors.values()), seconds, offered_rate, self.due_calls)
         texts = len(self.latencies) * texts_per_call / seconds
         if self.queued:
             queued = np.array(self.queued) * 1e3
@@ -74,18 +78,20 @@ async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) 
 
 async def paced(classify, requests: list, rate: float, duration: float) -> Tally:
     """One call at a time, the i-th due at start + i / rate and sent then, or at once when the call before it returned
-    later, for `duration` seconds."""
-    tally = Tally()
+    later, for the calls due within `duration` seconds. Those still unsent at the end, held up by a call that overran
+    it, count as failed (NOT_SENT): left out, they would let a server that stalls at the end pass."""
+    tally = Tally(due_calls=math.ceil(duration * rate))
     start = returned = time.perf_counter()
-    end = start + duration
-    for i in itertools.count():
+    for i in range(tally.due_calls):
         due = start + i / rate
-        if due >= end or time.perf_counter() >= end:
-            return tally
+        if time.perf_counter() >= start + duration:
+            tally.errors[NOT_SENT] += tally.due_calls - i
+            break
         if (wait := due - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         await tally.call(classify, requests[i % len(requests)], max(0.0, returned - due))
         returned = time.perf_counter()
+    return tally
 
 
 async def saturate(classify, requests: list, concurrency: int, duration: float) -> Tally:

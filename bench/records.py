@@ -13,15 +13,31 @@ from typing import Any, ClassVar, Self
 
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.config.training import METRIC_NAMES, Metric
+from edgedistill.common.machine import usable_cores
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
 
 
 def machine(load_before: tuple[float, float, float], **more: Any) -> dict[str, Any]:
-    """The machine a measurement ran on: its CPUs, the load average before it (`os.getloadavg()` then) and now,
-    after it, and `more` (versions, usable cores, ...)."""
-    return {"cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(), **more}
+    """The machine a measurement ran on: its CPUs (`cpus`), the cores this process could use of them (`cores`, fewer
+    under taskset or a container's CPU quota: `common.machine.usable_cores`), the load average before it
+    (`os.getloadavg()` then) and now, after it, and `more` (versions, ...)."""
+    return {
+        "cpus": os.cpu_count(),
+        "cores": usable_cores(),
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+        **more,
+    }
+
+
+def cores_phrase(machine: dict[str, Any]) -> str:
+    """The cores a measurement could use, as a `machine` record gives them: '2 cores', and '2 cores of 16 CPUs' where
+    the machine had more."""
+    cores, cpus = machine["cores"], machine["cpus"]
+    plural = "" if cores == 1 else "s"
+    return f"{cores} core{plural}" if cores == cpus else f"{cores} core{plural} of {cpus} CPUs"
 
 
 def bundle_record(folder: Path, spec: BundleSpec) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import served_settings
-from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
@@ -34,7 +34,6 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
-from edgedistill.common.machine import usable_cores
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from rich.console import Console
@@ -86,9 +85,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         settings={"workers": {"asked": cfg.workers, "measured": counts}},
         options=cfg.model_dump(mode="json"),
         texts={"text": example.text, "pair": example.pair, "source": inputs.recipe.data.dev},
-        machine=machine(
-            load_before, cores=usable_cores(), versions=mf.package_versions() | {"h2load": h2load.version()}
-        ),
+        machine=machine(load_before, versions=mf.package_versions() | {"h2load": h2load.version()}),
         runs=runs,
         summary=summary,
         ratios=ratios,
@@ -170,12 +167,12 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
         most = most_compared(counts)
         measured = ratios[f"capacity_{most}_vs_first"]
         name = f"calls/s at saturation, {most} workers / {first}"
-        targets.append(slo.verdict(name, measured, f">= {least:.2f}", measured >= least))
+        targets.append(slo.verdict(name, measured, f">= {least:g}", measured >= least))
     if (limit := cfg.max_p99_vs_first) is not None:
         for count in counts[1:]:
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
-            targets.append(slo.verdict(name, measured, f"<= {limit:.2f}", measured <= limit))
+            targets.append(slo.verdict(name, measured, f"<= {limit:g}", measured <= limit))
             failed = [summary[f"{n} paced"]["failures"].max for n in (count, first)]
             targets.append(slo.no_failed_calls([f"{count} workers", str(first)], failed))
     return ratios, targets
@@ -192,7 +189,7 @@ def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind the server, "
-        f"{threads_phrase(b, o['threads'], ' per worker')}, {result.machine['cores']} cores; h2load with "
+        f"{threads_phrase(b, o['threads'], ' per worker')}, {cores_phrase(result.machine)}; h2load with "
         f"{o['client_threads']} thread(s), "
         f"saturated over {o['connections_per_worker']} connection(s) per worker x {o['streams']} streams, paced over "
         f"{o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"

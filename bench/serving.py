@@ -42,7 +42,7 @@ from edgedistill.bench.processes import (
     served_settings,
     serving,
 )
-from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import pooled, summarize
 from edgedistill.bench.tables import (
     markdown_results,
@@ -109,11 +109,11 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
     targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check(paced, cfg.paced_slo)]
     if (least := cfg.min_capacity_vs_echo) is not None:
         measured = ratios["capacity_vs_echo"]
-        targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:.2f}", measured >= least))
+        targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:g}", measured >= least))
     if (least := cfg.min_batched_vs_raw) is not None:
         measured = ratios["batched_vs_raw"]
         targets.append(
-            slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:.2f}", measured >= least)
+            slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:g}", measured >= least)
         )
     return ratios, targets
 
@@ -297,7 +297,7 @@ def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, o['threads'])}, "
-        f"{result.machine['cpus']} CPUs; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+        f"{cores_phrase(result.machine)}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 
 

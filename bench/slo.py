@@ -3,6 +3,7 @@
 A verdict is {name, measured, limit, passed}: the load tests' checks and the serving benchmark's targets alike.
 """
 
+from edgedistill.common import tables
 from edgedistill.common.config.measure import SloConfig
 
 
@@ -60,6 +61,7 @@ def missed(verdicts: list[dict]) -> str:
 
 
 def describe(v: dict) -> str:
-    """'p99_ms 4.120 (wanted <= 3)'."""
-    measured = "none" if v["measured"] is None else f"{v['measured']:.4g}"
+    """'p99_ms 4.12 (wanted <= 3)', the measured figure never written as its limit's number unless it is that number
+    (`common.tables.measured`)."""
+    measured = tables.measured(v, lambda value: "none" if value is None else f"{value:.4g}")
     return f"{v['name']} {measured} (wanted {v['limit']})"

@@ -17,19 +17,30 @@ def percentiles(ms: np.ndarray) -> dict[str, float | None]:
     return dict(zip(PERCENTILES, np.percentile(ms, list(PERCENTILES.values())).tolist(), strict=True))
 
 
-def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: float | None = None) -> dict:
-    """Requests, failures, error rate, successful requests/s over `seconds`, the share of `offered_rate` achieved, and
-    the mean and percentiles of the successful calls' latencies `ok_ms`. The rates count successful calls alone, as
-    h2load's (`bench.h2load.run`) do: a server that refuses calls (RESOURCE_EXHAUSTED) as fast as they come neither
-    serves them nor keeps up with the offered rate."""
+def call_stats(
+    ok_ms: np.ndarray,
+    failures: int,
+    seconds: float,
+    offered_rate: float | None = None,
+    offered_calls: float | None = None,
+) -> dict:
+    """Requests, failures, error rate, successful requests/s over `seconds`, the calls offered (`offered_calls`, else
+    `offered_rate` over `seconds`) and the share of them that succeeded, and the mean and percentiles of the
+    successful calls' latencies `ok_ms`. The rates count successful calls alone, as h2load's (`bench.h2load.run`) do: a
+    server that refuses calls (RESOURCE_EXHAUSTED) as fast as they come neither serves them nor keeps up with the
+    offered rate. A paced run gives its scheduled calls as `offered_calls`: its `seconds` run on until the last call
+    returns, and one slow last call would otherwise lower the share of calls that all succeeded."""
     requests = len(ok_ms) + failures
+    if offered_calls is None and offered_rate:
+        offered_calls = offered_rate * seconds
     stats = {
         "requests": requests,
         "failures": failures,
         "error_rate": failures / requests if requests else 0.0,
         "requests_per_s": len(ok_ms) / seconds,
         "offered_rate": offered_rate,
-        "rate_share": len(ok_ms) / seconds / offered_rate if offered_rate else None,
+        "offered_calls": offered_calls,
+        "rate_share": len(ok_ms) / offered_calls if offered_calls else None,
         "mean_ms": float(ok_ms.mean()) if ok_ms.size else None,
     }
     return stats | percentiles(ok_ms)
@@ -37,11 +48,11 @@ def call_stats(ok_ms: np.ndarray, failures: int, seconds: float, offered_rate: f
 
 def pooled(records: list[dict]) -> dict:
     """The counts of `records` (`call_stats` of repeats of one phase) taken together: requests, failures, the error
-    rate, and with an offered rate the share of the offered calls that succeeded (`rate_share`). A target on them is
-    met by every repeat's calls, where the median of three repeats would pass one that failed calls."""
+    rate, and with calls offered the share of them that succeeded (`rate_share`). A target on them is met by every
+    repeat's calls, where the median of three repeats would pass one that failed calls."""
     requests = sum(record["requests"] for record in records)
     failures = sum(record["failures"] for record in records)
-    offered = sum(record["offered_rate"] * record["seconds"] for record in records if record["offered_rate"])
+    offered = sum(record["offered_calls"] for record in records if record["offered_calls"])
     return {
         "requests": requests,
         "failures": failures,

@@ -39,7 +39,8 @@ def spread_cell(spread, digits: int) -> str:
 
 
 def target_rows(targets: list[dict]) -> list[list[str]]:
-    """Rows of [name, measured, wanted, pass/MISS] for verdicts of `bench.slo.verdict`."""
+    """Rows of [name, measured, wanted, pass/MISS] for verdicts of `bench.slo.verdict`, each measured figure to three
+    significant digits or as many more as `common.tables.measured` needs."""
     return tables.verdict_rows(targets, lambda measured: f"{measured:.3g}")
 
 

@@ -1,6 +1,6 @@
 """Tables of figures as every stage writes them: a cell's text, a check's result, markdown lines, a console table."""
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,10 +26,33 @@ def slo(passed: bool) -> str:
     return "SLO passed" if passed else "SLO MISSED"
 
 
-def verdict_rows(verdicts: list[dict], measured) -> list[list[str]]:
+def _limit_value(limit: str) -> float | None:
+    """The number a verdict's limit text ends with ('<= 3', '>= 0.95', '0'); None for one without."""
+    try:
+        return float(limit.split()[-1])
+    except ValueError:
+        return None
+
+
+def measured(verdict: dict, text: Callable[[object], str]) -> str:
+    """A verdict's measured figure as `text` writes it, with as many more decimals as it takes not to print its limit's
+    number unless it is that number: a p99 of 3.00004 ms is not 3 against <= 3, nor 1 failed call in 12,000 an error
+    rate of 0.00 against <= 0."""
+    value, limit = verdict["measured"], _limit_value(verdict["limit"])
+    written = text(value)
+    if not isinstance(value, float) or limit is None or value == limit:
+        return written
+    decimals = 0 if "e" in written else len(written.partition(".")[2])
+    while float(written) == limit:
+        decimals += 1
+        written = f"{value:.{decimals}f}"
+    return written
+
+
+def verdict_rows(verdicts: list[dict], text: Callable[[object], str]) -> list[list[str]]:
     """Rows of [name, measured, wanted, result] for verdicts {name, measured, limit, passed} (`bench.slo.verdict`),
-    each measured figure written by `measured`."""
-    return [[v["name"], measured(v["measured"]), v["limit"], result(v["passed"])] for v in verdicts]
+    each measured figure written by `text` as `measured` refines it."""
+    return [[v["name"], measured(v, text), v["limit"], result(v["passed"])] for v in verdicts]
 
 
 def _markdown_row(cells: list[str]) -> str:

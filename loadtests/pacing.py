@@ -9,16 +9,25 @@ The schedule is open: a user whose task overran the start times after it (a call
 due meanwhile at once, one after another, as clients calling on schedule would have sent them, and passes how late
 each started to its calls' request events (`loadtests.recorder.LATE_KEY` in their context), so that their latency
 counts from their due time as well as from their send. Skipping those start times instead would send fewer calls
-and leave the wait out of every latency: a server that stalls would pass.
+and leave the wait out of every latency: a server that stalls would pass. A user that locust stops while still
+behind (held up by a call at the end of the schedule, or removed at a spike's end) reports each task due before then
+that it never started as a failed request event (`NotSent`), so that those calls count too.
 """
 
+import math
 import random
 import time
 
 from edgedistill.loadtests.recorder import LATE_KEY
 from locust import User
+from locust.user.task import LOCUST_STATE_WAITING
 
 UNTIL_STOPPED_S = 1e9  # the wait of a user whose schedule has ended: locust stops it at its shape's next tick
+UNSENT_NAME = "not sent"  # the request name of a task due that a stopped user never started
+
+
+class NotSent(Exception):
+    """A task due before its user stopped that never started: the user was held up by a call before it."""
 
 
 class PacedUser(User):
@@ -35,6 +44,8 @@ class PacedUser(User):
     """When the next task is due (`time.perf_counter`); None until the first wait."""
     late_s: float = 0.0
     """How long after its due time the current task started, held up by the task before it."""
+    stop_asked: float | None = None
+    """When locust asked the user to stop (`time.perf_counter`): no task due later is owed."""
 
     def on_start(self):
         """Start as the classes after this one do (a `GrpcUser` connects), then wait for the phase."""
@@ -47,9 +58,47 @@ class PacedUser(User):
         due = now + random.random() * interval if self.next_start is None else self.next_start + interval
         self.next_start = due
         self.late_s = max(0.0, now - due)
-        if self.schedule_s is not None and self.environment.shape_class.get_run_time() + due - now >= self.schedule_s:
+        if due >= self.schedule_end(now):
             return UNTIL_STOPPED_S
         return max(0.0, due - now)
+
+    def schedule_end(self, now: float) -> float:
+        """When (`time.perf_counter`, `now` being the time) the schedule ends; infinity without an end."""
+        if self.schedule_s is None:
+            return math.inf
+        return now + self.schedule_s - self.environment.shape_class.get_run_time()
+
+    def stop(self, force: bool = False):
+        """Note when locust first asked the user to stop, then stop as locust does."""
+        self.stop_asked = time.perf_counter() if self.stop_asked is None else self.stop_asked
+        return super().stop(force)
+
+    def on_stop(self):
+        """Report the tasks due before the schedule's end or locust's stop, whichever came first, that never started,
+        then stop as the classes after this one do (a `GrpcUser` closes its channel)."""
+        self.report_unsent()
+        super().on_stop()
+
+    def report_unsent(self) -> None:
+        """One failed request event (`NotSent`, as UNSENT_NAME) per task due before the user stopped that never
+        started, its lateness (`LATE_KEY`) how long before now it was due, so that it counts where it was due."""
+        if self.next_start is None:  # stopped before its first wait: no schedule yet
+            return
+        now = time.perf_counter()
+        end = min(self.schedule_end(now), now if self.stop_asked is None else self.stop_asked)
+        interval = 1 / self.user_rate
+        # stopped in its wait, the task due at next_start never started; else that task ran (or runs: a forced stop)
+        first = self.next_start if self._state == LOCUST_STATE_WAITING else self.next_start + interval
+        for k in range(max(0, math.ceil((end - first) * self.user_rate))):
+            self.environment.events.request.fire(
+                request_type="paced",
+                name=UNSENT_NAME,
+                response_time=0.0,
+                response_length=0,
+                response=None,
+                context=self.context() | {LATE_KEY: (now - first - k * interval) * 1000},
+                exception=NotSent("due before the user stopped, held up by a call before it"),
+            )
 
     def context(self) -> dict:
         """The request events' context of the current task's calls: how late (ms) the task started."""

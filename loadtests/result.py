@@ -4,11 +4,13 @@ summary.json (latencies in ms, of successful calls as locust saw them, from each
 its due time (`p99_from_due_ms`, ...: a call a paced user sent late, behind a slow one, waited that long more; the
 SLO's latency checks read these); CPU % of one core; calls still in flight when the schedule ends, which return within
 the stop timeout, count overall, by name and in the last stage, whose rates are over the scheduled seconds; calls due
-after it count nowhere):
+within it that a user held up by a call before them never sent count as failed calls (`NotSent`, named `not sent`)
+where the user stopped; calls due after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
-  count, chars {min, median, max}}, `machine` {cpus, load_avg_before, load_avg_after};
-- `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, rate_share, mean_ms,
+  count, chars {min, median, max}}, `machine` {cpus, cores (those the run could use), load_avg_before, load_avg_after};
+- `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, offered_calls (over the
+  scheduled seconds), rate_share (successful of offered calls), mean_ms,
   p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms, late_calls
   (successful calls sent after their due time), error_codes {gRPC status: failed calls}, server_cpu_pct,
   locust_cpu_pct;
@@ -31,6 +33,7 @@ import math
 from pathlib import Path
 
 from edgedistill.bench import slo
+from edgedistill.bench.records import cores_phrase
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.common import tables
 from edgedistill.common.cascade import describe
@@ -185,34 +188,12 @@ def heading(result: dict) -> str:
     b = result["bundle"]
     return (
         f"load test {result['profile']} of {describe(b)}, "
-        f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {result['machine']['cpus']} CPUs"
+        f"{result['duration_s']:g} s, scenarios {result['scenarios']}, {cores_phrase(result['machine'])}"
     )
 
 
-def _limit_value(limit: str) -> float | None:
-    """The number a verdict's limit text ends with ('<= 3', '>= 0.95', '0'); None for one without."""
-    try:
-        return float(limit.split()[-1])
-    except ValueError:
-        return None
-
-
-def _measured(verdict: dict) -> str:
-    """The verdict's measured figure as a cell, with as many more decimals as it takes not to print its limit's
-    number unless it is that number: 1 failed call in 12,000 is 0.0001, not 0.00 against <= 0."""
-    value, limit = verdict["measured"], _limit_value(verdict["limit"])
-    text = _cell(value)
-    if not isinstance(value, float) or limit is None or value == limit:
-        return text
-    decimals = len(text.partition(".")[2])
-    while float(text) == limit:
-        decimals += 1
-        text = f"{value:.{decimals}f}"
-    return text
-
-
 def verdict_rows(result: dict) -> list[list[str]]:
-    return tables.verdict_rows([v | {"measured": _measured(v)} for v in result["checks"]], str)
+    return tables.verdict_rows(result["checks"], _cell)
 
 
 def failures_line(stats: dict) -> str | None:

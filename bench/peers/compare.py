@@ -22,7 +22,7 @@ from pathlib import Path
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import served_settings
-from edgedistill.bench.records import ServingResult, bundle_record, machine
+from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
@@ -68,13 +68,11 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
     targets = []
     if (least := cfg.min_capacity_vs_best_peer) is not None:
         measured = ratios["capacity_vs_best_peer"]
-        targets.append(
-            slo.verdict("calls/s at saturation / best peer's", measured, f">= {least:.2f}", measured >= least)
-        )
+        targets.append(slo.verdict("calls/s at saturation / best peer's", measured, f">= {least:g}", measured >= least))
     if (most := cfg.max_p99_vs_best_peer) is not None:
         measured = ratios["p99_vs_best_peer"]
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
-        targets.append(slo.verdict(name, measured, f"<= {most:.2f}", measured <= most))
+        targets.append(slo.verdict(name, measured, f"<= {most:g}", measured <= most))
         sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
         targets.append(slo.no_failed_calls(sides, [summary[f"{side} paced"]["failures"].max for side in sides]))
     return ratios, targets
@@ -198,8 +196,8 @@ def heading(result: ServingResult) -> str:
     workers = result.settings["edgedistill"]["workers"]
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
-        f"thread(s), {workers} worker(s) where a server has them, {result.machine['cpus']} "
-        f"CPUs; h2load, saturated over {o['connections']} connection(s) x "
+        f"thread(s), {workers} worker(s) where a server has them, "
+        f"{cores_phrase(result.machine)}; h2load, saturated over {o['connections']} connection(s) x "
         f"{o['streams']} streams, paced over {o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 

@@ -1,6 +1,7 @@
 """The load drivers against a fake `Classify`: pacing, saturation, and the figures of a tally."""
 
 import asyncio
+import functools
 
 import grpc
 import pytest
@@ -100,6 +101,42 @@ def test_the_p99_from_the_due_time_counts_a_slow_calls_delay_to_the_calls_behind
 def test_paced_calls_on_time_wait_for_none_before_them():
     tally = asyncio.run(drivers.paced(FakeClassify(), ["r"], rate=100, duration=0.2))
     assert tally.record(seconds=0.2, texts_per_call=1)["late_calls"] == 0
+
+
+class HangsAfter(FakeClassify):
+    """Answers at once until `after` seconds past its first call, then takes `delay` seconds over each call."""
+
+    def __init__(self, after: float, delay: float):
+        super().__init__()
+        self.after, self.hang = after, delay
+        self.first: float | None = None
+
+    async def __call__(self, request):
+        now = asyncio.get_running_loop().time()
+        self.first = now if self.first is None else self.first
+        self.delay = self.hang if now - self.first >= self.after else 0.0
+        await super().__call__(request)
+
+
+@pytest.fixture(scope="module")
+def stalled_at_the_end():
+    """A paced tally of the 50 calls due in 0.5 s at 100 calls/s, the server hanging 0.3 s over each call from 0.3 s
+    on: the run ends with calls due that were never sent."""
+    return asyncio.run(drivers.paced(HangsAfter(after=0.3, delay=0.3), ["r"], rate=100, duration=0.5))
+
+
+def test_paced_calls_due_but_unsent_at_the_end_count_as_requests(stalled_at_the_end):
+    assert stalled_at_the_end.record(seconds=0.8, texts_per_call=1)["requests"] == 50
+
+
+def test_paced_calls_due_but_unsent_at_the_end_count_as_failed_not_sent(stalled_at_the_end):
+    assert stalled_at_the_end.errors[drivers.NOT_SENT] >= 10  # those due in the last 0.2 s at least
+
+
+@pytest.mark.serial  # a bound on time: a loaded machine that falls 100 ms behind leaves the last call unsent
+def test_a_slow_last_paced_call_keeps_the_whole_rate_share():
+    load = functools.partial(drivers.paced, SlowOnce(slow=9, delay=0.5), ["r"], rate=10, duration=1.0)
+    assert asyncio.run(drivers.measure(load, 1, None, offered_rate=10))["rate_share"] == 1.0
 
 
 def test_saturating_calls_have_no_due_time():

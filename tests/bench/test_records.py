@@ -1,5 +1,9 @@
 """The result records: timings of calls, and the model benchmark's table as its JSON holds it."""
 
+import os
+
+import pytest
+from edgedistill.bench import records
 from edgedistill.bench.accuracy import AccuracyResult, ApiAccuracy, OwnAccuracy
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, bundle_record
 from edgedistill.common.bundle import load_bundle
@@ -109,3 +113,26 @@ def test_a_saved_result_loads_back_equal(tmp_path):
 def test_a_result_is_saved_under_its_own_file_names(tmp_path):
     accuracy_result().save(tmp_path, "tables\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.json", "accuracy.md"]
+
+
+@pytest.fixture
+def quota_of_two(monkeypatch):
+    """A machine of 16 CPUs of which this process may use 2 (a taskset, a container's CPU quota)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(records, "usable_cores", lambda: 2)
+
+
+def test_a_measurements_machine_records_the_cores_it_could_use(quota_of_two):
+    assert records.machine((0.0, 0.0, 0.0))["cores"] == 2
+
+
+def test_a_measurements_machine_records_the_machines_cpus_as_well(quota_of_two):
+    assert records.machine((0.0, 0.0, 0.0))["cpus"] == 16
+
+
+def test_a_heading_names_the_usable_cores_and_the_machines_cpus_where_they_differ(quota_of_two):
+    assert records.cores_phrase(records.machine((0.0, 0.0, 0.0))) == "2 cores of 16 CPUs"
+
+
+def test_a_heading_names_the_cores_alone_where_the_run_could_use_every_cpu():
+    assert records.cores_phrase({"cpus": 4, "cores": 4}) == "4 cores"

@@ -132,3 +132,9 @@ def test_a_missed_target_exits_1_with_check(tmp_path, bundle):
         "--bench.scaling.min_capacity_vs_first=100",
     )
     assert code == 1
+
+
+def test_the_targets_are_written_with_every_digit_the_recipe_gave():
+    cfg = ScalingBenchConfig(min_capacity_vs_first=8.995, max_p99_vs_first=0.805)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99), cfg, [1, 2, 16])
+    assert [t["limit"] for t in targets[:2]] == [">= 8.995", "<= 0.805"]

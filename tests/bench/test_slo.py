@@ -46,3 +46,8 @@ def test_missed_names_each_verdict_not_passed():
 
 def test_missed_is_empty_when_every_verdict_passed():
     assert slo.missed([slo.verdict("error_rate", 0.0, "<= 0", True)]) == ""
+
+
+def test_a_missed_figure_is_not_described_as_its_limits_number():
+    verdict = slo.verdict("p99_ms", 3.00004, "<= 3", False)
+    assert slo.describe(verdict) == "p99_ms 3.00004 (wanted <= 3)"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from edgedistill.bench.records import Spread
-from edgedistill.bench.stats import call_stats, percentiles, summarize
+from edgedistill.bench.stats import call_stats, percentiles, pooled, summarize
 
 
 def test_call_stats_count_failures_but_time_only_successes():
@@ -47,3 +47,9 @@ def test_summarize_spreads_every_number_over_repeats():
         "p99_ms": Spread(median=2.0, min=1.0, max=3.0),
         "requests": Spread(median=20, min=10, max=30),
     }
+
+
+def test_pooled_rate_share_is_of_the_calls_offered_not_of_the_seconds_run():
+    # 200 calls due in 2 s at 100/s, all served, the last returning at 2.49 s
+    repeat = {"requests": 200, "failures": 0, "offered_rate": 100, "offered_calls": 200, "seconds": 2.49}
+    assert pooled([repeat])["rate_share"] == 1.0

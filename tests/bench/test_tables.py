@@ -1,4 +1,5 @@
-from edgedistill.bench.tables import h2load_failures_line, record_line, threads_phrase
+from edgedistill.bench import slo
+from edgedistill.bench.tables import h2load_failures_line, record_line, target_rows, threads_phrase
 
 
 def test_record_line_names_texts_per_s_where_the_record_has_it():
@@ -49,3 +50,7 @@ def test_an_onnx_bundles_threads_phrase_gives_one_thread_in_the_singular():
 
 def test_an_onnx_bundles_threads_phrase_names_the_runtimes_default_for_zero():
     assert threads_phrase({"runtime": "onnxruntime"}, 0) == "ONNX Runtime's default intra-op threads"
+
+
+def test_a_missed_target_does_not_show_its_limits_number_as_measured():
+    assert target_rows([slo.verdict("p99_ms", 3.00004, "<= 3", False)]) == [["p99_ms", "3.00004", "<= 3", "MISS"]]

@@ -58,3 +58,18 @@ def test_a_markdown_cell_escapes_a_bar_that_would_end_it():
 
 def test_a_markdown_cell_writes_a_line_break_as_a_space():
     assert tables.markdown(["a", "b"], [["x\ny", "1"]])[2] == "| x y | 1 |"
+
+
+def test_a_measured_figure_just_over_its_limit_shows_the_decimals_that_miss_it():
+    verdict = {"name": "p99_ms", "measured": 3.00004, "limit": "<= 3", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "3.00004"
+
+
+def test_a_measured_figure_at_its_limit_keeps_its_format():
+    verdict = {"name": "p99_ms", "measured": 3.0, "limit": "<= 3", "passed": True}
+    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "3"
+
+
+def test_a_measured_figure_written_with_an_exponent_at_its_limit_shows_its_decimals():
+    verdict = {"name": "capacity_rps", "measured": 999.6, "limit": ">= 1000", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "999.6"

@@ -75,8 +75,12 @@ STALL_RATE = 20.0  # calls/s
 STALL_RUN_S = 9.5  # 190 calls, the stalled one alone under 1 % of them; locust's shape stops the user at 10 s
 STALL_S = 2.5
 STALL_AT = 40  # the server holds its 40th health check, about two seconds in
+END_RATE = 50.0  # calls/s
+END_RUN_S = 4.0  # 200 calls; locust's shape stops the user at 4 or 5 s, while the stalled call still runs
+END_STALL_AT = 175  # about 3.5 s in, the stalled call alone under 1 % of those sent before it
+STOP_TIMEOUT_S = 10  # as the runner's --stop-timeout: a user stopped in a call finishes it
 SLOW_P99_MS = 1000.0  # far over loopback calls on a busy machine, far under the calls held behind the stall
-STALLED = f"""
+STALLED = """
 import sys
 import gevent
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -86,20 +90,22 @@ from edgedistill.loadtests.grpc_user import GrpcUser
 from edgedistill.loadtests.pacing import PacedUser
 from edgedistill.loadtests.recorder import Recorder
 
+rate, run_s = float(sys.argv[3]), float(sys.argv[4])
+
 class Shape(LoadTestShape):
     def tick(self):
-        return (1, 1) if self.get_run_time() < {STALL_RUN_S} else None
+        return (1, 1) if self.get_run_time() < run_s else None
 
 class Checking(PacedUser, GrpcUser):
     host = sys.argv[1]
-    user_rate = {STALL_RATE}
-    schedule_s = {STALL_RUN_S}
+    user_rate = rate
+    schedule_s = run_s
 
     @task
     def check(self):
         self.call(health_pb2_grpc.HealthStub(self.channel).Check, health_pb2.HealthCheckRequest())
 
-environment = Environment(user_classes=[Checking], shape_class=Shape())
+environment = Environment(user_classes=[Checking], shape_class=Shape(), stop_timeout=float(sys.argv[5]) or None)
 recorder = Recorder(sys.argv[2])
 recorder.attach(environment.events)
 runner = environment.create_local_runner()
@@ -112,29 +118,30 @@ recorder.save()
 
 
 class StallsOnce(health.HealthServicer):
-    """A health service that holds its STALL_AT-th check for STALL_S, as a server that stalls once."""
+    """A health service that holds its `at`-th check for STALL_S, as a server that stalls once."""
 
-    def __init__(self):
+    def __init__(self, at: int):
         super().__init__()
+        self.at = at
         self.calls = itertools.count(1)
 
     def Check(self, request, context):
-        if next(self.calls) == STALL_AT:
+        if next(self.calls) == self.at:
             time.sleep(STALL_S)
         return super().Check(request, context)
 
 
-@pytest.fixture(scope="module")
-def stalled(tmp_path_factory) -> tuple[Samples, dict]:
-    """The samples and result of a paced user calling a server that stalls once, against a p99 of SLOW_P99_MS."""
+def run_stalled(folder: Path, rate: float, run_s: float, stall_at: int, stop_timeout: float) -> tuple[Samples, dict]:
+    """The samples and result of a paced user at `rate` for `run_s` calling a server that holds its `stall_at`-th call
+    for STALL_S, against a p99 of SLOW_P99_MS; locust waits `stop_timeout` s (0: none) for a user it stops."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    health_pb2_grpc.add_HealthServicer_to_server(StallsOnce(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(StallsOnce(stall_at), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    path = tmp_path_factory.mktemp("stalled") / "requests.npz"
+    path = folder / "requests.npz"
     try:
         run = subprocess.run(
-            [sys.executable, "-c", STALLED, f"127.0.0.1:{port}", str(path)],
+            [sys.executable, "-c", STALLED, f"127.0.0.1:{port}", str(path), str(rate), str(run_s), str(stop_timeout)],
             cwd=ROOT,
             env=subprocess_env(),
             capture_output=True,
@@ -144,7 +151,7 @@ def stalled(tmp_path_factory) -> tuple[Samples, dict]:
     finally:
         server.stop(None)
     assert run.returncode == 0, run.stderr[-3000:]
-    load = {"users": 1, "rate": STALL_RATE, "duration_s": STALL_RUN_S, "slo": {"p99_ms": SLOW_P99_MS}}
+    load = {"users": 1, "rate": rate, "duration_s": run_s, "slo": {"p99_ms": SLOW_P99_MS}}
     plan = Plan(
         profile="steady",
         loadtest=LoadtestConfig(steady=load),
@@ -158,6 +165,19 @@ def stalled(tmp_path_factory) -> tuple[Samples, dict]:
     return samples, result.build(plan, samples, resources, task_errors=0, context={})
 
 
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory) -> tuple[Samples, dict]:
+    """A paced user calling a server that stalls once, early in the run; locust kills the user at the end."""
+    return run_stalled(tmp_path_factory.mktemp("stalled"), STALL_RATE, STALL_RUN_S, STALL_AT, stop_timeout=0)
+
+
+@pytest.fixture(scope="module")
+def stalled_at_the_end(tmp_path_factory) -> dict:
+    """The result of a paced user calling a server that stalls once, still held up when locust stops the user."""
+    folder = tmp_path_factory.mktemp("stalled-at-the-end")
+    return run_stalled(folder, END_RATE, END_RUN_S, END_STALL_AT, STOP_TIMEOUT_S)[1]
+
+
 def test_a_server_that_stalls_once_misses_the_p99_timed_from_the_due_time(stalled):
     _, built = stalled
     assert next(c for c in built["checks"] if c["name"] == "p99_ms")["passed"] is False
@@ -166,8 +186,8 @@ def test_a_server_that_stalls_once_misses_the_p99_timed_from_the_due_time(stalle
 @pytest.mark.serial  # a bound on time: a loaded machine sends fewer calls in the run
 def test_a_user_held_up_by_a_stalled_call_sends_the_calls_due_meanwhile(stalled):
     _, built = stalled
-    # less the calls connecting and the first phase take, and those still due when locust stops the user; skipping
-    # the 50 calls due during the stall would leave about 140
+    # less the calls connecting and the first phase take; skipping the 50 calls due during the stall would leave
+    # about 140
     assert built["overall"]["requests"] >= 0.9 * STALL_RATE * STALL_RUN_S, built["overall"]
 
 
@@ -185,3 +205,16 @@ def test_no_call_due_after_the_schedule_is_sent(stalled):
     samples, _ = stalled
     due = samples.end_s - samples.due_ms / 1000
     assert due.max() < STALL_RUN_S, due.max()
+
+
+def test_calls_due_but_unsent_when_locust_stops_a_user_held_up_count_as_failed(stalled_at_the_end):
+    # those due from the stall, about 3.5 s in, to the end of the schedule: about 25
+    assert stalled_at_the_end["overall"]["error_codes"].get("NotSent", 0) >= 10, stalled_at_the_end["overall"]
+
+
+def test_a_server_that_stalls_at_the_end_misses_the_error_rate(stalled_at_the_end):
+    assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "error_rate")["passed"] is False
+
+
+def test_a_server_that_stalls_at_the_end_passes_the_p99_of_the_calls_it_answered(stalled_at_the_end):
+    assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "p99_ms")["passed"] is True

@@ -23,3 +23,9 @@ def test_a_rate_share_just_under_its_limit_shows_the_decimals_that_miss_it():
 
 def test_a_figure_away_from_its_limit_keeps_two_decimals():
     assert measured_cell(2.5, "<= 3", passed=True) == "2.50"
+
+
+def test_the_heading_names_the_cores_the_run_could_use():
+    run = {"profile": "steady", "duration_s": 5.0, "scenarios": {"single": 1}, "machine": {"cpus": 16, "cores": 2}}
+    bundle = {"name": "smoke-bilstm-int8", "arch": "bilstm", "precision": "int8", "runtime": "onnxruntime"}
+    assert "2 cores of 16 CPUs" in result.heading(run | {"bundle": bundle})

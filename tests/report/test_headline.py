@@ -203,7 +203,7 @@ def test_headline_of_a_served_teacher_bundle_says_no_student_is_served(tmp_path,
 
 def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     root = run_dir(recipe)
-    overall = {"requests": 1000, "failures": 0, "p99_ms": 2.5}
+    overall = {"requests": 1000, "failures": 0, "p99_ms": 2.5, "p99_from_due_ms": 2.6}
     runs = {
         "steady-bilstm-int8": {"profile": "steady", "overall": overall, "passed": True},
         "steady-echo": {"profile": "steady", "echo": True, "overall": overall, "passed": True},
@@ -218,8 +218,9 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
         (root / f"loadtest-{name}").mkdir(parents=True)
         (root / f"loadtest-{name}" / "summary.json").write_text(json.dumps(result))
     assert headline.headline(recipe, "recipes/smoke.yaml") == [
-        "load test steady: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
-        "load test steady against the echo server: 1000 calls, p99 2.50 ms, 0 failures, SLO passed",
+        "load test steady: 1000 calls, p99 2.60 ms from the due time (2.50 from the send), 0 failures, SLO passed",
+        "load test steady against the echo server: 1000 calls, p99 2.60 ms from the due time (2.50 from the send), "
+        "0 failures, SLO passed",
         "load test step: 1000 calls, capacity within the SLO 400 calls/s, 0 failures, SLO passed",
     ]
     runs["step-bilstm-int8"] |= {"capacity": None, "passed": False}
@@ -227,6 +228,14 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     assert headline.headline(recipe, "recipes/smoke.yaml")[-1] == (
         "load test step: 1000 calls, capacity within the SLO none, 0 failures, SLO MISSED"
     )
+
+
+def test_a_load_test_line_gives_the_p99_its_slo_verdict_reads(recipe):
+    overall = {"requests": 1000, "failures": 0, "p99_ms": 2.77, "p99_from_due_ms": 3.4}
+    folder = run_dir(recipe) / "loadtest-steady-bilstm-int8"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"profile": "steady", "overall": overall, "passed": False}))
+    assert "p99 3.40 ms from the due time" in headline.headline(recipe, "recipes/smoke.yaml")[0]
 
 
 @pytest.mark.parametrize("folder", ["loadtest-steady-cnn-int8", "loadtest-steady"])

@@ -545,7 +545,7 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
         "duration_s": 5.0,
         "scenarios": {"single": 1},
         "bundle": {"name": "smoke-bilstm-int8", "arch": "bilstm"},
-        "machine": {"cpus": 2},
+        "machine": {"cpus": 2, "cores": 2},
         "overall": overall,
         "stages": [],
         "series": series | {key: [5.0] for key in ("p50_ms", "p95_ms", "p99_ms")},

@@ -120,3 +120,9 @@ def test_measure_runs_both_phases_on_every_server_it_is_given(tmp_path, bundle, 
     cfg = PeersBenchConfig(duration_s=0.3, warmup_s=0.1, repeats=1)
     runs = compare.measure(cfg, servers, example, tmp_path)
     assert sorted(runs) == sorted(f"{server} {phase}" for server in servers for phase in compare.PHASES)
+
+
+def test_the_targets_are_written_with_every_digit_the_recipe_gave():
+    cfg = PeersBenchConfig(min_capacity_vs_best_peer=1.305, max_p99_vs_best_peer=0.805)
+    _, targets = compare.evaluate(summary(CAPACITY, P99), cfg)
+    assert [t["limit"] for t in targets[:2]] == [">= 1.305", "<= 0.805"]
