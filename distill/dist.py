@@ -7,6 +7,7 @@ import os
 import secrets
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -30,11 +31,21 @@ def launched() -> tuple[int, int]:
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init(device_type: str) -> None:
+def init(device_type: str, timeout_s: int) -> None:
     """Join the process group when launched by `torchrun` (at any world size, so one process under torchrun runs
-    DDP too), with the backend for `device_type` ('cuda' or 'cpu')."""
+    DDP too), with the backend for `device_type` ('cuda' or 'cpu'), whose collectives fail after `timeout_s`
+    (`runtime.collective_timeout_s`; torch's own default is 10 min under NCCL, too short for some evaluations and
+    checkpoints on slow storage)."""
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective of this process's group waits before it fails."""
+    device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    # torch has no public getter for a group's timeout
+    return distributed_c10d._get_default_group()._get_backend(device).options._timeout
 
 
 def check_shared(folder: Path) -> None:
@@ -117,7 +128,7 @@ def barrier() -> None:
 
 def wait_for_main() -> None:
     """Hold every other rank until rank 0 makes this call too, however long rank 0 takes to: a collective (`barrier`)
-    fails after the process group's timeout (10 min under NCCL, 30 under gloo), and torchrun then ends the job,
+    fails after the process group's timeout (`runtime.collective_timeout_s`), and torchrun then ends the job,
     while rank 0 may wait longer for a stage's lock that another job holds. Every rank makes these calls in the same
     order: the n-th call of each waits for rank 0's n-th. A no-op in one process."""
     if not dist.is_initialized():
