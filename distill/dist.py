@@ -4,6 +4,7 @@ Across nodes the run folder must be shared (`check_shared`)."""
 import contextlib
 import itertools
 import os
+import re
 import secrets
 import socket
 import time
@@ -18,6 +19,13 @@ from torch.distributed import distributed_c10d
 WAIT_POLL_S = 0.5  # how often a rank waiting for rank 0 (`wait_for_main`) looks again
 SHARED_PROBE = ".shared-probe"  # how the files rank 0 writes for the other ranks to find start (`probe_file`)
 _main_calls = itertools.count()  # `wait_for_main`'s calls in this process, the same sequence on every rank
+# how gloo ("Timed out waiting 1800000ms for recv operation") and NCCL ("Watchdog caught collective operation timeout")
+# say that a collective ran past the process group's timeout
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A rank waited for rank 0 in a collective past the process group's timeout (`runtime.collective_timeout_s`)."""
 
 
 def probe_file(folder: Path, token: str) -> Path:
@@ -46,6 +54,24 @@ def collective_timeout() -> timedelta:
     device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
     # torch has no public getter for a group's timeout
     return distributed_c10d._get_default_group()._get_backend(device).options._timeout
+
+
+@contextlib.contextmanager
+def waiting_for_main(what: str):
+    """Around the collectives in which the other ranks wait while rank 0 does `what` ('evaluate'): a rank other than 0
+    whose collective there times out raises `CollectiveTimeout`, naming its rank, `what` and the setting to raise,
+    rather than torch's bare message. Under NCCL torch's watchdog may end the process first, with its own message."""
+    try:
+        yield
+    except RuntimeError as err:
+        if is_main() or not _TIMED_OUT.search(str(err)):
+            raise
+        waited = round(collective_timeout().total_seconds())
+        raise CollectiveTimeout(
+            f"rank {rank()} waited {waited} s (runtime.collective_timeout_s) for rank 0 to {what}, and gave up: where "
+            f"that takes longer (a large evaluation set, slow storage), raise it, e.g. "
+            f"--runtime.collective_timeout_s={2 * waited}"
+        ) from err
 
 
 def check_shared(folder: Path) -> None:
