@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     # The stages import torch and transformers (seconds): only once the arguments are read, so that --help and a
     # usage error answer at once.
     from edgedistill.distill import device, pipeline
+    from edgedistill.distill.dist import CollectiveTimeout
     from edgedistill.distill.parallel import JobKilled
     from edgedistill.distill.trainer import CheckpointError
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
         pipeline.run(
             recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
         )
-    except (RecipeError, DataError, ArtifactError, CheckpointError, JobKilled) as err:
+    except (RecipeError, DataError, ArtifactError, CheckpointError, CollectiveTimeout, JobKilled) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -4,9 +4,11 @@ Across nodes the run folder must be shared (`check_shared`)."""
 import contextlib
 import itertools
 import os
+import re
 import secrets
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -17,6 +19,13 @@ from torch.distributed import distributed_c10d
 WAIT_POLL_S = 0.5  # how often a rank waiting for rank 0 (`wait_for_main`) looks again
 SHARED_PROBE = ".shared-probe"  # how the files rank 0 writes for the other ranks to find start (`probe_file`)
 _main_calls = itertools.count()  # `wait_for_main`'s calls in this process, the same sequence on every rank
+# how gloo ("Timed out waiting 1800000ms for recv operation") and NCCL ("Watchdog caught collective operation timeout")
+# say that a collective ran past the process group's timeout
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A rank waited for rank 0 in a collective past the process group's timeout (`runtime.collective_timeout_s`)."""
 
 
 def probe_file(folder: Path, token: str) -> Path:
@@ -30,11 +39,39 @@ def launched() -> tuple[int, int]:
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init(device_type: str) -> None:
+def init(device_type: str, timeout_s: int) -> None:
     """Join the process group when launched by `torchrun` (at any world size, so one process under torchrun runs
-    DDP too), with the backend for `device_type` ('cuda' or 'cpu')."""
+    DDP too), with the backend for `device_type` ('cuda' or 'cpu'), whose collectives fail after `timeout_s`
+    (`runtime.collective_timeout_s`; torch's own default is 10 min under NCCL, too short for some evaluations and
+    checkpoints on slow storage)."""
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective of this process's group waits before it fails."""
+    device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    # torch has no public getter for a group's timeout
+    return distributed_c10d._get_default_group()._get_backend(device).options._timeout
+
+
+@contextlib.contextmanager
+def waiting_for_main(what: str):
+    """Around the collectives in which the other ranks wait while rank 0 does `what` ('evaluate'): a rank other than 0
+    whose collective there times out raises `CollectiveTimeout`, naming its rank, `what` and the setting to raise,
+    rather than torch's bare message. Under NCCL torch's watchdog may end the process first, with its own message."""
+    try:
+        yield
+    except RuntimeError as err:
+        if is_main() or not _TIMED_OUT.search(str(err)):
+            raise
+        waited = round(collective_timeout().total_seconds())
+        raise CollectiveTimeout(
+            f"rank {rank()} waited {waited} s (runtime.collective_timeout_s) for rank 0 to {what}, and gave up: where "
+            f"that takes longer (a large evaluation set, slow storage), raise it, e.g. "
+            f"--runtime.collective_timeout_s={2 * waited}"
+        ) from err
 
 
 def check_shared(folder: Path) -> None:
@@ -117,7 +154,7 @@ def barrier() -> None:
 
 def wait_for_main() -> None:
     """Hold every other rank until rank 0 makes this call too, however long rank 0 takes to: a collective (`barrier`)
-    fails after the process group's timeout (10 min under NCCL, 30 under gloo), and torchrun then ends the job,
+    fails after the process group's timeout (`runtime.collective_timeout_s`), and torchrun then ends the job,
     while rank 0 may wait longer for a stage's lock that another job holds. Every rank makes these calls in the same
     order: the n-th call of each waits for rank 0's n-th. A no-op in one process."""
     if not dist.is_initialized():

@@ -19,7 +19,7 @@ def run(
     """Run `stage` of `recipe` (read from `recipe_file`, which messages name) with what it needs first; `force`
     rebuilds the stage asked for. A recipe or launch that cannot run it raises `RecipeError`."""
     placement = device.for_process(recipe.runtime)
-    dist.init(placement.device.type)
+    dist.init(placement.device.type, recipe.runtime.collective_timeout_s)
     try:
         dist.check_shared(run_dir(recipe))
         if dist.is_main():

@@ -242,7 +242,8 @@ def work_dir(inputs: Inputs) -> Path:
     goes on from it when run again), made ready by rank 0 while the others wait."""
     if dist.is_main():
         inputs.resumable_work()
-    dist.barrier()
+    with dist.waiting_for_main("make the stage's work folder ready"):
+        dist.barrier()
     return inputs.work
 
 
@@ -336,22 +337,29 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.placement.device)
         return rng
 
-    def _save_checkpoint(self, scheduler) -> None:
-        # every rank's generators: each draws its own dropout masks, for micro-batches of its own shapes
-        rng = dist.gather(self._rng_state())
-        if not dist.is_main():
-            return
-        state = {
-            "config_hash": self.work_key,  # `Inputs.work_key`, under the name earlier releases gave it
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema else None,
-            "progress": asdict(self.progress),
-            "rng": rng,
-        }
-        atomic_write(self.work_dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+    def _save_checkpoint(self, scheduler, kept: bool = False) -> None:
+        """Write the checkpoint from rank 0 while the other ranks wait; `kept`: rank 0 has just kept new best weights
+        (`on_best`), and removes the earlier ones only once the checkpoint names the new: till then, a resume reads
+        the earlier."""
+        doing = "keep its best weights and write its checkpoint" if kept else "write its checkpoint"
+        with dist.waiting_for_main(doing):
+            # every rank's generators: each draws its own dropout masks, for micro-batches of its own shapes
+            rng = dist.gather(self._rng_state())
+            if dist.is_main():
+                state = {
+                    "config_hash": self.work_key,  # `Inputs.work_key`, under the name earlier releases gave it
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict(),
+                    "ema": self.ema.state_dict() if self.ema else None,
+                    "progress": asdict(self.progress),
+                    "rng": rng,
+                }
+                atomic_write(self.work_dir / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+                if kept:
+                    self._remove_earlier_best()
+            dist.barrier()
 
     def _try_resume(self, scheduler) -> None:
         path = self.work_dir / CHECKPOINT
@@ -529,7 +537,8 @@ class Trainer:
         """Evaluate, keep the best, checkpoint; True when early stopping says to stop."""
         p = self.progress
         target = self.evaluated.eval()
-        with torch.no_grad():  # in fp32, as the model is exported and served: selection by the served accuracy
+        # in fp32, as the model is exported and served: selection by the served accuracy
+        with torch.no_grad(), dist.waiting_for_main("evaluate"):
             # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
             metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
@@ -549,11 +558,7 @@ class Trainer:
         tracking.active().log({f"eval/{key}": value for key, value in metrics.items()}, p.global_step)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
-        self._save_checkpoint(scheduler)
-        # only once the checkpoint names the new weights: till then, a resume reads the earlier
-        if improved and dist.is_main():
-            self._remove_earlier_best()
-        dist.barrier()
+        self._save_checkpoint(scheduler, kept=improved)
         return self._patience_spent()
 
     def _remove_earlier_best(self) -> None:

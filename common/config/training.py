@@ -465,7 +465,8 @@ class DistillConfig(Strict):
 
 
 class RuntimeConfig(Strict):
-    """Where training and labelling run: an execution choice, recorded in each manifest, not part of any hash."""
+    """Where training and labelling run, and how long ranks wait for each other: execution choices, not part of any
+    hash (the device and precision are recorded in each manifest)."""
 
     device: str = Field(
         "auto",
@@ -476,4 +477,10 @@ class RuntimeConfig(Strict):
         "auto",
         description="auto: bf16 on a GPU that has it, else fp16 with a loss scaler; fp32 on the CPU, except "
         "labelling on a CPU with native bf16 (AVX512-BF16 or AMX)",
+    )
+    collective_timeout_s: int = Field(
+        1800,
+        gt=0,
+        description="under torchrun, the seconds a collective waits before the run fails: the other ranks wait in one "
+        "while rank 0 evaluates and writes its checkpoint",
     )

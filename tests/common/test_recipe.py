@@ -269,6 +269,16 @@ def test_how_a_batch_is_split_leaves_the_hash_unchanged(tmp_path):
     assert plain.section_hash("finetune") == changed.section_hash("finetune")
 
 
+def test_the_collectives_timeout_leaves_the_hash_unchanged(tmp_path):
+    plain = load_recipe(write(tmp_path, MINIMAL))
+    longer = load_recipe(write(tmp_path, MINIMAL), {"runtime.collective_timeout_s": 7200})
+    assert plain.hash == longer.hash
+
+
+def test_the_collectives_timeout_is_30_minutes_by_default(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL)).runtime.collective_timeout_s == 1800
+
+
 def test_the_finetune_hash_of_default_settings_is_the_one_runs_were_built_with(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).section_hash("finetune") == "89909594ecbea52f"
 

@@ -172,3 +172,11 @@ def test_rank_0_says_a_stage_is_up_to_date(said_up_to_date):
 
 def test_the_other_ranks_say_nothing_of_an_up_to_date_stage(said_up_to_date):
     assert said_up_to_date[1] == ""
+
+
+def _collective_timeout_s() -> float:
+    return dist.collective_timeout().total_seconds()
+
+
+def test_ranks_launched_by_torchrun_join_with_the_collectives_timeout_asked_for(tmp_path):
+    assert on_two_ranks(tmp_path, _collective_timeout_s, timeout_s=7, torchrun=True) == {0: 7.0, 1: 7.0}

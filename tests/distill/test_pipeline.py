@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 from edgedistill.distill import __main__ as distill_main
 from edgedistill.distill import pipeline
+from edgedistill.distill.dist import CollectiveTimeout
 from edgedistill.distill.students import ARCHITECTURES
 
 from tests.conftest import ROOT
@@ -34,6 +35,24 @@ def test_the_warning_of_a_refused_student_names_the_transfer_stage_which_stops_o
     monkeypatch.setattr(pipeline, "_teacher", lambda *args: None)
     distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml")])
     assert "the transfer and distill stages will stop on it" in capsys.readouterr().out
+
+
+GAVE_UP = "rank 1 waited 5 s (runtime.collective_timeout_s) for rank 0 to evaluate, and gave up: ..."
+
+
+def _gave_up(*args):
+    raise CollectiveTimeout(GAVE_UP)
+
+
+def test_a_rank_that_gave_up_waiting_for_rank_0_ends_the_command_with_status_2(monkeypatch):
+    monkeypatch.setattr(pipeline, "_teacher", _gave_up)
+    assert distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml")]) == 2
+
+
+def test_a_rank_that_gave_up_waiting_for_rank_0_says_so_in_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "_teacher", _gave_up)
+    distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml")])
+    assert capsys.readouterr().err == f"error: {GAVE_UP}\n"
 
 
 def test_an_unknown_student_given_to_only_lists_the_students(capsys):

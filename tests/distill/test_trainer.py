@@ -2,6 +2,8 @@
 
 import contextlib
 import io
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch.distributed as torch_dist
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import finetune
+from edgedistill.distill import trainer as trainer_module
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
 from transformers import BertConfig, BertForSequenceClassification
@@ -246,11 +249,11 @@ def _best_after_a_kill_between_best_weights_and_checkpoint(folder, monkeypatch) 
     save = Trainer._save_checkpoint
     saves = []
 
-    def killed_at_the_second(self, scheduler):
+    def killed_at_the_second(self, scheduler, **kept):
         saves.append(1)
         if len(saves) == 2:
             raise Crash
-        save(self, scheduler)
+        save(self, scheduler, **kept)
 
     def fit():
         cfg = OptimConfig(lr=0.1, batch_size=4, eval_every=1, warmup_ratio=0.0)
@@ -558,3 +561,64 @@ def test_a_checkpoint_of_an_earlier_release_resumes_with_its_kept_weights_named_
     resumed.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)], lambda idx: (X[idx], Y[idx]),
                 mse_crashing_at(None), lambda m: {"score": 0.4}, "score", lambda m, _: None)  # fmt: skip
     assert resumed.best_path.read_text() == "kept"
+
+
+class Late(Exception):
+    """Rank 0 leaving a run once the other rank has given up waiting for it."""
+
+
+LATE_TIMEOUT_S = 5  # the collectives' timeout of a run whose rank 0 is late
+WAITED_FOR = {  # where rank 0 is late -> what the other rank says it waited for
+    "evaluate": "evaluate",
+    "on_best": "keep its best weights and write its checkpoint",
+    "checkpoint": "write its checkpoint",
+}
+
+
+def _fit_with_rank_0_late(folder: str, late_in: str) -> str:
+    """What a run on two ranks said on this rank, where rank 0 is late in `late_in` (a key of `WAITED_FOR`,
+    'checkpoint' at the first step's checkpoint): rank 0 goes on once rank 1 has given up, and then leaves."""
+    gave_up = Path(folder) / "rank-1-gave-up"
+
+    def late(*_):
+        deadline = time.monotonic() + 60
+        while not gave_up.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise Late
+
+    hooks = {"evaluate": lambda m: {"score": 1.0}, "on_best": lambda m, _: None, late_in: late}
+    if late_in == "checkpoint" and torch_dist.get_rank() == 0:
+        trainer_module.atomic_write = late  # this rank's process alone
+    cfg = OptimConfig(lr=0.1, batch_size=4, checkpoint_every=1, eval_every=None if late_in == "checkpoint" else 1)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, Path(folder) / "run", "h", "test", CPU)
+    try:
+        trainer.fit(lambda epoch: [[0, 1, 2, 3], [4, 5, 6, 7]], lambda idx: (X[idx], Y[idx]), mse_crashing_at(None),
+                    hooks["evaluate"], "score", hooks["on_best"])  # fmt: skip
+    except Late:
+        return "late"
+    except RuntimeError as err:
+        gave_up.touch()
+        return str(err)
+    return "finished"
+
+
+@pytest.fixture(scope="module", params=list(WAITED_FOR))
+def said_with_rank_0_late(request, tmp_path_factory) -> tuple[str, dict]:
+    """Where rank 0 was late, and what each rank of the run said (`_fit_with_rank_0_late`), launched as torchrun
+    launches them, with a collectives' timeout of `LATE_TIMEOUT_S`."""
+    folder = tmp_path_factory.mktemp("late")
+    said = on_two_ranks(
+        folder, _fit_with_rank_0_late, str(folder), request.param, timeout_s=LATE_TIMEOUT_S, torchrun=True
+    )
+    return request.param, said
+
+
+def test_a_rank_that_waits_for_rank_0_past_the_timeout_names_the_setting_to_raise(said_with_rank_0_late):
+    _, said = said_with_rank_0_late
+    assert said[1].endswith(f"raise it, e.g. --runtime.collective_timeout_s={2 * LATE_TIMEOUT_S}")
+
+
+def test_a_rank_that_waits_for_rank_0_past_the_timeout_says_which_rank_how_long_and_for_what(said_with_rank_0_late):
+    late_in, said = said_with_rank_0_late
+    waited = f"rank 1 waited {LATE_TIMEOUT_S} s (runtime.collective_timeout_s) for rank 0 to {WAITED_FOR[late_in]},"
+    assert said[1].startswith(waited)
