@@ -613,11 +613,13 @@ def said_with_rank_0_late(request, tmp_path_factory) -> tuple[str, dict]:
     return request.param, said
 
 
+@pytest.mark.serial  # ranks must reach each wait within LATE_TIMEOUT_S of each other
 def test_a_rank_that_waits_for_rank_0_past_the_timeout_names_the_setting_to_raise(said_with_rank_0_late):
     _, said = said_with_rank_0_late
     assert said[1].endswith(f"raise it, e.g. --runtime.collective_timeout_s={2 * LATE_TIMEOUT_S}")
 
 
+@pytest.mark.serial  # ranks must reach each wait within LATE_TIMEOUT_S of each other
 def test_a_rank_that_waits_for_rank_0_past_the_timeout_says_which_rank_how_long_and_for_what(said_with_rank_0_late):
     late_in, said = said_with_rank_0_late
     waited = f"rank 1 waited {LATE_TIMEOUT_S} s (runtime.collective_timeout_s) for rank 0 to {WAITED_FOR[late_in]},"
