@@ -38,6 +38,19 @@ def test_route_keeps_confident_texts_at_the_first_member():
     assert answered_by.tolist() == [0, 1]
 
 
+NON_FINITE = np.array([[np.inf, 0.0, 0.0], [np.nan, 1.0, 0.0]])
+
+
+@pytest.mark.filterwarnings("error")
+def test_confidence_of_a_row_with_a_non_finite_logit_is_nan_without_a_warning():
+    assert np.isnan(confidence(NON_FINITE, "max_prob")).all()
+
+
+def test_route_passes_on_a_text_of_undefined_confidence():
+    _, answered_by = route([NON_FINITE, np.zeros((2, 3))], spec(0.5))
+    assert answered_by.tolist() == [1, 1]
+
+
 def test_route_answers_with_the_answering_members_logits():
     big = np.full((2, 3), 9.0)
     logits, _ = route([LOGITS, big], spec(0.5))
