@@ -23,7 +23,9 @@ class CascadeMember(BaseModel):
 
     bundle: str = Field(description="the member's bundle id; its copy is members/<bundle>/")
     manifest_sha256: str = Field(description="sha256 of the member's manifest.json when the cascade was built")
-    threshold: float | None = Field(description="keeps a text whose confidence is at least this; None for the last")
+    threshold: float | None = Field(
+        allow_inf_nan=False, description="keeps a text whose confidence is at least this; None for the last"
+    )
     temperature: float = Field(1.0, gt=0, description="softmax temperature fitted for the confidence")
 
 

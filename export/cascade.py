@@ -70,7 +70,15 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
 def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
     """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
     (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches, or
-    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them."""
+    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them; so
+    is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is undefined."""
+    for member, logits in zip(cfg.members, calibration, strict=True):
+        if undefined := int((~np.isfinite(logits)).any(-1).sum()):
+            raise ExportError(
+                f"cascade member {member} gives a non-finite logit (inf or NaN) on {undefined} of the "
+                f"{len(logits)} calibration texts, where no threshold can be chosen: fix its bundle "
+                f"(export.bundles.{member}, e.g. a precision that does not overflow) or drop it from the members"
+            )
     reference = calibration[-1].argmax(-1)
     routing, reaching, first_kept = [], np.ones(len(reference), dtype=bool), None
     for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, route
+from pydantic import ValidationError
 
 LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
 
@@ -64,6 +65,11 @@ def test_spec_refuses_a_threshold_on_the_last_member():
     ]
     with pytest.raises(ValueError, match="the last none"):
         CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
+
+
+def test_a_member_refuses_a_threshold_of_nan():
+    with pytest.raises(ValidationError, match="finite number"):
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=float("nan"))
 
 
 def test_load_served_describes_a_cascade_by_its_members(tmp_path):

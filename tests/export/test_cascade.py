@@ -68,6 +68,16 @@ def test_routing_refuses_a_member_that_keeps_no_calibration_text():
         fit_routing([first, last], cfg)
 
 
+@pytest.mark.parametrize("member", [0, 1])
+def test_routing_refuses_a_member_with_a_non_finite_calibration_logit_naming_it_and_the_count(member):
+    calibration = [np.array([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0]]) for _ in range(2)]
+    calibration[member][1:, 0] = [np.nan, np.inf]
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5)
+    name = cfg.members[member]
+    with pytest.raises(ExportError, match=f"member {name} gives a non-finite logit .* on 2 of the 3 calibration"):
+        fit_routing(calibration, cfg)
+
+
 @pytest.fixture(scope="module")
 def smoke_cascade(smoke_bundles):
     return smoke_bundles / "bundle-bilstm-cascade"
