@@ -193,6 +193,13 @@ def _build(inputs: Inputs, name: str) -> Built:
     tokenizer = load_tokenizer(str(inputs.parent("teacher")))
     folders = [inputs.parent(f"bundle-{member}") for member in cfg.members]
     texts, pairs = calibration_texts(recipe, cfg.calibration_sentences)
+    if len(texts) < cfg.calibration_sentences:
+        print(
+            f"[bundle-{name}] warning: cascade calibration found {len(texts)} of the {cfg.calibration_sentences} "
+            f"unlabelled texts export.cascades.{name}.calibration_sentences asks for in transfer.unlabelled_files "
+            f"past the transfer set's {recipe.transfer.unlabelled_max_lines} lines, and chooses the thresholds on "
+            f"those {len(texts)}: add unlabelled text, or lower transfer.unlabelled_max_lines or calibration_sentences"
+        )
     _, dev = load_splits(recipe.data)
     dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
     with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
@@ -242,6 +249,7 @@ def _build(inputs: Inputs, name: str) -> Built:
             "expected_escalated": round(1 - first_kept, 4),
             "calibration_agreement": calibration_agreement,
             "calibration_texts": len(texts),
+            "calibration_texts_asked": cfg.calibration_sentences,
         },
         info={
             "cascade": spec.model_dump(),
