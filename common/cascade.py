@@ -23,7 +23,9 @@ class CascadeMember(BaseModel):
 
     bundle: str = Field(description="the member's bundle id; its copy is members/<bundle>/")
     manifest_sha256: str = Field(description="sha256 of the member's manifest.json when the cascade was built")
-    threshold: float | None = Field(description="keeps a text whose confidence is at least this; None for the last")
+    threshold: float | None = Field(
+        allow_inf_nan=False, description="keeps a text whose confidence is at least this; None for the last"
+    )
     temperature: float = Field(1.0, gt=0, description="softmax temperature fitted for the confidence")
 
 
@@ -49,9 +51,11 @@ class Cascade(BaseModel):
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Row-wise softmax of (N, C) `logits` at `temperature`, computed and returned in float64."""
+    """Row-wise softmax of (N, C) `logits` at `temperature`, computed and returned in float64; a row with a
+    non-finite logit comes out NaN."""
     z = np.asarray(logits, dtype=np.float64) / temperature
-    z = np.exp(z - z.max(-1, keepdims=True))
+    with np.errstate(invalid="ignore"):  # inf - inf: that row's NaN is the answer, not a fault to warn of
+        z = np.exp(z - z.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True)
 
 
@@ -123,7 +127,8 @@ def load_cascade(folder: str | Path) -> Cascade:
 
 def keeps(logits: np.ndarray, spec: CascadeSpec, index: int) -> np.ndarray:
     """(N,) whether member `index` (not the last) keeps each text, from its (N, C) logits: whether its confidence at
-    the member's temperature reaches its threshold."""
+    the member's temperature reaches its threshold. An undefined confidence (NaN, from a non-finite logit) does not:
+    the text goes on. The server, the export stage and the benchmarks all route by this rule."""
     member = spec.members[index]
     return confidence(logits, spec.rule, member.temperature) >= member.threshold
 

@@ -70,7 +70,15 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
 def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
     """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
     (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches, or
-    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them."""
+    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them; so
+    is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is undefined."""
+    for member, logits in zip(cfg.members, calibration, strict=True):
+        if undefined := int((~np.isfinite(logits)).any(-1).sum()):
+            raise ExportError(
+                f"cascade member {member} gives a non-finite logit (inf or NaN) on {undefined} of the "
+                f"{len(logits)} calibration texts, where no threshold can be chosen: fix its bundle "
+                f"(export.bundles.{member}, e.g. a precision that does not overflow) or drop it from the members"
+            )
     reference = calibration[-1].argmax(-1)
     routing, reaching, first_kept = [], np.ones(len(reference), dtype=bool), None
     for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):
@@ -185,6 +193,13 @@ def _build(inputs: Inputs, name: str) -> Built:
     tokenizer = load_tokenizer(str(inputs.parent("teacher")))
     folders = [inputs.parent(f"bundle-{member}") for member in cfg.members]
     texts, pairs = calibration_texts(recipe, cfg.calibration_sentences)
+    if len(texts) < cfg.calibration_sentences:
+        print(
+            f"[bundle-{name}] warning: cascade calibration found {len(texts)} of the {cfg.calibration_sentences} "
+            f"unlabelled texts export.cascades.{name}.calibration_sentences asks for in transfer.unlabelled_files "
+            f"past the transfer set's {recipe.transfer.unlabelled_max_lines} lines, and chooses the thresholds on "
+            f"those {len(texts)}: add unlabelled text, or lower transfer.unlabelled_max_lines or calibration_sentences"
+        )
     _, dev = load_splits(recipe.data)
     dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
     with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
@@ -234,6 +249,7 @@ def _build(inputs: Inputs, name: str) -> Built:
             "expected_escalated": round(1 - first_kept, 4),
             "calibration_agreement": calibration_agreement,
             "calibration_texts": len(texts),
+            "calibration_texts_asked": cfg.calibration_sentences,
         },
         info={
             "cascade": spec.model_dump(),

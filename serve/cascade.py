@@ -1,12 +1,12 @@
 """A served confidence cascade: member bundles, cheapest first, each with its own backend and batcher.
 
-A request's texts go to the first member; the texts whose confidence (`common.cascade.confidence` with the
-member's rule and temperature) is below its threshold go on to the next member's batcher, where escalated
-texts of many requests share batches; the last member answers what reaches it. When the next member's queue
-cannot take all of a request's escalated texts, `CASCADE_OVERLOAD` decides: `answer` sends on those it can
-take (the least confident first) and has the earlier member answer the rest, flagged; `refuse` fails the
-request (`Overloaded`). Warm-up checks, on fixed probe texts, that this routing gives the answers of
-`common.cascade.route` on every member's logits.
+A request's texts go to the first member; the texts it does not keep (`common.cascade.keeps`: a confidence
+below its threshold, or undefined) go on to the next member's batcher, where escalated texts of many requests
+share batches; the last member answers what reaches it. When the next member's queue cannot take all of a
+request's escalated texts, `CASCADE_OVERLOAD` decides: `answer` sends on those it can take (the least
+confident first, an undefined confidence least of all) and has the earlier member answer the rest, flagged;
+`refuse` fails the request (`Overloaded`). Warm-up checks, on fixed probe texts, that this routing gives the
+answers of `common.cascade.route` on every member's logits.
 """
 
 import asyncio
@@ -25,6 +25,7 @@ from edgedistill.common.cascade import (
     cascade_spec,
     confidence,
     is_cascade,
+    keeps,
     load_cascade,
     route,
 )
@@ -51,7 +52,7 @@ LOGITS_TOLERANCE = 1e-5  # the same text run alone twice may differ by this much
 
 # (member index, texts, pairs) -> the member's (N, labels) logits
 RunMember = Callable[[int, list[str], list[str] | None], Awaitable[np.ndarray]]
-# (member index, rows escalated to it, their confidences) -> the rows it takes
+# (member index, rows escalated to it, their (N, labels) logits at the member before) -> the rows it takes
 Admit = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -159,7 +160,7 @@ class CascadeRuntime:
             return alone(index, texts, pairs)
 
         expected, expected_by = route([alone(i, texts, pairs) for i in range(len(self.members))], self.spec)
-        routed = asyncio.run(self._route(texts, pairs, run_alone, lambda index, rows, scores: rows))
+        routed = asyncio.run(self._route(texts, pairs, run_alone, lambda index, rows, logits: rows))
         answered_by = np.array([self.ids.index(member) for member in routed.answered_by])
         if (answered_by != expected_by).any():
             raise BundleRejected(
@@ -231,10 +232,10 @@ class CascadeRuntime:
         logits = np.empty((count, len(self.spec.labels)), dtype=np.float32)
         answered = np.zeros(count, dtype=np.intp)
         refused = np.zeros(count, dtype=bool)
-        reaching, scores = np.arange(count), np.zeros(0)
+        reaching = np.arange(count)
         for index, member in enumerate(self.spec.members):
             if index:
-                taken = admit(index, reaching, scores)
+                taken = admit(index, reaching, logits[reaching])
                 refused[np.setdiff1d(reaching, taken)] = True
                 reaching = taken
                 if not len(reaching):
@@ -243,17 +244,15 @@ class CascadeRuntime:
             answered[reaching] = index
             if member.threshold is None:
                 break
-            scores = confidence(logits[reaching], self.spec.rule, member.temperature)
-            low = scores < member.threshold
-            reaching, scores = reaching[low], scores[low]
+            reaching = reaching[~keeps(logits[reaching], self.spec, index)]
             if not len(reaching):
                 break
         return Scores(logits, [self.ids[i] for i in answered.tolist()], refused)
 
-    def _admissible(self, index: int, reaching: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        """The rows of `reaching` (with confidences `scores`) that go on to member `index`: all of them while its
-        queue has room; else, with CASCADE_OVERLOAD=answer, the least confident that fit (in row order), and with
-        `refuse`, `Overloaded`."""
+    def _admissible(self, index: int, reaching: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The rows of `reaching` (with the member before's `logits`) that go on to member `index`: all of them while
+        its queue has room; else, with CASCADE_OVERLOAD=answer, the least confident that fit (in row order; an
+        undefined confidence, from a non-finite logit, counts as the least), and with `refuse`, `Overloaded`."""
         batcher = self.members[index].batcher
         room = batcher.room
         if room >= len(reaching):
@@ -267,7 +266,9 @@ class CascadeRuntime:
                 f"cascade member {self.ids[index]} cannot take {len(reaching)} escalated texts: {room} of its "
                 f"{batcher.max_queued} queue places are free (CASCADE_OVERLOAD=refuse); retry with backoff"
             )
-        return np.sort(reaching[np.argsort(scores, kind="stable")[:room]])
+        scores = confidence(logits, self.spec.rule, self.spec.members[index - 1].temperature)
+        least_sure = np.argsort(np.where(np.isnan(scores), -np.inf, scores), kind="stable")
+        return np.sort(reaching[least_sure[:room]])
 
     async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
         raise InvalidInput(

@@ -162,7 +162,7 @@ class CascadeRecipe(Strict):
         20_000,
         ge=100,
         description="unlabelled texts the transfer set did not read, labelled by the last member, that choose the "
-        "thresholds (neither dev nor test)",
+        "thresholds (neither dev nor test); fewer found (at least 100) build with a warning",
     )
     temperature_scaling: bool = Field(True, description="fit each member's softmax temperature on the same texts")
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, route
+from pydantic import ValidationError
 
 LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
 
@@ -38,6 +39,19 @@ def test_route_keeps_confident_texts_at_the_first_member():
     assert answered_by.tolist() == [0, 1]
 
 
+NON_FINITE = np.array([[np.inf, 0.0, 0.0], [np.nan, 1.0, 0.0]])
+
+
+@pytest.mark.filterwarnings("error")
+def test_confidence_of_a_row_with_a_non_finite_logit_is_nan_without_a_warning():
+    assert np.isnan(confidence(NON_FINITE, "max_prob")).all()
+
+
+def test_route_passes_on_a_text_of_undefined_confidence():
+    _, answered_by = route([NON_FINITE, np.zeros((2, 3))], spec(0.5))
+    assert answered_by.tolist() == [1, 1]
+
+
 def test_route_answers_with_the_answering_members_logits():
     big = np.full((2, 3), 9.0)
     logits, _ = route([LOGITS, big], spec(0.5))
@@ -51,6 +65,11 @@ def test_spec_refuses_a_threshold_on_the_last_member():
     ]
     with pytest.raises(ValueError, match="the last none"):
         CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
+
+
+def test_a_member_refuses_a_threshold_of_nan():
+    with pytest.raises(ValidationError, match="finite number"):
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=float("nan"))
 
 
 def test_load_served_describes_a_cascade_by_its_members(tmp_path):

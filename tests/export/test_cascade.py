@@ -1,5 +1,7 @@
 """Cascade thresholds and temperatures on problems with a known answer, and the cascade stage on the smoke run."""
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -11,6 +13,7 @@ from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import available_providers
+from edgedistill.common.stage import Inputs
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage
 from edgedistill.export import cascade as export_cascade
@@ -66,6 +69,16 @@ def test_routing_refuses_a_member_that_keeps_no_calibration_text():
     cfg = CascadeRecipe(members=["first", "last"], target_agreement=1.0, temperature_scaling=False)
     with pytest.raises(ExportError, match="first keeps none of the 3 calibration texts"):
         fit_routing([first, last], cfg)
+
+
+@pytest.mark.parametrize("member", [0, 1])
+def test_routing_refuses_a_member_with_a_non_finite_calibration_logit_naming_it_and_the_count(member):
+    calibration = [np.array([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0]]) for _ in range(2)]
+    calibration[member][1:, 0] = [np.nan, np.inf]
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5)
+    name = cfg.members[member]
+    with pytest.raises(ExportError, match=f"member {name} gives a non-finite logit .* on 2 of the 3 calibration"):
+        fit_routing(calibration, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +246,41 @@ def test_a_cascade_whose_last_member_fails_to_open_closes_those_opened_before(sm
     with pytest.raises(RuntimeError, match="out of device memory"):
         build_smoke_cascade(smoke_bundles, monkeypatch)
     assert [runner.closed for runner in opened] == [True]
+
+
+SHORT = 150  # calibration texts in the unlabelled file of `short_of_calibration`, which asks for 20,000
+
+
+@pytest.fixture(scope="module")
+def short_of_calibration(smoke_bundles, tmp_path_factory):
+    """The smoke cascade's build on an unlabelled file of 10 lines the transfer set reads and SHORT sentences past
+    them (the smoke cascade's first calibration texts), asked for 20,000: what it printed and its metrics."""
+    folder = tmp_path_factory.mktemp("short")
+    smoke = load_recipe(SMOKE)
+    texts, _ = calibration_texts(smoke, SHORT)
+    window = [f"window sentence {i} ." for i in range(10)]
+    (folder / "unlabelled.txt").write_text("\n".join(window + texts) + "\n", encoding="utf-8")
+    overrides = {
+        "transfer.unlabelled_files": [str(folder / "unlabelled.txt")],
+        "transfer.unlabelled_max_lines": 10,
+        "export.cascades.bilstm-cascade.calibration_sentences": 20_000,
+    }
+    members = smoke.export.cascades["bilstm-cascade"].members
+    parents = {"teacher": smoke_bundles / "teacher"} | {f"bundle-{m}": smoke_bundles / f"bundle-{m}" for m in members}
+    inputs = Inputs(load_recipe(SMOKE, overrides), "h", folder / "work", False, {}, parents, "k", folder / "cascade")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        built = export_cascade._build(inputs, name="bilstm-cascade")
+    return printed.getvalue(), built.metrics
+
+
+def test_calibration_short_of_the_texts_asked_for_warns_with_both_numbers(short_of_calibration):
+    printed, _ = short_of_calibration
+    assert f"warning: cascade calibration found {SHORT} of the 20000 unlabelled texts" in printed
+
+
+def test_calibration_short_of_the_texts_asked_for_records_both_numbers(short_of_calibration):
+    _, metrics = short_of_calibration
+    assert (metrics["calibration_texts"], metrics["calibration_texts_asked"]) == (SHORT, 20_000)
 
 
 def test_the_stage_line_gives_each_members_accuracy_to_four_places():

@@ -20,10 +20,19 @@ from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from onnx import numpy_helper
 from tokenizers import Tokenizer
 
 from tests.conftest import wait_until
-from tests.serve.conftest import RunningServer, settings_for, write_bundle, write_cascade, write_engine
+from tests.serve.conftest import (
+    VOCAB,
+    RunningServer,
+    settings_for,
+    tiny_model,
+    write_bundle,
+    write_cascade,
+    write_engine,
+)
 from tests.serve.test_operations import ADMIN, ADMIN_TOKEN, corrupt, metric
 
 STUDENT, TEACHER = "student", "teacher"
@@ -47,6 +56,24 @@ def make_cascade(folder, **spec_changes):
 @pytest.fixture(scope="module")
 def cascade(tmp_path_factory):
     return make_cascade(tmp_path_factory.mktemp("cascade"))
+
+
+OVERFLOWING = "this"  # in no probe text nor the warm-up text, so the cascade warms up as any other
+
+
+@pytest.fixture(scope="module")
+def overflowing_cascade(tmp_path_factory):
+    """make_cascade's, but the student gives logits (-inf, +inf) for OVERFLOWING (its embedding overflows float32
+    in the projection), whose confidence is NaN."""
+    model = tiny_model()
+    table = next(tensor for tensor in model.graph.initializer if tensor.name == "table")
+    values = numpy_helper.to_array(table).copy()
+    values[VOCAB.index(OVERFLOWING), 0] = 3e38
+    table.CopyFrom(numpy_helper.from_array(values, "table"))
+    folder = tmp_path_factory.mktemp("overflowing")
+    student = write_bundle(folder / "student", model=model.SerializeToString())
+    teacher = write_bundle(folder / "teacher", bias=0.5)
+    return write_cascade(folder / "bundle-cascade", {STUDENT: student, TEACHER: teacher}, [THRESHOLD])
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +173,19 @@ def test_the_teacher_answers_differently_from_the_student_on_the_escalated_texts
     student = logits_by_hand(cascade / MEMBERS / STUDENT, UNSURE)
     teacher = logits_by_hand(cascade / MEMBERS / TEACHER, UNSURE)
     assert np.abs(student - teacher).min() > 0.1
+
+
+def test_the_overflowing_student_gives_a_nan_confidence(overflowing_cascade):
+    logits = logits_by_hand(overflowing_cascade / MEMBERS / STUDENT, [OVERFLOWING])
+    assert np.isnan(confidence(logits, "max_prob")).all()
+
+
+def test_a_text_of_undefined_confidence_at_the_student_is_answered_by_the_teacher(start_server, overflowing_cascade):
+    with start_server(settings_for(overflowing_cascade)).channel() as channel:
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(
+            pb.ClassifyRequest(texts=[SURE[0], OVERFLOWING]), timeout=10
+        )
+    assert [p.answered_by for p in reply.predictions] == [STUDENT, TEACHER]
 
 
 def test_a_stream_names_the_member_per_text(stub):
@@ -436,6 +476,18 @@ def test_overload_answer_sends_on_what_fits_and_flags_the_rest_in_classify(overl
         (STUDENT, True),
     ]
     assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+def test_overload_answer_sends_on_a_text_of_undefined_confidence_before_a_less_sure_one(
+    start_server, overflowing_cascade
+):
+    server = start_server(settings_for(overflowing_cascade, cascade_overload="answer", **SLOW))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        waiting = hold_the_teacher(server, stub)
+        reply = stub.Classify(pb.ClassifyRequest(texts=[*SURE[:2], UNSURE[2], OVERFLOWING]), timeout=10)
+        waiting.result()
+    assert [p.answered_by for p in reply.predictions[2:]] == [STUDENT, TEACHER]
 
 
 def test_overload_answer_flags_escalation_refused_in_model_infer(overloaded, cascade):
