@@ -6,13 +6,16 @@ deduplicated and any that overlaps a dev text is dropped.
 """
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
+from edgedistill.common.text import read_texts, write_texts
 from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
@@ -64,6 +67,29 @@ class TransferTexts:
     sources: np.ndarray
     labels: np.ndarray
     composition: dict
+
+    def write(self, folder: Path) -> None:
+        """`texts.txt`, for pair tasks `pairs.txt`, `meta.npz` (`source`, `label`) and `composition.json` in
+        `folder`."""
+        write_texts(folder / "texts.txt", self.texts)
+        if self.pairs is not None:
+            write_texts(folder / "pairs.txt", self.pairs)
+        np.savez(folder / "meta.npz", source=self.sources, label=self.labels)
+        (folder / "composition.json").write_text(json.dumps(self.composition, indent=1))
+
+    @classmethod
+    def read(cls, folder: Path) -> "TransferTexts":
+        """The texts `write` wrote into `folder`, as they were."""
+        with np.load(folder / "meta.npz") as meta:
+            sources, labels = meta["source"], meta["label"]
+        pairs = folder / "pairs.txt"
+        return cls(
+            read_texts(folder / "texts.txt"),
+            read_texts(pairs) if pairs.is_file() else None,
+            sources,
+            labels,
+            json.loads((folder / "composition.json").read_text()),
+        )
 
 
 def adjacent(sentences: list[str]) -> list[tuple[str, str]]:

@@ -414,6 +414,40 @@ def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards
     assert "[transfer] resuming labelling" in again.stdout
 
 
+REFUSE_TO_BUILD_TEXTS = """
+from edgedistill.distill import transfer
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("build_texts ran again")
+
+
+transfer.build_texts = refuse
+"""
+
+
+@pytest.mark.slow
+def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(tmp_path):
+    """A rerun after a kill labels the texts the killed run built (it is refused `build_texts`), to the logits of an
+    uninterrupted run."""
+    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+    for stage in ("teacher", "transfer"):
+        straight = run_stage(stage, SMOKE, "--name=straight", *small)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    (runs / "killed").mkdir()
+    os.symlink(runs / "straight" / "teacher", runs / "killed" / "teacher")
+    work = runs / "killed" / ".work" / "transfer"
+    kill_9_once(["transfer", SMOKE, "--name=killed", *small], lambda: any(work.glob("logits-*.npy")))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(REFUSE_TO_BUILD_TEXTS)
+    resumed = run_stage("transfer", SMOKE, "--name=killed", *small, env_extra={"PYTHONPATH": str(hook)})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logits = np.load(runs / "killed" / "transfer" / "logits.npy")
+    np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
+
+
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
     command = [PYTHON, "-m", "distill", "transfer", str(SMOKE), f"--name={name}", "--transfer.labeller=teacher-fused"]
