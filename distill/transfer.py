@@ -71,7 +71,7 @@ def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length:
     """Warn when `transfer.max_length` cuts many train and dev examples: the teacher labels, the students read and
     the bundles serve them at that length."""
     pairs = None if train.pairs is None else train.pairs + dev.pairs
-    rows = encode(tokenizer, train.texts + dev.texts, pairs, max_length)["input_ids"]
+    rows = encode(tokenizer, train.texts + dev.texts, pairs, max_length, desc="tokenize")["input_ids"]
     if cut := cut_warning(rows, "transfer.max_length", max_length, pairs is not None, "train and dev"):
         print(f"[transfer] warning: {cut}, for the students and the served bundles; raise transfer.max_length")
 

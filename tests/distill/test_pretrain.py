@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
+from edgedistill.common import settings
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.distill import pretrain, tokenization
@@ -55,6 +56,13 @@ def test_blocks_are_the_same_whether_texts_are_tokenized_at_once_or_in_chunks(mo
     whole = make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:]
     monkeypatch.setattr(tokenization, "ENCODE_CHUNK", 7)
     assert make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:] == whole
+
+
+def test_blocks_with_a_name_print_their_progress_in_status_lines(monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    make_blocks(tokenizer("bert"), TEXTS * 30, 16, "bert", with_offsets=False, desc="blocks")
+    assert f"[blocks] {len(TEXTS) * 30}/{len(TEXTS) * 30} text (100%)" in capsys.readouterr().err
 
 
 def test_gpt_blocks_separate_texts_with_eos():
