@@ -239,6 +239,7 @@ def _build(inputs: Inputs) -> Built | None:
     eval_collator = DataCollatorForLanguageModeling(tokenizer, **masking, seed=EVAL_MASK_SEED)
     blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm, "pretrain blocks" if shown else None)
     eval_blocks = make_blocks(tokenizer, eval_texts, cfg.seq_len, model_cfg.family, wwm)
+    del texts, eval_texts  # the blocks hold what training reads: the corpus (GBs of a large dump) is not held
     if not blocks or not eval_blocks:
         raise ValueError(f"pretrain: corpus too small for one block of {cfg.seq_len} tokens (train or eval)")
     bs = cfg.optim.batch_size
