@@ -482,6 +482,7 @@ class Trainer:
         stop = p.global_step >= total or self._patience_spent()
         while not stop:
             batches = first if p.epoch == 0 else batches_for_epoch(p.epoch)
+            first = None  # not held through the later epochs: a large set's batches take GBs
             self._epoch_len = len(batches)
             for batch in batches[p.step_in_epoch :]:
                 model.train()

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import weakref
 
 import pytest
 import torch
@@ -558,3 +559,27 @@ def test_a_checkpoint_of_an_earlier_release_resumes_with_its_kept_weights_named_
     resumed.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 12, 4)], lambda idx: (X[idx], Y[idx]),
                 mse_crashing_at(None), lambda m: {"score": 0.4}, "score", lambda m, _: None)  # fmt: skip
     assert resumed.best_path.read_text() == "kept"
+
+
+class Batches(list):
+    """An epoch's batches, which a weak reference can follow."""
+
+
+def test_epoch_0s_batches_are_not_held_through_the_next_epoch(tmp_path):
+    drawn, held = {}, []
+
+    def batches_for_epoch(epoch: int) -> Batches:
+        batches = Batches([list(range(i, i + 4)) for i in range(0, 16, 4)])
+        drawn[epoch] = weakref.ref(batches)
+        return batches
+
+    def make_batch(idx):
+        if len(drawn) > 1:  # an epoch after the first
+            held.append(drawn[0]() is not None)
+        return X[idx], Y[idx]
+
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=2, warmup_ratio=0.0)
+    Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU).fit(
+        batches_for_epoch, make_batch, mse_crashing_at(None), lambda m: {"score": 0.0}, "score", lambda m, _: None
+    )
+    assert held == [False] * 4
