@@ -583,3 +583,36 @@ def test_epoch_0s_batches_are_not_held_through_the_next_epoch(tmp_path):
         batches_for_epoch, make_batch, mse_crashing_at(None), lambda m: {"score": 0.0}, "score", lambda m, _: None
     )
     assert held == [False] * 4
+
+
+def test_a_long_epoch_without_evaluations_checkpoints_a_progress_of_bounded_size(tmp_path):
+    cfg = OptimConfig(lr=0.01, batch_size=1, warmup_ratio=0.0, checkpoint_every=100)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+    with pytest.raises(Crash):  # mid-epoch, after the checkpoint of step 1900, which no evaluation preceded
+        trainer.fit(lambda epoch: [[i % 16] for i in range(2000)], lambda idx: (X[idx], Y[idx]),
+                    mse_crashing_at(1901), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    progress = torch.load(tmp_path / CHECKPOINT, weights_only=True)["progress"]
+    assert len(progress["losses"]) <= 50
+
+
+def as_an_earlier_release_wrote_it(checkpoint, losses: list[float]) -> None:
+    """`checkpoint` rewritten as a release that kept every step's loss since the last evaluation (`losses`) did."""
+    state = torch.load(checkpoint, weights_only=True)
+    state["progress"] = {k: v for k, v in state["progress"].items() if k not in ("loss_sum", "loss_steps")}
+    state["progress"]["losses"] = losses
+    torch.save(state, checkpoint)
+
+
+def test_a_checkpoint_with_every_steps_loss_resumes_to_the_train_loss_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    step, losses = Trainer._step, []
+
+    def noted(self, *args):
+        loss, stepped = step(self, *args)
+        losses.append(loss)
+        return loss, stepped
+
+    monkeypatch.setattr(Trainer, "_step", noted)
+    with pytest.raises(Crash):
+        _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
+    as_an_earlier_release_wrote_it(tmp_path / "crashed" / CHECKPOINT, losses[4:6])  # evaluated at step 4
+    assert _history(tmp_path / "crashed") == _history(tmp_path / "straight")
