@@ -6,6 +6,7 @@ deduplicated and any that overlaps a dev text is dropped.
 """
 
 import hashlib
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -153,21 +154,21 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     )
     bar.close()
     rng.shuffle(augmented)
-    candidates = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
-    if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
-        unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
-    candidates += [(t, 0, -1) for t in unlabelled]
-    candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
+    kept_train = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
+    augmented = augmented[: cfg.max_augmented]
+    # every unlabelled example is a candidate until max_unlabelled are kept: duplicates, dev overlaps and texts
+    # without words, dropped below, may be most of a repetitive dump
+    candidates = itertools.chain(kept_train, ((t, 0, -1) for t in unlabelled), ((t, 2, -1) for t in augmented))
     leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
     removed = {"no_words": 0, "duplicates": 0, "dev_overlap": 0}
-    bar = progress.bar(len(candidates), desc="filter", unit="text")
+    bar = progress.bar(len(kept_train) + len(unlabelled) + len(augmented), desc="filter", unit="text")
     for sides, source, label in candidates:
         bar.update()
-        key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
+        key = tuple(normalise(side) for side in sides)
         if not all(key):  # no letter or digit on a side (an emoji, `:-(`): nothing to compare it on
             removed["no_words"] += 1
             continue

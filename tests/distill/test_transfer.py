@@ -74,6 +74,19 @@ def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb
     return build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition
 
 
+def test_max_unlabelled_is_filled_from_a_dump_mostly_of_one_repeated_sentence(tmp_path):
+    repeated = ["the very same sentence comes back again and again ."] * 2100
+    varied = [f"sentence number {i} of a long and varied dump ." for i in range(900)]
+    (tmp_path / "u.txt").write_text("".join(f"{line}\n" for line in repeated + varied))
+    overrides = {
+        "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
+        "transfer.unlabelled_max_lines": 3000,
+        "transfer.max_unlabelled": 500,
+        "transfer.n_iter": 0,
+    }
+    assert build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition["unlabelled"] == 500
+
+
 @pytest.mark.parametrize("style", ["raw", "ptb_lower"])
 def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
     composition = composition_of(tmp_path, [*MARKED_UP, "a different review of the film"], MARKED_UP, style)
@@ -127,7 +140,7 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
     (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
     overrides = {
         "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
-        "transfer.unlabelled_max_lines": None,
+        "transfer.unlabelled_max_lines": 3000,
         "export.cascades": {},  # which need lines past those the transfer set reads
     }
     build_texts(load_recipe(SMOKE, overrides), "[MASK]")
