@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from edgedistill.common import progress
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 from edgedistill.common.text import NotUtf8, shows_nothing, utf8_lines
 
@@ -530,6 +531,15 @@ def line_count(sources: list[str]) -> int | None:
     return count
 
 
-def load_unlabelled(sources: list[str], max_lines: int | None = None) -> list[str]:
-    """`unlabelled_lines` as a list."""
-    return list(unlabelled_lines(sources, max_lines))
+def load_unlabelled(sources: list[str], max_lines: int | None = None, desc: str | None = None) -> list[str]:
+    """`unlabelled_lines` as a list; with `desc`, read under a progress bar of that name (a large dump takes
+    minutes)."""
+    if desc is None:
+        return list(unlabelled_lines(sources, max_lines))
+    bar = progress.bar(max_lines or line_count(sources), desc=desc, unit="line")
+    lines = []
+    for line in unlabelled_lines(sources, max_lines):
+        lines.append(line)
+        bar.update()
+    bar.close()
+    return lines

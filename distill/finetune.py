@@ -139,7 +139,8 @@ def _build(inputs: Inputs) -> Built | None:
         )
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)
     reinit_top_layers(model, cfg.reinit_layers)
-    train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length)
+    tokenizing = "teacher tokenize" if dist.is_main() else None  # the ranks' bars would say the same
+    train_feats = encode(tokenizer, train.texts, train.pairs, recipe.model.max_length, desc=tokenizing)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)
     cut = cut_warning(train_feats["input_ids"], "model.max_length", recipe.model.max_length, data.pairs, "train")
     if cut and dist.is_main():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
@@ -108,9 +109,11 @@ class Blocks(Sequence):
         return block
 
 
-def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool) -> Blocks:
-    """Concatenate tokenised texts (`tokenization.ENCODE_CHUNK` at a time) and cut them into blocks of `seq_len`
-    tokens.
+def make_blocks(
+    tokenizer, texts: list[str], seq_len: int, family: str, with_offsets: bool, desc: str | None = None
+) -> Blocks:
+    """Concatenate tokenised texts (`tokenization.ENCODE_CHUNK` at a time, counted by a progress bar named `desc`
+    where given) and cut them into blocks of `seq_len` tokens.
 
     BERT blocks are wrapped in [CLS] ... [SEP]; GPT texts are separated by the EOS token.
     `offset_mapping` is kept for whole-word masking.
@@ -122,6 +125,7 @@ def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_off
         inner, head, tail = seq_len, [], []
         sep_ids, sep_offsets = [tokenizer.eos_token_id], [(0, 0)]
     ids, offsets = [np.zeros(0, dtype=np.int32)], [np.zeros((0, 2), dtype=np.int32)]
+    bar = progress.bar(len(texts), desc=desc or "", unit="text", enabled=desc is not None)
     for start in range(0, len(texts), tokenization.ENCODE_CHUNK):
         chunk = texts[start : start + tokenization.ENCODE_CHUNK]
         enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=with_offsets)
@@ -129,6 +133,8 @@ def make_blocks(tokenizer, texts: list[str], seq_len: int, family: str, with_off
         if with_offsets:
             pairs = [pair for row in enc["offset_mapping"] for pair in list(row) + sep_offsets]
             offsets.append(np.array(pairs, dtype=np.int32).reshape(-1, 2))
+        bar.update(len(chunk))
+    bar.close()
     flat = np.concatenate(ids)
     count = len(flat) // inner
     body = flat[: count * inner].reshape(count, inner)
@@ -195,9 +201,10 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built | None:
     recipe = inputs.recipe
     cfg, model_cfg = recipe.pretrain, recipe.model
-    texts = load_unlabelled(cfg.train_files, cfg.train_max_lines)
+    shown = dist.is_main()  # the ranks' bars would say the same
+    texts = load_unlabelled(cfg.train_files, cfg.train_max_lines, "pretrain read" if shown else None)
     if cfg.eval_files:
-        eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines)
+        eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines, "pretrain read eval" if shown else None)
     else:
         if len(texts) <= 2 * cfg.eval_holdout_lines:
             raise RecipeError(
@@ -230,8 +237,9 @@ def _build(inputs: Inputs) -> Built | None:
         masking |= {"mask_replace_prob": 1.0, "random_replace_prob": 0.0}
     collator = DataCollatorForLanguageModeling(tokenizer, **masking)
     eval_collator = DataCollatorForLanguageModeling(tokenizer, **masking, seed=EVAL_MASK_SEED)
-    blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm)
+    blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm, "pretrain blocks" if shown else None)
     eval_blocks = make_blocks(tokenizer, eval_texts, cfg.seq_len, model_cfg.family, wwm)
+    del texts, eval_texts  # the blocks hold what training reads: the corpus (GBs of a large dump) is not held
     if not blocks or not eval_blocks:
         raise ValueError(f"pretrain: corpus too small for one block of {cfg.seq_len} tokens (train or eval)")
     bs = cfg.optim.batch_size

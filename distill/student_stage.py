@@ -139,15 +139,15 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
     return student, student.config
 
 
-def _transfer_data(transfer_dir: Path, tokenizer, max_length: int):
-    """Token ids of the transfer set (pairs too, when it has them), the teacher's logits (float16, as stored: a batch
-    takes them as float32), and gold labels or `UNLABELLED`."""
+def _transfer_data(transfer_dir: Path, tokenizer, max_length: int, desc: str | None):
+    """Token ids of the transfer set (pairs too, when it has them; tokenized under a progress bar named `desc`), the
+    teacher's logits (float16, as stored: a batch takes them as float32), and gold labels or `UNLABELLED`."""
     pairs = read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
     meta = np.load(transfer_dir / "meta.npz")
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
     labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], UNLABELLED))
     return (
-        encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True),
+        encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True, desc=desc),
         logits,
         labels,
     )
@@ -294,13 +294,14 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]
     distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
+    tokenizing = f"{stage_name} tokenize" if dist.is_main() else None  # the ranks' bars would say the same
     if baseline:
-        feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True)
+        feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True, desc=tokenizing)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
         optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
     else:
-        feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length)
+        feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length, tokenizing)
         optim = spec.optim
 
     # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)

@@ -183,9 +183,11 @@ def encode(
     pairs: Sequence[str] | None,
     max_length: int,
     student_segments: bool = False,
+    desc: str | None = None,
 ) -> dict[str, TokenRows]:
     """Token ids (and token type ids where the model uses them) per example, unpadded, truncated; tokenized
-    `ENCODE_CHUNK` texts at a time into `TokenRows`, so memory grows by 4 bytes a token.
+    `ENCODE_CHUNK` texts at a time into `TokenRows`, so memory grows by 4 bytes a token. With `desc`, a progress bar
+    of that name counts the texts tokenized (a whole transfer set takes minutes).
 
     With `student_segments`, the `token_type_ids` of pairs are the segment ids the pair students read
     (`pair_segments`): the tokenizer's own where it marks sentence B with them, else made from its sequence ids.
@@ -195,6 +197,7 @@ def encode(
     )
     values: dict[str, list[np.ndarray]] = {}
     lengths = [np.zeros(1, dtype=np.int64)]
+    bar = progress.bar(len(texts), desc=desc or "", unit="text", enabled=desc is not None)
     for start in range(0, len(texts), ENCODE_CHUNK):
         end = start + ENCODE_CHUNK
         enc = tokenizer(
@@ -211,6 +214,8 @@ def encode(
             if key in enc:
                 values.setdefault(key, []).append(np.fromiter((i for row in enc[key] for i in row), dtype=np.int32))
         lengths.append(np.fromiter((len(row) for row in enc["input_ids"]), dtype=np.int64))
+        bar.update(len(enc["input_ids"]))
+    bar.close()
     offsets = np.cumsum(np.concatenate(lengths))
     if not values:  # no texts: the keys the tokenizer gives
         keys = [key for key in ("input_ids", "token_type_ids") if key in tokenizer("") or derive]

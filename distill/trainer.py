@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 CHECKPOINT = "checkpoint.pt"
 BEST = "best"  # the kept weights in the work folder, as `best-<step>` (`Trainer.best_path`)
 LOG_EVERY = 10  # steps between points of the tracked training curves
+RECENT = 50  # steps whose losses the bar averages (the tracked curve, the last LOG_EVERY of them)
 
 
 def ema_update(decay: float):
@@ -74,13 +75,26 @@ class Progress:
     best_step: int = -1
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # each step's since the last evaluation: its train_loss
+    losses: list[float] = field(default_factory=list)  # the last RECENT steps' since the last evaluation
+    loss_sum: float = 0.0  # every step's since the last evaluation, added in step order: with loss_steps, train_loss
+    loss_steps: int = 0
     resumed_from: int | None = None
 
     @property
     def best_entry(self) -> dict[str, Any]:
         """The evaluation that was kept: the history entry of the best step."""
         return next(entry for entry in self.history if entry["step"] == self.best_step)
+
+
+def _current_progress(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's progress as `Progress` takes it: one of an earlier release, which kept every step's loss since
+    the last evaluation, gets their sum, added in step order as training adds them, and their count."""
+    if "loss_steps" in saved:
+        return saved
+    total = 0.0
+    for loss in saved["losses"]:
+        total += loss
+    return saved | {"losses": saved["losses"][-RECENT:], "loss_sum": total, "loss_steps": len(saved["losses"])}
 
 
 @dataclass(frozen=True)
@@ -395,7 +409,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         if self.ema:
             self.ema.load_state_dict(state["ema"])
-        self.progress = Progress(**state["progress"])
+        self.progress = Progress(**_current_progress(state["progress"]))
         self.progress.resumed_from = self.progress.global_step
         self._restore_rng(state["rng"])
 
@@ -490,12 +504,16 @@ class Trainer:
         stop = p.global_step >= total or self._patience_spent()
         while not stop:
             batches = first if p.epoch == 0 else batches_for_epoch(p.epoch)
+            first = None  # not held through the later epochs: a large set's batches take GBs
             self._epoch_len = len(batches)
             for batch in batches[p.step_in_epoch :]:
                 model.train()
                 tick = time.perf_counter()
                 loss, stepped = self._step(model, batch, make_batch, loss_fn)
                 p.losses.append(loss)
+                del p.losses[:-RECENT]
+                p.loss_sum += loss
+                p.loss_steps += 1
                 if stepped:  # a skipped fp16 step moves neither the schedule nor the average
                     scheduler.step()
                     if self.ema:
@@ -506,9 +524,7 @@ class Trainer:
                 p.step_in_epoch += 1
                 p.global_step += 1
                 rate = self._examples / self._train_seconds
-                bar.set_postfix(
-                    loss=f"{sum(p.losses[-50:]) / len(p.losses[-50:]):.4f}", ex_s=f"{rate:.0f}", refresh=False
-                )
+                bar.set_postfix(loss=f"{sum(p.losses) / len(p.losses):.4f}", ex_s=f"{rate:.0f}", refresh=False)
                 bar.update()
                 if p.global_step % LOG_EVERY == 0:
                     recent = p.losses[-LOG_EVERY:]
@@ -542,9 +558,9 @@ class Trainer:
             # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
             metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
-        if p.losses:
-            entry["train_loss"] = sum(p.losses) / len(p.losses)
-        p.losses = []
+        if p.loss_steps:
+            entry["train_loss"] = p.loss_sum / p.loss_steps
+        p.losses, p.loss_sum, p.loss_steps = [], 0.0, 0
         entry["lr"] = _lr(scheduler)
         entry.update(metrics)
         p.history.append(entry)

@@ -1,14 +1,13 @@
 """Build the transfer set and label it with the teacher once; writes `runs/<recipe>/transfer/`.
 
-The texts come from `transfer_texts`; `labelling` labels them in shards, so a killed run resumes at the first missing
-shard.
+The texts come from `transfer_texts` and are kept in the stage's work folder; `labelling` labels them in shards, so a
+killed run resumes at the first missing shard without building the texts again.
 
 Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence B, line by line),
 `meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `logits.npy`
 (float16, (N, C)) and `dev_logits.npy`.
 """
 
-import json
 import shutil
 import time
 from dataclasses import replace
@@ -17,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import Examples, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.common.text import write_texts
 from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, labelling_info, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, mask_token
-from edgedistill.distill.transfer_texts import SOURCES, build_texts
+from edgedistill.distill.transfer_texts import SOURCES, TransferTexts, build_texts
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -72,7 +71,7 @@ def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length:
     """Warn when `transfer.max_length` cuts many train and dev examples: the teacher labels, the students read and
     the bundles serve them at that length."""
     pairs = None if train.pairs is None else train.pairs + dev.pairs
-    rows = encode(tokenizer, train.texts + dev.texts, pairs, max_length)["input_ids"]
+    rows = encode(tokenizer, train.texts + dev.texts, pairs, max_length, desc="tokenize")["input_ids"]
     if cut := cut_warning(rows, "transfer.max_length", max_length, pairs is not None, "train and dev"):
         print(f"[transfer] warning: {cut}, for the students and the served bundles; raise transfer.max_length")
 
@@ -97,6 +96,18 @@ def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
             f"[transfer] the labeller {folder} was built from other settings than the recipe's ({why}): run "
             "`edgedistill labeller RECIPE` first (make transfer does)"
         )
+
+
+def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
+    """The transfer set's texts: those an interrupted run of the same work built and kept in the folder `kept`,
+    else `build_texts`, kept there (atomically) before labelling starts, so that a resumed labelling does not build
+    them again (hours for a large unlabelled dump)."""
+    if kept.is_dir():
+        progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
+        return TransferTexts.read(kept)
+    built = build_texts(recipe, mask)
+    atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))
+    return built
 
 
 def _build(inputs: Inputs) -> Built:
@@ -138,7 +149,7 @@ def _build(inputs: Inputs) -> Built:
     if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
         shutil.rmtree(work, ignore_errors=True)
     atomic_write(stamp, key)
-    built = build_texts(recipe, mask)
+    built = _texts(recipe, mask, work / "texts")
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free
     recheck = recipe.runtime.precision == "auto"
@@ -157,13 +168,9 @@ def _build(inputs: Inputs) -> Built:
         labelling["second_pass"]["dev_agreement"] = float((made.argmax(-1) == dev_logits.argmax(-1)).mean())
 
     def write(folder: Path) -> None:
-        write_texts(folder / "texts.txt", texts)
-        if pairs is not None:
-            write_texts(folder / "pairs.txt", pairs)
-        np.savez(folder / "meta.npz", source=built.sources, label=built.labels)
+        built.write(folder)
         np.save(folder / "logits.npy", logits)
         np.save(folder / "dev_logits.npy", dev_logits.astype(np.float32))
-        (folder / "composition.json").write_text(json.dumps(composition, indent=1))
 
     read = {}
     if labelling["engine"] == "onnxruntime":  # the labels are the bundle's: building it again makes them stale

@@ -6,13 +6,17 @@ deduplicated and any that overlaps a dev text is dropped.
 """
 
 import hashlib
+import itertools
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import line_count, load_splits, unlabelled_lines
 from edgedistill.common.recipe import Recipe
+from edgedistill.common.text import read_texts, write_texts
 from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
@@ -64,6 +68,29 @@ class TransferTexts:
     sources: np.ndarray
     labels: np.ndarray
     composition: dict
+
+    def write(self, folder: Path) -> None:
+        """`texts.txt`, for pair tasks `pairs.txt`, `meta.npz` (`source`, `label`) and `composition.json` in
+        `folder`."""
+        write_texts(folder / "texts.txt", self.texts)
+        if self.pairs is not None:
+            write_texts(folder / "pairs.txt", self.pairs)
+        np.savez(folder / "meta.npz", source=self.sources, label=self.labels)
+        (folder / "composition.json").write_text(json.dumps(self.composition, indent=1))
+
+    @classmethod
+    def read(cls, folder: Path) -> "TransferTexts":
+        """The texts `write` wrote into `folder`, as they were."""
+        with np.load(folder / "meta.npz") as meta:
+            sources, labels = meta["source"], meta["label"]
+        pairs = folder / "pairs.txt"
+        return cls(
+            read_texts(folder / "texts.txt"),
+            read_texts(pairs) if pairs.is_file() else None,
+            sources,
+            labels,
+            json.loads((folder / "composition.json").read_text()),
+        )
 
 
 def adjacent(sentences: list[str]) -> list[tuple[str, str]]:
@@ -127,21 +154,21 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     )
     bar.close()
     rng.shuffle(augmented)
-    candidates = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
-    if cfg.max_unlabelled:  # twice the cap leaves room for the duplicates dropped below
-        unlabelled = unlabelled[: 2 * cfg.max_unlabelled]
-    candidates += [(t, 0, -1) for t in unlabelled]
-    candidates += [(t, 2, -1) for t in augmented[: cfg.max_augmented]]
+    kept_train = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
+    augmented = augmented[: cfg.max_augmented]
+    # every unlabelled example is a candidate until max_unlabelled are kept: duplicates, dev overlaps and texts
+    # without words, dropped below, may be most of a repetitive dump
+    candidates = itertools.chain(kept_train, ((t, 0, -1) for t in unlabelled), ((t, 2, -1) for t in augmented))
     leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
     removed = {"no_words": 0, "duplicates": 0, "dev_overlap": 0}
-    bar = progress.bar(len(candidates), desc="filter", unit="text")
+    bar = progress.bar(len(kept_train) + len(unlabelled) + len(augmented), desc="filter", unit="text")
     for sides, source, label in candidates:
         bar.update()
-        key = tuple(normalise(side) for side in sides)
         if source == 0 and cfg.max_unlabelled and counts["unlabelled"] >= cfg.max_unlabelled:
             continue
+        key = tuple(normalise(side) for side in sides)
         if not all(key):  # no letter or digit on a side (an emoji, `:-(`): nothing to compare it on
             removed["no_words"] += 1
             continue

@@ -3,6 +3,7 @@ import json
 import re
 
 import pytest
+from edgedistill.common import settings
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import (
     DataError,
@@ -227,6 +228,14 @@ def test_a_jsonl_file_with_a_byte_order_mark_reads_its_first_line(tmp_path):
 def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     (tmp_path / "u.txt").write_bytes(b"\xef\xbb\xbffirst line\nsecond\n")
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
+
+
+def test_unlabelled_text_read_with_a_name_prints_its_progress_in_status_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    (tmp_path / "u.txt").write_text("a line\n" * 3000)
+    load_unlabelled([str(tmp_path / "u.txt")], desc="read")
+    assert "[read] 3000/3000 line (100%)" in capsys.readouterr().err
 
 
 def test_a_stray_byte_that_is_not_utf8_names_how_to_drop_it(tmp_path):

@@ -1,12 +1,15 @@
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
+from edgedistill.common import settings
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import pretrain, tokenization
 from edgedistill.distill.device import resolve
 from edgedistill.distill.pretrain import (
@@ -17,6 +20,7 @@ from edgedistill.distill.pretrain import (
     scratch_tokenizer,
 )
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
+from edgedistill.distill.trainer import Trainer
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -55,6 +59,13 @@ def test_blocks_are_the_same_whether_texts_are_tokenized_at_once_or_in_chunks(mo
     whole = make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:]
     monkeypatch.setattr(tokenization, "ENCODE_CHUNK", 7)
     assert make_blocks(tok, TEXTS, 16, "bert", with_offsets=True)[:] == whole
+
+
+def test_blocks_with_a_name_print_their_progress_in_status_lines(monkeypatch, capsys):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
+    make_blocks(tokenizer("bert"), TEXTS * 30, 16, "bert", with_offsets=False, desc="blocks")
+    assert f"[blocks] {len(TEXTS) * 30}/{len(TEXTS) * 30} text (100%)" in capsys.readouterr().err
 
 
 def test_gpt_blocks_separate_texts_with_eos():
@@ -139,6 +150,30 @@ def test_ranks_wait_for_a_scratch_tokenizer_past_their_collectives_timeout(data_
     reviews = str(data_dir / "unlabeled" / "movie_reviews.txt")
     vocab = on_two_ranks(tmp_path, _slowly_trained_scratch_vocab, reviews, str(tmp_path / "tokenizer"), timeout_s=2)
     assert vocab[0] == vocab[1]
+
+
+class Lines(list):
+    """A list of lines a weak reference can follow."""
+
+
+def test_the_stage_holds_no_corpus_text_while_it_trains(monkeypatch):
+    read = []
+
+    def load_lines(*args, **kwargs):
+        lines = Lines(load_unlabelled(*args, **kwargs))
+        read.append(weakref.ref(lines))
+        return lines
+
+    fit, held = Trainer.fit, []
+
+    def fit_noting_what_is_held(self, *args, **kwargs):
+        held.append(sum(ref() is not None for ref in read))  # lists of lines still alive as training starts
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(pretrain, "load_unlabelled", load_lines)
+    monkeypatch.setattr(Trainer, "fit", fit_noting_what_is_held)
+    pretrain.stage(load_recipe(ROOT / "recipes" / "smoke.yaml", {"pretrain.optim.max_steps": 2})).run()
+    assert held == [0]
 
 
 def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):

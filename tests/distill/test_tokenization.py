@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common.recipe import RecipeError
+from edgedistill.common.settings import PROGRESS_INTERVAL_VAR, PROGRESS_VAR
 from edgedistill.distill import tokenization
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments, train_tokenizer
 from edgedistill.serve.encoding import TextEncoder
@@ -48,6 +49,13 @@ def test_encode_gives_each_text_its_tokenizer_ids():
         list(encode(tokenizer, TEXTS[:5], None, 4)["input_ids"])
         == tokenizer(TEXTS[:5], truncation=True, max_length=4)["input_ids"]
     )
+
+
+def test_encode_with_a_name_prints_its_progress_in_status_lines(monkeypatch, capsys):
+    monkeypatch.setenv(PROGRESS_VAR, "lines")
+    monkeypatch.setenv(PROGRESS_INTERVAL_VAR, "0.000001")
+    encode(train_tokenizer("bert", TEXTS, 60), TEXTS * 50, None, 16, desc="tokenize")
+    assert f"[tokenize] {len(TEXTS) * 50}/{len(TEXTS) * 50} text (100%)" in capsys.readouterr().err
 
 
 class Counting:

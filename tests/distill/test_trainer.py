@@ -3,6 +3,7 @@
 import contextlib
 import io
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -624,3 +625,60 @@ def test_a_rank_that_waits_for_rank_0_past_the_timeout_says_which_rank_how_long_
     late_in, said = said_with_rank_0_late
     waited = f"rank 1 waited {LATE_TIMEOUT_S} s (runtime.collective_timeout_s) for rank 0 to {WAITED_FOR[late_in]},"
     assert said[1].startswith(waited)
+
+
+class Batches(list):
+    """An epoch's batches, which a weak reference can follow."""
+
+
+def test_epoch_0s_batches_are_not_held_through_the_next_epoch(tmp_path):
+    drawn, held = {}, []
+
+    def batches_for_epoch(epoch: int) -> Batches:
+        batches = Batches([list(range(i, i + 4)) for i in range(0, 16, 4)])
+        drawn[epoch] = weakref.ref(batches)
+        return batches
+
+    def make_batch(idx):
+        if len(drawn) > 1:  # an epoch after the first
+            held.append(drawn[0]() is not None)
+        return X[idx], Y[idx]
+
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=2, warmup_ratio=0.0)
+    Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU).fit(
+        batches_for_epoch, make_batch, mse_crashing_at(None), lambda m: {"score": 0.0}, "score", lambda m, _: None
+    )
+    assert held == [False] * 4
+
+
+def test_a_long_epoch_without_evaluations_checkpoints_a_progress_of_bounded_size(tmp_path):
+    cfg = OptimConfig(lr=0.01, batch_size=1, warmup_ratio=0.0, checkpoint_every=100)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+    with pytest.raises(Crash):  # mid-epoch, after the checkpoint of step 1900, which no evaluation preceded
+        trainer.fit(lambda epoch: [[i % 16] for i in range(2000)], lambda idx: (X[idx], Y[idx]),
+                    mse_crashing_at(1901), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    progress = torch.load(tmp_path / CHECKPOINT, weights_only=True)["progress"]
+    assert len(progress["losses"]) <= 50
+
+
+def as_an_earlier_release_wrote_it(checkpoint, losses: list[float]) -> None:
+    """`checkpoint` rewritten as a release that kept every step's loss since the last evaluation (`losses`) did."""
+    state = torch.load(checkpoint, weights_only=True)
+    state["progress"] = {k: v for k, v in state["progress"].items() if k not in ("loss_sum", "loss_steps")}
+    state["progress"]["losses"] = losses
+    torch.save(state, checkpoint)
+
+
+def test_a_checkpoint_with_every_steps_loss_resumes_to_the_train_loss_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    step, losses = Trainer._step, []
+
+    def noted(self, *args):
+        loss, stepped = step(self, *args)
+        losses.append(loss)
+        return loss, stepped
+
+    monkeypatch.setattr(Trainer, "_step", noted)
+    with pytest.raises(Crash):
+        _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
+    as_an_earlier_release_wrote_it(tmp_path / "crashed" / CHECKPOINT, losses[4:6])  # evaluated at step 4
+    assert _history(tmp_path / "crashed") == _history(tmp_path / "straight")

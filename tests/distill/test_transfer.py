@@ -74,6 +74,19 @@ def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb
     return build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition
 
 
+def test_max_unlabelled_is_filled_from_a_dump_mostly_of_one_repeated_sentence(tmp_path):
+    repeated = ["the very same sentence comes back again and again ."] * 2100
+    varied = [f"sentence number {i} of a long and varied dump ." for i in range(900)]
+    (tmp_path / "u.txt").write_text("".join(f"{line}\n" for line in repeated + varied))
+    overrides = {
+        "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
+        "transfer.unlabelled_max_lines": 3000,
+        "transfer.max_unlabelled": 500,
+        "transfer.n_iter": 0,
+    }
+    assert build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition["unlabelled"] == 500
+
+
 @pytest.mark.parametrize("style", ["raw", "ptb_lower"])
 def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
     composition = composition_of(tmp_path, [*MARKED_UP, "a different review of the film"], MARKED_UP, style)
@@ -127,7 +140,7 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
     (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
     overrides = {
         "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
-        "transfer.unlabelled_max_lines": None,
+        "transfer.unlabelled_max_lines": 3000,
         "export.cascades": {},  # which need lines past those the transfer set reads
     }
     build_texts(load_recipe(SMOKE, overrides), "[MASK]")
@@ -412,6 +425,40 @@ def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards
     again = run_stage(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[transfer] resuming labelling" in again.stdout
+
+
+REFUSE_TO_BUILD_TEXTS = """
+from edgedistill.distill import transfer
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("build_texts ran again")
+
+
+transfer.build_texts = refuse
+"""
+
+
+@pytest.mark.slow
+def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(tmp_path):
+    """A rerun after a kill labels the texts the killed run built (it is refused `build_texts`), to the logits of an
+    uninterrupted run."""
+    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+    for stage in ("teacher", "transfer"):
+        straight = run_stage(stage, SMOKE, "--name=straight", *small)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    (runs / "killed").mkdir()
+    os.symlink(runs / "straight" / "teacher", runs / "killed" / "teacher")
+    work = runs / "killed" / ".work" / "transfer"
+    kill_9_once(["transfer", SMOKE, "--name=killed", *small], lambda: any(work.glob("logits-*.npy")))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(REFUSE_TO_BUILD_TEXTS)
+    resumed = run_stage("transfer", SMOKE, "--name=killed", *small, env_extra={"PYTHONPATH": str(hook)})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logits = np.load(runs / "killed" / "transfer" / "logits.npy")
+    np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
 
 
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
