@@ -229,7 +229,8 @@ def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
         ],
     )
     shown = {name: m for name, m in matrices.items() if not name.startswith("baseline-")}
-    page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
+    if shown:  # baselines alone (the teacher and students predate dev_confusion): their table, no figure
+        page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
 def _cascade_section(page: Page, root: Path) -> None:

@@ -721,3 +721,21 @@ def test_a_run_without_confusion_matrices_has_no_per_label_section(tmp_path):
     page = render.Page("report")
     render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
     assert page.md == ["# report", ""]
+
+
+def baselines_only_page(tmp_path) -> render.Page:
+    """The per-label section of a smoke run whose teacher predates dev confusion matrices and whose cnn baseline,
+    built again since, records one."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
+    page = render.Page("report")
+    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    return page
+
+
+def test_per_label_section_of_baselines_alone_lists_the_baseline(tmp_path):
+    assert "| label | dev examples | baseline-cnn F1 |" in "\n".join(baselines_only_page(tmp_path).md)
+
+
+def test_per_label_section_of_baselines_alone_draws_no_figure(tmp_path):
+    assert baselines_only_page(tmp_path).figures == {}
