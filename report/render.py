@@ -374,6 +374,18 @@ def _number(value, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
+LOADTEST_FIGURES = {  # a load test's overall figure -> its format in the report's table, beside the SLO it reads
+    "failures": ",d",
+    "requests_per_s": ".1f",
+    **dict.fromkeys(
+        ("p50_ms", "p95_ms", "p99_ms", "max_ms", "p50_from_due_ms", "p95_from_due_ms", "p99_from_due_ms"), ".2f"
+    ),
+    "late_calls": ",d",
+    "server_cpu_pct": ".0f",
+    "locust_cpu_pct": ".0f",
+}
+
+
 def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
     for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name) and name not in stale):
         result = loadtest_result.load(folder)
@@ -389,23 +401,11 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         )
         overall = result["overall"]
         page.table(
-            [
-                "requests",
-                "failures",
-                "requests/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "max ms",
-                "server CPU %",
-                "locust CPU %",
-            ],
-            [
-                [overall["requests"], overall["failures"], _number(overall["requests_per_s"], ".1f")]
-                + [_number(overall[k], ".2f") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
-                + [_number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
-            ],
+            ["requests", *(loadtest_result.COLUMNS[key] for key in LOADTEST_FIGURES)],
+            # a result written before calls were timed from their due time has no such figures: "-"
+            [[overall["requests"], *(_number(overall.get(key), spec) for key, spec in LOADTEST_FIGURES.items())]],
         )
+        page.note(loadtest_result.READING)
         # The load test's own rows, so that the report and its summary.md write each measured figure alike
         page.table(["SLO check", "measured", "wanted", "result"], loadtest_result.verdict_rows(result))
         # The calls its figures count: those due after the schedule count nowhere (`loadtests.result`)

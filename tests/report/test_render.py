@@ -533,12 +533,14 @@ def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bun
 LOADTEST_STEADY = "loadtest-steady-bilstm-int8"
 
 
-def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
+def publish_loadtest(tmp_path, checks: list[dict], calls: list[float], figures: dict | None = None) -> None:
     """A steady load test of the smoke run's deployed bundle (bilstm-int8, published first), scheduled for 5 s, with
-    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in."""
+    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in; its overall
+    latencies 5 ms, but for the `figures` given."""
     publish(tmp_path / "bundle-bilstm-int8")
     overall = {"requests": len(calls), "failures": 0, "requests_per_s": 0.4, "error_codes": {}}
     overall |= {key: 5.0 for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "server_cpu_pct", "locust_cpu_pct")}
+    overall |= figures or {}
     series = {"t_s": [0], "users": [1], "requests_per_s": [1.0], "failures_per_s": [0.0]}
     result = {
         "profile": "steady",
@@ -568,9 +570,11 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
         mf.commit(tmp, folder, base)
 
 
-def loadtest_page(tmp_path, checks: list[dict], calls: list[float] = (5.0,)) -> render.Page:
+def loadtest_page(
+    tmp_path, checks: list[dict], calls: list[float] = (5.0,), figures: dict | None = None
+) -> render.Page:
     """The load-test section of the run of `publish_loadtest`."""
-    publish_loadtest(tmp_path, checks, list(calls))
+    publish_loadtest(tmp_path, checks, list(calls), figures)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
     render._loadtests(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return page
@@ -587,6 +591,32 @@ def test_load_test_section_writes_its_slo_checks_as_the_load_tests_own_summary_d
 def test_load_test_section_writes_a_rate_of_thousands_without_an_exponent(tmp_path):
     check = {"name": "requests_per_s", "measured": 3596.0, "limit": ">= 3000", "passed": True}
     assert "e+0" not in "\n".join(loadtest_page(tmp_path, [check]).md)
+
+
+def late_loadtest_page(tmp_path) -> render.Page:
+    """The load-test section of a run whose p99 was 2 ms from the send and 5 ms from the due time, which missed
+    its SLO of 3 ms."""
+    check = {"name": "p99_ms", "measured": 5.0, "limit": "<= 3", "passed": False}
+    return loadtest_page(tmp_path, [check], figures={"p99_ms": 2.0, "p99_from_due_ms": 5.0})
+
+
+def overall_figures(page: render.Page) -> dict[str, str]:
+    """The load-test section's table of overall figures, column -> cell."""
+    header = next(i for i, line in enumerate(page.md) if line.startswith("| requests |"))
+    cells = [line.strip("|").split("|") for line in (page.md[header], page.md[header + 2])]
+    return {column.strip(): cell.strip() for column, cell in zip(*cells, strict=True)}
+
+
+def test_load_test_section_shows_the_p99_from_the_due_time_that_the_slo_reads(tmp_path):
+    assert overall_figures(late_loadtest_page(tmp_path))["p99 ms due"] == "5.00"
+
+
+def test_load_test_section_shows_the_p99_from_the_send_beside_it(tmp_path):
+    assert overall_figures(late_loadtest_page(tmp_path))["p99 ms"] == "2.00"
+
+
+def test_load_test_section_says_its_due_figures_are_timed_from_the_due_time(tmp_path):
+    assert "(due) from the due time, which the SLO reads" in "\n".join(late_loadtest_page(tmp_path).md)
 
 
 def test_load_test_latency_figure_leaves_out_a_call_started_after_the_schedule(tmp_path, monkeypatch):
