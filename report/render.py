@@ -56,6 +56,11 @@ class Page:
         self.md += [text, ""]
         self.html.append(f"<p>{html.escape(text)}</p>")
 
+    def items(self, lines: list[str]) -> None:
+        """A bulleted list of `lines`."""
+        self.md += [*(f"- {line}" for line in lines), ""]
+        self.html.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+
     def figure(self, name: str, data: bytes, alt: str) -> None:
         self.figures[name] = data
         self.md += [f"![{alt}](figures/{name})", ""]
@@ -408,6 +413,8 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         page.note(loadtest_result.READING)
         # The load test's own rows, so that the report and its summary.md write each measured figure alike
         page.table(["SLO check", "measured", "wanted", "result"], loadtest_result.verdict_rows(result))
+        if caveats := loadtest_result.extras(result):  # as summary.md lists them: a generator-bound load, ...
+            page.items(caveats)
         # The calls its figures count: those due after the schedule count nowhere (`loadtests.result`)
         by_name = Samples.load(folder / SAMPLES_FILE).due_before(result["duration_s"]).latencies_by_name()
         if by_name:

@@ -533,10 +533,12 @@ def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bun
 LOADTEST_STEADY = "loadtest-steady-bilstm-int8"
 
 
-def publish_loadtest(tmp_path, checks: list[dict], calls: list[float], figures: dict | None = None) -> None:
+def publish_loadtest(
+    tmp_path, checks: list[dict], calls: list[float], figures: dict | None = None, notes: list[str] = ()
+) -> None:
     """A steady load test of the smoke run's deployed bundle (bilstm-int8, published first), scheduled for 5 s, with
     its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in; its overall
-    latencies 5 ms, but for the `figures` given."""
+    latencies 5 ms, but for the `figures` given; its `notes` (findings in words)."""
     publish(tmp_path / "bundle-bilstm-int8")
     overall = {"requests": len(calls), "failures": 0, "requests_per_s": 0.4, "error_codes": {}}
     overall |= {key: 5.0 for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "server_cpu_pct", "locust_cpu_pct")}
@@ -553,7 +555,7 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float], figures: 
         "series": series | {key: [5.0] for key in ("p50_ms", "p95_ms", "p99_ms")},
         "capacity": None,
         "rss_growth_mb_per_10k": None,
-        "notes": [],
+        "notes": list(notes),
         "checks": checks,
         "passed": all(check["passed"] for check in checks),
     }
@@ -571,10 +573,10 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float], figures: 
 
 
 def loadtest_page(
-    tmp_path, checks: list[dict], calls: list[float] = (5.0,), figures: dict | None = None
+    tmp_path, checks: list[dict], calls: list[float] = (5.0,), figures: dict | None = None, notes: list[str] = ()
 ) -> render.Page:
     """The load-test section of the run of `publish_loadtest`."""
-    publish_loadtest(tmp_path, checks, list(calls), figures)
+    publish_loadtest(tmp_path, checks, list(calls), figures, notes)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
     render._loadtests(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return page
@@ -617,6 +619,16 @@ def test_load_test_section_shows_the_p99_from_the_send_beside_it(tmp_path):
 
 def test_load_test_section_says_its_due_figures_are_timed_from_the_due_time(tmp_path):
     assert "(due) from the due time, which the SLO reads" in "\n".join(late_loadtest_page(tmp_path).md)
+
+
+def test_load_test_section_lists_the_load_tests_notes(tmp_path):
+    note = "the step past capacity was generator-bound: capacity is a lower bound"
+    assert f"- {note}" in loadtest_page(tmp_path, [], notes=[note]).md
+
+
+def test_load_test_section_lists_failed_calls_by_status(tmp_path):
+    figures = {"failures": 3, "error_codes": {"RESOURCE_EXHAUSTED": 3}}
+    assert "- failed calls by status: RESOURCE_EXHAUSTED 3" in loadtest_page(tmp_path, [], figures=figures).md
 
 
 def test_load_test_latency_figure_leaves_out_a_call_started_after_the_schedule(tmp_path, monkeypatch):
