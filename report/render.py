@@ -432,11 +432,11 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
 
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
-    are its parents: it is current until one of them changes, a new one appears, the recipe sections it reads change
-    (`export.deploy` names the bundle whose measurements it shows), or another release of edgedistill (which may draw
-    other sections) runs it."""
+    are its parents: it is current until one of them changes, a new one appears, the distillation table is written
+    again (`common.summary`), the recipe sections it reads change (`export.deploy` names the bundle whose measurements
+    it shows), or another release of edgedistill (which may draw other sections) runs it."""
     parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
-    extra = {"edgedistill": metadata.version("edgedistill")}
+    extra = {"edgedistill": metadata.version("edgedistill"), summary.FILE: summary.sha256(run_dir(recipe))}
     return Stage("report", recipe, sections.TRAINED, _build, parents, extra=extra)
 
 
