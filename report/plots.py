@@ -27,10 +27,10 @@ def png(fig) -> bytes:
 
 
 def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
-    """Train loss and the dev metric `key` against the step, one line per model."""
+    """Train loss and the dev metric `key` against the step, one line per model; a model whose history has no `key`
+    (evaluated on another selection metric) has no line of it."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, history in histories.items():
-        steps = [h["step"] for h in history]
         if any("train_loss" in h for h in history):
             loss_ax.plot(
                 [h["step"] for h in history if "train_loss" in h],
@@ -38,12 +38,14 @@ def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
                 marker=".",  # a model evaluated once has a single point: no line to see without it
                 label=written(name),
             )
-        acc_ax.plot(steps, [h[key] for h in history], marker=".", label=written(name))
+        if evaluated := [h for h in history if key in h]:
+            acc_ax.plot([h["step"] for h in evaluated], [h[key] for h in evaluated], marker=".", label=written(name))
     loss_ax.set(title="training loss (each model's own objective)", xlabel="step", yscale="log")
     acc_ax.set(title=key.replace("_", " "), xlabel="step")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # none: no model has a line here
+            ax.legend(fontsize=8)
     return png(fig)
 
 

@@ -87,8 +87,8 @@ class Page:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
-    """Each finished stage's dev figures, size and wall time; not the dev figures of a bundle `stale` names, which
-    are of a student or teacher built again since."""
+    """Each finished stage's dev figures, size and wall time; not the dev figures of a model `stale` names, built
+    with other settings than the recipe's, or a bundle of a student or teacher built again since."""
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
     keys = recipe.data.dev_keys
@@ -110,8 +110,9 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
     if left_out:
         page.note(
-            f"Dev figures not shown of {', '.join(left_out)}: built from a student or teacher built again since, "
-            "as named below with the command that builds it again."
+            f"Dev figures not shown of {', '.join(left_out)}: built with other settings than the recipe's now (or "
+            "from a model that was), or from a student or teacher built again since, as named below with the command "
+            "that builds it again."
         )
 
 
@@ -141,17 +142,21 @@ def _unkeyed(page: Page, root: Path) -> None:
 
 
 def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
-    """Measurements taken before what they measured was built again (`stale`): named, not shown as current."""
+    """Models built with other settings than the recipe's and measurements taken before what they measured was built
+    again (`stale`): named, not shown as current."""
     if stale:
         page.heading(
-            "Not shown: measurements of an earlier build",
+            "Not shown: figures of other settings or of an earlier build",
             [f"../{folder}/{mf.MANIFEST}" for folder in dict.fromkeys(left_out.folder for left_out in stale.values())],
         )
+        deployed = f"{_deployed(recipe)}, " if recipe.export is not None else ""
         page.note(
-            f"What these measured ({_deployed(recipe)}, a cascade, or a model of the model benchmark or the teacher "
-            "its speedups are against) was built again, or is gone, since they ran, or a bundle named here was built "
-            "from a student or teacher built again since: their figures are not of the artifacts now in the run. "
-            "Build and measure them again with the targets named."
+            "A model named here was built with other settings than the recipe's now (the recipe was edited and the "
+            "model not built again), or from a model that was, or a bundle named here from a student or teacher built "
+            f"again since; or what a measurement named here measured ({deployed}a cascade, or a model of the model "
+            "benchmark or the teacher its speedups are against) was built again, or is gone, since it ran: their "
+            "figures are not of the recipe and the artifacts now in the run. Build and measure them again with the "
+            "targets named."
         )
         page.table(
             ["not shown", "why", "measured by"],
@@ -166,8 +171,9 @@ def _trained(root: Path) -> list[Path]:
     ]
 
 
-def _curves(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = _trained(root)
+def _curves(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """The training curves of the finished teacher, students and baselines, not of those `stale` names."""
+    folders = [p for p in _trained(root) if p.name not in stale]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
         key = recipe.data.selection_key
@@ -192,14 +198,17 @@ def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
     page.table(columns, [[r[c] for c in columns] for r in rows])
 
 
-def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
+def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """The distillation table, unless it is not of the artifacts now in the run or shows a model `stale` names
+    (built with other settings than the recipe's now); the transfer set's composition."""
     if (rows := summary.load(root)) is not None:
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        if change := summary.change(root):
+        if change := summary.change(root) or next((stale[f].why for f in folders if f in stale), None):
             page.note(
                 f"Not shown: the table the last make distill wrote ({summary.FILE}) is not of the artifacts now "
-                f"in the run ({change}). make distill builds the students out of date again and writes it again."
+                f"in the run and the recipe's settings ({change}). make distill builds the students out of date again "
+                "and writes it again."
             )
         else:
             _distill_table(page, rows, recipe)
@@ -210,10 +219,12 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("transfer.png", plots.composition(info["composition"], unit), "transfer set composition")
 
 
-def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
+def _per_class(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """Each label's dev F1 and the confusion matrices of the finished teacher, students and baselines, not of those
+    `stale` names."""
     names = recipe.data.label_names
     matrices = {}
-    for folder in _trained(root):
+    for folder in (p for p in _trained(root) if p.name not in stale):
         confusion = mf.load(folder, verify=False).metrics.get("dev_confusion")
         if confusion is not None and np.shape(confusion) == (len(names), len(names)):
             matrices[folder.name] = np.asarray(confusion)
@@ -238,8 +249,9 @@ def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
-def _cascade_section(page: Page, root: Path) -> None:
-    for folder in plan.cascades(root):
+def _cascade_section(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
+    """Each cascade's members and figures, not of those `stale` names (built with other settings)."""
+    for folder in (p for p in plan.cascades(root) if p.name not in stale):
         manifest = mf.load(folder, verify=False)
         m, info = manifest.metrics, manifest.info
         page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
@@ -443,16 +455,18 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
-    stale = plan.stale(inputs.recipe, root)  # measurements of an earlier build: named once, left out of each section
+    stale = plan.stale(
+        inputs.recipe, root
+    )  # of other settings or an earlier build: named once, left out of each section
     _stages(page, root, inputs.recipe, stale)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
     _stale(page, inputs.recipe, stale)
-    _curves(page, root, inputs.recipe)
-    _distillation(page, root, inputs.recipe)
-    _per_class(page, root, inputs.recipe)
+    _curves(page, root, inputs.recipe, stale)
+    _distillation(page, root, inputs.recipe, stale)
+    _per_class(page, root, inputs.recipe, stale)
     _benchmark(page, root, stale)
-    _cascade_section(page, root)
+    _cascade_section(page, root, stale)
     _serving(page, root, inputs.recipe, stale)
     _loadtests(page, root, inputs.recipe, stale)
     work = inputs.fresh_work()

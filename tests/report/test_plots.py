@@ -57,3 +57,17 @@ def test_a_confusion_figure_writes_a_label_holding_dollar_signs_as_written(monke
     plain = fig.text(0, 0, label, fontproperties=tick.get_fontproperties(), parse_math=False)
     fig.canvas.draw()
     assert tick.get_window_extent().width == plain.get_window_extent().width
+
+
+def test_training_curves_of_a_history_without_the_selection_metric_are_drawn():
+    history = {"teacher": [{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9}]}
+    assert plots.training_curves(history, "dev_macro_f1").startswith(b"\x89PNG")
+
+
+def test_training_curves_leave_out_the_metric_line_of_a_history_without_it(monkeypatch):
+    histories = {
+        "teacher": [{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9}],
+        "student-cnn": [{"step": 10, "train_loss": 0.7, "dev_accuracy": 0.8, "dev_macro_f1": 0.75}],
+    }
+    acc_ax = drawn(monkeypatch, plots.training_curves, histories, "dev_macro_f1").axes[1]
+    assert [line.get_label() for line in acc_ax.lines] == ["student-cnn"]

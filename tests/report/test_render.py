@@ -6,7 +6,8 @@ import time
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.stage import Built, Stage
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.recorder import SAMPLES_FILE, Recorder
 from edgedistill.report import plan, plots, render
@@ -31,7 +32,8 @@ def distillation_section(tmp_path, overrides: dict | None = None) -> list[str]:
     """The markdown lines of the distillation section the report writes of the run in `tmp_path`, a run of the smoke
     recipe (with `overrides`)."""
     page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", overrides))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+    render._distillation(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return page.md
 
 
@@ -151,7 +153,7 @@ def cascade_page(tmp_path) -> render.Page:
     """The cascade section for a published cascade artifact of two members."""
     publish_cascade(tmp_path)
     page = render.Page("report")
-    render._cascade_section(page, tmp_path)
+    render._cascade_section(page, tmp_path, plan.stale(load_recipe(ROOT / "recipes" / "smoke.yaml"), tmp_path))
     return page
 
 
@@ -718,6 +720,12 @@ def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
     assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"
 
 
+def per_class(page: render.Page, tmp_path) -> None:
+    """The per-label section of the smoke run in `tmp_path` onto `page`."""
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._per_class(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+
+
 def per_label_page(tmp_path) -> render.Page:
     """The per-label section of a smoke run whose teacher, cnn student and cnn baseline recorded dev confusion
     matrices, and whose bilstm student (built before they were recorded) did not."""
@@ -726,7 +734,7 @@ def per_label_page(tmp_path) -> render.Page:
     publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
     publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.5})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     return page
 
 
@@ -754,14 +762,14 @@ def test_per_label_figure_draws_the_teacher_and_students_not_the_baselines(tmp_p
 def test_per_label_section_shows_a_label_neither_in_dev_nor_predicted_as_a_dash(tmp_path):
     publish(tmp_path / "teacher", metrics={"dev_confusion": [[4, 0], [0, 0]]})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     assert "| positive | 0 | - |" in "\n".join(page.md)
 
 
 def test_a_run_without_confusion_matrices_has_no_per_label_section(tmp_path):
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     assert page.md == ["# report", ""]
 
 
@@ -771,7 +779,7 @@ def baselines_only_page(tmp_path) -> render.Page:
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
     publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     return page
 
 
@@ -781,3 +789,41 @@ def test_per_label_section_of_baselines_alone_lists_the_baseline(tmp_path):
 
 def test_per_label_section_of_baselines_alone_draws_no_figure(tmp_path):
     assert baselines_only_page(tmp_path).figures == {}
+
+
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+
+
+def edited_recipe_markdown(tmp_path, monkeypatch) -> str:
+    """The stage table, the note on what is not shown and the per-label section of a smoke run whose teacher (dev
+    accuracy 0.9125) was built before the recipe's finetune.optim.lr was edited."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    metrics = {"dev_accuracy": 0.9125, "dev_confusion": [[3, 1], [0, 4]]}
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.optim.lr": 0.002})
+    Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), metrics)).run()
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    root = run_dir(recipe)
+    stale = plan.stale(recipe, root)
+    render._stages(page, root, recipe, stale)
+    render._stale(page, recipe, stale)
+    render._per_class(page, root, recipe, stale)
+    return "\n".join(page.md)
+
+
+def test_a_report_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(tmp_path, monkeypatch):
+    row = "| teacher | teacher was built with other finetune settings | make teacher |"
+    assert row in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_the_stage_table_leaves_out_the_dev_figures_of_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "| teacher | - |" in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_per_label_section_leaves_out_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "## Per label (dev)" not in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_distillation_section_leaves_out_a_table_of_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    edited_recipe_markdown(tmp_path, monkeypatch)
+    summary.write(tmp_path / "smoke", ROWS)
+    assert "| teacher | teacher | 0.9 |" not in "\n".join(distillation_section(tmp_path / "smoke"))
