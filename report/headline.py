@@ -114,15 +114,11 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     key, shown = f"dev_{metric}", METRIC_NAMES[metric]
 
     def figures(metrics: dict) -> str:
-        """The dev figures of the distillation table (`dev_keys`) the manifest carries, then their test twins where
-        the recipe has a test split."""
-        parts = []
-        for split in ("dev", "test") if "test_accuracy" in metrics else ("dev",):
-            for dev_key in recipe.data.dev_keys:
-                name = dev_key.removeprefix("dev_")
-                if (value := metrics.get(f"{split}_{name}")) is not None:
-                    parts.append(f"{split} {METRIC_NAMES[name]} {value:.4f}")
-        return ", ".join(parts)
+        """The figures of the distillation table (`figure_keys`: dev, then test where the recipe has a test split) the
+        manifest carries."""
+        keys = recipe.data.figure_keys(test="test_accuracy" in metrics)
+        named = (key.split("_", 1) for key in keys if metrics.get(key) is not None)
+        return ", ".join(f"{split} {METRIC_NAMES[name]} {metrics[f'{split}_{name}']:.4f}" for split, name in named)
 
     stale = plan.stale(recipe, root)
     teacher = _metrics(root / "teacher")

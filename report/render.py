@@ -87,14 +87,16 @@ class Page:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
-    """Each finished stage's dev figures, size and wall time; not the dev figures of a model `stale` names, built
-    with other settings than the recipe's, or a bundle of a student or teacher built again since."""
+    """Each finished stage's dev figures (and test figures, where a manifest carries them), size and wall time; not
+    the figures of a model `stale` names, built with other settings than the recipe's, or a bundle of a student or
+    teacher built again since."""
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
-    keys = recipe.data.dev_keys
+    metrics = {folder.name: mf.load(folder, verify=False).metrics for folder in folders}
+    keys = recipe.data.figure_keys(test=any("test_accuracy" in m for m in metrics.values()))
     rows, left_out = [], []
     for folder in folders:
-        m = mf.load(folder, verify=False).metrics
+        m = metrics[folder.name]
         if folder.name in stale and any(key in m for key in keys):
             left_out.append(folder.name)
             m = {name: value for name, value in m.items() if name not in keys}
@@ -110,7 +112,7 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
     if left_out:
         page.note(
-            f"Dev figures not shown of {', '.join(left_out)}: built with other settings than the recipe's now (or "
+            f"Dev and test figures not shown of {', '.join(left_out)}: built with other settings than the recipe's now (or "
             "from a model that was), or from a student or teacher built again since, as named below with the command "
             "that builds it again."
         )

@@ -177,6 +177,21 @@ def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_
     assert "| teacher | 0.9000 | 0.8000 |" in stages_markdown(tmp_path, {"data.metric": "macro_f1"})
 
 
+def test_the_stage_table_gives_test_figures_where_a_manifest_carries_them(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    assert "| teacher | 0.9000 | - | 0.9500 | - |" in stages_markdown(tmp_path)
+
+
+def test_the_stage_table_names_its_test_columns(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    assert "| stage | dev accuracy | dev f1 | test accuracy | test f1 |" in stages_markdown(tmp_path)
+
+
+def test_the_stage_table_of_a_run_without_test_figures_has_no_test_columns(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    assert "test accuracy" not in stages_markdown(tmp_path)
+
+
 def older_student_stages(tmp_path) -> str:
     """The stage table of a smoke run whose bundle bilstm-int8 (dev accuracy 0.8125) was exported from student-bilstm
     before it was distilled again."""
@@ -192,7 +207,7 @@ def test_the_stage_table_leaves_out_the_dev_figures_of_a_bundle_built_from_a_stu
 
 
 def test_the_stage_table_says_why_it_leaves_out_the_dev_figures_of_a_bundle_built_from_an_older_student(tmp_path):
-    assert "Dev figures not shown of bundle-bilstm-int8:" in older_student_stages(tmp_path)
+    assert "Dev and test figures not shown of bundle-bilstm-int8:" in older_student_stages(tmp_path)
 
 
 def test_the_stage_table_shows_the_dev_figures_of_the_student_distilled_again(tmp_path):
