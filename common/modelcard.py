@@ -160,7 +160,9 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
                 made += f", temperature {info['temperature']:g}"
         else:
             made = f"The label-only baseline of the distilled student: labelled examples alone ({terms})"
-        start = "the teacher's embeddings" if info["init_from_teacher"] else "random weights"
+        # what distill.students.init_from_teacher copies: a transformer's blocks too
+        copied = "embeddings and evenly spaced layers" if info["arch"] == "transformer" else "embeddings"
+        start = f"the teacher's {copied}" if info["init_from_teacher"] else "random weights"
         return [
             f"A {info['arch']} student. {made}; {info['train_examples']} examples, {info['steps']} steps, "
             f"started from {start}."
