@@ -112,9 +112,9 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
     if left_out:
         page.note(
-            f"Dev and test figures not shown of {', '.join(left_out)}: built with other settings than the recipe's now (or "
-            "from a model that was), or from a student or teacher built again since, as named below with the command "
-            "that builds it again."
+            f"Dev and test figures not shown of {', '.join(left_out)}: built with other settings than the recipe's "
+            "now (or from a model that was), or from a student or teacher built again since, as named below with the "
+            "command that builds it again."
         )
 
 
@@ -161,7 +161,7 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
             "targets named."
         )
         page.table(
-            ["not shown", "why", "measured by"],
+            ["not shown", "why", "built or measured by"],
             [[name, left_out.why, left_out.command] for name, left_out in stale.items()],
         )
 
@@ -457,9 +457,8 @@ def stage(recipe: Recipe) -> Stage:
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
-    stale = plan.stale(
-        inputs.recipe, root
-    )  # of other settings or an earlier build: named once, left out of each section
+    # of other settings or an earlier build: named once, left out of each section
+    stale = plan.stale(inputs.recipe, root)
     _stages(page, root, inputs.recipe, stale)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
