@@ -842,3 +842,13 @@ def test_distillation_section_leaves_out_a_table_of_a_teacher_built_with_other_s
     edited_recipe_markdown(tmp_path, monkeypatch)
     summary.write(tmp_path / "smoke", ROWS)
     assert "| teacher | teacher | 0.9 |" not in "\n".join(distillation_section(tmp_path / "smoke"))
+
+
+def test_a_benchmark_against_a_teacher_built_with_other_settings_is_left_out_whole(tmp_path, monkeypatch):
+    edited_recipe_markdown(tmp_path, monkeypatch)
+    root, recipe = tmp_path / "smoke", load_recipe(ROOT / "recipes" / "smoke.yaml")
+    bench = {"threads": 1, "rows": [bench_row("teacher-pytorch-eager", 2.0)]}
+    parents = {"teacher": mf.parent_of(root / "teacher")}
+    info = {"left_out": {}, "missing_bundles": []}
+    publish(root / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
+    assert plan.stale(recipe, root)["bench"].why == "teacher was built with other finetune settings"
