@@ -810,17 +810,23 @@ TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distil
 
 
 def edited_recipe_markdown(tmp_path, monkeypatch) -> str:
-    """The stage table, the note on what is not shown and the per-label section of a smoke run whose teacher (dev
-    accuracy 0.9125) was built before the recipe's finetune.optim.lr was edited."""
+    """The stage table, the note on what is not shown, the training curves and the per-label section of a smoke run
+    whose teacher (dev accuracy 0.9125) was built before the recipe's finetune.optim.lr was edited."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     metrics = {"dev_accuracy": 0.9125, "dev_confusion": [[3, 1], [0, 4]]}
     built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.optim.lr": 0.002})
-    Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), metrics)).run()
+    history = json.dumps([{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9125}])
+
+    def build(_):
+        return Built(lambda folder: (folder / "history.json").write_text(history), metrics)
+
+    Stage("teacher", built, TEACHER_SETTINGS, build).run()
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
     root = run_dir(recipe)
     stale = plan.stale(recipe, root)
     render._stages(page, root, recipe, stale)
     render._stale(page, recipe, stale)
+    render._curves(page, root, recipe, stale)
     render._per_class(page, root, recipe, stale)
     return "\n".join(page.md)
 
@@ -832,6 +838,10 @@ def test_a_report_names_a_teacher_built_with_other_settings_with_the_command_to_
 
 def test_the_stage_table_leaves_out_the_dev_figures_of_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
     assert "| teacher | - |" in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_training_curves_leave_out_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "## Training curves" not in edited_recipe_markdown(tmp_path, monkeypatch)
 
 
 def test_per_label_section_leaves_out_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
