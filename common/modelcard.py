@@ -160,7 +160,9 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
                 made += f", temperature {info['temperature']:g}"
         else:
             made = f"The label-only baseline of the distilled student: labelled examples alone ({terms})"
-        start = "the teacher's embeddings" if info["init_from_teacher"] else "random weights"
+        # what distill.students.init_from_teacher copies: a transformer's blocks too
+        copied = "embeddings and evenly spaced layers" if info["arch"] == "transformer" else "embeddings"
+        start = f"the teacher's {copied}" if info["init_from_teacher"] else "random weights"
         return [
             f"A {info['arch']} student. {made}; {info['train_examples']} examples, {info['steps']} steps, "
             f"started from {start}."
@@ -330,23 +332,40 @@ def write(recipe: Recipe, folder: Path) -> Path | None:
     return path
 
 
-def recipe_change(recipe: Recipe, folder: Path) -> str | None:
-    """Why the artifact in `folder` is not of `recipe` as it is now, so that a card drawing labels, data, pooling and
-    lengths from the recipe would misdescribe it: it, or an artifact it was built from, records settings that the
-    recipe now has otherwise, or such an artifact in the run folder was built again since or is gone; None when it
-    is of the recipe."""
-    manifest = mf.load(folder, verify=False)
-    recorded = manifest.hashed.get("settings", {})  # a manifest of an older release records none
+def _parents(folder: Path) -> list[Path]:
+    """The folders, beside `folder` in its run folder, of the artifacts the one in `folder` was built from."""
+    return [folder.parent / Path(p.path).name for p in mf.load(folder, verify=False).parents.values()]
+
+
+def settings_change(recipe: Recipe, folder: Path) -> str | None:
+    """Why the artifact in `folder` is not of `recipe`'s settings as they are now: it, or an artifact it was built from
+    still in the run folder, records settings that the recipe now has otherwise (the recipe edited since, and the
+    stage not built again); None when none does."""
+    recorded = mf.load(folder, verify=False).hashed.get("settings", {})  # a manifest of an older release records none
     try:
         now = recipe.settings(*recorded)
     except KeyError:  # a setting the recipe no longer has (a bundle taken out of it)
         now = {}
     if changed := [key for key in recorded if now.get(key) != recorded[key]]:
         return f"{folder.name} was built with other {', '.join(changed)} settings"
+    built = (parent for parent in _parents(folder) if (parent / mf.MANIFEST).is_file())
+    return next((why for parent in built if (why := settings_change(recipe, parent))), None)
+
+
+def _built_again(folder: Path) -> str | None:
+    """Why the artifact in `folder`, or one it was built from, was built from an artifact of the run folder built
+    again since or gone (`common.manifest.built_from_others`); None when none was."""
     if why := mf.built_from_others(folder):
         return f"{folder.name}: {why}"
-    parents = (folder.parent / Path(parent.path).name for parent in manifest.parents.values())
-    return next((why for parent in parents if (why := recipe_change(recipe, parent))), None)
+    return next((why for parent in _parents(folder) if (why := _built_again(parent))), None)
+
+
+def recipe_change(recipe: Recipe, folder: Path) -> str | None:
+    """Why the artifact in `folder` is not of `recipe` as it is now, so that a card drawing labels, data, pooling and
+    lengths from the recipe would misdescribe it: it, or an artifact it was built from, records settings that the
+    recipe now has otherwise (`settings_change`), or such an artifact in the run folder was built again since or is
+    gone; None when it is of the recipe."""
+    return settings_change(recipe, folder) or _built_again(folder)
 
 
 def refresh(recipe: Recipe) -> list[Path]:

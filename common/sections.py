@@ -43,7 +43,7 @@ READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> 
     "bench scaling": (*_BENCH, "bench.scaling"),
     "loadtest": (*_BENCH, *LOADTEST),  # and its own profile's settings (`named`)
     "report": (*TRAINED, "tracking"),  # the plan of make all's folders, the models' cards
-    "headline": ("data", "distill", "export"),
+    "headline": TRAINED,  # a model built with other settings than these is named, not shown (`report.plan.stale`)
 }
 
 

@@ -23,6 +23,13 @@ def _sha256(folder: Path) -> str | None:
     return mf.sha256_file(manifest) if manifest.is_file() else None
 
 
+def sha256(root: Path) -> str | None:
+    """The sha256 of the table's file in the run folder `root`, None without one: what a reader of it is current
+    against."""
+    path = root / FILE
+    return mf.sha256_file(path) if path.is_file() else None
+
+
 def write(root: Path, rows: list[dict]) -> None:
     """The table's `rows` (the teacher's first, keys in column order) into the run folder `root`, each with the sha256
     of the manifests now in the folders it is drawn from."""

@@ -18,12 +18,6 @@ from rich.console import Console
 TEXT_COLUMNS = ("student", "arch", "baseline_from", "out_of_date")
 
 
-def figures(recipe: Recipe, test: bool) -> list[str]:
-    """The metric columns: `DataConfig.dev_keys`, then their test twins."""
-    dev = recipe.data.dev_keys
-    return dev + ([key.replace("dev_", "test_", 1) for key in dev] if test else [])
-
-
 def _built(recipe: Recipe, name: str, baseline: bool) -> tuple[mf.Manifest | None, bool]:
     """The manifest of student `name` (or its baseline), None when it has not run; and whether it is out of date:
     built from other settings than the recipe's now, or from other parents than those now in the run folder
@@ -51,7 +45,7 @@ def rows(recipe: Recipe) -> list[dict]:
         stale = [kind for kind, out in (("student", student_stale), ("baseline", baseline_stale)) if out]
         metrics = {} if student_stale else student.metrics
         found.append((name, student.info["arch"], metrics, None if baseline_stale else baseline, stale))
-    columns = figures(recipe, test=any("test_accuracy" in metrics for _, _, metrics, _, _ in found))
+    columns = recipe.data.figure_keys(test=any("test_accuracy" in metrics for _, _, metrics, _, _ in found))
     table_rows = [_row(name, arch, m, columns, key, teacher.get(key), baseline) for name, arch, m, baseline, _ in found]
     if any(stale for *_, stale in found):
         for row, (*_, stale) in zip(table_rows, found, strict=True):

@@ -170,6 +170,12 @@ COLUMNS = {  # figure -> column
 }
 
 
+READING = (  # how to read the tables of COLUMNS
+    "Latency of successful calls as locust saw them, from the send and (due) from the due time, which the SLO "
+    "reads; late: calls sent after their due time; CPU %: 100 = one core."
+)
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -219,11 +225,7 @@ def markdown(result: dict) -> str:
     lines += markdown_results(["stage", *COLUMNS.values()], rows(result), ("check", verdict_rows(result)))
     if notes := extras(result):
         lines += ["", *(f"- {line}" for line in notes)]
-    lines += [
-        "",
-        "Latency of successful calls as locust saw them, from the send and (due) from the due time, which the SLO "
-        "reads; late: calls sent after their due time; CPU %: 100 = one core.",
-    ]
+    lines += ["", READING]
     return "\n".join(lines) + "\n"
 
 

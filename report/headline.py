@@ -5,9 +5,10 @@ the dev accuracy of the teacher and of the student the deployed bundle is built 
 test split), speedup over the teacher in PyTorch eager mode (none for a bundle that cuts texts to fewer tokens than
 the teacher was timed on), serving latency
 and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
-bundle: `common.measured`). Lines whose artifact is missing are left out; a measurement taken before what it
-measured was built again (the deployed bundle, a cascade, a model of the model benchmark or its teacher:
-`report.plan.stale`) is named, not shown, with the command that measures it again. The student's retention and
+bundle: `common.measured`). Lines whose artifact is missing are left out; a model built with other settings than the
+recipe's now (edited since), and a measurement taken before what it measured was built again (the deployed bundle, a
+cascade, a model of the model benchmark or its teacher: `report.plan.stale`), is named, not shown, with the command
+that builds or measures it again. The student's retention and
 gain are shown by the distillation table's rule: while that table is of the artifacts now in the run
 (`common.summary`) and does not mark the student (for the gain, nor its baseline) out of date; else named, not shown.
 """
@@ -97,6 +98,14 @@ def _out_of_date(root: Path, name: str) -> tuple[list[str], str | None]:
     return [kind for kind in ("student", "baseline") if kind in summary.out_of_date(row)], None
 
 
+def _not_shown(stale: dict[str, plan.Stale], recipe_path: str) -> list[str]:
+    """A line for each artifact or measurement `stale` names, with the command that builds or measures it again."""
+    return [
+        f"not shown: {name}, {left_out.why} (measure it again: {left_out.command} RECIPE={recipe_path})"
+        for name, left_out in stale.items()
+    ]
+
+
 def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
     root = run_dir(recipe)
@@ -105,25 +114,23 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     key, shown = f"dev_{metric}", METRIC_NAMES[metric]
 
     def figures(metrics: dict) -> str:
-        """The dev figures of the distillation table (`dev_keys`) the manifest carries, then their test twins where
-        the recipe has a test split."""
-        parts = []
-        for split in ("dev", "test") if "test_accuracy" in metrics else ("dev",):
-            for dev_key in recipe.data.dev_keys:
-                name = dev_key.removeprefix("dev_")
-                if (value := metrics.get(f"{split}_{name}")) is not None:
-                    parts.append(f"{split} {METRIC_NAMES[name]} {value:.4f}")
-        return ", ".join(parts)
+        """The figures of the distillation table (`figure_keys`: dev, then test where the recipe has a test split) the
+        manifest carries."""
+        keys = recipe.data.figure_keys(test="test_accuracy" in metrics)
+        named = (key.split("_", 1) for key in keys if metrics.get(key) is not None)
+        return ", ".join(f"{split} {METRIC_NAMES[name]} {metrics[f'{split}_{name}']:.4f}" for split, name in named)
 
+    stale = plan.stale(recipe, root)
     teacher = _metrics(root / "teacher")
-    if teacher:
+    if teacher and "teacher" not in stale:
         lines.append(f"teacher: {figures(teacher)}")
     name = deployed_student(recipe)
     if name == "teacher" and teacher:
         lines.append(f"student: none served, the deployed bundle {recipe.export.deploy} is the teacher's")
     elif name not in (None, "teacher"):
         student, baseline = _metrics(root / f"student-{name}"), _metrics(root / f"baseline-{name}")
-        if student:
+        baseline = None if f"baseline-{name}" in stale else baseline  # of other settings: no gain over it
+        if student and f"student-{name}" not in stale:
             marked, unknown = _out_of_date(root, name)
             shown_kept = not unknown and "student" not in marked
             shown_gain = bool(baseline) and not unknown and not marked
@@ -157,10 +164,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                     f"(make distill RECIPE={recipe_path} builds what is out of date and writes the table again)"
                 )
     if recipe.export is None:
-        return lines
+        return lines + _not_shown(stale, recipe_path)
     deploy = recipe.export.deploy
     bundle = root / f"bundle-{deploy}"
-    stale = plan.stale(recipe, root)
     if (root / "bench" / mf.MANIFEST).is_file():
         bench = ModelTable.load(root / "bench")
         batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
@@ -204,8 +210,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{overall['requests']} calls, {figure}, "
             f"{overall['failures']} failures, {tables.slo(result['passed'])}"
         )
-    for name, left_out in stale.items():
-        lines.append(f"not shown: {name}, {left_out.why} (measure it again: {left_out.command} RECIPE={recipe_path})")
+    lines += _not_shown(stale, recipe_path)
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():

@@ -60,12 +60,12 @@ def bench_row(model: str) -> str:
     return f"bench row {model}"
 
 
-def _stale_bench(root: Path) -> dict[str, Stale]:
-    """The model benchmark whole where the teacher, each speedup's base, was built again since it ran, else its
-    rows of bundles built again since (`common.modelcard.bench_change`)."""
+def _stale_bench(root: Path, teacher: Stale | None) -> dict[str, Stale]:
+    """The model benchmark whole where the teacher, each speedup's base, was built again since it ran or is `teacher`
+    (of other settings), else its rows of bundles built again since (`common.modelcard.bench_change`)."""
     if not (root / "bench" / MANIFEST).is_file():
         return {}
-    if why := modelcard.bench_change(root, "teacher"):
+    if why := modelcard.bench_change(root, "teacher") or (teacher and teacher.why):
         return {"bench": Stale("bench", why, "make bench")}
     bundles = [name for name in mf.load(root / "bench", verify=False).parents if name != "teacher"]
     return {
@@ -92,17 +92,32 @@ def _built_from_others(root: Path) -> dict[str, Stale]:
     return {p.name: Stale(p.name, why, "make bundles") for p in bundles if (why := mf.built_from_others(p))}
 
 
+def _other_settings(recipe: Recipe, root: Path) -> dict[str, Stale]:
+    """The finished models of `make all` in the run folder `root` (teacher, students, baselines, bundles) built with
+    other settings than the recipe's now, or from one that was (`common.modelcard.settings_change`: the recipe edited
+    and the stage not built again), by folder name, with the make target that builds each again."""
+    return {
+        name: Stale(name, why, f"make {target}")
+        for name, target in planned(recipe).items()
+        if modelcard.is_model(name)
+        and (root / name / MANIFEST).is_file()
+        and (why := modelcard.settings_change(recipe, root / name))
+    }
+
+
 def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
-    """The finished measurements in the run folder `root` that are not of the artifacts now there (built again
-    since they ran, or gone), by the name they are shown under: each bundle built from a student or teacher built
-    again since (by its folder's name), whose row in the model benchmark and measurements are left out with it; the
-    deployed bundle's measurements (`common.measured.stale`), each cascade's serving benchmark, the model benchmark's
-    rows (`bench_row`), or the whole of it as `bench`, and the expected latency of each cascade built from members
-    built again since (`cascade_point`), whose dev answered shares are not of the members the benchmark timed."""
+    """The finished artifacts and measurements in the run folder `root` that are not of the recipe and the artifacts
+    now there, by the name they are shown under: each model built with other settings than the recipe's now
+    (`_other_settings`), and each bundle built from a student or teacher built again since (by its folder's name),
+    whose figures, row in the model benchmark and measurements are left out with it; the deployed bundle's
+    measurements (`common.measured.stale`), each cascade's serving benchmark, the model benchmark's rows (`bench_row`),
+    or the whole of it as `bench` (its teacher, each speedup's base, built again since or with other settings), and
+    the expected latency of each cascade built from members built again since (`cascade_point`), whose dev answered
+    shares are not of the members the benchmark timed."""
+    found = _built_from_others(root) | _other_settings(recipe, root)
     if recipe.export is None:
-        return {}
+        return found
     bundle = root / f"bundle-{recipe.export.deploy}"
-    found = _built_from_others(root)
     for measurement, target in MEASURE_AGAIN.items():
         folder = root / deployed(recipe, measurement)
         if not (folder / MANIFEST).is_file():
@@ -120,7 +135,7 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
     for folder in cascades(root):
         if why := mf.built_from_others(folder):
             found[cascade_point(measured.bundle_id(folder))] = Stale(folder.name, why, "make bundles")
-    return found | _stale_bench(root)
+    return found | _stale_bench(root, found.get("teacher"))
 
 
 def bench_rows(table: ModelTable, stale: dict[str, Stale]) -> list[ModelRow]:

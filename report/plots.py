@@ -13,6 +13,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def written(name: str) -> str:
+    """`name` (a label, a model) as matplotlib draws it as written: each `$` escaped, since a pair would open maths
+    (`x$^$y` fails to parse, `price $5-$10` turns italic)."""
+    return name.replace("$", r"\$")
+
+
 def png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
@@ -21,23 +27,25 @@ def png(fig) -> bytes:
 
 
 def training_curves(histories: dict[str, list[dict]], key: str) -> bytes:
-    """Train loss and the dev metric `key` against the step, one line per model."""
+    """Train loss and the dev metric `key` against the step, one line per model; a model whose history has no `key`
+    (evaluated on another selection metric) has no line of it."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, history in histories.items():
-        steps = [h["step"] for h in history]
         if any("train_loss" in h for h in history):
             loss_ax.plot(
                 [h["step"] for h in history if "train_loss" in h],
                 [h["train_loss"] for h in history if "train_loss" in h],
                 marker=".",  # a model evaluated once has a single point: no line to see without it
-                label=name,
+                label=written(name),
             )
-        acc_ax.plot(steps, [h[key] for h in history], marker=".", label=name)
+        if evaluated := [h for h in history if key in h]:
+            acc_ax.plot([h["step"] for h in evaluated], [h[key] for h in evaluated], marker=".", label=written(name))
     loss_ax.set(title="training loss (each model's own objective)", xlabel="step", yscale="log")
     acc_ax.set(title=key.replace("_", " "), xlabel="step")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # none: no model has a line here
+            ax.legend(fontsize=8)
     return png(fig)
 
 
@@ -54,7 +62,7 @@ def pareto(points: list[dict], cell: str, metric: str) -> bytes:
         value = round(p["dev"], 4)
         nth, same_figure[value] = same_figure[value], same_figure[value] + 1
         ax.annotate(  # models of equal figures (export variants) get their labels stacked, not overprinted
-            p["model"],
+            written(p["model"]),
             (p["latency_ms"], p["dev"]),
             fontsize=8,
             xytext=(4, LABEL_OFFSETS[nth % len(LABEL_OFFSETS)]),
@@ -91,7 +99,7 @@ def latency_distribution(by_name: dict[str, np.ndarray], profile: str) -> bytes:
     everything = np.concatenate(list(by_name.values()))
     bins = np.geomspace(max(everything.min(), 0.05), everything.max() * 1.01, 60)
     for name, ms in by_name.items():
-        ax.hist(ms, bins=bins, histtype="step", linewidth=1.4, label=f"{name} ({len(ms):,})")
+        ax.hist(ms, bins=bins, histtype="step", linewidth=1.4, label=f"{written(name)} ({len(ms):,})")
     ax.set(xscale="log", xlabel="latency ms", ylabel="calls", title=f"load test {profile}: latency distribution")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -127,8 +135,10 @@ def cascade_curve(name: str, curve: list[dict], chosen: dict, members: dict[str,
     ax.plot([p["escalated"] for p in curve], [p["dev_accuracy"] for p in curve], marker=".", label="cascade")
     ax.scatter([chosen["escalated"]], [chosen["dev_accuracy"]], s=80, color="#c44e52", zorder=3, label="chosen")
     for (member, accuracy), style in zip(members.items(), itertools.cycle(("--", ":", "-."))):
-        ax.axhline(accuracy, linestyle=style, color="grey", alpha=0.8, label=f"{member} alone")
-    ax.set(xlabel="share of dev texts escalated", ylabel="dev accuracy", title=f"{name}: accuracy vs escalation")
+        ax.axhline(accuracy, linestyle=style, color="grey", alpha=0.8, label=f"{written(member)} alone")
+    ax.set(
+        xlabel="share of dev texts escalated", ylabel="dev accuracy", title=f"{written(name)}: accuracy vs escalation"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return png(fig)
@@ -148,9 +158,9 @@ def confusion(matrices: dict[str, np.ndarray], labels: list[str]) -> bytes:
             for (row, column), count in np.ndenumerate(counts):
                 colour = "white" if shares[row, column] > 0.6 else "black"
                 ax.text(column, row, f"{count:,}", ha="center", va="center", fontsize=size, color=colour)
-        ticks = range(len(labels))
-        ax.set_xticks(ticks, labels, rotation=90, fontsize=size)
-        ax.set_yticks(ticks, labels if ax is axes[0][0] else [], fontsize=size)
-        ax.set(title=name, xlabel="predicted")
+        ticks, names = range(len(labels)), [written(label) for label in labels]
+        ax.set_xticks(ticks, names, rotation=90, fontsize=size)
+        ax.set_yticks(ticks, names if ax is axes[0][0] else [], fontsize=size)
+        ax.set(title=written(name), xlabel="predicted")
     axes[0][0].set_ylabel("gold")
     return png(fig)

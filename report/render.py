@@ -56,6 +56,11 @@ class Page:
         self.md += [text, ""]
         self.html.append(f"<p>{html.escape(text)}</p>")
 
+    def items(self, lines: list[str]) -> None:
+        """A bulleted list of `lines`."""
+        self.md += [*(f"- {line}" for line in lines), ""]
+        self.html.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+
     def figure(self, name: str, data: bytes, alt: str) -> None:
         self.figures[name] = data
         self.md += [f"![{alt}](figures/{name})", ""]
@@ -82,14 +87,16 @@ class Page:
 
 
 def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
-    """Each finished stage's dev figures, size and wall time; not the dev figures of a bundle `stale` names, which
-    are of a student or teacher built again since."""
+    """Each finished stage's dev figures (and test figures, where a manifest carries them), size and wall time; not
+    the figures of a model `stale` names, built with other settings than the recipe's, or a bundle of a student or
+    teacher built again since."""
     folders = [p for p in mf.finished(root) if p.name != "report"]
     page.heading("Stages", [f"../{p.name}/{mf.MANIFEST}" for p in folders])
-    keys = recipe.data.dev_keys
+    metrics = {folder.name: mf.load(folder, verify=False).metrics for folder in folders}
+    keys = recipe.data.figure_keys(test=any("test_accuracy" in m for m in metrics.values()))
     rows, left_out = [], []
     for folder in folders:
-        m = mf.load(folder, verify=False).metrics
+        m = metrics[folder.name]
         if folder.name in stale and any(key in m for key in keys):
             left_out.append(folder.name)
             m = {name: value for name, value in m.items() if name not in keys}
@@ -105,8 +112,9 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
     page.table(["stage", *(key.replace("_", " ") for key in keys), "params", "size MiB", "wall min"], rows)
     if left_out:
         page.note(
-            f"Dev figures not shown of {', '.join(left_out)}: built from a student or teacher built again since, "
-            "as named below with the command that builds it again."
+            f"Dev and test figures not shown of {', '.join(left_out)}: built with other settings than the recipe's "
+            "now (or from a model that was), or from a student or teacher built again since, as named below with the "
+            "command that builds it again."
         )
 
 
@@ -136,20 +144,24 @@ def _unkeyed(page: Page, root: Path) -> None:
 
 
 def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
-    """Measurements taken before what they measured was built again (`stale`): named, not shown as current."""
+    """Models built with other settings than the recipe's and measurements taken before what they measured was built
+    again (`stale`): named, not shown as current."""
     if stale:
         page.heading(
-            "Not shown: measurements of an earlier build",
+            "Not shown: figures of other settings or of an earlier build",
             [f"../{folder}/{mf.MANIFEST}" for folder in dict.fromkeys(left_out.folder for left_out in stale.values())],
         )
+        deployed = f"{_deployed(recipe)}, " if recipe.export is not None else ""
         page.note(
-            f"What these measured ({_deployed(recipe)}, a cascade, or a model of the model benchmark or the teacher "
-            "its speedups are against) was built again, or is gone, since they ran, or a bundle named here was built "
-            "from a student or teacher built again since: their figures are not of the artifacts now in the run. "
-            "Build and measure them again with the targets named."
+            "A model named here was built with other settings than the recipe's now (the recipe was edited and the "
+            "model not built again), or from a model that was, or a bundle named here from a student or teacher built "
+            f"again since; or what a measurement named here measured ({deployed}a cascade, or a model of the model "
+            "benchmark or the teacher its speedups are against) was built again, or is gone, since it ran: their "
+            "figures are not of the recipe and the artifacts now in the run. Build and measure them again with the "
+            "targets named."
         )
         page.table(
-            ["not shown", "why", "measured by"],
+            ["not shown", "why", "built or measured by"],
             [[name, left_out.why, left_out.command] for name, left_out in stale.items()],
         )
 
@@ -161,8 +173,9 @@ def _trained(root: Path) -> list[Path]:
     ]
 
 
-def _curves(page: Page, root: Path, recipe: Recipe) -> None:
-    folders = _trained(root)
+def _curves(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """The training curves of the finished teacher, students and baselines, not of those `stale` names."""
+    folders = [p for p in _trained(root) if p.name not in stale]
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
         key = recipe.data.selection_key
@@ -187,14 +200,17 @@ def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
     page.table(columns, [[r[c] for c in columns] for r in rows])
 
 
-def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
+def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """The distillation table, unless it is not of the artifacts now in the run or shows a model `stale` names
+    (built with other settings than the recipe's now); the transfer set's composition."""
     if (rows := summary.load(root)) is not None:
         folders = ["teacher"] + [f"{kind}-{r['student']}" for r in rows[1:] for kind in ("student", "baseline")]
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
-        if change := summary.change(root):
+        if change := summary.change(root) or next((stale[f].why for f in folders if f in stale), None):
             page.note(
                 f"Not shown: the table the last make distill wrote ({summary.FILE}) is not of the artifacts now "
-                f"in the run ({change}). make distill builds the students out of date again and writes it again."
+                f"in the run and the recipe's settings ({change}). make distill builds the students out of date again "
+                "and writes it again."
             )
         else:
             _distill_table(page, rows, recipe)
@@ -205,10 +221,12 @@ def _distillation(page: Page, root: Path, recipe: Recipe) -> None:
         page.figure("transfer.png", plots.composition(info["composition"], unit), "transfer set composition")
 
 
-def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
+def _per_class(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+    """Each label's dev F1 and the confusion matrices of the finished teacher, students and baselines, not of those
+    `stale` names."""
     names = recipe.data.label_names
     matrices = {}
-    for folder in _trained(root):
+    for folder in (p for p in _trained(root) if p.name not in stale):
         confusion = mf.load(folder, verify=False).metrics.get("dev_confusion")
         if confusion is not None and np.shape(confusion) == (len(names), len(names)):
             matrices[folder.name] = np.asarray(confusion)
@@ -229,11 +247,13 @@ def _per_class(page: Page, root: Path, recipe: Recipe) -> None:
         ],
     )
     shown = {name: m for name, m in matrices.items() if not name.startswith("baseline-")}
-    page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
+    if shown:  # baselines alone (the teacher and students predate dev_confusion): their table, no figure
+        page.figure("confusion.png", plots.confusion(shown, names), "dev confusion matrices")
 
 
-def _cascade_section(page: Page, root: Path) -> None:
-    for folder in plan.cascades(root):
+def _cascade_section(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
+    """Each cascade's members and figures, not of those `stale` names (built with other settings)."""
+    for folder in (p for p in plan.cascades(root) if p.name not in stale):
         manifest = mf.load(folder, verify=False)
         m, info = manifest.metrics, manifest.info
         page.heading(f"Cascade {folder.name.removeprefix('bundle-')}", [f"../{folder.name}/{mf.MANIFEST}"])
@@ -373,6 +393,18 @@ def _number(value, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
+LOADTEST_FIGURES = {  # a load test's overall figure -> its format in the report's table, beside the SLO it reads
+    "failures": ",d",
+    "requests_per_s": ".1f",
+    **dict.fromkeys(
+        ("p50_ms", "p95_ms", "p99_ms", "max_ms", "p50_from_due_ms", "p95_from_due_ms", "p99_from_due_ms"), ".2f"
+    ),
+    "late_calls": ",d",
+    "server_cpu_pct": ".0f",
+    "locust_cpu_pct": ".0f",
+}
+
+
 def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
     for folder in (root / name for name in plan.loadtests(recipe) if _finished(root / name) and name not in stale):
         result = loadtest_result.load(folder)
@@ -388,25 +420,15 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         )
         overall = result["overall"]
         page.table(
-            [
-                "requests",
-                "failures",
-                "requests/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "max ms",
-                "server CPU %",
-                "locust CPU %",
-            ],
-            [
-                [overall["requests"], overall["failures"], _number(overall["requests_per_s"], ".1f")]
-                + [_number(overall[k], ".2f") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
-                + [_number(overall[k], ".0f") for k in ("server_cpu_pct", "locust_cpu_pct")]
-            ],
+            ["requests", *(loadtest_result.COLUMNS[key] for key in LOADTEST_FIGURES)],
+            # a result written before calls were timed from their due time has no such figures: "-"
+            [[overall["requests"], *(_number(overall.get(key), spec) for key, spec in LOADTEST_FIGURES.items())]],
         )
+        page.note(loadtest_result.READING)
         # The load test's own rows, so that the report and its summary.md write each measured figure alike
         page.table(["SLO check", "measured", "wanted", "result"], loadtest_result.verdict_rows(result))
+        if caveats := loadtest_result.extras(result):  # as summary.md lists them: a generator-bound load, ...
+            page.items(caveats)
         # The calls its figures count: those due after the schedule count nowhere (`loadtests.result`)
         by_name = Samples.load(folder / SAMPLES_FILE).due_before(result["duration_s"]).latencies_by_name()
         if by_name:
@@ -424,27 +446,28 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
 
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
-    are its parents: it is current until one of them changes, a new one appears, the recipe sections it reads change
-    (`export.deploy` names the bundle whose measurements it shows), or another release of edgedistill (which may draw
-    other sections) runs it."""
+    are its parents: it is current until one of them changes, a new one appears, the distillation table is written
+    again (`common.summary`), the recipe sections it reads change (`export.deploy` names the bundle whose measurements
+    it shows), or another release of edgedistill (which may draw other sections) runs it."""
     parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
-    extra = {"edgedistill": metadata.version("edgedistill")}
+    extra = {"edgedistill": metadata.version("edgedistill"), summary.FILE: summary.sha256(run_dir(recipe))}
     return Stage("report", recipe, sections.TRAINED, _build, parents, extra=extra)
 
 
 def _build(inputs: Inputs) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
-    stale = plan.stale(inputs.recipe, root)  # measurements of an earlier build: named once, left out of each section
+    # of other settings or an earlier build: named once, left out of each section
+    stale = plan.stale(inputs.recipe, root)
     _stages(page, root, inputs.recipe, stale)
     _missing(page, root, inputs.recipe)
     _unkeyed(page, root)
     _stale(page, inputs.recipe, stale)
-    _curves(page, root, inputs.recipe)
-    _distillation(page, root, inputs.recipe)
-    _per_class(page, root, inputs.recipe)
+    _curves(page, root, inputs.recipe, stale)
+    _distillation(page, root, inputs.recipe, stale)
+    _per_class(page, root, inputs.recipe, stale)
     _benchmark(page, root, stale)
-    _cascade_section(page, root)
+    _cascade_section(page, root, stale)
     _serving(page, root, inputs.recipe, stale)
     _loadtests(page, root, inputs.recipe, stale)
     work = inputs.fresh_work()

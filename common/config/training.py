@@ -168,6 +168,11 @@ class DataConfig(Strict):
         fitting += ["dev_f1"] if self.positive_index is not None else []
         return list(dict.fromkeys(["dev_accuracy", self.selection_key, *fitting]))
 
+    def figure_keys(self, test: bool) -> list[str]:
+        """The figures a table shows: `dev_keys`, then, with `test` (a manifest carries test figures), their test
+        twins."""
+        return self.dev_keys + ([key.replace("dev_", "test_", 1) for key in self.dev_keys] if test else [])
+
 
 class ModelConfig(Strict):
     """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""

@@ -311,6 +311,23 @@ def test_refresh_writes_a_card_for_models_only(recipe):
     assert modelcard.refresh(recipe) == [teacher / mf.CARD]
 
 
+def test_card_of_a_transformer_student_from_the_teacher_says_it_started_from_its_embeddings_and_layers(recipe):
+    info = STUDENT_INFO | {"arch": "transformer"}
+    text = _text(recipe, _publish(recipe, "student-transformer", STUDENT_METRICS, info))
+    assert "started from the teacher's embeddings and evenly spaced layers." in text
+
+
+def test_card_of_a_transformer_baseline_from_the_teacher_says_it_started_from_its_embeddings_and_layers(recipe):
+    info = STUDENT_INFO | {"arch": "transformer", "kind": "baseline"}
+    text = _text(recipe, _publish(recipe, "baseline-transformer", STUDENT_METRICS, info))
+    assert "started from the teacher's embeddings and evenly spaced layers." in text
+
+
+def test_card_of_a_bilstm_student_from_the_teacher_says_it_started_from_its_embeddings(recipe):
+    text = _text(recipe, _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO))
+    assert "started from the teacher's embeddings." in text
+
+
 def test_card_is_left_out_of_the_manifest(recipe):
     folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
     assert list(mf.load(folder).files) == ["model.onnx"]

@@ -558,6 +558,21 @@ def test_dev_keys_of_many_labels_with_a_positive_class_give_its_f1():
     assert data.dev_keys == ["dev_accuracy", "dev_f1", "dev_macro_f1"]
 
 
+def test_the_shipped_trec_recipe_shows_dev_macro_f1(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
+    assert "dev_macro_f1" in load_recipe(ROOT / "recipes" / "trec.yaml").data.figure_keys(test=False)
+
+
+def test_the_shipped_mrpc_recipe_shows_dev_f1(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
+    assert "dev_f1" in load_recipe(ROOT / "recipes" / "mrpc.yaml").data.figure_keys(test=False)
+
+
+def test_the_shipped_trec_recipe_shows_test_macro_f1_beside_the_test_split(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
+    assert "test_macro_f1" in load_recipe(ROOT / "recipes" / "trec.yaml").data.figure_keys(test=True)
+
+
 def test_macro_f1_is_a_metric_for_multiclass(tmp_path):
     assert load_recipe(write(tmp_path, TREC_DATA % ", metric: macro_f1")).data.metric == "macro_f1"
 

@@ -8,8 +8,6 @@ from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.distill import finetune, student_stage, table, transfer
 
-from tests.conftest import ROOT
-
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}
 model: {init: some/model}
@@ -80,21 +78,6 @@ def test_an_accuracy_recipe_of_six_labels_shows_dev_accuracy_and_macro_f1(trec):
         "gain",
         "wall_min",
     ]
-
-
-def test_the_shipped_trec_recipe_shows_dev_macro_f1(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
-    assert "dev_macro_f1" in table.figures(load_recipe(ROOT / "recipes" / "trec.yaml"), test=False)
-
-
-def test_the_shipped_mrpc_recipe_shows_dev_f1(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
-    assert "dev_f1" in table.figures(load_recipe(ROOT / "recipes" / "mrpc.yaml"), test=False)
-
-
-def test_the_shipped_trec_recipe_shows_test_macro_f1_beside_the_test_split(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "data")
-    assert "test_macro_f1" in table.figures(load_recipe(ROOT / "recipes" / "trec.yaml"), test=True)
 
 
 def test_baseline_from_says_where_the_baseline_started(trec):

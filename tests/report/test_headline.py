@@ -6,6 +6,7 @@ from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
+from edgedistill.common.stage import Built, Stage
 from edgedistill.report import __main__ as report_main
 from edgedistill.report import headline
 from rich.console import Console
@@ -493,3 +494,39 @@ def test_a_load_test_of_an_earlier_build_of_the_deployed_bundle_is_named_with_th
         "not shown: loadtest-steady-bilstm-int8, its parent bundle was built again "
         "(measure it again: make loadtest PROFILE=steady RECIPE=recipes/smoke.yaml)"
     ) in measured_on_another_build(recipe)
+
+
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+
+
+def edited_recipe_headline(recipe) -> list[str]:
+    """The headline of a smoke run whose teacher (dev accuracy 0.9125) and deployed student were built before the
+    recipe's finetune.optim.lr was edited."""
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.optim.lr": 0.002})
+    metrics = {"dev_accuracy": 0.9125}
+    Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), metrics)).run()
+    root = run_dir(recipe)
+    parents = {"teacher": mf.parent_of(root / "teacher")}
+    publish(root / f"student-{recipe.distill.deploy}", {"dev_accuracy": 0.88, "retention": 0.88 / 0.9125}, parents)
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_headline_gives_no_figures_of_a_teacher_built_with_other_settings(recipe):
+    assert not any(line.startswith("teacher:") for line in edited_recipe_headline(recipe))
+
+
+def test_headline_gives_no_figures_of_a_student_built_from_a_teacher_of_other_settings(recipe):
+    assert not any(line.startswith("student ") for line in edited_recipe_headline(recipe))
+
+
+def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(recipe):
+    assert (
+        "not shown: teacher, teacher was built with other finetune settings "
+        "(measure it again: make teacher RECIPE=recipes/smoke.yaml)"
+    ) in edited_recipe_headline(recipe)
+
+
+def test_headline_given_the_settings_a_teacher_was_built_with_shows_its_figures(recipe, capsys):
+    edited_recipe_headline(recipe)
+    headline.main([str(ROOT / "recipes" / "smoke.yaml"), "--finetune.optim.lr=0.002"])
+    assert "teacher: dev accuracy 0.9125" in capsys.readouterr().out

@@ -43,3 +43,31 @@ def test_a_cascade_figure_draws_every_members_line_past_the_third(monkeypatch):
     ax = drawn(monkeypatch, plots.cascade_curve, "c", curve, chosen, members).axes[0]
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert [label for label in legend if label.endswith(" alone")] == ["a alone", "b alone", "c alone", "d alone"]
+
+
+def test_a_confusion_figure_draws_a_label_holding_a_pair_of_dollar_signs():
+    assert plots.confusion({"teacher": np.eye(2, dtype=int)}, ["x$^$y", "b"]).startswith(b"\x89PNG")
+
+
+def test_a_confusion_figure_writes_a_label_holding_dollar_signs_as_written(monkeypatch):
+    label = "price $5-$10"
+    fig = drawn(monkeypatch, plots.confusion, {"teacher": np.eye(2, dtype=int)}, [label, "b"])
+    fig.canvas.draw()
+    tick = fig.axes[0].get_yticklabels()[0]
+    plain = fig.text(0, 0, label, fontproperties=tick.get_fontproperties(), parse_math=False)
+    fig.canvas.draw()
+    assert tick.get_window_extent().width == plain.get_window_extent().width
+
+
+def test_training_curves_of_a_history_without_the_selection_metric_are_drawn():
+    history = {"teacher": [{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9}]}
+    assert plots.training_curves(history, "dev_macro_f1").startswith(b"\x89PNG")
+
+
+def test_training_curves_leave_out_the_metric_line_of_a_history_without_it(monkeypatch):
+    histories = {
+        "teacher": [{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9}],
+        "student-cnn": [{"step": 10, "train_loss": 0.7, "dev_accuracy": 0.8, "dev_macro_f1": 0.75}],
+    }
+    acc_ax = drawn(monkeypatch, plots.training_curves, histories, "dev_macro_f1").axes[1]
+    assert [line.get_label() for line in acc_ax.lines] == ["student-cnn"]

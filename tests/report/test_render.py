@@ -6,7 +6,8 @@ import time
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.stage import Built, Stage
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.loadtests.recorder import SAMPLES_FILE, Recorder
 from edgedistill.report import plan, plots, render
@@ -31,7 +32,8 @@ def distillation_section(tmp_path, overrides: dict | None = None) -> list[str]:
     """The markdown lines of the distillation section the report writes of the run in `tmp_path`, a run of the smoke
     recipe (with `overrides`)."""
     page = render.Page("report")
-    render._distillation(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", overrides))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+    render._distillation(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return page.md
 
 
@@ -151,7 +153,7 @@ def cascade_page(tmp_path) -> render.Page:
     """The cascade section for a published cascade artifact of two members."""
     publish_cascade(tmp_path)
     page = render.Page("report")
-    render._cascade_section(page, tmp_path)
+    render._cascade_section(page, tmp_path, plan.stale(load_recipe(ROOT / "recipes" / "smoke.yaml"), tmp_path))
     return page
 
 
@@ -175,6 +177,21 @@ def test_the_stage_table_shows_the_recipes_selection_metric_beside_accuracy(tmp_
     assert "| teacher | 0.9000 | 0.8000 |" in stages_markdown(tmp_path, {"data.metric": "macro_f1"})
 
 
+def test_the_stage_table_gives_test_figures_where_a_manifest_carries_them(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    assert "| teacher | 0.9000 | - | 0.9500 | - |" in stages_markdown(tmp_path)
+
+
+def test_the_stage_table_names_its_test_columns(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9, "test_accuracy": 0.95})
+    assert "| stage | dev accuracy | dev f1 | test accuracy | test f1 |" in stages_markdown(tmp_path)
+
+
+def test_the_stage_table_of_a_run_without_test_figures_has_no_test_columns(tmp_path):
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    assert "test accuracy" not in stages_markdown(tmp_path)
+
+
 def older_student_stages(tmp_path) -> str:
     """The stage table of a smoke run whose bundle bilstm-int8 (dev accuracy 0.8125) was exported from student-bilstm
     before it was distilled again."""
@@ -190,7 +207,7 @@ def test_the_stage_table_leaves_out_the_dev_figures_of_a_bundle_built_from_a_stu
 
 
 def test_the_stage_table_says_why_it_leaves_out_the_dev_figures_of_a_bundle_built_from_an_older_student(tmp_path):
-    assert "Dev figures not shown of bundle-bilstm-int8:" in older_student_stages(tmp_path)
+    assert "Dev and test figures not shown of bundle-bilstm-int8:" in older_student_stages(tmp_path)
 
 
 def test_the_stage_table_shows_the_dev_figures_of_the_student_distilled_again(tmp_path):
@@ -533,12 +550,16 @@ def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bun
 LOADTEST_STEADY = "loadtest-steady-bilstm-int8"
 
 
-def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
+def publish_loadtest(
+    tmp_path, checks: list[dict], calls: list[float], figures: dict | None = None, notes: list[str] = ()
+) -> None:
     """A steady load test of the smoke run's deployed bundle (bilstm-int8, published first), scheduled for 5 s, with
-    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in."""
+    its SLO `checks`, and a Classify call of each latency (ms) in `calls` recorded as it returned 10 s in; its overall
+    latencies 5 ms, but for the `figures` given; its `notes` (findings in words)."""
     publish(tmp_path / "bundle-bilstm-int8")
     overall = {"requests": len(calls), "failures": 0, "requests_per_s": 0.4, "error_codes": {}}
     overall |= {key: 5.0 for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "server_cpu_pct", "locust_cpu_pct")}
+    overall |= figures or {}
     series = {"t_s": [0], "users": [1], "requests_per_s": [1.0], "failures_per_s": [0.0]}
     result = {
         "profile": "steady",
@@ -551,7 +572,7 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
         "series": series | {key: [5.0] for key in ("p50_ms", "p95_ms", "p99_ms")},
         "capacity": None,
         "rss_growth_mb_per_10k": None,
-        "notes": [],
+        "notes": list(notes),
         "checks": checks,
         "passed": all(check["passed"] for check in checks),
     }
@@ -568,9 +589,11 @@ def publish_loadtest(tmp_path, checks: list[dict], calls: list[float]) -> None:
         mf.commit(tmp, folder, base)
 
 
-def loadtest_page(tmp_path, checks: list[dict], calls: list[float] = (5.0,)) -> render.Page:
+def loadtest_page(
+    tmp_path, checks: list[dict], calls: list[float] = (5.0,), figures: dict | None = None, notes: list[str] = ()
+) -> render.Page:
     """The load-test section of the run of `publish_loadtest`."""
-    publish_loadtest(tmp_path, checks, list(calls))
+    publish_loadtest(tmp_path, checks, list(calls), figures, notes)
     page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
     render._loadtests(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
     return page
@@ -587,6 +610,42 @@ def test_load_test_section_writes_its_slo_checks_as_the_load_tests_own_summary_d
 def test_load_test_section_writes_a_rate_of_thousands_without_an_exponent(tmp_path):
     check = {"name": "requests_per_s", "measured": 3596.0, "limit": ">= 3000", "passed": True}
     assert "e+0" not in "\n".join(loadtest_page(tmp_path, [check]).md)
+
+
+def late_loadtest_page(tmp_path) -> render.Page:
+    """The load-test section of a run whose p99 was 2 ms from the send and 5 ms from the due time, which missed
+    its SLO of 3 ms."""
+    check = {"name": "p99_ms", "measured": 5.0, "limit": "<= 3", "passed": False}
+    return loadtest_page(tmp_path, [check], figures={"p99_ms": 2.0, "p99_from_due_ms": 5.0})
+
+
+def overall_figures(page: render.Page) -> dict[str, str]:
+    """The load-test section's table of overall figures, column -> cell."""
+    header = next(i for i, line in enumerate(page.md) if line.startswith("| requests |"))
+    cells = [line.strip("|").split("|") for line in (page.md[header], page.md[header + 2])]
+    return {column.strip(): cell.strip() for column, cell in zip(*cells, strict=True)}
+
+
+def test_load_test_section_shows_the_p99_from_the_due_time_that_the_slo_reads(tmp_path):
+    assert overall_figures(late_loadtest_page(tmp_path))["p99 ms due"] == "5.00"
+
+
+def test_load_test_section_shows_the_p99_from_the_send_beside_it(tmp_path):
+    assert overall_figures(late_loadtest_page(tmp_path))["p99 ms"] == "2.00"
+
+
+def test_load_test_section_says_its_due_figures_are_timed_from_the_due_time(tmp_path):
+    assert "(due) from the due time, which the SLO reads" in "\n".join(late_loadtest_page(tmp_path).md)
+
+
+def test_load_test_section_lists_the_load_tests_notes(tmp_path):
+    note = "the step past capacity was generator-bound: capacity is a lower bound"
+    assert f"- {note}" in loadtest_page(tmp_path, [], notes=[note]).md
+
+
+def test_load_test_section_lists_failed_calls_by_status(tmp_path):
+    figures = {"failures": 3, "error_codes": {"RESOURCE_EXHAUSTED": 3}}
+    assert "- failed calls by status: RESOURCE_EXHAUSTED 3" in loadtest_page(tmp_path, [], figures=figures).md
 
 
 def test_load_test_latency_figure_leaves_out_a_call_started_after_the_schedule(tmp_path, monkeypatch):
@@ -676,6 +735,12 @@ def test_the_transfer_figure_of_a_pair_task_counts_pairs(tmp_path, monkeypatch):
     assert figures[0].axes[0].get_title() == "transfer set: 60 pairs"
 
 
+def per_class(page: render.Page, tmp_path) -> None:
+    """The per-label section of the smoke run in `tmp_path` onto `page`."""
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._per_class(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+
+
 def per_label_page(tmp_path) -> render.Page:
     """The per-label section of a smoke run whose teacher, cnn student and cnn baseline recorded dev confusion
     matrices, and whose bilstm student (built before they were recorded) did not."""
@@ -684,7 +749,7 @@ def per_label_page(tmp_path) -> render.Page:
     publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
     publish(tmp_path / "student-bilstm", metrics={"dev_accuracy": 0.5})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     return page
 
 
@@ -712,12 +777,88 @@ def test_per_label_figure_draws_the_teacher_and_students_not_the_baselines(tmp_p
 def test_per_label_section_shows_a_label_neither_in_dev_nor_predicted_as_a_dash(tmp_path):
     publish(tmp_path / "teacher", metrics={"dev_confusion": [[4, 0], [0, 0]]})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     assert "| positive | 0 | - |" in "\n".join(page.md)
 
 
 def test_a_run_without_confusion_matrices_has_no_per_label_section(tmp_path):
     publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
     page = render.Page("report")
-    render._per_class(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    per_class(page, tmp_path)
     assert page.md == ["# report", ""]
+
+
+def baselines_only_page(tmp_path) -> render.Page:
+    """The per-label section of a smoke run whose teacher predates dev confusion matrices and whose cnn baseline,
+    built again since, records one."""
+    publish(tmp_path / "teacher", metrics={"dev_accuracy": 0.9})
+    publish(tmp_path / "baseline-cnn", metrics={"dev_confusion": [[4, 0], [4, 0]]})
+    page = render.Page("report")
+    per_class(page, tmp_path)
+    return page
+
+
+def test_per_label_section_of_baselines_alone_lists_the_baseline(tmp_path):
+    assert "| label | dev examples | baseline-cnn F1 |" in "\n".join(baselines_only_page(tmp_path).md)
+
+
+def test_per_label_section_of_baselines_alone_draws_no_figure(tmp_path):
+    assert baselines_only_page(tmp_path).figures == {}
+
+
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+
+
+def edited_recipe_markdown(tmp_path, monkeypatch) -> str:
+    """The stage table, the note on what is not shown, the training curves and the per-label section of a smoke run
+    whose teacher (dev accuracy 0.9125) was built before the recipe's finetune.optim.lr was edited."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    metrics = {"dev_accuracy": 0.9125, "dev_confusion": [[3, 1], [0, 4]]}
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"finetune.optim.lr": 0.002})
+    history = json.dumps([{"step": 10, "train_loss": 0.5, "dev_accuracy": 0.9125}])
+
+    def build(_):
+        return Built(lambda folder: (folder / "history.json").write_text(history), metrics)
+
+    Stage("teacher", built, TEACHER_SETTINGS, build).run()
+    page, recipe = render.Page("report"), load_recipe(ROOT / "recipes" / "smoke.yaml")
+    root = run_dir(recipe)
+    stale = plan.stale(recipe, root)
+    render._stages(page, root, recipe, stale)
+    render._stale(page, recipe, stale)
+    render._curves(page, root, recipe, stale)
+    render._per_class(page, root, recipe, stale)
+    return "\n".join(page.md)
+
+
+def test_a_report_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(tmp_path, monkeypatch):
+    row = "| teacher | teacher was built with other finetune settings | make teacher |"
+    assert row in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_the_stage_table_leaves_out_the_dev_figures_of_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "| teacher | - |" in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_training_curves_leave_out_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "## Training curves" not in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_per_label_section_leaves_out_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    assert "## Per label (dev)" not in edited_recipe_markdown(tmp_path, monkeypatch)
+
+
+def test_distillation_section_leaves_out_a_table_of_a_teacher_built_with_other_settings(tmp_path, monkeypatch):
+    edited_recipe_markdown(tmp_path, monkeypatch)
+    summary.write(tmp_path / "smoke", ROWS)
+    assert "| teacher | teacher | 0.9 |" not in "\n".join(distillation_section(tmp_path / "smoke"))
+
+
+def test_a_benchmark_against_a_teacher_built_with_other_settings_is_left_out_whole(tmp_path, monkeypatch):
+    edited_recipe_markdown(tmp_path, monkeypatch)
+    root, recipe = tmp_path / "smoke", load_recipe(ROOT / "recipes" / "smoke.yaml")
+    bench = {"threads": 1, "rows": [bench_row("teacher-pytorch-eager", 2.0)]}
+    parents = {"teacher": mf.parent_of(root / "teacher")}
+    info = {"left_out": {}, "missing_bundles": []}
+    publish(root / "bench", info=info, files={"bench.json": json.dumps(bench)}, parents=parents)
+    assert plan.stale(recipe, root)["bench"].why == "teacher was built with other finetune settings"

@@ -8,7 +8,8 @@ import subprocess
 import matplotlib.image
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common import summary
+from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import Built, Stage
 from edgedistill.report import render
 from edgedistill.report.__main__ import main as report_main
@@ -129,3 +130,12 @@ def test_a_report_of_another_deployed_bundle_is_not_current():
     stage(recipe).run()
     other = load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.deploy": "cnn-int8"})
     assert not stage(other).is_current()
+
+
+def test_a_report_is_not_current_once_the_distillation_table_is_written_again():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x"))).run()
+    summary.write(run_dir(recipe), [{"student": "teacher", "dev_accuracy": 0.9}])
+    stage(recipe).run()
+    summary.write(run_dir(recipe), [{"student": "teacher", "dev_accuracy": 0.95}])  # edgedistill distill --only A
+    assert not stage(recipe).is_current()
