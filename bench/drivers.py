@@ -21,7 +21,6 @@ from edgedistill.bench.stats import call_stats
 from edgedistill.serve.proto import classifier_pb2_grpc
 
 CALL_TIMEOUT_S = 10.0
-NOT_SENT = "NOT_SENT"  # the status of a paced call due within the run that was never sent
 
 
 def rotated(order: list, repeat: int) -> list:
@@ -34,12 +33,14 @@ def rotated(order: list, repeat: int) -> list:
 @dataclass
 class Tally:
     """Successful calls' latencies (seconds), failed calls by status code, and for paced calls how long each
-    successful one waited past its due time for the call before it to return and how many were due."""
+    successful one waited past its due time for the call before it to return, how many were due, and how long each
+    one due but never sent (`unsent`: held up by a call that overran the run) had waited at the run's end."""
 
     latencies: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     queued: list[float] = field(default_factory=list)
     due_calls: int | None = None
+    unsent: list[float] = field(default_factory=list)
 
     async def call(self, classify, request, queued: float | None = None) -> None:
         start = time.perf_counter()
@@ -55,8 +56,9 @@ class Tally:
     def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
         """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
         also the p99 timed from each call's due time (what a client sending on schedule would have waited: a slow
-        call delays the ones due behind it, which timing from the send alone leaves out), how many were late, and
-        the calls due as those offered."""
+        call delays the ones due behind it, which timing from the send alone leaves out; an unsent call, until the
+        run's end), how many were late, how many went unsent (no failures: the server never saw them), and the calls
+        due as those offered."""
         if not self.latencies:
             raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
         ms = np.array(self.latencies) * 1e3
@@ -64,7 +66,12 @@ class Tally:
         texts = len(self.latencies) * texts_per_call / seconds
         if self.queued:
             queued = np.array(self.queued) * 1e3
-            stats |= {"p99_from_due_ms": float(np.percentile(ms + queued, 99)), "late_calls": int((queued > 0).sum())}
+            from_due = np.concatenate([ms + queued, np.array(self.unsent) * 1e3])
+            stats |= {
+                "p99_from_due_ms": float(np.percentile(from_due, 99)),
+                "late_calls": int((queued > 0).sum()),
+                "unsent_calls": len(self.unsent),
+            }
         return stats | {"texts_per_s": texts, "seconds": seconds, "error_codes": dict(self.errors)}
 
 
@@ -79,13 +86,14 @@ async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) 
 async def paced(classify, requests: list, rate: float, duration: float) -> Tally:
     """One call at a time, the i-th due at start + i / rate and sent then, or at once when the call before it returned
     later, for the calls due within `duration` seconds. Those still unsent at the end, held up by a call that overran
-    it, count as failed (NOT_SENT): left out, they would let a server that stalls at the end pass."""
+    it, are kept with their wait from the due time to the end (`Tally.unsent`): left out, they would let a server that
+    stalls at the end pass."""
     tally = Tally(due_calls=math.ceil(duration * rate))
     start = returned = time.perf_counter()
     for i in range(tally.due_calls):
         due = start + i / rate
-        if time.perf_counter() >= start + duration:
-            tally.errors[NOT_SENT] += tally.due_calls - i
+        if (now := time.perf_counter()) >= start + duration:
+            tally.unsent = [now - start - k / rate for k in range(i, tally.due_calls)]
             break
         if (wait := due - time.perf_counter()) > 0:
             await asyncio.sleep(wait)

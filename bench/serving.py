@@ -334,11 +334,13 @@ def failures_line(result: ServingResult) -> str | None:
 
 
 def due_line(result: ServingResult) -> str:
-    """The paced phases' p99 timed from each call's due time, and the calls sent late, over the repeats."""
+    """The paced phases' p99 timed from each call's due time, the calls sent late and those never sent, over the
+    repeats."""
     names = phase_names(result)
     phases = "; ".join(
         f"{names[phase]} {spread_cell(result.summary[phase]['p99_from_due_ms'], 2)} ms, "
-        f"{sum(record['late_calls'] for record in result.runs[phase])} calls sent late"
+        f"{sum(record['late_calls'] for record in result.runs[phase])} calls sent late, "
+        f"{sum(record['unsent_calls'] for record in result.runs[phase])} never sent"
         for phase in ("paced", "echo_paced")
     )
     return (

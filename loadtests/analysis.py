@@ -1,8 +1,11 @@
 """Figures of a run: call statistics overall, per stage, per name and per second; CPU and memory of both processes.
 
 Latencies are those of successful calls (ms), from each call's send and (`p99_from_due_ms`, ...) from its due time;
-failed calls count in the error rate. A call belongs to the second (and stage) in which it returned; one that
-returned after the schedule ended, to the last stage, and one due after it, to none (`loadtests.result`).
+failed calls count in the error rate. A call due that a paced user never sent (`loadtests.recorder.NotSent`) is
+unsent: neither a request nor a failure, since the server never saw it, but missing from the successful calls and
+timed from its due time to when its user stopped. A call belongs to the second (and stage) in which it returned (an
+unsent one, in which its user stopped); one that returned after the schedule ended, to the last stage, and one due
+after it, to none (`loadtests.result`).
 CPU % is of one core (100 = one core busy).
 """
 
@@ -13,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.bench import stats
 from edgedistill.loadtests.plan import Stage
+from edgedistill.loadtests.recorder import NotSent
 
 MIN_FIT_REQUESTS = 100  # fewer, and a slope per 10,000 requests is mostly noise
 
@@ -48,6 +52,11 @@ class Samples:
         columns = (self.end_s, self.ms, self.due_ms, self.ok, self.name)
         return Samples(*(c[keep] for c in columns), self.names, self.code[keep], self.codes, self.started)
 
+    def unsent(self) -> np.ndarray:
+        """Which samples are calls due that a paced user never sent (status `NotSent`)."""
+        status = NotSent.__name__
+        return self.code == self.codes.index(status) if status in self.codes else np.zeros_like(self.ok)
+
     def error_codes(self) -> dict[str, int]:
         """Failed calls per gRPC status name, most first."""
         counts = np.bincount(self.code[~self.ok], minlength=len(self.codes))
@@ -73,15 +82,18 @@ def from_due(key: str) -> str:
 
 
 def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
-    """`bench.stats.call_stats` of the calls in `samples` (latencies from the send), the percentiles of their
-    latencies from the due time, the successful calls sent late (`late_calls`) and the failures by status
-    (`error_codes`)."""
-    failures = int(np.count_nonzero(~samples.ok))
-    ms, due_ms = samples.ms[samples.ok], samples.due_ms[samples.ok]
-    figures = stats.call_stats(ms, failures, seconds, offered_rate)
-    due = {from_due(key): value for key, value in stats.percentiles(due_ms).items()}
-    late = int(np.count_nonzero(due_ms > ms))
-    return figures | due | {"late_calls": late, "error_codes": samples.error_codes()}
+    """`bench.stats.call_stats` of the calls sent in `samples` (latencies from the send), the percentiles of the
+    latencies from the due time of the successful and the unsent calls (a client on schedule would have waited at
+    least that long for one unsent), the successful calls sent late (`late_calls`), the unsent calls (`unsent_calls`)
+    and the failures by status (`error_codes`)."""
+    unsent = samples.unsent()
+    sent = samples.where(~unsent)
+    ms = sent.ms[sent.ok]
+    figures = stats.call_stats(ms, int(np.count_nonzero(~sent.ok)), seconds, offered_rate)
+    due = {from_due(key): value for key, value in stats.percentiles(samples.due_ms[samples.ok | unsent]).items()}
+    late = int(np.count_nonzero(sent.due_ms[sent.ok] > ms))
+    counts = {"late_calls": late, "unsent_calls": int(np.count_nonzero(unsent)), "error_codes": sent.error_codes()}
+    return figures | due | counts
 
 
 def by_name(samples: Samples, seconds: float) -> dict[str, dict]:
@@ -98,8 +110,9 @@ def offered_rate(stages: list[Stage]) -> float:
 
 
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
-    """One entry per second of the schedule: users, requests/s, failures/s, latency percentiles (None: no call). The
-    last second counts too the calls that return after the schedule ends, as the last stage does."""
+    """One entry per second of the schedule: users, requests/s, failures/s (of the calls sent), latency percentiles
+    (None: no call). The last second counts too the calls that return after the schedule ends, as the last stage
+    does."""
     seconds = int(np.ceil(stages[-1].end_s))
     series = {key: [] for key in ("t_s", "users", "requests_per_s", "failures_per_s", "p50_ms", "p95_ms", "p99_ms")}
     for t in range(seconds):
@@ -144,16 +157,18 @@ class Resources:
         return float(100 * (busy[1] - busy[0]) / (end - start))
 
     def series(self, samples: Samples, until: float) -> dict[str, list]:
-        """Per process sample within [0, until] s: CPU % since the previous sample, RSS, requests done so far."""
+        """Per process sample within [0, until] s: CPU % since the previous sample, RSS, requests done (calls sent and
+        returned) so far."""
         keep = np.flatnonzero((self.t_s >= 0) & (self.t_s <= until))
         keep = keep[keep > 0]  # the first sample has no interval before it
         spans = self.t_s[keep] - self.t_s[keep - 1]
+        returned = samples.where(~samples.unsent()).end_s
         return {
             "t_s": self.t_s[keep].round(3).tolist(),
             "server_cpu_pct": (100 * np.diff(self.server_cpu_s)[keep - 1] / spans).round(1).tolist(),
             "locust_cpu_pct": (100 * np.diff(self.locust_cpu_s)[keep - 1] / spans).round(1).tolist(),
             "server_rss_mb": self.server_rss_mb[keep].round(2).tolist(),
-            "requests_done": np.searchsorted(samples.end_s, self.t_s[keep], side="right").tolist(),
+            "requests_done": np.searchsorted(returned, self.t_s[keep], side="right").tolist(),
         }
 
 

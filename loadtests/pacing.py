@@ -11,23 +11,21 @@ each started to its calls' request events (`loadtests.recorder.LATE_KEY` in thei
 counts from their due time as well as from their send. Skipping those start times instead would send fewer calls
 and leave the wait out of every latency: a server that stalls would pass. A user that locust stops while still
 behind (held up by a call at the end of the schedule, or removed at a spike's end) reports each task due before then
-that it never started as a failed request event (`NotSent`), so that those calls count too.
+that it never started as a request event of `loadtests.recorder.NotSent`, late by how long before the user stopped
+it was due: counted as unsent (not as a failed call: the server never saw it) and timed from its due time, so that a
+server that stalls at the end misses the rate share and the p99.
 """
 
 import math
 import random
 import time
 
-from edgedistill.loadtests.recorder import LATE_KEY
+from edgedistill.loadtests.recorder import LATE_KEY, NotSent
 from locust import User
 from locust.user.task import LOCUST_STATE_WAITING
 
 UNTIL_STOPPED_S = 1e9  # the wait of a user whose schedule has ended: locust stops it at its shape's next tick
 UNSENT_NAME = "not sent"  # the request name of a task due that a stopped user never started
-
-
-class NotSent(Exception):
-    """A task due before its user stopped that never started: the user was held up by a call before it."""
 
 
 class PacedUser(User):
@@ -80,8 +78,8 @@ class PacedUser(User):
         super().on_stop()
 
     def report_unsent(self) -> None:
-        """One failed request event (`NotSent`, as UNSENT_NAME) per task due before the user stopped that never
-        started, its lateness (`LATE_KEY`) how long before now it was due, so that it counts where it was due."""
+        """One request event of `NotSent` (as UNSENT_NAME) per task due before the user stopped that never started,
+        its lateness (`LATE_KEY`) how long before now it was due: a client on schedule would have waited that long."""
         if self.next_start is None:  # stopped before its first wait: no schedule yet
             return
         now = time.perf_counter()

@@ -6,7 +6,8 @@ the system's monotonic clock, which the runner's process samples share and a ste
 `end_s` (when each call returned, seconds after `started`), `ms` (latency from the send), `due_ms` (latency from the
 due time: `ms` and how late a paced user sent the call, `loadtests.pacing`), `ok` (no exception), `name` (index into
 `names`), `names`, `code` (index into `codes`) and `codes`: each call's gRPC status name (`OK`,
-`RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one).
+`RESOURCE_EXHAUSTED`, ...; the exception's type for a failure without one, `NotSent` for a call due that a paced user
+never sent, which is no call at all).
 """
 
 import time
@@ -18,6 +19,11 @@ from edgedistill.common.atomic import atomic_write
 
 SAMPLES_FILE = "requests.npz"
 LATE_KEY = "late_ms"  # in a request event's context: how late (ms) the call was sent after its due time
+
+
+class NotSent(Exception):
+    """The exception of a request event for a call due that a paced user never sent (`loadtests.pacing`): the load
+    generator fell behind, so `loadtests.analysis` counts it as unsent, not as a failed call."""
 
 
 def status_of(exception: BaseException | None) -> str:

@@ -4,20 +4,21 @@ summary.json (latencies in ms, of successful calls as locust saw them, from each
 its due time (`p99_from_due_ms`, ...: a call a paced user sent late, behind a slow one, waited that long more; the
 SLO's latency checks read these); CPU % of one core; calls still in flight when the schedule ends, which return within
 the stop timeout, count overall, by name and in the last stage, whose rates are over the scheduled seconds; calls due
-within it that a user held up by a call before them never sent count as failed calls (`NotSent`, named `not sent`)
-where the user stopped; calls due after it count nowhere):
+within it that a user held up by a call before them never sent count as unsent, not as requests or failures (the
+server never saw them), where the user stopped, under the name `not sent`; calls due after it count nowhere):
 - `recipe`, `profile`, `settings` (the profile's), `scenarios` {name: weight}, `duration_s` (scheduled),
   `bundle` {path, name, version, arch, precision, runtime}, `server` (its settings; null for the echo server), `texts` {source,
   count, chars {min, median, max}}, `machine` {cpus, cores (those the run could use), load_avg_before, load_avg_after};
 - `overall`: requests, failures, error_rate, requests_per_s (successful calls), offered_rate, offered_calls (over the
   scheduled seconds), rate_share (successful of offered calls), mean_ms,
-  p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms, late_calls
-  (successful calls sent after their due time), error_codes {gRPC status: failed calls}, server_cpu_pct,
-  locust_cpu_pct;
+  p50_ms, p95_ms, p99_ms, max_ms, p50_from_due_ms, p95_from_due_ms, p99_from_due_ms, max_from_due_ms (of the
+  successful and the unsent calls, an unsent one timed to when its user stopped), late_calls (successful calls sent
+  after their due time), unsent_calls (calls due never sent: not among the requests, failures or successful calls),
+  error_codes {gRPC status: failed calls}, server_cpu_pct, locust_cpu_pct;
 - `by_name`: the call figures per request name (`Classify`, `Classify x8`, `ClassifyStream x8`, `ModelInfer`);
 - `stages`: per stage of the schedule: name, start_s, end_s, users, the call figures (a step's first
   `settle_s` left out), server_cpu_pct, locust_cpu_pct, generator_bound;
-- `series`: per second: t_s, users, requests_per_s (every call, failed ones too), failures_per_s, p50_ms, p95_ms,
+- `series`: per second: t_s, users, requests_per_s (every call sent, failed ones too), failures_per_s, p50_ms, p95_ms,
   p99_ms (from the send; null: no call);
 - `resources`: per process sample (twice a second): t_s, server_cpu_pct, locust_cpu_pct,
   server_rss_mb, requests_done;
@@ -165,6 +166,7 @@ COLUMNS = {  # figure -> column
     "p99_from_due_ms": "p99 ms due",
     "late_calls": "late",
     "failures": "failures",
+    "unsent_calls": "unsent",
     "locust_cpu_pct": "locust CPU %",
     "server_cpu_pct": "server CPU %",
 }
@@ -172,7 +174,8 @@ COLUMNS = {  # figure -> column
 
 READING = (  # how to read the tables of COLUMNS
     "Latency of successful calls as locust saw them, from the send and (due) from the due time, which the SLO "
-    "reads; late: calls sent after their due time; CPU %: 100 = one core."
+    "reads; late: calls sent after their due time; unsent: calls due that a user held up never sent, timed from "
+    "the due time to its stop; CPU %: 100 = one core."
 )
 
 

@@ -183,6 +183,14 @@ def test_the_tables_give_the_paced_p99_from_the_due_time_and_the_late_calls(resu
     assert f"server, paced 50/s {spread_cell(p99, 2)} ms, {late} calls sent late" in serving.markdown(result)
 
 
+def test_the_tables_give_the_paced_calls_due_but_never_sent(result):
+    runs = dict(result.runs) | {"paced": [record | {"unsent_calls": 2} for record in result.runs["paced"]]}
+    late = sum(record["late_calls"] for record in runs["paced"])
+    unsent = 2 * len(runs["paced"])
+    markdown = serving.markdown(result.model_copy(update={"runs": runs}))
+    assert f"{late} calls sent late, {unsent} never sent; echo, paced 50/s" in markdown  # the server's phase
+
+
 def test_a_run_with_failed_calls_says_which_phase_failed_them_and_how(result):
     assert "server 4x1: RESOURCE_EXHAUSTED 3" in serving.markdown(with_failed_capacity_calls(result))
 

@@ -12,7 +12,7 @@ from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan, Stage
-from edgedistill.loadtests.recorder import LATE_KEY, Recorder
+from edgedistill.loadtests.recorder import LATE_KEY, NotSent, Recorder
 from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -133,6 +133,53 @@ def test_failures_are_counted_by_grpc_status(tmp_path):
     stats = analysis.call_stats(Samples.load(tmp_path / "requests.npz"), 1.0)
     assert stats["error_codes"] == {"UNAVAILABLE": 2, "RuntimeError": 1}
     assert result.failures_line(stats) == "failed calls by status: UNAVAILABLE 2, RuntimeError 1"
+
+
+@pytest.fixture
+def unsent_at_the_end(tmp_path) -> Samples:
+    """97 calls answered in 1 ms, one refused, then 3 calls due that their user never sent, due 500, 400 and 300 ms
+    before it stopped (as `loadtests.pacing` reports them)."""
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    for _ in range(97):
+        recorder.on_request(name="Classify", response_time=1.0, exception=None)
+    recorder.on_request(name="Classify", response_time=1.0, exception=RuntimeError("refused"))
+    for late in (500.0, 400.0, 300.0):
+        recorder.on_request(name="not sent", response_time=0.0, exception=NotSent(), context={LATE_KEY: late})
+    recorder.on_quitting()
+    return Samples.load(tmp_path / "requests.npz")
+
+
+def test_calls_due_but_unsent_are_counted_as_unsent(unsent_at_the_end):
+    assert analysis.call_stats(unsent_at_the_end, 1.0)["unsent_calls"] == 3
+
+
+def test_calls_due_but_unsent_are_not_requests(unsent_at_the_end):
+    assert analysis.call_stats(unsent_at_the_end, 1.0)["requests"] == 98
+
+
+def test_calls_due_but_unsent_are_not_failures(unsent_at_the_end):
+    stats = analysis.call_stats(unsent_at_the_end, 1.0)
+    assert (stats["failures"], stats["error_codes"]) == (1, {"RuntimeError": 1})
+
+
+def test_calls_due_but_unsent_lower_the_rate_share(unsent_at_the_end):
+    assert analysis.call_stats(unsent_at_the_end, 1.0, offered_rate=101)["rate_share"] == 97 / 101
+
+
+def test_calls_due_but_unsent_count_in_the_latencies_from_the_due_time_until_their_user_stopped(unsent_at_the_end):
+    # 97 calls of 1 ms and the unsent ones, 300, 400 and 500 ms: the 99th percentile lies between the last two
+    assert analysis.call_stats(unsent_at_the_end, 1.0)["p99_from_due_ms"] == pytest.approx(401.0)
+
+
+def test_calls_due_but_unsent_are_not_failures_in_the_series(unsent_at_the_end):
+    stages = [Stage(name="constant", start_s=0.0, end_s=1.0, users=1, offered_rate=101.0)]
+    assert analysis.per_second(unsent_at_the_end, stages)["failures_per_s"] == [1]
+
+
+def test_calls_due_but_unsent_are_not_requests_done(unsent_at_the_end):
+    resources = Resources.from_rows([(t, 0.0, 0.0, 0.0) for t in (-1.0, 5.0)], started=0.0)
+    assert resources.series(unsent_at_the_end, until=5)["requests_done"] == [98]
 
 
 def test_samples_saved_without_statuses_still_load(tmp_path):

@@ -1,5 +1,6 @@
 """Paced users spawned together make their first calls at their own phases, not in a burst at the start; a user held up
-by a stalled call sends the calls due meanwhile, and their latency counts from their due time.
+by a stalled call sends the calls due meanwhile, and their latency counts from their due time; one still held up when
+locust stops it counts the calls it never sent as unsent.
 
 locust monkey-patches the process with gevent on import, so the users run in a child process.
 """
@@ -207,14 +208,15 @@ def test_no_call_due_after_the_schedule_is_sent(stalled):
     assert due.max() < STALL_RUN_S, due.max()
 
 
-def test_calls_due_but_unsent_when_locust_stops_a_user_held_up_count_as_failed(stalled_at_the_end):
+def test_calls_due_but_unsent_when_locust_stops_a_user_held_up_count_as_unsent(stalled_at_the_end):
     # those due from the stall, about 3.5 s in, to the end of the schedule: about 25
-    assert stalled_at_the_end["overall"]["error_codes"].get("NotSent", 0) >= 10, stalled_at_the_end["overall"]
+    assert stalled_at_the_end["overall"]["unsent_calls"] >= 10, stalled_at_the_end["overall"]
 
 
-def test_a_server_that_stalls_at_the_end_misses_the_error_rate(stalled_at_the_end):
-    assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "error_rate")["passed"] is False
+def test_a_server_that_stalls_at_the_end_keeps_an_error_rate_of_zero(stalled_at_the_end):
+    assert stalled_at_the_end["overall"]["error_rate"] == 0, stalled_at_the_end["overall"]
 
 
-def test_a_server_that_stalls_at_the_end_passes_the_p99_of_the_calls_it_answered(stalled_at_the_end):
-    assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "p99_ms")["passed"] is True
+def test_a_server_that_stalls_at_the_end_misses_the_p99_timed_from_the_due_time(stalled_at_the_end):
+    # the calls unsent waited 2 s and more from their due time to the user's stop, over 10 % of the calls
+    assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "p99_ms")["passed"] is False

@@ -29,3 +29,9 @@ def test_the_heading_names_the_cores_the_run_could_use():
     run = {"profile": "steady", "duration_s": 5.0, "scenarios": {"single": 1}, "machine": {"cpus": 16, "cores": 2}}
     bundle = {"name": "smoke-bilstm-int8", "arch": "bilstm", "precision": "int8", "runtime": "onnxruntime"}
     assert "2 cores of 16 CPUs" in result.heading(run | {"bundle": bundle})
+
+
+def test_the_tables_give_the_calls_due_but_unsent():
+    overall = {"unsent_calls": 3}
+    header = list(result.COLUMNS.values())
+    assert result.rows({"stages": [overall], "overall": overall})[-1][1 + header.index("unsent")] == "3"

@@ -96,10 +96,9 @@ def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     _, summary = results("smoke")
     overall = summary["overall"]
-    # every call sent is refused; a refusal can take long enough on a busy machine that some calls due go unsent
-    sent = overall["requests"] - overall["error_codes"].get("NotSent", 0)
-    assert overall["error_codes"]["RESOURCE_EXHAUSTED"] == sent
-    assert f"RESOURCE_EXHAUSTED {sent}" in run.stderr.partition("failed calls by status: ")[2]
+    # every call sent is refused; those a slow refusal left unsent on a busy machine are no failures
+    assert overall["error_codes"] == {"RESOURCE_EXHAUSTED": overall["failures"]}
+    assert f"failed calls by status: RESOURCE_EXHAUSTED {overall['failures']}" in run.stderr
 
 
 def test_a_server_that_wants_a_token_is_sent_it(bundle):
@@ -159,14 +158,11 @@ def test_users_stopped_at_the_end_of_a_spike_finish_their_calls(bundle):
     """Every call takes a 500 ms batching delay: the one user left after the spike returns at most 2 calls in the
     after stage's second; the 3 users stopped at the spike's end were in the middle of a call each."""
     slow = {"EDGEDISTILL_MAX_QUEUE_DELAY_MS": "500"}
-    # at 20 calls/s a user falls behind, and the calls it never sends count as failed
-    run = loadtest(
-        bundle, "spike", "--loadtest.spike.slo.p99_ms=10000", "--loadtest.spike.slo.max_error_rate=1", env=slow
-    )
+    # at 20 calls/s a user falls behind: the calls it never sends count as unsent, not as failed calls or requests
+    run = loadtest(bundle, "spike", "--loadtest.spike.slo.p99_ms=10000", env=slow)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     _, summary = results("spike")
-    after = summary["stages"][2]
-    assert after["requests"] - after["error_codes"].get("NotSent", 0) > 2  # calls made, not those the users owed
+    assert summary["stages"][2]["requests"] > 2
 
 
 @pytest.mark.serial  # a bound on time: 15 of the 20 samples, and the 100 calls the growth fit needs in the last 5 s
