@@ -14,7 +14,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.processes import dying_with_this_process, python_module
-from edgedistill.common.settings import SettingError, refuse_measured_variables
+from edgedistill.common.settings import SettingError, refuse_measured_variables, service_link
 from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import bearer, health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
@@ -49,9 +49,13 @@ def left_out_of(command: list[str]) -> tuple[str, ...]:
 
 
 def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = PORT_VARIABLES) -> dict:
-    """The environment of a server a measurement starts: `environ` (default this process's) less `left_out`."""
+    """The environment of a server a measurement starts: `environ` (default this process's) less `left_out` and less
+    Kubernetes service links (`service_link`), which the server would refuse where one lands on a setting's name
+    (`EDGEDISTILL_PORT=tcp://...`), though the measurement's flags set those settings."""
     environ = os.environ if environ is None else environ
-    return {name: value for name, value in environ.items() if name not in left_out}
+    return {
+        name: value for name, value in environ.items() if name not in left_out and service_link(name, value) is None
+    }
 
 
 def measured_settings(flags: list[str]) -> Settings:

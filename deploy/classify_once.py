@@ -5,7 +5,7 @@ the reply has no label. The container and wheel tests' call, so that they pass o
 import sys
 
 import grpc
-from edgedistill.serve.client import Client
+from edgedistill.serve.client import Client, LabelsUnavailable
 
 TEXT, PAIR = "a gripping , beautifully acted film", "the acting is superb"
 
@@ -15,6 +15,8 @@ with Client(sys.argv[1], timeout=30) as client:
         reply = client.classify([TEXT], pairs)
     except grpc.RpcError as err:
         sys.exit(f"Classify failed: {err.code().name}: {err.details()}")
+    except LabelsUnavailable as err:
+        sys.exit(f"Classify answered, but its labels cannot be read: {err}")
 label = reply["predictions"][0]["label"]
 if not (isinstance(label, str) and label):
     sys.exit(f"the reply has no label: {reply}")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+from edgedistill.bench.processes import server_environ
 from edgedistill.common.bundle import load_bundle
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
@@ -21,8 +22,10 @@ SESSION = ("threads", "spin", "providers", "allow_cpu_fallback")  # the server s
 
 def session_settings(threads: int, environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of one server process with `threads` intra-op threads and the `EDGEDISTILL_*` variables of
-    `environ` (default this process's), read as the server reads them."""
-    return load_settings(["--threads", str(threads), "--workers", "1"], environ)
+    `environ` (default a measured server's, `server_environ`), read as the server reads them."""
+    return load_settings(
+        ["--threads", str(threads), "--workers", "1"], server_environ() if environ is None else environ
+    )
 
 
 def session_of(settings: Settings) -> dict:

@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 from edgedistill.bench import BenchError, processes
+from edgedistill.bench.peers.model import session_settings
 from edgedistill.bench.processes import finish, free_port, measured_server, running, served_settings, start
 
 from tests.serve.conftest import write_engine
@@ -144,6 +145,16 @@ def test_a_measured_server_takes_its_port_over_a_kubernetes_service_link_that_se
     monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")  # the link of a Service named `edgedistill`
     flags, settings = measured_server(bundle, 1)
     assert settings.port == int(flags[flags.index("--port") + 1])
+
+
+def test_a_measured_servers_environment_leaves_out_a_kubernetes_service_link_that_sets_a_setting(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")
+    assert "EDGEDISTILL_PORT" not in processes.server_environ()
+
+
+def test_a_bundles_session_settings_are_read_past_a_kubernetes_service_link_that_sets_the_port(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")  # the benchmark's bare and peer models read these
+    assert session_settings(3).threads == 3
 
 
 # Where an operator exports them for the server they deploy (the Kubernetes manifests' METRICS_HOST)
