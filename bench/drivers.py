@@ -34,7 +34,7 @@ def rotated(order: list, repeat: int) -> list:
 class Tally:
     """Successful calls' latencies (seconds), failed calls by status code, and for paced calls how long each
     successful one waited past its due time for the call before it to return, how many were due, and how long each
-    one due but never sent (`unsent`: held up by a call that overran the run) had waited at the run's end."""
+    one due but never sent (`unsent`: held up by a call that overran the run) had waited when that call returned."""
 
     latencies: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
@@ -57,7 +57,7 @@ class Tally:
         """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
         also the p99 timed from each call's due time (what a client sending on schedule would have waited: a slow
         call delays the ones due behind it, which timing from the send alone leaves out; an unsent call, until the
-        run's end), how many were late, how many went unsent (no failures: the server never saw them), and the calls
+        call that held it up returned), how many were late, how many went unsent (no failures: the server never saw them), and the calls
         due as those offered."""
         if not self.latencies:
             raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
@@ -83,12 +83,17 @@ async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) 
     )
 
 
+def calls_due(rate: float, duration: float) -> int:
+    """The calls due within `duration` seconds at `rate` calls/s (the i-th at i / rate), past the floats' rounding."""
+    return math.ceil(round(duration * rate, 9))
+
+
 async def paced(classify, requests: list, rate: float, duration: float) -> Tally:
     """One call at a time, the i-th due at start + i / rate and sent then, or at once when the call before it returned
     later, for the calls due within `duration` seconds. Those still unsent at the end, held up by a call that overran
-    it, are kept with their wait from the due time to the end (`Tally.unsent`): left out, they would let a server that
+    it, are kept with their wait from the due time until that call returned (`Tally.unsent`): left out, they would let a server that
     stalls at the end pass."""
-    tally = Tally(due_calls=math.ceil(duration * rate))
+    tally = Tally(due_calls=calls_due(rate, duration))
     start = returned = time.perf_counter()
     for i in range(tally.due_calls):
         due = start + i / rate

@@ -400,6 +400,7 @@ LOADTEST_FIGURES = {  # a load test's overall figure -> its format in the report
         ("p50_ms", "p95_ms", "p99_ms", "max_ms", "p50_from_due_ms", "p95_from_due_ms", "p99_from_due_ms"), ".2f"
     ),
     "late_calls": ",d",
+    "unsent_calls": ",d",
     "server_cpu_pct": ".0f",
     "locust_cpu_pct": ".0f",
 }

@@ -152,3 +152,7 @@ def test_a_slow_last_paced_call_keeps_the_whole_rate_share():
 def test_saturating_calls_have_no_due_time():
     tally = asyncio.run(drivers.saturate(FakeClassify(), ["r"], concurrency=2, duration=0.05))
     assert "p99_from_due_ms" not in tally.record(seconds=0.05, texts_per_call=1)
+
+
+def test_the_calls_due_in_a_run_whose_rate_times_seconds_rounds_up_are_not_one_too_many():
+    assert drivers.calls_due(rate=8.3, duration=30) == 249  # 8.3 * 30 is 249.00000000000003 in floats

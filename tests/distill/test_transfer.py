@@ -140,7 +140,7 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
     (tmp_path / "u.txt").write_text("A first review here. And its second sentence.\n" * 30)
     overrides = {
         "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
-        "transfer.unlabelled_max_lines": 3000,
+        "transfer.unlabelled_max_lines": None,
         "export.cascades": {},  # which need lines past those the transfer set reads
     }
     build_texts(load_recipe(SMOKE, overrides), "[MASK]")
