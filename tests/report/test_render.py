@@ -634,6 +634,12 @@ def test_load_test_section_shows_the_p99_from_the_send_beside_it(tmp_path):
     assert overall_figures(late_loadtest_page(tmp_path))["p99 ms"] == "2.00"
 
 
+def test_load_test_section_gives_the_calls_due_that_were_never_sent(tmp_path):
+    check = {"name": "rate_share", "measured": 0.9, "limit": ">= 0.95", "passed": False}
+    page = loadtest_page(tmp_path, [check], figures={"unsent_calls": 12})
+    assert overall_figures(page)["unsent"] == "12"
+
+
 def test_load_test_section_says_its_due_figures_are_timed_from_the_due_time(tmp_path):
     assert "(due) from the due time, which the SLO reads" in "\n".join(late_loadtest_page(tmp_path).md)
 
