@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
-from edgedistill.common import measured, summary, tables
+from edgedistill.common import measured, modelcard, summary, tables
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.recipe import (
     Recipe,
@@ -101,7 +101,8 @@ def _out_of_date(root: Path, name: str) -> tuple[list[str], str | None]:
 def _not_shown(stale: dict[str, plan.Stale], recipe_path: str) -> list[str]:
     """A line for each artifact or measurement `stale` names, with the command that builds or measures it again."""
     return [
-        f"not shown: {name}, {left_out.why} (measure it again: {left_out.command} RECIPE={recipe_path})"
+        f"not shown: {name}, {left_out.why} ({'build' if modelcard.is_model(name) else 'measure'} it again: "
+        f"{left_out.command} RECIPE={recipe_path})"
         for name, left_out in stale.items()
     ]
 

@@ -158,7 +158,8 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
             f"again since; or what a measurement named here measured ({deployed}a cascade, or a model of the model "
             "benchmark or the teacher its speedups are against) was built again, or is gone, since it ran: their "
             "figures are not of the recipe and the artifacts now in the run. Build and measure them again with the "
-            "targets named."
+            "targets named; a run built with overrides on the command line (`--finetune.optim.lr=...`) shows its "
+            "figures when `edgedistill report` is given the same overrides."
         )
         page.table(
             ["not shown", "why", "built or measured by"],

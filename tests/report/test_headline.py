@@ -369,7 +369,7 @@ def test_no_bench_line_comes_from_a_bundle_built_from_a_student_distilled_again_
 def test_a_bundle_built_from_a_student_distilled_again_since_is_named_with_the_command_to_build_it(recipe):
     assert (
         "not shown: bundle-bilstm-int8, its parent student-bilstm was built again "
-        "(measure it again: make bundles RECIPE=recipes/smoke.yaml)"
+        "(build it again: make bundles RECIPE=recipes/smoke.yaml)"
     ) in benchmarked_before_its_student_was_distilled_again(recipe)
 
 
@@ -521,8 +521,8 @@ def test_headline_gives_no_figures_of_a_student_built_from_a_teacher_of_other_se
 
 def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(recipe):
     assert (
-        "not shown: teacher, teacher was built with other finetune settings "
-        "(measure it again: make teacher RECIPE=recipes/smoke.yaml)"
+        "not shown: teacher, teacher was built with other finetune settings (finetune.optim.lr 0.002 -> 0.001) "
+        "(build it again: make teacher RECIPE=recipes/smoke.yaml)"
     ) in edited_recipe_headline(recipe)
 
 
