@@ -101,10 +101,14 @@ def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
 def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
     """The transfer set's texts: those an interrupted run of the same work built and kept in the folder `kept`,
     else `build_texts`, kept there (atomically) before labelling starts, so that a resumed labelling does not build
-    them again (hours for a large unlabelled dump)."""
+    them again (hours for a large unlabelled dump). Without kept texts, what else the work folder holds (label
+    shards an earlier release left, of texts it may have built otherwise) goes, but for its stamp."""
     if kept.is_dir():
         progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
         return TransferTexts.read(kept)
+    for left in kept.parent.iterdir():
+        if left.name != "config_hash":
+            shutil.rmtree(left) if left.is_dir() else left.unlink()
     built = build_texts(recipe, mask)
     atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))
     return built

@@ -461,6 +461,27 @@ def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_sa
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
 
 
+def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_again(tmp_path):
+    """Shards of a killed run whose work folder keeps no texts (an earlier release's) may be of texts built otherwise:
+    they are not taken (one is spoilt here, which a run taking it would give back)."""
+    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+    for stage in ("teacher", "transfer"):
+        straight = run_stage(stage, SMOKE, "--name=straight", *small)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    (runs / "earlier").mkdir()
+    os.symlink(runs / "straight" / "teacher", runs / "earlier" / "teacher")
+    work = runs / "earlier" / ".work" / "transfer"
+    kill_9_once(["transfer", SMOKE, "--name=earlier", *small], lambda: any(work.glob("logits-*.npy")))
+    shutil.rmtree(work / "texts")
+    shard = next(work.glob("logits-*.npy"))
+    np.save(shard, np.zeros_like(np.load(shard)))
+    resumed = run_stage("transfer", SMOKE, "--name=earlier", *small)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    logits = np.load(runs / "earlier" / "transfer" / "logits.npy")
+    np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
+
+
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
     command = [PYTHON, "-m", "distill", "transfer", str(SMOKE), f"--name={name}", "--transfer.labeller=teacher-fused"]
