@@ -76,7 +76,9 @@ class Progress:
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # the last RECENT steps' since the last evaluation
-    loss_sum: float = 0.0  # every step's since the last evaluation, added in step order: with loss_steps, train_loss
+    # every step's since the last evaluation, added in step order: with loss_steps, train_loss (as `sum` of every
+    # step's loss gave it on Python 3.11, which the images run; 3.12's `sum` compensates rounding, last bits apart)
+    loss_sum: float = 0.0
     loss_steps: int = 0
     resumed_from: int | None = None
 
