@@ -83,6 +83,9 @@ class BatchObserver:
     def rows_admitted(self, rows: int) -> None:
         """`rows` more (fewer, when negative) rows hold places in the queue while they are made off the event loop."""
 
+    def retired(self) -> None:
+        """The batcher was replaced (`DynamicBatcher.retire`): the queue depth is the new one's from now on."""
+
     def closed(self) -> None:
         """The batcher closed (its queue finished, or failed at its close's limit): it reports no more rows."""
 
@@ -246,6 +249,7 @@ class DynamicBatcher:
         observer, told at `close`, clears what only this batcher wrote); a batcher closed at shutdown is not retired,
         so the gauge drains to 0 with its queue."""
         if not isinstance(self.observer, _Retiring):
+            self.observer.retired()
             self.observer = _Retiring(self.observer)
 
     async def close(self, timeout: float | None = None) -> bool:

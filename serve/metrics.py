@@ -230,6 +230,15 @@ class Metrics(BatchObserver):
         self.member_depth.labels(*observer.labels).set(rows)
         self._sum_member_depths()
 
+    def member_retired(self, observer: "MemberObserver") -> None:
+        """`observer`'s member was replaced: its rows leave the server's sum, which is the new runtime's from now on,
+        unless that runtime already writes the series (a member of the same cascade name and id); its own series
+        keeps its rows until it closes (`member_closed`)."""
+        writer, _ = self._member_depths.get(observer.labels, (None, 0))
+        if writer is observer:
+            del self._member_depths[observer.labels]
+            self._sum_member_depths()
+
     def member_closed(self, observer: "MemberObserver") -> None:
         """`observer`'s member closed: its queue depth reads 0 and leaves the server's sum, unless the runtime that
         replaced it writes that series now (a member of the same cascade name and id)."""
@@ -298,6 +307,9 @@ class MemberObserver(BatchObserver):
 
     def queue_depth(self, rows: int) -> None:
         self.metrics.member_queue_depth(self, rows)
+
+    def retired(self) -> None:
+        self.metrics.member_retired(self)
 
     def closed(self) -> None:
         self.metrics.member_closed(self)

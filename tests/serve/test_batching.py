@@ -427,6 +427,28 @@ def test_a_retired_members_close_leaves_the_queue_depth_to_the_bundle_that_repla
     assert depth_after_a_retired_member_closes(lambda metrics: metrics) == 3
 
 
+def test_a_retired_member_of_another_name_leaves_the_server_queue_depth_to_the_new_cascade_while_it_drains():
+    metrics = Metrics()
+
+    async def main():
+        old = batcher(FakeBackend(), max_delay=10.0, observer=metrics.member("old-cascade", "student"))
+        new = batcher(FakeBackend(), max_delay=10.0, observer=metrics.member("new-cascade", "teacher"))
+        old.start()
+        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
+        await asyncio.sleep(0.01)  # queued
+        new.start()
+        waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
+        await asyncio.sleep(0.01)  # queued
+        old.retire()  # still draining its 2 rows
+        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        await old.close()
+        await new.close()
+        await asyncio.gather(draining, waiting)
+        return depth
+
+    assert asyncio.run(main()) == 3
+
+
 def test_backend_runs_off_the_event_loop():
     backend = FakeBackend(delay=0.3)
 
