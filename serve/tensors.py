@@ -77,6 +77,20 @@ def _element_count(name: str, shape) -> int:
     return math.prod(shape)  # exact: np.prod wraps around in int64, so [2**32, 2**32] would claim 0 elements
 
 
+def _present(name: str, datatype: str, contents, raw: bytes | None, most: int) -> int:
+    """How many elements the request holds, up to `most`, without decoding one: raw BYTES by their length prefixes."""
+    if raw is None:
+        return min(len(getattr(contents, CONTENTS[datatype])) if contents is not None else 0, most)
+    if datatype != "BYTES":
+        return min(len(raw) // np.dtype(NUMPY[datatype]).itemsize, most)
+    present, offset = 0, 0
+    while offset + 4 <= len(raw) and present < most:
+        (size,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4 + size
+        present += offset <= len(raw)
+    return present
+
+
 def decode(
     name: str, datatype: str, shape, contents=None, raw: bytes | None = None, max_elements: int | None = None
 ) -> np.ndarray:
@@ -89,6 +103,9 @@ def decode(
         raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}")
     count = _element_count(name, shape)
     if max_elements is not None and count > max_elements:
+        present = _present(name, datatype, contents, raw, max_elements + 1)
+        if present < min(count, max_elements + 1):  # a shape claiming more than was sent: nothing to split
+            raise InvalidInput(f"input {name!r}: {present} elements for shape {list(shape)} ({count} expected)")
         raise TooLarge(
             f"input {name!r}: shape {list(shape)} holds {count} elements; the limit is {max_elements}: "
             "split the request"

@@ -426,6 +426,8 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
+            if tensor.name not in TEXT_INPUTS and len(tensor.shape) == 2 and tensor.shape[1] > max_length:
+                raise InvalidInput(f"sequence length {tensor.shape[1]} exceeds the model's max_length {max_length}")
             limit = self.settings.max_texts * (1 if tensor.name in TEXT_INPUTS else max_length)
             decoded[tensor.name] = tensors.decode(
                 tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, raw[i] if raw else None, limit
