@@ -41,11 +41,16 @@ def _rotate(x: Tensor, index: Tensor) -> Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
+def require_segments(token_type_ids: Tensor | None) -> None:
+    """`ValueError` for a pair student called without `token_type_ids`, which would read each pair as one text."""
+    if token_type_ids is None:
+        raise ValueError("a pair student needs token_type_ids (1 marks sentence B); got none")
+
+
 def pair_sides(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, Tensor]:
     """Pairs (B, T) -> both sentences as one batch (2B, T) of ids and masks: the A sides (`[CLS] A [SEP]`), then
     the B sides (`B [SEP]`) moved to the start of their rows, each right-padded by its own mask."""
-    if token_type_ids is None:
-        raise ValueError("a pair student needs token_type_ids (1 marks sentence B); got none")
+    require_segments(token_type_ids)
     length = input_ids.shape[1]
     first = ((token_type_ids == 0) & attention_mask.bool()).sum(1)  # (B,)
     second = attention_mask.sum(1) - first
@@ -240,6 +245,8 @@ class TransformerClassifier(Student):
         and attentions (L of (B, heads, T, T)). `token_type_ids` mark sentence B of a pair, as for the teacher."""
         # The flags are passed only when set: given explicitly, even as False, they break the TorchScript export.
         flags = {"output_hidden_states": True, "output_attentions": True} if return_internals else {}
+        if self.config.pairs:  # BertModel would take no segments as all sentence A
+            require_segments(token_type_ids)
         if token_type_ids is not None:
             flags["token_type_ids"] = token_type_ids
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask, **flags)
@@ -335,8 +342,10 @@ def _teacher_embedding_basis(words: Tensor, dim: int) -> Tensor:
     return F.pad(scores, (0, dim - scores.shape[1]))
 
 
-# What a transformer student copies from its teacher (`init_from_teacher`): a BERT's blocks, at the same sizes.
+# What a transformer student copies from its teacher (`init_from_teacher`): a BERT's blocks, at the same sizes, which
+# compute the same function only with the same activation and layer norm epsilon (the student's are BertConfig's own)
 COPIED_SIZES = ("hidden_size", "num_attention_heads", "intermediate_size")
+COPIED_FUNCTION = ("hidden_act", "layer_norm_eps")
 BERT_TYPES = ("bert", "edgedistill-bert-mean")  # a plain BERT, and a mean-pooled teacher's (distill.heads)
 
 
@@ -353,7 +362,14 @@ def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIE
     ]
     if student.max_position_embeddings > teacher.max_position_embeddings:
         differ.append(f"max_length {student.max_position_embeddings} vs {teacher.max_position_embeddings} positions")
-    return [f"student vs teacher sizes differ: {', '.join(differ)}"] if differ else []
+    misfits = [f"student vs teacher sizes differ: {', '.join(differ)}"] if differ else []
+    if functions := [
+        f"{n} {getattr(student, n)} vs {getattr(teacher, n)}"
+        for n in COPIED_FUNCTION
+        if getattr(student, n) != getattr(teacher, n)
+    ]:
+        misfits.append(f"the copied layers would compute another function: {', '.join(functions)}")
+    return misfits
 
 
 def _check_vocabulary(student_rows: int, teacher_rows: int) -> None:

@@ -159,6 +159,13 @@ def test_init_from_teacher_rejects_a_transformer_that_does_not_fit(overrides, me
         init_from_teacher(_student("transformer", **overrides), _tiny_teacher())
 
 
+@pytest.mark.parametrize(("setting", "value"), [("hidden_act", "relu"), ("layer_norm_eps", 1e-3)])
+def test_init_from_teacher_rejects_a_teacher_whose_layers_compute_another_function(setting, value):
+    teacher = BertModel(BertConfig(**(_tiny_teacher().config.to_dict() | {setting: value}))).eval()
+    with pytest.raises(ValueError, match=f"another function: {setting}"):
+        init_from_teacher(_student("transformer", vocab_size=100, hidden_size=32, intermediate_size=64), teacher)
+
+
 @pytest.mark.parametrize("arch", ["bilstm", "cnn"])
 @pytest.mark.parametrize("embed_dim", [8, 32, 40])
 def test_init_from_teacher_projects_word_embeddings(arch, embed_dim):
@@ -307,7 +314,7 @@ def test_siamese_pair_student_classifies_four_matching_features_per_side_width(a
     assert width == 4 * single_width
 
 
-@pytest.mark.parametrize("arch", ["bilstm", "cnn"])
+@pytest.mark.parametrize("arch", ["bilstm", "cnn", "transformer"])
 def test_pair_student_without_segments_is_refused(arch):
     ids, mask, _, _ = _pair_batch()
     with pytest.raises(ValueError, match="token_type_ids"):
