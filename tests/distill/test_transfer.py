@@ -439,44 +439,46 @@ transfer.build_texts = refuse
 """
 
 
+SMALL = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+
+
+def killed_while_labelling(name: str) -> tuple[Path, Path]:
+    """The runs folder and the transfer work folder of run `name`, killed once its first label shard was written,
+    beside the run `straight`, built whole from the same teacher."""
+    for stage in ("teacher", "transfer"):
+        straight = run_stage(stage, SMOKE, "--name=straight", *SMALL)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    (runs / name).mkdir()
+    os.symlink(runs / "straight" / "teacher", runs / name / "teacher")
+    work = runs / name / ".work" / "transfer"
+    kill_9_once(["transfer", SMOKE, f"--name={name}", *SMALL], lambda: any(work.glob("logits-*.npy")))
+    return runs, work
+
+
 @pytest.mark.slow
 def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(tmp_path):
     """A rerun after a kill labels the texts the killed run built (it is refused `build_texts`), to the logits of an
     uninterrupted run."""
-    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
-    for stage in ("teacher", "transfer"):
-        straight = run_stage(stage, SMOKE, "--name=straight", *small)
-        assert straight.returncode == 0, straight.stderr[-3000:]
-    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
-    (runs / "killed").mkdir()
-    os.symlink(runs / "straight" / "teacher", runs / "killed" / "teacher")
-    work = runs / "killed" / ".work" / "transfer"
-    kill_9_once(["transfer", SMOKE, "--name=killed", *small], lambda: any(work.glob("logits-*.npy")))
+    runs, _ = killed_while_labelling("killed")
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(REFUSE_TO_BUILD_TEXTS)
-    resumed = run_stage("transfer", SMOKE, "--name=killed", *small, env_extra={"PYTHONPATH": str(hook)})
+    resumed = run_stage("transfer", SMOKE, "--name=killed", *SMALL, env_extra={"PYTHONPATH": str(hook)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logits = np.load(runs / "killed" / "transfer" / "logits.npy")
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
 
 
-def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_again(tmp_path):
+@pytest.mark.slow
+def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_again():
     """Shards of a killed run whose work folder keeps no texts (an earlier release's) may be of texts built otherwise:
     they are not taken (one is spoilt here, which a run taking it would give back)."""
-    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
-    for stage in ("teacher", "transfer"):
-        straight = run_stage(stage, SMOKE, "--name=straight", *small)
-        assert straight.returncode == 0, straight.stderr[-3000:]
-    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
-    (runs / "earlier").mkdir()
-    os.symlink(runs / "straight" / "teacher", runs / "earlier" / "teacher")
-    work = runs / "earlier" / ".work" / "transfer"
-    kill_9_once(["transfer", SMOKE, "--name=earlier", *small], lambda: any(work.glob("logits-*.npy")))
+    runs, work = killed_while_labelling("earlier")
     shutil.rmtree(work / "texts")
     shard = next(work.glob("logits-*.npy"))
     np.save(shard, np.zeros_like(np.load(shard)))
-    resumed = run_stage("transfer", SMOKE, "--name=earlier", *small)
+    resumed = run_stage("transfer", SMOKE, "--name=earlier", *SMALL)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logits = np.load(runs / "earlier" / "transfer" / "logits.npy")
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))

@@ -395,9 +395,10 @@ def test_a_started_batcher_takes_the_shared_queue_depth_over_from_the_one_it_rep
     assert asyncio.run(main()) == 0
 
 
-def depth_after_a_retired_member_closes(new_observer) -> float:
-    """The server's queue depth once a retired cascade member's batcher (2 rows queued) closed beside the batcher that
-    replaced it, with 3 rows queued and `new_observer`: the Metrics' own for a bundle, a member's for a cascade."""
+def depth_after_a_member_is_retired(new_observer, closed: bool = True) -> float:
+    """The server's queue depth once a retired cascade member's batcher (2 rows queued) closed (with `closed`; else
+    while it drains) beside the batcher that replaced it, with 3 rows queued and `new_observer`: the Metrics' own for
+    a bundle, a member's for a cascade."""
     metrics = Metrics()
 
     async def main():
@@ -410,8 +411,11 @@ def depth_after_a_retired_member_closes(new_observer) -> float:
         waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
         await asyncio.sleep(0.01)  # queued
         old.retire()
-        await old.close()
+        if closed:
+            await old.close()
         depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
+        if not closed:
+            await old.close()
         await new.close()
         await asyncio.gather(draining, waiting)
         return depth
@@ -420,33 +424,18 @@ def depth_after_a_retired_member_closes(new_observer) -> float:
 
 
 def test_a_retired_members_close_leaves_the_queue_depth_to_the_member_of_its_id_that_replaced_it():
-    assert depth_after_a_retired_member_closes(lambda metrics: metrics.member("tiny-cascade", "student")) == 3
+    assert depth_after_a_member_is_retired(lambda metrics: metrics.member("tiny-cascade", "student")) == 3
 
 
 def test_a_retired_members_close_leaves_the_queue_depth_to_the_bundle_that_replaced_its_cascade():
-    assert depth_after_a_retired_member_closes(lambda metrics: metrics) == 3
+    assert depth_after_a_member_is_retired(lambda metrics: metrics) == 3
 
 
 def test_a_retired_member_of_another_name_leaves_the_server_queue_depth_to_the_new_cascade_while_it_drains():
-    metrics = Metrics()
+    def new_cascade(metrics: Metrics):
+        return metrics.member("new-cascade", "teacher")
 
-    async def main():
-        old = batcher(FakeBackend(), max_delay=10.0, observer=metrics.member("old-cascade", "student"))
-        new = batcher(FakeBackend(), max_delay=10.0, observer=metrics.member("new-cascade", "teacher"))
-        old.start()
-        draining = asyncio.ensure_future(old.submit([row(1), row(2)]))
-        await asyncio.sleep(0.01)  # queued
-        new.start()
-        waiting = asyncio.ensure_future(new.submit([row(3), row(4), row(5)]))
-        await asyncio.sleep(0.01)  # queued
-        old.retire()  # still draining its 2 rows
-        depth = metrics.registry.get_sample_value("edgedistill_queue_depth")
-        await old.close()
-        await new.close()
-        await asyncio.gather(draining, waiting)
-        return depth
-
-    assert asyncio.run(main()) == 3
+    assert depth_after_a_member_is_retired(new_cascade, closed=False) == 3
 
 
 def test_backend_runs_off_the_event_loop():
