@@ -139,7 +139,7 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
     return student, student.config
 
 
-def _transfer_data(transfer_dir: Path, tokenizer, max_length: int, desc: str | None):
+def _transfer_data(transfer_dir: Path, tokenizer, max_length: int, desc: str | None = None):
     """Token ids of the transfer set (pairs too, when it has them; tokenized under a progress bar named `desc`), the
     teacher's logits (float16, as stored: a batch takes them as float32), and gold labels or `UNLABELLED`."""
     pairs = read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None

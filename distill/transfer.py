@@ -20,7 +20,7 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import Examples, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.stage import FORCED, Built, Inputs, Stage
 from edgedistill.distill import device, finetune, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, labelling_info, onnx_labeller
@@ -102,12 +102,13 @@ def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
     """The transfer set's texts: those an interrupted run of the same work built and kept in the folder `kept`,
     else `build_texts`, kept there (atomically) before labelling starts, so that a resumed labelling does not build
     them again (hours for a large unlabelled dump). Without kept texts, what else the work folder holds (label
-    shards an earlier release left, of texts it may have built otherwise) goes, but for its stamp."""
+    shards an earlier release left, of texts it may have built otherwise) goes, but for its stamp and a forced run's
+    marker."""
     if kept.is_dir():
         progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
         return TransferTexts.read(kept)
     for left in kept.parent.iterdir():
-        if left.name != "config_hash":
+        if left.name not in ("config_hash", FORCED):
             shutil.rmtree(left) if left.is_dir() else left.unlink()
     built = build_texts(recipe, mask)
     atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))

@@ -544,13 +544,20 @@ def rebuilt(bundle: Path) -> None:
     (bundle / mf.MANIFEST).write_text(republished.model_dump_json(indent=2))
 
 
-def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it(smoke_bundles, monkeypatch):
-    run = smoke_bundles.parent / "labeller-built-again"
+def labelled_by_a_copy_of_teacher_fused(smoke_bundles: Path, name: str) -> Path:
+    """Run `name` of the smoke recipe, beside the smoke run: its teacher, a copy of its bundle teacher-fused, and a
+    transfer set that copy labelled."""
+    run = smoke_bundles.parent / name
     run.mkdir()
     (run / "teacher").symlink_to(smoke_bundles / "teacher")
     shutil.copytree(smoke_bundles / "bundle-teacher-fused", run / "bundle-teacher-fused")
     result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it(smoke_bundles, monkeypatch):
+    run = labelled_by_a_copy_of_teacher_fused(smoke_bundles, "labeller-built-again")
     rebuilt(run / "bundle-teacher-fused")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     recipe = load_recipe(SMOKE, {"name": run.name, "transfer.labeller": "teacher-fused"})
@@ -561,12 +568,7 @@ def test_a_transfer_set_whose_labeller_bundle_was_built_again_is_stale_naming_it
 def earlier_release_run(smoke_bundles) -> Path:
     """A run of the smoke recipe whose transfer set teacher-fused labelled, its manifest as a release before the
     labeller was recorded among the parents wrote it: the bundle in `info.labelling` alone."""
-    run = smoke_bundles.parent / "earlier-release-labelled"
-    run.mkdir()
-    (run / "teacher").symlink_to(smoke_bundles / "teacher")
-    shutil.copytree(smoke_bundles / "bundle-teacher-fused", run / "bundle-teacher-fused")
-    result = transfer_with_labeller(smoke_bundles.parent, run.name, "--runtime.device=cpu")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run = labelled_by_a_copy_of_teacher_fused(smoke_bundles, "earlier-release-labelled")
     manifest = mf.load(run / "transfer")
     earlier = manifest.model_copy(update={"parents": {"teacher": manifest.parents["teacher"]}})
     (run / "transfer" / mf.MANIFEST).write_text(earlier.model_dump_json(indent=2))
