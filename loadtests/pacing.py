@@ -16,6 +16,7 @@ it was due: counted as unsent (not as a failed call: the server never saw it) an
 server that stalls at the end misses the rate share and the p99.
 """
 
+import itertools
 import math
 import random
 import time
@@ -87,14 +88,15 @@ class PacedUser(User):
         interval = 1 / self.user_rate
         # stopped in its wait, the task due at next_start never started; else that task ran (or runs: a forced stop)
         first = self.next_start if self._state == LOCUST_STATE_WAITING else self.next_start + interval
-        for k in range(max(0, math.ceil((end - first) * self.user_rate))):
+        for due in itertools.takewhile(lambda due: due < end, (first + k * interval for k in itertools.count())):
             self.environment.events.request.fire(
                 request_type="paced",
                 name=UNSENT_NAME,
                 response_time=0.0,
                 response_length=0,
                 response=None,
-                context=self.context() | {LATE_KEY: (now - first - k * interval) * 1000},
+                # read at each event, as the recorder stamps each, so that the due time it gives back is this one
+                context=self.context() | {LATE_KEY: (time.perf_counter() - due) * 1000},
                 exception=NotSent("due before the user stopped, held up by a call before it"),
             )
 
