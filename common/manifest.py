@@ -229,11 +229,11 @@ def built_from_others(folder: Path) -> str | None:
 
 
 def changes(old: dict, new: dict, most: int = 3) -> str:
-    """What differs between two `hashed` records, e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
+    """What differs between two `hashed` records (or records of their settings alone), e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
     changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of
     them, then how many more. A setting or extra the old record lacks whole (one a later release hashes) is said
     once, `server: not recorded when it was built`, not as each of its values changed from null."""
-    recorded, hashed = old.get("settings", {}) | old.get("extra", {}), new["settings"] | new["extra"]
+    recorded, hashed = old.get("settings", {}) | old.get("extra", {}), new["settings"] | new.get("extra", {})
     added = sorted(hashed.keys() - recorded.keys())
     said = [f"{name}: not recorded when it was built" for name in added]
     before, after = _flat(recorded), _flat({name: value for name, value in hashed.items() if name not in added})
@@ -246,9 +246,13 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
         else:
             said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
     parents, artifacts = old.get("parents", {}), old.get("artifacts", {})
-    said += [f"parent {name}'s settings changed" for name, h in new["parents"].items() if parents.get(name) != h]
     said += [
-        f"{name} is another artifact or was rebuilt" for name, h in new["artifacts"].items() if artifacts.get(name) != h
+        f"parent {name}'s settings changed" for name, h in new.get("parents", {}).items() if parents.get(name) != h
+    ]
+    said += [
+        f"{name} is another artifact or was rebuilt"
+        for name, h in new.get("artifacts", {}).items()
+        if artifacts.get(name) != h
     ]
     said = said or ["how its settings are recorded changed"]
     more = f"; and {len(said) - most} more" if len(said) > most else ""

@@ -347,8 +347,7 @@ def settings_change(recipe: Recipe, folder: Path) -> str | None:
     except KeyError:  # a setting the recipe no longer has (a bundle taken out of it)
         now = {}
     if changed := [key for key in recorded if now.get(key) != recorded[key]]:
-        was = {"settings": {key: recorded[key] for key in changed}}
-        is_now = {"settings": {key: now.get(key) for key in changed}, "extra": {}, "parents": {}, "artifacts": {}}
+        was, is_now = ({"settings": {key: values.get(key) for key in changed}} for values in (recorded, now))
         return f"{folder.name} was built with other {', '.join(changed)} settings ({mf.changes(was, is_now)})"
     built = (parent for parent in _parents(folder) if (parent / mf.MANIFEST).is_file())
     return next((why for parent in built if (why := settings_change(recipe, parent))), None)

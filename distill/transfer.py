@@ -108,8 +108,12 @@ def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
         progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
         return TransferTexts.read(kept)
     for left in kept.parent.iterdir():
-        if left.name not in ("config_hash", FORCED):
-            shutil.rmtree(left) if left.is_dir() else left.unlink()
+        if left.name in ("config_hash", FORCED):
+            continue
+        if left.is_dir():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
     built = build_texts(recipe, mask)
     atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))
     return built

@@ -167,16 +167,15 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
         )
 
 
-def _trained(root: Path) -> list[Path]:
-    """The finished teacher, students and baselines, in that order."""
-    return [
-        p for p in [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))] if _finished(p)
-    ]
+def _trained(root: Path, stale: dict[str, plan.Stale]) -> list[Path]:
+    """The finished teacher, students and baselines, in that order, but those `stale` names."""
+    folders = [root / "teacher", *sorted(root.glob("student-*")), *sorted(root.glob("baseline-*"))]
+    return [p for p in folders if _finished(p) and p.name not in stale]
 
 
 def _curves(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
     """The training curves of the finished teacher, students and baselines, not of those `stale` names."""
-    folders = [p for p in _trained(root) if p.name not in stale]
+    folders = _trained(root, stale)
     histories = {p.name: plots.read_json(p / "history.json") for p in folders if (p / "history.json").is_file()}
     if histories:
         key = recipe.data.selection_key
@@ -227,7 +226,7 @@ def _per_class(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
     `stale` names."""
     names = recipe.data.label_names
     matrices = {}
-    for folder in (p for p in _trained(root) if p.name not in stale):
+    for folder in _trained(root, stale):
         confusion = mf.load(folder, verify=False).metrics.get("dev_confusion")
         if confusion is not None and np.shape(confusion) == (len(names), len(names)):
             matrices[folder.name] = np.asarray(confusion)
