@@ -1,7 +1,7 @@
 """TLS of the gRPC port: the settings' certificate chain, key and client CA, read again at the first handshake after
 one of them changed, so a rotated certificate (cert-manager, a renewed Kubernetes Secret) is served without a
-restart. A new chain and key that do not match (one file replaced, the other not yet) are left until they do: the
-old ones serve meanwhile."""
+restart. A new chain and key that do not match (one file replaced, the other not yet), or a client CA file that holds no
+PEM certificate, are left until they are usable: the old ones serve meanwhile."""
 
 import logging
 import os
@@ -24,7 +24,8 @@ class CertificateFiles:
             self.initial = self._read()
         except (OSError, ssl.SSLError) as err:
             raise SettingsError(
-                f"cannot use the TLS files (a PEM certificate chain and its key, unencrypted, as gRPC takes it): {err}"
+                "cannot use the TLS files (a PEM certificate chain and its key, unencrypted, and TLS_CA's PEM "
+                f"certificates, as gRPC takes them): {err}"
             ) from err
 
     def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
@@ -33,9 +34,13 @@ class CertificateFiles:
         return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
 
     def _read(self) -> grpc.ServerCertificateConfiguration:
-        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted."""
+        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted, or the CA file holds no
+        certificate."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         # An empty passphrase: OpenSSL would otherwise ask for one on the terminal, holding the server's start.
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.chain, self.key, password=lambda: b"")
+        context.load_cert_chain(self.chain, self.key, password=lambda: b"")
+        if self.ca:  # gRPC would fail to bind the port at start, and at a rotation keep the old files unsaid
+            context.load_verify_locations(self.ca)
         ca = self.ca.read_bytes() if self.ca else None
         return grpc.ssl_server_certificate_configuration(
             [(self.key.read_bytes(), self.chain.read_bytes())], root_certificates=ca
