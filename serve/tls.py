@@ -6,11 +6,24 @@ PEM certificate, are left until they are usable: the old ones serve meanwhile.""
 import logging
 import os
 import ssl
+from pathlib import Path
 
 import grpc
 from edgedistill.serve.settings import Settings, SettingsError
 
 log = logging.getLogger("serve")
+TLS_FILES = "a PEM certificate chain and its key, unencrypted, and CA certificates in PEM, as gRPC takes them"
+
+
+def check_pem(chain: Path | None, key: Path | None, ca: Path | None) -> None:
+    """`ssl.SSLError` (an `OSError`, as for a file that cannot be read) where the TLS files given are not `TLS_FILES`:
+    gRPC itself would only fail to bind its port, or fail each handshake, naming no file."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if chain is not None:
+        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal.
+        context.load_cert_chain(chain, key, password=lambda: b"")
+    if ca is not None:
+        context.load_verify_locations(ca)
 
 
 class CertificateFiles:
@@ -23,10 +36,7 @@ class CertificateFiles:
             self._stamp = self._stamp_now()
             self.initial = self._read()
         except (OSError, ssl.SSLError) as err:
-            raise SettingsError(
-                "cannot use the TLS files (a PEM certificate chain and its key, unencrypted, and TLS_CA's PEM "
-                f"certificates, as gRPC takes them): {err}"
-            ) from err
+            raise SettingsError(f"cannot use the TLS files ({TLS_FILES}): {err}") from err
 
     def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
         """What changes when a file is replaced or written: inode, time and size."""
@@ -36,11 +46,7 @@ class CertificateFiles:
     def _read(self) -> grpc.ServerCertificateConfiguration:
         """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted, or the CA file holds no
         certificate."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal, holding the server's start.
-        context.load_cert_chain(self.chain, self.key, password=lambda: b"")
-        if self.ca:  # gRPC would fail to bind the port at start, and at a rotation keep the old files unsaid
-            context.load_verify_locations(self.ca)
+        check_pem(self.chain, self.key, self.ca)
         ca = self.ca.read_bytes() if self.ca else None
         return grpc.ssl_server_certificate_configuration(
             [(self.key.read_bytes(), self.chain.read_bytes())], root_certificates=ca
