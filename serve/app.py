@@ -36,7 +36,7 @@ from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.reflection import ReflectionServicer
-from edgedistill.serve.settings import GRPC_INT_MAX, Settings, SettingsError
+from edgedistill.serve.settings import GRPC_INT_MAX, Settings, SettingsError, host_port
 from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
@@ -121,9 +121,10 @@ class EdgeServer:
 
     def bind(self) -> int:
         """Add the gRPC port (TLS with the settings' certificates) and the health port; the gRPC port bound."""
-        port = _bind(self.grpc, f"{self.settings.host}:{self.settings.port}", server_credentials(self.settings))
+        host = self.settings.host
+        port = _bind(self.grpc, host_port(host, self.settings.port), server_credentials(self.settings))
         if self.health_server is not None:
-            self.health_port = _bind(self.health_server, f"{self.settings.host}:{self.settings.health_port}")
+            self.health_port = _bind(self.health_server, host_port(host, self.settings.health_port))
         return port
 
     async def start(self) -> None:

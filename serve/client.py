@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.settings import GRPC_INT_MAX, Settings, blank
+from edgedistill.serve.tls import TLS_FILES, check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -125,12 +127,13 @@ class Client:
         timeout: float = 10.0,
         retries: int = 3,
     ):
-        """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`)."""
+        """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`).
+        `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`)."""
         options = retry_options(retries)
         if tls or tls_ca or tls_cert:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(tls_ca), private_key=_read(tls_key), certificate_chain=_read(tls_cert)
-            )
+            root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
+            check_pem(tls_cert, tls_key, tls_ca)
+            credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
             self.channel = grpc.secure_channel(address, credentials, options=options)
         else:
             self.channel = grpc.insecure_channel(address, options=options)
@@ -775,6 +778,9 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             timeout=args.timeout,
             retries=args.retries,
         )
+    except ssl.SSLError as err:  # read, but not PEM, or a key that is not the certificate's
+        print(f"{prog}: cannot use --tls-ca, --tls-cert or --tls-key ({TLS_FILES}): {err}", file=sys.stderr)
+        return 2
     except OSError as err:  # a --tls-ca, --tls-cert or --tls-key that cannot be read
         print(f"{prog}: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ given to the server are not seen) and asks where the server answers health check
 import sys
 
 import grpc
-from edgedistill.serve.settings import Settings, SettingsError, env_name, load_settings
+from edgedistill.serve.settings import Settings, SettingsError, env_name, host_port, load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 CHECK_TIMEOUT_S = 3.0  # within the HEALTHCHECK's own timeout (5 s), with the interpreter's start
@@ -19,7 +19,7 @@ def health_address(settings: Settings) -> str:
     be known (a port chosen at start) or spoken to (TLS on the gRPC port)."""
     host = "localhost" if settings.host in ANY_ADDRESS else settings.host
     if settings.health_port:
-        return f"{host}:{settings.health_port}"
+        return host_port(host, settings.health_port)
     if settings.port == 0:
         raise SettingsError(
             f"{env_name('port')}=0 takes any free port, which the health check cannot know: set "
@@ -30,7 +30,7 @@ def health_address(settings: Settings) -> str:
             f"the gRPC port uses TLS ({env_name('tls_cert')}), and the health check speaks plaintext: set "
             f"{env_name('health_port')} to a port of its own"
         )
-    return f"{host}:{settings.port}"
+    return host_port(host, settings.port)
 
 
 def main() -> int:

@@ -313,6 +313,12 @@ class Settings(BaseModel):
         return self.inline_infer_ms / 1000
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port` as gRPC takes it: an IPv6 address in brackets (`[::1]:50051`), whether `host` has them or not."""
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
+
+
 def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 

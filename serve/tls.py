@@ -1,16 +1,29 @@
 """TLS of the gRPC port: the settings' certificate chain, key and client CA, read again at the first handshake after
 one of them changed, so a rotated certificate (cert-manager, a renewed Kubernetes Secret) is served without a
-restart. A new chain and key that do not match (one file replaced, the other not yet) are left until they do: the
-old ones serve meanwhile."""
+restart. A new chain and key that do not match (one file replaced, the other not yet), or a client CA file that holds no
+PEM certificate, are left until they are usable: the old ones serve meanwhile."""
 
 import logging
 import os
 import ssl
+from pathlib import Path
 
 import grpc
 from edgedistill.serve.settings import Settings, SettingsError
 
 log = logging.getLogger("serve")
+TLS_FILES = "a PEM certificate chain and its key, unencrypted, and CA certificates in PEM, as gRPC takes them"
+
+
+def check_pem(chain: Path | None, key: Path | None, ca: Path | None) -> None:
+    """`ssl.SSLError` (an `OSError`, as for a file that cannot be read) where the TLS files given are not `TLS_FILES`:
+    gRPC itself would only fail to bind its port, or fail each handshake, naming no file."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if chain is not None:
+        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal.
+        context.load_cert_chain(chain, key, password=lambda: b"")
+    if ca is not None:
+        context.load_verify_locations(ca)
 
 
 class CertificateFiles:
@@ -23,9 +36,7 @@ class CertificateFiles:
             self._stamp = self._stamp_now()
             self.initial = self._read()
         except (OSError, ssl.SSLError) as err:
-            raise SettingsError(
-                f"cannot use the TLS files (a PEM certificate chain and its key, unencrypted, as gRPC takes it): {err}"
-            ) from err
+            raise SettingsError(f"cannot use the TLS files ({TLS_FILES}): {err}") from err
 
     def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
         """What changes when a file is replaced or written: inode, time and size."""
@@ -33,9 +44,9 @@ class CertificateFiles:
         return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
 
     def _read(self) -> grpc.ServerCertificateConfiguration:
-        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted."""
-        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal, holding the server's start.
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.chain, self.key, password=lambda: b"")
+        """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted, or the CA file holds no
+        certificate."""
+        check_pem(self.chain, self.key, self.ca)
         ca = self.ca.read_bytes() if self.ca else None
         return grpc.ssl_server_certificate_configuration(
             [(self.key.read_bytes(), self.chain.read_bytes())], root_certificates=ca

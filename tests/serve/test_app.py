@@ -1,4 +1,5 @@
-"""The server's own process: a stop while the model warms up, the exit when its event loop stalls."""
+"""The server's own process: the address it binds, a stop while the model warms up, the exit when its event loop
+stalls."""
 
 import asyncio
 import contextlib
@@ -11,14 +12,24 @@ import sys
 import threading
 from dataclasses import dataclass
 
+import grpc
 import pytest
 from edgedistill.serve.app import EXIT_FAULT, EXIT_LINE_WAIT_S, exit_on_stall
 from edgedistill.serve.watchdog import LoopWatchdog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.serve import conftest
-from tests.serve.conftest import serve_command
+from tests.serve.conftest import serve_command, settings_for
 
 EXIT_WAIT_S = 2.0  # an exit "at once", with room for a loaded machine
+
+
+def test_an_ipv6_host_written_without_brackets_is_bound(start_server, bundle):
+    server = start_server(settings_for(bundle, host="::1"))
+    with grpc.insecure_channel(f"[::1]:{server.port}") as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
 
 # `python -m edgedistill.serve` whose warm-up takes 5 s, saying `warming_up` as it begins
 SLOW_WARM_UP = """

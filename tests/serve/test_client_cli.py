@@ -657,6 +657,19 @@ def test_info_and_reload_together_are_refused_by_the_parser(capsys):
     assert "argument --reload: not allowed with argument --info" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "files",
+    [("--tls-ca", "ca.key"), ("--tls-cert", "client.key", "--tls-key", "client.key"),
+     ("--tls-cert", "client.pem", "--tls-key", "server.key")],
+    ids=["a CA file of no certificate", "a certificate file of none", "a key that is not the certificate's"],
+)  # fmt: skip
+def test_tls_files_grpc_cannot_use_are_a_usage_error_before_any_call(certs, capsys, files):
+    paths = [name if name.startswith("--") else str(certs / name) for name in files]
+    code, _, err = run(capsys, "--address", unused_address(), *paths, "good")
+    assert code == 2
+    assert "cannot use --tls-ca, --tls-cert or --tls-key" in err
+
+
 @pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key"])
 def test_a_client_certificate_or_key_alone_is_a_usage_error(tmp_path, capsys, flag):
     code, _, err = run(capsys, flag, str(tmp_path / "client.pem"), "good")

@@ -17,6 +17,10 @@ def test_a_server_on_one_address_is_asked_there():
     assert health_address(Settings(host="127.0.0.1", port=6000)) == "127.0.0.1:6000"
 
 
+def test_a_server_on_an_ipv6_address_written_without_brackets_is_asked_there():
+    assert health_address(Settings(host="::1", port=6000)) == "[::1]:6000"
+
+
 def test_a_grpc_port_chosen_at_start_without_a_health_port_names_the_health_port_setting():
     with pytest.raises(SettingsError, match="set EDGEDISTILL_HEALTH_PORT"):
         health_address(Settings(port=0))

@@ -88,6 +88,29 @@ def test_an_encrypted_key_is_refused_at_start_naming_what_grpc_takes(bundle, cer
         server_credentials(settings)
 
 
+def test_a_client_ca_file_without_a_certificate_is_refused_at_start(bundle, certs):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.key"
+    )
+    with pytest.raises(SettingsError, match="cannot use the TLS files"):
+        server_credentials(settings)
+
+
+def test_a_client_ca_file_rotated_to_no_certificate_is_not_taken(start_server, bundle, certs, tmp_path, caplog):
+    shutil.copy(certs / "ca.pem", tmp_path / "clients.pem")
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=tmp_path / "clients.pem"
+    )
+    server = start_server(settings)
+    shutil.copy(certs / "ca.key", tmp_path / "clients.pem")
+    credentials = grpc.ssl_channel_credentials(
+        (certs / "ca.pem").read_bytes(), (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes()
+    )
+    with caplog.at_level(logging.INFO, logger="serve"), grpc.secure_channel(server.address, credentials) as channel:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert [r.event for r in caplog.records if getattr(r, "event", "").startswith("tls_")] == ["tls_reload_failed"]
+
+
 def test_a_failed_calls_log_line_names_the_client_certificate(start_server, bundle, certs, caplog):
     settings = settings_for(
         bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.pem"
