@@ -227,8 +227,9 @@ def _build(inputs: Inputs) -> Built | None:
         model = build_model(model_cfg, tokenizer, cfg.seq_len)
     for tokens, setting in ((cfg.seq_len, "pretrain.seq_len"), (model_cfg.max_length, "model.max_length")):
         heads.require_positions(model.config, tokens, setting, model_cfg.init or "the model")
-    # fine-tuning would refuse it after this stage has trained
+    # fine-tuning would refuse them after this stage has trained
     heads.require_reinit(model.config, recipe.finetune.reinit_layers, model_cfg.init or "the model")
+    heads.require_pooling(model.config, recipe.finetune.pooling, model_cfg.init or "the model")
     mlm = model_cfg.family == "bert"
     wwm = mlm and cfg.whole_word_mask
     # transformers' whole-word masking replaces every chosen word by [MASK] (no random or kept words).
