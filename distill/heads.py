@@ -96,11 +96,17 @@ def require_family(config, family: str, name) -> None:
 
 def require_pooling(config, pooling: str, name) -> None:
     """Refuse `finetune.pooling: mean` for a checkpoint `name` that is not a BERT: the mean-pooled head is built on
-    `BertModel`, which would load none of another encoder's weights and start from random ones."""
+    `BertModel`, which would load none of another encoder's weights and start from random ones; and `cls` for a
+    mean-pooled teacher, whose own head, the one the Auto class builds, is the mean-pooled one."""
     if pooling == "mean" and config.model_type not in BERT_TYPES:
         raise RecipeError(
             f"finetune.pooling=mean builds a BERT encoder, but {name} is a {config.model_type}, whose weights it "
             "would not load; use finetune.pooling: cls (the model's own head)"
+        )
+    if pooling == "cls" and config.model_type == MeanPooledBertConfig.model_type:
+        raise RecipeError(
+            f"finetune.pooling=cls, but {name} is a mean-pooled teacher ({config.model_type}), whose own head reads "
+            "the mean of its final states; use finetune.pooling: mean"
         )
 
 

@@ -219,6 +219,7 @@ def _build(inputs: Inputs) -> Built | None:
         tokenizer = load_tokenizer(model_cfg.init)
         config = AutoConfig.from_pretrained(model_cfg.init)
         heads.require_family(config, model_cfg.family, model_cfg.init)
+        heads.require_pooling(config, recipe.finetune.pooling, model_cfg.init)  # fine-tuning would refuse it after
         heads.require_fusable(config, recipe, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
@@ -227,9 +228,8 @@ def _build(inputs: Inputs) -> Built | None:
         model = build_model(model_cfg, tokenizer, cfg.seq_len)
     for tokens, setting in ((cfg.seq_len, "pretrain.seq_len"), (model_cfg.max_length, "model.max_length")):
         heads.require_positions(model.config, tokens, setting, model_cfg.init or "the model")
-    # fine-tuning would refuse them after this stage has trained
+    # fine-tuning would refuse it after this stage has trained
     heads.require_reinit(model.config, recipe.finetune.reinit_layers, model_cfg.init or "the model")
-    heads.require_pooling(model.config, recipe.finetune.pooling, model_cfg.init or "the model")
     mlm = model_cfg.family == "bert"
     wwm = mlm and cfg.whole_word_mask
     # transformers' whole-word masking replaces every chosen word by [MASK] (no random or kept words).
