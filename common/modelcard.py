@@ -149,7 +149,13 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
     """How the model was made: the teacher's start, a student's distillation, a bundle's export."""
     kind = _kind(stage)
     if kind == "teacher":
-        start = f"`{recipe.model.init}`" if recipe.model.init else "a model pretrained from scratch by the pipeline"
+        if recipe.model.init is None:
+            start = "a model pretrained from scratch by the pipeline"
+        elif recipe.pretrain is None:
+            start = f"`{recipe.model.init}`"
+        else:
+            objective = "masked-LM" if recipe.model.family == "bert" else "causal-LM"
+            start = f"`{recipe.model.init}` after further {objective} pretraining by the pipeline"
         return [f"A {recipe.model.family} classifier fine-tuned from {start} ({info.get('steps')} steps)."]
     if kind in ("student", "baseline"):
         losses = info["losses"]

@@ -3,14 +3,23 @@
 Sentence-embedding checkpoints (all-MiniLM and the other sentence-transformers models) were trained through
 mean pooling and ship no trained pooler, so a head on their [CLS] state starts further from what they learned.
 The classes are registered with the transformers Auto classes: once this module is imported,
-`AutoModelForSequenceClassification.from_pretrained(folder)` loads such a teacher and `AutoModel` its encoder.
+`AutoModelForSequenceClassification.from_pretrained(folder)` loads such a teacher, `AutoModel` its encoder and
+`AutoModelForMaskedLM` its encoder with a masked-LM head.
 """
 
 import torch
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.distill.students import BERT_TYPES
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+)
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
@@ -30,6 +39,13 @@ class MeanPooledBertModel(BertModel):
 
     def __init__(self, config: MeanPooledBertConfig, add_pooling_layer: bool = False):
         super().__init__(config, add_pooling_layer=add_pooling_layer)
+
+
+class MeanPooledBertForMaskedLM(BertForMaskedLM):
+    """A mean-pooled teacher's encoder with a masked-LM head, for `AutoModelForMaskedLM`: pretraining continued from
+    such a teacher keeps its model type, and so its head."""
+
+    config_class = MeanPooledBertConfig
 
 
 class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
@@ -96,11 +112,17 @@ def require_family(config, family: str, name) -> None:
 
 def require_pooling(config, pooling: str, name) -> None:
     """Refuse `finetune.pooling: mean` for a checkpoint `name` that is not a BERT: the mean-pooled head is built on
-    `BertModel`, which would load none of another encoder's weights and start from random ones."""
+    `BertModel`, which would load none of another encoder's weights and start from random ones; and `cls` for a
+    mean-pooled teacher, whose own head, the one the Auto class builds, is the mean-pooled one."""
     if pooling == "mean" and config.model_type not in BERT_TYPES:
         raise RecipeError(
             f"finetune.pooling=mean builds a BERT encoder, but {name} is a {config.model_type}, whose weights it "
             "would not load; use finetune.pooling: cls (the model's own head)"
+        )
+    if pooling == "cls" and config.model_type == MeanPooledBertConfig.model_type:
+        raise RecipeError(
+            f"finetune.pooling=cls, but {name} is a mean-pooled teacher ({config.model_type}), whose own head reads "
+            "the mean of its final states; use finetune.pooling: mean"
         )
 
 
@@ -213,4 +235,5 @@ def load_encoder(folder, **kwargs):
 
 AutoConfig.register(MeanPooledBertConfig.model_type, MeanPooledBertConfig)
 AutoModel.register(MeanPooledBertConfig, MeanPooledBertModel)
+AutoModelForMaskedLM.register(MeanPooledBertConfig, MeanPooledBertForMaskedLM)
 AutoModelForSequenceClassification.register(MeanPooledBertConfig, MeanPooledBertForSequenceClassification)

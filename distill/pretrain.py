@@ -219,6 +219,7 @@ def _build(inputs: Inputs) -> Built | None:
         tokenizer = load_tokenizer(model_cfg.init)
         config = AutoConfig.from_pretrained(model_cfg.init)
         heads.require_family(config, model_cfg.family, model_cfg.init)
+        heads.require_pooling(config, recipe.finetune.pooling, model_cfg.init)  # fine-tuning would refuse it after
         heads.require_fusable(config, recipe, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)

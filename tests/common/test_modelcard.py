@@ -112,6 +112,14 @@ def test_mean_pooled_teacher_card_imports_its_head_before_loading():
     assert "import edgedistill.distill.heads" in _text(recipe, folder)
 
 
+def test_teacher_card_of_a_recipe_that_continues_pretraining_says_the_pipeline_pretrained_its_init_further():
+    recipe = load_recipe(ROOT / "recipes" / "sst2-dapt.yaml", {"model.init": "org/encoder"})
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    assert "fine-tuned from `org/encoder` after further masked-LM pretraining by the pipeline (10 steps)." in _text(
+        recipe, folder
+    )
+
+
 def test_card_names_the_recipes_metrics(recipe):
     folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
     assert ModelCard.load(modelcard.write(recipe, folder)).data.metrics == ["accuracy"]

@@ -133,6 +133,11 @@ def test_mean_pooling_of_a_roberta_init_is_refused_as_it_would_load_none_of_its_
         heads.require_pooling(RobertaConfig(), "mean", "roberta-init")
 
 
+def test_cls_pooling_of_a_mean_pooled_init_is_refused_as_its_own_head_is_the_mean_pooled_one():
+    with pytest.raises(RecipeError, match="finetune.pooling=cls, but mean-init is a mean-pooled teacher"):
+        heads.require_pooling(heads.MeanPooledBertConfig(), "cls", "mean-init")
+
+
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 # smoke's teacher bundles that fuse (the default): all but teacher-onnx
 UNFUSED = {f"export.bundles.{bundle}.fused": False for bundle in ("teacher-fused", "teacher-int8", "teacher-cuda-fp16")}

@@ -10,7 +10,7 @@ from edgedistill.common import settings
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import load_recipe
-from edgedistill.distill import pretrain, tokenization
+from edgedistill.distill import heads, pretrain, tokenization
 from edgedistill.distill.device import resolve
 from edgedistill.distill.pretrain import (
     LanguageModelObjective,
@@ -33,6 +33,7 @@ from transformers import (
 from tests.conftest import ROOT, distill_here
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
+from tests.roberta_init import write_roberta
 
 TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
 
@@ -189,6 +190,39 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):
     assert "pretrain.train_files: 10 non-empty lines are too few to hold out pretrain.eval_holdout_lines=500" in (
         result.stderr
     )
+
+
+def test_mean_pooling_of_a_roberta_init_is_refused_before_pretraining(capsys, tmp_path):
+    init = write_roberta(tmp_path / "roberta", TEXTS)
+    result = distill_here(
+        capsys,
+        "pretrain",
+        ROOT / "recipes" / "smoke.yaml",
+        f"--model.init={init}",
+        "--finetune.pooling=mean",
+        "--export=null",  # the smoke recipe's fused teacher bundle would be refused first
+        "--pretrain.optim.max_steps=1",
+    )
+    assert f"finetune.pooling=mean builds a BERT encoder, but {init} is a roberta" in result.stderr
+
+
+def test_pretraining_continues_from_a_mean_pooled_teacher(capsys, tmp_path):
+    init = tmp_path / "mean-teacher"
+    tok = tokenizer("bert")
+    config = heads.MeanPooledBertConfig(
+        vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    heads.MeanPooledBertForSequenceClassification(config).save_pretrained(init)
+    tok.save_pretrained(init)
+    result = distill_here(
+        capsys,
+        "pretrain",
+        ROOT / "recipes" / "smoke.yaml",
+        f"--model.init={init}",
+        "--finetune.pooling=mean",
+        "--pretrain.optim.max_steps=1",
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_masked_lm_objective_of_a_roberta_checkpoint_is_its_own_mlm_loss():
