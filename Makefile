@@ -44,9 +44,12 @@ $(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filt
 # A measurement sets its servers' bundle, address, threads and workers by flags, so the benchmarks refuse those
 # EDGEDISTILL_* variables exported (common/settings.py MEASURED_SETTINGS), from the environment or from make's command
 # line, which make exports to the commands too: a goal that measures stops at once, not after the training make builds
-# first. `make serve` reads them; the default goal, help, measures nothing.
+# first. `make serve` reads them; the default goal, help, measures nothing. A Kubernetes service link on such a name
+# (EDGEDISTILL_PORT=tcp://10.0.0.5:50051, for a Service `edgedistill`; common/settings.py service_link) is no setting
+# anyone gave: it stops nothing, and make serve and make call take their default PORT beside it.
+SERVICE_LINK_URL := tcp://% udp://% sctp://%
 MEASURING := all serve-bench serve-accuracy serve-cascade loadtest soak peers-bench scaling-bench
-MEASURED_EXPORTED := $(strip $(foreach name,BUNDLE HOST PORT THREADS WORKERS,$(if $(filter environment% command,$(origin EDGEDISTILL_$(name))),EDGEDISTILL_$(name))))
+MEASURED_EXPORTED := $(strip $(foreach name,BUNDLE HOST PORT THREADS WORKERS,$(if $(filter environment% command,$(origin EDGEDISTILL_$(name))),$(if $(filter $(SERVICE_LINK_URL),$(EDGEDISTILL_$(name))),,EDGEDISTILL_$(name)))))
 $(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error $(MEASURED_EXPORTED) would do nothing: a measurement sets its servers' bundle, address, threads (the recipe's) and workers itself; leave them out of make $(filter $(MEASURING),$(MAKECMDGOALS)) (make serve reads them)))
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
@@ -152,7 +155,7 @@ RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
 # BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
-# those, above), so make serve and make call honour them rather than override them by their flags.
+# those, above; a service link is none), so make serve and make call honour them rather than override them by flags.
 BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
@@ -163,7 +166,7 @@ report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures an
 proto: $(STAMP)  ## regenerate serve/proto/*_pb2*.py from the .proto files
 	$(ED) proto
 
-PORT ?= $(or $(EDGEDISTILL_PORT),50051)
+PORT ?= $(or $(filter-out $(SERVICE_LINK_URL),$(EDGEDISTILL_PORT)),50051)
 serve: $(STAMP)  ## serve BUNDLE (default: the recipe's deployed bundle) over gRPC on PORT
 	$(ED) serve --bundle $(BUNDLE) --port $(PORT)
 

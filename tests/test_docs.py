@@ -5,7 +5,8 @@ are written by hand and checked against the settings' own fields: every field ha
 and description (where the field has one) are the field's; so is the metrics table in docs/serving.md, against the
 server's metrics. A failing check prints the rows to paste. The README's stage table is checked against the
 commands `edgedistill all` runs, docs/install.md's extras against pyproject.toml, and the examples the pages and
-the commands' help give (bundle folders, make's error lines) against the recipes and the Makefile.
+the commands' help give (bundle folders, make's error lines, the targets of make commands) against the recipes and
+the Makefile.
 """
 
 import ast
@@ -47,6 +48,8 @@ ENV_READ = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]*)["']"
 ENV_CONSTANT = re.compile(r"""^[A-Z_]*_VAR\s*=\s*["']([A-Z][A-Z0-9_]*)["']""", re.MULTILINE)
 MAKE_DEFAULT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*\?=", re.MULTILINE)
 MAKE_ERROR = re.compile(r"\[Makefile:(\d+): ([\w-]+)\]")  # make's line for a failed command
+MAKE_COMMAND = re.compile(r"(?:`|^)(?:sudo )?make ((?:[a-z][a-z0-9-]*(?: |`|$))+)", re.MULTILINE)  # its goals
+MAKE_TARGET = re.compile(r"^([a-z][a-z0-9-]*):", re.MULTILINE)
 REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?")  # a name, its extras
 BUNDLE_PATH = re.compile(r"runs/([\w.-]+)/bundle-([a-z0-9][a-z0-9-]*[a-z0-9])")  # an example: recipe, bundle id
 BENCH_COMMANDS = re.compile(r"\{([a-z,]+)\}")  # `edgedistill bench --help`'s list of benchmarks
@@ -200,6 +203,13 @@ def imported(package: Path) -> set[str]:
     return names - {package.name}
 
 
+def make_goals(page: Path) -> set[str]:
+    """The targets of the `make` commands a page gives, in its code spans and at the start of its code blocks' lines."""
+    text = page.read_text(encoding="utf-8")
+    code = "\n".join(re.findall(r"```.*?```", text, flags=re.DOTALL) + re.findall(r"`[^`\n]+`", prose(page)))
+    return {goal.strip("`") for goals in MAKE_COMMAND.findall(code) for goal in goals.split()}
+
+
 def command_lines(target: str) -> range:
     """The Makefile's line numbers (from 1) of `target`'s commands: the tab-indented lines below its rule."""
     lines = MAKEFILE.read_text(encoding="utf-8").splitlines()
@@ -306,6 +316,12 @@ def test_a_quoted_make_error_gives_the_makefile_line_of_its_targets_command(page
         if int(line) not in (lines := command_lines(target))
     }
     assert not wrong, f"{page.name}: quotes make's line for a failed command wrongly: {wrong}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_a_make_command_a_page_gives_names_targets_of_the_makefile(page):
+    targets = set(MAKE_TARGET.findall(MAKEFILE.read_text(encoding="utf-8")))
+    assert sorted(make_goals(page) - targets) == [], f"{page.name}: the Makefile has no such target"
 
 
 @pytest.mark.parametrize("extra", list(extras()))

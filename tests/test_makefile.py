@@ -115,6 +115,21 @@ def test_make_call_calls_edgedistill_port():
     assert "--address localhost:50099 " in make_with_environ("call", EDGEDISTILL_PORT="50099").stdout
 
 
+SERVICE_LINK = "tcp://10.0.0.5:50051"  # EDGEDISTILL_PORT as Kubernetes sets it in a pod for a Service `edgedistill`
+
+
+def test_a_service_link_on_edgedistill_port_passes_for_make_all():
+    assert make_with_environ("all", EDGEDISTILL_PORT=SERVICE_LINK).returncode == 0
+
+
+def test_make_serve_serves_on_the_default_port_beside_a_service_link():
+    assert "--port 50051\n" in make_with_environ("serve", EDGEDISTILL_PORT=SERVICE_LINK).stdout
+
+
+def test_make_call_calls_the_default_port_beside_a_service_link():
+    assert "--address localhost:50051 " in make_with_environ("call", EDGEDISTILL_PORT=SERVICE_LINK).stdout
+
+
 def test_bundle_given_to_make_serve_wins_over_edgedistill_bundle():
     served = make_with_environ("serve", "BUNDLE=/srv/bundle-a", EDGEDISTILL_BUNDLE="/srv/bundle-b").stdout
     assert "--bundle /srv/bundle-a " in served
