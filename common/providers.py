@@ -5,6 +5,31 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+# Every execution provider ONNX Runtime names, whether or not a build offers it (`onnxruntime.get_all_providers()`,
+# which a test keeps this equal to): another name is a typo, which no build on any machine would run.
+PROVIDERS = (
+    "ACLExecutionProvider",
+    "AzureExecutionProvider",
+    "CANNExecutionProvider",
+    "CoreMLExecutionProvider",
+    CPU,
+    CUDA,
+    "DmlExecutionProvider",
+    "DnnlExecutionProvider",
+    "JsExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "NnapiExecutionProvider",
+    "NvTensorRTRTXExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "QNNExecutionProvider",
+    "RknpuExecutionProvider",
+    TENSORRT,
+    "VitisAIExecutionProvider",
+    "VSINPUExecutionProvider",
+    "WebGpuExecutionProvider",
+    "WebNNExecutionProvider",
+    "XnnpackExecutionProvider",
+)
 
 
 def cuda_options(precision: str) -> dict:
