@@ -4,7 +4,7 @@ import difflib
 from typing import Literal
 
 from edgedistill.common.config.strict import Name, Strict
-from edgedistill.common.providers import ALIASES, PROVIDERS
+from edgedistill.common.providers import known
 from pydantic import Field, field_validator, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
@@ -96,14 +96,7 @@ class BundleRecipe(Strict):
     @field_validator("providers")
     @classmethod
     def _providers_exist(cls, providers: list[str]) -> list[str]:
-        for name in [name for name in providers if name not in PROVIDERS and name.lower() not in ALIASES]:
-            near = difflib.get_close_matches(name, PROVIDERS, n=1)
-            guess = f"did you mean {near[0]}? " if near else ""
-            raise ValueError(
-                f"{name!r} is no ONNX Runtime execution provider, in any build: {guess}ONNX Runtime's are "
-                f"{', '.join(PROVIDERS)} (or {', '.join(ALIASES)} for short)"
-            )
-        return providers
+        return known(providers)
 
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):
