@@ -229,10 +229,11 @@ def built_from_others(folder: Path) -> str | None:
 
 
 def changes(old: dict, new: dict, most: int = 3) -> str:
-    """What differs between two `hashed` records (or records of their settings alone), e.g. `finetune.optim.lr 0.001 -> 0.002; data.train: its contents
-    changed; parent teacher's settings changed; bundle is another artifact or was rebuilt`: at most `most` of
-    them, then how many more. A setting or extra the old record lacks whole (one a later release hashes) is said
-    once, `server: not recorded when it was built`, not as each of its values changed from null."""
+    """What differs between two `hashed` records (or records of their settings alone), e.g. `finetune.optim.lr 0.001 ->
+    0.002; data.train: its contents changed; parent teacher's settings changed; now also built from transfer; bundle
+    is another artifact or was rebuilt`: at most `most` of them, then how many more. A setting or extra the old record
+    lacks whole (one a later release hashes) is said once, `server: not recorded when it was built`, not as each of
+    its values changed from null; a parent it lacks, as `now also built from <name>`."""
     recorded, hashed = old.get("settings", {}) | old.get("extra", {}), new["settings"] | new.get("extra", {})
     added = sorted(hashed.keys() - recorded.keys())
     said = [f"{name}: not recorded when it was built" for name in added]
@@ -247,12 +248,17 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
             said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
     parents, artifacts = old.get("parents", {}), old.get("artifacts", {})
     said += [
-        f"parent {name}'s settings changed" for name, h in new.get("parents", {}).items() if parents.get(name) != h
+        f"now also built from {name}"
+        for name in new.get("parents", {}) | new.get("artifacts", {})
+        if name not in parents | artifacts
+    ]
+    said += [
+        f"parent {name}'s settings changed" for name, h in new.get("parents", {}).items() if parents.get(name, h) != h
     ]
     said += [
         f"{name} is another artifact or was rebuilt"
         for name, h in new.get("artifacts", {}).items()
-        if artifacts.get(name) != h
+        if artifacts.get(name, h) != h
     ]
     said = said or ["how its settings are recorded changed"]
     more = f"; and {len(said) - most} more" if len(said) > most else ""

@@ -1,10 +1,49 @@
 """ONNX Runtime's execution providers by name, and CUDA's provider options: what needs no ONNX Runtime installed (the
 `report` role, which has none, writes them into model cards)."""
 
+import difflib
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 ALIASES = {"cpu": CPU, "cuda": CUDA, "tensorrt": TENSORRT, "trt": TENSORRT}
+# Every execution provider ONNX Runtime names, whether or not a build offers it (`onnxruntime.get_all_providers()`,
+# which a test keeps this equal to): another name is a typo, which no build on any machine would run.
+PROVIDERS = (
+    "ACLExecutionProvider",
+    "AzureExecutionProvider",
+    "CANNExecutionProvider",
+    "CoreMLExecutionProvider",
+    CPU,
+    CUDA,
+    "DmlExecutionProvider",
+    "DnnlExecutionProvider",
+    "JsExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "NnapiExecutionProvider",
+    "NvTensorRTRTXExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "QNNExecutionProvider",
+    "RknpuExecutionProvider",
+    TENSORRT,
+    "VitisAIExecutionProvider",
+    "VSINPUExecutionProvider",
+    "WebGpuExecutionProvider",
+    "WebNNExecutionProvider",
+    "XnnpackExecutionProvider",
+)
+
+
+def known(providers: list[str]) -> list[str]:
+    """`providers` as given; `ValueError` naming the nearest where one is no name of `PROVIDERS` nor `ALIASES`."""
+    for name in [name for name in providers if name not in PROVIDERS and name.lower() not in ALIASES]:
+        near = difflib.get_close_matches(name, PROVIDERS, n=1)
+        guess = f"did you mean {near[0]}? " if near else ""
+        raise ValueError(
+            f"{name!r} is no ONNX Runtime execution provider, in any build: {guess}ONNX Runtime's are "
+            f"{', '.join(PROVIDERS)} (or {', '.join(ALIASES)} for short)"
+        )
+    return providers
 
 
 def cuda_options(precision: str) -> dict:

@@ -12,6 +12,7 @@ from onnxruntime.quantization import (
     quantize_dynamic,
     quantize_static,
 )
+from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 from onnxruntime.transformers.onnx_model import OnnxModel
 
 
@@ -20,6 +21,15 @@ def _clear_value_info(src: Path, dst: Path) -> Path:
     model = onnx.load(str(src))
     del model.graph.value_info[:]
     onnx.save(model, str(dst))
+    return dst
+
+
+def _typed(src: Path, dst: Path) -> Path:
+    """Every tensor typed by ONNX Runtime's symbolic shape inference: ONNX's own cannot type the outputs of ONNX
+    Runtime's fused operators (Attention, SkipLayerNormalization, BiasGelu), and static INT8 leaves every tensor it
+    cannot type unquantized: a fused graph's activations all."""
+    bare = onnx.load(str(_clear_value_info(src, dst)))  # inference adds its own annotations beside any kept
+    onnx.save(SymbolicShapeInference.infer_shapes(bare, auto_merge=True), str(dst))
     return dst
 
 
@@ -61,12 +71,12 @@ def int8_static(
     src: Path, dst: Path, calibration: list[dict[str, np.ndarray]], op_types: list[str] = STATIC_OPS
 ) -> dict:
     """Weights and activations INT8 (QDQ), activation ranges calibrated (min-max) on real inputs; weights per
-    channel. Returns what was applied, for the manifest.
+    channel. Returns what was applied, for the manifest: with how many activation tensors were quantized.
 
     Only the large MatMuls and convolutions (`op_types`, see `static_ops`) are quantized: a BERT's classifier
     head is tiny, and its bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
     """
-    tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
+    tmp = _typed(src, dst.with_name(dst.stem + ".pre.onnx"))
     quantize_static(
         str(tmp),
         str(dst),
@@ -80,9 +90,11 @@ def int8_static(
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     tmp.unlink()
-    applied = {"mode": "static", "format": "QDQ", "weight_type": "QInt8", "activation_type": "QInt8"}
+    activations = sum(node.op_type == "QuantizeLinear" for node in onnx.load(str(dst)).graph.node)
+    applied = {"mode": "static", "format": "QDQ", "weight_type": "QInt8"}
     return (
         applied
+        | {"activation_type": "QInt8" if activations else "none: weights only", "activations_quantized": activations}
         | {"calibration": "MinMax", "calibration_batches": len(calibration)}
         | {
             "per_channel": True,

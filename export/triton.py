@@ -105,6 +105,8 @@ def model_config(bundle: Bundle, batching: Batching):
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if instance_count < 1:
         raise ValueError(f"instance_count must be >= 1, got {instance_count}")
+    if max_queue_delay_us < 0:
+        raise ValueError(f"max_queue_delay_us must be >= 0, got {max_queue_delay_us}")
     if spec.runtime not in TRITON_PLATFORMS:
         raise ValueError(f"{bundle.folder}: Triton has no platform for runtime {spec.runtime!r}")
     if spec.runtime == "tensorrt" and kind != "KIND_GPU":

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from edgedistill.common.providers import known
 from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link
 from pydantic import (
     BaseModel,
@@ -154,8 +155,9 @@ class Settings(BaseModel):
     )
     providers: list[str] = Field(
         [],
-        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); refused where every "
-        "model is a TensorRT engine, which runs without ONNX Runtime",
+        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); a name ONNX Runtime has "
+        "in no build is refused, naming the nearest; refused where every model is a TensorRT engine, which runs "
+        "without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(
         False,
@@ -226,6 +228,11 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("providers")
+    @classmethod
+    def _providers_exist(cls, providers: list[str]) -> list[str]:
+        return known(providers)
 
     @field_validator("metrics_port", "health_port", "bundle", "reload_root", mode="before")
     @classmethod

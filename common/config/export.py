@@ -4,6 +4,7 @@ import difflib
 from typing import Literal
 
 from edgedistill.common.config.strict import Name, Strict
+from edgedistill.common.providers import known
 from pydantic import Field, field_validator, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
@@ -91,6 +92,11 @@ class BundleRecipe(Strict):
                 f"{guess}it quantizes {', '.join(DYNAMIC_INT8_OPS)}"
             )
         return ops
+
+    @field_validator("providers")
+    @classmethod
+    def _providers_exist(cls, providers: list[str]) -> list[str]:
+        return known(providers)
 
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):

@@ -6,7 +6,9 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
+from edgedistill.common.providers import PROVIDERS
 from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
+from onnxruntime import get_all_providers
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
 from edgedistill import cli
@@ -893,6 +895,28 @@ def test_an_int8_op_onnx_runtime_does_not_quantize_is_refused_naming_the_nearest
 
 def test_the_dynamic_int8_ops_named_are_those_onnx_runtime_quantizes():
     assert set(IntegerOpsRegistry) == set(DYNAMIC_INT8_OPS)
+
+
+def test_a_provider_onnx_runtime_has_in_no_build_is_refused_naming_the_nearest():
+    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[CPUExecutionProvder]"])
+    with pytest.raises(
+        RecipeError,
+        match=r"bilstm-fp32\.providers: 'CPUExecutionProvder' is no ONNX Runtime execution provider, in any "
+        r"build: did you mean CPUExecutionProvider\? ",
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_a_provider_alias_is_taken():
+    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[CUDA, cpu]"])
+    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.bundles["bilstm-fp32"].providers == [
+        "CUDA",
+        "cpu",
+    ]
+
+
+def test_the_providers_named_are_those_onnx_runtime_has():
+    assert set(get_all_providers()) == set(PROVIDERS)
 
 
 @pytest.mark.parametrize("key", ["per_channel: true", "int8_ops: [MatMul]"])

@@ -107,6 +107,15 @@ def test_a_rebuilt_child_names_the_parent_whose_settings_changed(recipe, capsys)
     assert "[child] building again: parent teacher's settings changed\n" in capsys.readouterr().out
 
 
+def test_a_rebuilt_child_names_a_parent_it_now_also_reads_as_new(recipe, capsys):
+    teacher = Stage("teacher", recipe(), ("finetune",), writer("p.txt"))
+    transfer = Stage("transfer", recipe(), ("data",), writer("t.txt"))
+    for stage in (teacher, transfer, Stage("child", recipe(), ("data",), writer("c.txt"), (teacher,))):
+        stage.run()
+    Stage("child", recipe(), ("data",), writer("c.txt"), (teacher, transfer)).run()
+    assert "[child] building again: now also built from transfer\n" in capsys.readouterr().out
+
+
 def _teacher_and_child(r, body=None) -> Stage:
     teacher = Stage("teacher", r, ("finetune",), writer("p.txt"))
     return Stage("child", r, ("data",), body or writer("c.txt"), (teacher,))

@@ -151,6 +151,7 @@ def test_a_bundle_of_a_content_version_is_triton_version_1(tmp_path):
         ({"preferred_batch_sizes": (8, 128)}, r"must lie in 1\.\.64"),
         ({"kind": "KIND_TPU"}, "kind must be one of"),
         ({"instance_count": 0}, "instance_count must be >= 1"),
+        ({"max_queue_delay_us": -1}, "max_queue_delay_us must be >= 0"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, kwargs, message):

@@ -59,6 +59,15 @@ def test_settings_come_from_the_environment_and_a_flag_overrides_it():
     assert settings.log_level == "DEBUG"
 
 
+def test_a_provider_onnx_runtime_has_in_no_build_is_refused_naming_the_variable_and_the_nearest():
+    with pytest.raises(
+        SettingsError,
+        match=r"--providers / EDGEDISTILL_PROVIDERS: .*'CPUExecutionProvder' is no ONNX Runtime execution provider, "
+        r"in any build: did you mean CPUExecutionProvider\? ",
+    ):
+        load_settings([], environ={"EDGEDISTILL_PROVIDERS": "cuda, CPUExecutionProvder"})
+
+
 def test_a_misspelt_variable_is_answered_with_the_nearest_one():
     with pytest.raises(
         SettingsError, match="unknown environment variable EDGEDISTILL_PRT; did you mean EDGEDISTILL_PORT"
