@@ -1,7 +1,7 @@
 """ONNX Runtime's execution providers by name, and CUDA's provider options: what needs no ONNX Runtime installed (the
 `report` role, which has none, writes them into model cards)."""
 
-import difflib
+from edgedistill.common.names import did_you_mean
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -34,13 +34,11 @@ PROVIDERS = (
 )
 
 
-def known(providers: list[str]) -> list[str]:
+def known_providers(providers: list[str]) -> list[str]:
     """`providers` as given; `ValueError` naming the nearest where one is no name of `PROVIDERS` nor `ALIASES`."""
     for name in [name for name in providers if name not in PROVIDERS and name.lower() not in ALIASES]:
-        near = difflib.get_close_matches(name, PROVIDERS, n=1)
-        guess = f"did you mean {near[0]}? " if near else ""
         raise ValueError(
-            f"{name!r} is no ONNX Runtime execution provider, in any build: {guess}ONNX Runtime's are "
+            f"{name!r} is no ONNX Runtime execution provider, in any build: {did_you_mean(name, PROVIDERS)}ONNX Runtime's are "
             f"{', '.join(PROVIDERS)} (or {', '.join(ALIASES)} for short)"
         )
     return providers

@@ -37,6 +37,7 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     TransferConfig,
 )
+from edgedistill.common.names import did_you_mean
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
 
@@ -718,10 +719,8 @@ def _message(error: dict) -> str:
     loc = error["loc"]
     if error["type"] == "extra_forbidden" and (section := schema.section_at(Recipe, loc[:-1])):
         keys = list(section.model_fields) + ([] if loc[:-1] else ["extends"])  # read before the schema sees the rest
-        close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
         where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
-        guess = f"did you mean {close[0]}? " if close else ""
-        return f"unknown key: {guess}{where} takes {', '.join(keys)}"
+        return f"unknown key: {did_you_mean(str(loc[-1]), keys)}{where} takes {', '.join(keys)}"
     if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
         return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
     if _unquoted_name(error):

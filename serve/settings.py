@@ -6,14 +6,14 @@ are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fa
 """
 
 import argparse
-import difflib
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from edgedistill.common.providers import known
+from edgedistill.common.names import did_you_mean
+from edgedistill.common.providers import known_providers
 from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link
 from pydantic import (
     BaseModel,
@@ -232,7 +232,7 @@ class Settings(BaseModel):
     @field_validator("providers")
     @classmethod
     def _providers_exist(cls, providers: list[str]) -> list[str]:
-        return known(providers)
+        return known_providers(providers)
 
     @field_validator("metrics_port", "health_port", "bundle", "reload_root", mode="before")
     @classmethod
@@ -382,9 +382,9 @@ def load_settings(
             continue
         if name not in Settings.model_fields:
             known = [env_name(n) for n in Settings.model_fields]
-            near = difflib.get_close_matches(key, known, n=1)
-            guess = f"did you mean {near[0]}? " if near else ""
-            raise SettingsError(f"unknown environment variable {key}; {guess}known: {', '.join(known)}")
+            raise SettingsError(
+                f"unknown environment variable {key}; {did_you_mean(key, known)}known: {', '.join(known)}"
+            )
         values[name] = value
     flags = vars(build_parser(prog).parse_args(argv))
     for name, value in values.items():

@@ -1,10 +1,10 @@
 """The recipe sections of export: how each bundle is built and gated, and the confidence cascades of bundles."""
 
-import difflib
 from typing import Literal
 
 from edgedistill.common.config.strict import Name, Strict
-from edgedistill.common.providers import known
+from edgedistill.common.names import did_you_mean
+from edgedistill.common.providers import known_providers
 from pydantic import Field, field_validator, model_validator
 
 # Every TensorRT engine's batch profile (min, opt, max); INT8 calibrates at the opt batch.
@@ -85,18 +85,16 @@ class BundleRecipe(Strict):
     @classmethod
     def _int8_ops_quantizable(cls, ops: list[str] | None) -> list[str] | None:
         for op in [op for op in ops or () if op not in DYNAMIC_INT8_OPS]:
-            near = difflib.get_close_matches(op, DYNAMIC_INT8_OPS, n=1)
-            guess = f"did you mean {near[0]}? " if near else ""
             raise ValueError(
                 f"{op!r} is no operator type ONNX Runtime's dynamic INT8 quantizes, so it would quantize nothing: "
-                f"{guess}it quantizes {', '.join(DYNAMIC_INT8_OPS)}"
+                f"{did_you_mean(op, DYNAMIC_INT8_OPS)}it quantizes {', '.join(DYNAMIC_INT8_OPS)}"
             )
         return ops
 
     @field_validator("providers")
     @classmethod
     def _providers_exist(cls, providers: list[str]) -> list[str]:
-        return known(providers)
+        return known_providers(providers)
 
     @model_validator(mode="after")
     def _smoothing_is_for_dynamic_int8(self):
