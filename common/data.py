@@ -204,13 +204,15 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     csv.field_size_limit(FIELD_SIZE_LIMIT)  # a long document is a text like any other
     last = 0
     try:
-        header = reader.fieldnames or []
+        # the header is the first line that is not blank: blank lines before it are skipped, as they are after it
+        reader.fieldnames = header = next((cells for cells in reader.reader if not _blank(cells)), [])
         if twice := sorted({name for name in header if header.count(name) > 1}):
-            raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
-        last = reader.line_num
+            raise DataError(
+                f"{path}:{reader.reader.line_num} (the header): column(s) {twice} named more than once; rename them"
+            )
+        last = reader.reader.line_num
         for row in reader:  # the line a row ends on: blank lines are skipped, not counted
-            cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
-            if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
+            if _blank([cell for key, value in row.items() for cell in (value if key is None else [value])]):
                 last = reader.line_num
                 continue
             if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
@@ -236,6 +238,16 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
             last = reader.line_num
     except csv.Error as err:  # strict quoting's
         raise _open_quote(path, last, reader.reader.line_num, err) from None
+
+
+def _blank(cells: list[str | None]) -> bool:
+    """Whether a TSV/CSV line's cells hold spaces and tabs alone (or nothing): a blank line, skipped."""
+    return not "".join(cell or "" for cell in cells).strip()
+
+
+def _header_line(path: Path) -> int:
+    """The line a TSV/CSV file's header is on: its first that is not blank."""
+    return next((number for number, line in _numbered_lines(path) if line.strip()), 1)
 
 
 def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
@@ -333,7 +345,7 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
     delimited = _format(Path(source)) in (".tsv", ".csv")
-    where = f"{source}:1 (the header)" if delimited else f"{source}:{number}"
+    where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
     separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
     if separator:  # a file separated by another character than its name says reads as one column

@@ -680,6 +680,20 @@ def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
     assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]
 
 
+@pytest.mark.parametrize(
+    "name, content", [("a.tsv", "\n \t\nsentence\tlabel\ngood\t1\n"), ("a.csv", "\n\nsentence,label\ngood,1\n")]
+)
+def test_blank_lines_before_the_header_are_skipped(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    assert load_labelled(str(tmp_path / name), CFG).texts == ["good"]
+
+
+def test_a_header_after_blank_lines_is_named_at_its_own_line(tmp_path):
+    (tmp_path / "a.tsv").write_text("\n\ntext\tlabel\ngood\t1\n")
+    with pytest.raises(DataError, match=r"a\.tsv:3 \(the header\): missing column\(s\) \['sentence'\]"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
 @pytest.fixture
 def hub_calls(monkeypatch):
     """The (dataset, config, split) each Hub source asks `datasets.load_dataset` for, which returns an in-memory
