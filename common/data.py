@@ -326,6 +326,15 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
             f"0..{len(names) - 1}{meant}; fix the file, or list the task's labels in data.label_names in the recipe"
         )
+    # where a name is the number of another index, a number is read as a name, so a cell read as an index would put
+    # two numbers on one label (star ratings named 1..5 in a file of indices 0..4: 0 and 1 both the first)
+    numbered = next((name for name, at in names.items() if name.isascii() and name.isdigit() and int(name) != at), None)
+    if isinstance(cell, str) and numbered is not None:
+        raise DataError(
+            f"{where}: label {cell!r} is no name of data.label_names {list(names)}, and cannot be an index there: "
+            f"{numbered!r} names label {names[numbered]}, so a number is read as a name; write the file's labels as "
+            "the names, or name the labels in data.label_names as the file writes them"
+        )
     return index
 
 

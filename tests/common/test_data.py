@@ -407,6 +407,13 @@ def test_a_name_that_is_a_number_is_read_as_the_name(tmp_path):
     assert load_labelled(write_labels(tmp_path, "1", "5"), stars).labels == [0, 4]
 
 
+def test_an_index_among_labels_named_by_other_numbers_is_refused(tmp_path):
+    """Star ratings named 1..5 in a file of indices 0..4: `0` (an index) and `1` (a name) would both be label 0."""
+    stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
+    with pytest.raises(DataError, match=r"l\.tsv:3: label '0' is no name .* '1' names label 0, so a number is read"):
+        load_labelled(write_labels(tmp_path, "1", "0"), stars)
+
+
 def test_jsonl_labels_by_name_and_by_integer(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?", "label": 1}\n')
     assert load_labelled(str(tmp_path / "l.jsonl"), TREC).labels == [3, 1]
