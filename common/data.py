@@ -96,7 +96,14 @@ class Examples:
 
 
 def _require_file(path: Path) -> None:
-    """Fail unless `path` is a file, saying where a relative one was looked for."""
+    """Fail unless `path` is a file, saying where a relative one was looked for, or what a folder holds."""
+    if path.is_dir():
+        held = sorted(_file_names(path))
+        holds = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it holds no file"
+        raise DataError(
+            f"{path}: a folder, not a file ({holds}); name the file itself in the recipe, and in a list of text "
+            "files each of them"
+        )
     if not path.is_file():
         relative = (
             ""

@@ -161,6 +161,13 @@ def test_a_missing_labelled_file_names_the_data_dir_setting(tmp_path):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
 
 
+def test_a_folder_named_for_a_file_is_refused_as_a_folder_naming_its_files(tmp_path):
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("words\n")
+    with pytest.raises(DataError, match=r"texts: a folder, not a file \(it holds a\.txt\); name the file itself"):
+        load_unlabelled([str(tmp_path / "texts")])
+
+
 def test_a_labelled_file_of_an_unknown_format_is_refused(tmp_path):
     (tmp_path / "a.parquet").write_text("x")
     with pytest.raises(DataError, match=r"a\.parquet: unsupported format '\.parquet'"):
