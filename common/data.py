@@ -179,6 +179,19 @@ def _text_stream(path: Path) -> Iterator[str]:
     return (line for _, line in _numbered_lines(path))
 
 
+class _RepeatedKeys(ValueError):
+    """The keys a JSON object names more than once."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's (key, value) pairs as a dict; `_RepeatedKeys` for a key named twice, of which `json` would keep
+    the last value without a word (as the csv module keeps a header's last column of a name)."""
+    keys = [key for key, _ in pairs]
+    if twice := sorted({key for key in keys if keys.count(key) > 1}):
+        raise _RepeatedKeys(twice)
+    return dict(pairs)
+
+
 def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`),
     read as they are taken."""
@@ -190,9 +203,13 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
         for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+                except _RepeatedKeys as err:
+                    raise DataError(
+                        f"{path}:{number}: key(s) {err} named more than once in an object; rename them"
+                    ) from None
                 if not isinstance(row, dict):
                     raise DataError(
                         f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"

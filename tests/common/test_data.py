@@ -180,6 +180,14 @@ def test_a_jsonl_line_that_is_not_json_names_its_line(tmp_path):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
+def test_a_jsonl_key_named_twice_is_refused(tmp_path):
+    (tmp_path / "b.jsonl").write_text(
+        '{"sentence": "good", "label": 1}\n{"sentence": "good", "label": 1, "sentence": ""}\n'
+    )
+    with pytest.raises(DataError, match=r"b\.jsonl:2: key\(s\) \['sentence'\] named more than once in an object"):
+        load_labelled(str(tmp_path / "b.jsonl"), CFG)
+
+
 def test_a_file_not_found_names_the_file_of_a_close_name_beside_it(tmp_path):
     (tmp_path / "questions_train.csv").write_text("sentence,label\ngood,1\n")
     with pytest.raises(DataError, match=rf"file not found; {re.escape(str(tmp_path))} has questions_train\.csv; "):
