@@ -96,7 +96,14 @@ class Examples:
 
 
 def _require_file(path: Path) -> None:
-    """Fail unless `path` is a file, saying where a relative one was looked for."""
+    """Fail unless `path` is a file, saying where a relative one was looked for, or what a folder holds."""
+    if path.is_dir():
+        held = sorted(_file_names(path))
+        holds = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it holds no file"
+        raise DataError(
+            f"{path}: a folder, not a file ({holds}); name the file itself in the recipe, and in a list of text "
+            "files each of them"
+        )
     if not path.is_file():
         relative = (
             ""
@@ -172,6 +179,19 @@ def _text_stream(path: Path) -> Iterator[str]:
     return (line for _, line in _numbered_lines(path))
 
 
+class _RepeatedKeys(ValueError):
+    """The keys a JSON object names more than once."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's (key, value) pairs as a dict; `_RepeatedKeys` for a key named twice, of which `json` would keep
+    the last value without a word (as the csv module keeps a header's last column of a name)."""
+    keys = [key for key, _ in pairs]
+    if twice := sorted({key for key in keys if keys.count(key) > 1}):
+        raise _RepeatedKeys(twice)
+    return dict(pairs)
+
+
 def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`),
     read as they are taken."""
@@ -183,9 +203,13 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
         for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+                except _RepeatedKeys as err:
+                    raise DataError(
+                        f"{path}:{number}: key(s) {err} named more than once in an object; rename them"
+                    ) from None
                 if not isinstance(row, dict):
                     raise DataError(
                         f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"
@@ -204,13 +228,15 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     csv.field_size_limit(FIELD_SIZE_LIMIT)  # a long document is a text like any other
     last = 0
     try:
-        header = reader.fieldnames or []
+        # the header is the first line that is not blank: blank lines before it are skipped, as they are after it
+        reader.fieldnames = header = next((cells for cells in reader.reader if not _blank(cells)), [])
         if twice := sorted({name for name in header if header.count(name) > 1}):
-            raise DataError(f"{path}:1 (the header): column(s) {twice} named more than once; rename them")
-        last = reader.line_num
+            raise DataError(
+                f"{path}:{reader.reader.line_num} (the header): column(s) {twice} named more than once; rename them"
+            )
+        last = reader.reader.line_num
         for row in reader:  # the line a row ends on: blank lines are skipped, not counted
-            cells = [cell for key, value in row.items() for cell in (value if key is None else [value])]
-            if not "".join(cell or "" for cell in cells).strip():  # spaces and tabs alone: skipped as a blank line is
+            if _blank([cell for key, value in row.items() for cell in (value if key is None else [value])]):
                 last = reader.line_num
                 continue
             if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
@@ -236,6 +262,16 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
             last = reader.line_num
     except csv.Error as err:  # strict quoting's
         raise _open_quote(path, last, reader.reader.line_num, err) from None
+
+
+def _blank(cells: list[str | None]) -> bool:
+    """Whether a TSV/CSV line's cells hold spaces and tabs alone (or nothing): a blank line, skipped."""
+    return not "".join(cell or "" for cell in cells).strip()
+
+
+def _header_line(path: Path) -> int:
+    """The line a TSV/CSV file's header is on: its first that is not blank."""
+    return next((number for number, line in _numbered_lines(path) if line.strip()), 1)
 
 
 def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
@@ -314,6 +350,15 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
             f"0..{len(names) - 1}{meant}; fix the file, or list the task's labels in data.label_names in the recipe"
         )
+    # where a name is the number of another index, a number is read as a name, so a cell read as an index would put
+    # two numbers on one label (star ratings named 1..5 in a file of indices 0..4: 0 and 1 both the first)
+    numbered = next((name for name, at in names.items() if name.isascii() and name.isdigit() and int(name) != at), None)
+    if isinstance(cell, str) and numbered is not None:
+        raise DataError(
+            f"{where}: label {cell!r} is no name of data.label_names {list(names)}, and cannot be an index there: "
+            f"{numbered!r} names label {names[numbered]}, so a number is read as a name; write the file's labels as "
+            "the names, or name the labels in data.label_names as the file writes them"
+        )
     return index
 
 
@@ -333,7 +378,7 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
     delimited = _format(Path(source)) in (".tsv", ".csv")
-    where = f"{source}:1 (the header)" if delimited else f"{source}:{number}"
+    where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
     separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
     if separator:  # a file separated by another character than its name says reads as one column

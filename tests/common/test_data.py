@@ -161,6 +161,13 @@ def test_a_missing_labelled_file_names_the_data_dir_setting(tmp_path):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
 
 
+def test_a_folder_named_for_a_file_is_refused_as_a_folder_naming_its_files(tmp_path):
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("words\n")
+    with pytest.raises(DataError, match=r"texts: a folder, not a file \(it holds a\.txt\); name the file itself"):
+        load_unlabelled([str(tmp_path / "texts")])
+
+
 def test_a_labelled_file_of_an_unknown_format_is_refused(tmp_path):
     (tmp_path / "a.parquet").write_text("x")
     with pytest.raises(DataError, match=r"a\.parquet: unsupported format '\.parquet'"):
@@ -170,6 +177,14 @@ def test_a_labelled_file_of_an_unknown_format_is_refused(tmp_path):
 def test_a_jsonl_line_that_is_not_json_names_its_line(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"sentence": 1\n')
     with pytest.raises(DataError, match=r"b\.jsonl:1: not valid JSON"):
+        load_labelled(str(tmp_path / "b.jsonl"), CFG)
+
+
+def test_a_jsonl_key_named_twice_is_refused(tmp_path):
+    (tmp_path / "b.jsonl").write_text(
+        '{"sentence": "good", "label": 1}\n{"sentence": "good", "label": 1, "sentence": ""}\n'
+    )
+    with pytest.raises(DataError, match=r"b\.jsonl:2: key\(s\) \['sentence'\] named more than once in an object"):
         load_labelled(str(tmp_path / "b.jsonl"), CFG)
 
 
@@ -405,6 +420,13 @@ def test_a_name_that_is_a_number_is_read_as_the_name(tmp_path):
     """Star ratings named 1..5: the cell `1` is the label named `1` (index 0), not index 1."""
     stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
     assert load_labelled(write_labels(tmp_path, "1", "5"), stars).labels == [0, 4]
+
+
+def test_an_index_among_labels_named_by_other_numbers_is_refused(tmp_path):
+    """Star ratings named 1..5 in a file of indices 0..4: `0` (an index) and `1` (a name) would both be label 0."""
+    stars = DataConfig(train="x", dev="x", text_column="question", label_names=["1", "2", "3", "4", "5"])
+    with pytest.raises(DataError, match=r"l\.tsv:3: label '0' is no name .* '1' names label 0, so a number is read"):
+        load_labelled(write_labels(tmp_path, "1", "0"), stars)
 
 
 def test_jsonl_labels_by_name_and_by_integer(tmp_path):
@@ -678,6 +700,20 @@ def test_a_csv_line_of_spaces_is_skipped_as_a_blank_line_is(tmp_path):
 def test_a_tsv_line_of_spaces_and_tabs_is_skipped_as_a_blank_line_is(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n \t \nbad\t0\n")
     assert load_labelled(str(tmp_path / "a.tsv"), CFG).texts == ["good", "bad"]
+
+
+@pytest.mark.parametrize(
+    "name, content", [("a.tsv", "\n \t\nsentence\tlabel\ngood\t1\n"), ("a.csv", "\n\nsentence,label\ngood,1\n")]
+)
+def test_blank_lines_before_the_header_are_skipped(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    assert load_labelled(str(tmp_path / name), CFG).texts == ["good"]
+
+
+def test_a_header_after_blank_lines_is_named_at_its_own_line(tmp_path):
+    (tmp_path / "a.tsv").write_text("\n\ntext\tlabel\ngood\t1\n")
+    with pytest.raises(DataError, match=r"a\.tsv:3 \(the header\): missing column\(s\) \['sentence'\]"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
 
 
 @pytest.fixture
