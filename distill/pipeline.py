@@ -100,8 +100,9 @@ def _transfer_and_students(
         raise RecipeError(
             f"--only {sorted(unknown)}: not in distill.students of {recipe_file} ({', '.join(recipe.distill.students)})"
         )
+    names = list(dict.fromkeys(only or recipe.distill.students))  # a student given twice to --only trains once
     # A student class that breaks the contract fails now, not after the transfer set or in training.
-    student_stage.check_students(recipe, only or list(recipe.distill.students))
+    student_stage.check_students(recipe, names)
     single = dist.world_size() == 1
     if stage == "transfer":
         if not single:
@@ -114,11 +115,7 @@ def _transfer_and_students(
         raise RecipeError(
             "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
         )
-    runs = [
-        (name, baseline)
-        for name in only or list(recipe.distill.students)
-        for baseline in ((False, True) if baselines else (False,))
-    ]
+    runs = [(name, baseline) for name in names for baseline in ((False, True) if baselines else (False,))]
     if jobs > 1 and single:
         parallel.run_all(recipe, runs, jobs, force=force)
     else:

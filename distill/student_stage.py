@@ -177,6 +177,21 @@ def student_logits(student: nn.Module, features, pad_id: int, placement=None) ->
     )
 
 
+def dev_metrics(
+    student: nn.Module, features, labels: list[int], recipe: Recipe, name: str, pad_id: int, placement=None
+) -> dict:
+    """`task_metrics` of `distill.students.<name>`'s `student` on the tokenized dev examples; `RecipeError` where a
+    logit is NaN or infinite: its training diverged, and an argmax over such logits would pass for a figure."""
+    logits = student_logits(student, features, pad_id, placement)
+    if not (finite := np.isfinite(logits)).all():
+        raise RecipeError(
+            f"distill.students.{name}: training diverged, {finite.size - finite.sum()} of its {finite.size} dev "
+            f"logits are NaN or infinite; lower distill.students.{name}.optim.lr "
+            f"({recipe.distill.students[name].optim.lr:g})"
+        )
+    return task_metrics(logits, labels, recipe.data)
+
+
 def student_config(recipe: Recipe, spec: StudentRun, vocab_size: int, pad_token_id: int) -> StudentConfig:
     """`spec.model` with what the data and the teacher's tokenizer set (`STUDENT_FROM_DATA`)."""
     return StudentConfig.model_validate(
@@ -334,7 +349,7 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
         batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
         make_batch=partial(distill_batch, feats, teacher_logits, labels, pad),
         loss_fn=lambda m, batch: m(*batch),
-        evaluate=lambda m: task_metrics(student_logits(m.student, dev_feats, pad, placement), dev.labels, recipe.data),
+        evaluate=lambda m: dev_metrics(m.student, dev_feats, dev.labels, recipe, name, pad, placement),
         metric=recipe.data.selection_key,
         on_best=on_best,
     )

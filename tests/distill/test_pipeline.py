@@ -1,5 +1,6 @@
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from edgedistill.distill import __main__ as distill_main
@@ -60,6 +61,16 @@ def test_an_unknown_student_given_to_only_lists_the_students(capsys):
     assert capsys.readouterr().err.endswith(
         f"not in distill.students of {ROOT / 'recipes' / 'smoke.yaml'} (bilstm, cnn, transformer)\n"
     )
+
+
+def test_a_student_given_twice_to_only_trains_once(monkeypatch):
+    built = []
+    up_to_date = SimpleNamespace(run=lambda force=False: None)
+    monkeypatch.setattr(pipeline, "transfer", SimpleNamespace(stage=lambda recipe: up_to_date))
+    monkeypatch.setattr(pipeline.dist, "run_stage", lambda stage, force: built.append(stage.name))
+    monkeypatch.setattr(pipeline.table, "write", lambda recipe: None)
+    distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn", "--only", "cnn", "--force"])
+    assert built == ["student-cnn", "baseline-cnn"]
 
 
 @pytest.mark.parametrize("jobs", ["0", "-2"])

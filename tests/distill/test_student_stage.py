@@ -259,6 +259,16 @@ def test_student_logits_are_computed_with_dropout_off_whatever_mode_training_lef
     assert (first == second).all()
 
 
+def test_a_student_whose_training_diverged_stops_the_stage_naming_its_learning_rate():
+    student = build_student(student_stage.student_config(SMOKE, SMOKE.distill.students["cnn"], 50, 0))
+    with torch.no_grad():
+        student.classifier.weight.fill_(float("nan"))  # as a step too large leaves the weights
+    feats = {"input_ids": [[2, 7, 9, 11, 3], [2, 5, 3]]}
+    diverged = r"cnn: training diverged, 4 of its 4 dev logits are NaN .*lower distill.students.cnn.optim.lr \(0.003\)"
+    with pytest.raises(RecipeError, match=diverged):
+        student_stage.dev_metrics(student, feats, [0, 1], SMOKE, "cnn", 0)
+
+
 def test_the_teacher_logits_of_the_transfer_set_stay_float16_in_memory(tmp_path):
     write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
     np.savez(tmp_path / "meta.npz", source=np.zeros(2, np.int8), label=np.array([-1, 1]))
