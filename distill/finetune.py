@@ -18,7 +18,7 @@ from edgedistill.common.stage import Built, Inputs, Stage
 from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
-from edgedistill.distill.metrics import EVAL_KEYS, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, finite, task_metrics
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
@@ -157,7 +157,9 @@ def _build(inputs: Inputs) -> Built | None:
         make_batch=lambda idx: collate(train_feats, idx, pad) | {"labels": labels[idx]},
         loss_fn=lambda m, batch: m(**batch).loss,
         evaluate=lambda m: task_metrics(
-            predict_logits(hf_logits(m), dev_feats, pad, placement=placement), dev.labels, data
+            finite(predict_logits(hf_logits(m), dev_feats, pad, placement=placement), "finetune", cfg.optim.lr),
+            dev.labels,
+            data,
         ),
         metric=data.selection_key,
         on_best=lambda m, _: save_pretrained_atomic(m, tokenizer, trainer.best_path),

@@ -2,6 +2,7 @@
 
 import numpy as np
 from edgedistill.common.config.training import DataConfig
+from edgedistill.common.recipe import RecipeError
 from edgedistill.common.scores import label_f1
 
 # What a dev evaluation reports (`dev_f1` only where the task has a positive class), and what a training
@@ -46,3 +47,14 @@ def retention(score: float | None, teacher_score: float | None) -> float | None:
 def task_metrics(logits: np.ndarray, labels: list[int], data: DataConfig, prefix: str = "dev") -> dict:
     """`classification_metrics` for the recipe's task: its labels and its positive class."""
     return classification_metrics(logits, labels, data.num_labels, data.positive_index, prefix)
+
+
+def finite(logits: np.ndarray, trained_by: str, lr: float) -> np.ndarray:
+    """`logits`, or `RecipeError` where one is NaN or infinite: the training set in `trained_by` (`finetune`,
+    `distill.students.cnn`) diverged, and an argmax over such logits would pass for a figure (a constant guess)."""
+    if not (ok := np.isfinite(logits)).all():
+        raise RecipeError(
+            f"{trained_by}: training diverged, {ok.size - ok.sum()} of its {ok.size} dev logits are NaN or infinite; "
+            f"lower {trained_by}.optim.lr ({lr:g})"
+        )
+    return logits

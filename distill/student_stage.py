@@ -30,7 +30,7 @@ from edgedistill.distill import device, dist, heads, pretrain, transfer
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from edgedistill.distill.metrics import EVAL_KEYS, retention, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, finite, retention, task_metrics
 from edgedistill.distill.students import (
     Student,
     StudentError,
@@ -183,13 +183,8 @@ def dev_metrics(
     """`task_metrics` of `distill.students.<name>`'s `student` on the tokenized dev examples; `RecipeError` where a
     logit is NaN or infinite: its training diverged, and an argmax over such logits would pass for a figure."""
     logits = student_logits(student, features, pad_id, placement)
-    if not (finite := np.isfinite(logits)).all():
-        raise RecipeError(
-            f"distill.students.{name}: training diverged, {finite.size - finite.sum()} of its {finite.size} dev "
-            f"logits are NaN or infinite; lower distill.students.{name}.optim.lr "
-            f"({recipe.distill.students[name].optim.lr:g})"
-        )
-    return task_metrics(logits, labels, recipe.data)
+    section = f"distill.students.{name}"
+    return task_metrics(finite(logits, section, recipe.distill.students[name].optim.lr), labels, recipe.data)
 
 
 def student_config(recipe: Recipe, spec: StudentRun, vocab_size: int, pad_token_id: int) -> StudentConfig:

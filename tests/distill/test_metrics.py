@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
-from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, retention
+from edgedistill.common.recipe import RecipeError
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, retention
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -90,3 +91,15 @@ def test_retention_of_a_teacher_scoring_zero_is_none_not_a_division_error():
 
 def test_retention_without_a_student_figure_is_none():
     assert retention(None, 0.9) is None
+
+
+def test_finite_logits_pass_as_they_are():
+    assert finite(BINARY_LOGITS, "finetune", 1e-3) is BINARY_LOGITS
+
+
+def test_a_nan_logit_is_a_diverged_training_naming_its_learning_rate():
+    logits = np.array([[0.0, np.nan], [np.inf, 1.0]])
+    with pytest.raises(
+        RecipeError, match=r"^finetune: training diverged, 2 of its 4 dev logits .* lower finetune.optim.lr \(0.001\)$"
+    ):
+        finite(logits, "finetune", 1e-3)

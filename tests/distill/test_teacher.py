@@ -395,19 +395,34 @@ def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(capsys, tmp_p
     assert f"[teacher] warning: transfer.unlabelled_files: {tmp_path / 'u.txt'}{problem}" in result.stdout
 
 
-@pytest.fixture(scope="module")
-def from_a_three_label_head(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """The smoke recipe's two-label teacher fine-tuned (one step) from a tiny BERT with a three-label head, as an
-    MNLI checkpoint has: what the stage printed, and the teacher's folder."""
-    init = tmp_path_factory.mktemp("three-labels")
+def tiny_bert(init: Path, num_labels: int) -> Path:
+    """A tiny BERT classifier with `num_labels` labels and a tokenizer trained on the smoke recipe's text, in `init`."""
     texts = load_unlabelled(load_recipe(SMOKE).transfer.unlabelled_files, 300)
     tokenizer = train_tokenizer("bert", texts, 400)
     tokenizer.save_pretrained(init)
     config = BertConfig(
         vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        num_labels=3, pad_token_id=tokenizer.pad_token_id,
+        num_labels=num_labels, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     save_initialised(BertForSequenceClassification, config, init)
+    return init
+
+
+def test_a_teacher_whose_training_diverged_stops_the_stage_naming_its_learning_rate(tmp_path):
+    init = tiny_bert(tmp_path / "init", num_labels=2)
+    steps = ["--pretrain=null", f"--model.init={init}", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
+    result = run_module("distill", tmp_path / "runs", "finetune", str(SMOKE), *steps, "--finetune.optim.lr=1e30")
+    assert (
+        "finetune: training diverged, 600 of its 600 dev logits are NaN or infinite; lower finetune.optim.lr (1e+30)"
+        in result.stderr
+    )
+
+
+@pytest.fixture(scope="module")
+def from_a_three_label_head(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The smoke recipe's two-label teacher fine-tuned (one step) from a tiny BERT with a three-label head, as an
+    MNLI checkpoint has: what the stage printed, and the teacher's folder."""
+    init = tiny_bert(tmp_path_factory.mktemp("three-labels"), num_labels=3)
     runs = tmp_path_factory.mktemp("runs")
     steps = ["--pretrain=null", f"--model.init={init}", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
     return run_module("distill", runs, "finetune", str(SMOKE), *steps), runs / "smoke" / "teacher"
