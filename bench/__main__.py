@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from edgedistill.bench import BUNDLE_HELP, BenchError
+from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.records import ServingResult
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
@@ -53,7 +53,7 @@ def run_serving(recipe, args) -> int:
         return 0
     stage = serving.stage(recipe, bundle, args.texts, pairs_file=pairs_file)
     stage.run(args.force)
-    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+    return checked_targets(stage, args.check)
 
 
 def run_accuracy(recipe, args) -> int:
@@ -91,7 +91,7 @@ def run_peers(recipe, args) -> int:
     bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = compare.stage(recipe, bundle, {"kserve": args.kserve_python, "mlserver": args.mlserver_python})
     stage.run(args.force)
-    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+    return checked_targets(stage, args.check)
 
 
 def run_scaling(recipe, args) -> int:
@@ -100,7 +100,18 @@ def run_scaling(recipe, args) -> int:
     bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = scaling.stage(recipe, bundle)
     stage.run(args.force)
-    return 1 if args.check and not ServingResult.load(stage.folder).passed else 0
+    return checked_targets(stage, args.check)
+
+
+def checked_targets(stage, check: bool) -> int:
+    """With `check`, 1 when the `ServingResult` in `stage`'s folder missed a target, each named on stderr with its
+    figure (a result up to date says nothing else of them), else 0."""
+    result = ServingResult.load(stage.folder)
+    if not check or result.passed:
+        return 0
+    missed = "; ".join(slo.describe(target) for target in result.targets if not target["passed"])
+    print(f"[{stage.name}] check failed: {missed}", file=sys.stderr)
+    return 1
 
 
 def add_command(commands, name: str, summary: str) -> argparse.ArgumentParser:

@@ -146,6 +146,8 @@ def _eager_row(
 ) -> tuple[dict, Timings]:
     manifest = mf.load(folder, verify=False)  # verified as the stage's parent
     model = heads.load_teacher(folder).eval().to(on)
+    # a bundle is cut to its max_length, but the teacher in PyTorch reads every token of the cell
+    heads.require_positions(model.config, max(cfg.seq_lens), "bench.models.seq_lens", f"the teacher {folder}")
     name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
     tokenizer = load_tokenizer(str(folder))
     names = heads.teacher_inputs(model.config, tokenizer)

@@ -180,22 +180,34 @@ def serving(
 ) -> Iterator[psutil.Process]:
     """`command` (in `env`, default this environment, less the variables it runs without: `left_out_of`) with its
     output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it
-    exited before that, and with `clean_exit`, when it does not exit with status 0."""
+    exited before that (also where the block failed, as its calls to a dead server do), and with `clean_exit`, when it
+    does not exit with status 0."""
     name = command[command.index("-m") + 1] if "-m" in command[1:3] else Path(command[0]).name  # python [-P] -m
     environ = os.environ if env is None else env
     left_out = left_out_of(command)
     if given := tuple(variable for variable in left_out if variable in environ):
         say_left_out(given)
     process = start(command, log, server_environ(environ, left_out))
+
+    def died() -> BenchError:
+        return BenchError(
+            f"{name} exited with {process.returncode} while in use, before SIGTERM; its log ends:\n{log_tail(log)}"
+        )
+
     try:
         wait_serving(f"127.0.0.1:{port}", process, name, log, ready)
-        yield psutil.Process(process.pid)
+        try:
+            yield psutil.Process(process.pid)
+        except Exception as err:
+            if process.poll() is not None:  # the cause of the block's failure
+                raise died() from err
+            raise
     finally:
         exited = process.poll()
         process.terminate()
         code = finish(process, STOP_TIMEOUT_S)
     if exited is not None:
-        raise BenchError(f"{name} exited with {exited} while in use, before SIGTERM; its log ends:\n{log_tail(log)}")
+        raise died()
     if code is None or (clean_exit and code != 0):
         raise BenchError(f"{name} did not stop cleanly on SIGTERM (exit {code}); its log ends:\n{log_tail(log)}")
 

@@ -243,6 +243,13 @@ def test_an_encoder_decoder_teacher_is_timed_in_pytorch_on_texts_that_end_with_i
     assert list(timings) == [(2, 12)]
 
 
+def test_a_length_beyond_the_teachers_positions_is_refused_with_the_setting_to_change(bart_teacher):
+    cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[12, 200], warmup=0, iterations=1, min_seconds=0, threads=1)
+    refused = pytest.raises(RecipeError, match="set bench.models.seq_lens to at most 128")
+    with refused:
+        models._eager_row(bart_teacher, cfg, tqdm(disable=True), torch.device("cpu"), "accuracy", False)
+
+
 def test_a_text_too_short_for_an_encoder_decoder_teacher_s_special_tokens_is_refused_with_the_setting():
     tokenizer = bart_tokenizer(TEXTS)
     with pytest.raises(RecipeError, match="bench.models.seq_lens: a text cannot be cut to 1 tokens"):

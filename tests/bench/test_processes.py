@@ -39,6 +39,16 @@ def test_a_server_that_dies_in_use_is_reported_as_such(tmp_path):
             time.sleep(0.05)
 
 
+def test_a_server_that_dies_in_use_is_reported_as_such_where_the_block_fails_on_its_death(tmp_path):
+    port = free_port()
+    died = pytest.raises(BenchError, match=r"(?s)bench.servers exited with -9 while in use, before SIGTERM; its log")
+    with died, running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
+        process.kill()
+        while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # dead, not reaped
+            time.sleep(0.05)
+        raise BenchError("no call succeeded; failures by status: {'UNAVAILABLE': 3}")
+
+
 def test_finish_kills_a_process_that_hangs(tmp_path):
     process = start([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "sleep.log")
     assert finish(process, 0.5) is None

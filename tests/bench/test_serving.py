@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -211,6 +212,17 @@ def test_a_second_run_with_the_same_settings_is_up_to_date(runs, out, bundle, te
     assert code == 0
     assert "[serve-bench-tiny] up to date" in capsys.readouterr().out
     assert mf.load(out).created == created  # not measured again
+
+
+def test_a_check_of_an_up_to_date_result_that_missed_a_target_names_it(bundle, texts_file, tmp_path, capsys):
+    missed = "--bench.serving.min_batched_vs_raw=1000"  # no server batches 1000 times faster than its backend
+    bench_serving(bundle, texts_file, tmp_path, missed)
+    capsys.readouterr()
+    assert bench_serving(bundle, texts_file, tmp_path, missed, "--check") == 1
+    said = capsys.readouterr().err
+    assert re.search(
+        r"\[serve-bench-tiny\] check failed: .*batch-32 texts/s, server / raw \S+ \(wanted >= 1000\)", said
+    )
 
 
 MEASUREMENTS = {  # every stage that measures a server, on the tiny bundle
