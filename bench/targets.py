@@ -20,8 +20,9 @@ from edgedistill.common.config.training import DataConfig
 
 @dataclass(frozen=True)
 class Example:
-    """The call every server is sent: the dev example of median length (`text`, and its `pair` for a pair model),
-    and the `logits` the bundle `spec` gives it, which a reply must carry."""
+    """The call every server is sent: the example of median length among the dev examples the serving benchmark
+    samples (`load_texts`: 512, shuffled; `text`, and its `pair` for a pair model), and the `logits` the bundle
+    `spec` gives it, which a reply must carry."""
 
     text: str
     pair: str | None

@@ -1,9 +1,9 @@
 """The peer comparison: the server against the Python servers a user would pick instead, on one bundle.
 
 Every server (`bench.peers.launch`: edgedistill with `workers` processes, KServe's `ModelServer`, MLServer, and
-the echo floor) runs at once on loopback and answers the same KServe v2 `ModelInfer` call: one
-example of the recipe's dev split (the one of median length, with its pair for a pair model),
-`logits` requested. Each server is first probed (its reply must carry the bundle's logits, computed
+the echo floor) runs at once on loopback and answers the same KServe v2 `ModelInfer` call: one example of the
+recipe's dev split (the one of median length among the 512 the serving benchmark samples, with its pair for a pair
+model), `logits` requested. Each server is first probed (its reply must carry the bundle's logits, computed
 here, and gives the reply size that h2load's counts are checked against, see `bench.h2load`) and
 loaded for `warmup_s`. Then, `repeats` times, the servers in a rotating order, h2load runs two
 phases on each: capacity (`connections` x `streams` calls in flight, every stream busy) and paced at
