@@ -234,6 +234,19 @@ def check_no_shared_memory(request: kserve_pb2.ModelInferRequest) -> None:
                 )
 
 
+def check_shape(name: str, shape: list[int], max_length: int) -> None:
+    """Refuse an input's shape that the input never takes, before its elements are counted against a request's limit:
+    a text input is [batch] or [batch, 1], token ids [batch, sequence] of at most `max_length`."""
+    if name in TEXT_INPUTS:
+        if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
+            return
+        raise InvalidInput(f"input {name!r} must have shape [batch] or [batch, 1], got {shape}")
+    if len(shape) != 2:
+        raise InvalidInput(f"input {name!r} must have shape [batch, sequence], got {shape}")
+    if shape[1] > max_length:
+        raise InvalidInput(f"sequence length {shape[1]} exceeds the model's max_length {max_length}")
+
+
 def top_classes(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
     """Triton's classification extension: per row of (N, C) `values`, the `count` highest (at most C; ties: the
     lower index first) as b"value:index:label", the value printed as C's %f. Shape (N, min(count, C)), bytes."""
@@ -426,8 +439,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 )
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
-            if tensor.name not in TEXT_INPUTS and len(tensor.shape) == 2 and tensor.shape[1] > max_length:
-                raise InvalidInput(f"sequence length {tensor.shape[1]} exceeds the model's max_length {max_length}")
+            check_shape(tensor.name, list(tensor.shape), max_length)
             limit = self.settings.max_texts * (1 if tensor.name in TEXT_INPUTS else max_length)
             decoded[tensor.name] = tensors.decode(
                 tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, raw[i] if raw else None, limit
@@ -435,12 +447,9 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
         return decoded
 
     def _texts(self, name: str, value: np.ndarray) -> list[str]:
-        if value.ndim == 2 and value.shape[1] == 1:
-            value = value[:, 0]
-        if value.ndim != 1:
-            raise InvalidInput(f"input {name!r} must have shape [batch] or [batch, 1], got {list(value.shape)}")
+        """The UTF-8 texts of a BYTES input whose shape `check_shape` passed."""
         texts = []
-        for i, element in enumerate(value.tolist()):
+        for i, element in enumerate(value.reshape(-1).tolist()):
             try:
                 texts.append(element.decode("utf-8"))
             except UnicodeDecodeError as err:

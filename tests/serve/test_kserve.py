@@ -110,6 +110,19 @@ def test_token_ids_give_the_same_scores_as_text(stub, expected, raw):
     np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
 
 
+def test_token_ids_without_the_batch_axis_past_the_limit_are_a_wrong_shape(stub):
+    ids = np.ones(200, np.int64)  # one text's ids, more than MAX_TEXTS x max_length (128) of them
+    code, details = code_of(stub, _ids_request(ids, ids))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "must have shape [batch, sequence], got [200]" in details
+
+
+def test_texts_in_one_row_past_the_limit_are_a_wrong_shape(stub):
+    code, details = code_of(stub, text_request(["good"] * 9, shape=[1, 9]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "must have shape [batch] or [batch, 1], got [1, 9]" in details
+
+
 def test_health_and_metadata_rpcs(stub):
     assert stub.ServerLive(kserve_pb2.ServerLiveRequest()).live
     assert stub.ServerReady(kserve_pb2.ServerReadyRequest()).ready
