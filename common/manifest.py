@@ -233,11 +233,15 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
     0.002; data.train: its contents changed; parent teacher's settings changed; now also built from transfer; bundle
     is another artifact or was rebuilt`: at most `most` of them, then how many more. A setting or extra the old record
     lacks whole (one a later release hashes) is said once, `server: not recorded when it was built`, not as each of
-    its values changed from null; a parent it lacks, as `now also built from <name>`."""
+    its values changed from null, and one the new record lacks whole (the transfer set's labeller, dropped) as
+    `labeller: not recorded now`; a parent it lacks, as `now also built from <name>`."""
     recorded, hashed = old.get("settings", {}) | old.get("extra", {}), new["settings"] | new.get("extra", {})
-    added = sorted(hashed.keys() - recorded.keys())
+    added = sorted(name for name in hashed.keys() - recorded.keys() if hashed[name] is not None)
+    dropped = sorted(name for name in recorded.keys() - hashed.keys() if recorded[name] is not None)
     said = [f"{name}: not recorded when it was built" for name in added]
-    before, after = _flat(recorded), _flat({name: value for name, value in hashed.items() if name not in added})
+    said += [f"{name}: not recorded now" for name in dropped]
+    before = _flat({name: value for name, value in recorded.items() if name not in dropped})
+    after = _flat({name: value for name, value in hashed.items() if name not in added})
     for key in sorted(before.keys() | after.keys()):
         was, now = before.get(key), after.get(key)
         if was == now:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from edgedistill.common import progress
 from edgedistill.common.data import line_count, load_splits, unlabelled_lines
-from edgedistill.common.recipe import Recipe
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.text import read_texts, write_texts
 from edgedistill.common.textstyle import Style, styled
 from edgedistill.distill.augment import (
@@ -119,7 +119,8 @@ def _digest(key: tuple[str, ...]) -> bytes:
 
 def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     """The transfer set's inputs, deterministic for the recipe's seed, every text in `transfer.text_style`; masked
-    words become `mask_token` (`tokenization.mask_token`: None only where `transfer.p_mask` is 0).
+    words become `mask_token` (`tokenization.mask_token`: None only where `transfer.p_mask` is 0); `RecipeError`
+    where no text is left.
 
     Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
     and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a
@@ -185,6 +186,11 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
         labels.append(label)
     bar.close()
     composition = {**counts, **{f"removed_{k}": v for k, v in removed.items()}, "total": len(inputs)}
+    if not inputs:
+        raise RecipeError(
+            f"the transfer set is empty ({composition}): give it unlabelled text (transfer.unlabelled_files), the "
+            "train inputs (transfer.include_train: true) or their augmentations (transfer.n_iter above 0)"
+        )
     return TransferTexts(
         [sides[0] for sides in inputs],
         [sides[1] for sides in inputs] if train.pairs is not None else None,

@@ -164,6 +164,13 @@ def test_an_extra_a_later_release_hashes_is_named_once_as_not_recorded(recipe, c
     assert "[up] building again: server: not recorded when it was built\n" in capsys.readouterr().out
 
 
+def test_an_extra_given_no_longer_is_named_once_as_not_recorded_now(recipe, capsys):
+    body = writer("a.txt")
+    Stage("up", recipe(), ("finetune",), body, extra={"labeller": {"precision": "int8", "smooth": 0.85}}).run()
+    Stage("up", recipe(), ("finetune",), body).run()
+    assert "[up] building again: labeller: not recorded now\n" in capsys.readouterr().out
+
+
 def test_the_manifest_lists_the_files_and_the_summary_line_is_printed(recipe, capsys):
     manifest = Stage("up", recipe(), ("data",), writer("a.txt")).run()
     assert set(manifest.files) == {"a.txt"}

@@ -11,7 +11,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.textstyle import styled
 from edgedistill.distill import labelling
@@ -154,12 +154,28 @@ def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tm
 def test_unlabelled_text_that_gives_no_example_is_warned_of(tmp_path, capsys, lines, pairs, need):
     (tmp_path / "u.txt").write_text(lines)
     (tmp_path / "p.tsv").write_text("a\tb\tlabel\nthe first side\tthe second side\t1\n")
-    pair_data = str(tmp_path / "p.tsv")
-    data = {"data.train": pair_data, "data.dev": pair_data, "data.text_column": "a", "data.text_pair_column": "b"}
+    (tmp_path / "d.tsv").write_text("a\tb\tlabel\na dev side\tits other side\t1\n")
+    data = {
+        "data.train": str(tmp_path / "p.tsv"),
+        "data.dev": str(tmp_path / "d.tsv"),
+        "data.text_column": "a",
+        "data.text_pair_column": "b",
+    }
     overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], **(data if pairs else {})}
     built = build_texts(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), "[MASK]")
     assert built.composition["unlabelled"] == 0
     assert f"warning: no line of transfer.unlabelled_files holds {need}" in capsys.readouterr().out
+
+
+def test_a_transfer_set_left_without_texts_is_refused_naming_its_sources(tmp_path):
+    (tmp_path / "u.txt").write_text("too short\n")
+    overrides = {
+        "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
+        "transfer.include_train": False,
+        "transfer.n_iter": 0,
+    }
+    with pytest.raises(RecipeError, match=r"transfer set is empty .*transfer\.include_train"):
+        build_texts(load_recipe(SMOKE, overrides), "[MASK]")
 
 
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
