@@ -78,11 +78,15 @@ def pareto(points: list[dict], cell: str, metric: str) -> bytes:
     return png(fig)
 
 
+# Each source of the transfer set in its own colour, whichever others are absent.
+SOURCE_COLOURS = {"unlabelled": "#4c72b0", "train": "#55a868", "augmented": "#c44e52"}
+
+
 def composition(counts: dict[str, int], unit: str) -> bytes:
     """The transfer set by source; `unit` names its examples (sentences, or pairs for a pair task)."""
-    parts = {k: counts[k] for k in ("unlabelled", "train", "augmented") if counts.get(k)}
+    parts = {k: counts[k] for k in SOURCE_COLOURS if counts.get(k)}
     fig, ax = plt.subplots(figsize=(6, 3))
-    ax.barh(list(parts), list(parts.values()), color=["#4c72b0", "#55a868", "#c44e52"][: len(parts)])
+    ax.barh(list(parts), list(parts.values()), color=[SOURCE_COLOURS[k] for k in parts])
     for i, value in enumerate(parts.values()):
         ax.text(value, i, f" {value:,}", va="center", fontsize=9)
     ax.set(title=f"transfer set: {sum(parts.values()):,} {unit}", xlabel=unit)

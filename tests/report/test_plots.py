@@ -2,6 +2,7 @@
 
 import numpy as np
 from edgedistill.report import plots
+from matplotlib.colors import to_hex
 
 
 def drawn(monkeypatch, draw, *args):
@@ -71,3 +72,11 @@ def test_training_curves_leave_out_the_metric_line_of_a_history_without_it(monke
     }
     acc_ax = drawn(monkeypatch, plots.training_curves, histories, "dev_macro_f1").axes[1]
     assert [line.get_label() for line in acc_ax.lines] == ["student-cnn"]
+
+
+def test_a_transfer_set_without_unlabelled_text_draws_each_source_in_its_own_colour(monkeypatch):
+    ax = drawn(monkeypatch, plots.composition, {"unlabelled": 0, "train": 20, "augmented": 30}, "sentences").axes[0]
+    assert [to_hex(bar.get_facecolor()) for bar in ax.patches] == [
+        plots.SOURCE_COLOURS["train"],
+        plots.SOURCE_COLOURS["augmented"],
+    ]
