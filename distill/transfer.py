@@ -4,8 +4,8 @@ The texts come from `transfer_texts` and are kept in the stage's work folder; `l
 killed run resumes at the first missing shard without building the texts again.
 
 Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence B, line by line),
-`meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `logits.npy`
-(float16, (N, C)) and `dev_logits.npy`.
+`meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `composition.json` (the
+count of each source and of each drop), `logits.npy` (float16, (N, C)) and `dev_logits.npy`.
 """
 
 import shutil
