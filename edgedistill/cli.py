@@ -9,6 +9,7 @@ that fails, with its exit status.
 import argparse
 import errno
 import importlib
+import os
 import subprocess
 import sys
 import traceback
@@ -26,10 +27,12 @@ PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
+READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader stopped early (`| head`)
 EXIT_STATUSES = (
     "Exit status: 0 done (or up to date); 1 a check failed (a bundle's gate, a benchmark's target with --check, a "
     "load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
-    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {CRASHED} an unexpected error (a traceback)."
+    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {READER_GONE} the reader of its output stopped early (| head); "
+    f"{CRASHED} an unexpected error (a traceback)."
 )
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
 STOPPED_BUILDING = "; no artifact was half written: run it again to go on"
@@ -242,6 +245,9 @@ def guarded(label: str, name: str, work: Callable[[], int]) -> int:
     that runs, for what the line of an interrupted one adds."""
     try:
         return work()
+    except BrokenPipeError:  # the reader stopped early: stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        return READER_GONE
     except OSError as err:  # common.atomic's DiskFull names the folder; other writes their file
         if err.errno not in CANNOT_WRITE:
             return crashed(label)

@@ -821,9 +821,6 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)
         return 1
-    except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other command-line tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
-        return 141  # 128 + SIGPIPE, the shell's status for a writer whose pipe closed
     return 0
 
 

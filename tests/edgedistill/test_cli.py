@@ -4,6 +4,7 @@ when that stage runs, and runs the whole pipeline stage by stage until one fails
 import errno
 import functools
 import importlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -495,7 +496,27 @@ def test_an_unexpected_error_prints_its_traceback(monkeypatch, capsys):
     assert "RuntimeError: a bug\nedgedistill bundles: stopped by an unexpected error" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "70 an unexp"])
+@functools.cache
+def to_a_closed_pipe() -> subprocess.CompletedProcess:
+    """`edgedistill labeller recipes/smoke.yaml | head -0`: its one line (no labeller needed) to a pipe nobody reads."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "wb") as stdout:
+        command = [SCRIPT, "labeller", str(ROOT / "recipes" / "smoke.yaml")]
+        return subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_a_command_whose_reader_stopped_early_exits_141_as_a_shell_reports_it():
+    assert to_a_closed_pipe().returncode == cli.READER_GONE
+
+
+def test_a_command_whose_reader_stopped_early_prints_no_traceback():
+    assert "Traceback" not in to_a_closed_pipe().stderr
+
+
+@pytest.mark.parametrize(
+    "status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "141 the reader", "70 an unexp"]
+)
 def test_the_help_gives_each_exit_status(top_help, status):
     assert status in " ".join(top_help.split())
 
