@@ -39,13 +39,13 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress, tables
 from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
+from edgedistill.common.console import Console
 from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.client import Client
 from pydantic import Field
-from rich.console import Console
 
 STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"

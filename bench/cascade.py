@@ -33,9 +33,9 @@ from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.cascade import Cascade, keeps, load_cascade
+from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from rich.console import Console
 
 PHASES = ("capacity", "paced")
 

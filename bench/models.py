@@ -24,6 +24,7 @@ from edgedistill.common import progress, tables
 from edgedistill.common.bundle import Bundle, read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.config.training import Metric, RuntimeConfig
+from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.runtime import missing_here, open_bundle
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -31,7 +32,6 @@ from edgedistill.distill import device, heads
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import InvalidInput
-from rich.console import Console
 
 STAGE = "bench"
 EAGER = "teacher-pytorch-eager"

@@ -34,9 +34,9 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
+from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from rich.console import Console
 
 STAGE = measured.SCALING
 SUPERVISING = "supervising"  # the first log line of a server with several workers

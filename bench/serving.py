@@ -58,6 +58,7 @@ from edgedistill.common import measured, progress
 from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ServingBenchConfig
+from edgedistill.common.console import Console
 from edgedistill.common.data import Examples
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -66,7 +67,6 @@ from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings
-from rich.console import Console
 
 STAGE = measured.SERVING
 BATCH = 32

@@ -1,7 +1,7 @@
 """Output shared by the benchmarks: a results table, then a table of checks marked pass/MISS (console or markdown)."""
 
 from edgedistill.common import tables
-from rich.console import Console
+from edgedistill.common.console import Console
 from rich.table import Table
 
 

@@ -10,10 +10,10 @@ pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary, tables
 from edgedistill.common.atomic import write_changed
+from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.distill import student_stage
 from edgedistill.distill.metrics import retention
-from rich.console import Console
 
 TEXT_COLUMNS = ("student", "arch", "baseline_from", "out_of_date")
 

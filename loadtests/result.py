@@ -39,10 +39,10 @@ from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.common import tables
 from edgedistill.common.cascade import describe
 from edgedistill.common.config.measure import SloConfig
+from edgedistill.common.console import Console
 from edgedistill.loadtests import analysis
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan
-from rich.console import Console
 
 SLO_LATENCIES = ("p50_ms", "p95_ms", "p99_ms")
 RESULT_FILE = "summary.json"

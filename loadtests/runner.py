@@ -23,6 +23,7 @@ from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_in
 from edgedistill.common import measured, sections
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
+from edgedistill.common.console import Console
 from edgedistill.common.processes import python_module
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -33,7 +34,6 @@ from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
 from edgedistill.loadtests.recorder import SAMPLES_FILE
 from edgedistill.serve.settings import Settings
-from rich.console import Console
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
 SAMPLE_S = 0.5

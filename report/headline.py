@@ -21,6 +21,7 @@ from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, summary, tables
 from edgedistill.common.config.training import METRIC_NAMES
+from edgedistill.common.console import Console
 from edgedistill.common.recipe import (
     Recipe,
     RecipeError,
@@ -32,7 +33,6 @@ from edgedistill.common.recipe import (
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
-from rich.console import Console
 from rich.table import Table
 
 HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
