@@ -1,9 +1,12 @@
 """Lower precision: dynamic or calibrated static INT8 for CPU, FP16 for GPU bundles."""
 
+import contextlib
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
+from edgedistill.export.onnx_export import ExportError
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -15,6 +18,8 @@ from onnxruntime.quantization import (
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 from onnxruntime.transformers.onnx_model import OnnxModel
 
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators, which its fusions put in a graph
+
 
 def _clear_value_info(src: Path, dst: Path) -> Path:
     """Shape annotations from the exporter can contradict the quantized graph; drop them."""
@@ -25,11 +30,23 @@ def _clear_value_info(src: Path, dst: Path) -> Path:
 
 
 def _typed(src: Path, dst: Path) -> Path:
-    """Every tensor typed by ONNX Runtime's symbolic shape inference: ONNX's own cannot type the outputs of ONNX
-    Runtime's fused operators (Attention, SkipLayerNormalization, BiasGelu), and static INT8 leaves every tensor it
-    cannot type unquantized: a fused graph's activations all."""
+    """`src` as `_clear_value_info` leaves it, and where it holds ONNX Runtime's fused operators (Attention,
+    SkipLayerNormalization, BiasGelu), typed by ONNX Runtime's symbolic shape inference: ONNX's own cannot type their
+    outputs, and static INT8 leaves every tensor it cannot type unquantized, a fused graph's activations all. Other
+    graphs keep ONNX's own inference, which types them (the symbolic one fails on a student's opset-18 ReduceMax)."""
     bare = onnx.load(str(_clear_value_info(src, dst)))  # inference adds its own annotations beside any kept
-    onnx.save(SymbolicShapeInference.infer_shapes(bare, auto_merge=True), str(dst))
+    if not any(node.domain == CONTRIB_DOMAIN for node in bare.graph.node):
+        return dst
+    try:  # in a scratch folder: the inference writes a file into the current one where it fails
+        with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+            typed = SymbolicShapeInference.infer_shapes(bare, auto_merge=True)
+    except Exception as err:  # it raises a bare Exception where it cannot type a tensor
+        dst.unlink()
+        raise ExportError(
+            f"static INT8 cannot type the fused graph {src.name} ({err or type(err).__name__}): set fused: false "
+            "on this bundle, or quantization: dynamic"
+        ) from err
+    onnx.save(typed, str(dst))
     return dst
 
 

@@ -1,12 +1,18 @@
 """Static INT8: a GPT teacher's projections, exported as Gemm, are quantized with the rest; a fused BERT graph's
 activations are quantized too."""
 
+import contextlib
+
+import numpy as np
 import onnx
+import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.distill.students import StudentConfig, build_student
 from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export import optimize, quantize
-from edgedistill.export.onnx_export import example_inputs, export_onnx, load_source
+from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
+from onnx import TensorProto, helper
 from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
 
@@ -61,3 +67,48 @@ def test_static_int8_records_how_many_activations_it_quantized(tmp_path):
     applied = quantize.int8_static(tmp_path / "plain.onnx", tmp_path / "int8.onnx", calibration, ["Gemm"])
     ops = [node.op_type for node in onnx.load(str(tmp_path / "int8.onnx")).graph.node]
     assert applied["activations_quantized"] == ops.count("QuantizeLinear")
+
+
+@pytest.mark.parametrize("arch", ["cnn", "bilstm"])
+def test_static_int8_of_a_student_exported_at_opset_18_is_built(tmp_path, arch):
+    # ONNX Runtime's symbolic shape inference cannot type opset 18's ReduceMax of the students' max pooling: only
+    # graphs with fused operators are given to it
+    torch.manual_seed(0)
+    student = build_student(StudentConfig(arch=arch, vocab_size=100, embed_dim=8, hidden_size=8, num_filters=4)).eval()
+    source = Source(student, ("input_ids", "attention_mask"), arch, tmp_path)
+    export_onnx(source, tmp_path / "plain.onnx", opset=18)
+    calibration = [{k: v.numpy() for k, v in example_inputs(source.inputs, 4, 12).items()}]
+    applied = quantize.int8_static(
+        tmp_path / "plain.onnx", tmp_path / "int8.onnx", calibration, ["MatMul", "Gemm", "Conv"]
+    )
+    assert applied["mode"] == "static"
+
+
+def graph_of_an_unknown_fused_operator(path):
+    """x -> an ONNX Runtime-domain operator no inference knows -> MatMul -> y."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
+    nodes = [
+        helper.make_node("Frobnicate", ["x"], ["h"], domain=quantize.CONTRIB_DOMAIN),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "unknown", [x], [y], [weight])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(quantize.CONTRIB_DOMAIN, 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+    return path
+
+
+def test_a_fused_graph_static_int8_cannot_type_is_refused_naming_the_way_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    graph = graph_of_an_unknown_fused_operator(tmp_path / "fused.onnx")
+    with pytest.raises(ExportError, match="static INT8 cannot type the fused graph fused.onnx .*set fused: false"):
+        quantize.int8_static(graph, tmp_path / "int8.onnx", [{"x": np.ones((2, 4), np.float32)}])
+
+
+def test_a_fused_graph_static_int8_cannot_type_leaves_no_file_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    graph = graph_of_an_unknown_fused_operator(tmp_path / "fused.onnx")
+    with contextlib.suppress(ExportError):
+        quantize.int8_static(graph, tmp_path / "int8.onnx", [{"x": np.ones((2, 4), np.float32)}])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fused.onnx"]
