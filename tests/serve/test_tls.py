@@ -9,7 +9,7 @@ import pytest
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import SettingsError
-from edgedistill.serve.tls import server_credentials
+from edgedistill.serve.tls import check_pem, server_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.serve.conftest import run_openssl, settings_for
@@ -127,3 +127,9 @@ def test_a_failed_calls_log_line_names_the_client_certificate(start_server, bund
         classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(), timeout=5)
     (line,) = [r for r in caplog.records if getattr(r, "event", None) == "rpc"]
     assert line.peer.endswith("(client)")
+
+
+def test_a_key_openssl_s_default_level_finds_too_small_passes_the_files_check(tmp_path):
+    run_openssl("req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "2", "-subj", "/CN=small",
+                "-keyout", "small.key", "-out", "small.pem", cwd=tmp_path)  # fmt: skip
+    assert check_pem(tmp_path / "small.pem", tmp_path / "small.key", None) is None
