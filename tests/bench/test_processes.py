@@ -30,22 +30,25 @@ def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
         pass
 
 
+def killed(process) -> None:
+    """SIGKILL `process` and wait until it is dead, not reaped: the benchmark's own poll is to find it so."""
+    process.kill()
+    while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        time.sleep(0.05)
+
+
 def test_a_server_that_dies_in_use_is_reported_as_such(tmp_path):
     port = free_port()
     died = pytest.raises(BenchError, match=r"bench.servers exited with -9 while in use, before SIGTERM")
     with died, running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
-        process.kill()
-        while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # dead, not reaped
-            time.sleep(0.05)
+        killed(process)
 
 
 def test_a_server_that_dies_in_use_is_reported_as_such_where_the_block_fails_on_its_death(tmp_path):
     port = free_port()
     died = pytest.raises(BenchError, match=r"(?s)bench.servers exited with -9 while in use, before SIGTERM; its log")
     with died, running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log") as process:
-        process.kill()
-        while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # dead, not reaped
-            time.sleep(0.05)
+        killed(process)
         raise BenchError("no call succeeded; failures by status: {'UNAVAILABLE': 3}")
 
 
