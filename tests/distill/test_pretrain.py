@@ -192,17 +192,16 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):
     )
 
 
+def pretrain_mean_pooled(capsys, init, *extra: str):
+    """One step of the smoke recipe's pretraining from `init`, for a teacher fine-tuned with `pooling: mean`."""
+    args = [f"--model.init={init}", "--finetune.pooling=mean", "--pretrain.optim.max_steps=1", *extra]
+    return distill_here(capsys, "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
+
+
 def test_mean_pooling_of_a_roberta_init_is_refused_before_pretraining(capsys, tmp_path):
     init = write_roberta(tmp_path / "roberta", TEXTS)
-    result = distill_here(
-        capsys,
-        "pretrain",
-        ROOT / "recipes" / "smoke.yaml",
-        f"--model.init={init}",
-        "--finetune.pooling=mean",
-        "--export=null",  # the smoke recipe's fused teacher bundle would be refused first
-        "--pretrain.optim.max_steps=1",
-    )
+    # --export=null: the smoke recipe's fused teacher bundle would be refused first
+    result = pretrain_mean_pooled(capsys, init, "--export=null")
     assert f"finetune.pooling=mean builds a BERT encoder, but {init} is a roberta" in result.stderr
 
 
@@ -214,14 +213,7 @@ def test_pretraining_continues_from_a_mean_pooled_teacher(capsys, tmp_path):
     )
     heads.MeanPooledBertForSequenceClassification(config).save_pretrained(init)
     tok.save_pretrained(init)
-    result = distill_here(
-        capsys,
-        "pretrain",
-        ROOT / "recipes" / "smoke.yaml",
-        f"--model.init={init}",
-        "--finetune.pooling=mean",
-        "--pretrain.optim.max_steps=1",
-    )
+    result = pretrain_mean_pooled(capsys, init)
     assert result.returncode == 0, result.stderr
 
 
