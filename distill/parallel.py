@@ -41,7 +41,12 @@ def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
 
 
 def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:
-    """Run `(student name, baseline?)` jobs on `workers` processes; raise the first failure after all end."""
+    """Run `(student name, baseline?)` jobs on `workers` processes; raise the first failure after all end. A job
+    whose artifact is up to date (unless `force`) is said so here, starting no process for it."""
+    if not force:
+        jobs = [(name, baseline) for name, baseline in jobs if not _skipped(recipe, name, baseline)]
+        if not jobs:
+            return
     threads = max(1, torch.get_num_threads() // workers)
     ctx = mp.get_context("spawn")
     slots = ctx.Queue()
@@ -59,6 +64,16 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
             for worker in mp.active_children():
                 worker.terminate()  # checkpoints are written atomically: each job resumes from its last one
             raise
+
+
+def _skipped(recipe: Recipe, name: str, baseline: bool) -> bool:
+    """Whether the job's artifact is up to date, which its stage then says as it says it (deciding again under its
+    lock); one another process is building now is not, and waits for it in a job."""
+    stage = student_stage.stage(recipe, name, baseline)
+    if stage.staleness() is not None:
+        return False
+    stage.run()
+    return True
 
 
 def wait(pending: dict[cf.Future, tuple[str, bool]]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from edgedistill.distill import parallel
 
 from tests.common.test_processes import child_ends_with_parent
+from tests.conftest import ROOT
 
 DISTILL = textwrap.dedent(
     """
@@ -54,3 +55,41 @@ def test_a_job_killed_by_a_signal_names_the_jobs_it_stopped_and_the_way_on():
         pending = {pool.submit(os.abort): ("bilstm", False), pool.submit(os.getpid): ("bilstm", True)}
         with pytest.raises(parallel.JobKilled, match=r"which stopped .*student-bilstm.*: run distill again"):
             parallel.wait(pending)
+
+
+def distill_with_jobs(smoke_run, capsys, monkeypatch, *args: str) -> str:
+    """What `distill --jobs 2` of the smoke recipe printed over `smoke_run`, every artifact of which is current."""
+    from edgedistill.distill.__main__ import main
+
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
+    assert main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "2", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_jobs_whose_students_are_up_to_date_start_no_process(smoke_run, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(parallel.cf, "ProcessPoolExecutor", lambda *args, **kwargs: started.append(args))
+    distill_with_jobs(smoke_run, capsys, monkeypatch)
+    assert started == []
+
+
+def test_jobs_whose_students_are_up_to_date_are_said_to_be(smoke_run, capsys, monkeypatch):
+    out = distill_with_jobs(smoke_run, capsys, monkeypatch)
+    assert f"[baseline-transformer] up to date: {smoke_run / 'baseline-transformer'}" in out
+
+
+def test_a_job_made_stale_alone_gets_a_process(smoke_run, capsys, monkeypatch):
+    submitted = []
+
+    class Pool(cf.ThreadPoolExecutor):  # the jobs in threads: what is submitted, not trained
+        def __init__(self, workers, **kwargs):
+            super().__init__(workers)
+
+        def submit(self, fn, recipe, name, baseline, force):
+            submitted.append((name, baseline))
+            return super().submit(lambda: None)
+
+    monkeypatch.setattr(parallel.cf, "ProcessPoolExecutor", Pool)
+    (smoke_run / "student-cnn" / "manifest.json").unlink()
+    distill_with_jobs(smoke_run, capsys, monkeypatch)
+    assert submitted == [("cnn", False)]
