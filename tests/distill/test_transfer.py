@@ -24,7 +24,7 @@ from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
-from tests.conftest import PYTHON, ROOT, distill_here, run_module
+from tests.conftest import PYTHON, ROOT, built_once, distill_here, run_module
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.test_teacher import kill_9_once, run_stage
 from tests.pair_task import pair_recipe, write_pair_task
@@ -429,14 +429,29 @@ def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smok
     assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
 
 
+SMALL = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+
+
+@pytest.fixture
+def straight(tmp_path_factory) -> Path:
+    """This test's runs folder, holding the run `straight`: the smoke recipe's teacher and transfer set with `SMALL`
+    settings, built once for the test run."""
+
+    def build(folder: Path) -> None:
+        for stage in ("teacher", "transfer"):
+            built = run_stage(stage, SMOKE, "--name=straight", *SMALL, env_extra={"EDGEDISTILL_RUNS_DIR": str(folder)})
+            assert built.returncode == 0, built.stderr[-3000:]
+
+    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+    shutil.copytree(built_once(tmp_path_factory, "small-transfer", build) / "straight", runs / "straight")
+    return runs
+
+
 @pytest.mark.slow
-def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards():
+def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards(straight):
     """`transfer --force` starts afresh once: the same forced command, run again after a kill, keeps its shards."""
-    small = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
-    built = run_stage("teacher", SMOKE, "--name=forced", *small)
-    assert built.returncode == 0, built.stderr[-3000:]
-    work = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "forced" / ".work" / "transfer"
-    args = ["transfer", SMOKE, "--name=forced", *small, "--force"]
+    work = straight / "straight" / ".work" / "transfer"
+    args = ["transfer", SMOKE, "--name=straight", *SMALL, "--force"]
     kill_9_once(args, lambda: any(work.glob("logits-*.npy")))
     again = run_stage(*args)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -455,28 +470,22 @@ transfer.build_texts = refuse
 """
 
 
-SMALL = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
-
-
-def killed_while_labelling(name: str) -> tuple[Path, Path]:
-    """The runs folder and the transfer work folder of run `name`, killed once its first label shard was written,
-    beside the run `straight`, built whole from the same teacher."""
-    for stage in ("teacher", "transfer"):
-        straight = run_stage(stage, SMOKE, "--name=straight", *SMALL)
-        assert straight.returncode == 0, straight.stderr[-3000:]
-    runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
+def killed_while_labelling(runs: Path, name: str) -> Path:
+    """The transfer work folder of run `name` in `runs`, killed once its first label shard was written, beside the run
+    `straight` (the `straight` fixture's), built whole from the same teacher."""
     (runs / name).mkdir()
     os.symlink(runs / "straight" / "teacher", runs / name / "teacher")
     work = runs / name / ".work" / "transfer"
     kill_9_once(["transfer", SMOKE, f"--name={name}", *SMALL], lambda: any(work.glob("logits-*.npy")))
-    return runs, work
+    return work
 
 
 @pytest.mark.slow
-def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(tmp_path):
+def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(straight, tmp_path):
     """A rerun after a kill labels the texts the killed run built (it is refused `build_texts`), to the logits of an
     uninterrupted run."""
-    runs, _ = killed_while_labelling("killed")
+    runs = straight
+    killed_while_labelling(runs, "killed")
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(REFUSE_TO_BUILD_TEXTS)
@@ -487,10 +496,11 @@ def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_sa
 
 
 @pytest.mark.slow
-def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_again():
+def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_again(straight):
     """Shards of a killed run whose work folder keeps no texts (an earlier release's) may be of texts built otherwise:
     they are not taken (one is spoilt here, which a run taking it would give back)."""
-    runs, work = killed_while_labelling("earlier")
+    runs = straight
+    work = killed_while_labelling(runs, "earlier")
     shutil.rmtree(work / "texts")
     shard = next(work.glob("logits-*.npy"))
     np.save(shard, np.zeros_like(np.load(shard)))
