@@ -25,6 +25,9 @@ READY_TIMEOUT=${READY_TIMEOUT:-60}
 # Every Python here imports only what its environment installed: a PYTHONPATH (at a checkout, say) would put its
 # edgedistill/ before the wheel's.
 unset PYTHONPATH
+# The server takes the settings given below alone: a shell's EDGEDISTILL_TOKEN (or TLS files) would refuse the test's
+# plaintext call without a token, and its HEALTH_PORT could name a port in use.
+unset "${!EDGEDISTILL_@}"
 
 say() { printf 'wheel-test: %s\n' "$*" >&2; }
 fail() {

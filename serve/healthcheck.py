@@ -39,7 +39,9 @@ def main() -> int:
     except SettingsError as err:
         print(f"healthcheck: {err}", file=sys.stderr)
         return 1
-    with grpc.insecure_channel(address) as channel:
+    # Straight to the server on this machine: gRPC would otherwise send the call through an `http_proxy` of the
+    # container's environment (Docker copies its client's proxy settings into every container).
+    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CHECK_TIMEOUT_S)
         except grpc.RpcError as err:

@@ -1,8 +1,11 @@
-"""Where the container's health check asks: the server's health port, else its gRPC port, on the host it binds."""
+"""Where the container's health check asks: the server's health port, else its gRPC port, on the host it binds, and
+straight there, past any proxy of the environment."""
 
 import pytest
-from edgedistill.serve.healthcheck import health_address
+from edgedistill.serve.healthcheck import health_address, main
 from edgedistill.serve.settings import Settings, SettingsError
+
+from tests.conftest import free_port
 
 
 def test_the_health_port_is_asked_where_set():
@@ -29,3 +32,13 @@ def test_a_grpc_port_chosen_at_start_without_a_health_port_names_the_health_port
 def test_tls_on_the_grpc_port_without_a_health_port_names_the_health_port_setting(tmp_path):
     with pytest.raises(SettingsError, match="set EDGEDISTILL_HEALTH_PORT"):
         health_address(Settings(tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem"))
+
+
+def test_a_proxy_in_the_containers_environment_is_not_asked(served, monkeypatch):
+    # Docker copies its client's proxy settings into each container as http_proxy, which gRPC would take for this
+    # call to the server's own port: the check would fail on a server that serves.
+    monkeypatch.setenv("EDGEDISTILL_HOST", "127.0.0.1")
+    monkeypatch.setenv("EDGEDISTILL_PORT", str(served.port))
+    monkeypatch.setenv("EDGEDISTILL_HEALTH_PORT", "off")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    assert main() == 0
