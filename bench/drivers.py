@@ -19,6 +19,7 @@ from edgedistill.bench import BenchError
 from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import call_stats
 from edgedistill.serve.proto import classifier_pb2_grpc
+from edgedistill.serve.settings import DIRECT
 
 CALL_TIMEOUT_S = 10.0
 
@@ -77,7 +78,7 @@ class Tally:
 
 async def classify_call(stack: AsyncExitStack, port: int, metadata: tuple = ()) -> Callable:
     """`Classify` on loopback `port` with the drivers' timeout, over a channel that `stack` closes."""
-    channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+    channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=DIRECT))
     return functools.partial(
         classifier_pb2_grpc.ClassifierStub(channel).Classify, timeout=CALL_TIMEOUT_S, metadata=metadata
     )

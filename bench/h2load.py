@@ -26,6 +26,7 @@ from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
 from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
+from edgedistill.serve.settings import DIRECT
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 HEADERS = ("content-type: application/grpc", "te: trailers")
@@ -44,7 +45,7 @@ def frame(message: bytes) -> bytes:
 def probe(port: int, body: bytes, method: str = MODEL_INFER, timeout: float = 10.0) -> bytes:
     """The serialized reply of one call of `method` on loopback `port` with the serialized request `body`;
     `BenchError` naming the status when the call fails."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=DIRECT) as channel:
         call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
         try:
             return call(body, timeout=timeout)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import grpc
 import grpc.experimental.gevent as grpc_gevent
+from edgedistill.serve.settings import DIRECT, on_loopback
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from locust import User
 from locust.event import Events
@@ -108,8 +109,9 @@ class GrpcUser(User):
         if not self.host:
             raise LocustError("no server address: pass --host HOST:PORT")
         # A local subchannel pool gives each user its own connection, as separate clients would have;
-        # by default channels to one target share a connection.
-        self._unreported = grpc.insecure_channel(self.host, options=[("grpc.use_local_subchannel_pool", 1)])
+        # by default channels to one target share a connection. A server on this machine is called past a proxy.
+        options = [("grpc.use_local_subchannel_pool", 1)] + (DIRECT if on_loopback(self.host) else [])
+        self._unreported = grpc.insecure_channel(self.host, options=options)
         self.channel = grpc.intercept_channel(self._unreported, EventInterceptor(environment.events, self.context))
 
     def on_start(self):

@@ -29,7 +29,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import GRPC_INT_MAX, Settings, blank
+from edgedistill.serve.settings import DIRECT, GRPC_INT_MAX, Settings, blank, on_loopback
 from edgedistill.serve.tls import TLS_FILES, check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -97,11 +97,11 @@ def wait_ready(
     ready: Callable[[grpc.Channel], bool] = health_serving,
     running: Callable[[], bool] = lambda: True,
 ) -> bool:
-    """Poll `ready` (by default the health service) on a plaintext channel to `address` until it says yes: True; False
-    when `seconds` pass first, or when `running()` says, before a poll, that the server is gone. A poll whose call
-    fails (a server not listening yet) says no."""
+    """Poll `ready` (by default the health service) on a plaintext channel to `address`, a server on this machine
+    (`DIRECT`), until it says yes: True; False when `seconds` pass first, or when `running()` says, before a poll, that
+    the server is gone. A poll whose call fails (a server not listening yet) says no."""
     deadline = time.monotonic() + seconds
-    with grpc.insecure_channel(address) as channel:
+    with grpc.insecure_channel(address, options=DIRECT) as channel:
         while time.monotonic() < deadline and running():
             try:
                 if ready(channel):
@@ -128,8 +128,9 @@ class Client:
         retries: int = 3,
     ):
         """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`).
-        `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`)."""
-        options = retry_options(retries)
+        `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`). A
+        server on this machine's loopback is called straight, past a proxy the environment names (`DIRECT`)."""
+        options = retry_options(retries) + (DIRECT if on_loopback(address) else [])
         if tls or tls_ca or tls_cert:
             root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
             check_pem(tls_cert, tls_key, tls_ca)

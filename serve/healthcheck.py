@@ -7,7 +7,7 @@ given to the server are not seen) and asks where the server answers health check
 import sys
 
 import grpc
-from edgedistill.serve.settings import Settings, SettingsError, env_name, host_port, load_settings
+from edgedistill.serve.settings import DIRECT, Settings, SettingsError, env_name, host_port, load_settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 CHECK_TIMEOUT_S = 3.0  # within the HEALTHCHECK's own timeout (5 s), with the interpreter's start
@@ -39,9 +39,7 @@ def main() -> int:
     except SettingsError as err:
         print(f"healthcheck: {err}", file=sys.stderr)
         return 1
-    # Straight to the server on this machine: gRPC would otherwise send the call through an `http_proxy` of the
-    # container's environment (Docker copies its client's proxy settings into every container).
-    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
+    with grpc.insecure_channel(address, options=DIRECT) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CHECK_TIMEOUT_S)
         except grpc.RpcError as err:

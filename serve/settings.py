@@ -6,6 +6,7 @@ are derived from the name. Unknown `EDGEDISTILL_*` variables and wrong values fa
 """
 
 import argparse
+import ipaddress
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -318,6 +319,22 @@ class Settings(BaseModel):
     @property
     def inline_infer(self) -> float:
         return self.inline_infer_ms / 1000
+
+
+# Channel options for a server on this machine: straight to it, never through a proxy the environment names
+# (`http_proxy`, which gRPC takes, and which Docker and podman copy into containers).
+DIRECT = [("grpc.enable_http_proxy", 0)]
+
+
+def on_loopback(address: str) -> bool:
+    """Whether `address` (`host:port`, `[v6]:port`) names this machine's loopback, which no proxy can reach for it."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def host_port(host: str, port: int) -> str:

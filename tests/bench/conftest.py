@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.conftest import pair_spec, write_bundle
+from tests.serve.conftest import RunningServer, pair_spec, settings_for, write_bundle
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +16,11 @@ def bundle(tmp_path_factory) -> Path:
 def pair_bundle(tmp_path_factory) -> Path:
     """The tiny pair model's bundle (its second text decides the label)."""
     return write_bundle(tmp_path_factory.mktemp("bundles") / "bundle-pairs", **pair_spec())
+
+
+@pytest.fixture(scope="module")
+def served(bundle):
+    """A warm server on the tiny bundle, shared by a test module."""
+    server = RunningServer(settings_for(bundle))
+    yield server
+    server.close()

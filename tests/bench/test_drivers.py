@@ -1,11 +1,16 @@
-"""The load drivers against a fake `Classify`: pacing, saturation, and the figures of a tally."""
+"""The load drivers against a fake `Classify`: pacing, saturation, and the figures of a tally; and their channel to a
+real server."""
 
 import asyncio
+import contextlib
 import functools
 
 import grpc
 import pytest
 from edgedistill.bench import BenchError, drivers
+from edgedistill.serve.proto import classifier_pb2
+
+from tests.conftest import free_port
 
 
 class FakeClassify:
@@ -156,3 +161,14 @@ def test_saturating_calls_have_no_due_time():
 
 def test_the_calls_due_in_a_run_whose_rate_times_seconds_rounds_up_are_not_one_too_many():
     assert drivers.calls_due(rate=8.3, duration=30) == 249  # 8.3 * 30 is 249.00000000000003 in floats
+
+
+def test_the_drivers_call_the_server_past_a_proxy_of_the_environment(served, monkeypatch):
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+
+    async def one_call():
+        async with contextlib.AsyncExitStack() as stack:
+            classify = await drivers.classify_call(stack, served.port)
+            return await classify(classifier_pb2.ClassifyRequest(texts=["a fine film"]))
+
+    assert len(asyncio.run(one_call()).predictions) == 1

@@ -10,7 +10,7 @@ from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import serving
 
-from tests.serve.conftest import RunningServer, settings_for
+from tests.conftest import free_port
 
 SUMMARY = """finished in 2.00s, 1031.00 req/s, 130.95KB/s
 requests: 2062 total, 2070 started, 2062 done, 2062 succeeded, 0 failed, 0 errored, 0 timeout
@@ -77,13 +77,6 @@ def test_a_missing_h2load_names_the_package(monkeypatch):
     monkeypatch.setattr(h2load.shutil, "which", lambda name: None)
     with pytest.raises(BenchError, match="nghttp2-client"):
         h2load.executable()
-
-
-@pytest.fixture(scope="module")
-def served(bundle):
-    server = RunningServer(settings_for(bundle))
-    yield server
-    server.close()
 
 
 @pytest.fixture
@@ -188,3 +181,8 @@ def test_the_calls_of_several_clients_are_counted_together(tmp_path, echo):
     record = h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
     assert record["failures"] == 0
     assert record["requests"] >= 40  # 100 calls/s for 0.5 s: two clients of 50/s
+
+
+def test_a_probe_goes_straight_to_the_server_past_a_proxy_of_the_environment(served, monkeypatch):
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    assert h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))

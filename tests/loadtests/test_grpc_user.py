@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.conftest import free_port
 from tests.serve.conftest import ROOT, RunningServer, settings_for, subprocess_env, write_bundle
 
 CLIENT = """
@@ -60,12 +61,13 @@ def server(tmp_path_factory):
     running.close()
 
 
-def run_client(source: str, address: str) -> dict:
-    """Run `source` in a child process against `address`; the JSON object of its last output line."""
+def run_client(source: str, address: str, **env: str) -> dict:
+    """Run `source` in a child process against `address`, with the further variables `env`; the JSON object of its last
+    output line."""
     result = subprocess.run(
         [sys.executable, "-c", source, address],
         cwd=ROOT,
-        env=subprocess_env(),
+        env=subprocess_env() | env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -122,6 +124,11 @@ def test_a_user_connects_on_start_without_reporting_a_call(server):
     out = run_client(CONNECTS, server.address)
     assert out["state"] == "READY"
     assert out["events"] == []
+
+
+def test_a_user_connects_to_a_server_on_this_machine_past_a_proxy_of_the_environment(server):
+    out = run_client(CONNECTS, server.address, http_proxy=f"http://127.0.0.1:{free_port()}")
+    assert out["state"] == "READY"
 
 
 CONCURRENT = """

@@ -3,7 +3,7 @@ once it is gone, and not past its seconds."""
 
 import time
 
-from edgedistill.serve.client import wait_ready
+from edgedistill.serve.client import Client, wait_ready
 
 from tests.conftest import free_port
 from tests.serve.conftest import settings_for
@@ -36,3 +36,15 @@ def test_a_server_gone_is_not_waited_for():
     started = time.monotonic()
     wait_ready(unused_address(), 60, running=lambda: False)
     assert time.monotonic() - started < 5
+
+
+def test_a_proxy_of_the_environment_is_not_asked_for_a_server_on_this_machine(served, monkeypatch):
+    # gRPC takes http_proxy for any channel, and Docker and podman copy it into containers
+    monkeypatch.setenv("http_proxy", f"http://{unused_address()}")
+    assert wait_ready(served.address, 5)
+
+
+def test_the_client_calls_a_server_on_this_machine_past_a_proxy_of_the_environment(served, monkeypatch):
+    monkeypatch.setenv("http_proxy", f"http://{unused_address()}")
+    with Client(served.address, retries=0) as client:
+        assert len(client.classify(["a fine film"])["predictions"]) == 1

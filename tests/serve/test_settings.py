@@ -13,6 +13,7 @@ from edgedistill.serve.settings import (
     build_parser,
     env_name,
     load_settings,
+    on_loopback,
     refuse_unused,
 )
 
@@ -255,3 +256,13 @@ def test_an_infinite_connection_age_is_refused_with_the_value_grpc_takes_as_neve
 def test_the_connection_age_said_to_mean_never_is_grpcs_never():
     options = dict(connection_options(load_settings([], {"EDGEDISTILL_CONNECTION_AGE_S": str(NEVER_S)})))
     assert options["grpc.max_connection_age_ms"] == GRPC_INT_MAX
+
+
+@pytest.mark.parametrize("address", ["localhost:50051", "127.0.0.1:50051", "127.8.0.1:50051", "[::1]:50051"])
+def test_an_address_on_this_machines_loopback_is_called_straight(address):
+    assert on_loopback(address)
+
+
+@pytest.mark.parametrize("address", ["example.com:50051", "10.0.0.5:50051", "[2001:db8::1]:50051", "0.0.0.0:50051"])
+def test_an_address_off_the_loopback_keeps_the_environments_proxy(address):
+    assert not on_loopback(address)
