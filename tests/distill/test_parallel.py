@@ -3,10 +3,12 @@
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from edgedistill.distill import parallel
@@ -57,6 +59,13 @@ def test_a_job_killed_by_a_signal_names_the_jobs_it_stopped_and_the_way_on():
             parallel.wait(pending)
 
 
+@pytest.fixture
+def own_run(smoke_run, tmp_path) -> Path:
+    """A copy of `smoke_run` this test may change (the session's copy is shared by this process's tests)."""
+    shutil.copytree(smoke_run, tmp_path / "runs" / "smoke", symlinks=True)
+    return tmp_path / "runs" / "smoke"
+
+
 def distill_with_jobs(smoke_run, capsys, monkeypatch, *args: str) -> str:
     """What `distill --jobs 2` of the smoke recipe printed over `smoke_run`, every artifact of which is current."""
     from edgedistill.distill.__main__ import main
@@ -78,7 +87,7 @@ def test_jobs_whose_students_are_up_to_date_are_said_to_be(smoke_run, capsys, mo
     assert f"[baseline-transformer] up to date: {smoke_run / 'baseline-transformer'}" in out
 
 
-def test_a_job_made_stale_alone_gets_a_process(smoke_run, capsys, monkeypatch):
+def test_a_job_made_stale_alone_gets_a_process(own_run, capsys, monkeypatch):
     submitted = []
 
     class Pool(cf.ThreadPoolExecutor):  # the jobs in threads: what is submitted, not trained
@@ -90,6 +99,6 @@ def test_a_job_made_stale_alone_gets_a_process(smoke_run, capsys, monkeypatch):
             return super().submit(lambda: None)
 
     monkeypatch.setattr(parallel.cf, "ProcessPoolExecutor", Pool)
-    (smoke_run / "student-cnn" / "manifest.json").unlink()
-    distill_with_jobs(smoke_run, capsys, monkeypatch)
+    (own_run / "student-cnn" / "manifest.json").unlink()
+    distill_with_jobs(own_run, capsys, monkeypatch)
     assert submitted == [("cnn", False)]
