@@ -66,25 +66,25 @@ def own_run(smoke_run, tmp_path) -> Path:
     return tmp_path / "runs" / "smoke"
 
 
-def distill_with_jobs(smoke_run, capsys, monkeypatch, *args: str) -> str:
-    """What `distill --jobs 2` of the smoke recipe printed over `smoke_run`, every artifact of which is current."""
+def distill_with_jobs(run: Path, capsys, monkeypatch) -> str:
+    """What `distill --jobs 2` of the smoke recipe printed over the smoke run folder `run`."""
     from edgedistill.distill.__main__ import main
 
-    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
-    assert main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "2", *args]) == 0
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(run.parent))
+    assert main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--jobs", "2"]) == 0
     return capsys.readouterr().out
 
 
-def test_jobs_whose_students_are_up_to_date_start_no_process(smoke_run, capsys, monkeypatch):
+def test_jobs_whose_students_are_up_to_date_start_no_process(own_run, capsys, monkeypatch):
     started = []
     monkeypatch.setattr(parallel.cf, "ProcessPoolExecutor", lambda *args, **kwargs: started.append(args))
-    distill_with_jobs(smoke_run, capsys, monkeypatch)
+    distill_with_jobs(own_run, capsys, monkeypatch)
     assert started == []
 
 
-def test_jobs_whose_students_are_up_to_date_are_said_to_be(smoke_run, capsys, monkeypatch):
-    out = distill_with_jobs(smoke_run, capsys, monkeypatch)
-    assert f"[baseline-transformer] up to date: {smoke_run / 'baseline-transformer'}" in out
+def test_jobs_whose_students_are_up_to_date_are_said_to_be(own_run, capsys, monkeypatch):
+    out = distill_with_jobs(own_run, capsys, monkeypatch)
+    assert f"[baseline-transformer] up to date: {own_run / 'baseline-transformer'}" in out
 
 
 def test_a_job_made_stale_alone_gets_a_process(own_run, capsys, monkeypatch):
