@@ -22,13 +22,13 @@ process, no supervisor.
 """
 
 import errno
+import fcntl
 import json
 import logging
 import os
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from edgedistill.common.machine import usable_cores, usable_memory
-from edgedistill.common.processes import alive, die_with_parent, python_module, shell_status
+from edgedistill.common.processes import die_with_parent, python_module, shell_status
 from edgedistill.serve.backend import intra_op_threads
 from edgedistill.serve.cascade import model_bytes, runs_onnx_runtime
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.metrics import WorkerFiles, serve_http, stop_http, workers_registry
+from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.settings import Settings, SettingsError
 
 log = logging.getLogger("serve")
@@ -93,17 +94,55 @@ def worker_count(settings: Settings) -> int:
 METRICS_PREFIX = "edgedistill-metrics-"
 
 
-def metrics_folder() -> Path:
-    """A fresh folder for the workers' metrics files, `edgedistill-metrics-<pid>-*` in the temporary folder, after
-    removing this user's folders of supervisors that are gone (killed before they could remove their own). A folder
-    of this process's own pid is a predecessor's too: the container's first process has the same pid each start."""
-    root = Path(tempfile.gettempdir())
-    for folder in root.glob(f"{METRICS_PREFIX}*-*"):
-        pid = folder.name.removeprefix(METRICS_PREFIX).partition("-")[0]
-        gone = pid.isdigit() and (int(pid) == os.getpid() or not alive(int(pid)))
-        if gone and folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+class MetricsFolder:
+    """A fresh folder for the workers' metrics files, `edgedistill-metrics-*` in the temporary folder, locked (flock)
+    while its supervisor lives. A start first removes this user's folders that no lock holds: those of supervisors
+    killed before they could remove their own. The lock, not a pid, tells a live folder apart: a temporary folder
+    shared by containers holds folders of supervisors in other pid namespaces, each of them pid 1 in its own."""
+
+    def __init__(self):
+        root = Path(tempfile.gettempdir())
+        for folder in root.glob(f"{METRICS_PREFIX}*"):
+            if folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+                _remove_unheld(folder)
+        while True:
+            self.path = Path(tempfile.mkdtemp(prefix=METRICS_PREFIX))
+            self.lock = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: workers never hold it
+            fcntl.flock(self.lock, fcntl.LOCK_EX)  # waits for another start that took it for a dead one's to remove it
+            if _is_open(self.lock, self.path):
+                return
+            os.close(self.lock)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self.lock)
+
+
+def _is_open(fd: int, path: Path) -> bool:
+    """Whether `path` is still the file that `fd` has open."""
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _remove_unheld(folder: Path) -> None:
+    """Remove `folder` unless a live supervisor holds its lock."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # removed meanwhile
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass
+    else:
+        if _is_open(fd, folder):
             shutil.rmtree(folder, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-"))
+    finally:
+        os.close(fd)
 
 
 class SupervisorLink:
@@ -133,46 +172,6 @@ class SupervisorLink:
 
 
 # --- the supervisor's side ------------------------------------------------------------------------------------
-
-
-def _bind_family(address: str) -> tuple[socket.AddressFamily, str]:
-    """The family and address a socket binds `address` with. Every address of a kernel without IPv6 (`::`, the
-    default host, booted with ipv6.disable=1) is every IPv4 one, as gRPC itself binds it in the workers."""
-    if ":" not in address:
-        return socket.AF_INET, address
-    try:
-        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
-    except OSError as err:
-        if err.errno == errno.EAFNOSUPPORT and address == "::":
-            return socket.AF_INET, "0.0.0.0"
-        raise
-    return socket.AF_INET6, address
-
-
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A socket bound to `host:port` with SO_REUSEPORT and not listening: it keeps the port for the workers (a
-    connection only ever goes to a listening socket). The port must be free first: with SO_REUSEPORT alone, the
-    workers would share a port some other server holds. Port 0 picks a free one.
-
-    Both sockets bind with SO_REUSEADDR, as gRPC binds its listeners: connections a drain cut stay on the port in
-    TIME_WAIT for a minute, and without it they would refuse a restart on a port that nothing holds. A listener or
-    another supervisor's reservation still refuses them."""
-    try:
-        family, address = _bind_family(host.strip("[]"))
-        with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((address, port))
-            port = probe.getsockname()[1]
-        holder = socket.socket(family, socket.SOCK_STREAM)
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        # TIME_WAIT of a single server's connections (bound without SO_REUSEPORT) lets only SO_REUSEADDR bind
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind((address, port))
-        # cleared once bound: another supervisor's probe, with SO_REUSEADDR, would bind beside a holder that kept it
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-    except OSError as err:
-        raise SettingsError(f"cannot bind {host}:{port}: {err.strerror or err}") from err
-    return holder
 
 
 @dataclass(eq=False)
@@ -206,9 +205,9 @@ class Supervisor:
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))
-        self.port = self.ports[0].getsockname()[1]
-        self.metrics_dir = metrics_folder()
-        self.metric_files = WorkerFiles(self.metrics_dir)
+        self.port = self.ports[0].port
+        self.metrics_folder = MetricsFolder()
+        self.metric_files = WorkerFiles(self.metrics_folder.path)
         self.metrics_http = None
         self.metrics_port: int | None = None
         self.workers: list[Worker] = []
@@ -222,13 +221,16 @@ class Supervisor:
         # WORKERS: how many share the cores, for a worker's intra-op threads under THREADS=0 (a worker never supervises)
         pinned = ["--workers", str(self.count), "--port", str(self.port), "--metrics-port", "off"]
         if len(self.ports) > 1:
-            pinned += ["--health-port", str(self.ports[1].getsockname()[1])]
+            pinned += ["--health-port", str(self.ports[1].port)]
         return python_module("edgedistill.serve", *self.argv, *pinned)  # later flags win
 
     def _start(self, index: int, restarted: bool = False) -> Worker:
         """Worker `index`, started; `OSError` where its process or pipe cannot be made, with no descriptor left open."""
         read, write = os.pipe()
-        env = os.environ | {SUPERVISOR_VAR: f"{os.getpid()}:{write}", "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+        env = os.environ | {
+            SUPERVISOR_VAR: f"{os.getpid()}:{write}",
+            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_folder.path),
+        }
         try:
             proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
         except OSError:
@@ -269,7 +271,7 @@ class Supervisor:
                 self.count,
                 self.port,
                 extra={"event": "supervising", "port": self.port, "metrics_port": self.metrics_port,
-                       "health_port": self.ports[1].getsockname()[1] if len(self.ports) > 1 else None,
+                       "health_port": self.ports[1].port if len(self.ports) > 1 else None,
                        "workers": self.count, "threads": self.threads},
             )  # fmt: skip
             for index in range(self.count):
@@ -467,10 +469,10 @@ class Supervisor:
     def _close(self) -> None:
         if self.metrics_http is not None:
             stop_http(self.metrics_http)
-        for holder in self.ports:
-            holder.close()
+        for reservation in self.ports:
+            reservation.close()
         self.selector.close()
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_folder.remove()
 
 
 def supervise(settings: Settings, argv: list[str], count: int) -> int:

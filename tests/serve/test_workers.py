@@ -3,6 +3,7 @@ and restarts one that dies; WORKERS=1 stays one process."""
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from edgedistill.common import machine
 from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
-from edgedistill.serve.settings import Settings, SettingsError
+from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -28,6 +29,7 @@ from tests.conftest import wait_until
 from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
 from tests.serve.test_operations import corrupt, metric
+from tests.serve.test_ports import has_ipv6_loopback
 
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
 CHANNELS = 16  # connections opened to find every worker: both are reached with probability 1 - 2**-15
@@ -84,6 +86,18 @@ def test_two_workers_answer_on_one_port(two_workers):
     _, serving = two_workers
     pids = {pid for pid, _ in answering_pids(serving["port"])}
     assert pids == set(serving["workers"])
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_workers_on_localhost_answer_on_both_loopback_addresses(spawn, tmp_path):
+    server = spawn(write_bundle(tmp_path / "bundle"), "--host", "localhost", EDGEDISTILL_WORKERS="2")
+    serving = server.wait_for("workers_serving", timeout=60)
+    answered = []
+    for address in (f"127.0.0.1:{serving['port']}", f"[::1]:{serving['port']}"):
+        with grpc.insecure_channel(address) as channel:
+            info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            answered.append(info.pid in serving["workers"])
+    assert answered == [True, True]
 
 
 def test_the_metrics_endpoint_sums_over_the_workers(two_workers):
@@ -493,85 +507,36 @@ def temp_root(tmp_path, monkeypatch):
     return tmp_path
 
 
-def gone_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
 def test_a_killed_supervisors_metrics_folder_is_removed_by_the_next_start(temp_root):
-    left = temp_root / f"edgedistill-metrics-{gone_pid()}-abc"
+    left = temp_root / "edgedistill-metrics-abc"  # no process holds its lock
     left.mkdir()
-    workers.metrics_folder()
+    workers.MetricsFolder().remove()
     assert not left.exists()
 
 
-def test_a_metrics_folder_of_this_pid_is_a_predecessors_and_is_removed(temp_root):
-    left = temp_root / f"edgedistill-metrics-{os.getpid()}-abc"
-    left.mkdir()
-    workers.metrics_folder()
-    assert not left.exists()
-
-
-def test_a_running_supervisors_metrics_folder_is_kept(temp_root):
-    running = temp_root / f"edgedistill-metrics-{os.getppid()}-abc"
+def test_a_metrics_folder_a_live_supervisor_locks_is_kept_whatever_its_pid(temp_root):
+    running = temp_root / "edgedistill-metrics-abc"
     running.mkdir()
-    workers.metrics_folder()
+    held = os.open(running, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a supervisor in another container holds it, pid 1 in its own namespace
+    workers.MetricsFolder().remove()
+    os.close(held)
     assert running.exists()
 
 
-def test_the_metrics_folder_is_named_after_the_supervisors_pid(temp_root):
-    assert workers.metrics_folder().name.startswith(f"edgedistill-metrics-{os.getpid()}-")
+def test_a_new_metrics_folder_is_locked_while_its_supervisor_lives(temp_root):
+    folder = workers.MetricsFolder()
+    other = os.open(folder.path, os.O_RDONLY | os.O_DIRECTORY)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(other)
+    folder.remove()
 
 
-def test_every_address_on_a_kernel_without_ipv6_binds_every_ipv4_address(monkeypatch):
-    real = socket.socket
-
-    def no_ipv6(family=socket.AF_INET, *args, **kwargs):  # as on a kernel booted with ipv6.disable=1
-        if family == socket.AF_INET6:
-            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
-        return real(family, *args, **kwargs)
-
-    monkeypatch.setattr(workers.socket, "socket", no_ipv6)
-    with workers.reserve_port("[::]", 0) as held:
-        assert held.getsockname()[0] == "0.0.0.0"
-
-
-def cut_connection_port(reuseport: bool) -> int:
-    """A loopback port that nothing holds, left with a connection in TIME_WAIT on the server's side, as a drain that
-    cut its calls leaves one: the listener bound as gRPC binds it (SO_REUSEADDR; SO_REUSEPORT as a worker)."""
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuseport))
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
-            accepted, _ = listener.accept()
-            accepted.close()  # the server closes first: its side waits in TIME_WAIT
-            client.recv(1)
-    return port
-
-
-@pytest.mark.parametrize("reuseport", [False, True], ids=["after one process", "after workers"])
-def test_a_port_left_with_cut_connections_is_reserved_for_a_restart(reuseport):
-    port = cut_connection_port(reuseport)
-    with workers.reserve_port("127.0.0.1", port) as held:
-        assert held.getsockname()[1] == port
-
-
-def test_a_port_a_listener_holds_as_grpc_binds_it_is_refused():
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        with pytest.raises(SettingsError, match="cannot bind"):
-            workers.reserve_port("127.0.0.1", listener.getsockname()[1])
-
-
-def test_a_port_another_supervisor_reserved_is_refused():
-    with workers.reserve_port("127.0.0.1", 0) as held, pytest.raises(SettingsError, match="cannot bind"):
-        workers.reserve_port("127.0.0.1", held.getsockname()[1])
+def test_a_removed_metrics_folder_is_gone(temp_root):
+    folder = workers.MetricsFolder()
+    folder.remove()
+    assert not folder.path.exists()
 
 
 def test_a_worker_process_that_cannot_be_made_leaves_no_descriptor_open(bundle, temp_root, monkeypatch):
