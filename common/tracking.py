@@ -25,6 +25,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 
+from edgedistill.common import locks
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 
 INSTALL = "pip install 'edgedistill[tracking]'"
@@ -82,25 +83,26 @@ class TensorBoardTracker(Tracker):
 
 
 class MlflowTracker(Tracker):
-    """One MLflow run in a SQLite store; curves are metric histories, final metrics the run's last values."""
+    """One MLflow run in a SQLite store; curves are metric histories, final metrics the run's last values.
+
+    Processes open the store one at a time (a lock file beside it): the first makes its tables and the experiment,
+    which MLflow does without a lock of its own, so that parallel students (`distill --jobs`) opening a new store
+    at once failed in its migrations. Their later writes are SQLite's to serialise."""
 
     def __init__(self, folder: Path, experiment: str, run_name: str, tags: dict[str, str]):
         from mlflow.entities import Metric
-        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        folder.mkdir(parents=True, exist_ok=True)
         self._metric = Metric
-        self.client = MlflowClient(tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}")
-        found = self.client.get_experiment_by_name(experiment)
-        if found is None:
-            try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with locks.exclusive(folder / ".store.lock", "mlflow store"):
+            self.client = MlflowClient(tracking_uri=f"sqlite:///{(folder / 'mlflow.db').resolve()}")
+            found = self.client.get_experiment_by_name(experiment)
+            if found is None:
                 experiment_id = self.client.create_experiment(experiment, (folder / "artifacts").resolve().as_uri())
-            except MlflowException:  # another process (a parallel student) created it meanwhile
-                experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
-        else:
-            experiment_id = found.experiment_id
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+            else:
+                experiment_id = found.experiment_id
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
 
     def log(self, metrics: dict, step: int) -> None:
         now = int(time.time() * 1000)

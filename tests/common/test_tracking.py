@@ -1,6 +1,7 @@
 """Experiment tracking: a training stage's curves and final metrics in TensorBoard event files and an MLflow store,
 nothing for `tracking: none`, and a clear error when the recipe's backend is not installed."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,6 +128,45 @@ def test_mlflow_holds_the_training_loss_curve(mlflow_runs):
 def test_mlflow_holds_the_published_metrics(mlflow_runs):
     _, runs = mlflow_runs
     assert runs["tiny"].data.metrics["steps"] == STEPS
+
+
+OPEN_RUN = """
+import sys
+from pathlib import Path
+from edgedistill.common.tracking import MlflowTracker
+
+tracker = MlflowTracker(Path(sys.argv[1]), "r", sys.argv[2], {})
+tracker.log({"loss": 1.0}, 1)
+tracker.close(False)
+"""
+AT_ONCE = 4
+
+
+@pytest.fixture(scope="module")
+def opened_at_once(tmp_path_factory):
+    """Processes that opened one new MLflow store at once, as parallel students do: (their exit statuses, the
+    names of the store's finished runs)."""
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path_factory.mktemp("at-once") / "mlruns"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPEN_RUN, str(store), f"student-{i}"], stderr=subprocess.DEVNULL)
+        for i in range(AT_ONCE)
+    ]
+    statuses = [proc.wait(timeout=300) for proc in procs]
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("r").experiment_id])
+    return statuses, sorted(run.info.run_name for run in runs if run.info.status == "FINISHED")
+
+
+def test_processes_opening_a_new_mlflow_store_at_once_all_succeed(opened_at_once):
+    statuses, _ = opened_at_once
+    assert statuses == [0] * AT_ONCE
+
+
+def test_processes_opening_a_new_mlflow_store_at_once_each_finish_a_run(opened_at_once):
+    _, names = opened_at_once
+    assert names == [f"student-{i}" for i in range(AT_ONCE)]
 
 
 def test_tracking_none_writes_no_tracking_folder(recipe):
