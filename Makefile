@@ -63,7 +63,7 @@ help:  ## list the targets and the variables they take
 all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then its headline figures
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE)
-	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
+	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--cascade $(CASCADE))
 	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
 	$(ED) report $(RECIPE)
 	@$(ED) headline $(RECIPE)
@@ -201,7 +201,7 @@ scaling-bench: bundles  ## BUNDLE behind the server with 1, 2 and one worker per
 	$(ED) bench scaling $(RECIPE) --bundle $(BUNDLE) $(SCALING_BENCH_ARGS)
 
 serve-cascade: bundles  ## the recipe's cascade (CASCADE, default the deployed one, else the first) against its last member served alone
-	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--name $(CASCADE))
+	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--cascade $(CASCADE))
 
 serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both APIs, against the bundle's own predictions and dev accuracy
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE) --check

@@ -73,12 +73,14 @@ def run_cascade(recipe, args) -> int:
     from edgedistill.bench import cascade
     from edgedistill.common.runtime import cascade_missing_here
 
-    if args.name is None and not (recipe.export and recipe.export.cascades):
+    if args.cascade is None and not (recipe.export and recipe.export.cascades):
         print(f"[serve-cascade] none: recipe {recipe.name} has no export.cascades")
         return 0
-    name = cascade.default_name(recipe, args.name)
-    if args.name is None and (absent := cascade_missing_here(recipe.export, name)):  # as `export bundles` left it out
-        print(f"[serve-cascade] none here: cascade {name}'s {absent} (name it with --name for the whole error)")
+    name = cascade.default_name(recipe, args.cascade)
+    if args.cascade is None and (
+        absent := cascade_missing_here(recipe.export, name)
+    ):  # as `export bundles` left it out
+        print(f"[serve-cascade] none here: cascade {name}'s {absent} (name it with --cascade for the whole error)")
         return 0
     cascade.stage(recipe, name).run(args.force)
     return 0
@@ -151,7 +153,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     checked.set_defaults(command_run=run_accuracy)
     paired = add_command(commands, "cascade", "a cascade against its last member served alone: capacity, paced p99")
     add_recipe_argument(paired, "bench cascade")
-    paired.add_argument("--name", help="the cascade (default: export.deploy if it is one, else the first)")
+    paired.add_argument(
+        "--cascade",
+        help="the cascade, by its key in export.cascades (default: export.deploy if it is one, else the first)",
+    )
     paired.add_argument("--force", action="store_true", help="measure again even if up to date")
     paired.set_defaults(command_run=run_cascade)
     peers = add_command(commands, "peers", "the server against KServe's ModelServer and MLServer, by h2load")

@@ -1,6 +1,6 @@
 """A cascade behind the server against its last member served alone, same client, same texts.
 
-`python -m bench cascade RECIPE [--name CASCADE]` starts the server twice (one process each, the same
+`python -m bench cascade RECIPE [--cascade NAME]` starts the server twice (one process each, the same
 settings as `bench serving`): on the cascade folder and on its last member's bundle. Interleaved, for
 `bench.serving.repeats` rounds, the two in an order rotated each round (`bench.drivers.rotated`): capacity
 (single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time

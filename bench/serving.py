@@ -225,7 +225,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
     if is_cascade(bundle_folder):
         raise BenchError(
             f"{bundle_folder} is a cascade: its members have no single backend for the raw and bare phases; measure it "
-            "with `edgedistill bench cascade RECIPE --name NAME` (NAME: its key in export.cascades; without --name, "
+            "with `edgedistill bench cascade RECIPE --cascade NAME` (NAME: its key in export.cascades; without --cascade, "
             "the deployed cascade, else the first)"
         )
     bundle = load_bundle(bundle_folder)

@@ -75,7 +75,7 @@ def test_make_soak_runs_the_soak_profile(tmp_path):
 
 
 def test_make_all_measures_the_cascade_given(tmp_path):
-    assert f"bench cascade {tmp_path / 'mine.yaml'} --name fast\n" in make_dry_run(tmp_path, "all", "CASCADE=fast")
+    assert f"bench cascade {tmp_path / 'mine.yaml'} --cascade fast\n" in make_dry_run(tmp_path, "all", "CASCADE=fast")
 
 
 def make_refusal(*args: str) -> subprocess.CompletedProcess:

@@ -106,9 +106,9 @@ def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_ze
 
 
 def test_bench_serving_of_a_cascade_not_deployed_names_the_option_that_measures_it(deployed_cascade_run, capsys):
-    # the cascade benchmark measures the deployed cascade, else the first, unless --name says which
+    # the cascade benchmark measures the deployed cascade, else the first, unless --cascade says which
     main(["serving", str(SMOKE), "--bundle", str(deployed_cascade_run[0])])
-    assert "`edgedistill bench cascade RECIPE --name NAME`" in capsys.readouterr().err
+    assert "`edgedistill bench cascade RECIPE --cascade NAME`" in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -116,6 +116,11 @@ def empty_runs(tmp_path, monkeypatch):
     for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+
+
+def test_bench_cascade_takes_name_as_the_run_name_as_every_command_does(empty_runs, capsys):
+    main(["cascade", str(SMOKE), "--name=other-run"])  # as `edgedistill all RECIPE --name=other-run` forwards it
+    assert "other-run/bundle-bilstm-cascade is not a finished artifact" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks a cascade this machine cannot run: its onnxruntime offers no CUDA")
@@ -130,8 +135,8 @@ def test_bench_cascade_of_a_deployed_cascade_this_machine_cannot_run_names_the_m
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks a cascade this machine cannot run: its onnxruntime offers no CUDA")
-def test_bench_cascade_named_with_name_that_this_machine_cannot_run_fails(empty_runs):
-    assert main(["cascade", str(SMOKE), *GPU_DEPLOYED, "--name=gpu-cascade"]) == 2
+def test_bench_cascade_named_with_cascade_that_this_machine_cannot_run_fails(empty_runs):
+    assert main(["cascade", str(SMOKE), *GPU_DEPLOYED, "--cascade=gpu-cascade"]) == 2
 
 
 @pytest.fixture(scope="module")
