@@ -24,7 +24,7 @@ from typing import TextIO
 
 import grpc
 import numpy as np
-from edgedistill.common.arguments import count
+from edgedistill.common.arguments import count, input_file
 from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
 from edgedistill.serve import tensors
@@ -39,6 +39,9 @@ MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 # For a server that does not say its limits: its default MAX_TEXTS, and half its default MAX_MESSAGE_BYTES
 MAX_TEXTS = Settings.model_fields["max_texts"].default
+# what a text costs in a call beyond its UTF-8 bytes: a field tag and length (Classify), a 4-byte length (KServe's
+# raw contents); short texts add more in these than in text
+WIRE_BYTES = 8
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
 # How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
@@ -360,6 +363,8 @@ def lines_of(path: Path, stdin: TextIO) -> list[str]:
     order mark, as Windows tools write, is dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also
     end one at a form feed, U+0085 or U+2028, characters a text may hold."""
     if str(path) == "-":
+        if stdin is None:  # started with stdin closed (`<&-`)
+            raise UsageError("stdin is closed: give the texts as arguments, --file or --tsv")
         if stdin.isatty():  # else a call without texts would seem to hang
             print("reading texts from the terminal, one per line; end them with Ctrl-D", file=sys.stderr, flush=True)
         if hasattr(stdin, "buffer"):
@@ -523,11 +528,12 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
 
 
 def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_bytes: int) -> Iterator[slice]:
-    """Consecutive slices of at most `batch_size` texts whose UTF-8 bytes (their pairs' included) add up to at most
-    `batch_bytes`; a text longer than that on its own is a batch of one, for the server to take or refuse."""
+    """Consecutive slices of at most `batch_size` texts whose bytes on the wire (UTF-8 and WIRE_BYTES each, their
+    pairs' included) add up to at most `batch_bytes`; a text longer than that on its own is a batch of one, for the
+    server to take or refuse."""
     start, size = 0, 0
     for i, text in enumerate(texts):
-        length = len(text.encode()) + (0 if pairs is None else len(pairs[i].encode()))
+        length = WIRE_BYTES + len(text.encode()) + (0 if pairs is None else WIRE_BYTES + len(pairs[i].encode()))
         if i > start and (i - start == batch_size or size + length > batch_bytes):
             yield slice(start, i)
             start, size = i, 0
@@ -638,14 +644,14 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "texts", nargs="*", type=_utf8, help="texts to classify (default: --file, else one per line on stdin)"
     )
     parser.add_argument(
-        "--file", type=Path, action="append", help="a file with one text per line ('-': stdin); repeatable"
+        "--file", type=input_file, action="append", help="a file with one text per line ('-': stdin); repeatable"
     )
     parser.add_argument(
         "--pair", action="append", type=_utf8, help="the second text of a pair, one per text in order; repeatable"
     )
     parser.add_argument(
         "--tsv",
-        type=Path,
+        type=input_file,
         action="append",
         help="text pairs, text<TAB>pair on each line, or the --columns (no quoting; further fields ignored; '-': "
         "stdin); repeatable",
@@ -662,7 +668,8 @@ def build_parser(prog: str = "python -m serve.client") -> argparse.ArgumentParse
         "--batch-bytes",
         type=count,
         metavar="N",
-        help="bytes of text per call, below the server's MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
+        help=f"bytes per call (each text's UTF-8 and {WIRE_BYTES}), below the server's MAX_MESSAGE_BYTES; a longer "
+        "text goes alone (default: half "
         f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",
     )
     parser.add_argument(
@@ -761,7 +768,11 @@ def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
 
 
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.client") -> int:
-    args = build_parser(prog).parse_args(argv)
+    # intermixed: texts may follow options, as `TEXT --pair PAIR TEXT --pair PAIR` does
+    args = build_parser(prog).parse_intermixed_args(argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): every answer would be lost
+        print(f"{prog}: stdout is closed: nowhere to write the answers", file=sys.stderr)
+        return 2
     try:
         check_arguments(args)
         token = args.token or environ_token(args.reload is not None)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from edgedistill.serve import client as cli
 
-from tests.serve.conftest import settings_for
+from tests.serve.conftest import settings_for, write_bundle
 from tests.serve.test_cascade import TEXTS, make_cascade
 from tests.serve.test_client import unused_address
 from tests.serve.test_operations import ADMIN_TOKEN
@@ -322,13 +322,54 @@ def test_without_batch_bytes_long_texts_go_in_calls_within_the_message_limit_the
 
 def test_batches_close_at_the_count_or_the_bytes_whichever_comes_first():
     texts = ["aaaa", "bb", "cc", "d", "eeeeeeeee", "f"]
-    spans = [(b.start, b.stop) for b in cli.batches(texts, None, batch_size=3, batch_bytes=6)]
+    budget = 2 * cli.WIRE_BYTES + 6
+    spans = [(b.start, b.stop) for b in cli.batches(texts, None, batch_size=3, batch_bytes=budget)]
     assert spans == [(0, 2), (2, 4), (4, 5), (5, 6)]
 
 
 def test_batch_bytes_count_the_pairs_too():
-    spans = [(b.start, b.stop) for b in cli.batches(["ab", "cd"], ["ef", "gh"], batch_size=8, batch_bytes=6)]
+    budget = 2 * cli.WIRE_BYTES + 6  # two texts without their pairs
+    spans = [(b.start, b.stop) for b in cli.batches(["ab", "cd"], ["ef", "gh"], batch_size=8, batch_bytes=budget)]
     assert spans == [(0, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_many_short_texts_go_in_calls_within_the_message_limit_the_server_gives(start_server, tmp_path, capsys, api):
+    # what each text costs on the wire beyond its one byte would take a call of half the limit's bytes over it
+    server = start_server(settings_for(write_bundle(tmp_path / "bundle"), max_texts=1024, max_message_bytes=1024))
+    path = tmp_path / "short.txt"
+    path.write_text("a\n" * 1500)
+    code, _, err = run(capsys, "--address", server.address, "--file", str(path), *api)
+    assert code == 0, err
+
+
+def test_texts_may_follow_options_each_with_its_pair(served_pairs, capsys):
+    argv = ["--address", served_pairs.address, "good", "--pair", "awful", "awful", "--pair", "fun"]
+    _, out, _ = run(capsys, *argv)
+    assert [(p["text"], p["pair"]) for p in json.loads(out)["predictions"]] == [("good", "awful"), ("awful", "fun")]
+
+
+def test_a_file_named_dash_given_as_such_is_read_not_stdin(served, tmp_path, capsys, monkeypatch):
+    (tmp_path / "-").write_text("from the file\n")
+    monkeypatch.chdir(tmp_path)
+    _, out, _ = run(capsys, "--address", served.address, "--file", "./-", stdin="from stdin\n")
+    assert [p["text"] for p in json.loads(out)["predictions"]] == ["from the file"]
+
+
+def test_a_closed_stdin_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # as `<&-` starts it
+    assert cli.main(["--address", unused_address()]) == 2
+
+
+def test_a_closed_stdin_is_named_in_the_error(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)
+    cli.main(["--address", unused_address()])
+    assert "stdin is closed" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_is_a_usage_error_before_any_call(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)  # as `>&-` starts it: every answer would be lost
+    assert cli.main(["--address", unused_address(), "good"]) == 2
 
 
 class Terminal(io.StringIO):
