@@ -29,7 +29,14 @@ from edgedistill.common.cascade import (
     load_cascade,
     route,
 )
-from edgedistill.serve.errors import BatcherClosed, BundleRejected, InvalidInput, Overloaded, ServerFault
+from edgedistill.serve.errors import (
+    BatcherClosed,
+    BundleRejected,
+    InvalidInput,
+    Overloaded,
+    ServerFault,
+    UnreadableText,
+)
 from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings, env_name, flag_name
@@ -240,7 +247,10 @@ class CascadeRuntime:
                 reaching = taken
                 if not len(reaching):
                     break
-            logits[reaching] = await run(index, pick(texts, reaching), pick(pairs, reaching))
+            try:
+                logits[reaching] = await run(index, pick(texts, reaching), pick(pairs, reaching))
+            except UnreadableText as err:  # numbered among the rows that reached the member: name the request's
+                raise err.at(int(reaching[err.row]), f"cascade member {self.ids[index]}'s tokenizer") from None
             answered[reaching] = index
             if member.threshold is None:
                 break

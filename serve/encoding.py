@@ -8,7 +8,7 @@ from edgedistill.common import segments
 from edgedistill.common.bundle import Bundle
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style, as_served
-from edgedistill.serve.errors import BundleRejected, InvalidInput
+from edgedistill.serve.errors import BundleRejected, UnreadableText
 from tokenizers import Tokenizer
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -84,17 +84,14 @@ class TextEncoder:
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> list[dict[str, np.ndarray]]:
         """One row per text (and pair), written in the text style first; a text or pair that gives no token but the
-        special ones is `InvalidInput`."""
+        special ones is `UnreadableText`."""
         texts, pairs = as_served(texts, self.text_style), as_served(pairs, self.text_style)
         batch = texts if pairs is None else list(zip(texts, pairs, strict=True))
         rows = []
         for i, enc in enumerate(self.tokenizer.encode_batch_fast(batch)):  # _fast: no character offsets
             for side, kind in enumerate(("text", "text pair")[: 1 if pairs is None else 2]):
                 if side not in enc.sequence_ids:  # e.g. only the control or zero-width characters BERT drops
-                    raise InvalidInput(
-                        f"{kind} {i} holds nothing the tokenizer keeps (only characters it drops, such as control "
-                        f"or zero-width ones{self._markup_note}): the model would see an empty text"
-                    )
+                    raise UnreadableText(i, kind, self._markup_note)
             types = enc.type_ids
             if pairs is not None and self.pair_segments == "sequence_ids":
                 types = segments.from_sequence_ids(enc.sequence_ids)

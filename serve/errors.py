@@ -21,6 +21,21 @@ class InvalidInput(ServeError):
     """A request that is malformed or out of range."""
 
 
+class UnreadableText(InvalidInput):
+    """Text `row` of a request (or its pair: `kind`) gives no token but the special ones to `reader`'s tokenizer."""
+
+    def __init__(self, row: int, kind: str, note: str = "", reader: str = "the tokenizer"):
+        super().__init__(
+            f"{kind} {row} holds nothing {reader} keeps (only characters it drops, such as control or zero-width "
+            f"ones{note}): the model would see an empty text"
+        )
+        self.row, self.kind, self.note = row, kind, note
+
+    def at(self, row: int, reader: str) -> "UnreadableText":
+        """The same error for the request's text `row`, read by `reader` (a cascade member that got some rows)."""
+        return UnreadableText(row, self.kind, self.note, reader)
+
+
 class TooLarge(ServeError):
     """A request over a size limit (texts per request), like gRPC's own message size limit: split it;
     sent again unchanged it fails again."""

@@ -807,3 +807,27 @@ def test_two_workers_serve_a_cascade(spawn, cascade):
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         reply = stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10, wait_for_ready=True)
     assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
+
+
+@pytest.fixture(scope="module")
+def mixed_styles(tmp_path_factory):
+    """A cascade served whose teacher writes texts in the `ptb_lower` style, which removes HTML markup, and whose
+    student keeps them raw: a markup-only text is escalated by the student and read as nothing by the teacher."""
+    folder = tmp_path_factory.mktemp("styles")
+    student = write_bundle(folder / "student")
+    teacher = write_bundle(folder / "teacher", bias=0.5, text_style="ptb_lower")
+    server = RunningServer(settings_for(write_cascade(folder / "c", {STUDENT: student, TEACHER: teacher}, [THRESHOLD])))
+    yield server
+    server.close()
+
+
+def test_a_text_a_later_member_reads_as_nothing_is_named_by_its_place_in_the_request(mixed_styles):
+    with mixed_styles.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[*SURE[:2], "<br />"]))
+    assert "text 2 holds nothing cascade member teacher's tokenizer keeps" in refused.value.details()
+
+
+def test_a_text_a_later_member_reads_as_nothing_is_an_invalid_argument(mixed_styles):
+    with mixed_styles.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[*SURE[:2], "<br />"]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
