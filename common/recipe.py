@@ -342,6 +342,39 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1 reads 010 as 8
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")  # ... and 1:30 as 90
+
+
+class AmbiguousNumber(yaml.constructor.ConstructorError):
+    """A number YAML 1.1 reads in a base no one means: `010` as octal 8, `1:30` as base-60 90."""
+
+    def __init__(self, written: str, parsed, mark):
+        base, fix = (
+            ("an octal", "without its leading 0") if _OCTAL.fullmatch(written) else ("a base-60", "as one number")
+        )
+        super().__init__(
+            None,
+            None,
+            f"YAML 1.1 reads {written} as {base} number, {parsed}: write it {fix} ({parsed} if that is the one meant), "
+            "or quote it to give it as text",
+            mark,
+        )
+        self.written = written
+
+
+def _number(construct):
+    """A constructor of YAML numbers that refuses `AmbiguousNumber`s."""
+
+    def number(loader: "_Loader", node: yaml.ScalarNode):
+        parsed = construct(loader, node)
+        if _OCTAL.fullmatch(node.value) or _SEXAGESIMAL.fullmatch(node.value):
+            raise AmbiguousNumber(node.value, parsed, node.start_mark)
+        return parsed
+
+    return number
+
+
 def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
     if not isinstance(node, yaml.MappingNode):
         raise yaml.constructor.ConstructorError(
@@ -351,6 +384,8 @@ def _replace_tag(loader: _Loader, node: yaml.Node) -> _Replace:
 
 
 _Loader.add_constructor("!replace", _replace_tag)
+_Loader.add_constructor("tag:yaml.org,2002:int", _number(yaml.SafeLoader.construct_yaml_int))
+_Loader.add_constructor("tag:yaml.org,2002:float", _number(yaml.SafeLoader.construct_yaml_float))
 
 
 def _localize(value, variables: dict[str, str], folder: Path | None, where: str):
@@ -399,8 +434,10 @@ def apply_override(raw: dict, dotted: str, value) -> None:
     *parents, leaf = dotted.split(".")
     node = raw
     for depth, key in enumerate(parents):
-        child = node.setdefault(key, Overridden())
         where = ".".join(parents[: depth + 1])
+        if value is None and key not in node:
+            raise RecipeError(f"override --{dotted}=null drops nothing: the recipe has no {where}")
+        child = node.setdefault(key, Overridden())
         if child is None:
             raise RecipeError(
                 f"override --{dotted}: the recipe sets {where} to null, so it has no {where} to set a key of: write "
@@ -439,19 +476,22 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     return out
 
 
-_OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1 reads 010 as 8
-_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")  # ... and 1:30 as 90
-
-
 def _scalar(key: str, value: str):
-    """An override's value as YAML reads it; one it would read as an octal or sexagesimal number is refused."""
-    parsed = yaml.safe_load(value)
-    number = isinstance(parsed, int | float) and not isinstance(parsed, bool)
-    if number and (_OCTAL.fullmatch(value) or _SEXAGESIMAL.fullmatch(value)):
-        base, fix = ("an octal", "without its leading 0") if _OCTAL.fullmatch(value) else ("a base-60", "as one number")
+    """An override's value as YAML reads it; one holding a number YAML 1.1 reads in another base
+    (`AmbiguousNumber`), or ending in what YAML takes for a comment (` #...`, which it drops), is refused."""
+    loader = _Loader(value)
+    try:
+        node = loader.get_single_node()
+        parsed = None if node is None else loader.construct_document(node)
+    except AmbiguousNumber as err:
+        quoted = f"--{key}='\"{value}\"'" if err.written == value.strip() else f"'\"{err.written}\"'"
+        raise RecipeError(f"override --{key}: {err.problem}: {quoted}") from None
+    finally:
+        loader.dispose()
+    if (rest := value[node.end_mark.index :] if node is not None else value).strip():
         raise RecipeError(
-            f"override --{key}: YAML 1.1 reads {value} as {base} number, {parsed}: write it {fix} ({parsed} if that "
-            f"is the one meant), or quote it to give it as text: --{key}='\"{value}\"'"
+            f"override --{key}: YAML reads {rest.strip()!r} as a comment and would drop it: quote the value to keep "
+            f"it whole: --{key}='\"{value}\"'"
         )
     return parsed
 
@@ -556,9 +596,11 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
     base.pop("name", None)
     base_written.pop("name", None)
     try:
-        return _merge(base, raw), base_written | written
+        merged = _merge(base, raw)
     except RecipeError as err:
         raise RecipeError(f"{path}: {err}") from None
+    present = set(_settings_in(merged))  # not a key this recipe dropped (`key: null`, `!replace`)
+    return merged, {key: source for key, source in (base_written | written).items() if key in present}
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
@@ -614,24 +656,46 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     if "name" not in raw:
         raw["name"] = path.stem
         origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
-    for variable, key in settings.ENV_OVERRIDES.items():
-        if os.environ.get(variable) and key not in (overrides or {}):
-            apply_override(raw, key, os.environ[variable])
-            origins[key] = settings.env_source(key)
     variables = settings.variables()
     made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
+        if key == "extends":
+            raise RecipeError(
+                f"{path}: override --extends: a recipe file names the recipe it extends (`extends:`), which the "
+                "command line cannot change: write a recipe that extends the one meant"
+            )
         made.update(_misspelt_section(raw, key))
         try:
             apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
         except RecipeError as err:
             raise RecipeError(f"{path}: {err}") from None
         origins.pop(key, None)
+    # after the command line's overrides, which win only where they set the key: `--runtime={precision: fp32}`
+    # keeps EDGEDISTILL_DEVICE
+    for variable, key in settings.ENV_OVERRIDES.items():
+        if os.environ.get(variable) and not _sets(overrides or {}, key):
+            apply_override(raw, key, os.environ[variable])
+            origins[key] = settings.env_source(key)
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
         problems = [_problem(e, origins, made) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
+
+
+def _sets(overrides: dict[str, object], dotted: str) -> bool:
+    """Whether `overrides` set the key `dotted`: by its name, or in a mapping given for a section above it."""
+    for key, value in overrides.items():
+        if key == dotted:
+            return True
+        if dotted.startswith(f"{key}.") and isinstance(value, dict):
+            node = value
+            *parents, leaf = dotted.removeprefix(f"{key}.").split(".")
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and leaf in node:
+                return True
+    return False
 
 
 def needless(path: str | Path, overrides: dict[str, object], keys) -> list[str]:
@@ -704,7 +768,8 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
-    loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"]  # the mapping, not the name YAML misread
+    # the mapping, not the name YAML misread
+    loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"][:-1] if _unquoted_key(error) else error["loc"]
     key = ".".join(str(p) for p in loc if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
     hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
@@ -723,10 +788,11 @@ def _message(error: dict) -> str:
         return f"unknown key: {did_you_mean(str(loc[-1]), keys)}{where} takes {', '.join(keys)}"
     if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":
         return f"{error['input']!r} is not a valid name: give {NAME_RULE} (it names a folder and a dotted key)"
-    if _unquoted_name(error):
+    if _unquoted_name(error) or _unquoted_key(error):
         name = error["input"]
         kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
-        return f'a name read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
+        what = "name" if _unquoted_name(error) else "key"
+        return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
@@ -737,6 +803,12 @@ def _unquoted_name(error: dict) -> bool:
     """Whether `error` is of a name in a mapping of named sections (a student, a bundle) that YAML read as a boolean,
     null or a number (`on:`, `1:`)."""
     return error["loc"][-1:] == ("[key]",) and error["type"] == "string_type"
+
+
+def _unquoted_key(error: dict) -> bool:
+    """Whether `error` is of a section's key that YAML read as a boolean, null or a number (`yes:`): pydantic names
+    it by its value (1 for true)."""
+    return error["type"] == "invalid_key"
 
 
 def run_dir(recipe: Recipe) -> Path:

@@ -4,7 +4,7 @@ They change no bundle, so the recipe's hash leaves them out; each measurement's 
 from typing import Literal, get_args
 
 from edgedistill.common.config.strict import Overridden, Strict
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationInfo, field_validator, model_validator
 
 Scenario = Literal["single", "batch", "stream", "kserve"]
 Profile = Literal["smoke", "steady", "step", "spike", "soak"]
@@ -124,8 +124,8 @@ class SpikeLoad(LoadProfile):
 class ModelBenchConfig(Strict):
     """The model benchmark (`python -m bench models`): every bundle beside the teacher in PyTorch eager."""
 
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 32], min_length=1)
-    seq_lens: list[int] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 32], min_length=1)
+    seq_lens: list[PositiveInt] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
     warmup: int = Field(10, ge=0)
     iterations: int = Field(100, gt=0)
     min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
@@ -216,7 +216,7 @@ class ScalingBenchConfig(H2loadBenchConfig):
     """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with each
     count of `workers` in turn, driven by h2load. A null target is not checked."""
 
-    workers: list[int] = Field(
+    workers: list[NonNegativeInt] = Field(
         [1, 2, 0],
         min_length=2,
         description="worker counts, the first the reference the others are compared with; 0: the server's default, "

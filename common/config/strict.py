@@ -27,7 +27,10 @@ RunName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*
 
 
 def _takes_a_number(annotation) -> bool:
-    """Whether a field of `annotation` takes a number and no boolean: `int`, `float`, or either or None."""
+    """Whether a field of `annotation` takes a number and no boolean: `int`, `float`, or either or None, constrained
+    or not (`PositiveInt`)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     args = set(typing.get_args(annotation)) if union else {annotation}
     return bool({int, float} & args) and bool not in args

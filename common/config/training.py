@@ -7,7 +7,7 @@ from typing import Literal
 from edgedistill.common.config.strict import Name, Strict
 from edgedistill.common.text import shows_nothing
 from edgedistill.common.textstyle import Style
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 Metric = Literal["accuracy", "macro_f1", "f1"]
 METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
@@ -361,7 +361,7 @@ class StudentConfig(Strict):
     num_layers: int = Field(1, ge=1)
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(1200, gt=0)
-    kernel_sizes: list[int] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
+    kernel_sizes: list[PositiveInt] = Field(default_factory=lambda: [3, 4, 5], min_length=1)
     num_filters: int = Field(100, gt=0)
     dropout: float = Field(0.1, ge=0, lt=1)
     pooling: Literal["max", "mean", "last"] = "max"

@@ -1427,3 +1427,81 @@ def test_a_positive_label_the_recipe_writes_itself_is_not_said_to_be_inherited(t
     with pytest.raises(RecipeError) as err:
         load_recipe(write(tmp_path, text))
     assert "comes from" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, number",
+    [
+        ("--bench.models.batch_sizes=[1,010]", "010"),
+        ("--finetune.optim={seed: 010}", "010"),
+        ("--x={a: [1:30]}", "1:30"),
+    ],
+)
+def test_an_override_holding_a_number_yaml_reads_in_another_base_is_refused(override, number):
+    with pytest.raises(RecipeError, match=rf"YAML 1\.1 reads {number} as an? (octal|base-60) number"):
+        parse_overrides([override])
+
+
+def test_a_recipe_holding_a_number_yaml_reads_as_octal_is_refused_naming_its_line(tmp_path):
+    with pytest.raises(RecipeError, match=r"(?s)YAML 1\.1 reads 010 as an octal number, 8.*line 3"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {seed: 010}}\n"))
+
+
+def test_a_quoted_number_in_another_base_is_text():
+    assert parse_overrides(["--x=['010']"]) == {"x": ["010"]}
+
+
+def test_an_override_value_yaml_would_cut_at_a_comment_is_refused():
+    with pytest.raises(RecipeError, match=r"override --data\.train: YAML reads '#1/train\.tsv' as a comment"):
+        parse_overrides(["--data.train=/tmp/my #1/train.tsv"])
+
+
+def test_a_hash_inside_a_word_stays_in_the_value():
+    assert parse_overrides(["--name=run#2"]) == {"name": "run#2"}
+
+
+def test_a_null_override_under_a_section_the_recipe_lacks_drops_nothing(tmp_path):
+    with pytest.raises(RecipeError, match=r"override --export\.cascades=null drops nothing: the recipe has no export"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--export.cascades=null"]))
+
+
+def test_the_device_variable_stays_beside_a_mapping_override_of_its_section(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    assert load_recipe(SMOKE, parse_overrides(["--runtime={precision: fp32}"])).runtime.device == "cpu"
+
+
+def test_a_mapping_override_that_sets_the_device_wins_over_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    assert load_recipe(SMOKE, parse_overrides(["--runtime={device: auto}"])).runtime.device == "auto"
+
+
+def test_an_extends_override_is_refused_saying_the_recipe_file_names_it():
+    with pytest.raises(RecipeError, match=r"override --extends: a recipe file names the recipe it extends"):
+        load_recipe(SMOKE, parse_overrides(["--extends=sst2"]))
+
+
+def test_a_key_a_recipe_replaced_away_is_not_said_to_come_from_its_base(tmp_path):
+    base = write(tmp_path, MINIMAL + "distill: {deploy: a, students: {a: {model: {arch: cnn}}}}\n", "base.yaml")
+    child = "extends: base.yaml\ndistill: !replace {students: {b: {model: {arch: cnn}}}}\n"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, child))
+    assert str(base) not in str(err.value)
+
+
+def test_a_section_key_yaml_read_as_a_boolean_is_named_as_written_by_its_section(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optim: a key read as a boolean, True: .*quote it"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {yes: 1}}\n"))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("--bench.models.batch_sizes=[1,0]", r"bench\.models\.batch_sizes\.1"),
+        ("--bench.models.seq_lens=[-1]", r"bench\.models\.seq_lens\.0"),
+        ("--bench.scaling.workers=[1,-1]", r"bench\.scaling\.workers\.1"),
+        ("--distill.students.cnn.model.kernel_sizes=[0]", r"distill\.students\.cnn\.model\.kernel_sizes\.0"),
+    ],
+)
+def test_a_list_item_out_of_range_is_refused_naming_it(override, key):
+    with pytest.raises(RecipeError, match=rf"{key}: Input should be greater than"):
+        load_recipe(SMOKE, parse_overrides([override]))
