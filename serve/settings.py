@@ -9,6 +9,7 @@ import argparse
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -326,9 +327,21 @@ class Settings(BaseModel):
 DIRECT = [("grpc.enable_http_proxy", 0)]
 
 
+# a gRPC target's naming scheme (`dns:///host:port`, `dns://resolver/host:port`, `ipv4:a:port,b:port`, `ipv6:...`)
+_TARGET_SCHEME = re.compile(r"^(?:dns:(?://[^/]*/)?|ipv4:|ipv6:)")
+
+
 def on_loopback(address: str) -> bool:
-    """Whether `address` (`host:port`, `[v6]:port`) names this machine's loopback, which no proxy can reach for it."""
-    host = address.rsplit(":", 1)[0].strip("[]")
+    """Whether `address` (`host:port`, `[v6]:port`, or a gRPC target: `dns:///host:port`, `ipv4:` and `ipv6:` lists,
+    `unix:` sockets) names this machine's loopback alone, which no proxy can reach for it."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    return all(
+        _loopback_host(part.rsplit(":", 1)[0].strip("[]")) for part in _TARGET_SCHEME.sub("", address).split(",")
+    )
+
+
+def _loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
     try:

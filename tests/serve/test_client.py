@@ -3,6 +3,7 @@ once it is gone, and not past its seconds."""
 
 import time
 
+import pytest
 from edgedistill.serve.client import Client, wait_ready
 
 from tests.conftest import free_port
@@ -44,7 +45,8 @@ def test_a_proxy_of_the_environment_is_not_asked_for_a_server_on_this_machine(se
     assert wait_ready(served.address, 5)
 
 
-def test_the_client_calls_a_server_on_this_machine_past_a_proxy_of_the_environment(served, monkeypatch):
+@pytest.mark.parametrize("target", ["{}", "dns:///{}", "ipv4:{}"], ids=["host:port", "dns", "ipv4"])
+def test_the_client_calls_a_server_on_this_machine_past_a_proxy_of_the_environment(served, monkeypatch, target):
     monkeypatch.setenv("http_proxy", f"http://{unused_address()}")
-    with Client(served.address, retries=0) as client:
+    with Client(target.format(served.address), retries=0) as client:
         assert len(client.classify(["a fine film"])["predictions"]) == 1

@@ -258,11 +258,34 @@ def test_the_connection_age_said_to_mean_never_is_grpcs_never():
     assert options["grpc.max_connection_age_ms"] == GRPC_INT_MAX
 
 
-@pytest.mark.parametrize("address", ["localhost:50051", "127.0.0.1:50051", "127.8.0.1:50051", "[::1]:50051"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "localhost:50051",
+        "127.0.0.1:50051",
+        "127.8.0.1:50051",
+        "[::1]:50051",
+        "dns:///localhost:50051",
+        "dns://8.8.8.8/localhost:50051",
+        "ipv4:127.0.0.1:50051,127.0.0.2:50051",
+        "ipv6:[::1]:50051",
+        "unix:/run/edgedistill.sock",
+    ],
+)
 def test_an_address_on_this_machines_loopback_is_called_straight(address):
     assert on_loopback(address)
 
 
-@pytest.mark.parametrize("address", ["example.com:50051", "10.0.0.5:50051", "[2001:db8::1]:50051", "0.0.0.0:50051"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "example.com:50051",
+        "10.0.0.5:50051",
+        "[2001:db8::1]:50051",
+        "0.0.0.0:50051",
+        "dns:///example.com:50051",
+        "ipv4:127.0.0.1:50051,10.0.0.5:50051",
+    ],
+)
 def test_an_address_off_the_loopback_keeps_the_environments_proxy(address):
     assert not on_loopback(address)
