@@ -355,10 +355,11 @@ def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
             f"cannot read {source}: it is UTF-16 text (it starts with a UTF-16 byte-order mark, as Notepad's "
             "'Unicode' and spreadsheets' 'Unicode text' write), not UTF-8; save it as UTF-8"
         )
-    return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start})")
+    line = err.object.count(b"\n", 0, err.start) + 1
+    return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start}, line {line})")
 
 
-def lines_of(path: Path, stdin: TextIO) -> list[str]:
+def lines_of(path: Path, stdin: TextIO, layout: str = "one text per line") -> list[str]:
     """The lines of `path` ('-': stdin's bytes, whatever the locale's encoding), which must be UTF-8 (a leading byte
     order mark, as Windows tools write, is dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also
     end one at a form feed, U+0085 or U+2028, characters a text may hold."""
@@ -366,7 +367,7 @@ def lines_of(path: Path, stdin: TextIO) -> list[str]:
         if stdin is None:  # started with stdin closed (`<&-`)
             raise UsageError("stdin is closed: give the texts as arguments, --file or --tsv")
         if stdin.isatty():  # else a call without texts would seem to hang
-            print("reading texts from the terminal, one per line; end them with Ctrl-D", file=sys.stderr, flush=True)
+            print(f"reading from the terminal, {layout}; end with Ctrl-D", file=sys.stderr, flush=True)
         if hasattr(stdin, "buffer"):
             text = _utf8_text(stdin.buffer.read(), "stdin")
         else:  # a text stream over no bytes (io.StringIO)
@@ -441,7 +442,8 @@ def numbered_pairs(
     rows = []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
-    lines = lines_of(path, stdin)
+    layout = "text<TAB>pair on each line" if columns is None else "the header line, then tab-separated fields"
+    lines = lines_of(path, stdin, layout)
     for number, line in enumerate(lines, 1):
         if number == 1 and columns:
             names = [name.strip() for name in line.split("\t")]

@@ -238,7 +238,7 @@ def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, ca
     path.write_bytes(b"good film\nbad \xff film\n")
     code, _, err = run(capsys, "--address", served.address, "--file", str(path))
     assert code == 2
-    assert f"cannot read {path}: it is not UTF-8 (invalid start byte at byte 14)" in err
+    assert f"cannot read {path}: it is not UTF-8 (invalid start byte at byte 14, line 2)" in err
 
 
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
@@ -379,7 +379,12 @@ class Terminal(io.StringIO):
 
 def test_texts_read_from_a_terminal_say_how_to_end_them(capsys):
     cli.read_texts(cli.build_parser("edgedistill call").parse_args([]), Terminal("good film\n"))
-    assert capsys.readouterr().err == "reading texts from the terminal, one per line; end them with Ctrl-D\n"
+    assert capsys.readouterr().err == "reading from the terminal, one text per line; end with Ctrl-D\n"
+
+
+def test_pairs_read_from_a_terminal_say_how_to_write_them(capsys):
+    cli.read_texts(cli.build_parser("edgedistill call").parse_args(["--tsv", "-"]), Terminal("good\tfilm\n"))
+    assert capsys.readouterr().err == "reading from the terminal, text<TAB>pair on each line; end with Ctrl-D\n"
 
 
 def test_texts_piped_in_are_read_without_a_word(capsys):
