@@ -458,8 +458,6 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels, first = [], [], [], None
     for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
-        if len(texts) == limit:
-            break
         first = first or number
         if missing := [c for c in columns if c not in row]:
             raise _missing_columns(source, (number, row), first, missing, cfg)
@@ -484,6 +482,8 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         labels.append(_label_index(label, names, where))
         if cfg.text_pair_column:
             pairs.append(_text(row[cfg.text_pair_column], where, cfg.text_pair_column, "every text needs its pair"))
+        if len(texts) == limit:  # before the next row is read, which may not even parse
+            break
     if not texts:
         raise DataError(f"{source}: no examples (the file is empty or holds only a header)")
     return Examples(texts, pairs if cfg.text_pair_column else None, labels, source)

@@ -391,6 +391,21 @@ def test_dev_limit_keeps_the_first_examples_reading_no_further(tmp_path):
     assert limited_splits(tmp_path)[1].texts == ["good"]
 
 
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("s.tsv", "sentence\tlabel\ngood\t1\nbad\t0\nsplit\tby a tab\t1\n"),
+        ("s.jsonl", '{"sentence": "good", "label": "1"}\n{"sentence": "bad", "label": "0"}\n{"sentence": \n'),
+    ],
+    ids=["tsv", "jsonl"],
+)
+def test_a_limit_reads_not_even_the_row_after_it(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    path = str(tmp_path / name)
+    train, _ = load_splits(CFG.model_copy(update={"train": path, "dev": path, "train_limit": 2, "dev_limit": 2}))
+    assert train.texts == ["good", "bad"]
+
+
 def write_labels(tmp_path, *cells, name="l.tsv") -> str:
     path = tmp_path / name
     path.write_text("question\tlabel\n" + "".join(f"what is it ?\t{cell}\n" for cell in cells))
