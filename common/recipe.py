@@ -435,7 +435,7 @@ def apply_override(raw: dict, dotted: str, value) -> None:
     node = raw
     for depth, key in enumerate(parents):
         where = ".".join(parents[: depth + 1])
-        if value is None and key not in node:
+        if value is None and key not in node and _drops_nothing(tuple(parents[: depth + 1]), (*parents, leaf)):
             raise RecipeError(f"override --{dotted}=null drops nothing: the recipe has no {where}")
         child = node.setdefault(key, Overridden())
         if child is None:
@@ -494,6 +494,18 @@ def _scalar(key: str, value: str):
             f"it whole: --{key}='\"{value}\"'"
         )
     return parsed
+
+
+def _drops_nothing(missing: tuple, target: tuple) -> bool:
+    """Whether a null for `target`, under the section `missing` that the recipe lacks, drops nothing: `target` is a
+    section, `missing` a new name among named sections (students, bundles, cascades) or no setting. A null for a
+    setting sets it, as any other value would (`--loadtest.soak.slo.min_rate_share=null`)."""
+    return (
+        schema.field_at(Recipe, missing) is None
+        or schema.names_sections(Recipe, missing[:-1])
+        or schema.section_at(Recipe, target) is not None
+        or schema.names_sections(Recipe, target)
+    )
 
 
 def _names_nothing(node: dict, key, loc: tuple) -> bool:

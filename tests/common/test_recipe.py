@@ -1465,6 +1465,26 @@ def test_a_null_override_under_a_section_the_recipe_lacks_drops_nothing(tmp_path
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--export.cascades=null"]))
 
 
+def test_a_null_override_under_a_section_every_recipe_has_sets_the_setting_over_its_default():
+    recipe = load_recipe(SMOKE, parse_overrides(["--loadtest.soak.slo.min_rate_share=null"]))
+    assert recipe.loadtest.soak.slo.min_rate_share is None
+
+
+def test_a_null_override_under_a_section_every_recipe_has_keeps_the_section_s_other_defaults():
+    recipe = load_recipe(SMOKE, parse_overrides(["--loadtest.soak.slo.min_rate_share=null"]))
+    assert recipe.loadtest.soak.slo.max_error_rate == load_recipe(SMOKE).loadtest.soak.slo.max_error_rate
+
+
+def test_a_null_override_of_a_setting_in_a_section_the_recipe_lacks_sets_it():
+    recipe = load_recipe(ROOT / "recipes" / "trec.yaml", parse_overrides(["--loadtest.smoke.slo.min_rate_share=null"]))
+    assert recipe.loadtest.smoke.slo.min_rate_share is None
+
+
+def test_a_null_override_under_a_named_section_the_recipe_lacks_drops_nothing():
+    with pytest.raises(RecipeError, match=r"override --export\.bundles\.nope\.fold=null drops nothing"):
+        load_recipe(SMOKE, parse_overrides(["--export.bundles.nope.fold=null"]))
+
+
 def test_the_device_variable_stays_beside_a_mapping_override_of_its_section(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
     assert load_recipe(SMOKE, parse_overrides(["--runtime={precision: fp32}"])).runtime.device == "cpu"
