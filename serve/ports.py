@@ -15,8 +15,8 @@ PICK_TRIES = 20  # port 0 on several addresses: a port free on the first may be 
 
 def bind_addresses(host: str) -> list[tuple[socket.AddressFamily, str]]:
     """The family and address of each socket gRPC binds for `host`: both loopback addresses for `localhost`, every
-    address another name resolves to, one for an address. Every address of a kernel without IPv6 (`::`, the default host, booted
-    with ipv6.disable=1) is every IPv4 one, as gRPC binds it."""
+    address another name resolves to, one for an address. Every address (`::`, the default host) of a kernel booted
+    with ipv6.disable=1 is every IPv4 one, as gRPC binds it."""
     bare = host.strip("[]")
     if bare == "::":
         try:
