@@ -36,7 +36,7 @@ from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.reflection import ReflectionServicer
-from edgedistill.serve.settings import GRPC_INT_MAX, Settings, SettingsError, host_port
+from edgedistill.serve.settings import GRPC_INT_MAX, NEVER_S, Settings, SettingsError, host_port
 from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
@@ -73,7 +73,8 @@ def loopback(host: str) -> bool:
 
 
 def _ms(seconds: float) -> int:
-    return min(int(seconds * 1000), GRPC_INT_MAX)
+    """A duration as gRPC's ms, NEVER_S or more (any finite float) as gRPC's never."""
+    return min(int(min(seconds, NEVER_S) * 1000), GRPC_INT_MAX)
 
 
 def connection_options(settings: Settings) -> list[tuple[str, int]]:

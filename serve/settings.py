@@ -145,6 +145,7 @@ class Settings(BaseModel):
     malloc_arenas: int | None = Field(
         None,
         ge=0,
+        le=GRPC_INT_MAX,  # mallopt takes a C int
         description="most glibc malloc arenas (M_ARENA_MAX): more keep freed memory per thread, so floods of "
         "traffic raise the server's memory further; unset: 2 where the C library is glibc; 0: glibc's default "
         "(8 per core); other values need glibc",

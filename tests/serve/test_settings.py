@@ -258,6 +258,26 @@ def test_the_connection_age_said_to_mean_never_is_grpcs_never():
     assert options["grpc.max_connection_age_ms"] == GRPC_INT_MAX
 
 
+TIME_OPTIONS = {
+    "handshake_timeout_s": "grpc.server_handshake_timeout_ms",
+    "connection_idle_s": "grpc.max_connection_idle_ms",
+    "connection_age_s": "grpc.max_connection_age_ms",
+    "connection_age_grace_s": "grpc.max_connection_age_grace_ms",
+    "keepalive_s": "grpc.keepalive_time_ms",
+}
+
+
+@pytest.mark.parametrize(("field", "option"), TIME_OPTIONS.items())
+def test_a_time_too_large_for_ms_as_a_float_is_grpcs_never(field, option):
+    options = dict(connection_options(load_settings([], {env_name(field): "1e306"})))
+    assert options[option] == GRPC_INT_MAX
+
+
+def test_a_malloc_arena_count_past_a_c_int_is_refused_naming_its_variable():
+    with pytest.raises(SettingsError, match="EDGEDISTILL_MALLOC_ARENAS"):
+        load_settings([], {"EDGEDISTILL_MALLOC_ARENAS": str(GRPC_INT_MAX + 1)})
+
+
 @pytest.mark.parametrize(
     "address",
     [
