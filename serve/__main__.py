@@ -10,18 +10,20 @@ log = logging.getLogger("serve")
 
 
 def exit_while_starting(number: int, frame) -> None:
-    """SIGTERM before the server (or supervisor) handles it itself: exit 0 at once, with nothing to drain. Not by an
-    exception: raised in the middle of an import, a library's import fallback can swallow it."""
+    """SIGTERM or SIGINT before the server (or supervisor) handles it itself: exit 0 at once, with nothing to drain.
+    Not by an exception: raised in the middle of an import, a library's import fallback can swallow it."""
     os._exit(0)
 
 
 def hold_signals() -> None:
     """Signals while the server starts, set before its imports, which take most of a second. A container's first
     process gets no signal it has no handler for, and Python sets none for SIGTERM: a server told to stop while it
-    starts would start serving, until SIGKILL. SIGHUP's default action ends the process: ignored until the server
-    handles it, before it reads its bundle, so no reload is lost."""
+    starts would start serving, until SIGKILL. SIGINT (Ctrl-C, which reaches a supervisor's workers too) stops it as
+    SIGTERM does, not with Python's KeyboardInterrupt. SIGHUP's default action ends the process: ignored until the
+    server handles it, before it reads its bundle, so no reload is lost."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, exit_while_starting)
+    signal.signal(signal.SIGINT, exit_while_starting)
+    signal.signal(signal.SIGTERM, exit_while_starting)  # last: a test waits for it to know both are set
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:

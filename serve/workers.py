@@ -387,7 +387,8 @@ class Supervisor:
                 continue
             self.workers.remove(worker)
             self._forget(worker)
-            drained = self.stopping and status in (0, -signal.SIGTERM)  # SIGTERM: still starting up
+            # killed by the signal: stopped before its handler was set (Ctrl-C reaches the workers too)
+            drained = self.stopping and status in (0, -signal.SIGTERM, -signal.SIGINT)
             killed_by = {"signal": signal_name(-status)} if status < 0 else {}
             log.log(
                 logging.INFO if drained else logging.ERROR,

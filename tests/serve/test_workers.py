@@ -296,6 +296,32 @@ def test_a_worker_killed_by_a_signal_is_logged_with_the_signal(killed_while_star
 
 
 @pytest.fixture
+def interrupted_while_starting(spawn, bundle):
+    """A supervisor of two workers given SIGINT, as Ctrl-C gives it to the terminal's whole process group, once both
+    workers started and before they serve."""
+    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    wait_until(
+        lambda: sum(line.get("event") == "worker_started" for line in server.lines) == 2,
+        "the workers never started",
+        timeout=60,
+    )
+    workers = [line["worker_pid"] for line in server.lines if line.get("event") == "worker_started"]
+    for pid in (server.proc.pid, *workers):
+        os.kill(pid, signal.SIGINT)
+    server.proc.wait(60)
+    return server
+
+
+def test_ctrl_c_while_the_workers_start_exits_zero(interrupted_while_starting):
+    assert interrupted_while_starting.proc.returncode == 0
+
+
+def test_ctrl_c_while_the_workers_start_logs_their_exits_at_info(interrupted_while_starting):
+    exits = [line for line in interrupted_while_starting.lines if line.get("event") == "worker_exited"]
+    assert [line["level"] for line in exits] == ["INFO", "INFO"]
+
+
+@pytest.fixture
 def killed_while_draining(two_workers):
     """A supervisor of two workers sent SIGTERM, its first worker (stopped, so that it cannot drain first) then killed
     by SIGKILL: (process, the killed worker's pid, the other worker's)."""
