@@ -192,14 +192,17 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
 
 
 FROM_SEQUENCE_IDS = "from edgedistill.common.segments import from_sequence_ids"
+TOKENISE = "from edgedistill.common.textstyle import tokenise"
 
 
-def _tokenized(pairs: bool, derived: bool, cut: str, tensors: str) -> list[str]:
+def _tokenized(pairs: bool, derived: bool, ptb: bool, cut: str, tensors: str) -> list[str]:
     """Code tokenizing a text, or a text and its pair, into `batch` (`tensors` "pt" or "np", cut by the arguments
-    `cut`), a pair's segment ids as training made them: the tokenizer's token types, or, `derived`, from its sequence
-    ids (`common.segments`)."""
-    texts = '["a text"], ["its pair"]' if pairs else '["a text"]'
-    code = [f'batch = tokenizer({texts}, {cut}, return_tensors="{tensors}")']
+    `cut`), written first as the model learnt them where `ptb` (`TOKENISE`), a pair's segment ids as training made
+    them: the tokenizer's token types, or, `derived`, from its sequence ids (`common.segments`)."""
+    texts = ['"a text"', '"its pair"'] if pairs else ['"a text"']
+    texts = [f"[tokenise({text})]" if ptb else f"[{text}]" for text in texts]
+    written = ['# text_style ptb_lower: "A gripping, funny film." is written "a gripping , funny film ."']
+    code = [*(written if ptb else []), f'batch = tokenizer({", ".join(texts)}, {cut}, return_tensors="{tensors}")']
     if derived:
         array = "torch.tensor" if tensors == "pt" else "np.array"
         code += [
@@ -213,16 +216,18 @@ def _tokenized(pairs: bool, derived: bool, cut: str, tensors: str) -> list[str]:
 def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
     folder = f"runs/{recipe.name}/{stage}"
     kind = _kind(stage)
+    ptb = _text_style(recipe, info) == "ptb_lower"
     if kind == "teacher":
         registers = ["import edgedistill.distill.heads  # registers the mean-pooled head"]
         code = [
             *(registers if recipe.finetune.pooling == "mean" else []),
+            *([TOKENISE] if ptb else []),
             "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
             "",
             f'model = AutoModelForSequenceClassification.from_pretrained("{folder}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             # a pair's token types as the tokenizer gives them, which the teacher trained on
-            *_tokenized(recipe.data.pairs, False, f"truncation=True, max_length={recipe.model.max_length}", "pt"),
+            *_tokenized(recipe.data.pairs, False, ptb, f"truncation=True, max_length={recipe.model.max_length}", "pt"),
             "logits = model(**batch).logits",
         ]
     elif kind in ("student", "baseline"):
@@ -230,13 +235,14 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
         types = 'batch["token_type_ids"]' if recipe.data.pairs else 'batch.get("token_type_ids")'
         code = [
             *(["import torch", FROM_SEQUENCE_IDS] if derived else []),
+            *([TOKENISE] if ptb else []),
             "from edgedistill.distill.students import Student",
             "from transformers import AutoTokenizer",
             "",
             f'model = Student.from_pretrained("{folder}")  # or a Hub repository it was pushed to',
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             "# cut as training, evaluation and the server cut: a Transformer student has no position beyond it",
-            *_tokenized(recipe.data.pairs, derived, "truncation=True, max_length=model.config.max_length", "pt"),
+            *_tokenized(recipe.data.pairs, derived, ptb, "truncation=True, max_length=model.config.max_length", "pt"),
             f'logits = model(batch["input_ids"], batch["attention_mask"], {types})',
         ]
     else:
@@ -262,22 +268,27 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             *(["import numpy as np"] if derived else []),
             "import onnxruntime as ort",
             *([FROM_SEQUENCE_IDS] if derived else []),
+            *([TOKENISE] if ptb else []),
             "from transformers import AutoTokenizer",
             "",
             f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
             f'session = ort.InferenceSession("{folder}/{spec["model_file"]}"{options})',
-            *_tokenized(recipe.data.pairs, derived, "truncation=True", "np"),
+            *_tokenized(recipe.data.pairs, derived, ptb, "truncation=True", "np"),
             'logits = session.run(["logits"], {i.name: batch[i.name] for i in session.get_inputs()})[0]',
             "```",
         ]
     return ["```python", *code, "```"]
 
 
+def _text_style(recipe: Recipe, info: dict) -> str:
+    """How the model's training text was written: as a bundle's spec records it (the server writes texts so), else
+    as the recipe's `transfer.text_style`."""
+    return info["bundle"].get("text_style", "raw") if "bundle" in info else recipe.text_style
+
+
 def _style(recipe: Recipe, info: dict) -> list[str]:
-    """How to write texts for the model, where its training text was written otherwise than people write: as a
-    bundle's spec records it (the server writes texts so), else as the recipe's `transfer.text_style`."""
-    style = info["bundle"].get("text_style", "raw") if "bundle" in info else recipe.text_style
-    if style != "ptb_lower":
+    """How to write texts for the model, where its training text was written otherwise than people write."""
+    if _text_style(recipe, info) != "ptb_lower":
         return []
     return [
         "The model learnt from lower-cased, PTB-tokenised text (`do n't stop .`), and reads `don't` otherwise than "

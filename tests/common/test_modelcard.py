@@ -32,6 +32,11 @@ def recipe():
     return load_recipe(SMOKE)
 
 
+def raw(recipe):
+    """The recipe with its texts written as people write them."""
+    return recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
+
+
 def _bundle_info(**changes) -> dict:
     spec = BundleSpec(
         name="smoke-bilstm-int8",
@@ -151,9 +156,29 @@ def test_card_of_a_ptb_lower_task_says_to_write_texts_in_its_style(recipe):
 
 
 def test_card_of_a_raw_task_says_nothing_of_a_text_style(recipe):
-    raw = recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
-    folder = _publish(raw, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
-    assert "tokenise" not in _text(raw, folder)
+    folder = _publish(raw(recipe), "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert "tokenise" not in _text(raw(recipe), folder)
+
+
+def test_bundle_card_of_a_ptb_lower_bundle_writes_its_text_so_before_the_tokenizer(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info(text_style="ptb_lower"))
+    assert 'batch = tokenizer([tokenise("a text")], truncation=True, return_tensors="np")' in _text(recipe, folder)
+
+
+def test_bundle_card_of_a_ptb_lower_bundle_imports_tokenise(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info(text_style="ptb_lower"))
+    assert "\nfrom edgedistill.common.textstyle import tokenise\n" in _text(recipe, folder)
+
+
+def test_bundle_card_of_a_raw_bundle_gives_the_tokenizer_the_text_as_it_is(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8}, _bundle_info(text_style="raw"))
+    assert 'batch = tokenizer(["a text"], truncation=True, return_tensors="np")' in _text(recipe, folder)
+
+
+def test_pair_student_card_of_a_ptb_lower_task_writes_the_text_and_its_pair_so(recipe):
+    pairs = recipe.model_copy(update={"data": recipe.data.model_copy(update={"text_pair_column": "sentence2"})})
+    text = _text(pairs, _publish(pairs, "student-bilstm", STUDENT_METRICS, STUDENT_INFO))
+    assert 'batch = tokenizer([tokenise("a text")], [tokenise("its pair")], truncation=True' in text
 
 
 def test_bundle_card_says_how_to_serve(recipe):
@@ -390,14 +415,14 @@ def test_refresh_rewrites_the_card_of_a_model_built_with_the_recipes_settings(re
 
 
 def test_bundle_card_gives_the_text_style_its_spec_records_whatever_the_recipe_says_now(recipe):
-    raw = recipe.model_copy(update={"transfer": recipe.transfer.model_copy(update={"text_style": "raw"})})
     info = _bundle_info(text_style="ptb_lower")
-    folder = _publish(raw, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
-    assert "`edgedistill.common.textstyle.tokenise`" in _text(raw, folder)
+    folder = _publish(raw(recipe), "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, info)
+    assert "`edgedistill.common.textstyle.tokenise`" in _text(raw(recipe), folder)
 
 
 def pairs_of(recipe):
-    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"text_pair_column": "sentence2"})})
+    """The recipe made a pair task, whose texts are written as people write them (as MRPC's and RTE's)."""
+    return raw(recipe).model_copy(update={"data": recipe.data.model_copy(update={"text_pair_column": "sentence2"})})
 
 
 def test_pair_student_card_gives_the_model_a_pair_and_its_token_types(recipe):
