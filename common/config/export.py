@@ -49,7 +49,9 @@ class BundleRecipe(Strict):
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(
         False,
-        description="dynamic INT8: weight scales per output channel instead of per tensor (static INT8 always has them)",
+        description="dynamic INT8: weight scales per output channel instead of per tensor, for MatMul, Attention, Conv "
+        "and LSTM weights (ONNX Runtime quantizes a Gather's or EmbedLayerNormalization's table as an activation, one "
+        "uint8 scale, whatever this says); static INT8 always has them",
     )
     int8_ops: list[str] | None = Field(
         None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
