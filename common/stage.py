@@ -43,9 +43,15 @@ class Inputs:
     now, so a parent built again with the same settings (--force, a damaged file) is not built on half old."""
     folder: Path
     """The artifact folder the build publishes."""
+    throwaway: list[Path] = field(default_factory=list)
+    """The scratch folder once `fresh_work` gave it: a build that fails leaves nothing there to resume from."""
 
     def fresh_work(self) -> Path:
         """The scratch folder, emptied of what an interrupted run left there, for work that does not resume."""
+        self.throwaway[:] = [self._empty_work()]
+        return self.work
+
+    def _empty_work(self) -> Path:
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         return self.work
@@ -59,7 +65,7 @@ class Inputs:
         key = key or self.work_key
         marker = self.work / FORCED
         if self.force and not (marker.is_file() and marker.read_text() == key and not self._published_since(marker)):
-            atomic_write(self.fresh_work() / FORCED, key)
+            atomic_write(self._empty_work() / FORCED, key)
         return self.work
 
     def _published_since(self, marker: Path) -> bool:
@@ -103,6 +109,18 @@ class Artifact:
     def config_hash(self) -> str:
         manifest = self.folder / mf.MANIFEST
         return mf.sha256_file(manifest) if manifest.is_file() else "missing"
+
+
+@contextlib.contextmanager
+def _removed_if_failed(inputs: Inputs):
+    """Remove the scratch folder `fresh_work` gave where the block fails: nothing in it resumes, and a bundle's can
+    hold several copies of a model."""
+    try:
+        yield
+    except BaseException:
+        for work in inputs.throwaway:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
 
 
 def _main_rank() -> bool:
@@ -231,7 +249,7 @@ class Stage:
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
         # training curves go to the tracker during the build
-        with tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker:
+        with tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker, _removed_if_failed(inputs):
             built = self.build(inputs)
             if built is None:
                 return None

@@ -419,6 +419,31 @@ def test_the_work_folder_is_removed_before_the_tracker_records_the_published_met
     assert not stage.work.exists()
 
 
+def failing_after(work: str):
+    """A build body that writes into its scratch folder (`work`: "fresh" or "resumable"), then fails."""
+
+    def build(inputs):
+        folder = inputs.fresh_work() if work == "fresh" else inputs.resumable_work()
+        (folder / "model.onnx").write_text("half")
+        raise RuntimeError("the export failed")
+
+    return build
+
+
+def test_a_failed_build_removes_the_scratch_folder_it_took_fresh(recipe):
+    stage = Stage("up", recipe(), ("data",), failing_after("fresh"))
+    with pytest.raises(RuntimeError, match="the export failed"):
+        stage.run()
+    assert not stage.work.exists()
+
+
+def test_a_failed_build_keeps_its_resumable_work(recipe):
+    stage = Stage("up", recipe(), ("data",), failing_after("resumable"))
+    with pytest.raises(RuntimeError, match="the export failed"):
+        stage.run(force=True)
+    assert (stage.work / "model.onnx").read_text() == "half"
+
+
 def left_by_a_killed_run(stage: Stage, text: str) -> Path:
     """A checkpoint in `stage`'s scratch folder, as a killed run leaves it."""
     stage.work.mkdir(parents=True, exist_ok=True)
