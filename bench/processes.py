@@ -138,9 +138,13 @@ def start(
     command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen:
     """`command` in `cwd` (default this process's working directory), its stdout and stderr written to `log`; sent
-    SIGTERM when this process dies (a measurement killed, even with kill -9, leaves no server running on)."""
+    SIGTERM when this process dies (a measurement killed, even with kill -9, leaves no server running on). In a
+    session of its own: a Ctrl-C at the terminal reaches this process alone, which stops it as a measurement's end
+    does, where a server that took the Ctrl-C too would exit under the measurement and fail it (exit 2, not 130)."""
     with open(log, "w") as sink:
-        return subprocess.Popen(dying_with_this_process(command), env=env, stdout=sink, stderr=sink, cwd=cwd)
+        return subprocess.Popen(
+            dying_with_this_process(command), env=env, stdout=sink, stderr=sink, cwd=cwd, start_new_session=True
+        )
 
 
 def finish(process: subprocess.Popen, timeout: float) -> int | None:

@@ -1,6 +1,7 @@
 """Server and load-generator subprocesses: started until SERVING, stopped with SIGTERM, failures quoting their log."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +97,38 @@ def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
     while running_on(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running_on(child)
+
+
+INTERRUPTED_WHILE_MEASURING = """
+import sys, time
+from pathlib import Path
+import psutil
+from edgedistill.bench.processes import free_port, running
+port = free_port()
+with running("edgedistill.bench.servers", ["--port", str(port)], port, Path(sys.argv[1])) as server:
+    try:
+        print("serving", flush=True)
+        for _ in range(1200):  # short sleeps: a signal a gRPC thread takes wakes no long one of the main thread
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        time.sleep(2)  # time enough for a server that took the Ctrl-C too to stop
+        print("server", server.status() if server.is_running() else "gone", flush=True)
+        raise
+"""
+
+
+def test_a_ctrl_c_at_the_terminal_reaches_the_measurement_and_not_its_server(tmp_path):
+    measurement = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_WHILE_MEASURING, str(tmp_path / "echo.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the terminal's foreground process group, which a Ctrl-C signals whole
+    )
+    assert measurement.stdout.readline() == "serving\n"
+    os.killpg(measurement.pid, signal.SIGINT)
+    out, err = measurement.communicate(timeout=60)
+    assert out == f"server {psutil.STATUS_SLEEPING}\n", err
 
 
 ABORTS_FORKED_CHILDREN = """
