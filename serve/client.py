@@ -403,12 +403,14 @@ def _comma_separated(line: str, option: str) -> str:
 def add_columns_arguments(parser: argparse.ArgumentParser, files: str) -> None:
     """`--header` and `--columns TEXT PAIR`: how `read_tsv` reads `files` ("each --tsv file"), for every command that
     takes text pairs from such files (`check_columns` checks them)."""
-    parser.add_argument("--header", action="store_true", help=f"skip the first line of {files} (its header)")
+    parser.add_argument(
+        "--header", action="store_true", help=f"skip the header of {files}: its first line that is not blank"
+    )
     parser.add_argument(
         "--columns",
         nargs=2,
         metavar=("TEXT", "PAIR"),
-        help=f"the text and pair columns of {files}, named as in its first line (a recipe's data.text_column and "
+        help=f"the text and pair columns of {files}, named as in its header (a recipe's data.text_column and "
         "data.text_pair_column); default: the first two fields, whatever the header says",
     )
 
@@ -436,25 +438,29 @@ def numbered_pairs(
     path: Path, header: bool, stdin: TextIO, columns: tuple[str, str] | None = None, option: str = "--tsv"
 ) -> list[tuple[int, str, str]]:
     """(line number, text, pair): the first two tab-separated fields of each line, or with `columns` the fields under
-    those two names of the first line (the header); no quoting, other fields such as a label ignored, neither text
-    may be empty; blank lines skipped, and the first line with `header` or `columns`. Errors name the file's
-    `option`."""
+    those two names of the header; no quoting, other fields such as a label ignored, neither text may be empty;
+    blank lines skipped, and with `header` or `columns` the first other line, the header, as the data loader reads
+    it. Errors name the file's `option`."""
     rows = []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
     layout = "text<TAB>pair on each line" if columns is None else "the header line, then tab-separated fields"
     lines = lines_of(path, stdin, layout)
+    header_due = header or columns is not None
     for number, line in enumerate(lines, 1):
-        if number == 1 and columns:
-            names = [name.strip() for name in line.split("\t")]
-            if missing := [name for name in columns if name not in names]:
-                raise UsageError(
-                    f"{path}:1 (the header): no column {missing}; found {names}{_comma_separated(line, option)}"
-                )
-            where = (names.index(columns[0]), names.index(columns[1]))
-            wants = f"the columns {list(columns)} on each line"
+        if not line.strip():
             continue
-        if (header and number == 1) or not line.strip():
+        if header_due:
+            header_due = False
+            if columns:
+                names = [name.strip() for name in line.split("\t")]
+                if missing := [name for name in columns if name not in names]:
+                    raise UsageError(
+                        f"{path}:{number} (the header): no column {missing}; found {names}"
+                        f"{_comma_separated(line, option)}"
+                    )
+                where = (names.index(columns[0]), names.index(columns[1]))
+                wants = f"the columns {list(columns)} on each line"
             continue
         fields = line.split("\t")
         if len(fields) <= max(where):

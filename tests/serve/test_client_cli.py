@@ -172,6 +172,28 @@ def test_a_line_without_a_tab_under_a_header_holding_one_is_not_called_a_csv_lin
     assert "CSV" not in str(refused.value)
 
 
+BLANK_BEFORE_THE_HEADER = "\n\nsentence1\tsentence2\tlabel\ncat dog\tdog cat\t1\n"
+
+
+def test_a_tsv_header_after_blank_lines_is_skipped_as_the_header(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(BLANK_BEFORE_THE_HEADER)
+    assert cli.read_tsv(path, True, io.StringIO()) == (["cat dog"], ["dog cat"])
+
+
+def test_a_tsv_header_after_blank_lines_names_the_columns(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(BLANK_BEFORE_THE_HEADER)
+    assert cli.read_tsv(path, False, io.StringIO(), ("sentence2", "sentence1")) == (["dog cat"], ["cat dog"])
+
+
+def test_a_header_after_blank_lines_missing_a_column_is_named_by_its_line(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(BLANK_BEFORE_THE_HEADER)
+    with pytest.raises(cli.UsageError, match=r":3 \(the header\): no column \['premise'\]"):
+        cli.read_tsv(path, False, io.StringIO(), ("premise", "sentence2"))
+
+
 def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
     path = tmp_path / "pairs.tsv"
     path.write_text("good\tawful\n" * 10 + "good\t \t1\n")
