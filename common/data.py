@@ -322,9 +322,10 @@ def _from_hub(spec: str):
         split = datasets.load_dataset(source.dataset, source.config, split=source.split)
     except (OSError, ValueError) as err:  # no network or offline (ConnectionError), no such dataset, no such split
         owner, slash, name = source.dataset.partition("/")
+        # a ValueError comes from a dataset that loaded: its split or config is what is wrong, not its name
         config = (
             f"; if {owner} is the dataset and {name} its config, write hub:{owner}@{name}:{source.split}"
-            if slash and source.config is None
+            if owner and slash and source.config is None and not isinstance(err, ValueError)
             else ""
         )
         raise DataError(

@@ -788,6 +788,33 @@ def test_a_hub_dataset_that_cannot_be_loaded_with_one_slash_is_shown_the_config_
         load_labelled("hub:no-such-set/its-config:train", CFG)
 
 
+@pytest.fixture
+def local_hub_dataset(tmp_path, monkeypatch):
+    """`myorg/emo`, a dataset folder of one split, train, where the Hub loader finds it: the working directory."""
+    folder = tmp_path / "myorg" / "emo"
+    folder.mkdir(parents=True)
+    (folder / "train.csv").write_text("sentence,label\ngood,1\nbad,0\n")
+    monkeypatch.chdir(tmp_path)
+    return "hub:myorg/emo"
+
+
+def test_a_hub_dataset_without_the_split_named_says_which_splits_it_has(local_hub_dataset):
+    with pytest.raises(DataError, match=r"Unknown split \"validation\"\. Should be one of \['train'\]"):
+        load_labelled(f"{local_hub_dataset}:validation", CFG)
+
+
+def test_a_hub_dataset_without_the_split_named_is_not_shown_the_config_syntax(local_hub_dataset):
+    with pytest.raises(DataError) as refused:
+        load_labelled(f"{local_hub_dataset}:validation", CFG)
+    assert "its config" not in str(refused.value)
+
+
+def test_a_hub_source_of_an_absolute_path_is_not_shown_the_config_syntax(tmp_path):
+    with pytest.raises(DataError) as refused:
+        load_labelled(f"hub:{tmp_path}/nothing:train", CFG)
+    assert "its config" not in str(refused.value)
+
+
 def hub_split(monkeypatch, labels: list, feature) -> str:
     """A Hub source whose `label` column holds `labels` as `feature`, loaded from memory."""
     import datasets
