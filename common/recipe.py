@@ -525,8 +525,9 @@ def _merge(base: dict, top: dict, where: str = "") -> dict:
             del out[key]
         elif value is None and _names_nothing(out, key, tuple(where.split("."))):
             raise RecipeError(f"{where}.{key}: null drops nothing: the base recipe has no {key!r} ({sorted(out)})")
-        elif isinstance(value, dict) and isinstance(below, dict) and not isinstance(value, _Replace):
-            out[key] = _merge(below, value, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, dict) and isinstance(below, dict | None) and not isinstance(value, _Replace):
+            # over nothing too: a null inside names nothing the base has (a student of a section the base lacks)
+            out[key] = _merge(below or {}, value, f"{where}.{key}" if where else str(key))
         else:
             out[key] = value
     return out

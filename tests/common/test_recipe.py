@@ -987,6 +987,24 @@ def test_null_for_a_student_the_base_lacks_is_refused_naming_the_file_it_is_writ
         extend(tmp_path, "distill: {students: {transformer: null}}\n")
 
 
+BARE_BASE = "data: {train: a.tsv, dev: b.tsv, label_names: [negative, positive]}\nmodel: {init: some/model}\n"
+
+
+def test_null_for_a_student_under_a_section_the_base_lacks_is_refused_as_dropping_nothing(tmp_path):
+    write(tmp_path, BARE_BASE, "base.yaml")
+    recipe = write(tmp_path, "extends: base.yaml\ndistill: {deploy: cnn, students: {cnn: null}}\n")
+    with pytest.raises(RecipeError, match=r"distill\.students\.cnn: null drops nothing: the base recipe has no 'cnn'"):
+        load_recipe(recipe)
+
+
+def test_null_for_a_setting_under_a_section_the_base_lacks_sets_it(tmp_path):
+    write(tmp_path, BARE_BASE, "base.yaml")
+    recipe = load_recipe(
+        write(tmp_path, "extends: base.yaml\ntransfer: {unlabelled_files: [u.txt], relabel_margin: null}\n")
+    )
+    assert recipe.transfer.relabel_margin is None
+
+
 @pytest.mark.parametrize(
     ("section", "text"),
     [
