@@ -1,8 +1,10 @@
 """Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`; with several workers, the
 supervisor serves their sum."""
 
+import contextlib
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -328,10 +330,38 @@ class MemberObserver(BatchObserver):
         self.metrics.rows_admitted(rows)
 
 
+def _timed(handler: type) -> type:
+    """`handler` with a deadline: a connection whose request has not come whole within HTTP_TIMEOUT_S of its start
+    is shut, however it trickles (a read's own timeout, also HTTP_TIMEOUT_S, restarts with each byte)."""
+
+    class TimedHandler(handler):
+        timeout = HTTP_TIMEOUT_S
+
+        def handle(self):
+            self.deadline = threading.Timer(HTTP_TIMEOUT_S, self.cut)
+            self.deadline.daemon = True
+            self.deadline.start()
+            try:
+                super().handle()
+            finally:
+                self.deadline.cancel()
+
+        def cut(self) -> None:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def parse_request(self) -> bool:  # reads the headers; the reply is written after it, with no deadline
+            parsed = super().parse_request()
+            self.deadline.cancel()
+            return parsed
+
+    return TimedHandler
+
+
 def serve_http(registry: CollectorRegistry, host: str, port: int):
     """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread, closing a
-    connection silent for HTTP_TIMEOUT_S; `SettingsError` naming the metrics settings where the address cannot be
-    bound."""
+    connection that has not sent its request within HTTP_TIMEOUT_S; `SettingsError` naming the metrics settings where
+    the address cannot be bound."""
     address = host.strip("[]")
     try:
         try:
@@ -347,7 +377,7 @@ def serve_http(registry: CollectorRegistry, host: str, port: int):
         ) from err
     # Set on the running server (prometheus-client takes no handler): only a connection accepted meanwhile, within
     # moments of the port opening, goes untimed.
-    server.RequestHandlerClass = type("TimedHandler", (server.RequestHandlerClass,), {"timeout": HTTP_TIMEOUT_S})
+    server.RequestHandlerClass = _timed(server.RequestHandlerClass)
     return server
 
 

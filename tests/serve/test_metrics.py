@@ -1,10 +1,13 @@
 """The metrics' definitions: what their buckets can tell apart, which process figures they carry; the HTTP server
 that serves them."""
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import grpc
 import pytest
@@ -191,6 +194,44 @@ def test_the_metrics_port_closes_a_connection_that_sends_no_request(monkeypatch)
         with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as silent:
             silent.sendall(b"GET /metrics HTTP/1.1\r\n")  # the request's first line, and nothing more
             assert silent.recv(1) == b""  # closed by the server, before this socket's own 5 s
+    finally:
+        stop_http(server)
+
+
+def open_for(connection: socket.socket, seconds: float) -> float:
+    """Send a request's first line, then a header line every 0.2 s (each read of the server's well within its own
+    timeout) for up to `seconds`; how long the server kept the connection open."""
+    started = time.monotonic()
+    connection.settimeout(0.2)
+    try:
+        connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        while time.monotonic() - started < seconds:
+            with contextlib.suppress(TimeoutError):
+                if connection.recv(1) == b"":
+                    break
+            connection.sendall(b"X-A: b\r\n")
+    except ConnectionError:
+        pass
+    return time.monotonic() - started
+
+
+def test_the_metrics_port_closes_a_connection_that_trickles_its_request_past_the_limit(monkeypatch):
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.5)
+    server = serve_http(Metrics().registry, "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as slow:
+            assert open_for(slow, 3) < 2
+    finally:
+        stop_http(server)
+
+
+def test_the_metrics_port_answers_a_request_sent_whole(monkeypatch):
+    monkeypatch.setattr(metrics, "HTTP_TIMEOUT_S", 0.5)
+    server = serve_http(Metrics().registry, "127.0.0.1", 0)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # past an http_proxy of the environment
+    try:
+        with direct.open(f"http://127.0.0.1:{server.server_port}/metrics", timeout=5) as reply:
+            assert reply.status == 200
     finally:
         stop_http(server)
 
