@@ -160,7 +160,9 @@ class ModelRuntime:
         self.encoder = TextEncoder.for_bundle(bundle, files.tokenizer)
         self.backend = load_backend(bundle, settings, model=files.model)
         self._tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
-        self.max_batch_size = min(settings.max_batch_size, self.backend.max_batch_size or settings.max_batch_size)
+        # no batch outgrows the queue (a request's own call holds MAX_TEXTS rows at most, which the queue holds too)
+        largest = min(settings.max_batch_size, settings.max_queued)
+        self.max_batch_size = min(largest, self.backend.max_batch_size or largest)
         self.batcher = DynamicBatcher(
             self.backend.infer,
             max_batch_size=self.max_batch_size,

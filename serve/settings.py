@@ -64,7 +64,11 @@ class Settings(BaseModel):
         description="a second, plaintext port serving only grpc.health.v1's Check, for probes when the main port uses "
         "TLS (0: any free port; 'off': none)",
     )
-    max_batch_size: int = Field(32, ge=1, description="most rows (texts) per backend call")
+    max_batch_size: int = Field(
+        32,
+        ge=1,
+        description="most rows (texts) per backend call; above MAX_QUEUED, which no batch outgrows, MAX_QUEUED",
+    )
     max_queue_delay_ms: float = Field(
         0.0,
         ge=0,

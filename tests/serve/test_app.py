@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from edgedistill.serve.app import EXIT_FAULT, EXIT_LINE_WAIT_S, exit_on_stall
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.watchdog import LoopWatchdog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -29,6 +30,14 @@ def test_an_ipv6_host_written_without_brackets_is_bound(start_server, bundle):
     with grpc.insecure_channel(f"[::1]:{server.port}") as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_batch_size_past_the_queue_is_warmed_up_and_served_at_the_queues_size(start_server, bundle):
+    server = start_server(settings_for(bundle, max_batch_size=10**12))  # a warm-up batch of it: terabytes
+    with server.channel() as channel:
+        request = classifier_pb2.ClassifyRequest(texts=["a good film"])
+        reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
+    assert len(reply.predictions) == 1
 
 
 # `python -m edgedistill.serve` whose warm-up takes 5 s, saying `warming_up` as it begins
