@@ -142,6 +142,7 @@ class Settings(BaseModel):
     threads: int = Field(
         0,
         ge=0,
+        le=GRPC_INT_MAX,  # ONNX Runtime takes a C int
         description="intra-op threads of the runtime (0: the usable cores, within a cgroup CPU quota, shared among "
         "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity); "
         "refused where every model is a TensorRT engine, which runs without ONNX Runtime",

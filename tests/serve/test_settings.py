@@ -273,9 +273,10 @@ def test_a_time_too_large_for_ms_as_a_float_is_grpcs_never(field, option):
     assert options[option] == GRPC_INT_MAX
 
 
-def test_a_malloc_arena_count_past_a_c_int_is_refused_naming_its_variable():
-    with pytest.raises(SettingsError, match="EDGEDISTILL_MALLOC_ARENAS"):
-        load_settings([], {"EDGEDISTILL_MALLOC_ARENAS": str(GRPC_INT_MAX + 1)})
+@pytest.mark.parametrize("field", ["malloc_arenas", "threads"])
+def test_a_count_the_c_libraries_take_past_a_c_int_is_refused_naming_its_variable(field):
+    with pytest.raises(SettingsError, match=env_name(field)):
+        load_settings([], {env_name(field): str(GRPC_INT_MAX + 1)})
 
 
 @pytest.mark.parametrize(
