@@ -631,9 +631,16 @@ def _token(value: str) -> str:
     return value
 
 
+# `host:port` or `[v6]:port`, where the rest is no gRPC target of a scheme (`dns:`, `unix:` and the others)
+HOST_PORT = re.compile(r"(?!(?:dns|ipv4|ipv6|unix|unix-abstract|vsock):)(\[[^\]]*\]|[^:\[\]]+):([^:]*)")
+
+
 def _address(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("must name the server, host:port")
+    # gRPC takes a port past 65535 modulo 65536: another port, on which another server may answer
+    if (plain := HOST_PORT.fullmatch(value)) and not (plain[2].isdigit() and 0 < int(plain[2]) < 65536):
+        raise argparse.ArgumentTypeError(f"the port of {value} must be a number from 1 to 65535")
     return value
 
 

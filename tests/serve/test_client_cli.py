@@ -172,6 +172,20 @@ def test_a_line_without_a_tab_under_a_header_holding_one_is_not_called_a_csv_lin
     assert "CSV" not in str(refused.value)
 
 
+@pytest.mark.parametrize("address", ["localhost:99999", "localhost:0", "127.0.0.1:port", "[::1]:70000"])
+def test_an_address_whose_port_is_no_port_is_a_usage_error_naming_it(capsys, address):
+    with pytest.raises(SystemExit, match="2"):
+        run(capsys, "--address", address, "hello")
+    assert f"the port of {address} must be a number from 1 to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost:50051", "[::1]:50051", "dns:///localhost:50051", "unix:server.sock", "ipv4:127.0.0.1:1"]
+)
+def test_an_address_with_a_port_or_a_scheme_is_taken(address):
+    assert cli.build_parser().parse_args(["--address", address, "hello"]).address == address
+
+
 BLANK_BEFORE_THE_HEADER = "\n\nsentence1\tsentence2\tlabel\ncat dog\tdog cat\t1\n"
 
 
