@@ -16,15 +16,22 @@ TLS_FILES = "a PEM certificate chain and its key, unencrypted, and CA certificat
 
 
 def check_pem(chain: Path | None, key: Path | None, ca: Path | None) -> None:
-    """`ssl.SSLError` (an `OSError`, as for a file that cannot be read) where the TLS files given are not `TLS_FILES`:
-    gRPC itself would only fail to bind its port, or fail each handshake, naming no file."""
+    """`ssl.SSLError` (an `OSError`, as for a file that cannot be read) where the TLS files given are not `TLS_FILES`,
+    naming the files at fault: gRPC itself would only fail to bind its port, or fail each handshake, naming none."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.set_ciphers("DEFAULT:@SECLEVEL=0")  # the files' form and match alone: gRPC's own TLS judges key sizes
-    if chain is not None:
-        # An empty passphrase: OpenSSL would otherwise ask for one on the terminal.
-        context.load_cert_chain(chain, key, password=lambda: b"")
-    if ca is not None:
-        context.load_verify_locations(ca)
+    try:
+        if chain is not None:
+            files = f"the certificate chain {chain} and its key {key or chain}"
+            # An empty passphrase: OpenSSL would otherwise ask for one on the terminal.
+            context.load_cert_chain(chain, key, password=lambda: b"")
+        if ca is not None:
+            files = f"the CA certificates {ca}"
+            context.load_verify_locations(ca)
+    except ssl.SSLError as err:
+        raise ssl.SSLError(f"{files}: {err}") from None
+    except OSError as err:  # a folder, a file that cannot be read
+        raise OSError(err.errno, f"{files}: {err.strerror or err}") from None
 
 
 class CertificateFiles:

@@ -96,6 +96,26 @@ def test_a_client_ca_file_without_a_certificate_is_refused_at_start(bundle, cert
         server_credentials(settings)
 
 
+def test_a_client_ca_file_without_a_certificate_is_named_at_start(bundle, certs):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.key"
+    )
+    with pytest.raises(SettingsError, match=f"the CA certificates {certs / 'ca.key'}: "):
+        server_credentials(settings)
+
+
+def test_a_folder_given_as_the_client_ca_file_is_named_at_start(bundle, certs):
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs)
+    with pytest.raises(SettingsError, match=f"the CA certificates {certs}: "):
+        server_credentials(settings)
+
+
+def test_a_key_that_is_not_the_certificates_is_named_with_its_chain_at_start(bundle, certs):
+    settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "rotated.key")
+    with pytest.raises(SettingsError, match=f"the certificate chain {certs / 'server.pem'} and its key "):
+        server_credentials(settings)
+
+
 def test_a_client_ca_file_rotated_to_no_certificate_is_not_taken(start_server, bundle, certs, tmp_path, caplog):
     shutil.copy(certs / "ca.pem", tmp_path / "clients.pem")
     settings = settings_for(
