@@ -151,10 +151,14 @@ def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batchin
     `batching`: the options of `Batching`. A TensorRT plan's optimization profile must cover `max_batch_size`, or
     Triton refuses to load it. An existing model folder of the same name is replaced whole.
     """
+    root = Path(repo_root)
+    existing = next(folder for folder in (root, *root.parents) if folder.exists())
+    if not existing.is_dir():
+        raise ValueError(f"the repository {root} must be a folder (made where missing), but {existing} is a file")
     bundle = load_bundle(bundle_folder)
     spec = bundle.spec
     config = model_config(bundle, Batching(**batching))
-    final = Path(repo_root) / spec.name
+    final = root / spec.name
 
     def fill(folder: Path) -> None:
         (folder / VERSION).mkdir(parents=True)

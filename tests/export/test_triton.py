@@ -232,6 +232,14 @@ def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
     assert "not a finished artifact" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("repo", ["a-file", "a-file/repo"], ids=["the-file", "under-the-file"])
+def test_a_repository_at_or_under_a_file_is_refused_naming_it(tmp_path, capsys, repo):
+    bundle = make_bundle(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    assert triton.main([str(bundle), str(tmp_path / repo)]) == 2
+    assert f"but {tmp_path / 'a-file'} is a file" in capsys.readouterr().err
+
+
 def test_the_config_gives_the_bundles_text_style_for_clients_that_tokenize(tmp_path):
     config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
     assert config.parameters["text_style"].string_value == "raw"  # the spec's default: a bundle built without one
