@@ -135,17 +135,6 @@ def _batches(
     return batches
 
 
-def _calibration(
-    transfer_dir: Path, count: int, tokenizer, length: int, inputs: tuple[str, ...], segments: PairSegments
-) -> list[dict[str, np.ndarray]]:
-    """Batches of the first `count` transfer-set examples (pairs too, where it has them), for static INT8
-    calibration."""
-    texts = read_texts(transfer_dir / "texts.txt", count)
-    pairs_file = transfer_dir / "pairs.txt"
-    pairs = read_texts(pairs_file, count) if pairs_file.is_file() else None
-    return _batches(texts, pairs, tokenizer, length, inputs, segments)
-
-
 def model_config(source: Source) -> dict:
     """The exported model's transformers-style config: the teacher's own; a transformer student's BERT config; a
     BiLSTM or CNN student's `StudentConfig` under a model type of its own, which no transformers class reads."""
@@ -244,12 +233,24 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     length = max_length(recipe, spec.source)
     segments = cache.segments(spec.source)
 
+    def short_of(found: int, where: str) -> None:
+        if found < (asked := recipe.export.calibration_sentences):
+            print(
+                f"[bundle-{bundle_id}] warning: INT8 calibration found {found} of the {asked} texts "
+                f"export.calibration_sentences asks for in {where}, and calibrates on those {found}"
+            )
+
     def calibration() -> list[dict[str, np.ndarray]]:
-        count = recipe.export.calibration_sentences
-        return _calibration(inputs.parent("transfer"), count, cache.tokenizer, length, source.inputs, segments)
+        """Batches of the first `calibration_sentences` transfer-set examples (pairs too, where it has them)."""
+        count, transfer = recipe.export.calibration_sentences, inputs.parent("transfer")
+        texts = read_texts(transfer / "texts.txt", count)
+        short_of(len(texts), "the transfer set")
+        pairs = read_texts(transfer / "pairs.txt", count) if (transfer / "pairs.txt").is_file() else None
+        return _batches(texts, pairs, cache.tokenizer, length, source.inputs, segments)
 
     def train_calibration() -> list[dict[str, np.ndarray]]:
         train, count = cache.train, recipe.export.calibration_sentences
+        short_of(len(train.texts[:count]), "the training split (smooth)")
         pairs = train.pairs[:count] if train.pairs else None
         return _batches(train.texts[:count], pairs, cache.tokenizer, length, source.inputs, segments)
 

@@ -377,6 +377,14 @@ def test_parity_gives_no_f1_for_a_task_without_a_positive_class():
     assert "dev_f1" not in parity(np.eye(3), np.eye(3), [0, 1, 2], three, TIE)
 
 
+def test_a_static_int8_bundle_calibrated_on_fewer_texts_than_asked_says_so(smoke_run, tmp_path):
+    shutil.copytree(smoke_run, tmp_path / "smoke")
+    transfer = sum(1 for _ in (smoke_run / "transfer" / "texts.txt").open(encoding="utf-8"))
+    asked = ["--only=transformer-int8-static", "--export.calibration_sentences=1000000"]
+    result = run_export(tmp_path, "bundles", str(SMOKE), *asked)
+    assert f"INT8 calibration found {transfer} of the 1000000 texts" in result.stdout, result.stderr[-2000:]
+
+
 def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bundles):
     bundles = load_recipe(SMOKE).export.bundles
     result = run_export(smoke_bundles.parent, "bundles", str(SMOKE))
