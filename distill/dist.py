@@ -46,7 +46,16 @@ def init(device_type: str, timeout_s: int) -> None:
     checkpoints on slow storage)."""
     if "RANK" in os.environ and not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        try:
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as err:  # torch's DistStoreError: the other ranks did not all join within the timeout
+            if not _TIMED_OUT.search(str(err)):
+                raise
+            raise CollectiveTimeout(
+                f"rank {os.environ['RANK']} waited {timeout_s} s (runtime.collective_timeout_s) for the other ranks "
+                f"to join, and gave up: where they start later (a busy machine, another node), raise it, e.g. "
+                f"--runtime.collective_timeout_s={2 * timeout_s}"
+            ) from None
 
 
 def collective_timeout() -> timedelta:

@@ -3,6 +3,7 @@
 import contextlib
 import io
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.stage import Built, Stage
 from edgedistill.distill import dist
 
+from tests.conftest import PYTHON, free_port
 from tests.distill.ranks import on_two_ranks
 
 
@@ -180,3 +182,21 @@ def _collective_timeout_s() -> float:
 
 def test_ranks_launched_by_torchrun_join_with_the_collectives_timeout_asked_for(tmp_path):
     assert on_two_ranks(tmp_path, _collective_timeout_s, timeout_s=7, torchrun=True) == {0: 7.0, 1: 7.0}
+
+
+JOIN_ALONE = """
+from edgedistill.distill import dist
+try:
+    dist.init("cpu", 1)
+except dist.CollectiveTimeout as err:
+    print(err)
+"""
+
+
+def test_a_rank_whose_others_never_join_names_the_setting_to_raise(tmp_path):
+    # rank 0 of two, which never comes: the store's wait for it times out at the start, before any collective
+    env = os.environ | {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([PYTHON, "-c", JOIN_ALONE], env=env, capture_output=True, text=True, timeout=120)
+    assert "rank 0 waited 1 s (runtime.collective_timeout_s) for the other ranks to join" in result.stdout, (
+        result.stderr[-2000:]
+    )
