@@ -81,6 +81,10 @@ class Progress:
     loss_sum: float = 0.0
     loss_steps: int = 0
     resumed_from: int | None = None
+    # the examples trained on and the seconds they took, over every run of the stage: the manifest's examples_per_s,
+    # also where a run resumed at its last step trains none itself
+    examples: int = 0
+    train_seconds: float = 0.0
 
     @property
     def best_entry(self) -> dict[str, Any]:
@@ -314,7 +318,6 @@ class Trainer:
             if cfg.ema_decay
             else None
         )
-        self._examples, self._train_seconds = 0, 0.0
 
     @property
     def best_path(self) -> Path:
@@ -337,7 +340,7 @@ class Trainer:
             "resumed_from_step": p.resumed_from,
             "batch_size": self.cfg.batch_size,
             "grad_accum": self.cfg.grad_accum,
-            "examples_per_s": round(self._examples / self._train_seconds, 1) if self._train_seconds else None,
+            "examples_per_s": round(p.examples / p.train_seconds, 1) if p.train_seconds else None,
             **self.placement.describe(),
         }
         if (peak := self.placement.peak_memory_mb()) is not None:
@@ -521,11 +524,11 @@ class Trainer:
                     if self.ema:
                         self.ema.update_parameters(self.model)
                 self.optimizer.zero_grad(set_to_none=True)
-                self._train_seconds += time.perf_counter() - tick
-                self._examples += len(batch)
+                p.train_seconds += time.perf_counter() - tick
+                p.examples += len(batch)
                 p.step_in_epoch += 1
                 p.global_step += 1
-                rate = self._examples / self._train_seconds
+                rate = p.examples / p.train_seconds
                 bar.set_postfix(loss=f"{sum(p.losses) / len(p.losses):.4f}", ex_s=f"{rate:.0f}", refresh=False)
                 bar.update()
                 if p.global_step % LOG_EVERY == 0:

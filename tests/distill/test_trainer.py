@@ -84,6 +84,11 @@ def test_run_info_records_placement_and_rate(tmp_path):
     assert info["examples_per_s"] > 0
 
 
+def test_a_run_resumed_at_its_last_step_records_the_rate_of_the_runs_that_trained(tmp_path):
+    trained(tmp_path)  # its checkpoint, at the last step, left as a run killed before publishing leaves it
+    assert trained(tmp_path).run_info()["examples_per_s"] > 0
+
+
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it .* --force"):
