@@ -250,9 +250,10 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
 
     def train_calibration() -> list[dict[str, np.ndarray]]:
         train, count = cache.train, recipe.export.calibration_sentences
-        short_of(len(train.texts[:count]), "the training split (smooth)")
+        texts = train.texts[:count]
+        short_of(len(texts), "the training split (smooth)")
         pairs = train.pairs[:count] if train.pairs else None
-        return _batches(train.texts[:count], pairs, cache.tokenizer, length, source.inputs, segments)
+        return _batches(texts, pairs, cache.tokenizer, length, source.inputs, segments)
 
     # ONNX Runtime would fuse the kept Add + LayerNormalization pairs again when it loads the graph.
     disabled = ["SkipLayerNormFusion"] if source.is_transformer and spec.fused and not spec.skip_layer_norm else []
