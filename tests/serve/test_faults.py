@@ -149,7 +149,6 @@ def test_sustained_overload_sheds_the_excess_with_bounded_latency_and_recovers(s
         third = len(in_order) // 3
         early, late = sorted(in_order[:third]), sorted(in_order[-third:])
         assert late[len(late) // 2] < 1.5 * early[len(early) // 2] + 0.1, "admitted calls waited longer over time"
-        assert contention < statistics.median(admitted) / 2, "a refusal should not wait for the model"
 
         deadline = time.monotonic() + 5
         while batcher.queued_rows:

@@ -892,6 +892,7 @@ def test_overload_is_resource_exhausted_and_recovers(slow_queue):
         wait_for_queued(slow_queue, 3)
         with pytest.raises(grpc.RpcError) as caught:
             stub.Classify(pb.ClassifyRequest(texts=["great", "dull"]), timeout=10)
+        assert not waiting.done(), "the refusal waited for the queued call's batch"
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 4" in caught.value.details()
         assert [p.label for p in waiting.result().predictions] == ["positive", "negative", "positive"]
