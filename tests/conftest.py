@@ -1,5 +1,8 @@
 """Shared fixtures: every test writes its runs into a temporary EDGEDISTILL_RUNS_DIR, never the network."""
 
+import contextlib
+import importlib
+import io
 import os
 import shutil
 import socket
@@ -57,9 +60,31 @@ def free_port() -> int:
 
 
 def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m module *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
-    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "EDGEDISTILL_TORCH_THREADS": "1"}
-    return subprocess.run([PYTHON, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    """`python -m module *args` with EDGEDISTILL_RUNS_DIR=`runs`, run in this process (`run_here`)."""
+    return run_here(module, *args, env={"EDGEDISTILL_RUNS_DIR": str(runs), "EDGEDISTILL_TORCH_THREADS": "1"})
+
+
+@contextlib.contextmanager
+def environ(variables: dict[str, str]):
+    """`os.environ` with `variables` set, as it was again after the block."""
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_here(module: str, *args, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m module *args` run in this process (the module's `main`) in the checkout, with the variables `env`:
+    its exit status and what it printed. For a command whose process the test does not check (a build it needs, a
+    stage resumed after a kill), as a new process would import torch again for seconds."""
+    main = importlib.import_module(f"edgedistill.{module}.__main__").main
+    out, err = io.StringIO(), io.StringIO()
+    with environ(env or {}), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(map(str, args)))
+    return subprocess.CompletedProcess([module, *args], status, out.getvalue(), err.getvalue())
 
 
 def distill_here(capsys, *args) -> subprocess.CompletedProcess:
@@ -121,15 +146,8 @@ def data_dir() -> Path:
 def run_smoke(runs: Path, module: str, stage: str) -> str:
     """`python -m module stage recipes/smoke.yaml` into the runs folder `runs`; what it printed. Fails the caller if
     it fails."""
-    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    result = subprocess.run(
-        [PYTHON, "-m", module, stage, str(ROOT / "recipes" / "smoke.yaml")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    env = {"EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
+    result = run_here(module, stage, ROOT / "recipes" / "smoke.yaml", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

@@ -6,9 +6,7 @@ each. One sentence alone leaves the label open for most pairs, and replacing sen
 for many, so a model has to read both sentences. Unlabelled lines hold three such sentences.
 """
 
-import os
 import random
-import subprocess
 from pathlib import Path
 
 from edgedistill.common.data import load_splits
@@ -16,7 +14,7 @@ from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import run_here
 
 WORDS, LENGTH = 30, 7
 LABELS = ["low", "high"]
@@ -129,22 +127,15 @@ def share_changed_by_another_b(run: Path, student: str, texts: list[str], pairs:
 def run_pair_stages(folder: Path, write_teacher, recipe_text) -> tuple[Path, Recipe]:
     """The pair task (1000 train, 200 dev, 600 unlabelled lines) in `folder`/data, a teacher checkpoint
     `write_teacher(folder, unlabelled lines)` made from it, then teacher, students (no baselines) and bundles of the
-    recipe `recipe_text(paths, checkpoint)` (run name `pairs`, written to `folder`/pairs.yaml), each stage a process
-    of one thread; the run folder and the recipe."""
+    recipe `recipe_text(paths, checkpoint)` (run name `pairs`, written to `folder`/pairs.yaml), each stage run in
+    this process on one thread; the run folder and the recipe."""
     paths = write_pair_task(folder / "data", train=1000, dev=200, unlabelled=600)
     init = write_teacher(folder / "teacher-init", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
     recipe = folder / "pairs.yaml"
     recipe.write_text(recipe_text(paths, init))
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
-    for command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
-        result = subprocess.run(
-            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-        )
+    env = {"EDGEDISTILL_RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
+    for module, *command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
+        result = run_here(module, *command, recipe, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
     return folder / "runs" / "pairs", load_recipe(recipe)
 

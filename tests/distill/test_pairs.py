@@ -1,7 +1,5 @@
 """Sentence pairs end to end: the smoke-size pair task through teacher, transfer set, every student and bundle."""
 
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,7 @@ from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import run_here
 from tests.pair_task import pair_recipe, share_changed_by_another_b, write_pair_task
 
 STUDENTS = tuple(
@@ -27,16 +25,9 @@ def pair_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pair-task")
     recipe = folder / "pairs.yaml"
     recipe.write_text(pair_recipe(write_pair_task(folder / "data")))
-    env = {
-        **os.environ,
-        "EDGEDISTILL_RUNS_DIR": str(folder / "runs"),
-        "HF_HUB_OFFLINE": "1",
-        "EDGEDISTILL_TORCH_THREADS": "1",
-    }
-    for command in (["distill", "teacher"], ["distill", "distill"], ["export", "bundles"]):
-        result = subprocess.run(
-            [PYTHON, "-m", *command, str(recipe)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-        )
+    env = {"EDGEDISTILL_RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
+    for module, *command in (["distill", "teacher"], ["distill", "distill"], ["export", "bundles"]):
+        result = run_here(module, *command, recipe, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
     return folder / "runs" / "pairs", load_recipe(recipe)
 

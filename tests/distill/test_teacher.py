@@ -25,18 +25,16 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, distill_here, free_port, run_module, save_initialised
+from tests.conftest import PYTHON, ROOT, distill_here, free_port, run_here, run_module, save_initialised
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 
-def run_stage(*args, env_extra=None, **kw):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(
-        [PYTHON, "-m", "distill", *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, **kw
-    )
+def run_stage(*args, env_extra=None) -> subprocess.CompletedProcess:
+    """`python -m distill *args`, run in this process (`run_here`) with the variables `env_extra`."""
+    return run_here("distill", *args, env=env_extra)
 
 
 def majority_rate(labels_file: Path, limit: int) -> float:

@@ -14,7 +14,7 @@ from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.textstyle import styled
-from edgedistill.distill import labelling
+from edgedistill.distill import labelling, transfer
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
@@ -458,18 +458,6 @@ def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards
     assert "[transfer] resuming labelling" in again.stdout
 
 
-REFUSE_TO_BUILD_TEXTS = """
-from edgedistill.distill import transfer
-
-
-def refuse(*args, **kwargs):
-    raise AssertionError("build_texts ran again")
-
-
-transfer.build_texts = refuse
-"""
-
-
 def killed_while_labelling(runs: Path, name: str) -> Path:
     """The transfer work folder of run `name` in `runs`, killed once its first label shard was written, beside the run
     `straight` (the `straight` fixture's), built whole from the same teacher."""
@@ -481,15 +469,17 @@ def killed_while_labelling(runs: Path, name: str) -> Path:
 
 
 @pytest.mark.slow
-def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(straight, tmp_path):
+def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_same_logits(straight, monkeypatch):
     """A rerun after a kill labels the texts the killed run built (it is refused `build_texts`), to the logits of an
     uninterrupted run."""
     runs = straight
     killed_while_labelling(runs, "killed")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(REFUSE_TO_BUILD_TEXTS)
-    resumed = run_stage("transfer", SMOKE, "--name=killed", *SMALL, env_extra={"PYTHONPATH": str(hook)})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build_texts ran again")
+
+    monkeypatch.setattr(transfer, "build_texts", refuse)
+    resumed = run_stage("transfer", SMOKE, "--name=killed", *SMALL)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logits = np.load(runs / "killed" / "transfer" / "logits.npy")
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
@@ -512,9 +502,7 @@ def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_ag
 
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
-    command = [PYTHON, "-m", "distill", "transfer", str(SMOKE), f"--name={name}", "--transfer.labeller=teacher-fused"]
-    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs)}
-    return subprocess.run([*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return run_module("distill", runs, "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
 
 
 def fp32_teacher_logits(run) -> np.ndarray:

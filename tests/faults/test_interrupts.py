@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.common.test_processes import gone
-from tests.conftest import PYTHON, ROOT, wait_until
+from tests.conftest import PYTHON, ROOT, run_here, wait_until
 from tests.faults.conftest import environment, tiny_recipe
 
 pytestmark = pytest.mark.slow
@@ -30,8 +30,7 @@ def tiny(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     recipe = tiny_recipe(folder)
     env = environment(folder / "runs")
     for stage in ("teacher", "transfer"):
-        command = [PYTHON, "-m", "edgedistill", stage, str(recipe)]
-        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        result = run_here("distill", stage, recipe, env=env)
         assert result.returncode == 0, result.stderr[-3000:]
     return recipe, env
 

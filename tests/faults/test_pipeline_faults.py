@@ -18,7 +18,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, run_here
 from tests.serve.conftest import serve_command, subprocess_env, write_bundle
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,11 @@ def kill_9_when(ready, what: str, *args: str, timeout: float = 300) -> None:
 
 
 def rerun(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([PYTHON, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    """`python -m MODULE ...` as `kill_9_when` took it (`args`), run again in this process (`run_here`); fails the
+    caller if it fails."""
+    option, module, *rest = args
+    assert option == "-m"
+    result = run_here(module, *rest)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
