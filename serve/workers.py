@@ -216,6 +216,7 @@ class Supervisor:
         self.stopping = False
         self.stop_deadline = 0.0
         self.exit_status = 0
+        self.received: list[int] = []  # signals caught, not yet handled
 
     def _command(self) -> list[str]:
         # WORKERS: how many share the cores, for a worker's intra-op threads under THREADS=0 (a worker never supervises)
@@ -257,9 +258,8 @@ class Supervisor:
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
         previous_wakeup = signal.set_wakeup_fd(wake_write)
-        received: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, lambda number, frame: received.append(number))
+            signal.signal(sig, lambda number, frame: self.received.append(number))
         self.selector.register(wake_read, selectors.EVENT_READ, None)
         try:
             if self.settings.metrics_port is not None:
@@ -283,8 +283,7 @@ class Supervisor:
                         os.read(wake_read, 512)
                     else:
                         self._read_reports(key.data)
-                while received:
-                    self._on_signal(received.pop(0))
+                self._take_signals()
                 self._reap()
                 self._time_out_starts()
                 if not announced and not self.stopping and all(w.serving for w in self.workers):
@@ -325,6 +324,10 @@ class Supervisor:
                     worker.proc.send_signal(signal.SIGHUP)
             elif json.loads(line).get("reloaded"):
                 self._reload(f"a Reload call to worker {worker.index}", done=worker)
+
+    def _take_signals(self) -> None:
+        while self.received:
+            self._on_signal(self.received.pop(0))
 
     def _on_signal(self, number: int) -> None:
         if number in (signal.SIGTERM, signal.SIGINT):
@@ -385,6 +388,8 @@ class Supervisor:
             status = worker.proc.poll()
             if status is None:
                 continue
+            # a Ctrl-C reaches the workers with this process: its SIGINT came first, though caught only now
+            self._take_signals()
             self.workers.remove(worker)
             self._forget(worker)
             # killed by the signal: stopped before its handler was set (Ctrl-C reaches the workers too)

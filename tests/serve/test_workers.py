@@ -313,12 +313,34 @@ def interrupted_while_starting(spawn, bundle):
 
 
 def test_ctrl_c_while_the_workers_start_exits_zero(interrupted_while_starting):
-    assert interrupted_while_starting.proc.returncode == 0
+    assert interrupted_while_starting.proc.returncode == 0, interrupted_while_starting.lines[-8:]
 
 
 def test_ctrl_c_while_the_workers_start_logs_their_exits_at_info(interrupted_while_starting):
     exits = [line for line in interrupted_while_starting.lines if line.get("event") == "worker_exited"]
     assert [line["level"] for line in exits] == ["INFO", "INFO"]
+
+
+@pytest.fixture
+def reaped_after_ctrl_c(bundle):
+    """A supervisor that finds a worker gone before it served (exit 0, as a worker stopped by Ctrl-C while it starts
+    exits) while the SIGINT the same Ctrl-C gave the supervisor is caught but not yet handled: it reaps the worker."""
+    supervisor = workers.Supervisor(conftest.settings_for(bundle, workers=2), [], 2)
+    try:
+        read, write = os.pipe()
+        os.close(write)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        supervisor.workers.append(workers.Worker(0, proc, os.fdopen(read, "rb", buffering=0), time.monotonic() + 60))
+        supervisor.received.append(signal.SIGINT)
+        supervisor._reap()
+        yield supervisor
+    finally:
+        supervisor._close()
+
+
+def test_a_worker_gone_while_the_supervisors_ctrl_c_waits_to_be_handled_counts_as_drained(reaped_after_ctrl_c):
+    assert reaped_after_ctrl_c.exit_status == 0
 
 
 @pytest.fixture
