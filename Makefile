@@ -6,7 +6,7 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
 # RUNS_DIR given on make's command line wins over both.
 ifeq ($(origin RUNS_DIR),environment)
@@ -274,9 +274,10 @@ setup-system:  ## install the system packages the tests need (chromium, openssl,
 	elif command -v sudo >/dev/null; then set -x; sudo sh -c "$$install"; \
 	else echo "the tests need$$missing; install them as root: sh -c '$$install'" >&2; exit 1; fi
 
-# The tests run one torch thread each, so TEST_WORKERS pytest-xdist workers (auto: one per core) share the
-# cores, each given whole modules (so a module's fixtures are built once); those marked `serial` bound time
-# or memory under load, and run alone afterwards. Both parts run, and either failing fails the target.
+# The tests run one torch thread each, so TEST_WORKERS pytest-xdist workers (one more than the cores: a worker waiting
+# on a server or a process it started leaves its core to the others) share the cores, each given whole modules (so a
+# module's fixtures are built once); those marked `serial` bound time or memory under load, and run alone afterwards.
+# Both parts run, and either failing fails the target.
 test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), lint, then the test suite (unit and tiny end-to-end runs)
 	$(MAKE) --no-print-directory lint
 	@status=0; \
