@@ -6,7 +6,7 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN) + 1 )))
 # RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
 # RUNS_DIR given on make's command line wins over both.
 ifeq ($(origin RUNS_DIR),environment)
