@@ -205,7 +205,9 @@ def test_the_p99_from_the_send_leaves_the_stall_out(stalled):
 def test_no_call_due_after_the_schedule_is_sent(stalled):
     samples, _ = stalled
     due = samples.end_s - samples.due_ms / 1000
-    assert due.max() < STALL_RUN_S, due.max()
+    # a due time given back from a call's end and lateness is off by up to about a millisecond (calls due 50 ms apart
+    # come back 49.4-50.6 ms apart), so the last call due before the schedule's end can come back just after it
+    assert due.max() < STALL_RUN_S + 0.005, due.max()
 
 
 def test_calls_due_but_unsent_when_locust_stops_a_user_held_up_count_as_unsent(stalled_at_the_end):
