@@ -78,33 +78,13 @@ def environ(variables: dict[str, str]):
 
 def run_here(module: str, *args, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m module *args` run in this process (the module's `main`) in the checkout, with the variables `env`:
-    its exit status and what it printed. For a command whose process the test does not check (a build it needs, a
-    stage resumed after a kill), as a new process would import torch again for seconds."""
+    its exit status and what it printed. For a command whose process the test does not check (a refusal, a build it
+    needs, a stage resumed after a kill), as a new process would import torch again for seconds."""
     main = importlib.import_module(f"edgedistill.{module}.__main__").main
     out, err = io.StringIO(), io.StringIO()
     with environ(env or {}), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(list(map(str, args)))
     return subprocess.CompletedProcess([module, *args], status, out.getvalue(), err.getvalue())
-
-
-def distill_here(capsys, *args) -> subprocess.CompletedProcess:
-    """`python -m distill *args` run in this process (the module's `main`), for a stage that stops before it trains:
-    its exit status and what it printed."""
-    from edgedistill.distill.__main__ import main
-
-    status = main(list(map(str, args)))
-    printed = capsys.readouterr()
-    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
-
-
-def export_here(capsys, *args) -> subprocess.CompletedProcess:
-    """`python -m export *args` run in this process (the module's `main`), for an export refused before it builds:
-    its exit status and what it printed."""
-    from edgedistill.export.__main__ import main
-
-    status = main(list(map(str, args)))
-    printed = capsys.readouterr()
-    return subprocess.CompletedProcess(args, status, printed.out, printed.err)
 
 
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
@@ -143,13 +123,22 @@ def data_dir() -> Path:
     return path
 
 
+def build_stages(runs: Path, recipe: Path, *commands: list[str]) -> list[str]:
+    """Each of `commands` (`[module, command, *flags]`) on `recipe` into the runs folder `runs`, run in this process
+    (`run_here`), offline on one thread; what each printed. Fails the caller at the first that fails."""
+    env = {"EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
+    printed = []
+    for module, *command in commands:
+        result = run_here(module, *command, recipe, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        printed.append(result.stdout)
+    return printed
+
+
 def run_smoke(runs: Path, module: str, stage: str) -> str:
     """`python -m module stage recipes/smoke.yaml` into the runs folder `runs`; what it printed. Fails the caller if
     it fails."""
-    env = {"EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    result = run_here(module, stage, ROOT / "recipes" / "smoke.yaml", env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return build_stages(runs, ROOT / "recipes" / "smoke.yaml", [module, stage])[0]
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:

@@ -14,7 +14,7 @@ from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.tokenization import encode, load_tokenizer
 
-from tests.conftest import run_here
+from tests.conftest import build_stages
 
 WORDS, LENGTH = 30, 7
 LABELS = ["low", "high"]
@@ -133,10 +133,8 @@ def run_pair_stages(folder: Path, write_teacher, recipe_text) -> tuple[Path, Rec
     init = write_teacher(folder / "teacher-init", paths["unlabelled"].read_text(encoding="utf-8").splitlines())
     recipe = folder / "pairs.yaml"
     recipe.write_text(recipe_text(paths, init))
-    env = {"EDGEDISTILL_RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    for module, *command in (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"]):
-        result = run_here(module, *command, recipe, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
+    commands = (["distill", "teacher"], ["distill", "distill", "--no-baseline"], ["export", "bundles"])
+    build_stages(folder / "runs", recipe, *commands)
     return folder / "runs" / "pairs", load_recipe(recipe)
 
 

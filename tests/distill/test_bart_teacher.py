@@ -16,7 +16,7 @@ from edgedistill.distill.batching import collate
 from edgedistill.distill.tokenization import encode, load_tokenizer
 
 from tests.bart_init import write_bart
-from tests.conftest import run_here
+from tests.conftest import build_stages
 from tests.distill.test_roberta_pairs import roberta_pair_recipe
 from tests.pair_task import write_pair_task
 from tests.serve.conftest import served_probabilities
@@ -63,10 +63,7 @@ def run_stages(folder, recipe_text: str, *commands: list[str]):
     folder and the recipe."""
     recipe = folder / "bart.yaml"
     recipe.write_text(recipe_text)
-    env = {"EDGEDISTILL_RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    for module, *command in commands:
-        result = run_here(module, *command, recipe, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
+    build_stages(folder / "runs", recipe, *commands)
     return folder / "runs" / "bart", load_recipe(recipe)
 
 

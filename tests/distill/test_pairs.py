@@ -10,7 +10,7 @@ from edgedistill.common.bundle import load_bundle
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 
-from tests.conftest import run_here
+from tests.conftest import build_stages
 from tests.pair_task import pair_recipe, share_changed_by_another_b, write_pair_task
 
 STUDENTS = tuple(
@@ -25,10 +25,7 @@ def pair_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pair-task")
     recipe = folder / "pairs.yaml"
     recipe.write_text(pair_recipe(write_pair_task(folder / "data")))
-    env = {"EDGEDISTILL_RUNS_DIR": str(folder / "runs"), "HF_HUB_OFFLINE": "1", "EDGEDISTILL_TORCH_THREADS": "1"}
-    for module, *command in (["distill", "teacher"], ["distill", "distill"], ["export", "bundles"]):
-        result = run_here(module, *command, recipe, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
+    build_stages(folder / "runs", recipe, ["distill", "teacher"], ["distill", "distill"], ["export", "bundles"])
     return folder / "runs" / "pairs", load_recipe(recipe)
 
 

@@ -30,7 +30,7 @@ from transformers import (
     RobertaForMaskedLM,
 )
 
-from tests.conftest import ROOT, distill_here
+from tests.conftest import ROOT, run_here
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
 from tests.roberta_init import write_roberta
@@ -177,9 +177,9 @@ def test_the_stage_holds_no_corpus_text_while_it_trains(monkeypatch):
     assert held == [0]
 
 
-def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):
-    result = distill_here(
-        capsys,
+def test_too_few_lines_to_hold_out_fail_naming_the_settings():
+    result = run_here(
+        "distill",
         "pretrain",
         ROOT / "recipes" / "smoke.yaml",
         "--pretrain.eval_files=[]",
@@ -192,20 +192,20 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings(capsys):
     )
 
 
-def pretrain_mean_pooled(capsys, init, *extra: str):
+def pretrain_mean_pooled(init, *extra: str):
     """One step of the smoke recipe's pretraining from `init`, for a teacher fine-tuned with `pooling: mean`."""
     args = [f"--model.init={init}", "--finetune.pooling=mean", "--pretrain.optim.max_steps=1", *extra]
-    return distill_here(capsys, "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
+    return run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
 
 
-def test_mean_pooling_of_a_roberta_init_is_refused_before_pretraining(capsys, tmp_path):
+def test_mean_pooling_of_a_roberta_init_is_refused_before_pretraining(tmp_path):
     init = write_roberta(tmp_path / "roberta", TEXTS)
     # --export=null: the smoke recipe's fused teacher bundle would be refused first
-    result = pretrain_mean_pooled(capsys, init, "--export=null")
+    result = pretrain_mean_pooled(init, "--export=null")
     assert f"finetune.pooling=mean builds a BERT encoder, but {init} is a roberta" in result.stderr
 
 
-def test_pretraining_continues_from_a_mean_pooled_teacher(capsys, tmp_path):
+def test_pretraining_continues_from_a_mean_pooled_teacher(tmp_path):
     init = tmp_path / "mean-teacher"
     tok = tokenizer("bert")
     config = heads.MeanPooledBertConfig(
@@ -213,7 +213,7 @@ def test_pretraining_continues_from_a_mean_pooled_teacher(capsys, tmp_path):
     )
     heads.MeanPooledBertForSequenceClassification(config).save_pretrained(init)
     tok.save_pretrained(init)
-    result = pretrain_mean_pooled(capsys, init)
+    result = pretrain_mean_pooled(init)
     assert result.returncode == 0, result.stderr
 
 

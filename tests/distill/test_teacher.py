@@ -25,7 +25,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, distill_here, free_port, run_here, run_module, save_initialised
+from tests.conftest import PYTHON, ROOT, free_port, run_here, run_module, save_initialised
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -80,45 +80,45 @@ def test_scratch_pretrain_then_finetune_beats_majority(family, data_dir, request
     assert mf.load(runs / "teacher") == teacher
 
 
-def test_bad_recipe_and_data_fail_with_a_clear_message(capsys, tmp_path):
-    result = distill_here(capsys, "teacher", SMOKE, "--finetune.optim.lrr=1")
+def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
+    result = run_here("distill", "teacher", SMOKE, "--finetune.optim.lrr=1")
     assert result.returncode == 2
     assert "finetune.optim.lrr" in result.stderr
-    result = distill_here(
-        capsys, "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
+    result = run_here(
+        "distill", "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
     )
     assert result.returncode == 2
     assert "none.tsv: file not found" in result.stderr
-    result = distill_here(capsys, "finetune", SMOKE)
+    result = run_here("distill", "finetune", SMOKE)
     assert result.returncode == 2
     assert "pretrain is not a finished artifact" in result.stderr
 
 
-def test_a_wrong_column_fails_the_teacher_before_pretraining(capsys, tmp_path):
-    result = distill_here(
-        capsys, "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
+def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
+    result = run_here(
+        "distill", "teacher", SMOKE, "--data.text_column=review", "--name=smoke-column", "--pretrain.optim.max_steps=1"
     )
     assert "missing column(s) ['review']" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-column" / "pretrain").exists()
 
 
 @pytest.mark.parametrize("stage", ["teacher", "finetune"])
-def test_a_bad_test_split_fails_before_any_training(capsys, stage, tmp_path):
+def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
     test = tmp_path / "test.tsv"
     test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
     without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
-    result = distill_here(capsys, stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
+    result = run_here("distill", stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
     assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
 
 
-def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(capsys, tmp_path):
+def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_training(tmp_path):
     train = tmp_path / "train.tsv"
     train.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\nstill more\t1\n")
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
     split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
-    result = distill_here(capsys, "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    result = run_here("distill", "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
     assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
     assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
 
@@ -259,10 +259,10 @@ def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
     assert teacher.metrics["dev_accuracy"] > majority_rate(data_dir / "sst2" / "dev.tsv", 300) + 0.05
 
 
-def test_cuda_on_a_machine_without_one_fails_before_any_work(capsys):
+def test_cuda_on_a_machine_without_one_fails_before_any_work():
     if torch.cuda.is_available():
         pytest.skip("checks the error of a machine without CUDA")
-    result = distill_here(capsys, "teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
+    result = run_here("distill", "teacher", SMOKE, "--runtime.device=cuda", "--name=nocuda")
     assert result.returncode == 2
     assert "runtime.device=cuda but no CUDA device visible" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "nocuda").exists()
@@ -363,9 +363,9 @@ def test_reinit_layers_past_the_model_is_refused():
         reinit_top_layers(tiny_classifier("bert"), 3)
 
 
-def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
-    result = distill_here(
-        capsys,
+def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist():
+    result = run_here(
+        "distill",
         "teacher",
         SMOKE,
         "--transfer.unlabelled_files=[nowhere.txt]",
@@ -380,10 +380,10 @@ def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist(capsys):
     [(b"\n\n", ": no text (the file is empty)"), (b"caf\xe9 au lait\n", ":1: not valid UTF-8 (byte 3)")],
     ids=["empty", "not-utf8"],
 )
-def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(capsys, tmp_path, content, problem):
+def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(tmp_path, content, problem):
     (tmp_path / "u.txt").write_bytes(content)
-    result = distill_here(
-        capsys,
+    result = run_here(
+        "distill",
         "teacher",
         SMOKE,
         f"--transfer.unlabelled_files=[{tmp_path / 'u.txt'}]",
@@ -454,22 +454,22 @@ def short_gpt2(tmp_path, data_dir) -> Path:
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune"])
-def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(capsys, stage, tmp_path, data_dir):
+def test_a_gpt2_init_under_model_family_bert_is_refused_before_training(stage, tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
     without = ["--pretrain=null"] if stage == "finetune" else []
-    result = distill_here(capsys, stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
+    result = run_here("distill", stage, SMOKE, f"--model.init={init}", "--model.max_length=32", *without)
     assert f"model.family=bert wants a BERT-style encoder, but {init} is a gpt2" in result.stderr
 
 
-def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
+def test_a_max_length_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = distill_here(capsys, "finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
+    result = run_here("distill", "finetune", SMOKE, *GPT, f"--model.init={init}", "--pretrain=null")
     assert f"model.max_length=64, but {init} has 32 positions" in result.stderr
 
 
-def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(capsys, tmp_path, data_dir):
+def test_a_pretrain_seq_len_past_the_init_checkpoints_positions_is_refused_before_training(tmp_path, data_dir):
     init = short_gpt2(tmp_path, data_dir)
-    result = distill_here(capsys, "pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
+    result = run_here("distill", "pretrain", SMOKE, *GPT, f"--model.init={init}", "--model.max_length=32")
     assert f"pretrain.seq_len=64, but {init} has 32 positions" in result.stderr
 
 

@@ -24,7 +24,7 @@ from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
-from tests.conftest import PYTHON, ROOT, built_once, distill_here, run_module
+from tests.conftest import PYTHON, ROOT, built_once, run_here, run_module
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.test_teacher import kill_9_once, run_stage
 from tests.pair_task import pair_recipe, write_pair_task
@@ -642,37 +642,37 @@ def test_a_transfer_set_of_an_earlier_release_that_pytorch_labelled_stays_curren
     assert fused_transfer_staleness(monkeypatch, run) is None
 
 
-def transfer_here(capsys, monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:
+def transfer_here(monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`transfer_with_labeller` run in this process, for a labeller that is refused before any labelling."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
-    return distill_here(capsys, "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
+    return run_here("distill", "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
 
 
-def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles, capsys, monkeypatch):
+def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles, monkeypatch):
     run = smoke_bundles.parent / "stale-labeller"
     run.mkdir()
     (run / "teacher").symlink_to(smoke_bundles / "teacher")
     (run / "bundle-teacher-int8").symlink_to(smoke_bundles / "bundle-teacher-fused")
     int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
-    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
+    result = transfer_here(monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
     assert result.returncode == 2
     assert "is a fp32 bundle but the recipe makes it int8" in result.stderr
 
 
-def test_a_labeller_built_from_other_export_settings_is_refused_naming_the_setting(smoke_bundles, capsys, monkeypatch):
+def test_a_labeller_built_from_other_export_settings_is_refused_naming_the_setting(smoke_bundles, monkeypatch):
     run = smoke_bundles.parent / "relabelled"
     run.mkdir()
     for folder in ("teacher", "bundle-teacher-int8"):
         (run / folder).symlink_to(smoke_bundles / folder)
     int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
     changed = "--export.bundles.teacher-int8.per_channel=true"
-    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8, changed)
+    result = transfer_here(monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8, changed)
     assert result.returncode == 2
     assert "export.bundles.teacher-int8.per_channel false -> true" in result.stderr
     assert "run `edgedistill labeller RECIPE` first" in result.stderr
 
 
-def test_a_labeller_recording_a_setting_recipes_no_longer_have_is_refused_naming_it(smoke_bundles, capsys, monkeypatch):
+def test_a_labeller_recording_a_setting_recipes_no_longer_have_is_refused_naming_it(smoke_bundles, monkeypatch):
     run = smoke_bundles.parent / "older-labeller"
     (run / "teacher").parent.mkdir()
     (run / "teacher").symlink_to(smoke_bundles / "teacher")
@@ -682,28 +682,28 @@ def test_a_labeller_recording_a_setting_recipes_no_longer_have_is_refused_naming
     record["hashed"]["settings"]["export.dropped_setting"] = 1
     manifest.write_text(json.dumps(record))
     int8 = ("--transfer.labeller=teacher-int8", "--transfer.relabel_margin=1.0")
-    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
+    result = transfer_here(monkeypatch, smoke_bundles.parent, run.name, "--runtime.device=cpu", *int8)
     assert "records a setting recipes no longer have (export.dropped_setting: the recipe has no such setting)" in (
         result.stderr
     )
 
 
-def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, capsys, monkeypatch):
+def test_a_labeller_exported_from_another_teacher_is_refused(smoke_bundles, monkeypatch):
     run = smoke_bundles.parent / "other-teacher"
     shutil.copytree(smoke_bundles / "teacher", run / "teacher")
     manifest = run / "teacher" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"recipe": "smoke"', '"recipe": "retrained"'))
     (run / "bundle-teacher-fused").symlink_to(smoke_bundles / "bundle-teacher-fused")
-    result = transfer_here(capsys, monkeypatch, smoke_bundles.parent, run.name)
+    result = transfer_here(monkeypatch, smoke_bundles.parent, run.name)
     assert result.returncode == 2
     assert "was not exported from the teacher" in result.stderr
 
 
-def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run, capsys, monkeypatch):
+def test_a_missing_labeller_names_the_command_that_builds_it(smoke_run, monkeypatch):
     run = smoke_run.parent / "no-labeller"
     run.mkdir()
     (run / "teacher").symlink_to(smoke_run / "teacher")
-    result = transfer_here(capsys, monkeypatch, smoke_run.parent, run.name, "--runtime.device=cpu")
+    result = transfer_here(monkeypatch, smoke_run.parent, run.name, "--runtime.device=cpu")
     assert result.returncode == 2
     assert "edgedistill labeller RECIPE" in result.stderr
 

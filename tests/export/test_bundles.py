@@ -31,7 +31,7 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from tests.conftest import ROOT, export_here, run_export
+from tests.conftest import ROOT, run_export, run_here
 from tests.distill import extension
 
 pytestmark = pytest.mark.slow
@@ -398,25 +398,23 @@ def test_bundles_this_machine_cannot_run_are_left_out_with_the_reason(smoke_bund
             assert not (smoke_bundles / f"bundle-{bundle_id}").exists()
 
 
-def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses_its_gate(
-    smoke_run, capsys, monkeypatch
-):
+def test_an_fp32_bundle_off_pytorch_by_more_than_the_tolerance_at_a_shape_misses_its_gate(smoke_run, monkeypatch):
     def off(runner):
         run = logits_runner(runner)
         return lambda feeds: run(feeds) + 2 * validate.FP32_TOLERANCE
 
     monkeypatch.setattr(validate, "logits_runner", off)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
-    result = export_here(capsys, "bundles", SMOKE, "--only=bilstm-fp32", "--force")
+    result = run_here("export", "bundles", SMOKE, "--only=bilstm-fp32", "--force")
     assert result.returncode == 1
     # the shape check's words: the dev gate also exits 1, with "against PyTorch on dev"
     assert f"against PyTorch at batch 1, length 1, over the fp32 tolerance {validate.FP32_TOLERANCE}" in result.stderr
 
 
 @pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
-def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles, capsys, monkeypatch):
+def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    result = export_here(capsys, "bundles", SMOKE, "--only=bilstm-engine")
+    result = run_here("export", "bundles", SMOKE, "--only=bilstm-engine")
     assert result.returncode == 2
     assert "tensorrt" in result.stderr
     assert "pip install '.[gpu]'" in result.stderr
@@ -424,31 +422,29 @@ def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles, capsy
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
-def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles, capsys, monkeypatch):
+def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles, monkeypatch):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    result = export_here(capsys, "bundles", SMOKE, *cuda, "--only=cnn-cuda")
+    result = run_here("export", "bundles", SMOKE, *cuda, "--only=cnn-cuda")
     assert result.returncode == 2
     assert "CUDAExecutionProvider" in result.stderr
     assert not (smoke_bundles / "bundle-cnn-cuda").exists()
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
-def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(
-    smoke_bundles, capsys, monkeypatch
-):
+def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(smoke_bundles, monkeypatch):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    export_here(capsys, "bundles", SMOKE, *cuda, "--only=cnn-cuda")
+    run_here("export", "bundles", SMOKE, *cuda, "--only=cnn-cuda")
     assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
 
 
 def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_before_the_export_naming_the_setting(
-    smoke_run, capsys, monkeypatch, no_tf32_override
+    smoke_run, monkeypatch, no_tf32_override
 ):
     trt = ["--export.bundles.cnn-trt.source=cnn", "--export.bundles.cnn-trt.providers=[TensorrtExecutionProvider]"]
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
-    result = export_here(capsys, "bundles", SMOKE, *trt, "--only=cnn-trt")
+    result = run_here("export", "bundles", SMOKE, *trt, "--only=cnn-trt")
     assert result.returncode == 2
     assert "export.bundles.cnn-trt.providers" in result.stderr
     assert "NVIDIA_TF32_OVERRIDE=0" in result.stderr

@@ -20,7 +20,7 @@ from edgedistill.export import cascade as export_cascade
 from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_routing, fit_temperature
 from edgedistill.export.onnx_export import ExportError
 
-from tests.conftest import ROOT, export_here
+from tests.conftest import ROOT, run_here
 from tests.pair_task import pair_recipe, write_pair_task
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -289,10 +289,10 @@ def test_the_stage_line_gives_each_members_accuracy_to_four_places():
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks a cascade left out where this onnxruntime build offers no CUDA")
-def test_a_cascade_of_a_bundle_this_machine_cannot_run_is_left_out_with_the_reason(smoke_bundles, capsys, monkeypatch):
+def test_a_cascade_of_a_bundle_this_machine_cannot_run_is_left_out_with_the_reason(smoke_bundles, monkeypatch):
     recipe = load_recipe(SMOKE, parse_overrides(GPU_CASCADE))
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    result = export_here(capsys, "bundles", SMOKE, *GPU_CASCADE)
+    result = run_here("export", "bundles", SMOKE, *GPU_CASCADE)
     assert result.returncode == 0, result.stderr
     reason = bundle_stage.missing_for(recipe, "teacher-cuda-fp16")
     assert f"[bundle-gpu-cascade] not built here: member teacher-cuda-fp16: {reason}" in result.stdout
@@ -300,7 +300,7 @@ def test_a_cascade_of_a_bundle_this_machine_cannot_run_is_left_out_with_the_reas
 
 @pytest.mark.skipif(cuda_offered, reason="checks a cascade refused where this onnxruntime build offers no CUDA")
 def test_a_cascade_of_a_bundle_this_machine_cannot_run_named_with_only_fails_with_the_whole_error(
-    smoke_bundles, capsys, monkeypatch
+    smoke_bundles, monkeypatch
 ):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    assert export_here(capsys, "bundles", SMOKE, *GPU_CASCADE, "--only=gpu-cascade").returncode == 2
+    assert run_here("export", "bundles", SMOKE, *GPU_CASCADE, "--only=gpu-cascade").returncode == 2

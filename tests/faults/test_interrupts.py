@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.common.test_processes import gone
-from tests.conftest import PYTHON, ROOT, run_here, wait_until
+from tests.conftest import PYTHON, ROOT, build_stages, wait_until
 from tests.faults.conftest import environment, tiny_recipe
 
 pytestmark = pytest.mark.slow
@@ -28,11 +28,8 @@ def tiny(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A tiny recipe whose teacher and transfer set are built, and the environment its stages run in."""
     folder = tmp_path_factory.mktemp("interrupts")
     recipe = tiny_recipe(folder)
-    env = environment(folder / "runs")
-    for stage in ("teacher", "transfer"):
-        result = run_here("distill", stage, recipe, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return recipe, env
+    build_stages(folder / "runs", recipe, ["distill", "teacher"], ["distill", "transfer"])
+    return recipe, environment(folder / "runs")
 
 
 def in_session(sid: int) -> list[psutil.Process]:
