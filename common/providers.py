@@ -35,13 +35,24 @@ PROVIDERS = (
 
 
 def known_providers(providers: list[str]) -> list[str]:
-    """`providers` as given; `ValueError` naming the nearest where one is no name of `PROVIDERS` nor `ALIASES`."""
+    """`providers` by their full names (`ALIASES` expanded), in their order of priority. `ValueError` where one is no
+    name of `PROVIDERS` nor `ALIASES` (naming the nearest), is named twice, or comes after the CPU's, where it would
+    run nothing: ONNX Runtime gives each node to the first provider that takes it, and the CPU's takes every node."""
     for name in [name for name in providers if name not in PROVIDERS and name.lower() not in ALIASES]:
         raise ValueError(
             f"{name!r} is no ONNX Runtime execution provider, in any build: {did_you_mean(name, PROVIDERS)}ONNX Runtime's are "
             f"{', '.join(PROVIDERS)} (or {', '.join(ALIASES)} for short)"
         )
-    return providers
+    full = [ALIASES.get(name.lower(), name) for name in providers]
+    for twice in [name for index, name in enumerate(full) if name in full[:index]]:
+        raise ValueError(f"{twice} is named twice ({', '.join(providers)}): name each provider once")
+    if CPU in full[:-1]:
+        after = ", ".join(full[full.index(CPU) + 1 :])
+        raise ValueError(
+            f"{after} after {CPU} would run nothing: ONNX Runtime gives each node to the first provider that takes it, "
+            f"and {CPU} takes every node. List {CPU} last (or leave it out: it is added last)"
+        )
+    return full
 
 
 def cuda_options(precision: str) -> dict:

@@ -163,8 +163,9 @@ class Settings(BaseModel):
     )
     providers: list[str] = Field(
         [],
-        description="ONNX Runtime execution providers, comma-separated (empty: the bundle's); a name ONNX Runtime has "
-        "in no build is refused, naming the nearest; refused where every model is a TensorRT engine, which runs "
+        description="ONNX Runtime execution providers, comma-separated, in priority order (empty: the bundle's); a name "
+        "ONNX Runtime has in no build is refused, naming the nearest, as are a provider named twice and one after the "
+        "CPU's, which would run nothing; refused where every model is a TensorRT engine, which runs "
         "without ONNX Runtime",
     )
     allow_cpu_fallback: bool = Field(

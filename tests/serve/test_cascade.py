@@ -723,7 +723,7 @@ def test_spin_for_a_tensorrt_engine_is_refused_naming_the_setting(engine):
 
 
 def test_providers_for_a_tensorrt_engine_are_refused_naming_the_setting(engine):
-    refusal = r"it is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) cpu would do nothing"
+    refusal = r"it is a TensorRT engine .*: EDGEDISTILL_PROVIDERS \(--providers\) CPUExecutionProvider would do nothing"
     with pytest.raises(BundleRejected, match=refusal):
         load_runtime(engine, settings_for(engine, threads=0, providers=["cpu"]))
 

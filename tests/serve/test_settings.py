@@ -53,7 +53,7 @@ def test_settings_come_from_the_environment_and_a_flag_overrides_it():
     assert settings.max_queued == 100
     assert settings.max_texts == 10
     assert settings.threads == 2
-    assert settings.providers == ["cuda", "CPUExecutionProvider"]
+    assert settings.providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert settings.metrics_port is None
     assert settings.token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(settings)
@@ -67,6 +67,15 @@ def test_a_provider_onnx_runtime_has_in_no_build_is_refused_naming_the_variable_
         r"in any build: did you mean CPUExecutionProvider\? ",
     ):
         load_settings([], environ={"EDGEDISTILL_PROVIDERS": "cuda, CPUExecutionProvder"})
+
+
+def test_a_provider_after_the_cpus_is_refused_naming_the_variable():
+    with pytest.raises(
+        SettingsError,
+        match=r"--providers / EDGEDISTILL_PROVIDERS: .*CUDAExecutionProvider after CPUExecutionProvider would run "
+        r"nothing",
+    ):
+        load_settings([], environ={"EDGEDISTILL_PROVIDERS": "cpu,cuda"})
 
 
 def test_a_misspelt_variable_is_answered_with_the_nearest_one():
