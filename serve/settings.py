@@ -83,8 +83,9 @@ class Settings(BaseModel):
         "batches in the thread, which overlaps them with the event loop's work: more calls/s at saturation; "
         "0: always the worker thread",
     )
-    max_queued: int = Field(1024, ge=1, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
-    max_texts: int = Field(64, ge=1, description="texts per request; more: RESOURCE_EXHAUSTED")
+    # ModelInfo and ModelConfig carry MAX_TEXTS and the batch size (at most MAX_QUEUED) as int32
+    max_queued: int = Field(1024, ge=1, le=GRPC_INT_MAX, description="rows allowed to wait; more: RESOURCE_EXHAUSTED")
+    max_texts: int = Field(64, ge=1, le=GRPC_INT_MAX, description="texts per request; more: RESOURCE_EXHAUSTED")
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
     max_message_bytes: int = Field(
         1 << 20,

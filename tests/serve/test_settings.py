@@ -257,6 +257,13 @@ def test_a_limit_past_what_grpc_takes_is_refused_naming_its_variable(field):
         load_settings([], {env_name(field): str(GRPC_INT_MAX + 1)})
 
 
+@pytest.mark.parametrize("field", ["max_texts", "max_queued"])
+def test_a_count_model_info_carries_as_an_int32_is_refused_past_one_naming_its_variable(field):
+    too_many = str(GRPC_INT_MAX + 1)  # both, since MAX_TEXTS may not exceed MAX_QUEUED
+    with pytest.raises(SettingsError, match=f"{env_name(field)}.*less than or equal to {GRPC_INT_MAX}"):
+        load_settings([], {"EDGEDISTILL_MAX_TEXTS": too_many, "EDGEDISTILL_MAX_QUEUED": too_many})
+
+
 def test_an_infinite_connection_age_is_refused_with_the_value_grpc_takes_as_never():
     with pytest.raises(SettingsError, match=f"for never, set {NEVER_S} or more"):
         load_settings([], {"EDGEDISTILL_CONNECTION_AGE_S": "inf"})
