@@ -127,12 +127,9 @@ def _file_names(folder: Path) -> list[str]:
 
 
 def _not_utf8(path: Path, err: NotUtf8) -> DataError:
-    """The error for a line of `path` that is not UTF-8, naming UTF-16 text by its byte-order mark."""
+    """The error for a line of `path` that is not UTF-8, naming UTF-16 text by how it shows."""
     if err.utf16:
-        return DataError(
-            f"{path}:1: UTF-16 text (it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export "
-            "does), not UTF-8; re-encode the file as UTF-8"
-        )
+        return DataError(f"{path}:1: UTF-16 text ({err.utf16}), not UTF-8; re-encode the file as UTF-8")
     return DataError(
         f"{path}:{err.line}: not valid UTF-8 (byte {err.byte}); re-encode the file as UTF-8 (from its encoding, e.g. "
         "iconv -f cp1252 -t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"

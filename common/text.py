@@ -19,12 +19,24 @@ REPLACEMENT = "\ufffd"
 
 
 class NotUtf8(ValueError):
-    """A line that does not decode as UTF-8: its `line` number and the file's `byte` where decoding fails; `utf16`
-    when it is the first line and starts with a UTF-16 byte-order mark."""
+    """A line that is not UTF-8 text: its `line` number and the file's `byte` where decoding fails; `utf16` says how the
+    first line shows UTF-16 text ('' where it does not)."""
 
-    def __init__(self, line: int, byte: int, utf16: bool):
+    def __init__(self, line: int, byte: int, utf16: str = ""):
         super().__init__(f"line {line}: not valid UTF-8 (byte {byte})")
         self.line, self.byte, self.utf16 = line, byte, utf16
+
+
+def utf16_sign(first: bytes) -> str:
+    """How a file's `first` line (its end kept) shows UTF-16 text: a UTF-16 byte-order mark, or, without one, a NUL at
+    every other byte, as text of Latin letters has in UTF-16 (and a text file's lines never do); '' where it shows
+    none."""
+    if first.startswith(UTF16_BOMS):
+        return "it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export does"
+    body = first.removesuffix(b"\n")
+    if len(body) >= 2 and not (body[0::2].strip(b"\0") and body[1::2].strip(b"\0")):
+        return "every other byte of its first line is NUL, as in UTF-16 text without a byte-order mark"
+    return ""
 
 
 def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
@@ -32,14 +44,16 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
     held whole and a line never taken is never decoded; its end kept. A line ends at LF, CR LF, or CR alone, never at
     what `str.splitlines` also ends one at (U+2028, U+0085, a form feed: characters a text may hold); `number` counts
     the LFs before it, plus one. A byte-order mark before the first line is dropped; `NotUtf8` for a line that does
-    not decode."""
+    not decode, and for a first line that shows UTF-16 text (`utf16_sign`)."""
     offset = 0
     for number, raw in enumerate(handle, 1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise NotUtf8(number, offset + err.start, number == 1 and raw.startswith(UTF16_BOMS)) from None
+            raise NotUtf8(number, offset + err.start, utf16_sign(raw) if number == 1 else "") from None
         if number == 1:
+            if utf16 := utf16_sign(raw):  # decodes as UTF-8, NULs and all, without a byte-order mark
+                raise NotUtf8(number, raw.index(b"\0"), utf16)
             text = text.removeprefix(BOM)
         if "\r" in text:
             yield from ((number, line) for line in CR_ALONE.split(text) if line)

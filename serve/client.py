@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 from edgedistill.common.arguments import count, input_file
 from edgedistill.common.settings import ENV_PREFIX
-from edgedistill.common.text import BOM, UTF16_BOMS, shows_nothing
+from edgedistill.common.text import BOM, shows_nothing, utf16_sign
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.settings import DIRECT, GRPC_INT_MAX, Settings, blank, on_loopback
@@ -349,12 +349,7 @@ class CallFailed(Exception):
 
 
 def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
-    """The error for input that is not UTF-8, naming UTF-16 (Notepad's "Unicode") by its byte-order mark."""
-    if err.start == 0 and err.object.startswith(UTF16_BOMS):
-        return UsageError(
-            f"cannot read {source}: it is UTF-16 text (it starts with a UTF-16 byte-order mark, as Notepad's "
-            "'Unicode' and spreadsheets' 'Unicode text' write), not UTF-8; save it as UTF-8"
-        )
+    """The error for input that is not UTF-8, naming the line and byte."""
     line = err.object.count(b"\n", 0, err.start) + 1
     return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start}, line {line})")
 
@@ -385,7 +380,10 @@ def lines_of(path: Path, stdin: TextIO, layout: str = "one text per line") -> li
 
 
 def _utf8_text(data: bytes, source: str) -> str:
-    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not."""
+    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not, and UTF-16 text (Notepad's "Unicode")
+    by how it shows (`utf16_sign`)."""
+    if utf16 := utf16_sign(data[: data.find(b"\n") + 1] or data):
+        raise UsageError(f"cannot read {source}: it is UTF-16 text ({utf16}), not UTF-8; save it as UTF-8")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

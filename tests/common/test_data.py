@@ -265,6 +265,12 @@ def test_a_utf16_labelled_file_is_named_as_such(tmp_path):
         load_labelled(str(tmp_path / "a.tsv"), CFG)
 
 
+def test_a_utf16_labelled_file_without_a_byte_order_mark_is_named_as_such(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\ngood\t1\n", encoding="utf-16-le")
+    with pytest.raises(DataError, match=r"a\.tsv:1: UTF-16 text \(every other byte of its first line is NUL"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
 def test_a_utf16_unlabelled_file_is_named_as_such(tmp_path):
     (tmp_path / "u.txt").write_text("first line\n", encoding="utf-16")
     with pytest.raises(DataError, match=r"u\.txt:1: UTF-16 text"):

@@ -81,5 +81,16 @@ def test_utf8_lines_name_utf16_text_by_its_byte_order_mark():
     assert err.value.utf16
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_utf8_lines_name_utf16_text_without_a_byte_order_mark_by_its_nuls(encoding):
+    with pytest.raises(NotUtf8) as err:
+        lines_of("sentence\tlabel\ngood\t1\n".encode(encoding))
+    assert "every other byte of its first line is NUL" in err.value.utf16
+
+
+def test_utf8_lines_take_a_first_line_of_two_letters_as_utf8():
+    assert lines_of(b"ab\ncd\n") == [(1, "ab\n"), (2, "cd\n")]
+
+
 def test_utf8_lines_decode_only_the_lines_taken():
     assert next(utf8_lines(io.BytesIO(b"first\n\xff\n"))) == (1, "first\n")

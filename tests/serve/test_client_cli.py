@@ -269,6 +269,14 @@ def test_a_utf16_file_is_a_usage_error_naming_utf16(served, tmp_path, capsys, en
     assert f"cannot read {path}: it is UTF-16 text" in err
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_file_without_a_byte_order_mark_is_a_usage_error_naming_utf16(tmp_path, encoding):
+    path = tmp_path / "texts.txt"
+    path.write_bytes("good film\nbad film\n".encode(encoding))
+    with pytest.raises(cli.UsageError, match=r"it is UTF-16 text \(every other byte of its first line is NUL"):
+        cli.lines_of(path, None)
+
+
 def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, capsys):
     path = tmp_path / "texts.txt"
     path.write_bytes(b"good film\nbad \xff film\n")
