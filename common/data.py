@@ -240,6 +240,8 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
                 stray = (
                     "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
                 )
+                if not any(row[None]):  # nothing after the last column: more likely a delimiter ending the line
+                    stray = f"{'a tab' if suffix == '.tsv' else 'a comma'} at the line's end, or {stray},"
                 raise DataError(
                     f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
                     f"{stray} splits it: remove it"

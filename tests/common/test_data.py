@@ -83,6 +83,10 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
             r"a\.tsv:3: 1 field\(s\) more than the header's 2; a tab inside",
         ),
         (
+            b"sentence\tlabel\ngood\t1\nbad\t0\t\n",
+            r"a\.tsv:3: 1 field\(s\) more than the header's 2; a tab at the line's end, or a tab inside a text",
+        ),
+        (
             b"sentence\tlabel\ngood\t1\nno label here\n",
             r"a\.tsv:3: 1 field\(s\) fewer than the header's 2; a missing tab",
         ),
