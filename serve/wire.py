@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from functools import partial
 
 from edgedistill.serve.observe import Precheck
-from edgedistill.serve.transport import INPUTS, KSERVE, OUTPUTS
+from edgedistill.serve.transport import CASCADE_OUTPUTS, INPUTS, KSERVE, OUTPUTS
 
 # ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
 # into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
@@ -131,7 +131,8 @@ def model_infer_precheck(data: bytes, max_texts: int) -> str | None:
             if counts[number] > limit:
                 return (
                     f"the request holds more than {limit} {name}: name each input and output once (inputs "
-                    f"{', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)})"
+                    f"{', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)}, and a cascade's "
+                    f"{', '.join(CASCADE_OUTPUTS)})"
                 )
             if name in ("inputs", "outputs") and first >= 0:
                 found += _tensor_elements(

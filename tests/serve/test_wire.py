@@ -45,6 +45,13 @@ def test_84000_parameters_on_a_requested_output_are_refused_before_parsing():
     assert "outputs[0].parameters holds more than 16 entries" in check(request)
 
 
+def test_more_than_16_requested_outputs_are_refused_naming_a_cascades_outputs_too():
+    request = text_request(b"good")
+    for _ in range(17):
+        request.outputs.add(name="answered_by")
+    assert "outputs logits, probabilities, and a cascade's answered_by, escalation_refused)" in check(request)
+
+
 def test_500000_typed_bytes_elements_are_refused_before_parsing():
     request = text_request(*[b""] * 500_000)
     assert "contents hold more than 256 elements in all (4 x the server's MAX_TEXTS, 64)" in check(request)
