@@ -29,7 +29,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, shows_nothing, utf16_sign
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import DIRECT, GRPC_INT_MAX, Settings, blank, on_loopback
+from edgedistill.serve.settings import DIRECT, GRPC_INT_MAX, TARGET_SCHEMES, Settings, blank, on_loopback
 from edgedistill.serve.tls import TLS_FILES, check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -630,7 +630,7 @@ def _token(value: str) -> str:
 
 
 # `host:port` or `[v6]:port`, where the rest is no gRPC target of a scheme (`dns:`, `unix:` and the others)
-HOST_PORT = re.compile(r"(?!(?:dns|ipv4|ipv6|unix|unix-abstract|vsock):)(\[[^\]]*\]|[^:\[\]]+):([^:]*)")
+HOST_PORT = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)(\[[^\]]*\]|[^:\[\]]+):([^:]*)")
 
 
 def _address(value: str) -> str:

@@ -335,8 +335,10 @@ class Settings(BaseModel):
 DIRECT = [("grpc.enable_http_proxy", 0)]
 
 
-# a gRPC target's naming scheme (`dns:///host:port`, `dns://resolver/host:port`, `ipv4:a:port,b:port`, `ipv6:...`)
-_TARGET_SCHEME = re.compile(r"^(?:dns:(?://[^/]*/)?|ipv4:|ipv6:)")
+# the naming schemes of gRPC targets: `dns:///host:port`, `dns://resolver/host:port`, `ipv4:a:port,b:port`, `ipv6:...`,
+# sockets (`unix:path`, `unix-abstract:name`, `vsock:cid:port`)
+TARGET_SCHEMES = ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock")
+_ADDRESS_SCHEME = re.compile(r"^(?:dns:(?://[^/]*/)?|ipv4:|ipv6:)")  # the schemes of host and port lists
 
 
 def on_loopback(address: str) -> bool:
@@ -345,7 +347,7 @@ def on_loopback(address: str) -> bool:
     if address.startswith(("unix:", "unix-abstract:")):
         return True
     return all(
-        _loopback_host(part.rsplit(":", 1)[0].strip("[]")) for part in _TARGET_SCHEME.sub("", address).split(",")
+        _loopback_host(part.rsplit(":", 1)[0].strip("[]")) for part in _ADDRESS_SCHEME.sub("", address).split(",")
     )
 
 
