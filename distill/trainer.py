@@ -85,6 +85,10 @@ class Progress:
     # also where a run resumed at its last step trains none itself
     examples: int = 0
     train_seconds: float = 0.0
+    trained_by: list[dict[str, Any]] = field(default_factory=list)
+    """Each run of the stage that trained steps: its first and last step, world size and placement
+    (`Placement.describe`); the manifest's placement is the last one's, also where a run resumed at its last step
+    trains none itself."""
 
     @property
     def best_entry(self) -> dict[str, Any]:
@@ -313,6 +317,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(_param_groups(self.model, cfg), lr=cfg.lr, fused=True)
         self.scaler = placement.scaler()
         self.progress = Progress()
+        self._entry: dict[str, Any] | None = None  # this run's in `progress.trained_by`, from its first step
         self.ema = (
             AveragedModel(self.model, multi_avg_fn=ema_update(cfg.ema_decay), use_buffers=True)
             if cfg.ema_decay
@@ -333,19 +338,23 @@ class Trainer:
     def run_info(self) -> dict[str, Any]:
         """What every training manifest records about the run that made it."""
         p = self.progress
+        last = p.trained_by[-1] if p.trained_by else self._this_run()
         info = {
             "steps": p.global_step,
             "best_step": p.best_step,
-            "world_size": self.world_size,
+            "world_size": last["world_size"],
             "resumed_from_step": p.resumed_from,
             "batch_size": self.cfg.batch_size,
             "grad_accum": self.cfg.grad_accum,
             "examples_per_s": round(p.examples / p.train_seconds, 1) if p.train_seconds else None,
-            **self.placement.describe(),
+            **{key: value for key, value in last.items() if key not in ("first_step", "last_step")},
+            "trained_by": p.trained_by,
         }
-        if (peak := self.placement.peak_memory_mb()) is not None:
-            info["peak_memory_mb"] = peak
         return info
+
+    def _this_run(self) -> dict[str, Any]:
+        """This run's world size and placement, as `Progress.trained_by` records them."""
+        return {"world_size": self.world_size, **self.placement.describe()}
 
     def _total_steps(self, steps_per_epoch: int) -> int:
         return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
@@ -361,6 +370,8 @@ class Trainer:
         (`on_best`), and removes the earlier ones only once the checkpoint names the new: till then, a resume reads
         the earlier."""
         doing = "keep its best weights and write its checkpoint" if kept else "write its checkpoint"
+        if self._entry is not None and (peak := self.placement.peak_memory_mb()) is not None:
+            self._entry["peak_memory_mb"] = peak  # this run's so far, kept for the manifest of a run resumed after it
         with dist.waiting_for_main(doing):
             # every rank's generators: each draws its own dropout masks, for micro-batches of its own shapes
             rng = dist.gather(self._rng_state())
@@ -528,6 +539,10 @@ class Trainer:
                 p.examples += len(batch)
                 p.step_in_epoch += 1
                 p.global_step += 1
+                if self._entry is None:
+                    self._entry = {"first_step": p.global_step, **self._this_run()}
+                    p.trained_by.append(self._entry)
+                self._entry["last_step"] = p.global_step
                 rate = p.examples / p.train_seconds
                 bar.set_postfix(loss=f"{sum(p.losses) / len(p.losses):.4f}", ex_s=f"{rate:.0f}", refresh=False)
                 bar.update()

@@ -89,6 +89,24 @@ def test_a_run_resumed_at_its_last_step_records_the_rate_of_the_runs_that_traine
     assert trained(tmp_path).run_info()["examples_per_s"] > 0
 
 
+def test_a_run_resumed_at_its_last_step_records_the_placement_of_the_run_that_trained(tmp_path):
+    trained(tmp_path)  # in fp32
+    bf16 = resolve(RuntimeConfig(device="cpu", precision="bf16"))
+    cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0)
+    again = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", bf16)
+    again.fit(lambda epoch: [list(range(16))], lambda idx: (X[idx], Y[idx]),
+              lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1).float(), batch[1]),
+              lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
+    assert again.run_info()["precision"] == "fp32"
+
+
+def test_a_run_resumed_part_way_records_the_steps_and_placement_of_each_run(tmp_path):
+    trained(tmp_path)  # step 1 in fp32
+    progress = resumed(tmp_path, resolve(RuntimeConfig(device="cpu", precision="bf16")))
+    runs = [(run["first_step"], run["last_step"], run["precision"]) for run in progress.trained_by]
+    assert runs == [(1, 1, "fp32"), (2, 2, "bf16")]
+
+
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it .* --force"):
