@@ -34,6 +34,9 @@ class Samples:
     code: np.ndarray
     codes: list[str]
     started: float
+    due_s: np.ndarray | None = None
+    """When each paced call was due (seconds after `started`; NaN for a call of no schedule); None in samples written
+    before it was recorded."""
 
     @classmethod
     def load(cls, path: Path) -> "Samples":
@@ -46,11 +49,13 @@ class Samples:
             else:  # written before statuses were recorded
                 code, codes = (~ok).astype(np.int16), ["OK", "unknown"]
             names = [str(n) for n in data["names"]]
-            return cls(end_s, ms, due_ms, ok, name, names, code, codes, float(data["started"]))
+            due_s = data["due_s"][order] if "due_s" in data else None
+            return cls(end_s, ms, due_ms, ok, name, names, code, codes, float(data["started"]), due_s)
 
     def where(self, keep: np.ndarray) -> "Samples":
         columns = (self.end_s, self.ms, self.due_ms, self.ok, self.name)
-        return Samples(*(c[keep] for c in columns), self.names, self.code[keep], self.codes, self.started)
+        due_s = None if self.due_s is None else self.due_s[keep]
+        return Samples(*(c[keep] for c in columns), self.names, self.code[keep], self.codes, self.started, due_s)
 
     def unsent(self) -> np.ndarray:
         """Which samples are calls due that a paced user never sent (status `NotSent`)."""
@@ -67,8 +72,12 @@ class Samples:
         return self.where((self.end_s >= start) & (self.end_s < end))
 
     def due_before(self, seconds: float) -> "Samples":
-        """The calls due (returned less their latency from the due time) before `seconds`."""
-        return self.where(self.end_s - self.due_ms / 1000 < seconds)
+        """The calls due before `seconds`: by `due_s`, else (a call of no schedule, or samples without it) by their
+        return less their latency from the due time, which can be a millisecond off."""
+        due = self.end_s - self.due_ms / 1000
+        if self.due_s is not None:
+            due = np.where(np.isnan(self.due_s), due, self.due_s)
+        return self.where(due < seconds)
 
     def latencies_by_name(self) -> dict[str, np.ndarray]:
         """The successful calls' latencies (ms) per request name, for the names with any."""

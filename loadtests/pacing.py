@@ -21,7 +21,7 @@ import math
 import random
 import time
 
-from edgedistill.loadtests.recorder import LATE_KEY, NotSent
+from edgedistill.loadtests.recorder import DUE_KEY, LATE_KEY, NotSent
 from locust import User
 from locust.user.task import LOCUST_STATE_WAITING
 
@@ -96,10 +96,11 @@ class PacedUser(User):
                 response_length=0,
                 response=None,
                 # read at each event, as the recorder stamps each, so that the due time it gives back is this one
-                context=self.context() | {LATE_KEY: (time.perf_counter() - due) * 1000},
+                context=self.context() | {LATE_KEY: (time.perf_counter() - due) * 1000, DUE_KEY: due},
                 exception=NotSent("due before the user stopped, held up by a call before it"),
             )
 
     def context(self) -> dict:
-        """The request events' context of the current task's calls: how late (ms) the task started."""
-        return super().context() | {LATE_KEY: self.late_s * 1000}
+        """The request events' context of the current task's calls: how late (ms) the task started, and when it was
+        due."""
+        return super().context() | {LATE_KEY: self.late_s * 1000, DUE_KEY: self.next_start}

@@ -1,5 +1,6 @@
 """Figures from samples: call statistics, CPU, RSS growth, and the notes on a run."""
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan, Stage
-from edgedistill.loadtests.recorder import LATE_KEY, NotSent, Recorder
+from edgedistill.loadtests.recorder import DUE_KEY, LATE_KEY, NotSent, Recorder
 from edgedistill.loadtests.runner import Sampler
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -88,6 +89,29 @@ def test_recorder_keeps_each_calls_latency_from_its_due_time(tmp_path):
     recorder.on_request(name="Classify", response_time=2.0, exception=None, context={})
     recorder.on_quitting()
     assert Samples.load(tmp_path / "requests.npz").due_ms.tolist() == [41.25, 2.0]
+
+
+def test_recorder_keeps_when_each_paced_call_was_due(tmp_path):
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.0, exception=None, context={DUE_KEY: time.perf_counter() + 2})
+    recorder.on_quitting()
+    assert Samples.load(tmp_path / "requests.npz").due_s[0] == pytest.approx(2.0, abs=0.01)
+
+
+def test_recorder_keeps_no_due_time_for_a_call_of_no_schedule(tmp_path):
+    recorder = Recorder(tmp_path / "requests.npz")
+    recorder.on_start()
+    recorder.on_request(name="Classify", response_time=1.0, exception=None, context={})
+    recorder.on_quitting()
+    assert np.isnan(Samples.load(tmp_path / "requests.npz").due_s[0])
+
+
+def test_calls_due_before_an_end_are_taken_by_their_recorded_due_time():
+    # returned 2 ms after the end less their latency from the due time (1 ms): due 1 ms after the end by that
+    # reckoning, but recorded as due just before it; the second call has no recorded due time
+    run = dataclasses.replace(samples([1.002, 1.002], [1.0, 1.0]), due_s=np.array([0.9999, np.nan]))
+    assert run.due_before(1.0).end_s.size == 1
 
 
 def test_call_stats_time_calls_sent_late_from_their_due_time():
