@@ -196,14 +196,17 @@ def _build(inputs: Inputs, console: Console) -> Built:
         "failed calls over every round; "
         f"{cores_phrase(ran_on)}, load average {load_before[0]:.1f} before.",
         "",
-        "| model | capacity texts/s | paced p50 ms | paced p99 ms | failed calls |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| model | capacity texts/s | paced p50 ms | paced p99 ms | paced p99 ms from the due time | paced calls sent "
+        "late / never sent | failed calls |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for model in folders:
-        s = summary[model]
+        s, paced = summary[model], runs[model]["paced"]
+        late, unsent = (sum(record[key] for record in paced) for key in ("late_calls", "unsent_calls"))
         lines.append(
             f"| {names[model]} | {_spread(s['capacity'], 'texts_per_s')} | {_spread(s['paced'], 'p50_ms')} | "
-            f"{_spread(s['paced'], 'p99_ms')} | {failed_calls(runs[model])} |"
+            f"{_spread(s['paced'], 'p99_ms')} | {_spread(s['paced'], 'p99_from_due_ms')} | {late} / {unsent} | "
+            f"{failed_calls(runs[model])} |"
         )
     cascade = mf.load(folders["cascade"], verify=False)
     first = cascade.info["cascade"]["members"][0]["bundle"]
@@ -236,6 +239,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
             "escalation_refused": refused,
             **{f"{model}_capacity_texts_per_s": capacity[model] for model in folders},
             **{f"{model}_paced_p99_ms": summary[model]["paced"]["p99_ms"].median for model in folders},
+            **{
+                f"{model}_paced_p99_from_due_ms": summary[model]["paced"]["p99_from_due_ms"].median for model in folders
+            },
         },
         info={"names": names},
         line=f"capacity {ratio:.2f}x {names['last']}, {escalated:.1%} escalated (routing on the same texts "

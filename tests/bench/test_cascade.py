@@ -74,6 +74,16 @@ def test_bench_cascade_table_names_the_cascade_and_its_last_member(measured):
     assert "| teacher-fused |" in table
 
 
+def test_bench_cascade_records_the_paced_p99_from_the_due_time_of_both(measured):
+    metrics = mf.load(measured[1]).metrics
+    assert metrics["cascade_paced_p99_from_due_ms"] > 0
+    assert metrics["last_paced_p99_from_due_ms"] > 0
+
+
+def test_bench_cascade_table_gives_the_paced_calls_sent_late_and_never_sent(measured_without_servers):
+    assert "| 2.0 (2.0-2.0) | 3.0 (3.0-3.0) | 2 / 1 | 0 |" in (measured_without_servers / "cascade.md").read_text()
+
+
 def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, capsys):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
@@ -234,6 +244,7 @@ def test_the_routing_share_counts_each_text_as_often_as_it_was_sent(measured_wit
 def measured_without_servers(tmp_path, monkeypatch):
     """The cascade benchmark's artifact written from canned figures, as `_build` writes it after measuring."""
     record = {"texts_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "failures": 0, "error_codes": {}}
+    record |= {"p99_from_due_ms": 3.0, "late_calls": 2, "unsent_calls": 1}  # of the paced phase
 
     async def canned(recipe, folders, work, answers):
         answers.update({(SURE_TEXT, None, "small", False): 3, (UNSURE_TEXT, None, "big", False): 1})
