@@ -214,6 +214,10 @@ class Recipe(Strict):
                 self.pretrain is not None and self.pretrain.whole_word_mask,
                 "a causal LM predicts every next token and masks none, so the setting would change nothing",
             ),
+            "pretrain.mlm_probability": (
+                self.pretrain is not None and "mlm_probability" in self.pretrain.model_fields_set,
+                "a causal LM predicts every next token and masks none, so the setting would change nothing",
+            ),
             smooth_key: (
                 bool(smoothed),
                 "it smooths LayerNorm and GELU outputs feeding MatMuls, and a GPT-2 graph's projections are Gemms; "

@@ -248,6 +248,15 @@ class PretrainConfig(Strict):
     def _plain_text(cls, files: list[str], info: ValidationInfo) -> list[str]:
         return plain_text_files("pretrain", files, info)
 
+    @model_validator(mode="after")
+    def _holdout_without_eval_files(self):
+        if self.eval_files and "eval_holdout_lines" in self.model_fields_set:
+            raise ValueError(
+                "eval_holdout_lines holds out the last train lines only where eval_files is empty, and it is not "
+                "(evaluation reads eval_files): drop one of the two"
+            )
+        return self
+
 
 class FinetuneConfig(Strict):
     """Sequence classification on the labelled task; the best dev checkpoint is kept."""

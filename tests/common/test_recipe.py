@@ -405,6 +405,18 @@ def test_whole_word_masking_for_a_gpt_teacher_is_refused(tmp_path):
         load_recipe(write(tmp_path, MINIMAL + pretrain), {"model.family": "gpt"})
 
 
+def test_a_masking_probability_for_a_gpt_teacher_is_refused(tmp_path):
+    pretrain = "pretrain: {train_files: [corpus.txt], mlm_probability: 0.2}\n"
+    with pytest.raises(RecipeError, match="pretrain.mlm_probability needs a bert teacher"):
+        load_recipe(write(tmp_path, MINIMAL + pretrain), {"model.family": "gpt"})
+
+
+def test_lines_held_out_beside_evaluation_files_are_refused(tmp_path):
+    pretrain = "pretrain: {train_files: [corpus.txt], eval_files: [held.txt], eval_holdout_lines: 300}\n"
+    with pytest.raises(RecipeError, match="eval_holdout_lines holds out the last train lines only where eval_files"):
+        load_recipe(write(tmp_path, MINIMAL + pretrain))
+
+
 def test_default_pooling_leaves_the_finetune_hash_unchanged(tmp_path):
     plain = load_recipe(write(tmp_path, MINIMAL))
     explicit = load_recipe(write(tmp_path, MINIMAL), {"finetune.pooling": "cls"})
