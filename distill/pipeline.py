@@ -3,8 +3,9 @@ parallel jobs."""
 
 from edgedistill.common.data import load_splits, load_test, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
-from edgedistill.distill import device, dist, finetune, parallel, pretrain, student_stage, table, transfer
+from edgedistill.distill import device, dist, finetune, heads, parallel, pretrain, student_stage, table, transfer
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
+from transformers import AutoConfig
 
 
 def run(
@@ -32,6 +33,7 @@ def run(
                 _warn_unreadable_transfer_files(recipe)
                 _warn_masking(recipe)
                 _warn_student_problems(recipe)
+                _warn_positions(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
             _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
@@ -66,6 +68,29 @@ def _warn_student_problems(recipe: Recipe) -> None:
         student_stage.check_students(recipe, list(recipe.distill.students))
     except RecipeError as err:
         print(f"[teacher] warning: {err}; the transfer and distill stages will stop on it, before the transfer set")
+
+
+def _warn_positions(recipe: Recipe) -> None:
+    """Say now, not after the teacher has trained, that the transfer stage will refuse a `transfer.max_length` past the
+    teacher's positions: those of `model.init`, or `pretrain.scratch_positions` for a teacher built from scratch."""
+    if recipe.transfer is None:
+        return
+    tokens, setting = recipe.transfer.max_length, "transfer.max_length"
+    try:
+        if recipe.model.init is None:
+            positions = pretrain.scratch_positions(recipe.model, recipe.pretrain.seq_len)
+            if tokens > positions:
+                raise RecipeError(
+                    f"{setting}={tokens}, but a teacher built from scratch has {positions} positions (512, "
+                    f"model.max_length or pretrain.seq_len, whichever is most); set {setting} to at most {positions}, "
+                    "or raise model.max_length to it"
+                )
+        else:
+            heads.require_positions(AutoConfig.from_pretrained(recipe.model.init), tokens, setting, recipe.model.init)
+    except OSError:  # an init that cannot be read: fine-tuning says so
+        return
+    except RecipeError as err:
+        print(f"[teacher] warning: {err}; the transfer stage will stop on it")
 
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:

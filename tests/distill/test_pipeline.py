@@ -3,6 +3,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import __main__ as distill_main
 from edgedistill.distill import pipeline
 from edgedistill.distill.dist import CollectiveTimeout
@@ -36,6 +37,25 @@ def test_the_warning_of_a_refused_student_names_the_transfer_stage_which_stops_o
     monkeypatch.setattr(pipeline, "_teacher", lambda *args: None)
     distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml")])
     assert "the transfer and distill stages will stop on it" in capsys.readouterr().out
+
+
+def test_a_transfer_length_past_a_scratch_teachers_positions_is_warned_of_before_it_trains(monkeypatch, capsys):
+    before_training = []
+    monkeypatch.setattr(pipeline, "_teacher", lambda *args: before_training.append(capsys.readouterr().out))
+    distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml"), "--transfer.max_length=600"])
+    assert (
+        "[teacher] warning: transfer.max_length=600, but a teacher built from scratch has 512 positions"
+        in (before_training[0])
+    )
+
+
+def test_a_transfer_length_past_the_inits_positions_is_warned_of_before_the_teacher_trains(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "_teacher", lambda *args: None)
+    init = load_recipe(ROOT / "recipes" / "sst2.yaml").model.init  # the shared MiniLM, 512 positions
+    distill_main.main(
+        ["teacher", str(ROOT / "recipes" / "smoke.yaml"), f"--model.init={init}", "--transfer.max_length=600"]
+    )
+    assert "transfer.max_length=600, but " in capsys.readouterr().out
 
 
 GAVE_UP = "rank 1 waited 5 s (runtime.collective_timeout_s) for rank 0 to evaluate, and gave up: ..."
