@@ -88,6 +88,22 @@ def worker_count(settings: Settings) -> int:
     return settings.workers
 
 
+def warn_oversubscribed(settings: Settings, count: int) -> None:
+    """Warn where THREADS, set by hand, gives `count` server processes more intra-op threads in all than the usable
+    cores: they take turns on the cores, so each batch runs slower than on fewer, and the event loops wait for them."""
+    cores = usable_cores()
+    if settings.threads and settings.threads * count > cores:
+        log.warning(
+            "THREADS=%d in %d server process(es) runs %d intra-op threads on %d usable core(s): they take turns, each "
+            "batch slower than on fewer threads. Set THREADS=0 to share the cores among the workers",
+            settings.threads,
+            count,
+            settings.threads * count,
+            cores,
+            extra={"event": "threads_exceed_cores", "threads": settings.threads, "workers": count, "cores": cores},
+        )
+
+
 # --- the worker's side ----------------------------------------------------------------------------------------
 
 

@@ -488,6 +488,14 @@ def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning
     assert any(getattr(r, "event", None) == "workers_exceed_memory" for r in caplog.records) == warned
 
 
+@pytest.mark.parametrize(("threads", "count", "warned"), [(2, 2, True), (1, 2, False), (0, 4, False)])
+def test_threads_set_by_hand_beyond_the_usable_cores_are_warned_of(monkeypatch, caplog, threads, count, warned):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        workers.warn_oversubscribed(Settings(threads=threads), count)
+    assert any(getattr(r, "event", None) == "threads_exceed_cores" for r in caplog.records) == warned
+
+
 # A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
 UNDER_QUOTA = """
 import os, runpy, sys
