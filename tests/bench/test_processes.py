@@ -125,6 +125,8 @@ def test_a_ctrl_c_at_the_terminal_reaches_the_measurement_and_not_its_server(tmp
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # the terminal's foreground process group, which a Ctrl-C signals whole
+        # as a terminal's foreground job has it: a test run started in the background (`&` in a script) ignores it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert measurement.stdout.readline() == "serving\n"
     os.killpg(measurement.pid, signal.SIGINT)
