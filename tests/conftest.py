@@ -5,6 +5,7 @@ import importlib
 import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -108,9 +109,17 @@ def step(rps, p99, errors=0.0, offered=None) -> dict:
 
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
+    """Offline, a runs folder of the test's own, one torch thread; and the signal handlers left as the test found
+    them: a command run in the test's process (`run_here`: the server's `main`) installs its own, which the
+    processes that later tests start would otherwise inherit."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", os.environ.get("EDGEDISTILL_TORCH_THREADS", "1"))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) is not handler:  # None: a handler not set from Python
+            signal.signal(sig, handler)
 
 
 @pytest.fixture
