@@ -293,7 +293,7 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         providers = runner.providers
     run = validate.logits_runner(runner)
     try:  # an engine holds device memory and a CUDA stream until it is closed
-        shapes = validate.check_shapes(run, source, spec.precision, length)
+        shapes = validate.check_shapes(run, source, spec.precision, length, fused=source.is_transformer and spec.fused)
         exported_logits = validate.dev_logits(
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )

@@ -54,6 +54,17 @@ def test_an_fp32_graph_off_by_more_than_the_tolerance_misses_the_gate(source):
         check_shapes(runner(source, off), source, "fp32", 64)
 
 
+def test_an_fp32_fused_graph_off_by_more_than_the_tolerance_names_fused_false(source):
+    with pytest.raises(ExportGateError, match=r"over the fp32 tolerance 0.001 \(fused: false builds a Transformer"):
+        check_shapes(runner(source, lambda logits, batch, length: logits + 1), source, "fp32", 64, fused=True)
+
+
+def test_an_fp32_graph_without_fused_kernels_off_by_more_than_the_tolerance_names_no_fused_false(source):
+    with pytest.raises(ExportGateError) as missed:
+        check_shapes(runner(source, lambda logits, batch, length: logits + 1), source, "fp32", 64)
+    assert "fused: false" not in str(missed.value)
+
+
 def test_a_bundle_longer_than_every_shape_is_checked_at_its_max_length(source):
     worst = check_shapes(runner(source, lambda logits, batch, length: logits), source, "fp32", 192)
     assert "b3_t192" in worst
