@@ -38,6 +38,7 @@ from edgedistill.common.config.training import (
     TransferConfig,
 )
 from edgedistill.common.names import did_you_mean
+from edgedistill.common.providers import CPU
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
 
@@ -143,6 +144,11 @@ class Recipe(Strict):
             raise ValueError(
                 f"transfer.labeller={name!r} must be an fp32 or INT8 ONNX Runtime bundle of the teacher, got source="
                 f"{bundle.source}, precision={bundle.precision}, runtime={bundle.runtime}"
+            )
+        if bundle.providers != [CPU]:
+            raise ValueError(
+                f"transfer.labeller={name!r} has providers {', '.join(bundle.providers)}: the labeller labels on the "
+                f"CPU (a GPU labels in PyTorch), and was gated on its providers; name a bundle on {CPU} alone"
             )
         if bundle.quantization == "static" and bundle.precision == "int8":
             raise ValueError(

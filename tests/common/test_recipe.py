@@ -897,6 +897,15 @@ def test_a_static_int8_labeller_is_refused_since_it_calibrates_on_what_it_labels
         )
 
 
+def test_a_labeller_on_a_gpu_provider_is_refused_since_the_labeller_labels_on_the_cpu(tmp_path):
+    with pytest.raises(RecipeError, match=r"has providers CUDAExecutionProvider, CPUExecutionProvider: the labeller"):
+        extend(
+            tmp_path,
+            "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\n"
+            "export: {bundles: {teacher-int8: {source: teacher, precision: int8, providers: [cuda, cpu]}}}\n",
+        )
+
+
 def test_an_int8_op_onnx_runtime_does_not_quantize_is_refused_naming_the_nearest():
     overrides = parse_overrides(["--export.bundles.transformer-int8.int8_ops=[Matmul]"])
     with pytest.raises(
