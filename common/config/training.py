@@ -305,7 +305,8 @@ class TransferConfig(Strict):
     labeller: str | None = Field(
         None,
         description="on the CPU, label with this fp32 or INT8 teacher bundle in ONNX Runtime (built first by "
-        "`edgedistill labeller`) instead of PyTorch; on a GPU, PyTorch labels",
+        "`edgedistill labeller`; its providers `CPUExecutionProvider` alone) instead of PyTorch; on a GPU, PyTorch "
+        "labels",
     )
     relabel_margin: float | None = Field(
         None,
