@@ -138,7 +138,8 @@ class Settings(BaseModel):
         0,
         ge=0,
         description="server processes sharing the port, one model each, under a supervisor that sums their metrics; "
-        "0: one per usable core, as many as memory holds; 1: one process, no supervisor",
+        "0: one per usable core, as many as memory holds; 1: one process, no supervisor; more than the usable cores "
+        "is warned of at start (their threads take turns on the cores)",
     )
     threads: int = Field(
         0,

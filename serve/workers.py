@@ -89,18 +89,22 @@ def worker_count(settings: Settings) -> int:
 
 
 def warn_oversubscribed(settings: Settings, count: int) -> None:
-    """Warn where THREADS, set by hand, gives `count` server processes more intra-op threads in all than the usable
-    cores: they take turns on the cores, so each batch runs slower than on fewer, and the event loops wait for them."""
+    """Warn where `count` server processes run more ONNX Runtime intra-op threads in all than the usable cores (THREADS
+    set by hand, or WORKERS above the cores): they take turns on the cores, so each batch runs slower than on fewer,
+    and the event loops wait for them. A TensorRT engine runs none."""
+    if settings.bundle is None or not runs_onnx_runtime(settings.bundle):
+        return
     cores = usable_cores()
-    if settings.threads and settings.threads * count > cores:
+    each = settings.threads or (0 if count == 1 else max(1, cores // count))  # 0: ONNX Runtime's own, one per core
+    if each * count > cores:
         log.warning(
-            "THREADS=%d in %d server process(es) runs %d intra-op threads on %d usable core(s): they take turns, each "
-            "batch slower than on fewer threads. Set THREADS=0 to share the cores among the workers",
-            settings.threads,
+            "%d server process(es) of %d intra-op thread(s) each run %d threads on %d usable core(s): they take turns, "
+            "each batch slower than on fewer threads. Set THREADS=0 and WORKERS=0 to fit them to the cores",
             count,
-            settings.threads * count,
+            each,
+            each * count,
             cores,
-            extra={"event": "threads_exceed_cores", "threads": settings.threads, "workers": count, "cores": cores},
+            extra={"event": "threads_exceed_cores", "threads": each, "workers": count, "cores": cores},
         )
 
 

@@ -488,11 +488,18 @@ def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning
     assert any(getattr(r, "event", None) == "workers_exceed_memory" for r in caplog.records) == warned
 
 
-@pytest.mark.parametrize(("threads", "count", "warned"), [(2, 2, True), (1, 2, False), (0, 4, False)])
-def test_threads_set_by_hand_beyond_the_usable_cores_are_warned_of(monkeypatch, caplog, threads, count, warned):
+@pytest.mark.parametrize(
+    ("threads", "count", "warned"),
+    [(2, 2, True), (1, 2, False), (0, 4, True), (0, 2, False), (0, 1, False)],
+    ids=["threads by hand", "one each", "workers above the cores", "one per core", "one process"],
+)
+def test_threads_beyond_the_usable_cores_over_all_the_workers_are_warned_of(
+    monkeypatch, tmp_path, caplog, threads, count, warned
+):
     monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    settings = Settings(bundle=write_bundle(tmp_path / "bundle"), threads=threads)
     with caplog.at_level(logging.WARNING, logger="serve"):
-        workers.warn_oversubscribed(Settings(threads=threads), count)
+        workers.warn_oversubscribed(settings, count)
     assert any(getattr(r, "event", None) == "threads_exceed_cores" for r in caplog.records) == warned
 
 
