@@ -209,10 +209,16 @@ def require_positions(config, tokens: int, setting: str, name) -> None:
     """Refuse sequences of `tokens` (the recipe's `setting`) longer than the positions of the model `name`, whose
     position embeddings would otherwise be indexed out of range at the first long text."""
     positions = usable_positions(config)
+    why = "max_position_embeddings"
+    if positions != config.max_position_embeddings:
+        why += f" {config.max_position_embeddings}, a {config.model_type}'s numbered from its padding id + 1"
+    refuse_past_positions(positions, tokens, setting, name, why)
+
+
+def refuse_past_positions(positions: int, tokens: int, setting: str, name, why: str) -> None:
+    """`RecipeError` where `tokens` (the recipe's `setting`) are more than the `positions` of `name` (`why`: where
+    that count comes from)."""
     if tokens > positions:
-        why = "max_position_embeddings"
-        if positions != config.max_position_embeddings:
-            why += f" {config.max_position_embeddings}, a {config.model_type}'s numbered from its padding id + 1"
         raise RecipeError(
             f"{setting}={tokens}, but {name} has {positions} positions ({why}); set {setting} to at most {positions}"
         )

@@ -79,12 +79,8 @@ def _warn_positions(recipe: Recipe) -> None:
     try:
         if recipe.model.init is None:
             positions = pretrain.scratch_positions(recipe.model, recipe.pretrain.seq_len)
-            if tokens > positions:
-                raise RecipeError(
-                    f"{setting}={tokens}, but a teacher built from scratch has {positions} positions (512, "
-                    f"model.max_length or pretrain.seq_len, whichever is most); set {setting} to at most {positions}, "
-                    "or raise model.max_length to it"
-                )
+            why = "512, model.max_length or pretrain.seq_len, whichever is most"
+            heads.refuse_past_positions(positions, tokens, setting, "a teacher built from scratch", why)
         else:
             heads.require_positions(AutoConfig.from_pretrained(recipe.model.init), tokens, setting, recipe.model.init)
     except OSError:  # an init that cannot be read: fine-tuning says so

@@ -94,8 +94,7 @@ def warn_oversubscribed(settings: Settings, count: int) -> None:
     and the event loops wait for them. A TensorRT engine runs none."""
     if settings.bundle is None or not runs_onnx_runtime(settings.bundle):
         return
-    cores = usable_cores()
-    each = settings.threads or (0 if count == 1 else max(1, cores // count))  # 0: ONNX Runtime's own, one per core
+    cores, each = usable_cores(), intra_op_threads(settings.threads, count)  # 0: ONNX Runtime's own, one per core
     if each * count > cores:
         log.warning(
             "%d server process(es) of %d intra-op thread(s) each run %d threads on %d usable core(s): they take turns, "

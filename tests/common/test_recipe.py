@@ -918,19 +918,23 @@ def test_the_dynamic_int8_ops_named_are_those_onnx_runtime_quantizes():
     assert set(IntegerOpsRegistry) == set(DYNAMIC_INT8_OPS)
 
 
+def with_providers(providers: str):
+    """The smoke recipe with its `bilstm-fp32` bundle on `providers` (a YAML list)."""
+    overrides = parse_overrides([f"--export.bundles.bilstm-fp32.providers={providers}"])
+    return load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
 def test_a_provider_onnx_runtime_has_in_no_build_is_refused_naming_the_nearest():
-    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[CPUExecutionProvder]"])
     with pytest.raises(
         RecipeError,
         match=r"bilstm-fp32\.providers: 'CPUExecutionProvder' is no ONNX Runtime execution provider, in any "
         r"build: did you mean CPUExecutionProvider\? ",
     ):
-        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+        with_providers("[CPUExecutionProvder]")
 
 
 def test_a_provider_alias_is_taken_by_its_full_name():
-    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[CUDA, cpu]"])
-    assert load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).export.bundles["bilstm-fp32"].providers == [
+    assert with_providers("[CUDA, cpu]").export.bundles["bilstm-fp32"].providers == [
         "CUDAExecutionProvider",
         "CPUExecutionProvider",
     ]
@@ -938,26 +942,23 @@ def test_a_provider_alias_is_taken_by_its_full_name():
 
 def test_a_provider_hashes_alike_by_its_alias_and_its_full_name():
     def hashed(providers: str) -> str:
-        overrides = parse_overrides([f"--export.bundles.bilstm-fp32.providers={providers}"])
-        return load_recipe(ROOT / "recipes" / "smoke.yaml", overrides).section_hash("export.bundles.bilstm-fp32")
+        return with_providers(providers).section_hash("export.bundles.bilstm-fp32")
 
     assert hashed("[cpu]") == hashed("[CPUExecutionProvider]")
 
 
 def test_a_provider_after_the_cpus_is_refused_as_one_that_would_run_nothing():
-    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[cpu, CUDAExecutionProvider]"])
     with pytest.raises(
         RecipeError,
         match=r"bilstm-fp32\.providers: .*CUDAExecutionProvider after CPUExecutionProvider would run nothing: ONNX "
         r"Runtime gives each node to the first provider that takes it",
     ):
-        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+        with_providers("[cpu, CUDAExecutionProvider]")
 
 
 def test_a_provider_named_twice_by_its_alias_and_its_full_name_is_refused():
-    overrides = parse_overrides(["--export.bundles.bilstm-fp32.providers=[cuda, CUDAExecutionProvider]"])
     with pytest.raises(RecipeError, match=r"bilstm-fp32\.providers: .*CUDAExecutionProvider is named twice"):
-        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+        with_providers("[cuda, CUDAExecutionProvider]")
 
 
 def test_the_providers_named_are_those_onnx_runtime_has():

@@ -18,7 +18,7 @@ import urllib.request
 import grpc
 import pytest
 from edgedistill.common import machine
-from edgedistill.serve import workers
+from edgedistill.serve import backend, workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import Settings
@@ -496,7 +496,9 @@ def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning
 def test_threads_beyond_the_usable_cores_over_all_the_workers_are_warned_of(
     monkeypatch, tmp_path, caplog, threads, count, warned
 ):
-    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    for module in (workers, backend):  # a machine of two cores, no CPU quota
+        monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    monkeypatch.setattr(backend, "affinity_cores", lambda: 2)
     settings = Settings(bundle=write_bundle(tmp_path / "bundle"), threads=threads)
     with caplog.at_level(logging.WARNING, logger="serve"):
         workers.warn_oversubscribed(settings, count)
