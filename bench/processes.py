@@ -2,6 +2,7 @@
 load generator run to its end; their output goes to a log file, whose tail a failure quotes."""
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,9 +23,46 @@ from edgedistill.serve.settings import Settings, env_name, load_settings
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_CHARS = 2000
+PICK_FLOOR = 10000  # `free_port` picks at or above it: the ports below hold most fixed services
 
 
-def free_port() -> int:
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_next_pick = random.randrange(1 << 16)  # where this process's next `free_port` looks first, apart from other processes'
+
+
+def ephemeral_low(range_file: Path = EPHEMERAL_RANGE) -> int | None:
+    """The lowest port the kernel hands out for port 0 and outgoing connections, None where it does not say."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(range_file: Path = EPHEMERAL_RANGE) -> int:
+    """A loopback TCP port nothing holds now, for a server started next, taken below the kernel's ephemeral range.
+
+    A port in that range may be taken between this pick and the server's bind, which then fails: any outgoing
+    connection may get it as its local port, and holds it for a minute more in TIME_WAIT. Below that range only
+    an explicit bind takes a port. Each call in a process looks at the next port, from a random start, so that
+    calls in one process do not give one port twice and calls in several processes seldom meet. Where the kernel
+    does not give its range (not Linux), or nothing below it is free, a port of that range, as port 0 picks."""
+    global _next_pick
+    if (low := ephemeral_low(range_file)) is not None and low > PICK_FLOOR:
+        span = low - PICK_FLOOR
+        for _ in range(span):
+            port = PICK_FLOOR + _next_pick % span
+            _next_pick += 1
+            if bindable(port):
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

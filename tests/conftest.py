@@ -6,7 +6,6 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -51,13 +50,6 @@ def pytest_collection_modifyitems(items):
     module at a time in this order, start the longest ones first instead of ending on one."""
     slow = {item.module for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: getattr(item, "module", None) not in slow)
-
-
-def free_port() -> int:
-    """A loopback TCP port no one listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_module(module: str, runs: Path, *args: str) -> subprocess.CompletedProcess:

@@ -8,9 +8,8 @@ import functools
 import grpc
 import pytest
 from edgedistill.bench import BenchError, drivers
+from edgedistill.bench.processes import free_port
 from edgedistill.serve.proto import classifier_pb2
-
-from tests.conftest import free_port
 
 
 class FakeClassify:

@@ -8,9 +8,7 @@ import pytest
 from edgedistill.bench import BenchError, h2load
 from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
-from edgedistill.bench.processes import serving
-
-from tests.conftest import free_port
+from edgedistill.bench.processes import free_port, serving
 
 SUMMARY = """finished in 2.00s, 1031.00 req/s, 130.95KB/s
 requests: 2062 total, 2070 started, 2062 done, 2062 succeeded, 0 failed, 0 errored, 0 timeout

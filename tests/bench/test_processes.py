@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,28 @@ def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
     failed = pytest.raises(BenchError, match=r"(?s)bench.servers exited with 2 at start; its log ends:.*--port")
     with failed, running("edgedistill.bench.servers", ["--port", "not-a-port"], port, tmp_path / "bad.log"):
         pass
+
+
+def test_a_picked_port_lies_below_the_kernels_ephemeral_range(tmp_path):
+    (tmp_path / "range").write_text("32768\t60999\n")
+    assert processes.PICK_FLOOR <= free_port(tmp_path / "range") < 32768
+
+
+def test_ports_picked_one_after_another_differ():
+    assert len({free_port() for _ in range(50)}) == 50
+
+
+def test_a_port_someone_holds_is_not_picked(tmp_path, monkeypatch):
+    (tmp_path / "range").write_text("32768 60999")
+    first = free_port(tmp_path / "range")
+    monkeypatch.setattr(processes, "_next_pick", first - processes.PICK_FLOOR)  # look at `first` first again
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first))
+        assert free_port(tmp_path / "range") != first
+
+
+def test_a_kernel_without_an_ephemeral_range_gives_a_port_of_port_0(tmp_path):
+    assert free_port(tmp_path / "absent") >= processes.ephemeral_low()
 
 
 def killed(process) -> None:

@@ -7,8 +7,9 @@ import sys
 import threading
 
 import pytest
+from edgedistill.bench.processes import free_port
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
 
 COUNTED = b'edgedistill_requests_total{method="Classify",code="OK"} 1.0\n'
 

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from edgedistill.bench.processes import free_port
 from edgedistill.common import settings
 from edgedistill.serve.client import wait_ready
 
-from tests.conftest import free_port
 from tests.serve.conftest import LABELS, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

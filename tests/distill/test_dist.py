@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as torch_dist
+from edgedistill.bench.processes import free_port
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.stage import Built, Stage
 from edgedistill.distill import dist
 
-from tests.conftest import PYTHON, free_port
+from tests.conftest import PYTHON
 from tests.distill.ranks import on_two_ranks
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from edgedistill.bench.processes import free_port
 from edgedistill.common import manifest as mf
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import RecipeError, load_recipe
@@ -25,7 +26,7 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, free_port, run_here, run_module, save_initialised
+from tests.conftest import PYTHON, ROOT, run_here, run_module, save_initialised
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from edgedistill.bench.processes import free_port
 
-from tests.conftest import free_port
 from tests.serve.conftest import ROOT, RunningServer, settings_for, subprocess_env, write_bundle
 
 CLIENT = """

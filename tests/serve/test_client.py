@@ -4,9 +4,9 @@ once it is gone, and not past its seconds."""
 import time
 
 import pytest
+from edgedistill.bench.processes import free_port
 from edgedistill.serve.client import Client, wait_ready
 
-from tests.conftest import free_port
 from tests.serve.conftest import settings_for
 
 

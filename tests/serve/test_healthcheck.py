@@ -2,10 +2,9 @@
 straight there, past any proxy of the environment."""
 
 import pytest
+from edgedistill.bench.processes import free_port
 from edgedistill.serve.healthcheck import health_address, main
 from edgedistill.serve.settings import Settings, SettingsError
-
-from tests.conftest import free_port
 
 
 def test_the_health_port_is_asked_where_set():
