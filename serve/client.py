@@ -631,11 +631,17 @@ def _token(value: str) -> str:
 
 # `host:port` or `[v6]:port`, where the rest is no gRPC target of a scheme (`dns:`, `unix:` and the others)
 HOST_PORT = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)(\[[^\]]*\]|[^:\[\]]+):([^:]*)")
+HOST = re.compile(r"\[[^\]]*\]|[^:\[\]]+")  # a host alone, which gRPC would dial on port 443
 
 
 def _address(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("must name the server, host:port")
+    if HOST.fullmatch(value):
+        port = DEFAULT_ADDRESS.rsplit(":", 1)[1]
+        raise argparse.ArgumentTypeError(
+            f"{value} names no port, and gRPC would dial 443: give host:port, e.g. {value}:{port}, the server's default"
+        )
     # gRPC takes a port past 65535 modulo 65536: another port, on which another server may answer
     if (plain := HOST_PORT.fullmatch(value)) and not (plain[2].isdigit() and 0 < int(plain[2]) < 65536):
         raise argparse.ArgumentTypeError(f"the port of {value} must be a number from 1 to 65535")

@@ -179,6 +179,15 @@ def test_an_address_whose_port_is_no_port_is_a_usage_error_naming_it(capsys, add
     assert f"the port of {address} must be a number from 1 to 65535" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("address", ["myhost", "10.0.0.7", "[::1]"])
+def test_an_address_without_a_port_is_a_usage_error_naming_the_default_port(capsys, address):
+    with pytest.raises(SystemExit, match="2"):
+        run(capsys, "--address", address, "hello")
+    assert f"{address} names no port, and gRPC would dial 443: give host:port, e.g. {address}:50051" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     "address", ["localhost:50051", "[::1]:50051", "dns:///localhost:50051", "unix:server.sock", "ipv4:127.0.0.1:1"]
 )
