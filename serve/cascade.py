@@ -281,7 +281,10 @@ class CascadeRuntime:
         return np.sort(reaching[least_sure[:room]])
 
     async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
-        raise InvalidInput(
+        raise self.token_ids_refused()
+
+    def token_ids_refused(self) -> InvalidInput:
+        return InvalidInput(
             f"model {self.name!r} is a confidence cascade, whose members tokenize on their own: send BYTES 'text' "
             "(and 'text_pair'), not token ids"
         )

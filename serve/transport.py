@@ -420,9 +420,12 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             config=model_config(runtime, settings.max_texts, settings.max_message_bytes)
         )
 
-    def _inputs(self, request: kserve_pb2.ModelInferRequest, max_length: int) -> dict[str, np.ndarray]:
+    def _inputs(
+        self, request: kserve_pb2.ModelInferRequest, served: ModelRuntime | CascadeRuntime
+    ) -> dict[str, np.ndarray]:
         """The request's tensors, each refused before decoding when it holds more elements than a request may:
-        MAX_TEXTS texts, or MAX_TEXTS rows of `max_length` token ids."""
+        MAX_TEXTS texts, or MAX_TEXTS rows of the `served` model's `max_length` token ids (none for a cascade)."""
+        max_length = served.max_length
         raw = list(request.raw_input_contents)
         if raw and len(raw) != len(request.inputs):
             raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
@@ -437,6 +440,8 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                     f"unknown input {tensor.name!r}: send BYTES 'text' (and 'text_pair'), or INT64 token ids "
                     f"({', '.join(SEQUENCE_INPUTS)})"
                 )
+            if isinstance(served, CascadeRuntime) and tensor.name not in TEXT_INPUTS:
+                raise served.token_ids_refused()
             if tensor.datatype != INPUTS[tensor.name]:
                 raise InvalidInput(f"input {tensor.name!r} must be {INPUTS[tensor.name]}, got {tensor.datatype!r}")
             check_shape(tensor.name, list(tensor.shape), max_length)
@@ -458,8 +463,10 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 ) from err
         return texts
 
-    async def _scores(self, request: kserve_pb2.ModelInferRequest, max_length: int, deadline: float | None):
-        inputs = self._inputs(request, max_length)
+    async def _scores(
+        self, request: kserve_pb2.ModelInferRequest, served: ModelRuntime | CascadeRuntime, deadline: float | None
+    ):
+        inputs = self._inputs(request, served)
         if "text" in inputs:
             if set(inputs) - set(TEXT_INPUTS):
                 raise InvalidInput("send either the 'text' input or token-id inputs, not both")
@@ -488,7 +495,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 raise InvalidInput(f"output {out.name!r} is requested twice: name each output once")
             wanted[out.name] = class_count(out)
         wanted = wanted or dict.fromkeys(outputs)
-        runtime, scores = await self._scores(request, served.max_length, deadline_of(context))
+        runtime, scores = await self._scores(request, served, deadline_of(context))
         if missing := wanted.keys() - outputs_of(runtime).keys():  # a reload swapped the model meanwhile
             raise NotReady(f"the model was replaced during the call and has no output {sorted(missing)}: retry")
         raw = len(request.raw_input_contents) > 0

@@ -235,6 +235,14 @@ def test_token_ids_are_refused_for_a_cascade(kserve):
     assert "confidence cascade" in caught.value.details()
 
 
+def test_token_ids_longer_than_max_length_are_refused_for_a_cascade_as_token_ids(kserve):
+    request = kserve_pb2.ModelInferRequest(model_name="tiny-cascade")
+    request.inputs.add(name="input_ids", datatype="INT64", shape=[1, 100_000])
+    with pytest.raises(grpc.RpcError) as caught:
+        kserve.ModelInfer(request, timeout=10)
+    assert "confidence cascade" in caught.value.details()
+
+
 def test_model_metadata_lists_the_cascade_outputs(kserve):
     reply = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(name="tiny-cascade"), timeout=10)
     assert [(t.name, t.datatype, list(t.shape)) for t in reply.outputs] == [
