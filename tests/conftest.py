@@ -3,6 +3,7 @@
 import contextlib
 import importlib
 import io
+import logging
 import os
 import shutil
 import signal
@@ -101,17 +102,23 @@ def step(rps, p99, errors=0.0, offered=None) -> dict:
 
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
-    """Offline, a runs folder of the test's own, one torch thread; and the signal handlers left as the test found
-    them: a command run in the test's process (`run_here`: the server's `main`) installs its own, which the
-    processes that later tests start would otherwise inherit."""
+    """Offline, a runs folder of the test's own, one torch thread; and the process-wide state a command run in the
+    test's process (`run_here`) sets left as the test found it: the signal handlers (the server's `main` installs
+    its own, which the processes that later tests start would otherwise inherit) and the root logger's handlers and
+    level (the server's write to the stderr `run_here` captured). Torch's intra-op threads stay as such a command
+    sets them: one, as asked here, which suits the suite's workers sharing the cores."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("EDGEDISTILL_TORCH_THREADS", os.environ.get("EDGEDISTILL_TORCH_THREADS", "1"))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    root = logging.getLogger()
+    logged = root.level, list(root.handlers)
     yield
     for sig, handler in handlers.items():
         if handler is not None and signal.getsignal(sig) is not handler:  # None: a handler not set from Python
             signal.signal(sig, handler)
+    root.setLevel(logged[0])
+    root.handlers[:] = logged[1]
 
 
 @pytest.fixture
