@@ -61,11 +61,18 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
 
+# The bundle of `baked`, readable by the image's user whatever umask wrote it (under 077 its files are its owner's
+# alone, and the owner is not uid 10001), and writable by no one but root. A stage of its own, so that the image's
+# layer holds each file once.
+FROM ${BASE} AS bundle
+ARG BUNDLE
+COPY ${BUNDLE} /models/bundle
+RUN chmod -R a+rX,go-w /models/bundle
+
 # A self-contained image with one bundle, for registries and Kubernetes: `--target baked
 # --build-arg BUNDLE=<bundle folder inside the build context>`.
 FROM runtime AS baked
-ARG BUNDLE
-COPY ${BUNDLE} /models/bundle
+COPY --from=bundle /models/bundle /models/bundle
 
 # The default target: the bundle comes from a volume at /models/bundle.
 FROM runtime

@@ -287,6 +287,28 @@ def test_dockerfile_base_is_a_build_argument(dockerfile):
     assert "${BASE}" in froms[1:], "the final stages must start from BASE too"
 
 
+def stages(dockerfile: str) -> dict[str, list[tuple[str, str]]]:
+    """Each named stage's instructions after its FROM."""
+    named: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for word, rest in instructions(dockerfile):
+        if word == "FROM":
+            current = named.setdefault(rest.split()[-1], []) if " AS " in rest.upper() else []
+        else:
+            current.append((word, rest))
+    return named
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_a_baked_bundle_is_made_readable_to_all_before_the_image_takes_it(dockerfile):
+    assert ("RUN", "chmod -R a+rX,go-w /models/bundle") in stages(dockerfile)["bundle"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_the_baked_image_takes_its_bundle_from_the_stage_that_made_it_readable(dockerfile):
+    assert stages(dockerfile)["baked"] == [("COPY", "--from=bundle /models/bundle /models/bundle")]
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfile_runs_the_server_as_non_root(dockerfile):
     user = last(instructions(dockerfile), "USER").split(":")[0]
