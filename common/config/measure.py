@@ -13,7 +13,7 @@ SHAPE_TICK_S = 1.0  # locust asks a load shape for its users about once a second
 
 
 def _lasts_a_tick(seconds: float, info: ValidationInfo) -> float:
-    """A stage of a stepped or spiked load: one shorter than the shape's tick may never run."""
+    """A stage of a load: one shorter than the shape's tick may never run, or run for the tick."""
     if seconds < SHAPE_TICK_S:
         raise ValueError(
             f"{info.field_name}={seconds:g} is shorter than the {SHAPE_TICK_S:g}-second tick at which locust changes "
@@ -65,6 +65,8 @@ class ConstantLoad(LoadProfile):
     users: int = Field(10, ge=1)
     rate: float = Field(200.0, gt=0, description="calls/s offered by all users together")
     duration_s: float = Field(60.0, gt=0)
+
+    _lasts_a_tick = field_validator("duration_s")(_lasts_a_tick)
 
     @property
     def user_rate(self) -> float:

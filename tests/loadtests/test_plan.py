@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from edgedistill.common.config.measure import LoadtestConfig, Scenario, SpikeLoad
+from edgedistill.common.config.measure import ConstantLoad, LoadtestConfig, Scenario, SpikeLoad
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.loadtests import __main__ as loadtests_main
 from edgedistill.loadtests import plan
@@ -69,6 +69,11 @@ def test_bad_loadtest_settings_are_named(tmp_path):
 def test_a_stage_shorter_than_the_shapes_tick_is_refused_naming_its_key():
     with pytest.raises(ValueError, match=r"spike_s=0\.3 is shorter than the 1-second tick"):
         SpikeLoad(before_s=20.6, spike_s=0.3)
+
+
+def test_a_constant_load_shorter_than_the_shapes_tick_is_refused_naming_its_key():
+    with pytest.raises(ValueError, match=r"duration_s=0\.5 is shorter than the 1-second tick"):
+        ConstantLoad(duration_s=0.5)
 
 
 def test_loadtest_section_leaves_artifact_hashes_alone(tmp_path):
