@@ -27,7 +27,8 @@ PICK_FLOOR = 10000  # `free_port` picks at or above it: the ports below hold mos
 
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_next_pick = random.randrange(1 << 16)  # where this process's next `free_port` looks first, apart from other processes'
+# where this process's next `free_port` looks first, apart from other processes' (whatever seed they gave `random`)
+_next_pick = random.SystemRandom().randrange(1 << 16)
 
 
 def ephemeral_low(range_file: Path = EPHEMERAL_RANGE) -> int | None:
