@@ -13,10 +13,9 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
-from edgedistill.common.cascade import is_cascade
+from edgedistill.common.cascade import is_cascade, runs_onnx_runtime
 from edgedistill.common.processes import dying_with_this_process, python_module
 from edgedistill.common.settings import SettingError, refuse_measured_variables, service_link
-from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.client import bearer, health_serving, wait_ready
 from edgedistill.serve.settings import Settings, env_name, load_settings
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.common.cascade import runs_onnx_runtime
 from edgedistill.common.processes import python_module
-from edgedistill.serve.cascade import runs_onnx_runtime
 from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings

@@ -96,6 +96,29 @@ def served_version(folder: str | Path) -> str:
     return load_bundle(folder, verify=False).spec.version
 
 
+def served_bundles(folder: str | Path) -> list[Bundle]:
+    """The bundles a server loads from `folder`, read without verifying: the bundle, or a cascade's members."""
+    if not is_cascade(folder):
+        return [load_bundle(folder, verify=False)]
+    spec = cascade_spec(Path(folder), mf.load(folder, verify=False))
+    return [load_bundle(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}"), verify=False) for m in spec.members]
+
+
+def runs_onnx_runtime(folder: str | Path) -> bool:
+    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose session
+    PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
+    its load refuses it, saying why."""
+    try:
+        return on_onnx_runtime(served_bundles(folder))
+    except (mf.ArtifactError, ValueError, OSError):
+        return True
+
+
+def on_onnx_runtime(bundles: list[Bundle]) -> bool:
+    """Whether any of `bundles` runs on ONNX Runtime rather than as a TensorRT engine."""
+    return any(bundle.spec.runtime == "onnxruntime" for bundle in bundles)
+
+
 def load_cascade(folder: str | Path) -> Cascade:
     """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
     each member as a bundle, and members that agree on labels and inputs."""

@@ -28,8 +28,8 @@ def hold_signals() -> None:
 
 def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     hold_signals()
-    from edgedistill.serve.app import run
-    from edgedistill.serve.batching import calls_left_running
+    # the supervisor of several workers imports no more than it needs (no grpc, ONNX Runtime or request path): its
+    # memory is the box's, beside the workers'
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
     from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
             warn_oversubscribed(settings, count := worker_count(settings))
             if count > 1:
                 return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
+        from edgedistill.serve.app import run
+
         status = run(settings, supervisor)
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
         # a JSON line like every other, with the traceback in `exc`: a log pipeline would split a bare traceback
         log.exception("stopped by an unexpected error", extra={"event": "crashed", "exit_status": CRASHED})
         return CRASHED
+    from edgedistill.serve.batching import calls_left_running
+
     if calls_left_running():  # a hung backend call holds a worker thread, which a normal exit would wait for
         logging.shutdown()
         os._exit(status)

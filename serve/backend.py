@@ -5,7 +5,6 @@ import logging
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
-from edgedistill.common.machine import affinity_cores, usable_cores
 from edgedistill.common.runtime import (
     ModelLoadError,
     PrecisionRefused,
@@ -17,24 +16,13 @@ from edgedistill.common.runtime import (
 from edgedistill.common.settings import SettingError
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import Settings, env_name, flag_name
+from edgedistill.serve.workers import intra_op_threads
 
 log = logging.getLogger(__name__)
 
 
 class BackendUnavailable(BundleRejected):
     """The runtime or execution provider a bundle needs is not installed here, or has no device to run on."""
-
-
-def intra_op_threads(threads: int, count: int) -> int:
-    """Intra-op threads of each of `count` server processes (WORKERS) for THREADS=`threads`: as set, else the usable
-    cores shared among them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of
-    its affinity); ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
-    if threads:
-        return threads
-    cores = usable_cores()
-    if count == 1 and cores == affinity_cores():
-        return 0
-    return max(1, cores // count)
 
 
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:

@@ -17,17 +17,16 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import Bundle, load_bundle
 from edgedistill.common.cascade import (
-    MEMBERS,
     Cascade,
     CascadeSpec,
-    cascade_spec,
     confidence,
     is_cascade,
     keeps,
     load_cascade,
+    on_onnx_runtime,
     route,
+    served_bundles,
 )
 from edgedistill.serve.errors import (
     BatcherClosed,
@@ -365,42 +364,10 @@ def refuse_unused_by(folder: str | Path, settings: Settings, cascade: bool) -> N
         "allow_cpu_fallback": "true",
     }
     given = [f"{env_name(name)} ({flag_name(name)}) {shown[name]}" for name in shown if getattr(settings, name)]
-    if given and not _on_onnx_runtime(bundles):
+    if given and not on_onnx_runtime(bundles):
         models = "every member of the cascade is" if cascade else "it is"
         raise BundleRejected(
             f"{folder}: {models} a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
             f"{' and '.join(given)} would do nothing; unset {'them' if len(given) > 1 else 'it'}, or serve an ONNX "
             "bundle (runtime 'onnxruntime')"
         )
-
-
-def served_bundles(folder: str | Path) -> list[Bundle]:
-    """The bundles a server loads from `folder`, read without verifying: the bundle, or a cascade's members."""
-    if not is_cascade(folder):
-        return [load_bundle(folder, verify=False)]
-    spec = cascade_spec(Path(folder), mf.load(folder, verify=False))
-    return [load_bundle(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}"), verify=False) for m in spec.members]
-
-
-def runs_onnx_runtime(folder: str | Path) -> bool:
-    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose session
-    PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
-    its load refuses it, saying why."""
-    try:
-        return _on_onnx_runtime(served_bundles(folder))
-    except (mf.ArtifactError, ValueError, OSError):
-        return True
-
-
-def _on_onnx_runtime(bundles: list[Bundle]) -> bool:
-    """Whether any of `bundles` runs on ONNX Runtime rather than as a TensorRT engine."""
-    return any(bundle.spec.runtime == "onnxruntime" for bundle in bundles)
-
-
-def model_bytes(folder: str | Path) -> int:
-    """Bytes of the model files a server loads from `folder` (read without verifying): a bundle's model file, or
-    every member's of a cascade."""
-    try:
-        return sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in served_bundles(folder))
-    except (mf.ArtifactError, ValueError) as err:
-        raise BundleRejected(f"bundle refused: {err}") from err

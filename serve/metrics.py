@@ -1,17 +1,9 @@
-"""Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics`; with several workers, the
-supervisor serves their sum."""
-
-import contextlib
-import logging
-import os
-import socket
-import threading
-from collections.abc import Callable
-from pathlib import Path
+"""Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics` (`serve.exposition`); with
+several workers, the supervisor serves their sum."""
 
 import grpc
 from edgedistill.serve.batching import BatchObserver, DropReason
-from edgedistill.serve.settings import SettingsError, env_name
+from edgedistill.serve.exposition import MODEL_INFO, serve_http, stop_http
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -19,14 +11,7 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
-from prometheus_client.registry import Collector
-
-log = logging.getLogger("serve")
 
 # Seconds. A small student's backend call takes about 50-200 us and its call a few hundred, the default recipe's
 # paced SLO is a p99 of 3 ms: dense below 10 ms, with edges at 0.1 ms and at 3 ms; up to 60 s, past the default
@@ -36,9 +21,6 @@ LATENCY_BUCKETS = (
     30.0, 60.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-# A scrape sends its request at once. prometheus-client's HTTP server gives each connection a thread that waits for
-# the request with no time limit: 500 silent connections held 500 threads (13 MB) for as long as they stayed open.
-HTTP_TIMEOUT_S = 10.0
 # Calls the client ended: it cancelled, or its deadline passed (or it sent nothing for STREAM_IDLE_S). Counted apart
 # from the errors: a client that gives up is no server error (a rise with the queue wait still means a slow server).
 ABANDONED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -61,7 +43,6 @@ CLIENT_CODES = frozenset(
 # Multiprocess mode has no `_created` series, so with one worker none are made either: a scrape holds the same
 # series whatever WORKERS is, and a labelled counter or histogram is not one series longer per label set.
 disable_created_metrics()
-MODEL_INFO = "edgedistill_model_info"
 
 
 class Metrics(BatchObserver):
@@ -328,174 +309,3 @@ class MemberObserver(BatchObserver):
 
     def rows_admitted(self, rows: int) -> None:
         self.metrics.rows_admitted(rows)
-
-
-def _timed(handler: type) -> type:
-    """`handler` with a deadline: a connection whose request has not come whole within HTTP_TIMEOUT_S of its start
-    is shut, however it trickles (a read's own timeout, also HTTP_TIMEOUT_S, restarts with each byte)."""
-
-    class TimedHandler(handler):
-        timeout = HTTP_TIMEOUT_S
-
-        def handle(self):
-            self.deadline = threading.Timer(HTTP_TIMEOUT_S, self.cut)
-            self.deadline.daemon = True
-            self.deadline.start()
-            try:
-                super().handle()
-            finally:
-                self.deadline.cancel()
-
-        def cut(self) -> None:
-            with contextlib.suppress(OSError):  # closed meanwhile
-                self.connection.shutdown(socket.SHUT_RDWR)
-
-        def parse_request(self) -> bool:  # reads the headers; the reply is written after it, with no deadline
-            parsed = super().parse_request()
-            self.deadline.cancel()
-            return parsed
-
-    return TimedHandler
-
-
-def serve_http(registry: CollectorRegistry, host: str, port: int):
-    """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread, closing a
-    connection that has not sent its request within HTTP_TIMEOUT_S; `SettingsError` naming the metrics settings where
-    the address cannot be bound."""
-    address = host.strip("[]")
-    try:
-        try:
-            server, _ = start_http_server(port, addr=address, registry=registry)
-        except OSError:
-            if address != "::":
-                raise
-            server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
-    except OSError as err:
-        raise SettingsError(
-            f"cannot bind the metrics port {host}:{port} ({env_name('metrics_host')}, {env_name('metrics_port')}): "
-            f"{err.strerror or err}"
-        ) from err
-    # Set on the running server (prometheus-client takes no handler): only a connection accepted meanwhile, within
-    # moments of the port opening, goes untimed.
-    server.RequestHandlerClass = _timed(server.RequestHandlerClass)
-    return server
-
-
-def stop_http(server) -> None:
-    server.shutdown()
-    server.server_close()
-
-
-# prometheus-client's process families -> the supervisor's per-worker ones: (name, help, family class)
-WORKER_PROCESS = {
-    "process_resident_memory_bytes": (
-        "edgedistill_worker_resident_memory_bytes",
-        "Resident memory of a worker process in bytes",
-        GaugeMetricFamily,
-    ),
-    "process_cpu_seconds": (
-        "edgedistill_worker_cpu_seconds",
-        "User and system CPU time of a worker process",
-        CounterMetricFamily,
-    ),
-    "process_open_fds": ("edgedistill_worker_open_fds", "Open file descriptors of a worker process", GaugeMetricFamily),
-    "process_start_time_seconds": (
-        "edgedistill_worker_start_time_seconds",
-        "Start time of a worker process since the epoch (a restart moves it)",
-        GaugeMetricFamily,
-    ),
-}
-
-
-class WorkerProcesses(Collector):
-    """Each live worker's memory, CPU time, open files and start time, read from /proc at each scrape and labelled
-    with the worker's index (kept across its restarts): multiprocess mode cannot combine process figures."""
-
-    def __init__(self, pids: Callable[[], dict[int, int]]):
-        self.pids = pids  # worker index -> pid of the live workers
-
-    def collect(self) -> list[Metric]:
-        families = {source: kind(name, doc, labels=["worker"]) for source, (name, doc, kind) in WORKER_PROCESS.items()}
-        for index, pid in self.pids().items():
-            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # none once it exited
-                if family.name in families:
-                    families[family.name].add_metric([str(index)], family.samples[0].value)
-        return list(families.values())
-
-
-# Multiprocess mode keeps each worker process's counters and histograms in files of its own (64 KiB each at least),
-# which the sums need after it exited: every restart left two more files in the temporary folder (a 64 MiB
-# memory-backed volume in the Kubernetes deployment), and every scrape read them all. An exited worker's values are
-# added to one file per kind instead, named as a worker's file is (`<kind>_<name>.db`) so that scrapes sum it too.
-RETIRED_KINDS = ("counter", "histogram")
-RETIRED = "retired"
-
-
-class WorkerFiles(MultiProcessCollector):
-    """The metrics that worker processes write to `folder` (prometheus-client's multiprocess mode), summed at each
-    scrape: counters and histograms over every worker that ran, the live gauges over the live ones, the model info
-    of the models served. `retire` folds an exited worker's files into the retired workers' ones, so that restarts
-    add no files."""
-
-    def __init__(self, folder: Path):
-        super().__init__(None, path=str(folder))
-        self.folder = Path(folder)
-        self._lock = threading.Lock()  # a scrape sees a retiring worker's values once: not twice, not missing
-
-    def collect(self):
-        with self._lock:
-            families = list(super().collect())
-        for family in families:
-            if family.name == MODEL_INFO:  # a worker's earlier models stay in its file at 0: one server drops them
-                family.samples = [sample for sample in family.samples if sample.value]
-        return families
-
-    def retire(self, pid: int) -> None:
-        """Worker `pid` exited: its live gauges are dropped, its counters and histograms added to the retired ones."""
-        with self._lock:
-            mark_process_dead(pid, str(self.folder))
-            for kind in RETIRED_KINDS:
-                own = self.folder / f"{kind}_{pid}.db"
-                if not own.exists():
-                    continue
-                retired = self.folder / f"{kind}_{RETIRED}.db"
-                staged = retired.with_suffix(".tmp")  # not *.db until complete: scrapes read only those
-                try:
-                    self._fold(own, retired, staged)
-                except OSError as err:  # e.g. a full volume: the worker's own file stays, and is summed as before
-                    staged.unlink(missing_ok=True)
-                    log.warning(
-                        "cannot add an exited worker's %s metrics to the retired workers' file; its own file stays: %s",
-                        kind,
-                        err,
-                        extra={"event": "metrics_retire_failed", "worker_pid": pid},
-                    )
-                    continue
-                own.unlink()
-
-    def _fold(self, own: Path, retired: Path, staged: Path) -> None:
-        """Write the sums of the files `own` and `retired` (where it exists) to `staged`, then rename it `retired`."""
-        # accumulate=False: the buckets as the workers write them (each its own count), not cumulated
-        merged = self.merge([str(path) for path in (retired, own) if path.exists()], accumulate=False)
-        staged.unlink(missing_ok=True)
-        values = MmapedDict(str(staged))
-        try:
-            for family in merged:
-                for sample in family.samples:
-                    labels = sample.labels
-                    key = mmap_key(family.name, sample.name, list(labels), list(labels.values()), family.documentation)
-                    values.write_value(key, sample.value, 0.0)
-        finally:
-            values.close()
-        os.replace(staged, retired)
-
-
-def workers_registry(files: WorkerFiles, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:
-    """A registry of the metrics that worker processes write to `files`' folder (counters and histograms summed over
-    every worker that ran, the queue depth over the live ones); the supervisor's own process figures, and each live
-    worker's (`pids`: index -> pid)."""
-    registry = CollectorRegistry()
-    registry.register(files)
-    ProcessCollector(registry=registry)
-    registry.register(WorkerProcesses(pids))
-    return registry

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common.machine import usable_cores, usable_memory
+from edgedistill.common import manifest as mf
+from edgedistill.common.cascade import runs_onnx_runtime, served_bundles
+from edgedistill.common.machine import affinity_cores, usable_cores, usable_memory
 from edgedistill.common.processes import die_with_parent, python_module, shell_status
-from edgedistill.serve.backend import intra_op_threads
-from edgedistill.serve.cascade import model_bytes, runs_onnx_runtime
 from edgedistill.serve.errors import BundleRejected
-from edgedistill.serve.metrics import WorkerFiles, serve_http, stop_http, workers_registry
+from edgedistill.serve.exposition import WorkerFiles, serve_http, stop_http, workers_registry
 from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.settings import Settings, SettingsError
 
@@ -57,6 +57,27 @@ EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pi
 
 
 # --- how many -------------------------------------------------------------------------------------------------
+
+
+def intra_op_threads(threads: int, count: int) -> int:
+    """Intra-op threads of each of `count` server processes (WORKERS) for THREADS=`threads`: as set, else the usable
+    cores shared among them. A single process under no CPU quota keeps 0, ONNX Runtime's default (a thread per core of
+    its affinity); ONNX Runtime does not see a quota, and would run more threads than the quota has CPUs, throttled."""
+    if threads:
+        return threads
+    cores = usable_cores()
+    if count == 1 and cores == affinity_cores():
+        return 0
+    return max(1, cores // count)
+
+
+def model_bytes(folder: str | Path) -> int:
+    """Bytes of the model files a server loads from `folder` (read without verifying): a bundle's model file, or
+    every member's of a cascade."""
+    try:
+        return sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in served_bundles(folder))
+    except (mf.ArtifactError, ValueError) as err:
+        raise BundleRejected(f"bundle refused: {err}") from err
 
 
 def worker_count(settings: Settings) -> int:

@@ -25,7 +25,8 @@ from edgedistill.common import settings as common_settings
 from edgedistill.common.manifest import MANIFEST, Manifest
 from edgedistill.common.recipe import Recipe, load_recipe
 from edgedistill.serve import settings as serve_settings
-from edgedistill.serve.metrics import LATENCY_BUCKETS, WORKER_PROCESS, Metrics
+from edgedistill.serve.exposition import WORKER_PROCESS
+from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
 from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo

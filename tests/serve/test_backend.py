@@ -3,7 +3,6 @@ TensorRT's errors without TensorRT or a GPU."""
 
 import asyncio
 import logging
-import os
 import sys
 import types
 from pathlib import Path
@@ -11,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from edgedistill.common import machine, runtime
+from edgedistill.common import runtime
 from edgedistill.common.bundle import TensorSpec, load_bundle
 from edgedistill.common.runtime import SPIN_KEY, tensorrt_available
 from edgedistill.serve import backend as served_backend
 from edgedistill.serve.app import create_server
-from edgedistill.serve.backend import BackendUnavailable, intra_op_threads, load_backend
+from edgedistill.serve.backend import BackendUnavailable, load_backend
 from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import BundleRejected, InvalidInput
@@ -165,20 +164,6 @@ def test_a_served_batch_pads_its_shorter_rows_with_the_specs_id(make_bundle):
 def test_a_padding_id_outside_the_vocabulary_is_refused(make_bundle):
     with pytest.raises(BundleRejected, match="pad_token_id 30 is outside the tokenizer's 30 ids"):
         TextEncoder.for_bundle(load_bundle(make_bundle(pad_token_id=30)))
-
-
-def test_one_process_where_the_system_gives_no_affinity_leaves_the_intra_op_threads_to_the_runtime(monkeypatch):
-    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
-    assert intra_op_threads(0, 1) == 0
-
-
-@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
-def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
-    assert intra_op_threads(0, count) == expected
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
 from edgedistill.common import machine
-from edgedistill.serve import backend, workers
+from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import Settings
@@ -118,6 +119,26 @@ def test_the_metrics_endpoint_gives_each_workers_memory(two_workers):
     scraped = scrape(serving["metrics_port"])
     memory = [metric(scraped, "edgedistill_worker_resident_memory_bytes", worker=w) for w in ("0", "1")]
     assert all(rss > 10_000_000 for rss in memory)  # each holds Python, gRPC and ONNX Runtime
+
+
+# the shared objects of ONNX Runtime and gRPC, as a process that imported them maps them
+LIBRARIES = ["onnxruntime_pybind11_state", "cygrpc"]
+
+
+def mapped(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_the_supervisor_loads_no_library_of_the_request_path(two_workers, library):
+    server, _ = two_workers
+    assert library not in mapped(server.proc.pid)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_worker_loads_the_libraries_of_the_request_path(two_workers, library):
+    _, serving = two_workers
+    assert library in mapped(serving["workers"][0])
 
 
 def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
@@ -496,9 +517,8 @@ def test_workers_set_by_hand_beyond_the_usable_memory_are_started_with_a_warning
 def test_threads_beyond_the_usable_cores_over_all_the_workers_are_warned_of(
     monkeypatch, tmp_path, caplog, threads, count, warned
 ):
-    for module in (workers, backend):  # a machine of two cores, no CPU quota
-        monkeypatch.setattr(module, "usable_cores", lambda: 2)
-    monkeypatch.setattr(backend, "affinity_cores", lambda: 2)
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)  # a machine of two cores, no CPU quota
+    monkeypatch.setattr(workers, "affinity_cores", lambda: 2)
     settings = Settings(bundle=write_bundle(tmp_path / "bundle"), threads=threads)
     with caplog.at_level(logging.WARNING, logger="serve"):
         workers.warn_oversubscribed(settings, count)
@@ -689,3 +709,17 @@ def test_a_worker_that_sigkill_cannot_end_does_not_hold_the_supervisors_exit(bun
     began = time.monotonic()
     workers.Supervisor(settings, [], 1).run()
     assert time.monotonic() - began < STUCK_S / 3
+
+
+def test_one_process_where_the_system_gives_no_affinity_leaves_the_intra_op_threads_to_the_runtime(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # as on macOS
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: None)
+    assert workers.intra_op_threads(0, 1) == 0
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, 4), (2, 2), (8, 1)])
+def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatch, count, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
+    assert workers.intra_op_threads(0, count) == expected
