@@ -47,6 +47,15 @@ def run_serving(recipe, args) -> int:
     bundle = serving.bundle_to_serve(recipe, args.bundle)
     deployed = recipe.export is not None and bundle == serving.bundle_to_serve(recipe)
     if deployed and is_cascade(bundle):  # as make all and edgedistill all give it; bench cascade measures it
+        given = [
+            flag for flag, value in (("--check", args.check), ("--texts", args.texts), ("--pairs", args.pairs)) if value
+        ]
+        if given:
+            raise BenchError(
+                f"the deployed {bundle.name} is a cascade, which `edgedistill bench cascade` measures on the recipe's "
+                f"dev split against its own targets: {' and '.join(given)} would do nothing here; drop "
+                f"{'them' if len(given) > 1 else 'it'}, or give --bundle a single bundle"
+            )
         print(
             f"[serve-bench] none: the deployed {bundle.name} is a cascade, which `edgedistill bench cascade` measures"
         )

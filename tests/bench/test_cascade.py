@@ -115,6 +115,16 @@ def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_ze
     assert main(["serving", *argv, "--bundle", str(folder)]) == 0
 
 
+@pytest.mark.parametrize("flags", [["--check"], ["--texts", str(SMOKE)], ["--check", "--pairs", str(SMOKE)]])
+def test_bench_serving_of_a_deployed_cascade_refuses_the_options_it_would_ignore(deployed_cascade_run, flags):
+    assert main(["serving", *deployed_cascade_run[1], *flags]) == 2
+
+
+def test_bench_serving_of_a_deployed_cascade_names_the_options_it_would_ignore(deployed_cascade_run, capsys):
+    main(["serving", *deployed_cascade_run[1], "--check", "--texts", str(SMOKE)])
+    assert "--check and --texts would do nothing here; drop them" in capsys.readouterr().err
+
+
 def test_bench_serving_of_a_cascade_not_deployed_names_the_option_that_measures_it(deployed_cascade_run, capsys):
     # the cascade benchmark measures the deployed cascade, else the first, unless --cascade says which
     main(["serving", str(SMOKE), "--bundle", str(deployed_cascade_run[0])])
