@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     except (BundleRejected, SettingsError, OSError) as err:
         log.error("cannot start: %s", err, extra={"event": "start_failed"})
         return 2
+    except ModuleNotFoundError:  # an extra not installed: the `edgedistill` command names the install
+        raise
     except Exception:  # noqa: BLE001 - logged with its traceback; the status is the edgedistill command's for a crash
         from edgedistill.cli import CRASHED
 

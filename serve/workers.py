@@ -23,6 +23,7 @@ process, no supervisor.
 
 import errno
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -53,6 +54,8 @@ WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: P
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
 KILL_WAIT_S = 2.0  # how long a killed worker may take to exit before the supervisor leaves it behind
+# what a worker imports that an install may lack (the `serve` extra's), beside ONNX Runtime for an ONNX bundle
+WORKER_PACKAGES = ("grpc", "grpc_health", "grpc_reflection")
 EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
 
 
@@ -529,4 +532,14 @@ def supervise(settings: Settings, argv: list[str], count: int) -> int:
             f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
             f"{settings.workers}) refuses, as the call reaches one of them: set WORKERS=1, or unset RELOAD_ROOT"
         )
+    refuse_missing_packages(settings.bundle)
     return Supervisor(settings, argv, count).run()
+
+
+def refuse_missing_packages(folder: Path) -> None:
+    """`ModuleNotFoundError` naming a package the workers serving `folder` would import that is not installed, before
+    any starts, as one server process raises it at its import (the `edgedistill` command names the install): the
+    supervisor imports none of them."""
+    for name in WORKER_PACKAGES + (("onnxruntime",) if runs_onnx_runtime(folder) else ()):
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)

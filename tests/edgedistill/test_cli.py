@@ -87,21 +87,47 @@ def test_a_file_past_the_size_limit_stops_the_command_with_one_line(monkeypatch,
     assert capsys.readouterr().err == "error: checkpoint.pt in runs/smoke/.work/teacher reached this process's limit\n"
 
 
-@pytest.mark.parametrize(("blocked", "argv", "hint"), [
-    ("onnxruntime", ["serve", "--help"], "edgedistill[cpu]"),
-    ("tritonclient", ["triton-repo", "--help"], "edgedistill[export]"),
-])  # fmt: skip
-def test_a_missing_runtime_names_the_install_command_not_a_traceback(blocked, argv, hint):
+def run_without(blocked: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """`edgedistill *argv` in a process where the package `blocked` is not installed."""
     probe = (
         f"import importlib.util, sys\nsys.modules[{blocked!r}] = None\n"
         f"find = importlib.util.find_spec\nimportlib.util.find_spec = lambda n, *a: None if n == {blocked!r} else find(n, *a)\n"
         f"from edgedistill import cli\nsys.exit(cli.main({argv!r}))"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
+    return subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_export_package_names_the_install_command_not_a_traceback():
+    result = run_without("tritonclient", ["triton-repo", "--help"])
     assert (
-        result.stderr.strip() == f"edgedistill {argv[0]}: needs {blocked}, which is not installed: pip install '{hint}'"
+        result.stderr.strip()
+        == "edgedistill triton-repo: needs tritonclient, which is not installed: pip install 'edgedistill[export]'"
     )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "a supervisor"])
+@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
+def test_a_server_without_its_runtime_names_the_install_command_not_a_traceback(tmp_path, workers, blocked, hint):
+    from tests.serve.conftest import write_bundle
+
+    argv = ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", workers]
+    result = run_without(blocked, argv)
+    assert (
+        result.stderr.strip()
+        == f"edgedistill serve: needs {blocked}, which is not installed: pip install 'edgedistill[{hint}]'"
+    )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "a supervisor"])
+def test_a_server_without_its_runtime_exits_2(tmp_path, workers):
+    from tests.serve.conftest import write_bundle
+
+    argv = ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", workers]
+    assert run_without("onnxruntime", argv).returncode == 2
+
+
+def test_the_servers_help_needs_no_runtime():
+    assert run_without("onnxruntime", ["serve", "--help"]).returncode == 0
 
 
 @pytest.mark.parametrize("argv", [["report", "--help"], ["headline", "--help"]], ids=" ".join)
