@@ -283,6 +283,7 @@ class CascadeRuntime:
         raise self.token_ids_refused()
 
     def token_ids_refused(self) -> InvalidInput:
+        """The refusal of token ids sent to this cascade, whose members each take texts."""
         return InvalidInput(
             f"model {self.name!r} is a confidence cascade, whose members tokenize on their own: send BYTES 'text' "
             "(and 'text_pair'), not token ids"
