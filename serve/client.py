@@ -630,8 +630,9 @@ def _token(value: str) -> str:
 
 
 # `host:port` or `[v6]:port`, where the rest is no gRPC target of a scheme (`dns:`, `unix:` and the others)
-HOST_PORT = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)(\[[^\]]*\]|[^:\[\]]+):([^:]*)")
-HOST = re.compile(r"\[[^\]]*\]|[^:\[\]]+")  # a host alone, which gRPC would dial on port 443
+HOST_PATTERN = r"\[[^\]]*\]|[^:\[\]]+"  # a name or IPv4 address, or an IPv6 one in brackets
+HOST_PORT = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)({HOST_PATTERN}):([^:]*)")
+HOST = re.compile(HOST_PATTERN)  # a host alone, which gRPC would dial on port 443
 
 
 def _address(value: str) -> str:

@@ -243,8 +243,10 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
+        onnx_runtime = runs_onnx_runtime(settings.bundle)
+        refuse_missing_packages(onnx_runtime)
         # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
-        self.threads = intra_op_threads(settings.threads, count) if runs_onnx_runtime(settings.bundle) else None
+        self.threads = intra_op_threads(settings.threads, count) if onnx_runtime else None
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))
@@ -532,14 +534,13 @@ def supervise(settings: Settings, argv: list[str], count: int) -> int:
             f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
             f"{settings.workers}) refuses, as the call reaches one of them: set WORKERS=1, or unset RELOAD_ROOT"
         )
-    refuse_missing_packages(settings.bundle)
     return Supervisor(settings, argv, count).run()
 
 
-def refuse_missing_packages(folder: Path) -> None:
-    """`ModuleNotFoundError` naming a package the workers serving `folder` would import that is not installed, before
-    any starts, as one server process raises it at its import (the `edgedistill` command names the install): the
-    supervisor imports none of them."""
-    for name in WORKER_PACKAGES + (("onnxruntime",) if runs_onnx_runtime(folder) else ()):
+def refuse_missing_packages(onnx_runtime: bool) -> None:
+    """`ModuleNotFoundError` naming a package the workers would import that is not installed (ONNX Runtime where a
+    model runs on it, `onnx_runtime`), before any starts, as one server process raises it at its import (the
+    `edgedistill` command names the install): the supervisor imports none of them."""
+    for name in WORKER_PACKAGES + (("onnxruntime",) if onnx_runtime else ()):
         if importlib.util.find_spec(name) is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)

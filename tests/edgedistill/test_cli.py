@@ -15,6 +15,7 @@ from edgedistill.common.atomic import FileTooLarge
 
 from edgedistill import cli
 from tests.conftest import ROOT
+from tests.serve.conftest import write_bundle
 
 SCRIPT = Path(sys.executable).with_name("edgedistill")
 NAMES = [*cli.COMMANDS, "all"]
@@ -105,25 +106,23 @@ def test_a_missing_export_package_names_the_install_command_not_a_traceback():
     )
 
 
-@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "a supervisor"])
-@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
-def test_a_server_without_its_runtime_names_the_install_command_not_a_traceback(tmp_path, workers, blocked, hint):
-    from tests.serve.conftest import write_bundle
+@pytest.fixture(params=["1", "2"], ids=["one process", "a supervisor"])
+def serve_argv(request, tmp_path) -> list[str]:
+    """`edgedistill serve` of a bundle with one worker, or two under a supervisor."""
+    return ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", request.param]
 
-    argv = ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", workers]
-    result = run_without(blocked, argv)
+
+@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
+def test_a_server_without_its_runtime_names_the_install_command_not_a_traceback(serve_argv, blocked, hint):
+    result = run_without(blocked, serve_argv)
     assert (
         result.stderr.strip()
         == f"edgedistill serve: needs {blocked}, which is not installed: pip install 'edgedistill[{hint}]'"
     )
 
 
-@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "a supervisor"])
-def test_a_server_without_its_runtime_exits_2(tmp_path, workers):
-    from tests.serve.conftest import write_bundle
-
-    argv = ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", workers]
-    assert run_without("onnxruntime", argv).returncode == 2
+def test_a_server_without_its_runtime_exits_2(serve_argv):
+    assert run_without("onnxruntime", serve_argv).returncode == 2
 
 
 def test_the_servers_help_needs_no_runtime():
