@@ -67,6 +67,7 @@ from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings
+from edgedistill.serve.workers import intra_op_threads
 
 STAGE = measured.SERVING
 BATCH = 32
@@ -241,7 +242,11 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
         settings=settings.model_dump(mode="json", exclude={"token", "port"})
         | {"sessions": {"server": session_of(settings), "bare": classifier_session(cfg.threads)}},
         options=cfg.model_dump(include={"rate", "duration_s", "concurrency", "threads", "repeats"})
-        | {"batch": BATCH, "batch_concurrency": BATCH_CONCURRENCY},
+        | {
+            "batch": BATCH,
+            "batch_concurrency": BATCH_CONCURRENCY,
+            "intra_op_threads": intra_op_threads(cfg.threads, 1),
+        },
         texts=texts_info(examples),
         machine=machine(load_before, versions=mf.package_versions()),
         runs=runs,
@@ -295,8 +300,9 @@ def table_rows(result: ServingResult) -> list[list[str]]:
 
 def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
+    threads = o.get("intra_op_threads", o["threads"])  # what the servers ran; a result of an earlier release has none
     return (
-        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, o['threads'])}, "
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, threads)}, "
         f"{cores_phrase(result.machine)}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )
 

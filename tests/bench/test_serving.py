@@ -112,6 +112,20 @@ def test_bench_end_to_end(result, out, texts_file):
     assert batched["texts_per_s"] == pytest.approx(serving.BATCH * batched["requests_per_s"])
 
 
+def test_the_result_records_the_intra_op_threads_its_servers_ran(result):
+    assert result.options["intra_op_threads"] == 1
+
+
+def test_the_heading_gives_the_threads_the_servers_ran_where_a_cpu_quota_set_them(result):
+    quota = result.model_copy(update={"options": result.options | {"threads": 0, "intra_op_threads": 2}})
+    assert "onnxruntime), 2 intra-op threads, " in serving.heading(quota)
+
+
+def test_the_heading_of_a_result_that_records_no_intra_op_threads_gives_the_threads_setting(result):
+    older = {key: value for key, value in result.options.items() if key != "intra_op_threads"} | {"threads": 0}
+    assert "ONNX Runtime's default intra-op threads" in serving.heading(result.model_copy(update={"options": older}))
+
+
 def test_the_bare_server_records_the_servers_session(result):
     assert result.settings["sessions"]["bare"] == result.settings["sessions"]["server"]
 
