@@ -52,6 +52,7 @@ from transformers import AutoConfig, BertConfig
 FOLDER_LAYOUT = "hub"
 PROBE_VOCAB = 100  # tokens of the students `check_students` builds, before the teacher's tokenizer may exist
 UNLABELLED = -100  # the label of a transfer-set example without one: `hard_ce` skips it
+BASELINE_UNREAD = {"losses", "temperature", "init_from_teacher"}  # a student's settings its baseline never reads
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,8 @@ def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int |
     only for the same step budget (the transfer set's size sets it); its training bar on terminal line
     `bar_position` (parallel jobs)."""
     spec = recipe.distill.students[name]
-    # Only this student's own settings (and everything upstream) decide whether it is stale.
-    own = None if baseline else {"baseline_init_from_teacher"}
+    # Only the settings this run reads (and everything upstream) decide whether it is stale.
+    unread = BASELINE_UNREAD if baseline else {"baseline_init_from_teacher"}
     transfer_stage = transfer.stage(recipe)
     return Stage(
         f"{'baseline' if baseline else 'student'}-{name}",
@@ -285,7 +286,7 @@ def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int |
         (),
         partial(_build, name=name, baseline=baseline, bar_position=bar_position),
         (transfer_stage, *transfer_stage.parents),
-        extra=spec.model_dump(mode="json", exclude=own, context=HASHING) | {"layout": FOLDER_LAYOUT},
+        extra=spec.model_dump(mode="json", exclude=unread, context=HASHING) | {"layout": FOLDER_LAYOUT},
     )
 
 
@@ -381,9 +382,9 @@ def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) 
             "kind": "baseline" if baseline else "distilled",
             "train_examples": len(lengths),
             "losses": (run_spec if baseline else spec).losses.model_dump(),
-            "temperature": spec.temperature,
             "init_from_teacher": from_teacher,
         }
+        | ({} if baseline else {"temperature": spec.temperature})
         | segments
         | trainer.run_info(),
         line=" ".join(f"{k}={best[k]:.4f}" for k in recipe.data.dev_keys)

@@ -74,6 +74,14 @@ def test_baseline_has_the_same_budget_and_no_teacher(smoke_run, name):
     assert baseline.metrics["params"] == student.metrics["params"]
 
 
+def test_a_baseline_records_no_temperature_as_its_hash_covers_none(smoke_run):
+    assert "temperature" not in mf.load(smoke_run / "baseline-cnn").info
+
+
+def test_a_student_records_its_temperature(smoke_run):
+    assert mf.load(smoke_run / "student-cnn").info["temperature"] == 2.0
+
+
 def test_padding_does_not_change_student_predictions(smoke_run):
     student, _ = load_student(smoke_run / "student-bilstm")
     feats = {"input_ids": [[2, 40, 41, 42, 3], [2, 50, 3]]}
@@ -127,6 +135,28 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
 def test_how_a_student_s_batch_is_split_leaves_its_hash_unchanged():
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {"distill.students.cnn.optim.grad_accum": 5})
     assert student_stage.stage(changed, "cnn").config_hash == student_stage.stage(SMOKE, "cnn").config_hash
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("temperature", 5.0), ("losses.kd", 0.5), ("losses.ce", 0.5), ("init_from_teacher", False)]
+)
+def test_a_setting_of_the_distillation_alone_leaves_the_baseline_s_hash_unchanged(key, value):
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
+    assert student_stage.stage(changed, "cnn", True).config_hash == student_stage.stage(SMOKE, "cnn", True).config_hash
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("temperature", 5.0), ("losses.kd", 0.5), ("losses.ce", 0.5), ("init_from_teacher", False)]
+)
+def test_a_setting_of_the_distillation_makes_the_student_stale(key, value):
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
+    assert student_stage.stage(changed, "cnn").config_hash != student_stage.stage(SMOKE, "cnn").config_hash
+
+
+@pytest.mark.parametrize(("key", "value"), [("baseline_init_from_teacher", True), ("optim.lr", 0.01)])
+def test_a_setting_the_baseline_reads_makes_it_stale(key, value):
+    changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
+    assert student_stage.stage(changed, "cnn", True).config_hash != student_stage.stage(SMOKE, "cnn", True).config_hash
 
 
 @pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])
