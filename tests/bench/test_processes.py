@@ -1,11 +1,13 @@
 """Server and load-generator subprocesses: started until SERVING, stopped with SIGTERM, failures quoting their log."""
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -48,6 +50,35 @@ def test_a_port_someone_holds_is_not_picked(tmp_path, monkeypatch):
     with socket.socket() as held:
         held.bind(("127.0.0.1", first))
         assert free_port(tmp_path / "range") != first
+
+
+def locked_elsewhere(claims: Path, port: int) -> bool:
+    """Whether `port`'s claim in `claims` is held: a lock of another open file fails, as in another process."""
+    with (claims / str(port)).open("a") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
+
+
+def test_a_picked_port_stays_claimed_against_other_pickers(tmp_path, monkeypatch):
+    monkeypatch.setattr(processes, "CLAIMS", tmp_path)
+    assert locked_elsewhere(tmp_path, free_port())
+
+
+def test_a_port_another_picker_claimed_is_not_picked(tmp_path, monkeypatch):
+    monkeypatch.setattr(processes, "CLAIMS", tmp_path / "claims")
+    (tmp_path / "range").write_text("32768 60999")
+    first = free_port(tmp_path / "range")
+    monkeypatch.setattr(processes, "_next_pick", first - processes.PICK_FLOOR)  # look at `first` first again
+    assert free_port(tmp_path / "range") != first
+
+
+def test_a_folder_where_claims_cannot_be_written_still_gives_a_port(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(processes, "CLAIMS", tmp_path / "file" / "claims")
+    assert processes.PICK_FLOOR <= free_port() < processes.ephemeral_low()
 
 
 def test_a_kernel_without_an_ephemeral_range_gives_a_port_of_port_0(tmp_path):
