@@ -510,8 +510,15 @@ def load_test(cfg: DataConfig) -> Examples | None:
 
 
 def _text_lines(path: Path) -> Iterator[str]:
-    """Stripped non-empty lines of a UTF-8 text file (`_text_stream`), read as they are taken."""
-    return (stripped for line in _text_stream(path) if (stripped := line.strip()))
+    """Stripped lines of a UTF-8 text file (`_text_stream`) that show something (`shows_text`), read as they are
+    taken."""
+    return (stripped for line in _text_stream(path) if shows_text(stripped := line.strip()))
+
+
+def shows_text(line: str) -> bool:
+    """Whether a stripped unlabelled `line` is a text: not blank, and not of characters tokenizers drop alone
+    (`shows_nothing`: a zero-width space), which would make an example of special tokens only."""
+    return bool(line) and not shows_nothing(line)
 
 
 def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
@@ -528,8 +535,8 @@ def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
 
 
 def _hub_lines(source: str) -> Iterator[str]:
-    """The stripped non-empty texts of a Hub source's text column (`text` unless the source names one); a missing
-    value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or that holds no text."""
+    """The stripped texts that show something (`shows_text`) of a Hub source's text column (`text` unless the source
+    names one); a missing value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or that holds no text."""
     split, column = _from_hub(source)
     column = column or "text"
     feature = split.features.get(column)
@@ -540,12 +547,12 @@ def _hub_lines(source: str) -> Iterator[str]:
             f"{source}: {what}; its columns are {split.column_names}: name its text column in the recipe's "
             "source, as hub:<dataset>[@<config>]:<split>:<column>"
         )
-    return (line for text in split[column] if text is not None and (line := text.strip()))
+    return (line for text in split[column] if text is not None and shows_text(line := text.strip()))
 
 
 def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterator[str]:
-    """Non-empty lines of text files (or a Hub text column), up to `max_lines` in all, read as they are taken: a
-    multi-million-line dump is never held whole."""
+    """The lines of text files (or a Hub text column) that show something (`shows_text`), up to `max_lines` in all,
+    read as they are taken: a multi-million-line dump is never held whole."""
     left = max_lines
     for source in sources:
         found = _hub_lines(source) if source.startswith("hub:") else _text_lines(Path(source))
@@ -554,7 +561,7 @@ def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterat
             taken += 1
             yield line
         if not taken:
-            raise DataError(f"{source}: no text (the file is empty)")
+            raise DataError(f"{source}: no text (the file is empty, or its lines show nothing)")
         if left is not None:
             left -= taken
             if not left:

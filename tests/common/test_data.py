@@ -249,6 +249,17 @@ def test_unlabelled_text_with_a_byte_order_mark_leaves_it_out(tmp_path):
     assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
 
 
+def test_unlabelled_lines_that_show_nothing_are_skipped_as_blank_lines_are(tmp_path):
+    (tmp_path / "u.txt").write_text("first line\n\u200b\n\u200b\u2060 \u200b\nsecond\n", encoding="utf-8")
+    assert load_unlabelled([str(tmp_path / "u.txt")]) == ["first line", "second"]
+
+
+def test_an_unlabelled_file_whose_lines_show_nothing_has_no_text(tmp_path):
+    (tmp_path / "u.txt").write_text("\u200b\n\u00ad\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"u\.txt: no text \(the file is empty, or its lines show nothing\)"):
+        load_unlabelled([str(tmp_path / "u.txt")])
+
+
 def test_unlabelled_text_read_with_a_name_prints_its_progress_in_status_lines(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
     monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
@@ -339,7 +350,7 @@ def test_unlabelled_lines_stop_at_max_lines_across_files(tmp_path):
 
 def test_unlabelled_text_of_blank_lines_only_is_refused_as_empty(tmp_path):
     (tmp_path / "empty.txt").write_text("\n")
-    with pytest.raises(DataError, match=r"empty\.txt: no text \(the file is empty\)"):
+    with pytest.raises(DataError, match=r"empty\.txt: no text \(the file is empty, or its lines show nothing\)"):
         load_unlabelled([str(tmp_path / "empty.txt")])
 
 
