@@ -378,7 +378,10 @@ def test_the_teacher_warns_first_of_a_transfer_file_that_does_not_exist():
 
 @pytest.mark.parametrize(
     "content, problem",
-    [(b"\n\n", ": no text (the file is empty)"), (b"caf\xe9 au lait\n", ":1: not valid UTF-8 (byte 3)")],
+    [
+        (b"\n\n", ": no text (the file is empty, or its lines show nothing)"),
+        (b"caf\xe9 au lait\n", ":1: not valid UTF-8 (byte 3)"),
+    ],
     ids=["empty", "not-utf8"],
 )
 def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(tmp_path, content, problem):
