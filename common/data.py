@@ -536,7 +536,8 @@ def unreadable_files(sources: list[str], lines: int = 1000) -> list[DataError]:
 
 def _hub_lines(source: str) -> Iterator[str]:
     """The stripped texts that show something (`shows_text`) of a Hub source's text column (`text` unless the source
-    names one); a missing value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or that holds no text."""
+    names one); a missing value (None) is skipped as a blank line is. `DataError` for a column the dataset lacks or
+    that holds no text."""
     split, column = _from_hub(source)
     column = column or "text"
     feature = split.features.get(column)
