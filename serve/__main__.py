@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
     from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
-    from edgedistill.serve.workers import SupervisorLink, supervise, warn_oversubscribed, worker_count
+    from edgedistill.serve.workers import ServedModels, SupervisorLink, supervise, warn_oversubscribed, worker_count
 
     try:
         settings = load_settings(argv, prog=prog)
@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     try:
         if supervisor is None:  # a worker runs with the metrics port off and the deployment's METRICS_HOST
             refuse_unused(settings)
-            warn_oversubscribed(settings, count := worker_count(settings))
+            models = None if settings.bundle is None else ServedModels.read(settings.bundle)  # its manifests, once
+            warn_oversubscribed(settings, count := worker_count(settings, models), models)
             if count > 1:
-                return supervise(settings, sys.argv[1:] if argv is None else list(argv), count)
+                return supervise(settings, sys.argv[1:] if argv is None else list(argv), count, models)
         from edgedistill.serve.app import run
 
         status = run(settings, supervisor)

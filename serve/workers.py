@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from edgedistill.common import manifest as mf
-from edgedistill.common.cascade import runs_onnx_runtime, served_bundles
+from edgedistill.common.cascade import on_onnx_runtime, served_bundles
 from edgedistill.common.machine import affinity_cores, usable_cores, usable_memory
 from edgedistill.common.processes import die_with_parent, python_module, shell_status
 from edgedistill.serve.errors import BundleRejected
@@ -74,29 +74,42 @@ def intra_op_threads(threads: int, count: int) -> int:
     return max(1, cores // count)
 
 
-def model_bytes(folder: str | Path) -> int:
-    """Bytes of the model files a server loads from `folder` (read without verifying): a bundle's model file, or
-    every member's of a cascade."""
-    try:
-        return sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in served_bundles(folder))
-    except (mf.ArtifactError, ValueError) as err:
-        raise BundleRejected(f"bundle refused: {err}") from err
+@dataclass(frozen=True)
+class ServedModels:
+    """What a server's start needs of the models it would load from a bundle folder, read once and without verifying
+    them (the server's load verifies them): the bytes of their model files (a bundle's, or every member's of a
+    cascade), and whether one runs on ONNX Runtime. `refused` says why the folder could not be read; such a folder
+    counts as a model on ONNX Runtime, and its load refuses it, saying why."""
+
+    model_bytes: int = 0
+    onnx_runtime: bool = True
+    refused: BundleRejected | None = None
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "ServedModels":
+        try:
+            bundles = served_bundles(folder)
+            size = sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in bundles)
+        except (mf.ArtifactError, ValueError, OSError) as err:
+            return cls(refused=BundleRejected(f"bundle refused: {err}"))
+        return cls(size, on_onnx_runtime(bundles))
 
 
-def worker_count(settings: Settings) -> int:
-    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files. Several
-    workers set by hand that memory does not hold are started all the same, with a warning: the kernel's OOM killer
-    ends a process without a word, and this line says why it may."""
+def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files
+    (`models`, read from the bundle where not given). Several workers set by hand that memory does not hold are
+    started all the same, with a warning: the kernel's OOM killer ends a process without a word, and this line says
+    why it may."""
     if settings.workers == 1:
         return 1
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
-    try:  # the model files read without verifying them: the workers verify them
-        per_worker = WORKER_BASE_BYTES + 2 * model_bytes(settings.bundle)
-    except BundleRejected:
+    models = models or ServedModels.read(settings.bundle)
+    if models.refused is not None:
         if settings.workers:  # the workers refuse it, and say why
             return settings.workers
-        raise
+        raise models.refused
+    per_worker = WORKER_BASE_BYTES + 2 * models.model_bytes
     memory = usable_memory()
     if not settings.workers:
         return max(1, min(usable_cores(), memory // per_worker))
@@ -112,11 +125,11 @@ def worker_count(settings: Settings) -> int:
     return settings.workers
 
 
-def warn_oversubscribed(settings: Settings, count: int) -> None:
+def warn_oversubscribed(settings: Settings, count: int, models: ServedModels | None = None) -> None:
     """Warn where `count` server processes run more ONNX Runtime intra-op threads in all than the usable cores (THREADS
     set by hand, or WORKERS above the cores): they take turns on the cores, so each batch runs slower than on fewer,
-    and the event loops wait for them. A TensorRT engine runs none."""
-    if settings.bundle is None or not runs_onnx_runtime(settings.bundle):
+    and the event loops wait for them. A TensorRT engine runs none. `models`: read from the bundle where not given."""
+    if settings.bundle is None or not (models or ServedModels.read(settings.bundle)).onnx_runtime:
         return
     cores, each = usable_cores(), intra_op_threads(settings.threads, count)  # 0: ONNX Runtime's own, one per core
     if each * count > cores:
@@ -239,11 +252,11 @@ def signal_name(number: int) -> str:
 class Supervisor:
     """Starts `count` workers from the flags `argv` (and this environment), keeps them running, stops them."""
 
-    def __init__(self, settings: Settings, argv: list[str], count: int):
+    def __init__(self, settings: Settings, argv: list[str], count: int, models: ServedModels | None = None):
         self.settings = settings
         self.argv = argv
         self.count = count
-        onnx_runtime = runs_onnx_runtime(settings.bundle)
+        onnx_runtime = (models or ServedModels.read(settings.bundle)).onnx_runtime
         refuse_missing_packages(onnx_runtime)
         # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
         self.threads = intra_op_threads(settings.threads, count) if onnx_runtime else None
@@ -526,15 +539,16 @@ class Supervisor:
         self.metrics_folder.remove()
 
 
-def supervise(settings: Settings, argv: list[str], count: int) -> int:
-    """Run `count` workers of `python -m serve` with the flags `argv`; the exit status (see the module doc).
-    `SettingsError` for a RELOAD_ROOT, which no worker could use: a Reload call naming a bundle reaches one."""
+def supervise(settings: Settings, argv: list[str], count: int, models: ServedModels | None = None) -> int:
+    """Run `count` workers of `python -m serve` with the flags `argv` (and the bundle's `models`, read where not given);
+    the exit status (see the module doc). `SettingsError` for a RELOAD_ROOT, which no worker could use: a Reload call
+    naming a bundle reaches one."""
     if settings.reload_root is not None:
         raise SettingsError(
             f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
             f"{settings.workers}) refuses, as the call reaches one of them: set WORKERS=1, or unset RELOAD_ROOT"
         )
-    return Supervisor(settings, argv, count).run()
+    return Supervisor(settings, argv, count, models).run()
 
 
 def refuse_missing_packages(onnx_runtime: bool) -> None:

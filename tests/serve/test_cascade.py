@@ -19,7 +19,7 @@ from edgedistill.serve.cascade import load_runtime, refuse_unused_by
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.workers import model_bytes
+from edgedistill.serve.workers import ServedModels
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import numpy_helper
 from tokenizers import Tokenizer
@@ -786,7 +786,7 @@ def test_a_pair_cascade_takes_pairs(start_server, tmp_path):
 
 def test_worker_memory_counts_every_members_model_file(cascade):
     members = [cascade / MEMBERS / member / "model.onnx" for member in (STUDENT, TEACHER)]
-    assert model_bytes(cascade) == sum(path.stat().st_size for path in members)
+    assert ServedModels.read(cascade).model_bytes == sum(path.stat().st_size for path in members)
 
 
 def with_text_threshold(cascade, tmp_path):
@@ -804,8 +804,8 @@ def test_an_invalid_cascade_spec_is_refused_naming_the_key_and_its_problem(casca
 
 
 def test_worker_memory_refuses_an_invalid_cascade_spec_naming_the_key(cascade, tmp_path):
-    with pytest.raises(BundleRejected, match="members.0.threshold: Input should be a valid number"):
-        model_bytes(with_text_threshold(cascade, tmp_path))
+    refused = ServedModels.read(with_text_threshold(cascade, tmp_path)).refused
+    assert "members.0.threshold: Input should be a valid number" in str(refused)
 
 
 def test_two_workers_serve_a_cascade(spawn, cascade):

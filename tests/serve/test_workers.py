@@ -18,7 +18,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from edgedistill.common import machine
+from edgedistill.common import cascade, machine
+from edgedistill.common.cascade import served_bundles
 from edgedistill.serve import workers
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
@@ -26,7 +27,7 @@ from edgedistill.serve.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.conftest import wait_until
+from tests.conftest import run_here, wait_until
 from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
 from tests.serve.test_operations import corrupt, metric
@@ -523,6 +524,29 @@ def test_threads_beyond_the_usable_cores_over_all_the_workers_are_warned_of(
     with caplog.at_level(logging.WARNING, logger="serve"):
         workers.warn_oversubscribed(settings, count)
     assert any(getattr(r, "event", None) == "threads_exceed_cores" for r in caplog.records) == warned
+
+
+def test_a_supervisors_start_reads_the_bundles_manifests_once(monkeypatch, tmp_path):
+    reads = []
+
+    def counted(folder):
+        reads.append(folder)
+        return served_bundles(folder)
+
+    monkeypatch.setattr(workers, "served_bundles", counted)
+    monkeypatch.setattr(cascade, "served_bundles", counted)  # where common.cascade reads a folder's bundles itself
+    monkeypatch.setattr(workers, "supervise", lambda *args: 0)  # stands in for the Supervisor, which reads none
+    monkeypatch.setattr(workers, "usable_memory", lambda: 64_000 << 20)
+    run_here("serve", "--bundle", write_bundle(tmp_path / "bundle"), "--workers", "2")
+    assert len(reads) == 1
+
+
+def test_a_supervisor_given_its_bundles_models_reads_no_manifest(monkeypatch, tmp_path):
+    monkeypatch.setattr(workers, "served_bundles", lambda folder: pytest.fail(f"{folder} read again"))
+    settings = Settings(bundle=tmp_path / "gone", host="127.0.0.1", port=0)
+    supervisor = workers.Supervisor(settings, [], 2, workers.ServedModels(model_bytes=1, onnx_runtime=False))
+    supervisor._close()
+    assert supervisor.threads is None  # no model on ONNX Runtime, as given
 
 
 # A server on 4 cores of its affinity whose cgroup allows `quota` CPUs (None: no quota).
