@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import psutil
 from edgedistill.bench import BenchError
-from edgedistill.common.cascade import is_cascade, runs_onnx_runtime
+from edgedistill.common.cascade import ServedModels, is_cascade
 from edgedistill.common.processes import dying_with_this_process, python_module
 from edgedistill.common.settings import SettingError, refuse_measured_variables, service_link
 from edgedistill.serve.client import bearer, health_serving, wait_ready
@@ -160,7 +160,7 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
     flags = ["--bundle", str(bundle), "--host", "127.0.0.1", "--port", str(port)]
     flags += ["--metrics-port", "off" if metrics_port is None else str(metrics_port), "--workers", str(workers)]
     # a TensorRT engine runs without ONNX Runtime's threads, and the server refuses THREADS for it
-    return flags + (["--threads", str(threads)] if runs_onnx_runtime(bundle) else [])
+    return flags + (["--threads", str(threads)] if ServedModels.read(bundle).onnx_runtime else [])
 
 
 def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:

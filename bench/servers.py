@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.common.cascade import runs_onnx_runtime
+from edgedistill.common.cascade import ServedModels
 from edgedistill.common.processes import python_module
 from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -122,7 +122,9 @@ def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str
     if bundle is None:
         return line
     # a TensorRT engine runs without ONNX Runtime's threads, and `main` refuses --threads for it
-    return [*line, "--bundle", str(bundle)] + (["--threads", str(threads)] if runs_onnx_runtime(bundle) else [])
+    return [*line, "--bundle", str(bundle)] + (
+        ["--threads", str(threads)] if ServedModels.read(bundle).onnx_runtime else []
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--threads sets the bare server's threads: give --bundle, or drop --threads (the echo server runs no model)"
         )
-    if args.threads and not runs_onnx_runtime(args.bundle):  # 0, ONNX Runtime's default, asks for nothing
+    if args.threads and not ServedModels.read(args.bundle).onnx_runtime:  # 0, ONNX Runtime's default, asks for nothing
         parser.error(
             f"{args.bundle} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
             "--threads, ONNX Runtime's intra-op threads, would do nothing; drop it, or give an ONNX bundle (runtime "

@@ -6,6 +6,7 @@ member but the last keeps the texts whose confidence reaches its threshold; the 
 next member; the last answers what reaches it. Torch-free: the server loads it.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -104,14 +105,28 @@ def served_bundles(folder: str | Path) -> list[Bundle]:
     return [load_bundle(mf.listed_file(Path(folder), f"{MEMBERS}/{m.bundle}"), verify=False) for m in spec.members]
 
 
-def runs_onnx_runtime(folder: str | Path) -> bool:
-    """Whether a model the server loads from `folder` (read without verifying) runs on ONNX Runtime, whose session
-    PROVIDERS, THREADS and SPIN set; a TensorRT engine runs without it. A folder that cannot be read counts as one:
-    its load refuses it, saying why."""
-    try:
-        return on_onnx_runtime(served_bundles(folder))
-    except (mf.ArtifactError, ValueError, OSError):
-        return True
+@dataclass(frozen=True)
+class ServedModels:
+    """What a server's start needs of the models it would load from a bundle folder, read once and without verifying
+    them (the server's load verifies them): the bytes of their model files (a bundle's, or every member's of a
+    cascade), and whether one runs on ONNX Runtime, whose session PROVIDERS, THREADS and SPIN set (a TensorRT engine
+    runs without it). `refused` says why the folder could not be read; such a folder counts as a model on ONNX
+    Runtime, and its load refuses it, saying why."""
+
+    model_bytes: int = 0
+    onnx_runtime: bool = True
+    refused: str | None = None
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "ServedModels":
+        try:
+            bundles = served_bundles(folder)
+        except (mf.ArtifactError, ValueError, OSError) as err:
+            return cls(refused=str(err))
+        size = sum(
+            bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in bundles
+        )  # listed: load_bundle
+        return cls(size, on_onnx_runtime(bundles))
 
 
 def on_onnx_runtime(bundles: list[Bundle]) -> bool:

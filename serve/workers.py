@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common import manifest as mf
-from edgedistill.common.cascade import on_onnx_runtime, served_bundles
+from edgedistill.common.cascade import ServedModels
 from edgedistill.common.machine import affinity_cores, usable_cores, usable_memory
 from edgedistill.common.processes import die_with_parent, python_module, shell_status
 from edgedistill.serve.errors import BundleRejected
@@ -74,27 +73,6 @@ def intra_op_threads(threads: int, count: int) -> int:
     return max(1, cores // count)
 
 
-@dataclass(frozen=True)
-class ServedModels:
-    """What a server's start needs of the models it would load from a bundle folder, read once and without verifying
-    them (the server's load verifies them): the bytes of their model files (a bundle's, or every member's of a
-    cascade), and whether one runs on ONNX Runtime. `refused` says why the folder could not be read; such a folder
-    counts as a model on ONNX Runtime, and its load refuses it, saying why."""
-
-    model_bytes: int = 0
-    onnx_runtime: bool = True
-    refused: BundleRejected | None = None
-
-    @classmethod
-    def read(cls, folder: str | Path) -> "ServedModels":
-        try:
-            bundles = served_bundles(folder)
-            size = sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in bundles)
-        except (mf.ArtifactError, ValueError, OSError) as err:
-            return cls(refused=BundleRejected(f"bundle refused: {err}"))
-        return cls(size, on_onnx_runtime(bundles))
-
-
 def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
     """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files
     (`models`, read from the bundle where not given). Several workers set by hand that memory does not hold are
@@ -108,7 +86,7 @@ def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
     if models.refused is not None:
         if settings.workers:  # the workers refuse it, and say why
             return settings.workers
-        raise models.refused
+        raise BundleRejected(f"bundle refused: {models.refused}")
     per_worker = WORKER_BASE_BYTES + 2 * models.model_bytes
     memory = usable_memory()
     if not settings.workers:

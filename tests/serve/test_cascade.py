@@ -13,13 +13,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.cascade import MEMBERS, confidence, load_cascade, route
+from edgedistill.common.cascade import MEMBERS, ServedModels, confidence, load_cascade, route
 from edgedistill.serve import tensors
 from edgedistill.serve.cascade import load_runtime, refuse_unused_by
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.workers import ServedModels
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import numpy_helper
 from tokenizers import Tokenizer

@@ -533,8 +533,7 @@ def test_a_supervisors_start_reads_the_bundles_manifests_once(monkeypatch, tmp_p
         reads.append(folder)
         return served_bundles(folder)
 
-    monkeypatch.setattr(workers, "served_bundles", counted)
-    monkeypatch.setattr(cascade, "served_bundles", counted)  # where common.cascade reads a folder's bundles itself
+    monkeypatch.setattr(cascade, "served_bundles", counted)
     monkeypatch.setattr(workers, "supervise", lambda *args: 0)  # stands in for the Supervisor, which reads none
     monkeypatch.setattr(workers, "usable_memory", lambda: 64_000 << 20)
     run_here("serve", "--bundle", write_bundle(tmp_path / "bundle"), "--workers", "2")
@@ -542,9 +541,9 @@ def test_a_supervisors_start_reads_the_bundles_manifests_once(monkeypatch, tmp_p
 
 
 def test_a_supervisor_given_its_bundles_models_reads_no_manifest(monkeypatch, tmp_path):
-    monkeypatch.setattr(workers, "served_bundles", lambda folder: pytest.fail(f"{folder} read again"))
+    monkeypatch.setattr(cascade, "served_bundles", lambda folder: pytest.fail(f"{folder} read again"))
     settings = Settings(bundle=tmp_path / "gone", host="127.0.0.1", port=0)
-    supervisor = workers.Supervisor(settings, [], 2, workers.ServedModels(model_bytes=1, onnx_runtime=False))
+    supervisor = workers.Supervisor(settings, [], 2, cascade.ServedModels(model_bytes=1, onnx_runtime=False))
     supervisor._close()
     assert supervisor.threads is None  # no model on ONNX Runtime, as given
 
