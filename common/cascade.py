@@ -123,9 +123,8 @@ class ServedModels:
             bundles = served_bundles(folder)
         except (mf.ArtifactError, ValueError, OSError) as err:
             return cls(refused=str(err))
-        size = sum(
-            bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in bundles
-        )  # listed: load_bundle
+        # every model file is listed: load_bundle refuses a manifest without it
+        size = sum(bundle.manifest.files[bundle.spec.model_file].size_bytes for bundle in bundles)
         return cls(size, on_onnx_runtime(bundles))
 
 

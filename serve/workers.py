@@ -103,11 +103,11 @@ def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
     return settings.workers
 
 
-def warn_oversubscribed(settings: Settings, count: int, models: ServedModels | None = None) -> None:
+def warn_oversubscribed(settings: Settings, count: int, models: ServedModels | None) -> None:
     """Warn where `count` server processes run more ONNX Runtime intra-op threads in all than the usable cores (THREADS
     set by hand, or WORKERS above the cores): they take turns on the cores, so each batch runs slower than on fewer,
-    and the event loops wait for them. A TensorRT engine runs none. `models`: read from the bundle where not given."""
-    if settings.bundle is None or not (models or ServedModels.read(settings.bundle)).onnx_runtime:
+    and the event loops wait for them. A TensorRT engine runs none. `models`: the bundle's (None without a bundle)."""
+    if models is None or not models.onnx_runtime:
         return
     cores, each = usable_cores(), intra_op_threads(settings.threads, count)  # 0: ONNX Runtime's own, one per core
     if each * count > cores:
@@ -230,14 +230,13 @@ def signal_name(number: int) -> str:
 class Supervisor:
     """Starts `count` workers from the flags `argv` (and this environment), keeps them running, stops them."""
 
-    def __init__(self, settings: Settings, argv: list[str], count: int, models: ServedModels | None = None):
+    def __init__(self, settings: Settings, argv: list[str], count: int, models: ServedModels):
         self.settings = settings
         self.argv = argv
         self.count = count
-        onnx_runtime = (models or ServedModels.read(settings.bundle)).onnx_runtime
-        refuse_missing_packages(onnx_runtime)
+        refuse_missing_packages(models.onnx_runtime)
         # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
-        self.threads = intra_op_threads(settings.threads, count) if onnx_runtime else None
+        self.threads = intra_op_threads(settings.threads, count) if models.onnx_runtime else None
         self.ports = [reserve_port(settings.host, settings.port)]
         if settings.health_port is not None:
             self.ports.append(reserve_port(settings.host, settings.health_port))
@@ -517,8 +516,8 @@ class Supervisor:
         self.metrics_folder.remove()
 
 
-def supervise(settings: Settings, argv: list[str], count: int, models: ServedModels | None = None) -> int:
-    """Run `count` workers of `python -m serve` with the flags `argv` (and the bundle's `models`, read where not given);
+def supervise(settings: Settings, argv: list[str], count: int, models: ServedModels) -> int:
+    """Run `count` workers of `python -m serve` with the flags `argv` (and the bundle's `models`, as read at start);
     the exit status (see the module doc). `SettingsError` for a RELOAD_ROOT, which no worker could use: a Reload call
     naming a bundle reaches one."""
     if settings.reload_root is not None:

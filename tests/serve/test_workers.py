@@ -347,7 +347,7 @@ def test_ctrl_c_while_the_workers_start_logs_their_exits_at_info(interrupted_whi
 def reaped_after_ctrl_c(bundle):
     """A supervisor that finds a worker gone before it served (exit 0, as a worker stopped by Ctrl-C while it starts
     exits) while the SIGINT the same Ctrl-C gave the supervisor is caught but not yet handled: it reaps the worker."""
-    supervisor = workers.Supervisor(conftest.settings_for(bundle, workers=2), [], 2)
+    supervisor = workers.Supervisor(conftest.settings_for(bundle, workers=2), [], 2, cascade.ServedModels.read(bundle))
     try:
         read, write = os.pipe()
         os.close(write)
@@ -522,7 +522,7 @@ def test_threads_beyond_the_usable_cores_over_all_the_workers_are_warned_of(
     monkeypatch.setattr(workers, "affinity_cores", lambda: 2)
     settings = Settings(bundle=write_bundle(tmp_path / "bundle"), threads=threads)
     with caplog.at_level(logging.WARNING, logger="serve"):
-        workers.warn_oversubscribed(settings, count)
+        workers.warn_oversubscribed(settings, count, cascade.ServedModels.read(settings.bundle))
     assert any(getattr(r, "event", None) == "threads_exceed_cores" for r in caplog.records) == warned
 
 
@@ -651,7 +651,9 @@ def test_a_worker_process_that_cannot_be_made_leaves_no_descriptor_open(bundle, 
     def no_process(*args, **kwargs):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    supervisor = workers.Supervisor(Settings(bundle=bundle, host="127.0.0.1", port=0), [], 2)
+    supervisor = workers.Supervisor(
+        Settings(bundle=bundle, host="127.0.0.1", port=0), [], 2, cascade.ServedModels.read(bundle)
+    )
     monkeypatch.setattr(workers.subprocess, "Popen", no_process)
     before = sorted(os.listdir("/proc/self/fd"))
     with contextlib.suppress(OSError):
@@ -666,7 +668,7 @@ def worker_that_never_serves(bundle, temp_root, monkeypatch, caplog):
     """A supervisor (START_TIMEOUT_S 1 s) of one worker that sleeps instead of loading its model, as one hung in a
     mount's read: (its exit status, the seconds it ran, its log records)."""
     settings = Settings(bundle=bundle, host="127.0.0.1", port=0, metrics_port=None, start_timeout_s=1)
-    supervisor = workers.Supervisor(settings, [], 1)
+    supervisor = workers.Supervisor(settings, [], 1, cascade.ServedModels.read(bundle))
     monkeypatch.setattr(supervisor, "_command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
     began = time.monotonic()
     with caplog.at_level(logging.INFO, logger="serve"):
@@ -730,7 +732,7 @@ def test_a_worker_that_sigkill_cannot_end_does_not_hold_the_supervisors_exit(bun
     monkeypatch.setattr(workers, "STOP_MARGIN_S", 0.0)
     monkeypatch.setattr(workers.subprocess, "Popen", UnkillableProcess)
     began = time.monotonic()
-    workers.Supervisor(settings, [], 1).run()
+    workers.Supervisor(settings, [], 1, cascade.ServedModels.read(bundle)).run()
     assert time.monotonic() - began < STUCK_S / 3
 
 
