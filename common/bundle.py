@@ -24,7 +24,7 @@ TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
 CONFIG = "config.json"
-# The bundle format's version, hashed by the bundle stage (`export.bundle_stage.stage`): bumped when `BundleSpec` gains
+# The bundle format's version, hashed by the bundle stage (`export.stages.bundle`): bumped when `BundleSpec` gains
 # a field that changes what is served or a bundle's files are written otherwise, so that bundles built before are
 # rebuilt. 2: `pad_token_id`; 3: `tokenizer.json` truncates at the bundle's max length (`tokenizer_json`);
 # 4: `text_style`.

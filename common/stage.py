@@ -11,6 +11,7 @@ reads, whose overrides alone it takes.
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -128,6 +129,17 @@ def _main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def body(module: str, **kwargs) -> Callable[[Inputs], Built | None]:
+    """The build body `build_stage(inputs, **kwargs)` of `module` (a dotted name), imported only once the stage
+    builds: a stage is declared, and found current, without importing what building it takes (torch, transformers,
+    ONNX), which loads for seconds."""
+
+    def build(inputs: Inputs) -> Built | None:
+        return importlib.import_module(module).build_stage(inputs, **kwargs)
+
+    return build
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a recipe: `build(inputs) -> Built`, or None on a worker rank of a distributed run."""
@@ -234,6 +246,16 @@ class Stage:
         with self.lock() if _main_rank() else contextlib.nullcontext():
             return self.run_locked(force)
 
+    def skip(self) -> bool:
+        """`run` where the artifact is current: say so and return True, holding the stage's lock; False, building
+        nothing, where it is not."""
+        with self.lock():
+            remove_orphans(self.folder)
+            if self.staleness() is not None:
+                return False
+            self._say_current()
+            return True
+
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         if _main_rank():
@@ -241,7 +263,7 @@ class Stage:
         stale = "--force" if force else self.staleness()
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
-                print(f"[{self.name}] up to date: {self.folder}")
+                self._say_current()
             return mf.load(self.folder, verify=False)
         if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
@@ -266,6 +288,9 @@ class Stage:
         print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
         return manifest
 
+    def _say_current(self) -> None:
+        print(f"[{self.name}] up to date: {self.folder}")
+
     def _publish(self, tmp: Path, built: Built, watch: mf.Stopwatch, parents: dict[str, mf.Parent]) -> mf.Manifest:
         measured = {"size_bytes": (tmp / built.size_of).stat().st_size} if built.size_of else {}
         manifest = mf.for_stage(
@@ -279,3 +304,12 @@ class Stage:
             info=built.info,
         )
         return mf.commit(tmp, self.folder, manifest)
+
+
+def skip_all(stages: list[Stage]) -> bool:
+    """Whether every one of a command's `stages` is current, each then said so (`Stage.skip`): such a command
+    answers without setting up training or export. False where one is not (nothing said), or under `torchrun`,
+    whose ranks decide together (`distill.dist.run_stage`)."""
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        return False
+    return all(stage.is_current() for stage in stages) and all(stage.skip() for stage in stages)

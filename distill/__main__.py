@@ -4,7 +4,7 @@ Stages: `pretrain`, `finetune`, `teacher` (pretrain when the recipe has a `pretr
 then fine-tune), `transfer` (build and label the transfer set), and `distill` (every student of
 the recipe, or those named with `--only`, plus their label-only baselines, then the summary
 table; `--jobs N` trains N of them at once in separate processes). A stage whose artifact is up
-to date is skipped unless `--force`.
+to date is skipped unless `--force`; a command whose stages are all up to date says so without importing torch.
 """
 
 import argparse
@@ -14,6 +14,8 @@ from edgedistill.common.arguments import count
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
+from edgedistill.common.stage import skip_all
+from edgedistill.distill import stages, table
 
 STAGES = {
     "pretrain": "pretrain the teacher language model (recipes with a `pretrain` section)",
@@ -44,8 +46,18 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     args, rest = build_parser(prog).parse_known_args(argv)
-    # The stages import torch and transformers (seconds): only once the arguments are read, so that --help and a
-    # usage error answer at once.
+    try:
+        recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.stage, f"{prog} {args.stage}")
+        planned = stages.of_command(recipe, args.recipe, args.stage, args.only, not args.no_baseline)
+        if not args.force and skip_all(planned):
+            if args.stage == "distill":
+                table.write(recipe)
+            return 0
+    except (RecipeError, DataError, ArtifactError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # Building imports torch and transformers (seconds): only once a stage is to be built, so that --help, a usage
+    # error and a command whose stages are current answer at once.
     from edgedistill.distill import device, pipeline
     from edgedistill.distill.dist import CollectiveTimeout
     from edgedistill.distill.parallel import JobKilled
@@ -53,7 +65,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
 
     device.configure_process()
     try:
-        recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.stage, f"{prog} {args.stage}")
         pipeline.run(
             recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
         )

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import Examples, load_splits, load_test
-from edgedistill.common.recipe import Recipe, RecipeError
-from edgedistill.common.stage import Built, Inputs, Stage
-from edgedistill.distill import device, dist, heads, pretrain
+from edgedistill.common.recipe import RecipeError
+from edgedistill.common.stage import Built, Inputs
+from edgedistill.distill import device, dist, heads
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, finite, task_metrics
@@ -89,13 +89,8 @@ def reinit_top_layers(model, count: int) -> None:
                     param.fill_(1.0)
 
 
-def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/teacher/`: fine-tuned from the pretrain artifact when the recipe pretrains, else `model.init`."""
-    parents = (pretrain.stage(recipe),) if recipe.pretrain is not None else ()
-    return Stage("teacher", recipe, ("data", "model", "finetune"), _build, parents)
-
-
-def _build(inputs: Inputs) -> Built | None:
+def build_stage(inputs: Inputs) -> Built | None:
+    """The body of `distill.stages.teacher`."""
     recipe = inputs.recipe
     cfg, data = recipe.finetune, recipe.data
     train, dev = load_splits(data)

@@ -15,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 import torch
 from edgedistill.common.processes import children_ignore_interrupts, die_with_parent
 from edgedistill.common.recipe import Recipe
-from edgedistill.distill import device, student_stage
+from edgedistill.distill import device, stages
 from tqdm import tqdm
 
 _bar_position: int | None = None
@@ -37,7 +37,7 @@ class JobKilled(RuntimeError):
 
 
 def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
-    student_stage.stage(recipe, name, baseline, _bar_position).run(force)
+    stages.student(recipe, name, baseline, _bar_position).run(force)
 
 
 def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:
@@ -69,7 +69,7 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
 def _skipped(recipe: Recipe, name: str, baseline: bool) -> bool:
     """Whether the job's artifact is up to date, which its stage then says as it says it (deciding again under its
     lock); one another process is building now is not, and waits for it in a job."""
-    stage = student_stage.stage(recipe, name, baseline)
+    stage = stages.student(recipe, name, baseline)
     if stage.staleness() is not None:
         return False
     stage.run()

@@ -3,7 +3,7 @@ parallel jobs."""
 
 from edgedistill.common.data import load_splits, load_test, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
-from edgedistill.distill import device, dist, finetune, heads, parallel, pretrain, student_stage, table, transfer
+from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
 from transformers import AutoConfig
 
@@ -91,17 +91,15 @@ def _warn_positions(recipe: Recipe) -> None:
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:
     """`pretrain`, `finetune`, or `teacher`: pretraining where the recipe has it, then fine-tuning."""
-    if stage == "pretrain" or (stage == "teacher" and recipe.pretrain is not None):
-        if stage == "teacher":  # pretraining reads no labelled data: a wrong column or label fails now, not after it
-            load_splits(recipe.data)
-            load_test(recipe.data)
-            if recipe.data.pairs and recipe.model.init:  # nor a pair task's tokenizer: pretraining keeps the init's
-                pair_segments(load_tokenizer(recipe.model.init), recipe.model.init)
-        if recipe.pretrain is None:
-            raise RecipeError(f"{recipe_file}: no `pretrain` section to run")
-        dist.run_stage(pretrain.stage(recipe), force)
-    if stage in ("finetune", "teacher"):
-        dist.run_stage(finetune.stage(recipe), force)
+    planned = stages.of_command(recipe, recipe_file, stage)
+    if stage == "teacher" and planned[0].name == "pretrain":
+        # pretraining reads no labelled data: a wrong column or label fails now, not after it
+        load_splits(recipe.data)
+        load_test(recipe.data)
+        if recipe.data.pairs and recipe.model.init:  # nor a pair task's tokenizer: pretraining keeps the init's
+            pair_segments(load_tokenizer(recipe.model.init), recipe.model.init)
+    for planned_stage in planned:
+        dist.run_stage(planned_stage, force)
 
 
 def _transfer_and_students(
@@ -109,38 +107,31 @@ def _transfer_and_students(
 ) -> None:
     """`transfer`, or `distill`: the transfer set (labelled in one process, so under torchrun it must be built
     already), then the students and their baselines, then the table."""
-    if recipe.transfer is None or recipe.distill is None:
-        raise RecipeError(f"{recipe_file}: needs `transfer` and `distill` sections for stage {stage}")
+    transfer = stages.of_command(recipe, recipe_file, stage)[0]  # a recipe without the sections fails here
     if jobs > 1 and dist.world_size() > 1:  # the processes of torchrun train each student together, one at a time
         raise RecipeError(
             f"--jobs {jobs} trains students in parallel processes of one launch, and torchrun already runs "
             f"{dist.world_size()} processes training each student together: drop --jobs (make: NPROC=1 for JOBS)"
         )
-    unknown = set(only or ()) - set(recipe.distill.students)
-    if unknown:
-        raise RecipeError(
-            f"--only {sorted(unknown)}: not in distill.students of {recipe_file} ({', '.join(recipe.distill.students)})"
-        )
-    names = list(dict.fromkeys(only or recipe.distill.students))  # a student given twice to --only trains once
+    runs = stages.students(recipe, recipe_file, only, baselines)
     # A student class that breaks the contract fails now, not after the transfer set or in training.
-    student_stage.check_students(recipe, names)
+    student_stage.check_students(recipe, list(dict.fromkeys(name for name, _ in runs)))
     single = dist.world_size() == 1
     if stage == "transfer":
         if not single:
             raise RecipeError("the transfer set is labelled in one process: run `make transfer` without torchrun")
-        transfer.stage(recipe).run(force)
+        transfer.run(force)
         return
     if single:
-        transfer.stage(recipe).run()
-    elif not transfer.stage(recipe).is_current():
+        transfer.run()
+    elif not transfer.is_current():
         raise RecipeError(
             "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
         )
-    runs = [(name, baseline) for name in names for baseline in ((False, True) if baselines else (False,))]
     if jobs > 1 and single:
         parallel.run_all(recipe, runs, jobs, force=force)
     else:
         for name, baseline in runs:
-            dist.run_stage(student_stage.stage(recipe, name, baseline), force)
+            dist.run_stage(stages.student(recipe, name, baseline), force)
     if dist.is_main():
         table.write(recipe)

@@ -17,8 +17,8 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.config.training import ModelConfig
 from edgedistill.common.data import load_unlabelled
-from edgedistill.common.recipe import Recipe, RecipeError
-from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.recipe import RecipeError
+from edgedistill.common.stage import Built, Inputs
 from edgedistill.distill import device, dist, heads, tokenization
 from edgedistill.distill.device import Placement
 from edgedistill.distill.students import count_parameters
@@ -193,12 +193,8 @@ def lm_metrics(objective: LanguageModelObjective, batches: list[dict], placement
     return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "token_accuracy": correct / max(1, total_tokens)}
 
 
-def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/pretrain/`: the language model the teacher is fine-tuned from."""
-    return Stage("pretrain", recipe, ("model", "pretrain"), _build)
-
-
-def _build(inputs: Inputs) -> Built | None:
+def build_stage(inputs: Inputs) -> Built | None:
+    """The body of `distill.stages.pretrain`."""
     recipe = inputs.recipe
     cfg, model_cfg = recipe.pretrain, recipe.model
     shown = dist.is_main()  # the ranks' bars would say the same

@@ -20,13 +20,12 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
-from edgedistill.common.config.strict import HASHING
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
-from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.text import read_texts
-from edgedistill.distill import device, dist, heads, pretrain, transfer
+from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
@@ -48,11 +47,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, BertConfig
 
-# Part of the stages' hash: a student folder written before the Hub layout (student.json) is stale.
-FOLDER_LAYOUT = "hub"
 PROBE_VOCAB = 100  # tokens of the students `check_students` builds, before the teacher's tokenizer may exist
 UNLABELLED = -100  # the label of a transfer-set example without one: `hard_ce` skips it
-BASELINE_UNREAD = {"losses", "temperature", "init_from_teacher"}  # a student's settings its baseline never reads
 
 
 @dataclass(frozen=True)
@@ -272,25 +268,8 @@ def teacher_in_training(student: nn.Module, teacher_dir: Path, copied: bool, mat
     return teacher if matched else None
 
 
-def stage(recipe: Recipe, name: str, baseline: bool = False, bar_position: int | None = None) -> Stage:
-    """`student-<name>/` distilled from the transfer set, or with `baseline` `baseline-<name>/` trained on labels
-    only for the same step budget (the transfer set's size sets it); its training bar on terminal line
-    `bar_position` (parallel jobs)."""
-    spec = recipe.distill.students[name]
-    # Only the settings this run reads (and everything upstream) decide whether it is stale.
-    unread = BASELINE_UNREAD if baseline else {"baseline_init_from_teacher"}
-    transfer_stage = transfer.stage(recipe)
-    return Stage(
-        f"{'baseline' if baseline else 'student'}-{name}",
-        recipe,
-        (),
-        partial(_build, name=name, baseline=baseline, bar_position=bar_position),
-        (transfer_stage, *transfer_stage.parents),
-        extra=spec.model_dump(mode="json", exclude=unread, context=HASHING) | {"layout": FOLDER_LAYOUT},
-    )
-
-
-def _build(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) -> Built | None:
+def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) -> Built | None:
+    """The body of `distill.stages.student`."""
     recipe = inputs.recipe
     spec = recipe.distill.students[name]
     stage_name = f"{'baseline' if baseline else 'student'}-{name}"

@@ -12,7 +12,7 @@ from edgedistill.common import summary, tables
 from edgedistill.common.atomic import write_changed
 from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.distill import student_stage
+from edgedistill.distill import stages
 from edgedistill.distill.metrics import retention
 
 TEXT_COLUMNS = ("student", "arch", "baseline_from", "out_of_date")
@@ -22,7 +22,7 @@ def _built(recipe: Recipe, name: str, baseline: bool) -> tuple[mf.Manifest | Non
     """The manifest of student `name` (or its baseline), None when it has not run; and whether it is out of date:
     built from other settings than the recipe's now, or from other parents than those now in the run folder
     (`Stage.staleness`)."""
-    stage = student_stage.stage(recipe, name, baseline)
+    stage = stages.student(recipe, name, baseline)
     try:
         manifest = mf.load(stage.folder, verify=False)
     except mf.ArtifactError:

@@ -20,51 +20,13 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import Examples, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.stage import FORCED, Built, Inputs, Stage
-from edgedistill.distill import device, finetune, heads
+from edgedistill.common.stage import FORCED, Built, Inputs
+from edgedistill.distill import device, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, label_checked, labelling_info, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, mask_token
 from edgedistill.distill.transfer_texts import SOURCES, TransferTexts, build_texts
-
-
-def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher (through the labeller bundle the
-    recipe names, whose export settings count too; where it labelled, it is recorded as a parent, so that building
-    it again makes the transfer set stale, as it does one of an earlier release, which names it in `info.labelling`
-    alone)."""
-    name = recipe.transfer.labeller if recipe.transfer else None
-    labeller = {"labeller": recipe.export.bundles[name].model_dump(mode="json")} if name else None
-    older = _labelled_by_another_bundle if name else None
-    return Stage(
-        "transfer", recipe, ("data", "transfer"), _build, (finetune.stage(recipe),), extra=labeller, older_record=older
-    )
-
-
-def _labelled_by_another_bundle(folder: Path) -> str | None:
-    """Why the transfer set in `folder`, labelled through a bundle by a release that recorded the bundle in
-    `info.labelling` (its manifest's sha256, `bundle_sha256`) but not among the parents, is not of the bundle now
-    beside it: that one is gone, or was built again since; None when it is, when the parents record the bundle
-    (`Stage.staleness` judges it so), or when PyTorch labelled."""
-    manifest = mf.load(folder, verify=False)
-    labelling = manifest.info.get("labelling", {})
-    if labelling.get("engine") != "onnxruntime":
-        return None
-    bundle = folder.parent / Path(labelling["bundle"]).name
-    if bundle.name in manifest.parents:
-        return None
-    now = bundle / mf.MANIFEST
-    if not now.is_file():
-        change = "is gone"
-    elif mf.sha256_file(now) != labelling.get("bundle_sha256"):
-        change = "was built again since it labelled the set"
-    else:
-        return None
-    return (
-        f"its labeller {bundle.name} {change} (info.labelling.bundle_sha256; an earlier release did not record the "
-        "labeller among the parents): `edgedistill transfer RECIPE` labels it again"
-    )
 
 
 def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length: int) -> None:
@@ -119,7 +81,8 @@ def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
     return built
 
 
-def _build(inputs: Inputs) -> Built:
+def build_stage(inputs: Inputs) -> Built:
+    """The body of `distill.stages.transfer`."""
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))

@@ -3,8 +3,9 @@
 Commands: `bundles` (build every bundle of the recipe, or those named with `--only`, each checked
 against PyTorch and gated, then its confidence cascades) and `labeller` (the bundle `transfer.labeller` names, which labels the
 transfer set on the CPU; nothing when the recipe has none or labelling runs on a GPU). The bundles
-are timed by `python -m bench models`. Exit status: 0 when built, 1 when a bundle missed its parity or accuracy gate,
-2 when the recipe, an artifact or the machine stopped the build.
+are timed by `python -m bench models`. A command whose bundles are all up to date says so without importing torch,
+transformers or ONNX. Exit status: 0 when built, 1 when a bundle missed its parity or accuracy gate, 2 when the recipe,
+an artifact or the machine stopped the build.
 """
 
 import argparse
@@ -12,12 +13,14 @@ import sys
 
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
+from edgedistill.common.stage import skip_all
+from edgedistill.export import stages
 
 
 def failures() -> tuple[type[Exception], ...]:
     """What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
-    Imported when a command runs: the export imports torch, transformers and ONNX Runtime (seconds), which --help and a
-    usage error need not wait for."""
+    Imported when a command builds: the export imports torch, transformers and ONNX Runtime (seconds), which --help, a
+    usage error and bundles all current need not wait for."""
     from edgedistill.common.runtime import (
         DeviceError,
         ModelLoadError,
@@ -41,16 +44,42 @@ def failures() -> tuple[type[Exception], ...]:
     )
 
 
-def labeller(recipe, force: bool) -> int:
-    from edgedistill.distill import device
-    from edgedistill.export import bundle_stage
-
+def planned(recipe, args) -> tuple[list[str], list[str]] | None:
+    """The bundles and the cascades the command builds (`export.stages.of_command`), or None where the transfer set
+    needs no labeller: the recipe names none, or it is labelled on a GPU, in PyTorch."""
+    if args.command == "bundles":
+        return stages.of_command(recipe, args.recipe, args.only)
     name = recipe.transfer.labeller if recipe.transfer else None
+    if name is None:
+        print("[labeller] none needed: the recipe names no transfer.labeller; the transfer set is labelled in PyTorch")
+        return None
+    from edgedistill.distill import device  # torch, which resolving `runtime.device` takes
+
     placement = device.for_process(recipe.runtime)
-    if name is None or placement.device.type != "cpu":
+    if placement.device.type != "cpu":
         print(f"[labeller] none needed: the transfer set is labelled in PyTorch on {placement.device}")
-        return 0
-    bundle_stage.build(recipe, [name], force)
+        return None
+    return [name], []
+
+
+def build(recipe, ids: list[str], names: list[str], force: bool) -> int:
+    """Build the bundles `ids`, then the cascades `names`; the exit status."""
+    caught = failures()
+    from edgedistill.distill import device
+    from edgedistill.export import bundle_stage, cascade
+    from edgedistill.export.validate import ExportGateError
+
+    device.configure_process()
+    try:
+        if ids:
+            bundle_stage.build(recipe, ids, force)
+        cascade.build(recipe, names, force)
+    except ExportGateError as err:  # built and checked, and missed its gate: 1, as a missed target or SLO
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except caught as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -77,36 +106,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     args, rest = build_parser(prog).parse_known_args(argv)
-    caught = failures()
-    from edgedistill.distill import device
-    from edgedistill.export import bundle_stage, cascade
-    from edgedistill.export.validate import ExportGateError
-
-    device.configure_process()
     try:
         recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.command, f"{prog} {args.command}")
-        if args.command == "labeller":
-            return labeller(recipe, args.force)
-        if recipe.export is None:
-            raise RecipeError(f"{args.recipe}: no `export` section")
-        cascades = recipe.export.cascades
-        unknown = set(args.only or ()) - set(recipe.export.bundles) - set(cascades)
-        if unknown:
-            raise RecipeError(
-                f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {args.recipe} "
-                f"({', '.join([*recipe.export.bundles, *cascades])})"
-            )
-        only = [name for name in args.only or () if name not in cascades] if args.only else None
-        if only is None or only:
-            bundle_stage.build(recipe, only, args.force)
-        cascade.build(recipe, [name for name in args.only if name in cascades] if args.only else None, args.force)
-    except ExportGateError as err:  # built and checked, and missed its gate: 1, as a missed target or SLO
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except caught as err:
+        chosen = planned(recipe, args)
+        if chosen is None:
+            return 0
+        ids, names = chosen
+        if not args.force and skip_all(
+            [*(stages.bundle(recipe, bundle_id) for bundle_id in ids), *(stages.cascade(recipe, n) for n in names)]
+        ):
+            return 0
+    except (RecipeError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return build(recipe, ids, names, args.force)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,6 @@ from edgedistill.common.atomic import remove_orphans, temporary_name
 from edgedistill.common.bundle import (
     CONFIG,
     MODEL_FILES,
-    SPEC_VERSION,
     TOKENIZER,
     TOKENIZER_CONFIG,
     BundleSpec,
@@ -43,14 +41,13 @@ from edgedistill.common.runtime import (
     require_tensorrt,
 )
 from edgedistill.common.segments import PairSegments
-from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.text import read_texts
 from edgedistill.common.textstyle import as_served
-from edgedistill.distill import finetune, student_stage, transfer
 from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
-from edgedistill.export import optimize, quantize, validate
+from edgedistill.export import optimize, quantize, stages, validate
 from edgedistill.export.fold import fold
 from edgedistill.export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
 from edgedistill.export.smooth import smooth
@@ -190,35 +187,8 @@ def _transform(
     return graph, fused, smoothed, quantized
 
 
-def stage(recipe: Recipe, bundle_id: str, cache: SourceCache) -> Stage:
-    """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it on the dev set tokenized by the
-    teacher's tokenizer, gated; static INT8 and TensorRT INT8 bundles also read the transfer set (calibration), a
-    smoothed one (`smooth`) the train split."""
-    spec = recipe.export.bundles[bundle_id]
-    teacher = finetune.stage(recipe)
-    parents = [teacher] if spec.source == "teacher" else [student_stage.stage(recipe, spec.source), teacher]
-    if spec.calibrated_on_transfer_set:
-        parents.append(transfer.stage(recipe))
-    gates = (
-        "opset",
-        "min_agreement",
-        "min_fp16_agreement",
-        "max_int8_drop",
-        "min_int8_agreement",
-        "calibration_sentences",
-        *(key for key in ("tie_margin",) if key in recipe.export.model_dump()),  # hashed once set (Strict)
-    )
-    return Stage(
-        f"bundle-{bundle_id}",
-        recipe,
-        (f"export.bundles.{bundle_id}", *(f"export.{key}" for key in gates)),
-        partial(_build, bundle_id=bundle_id, cache=cache),
-        tuple(parents),
-        extra={"spec_version": SPEC_VERSION, "text_style": recipe.text_style},
-    )
-
-
-def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
+def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
+    """The body of `export.stages.bundle`."""
     recipe = inputs.recipe
     spec = recipe.export.bundles[bundle_id]
     if spec.runtime == "tensorrt":
@@ -378,40 +348,8 @@ def _build(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     )
 
 
-def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
-    """The bundles to build: those named in `only`, else every bundle this machine can run.
-
-    A recipe may list GPU bundles beside CPU ones; where their runtime or execution provider is absent
-    they are left out with the reason. Named with `--only`, such a bundle fails with the full error.
-    """
-    if only:
-        return list(only)
-    ids = []
-    for bundle_id in recipe.export.bundles:
-        reason = missing_for(recipe, bundle_id)
-        if reason is None:
-            ids.append(bundle_id)
-        else:
-            left_out(bundle_id, reason)
-    return ids
-
-
-def missing_for(recipe: Recipe, bundle_id: str) -> str | None:
-    """Why this machine cannot run bundle `bundle_id` (its runtime or execution provider is absent), or None."""
-    spec = recipe.export.bundles[bundle_id]
-    return missing_here(spec.runtime, spec.providers)
-
-
-def left_out(name: str, reason: str) -> None:
-    """Say that `bundle-<name>` is not built on this machine, and why."""
-    print(f"[bundle-{name}] not built here: {reason} (name it with --only for the whole error)")
-
-
-def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
-    """Every bundle of the recipe this machine can run (or those in `only`), sharing per-source exports."""
-    if recipe.export is None:
-        raise ExportError(f"recipe {recipe.name} has no `export` section")
-    ids = buildable(recipe, only)
+def build(recipe: Recipe, ids: list[str], force: bool = False) -> list[mf.Manifest]:
+    """The bundles `ids` of the recipe (`export.stages.of_command` chooses them), sharing per-source exports."""
     work = run_dir(recipe) / ".work" / "export"  # this process's own, so that two exports can run at once
     remove_orphans(work)
     scratch = temporary_name(work)
@@ -421,7 +359,7 @@ def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) ->
     manifests = []
     try:
         for bundle_id in ids:
-            manifests.append(stage(recipe, bundle_id, cache).run(force))
+            manifests.append(stages.bundle(recipe, bundle_id, cache).run(force))
             built.set_postfix(last=bundle_id, refresh=False)
             built.update()
     finally:

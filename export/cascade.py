@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import shutil
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,15 +23,14 @@ from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, conf
 from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.runtime import cascade_missing_here, open_bundle
-from edgedistill.common.stage import Built, Inputs, Stage
+from edgedistill.common.runtime import open_bundle
+from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.textstyle import as_served
-from edgedistill.distill import finetune
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.distill.transfer_texts import adjacent, leak_filter
-from edgedistill.export import bundle_stage, validate
+from edgedistill.export import bundle_stage, stages, validate
 from edgedistill.export.onnx_export import ExportError
 
 CURVE_POINTS = 41
@@ -153,24 +151,6 @@ class Member:
         return validate.dev_logits(validate.as_forward(self.run), feats, tokenizer.pad_token_id)
 
 
-def stage(recipe: Recipe, name: str) -> Stage:
-    """`runs/<recipe>/bundle-<name>/`: the cascade of `export.cascades.<name>`, its members copied in."""
-    spec = recipe.export.cascades[name]
-    members = [bundle_stage.stage(recipe, member, cache=None) for member in spec.members]
-    return Stage(
-        f"bundle-{name}",
-        recipe,
-        (
-            f"export.cascades.{name}",
-            "transfer.unlabelled_files",
-            "transfer.unlabelled_max_lines",
-            "transfer.text_style",
-        ),
-        partial(_build, name=name),
-        (*members, finetune.stage(recipe)),
-    )
-
-
 def _curve(dev_logits: list[np.ndarray], spec: CascadeSpec, labels: list[int], calibration: np.ndarray) -> list[dict]:
     """Dev accuracy and escalated share as the first member's threshold sweeps the calibration scores' quantiles."""
     points = []
@@ -187,7 +167,8 @@ def _curve(dev_logits: list[np.ndarray], spec: CascadeSpec, labels: list[int], c
     return points
 
 
-def _build(inputs: Inputs, name: str) -> Built:
+def build_stage(inputs: Inputs, name: str) -> Built:
+    """The body of `export.stages.cascade`."""
     recipe = inputs.recipe
     cfg: CascadeRecipe = recipe.export.cascades[name]
     tokenizer = load_tokenizer(str(inputs.parent("teacher")))
@@ -269,23 +250,6 @@ def members_line(accuracy: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.4f}" for name, value in accuracy.items())
 
 
-def buildable(recipe: Recipe, only: list[str] | None = None) -> list[str]:
-    """The cascades to build: those named in `only`, else every cascade whose members this machine can run.
-
-    A cascade of a bundle that `bundle_stage.buildable` leaves out is left out too, naming that member and the
-    reason. Named with `--only`, such a cascade fails with the full error.
-    """
-    if only is not None:
-        return [name for name in recipe.export.cascades if name in only]
-    names = []
-    for name in recipe.export.cascades:
-        if reasons := cascade_missing_here(recipe.export, name):
-            bundle_stage.left_out(name, reasons)
-        else:
-            names.append(name)
-    return names
-
-
-def build(recipe: Recipe, only: list[str] | None = None, force: bool = False) -> list[mf.Manifest]:
-    """Every cascade of the recipe this machine can run the members of (or those in `only`)."""
-    return [stage(recipe, name).run(force) for name in buildable(recipe, only)]
+def build(recipe: Recipe, names: list[str], force: bool = False) -> list[mf.Manifest]:
+    """The cascades `names` of the recipe (`export.stages.of_command` chooses them)."""
+    return [stages.cascade(recipe, name).run(force) for name in names]

@@ -81,6 +81,23 @@ def run_here(module: str, *args, env: dict[str, str] | None = None) -> subproces
     return subprocess.CompletedProcess([module, *args], status, out.getvalue(), err.getvalue())
 
 
+LOADING = ("torch", "transformers", "onnx")  # what building imports, for seconds
+
+
+def loaded_by(module: str, runs: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`python -m module *args` in a process of its own with EDGEDISTILL_RUNS_DIR=`runs`: what it did, and which of
+    `LOADING` it imported."""
+    code = (
+        "import importlib, sys; status = importlib.import_module(sys.argv[1]).main(sys.argv[2:]); "
+        f"print('loaded:', *[name for name in {LOADING!r} if name in sys.modules]); sys.exit(status)"
+    )
+    env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1"}
+    command = [PYTHON, "-c", code, f"edgedistill.{module}.__main__", *map(str, args)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    said, _, loaded = result.stdout.rpartition("loaded:")
+    return subprocess.CompletedProcess(command, result.returncode, said, result.stderr), loaded.split()
+
+
 def run_export(runs: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m export *args` with EDGEDISTILL_RUNS_DIR=`runs`, its output captured."""
     return run_module("export", runs, *args)

@@ -393,7 +393,7 @@ def _built(recipe, stage: str, settings: tuple[str, ...] = (), parents: tuple = 
     return built
 
 
-TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.stages.teacher`)
 
 
 def test_refresh_leaves_the_card_of_a_teacher_built_before_its_pooling_changed_as_its_build_wrote_it():

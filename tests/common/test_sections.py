@@ -1,5 +1,7 @@
 """The recipe sections each command reads (common.sections), against what its stages hash."""
 
+from functools import partial
+
 import pytest
 from edgedistill.common import sections
 from edgedistill.common.recipe import load_recipe, run_dir
@@ -93,24 +95,21 @@ def stages(command: str) -> list[Stage]:
     """The stages `command` runs on recipes/smoke.yaml, built and not run."""
     from edgedistill.bench import accuracy, cascade, models, scaling, serving
     from edgedistill.bench.peers import compare
-    from edgedistill.distill import finetune, pretrain, student_stage, transfer
-    from edgedistill.export import bundle_stage
-    from edgedistill.export import cascade as export_cascade
+    from edgedistill.distill import stages as trained
+    from edgedistill.export import stages as exported
     from edgedistill.loadtests import runner
 
     recipe = load_recipe(SMOKE, {"transfer.labeller": "teacher-int8", "transfer.relabel_margin": 1.0})
     bundle = run_dir(recipe) / f"bundle-{recipe.export.deploy}"
-    students = [student_stage.stage(recipe, name, baseline) for name in recipe.distill.students for baseline in (0, 1)]
     return {
-        "pretrain": lambda: [pretrain.stage(recipe)],
-        "finetune": lambda: [finetune.stage(recipe)],
-        "teacher": lambda: [pretrain.stage(recipe), finetune.stage(recipe)],
-        "labeller": lambda: [bundle_stage.stage(recipe, recipe.transfer.labeller, None)],
-        "transfer": lambda: [transfer.stage(recipe)],
-        "distill": lambda: [transfer.stage(recipe), *students],
-        "bundles": lambda: [
-            *(bundle_stage.stage(recipe, name, None) for name in recipe.export.bundles),
-            *(export_cascade.stage(recipe, name) for name in recipe.export.cascades),
+        **{
+            command: partial(trained.of_command, recipe, str(SMOKE), command)
+            for command in ("pretrain", "finetune", "teacher", "transfer", "distill")
+        },
+        "labeller": lambda: [exported.bundle(recipe, recipe.transfer.labeller)],
+        "bundles": lambda: [  # every bundle, those this machine cannot build too
+            *(exported.bundle(recipe, name) for name in recipe.export.bundles),
+            *(exported.cascade(recipe, name) for name in recipe.export.cascades),
         ],
         "bench models": lambda: [models.stage(recipe)],
         "bench serving": lambda: [serving.stage(recipe, bundle)],

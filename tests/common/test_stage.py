@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from edgedistill.common import atomic, tracking
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
-from edgedistill.common.stage import FORCED, Artifact, Built, Stage
+from edgedistill.common.stage import FORCED, Artifact, Built, Stage, body, skip_all
 
 from tests.common.test_atomic import gone_pid
 
@@ -491,3 +492,75 @@ def test_a_forced_run_starts_over_from_work_a_forced_run_left_after_publishing_i
     os.utime(stage.work / FORCED, ns=(published - 10**9, published - 10**9))  # marked when it started, before
     stage.inputs(force=True).resumable_work()
     assert not checkpoint.exists()
+
+
+@pytest.fixture
+def body_module(tmp_path, monkeypatch) -> str:
+    """The name of a module not yet imported whose `build_stage(inputs, text)` writes `text` to body.txt."""
+    name = f"stage_body_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(
+        "from edgedistill.common.stage import Built\n\n\n"
+        "def build_stage(inputs, text):\n"
+        "    return Built(lambda folder: (folder / 'body.txt').write_text(text), line='built')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_a_body_builds_through_its_modules_build_stage(recipe, body_module):
+    stage = Stage("lazy", recipe(), ("data",), body(body_module, text="made"))
+    stage.run()
+    assert (stage.folder / "body.txt").read_text() == "made"
+
+
+def test_a_body_imports_its_module_only_once_the_stage_builds(recipe, body_module):
+    stage = Stage("lazy", recipe(), ("data",), body(body_module, text="made"))
+    stage.is_current()
+    assert body_module not in sys.modules
+
+
+def test_skip_says_a_current_stage_is_up_to_date(recipe, capsys):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    capsys.readouterr()
+    stage.skip()
+    assert capsys.readouterr().out == f"[up] up to date: {stage.folder}\n"
+
+
+def test_skip_of_a_stale_stage_is_false(recipe):
+    assert not Stage("up", recipe(), ("data",), writer("a.txt")).skip()
+
+
+def test_skip_builds_no_stale_stage(recipe):
+    build = writer("a.txt")
+    Stage("up", recipe(), ("data",), build).skip()
+    assert build.calls == []
+
+
+def test_skip_all_of_current_stages_is_true(recipe):
+    stages = [Stage(name, recipe(), ("data",), writer("a.txt")) for name in ("a", "b")]
+    for stage in stages:
+        stage.run()
+    assert skip_all(stages)
+
+
+def test_skip_all_is_false_where_a_later_stage_is_stale(recipe):
+    current, stale = (Stage(name, recipe(), ("data",), writer("a.txt")) for name in ("a", "b"))
+    current.run()
+    assert not skip_all([current, stale])
+
+
+def test_skip_all_says_nothing_where_a_later_stage_is_stale(recipe, capsys):
+    current, stale = (Stage(name, recipe(), ("data",), writer("a.txt")) for name in ("a", "b"))
+    current.run()
+    capsys.readouterr()
+    skip_all([current, stale])
+    assert capsys.readouterr().out == ""
+
+
+def test_skip_all_under_torchrun_leaves_the_ranks_to_decide_together(recipe, monkeypatch):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not skip_all([stage])

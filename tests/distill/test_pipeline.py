@@ -1,18 +1,22 @@
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import __main__ as distill_main
-from edgedistill.distill import pipeline
+from edgedistill.distill import pipeline, stages
 from edgedistill.distill.dist import CollectiveTimeout
 from edgedistill.distill.students import ARCHITECTURES
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, loaded_by
 from tests.distill import extension
 from tests.pair_task import pair_recipe, write_pair_task
 from tests.roberta_init import write_roberta
+
+KINDS = ("student", "baseline")
 
 
 @pytest.mark.parametrize("stage", ["transfer", "distill"])
@@ -85,8 +89,8 @@ def test_an_unknown_student_given_to_only_lists_the_students(capsys):
 
 def test_a_student_given_twice_to_only_trains_once(monkeypatch):
     built = []
-    up_to_date = SimpleNamespace(run=lambda force=False: None)
-    monkeypatch.setattr(pipeline, "transfer", SimpleNamespace(stage=lambda recipe: up_to_date))
+    up_to_date = SimpleNamespace(run=lambda force=False: None, parents=())
+    monkeypatch.setattr(stages, "transfer", lambda recipe: up_to_date)
     monkeypatch.setattr(pipeline.dist, "run_stage", lambda stage, force: built.append(stage.name))
     monkeypatch.setattr(pipeline.table, "write", lambda recipe: None)
     distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn", "--only", "cnn", "--force"])
@@ -169,3 +173,54 @@ def test_an_override_of_a_section_the_teacher_does_not_read_is_refused_naming_it
 def test_an_override_of_a_section_the_teacher_does_not_read_is_refused_before_it_pretrains():
     distill_main.main(["teacher", str(ROOT / "recipes" / "smoke.yaml"), "--bench.serving.threads=4"])
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / "pretrain").exists()
+
+
+@pytest.fixture
+def built_run(smoke_run, tmp_path) -> Path:
+    """A copy of the smoke run (teacher, transfer set, students): a runs folder whose training stages are current."""
+    shutil.copytree(smoke_run, tmp_path / "smoke")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher", "transfer", "distill"])
+def test_a_command_whose_stages_are_current_loads_neither_torch_nor_transformers(built_run, command):
+    result, loaded = loaded_by("distill", built_run, command, ROOT / "recipes" / "smoke.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert loaded == []
+
+
+@pytest.mark.parametrize(
+    ("command", "stages_said"),
+    [
+        ("teacher", ["pretrain", "teacher"]),
+        ("transfer", ["transfer"]),
+        ("distill", ["transfer", *(f"{kind}-{name}" for name in ("bilstm", "cnn", "transformer") for kind in KINDS)]),
+    ],
+)
+def test_a_command_whose_stages_are_current_says_each_is_up_to_date(built_run, command, stages_said):
+    result, _ = loaded_by("distill", built_run, command, ROOT / "recipes" / "smoke.yaml")
+    said = [line.split("]")[0][1:] for line in result.stdout.splitlines() if " up to date: " in line]
+    assert said == stages_said
+
+
+def test_distill_whose_stages_are_current_prints_the_table(built_run):
+    result, _ = loaded_by("distill", built_run, "distill", ROOT / "recipes" / "smoke.yaml")
+    assert "distillation: smoke" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def one_stale(smoke_run, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`distill --only cnn` on a copy of the smoke run without its baseline-cnn: what it did, and the runs folder."""
+    runs = tmp_path_factory.mktemp("one-stale")
+    shutil.copytree(smoke_run, runs / "smoke", ignore=shutil.ignore_patterns("baseline-cnn"))
+    result, _ = loaded_by("distill", runs, "distill", ROOT / "recipes" / "smoke.yaml", "--only", "cnn")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, runs
+
+
+def test_a_command_with_a_stage_to_build_builds_it(one_stale):
+    assert (one_stale[1] / "smoke" / "baseline-cnn" / "manifest.json").is_file()
+
+
+def test_a_command_with_a_stage_to_build_says_once_that_each_other_is_up_to_date(one_stale):
+    assert one_stale[0].stdout.count("[student-cnn] up to date") == 1

@@ -10,7 +10,7 @@ from edgedistill.common import settings
 from edgedistill.common.config.training import ModelConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import load_recipe
-from edgedistill.distill import heads, pretrain, tokenization
+from edgedistill.distill import heads, pretrain, stages, tokenization
 from edgedistill.distill.device import resolve
 from edgedistill.distill.pretrain import (
     LanguageModelObjective,
@@ -173,7 +173,7 @@ def test_the_stage_holds_no_corpus_text_while_it_trains(monkeypatch):
 
     monkeypatch.setattr(pretrain, "load_unlabelled", load_lines)
     monkeypatch.setattr(Trainer, "fit", fit_noting_what_is_held)
-    pretrain.stage(load_recipe(ROOT / "recipes" / "smoke.yaml", {"pretrain.optim.max_steps": 2})).run()
+    stages.pretrain(load_recipe(ROOT / "recipes" / "smoke.yaml", {"pretrain.optim.max_steps": 2})).run()
     assert held == [0]
 
 

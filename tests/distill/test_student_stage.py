@@ -12,7 +12,7 @@ from edgedistill.common.config.training import OptimConfig, RuntimeConfig, Stude
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
-from edgedistill.distill import heads, student_stage
+from edgedistill.distill import heads, stages, student_stage
 from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
@@ -134,7 +134,7 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
 
 def test_how_a_student_s_batch_is_split_leaves_its_hash_unchanged():
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {"distill.students.cnn.optim.grad_accum": 5})
-    assert student_stage.stage(changed, "cnn").config_hash == student_stage.stage(SMOKE, "cnn").config_hash
+    assert stages.student(changed, "cnn").config_hash == stages.student(SMOKE, "cnn").config_hash
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_how_a_student_s_batch_is_split_leaves_its_hash_unchanged():
 )
 def test_a_setting_of_the_distillation_alone_leaves_the_baseline_s_hash_unchanged(key, value):
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
-    assert student_stage.stage(changed, "cnn", True).config_hash == student_stage.stage(SMOKE, "cnn", True).config_hash
+    assert stages.student(changed, "cnn", True).config_hash == stages.student(SMOKE, "cnn", True).config_hash
 
 
 @pytest.mark.parametrize(
@@ -150,13 +150,13 @@ def test_a_setting_of_the_distillation_alone_leaves_the_baseline_s_hash_unchange
 )
 def test_a_setting_of_the_distillation_makes_the_student_stale(key, value):
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
-    assert student_stage.stage(changed, "cnn").config_hash != student_stage.stage(SMOKE, "cnn").config_hash
+    assert stages.student(changed, "cnn").config_hash != stages.student(SMOKE, "cnn").config_hash
 
 
 @pytest.mark.parametrize(("key", "value"), [("baseline_init_from_teacher", True), ("optim.lr", 0.01)])
 def test_a_setting_the_baseline_reads_makes_it_stale(key, value):
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.cnn.{key}": value})
-    assert student_stage.stage(changed, "cnn", True).config_hash != student_stage.stage(SMOKE, "cnn", True).config_hash
+    assert stages.student(changed, "cnn", True).config_hash != stages.student(SMOKE, "cnn", True).config_hash
 
 
 @pytest.mark.parametrize(("hidden", "attention"), [(0.0, 1.0), (1.0, 0.0), (1.0, 1.0)])

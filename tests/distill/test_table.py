@@ -6,7 +6,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, run_dir
-from edgedistill.distill import finetune, student_stage, table, transfer
+from edgedistill.distill import stages, table
 
 RECIPE = """
 data: {train: a.tsv, dev: b.tsv, label_names: [ABBR, DESC, ENTY, HUM, LOC, NUM]%s}
@@ -39,7 +39,7 @@ def publish(stage, metrics=None, info=None, config_hash=None):
 
 
 def publish_teacher(recipe, accuracy=0.9, macro_f1=0.8):
-    publish(finetune.stage(recipe), SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1})
+    publish(stages.teacher(recipe), SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1})
 
 
 @pytest.fixture
@@ -52,12 +52,12 @@ def trec(tmp_path):
         path.write_text(RECIPE % data)
         recipe = load_recipe(path)
         publish_teacher(recipe)
-        publish(transfer.stage(recipe))
+        publish(stages.transfer(recipe))
         for baseline, (accuracy, macro_f1) in ((False, (0.85, 0.6)), (True, (0.8, 0.4))):
             metrics = SIZES | {"dev_accuracy": accuracy, "dev_macro_f1": macro_f1}
             if test:
                 metrics |= {"test_accuracy": accuracy - 0.1, "test_macro_f1": macro_f1 - 0.1}
-            publish(student_stage.stage(recipe, "cnn", baseline), metrics, {"arch": "cnn"})
+            publish(stages.student(recipe, "cnn", baseline), metrics, {"arch": "cnn"})
         return recipe
 
     return make
@@ -150,19 +150,19 @@ def test_the_table_of_unchanged_stages_leaves_its_files_as_they_are(trec):
 
 def test_a_baseline_built_from_other_settings_is_not_reported(trec):
     recipe = trec()
-    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    publish(stages.student(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
     assert table.rows(recipe)[1]["baseline"] is None
 
 
 def test_no_gain_is_reported_against_a_baseline_built_from_other_settings(trec):
     recipe = trec()
-    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    publish(stages.student(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
     assert table.rows(recipe)[1]["gain"] is None
 
 
 def test_a_baseline_built_from_other_settings_is_marked_out_of_date(trec):
     recipe = trec()
-    publish(student_stage.stage(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
+    publish(stages.student(recipe, "cnn", baseline=True), SIZES | {"dev_accuracy": 0.8}, config_hash="older")
     assert table.rows(recipe)[1]["out_of_date"] == "baseline"
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as torch_dist
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig
 from edgedistill.common.recipe import load_recipe
-from edgedistill.distill import finetune
+from edgedistill.distill import stages
 from edgedistill.distill import trainer as trainer_module
 from edgedistill.distill.device import Placement, resolve
 from edgedistill.distill.trainer import CHECKPOINT, CheckpointError, Trainer
@@ -161,7 +161,7 @@ def teacher_work_key(tmp_path, **optim) -> str:
     """The work key of the teacher stage that fine-tunes a checkpoint with these `finetune.optim` settings."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: some/model}\n")
-    return finetune.stage(load_recipe(recipe, {f"finetune.optim.{k}": v for k, v in optim.items()})).inputs().work_key
+    return stages.teacher(load_recipe(recipe, {f"finetune.optim.{k}": v for k, v in optim.items()})).inputs().work_key
 
 
 def test_a_teacher_checkpoint_resumes_with_another_split_of_its_batches(tmp_path):

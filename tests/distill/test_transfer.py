@@ -19,8 +19,8 @@ from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.labelling import SecondPass, check_sample, label_checked, label_shards, labelling_info
+from edgedistill.distill.stages import transfer as transfer_stage
 from edgedistill.distill.tokenization import encode, load_tokenizer
-from edgedistill.distill.transfer import stage as transfer_stage
 from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
@@ -806,7 +806,8 @@ def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_refused_naming_tra
 
 def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_warned_of_before_the_teacher_trains(gpt2_teacher):
     runs, args = gpt2_teacher
-    result = run_module("distill", runs, "finetune", *args, "--transfer.p_mask=0.1")
+    # one step more than the teacher took: it trains again, and is warned of first
+    result = run_module("distill", runs, "finetune", *args, "--transfer.p_mask=0.1", "--finetune.optim.max_steps=3")
     assert "[teacher] warning: " in result.stdout and "set transfer.p_mask to 0" in result.stdout
 
 

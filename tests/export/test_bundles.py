@@ -14,7 +14,7 @@ from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.runtime import available_providers, missing_here, open_runner, tensorrt_available
 from edgedistill.distill import heads
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.export import bundle_stage, validate
+from edgedistill.export import bundle_stage, stages, validate
 from edgedistill.export.bundle_stage import max_length, token_features
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
 from edgedistill.export.validate import (
@@ -468,13 +468,13 @@ HUB_BUNDLES = ("teacher-int8", "bilstm-int8", "cnn-folded", "transformer-fused")
 def test_a_bundle_stage_at_the_default_tie_margin_hashes_no_tie_margin():
     """So bundles built before export.tie_margin existed stay current."""
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
-    assert "export.tie_margin" not in bundle_stage.stage(recipe, "bilstm-int8", cache=None).settings
+    assert "export.tie_margin" not in stages.bundle(recipe, "bilstm-int8").settings
 
 
 def test_a_bundle_stage_is_stale_when_the_tie_margin_is_set():
-    before = bundle_stage.stage(load_recipe(SMOKE), "bilstm-int8", cache=None).config_hash
+    before = stages.bundle(load_recipe(SMOKE), "bilstm-int8").config_hash
     recipe = load_recipe(SMOKE, parse_overrides(["--export.tie_margin=0"]))
-    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != before
+    assert stages.bundle(recipe, "bilstm-int8").config_hash != before
 
 
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
@@ -503,23 +503,23 @@ def test_a_bundle_records_the_recipes_text_style_for_the_server(smoke_bundles):
 
 
 def test_a_bundle_stage_is_stale_when_the_text_style_changes():
-    before = bundle_stage.stage(load_recipe(SMOKE), "teacher-int8", cache=None).config_hash
+    before = stages.bundle(load_recipe(SMOKE), "teacher-int8").config_hash
     raw = load_recipe(SMOKE, {"transfer.text_style": "raw"})
-    assert bundle_stage.stage(raw, "teacher-int8", cache=None).config_hash != before
+    assert stages.bundle(raw, "teacher-int8").config_hash != before
 
 
 def test_a_bundle_stage_is_stale_when_the_spec_version_changes(monkeypatch):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
-    before = bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash
-    monkeypatch.setattr(bundle_stage, "SPEC_VERSION", bundle_stage.SPEC_VERSION + 1)
-    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != before
+    before = stages.bundle(recipe, "bilstm-int8").config_hash
+    monkeypatch.setattr(stages, "SPEC_VERSION", stages.SPEC_VERSION + 1)
+    assert stages.bundle(recipe, "bilstm-int8").config_hash != before
 
 
 def test_bundles_built_before_tokenizer_json_truncated_are_built_again(monkeypatch):
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
-    now = bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash
-    monkeypatch.setattr(bundle_stage, "SPEC_VERSION", 2)  # whose tokenizer.json kept the source's max length
-    assert bundle_stage.stage(recipe, "bilstm-int8", cache=None).config_hash != now
+    now = stages.bundle(recipe, "bilstm-int8").config_hash
+    monkeypatch.setattr(stages, "SPEC_VERSION", 2)  # whose tokenizer.json kept the source's max length
+    assert stages.bundle(recipe, "bilstm-int8").config_hash != now
 
 
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
@@ -560,6 +560,6 @@ def test_bundles_all_current_write_nothing_into_the_runs_folder(monkeypatch):
         def run(self, force):
             return mf.Manifest(stage="bundle", recipe=recipe.name, recipe_hash="", config_hash="")
 
-    monkeypatch.setattr(bundle_stage, "stage", lambda *args: Current())
-    bundle_stage.build(recipe, only=["bilstm-int8"])
+    monkeypatch.setattr(stages, "bundle", lambda *args: Current())
+    bundle_stage.build(recipe, ["bilstm-int8"])
     assert not run_dir(recipe).exists()

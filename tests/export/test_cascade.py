@@ -15,8 +15,8 @@ from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import available_providers
 from edgedistill.common.stage import Inputs
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.export import bundle_stage
 from edgedistill.export import cascade as export_cascade
+from edgedistill.export import stages
 from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_routing, fit_temperature
 from edgedistill.export.onnx_export import ExportError
 
@@ -231,7 +231,7 @@ def recorded_openings(monkeypatch, fail_opening: int | None = None) -> list[Clos
 def build_smoke_cascade(smoke_bundles, monkeypatch) -> None:
     """The smoke cascade's build (what it would publish is left unwritten)."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    cascade = export_cascade.stage(load_recipe(SMOKE), "bilstm-cascade")
+    cascade = stages.cascade(load_recipe(SMOKE), "bilstm-cascade")
     cascade.build(cascade.inputs())
 
 
@@ -269,7 +269,7 @@ def short_of_calibration(smoke_bundles, tmp_path_factory):
     parents = {"teacher": smoke_bundles / "teacher"} | {f"bundle-{m}": smoke_bundles / f"bundle-{m}" for m in members}
     inputs = Inputs(load_recipe(SMOKE, overrides), "h", folder / "work", False, {}, parents, "k", folder / "cascade")
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        built = export_cascade._build(inputs, name="bilstm-cascade")
+        built = export_cascade.build_stage(inputs, name="bilstm-cascade")
     return printed.getvalue(), built.metrics
 
 
@@ -294,7 +294,7 @@ def test_a_cascade_of_a_bundle_this_machine_cannot_run_is_left_out_with_the_reas
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     result = run_here("export", "bundles", SMOKE, *GPU_CASCADE)
     assert result.returncode == 0, result.stderr
-    reason = bundle_stage.missing_for(recipe, "teacher-cuda-fp16")
+    reason = stages.missing_for(recipe, "teacher-cuda-fp16")
     assert f"[bundle-gpu-cascade] not built here: member teacher-cuda-fp16: {reason}" in result.stdout
 
 

@@ -1,12 +1,18 @@
 """`python -m export`: a failure of the recipe, the artifacts or the machine is a message and exit status 2; a missed
-gate is a message and exit status 1."""
+gate is a message and exit status 1; bundles all current are said so without loading what building takes."""
+
+import shutil
+from pathlib import Path
 
 import pytest
+from edgedistill.common.recipe import load_recipe
 from edgedistill.export import __main__ as export_main
-from edgedistill.export import bundle_stage
+from edgedistill.export import bundle_stage, stages
 from edgedistill.export.validate import ExportGateError
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, loaded_by
+
+SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 
 @pytest.mark.parametrize("failure", export_main.failures(), ids=lambda kind: kind.__name__)
@@ -36,3 +42,40 @@ def test_an_unknown_bundle_given_to_only_lists_the_bundles_and_cascades(capsys):
 def test_an_override_of_a_section_the_bundles_do_not_read_is_refused_naming_it(capsys):
     export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--runtime.device=cuda"])
     assert "error: --runtime.device: python -m export bundles reads no runtime setting" in capsys.readouterr().err
+
+
+@pytest.fixture
+def built_bundles(smoke_bundles, tmp_path) -> Path:
+    """A copy of the smoke run with every bundle this machine builds: a runs folder whose bundles are current."""
+    shutil.copytree(smoke_bundles, tmp_path / "smoke")
+    return tmp_path
+
+
+def test_bundles_all_current_load_neither_torch_nor_transformers_nor_onnx(built_bundles):
+    result, loaded = loaded_by("export", built_bundles, "bundles", SMOKE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert loaded == []
+
+
+def test_bundles_all_current_say_each_is_up_to_date_in_the_recipes_order(built_bundles):
+    recipe = load_recipe(SMOKE)
+    here = [name for name in recipe.export.bundles if stages.missing_for(recipe, name) is None]
+    result, _ = loaded_by("export", built_bundles, "bundles", SMOKE)
+    said = [line.split("]")[0][1:] for line in result.stdout.splitlines() if " up to date: " in line]
+    assert said == [f"bundle-{name}" for name in (*here, *recipe.export.cascades)]
+
+
+def test_bundles_all_current_name_each_bundle_left_out_once(built_bundles):
+    result, _ = loaded_by("export", built_bundles, "bundles", SMOKE)
+    assert result.stdout.count("[bundle-bilstm-engine] not built here") == 1
+
+
+def test_a_recipe_without_a_labeller_needs_none(tmp_path):
+    result, _ = loaded_by("export", tmp_path, "labeller", SMOKE)
+    assert result.stdout == (
+        "[labeller] none needed: the recipe names no transfer.labeller; the transfer set is labelled in PyTorch\n"
+    )
+
+
+def test_a_recipe_without_a_labeller_loads_no_torch(tmp_path):
+    assert loaded_by("export", tmp_path, "labeller", SMOKE)[1] == []

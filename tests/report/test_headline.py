@@ -496,7 +496,7 @@ def test_a_load_test_of_an_earlier_build_of_the_deployed_bundle_is_named_with_th
     ) in measured_on_another_build(recipe)
 
 
-TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.stages.teacher`)
 
 
 def edited_recipe_headline(recipe) -> list[str]:

@@ -812,7 +812,7 @@ def test_per_label_section_of_baselines_alone_draws_no_figure(tmp_path):
     assert baselines_only_page(tmp_path).figures == {}
 
 
-TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.finetune.stage`)
+TEACHER_SETTINGS = ("data", "model", "finetune")  # the teacher stage's (`distill.stages.teacher`)
 
 
 def edited_recipe_markdown(tmp_path, monkeypatch) -> str:

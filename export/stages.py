@@ -1,0 +1,107 @@
+"""The bundles and cascades as a recipe declares them, as `distill.stages` declares the training stages: each one's
+folder, the settings it hashes, its parents and its build body, imported only once it builds. `python -m export
+bundles` whose bundles and cascades are all current says so without importing torch, transformers or ONNX.
+
+A recipe may list GPU bundles beside CPU ones: `bundles` and `cascades` leave out, saying why, those this machine
+cannot run.
+"""
+
+from edgedistill.common.bundle import SPEC_VERSION
+from edgedistill.common.recipe import Recipe, RecipeError
+from edgedistill.common.runtime import cascade_missing_here, missing_here
+from edgedistill.common.stage import Stage, body
+from edgedistill.distill import stages as trained
+
+GATES = ("opset", "min_agreement", "min_fp16_agreement", "max_int8_drop", "min_int8_agreement", "calibration_sentences")
+
+
+def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
+    """`runs/<recipe>/bundle-<id>/`: exported from its source, checked against it on the dev set tokenized by the
+    teacher's tokenizer, gated; static INT8 and TensorRT INT8 bundles also read the transfer set (calibration), a
+    smoothed one (`smooth`) the train split. `cache` (an `export.bundle_stage.SourceCache`) shares each source's
+    export among the bundles a command builds."""
+    spec = recipe.export.bundles[bundle_id]
+    teacher = trained.teacher(recipe)
+    parents = [teacher] if spec.source == "teacher" else [trained.student(recipe, spec.source), teacher]
+    if spec.calibrated_on_transfer_set:
+        parents.append(trained.transfer(recipe))
+    gates = (*GATES, *(key for key in ("tie_margin",) if key in recipe.export.model_dump()))  # hashed once set
+    return Stage(
+        f"bundle-{bundle_id}",
+        recipe,
+        (f"export.bundles.{bundle_id}", *(f"export.{key}" for key in gates)),
+        body("edgedistill.export.bundle_stage", bundle_id=bundle_id, cache=cache),
+        tuple(parents),
+        extra={"spec_version": SPEC_VERSION, "text_style": recipe.text_style},
+    )
+
+
+def cascade(recipe: Recipe, name: str) -> Stage:
+    """`runs/<recipe>/bundle-<name>/`: the cascade of `export.cascades.<name>`, its members copied in."""
+    members = [bundle(recipe, member) for member in recipe.export.cascades[name].members]
+    return Stage(
+        f"bundle-{name}",
+        recipe,
+        (
+            f"export.cascades.{name}",
+            "transfer.unlabelled_files",
+            "transfer.unlabelled_max_lines",
+            "transfer.text_style",
+        ),
+        body("edgedistill.export.cascade", name=name),
+        (*members, trained.teacher(recipe)),
+    )
+
+
+def bundles(recipe: Recipe) -> list[str]:
+    """Every bundle of the recipe this machine can run, the others left out with the reason (`left_out`)."""
+    ids = []
+    for bundle_id in recipe.export.bundles:
+        if reason := missing_for(recipe, bundle_id):
+            left_out(bundle_id, reason)
+        else:
+            ids.append(bundle_id)
+    return ids
+
+
+def cascades(recipe: Recipe, only: list[str] | None = None) -> list[str]:
+    """The cascades to build: those named in `only`, else every cascade whose members this machine can run. A cascade
+    of a bundle that `bundles` leaves out is left out too, naming that member and the reason. Named with `--only`,
+    such a cascade fails with the full error."""
+    if only is not None:
+        return [name for name in recipe.export.cascades if name in only]
+    names = []
+    for name in recipe.export.cascades:
+        if reasons := cascade_missing_here(recipe.export, name):
+            left_out(name, reasons)
+        else:
+            names.append(name)
+    return names
+
+
+def missing_for(recipe: Recipe, bundle_id: str) -> str | None:
+    """Why this machine cannot run bundle `bundle_id` (its runtime or execution provider is absent), or None."""
+    spec = recipe.export.bundles[bundle_id]
+    return missing_here(spec.runtime, spec.providers)
+
+
+def left_out(name: str, reason: str) -> None:
+    """Say that `bundle-<name>` is not built on this machine, and why."""
+    print(f"[bundle-{name}] not built here: {reason} (name it with --only for the whole error)")
+
+
+def of_command(recipe: Recipe, recipe_file: str, only: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """The bundles, then the cascades, that `python -m export bundles` builds: those of `only` (bundle and cascade
+    ids), else every one this machine can run (`bundles`, `cascades`). An id the recipe has not, or a recipe without
+    an `export` section, raises `RecipeError` naming `recipe_file`."""
+    if recipe.export is None:
+        raise RecipeError(f"{recipe_file}: no `export` section")
+    named = recipe.export.cascades
+    if unknown := set(only or ()) - set(recipe.export.bundles) - set(named):
+        raise RecipeError(
+            f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {recipe_file} "
+            f"({', '.join([*recipe.export.bundles, *named])})"
+        )
+    if not only:
+        return bundles(recipe), cascades(recipe)
+    return [name for name in only if name not in named], cascades(recipe, only)
