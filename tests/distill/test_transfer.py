@@ -804,10 +804,15 @@ def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_refused_naming_tra
     )
 
 
-def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_warned_of_before_the_teacher_trains(gpt2_teacher):
+def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_warned_of_before_the_teacher_trains(
+    gpt2_teacher, tmp_path
+):
     runs, args = gpt2_teacher
-    # one step more than the teacher took: it trains again, and is warned of first
-    result = run_module("distill", runs, "finetune", *args, "--transfer.p_mask=0.1", "--finetune.optim.max_steps=3")
+    # one step more than the teacher took: it trains again, in a copy so the module's teacher stays as built
+    shutil.copytree(runs, tmp_path / "runs")
+    result = run_module(
+        "distill", tmp_path / "runs", "finetune", *args, "--transfer.p_mask=0.1", "--finetune.optim.max_steps=3"
+    )
     assert "[teacher] warning: " in result.stdout and "set transfer.p_mask to 0" in result.stdout
 
 
