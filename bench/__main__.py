@@ -24,18 +24,21 @@ from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, PrecisionRefused, ProviderFallback, TensorRTUnavailable
+from edgedistill.common.stage import skip_all
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.settings import SettingsError
 
 
 def run_models(recipe, args) -> int:
-    from edgedistill.bench import models
+    from edgedistill.bench import model_stage
     from edgedistill.distill import device
 
-    device.configure_process(recipe.bench.models.threads)  # the same count for PyTorch and ONNX Runtime
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
-    models.stage(recipe).run(args.force)
+    stage = model_stage.stage(recipe)
+    if args.force or not skip_all([stage]):  # timing imports transformers and the models' code (seconds)
+        device.configure_process(recipe.bench.models.threads)  # the same count for PyTorch and ONNX Runtime
+        stage.run(args.force)
     return 0
 
 

@@ -9,7 +9,8 @@ to, if it resolves to one (`distill.device`). A pair model is timed on a long pa
 server makes its rows (sentence B marked by the bundle's own rule), the teacher on the same pair as its tokenizer
 writes it. Settings come from the recipe's `bench.models` section, its
 `threads` for PyTorch and ONNX Runtime alike. Results go to `runs/<recipe>/bench/` as a
-`bench.records.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table.
+`bench.records.ModelTable` in bench.json and as markdown (with a manifest), and are printed as a table. The stage is
+declared in `bench.model_stage`.
 """
 
 import time
@@ -18,22 +19,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from edgedistill.bench import model_stage
 from edgedistill.bench.records import Cell, ModelRow, ModelTable, Timing, cut_note
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress, tables
 from edgedistill.common.bundle import Bundle, read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
-from edgedistill.common.config.training import Metric, RuntimeConfig
+from edgedistill.common.config.training import Metric
 from edgedistill.common.console import Console
-from edgedistill.common.recipe import Recipe, RecipeError, run_dir
-from edgedistill.common.runtime import missing_here, open_bundle
-from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.distill import device, heads
+from edgedistill.common.recipe import RecipeError
+from edgedistill.common.runtime import open_bundle
+from edgedistill.common.stage import Built, Inputs
+from edgedistill.distill import heads
 from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import InvalidInput
 
-STAGE = "bench"
 EAGER = "teacher-pytorch-eager"
 PAIR_WORD = "text"  # the words of the pairs that pair models are timed on
 
@@ -132,15 +133,6 @@ def _cell_done(cells, model: str, batch: int, length: int, timing: Timing) -> No
     cells.update()
 
 
-def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
-    """Where the teacher is timed in PyTorch eager: the CPU, which every ratio is against, and the GPU that the
-    recipe's `runtime.device` (`EDGEDISTILL_DEVICE`, `--runtime.device`) resolves to, if it resolves to one; a
-    device this machine cannot honour is `distill.device.DeviceError`."""
-    # The eager teacher is timed in fp32 whatever `runtime.precision` says: only the device is resolved.
-    placement = device.resolve(runtime.model_copy(update={"precision": "fp32"}))
-    return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
-
-
 def _eager_row(
     folder: Path, cfg: ModelBenchConfig, cells, on: torch.device, metric: Metric, pairs: bool
 ) -> tuple[dict, Timings]:
@@ -197,13 +189,6 @@ def _figures(metrics: dict, metric: Metric) -> dict:
     return {"size_bytes": metrics["size_bytes"], "dev_accuracy": metrics["dev_accuracy"], "dev_selected": selected}
 
 
-def _left_out(spec) -> str | None:
-    """Why a bundle cannot be timed here, or None."""
-    if spec.runtime != "onnxruntime":
-        return f"runtime {spec.runtime} (`edgedistill bench serving` times it behind the server)"
-    return missing_here(spec.runtime, spec.providers)
-
-
 def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) -> ModelTable:
     """The rows with every cell's speedup over the first row's, where it was timed at the same length, and items/s."""
     base = measured[0][1]
@@ -226,38 +211,21 @@ def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) ->
     return ModelTable(threads=threads, metric=metric, rows=rows)
 
 
-def stage(recipe: Recipe) -> Stage:
-    """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
-    PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
-    loses, or another `runtime.device`, measures again."""
-    folder = run_dir(recipe)
-    timed = [
-        bundle_id
-        for bundle_id, spec in recipe.export.bundles.items()
-        if _left_out(spec) is None and (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()
-    ]
-    parents = (
-        Artifact("teacher", folder / "teacher"),
-        *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
-    )
-    eager = [str(on) for on in eager_devices(recipe.runtime)]
-    return Stage(STAGE, recipe, ("export.bundles", "bench.models"), _build, parents, extra={"eager_devices": eager})
-
-
-def _build(inputs: Inputs) -> Built:
+def build_stage(inputs: Inputs) -> Built:
+    """The body of `bench.model_stage.stage`."""
     recipe = inputs.recipe
     cfg = recipe.bench.models
-    devices = eager_devices(recipe.runtime)
+    devices = model_stage.eager_devices(recipe.runtime)
     teacher = inputs.parent("teacher")
     missing, left_out, timed = [], {}, []
     for bundle_id, spec in recipe.export.bundles.items():
-        if (reason := _left_out(spec)) is not None:
+        if (reason := model_stage.left_out(spec)) is not None:
             left_out[bundle_id] = reason
         elif f"bundle-{bundle_id}" in inputs.folders:
             timed.append(bundle_id)
         else:
             missing.append(bundle_id)
-    cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=STAGE, unit="cell")
+    cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=model_stage.STAGE, unit="cell")
     metric = recipe.data.metric
     measured = [_eager_row(teacher, cfg, cells, on, metric, recipe.data.pairs) for on in devices]
     measured += [

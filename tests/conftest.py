@@ -84,12 +84,14 @@ def run_here(module: str, *args, env: dict[str, str] | None = None) -> subproces
 LOADING = ("torch", "transformers", "onnx")  # what building imports, for seconds
 
 
-def loaded_by(module: str, runs: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def loaded_by(
+    module: str, runs: Path, *args: str, watched: tuple[str, ...] = LOADING
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """`python -m module *args` in a process of its own with EDGEDISTILL_RUNS_DIR=`runs`: what it did, and which of
-    `LOADING` it imported."""
+    the modules `watched` it imported."""
     code = (
         "import importlib, sys; status = importlib.import_module(sys.argv[1]).main(sys.argv[2:]); "
-        f"print('loaded:', *[name for name in {LOADING!r} if name in sys.modules]); sys.exit(status)"
+        f"print('loaded:', *[name for name in {watched!r} if name in sys.modules]); sys.exit(status)"
     )
     env = {**os.environ, "EDGEDISTILL_RUNS_DIR": str(runs), "HF_HUB_OFFLINE": "1"}
     command = [PYTHON, "-c", code, f"edgedistill.{module}.__main__", *map(str, args)]

@@ -1,9 +1,11 @@
 """The model benchmark: which bundles it can time here, and its table on the smoke run."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
-from edgedistill.bench import models
+from edgedistill.bench import model_stage, models
 from edgedistill.bench.__main__ import main as bench_main
 from edgedistill.bench.records import ModelTable, Timing
 from edgedistill.common import manifest as mf
@@ -21,7 +23,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from tests.bart_init import bart_tokenizer
-from tests.conftest import ROOT, run_module
+from tests.conftest import ROOT, loaded_by, run_module
 from tests.serve.conftest import pair_spec, tiny_tokenizer, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -31,11 +33,11 @@ TEXTS = ["a text and its pair", "another text"] * 20
 def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch):
     cuda = BundleRecipe(source="teacher", providers=["CUDAExecutionProvider"])
     monkeypatch.setattr(runtime, "available_providers", lambda: ["CPUExecutionProvider"])
-    assert models._left_out(cuda) == "CUDAExecutionProvider not offered by this onnxruntime build"
-    assert models._left_out(BundleRecipe(source="teacher")) is None
-    assert "runtime tensorrt" in models._left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
+    assert model_stage.left_out(cuda) == "CUDAExecutionProvider not offered by this onnxruntime build"
+    assert model_stage.left_out(BundleRecipe(source="teacher")) is None
+    assert "runtime tensorrt" in model_stage.left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
     monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert models._left_out(cuda) is None
+    assert model_stage.left_out(cuda) is None
 
 
 @pytest.mark.parametrize("where", ["EDGEDISTILL_DEVICE", "--runtime.device"])
@@ -47,14 +49,14 @@ def test_the_eager_teacher_is_timed_on_the_device_the_recipe_names(monkeypatch, 
         recipe = load_recipe(SMOKE)
     else:
         recipe = load_recipe(SMOKE, parse_overrides(["--runtime.device=cpu"]))
-    assert models.eager_devices(recipe.runtime) == [torch.device("cpu")]
+    assert model_stage.eager_devices(recipe.runtime) == [torch.device("cpu")]
 
 
 def test_the_eager_teacher_on_cuda_without_a_gpu_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     recipe = load_recipe(SMOKE, parse_overrides(["--runtime.device=cuda"]))
     with pytest.raises(DeviceError, match="runtime.device=cuda but no CUDA device visible to PyTorch"):
-        models.eager_devices(recipe.runtime)
+        model_stage.eager_devices(recipe.runtime)
 
 
 @pytest.mark.slow
@@ -198,7 +200,7 @@ def test_the_benchmark_is_measured_again_when_the_eager_teacher_moves_to_a_gpu(m
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
     on_cpu, on_gpu = (load_recipe(SMOKE, parse_overrides([f"--runtime.device={d}"])) for d in ("cpu", "cuda"))
-    assert models.stage(on_cpu).config_hash != models.stage(on_gpu).config_hash
+    assert model_stage.stage(on_cpu).config_hash != model_stage.stage(on_gpu).config_hash
 
 
 def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_path):
@@ -211,12 +213,12 @@ def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_pa
         "size_bytes": 10,
         "dev_accuracy": 0.5,
     }
-    monkeypatch.setattr(models, "eager_devices", lambda runtime: [torch.device("cpu")])
+    monkeypatch.setattr(model_stage, "eager_devices", lambda runtime: [torch.device("cpu")])
     timings = {(batch, length): (length, timing) for batch, length in models.shapes(recipe.bench.models)}
     monkeypatch.setattr(models, "_eager_row", lambda *args: (row, timings))
     folders = {"teacher": tmp_path / "teacher"}  # no bundle built: only the teacher is timed
     inputs = Inputs(recipe, "hash", tmp_path / "work", False, {}, folders, "key", tmp_path / "bench")
-    models._build(inputs).write(tmp_path)
+    models.build_stage(inputs).write(tmp_path)
     assert (tmp_path / "bench.json").read_text(encoding="utf-8").endswith("}\n")
 
 
@@ -254,3 +256,11 @@ def test_a_text_too_short_for_an_encoder_decoder_teacher_s_special_tokens_is_ref
     tokenizer = bart_tokenizer(TEXTS)
     with pytest.raises(RecipeError, match="bench.models.seq_lens: a text cannot be cut to 1 tokens"):
         models.teacher_feed(tokenizer, TOKEN_INPUTS[:2], batch=1, length=1, pairs=False, written=True)
+
+
+def test_a_current_benchmark_is_said_so_without_importing_its_timing_code(smoke_bundles, tmp_path):
+    shutil.copytree(smoke_bundles, tmp_path / "smoke")
+    assert run_module("bench", tmp_path, "models", str(SMOKE)).returncode == 0  # built here, where it is not yet
+    result, loaded = loaded_by("bench", tmp_path, "models", SMOKE, watched=("edgedistill.bench.models",))
+    assert result.stdout == f"[bench] up to date: {tmp_path / 'smoke' / 'bench'}\n", result.stderr[-3000:]
+    assert loaded == []

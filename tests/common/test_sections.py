@@ -93,7 +93,7 @@ def hashed(stage: Stage) -> set[str]:
 
 def stages(command: str) -> list[Stage]:
     """The stages `command` runs on recipes/smoke.yaml, built and not run."""
-    from edgedistill.bench import accuracy, cascade, models, scaling, serving
+    from edgedistill.bench import accuracy, cascade, model_stage, scaling, serving
     from edgedistill.bench.peers import compare
     from edgedistill.distill import stages as trained
     from edgedistill.export import stages as exported
@@ -111,7 +111,7 @@ def stages(command: str) -> list[Stage]:
             *(exported.bundle(recipe, name) for name in recipe.export.bundles),
             *(exported.cascade(recipe, name) for name in recipe.export.cascades),
         ],
-        "bench models": lambda: [models.stage(recipe)],
+        "bench models": lambda: [model_stage.stage(recipe)],
         "bench serving": lambda: [serving.stage(recipe, bundle)],
         "bench accuracy": lambda: [accuracy.stage(recipe, bundle)],
         "bench cascade": lambda: [cascade.stage(recipe, next(iter(recipe.export.cascades)))],

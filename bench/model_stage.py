@@ -1,0 +1,55 @@
+"""The model benchmark's stage as a recipe declares it (`bench.models` times the models): its parents, the bundles
+this machine can time, and the devices the teacher is timed on in PyTorch eager. Declared without the models'
+libraries, so that a current benchmark says so at once; resolving `runtime.device` imports torch.
+"""
+
+import torch
+from edgedistill.common import manifest as mf
+from edgedistill.common.config.training import RuntimeConfig
+from edgedistill.common.recipe import Recipe, run_dir
+from edgedistill.common.runtime import missing_here
+from edgedistill.common.stage import Artifact, Stage, body
+from edgedistill.distill import device
+
+STAGE = "bench"
+
+
+def left_out(spec) -> str | None:
+    """Why a bundle cannot be timed here, or None."""
+    if spec.runtime != "onnxruntime":
+        return f"runtime {spec.runtime} (`edgedistill bench serving` times it behind the server)"
+    return missing_here(spec.runtime, spec.providers)
+
+
+def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
+    """Where the teacher is timed in PyTorch eager: the CPU, which every ratio is against, and the GPU that the
+    recipe's `runtime.device` (`EDGEDISTILL_DEVICE`, `--runtime.device`) resolves to, if it resolves to one; a
+    device this machine cannot honour is `distill.device.DeviceError`."""
+    # The eager teacher is timed in fp32 whatever `runtime.precision` says: only the device is resolved.
+    placement = device.resolve(runtime.model_copy(update={"precision": "fp32"}))
+    return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
+
+
+def stage(recipe: Recipe) -> Stage:
+    """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
+    PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
+    loses, or another `runtime.device`, measures again."""
+    folder = run_dir(recipe)
+    timed = [
+        bundle_id
+        for bundle_id, spec in recipe.export.bundles.items()
+        if left_out(spec) is None and (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()
+    ]
+    parents = (
+        Artifact("teacher", folder / "teacher"),
+        *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
+    )
+    eager = [str(on) for on in eager_devices(recipe.runtime)]
+    return Stage(
+        STAGE,
+        recipe,
+        ("export.bundles", "bench.models"),
+        body("edgedistill.bench.models"),
+        parents,
+        extra={"eager_devices": eager},
+    )
