@@ -412,7 +412,8 @@ class ServerProcess:
         )
         self.lines: list[dict] = []
         self._new: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -423,6 +424,15 @@ class ServerProcess:
             self.lines.append(entry)
             self._new.put(entry)
         self._new.put(None)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, once the process exits within `timeout` seconds and its log is read to its end: `lines`
+        then holds every line, where the process's exit alone can come before its last lines are read."""
+        status = self.proc.wait(timeout)
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            raise AssertionError(f"the server exited, but its output stayed open for {timeout} s: a child holds it")
+        return status
 
     def wait_for(self, event: str, timeout: float = 30) -> dict:
         for entry in self.lines:

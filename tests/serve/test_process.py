@@ -58,7 +58,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
             stub.Classify(pb.ClassifyRequest(texts=["late"]), timeout=5)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert [f.result().predictions[0].label for f in in_flight] == ["positive", "negative", "positive"]
-    assert server.proc.wait(20) == 0
+    assert server.wait(20) == 0
     server.wait_for("stopped")
     access = [e for e in server.lines if e.get("event") == "rpc" and e["method"].endswith("/Classify")]
     assert {e["request_id"] for e in access if e["code"] == "OK"} == {"drain-0", "drain-1", "drain-2"}
@@ -73,7 +73,7 @@ def test_every_log_lines_model_is_the_models_name(spawn, bundle):
         classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[""]), timeout=10)
     server.wait_for("rpc")
     server.proc.send_signal(signal.SIGTERM)
-    server.proc.wait(20)
+    server.wait(20)
     assert all(isinstance(line.get("model", ""), str) for line in server.lines)
 
 
@@ -95,7 +95,7 @@ def test_a_stop_signal_while_starting_exits_zero_before_serving(spawn, bundle, c
         assert time.monotonic() < deadline, "the server never handled SIGTERM"
         time.sleep(0.001)
     server.proc.send_signal(sig)
-    assert server.proc.wait(30) == 0
+    assert server.wait(30) == 0
     assert not [line for line in server.lines if line.get("event") in ("serving", "workers_serving")]
 
 
@@ -162,7 +162,7 @@ def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle
         server.wait_for("draining")
         server.proc.send_signal(signal.SIGHUP)  # while the queued call keeps the drain going
         assert in_flight.result().predictions[0].label == "positive"
-    assert server.proc.wait(20) == 0
+    assert server.wait(20) == 0
     server.wait_for("stopped")
     assert [e for e in server.lines if e.get("level") == "ERROR"] == []
 
@@ -219,7 +219,7 @@ def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path
         assert failed_call["method"] == "/edgedistill.v1.Classifier/Classify"
         assert not [e for e in server.lines if e.get("event") == "rpc" and e["code"] == "OK"]
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(20) == 0
+    assert server.wait(20) == 0
 
 
 def test_a_corrupted_bundle_is_refused_at_start(tmp_path):

@@ -145,7 +145,7 @@ def test_a_worker_loads_the_libraries_of_the_request_path(two_workers, library):
 def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     server, serving = two_workers
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(30) == 0
+    assert server.wait(30) == 0
     assert server.wait_for("workers_stopped")["exit_status"] == 0
     stopped = {line["pid"] for line in server.lines if line.get("event") == "stopped"}
     assert stopped == set(serving["workers"])
@@ -169,7 +169,7 @@ def reflection_at_sigterm(spawn, tmp_path):
         server.proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(grpc.RpcError):  # the stream's end, read below
             list(stream)
-        server.proc.wait(60)
+        server.wait(60)
         exit_s = time.monotonic() - began
         requests.put(None)
     return {"details": stream.details(), "exit_s": exit_s}
@@ -220,7 +220,7 @@ def test_a_reload_root_with_several_workers_stops_the_server_with_status_2(spawn
     server = spawn(
         bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
     )
-    assert server.proc.wait(60) == 2
+    assert server.wait(60) == 2
 
 
 def test_a_reload_root_with_several_workers_is_refused_naming_both(spawn, bundle, tmp_path):
@@ -295,7 +295,7 @@ def test_the_workers_die_with_the_supervisor(two_workers):
 
 def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, tmp_path):
     server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
-    assert server.proc.wait(60) == 2
+    assert server.wait(60) == 2
     assert server.wait_for("workers_stopping")["exit_status"] == 2
     assert server.wait_for("workers_stopped")["exit_status"] == 2
 
@@ -305,7 +305,7 @@ def killed_while_starting(spawn, bundle):
     """A supervisor of two workers, the first killed by SIGKILL (as the out-of-memory killer kills) before it served."""
     server = spawn(bundle, EDGEDISTILL_WORKERS="2")
     os.kill(server.wait_for("worker_started", timeout=60)["worker_pid"], signal.SIGKILL)
-    server.proc.wait(60)
+    server.wait(60)
     return server
 
 
@@ -330,7 +330,7 @@ def interrupted_while_starting(spawn, bundle):
     workers = [line["worker_pid"] for line in server.lines if line.get("event") == "worker_started"]
     for pid in (server.proc.pid, *workers):
         os.kill(pid, signal.SIGINT)
-    server.proc.wait(60)
+    server.wait(60)
     return server
 
 
@@ -375,7 +375,7 @@ def killed_while_draining(two_workers):
     server.proc.send_signal(signal.SIGTERM)
     server.wait_for("workers_stopping")
     os.kill(killed, signal.SIGKILL)
-    server.proc.wait(60)
+    server.wait(60)
     return server, killed, drained
 
 
@@ -427,7 +427,7 @@ def restart_without_a_process(spawn, bundle, monkeypatch):
     server = spawn(bundle, EDGEDISTILL_WORKERS="2")
     killed, survivor = server.wait_for("workers_serving", timeout=60)["workers"]
     os.kill(killed, signal.SIGKILL)
-    server.proc.wait(60)
+    server.wait(60)
     return server, survivor
 
 
@@ -458,7 +458,7 @@ def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
         other.bind(("127.0.0.1", 0))
         other.listen()
         server = spawn(bundle, "--port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS="2")
-        assert server.proc.wait(60) == 2
+        assert server.wait(60) == 2
     assert "cannot bind" in server.wait_for("start_failed")["msg"]
 
 
@@ -468,7 +468,7 @@ def test_a_metrics_port_in_use_is_refused_naming_its_variable(spawn, bundle, cou
         other.bind(("127.0.0.1", 0))
         other.listen()
         server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS=count)
-        assert server.proc.wait(60) == 2
+        assert server.wait(60) == 2
     assert "EDGEDISTILL_METRICS_PORT" in server.wait_for("start_failed")["msg"]
 
 
