@@ -29,7 +29,15 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.common.text import BOM, shows_nothing, utf16_sign
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
-from edgedistill.serve.settings import DIRECT, GRPC_INT_MAX, TARGET_SCHEMES, Settings, blank, on_loopback
+from edgedistill.serve.settings import (
+    DIRECT,
+    GRPC_INT_MAX,
+    MIN_MESSAGE_BYTES,
+    TARGET_SCHEMES,
+    Settings,
+    blank,
+    on_loopback,
+)
 from edgedistill.serve.tls import TLS_FILES, check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -43,6 +51,8 @@ MAX_TEXTS = Settings.model_fields["max_texts"].default
 # raw contents); short texts add more in these than in text
 WIRE_BYTES = 8
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
+# A request of at most this many bytes fits any server's MAX_MESSAGE_BYTES; a larger one is checked against it first
+FITS_ANY_SERVER = MIN_MESSAGE_BYTES
 # How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
@@ -145,6 +155,7 @@ class Client:
         self.timeout = timeout
         self.stub = classifier_pb2_grpc.ClassifierStub(self.channel)
         self._labels: dict[tuple[str, str], list[str]] = {}
+        self._message_limits: dict[bool, int | None] = {}  # MAX_MESSAGE_BYTES by API (KServe's or not), once given
 
     def __enter__(self):
         return self
@@ -191,10 +202,30 @@ class Client:
                 + "; ".join(failures)
             ) from err
 
+    def _fits(self, request, model: str, kserve: bool = False) -> None:
+        """`NotSent` where `request` is larger than the server's largest message (its MAX_MESSAGE_BYTES, asked of it
+        once through `limits`): gRPC would refuse it with RESOURCE_EXHAUSTED, and the retry policy send it again
+        `retries` times. A request no server refuses, or one to a server that does not say its limit, passes."""
+        size = request.ByteSize()
+        if size <= FITS_ANY_SERVER:
+            return
+        if kserve not in self._message_limits:
+            try:
+                self.limits(model, kserve)
+            except grpc.RpcError:  # the call itself says what is wrong with the server or the model
+                return
+        limit = self._message_limits[kserve]
+        if limit is not None and size > limit:
+            raise NotSent(
+                f"the request is {size} bytes, over the {limit} the server takes in a message (its "
+                "MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
+            )
+
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
-        reply = self._call(
-            self.stub.Classify, classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
-        )
+        """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message."""
+        request = classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
+        self._fits(request, model)
+        reply = self._call(self.stub.Classify, request)
         labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
@@ -205,7 +236,8 @@ class Client:
     def limits(self, model: str = "", kserve: bool = False) -> tuple[int | None, int | None]:
         """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES), from
         `GetModelInfo`, or with `kserve` KServe's `ModelConfig`; each None where the server does not say, or has no
-        such method (UNIMPLEMENTED, as behind a gateway that exposes one API only)."""
+        such method (UNIMPLEMENTED, as behind a gateway that exposes one API only). The message limit is kept for
+        the client's check of a large request (`_fits`)."""
         try:
             if kserve:
                 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
@@ -220,12 +252,14 @@ class Client:
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            return None, None
+            texts = message_bytes = None
+        self._message_limits[kserve] = message_bytes or None
         return texts or None, message_bytes or None
 
     def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
-        output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too."""
+        output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too. `NotSent` for a
+        request over the server's largest message."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
@@ -235,6 +269,7 @@ class Client:
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
                 request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
+        self._fits(request, model, kserve=True)
         reply = self._call(stub.ModelInfer, request)
         outputs = {
             out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
@@ -326,6 +361,21 @@ def _info(message) -> dict:
             value = None
         fields[field.name] = value
     return fields
+
+
+class NotSent(grpc.RpcError):
+    """A request the client refused before sending it, as the server would refuse it: RESOURCE_EXHAUSTED, with the
+    server's limit in `details()`, so that a caller handles it as the server's answer."""
+
+    def __init__(self, details: str):
+        super().__init__(details)
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def details(self) -> str:
+        return self._details
 
 
 class UsageError(ValueError):

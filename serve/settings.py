@@ -32,6 +32,7 @@ from pydantic import (
 # as never: a duration of NEVER_S seconds or more (capped there as ms) never runs out.
 GRPC_INT_MAX = 2**31 - 1
 NEVER_S = math.ceil(GRPC_INT_MAX / 1000)
+MIN_MESSAGE_BYTES = 1024  # the smallest MAX_MESSAGE_BYTES: a request this small fits every server
 
 
 class SettingsError(ValueError):
@@ -89,7 +90,7 @@ class Settings(BaseModel):
     max_text_chars: int = Field(4096, ge=1, description="longer texts are cut to this many characters")
     max_message_bytes: int = Field(
         1 << 20,
-        ge=1024,
+        ge=MIN_MESSAGE_BYTES,
         le=GRPC_INT_MAX,
         description="largest gRPC message a client may send (replies are not limited); a call still receiving its "
         "message holds up to about twice this much memory",

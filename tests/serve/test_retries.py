@@ -1,16 +1,23 @@
 """Retries: the client's gRPC retry policy, and the server telling it when sending again cannot help."""
 
+import json
 import time
 
 import grpc
 import pytest
+from edgedistill.serve import client as cli
 from edgedistill.serve.client import Client, build_parser, retry_options
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
 from tests.serve.conftest import settings_for
+from tests.serve.test_client import unused_address
 from tests.serve.test_operations import metric, scrape
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+GET_MODEL_INFO = "/edgedistill.v1.Classifier/GetModelInfo"
+LIMIT = 64 * 1024  # the server's MAX_MESSAGE_BYTES in the tests of requests over it
+OVER_LIMIT = "x" * (LIMIT + 1)
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE])
@@ -90,3 +97,83 @@ def test_the_client_cli_refuses_more_retries_than_grpc_allows(capsys):
 
 def test_the_client_cli_retries_three_times_by_default():
     assert build_parser().parse_args(["text"]).retries == 3
+
+
+@pytest.fixture
+def limited(start_server, bundle, gateway):
+    """A gateway counting the calls it forwards, of both APIs, to a server whose MAX_MESSAGE_BYTES is `LIMIT`; the
+    gateway itself takes gRPC's default 4 MiB, so a request over the limit reaches it when sent."""
+    server = start_server(settings_for(bundle, max_message_bytes=LIMIT))
+    return gateway(server.address, ("/edgedistill.v1.Classifier/", "/inference.GRPCInferenceService/"))
+
+
+def classify_over_the_limit(address: str, kserve: bool) -> grpc.RpcError:
+    with Client(address, retries=3) as client, pytest.raises(grpc.RpcError) as caught:
+        (client.kserve_infer if kserve else client.classify)([OVER_LIMIT])
+    return caught.value
+
+
+@pytest.mark.parametrize("kserve", [False, True])
+def test_a_request_over_the_servers_message_limit_is_refused_as_resource_exhausted(limited, kserve):
+    assert classify_over_the_limit(limited.address, kserve).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("kserve", [False, True])
+def test_a_request_over_the_servers_message_limit_is_refused_naming_the_limit(limited, kserve):
+    assert (
+        f"over the {LIMIT} the server takes in a message" in classify_over_the_limit(limited.address, kserve).details()
+    )
+
+
+@pytest.mark.parametrize("kserve", [False, True])
+def test_a_request_over_the_servers_message_limit_is_neither_sent_nor_retried(limited, kserve):
+    classify_over_the_limit(limited.address, kserve)
+    assert limited.calls[MODEL_INFER if kserve else CLASSIFY] == 0
+
+
+def test_the_servers_message_limit_is_asked_once_per_client(limited):
+    with Client(limited.address, retries=0) as client:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError):
+                client.classify([OVER_LIMIT])
+    assert limited.calls[GET_MODEL_INFO] == 1
+
+
+def test_a_request_within_the_servers_message_limit_is_sent(limited):
+    with Client(limited.address, retries=0) as client:
+        client.classify(["x" * (LIMIT // 2)])
+    assert limited.calls[CLASSIFY] == 1
+
+
+def test_a_request_that_fits_every_server_is_sent_without_asking_the_limit(monkeypatch):
+    with Client(unused_address(), retries=0) as client, pytest.raises(grpc.RpcError) as caught:
+        monkeypatch.setattr(client, "limits", lambda *args: pytest.fail("the limit was asked"))
+        client.classify(["x" * (cli.FITS_ANY_SERVER // 2)])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, "sent, to no server"
+
+
+def test_a_request_to_a_server_that_does_not_say_its_limit_is_sent(start_server, bundle, gateway):
+    server = start_server(settings_for(bundle, max_message_bytes=LIMIT))
+    only_classify = gateway(server.address, (CLASSIFY,))  # GetModelInfo is UNIMPLEMENTED through it
+    with Client(only_classify.address, retries=0) as client, pytest.raises(grpc.RpcError) as caught:
+        client.classify([OVER_LIMIT])
+    assert "larger than max" in caught.value.details(), "gRPC's own refusal, as before"
+
+
+@pytest.fixture
+def cli_over_the_limit(limited, capsys) -> tuple[int, dict]:
+    """The CLI's exit status and JSON error for a short text and one over the server's message limit."""
+    status = cli.main(["--address", limited.address, "short", OVER_LIMIT])
+    return status, json.loads(capsys.readouterr().err)["error"]
+
+
+def test_the_client_cli_exits_1_for_a_text_over_the_servers_message_limit(cli_over_the_limit):
+    assert cli_over_the_limit[0] == 1
+
+
+def test_the_client_cli_names_the_argument_over_the_servers_message_limit(cli_over_the_limit):
+    assert cli_over_the_limit[1]["where"] == "argument 2"
+
+
+def test_the_client_cli_sends_the_text_before_the_one_over_the_limit_alone(limited, cli_over_the_limit):
+    assert limited.calls[CLASSIFY] == 1
