@@ -249,6 +249,7 @@ class Client:
             else:
                 info = self._call(self.stub.GetModelInfo, classifier_pb2.GetModelInfoRequest(model_name=model))
                 texts, message_bytes = info.max_texts, info.max_message_bytes
+                self._labels[(info.name, info.version)] = list(info.labels)  # a reply of that model asks none
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise

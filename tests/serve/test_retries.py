@@ -139,6 +139,12 @@ def test_the_servers_message_limit_is_asked_once_per_client(limited):
     assert limited.calls[GET_MODEL_INFO] == 1
 
 
+def test_the_labels_of_a_large_request_s_reply_come_with_the_servers_limit(limited):
+    with Client(limited.address, retries=0) as client:
+        client.classify(["x" * (LIMIT // 2)])
+    assert limited.calls[GET_MODEL_INFO] == 1
+
+
 def test_a_request_within_the_servers_message_limit_is_sent(limited):
     with Client(limited.address, retries=0) as client:
         client.classify(["x" * (LIMIT // 2)])
