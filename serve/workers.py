@@ -21,6 +21,7 @@ each (a reload holds two models; a cascade's model files are its members' togeth
 process, no supervisor.
 """
 
+import contextlib
 import errno
 import fcntl
 import importlib.util
@@ -208,6 +209,19 @@ class SupervisorLink:
 # --- the supervisor's side ------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def sigint_held():
+    """SIGINT blocked in this thread meanwhile, and so in a worker started meanwhile, which inherits the mask: a Ctrl-C
+    that reaches the worker while Python starts stays pending until its handler is set (`serve.__main__.hold_signals`
+    unblocks it), where it would raise KeyboardInterrupt mid-start and end it with a traceback and status 1. A SIGINT
+    to the supervisor meanwhile is not lost: another of its threads takes it, or this one once the block ends."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 @dataclass(eq=False)
 class Worker:
     index: int
@@ -268,7 +282,8 @@ class Supervisor:
             "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_folder.path),
         }
         try:
-            proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
+            with sigint_held():
+                proc = subprocess.Popen(self._command(), env=env, pass_fds=(write,))
         except OSError:
             os.close(read)
             raise

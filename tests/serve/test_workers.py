@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -340,7 +341,40 @@ def test_ctrl_c_while_the_workers_start_exits_zero(interrupted_while_starting):
 
 def test_ctrl_c_while_the_workers_start_logs_their_exits_at_info(interrupted_while_starting):
     exits = [line for line in interrupted_while_starting.lines if line.get("event") == "worker_exited"]
-    assert [line["level"] for line in exits] == ["INFO", "INFO"]
+    assert [line["level"] for line in exits] == ["INFO", "INFO"], exits
+
+
+def test_a_worker_starts_with_sigint_blocked(bundle, tmp_path, monkeypatch):
+    said = tmp_path / "blocked"
+    code = "import signal, sys; open(sys.argv[1], 'w').write(str(signal.SIGINT in signal.pthread_sigmask(0, [])))"
+    monkeypatch.setattr(workers.Supervisor, "_command", lambda self: [sys.executable, "-c", code, str(said)])
+    supervisor = workers.Supervisor(conftest.settings_for(bundle, workers=2), [], 2, cascade.ServedModels.read(bundle))
+    try:
+        supervisor._start(0).proc.wait(30)
+    finally:
+        supervisor._close()
+    assert said.read_text() == "True"
+
+
+def test_a_sigint_held_while_a_worker_is_started_is_taken_after_not_lost():
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        with workers.sigint_held():
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread: others do not block it
+            held = list(caught)
+        assert (held, caught) == ([], [signal.SIGINT]), "(during the start, after it)"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_held_while_a_worker_starts_ends_it_with_status_0_once_its_handler_is_set():
+    code = (
+        "import os, signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+        "os.kill(os.getpid(), signal.SIGINT); "
+        "from edgedistill.serve.__main__ import hold_signals; hold_signals(); raise SystemExit(3)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 @pytest.fixture
