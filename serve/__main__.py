@@ -19,8 +19,9 @@ def hold_signals() -> None:
     """Signals while the server starts, set before its imports, which take most of a second. A container's first
     process gets no signal it has no handler for, and Python sets none for SIGTERM: a server told to stop while it
     starts would start serving, until SIGKILL. SIGINT (Ctrl-C, which reaches a supervisor's workers too) stops it as
-    SIGTERM does, not with Python's KeyboardInterrupt (a worker's, blocked since its start, is taken here). SIGHUP's default action ends the process: ignored until the
-    server handles it, before it reads its bundle, so no reload is lost."""
+    SIGTERM does, not with Python's KeyboardInterrupt (a worker's, blocked since its start, is taken here). SIGHUP's
+    default action ends the process: ignored until the server handles it, before it reads its bundle, so no reload is
+    lost."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, exit_while_starting)
     # a supervisor starts its workers with SIGINT blocked (`serve.workers.sigint_held`): one that came since is taken now

@@ -51,8 +51,6 @@ MAX_TEXTS = Settings.model_fields["max_texts"].default
 # raw contents); short texts add more in these than in text
 WIRE_BYTES = 8
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
-# A request of at most this many bytes fits any server's MAX_MESSAGE_BYTES; a larger one is checked against it first
-FITS_ANY_SERVER = MIN_MESSAGE_BYTES
 # How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
@@ -207,7 +205,7 @@ class Client:
         once through `limits`): gRPC would refuse it with RESOURCE_EXHAUSTED, and the retry policy send it again
         `retries` times. A request no server refuses, or one to a server that does not say its limit, passes."""
         size = request.ByteSize()
-        if size <= FITS_ANY_SERVER:
+        if size <= MIN_MESSAGE_BYTES:  # fits every server's MAX_MESSAGE_BYTES
             return
         if kserve not in self._message_limits:
             try:

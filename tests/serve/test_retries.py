@@ -7,6 +7,7 @@ import grpc
 import pytest
 from edgedistill.serve import client as cli
 from edgedistill.serve.client import Client, build_parser, retry_options
+from edgedistill.serve.settings import MIN_MESSAGE_BYTES
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
 from tests.serve.conftest import settings_for
@@ -154,7 +155,7 @@ def test_a_request_within_the_servers_message_limit_is_sent(limited):
 def test_a_request_that_fits_every_server_is_sent_without_asking_the_limit(monkeypatch):
     with Client(unused_address(), retries=0) as client, pytest.raises(grpc.RpcError) as caught:
         monkeypatch.setattr(client, "limits", lambda *args: pytest.fail("the limit was asked"))
-        client.classify(["x" * (cli.FITS_ANY_SERVER // 2)])
+        client.classify(["x" * (MIN_MESSAGE_BYTES // 2)])
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, "sent, to no server"
 
 
