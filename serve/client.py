@@ -200,30 +200,44 @@ class Client:
                 + "; ".join(failures)
             ) from err
 
-    def _fits(self, request, model: str, kserve: bool = False) -> None:
-        """`NotSent` where `request` is larger than the server's largest message (its MAX_MESSAGE_BYTES, asked of it
-        once through `limits`): gRPC would refuse it with RESOURCE_EXHAUSTED, and the retry policy send it again
-        `retries` times. A request no server refuses, or one to a server that does not say its limit, passes."""
+    def _send(self, method, request, model: str, kserve: bool = False):
+        """`method`'s reply to `request`, or `NotSent` where the request is larger than the server's largest message (its
+        MAX_MESSAGE_BYTES, asked of it through `limits`): gRPC would refuse it with RESOURCE_EXHAUSTED, and the retry
+        policy send it again `retries` times. A request no server refuses, or one to a server that does not say its
+        limit, is sent. The limit is kept, and asked again before a refusal and after a large request is refused, as the
+        server behind the address may have been restarted with another."""
         size = request.ByteSize()
-        if size <= MIN_MESSAGE_BYTES:  # fits every server's MAX_MESSAGE_BYTES
+        if size > MIN_MESSAGE_BYTES:  # a request over the smallest MAX_MESSAGE_BYTES
+            self._check_size(size, model, kserve)
+        try:
+            return self._call(method, request)
+        except grpc.RpcError as err:
+            if size > MIN_MESSAGE_BYTES and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._message_limits.pop(kserve, None)
+            raise
+
+    def _check_size(self, size: int, model: str, kserve: bool) -> None:
+        """`NotSent` where `size` bytes are over the server's message limit, as it says now (see `_send`)."""
+        if kserve in self._message_limits and self._within_limit(size, kserve):
             return
-        if kserve not in self._message_limits:
-            try:
-                self.limits(model, kserve)
-            except grpc.RpcError:  # the call itself says what is wrong with the server or the model
-                return
-        limit = self._message_limits[kserve]
-        if limit is not None and size > limit:
+        try:
+            self.limits(model, kserve)  # not asked yet, or asked again before a refusal
+        except grpc.RpcError:  # the call itself says what is wrong with the server or the model
+            return
+        if not self._within_limit(size, kserve):
             raise NotSent(
-                f"the request is {size} bytes, over the {limit} the server takes in a message (its "
-                "MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
+                f"the request is {size} bytes, over the {self._message_limits[kserve]} the server takes in a message "
+                "(its MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
             )
+
+    def _within_limit(self, size: int, kserve: bool) -> bool:
+        limit = self._message_limits[kserve]
+        return limit is None or size <= limit
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message."""
         request = classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
-        self._fits(request, model)
-        reply = self._call(self.stub.Classify, request)
+        reply = self._send(self.stub.Classify, request, model)
         labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
@@ -235,7 +249,7 @@ class Client:
         """The most texts the server takes in one call (its MAX_TEXTS) and its largest message (MAX_MESSAGE_BYTES), from
         `GetModelInfo`, or with `kserve` KServe's `ModelConfig`; each None where the server does not say, or has no
         such method (UNIMPLEMENTED, as behind a gateway that exposes one API only). The message limit is kept for
-        the client's check of a large request (`_fits`)."""
+        the client's check of a large request (`_send`)."""
         try:
             if kserve:
                 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
@@ -268,8 +282,7 @@ class Client:
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
                 request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
-        self._fits(request, model, kserve=True)
-        reply = self._call(stub.ModelInfer, request)
+        reply = self._send(stub.ModelInfer, request, model, kserve=True)
         outputs = {
             out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
             for out, data in zip(reply.outputs, reply.raw_output_contents, strict=True)

@@ -613,6 +613,11 @@ class Gateway(grpc.GenericRpcHandler):
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
+    def point_to(self, upstream: str) -> None:
+        """Forward from now on to `upstream`, as the same address does once its server is replaced."""
+        self.upstream.close()
+        self.upstream = grpc.insecure_channel(upstream)
+
     def close(self) -> None:
         self.server.stop(0)
         self.upstream.close()

@@ -132,12 +132,45 @@ def test_a_request_over_the_servers_message_limit_is_neither_sent_nor_retried(li
     assert limited.calls[MODEL_INFER if kserve else CLASSIFY] == 0
 
 
-def test_the_servers_message_limit_is_asked_once_per_client(limited):
+def test_the_servers_message_limit_is_asked_once_for_requests_within_it(limited):
+    with Client(limited.address, retries=0) as client:
+        for _ in range(3):
+            client.classify(["x" * (LIMIT // 2)])
+    assert limited.calls[GET_MODEL_INFO] == 1
+
+
+def test_the_servers_message_limit_is_asked_again_before_each_refusal(limited):
     with Client(limited.address, retries=0) as client:
         for _ in range(3):
             with pytest.raises(grpc.RpcError):
                 client.classify([OVER_LIMIT])
-    assert limited.calls[GET_MODEL_INFO] == 1
+    assert limited.calls[GET_MODEL_INFO] == 3
+
+
+def restart_with_limit(limited, start_server, bundle, client: Client, limit: int) -> None:
+    """Once `client` has learnt the limit of the server behind `limited`, put a server whose MAX_MESSAGE_BYTES is
+    `limit` behind the same address, as a restart with another limit would, and clear the gateway's counts."""
+    client.classify(["x" * (LIMIT // 2)])
+    limited.point_to(start_server(settings_for(bundle, max_message_bytes=limit)).address)
+    limited.calls.clear()
+
+
+def test_a_request_within_a_limit_raised_since_the_client_asked_is_sent(limited, start_server, bundle):
+    with Client(limited.address, retries=0) as client:
+        restart_with_limit(limited, start_server, bundle, client, 4 * LIMIT)
+        client.classify(["x" * (2 * LIMIT)])
+    assert limited.calls[CLASSIFY] == 1
+
+
+def test_a_request_over_a_limit_lowered_since_the_client_asked_is_sent_once_then_refused_unsent(
+    limited, start_server, bundle
+):
+    with Client(limited.address, retries=0) as client:
+        restart_with_limit(limited, start_server, bundle, client, LIMIT // 4)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                client.classify(["x" * (LIMIT // 2)])
+    assert limited.calls[CLASSIFY] == 1
 
 
 def test_the_labels_of_a_large_request_s_reply_come_with_the_servers_limit(limited):
