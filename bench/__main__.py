@@ -31,12 +31,13 @@ from edgedistill.serve.settings import SettingsError
 
 def run_models(recipe, args) -> int:
     from edgedistill.bench import model_stage
-    from edgedistill.distill import device
 
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
     stage = model_stage.stage(recipe)
-    if args.force or not skip_all([stage]):  # timing imports transformers and the models' code (seconds)
+    if args.force or not skip_all([stage]):  # timing imports torch, transformers and the models' code (seconds)
+        from edgedistill.distill import device
+
         device.configure_process(recipe.bench.models.threads)  # the same count for PyTorch and ONNX Runtime
         stage.run(args.force)
     return 0

@@ -1,15 +1,14 @@
 """The model benchmark's stage as a recipe declares it (`bench.models` times the models): its parents, the bundles
 this machine can time, and the devices the teacher is timed on in PyTorch eager. Declared without the models'
-libraries, so that a current benchmark says so at once; resolving `runtime.device` imports torch.
+libraries, so that a current benchmark says so at once; resolving a `runtime.device` that may find a GPU imports torch.
 """
 
-import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import RuntimeConfig
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here
 from edgedistill.common.stage import Artifact, Stage, body
-from edgedistill.distill import device
+from edgedistill.distill import placement
 
 STAGE = "bench"
 
@@ -21,13 +20,17 @@ def left_out(spec) -> str | None:
     return missing_here(spec.runtime, spec.providers)
 
 
-def eager_devices(runtime: RuntimeConfig) -> list[torch.device]:
-    """Where the teacher is timed in PyTorch eager: the CPU, which every ratio is against, and the GPU that the
-    recipe's `runtime.device` (`EDGEDISTILL_DEVICE`, `--runtime.device`) resolves to, if it resolves to one; a
-    device this machine cannot honour is `distill.device.DeviceError`."""
+def eager_devices(runtime: RuntimeConfig) -> list[str]:
+    """Where the teacher is timed in PyTorch eager (torch's device names): the CPU, which every ratio is against, and
+    the GPU that the recipe's `runtime.device` (`EDGEDISTILL_DEVICE`, `--runtime.device`) resolves to, if it resolves
+    to one; a device this machine cannot honour is `distill.device.DeviceError`."""
+    if placement.on_cpu(runtime):
+        return ["cpu"]
+    from edgedistill.distill import device  # torch, which finding a GPU takes
+
     # The eager teacher is timed in fp32 whatever `runtime.precision` says: only the device is resolved.
-    placement = device.resolve(runtime.model_copy(update={"precision": "fp32"}))
-    return [torch.device("cpu")] + ([placement.device] if placement.device.type == "cuda" else [])
+    on = device.resolve(runtime.model_copy(update={"precision": "fp32"})).device
+    return ["cpu"] + ([str(on)] if on.type == "cuda" else [])
 
 
 def stage(recipe: Recipe) -> Stage:
@@ -44,12 +47,11 @@ def stage(recipe: Recipe) -> Stage:
         Artifact("teacher", folder / "teacher"),
         *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
     )
-    eager = [str(on) for on in eager_devices(recipe.runtime)]
     return Stage(
         STAGE,
         recipe,
         ("export.bundles", "bench.models"),
         body("edgedistill.bench.models"),
         parents,
-        extra={"eager_devices": eager},
+        extra={"eager_devices": eager_devices(recipe.runtime)},
     )

@@ -227,7 +227,7 @@ def build_stage(inputs: Inputs) -> Built:
             missing.append(bundle_id)
     cells = progress.bar((len(devices) + len(timed)) * len(shapes(cfg)), desc=model_stage.STAGE, unit="cell")
     metric = recipe.data.metric
-    measured = [_eager_row(teacher, cfg, cells, on, metric, recipe.data.pairs) for on in devices]
+    measured = [_eager_row(teacher, cfg, cells, torch.device(on), metric, recipe.data.pairs) for on in devices]
     measured += [
         _bundle_row(bundle_id, inputs.parent(f"bundle-{bundle_id}"), cfg, cells, metric) for bundle_id in timed
     ]

@@ -15,7 +15,7 @@ from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.stage import skip_all
-from edgedistill.distill import stages, table
+from edgedistill.distill import placement, stages, table
 
 STAGES = {
     "pretrain": "pretrain the teacher language model (recipes with a `pretrain` section)",
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     try:
         recipe = load_command_recipe(args.recipe, parse_overrides(rest), args.stage, f"{prog} {args.stage}")
         planned = stages.of_command(recipe, args.recipe, args.stage, args.only, not args.no_baseline)
+        placement.check(recipe.runtime)
         if not args.force and skip_all(planned):
             if args.stage == "distill":
                 table.write(recipe)

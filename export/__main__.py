@@ -14,6 +14,7 @@ import sys
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.stage import skip_all
+from edgedistill.distill import placement
 from edgedistill.export import stages
 
 
@@ -53,12 +54,14 @@ def planned(recipe, args) -> tuple[list[str], list[str]] | None:
     if name is None:
         print("[labeller] none needed: the recipe names no transfer.labeller; the transfer set is labelled in PyTorch")
         return None
-    from edgedistill.distill import device  # torch, which resolving `runtime.device` takes
+    placement.check(recipe.runtime)
+    if not placement.on_cpu(recipe.runtime):
+        from edgedistill.distill import device  # torch, which resolving `runtime.device` takes
 
-    placement = device.for_process(recipe.runtime)
-    if placement.device.type != "cpu":
-        print(f"[labeller] none needed: the transfer set is labelled in PyTorch on {placement.device}")
-        return None
+        on = device.for_process(recipe.runtime).device
+        if on.type != "cpu":
+            print(f"[labeller] none needed: the transfer set is labelled in PyTorch on {on}")
+            return None
     return [name], []
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import __main__ as distill_main
 from edgedistill.distill import pipeline, stages
@@ -187,6 +188,12 @@ def test_a_command_whose_stages_are_current_loads_neither_torch_nor_transformers
     result, loaded = loaded_by("distill", built_run, command, ROOT / "recipes" / "smoke.yaml")
     assert result.returncode == 0, result.stderr[-3000:]
     assert loaded == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU honours runtime.device=cuda")
+def test_a_command_whose_stages_are_current_refuses_cuda_on_a_machine_without_one(built_run):
+    result, _ = loaded_by("distill", built_run, "teacher", ROOT / "recipes" / "smoke.yaml", "--runtime.device=cuda")
+    assert "error: runtime.device=cuda but no CUDA device visible to PyTorch" in result.stderr
 
 
 @pytest.mark.parametrize(

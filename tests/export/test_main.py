@@ -70,6 +70,12 @@ def test_bundles_all_current_name_each_bundle_left_out_once(built_bundles):
     assert result.stdout.count("[bundle-bilstm-engine] not built here") == 1
 
 
+def test_a_current_labeller_is_said_so_without_torch_on_a_cpu(built_bundles):
+    result, loaded = loaded_by("export", built_bundles, "labeller", SMOKE, "--transfer.labeller=teacher-fused")
+    assert result.stdout.startswith("[bundle-teacher-fused] up to date: "), result.stderr[-3000:]
+    assert loaded == []
+
+
 def test_a_recipe_without_a_labeller_needs_none(tmp_path):
     result, _ = loaded_by("export", tmp_path, "labeller", SMOKE)
     assert result.stdout == (
