@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from edgedistill.common.recipe import load_recipe
 from edgedistill.export import __main__ as export_main
 from edgedistill.export import bundle_stage, stages
@@ -85,3 +86,24 @@ def test_a_recipe_without_a_labeller_needs_none(tmp_path):
 
 def test_a_recipe_without_a_labeller_loads_no_torch(tmp_path):
     assert loaded_by("export", tmp_path, "labeller", SMOKE)[1] == []
+
+
+@pytest.fixture
+def labeller_on_a_gpu(monkeypatch, capsys) -> tuple[int, str]:
+    """`labeller` with a labeller named and `runtime.device=cuda` on a GPU (PyTorch's answers faked): its status and
+    output."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
+    gpu = ["--transfer.labeller=teacher-fused", "--runtime.device=cuda", "--runtime.precision=fp32"]
+    status = export_main.main(["labeller", str(SMOKE), *gpu])
+    return status, capsys.readouterr().out
+
+
+def test_a_labeller_on_a_gpu_is_said_none_needed_as_pytorch_labels_there(labeller_on_a_gpu):
+    assert labeller_on_a_gpu[1] == "[labeller] none needed: the transfer set is labelled in PyTorch on cuda:0\n"
+
+
+def test_a_labeller_on_a_gpu_exits_0(labeller_on_a_gpu):
+    assert labeller_on_a_gpu[0] == 0
