@@ -13,6 +13,7 @@ from edgedistill.bench.texts import PairsFile
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
 from edgedistill.loadtests import runner
+from edgedistill.loadtests.pacing import UNSENT_NAME
 
 from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
@@ -43,13 +44,19 @@ def loadtest(
         [] if any(".slo.min_rate_share=" in o for o in overrides) else [f"--loadtest.{profile}.slo.min_rate_share=null"]
     )
     run = [*command, *rate_bound, *overrides]
-    return subprocess.run(run, cwd=ROOT, env=kept | (env or {}), capture_output=True, text=True, timeout=120)
+    return subprocess.run(run, cwd=ROOT, env=kept | (env or {}), capture_output=True, text=True, timeout=300)
 
 
 def results(profile: str, bundle: str = "tiny") -> tuple[Path, dict]:
     """The folder and summary of `profile` on the bundle `bundle-<bundle>` (`echo`: against the echo server)."""
     folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke" / f"loadtest-{profile}-{bundle}"
     return folder, json.loads((folder / "summary.json").read_text())
+
+
+def called(summary: dict) -> set[str]:
+    """The calls a summary gives figures for, without the calls due that a user held up at the end never sent (a
+    stall of the machine then), which it counts under their own name."""
+    return set(summary["by_name"]) - {UNSENT_NAME}
 
 
 def test_smoke_profile_passes_and_writes_its_folder(bundle):
@@ -65,15 +72,15 @@ def test_smoke_profile_passes_and_writes_its_folder(bundle):
     assert overall["requests"] > 0
     assert overall["failures"] == 0
     assert 0 < overall["p50_ms"] <= overall["p99_ms"]
-    assert set(summary["by_name"]) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
+    assert called(summary) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
     assert len(summary["series"]["t_s"]) == 3
     assert sum(summary["series"]["requests_per_s"]) == overall["requests"]
     assert summary["texts"]["count"] > 100
     assert summary["texts"]["chars"]["min"] < summary["texts"]["chars"]["max"]
     with open(folder / "locust_stats.csv", newline="") as handle:
-        aggregated = next(row for row in csv.DictReader(handle) if row["Name"] == "Aggregated")
-    assert int(aggregated["Request Count"]) > 0
-    assert int(aggregated["Failure Count"]) == 0
+        calls = [row for row in csv.DictReader(handle) if row["Type"] == "grpc"]
+    assert sum(int(row["Request Count"]) for row in calls) > 0
+    assert sum(int(row["Failure Count"]) for row in calls) == 0
     assert "SLO" in run.stdout
     assert "overall" in run.stdout
 
@@ -226,7 +233,7 @@ def test_pairs_of_the_recipes_dev_split_go_to_a_pair_model_in_every_scenario(pai
     folder, summary = results("smoke", "pairs")
     assert summary["texts"]["pairs"]
     assert summary["texts"]["source"] == str(data_dir / "mrpc" / "dev.tsv")
-    assert set(summary["by_name"]) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
+    assert called(summary) == {"Classify", "Classify x4", "ClassifyStream x3", "ModelInfer"}
     assert summary["overall"]["failures"] == 0  # the pair model refuses a text without its pair
     assert len((folder / "pairs.txt").read_text().splitlines()) == summary["texts"]["count"]
 
