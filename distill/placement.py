@@ -39,8 +39,9 @@ def on_cpu(runtime: RuntimeConfig) -> bool:
 
 def check(runtime: RuntimeConfig) -> None:
     """Refuse a `runtime` this machine cannot honour (`distill.device.DeviceError`), as a command that builds would.
-    A setting no machine refuses, or one the CPU honours where it surely runs there, is passed without importing
-    torch; the others (`cuda`, fp16, bf16 where a GPU may be found) are resolved in full."""
+    A setting that no machine refuses to one process, or one the CPU honours where it surely runs there, is passed
+    without importing torch; the others (`cuda`, fp16, bf16 where a GPU may be found) are resolved in full. Under
+    torchrun, whose ranks never skip a stage (`common.stage.skip_all`), the build resolves each rank's GPU."""
     if runtime.precision in ("auto", "fp32") and runtime.device in ("auto", "cpu"):
         return
     if runtime.precision != "fp16" and on_cpu(runtime):

@@ -217,22 +217,20 @@ class Client:
             raise
 
     def _check_size(self, size: int, model: str, kserve: bool) -> None:
-        """`NotSent` where `size` bytes are over the server's message limit, as it says now (see `_send`)."""
-        if kserve in self._message_limits and self._within_limit(size, kserve):
+        """`NotSent` where `size` bytes are over the server's message limit, as it says now (see `_send`); where it
+        cannot be asked again, the limit it gave before stands."""
+        kept = self._message_limits.get(kserve, 0)  # 0: not asked yet; a limit given is positive, or None
+        if kept != 0 and (kept is None or size <= kept):
             return
         try:
-            self.limits(model, kserve)  # not asked yet, or asked again before a refusal
+            limit = self.limits(model, kserve)[1]  # not asked yet, or asked again before a refusal
         except grpc.RpcError:  # the call itself says what is wrong with the server or the model
-            return
-        if not self._within_limit(size, kserve):
+            limit = kept or None
+        if limit is not None and size > limit:
             raise NotSent(
-                f"the request is {size} bytes, over the {self._message_limits[kserve]} the server takes in a message "
-                "(its MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
+                f"the request is {size} bytes, over the {limit} the server takes in a message (its "
+                "MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
             )
-
-    def _within_limit(self, size: int, kserve: bool) -> bool:
-        limit = self._message_limits[kserve]
-        return limit is None or size <= limit
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
         """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message."""

@@ -72,7 +72,8 @@ def test_bundles_all_current_name_each_bundle_left_out_once(built_bundles):
 
 
 def test_a_current_labeller_is_said_so_without_torch_on_a_cpu(built_bundles):
-    result, loaded = loaded_by("export", built_bundles, "labeller", SMOKE, "--transfer.labeller=teacher-fused")
+    cpu = ["--transfer.labeller=teacher-fused", "--runtime.device=cpu"]  # auto: a CUDA build of torch imports it
+    result, loaded = loaded_by("export", built_bundles, "labeller", SMOKE, *cpu)
     assert result.stdout.startswith("[bundle-teacher-fused] up to date: "), result.stderr[-3000:]
     assert loaded == []
 

@@ -6,7 +6,7 @@ import time
 import grpc
 import pytest
 from edgedistill.serve import client as cli
-from edgedistill.serve.client import Client, build_parser, retry_options
+from edgedistill.serve.client import Client, NotSent, build_parser, retry_options
 from edgedistill.serve.settings import MIN_MESSAGE_BYTES
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
@@ -171,6 +171,16 @@ def test_a_request_over_a_limit_lowered_since_the_client_asked_is_sent_once_then
             with pytest.raises(grpc.RpcError):
                 client.classify(["x" * (LIMIT // 2)])
     assert limited.calls[CLASSIFY] == 1
+
+
+def test_a_request_over_a_kept_limit_is_refused_unsent_where_the_server_cannot_be_asked_again(limited):
+    with Client(limited.address, retries=0) as client:
+        client.classify(["x" * (LIMIT // 2)])
+        limited.point_to(unused_address())  # GetModelInfo through the gateway: UNAVAILABLE
+        limited.calls.clear()
+        with pytest.raises(NotSent):
+            client.classify([OVER_LIMIT])
+    assert limited.calls[CLASSIFY] == 0
 
 
 def test_the_labels_of_a_large_request_s_reply_come_with_the_servers_limit(limited):
