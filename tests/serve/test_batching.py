@@ -439,7 +439,8 @@ def test_a_retired_member_of_another_name_leaves_the_server_queue_depth_to_the_n
 
 
 def test_backend_runs_off_the_event_loop():
-    backend = FakeBackend(delay=0.3)
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)  # returns once the event loop has ticked 10 times while it waits
 
     async def main():
         b = batcher(backend, max_delay=0.0)
@@ -448,9 +449,12 @@ def test_backend_runs_off_the_event_loop():
 
         async def tick():
             nonlocal ticks
-            while True:
+            while not backend.entered.is_set():
+                await asyncio.sleep(0.001)
+            while ticks < 10:
                 await asyncio.sleep(0.01)
                 ticks += 1
+            gate.set()
 
         ticker = asyncio.ensure_future(tick())
         await b.submit([row(1)])
@@ -458,7 +462,7 @@ def test_backend_runs_off_the_event_loop():
         await b.close()
         return ticks
 
-    assert asyncio.run(main()) >= 10, "the event loop kept running while the backend worked"
+    assert asyncio.run(main()) == 10, "the event loop kept running while the backend worked"
 
 
 SERVER_INLINE_MAX = Settings.model_fields["inline_infer_ms"].default / 1000

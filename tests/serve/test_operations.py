@@ -108,8 +108,9 @@ def logged_events(caplog) -> set[str]:
 
 
 def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
-    """Stop `server` (a grace of 0.3 s) while a Classify call is held in the tokenizer; `cancel_it`: its client
-    cancels it meanwhile, before the grace runs out. The client's status code, the server's scrape after it stopped
+    """Stop `server` while a Classify call is held in the tokenizer, with a grace of 0.3 s; `cancel_it`: its client
+    cancels it meanwhile, before the grace runs out (of 5 s then, so that a stall of the machine does not let it run
+    out first; the cancelled call ends the drain). The client's status code, the server's scrape after it stopped
     and its log lines."""
     capture_json(caplog)
     with caplog.at_level(logging.INFO), server.channel() as channel:
@@ -117,7 +118,8 @@ def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
             pb.ClassifyRequest(texts=[GATED]), timeout=30
         )
         gate.wait_held(1)
-        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=0.3), server.loop)
+        grace = 5.0 if cancel_it else 0.3
+        stopping = asyncio.run_coroutine_threadsafe(server.server.stop(grace=grace), server.loop)
         if cancel_it:
             call.cancel()
         stopping.result(10)
@@ -880,13 +882,19 @@ def test_the_bundle_sha256_reported_is_of_the_manifest_read_not_of_one_swapped_i
     assert info.bundle_sha256 == loaded
 
 
+QUEUE_DELAY_S = 1.5  # long enough that a stall of the machine between a test's calls does not let a batch run
+
+
 @pytest.fixture(scope="module")
 def slow_queue(tmp_path_factory):
-    """A server whose rows wait 400 ms for a batch, with room for 4 queued rows."""
+    """A server whose rows wait `QUEUE_DELAY_S` for a batch, with room for 4 queued rows."""
     from tests.serve.conftest import RunningServer, write_bundle
 
     folder = write_bundle(tmp_path_factory.mktemp("slow") / "bundle")
-    server = RunningServer(settings_for(folder, max_queue_delay_ms=400, max_batch_size=64, max_queued=4, max_texts=4))
+    delay_ms = int(QUEUE_DELAY_S * 1000)
+    server = RunningServer(
+        settings_for(folder, max_queue_delay_ms=delay_ms, max_batch_size=64, max_queued=4, max_texts=4)
+    )
     yield server
     server.close()
 
@@ -928,7 +936,7 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
         wait_for_queued(slow_queue, 1)
         cancelled.cancel()
         wait_for_queued(slow_queue, 0)
-        time.sleep(0.5)  # past the queue delay: a batch would have run by now
+        time.sleep(QUEUE_DELAY_S + 0.1)  # past the queue delay: a batch would have run by now
     after = scrape(slow_queue)
     dropped = sum(metric(after, "edgedistill_dropped_rows_total", reason=r) for r in ("cancelled", "deadline"))
     dropped -= sum(metric(before, "edgedistill_dropped_rows_total", reason=r) for r in ("cancelled", "deadline"))
@@ -1064,7 +1072,7 @@ def test_kserve_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue)
             infer(text_infer("good", "bad"), timeout=0.1)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         wait_for_queued(slow_queue, 0)
-        time.sleep(0.5)  # past the queue delay: a batch would have run by now
+        time.sleep(QUEUE_DELAY_S + 0.1)  # past the queue delay: a batch would have run by now
     after = scrape(slow_queue)
     reasons = ("cancelled", "deadline")  # whichever comes first: the server's deadline or the client's cancel
     dropped = sum(metric(after, "edgedistill_dropped_rows_total", reason=r) for r in reasons)
