@@ -21,12 +21,11 @@ import math
 import random
 import time
 
-from edgedistill.loadtests.recorder import DUE_KEY, LATE_KEY, NotSent
+from edgedistill.loadtests.recorder import DUE_KEY, LATE_KEY, UNSENT_NAME, NotSent
 from locust import User
 from locust.user.task import LOCUST_STATE_WAITING
 
 UNTIL_STOPPED_S = 1e9  # the wait of a user whose schedule has ended: locust stops it at its shape's next tick
-UNSENT_NAME = "not sent"  # the request name of a task due that a stopped user never started
 
 
 class PacedUser(User):

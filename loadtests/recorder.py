@@ -22,6 +22,7 @@ from edgedistill.common.atomic import atomic_write
 SAMPLES_FILE = "requests.npz"
 LATE_KEY = "late_ms"  # in a request event's context: how late (ms) the call was sent after its due time
 DUE_KEY = "due_at"  # in a request event's context: when the call was due (`time.perf_counter`)
+UNSENT_NAME = "not sent"  # the request name of a `NotSent` event: a task due that a stopped user never started
 
 
 class NotSent(Exception):

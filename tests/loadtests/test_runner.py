@@ -13,7 +13,7 @@ from edgedistill.bench.texts import PairsFile
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
 from edgedistill.loadtests import runner
-from edgedistill.loadtests.pacing import UNSENT_NAME
+from edgedistill.loadtests.recorder import UNSENT_NAME  # not from pacing: locust patches the process it is imported in
 
 from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
