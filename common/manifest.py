@@ -6,6 +6,7 @@ card (`README.md` at the top of the folder) is the one file left out: it is writ
 after publishing and rewritten as later figures appear (`common.modelcard`).
 """
 
+import difflib
 import hashlib
 import json
 import shutil
@@ -149,13 +150,28 @@ def how_to_build(folder: Path) -> str:
     return f"build it: edgedistill {command} RECIPE" if command else "run its stage first"
 
 
+def unfinished(folder: Path) -> str:
+    """Why `folder`, which has no manifest, is no artifact, and what to do: for a folder that does not exist, the
+    finished artifact beside it of the nearest name, if any (a misspelt path), else the command that builds it."""
+    why = f"{folder} is not a finished artifact: {MANIFEST} is missing"
+    if folder.is_dir():
+        return f"{why} ({how_to_build(folder)})"
+    try:
+        finished = [other.name for other in folder.parent.iterdir() if (other / MANIFEST).is_file()]
+    except OSError:  # no such parent either
+        finished = []
+    near = difflib.get_close_matches(folder.name, finished, n=1)
+    hint = f"did you mean {folder.parent / near[0]}? else " if near else ""
+    return f"{why}, as the folder does not exist ({hint}{how_to_build(folder)})"
+
+
 def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
     """`load`, and the sha256 of the very manifest bytes parsed (what a server reports as loaded)."""
     folder = Path(folder)
     path = folder / MANIFEST
     try:
         if not path.is_file():
-            raise ArtifactError(f"{folder} is not a finished artifact: {MANIFEST} is missing ({how_to_build(folder)})")
+            raise ArtifactError(unfinished(folder))
         data = path.read_bytes()
     except OSError as err:  # unreadable, a name too long, not a folder: the reason, not a traceback
         raise ArtifactError(f"cannot read {path}: {err}") from err

@@ -561,16 +561,19 @@ def _base_path(path: Path, name) -> Path:
 
 
 def _known() -> str:
-    folders = " or ".join(str(folder) for folder in settings.recipe_folders())
+    folders = " or ".join(str(folder) for folder in settings.recipe_folders() if folder.is_dir())
     return f"one of {', '.join(settings.recipe_names())}, from {folders}"
 
 
 def _closest(path: Path) -> str:
-    """`did you mean X? ` for the recipe whose name is nearest to a missing one: a file beside it when `path` has a
-    folder that holds recipes, else a recipe's name; '' when none is near."""
-    beside = {file.stem: file for file in path.parent.glob("*.y*ml")} if len(path.parts) > 1 else {}
-    close = difflib.get_close_matches(path.stem, beside or settings.recipe_names(), n=1)
-    return f"did you mean {beside.get(close[0], close[0])}? " if close else ""
+    """`did you mean X? ` for the recipe nearest to a missing one: a file beside it (in the working directory for a
+    name without a folder), else a recipe's name; '' when none is near."""
+    beside = {file.stem: file for file in path.parent.glob("*.y*ml")}
+    close = difflib.get_close_matches(path.stem, beside, n=1)
+    if close:
+        return f"did you mean {beside[close[0]]}? "
+    close = difflib.get_close_matches(path.stem, settings.recipe_names(), n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:

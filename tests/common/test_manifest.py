@@ -156,11 +156,24 @@ def test_the_finished_artifacts_leave_out_what_a_killed_publish_left(tmp_path):
 )
 def test_a_missing_artifact_names_the_command_that_builds_it(tmp_path, folder, command):
     with pytest.raises(
-        mf.ArtifactError, match=rf"manifest\.json is missing \(build it: edgedistill {command} RECIPE\)"
+        mf.ArtifactError,
+        match=rf"manifest\.json is missing, as the folder does not exist \(build it: edgedistill {command} RECIPE\)",
     ):
         mf.load(tmp_path / folder)
 
 
 def test_a_missing_artifact_of_no_known_stage_says_to_run_its_stage(tmp_path):
-    with pytest.raises(mf.ArtifactError, match=r"manifest\.json is missing \(run its stage first\)"):
+    with pytest.raises(mf.ArtifactError, match=r"the folder does not exist \(run its stage first\)"):
         mf.load(tmp_path / "models" / "bundle")
+
+
+def test_a_folder_without_its_manifest_names_the_command_that_builds_it(tmp_path):
+    (tmp_path / "bundle-cnn-int8").mkdir()
+    with pytest.raises(mf.ArtifactError, match=r"manifest\.json is missing \(build it: edgedistill bundles RECIPE\)"):
+        mf.load(tmp_path / "bundle-cnn-int8")
+
+
+def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(tmp_path):
+    publish(tmp_path)  # tmp_path/stage
+    with pytest.raises(mf.ArtifactError, match=rf"did you mean {tmp_path / 'stage'}\? else run its stage first"):
+        mf.load(tmp_path / "stag")

@@ -227,6 +227,22 @@ def test_a_misspelt_recipe_file_is_answered_with_the_file_beside_it(tmp_path):
         load_recipe(tmp_path / "smok.yaml")
 
 
+def test_a_misspelt_recipe_file_without_a_folder_is_answered_with_the_file_in_the_working_directory(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, MINIMAL, "mytrec.yaml")
+    with pytest.raises(RecipeError, match=r"recipe mytrek.yaml does not exist: did you mean mytrec.yaml\? "):
+        load_recipe("mytrek.yaml")
+
+
+def test_the_recipe_folders_listed_for_a_missing_recipe_are_those_that_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe("nosuch")
+    assert str(tmp_path / "recipes") not in str(caught.value)
+
+
 def test_a_misspelt_recipe_name_is_answered_with_the_nearest_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RecipeError, match=r"recipe smokee does not exist: did you mean smoke\? "):
