@@ -365,14 +365,14 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
 def _near_name(text: str, names: list[str]) -> str | None:
     """The label name `text` differs from only in case, else the closest name, if any is close."""
     same = [name for name in names if name.casefold() == text.casefold()]
-    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1, cutoff=0.8)), None)
+    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1)), None)
 
 
 def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:
     """The error for a row without the recipe's columns: on the first row the recipe names the wrong ones, later the
     row lacks what the first one holds."""
     number, row = line
-    found = f"found {sorted(row)}"
+    found = f"found {list(row)}"  # in the file's order
     if number != first:
         return DataError(
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
@@ -386,7 +386,9 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
             f"{where}: missing column(s) {missing}; {found}, one column holding {separator!r}: a .csv file is "
             "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
         )
-    return DataError(f"{where}: missing column(s) {missing}; {found}. Set {settings} in the recipe")
+    near = [f"{name!r} for {column!r}" for column in missing for name in difflib.get_close_matches(column, row, n=1)]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    return DataError(f"{where}: missing column(s) {missing}; {found}{hint}. Set {settings} in the recipe")
 
 
 def _text(cell, where: str, column: str, fix: str) -> str:

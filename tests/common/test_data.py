@@ -566,6 +566,29 @@ def test_a_label_unknown_but_for_a_typo_names_the_label_meant(tmp_path):
         load_labelled(write_labels(tmp_path, "DESCR"), TREC)
 
 
+def test_a_label_two_letters_from_a_name_names_the_label_meant(tmp_path):
+    with pytest.raises(DataError, match=re.escape("(did you mean 'ENTY'?")):
+        load_labelled(write_labels(tmp_path, "ENTI"), TREC)
+
+
+@pytest.fixture
+def misspelt_column(tmp_path) -> str:
+    """The error for a recipe whose text column is misspelt: `qeury` for a file of columns `query` and `qtype`."""
+    (tmp_path / "q.tsv").write_text("query\tqtype\nwhat is it?\tdesc\n")
+    cfg = DataConfig(train="x", dev="x", text_column="qeury", label_column="qtype", label_names=["desc", "hum"])
+    with pytest.raises(DataError) as caught:
+        load_labelled(str(tmp_path / "q.tsv"), cfg)
+    return str(caught.value)
+
+
+def test_a_misspelt_column_is_answered_with_the_column_meant(misspelt_column):
+    assert "(did you mean 'query' for 'qeury'?)" in misspelt_column
+
+
+def test_the_columns_found_are_listed_in_the_files_order(misspelt_column):
+    assert "found ['query', 'qtype']" in misspelt_column
+
+
 def test_a_label_like_no_name_names_none(tmp_path):
     with pytest.raises(DataError, match=re.escape("nor an index 0..5; fix the file")):
         load_labelled(write_labels(tmp_path, "what"), TREC)
