@@ -18,7 +18,7 @@ from edgedistill.common.stage import Built, Inputs
 from edgedistill.distill import device, dist, heads
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.device import Placement
-from edgedistill.distill.metrics import EVAL_KEYS, finite, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, finite, one_class, task_metrics
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
@@ -162,6 +162,8 @@ def build_stage(inputs: Inputs) -> Built | None:
     if not dist.is_main():
         return None
     best = progress.best_entry
+    if unlearnt := one_class(best.get("dev_confusion"), data.label_names, "finetune"):
+        print(f"[teacher] warning: {unlearnt}")
 
     def kept_logits(split) -> np.ndarray:
         kept = heads.load_teacher(trainer.best_path).eval().to(placement.device)

@@ -38,6 +38,24 @@ def classification_metrics(
     return out
 
 
+def one_class(confusion: list[list[int]] | None, label_names: list[str], trained_by: str) -> str | None:
+    """What to tell a user whose model, trained by section `trained_by` (`finetune`, `distill.students.cnn`), predicts
+    one label for every example (its dev `confusion`, [true][pred]) of a split that holds several: it learnt the
+    majority class at most, and its figures say little; else None (and for no confusion, as an evaluation resumed
+    from an earlier release's checkpoint may lack it)."""
+    if confusion is None:
+        return None
+    matrix = np.asarray(confusion)
+    predicted = np.flatnonzero(matrix.sum(axis=0))
+    if len(predicted) != 1 or np.count_nonzero(matrix.sum(axis=1)) < 2:
+        return None
+    return (
+        f"it predicts {label_names[predicted[0]]!r} for all {int(matrix.sum())} dev examples, which hold "
+        f"{np.count_nonzero(matrix.sum(axis=1))} labels: it learnt no more than the majority class; train it longer "
+        f"({trained_by}.optim.epochs, {trained_by}.optim.lr) or on more data"
+    )
+
+
 def retention(score: float | None, teacher_score: float | None) -> float | None:
     """A student's figure as a share of the teacher's; None when either is missing or the teacher's is 0 (a teacher
     that never predicts the class an F1 counts leaves nothing to retain)."""

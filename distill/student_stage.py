@@ -29,7 +29,7 @@ from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
-from edgedistill.distill.metrics import EVAL_KEYS, finite, retention, task_metrics
+from edgedistill.distill.metrics import EVAL_KEYS, finite, one_class, retention, task_metrics
 from edgedistill.distill.students import (
     Student,
     StudentError,
@@ -332,6 +332,8 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
         return None
     student.load_state_dict(load_file(trainer.best_path))
     best = progress.best_entry
+    if unlearnt := one_class(best.get("dev_confusion"), recipe.data.label_names, f"distill.students.{name}"):
+        print(f"[{stage_name}] warning: {unlearnt}")
     key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])
     tested = test_metrics(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError
-from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, retention
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, one_class, retention
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -103,3 +103,30 @@ def test_a_nan_logit_is_a_diverged_training_naming_its_learning_rate():
         RecipeError, match=r"^finetune: training diverged, 2 of its 4 dev logits .* lower finetune.optim.lr \(0.001\)$"
     ):
         finite(logits, "finetune", 1e-3)
+
+
+NAMES = ["neg", "neu", "pos"]
+
+
+def test_a_model_predicting_one_label_for_a_split_of_several_is_named_with_that_label():
+    confusion = [[5, 0, 0], [3, 0, 0], [4, 0, 0]]
+    assert one_class(confusion, NAMES, "finetune").startswith(
+        "it predicts 'neg' for all 12 dev examples, which hold 3 labels"
+    )
+
+
+def test_a_model_predicting_two_labels_is_not_warned_of():
+    assert one_class([[5, 0, 0], [3, 0, 0], [3, 0, 1]], NAMES, "finetune") is None
+
+
+def test_a_split_of_one_label_predicted_as_it_is_not_warned_of():
+    assert one_class([[0, 0, 0], [0, 7, 0], [0, 0, 0]], NAMES, "finetune") is None
+
+
+def test_an_evaluation_without_its_confusion_is_not_warned_of():
+    assert one_class(None, NAMES, "finetune") is None
+
+
+def test_the_one_label_warning_names_the_settings_of_the_section_that_trained_it():
+    warned = one_class([[5, 0], [3, 0]], ["no", "yes"], "distill.students.cnn")
+    assert "train it longer (distill.students.cnn.optim.epochs, distill.students.cnn.optim.lr)" in warned
