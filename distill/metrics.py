@@ -47,11 +47,12 @@ def one_class(confusion: list[list[int]] | None, label_names: list[str], trained
         return None
     matrix = np.asarray(confusion)
     predicted = np.flatnonzero(matrix.sum(axis=0))
-    if len(predicted) != 1 or np.count_nonzero(matrix.sum(axis=1)) < 2:
+    held = np.count_nonzero(matrix.sum(axis=1))  # the labels the split holds
+    if len(predicted) != 1 or held < 2:
         return None
     return (
         f"it predicts {label_names[predicted[0]]!r} for all {int(matrix.sum())} dev examples, which hold "
-        f"{np.count_nonzero(matrix.sum(axis=1))} labels: it learnt no more than the majority class; train it longer "
+        f"{held} labels: it learnt no more than the majority class; train it longer "
         f"({trained_by}.optim.epochs, {trained_by}.optim.lr) or on more data"
     )
 

@@ -54,11 +54,12 @@ def planned(recipe, args) -> tuple[list[str], list[str]] | None:
     if name is None:
         print("[labeller] none needed: the recipe names no transfer.labeller; the transfer set is labelled in PyTorch")
         return None
-    placement.check(recipe.runtime)
-    if not placement.on_cpu(recipe.runtime):
+    if placement.on_cpu(recipe.runtime):
+        placement.check(recipe.runtime)  # without torch but where it must refuse (fp16)
+    else:
         from edgedistill.distill import device  # torch, which resolving `runtime.device` takes
 
-        on = device.for_process(recipe.runtime).device
+        on = device.for_process(recipe.runtime).device  # refuses what this machine cannot honour
         if on.type != "cpu":
             print(f"[labeller] none needed: the transfer set is labelled in PyTorch on {on}")
             return None

@@ -5,6 +5,7 @@ Each test works in its own run name under EDGEDISTILL_RUNS_DIR, with the finishe
 session's `smoke_run` linked in, so the teacher is not trained again.
 """
 
+import glob
 import json
 import os
 import re
@@ -37,22 +38,21 @@ def run_with(name: str, smoke_run: Path, *artifacts: str) -> Path:
 PAUSED = Path(__file__).with_name("paused.py")
 
 
-def kill_9_when(ready, what: str, *args: str, pause: tuple[str, Path], timeout: float = 300) -> None:
-    """Run `python *args` and SIGKILL it as soon as `ready()` is true; fails if it finished first. `pause`: the
-    function (`module:name`) after whose call the stage stops itself once a file matching the glob path exists
-    (`paused.py`), so that a stall of the machine cannot let it run on past the point the test kills it at."""
+def kill_9_when(after: str, awaited: Path, what: str, *args: str, timeout: float = 300) -> None:
+    """Run `python *args` and SIGKILL it once a file matching the glob path `awaited` exists; fails if it finished
+    first. The stage stops itself after the call of `after` (`module:name`) that leaves that file (`paused.py`), so
+    that a stall of the machine cannot let it run on past the point the test kills it at."""
     log = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / f"killed-{time.monotonic_ns()}.log"
-    function, pattern = pause
     with open(log, "w") as out:  # a file, not a pipe nobody reads: a full pipe would stall the stage
         proc = subprocess.Popen(
-            [PYTHON, str(PAUSED), function, str(pattern), *args],
+            [PYTHON, str(PAUSED), after, str(awaited), *args],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so kill -9 reaches any worker it started
         )
     deadline = time.monotonic() + timeout
-    while not ready():
+    while not glob.glob(str(awaited)):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"no {what} before the stage ended or {timeout} s passed: {log.read_text()[-2000:]}")
@@ -75,8 +75,8 @@ def test_kill_9_while_labelling_the_transfer_set_resumes_with_identical_logits(s
     run = run_with("killed-transfer", smoke_run, "teacher")
     work = run / ".work" / "transfer"
     args = ("-m", "distill", "transfer", str(SMOKE), "--name=killed-transfer")
-    shard = ("edgedistill.distill.labelling:atomic_write", work / "logits-00000.npy")
-    kill_9_when(lambda: (work / "logits-00000.npy").is_file(), "finished logit shard", *args, pause=shard)
+    shard = work / "logits-00000.npy"
+    kill_9_when("edgedistill.distill.labelling:atomic_write", shard, "finished logit shard", *args)
     assert not (run / "transfer").exists(), "a killed stage must not publish an artifact"
     kept = {path.name: np.load(path) for path in work.glob("logits-[0-9][0-9][0-9][0-9][0-9].npy")}  # not .tmp.npy
 
@@ -99,9 +99,7 @@ def test_kill_9_while_training_a_student_resumes_to_the_same_evaluations_and_acc
     run = run_with("killed-student", smoke_run, "teacher", "transfer")
     checkpoint = run / ".work" / "student-bilstm" / "checkpoint.pt"
     args = ("-m", "distill", "distill", str(SMOKE), "--only", "bilstm", "--no-baseline", "--name=killed-student")
-    kill_9_when(
-        checkpoint.is_file, "training checkpoint", *args, pause=("edgedistill.distill.trainer:atomic_write", checkpoint)
-    )
+    kill_9_when("edgedistill.distill.trainer:atomic_write", checkpoint, "training checkpoint", *args)
     assert not (run / "student-bilstm").exists(), "a killed stage must not publish an artifact"
 
     resumed = rerun(*args)
@@ -136,8 +134,7 @@ def test_a_bundle_killed_while_exported_is_never_served(smoke_run):
     run = run_with("killed-export", smoke_run, "teacher", "transfer", "student-bilstm")
     args = ("-m", "export", "bundles", str(SMOKE), "--only", "bilstm-fp32", "--name=killed-export")
     work = run / ".work" / "bundle-bilstm-fp32"  # the model is built and checked there, then published
-    exported = ("edgedistill.export.bundle_stage:export_onnx", work / "*.onnx")
-    kill_9_when(lambda: any(work.glob("*.onnx")), "bundle being built", *args, pause=exported)
+    kill_9_when("edgedistill.export.bundle_stage:export_onnx", work / "*.onnx", "bundle being built", *args)
     assert not (run / "bundle-bilstm-fp32").exists()
     leftover = work
     assert not (leftover / mf.MANIFEST).exists()
