@@ -38,21 +38,27 @@ def classification_metrics(
     return out
 
 
-def one_class(confusion: list[list[int]] | None, label_names: list[str], trained_by: str) -> str | None:
-    """What to tell a user whose model, trained by section `trained_by` (`finetune`, `distill.students.cnn`), predicts
-    one label for every example (its dev `confusion`, [true][pred]) of a split that holds several: it learnt the
-    majority class at most, and its figures say little; else None (and for no confusion, as an evaluation resumed
-    from an earlier release's checkpoint may lack it)."""
+def one_label(confusion: list[list[int]] | None) -> int | None:
+    """The label a model predicts for every example of a split that holds several (its `confusion`, [true][pred]);
+    else None, and for no confusion (an evaluation resumed from an earlier release's checkpoint may lack it)."""
     if confusion is None:
         return None
     matrix = np.asarray(confusion)
     predicted = np.flatnonzero(matrix.sum(axis=0))
     held = np.count_nonzero(matrix.sum(axis=1))  # the labels the split holds
-    if len(predicted) != 1 or held < 2:
+    return int(predicted[0]) if len(predicted) == 1 and held >= 2 else None
+
+
+def one_class(confusion: list[list[int]] | None, label_names: list[str], trained_by: str) -> str | None:
+    """What to tell a user whose model, trained by section `trained_by` (`finetune`, `distill.students.cnn`), predicts
+    one label for every dev example (`one_label`): it learnt the majority class at most, and its figures say little;
+    else None."""
+    if (label := one_label(confusion)) is None:
         return None
+    matrix = np.asarray(confusion)
     return (
-        f"it predicts {label_names[predicted[0]]!r} for all {int(matrix.sum())} dev examples, which hold "
-        f"{held} labels: it learnt no more than the majority class; train it longer "
+        f"it predicts {label_names[label]!r} for all {int(matrix.sum())} dev examples, which hold "
+        f"{np.count_nonzero(matrix.sum(axis=1))} labels: it learnt no more than the majority class; train it longer "
         f"({trained_by}.optim.epochs, {trained_by}.optim.lr) or on more data"
     )
 

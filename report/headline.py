@@ -30,6 +30,7 @@ from edgedistill.common.recipe import (
     parse_overrides,
     run_dir,
 )
+from edgedistill.distill.metrics import one_label
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
@@ -121,10 +122,15 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         named = (key.split("_", 1) for key in keys if metrics.get(key) is not None)
         return ", ".join(f"{split} {METRIC_NAMES[name]} {metrics[f'{split}_{name}']:.4f}" for split, name in named)
 
+    def predicts(metrics: dict) -> str | None:
+        """`it predicts '<label>' for every dev example` of a model that learnt no more than the majority class."""
+        label = one_label(metrics.get("dev_confusion"))
+        return None if label is None else f"it predicts {recipe.data.label_names[label]!r} for every dev example"
+
     stale = plan.stale(recipe, root)
     teacher = _metrics(root / "teacher")
     if teacher and "teacher" not in stale:
-        lines.append(f"teacher: {figures(teacher)}")
+        lines.append(f"teacher: {figures(teacher)}" + (f" ({said})" if (said := predicts(teacher)) else ""))
     name = deployed_student(recipe)
     if name == "teacher" and teacher:
         lines.append(f"student: none served, the deployed bundle {recipe.export.deploy} is the teacher's")
@@ -154,6 +160,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             teacher_test = (teacher or {}).get(test_key)
             if tested and teacher_test:
                 kept += f", {student[test_key] / teacher_test:.1%} on test"
+            if said := predicts(student):  # a share of a majority-class guess says nothing
+                kept = f"{said}: no retention shown"
+            elif teacher and predicts(teacher):
+                kept = "the teacher predicts one label for every dev example: no retention shown"
             lines.append(f"student {name}: {figures(student)}{f' ({kept})' if shown_kept else ''}{gain}")
             left_out = [
                 what for what, left in (("retention", not shown_kept), ("gain", baseline and not shown_gain)) if left

@@ -12,11 +12,9 @@ import pytest
 import torch
 from edgedistill.bench.processes import free_port
 from edgedistill.common import manifest as mf
-from edgedistill.common.data import load_unlabelled
-from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import heads
 from edgedistill.distill.finetune import reinit_top_layers
-from edgedistill.distill.tokenization import train_tokenizer
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -26,7 +24,8 @@ from transformers import (
     GPT2ForSequenceClassification,
 )
 
-from tests.conftest import PYTHON, ROOT, run_here, run_module, save_initialised
+from tests.conftest import PYTHON, ROOT, run_here, run_module
+from tests.distill.bert_init import tiny_bert
 from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
@@ -397,19 +396,6 @@ def test_the_teacher_warns_first_of_a_transfer_file_it_cannot_read(tmp_path, con
         "--name=smoke-unreadable",
     )
     assert f"[teacher] warning: transfer.unlabelled_files: {tmp_path / 'u.txt'}{problem}" in result.stdout
-
-
-def tiny_bert(init: Path, num_labels: int) -> Path:
-    """A tiny BERT classifier with `num_labels` labels and a tokenizer trained on the smoke recipe's text, in `init`."""
-    texts = load_unlabelled(load_recipe(SMOKE).transfer.unlabelled_files, 300)
-    tokenizer = train_tokenizer("bert", texts, 400)
-    tokenizer.save_pretrained(init)
-    config = BertConfig(
-        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        num_labels=num_labels, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    save_initialised(BertForSequenceClassification, config, init)
-    return init
 
 
 def test_a_teacher_whose_training_diverged_stops_the_stage_naming_its_learning_rate(tmp_path):

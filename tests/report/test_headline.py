@@ -88,6 +88,38 @@ def test_headline_without_a_baseline_or_later_stages(recipe):
     assert table.row_count == 1
 
 
+ONE_LABEL = {"dev_accuracy": 0.5, "dev_confusion": [[5, 0], [5, 0]]}  # 'negative' for all 10 dev examples
+
+
+def one_label_lines(recipe, teacher: dict, student: dict) -> list[str]:
+    root, name = run_dir(recipe), recipe.distill.deploy
+    publish(root / "teacher", teacher)
+    publish(root / f"student-{name}", student)
+    tabled(recipe)
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_headline_says_the_teacher_predicts_one_label_for_every_dev_example(recipe):
+    lines = one_label_lines(recipe, ONE_LABEL, {"dev_accuracy": 0.88, "retention": 1.76})
+    assert lines[0] == "teacher: dev accuracy 0.5000 (it predicts 'negative' for every dev example)"
+
+
+def test_headline_gives_no_retention_of_a_student_predicting_one_label(recipe):
+    lines = one_label_lines(recipe, {"dev_accuracy": 0.9}, ONE_LABEL | {"retention": 0.5 / 0.9})
+    assert lines[1] == (
+        f"student {recipe.distill.deploy}: dev accuracy 0.5000 "
+        "(it predicts 'negative' for every dev example: no retention shown)"
+    )
+
+
+def test_headline_gives_no_retention_of_a_teacher_predicting_one_label(recipe):
+    lines = one_label_lines(recipe, ONE_LABEL, {"dev_accuracy": 0.88, "retention": 1.76})
+    assert lines[1] == (
+        f"student {recipe.distill.deploy}: dev accuracy 0.8800 "
+        "(the teacher predicts one label for every dev example: no retention shown)"
+    )
+
+
 def older_student_stage_table(recipe) -> str:
     """The stage table of the headline of a smoke run whose bundle bilstm-int8 (dev accuracy 0.8125) was exported
     from student-bilstm before it was distilled again."""
