@@ -47,11 +47,12 @@ def stage(recipe: Recipe) -> Stage:
         Artifact("teacher", folder / "teacher"),
         *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
     )
+    devices = eager_devices(recipe.runtime)
     return Stage(
         STAGE,
         recipe,
         ("export.bundles", "bench.models"),
-        body("edgedistill.bench.models"),
+        body("edgedistill.bench.models", devices=devices),
         parents,
-        extra={"eager_devices": eager_devices(recipe.runtime)},
+        extra={"eager_devices": devices},
     )

@@ -211,11 +211,10 @@ def table(threads: int, measured: list[tuple[dict, Timings]], metric: Metric) ->
     return ModelTable(threads=threads, metric=metric, rows=rows)
 
 
-def build_stage(inputs: Inputs) -> Built:
-    """The body of `bench.model_stage.stage`."""
+def build_stage(inputs: Inputs, devices: list[str]) -> Built:
+    """The body of `bench.model_stage.stage`, timing the teacher in PyTorch eager on `devices` (torch's names)."""
     recipe = inputs.recipe
     cfg = recipe.bench.models
-    devices = model_stage.eager_devices(recipe.runtime)
     teacher = inputs.parent("teacher")
     missing, left_out, timed = [], {}, []
     for bundle_id, spec in recipe.export.bundles.items():

@@ -213,12 +213,11 @@ def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_pa
         "size_bytes": 10,
         "dev_accuracy": 0.5,
     }
-    monkeypatch.setattr(model_stage, "eager_devices", lambda runtime: ["cpu"])
     timings = {(batch, length): (length, timing) for batch, length in models.shapes(recipe.bench.models)}
     monkeypatch.setattr(models, "_eager_row", lambda *args: (row, timings))
     folders = {"teacher": tmp_path / "teacher"}  # no bundle built: only the teacher is timed
     inputs = Inputs(recipe, "hash", tmp_path / "work", False, {}, folders, "key", tmp_path / "bench")
-    models.build_stage(inputs).write(tmp_path)
+    models.build_stage(inputs, ["cpu"]).write(tmp_path)
     assert (tmp_path / "bench.json").read_text(encoding="utf-8").endswith("}\n")
 
 
