@@ -13,6 +13,17 @@ def label_f1(confusion) -> tuple[np.ndarray, np.ndarray]:
     return np.divide(2 * np.diag(confusion), counted, out=np.zeros(len(confusion)), where=seen), seen
 
 
+def one_label(confusion: list[list[int]] | None) -> int | None:
+    """The label a model predicts for every example of a split that holds several (its `confusion`, [true][pred]);
+    else None, and for no confusion (an evaluation resumed from an earlier release's checkpoint may lack it)."""
+    if confusion is None:
+        return None
+    matrix = np.asarray(confusion)
+    predicted = np.flatnonzero(matrix.sum(axis=0))
+    held = np.count_nonzero(matrix.sum(axis=1))  # the labels the split holds
+    return int(predicted[0]) if len(predicted) == 1 and held >= 2 else None
+
+
 def top_two_gap(logits: np.ndarray) -> np.ndarray:
     """Per row of (N, C) logits, the gap between the two highest: how sure the model is of its label."""
     top = np.sort(logits, -1)

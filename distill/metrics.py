@@ -3,7 +3,7 @@
 import numpy as np
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError
-from edgedistill.common.scores import label_f1
+from edgedistill.common.scores import label_f1, one_label
 
 # What a dev evaluation reports (`dev_f1` only where the task has a positive class), and what a training
 # manifest keeps of its best one.
@@ -36,17 +36,6 @@ def classification_metrics(
         out[f"{prefix}_f1"] = float(f1[positive])
     out[f"{prefix}_confusion"] = confusion.tolist()
     return out
-
-
-def one_label(confusion: list[list[int]] | None) -> int | None:
-    """The label a model predicts for every example of a split that holds several (its `confusion`, [true][pred]);
-    else None, and for no confusion (an evaluation resumed from an earlier release's checkpoint may lack it)."""
-    if confusion is None:
-        return None
-    matrix = np.asarray(confusion)
-    predicted = np.flatnonzero(matrix.sum(axis=0))
-    held = np.count_nonzero(matrix.sum(axis=1))  # the labels the split holds
-    return int(predicted[0]) if len(predicted) == 1 and held >= 2 else None
 
 
 def one_class(confusion: list[list[int]] | None, label_names: list[str], trained_by: str) -> str | None:

@@ -30,7 +30,7 @@ from edgedistill.common.recipe import (
     parse_overrides,
     run_dir,
 )
-from edgedistill.distill.metrics import one_label
+from edgedistill.common.scores import one_label
 from edgedistill.loadtests import result as loadtest_result
 from edgedistill.report import plan
 from edgedistill.report.render import finished_stages

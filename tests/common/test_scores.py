@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from edgedistill.common.scores import label_f1, within_reach
+from edgedistill.common.scores import label_f1, one_label, within_reach
 
 
 def test_label_f1_gives_each_labels_f1_by_hand():
@@ -18,3 +18,7 @@ def test_within_reach_marks_a_label_close_to_the_top():
 
 def test_within_reach_leaves_out_a_label_far_below_a_near_tie():
     assert within_reach(np.array([[1.0, 0.95, -3.0]]), np.array([2]), 0.1).tolist() == [False]
+
+
+def test_the_one_label_a_model_predicts_for_a_split_of_several_is_its_index():
+    assert one_label([[0, 5, 0], [0, 3, 0], [0, 4, 0]]) == 1

@@ -2,14 +2,7 @@ import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError
-from edgedistill.distill.metrics import (
-    EVAL_KEYS,
-    classification_metrics,
-    finite,
-    one_class,
-    one_label,
-    retention,
-)
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, one_class, retention
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -137,7 +130,3 @@ def test_an_evaluation_without_its_confusion_is_not_warned_of():
 def test_the_one_label_warning_names_the_settings_of_the_section_that_trained_it():
     warned = one_class([[5, 0], [3, 0]], ["no", "yes"], "distill.students.cnn")
     assert "train it longer (distill.students.cnn.optim.epochs, distill.students.cnn.optim.lr)" in warned
-
-
-def test_the_one_label_a_model_predicts_for_a_split_of_several_is_its_index():
-    assert one_label([[0, 5, 0], [0, 3, 0], [0, 4, 0]]) == 1
