@@ -401,7 +401,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 class ServerProcess:
     """`python -m serve` in a subprocess; its JSON log lines are collected as they come (others as "unstructured")."""
 
-    def __init__(self, bundle, *flags: str, **env: str):
+    def __init__(self, bundle, *flags: str, process_group: int | None = None, **env: str):
+        """`process_group=0` starts it in a group of its own, which its workers join, as a terminal's foreground job."""
         self.proc = subprocess.Popen(
             serve_command(bundle, "--metrics-port", "0", *flags),
             cwd=ROOT,
@@ -409,6 +410,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            process_group=process_group,
         )
         self.lines: list[dict] = []
         self._new: queue.Queue = queue.Queue()
@@ -458,12 +460,12 @@ class ServerProcess:
 
 @pytest.fixture
 def spawn(tmp_path):
-    """`spawn(bundle, *flags, **env) -> ServerProcess`, killed at the end of the test if still running. Its
+    """`spawn(bundle, *flags, process_group=None, **env) -> ServerProcess`, killed at the end of the test if still running. Its
     temporary files (a supervisor's metrics folder, which a killed one leaves) go to the test's folder."""
     started = []
 
-    def start(bundle, *flags, **env) -> ServerProcess:
-        process = ServerProcess(bundle, *flags, **{"TMPDIR": str(tmp_path)} | env)
+    def start(bundle, *flags, process_group: int | None = None, **env) -> ServerProcess:
+        process = ServerProcess(bundle, *flags, process_group=process_group, **{"TMPDIR": str(tmp_path)} | env)
         started.append(process)
         return process
 
