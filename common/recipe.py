@@ -250,7 +250,7 @@ class Recipe(Strict):
         Local files and folders named in them count by their contents, not their paths: moving the
         data or the checkout keeps artifacts current, and editing a data file makes them stale. A key the schema
         takes but the recipe leaves out (a null section, a setting hashed only once set) is None; any other raises
-        `KeyError`. A setting that changes no artifact (`Strict.hashed_as_default`) is at its default.
+        `KeyError`. A setting that changes no artifact (`Strict.unread`) is at its default.
         """
         dumped = self.model_dump(mode="json", context=HASHING)
         return {key: by_content(_setting(dumped, key)) for key in keys}

@@ -73,9 +73,14 @@ class Strict(BaseModel):
             if getattr(self, name) == type(self).model_fields[name].default:
                 dumped.pop(name, None)
         if info.context == HASHING:
-            for name in self.hashed_as_default & dumped.keys():
+            for name in self.unread() & dumped.keys():
                 dumped[name] = type(self).model_fields[name].default
         return dumped
+
+    def unread(self) -> frozenset[str]:
+        """The settings dumped as their defaults under `HASHING`: `hashed_as_default`, and in a section whose other
+        settings leave some unread, those."""
+        return self.hashed_as_default
 
 
 class Overridden(dict):

@@ -174,13 +174,16 @@ class DataConfig(Strict):
         return self.dev_keys + ([key.replace("dev_", "test_", 1) for key in self.dev_keys] if test else [])
 
 
+SCRATCH = frozenset({"vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "dropout"})
+
+
 class ModelConfig(Strict):
     """The teacher: `init` is a local folder or a Hub name; `null` builds it from scratch."""
 
     family: Literal["bert", "gpt"] = "bert"
     init: str | None = Field(None, min_length=1)
     max_length: int = Field(128, ge=8)
-    # Sizes for a model built from scratch (ignored when `init` is set).
+    # Sizes for a model built from scratch (`SCRATCH`: ignored when `init` is set, as the checkpoint sizes it).
     vocab_size: int = Field(8000, ge=100)
     hidden_size: int = Field(256, ge=8)
     num_layers: int = Field(4, ge=1)
@@ -188,9 +191,14 @@ class ModelConfig(Strict):
     intermediate_size: int = Field(1024, ge=8)
     dropout: float = Field(0.1, ge=0, lt=1)
 
+    def unread(self) -> frozenset[str]:
+        """Under `init`, the sizes of a model built from scratch: a base recipe's (`extends: smoke`) then make no
+        stage stale, as the shipped recipes with an `init` keep their defaults."""
+        return super().unread() | (SCRATCH if self.init is not None else frozenset())
+
     @model_validator(mode="after")
     def _heads_divide_width(self):
-        if self.hidden_size % self.num_heads:
+        if self.init is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}"
             )

@@ -85,7 +85,27 @@ def test_wrong_type_is_named(tmp_path):
 
 def test_a_hidden_size_the_heads_do_not_divide_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="not divisible"):
-        load_recipe(write(tmp_path, MINIMAL.replace("{init: some/model}", "{init: x, hidden_size: 10, num_heads: 3}")))
+        load_recipe(
+            write(tmp_path, MINIMAL.replace("{init: some/model}", "{init: null, hidden_size: 10, num_heads: 3}"))
+        )
+
+
+def test_sizes_of_a_model_from_scratch_are_not_checked_under_an_init_checkpoint(tmp_path):
+    sized = MINIMAL.replace("{init: some/model}", "{init: some/model, hidden_size: 10, num_heads: 3}")
+    assert load_recipe(write(tmp_path, sized)).model.init == "some/model"
+
+
+def test_sizes_of_a_model_from_scratch_leave_the_hash_of_one_from_an_init_checkpoint_unchanged(tmp_path):
+    plain = load_recipe(write(tmp_path, MINIMAL))
+    sized = load_recipe(write(tmp_path, MINIMAL), {"model.hidden_size": 64, "model.vocab_size": 3000})
+    assert plain.section_hash("model") == sized.section_hash("model")
+
+
+def test_sizes_of_a_model_from_scratch_change_its_hash(tmp_path):
+    scratch = MINIMAL.replace("{init: some/model}", "{init: null}") + "pretrain: {train_files: [a.txt]}\n"
+    assert load_recipe(write(tmp_path, scratch)).section_hash("model") != load_recipe(
+        write(tmp_path, scratch), {"model.hidden_size": 64}
+    ).section_hash("model")
 
 
 def test_a_model_from_scratch_without_a_pretrain_section_is_refused(tmp_path):
