@@ -1,6 +1,7 @@
 """Lower precision: dynamic or calibrated static INT8 for CPU, FP16 for GPU bundles."""
 
 import contextlib
+import logging
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,26 @@ from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 from onnxruntime.transformers.onnx_model import OnnxModel
 
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators, which its fusions put in a graph
+
+
+class _NoPreprocessingAdvice(logging.Filter):
+    """ONNX Runtime's quantizer advises its pre-processing (`quant_pre_process`: shape inference and graph
+    optimisation) on the root logger at each call. The bundles are quantized from the graph as exported (fused where
+    the recipe says), `_typed` gives static INT8 the shapes it needs, and each INT8 bundle is gated against PyTorch on
+    dev; the pre-processing was not tried (it would change every INT8 bundle)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_preprocessing_advice():
+    advice = _NoPreprocessingAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
 
 
 def _clear_value_info(src: Path, dst: Path) -> Path:
@@ -54,14 +75,15 @@ def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list
     """Weights INT8, activations quantized on the fly: `op_types` (default: MatMul, Gemm, LSTM, Attention, Conv...).
     Returns what was applied, for the manifest."""
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
-    quantize_dynamic(
-        str(tmp),
-        str(dst),
-        weight_type=QuantType.QInt8,
-        per_channel=per_channel,
-        op_types_to_quantize=op_types,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    with _without_preprocessing_advice():
+        quantize_dynamic(
+            str(tmp),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+            op_types_to_quantize=op_types,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     tmp.unlink()
     applied = {"mode": "dynamic", "weight_type": "QInt8", "activations": "uint8, scale per batch"}
     return applied | {"per_channel": per_channel, "op_types": op_types or "onnxruntime's default"}
@@ -94,18 +116,19 @@ def int8_static(
     head is tiny, and its bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
     """
     tmp = _typed(src, dst.with_name(dst.stem + ".pre.onnx"))
-    quantize_static(
-        str(tmp),
-        str(dst),
-        _Batches(calibration),
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=op_types,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    with _without_preprocessing_advice():
+        quantize_static(
+            str(tmp),
+            str(dst),
+            _Batches(calibration),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=op_types,
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     tmp.unlink()
     activations = sum(node.op_type == "QuantizeLinear" for node in onnx.load(str(dst)).graph.node)
     applied = {"mode": "static", "format": "QDQ", "weight_type": "QInt8"}

@@ -1,6 +1,8 @@
 """The example inputs that export traces and the shape checks feed: fixed per shape, masked unevenly; a student
 added as docs/extending.md says exports with them."""
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +11,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
+from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import train_tokenizer
 from edgedistill.export.onnx_export import (
     ExportError,
@@ -266,3 +269,37 @@ def fuses_completely(tmp_path, model_type: str) -> bool:
 @pytest.mark.parametrize("model_type", ENCODERS)
 def test_the_model_types_a_teacher_may_fuse_are_those_onnx_runtime_fuses_completely(tmp_path, model_type):
     assert fuses_completely(tmp_path, model_type) == (model_type in heads.FUSABLE_TYPES)
+
+
+def export_warnings(module, tmp_path) -> list[str]:
+    """The warnings that exporting `module` (a student of the token inputs) shows, each time it gives one: not those
+    of deprecation, which Python shows only in `__main__` (the legacy exporter is used on purpose)."""
+    source = Source(module.eval(), heads.TOKEN_INPUTS[:2], "student", tmp_path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        export_onnx(source, tmp_path / "model.onnx", opset=17)
+    return [str(warning.message) for warning in seen]
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "transformer"])
+def test_an_export_shows_none_of_the_exporter_warnings_the_shape_checks_answer(arch, tmp_path):
+    tiny = {"vocab_size": 100, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32}
+    student = build_student(StudentConfig(arch=arch, max_length=64, **tiny))
+    assert export_warnings(student, tmp_path) == []
+
+
+class _Warns(torch.nn.Module):
+    """Logits of the mean embedding, warning as it traces."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 2)
+
+    def forward(self, input_ids, attention_mask):
+        warnings.warn("a warning of the model's own", UserWarning, stacklevel=1)
+        return (self.embed(input_ids) * attention_mask.unsqueeze(-1)).mean(1)
+
+
+def test_an_export_shows_any_other_warning(tmp_path):
+    assert export_warnings(_Warns(), tmp_path) == ["a warning of the model's own"]

@@ -2,6 +2,7 @@
 activations are quantized too."""
 
 import contextlib
+import logging
 
 import numpy as np
 import onnx
@@ -112,3 +113,17 @@ def test_a_fused_graph_static_int8_cannot_type_leaves_no_file_in_the_current_fol
     with contextlib.suppress(ExportError):
         quantize.int8_static(graph, tmp_path / "int8.onnx", [{"x": np.ones((2, 4), np.float32)}])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["fused.onnx"]
+
+
+def test_int8_passes_on_no_advice_to_pre_process_the_graph(tmp_path, caplog):
+    source = Source(build_student(StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, num_filters=8)).eval(),
+                    ("input_ids", "attention_mask"), "cnn", tmp_path)  # fmt: skip
+    export_onnx(source, tmp_path / "plain.onnx", opset=17)
+    with caplog.at_level("WARNING"):
+        quantize.int8_dynamic(tmp_path / "plain.onnx", tmp_path / "int8.onnx")
+    assert [record.getMessage() for record in caplog.records if "pre-processing" in record.getMessage()] == []
+
+
+def test_int8_passes_on_other_warnings_of_the_root_logger():
+    record = logging.LogRecord("root", logging.WARNING, __file__, 1, "another warning", None, None)
+    assert quantize._NoPreprocessingAdvice().filter(record)
