@@ -129,8 +129,10 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
     stale = plan.stale(recipe, root)
     teacher = _metrics(root / "teacher")
-    if teacher and "teacher" not in stale:
-        lines.append(f"teacher: {figures(teacher)}" + (f" ({said})" if (said := predicts(teacher)) else ""))
+    shown_teacher = teacher and "teacher" not in stale  # else of other labels, maybe
+    teacher_unlearnt = predicts(teacher) if shown_teacher else None
+    if shown_teacher:
+        lines.append(f"teacher: {figures(teacher)}" + (f" ({teacher_unlearnt})" if teacher_unlearnt else ""))
     name = deployed_student(recipe)
     if name == "teacher" and teacher:
         lines.append(f"student: none served, the deployed bundle {recipe.export.deploy} is the teacher's")
@@ -162,7 +164,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 kept += f", {student[test_key] / teacher_test:.1%} on test"
             if said := predicts(student):  # a share of a majority-class guess says nothing
                 kept = f"{said}: no retention shown"
-            elif teacher and predicts(teacher):
+            elif teacher_unlearnt:
                 kept = "the teacher predicts one label for every dev example: no retention shown"
             lines.append(f"student {name}: {figures(student)}{f' ({kept})' if shown_kept else ''}{gain}")
             left_out = [

@@ -562,3 +562,14 @@ def test_headline_given_the_settings_a_teacher_was_built_with_shows_its_figures(
     edited_recipe_headline(recipe)
     headline.main([str(ROOT / "recipes" / "smoke.yaml"), "--finetune.optim.lr=0.002"])
     assert "teacher: dev accuracy 0.9125" in capsys.readouterr().out
+
+
+def test_headline_reads_no_labels_of_a_teacher_built_with_other_settings(recipe):
+    """A teacher of three labels that predicts the third for every dev example, built before the recipe's labels
+    were cut to two."""
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.label_names": ["negative", "positive", "mixed"]})
+    metrics = {"dev_accuracy": 0.5, "dev_confusion": [[0, 0, 5], [0, 0, 5], [0, 0, 0]]}
+    Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), metrics)).run()
+    publish(run_dir(recipe) / f"student-{recipe.distill.deploy}", {"dev_accuracy": 0.88, "retention": 1.76})
+    tabled(recipe)
+    assert headline.headline(recipe, "recipes/smoke.yaml")[0].startswith(f"student {recipe.distill.deploy}:")
