@@ -7,6 +7,7 @@ from pathlib import Path
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import write_changed
+from edgedistill.common.scores import one_label
 
 FILE = "distill-summary.json"
 DRAWN_FROM = "manifest_sha256"  # a row's key: folder -> the sha256 of its manifest when written, null where none was
@@ -49,6 +50,26 @@ def load(root: Path) -> list[dict] | None:
 def out_of_date(row: dict) -> list[str]:
     """The kinds of a student's row ("student", "baseline") whose figures it leaves out as out of date."""
     return (row.get("out_of_date") or "").split(", ")  # distill.table joins them so
+
+
+def one_label_note(root: Path, rows: list[dict]) -> str | None:
+    """A note naming the models of the table's `rows` in the run folder `root` (the teacher, students and baselines
+    whose figures it shows) that predict one label for every dev example (`common.scores.one_label`); None when none
+    does."""
+    folders = [
+        folder
+        for i, row in enumerate(rows)
+        for folder in _folders(row, i == 0)
+        if folder.split("-", 1)[0] not in out_of_date(row) and (root / folder / mf.MANIFEST).is_file()
+    ]
+    named = [f for f in folders if one_label(mf.load(root / f, verify=False).metrics.get("dev_confusion")) is not None]
+    if not named:
+        return None
+    verb = "predicts" if len(named) == 1 else "predict"
+    return (
+        f"one label: {', '.join(named)} {verb} one label for every dev example (no more than the majority class); a "
+        "retention or gain of such a model says little"
+    )
 
 
 def _redrawn(root: Path, rows: list[dict]) -> str | None:

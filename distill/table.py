@@ -91,17 +91,20 @@ def write(recipe: Recipe) -> list[dict]:
         "",
         *tables.markdown(columns, cells),
     ]
+    notes = []
     if stale := [r["student"] for r in table_rows if r.get("out_of_date")]:
-        note = (
+        notes.append(
             "out_of_date: built from other settings or another teacher or transfer set than the recipe's now, so its "
             f"figures are left out; `edgedistill distill RECIPE {' '.join(f'--only {n}' for n in stale)}` rebuilds them."
         )
-        lines += ["", note]
     folder = run_dir(recipe)
+    if unlearnt := summary.one_label_note(folder, table_rows):
+        notes.append(unlearnt)
+    lines += [line for note in notes for line in ("", note)]
     write_changed(folder / "distill-summary.md", "\n".join(lines) + "\n")
     summary.write(folder, table_rows)
     title = f"distillation: {recipe.name} (selected on {key})"
     Console(width=160).print(tables.console_table(title, columns, cells, TEXT_COLUMNS))
-    if stale:
+    for note in notes:
         print(note)
     return table_rows

@@ -183,8 +183,8 @@ def _curves(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
         page.figure("training.png", plots.training_curves(histories, key), f"training loss and {key.replace('_', ' ')}")
 
 
-def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
-    """The distillation table's `rows` as written, with what its columns compare."""
+def _distill_table(page: Page, rows: list[dict], root: Path, recipe: Recipe) -> None:
+    """The distillation table's `rows` as written in the run folder `root`, with what its columns compare."""
     key = recipe.data.selection_key
     columns = list(rows[0])  # the table's own: the recipe's metric, and test figures where there are some
     stale = (
@@ -196,6 +196,7 @@ def _distill_table(page: Page, rows: list[dict], recipe: Recipe) -> None:
         f"Checkpoints are selected on {key}; retention (student / teacher), baseline and gain compare {key}. "
         "baseline_from: where the label-only baseline started (scratch, or teacher: its layers or embeddings)."
         + (stale if "out_of_date" in columns else "")
+        + (f" {unlearnt}." if (unlearnt := summary.one_label_note(root, rows)) else "")
     )
     page.table(columns, [[r[c] for c in columns] for r in rows])
 
@@ -213,7 +214,7 @@ def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.
                 "and writes it again."
             )
         else:
-            _distill_table(page, rows, recipe)
+            _distill_table(page, rows, root, recipe)
     if _finished(root / "transfer"):
         page.heading("Transfer set", [f"../transfer/{mf.MANIFEST}"])
         info = mf.load(root / "transfer", verify=False).info

@@ -8,9 +8,9 @@ from edgedistill.common import summary
 ROWS = [{"student": "teacher", "dev_accuracy": 0.9}, {"student": "cnn", "dev_accuracy": 0.85}]
 
 
-def publish(folder, accuracy: float = 0.85) -> None:
+def publish(folder, accuracy: float = 0.85, confusion: list[list[int]] | None = None) -> None:
     with mf.stage_folder(folder) as tmp:
-        metrics = {"dev_accuracy": accuracy}
+        metrics = {"dev_accuracy": accuracy} | ({"dev_confusion": confusion} if confusion else {})
         mf.commit(
             tmp, folder, mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics)
         )
@@ -68,3 +68,29 @@ def test_a_table_of_a_student_gone_since_names_it(tmp_path):
 
 def test_a_rows_out_of_date_kinds_are_those_it_marks():
     assert summary.out_of_date({"student": "cnn", "out_of_date": "student, baseline"}) == ["student", "baseline"]
+
+
+ONE_LABEL = [[5, 0], [4, 0]]  # the first label for all 9 dev examples
+TWO_LABELS = [[5, 0], [1, 3]]
+
+
+def test_the_one_label_note_names_the_models_that_predict_one_label(tmp_path):
+    publish(tmp_path / "teacher", confusion=ONE_LABEL)
+    publish(tmp_path / "student-cnn", confusion=TWO_LABELS)
+    publish(tmp_path / "baseline-cnn", confusion=ONE_LABEL)
+    assert summary.one_label_note(tmp_path, ROWS).startswith(
+        "one label: teacher, baseline-cnn predict one label for every dev example"
+    )
+
+
+def test_no_one_label_note_where_every_model_predicts_several(tmp_path):
+    publish(tmp_path / "teacher", confusion=TWO_LABELS)
+    publish(tmp_path / "student-cnn", confusion=TWO_LABELS)
+    assert summary.one_label_note(tmp_path, ROWS) is None
+
+
+def test_the_one_label_note_leaves_out_a_model_the_table_marks_out_of_date(tmp_path):
+    publish(tmp_path / "teacher", confusion=TWO_LABELS)
+    publish(tmp_path / "student-cnn", confusion=ONE_LABEL)
+    rows = [ROWS[0], ROWS[1] | {"out_of_date": "student"}]
+    assert summary.one_label_note(tmp_path, rows) is None

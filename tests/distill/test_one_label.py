@@ -61,3 +61,8 @@ def test_the_headline_of_a_student_that_learnt_one_label_gives_no_retention(one_
         recipe = load_recipe(SMOKE, parse_overrides([*overrides, "--distill.deploy=cnn", "--export=null"]))
         lines = headline.headline(recipe, str(SMOKE))
     assert "student cnn: dev accuracy 0.4833, dev F1 0.0000 (it predicts 'negative'" in "\n".join(lines)
+
+
+def test_the_distillation_table_is_followed_by_a_note_naming_the_models_that_learnt_one_label(one_label_run):
+    said, _, _ = one_label_run
+    assert "one label: teacher, student-cnn, baseline-cnn predict one label for every dev example" in "\n".join(said)

@@ -54,6 +54,15 @@ def test_distillation_section_shows_each_row(tmp_path):
     assert "| cnn | cnn | 0.85 | 0.6 | 0.75 |" in distillation_markdown(tmp_path)
 
 
+def test_distillation_section_names_a_model_that_predicts_one_label(tmp_path):
+    (tmp_path / "distill-summary.json").write_text(json.dumps(ROWS))
+    publish(tmp_path / "teacher")
+    publish(tmp_path / "student-cnn", {"dev_confusion": [[5, 0], [4, 0]]})
+    publish(tmp_path / "baseline-cnn")
+    markdown = "\n".join(distillation_section(tmp_path, {"data.metric": "macro_f1"}))
+    assert "one label: student-cnn predicts one label for every dev example" in markdown
+
+
 def test_distillation_section_says_what_an_out_of_date_row_leaves_out(tmp_path):
     rows = [ROWS[0] | {"out_of_date": None}, ROWS[1] | {"out_of_date": "baseline"}]
     assert "out_of_date: a student or baseline built from other settings" in distillation_markdown(tmp_path, rows)
