@@ -34,6 +34,7 @@ from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer
+from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.reflection import ReflectionServicer
 from edgedistill.serve.settings import GRPC_INT_MAX, NEVER_S, Settings, SettingsError, host_port
@@ -240,7 +241,12 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
             ]
         )
         edge.health_server.add_generic_rpc_handlers((probe_handler(edge.health),))
-    return edge, None if share_port else edge.bind()
+    if share_port:
+        return edge, None
+    for port in (settings.port, settings.health_port):
+        if port:  # a port in use named as the supervisor names it: gRPC's own error says only that it failed
+            reserve_port(settings.host, port).close()
+    return edge, edge.bind()
 
 
 class MethodSymbolPool:

@@ -485,14 +485,33 @@ def test_a_worker_that_cannot_be_restarted_kills_no_worker(restart_without_a_pro
     assert not [line for line in server.lines if line.get("event") in ("worker_killed", "start_failed")]
 
 
-def test_a_port_held_by_another_process_is_refused_not_shared(spawn, bundle):
+@pytest.fixture(params=["1", "2"], ids=["one process", "supervisor"])
+def on_a_held_port(request, spawn, bundle):
+    """A server (one process, or a supervisor of two workers) started on a port another process listens on, and
+    that port."""
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
         other.bind(("127.0.0.1", 0))
         other.listen()
-        server = spawn(bundle, "--port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS="2")
-        assert server.wait(60) == 2
-    assert "cannot bind" in server.wait_for("start_failed")["msg"]
+        port = other.getsockname()[1]
+        server = spawn(bundle, "--host", "127.0.0.1", "--port", str(port), EDGEDISTILL_WORKERS=request.param)
+        server.wait(60)
+    return server, port
+
+
+def test_a_port_held_by_another_process_is_refused_not_shared(on_a_held_port):
+    server, _ = on_a_held_port
+    assert server.proc.returncode == 2
+
+
+def test_a_port_held_by_another_process_is_refused_naming_why(on_a_held_port):
+    server, port = on_a_held_port
+    assert server.wait_for("start_failed")["msg"].endswith(f"cannot bind 127.0.0.1:{port}: Address already in use")
+
+
+def test_a_port_held_by_another_process_is_refused_in_json_lines_alone(on_a_held_port):
+    server, _ = on_a_held_port
+    assert [line["msg"] for line in server.lines if line.get("event") == "unstructured"] == []
 
 
 @pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
