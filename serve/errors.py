@@ -22,18 +22,28 @@ class InvalidInput(ServeError):
 
 
 class UnreadableText(InvalidInput):
-    """Text `row` of a request (or its pair: `kind`) gives no token but the special ones to `reader`'s tokenizer."""
+    """Text `row` of a request (or its pair: `kind`) gives no token but the special ones to `reader`'s tokenizer;
+    `read_chars`: in the characters the server reads of it (MAX_TEXT_CHARS), where it was cut there."""
 
-    def __init__(self, row: int, kind: str, note: str = "", reader: str = "the tokenizer"):
+    def __init__(
+        self, row: int, kind: str, note: str = "", reader: str = "the tokenizer", read_chars: int | None = None
+    ):
+        dropped = f"only characters it drops, such as control or zero-width ones{note}"
         super().__init__(
-            f"{kind} {row} holds nothing {reader} keeps (only characters it drops, such as control or zero-width "
-            f"ones{note}): the model would see an empty text"
+            f"{kind} {row} holds nothing {reader} keeps ({dropped}): the model would see an empty text"
+            if read_chars is None
+            else f"{kind} {row} holds nothing {reader} keeps in its first {read_chars} characters (MAX_TEXT_CHARS), "
+            f"all of a text the server reads ({dropped}): send it without them"
         )
-        self.row, self.kind, self.note = row, kind, note
+        self.row, self.kind, self.note, self.reader, self.read_chars = row, kind, note, reader, read_chars
 
     def at(self, row: int, reader: str) -> "UnreadableText":
         """The same error for the request's text `row`, read by `reader` (a cascade member that got some rows)."""
-        return UnreadableText(row, self.kind, self.note, reader)
+        return UnreadableText(row, self.kind, self.note, reader, self.read_chars)
+
+    def cut_at(self, read_chars: int) -> "UnreadableText":
+        """The same error for a text the server cut to its first `read_chars` characters."""
+        return UnreadableText(self.row, self.kind, self.note, self.reader, read_chars)
 
 
 class TooLarge(ServeError):

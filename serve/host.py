@@ -10,6 +10,7 @@ Reload call may have the host load: nothing without an admin token, a named fold
 """
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -38,6 +39,7 @@ from edgedistill.serve.errors import (
     ReloadFailed,
     ServerFault,
     TooLarge,
+    UnreadableText,
 )
 from edgedistill.serve.logs import MODEL
 from edgedistill.serve.metrics import Metrics
@@ -119,6 +121,18 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
             )
     cut = [t[:max_chars] for t in texts]
     return cut, None if pairs is None else [p[:max_chars] for p in pairs]
+
+
+@contextlib.contextmanager
+def named_if_cut(texts: list[str], pairs: list[str] | None, max_chars: int):
+    """Re-raise an `UnreadableText` of a text (or pair) that `check_texts` cut to `max_chars` characters naming the
+    limit: what the tokenizer keeps may lie past it, as in a text padded with zero-width characters."""
+    try:
+        yield
+    except UnreadableText as err:
+        if len((texts if err.kind == "text" else pairs or [])[err.row]) < max_chars:
+            raise
+        raise err.cut_at(max_chars) from None
 
 
 def check_pairs(spec: ServedModel, pairs: list[str] | None) -> None:

@@ -28,7 +28,7 @@ from edgedistill.serve.errors import (
     ServeError,
     TooLarge,
 )
-from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, reload_folder
+from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, named_if_cut, reload_folder
 from edgedistill.serve.idle import IdleWatch, idle_limit
 from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.observe import caller, refuse
@@ -283,7 +283,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
     async def _classify(
         self, name: str, version: str, texts: list[str], pairs: list[str] | None, deadline: float | None
     ):
-        runtime, scores = await self.host.dispatch(name, version, lambda rt: rt.classify(texts, pairs, deadline))
+        with named_if_cut(texts, pairs, self.settings.max_text_chars):
+            runtime, scores = await self.host.dispatch(name, version, lambda rt: rt.classify(texts, pairs, deadline))
         return classify_response(runtime.spec, scores)
 
     @handles_errors
@@ -473,9 +474,10 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             texts = self._texts("text", inputs["text"])
             pairs = self._texts("text_pair", inputs["text_pair"]) if "text_pair" in inputs else None
             texts, pairs = check_texts(texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
-            return await self.host.dispatch(
-                request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
-            )
+            with named_if_cut(texts, pairs, self.settings.max_text_chars):
+                return await self.host.dispatch(
+                    request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
+                )
         if "input_ids" not in inputs:
             raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")
         return await self.host.dispatch(

@@ -55,6 +55,31 @@ def test_a_text_of_markup_alone_is_refused_naming_the_text_style(client_of):
         client.classify(["<br />"])
 
 
+@pytest.fixture
+def cut_to_200(make_bundle, start_server):
+    """A client of a `ptb_lower` bundle served with MAX_TEXT_CHARS=200."""
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower"), max_text_chars=200))
+    with Client(server.address, timeout=10) as client:
+        yield client
+
+
+@pytest.mark.parametrize("api", ["classify", "kserve_infer"])
+def test_a_text_read_as_nothing_up_to_max_text_chars_is_refused_naming_the_limit(cut_to_200, api):
+    with pytest.raises(Exception, match="text 0 holds nothing the tokenizer keeps in its first 200 characters"):
+        getattr(cut_to_200, api)(["<br>" * 60 + "great"])  # its word comes after the 200 characters read
+
+
+def test_a_pair_read_as_nothing_up_to_max_text_chars_is_refused_naming_the_limit(make_bundle, start_server):
+    server = start_server(settings_for(make_bundle(text_style="ptb_lower", **pair_spec()), max_text_chars=200))
+    with Client(server.address, timeout=10) as client, pytest.raises(Exception, match="text pair 0 .* first 200"):
+        client.classify(["good"], ["<br>" * 60 + "great"])
+
+
+def test_a_short_text_read_as_nothing_is_refused_without_naming_the_limit(cut_to_200):
+    with pytest.raises(Exception, match=r"text 0 holds nothing the tokenizer keeps \(only"):
+        cut_to_200.classify(["<br />" * 10])
+
+
 def test_a_ptb_lower_pair_bundle_writes_both_texts_of_a_pair_in_its_style(make_bundle, start_server):
     server = start_server(settings_for(make_bundle(text_style="ptb_lower", **pair_spec())))
     with Client(server.address, timeout=10) as client:
