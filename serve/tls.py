@@ -28,8 +28,8 @@ def check_pem(chain: Path | None, key: Path | None, ca: Path | None) -> None:
         if ca is not None:
             files = f"the CA certificates {ca}"
             context.load_verify_locations(ca)
-    except ssl.SSLError as err:
-        raise ssl.SSLError(f"{files}: {err}") from None
+    except ssl.SSLError as err:  # given its code too: an SSLError of one argument reads as a tuple
+        raise ssl.SSLError(err.errno, f"{files}: {err}") from None
     except OSError as err:  # a folder, a file that cannot be read
         raise OSError(err.errno, f"{files}: {err.strerror or err}") from None
 

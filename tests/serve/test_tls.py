@@ -104,6 +104,14 @@ def test_a_client_ca_file_without_a_certificate_is_named_at_start(bundle, certs)
         server_credentials(settings)
 
 
+def test_a_client_ca_file_without_a_certificate_is_named_in_plain_words(bundle, certs):
+    settings = settings_for(
+        bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs / "ca.key"
+    )
+    with pytest.raises(SettingsError, match=rf"\): the CA certificates {certs / 'ca.key'}: \[X509"):
+        server_credentials(settings)
+
+
 def test_a_folder_given_as_the_client_ca_file_is_named_at_start(bundle, certs):
     settings = settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key", tls_ca=certs)
     with pytest.raises(SettingsError, match=f"the CA certificates {certs}: "):
