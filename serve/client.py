@@ -821,6 +821,17 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--reload names no model (it reloads the served bundle, or loads BUNDLE): drop --model")
 
 
+def check_batches(batch_size: int | None, batch_bytes: int | None, max_texts: int | None, max_bytes: int | None):
+    """`UsageError` for a --batch-size or --batch-bytes past the server's limits (None: it does not say), asked for
+    the other: every call would be refused."""
+    if batch_size and max_texts and batch_size > max_texts:
+        raise UsageError(f"--batch-size {batch_size} is over the server's MAX_TEXTS, {max_texts}: give at most that")
+    if batch_bytes and max_bytes and batch_bytes >= max_bytes:
+        raise UsageError(
+            f"--batch-bytes {batch_bytes} is not below the server's MAX_MESSAGE_BYTES, {max_bytes}: give less"
+        )
+
+
 def environ_token(reload: bool) -> str | None:
     """The token of the variable the server reads it from (ADMIN_TOKEN_VAR for a Reload, else TOKEN_VAR); None
     where unset. `UsageError` for one set but blank (`BLANK_TOKEN`), or one gRPC metadata cannot carry."""
@@ -888,8 +899,10 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                 texts, pairs, origins = read_texts(args, sys.stdin if stdin is None else stdin)
                 infer = client.kserve_infer if args.kserve else client.classify
                 batch_size, batch_bytes = args.batch_size, args.batch_bytes
-                if len(texts) > 1 and not (batch_size and batch_bytes):  # a single text goes alone whatever they are
+                # A single text goes alone whatever they are; with both given, the server is not asked.
+                if len(texts) > 1 and not (batch_size and batch_bytes):
                     max_texts, max_bytes = client.limits(args.model, args.kserve)
+                    check_batches(batch_size, batch_bytes, max_texts, max_bytes)
                     batch_size = batch_size or max_texts
                     batch_bytes = batch_bytes or (max_bytes // 2 if max_bytes else None)
                 results = classify_in_batches(

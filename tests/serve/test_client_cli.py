@@ -448,9 +448,33 @@ def test_texts_piped_in_are_read_without_a_word(capsys):
 def test_a_batch_beyond_the_servers_limit_is_refused(served, tmp_path, capsys):
     path = tmp_path / "many.txt"
     path.write_text("good film\n" * 9)
-    code, _, err = run(capsys, "--address", served.address, "--file", str(path), "--batch-size", "9")
+    limits = ["--batch-size", "9", "--batch-bytes", "4096"]  # the server is not asked: it refuses the call
+    code, _, err = run(capsys, "--address", served.address, "--file", str(path), *limits)
     assert code == 1
     assert json.loads(err)["error"]["code"] == "RESOURCE_EXHAUSTED"
+
+
+@pytest.fixture
+def nine_texts(tmp_path) -> Path:
+    path = tmp_path / "many.txt"
+    path.write_text("good film\n" * 9)
+    return path
+
+
+def test_a_batch_size_over_the_servers_limit_is_a_usage_error_before_any_text_is_sent(served, nine_texts, capsys):
+    code, out, _ = run(capsys, "--address", served.address, "--file", str(nine_texts), "--batch-size", "9")
+    assert (code, out) == (2, "")
+
+
+def test_a_batch_size_over_the_servers_limit_is_refused_naming_the_limit(served, nine_texts, capsys):
+    _, _, err = run(capsys, "--address", served.address, "--file", str(nine_texts), "--batch-size", "9")
+    assert "--batch-size 9 is over the server's MAX_TEXTS, 8: give at most that" in err
+
+
+def test_batch_bytes_at_the_servers_message_limit_is_refused_naming_it(served, nine_texts, capsys):
+    limit = str(served.settings.max_message_bytes)
+    _, _, err = run(capsys, "--address", served.address, "--file", str(nine_texts), "--batch-bytes", limit)
+    assert f"--batch-bytes {limit} is not below the server's MAX_MESSAGE_BYTES, {limit}" in err
 
 
 def test_a_text_the_server_refuses_is_named_by_its_file_and_line(make_bundle, start_server, tmp_path, capsys):
