@@ -1,12 +1,16 @@
 """The client library's wait for a server: ready once its health service says SERVING, not while it warms up, not
-once it is gone, and not past its seconds."""
+once it is gone, and not past its seconds; the serving page's example of the library."""
 
+import contextlib
+import io
+import re
 import time
 
 import pytest
 from edgedistill.bench.processes import free_port
 from edgedistill.serve.client import Client, wait_ready
 
+from tests.conftest import ROOT
 from tests.serve.conftest import settings_for
 
 
@@ -50,3 +54,14 @@ def test_the_client_calls_a_server_on_this_machine_past_a_proxy_of_the_environme
     monkeypatch.setenv("http_proxy", f"http://{unused_address()}")
     with Client(target.format(served.address), retries=0) as client:
         assert len(client.classify(["a fine film"])["predictions"]) == 1
+
+
+def test_the_serving_pages_python_example_prints_a_label_per_text(served):
+    page = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    example = re.search(r"```python\n(.*?)```", page, flags=re.DOTALL).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(example.replace("localhost:50051", served.address), {})  # noqa: S102 - the page's own code
+    labels = [line.split(" ", 1)[0] for line in printed.getvalue().splitlines()]
+    assert [label in ("negative", "positive") for label in labels] == [True, True]  # one line per text
+
