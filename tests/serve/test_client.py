@@ -64,4 +64,3 @@ def test_the_serving_pages_python_example_prints_a_label_per_text(served):
         exec(example.replace("localhost:50051", served.address), {})  # noqa: S102 - the page's own code
     labels = [line.split(" ", 1)[0] for line in printed.getvalue().splitlines()]
     assert [label in ("negative", "positive") for label in labels] == [True, True]  # one line per text
-
