@@ -36,7 +36,7 @@ from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
 from rich.table import Table
 
-HEADLINE = ("dev_accuracy", "params", "size_bytes", "wall_seconds")
+HEADLINE = ("dev_accuracy", "params", "size", "wall")  # the stage table's columns: parameters in millions, MiB, min
 BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first
 CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
     False: ('edgedistill call "<text>"', '{"texts": ["<text>"]}'),

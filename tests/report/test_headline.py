@@ -133,6 +133,12 @@ def older_student_stage_table(recipe) -> str:
     return console.export_text()
 
 
+def test_the_headlines_stage_table_names_its_columns_by_what_their_cells_show(recipe):
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": 0.9, "params": 10**6, "size_bytes": 2**20})
+    header = [column.header for column in headline.stage_table(recipe).columns]
+    assert header == ["stage", "dev_accuracy", "params", "size", "wall", "folder"]
+
+
 def test_the_headlines_stage_table_leaves_out_the_dev_accuracy_of_a_bundle_built_from_an_older_student(recipe):
     assert "0.8125" not in older_student_stage_table(recipe)
 
