@@ -505,17 +505,22 @@ def test_a_stream_that_sends_nothing_is_ended_after_stream_idle_s(start_server, 
     assert time.monotonic() - started < 3
 
 
+# A stream that keeps sending: a request every 0.1 s for 2.5 s, past a STREAM_IDLE_S of 2 s that a stall of the
+# machine between two requests (up to 1.9 s) does not reach; a gap of 0.2 s against 0.5 s failed at a 0.3 s stall.
+KEPT_IDLE_S, KEPT_GAP_S, KEPT_SENDS = 2.0, 0.1, 25
+
+
 def test_a_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle):
-    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+    server = start_server(settings_for(bundle, stream_idle_s=KEPT_IDLE_S))
 
     def requests():
-        for _ in range(8):
+        for _ in range(KEPT_SENDS):
             yield classify("good")
-            time.sleep(0.2)
+            time.sleep(KEPT_GAP_S)
 
     with server.channel() as channel:
-        replies = list(classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=10))
-    assert len(replies) == 8
+        replies = list(classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=30))
+    assert len(replies) == KEPT_SENDS
 
 
 @pytest.fixture
@@ -552,16 +557,16 @@ def test_a_reflection_stream_that_sends_nothing_is_ended_after_stream_idle_s(idl
 
 
 def test_a_reflection_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle):
-    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+    server = start_server(settings_for(bundle, stream_idle_s=KEPT_IDLE_S))
 
     def requests():
-        for _ in range(8):
+        for _ in range(KEPT_SENDS):
             yield reflection_pb2.ServerReflectionRequest(list_services="")
-            time.sleep(0.2)
+            time.sleep(KEPT_GAP_S)
 
     with server.channel() as channel:
-        replies = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(requests(), timeout=10))
-    assert len(replies) == 8
+        replies = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(requests(), timeout=30))
+    assert len(replies) == KEPT_SENDS
 
 
 def test_a_connection_that_never_sends_the_preface_is_closed_after_handshake_timeout_s(start_server, bundle):

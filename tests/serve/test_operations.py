@@ -744,7 +744,7 @@ def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_serv
 
 @pytest.fixture
 def reload_past_its_deadline(start_server, make_bundle, monkeypatch, caplog) -> tuple[grpc.StatusCode, str, list]:
-    """A Reload onto version 2, whose warm-up (1.5 s) outlasts the call's 0.5 s deadline: the call's status code, the
+    """A Reload onto version 2, whose warm-up (2.5 s) outlasts the call's 1 s deadline: the call's status code, the
     version served once the server logged the reload's end (at most 10 s on), and the server's log lines."""
     first = make_bundle("v1")
     server = start_server(settings_for(first, admin_token=ADMIN_TOKEN, reload_root=first.parent))
@@ -752,7 +752,7 @@ def reload_past_its_deadline(start_server, make_bundle, monkeypatch, caplog) -> 
     warm_up = serve_host.ModelRuntime.warm_up
 
     def slow_warm_up(runtime):
-        time.sleep(1.5)
+        time.sleep(2.5)  # a deadline of 0.5 s passed before a 0.6 s stall of the server let it see the call
         warm_up(runtime)
 
     monkeypatch.setattr(serve_host.ModelRuntime, "warm_up", slow_warm_up)
@@ -760,7 +760,7 @@ def reload_past_its_deadline(start_server, make_bundle, monkeypatch, caplog) -> 
     with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(second)), metadata=ADMIN, timeout=0.5)
+            stub.Reload(pb.ReloadRequest(bundle_path=str(second)), metadata=ADMIN, timeout=1.0)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not {"model_active", "reload_failed"} & logged_events(caplog):
             time.sleep(0.05)
@@ -883,6 +883,9 @@ def test_the_bundle_sha256_reported_is_of_the_manifest_read_not_of_one_swapped_i
 
 
 QUEUE_DELAY_S = 1.5  # long enough that a stall of the machine between a test's calls does not let a batch run
+# A call's deadline half-way to the queue delay: its rows are queued before it passes, whatever the server's thread
+# was doing when the call came (at 0.1 s, a 0.2 s stall of the server expired the call before it was queued)
+DROPPED_DEADLINE_S = QUEUE_DELAY_S / 2
 
 
 @pytest.fixture(scope="module")
@@ -930,7 +933,7 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     with slow_queue.channel() as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=0.1)
+            stub.Classify(pb.ClassifyRequest(texts=["good", "bad"]), timeout=DROPPED_DEADLINE_S)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         cancelled = stub.Classify.future(pb.ClassifyRequest(texts=["fun"]), timeout=10)
         wait_for_queued(slow_queue, 1)
@@ -950,7 +953,8 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
 def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_queue):
     before = scrape(slow_queue)
     with slow_queue.channel() as channel, pytest.raises(grpc.RpcError):
-        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=["good"]), timeout=0.1)
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(pb.ClassifyRequest(texts=["good"]), timeout=DROPPED_DEADLINE_S)
     deadline = time.monotonic() + 5  # the status reaches the client before the call is recorded
     while (
         metric(after := scrape(slow_queue), "edgedistill_abandoned_calls_total", code="DEADLINE_EXCEEDED")
@@ -1069,7 +1073,7 @@ def test_kserve_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue)
     with slow_queue.channel() as channel:
         infer = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
         with pytest.raises(grpc.RpcError) as caught:
-            infer(text_infer("good", "bad"), timeout=0.1)
+            infer(text_infer("good", "bad"), timeout=DROPPED_DEADLINE_S)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         wait_for_queued(slow_queue, 0)
         time.sleep(QUEUE_DELAY_S + 0.1)  # past the queue delay: a batch would have run by now

@@ -301,9 +301,30 @@ def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, 
     assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
+# `python -m edgedistill.serve` whose supervisor starts its first worker stopped (SIGSTOP, before it runs Python):
+# killed while so, it has surely not served, however long the test takes to kill it (a worker serves 0.9 s after its
+# start: a stall of the test as long let it serve, and the supervisor restarted it instead of stopping)
+FIRST_WORKER_STOPPED = """
+import runpy
+from edgedistill.serve import workers
+
+command, started = workers.Supervisor._command, []
+
+def first_stopped(self):
+    started.append(command(self))
+    return started[-1] if len(started) > 1 else ["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *started[-1]]
+
+workers.Supervisor._command = first_stopped
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
 @pytest.fixture
-def killed_while_starting(spawn, bundle):
+def killed_while_starting(spawn, bundle, monkeypatch):
     """A supervisor of two workers, the first killed by SIGKILL (as the out-of-memory killer kills) before it served."""
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", FIRST_WORKER_STOPPED, *serve_command(*args)[3:]]
+    )
     server = spawn(bundle, EDGEDISTILL_WORKERS="2")
     os.kill(server.wait_for("worker_started", timeout=60)["worker_pid"], signal.SIGKILL)
     server.wait(60)
