@@ -711,10 +711,10 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
     workers = [threading.Thread(target=hammer) for _ in range(3)]
     for worker in workers:
         worker.start()
-    time.sleep(0.2)
+    wait_until(lambda: "1" in replies, "no reply of the first model")  # however long the threads take to start
     with Client(server.address, token=ADMIN_TOKEN) as client:
         result = client.reload(str(second))
-        time.sleep(0.2)
+        wait_until(lambda: "2" in replies, "no reply of the second model")
         stop.set()
         for worker in workers:
             worker.join(10)
