@@ -21,7 +21,7 @@ from edgedistill.bench import BenchError
 from edgedistill.common.arguments import input_file
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Examples, load_labelled
-from edgedistill.serve.client import (
+from edgedistill.serve.textfiles import (
     UsageError,
     add_columns_arguments,
     check_columns,
@@ -70,7 +70,7 @@ def read_texts_file(path: Path) -> Examples:
 @dataclass(frozen=True)
 class PairsFile:
     """A file of text pairs and how its lines are read: the first two tab-separated fields, or the `columns` named in
-    its first line, after a `header` line skipped, as `edgedistill call --tsv` reads them (`serve.client.read_tsv`)."""
+    its first line, after a `header` line skipped, as `edgedistill call --tsv` reads them (`serve.textfiles.read_tsv`)."""
 
     path: Path
     header: bool = False

@@ -96,7 +96,7 @@ COMMANDS = {
         "benchmarks: models, serving, accuracy, cascade, peers or scaling", "edgedistill.bench.__main__", "bench"
     ),
     "serve": Command("serve a bundle over gRPC (Classifier and KServe v2)", "edgedistill.serve.__main__", "serve"),
-    "call": Command("classify texts with a running server", "edgedistill.serve.client", "serve"),
+    "call": Command("classify texts with a running server", "edgedistill.serve.call", "serve"),
     "loadtest": Command(
         "load-test a served bundle with locust, gated on the recipe's SLO", "edgedistill.loadtests.__main__", "loadtest"
     ),

@@ -160,7 +160,7 @@ def server_flags(bundle: Path, port: int) -> list:
 def test_installed_wheel_serves_a_bundle(installed, tmp_path):
     port = free_port()
     serve = [installed, "-m", "edgedistill.serve", *server_flags(write_bundle(tmp_path / "bundle-tiny"), port)]
-    client = [installed, "-m", "edgedistill.serve.client", "--address", f"127.0.0.1:{port}", "a gripping film"]
+    client = [installed, "-m", "edgedistill.serve.call", "--address", f"127.0.0.1:{port}", "a gripping film"]
     with serving(serve, port, tmp_path, tmp_path / "server.log"):
         reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
     assert json.loads(reply.stdout)["predictions"][0]["label"] in LABELS, reply.stderr

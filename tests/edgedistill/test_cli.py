@@ -153,7 +153,7 @@ def test_python_m_edgedistill_is_the_command():
 
 
 ENTRY_POINTS = ("serve", "distill", "export", "bench", "loadtests", "report")  # and the modules with their own `-m`:
-ENTRY_POINTS += ("serve.client", "export.triton", "serve.proto.generate", "report.headline")
+ENTRY_POINTS += ("serve.call", "export.triton", "serve.proto.generate", "report.headline")
 
 
 @functools.cache

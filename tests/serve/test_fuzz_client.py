@@ -8,7 +8,7 @@ import json
 
 import pytest
 from edgedistill.common.text import shows_nothing
-from edgedistill.serve import client as cli
+from edgedistill.serve import call as cli
 from hypothesis import example, given
 from hypothesis import strategies as st
 

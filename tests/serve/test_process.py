@@ -11,7 +11,7 @@ import urllib.request
 
 import grpc
 import pytest
-from edgedistill.serve import client as cli
+from edgedistill.serve import call as cli
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -264,7 +264,7 @@ def test_a_server_stopped_by_an_unexpected_error_logs_it_as_a_json_line_with_its
 
 def test_the_server_imports_neither_torch_nor_transformers():
     code = (
-        "import sys, serve.app, serve.client, serve.__main__, serve.backend, common.runtime\n"
+        "import sys, serve.app, serve.client, serve.call, serve.__main__, serve.backend, common.runtime\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -5,8 +5,9 @@ import time
 
 import grpc
 import pytest
-from edgedistill.serve import client as cli
-from edgedistill.serve.client import Client, NotSent, build_parser, retry_options
+from edgedistill.serve import call as cli
+from edgedistill.serve.call import build_parser
+from edgedistill.serve.client import Client, NotSent, retry_options
 from edgedistill.serve.settings import MIN_MESSAGE_BYTES
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 

@@ -1,5 +1,5 @@
-"""The client CLI: pairs from arguments or a TSV file, large inputs in batches within the server's limit, the output
-streamed as one JSON document."""
+"""`edgedistill call`: pairs from arguments or a TSV file, large inputs in batches within the server's limit, the
+output streamed as one JSON document; the client library's label names and limits it relies on."""
 
 import io
 import json
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from edgedistill.serve import client as cli
+from edgedistill.serve import call as cli
+from edgedistill.serve import textfiles
+from edgedistill.serve.client import Client, LabelsUnavailable
 
 from tests.serve.conftest import settings_for, write_bundle
 from tests.serve.test_cascade import TEXTS, make_cascade
@@ -138,14 +140,14 @@ def test_a_csv_file_named_by_its_columns_is_a_usage_error_saying_tsv_wants_tabs(
     path = tmp_path / "dev.csv"
     path.write_text(CSV_PAIRS)
     with pytest.raises(cli.UsageError, match=r":1 \(the header\): no column .*a CSV file\? --tsv reads tab-separated"):
-        cli.read_tsv(path, False, io.StringIO(), ("first", "second"))
+        textfiles.read_tsv(path, False, io.StringIO(), ("first", "second"))
 
 
 def test_a_csv_file_read_by_position_is_a_usage_error_saying_tsv_wants_tabs(tmp_path):
     path = tmp_path / "dev.csv"
     path.write_text(CSV_PAIRS)
     with pytest.raises(cli.UsageError, match=r":2: no tab; .*a CSV file\? --tsv reads tab-separated"):
-        cli.read_tsv(path, True, io.StringIO())
+        textfiles.read_tsv(path, True, io.StringIO())
 
 
 @pytest.mark.parametrize(
@@ -157,7 +159,7 @@ def test_a_line_that_is_no_csv_line_is_not_called_one(tmp_path, content):
     path = tmp_path / "pairs.tsv"
     path.write_text(content)
     with pytest.raises(cli.UsageError) as refused:
-        cli.read_tsv(path, False, io.StringIO())
+        textfiles.read_tsv(path, False, io.StringIO())
     assert "CSV" not in str(refused.value)
 
 
@@ -168,7 +170,7 @@ def test_a_line_without_a_tab_under_a_header_holding_one_is_not_called_a_csv_lin
     path = tmp_path / "pairs.tsv"
     path.write_text("premise\thypothesis\nyes, one text alone\n")
     with pytest.raises(cli.UsageError) as refused:
-        cli.read_tsv(path, header, io.StringIO(), columns)
+        textfiles.read_tsv(path, header, io.StringIO(), columns)
     assert "CSV" not in str(refused.value)
 
 
@@ -201,20 +203,20 @@ BLANK_BEFORE_THE_HEADER = "\n\nsentence1\tsentence2\tlabel\ncat dog\tdog cat\t1\
 def test_a_tsv_header_after_blank_lines_is_skipped_as_the_header(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(BLANK_BEFORE_THE_HEADER)
-    assert cli.read_tsv(path, True, io.StringIO()) == (["cat dog"], ["dog cat"])
+    assert textfiles.read_tsv(path, True, io.StringIO()) == (["cat dog"], ["dog cat"])
 
 
 def test_a_tsv_header_after_blank_lines_names_the_columns(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(BLANK_BEFORE_THE_HEADER)
-    assert cli.read_tsv(path, False, io.StringIO(), ("sentence2", "sentence1")) == (["dog cat"], ["cat dog"])
+    assert textfiles.read_tsv(path, False, io.StringIO(), ("sentence2", "sentence1")) == (["dog cat"], ["cat dog"])
 
 
 def test_a_header_after_blank_lines_missing_a_column_is_named_by_its_line(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(BLANK_BEFORE_THE_HEADER)
     with pytest.raises(cli.UsageError, match=r":3 \(the header\): no column \['premise'\]"):
-        cli.read_tsv(path, False, io.StringIO(), ("premise", "sentence2"))
+        textfiles.read_tsv(path, False, io.StringIO(), ("premise", "sentence2"))
 
 
 def test_a_tsv_line_with_an_empty_pair_is_a_usage_error_naming_the_line(served_pairs, tmp_path, capsys):
@@ -260,13 +262,13 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
 
 def test_stdin_is_read_as_utf8_whatever_the_locales_encoding():
     stdin = io.TextIOWrapper(io.BytesIO("\ufeffcafé naïve\n".encode()), encoding="cp1252")
-    assert cli.lines_of(Path("-"), stdin) == ["café naïve", ""]
+    assert textfiles.lines_of(Path("-"), stdin) == ["café naïve", ""]
 
 
 def test_utf16_stdin_is_a_usage_error_naming_utf16_whatever_the_locales_encoding():
     stdin = io.TextIOWrapper(io.BytesIO("\ufeffgood film\n".encode("utf-16-le")), encoding="latin-1")
     with pytest.raises(cli.UsageError, match="cannot read stdin: it is UTF-16 text"):
-        cli.lines_of(Path("-"), stdin)
+        textfiles.lines_of(Path("-"), stdin)
 
 
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
@@ -283,7 +285,7 @@ def test_a_utf16_file_without_a_byte_order_mark_is_a_usage_error_naming_utf16(tm
     path = tmp_path / "texts.txt"
     path.write_bytes("good film\nbad film\n".encode(encoding))
     with pytest.raises(cli.UsageError, match=r"it is UTF-16 text \(every other byte of its first line is NUL"):
-        cli.lines_of(path, None)
+        textfiles.lines_of(path, None)
 
 
 def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, capsys):
@@ -582,7 +584,7 @@ def test_info_of_a_model_the_server_does_not_serve_is_not_found(served, capsys):
 
 
 def test_labels_of_a_version_the_server_does_not_serve_are_not_found(served):
-    with cli.Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
+    with Client(served.address) as client, pytest.raises(grpc.RpcError) as caught:
         client.labels("tiny-sentiment", "2")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -591,7 +593,7 @@ def test_labels_of_the_served_model_are_those_of_the_model_served_after_a_reload
     first = make_bundle("v1")
     make_bundle("v2", version="2", labels=["bad", "good"])
     server = start_server(settings_for(first, reload_root=first.parent, admin_token=ADMIN_TOKEN))
-    with cli.Client(server.address, token=ADMIN_TOKEN) as client:
+    with Client(server.address, token=ADMIN_TOKEN) as client:
         client.labels()
         client.reload("v2")
         assert client.labels() == ["bad", "good"]
@@ -602,20 +604,20 @@ MODEL_INFER = KSERVE + "ModelInfer"
 
 
 def test_kserve_behind_a_gateway_of_kserve_only_gives_the_label_names(served, gateway):
-    with cli.Client(gateway(served.address, (KSERVE,)).address) as client:
+    with Client(gateway(served.address, (KSERVE,)).address) as client:
         (prediction,) = client.kserve_infer(["a great movie"])["predictions"]
     assert set(prediction["probabilities"]) == {"negative", "positive"}
 
 
 def test_kserve_behind_a_gateway_without_model_config_reads_the_labels_from_model_info(served, gateway):
-    with cli.Client(gateway(served.address, (MODEL_INFER, "/edgedistill.v1.Classifier/")).address) as client:
+    with Client(gateway(served.address, (MODEL_INFER, "/edgedistill.v1.Classifier/")).address) as client:
         (prediction,) = client.kserve_infer(["a great movie"])["predictions"]
     assert set(prediction["probabilities"]) == {"negative", "positive"}
 
 
 def test_kserve_labels_are_asked_once_per_model_version(served, gateway):
     front = gateway(served.address, (KSERVE,))
-    with cli.Client(front.address) as client:
+    with Client(front.address) as client:
         client.kserve_infer(["a great movie"])
         client.kserve_infer(["awful boring film"])
     assert front.calls[KSERVE + "ModelConfig"] == 1
@@ -638,19 +640,19 @@ def reloaded_after_classify(start_server, make_bundle, gateway) -> str:
 
     def reload(method: str) -> None:
         if method.endswith("/Classify"):
-            with cli.Client(server.address, token=ADMIN_TOKEN) as admin:
+            with Client(server.address, token=ADMIN_TOKEN) as admin:
                 admin.reload("v2")
 
     return gateway(server.address, ("/edgedistill.v1.Classifier/",), reload).address
 
 
 def test_labels_of_a_version_reloaded_away_after_it_answered_are_unavailable(reloaded_after_classify):
-    with cli.Client(reloaded_after_classify) as client, pytest.raises(cli.LabelsUnavailable, match="version 1 cannot"):
+    with Client(reloaded_after_classify) as client, pytest.raises(LabelsUnavailable, match="version 1 cannot"):
         client.classify(["good"])
 
 
 def test_labels_unavailable_after_a_reload_say_the_version_is_no_longer_served(reloaded_after_classify):
-    with cli.Client(reloaded_after_classify) as client, pytest.raises(cli.LabelsUnavailable, match="no longer serves"):
+    with Client(reloaded_after_classify) as client, pytest.raises(LabelsUnavailable, match="no longer serves"):
         client.classify(["good"])
 
 
