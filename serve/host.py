@@ -99,7 +99,17 @@ class MemberDescription:
     temperature: float
 
 
-def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: int, max_chars: int):
+@dataclass(frozen=True)
+class Checked:
+    """A request's texts (and pairs) as `check_texts` leaves them, and which of them it cut: (kind, row) pairs, the
+    kind "text" or "text pair"."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    cut: frozenset[tuple[str, int]]
+
+
+def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: int, max_chars: int) -> Checked:
     """Validated texts (and pairs), each cut to `max_chars` characters, as lists; their numbers are checked first."""
     if not texts:
         raise InvalidInput("empty request: send at least one text")
@@ -119,18 +129,21 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
                 f"{kind} {i} is whitespace only in its first {max_chars} characters (MAX_TEXT_CHARS), all of a "
                 "text the server reads: send it without the leading whitespace"
             )
-    cut = [t[:max_chars] for t in texts]
-    return cut, None if pairs is None else [p[:max_chars] for p in pairs]
+    cut = frozenset(
+        (kind, i) for kind, values in (("text", texts), ("text pair", pairs or [])) for i, value in enumerate(values)
+        if len(value) > max_chars
+    )  # fmt: skip
+    return Checked([t[:max_chars] for t in texts], None if pairs is None else [p[:max_chars] for p in pairs], cut)
 
 
 @contextlib.contextmanager
-def named_if_cut(texts: list[str], pairs: list[str] | None, max_chars: int):
+def named_if_cut(checked: Checked, max_chars: int):
     """Re-raise an `UnreadableText` of a text (or pair) that `check_texts` cut to `max_chars` characters naming the
     limit: what the tokenizer keeps may lie past it, as in a text padded with zero-width characters."""
     try:
         yield
     except UnreadableText as err:
-        if len((texts if err.kind == "text" else pairs or [])[err.row]) < max_chars:
+        if (err.kind, err.row) not in checked.cut:
             raise
         raise err.cut_at(max_chars) from None
 

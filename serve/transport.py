@@ -28,7 +28,15 @@ from edgedistill.serve.errors import (
     ServeError,
     TooLarge,
 )
-from edgedistill.serve.host import ModelHost, ModelRuntime, Scores, check_texts, named_if_cut, reload_folder
+from edgedistill.serve.host import (
+    Checked,
+    ModelHost,
+    ModelRuntime,
+    Scores,
+    check_texts,
+    named_if_cut,
+    reload_folder,
+)
 from edgedistill.serve.idle import IdleWatch, idle_limit
 from edgedistill.serve.logs import MODEL, REQUEST_ID
 from edgedistill.serve.observe import caller, refuse
@@ -272,18 +280,17 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         self.settings = settings
         self.supervisor = supervisor
 
-    def _checked(self, request: classifier_pb2.ClassifyRequest) -> tuple[str, str, list[str], list[str] | None]:
+    def _checked(self, request: classifier_pb2.ClassifyRequest) -> tuple[str, str, Checked]:
         """The model name and version, and the texts and pairs checked and cut to MAX_TEXT_CHARS: all that a call
         needs of its message, so that a waiting call holds none."""
         # the repeated fields as they are: their length is checked before a Python string is made of any element
         pairs = request.text_pairs or None
-        texts, pairs = check_texts(request.texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
-        return request.model_name, request.model_version, texts, pairs
+        checked = check_texts(request.texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
+        return request.model_name, request.model_version, checked
 
-    async def _classify(
-        self, name: str, version: str, texts: list[str], pairs: list[str] | None, deadline: float | None
-    ):
-        with named_if_cut(texts, pairs, self.settings.max_text_chars):
+    async def _classify(self, name: str, version: str, checked: Checked, deadline: float | None):
+        texts, pairs = checked.texts, checked.pairs
+        with named_if_cut(checked, self.settings.max_text_chars):
             runtime, scores = await self.host.dispatch(name, version, lambda rt: rt.classify(texts, pairs, deadline))
         return classify_response(runtime.spec, scores)
 
@@ -473,10 +480,12 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                 raise InvalidInput("send either the 'text' input or token-id inputs, not both")
             texts = self._texts("text", inputs["text"])
             pairs = self._texts("text_pair", inputs["text_pair"]) if "text_pair" in inputs else None
-            texts, pairs = check_texts(texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
-            with named_if_cut(texts, pairs, self.settings.max_text_chars):
+            checked = check_texts(texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
+            with named_if_cut(checked, self.settings.max_text_chars):
                 return await self.host.dispatch(
-                    request.model_name, request.model_version, lambda rt: rt.classify(texts, pairs, deadline)
+                    request.model_name,
+                    request.model_version,
+                    lambda rt: rt.classify(checked.texts, checked.pairs, deadline),
                 )
         if "input_ids" not in inputs:
             raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")

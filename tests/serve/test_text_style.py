@@ -75,9 +75,10 @@ def test_a_pair_read_as_nothing_up_to_max_text_chars_is_refused_naming_the_limit
         client.classify(["good"], ["<br>" * 60 + "great"])
 
 
-def test_a_short_text_read_as_nothing_is_refused_without_naming_the_limit(cut_to_200):
+@pytest.mark.parametrize("length", [60, 200], ids=["short", "of max_text_chars"])
+def test_a_text_read_as_nothing_that_was_not_cut_is_refused_without_naming_the_limit(cut_to_200, length):
     with pytest.raises(Exception, match=r"text 0 holds nothing the tokenizer keeps \(only"):
-        cut_to_200.classify(["<br />" * 10])
+        cut_to_200.classify(["<br>" * (length // 4)])
 
 
 def test_a_ptb_lower_pair_bundle_writes_both_texts_of_a_pair_in_its_style(make_bundle, start_server):
