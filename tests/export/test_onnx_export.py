@@ -29,6 +29,7 @@ from transformers import (
     BartConfig,
     BartForSequenceClassification,
     BertConfig,
+    BertForSequenceClassification,
     ElectraConfig,
     ElectraForSequenceClassification,
     MBartConfig,
@@ -271,10 +272,9 @@ def test_the_model_types_a_teacher_may_fuse_are_those_onnx_runtime_fuses_complet
     assert fuses_completely(tmp_path, model_type) == (model_type in heads.FUSABLE_TYPES)
 
 
-def export_warnings(module, tmp_path) -> list[str]:
-    """The warnings that exporting `module` (a student of the token inputs) shows, each time it gives one: not those
-    of deprecation, which Python shows only in `__main__` (the legacy exporter is used on purpose)."""
-    source = Source(module.eval(), heads.TOKEN_INPUTS[:2], "student", tmp_path)
+def export_warnings(source: Source, tmp_path) -> list[str]:
+    """The warnings that exporting `source` shows, each time it gives one: not those of deprecation, which Python shows
+    only in `__main__` (the legacy exporter is used on purpose)."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -282,11 +282,23 @@ def export_warnings(module, tmp_path) -> list[str]:
     return [str(warning.message) for warning in seen]
 
 
+def student_source(module, tmp_path) -> Source:
+    return Source(module.eval(), heads.TOKEN_INPUTS[:2], "student", tmp_path)
+
+
 @pytest.mark.parametrize("arch", ["bilstm", "transformer"])
-def test_an_export_shows_none_of_the_exporter_warnings_the_shape_checks_answer(arch, tmp_path):
+def test_a_students_export_shows_none_of_the_exporter_warnings_the_shape_checks_answer(arch, tmp_path):
     tiny = {"vocab_size": 100, "embed_dim": 16, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32}
     student = build_student(StudentConfig(arch=arch, max_length=64, **tiny))
-    assert export_warnings(student, tmp_path) == []
+    assert export_warnings(student_source(student, tmp_path), tmp_path) == []
+
+
+def test_a_bert_teachers_export_shows_none_of_the_exporter_warnings_the_shape_checks_answer(tmp_path):
+    config = BertConfig(
+        vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    source = _teacher_artifact(tmp_path, BertForSequenceClassification(config))
+    assert export_warnings(source, tmp_path) == []
 
 
 class _Warns(torch.nn.Module):
@@ -302,4 +314,17 @@ class _Warns(torch.nn.Module):
 
 
 def test_an_export_shows_any_other_warning(tmp_path):
-    assert export_warnings(_Warns(), tmp_path) == ["a warning of the model's own"]
+    assert export_warnings(student_source(_Warns(), tmp_path), tmp_path) == ["a warning of the model's own"]
+
+
+class _Branches(_Warns):
+    """`_Warns` without its warning, whose logits take a branch on a tensor read as a boolean."""
+
+    def forward(self, input_ids, attention_mask):
+        logits = (self.embed(input_ids) * attention_mask.unsqueeze(-1)).mean(1)
+        return logits if attention_mask.sum() > 1 else -logits
+
+
+def test_an_export_shows_a_tensor_read_as_a_boolean_in_a_student_of_ones_own(tmp_path):
+    said = export_warnings(student_source(_Branches(), tmp_path), tmp_path)
+    assert [text.startswith("Converting a tensor to a Python boolean") for text in said] == [True]
