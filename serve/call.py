@@ -27,21 +27,18 @@ from edgedistill.serve.client import (
     BLANK_TOKEN,
     DEFAULT_ADDRESS,
     MAX_ATTEMPTS,
-    MAX_TEXTS,
-    MAX_TIMEOUT,
     TOKEN_VAR,
     Client,
     LabelsUnavailable,
     environ_token,
 )
-from edgedistill.serve.settings import (
-    TARGET_SCHEMES,
-    Settings,
-    blank,
-)
+from edgedistill.serve.settings import TARGET_SCHEMES, Settings, blank
 from edgedistill.serve.textfiles import Origins, UsageError, add_columns_arguments, read_texts
 from edgedistill.serve.tls import TLS_FILES
 
+MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
+# For a server that does not say its limit: its default MAX_TEXTS
+MAX_TEXTS = Settings.model_fields["max_texts"].default
 # what a text costs in a call beyond its UTF-8 bytes: a field tag and length (Classify), a 4-byte length (KServe's
 # raw contents); short texts add more in these than in text
 WIRE_BYTES = 8

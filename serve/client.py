@@ -22,7 +22,6 @@ from edgedistill.serve.settings import (
     DIRECT,
     GRPC_INT_MAX,
     MIN_MESSAGE_BYTES,
-    Settings,
     blank,
     on_loopback,
 )
@@ -33,9 +32,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
-MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
-# For a server that does not say its limit: its default MAX_TEXTS
-MAX_TEXTS = Settings.model_fields["max_texts"].default
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
 # A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a

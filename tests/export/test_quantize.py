@@ -124,6 +124,6 @@ def test_int8_passes_on_no_advice_to_pre_process_the_graph(tmp_path, caplog):
     assert [record.getMessage() for record in caplog.records if "pre-processing" in record.getMessage()] == []
 
 
-def test_int8_passes_on_other_warnings_of_the_root_logger():
+def test_the_advice_filter_passes_other_warnings_of_the_root_logger():
     record = logging.LogRecord("root", logging.WARNING, __file__, 1, "another warning", None, None)
     assert quantize._NoPreprocessingAdvice().filter(record)

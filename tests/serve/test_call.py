@@ -463,9 +463,15 @@ def nine_texts(tmp_path) -> Path:
     return path
 
 
-def test_a_batch_size_over_the_servers_limit_is_a_usage_error_before_any_text_is_sent(served, nine_texts, capsys):
+def test_a_batch_size_over_the_servers_limit_is_a_usage_error(served, nine_texts, capsys):
     code, out, _ = run(capsys, "--address", served.address, "--file", str(nine_texts), "--batch-size", "9")
     assert (code, out) == (2, "")
+
+
+def test_a_batch_size_over_the_servers_limit_sends_no_text(served, gateway, nine_texts, capsys):
+    front = gateway(served.address, ("/edgedistill.v1.Classifier/",))
+    run(capsys, "--address", front.address, "--file", str(nine_texts), "--batch-size", "9")
+    assert front.calls["/edgedistill.v1.Classifier/Classify"] == 0
 
 
 def test_a_batch_size_over_the_servers_limit_is_refused_naming_the_limit(served, nine_texts, capsys):

@@ -58,7 +58,7 @@ def test_the_client_calls_a_server_on_this_machine_past_a_proxy_of_the_environme
 
 def test_the_serving_pages_python_example_prints_a_label_per_text(served):
     page = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
-    example = re.search(r"```python\n(.*?)```", page, flags=re.DOTALL).group(1)
+    example = re.search(r"From Python, .*?```python\n(.*?)```", page, flags=re.DOTALL).group(1)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(example.replace("localhost:50051", served.address), {})  # noqa: S102 - the page's own code
