@@ -162,8 +162,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             teacher_test = (teacher or {}).get(test_key)
             if tested and teacher_test:
                 kept += f", {student[test_key] / teacher_test:.1%} on test"
-            if said := predicts(student):  # a share of a majority-class guess says nothing
-                kept = f"{said}: no retention shown"
+            if said := predicts(student):  # a share of, or a gain by, a majority-class guess says nothing
+                kept, gain = f"{said}: no retention or gain shown", ""
             elif teacher_unlearnt:
                 kept = "the teacher predicts one label for every dev example: no retention shown"
             lines.append(f"student {name}: {figures(student)}{f' ({kept})' if shown_kept else ''}{gain}")

@@ -104,11 +104,12 @@ def test_headline_says_the_teacher_predicts_one_label_for_every_dev_example(reci
     assert lines[0] == "teacher: dev accuracy 0.5000 (it predicts 'negative' for every dev example)"
 
 
-def test_headline_gives_no_retention_of_a_student_predicting_one_label(recipe):
+def test_headline_gives_no_retention_or_gain_of_a_student_predicting_one_label(recipe):
+    publish(run_dir(recipe) / f"baseline-{recipe.distill.deploy}", {"dev_accuracy": 0.4})
     lines = one_label_lines(recipe, {"dev_accuracy": 0.9}, ONE_LABEL | {"retention": 0.5 / 0.9})
     assert lines[1] == (
         f"student {recipe.distill.deploy}: dev accuracy 0.5000 "
-        "(it predicts 'negative' for every dev example: no retention shown)"
+        "(it predicts 'negative' for every dev example: no retention or gain shown)"
     )
 
 
