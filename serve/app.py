@@ -202,6 +202,9 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     share_port = supervisor is not None
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
+    for port in () if share_port else (settings.port, settings.health_port):
+        if port:  # in use: named as the supervisor names it, before the bundle loads (gRPC's bind names no reason)
+            reserve_port(settings.host, port).close()
     metrics = Metrics(shared=share_port)
     host = ModelHost(settings, metrics, load_runtime)
     runtime = load_runtime(settings.bundle, settings, metrics, host.on_fault)
@@ -241,12 +244,7 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
             ]
         )
         edge.health_server.add_generic_rpc_handlers((probe_handler(edge.health),))
-    if share_port:
-        return edge, None
-    for port in (settings.port, settings.health_port):
-        if port:  # a port in use named as the supervisor names it: gRPC's own error says only that it failed
-            reserve_port(settings.host, port).close()
-    return edge, edge.bind()
+    return edge, None if share_port else edge.bind()
 
 
 class MethodSymbolPool:

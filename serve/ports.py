@@ -35,6 +35,12 @@ def bind_addresses(host: str) -> list[tuple[socket.AddressFamily, str]]:
     return list(dict.fromkeys((family, sockaddr[0]) for family, _, _, _, sockaddr in found))
 
 
+def dual_stack(sock: socket.socket, address: str) -> None:
+    """IPv4 too on IPv6's every address (`::`), as gRPC binds it whatever the machine's `net.ipv6.bindv6only`."""
+    if address == "::":
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+
+
 def hold(family: socket.AddressFamily, address: str, port: int) -> socket.socket:
     """A socket bound to `address:port` with SO_REUSEPORT and not listening (a connection only ever goes to a
     listening socket). The port must be free first: with SO_REUSEPORT alone, the workers would share a port some
@@ -45,10 +51,12 @@ def hold(family: socket.AddressFamily, address: str, port: int) -> socket.socket
     another supervisor's reservation still refuses them."""
     with socket.socket(family, socket.SOCK_STREAM) as probe:  # refused where anything holds the port
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        dual_stack(probe, address)
         probe.bind((address, port))
         port = probe.getsockname()[1]
     holder = socket.socket(family, socket.SOCK_STREAM)
     try:
+        dual_stack(holder, address)
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         # TIME_WAIT of a single server's connections (bound without SO_REUSEPORT) lets only SO_REUSEADDR bind
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -112,3 +112,10 @@ def test_a_port_a_listener_holds_as_grpc_binds_it_is_refused():
 def test_a_port_another_supervisor_reserved_is_refused():
     with reserve_port("127.0.0.1", 0) as held, pytest.raises(SettingsError, match="cannot bind"):
         reserve_port("127.0.0.1", held.port)
+
+
+def test_a_socket_on_every_ipv6_address_takes_ipv4_too_whatever_the_machine_s_default():
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as net.ipv6.bindv6only=1 leaves it
+        ports.dual_stack(sock, "::")
+        assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0

@@ -530,6 +530,16 @@ def test_a_port_held_by_another_process_is_refused_naming_why(on_a_held_port):
     assert server.wait_for("start_failed")["msg"].endswith(f"cannot bind 127.0.0.1:{port}: Address already in use")
 
 
+def test_one_server_process_refuses_a_port_in_use_before_it_loads_its_bundle(spawn, tmp_path):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = str(other.getsockname()[1])
+        server = spawn(corrupt(write_bundle(tmp_path / "bundle")), "--host", "127.0.0.1", "--port", port)
+        server.wait(60)
+    assert "Address already in use" in server.wait_for("start_failed")["msg"]  # not the bundle's damage
+
+
 def test_a_port_held_by_another_process_is_refused_in_json_lines_alone(on_a_held_port):
     server, _ = on_a_held_port
     assert [line["msg"] for line in server.lines if line.get("event") == "unstructured"] == []
