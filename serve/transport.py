@@ -101,14 +101,14 @@ def details_of(err: BaseException) -> str:
     return f"{head} ... (message truncated) ... {tail}"
 
 
-def fail(context: grpc.aio.ServicerContext, err: Exception) -> None:
-    """Set the call's status for `err`, for the handler to return with; unexpected errors are logged and
-    reported as INTERNAL."""
+def fail(context: grpc.aio.ServicerContext, err: Exception, where: str = "") -> None:
+    """Set the call's status for `err` (its details after `where`, a stream's request), for the handler to return
+    with; unexpected errors are logged and reported as INTERNAL."""
     if (code := status_of(err)) is not None:
         if err.recurs:  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
         # an error that recurs for the same request is the request's fault, not the server's, whatever its code
-        refuse(context, code, details_of(err), clients_fault=err.recurs)
+        refuse(context, code, f"{where}: {details_of(err)}" if where else details_of(err), clients_fault=err.recurs)
         return
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     refuse(context, grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")
@@ -310,35 +310,41 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         deadline = deadline_of(context)
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
 
+        # Each item is (the request's place in the stream, counted from 0, or None for the stream's own end; its
+        # reply's work, or the error that ends the stream), or None once the request stream ended.
         async def read():
-            received = 0
+            received, checking = 0, None
             try:
                 async for request in request_iterator:
                     idle.touch()
-                    received += 1
+                    checking, received = received, received + 1
                     work = asyncio.ensure_future(self._classify(*self._checked(request), deadline))
                     # Up to STREAM_WINDOW requests wait per stream, in one call's place among MAX_CONCURRENT_RPCS: each
                     # holds only what `_checked` kept; of the messages, up to MAX_MESSAGE_BYTES, only the last is kept
                     # (by gRPC too, until the next one comes).
                     try:
-                        await pending.put(work)  # waits while STREAM_WINDOW requests are in flight
+                        await pending.put((checking, work))  # waits while STREAM_WINDOW requests are in flight
                     except asyncio.CancelledError:  # the stream ended meanwhile: no one will read this reply
                         discard(work)
                         raise
+                    checking = None
             except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
-                await pending.put(InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}"))
+                error = InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}")
+                await pending.put((None, error))
             except Exception as err:  # a request refused by its checks, or a broken request stream, ends the call
-                await pending.put(err)
+                await pending.put((checking, err))
             await pending.put(None)
 
         async def end_at_shutdown():  # after the replies to what came before, as a call arriving now is refused
             await self.host.shutting_down.wait()
-            await pending.put(NotReady(SHUTDOWN_STREAM))
+            await pending.put((None, NotReady(SHUTDOWN_STREAM)))
 
         reader = asyncio.ensure_future(read())
         ender = asyncio.ensure_future(end_at_shutdown())
+        place = None
         try:
             while (item := await pending.get()) is not None:
+                place, item = item
                 if isinstance(item, Exception):
                     raise item
                 reply = await item
@@ -351,13 +357,13 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 context.set_code(grpc.StatusCode.CANCELLED)
                 log.info("stream ended before its replies: %r", err, extra={"event": "stream_ended"})
                 return
-            fail(context, err)
+            fail(context, err, "" if place is None else f"stream request {place}")
         finally:
             reader.cancel()
             ender.cancel()
             while not pending.empty():
-                if isinstance(item := pending.get_nowait(), asyncio.Future):
-                    discard(item)
+                if (item := pending.get_nowait()) is not None and isinstance(item[1], asyncio.Future):
+                    discard(item[1])
 
     @handles_errors
     async def GetModelInfo(self, request, context):

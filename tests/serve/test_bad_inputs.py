@@ -143,6 +143,8 @@ CLASSIFIER_CASES = [
     Case("stream, empty third request", [classify("good"), classify("bad"), classify()], "INVALID_ARGUMENT", "empty request", method="ClassifyStream"),
     Case("stream, 10,000 texts", [classify(*["a"] * 10_000)], "RESOURCE_EXHAUSTED", "10000 texts", method="ClassifyStream"),
     Case("stream, unknown model", [classify("good", model_name="bert")], "NOT_FOUND", "unknown model 'bert'", method="ClassifyStream"),
+    Case("stream, a request refused by its checks named by its place", [classify("good"), classify("bad"), classify()], "INVALID_ARGUMENT", "stream request 2: empty request", method="ClassifyStream"),
+    Case("stream, a request refused by the model named by its place", [classify("good"), classify("good", model_name="bert")], "NOT_FOUND", "stream request 1: unknown model", method="ClassifyStream"),
     Case("stream, surrogate bytes on the wire", [classify("good").SerializeToString(), b"\x0a\x03" + SURROGATE_UTF8], "INVALID_ARGUMENT"),
     Case("stream, 1 MB message", [classify("good"), classify("x" * MEGABYTE)], "RESOURCE_EXHAUSTED", method="ClassifyStream"),
     Case("reload naming a path without an admin token", pb.ReloadRequest(bundle_path="/etc"), "PERMISSION_DENIED", "EDGEDISTILL_ADMIN_TOKEN", method="Reload"),
