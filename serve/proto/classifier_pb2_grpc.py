@@ -76,7 +76,8 @@ class ClassifierServicer(object):
 
     def ClassifyStream(self, request_iterator, context):
         """One reply per request, in the order the requests arrive. A request that fails ends the stream with its
-        status after the replies to the requests before it; requests after it get no reply.
+        status after the replies to the requests before it, its details naming it ("stream request 2: ...", counted
+        from 0); requests after it get no reply.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
