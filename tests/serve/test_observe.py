@@ -91,7 +91,7 @@ def test_a_failed_stream_logs_the_model_that_answered_it(served, access_lines):
     lines = logged(access_lines, request_id="stream")
     (line,) = lines
     assert line["code"] == "INVALID_ARGUMENT"
-    assert line["details"] == "empty request: send at least one text"
+    assert line["details"] == "stream request 1: empty request: send at least one text"
     assert line["model"] == "tiny-sentiment"
     assert line["model_version"] == "1"
 
