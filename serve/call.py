@@ -313,6 +313,21 @@ def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
     return None
 
 
+def _connection_hint(error: grpc.RpcError, tls: bool) -> str | None:
+    """Where a call could not connect because client and server disagree on TLS (gRPC names neither), what to give."""
+    details = error.details() or ""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    if not tls and "Socket closed" in details:
+        return (
+            "the server closed the connection at once, as a TLS server closes a plaintext one: if it serves TLS, give "
+            "--tls-ca CA.pem (or --tls for a certificate this machine trusts)"
+        )
+    if tls and "WRONG_VERSION_NUMBER" in details:
+        return "the server did not answer in TLS, as a plaintext server does not: if it serves plaintext, drop the --tls options"
+    return None
+
+
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.call") -> int:
     # intermixed: texts may follow options, as `TEXT --pair PAIR TEXT --pair PAIR` does
     args = build_parser(prog).parse_intermixed_args(argv)
@@ -377,6 +392,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
+        hint = hint or _connection_hint(err, bool(args.tls or args.tls_ca))
         error = {"code": err.code().name, "message": err.details()}
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)

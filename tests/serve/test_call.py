@@ -806,3 +806,19 @@ def test_a_client_certificate_or_key_alone_is_a_usage_error(tmp_path, capsys, fl
     code, _, err = run(capsys, flag, str(tmp_path / "client.pem"), "good")
     assert code == 2
     assert "--tls-cert and --tls-key go together" in err
+
+
+def test_a_plaintext_call_to_a_tls_server_hints_at_tls(start_server, bundle, certs, capsys):
+    server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
+    _, _, err = run(capsys, "--address", server.address, "--retries", "0", "good")
+    assert json.loads(err)["error"]["hint"].startswith("the server closed the connection at once, as a TLS server")
+
+
+def test_a_tls_call_to_a_plaintext_server_hints_at_plaintext(served, certs, capsys):
+    _, _, err = run(capsys, "--address", served.address, "--retries", "0", "--tls-ca", str(certs / "ca.pem"), "good")
+    assert json.loads(err)["error"]["hint"].startswith("the server did not answer in TLS")
+
+
+def test_a_call_to_no_server_gives_no_tls_hint(capsys):
+    _, _, err = run(capsys, "--address", unused_address(), "--retries", "0", "good")
+    assert "hint" not in json.loads(err)["error"]
