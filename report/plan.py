@@ -23,12 +23,13 @@ def planned(recipe: Recipe) -> dict[str, str]:
     if recipe.export is not None:
         folders |= {f"bundle-{b}": "bundles" for b in (*recipe.export.bundles, *recipe.export.cascades)}
         folders["bench"] = "bench"
+        # the measurements `make all` takes, each by the target that takes it alone
         if recipe.export.deploy not in recipe.export.cascades:  # a deployed cascade's is the cascade benchmark
-            folders[deployed(recipe, measured.SERVING)] = "all"
-        folders[deployed(recipe, measured.ACCURACY)] = "all"
+            folders[deployed(recipe, measured.SERVING)] = MEASURE_AGAIN[measured.SERVING]
+        folders[deployed(recipe, measured.ACCURACY)] = MEASURE_AGAIN[measured.ACCURACY]
         if (cascade := recipe.export.default_cascade) is not None:
-            folders[f"serve-cascade-{cascade}"] = "all"
-        folders[deployed(recipe, measured.loadtest("smoke"))] = "all"
+            folders[f"serve-cascade-{cascade}"] = "serve-cascade"
+        folders[deployed(recipe, measured.loadtest("smoke"))] = MEASURE_AGAIN[measured.loadtest("smoke")]
     return folders
 
 

@@ -35,7 +35,8 @@ def finished_stages(recipe: Recipe) -> list[Path]:
     folders = [p for p in mf.finished(root) if p.name != "report"]
     if not folders:
         raise mf.ArtifactError(
-            f"{root} holds no finished stage of recipe {recipe.name!r} yet: run its stages first (make all RECIPE=...)"
+            f"{root} holds no finished stage of recipe {recipe.name!r} yet: run its stages first (make all RECIPE=..., "
+            "or edgedistill all RECIPE)"
         )
     return folders
 
