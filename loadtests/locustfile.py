@@ -20,7 +20,8 @@ from edgedistill.loadtests.pacing import PacedUser
 from edgedistill.loadtests.recorder import Recorder
 from edgedistill.loadtests.shapes import SHAPES
 from edgedistill.serve import tensors
-from edgedistill.serve.client import bearer, environ_token
+from edgedistill.serve.call import environ_token
+from edgedistill.serve.client import bearer
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.textfiles import UsageError
 from locust import events

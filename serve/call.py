@@ -13,6 +13,7 @@ predictions as they come.
 
 import argparse
 import json
+import os
 import re
 import ssl
 import sys
@@ -22,20 +23,22 @@ from typing import TextIO
 
 import grpc
 from edgedistill.common.arguments import count, input_file
+from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.serve.client import (
-    ADMIN_TOKEN_VAR,
-    BLANK_TOKEN,
     DEFAULT_ADDRESS,
     MAX_ATTEMPTS,
-    TOKEN_VAR,
     Client,
     LabelsUnavailable,
-    environ_token,
 )
 from edgedistill.serve.settings import TARGET_SCHEMES, Settings, blank
 from edgedistill.serve.textfiles import Origins, UsageError, add_columns_arguments, read_texts
 from edgedistill.serve.tls import TLS_FILES
 
+# The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
+TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
+# A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
+# mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
+BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 # For a server that does not say its limit: its default MAX_TEXTS
 MAX_TEXTS = Settings.model_fields["max_texts"].default
@@ -297,6 +300,18 @@ def check_batches(batch_size: int | None, batch_bytes: int | None, max_texts: in
         raise UsageError(
             f"--batch-bytes {batch_bytes} is not below the server's MAX_MESSAGE_BYTES, {max_bytes}: give less"
         )
+
+
+def environ_token(reload: bool) -> str | None:
+    """The token of the variable the server reads it from (ADMIN_TOKEN_VAR for a Reload, else TOKEN_VAR); None
+    where unset. `UsageError` for one set but blank (`BLANK_TOKEN`), or one gRPC metadata cannot carry."""
+    name = ADMIN_TOKEN_VAR if reload else TOKEN_VAR
+    token = os.environ.get(name)
+    if token is not None and blank(token):
+        raise UsageError(f"{name} is {BLANK_TOKEN}: unset it to send no token, or set it to the server's token")
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise UsageError(f"{name} must be printable ASCII, as gRPC metadata values are (a trailing newline?)")
+    return token
 
 
 def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:

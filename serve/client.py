@@ -8,35 +8,26 @@ TLS; `wait_ready` waits for a server to serve. `edgedistill call` (`serve.call`)
 """
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import numpy as np
-from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.settings import (
     DIRECT,
     GRPC_INT_MAX,
     MIN_MESSAGE_BYTES,
-    blank,
     on_loopback,
 )
-from edgedistill.serve.textfiles import UsageError
 from edgedistill.serve.tls import check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
-# The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
-TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
-# A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
-# mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
-BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -367,15 +358,3 @@ class NotSent(grpc.RpcError):
 
 class LabelsUnavailable(RuntimeError):
     """A reply's label names could not be read (`answered_labels`): the texts were answered, not refused."""
-
-
-def environ_token(reload: bool) -> str | None:
-    """The token of the variable the server reads it from (ADMIN_TOKEN_VAR for a Reload, else TOKEN_VAR); None
-    where unset. `UsageError` for one set but blank (`BLANK_TOKEN`), or one gRPC metadata cannot carry."""
-    name = ADMIN_TOKEN_VAR if reload else TOKEN_VAR
-    token = os.environ.get(name)
-    if token is not None and blank(token):
-        raise UsageError(f"{name} is {BLANK_TOKEN}: unset it to send no token, or set it to the server's token")
-    if token is not None and not (token.isascii() and token.isprintable()):
-        raise UsageError(f"{name} must be printable ASCII, as gRPC metadata values are (a trailing newline?)")
-    return token

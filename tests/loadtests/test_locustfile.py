@@ -8,7 +8,7 @@ from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.common.processes import python_module
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
 from edgedistill.loadtests.runner import LOCUSTFILE
-from edgedistill.serve.client import TOKEN_VAR
+from edgedistill.serve.call import TOKEN_VAR
 
 from tests.serve.conftest import subprocess_env
 
