@@ -506,18 +506,23 @@ def test_a_worker_that_cannot_be_restarted_kills_no_worker(restart_without_a_pro
     assert not [line for line in server.lines if line.get("event") in ("worker_killed", "start_failed")]
 
 
-@pytest.fixture(params=["1", "2"], ids=["one process", "supervisor"])
-def on_a_held_port(request, spawn, bundle):
-    """A server (one process, or a supervisor of two workers) started on a port another process listens on, and
-    that port."""
+def started_on_a_held_port(spawn, bundle: Path, workers: str) -> tuple[conftest.ServerProcess, int]:
+    """A server of `workers` started on a port another process listens on, once it exited, and that port."""
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share it
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        server = spawn(bundle, "--host", "127.0.0.1", "--port", str(port), EDGEDISTILL_WORKERS=request.param)
+        server = spawn(bundle, "--host", "127.0.0.1", "--port", str(port), EDGEDISTILL_WORKERS=workers)
         server.wait(60)
     return server, port
+
+
+@pytest.fixture(params=["1", "2"], ids=["one process", "supervisor"])
+def on_a_held_port(request, spawn, bundle):
+    """A server (one process, or a supervisor of two workers) started on a port another process listens on, and
+    that port."""
+    return started_on_a_held_port(spawn, bundle, request.param)
 
 
 def test_a_port_held_by_another_process_is_refused_not_shared(on_a_held_port):
@@ -531,12 +536,7 @@ def test_a_port_held_by_another_process_is_refused_naming_why(on_a_held_port):
 
 
 def test_one_server_process_refuses_a_port_in_use_before_it_loads_its_bundle(spawn, tmp_path):
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        port = str(other.getsockname()[1])
-        server = spawn(corrupt(write_bundle(tmp_path / "bundle")), "--host", "127.0.0.1", "--port", port)
-        server.wait(60)
+    server, _ = started_on_a_held_port(spawn, corrupt(write_bundle(tmp_path / "bundle")), "1")
     assert "Address already in use" in server.wait_for("start_failed")["msg"]  # not the bundle's damage
 
 
