@@ -232,7 +232,10 @@ def build_stage(inputs: Inputs, devices: list[str]) -> Built:
     ]
     cells.close()
     if missing:
-        print(f"[bench] not built yet, left out: {', '.join(missing)} (make bundles)")
+        print(
+            f"[bench] not built yet, left out: {', '.join(missing)} (edgedistill bundles RECIPE builds them; make "
+            "bundles in a checkout)"
+        )
     for bundle_id, reason in left_out.items():
         print(f"[bench] {bundle_id} not timed here: {reason}")
     result = table(cfg.threads, measured, metric)

@@ -119,14 +119,18 @@ def _transfer_and_students(
     single = dist.world_size() == 1
     if stage == "transfer":
         if not single:
-            raise RecipeError("the transfer set is labelled in one process: run `make transfer` without torchrun")
+            raise RecipeError(
+                "the transfer set is labelled in one process: run `edgedistill labeller "
+                f"{recipe_file} && edgedistill transfer {recipe_file}` (make transfer in a checkout) without torchrun"
+            )
         transfer.run(force)
         return
     if single:
         transfer.run()
     elif not transfer.is_current():
         raise RecipeError(
-            "the transfer set is labelled in one process: run `make transfer` before distilling under torchrun"
+            f"the transfer set is labelled in one process: run `edgedistill labeller {recipe_file} && edgedistill "
+            f"transfer {recipe_file}` (make transfer in a checkout) before distilling under torchrun"
         )
     if jobs > 1 and single:
         parallel.run_all(recipe, runs, jobs, force=force)

@@ -103,7 +103,7 @@ def _not_shown(stale: dict[str, plan.Stale], recipe_path: str) -> list[str]:
     """A line for each artifact or measurement `stale` names, with the command that builds or measures it again."""
     return [
         f"not shown: {name}, {left_out.why} ({'build' if modelcard.is_model(name) else 'measure'} it again: "
-        f"{left_out.command} RECIPE={recipe_path})"
+        f"{plan.rerun(left_out.targets, recipe_path)})"
         for name, left_out in stale.items()
     ]
 
@@ -174,7 +174,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 why = unknown or " and ".join(f"{kind}-{name}" for kind in marked) + " out of date"
                 lines.append(
                     f"not shown: student {name}'s {' and '.join(left_out)}, {why} "
-                    f"(make distill RECIPE={recipe_path} builds what is out of date and writes the table again)"
+                    f"({plan.command_line(plan.DISTILL, recipe_path)} builds what is out of date and writes the table "
+                    f"again; in a checkout, {plan.make_line(plan.DISTILL, recipe_path)})"
                 )
     if recipe.export is None:
         return lines + _not_shown(stale, recipe_path)

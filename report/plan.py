@@ -1,4 +1,5 @@
-"""The artifact folders `make all` writes for a recipe, each with the make target that builds it."""
+"""The artifact folders `make all` (or `edgedistill all`) writes for a recipe, each with the target that builds it:
+a make target in a checkout, the edgedistill commands it runs where the package is installed (`Target`)."""
 
 from pathlib import Path
 from typing import NamedTuple, get_args
@@ -12,23 +13,73 @@ from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
 
 
-def planned(recipe: Recipe) -> dict[str, str]:
-    """Folder name -> make target, in pipeline order."""
-    folders = {"pretrain": "teacher"} if recipe.pretrain is not None else {}
-    folders["teacher"] = "teacher"
+class Target(NamedTuple):
+    """A make target, with the value of the one variable it takes here (`loadtest`'s PROFILE, `serve-cascade`'s
+    CASCADE), and the edgedistill commands it runs beyond its prerequisites (`COMMANDS`)."""
+
+    name: str
+    value: str = ""
+
+    def make(self) -> str:
+        return f"{self.name} {VARIABLE[self.name]}={self.value}" if self.value else self.name
+
+    def commands(self, recipe: str) -> list[str]:
+        option = f" {OPTION[self.name]} {self.value}" if self.value else ""
+        return [f"edgedistill {command.format(recipe=recipe)}{option}" for command in COMMANDS[self.name]]
+
+
+COMMANDS = {  # make target -> the edgedistill commands it runs after its prerequisites, as the Makefile has them
+    "teacher": ["teacher {recipe}"],
+    "transfer": ["labeller {recipe}", "transfer {recipe}"],
+    "distill": ["distill {recipe} --jobs 2"],
+    "bundles": ["bundles {recipe}"],
+    "bench": ["bench models {recipe}"],
+    "serve-bench": ["bench serving {recipe}"],
+    "serve-accuracy": ["bench accuracy {recipe} --check"],
+    "serve-cascade": ["bench cascade {recipe}"],
+    "peers-bench": ["bench peers {recipe}"],
+    "scaling-bench": ["bench scaling {recipe}"],
+    "loadtest": ["loadtest {recipe}"],
+}
+DISTILL = (Target("distill"),)  # what builds the distillation table again
+VARIABLE = {"loadtest": "PROFILE", "serve-cascade": "CASCADE"}  # make target -> its variable, and its option
+OPTION = {"loadtest": "--profile", "serve-cascade": "--cascade"}
+
+
+def rerun(targets: tuple[Target, ...], recipe: str) -> str:
+    """How to run `targets` on the recipe file `recipe`: the edgedistill commands, then the make command line that
+    runs them in a checkout."""
+    return f"{command_line(targets, recipe)}; in a checkout, {make_line(targets, recipe)}"
+
+
+def command_line(targets: tuple[Target, ...], recipe: str) -> str:
+    """The edgedistill commands that run `targets` on the recipe file `recipe`, joined by `&&`."""
+    return " && ".join(command for target in targets for command in target.commands(recipe))
+
+
+def make_line(targets: tuple[Target, ...], recipe: str | None = None) -> str:
+    """The make command line that runs `targets` in a checkout, on the recipe file `recipe` if given."""
+    return f"make {' '.join(target.make() for target in targets)}" + (f" RECIPE={recipe}" if recipe else "")
+
+
+def planned(recipe: Recipe) -> dict[str, Target]:
+    """Folder name -> the target that builds it, in pipeline order."""
+    teacher, distill, bundles = Target("teacher"), Target("distill"), Target("bundles")
+    folders = {"pretrain": teacher} if recipe.pretrain is not None else {}
+    folders["teacher"] = teacher
     if recipe.transfer is not None:
-        folders["transfer"] = "transfer"
+        folders["transfer"] = Target("transfer")
     for name in recipe.distill.students if recipe.distill is not None else ():
-        folders |= {f"student-{name}": "distill", f"baseline-{name}": "distill"}
+        folders |= {f"student-{name}": distill, f"baseline-{name}": distill}
     if recipe.export is not None:
-        folders |= {f"bundle-{b}": "bundles" for b in (*recipe.export.bundles, *recipe.export.cascades)}
-        folders["bench"] = "bench"
+        folders |= {f"bundle-{b}": bundles for b in (*recipe.export.bundles, *recipe.export.cascades)}
+        folders["bench"] = Target("bench")
         # the measurements `make all` takes, each by the target that takes it alone
         if recipe.export.deploy not in recipe.export.cascades:  # a deployed cascade's is the cascade benchmark
             folders[deployed(recipe, measured.SERVING)] = MEASURE_AGAIN[measured.SERVING]
         folders[deployed(recipe, measured.ACCURACY)] = MEASURE_AGAIN[measured.ACCURACY]
         if (cascade := recipe.export.default_cascade) is not None:
-            folders[f"serve-cascade-{cascade}"] = "serve-cascade"
+            folders[f"serve-cascade-{cascade}"] = Target("serve-cascade")
         folders[deployed(recipe, measured.loadtest("smoke"))] = MEASURE_AGAIN[measured.loadtest("smoke")]
     return folders
 
@@ -39,21 +90,21 @@ def deployed(recipe: Recipe, measurement: str) -> str | None:
     return None if recipe.export is None else measured.folder_name(measurement, recipe.export.deploy)
 
 
-MEASURE_AGAIN = {  # measurement kept one folder per bundle -> the make target that measures the deployed bundle
-    measured.SERVING: "serve-bench",
-    measured.ACCURACY: "serve-accuracy",
-    measured.PEERS: "peers-bench",
-    measured.SCALING: "scaling-bench",
-} | {measured.loadtest(profile): f"loadtest PROFILE={profile}" for profile in get_args(Profile)}
+MEASURE_AGAIN = {  # measurement kept one folder per bundle -> the target that measures the deployed bundle
+    measured.SERVING: Target("serve-bench"),
+    measured.ACCURACY: Target("serve-accuracy"),
+    measured.PEERS: Target("peers-bench"),
+    measured.SCALING: Target("scaling-bench"),
+} | {measured.loadtest(profile): Target("loadtest", profile) for profile in get_args(Profile)}
 
 
 class Stale(NamedTuple):
     """A finished measurement the report and the headline name instead of showing: its folder, why it is not of the
-    artifacts now in the run, and the make target that measures it again."""
+    artifacts now in the run, and the targets that build or measure it again, in order."""
 
     folder: str
     why: str
-    command: str
+    targets: tuple[Target, ...]
 
 
 def bench_row(model: str) -> str:
@@ -67,10 +118,10 @@ def _stale_bench(root: Path, teacher: Stale | None) -> dict[str, Stale]:
     if not (root / "bench" / MANIFEST).is_file():
         return {}
     if why := modelcard.bench_change(root, "teacher") or (teacher and teacher.why):
-        return {"bench": Stale("bench", why, "make bench")}
+        return {"bench": Stale("bench", why, (Target("bench"),))}
     bundles = [name for name in mf.load(root / "bench", verify=False).parents if name != "teacher"]
     return {
-        bench_row(measured.bundle_id(Path(name))): Stale("bench", why, "make bench")
+        bench_row(measured.bundle_id(Path(name))): Stale("bench", why, (Target("bench"),))
         for name in bundles
         if (why := modelcard.bench_change(root, name))
     }
@@ -90,15 +141,15 @@ def _built_from_others(root: Path) -> dict[str, Stale]:
     """The finished bundles (not cascades) in the run folder `root` built from a student or teacher built again since,
     or gone (`common.manifest.built_from_others`), by folder name."""
     bundles = (p for p in sorted(root.glob("bundle-*")) if (p / MANIFEST).is_file() and not is_cascade(p))
-    return {p.name: Stale(p.name, why, "make bundles") for p in bundles if (why := mf.built_from_others(p))}
+    return {p.name: Stale(p.name, why, (Target("bundles"),)) for p in bundles if (why := mf.built_from_others(p))}
 
 
 def _other_settings(recipe: Recipe, root: Path) -> dict[str, Stale]:
     """The finished models of `make all` in the run folder `root` (teacher, students, baselines, bundles) built with
     other settings than the recipe's now, or from one that was (`common.modelcard.settings_change`: the recipe edited
-    and the stage not built again), by folder name, with the make target that builds each again."""
+    and the stage not built again), by folder name, with the target that builds each again."""
     return {
-        name: Stale(name, why, f"make {target}")
+        name: Stale(name, why, (target,))
         for name, target in planned(recipe).items()
         if modelcard.is_model(name)
         and (root / name / MANIFEST).is_file()
@@ -124,18 +175,18 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
         if not (folder / MANIFEST).is_file():
             continue
         if why := measured.stale(folder, bundle):
-            found[folder.name] = Stale(folder.name, why, f"make {target}")
+            found[folder.name] = Stale(folder.name, why, (target,))
         elif bundle.name in found:  # of the bundle now there, which was built from an older model
             found[folder.name] = Stale(
-                folder.name, f"{bundle.name}: {found[bundle.name].why}", f"make bundles {target}"
+                folder.name, f"{bundle.name}: {found[bundle.name].why}", (Target("bundles"), target)
             )
     for name in recipe.export.cascades:
         folder = root / f"serve-cascade-{name}"
         if (folder / MANIFEST).is_file() and (why := mf.built_from_others(folder)):
-            found[folder.name] = Stale(folder.name, why, f"make serve-cascade CASCADE={name}")
+            found[folder.name] = Stale(folder.name, why, (Target("serve-cascade", name),))
     for folder in cascades(root):
         if why := mf.built_from_others(folder):
-            found[cascade_point(measured.bundle_id(folder))] = Stale(folder.name, why, "make bundles")
+            found[cascade_point(measured.bundle_id(folder))] = Stale(folder.name, why, (Target("bundles"),))
     return found | _stale_bench(root, found.get("teacher"))
 
 
@@ -156,7 +207,7 @@ def loadtests(recipe: Recipe) -> list[str]:
     return sorted(names)
 
 
-def missing(recipe: Recipe, finished: set[str]) -> dict[str, str]:
+def missing(recipe: Recipe, finished: set[str]) -> dict[str, Target]:
     """The planned folders not among `finished` (not run yet, failed, or not buildable where the run was made). Any of
     the recipe's cascades measured stands for the default one, since `make all CASCADE=x` measures `x`."""
     cascades = {f"serve-cascade-{c}" for c in recipe.export.cascades} if recipe.export is not None else set()

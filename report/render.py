@@ -119,16 +119,25 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
         )
 
 
+RERUN = ("built or measured by", "in a checkout")  # the columns `_rerun` fills
+RECIPE_NOTE = "RECIPE is the run's recipe file"
+
+
+def _rerun(targets: tuple[plan.Target, ...]) -> list[str]:
+    """The cells of `RERUN` for `targets`: the edgedistill commands, and the make command line in a checkout."""
+    return [plan.command_line(targets, "RECIPE"), plan.make_line(targets)]
+
+
 def _missing(page: Page, root: Path, recipe: Recipe) -> None:
     finished = {p.name for p in root.iterdir() if _finished(p)}
     absent = plan.missing(recipe, finished)
     if absent:
         page.heading("Not in this report", [])
         page.note(
-            "Stages of make all with no finished artifact in this run: not run yet, failed, or not buildable on the "
-            "machine that ran it (a GPU bundle on a CPU machine)."
+            "Stages of edgedistill all (make all in a checkout) with no finished artifact in this run: not run yet, "
+            f"failed, or not buildable on the machine that ran it (a GPU bundle on a CPU machine). {RECIPE_NOTE}."
         )
-        page.table(["stage", "built by"], [[name, f"make {target}"] for name, target in absent.items()])
+        page.table(["stage", *RERUN], [[name, *_rerun((target,))] for name, target in absent.items()])
 
 
 def _unkeyed(page: Page, root: Path) -> None:
@@ -139,7 +148,8 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.note(
             "These folders hold one result whatever bundle was measured, as releases before one folder per bundle "
             "wrote them: the report shows the deployed bundle's own (`<measurement>-<bundle id>`) alone. Measure it "
-            "again (make all, or the benchmark's target), then remove these folders."
+            "again (edgedistill all RECIPE, or the benchmark's command; make all in a checkout), then remove these "
+            "folders."
         )
         page.table(["folder"], [[name] for name in older])
 
@@ -159,12 +169,12 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
             f"again since; or what a measurement named here measured ({deployed}a cascade, or a model of the model "
             "benchmark or the teacher its speedups are against) was built again, or is gone, since it ran: their "
             "figures are not of the recipe and the artifacts now in the run. Build and measure them again with the "
-            "targets named; a run built with overrides on the command line (`--finetune.optim.lr=...`) shows its "
-            "figures when `edgedistill report` is given the same overrides."
+            f"commands named ({RECIPE_NOTE}); a run built with overrides on the command line "
+            "(`--finetune.optim.lr=...`) shows its figures when `edgedistill report` is given the same overrides."
         )
         page.table(
-            ["not shown", "why", "built or measured by"],
-            [[name, left_out.why, left_out.command] for name, left_out in stale.items()],
+            ["not shown", "why", *RERUN],
+            [[name, left_out.why, *_rerun(left_out.targets)] for name, left_out in stale.items()],
         )
 
 
@@ -210,9 +220,10 @@ def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.
         page.heading("Distillation", [f"../{f}/{mf.MANIFEST}" for f in folders if _finished(root / f)])
         if change := summary.change(root) or next((stale[f].why for f in folders if f in stale), None):
             page.note(
-                f"Not shown: the table the last make distill wrote ({summary.FILE}) is not of the artifacts now "
-                f"in the run and the recipe's settings ({change}). make distill builds the students out of date again "
-                "and writes it again."
+                f"Not shown: the table the last distill stage wrote ({summary.FILE}) is not of the artifacts now "
+                f"in the run and the recipe's settings ({change}). {plan.command_line(plan.DISTILL, 'RECIPE')} "
+                f"builds the students out of date again and writes it again ({plan.make_line(plan.DISTILL)} in a "
+                f"checkout; {RECIPE_NOTE})."
             )
         else:
             _distill_table(page, rows, root, recipe)
@@ -333,7 +344,8 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     if note := cut_note(rows):
         page.note(note)
     info = mf.load(root / "bench", verify=False).info
-    not_built = {b: "not built when the benchmark ran (make bundles, then make bench)" for b in info["missing_bundles"]}
+    again = "; in a checkout, ".join(_rerun((plan.Target("bundles"), plan.Target("bench"))))
+    not_built = {b: f"not built when the benchmark ran ({again})" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])

@@ -189,7 +189,8 @@ def test_headline_names_the_gain_it_leaves_out_with_the_command_that_builds_it_a
     name = recipe.distill.deploy
     assert left_out_lines(recipe, {name: "baseline"})[2] == (
         f"not shown: student {name}'s gain, baseline-{name} out of date "
-        "(make distill RECIPE=recipes/smoke.yaml builds what is out of date and writes the table again)"
+        "(edgedistill distill recipes/smoke.yaml --jobs 2 builds what is out of date and writes the table again; in a "
+        "checkout, make distill RECIPE=recipes/smoke.yaml)"
     )
 
 
@@ -386,7 +387,8 @@ def test_a_bench_row_of_an_earlier_build_of_the_deployed_bundle_is_named_with_th
     publish_bench(recipe, recipe.export.deploy, bundle_hash="0" * 64)
     assert (
         "not shown: bench row bilstm-int8, its parent bundle-bilstm-int8 was built again "
-        "(measure it again: make bench RECIPE=recipes/smoke.yaml)"
+        "(measure it again: edgedistill bench models recipes/smoke.yaml; in a checkout, make bench "
+        "RECIPE=recipes/smoke.yaml)"
     ) in headline.headline(recipe, "recipes/smoke.yaml")
 
 
@@ -408,7 +410,8 @@ def test_no_bench_line_comes_from_a_bundle_built_from_a_student_distilled_again_
 def test_a_bundle_built_from_a_student_distilled_again_since_is_named_with_the_command_to_build_it(recipe):
     assert (
         "not shown: bundle-bilstm-int8, its parent student-bilstm was built again "
-        "(build it again: make bundles RECIPE=recipes/smoke.yaml)"
+        "(build it again: edgedistill bundles recipes/smoke.yaml; in a checkout, make bundles "
+        "RECIPE=recipes/smoke.yaml)"
     ) in benchmarked_before_its_student_was_distilled_again(recipe)
 
 
@@ -531,7 +534,8 @@ def test_no_load_test_line_comes_from_an_earlier_build_of_the_deployed_bundle(re
 def test_a_load_test_of_an_earlier_build_of_the_deployed_bundle_is_named_with_the_command_to_run_again(recipe):
     assert (
         "not shown: loadtest-steady-bilstm-int8, its parent bundle was built again "
-        "(measure it again: make loadtest PROFILE=steady RECIPE=recipes/smoke.yaml)"
+        "(measure it again: edgedistill loadtest recipes/smoke.yaml --profile steady; in a checkout, make loadtest "
+        "PROFILE=steady RECIPE=recipes/smoke.yaml)"
     ) in measured_on_another_build(recipe)
 
 
@@ -561,7 +565,8 @@ def test_headline_gives_no_figures_of_a_student_built_from_a_teacher_of_other_se
 def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(recipe):
     assert (
         "not shown: teacher, teacher was built with other finetune settings (finetune.optim.lr 0.002 -> 0.001) "
-        "(build it again: make teacher RECIPE=recipes/smoke.yaml)"
+        "(build it again: edgedistill teacher recipes/smoke.yaml; in a checkout, make teacher "
+        "RECIPE=recipes/smoke.yaml)"
     ) in edited_recipe_headline(recipe)
 
 

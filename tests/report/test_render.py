@@ -90,7 +90,8 @@ def test_distillation_section_leaves_out_the_table_of_a_teacher_built_again_sinc
 
 def test_distillation_section_says_why_it_leaves_out_the_table_and_what_writes_it_again(tmp_path):
     assert (
-        "(student-cnn: its parent teacher was built again). make distill builds the students out of date again"
+        "(student-cnn: its parent teacher was built again). edgedistill distill RECIPE --jobs 2 builds the students "
+        "out of date again"
     ) in teacher_built_again_markdown(tmp_path)
 
 
@@ -234,19 +235,25 @@ def missing_markdown(tmp_path) -> str:
 
 
 def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
-    assert "| student-bilstm | make distill |" in missing_markdown(tmp_path)
+    assert "| student-bilstm | edgedistill distill RECIPE --jobs 2 | make distill |" in missing_markdown(tmp_path)
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_load_test(tmp_path):
-    assert "| loadtest-smoke-bilstm-int8 | make loadtest PROFILE=smoke |" in missing_markdown(tmp_path)
+    assert (
+        "| loadtest-smoke-bilstm-int8 | edgedistill loadtest RECIPE --profile smoke | make loadtest PROFILE=smoke |"
+    ) in missing_markdown(tmp_path)
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_serving_benchmark(tmp_path):
-    assert "| serve-bench-bilstm-int8 | make serve-bench |" in missing_markdown(tmp_path)
+    assert "| serve-bench-bilstm-int8 | edgedistill bench serving RECIPE | make serve-bench |" in missing_markdown(
+        tmp_path
+    )
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_accuracy(tmp_path):
-    assert "| serve-accuracy-bilstm-int8 | make serve-accuracy |" in missing_markdown(tmp_path)
+    assert (
+        "| serve-accuracy-bilstm-int8 | edgedistill bench accuracy RECIPE --check | make serve-accuracy |"
+    ) in missing_markdown(tmp_path)
 
 
 def test_a_report_of_a_run_deploying_a_cascade_asks_for_no_serving_benchmark_of_it(tmp_path):
@@ -279,7 +286,10 @@ def test_a_report_of_a_run_that_served_another_cascade_does_not_ask_for_the_defa
 
 
 def test_a_report_of_the_teacher_alone_names_the_default_cascades_absent_serving(tmp_path):
-    assert "| serve-cascade-bilstm-cascade | make serve-cascade |" in missing_markdown(tmp_path)
+    assert (
+        "| serve-cascade-bilstm-cascade | edgedistill bench cascade RECIPE | make serve-cascade |"
+        in missing_markdown(tmp_path)
+    )
 
 
 def bench_row(model: str, median_ms: float, timed_length: int = 64) -> dict:
@@ -343,8 +353,9 @@ def test_benchmark_section_leaves_out_the_row_of_a_bundle_built_again_since(tmp_
 
 
 def test_a_report_names_the_benchmark_row_of_a_bundle_built_again_since_with_the_command_to_time_it_again(tmp_path):
-    assert "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again | make bench |" in (
-        benchmark_markdown(tmp_path, bundle_hash="0" * 64)
+    assert (
+        "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again | edgedistill bench models RECIPE "
+        "| make bench |" in (benchmark_markdown(tmp_path, bundle_hash="0" * 64))
     )
 
 
@@ -365,8 +376,9 @@ def older_student_markdown(tmp_path) -> str:
 
 
 def test_a_report_names_a_bundle_built_from_a_student_distilled_again_since_with_the_command_to_build_it(tmp_path):
-    assert "| bundle-bilstm-int8 | its parent student-bilstm was built again | make bundles |" in (
-        older_student_markdown(tmp_path)
+    assert (
+        "| bundle-bilstm-int8 | its parent student-bilstm was built again | edgedistill bundles RECIPE | make bundles |"
+        in (older_student_markdown(tmp_path))
     )
 
 
@@ -447,7 +459,10 @@ def test_benchmark_figure_leaves_out_a_cascade_built_before_a_member_was_built_a
 def test_a_report_names_the_point_of_a_cascade_built_before_a_member_was_built_again_with_the_command(
     tmp_path, monkeypatch
 ):
-    row = "| expected latency of cascade c | its parent bundle-small was built again | make bundles |"
+    row = (
+        "| expected latency of cascade c | its parent bundle-small was built again | edgedistill bundles RECIPE "
+        "| make bundles |"
+    )
     assert row in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[0]
 
 
@@ -548,8 +563,10 @@ def test_load_test_sections_leave_out_the_result_of_an_earlier_build_of_the_depl
 @pytest.mark.parametrize(
     "row",
     [
-        "| serve-bench-bilstm-int8 | its parent bundle was built again | make serve-bench |",
-        "| loadtest-steady-bilstm-int8 | its parent bundle was built again | make loadtest PROFILE=steady |",
+        "| serve-bench-bilstm-int8 | its parent bundle was built again | edgedistill bench serving RECIPE "
+        "| make serve-bench |",
+        "| loadtest-steady-bilstm-int8 | its parent bundle was built again | edgedistill loadtest RECIPE --profile "
+        "steady | make loadtest PROFILE=steady |",
     ],
 )
 def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bundle(tmp_path, row):
@@ -737,7 +754,10 @@ def test_serving_sections_leave_out_the_benchmark_of_an_earlier_build_of_a_casca
 
 
 def test_a_report_names_the_benchmark_of_an_earlier_build_of_a_cascade_with_the_command_to_run_again(tmp_path):
-    row = "| serve-cascade-bilstm-cascade | its parent cascade was built again | make serve-cascade CASCADE=bilstm-cascade |"
+    row = (
+        "| serve-cascade-bilstm-cascade | its parent cascade was built again | edgedistill bench cascade RECIPE "
+        "--cascade bilstm-cascade | make serve-cascade CASCADE=bilstm-cascade |"
+    )
     assert row in earlier_cascade_markdown(tmp_path)
 
 
@@ -848,7 +868,8 @@ def edited_recipe_markdown(tmp_path, monkeypatch) -> str:
 
 def test_a_report_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(tmp_path, monkeypatch):
     row = (
-        "| teacher | teacher was built with other finetune settings (finetune.optim.lr 0.002 -> 0.001) | make teacher |"
+        "| teacher | teacher was built with other finetune settings (finetune.optim.lr 0.002 -> 0.001) "
+        "| edgedistill teacher RECIPE | make teacher |"
     )
     assert row in edited_recipe_markdown(tmp_path, monkeypatch)
 
