@@ -42,7 +42,7 @@ from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
 from edgedistill.serve.wire import prechecks
-from edgedistill.serve.workers import SupervisorLink
+from edgedistill.serve.workers import RELAYED, SupervisorLink
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
@@ -328,7 +328,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
     async def reload_on_signal():
         # ReloadFailed: logged by the host, the current model keeps serving; NotReady: shutdown began, nothing to load
         with contextlib.suppress(ReloadFailed, NotReady):
-            await server.reload(trigger="SIGHUP")
+            await server.reload(trigger="SIGHUP" if supervisor is None else RELAYED)
 
     def on_hangup():
         nonlocal reload_due

@@ -50,6 +50,7 @@ from edgedistill.serve.settings import Settings, SettingsError
 log = logging.getLogger("serve")
 
 SUPERVISOR_VAR = "SERVE_SUPERVISOR"  # "<supervisor pid>:<fd>" in a worker's environment: where to report
+RELAYED = "SIGHUP from the supervisor (its workers_reload line says why)"  # a worker's reload trigger
 WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: Python, gRPC, ONNX Runtime, buffers
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
@@ -386,10 +387,11 @@ class Supervisor:
             self._reload("signal SIGHUP")
 
     def _reload(self, why: str, done: Worker | None = None) -> None:
-        """SIGHUP every worker but `done` (reloaded already): each reloads its served folder."""
+        """SIGHUP every worker but `done` (reloaded already): each reloads its served folder, and logs `RELAYED` as
+        what asked for it (this line says why)."""
         if self.stopping:
             return
-        log.info("reloading every worker: %s", why, extra={"event": "workers_reload"})
+        log.info("reloading every worker: %s", why, extra={"event": "workers_reload", "trigger": why})
         for worker in self.workers:
             if worker is done:
                 continue

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -197,7 +198,10 @@ def test_sighup_reloads_every_worker(two_workers):
     assert answers == {(pid, "2") for pid in serving["workers"]}
 
 
-def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_path):
+@pytest.fixture
+def reloaded_by_a_call(spawn, tmp_path):
+    """Two workers behind an admin token, whose bundle was written again and reloaded by a Reload call that reached one
+    worker, after one naming a path: the server, its `workers_serving` line and the refused call's code."""
     folder = write_bundle(tmp_path / "bundle")
     server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin")
     serving = server.wait_for("workers_serving", timeout=60)
@@ -207,14 +211,32 @@ def test_a_reload_call_reloads_every_worker_and_may_not_name_a_path(spawn, tmp_p
         stub = classifier_pb2_grpc.ClassifierStub(channel)
         with pytest.raises(grpc.RpcError) as refused:  # it would reach one worker only
             stub.Reload(pb.ReloadRequest(bundle_path=str(folder)), metadata=admin, timeout=30)
-        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert stub.Reload(pb.ReloadRequest(), metadata=admin, timeout=30).model.version == "2"
+        stub.Reload(pb.ReloadRequest(), metadata=admin, timeout=30)
     wait_until(
         lambda: sum(line.get("event") == "model_active" for line in server.lines) == 4,  # 2 at start, 2 reloads
         "not every worker reloaded",
         timeout=30,
     )
+    return server, serving, refused.value.code()
+
+
+def test_a_reload_call_naming_a_path_is_refused_by_a_server_of_several_workers(reloaded_by_a_call):
+    assert reloaded_by_a_call[2] == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_reload_call_reloads_every_worker(reloaded_by_a_call):
+    server, serving, _ = reloaded_by_a_call
     assert set(answering_pids(serving["port"])) == {(pid, "2") for pid in serving["workers"]}
+
+
+def test_the_supervisor_logs_the_reload_call_it_relays_to_the_other_workers(reloaded_by_a_call):
+    relayed = reloaded_by_a_call[0].wait_for("workers_reload")
+    assert re.fullmatch(r"a Reload call to worker [01]", relayed["trigger"])
+
+
+def test_a_worker_reloaded_by_the_supervisor_names_it_as_what_asked(reloaded_by_a_call):
+    triggers = [line["trigger"] for line in reloaded_by_a_call[0].lines if line.get("event") == "reload_started"]
+    assert workers.RELAYED in triggers
 
 
 def test_a_reload_root_with_several_workers_stops_the_server_with_status_2(spawn, bundle, tmp_path):
