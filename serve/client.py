@@ -325,9 +325,13 @@ def _read(path: Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
+SERVER_WIDE = ("pid", "max_texts", "max_message_bytes")  # a cascade member's ModelInfo has 0: the cascade's gives them
+
+
 def _info(message) -> dict:
     """A ModelInfo (or a message within it) as JSON-ready values: nested messages as dicts, unset optional fields
-    (a cascade's last member's threshold) as None."""
+    (a cascade's last member's threshold) as None, and a cascade member's model without the fields of the server
+    (`SERVER_WIDE`), which the cascade's own gives."""
     fields = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
@@ -338,6 +342,8 @@ def _info(message) -> dict:
         elif field.has_presence and not message.HasField(field.name):
             value = None
         fields[field.name] = value
+    if isinstance(message, classifier_pb2.CascadeMember):
+        fields["model"] = {name: value for name, value in fields["model"].items() if name not in SERVER_WIDE}
     return fields
 
 

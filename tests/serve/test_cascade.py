@@ -16,6 +16,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import MEMBERS, ServedModels, confidence, load_cascade, route
 from edgedistill.serve import tensors
 from edgedistill.serve.cascade import load_runtime, refuse_unused_by
+from edgedistill.serve.client import SERVER_WIDE, Client
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
@@ -302,6 +303,18 @@ def test_model_info_describes_the_cascade(stub, cascade):
 
 def test_model_info_of_a_cascade_gives_the_servers_request_limits(stub, cascade):
     assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).max_texts > 0
+
+
+def test_the_clients_model_info_leaves_the_servers_fields_out_of_each_member(served_cascade):
+    with Client(served_cascade.address, retries=0) as client:
+        members = client.model_info()["cascade_members"]
+    assert [sorted(set(SERVER_WIDE) & set(m["model"])) for m in members] == [[], []]
+
+
+def test_the_clients_model_info_of_a_cascade_gives_the_servers_fields(served_cascade):
+    with Client(served_cascade.address, retries=0) as client:
+        info = client.model_info()
+    assert all(info[name] > 0 for name in SERVER_WIDE)
 
 
 def test_a_single_bundle_names_no_member(served):
