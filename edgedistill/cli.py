@@ -21,6 +21,7 @@ from typing import NoReturn
 from edgedistill.common.arguments import count
 from edgedistill.common.processes import dying_with_this_process, python_module, shell_status
 from edgedistill.common.settings import SettingError
+from edgedistill.serve.logs import quiet_grpc_core
 
 PROG = "edgedistill"
 # a full, read-only or foreign runs folder, or a file past `ulimit -f`
@@ -56,6 +57,7 @@ class Command:
     dispatches: bool = False  # the module's own parser takes the command's name first: `python -m distill teacher`
 
     def run(self, name: str, argv: list[str]) -> int:
+        quiet_grpc_core()  # read as gRPC is imported
         try:
             main = importlib.import_module(self.module).main
             if self.dispatches:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     # memory is the box's, beside the workers'
     from edgedistill.common.cascade import ServedModels
     from edgedistill.serve.errors import BundleRejected
-    from edgedistill.serve.logs import configure_logging
+    from edgedistill.serve.logs import configure_logging, quiet_grpc_core
     from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused
     from edgedistill.serve.workers import SupervisorLink, supervise, warn_oversubscribed, worker_count
 
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    quiet_grpc_core()
     supervisor = SupervisorLink.from_environ()
     try:
         if supervisor is None:  # a worker runs with the metrics port off and the deployment's METRICS_HOST

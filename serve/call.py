@@ -340,6 +340,13 @@ def _connection_hint(error: grpc.RpcError, tls: bool) -> str | None:
         )
     if tls and "WRONG_VERSION_NUMBER" in details:
         return "the server did not answer in TLS, as a plaintext server does not: if it serves plaintext, drop the --tls options"
+    if tls and "Socket closed" in details:
+        return (
+            "the server closed the connection in the TLS handshake, as a server of mutual TLS does with a client that "
+            "gives no certificate, or one its CA did not sign: give --tls-cert and --tls-key of a certificate it trusts"
+        )
+    if tls and "CERTIFICATE_VERIFY_FAILED" in details:
+        return "the server's certificate is not one this client trusts: give --tls-ca the CA that signed it"
     return None
 
 

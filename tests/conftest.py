@@ -123,8 +123,9 @@ def step(rps, p99, errors=0.0, offered=None) -> dict:
 def hermetic(tmp_path, monkeypatch):
     """Offline, a runs folder of the test's own, one torch thread; and the process-wide state a command run in the
     test's process (`run_here`) sets left as the test found it: the signal handlers (the server's `main` installs
-    its own, which the processes that later tests start would otherwise inherit) and the root logger's handlers and
-    level (the server's write to the stderr `run_here` captured). Torch's intra-op threads stay as such a command
+    its own, which the processes that later tests start would otherwise inherit), the root logger's handlers and
+    level (the server's write to the stderr `run_here` captured) and GRPC_VERBOSITY (`serve.logs.quiet_grpc_core`,
+    which the servers later tests start would otherwise inherit). Torch's intra-op threads stay as such a command
     sets them: one, as asked here, which suits the suite's workers sharing the cores."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
@@ -132,12 +133,17 @@ def hermetic(tmp_path, monkeypatch):
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     root = logging.getLogger()
     logged = root.level, list(root.handlers)
+    verbosity = os.environ.get("GRPC_VERBOSITY")
     yield
     for sig, handler in handlers.items():
         if handler is not None and signal.getsignal(sig) is not handler:  # None: a handler not set from Python
             signal.signal(sig, handler)
     root.setLevel(logged[0])
     root.handlers[:] = logged[1]
+    if verbosity is None:
+        os.environ.pop("GRPC_VERBOSITY", None)
+    else:
+        os.environ["GRPC_VERBOSITY"] = verbosity
 
 
 @pytest.fixture

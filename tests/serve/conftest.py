@@ -393,8 +393,9 @@ def serve_command(bundle: Path, *extra: str) -> list[str]:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """This environment without EDGEDISTILL_* settings; one worker (no supervisor) unless `extra` says otherwise."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_")}
+    """This environment without EDGEDISTILL_* settings or gRPC's verbosity (the server's own default); one worker (no
+    supervisor) unless `extra` says otherwise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEDISTILL_") and k != "GRPC_VERBOSITY"}
     return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "EDGEDISTILL_WORKERS": "1"} | extra
 
 

@@ -3,6 +3,7 @@ output streamed as one JSON document; the client library's label names and limit
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -817,6 +818,29 @@ def test_a_plaintext_call_to_a_tls_server_hints_at_tls(start_server, bundle, cer
 def test_a_tls_call_to_a_plaintext_server_hints_at_plaintext(served, certs, capsys):
     _, _, err = run(capsys, "--address", served.address, "--retries", "0", "--tls-ca", str(certs / "ca.pem"), "good")
     assert json.loads(err)["error"]["hint"].startswith("the server did not answer in TLS")
+
+
+def test_a_call_without_a_certificate_to_a_mutual_tls_server_hints_at_one(start_server, bundle, certs, capsys):
+    tls = {"tls_cert": certs / "server.pem", "tls_key": certs / "server.key", "tls_ca": certs / "ca.pem"}
+    server = start_server(settings_for(bundle, **tls))
+    _, _, err = run(capsys, "--address", server.address, "--retries", "0", "--tls-ca", str(certs / "ca.pem"), "good")
+    assert json.loads(err)["error"]["hint"].startswith("the server closed the connection in the TLS handshake")
+
+
+def test_a_call_trusting_another_ca_hints_at_the_one_that_signed_the_server(start_server, bundle, certs, capsys):
+    server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
+    trusting = ("--tls-ca", str(certs / "other-ca.pem"))
+    _, _, err = run(capsys, "--address", server.address, "--retries", "0", *trusting, "good")
+    assert json.loads(err)["error"]["hint"].startswith("the server's certificate is not one this client trusts")
+
+
+def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_server, bundle, certs):
+    server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
+    trusting = ("--tls-ca", str(certs / "other-ca.pem"))
+    command = [sys.executable, "-m", "edgedistill", "call", "--address", server.address, "--retries", "0", *trusting]
+    env = {name: value for name, value in os.environ.items() if name != "GRPC_VERBOSITY"}
+    err = subprocess.run([*command, "good"], capture_output=True, text=True, env=env, timeout=60).stderr
+    assert [json.loads(line)["error"]["code"] for line in err.splitlines()] == ["UNAVAILABLE"]
 
 
 def test_a_call_to_no_server_gives_no_tls_hint(capsys):

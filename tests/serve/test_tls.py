@@ -3,6 +3,7 @@ chain without its key yet leaves the old pair serving; a client certificate's na
 
 import logging
 import shutil
+import signal
 
 import grpc
 import pytest
@@ -161,3 +162,19 @@ def test_a_key_openssl_s_default_level_finds_too_small_passes_the_files_check(tm
     run_openssl("req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "2", "-subj", "/CN=small",
                 "-keyout", "small.key", "-out", "small.pem", cwd=tmp_path)  # fmt: skip
     assert check_pem(tmp_path / "small.pem", tmp_path / "small.key", None) is None
+
+
+def test_a_failed_handshake_is_logged_by_the_server_in_json_lines_alone(spawn, bundle, certs):
+    server = spawn(
+        bundle,
+        EDGEDISTILL_TLS_CERT=str(certs / "server.pem"),
+        EDGEDISTILL_TLS_KEY=str(certs / "server.key"),
+        EDGEDISTILL_TLS_CA=str(certs / "ca.pem"),
+    )
+    port = server.wait_for("serving")["port"]
+    credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())  # and no client certificate
+    with grpc.secure_channel(f"localhost:{port}", credentials) as channel, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait(60)
+    assert [line["msg"] for line in server.lines if line.get("event") == "unstructured"] == []
