@@ -463,11 +463,12 @@ def hold_the_teacher(server, stub):
 
 @pytest.fixture
 def overloaded(start_server, cascade):
-    """`overloaded(mode) -> (server, stub)`: a cascade server with SLOW queues and CASCADE_OVERLOAD=mode."""
+    """`overloaded(mode, **changes) -> (server, stub)`: a cascade server with SLOW queues (but for the settings
+    `changes`) and CASCADE_OVERLOAD=mode."""
     channels = []
 
-    def start(mode: str):
-        server = start_server(settings_for(cascade, cascade_overload=mode, **SLOW))
+    def start(mode: str, **changes):
+        server = start_server(settings_for(cascade, cascade_overload=mode, **SLOW | changes))
         channels.append(server.channel())
         return server, classifier_pb2_grpc.ClassifierStub(channels[-1])
 
@@ -555,11 +556,13 @@ def test_overload_refuse_keeps_requests_that_fit(overloaded):
 
 
 def test_a_deadline_passing_while_escalated_texts_wait_drops_them(overloaded):
-    server, stub = overloaded("answer")
+    # The teacher's batch waits 60 s to fill, so that its queue empties by the drop alone, however late the test looks:
+    # given 1 s before SLOW's 2 s ran the texts, a 1 s stall of the test's process there failed it
+    server, stub = overloaded("answer", max_queue_delay_ms=60_000)
     with pytest.raises(grpc.RpcError) as caught:
         stub.Classify(pb.ClassifyRequest(texts=WAITING), timeout=0.5)
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    wait_until(lambda: teacher_queue(server) == 0, "the escalated texts stayed queued", timeout=1.0)
+    wait_until(lambda: teacher_queue(server) == 0, "the escalated texts stayed queued")
 
 
 def test_drain_lets_escalated_texts_finish_at_the_teacher(overloaded):

@@ -149,11 +149,13 @@ def test_a_sighup_while_the_bundle_loads_is_taken_after_the_server_serves(hung_u
 
 
 def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle):
-    server = spawn(bundle, EDGEDISTILL_MAX_QUEUE_DELAY_MS="1500", EDGEDISTILL_SHUTDOWN_GRACE_S="10")
+    # The drain outlasts a stall of the machine before the SIGHUP: queued for 1.5 s, a stall of the test until the
+    # drain's end sent it as the process exited, with SIGHUP's default action again (status -1)
+    server = spawn(bundle, EDGEDISTILL_MAX_QUEUE_DELAY_MS="4000", EDGEDISTILL_SHUTDOWN_GRACE_S="10")
     serving = server.wait_for("serving")
     with grpc.insecure_channel(f"127.0.0.1:{serving['port']}") as channel:
         stub = classifier_pb2_grpc.ClassifierStub(channel)
-        in_flight = stub.Classify.future(pb.ClassifyRequest(texts=["great"]), timeout=20)  # queued for 1.5 s
+        in_flight = stub.Classify.future(pb.ClassifyRequest(texts=["great"]), timeout=20)  # queued for 4 s
         deadline = time.monotonic() + 10
         while queued_rows(serving["metrics_port"]) < 1:
             assert time.monotonic() < deadline, "the call never reached the queue"
@@ -161,6 +163,7 @@ def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle
         server.proc.send_signal(signal.SIGTERM)
         server.wait_for("draining")
         server.proc.send_signal(signal.SIGHUP)  # while the queued call keeps the drain going
+        server.wait_for("reload_failed")  # the SIGHUP taken, its reload refused as the server shuts down
         assert in_flight.result().predictions[0].label == "positive"
     assert server.wait(20) == 0
     server.wait_for("stopped")
