@@ -282,14 +282,32 @@ def _setting(dumped: dict, key: str):
 def by_content(value):
     """`value` (JSON) with every string naming an existing local file or folder replaced by its digest. A bare name
     (`train.tsv`, no `/`) counts as a file, or as a folder holding a checkpoint (`config.json`), which is what the
-    stages read it as; a bare name of another folder is a setting's value (a student named `bench`)."""
+    stages read it as; a bare name of another folder is a setting's value (a student named `bench`). An absolute path
+    that does not exist (no Hub name starts with `/`; a recipe's relative paths are made absolute) is a `RecipeError`:
+    what it held is unknown, so whether an artifact built from it is current cannot be told."""
     if isinstance(value, dict):
         return {key: by_content(item) for key, item in value.items()}
     if isinstance(value, list):
         return [by_content(item) for item in value]
+    if isinstance(value, str) and value.startswith("/") and not os.path.lexists(value):
+        raise RecipeError(_not_found(Path(value)))
     if isinstance(value, str) and value and _names_local(Path(value), written_as_path="/" in value):
         return f"sha256:{_digest(Path(value))}"
     return value
+
+
+def _not_found(path: Path) -> str:
+    """Why a recipe's absolute `path` that does not exist stops a stage, with the nearest name beside it."""
+    try:
+        near = difflib.get_close_matches(path.name, os.listdir(path.parent), n=1, cutoff=0.8)
+    except OSError:  # its folder is gone too
+        near = []
+    nearest = f" ({path.parent} has {near[0]})" if near else ""
+    return (
+        f"{path}: not found{nearest}, so whether what was built from it is current cannot be told; set "
+        "EDGEDISTILL_DATA_DIR (or EDGEDISTILL_TEACHER_INIT) where the recipe reads the path from it, or fix the path "
+        "in the recipe"
+    )
 
 
 def _names_local(path: Path, written_as_path: bool) -> bool:

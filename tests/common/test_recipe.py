@@ -818,6 +818,31 @@ def test_relative_data_hashes_by_content_wherever_the_recipe_lies(tmp_path):
     assert here == there
 
 
+def moved_data_error(tmp_path) -> str:
+    """The error of hashing the data of a recipe whose train file `./train.tsv` was renamed `train-v1.tsv`."""
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
+    recipe = load_recipe(
+        write(tmp_path, "data: {train: ./train.tsv, dev: ./train.tsv, label_names: [bad, good]}\nmodel: {init: m/x}\n")
+    )
+    (tmp_path / "train.tsv").rename(tmp_path / "train-v1.tsv")
+    with pytest.raises(RecipeError) as refused:
+        recipe.section_hash("data")
+    return str(refused.value)
+
+
+def test_a_path_that_is_gone_is_refused_by_the_hash_naming_it(tmp_path):
+    assert moved_data_error(tmp_path).startswith(f"{tmp_path / 'train.tsv'}: not found")
+
+
+def test_a_path_that_is_gone_is_refused_naming_the_nearest_file(tmp_path):
+    assert f"({tmp_path} has train-v1.tsv)" in moved_data_error(tmp_path)
+
+
+def test_a_hub_name_is_hashed_as_its_name(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), {"model.init": "org/model"})
+    assert recipe.settings("model.init") == {"model.init": "org/model"}
+
+
 def test_relative_data_that_changes_changes_the_hash(tmp_path):
     (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
     path = write(
