@@ -643,8 +643,24 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
         merged = _merge(base, raw)
     except RecipeError as err:
         raise RecipeError(f"{path}: {err}") from None
+    _refuse_inherited_splits(path, raw, merged, base_written)
     present = set(_settings_in(merged))  # not a key this recipe dropped (`key: null`, `!replace`)
     return merged, {key: source for key, source in (base_written | written).items() if key in present}
+
+
+def _refuse_inherited_splits(path: Path, top: dict, merged: dict, base_written: dict[str, Path]) -> None:
+    """A recipe that sets its own `data.train` but takes its dev or test split from the recipe it extends would score
+    its models on the base's task, a mistake no figure would show: refused, naming the split and the recipe it comes
+    from. (Labels renamed over the base's files keep its splits.)"""
+    data = top.get("data") if isinstance(top.get("data"), dict) else {}
+    for split in ("dev", "test") if "train" in data else ():
+        inherited = (merged.get("data") or {}).get(split)
+        if split not in data and inherited is not None and f"data.{split}" in base_written:
+            raise RecipeError(
+                f"{path}: sets data.train but takes data.{split} ({inherited}) from {base_written[f'data.{split}']}, "
+                f"which it extends: set data.{split} in this recipe too (the same value, if that is this task's "
+                f"{split} split{'; null for none' if split == 'test' else ''})"
+            )
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"

@@ -19,9 +19,8 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from edgedistill.common.arguments import count
-from edgedistill.common.processes import dying_with_this_process, python_module, shell_status
+from edgedistill.common.processes import dying_with_this_process, python_module, quiet_grpc_core, shell_status
 from edgedistill.common.settings import SettingError
-from edgedistill.serve.logs import quiet_grpc_core
 
 PROG = "edgedistill"
 # a full, read-only or foreign runs folder, or a file past `ulimit -f`

@@ -3,7 +3,6 @@ that answers it."""
 
 import json
 import logging
-import os
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -33,13 +32,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
-
-
-def quiet_grpc_core() -> None:
-    """gRPC's C core writes lines of its own on stderr, not JSON, and at INFO by default: one per failed TLS handshake,
-    a client's or the server's. Only its errors, unless GRPC_VERBOSITY says otherwise: set before gRPC is imported,
-    which reads it, and handed down to the server's workers."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -797,6 +797,33 @@ def test_a_dot_slash_override_is_left_for_the_working_directory(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "./x.tsv"}).data.train == "./x.tsv"
 
 
+def test_a_recipe_with_its_own_train_split_and_the_bases_dev_split_is_refused_naming_both(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    with pytest.raises(RecipeError, match=r"sets data.train but takes data.dev \(.*b.tsv\) from .*base.yaml"):
+        load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: c.tsv}\n"))
+
+
+def test_a_recipe_with_its_own_train_and_dev_splits_and_the_bases_test_split_is_refused(tmp_path):
+    write(tmp_path, MINIMAL.replace("dev: b.tsv", "dev: b.tsv, test: t.tsv"), "base.yaml")
+    with pytest.raises(RecipeError, match=r"takes data.test .* null for none"):
+        load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: c.tsv, dev: d.tsv}\n"))
+
+
+def test_a_recipe_that_renames_the_bases_labels_takes_its_splits(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {label_names: [bad, good]}\n")).data.dev == "b.tsv"
+
+
+def test_a_recipe_with_its_own_train_and_dev_splits_extends_a_base(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: c.tsv, dev: d.tsv}\n")).data.dev == "d.tsv"
+
+
+def test_a_recipe_that_keeps_the_bases_task_takes_its_splits(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {metric: macro_f1}\n")).data.dev == "b.tsv"
+
+
 def test_a_base_recipes_relative_paths_resolve_from_its_own_folder(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "top").mkdir()
