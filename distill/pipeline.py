@@ -1,6 +1,8 @@
 """What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
 parallel jobs."""
 
+from pathlib import Path
+
 from edgedistill.common.data import load_splits, load_test, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
@@ -29,6 +31,7 @@ def run(
             if slow := device.emulation_warning(placement):
                 print(f"[runtime] warning: {slow}")
         if stage in ("pretrain", "finetune", "teacher"):
+            _require_checkpoint(recipe.model.init)
             if dist.is_main():
                 _warn_unreadable_transfer_files(recipe)
                 _warn_masking(recipe)
@@ -70,6 +73,26 @@ def _warn_student_problems(recipe: Recipe) -> None:
         print(f"[teacher] warning: {err}; the transfer and distill stages will stop on it, before the transfer set")
 
 
+def _require_checkpoint(init: str | None) -> None:
+    """A local `model.init` that is no checkpoint folder (a file, or a folder without `config.json`) is a
+    `RecipeError` naming what it is, rather than the loader's guess that it is a Hub name."""
+    path = Path(init) if init else None
+    if path is None or not path.exists():  # a Hub name (a missing local path stops the stage's hash)
+        return
+    if not path.is_dir():
+        raise RecipeError(
+            f"model.init: {path} is a file, not a checkpoint folder: name the folder that holds config.json and the "
+            "weights (EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
+        )
+    if not (path / "config.json").is_file():
+        held = sorted(item.name for item in path.iterdir())
+        holds = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it is empty"
+        raise RecipeError(
+            f"model.init: {path} holds no checkpoint (no config.json; {holds}): name the folder a model's "
+            "save_pretrained wrote, or a Hub model (EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
+        )
+
+
 def _warn_positions(recipe: Recipe) -> None:
     """Say now, not after the teacher has trained, that the transfer stage will refuse a `transfer.max_length` past the
     teacher's positions: those of `model.init`, or `pretrain.scratch_positions` for a teacher built from scratch."""
@@ -83,7 +106,7 @@ def _warn_positions(recipe: Recipe) -> None:
             heads.refuse_past_positions(positions, tokens, setting, "a teacher built from scratch", why)
         else:
             heads.require_positions(AutoConfig.from_pretrained(recipe.model.init), tokens, setting, recipe.model.init)
-    except OSError:  # an init that cannot be read: fine-tuning says so
+    except (OSError, ValueError):  # an init that cannot be read: fine-tuning says so
         return
     except RecipeError as err:
         print(f"[teacher] warning: {err}; the transfer stage will stop on it")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill import __main__ as distill_main
 from edgedistill.distill import pipeline, stages
 from edgedistill.distill.dist import CollectiveTimeout
@@ -231,3 +231,24 @@ def test_a_command_with_a_stage_to_build_builds_it(one_stale):
 
 def test_a_command_with_a_stage_to_build_says_once_that_each_other_is_up_to_date(one_stale):
     assert one_stale[0].stdout.count("[student-cnn] up to date") == 1
+
+
+def test_a_checkpoint_file_as_model_init_is_refused_as_no_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RecipeError, match="is a file, not a checkpoint folder"):
+        pipeline._require_checkpoint(str(tmp_path / "config.json"))
+
+
+def test_a_folder_without_config_as_model_init_is_refused_naming_what_it_holds(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\n")
+    with pytest.raises(RecipeError, match=r"holds no checkpoint \(no config.json; it holds train.csv\)"):
+        pipeline._require_checkpoint(str(tmp_path))
+
+
+def test_a_checkpoint_folder_as_model_init_is_taken(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert pipeline._require_checkpoint(str(tmp_path)) is None
+
+
+def test_a_hub_name_as_model_init_is_left_to_the_loader():
+    assert pipeline._require_checkpoint("org/no-such-folder-here") is None
