@@ -349,7 +349,9 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         log.info(
             "listening on port %d, %s",
             port,
-            "calls need the bearer token TOKEN" if settings.token else "calls need no token (set TOKEN to require one)",
+            "calls need the bearer token EDGEDISTILL_TOKEN"
+            if settings.token
+            else "calls need no token (set EDGEDISTILL_TOKEN to require one)",
             extra={
                 "event": "listening",
                 "port": port,

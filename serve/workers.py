@@ -480,7 +480,8 @@ class Supervisor:
             self._start(index, restarted=True)
         except OSError as err:
             log.error(
-                "cannot restart worker %d: %s; raise the container's pids or open-files limit, or lower WORKERS",
+                "cannot restart worker %d: %s; raise the container's pids or open-files limit, or lower "
+                "EDGEDISTILL_WORKERS",
                 index,
                 err,
                 extra={"event": "worker_restart_failed", "worker": index, "errno": errno.errorcode.get(err.errno)},
@@ -540,7 +541,8 @@ def supervise(settings: Settings, argv: list[str], count: int, models: ServedMod
     if settings.reload_root is not None:
         raise SettingsError(
             f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
-            f"{settings.workers}) refuses, as the call reaches one of them: set WORKERS=1, or unset RELOAD_ROOT"
+            f"{settings.workers}) refuses, as the call reaches one of them: set EDGEDISTILL_WORKERS=1, or unset "
+            "EDGEDISTILL_RELOAD_ROOT"
         )
     return Supervisor(settings, argv, count, models).run()
 

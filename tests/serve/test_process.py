@@ -302,6 +302,10 @@ def test_the_listening_line_says_whether_calls_need_a_token(spawn, bundle, envir
     assert spawn(bundle, **environ).wait_for("listening")["token"] is needed
 
 
+def test_the_listening_line_names_the_variable_that_sets_a_token(spawn, bundle):
+    assert spawn(bundle).wait_for("listening")["msg"].endswith("(set EDGEDISTILL_TOKEN to require one)")
+
+
 def test_client_cli_prints_the_model_and_each_texts_label_and_probabilities(served, capsys):
     assert cli.main(["--address", served.address, "a great movie", "awful boring film"]) == 0
     out = json.loads(capsys.readouterr().out)
