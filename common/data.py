@@ -348,7 +348,8 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
         meant = f" (did you mean {near!r}? a name matches as written, case included)" if near else ""
         raise DataError(
             f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
-            f"0..{len(names) - 1}{meant}; fix the file, or list the task's labels in data.label_names in the recipe"
+            f"0..{len(names) - 1}{meant}; if it is a label of the task, add it to data.label_names in the recipe, "
+            "else fix the file"
         )
     # where a name is the number of another index, a number is read as a name, so a cell read as an index would put
     # two numbers on one label (star ratings named 1..5 in a file of indices 0..4: 0 and 1 both the first)
@@ -363,9 +364,10 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
 
 
 def _near_name(text: str, names: list[str]) -> str | None:
-    """The label name `text` differs from only in case, else the closest name, if any is close."""
+    """The label name `text` differs from only in case, else the closest name, if any is close enough to be a typo of
+    it (not a label of its own one letter away from a short name: TREC's NUM and HUM)."""
     same = [name for name in names if name.casefold() == text.casefold()]
-    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1)), None)
+    return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1, cutoff=0.75)), None)
 
 
 def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:

@@ -571,6 +571,18 @@ def test_a_label_two_letters_from_a_name_names_the_label_meant(tmp_path):
         load_labelled(write_labels(tmp_path, "ENTI"), TREC)
 
 
+def test_a_label_missing_from_the_names_is_not_taken_for_a_short_name_one_letter_away(tmp_path):
+    trec_without_num = TREC.model_copy(update={"label_names": ["ABBR", "DESC", "ENTY", "HUM", "LOC"]})
+    with pytest.raises(DataError) as refused:
+        load_labelled(write_labels(tmp_path, "NUM"), trec_without_num)
+    assert "did you mean" not in str(refused.value)
+
+
+def test_an_unknown_label_is_told_to_be_added_to_the_names_if_it_is_one(tmp_path):
+    with pytest.raises(DataError, match="if it is a label of the task, add it to data.label_names in the recipe"):
+        load_labelled(write_labels(tmp_path, "what"), TREC)
+
+
 @pytest.fixture
 def misspelt_column(tmp_path) -> str:
     """The error for a recipe whose text column is misspelt: `qeury` for a file of columns `query` and `qtype`."""
@@ -590,7 +602,7 @@ def test_the_columns_found_are_listed_in_the_files_order(misspelt_column):
 
 
 def test_a_label_like_no_name_names_none(tmp_path):
-    with pytest.raises(DataError, match=re.escape("nor an index 0..5; fix the file")):
+    with pytest.raises(DataError, match=re.escape("nor an index 0..5; if it is a label of the task")):
         load_labelled(write_labels(tmp_path, "what"), TREC)
 
 
