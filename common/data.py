@@ -508,6 +508,18 @@ def load_splits(cfg: DataConfig) -> tuple[Examples, Examples]:
     return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev", cfg.dev_limit)
 
 
+def limits_note(cfg: DataConfig, train: Examples, dev: Examples) -> str | None:
+    """Which of `load_splits`' splits `train_limit` / `dev_limit` cut, as a sentence: those read up to the limit (the
+    file may hold more: it is read no further), or None."""
+    read = {"train": len(train) // (2 if cfg.symmetric_pairs else 1), "dev": len(dev)}
+    cut = [
+        f"the first {count:,} {split} examples (data.{split}_limit)"
+        for split, count in read.items()
+        if getattr(cfg, f"{split}_limit") == count
+    ]
+    return f"read {' and '.join(cut)}; a limit of null reads the split whole" if cut else None
+
+
 def load_test(cfg: DataConfig) -> Examples | None:
     """The recipe's test split, or None without one."""
     return None if cfg.test is None else _split(cfg, "test")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import Examples, load_splits, load_test
+from edgedistill.common.data import Examples, limits_note, load_splits, load_test
 from edgedistill.common.recipe import RecipeError
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.distill import device, dist, heads
@@ -95,6 +95,8 @@ def build_stage(inputs: Inputs) -> Built | None:
     cfg, data = recipe.finetune, recipe.data
     train, dev = load_splits(data)
     test = load_test(data)  # read now: a bad test file fails before training, not after it
+    if (limited := limits_note(data, train, dev)) and dist.is_main():
+        print(f"[teacher] {limited}")
     if (absent := train.absent(data.label_names)) and dist.is_main():
         print(f"[teacher] warning: no train example is labelled {absent} (data.label_names); the model never learns it")
     if (unscored := dev.f1_warning(data)) and dist.is_main():

@@ -11,6 +11,7 @@ from edgedistill.common.data import (
     HubSource,
     _label_index,
     _rows,
+    limits_note,
     line_count,
     load_labelled,
     load_splits,
@@ -912,3 +913,22 @@ def test_dev_with_the_positive_label_gives_no_f1_warning():
 
 def test_dev_without_the_positive_label_gives_no_warning_selecting_on_accuracy():
     assert Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(CFG) is None
+
+
+def limited_note(tmp_path, train_limit: int | None, dev_limit: int | None) -> str | None:
+    """The limits note of a task of 3 train and 2 dev examples, read with these limits."""
+    train, dev = write_labels(tmp_path, "HUM", "LOC", "NUM"), write_labels(tmp_path, "HUM", "LOC", name="dev.tsv")
+    cfg = TREC.model_copy(
+        update={"train": str(train), "dev": str(dev), "train_limit": train_limit, "dev_limit": dev_limit}
+    )
+    return limits_note(cfg, *load_splits(cfg))
+
+
+def test_a_train_split_read_up_to_its_limit_is_said_to_be_cut(tmp_path):
+    assert limited_note(tmp_path, 2, None) == (
+        "read the first 2 train examples (data.train_limit); a limit of null reads the split whole"
+    )
+
+
+def test_splits_read_whole_under_their_limits_are_not_said_to_be_cut(tmp_path):
+    assert limited_note(tmp_path, 10, 10) is None
