@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from edgedistill.bench import slo
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, summary, tables
@@ -206,6 +207,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
             f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
+            + (f"; {missed}" if (missed := slo.missed(served.targets)) else "")
         )
     for folder in (root / name for name in plan.loadtests(recipe)):
         if not (folder / loadtest_result.RESULT_FILE).is_file() or folder.name in stale:

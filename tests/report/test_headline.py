@@ -2,6 +2,7 @@ import io
 import json
 
 import pytest
+from edgedistill.bench import slo
 from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
@@ -466,9 +467,9 @@ def test_headline_gives_the_macro_f1_of_the_shipped_trec_recipe(tmp_path, monkey
     assert headline.headline(recipe, "recipes/trec.yaml")[0] == "teacher: dev accuracy 0.9000, dev macro-F1 0.8000"
 
 
-def publish_serving(folder, failures: int) -> None:
+def publish_serving(folder, failures: int, targets: list[dict] = ()) -> None:
     """A serving benchmark's artifact of the run's bundle-bilstm-int8 (published with it) whose capacity phase failed
-    `failures` calls."""
+    `failures` calls, with the verdicts `targets`."""
     bundle = folder.parent / "bundle-bilstm-int8"
     publish(bundle, {})
     result = ServingResult(
@@ -480,8 +481,8 @@ def publish_serving(folder, failures: int) -> None:
         runs={"paced": [{"failures": 0}], "capacity": [{"failures": failures}]},
         summary={"paced": {"p99_ms": Spread.of([2.5])}, "capacity": {"texts_per_s": Spread.of([1500])}},
         ratios={"capacity_vs_echo": 0.5, "capacity_vs_bare": 0.9},
-        targets=[],
-        passed=True,
+        targets=list(targets),
+        passed=all(target["passed"] for target in targets),
     )
     with mf.stage_folder(folder) as tmp:
         result.save(tmp, "")
@@ -502,6 +503,12 @@ def test_the_serving_line_says_how_many_calls_of_the_benchmark_failed(recipe):
 def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe):
     publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0)
     assert "failed" not in serving_line(recipe)
+
+
+def test_the_serving_line_names_the_targets_the_benchmark_missed(recipe):
+    targets = [slo.verdict("paced 200/s: p99_ms", 2.5, "<= 2", False), slo.verdict("capacity", 0.5, ">= 0.4", True)]
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0, targets=targets)
+    assert serving_line(recipe).endswith("; missed paced 200/s: p99_ms")
 
 
 @pytest.mark.parametrize("folder", ["serve-bench-cnn-int8", "serve-bench"])
