@@ -261,14 +261,17 @@ def markdown(result: ModelTable) -> str:
         ]
         for r in result.rows
     ]
-    lines = [f"Latency per call, median of timed calls after warm-up, {result.threads} intra-op threads.", ""]
+    lines = [
+        f"Latency per call, median of timed calls after warm-up, {tables.counted(result.threads, 'intra-op thread')}.",
+        "",
+    ]
     if note := cut_note(result.rows):
         lines += [note, ""]
     return "\n".join(lines + tables.markdown(header, rows)) + "\n"
 
 
 def print_table(result: ModelTable) -> None:
-    title = f"latency ms (median, speedup vs {EAGER}), {result.threads} threads"
+    title = f"latency ms (median, speedup vs {EAGER}), {tables.counted(result.threads, 'thread')}"
     header = ["model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)]
     rows = [
         [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r)]

@@ -120,8 +120,8 @@ def _latency(recipe: Recipe, stage: str) -> list[str]:
     lines = [
         "## Latency",
         "",
-        f"From the model benchmark (`edgedistill bench models`, {bench['threads']} intra-op threads, {row['runtime']}); "
-        f"median ms per call, speedup against the teacher in PyTorch eager on the CPU.{cut}",
+        f"From the model benchmark (`edgedistill bench models`, {tables.counted(bench['threads'], 'intra-op thread')}, "
+        f"{row['runtime']}); median ms per call, speedup against the teacher in PyTorch eager on the CPU.{cut}",
         "",
         *tables.markdown(["batch", "tokens", "median ms", "speedup"], cells),
     ]

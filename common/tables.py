@@ -16,6 +16,11 @@ def cell(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
+def counted(count: int, noun: str) -> str:
+    """`count` of `noun`, plural but for one: "1 thread", "2 threads"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def result(passed: bool) -> str:
     """The result cell of a check: PASSED or MISSED."""
     return PASSED if passed else MISSED

@@ -196,7 +196,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 )
                 lines.append(
                     f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {cell.timed_length} tokens {versus} "
-                    f"({bench.threads} thread{'' if bench.threads == 1 else 's'})"
+                    f"({tables.counted(bench.threads, 'thread')})"
                 )
     serving = root / plan.deployed(recipe, measured.SERVING)
     if (serving / mf.MANIFEST).is_file() and serving.name not in stale:

@@ -73,3 +73,11 @@ def test_a_measured_figure_at_its_limit_keeps_its_format():
 def test_a_measured_figure_written_with_an_exponent_at_its_limit_shows_its_decimals():
     verdict = {"name": "capacity_rps", "measured": 999.6, "limit": ">= 1000", "passed": False}
     assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "999.6"
+
+
+def test_one_of_a_noun_is_counted_in_the_singular():
+    assert tables.counted(1, "thread") == "1 thread"
+
+
+def test_more_of_a_noun_are_counted_in_the_plural():
+    assert tables.counted(2, "thread") == "2 threads"
