@@ -227,7 +227,8 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     try:
         # the header is the first line that is not blank: blank lines before it are skipped, as they are after it
         reader.fieldnames = header = next((cells for cells in reader.reader if not _blank(cells)), [])
-        if twice := sorted({name for name in header if header.count(name) > 1}):
+        # columns without a name (a spreadsheet's empty ones, `a,b,,`) are read by no setting, however many
+        if twice := sorted({name for name in header if name and header.count(name) > 1}):
             raise DataError(
                 f"{path}:{reader.reader.line_num} (the header): column(s) {twice} named more than once; rename them"
             )

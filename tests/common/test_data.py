@@ -145,6 +145,11 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path):
         load_labelled(str(tmp_path / "a.csv"), CFG)
 
 
+def test_a_spreadsheets_empty_columns_without_names_are_read_past(tmp_path):
+    (tmp_path / "a.csv").write_text("sentence,label,,\ngood,1,,\nbad,0,,\n")
+    assert load_labelled(str(tmp_path / "a.csv"), CFG).labels == [1, 0]
+
+
 @pytest.mark.parametrize(
     "name, content, separator",
     [
