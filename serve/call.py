@@ -328,11 +328,16 @@ def _input_hint(client: Client, model: str, given_pairs: bool) -> str | None:
     return None
 
 
-def _connection_hint(error: grpc.RpcError, tls: bool) -> str | None:
-    """Where a call could not connect because client and server disagree on TLS (gRPC names neither), what to give."""
+def _connection_hint(error: grpc.RpcError, address: str, tls: bool) -> str | None:
+    """Where a call could not connect, what to give: a server where none listens, or the TLS options where client and
+    server disagree on TLS (gRPC names neither)."""
     details = error.details() or ""
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return None
+    if "Connection refused" in details:
+        return (
+            f"no server listens at {address}: start one (edgedistill serve --bundle BUNDLE), or give --address of one"
+        )
     if not tls and "Socket closed" in details:
         return (
             "the server closed the connection at once, as a TLS server closes a plaintext one: if it serves TLS, give "
@@ -414,7 +419,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        hint = hint or _connection_hint(err, bool(args.tls or args.tls_ca))
+        hint = hint or _connection_hint(err, args.address, bool(args.tls or args.tls_ca))
         error = {"code": err.code().name, "message": err.details()}
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)

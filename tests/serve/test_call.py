@@ -843,6 +843,7 @@ def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_ser
     assert [json.loads(line)["error"]["code"] for line in err.splitlines()] == ["UNAVAILABLE"]
 
 
-def test_a_call_to_no_server_gives_no_tls_hint(capsys):
-    _, _, err = run(capsys, "--address", unused_address(), "--retries", "0", "good")
-    assert "hint" not in json.loads(err)["error"]
+def test_a_call_to_no_server_hints_that_none_listens_there(capsys):
+    address = unused_address()
+    _, _, err = run(capsys, "--address", address, "--retries", "0", "good")
+    assert json.loads(err)["error"]["hint"].startswith(f"no server listens at {address}: start one")
