@@ -569,7 +569,7 @@ def _base_path(path: Path, name) -> Path:
     if "/" in name:
         base = path.parent / name
     else:
-        base = (path.parent / name) if (path.parent / name).is_file() else settings.find_recipe(name)
+        base = (path.parent / name) if (path.parent / name).is_file() else settings.find_recipe(name, path)
     if base is None or not base.is_file():
         raise RecipeError(
             f"{path}: extends {name}, which does not exist; extends takes a path relative to the recipe, an absolute "

@@ -219,10 +219,13 @@ def recipe_folders() -> list[Path]:
     return list(dict.fromkeys([Path.cwd() / "recipes", installed]))
 
 
-def find_recipe(name: str) -> Path | None:
-    """The file of the recipe called `name` (`sst2` or `sst2.yaml`) in the first of `recipe_folders` that has it."""
+def find_recipe(name: str, extending: Path | None = None) -> Path | None:
+    """The file of the recipe called `name` (`sst2` or `sst2.yaml`) in the first of `recipe_folders` that has it, other
+    than the recipe `extending` it: a `recipes/trec.yaml` of one's own may extend `trec`, the installed one."""
     file = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
-    return next((folder / file for folder in recipe_folders() if (folder / file).is_file()), None)
+    found = (folder / file for folder in recipe_folders() if (folder / file).is_file())
+    itself = extending.resolve() if extending is not None else None
+    return next((path for path in found if path.resolve() != itself), None)
 
 
 def recipe_names() -> list[str]:

@@ -1281,6 +1281,13 @@ def test_extends_in_a_cycle_is_refused(tmp_path):
         load_recipe(tmp_path / "a.yaml")
 
 
+def test_a_recipe_of_a_shipped_recipes_name_extends_the_shipped_one_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    recipe = load_recipe(write(tmp_path / "recipes", "extends: trec\nfinetune: {optim: {lr: 1e-5}}\n", "trec.yaml"))
+    assert recipe.data.label_names == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+
+
 def test_the_extending_recipe_keeps_its_own_name(tmp_path):
     assert extend(tmp_path, "").name == "exp"
 
