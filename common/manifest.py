@@ -151,10 +151,15 @@ def how_to_build(folder: Path) -> str:
 
 
 def unfinished(folder: Path) -> str:
-    """Why `folder`, which has no manifest, is no artifact, and what to do: for a folder that does not exist, the
-    finished artifact beside it of the nearest name, if any (a misspelt path), else the command that builds it."""
+    """Why `folder`, which has no manifest, is no artifact, and what to do: for a folder holding finished artifacts (a
+    run folder), their names; for a folder that does not exist, the finished artifact beside it of the nearest name, if
+    any (a misspelt path); else the command that builds it."""
     why = f"{folder} is not a finished artifact: {MANIFEST} is missing"
     if folder.is_dir():
+        inside = sorted(child.name for child in folder.iterdir() if (child / MANIFEST).is_file())
+        if inside:  # a run folder, named for one of its artifacts
+            listed = ", ".join(inside[:8]) + (", ..." if len(inside) > 8 else "")
+            return f"{why}; it holds finished artifacts ({listed}): name one of them"
         return f"{why} ({how_to_build(folder)})"
     try:
         finished = [other.name for other in folder.parent.iterdir() if (other / MANIFEST).is_file()]

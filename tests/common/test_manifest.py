@@ -173,6 +173,12 @@ def test_a_folder_without_its_manifest_names_the_command_that_builds_it(tmp_path
         mf.load(tmp_path / "bundle-cnn-int8")
 
 
+def test_a_run_folder_given_for_an_artifact_is_answered_with_the_artifacts_it_holds(tmp_path):
+    publish(tmp_path)  # tmp_path/stage
+    with pytest.raises(mf.ArtifactError, match=r"it holds finished artifacts \(stage\): name one of them"):
+        mf.load(tmp_path)
+
+
 def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(tmp_path):
     publish(tmp_path)  # tmp_path/stage
     with pytest.raises(mf.ArtifactError, match=rf"did you mean {tmp_path / 'stage'}\? else run its stage first"):
