@@ -182,7 +182,7 @@ class Stage:
     @cached_property
     def _extra_by_content(self):
         """`extra` with its local files as their digests: read once for `hashed` and `config_hash`."""
-        return by_content(self.extra)
+        return by_content(self.extra, missing_ok=True)  # a stage's own inputs (`--texts`): it names one it lacks
 
     @cached_property
     def config_hash(self) -> str:

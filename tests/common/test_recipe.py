@@ -857,8 +857,23 @@ def moved_data_error(tmp_path) -> str:
     return str(refused.value)
 
 
-def test_a_path_that_is_gone_is_refused_by_the_hash_naming_it(tmp_path):
-    assert moved_data_error(tmp_path).startswith(f"{tmp_path / 'train.tsv'}: not found")
+def test_a_path_that_is_gone_is_refused_by_the_hash_naming_its_setting_and_it(tmp_path):
+    assert moved_data_error(tmp_path).startswith(f"data.train: {tmp_path / 'train.tsv'} not found")
+
+
+def test_the_recipes_own_hash_takes_a_path_that_is_gone_as_written(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\tgood\n")
+    recipe = load_recipe(
+        write(tmp_path, "data: {train: ./train.tsv, dev: ./train.tsv, label_names: [bad, good]}\nmodel: {init: m/x}\n")
+    )
+    (tmp_path / "train.tsv").unlink()
+    assert len(recipe.hash) == 16  # a manifest's record: a stage that reads no such file still publishes
+
+
+def test_a_relative_path_deeper_than_a_hub_name_that_is_gone_is_refused(tmp_path):
+    recipe = load_recipe(write(tmp_path, MINIMAL), {"model.init": "runs/other/teacher"})
+    with pytest.raises(RecipeError, match="model.init: runs/other/teacher not found from the working directory"):
+        recipe.settings("model.init")
 
 
 def test_a_path_that_is_gone_is_refused_naming_the_nearest_file(tmp_path):

@@ -577,6 +577,16 @@ def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_
     ) in edited_recipe_headline(recipe)
 
 
+def test_headline_names_a_teacher_whose_data_file_is_gone_with_the_file(recipe, tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("sentence\tlabel\ngood\t1\n")
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train": str(train)})
+    Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), {})).run()
+    train.unlink()
+    teacher_lines = [line for line in headline.headline(built, "x.yaml") if line.startswith("not shown: teacher,")]
+    assert f"data.train: {train} not found" in teacher_lines[0]
+
+
 def test_headline_given_the_settings_a_teacher_was_built_with_shows_its_figures(recipe, capsys):
     edited_recipe_headline(recipe)
     headline.main([str(ROOT / "recipes" / "smoke.yaml"), "--finetune.optim.lr=0.002"])
