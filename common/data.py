@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from edgedistill.common import progress
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
+from edgedistill.common.names import first_of
 from edgedistill.common.text import NotUtf8, shows_nothing, utf8_lines
 
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
@@ -99,7 +100,7 @@ def _require_file(path: Path) -> None:
     """Fail unless `path` is a file, saying where a relative one was looked for, or what a folder holds."""
     if path.is_dir():
         held = sorted(_file_names(path))
-        holds = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it holds no file"
+        holds = f"it holds {first_of(held)}" if held else "it holds no file"
         raise DataError(
             f"{path}: a folder, not a file ({holds}); name the file itself in the recipe, and in a list of text "
             "files each of them"

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edgedistill.common.atomic import atomic_write, publish_folder, remove_orphans, space_checked, temporary_name
+from edgedistill.common.names import first_of
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
@@ -156,16 +157,14 @@ def unfinished(folder: Path) -> str:
     any (a misspelt path); else the command that builds it."""
     why = f"{folder} is not a finished artifact: {MANIFEST} is missing"
     if folder.is_dir():
-        inside = sorted(child.name for child in folder.iterdir() if (child / MANIFEST).is_file())
-        if inside:  # a run folder, named for one of its artifacts
-            listed = ", ".join(inside[:8]) + (", ..." if len(inside) > 8 else "")
-            return f"{why}; it holds finished artifacts ({listed}): name one of them"
+        if inside := [child.name for child in finished(folder)]:  # a run folder, named for one of its artifacts
+            return f"{why}; it holds finished artifacts ({first_of(inside, 8)}): name one of them"
         return f"{why} ({how_to_build(folder)})"
     try:
-        finished = [other.name for other in folder.parent.iterdir() if (other / MANIFEST).is_file()]
+        beside = [other.name for other in finished(folder.parent)]
     except OSError:  # no such parent either
-        finished = []
-    near = difflib.get_close_matches(folder.name, finished, n=1)
+        beside = []
+    near = difflib.get_close_matches(folder.name, beside, n=1)
     hint = f"did you mean {folder.parent / near[0]}? else " if near else ""
     return f"{why}, as the folder does not exist ({hint}{how_to_build(folder)})"
 

@@ -4,6 +4,7 @@ parallel jobs."""
 from pathlib import Path
 
 from edgedistill.common.data import load_splits, load_test, unreadable_files
+from edgedistill.common.names import first_of
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
@@ -86,7 +87,7 @@ def _require_checkpoint(init: str | None) -> None:
         )
     if not (path / "config.json").is_file():
         held = sorted(item.name for item in path.iterdir())
-        holds = f"it holds {', '.join(held[:5])}{', ...' if len(held) > 5 else ''}" if held else "it is empty"
+        holds = f"it holds {first_of(held)}" if held else "it is empty"
         raise RecipeError(
             f"model.init: {path} holds no checkpoint (no config.json; {holds}): name the folder a model's "
             "save_pretrained wrote, or a Hub model (EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
@@ -106,10 +107,10 @@ def _warn_positions(recipe: Recipe) -> None:
             heads.refuse_past_positions(positions, tokens, setting, "a teacher built from scratch", why)
         else:
             heads.require_positions(AutoConfig.from_pretrained(recipe.model.init), tokens, setting, recipe.model.init)
-    except (OSError, ValueError):  # an init that cannot be read: fine-tuning says so
-        return
     except RecipeError as err:
         print(f"[teacher] warning: {err}; the transfer stage will stop on it")
+    except (OSError, ValueError):  # an init whose config cannot be read (a RecipeError is one too): fine-tuning says so
+        return
 
 
 def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:

@@ -96,7 +96,8 @@ def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
     if settings.workers * per_worker > memory:
         log.warning(
             "WORKERS=%d may not fit in the usable memory (%d MiB, the cgroup's limit or what is available): each worker "
-            "counts %d MiB; the kernel may kill the server without a log line. Set WORKERS=0 to fit them to memory",
+            "counts %d MiB; the kernel may kill the server without a log line. Set EDGEDISTILL_WORKERS=0 to fit them to "
+            "memory",
             settings.workers,
             memory >> 20,
             per_worker >> 20,
@@ -115,7 +116,8 @@ def warn_oversubscribed(settings: Settings, count: int, models: ServedModels | N
     if each * count > cores:
         log.warning(
             "%d server process(es) of %d intra-op thread(s) each run %d threads on %d usable core(s): they take turns, "
-            "each batch slower than on fewer threads. Set THREADS=0 and WORKERS=0 to fit them to the cores",
+            "each batch slower than on fewer threads. Set EDGEDISTILL_THREADS=0 and EDGEDISTILL_WORKERS=0 to fit them to "
+            "the cores",
             count,
             each,
             each * count,
@@ -540,9 +542,9 @@ def supervise(settings: Settings, argv: list[str], count: int, models: ServedMod
     naming a bundle reaches one."""
     if settings.reload_root is not None:
         raise SettingsError(
-            f"RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers (WORKERS="
-            f"{settings.workers}) refuses, as the call reaches one of them: set EDGEDISTILL_WORKERS=1, or unset "
-            "EDGEDISTILL_RELOAD_ROOT"
+            f"EDGEDISTILL_RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers "
+            f"(EDGEDISTILL_WORKERS={settings.workers}) refuses, as the call reaches one of them: set "
+            "EDGEDISTILL_WORKERS=1, or unset EDGEDISTILL_RELOAD_ROOT"
         )
     return Supervisor(settings, argv, count, models).run()
 

@@ -252,3 +252,9 @@ def test_a_checkpoint_folder_as_model_init_is_taken(tmp_path):
 
 def test_a_hub_name_as_model_init_is_left_to_the_loader():
     assert pipeline._require_checkpoint("org/no-such-folder-here") is None
+
+
+def test_an_init_whose_config_cannot_be_read_is_left_to_fine_tuning_by_the_positions_warning(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")  # no model_type: transformers raises ValueError
+    pipeline._warn_positions(load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path)}))
+    assert capsys.readouterr().out == ""

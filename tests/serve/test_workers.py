@@ -251,7 +251,7 @@ def test_a_reload_root_with_several_workers_is_refused_naming_both(spawn, bundle
         bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
     )
     assert (
-        "RELOAD_ROOT lets a Reload call name a bundle, which a server of 2 workers (WORKERS=2)"
+        "EDGEDISTILL_RELOAD_ROOT lets a Reload call name a bundle, which a server of 2 workers (EDGEDISTILL_WORKERS=2)"
         in server.wait_for("start_failed", timeout=60)["msg"]
     )
 
