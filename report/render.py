@@ -120,12 +120,13 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
 
 
 RERUN = ("built or measured by", "in a checkout")  # the columns `_rerun` fills
-RECIPE_NOTE = "RECIPE is the run's recipe file"
+RECIPE = "RECIPE.yaml"  # the report is an artifact of the recipe's contents: what its file is called is not known
+RECIPE_NOTE = f"{RECIPE} stands for the run's recipe file"
 
 
 def _rerun(targets: tuple[plan.Target, ...]) -> list[str]:
     """The cells of `RERUN` for `targets`: the edgedistill commands, and the make command line in a checkout."""
-    return [plan.command_line(targets, "RECIPE"), plan.make_line(targets)]
+    return [plan.command_line(targets, RECIPE), plan.make_line(targets, RECIPE)]
 
 
 def _missing(page: Page, root: Path, recipe: Recipe) -> None:
@@ -221,9 +222,9 @@ def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.
         if change := summary.change(root) or next((stale[f].why for f in folders if f in stale), None):
             page.note(
                 f"Not shown: the table the last distill stage wrote ({summary.FILE}) is not of the artifacts now "
-                f"in the run and the recipe's settings ({change}). {plan.command_line(plan.DISTILL, 'RECIPE')} "
-                f"builds the students out of date again and writes it again ({plan.make_line(plan.DISTILL)} in a "
-                f"checkout; {RECIPE_NOTE})."
+                f"in the run and the recipe's settings ({change}). {plan.command_line(plan.DISTILL, RECIPE)} "
+                f"builds the students out of date again and writes it again ({plan.make_line(plan.DISTILL, RECIPE)} "
+                f"in a checkout; {RECIPE_NOTE})."
             )
         else:
             _distill_table(page, rows, root, recipe)
@@ -344,8 +345,8 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     if note := cut_note(rows):
         page.note(note)
     info = mf.load(root / "bench", verify=False).info
-    again = "; in a checkout, ".join(_rerun((plan.Target("bundles"), plan.Target("bench"))))
-    not_built = {b: f"not built when the benchmark ran ({again})" for b in info["missing_bundles"]}
+    again = plan.rerun((plan.Target("bundles"), plan.Target("bench")), RECIPE)
+    not_built = {b: f"not built when the benchmark ran ({again}; {RECIPE_NOTE})" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
     batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])

@@ -90,7 +90,8 @@ def test_distillation_section_leaves_out_the_table_of_a_teacher_built_again_sinc
 
 def test_distillation_section_says_why_it_leaves_out_the_table_and_what_writes_it_again(tmp_path):
     assert (
-        "(student-cnn: its parent teacher was built again). edgedistill distill RECIPE --jobs 2 builds the students "
+        "(student-cnn: its parent teacher was built again). edgedistill distill RECIPE.yaml --jobs 2 builds the "
+        "students "
         "out of date again"
     ) in teacher_built_again_markdown(tmp_path)
 
@@ -235,24 +236,30 @@ def missing_markdown(tmp_path) -> str:
 
 
 def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
-    assert "| student-bilstm | edgedistill distill RECIPE --jobs 2 | make distill |" in missing_markdown(tmp_path)
+    assert (
+        "| student-bilstm | edgedistill distill RECIPE.yaml --jobs 2 | make distill RECIPE=RECIPE.yaml |"
+        in missing_markdown(tmp_path)
+    )
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_load_test(tmp_path):
     assert (
-        "| loadtest-smoke-bilstm-int8 | edgedistill loadtest RECIPE --profile smoke | make loadtest PROFILE=smoke |"
+        "| loadtest-smoke-bilstm-int8 | edgedistill loadtest RECIPE.yaml --profile smoke "
+        "| make loadtest PROFILE=smoke RECIPE=RECIPE.yaml |"
     ) in missing_markdown(tmp_path)
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_serving_benchmark(tmp_path):
-    assert "| serve-bench-bilstm-int8 | edgedistill bench serving RECIPE | make serve-bench |" in missing_markdown(
-        tmp_path
+    assert (
+        "| serve-bench-bilstm-int8 | edgedistill bench serving RECIPE.yaml | make serve-bench RECIPE=RECIPE.yaml |"
+        in missing_markdown(tmp_path)
     )
 
 
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_accuracy(tmp_path):
     assert (
-        "| serve-accuracy-bilstm-int8 | edgedistill bench accuracy RECIPE --check | make serve-accuracy |"
+        "| serve-accuracy-bilstm-int8 | edgedistill bench accuracy RECIPE.yaml --check "
+        "| make serve-accuracy RECIPE=RECIPE.yaml |"
     ) in missing_markdown(tmp_path)
 
 
@@ -287,8 +294,8 @@ def test_a_report_of_a_run_that_served_another_cascade_does_not_ask_for_the_defa
 
 def test_a_report_of_the_teacher_alone_names_the_default_cascades_absent_serving(tmp_path):
     assert (
-        "| serve-cascade-bilstm-cascade | edgedistill bench cascade RECIPE | make serve-cascade |"
-        in missing_markdown(tmp_path)
+        "| serve-cascade-bilstm-cascade | edgedistill bench cascade RECIPE.yaml "
+        "| make serve-cascade RECIPE=RECIPE.yaml |" in missing_markdown(tmp_path)
     )
 
 
@@ -354,8 +361,9 @@ def test_benchmark_section_leaves_out_the_row_of_a_bundle_built_again_since(tmp_
 
 def test_a_report_names_the_benchmark_row_of_a_bundle_built_again_since_with_the_command_to_time_it_again(tmp_path):
     assert (
-        "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again | edgedistill bench models RECIPE "
-        "| make bench |" in (benchmark_markdown(tmp_path, bundle_hash="0" * 64))
+        "| bench row bilstm-int8 | its parent bundle-bilstm-int8 was built again "
+        "| edgedistill bench models RECIPE.yaml "
+        "| make bench RECIPE=RECIPE.yaml |" in (benchmark_markdown(tmp_path, bundle_hash="0" * 64))
     )
 
 
@@ -377,8 +385,8 @@ def older_student_markdown(tmp_path) -> str:
 
 def test_a_report_names_a_bundle_built_from_a_student_distilled_again_since_with_the_command_to_build_it(tmp_path):
     assert (
-        "| bundle-bilstm-int8 | its parent student-bilstm was built again | edgedistill bundles RECIPE | make bundles |"
-        in (older_student_markdown(tmp_path))
+        "| bundle-bilstm-int8 | its parent student-bilstm was built again | edgedistill bundles RECIPE.yaml "
+        "| make bundles RECIPE=RECIPE.yaml |" in (older_student_markdown(tmp_path))
     )
 
 
@@ -460,8 +468,8 @@ def test_a_report_names_the_point_of_a_cascade_built_before_a_member_was_built_a
     tmp_path, monkeypatch
 ):
     row = (
-        "| expected latency of cascade c | its parent bundle-small was built again | edgedistill bundles RECIPE "
-        "| make bundles |"
+        "| expected latency of cascade c | its parent bundle-small was built again | edgedistill bundles RECIPE.yaml "
+        "| make bundles RECIPE=RECIPE.yaml |"
     )
     assert row in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[0]
 
@@ -563,10 +571,11 @@ def test_load_test_sections_leave_out_the_result_of_an_earlier_build_of_the_depl
 @pytest.mark.parametrize(
     "row",
     [
-        "| serve-bench-bilstm-int8 | its parent bundle was built again | edgedistill bench serving RECIPE "
-        "| make serve-bench |",
-        "| loadtest-steady-bilstm-int8 | its parent bundle was built again | edgedistill loadtest RECIPE --profile "
-        "steady | make loadtest PROFILE=steady |",
+        "| serve-bench-bilstm-int8 | its parent bundle was built again | edgedistill bench serving RECIPE.yaml "
+        "| make serve-bench RECIPE=RECIPE.yaml |",
+        "| loadtest-steady-bilstm-int8 | its parent bundle was built again "
+        "| edgedistill loadtest RECIPE.yaml --profile "
+        "steady | make loadtest PROFILE=steady RECIPE=RECIPE.yaml |",
     ],
 )
 def test_a_report_names_each_measurement_of_an_earlier_build_of_the_deployed_bundle(tmp_path, row):
@@ -755,8 +764,8 @@ def test_serving_sections_leave_out_the_benchmark_of_an_earlier_build_of_a_casca
 
 def test_a_report_names_the_benchmark_of_an_earlier_build_of_a_cascade_with_the_command_to_run_again(tmp_path):
     row = (
-        "| serve-cascade-bilstm-cascade | its parent cascade was built again | edgedistill bench cascade RECIPE "
-        "--cascade bilstm-cascade | make serve-cascade CASCADE=bilstm-cascade |"
+        "| serve-cascade-bilstm-cascade | its parent cascade was built again | edgedistill bench cascade RECIPE.yaml "
+        "--cascade bilstm-cascade | make serve-cascade CASCADE=bilstm-cascade RECIPE=RECIPE.yaml |"
     )
     assert row in earlier_cascade_markdown(tmp_path)
 
@@ -869,7 +878,7 @@ def edited_recipe_markdown(tmp_path, monkeypatch) -> str:
 def test_a_report_names_a_teacher_built_with_other_settings_with_the_command_to_build_it(tmp_path, monkeypatch):
     row = (
         "| teacher | teacher was built with other finetune settings (finetune.optim.lr 0.002 -> 0.001) "
-        "| edgedistill teacher RECIPE | make teacher |"
+        "| edgedistill teacher RECIPE.yaml | make teacher RECIPE=RECIPE.yaml |"
     )
     assert row in edited_recipe_markdown(tmp_path, monkeypatch)
 
