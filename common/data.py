@@ -515,11 +515,15 @@ def limits_note(cfg: DataConfig, train: Examples, dev: Examples) -> str | None:
     file may hold more: it is read no further), or None."""
     read = {"train": len(train) // (2 if cfg.symmetric_pairs else 1), "dev": len(dev)}
     cut = [
-        f"the first {count:,} {split} examples (data.{split}_limit)"
+        f"{count:,} {split} examples, data.{split}_limit"
         for split, count in read.items()
         if getattr(cfg, f"{split}_limit") == count
     ]
-    return f"read {' and '.join(cut)}; a limit of null reads the split whole" if cut else None
+    return (
+        f"read up to the limits: {' and '.join(cut)} (the files may hold more; null reads a split whole)"
+        if cut
+        else None
+    )
 
 
 def load_test(cfg: DataConfig) -> Examples | None:

@@ -583,6 +583,11 @@ def _base_path(path: Path, name) -> Path:
         base = path.parent / name
     else:
         base = (path.parent / name) if (path.parent / name).is_file() else settings.find_recipe(name, path)
+    if base is None and "/" not in name and settings.find_recipe(name) is not None:  # this file alone has that name
+        raise RecipeError(
+            f"{path}: extends {name}, which names this recipe itself (no other recipe of that name is found): give the "
+            "base by its path, or this recipe another name"
+        )
     if base is None or not base.is_file():
         raise RecipeError(
             f"{path}: extends {name}, which does not exist; extends takes a path relative to the recipe, an absolute "
@@ -656,22 +661,24 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
         merged = _merge(base, raw)
     except RecipeError as err:
         raise RecipeError(f"{path}: {err}") from None
-    _refuse_inherited_splits(path, raw, merged, base_written)
+    _refuse_inherited_splits(path, raw, base, merged, base_written)
     present = set(_settings_in(merged))  # not a key this recipe dropped (`key: null`, `!replace`)
     return merged, {key: source for key, source in (base_written | written).items() if key in present}
 
 
-def _refuse_inherited_splits(path: Path, top: dict, merged: dict, base_written: dict[str, Path]) -> None:
-    """A recipe that sets its own `data.train` but takes its dev or test split from the recipe it extends would score
-    its models on the base's task, a mistake no figure would show: refused, naming the split and the recipe it comes
-    from. (Labels renamed over the base's files keep its splits.)"""
+def _refuse_inherited_splits(path: Path, top: dict, base: dict, merged: dict, base_written: dict[str, Path]) -> None:
+    """A recipe that sets a `data.train` of its own but takes its dev or test split from a recipe it extends would score
+    its models on that recipe's task, a mistake no figure would show: refused, naming the split and the recipe it comes
+    from. (Labels renamed over the base's files, or its train file written again, keep its splits.)"""
     data = top.get("data") if isinstance(top.get("data"), dict) else {}
-    for split in ("dev", "test") if "train" in data else ():
+    if "train" not in data or data["train"] == (base.get("data") or {}).get("train"):
+        return
+    for split in ("dev", "test"):
         inherited = (merged.get("data") or {}).get(split)
         if split not in data and inherited is not None and f"data.{split}" in base_written:
             raise RecipeError(
                 f"{path}: sets data.train but takes data.{split} ({inherited}) from {base_written[f'data.{split}']}, "
-                f"which it extends: set data.{split} in this recipe too (the same value, if that is this task's "
+                f"a recipe it extends: set data.{split} in this recipe too (the same value, if that is this task's "
                 f"{split} split{'; null for none' if split == 'test' else ''})"
             )
 

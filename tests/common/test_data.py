@@ -931,7 +931,7 @@ def limited_note(tmp_path, train_limit: int | None, dev_limit: int | None) -> st
 
 def test_a_train_split_read_up_to_its_limit_is_said_to_be_cut(tmp_path):
     assert limited_note(tmp_path, 2, None) == (
-        "read the first 2 train examples (data.train_limit); a limit of null reads the split whole"
+        "read up to the limits: 2 train examples, data.train_limit (the files may hold more; null reads a split whole)"
     )
 
 

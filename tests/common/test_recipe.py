@@ -814,6 +814,30 @@ def test_a_recipe_that_renames_the_bases_labels_takes_its_splits(tmp_path):
     assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {label_names: [bad, good]}\n")).data.dev == "b.tsv"
 
 
+def test_a_recipe_with_its_own_train_split_and_a_grandparents_dev_split_is_refused_naming_it(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    write(tmp_path, "extends: base.yaml\nfinetune: {optim: {lr: 1e-5}}\n", "middle.yaml")
+    with pytest.raises(RecipeError, match=r"takes data.dev \(.*b.tsv\) from .*base.yaml, a recipe it extends"):
+        load_recipe(write(tmp_path, "extends: middle.yaml\ndata: {train: c.tsv}\n"))
+
+
+def test_a_recipe_that_writes_the_bases_train_split_again_takes_its_splits(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: a.tsv}\n")).data.dev == "b.tsv"
+
+
+def test_a_recipe_that_replaces_the_bases_data_section_takes_no_split_of_it(tmp_path):
+    write(tmp_path, MINIMAL, "base.yaml")
+    top = "extends: base.yaml\ndata: !replace {train: c.tsv, dev: d.tsv, label_names: [x, y]}\n"
+    assert load_recipe(write(tmp_path, top)).data.dev == "d.tsv"
+
+
+def test_a_recipe_with_its_own_train_split_may_drop_the_bases_test_split(tmp_path):
+    write(tmp_path, MINIMAL.replace("dev: b.tsv", "dev: b.tsv, test: t.tsv"), "base.yaml")
+    top = "extends: base.yaml\ndata: {train: c.tsv, dev: d.tsv, test: null}\n"
+    assert load_recipe(write(tmp_path, top)).data.test is None
+
+
 def test_a_recipe_with_its_own_train_and_dev_splits_extends_a_base(tmp_path):
     write(tmp_path, MINIMAL, "base.yaml")
     assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: c.tsv, dev: d.tsv}\n")).data.dev == "d.tsv"
@@ -1301,6 +1325,13 @@ def test_a_recipe_of_a_shipped_recipes_name_extends_the_shipped_one_by_name(tmp_
     (tmp_path / "recipes").mkdir()
     recipe = load_recipe(write(tmp_path / "recipes", "extends: trec\nfinetune: {optim: {lr: 1e-5}}\n", "trec.yaml"))
     assert recipe.data.label_names == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+
+
+def test_a_recipe_that_alone_has_the_name_it_extends_is_refused_as_extending_itself(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    with pytest.raises(RecipeError, match="extends mine, which names this recipe itself"):
+        load_recipe(write(tmp_path / "recipes", "extends: mine\n", "mine.yaml"))
 
 
 def test_the_extending_recipe_keeps_its_own_name(tmp_path):

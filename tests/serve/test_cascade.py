@@ -559,9 +559,9 @@ def test_a_deadline_passing_while_escalated_texts_wait_drops_them(overloaded):
     # The teacher's batch waits 60 s to fill, so that its queue empties by the drop alone, however late the test looks:
     # given 1 s before SLOW's 2 s ran the texts, a 1 s stall of the test's process there failed it
     server, stub = overloaded("answer", max_queue_delay_ms=60_000)
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.Classify(pb.ClassifyRequest(texts=WAITING), timeout=0.5)
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    waiting = stub.Classify.future(pb.ClassifyRequest(texts=WAITING), timeout=3)
+    wait_until(lambda: teacher_queue(server) == 3, "the escalated texts never reached the teacher", timeout=2.5)
+    assert waiting.exception(timeout=10).code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: teacher_queue(server) == 0, "the escalated texts stayed queued")
 
 
