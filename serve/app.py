@@ -420,6 +420,10 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         for task in waits:
             task.cancel()
         await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
+        # the drain is over: a SIGHUP as the process exits is ignored, where closing the loop would put back its
+        # default action, an exit by SIGHUP rather than the drain's status
+        loop.remove_signal_handler(signal.SIGHUP)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     finally:
         watchdog.stop()
     if server.host.fault is None:

@@ -1,5 +1,6 @@
 """`python -m serve` as a process: JSON logs, SIGTERM drain, SIGHUP reload, refusal at start; the client CLI."""
 
+import contextlib
 import io
 import json
 import signal
@@ -168,6 +169,18 @@ def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle
     assert server.wait(20) == 0
     server.wait_for("stopped")
     assert [e for e in server.lines if e.get("level") == "ERROR"] == []
+
+
+def test_sighups_as_the_drained_server_exits_leave_its_exit_status_0(spawn, bundle):
+    server = spawn(bundle)
+    server.wait_for("serving")
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_for("stopped")
+    while server.proc.poll() is None:  # one after another until it exits: some land after its event loop closed
+        with contextlib.suppress(ProcessLookupError):
+            server.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.001)
+    assert server.wait(20) == 0
 
 
 def test_sighup_reloads_the_bundle_folder_and_survives_a_bad_one(spawn, tmp_path):
