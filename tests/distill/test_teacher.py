@@ -88,10 +88,19 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
         "distill", "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
     )
     assert result.returncode == 2
-    assert "none.tsv: file not found" in result.stderr
+    assert f"data.train: {tmp_path}/none.tsv not found" in result.stderr
     result = run_here("distill", "finetune", SMOKE)
     assert result.returncode == 2
     assert "pretrain is not a finished artifact" in result.stderr
+
+
+def never_loaded(tmp_path) -> str:
+    """A `model.init` that passes the checks before training (a folder with a config.json) and is never loaded: the
+    tests that give it stop before the teacher's checkpoint is read."""
+    folder = tmp_path / "never-loaded"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    return str(folder)
 
 
 def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
@@ -106,7 +115,7 @@ def test_a_wrong_column_fails_the_teacher_before_pretraining(tmp_path):
 def test_a_bad_test_split_fails_before_any_training(stage, tmp_path):
     test = tmp_path / "test.tsv"
     test.write_text("sentence\tlabel\na film\tpositive\nanother\tgood\n")
-    without = ["--pretrain=null", f"--model.init={tmp_path}/never-loaded"] if stage == "finetune" else []
+    without = ["--pretrain=null", f"--model.init={never_loaded(tmp_path)}"] if stage == "finetune" else []
     result = run_here("distill", stage, SMOKE, f"--data.test={test}", "--name=smoke-test-split", *without)
     assert f"{test}:3: label 'good' is neither one of data.label_names" in result.stderr
     assert not (Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-split" / "pretrain").exists()
@@ -118,7 +127,7 @@ def test_dev_and_test_examples_that_are_train_examples_are_warned_of_before_trai
     dev = tmp_path / "dev.tsv"
     dev.write_text("sentence\tlabel\na fine film\t1\nsomething new\t0\n")
     split = [f"--data.train={train}", f"--data.dev={dev}", f"--data.test={train}"]
-    result = run_here("distill", "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={tmp_path}/never-loaded")
+    result = run_here("distill", "finetune", SMOKE, *split, "--pretrain=null", f"--model.init={never_loaded(tmp_path)}")
     assert "warning: 1 of the 2 dev examples are train examples too (data.train, data.dev)" in result.stdout
     assert "warning: 3 of the 3 test examples are train examples too (data.train, data.test)" in result.stdout
 
