@@ -9,6 +9,7 @@ after publishing and rewritten as later figures appear (`common.modelcard`).
 import difflib
 import hashlib
 import json
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -248,6 +249,37 @@ def built_from_others(folder: Path) -> str | None:
     )
 
 
+GONE_ADVICE = (
+    "set EDGEDISTILL_DATA_DIR or EDGEDISTILL_TEACHER_INIT where the recipe reads it from them, or fix the path"
+)
+
+
+def gone(value) -> bool:
+    """Whether a recorded setting's value names a local file or folder that does not exist, which a stage's hash takes
+    as written (`common.recipe.by_content`): a path absolute, from the home folder, relative by `./` or `../`, or
+    deeper than a Hub name's `namespace/name`."""
+    if not isinstance(value, str):
+        return False
+    local = value.startswith(("/", "./", "../", "~")) or (value.count("/") >= 2 and ":" not in value)
+    return local and not os.path.lexists(os.path.expanduser(value))
+
+
+def gone_paths(settings: dict, prefix: str = "") -> list[str]:
+    """`key: path` of each value in a `hashed` record's settings that is `gone`, by dotted key (`[i]` in a list)."""
+    found = []
+    for key, value in settings.items():
+        found += _gone_in(value, f"{prefix}{key}")
+    return found
+
+
+def _gone_in(value, key: str) -> list[str]:
+    if isinstance(value, dict):
+        return gone_paths(value, f"{key}.")
+    if isinstance(value, list):
+        return [path for index, item in enumerate(value) for path in _gone_in(item, f"{key}[{index}]")]
+    return [f"{key}: {value}"] if gone(value) else []
+
+
 def changes(old: dict, new: dict, most: int = 3) -> str:
     """What differs between two `hashed` records (or records of their settings alone), e.g. `finetune.optim.lr 0.001 ->
     0.002; data.train: its contents changed; parent teacher's settings changed; now also built from transfer; bundle
@@ -268,6 +300,8 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
             continue
         if all(isinstance(v, str) and v.startswith("sha256:") for v in (was, now)):
             said.append(f"{key}: its contents changed")
+        elif gone_now := _gone_in(now, key):
+            said.append(f"{'; '.join(gone_now)} not found ({GONE_ADVICE})")
         else:
             said.append(f"{key} {json.dumps(was)} -> {json.dumps(now)}")
     parents, artifacts = old.get("parents", {}), old.get("artifacts", {})

@@ -17,7 +17,7 @@ from edgedistill.common import tables
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import HubSource
 from edgedistill.common.providers import CPU, CUDA, cuda_options
-from edgedistill.common.recipe import Recipe, RecipeError, run_dir
+from edgedistill.common.recipe import Recipe, run_dir
 from huggingface_hub import ModelCard, ModelCardData
 
 BENCH_FILE = Path("bench") / "bench.json"  # the model benchmark (`bench.models`), when it has run
@@ -363,8 +363,6 @@ def settings_change(recipe: Recipe, folder: Path) -> str | None:
         now = recipe.settings(*recorded)
     except KeyError:  # a setting the recipe no longer has (a bundle taken out of it)
         now = {}
-    except RecipeError as err:  # a file the settings name is gone: whether they changed cannot be told
-        return f"{folder.name}: {err}"
     if changed := [key for key in recorded if now.get(key) != recorded[key]]:
         was, is_now = ({"settings": {key: values.get(key) for key in changed}} for values in (recorded, now))
         return f"{folder.name} was built with other {', '.join(changed)} settings ({mf.changes(was, is_now)})"

@@ -244,29 +244,25 @@ class Recipe(Strict):
             )
         return self
 
-    def settings(self, *keys: str, missing_ok: bool = False) -> dict:
+    def settings(self, *keys: str) -> dict:
         """The named settings (sections or dotted keys, e.g. `export.bundles.int8`) as JSON, for a stage's hash.
 
         Local files and folders named in them count by their contents, not their paths: moving the
-        data or the checkout keeps artifacts current, and editing a data file makes them stale; one that does not
-        exist is a `RecipeError` naming its key, unless `missing_ok` (`by_content`). A key the schema takes but the
-        recipe leaves out (a null section, a setting hashed only once set) is None; any other raises `KeyError`. A
-        setting that changes no artifact (`Strict.unread`) is at its default.
+        data or the checkout keeps artifacts current, and editing a data file makes them stale. A key the schema
+        takes but the recipe leaves out (a null section, a setting hashed only once set) is None; any other raises
+        `KeyError`. A setting that changes no artifact (`Strict.unread`) is at its default.
         """
         dumped = self.model_dump(mode="json", context=HASHING)
-        return {key: by_content(_setting(dumped, key), key, missing_ok) for key in keys}
+        return {key: by_content(_setting(dumped, key)) for key in keys}
 
-    def section_hash(self, *sections: str, missing_ok: bool = False) -> str:
+    def section_hash(self, *sections: str) -> str:
         """A short hash of `settings(*sections)`."""
-        settings = self.settings(*sections, missing_ok=missing_ok)
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.settings(*sections), sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def hash(self) -> str:
-        """Hash of the sections that shape artifacts, recorded in each manifest; `bench` and `loadtest` only measure
-        them, so they are left out. A file of a section a stage does not read may be missing (`settings`)."""
-        sections = (name for name in type(self).model_fields if name not in UNHASHED)
-        return self.section_hash(*sections, missing_ok=True)
+        """Hash of the sections that shape artifacts; `bench` and `loadtest` only measure them, so they are left out."""
+        return self.section_hash(*(name for name in type(self).model_fields if name not in UNHASHED))
 
 
 def _setting(dumped: dict, key: str):
@@ -283,44 +279,18 @@ def _setting(dumped: dict, key: str):
     return value
 
 
-def by_content(value, where: str = "", missing_ok: bool = False):
-    """`value` (JSON, at dotted key `where`) with every string naming an existing local file or folder replaced by its
-    digest. A bare name (`train.tsv`, no `/`) counts as a file, or as a folder holding a checkpoint (`config.json`),
-    which is what the stages read it as; a bare name of another folder is a setting's value (a student named `bench`).
-    A string written as a local path (`_written_as_local`) that does not exist is a `RecipeError` naming its key: what
-    it held is unknown, so whether an artifact built from it is current cannot be told; with `missing_ok`, its string
-    stands for it."""
+def by_content(value):
+    """`value` (JSON) with every string naming an existing local file or folder replaced by its digest. A bare name
+    (`train.tsv`, no `/`) counts as a file, or as a folder holding a checkpoint (`config.json`), which is what the
+    stages read it as; a bare name of another folder is a setting's value (a student named `bench`). A path that does
+    not exist stays as written (`common.manifest.gone` tells it from a Hub name where a change is described)."""
     if isinstance(value, dict):
-        return {key: by_content(item, f"{where}.{key}" if where else key, missing_ok) for key, item in value.items()}
+        return {key: by_content(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [by_content(item, f"{where}[{index}]", missing_ok) for index, item in enumerate(value)]
-    if not isinstance(value, str) or not value:
-        return value
-    if _names_local(Path(value), written_as_path="/" in value):
+        return [by_content(item) for item in value]
+    if isinstance(value, str) and value and _names_local(Path(value), written_as_path="/" in value):
         return f"sha256:{_digest(Path(value))}"
-    if _written_as_local(value) and not missing_ok:
-        raise RecipeError(f"{where}: {_not_found(Path(value))}")
     return value
-
-
-def _written_as_local(value: str) -> bool:
-    """Whether a recipe's string can only be a local path: absolute (a recipe's `./` and `../` paths are made so), from
-    the home folder, relative by `./` or `../`, or of folders deeper than a Hub name's `namespace/name`."""
-    return value.startswith(("/", "./", "../", "~")) or (value.count("/") >= 2 and ":" not in value)
-
-
-def _not_found(path: Path) -> str:
-    """Why a recipe's local `path` that does not exist stops a stage, with the nearest name beside it."""
-    try:
-        near = difflib.get_close_matches(path.name, os.listdir(path.parent), n=1, cutoff=0.8)
-    except OSError:  # its folder is gone too
-        near = []
-    nearest = f" ({path.parent} has {near[0]})" if near else ""
-    looked = "" if path.is_absolute() else f" from the working directory {Path.cwd()}"
-    return (
-        f"{path} not found{looked}{nearest}, so whether what was built from it is current cannot be told; set "
-        "EDGEDISTILL_DATA_DIR (or EDGEDISTILL_TEACHER_INIT) where the recipe reads the path from it, or fix the path"
-    )
 
 
 def _names_local(path: Path, written_as_path: bool) -> bool:

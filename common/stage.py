@@ -182,7 +182,7 @@ class Stage:
     @cached_property
     def _extra_by_content(self):
         """`extra` with its local files as their digests: read once for `hashed` and `config_hash`."""
-        return by_content(self.extra, missing_ok=True)  # a stage's own inputs (`--texts`): it names one it lacks
+        return by_content(self.extra)
 
     @cached_property
     def config_hash(self) -> str:
@@ -201,6 +201,12 @@ class Stage:
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
         return self.staleness() is None
+
+    def gone(self) -> list[str]:
+        """`key: path` of each file or folder that this stage's settings, or a parent stage's, name and that does not
+        exist (`common.manifest.gone`)."""
+        parents = [path for parent in self.parents if isinstance(parent, Stage) for path in parent.gone()]
+        return mf.gone_paths(self.hashed["settings"]) + parents
 
     @property
     def parent_folders(self) -> dict[str, Path]:
@@ -222,6 +228,11 @@ class Stage:
             # other labels labelling the transfer set) while recording the recipe's, and be current
             built_from = manifests[parent.name]
             if isinstance(parent, Stage) and built_from.config_hash != parent.config_hash:
+                if missing := parent.gone():  # not another setting: a file to read it from is not there
+                    raise mf.ArtifactError(
+                        f"[{self.name}] whether its parent {parent.folder} is of the recipe cannot be told: "
+                        f"{missing[0]} not found; {mf.GONE_ADVICE}"
+                    )
                 why = mf.changes(built_from.hashed, parent.hashed) if built_from.hashed else "its settings changed"
                 raise mf.ArtifactError(
                     f"[{self.name}] its parent {parent.folder} was built from other settings ({why}); "

@@ -183,3 +183,24 @@ def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(
     publish(tmp_path)  # tmp_path/stage
     with pytest.raises(mf.ArtifactError, match=rf"did you mean {tmp_path / 'stage'}\? else run its stage first"):
         mf.load(tmp_path / "stag")
+
+
+def test_a_setting_whose_file_is_gone_is_said_to_be_not_found(tmp_path):
+    was = {"settings": {"data": {"train": "sha256:0"}}}
+    now = {"settings": {"data": {"train": str(tmp_path / "train.tsv")}}}
+    assert mf.changes(was, now).startswith(f"data.train: {tmp_path / 'train.tsv'} not found (set EDGEDISTILL_DATA_DIR")
+
+
+@pytest.mark.parametrize("value", ["/no/such/file.tsv", "./no-such.tsv", "runs/no-run/teacher", "~/no-such-folder"])
+def test_a_local_path_that_does_not_exist_is_gone(value):
+    assert mf.gone(value)
+
+
+@pytest.mark.parametrize("value", ["org/model", "bert-base-uncased", "hub:glue/sst2:train", 0.001])
+def test_a_hub_name_or_another_setting_is_not_gone(value):
+    assert not mf.gone(value)
+
+
+def test_a_file_that_is_gone_is_named_by_its_key_in_a_list(tmp_path):
+    settings = {"transfer": {"unlabelled_files": [str(tmp_path), str(tmp_path / "wiki.raw")]}}
+    assert mf.gone_paths(settings) == [f"transfer.unlabelled_files[1]: {tmp_path / 'wiki.raw'}"]

@@ -131,6 +131,22 @@ def test_a_child_of_a_parent_built_from_other_settings_is_refused_naming_the_set
         _teacher_and_child(recipe(**{"finetune.optim.lr": 0.1})).run()
 
 
+def test_a_child_of_a_parent_whose_data_file_is_gone_is_refused_naming_the_file(recipe, tmp_path):
+    data = tmp_path / "train.tsv"
+    data.write_text("sentence\tlabel\ngood\tpositive\n")
+    teacher = Stage("teacher", recipe(**{"data.train": str(data)}), ("data",), writer("p.txt"))
+    teacher.run()
+    data.unlink()
+    built_on = recipe(**{"data.train": str(data)})
+    child = Stage(
+        "child", built_on, ("finetune",), writer("c.txt"), (Stage("teacher", built_on, ("data",), writer("p.txt")),)
+    )
+    with pytest.raises(
+        mf.ArtifactError, match=rf"cannot be told: data.train: {data} not found; set EDGEDISTILL_DATA_DIR"
+    ):
+        child.run()
+
+
 def test_a_child_of_a_parent_built_from_other_settings_is_not_built(recipe):
     _teacher_and_child(recipe()).parents[0].run()
     body = writer("c.txt")

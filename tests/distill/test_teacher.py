@@ -88,7 +88,7 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
         "distill", "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
     )
     assert result.returncode == 2
-    assert f"data.train: {tmp_path}/none.tsv not found" in result.stderr
+    assert "none.tsv: file not found" in result.stderr
     result = run_here("distill", "finetune", SMOKE)
     assert result.returncode == 2
     assert "pretrain is not a finished artifact" in result.stderr
