@@ -258,3 +258,9 @@ def test_an_init_whose_config_cannot_be_read_is_left_to_fine_tuning_by_the_posit
     (tmp_path / "config.json").write_text("{}")  # no model_type: transformers raises ValueError
     pipeline._warn_positions(load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path)}))
     assert capsys.readouterr().out == ""
+
+
+def test_a_missing_model_init_is_refused_naming_the_folder_nearest_to_it(tmp_path):
+    (tmp_path / "minilm-uncased").mkdir()
+    with pytest.raises(RecipeError, match=rf"not found \({tmp_path} has minilm-uncased\)"):
+        pipeline._require_checkpoint(str(tmp_path / "minilm-uncasd"))
