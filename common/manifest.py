@@ -264,15 +264,6 @@ def gone(value) -> bool:
     return local and not os.path.lexists(os.path.expanduser(value))
 
 
-def nearest(path: Path) -> str:
-    """` (<folder> has <name>)` for the name beside a missing `path` nearest to its own, or "" where none is near."""
-    try:
-        near = difflib.get_close_matches(path.name, os.listdir(path.parent), n=1, cutoff=0.8)
-    except OSError:  # its folder is gone too
-        return ""
-    return f" ({path.parent} has {near[0]})" if near else ""
-
-
 def gone_paths(settings: dict, prefix: str = "") -> list[str]:
     """`key: path` of each value in a `hashed` record's settings that is `gone`, by dotted key (`[i]` in a list)."""
     found = []

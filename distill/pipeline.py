@@ -5,7 +5,7 @@ from pathlib import Path
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.data import load_splits, load_test, unreadable_files
-from edgedistill.common.names import first_of
+from edgedistill.common.names import first_of, nearest_beside
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
@@ -78,13 +78,15 @@ def _warn_student_problems(recipe: Recipe) -> None:
 def _require_checkpoint(init: str | None) -> None:
     """A local `model.init` that is no checkpoint folder (missing, a file, or a folder without `config.json`) is a
     `RecipeError` naming what it is, rather than the loader's guess that it is a Hub name."""
-    if init and mf.gone(init):
+    if not init:
+        return
+    path = Path(init)
+    if mf.gone(init):
         raise RecipeError(
-            f"model.init: {init} not found{mf.nearest(Path(init))}: name a checkpoint folder, or a Hub model "
+            f"model.init: {init} not found{nearest_beside(path)}: name a checkpoint folder, or a Hub model "
             "(EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
         )
-    path = Path(init) if init else None
-    if path is None or not path.exists():  # a Hub name
+    if not path.exists():  # a Hub name
         return
     if not path.is_dir():
         raise RecipeError(
