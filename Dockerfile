@@ -27,6 +27,7 @@ COPY bench/ /src/bench/
 COPY loadtests/ /src/loadtests/
 COPY report/ /src/report/
 COPY recipes/ /src/recipes/
+COPY docs/ /src/docs/
 COPY requirements-serve.txt /tmp/requirements-serve.txt
 # Behind a TLS-intercepting proxy, pass its CA bundle as a build secret (never stored in a layer):
 #   --secret id=pip-cert,src=/etc/ssl/certs/ca-certificates.crt

@@ -1,6 +1,7 @@
 """Command-line argument types the commands share."""
 
 import argparse
+import textwrap
 from pathlib import Path
 
 
@@ -16,3 +17,15 @@ def input_file(value: str) -> Path:
     """A file to read, where `-` is stdin: a file named `-` is given as `./-`, which `Path` would make `-` too."""
     path = Path(value)
     return path.absolute() if value != "-" and str(path) == "-" else path
+
+
+class WholeWordsHelp(argparse.HelpFormatter):
+    """argparse's help, wrapped at spaces only: a path or anchor in it (`site-packages/...`,
+    `#fusion-by-model-type`) stays whole, so that it can be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+        return "\n".join(indent + line for line in lines)

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from edgedistill.common import guide, sections, settings
 from edgedistill.common import manifest as mf
-from edgedistill.common import sections, settings
+from edgedistill.common.arguments import WholeWordsHelp
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
@@ -670,7 +671,7 @@ def overrides_help(command: str) -> str:
     `OVERRIDE_EXAMPLES` is."""
     read = sections.reads(command)
     example = next((f", e.g. --{key}" for section, key in OVERRIDE_EXAMPLES.items() if section in read), "")
-    return f"Further --section.key=value arguments override the recipe{example} (every key: docs/settings.md#recipe)."
+    return f"Further --section.key=value arguments override the recipe{example} (every key: {guide.page('settings.md', 'recipe')})."
 
 
 def reads_help(command: str) -> str:
@@ -686,6 +687,7 @@ def add_recipe_argument(parser: argparse.ArgumentParser, command: str) -> None:
     """The positional `recipe`, and the lines of the help that say how `command` (as `edgedistill` names it, e.g.
     `bench serving`) takes overrides."""
     parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.formatter_class = WholeWordsHelp  # the epilog names a page of the docs, a path
     parser.epilog = " ".join(filter(None, [parser.epilog, overrides_help(command), reads_help(command)]))
 
 

@@ -25,6 +25,7 @@ import re
 import warnings
 from pathlib import Path
 
+from edgedistill.common import guide
 from edgedistill.common.machine import usable_cores
 
 HUB_TEACHER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -142,7 +143,7 @@ def refuse_unknown_variables() -> None:
         ]
         raise SettingError(
             f"{', '.join(named)}: no edgedistill setting has that name, so it would do nothing: rename or unset it "
-            "(docs/settings.md lists the settings)"
+            f"({guide.page('settings.md')} lists the settings)"
         )
 
 

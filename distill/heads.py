@@ -8,6 +8,7 @@ The classes are registered with the transformers Auto classes: once this module 
 """
 
 import torch
+from edgedistill.common import guide
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.distill.students import BERT_TYPES
 from torch import nn
@@ -184,7 +185,7 @@ def require_fusable(config, recipe: Recipe, name) -> None:
         raise RecipeError(
             f"export.bundles {', '.join(fused)}: fused: true (the default), but ONNX Runtime's BERT fusions cannot "
             f"fully fuse {name}, a {config.model_type} (they fuse {', '.join(sorted(FUSABLE_TYPES))}); set fused: "
-            "false in each of these teacher bundles (docs/export.md#fusion-by-model-type)"
+            f"false in each of these teacher bundles ({guide.page('export.md', 'fusion-by-model-type')})"
         )
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import NoReturn
 
-from edgedistill.common.arguments import count
+from edgedistill.common import guide
+from edgedistill.common.arguments import WholeWordsHelp, count
 from edgedistill.common.processes import dying_with_this_process, python_module, quiet_grpc_core, shell_status
 from edgedistill.common.settings import SettingError
 
@@ -222,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
-        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: docs/settings.md. {EXIT_STATUSES}",
+        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: {guide.page('settings.md')}. {EXIT_STATUSES}",
+        formatter_class=WholeWordsHelp,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version(PROG)}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from edgedistill.common import guide
 from edgedistill.export.onnx_export import ExportError
 from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
@@ -54,7 +55,7 @@ def fuse(
         raise ExportError(
             f"fusion incomplete for a {num_layers}-layer encoder: expected {expected}, found {found}; ONNX Runtime "
             "fuses BERT-like graphs only (a RoBERTa's embeddings and a DeBERTa's attention are not, "
-            "docs/export.md#fusion-by-model-type): set fused: false for this bundle"
+            f"{guide.page('export.md', 'fusion-by-model-type')}): set fused: false for this bundle"
         )
     model.save_model_to_file(str(dst))
     return counts

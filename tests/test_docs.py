@@ -53,6 +53,7 @@ MAKE_COMMAND = re.compile(r"(?:`|^)(?:sudo )?make ((?:[a-z][a-z0-9-]*(?: |`|$))+
 MAKE_TARGET = re.compile(r"^([a-z][a-z0-9-]*):", re.MULTILINE)
 REQUIREMENT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?")  # a name, its extras
 BUNDLE_PATH = re.compile(r"runs/([\w.-]+)/bundle-([a-z0-9][a-z0-9-]*[a-z0-9])")  # an example: recipe, bundle id
+GUIDE_PAGE = re.compile(r"""guide\.page\(\s*["']([\w.-]+)["'](?:\s*,\s*["']([\w-]+)["'])?""")  # a page code names
 BENCH_COMMANDS = re.compile(r"\{([a-z,]+)\}")  # `edgedistill bench --help`'s list of benchmarks
 TOP_LEVEL = "Top level"
 HEAVY = {"torch", "transformers"}  # the serving image carries neither
@@ -409,6 +410,18 @@ def test_every_environment_variable_the_code_reads_is_documented():
         names |= set(ENV_READ.findall(text)) | set(ENV_CONSTANT.findall(text))
     documented = {row[0].strip("`") for row in tables(SETTINGS_PAGE).get("Environment", [])}
     assert not names - documented, f"docs/settings.md, section Environment: add {sorted(names - documented)}"
+
+
+def guide_pages() -> list[tuple[str, str]]:
+    """(page, anchor) for each page of docs/ the code names in a message (`common.guide.page`)."""
+    sources = (path.read_text(encoding="utf-8") for package in project_packages() for path in package.rglob("*.py"))
+    return sorted({named for text in sources for named in GUIDE_PAGE.findall(text)})
+
+
+@pytest.mark.parametrize(("name", "anchor"), guide_pages())
+def test_a_page_a_message_names_exists_with_its_heading(name, anchor):
+    assert (DOCS / name).is_file(), f"docs/{name}: no such page"
+    assert not anchor or anchor in anchors(DOCS / name), f"docs/{name}: no heading #{anchor}"
 
 
 def test_every_make_variable_with_a_default_is_documented():

@@ -1,6 +1,9 @@
+import argparse
 from pathlib import Path
 
-from edgedistill.common.arguments import input_file
+from edgedistill.common.arguments import WholeWordsHelp, input_file
+
+PAGE = "/opt/venv/lib/python3.11/site-packages/edgedistill/docs/export.md#fusion-by-model-type"
 
 
 def test_a_dash_is_stdin():
@@ -17,3 +20,24 @@ def test_a_file_named_dash_given_with_its_folder_is_that_file():
 
 def test_any_other_file_is_kept_as_written():
     assert input_file("data/dev.tsv") == Path("data/dev.tsv")
+
+
+def narrow_help(epilog: str | None = None, option: str | None = None) -> list[str]:
+    """The lines of a 40-column help with `epilog`, and `option` as the help of its one option."""
+    parser = argparse.ArgumentParser(
+        prog="p", formatter_class=lambda prog: WholeWordsHelp(prog, width=40), epilog=epilog
+    )
+    parser.add_argument("--flag", help=option)
+    return parser.format_help().splitlines()
+
+
+def test_a_hyphenated_path_in_the_epilog_stays_on_one_line():
+    assert f"{PAGE}." in [line.strip() for line in narrow_help(epilog=f"Read {PAGE}. Then go on.")]
+
+
+def test_a_hyphenated_path_in_an_options_help_stays_on_one_line():
+    assert PAGE in [line.strip() for line in narrow_help(option=f"see {PAGE}")]
+
+
+def test_the_help_is_still_wrapped_between_words():
+    assert max(len(line) for line in narrow_help(epilog="word " * 40)) <= 40

@@ -6,6 +6,7 @@ this environment.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ PACKAGE_DATA = [
     "edgedistill/loadtests/locustfile.py",
 ]
 RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
+PAGES = sorted(path.name for path in (ROOT / "docs").glob("*.md"))
 # Every package folder (one with __init__.py) under the folders package-dir installs as packages, by its installed
 # name: what the wheel must hold, whether pyproject's `packages` lists it or not (the editable install finds it anyway).
 PACKAGES = sorted(
@@ -96,6 +98,11 @@ def test_wheel_holds_every_recipe(files, name):
     assert f"edgedistill/recipes/{name}" in files
 
 
+@pytest.mark.parametrize("name", PAGES)
+def test_wheel_holds_every_docs_page(files, name):
+    assert f"edgedistill/docs/{name}" in files
+
+
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
     """The Python of a fresh environment with the wheel installed (no dependencies). Third-party packages
@@ -130,6 +137,15 @@ def test_installed_package_comes_from_the_wheel(installed, tmp_path):
     code = "import edgedistill.serve.app as app; print(app.__file__)"
     result = subprocess.run([installed, "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True, text=True)
     assert Path(result.stdout.strip()).is_relative_to(installed.parents[1]), result.stderr
+
+
+def test_installed_wheel_help_names_a_settings_page_that_is_installed(installed, tmp_path):
+    done = subprocess.run(
+        [installed.with_name("edgedistill"), "--help"], cwd=tmp_path, env=outside_env(), capture_output=True, text=True
+    )
+    print(done.stdout, done.stderr)
+    page = Path(re.search(r"Settings: (\S+)\.\s", " ".join(done.stdout.split()))[1])
+    assert page.is_relative_to(installed.parents[1]) and page.is_file(), done.stdout
 
 
 def test_installed_wheel_reads_a_recipe_and_its_base_by_name_outside_the_checkout(installed, tmp_path):
