@@ -193,6 +193,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
 def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`),
     read as they are taken."""
+    _require_file(path)  # a folder or a missing file is named as such, whatever its name ends with
     suffix = _format(path)
     if suffix not in LABELLED_FORMATS:
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")

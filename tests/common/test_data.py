@@ -178,6 +178,18 @@ def test_a_folder_named_for_a_file_is_refused_as_a_folder_naming_its_files(tmp_p
         load_unlabelled([str(tmp_path / "texts")])
 
 
+def test_a_task_folder_named_for_its_labelled_file_is_refused_as_a_folder(tmp_path):
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    with pytest.raises(DataError, match=r"sst2: a folder, not a file \(it holds train\.tsv\)"):
+        load_labelled(str(tmp_path / "sst2"), CFG)
+
+
+def test_a_missing_labelled_file_of_no_known_format_is_named_as_not_found(tmp_path):
+    with pytest.raises(DataError, match=r"train: file not found"):
+        load_labelled(str(tmp_path / "train"), CFG)
+
+
 def test_a_labelled_file_of_an_unknown_format_is_refused(tmp_path):
     (tmp_path / "a.parquet").write_text("x")
     with pytest.raises(DataError, match=r"a\.parquet: unsupported format '\.parquet'"):
