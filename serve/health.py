@@ -16,6 +16,7 @@ new calls.
 import asyncio
 
 import grpc
+from edgedistill.serve.observe import refuse
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -49,7 +50,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context) -> health_pb2.HealthCheckResponse:
         if request.service not in self._statuses:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.service!r}")
+            refuse(context, grpc.StatusCode.NOT_FOUND, f"no service {request.service!r}")
+            return None
         return health_pb2.HealthCheckResponse(status=self._statuses[request.service])
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:

@@ -25,6 +25,9 @@ log = logging.getLogger("serve.access")
 
 REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID = 128
+# The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
+# misleading RESOURCE_EXHAUSTED; messages echo client strings (model, input and service names), so they are capped.
+MAX_DETAILS_BYTES = 1024
 # A new request id: 16 random bytes in hex, the 32 characters of `uuid.uuid4().hex` (with 128 random bits to its 122)
 # for a quarter of its time, since building a UUID object per call costs more than the random bytes.
 NEW_ID_BYTES = 16
@@ -136,14 +139,25 @@ def _tolerant(deserializer, precheck: Precheck | None):
 _CLIENTS_FAULT: ContextVar[bool] = ContextVar("clients_fault", default=False)
 
 
+def bounded(details: str) -> str:
+    """`details` within MAX_DETAILS_BYTES of UTF-8: its start and its end (which says why)."""
+    encoded = details.encode(errors="backslashreplace")
+    if len(encoded) <= MAX_DETAILS_BYTES:
+        return details
+    half = MAX_DETAILS_BYTES // 2
+    head, tail = encoded[:half].decode(errors="ignore"), encoded[-half:].decode(errors="ignore")
+    return f"{head} ... (message truncated) ... {tail}"
+
+
 def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str, clients_fault: bool = False) -> None:
-    """End the call with `code` once the handler returns (nothing more is sent). Unlike `context.abort`, no
-    exception is raised: gRPC keeps an abort's exception, whose traceback holds the handler's frames and so the
-    request, in a reference cycle with the call, so a refused request would live until the collector's next pass
-    (a large parsed request holds megabytes). `clients_fault`: the request caused it where the code does not say so
-    (RESOURCE_EXHAUSTED for a request over a limit): the metrics count it as a client's error, not the server's."""
+    """End the call with `code` and `details` (`bounded`) once the handler returns, with no reply message: a unary
+    call's status is then sent by the observer (`CallObserver`, through `context.abort` with the request let go), not
+    by a handler's own abort, whose exception gRPC keeps in a reference cycle with the call, and with it the frames
+    that hold the request (a large parsed request holds megabytes until the collector's next pass). `clients_fault`:
+    the request caused it where the code does not say so (RESOURCE_EXHAUSTED for a request over a limit): the metrics
+    count it as a client's error, not the server's."""
     context.set_code(code)
-    context.set_details(details)
+    context.set_details(bounded(details))
     if clients_fault:
         _CLIENTS_FAULT.set(True)
 
@@ -362,13 +376,20 @@ class CallObserver:
             request_id, token, refused = self._begin(request, context, method, metadata, denied)
             err = None
             try:
-                return None if refused else await behavior(request, context)
+                reply = None if refused else await behavior(request, context)
             except BaseException as caught:
                 err = caught
                 raise
             finally:
                 self._end(context, method, request_id, started, token, err)
                 err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
+            if reply is None and isinstance(code := context.code(), grpc.StatusCode) and code is not grpc.StatusCode.OK:
+                # Returned, a refusal would go out as a reply message (empty) and its status: gRPC clients take a call
+                # that sent one as committed and never retry it, an UNAVAILABLE or a full queue's RESOURCE_EXHAUSTED
+                # included. Aborted, the status goes alone. The abort's exception holds this frame: not the request.
+                del request
+                await context.abort(code, context.details())
+            return reply
 
         return call
 

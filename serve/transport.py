@@ -65,9 +65,6 @@ INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SE
 # The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
 SHARED_MEMORY_REGION = "shared_memory_region"
 STREAM_WINDOW = 16  # requests of one stream in flight at once
-# The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
-# misleading RESOURCE_EXHAUSTED; messages echo client strings (model and input names), so they are capped.
-MAX_DETAILS_BYTES = 1024
 # gRPC's retry policy (gRFC A6) sends a call again after a retryable status unless the server's trailers carry
 # a negative pushback: set for errors that would only recur, such as a request over a limit.
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
@@ -90,17 +87,6 @@ def status_of(err: BaseException) -> grpc.StatusCode | None:
     return next((STATUS_CODES[cls] for cls in type(err).__mro__ if cls in STATUS_CODES), None)
 
 
-def details_of(err: BaseException) -> str:
-    """The error's message within MAX_DETAILS_BYTES of UTF-8: its start and its end (which says why)."""
-    message = str(err)
-    encoded = message.encode(errors="backslashreplace")
-    if len(encoded) <= MAX_DETAILS_BYTES:
-        return message
-    half = MAX_DETAILS_BYTES // 2
-    head, tail = encoded[:half].decode(errors="ignore"), encoded[-half:].decode(errors="ignore")
-    return f"{head} ... (message truncated) ... {tail}"
-
-
 def fail(context: grpc.aio.ServicerContext, err: Exception, where: str = "") -> None:
     """Set the call's status for `err` (its details after `where`, a stream's request), for the handler to return
     with; unexpected errors are logged and reported as INTERNAL."""
@@ -108,7 +94,7 @@ def fail(context: grpc.aio.ServicerContext, err: Exception, where: str = "") -> 
         if err.recurs:  # e.g. RESOURCE_EXHAUSTED for a request over a limit, unlike overload
             context.set_trailing_metadata((*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, "-1")))
         # an error that recurs for the same request is the request's fault, not the server's, whatever its code
-        refuse(context, code, f"{where}: {details_of(err)}" if where else details_of(err), clients_fault=err.recurs)
+        refuse(context, code, f"{where}: {err}" if where else str(err), clients_fault=err.recurs)
         return
     log.error("unexpected error", exc_info=err, extra={"event": "internal_error"})
     refuse(context, grpc.StatusCode.INTERNAL, f"internal error (request id {REQUEST_ID.get()}); see the server log")

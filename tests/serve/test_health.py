@@ -11,6 +11,7 @@ import time
 import grpc
 import pytest
 from edgedistill.serve.app import EXIT_FAULT
+from edgedistill.serve.observe import MAX_DETAILS_BYTES
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -104,6 +105,15 @@ def test_a_check_of_an_unknown_service_is_not_found(start_server, bundle):
     with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_check_of_an_unknown_service_of_a_long_name_is_not_found_with_bounded_details(start_server, bundle):
+    server = start_server(settings_for(bundle))
+    request = health_pb2.HealthCheckRequest(service="x" * 100_000)
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(caught.value.details().encode()) < 2 * MAX_DETAILS_BYTES
 
 
 def test_a_watch_follows_the_status_while_the_server_serves(start_server, bundle):

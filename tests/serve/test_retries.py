@@ -69,12 +69,20 @@ def test_a_request_over_a_limit_tells_retrying_clients_to_stop(start_server, bun
     assert refused_calls(server) - before == 1, "one attempt: the server's pushback stopped the retries"
 
 
-def refused_calls(server) -> float:
-    """RESOURCE_EXHAUSTED Classify calls counted, once the count has settled: the server records a call after
-    its reply has left, so a client can hold the status a moment before the metric moves."""
+def test_a_server_still_warming_up_is_sent_the_call_again_by_a_retrying_client(start_server, bundle):
+    server = start_server(settings_for(bundle), warm=False)  # UNAVAILABLE: the model is still loading or warming up
+    with Client(server.address, retries=3) as client, pytest.raises(grpc.RpcError) as caught:
+        client.classify(["a great movie"])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused_calls(server, "UNAVAILABLE") == 4, "the first attempt and three retries"
+
+
+def refused_calls(server, code: str = "RESOURCE_EXHAUSTED") -> float:
+    """Classify calls counted with `code`, once the count has settled: the server records a call after its reply has
+    left, so a client can hold the status a moment before the metric moves."""
 
     def count() -> float:
-        return metric(scrape(server), "edgedistill_requests_total", method=CLASSIFY, code="RESOURCE_EXHAUSTED")
+        return metric(scrape(server), "edgedistill_requests_total", method=CLASSIFY, code=code)
 
     deadline, seen = time.monotonic() + 5, count()
     while time.monotonic() < deadline:

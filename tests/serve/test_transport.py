@@ -1,7 +1,11 @@
+import asyncio
 import gc
 import threading
+import time
 from types import SimpleNamespace
 
+import grpc
+import pytest
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.transport import CLASSIFIER, platform_of
 
@@ -47,3 +51,27 @@ def test_a_stream_request_waiting_for_the_model_holds_no_message(start_server, b
             end.set()
             slow_tokenizer.open.set()
             stream.cancel()
+
+
+async def marked_alive(seconds: float) -> int:
+    """How many ClassifyRequest messages holding MARK are alive, without a pass of the collector: the count once it
+    reaches 0, else after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = sum(isinstance(o, pb.ClassifyRequest) and any(MARK in t for t in o.texts) for o in gc.get_objects())
+        if alive == 0 or time.monotonic() > deadline:
+            return alive
+        await asyncio.sleep(0.05)
+
+
+def test_a_refused_request_is_freed_without_the_collector(start_server, bundle):
+    server = start_server(settings_for(bundle, max_texts=2))
+    request = pb.ClassifyRequest(texts=[MARK, "two", "three"]).SerializeToString()  # over MAX_TEXTS: refused
+    gc.disable()  # a request held in a reference cycle would stay until the collector's next pass
+    try:
+        with server.channel() as channel, pytest.raises(grpc.RpcError):
+            channel.unary_unary(f"/{CLASSIFIER}/Classify")(request, timeout=10)
+        alive = server.call(marked_alive(2.0))
+    finally:
+        gc.enable()
+    assert alive == 0
