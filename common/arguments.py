@@ -1,6 +1,7 @@
 """Command-line argument types the commands share."""
 
 import argparse
+import re
 import textwrap
 from pathlib import Path
 
@@ -24,8 +25,19 @@ class WholeWordsHelp(argparse.HelpFormatter):
     `#fusion-by-model-type`) stays whole, so that it can be copied."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+        return textwrap.wrap(_spaced(text), width, break_on_hyphens=False, break_long_words=False)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        lines = textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
-        return "\n".join(indent + line for line in lines)
+        return textwrap.fill(
+            _spaced(text),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+
+
+def _spaced(text: str) -> str:
+    """`text` with each run of ASCII whitespace one space, as argparse reads help (a no-break space holds)."""
+    return re.sub(r"\s+", " ", text, flags=re.ASCII).strip()

@@ -6,8 +6,12 @@ from pathlib import Path
 
 
 def page(name: str, anchor: str = "") -> str:
-    """The page `name` (`settings.md`) with `#anchor` where given: relative to the working directory where the page is
-    under it (`docs/settings.md` in a checkout), else its full path (in site-packages for an installed wheel)."""
-    path = Path(str(importlib.resources.files("edgedistill.docs"))) / name
-    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    """The page `name` (`settings.md`) with `#anchor` where given: `docs/<name>` where the working directory is the
+    checkout's top folder, else its full path (in site-packages for an installed wheel)."""
+    folder = Path(str(importlib.resources.files("edgedistill.docs")))
+    try:
+        here = folder == Path.cwd() / "docs"
+    except OSError:  # a working directory since deleted
+        here = False
+    shown = Path("docs", name) if here else folder / name
     return f"{shown}#{anchor}" if anchor else str(shown)

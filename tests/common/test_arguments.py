@@ -41,3 +41,7 @@ def test_a_hyphenated_path_in_an_options_help_stays_on_one_line():
 
 def test_the_help_is_still_wrapped_between_words():
     assert max(len(line) for line in narrow_help(epilog="word " * 40)) <= 40
+
+
+def test_a_no_break_space_in_the_help_holds_its_words_together():
+    assert "20\u00a0ms" in " ".join(narrow_help(epilog="word " * 6 + "20\u00a0ms " + "word " * 6))

@@ -143,7 +143,7 @@ def test_installed_wheel_help_names_a_settings_page_that_is_installed(installed,
     done = subprocess.run(
         [installed.with_name("edgedistill"), "--help"], cwd=tmp_path, env=outside_env(), capture_output=True, text=True
     )
-    print(done.stdout, done.stderr)
+    assert done.returncode == 0, done.stderr
     page = Path(re.search(r"Settings: (\S+)\.\s", " ".join(done.stdout.split()))[1])
     assert page.is_relative_to(installed.parents[1]) and page.is_file(), done.stdout
 
