@@ -33,7 +33,7 @@ from edgedistill.serve.host import ModelHost, ModelRuntime
 from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
-from edgedistill.serve.observe import CallObserver, ObservedServer
+from edgedistill.serve.observe import CallObserver, ObservedServer, status_alone
 from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.reflection import ReflectionServicer
@@ -277,7 +277,7 @@ def probe_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
     limit full of held calls would fail the probes) and no token, so `Watch`, a call held open for as long as its
     client likes (about 20 KB of the server's memory each), is left to the gRPC port, under MAX_CONCURRENT_RPCS."""
     check = grpc.unary_unary_rpc_method_handler(
-        servicer.Check,
+        status_alone(servicer.Check),
         request_deserializer=health_pb2.HealthCheckRequest.FromString,
         response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
     )

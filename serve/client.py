@@ -30,11 +30,14 @@ RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restartin
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 
 
+RETRY_THROTTLING = {"maxTokens": 10, "tokenRatio": 0.1}
+
+
 def retry_options(retries: int) -> list[tuple[str, object]]:
     """Channel options for gRPC's retry policy: up to `retries` more attempts of a call that failed with
     UNAVAILABLE or RESOURCE_EXHAUSTED, with exponential backoff (50 ms doubling, at most 1 s, jittered),
-    within the call's deadline, whatever the call's size. The server stops them for errors that would recur (a request
-    over a limit)."""
+    within the call's deadline, whatever the call's size, throttled while most attempts fail. The server stops them for
+    errors that would recur (a request over a limit)."""
     if not 0 <= retries < MAX_ATTEMPTS:
         raise ValueError(f"retries must be between 0 and {MAX_ATTEMPTS - 1}, got {retries}")
     if retries == 0:
@@ -48,7 +51,13 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
     }
     # Spelled out: kserve_pb2 is imported only when used (see `kserve_infer`), and the server's modules never.
     services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
-    config = {"methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}]}
+    config = {
+        "methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}],
+        # retries stop while most recent attempts fail (gRFC A6: each failure takes a token, each success gives back
+        # a tenth, and none is retried at half the tokens or less), so a server that stays overloaded is not sent
+        # every call up to `retries` more times
+        "retryThrottling": RETRY_THROTTLING,
+    }
     # gRPC's C core keeps at most this much of a call to send it again (256 KiB by default) and never retries a larger
     # one; GRPC_INT_MAX is as much as a server's MAX_MESSAGE_BYTES may take. The buffer holds what a call has sent,
     # only until its reply starts.

@@ -48,7 +48,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         for changed in self._watchers:
             changed.set()
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context) -> health_pb2.HealthCheckResponse:
+    async def Check(self, request: health_pb2.HealthCheckRequest, context) -> health_pb2.HealthCheckResponse | None:
         if request.service not in self._statuses:
             refuse(context, grpc.StatusCode.NOT_FOUND, f"no service {request.service!r}")
             return None

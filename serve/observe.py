@@ -150,16 +150,39 @@ def bounded(details: str) -> str:
 
 
 def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str, clients_fault: bool = False) -> None:
-    """End the call with `code` and `details` (`bounded`) once the handler returns, with no reply message: a unary
-    call's status is then sent by the observer (`CallObserver`, through `context.abort` with the request let go), not
-    by a handler's own abort, whose exception gRPC keeps in a reference cycle with the call, and with it the frames
-    that hold the request (a large parsed request holds megabytes until the collector's next pass). `clients_fault`:
-    the request caused it where the code does not say so (RESOURCE_EXHAUSTED for a request over a limit): the metrics
-    count it as a client's error, not the server's."""
+    """End the call with `code` and `details` (`bounded`) once the handler returns, with no reply: a unary-response
+    handler is wrapped in `status_alone`, which sends the status alone. Unlike a handler's own `context.abort`, no
+    exception is raised in the handler: gRPC keeps an abort's exception, whose traceback holds the frames it passed
+    and so the request, in a reference cycle with the call, so a refused request would live until the collector's
+    next pass (a large parsed request holds megabytes). `clients_fault`: the request caused it where the code does not
+    say so (RESOURCE_EXHAUSTED for a request over a limit): the metrics count it as a client's error, not the
+    server's."""
     context.set_code(code)
     context.set_details(bounded(details))
     if clients_fault:
         _CLIENTS_FAULT.set(True)
+
+
+def status_alone(behavior):
+    """`behavior`, a handler of one reply, whose refusal (`refuse`: a status set, no reply) goes out as the status alone.
+    Returned, it would go out as an empty reply message and the status: gRPC clients take a call that sent a message
+    as committed and never retry it, the server's UNAVAILABLE and a full queue's RESOURCE_EXHAUSTED included. The
+    abort's exception, which gRPC keeps in a cycle with the call, holds this frame: the request and the context are
+    let go first, so the refused call is freed at once."""
+
+    async def unary_response(request, context):
+        reply = await behavior(request, context)
+        code = context.code()
+        if reply is not None or not isinstance(code, grpc.StatusCode) or code is grpc.StatusCode.OK:
+            return reply
+        del request
+        try:
+            await context.abort(code, context.details())
+        except grpc.aio.AbortError:
+            del context
+            raise
+
+    return unary_response
 
 
 def _bearer(authorization: str) -> bytes:
@@ -228,8 +251,9 @@ class CallObserver:
                 if kind.startswith("unary_") and deserializer is not None:
                     deserializer = _tolerant(deserializer, self.prechecks.get(method))
                 read = kind == "unary_unary" and self._expected_by(method) is not None
+                observed = self._observed(behavior, method, read)
                 return (grpc.stream_unary_rpc_method_handler if read else build)(
-                    self._observed(behavior, method, read),
+                    status_alone(observed) if kind.endswith("_unary") else observed,
                     request_deserializer=deserializer,
                     response_serializer=handler.response_serializer,
                 )
@@ -383,12 +407,6 @@ class CallObserver:
             finally:
                 self._end(context, method, request_id, started, token, err)
                 err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
-            if reply is None and isinstance(code := context.code(), grpc.StatusCode) and code is not grpc.StatusCode.OK:
-                # Returned, a refusal would go out as a reply message (empty) and its status: gRPC clients take a call
-                # that sent one as committed and never retry it, an UNAVAILABLE or a full queue's RESOURCE_EXHAUSTED
-                # included. Aborted, the status goes alone. The abort's exception holds this frame: not the request.
-                del request
-                await context.abort(code, context.details())
             return reply
 
         return call

@@ -10,7 +10,9 @@ import time
 
 import grpc
 import pytest
+from edgedistill.bench.processes import free_port
 from edgedistill.serve.app import EXIT_FAULT
+from edgedistill.serve.health import HealthServicer
 from edgedistill.serve.observe import MAX_DETAILS_BYTES
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -114,6 +116,31 @@ def test_a_check_of_an_unknown_service_of_a_long_name_is_not_found_with_bounded_
         health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert len(caught.value.details().encode()) < 2 * MAX_DETAILS_BYTES
+
+
+def test_a_check_of_an_unknown_service_on_the_health_port_goes_out_as_its_status_alone(
+    start_server, bundle, monkeypatch
+):
+    checks = []
+    check = HealthServicer.Check
+
+    async def counted(self, request, context):
+        checks.append(request.service)
+        return await check(self, request, context)
+
+    monkeypatch.setattr(HealthServicer, "Check", counted)
+    port = free_port()
+    start_server(settings_for(bundle, health_port=port))
+    retry_not_found = {
+        "methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}], "retryPolicy": {
+            "maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1,
+            "retryableStatusCodes": ["NOT_FOUND"]}}]
+    }  # fmt: skip
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(retry_not_found))]
+    request = health_pb2.HealthCheckRequest(service="no.such.Service")
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(channel).Check(request, timeout=5)
+    assert len(checks) == 2, "sent again: a status with no reply message leaves the call uncommitted"
 
 
 def test_a_watch_follows_the_status_while_the_server_serves(start_server, bundle):

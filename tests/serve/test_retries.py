@@ -77,6 +77,14 @@ def test_a_server_still_warming_up_is_sent_the_call_again_by_a_retrying_client(s
     assert refused_calls(server, "UNAVAILABLE") == 4, "the first attempt and three retries"
 
 
+def test_a_server_still_warming_up_behind_a_token_is_sent_the_call_again_by_a_retrying_client(start_server, bundle):
+    server = start_server(settings_for(bundle, token="secret"), warm=False)  # the request read after the token check
+    with Client(server.address, retries=3, token="secret") as client, pytest.raises(grpc.RpcError) as caught:
+        client.classify(["a great movie"])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused_calls(server, "UNAVAILABLE") == 4, "the first attempt and three retries"
+
+
 def refused_calls(server, code: str = "RESOURCE_EXHAUSTED") -> float:
     """Classify calls counted with `code`, once the count has settled: the server records a call after its reply has
     left, so a client can hold the status a moment before the metric moves."""
@@ -236,3 +244,12 @@ def test_the_client_cli_names_the_argument_over_the_servers_message_limit(cli_ov
 
 def test_the_client_cli_sends_the_text_before_the_one_over_the_limit_alone(limited, cli_over_the_limit):
     assert limited.calls[CLASSIFY] == 1
+
+
+def test_a_client_stops_retrying_a_server_that_keeps_refusing(refusing):
+    servicer, address = refusing(100)
+    with Client(address, retries=3) as client:
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                client.classify(["a great movie"])
+    assert servicer.attempts == 5, "the first call tried four times, the second once: half the tokens were spent"

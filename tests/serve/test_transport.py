@@ -53,25 +53,48 @@ def test_a_stream_request_waiting_for_the_model_holds_no_message(start_server, b
             stream.cancel()
 
 
-async def marked_alive(seconds: float) -> int:
-    """How many ClassifyRequest messages holding MARK are alive, without a pass of the collector: the count once it
-    reaches 0, else after `seconds`."""
+def marked(o: object) -> bool:
+    return isinstance(o, pb.ClassifyRequest) and any(MARK in t for t in o.texts)
+
+
+def a_call(o: object) -> bool:
+    return type(o).__name__ == "_ServicerContext"  # gRPC's context of a call on the server
+
+
+async def alive(which, seconds: float) -> int:
+    """How many objects `which` picks are alive, without a pass of the collector: the count once it reaches 0, else
+    after `seconds`."""
     deadline = time.monotonic() + seconds
     while True:
-        alive = sum(isinstance(o, pb.ClassifyRequest) and any(MARK in t for t in o.texts) for o in gc.get_objects())
-        if alive == 0 or time.monotonic() > deadline:
-            return alive
+        count = sum(map(which, gc.get_objects()))
+        if count == 0 or time.monotonic() > deadline:
+            return count
         await asyncio.sleep(0.05)
 
 
-def test_a_refused_request_is_freed_without_the_collector(start_server, bundle):
+@pytest.fixture
+def refused_once(start_server, bundle):
+    """`refused_once(which) -> int`: how many objects `which` picks stay alive, the collector off, after a refused
+    Classify of three texts, MARK among them, to a server that takes two."""
     server = start_server(settings_for(bundle, max_texts=2))
-    request = pb.ClassifyRequest(texts=[MARK, "two", "three"]).SerializeToString()  # over MAX_TEXTS: refused
-    gc.disable()  # a request held in a reference cycle would stay until the collector's next pass
-    try:
-        with server.channel() as channel, pytest.raises(grpc.RpcError):
-            channel.unary_unary(f"/{CLASSIFIER}/Classify")(request, timeout=10)
-        alive = server.call(marked_alive(2.0))
-    finally:
-        gc.enable()
-    assert alive == 0
+    request = pb.ClassifyRequest(texts=[MARK, "two", "three"]).SerializeToString()  # held as bytes here
+
+    def refused_once(which) -> int:
+        gc.collect()
+        gc.disable()  # what a reference cycle holds would stay until the collector's next pass
+        try:
+            with server.channel() as channel, pytest.raises(grpc.RpcError):
+                channel.unary_unary(f"/{CLASSIFIER}/Classify")(request, timeout=10)
+            return server.call(alive(which, 2.0))
+        finally:
+            gc.enable()
+
+    return refused_once
+
+
+def test_a_refused_request_is_freed_without_the_collector(refused_once):
+    assert refused_once(marked) == 0
+
+
+def test_a_refused_call_is_freed_without_the_collector(refused_once):
+    assert refused_once(a_call) == 0
