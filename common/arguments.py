@@ -28,14 +28,7 @@ class WholeWordsHelp(argparse.HelpFormatter):
         return textwrap.wrap(_spaced(text), width, break_on_hyphens=False, break_long_words=False)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return textwrap.fill(
-            _spaced(text),
-            width,
-            initial_indent=indent,
-            subsequent_indent=indent,
-            break_on_hyphens=False,
-            break_long_words=False,
-        )
+        return "\n".join(indent + line for line in self._split_lines(text, width - len(indent)))
 
 
 def _spaced(text: str) -> str:

@@ -400,14 +400,13 @@ class CallObserver:
             request_id, token, refused = self._begin(request, context, method, metadata, denied)
             err = None
             try:
-                reply = None if refused else await behavior(request, context)
+                return None if refused else await behavior(request, context)
             except BaseException as caught:
                 err = caught
                 raise
             finally:
                 self._end(context, method, request_id, started, token, err)
                 err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
-            return reply
 
         return call
 
