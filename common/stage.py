@@ -254,8 +254,17 @@ class Stage:
         """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
         again), holding the stage's lock; None on a worker rank. Under torchrun rank 0 holds the lock for all ranks
         (`distill.dist.run_stage` lets every rank decide only once it does)."""
+        self.parents_built()
         with self.lock() if _main_rank() else contextlib.nullcontext():
             return self.run_locked(force)
+
+    def parents_built(self) -> None:
+        """Raise `inputs`' error for a parent artifact given by its folder (a command's `--bundle`) with no manifest,
+        before the lock is taken: a stage named after a misspelt folder leaves no lock file under that name. A missing
+        parent stage is named once the lock is held, with why the child would be built again."""
+        for parent in self.parents:
+            if isinstance(parent, Artifact) and not (parent.folder / mf.MANIFEST).is_file():
+                mf.load(parent.folder)
 
     def skip(self) -> bool:
         """`run` where the artifact is current: say so and return True, holding the stage's lock; False, building

@@ -181,6 +181,7 @@ def run_stage(stage, force: bool = False):
     """Run a `common.stage.Stage` on every rank. Every rank decides whether to build it once rank 0 holds its
     lock, so that all skip it or all build it even while another job holds the lock for hours; the others then wait
     until rank 0 has published its artifact, so the next stage finds it."""
+    stage.parents_built()
     with stage.lock() if is_main() else contextlib.nullcontext():
         wait_for_main()
         manifest = stage.run_locked(force)

@@ -387,6 +387,13 @@ def test_a_missing_parent_is_refused(recipe):
         Stage("child", recipe(), ("data",), writer("c.txt"), (parent,)).run()
 
 
+def test_a_stage_whose_parent_is_missing_leaves_no_lock_file(recipe, tmp_path):
+    child = Stage("bench-typo", recipe(), (), writer("c.txt"), (Artifact("bundle", tmp_path / "bundle-typo"),))
+    with pytest.raises(mf.ArtifactError):
+        child.run()
+    assert not child.work.with_name("bench-typo.lock").exists()
+
+
 def test_a_failed_build_leaves_no_artifact_and_keeps_the_old_one(recipe):
     stage = Stage("up", recipe(), ("data",), writer("a.txt", "old"))
     stage.run()

@@ -13,7 +13,7 @@ import torch.distributed as torch_dist
 from edgedistill.bench.processes import free_port
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError, load_recipe
-from edgedistill.common.stage import Built, Stage
+from edgedistill.common.stage import Artifact, Built, Stage
 from edgedistill.distill import dist
 
 from tests.conftest import PYTHON
@@ -121,6 +121,16 @@ def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_p
     on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
     assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
+
+
+def test_a_stage_whose_parent_is_missing_leaves_no_lock_file(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
+    stage = Stage("up", load_recipe(recipe), ("data",), _build_on_rank_0, (Artifact("bundle", tmp_path / "typo"),))
+    with pytest.raises(mf.ArtifactError):
+        dist.run_stage(stage)
+    assert not stage.work.with_name("up.lock").exists()
 
 
 def _run_stage_saying_so(recipe_path: str, runs: str) -> bool:
