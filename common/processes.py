@@ -1,5 +1,4 @@
-"""Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C, gRPC's own
-lines kept to errors.
+"""Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C.
 
 `python -P -m edgedistill.common.processes PARENT COMMAND...` asks to die with process PARENT, then becomes COMMAND
 (see `dying_with_this_process`).
@@ -77,13 +76,6 @@ def children_ignore_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def quiet_grpc_core() -> None:
-    """gRPC's C core writes lines of its own on stderr, not JSON, and at INFO by default: one per failed TLS handshake,
-    a client's or the server's. Only its errors, unless GRPC_VERBOSITY says otherwise: set before gRPC is imported,
-    which reads it, and handed down to the server's workers."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from typing import NoReturn
 
 from edgedistill.common import guide
 from edgedistill.common.arguments import WholeWordsHelp, count
-from edgedistill.common.processes import dying_with_this_process, python_module, quiet_grpc_core, shell_status
+from edgedistill.common.grpc_core import quiet_grpc_core
+from edgedistill.common.processes import dying_with_this_process, python_module, shell_status
 from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
     # the supervisor of several workers imports no more than it needs (no grpc, ONNX Runtime or request path): its
     # memory is the box's, beside the workers'
     from edgedistill.common.cascade import ServedModels
-    from edgedistill.common.processes import quiet_grpc_core
+    from edgedistill.common.grpc_core import quiet_grpc_core
     from edgedistill.serve.errors import BundleRejected
     from edgedistill.serve.logs import configure_logging
     from edgedistill.serve.settings import SettingsError, load_settings, refuse_unused

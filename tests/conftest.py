@@ -124,7 +124,7 @@ def hermetic(tmp_path, monkeypatch):
     """Offline, a runs folder of the test's own, one torch thread; and the process-wide state a command run in the
     test's process (`run_here`) sets left as the test found it: the signal handlers (the server's `main` installs
     its own, which the processes that later tests start would otherwise inherit), the root logger's handlers and
-    level (the server's write to the stderr `run_here` captured) and GRPC_VERBOSITY (`common.processes.quiet_grpc_core`,
+    level (the server's write to the stderr `run_here` captured) and GRPC_VERBOSITY (`common.grpc_core`,
     which the servers later tests start would otherwise inherit). Torch's intra-op threads stay as such a command
     sets them: one, as asked here, which suits the suite's workers sharing the cores."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

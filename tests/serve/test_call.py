@@ -834,10 +834,11 @@ def test_a_call_trusting_another_ca_hints_at_the_one_that_signed_the_server(star
     assert json.loads(err)["error"]["hint"].startswith("the server's certificate is not one this client trusts")
 
 
-def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_server, bundle, certs):
+@pytest.mark.parametrize("module", [["edgedistill", "call"], ["edgedistill.serve.call"]], ids=["command", "module"])
+def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_server, bundle, certs, module):
     server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
     trusting = ("--tls-ca", str(certs / "other-ca.pem"))
-    command = [sys.executable, "-m", "edgedistill", "call", "--address", server.address, "--retries", "0", *trusting]
+    command = [sys.executable, "-m", *module, "--address", server.address, "--retries", "0", *trusting]
     env = {name: value for name, value in os.environ.items() if name != "GRPC_VERBOSITY"}
     err = subprocess.run([*command, "good"], capture_output=True, text=True, env=env, timeout=60).stderr
     assert [json.loads(line)["error"]["code"] for line in err.splitlines()] == ["UNAVAILABLE"]
