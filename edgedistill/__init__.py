@@ -6,15 +6,12 @@ The stages live in the checkout's top-level folders (`common/`, `distill/`, `exp
 """
 
 import os
-import sys
+
+from edgedistill.common.grpc_core import quiet_when_run_as_module
 
 # ONNX Runtime's Linux wheels (1.29 and later) record each session (model file name, graph hashes, ...) in a local
 # database and send it to Microsoft unless told not to; an edge server and an offline pipeline must not. Set before
 # any module of this package imports onnxruntime; ORT_DISABLE_TELEMETRY=0 in the environment keeps it on.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
-# `python -m edgedistill.<module>`, a command: Python imports its packages with argv[0] "-m"
-if sys.argv[:1] == ["-m"]:
-    from edgedistill.common.grpc_core import quiet_grpc_core
-
-    quiet_grpc_core()
+quiet_when_run_as_module()  # `python -m edgedistill.<module>`

@@ -5,3 +5,7 @@ Layers: `transport` (gRPC servicers; `wire` checks a request's bytes before they
 `common.runtime`); `host` ties a bundle to them, `app` runs it; `healthcheck` is a container's probe of it. Imports
 neither torch nor transformers.
 """
+
+from edgedistill.common.grpc_core import quiet_when_run_as_module
+
+quiet_when_run_as_module()  # `python -m serve.<module>` in a checkout, whose imports put gRPC before this package's

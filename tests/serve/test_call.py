@@ -834,7 +834,11 @@ def test_a_call_trusting_another_ca_hints_at_the_one_that_signed_the_server(star
     assert json.loads(err)["error"]["hint"].startswith("the server's certificate is not one this client trusts")
 
 
-@pytest.mark.parametrize("module", [["edgedistill", "call"], ["edgedistill.serve.call"]], ids=["command", "module"])
+@pytest.mark.parametrize(
+    "module",
+    [["edgedistill", "call"], ["edgedistill.serve.call"], ["serve.call"]],
+    ids=["command", "module", "checkout"],
+)
 def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_server, bundle, certs, module):
     server = start_server(settings_for(bundle, tls_cert=certs / "server.pem", tls_key=certs / "server.key"))
     trusting = ("--tls-ca", str(certs / "other-ca.pem"))
