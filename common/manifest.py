@@ -220,20 +220,28 @@ def staleness(
         return str(err)
     if manifest.config_hash != config_hash:
         return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
-    parents = parents or {}
+    return built_from(manifest, folder, parents or {})
+
+
+def built_from(manifest: Manifest, folder: Path, parents: dict[str, Path], gone_ok: bool = False) -> str | None:
+    """Why the artifact of `manifest`, in `folder`, was not built from the artifacts now in the `parents` folders
+    (name -> folder) and those its build chose to read, looked up beside `folder` (`parent_change`); None when it
+    was."""
     read = {
         name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items() if name not in parents
     }
-    return parent_change(manifest, parents | read)
+    return parent_change(manifest, parents | read, gone_ok)
 
 
-def parent_change(manifest: Manifest, parents: dict[str, Path]) -> str | None:
+def parent_change(manifest: Manifest, parents: dict[str, Path], gone_ok: bool = False) -> str | None:
     """Why `manifest`'s artifact was not built from the artifacts now in the `parents` folders (name -> folder): one
-    is missing or was built again since; None when it was built from them all."""
+    is missing (unless `gone_ok`) or was built again since; None when it was built from them all."""
     for name, parent_folder in parents.items():
         recorded = manifest.parents.get(name)
         parent_manifest = Path(parent_folder) / MANIFEST
         if not parent_manifest.is_file():
+            if gone_ok:
+                continue
             return f"its parent {name} is missing ({parent_folder})"
         if recorded is None or sha256_file(parent_manifest) != recorded.manifest_sha256:
             return f"its parent {name} was built again"

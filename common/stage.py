@@ -195,8 +195,28 @@ class Stage:
         current."""
         why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
         if why is None and self.older_record is not None:
-            return self.older_record(self.folder)
-        return why
+            why = self.older_record(self.folder)
+        return why or self._parent_out_of_date()
+
+    def _parent_out_of_date(self) -> str | None:
+        """Why a parent stage is out of date though its settings are the recipe's (`upstream_change`), or None."""
+        for parent in self.parents:
+            if isinstance(parent, Stage) and (why := parent.upstream_change()):
+                return f"its parent {parent.name} is out of date ({why})"
+        return None
+
+    def upstream_change(self) -> str | None:
+        """Why this stage's artifact, or an ancestor stage's, was not built from the artifacts now its parents (one
+        built again since), told from their manifests alone; None where each was, or where it is not built. A parent
+        removed since changes nothing built on it (a run kept without its pretraining), and a settings change needs no
+        such walk: a stage's hash covers its parents'."""
+        if not (self.folder / mf.MANIFEST).is_file():
+            return None
+        try:
+            manifest = mf.load(self.folder, verify=False)
+        except mf.ArtifactError as err:
+            return str(err)
+        return mf.built_from(manifest, self.folder, self.parent_folders, gone_ok=True) or self._parent_out_of_date()
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
@@ -214,8 +234,8 @@ class Stage:
         return {parent.name: parent.folder for parent in self.parents}
 
     def inputs(self, force: bool = False) -> Inputs:
-        """Load and verify every parent; a missing or altered one, or one built from other settings than this
-        recipe's, raises `ArtifactError` naming it and the way out."""
+        """Load and verify every parent; a missing or altered one, one built from other settings than this recipe's,
+        or one out of date (`upstream_change`), raises `ArtifactError` naming it and the way out."""
         manifests = {}
         for parent in self.parents:
             built = (parent.folder / mf.MANIFEST).is_file()  # else the error says to run its stage first
@@ -236,6 +256,14 @@ class Stage:
                 why = mf.changes(built_from.hashed, parent.hashed) if built_from.hashed else "its settings changed"
                 raise mf.ArtifactError(
                     f"[{self.name}] its parent {parent.folder} was built from other settings ({why}); "
+                    f"{mf.how_to_build(parent.folder)} first, or `edgedistill all RECIPE`, which builds every stage "
+                    "in order"
+                )
+            # a parent of the recipe's settings built on an older artifact (a student of the transfer set before it
+            # was built again): the child would be built on it and be current
+            if isinstance(parent, Stage) and (why := parent.upstream_change()):
+                raise mf.ArtifactError(
+                    f"[{self.name}] its parent {parent.folder} is out of date ({why}); "
                     f"{mf.how_to_build(parent.folder)} first, or `edgedistill all RECIPE`, which builds every stage "
                     "in order"
                 )

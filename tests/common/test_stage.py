@@ -290,6 +290,58 @@ def test_a_child_in_a_copied_runs_folder_follows_the_parent_beside_it(recipe, tm
     assert not _parent_and_child(recipe()).is_current()
 
 
+def _three_generations(recipe) -> tuple[Stage, Stage, Stage]:
+    """A built grandparent, parent and child, each from the one before."""
+    grandparent = Stage("grandparent", recipe, ("data",), writer("g.txt"))
+    parent = Stage("parent", recipe, ("data",), writer("p.txt"), (grandparent,))
+    child = Stage("child", recipe, ("data",), writer("c.txt"), (parent,))
+    for stage in (grandparent, parent, child):
+        stage.run()
+    return grandparent, parent, child
+
+
+def test_a_child_of_a_parent_built_on_an_artifact_built_again_since_is_stale_naming_both(recipe):
+    grandparent, _, child = _three_generations(recipe())
+    Stage("grandparent", recipe(), ("data",), writer("g.txt", "retrained")).run(force=True)
+    assert child.staleness() == "its parent parent is out of date (its parent grandparent was built again)"
+
+
+def test_an_out_of_date_parent_is_named_three_generations_up(recipe):
+    great = Stage("great", recipe(), ("data",), writer("x.txt"))
+    grandparent = Stage("grandparent", recipe(), ("data",), writer("g.txt"), (great,))
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"), (grandparent,))
+    child = Stage("child", recipe(), ("data",), writer("c.txt"), (parent,))
+    for stage in (great, grandparent, parent, child):
+        stage.run()
+    Stage("great", recipe(), ("data",), writer("x.txt", "retrained")).run(force=True)
+    assert child.staleness() == (
+        "its parent parent is out of date (its parent grandparent is out of date (its parent great was built again))"
+    )
+
+
+def test_a_child_of_an_out_of_date_parent_is_refused_naming_the_command_that_builds_the_parent(recipe):
+    _, parent, child = _three_generations(recipe())
+    Stage("grandparent", recipe(), ("data",), writer("g.txt", "retrained")).run(force=True)
+    with pytest.raises(
+        mf.ArtifactError, match=f"its parent {parent.folder} is out of date .* first, or `edgedistill all"
+    ):
+        child.run(force=True)
+
+
+def test_a_child_of_an_out_of_date_parent_is_not_built(recipe):
+    _, _, child = _three_generations(recipe())
+    Stage("grandparent", recipe(), ("data",), writer("g.txt", "retrained")).run(force=True)
+    with pytest.raises(mf.ArtifactError):
+        child.run()
+    assert len(child.build.calls) == 1
+
+
+def test_a_child_stays_current_when_its_grandparent_is_removed(recipe):
+    grandparent, _, child = _three_generations(recipe())
+    shutil.rmtree(grandparent.folder)
+    assert child.is_current()
+
+
 def test_a_child_whose_parent_was_removed_says_so(recipe, capsys):
     child = _built_parent_and_child(recipe())
     shutil.rmtree(child.parents[0].folder)
