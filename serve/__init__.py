@@ -8,4 +8,4 @@ neither torch nor transformers.
 
 from edgedistill.common.grpc_core import quiet_when_run_as_module
 
-quiet_when_run_as_module()  # `python -m serve.<module>` in a checkout, whose imports put gRPC before this package's
+quiet_when_run_as_module()  # `python -m serve.<module>` in a checkout, whose module imports gRPC before the root
