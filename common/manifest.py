@@ -220,17 +220,9 @@ def staleness(
         return str(err)
     if manifest.config_hash != config_hash:
         return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
-    return built_from(manifest, folder, parents or {})
-
-
-def built_from(manifest: Manifest, folder: Path, parents: dict[str, Path], gone_ok: bool = False) -> str | None:
-    """Why the artifact of `manifest`, in `folder`, was not built from the artifacts now in the `parents` folders
-    (name -> folder) and those its build chose to read, looked up beside `folder` (`parent_change`); None when it
-    was."""
-    read = {
-        name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items() if name not in parents
-    }
-    return parent_change(manifest, parents | read, gone_ok)
+    parents = parents or {}
+    read = {name: path for name, path in _beside(folder, manifest).items() if name not in parents}
+    return parent_change(manifest, parents | read)
 
 
 def parent_change(manifest: Manifest, parents: dict[str, Path], gone_ok: bool = False) -> str | None:
@@ -248,13 +240,41 @@ def parent_change(manifest: Manifest, parents: dict[str, Path], gone_ok: bool = 
     return None
 
 
+def _beside(folder: Path, manifest: Manifest) -> dict[str, Path]:
+    """Each parent `manifest` records (name -> folder), looked up beside `folder` in its run folder by its folder's
+    name."""
+    return {name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items()}
+
+
 def built_from_others(folder: Path) -> str | None:
-    """Why the finished artifact in `folder` was not built from the artifacts now beside it in its run folder, each
-    parent it records looked up there by its folder's name (`parent_change`); None when it was."""
+    """Why the finished artifact in `folder` was not built from the artifacts now beside it in its run folder
+    (`parent_change`), or was built on one out of date (`parent_out_of_date`); None when neither."""
     manifest = load(folder, verify=False)
-    return parent_change(
-        manifest, {name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items()}
-    )
+    beside = _beside(folder, manifest)
+    return parent_change(manifest, beside) or parent_out_of_date(beside)
+
+
+def out_of_date(folder: Path) -> str | None:
+    """Why the finished artifact in `folder`, or one it was built from, was not built from an artifact now beside it
+    (one built again since), told from the manifests alone; None where none was, or where `folder` holds none. A
+    parent removed since changes nothing built on it (a run kept without its pretraining)."""
+    if not (Path(folder) / MANIFEST).is_file():
+        return None
+    try:
+        manifest = load(folder, verify=False)
+    except ArtifactError as err:
+        return str(err)
+    beside = _beside(folder, manifest)
+    return parent_change(manifest, beside, gone_ok=True) or parent_out_of_date(beside)
+
+
+def parent_out_of_date(parents: dict[str, Path]) -> str | None:
+    """Why one of the `parents` folders (name -> folder) holds an artifact out of date (`out_of_date`), naming it; None
+    where none does. A settings change needs no such walk: a stage's hash covers its parents'."""
+    for name, folder in parents.items():
+        if why := out_of_date(folder):
+            return f"its parent {name} is out of date ({why})"
+    return None
 
 
 GONE_ADVICE = (

@@ -191,32 +191,12 @@ class Stage:
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
     def staleness(self) -> str | None:
-        """Why the artifact must be built again (`manifest.staleness`, then `older_record`), or None when it is
-        current."""
+        """Why the artifact must be built again (`manifest.staleness`, then `older_record`, then a parent stage out of
+        date: `manifest.parent_out_of_date`), or None when it is current."""
         why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
         if why is None and self.older_record is not None:
             why = self.older_record(self.folder)
-        return why or self._parent_out_of_date()
-
-    def _parent_out_of_date(self) -> str | None:
-        """Why a parent stage is out of date though its settings are the recipe's (`upstream_change`), or None."""
-        for parent in self.parents:
-            if isinstance(parent, Stage) and (why := parent.upstream_change()):
-                return f"its parent {parent.name} is out of date ({why})"
-        return None
-
-    def upstream_change(self) -> str | None:
-        """Why this stage's artifact, or an ancestor stage's, was not built from the artifacts now its parents (one
-        built again since), told from their manifests alone; None where each was, or where it is not built. A parent
-        removed since changes nothing built on it (a run kept without its pretraining), and a settings change needs no
-        such walk: a stage's hash covers its parents'."""
-        if not (self.folder / mf.MANIFEST).is_file():
-            return None
-        try:
-            manifest = mf.load(self.folder, verify=False)
-        except mf.ArtifactError as err:
-            return str(err)
-        return mf.built_from(manifest, self.folder, self.parent_folders, gone_ok=True) or self._parent_out_of_date()
+        return why or mf.parent_out_of_date({p.name: p.folder for p in self.parents if isinstance(p, Stage)})
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
@@ -235,7 +215,7 @@ class Stage:
 
     def inputs(self, force: bool = False) -> Inputs:
         """Load and verify every parent; a missing or altered one, one built from other settings than this recipe's,
-        or one out of date (`upstream_change`), raises `ArtifactError` naming it and the way out."""
+        or one out of date (`manifest.out_of_date`), raises `ArtifactError` naming it and the way out."""
         manifests = {}
         for parent in self.parents:
             built = (parent.folder / mf.MANIFEST).is_file()  # else the error says to run its stage first
@@ -261,7 +241,7 @@ class Stage:
                 )
             # a parent of the recipe's settings built on an older artifact (a student of the transfer set before it
             # was built again): the child would be built on it and be current
-            if isinstance(parent, Stage) and (why := parent.upstream_change()):
+            if isinstance(parent, Stage) and (why := mf.out_of_date(parent.folder)):
                 raise mf.ArtifactError(
                     f"[{self.name}] its parent {parent.folder} is out of date ({why}); "
                     f"{mf.how_to_build(parent.folder)} first, or `edgedistill all RECIPE`, which builds every stage "

@@ -86,7 +86,7 @@ def _redrawn(root: Path, rows: list[dict]) -> str | None:
 
 def _built_from_others(root: Path, rows: list[dict]) -> str | None:
     """Which student or baseline the rows show as current was built from other parents (teacher, transfer set) than
-    those now in the run (`common.manifest.built_from_others`)."""
+    those now in the run, or on one out of date (`common.manifest.built_from_others`)."""
     for row in rows[1:]:
         for kind in ("student", "baseline"):
             folder = root / f"{kind}-{row['student']}"

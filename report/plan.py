@@ -139,7 +139,7 @@ def cascade_point(cascade: str) -> str:
 
 def _built_from_others(root: Path) -> dict[str, Stale]:
     """The finished bundles (not cascades) in the run folder `root` built from a student or teacher built again since,
-    or gone (`common.manifest.built_from_others`), by folder name."""
+    gone, or out of date (`common.manifest.built_from_others`), by folder name."""
     bundles = (p for p in sorted(root.glob("bundle-*")) if (p / MANIFEST).is_file() and not is_cascade(p))
     return {p.name: Stale(p.name, why, (Target("bundles"),)) for p in bundles if (why := mf.built_from_others(p))}
 

@@ -116,6 +116,31 @@ def test_is_current_follows_config_and_parents(tmp_path):
     assert not mf.is_current(tmp_path / "missing", "c", parents)
 
 
+def chain(tmp_path, *names: str) -> None:
+    """Artifacts `names` in the run folder `tmp_path`, each built from the one before."""
+    for parent, name in zip((None, *names[:-1]), names, strict=True):
+        publish(tmp_path, name, parents={parent: mf.parent_of(tmp_path / parent)} if parent else None)
+
+
+def test_an_artifact_built_on_one_out_of_date_is_built_from_others_naming_both(tmp_path):
+    chain(tmp_path, "transfer", "student", "bundle")
+    publish(tmp_path, "transfer", payload=b"labelled again")
+    assert (
+        mf.built_from_others(tmp_path / "bundle")
+        == "its parent student is out of date (its parent transfer was built again)"
+    )
+
+
+def test_an_artifact_whose_ancestor_was_removed_is_not_out_of_date(tmp_path):
+    chain(tmp_path, "pretrain", "teacher", "transfer")
+    shutil.rmtree(tmp_path / "pretrain")
+    assert mf.out_of_date(tmp_path / "transfer") is None
+
+
+def test_a_folder_without_an_artifact_is_not_out_of_date(tmp_path):
+    assert mf.out_of_date(tmp_path / "missing") is None
+
+
 def test_an_artifact_with_an_edited_file_is_not_current(tmp_path):
     publish(tmp_path)
     (tmp_path / "stage" / "model.bin").write_bytes(b"edited")
