@@ -221,7 +221,7 @@ def staleness(
     if manifest.config_hash != config_hash:
         return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
     parents = parents or {}
-    read = {name: path for name, path in _beside(folder, manifest).items() if name not in parents}
+    read = {name: path for name, path in beside(folder, manifest).items() if name not in parents}
     return parent_change(manifest, parents | read)
 
 
@@ -240,7 +240,7 @@ def parent_change(manifest: Manifest, parents: dict[str, Path], gone_ok: bool = 
     return None
 
 
-def _beside(folder: Path, manifest: Manifest) -> dict[str, Path]:
+def beside(folder: Path, manifest: Manifest) -> dict[str, Path]:
     """Each parent `manifest` records (name -> folder), looked up beside `folder` in its run folder by its folder's
     name."""
     return {name: Path(folder).parent / Path(p.path).name for name, p in manifest.parents.items()}
@@ -250,8 +250,8 @@ def built_from_others(folder: Path) -> str | None:
     """Why the finished artifact in `folder` was not built from the artifacts now beside it in its run folder
     (`parent_change`), or was built on one out of date (`parent_out_of_date`); None when neither."""
     manifest = load(folder, verify=False)
-    beside = _beside(folder, manifest)
-    return parent_change(manifest, beside) or parent_out_of_date(beside)
+    parents = beside(folder, manifest)
+    return parent_change(manifest, parents) or parent_out_of_date(parents)
 
 
 def out_of_date(folder: Path) -> str | None:
@@ -264,8 +264,8 @@ def out_of_date(folder: Path) -> str | None:
         manifest = load(folder, verify=False)
     except ArtifactError as err:
         return str(err)
-    beside = _beside(folder, manifest)
-    return parent_change(manifest, beside, gone_ok=True) or parent_out_of_date(beside)
+    parents = beside(folder, manifest)
+    return parent_change(manifest, parents, gone_ok=True) or parent_out_of_date(parents)
 
 
 def parent_out_of_date(parents: dict[str, Path]) -> str | None:

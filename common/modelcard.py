@@ -351,7 +351,7 @@ def write(recipe: Recipe, folder: Path) -> Path | None:
 
 def _parents(folder: Path) -> list[Path]:
     """The folders, beside `folder` in its run folder, of the artifacts the one in `folder` was built from."""
-    return [folder.parent / Path(p.path).name for p in mf.load(folder, verify=False).parents.values()]
+    return list(mf.beside(folder, mf.load(folder, verify=False)).values())
 
 
 def settings_change(recipe: Recipe, folder: Path) -> str | None:
