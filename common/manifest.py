@@ -269,12 +269,16 @@ def out_of_date(folder: Path) -> str | None:
 
 
 def parent_out_of_date(parents: dict[str, Path]) -> str | None:
-    """Why one of the `parents` folders (name -> folder) holds an artifact out of date (`out_of_date`), naming it; None
-    where none does. A settings change needs no such walk: a stage's hash covers its parents'."""
-    for name, folder in parents.items():
-        if why := out_of_date(folder):
-            return f"its parent {name} is out of date ({why})"
-    return None
+    """Why one of the `parents` folders (name -> folder) holds an artifact out of date (`first_out_of_date`), naming
+    it; None where none does. A settings change needs no such walk: a stage's hash covers its parents'."""
+    found = first_out_of_date(parents)
+    return f"its parent {found[0]} is out of date ({found[1]})" if found else None
+
+
+def first_out_of_date(parents: dict[str, Path]) -> tuple[str, str] | None:
+    """The name of the first of the `parents` folders (name -> folder) that holds an artifact out of date, and why
+    (`out_of_date`); None where none does."""
+    return next(((name, why) for name, folder in parents.items() if (why := out_of_date(folder))), None)
 
 
 GONE_ADVICE = (

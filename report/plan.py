@@ -137,11 +137,20 @@ def cascade_point(cascade: str) -> str:
     return f"expected latency of cascade {cascade}"
 
 
-def _built_from_others(root: Path) -> dict[str, Stale]:
+def _built_from_others(recipe: Recipe, root: Path) -> dict[str, Stale]:
     """The finished bundles (not cascades) in the run folder `root` built from a student or teacher built again since,
-    gone, or out of date (`common.manifest.built_from_others`), by folder name."""
+    gone, or out of date (`common.manifest.built_from_others`), by folder name, with the targets that build each
+    again (`_builds_again`)."""
     bundles = (p for p in sorted(root.glob("bundle-*")) if (p / MANIFEST).is_file() and not is_cascade(p))
-    return {p.name: Stale(p.name, why, (Target("bundles"),)) for p in bundles if (why := mf.built_from_others(p))}
+    return {p.name: Stale(p.name, why, _builds_again(recipe, p)) for p in bundles if (why := mf.built_from_others(p))}
+
+
+def _builds_again(recipe: Recipe, bundle: Path) -> tuple[Target, ...]:
+    """The targets that build `bundle` again: `bundles`, after the target of a parent out of date (a student older
+    than its transfer set is distilled again first, which builds the transfer set where it is stale too)."""
+    out_of_date = mf.first_out_of_date(mf.beside(bundle, mf.load(bundle, verify=False)))
+    first = planned(recipe).get(out_of_date[0]) if out_of_date else None
+    return (first, Target("bundles")) if first else (Target("bundles"),)
 
 
 def _other_settings(recipe: Recipe, root: Path) -> dict[str, Stale]:
@@ -166,7 +175,7 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
     or the whole of it as `bench` (its teacher, each speedup's base, built again since or with other settings), and
     the expected latency of each cascade built from members built again since (`cascade_point`), whose dev answered
     shares are not of the members the benchmark timed."""
-    found = _built_from_others(root) | _other_settings(recipe, root)
+    found = _built_from_others(recipe, root) | _other_settings(recipe, root)
     if recipe.export is None:
         return found
     bundle = root / f"bundle-{recipe.export.deploy}"
@@ -178,7 +187,7 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
             found[folder.name] = Stale(folder.name, why, (target,))
         elif bundle.name in found:  # of the bundle now there, which was built from an older model
             found[folder.name] = Stale(
-                folder.name, f"{bundle.name}: {found[bundle.name].why}", (Target("bundles"), target)
+                folder.name, f"{bundle.name}: {found[bundle.name].why}", (*found[bundle.name].targets, target)
             )
     for name in recipe.export.cascades:
         folder = root / f"serve-cascade-{name}"

@@ -3,8 +3,11 @@
 import shlex
 
 import pytest
+from edgedistill.common import manifest as mf
+from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.report import plan
 
+from tests.conftest import ROOT
 from tests.test_makefile import make_dry_run
 
 TARGETS = [
@@ -40,3 +43,38 @@ def test_a_measurement_of_a_bundle_built_again_is_run_again_after_the_bundles():
         "edgedistill bundles mine.yaml && edgedistill bench serving mine.yaml; in a checkout, "
         "make bundles serve-bench RECIPE=mine.yaml"
     )
+
+
+def publish(folder, parents=(), result="{}"):
+    """An artifact in `folder` built from the artifacts `parents` beside it, pinned as a build pins them."""
+    pinned = {name: mf.parent_of(folder.parent / name) for name in parents}
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "result.json").write_text(result)
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", parents=pinned)
+        mf.commit(tmp, folder, base)
+
+
+@pytest.fixture
+def smoke_run(tmp_path, monkeypatch):
+    """The smoke recipe, and its run folder with a bundle of a student distilled from a transfer set built again
+    since."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    root = run_dir(recipe)
+    publish(root / "transfer")
+    publish(root / "student-bilstm", parents=["transfer"])
+    publish(root / "bundle-bilstm-int8", parents=["student-bilstm"])
+    publish(root / "transfer", result='{"labelled": "again"}')  # built again
+    return recipe, root
+
+
+def test_a_bundle_of_an_out_of_date_student_is_stale_saying_why(smoke_run):
+    recipe, root = smoke_run
+    assert plan.stale(recipe, root)["bundle-bilstm-int8"].why == (
+        "its parent student-bilstm is out of date (its parent transfer was built again)"
+    )
+
+
+def test_a_bundle_of_an_out_of_date_student_is_built_again_after_the_student(smoke_run):
+    recipe, root = smoke_run
+    assert plan.stale(recipe, root)["bundle-bilstm-int8"].targets == (plan.Target("distill"), plan.Target("bundles"))
