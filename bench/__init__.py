@@ -12,6 +12,10 @@ call statistics, `bench.records` holds the result records (and what they record 
 verdicts on them.
 """
 
+from edgedistill.common.grpc_core import quiet_when_run_as_module
+
+quiet_when_run_as_module()  # `python -m bench` in a checkout, which imports this package before the root
+
 
 class BenchError(RuntimeError):
     """A benchmark could not measure: a server did not start or stop cleanly, no call succeeded, or no texts."""
