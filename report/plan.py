@@ -150,7 +150,7 @@ def _builds_again(recipe: Recipe, bundle: Path) -> tuple[Target, ...]:
     than its transfer set is distilled again first, which builds the transfer set where it is stale too)."""
     out_of_date = mf.first_out_of_date(mf.beside(bundle, mf.load(bundle, verify=False)))
     first = planned(recipe).get(out_of_date[0]) if out_of_date else None
-    return (first, Target("bundles")) if first else (Target("bundles"),)
+    return (first, Target("bundles")) if first not in (None, Target("bundles")) else (Target("bundles"),)
 
 
 def _other_settings(recipe: Recipe, root: Path) -> dict[str, Stale]:
