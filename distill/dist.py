@@ -112,6 +112,23 @@ def check_shared(folder: Path) -> None:
         )
 
 
+def check_same_precision(device_name: str, precision: str) -> None:
+    """Refuse to train where the ranks chose different precisions: `runtime.precision: auto` chooses by each rank's
+    GPU (bf16 where it computes it, fp16 with a loss scaler where not), and DDP averaging loss-scaled gradients with
+    unscaled ones would let the ranks' models drift apart without a word. A no-op in one process; on a mismatch every
+    rank raises, naming each rank's GPU and precision."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    chosen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(chosen, (socket.gethostname(), device_name, precision))
+    if len({choice for _, _, choice in chosen}) > 1:
+        ranks = "; ".join(f"rank {i} on {host}: {name}, {choice}" for i, (host, name, choice) in enumerate(chosen))
+        raise RecipeError(
+            f"the ranks would train in different precisions ({ranks}), so DDP would average unlike gradients: on "
+            "GPUs of different kinds set runtime.precision for every rank, e.g. --runtime.precision=fp16 (or fp32)"
+        )
+
+
 def initialized() -> bool:
     return dist.is_initialized()
 

@@ -27,6 +27,7 @@ def run(
     dist.init(placement.device.type, recipe.runtime.collective_timeout_s)
     try:
         dist.check_shared(run_dir(recipe))
+        dist.check_same_precision(placement.name, placement.precision)
         if dist.is_main():
             p = placement.describe()
             print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")

@@ -88,6 +88,30 @@ def test_one_process_is_not_checked(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def _check_precision(precisions: list[str]) -> str:
+    """What `check_same_precision` says on this rank, given its own precision of `precisions`."""
+    try:
+        dist.check_same_precision("cpu", precisions[torch_dist.get_rank()])
+        return "ok"
+    except RecipeError as err:
+        return str(err)
+
+
+def test_ranks_of_one_precision_pass(tmp_path):
+    assert on_two_ranks(tmp_path, _check_precision, ["fp16", "fp16"]) == {0: "ok", 1: "ok"}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ranks_of_different_precisions_fail_on_every_rank_naming_each(tmp_path, rank):
+    said = on_two_ranks(tmp_path, _check_precision, ["bf16", "fp16"])
+    assert "rank 0 on" in said[rank] and "cpu, bf16; rank 1 on" in said[rank] and "cpu, fp16)" in said[rank]
+
+
+def test_a_mismatch_names_the_setting_to_set_for_every_rank(tmp_path):
+    said = on_two_ranks(tmp_path, _check_precision, ["bf16", "fp16"])
+    assert "set runtime.precision for every rank" in said[0]
+
+
 def _build_on_rank_0(inputs):
     """A build body as the training stages have: rank 0 publishes, the others return None."""
     if torch_dist.get_rank() != 0:
