@@ -32,10 +32,15 @@ GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach name,$(.VARIABLES),$(if 
 MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name.upper(), known, 1, 0.75)] if near and not (name.upper().startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
 
+# torchrun gives each rank OMP_NUM_THREADS=1 where it is unset, which would leave all but NPROC cores idle on the CPU:
+# each rank takes its share of the cores instead (at least one); an OMP_NUM_THREADS or EDGEDISTILL_TORCH_THREADS given
+# wins.
 ifeq ($(NPROC),1)
 LAUNCH := $(ED)
 else
-LAUNCH := $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(ED)
+RANK_THREADS := $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); echo $$(( n / $(NPROC) > 1 ? n / $(NPROC) : 1 )))
+LAUNCH := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(RANK_THREADS)} $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) \
+  --no-python $(ED)
 endif
 # Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line, it
 # stops make at once rather than after the teacher and the transfer set, which make builds first.

@@ -51,6 +51,29 @@ def test_make_distill_under_torchrun_passes_no_jobs_by_default(tmp_path):
     assert "--jobs" not in make_dry_run(tmp_path, "distill", "NPROC=2")
 
 
+def _launch_line(tmp_path, nproc: int) -> str:
+    """The line `make -n teacher NPROC=nproc` runs the stage with."""
+    return next(line for line in make_dry_run(tmp_path, "teacher", f"NPROC={nproc}").splitlines() if "torchrun" in line)
+
+
+def _rank_threads(tmp_path, nproc: int, environ: dict) -> str:
+    """OMP_NUM_THREADS as `make teacher NPROC=nproc`'s launch line sets it for torchrun, in `environ`."""
+    prefix = _launch_line(tmp_path, nproc).partition(".venv/bin/torchrun")[0]
+    shown = subprocess.run(["sh", "-c", f"{prefix} env"], env=environ, capture_output=True, text=True, check=True)
+    return next(line for line in shown.stdout.splitlines() if line.startswith("OMP_NUM_THREADS="))
+
+
+@pytest.mark.parametrize("nproc", [2, 64])
+def test_torchrun_ranks_take_their_share_of_the_cores(tmp_path, nproc):
+    share = max(1, len(os.sched_getaffinity(0)) // nproc)
+    environ = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    assert _rank_threads(tmp_path, nproc, environ) == f"OMP_NUM_THREADS={share}"
+
+
+def test_torchrun_ranks_keep_an_omp_num_threads_given(tmp_path):
+    assert _rank_threads(tmp_path, 2, {**os.environ, "OMP_NUM_THREADS": "3"}) == "OMP_NUM_THREADS=3"
+
+
 SST2_QUOTED = "the `` best '' film, at $5"  # SST-2 quotes with `` and ''; a $ as written
 
 
