@@ -37,7 +37,18 @@ class JobKilled(RuntimeError):
 
 
 def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
-    stages.student(recipe, name, baseline, _bar_position).run(force)
+    stages.student(on_own_gpu(recipe, _bar_position), name, baseline, _bar_position).run(force)
+
+
+def on_own_gpu(recipe: Recipe, slot: int) -> Recipe:
+    """`recipe` for a job of worker `slot`: where `runtime.device` leaves the GPU to choose (auto or cuda) and the
+    machine has several, the worker's own (`slot` mod their count), so that jobs at once train on different GPUs
+    rather than all on the first. `runtime` is hashed by no stage, so the artifacts are the same either way."""
+    if recipe.runtime.device not in ("auto", "cuda") or not torch.cuda.is_available():
+        return recipe
+    if (count := torch.cuda.device_count()) < 2:
+        return recipe
+    return recipe.model_copy(update={"runtime": recipe.runtime.model_copy(update={"device": f"cuda:{slot % count}"})})
 
 
 def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: bool = False) -> None:

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import parallel
 
 from tests.common.test_processes import child_ends_with_parent
@@ -102,3 +103,42 @@ def test_a_job_made_stale_alone_gets_a_process(own_run, capsys, monkeypatch):
     (own_run / "student-cnn" / "manifest.json").unlink()
     distill_with_jobs(own_run, capsys, monkeypatch)
     assert submitted == [("cnn", False)]
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    """A machine that says it has four CUDA GPUs."""
+    monkeypatch.setattr(parallel.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(parallel.torch.cuda, "device_count", lambda: 4)
+
+
+def _device_of_job(device: str, slot: int) -> str:
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"runtime.device": device})
+    return parallel.on_own_gpu(recipe, slot).runtime.device
+
+
+@pytest.mark.parametrize(("slot", "gpu"), [(0, "cuda:0"), (1, "cuda:1"), (5, "cuda:1")])
+def test_jobs_at_once_train_on_the_gpus_in_turn(four_gpus, slot, gpu):
+    assert _device_of_job("auto", slot) == gpu
+
+
+def test_jobs_on_cuda_without_an_index_train_on_the_gpus_in_turn(four_gpus):
+    assert _device_of_job("cuda", 3) == "cuda:3"
+
+
+def test_a_job_keeps_the_gpu_its_recipe_names(four_gpus):
+    assert _device_of_job("cuda:2", 1) == "cuda:2"
+
+
+def test_a_job_keeps_the_cpu_its_recipe_names(four_gpus):
+    assert _device_of_job("cpu", 1) == "cpu"
+
+
+def test_jobs_on_one_gpu_share_it(monkeypatch):
+    monkeypatch.setattr(parallel.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(parallel.torch.cuda, "device_count", lambda: 1)
+    assert _device_of_job("auto", 1) == "auto"
+
+
+def test_jobs_without_a_gpu_keep_their_device():
+    assert _device_of_job("auto", 1) == "auto"
