@@ -38,6 +38,7 @@ $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/sett
 ifeq ($(NPROC),1)
 LAUNCH := $(ED)
 else
+$(if $(shell echo '$(NPROC)' | grep -Ex '[1-9][0-9]*'),,$(error NPROC=$(NPROC): give the processes per stage under torchrun, a whole number from 1))
 RANK_THREADS := $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); echo $$(( n / $(NPROC) > 1 ? n / $(NPROC) : 1 )))
 LAUNCH := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(RANK_THREADS)} $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) \
   --no-python $(ED)

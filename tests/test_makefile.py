@@ -35,6 +35,15 @@ def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
 
+@pytest.mark.parametrize("nproc", ["0", "two", "-1"])
+def test_nproc_that_is_no_count_of_processes_stops_make(nproc):
+    assert make_refusal(f"NPROC={nproc}").returncode == 2
+
+
+def test_nproc_that_is_no_count_of_processes_says_what_to_give():
+    assert "NPROC=0: give the processes per stage under torchrun" in make_refusal("NPROC=0").stderr
+
+
 def test_jobs_above_one_under_torchrun_stops_make():
     assert make_refusal("NPROC=2", "JOBS=3").returncode == 2
 
