@@ -6,7 +6,8 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN) + 1 )))
+CORES     = $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
+TEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 # RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
 # RUNS_DIR given on make's command line wins over both.
 ifeq ($(origin RUNS_DIR),environment)
@@ -39,7 +40,7 @@ ifeq ($(NPROC),1)
 LAUNCH := $(ED)
 else
 $(if $(shell echo '$(NPROC)' | grep -Ex '[1-9][0-9]*'),,$(error NPROC=$(NPROC): give the processes per stage under torchrun, a whole number from 1))
-RANK_THREADS := $(shell n=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); echo $$(( n / $(NPROC) > 1 ? n / $(NPROC) : 1 )))
+RANK_THREADS := $(shell n=$(CORES); echo $$(( n / $(NPROC) > 1 ? n / $(NPROC) : 1 )))
 LAUNCH := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(RANK_THREADS)} $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) \
   --no-python $(ED)
 endif
