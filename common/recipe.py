@@ -845,6 +845,9 @@ def _message(error: dict) -> str:
         kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
         what = "name" if _unquoted_name(error) else "key"
         return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
+    if error["type"] == "too_short" and not error["input"] and schema.names_sections(Recipe, loc):
+        section = ".".join(str(p) for p in loc[:-1])
+        return f"none left: give at least one, or drop the section to build none ({section}: null)"
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"

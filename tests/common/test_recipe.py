@@ -1097,6 +1097,20 @@ def test_null_drops_a_student(tmp_path):
     assert set(extend(tmp_path, "distill: {students: {cnn: null}}\n").distill.students) == {"bilstm"}
 
 
+def test_dropping_every_student_is_refused_naming_the_section_to_drop_instead(tmp_path):
+    with pytest.raises(RecipeError, match=r"distill\.students: none left: .* to build none \(distill: null\)"):
+        extend(tmp_path, "distill: {students: {cnn: null, bilstm: null}}\n")
+
+
+def test_dropping_every_bundle_is_refused_naming_the_section_to_drop_instead(tmp_path):
+    with pytest.raises(RecipeError, match=r"export\.bundles: none left: .* to build none \(export: null\)"):
+        extend(tmp_path, "export: {bundles: {teacher-onnx: null, teacher-int8: null, bilstm-int8: null}}\n")
+
+
+def test_dropping_the_distill_and_export_sections_loads_a_teacher_only_recipe(tmp_path):
+    assert extend(tmp_path, "transfer: null\ndistill: null\nexport: null\n").distill is None
+
+
 def test_a_bundle_of_a_dropped_student_is_refused_naming_the_students_left(tmp_path):
     with pytest.raises(RecipeError, match=r"'bilstm' is neither teacher nor one of distill.students \['cnn'\]"):
         extend(tmp_path, "distill: {deploy: cnn, students: {bilstm: null}}\n")
