@@ -8,18 +8,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import grpc
 import psutil
 from edgedistill.bench import BenchError
+from edgedistill.bench.environ import CASCADE_VARIABLES, PORT_VARIABLES, server_environ
 from edgedistill.common.cascade import ServedModels, is_cascade
 from edgedistill.common.processes import dying_with_this_process, python_module
-from edgedistill.common.settings import SettingError, refuse_measured_variables, service_link
+from edgedistill.common.settings import SettingError, refuse_measured_variables
 from edgedistill.serve.client import bearer, health_serving, wait_ready
-from edgedistill.serve.settings import Settings, env_name, load_settings
+from edgedistill.serve.settings import Settings, load_settings
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -92,32 +93,12 @@ def free_port(range_file: Path = EPHEMERAL_RANGE) -> int:
         return sock.getsockname()[1]
 
 
-# The deployed server's metrics address and port and its probes' port, which an operator may export: a measurement
-# runs its servers' metrics itself (off, or on a loopback port of its own) and checks their health on the gRPC port, so
-# these variables are left out of the servers' environment, where METRICS_HOST with the metrics port off would stop the
-# server, and where two servers (a cascade and its last member) would bind one health port
-PORT_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"), env_name("health_port"))
-# A deployed cascade's overload policy, which a server of a single bundle refuses as doing nothing: left out of the
-# environment of a measured single bundle (a cascade's last member alone, a student measured beside it)
-CASCADE_VARIABLES = (env_name("cascade_overload"),)
-
-
 def left_out_of(command: list[str]) -> tuple[str, ...]:
     """The variables a measured server's `command` runs without: `PORT_VARIABLES`, and `CASCADE_VARIABLES` where
     its `--bundle` (`serve_flags`) is a single bundle."""
     bundle = command[command.index("--bundle") + 1] if "--bundle" in command else None
     single = bundle is not None and not is_cascade(bundle)
     return PORT_VARIABLES + (CASCADE_VARIABLES if single else ())
-
-
-def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = PORT_VARIABLES) -> dict:
-    """The environment of a server a measurement starts: `environ` (default this process's) less `left_out` and less
-    Kubernetes service links (`service_link`), which the server would refuse where one lands on a setting's name
-    (`EDGEDISTILL_PORT=tcp://...`), though the measurement's flags set those settings."""
-    environ = os.environ if environ is None else environ
-    return {
-        name: value for name, value in environ.items() if name not in left_out and service_link(name, value) is None
-    }
 
 
 def measured_settings(flags: list[str]) -> Settings:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError, servers
+from edgedistill.bench.environ import server_environ
 from edgedistill.bench.peers.model import session_of, session_settings
-from edgedistill.bench.processes import free_port, measured_settings, serve_flags, server_environ
+from edgedistill.bench.processes import free_port, measured_settings, serve_flags
 from edgedistill.common.processes import python_module
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings

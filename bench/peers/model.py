@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from edgedistill.bench.processes import server_environ
+from edgedistill.bench.environ import server_environ
 from edgedistill.common.bundle import load_bundle
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows

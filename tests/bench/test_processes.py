@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from edgedistill.bench import BenchError, processes
+from edgedistill.bench import BenchError, environ, processes
 from edgedistill.bench.peers.model import session_settings
 from edgedistill.bench.processes import finish, free_port, measured_server, running, served_settings, start
 
@@ -250,11 +250,6 @@ def test_a_measured_server_takes_its_port_over_a_kubernetes_service_link_that_se
     assert settings.port == int(flags[flags.index("--port") + 1])
 
 
-def test_a_measured_servers_environment_leaves_out_a_kubernetes_service_link_that_sets_a_setting(monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")
-    assert "EDGEDISTILL_PORT" not in processes.server_environ()
-
-
 def test_a_bundles_session_settings_are_read_past_a_kubernetes_service_link_that_sets_the_port(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_PORT", "tcp://10.0.0.5:50051")  # the benchmark's bare and peer models read these
     assert session_settings(3).threads == 3
@@ -332,18 +327,18 @@ def test_a_measured_single_bundle_starts_where_the_operator_exports_a_cascades_o
 
 
 def test_a_measured_single_bundle_runs_without_a_cascades_overload(bundle):
-    assert processes.CASCADE_VARIABLES[0] in processes.left_out_of(processes.serve_flags(bundle, 0, 1))
+    assert environ.CASCADE_VARIABLES[0] in processes.left_out_of(processes.serve_flags(bundle, 0, 1))
 
 
 def test_a_measured_cascade_runs_with_its_overload_setting(tmp_path):
     flags = processes.serve_flags(make_cascade(tmp_path), 0, 1)
-    assert processes.CASCADE_VARIABLES[0] not in processes.left_out_of(flags)
+    assert environ.CASCADE_VARIABLES[0] not in processes.left_out_of(flags)
 
 
 def test_a_measured_server_runs_with_the_operators_other_settings(bundle, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
     left_out = processes.left_out_of(processes.serve_flags(bundle, 0, 1))
-    assert processes.server_environ(left_out=left_out)["EDGEDISTILL_MAX_QUEUED"] == "64"
+    assert environ.server_environ(left_out=left_out)["EDGEDISTILL_MAX_QUEUED"] == "64"
 
 
 def test_two_measured_servers_start_side_by_side_where_the_operator_exports_a_health_port(

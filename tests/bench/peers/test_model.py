@@ -1,5 +1,8 @@
 """The model every peer serves: the bundle's tokenizer and backend, giving the server's logits."""
 
+import subprocess
+import sys
+
 import grpc
 import numpy as np
 import pytest
@@ -58,3 +61,24 @@ def test_single_texts_for_a_pair_model_are_invalid(pair_bundle):
 def test_a_pair_model_reads_both_texts(pair_bundle):
     logits = BundleClassifier(pair_bundle).logits(["x", "x"], ["a great movie", "dull and boring"])
     assert not np.allclose(logits[0], logits[1])
+
+
+# The project's dependencies that `make peers-setup`'s environments lack: KServe's and MLServer's own packages bring
+# grpcio, protobuf, prometheus-client, numpy, pydantic, PyYAML, tokenizers, huggingface_hub and tqdm, the Makefile
+# ONNX Runtime, and the project itself is installed there without its dependencies.
+PEERS_LACK = ("grpc_health", "grpc_reflection", "psutil", "torch", "transformers", "datasets", "onnx", "rich")
+BLOCKING = """
+import importlib.abc, sys
+class Lacking(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {lacking}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, Lacking())
+import edgedistill.bench.peers.model
+"""
+
+
+def test_the_peers_model_imports_in_a_peer_environment():
+    blocking = BLOCKING.format(lacking=set(PEERS_LACK))
+    imported = subprocess.run([sys.executable, "-c", blocking], capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr[-2000:]
