@@ -234,6 +234,9 @@ class Recipe(Strict):
         for setting, (given, reason) in misfits.items():
             if given:
                 raise ValueError(f"{setting} needs a bert teacher (model.family is {self.model.family}): {reason}")
+        for bundle_id, spec in bundles:  # known here for a GPT-2 teacher, before it is pretrained from scratch
+            if spec.source == "teacher" and (unapplied := spec.unapplied_fusion_choices(bundle_id, "a GPT-2 graph")):
+                raise ValueError(unapplied)
         return self
 
     @model_validator(mode="after")

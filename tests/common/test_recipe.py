@@ -1128,6 +1128,13 @@ def test_a_smoothed_bundle_of_a_gpt_teacher_is_refused_at_load(tmp_path):
         extend(tmp_path, "model: {family: gpt}\nexport: {bundles: {teacher-int8: " + smoothed + "}}\n")
 
 
+@pytest.mark.parametrize("choice", ["attention: MultiHeadAttention", "skip_layer_norm: false"])
+def test_a_fusion_choice_in_a_bundle_of_a_gpt_teacher_is_refused_at_load(tmp_path, choice):
+    bundle = "{source: teacher, precision: int8, " + choice + "}"
+    with pytest.raises(RecipeError, match=rf"export\.bundles\.teacher-int8\.{choice.split(':')[0]} would not apply"):
+        extend(tmp_path, "model: {family: gpt}\nexport: {bundles: {teacher-int8: " + bundle + "}}\n")
+
+
 def test_a_gpt_recipe_extending_sst2_loads_with_its_own_bundles():
     assert load_recipe(ROOT / "recipes" / "sst2-gpt.yaml").model.family == "gpt"
 
