@@ -294,7 +294,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
     async def _serve_stream(self, request_iterator, context, idle: IdleWatch) -> None:
         deadline = deadline_of(context)
-        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_WINDOW)
+        window = asyncio.Semaphore(STREAM_WINDOW)  # a place from a request's start until its reply is written
+        pending: asyncio.Queue = asyncio.Queue()  # holds at most STREAM_WINDOW requests, and the stream's end
 
         # Each item is (the request's place in the stream, counted from 0, or None for the stream's own end; its
         # reply's work, or the error that ends the stream), or None once the request stream ended.
@@ -304,15 +305,12 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 async for request in request_iterator:
                     idle.touch()
                     checking, received = received, received + 1
-                    work = asyncio.ensure_future(self._classify(*self._checked(request), deadline))
-                    # Up to STREAM_WINDOW requests wait per stream, in one call's place among MAX_CONCURRENT_RPCS: each
-                    # holds only what `_checked` kept; of the messages, up to MAX_MESSAGE_BYTES, only the last is kept
-                    # (by gRPC too, until the next one comes).
-                    try:
-                        await pending.put((checking, work))  # waits while STREAM_WINDOW requests are in flight
-                    except asyncio.CancelledError:  # the stream ended meanwhile: no one will read this reply
-                        discard(work)
-                        raise
+                    checked = self._checked(request)
+                    # Up to STREAM_WINDOW requests are in flight per stream, in one call's place among
+                    # MAX_CONCURRENT_RPCS: each holds only what `_checked` kept; of the messages, up to
+                    # MAX_MESSAGE_BYTES, only the last is kept (by gRPC too, until the next one comes).
+                    await window.acquire()  # waits while STREAM_WINDOW requests are in flight
+                    pending.put_nowait((checking, asyncio.ensure_future(self._classify(*checked, deadline))))
                     checking = None
             except DecodeError as err:  # bytes from the client that do not parse as a ClassifyRequest
                 error = InvalidInput(f"stream message {received} is not a valid ClassifyRequest: {err}")
@@ -336,6 +334,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 reply = await item
                 MODEL.set((reply.model_name, reply.model_version))  # from the reply: `item` ran in a task of its own
                 await context.write(reply)
+                window.release()
         except Exception as err:
             # gRPC's own errors (a failed read or write, a finished call) mean the call already ended: the
             # client went away, or gRPC refused a message and answered the client itself. No one to answer.

@@ -129,7 +129,7 @@ def test_a_stream_ended_while_its_window_is_full_leaves_no_request_unowned(serve
     async def requests():
         yield pb.ClassifyRequest(texts=["good"])  # its reply's write never ends
         for i in range(STREAM_WINDOW + 4):
-            if i == STREAM_WINDOW:  # the request that waits for a place in the full window
+            if i == STREAM_WINDOW - 1:  # the request that waits for a place in the full window
                 sent_past_window.set()
             yield pb.ClassifyRequest(texts=["good"], model_name="no-such-model")  # refused at once, in its task
 
@@ -146,6 +146,40 @@ def test_a_stream_ended_while_its_window_is_full_leaves_no_request_unowned(serve
     served.call(client_goes_away())
     gc.collect()
     assert "Task exception was never retrieved" not in caplog.text
+
+
+class HeldClassifier(ClassifierServicer):
+    """A servicer whose requests wait for `release` once started, counting the most in flight at once."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.release = asyncio.Event()
+        self.running = self.most = 0
+
+    async def _classify(self, *args):
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.release.wait()
+            return await super()._classify(*args)
+        finally:
+            self.running -= 1
+
+
+def test_a_stream_has_at_most_its_window_of_requests_in_flight(served):
+    async def requests():
+        for _ in range(STREAM_WINDOW + 8):
+            yield pb.ClassifyRequest(texts=["good"])
+
+    async def stream_while_held():
+        servicer = HeldClassifier(served.server.host, served.settings)
+        stream = asyncio.ensure_future(servicer.ClassifyStream(requests(), FailedCall(writes_fail=False)))
+        await asyncio.sleep(0.3)  # the reader fills the window and waits for a place
+        servicer.release.set()
+        await stream
+        return servicer.most
+
+    assert served.call(stream_while_held()) == STREAM_WINDOW
 
 
 def test_model_info_describes_the_served_bundle(stub, served):
