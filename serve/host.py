@@ -345,7 +345,8 @@ class ModelRuntime:
         return await self.run(self.rows_from_ids(tensors), deadline)
 
     def rows_from_ids(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """Rows from (N, L) token-id tensors; trailing positions the attention mask leaves out are trimmed."""
+        """Rows from (N, L) token-id tensors; trailing positions the attention mask leaves out are trimmed. Each
+        mask must be 1s then 0s: every model here reads a row's real tokens first (its length from the mask's sum)."""
         expected = set(self.spec.input_names)
         if set(tensors) != expected:
             raise InvalidInput(f"token inputs must be exactly {sorted(expected)}, got {sorted(tensors)}")
@@ -366,9 +367,18 @@ class ModelRuntime:
             if name in tensors and not np.isin(tensors[name], (0, 1)).all():
                 raise InvalidInput(f"{name} must hold only 0 and 1")
         mask = tensors.get("attention_mask")
+        kept = np.full(count, length) if mask is None else mask.sum(axis=1)
+        if mask is not None:
+            padded_elsewhere = np.flatnonzero((mask != (np.arange(length) < kept[:, None])).any(axis=1))
+            if padded_elsewhere.size:
+                i = padded_elsewhere[0]
+                j = np.flatnonzero(np.diff(mask[i]) > 0)[0] + 1
+                raise InvalidInput(
+                    f"row {i}: attention_mask has a 1 after a 0 (position {j}): the model reads a row's tokens first "
+                    "and its padding after them; pad on the right (a Hugging Face tokenizer: padding_side='right')"
+                )
         rows = []
-        for i in range(count):
-            keep = length if mask is None else int(np.flatnonzero(mask[i]).max(initial=-1)) + 1
+        for i, keep in enumerate(kept.tolist()):
             if keep == 0:
                 raise InvalidInput(f"row {i}: attention_mask is all zeros")
             rows.append(

@@ -192,6 +192,8 @@ KSERVE_CASES = [
     Case("text and attention_mask", infer(("text", "BYTES", [1], [b"good"]), ids([1], name="attention_mask")), "INVALID_ARGUMENT", "not both"),
     Case("ids and mask of different lengths", infer(ids([CLS, GOOD, SEP, 0]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "same [batch, sequence] shape"),
     Case("all-zero attention mask", infer(ids([CLS, GOOD, SEP]), ids([0, 0, 0], name="attention_mask")), "INVALID_ARGUMENT", "row 0: attention_mask is all zeros"),
+    Case("left-padded attention mask", infer(ids([0, CLS, GOOD, SEP]), ids([0, 1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "row 0: attention_mask has a 1 after a 0 (position 1)"),
+    Case("attention mask with a gap", infer(ids([CLS, GOOD, SEP, 0], [CLS, GOOD, 0, SEP]), ids([1, 1, 1, 0], [1, 1, 0, 1], name="attention_mask")), "INVALID_ARGUMENT", "row 1: attention_mask has a 1 after a 0 (position 3)"),
     Case("negative token id", infer(ids([CLS, -5, SEP]), ids([1, 1, 1], name="attention_mask")), "INVALID_ARGUMENT", "must lie in [0, 30)"),
     Case("INT64 token ids in int_contents", misplaced_ids(), "INVALID_ARGUMENT", "3 expected in contents.int64_contents, the field of INT64"),
     Case("raw INT64 of the wrong size", infer(("input_ids", "INT64", [1, 3], None), ("attention_mask", "INT64", [1, 3], None), raw=[b"\x00" * 20, b"\x00" * 24]), "INVALID_ARGUMENT", "20 raw bytes for shape [1, 3] of INT64 (expected 24)"),
