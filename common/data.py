@@ -484,6 +484,8 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
                 "data.dev and data.test take labelled examples only: a labelled split, e.g. a slice of train held out "
                 "(train[90%:]), or the split without those examples saved as a file"
             )
+        if label is None or isinstance(label, str) and not label.strip():
+            raise DataError(f"{where}: empty {cfg.label_column!r}; give the example its label, or remove the line")
         if isinstance(label, int) and not isinstance(label, bool) and not class_label:
             label = str(label)  # an integer reads as its digits, as a TSV cell does; a Hub class label is an index
         labels.append(_label_index(label, names, where))

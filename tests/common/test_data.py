@@ -94,6 +94,7 @@ def test_symmetric_pairs_leave_dev_in_its_order(tmp_path):
         (b"sentence\tlabel\ngood\t1\nbad\t2\n", r"a\.tsv:3: label '2' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\tpos\n", r"a\.tsv:2: label 'pos' is neither one of data\.label_names"),
         (b"sentence\tlabel\ngood\t1\n\t0\n", r"a\.tsv:3: empty 'sentence'"),
+        (b"sentence\tlabel\ngood\t1\nbad\t \n", r"a\.tsv:3: empty 'label'; give the example its label"),
         (b"sentence\tlabel\ngood\t1\ncaf\xe9\t1\n", r"a\.tsv:3: not valid UTF-8"),
     ],
 )
@@ -624,10 +625,17 @@ def test_a_label_like_no_name_names_none(tmp_path):
         load_labelled(write_labels(tmp_path, "what"), TREC)
 
 
-@pytest.mark.parametrize("cell", ["true", "6", "1.5", "null"])
+@pytest.mark.parametrize("cell", ["true", "6", "1.5"])
 def test_jsonl_label_that_is_neither_name_nor_index_is_refused(tmp_path, cell):
     (tmp_path / "l.jsonl").write_text(f'{{"question": "who ?", "label": {cell}}}\n')
     with pytest.raises(DataError, match=r"l\.jsonl:1: label .* is neither one of data\.label_names"):
+        load_labelled(str(tmp_path / "l.jsonl"), TREC)
+
+
+@pytest.mark.parametrize("cell", ["null", '""'])
+def test_an_empty_jsonl_label_is_named_empty(tmp_path, cell):
+    (tmp_path / "l.jsonl").write_text(f'{{"question": "who ?", "label": {cell}}}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:1: empty 'label'"):
         load_labelled(str(tmp_path / "l.jsonl"), TREC)
 
 
