@@ -405,6 +405,7 @@ class Trainer:
                 self._say(
                     f"[{self.desc}] checkpoint in {path} is from other settings or parent artifacts; starting over"
                 )
+                self._discard_other_work(path)
                 return
             self._restore(state, scheduler)
         except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another file, or another release's model
@@ -596,6 +597,14 @@ class Trainer:
         self._say(f"[{self.desc}] step {p.global_step}: {shown}{' (best)' if improved else ''}")
         self._save_checkpoint(scheduler, kept=improved)
         return self._patience_spent()
+
+    def _discard_other_work(self, checkpoint: Path) -> None:
+        """The checkpoint of other settings and the weights it kept go, so that a run of those settings killed before
+        its first checkpoint leaves no `best-<step>` for a run resumed from the old checkpoint to take as its own."""
+        if dist.is_main():
+            checkpoint.unlink(missing_ok=True)
+            for kept in self.work_dir.glob(f"{BEST}*"):
+                shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
 
     def _remove_earlier_best(self) -> None:
         for path in self.work_dir.glob(f"{BEST}-*"):

@@ -540,6 +540,43 @@ def test_a_checkpoint_of_another_work_key_is_not_resumed(tmp_path, capsys):
     assert "is from other settings or parent artifacts; starting over" in capsys.readouterr().out
 
 
+def _kept_after_other_settings_came_between(folder, monkeypatch) -> str:
+    """What the kept weights hold after a run of settings "a" checkpointed with step 1's weights kept and was killed,
+    a run of settings "b" started over, kept its step 1's weights and was killed before checkpointing, and "a" ran
+    again to its end."""
+    scores = iter([0.9, 0.1, 0.9, 0.1, 0.1])
+    save = Trainer._save_checkpoint
+
+    def fit(key: str) -> str:
+        cfg = OptimConfig(lr=0.1, batch_size=4, eval_every=1, warmup_ratio=0.0, max_steps=2)
+        trainer = Trainer(torch.nn.Linear(4, 1), cfg, folder, key, "test", CPU)
+        trainer.fit(lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)], lambda idx: (X[idx], Y[idx]),
+                    mse_crashing_at(None), lambda m: {"score": next(scores)}, "score",
+                    lambda m, _: trainer.best_path.write_text(key))  # fmt: skip
+        return trainer.best_path.read_text()
+
+    def killed_after(count: int):
+        saves = []
+
+        def save_then_crash(self, scheduler, **kept):
+            saves.append(1)
+            if len(saves) > count:
+                raise Crash
+            save(self, scheduler, **kept)
+
+        return save_then_crash
+
+    for key, checkpoints in (("a", 1), ("b", 0)):
+        with monkeypatch.context() as patched, pytest.raises(Crash):
+            patched.setattr(Trainer, "_save_checkpoint", killed_after(checkpoints))
+            fit(key)
+    return fit("a")
+
+
+def test_a_run_resumed_after_a_run_of_other_settings_keeps_only_weights_of_its_own(tmp_path, monkeypatch):
+    assert _kept_after_other_settings_came_between(tmp_path, monkeypatch) == "a"
+
+
 def test_the_recorded_learning_rate_is_the_head_s_under_layer_decay(tmp_path):
     torch.manual_seed(0)
     config = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
