@@ -29,7 +29,7 @@ def _finished(path: Path, rows: int) -> bool:
         return False
     try:
         logits = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as err:  # numpy raises these for a truncated or foreign file
+    except (OSError, ValueError, EOFError) as err:  # numpy raises these for a truncated, empty or foreign file
         progress.write(f"[transfer] {path} is unreadable ({err}); labelling its sentences again")
         return False
     if logits.ndim != 2 or len(logits) != rows:

@@ -220,11 +220,12 @@ def test_logit_cache_round_trip_and_resume(tmp_path):
     assert shards[0].stat().st_mtime_ns == kept
 
 
-def test_a_damaged_shard_is_labelled_again(tmp_path):
+@pytest.mark.parametrize("damage", [b"\x93NUMPY garbage", b""], ids=["garbage", "empty"])
+def test_a_damaged_shard_is_labelled_again(tmp_path, damage):
     cfg = TransferConfig(unlabelled_files=["x"], shard_size=3, label_batch_size=2)
     texts = [f"{'a' * i} b" for i in range(1, 9)]
     first = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
-    (tmp_path / "logits-00001.npy").write_bytes(b"\x93NUMPY garbage")
+    (tmp_path / "logits-00001.npy").write_bytes(damage)
     again = label_shards(hf_logits(CountingModel()), WordTokenizer(), texts, None, cfg, tmp_path, CPU)
     assert (again == first).all()
 
