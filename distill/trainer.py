@@ -395,7 +395,7 @@ class Trainer:
         path = self.work_dir / CHECKPOINT
         if not path.is_file():
             return
-        way_out = "delete it to start this stage over, or rerun with --force"
+        way_out = "delete it to start this stage over"  # a forced run of the same settings would resume it too
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged or foreign file

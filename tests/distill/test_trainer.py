@@ -109,7 +109,9 @@ def test_a_run_resumed_part_way_records_the_steps_and_placement_of_each_run(tmp_
 
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it .* --force"):
+    with pytest.raises(
+        CheckpointError, match=r"(?s)checkpoint.pt cannot be read .* delete it to start this stage over"
+    ):
         trained(tmp_path)
 
 
@@ -125,14 +127,18 @@ def test_a_checkpoint_of_another_model_names_the_file_and_the_way_out(tmp_path):
     trained(tmp_path)
     cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0, epochs=2)
     wider = Trainer(torch.nn.Linear(4, 2), cfg, tmp_path, "h", "test", CPU)  # as another release's model might be
-    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it .* --force"):
+    with pytest.raises(
+        CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it to start this stage over"
+    ):
         wider.fit(lambda epoch: [list(range(16))], lambda idx: (X[idx], Y[idx]),
                   lambda m, batch: m(batch[0]).sum(), lambda m: {"score": 0.0}, "score", lambda m, _: None)  # fmt: skip
 
 
 def test_a_torch_file_that_is_no_checkpoint_names_the_file_and_the_way_out(tmp_path):
     torch.save({"weight": torch.ones(2)}, tmp_path / CHECKPOINT)
-    with pytest.raises(CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it .* --force"):
+    with pytest.raises(
+        CheckpointError, match=r"(?s)checkpoint.pt does not fit this run .* delete it to start this stage over"
+    ):
         trained(tmp_path)
 
 
