@@ -86,7 +86,7 @@ def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[s
     if profile == "step" and capacity is not None:
         after = stages.index(capacity) + 1
         if after == len(stages):
-            notes.append("every step met the SLO: capacity is a lower bound (add steps)")
+            notes.append("the last step met the SLO: capacity is a lower bound (add steps)")
         elif stages[after]["generator_bound"]:
             notes.append("the step past capacity was generator-bound: capacity is a lower bound")
     return notes

@@ -229,7 +229,7 @@ def test_notes_say_when_the_load_generator_is_the_limit():
     assert notes[0].startswith("locust used >= 90 % of its core in step 3")
     assert notes[1] == "the step past capacity was generator-bound: capacity is a lower bound"
     assert result.notes_for(stages[:2], stages[1], "step") == [
-        "every step met the SLO: capacity is a lower bound (add steps)"
+        "the last step met the SLO: capacity is a lower bound (add steps)"
     ]
     assert result.notes_for(stages[2:], None, "step")[1].startswith(
         "no step met the SLO; the lowest p99 from the due time was 9.50 ms"
