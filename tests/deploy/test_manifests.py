@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from edgedistill.serve.settings import load_settings
-from edgedistill.serve.workers import STOP_MARGIN_S
+from edgedistill.serve.workers import STOP_MARGIN_S, WORKER_BASE_BYTES
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,9 @@ DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
 IMAGES = {"Dockerfile": ("cpu", "requirements-serve.txt"), "Dockerfile.gpu": ("gpu", "requirements-serve-gpu.txt")}
 RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # the `cpu` and `gpu` extras; no other group may carry one
 GRPC_PORT, METRICS_PORT, HEALTH_PORT = 50051, 8002, 50052
+# the model file of the default recipe's deployed bundle, cnn-small-folded with its fp16 table (docs/benchmarks.md)
+DEPLOYED_MODEL_BYTES = 131 << 20
+MEMORY_UNITS = {"Gi": 1 << 30, "Mi": 1 << 20, "g": 1 << 30, "m": 1 << 20}
 BUNDLE_MOUNT = "/models/bundle"
 HEALTHCHECK = ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]  # serve/healthcheck.py, in the image
 FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
@@ -117,6 +120,28 @@ def test_deployment_ports_resources_and_settings():
     assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the replica count"
 
 
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes (`2Gi`) or compose (`2g`) memory quantity in bytes."""
+    number, unit = re.fullmatch(r"(\d+)([A-Za-z]+)", quantity).groups()
+    return int(number) * MEMORY_UNITS[unit]
+
+
+def worst_case_bytes(settings) -> int:
+    """What the workers can hold with the deployed bundle: what the server counts per worker (its base and twice the
+    model file, a reload's second model; `serve.workers.worker_count`) and the calls clients can stall mid-message,
+    about twice MAX_MESSAGE_BYTES each, MAX_CONCURRENT_RPCS per worker (docs/serving.md, slow clients)."""
+    per_worker = (
+        WORKER_BASE_BYTES + 2 * DEPLOYED_MODEL_BYTES + settings.max_concurrent_rpcs * 2 * settings.max_message_bytes
+    )
+    return settings.workers * per_worker
+
+
+def test_the_deployments_memory_limit_holds_its_workers_and_their_stalled_calls():
+    container = serve_container(only("Deployment"))
+    limit = memory_bytes(container["resources"]["limits"]["memory"])
+    assert limit >= worst_case_bytes(container_settings(container))
+
+
 def test_termination_grace_covers_the_drain():
     pod = only("Deployment")["spec"]["template"]["spec"]
     container = serve_container(only("Deployment"))
@@ -194,6 +219,13 @@ def test_hpa_scales_the_deployment_on_cpu():
 def compose_service() -> dict:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return compose["services"]["serve"]
+
+
+def test_the_compose_memory_limit_holds_its_workers_and_their_stalled_calls():
+    service = compose_service()
+    settings = load_settings([], environ={k: str(v) for k, v in service["environment"].items() if v is not None})
+    limit = memory_bytes(service["deploy"]["resources"]["limits"]["memory"])
+    assert limit >= worst_case_bytes(settings)
 
 
 def test_compose_ports_on_loopback():
