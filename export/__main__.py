@@ -22,6 +22,7 @@ def failures() -> tuple[type[Exception], ...]:
     """What a build can meet that is the recipe's, the artifacts' or the machine's doing: a message, not a traceback.
     Imported when a command builds: the export imports torch, transformers and ONNX Runtime (seconds), which --help, a
     usage error and bundles all current need not wait for."""
+    from edgedistill.common.data import DataError
     from edgedistill.common.runtime import (
         DeviceError,
         ModelLoadError,
@@ -34,6 +35,7 @@ def failures() -> tuple[type[Exception], ...]:
 
     return (
         RecipeError,
+        DataError,
         ArtifactError,
         ExportError,
         EngineBuildError,

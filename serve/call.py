@@ -29,6 +29,7 @@ from edgedistill.serve.client import (
     MAX_ATTEMPTS,
     Client,
     LabelsUnavailable,
+    uses_tls,
 )
 from edgedistill.serve.settings import TARGET_SCHEMES, Settings, blank
 from edgedistill.serve.textfiles import Origins, UsageError, add_columns_arguments, read_texts
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        hint = hint or _connection_hint(err, args.address, bool(args.tls or args.tls_ca))
+        hint = hint or _connection_hint(err, args.address, uses_tls(args.tls, args.tls_ca, args.tls_cert))
         error = {"code": err.code().name, "message": err.details()}
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)

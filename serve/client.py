@@ -100,6 +100,11 @@ def wait_ready(
     return False
 
 
+def uses_tls(tls: bool, tls_ca, tls_cert) -> bool:
+    """Whether a channel of these options is TLS: asked for, or implied by a CA to trust or a client certificate."""
+    return bool(tls or tls_ca or tls_cert)
+
+
 class Client:
     """Blocking client for `edgedistill.v1.Classifier` and, with `kserve_infer`, the KServe v2 protocol."""
 
@@ -119,7 +124,7 @@ class Client:
         `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`). A
         server on this machine's loopback is called straight, past a proxy the environment names (`DIRECT`)."""
         options = retry_options(retries) + (DIRECT if on_loopback(address) else [])
-        if tls or tls_ca or tls_cert:
+        if uses_tls(tls, tls_ca, tls_cert):
             root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
             check_pem(tls_cert, tls_key, tls_ca)
             credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)

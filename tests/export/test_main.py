@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from edgedistill.common.data import DataError
 from edgedistill.common.recipe import load_recipe
 from edgedistill.export import __main__ as export_main
 from edgedistill.export import bundle_stage, stages
@@ -24,6 +25,15 @@ def test_a_build_failure_is_an_error_line_and_status_2(monkeypatch, capsys, fail
     monkeypatch.setattr(bundle_stage, "build", fail)
     assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "bilstm-int8"]) == 2
     assert capsys.readouterr().err == "error: the reason\n"
+
+
+def test_a_data_file_the_build_cannot_read_is_an_error_line_and_status_2(monkeypatch, capsys):
+    def unreadable(*args, **kwargs):
+        raise DataError("data.train: nodata/sst2/train.tsv: file not found")
+
+    monkeypatch.setattr(bundle_stage, "build", unreadable)
+    assert export_main.main(["bundles", str(SMOKE), "--only", "bilstm-int8"]) == 2
+    assert capsys.readouterr().err == "error: data.train: nodata/sst2/train.tsv: file not found\n"
 
 
 def test_a_missed_gate_is_an_error_line_and_status_1(monkeypatch, capsys):

@@ -820,6 +820,12 @@ def test_a_tls_call_to_a_plaintext_server_hints_at_plaintext(served, certs, caps
     assert json.loads(err)["error"]["hint"].startswith("the server did not answer in TLS")
 
 
+def test_a_call_with_a_client_certificate_alone_to_a_plaintext_server_hints_at_plaintext(served, certs, capsys):
+    certificate = ("--tls-cert", str(certs / "client.pem"), "--tls-key", str(certs / "client.key"))
+    _, _, err = run(capsys, "--address", served.address, "--retries", "0", *certificate, "good")
+    assert json.loads(err)["error"]["hint"].startswith("the server did not answer in TLS")
+
+
 def test_a_call_without_a_certificate_to_a_mutual_tls_server_hints_at_one(start_server, bundle, certs, capsys):
     tls = {"tls_cert": certs / "server.pem", "tls_key": certs / "server.key", "tls_ca": certs / "ca.pem"}
     server = start_server(settings_for(bundle, **tls))
