@@ -326,7 +326,8 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
     said += [f"{name}: not recorded now" for name in dropped]
     before = _flat({name: value for name, value in recorded.items() if name not in dropped})
     after = _flat({name: value for name, value in hashed.items() if name not in added})
-    for key in sorted(before.keys() | after.keys()):
+    # a setting given or dropped (`model.init` set, which the sizes it makes unread follow) before values changed
+    for key in sorted(before.keys() | after.keys(), key=lambda k: (None not in (before.get(k), after.get(k)), k)):
         was, now = before.get(key), after.get(key)
         if was == now:
             continue

@@ -210,6 +210,13 @@ def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(
         mf.load(tmp_path / "stag")
 
 
+def test_a_setting_given_is_said_before_the_values_that_changed_with_it():
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "num_layers": 2}
+    was = {"settings": {"model": {"init": None} | sizes}}
+    now = {"settings": {"model": {"init": "minilm"} | {key: value * 4 for key, value in sizes.items()}}}
+    assert mf.changes(was, now).startswith('model.init null -> "minilm"; ')
+
+
 def test_a_setting_whose_file_is_gone_is_said_to_be_not_found(tmp_path):
     was = {"settings": {"data": {"train": "sha256:0"}}}
     now = {"settings": {"data": {"train": str(tmp_path / "train.tsv")}}}
