@@ -604,12 +604,12 @@ class Trainer:
         if dist.is_main():
             checkpoint.unlink(missing_ok=True)
             for kept in self.work_dir.glob(f"{BEST}*"):
-                shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
+                _remove(kept)
 
     def _remove_earlier_best(self) -> None:
         for path in self.work_dir.glob(f"{BEST}-*"):
             if path != self.best_path:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                _remove(path)
 
     @staticmethod
     def _say(line: str) -> None:
@@ -620,3 +620,8 @@ class Trainer:
     def _patience_spent(self) -> bool:
         """Early stopping's verdict, kept in the checkpoint, so a resumed run that had stopped stays stopped."""
         return bool(self.cfg.patience and self.progress.evals_without_gain >= self.cfg.patience)
+
+
+def _remove(path: Path) -> None:
+    """Kept weights: a folder (teacher, pretraining) or a file (students)."""
+    shutil.rmtree(path) if path.is_dir() else path.unlink()

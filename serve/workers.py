@@ -75,6 +75,12 @@ def intra_op_threads(threads: int, count: int) -> int:
     return max(1, cores // count)
 
 
+def worker_bytes(model_bytes: int) -> int:
+    """The memory counted for one worker serving model files of `model_bytes`: its base, and the models twice, as a
+    reload holds the old beside the new."""
+    return WORKER_BASE_BYTES + 2 * model_bytes
+
+
 def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
     """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files
     (`models`, read from the bundle where not given). Several workers set by hand that memory does not hold are
@@ -89,7 +95,7 @@ def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
         if settings.workers:  # the workers refuse it, and say why
             return settings.workers
         raise BundleRejected(f"bundle refused: {models.refused}")
-    per_worker = WORKER_BASE_BYTES + 2 * models.model_bytes
+    per_worker = worker_bytes(models.model_bytes)
     memory = usable_memory()
     if not settings.workers:
         return max(1, min(usable_cores(), memory // per_worker))

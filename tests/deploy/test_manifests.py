@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from edgedistill.serve.settings import load_settings
-from edgedistill.serve.workers import STOP_MARGIN_S, WORKER_BASE_BYTES
+from edgedistill.serve.workers import STOP_MARGIN_S, worker_bytes
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,13 +127,11 @@ def memory_bytes(quantity: str) -> int:
 
 
 def worst_case_bytes(settings) -> int:
-    """What the workers can hold with the deployed bundle: what the server counts per worker (its base and twice the
-    model file, a reload's second model; `serve.workers.worker_count`) and the calls clients can stall mid-message,
-    about twice MAX_MESSAGE_BYTES each, MAX_CONCURRENT_RPCS per worker (docs/serving.md, slow clients)."""
-    per_worker = (
-        WORKER_BASE_BYTES + 2 * DEPLOYED_MODEL_BYTES + settings.max_concurrent_rpcs * 2 * settings.max_message_bytes
-    )
-    return settings.workers * per_worker
+    """What the workers can hold with the deployed bundle: what the server counts per worker (`worker_bytes`) and the
+    calls clients can stall mid-message, about twice MAX_MESSAGE_BYTES each, MAX_CONCURRENT_RPCS per worker
+    (docs/serving.md, slow clients)."""
+    stalled = settings.max_concurrent_rpcs * 2 * settings.max_message_bytes
+    return settings.workers * (worker_bytes(DEPLOYED_MODEL_BYTES) + stalled)
 
 
 def test_the_deployments_memory_limit_holds_its_workers_and_their_stalled_calls():
