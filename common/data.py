@@ -20,10 +20,13 @@ from typing import BinaryIO
 from edgedistill.common import progress
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 from edgedistill.common.names import first_of
-from edgedistill.common.text import NotUtf8, shows_nothing, utf8_lines
+from edgedistill.common.text import NotUtf8, shows_nothing, stray_delimiter, utf8_lines
 
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
+SIGNED = re.compile(r"[+-]?[0-9]+")  # a label name that reads as a number
 FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
+# the second text's column beside a first of these names, in GLUE's and SuperGLUE's pair tasks
+SECOND_TEXTS = {"premise": "hypothesis", "question": "sentence", "question1": "question2"}
 
 
 class DataError(ValueError):
@@ -131,6 +134,9 @@ def _not_utf8(path: Path, err: NotUtf8) -> DataError:
     """The error for a line of `path` that is not UTF-8, naming UTF-16 text by how it shows."""
     if err.utf16:
         return DataError(f"{path}:1: UTF-16 text ({err.utf16}), not UTF-8; re-encode the file as UTF-8")
+    if err.gzip:  # a download saved without its .gz, or a .gz compressed twice
+        fix = "it was compressed twice: gunzip it once" if _gzipped(path) else f"name it {path.name}.gz to read it so"
+        return DataError(f"{path}:1: gzip-compressed data (it starts with gzip's bytes 1f 8b), not UTF-8 text; {fix}")
     return DataError(
         f"{path}:{err.line}: not valid UTF-8 (byte {err.byte}); re-encode the file as UTF-8 (from its encoding, e.g. "
         "iconv -f cp1252 -t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
@@ -240,14 +246,9 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
                 last = reader.line_num
                 continue
             if None in row:  # fields beyond the header's: every column after a stray delimiter would be shifted
-                stray = (
-                    "a tab inside a text (TSV has no quoting)" if suffix == ".tsv" else "an unquoted comma in a text"
-                )
-                if not any(row[None]):  # nothing after the last column: more likely a delimiter ending the line
-                    stray = f"{'a tab' if suffix == '.tsv' else 'a comma'} at the line's end, or {stray},"
                 raise DataError(
                     f"{path}:{reader.line_num}: {len(row[None])} field(s) more than the header's {len(header)}; "
-                    f"{stray} splits it: remove it"
+                    f"{stray_delimiter(row[None], suffix == '.tsv')} splits it: remove it"
                 )
             if None in row.values():  # fields short of the header's: the last columns would be read as missing
                 lines_of = f"{last + 1}-{reader.line_num}" if reader.line_num > last + 1 else f"{reader.line_num}"
@@ -349,14 +350,20 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
     if index is None or not 0 <= index < len(names):
         near = _near_name(text, list(names)) if isinstance(cell, str) else None
         meant = f" (did you mean {near!r}? a name matches as written, case included)" if near else ""
+        # a JSON or Hub true/false or 1.0 is neither: its type says why, where its repr looks like a name or an index
+        kind = (
+            ""
+            if isinstance(cell, str | int) and not isinstance(cell, bool)
+            else f" (a {type(cell).__name__}, not text or an integer)"
+        )
         raise DataError(
-            f"{where}: label {cell!r} is neither one of data.label_names {list(names)} nor an index "
+            f"{where}: label {cell!r}{kind} is neither one of data.label_names {list(names)} nor an index "
             f"0..{len(names) - 1}{meant}; if it is a label of the task, add it to data.label_names in the recipe, "
             "else fix the file"
         )
-    # where a name is the number of another index, a number is read as a name, so a cell read as an index would put
+    # where a name is the number of another index (signed ones too: -1/0/1 sentiment), a number is read as a name, so a cell read as an index would put
     # two numbers on one label (star ratings named 1..5 in a file of indices 0..4: 0 and 1 both the first)
-    numbered = next((name for name, at in names.items() if name.isascii() and name.isdigit() and int(name) != at), None)
+    numbered = next((name for name, at in names.items() if SIGNED.fullmatch(name) and int(name) != at), None)
     if isinstance(cell, str) and numbered is not None:
         raise DataError(
             f"{where}: label {cell!r} is no name of data.label_names {list(names)}, and cannot be an index there: "
@@ -394,6 +401,31 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
     near = [f"{name!r} for {column!r}" for column in missing for name in difflib.get_close_matches(column, row, n=1)]
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
     return DataError(f"{where}: missing column(s) {missing}; {found}{hint}. Set {settings} in the recipe")
+
+
+def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataError | None:
+    """The error for a file of sentence pairs read as single texts: the recipe sets no `data.text_pair_column` (null
+    given on purpose reads the first text alone) and the first row has the text column's evident second, its name
+    with 2 for 1 (`sentence1`, `#1 String`), b for a last a (`text_a`), or a pair task's second (`hypothesis`)."""
+    if cfg.text_pair_column is not None or "text_pair_column" in cfg.model_fields_set:
+        return None
+    number, row = line
+    column = cfg.text_column
+    seconds = (
+        re.sub(r"(?<!\d)1(?!\d)", "2", column),
+        re.sub(r"(?<=[_\- ])([aA])$", lambda letter: "b" if letter[1] == "a" else "B", column),
+        SECOND_TEXTS.get(column.casefold()),
+    )
+    second = next((name for name in seconds if name not in (None, column) and name in row), None)
+    if second is None:
+        return None
+    delimited = _format(Path(source)) in (".tsv", ".csv")
+    where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
+    return DataError(
+        f"{where}: column {second!r} reads as the second text of a pair beside {column!r}, and data.text_pair_column "
+        f"is not set, so each example would be {column!r} alone: set data.text_pair_column: {second}, or "
+        f"data.text_pair_column: null to train on {column!r} alone"
+    )
 
 
 def _text(cell, where: str, column: str, fix: str) -> str:
@@ -468,6 +500,8 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         first = first or number
         if missing := [c for c in columns if c not in row]:
             raise _missing_columns(source, (number, row), first, missing, cfg)
+        if number == first and (unread := _second_text(source, (number, row), cfg)):
+            raise unread
         for column in columns[:1] + columns[2:]:  # the texts: a JSON list or object would be read as its repr
             if not isinstance(row[column], str | None):
                 raise DataError(

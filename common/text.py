@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
+GZIP_MAGIC = b"\x1f\x8b"  # what starts gzip-compressed data
 BOM = "\ufeff"  # the byte-order mark that spreadsheet and Windows tools put before UTF-8 text; not part of it
 # just after a CR that no LF follows: the end of a line, as old Mac tools end it
 CR_ALONE = re.compile(r"(?<=\r)(?!\n)")
@@ -20,11 +21,11 @@ REPLACEMENT = "\ufffd"
 
 class NotUtf8(ValueError):
     """A line that is not UTF-8 text: its `line` number and the file's `byte` where decoding fails; `utf16` says how the
-    first line shows UTF-16 text ('' where it does not)."""
+    first line shows UTF-16 text ('' where it does not); `gzip`, whether the data starts as gzip-compressed data does."""
 
-    def __init__(self, line: int, byte: int, utf16: str = ""):
+    def __init__(self, line: int, byte: int, utf16: str = "", gzip: bool = False):
         super().__init__(f"line {line}: not valid UTF-8 (byte {byte})")
-        self.line, self.byte, self.utf16 = line, byte, utf16
+        self.line, self.byte, self.utf16, self.gzip = line, byte, utf16, gzip
 
 
 def utf16_sign(first: bytes) -> str:
@@ -44,13 +45,16 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
     held whole and a line never taken is never decoded; its end kept. A line ends at LF, CR LF, or CR alone, never at
     what `str.splitlines` also ends one at (U+2028, U+0085, a form feed: characters a text may hold); `number` counts
     the LFs before it, plus one. A byte-order mark before the first line is dropped; `NotUtf8` for a line that does
-    not decode, and for a first line that shows UTF-16 text (`utf16_sign`)."""
+    not decode (saying where the data is gzip-compressed), and for a first line that shows UTF-16 text (`utf16_sign`)."""
     offset = 0
     for number, raw in enumerate(handle, 1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise NotUtf8(number, offset + err.start, utf16_sign(raw) if number == 1 else "") from None
+            first = number == 1
+            raise NotUtf8(
+                number, offset + err.start, utf16_sign(raw) if first else "", first and raw.startswith(GZIP_MAGIC)
+            ) from None
         if number == 1:
             if utf16 := utf16_sign(raw):  # decodes as UTF-8, NULs and all, without a byte-order mark
                 raise NotUtf8(number, raw.index(b"\0"), utf16)
@@ -60,6 +64,15 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
         elif text:
             yield number, text
         offset += len(raw)
+
+
+def stray_delimiter(extra: list[str], tsv: bool) -> str:
+    """What most likely split a line into the `extra` fields beyond its header's: a delimiter ending the line where
+    they are empty, else one inside a text (`tsv`: a tab, which TSV cannot quote; else an unquoted comma)."""
+    inside = "a tab inside a text (TSV has no quoting)" if tsv else "an unquoted comma in a text"
+    if not any(extra):
+        return f"{'a tab' if tsv else 'a comma'} at the line's end, or {inside},"
+    return inside
 
 
 def shows_nothing(text: str) -> bool:

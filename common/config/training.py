@@ -27,6 +27,11 @@ def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> li
     return files
 
 
+def _shown(name: str) -> str:
+    """A label name as it looks: accents composed (NFC), format characters such as a zero-width space left out."""
+    return "".join(char for char in unicodedata.normalize("NFC", name) if unicodedata.category(char) != "Cf")
+
+
 class DataConfig(Strict):
     """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[@<config>]:<split>`."""
 
@@ -110,12 +115,15 @@ class DataConfig(Strict):
 
     @model_validator(mode="after")
     def _labels_and_metric(self):
-        # names equal once accents are composed (NFC) are one name to the data reader, and look alike when served
-        composed = [unicodedata.normalize("NFC", name) for name in self.label_names]
-        repeated = sorted({name for name in composed if composed.count(name) > 1})
-        if repeated:
-            raise ValueError(f"data.label_names lists {repeated} more than once")
-        if self.positive_label is not None and self.positive_label not in self.label_names:
+        # names equal once accents are composed (NFC) are one name to the data reader, and look alike when served, as
+        # do names apart only by a format character (a zero-width space)
+        shown = [_shown(name) for name in self.label_names]
+        if repeated := sorted({name for name in shown if shown.count(name) > 1}):
+            raise ValueError(
+                f"data.label_names lists {repeated} more than once (as names look: accents composed, zero-width "
+                "characters left out)"
+            )
+        if self.positive_label is not None and self.positive_index is None:
             raise ValueError(
                 f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}: set "
                 "it to one of them, or to null for the default: the second of two labels"
@@ -145,8 +153,10 @@ class DataConfig(Strict):
     @property
     def positive_index(self) -> int | None:
         """The class whose F1 is `f1`: `positive_label`, else the second of two labels; None for more labels."""
-        if self.positive_label is not None:
-            return self.label_names.index(self.positive_label)
+        if self.positive_label is not None:  # accents composed or not, as the data reader matches a label cell
+            composed = [unicodedata.normalize("NFC", name) for name in self.label_names]
+            named = unicodedata.normalize("NFC", self.positive_label)
+            return composed.index(named) if named in composed else None
         return 1 if self.num_labels == 2 else None
 
     @property

@@ -66,7 +66,12 @@ def test_labels_may_be_given_by_name(tmp_path):
 
 
 def test_a_single_text_dev_split_has_no_pairs(pairs_dev):
-    assert dev_split(data(pairs_dev, text_column="sentence1")).pairs is None
+    assert dev_split(data(pairs_dev, text_column="sentence1", text_pair_column=None)).pairs is None
+
+
+def test_a_pair_dev_split_read_without_its_pair_setting_is_refused(pairs_dev):
+    with pytest.raises(BenchError, match="column 'sentence2' reads as the second text of a pair"):
+        dev_split(data(pairs_dev, text_column="sentence1"))
 
 
 def test_the_dev_split_is_cut_to_dev_limit(pairs_dev):

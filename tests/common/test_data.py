@@ -311,6 +311,18 @@ def test_a_utf16_unlabelled_file_is_named_as_such(tmp_path):
         load_unlabelled([str(tmp_path / "u.txt")])
 
 
+def test_gzip_data_in_a_labelled_file_without_gz_is_told_to_take_the_name(tmp_path):
+    (tmp_path / "a.tsv").write_bytes(gzip.compress(b"sentence\tlabel\ngood\t1\n"))
+    with pytest.raises(DataError, match=r"a\.tsv:1: gzip-compressed data .* name it a\.tsv\.gz to read it so"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
+def test_gzip_data_compressed_twice_is_told_to_be_gunzipped_once(tmp_path):
+    (tmp_path / "u.txt.gz").write_bytes(gzip.compress(gzip.compress(b"first line\n")))
+    with pytest.raises(DataError, match=r"u\.txt\.gz:1: gzip-compressed data .* compressed twice: gunzip it once"):
+        load_unlabelled([str(tmp_path / "u.txt.gz")])
+
+
 def test_a_hub_dataset_that_cannot_be_loaded_names_the_source():
     with pytest.raises(DataError, match=r"hub:no-such-org/no-such-set:train: cannot load it from the Hub"):
         load_labelled("hub:no-such-org/no-such-set:train", CFG)
@@ -484,9 +496,30 @@ def test_an_index_among_labels_named_by_other_numbers_is_refused(tmp_path):
         load_labelled(write_labels(tmp_path, "1", "0"), stars)
 
 
+@pytest.mark.parametrize("names", [["-1", "1"], ["-1", "+1"]])
+def test_an_index_among_labels_named_by_signed_numbers_is_refused(tmp_path, names):
+    """Sentiment named -1 and 1 in a file that also holds 0 (a neutral label left out): 0 would be label -1."""
+    signs = DataConfig(train="x", dev="x", text_column="question", label_names=names)
+    with pytest.raises(DataError, match=r"l\.tsv:3: label '0' is no name .* '-1' names label 0, so a number is read"):
+        load_labelled(write_labels(tmp_path, "-1", "0"), signs)
+
+
+def test_labels_named_by_signed_numbers_are_read_as_the_names(tmp_path):
+    signs = DataConfig(train="x", dev="x", text_column="question", label_names=["-1", "0", "1"])
+    assert load_labelled(write_labels(tmp_path, "1", "-1"), signs).labels == [2, 0]
+
+
 def test_jsonl_labels_by_name_and_by_integer(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"question": "who ?", "label": "HUM"}\n{"question": "why ?", "label": 1}\n')
     assert load_labelled(str(tmp_path / "l.jsonl"), TREC).labels == [3, 1]
+
+
+@pytest.mark.parametrize(("label", "kind"), [("true", "bool"), ("1.0", "float")])
+def test_a_jsonl_label_of_another_type_is_refused_naming_its_type(tmp_path, label, kind):
+    (tmp_path / "l.jsonl").write_text(f'{{"question": "ok", "label": {label}}}\n')
+    names = DataConfig(train="x", dev="x", text_column="question", label_names=["False", "True"])
+    with pytest.raises(DataError, match=rf"l\.jsonl:1: label \S+ \(a {kind}, not text or an integer\) is neither"):
+        load_labelled(str(tmp_path / "l.jsonl"), names)
 
 
 def test_a_jsonl_integer_that_is_a_label_name_is_read_as_the_name(tmp_path):
@@ -644,6 +677,46 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
     pairs = CFG.model_copy(update={"text_pair_column": "second"})
     with pytest.raises(DataError, match=r"data\.text_pair_column"):
         load_labelled(str(tmp_path / "p.tsv"), pairs)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"), ("premise", "hypothesis")],
+)
+def test_a_pair_file_read_without_its_pair_column_names_the_pair_setting(tmp_path, first, second):
+    (tmp_path / "p.tsv").write_text(f"{first}\t{second}\tlabel\ngood\tfine\t1\n")
+    single = CFG.model_copy(update={"text_column": first})
+    with pytest.raises(
+        DataError, match=re.escape(f"set data.text_pair_column: {second}, or data.text_pair_column: null")
+    ):
+        load_labelled(str(tmp_path / "p.tsv"), single)
+
+
+def test_a_pair_file_read_without_its_pair_column_is_named_at_its_header(tmp_path):
+    (tmp_path / "p.tsv").write_text("\nsentence1\tsentence2\tlabel\ngood\tfine\t1\n")
+    single = CFG.model_copy(update={"text_column": "sentence1"})
+    with pytest.raises(DataError, match=r"p\.tsv:2 \(the header\): column 'sentence2'"):
+        load_labelled(str(tmp_path / "p.tsv"), single)
+
+
+def test_a_jsonl_pair_read_without_its_pair_column_is_named_at_its_first_line(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"sentence1": "good", "sentence2": "fine", "label": 1}\n')
+    single = CFG.model_copy(update={"text_column": "sentence1"})
+    with pytest.raises(DataError, match=r"p\.jsonl:1: column 'sentence2'"):
+        load_labelled(str(tmp_path / "p.jsonl"), single)
+
+
+def test_a_pair_column_set_to_null_reads_the_first_text_alone(tmp_path):
+    (tmp_path / "p.tsv").write_text("sentence1\tsentence2\tlabel\ngood\tfine\t1\n")
+    alone = DataConfig(train="x", dev="x", text_column="sentence1", text_pair_column=None, label_names=["n", "p"])
+    assert load_labelled(str(tmp_path / "p.tsv"), alone).texts == ["good"]
+
+
+@pytest.mark.parametrize("columns", ["sentence\tsentence2", "question\ttitle", "text_ab\ttext_bb"])
+def test_columns_that_are_no_second_text_are_read_past(tmp_path, columns):
+    (tmp_path / "p.tsv").write_text(f"{columns}\tlabel\ngood\tfine\t1\n")
+    single = CFG.model_copy(update={"text_column": columns.split("\t")[0]})
+    assert load_labelled(str(tmp_path / "p.tsv"), single).texts == ["good"]
 
 
 def test_label_names_no_example_carries_are_found():

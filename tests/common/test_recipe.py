@@ -149,6 +149,20 @@ def test_an_override_of_null_for_a_setting_beside_sections_sets_it(tmp_path):
     assert load_recipe(path, overrides).loadtest.soak.max_rss_growth_mb_per_10k is None
 
 
+def test_an_override_of_null_for_the_pair_column_marks_it_given(tmp_path):
+    overrides = parse_overrides(["--data.text_pair_column=null"])
+    assert "text_pair_column" in load_recipe(write(tmp_path, MINIMAL), overrides).data.model_fields_set
+
+
+def test_the_pair_column_unset_is_not_marked_given(tmp_path):
+    assert "text_pair_column" not in load_recipe(write(tmp_path, MINIMAL)).data.model_fields_set
+
+
+def test_the_pair_column_set_to_null_leaves_the_hash_of_a_recipe_without_it(tmp_path):
+    overrides = parse_overrides(["--data.text_pair_column=null"])
+    assert load_recipe(write(tmp_path, MINIMAL), overrides).hash == load_recipe(write(tmp_path, MINIMAL)).hash
+
+
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
@@ -499,6 +513,16 @@ def test_label_names_must_differ(tmp_path):
 def test_label_names_equal_but_for_how_an_accent_is_typed_are_one_name_listed_twice():
     with pytest.raises(ValueError, match=r"data\.label_names lists \['caf\u00e9'\] more than once"):
         DataConfig(train="unused", dev="unused", label_names=["caf\u00e9", "cafe\u0301", "other"])
+
+
+def test_label_names_apart_only_by_a_zero_width_character_are_one_name_listed_twice():
+    with pytest.raises(ValueError, match=r"data\.label_names lists \['pos'\] more than once"):
+        DataConfig(train="unused", dev="unused", label_names=["pos", "pos\u200b"])
+
+
+def test_a_positive_label_typed_with_a_combining_accent_names_the_composed_label():
+    names = ["neg", "caf\u00e9"]
+    assert DataConfig(train="unused", dev="unused", label_names=names, positive_label="cafe\u0301").positive_index == 1
 
 
 def test_empty_label_name_is_refused_as_the_server_would_answer_with_it(tmp_path):

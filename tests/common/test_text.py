@@ -1,6 +1,7 @@
 """Texts stored one per line, and what a text shows: control, zero-width, space and replacement characters show
 nothing; the lines of a UTF-8 file."""
 
+import gzip
 import io
 
 import pytest
@@ -86,6 +87,18 @@ def test_utf8_lines_name_utf16_text_without_a_byte_order_mark_by_its_nuls(encodi
     with pytest.raises(NotUtf8) as err:
         lines_of("sentence\tlabel\ngood\t1\n".encode(encoding))
     assert "every other byte of its first line is NUL" in err.value.utf16
+
+
+def test_utf8_lines_say_gzip_data_is_gzip_data():
+    with pytest.raises(NotUtf8) as err:
+        lines_of(gzip.compress(b"one\n"))
+    assert err.value.gzip
+
+
+def test_utf8_lines_say_a_later_stray_byte_is_no_gzip_data():
+    with pytest.raises(NotUtf8) as err:
+        lines_of(b"ok\n\x1f\x8b\n")
+    assert not err.value.gzip
 
 
 def test_utf8_lines_take_a_first_line_of_two_letters_as_utf8():
