@@ -51,6 +51,10 @@ def styled(text: str, style: Style) -> str:
 
 def as_served(texts: list[str] | None, style: Style) -> list[str] | None:
     """`texts` as a bundle of `style` hands them to its tokenizer: tokenised for `ptb_lower`, so that a client's
-    "Don't" reads as the model's training text "do n't"; as sent for `raw` (whose markup removal is for scraped
-    text, which clients do not send). None (a task without pairs) stays None."""
-    return [tokenise(text) for text in texts] if texts is not None and style == "ptb_lower" else texts
+    "Don't" reads as the model's training text "do n't"; for `raw`, as sent less the whitespace around each, as the
+    data loader reads a cell (a byte-level tokenizer would read a trailing space or tab as a token the model never
+    saw; `raw`'s markup removal is for scraped text, which clients do not send). None (a task without pairs) stays
+    None."""
+    if texts is None:
+        return None
+    return [tokenise(text) for text in texts] if style == "ptb_lower" else [text.strip() for text in texts]

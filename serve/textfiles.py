@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from edgedistill.common.text import BOM, shows_nothing, utf16_sign
+from edgedistill.common.text import BOM, GZIP_MAGIC, shows_nothing, stray_delimiter, utf16_sign
 
 # Where each text and each pair is in the input, by the server's name for its kind: "text" and "text pair"
 Origins = dict[str, list[str]]
@@ -18,8 +18,10 @@ class UsageError(ValueError):
 
 
 def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
-    """The error for input that is not UTF-8, naming the line and byte."""
-    line = err.object.count(b"\n", 0, err.start) + 1
+    """The error for input that is not UTF-8, naming the line and byte; lines end as `lines_of` ends them (at LF, CR
+    LF or a CR alone)."""
+    before = err.object[: err.start]
+    line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
     return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start}, line {line})")
 
 
@@ -49,10 +51,12 @@ def lines_of(path: Path, stdin: TextIO, layout: str = "one text per line") -> li
 
 
 def _utf8_text(data: bytes, source: str) -> str:
-    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not, and UTF-16 text (Notepad's "Unicode")
-    by how it shows (`utf16_sign`)."""
+    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not, UTF-16 text (Notepad's "Unicode")
+    by how it shows (`utf16_sign`), and gzip-compressed data."""
     if utf16 := utf16_sign(data[: data.find(b"\n") + 1] or data):
         raise UsageError(f"cannot read {source}: it is UTF-16 text ({utf16}), not UTF-8; save it as UTF-8")
+    if data.startswith(GZIP_MAGIC):
+        raise UsageError(f"cannot read {source}: it is gzip-compressed data, not UTF-8 text; give it gunzipped (zcat)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -107,18 +111,20 @@ def numbered_pairs(
     """(line number, text, pair): the first two tab-separated fields of each line, or with `columns` the fields under
     those two names of the header; no quoting, other fields such as a label ignored, neither text may be empty;
     blank lines skipped, and with `header` or `columns` the first other line, the header, as the data loader reads
-    it. Errors name the file's `option`."""
+    it (a line of more fields than the header's is refused). Errors name the file's `option`."""
     rows = []
     where = (0, 1)
     wants = "text<TAB>pair on each line"
     layout = "text<TAB>pair on each line" if columns is None else "the header line, then tab-separated fields"
     lines = lines_of(path, stdin, layout)
     header_due = header or columns is not None
+    width = None  # the header's number of fields: a line with more was split by a stray tab
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         if header_due:
             header_due = False
+            width = line.count("\t") + 1
             if columns:
                 names = [name.strip() for name in line.split("\t")]
                 if missing := [name for name in columns if name not in names]:
@@ -130,6 +136,11 @@ def numbered_pairs(
                 wants = f"the columns {list(columns)} on each line"
             continue
         fields = line.split("\t")
+        if width is not None and len(fields) > width:  # every field after the stray tab would be shifted
+            raise UsageError(
+                f"{path}:{number}: {len(fields) - width} field(s) more than the header's {width}; "
+                f"{stray_delimiter(fields[width:], tsv=True)} splits it: remove it"
+            )
         if len(fields) <= max(where):
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
             # after a line holding a tab (a header too, skipped or split into the columns), the file is TSV and a
@@ -173,6 +184,8 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     2'): from each `--tsv`; else the arguments, then each `--file` (one per line; `-` is stdin), else stdin, blank
     lines skipped, with the `--pair` values."""
     check_columns(args.columns, args.header, bool(args.tsv), "--tsv")
+    if [str(path) for path in args.tsv or args.file or []].count("-") > 1:
+        raise UsageError("stdin (-) is named twice: it is read once, so the second would read nothing; name it once")
     if args.tsv:
         if args.texts or args.file or args.pair:
             raise UsageError("give texts either in --tsv files or as arguments, --file and --pair, not both")
@@ -186,13 +199,19 @@ def read_texts(args: argparse.Namespace, stdin: TextIO) -> tuple[list[str], list
     else:
         texts = list(args.texts)
         origins = [f"argument {i}" for i in range(1, len(texts) + 1)]
+        pair_origins = [f"--pair {i}" for i in range(1, len(args.pair or []) + 1)]
+        for where, value in zip(origins + pair_origins, texts + (args.pair or []), strict=True):
+            if shows_nothing(value):  # refused before any call, as a file's line is
+                raise UsageError(
+                    f"{where}: empty, or only control, zero-width or replacement (U+FFFD) characters, which the "
+                    "model reads as nothing; give it a text"
+                )
         paths = args.file or ([] if texts else [Path("-")])
         for path in paths:
             for number, line in numbered_lines(path, stdin):
                 texts.append(line)
                 origins.append(f"{path}:{number}")
         pairs = args.pair
-        pair_origins = [f"--pair {i}" for i in range(1, len(pairs or []) + 1)]
     if not texts:
         raise UsageError("no texts (give them as arguments, --file, --tsv or on stdin)")
     if pairs is not None and len(pairs) != len(texts):

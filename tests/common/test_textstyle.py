@@ -66,6 +66,14 @@ def test_a_raw_bundle_serves_text_as_sent():
     assert as_served(texts, "raw") == texts
 
 
+def test_a_raw_bundle_serves_text_without_the_whitespace_around_it():
+    assert as_served([" great movie \t", "\ndull\r\n"], "raw") == ["great movie", "dull"]
+
+
+def test_a_raw_bundle_serves_no_pairs_where_none_are_sent():
+    assert as_served(None, "raw") is None
+
+
 @given(st.text(alphabet=MARKUP_ALPHABET, max_size=60))
 def test_markup_removal_gives_the_markup_rules_own_output(text):
     assert without_markup(text) == textstyle._TAG.sub(" ", text)

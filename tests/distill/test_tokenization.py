@@ -185,6 +185,14 @@ def test_a_trained_gpt_tokenizers_json_reads_decomposed_accents_as_the_server_do
     assert tokenizer.encode("cafe\u0301").ids == tokenizer.encode("caf\u00e9").ids
 
 
+def test_a_gpt_bundle_serves_a_text_with_a_trailing_space_as_trained(tmp_path):
+    """A byte-level tokenizer reads a trailing space as a token of its own; training strips it from each cell."""
+    inputs = {"input_ids": "int64", "attention_mask": "int64"}
+    server = TextEncoder(saved_gpt_tokenizer(tmp_path) / "tokenizer.json", 32, inputs, 1)
+    sent, trained = server.encode(["the dog was dull \t", "the dog was dull"])
+    assert sent["input_ids"].tolist() == trained["input_ids"].tolist()
+
+
 def test_a_checkpoint_that_is_not_there_is_named_with_the_setting(tmp_path):
     with pytest.raises(RecipeError, match=r"minilm: cannot load a tokenizer from it .*EDGEDISTILL_TEACHER_INIT"):
         load_tokenizer(str(tmp_path / "minilm"))

@@ -1,6 +1,7 @@
 """`edgedistill call`: pairs from arguments or a TSV file, large inputs in batches within the server's limit, the
 output streamed as one JSON document; the client library's label names and limits it relies on."""
 
+import gzip
 import io
 import json
 import os
@@ -207,6 +208,27 @@ def test_a_tsv_header_after_blank_lines_is_skipped_as_the_header(tmp_path):
     assert textfiles.read_tsv(path, True, io.StringIO()) == (["cat dog"], ["dog cat"])
 
 
+@pytest.mark.parametrize(("header", "columns"), [(True, None), (False, ("sentence1", "sentence2"))])
+def test_a_tsv_line_split_by_a_stray_tab_under_a_header_is_a_usage_error_naming_it(tmp_path, header, columns):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tlabel\ngreat\tmovie\tdull film\t1\n")
+    with pytest.raises(cli.UsageError, match=r"pairs\.tsv:2: 1 field\(s\) more than the header's 3; a tab inside"):
+        textfiles.read_tsv(path, header, io.StringIO(), columns)
+
+
+def test_a_tsv_line_ending_in_a_tab_under_a_header_is_told_of_it(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\ngreat\tmovie\t\n")
+    with pytest.raises(cli.UsageError, match=r"pairs\.tsv:2: 1 field\(s\) more .*a tab at the line's end, or a tab"):
+        textfiles.read_tsv(path, True, io.StringIO())
+
+
+def test_tsv_lines_without_a_header_may_hold_further_fields(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("great\tmovie\t1\ndull\tfilm\t0\textra\n")
+    assert textfiles.read_tsv(path, False, io.StringIO()) == (["great", "dull"], ["movie", "film"])
+
+
 def test_a_tsv_header_after_blank_lines_names_the_columns(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text(BLANK_BEFORE_THE_HEADER)
@@ -247,6 +269,27 @@ def test_a_file_line_of_control_or_zero_width_characters_only_is_a_usage_error_n
     assert f"{path}:101: only control, zero-width or replacement (U+FFFD) characters" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "where"),
+    [
+        (["good", ""], "argument 2"),
+        (["good", "\u200b"], "argument 2"),
+        (["a", "b", "--pair", "x", "--pair", " "], "--pair 2"),
+    ],
+)
+def test_an_argument_that_shows_nothing_is_a_usage_error_naming_it(served_pairs, capsys, argv, where):
+    code, out, err = run(capsys, "--address", served_pairs.address, *argv)
+    assert (code, out) == (2, "")
+    assert f"{where}: empty, or only control, zero-width or replacement" in err
+
+
+@pytest.mark.parametrize("option", ["--file", "--tsv"])
+def test_stdin_named_twice_is_a_usage_error(served_pairs, capsys, option):
+    code, _, err = run(capsys, "--address", served_pairs.address, option, "-", option, "-", stdin="a\tb\n")
+    assert code == 2
+    assert "stdin (-) is named twice" in err
+
+
 def test_a_tsv_beside_texts_is_a_usage_error(served_pairs, tsv, capsys):
     code, _, err = run(capsys, "--address", served_pairs.address, "--tsv", str(tsv), "good")
     assert code == 2
@@ -259,6 +302,21 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
         capsys, "--address", served.address, *source, stdin="good\n\udcff bad\n"
     )  # as a C locale reads 0xff
     assert code == 2
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_whatever_the_line_ends(tmp_path, end):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(f"good one{end}good two{end}".encode() + b"bad \xff three" + end.encode())
+    with pytest.raises(cli.UsageError, match="line 3"):
+        textfiles.lines_of(path, io.StringIO())
+
+
+def test_a_gzip_file_is_a_usage_error_saying_it_is_compressed(tmp_path):
+    path = tmp_path / "texts.txt.gz"
+    path.write_bytes(gzip.compress(b"good one\n"))
+    with pytest.raises(cli.UsageError, match="it is gzip-compressed data, not UTF-8 text; give it gunzipped"):
+        textfiles.lines_of(path, io.StringIO())
 
 
 def test_stdin_is_read_as_utf8_whatever_the_locales_encoding():
@@ -494,8 +552,12 @@ def test_a_text_the_server_refuses_is_named_by_its_file_and_line(make_bundle, st
     assert json.loads(err)["error"]["where"] == f"{path}:70"  # markup alone, which its text style removes
 
 
+# whitespace in all of the characters the server reads (MAX_TEXT_CHARS, 4096): refused there, not here
+PADDED = " " * 5000 + "fun"
+
+
 def test_a_pair_the_server_refuses_is_named_by_its_pair_option(served_pairs, capsys):
-    _, _, err = run(capsys, "--address", served_pairs.address, "good", "awful", "--pair", "fun", "--pair", " ")
+    _, _, err = run(capsys, "--address", served_pairs.address, "good", "awful", "--pair", "fun", "--pair", PADDED)
     assert json.loads(err)["error"]["where"] == "--pair 2"
 
 
@@ -751,7 +813,7 @@ def test_pairs_sent_to_a_single_text_model_are_told_to_drop_them(served, capsys)
 
 
 def test_a_call_refused_for_another_reason_names_no_input_shape(served, capsys):
-    code, _, err = run(capsys, "--address", served.address, "")
+    code, _, err = run(capsys, "--address", served.address, PADDED)
     assert code == 1
     assert "hint" not in json.loads(err)["error"]
 
