@@ -123,12 +123,19 @@ def temporary_name(path: Path, kind: str = "tmp", pid: int | None = None) -> Pat
 
 def remove_orphans(path: Path) -> None:
     """Remove what processes killed while writing `path` left beside it: temporary names of processes that are
-    gone (a live process's are its work in progress)."""
-    for kind in ("tmp", "old"):
+    gone (a live process's are its work in progress). An old `path` where `path` is gone is put back instead: its
+    process died between the two renames of a replace (`_replace` where no exchange is), and it is the last version
+    published."""
+    for kind in ("old", "tmp"):
         pattern = re.compile(re.escape(f".{path.stem}.{kind}-") + r"(\d+)" + re.escape(path.suffix))
         for sibling in path.parent.glob(f".{glob.escape(path.stem)}.{kind}-*"):
             found = pattern.fullmatch(sibling.name)
-            if found and not alive(int(found[1])):
+            if not found or alive(int(found[1])):
+                continue
+            if kind == "old" and not os.path.lexists(path):
+                os.replace(sibling, path)
+                _fsync(path.parent)
+            else:
                 _remove(sibling)
 
 

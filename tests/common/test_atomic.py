@@ -180,6 +180,33 @@ def test_publishing_a_stage_removes_the_folders_a_killed_publish_left(tmp_path, 
     assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
 
 
+def killed_between_renames(final: Path) -> None:
+    """What a publish killed between the renames of a replace leaves: the old folder and the new one, under their
+    temporary names, and no `final`."""
+    pid = gone_pid()
+    for kind in ("old", "tmp"):
+        (atomic.temporary_name(final, kind, pid=pid) / kind).mkdir(parents=True)
+
+
+def test_a_publish_killed_between_its_renames_gets_its_last_version_back(tmp_path):
+    killed_between_renames(tmp_path / "bundle-x")
+    atomic.remove_orphans(tmp_path / "bundle-x")
+    assert [p.name for p in (tmp_path / "bundle-x").iterdir()] == ["old"]
+
+
+def test_a_publish_killed_between_its_renames_leaves_no_temporary(tmp_path):
+    killed_between_renames(tmp_path / "bundle-x")
+    atomic.remove_orphans(tmp_path / "bundle-x")
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
+
+
+def test_an_old_version_beside_a_published_one_is_removed(tmp_path):
+    (tmp_path / "bundle-x" / "new").mkdir(parents=True)
+    (atomic.temporary_name(tmp_path / "bundle-x", "old", pid=gone_pid()) / "old").mkdir(parents=True)
+    atomic.remove_orphans(tmp_path / "bundle-x")
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
+
+
 def _hiding_its_errno(tmp):
     """A writer that, as torch's does, reports a full device in words of its own."""
     try:
