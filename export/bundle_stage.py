@@ -5,6 +5,7 @@ quantized, checked against PyTorch on the dev set and at odd shapes, gated, and 
 atomically with a manifest that carries its `BundleSpec`.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -51,7 +52,7 @@ from edgedistill.export import optimize, quantize, stages, validate
 from edgedistill.export.fold import fold
 from edgedistill.export.onnx_export import ExportError, Source, export_onnx, load_source, op_counts
 from edgedistill.export.smooth import smooth
-from edgedistill.export.tensorrt import build_engine
+from edgedistill.export.tensorrt import EngineBuildError, build_engine
 
 CHECK_THREADS = 2
 # Rows of a calibration batch for static INT8.
@@ -263,17 +264,23 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         providers = runner.providers
     run = validate.logits_runner(runner)
     try:  # an engine holds device memory and a CUDA stream until it is closed
-        shapes = validate.check_shapes(run, source, spec.precision, length, fused=source.is_transformer and spec.fused)
+        shapes = validate.check_shapes(
+            run,
+            source,
+            spec.precision,
+            length,
+            fused=spec.runtime == "onnxruntime" and source.is_transformer and spec.fused,
+        )
         exported_logits = validate.dev_logits(
             validate.as_forward(run), cache.features(spec.source), cache.tokenizer.pad_token_id
         )
     finally:
         runner.close()
-    validate.require_finite(exported_logits, f"{bundle_id} on dev", spec.precision)
+    validate.require_finite(exported_logits, "on dev", spec.precision)
     cfg = recipe.export
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
     agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
-    validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, bundle_id, recipe.data.metric)
+    validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, recipe.data.metric)
     unversioned = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",
         labels=recipe.data.label_names,
@@ -348,6 +355,18 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     )
 
 
+@contextlib.contextmanager
+def _named(bundle_id: str):
+    """An export's or engine build's error named by its bundle, where it does not name it: the bundles of one source
+    meet the same messages."""
+    try:
+        yield
+    except (ExportError, EngineBuildError) as err:
+        if f"export.bundles.{bundle_id}" in str(err):
+            raise
+        raise type(err)(f"bundle {bundle_id} (export.bundles.{bundle_id}): {err}") from err
+
+
 def build(recipe: Recipe, ids: list[str], force: bool = False) -> list[mf.Manifest]:
     """The bundles `ids` of the recipe (`export.stages.of_command` chooses them), sharing per-source exports."""
     work = run_dir(recipe) / ".work" / "export"  # this process's own, so that two exports can run at once
@@ -359,7 +378,8 @@ def build(recipe: Recipe, ids: list[str], force: bool = False) -> list[mf.Manife
     manifests = []
     try:
         for bundle_id in ids:
-            manifests.append(stages.bundle(recipe, bundle_id, cache).run(force))
+            with _named(bundle_id):
+                manifests.append(stages.bundle(recipe, bundle_id, cache).run(force))
             built.set_postfix(last=bundle_id, refresh=False)
             built.update()
     finally:

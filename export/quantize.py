@@ -2,6 +2,7 @@
 
 import contextlib
 import logging
+import math
 import tempfile
 from pathlib import Path
 
@@ -86,7 +87,19 @@ def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list
         )
     tmp.unlink()
     applied = {"mode": "dynamic", "weight_type": "QInt8", "activations": "uint8, scale per batch"}
-    return applied | {"per_channel": per_channel, "op_types": op_types or "onnxruntime's default"}
+    return applied | {
+        "per_channel": per_channel,
+        "weight_scales": weight_scales(dst),
+        "op_types": op_types or "onnxruntime's default",
+    }
+
+
+def weight_scales(path: Path) -> dict[str, int]:
+    """How many of a dynamic INT8 graph's weights have one scale and how many one per output channel: ONNX Runtime's
+    dynamic Conv (ConvInteger) takes one whatever `per_channel` says. Its weights' scales are its only `_scale`
+    initializers (the activations' are computed as it runs)."""
+    sizes = [math.prod(t.dims) for t in onnx.load(str(path)).graph.initializer if t.name.endswith("_scale")]
+    return {"per_tensor": sum(size == 1 for size in sizes), "per_channel": sum(size > 1 for size in sizes)}
 
 
 class _Batches(CalibrationDataReader):

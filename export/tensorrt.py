@@ -60,7 +60,8 @@ def calibration_batches(
     batch of rows as long as the longest, within the `sequence` profile's max, so that no row loses its tail.
 
     Rows are padded (`input_ids` with `pad_id`, the other inputs with 0, so attention mask 0) to that length, and one
-    longer than the profile's max is cut to it; rows left over after the last full batch are dropped.
+    longer than the profile's max is cut to it. TensorRT calibrates on full batches: the last one is filled with the
+    first rows again, so that every row given calibrates.
     """
     fed = []
     for index, given in enumerate(batches):
@@ -89,9 +90,10 @@ def calibration_batches(
             f"{total} calibration sentences, fewer than one batch of the profile's opt batch size {batch_size}: "
             f"TensorRT INT8 calibrates on full batches, so the transfer set needs at least {batch_size} texts"
         )
+    order = np.arange(-(-total // batch_size) * batch_size) % total  # the rows, then the first again to a full batch
     return [
-        {name: rows[name][start : start + batch_size] for name in inputs}
-        for start in range(0, total - batch_size + 1, batch_size)
+        {name: rows[name][order[start : start + batch_size]] for name in inputs}
+        for start in range(0, len(order), batch_size)
     ]
 
 

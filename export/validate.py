@@ -114,7 +114,6 @@ def gate(
     precision: str,
     min_agreement: float,
     max_int8_drop: float,
-    bundle: str,
     metric: str = "accuracy",
 ) -> None:
     """Raise `ExportGateError` with the figures when the bundle misses its gate: its predictions agree with PyTorch's
@@ -125,18 +124,18 @@ def gate(
         ours, theirs = figures[f"dev_{metric}"], figures[f"torch_dev_{metric}"]
         if theirs - ours > max_int8_drop:
             raise ExportGateError(
-                f"{bundle}: INT8 loses {theirs - ours:.4f} dev {metric} (data.metric) ({theirs:.4f} -> {ours:.4f}); "
+                f"INT8 loses {theirs - ours:.4f} dev {metric} (data.metric) ({theirs:.4f} -> {ours:.4f}); "
                 f"the gate allows {max_int8_drop} (export.max_int8_drop)"
             )
     if figures["agreement_beyond_ties"] < min_agreement:
         raise ExportGateError(
-            f"{bundle}: {precision} predictions agree with PyTorch on {figures['agreement_beyond_ties']:.4%} of dev "
+            f"{precision} predictions agree with PyTorch on {figures['agreement_beyond_ties']:.4%} of dev "
             f"(gate {min_agreement:.2%}, export.{AGREEMENT_KEYS[precision]}), near-tie flips aside "
             f"({figures['tie_flips']}, export.tie_margin), max |Δlogit| {figures['max_abs_diff']:.3e}"
         )
     if precision == "fp32" and not figures["max_abs_diff"] <= FP32_TOLERANCE:
         raise ExportGateError(
-            f"{bundle}: max |Δlogit| {figures['max_abs_diff']:.2e} against PyTorch on dev, over the fp32 tolerance "
+            f"max |Δlogit| {figures['max_abs_diff']:.2e} against PyTorch on dev, over the fp32 tolerance "
             f"{FP32_TOLERANCE} (an fp32 graph computes what PyTorch does up to float rounding; a fused Transformer "
             "that misses it builds with fused: false, without ONNX Runtime's fused kernels)"
         )

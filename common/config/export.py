@@ -13,7 +13,7 @@ ENGINE_BATCH = (1, 8, 64)
 ENGINE_OPT_SEQUENCE = 64
 # Dynamic INT8's settings, and every setting an engine (runtime: tensorrt) would not apply.
 DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
-ONNXRUNTIME_ONLY = frozenset({"attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
+ONNXRUNTIME_ONLY = frozenset({"fused", "attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
 # How a fused graph is fused: they change nothing where ONNX Runtime's BERT fusions do not take the source's graph.
 FUSION_CHOICES = ("attention", "skip_layer_norm")
 # The operator types ONNX Runtime's dynamic INT8 quantizes (`onnxruntime.quantization.registry.IntegerOpsRegistry`,
@@ -49,9 +49,10 @@ class BundleRecipe(Strict):
     quantization: Literal["dynamic", "static"] = "dynamic"
     per_channel: bool = Field(
         False,
-        description="dynamic INT8: weight scales per output channel instead of per tensor, for MatMul, Attention, Conv "
-        "and LSTM weights (ONNX Runtime quantizes a Gather's or EmbedLayerNormalization's table as an activation, one "
-        "uint8 scale, whatever this says); static INT8 always has them",
+        description="dynamic INT8: weight scales per output channel instead of per tensor, for MatMul, Attention and "
+        "LSTM weights (ONNX Runtime's dynamic Conv takes one scale per tensor, and it quantizes a Gather's or "
+        "EmbedLayerNormalization's table as an activation, one uint8 scale, whatever this says); static INT8 always "
+        "has them",
     )
     int8_ops: list[str] | None = Field(
         None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"

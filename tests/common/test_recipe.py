@@ -1573,6 +1573,7 @@ def test_an_environment_variable_that_sets_a_section_the_command_does_not_read_i
         ({"precision": "fp32", "per_channel": True}, "per_channel"),
         ({"precision": "fp32", "int8_ops": ["MatMul"]}, "int8_ops"),
         ({"precision": "fp16", "quantization": "static"}, "quantization"),
+        ({"runtime": "tensorrt", "fused": False}, "fused"),
         ({"runtime": "tensorrt", "attention": "MultiHeadAttention"}, "attention"),
         ({"runtime": "tensorrt", "skip_layer_norm": False}, "skip_layer_norm"),
         ({"runtime": "tensorrt", "precision": "int8", "quantization": "static"}, "quantization"),

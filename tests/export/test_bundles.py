@@ -17,6 +17,7 @@ from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage, stages, validate
 from edgedistill.export.bundle_stage import max_length, token_features
 from edgedistill.export.onnx_export import ExportError, Source, example_inputs, export_onnx, load_source
+from edgedistill.export.tensorrt import EngineBuildError
 from edgedistill.export.validate import (
     ExportGateError,
     as_forward,
@@ -249,7 +250,7 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
         TIE,
     )
     with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev accuracy .* gate allows 0\.005"):
-        gate(figures, "int8", 0.999, 0.005, "cnn-int8")
+        gate(figures, "int8", 0.999, 0.005)
     gate(
         parity(
             figures_logits := dev_logits(torch_forward(source), feats, 0), figures_logits, dev.labels, recipe.data, TIE
@@ -257,7 +258,6 @@ def test_int8_gate_refuses_a_broken_model(smoke_bundles, tmp_path, monkeypatch):
         "int8",
         0.999,
         0.005,
-        "ok",
     )
 
 
@@ -273,30 +273,30 @@ def moved_but_as_accurate() -> dict[str, float]:
 
 def test_the_int8_gate_refuses_answers_that_moved_though_accuracy_rose():
     with pytest.raises(ExportGateError, match=r"int8 predictions agree with PyTorch on 94\.0000% of dev \(gate 97"):
-        gate(moved_but_as_accurate(), "int8", 0.97, 0.005, "x")
+        gate(moved_but_as_accurate(), "int8", 0.97, 0.005)
 
 
 def test_the_int8_gate_passes_what_agrees_enough():
-    gate(moved_but_as_accurate(), "int8", 0.94, 0.005, "x")
+    gate(moved_but_as_accurate(), "int8", 0.94, 0.005)
 
 
 def test_fp32_gate_message_has_the_figures():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     figures = parity(logits[::-1], logits, [0, 1], BINARY, TIE)
     with pytest.raises(ExportGateError, match=r"agree with PyTorch on 0\.0000% .*max \|Δlogit\| 1\.000e\+00"):
-        gate(figures, "fp32", 0.999, 0.005, "x")
+        gate(figures, "fp32", 0.999, 0.005)
 
 
 def test_an_agreement_gate_names_its_recipe_key():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ExportGateError, match=r"\(gate 99\.50%, export\.min_fp16_agreement\)"):
-        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "fp16", 0.995, 0.005, "x")
+        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "fp16", 0.995, 0.005)
 
 
 def test_the_int8_accuracy_gate_names_its_recipe_key():
     logits = np.array([[1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ExportGateError, match=r"the gate allows 0\.005 \(export\.max_int8_drop\)"):
-        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "int8", 0.0, 0.005, "x")
+        gate(parity(logits[::-1], logits, [0, 1], BINARY, TIE), "int8", 0.0, 0.005)
 
 
 def minority_lost_at_equal_accuracy() -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -315,12 +315,12 @@ MACRO = DataConfig(train="unused", dev="unused", label_names=["a", "b", "c"], me
 def test_the_int8_gate_refuses_a_loss_on_the_selection_metric_at_equal_accuracy():
     exported, torch_logits, labels = minority_lost_at_equal_accuracy()
     with pytest.raises(ExportGateError, match=r"INT8 loses 0\.\d+ dev macro_f1 \(data\.metric\)"):
-        gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "x", "macro_f1")
+        gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "macro_f1")
 
 
 def test_the_int8_gate_on_accuracy_passes_a_loss_it_does_not_measure():
     exported, torch_logits, labels = minority_lost_at_equal_accuracy()
-    gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "x", "accuracy")
+    gate(parity(exported, torch_logits, labels, MACRO, TIE), "int8", 0.0, 0.005, "accuracy")
 
 
 def test_parity_gives_pytorchs_figure_of_the_selection_metric():
@@ -337,7 +337,7 @@ def test_a_flip_at_a_near_tie_does_not_count_against_the_agreement_gate():
     torch_logits = np.array([[1.0, 0.95]] + [[1.0, 0.0]] * 9)
     exported = torch_logits.copy()
     exported[0] = [0.95, 1.0]
-    gate(parity(exported, torch_logits, [0] * 10, BINARY, TIE), "fp16", 0.995, 0.005, "x")
+    gate(parity(exported, torch_logits, [0] * 10, BINARY, TIE), "fp16", 0.995, 0.005)
 
 
 def test_parity_counts_a_flip_at_a_near_tie():
@@ -551,6 +551,30 @@ def test_int8_that_quantizes_nothing_is_refused_rather_than_shipped_as_fp32(tmp_
     feeds = [{k: v.numpy() for k, v in example_inputs(source.inputs, 4, 12).items()}]
     with pytest.raises(ExportError, match=rf"bag: .* INT8 of .* quantizes nothing in this graph .*Gemm.*{advice}"):
         bundle_stage._transform(spec, source, tmp_path / "plain.onnx", tmp_path, lambda: feeds, lambda: feeds)
+
+
+class Failing:
+    """A bundle stage whose build fails with `error`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def run(self, force):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [ExportGateError("INT8 loses 0.0100"), EngineBuildError("TensorRT failed")])
+def test_a_bundle_that_fails_is_named_in_its_error(monkeypatch, error):
+    monkeypatch.setattr(stages, "bundle", lambda *args: Failing(error))
+    with pytest.raises(type(error), match=rf"^bundle bilstm-int8 \(export\.bundles\.bilstm-int8\): {error}$"):
+        bundle_stage.build(load_recipe(SMOKE), ["bilstm-int8"])
+
+
+def test_a_bundle_error_that_names_its_setting_is_not_named_twice(monkeypatch):
+    error = ExportError("export.bundles.bilstm-int8.attention would not apply")
+    monkeypatch.setattr(stages, "bundle", lambda *args: Failing(error))
+    with pytest.raises(ExportError, match=r"^export\.bundles\.bilstm-int8\.attention would not apply$"):
+        bundle_stage.build(load_recipe(SMOKE), ["bilstm-int8"])
 
 
 def test_bundles_all_current_write_nothing_into_the_runs_folder(monkeypatch):

@@ -36,6 +36,30 @@ def exported(folder, family: str, model):
     return source, [{k: v.numpy() for k, v in example_inputs(source.inputs, 4, 12).items()}]
 
 
+class ConvThenLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.linear = torch.nn.Conv1d(16, 8, 3), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.linear(self.conv(x).amax(-1))
+
+
+def test_dynamic_int8_per_channel_records_that_conv_weights_keep_one_scale(tmp_path):
+    """ONNX Runtime's dynamic Conv takes one weight scale per tensor; its MatMul one per output channel."""
+    axes = {"x": {0: "batch", 2: "length"}}
+    torch.onnx.export(
+        ConvThenLinear(),
+        (torch.randn(2, 16, 10),),
+        tmp_path / "m.onnx",
+        input_names=["x"],
+        dynamic_axes=axes,
+        dynamo=False,
+    )
+    applied = quantize.int8_dynamic(tmp_path / "m.onnx", tmp_path / "int8.onnx", per_channel=True)
+    assert applied["weight_scales"] == {"per_tensor": 1, "per_channel": 1}
+
+
 def test_static_int8_quantizes_a_gpt_teachers_projection_weights(tmp_path):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=120, n_embd=16, n_layer=2, n_head=2, n_positions=64, pad_token_id=0)

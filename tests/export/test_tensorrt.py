@@ -132,7 +132,7 @@ def test_calibration_batches_are_recut_to_one_shape_within_the_profile():
         {"input_ids": np.full((4, 12), 9), "attention_mask": np.ones((4, 12))},
     ]
     batches = trt_export.calibration_batches(ragged, INPUTS, (1, 2, 4), (1, 4, 8))
-    assert len(batches) == 3, "7 rows make 3 full batches of 2; the last row is dropped"
+    assert len(batches) == 4, "7 rows make 4 batches of 2, the last filled with the first row again"
     for batch in batches:
         assert {k: v.shape for k, v in batch.items()} == {"input_ids": (2, 8), "attention_mask": (2, 8)}
         assert all(v.dtype == np.int64 for v in batch.values())
@@ -140,6 +140,12 @@ def test_calibration_batches_are_recut_to_one_shape_within_the_profile():
     assert first["input_ids"][0].tolist() == [7] * 5 + [0] * 3, "short rows are padded with id 0"
     assert first["attention_mask"][0].tolist() == [1] * 5 + [0] * 3, "and masked out"
     assert batches[2]["input_ids"][1].tolist() == [9] * 8, "rows longer than the profile's max are truncated"
+
+
+def test_calibration_batches_calibrate_on_every_row_given():
+    rows = [{"input_ids": np.arange(7)[:, None].repeat(3, 1), "attention_mask": np.ones((7, 3))}]
+    batches = trt_export.calibration_batches(rows, INPUTS, (1, 2, 4), (1, 4, 8))
+    assert [int(row[0]) for batch in batches for row in batch["input_ids"]] == [0, 1, 2, 3, 4, 5, 6, 0]
 
 
 # two rows of 3 tokens, then two of 5: the first batch of 2 is padded to 5
