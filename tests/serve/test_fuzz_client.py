@@ -49,7 +49,7 @@ def test_a_file_gives_its_lines_that_are_not_blank(tmp_path_factory, lines, newl
 @given(rows=st.lists(st.tuples(FIELDS, FIELDS), min_size=1, max_size=6), header=st.booleans())
 @example(rows=[("a\x1cb", "c\x85d")], header=False)
 def test_a_tsv_on_stdin_gives_its_texts_and_pairs(rows, header):
-    stdin = io.StringIO(("text\tpair\n" if header else "") + "".join(f"{a}\t{b}\t0\n" for a, b in rows))
+    stdin = io.StringIO(("text\tpair\tlabel\n" if header else "") + "".join(f"{a}\t{b}\t0\n" for a, b in rows))
     texts, pairs, _ = cli.read_texts(parse("--tsv", "-", *(["--header"] if header else [])), stdin)
     assert list(zip(texts, pairs, strict=True)) == rows
 

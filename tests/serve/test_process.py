@@ -349,7 +349,8 @@ def test_client_cli_info_prints_the_models_labels(served, capsys):
 
 
 def test_client_cli_prints_the_servers_error_and_exits_1(served, capsys):
-    assert cli.main(["--address", served.address, "   "]) == 1
+    # whitespace in all the server reads (MAX_TEXT_CHARS, 4096): the client sends it, the server refuses it
+    assert cli.main(["--address", served.address, " " * 5000 + "words"]) == 1
     error = json.loads(capsys.readouterr().err)["error"]
     assert error["code"] == "INVALID_ARGUMENT"
     assert "whitespace" in error["message"]
