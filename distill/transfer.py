@@ -113,13 +113,21 @@ def build_stage(inputs: Inputs) -> Built:
             )
 
     # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
-    # precision and second pass; under --force, only those a forced run of them left (`Inputs.resumable_work`).
+    # precision and second pass; under --force, only those a forced run of them left (`Inputs.resumable_work`). Its
+    # texts, for the same work (`work_key`, which the key starts with): labelled otherwise, they are the same texts.
     key = inputs.work_key + labeller["engine"] + placement.precision
     key += labeller.get("bundle_precision", "") + labeller.get("bundle_sha256", "")
     work = inputs.resumable_work(key)
     stamp = work / "config_hash"
-    if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
-        shutil.rmtree(work, ignore_errors=True)
+    if not inputs.force and (not stamp.is_file() or (stamped := stamp.read_text()) != key):
+        same_texts = stamp.is_file() and stamped.startswith(inputs.work_key)
+        for left in work.iterdir() if work.is_dir() else []:
+            if same_texts and left.name == "texts":
+                continue
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left)
+            else:
+                left.unlink()
     atomic_write(stamp, key)
     built = _texts(recipe, mask, work / "texts")
     texts, pairs, composition = built.texts, built.pairs, built.composition

@@ -459,13 +459,13 @@ def test_a_forced_transfer_killed_and_forced_again_goes_on_from_its_label_shards
     assert "[transfer] resuming labelling" in again.stdout
 
 
-def killed_while_labelling(runs: Path, name: str) -> Path:
-    """The transfer work folder of run `name` in `runs`, killed once its first label shard was written, beside the run
-    `straight` (the `straight` fixture's), built whole from the same teacher."""
+def killed_while_labelling(runs: Path, name: str, *extra: str) -> Path:
+    """The transfer work folder of run `name` in `runs` (with the settings `extra`), killed once its first label shard
+    was written, beside the run `straight` (the `straight` fixture's), built whole from the same teacher."""
     (runs / name).mkdir()
     os.symlink(runs / "straight" / "teacher", runs / name / "teacher")
     work = runs / name / ".work" / "transfer"
-    kill_9_once(["transfer", SMOKE, f"--name={name}", *SMALL], lambda: any(work.glob("logits-*.npy")))
+    kill_9_once(["transfer", SMOKE, f"--name={name}", *SMALL, *extra], lambda: any(work.glob("logits-*.npy")))
     return work
 
 
@@ -484,6 +484,22 @@ def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_sa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logits = np.load(runs / "killed" / "transfer" / "logits.npy")
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
+
+
+@pytest.mark.slow
+def test_a_transfer_killed_while_labelling_resumed_in_another_precision_keeps_its_texts_not_its_labels(
+    straight, monkeypatch
+):
+    """Labels of another precision are made again; the texts, of the same work, are not built again."""
+    killed_while_labelling(straight, "other", "--runtime.precision=fp32")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build_texts ran again")
+
+    monkeypatch.setattr(transfer, "build_texts", refuse)
+    resumed = run_stage("transfer", SMOKE, "--name=other", *SMALL, "--runtime.precision=bf16")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming labelling" not in resumed.stdout
 
 
 @pytest.mark.slow
