@@ -221,12 +221,18 @@ class DynamicBatcher:
         self._last_done = -math.inf  # loop time at which the last batch finished
         self._arrived = asyncio.Event()
         self._closing = False
+        self._grace_end: float | None = None  # the loop time a shutdown cancels the calls still running
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer")
 
     @property
     def queued_rows(self) -> int:
         return len(self._pending)
+
+    def grace_ends(self, deadline: float) -> None:
+        """The server is stopping: the rows of calls it cancels at loop time `deadline` or later were dropped for the
+        shutdown (`DropReason.CLOSED`), not by their clients."""
+        self._grace_end = deadline
 
     @property
     def room(self) -> int:
@@ -317,7 +323,8 @@ class DynamicBatcher:
 
         `deadline` is in `loop.time()` seconds; rows still queued past it are dropped and
         `DeadlineExpired` is raised. Cancelling the awaiting task drops the queued rows too (counted as dropped for
-        the deadline when it is at most `DEADLINE_SLACK_S` away, as a client's deadline cancels its call).
+        the deadline when it is at most `DEADLINE_SLACK_S` away, as a client's deadline cancels its call, and as
+        closed once the shutdown's grace has run out, `grace_ends`).
         """
         if not rows:
             raise ValueError("submit needs at least one row")
@@ -344,8 +351,12 @@ class DynamicBatcher:
         try:
             outputs = await request.future
         except asyncio.CancelledError:  # gRPC cancels the call at its deadline, often before `_expire` sees it
-            late = deadline is not None and deadline - DEADLINE_SLACK_S <= loop.time()
-            self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
+            now = loop.time()
+            if self._grace_end is not None and now >= self._grace_end:  # cut by the shutdown, not the client
+                self._drop(request, DropReason.CLOSED)
+            else:
+                late = deadline is not None and deadline - DEADLINE_SLACK_S <= now
+                self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
             raise
         return BatchResult(outputs, request.started - request.enqueued, request.batches)
 

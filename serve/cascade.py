@@ -190,6 +190,11 @@ class CascadeRuntime:
         for member in self.members:
             await member.start()
 
+    def grace_ends(self, deadline: float) -> None:
+        """The shutdown cancels the calls still running at loop time `deadline`: each member's batcher is told."""
+        for member in self.members:
+            member.grace_ends(deadline)
+
     def retire(self) -> None:
         """Leave the shared gauges to the runtime that replaced this cascade, while its requests finish; once closed,
         a member's queue depth that runtime does not write reads 0 (`Metrics.member_closed`)."""

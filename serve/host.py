@@ -249,6 +249,10 @@ class ModelRuntime:
         """Leave the shared gauges to the runtime that replaced this one (`DynamicBatcher.retire`)."""
         self.batcher.retire()
 
+    def grace_ends(self, deadline: float) -> None:
+        """The shutdown cancels the calls still running at loop time `deadline` (`DynamicBatcher.grace_ends`)."""
+        self.batcher.grace_ends(deadline)
+
     def logits(self, texts: list[str], pairs: list[str] | None) -> np.ndarray:
         """(N, labels) float32 logits of texts (and pairs) in one backend call, outside the batcher."""
         rows = self.encoder.encode(texts, pairs)
@@ -506,6 +510,8 @@ class ModelHost:
     async def drain(self, deadline: float, settle: float = 0.1) -> None:
         """Refuse new work (UNAVAILABLE) and wait, until the loop time `deadline`, for the queue to empty."""
         self.shutting_down.set()
+        if self.current is not None:
+            self.current.grace_ends(deadline)
         loop = asyncio.get_running_loop()
         while self.current is not None and self.current.queued_rows and loop.time() < deadline:
             await asyncio.sleep(0.01)

@@ -207,6 +207,8 @@ KSERVE_CASES = [
     Case("raw BYTES claiming a billion elements", raw_text(b"good", shape=[10**9]), "INVALID_ARGUMENT", "1 elements for shape [1000000000] (1000000000 expected)"),
     Case("300,000 typed BYTES elements", infer(("text", "BYTES", [300_000], [b""] * 300_000)), "INVALID_ARGUMENT", "contents hold more than 32 elements in all (4 x the server's MAX_TEXTS, 8)", target="guarded", metadata=AUTH),
     Case("20 typed BYTES elements", infer(("text", "BYTES", [20], [b"good"] * 20)), "RESOURCE_EXHAUSTED", "holds 20 elements; the limit is 8"),
+    Case("20 typed BYTES elements for shape [2**62]", infer(("text", "BYTES", [2**62], [b"good"] * 20)), "INVALID_ARGUMENT", "20 elements for shape [4611686018427387904]"),
+    Case("raw BYTES of 20 elements for shape [2**62]", raw_text(*[b"good"] * 20, shape=[2**62]), "INVALID_ARGUMENT", "more than 8 elements for shape [4611686018427387904]"),
     Case("20 typed BYTES elements for shape [1]", infer(("text", "BYTES", [1], [b"good"] * 20)), "INVALID_ARGUMENT", "20 elements for shape [1]"),
     Case("300,000 raw BYTES elements for shape [2]", raw_text(*[b""] * 300_000, shape=[2]), "INVALID_ARGUMENT", "more than the 2 elements of its shape", target="guarded", metadata=AUTH),
     Case("200,000 token ids for shape [1, 1]", infer(("input_ids", "INT64", [1, 1], [GOOD] * 200_000), ids([1], name="attention_mask")), "INVALID_ARGUMENT", "200000 elements for shape [1, 1]", target="guarded", metadata=AUTH),

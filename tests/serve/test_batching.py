@@ -241,6 +241,28 @@ def test_cancelled_request_is_dropped_before_the_batch_runs():
     assert observer.dropped == [(2, DropReason.CANCELLED)]
 
 
+def test_rows_a_shutdown_cuts_once_its_grace_ran_out_are_dropped_as_closed_not_cancelled():
+    gate = threading.Event()
+    backend, observer = FakeBackend(gate=gate), Recorder()
+
+    async def main():
+        b = batcher(backend, max_batch_size=1, max_delay=0.01, observer=observer)
+        b.start()
+        running = asyncio.ensure_future(b.submit([row(1)]))
+        queued = asyncio.ensure_future(b.submit([row(2), row(2)]))
+        await asyncio.to_thread(backend.entered.wait, 5)
+        b.grace_ends(asyncio.get_running_loop().time())
+        queued.cancel()  # as gRPC cancels a call still running when the grace runs out
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        gate.set()
+        await running
+        await b.close()
+
+    asyncio.run(main())
+    assert observer.dropped == [(2, DropReason.CLOSED)]
+
+
 def test_rows_past_their_deadline_are_dropped():
     backend, observer = FakeBackend(), Recorder()
 
