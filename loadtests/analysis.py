@@ -121,15 +121,17 @@ def offered_rate(stages: list[Stage]) -> float:
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
     """One entry per second of the schedule: users, requests/s, failures/s (of the calls sent), latency percentiles
     (None: no call). The last second counts too the calls that return after the schedule ends, as the last stage
-    does."""
-    seconds = int(np.ceil(stages[-1].end_s))
+    does, and where the schedule ends inside it (`duration_s: 2.5`), its rates are over the part scheduled."""
+    end = stages[-1].end_s
+    seconds = int(np.ceil(end))
     series = {key: [] for key in ("t_s", "users", "requests_per_s", "failures_per_s", "p50_ms", "p95_ms", "p99_ms")}
     for t in range(seconds):
         stats = call_stats(samples.between(t, math.inf if t == seconds - 1 else t + 1), 1.0)
+        width = min(t + 1, end) - t  # 1, but for a last second the schedule ends inside
         series["t_s"].append(t)
         series["users"].append(next((s.users for s in stages if s.start_s <= t < s.end_s), stages[-1].users))
-        series["requests_per_s"].append(stats["requests"])
-        series["failures_per_s"].append(stats["failures"])
+        for key, calls in (("requests_per_s", stats["requests"]), ("failures_per_s", stats["failures"])):
+            series[key].append(calls if width == 1 else round(calls / width, 1))
         for key in ("p50_ms", "p95_ms", "p99_ms"):
             series[key].append(stats[key])
     return series

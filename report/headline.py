@@ -219,8 +219,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             within = "none" if capacity is None else f"{capacity['requests_per_s']:.0f} calls/s"
             figure = f"capacity within the SLO {within}"
         else:  # the SLO reads the p99 from each call's due time; the one from the send leaves out a stall's wait
-            due, sent = overall["p99_from_due_ms"], overall["p99_ms"]
-            figure = "p99 - ms" if due is None else f"p99 {due:.2f} ms from the due time ({sent:.2f} from the send)"
+            # the one from the send counts sent calls alone: none where every call sent failed and others were not sent
+            due, sent = (("-" if ms is None else f"{ms:.2f}") for ms in (overall["p99_from_due_ms"], overall["p99_ms"]))
+            figure = "p99 - ms" if due == "-" else f"p99 {due} ms from the due time ({sent} from the send)"
         lines.append(
             f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "
             f"{overall['requests']} calls, {figure}, "

@@ -284,6 +284,12 @@ def test_calls_started_after_the_schedule_ends_count_nowhere():
     assert built["series"]["requests_per_s"][-1] == 1
 
 
+def test_a_last_second_the_schedule_ends_inside_gives_its_rates_over_the_part_scheduled():
+    stages = [Stage(name="constant", start_s=0.0, end_s=2.5, users=1, offered_rate=2.0)]
+    series = analysis.per_second(samples([0.2, 0.7, 1.2, 1.7, 2.2], [1.0] * 5), stages)
+    assert series["requests_per_s"] == [2, 2, 2.0]
+
+
 def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():
     stages = [Stage(name="constant", start_s=0.0, end_s=3.0, users=1, offered_rate=1.0)]
     series = analysis.per_second(samples([0.5, 1.5, 2.5, 3.5, 5.0], [1.0] * 5), stages)

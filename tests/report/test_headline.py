@@ -280,6 +280,15 @@ def test_a_load_test_line_gives_the_p99_its_slo_verdict_reads(recipe):
     assert "p99 3.40 ms from the due time" in headline.headline(recipe, "recipes/smoke.yaml")[0]
 
 
+def test_a_load_test_line_of_no_call_sent_that_succeeded_gives_the_p99_from_the_due_time_alone(recipe):
+    """Every call sent failed (a hung server), and calls left unsent at the end count from their due time."""
+    overall = {"requests": 3, "failures": 3, "p99_ms": None, "p99_from_due_ms": 800.0}
+    folder = run_dir(recipe) / "loadtest-steady-bilstm-int8"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"profile": "steady", "overall": overall, "passed": False}))
+    assert "p99 800.00 ms from the due time (- from the send)" in headline.headline(recipe, "recipes/smoke.yaml")[0]
+
+
 @pytest.mark.parametrize("folder", ["loadtest-steady-cnn-int8", "loadtest-steady"])
 def test_no_load_test_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
     result = {"profile": "steady", "overall": {"requests": 10, "failures": 0, "p99_ms": 2.5}, "passed": True}
