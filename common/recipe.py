@@ -91,6 +91,11 @@ class Recipe(Strict):
                     unapplied := bundle.unapplied_fusion_choices(bundle_id, graph)
                 ):
                     raise ValueError(unapplied)
+                if arch not in ("teacher", "transformer") and "fused" in bundle.model_fields_set:
+                    raise ValueError(
+                        f"export.bundles.{bundle_id}.fused would not apply: ONNX Runtime's BERT fusions fuse a "
+                        f"Transformer's graph, and {graph} ships as exported (remove fused)"
+                    )
                 if bundle.smooth is not None and arch not in ("teacher", "transformer"):
                     raise ValueError(
                         f"export.bundles.{bundle_id}.smooth needs a fused graph, the teacher's or a transformer "

@@ -87,6 +87,8 @@ class BundleRecipe(Strict):
     @field_validator("int8_ops")
     @classmethod
     def _int8_ops_quantizable(cls, ops: list[str] | None) -> list[str] | None:
+        if twice := sorted({op for op in ops or () if ops.count(op) > 1}):
+            raise ValueError(f"int8_ops names {twice} more than once: name each operator type once")
         for op in [op for op in ops or () if op not in DYNAMIC_INT8_OPS]:
             raise ValueError(
                 f"{op!r} is no operator type ONNX Runtime's dynamic INT8 quantizes, so it would quantize nothing: "

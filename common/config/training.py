@@ -62,6 +62,11 @@ class DataConfig(Strict):
     dev_limit: int | None = Field(None, gt=0)
     hashed_when_set = frozenset({"symmetric_pairs"})
 
+    def unread(self) -> frozenset[str]:
+        """`positive_label` naming the second of two labels, the positive class without it: the same runs."""
+        default = self.positive_label is not None and self.num_labels == 2 and self.positive_index == 1
+        return super().unread() | ({"positive_label"} if default else frozenset())
+
     @model_validator(mode="before")
     @classmethod
     def _label_names_listed(cls, data):

@@ -32,6 +32,13 @@ def test_shipped_recipes_load():
         assert "${" not in recipe.data.train
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.stem)
+def test_a_shipped_recipe_extends_its_sibling_file_whatever_the_working_directory_holds(path):
+    """A bare name (`extends: sst2`) would be the working directory's recipes/sst2.yaml first, a user's own."""
+    based = [line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("extends:")]
+    assert all((path.parent / base).is_file() and base.endswith(".yaml") for base in based)
+
+
 def test_default_recipe_reads_settings(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DATA_DIR", "/data/here")
     monkeypatch.setenv("EDGEDISTILL_TEACHER_INIT", "org/model")
@@ -161,6 +168,27 @@ def test_the_pair_column_unset_is_not_marked_given(tmp_path):
 def test_the_pair_column_set_to_null_leaves_the_hash_of_a_recipe_without_it(tmp_path):
     overrides = parse_overrides(["--data.text_pair_column=null"])
     assert load_recipe(write(tmp_path, MINIMAL), overrides).hash == load_recipe(write(tmp_path, MINIMAL)).hash
+
+
+def test_a_positive_label_naming_the_default_positive_class_leaves_the_hash(tmp_path):
+    named = parse_overrides(["--data.positive_label=positive"])
+    assert load_recipe(write(tmp_path, MINIMAL), named).hash == load_recipe(write(tmp_path, MINIMAL)).hash
+
+
+def test_a_positive_label_naming_the_other_class_changes_the_hash(tmp_path):
+    named = parse_overrides(["--data.positive_label=negative"])
+    assert load_recipe(write(tmp_path, MINIMAL), named).hash != load_recipe(write(tmp_path, MINIMAL)).hash
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_on_a_bundle_of_a_student_no_fusion_takes_is_refused_naming_it(fused):
+    with pytest.raises(RecipeError, match=r"export\.bundles\.bilstm-int8\.fused would not apply: .* a bilstm student"):
+        load_recipe(SMOKE, {"export.bundles.bilstm-int8.fused": fused})
+
+
+def test_int8_ops_naming_an_operator_twice_is_refused():
+    with pytest.raises(RecipeError, match=r"int8_ops names \['Gather'\] more than once"):
+        load_recipe(SMOKE, {"export.bundles.bilstm-int8.int8_ops": ["Gather", "Gather"]})
 
 
 def test_an_override_without_its_dashes_and_value_is_refused():
