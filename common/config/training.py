@@ -51,7 +51,8 @@ class DataConfig(Strict):
         "f1 (F1 of positive_label)",
     )
     positive_label: str | None = Field(
-        None, description="the label whose F1 is reported as f1; default: the second label of a binary task"
+        None,
+        description="the label whose F1 is reported as f1; default: the second label of a binary task (naming it changes no stage's hash)",
     )
     symmetric_pairs: bool = Field(
         False,
