@@ -710,9 +710,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         )
     raw, written = _read(path)
     settings.refuse_unknown_variables()  # after `_read`, whose errors name the `${EDGEDISTILL_*}` a recipe misuses
-    origins = {  # key -> where its value came from, for errors: the recipe file does not hold it
-        key: f" ({key} comes from {base}, which this recipe extends)" for key, base in written.items() if base != path
-    }
+    origins = _origins(written, path)
     if "name" not in raw:
         raw["name"] = path.stem
         origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
@@ -729,7 +727,8 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
         except RecipeError as err:
             raise RecipeError(f"{path}: {err}") from None
-        origins.pop(key, None)
+        for end in range(1, key.count(".") + 2):  # the setting, and the sections it is in, which it now writes
+            origins.pop(".".join(key.split(".")[:end]), None)
     # after the command line's overrides, which win only where they set the key: `--runtime={precision: fp32}`
     # keeps EDGEDISTILL_DEVICE
     for variable, key in settings.ENV_OVERRIDES.items():
@@ -824,6 +823,20 @@ def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
             return {".".join([*walked, part]): f" (--{dotted} made it: {where} has no {part}; did you mean {near[0]}?)"}
         node, walked = node[part], [*walked, part]
     return {}
+
+
+def _origins(written: dict[str, Path], path: Path) -> dict[str, str]:
+    """Key -> where its value came from, for errors, where the recipe file `path` does not hold it: each setting a
+    recipe it extends wrote, and each section all of whose settings one such recipe wrote (an unknown key in it is
+    named by the section)."""
+    origins = {}
+    for key in written:
+        parts = key.split(".")
+        for section in (".".join(parts[:end]) for end in range(1, len(parts) + 1)):
+            inside = {base for name, base in written.items() if name == section or name.startswith(f"{section}.")}
+            if section not in origins and len(inside) == 1 and path not in inside:
+                origins[section] = f" ({section} comes from {inside.pop()}, which this recipe extends)"
+    return origins
 
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:

@@ -191,6 +191,23 @@ def test_int8_ops_naming_an_operator_twice_is_refused():
         load_recipe(SMOKE, {"export.bundles.bilstm-int8.int8_ops": ["Gather", "Gather"]})
 
 
+def base_with_an_unknown_key(tmp_path) -> Path:
+    """A recipe extending one whose finetune section holds a misspelt key (`optm`)."""
+    write(tmp_path, MINIMAL + "finetune: {optm: {lr: 1.0e-4}}\n", "base.yaml")
+    return write(tmp_path, "extends: base.yaml\nfinetune: {pooling: mean}\n", "child.yaml")
+
+
+def test_an_unknown_key_a_base_wrote_is_named_with_the_base(tmp_path):
+    with pytest.raises(RecipeError, match=r"finetune\.optm: unknown key: .*\(finetune\.optm comes from \S+base\.yaml"):
+        load_recipe(base_with_an_unknown_key(tmp_path))
+
+
+def test_an_unknown_key_an_override_wrote_into_a_bases_section_is_not_named_with_the_base(tmp_path):
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(base_with_an_unknown_key(tmp_path), parse_overrides(["--finetune.optm.momentum=0.9"]))
+    assert "comes from" not in str(refused.value)
+
+
 def test_an_override_without_its_dashes_and_value_is_refused():
     with pytest.raises(RecipeError, match=r"^override 'finetune\.optim\.lr' must look like --section\.key=value"):
         parse_overrides(["finetune.optim.lr"])
