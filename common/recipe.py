@@ -10,6 +10,7 @@ override of a section it does not read (`common.sections`, `load_command_recipe`
 """
 
 import argparse
+import datetime
 import difflib
 import functools
 import hashlib
@@ -866,6 +867,8 @@ def _message(error: dict) -> str:
         kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
         what = "name" if _unquoted_name(error) else "key"
         return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
+    if error["type"] == "string_type" and isinstance(error["input"], bool | int | float | datetime.date):
+        return _read_as(error["input"], ".".join(str(p) for p in loc if p != "[key]"))
     if error["type"] == "too_short" and not error["input"] and schema.names_sections(Recipe, loc):
         section = ".".join(str(p) for p in loc[:-1])
         return f"none left: give at least one, or drop the section to build none ({section}: null)"
@@ -873,6 +876,16 @@ def _message(error: dict) -> str:
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _read_as(value, key: str) -> str:
+    """The error for text that YAML read as another type (`run: 2024-01-01`, `deploy: on`): how to quote it."""
+    kind = "boolean" if isinstance(value, bool) else "date" if isinstance(value, datetime.date) else "number"
+    written = "on" if isinstance(value, bool) else value.isoformat() if kind == "date" else value
+    return (
+        f"{written if kind == 'date' else repr(value)} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. "
+        f'{key.rpartition(".")[2]}: "{written}" in a recipe, --{key}=\'"{written}"\' on the command line'
+    )
 
 
 def _unquoted_name(error: dict) -> bool:

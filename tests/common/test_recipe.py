@@ -1669,6 +1669,19 @@ def test_a_column_or_positive_label_yaml_reads_as_a_boolean_gets_a_quoting_hint(
         binary(**{field: True})
 
 
+@pytest.mark.parametrize(
+    ("override", "quoted"),
+    [
+        ("--name=2024-01-01", "--name='\"2024-01-01\"'"),
+        ("--name=0.9", "--name='\"0.9\"'"),
+        ("--distill.deploy=on", "--distill.deploy='\"on\"'"),
+    ],
+)
+def test_text_yaml_reads_as_another_type_is_refused_saying_how_to_quote_it(override, quoted):
+    with pytest.raises(RecipeError, match=re.escape(quoted)):
+        load_recipe(SMOKE, parse_overrides([override]))
+
+
 def test_a_positive_label_yaml_reads_as_a_number_is_shown_quoted(tmp_path):
     with pytest.raises(RecipeError, match=r'data\.positive_label: 5 is not a name: .*positive_label: "5"'):
         load_recipe(write(tmp_path, TREC_DATA % ", positive_label: 5"))
