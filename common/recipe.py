@@ -440,7 +440,8 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
             )
         return variables[match.group(1)]
 
-    if unreplaced := _SHELL_VAR.search(_VAR.sub("", value)):
+    # each ${NAME} read as its name: a $ before one ($${NAME}) would keep a $ before the value
+    if unreplaced := _SHELL_VAR.search(_VAR.sub(lambda match: match.group(1), value)):
         raise RecipeError(
             f"{where}: {unreplaced.group(0)} would be kept as written: a recipe replaces only ${{NAME}} (no $NAME, no "
             "${NAME:-default}); write ${NAME} and set the variable"

@@ -1682,6 +1682,12 @@ def test_text_yaml_reads_as_another_type_is_refused_saying_how_to_quote_it(overr
         load_recipe(SMOKE, parse_overrides([override]))
 
 
+def test_a_dollar_before_a_variable_is_refused_as_kept_as_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYTASK", "sst2")
+    with pytest.raises(RecipeError, match=r"data\.text_column: \$MYTASK would be kept as written"):
+        load_recipe(write(tmp_path, MINIMAL.replace("label_names", 'text_column: "$${MYTASK}", label_names')))
+
+
 def test_a_positive_label_yaml_reads_as_a_number_is_shown_quoted(tmp_path):
     with pytest.raises(RecipeError, match=r'data\.positive_label: 5 is not a name: .*positive_label: "5"'):
         load_recipe(write(tmp_path, TREC_DATA % ", positive_label: 5"))
