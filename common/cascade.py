@@ -52,8 +52,8 @@ class Cascade(BaseModel):
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Row-wise softmax of (N, C) `logits` at `temperature`, computed and returned in float64; a row with a
-    non-finite logit comes out NaN."""
+    """Row-wise softmax of (N, C) `logits` at `temperature`, computed and returned in float64; a row with a NaN or
+    +inf logit comes out NaN (a -inf one is a probability of 0)."""
     z = np.asarray(logits, dtype=np.float64) / temperature
     with np.errstate(invalid="ignore"):  # inf - inf: that row's NaN is the answer, not a fault to warn of
         z = np.exp(z - z.max(-1, keepdims=True))
@@ -164,10 +164,12 @@ def load_cascade(folder: str | Path) -> Cascade:
 
 def keeps(logits: np.ndarray, spec: CascadeSpec, index: int) -> np.ndarray:
     """(N,) whether member `index` (not the last) keeps each text, from its (N, C) logits: whether its confidence at
-    the member's temperature reaches its threshold. An undefined confidence (NaN, from a non-finite logit) does not:
-    the text goes on. The server, the export stage and the benchmarks all route by this rule."""
+    the member's temperature reaches its threshold. A text with a non-finite logit (whose confidence is undefined,
+    or 1 for a -inf beside finite ones) does not: it goes on. The server, the export stage and the benchmarks all
+    route by this rule."""
     member = spec.members[index]
-    return confidence(logits, spec.rule, member.temperature) >= member.threshold
+    finite = np.isfinite(logits).all(-1)
+    return (confidence(logits, spec.rule, member.temperature) >= member.threshold) & finite
 
 
 def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarray, np.ndarray]:

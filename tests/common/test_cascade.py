@@ -52,6 +52,13 @@ def test_route_passes_on_a_text_of_undefined_confidence():
     assert answered_by.tolist() == [1, 1]
 
 
+@pytest.mark.parametrize("rule", ["max_prob", "margin", "entropy"])
+def test_route_passes_on_a_text_with_a_minus_infinite_logit_though_its_confidence_reads_sure(rule):
+    overflowed = np.array([[-np.inf, 3.0, 0.0]])
+    _, answered_by = route([overflowed, np.zeros((1, 3))], spec(0.5, rule))
+    assert answered_by.tolist() == [1]
+
+
 def test_route_answers_with_the_answering_members_logits():
     big = np.full((2, 3), 9.0)
     logits, _ = route([LOGITS, big], spec(0.5))
