@@ -361,8 +361,9 @@ def _label_index(cell, names: dict[str, int], where: str) -> int:
             f"0..{len(names) - 1}{meant}; if it is a label of the task, add it to data.label_names in the recipe, "
             "else fix the file"
         )
-    # where a name is the number of another index (signed ones too: -1/0/1 sentiment), a number is read as a name, so a cell read as an index would put
-    # two numbers on one label (star ratings named 1..5 in a file of indices 0..4: 0 and 1 both the first)
+    # where a name is the number of another index (a signed one too: -1/0/1 sentiment), a number is read as a name,
+    # so a cell read as an index would put two numbers on one label (star ratings named 1..5 in a file of indices
+    # 0..4: 0 and 1 both the first)
     numbered = next((name for name, at in names.items() if SIGNED.fullmatch(name) and int(name) != at), None)
     if isinstance(cell, str) and numbered is not None:
         raise DataError(

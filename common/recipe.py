@@ -880,11 +880,12 @@ def _message(error: dict) -> str:
 
 
 def _read_as(value, key: str) -> str:
-    """The error for text that YAML read as another type (`run: 2024-01-01`, `deploy: on`): how to quote it."""
+    """The error for text that YAML read as another type (`name: 2024-01-01`, `deploy: on`): how to quote it."""
     kind = "boolean" if isinstance(value, bool) else "date" if isinstance(value, datetime.date) else "number"
     written = "on" if isinstance(value, bool) else value.isoformat() if kind == "date" else value
+    shown = written if kind == "date" else repr(value)
     return (
-        f"{written if kind == 'date' else repr(value)} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. "
+        f"{shown} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. "
         f'{key.rpartition(".")[2]}: "{written}" in a recipe, --{key}=\'"{written}"\' on the command line'
     )
 

@@ -21,7 +21,8 @@ REPLACEMENT = "\ufffd"
 
 class NotUtf8(ValueError):
     """A line that is not UTF-8 text: its `line` number and the file's `byte` where decoding fails; `utf16` says how the
-    first line shows UTF-16 text ('' where it does not); `gzip`, whether the data starts as gzip-compressed data does."""
+    first line shows UTF-16 text ('' where it does not); `gzip`, whether the data starts as gzip-compressed data
+    does."""
 
     def __init__(self, line: int, byte: int, utf16: str = "", gzip: bool = False):
         super().__init__(f"line {line}: not valid UTF-8 (byte {byte})")
@@ -45,7 +46,8 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
     held whole and a line never taken is never decoded; its end kept. A line ends at LF, CR LF, or CR alone, never at
     what `str.splitlines` also ends one at (U+2028, U+0085, a form feed: characters a text may hold); `number` counts
     the LFs before it, plus one. A byte-order mark before the first line is dropped; `NotUtf8` for a line that does
-    not decode (saying where the data is gzip-compressed), and for a first line that shows UTF-16 text (`utf16_sign`)."""
+    not decode (saying where the data is gzip-compressed), and for a first line that shows UTF-16 text
+    (`utf16_sign`)."""
     offset = 0
     for number, raw in enumerate(handle, 1):
         try:

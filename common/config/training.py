@@ -52,7 +52,8 @@ class DataConfig(Strict):
     )
     positive_label: str | None = Field(
         None,
-        description="the label whose F1 is reported as f1; default: the second label of a binary task (naming it changes no stage's hash)",
+        description="the label whose F1 is reported as f1; default: the second label of a binary task (naming it "
+        "changes no stage's hash)",
     )
     symmetric_pairs: bool = Field(
         False,
