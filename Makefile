@@ -44,6 +44,8 @@ RANK_THREADS := $(shell n=$(CORES); echo $$(( n / $(NPROC) > 1 ? n / $(NPROC) : 
 LAUNCH := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(RANK_THREADS)} $(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) \
   --no-python $(ED)
 endif
+# distill refuses a JOBS that is no whole number from 1; make stops at once, not after the stages it builds first.
+$(if $(shell echo '$(JOBS)' | grep -Ex '[1-9][0-9]*'),,$(error JOBS=$(JOBS): give the students trained at once, a whole number from 1))
 # Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line, it
 # stops make at once rather than after the teacher and the transfer set, which make builds first.
 $(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))

@@ -44,6 +44,15 @@ def test_nproc_that_is_no_count_of_processes_says_what_to_give():
     assert "NPROC=0: give the processes per stage under torchrun" in make_refusal("NPROC=0").stderr
 
 
+@pytest.mark.parametrize("jobs", ["0", "two", "-1"])
+def test_jobs_that_is_no_count_of_students_stops_make_before_any_stage(jobs):
+    assert make_refusal(f"JOBS={jobs}").returncode == 2
+
+
+def test_jobs_that_is_no_count_of_students_says_what_to_give():
+    assert "JOBS=0: give the students trained at once, a whole number from 1" in make_refusal("JOBS=0").stderr
+
+
 def test_jobs_above_one_under_torchrun_stops_make():
     assert make_refusal("NPROC=2", "JOBS=3").returncode == 2
 
