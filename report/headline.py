@@ -58,7 +58,7 @@ def stage_table(recipe: Recipe) -> Table:
         metrics = mf.load(folder, verify=False).metrics
         shown = folder.name not in stale
         cells = [
-            f"{metrics['dev_accuracy']:.4f}" if "dev_accuracy" in metrics and shown else "-",
+            f"{metrics['dev_accuracy']:.4f}" if metrics.get("dev_accuracy") is not None and shown else "-",
             f"{metrics['params'] / 1e6:.2f}M" if "params" in metrics else "-",
             f"{metrics['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in metrics else "-",
             f"{metrics['wall_seconds'] / 60:.1f} min" if "wall_seconds" in metrics else "-",
@@ -143,7 +143,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         if student and f"student-{name}" not in stale:
             marked, unknown = _out_of_date(root, name)
             shown_kept = not unknown and "student" not in marked
-            shown_gain = bool(baseline) and not unknown and not marked
+            # a baseline an older release built may lack the selection metric: no gain to give then
+            shown_gain = bool(baseline) and baseline.get(key) is not None and not unknown and not marked
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
             # The manifest's retention and the gain are on dev, where checkpoints are chosen: beside test figures
             # the line says so, and gives the share of the teacher's test figure too.

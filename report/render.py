@@ -104,7 +104,7 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
         rows.append(
             [
                 folder.name,
-                *(f"{m[key]:.4f}" if key in m else None for key in keys),
+                *(f"{m[key]:.4f}" if m.get(key) is not None else None for key in keys),
                 f"{m['params'] / 1e6:.2f}M" if "params" in m else None,
                 f"{m['size_bytes'] / 2**20:.1f}" if "size_bytes" in m else None,
                 f"{m['wall_seconds'] / 60:.1f}" if "wall_seconds" in m else None,

@@ -1,5 +1,6 @@
 import io
 import json
+import re
 
 import pytest
 from edgedistill.bench import slo
@@ -62,6 +63,23 @@ def test_headline_gives_retention_and_gain_in_the_selection_metric(tmp_path, mon
         f"student {name}: dev accuracy 0.8800, dev macro-F1 0.8000 (94.1% of the teacher's macro-F1), "
         "+0.1000 macro-F1 over its label-only baseline"
     ]
+
+
+def test_headline_gives_no_gain_over_a_baseline_without_the_selection_metric(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.metric=macro_f1"]))
+    root, name = run_dir(recipe), recipe.distill.deploy
+    publish(root / f"student-{name}", {"dev_accuracy": 0.88, "dev_macro_f1": 0.8, "retention": 0.8 / 0.85})
+    publish(root / f"baseline-{name}", {"dev_accuracy": 0.86})
+    tabled(recipe)
+    assert "over its label-only baseline" not in headline.headline(recipe, "recipes/smoke.yaml")[0]
+
+
+def test_the_headlines_stage_table_shows_a_dev_figure_of_none_as_a_dash(recipe):
+    publish(run_dir(recipe) / "teacher", {"dev_accuracy": None, "params": 1_000_000})
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(headline.stage_table(recipe))
+    assert re.search(r"teacher\s+│\s+-\s+│\s+1\.00M", console.export_text())
 
 
 def test_headline_beside_test_figures_says_retention_and_gain_are_on_dev_and_gives_the_test_share(recipe):
