@@ -52,8 +52,7 @@ class DataConfig(Strict):
     )
     positive_label: str | None = Field(
         None,
-        description="the label whose F1 is reported as f1; default: the second label of a binary task (naming it "
-        "changes no stage's hash)",
+        description="the label whose F1 is reported as f1; default: the second label of a binary task",
     )
     symmetric_pairs: bool = Field(
         False,
@@ -63,11 +62,6 @@ class DataConfig(Strict):
     train_limit: int | None = Field(None, gt=0)
     dev_limit: int | None = Field(None, gt=0)
     hashed_when_set = frozenset({"symmetric_pairs"})
-
-    def unread(self) -> frozenset[str]:
-        """`positive_label` naming the second of two labels, the positive class without it: the same runs."""
-        default = self.positive_label is not None and self.num_labels == 2 and self.positive_index == 1
-        return super().unread() | ({"positive_label"} if default else frozenset())
 
     @model_validator(mode="before")
     @classmethod

@@ -170,16 +170,6 @@ def test_the_pair_column_set_to_null_leaves_the_hash_of_a_recipe_without_it(tmp_
     assert load_recipe(write(tmp_path, MINIMAL), overrides).hash == load_recipe(write(tmp_path, MINIMAL)).hash
 
 
-def test_a_positive_label_naming_the_default_positive_class_leaves_the_hash(tmp_path):
-    named = parse_overrides(["--data.positive_label=positive"])
-    assert load_recipe(write(tmp_path, MINIMAL), named).hash == load_recipe(write(tmp_path, MINIMAL)).hash
-
-
-def test_a_positive_label_naming_the_other_class_changes_the_hash(tmp_path):
-    named = parse_overrides(["--data.positive_label=negative"])
-    assert load_recipe(write(tmp_path, MINIMAL), named).hash != load_recipe(write(tmp_path, MINIMAL)).hash
-
-
 @pytest.mark.parametrize("fused", [True, False])
 def test_fused_on_a_bundle_of_a_student_no_fusion_takes_is_refused_naming_it(fused):
     with pytest.raises(RecipeError, match=r"export\.bundles\.bilstm-int8\.fused would not apply: .* a bilstm student"):
