@@ -831,14 +831,16 @@ def _origins(written: dict[str, Path], path: Path) -> dict[str, str]:
     """Key -> where its value came from, for errors, where the recipe file `path` does not hold it: each setting a
     recipe it extends wrote, and each section all of whose settings one such recipe wrote (an unknown key in it is
     named by the section)."""
-    origins = {}
-    for key in written:
+    inside: dict[str, set[Path]] = {}  # a setting or section -> the files that wrote what it holds
+    for key, base in written.items():
         parts = key.split(".")
-        for section in (".".join(parts[:end]) for end in range(1, len(parts) + 1)):
-            inside = {base for name, base in written.items() if name == section or name.startswith(f"{section}.")}
-            if section not in origins and len(inside) == 1 and path not in inside:
-                origins[section] = f" ({section} comes from {inside.pop()}, which this recipe extends)"
-    return origins
+        for end in range(1, len(parts) + 1):
+            inside.setdefault(".".join(parts[:end]), set()).add(base)
+    return {
+        key: f" ({key} comes from {next(iter(bases))}, which this recipe extends)"
+        for key, bases in inside.items()
+        if len(bases) == 1 and path not in bases
+    }
 
 
 def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:

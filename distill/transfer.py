@@ -60,6 +60,17 @@ def _refuse_a_labeller_built_otherwise(recipe: Recipe, folder: Path) -> None:
         )
 
 
+def _empty(folder: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove what `folder` holds (if it exists) but the entries named in `keep`."""
+    for left in folder.iterdir() if folder.is_dir() else []:
+        if left.name in keep:
+            continue
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left)
+        else:
+            left.unlink()
+
+
 def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
     """The transfer set's texts: those an interrupted run of the same work built and kept in the folder `kept`,
     else `build_texts`, kept there (atomically) before labelling starts, so that a resumed labelling does not build
@@ -69,13 +80,7 @@ def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
     if kept.is_dir():
         progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
         return TransferTexts.read(kept)
-    for left in kept.parent.iterdir():
-        if left.name in ("config_hash", FORCED):
-            continue
-        if left.is_dir():
-            shutil.rmtree(left)
-        else:
-            left.unlink()
+    _empty(kept.parent, keep=("config_hash", FORCED))
     built = build_texts(recipe, mask)
     atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))
     return built
@@ -120,14 +125,7 @@ def build_stage(inputs: Inputs) -> Built:
     work = inputs.resumable_work(key)
     stamp = work / "config_hash"
     if not inputs.force and (not stamp.is_file() or (stamped := stamp.read_text()) != key):
-        same_texts = stamp.is_file() and stamped.startswith(inputs.work_key)
-        for left in work.iterdir() if work.is_dir() else []:
-            if same_texts and left.name == "texts":
-                continue
-            if left.is_dir() and not left.is_symlink():
-                shutil.rmtree(left)
-            else:
-                left.unlink()
+        _empty(work, keep=("texts",) if stamp.is_file() and stamped.startswith(inputs.work_key) else ())
     atomic_write(stamp, key)
     built = _texts(recipe, mask, work / "texts")
     texts, pairs, composition = built.texts, built.pairs, built.composition

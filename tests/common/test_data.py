@@ -1,6 +1,7 @@
 import gzip
 import json
 import re
+from pathlib import Path
 
 import pytest
 from edgedistill.common import settings
@@ -679,31 +680,30 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
         load_labelled(str(tmp_path / "p.tsv"), pairs)
 
 
+def read_single(path: Path, content: str, text_column: str = "sentence1"):
+    """`path`, holding `content`, loaded as single texts of `text_column` (no data.text_pair_column set)."""
+    path.write_text(content)
+    return load_labelled(str(path), CFG.model_copy(update={"text_column": text_column}))
+
+
 @pytest.mark.parametrize(
     ("first", "second"),
     [("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"), ("premise", "hypothesis")],
 )
 def test_a_pair_file_read_without_its_pair_column_names_the_pair_setting(tmp_path, first, second):
-    (tmp_path / "p.tsv").write_text(f"{first}\t{second}\tlabel\ngood\tfine\t1\n")
-    single = CFG.model_copy(update={"text_column": first})
-    with pytest.raises(
-        DataError, match=re.escape(f"set data.text_pair_column: {second}, or data.text_pair_column: null")
-    ):
-        load_labelled(str(tmp_path / "p.tsv"), single)
+    message = re.escape(f"set data.text_pair_column: {second}, or data.text_pair_column: null")
+    with pytest.raises(DataError, match=message):
+        read_single(tmp_path / "p.tsv", f"{first}\t{second}\tlabel\ngood\tfine\t1\n", first)
 
 
 def test_a_pair_file_read_without_its_pair_column_is_named_at_its_header(tmp_path):
-    (tmp_path / "p.tsv").write_text("\nsentence1\tsentence2\tlabel\ngood\tfine\t1\n")
-    single = CFG.model_copy(update={"text_column": "sentence1"})
     with pytest.raises(DataError, match=r"p\.tsv:2 \(the header\): column 'sentence2'"):
-        load_labelled(str(tmp_path / "p.tsv"), single)
+        read_single(tmp_path / "p.tsv", "\nsentence1\tsentence2\tlabel\ngood\tfine\t1\n")
 
 
 def test_a_jsonl_pair_read_without_its_pair_column_is_named_at_its_first_line(tmp_path):
-    (tmp_path / "p.jsonl").write_text('{"sentence1": "good", "sentence2": "fine", "label": 1}\n')
-    single = CFG.model_copy(update={"text_column": "sentence1"})
     with pytest.raises(DataError, match=r"p\.jsonl:1: column 'sentence2'"):
-        load_labelled(str(tmp_path / "p.jsonl"), single)
+        read_single(tmp_path / "p.jsonl", '{"sentence1": "good", "sentence2": "fine", "label": 1}\n')
 
 
 def test_a_pair_column_set_to_null_reads_the_first_text_alone(tmp_path):
