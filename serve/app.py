@@ -339,9 +339,14 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
+    def hung_up(number: int, frame) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the process is exiting, the SIGHUP is ignored
+            loop.call_soon_threadsafe(on_hangup)
+
     # Before the bundle is read: a SIGHUP while it loads asks for what the folder holds by then (the default action
-    # would end the process).
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    # would end the process). Not the loop's handler: removing that puts back the default action before SIG_IGN
+    # replaces it, and a SIGHUP in between would end the drained process by SIGHUP rather than with its status.
+    signal.signal(signal.SIGHUP, hung_up)
     server, port = create_server(settings, supervisor)
 
     async def open_port() -> None:
@@ -420,10 +425,7 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
         for task in waits:
             task.cancel()
         await server.stop(reason=stopped_by[0] if stopped_by else "a server fault")
-        # the drain is over: a SIGHUP as the process exits is ignored, where closing the loop would put back its
-        # default action, an exit by SIGHUP rather than the drain's status
-        loop.remove_signal_handler(signal.SIGHUP)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the drain is over: a SIGHUP as the process exits is ignored
     finally:
         watchdog.stop()
     if server.host.fault is None:

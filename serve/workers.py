@@ -363,7 +363,8 @@ class Supervisor:
         finally:
             self._kill_all()
             signal.set_wakeup_fd(previous_wakeup)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its default action would end the exiting supervisor by it
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             os.close(wake_read)
             os.close(wake_write)

@@ -171,11 +171,34 @@ def test_a_sighup_while_draining_reloads_nothing_and_logs_no_error(spawn, bundle
     assert [e for e in server.lines if e.get("level") == "ERROR"] == []
 
 
-def test_sighups_as_the_drained_server_exits_leave_its_exit_status_0(spawn, bundle):
-    server = spawn(bundle)
-    server.wait_for("serving")
+# `python -m edgedistill.serve` where the process stalls for 0.2 s after each change of a signal's action, as a loaded
+# machine can: a moment where SIGHUP's action is its default (to end the process) would be one a SIGHUP lands in
+SLOW_SIGNALS = """
+import runpy, signal, time
+
+def slow_signal(number, handler, set_action=signal.signal):
+    previous = set_action(number, handler)
+    time.sleep(0.2)
+    return previous
+
+signal.signal = slow_signal
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("count", "loop"),
+    [("1", "uvloop"), ("1", "asyncio"), ("2", "uvloop")],
+    ids=["one process on uvloop", "one process on asyncio", "supervisor"],
+)
+def test_sighups_as_the_drained_server_exits_leave_its_exit_status_0(spawn, bundle, monkeypatch, count, loop):
+    monkeypatch.setattr(
+        conftest, "serve_command", lambda *args: [sys.executable, "-c", SLOW_SIGNALS, *serve_command(*args)[3:]]
+    )
+    server = spawn(bundle, EDGEDISTILL_WORKERS=count, EDGEDISTILL_EVENT_LOOP=loop)
+    server.wait_for("serving" if count == "1" else "workers_serving", timeout=60)
     server.proc.send_signal(signal.SIGTERM)
-    server.wait_for("stopped")
+    server.wait_for("stopped" if count == "1" else "workers_stopped", timeout=60)
     while server.proc.poll() is None:  # one after another until it exits: some land after its event loop closed
         with contextlib.suppress(ProcessLookupError):
             server.proc.send_signal(signal.SIGHUP)
