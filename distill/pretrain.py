@@ -193,6 +193,14 @@ def lm_metrics(objective: LanguageModelObjective, batches: list[dict], placement
     return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "token_accuracy": correct / max(1, total_tokens)}
 
 
+def trained_lm_metrics(metrics: dict[str, float], lr: float) -> dict[str, float]:
+    """`metrics` of the model in training, or `RecipeError` where its held-out loss is NaN or infinite: pretraining
+    diverged, and its token accuracy (0) would be kept as the best so far on a first evaluation."""
+    if not math.isfinite(loss := metrics["eval_loss"]):
+        raise RecipeError(f"pretrain: training diverged, its held-out loss is {loss}; lower pretrain.optim.lr ({lr:g})")
+    return metrics
+
+
 def build_stage(inputs: Inputs) -> Built | None:
     """The body of `distill.stages.pretrain`."""
     recipe = inputs.recipe
@@ -255,7 +263,7 @@ def build_stage(inputs: Inputs) -> Built | None:
         batches_for_epoch=batches_for_epoch,
         make_batch=lambda idx: collator([blocks[i] for i in idx]),
         loss_fn=lambda m, batch: m(**batch)[0],
-        evaluate=lambda m: lm_metrics(m, eval_batches, placement),
+        evaluate=lambda m: trained_lm_metrics(lm_metrics(m, eval_batches, placement), cfg.optim.lr),
         metric="token_accuracy",
         on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, trainer.best_path),
     )

@@ -192,6 +192,18 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings():
     )
 
 
+def test_a_pretraining_that_diverged_stops_the_stage_naming_its_learning_rate():
+    result = run_here(
+        "distill",
+        "pretrain",
+        ROOT / "recipes" / "smoke.yaml",
+        "--pretrain.optim.max_steps=1",
+        "--pretrain.optim.lr=1e30",
+        "--pretrain.optim.warmup_ratio=0",
+    )
+    assert "pretrain: training diverged, its held-out loss is nan; lower pretrain.optim.lr (1e+30)" in result.stderr
+
+
 def pretrain_mean_pooled(init, *extra: str):
     """One step of the smoke recipe's pretraining from `init`, for a teacher fine-tuned with `pooling: mean`."""
     args = [f"--model.init={init}", "--finetune.pooling=mean", "--pretrain.optim.max_steps=1", *extra]
