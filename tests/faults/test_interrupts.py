@@ -65,7 +65,11 @@ def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float
             raise AssertionError(f"no {printed!r} before the command ended: {log.read_text()[-2000:]}")
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)
-    status = proc.wait(60)
+    try:
+        status = proc.wait(60)
+    except subprocess.TimeoutExpired:  # killed, with its stages: left running, it would hold their locks
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"still running 60 s after Ctrl-C: {log.read_text()[-2000:]}") from None
     deadline = time.monotonic() + 10
     while (left := in_session(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
