@@ -66,10 +66,10 @@ def stages(settings: ConstantLoad | StepLoad | SpikeLoad) -> list[Stage]:
         spans = [("constant", settings.duration_s, settings.users)]
     out, start = [], 0.0
     for name, seconds, users in spans:
-        out.append(
-            Stage(name=name, start_s=start, end_s=start + seconds, users=users, offered_rate=users * settings.user_rate)
-        )
-        start += seconds
+        # to the nanosecond: summed floats drift (10 steps of 1.3 s end at 13.000000000000002, a 14th second)
+        end = round(start + seconds, 9)
+        out.append(Stage(name=name, start_s=start, end_s=end, users=users, offered_rate=users * settings.user_rate))
+        start = end
     return out
 
 

@@ -101,6 +101,11 @@ def test_step_profile_adds_step_users_each_step_at_the_user_rate():
     ]
 
 
+def test_step_profile_of_steps_a_float_sum_would_drift_ends_on_their_whole_second():
+    step = plan.stages(LoadtestConfig.model_validate({"step": {"steps": 10, "step_s": 1.3, "settle_s": 0.5}}).step)
+    assert step[-1].end_s == 13
+
+
 def test_spike_profile_is_before_spike_and_after_phases():
     spike = plan.stages(SCHEDULES.spike)
     assert [(s.name, s.end_s, s.users, s.offered_rate) for s in spike] == [
