@@ -164,6 +164,8 @@ def _token(value: str) -> str:
 HOST_PATTERN = r"\[[^\]]*\]|[^:\[\]]+"  # a name or IPv4 address, or an IPv6 one in brackets
 HOST_PORT = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)({HOST_PATTERN}):([^:]*)")
 HOST = re.compile(HOST_PATTERN)  # a host alone, which gRPC would dial on port 443
+# two colons or more, no brackets and no scheme: an IPv6 address, where gRPC cannot tell a port from its last group
+BARE_IPV6 = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)[^\[\]]*:[^\[\]]*:[^\[\]]*")
 
 
 def _address(value: str) -> str:
@@ -174,8 +176,16 @@ def _address(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value} names no port, and gRPC would dial 443: give host:port, e.g. {value}:{port}, the server's default"
         )
-    # gRPC takes a port past 65535 modulo 65536: another port, on which another server may answer
-    if (plain := HOST_PORT.fullmatch(value)) and not (plain[2].isdigit() and 0 < int(plain[2]) < 65536):
+    if BARE_IPV6.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value} reads as an IPv6 address without brackets, whose port gRPC cannot tell from the address: "
+            f"give [address]:port, e.g. [::1]:{DEFAULT_ADDRESS.rsplit(':', 1)[1]}"
+        )
+    # gRPC takes a port past 65535 modulo 65536: another port, on which another server may answer (and digits of
+    # other scripts, which `isdigit` takes, not at all)
+    if (plain := HOST_PORT.fullmatch(value)) and not (
+        plain[2].isascii() and plain[2].isdigit() and 0 < int(plain[2]) < 65536
+    ):
         raise argparse.ArgumentTypeError(f"the port of {value} must be a number from 1 to 65535")
     return value
 

@@ -176,7 +176,7 @@ def test_a_line_without_a_tab_under_a_header_holding_one_is_not_called_a_csv_lin
     assert "CSV" not in str(refused.value)
 
 
-@pytest.mark.parametrize("address", ["localhost:99999", "localhost:0", "127.0.0.1:port", "[::1]:70000"])
+@pytest.mark.parametrize("address", ["localhost:99999", "localhost:0", "127.0.0.1:port", "[::1]:70000", "localhost:٥٠"])
 def test_an_address_whose_port_is_no_port_is_a_usage_error_naming_it(capsys, address):
     with pytest.raises(SystemExit, match="2"):
         run(capsys, "--address", address, "hello")
@@ -190,6 +190,13 @@ def test_an_address_without_a_port_is_a_usage_error_naming_the_default_port(caps
     assert f"{address} names no port, and gRPC would dial 443: give host:port, e.g. {address}:50051" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("address", ["::1", "fe80::1:50051", "2001:db8::7"])
+def test_an_ipv6_address_without_brackets_is_a_usage_error_asking_for_them(capsys, address):
+    with pytest.raises(SystemExit, match="2"):
+        run(capsys, "--address", address, "hello")
+    assert f"{address} reads as an IPv6 address without brackets" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
