@@ -221,10 +221,15 @@ def teacher_config(recipe: Recipe):
 def check_students(recipe: Recipe, names: list[str]) -> None:
     """Build each named student at a small vocabulary and check it keeps the student contract (`check_student`),
     that a transformer that starts from the teacher can copy its layers, and that one that copies or matches the
-    teacher's layers has no more of them, before the transfer set or any training: `RecipeError` names the student
-    and what its class breaks."""
+    teacher's layers has no more of them, and that a cross-entropy term has gold labels to read, before the transfer
+    set or any training: `RecipeError` names the student and what it breaks."""
     for name in names:
         spec = recipe.distill.students[name]
+        if spec.losses.ce and not recipe.transfer.include_train:
+            raise RecipeError(
+                f"distill.students.{name}.losses.ce is {spec.losses.ce:g}, a cross-entropy on the gold labels of the "
+                "transfer set, which holds none with transfer.include_train: false; set it true, or losses.ce to 0"
+            )
         from_teacher = spec.init_from_teacher or spec.baseline_init_from_teacher
         try:
             student = build_student(student_config(recipe, spec, PROBE_VOCAB, 0))

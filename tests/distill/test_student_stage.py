@@ -332,6 +332,19 @@ def test_a_transformer_student_sized_as_its_bert_teacher_passes_the_check(tmp_pa
     assert check_students(_recipe_from(tmp_path, config), ["transformer"]) is None
 
 
+def test_a_cross_entropy_on_a_transfer_set_without_train_rows_is_refused_before_the_transfer_set():
+    recipe = load_recipe(
+        ROOT / "recipes" / "smoke.yaml", {"transfer.include_train": False, "distill.students.cnn.losses.ce": 0.5}
+    )
+    with pytest.raises(RecipeError, match=r"distill.students.cnn.losses.ce is 0.5, .* transfer.include_train: false"):
+        check_students(recipe, ["cnn"])
+
+
+def test_a_student_without_a_cross_entropy_passes_the_check_without_train_rows():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"transfer.include_train": False})
+    assert check_students(recipe, ["cnn"]) is None
+
+
 @pytest.mark.parametrize("loss", ["hidden", "attention"])
 def test_a_student_matching_the_layers_of_an_encoder_decoder_teacher_is_refused_before_the_transfer_set(tmp_path, loss):
     BartConfig(d_model=64, encoder_attention_heads=2, decoder_attention_heads=2).save_pretrained(tmp_path / "init")
