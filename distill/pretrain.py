@@ -23,7 +23,7 @@ from edgedistill.distill import device, dist, heads, tokenization
 from edgedistill.distill.device import Placement
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
-from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
+from edgedistill.distill.trainer import MicroBatch, Trainer, save_pretrained_atomic, work_dir
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -180,6 +180,40 @@ class LanguageModelObjective(torch.nn.Module):
         return F.cross_entropy(logits, labels), logits, labels
 
 
+class MaskedBatches:
+    """`make_batch` of the pretraining's `Trainer.fit`: each step's whole batch of blocks masked at once (the draws one
+    process without grad_accum makes), dealt into its micro-batches, each with the divisor of its summed loss
+    (`scaled_loss`): the whole batch's predicted tokens times the micro-batch's share of the batch's examples. The
+    micro-batches' losses, weighted by that share (`Trainer.fit`), then add up to the mean over the whole batch's
+    predicted tokens however it is split (grad_accum, ranks); a mean over each one's own tokens weighed a token of a
+    micro-batch with few of them more."""
+
+    def __init__(self, collator, blocks: Blocks, causal: bool):
+        self.collator, self.blocks, self.causal = collator, blocks, causal
+        self.batch: list[int] | None = None  # held: its masks serve each of its micro-batches
+        self.masked: dict[str, torch.Tensor] = {}
+        self.targets = 0
+
+    def __call__(self, part: MicroBatch) -> tuple[dict[str, torch.Tensor], float]:
+        if part.batch is not self.batch:
+            self.batch, self.masked = part.batch, dict(self.collator([self.blocks[i] for i in part.batch]))
+            # as `LanguageModelObjective` counts them: a causal LM predicts every real token but a block's first
+            mask = self.masked["attention_mask"][:, 1:] if self.causal else self.masked["labels"] != -100
+            self.targets = int(mask.sum())
+        position = {index: row for row, index in enumerate(part.batch)}
+        rows = torch.tensor([position[i] for i in part])
+        inputs = {key: value[rows] for key, value in self.masked.items()}
+        return inputs, max(self.targets, 1) * len(part) / len(part.batch)
+
+
+def scaled_loss(model, batch: tuple[dict[str, torch.Tensor], float]) -> torch.Tensor:
+    """The loss of a micro-batch from `MaskedBatches`: its mean over its predicted tokens, times their count over its
+    divisor (1 where the micro-batch is its whole batch)."""
+    inputs, divisor = batch
+    loss, _, labels = model(**inputs)
+    return loss * (len(labels) / divisor)
+
+
 def lm_metrics(objective: LanguageModelObjective, batches: list[dict], placement: Placement) -> dict[str, float]:
     """Held-out loss, perplexity and accuracy over the predicted (label != -100) tokens."""
     total_loss, total_tokens, correct = 0.0, 0, 0
@@ -261,8 +295,8 @@ def build_stage(inputs: Inputs) -> Built | None:
 
     progress = trainer.fit(
         batches_for_epoch=batches_for_epoch,
-        make_batch=lambda idx: collator([blocks[i] for i in idx]),
-        loss_fn=lambda m, batch: m(**batch)[0],
+        make_batch=MaskedBatches(collator, blocks, causal=not mlm),
+        loss_fn=scaled_loss,
         evaluate=lambda m: trained_lm_metrics(lm_metrics(m, eval_batches, placement), cfg.optim.lr),
         metric="token_accuracy",
         on_best=lambda m, _: save_pretrained_atomic(m.lm, tokenizer, trainer.best_path),

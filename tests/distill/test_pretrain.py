@@ -7,20 +7,22 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 from edgedistill.common import settings
-from edgedistill.common.config.training import ModelConfig, RuntimeConfig
+from edgedistill.common.config.training import ModelConfig, OptimConfig, RuntimeConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import load_recipe
 from edgedistill.distill import heads, pretrain, stages, tokenization
 from edgedistill.distill.device import resolve
 from edgedistill.distill.pretrain import (
     LanguageModelObjective,
+    MaskedBatches,
     build_model,
     lm_metrics,
     make_blocks,
+    scaled_loss,
     scratch_tokenizer,
 )
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
-from edgedistill.distill.trainer import Trainer
+from edgedistill.distill.trainer import MicroBatch, Trainer
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -285,3 +287,53 @@ def test_an_eval_batch_without_masked_positions_is_left_out_of_the_eval_figures(
     cpu = resolve(RuntimeConfig(device="cpu", precision="fp32"))
     with_empty = lm_metrics(objective, [_mlm_batch(masked=True), _mlm_batch(masked=False)], cpu)
     assert with_empty == lm_metrics(objective, [_mlm_batch(masked=True)], cpu)
+
+
+def _mlm_step_gradient(folder, grad_accum: int) -> torch.Tensor:
+    """The gradient of one masked-LM step over 4 blocks of 12 tokens (30% masked), taken in `grad_accum` micro-batches,
+    without dropout."""
+    tok = tokenizer("bert")
+    config = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    objective = LanguageModelObjective(BertForMaskedLM(config), causal=False)
+    collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3)
+    batches = MaskedBatches(collator, make_blocks(tok, TEXTS, 12, "bert", False), causal=False)
+    optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
+    trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
+    grads = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in objective.parameters() if p.grad is not None]))
+    )
+    torch.manual_seed(2)  # masks 2, 2, 5 and 2 tokens: micro-batches of blocks 0, 2 and 1, 3 hold 7 and 4
+    trainer.fit(lambda epoch: [[0, 1, 2, 3]], batches, scaled_loss, lambda m: {"score": 0.0}, "score",
+                lambda m, _: None)  # fmt: skip
+    return grads[0]
+
+
+def test_a_masked_lm_step_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path):
+    whole, split = _mlm_step_gradient(tmp_path / "one", 1), _mlm_step_gradient(tmp_path / "two", 2)
+    assert (split - whole).abs().max().item() < 1e-6
+
+
+def test_the_micro_batches_of_a_step_are_masked_as_their_whole_batch():
+    tok = tokenizer("bert")
+    blocks = make_blocks(tok, TEXTS, 12, "bert", False)
+    torch.manual_seed(0)
+    batches = MaskedBatches(DataCollatorForLanguageModeling(tok, mlm_probability=0.3), blocks, causal=False)
+    batch = [3, 0, 2, 1]
+    parts = [batches(MicroBatch(batch[i::2], batch))[0]["labels"] for i in range(2)]
+    torch.manual_seed(0)
+    whole = batches(MicroBatch(list(batch), list(batch)))[0]["labels"]
+    assert torch.equal(torch.cat(parts), whole[[0, 2, 1, 3]])
+
+
+def test_a_causal_lm_batch_taken_whole_has_its_plain_mean_loss(tmp_path):
+    write_gpt2(tmp_path / "gpt", TEXTS)
+    tok = load_tokenizer(str(tmp_path / "gpt"))
+    objective = LanguageModelObjective(GPT2LMHeadModel.from_pretrained(tmp_path / "gpt"), causal=True)
+    batches = MaskedBatches(
+        DataCollatorForLanguageModeling(tok, mlm=False), make_blocks(tok, TEXTS, 12, "gpt", False), causal=True
+    )
+    inputs = batches(MicroBatch([0, 1, 2], [0, 1, 2]))
+    assert scaled_loss(objective, inputs).item() == objective(**inputs[0])[0].item()
