@@ -22,7 +22,7 @@ def check(stats: dict, slo: SloConfig) -> list[dict]:
     verdicts.append(
         verdict(
             "error_rate",
-            stats["error_rate"],
+            stats["error_rate"] if stats["requests"] else None,  # no call: none, not a rate of 0 that seems to pass
             f"<= {slo.max_error_rate:g}",
             stats["requests"] > 0 and stats["error_rate"] <= slo.max_error_rate,
         )

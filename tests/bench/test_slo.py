@@ -28,6 +28,12 @@ def test_slo_verdicts_name_the_threshold():
     assert not slo.check(step(200, 1.0) | {"requests": 0}, SloConfig())[0]["passed"]  # no call: no pass
 
 
+def test_a_run_without_calls_measures_no_error_rate():
+    verdicts = slo.check(step(200, 1.0) | {"requests": 0, "error_rate": 0.0}, SloConfig())
+    error_rate = next(v for v in verdicts if v["name"] == "error_rate")
+    assert slo.describe(error_rate) == "error_rate none (wanted <= 0)"
+
+
 def test_capacity_verdict_needs_a_measured_step_above_any_wanted_rate():
     assert slo.capacity_verdict(step(250, 1.0), 200)["passed"]
     assert not slo.capacity_verdict(step(150, 1.0), 200)["passed"]
