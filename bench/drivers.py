@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.processes import cpu_seconds
-from edgedistill.bench.stats import call_stats
+from edgedistill.bench.stats import call_stats, from_due, percentiles
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import DIRECT
 
@@ -56,10 +56,10 @@ class Tally:
 
     def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
         """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
-        also the p99 timed from each call's due time (what a client sending on schedule would have waited: a slow
-        call delays the ones due behind it, which timing from the send alone leaves out; an unsent call, until the
-        call that held it up returned), how many were late, how many went unsent (no failures: the server never saw them), and the calls
-        due as those offered."""
+        also the latencies timed from each call's due time (`p99_from_due_ms`, ...: what a client sending on schedule
+        would have waited, as a slow call delays the ones due behind it, which timing from the send alone leaves out;
+        an unsent call, until the call that held it up returned), how many were late, how many went unsent (no
+        failures: the server never saw them), and the calls due as those offered."""
         if not self.latencies:
             raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
         ms = np.array(self.latencies) * 1e3
@@ -67,9 +67,8 @@ class Tally:
         texts = len(self.latencies) * texts_per_call / seconds
         if self.queued:
             queued = np.array(self.queued) * 1e3
-            from_due = np.concatenate([ms + queued, np.array(self.unsent) * 1e3])
-            stats |= {
-                "p99_from_due_ms": float(np.percentile(from_due, 99)),
+            due_ms = np.concatenate([ms + queued, np.array(self.unsent) * 1e3])
+            stats |= {from_due(key): value for key, value in percentiles(due_ms).items()} | {
                 "late_calls": int((queued > 0).sum()),
                 "unsent_calls": len(self.unsent),
             }

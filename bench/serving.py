@@ -95,7 +95,8 @@ def bundle_to_serve(recipe: Recipe, given: Path | None = None) -> Path:
 
 def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict[str, float], list[dict]]:
     """The ratios (of medians over the repeats in `runs`) and a verdict per target the recipe sets: the paced latencies
-    are medians, its error rate and rate share those of every repeat's calls together (`bench.stats.pooled`)."""
+    are medians, timed from each call's due time (`bench.slo.from_due_time`), its error rate and rate share those of
+    every repeat's calls together (`bench.stats.pooled`)."""
     median = {
         phase: {key: spread.median for key, spread in summarize(records).items()} for phase, records in runs.items()
     }
@@ -106,7 +107,7 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
         "bare_vs_echo": texts["bare"] / texts["echo"],
         "capacity_vs_bare": texts["capacity"] / texts["bare"],
     }
-    paced = median["paced"] | pooled(runs["paced"])
+    paced = slo.from_due_time(median["paced"]) | pooled(runs["paced"])
     targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check(paced, cfg.paced_slo)]
     if (least := cfg.min_capacity_vs_echo) is not None:
         measured = ratios["capacity_vs_echo"]

@@ -3,18 +3,27 @@
 A verdict is {name, measured, limit, passed}: the load tests' checks and the serving benchmark's targets alike.
 """
 
+from edgedistill.bench.stats import from_due
 from edgedistill.common import tables
 from edgedistill.common.config.measure import SloConfig
+
+LATENCIES = ("p50_ms", "p95_ms", "p99_ms")  # the latencies an SLO can bound
 
 
 def verdict(name: str, measured: float | None, limit: str, passed: bool) -> dict:
     return {"name": name, "measured": measured, "limit": limit, "passed": passed}
 
 
+def from_due_time(stats: dict) -> dict:
+    """`stats` with the latencies an SLO on paced calls reads: those timed from each call's due time (a slow call
+    delays the calls due behind it, which timing from the send leaves out), in place of those from its send."""
+    return stats | {key: stats[from_due(key)] for key in LATENCIES}
+
+
 def check(stats: dict, slo: SloConfig) -> list[dict]:
     """One verdict per threshold `slo` sets, on `stats` from `bench.stats.call_stats`."""
     verdicts = []
-    for key in ("p50_ms", "p95_ms", "p99_ms"):
+    for key in LATENCIES:
         limit = getattr(slo, key)
         if limit is not None:
             measured = stats[key]

@@ -10,6 +10,11 @@ from edgedistill.bench.records import Spread
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
 
 
+def from_due(key: str) -> str:
+    """The name of latency figure `key` (`p99_ms`) timed from each call's due time (`p99_from_due_ms`)."""
+    return key.removesuffix("_ms") + "_from_due_ms"
+
+
 def percentiles(ms: np.ndarray) -> dict[str, float | None]:
     """p50, p95, p99 and max of `ms`; each None when `ms` is empty."""
     if not ms.size:

@@ -85,11 +85,6 @@ class Samples:
         return {name: ms for name, ms in by_name.items() if ms.size}
 
 
-def from_due(key: str) -> str:
-    """The name of latency figure `key` (`p99_ms`) timed from each call's due time (`p99_from_due_ms`)."""
-    return key.removesuffix("_ms") + "_from_due_ms"
-
-
 def call_stats(samples: Samples, seconds: float, offered_rate: float | None = None) -> dict:
     """`bench.stats.call_stats` of the calls sent in `samples` (latencies from the send), the percentiles of the
     latencies from the due time of the successful and the unsent calls (a client on schedule would have waited at
@@ -99,7 +94,7 @@ def call_stats(samples: Samples, seconds: float, offered_rate: float | None = No
     sent = samples.where(~unsent)
     ms = sent.ms[sent.ok]
     figures = stats.call_stats(ms, int(np.count_nonzero(~sent.ok)), seconds, offered_rate)
-    due = {from_due(key): value for key, value in stats.percentiles(samples.due_ms[samples.ok | unsent]).items()}
+    due = {stats.from_due(key): value for key, value in stats.percentiles(samples.due_ms[samples.ok | unsent]).items()}
     late = int(np.count_nonzero(sent.due_ms[sent.ok] > ms))
     counts = {"late_calls": late, "unsent_calls": int(np.count_nonzero(unsent)), "error_codes": sent.error_codes()}
     return figures | due | counts

@@ -44,7 +44,6 @@ from edgedistill.loadtests import analysis
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import Plan
 
-SLO_LATENCIES = ("p50_ms", "p95_ms", "p99_ms")
 RESULT_FILE = "summary.json"
 TABLES_FILE = "summary.md"
 GENERATOR_BOUND_CPU = 90.0  # % of one core: locust is one gevent process and cannot offer more
@@ -61,11 +60,6 @@ def stage_figures(plan: Plan, samples: Samples, resources: Resources) -> list[di
         bound = (cpu["locust_cpu_pct"] or 0) >= GENERATOR_BOUND_CPU
         figures.append(stage.model_dump() | stats | cpu | {"generator_bound": bound})
     return figures
-
-
-def slo_figures(stats: dict) -> dict:
-    """`stats` with the latencies the SLO reads: those from each call's due time, in place of those from its send."""
-    return stats | {key: stats[analysis.from_due(key)] for key in SLO_LATENCIES}
 
 
 def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[str]:
@@ -94,7 +88,7 @@ def notes_for(stages: list[dict], capacity: dict | None, profile: str) -> list[s
 
 def capacity_of(stages: list[dict], slo_config: SloConfig) -> dict | None:
     """The step (its figures) with the most requests/s within the SLO, its latencies from the due time."""
-    best = slo.capacity([slo_figures(stage) for stage in stages], slo_config)
+    best = slo.capacity([slo.from_due_time(stage) for stage in stages], slo_config)
     return None if best is None else next(stage for stage in stages if stage["name"] == best["name"])
 
 
@@ -116,7 +110,7 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
     if plan.profile == "step":
         checks = [slo.capacity_verdict(capacity, settings.min_capacity_rps)]
     else:
-        checks = slo.check(slo_figures(overall), settings.slo)
+        checks = slo.check(slo.from_due_time(overall), settings.slo)
     if soak and settings.max_rss_growth_mb_per_10k is not None:
         limit = settings.max_rss_growth_mb_per_10k
         checks.append(

@@ -203,7 +203,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
     if (serving / mf.MANIFEST).is_file() and serving.name not in stale:
         served = ServingResult.load(serving)
         lines.append(
-            f"serving: p99 {served.median('paced', 'p99_ms'):.2f} ms at {served.options['rate']:g} calls/s; "
+            f"serving: p99 {served.median('paced', 'p99_from_due_ms'):.2f} ms from the due time at "
+            f"{served.options['rate']:g} calls/s; "
             f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
             f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
             f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"

@@ -152,8 +152,8 @@ class ServingBenchConfig(Strict):
     repeats: int = Field(3, ge=1, description="repeats of every phase, interleaved; figures are their medians")
     paced_slo: SloConfig = Field(
         SloConfig(),
-        description="what the server must meet when paced at `rate`: latencies as medians over the repeats, the error "
-        "rate and rate share over every repeat's calls together",
+        description="what the server must meet when paced at `rate`: latencies (timed from each call's due time) as "
+        "medians over the repeats, the error rate and rate share over every repeat's calls together",
     )
     min_capacity_vs_echo: float | None = Field(
         None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"

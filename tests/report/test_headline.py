@@ -506,7 +506,10 @@ def publish_serving(folder, failures: int, targets: list[dict] = ()) -> None:
         texts={},
         machine={},
         runs={"paced": [{"failures": 0}], "capacity": [{"failures": failures}]},
-        summary={"paced": {"p99_ms": Spread.of([2.5])}, "capacity": {"texts_per_s": Spread.of([1500])}},
+        summary={
+            "paced": {"p99_ms": Spread.of([2.5]), "p99_from_due_ms": Spread.of([2.75])},
+            "capacity": {"texts_per_s": Spread.of([1500])},
+        },
         ratios={"capacity_vs_echo": 0.5, "capacity_vs_bare": 0.9},
         targets=list(targets),
         passed=all(target["passed"] for target in targets),
@@ -525,6 +528,11 @@ def serving_line(recipe) -> str:
 def test_the_serving_line_says_how_many_calls_of_the_benchmark_failed(recipe):
     publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=4)
     assert serving_line(recipe).endswith("; 4 calls failed")
+
+
+def test_the_serving_line_gives_the_paced_p99_its_targets_read_from_the_due_time(recipe):
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0)
+    assert serving_line(recipe).startswith("serving: p99 2.75 ms from the due time at 200 calls/s; ")
 
 
 def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe):
