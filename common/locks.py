@@ -19,7 +19,11 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO
 
+from edgedistill.common.settings import SettingError
+
 READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # a folder this process may read but not write
+# a file system without flock(2): NFSv3 without its lock daemon, Lustre mounted without `-o flock`
+CANNOT_LOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
 @contextmanager
@@ -42,6 +46,12 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
             print(f"[{what}] waiting for {holder}, which holds it", flush=True)
             fcntl.flock(handle, kind)
         except OSError as err:  # EBADF: NFS locks a file exclusively only for a process that opened it to write
+            if err.errno in CANNOT_LOCK:
+                raise SettingError(
+                    f"{path.parent}: its file system cannot lock files ({err.strerror}), which keeps two commands from "
+                    "building one stage at once: set EDGEDISTILL_RUNS_DIR to a folder on a local disk (or mount NFS "
+                    "with its lock daemon, Lustre with -o flock)"
+                ) from None
             if err.errno != errno.EBADF:
                 raise
             raise PermissionError(

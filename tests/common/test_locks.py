@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common import locks
+from edgedistill.common.settings import SettingError
 
 from tests.conftest import ROOT
 
@@ -195,6 +196,19 @@ def test_a_lock_file_of_another_user_on_nfs_is_refused_naming_it(tmp_path, monke
     ):
         pass
     assert refused.value.filename == str(lock)
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_file_system_that_cannot_lock_is_refused_naming_the_runs_folder_setting(tmp_path, monkeypatch, code):
+    def unlockable(handle, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(locks.fcntl, "flock", unlockable)
+    with (
+        pytest.raises(SettingError, match=rf"^{tmp_path}: its file system cannot lock files .* EDGEDISTILL_RUNS_DIR"),
+        locks.exclusive(tmp_path / "teacher.lock", "teacher"),
+    ):
+        pass
 
 
 def test_a_full_device_still_grants_the_lock(small_fs):
