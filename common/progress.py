@@ -25,7 +25,7 @@ DEFAULT_INTERVAL_S = 30.0
 
 def mode() -> str:
     """`bar`, `lines` or `off`: the setting, with `auto` resolved by whether stderr is a terminal."""
-    chosen = os.environ.get(PROGRESS_VAR, "auto")
+    chosen = os.environ.get(PROGRESS_VAR) or "auto"  # empty: unset, as every EDGEDISTILL_* variable
     if chosen not in MODES:
         raise SettingError(f"{PROGRESS_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
     if chosen == "auto":
@@ -35,7 +35,7 @@ def mode() -> str:
 
 def interval() -> float:
     """Seconds between status lines."""
-    raw = os.environ.get(PROGRESS_INTERVAL_VAR, str(DEFAULT_INTERVAL_S))
+    raw = os.environ.get(PROGRESS_INTERVAL_VAR) or str(DEFAULT_INTERVAL_S)
     try:
         seconds = float(raw)
     except ValueError:

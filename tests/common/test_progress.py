@@ -145,6 +145,17 @@ def test_a_bad_setting_names_the_variable(monkeypatch, variable, value):
         progress.bar(3)
 
 
+def test_an_empty_progress_setting_is_its_default(monkeypatch):
+    monkeypatch.setenv(settings.PROGRESS_VAR, "")
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False)
+    assert progress.mode() == "lines"
+
+
+def test_an_empty_progress_interval_is_its_default(monkeypatch):
+    monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "")
+    assert progress.interval() == progress.DEFAULT_INTERVAL_S
+
+
 def test_the_server_leaves_the_progress_settings_to_the_pipeline():
     environ = {settings.PROGRESS_VAR: "off", settings.PROGRESS_INTERVAL_VAR: "5"}
     assert load_settings([], environ=environ).port > 0
