@@ -79,7 +79,9 @@ class SourceCache:
 
     def __init__(self, recipe: Recipe, scratch: Path):
         self.recipe, self.scratch = recipe, scratch
-        self._sources: dict[str, tuple[Source, Path, np.ndarray]] = {}
+        # by source name and the sha256 of its folder's manifest, and the teacher's (whose tokenizer every source uses)
+        self._sources: dict[tuple[str, str], tuple[Source, Path, np.ndarray]] = {}
+        self._teacher: str | None = None
         self.tokenizer = None
         self.train, self.dev = load_splits(recipe.data)
         # the dev texts as the bundles' servers write them, once for every source and bundle
@@ -98,11 +100,14 @@ class SourceCache:
         return token_features(self.tokenizer, *self.served_dev, max_length(self.recipe, name), self.segments(name))
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
-        """The source `name` from its (verified) artifact `folder`, exported once; dev features are tokenized
-        with the tokenizer in the `teacher` folder."""
-        if name not in self._sources:
-            if self.tokenizer is None:
-                self.tokenizer = load_tokenizer(str(teacher))
+        """The source `name` from its (verified) artifact `folder`, exported once per version of it: one published
+        again meanwhile (by another command) is loaded again, as the bundle records it as its parent. Dev features
+        are tokenized with the tokenizer in the `teacher` folder."""
+        if (published := mf.parent_of(teacher).manifest_sha256) != self._teacher:
+            self._sources, self._teacher, self.tokenizer = {}, published, load_tokenizer(str(teacher))
+        key = (name, mf.parent_of(folder).manifest_sha256)
+        if key not in self._sources:
+            self._sources = {k: v for k, v in self._sources.items() if k[0] != name}  # an earlier version's
             source = load_source(folder)
             # made for the first bundle built: bundles all current write nothing (a read-only runs folder serves)
             self.scratch.mkdir(parents=True, exist_ok=True)
@@ -111,8 +116,8 @@ class SourceCache:
             logits = validate.dev_logits(
                 validate.torch_forward(source), self.features(name), self.tokenizer.pad_token_id
             )
-            self._sources[name] = (source, plain, logits)
-        return self._sources[name]
+            self._sources[key] = (source, plain, logits)
+        return self._sources[key]
 
 
 def _batches(

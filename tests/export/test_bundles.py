@@ -587,3 +587,48 @@ def test_bundles_all_current_write_nothing_into_the_runs_folder(monkeypatch):
     monkeypatch.setattr(stages, "bundle", lambda *args: Current())
     bundle_stage.build(recipe, ["bilstm-int8"])
     assert not run_dir(recipe).exists()
+
+
+@pytest.fixture
+def loads(tmp_path, monkeypatch) -> tuple[bundle_stage.SourceCache, list[str]]:
+    """A source cache of the smoke recipe whose loads of a source folder are noted by the folder's manifest text (no
+    model is exported: the cache's keeping of sources alone is under test)."""
+    noted = []
+
+    def load(folder):
+        noted.append((folder / mf.MANIFEST).read_text())
+        return folder
+
+    monkeypatch.setattr(bundle_stage, "load_tokenizer", lambda path: type("Tok", (), {"pad_token_id": 0})())
+    monkeypatch.setattr(bundle_stage, "load_source", load)
+    monkeypatch.setattr(bundle_stage, "export_onnx", lambda *args: None)
+    monkeypatch.setattr(bundle_stage.validate, "torch_forward", lambda source: None)
+    monkeypatch.setattr(bundle_stage.validate, "dev_logits", lambda *args: np.zeros((1, 2)))
+    monkeypatch.setattr(bundle_stage.SourceCache, "features", lambda self, name: {})
+    for folder in ("teacher", "student-cnn"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / mf.MANIFEST).write_text(f"{folder} 1")
+    return bundle_stage.SourceCache(load_recipe(ROOT / "recipes" / "smoke.yaml"), tmp_path / "scratch"), noted
+
+
+def test_a_source_is_loaded_once_for_its_bundles(loads, tmp_path):
+    cache, noted = loads
+    for _ in range(2):
+        cache.get("cnn", tmp_path / "student-cnn", tmp_path / "teacher")
+    assert noted == ["student-cnn 1"]
+
+
+def test_a_source_published_again_between_its_bundles_is_loaded_again(loads, tmp_path):
+    cache, noted = loads
+    cache.get("cnn", tmp_path / "student-cnn", tmp_path / "teacher")
+    (tmp_path / "student-cnn" / mf.MANIFEST).write_text("student-cnn 2")  # another command rebuilt it meanwhile
+    cache.get("cnn", tmp_path / "student-cnn", tmp_path / "teacher")
+    assert noted == ["student-cnn 1", "student-cnn 2"]
+
+
+def test_a_teacher_published_again_between_bundles_has_every_source_loaded_again(loads, tmp_path):
+    cache, noted = loads
+    cache.get("cnn", tmp_path / "student-cnn", tmp_path / "teacher")
+    (tmp_path / "teacher" / mf.MANIFEST).write_text("teacher 2")  # its tokenizer tokenizes every source's features
+    cache.get("cnn", tmp_path / "student-cnn", tmp_path / "teacher")
+    assert noted == ["student-cnn 1", "student-cnn 1"]
