@@ -392,13 +392,13 @@ def stage_folder(final: Path):
 
 
 def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
-    """Hash every file in `tmp` but the manifest and the card, write its manifest, and rename it to `final`
-    (replacing any old one)."""
+    """Hash every file in `tmp` but its manifest and card (a manifest of a folder inside it, a cascade member's, is
+    listed as any other file), write its manifest, and rename it to `final` (replacing any old one)."""
     tmp, final = Path(tmp), Path(final)
     files = {}
-    for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
         name = file.relative_to(tmp).as_posix()
-        if name != CARD:
+        if name not in (MANIFEST, CARD):
             files[name] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
     manifest = manifest.model_copy(
         update={

@@ -133,13 +133,24 @@ def test_cascade_with_a_corrupt_member_is_refused(smoke_cascade, tmp_path):
         load_cascade(copy)
 
 
+def test_a_cascade_whose_member_manifest_was_edited_fails_its_own_verification(smoke_cascade, tmp_path):
+    copy = tmp_path / "cascade"
+    shutil.copytree(smoke_cascade, copy)
+    member = copy / "members" / "teacher-fused" / mf.MANIFEST
+    member.write_text(member.read_text() + " ")
+    with pytest.raises(mf.ArtifactError, match="members/teacher-fused/manifest.json has"):
+        mf.load(copy)
+
+
 def test_cascade_with_a_member_rebuilt_since_is_refused(smoke_cascade, tmp_path):
 
     copy = tmp_path / "cascade"
     shutil.copytree(smoke_cascade, copy)
     member = copy / "members" / "teacher-fused" / mf.MANIFEST
     member.write_text(member.read_text().replace('"recipe"', '"recipe" ', 1))
-    manifest = json.loads((copy / mf.MANIFEST).read_text())
+    manifest = json.loads((copy / mf.MANIFEST).read_text())  # the cascade's own listing of it made to agree
+    entry = {"sha256": mf.sha256_file(member), "size_bytes": member.stat().st_size}
+    manifest["files"]["members/teacher-fused/manifest.json"] = entry
     (copy / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(mf.ArtifactError, match="not the bundle the cascade was built with"):
         load_cascade(copy)
