@@ -31,10 +31,15 @@ def markdown_results(header: list[str], rows: list[list[str]], checks: tuple[str
 
 
 def spread_cell(spread, digits: int) -> str:
-    """A `Spread` as 'median (min-max)', or only the median when the repeats agree; '-' for None."""
+    """A `Spread` as 'median (min-max)', or only the median when the repeats agree; '-' for None. A median of whole
+    counts over an even number of repeats (0.5 failed calls) keeps its half, which no digits would round away."""
     if spread is None:
         return "-"
-    median, low, high = (f"{value:.{digits}f}" for value in (spread.median, spread.min, spread.max))
+    counts = all(float(value).is_integer() for value in (spread.min, spread.max))
+    median_digits = 1 if counts and not digits and not float(spread.median).is_integer() else digits
+    median, low, high = (
+        f"{v:.{d}f}" for v, d in ((spread.median, median_digits), (spread.min, digits), (spread.max, digits))
+    )
     return median if low == high else f"{median} ({low}-{high})"
 
 

@@ -1,5 +1,6 @@
 from edgedistill.bench import slo
-from edgedistill.bench.tables import h2load_failures_line, record_line, target_rows, threads_phrase
+from edgedistill.bench.stats import Spread
+from edgedistill.bench.tables import h2load_failures_line, record_line, spread_cell, target_rows, threads_phrase
 
 
 def test_record_line_names_texts_per_s_where_the_record_has_it():
@@ -54,3 +55,11 @@ def test_an_onnx_bundles_threads_phrase_names_the_runtimes_default_for_zero():
 
 def test_a_missed_target_does_not_show_its_limits_number_as_measured():
     assert target_rows([slo.verdict("p99_ms", 3.00004, "<= 3", False)]) == [["p99_ms", "3.00004", "<= 3", "MISS"]]
+
+
+def test_a_median_of_counts_between_two_repeats_keeps_its_half():
+    assert spread_cell(Spread.of([0, 1]), 0) == "0.5 (0-1)"
+
+
+def test_a_median_of_rates_is_written_to_the_digits_asked():
+    assert spread_cell(Spread.of([1500.4, 1501.2]), 0) == "1501 (1500-1501)"
