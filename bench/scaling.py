@@ -19,7 +19,7 @@ from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import served_settings
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
-from edgedistill.bench.stats import summarize
+from edgedistill.bench.stats import require_answered, summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
     h2load_failures_line,
@@ -155,6 +155,7 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
     def median(count: int, phase: str, figure: str) -> float:
         return summary[f"{count} {phase}"][figure].median
 
+    require_answered(summary)
     first = counts[0]
     ratios = {}
     for count in counts[1:]:

@@ -5,6 +5,7 @@ samples alike; `summarize` their spread (`bench.records.Spread`) over repeats, `
 """
 
 import numpy as np
+from edgedistill.bench import BenchError
 from edgedistill.bench.records import Spread
 
 PERCENTILES = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99, "max_ms": 100}
@@ -72,3 +73,14 @@ def summarize(records: list[dict]) -> dict[str, Spread]:
         key for key, value in records[0].items() if isinstance(value, int | float) and not isinstance(value, bool)
     ]
     return {key: Spread.of([record[key] for record in records]) for key in numeric}
+
+
+def require_answered(summary: dict[str, dict[str, Spread]]) -> None:
+    """`BenchError` naming each side of a comparison (`summary`'s "<server> <phase>") whose median repeat had no call
+    succeed: a ratio to its calls/s, or its p99, would be no figure."""
+    rates = {side: figures.get("requests_per_s") for side, figures in summary.items()}
+    if silent := [side for side, rate in rates.items() if rate is not None and rate.median == 0]:
+        raise BenchError(
+            f"no call succeeded in the median repeat of {', '.join(silent)}: nothing to compare (the failed calls' "
+            "statuses are in h2load's output above; see the server's log)"
+        )

@@ -23,7 +23,7 @@ from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import served_settings
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
-from edgedistill.bench.stats import summarize
+from edgedistill.bench.stats import require_answered, summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
     h2load_failures_line,
@@ -57,6 +57,7 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
     def median(server: str, phase: str, figure: str) -> float:
         return summary[f"{server} {phase}"][figure].median
 
+    require_answered(summary)
     capacity = {server: median(server, "capacity", "requests_per_s") for server in ["edgedistill", *cfg.peers]}
     p99 = {server: median(server, "paced", "p99_ms") for server in ["edgedistill", *cfg.peers]}
     best_capacity, best_p99 = max(capacity[p] for p in cfg.peers), min(p99[p] for p in cfg.peers)

@@ -41,6 +41,11 @@ CAPACITY = {1: 1000.0, 2: 1900.0, 16: 9000.0}
 P99 = {1: 4.0, 2: 3.0, 16: 5.0}
 
 
+def test_a_count_whose_every_call_failed_is_refused_naming_it():
+    with pytest.raises(BenchError, match=r"no call succeeded in the median repeat of 1 capacity: nothing to compare"):
+        scaling.evaluate(summary(CAPACITY | {1: 0.0}, P99), ScalingBenchConfig(), [1, 2, 16])
+
+
 def test_capacity_is_compared_with_the_first_count():
     ratios, _ = scaling.evaluate(summary(CAPACITY, P99), ScalingBenchConfig(), [1, 2, 16])
     assert ratios["capacity_16_vs_first"] == pytest.approx(9.0)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.bench import BenchError
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare, launch
 from edgedistill.bench.peers.model import BundleClassifier
@@ -33,6 +34,11 @@ def summary(capacity: dict[str, float], p99: dict[str, float], failed: dict[str,
 
 CAPACITY = {"edgedistill": 1300.0, "kserve": 1000.0, "mlserver": 500.0, "echo": 2000.0}
 P99 = {"edgedistill": 4.0, "kserve": 5.0, "mlserver": 8.0, "echo": 2.0}
+
+
+def test_a_peer_whose_every_call_failed_is_refused_naming_it():
+    with pytest.raises(BenchError, match=r"no call succeeded in the median repeat of mlserver capacity"):
+        compare.evaluate(summary(CAPACITY | {"mlserver": 0.0}, P99), PeersBenchConfig())
 
 
 def test_capacity_is_compared_with_the_best_peer():
