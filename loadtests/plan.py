@@ -12,6 +12,7 @@ from pathlib import Path
 from edgedistill.common import settings
 from edgedistill.common.config.measure import ConstantLoad, LoadtestConfig, Profile, Scenario, SpikeLoad, StepLoad
 from edgedistill.common.config.strict import Strict
+from edgedistill.common.manifest import MANIFEST
 from pydantic import Field
 
 PLAN_VAR = "EDGEDISTILL_LOADTEST_PLAN"
@@ -84,10 +85,13 @@ def current() -> Plan:
         )
     folder = Path(path).parent
     loaded = Plan.model_validate_json(Path(path).read_text(encoding="utf-8"))
+    # the plan of a finished run (its folder published, every file hashed), which locust run on its own reads: its
+    # samples go to the working folder, where they would have replaced the run's own
+    samples = Path.cwd() / loaded.samples if (folder / MANIFEST).is_file() else folder / loaded.samples
     return loaded.model_copy(
         update={
             "texts": folder / loaded.texts,
             "pairs": None if loaded.pairs is None else folder / loaded.pairs,
-            "samples": folder / loaded.samples,
+            "samples": samples,
         }
     )

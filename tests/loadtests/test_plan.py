@@ -194,3 +194,33 @@ def test_the_load_test_help_names_the_option_its_own_profiles_settings_follow(ca
     with pytest.raises(SystemExit):
         loadtests_main.main(["--help"])
     assert "--profile PROFILE" in capsys.readouterr().out
+
+
+def plan_in(folder: Path, monkeypatch) -> plan.Plan:
+    """The plan `current()` reads from a plan.json in `folder`, the working folder elsewhere."""
+    folder.mkdir(exist_ok=True)
+    written = plan.Plan(
+        profile="smoke",
+        loadtest=LoadtestConfig(),
+        scenarios={"single": 1},
+        model="tiny",
+        texts="texts.txt",
+        samples="requests.npz",
+    )
+    (folder / "plan.json").write_text(written.model_dump_json())
+    monkeypatch.setenv(plan.PLAN_VAR, str(folder / "plan.json"))
+    monkeypatch.chdir(folder.parent)
+    plan.current.cache_clear()
+    found = plan.current()
+    plan.current.cache_clear()  # not kept for a later test
+    return found
+
+
+def test_a_running_load_tests_samples_go_to_its_folder(tmp_path, monkeypatch):
+    assert plan_in(tmp_path / "run", monkeypatch).samples == tmp_path / "run" / "requests.npz"
+
+
+def test_locust_run_on_a_finished_runs_plan_writes_its_samples_to_the_working_folder(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("{}")  # published: its samples are hashed
+    assert plan_in(tmp_path / "run", monkeypatch).samples == tmp_path / "requests.npz"
