@@ -42,7 +42,8 @@ PHASES = ("capacity", "paced")
 
 class CascadeResult(Result):
     """`cascade.json`: the bundles' names, each model's records and their spreads per phase ("cascade" and "last"),
-    the cascade's capacity over its last member's, and its answers as [answering member, escalation refused, count]."""
+    the cascade's capacity over its last member's, its answers as [answering member, escalation refused, count], the
+    machine it ran on (`bench.records.machine`) and the run's settings (`options`)."""
 
     FILE: ClassVar[str] = "cascade.json"
     TABLES: ClassVar[str] = "cascade.md"
@@ -52,6 +53,8 @@ class CascadeResult(Result):
     summary: dict[str, dict[str, dict[str, Spread]]]
     capacity_ratio: float
     answered: list[tuple[str, bool, int]]
+    machine: dict[str, Any]
+    options: dict[str, Any]
 
 
 def default_name(recipe: Recipe, name: str | None) -> str:
@@ -228,7 +231,16 @@ def _build(inputs: Inputs, console: Console) -> Built:
     ]
     markdown = "\n".join(lines) + "\n"
     answered = [(member, flagged, n) for (member, flagged), n in answered_by.items()]
-    result = CascadeResult(names=names, runs=runs, summary=summary, capacity_ratio=ratio, answered=answered)
+    options = {"concurrency": cfg.concurrency, "rate": cfg.rate, "repeats": cfg.repeats, "duration_s": cfg.duration_s}
+    result = CascadeResult(
+        names=names,
+        runs=runs,
+        summary=summary,
+        capacity_ratio=ratio,
+        answered=answered,
+        machine=ran_on,
+        options=options,
+    )
     result.save(work, markdown)
     console.print(markdown)
     return Built(

@@ -13,6 +13,7 @@ from edgedistill.bench import BenchError, cascade
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.cascade import PHASES, CascadeResult, counting, failed_calls
 from edgedistill.common import manifest as mf
+from edgedistill.common.machine import usable_cores
 from edgedistill.common.recipe import load_recipe
 from edgedistill.common.runtime import available_providers
 from edgedistill.common.stage import Inputs
@@ -273,3 +274,11 @@ def test_cascade_json_ends_with_a_newline_as_every_result_file(measured_without_
 
 def test_cascade_json_loads_back_as_its_result(measured_without_servers):
     assert CascadeResult.load(measured_without_servers).answered == [("small", False, 3), ("big", False, 1)]
+
+
+def test_cascade_json_records_the_machine_it_ran_on(measured_without_servers):
+    assert CascadeResult.load(measured_without_servers).machine["cores"] == usable_cores()
+
+
+def test_cascade_json_records_the_rate_of_its_paced_phase(measured_without_servers):
+    assert CascadeResult.load(measured_without_servers).options["rate"] == load_recipe(SMOKE).bench.serving.rate
