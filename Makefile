@@ -296,7 +296,8 @@ test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), l
 
 # Everything that runs on a GPU, for a machine that has one: the GPU tests (training, labelling, checkpoints and DDP on
 # CUDA; then ONNX Runtime's CUDA provider and TensorRT, which need the gpu extra and are skipped, saying so, without
-# it), then RECIPE's training part (teacher, transfer set, students and baselines, JOBS at a time) under the run name
+# it), then RECIPE's training part (teacher, transfer set, students and baselines, JOBS at a time; the teacher and the
+# students under torchrun with NPROC above 1, as `make teacher` and `make distill` run them) under the run name
 # gpu-check, each stage a process timed from start to exit as docs/benchmarks.md times them; the walls go to
 # $(RUNS_DIR)/gpu-check/timing.json, the figures to the stages' manifests beside it.
 GPU_RUNTIME_TESTS := tests/export/test_tensorrt.py tests/common/test_runtime.py tests/serve/test_backend.py
@@ -306,12 +307,13 @@ gpu-check: $(STAMP)  ## on an NVIDIA GPU: the GPU tests, then RECIPE's training 
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -rs -m gpu $(GPU_RUNTIME_TESTS)
 	@set -e; mkdir -p "$(RUNS_DIR)/gpu-check"; walls=; total=0; \
 	for stage in teacher transfer distill; do \
-	  jobs=; [ $$stage = distill ] && jobs="--jobs $(JOBS)"; \
+	  jobs=; $(if $(filter 1,$(NPROC)),[ $$stage = distill ] && jobs="--jobs $(JOBS)";) \
 	  start=$$(date +%s%N); \
-	  $(ED) $$stage $(RECIPE) --name=gpu-check --runtime.device=cuda --force $$jobs; \
+	  if [ $$stage = transfer ]; then $(ED) $$stage $(RECIPE) --name=gpu-check --runtime.device=cuda --force; \
+	  else $(LAUNCH) $$stage $(RECIPE) --name=gpu-check --runtime.device=cuda --force $$jobs; fi; \
 	  ms=$$(( ($$(date +%s%N) - start) / 1000000 )); total=$$((total + ms)); walls="$$walls\"$$stage\": $$ms, "; \
 	done; \
-	echo "{\"recipe\": \"$(RECIPE)\", \"wall_ms\": {$$walls\"training_part\": $$total}}" > "$(RUNS_DIR)/gpu-check/timing.json"; \
+	echo "{\"recipe\": \"$(RECIPE)\", \"nproc\": $(NPROC), \"wall_ms\": {$$walls\"training_part\": $$total}}" > "$(RUNS_DIR)/gpu-check/timing.json"; \
 	cat "$(RUNS_DIR)/gpu-check/timing.json"
 
 lint: $(STAMP)  ## ruff check and format check

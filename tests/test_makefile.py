@@ -600,3 +600,16 @@ def test_an_onnx_runtime_other_than_cpu_or_gpu_says_what_ort_takes(checkout):
     assert "ORT=cuda: ORT=cpu installs ONNX Runtime for the CPU, ORT=gpu for NVIDIA GPUs" in (
         make_in(checkout, "lint", "ORT=cuda").stderr
     )
+
+
+def test_make_gpu_check_trains_the_teacher_and_students_under_torchrun_with_nproc(tmp_path):
+    ranks = "torchrun --standalone --nproc_per_node=2 --no-python .venv/bin/edgedistill $stage"
+    assert ranks in make_dry_run(tmp_path, "gpu-check", "NPROC=2")
+
+
+def test_make_gpu_check_with_nproc_trains_the_students_one_at_a_time(tmp_path):
+    assert "--jobs" not in make_dry_run(tmp_path, "gpu-check", "NPROC=2")
+
+
+def test_make_gpu_check_records_its_processes_per_stage(tmp_path):
+    assert '\\"nproc\\": 2' in make_dry_run(tmp_path, "gpu-check", "NPROC=2")
