@@ -17,6 +17,7 @@ from types import ModuleType
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
+from edgedistill.common.providers import cuda_options
 from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,9 +132,21 @@ def model_config(bundle: Bundle, batching: Batching):
     config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
-    config.parameters["text_style"].string_value = spec.text_style  # how a client writes texts before tokenizing
-    if spec.pair_segments != "token_types":  # how a client makes a pair's token_type_ids (common.segments)
+    # for clients that tokenize: how they write texts, pad a batch (a GPT-style model reads its last token as the last
+    # one not the pad id) and cut a text, and make a pair's token_type_ids (common.segments)
+    config.parameters["text_style"].string_value = spec.text_style
+    config.parameters["pad_token_id"].string_value = str(spec.pad_token_id)
+    config.parameters["max_length"].string_value = str(spec.max_length)
+    if spec.pair_segments != "token_types":
         config.parameters["pair_segments"].string_value = spec.pair_segments
+    if kind == "KIND_GPU" and spec.runtime == "onnxruntime":
+        # the CUDA options the bundle was checked with and the server runs it with (TF32 off but for fp16)
+        cuda = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="cuda")
+        for key, value in cuda_options(spec.precision).items():
+            cuda.parameters[key] = str(value)
+        # and where the config has parameters, Triton's backend sets an exhaustive search unless this one says (1:
+        # heuristic), over the accelerator's
+        config.parameters["cudnn_conv_algo_search"].string_value = "1"
     return config
 
 

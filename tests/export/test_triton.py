@@ -49,6 +49,7 @@ def make_bundle(
     build: dict | None = None,
     providers=("CPUExecutionProvider",),
     pair_segments="token_types",
+    precision="fp32",
 ):
     model_file = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}[runtime]
     folder = tmp_path / f"bundle-{runtime}"
@@ -69,7 +70,7 @@ def make_bundle(
                 TensorSpec(name=n, dtype="int64", shape=["batch", "sequence"]) for n in ("input_ids", "attention_mask")
             ],
             outputs=[TensorSpec(name="logits", dtype="float32", shape=["batch", 2])],
-            precision="fp32",
+            precision=precision,
             runtime=runtime,
             providers=list(providers),
             model_file=model_file,
@@ -248,6 +249,45 @@ def test_the_config_gives_the_bundles_text_style_for_clients_that_tokenize(tmp_p
 def test_the_config_gives_a_bundle_s_pair_segments_for_clients_that_tokenize_pairs(tmp_path):
     config = read_config(write_repository(make_bundle(tmp_path, pair_segments="sequence_ids"), tmp_path / "repo"))
     assert config.parameters["pair_segments"].string_value == "sequence_ids"
+
+
+def test_the_config_gives_the_pad_id_a_client_pads_a_batch_with(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert config.parameters["pad_token_id"].string_value == "0"
+
+
+def test_the_config_gives_the_length_a_client_cuts_a_text_at(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert config.parameters["max_length"].string_value == "16"
+
+
+def cuda_accelerator(tmp_path, precision: str) -> dict[str, str]:
+    """The CUDA accelerator's parameters in the config of a bundle of `precision` built for CUDA."""
+    bundle = make_bundle(tmp_path, providers=("CUDAExecutionProvider", "CPUExecutionProvider"), precision=precision)
+    [cuda] = read_config(
+        write_repository(bundle, tmp_path / "repo")
+    ).optimization.execution_accelerators.gpu_execution_accelerator
+    assert cuda.name == "cuda"
+    return dict(cuda.parameters)
+
+
+def test_an_fp32_bundle_on_a_gpu_runs_without_tf32_as_it_was_checked(tmp_path):
+    assert cuda_accelerator(tmp_path, "fp32")["use_tf32"] == "0"
+
+
+def test_an_fp16_bundle_on_a_gpu_keeps_tf32_as_it_was_checked(tmp_path):
+    assert "use_tf32" not in cuda_accelerator(tmp_path, "fp16")
+
+
+def test_a_bundle_on_a_gpu_picks_convolution_algorithms_by_heuristic(tmp_path):
+    bundle = make_bundle(tmp_path, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    config = read_config(write_repository(bundle, tmp_path / "repo"))
+    assert config.parameters["cudnn_conv_algo_search"].string_value == "1"  # Triton's value for HEURISTIC
+
+
+def test_a_bundle_on_the_cpu_has_no_cuda_options(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert not config.HasField("optimization")
 
 
 def test_the_config_of_a_bundle_that_splits_pairs_by_token_types_has_no_pair_segments(tmp_path):
