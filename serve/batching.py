@@ -53,12 +53,14 @@ Arrays = dict[str, np.ndarray]
 InferFn = Callable[[Arrays], Mapping[str, np.ndarray]]
 T = TypeVar("T")
 DEVICE_FAULT = "a backend call failed on its device"  # what the callers are told of a `DeviceError`
+ENDED_BY_SERVER = "the server ended the call"  # the message of a cancellation by the server, not the client
 
 
 class DropReason(StrEnum):
     """Why queued rows were removed without running."""
 
     CANCELLED = "cancelled"
+    ENDED = "ended"  # its call was ended by the server (a stream it closed): cancelled with `ENDED_BY_SERVER`
     DEADLINE = "deadline"
     FAILED = "failed"  # another of its request's rows failed in the backend: nobody waits for these
     FAULT = "fault"  # the batcher faulted (a hung or failed device call, an error of its own): it fails all it holds
@@ -350,10 +352,12 @@ class DynamicBatcher:
             self._arrived.set()
         try:
             outputs = await request.future
-        except asyncio.CancelledError:  # gRPC cancels the call at its deadline, often before `_expire` sees it
+        except asyncio.CancelledError as err:  # gRPC cancels the call at its deadline, often before `_expire` sees it
             now = loop.time()
             if self._grace_end is not None and now >= self._grace_end:  # cut by the shutdown, not the client
                 self._drop(request, DropReason.CLOSED)
+            elif err.args[:1] == (ENDED_BY_SERVER,):
+                self._drop(request, DropReason.ENDED)
             else:
                 late = deadline is not None and deadline - DEADLINE_SLACK_S <= now
                 self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)

@@ -5,6 +5,7 @@ import contextlib
 from collections.abc import Iterator
 
 import grpc
+from edgedistill.serve.batching import ENDED_BY_SERVER
 from edgedistill.serve.observe import refuse
 
 
@@ -29,7 +30,7 @@ class IdleWatch:
             self._timer = self.loop.call_later(remaining, self._check)
         else:
             self.expired = True
-            self.task.cancel()
+            self.task.cancel(ENDED_BY_SERVER)  # and the call it awaits: its queued rows count as ended
 
     def stop(self) -> None:
         self._timer.cancel()

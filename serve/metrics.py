@@ -109,9 +109,10 @@ class Metrics(BatchObserver):
         )
         self.dropped = Counter(
             "edgedistill_dropped_rows",
-            "Queued rows dropped before running, by reason: cancelled (by the client), deadline (the call's passed), "
-            "failed (another row of the call failed in the backend), fault (the batcher faulted) or closed (the model "
-            "closed, at a shutdown or a reload, before its queue finished)",
+            "Queued rows dropped before running, by reason: cancelled (by the client), ended (a stream the server ended: "
+            "a bad request, its idle limit or a shutdown), deadline (the call's passed), failed (another row of the "
+            "call failed in the backend), fault (the batcher faulted) or closed (the model closed, at a shutdown or a "
+            "reload, before its queue finished)",
             ["reason"],
             registry=r,
         )

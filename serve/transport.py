@@ -14,6 +14,7 @@ from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.cascade import CascadeSpec
 from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
+from edgedistill.serve.batching import ENDED_BY_SERVER
 from edgedistill.serve.cascade import CascadeRuntime
 from edgedistill.serve.encoding import SEQUENCE_INPUTS
 from edgedistill.serve.errors import (
@@ -124,10 +125,11 @@ def handles_errors(method):
     return wrapper
 
 
-def discard(work: asyncio.Future) -> None:
-    """Cancel work whose result no one will read; an error it already ended with is marked as seen, else asyncio
-    logs it ("Task exception was never retrieved") when the task is freed."""
-    work.cancel()
+def discard(work: asyncio.Future, why: str | None = None) -> None:
+    """Cancel work whose result no one will read, with the message `why` (`ENDED_BY_SERVER`: the batcher counts its
+    rows as ended, not cancelled by the client); an error it already ended with is marked as seen, else asyncio logs
+    it ("Task exception was never retrieved") when the task is freed."""
+    work.cancel(why)
     if work.done() and not work.cancelled():
         work.exception()
 
@@ -325,7 +327,7 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
         reader = asyncio.ensure_future(read())
         ender = asyncio.ensure_future(end_at_shutdown())
-        place = None
+        place, answered = None, False  # answered: the server ends the stream with an error of its own
         try:
             while (item := await pending.get()) is not None:
                 place, item = item
@@ -342,13 +344,15 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 context.set_code(grpc.StatusCode.CANCELLED)
                 log.info("stream ended before its replies: %r", err, extra={"event": "stream_ended"})
                 return
+            answered = True
             fail(context, err, "" if place is None else f"stream request {place}")
         finally:
             reader.cancel()
             ender.cancel()
+            why = ENDED_BY_SERVER if answered or idle.expired else None
             while not pending.empty():
                 if (item := pending.get_nowait()) is not None and isinstance(item[1], asyncio.Future):
-                    discard(item[1])
+                    discard(item[1], why)
 
     @handles_errors
     async def GetModelInfo(self, request, context):

@@ -951,6 +951,56 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
     assert calls["CANCELLED"] == 1
 
 
+LATE = "fails-late"  # a model name whose stream request fails once the request after it is queued (`ended_stream`)
+
+
+@pytest.fixture(scope="module", params=["its idle limit", "a failed request"])
+def ended_stream(request, tmp_path_factory) -> tuple[str, str]:
+    """Prometheus scrapes before and after a stream the server ends while a request of it waits `QUEUE_DELAY_S` in the
+    queue: by its idle limit (0.3 s), or by an earlier request of it that fails (model `LATE`) once that one is queued."""
+    from edgedistill.serve.transport import ClassifierServicer
+
+    from tests.serve.conftest import RunningServer, write_bundle
+
+    folder = write_bundle(tmp_path_factory.mktemp("ended") / "bundle")
+    settings = settings_for(folder, max_queue_delay_ms=int(QUEUE_DELAY_S * 1000), max_batch_size=64, stream_idle_s=0.3)
+    classify = ClassifierServicer._classify
+
+    async def failing_late(self, name, *rest):
+        while name == LATE and self.host.current.batcher.queued_rows < 1:
+            await asyncio.sleep(0.005)
+        return await classify(self, name, *rest)
+
+    sent = [pb.ClassifyRequest(texts=["fun"])]
+    if request.param == "a failed request":
+        sent.insert(0, pb.ClassifyRequest(texts=["fun"], model_name=LATE))
+        settings = settings.model_copy(update={"stream_idle_s": 10.0})
+    server = RunningServer(settings)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ClassifierServicer, "_classify", failing_late)
+            before = scrape(server)
+            with server.channel() as channel:
+                replies = classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(iter(sent), timeout=10)
+                with pytest.raises(grpc.RpcError):
+                    list(replies)
+            return before, scrape(server)
+    finally:
+        server.close()
+
+
+def test_rows_of_a_stream_the_server_ended_are_dropped_as_ended(ended_stream):
+    before, after = ended_stream
+    ended = (metric(s, "edgedistill_dropped_rows_total", reason="ended") for s in (after, before))
+    assert next(ended) - next(ended) == 1
+
+
+def test_rows_of_a_stream_the_server_ended_are_not_counted_as_cancelled_by_the_client(ended_stream):
+    before, after = ended_stream
+    cancelled = (metric(s, "edgedistill_dropped_rows_total", reason="cancelled") for s in (after, before))
+    assert next(cancelled) - next(cancelled) == 0
+
+
 def test_a_call_past_its_deadline_is_counted_as_abandoned_not_as_an_error(slow_queue):
     before = scrape(slow_queue)
     with slow_queue.channel() as channel, pytest.raises(grpc.RpcError):
