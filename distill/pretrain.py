@@ -192,16 +192,17 @@ class MaskedBatches:
         self.collator, self.blocks, self.causal = collator, blocks, causal
         self.batch: list[int] | None = None  # held: its masks serve each of its micro-batches
         self.masked: dict[str, torch.Tensor] = {}
+        self.rows: dict[int, int] = {}  # a block's row in `masked`
         self.targets = 0
 
     def __call__(self, part: MicroBatch) -> tuple[dict[str, torch.Tensor], float]:
         if part.batch is not self.batch:
             self.batch, self.masked = part.batch, dict(self.collator([self.blocks[i] for i in part.batch]))
+            self.rows = {index: row for row, index in enumerate(part.batch)}
             # as `LanguageModelObjective` counts them: a causal LM predicts every real token but a block's first
             mask = self.masked["attention_mask"][:, 1:] if self.causal else self.masked["labels"] != -100
             self.targets = int(mask.sum())
-        position = {index: row for row, index in enumerate(part.batch)}
-        rows = torch.tensor([position[i] for i in part])
+        rows = torch.tensor([self.rows[i] for i in part])
         inputs = {key: value[rows] for key, value in self.masked.items()}
         return inputs, max(self.targets, 1) * len(part) / len(part.batch)
 

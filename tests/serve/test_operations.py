@@ -963,7 +963,10 @@ def ended_stream(request, tmp_path_factory) -> tuple[str, str]:
     from tests.serve.conftest import RunningServer, write_bundle
 
     folder = write_bundle(tmp_path_factory.mktemp("ended") / "bundle")
-    settings = settings_for(folder, max_queue_delay_ms=int(QUEUE_DELAY_S * 1000), max_batch_size=64, stream_idle_s=0.3)
+    idle_s = 0.3 if request.param == "its idle limit" else 10.0
+    settings = settings_for(
+        folder, max_queue_delay_ms=int(QUEUE_DELAY_S * 1000), max_batch_size=64, stream_idle_s=idle_s
+    )
     classify = ClassifierServicer._classify
 
     async def failing_late(self, name, *rest):
@@ -974,7 +977,6 @@ def ended_stream(request, tmp_path_factory) -> tuple[str, str]:
     sent = [pb.ClassifyRequest(texts=["fun"])]
     if request.param == "a failed request":
         sent.insert(0, pb.ClassifyRequest(texts=["fun"], model_name=LATE))
-        settings = settings.model_copy(update={"stream_idle_s": 10.0})
     server = RunningServer(settings)
     try:
         with pytest.MonkeyPatch.context() as patch:
