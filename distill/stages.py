@@ -14,6 +14,8 @@ from edgedistill.common.stage import Stage, body
 
 # Part of the students' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
+# Part of the transfer set's hash: one built when only dev texts were held out, and after augmenting, is stale.
+HELD_OUT = "dev and test, before augmenting"
 BASELINE_UNREAD = {"losses", "temperature", "init_from_teacher"}  # a student's settings its baseline never reads
 TEACHER_COMMANDS = ("pretrain", "finetune", "teacher")
 
@@ -33,16 +35,16 @@ def transfer(recipe: Recipe) -> Stage:
     """`runs/<recipe>/transfer/`: the transfer set, labelled by the teacher (through the labeller bundle the
     recipe names, whose export settings count too; where it labelled, it is recorded as a parent, so that building
     it again makes the transfer set stale, as it does one of an earlier release, which names it in `info.labelling`
-    alone)."""
+    alone). Which texts it holds out (`HELD_OUT`) counts too."""
     name = recipe.transfer.labeller if recipe.transfer else None
-    labeller = {"labeller": recipe.export.bundles[name].model_dump(mode="json")} if name else None
+    labeller = {"labeller": recipe.export.bundles[name].model_dump(mode="json")} if name else {}
     return Stage(
         "transfer",
         recipe,
         ("data", "transfer"),
         body("edgedistill.distill.transfer"),
         (teacher(recipe),),
-        extra=labeller,
+        extra={"held_out": HELD_OUT} | labeller,
         older_record=_labelled_by_another_bundle if name else None,
     )
 

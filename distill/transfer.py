@@ -181,7 +181,7 @@ def build_stage(inputs: Inputs) -> Built:
         },
         line=f"{len(texts)} {'pairs' if pairs else 'sentences'} ({parts}; "
         f"{composition['removed_duplicates']} duplicates, {composition['removed_no_words']} without words and "
-        f"{composition['removed_dev_overlap']} dev overlaps removed), labelled by {engine} "
+        f"{composition['removed_held_out_overlap']} dev or test overlaps removed), labelled by {engine} "
         f"in {labelling['seconds'] / 60:.1f} min",
         parents=read,
     )

@@ -2,7 +2,8 @@
 
 Examples come from unlabelled text (split into sentences; adjacent sentences for pair tasks), the labelled train
 inputs, and Tang et al. augmentations of those inputs, all written in the recipe's `transfer.text_style`. They are
-deduplicated and any that overlaps a dev text is dropped.
+deduplicated and any that overlaps a held-out (dev or test) text is dropped; a train input that overlaps one is dropped
+before it is augmented.
 """
 
 import hashlib
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import progress
-from edgedistill.common.data import line_count, load_splits, unlabelled_lines
+from edgedistill.common.data import Examples, line_count, load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.text import read_texts, write_texts
 from edgedistill.common.textstyle import Style, styled
@@ -31,11 +32,17 @@ LEAK_NGRAM = 8
 MIN_CONTAINED = 5
 
 
-def leak_filter(dev_texts: list[str], style: Style):
-    """A predicate: True for text equal to a dev sentence, containing a whole dev sentence of 5 to 7
-    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words). A dev sentence is
+def held_out_texts(dev: Examples, test: Examples | None) -> list[str]:
+    """Every text of the dev and (where the recipe has one) test splits, both sides of a pair: what no text the
+    students train on may overlap."""
+    return [text for split in (dev, test) if split is not None for text in split.texts + (split.pairs or [])]
+
+
+def leak_filter(held_out: list[str], style: Style):
+    """A predicate: True for text equal to a held-out sentence, containing a whole held-out sentence of 5 to 7
+    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words). A held-out sentence is
     compared as written and as `styled` in `style`, as the transfer texts are: without its tags and entities."""
-    keys = {normalise(text) for dev in dev_texts for text in (dev, styled(dev, style))}
+    keys = {normalise(text) for held in held_out for text in (held, styled(held, style))}
     grams = set()
     for key in keys:
         words = tuple(key.split())
@@ -124,13 +131,22 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
 
     Pair tasks get pairs from every source: the train pairs, augmented pairs (each side augmented on its own)
     and, from unlabelled text, adjacent sentences of the same line. Duplicates are found on both sides, and a
-    pair is dropped when either side overlaps a dev text.
+    pair is dropped when either side overlaps a dev or test text; a train pair that does is dropped before augmenting,
+    as its augmented copies (a word or two masked or replaced) would mostly pass the check.
     """
     cfg = recipe.transfer
     rng = random.Random(cfg.seed)
     train, dev = load_splits(recipe.data)
+    leaks = leak_filter(held_out_texts(dev, load_test(recipe.data)), cfg.text_style)
     columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
-    train_examples = list(zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True))
+    styled_train = zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True)
+    train_examples, train_labels, overlapping = [], [], 0
+    for example, label in zip(styled_train, train.labels, strict=True):
+        if any(leaks(side) for side in example):
+            overlapping += 1
+            continue
+        train_examples.append(example)
+        train_labels.append(label)
     unlabelled = _unlabelled(cfg, train.pairs is not None)
     if not unlabelled:
         need = "two sentences in a row" if train.pairs is not None else "a sentence"
@@ -155,15 +171,14 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     )
     bar.close()
     rng.shuffle(augmented)
-    kept_train = [(t, 1, y) for t, y in zip(train_examples, train.labels, strict=True)] if cfg.include_train else []
+    kept_train = [(t, 1, y) for t, y in zip(train_examples, train_labels, strict=True)] if cfg.include_train else []
     augmented = augmented[: cfg.max_augmented]
-    # every unlabelled example is a candidate until max_unlabelled are kept: duplicates, dev overlaps and texts
+    # every unlabelled example is a candidate until max_unlabelled are kept: duplicates, held-out overlaps and texts
     # without words, dropped below, may be most of a repetitive dump
     candidates = itertools.chain(kept_train, ((t, 0, -1) for t in unlabelled), ((t, 2, -1) for t in augmented))
-    leaks = leak_filter(dev.texts + (dev.pairs or []), cfg.text_style)
     seen, inputs, sources, labels = set(), [], [], []
     counts = dict.fromkeys(SOURCES, 0)
-    removed = {"no_words": 0, "duplicates": 0, "dev_overlap": 0}
+    removed = {"no_words": 0, "duplicates": 0, "held_out_overlap": overlapping}
     bar = progress.bar(len(kept_train) + len(unlabelled) + len(augmented), desc="filter", unit="text")
     for sides, source, label in candidates:
         bar.update()
@@ -177,7 +192,7 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
             removed["duplicates"] += 1
             continue
         if any(leaks(side) for side in sides):
-            removed["dev_overlap"] += 1
+            removed["held_out_overlap"] += 1
             continue
         seen.add(digest)
         counts[SOURCES[source]] += 1

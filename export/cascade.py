@@ -29,7 +29,7 @@ from edgedistill.common.textstyle import as_served
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import load_tokenizer
-from edgedistill.distill.transfer_texts import adjacent, leak_filter
+from edgedistill.distill.transfer_texts import adjacent, held_out_texts, leak_filter
 from edgedistill.export import bundle_stage, stages, validate
 from edgedistill.export.onnx_export import ExportError
 
@@ -108,8 +108,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
     cfg = recipe.transfer  # unlabelled_max_lines is set: a recipe with cascades refuses to load without
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
     _, dev = load_splits(recipe.data)
-    held_out = [split for split in (dev, load_test(recipe.data)) if split is not None]
-    leaks = leak_filter([text for split in held_out for text in split.texts + (split.pairs or [])], cfg.text_style)
+    leaks = leak_filter(held_out_texts(dev, load_test(recipe.data)), cfg.text_style)
     examples = []
     read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:

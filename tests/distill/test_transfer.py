@@ -14,7 +14,7 @@ from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.textstyle import styled
-from edgedistill.distill import labelling, transfer
+from edgedistill.distill import labelling, stages, transfer
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import hf_logits, predict_logits
@@ -58,20 +58,27 @@ def test_leak_filter_catches_the_styled_copy_of_a_dev_text_with_markup(dev, styl
     assert leak_filter([dev], style)(styled(dev, style))
 
 
-def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower") -> dict:
-    """The composition of the smoke recipe's transfer set, unaugmented, from these train and dev texts (labelled 1)
-    and one unlabelled sentence."""
-    for name, texts in (("train", train), ("dev", dev)):
+def built_from(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides):
+    """The smoke recipe's transfer set, unaugmented unless `overrides` say otherwise, from these train and dev texts
+    (labelled 1) and one unlabelled sentence (`unlabelled`: these lines instead); `test`: a test split too."""
+    splits = {"train": train, "dev": dev} | ({"test": overrides.pop("test")} if "test" in overrides else {})
+    for name, texts in splits.items():
         (tmp_path / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{text}\t1\n" for text in texts))
-    (tmp_path / "u.txt").write_text("An unrelated line of unlabelled text.\n")
+    lines = overrides.pop("unlabelled", ["An unrelated line of unlabelled text."])
+    (tmp_path / "u.txt").write_text("".join(f"{line}\n" for line in lines))
     overrides = {
-        "data.train": str(tmp_path / "train.tsv"),
-        "data.dev": str(tmp_path / "dev.tsv"),
+        **{f"data.{name}": str(tmp_path / f"{name}.tsv") for name in splits},
         "transfer.unlabelled_files": [str(tmp_path / "u.txt")],
         "transfer.text_style": style,
         "transfer.n_iter": 0,
+        **overrides,
     }
-    return build_texts(load_recipe(SMOKE, overrides), "[MASK]").composition
+    return build_texts(load_recipe(SMOKE, overrides), "[MASK]")
+
+
+def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides) -> dict:
+    """The composition of `built_from`'s transfer set."""
+    return built_from(tmp_path, train, dev, style, **overrides).composition
 
 
 def test_max_unlabelled_is_filled_from_a_dump_mostly_of_one_repeated_sentence(tmp_path):
@@ -88,9 +95,35 @@ def test_max_unlabelled_is_filled_from_a_dump_mostly_of_one_repeated_sentence(tm
 
 
 @pytest.mark.parametrize("style", ["raw", "ptb_lower"])
-def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_dev_overlap(tmp_path, style):
+def test_a_train_text_equal_to_a_dev_text_with_markup_is_dropped_as_a_held_out_overlap(tmp_path, style):
     composition = composition_of(tmp_path, [*MARKED_UP, "a different review of the film"], MARKED_UP, style)
-    assert composition["removed_dev_overlap"] == len(MARKED_UP)
+    assert composition["removed_held_out_overlap"] == len(MARKED_UP)
+
+
+LEAKY = "the harbour lights shimmered over quiet boats while gulls circled the old pier"
+CLEAN = ["a dull plot and flat acting sink this film", "an uneven but warm comedy about two brothers"]
+
+
+def test_a_train_text_overlapping_a_dev_text_is_not_augmented(tmp_path):
+    built = built_from(tmp_path, [LEAKY, *CLEAN], [LEAKY], **{"transfer.n_iter": 20, "transfer.p_mask": 0.0})
+    augmented = [text for text, source in zip(built.texts, built.sources, strict=True) if source == 2]
+    assert not [text for text in augmented if set(text.split()) & set(LEAKY.split())]
+
+
+def test_the_augmented_copies_of_clean_train_texts_are_kept(tmp_path):
+    built = built_from(tmp_path, [LEAKY, *CLEAN], [LEAKY], **{"transfer.n_iter": 20, "transfer.p_mask": 0.0})
+    assert built.composition["augmented"] > 0
+
+
+def test_a_train_text_equal_to_a_test_text_is_dropped_as_a_held_out_overlap(tmp_path):
+    composition = composition_of(tmp_path, [LEAKY, *CLEAN], ["a dev text"], test=[LEAKY])
+    assert composition["removed_held_out_overlap"] == 1
+
+
+def test_an_unlabelled_sentence_sharing_eight_words_with_a_test_text_is_dropped(tmp_path):
+    line = f"Back then {LEAKY}, we thought."
+    built = built_from(tmp_path, CLEAN, ["a dev text"], test=[LEAKY], unlabelled=[line, "Another line of text here."])
+    assert built.composition["unlabelled"] == 1
 
 
 def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words(tmp_path):
@@ -768,6 +801,14 @@ def test_the_labeller_bundles_export_settings_make_the_transfer_set_stale():
     before = transfer_stage(load_recipe(SMOKE, fused)).config_hash
     after = transfer_stage(load_recipe(SMOKE, fused | {"export.bundles.teacher-fused.skip_layer_norm": False}))
     assert after.config_hash != before
+
+
+def test_a_transfer_set_built_holding_out_other_texts_is_stale_saying_so(smoke_run, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
+    monkeypatch.setattr(stages, "HELD_OUT", "dev only, after augmenting")
+    assert transfer_stage(load_recipe(SMOKE)).staleness() == (
+        'held_out "dev and test, before augmenting" -> "dev only, after augmenting"'
+    )
 
 
 def test_the_labeller_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped_after_check, smoke_bundles):
