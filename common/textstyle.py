@@ -17,9 +17,21 @@ Style = Literal["raw", "ptb_lower"]
 # later ("... 5 > 4"), which would otherwise close a span over them. The shared data's text is styled the same either way.
 _TAG = re.compile(r"<(?![\d=])[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
-# "..." stays one token; . and , between digits stay inside numbers ("3.5", "1,000"). The lookahead, which every
-# alternative starts with, lets the regex engine skip the other characters fast.
-_PUNCT = re.compile(r"(?=[.,!?;:()\"])(\.\.\.|[!?;:()\"]|(?<!\d)[.,]|[.,](?!\d))")
+# Words written with their period, as SST-2's PTB tokenisation writes them: titles and the like ("mr.", "vs.",
+# "etc."), "no." before a number, dotted initialisms ("u.s.", "e.t."), and initials ("j. k."; not "a." or "i.",
+# which end sentences). None of them ends a sentence (`ends_with_abbreviation`).
+_ABBREVIATION = (
+    r"\b(?:(?:mrs?|ms|dr|jr|sr|st|vs|etc|inc|co|corp|ltd|bros|al|prof|gen|gov|sen|rep|mt|lt|capt|col|sgt|sept|wash)\."
+    r"|no\.(?= ?\d)|[a-z](?:\.[a-z])+\.|(?<!')[b-hj-z]\.(?!\w))"
+)
+# An abbreviation is kept whole; "..." and a run of ! and ? ("?!") stay one token; . and , between digits stay inside
+# numbers ("3.5", "1,000"). The lookahead, which every alternative starts with, lets the regex engine skip the other
+# characters fast.
+_PUNCT = re.compile(
+    rf"(?=[.,!?;:()\"]|\b[a-z.]{{2,15}}(?!\w))"
+    rf"(?:(?P<kept>{_ABBREVIATION})|(?P<split>\.\.\.|[!?]+|[;:()\"]|(?<!\d)[.,]|[.,](?!\d)))"
+)
+_ABBREVIATIONS = re.compile(_ABBREVIATION, re.IGNORECASE)
 
 
 def without_markup(text: str) -> str:
@@ -37,8 +49,20 @@ def tokenise(text: str) -> str:
     text = html.unescape(without_markup(text)).lower().replace("\u2019", "'").replace("\u2018", "'")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)
-    text = _PUNCT.sub(r" \1 ", text)
+    text = _PUNCT.sub(_spaced, text)
     return " ".join(text.split())
+
+
+def _spaced(match: re.Match) -> str:
+    """A punctuation token with a space either side; an abbreviation as it is."""
+    return match["kept"] or f" {match['split']} "
+
+
+def ends_with_abbreviation(text: str, following: str) -> bool:
+    """Whether `text` ends with an abbreviation (in either case) whose period ends no sentence, `following` being the
+    text after it: "Mr." before "Smith", "no." before "5"."""
+    last = text.rsplit(None, 1)[-1] if text.strip() else ""
+    return any(match.end() == len(last) for match in _ABBREVIATIONS.finditer(f"{last} {following[:2]}"))
 
 
 def styled(text: str, style: Style) -> str:

@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable
 
-from edgedistill.common.textstyle import Style, styled
+from edgedistill.common.textstyle import Style, ends_with_abbreviation, styled
 
 Replacer = Callable[[list[str], int, random.Random], str]
 """Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""
@@ -114,13 +114,18 @@ MIN_WORDS = 3
 
 
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
-    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), dropping
-    those with under 3 words.
+    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), but not
+    after an abbreviation ("Mr. Smith", `textstyle.ends_with_abbreviation`), dropping those with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
-    sentences = _SENTENCE_END.split(styled(text, style))
+    sentences = []
+    for piece in _SENTENCE_END.split(styled(text, style)):
+        if sentences and ends_with_abbreviation(sentences[-1], piece):
+            sentences[-1] += f" {piece}"
+        else:
+            sentences.append(piece)
     return [s for s in sentences if _words(s) >= MIN_WORDS]
 
 

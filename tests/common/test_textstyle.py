@@ -25,6 +25,21 @@ def test_tokenise_examples(raw, expected):
     assert tokenise(raw) == expected
 
 
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Mr. Tsai and Ms. Lee, vs. the rest", "mr. tsai and ms. lee , vs. the rest"),
+        ("the U.S. and E.T., e.g. here", "the u.s. and e.t. , e.g. here"),
+        ("J. K. Rowling and Malcolm X.", "j. k. rowling and malcolm x."),
+        ("it's no. 1 here", "it 's no. 1 here"),
+        ("I said no. I am.", "i said no . i am ."),
+        ("Really?!? Wow!?", "really ?!? wow !?"),
+    ],
+)
+def test_tokenise_writes_abbreviations_and_runs_of_marks_as_sst2_does(raw, expected):
+    assert tokenise(raw) == expected
+
+
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
     assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
 
@@ -59,6 +74,26 @@ def test_a_ptb_lower_bundle_serves_a_contraction_as_its_training_text_wrote_it()
 def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
     sst2 = "while undisputed is n't exactly a high , it 's a gripping , tidy little movie ."
     assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+def test_a_ptb_lower_bundle_serves_sst2_text_with_abbreviations_unchanged():
+    sst2 = "the script kicks in , and mr. hartley 's distended pace and foot-dragging rhythms follow ."
+    assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+@pytest.mark.parametrize(
+    ("text", "following", "expected"),
+    [
+        ("I loved Mr.", "Smith", True),
+        ("in the U.S.", "army", True),
+        ("it is no.", "5 here", True),
+        ("I said no.", "Then", False),
+        ("the end.", "Then", False),
+        ("", "Then", False),
+    ],
+)
+def test_ends_with_abbreviation_examples(text, following, expected):
+    assert textstyle.ends_with_abbreviation(text, following) is expected
 
 
 def test_a_raw_bundle_serves_text_as_sent():

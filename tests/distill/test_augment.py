@@ -152,6 +152,12 @@ def test_split_sentences_splits_cleans_and_drops_short_ones():
     ]
 
 
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+def test_split_sentences_splits_no_sentence_after_an_abbreviation(style):
+    raw = "I loved Mr. Smith and Dr. Jones in it. It is no. 5 on my list, e.g. above Star Wars. I said no. Then I left."
+    assert len(split_sentences(raw, style)) == 4
+
+
 def test_split_sentences_keeps_a_sentence_without_final_punctuation():
     assert split_sentences("an ok film overall") == ["an ok film overall"]
     assert split_sentences("Short. Too.") == []
