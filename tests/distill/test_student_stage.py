@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import gc
 import json
 import weakref
@@ -12,6 +13,7 @@ from edgedistill.common.config.training import OptimConfig, RuntimeConfig, Stude
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
+from edgedistill.common.textstyle import tokenise
 from edgedistill.distill import heads, stages, student_stage
 from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
@@ -52,7 +54,7 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     assert cfg.arch == arch
     assert manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
     tokenizer = load_tokenizer(str(smoke_run / "teacher"))
-    _, dev = load_splits(SMOKE.data)
+    dev = student_stage.served(load_splits(SMOKE.data)[1], SMOKE.text_style)  # as the bundle serves it
     feats = encode(tokenizer, dev.texts, None, SMOKE.transfer.max_length)
     with torch.no_grad():
         logits = predict_logits(lambda b: student(b["input_ids"], b["attention_mask"]), feats, tokenizer.pad_token_id)
@@ -60,6 +62,27 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     assert accuracy == pytest.approx(manifest.metrics["dev_accuracy"])
     assert accuracy > 0.6, "a distilled smoke student must beat the majority class (about 0.52)"
     assert (folder / "tokenizer.json").read_bytes() == (smoke_run / "teacher" / "tokenizer.json").read_bytes()
+
+
+class Encoded(Exception):
+    """Raised by `encode_spy` once the stage has encoded its dev texts, which it holds."""
+
+
+def encode_spy(*args, **kwargs):
+    raise Encoded(args[1])
+
+
+@pytest.mark.parametrize("baseline", [False, True])
+def test_a_student_is_scored_on_dev_text_as_its_bundle_serves_it(smoke_run, monkeypatch, baseline):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_run.parent))
+    train, dev = load_splits(SMOKE.data)
+    shouted = dataclasses.replace(dev, texts=[text.upper() for text in dev.texts])  # as people write, not as SST-2
+    monkeypatch.setattr(student_stage, "load_splits", lambda data: (train, shouted))
+    monkeypatch.setattr(student_stage, "encode", encode_spy)
+    inputs = stages.student(SMOKE, "cnn", baseline).inputs()
+    with pytest.raises(Encoded) as encoded:
+        student_stage.build_stage(inputs, "cnn", baseline, None)
+    assert encoded.value.args[0] == [tokenise(text) for text in shouted.texts]
 
 
 @pytest.mark.parametrize("name", STUDENTS)
