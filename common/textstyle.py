@@ -61,7 +61,8 @@ def _spaced(match: re.Match) -> str:
 def ends_with_abbreviation(text: str, following: str) -> bool:
     """Whether `text` ends with an abbreviation (in either case) whose period ends no sentence, `following` being the
     text after it: "Mr." before "Smith", "no." before "5"."""
-    last = text.rsplit(None, 1)[-1] if text.strip() else ""
+    words = text.rsplit(None, 1)  # the last word alone: read from the end of a long text, not copied whole
+    last = words[-1] if words else ""
     return any(match.end() == len(last) for match in _ABBREVIATIONS.finditer(f"{last} {following[:2]}"))
 
 

@@ -120,12 +120,13 @@ def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
-    sentences = []
+    sentences, pieces = [], []  # the pieces of the sentence being read, joined once it ends
     for piece in _SENTENCE_END.split(styled(text, style)):
-        if sentences and ends_with_abbreviation(sentences[-1], piece):
-            sentences[-1] += f" {piece}"
-        else:
-            sentences.append(piece)
+        if pieces and not ends_with_abbreviation(pieces[-1], piece):
+            sentences.append(" ".join(pieces))
+            pieces = []
+        pieces.append(piece)
+    sentences.append(" ".join(pieces))
     return [s for s in sentences if _words(s) >= MIN_WORDS]
 
 

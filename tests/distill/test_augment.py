@@ -1,4 +1,5 @@
 import random
+import time
 import tracemalloc
 
 import pytest
@@ -219,3 +220,10 @@ def test_augment_examples_changes_each_side_of_a_pair_on_its_own_and_drops_the_o
     assert not set(out) & set(pairs)
     assert len(set(out)) == len(out)
     assert out == augment_examples(pairs, 6, random.Random(0), **kwargs)
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_long_run_of_abbreviations_is_split_in_linear_time():
+    started = time.perf_counter()
+    split_sentences("Mr. " * 100_000, "raw")  # joined piece by piece, re-reading the sentence so far: seconds
+    assert time.perf_counter() - started < 1.5
