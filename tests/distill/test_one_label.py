@@ -20,8 +20,8 @@ WARNING = "warning: it predicts 'negative' for all 300 dev examples, which hold 
 @pytest.fixture(scope="module")
 def one_label_run(tmp_path_factory) -> tuple[list[str], Path, list[str]]:
     """What the teacher, transfer and distill (the CNN alone) stages printed, line by line, the runs folder, and the
-    overrides: a tiny BERT fine-tuned on 64 negative SST-2 reviews, and a CNN student (and baseline) whose learning
-    rate is high enough that its first step already predicts the one label."""
+    overrides: a tiny BERT fine-tuned on 64 negative SST-2 reviews, and a CNN student (and baseline) that learns from
+    those reviews' labels alone, at a learning rate high enough that its first step already predicts the one label."""
     scratch = tmp_path_factory.mktemp("one-label")
     header, *rows = (Path(settings.defaults()["EDGEDISTILL_DATA_DIR"]) / "sst2" / "train.tsv").read_text().splitlines()
     negative = [row for row in rows if row.endswith("\t0")][:64]
@@ -35,6 +35,8 @@ def one_label_run(tmp_path_factory) -> tuple[list[str], Path, list[str]]:
         "--transfer.max_unlabelled=300",
         "--transfer.max_augmented=300",
         "--distill.students.cnn.optim.lr=0.1",
+        "--distill.students.cnn.losses.mse=0",  # its gold labels alone, every one negative
+        "--distill.students.cnn.losses.ce=1",
         "--distill.students.transformer.init_from_teacher=false",  # a tiny BERT's layers are narrower than it
         "--distill.students.transformer.baseline_init_from_teacher=false",
     ]
