@@ -19,19 +19,28 @@ _TAG = re.compile(r"<(?![\d=])[^>]*>")
 _CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
 # Words written with their period, as SST-2's PTB tokenisation writes them: titles and the like ("mr.", "vs.",
 # "etc."), "no." before a number, dotted initialisms ("u.s.", "e.t."), and initials ("j. k."; not "a." or "i.",
-# which end sentences). None of them ends a sentence (`ends_with_abbreviation`).
-_ABBREVIATION = (
-    r"\b(?:(?:mrs?|ms|dr|jr|sr|st|vs|etc|inc|co|corp|ltd|bros|al|prof|gen|gov|sen|rep|mt|lt|capt|col|sgt|sept|wash)\."
-    r"|no\.(?= ?\d)|[a-z](?:\.[a-z])+\.|(?<!')[b-hj-z]\.(?!\w))"
-)
+# which end sentences); not before another period ("x ...", as SST-2 writes it). After a title, an initialism or an
+# initial no sentence ends (`ends_with_abbreviation`); after one of `_MAY_END` ("a wash.", "etc.") one may.
+_TITLES = ("mrs?", "ms", "dr", "jr", "sr", "st", "vs", "bros", "prof", "gen", "gov", "sen", "rep", "mt", "lt", "capt")
+_MAY_END = ("etc", "inc", "co", "corp", "ltd", "al", "sept", "wash")
+
+
+def _abbreviation(words: tuple[str, ...]) -> str:
+    return rf"\b(?:(?:{'|'.join(words)})\.(?!\.)|no\.(?= ?\d)|[a-z](?:\.[a-z])+\.(?!\.)|(?<!')[b-hj-z]\.(?![\w.]))"
+
+
 # An abbreviation is kept whole; "..." and a run of ! and ? ("?!") stay one token; . and , between digits stay inside
 # numbers ("3.5", "1,000"). The lookahead, which every alternative starts with, lets the regex engine skip the other
 # characters fast.
 _PUNCT = re.compile(
     rf"(?=[.,!?;:()\"]|\b[a-z.]{{2,15}}(?!\w))"
-    rf"(?:(?P<kept>{_ABBREVIATION})|(?P<split>\.\.\.|[!?]+|[;:()\"]|(?<!\d)[.,]|[.,](?!\d)))"
+    rf"(?:(?P<kept>{_abbreviation(_TITLES + _MAY_END)})|(?P<split>\.\.\.|[!?]+|[;:()\"]|(?<!\d)[.,]|[.,](?!\d)))"
 )
-_ABBREVIATIONS = re.compile(_ABBREVIATION, re.IGNORECASE)
+_NON_FINAL = re.compile(_abbreviation(_TITLES), re.IGNORECASE)
+# A title already tokenised apart from its period ("mr . magoo", as some scraped reviews are written)
+_NAME_TITLE = r"(?:mrs?|ms|dr)"
+_SPLIT_TITLE = re.compile(rf"\b({_NAME_TITLE}) \.(?= \w)")
+_NAME_TITLE_WORD = re.compile(_NAME_TITLE, re.IGNORECASE)
 
 
 def without_markup(text: str) -> str:
@@ -49,6 +58,8 @@ def tokenise(text: str) -> str:
     text = html.unescape(without_markup(text)).lower().replace("\u2019", "'").replace("\u2018", "'")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)
+    if " ." in text:
+        text = _SPLIT_TITLE.sub(r"\1.", text)
     text = _PUNCT.sub(_spaced, text)
     return " ".join(text.split())
 
@@ -59,11 +70,13 @@ def _spaced(match: re.Match) -> str:
 
 
 def ends_with_abbreviation(text: str, following: str) -> bool:
-    """Whether `text` ends with an abbreviation (in either case) whose period ends no sentence, `following` being the
-    text after it: "Mr." before "Smith", "no." before "5"."""
-    words = text.rsplit(None, 1)  # the last word alone: read from the end of a long text, not copied whole
+    """Whether `text` ends with an abbreviation (in either case) after which no sentence ends, `following` being the
+    text after it: "Mr." (or a tokenised "Mr .") before "Smith", "no." before "5"; not "etc." or "a wash."."""
+    words = text.rsplit(None, 2)  # the last words alone: read from the end of a long text, not copied whole
     last = words[-1] if words else ""
-    return any(match.end() == len(last) for match in _ABBREVIATIONS.finditer(f"{last} {following[:2]}"))
+    if last == "." and len(words) > 1 and _NAME_TITLE_WORD.fullmatch(words[-2]):
+        return True
+    return any(match.end() == len(last) for match in _NON_FINAL.finditer(f"{last} {following[:2]}"))
 
 
 def styled(text: str, style: Style) -> str:

@@ -34,6 +34,8 @@ def test_tokenise_examples(raw, expected):
         ("it's no. 1 here", "it 's no. 1 here"),
         ("I said no. I am.", "i said no . i am ."),
         ("Really?!? Wow!?", "really ?!? wow !?"),
+        ("Jason X... and games, etc...", "jason x ... and games , etc ..."),
+        ("when disney announced mr . magoo", "when disney announced mr. magoo"),
     ],
 )
 def test_tokenise_writes_abbreviations_and_runs_of_marks_as_sst2_does(raw, expected):
@@ -90,6 +92,9 @@ def test_a_ptb_lower_bundle_serves_sst2_text_with_abbreviations_unchanged():
         ("I said no.", "Then", False),
         ("the end.", "Then", False),
         ("", "Then", False),
+        ("announced mr .", "magoo", True),
+        ("sing, dance, etc.", "The", False),
+        ("it is a wash.", "The", False),
     ],
 )
 def test_ends_with_abbreviation_examples(text, following, expected):
