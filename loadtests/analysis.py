@@ -113,8 +113,16 @@ def offered_rate(stages: list[Stage]) -> float:
     return sum(s.offered_rate * (s.end_s - s.start_s) for s in stages) / stages[-1].end_s
 
 
+def _users(stages: list[Stage], start: float, end: float) -> float:
+    """The schedule's users over [start, end): a stage's, or where stages change inside it, their mean weighed by the
+    time each holds (a spike from 2.5 s on shows in the second from 2 s)."""
+    held = [(min(end, s.end_s) - max(start, s.start_s), s.users) for s in stages]
+    mean = sum(span * users for span, users in held if span > 0) / (end - start)
+    return int(mean) if mean == int(mean) else round(mean, 1)
+
+
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
-    """One entry per second of the schedule: users, requests/s, failures/s (of the calls sent), latency percentiles
+    """One entry per second of the schedule: users (their mean over a second in which stages change), failures/s (of the calls sent), latency percentiles
     (None: no call). The last second counts too the calls that return after the schedule ends, as the last stage
     does, and where the schedule ends inside it (`duration_s: 2.5`), its rates are over the part scheduled."""
     end = stages[-1].end_s
@@ -124,7 +132,7 @@ def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
         stats = call_stats(samples.between(t, math.inf if t == seconds - 1 else t + 1), 1.0)
         width = min(t + 1, end) - t  # 1, but for a last second the schedule ends inside
         series["t_s"].append(t)
-        series["users"].append(next((s.users for s in stages if s.start_s <= t < s.end_s), stages[-1].users))
+        series["users"].append(_users(stages, t, t + width))
         for key, calls in (("requests_per_s", stats["requests"]), ("failures_per_s", stats["failures"])):
             series[key].append(calls if width == 1 else round(calls / width, 1))
         for key in ("p50_ms", "p95_ms", "p99_ms"):

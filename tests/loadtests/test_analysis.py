@@ -290,6 +290,14 @@ def test_a_last_second_the_schedule_ends_inside_gives_its_rates_over_the_part_sc
     assert series["requests_per_s"] == [2, 2, 2.0]
 
 
+def test_a_second_in_which_the_users_change_gives_their_mean_over_it():
+    stages = [
+        Stage(name="base", start_s=0.0, end_s=2.5, users=10, offered_rate=1.0),
+        Stage(name="spike", start_s=2.5, end_s=4.0, users=50, offered_rate=5.0),
+    ]
+    assert analysis.per_second(samples([0.5, 1.5, 2.5, 3.5], [1.0] * 4), stages)["users"] == [10, 10, 30, 50]
+
+
 def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():
     stages = [Stage(name="constant", start_s=0.0, end_s=3.0, users=1, offered_rate=1.0)]
     series = analysis.per_second(samples([0.5, 1.5, 2.5, 3.5, 5.0], [1.0] * 5), stages)
