@@ -26,6 +26,8 @@ _MAY_END = ("etc", "inc", "co", "corp", "ltd", "al", "sept", "wash")
 
 
 def _abbreviation(words: tuple[str, ...]) -> str:
+    """A regex of an abbreviation of lower-case text: one of `words` with its period, `no.` before a number, a dotted
+    initialism or an initial."""
     return rf"\b(?:(?:{'|'.join(words)})\.(?!\.)|no\.(?= ?\d)|[a-z](?:\.[a-z])+\.(?!\.)|(?<!')[b-hj-z]\.(?![\w.]))"
 
 

@@ -122,9 +122,10 @@ def _users(stages: list[Stage], start: float, end: float) -> float:
 
 
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:
-    """One entry per second of the schedule: users (their mean over a second in which stages change), failures/s (of the calls sent), latency percentiles
-    (None: no call). The last second counts too the calls that return after the schedule ends, as the last stage
-    does, and where the schedule ends inside it (`duration_s: 2.5`), its rates are over the part scheduled."""
+    """One entry per second of the schedule: users (their mean over a second in which stages change), requests/s,
+    failures/s (of the calls sent), latency percentiles (None: no call). The last second counts too the calls that
+    return after the schedule ends, as the last stage does, and where the schedule ends inside it (`duration_s: 2.5`),
+    its rates are over the part scheduled."""
     end = stages[-1].end_s
     seconds = int(np.ceil(end))
     series = {key: [] for key in ("t_s", "users", "requests_per_s", "failures_per_s", "p50_ms", "p95_ms", "p99_ms")}
