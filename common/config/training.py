@@ -84,6 +84,11 @@ class DataConfig(Strict):
     @field_validator("text_column", "text_pair_column", "label_column", "positive_label", mode="before")
     @classmethod
     def _names_quoted(cls, value, info: ValidationInfo):
+        if value is None and info.field_name in ("text_column", "label_column"):
+            raise ValueError(
+                f'data.{info.field_name} is empty: in YAML a value that starts with "#" is a comment, so quote it, '
+                f'e.g. {info.field_name}: "#1 String"'
+            )
         if isinstance(value, bool | int | float):
             example = "yes" if isinstance(value, bool) else value
             raise ValueError(
@@ -127,7 +132,8 @@ class DataConfig(Strict):
         if self.positive_label is not None and self.positive_index is None:
             raise ValueError(
                 f"data.positive_label={self.positive_label!r} is not one of data.label_names {self.label_names}: set "
-                "it to one of them, or to null for the default: the second of two labels"
+                "it to one of them"
+                + (", or to null for the default: the second of two labels" if len(self.label_names) == 2 else "")
             )
         columns = {"text_column": self.text_column, "label_column": self.label_column}
         if self.text_pair_column is not None:

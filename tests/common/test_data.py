@@ -691,7 +691,7 @@ def read_single(path: Path, content: str, text_column: str = "sentence1"):
     [("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"), ("premise", "hypothesis")],
 )
 def test_a_pair_file_read_without_its_pair_column_names_the_pair_setting(tmp_path, first, second):
-    message = re.escape(f"set data.text_pair_column: {second}, or data.text_pair_column: null")
+    message = re.escape(f'set data.text_pair_column: "{second}", or data.text_pair_column: null')
     with pytest.raises(DataError, match=message):
         read_single(tmp_path / "p.tsv", f"{first}\t{second}\tlabel\ngood\tfine\t1\n", first)
 

@@ -696,6 +696,23 @@ def test_positive_label_must_be_a_label_name(tmp_path):
         load_recipe(write(tmp_path, TREC_DATA % ", positive_label: hum"))
 
 
+def test_a_positive_label_of_a_multiclass_task_that_is_no_label_name_is_not_offered_a_default(tmp_path):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, TREC_DATA % ", positive_label: hum"))
+    assert "or to null" not in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["text_column", "label_column"])
+def test_a_column_yaml_reads_as_a_comment_is_refused_asking_to_quote_it(tmp_path, field):
+    text = MINIMAL.replace(
+        "label_names: [negative, positive]}", f"label_names: [negative, positive],\n  {field}: #1 x\n}}"
+    )
+    with pytest.raises(
+        RecipeError, match=rf'data\.{field} is empty: in YAML a value that starts with "#" is a comment'
+    ):
+        load_recipe(write(tmp_path, text))
+
+
 def test_an_unknown_metric_is_refused(tmp_path):
     with pytest.raises(RecipeError, match=r"data\.metric: Input should be 'accuracy', 'macro_f1' or 'f1'"):
         load_recipe(write(tmp_path, TREC_DATA % ", metric: auc"))
