@@ -38,7 +38,24 @@ def utf16_sign(first: bytes) -> str:
     body = first.removesuffix(b"\n")
     if len(body) >= 2 and not (body[0::2].strip(b"\0") and body[1::2].strip(b"\0")):
         return "every other byte of its first line is NUL, as in UTF-16 text without a byte-order mark"
+    if _delimited_utf16(first):
+        return "its first line reads as UTF-16 text without a byte-order mark, its tabs or commas each a byte and a NUL"
     return ""
+
+
+def _delimited_utf16(first: bytes) -> bool:
+    """Whether a file's `first` line reads as UTF-16 text (either byte order) of printable characters holding a tab or
+    a comma: text without Latin letters (Chinese, say) has no NUL at every other byte, but its delimiters have one.
+    The NUL of a little-endian line's LF begins the next line, so it is put back."""
+    little = first + b"\0" if first.endswith(b"\n") and len(first) % 2 else first
+    for codec, line in (("utf-16-le", little), ("utf-16-be", first)):
+        try:
+            text = line.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        if ("\t" in text or "," in text) and all(char.isprintable() or char in "\t\r\n" for char in text):
+            return True
+    return False
 
 
 def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:

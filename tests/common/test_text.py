@@ -89,6 +89,20 @@ def test_utf8_lines_name_utf16_text_without_a_byte_order_mark_by_its_nuls(encodi
     assert "every other byte of its first line is NUL" in err.value.utf16
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("delimiter", ["\t", ","])
+def test_utf8_lines_name_utf16_text_of_chinese_without_a_byte_order_mark_by_its_delimiters(encoding, delimiter):
+    with pytest.raises(NotUtf8) as err:
+        lines_of(f"文本{delimiter}标签\n你好{delimiter}正面\n".encode(encoding))
+    assert "reads as UTF-16 text without a byte-order mark" in err.value.utf16
+
+
+def test_utf8_lines_do_not_take_cp1252_text_for_utf16():
+    with pytest.raises(NotUtf8) as err:
+        lines_of("café,crème\tlabel\n".encode("cp1252"))
+    assert err.value.utf16 == ""
+
+
 def test_utf8_lines_say_gzip_data_is_gzip_data():
     with pytest.raises(NotUtf8) as err:
         lines_of(gzip.compress(b"one\n"))
