@@ -717,6 +717,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         raw["name"] = path.stem
         origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
     variables = settings.variables()
+    written_train = (raw.get("data") or {}).get("train") if isinstance(raw.get("data"), dict) else None
     made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
         if key == "extends":
@@ -731,6 +732,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             raise RecipeError(f"{path}: {err}") from None
         for end in range(1, key.count(".") + 2):  # the setting, and the sections it is in, which it now writes
             origins.pop(".".join(key.split(".")[:end]), None)
+    _refuse_kept_splits(path, overrides or {}, written_train, raw)
     # after the command line's overrides, which win only where they set the key: `--runtime={precision: fp32}`
     # keeps EDGEDISTILL_DEVICE
     for variable, key in settings.ENV_OVERRIDES.items():
@@ -742,6 +744,21 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     except ValidationError as err:
         problems = [_problem(e, origins, made) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
+
+
+def _refuse_kept_splits(path: Path, overrides: dict[str, object], written_train: object, raw: dict) -> None:
+    """An override of `data.train` that keeps the recipe's dev or test split would score the models on the recipe's
+    task, as `_refuse_inherited_splits` says of a recipe: refused, naming the split, unless an override sets it too."""
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    if not _sets(overrides, "data.train") or data.get("train") == written_train:
+        return
+    for split in ("dev", "test"):
+        if data.get(split) is not None and not _sets(overrides, f"data.{split}"):
+            raise RecipeError(
+                f"{path}: --data.train replaces the recipe's data.train but keeps its data.{split} ({data[split]}), "
+                f"which would score the models on the recipe's task: give --data.{split} too (the same value, if that "
+                f"is this task's {split} split{'; null for none' if split == 'test' else ''})"
+            )
 
 
 def _sets(overrides: dict[str, object], dotted: str) -> bool:

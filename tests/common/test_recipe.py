@@ -861,8 +861,22 @@ def test_a_home_path_in_a_recipe_resolves_from_the_home_folder(tmp_path, monkeyp
 
 def test_a_home_path_override_resolves_from_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    recipe = load_recipe(write(tmp_path, MINIMAL), {"data.train": "~/x.tsv"})
+    recipe = load_recipe(write(tmp_path, MINIMAL), {"data.train": "~/x.tsv", "data.dev": "b.tsv"})
     assert recipe.data.train == str(tmp_path / "home" / "x.tsv")
+
+
+def test_an_override_of_the_train_split_that_keeps_the_recipes_dev_split_is_refused_naming_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"--data\.train replaces the recipe's data\.train but keeps its data\.dev"):
+        load_recipe(write(tmp_path, MINIMAL), {"data.train": "x.tsv"})
+
+
+def test_an_override_of_the_train_split_that_keeps_the_recipes_test_split_is_refused_naming_it():
+    with pytest.raises(RecipeError, match=r"keeps its data\.test \(\S+trec/test\.tsv\)"):
+        load_recipe(ROOT / "recipes" / "trec.yaml", {"data.train": "x.tsv", "data.dev": "y.tsv"})
+
+
+def test_an_override_of_the_train_split_with_the_recipes_own_file_keeps_its_splits(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "a.tsv"}).data.dev == "b.tsv"
 
 
 def test_paths_without_a_dot_prefix_are_left_as_written(tmp_path):
@@ -870,7 +884,9 @@ def test_paths_without_a_dot_prefix_are_left_as_written(tmp_path):
 
 
 def test_a_dot_slash_override_is_left_for_the_working_directory(tmp_path):
-    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "./x.tsv"}).data.train == "./x.tsv"
+    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "./x.tsv", "data.dev": "b.tsv"}).data.train == (
+        "./x.tsv"
+    )
 
 
 def test_a_recipe_with_its_own_train_split_and_the_bases_dev_split_is_refused_naming_both(tmp_path):

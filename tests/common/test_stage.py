@@ -90,9 +90,9 @@ def test_a_rebuilt_stage_names_the_setting_that_changed(recipe, capsys):
 def test_a_rebuilt_stage_names_a_data_file_whose_contents_changed(recipe, capsys, tmp_path):
     data = tmp_path / "train.tsv"
     data.write_text("sentence\tlabel\na\t0\n")
-    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    Stage("up", recipe(**{"data.train": str(data), "data.dev": "b.tsv"}), ("data",), writer("a.txt")).run()
     data.write_text("sentence\tlabel\nb\t1\n")
-    Stage("up", recipe(**{"data.train": str(data)}), ("data",), writer("a.txt")).run()
+    Stage("up", recipe(**{"data.train": str(data), "data.dev": "b.tsv"}), ("data",), writer("a.txt")).run()
     assert "[up] building again: data.train: its contents changed\n" in capsys.readouterr().out
 
 
@@ -134,10 +134,10 @@ def test_a_child_of_a_parent_built_from_other_settings_is_refused_naming_the_set
 def test_a_child_of_a_parent_whose_data_file_is_gone_is_refused_naming_the_file(recipe, tmp_path):
     data = tmp_path / "train.tsv"
     data.write_text("sentence\tlabel\ngood\tpositive\n")
-    teacher = Stage("teacher", recipe(**{"data.train": str(data)}), ("data",), writer("p.txt"))
+    teacher = Stage("teacher", recipe(**{"data.train": str(data), "data.dev": "b.tsv"}), ("data",), writer("p.txt"))
     teacher.run()
     data.unlink()
-    built_on = recipe(**{"data.train": str(data)})
+    built_on = recipe(**{"data.train": str(data), "data.dev": "b.tsv"})
     child = Stage(
         "child", built_on, ("finetune",), writer("c.txt"), (Stage("teacher", built_on, ("data",), writer("p.txt")),)
     )

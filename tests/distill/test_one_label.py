@@ -30,6 +30,7 @@ def one_label_run(tmp_path_factory) -> tuple[list[str], Path, list[str]]:
         "--pretrain=null",
         f"--model.init={tiny_bert(scratch / 'init', num_labels=2)}",
         f"--data.train={scratch / 'negative.tsv'}",
+        f"--data.dev={Path(settings.defaults()['EDGEDISTILL_DATA_DIR']) / 'sst2' / 'dev.tsv'}",  # the task's own
         "--finetune.optim.max_steps=8",
         "--finetune.optim.lr=3e-3",
         "--transfer.max_unlabelled=300",

@@ -85,7 +85,13 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
     assert result.returncode == 2
     assert "finetune.optim.lrr" in result.stderr
     result = run_here(
-        "distill", "finetune", SMOKE, f"--data.train={tmp_path}/none.tsv", "--pretrain=null", "--model.init=x"
+        "distill",
+        "finetune",
+        SMOKE,
+        f"--data.train={tmp_path}/none.tsv",
+        f"--data.dev={tmp_path}/dev.tsv",
+        "--pretrain=null",
+        "--model.init=x",
     )
     assert result.returncode == 2
     assert "none.tsv: file not found" in result.stderr

@@ -615,7 +615,8 @@ def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_
 def test_headline_names_a_teacher_whose_data_file_is_gone_with_the_file(recipe, tmp_path):
     train = tmp_path / "train.tsv"
     train.write_text("sentence\tlabel\ngood\t1\n")
-    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train": str(train)})
+    smoke = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train": str(train), "data.dev": smoke.data.dev})
     Stage("teacher", built, TEACHER_SETTINGS, lambda _: Built(lambda f: (f / "w").write_text("w"), {})).run()
     train.unlink()
     teacher_lines = [line for line in headline.headline(built, "x.yaml") if line.startswith("not shown: teacher,")]
