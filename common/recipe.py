@@ -611,6 +611,13 @@ def _settings_in(node: dict, prefix: str = "") -> list[str]:
     ]
 
 
+# A column or label name written unquoted after `#` (`text_pair_column: #2 String`, MRPC's header): YAML reads a comment
+# and the key as null, which for the pair column means "no pairs, on purpose"
+_COMMENTED_NAME = re.compile(
+    r"^[ \t]*(text_column|text_pair_column|label_column|positive_label)[ \t]*:[ \t]+(#.*)$", re.MULTILINE
+)
+
+
 def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Path]]:
     """One recipe file, localized (see `_localize`), over the recipe it `extends` (read the same way); and the file
     each setting comes from, by dotted key."""
@@ -625,6 +632,12 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
         raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as err:
         raise RecipeError(f"{path}: not valid YAML: {err}{_unquoted_variable(text, err)}") from err
+    if commented := _COMMENTED_NAME.search(text):
+        line = text.count("\n", 0, commented.start()) + 1
+        raise RecipeError(
+            f"{path}:{line}: data.{commented[1]}: its value starts with #, which YAML reads as a comment, so the key "
+            f'is empty: quote the value ({commented[1]}: "{commented[2].strip()}"), or write null'
+        )
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: the top level must be a mapping of sections")
     try:

@@ -703,14 +703,19 @@ def test_a_positive_label_of_a_multiclass_task_that_is_no_label_name_is_not_offe
 
 
 @pytest.mark.parametrize("field", ["text_column", "label_column"])
-def test_a_column_yaml_reads_as_a_comment_is_refused_asking_to_quote_it(tmp_path, field):
-    text = MINIMAL.replace(
-        "label_names: [negative, positive]}", f"label_names: [negative, positive],\n  {field}: #1 x\n}}"
-    )
+def test_a_column_given_as_null_is_refused_saying_an_unquoted_hash_reads_as_a_comment(tmp_path, field):
+    text = MINIMAL.replace("label_names: [negative, positive]}", f"label_names: [negative, positive], {field}: null}}")
     with pytest.raises(
         RecipeError, match=rf'data\.{field} is empty: in YAML a value that starts with "#" is a comment'
     ):
         load_recipe(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("field", ["text_column", "text_pair_column", "label_column", "positive_label"])
+def test_a_name_written_after_an_unquoted_hash_is_refused_at_its_line_asking_to_quote_it(tmp_path, field):
+    text = f"data:\n  train: a.tsv\n  dev: b.tsv\n  {field}: #2 String\n  label_names: [negative, positive]\n"
+    with pytest.raises(RecipeError, match=rf'exp\.yaml:4: data\.{field}: .* quote the value \({field}: "#2 String"\)'):
+        load_recipe(write(tmp_path, text + "model: {init: some/model}\n"))
 
 
 def test_an_unknown_metric_is_refused(tmp_path):
