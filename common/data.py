@@ -424,7 +424,7 @@ def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataEr
     where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
     return DataError(
         f"{where}: column {second!r} reads as the second text of a pair beside {column!r}, and data.text_pair_column "
-        f"is not set, so each example would be {column!r} alone: set data.text_pair_column: {json.dumps(second)}, or "
+        f"is not set, so each example would be {column!r} alone: set data.text_pair_column: {json.dumps(second, ensure_ascii=False)}, or "
         f"data.text_pair_column: null to train on {column!r} alone"
     )
 

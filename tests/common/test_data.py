@@ -688,7 +688,13 @@ def read_single(path: Path, content: str, text_column: str = "sentence1"):
 
 @pytest.mark.parametrize(
     ("first", "second"),
-    [("sentence1", "sentence2"), ("#1 String", "#2 String"), ("text_a", "text_b"), ("premise", "hypothesis")],
+    [
+        ("sentence1", "sentence2"),
+        ("#1 String", "#2 String"),
+        ("text_a", "text_b"),
+        ("premise", "hypothesis"),
+        ("句子1", "句子2"),
+    ],
 )
 def test_a_pair_file_read_without_its_pair_column_names_the_pair_setting(tmp_path, first, second):
     message = re.escape(f'set data.text_pair_column: "{second}", or data.text_pair_column: null')
