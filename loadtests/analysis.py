@@ -117,8 +117,8 @@ def _users(stages: list[Stage], start: float, end: float) -> float:
     """The schedule's users over [start, end): a stage's, or where stages change inside it, their mean weighed by the
     time each holds (a spike from 2.5 s on shows in the second from 2 s)."""
     held = [(min(end, s.end_s) - max(start, s.start_s), s.users) for s in stages]
-    mean = sum(span * users for span, users in held if span > 0) / (end - start)
-    return int(mean) if mean == int(mean) else round(mean, 1)
+    mean = round(sum(span * users for span, users in held if span > 0) / (end - start), 1)
+    return int(mean) if mean.is_integer() else mean
 
 
 def per_second(samples: Samples, stages: list[Stage]) -> dict[str, list]:

@@ -298,6 +298,15 @@ def test_a_second_in_which_the_users_change_gives_their_mean_over_it():
     assert analysis.per_second(samples([0.5, 1.5, 2.5, 3.5], [1.0] * 4), stages)["users"] == [10, 10, 30, 50]
 
 
+def test_a_mean_of_users_that_rounds_to_a_whole_number_is_a_whole_number():
+    stages = [
+        Stage(name="base", start_s=0.0, end_s=2 + 1 / 3, users=10, offered_rate=1.0),
+        Stage(name="spike", start_s=2 + 1 / 3, end_s=3.0, users=40, offered_rate=4.0),
+    ]
+    users = analysis.per_second(samples([0.5, 1.5, 2.5], [1.0] * 3), stages)["users"]
+    assert [type(count) for count in users] == [int, int, int]
+
+
 def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():
     stages = [Stage(name="constant", start_s=0.0, end_s=3.0, users=1, offered_rate=1.0)]
     series = analysis.per_second(samples([0.5, 1.5, 2.5, 3.5, 5.0], [1.0] * 5), stages)
