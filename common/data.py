@@ -422,9 +422,10 @@ def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataEr
         return None
     delimited = _format(Path(source)) in (".tsv", ".csv")
     where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
+    quoted = json.dumps(second, ensure_ascii=False)  # as YAML reads it, a name starting with # included
     return DataError(
         f"{where}: column {second!r} reads as the second text of a pair beside {column!r}, and data.text_pair_column "
-        f"is not set, so each example would be {column!r} alone: set data.text_pair_column: {json.dumps(second, ensure_ascii=False)}, or "
+        f"is not set, so each example would be {column!r} alone: set data.text_pair_column: {quoted}, or "
         f"data.text_pair_column: null to train on {column!r} alone"
     )
 
