@@ -612,9 +612,9 @@ def _settings_in(node: dict, prefix: str = "") -> list[str]:
 
 
 # A column or label name written unquoted after `#` (`text_pair_column: #2 String`, MRPC's header): YAML reads a comment
-# and the key as null, which for the pair column means "no pairs, on purpose"
+# and the key as null, which for the pair column means "no pairs, on purpose". A comment (`# none`) starts with a space.
 _COMMENTED_NAME = re.compile(
-    r"^[ \t]*(text_column|text_pair_column|label_column|positive_label)[ \t]*:[ \t]+(#.*)$", re.MULTILINE
+    r"^[ \t]*(text_column|text_pair_column|label_column|positive_label)[ \t]*:[ \t]+(#\S.*)$", re.MULTILINE
 )
 
 

@@ -86,8 +86,8 @@ class DataConfig(Strict):
     def _names_quoted(cls, value, info: ValidationInfo):
         if value is None and info.field_name in ("text_column", "label_column"):
             raise ValueError(
-                f'data.{info.field_name} is empty: in YAML a value that starts with "#" is a comment, so quote it, '
-                f'e.g. {info.field_name}: "#1 String"'
+                f"data.{info.field_name} is empty: name the {info.field_name.removesuffix('_column')} column "
+                f'(quoted where it starts with #, e.g. {info.field_name}: "#1 String")'
             )
         if isinstance(value, bool | int | float):
             example = "yes" if isinstance(value, bool) else value

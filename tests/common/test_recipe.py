@@ -703,11 +703,9 @@ def test_a_positive_label_of_a_multiclass_task_that_is_no_label_name_is_not_offe
 
 
 @pytest.mark.parametrize("field", ["text_column", "label_column"])
-def test_a_column_given_as_null_is_refused_saying_an_unquoted_hash_reads_as_a_comment(tmp_path, field):
+def test_a_column_given_as_null_is_refused_asking_for_its_name(tmp_path, field):
     text = MINIMAL.replace("label_names: [negative, positive]}", f"label_names: [negative, positive], {field}: null}}")
-    with pytest.raises(
-        RecipeError, match=rf'data\.{field} is empty: in YAML a value that starts with "#" is a comment'
-    ):
+    with pytest.raises(RecipeError, match=rf"data\.{field} is empty: name the \w+ column"):
         load_recipe(write(tmp_path, text))
 
 
@@ -716,6 +714,12 @@ def test_a_name_written_after_an_unquoted_hash_is_refused_at_its_line_asking_to_
     text = f"data:\n  train: a.tsv\n  dev: b.tsv\n  {field}: #2 String\n  label_names: [negative, positive]\n"
     with pytest.raises(RecipeError, match=rf'exp\.yaml:4: data\.{field}: .* quote the value \({field}: "#2 String"\)'):
         load_recipe(write(tmp_path, text + "model: {init: some/model}\n"))
+
+
+def test_a_comment_after_an_empty_pair_column_reads_as_null(tmp_path):
+    text = "data:\n  train: a.tsv\n  dev: b.tsv\n  text_pair_column:   # single texts, on purpose\n"
+    text += "  label_names: [negative, positive]\nmodel: {init: some/model}\n"
+    assert load_recipe(write(tmp_path, text)).data.text_pair_column is None
 
 
 def test_an_unknown_metric_is_refused(tmp_path):
