@@ -31,8 +31,8 @@ class NotUtf8(ValueError):
 
 def utf16_sign(first: bytes) -> str:
     """How a file's `first` line (its end kept) shows UTF-16 text: a UTF-16 byte-order mark, or, without one, a NUL at
-    every other byte, as text of Latin letters has in UTF-16 (and a text file's lines never do); '' where it shows
-    none."""
+    every other byte, as text of Latin letters has in UTF-16 (and a text file's lines never do), or tabs or commas
+    of UTF-16 among other characters (`_delimited_utf16`); '' where it shows none."""
     if first.startswith(UTF16_BOMS):
         return "it starts with a UTF-16 byte-order mark, as a spreadsheet's Unicode text export does"
     body = first.removesuffix(b"\n")

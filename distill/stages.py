@@ -14,7 +14,8 @@ from edgedistill.common.stage import Stage, body
 
 # Part of the students' hash: a student folder written before the Hub layout (student.json) is stale.
 FOLDER_LAYOUT = "hub"
-# Part of the transfer set's hash: one built when only dev texts were held out, and after augmenting, is stale.
+# Part of the transfer set's hash: one built when only dev texts were held out, and after augmenting, is stale (as is
+# one of the release before, whose sentences were also cut at abbreviations and styled `mr .`).
 HELD_OUT = "dev and test, before augmenting"
 BASELINE_UNREAD = {"losses", "temperature", "init_from_teacher"}  # a student's settings its baseline never reads
 TEACHER_COMMANDS = ("pretrain", "finetune", "teacher")

@@ -304,7 +304,7 @@ def test_a_mean_of_users_that_rounds_to_a_whole_number_is_a_whole_number():
         Stage(name="spike", start_s=2 + 1 / 3, end_s=3.0, users=40, offered_rate=4.0),
     ]
     users = analysis.per_second(samples([0.5, 1.5, 2.5], [1.0] * 3), stages)["users"]
-    assert [type(count) for count in users] == [int, int, int]
+    assert [(count, type(count)) for count in users] == [(10, int), (10, int), (30, int)]
 
 
 def test_calls_that_return_after_the_schedule_ends_count_in_the_last_second_of_the_series():
