@@ -21,6 +21,7 @@ from edgedistill.common import progress
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 from edgedistill.common.names import first_of
 from edgedistill.common.text import NotUtf8, shows_nothing, stray_delimiter, utf8_lines
+from edgedistill.common.textstyle import Style, as_served
 
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 SIGNED = re.compile(r"[+-]?[0-9]+")  # a label name that reads as a number
@@ -52,6 +53,10 @@ class Examples:
             return None if values is None else [values[i] for i in indices]
 
         return replace(self, texts=pick(self.texts), pairs=pick(self.pairs), labels=pick(self.labels))
+
+    def as_served(self, style: Style) -> "Examples":
+        """The examples with their texts and pairs as a bundle of `style` serves them (`textstyle.as_served`)."""
+        return replace(self, texts=as_served(self.texts, style), pairs=as_served(self.pairs, style))
 
     def batches(self, size: int) -> list["Examples"]:
         """Consecutive groups of at most `size`, in order, covering every example once."""

@@ -11,7 +11,7 @@ random weights unless `baseline_init_from_teacher` is set, so their gap is every
 import json
 import math
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,11 +21,10 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import TOKENIZER_FILES
 from edgedistill.common.config.training import StudentConfig, StudentRun
-from edgedistill.common.data import Examples, load_splits, load_test
+from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.text import read_texts
-from edgedistill.common.textstyle import Style, as_served
 from edgedistill.distill import device, dist, heads, pretrain
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
@@ -274,13 +273,6 @@ def teacher_in_training(student: nn.Module, teacher_dir: Path, copied: bool, mat
     return teacher if matched else None
 
 
-def served(split: Examples | None, style: Style) -> Examples | None:
-    """`split` with its texts and pairs as a bundle of `style` serves them (`as_served`); None stays None."""
-    if split is None:
-        return None
-    return replace(split, texts=as_served(split.texts, style), pairs=as_served(split.pairs, style))
-
-
 def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) -> Built | None:
     """The body of `distill.stages.student`."""
     recipe = inputs.recipe
@@ -292,9 +284,8 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
     pad = tokenizer.pad_token_id
     max_length = recipe.transfer.max_length
     # written as the server writes a text for the bundle, so that the recorded figures are the served ones
-    train, dev, test = (
-        served(split, recipe.text_style) for split in (*load_splits(recipe.data), load_test(recipe.data))
-    )
+    train, dev = (split.as_served(recipe.text_style) for split in load_splits(recipe.data))
+    test = None if (test := load_test(recipe.data)) is None else test.as_served(recipe.text_style)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length, student_segments=True)
 
     sentences = inputs.manifests["transfer"].metrics["sentences"]

@@ -44,7 +44,6 @@ from edgedistill.common.runtime import (
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.text import read_texts
-from edgedistill.common.textstyle import as_served
 from edgedistill.distill.batching import collate
 from edgedistill.distill.students import Student, TransformerClassifier
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
@@ -85,7 +84,7 @@ class SourceCache:
         self.tokenizer = None
         self.train, self.dev = load_splits(recipe.data)
         # the dev texts as the bundles' servers write them, once for every source and bundle
-        self.served_dev = tuple(as_served(texts, recipe.text_style) for texts in (self.dev.texts, self.dev.pairs))
+        self.served_dev = self.dev.as_served(recipe.text_style)
 
     def segments(self, name: str) -> PairSegments:
         """How a pair's `token_type_ids` are made for source `name`, as it was trained: a pair student's by the
@@ -97,7 +96,13 @@ class SourceCache:
 
     def features(self, name: str) -> dict[str, list[list[int]]]:
         """The dev split's features for source `name`, its texts written as the bundles' servers write them."""
-        return token_features(self.tokenizer, *self.served_dev, max_length(self.recipe, name), self.segments(name))
+        return token_features(
+            self.tokenizer,
+            self.served_dev.texts,
+            self.served_dev.pairs,
+            max_length(self.recipe, name),
+            self.segments(name),
+        )
 
     def get(self, name: str, folder: Path, teacher: Path) -> tuple[Source, Path, np.ndarray]:
         """The source `name` from its (verified) artifact `folder`, exported once per version of it: one published

@@ -25,7 +25,6 @@ from edgedistill.common.data import load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs
-from edgedistill.common.textstyle import as_served
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.tokenization import load_tokenizer
@@ -180,12 +179,11 @@ def build_stage(inputs: Inputs, name: str) -> Built:
             f"past the transfer set's {recipe.transfer.unlabelled_max_lines} lines, and chooses the thresholds on "
             f"those {len(texts)}: add unlabelled text, or lower transfer.unlabelled_max_lines or calibration_sentences"
         )
-    _, dev = load_splits(recipe.data)
-    dev_texts, dev_pairs = as_served(dev.texts, recipe.text_style), as_served(dev.pairs, recipe.text_style)
+    dev = load_splits(recipe.data)[1].as_served(recipe.text_style)
     with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
         opened = [members.enter_context(Member(folder)) for folder in folders]
         calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
-        dev_logits = [member.logits(tokenizer, dev_texts, dev_pairs) for member in opened]  # as the server writes them
+        dev_logits = [member.logits(tokenizer, dev.texts, dev.pairs) for member in opened]  # as the server writes them
     reference = calibration[-1].argmax(-1)
     routing, first_kept = fit_routing(calibration, cfg)
     spec = CascadeSpec(

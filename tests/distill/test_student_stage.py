@@ -54,7 +54,7 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     assert cfg.arch == arch
     assert manifest.metrics["params"] == sum(p.numel() for p in student.parameters())
     tokenizer = load_tokenizer(str(smoke_run / "teacher"))
-    dev = student_stage.served(load_splits(SMOKE.data)[1], SMOKE.text_style)  # as the bundle serves it
+    dev = load_splits(SMOKE.data)[1].as_served(SMOKE.text_style)  # as the bundle serves it
     feats = encode(tokenizer, dev.texts, None, SMOKE.transfer.max_length)
     with torch.no_grad():
         logits = predict_logits(lambda b: student(b["input_ids"], b["attention_mask"]), feats, tokenizer.pad_token_id)
