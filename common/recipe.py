@@ -763,7 +763,7 @@ def _refuse_kept_splits(path: Path, overrides: dict[str, object], written_train:
     """An override of `data.train` that keeps the recipe's dev or test split would score the models on the recipe's
     task, as `_refuse_inherited_splits` says of a recipe: refused, naming the split, unless an override sets it too."""
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-    if not _sets(overrides, "data.train") or data.get("train") == written_train:
+    if not _sets(overrides, "data.train") or _same_file(data.get("train"), written_train):
         return
     for split in ("dev", "test"):
         if data.get(split) is not None and not _sets(overrides, f"data.{split}"):
@@ -772,6 +772,19 @@ def _refuse_kept_splits(path: Path, overrides: dict[str, object], written_train:
                 f"which would score the models on the recipe's task: give --data.{split} too (the same value, if that "
                 f"is this task's {split} split{'; null for none' if split == 'test' else ''})"
             )
+
+
+def _same_file(a: object, b: object) -> bool:
+    """Whether two values of `data.train` name one file: as written, as the same path written otherwise (`./a.tsv`,
+    `data//a.tsv`), or through a link."""
+    if a == b:
+        return True
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    try:
+        return os.path.normpath(a) == os.path.normpath(b) or os.path.samefile(a, b)
+    except OSError:  # either is not a file here: a Hub dataset's name, or a path to be made
+        return False
 
 
 def _sets(overrides: dict[str, object], dotted: str) -> bool:

@@ -888,6 +888,17 @@ def test_an_override_of_the_train_split_with_the_recipes_own_file_keeps_its_spli
     assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "a.tsv"}).data.dev == "b.tsv"
 
 
+def test_an_override_of_the_train_split_with_the_recipes_own_file_written_otherwise_keeps_its_splits(tmp_path):
+    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "./a.tsv"}).data.dev == "b.tsv"
+
+
+def test_an_override_of_the_train_split_with_a_link_to_the_recipes_own_file_keeps_its_splits(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\n")
+    (tmp_path / "link.tsv").symlink_to(tmp_path / "a.tsv")
+    assert load_recipe(write(tmp_path, MINIMAL), {"data.train": "link.tsv"}).data.dev == "b.tsv"
+
+
 def test_paths_without_a_dot_prefix_are_left_as_written(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).data.train == "a.tsv"
 
