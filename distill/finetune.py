@@ -107,6 +107,9 @@ def build_stage(inputs: Inputs) -> Built | None:
                 f"[teacher] warning: {shared} of the {len(split)} {name} examples are train examples too "
                 f"(data.train, data.{name}): the {name} figures overstate the models"
             )
+    # scored as its bundle's server writes them, as the students are: retention compares figures on one text
+    dev = dev.as_served(recipe.text_style)
+    test = None if test is None else test.as_served(recipe.text_style)
     init = str(inputs.parent("pretrain")) if recipe.pretrain is not None else recipe.model.init
     tokenizer = load_tokenizer(init)
     if data.pairs:

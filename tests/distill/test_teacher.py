@@ -13,7 +13,7 @@ import torch
 from edgedistill.bench.processes import free_port
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError
-from edgedistill.distill import heads
+from edgedistill.distill import finetune, heads
 from edgedistill.distill.finetune import reinit_top_layers
 from transformers import (
     AutoModelForSequenceClassification,
@@ -147,6 +147,20 @@ def test_the_teacher_manifest_counts_the_test_examples(tmp_path):
     teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-test-count" / "teacher")
     assert teacher.info["train_examples"] == 32
     assert teacher.info["test_examples"] == 3
+
+
+def test_the_teacher_scores_dev_and_test_as_its_bundles_server_writes_them(tmp_path, monkeypatch):
+    split = tmp_path / "split.tsv"
+    split.write_text("sentence\tlabel\nA GREAT Film, Mr. Smith!\t1\nA dull one.\t0\n")
+    encoded = []
+    real = finetune.encode
+    monkeypatch.setattr(
+        finetune, "encode", lambda tok, texts, *rest, **kw: encoded.extend(texts) or real(tok, texts, *rest, **kw)
+    )
+    steps = ["--pretrain.optim.max_steps=1", "--finetune.optim.max_steps=1", "--data.train_limit=32"]
+    result = run_stage("teacher", SMOKE, f"--data.dev={split}", f"--data.test={split}", "--name=smoke-served", *steps)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert encoded.count("a great film , mr. smith !") == 2  # dev, then test
 
 
 def kill_9_once(args: list, ready: Callable[[], bool]) -> None:
