@@ -17,6 +17,7 @@ CR_ALONE = re.compile(r"(?<=\r)(?!\n)")
 
 INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format and space characters
 REPLACEMENT = "\ufffd"
+READ_AHEAD = 4096  # the bytes of a file's start read to tell UTF-16 text by, where UTF-8 fails within them
 
 
 class NotUtf8(ValueError):
@@ -63,16 +64,20 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
     held whole and a line never taken is never decoded; its end kept. A line ends at LF, CR LF, or CR alone, never at
     what `str.splitlines` also ends one at (U+2028, U+0085, a form feed: characters a text may hold); `number` counts
     the LFs before it, plus one. A byte-order mark before the first line is dropped; `NotUtf8` for a line that does
-    not decode (saying where the data is gzip-compressed), and for a first line that shows UTF-16 text
-    (`utf16_sign`)."""
-    offset = 0
+    not decode (saying where the data is gzip-compressed, and how the file's start shows UTF-16 text where it fails
+    within it), and for a first line that shows UTF-16 text (`utf16_sign`)."""
+    offset, head = 0, b""
     for number, raw in enumerate(handle, 1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            first = number == 1
+            # a UTF-16 character whose low byte is 0x0A (`上`) ends a line early: the file's start shows its text
+            start = head + raw + handle.read(READ_AHEAD) if offset < READ_AHEAD else b""
             raise NotUtf8(
-                number, offset + err.start, utf16_sign(raw) if first else "", first and raw.startswith(GZIP_MAGIC)
+                number,
+                offset + err.start,
+                utf16_sign(start[: len(start) // 2 * 2]),
+                number == 1 and raw.startswith(GZIP_MAGIC),
             ) from None
         if number == 1:
             if utf16 := utf16_sign(raw):  # decodes as UTF-8, NULs and all, without a byte-order mark
@@ -82,6 +87,7 @@ def utf8_lines(handle: BinaryIO) -> Iterator[tuple[int, str]]:
             yield from ((number, line) for line in CR_ALONE.split(text) if line)
         elif text:
             yield number, text
+        head += raw if offset < READ_AHEAD else b""
         offset += len(raw)
 
 

@@ -97,6 +97,13 @@ def test_utf8_lines_name_utf16_text_of_chinese_without_a_byte_order_mark_by_its_
     assert "reads as UTF-16 text without a byte-order mark" in err.value.utf16
 
 
+@pytest.mark.parametrize("delimiter", ["\t", ","])
+def test_utf8_lines_name_utf16_text_whose_first_line_a_0a_byte_cuts_by_its_delimiters(delimiter):
+    with pytest.raises(NotUtf8) as err:
+        lines_of(f"上文{delimiter}标签\n你好{delimiter}正面\n".encode("utf-16-le"))  # 上 is the bytes 0A 4E
+    assert "reads as UTF-16 text without a byte-order mark" in err.value.utf16
+
+
 def test_utf8_lines_do_not_take_cp1252_text_for_utf16():
     with pytest.raises(NotUtf8) as err:
         lines_of("café,crème\tlabel\n".encode("cp1252"))
