@@ -172,6 +172,15 @@ def keeps(logits: np.ndarray, spec: CascadeSpec, index: int) -> np.ndarray:
     return (confidence(logits, spec.rule, member.temperature) >= member.threshold) & finite
 
 
+def least_sure_first(logits: np.ndarray, spec: CascadeSpec, index: int) -> np.ndarray:
+    """The rows of member `index`'s (N, C) logits, least confident first (ties in row order): a row with a non-finite
+    logit, which `keeps` passes on whatever its confidence reads, before any other. An overloaded server sends the
+    escalated texts on in this order while the next member has room."""
+    member = spec.members[index]
+    scores = confidence(logits, spec.rule, member.temperature)
+    return np.argsort(np.where(np.isfinite(logits).all(-1), scores, -np.inf), kind="stable")
+
+
 def route(member_logits: list[np.ndarray], spec: CascadeSpec) -> tuple[np.ndarray, np.ndarray]:
     """Answers of the cascade from every member's logits on the same N texts: (N, C) logits of the member that
     answered each text, and (N,) its index. The server runs a member only on the texts that reach it; this is the

@@ -20,9 +20,9 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import (
     Cascade,
     CascadeSpec,
-    confidence,
     is_cascade,
     keeps,
+    least_sure_first,
     load_cascade,
     on_onnx_runtime,
     route,
@@ -280,9 +280,7 @@ class CascadeRuntime:
                 f"cascade member {self.ids[index]} cannot take {len(reaching)} escalated texts: {room} of its "
                 f"{batcher.max_queued} queue places are free (CASCADE_OVERLOAD=refuse); retry with backoff"
             )
-        scores = confidence(logits, self.spec.rule, self.spec.members[index - 1].temperature)
-        least_sure = np.argsort(np.where(np.isnan(scores), -np.inf, scores), kind="stable")
-        return np.sort(reaching[least_sure[:room]])
+        return np.sort(reaching[least_sure_first(logits, self.spec, index - 1)[:room]])
 
     async def classify_ids(self, tensors: dict[str, np.ndarray], deadline: float | None) -> Scores:
         raise self.token_ids_refused()

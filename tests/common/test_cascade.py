@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, route
+from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, least_sure_first, route
 from pydantic import ValidationError
 
 LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
@@ -112,3 +112,13 @@ def test_load_cascade_refuses_a_member_name_too_long_for_the_file_system(tmp_pat
     (folder / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(mf.ArtifactError, match="cannot be read: File name too long"):
         load_cascade(folder)
+
+
+def test_least_sure_first_orders_rows_by_their_confidence():
+    assert least_sure_first(LOGITS[::-1], spec(0.5), 0).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("rule", ["max_prob", "margin", "entropy"])
+def test_least_sure_first_puts_a_row_with_a_minus_infinite_logit_first_though_its_confidence_reads_sure(rule):
+    logits = np.array([[0.1, 0.0, 0.0], [-np.inf, 3.0, 0.0]])
+    assert least_sure_first(logits, spec(0.5, rule), 0).tolist() == [1, 0]
