@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -101,16 +101,38 @@ class MemberDescription:
 
 @dataclass(frozen=True)
 class Checked:
-    """A request's texts (and pairs) as `check_texts` leaves them, and which of them it cut: (kind, row) pairs, the
-    kind "text" or "text pair"."""
+    """A request's texts (and pairs) as `check_texts` leaves them, which of them it cut: (kind, row) pairs, the kind
+    "text" or "text pair"; and what is wrong with its first blank pair, told once the model is known to take pairs."""
 
     texts: list[str]
     pairs: list[str] | None
     cut: frozenset[tuple[str, int]]
+    blank_pair: str | None = None
+
+    def classify(self, runtime: "ModelRuntime", deadline: float | None) -> Awaitable["Scores"]:
+        """`runtime.classify` of these texts, once their pairs suit its model (`check_pairs`: a single-text model is
+        told it takes none before it is told that one is blank) and none is blank."""
+        check_pairs(runtime.spec, self.pairs)
+        if self.blank_pair:
+            raise InvalidInput(self.blank_pair)
+        return runtime.classify(self.texts, self.pairs, deadline)
+
+
+def _blank(kind: str, i: int, value: str, max_chars: int) -> str | None:
+    """What is wrong with text (or pair: `kind`) `i`, `value`, where it shows nothing in its first `max_chars`."""
+    if value[:max_chars].strip():
+        return None
+    if not value.strip():
+        return f"{kind} {i} is empty or whitespace only"
+    return (  # the words come after the part the server reads
+        f"{kind} {i} is whitespace only in its first {max_chars} characters (MAX_TEXT_CHARS), all of a text the "
+        "server reads: send it without the leading whitespace"
+    )
 
 
 def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: int, max_chars: int) -> Checked:
-    """Validated texts (and pairs), each cut to `max_chars` characters, as lists; their numbers are checked first."""
+    """Validated texts (and pairs), each cut to `max_chars` characters, as lists; their numbers are checked first. A
+    blank pair is recorded, not refused, as the model is not known yet (`Checked.classify`)."""
     if not texts:
         raise InvalidInput("empty request: send at least one text")
     if len(texts) > max_texts:
@@ -119,21 +141,18 @@ def check_texts(texts: Sequence[str], pairs: Sequence[str] | None, max_texts: in
         raise InvalidInput(  # the model is not known yet: the advice holds for either kind
             f"{len(pairs)} text pairs for {len(texts)} texts: send one pair per text (none to a model of single texts)"
         )
-    for kind, values in (("text", texts), ("text pair", pairs or [])):
-        for i, value in enumerate(values):
-            if value[:max_chars].strip():
-                continue
-            if not value.strip():
-                raise InvalidInput(f"{kind} {i} is empty or whitespace only")
-            raise InvalidInput(  # the words come after the part the server reads
-                f"{kind} {i} is whitespace only in its first {max_chars} characters (MAX_TEXT_CHARS), all of a "
-                "text the server reads: send it without the leading whitespace"
-            )
+    for i, value in enumerate(texts):
+        if problem := _blank("text", i, value, max_chars):
+            raise InvalidInput(problem)
+    blank_pair = next(
+        filter(None, (_blank("text pair", i, value, max_chars) for i, value in enumerate(pairs or []))), None
+    )
     cut = frozenset(
         (kind, i) for kind, values in (("text", texts), ("text pair", pairs or [])) for i, value in enumerate(values)
         if len(value) > max_chars
     )  # fmt: skip
-    return Checked([t[:max_chars] for t in texts], None if pairs is None else [p[:max_chars] for p in pairs], cut)
+    cut_pairs = None if pairs is None else [p[:max_chars] for p in pairs]
+    return Checked([t[:max_chars] for t in texts], cut_pairs, cut, blank_pair)
 
 
 @contextlib.contextmanager

@@ -277,9 +277,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
         return request.model_name, request.model_version, checked
 
     async def _classify(self, name: str, version: str, checked: Checked, deadline: float | None):
-        texts, pairs = checked.texts, checked.pairs
         with named_if_cut(checked, self.settings.max_text_chars):
-            runtime, scores = await self.host.dispatch(name, version, lambda rt: rt.classify(texts, pairs, deadline))
+            runtime, scores = await self.host.dispatch(name, version, lambda rt: checked.classify(rt, deadline))
         return classify_response(runtime.spec, scores)
 
     @handles_errors
@@ -478,9 +477,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             checked = check_texts(texts, pairs, self.settings.max_texts, self.settings.max_text_chars)
             with named_if_cut(checked, self.settings.max_text_chars):
                 return await self.host.dispatch(
-                    request.model_name,
-                    request.model_version,
-                    lambda rt: rt.classify(checked.texts, checked.pairs, deadline),
+                    request.model_name, request.model_version, lambda rt: checked.classify(rt, deadline)
                 )
         if "input_ids" not in inputs:
             raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")

@@ -209,7 +209,7 @@ def test_model_info_gives_the_servers_request_limits(stub, served):
         (pb.ClassifyRequest(texts=[" \t\n"]), "INVALID_ARGUMENT", "text 0 is empty or whitespace only"),
         (pb.ClassifyRequest(texts=["good"] * 9), "RESOURCE_EXHAUSTED", "9 texts in one request; the limit is 8"),
         (pb.ClassifyRequest(texts=["a", "b"], text_pairs=["c"]), "INVALID_ARGUMENT", "1 text pairs for 2 texts"),
-        (pb.ClassifyRequest(texts=["a"], text_pairs=[" "]), "INVALID_ARGUMENT", "text pair 0 is empty"),
+        (pb.ClassifyRequest(texts=["a"], text_pairs=[" "]), "INVALID_ARGUMENT", "takes single texts, not text pairs"),
         (pb.ClassifyRequest(texts=["good"], model_name="bert"), "NOT_FOUND", "unknown model 'bert'"),
         (pb.ClassifyRequest(texts=["good"], model_version="7"), "NOT_FOUND", "has no version '7'"),
     ],

@@ -116,6 +116,17 @@ def test_kserve_with_text_pair_to_a_single_text_model_is_invalid_argument(channe
     assert "model 'tiny-sentiment' takes single texts, not text pairs" in details
 
 
+def test_a_blank_pair_to_a_pair_model_is_invalid_argument_naming_it(classifier):
+    code, details = refusal(classifier.Classify, pb.ClassifyRequest(texts=TEXTS, text_pairs=[*PAIRS[:2], " "]))
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "text pair 2 is empty or whitespace only")
+
+
+def test_a_pair_blank_in_the_characters_the_server_reads_is_refused_naming_the_limit(classifier):
+    pairs = [*PAIRS[:2], " " * 5000 + "words"]
+    _, details = refusal(classifier.Classify, pb.ClassifyRequest(texts=TEXTS, text_pairs=pairs))
+    assert details.startswith("text pair 2 is whitespace only in its first")
+
+
 def test_model_info_of_a_pair_model_names_both_text_inputs(classifier):
     info = classifier.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert list(info.text_inputs) == ["text", "text_pair"]
