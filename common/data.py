@@ -26,8 +26,14 @@ from edgedistill.common.textstyle import Style, as_served
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 SIGNED = re.compile(r"[+-]?[0-9]+")  # a label name that reads as a number
 FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
-# the second text's column beside a first of these names, in GLUE's and SuperGLUE's pair tasks
-SECOND_TEXTS = {"premise": "hypothesis", "question": "sentence", "question1": "question2"}
+# the second text's columns beside a first of these names: GLUE's and SuperGLUE's pair tasks, and the names of a
+# Hugging Face tokenizer's arguments (`text`, `text_pair`), which datasets saved for one often keep
+SECOND_TEXTS = {
+    "premise": ("hypothesis",),
+    "question": ("sentence", "passage"),
+    "question1": ("question2",),
+    "text": ("text_pair",),
+}
 
 
 class DataError(ValueError):
@@ -412,7 +418,8 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
 def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataError | None:
     """The error for a file of sentence pairs read as single texts: the recipe sets no `data.text_pair_column` (null
     given on purpose reads the first text alone) and the first row has the text column's evident second, its name
-    with 2 for 1 (`sentence1`, `#1 String`), b for a last a (`text_a`), or a pair task's second (`hypothesis`)."""
+    with 2 for 1 (`sentence1`, `#1 String`), b for a last a (`text_a`), or a pair task's second (`hypothesis`,
+    `text_pair`)."""
     if cfg.text_pair_column is not None or "text_pair_column" in cfg.model_fields_set:
         return None
     number, row = line
@@ -420,7 +427,7 @@ def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataEr
     seconds = (
         re.sub(r"(?<!\d)1(?!\d)", "2", column),
         re.sub(r"(?<=[_\- ])([aA])$", lambda letter: "b" if letter[1] == "a" else "B", column),
-        SECOND_TEXTS.get(column.casefold()),
+        *SECOND_TEXTS.get(column.casefold(), ()),
     )
     second = next((name for name in seconds if name not in (None, column) and name in row), None)
     if second is None:

@@ -693,6 +693,8 @@ def read_single(path: Path, content: str, text_column: str = "sentence1"):
         ("#1 String", "#2 String"),
         ("text_a", "text_b"),
         ("premise", "hypothesis"),
+        ("question", "passage"),
+        ("text", "text_pair"),
         ("句子1", "句子2"),
     ],
 )
