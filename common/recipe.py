@@ -39,7 +39,7 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     TransferConfig,
 )
-from edgedistill.common.names import did_you_mean
+from edgedistill.common.names import did_you_mean, first_of
 from edgedistill.common.providers import CPU
 from edgedistill.common.textstyle import Style
 from pydantic import Field, ValidationError, model_validator
@@ -755,7 +755,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_problem(e, origins, made) for e in err.errors()]
+        problems = [_problem(e, origins, made, raw) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
@@ -886,16 +886,35 @@ def _origins(written: dict[str, Path], path: Path) -> dict[str, str]:
     }
 
 
-def _problem(error: dict, origins: dict[str, str], made: dict[str, str]) -> str:
+def _problem(error: dict, origins: dict[str, str], made: dict[str, str], raw: dict) -> str:
     """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
     # the mapping, not the name YAML misread
     loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"][:-1] if _unquoted_key(error) else error["loc"]
     key = ".".join(str(p) for p in loc if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
-    hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "")
+    hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "") or _new_entry(error, raw)
     if message.startswith(key):  # a rule's: the setting it names first is the one at fault
         return message + origins.get(re.match(r"[\w.-]*", message).group(), "") + hint
     return f"{key}: {message}" + origins.get(key, "") + hint
+
+
+def _new_entry(error: dict, raw: dict) -> str:
+    """For a required setting a named section lacks (`distill.students.bilsm.model`), the names the recipe has, as the
+    name may be a misspelt one (a recipe file's `bilsm:` for `bilstm:`); else ""."""
+    loc = error["loc"]
+    if error["type"] != "missing" or len(loc) < 3 or not schema.names_sections(Recipe, loc[:-2]):
+        return ""
+    node = raw
+    for part in loc[:-2]:
+        node = node.get(part) if isinstance(node, dict) else None
+    known = [str(name) for name, entry in (node or {}).items() if isinstance(entry, dict) and loc[-1] in entry]
+    if not known:
+        return ""
+    section = ".".join(str(part) for part in loc[:-2])
+    return (
+        f" ({did_you_mean(str(loc[-2]), known)}the recipe's {section} are {first_of(known)}, and a new one needs "
+        f"its {loc[-1]})"
+    )
 
 
 def _message(error: dict) -> str:
@@ -915,7 +934,9 @@ def _message(error: dict) -> str:
         return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
     if error["type"] == "string_type" and isinstance(error["input"], bool | int | float | datetime.date):
         return _read_as(error["input"], ".".join(str(p) for p in loc if p != "[key]"))
-    if error["type"] == "too_short" and not error["input"] and schema.names_sections(Recipe, loc):
+    if (error["type"] == "missing" or error["type"] == "too_short" and not error["input"]) and schema.names_sections(
+        Recipe, loc
+    ):
         section = ".".join(str(p) for p in loc[:-1])
         return f"none left: give at least one, or drop the section to build none ({section}: null)"
     field = schema.field_at(Recipe, loc)

@@ -74,10 +74,18 @@ def test_an_override_of_a_misspelt_student_names_the_student_meant():
         load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
 
 
-def test_an_override_of_a_new_student_unlike_any_gets_the_plain_error():
+def test_an_override_of_a_new_student_unlike_any_lists_the_recipes_students():
     overrides = parse_overrides(["--distill.students.newone.optim.lr=1"])
-    with pytest.raises(RecipeError, match=r"distill\.students\.newone\.model: Field required$"):
+    message = (
+        r"newone\.model: Field required \(the recipe's distill\.students are bilstm, cnn, transformer, and a new one"
+    )
+    with pytest.raises(RecipeError, match=message):
         load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_a_misspelt_student_in_a_recipe_file_names_the_student_meant(tmp_path):
+    with pytest.raises(RecipeError, match=r"bilsm\.model: Field required \(did you mean bilstm\? the recipe's"):
+        load_recipe(write(tmp_path, "extends: smoke\ndistill: {students: {bilsm: {optim: {lr: 0.01}}}}\n"))
 
 
 def test_a_value_off_its_pattern_says_which_values_there_are(tmp_path):
@@ -1212,6 +1220,11 @@ def test_null_drops_a_student(tmp_path):
 def test_dropping_every_student_is_refused_naming_the_section_to_drop_instead(tmp_path):
     with pytest.raises(RecipeError, match=r"distill\.students: none left: .* to build none \(distill: null\)"):
         extend(tmp_path, "distill: {students: {cnn: null, bilstm: null}}\n")
+
+
+def test_students_set_to_null_are_refused_naming_the_section_to_drop_instead(tmp_path):
+    with pytest.raises(RecipeError, match=r"distill\.students: none left: .* to build none \(distill: null\)"):
+        extend(tmp_path, "distill: {students: null}\n")
 
 
 def test_dropping_every_bundle_is_refused_naming_the_section_to_drop_instead(tmp_path):
