@@ -144,9 +144,24 @@ class Recipe(Strict):
                     "transfer.relabel_margin is set but transfer.labeller is not: it applies to an INT8 labeller"
                 )
             return self
-        bundle = self.export.bundles.get(name) if self.export else None
-        if bundle is None:
-            raise ValueError(f"transfer.labeller={name!r} is not one of export.bundles")
+        bundles = self.export.bundles if self.export else {}
+        if name not in bundles:
+            able = [
+                key
+                for key, one in bundles.items()
+                if (one.source, one.runtime, one.providers) == ("teacher", "onnxruntime", [CPU])
+                and one.precision in ("fp32", "int8")
+            ]
+            those = (
+                f"{did_you_mean(name, able)}the teacher's CPU bundles that can label are {', '.join(able)}, or"
+                if able
+                else "the recipe has no fp32 or INT8 CPU bundle of the teacher to label with:"
+            )
+            raise ValueError(
+                f"transfer.labeller={name!r} is not one of export.bundles: {those} transfer.labeller: null labels in "
+                "PyTorch"
+            )
+        bundle = bundles[name]
         if (bundle.source, bundle.runtime) != ("teacher", "onnxruntime") or bundle.precision not in ("fp32", "int8"):
             raise ValueError(
                 f"transfer.labeller={name!r} must be an fp32 or INT8 ONNX Runtime bundle of the teacher, got source="

@@ -1208,6 +1208,17 @@ def test_a_relabel_margin_without_a_labeller_is_refused(tmp_path):
         extend(tmp_path, "transfer: {labeller: null, relabel_margin: 1.0}\n")
 
 
+def test_a_misspelt_labeller_names_the_bundles_that_can_label(tmp_path):
+    message = r"labeller='teacher-int8x' is not one of export\.bundles: did you mean teacher-int8\? the teacher's CPU "
+    with pytest.raises(RecipeError, match=message + r"bundles that can label are teacher-onnx, teacher-int8, or"):
+        extend(tmp_path, "transfer: {labeller: teacher-int8x, relabel_margin: 1.0}\n")
+
+
+def test_a_labeller_without_bundles_says_pytorch_labels_without_one(tmp_path):
+    with pytest.raises(RecipeError, match=r"has no fp32 or INT8 CPU bundle of the teacher to label with: transfer\."):
+        extend(tmp_path, "transfer: {labeller: teacher-int8, relabel_margin: 1.0}\nexport: null\n")
+
+
 def test_a_student_bundle_cannot_label(tmp_path):
     with pytest.raises(RecipeError, match="must be an fp32 or INT8 ONNX Runtime bundle of the teacher"):
         extend(tmp_path, "transfer: {labeller: bilstm-int8, relabel_margin: 1.0}\n")
