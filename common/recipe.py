@@ -37,6 +37,7 @@ from edgedistill.common.config.training import (
     ModelConfig,
     PretrainConfig,
     RuntimeConfig,
+    StudentConfig,
     TransferConfig,
 )
 from edgedistill.common.names import did_you_mean, first_of
@@ -938,6 +939,8 @@ def _message(error: dict) -> str:
     loc = error["loc"]
     if error["type"] == "extra_forbidden" and (section := schema.section_at(Recipe, loc[:-1])):
         keys = list(section.model_fields) + ([] if loc[:-1] else ["extends"])  # read before the schema sees the rest
+        if section is StudentConfig:  # the stage sets these, and refuses them in a recipe
+            keys = [key for key in keys if key not in STUDENT_FROM_DATA]
         where = ".".join(str(p) for p in loc[:-1]) or "a recipe"
         return f"unknown key: {did_you_mean(str(loc[-1]), keys)}{where} takes {', '.join(keys)}"
     if error["type"] == "string_pattern_mismatch" and loc[-1] == "[key]":

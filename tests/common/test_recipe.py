@@ -63,6 +63,14 @@ def test_unknown_key_in_a_named_student_lists_the_students_keys(tmp_path):
         load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
 
 
+def test_unknown_key_in_a_students_model_lists_no_key_the_stage_sets(tmp_path):
+    overrides = parse_overrides(["--distill.students.cnn.model.filters=8"])
+    with pytest.raises(
+        RecipeError, match=r"takes arch, embed_dim, hidden_size, num_layers, num_heads, intermediate_size"
+    ):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
 def test_unknown_top_level_key_offers_extends(tmp_path):
     with pytest.raises(RecipeError, match=r"extend: unknown key: did you mean extends\? a recipe takes name, "):
         load_recipe(write(tmp_path, MINIMAL + "extend: sst2\n"))
