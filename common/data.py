@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from edgedistill.common import progress
+from edgedistill.common import progress, settings
 from edgedistill.common.config.training import LABELLED_FORMATS, DataConfig
 from edgedistill.common.names import first_of
 from edgedistill.common.text import NotUtf8, shows_nothing, stray_delimiter, utf8_lines
@@ -128,9 +128,18 @@ def _require_file(path: Path) -> None:
         )
         near = difflib.get_close_matches(path.name, _file_names(path.parent), n=1, cutoff=0.8)
         nearest = f"; {path.parent} has {near[0]}" if near else ""
-        raise DataError(
-            f"{path}: file not found{relative}{nearest}; set EDGEDISTILL_DATA_DIR, or fix the path in the recipe"
-        )
+        raise DataError(f"{path}: file not found{relative}{nearest}; {_data_dir_fix(path)}")
+
+
+def _data_dir_fix(path: Path) -> str:
+    """How to fix a missing `path`: EDGEDISTILL_DATA_DIR where the path lies under it (as a recipe's
+    `${EDGEDISTILL_DATA_DIR}/...` does), saying where it points; else the path itself, wherever it was given."""
+    data_dir = Path(settings.variables()["EDGEDISTILL_DATA_DIR"])
+    fix = "fix the path in the recipe, or in the override that gives it"
+    if not path.absolute().is_relative_to(data_dir.absolute()):
+        return fix
+    points = f"{data_dir}, which does not exist" if not data_dir.is_dir() else str(data_dir)
+    return f"set EDGEDISTILL_DATA_DIR (now {points}) to the folder holding the data, or {fix}"
 
 
 def _file_names(folder: Path) -> list[str]:

@@ -168,8 +168,23 @@ def test_a_file_separated_otherwise_than_its_name_says_is_named_so(tmp_path, nam
         load_labelled(str(tmp_path / name), CFG)
 
 
-def test_a_missing_labelled_file_names_the_data_dir_setting(tmp_path):
-    with pytest.raises(DataError, match="file not found.*EDGEDISTILL_DATA_DIR"):
+def test_a_missing_labelled_file_under_the_data_dir_names_the_data_dir_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path))
+    with pytest.raises(
+        DataError, match=rf"file not found; set EDGEDISTILL_DATA_DIR \(now {re.escape(str(tmp_path))}\)"
+    ):
+        load_labelled(str(tmp_path / "nope.tsv"), CFG)
+
+
+def test_a_data_dir_that_does_not_exist_is_named_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(DataError, match=r"data, which does not exist\) to the folder holding the data"):
+        load_labelled(str(tmp_path / "data" / "sst2" / "train.tsv"), CFG)
+
+
+def test_a_missing_file_outside_the_data_dir_names_no_data_dir_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(DataError, match=r"nope\.tsv: file not found; fix the path in the recipe, or in the override"):
         load_labelled(str(tmp_path / "nope.tsv"), CFG)
 
 
@@ -220,7 +235,7 @@ def test_a_file_not_found_names_the_file_of_a_close_name_beside_it(tmp_path):
 
 def test_a_file_not_found_names_no_file_of_another_name_beside_it(tmp_path):
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood\t1\n")
-    with pytest.raises(DataError, match=r"questions\.tsv: file not found; set EDGEDISTILL_DATA_DIR"):
+    with pytest.raises(DataError, match=r"questions\.tsv: file not found; fix the path"):
         load_labelled(str(tmp_path / "questions.tsv"), CFG)
 
 
