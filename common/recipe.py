@@ -761,6 +761,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
             raise RecipeError(f"{path}: {err}") from None
         for end in range(1, key.count(".") + 2):  # the setting, and the sections it is in, which it now writes
             origins.pop(".".join(key.split(".")[:end]), None)
+        origins[key] = f" (--{key} on the command line)"
     _refuse_kept_splits(path, overrides or {}, written_train, raw)
     # after the command line's overrides, which win only where they set the key: `--runtime={precision: fp32}`
     # keeps EDGEDISTILL_DEVICE

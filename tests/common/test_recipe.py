@@ -54,6 +54,11 @@ def test_unknown_key_is_named_with_the_closest_key(tmp_path):
 
 def test_unknown_key_lists_what_its_section_takes(tmp_path):
     with pytest.raises(RecipeError, match=r"finetune\.optim takes lr, weight_decay, .*, seed$"):
+        load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {speed: 1}}\n"))
+
+
+def test_an_unknown_key_an_override_gives_names_the_override(tmp_path):
+    with pytest.raises(RecipeError, match=r", seed \(--finetune\.optim\.speed on the command line\)$"):
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--finetune.optim.speed=1"]))
 
 
