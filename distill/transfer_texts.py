@@ -30,6 +30,7 @@ from edgedistill.distill.augment import (
 SOURCES = ("unlabelled", "train", "augmented")
 LEAK_NGRAM = 8
 MIN_CONTAINED = 5
+OVERLAP_WARNING = 0.25  # the share of train examples overlapping a held-out text that says the splits are not apart
 
 
 def held_out_texts(dev: Examples, test: Examples | None) -> list[str]:
@@ -147,6 +148,13 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
             continue
         train_examples.append(example)
         train_labels.append(label)
+    if overlapping and overlapping >= OVERLAP_WARNING * len(train.texts):
+        print(
+            f"[transfer] warning: {overlapping} of {len(train.texts)} train examples share a sentence or "
+            f"{LEAK_NGRAM} words in a row with a dev or test text, and are left out of the transfer set with their "
+            "augmentations: are dev and test split apart from train? (the teacher and the label-only baselines "
+            "train on every train example)"
+        )
     unlabelled = _unlabelled(cfg, train.pairs is not None)
     if not unlabelled:
         need = "two sentences in a row" if train.pairs is not None else "a sentence"

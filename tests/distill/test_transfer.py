@@ -115,6 +115,16 @@ def test_the_augmented_copies_of_clean_train_texts_are_kept(tmp_path):
     assert built.composition["augmented"] > 0
 
 
+def test_train_examples_mostly_overlapping_dev_are_warned_of(tmp_path, capsys):
+    built_from(tmp_path, [LEAKY, *CLEAN], [LEAKY, CLEAN[0]])
+    assert "warning: 2 of 3 train examples share a sentence or 8 words in a row" in capsys.readouterr().out
+
+
+def test_few_train_examples_overlapping_dev_are_not_warned_of(tmp_path, capsys):
+    built_from(tmp_path, [LEAKY, *CLEAN, "a fourth review that says little", "a fifth, and a short one"], [LEAKY])
+    assert "train examples share" not in capsys.readouterr().out
+
+
 def test_a_train_text_equal_to_a_test_text_is_dropped_as_a_held_out_overlap(tmp_path):
     composition = composition_of(tmp_path, [LEAKY, *CLEAN], ["a dev text"], test=[LEAKY])
     assert composition["removed_held_out_overlap"] == 1
