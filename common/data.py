@@ -223,14 +223,20 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     suffix = _format(path)
     if suffix not in LABELLED_FORMATS:
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")
-    lines = _text_stream(path)
-    if suffix == ".jsonl":
-        for number, line in enumerate(lines, 1):
-            if line.strip():
+    if suffix == ".jsonl":  # JSON Lines ends a line at LF alone: a CR within one is JSON's whitespace
+        for number, pieces in itertools.groupby(_numbered_lines(path), key=lambda numbered: numbered[0]):
+            if (line := "".join(piece for _, piece in pieces)).strip():
                 try:
                     row = json.loads(line, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line") from None
+                    ends = (
+                        "; its lines end in CR alone, where JSON Lines ends them in LF: tr '\\r' '\\n' converts them"
+                        if "\r{" in line
+                        else ""
+                    )
+                    raise DataError(
+                        f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line{ends}"
+                    ) from None
                 except _RepeatedKeys as err:
                     raise DataError(
                         f"{path}:{number}: key(s) {err} named more than once in an object; rename them"
@@ -242,7 +248,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
                 yield number, row
         return
     reader = csv.DictReader(
-        lines,
+        _text_stream(path),
         delimiter="\t" if suffix == ".tsv" else ",",
         quoting=csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL,
         # a space after a comma is no part of the field: `a, "b, c"` is quoted, a header's `, label` is `label`

@@ -375,6 +375,23 @@ def test_a_jsonl_text_holding_a_unicode_line_separator_stays_one_line(tmp_path):
     assert load_labelled(str(tmp_path / "a.jsonl"), CFG).texts == ["first\u2028second"]
 
 
+def test_a_jsonl_line_holding_a_lone_cr_as_json_whitespace_is_one_object(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"sentence": "good",\r"label": 1}\n{"sentence": "bad", "label": 0}\n')
+    assert load_labelled(str(tmp_path / "a.jsonl"), CFG).labels == [1, 0]
+
+
+def test_a_jsonl_line_after_a_lone_cr_is_named_by_its_lf_count(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"sentence": "good",\r"label": 1}\n{"sentence": "bad" "label": 0}\n')
+    with pytest.raises(DataError, match=r"a\.jsonl:2: not valid JSON"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
+def test_a_jsonl_file_of_lines_ended_by_cr_alone_is_refused_naming_the_line_ends(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"sentence": "good", "label": 1}\r{"sentence": "bad", "label": 0}\r')
+    with pytest.raises(DataError, match=r"a\.jsonl:1: not valid JSON .* its lines end in CR alone, where JSON Lines"):
+        load_labelled(str(tmp_path / "a.jsonl"), CFG)
+
+
 def test_a_tsv_text_holding_a_next_line_character_stays_one_row(tmp_path):
     (tmp_path / "a.tsv").write_text("sentence\tlabel\nfirst\x85second\t1\n", encoding="utf-8")
     assert load_labelled(str(tmp_path / "a.tsv"), CFG).labels == [1]
