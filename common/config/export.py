@@ -87,6 +87,11 @@ class BundleRecipe(Strict):
     @field_validator("int8_ops")
     @classmethod
     def _int8_ops_quantizable(cls, ops: list[str] | None) -> list[str] | None:
+        if ops == []:  # ONNX Runtime reads an empty list as every type it quantizes
+            raise ValueError(
+                f"int8_ops is empty, which ONNX Runtime reads as every type it quantizes: name the types "
+                f"({', '.join(DYNAMIC_INT8_OPS)}), or leave int8_ops out for its default"
+            )
         if twice := sorted({op for op in ops or () if ops.count(op) > 1}):
             raise ValueError(f"int8_ops names {twice} more than once: name each operator type once")
         for op in [op for op in ops or () if op not in DYNAMIC_INT8_OPS]:

@@ -202,6 +202,11 @@ def test_int8_ops_naming_an_operator_twice_is_refused():
         load_recipe(SMOKE, {"export.bundles.bilstm-int8.int8_ops": ["Gather", "Gather"]})
 
 
+def test_empty_int8_ops_are_refused_as_every_type(tmp_path):
+    with pytest.raises(RecipeError, match=r"int8_ops is empty, which ONNX Runtime reads as every type it quantizes"):
+        load_recipe(SMOKE, {"export.bundles.bilstm-int8.int8_ops": []})
+
+
 def base_with_an_unknown_key(tmp_path) -> Path:
     """A recipe extending one whose finetune section holds a misspelt key (`optm`)."""
     write(tmp_path, MINIMAL + "finetune: {optm: {lr: 1.0e-4}}\n", "base.yaml")
