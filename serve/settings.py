@@ -16,7 +16,7 @@ from typing import Literal
 
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.providers import known_providers
-from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link
+from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link, under_home
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -249,8 +249,24 @@ class Settings(BaseModel):
 
     @field_validator("metrics_port", "health_port", "bundle", "reload_root", mode="before")
     @classmethod
-    def _blank_is_none(cls, value):
+    def _blank_is_none(cls, value, info: ValidationInfo):
+        """'off' or 'none' turns a port off or leaves a folder unset; an empty value (a compose file's `${VAR:-}`) is
+        refused, as it would turn the port off (and the probes or the scrape aimed at it fail) or unset the folder,
+        unnoticed."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(
+                "must not be empty: 'off' turns the port off, and unset the variable (and give no flag) for the default"
+                if info.field_name.endswith("_port")
+                else "must not be empty: name the folder, or unset the variable (and give no flag)"
+            )
         return None if blank(value) else value
+
+    @field_validator("bundle", "tls_cert", "tls_key", "tls_ca", "reload_root", mode="before")
+    @classmethod
+    def _from_home(cls, value):
+        """A path starting with `~/`, which a shell leaves as written when quoted, in a unit file or after `=`, made
+        absolute from the home folder, as the pipeline's path settings are."""
+        return under_home(value) if isinstance(value, str) else value
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "token", "admin_token", mode="before")
     @classmethod
@@ -305,23 +321,35 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
+        """Settings that must agree with each other, named by variable and flag."""
+        cert, key, ca, root = named("tls_cert"), named("tls_key"), named("tls_ca"), named("reload_root")
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together: set both (TLS) or neither")
+            raise ValueError(f"{cert} and {key} go together: set both (TLS) or neither")
         if self.tls_ca is not None and self.tls_cert is None:
-            raise ValueError("tls_ca (mutual TLS) needs tls_cert and tls_key too")
+            raise ValueError(f"{ca} (mutual TLS) needs {cert} and {key} too")
         if self.health_port and self.health_port in (self.port, self.metrics_port):
-            raise ValueError(f"health_port {self.health_port} must differ from port and metrics_port")
+            raise ValueError(
+                f"{named('health_port')} {self.health_port} must differ from {named('port')} and "
+                f"{named('metrics_port')}"
+            )
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"{named('metrics_port')} {self.metrics_port} must differ from {named('port')}")
         if self.token is not None and self.admin_token is not None and self.token == self.admin_token:
-            raise ValueError("admin_token must differ from token, so a client allowed to classify cannot reload")
+            raise ValueError(
+                f"{named('admin_token')} must differ from {named('token')}, so a client allowed to classify cannot "
+                "reload"
+            )
         if self.reload_root is not None and self.reload_root.resolve().parent == self.reload_root.resolve():
-            raise ValueError(f"reload_root {self.reload_root} is a file system root: name the folder of the bundles")
+            raise ValueError(f"{root} {self.reload_root} is a file system root: name the folder of the bundles")
         if self.reload_root is not None and self.admin_token is None:
             raise ValueError(
-                "reload_root lets Reload calls name a bundle, and Reload is off without admin_token: set admin_token "
-                "too, or unset reload_root"
+                f"{root} lets Reload calls name a bundle, and Reload is off without {named('admin_token')}: set it "
+                f"too, or unset {root}"
             )
         if self.max_texts > self.max_queued:
-            raise ValueError(f"max_texts ({self.max_texts}) must not exceed max_queued ({self.max_queued})")
+            raise ValueError(
+                f"{named('max_texts')} {self.max_texts} must not exceed {named('max_queued')} {self.max_queued}"
+            )
         return self
 
     @property
@@ -377,6 +405,11 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def named(field: str) -> str:
+    """A setting as errors name it: `EDGEDISTILL_MAX_TEXTS (--max-texts)`."""
+    return f"{env_name(field)} ({flag_name(field)})"
+
+
 def refuse_unused(settings: Settings) -> None:
     """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
     metrics port off. For the process a user starts, not a supervisor's workers: they run with the metrics port off
@@ -425,8 +458,10 @@ def load_settings(
             continue
         if name not in Settings.model_fields:
             known = [env_name(n) for n in Settings.model_fields]
+            nearest = did_you_mean(key, [*known, *sorted(PIPELINE)])  # the pipeline's, read from this environment too
             raise SettingsError(
-                f"unknown environment variable {key}; {did_you_mean(key, known)}known: {', '.join(known)}"
+                f"unknown environment variable {key}; {nearest}known to the server: {', '.join(known)} (and the "
+                "pipeline's, which the server leaves alone)"
             )
         values[name] = value
     flags = vars(build_parser(prog).parse_args(argv))
@@ -446,5 +481,5 @@ def load_settings(
         for error in err.errors():
             name = str(error["loc"][0]) if error["loc"] else ""
             where = f"{flag_name(name)} / {env_name(name)}: " if name else ""
-            problems.append(f"{where}{error['msg']}")
+            problems.append(f"{where}{error['msg'].removeprefix('Value error, ')}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from err

@@ -55,7 +55,9 @@ class BundleRecipe(Strict):
         "has them",
     )
     int8_ops: list[str] | None = Field(
-        None, description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can)"
+        None,
+        description="dynamic INT8: operator types to quantize, e.g. [MatMul] (default: all ONNX Runtime can; an empty "
+        "list is refused)",
     )
     smooth: float | None = Field(
         None,

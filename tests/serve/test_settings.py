@@ -85,6 +85,15 @@ def test_a_misspelt_variable_is_answered_with_the_nearest_one():
         load_settings([], environ={"EDGEDISTILL_PRT": "1"})
 
 
+@pytest.mark.parametrize(
+    ("name", "nearest"),
+    [("EDGEDISTILL_RUN_DIR", "EDGEDISTILL_RUNS_DIR"), ("EDGEDISTILL_TORCH_THREAD", "EDGEDISTILL_TORCH_THREADS")],
+)
+def test_a_misspelt_pipeline_variable_is_answered_with_the_pipelines_name(name, nearest):
+    with pytest.raises(SettingsError, match=f"unknown environment variable {name}; did you mean {nearest}\\?"):
+        load_settings([], environ={name: "1"})
+
+
 def test_unknown_variable_is_refused_with_the_known_ones():
     with pytest.raises(SettingsError, match="EDGEDISTILL_PROT.*EDGEDISTILL_PORT"):
         load_settings([], environ={"EDGEDISTILL_PROT": "1"})
@@ -135,9 +144,19 @@ def test_a_flag_overrides_a_service_link_that_sets_its_setting():
     [
         ({"EDGEDISTILL_PORT": "http"}, "--port / EDGEDISTILL_PORT"),
         ({"EDGEDISTILL_MAX_BATCH_SIZE": "0"}, "--max-batch-size / EDGEDISTILL_MAX_BATCH_SIZE"),
-        ({"EDGEDISTILL_TLS_CERT": "server.pem"}, "tls_cert and tls_key go together"),
-        ({"EDGEDISTILL_TLS_CA": "ca.pem"}, "tls_ca"),
-        ({"EDGEDISTILL_MAX_TEXTS": "50", "EDGEDISTILL_MAX_QUEUED": "10"}, "must not exceed max_queued"),
+        (
+            {"EDGEDISTILL_TLS_CERT": "a.pem"},
+            r"EDGEDISTILL_TLS_CERT \(--tls-cert\) and EDGEDISTILL_TLS_KEY \(--tls-key\) go",
+        ),
+        (
+            {"EDGEDISTILL_TLS_CA": "ca.pem"},
+            r"EDGEDISTILL_TLS_CA \(--tls-ca\) \(mutual TLS\) needs EDGEDISTILL_TLS_CERT",
+        ),
+        ({"EDGEDISTILL_MAX_TEXTS": "50", "EDGEDISTILL_MAX_QUEUED": "10"}, "must not exceed EDGEDISTILL_MAX_QUEUED"),
+        (
+            {"EDGEDISTILL_PORT": "8002"},
+            r"EDGEDISTILL_METRICS_PORT \(--metrics-port\) 8002 must differ from EDGEDISTILL_PORT",
+        ),
     ],
 )
 def test_invalid_values_name_the_flag_and_variable(environ, message):
@@ -169,12 +188,16 @@ def test_a_file_system_root_is_refused_as_the_reload_root(root):
 
 
 def test_a_reload_root_without_an_admin_token_is_refused_naming_both(tmp_path):
-    with pytest.raises(SettingsError, match="reload_root lets Reload calls name a bundle, and Reload is off without "):
+    with pytest.raises(
+        SettingsError, match=r"RELOAD_ROOT \(--reload-root\) lets Reload calls name a bundle, and Reload "
+    ):
         load_settings([], {"EDGEDISTILL_RELOAD_ROOT": str(tmp_path)})
 
 
 def test_the_admin_token_must_differ_from_the_classify_token():
-    with pytest.raises(SettingsError, match="admin_token must differ from token"):
+    with pytest.raises(
+        SettingsError, match=r"EDGEDISTILL_ADMIN_TOKEN \(--admin-token\) must differ from EDGEDISTILL_TOKEN"
+    ):
         load_settings([], {"EDGEDISTILL_TOKEN": "same", "EDGEDISTILL_ADMIN_TOKEN": "same"})
 
 
@@ -211,6 +234,34 @@ def test_an_empty_token_is_refused_saying_to_unset_it(variable, remedy, blank):
 def test_an_empty_tls_path_is_refused_saying_to_unset_it(variable, remedy, blank):
     with pytest.raises(SettingsError, match=f"{variable}: .*unset the variable .*{remedy}"):
         load_settings([], {variable: blank})
+
+
+@pytest.mark.parametrize("empty", ["", " ", "\n"])
+@pytest.mark.parametrize(
+    ("variable", "remedy"),
+    [
+        ("EDGEDISTILL_METRICS_PORT", "'off' turns the port off"),
+        ("EDGEDISTILL_HEALTH_PORT", "'off' turns the port off"),
+        ("EDGEDISTILL_BUNDLE", "name the folder, or unset the variable"),
+        ("EDGEDISTILL_RELOAD_ROOT", "name the folder, or unset the variable"),
+    ],
+)
+def test_an_empty_port_or_folder_is_refused_where_it_would_turn_it_off_unnoticed(variable, remedy, empty):
+    with pytest.raises(SettingsError, match=f"{variable}: must not be empty: {remedy}"):
+        load_settings([], {variable: empty})
+
+
+@pytest.mark.parametrize("variable", ["EDGEDISTILL_METRICS_PORT", "EDGEDISTILL_HEALTH_PORT"])
+def test_off_turns_a_port_off(variable):
+    assert getattr(load_settings([], {variable: "off"}), variable.removeprefix("EDGEDISTILL_").lower()) is None
+
+
+@pytest.mark.parametrize("field", ["bundle", "tls_cert", "tls_key", "tls_ca", "reload_root"])
+def test_a_path_from_the_home_folder_is_made_absolute(field, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    environ = {"EDGEDISTILL_TLS_CERT": "c.pem", "EDGEDISTILL_TLS_KEY": "k.pem", "EDGEDISTILL_ADMIN_TOKEN": "a"}
+    settings = load_settings([], environ | {f"EDGEDISTILL_{field.upper()}": "~/x"})
+    assert getattr(settings, field) == tmp_path / "x"
 
 
 def test_unset_tokens_mean_no_token():
