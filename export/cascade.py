@@ -23,7 +23,7 @@ from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, conf
 from edgedistill.common.config.export import CascadeRecipe
 from edgedistill.common.data import load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.runtime import open_bundle
+from edgedistill.common.runtime import GPU_HINT, ProviderFallback, cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.distill.augment import split_sentences
 from edgedistill.distill.metrics import task_metrics
@@ -248,5 +248,9 @@ def members_line(accuracy: dict[str, float]) -> str:
 
 
 def build(recipe: Recipe, names: list[str], force: bool = False) -> list[mf.Manifest]:
-    """The cascades `names` of the recipe (`export.stages.of_command` chooses them)."""
+    """The cascades `names` of the recipe (`export.stages.of_command` chooses them). One named with `--only` whose
+    members this machine cannot run fails at once, naming each such member and why, before any work."""
+    for name in names:
+        if reasons := cascade_missing_here(recipe.export, name):
+            raise ProviderFallback(f"cascade {name}: {reasons}. {GPU_HINT}")
     return [stages.cascade(recipe, name).run(force) for name in names]

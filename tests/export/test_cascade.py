@@ -315,3 +315,12 @@ def test_a_cascade_of_a_bundle_this_machine_cannot_run_named_with_only_fails_wit
 ):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     assert run_here("export", "bundles", SMOKE, *GPU_CASCADE, "--only=gpu-cascade").returncode == 2
+
+
+@pytest.mark.skipif(cuda_offered, reason="checks a cascade refused where this onnxruntime build offers no CUDA")
+def test_a_cascade_named_with_only_that_this_machine_cannot_run_names_the_member_and_why(smoke_bundles, monkeypatch):
+    recipe = load_recipe(SMOKE, parse_overrides(GPU_CASCADE))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    result = run_here("export", "bundles", SMOKE, *GPU_CASCADE, "--only=gpu-cascade")
+    reason = stages.missing_for(recipe, "teacher-cuda-fp16")
+    assert f"error: cascade gpu-cascade: member teacher-cuda-fp16: {reason}" in result.stderr
