@@ -148,8 +148,9 @@ class Settings(BaseModel):
         le=GRPC_INT_MAX,  # ONNX Runtime takes a C int
         description="intra-op threads of the runtime (0: the usable cores, within a cgroup CPU quota, shared among "
         "the WORKERS; one process without a quota leaves it to ONNX Runtime, a thread per core of its affinity); "
-        "more in all than the usable cores is warned of at start; refused where every model is a TensorRT engine, "
-        "which runs without ONNX Runtime",
+        "more in all than the usable cores is warned of at start; each member of a cascade has these threads (the "
+        "warning counts one member's: the later ones run only on the texts escalated to them); refused where every "
+        "model is a TensorRT engine, which runs without ONNX Runtime",
     )
     malloc_arenas: int | None = Field(
         None,
