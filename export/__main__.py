@@ -68,8 +68,22 @@ def planned(recipe, args) -> tuple[list[str], list[str]] | None:
     return [name], []
 
 
-def build(recipe, ids: list[str], names: list[str], force: bool) -> int:
-    """Build the bundles `ids`, then the cascades `names`; the exit status."""
+def kept(recipe, args, ids: list[str]) -> set[str]:
+    """The bundles `bundles --force` builds only where stale: the labeller, unless `--only` names it. Built again, it
+    would put the transfer set it labelled out of date, and every student and bundle with it; `labeller --force`
+    builds it again, and `edgedistill all --force` runs that first."""
+    name = recipe.transfer.labeller if recipe.transfer else None
+    if args.command != "bundles" or not args.force or name not in ids or name in (args.only or ()):
+        return set()
+    print(
+        f"[bundle-{name}] not forced: it labels the transfer set, which building it again would put out of date, "
+        "and every student with it; `edgedistill labeller RECIPE --force` builds it again"
+    )
+    return {name}
+
+
+def build(recipe, ids: list[str], names: list[str], force: bool, keep: set[str] = frozenset()) -> int:
+    """Build the bundles `ids`, then the cascades `names` (with `force`, all but those of `keep`); the exit status."""
     caught = failures()
     from edgedistill.distill import device
     from edgedistill.export import bundle_stage, cascade
@@ -78,7 +92,7 @@ def build(recipe, ids: list[str], names: list[str], force: bool) -> int:
     device.configure_process()
     try:
         if ids:
-            bundle_stage.build(recipe, ids, force)
+            bundle_stage.build(recipe, ids, force, keep)
         cascade.build(recipe, names, force)
     except ExportGateError as err:  # built and checked, and missed its gate: 1, as a missed target or SLO
         print(f"error: {err}", file=sys.stderr)
@@ -125,7 +139,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m export") -> int:
     except (RecipeError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return build(recipe, ids, names, args.force)
+    return build(recipe, ids, names, args.force, kept(recipe, args, ids))
 
 
 if __name__ == "__main__":

@@ -377,8 +377,9 @@ def _named(bundle_id: str):
         raise type(err)(f"bundle {bundle_id} (export.bundles.{bundle_id}): {err}") from err
 
 
-def build(recipe: Recipe, ids: list[str], force: bool = False) -> list[mf.Manifest]:
-    """The bundles `ids` of the recipe (`export.stages.of_command` chooses them), sharing per-source exports."""
+def build(recipe: Recipe, ids: list[str], force: bool = False, keep: set[str] = frozenset()) -> list[mf.Manifest]:
+    """The bundles `ids` of the recipe (`export.stages.of_command` chooses them), sharing per-source exports; with
+    `force`, built again but for those of `keep`, built only where stale."""
     work = run_dir(recipe) / ".work" / "export"  # this process's own, so that two exports can run at once
     remove_orphans(work)
     scratch = temporary_name(work)
@@ -389,7 +390,7 @@ def build(recipe: Recipe, ids: list[str], force: bool = False) -> list[mf.Manife
     try:
         for bundle_id in ids:
             with _named(bundle_id):
-                manifests.append(stages.bundle(recipe, bundle_id, cache).run(force))
+                manifests.append(stages.bundle(recipe, bundle_id, cache).run(force and bundle_id not in keep))
             built.set_postfix(last=bundle_id, refresh=False)
             built.update()
     finally:

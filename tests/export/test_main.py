@@ -10,6 +10,7 @@ from edgedistill.common.data import DataError
 from edgedistill.common.recipe import load_recipe
 from edgedistill.export import __main__ as export_main
 from edgedistill.export import bundle_stage, stages
+from edgedistill.export import cascade as export_cascade
 from edgedistill.export.validate import ExportGateError
 
 from tests.conftest import ROOT, loaded_by
@@ -43,6 +44,31 @@ def test_a_missed_gate_is_an_error_line_and_status_1(monkeypatch, capsys):
     monkeypatch.setattr(bundle_stage, "build", miss)
     assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "bilstm-int8"]) == 1
     assert capsys.readouterr().err == "error: bundle x: agrees on 90% (gate 99%)\n"
+
+
+def forced_bundles(monkeypatch, tmp_path, *flags) -> dict:
+    """What `bundles --force` with `flags` asks the bundle stage for, on the smoke recipe with teacher-onnx as its
+    labeller (the builds recorded, not run)."""
+    recipe = tmp_path / "labelled.yaml"
+    recipe.write_text("extends: smoke\ntransfer: {labeller: teacher-onnx}\n")
+    asked = {}
+    monkeypatch.setattr(bundle_stage, "build", lambda recipe, ids, force, keep: asked.update(force=force, keep=keep))
+    monkeypatch.setattr(export_cascade, "build", lambda *args, **kwargs: [])
+    assert export_main.main(["bundles", str(recipe), "--force", *flags]) == 0
+    return asked
+
+
+def test_bundles_force_builds_the_labeller_only_where_stale(monkeypatch, tmp_path):
+    assert forced_bundles(monkeypatch, tmp_path)["keep"] == {"teacher-onnx"}
+
+
+def test_bundles_force_says_why_the_labeller_is_not_forced(monkeypatch, tmp_path, capsys):
+    forced_bundles(monkeypatch, tmp_path)
+    assert "[bundle-teacher-onnx] not forced: it labels the transfer set" in capsys.readouterr().out
+
+
+def test_bundles_force_only_the_labeller_forces_it(monkeypatch, tmp_path):
+    assert forced_bundles(monkeypatch, tmp_path, "--only", "teacher-onnx")["keep"] == set()
 
 
 def test_an_unknown_bundle_given_to_only_lists_the_bundles_and_cascades(capsys):
