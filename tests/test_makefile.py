@@ -111,6 +111,13 @@ def test_make_soak_with_another_profile_stops_make():
     assert "PROFILE=steady: make soak runs the soak profile" in result.stderr
 
 
+@pytest.mark.parametrize("goal", [[], ["all"]])
+def test_make_all_with_another_profile_stops_make(goal):
+    command = ["make", "-n", "--no-print-directory", *goal, "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "PROFILE=steady: make all runs the smoke load test" in result.stderr
+
+
 def test_make_soak_runs_the_soak_profile(tmp_path):
     assert "loadtest PROFILE=soak" in make_dry_run(tmp_path, "soak")
 
