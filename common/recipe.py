@@ -952,6 +952,8 @@ def _message(error: dict) -> str:
         what = "name" if _unquoted_name(error) else "key"
         return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
     if error["type"] == "string_type" and isinstance(error["input"], bool | int | float | datetime.date):
+        if (off := _off_pattern(loc, error["input"])) is not None:  # quoted, it would be refused all the same
+            return off
         return _read_as(error["input"], ".".join(str(p) for p in loc if p != "[key]"))
     if (error["type"] == "missing" or error["type"] == "too_short" and not error["input"]) and schema.names_sections(
         Recipe, loc
@@ -962,6 +964,16 @@ def _message(error: dict) -> str:
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _off_pattern(loc: tuple, value) -> str | None:
+    """For a value YAML read as another type whose text the setting's pattern refuses too (`runtime.device: 0`): the
+    values its description gives; None where quoting it would do."""
+    field = schema.field_at(Recipe, loc)
+    pattern = next((rule.pattern for rule in field.metadata if getattr(rule, "pattern", None)), None) if field else None
+    if pattern is None or not field.description or re.fullmatch(pattern, str(value)):
+        return None
+    return f"{value!r} is not valid: give {field.description}"
 
 
 def _read_as(value, key: str) -> str:

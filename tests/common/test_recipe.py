@@ -101,6 +101,11 @@ def test_a_misspelt_student_in_a_recipe_file_names_the_student_meant(tmp_path):
         load_recipe(write(tmp_path, "extends: smoke\ndistill: {students: {bilsm: {optim: {lr: 0.01}}}}\n"))
 
 
+def test_a_number_off_its_settings_pattern_says_which_values_there_are_not_to_quote_it(tmp_path):
+    with pytest.raises(RecipeError, match=r"runtime\.device: 0 is not valid: give auto .*, cpu, cuda, or cuda:N"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--runtime.device=0"]))
+
+
 def test_a_value_off_its_pattern_says_which_values_there_are(tmp_path):
     with pytest.raises(RecipeError, match=r"runtime\.device: 'gpu' is not valid: give auto .*, cpu, cuda, or cuda:N"):
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--runtime.device=gpu"]))
