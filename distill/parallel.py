@@ -63,7 +63,11 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
     slots = ctx.Queue()
     for slot in range(workers):
         slots.put(slot)
-    print(f"[distill] {len(jobs)} jobs on {workers} processes x {threads} threads")
+    # each job takes the threads of `workers` whatever the jobs left, so that its result does not depend on them
+    print(
+        f"[distill] {len(jobs)} job(s) on {min(workers, len(jobs))} process(es) x {threads} thread(s), "
+        f"the share of --jobs {workers}"
+    )
     with cf.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(), threads, slots)
     ) as pool:

@@ -88,21 +88,34 @@ def test_jobs_whose_students_are_up_to_date_are_said_to_be(own_run, capsys, monk
     assert f"[baseline-transformer] up to date: {own_run / 'baseline-transformer'}" in out
 
 
-def test_a_job_made_stale_alone_gets_a_process(own_run, capsys, monkeypatch):
-    submitted = []
+@pytest.fixture
+def submitted(monkeypatch) -> list[tuple[str, bool]]:
+    """The jobs `run_all` submits, run in threads that train nothing."""
+    jobs = []
 
-    class Pool(cf.ThreadPoolExecutor):  # the jobs in threads: what is submitted, not trained
+    class Pool(cf.ThreadPoolExecutor):
         def __init__(self, workers, **kwargs):
             super().__init__(workers)
 
         def submit(self, fn, recipe, name, baseline, force):
-            submitted.append((name, baseline))
+            jobs.append((name, baseline))
             return super().submit(lambda: None)
 
     monkeypatch.setattr(parallel.cf, "ProcessPoolExecutor", Pool)
+    return jobs
+
+
+def test_a_job_made_stale_alone_gets_a_process(own_run, capsys, monkeypatch, submitted):
     (own_run / "student-cnn" / "manifest.json").unlink()
     distill_with_jobs(own_run, capsys, monkeypatch)
     assert submitted == [("cnn", False)]
+
+
+def test_a_job_left_alone_is_said_to_take_one_process_with_the_share_of_its_jobs(
+    own_run, capsys, monkeypatch, submitted
+):
+    (own_run / "student-cnn" / "manifest.json").unlink()
+    assert "[distill] 1 job(s) on 1 process(es) x " in distill_with_jobs(own_run, capsys, monkeypatch)
 
 
 @pytest.fixture
