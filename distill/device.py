@@ -145,9 +145,10 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
     if kind == "cpu":
         precision = "fp32" if cfg.precision == "auto" else cfg.precision
         if precision == "fp16":
+            on = f"runtime.device={cfg.device}{settings.env_source('runtime.device', cfg.device)}"
             raise DeviceError(
                 f"runtime.precision=fp16{settings.env_source('runtime.precision', 'fp16')} needs a CUDA GPU (its loss "
-                f"scaler and kernels); on the CPU use bf16 or fp32. This machine: {_machine()}"
+                f"scaler and kernels), and {on} trains on the CPU: there use bf16 or fp32. This machine: {_machine()}"
             )
         return Placement(torch.device("cpu"), precision, "cpu", 1)
     if not torch.cuda.is_available():
@@ -164,14 +165,18 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
         )
     gpu = int(index) if index else local_rank
     if gpu >= count:
-        raise DeviceError(f"runtime.device={cfg.device} asks for GPU {gpu} (rank {local_rank}), but {_machine()}")
+        raise DeviceError(
+            f"runtime.device={cfg.device}{settings.env_source('runtime.device', cfg.device)} asks for GPU {gpu} (rank "
+            f"{local_rank}), but {_machine()}"
+        )
     device = torch.device("cuda", gpu)
     precision = cfg.precision
     if precision == "auto":
         precision = "bf16" if gpu_bf16(device) else "fp16"
     if precision == "bf16" and not gpu_bf16(device):
         raise DeviceError(
-            f"runtime.precision=bf16 but {torch.cuda.get_device_name(device)} (compute capability "
+            f"runtime.precision=bf16{settings.env_source('runtime.precision', 'bf16')} but "
+            f"{torch.cuda.get_device_name(device)} (compute capability "
             f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}) has no bf16 kernels, only an emulation "
             "slower than fp32: use fp16 or fp32"
         )

@@ -194,6 +194,23 @@ def test_auto_on_a_gpu_is_cuda_in_reduced_precision():
     assert placement.precision == ("bf16" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp16")
 
 
+def test_fp16_on_the_cpu_the_environment_chose_names_the_device_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    with pytest.raises(DeviceError, match=r"and runtime.device=cpu \(from EDGEDISTILL_DEVICE=cpu\) trains on the CPU"):
+        resolve(RuntimeConfig(device="cpu", precision="fp16"))
+
+
+def test_a_gpu_index_past_the_count_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "a GPU")
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cuda:1")
+    with pytest.raises(
+        DeviceError, match=r"cuda:1 \(from EDGEDISTILL_DEVICE=cuda:1\) asks for GPU 1 \(rank 0\), but 1 CUDA"
+    ):
+        resolve(RuntimeConfig(device="cuda:1"))
+
+
 @gpu
 @needs_gpu
 def test_gpu_bf16_is_native_bf16_from_ampere_on():
