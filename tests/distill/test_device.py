@@ -211,6 +211,19 @@ def test_a_gpu_index_past_the_count_from_the_environment_names_the_variable(monk
         resolve(RuntimeConfig(device="cuda:1"))
 
 
+def test_bf16_on_a_gpu_without_it_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "a V100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 0))
+    monkeypatch.setattr(device, "gpu_bf16", lambda gpu: False)
+    monkeypatch.setenv("EDGEDISTILL_PRECISION", "bf16")
+    with pytest.raises(
+        DeviceError, match=r"bf16 \(from EDGEDISTILL_PRECISION=bf16\) but a V100 \(compute capability 7\.0\)"
+    ):
+        resolve(RuntimeConfig(device="cuda", precision="bf16"))
+
+
 @gpu
 @needs_gpu
 def test_gpu_bf16_is_native_bf16_from_ampere_on():
