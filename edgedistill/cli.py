@@ -42,6 +42,7 @@ GOES_ON_FROM = {  # where a command run again after Ctrl-C goes on from, beyond 
     **dict.fromkeys(("pretrain", "finetune", "teacher", "distill"), "training resumes from its last checkpoint"),
     "transfer": "labelling resumes from its finished shards",
 }
+FORCED_AGAIN = "to build only those left, name them: docs/training.md, Resume"
 JOBS = 2  # students trained at once by `all`, as `make all` does
 LOADTEST_PROFILE = "smoke"  # the load test `all` runs, as `make all` does
 DISTILL = "edgedistill.distill.__main__"  # python -m distill <stage>
@@ -240,13 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in {*COMMANDS, "all"}:
         build_parser().parse_args(argv)  # prints the help, the version or the usage error, and exits
     name, rest = argv[0], argv[1:]
-    return guarded(f"{PROG} {name}", name, lambda: run_all(rest) if name == "all" else COMMANDS[name].run(name, rest))
+
+    def work() -> int:
+        return run_all(rest) if name == "all" else COMMANDS[name].run(name, rest)
+
+    return guarded(f"{PROG} {name}", name, work, "--force" in rest)
 
 
-def guarded(label: str, name: str, work: Callable[[], int]) -> int:
+def guarded(label: str, name: str, work: Callable[[], int], forced: bool = False) -> int:
     """`work()`'s exit status; where it ends by Ctrl-C or an error of no stage's own, one line naming `label` (after
     the traceback of an unexpected error) and the status `EXIT_STATUSES` gives it. `name`: the `edgedistill` command
-    that runs, for what the line of an interrupted one adds."""
+    that runs, and `forced`: whether with `--force`, for what the line of an interrupted one adds."""
     try:
         return work()
     except BrokenPipeError:  # the reader stopped early: stop quietly, as other command-line tools do
@@ -261,7 +266,7 @@ def guarded(label: str, name: str, work: Callable[[], int]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        print(f"{label}: interrupted{interrupted_note(name)}", file=sys.stderr)
+        print(f"{label}: interrupted{interrupted_note(name, forced)}", file=sys.stderr)
         return INTERRUPTED
     except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
         return crashed(label)
@@ -273,14 +278,16 @@ def run_module(main: Callable[..., int], prog: str, command: str | None = None) 
     argument names it (`python -m distill teacher`)."""
     name = command or next(iter(sys.argv[1:2]), "")
     label = prog if command else f"{prog} {name}".rstrip()
-    sys.exit(guarded(label, name, lambda: main(prog=prog)))
+    sys.exit(guarded(label, name, lambda: main(prog=prog), "--force" in sys.argv))
 
 
-def interrupted_note(name: str) -> str:
-    """What the line of a command stopped by Ctrl-C adds: for one that builds, that running it again goes on."""
+def interrupted_note(name: str, forced: bool = False) -> str:
+    """What the line of a command stopped by Ctrl-C adds: for one that builds, that running it again goes on; run
+    again with `--force`, it builds the stages it had finished again first."""
     if name in BUILD_NOTHING:
         return ""
-    return STOPPED_BUILDING + (f" ({GOES_ON_FROM[name]})" if name in GOES_ON_FROM else "")
+    again = f"; with --force, the stages it had finished are built again first ({FORCED_AGAIN})" if forced else ""
+    return STOPPED_BUILDING + (f" ({GOES_ON_FROM[name]})" if name in GOES_ON_FROM else "") + again
 
 
 def crashed(label: str) -> int:

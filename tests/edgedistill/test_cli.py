@@ -468,14 +468,14 @@ def test_all_force_gives_the_headline_only_what_it_takes(capsys):
     assert "override" not in capsys.readouterr().err
 
 
-def interrupted(monkeypatch, capsys, name: str) -> str:
-    """What `edgedistill <name>` prints when Ctrl-C stops it."""
+def interrupted(monkeypatch, capsys, name: str, *options: str) -> str:
+    """What `edgedistill <name> x <options>` prints when Ctrl-C stops it."""
 
     def stopped(*_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli.Command, "run", stopped)
-    assert cli.main([name, "x"]) == cli.INTERRUPTED
+    assert cli.main([name, "x", *options]) == cli.INTERRUPTED
     return capsys.readouterr().err
 
 
@@ -485,6 +485,15 @@ def test_an_interrupted_client_says_only_that(monkeypatch, capsys):
 
 def test_an_interrupted_stage_says_it_goes_on_when_run_again(monkeypatch, capsys):
     assert "run it again to go on" in interrupted(monkeypatch, capsys, "bundles")
+
+
+def test_an_interrupted_forced_command_says_its_finished_stages_are_built_again(monkeypatch, capsys):
+    err = interrupted(monkeypatch, capsys, "distill", "--force")
+    assert "; with --force, the stages it had finished are built again first (to build only those left" in err
+
+
+def test_an_interrupted_command_without_force_says_nothing_of_it(monkeypatch, capsys):
+    assert "--force" not in interrupted(monkeypatch, capsys, "distill")
 
 
 def test_an_interrupted_training_stage_says_it_resumes_from_its_checkpoint(monkeypatch, capsys):
