@@ -29,6 +29,8 @@ from edgedistill.serve.client import (
     MAX_ATTEMPTS,
     Client,
     LabelsUnavailable,
+    timeout_problem,
+    token_problem,
     uses_tls,
 )
 from edgedistill.serve.settings import TARGET_SCHEMES, Settings, blank
@@ -37,10 +39,6 @@ from edgedistill.serve.tls import TLS_FILES
 
 # The CLI's token without --token (whose value every user of the machine sees in `ps`): the server's own variables
 TOKEN_VAR, ADMIN_TOKEN_VAR = ENV_PREFIX + "TOKEN", ENV_PREFIX + "ADMIN_TOKEN"
-# A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
-# mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
-BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
-MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 # For a server that does not say its limit: its default MAX_TEXTS
 MAX_TEXTS = Settings.model_fields["max_texts"].default
 # what a text costs in a call beyond its UTF-8 bytes: a field tag and length (Classify), a 4-byte length (KServe's
@@ -152,11 +150,9 @@ def _utf8(value: str) -> str:
 
 
 def _token(value: str) -> str:
-    """A token to send: not blank (`BLANK_TOKEN`), and printable ASCII, as gRPC metadata values are."""
-    if blank(value):
-        raise argparse.ArgumentTypeError(f"{BLANK_TOKEN}: drop --token to send none")
-    if not (value.isascii() and value.isprintable()):
-        raise argparse.ArgumentTypeError("must be printable ASCII, as gRPC metadata values are")
+    """A token to send (`token_problem`)."""
+    if problem := token_problem(value):
+        raise argparse.ArgumentTypeError(f"{problem}: drop --token to send none" if blank(value) else problem)
     return value
 
 
@@ -168,9 +164,20 @@ HOST = re.compile(HOST_PATTERN)  # a host alone, which gRPC would dial on port 4
 BARE_IPV6 = re.compile(rf"(?!(?:{'|'.join(TARGET_SCHEMES)}):)[^\[\]]*:[^\[\]]*:[^\[\]]*")
 
 
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a URL's scheme (`http://`), which names no gRPC target
+DNS_HOST = re.compile(rf"dns:(?://[^/]*/)?({HOST_PATTERN})")  # a `dns:` target of a host alone, dialled on 443
+
+
 def _address(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("must name the server, host:port")
+    if URL.match(value) and not value.startswith(tuple(f"{scheme}:" for scheme in TARGET_SCHEMES)):
+        raise argparse.ArgumentTypeError(
+            f"{value} is a URL, not a gRPC target: give host:port, e.g. {DEFAULT_ADDRESS} (gRPC speaks HTTP/2 "
+            "itself; TLS is --tls)"
+        )
+    if DNS_HOST.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value} names no port, and gRPC would dial 443: give {value}:port")
     if HOST.fullmatch(value):
         port = DEFAULT_ADDRESS.rsplit(":", 1)[1]
         raise argparse.ArgumentTypeError(
@@ -191,11 +198,8 @@ def _address(value: str) -> str:
 
 
 def _seconds(value: str) -> float:
-    seconds = float(value)
-    # A deadline of 0 or less, or nan, fails every call before it is sent; so does one past MAX_TIMEOUT, which
-    # overflows gRPC's clock.
-    if not 0 < seconds <= MAX_TIMEOUT:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_TIMEOUT:.0e}, got {value}")
+    if problem := timeout_problem(seconds := float(value)):
+        raise argparse.ArgumentTypeError(problem)
     return seconds
 
 
@@ -318,10 +322,9 @@ def environ_token(reload: bool) -> str | None:
     where unset. `UsageError` for one set but blank (`BLANK_TOKEN`), or one gRPC metadata cannot carry."""
     name = ADMIN_TOKEN_VAR if reload else TOKEN_VAR
     token = os.environ.get(name)
-    if token is not None and blank(token):
-        raise UsageError(f"{name} is {BLANK_TOKEN}: unset it to send no token, or set it to the server's token")
-    if token is not None and not (token.isascii() and token.isprintable()):
-        raise UsageError(f"{name} must be printable ASCII, as gRPC metadata values are (a trailing newline?)")
+    if token is not None and (problem := token_problem(token)):
+        fix = ": unset it to send no token, or set it to the server's token" if blank(token) else ""
+        raise UsageError(f"{name} {problem}{fix}")
     return token
 
 

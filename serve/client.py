@@ -20,12 +20,17 @@ from edgedistill.serve.settings import (
     DIRECT,
     GRPC_INT_MAX,
     MIN_MESSAGE_BYTES,
+    blank,
     on_loopback,
 )
 from edgedistill.serve.tls import check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
+# A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
+# mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
+BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
+MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
 
@@ -100,6 +105,21 @@ def wait_ready(
     return False
 
 
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot be sent (blank: `BLANK_TOKEN`; not printable ASCII, as gRPC metadata values are), or None."""
+    if blank(token):
+        return f"is {BLANK_TOKEN}"
+    if not (token.isascii() and token.isprintable()):
+        return "must be printable ASCII, as gRPC metadata values are (a trailing newline?)"
+    return None
+
+
+def timeout_problem(seconds: float) -> str | None:
+    """Why a call deadline of `seconds` cannot be used, or None: 0 or less, or nan, fails every call before it is
+    sent; one past `MAX_TIMEOUT` overflows gRPC's clock."""
+    return None if 0 < seconds <= MAX_TIMEOUT else f"must be above 0 and at most {MAX_TIMEOUT:.0e}, got {seconds}"
+
+
 def uses_tls(tls: bool, tls_ca, tls_cert) -> bool:
     """Whether a channel of these options is TLS: asked for, or implied by a CA to trust or a client certificate."""
     return bool(tls or tls_ca or tls_cert)
@@ -121,8 +141,18 @@ class Client:
         retries: int = 3,
     ):
         """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`).
-        `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`). A
-        server on this machine's loopback is called straight, past a proxy the environment names (`DIRECT`)."""
+        `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`),
+        `ValueError` for a certificate without its key or the reverse, a token that cannot be sent (`token_problem`)
+        and a `timeout` no call can keep (`timeout_problem`). A server on this machine's loopback is called straight,
+        past a proxy the environment names (`DIRECT`)."""
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError(
+                "tls_cert and tls_key go together (a client certificate and its key): give both or neither"
+            )
+        if token is not None and (problem := token_problem(token)):
+            raise ValueError(f"token {problem}: give None to send no token")
+        if problem := timeout_problem(timeout):
+            raise ValueError(f"timeout {problem}")
         options = retry_options(retries) + (DIRECT if on_loopback(address) else [])
         if uses_tls(tls, tls_ca, tls_cert):
             root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
@@ -215,7 +245,9 @@ class Client:
             )
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
-        """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message."""
+        """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message, and the
+        errors of `_checked` for texts and pairs given otherwise than as lists of one length."""
+        _checked(texts, pairs)
         request = classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
         reply = self._send(self.stub.Classify, request, model)
         labels = self.answered_labels(reply.model_name, reply.model_version)
@@ -256,6 +288,7 @@ class Client:
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
+        _checked(texts, pairs)
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         request = kserve_pb2.ModelInferRequest(model_name=model)
         for name, values in (("text", texts), ("text_pair", pairs)):
@@ -304,6 +337,16 @@ class Client:
     def reload(self, bundle_path: str = "") -> dict:
         reply = self._call(self.stub.Reload, classifier_pb2.ReloadRequest(bundle_path=bundle_path))
         return {"model": _info(reply.model), "previous": _info(reply.previous)}
+
+
+def _checked(texts: list[str], pairs: list[str] | None) -> None:
+    """`TypeError` for a string given for `texts` or `pairs` (which would be sent as its characters, one text each),
+    `ValueError` for pairs other in number than the texts: before anything is sent."""
+    for name, values in (("texts", texts), ("pairs", pairs)):
+        if isinstance(values, str | bytes):
+            raise TypeError(f"{name} is a {type(values).__name__}: give a list of texts ([{values!r}] for one)")
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair for each text, or pairs=None")
 
 
 def _given(texts: list[str], pairs: list[str] | None) -> list[dict]:

@@ -199,8 +199,30 @@ def test_an_ipv6_address_without_brackets_is_a_usage_error_asking_for_them(capsy
     assert f"{address} reads as an IPv6 address without brackets" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("address", ["http://localhost:50051", "https://example.com", "grpc://h:1"])
+def test_a_url_is_a_usage_error_asking_for_host_and_port(capsys, address):
+    with pytest.raises(SystemExit, match="2"):
+        run(capsys, "--address", address, "hello")
+    assert f"{address} is a URL, not a gRPC target: give host:port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["dns:///localhost", "dns://8.8.8.8/myhost"])
+def test_a_dns_target_without_a_port_is_a_usage_error(capsys, address):
+    with pytest.raises(SystemExit, match="2"):
+        run(capsys, "--address", address, "hello")
+    assert f"{address} names no port, and gRPC would dial 443: give {address}:port" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
-    "address", ["localhost:50051", "[::1]:50051", "dns:///localhost:50051", "unix:server.sock", "ipv4:127.0.0.1:1"]
+    "address",
+    [
+        "localhost:50051",
+        "[::1]:50051",
+        "dns:///localhost:50051",
+        "unix:server.sock",
+        "unix:///tmp/s",
+        "ipv4:127.0.0.1:1",
+    ],
 )
 def test_an_address_with_a_port_or_a_scheme_is_taken(address):
     assert cli.build_parser().parse_args(["--address", address, "hello"]).address == address

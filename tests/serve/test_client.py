@@ -64,3 +64,40 @@ def test_the_serving_pages_python_example_prints_a_label_per_text(served):
         exec(example.replace("localhost:50051", served.address), {})  # noqa: S102 - the page's own code
     labels = [line.split(" ", 1)[0] for line in printed.getvalue().splitlines()]
     assert [label in ("negative", "positive") for label in labels] == [True, True]  # one line per text
+
+
+@pytest.mark.parametrize(
+    "given", [{"tls_cert": "client.pem"}, {"tls_key": "client.key"}, {"tls": True, "tls_key": "k"}]
+)
+def test_a_client_certificate_without_its_key_or_the_reverse_is_refused(given):
+    with pytest.raises(ValueError, match="tls_cert and tls_key go together"):
+        Client("localhost:1", **given)
+
+
+@pytest.mark.parametrize("token", ["", " ", "none", "off"])
+def test_a_blank_token_is_refused_not_sent_as_none(token):
+    with pytest.raises(ValueError, match="token is empty, 'none' or 'off', which no server's TOKEN can be"):
+        Client("localhost:1", token=token)
+
+
+def test_a_token_with_a_newline_is_refused():
+    with pytest.raises(ValueError, match="token must be printable ASCII"):
+        Client("localhost:1", token="s3cret\n")
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), 1e12])
+def test_a_timeout_no_call_can_keep_is_refused(timeout):
+    with pytest.raises(ValueError, match="timeout must be above 0 and at most 1e"):
+        Client("localhost:1", timeout=timeout)
+
+
+@pytest.mark.parametrize("method", ["classify", "kserve_infer"])
+def test_a_string_for_the_texts_is_refused_not_sent_as_its_characters(method):
+    with Client("localhost:1") as client, pytest.raises(TypeError, match=r"texts is a str: give a list of texts"):
+        getattr(client, method)("a good film")
+
+
+@pytest.mark.parametrize("method", ["classify", "kserve_infer"])
+def test_pairs_other_in_number_than_the_texts_are_refused_before_sending(method):
+    with Client("localhost:1") as client, pytest.raises(ValueError, match="0 pairs for 2 texts"):
+        getattr(client, method)(["a", "b"], pairs=[])
