@@ -22,6 +22,7 @@ from edgedistill.serve.settings import (
     MIN_MESSAGE_BYTES,
     blank,
     on_loopback,
+    sendable,
 )
 from edgedistill.serve.tls import check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -109,7 +110,7 @@ def token_problem(token: str) -> str | None:
     """Why `token` cannot be sent (blank: `BLANK_TOKEN`; not printable ASCII, as gRPC metadata values are), or None."""
     if blank(token):
         return f"is {BLANK_TOKEN}"
-    if not (token.isascii() and token.isprintable()):
+    if not sendable(token):
         return "must be printable ASCII, as gRPC metadata values are (a trailing newline?)"
     return None
 

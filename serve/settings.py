@@ -44,6 +44,11 @@ def blank(value) -> bool:
     return isinstance(value, str) and value.strip().lower() in ("", "off", "none")
 
 
+def sendable(token: str) -> bool:
+    """Whether gRPC metadata can carry `token`: printable ASCII, as its values are."""
+    return token.isascii() and token.isprintable()
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -289,7 +294,7 @@ class Settings(BaseModel):
     @classmethod
     def _sendable(cls, value: SecretStr | None):
         token = None if value is None else value.get_secret_value()
-        if token is not None and not (token.isascii() and token.isprintable()):
+        if token is not None and not sendable(token):
             raise ValueError(
                 "must be printable ASCII, as gRPC metadata is, else no client can send it and every call is "
                 "UNAUTHENTICATED (a value read from a file often ends with a newline)"
