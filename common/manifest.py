@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
@@ -204,13 +205,17 @@ def load(folder: str | Path, verify: bool = True) -> Manifest:
 
 
 def staleness(
-    folder: Path, config_hash: str, parents: dict[str, Path] | None = None, hashed: dict | None = None
+    folder: Path,
+    config_hash: str,
+    parents: dict[str, Path] | None = None,
+    hashed: dict | None = None,
+    unread: Iterable[str] = (),
 ) -> str | None:
-    """Why `folder` must be built again, or None when it holds a finished artifact built from the same config and
-    from the artifacts now in the `parents` folders (name -> folder), with every listed file as the manifest
-    records it. The parents are looked up where they are now, not where they were when `folder` was built: a
-    runs folder copied or moved elsewhere is judged by its own artifacts. A parent the manifest records beyond
-    `parents` (an artifact the build chose to read) is looked up beside `folder` by its folder's name. `hashed`
+    """Why `folder` must be built again, or None when it holds a finished artifact built from the same config
+    (`same_config`) and from the artifacts now in the `parents` folders (name -> folder), with every listed file as
+    the manifest records it. The parents are looked up where they are now, not where they were when `folder` was
+    built: a runs folder copied or moved elsewhere is judged by its own artifacts. A parent the manifest records
+    beyond `parents` (an artifact the build chose to read) is looked up beside `folder` by its folder's name. `hashed`
     (what `config_hash` covers) names the settings that changed."""
     if not (Path(folder) / MANIFEST).is_file():
         return "not built yet"
@@ -218,11 +223,30 @@ def staleness(
         manifest = load(folder, verify=True)
     except ArtifactError as err:
         return str(err)
-    if manifest.config_hash != config_hash:
-        return changes(manifest.hashed, hashed) if manifest.hashed and hashed else "its settings or a parent's changed"
+    if not same_config(manifest, config_hash, hashed, unread):
+        if not (manifest.hashed and hashed):
+            return "its settings or a parent's changed"
+        return changes(without(manifest.hashed, unread), hashed)
     parents = parents or {}
     read = {name: path for name, path in beside(folder, manifest).items() if name not in parents}
     return parent_change(manifest, parents | read)
+
+
+def same_config(manifest: Manifest, config_hash: str, hashed: dict | None, unread: Iterable[str] = ()) -> bool:
+    """Whether `manifest`'s artifact was built from the config of `config_hash`: its hash is that one, or what it
+    records it hashed differs from `hashed` only by settings in `unread` (ones an earlier release hashed for the stage,
+    which it does not read)."""
+    if manifest.config_hash == config_hash:
+        return True
+    if not (unread and manifest.hashed and hashed):
+        return False
+    return json.dumps(without(manifest.hashed, unread), sort_keys=True) == json.dumps(hashed, sort_keys=True)
+
+
+def without(hashed: dict, unread: Iterable[str]) -> dict:
+    """A `hashed` record without the settings in `unread`."""
+    settings = {key: value for key, value in hashed.get("settings", {}).items() if key not in set(unread)}
+    return hashed | {"settings": settings}
 
 
 def parent_change(manifest: Manifest, parents: dict[str, Path], gone_ok: bool = False) -> str | None:

@@ -155,6 +155,9 @@ class Stage:
     older_record: Callable[[Path], str | None] | None = None
     """Why the artifact in a folder, published by an earlier release that recorded less than this one (a transfer set
     whose labeller bundle is not among its parents), must be built again; None when it need not. Not hashed."""
+    unread: tuple[str, ...] = ()
+    """Settings an earlier release hashed for this stage that it does not read (a bundle's gates of other
+    precisions): an artifact whose record differs only by them is current. Not hashed."""
 
     @property
     def folder(self) -> Path:
@@ -193,10 +196,14 @@ class Stage:
     def staleness(self) -> str | None:
         """Why the artifact must be built again (`manifest.staleness`, then `older_record`, then a parent stage out of
         date: `manifest.parent_out_of_date`), or None when it is current."""
-        why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed)
+        why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed, self.unread)
         if why is None and self.older_record is not None:
             why = self.older_record(self.folder)
         return why or mf.parent_out_of_date({p.name: p.folder for p in self.parents if isinstance(p, Stage)})
+
+    def built(self, manifest: mf.Manifest) -> bool:
+        """Whether `manifest`'s artifact was built from this stage's settings and parents (`manifest.same_config`)."""
+        return mf.same_config(manifest, self.config_hash, self.hashed, self.unread)
 
     def is_current(self) -> bool:
         """A finished artifact built from the same settings (parents' hashes included), from parents unchanged since."""
@@ -227,7 +234,7 @@ class Stage:
             # a parent built from other settings than this recipe's: the child would be built on it (a teacher of
             # other labels labelling the transfer set) while recording the recipe's, and be current
             built_from = manifests[parent.name]
-            if isinstance(parent, Stage) and built_from.config_hash != parent.config_hash:
+            if isinstance(parent, Stage) and not parent.built(built_from):
                 if missing := parent.gone():  # not another setting: a file to read it from is not there
                     raise mf.ArtifactError(
                         f"[{self.name}] whether its parent {parent.folder} is of the recipe cannot be told: "

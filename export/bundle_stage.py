@@ -29,7 +29,7 @@ from edgedistill.common.bundle import (
     tokenizer_json,
     transformers_config,
 )
-from edgedistill.common.config.export import ENGINE_OPT_SEQUENCE, BundleRecipe
+from edgedistill.common.config.export import AGREEMENT_KEYS, ENGINE_OPT_SEQUENCE, BundleRecipe
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import (
@@ -289,7 +289,7 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     validate.require_finite(exported_logits, "on dev", spec.precision)
     cfg = recipe.export
     figures = validate.parity(exported_logits, torch_logits, cache.dev.labels, recipe.data, cfg.tie_margin)
-    agreement = getattr(cfg, validate.AGREEMENT_KEYS[spec.precision])
+    agreement = getattr(cfg, AGREEMENT_KEYS[spec.precision])
     validate.gate(figures, spec.precision, agreement, cfg.max_int8_drop, recipe.data.metric)
     unversioned = BundleSpec(
         name=f"{recipe.name}-{bundle_id}",

@@ -7,6 +7,7 @@ cannot run.
 """
 
 from edgedistill.common.bundle import SPEC_VERSION
+from edgedistill.common.config.export import AGREEMENT_KEYS, BundleRecipe
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.runtime import cascade_missing_here, missing_here
 from edgedistill.common.stage import Stage, body
@@ -25,7 +26,7 @@ def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
     parents = [teacher] if spec.source == "teacher" else [trained.student(recipe, spec.source), teacher]
     if spec.calibrated_on_transfer_set:
         parents.append(trained.transfer(recipe))
-    gates = (*GATES, *(key for key in ("tie_margin",) if key in recipe.export.model_dump()))  # hashed once set
+    gates = (*read_gates(spec), *(key for key in ("tie_margin",) if key in recipe.export.model_dump()))  # once set
     return Stage(
         f"bundle-{bundle_id}",
         recipe,
@@ -33,7 +34,17 @@ def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
         body("edgedistill.export.bundle_stage", bundle_id=bundle_id, cache=cache),
         tuple(parents),
         extra={"spec_version": SPEC_VERSION, "text_style": recipe.text_style},
+        unread=tuple(f"export.{key}" for key in GATES if key not in gates),
     )
+
+
+def read_gates(spec: BundleRecipe) -> tuple[str, ...]:
+    """The `GATES` a bundle of `spec` reads, and so hashes: the opset, its precision's agreement gate, the INT8 drop
+    gate for INT8 and the calibration count where it calibrates or smooths. A gate of another precision does not
+    make it stale: the INT8 labeller is not built again, and the transfer set with it, for an fp16 gate."""
+    int8 = ("max_int8_drop",) if spec.precision == "int8" else ()
+    calibrates = ("calibration_sentences",) if spec.calibrated_on_transfer_set or spec.smooth is not None else ()
+    return ("opset", AGREEMENT_KEYS[spec.precision], *int8, *calibrates)
 
 
 def cascade(recipe: Recipe, name: str) -> Stage:

@@ -3,6 +3,7 @@ shapes."""
 
 import numpy as np
 import torch
+from edgedistill.common.config.export import AGREEMENT_KEYS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.runtime import Runner
 from edgedistill.distill.finetune import predict_logits
@@ -15,8 +16,6 @@ SHAPES = [(1, 1), (1, 64), (3, 17), (32, 9), (32, 128)]
 LONGEST_BATCH = 3
 # Rows per call of the dev-set pass; with SHAPES, the largest batch a bundle's checks run.
 DEV_BATCH = 64
-# Each precision's agreement gate: its key under the recipe's `export` section.
-AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
 FP32_TOLERANCE = 1e-3
 
 

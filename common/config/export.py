@@ -16,6 +16,8 @@ DYNAMIC_INT8 = frozenset({"per_channel", "int8_ops"})
 ONNXRUNTIME_ONLY = frozenset({"fused", "attention", "skip_layer_norm", "quantization", "providers", *DYNAMIC_INT8})
 # How a fused graph is fused: they change nothing where ONNX Runtime's BERT fusions do not take the source's graph.
 FUSION_CHOICES = ("attention", "skip_layer_norm")
+# Each precision's agreement gate: its key under the recipe's `export` section.
+AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8": "min_int8_agreement"}
 # The operator types ONNX Runtime's dynamic INT8 quantizes (`onnxruntime.quantization.registry.IntegerOpsRegistry`,
 # which a test keeps this equal to): it skips any other `int8_ops` names without a word.
 DYNAMIC_INT8_OPS = ("Attention", "Conv", "EmbedLayerNormalization", "Gather", "LSTM", "MatMul", "Transpose")

@@ -116,6 +116,36 @@ def test_is_current_follows_config_and_parents(tmp_path):
     assert not mf.is_current(tmp_path / "missing", "c", parents)
 
 
+RECORDED = {"settings": {"export.opset": 17, "export.min_fp16_agreement": 0.995}, "extra": {}, "parents": {}}
+
+
+def recorded(hashed: dict) -> mf.Manifest:
+    return mf.Manifest(stage="bundle", recipe="r", recipe_hash="h", config_hash="old", hashed=hashed)
+
+
+def test_a_record_differing_only_by_an_unread_setting_is_of_the_same_config():
+    now = {"settings": {"export.opset": 17}, "extra": {}, "parents": {}}
+    assert mf.same_config(recorded(RECORDED), "new", now, unread=("export.min_fp16_agreement",))
+
+
+def test_a_record_differing_by_a_setting_not_named_unread_is_not_of_the_same_config():
+    now = {"settings": {"export.opset": 17}, "extra": {}, "parents": {}}
+    assert not mf.same_config(recorded(RECORDED), "new", now)
+
+
+def test_a_record_differing_beside_an_unread_setting_is_not_of_the_same_config():
+    now = {"settings": {"export.opset": 18}, "extra": {}, "parents": {}}
+    assert not mf.same_config(recorded(RECORDED), "new", now, unread=("export.min_fp16_agreement",))
+
+
+def test_why_a_record_is_stale_leaves_its_unread_settings_unsaid(tmp_path):
+    with mf.stage_folder(tmp_path / "bundle") as tmp:
+        mf.commit(tmp, tmp_path / "bundle", recorded(RECORDED))
+    now = {"settings": {"export.opset": 18}, "extra": {}, "parents": {}}
+    why = mf.staleness(tmp_path / "bundle", "new", hashed=now, unread=("export.min_fp16_agreement",))
+    assert why == "export.opset 17 -> 18"
+
+
 def chain(tmp_path, *names: str) -> None:
     """Artifacts `names` in the run folder `tmp_path`, each built from the one before."""
     for parent, name in zip((None, *names[:-1]), names, strict=True):

@@ -477,6 +477,42 @@ def test_a_bundle_stage_is_stale_when_the_tie_margin_is_set():
     assert stages.bundle(recipe, "bilstm-int8").config_hash != before
 
 
+@pytest.mark.parametrize("gate", ["min_agreement", "min_fp16_agreement"])
+def test_an_int8_bundle_stage_is_current_when_another_precisions_gate_changes(gate):
+    """The INT8 labeller, and the transfer set it labelled, are not built again for an fp16 or fp32 gate."""
+    before = stages.bundle(load_recipe(SMOKE), "teacher-int8").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides([f"--export.{gate}=0.9"]))
+    assert stages.bundle(recipe, "teacher-int8").config_hash == before
+
+
+def test_an_fp16_bundle_stage_is_stale_when_its_gate_changes():
+    before = stages.bundle(load_recipe(SMOKE), "cnn-folded").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.min_fp16_agreement=0.9"]))
+    assert stages.bundle(recipe, "cnn-folded").config_hash != before
+
+
+def test_an_fp16_bundle_stage_is_current_when_the_int8_calibration_count_changes():
+    before = stages.bundle(load_recipe(SMOKE), "cnn-folded").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
+    assert stages.bundle(recipe, "cnn-folded").config_hash == before
+
+
+def test_a_static_int8_bundle_stage_is_stale_when_its_calibration_count_changes():
+    before = stages.bundle(load_recipe(SMOKE), "transformer-int8-static").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
+    assert stages.bundle(recipe, "transformer-int8-static").config_hash != before
+
+
+def test_a_bundle_recorded_with_every_gate_by_an_earlier_release_is_current(smoke_bundles, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+    stage = stages.bundle(load_recipe(SMOKE), "bilstm-int8")
+    manifest = mf.load(stage.folder)
+    settings = manifest.hashed["settings"] | {"export.min_fp16_agreement": 0.995, "export.min_agreement": 0.999}
+    older = manifest.model_copy(update={"config_hash": "0" * 16, "hashed": manifest.hashed | {"settings": settings}})
+    (stage.folder / mf.MANIFEST).write_text(older.model_dump_json(indent=2))
+    assert stage.staleness() is None
+
+
 @pytest.mark.parametrize("bundle_id", HUB_BUNDLES)
 def test_bundle_config_has_the_manifests_labels(smoke_bundles, bundle_id):
     folder = smoke_bundles / f"bundle-{bundle_id}"
