@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 MEMBERS = "members"
 Rule = Literal["max_prob", "margin", "entropy"]
+# Where each rule's confidence lies: a top probability, a gap between two, minus an entropy.
+CONFIDENCE_RANGE = {"max_prob": (0.0, 1.0), "margin": (0.0, 1.0), "entropy": (-np.inf, 0.0)}
 
 
 class CascadeMember(BaseModel):
@@ -27,7 +29,9 @@ class CascadeMember(BaseModel):
     threshold: float | None = Field(
         allow_inf_nan=False, description="keeps a text whose confidence is at least this; None for the last"
     )
-    temperature: float = Field(1.0, gt=0, description="softmax temperature fitted for the confidence")
+    temperature: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="softmax temperature fitted for the confidence"
+    )
 
 
 class CascadeSpec(ServedModel):
@@ -40,6 +44,24 @@ class CascadeSpec(ServedModel):
     def _last_answers_everything(self):
         if any(m.threshold is None for m in self.members[:-1]) or self.members[-1].threshold is not None:
             raise ValueError("every member but the last needs a threshold, and the last none")
+        return self
+
+    @model_validator(mode="after")
+    def _thresholds_in_the_rules_range(self):
+        low, high = CONFIDENCE_RANGE[self.rule]
+        for member in self.members[:-1]:
+            if not low <= member.threshold <= high:
+                raise ValueError(
+                    f"member {member.bundle}'s threshold {member.threshold} is outside [{low}, {high}], where "
+                    f"{self.rule}'s confidence lies: it would keep every text or none"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _each_member_once(self):
+        ids = [member.bundle for member in self.members]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"a member is listed twice ({ids}): rebuild the cascade")
         return self
 
 

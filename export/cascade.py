@@ -66,8 +66,8 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
 
 def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
     """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
-    (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches, or
-    that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them; so
+    (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches (the
+    last included), or that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them; so
     is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is undefined."""
     for member, logits in zip(cfg.members, calibration, strict=True):
         if undefined := int((~np.isfinite(logits)).any(-1).sum()):
@@ -97,6 +97,12 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
         first_kept = round(kept, 4) if first_kept is None else first_kept
         reaching &= scores < threshold
         routing.append((threshold, temperature))
+    if not reaching.any():
+        raise ExportError(
+            f"cascade member {cfg.members[-1]}: no calibration text reaches it, as the members before it keep all "
+            f"{len(reference)} at target_agreement {cfg.target_agreement}: raise target_agreement, or deploy "
+            f"{cfg.members[0]} alone (export.deploy)"
+        )
     return [*routing, (None, 1.0)], first_kept  # the last member answers what reaches it
 
 

@@ -102,9 +102,6 @@ class CascadeRuntime:
             cascade = load_cascade(folder)
         except mf.ArtifactError as err:
             raise BundleRejected(f"cascade refused: {err}") from err
-        ids = [member.bundle for member in cascade.spec.members]
-        if len(set(ids)) != len(ids):
-            raise BundleRejected(f"cascade refused: {folder} lists a member twice ({ids}): rebuild the cascade")
         members: list[ModelRuntime] = []
         try:
             for member, bundle in zip(cascade.spec.members, cascade.members, strict=True):

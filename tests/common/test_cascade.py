@@ -9,6 +9,9 @@ LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
 
 
 def spec(threshold: float, rule="max_prob") -> CascadeSpec:
+    """A cascade of `small`, which keeps a text at `threshold`, then `big`; the entropy rule's `threshold` as a
+    negative one (its confidence is minus an entropy)."""
+    threshold = -threshold if rule == "entropy" and threshold > 0 else threshold
     members = [
         CascadeMember(bundle="small", manifest_sha256="a", threshold=threshold),
         CascadeMember(bundle="big", manifest_sha256="b", threshold=None),
@@ -77,6 +80,30 @@ def test_spec_refuses_a_threshold_on_the_last_member():
 def test_a_member_refuses_a_threshold_of_nan():
     with pytest.raises(ValidationError, match="finite number"):
         CascadeMember(bundle="small", manifest_sha256="a", threshold=float("nan"))
+
+
+@pytest.mark.parametrize("rule, threshold", [("max_prob", 1.5), ("max_prob", -7.0), ("margin", 1.01), ("entropy", 0.5)])
+def test_spec_refuses_a_threshold_outside_its_rules_range(rule, threshold):
+    members = [
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=threshold),
+        CascadeMember(bundle="big", manifest_sha256="b", threshold=None),
+    ]
+    with pytest.raises(ValidationError, match=f"outside .* where {rule}'s confidence lies"):
+        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule=rule, members=members)
+
+
+def test_a_member_refuses_an_infinite_temperature():
+    with pytest.raises(ValidationError, match="finite number"):
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=0.5, temperature=float("inf"))
+
+
+def test_spec_refuses_a_member_listed_twice():
+    members = [
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=0.5),
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=None),
+    ]
+    with pytest.raises(ValidationError, match="a member is listed twice"):
+        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
 
 
 def test_load_served_describes_a_cascade_by_its_members(tmp_path):

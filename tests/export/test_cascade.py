@@ -63,6 +63,13 @@ def test_routing_refuses_a_member_no_calibration_text_reaches():
         fit_routing([last, last, last], cfg)
 
 
+def test_routing_refuses_a_last_member_no_calibration_text_reaches():
+    last = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5, temperature_scaling=False)
+    with pytest.raises(ExportError, match="last: no calibration text reaches it"):
+        fit_routing([last, last], cfg)
+
+
 def test_routing_refuses_a_member_that_keeps_no_calibration_text():
     first = np.array([[5.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # surest where it disagrees with the last member
     last = np.array([[0.0, 2.0], [0.0, 2.0], [2.0, 0.0]])
