@@ -17,7 +17,7 @@ from typing import Literal, Self
 from edgedistill.common import manifest as mf
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 TOKENIZER = "tokenizer.json"
@@ -119,6 +119,14 @@ class BundleSpec(ServedModel):
         "model was trained; left out of the manifest when `token_types`, which every bundle built before it had",
         exclude_if=lambda rule: rule == "token_types",
     )
+
+    @model_validator(mode="after")
+    def _model_file_of_its_runtime(self):
+        if self.model_file != MODEL_FILES[self.runtime]:
+            raise ValueError(
+                f"model_file {self.model_file!r} is not what runtime {self.runtime} loads ({MODEL_FILES[self.runtime]})"
+            )
+        return self
 
     @property
     def input_names(self) -> list[str]:

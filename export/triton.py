@@ -140,8 +140,13 @@ def model_config(bundle: Bundle, batching: Batching):
     if spec.pair_segments != "token_types":
         config.parameters["pair_segments"].string_value = spec.pair_segments
     if kind == "KIND_GPU" and spec.runtime == "onnxruntime":
+        accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
+        if TENSORRT in spec.providers:
+            # the provider it was built and checked with, FP16 kernels for an fp16 bundle only (`provider_options`)
+            tensorrt = accelerators.add(name="tensorrt")
+            tensorrt.parameters["precision_mode"] = "FP16" if spec.precision == "fp16" else "FP32"
         # the CUDA options the bundle was checked with and the server runs it with (TF32 off but for fp16)
-        cuda = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="cuda")
+        cuda = accelerators.add(name="cuda")
         for key, value in cuda_options(spec.precision).items():
             cuda.parameters[key] = str(value)
         # and where the config has parameters, Triton's backend sets an exhaustive search unless this one says (1:
@@ -155,6 +160,8 @@ def _profile_max_batch(bundle: Bundle) -> int:
     profile = bundle.manifest.info.get("tensorrt_build", {}).get("profile")
     if not profile:
         raise ValueError(f"{bundle.folder}: the manifest records no TensorRT optimization profile (tensorrt_build)")
+    if missing := [name for name in bundle.spec.input_names if name not in profile]:
+        raise ValueError(f"{bundle.folder}: the TensorRT optimization profile (tensorrt_build) lacks inputs {missing}")
     return min(shapes["max"][0] for shapes in profile.values())
 
 
@@ -182,7 +189,10 @@ def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batchin
         (folder / TRITON_LABELS_FILE).write_text("".join(f"{label}\n" for label in spec.labels), encoding="utf-8")
         (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
 
+    replaced = final.exists()
     atomic_write(final, fill)
+    if replaced:
+        print(f"replaced {final} whole: its earlier versions and config.pbtxt are gone", file=sys.stderr)
     return final
 
 
@@ -203,6 +213,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -
         folder = write_repository(args.pop("bundle"), args.pop("repo"), **args)
     except (mf.ArtifactError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder in the way, one it may not write to
+        print(f"error: cannot write the model repository: {err}", file=sys.stderr)
         return 2
     print(folder)
     return 0

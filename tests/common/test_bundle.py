@@ -54,6 +54,12 @@ def test_an_invalid_bundle_spec_is_refused_without_the_validators_dump_of_the_in
     assert "input_value" not in str(caught.value)
 
 
+def test_a_bundle_spec_whose_model_file_its_runtime_does_not_load_is_refused(tmp_path):
+    folder = edited_spec(write_bundle(tmp_path / "bundle"), lambda spec: spec.update(runtime="tensorrt"))
+    with pytest.raises(mf.ArtifactError, match=r"model_file 'model.onnx' is not what runtime tensorrt loads"):
+        load_bundle(folder, verify=False)
+
+
 def test_the_padding_id_is_read_from_the_spec(tmp_path):
     assert load_bundle(write_bundle(tmp_path / "bundle", pad_token_id=4)).spec.pad_token_id == 4
 

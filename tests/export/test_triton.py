@@ -184,6 +184,13 @@ def test_a_plan_whose_manifest_records_no_profile_is_refused(tmp_path):
         write_repository(bundle, tmp_path / "repo", kind="KIND_GPU")
 
 
+def test_a_plan_whose_profile_lacks_an_input_is_refused_naming_it(tmp_path):
+    shapes = {"min": [1, 1], "opt": [8, 16], "max": [64, 16]}
+    bundle = make_bundle(tmp_path, runtime="tensorrt", build={"profile": {"input_ids": shapes}})
+    with pytest.raises(ValueError, match=r"profile \(tensorrt_build\) lacks inputs \['attention_mask'\]"):
+        write_repository(bundle, tmp_path / "repo")
+
+
 def test_plan_on_cpu_is_refused(tmp_path):
     with pytest.raises(ValueError, match="only on a GPU"):
         write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo", kind="KIND_CPU")
@@ -221,6 +228,21 @@ def test_rewriting_replaces_the_model_folder_whole(tmp_path):
     assert read_config(model_dir).max_batch_size == 8
     assert not (model_dir / "stale.txt").exists()
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == [NAME]
+
+
+def test_rewriting_says_the_model_folder_was_replaced(tmp_path, capsys):
+    bundle = make_bundle(tmp_path)
+    write_repository(bundle, tmp_path / "repo")
+    assert capsys.readouterr().err == ""
+    write_repository(bundle, tmp_path / "repo")
+    assert f"replaced {tmp_path / 'repo' / NAME} whole" in capsys.readouterr().err
+
+
+def test_a_file_in_the_model_folders_place_is_an_error_not_a_crash(tmp_path, capsys):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / NAME).write_text("not a folder")
+    assert triton.main([str(make_bundle(tmp_path)), str(tmp_path / "repo")]) == 2
+    assert "error: cannot write the model repository" in capsys.readouterr().err
 
 
 def test_cli_writes_the_repository_and_reports_errors(tmp_path, capsys):
@@ -269,6 +291,26 @@ def cuda_accelerator(tmp_path, precision: str) -> dict[str, str]:
     ).optimization.execution_accelerators.gpu_execution_accelerator
     assert cuda.name == "cuda"
     return dict(cuda.parameters)
+
+
+def accelerators(tmp_path, precision: str, providers: tuple[str, ...]) -> list:
+    """The GPU execution accelerators in the config of a bundle of `precision` built for `providers`."""
+    bundle = make_bundle(tmp_path, providers=providers, precision=precision)
+    config = read_config(write_repository(bundle, tmp_path / "repo"))
+    return list(config.optimization.execution_accelerators.gpu_execution_accelerator)
+
+
+TENSORRT_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def test_a_bundle_built_for_tensorrt_runs_on_tensorrt_then_cuda_as_it_was_checked(tmp_path):
+    assert [a.name for a in accelerators(tmp_path, "fp16", TENSORRT_PROVIDERS)] == ["tensorrt", "cuda"]
+
+
+@pytest.mark.parametrize("precision, mode", [("fp16", "FP16"), ("int8", "FP32")])
+def test_tensorrt_gets_fp16_kernels_for_an_fp16_bundle_alone(tmp_path, precision, mode):
+    [tensorrt, _] = accelerators(tmp_path, precision, TENSORRT_PROVIDERS)
+    assert tensorrt.parameters["precision_mode"] == mode
 
 
 def test_an_fp32_bundle_on_a_gpu_runs_without_tf32_as_it_was_checked(tmp_path):
