@@ -11,7 +11,7 @@ and `scaling` (one bundle behind the server with 1, 2, ... workers, by h2load: r
 its own result (`common.measured`).
 Exit status: 0 when measured (with `--check`, also every target met, or the served predictions and accuracy equal to the
 bundle's but at near-ties), 1 when `--check` found a target missed or a different prediction or accuracy, 2 when the
-benchmark could not run.
+benchmark could not run, or `--check` found no target the recipe set.
 """
 
 import argparse
@@ -66,7 +66,7 @@ def run_serving(recipe, args) -> int:
         return 0
     stage = serving.stage(recipe, bundle, args.texts, pairs_file=pairs_file)
     stage.run(args.force)
-    return checked_targets(stage, args.check)
+    return checked_targets(stage, args.check, "serving")
 
 
 def run_accuracy(recipe, args) -> int:
@@ -106,7 +106,7 @@ def run_peers(recipe, args) -> int:
     bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = compare.stage(recipe, bundle, {"kserve": args.kserve_python, "mlserver": args.mlserver_python})
     stage.run(args.force)
-    return checked_targets(stage, args.check)
+    return checked_targets(stage, args.check, "peers")
 
 
 def run_scaling(recipe, args) -> int:
@@ -115,13 +115,21 @@ def run_scaling(recipe, args) -> int:
     bundle = serving.bundle_to_serve(recipe, args.bundle)
     stage = scaling.stage(recipe, bundle)
     stage.run(args.force)
-    return checked_targets(stage, args.check)
+    return checked_targets(stage, args.check, "scaling")
 
 
-def checked_targets(stage, check: bool) -> int:
+def checked_targets(stage, check: bool, section: str) -> int:
     """With `check`, 1 when the `ServingResult` in `stage`'s folder missed a target, each named on stderr with its
-    figure (a result up to date says nothing else of them), else 0."""
+    figure (a result up to date says nothing else of them), 2 when the recipe's `bench.<section>` set it none to miss,
+    else 0."""
     result = ServingResult.load(stage.folder)
+    if check and not result.targets:
+        print(
+            f"[{stage.name}] --check: bench.{section} of the recipe sets no target, so nothing was checked; set one "
+            f"(docs/settings.md), or drop --check",
+            file=sys.stderr,
+        )
+        return 2
     if not check or result.passed:
         return 0
     missed = "; ".join(slo.describe(target) for target in result.targets if not target["passed"])

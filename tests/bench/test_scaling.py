@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from edgedistill.bench import BenchError, scaling
-from edgedistill.bench.__main__ import main
+from edgedistill.bench.__main__ import checked_targets, main
 from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
@@ -137,6 +137,15 @@ def test_a_missed_target_exits_1_with_check(tmp_path, bundle):
         "--bench.scaling.min_capacity_vs_first=100",
     )
     assert code == 1
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_check_of_a_result_the_recipe_set_no_target_for_is_refused_naming_the_section(tmp_path, capsys, passed):
+    empty = {"bundle": {}, "settings": {}, "options": {}, "texts": {}, "machine": {}, "runs": {}, "summary": {}}
+    ServingResult(**empty, ratios={}, targets=[], passed=passed).save(tmp_path, "")
+    stage = type("Stage", (), {"name": "serve-scaling-tiny", "folder": tmp_path})()
+    assert checked_targets(stage, True, "scaling") == 2
+    assert "bench.scaling of the recipe sets no target, so nothing was checked" in capsys.readouterr().err
 
 
 def test_the_targets_are_written_with_every_digit_the_recipe_gave():
