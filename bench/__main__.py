@@ -35,6 +35,12 @@ def run_models(recipe, args) -> int:
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
     stage = model_stage.stage(recipe)
+    timeable = [b for b, spec in recipe.export.bundles.items() if model_stage.left_out(spec) is None]
+    if timeable and len(stage.parents) == 1:  # the teacher alone: no bundle this machine can time is built
+        raise BenchError(
+            f"none of the bundles it times here ({', '.join(timeable)}) is built yet: build them first "
+            f"(edgedistill bundles {args.recipe}; make bundles in a checkout)"
+        )
     if args.force or not skip_all([stage]):  # timing imports torch, transformers and the models' code (seconds)
         from edgedistill.distill import device
 

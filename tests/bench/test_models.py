@@ -59,6 +59,12 @@ def test_the_eager_teacher_on_cuda_without_a_gpu_is_refused(monkeypatch):
         model_stage.eager_devices(recipe.runtime)
 
 
+def test_bench_before_any_bundle_is_built_is_refused_naming_the_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    assert bench_main(["models", str(SMOKE)]) == 2
+    assert f"is built yet: build them first (edgedistill bundles {SMOKE}" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_writes_its_tables(smoke_bundles, capsys, monkeypatch):
     # measured here, whether or not a test before it (the report's) measured this smoke run
