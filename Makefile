@@ -73,9 +73,10 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 	$(ED) bench serving $(RECIPE) --bundle $(BUNDLE) $(SERVE_BENCH_ARGS)
 	$(ED) bench accuracy $(RECIPE) --bundle $(BUNDLE)
 	$(ED) bench cascade $(RECIPE) $(if $(CASCADE),--cascade $(CASCADE))
-	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS)
-	$(ED) report $(RECIPE)
-	@$(ED) headline $(RECIPE)
+	$(ED) loadtest $(RECIPE) --profile smoke --bundle $(BUNDLE) $(LOADTEST_ARGS); \
+	  status=$$?; [ $$status -le 1 ] || exit $$status; \
+	  $(ED) report $(RECIPE) && \
+	  $(ED) headline $(RECIPE) && exit $$status
 
 # PyPI's torch wheel for Linux is the CUDA build (GBs of NVIDIA libraries): setup installs torch from
 # PyTorch's CPU index first. TORCH_INDEX=https://download.pytorch.org/whl/cu130 takes a CUDA build;

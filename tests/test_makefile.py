@@ -193,6 +193,29 @@ def test_a_variable_the_benchmarks_refuse_given_on_the_command_line_stops_make_a
     assert subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 2
 
 
+def make_all_with(tmp_path, loadtest_status: int) -> tuple[int, list[str]]:
+    """`make all` run with an `edgedistill` that notes each command and exits `loadtest_status` from the load test
+    (0 from the others): make's status, and the commands run."""
+    noted, fake = tmp_path / "ran", tmp_path / "edgedistill"
+    fake.write_text(f'#!/bin/sh\necho "$1" >> {noted}\n[ "$1" = loadtest ] && exit {loadtest_status}\nexit 0\n')
+    fake.chmod(0o755)
+    command = ["make", "--no-print-directory", "all", f"ED={fake}", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return result.returncode, noted.read_text().split()
+
+
+def test_make_all_whose_load_test_missed_its_slo_still_writes_the_report_and_headline(tmp_path):
+    assert make_all_with(tmp_path, 1)[1][-3:] == ["loadtest", "report", "headline"]
+
+
+def test_make_all_whose_load_test_missed_its_slo_fails(tmp_path):
+    assert make_all_with(tmp_path, 1)[0] != 0
+
+
+def test_make_all_whose_load_test_could_not_run_stops_there(tmp_path):
+    assert make_all_with(tmp_path, 2)[1][-1] == "loadtest"
+
+
 def test_make_refuses_the_variables_the_benchmarks_refuse():
     refused = [name for name in MEASURED_SETTINGS if make_with_environ("all", **{env_name(name): "1"}).returncode == 2]
     assert refused == list(MEASURED_SETTINGS)

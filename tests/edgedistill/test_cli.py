@@ -297,6 +297,25 @@ def test_all_names_a_failing_benchmark_by_its_whole_command(monkeypatch, capsys)
     assert "[all] edgedistill bench serving failed with exit status 5" in capsys.readouterr().err
 
 
+def test_all_whose_load_test_missed_its_slo_still_runs_the_report_and_headline(monkeypatch):
+    stages = Stages(failing="loadtest", status=1)
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", "recipes/smoke.yaml"])
+    assert [step_name(step) for step in stages.ran[-3:]] == ["loadtest", "report", "headline"]
+
+
+def test_all_whose_load_test_missed_its_slo_exits_1(monkeypatch):
+    monkeypatch.setattr(cli, "run_stage", Stages(failing="loadtest", status=1))
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 1
+
+
+def test_all_whose_load_test_could_not_run_stops_there(monkeypatch):
+    stages = Stages(failing="loadtest", status=2)
+    monkeypatch.setattr(cli, "run_stage", stages)
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 2
+    assert stages.ran[-1][0] == "loadtest"
+
+
 def test_all_passes_jobs_and_overrides_on(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
