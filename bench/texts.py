@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from edgedistill.bench import BenchError
-from edgedistill.common.arguments import input_file
+from edgedistill.common.arguments import readable_file
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import DataError, Examples, load_labelled
 from edgedistill.serve.textfiles import (
@@ -117,11 +117,11 @@ def add_texts_arguments(parser: argparse.ArgumentParser) -> None:
     `PairsFile.of`), on every command that sends texts."""
     texts = parser.add_mutually_exclusive_group()
     texts.add_argument(
-        "--texts", type=input_file, help="single texts to send, one per line (default: the recipe's dev split)"
+        "--texts", type=readable_file, help="single texts to send, one per line (default: the recipe's dev split)"
     )
     texts.add_argument(
         "--pairs",
-        type=input_file,
+        type=readable_file,
         help="text pairs for a pair model, text<TAB>pair per line or the --columns, read as `call --tsv` reads them "
         "(default: the recipe's dev split)",
     )

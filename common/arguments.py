@@ -20,6 +20,15 @@ def input_file(value: str) -> Path:
     return path.absolute() if value != "-" and str(path) == "-" else path
 
 
+def readable_file(value: str) -> Path:
+    """An `input_file` that exists now, or `-`: a misspelt path is refused as the argument is read, before its
+    command starts anything."""
+    path = input_file(value)
+    if str(path) != "-" and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{value}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
+    return path
+
+
 class WholeWordsHelp(argparse.HelpFormatter):
     """argparse's help, wrapped at spaces only: a path or anchor in it (`site-packages/...`,
     `#fusion-by-model-type`) stays whole, so that it can be copied."""

@@ -1,7 +1,8 @@
 import argparse
 from pathlib import Path
 
-from edgedistill.common.arguments import WholeWordsHelp, input_file
+import pytest
+from edgedistill.common.arguments import WholeWordsHelp, input_file, readable_file
 
 PAGE = "/opt/venv/lib/python3.11/site-packages/edgedistill/docs/export.md#fusion-by-model-type"
 
@@ -29,6 +30,20 @@ def narrow_help(epilog: str | None = None, option: str | None = None) -> list[st
     )
     parser.add_argument("--flag", help=option)
     return parser.format_help().splitlines()
+
+
+def test_a_readable_file_that_does_not_exist_is_refused_naming_it(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match="nope.txt: no such file"):
+        readable_file(str(tmp_path / "nope.txt"))
+
+
+def test_a_readable_file_that_is_a_folder_is_refused_saying_so(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match="a folder, not a file"):
+        readable_file(str(tmp_path))
+
+
+def test_a_readable_file_may_be_stdin():
+    assert readable_file("-") == Path("-")
 
 
 def test_a_hyphenated_path_in_the_epilog_stays_on_one_line():
