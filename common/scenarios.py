@@ -9,17 +9,20 @@ from edgedistill.common.config.measure import Scenario
 SCENARIOS_VAR = "EDGEDISTILL_LOADTEST_SCENARIOS"
 
 
-def parse_scenarios(text: str) -> dict[str, int]:
-    """`"single=3,batch=1"` -> `{"single": 3, "batch": 1}`; `ValueError` naming what is wrong."""
+def parse_scenarios(text: str, given_as: str = "--scenarios") -> dict[str, int]:
+    """`"single=3,batch=1"` -> `{"single": 3, "batch": 1}`; `ValueError` naming what is wrong and where the weights
+    were given (`given_as`: the flag, or the variable)."""
     known = get_args(Scenario)
     weights = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, weight = part.partition("=")
         if name not in known or not weight.isdigit():
-            raise ValueError(f"scenario weight {part!r}: want NAME=INT with NAME one of {', '.join(known)}")
+            raise ValueError(f"{given_as}: scenario weight {part!r}: want NAME=INT with NAME one of {', '.join(known)}")
+        if name in weights:
+            raise ValueError(f"{given_as}: scenario {name} is given twice ({text!r}): give each once")
         weights[name] = int(weight)
     if not sum(weights.values()):
-        raise ValueError(f"scenarios {text!r}: give at least one a weight above 0")
+        raise ValueError(f"{given_as}: scenarios {text!r}: give at least one a weight above 0")
     return weights
 
 
@@ -47,10 +50,11 @@ def scenario_weights(overrides: dict[str, object], profile: str, option: str | N
     None for the recipe's. `ValueError` for weights that do not parse, or that come beside an override of the
     profile's scenarios, which would then do nothing."""
     variable = settings.env(SCENARIOS_VAR)
-    weights = option or variable
-    if not weights:
+    weights = option if option is not None else variable
+    if weights is None:
         return None
+    flag = option is not None
     if key := scenarios_override(overrides, profile):
-        given_as = f"--scenarios {option!r}" if option else f"${SCENARIOS_VAR}={variable!r}"
+        given_as = f"--scenarios {option!r}" if flag else f"${SCENARIOS_VAR}={variable!r}"
         raise ValueError(f"--{key} would do nothing: {given_as} gives the weights instead; give one of them")
-    return parse_scenarios(weights)
+    return parse_scenarios(weights, "--scenarios" if flag else SCENARIOS_VAR)

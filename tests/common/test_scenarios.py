@@ -11,13 +11,32 @@ def test_scenario_weights_parse():
 
 @pytest.mark.parametrize("bad", ["single", "single=x", "nope=1"])
 def test_a_malformed_scenario_weight_is_refused_naming_the_form_it_wants(bad):
-    with pytest.raises(ValueError, match=rf"^scenario weight '{bad}': want NAME=INT with NAME one of single, "):
+    with pytest.raises(
+        ValueError, match=rf"^--scenarios: scenario weight '{bad}': want NAME=INT with NAME one of single, "
+    ):
         scenarios.parse_scenarios(bad)
 
 
 def test_scenario_weights_all_zero_are_refused_asking_for_one_above_zero():
-    with pytest.raises(ValueError, match=r"^scenarios 'single=0': give at least one a weight above 0$"):
+    with pytest.raises(ValueError, match=r"^--scenarios: scenarios 'single=0': give at least one a weight above 0$"):
         scenarios.parse_scenarios("single=0")
+
+
+def test_a_scenario_given_twice_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"scenario single is given twice \('single=1,batch=1,single=2'\)"):
+        scenarios.parse_scenarios("single=1,batch=1,single=2")
+
+
+def test_an_empty_option_is_refused_rather_than_left_for_the_recipes_weights(monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
+    with pytest.raises(ValueError, match=r"^--scenarios: scenarios '': give at least one a weight above 0$"):
+        scenarios.scenario_weights({}, "smoke", "")
+
+
+def test_weights_of_the_variable_that_do_not_parse_are_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1;batch=1")
+    with pytest.raises(ValueError, match=r"^EDGEDISTILL_LOADTEST_SCENARIOS: scenario weight 'single=1;batch=1'"):
+        scenarios.scenario_weights({}, "smoke")
 
 
 def test_the_option_gives_the_weights_over_the_variable(monkeypatch):
