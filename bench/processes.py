@@ -103,7 +103,7 @@ def left_out_of(command: list[str]) -> tuple[str, ...]:
 
 def measured_settings(flags: list[str]) -> Settings:
     """The settings a measured server given `flags` (`serve_flags`) runs with, in the environment it runs in."""
-    return load_settings(flags, server_environ(left_out=left_out_of(flags)))
+    return load_settings(flags, server_environ(left_out=left_out_of(flags)), flags_taken=False)
 
 
 _said: set[str] = set()  # the variables `say_left_out` has named in this process

@@ -260,10 +260,11 @@ class Settings(BaseModel):
         refused, as it would turn the port off (and the probes or the scrape aimed at it fail) or unset the folder,
         unnoticed."""
         if isinstance(value, str) and not value.strip():
+            no_flag = " (and give no flag)" if _flags_taken(info) else ""
             raise ValueError(
-                "must not be empty: 'off' turns the port off, and unset the variable (and give no flag) for the default"
+                f"must not be empty: 'off' turns the port off, and unset the variable{no_flag} for the default"
                 if info.field_name.endswith("_port")
-                else "must not be empty: name the folder, or unset the variable (and give no flag)"
+                else f"must not be empty: name the folder, or unset the variable{no_flag}"
             )
         return None if blank(value) else value
 
@@ -285,8 +286,9 @@ class Settings(BaseModel):
                 "admin_token": "refuse Reload calls",
                 "tls_ca": "ask clients for no certificate",
             }.get(info.field_name)
+            no_flag = " (and give no flag)" if _flags_taken(info) else ""
             raise ValueError(
-                f"must not be empty, 'none' or 'off': unset the variable (and give no flag) to {off or 'serve plaintext'}"
+                f"must not be empty, 'none' or 'off': unset the variable{no_flag} to {off or 'serve plaintext'}"
             )
         return value
 
@@ -447,13 +449,23 @@ def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
     return parser
 
 
+def _flags_taken(info: ValidationInfo) -> bool:
+    """Whether the settings validated came from a command that takes the server's flags (`python -m serve`), so that
+    a message may name them; a measurement's servers take the variables alone (`load_settings(flags_taken=False)`)."""
+    return (info.context or {}).get("flags_taken", True)
+
+
 def load_settings(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, prog: str = "python -m serve"
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    prog: str = "python -m serve",
+    flags_taken: bool = True,
 ) -> Settings:
     """Settings from `environ` (default `os.environ`), overridden by the flags in `argv`; the pipeline's own
     `EDGEDISTILL_*` variables (`common.settings.PIPELINE`) are left to it, and Kubernetes' service links ignored. A
     service link that sets a setting's variable (the Service `edgedistill` sets `EDGEDISTILL_PORT=tcp://...`) is
-    refused, naming the fix, where no flag overrides it."""
+    refused, naming the fix, where no flag overrides it. Without `flags_taken` (a measurement sets the flags of its
+    servers itself), an error names the variable alone."""
     environ = os.environ if environ is None else environ
     values: dict[str, str] = {}
     for key, value in environ.items():
@@ -481,11 +493,12 @@ def load_settings(
             )
     values.update(flags)
     try:
-        return Settings.model_validate(values)
+        return Settings.model_validate(values, context={"flags_taken": flags_taken})
     except ValidationError as err:
         problems = []
         for error in err.errors():
             name = str(error["loc"][0]) if error["loc"] else ""
-            where = f"{flag_name(name)} / {env_name(name)}: " if name else ""
+            named = f"{flag_name(name)} / {env_name(name)}" if flags_taken else env_name(name)
+            where = f"{named}: " if name else ""
             problems.append(f"{where}{error['msg'].removeprefix('Value error, ')}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from err

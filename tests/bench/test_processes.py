@@ -14,6 +14,7 @@ import pytest
 from edgedistill.bench import BenchError, environ, processes
 from edgedistill.bench.peers.model import session_settings
 from edgedistill.bench.processes import finish, free_port, measured_server, running, served_settings, start
+from edgedistill.serve.settings import SettingsError
 
 from tests.serve.conftest import write_engine
 from tests.serve.test_cascade import make_cascade
@@ -339,6 +340,16 @@ def test_a_measured_server_runs_with_the_operators_other_settings(bundle, monkey
     monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
     left_out = processes.left_out_of(processes.serve_flags(bundle, 0, 1))
     assert environ.server_environ(left_out=left_out)["EDGEDISTILL_MAX_QUEUED"] == "64"
+
+
+def test_a_blank_token_for_a_measured_server_is_refused_naming_the_variable_alone(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "")
+    with pytest.raises(
+        SettingsError,
+        match=r"invalid settings: EDGEDISTILL_TOKEN: must not be empty, .*: unset the "
+        r"variable to serve without a token$",
+    ):
+        processes.measured_settings(processes.serve_flags(bundle, 0, 1))
 
 
 def test_two_measured_servers_start_side_by_side_where_the_operator_exports_a_health_port(
