@@ -108,6 +108,17 @@ def test_calls_the_server_refuses_are_reported_by_their_status(bundle, tmp_path)
     assert f"failed calls by status: RESOURCE_EXHAUSTED {overall['failures']}" in run.stderr
 
 
+def test_failed_calls_within_the_error_rate_the_slo_allows_are_reported_by_their_status(bundle, tmp_path):
+    texts = tmp_path / "long.txt"
+    texts.write_text("a great movie " * 150 + "\n")  # over the server's 1024 bytes a message
+    limit = {"EDGEDISTILL_MAX_MESSAGE_BYTES": "1024"}
+    tolerated = ["--loadtest.smoke.slo.max_error_rate=1", "--loadtest.smoke.slo.p99_ms=null"]
+    run = loadtest(
+        bundle, "smoke", "--texts", str(texts), "--loadtest.smoke.scenarios={single: 1}", *tolerated, env=limit
+    )
+    assert "failed calls by status: RESOURCE_EXHAUSTED" in run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 def test_a_server_that_wants_a_token_is_sent_it(bundle):
     scenarios = "--loadtest.smoke.scenarios={single: 1, stream: 1, kserve: 1}"
     without = loadtest(bundle, "smoke", scenarios)
@@ -343,6 +354,12 @@ def test_a_dev_text_holding_a_line_break_exits_2_naming_its_split(bundle, tmp_pa
     run = loadtest(bundle, "smoke", f"--data.dev={dev}")
     assert run.returncode == 2
     assert f"{dev}: the text 'line one\\nline two' holds a line break" in run.stderr
+
+
+def test_a_texts_file_that_does_not_exist_is_refused_as_the_flag_is_read(bundle, tmp_path):
+    run = loadtest(bundle, "smoke", "--texts", str(tmp_path / "nope.txt"))
+    assert run.returncode == 2
+    assert f"argument --texts: {tmp_path / 'nope.txt'}: no such file" in run.stderr
 
 
 def test_single_texts_for_a_pair_model_exit_2(pair_bundle):
