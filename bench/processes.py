@@ -102,8 +102,12 @@ def left_out_of(command: list[str]) -> tuple[str, ...]:
 
 
 def measured_settings(flags: list[str]) -> Settings:
-    """The settings a measured server given `flags` (`serve_flags`) runs with, in the environment it runs in."""
-    return load_settings(flags, server_environ(left_out=left_out_of(flags)), flags_taken=False)
+    """The settings a measured server given `flags` (`serve_flags`) runs with, in the environment it runs in;
+    `BenchError` when those give it TLS, as measurements call over plaintext."""
+    settings = load_settings(flags, server_environ(left_out=left_out_of(flags)), flags_taken=False)
+    if settings.tls_cert is not None:
+        raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
+    return settings
 
 
 _said: set[str] = set()  # the variables `say_left_out` has named in this process
@@ -146,13 +150,10 @@ def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics
 
 def measured_server(bundle: Path, threads: int) -> tuple[list[str], Settings]:
     """The flags of one measured server process on `bundle` (`serve_flags`, on a free port) and the settings they
-    give with `EDGEDISTILL_*` variables; `BenchError` when those give it TLS, as measurements call over plaintext."""
+    give with `EDGEDISTILL_*` variables (`measured_settings`)."""
     # One server process: a driver's connection and the CPU figure sample one process.
     flags = serve_flags(bundle, free_port(), threads, workers=1)
-    settings = measured_settings(flags)
-    if settings.tls_cert is not None:
-        raise BenchError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
-    return flags, settings
+    return flags, measured_settings(flags)
 
 
 def call_metadata(settings: Settings) -> tuple:

@@ -20,6 +20,7 @@ import psutil
 from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
 from edgedistill.bench.records import machine
 from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_info
+from edgedistill.common import manifest as mf
 from edgedistill.common import measured, sections
 from edgedistill.common.cascade import load_served
 from edgedistill.common.config.measure import LoadtestConfig, Profile
@@ -155,6 +156,9 @@ def stage(
     )
     if not echo and folder == measured.echo_loadtest(profile):
         raise LoadtestError(f"{bundle}: its load test would share the echo server's folder {folder}: rename the bundle")
+    server = served_settings(bundle, cfg.threads)  # what a measured server refuses, refused here, current or not
+    if echo:  # not a parent, but its texts are of the bundle's kind: a finished one, as for the bundle's own test
+        mf.load(bundle, verify=False)
     return Stage(
         folder,
         recipe,
@@ -175,7 +179,7 @@ def stage(
             "pairs": None if pairs_file is None else pairs_file.hashed(),
             "scenarios": scenarios,
             "echo": echo,
-            "server": None if echo else served_settings(bundle, cfg.threads),
+            "server": None if echo else server,
         },
     )
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from edgedistill.bench import BenchError
 from edgedistill.bench.texts import PairsFile
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe
@@ -292,6 +293,26 @@ def test_an_echo_load_test_refuses_only_the_weighted_scenarios_it_cannot_run(bun
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     with pytest.raises(runner.LoadtestError, match=r"drop scenarios \['kserve'\] or give them weight 0"):
         runner.stage(recipe, "smoke", bundle, scenarios={"single": 1, "stream": 0, "kserve": 1}, echo=True)
+
+
+def test_an_echo_load_test_refuses_a_blank_token_as_the_bundles_does(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "")
+    with pytest.raises(ValueError, match="EDGEDISTILL_TOKEN: must not be empty"):
+        runner.stage(load_recipe(ROOT / "recipes" / "smoke.yaml"), "smoke", bundle, scenarios={"single": 1}, echo=True)
+
+
+def test_an_echo_load_test_refuses_tls_as_the_bundles_does(bundle, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEDISTILL_TLS_CERT", str(tmp_path / "cert.pem"))
+    monkeypatch.setenv("EDGEDISTILL_TLS_KEY", str(tmp_path / "key.pem"))
+    with pytest.raises(BenchError, match="measurements call the server over plaintext loopback"):
+        runner.stage(load_recipe(ROOT / "recipes" / "smoke.yaml"), "smoke", bundle, scenarios={"single": 1}, echo=True)
+
+
+def test_an_echo_load_test_refuses_a_bundle_that_is_not_there(tmp_path):
+    with pytest.raises(mf.ArtifactError, match="is not a finished artifact"):
+        runner.stage(
+            load_recipe(ROOT / "recipes" / "smoke.yaml"), "smoke", tmp_path / "gone", scenarios={"single": 1}, echo=True
+        )
 
 
 def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
