@@ -68,6 +68,16 @@ class ConstantLoad(LoadProfile):
 
     _lasts_a_tick = field_validator("duration_s")(_lasts_a_tick)
 
+    @model_validator(mode="after")
+    def _a_call_for_every_user(self):
+        if (offered := self.rate * self.duration_s) < self.users:
+            raise ValueError(
+                f"rate {self.rate:g} calls/s for duration_s {self.duration_s:g} offers {offered:g} calls, fewer than "
+                f"its {self.users} users: some would make none, and the SLO be judged on a few calls; raise rate or "
+                "duration_s, or lower users"
+            )
+        return self
+
     @property
     def user_rate(self) -> float:
         return self.rate / self.users

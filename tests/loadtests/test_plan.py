@@ -76,6 +76,15 @@ def test_a_constant_load_shorter_than_the_shapes_tick_is_refused_naming_its_key(
         ConstantLoad(duration_s=0.5)
 
 
+def test_a_constant_load_offering_fewer_calls_than_its_users_is_refused():
+    with pytest.raises(ValueError, match=r"offers 0\.03 calls, fewer than its 2 users"):
+        ConstantLoad(users=2, rate=0.01, duration_s=3)
+
+
+def test_a_constant_load_offering_a_call_per_user_is_taken():
+    assert ConstantLoad(users=2, rate=1, duration_s=2).user_rate == 0.5
+
+
 def test_loadtest_section_leaves_artifact_hashes_alone(tmp_path):
     without = load_recipe(write(tmp_path, MINIMAL))
     with_it = load_recipe(write(tmp_path, MINIMAL + "loadtest: {steady: {rate: 100}}\n"))
