@@ -8,7 +8,6 @@ in `on_start`, so that no reported call's latency includes setting up its connec
 """
 
 import collections
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ from locust.exception import LocustError
 grpc_gevent.init_gevent()
 
 NAME_KEY = "x-locust-name"
+CONNECT_NAME = "connect"  # the request name of a user's connection that no server answered in its timeout
 
 
 class _CallDetails(
@@ -119,11 +119,24 @@ class GrpcUser(User):
         self.connect()
 
     def connect(self) -> None:
-        """Open the user's connection with a health check that no event reports, waiting up to `timeout` for the
-        server. (grpc.channel_ready_future polls the state every 200 ms: under gevent it held each first call.)"""
+        """Open the user's connection with a health check, waiting up to `timeout` for the server. (grpc.
+        channel_ready_future polls the state every 200 ms: under gevent it held each first call.) An answer, even an
+        error, is not reported: the timed calls report what the server does. No server answering by then is reported
+        as a failed call named `CONNECT_NAME`: a run too short for any call to fall due would otherwise pass on none."""
         health = health_pb2_grpc.HealthStub(self._unreported)
-        with contextlib.suppress(grpc.RpcError):  # answered or not: the timed calls report what the server does
+        started = time.perf_counter()
+        try:
             health.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                self.environment.events.request.fire(
+                    request_type="grpc",
+                    name=CONNECT_NAME,
+                    response_time=(time.perf_counter() - started) * 1000,
+                    response_length=0,
+                    exception=err,
+                    context={},
+                )
 
     def call(self, method, request, name: str | None = None):
         """Unary `method(request)` reported as `name`; its reply, or None when it failed (the event has the error)."""

@@ -131,6 +131,30 @@ def test_a_user_connects_to_a_server_on_this_machine_past_a_proxy_of_the_environ
     assert out["state"] == "READY"
 
 
+CONNECTS_TO_NOTHING = """
+import json, sys
+from locust.env import Environment
+from edgedistill.loadtests.grpc_user import GrpcUser
+
+class User(GrpcUser):
+    host = sys.argv[1]
+    timeout = 0.5
+
+environment = Environment()
+fired = []
+environment.events.request.add_listener(lambda name, exception, **_: fired.append([name, exception.code().name]))
+user = User(environment)
+user.on_start()
+user.on_stop()
+print(json.dumps({"events": fired}))
+"""
+
+
+def test_a_user_whose_server_never_answers_reports_its_connection_as_a_failed_call():
+    out = run_client(CONNECTS_TO_NOTHING, f"127.0.0.1:{free_port()}")
+    assert out["events"] == [["connect", "DEADLINE_EXCEEDED"]]
+
+
 CONCURRENT = """
 import json, sys, time
 import gevent
