@@ -112,6 +112,18 @@ def test_make_soak_with_another_profile_stops_make():
 
 
 @pytest.mark.parametrize("goal", [[], ["all"]])
+def test_make_all_with_an_echo_load_test_stops_make(goal):
+    args = "LOADTEST_ARGS=--echo --scenarios single=1,batch=1"
+    command = ["make", "-n", "--no-print-directory", *goal, args, "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "--echo would load-test the echo server in place of the deployed bundle in make all" in result.stderr
+
+
+def test_make_loadtest_takes_an_echo_load_test(tmp_path):
+    assert "--echo" in make_dry_run(tmp_path, "loadtest", "LOADTEST_ARGS=--echo")
+
+
+@pytest.mark.parametrize("goal", [[], ["all"]])
 def test_make_all_with_another_profile_stops_make(goal):
     command = ["make", "-n", "--no-print-directory", *goal, "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
