@@ -518,7 +518,8 @@ class EngineRunner:
         if self.engine is None:
             raise ModelLoadError(
                 f"TensorRT {versions['tensorrt']} cannot deserialise {plan_path} ({'; '.join(self.logger.errors)}): "
-                "an engine only loads on the TensorRT version and GPU it was built for; rebuild it on this machine"
+                "an engine only loads on the TensorRT version and GPU it was built for; rebuild it on this machine "
+                f"(`edgedistill bundles RECIPE --only {Path(plan_path).parent.name.removeprefix('bundle-')}`)"
             )
         self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]

@@ -152,12 +152,16 @@ class Stage:
     extra: Any = None
     """Further JSON-able choices of this stage alone (one student's spec without a field, a texts file given on
     the command line), hashed too; local files named in it count by their contents."""
-    older_record: Callable[[Path], str | None] | None = None
-    """Why the artifact in a folder, published by an earlier release that recorded less than this one (a transfer set
-    whose labeller bundle is not among its parents), must be built again; None when it need not. Not hashed."""
+    also_stale: Callable[[Path], str | None] | None = None
+    """Why the artifact in a folder must be built again though its settings and parents are the recipe's (a transfer
+    set of an earlier release whose labeller bundle is not among its parents, a TensorRT engine built for another
+    TensorRT or GPU); None when it need not. Not hashed."""
     unread: tuple[str, ...] = ()
     """Settings an earlier release hashed for this stage that it does not read (a bundle's gates of other
     precisions): an artifact whose record differs only by them is current. Not hashed."""
+    preflight: Callable[[], None] | None = None
+    """Raises where this machine cannot build the stage (a bundle for a GPU or TensorRT it lacks): run once the stage
+    is found stale, before its parents are read, whose errors would send the user to build them first. Not hashed."""
 
     @property
     def folder(self) -> Path:
@@ -194,11 +198,11 @@ class Stage:
         return hashlib.sha256(json.dumps([own, upstream], sort_keys=True).encode()).hexdigest()[:16]
 
     def staleness(self) -> str | None:
-        """Why the artifact must be built again (`manifest.staleness`, then `older_record`, then a parent stage out of
+        """Why the artifact must be built again (`manifest.staleness`, then `also_stale`, then a parent stage out of
         date: `manifest.parent_out_of_date`), or None when it is current."""
         why = mf.staleness(self.folder, self.config_hash, self.parent_folders, self.hashed, self.unread)
-        if why is None and self.older_record is not None:
-            why = self.older_record(self.folder)
+        if why is None and self.also_stale is not None:
+            why = self.also_stale(self.folder)
         return why or mf.parent_out_of_date({p.name: p.folder for p in self.parents if isinstance(p, Stage)})
 
     def built(self, manifest: mf.Manifest) -> bool:
@@ -303,6 +307,8 @@ class Stage:
         if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch()
+        if self.preflight is not None:
+            self.preflight()
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
         # training curves go to the tracker during the build

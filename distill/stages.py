@@ -46,7 +46,7 @@ def transfer(recipe: Recipe) -> Stage:
         body("edgedistill.distill.transfer"),
         (teacher(recipe),),
         extra={"held_out": HELD_OUT} | labeller,
-        older_record=_labelled_by_another_bundle if name else None,
+        also_stale=_labelled_by_another_bundle if name else None,
     )
 
 

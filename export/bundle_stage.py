@@ -33,13 +33,8 @@ from edgedistill.common.config.export import AGREEMENT_KEYS, ENGINE_OPT_SEQUENCE
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import (
-    GPU_HINT,
-    ProviderFallback,
     Shapes,
-    missing_here,
     open_runner,
-    refuse_tf32,
-    require_tensorrt,
 )
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.stage import Built, Inputs
@@ -201,13 +196,7 @@ def _transform(
 def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     """The body of `export.stages.bundle`."""
     recipe = inputs.recipe
-    spec = recipe.export.bundles[bundle_id]
-    if spec.runtime == "tensorrt":
-        require_tensorrt()
-    else:  # named with --only: fail before the export's work
-        refuse_tf32(spec.providers, spec.precision, f"bundle {bundle_id} (export.bundles.{bundle_id}.providers)")
-        if absent := missing_here(spec.runtime, spec.providers):
-            raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
+    spec = recipe.export.bundles[bundle_id]  # one this machine can build (`stages.buildable_here`)
     source_name = "teacher" if spec.source == "teacher" else f"student-{spec.source}"
     source, plain, torch_logits = cache.get(spec.source, inputs.parent(source_name), inputs.parent("teacher"))
     require_fusion_applies(spec, bundle_id, source)

@@ -6,10 +6,22 @@ A recipe may list GPU bundles beside CPU ones: `bundles` and `cascades` leave ou
 cannot run.
 """
 
+from functools import partial
+from pathlib import Path
+
+from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import SPEC_VERSION
 from edgedistill.common.config.export import AGREEMENT_KEYS, BundleRecipe
 from edgedistill.common.recipe import Recipe, RecipeError
-from edgedistill.common.runtime import cascade_missing_here, missing_here
+from edgedistill.common.runtime import (
+    GPU_HINT,
+    ProviderFallback,
+    cascade_missing_here,
+    missing_here,
+    refuse_tf32,
+    require_tensorrt,
+    tensorrt_problems,
+)
 from edgedistill.common.stage import Stage, body
 from edgedistill.distill import stages as trained
 
@@ -35,7 +47,34 @@ def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
         tuple(parents),
         extra={"spec_version": SPEC_VERSION, "text_style": recipe.text_style},
         unread=tuple(f"export.{key}" for key in GATES if key not in gates),
+        preflight=partial(buildable_here, spec, bundle_id),
+        also_stale=engine_of_another_machine if spec.runtime == "tensorrt" else None,
     )
+
+
+def engine_of_another_machine(folder: Path) -> str | None:
+    """Why the TensorRT engine in bundle `folder` must be built again here: it was built for another TensorRT version
+    or GPU (`info.tensorrt_build`), and loads on those alone; None where it was built for this machine's, or where
+    this machine runs no engine (`bundles` leaves it out, saying why)."""
+    if tensorrt_problems():
+        return None
+    now = require_tensorrt()
+    built = mf.load(folder, verify=False).info.get("tensorrt_build", {})
+    if moved := [f"{key} {built.get(key)} -> {now[key]}" for key in ("tensorrt", "gpu") if built.get(key) != now[key]]:
+        return f"its engine was built for another machine ({'; '.join(moved)}), and loads only on that one"
+    return None
+
+
+def buildable_here(spec: BundleRecipe, bundle_id: str) -> None:
+    """Refuse a bundle this machine cannot build (TensorRT, an execution provider or a GPU it lacks; TF32 where the
+    bundle was not checked with it), before its parents are read: named with `--only`, it fails at once, not after
+    the teacher or student it needs is built."""
+    if spec.runtime == "tensorrt":
+        require_tensorrt()
+        return
+    refuse_tf32(spec.providers, spec.precision, f"bundle {bundle_id} (export.bundles.{bundle_id}.providers)")
+    if absent := missing_here(spec.runtime, spec.providers):
+        raise ProviderFallback(f"bundle {bundle_id}: {absent}. {GPU_HINT}")
 
 
 def read_gates(spec: BundleRecipe) -> tuple[str, ...]:

@@ -376,14 +376,14 @@ def test_an_artifact_the_build_read_leaves_its_config_hash_as_it_is(recipe):
     assert stage.run().config_hash == Stage("transfer", recipe(), ("data",), writer("labels.txt")).config_hash
 
 
-def test_a_current_stage_is_stale_for_the_reason_its_older_record_check_gives(recipe):
+def test_a_current_stage_is_stale_for_the_reason_its_also_stale_check_gives(recipe):
     Stage("transfer", recipe(), ("data",), writer("labels.txt")).run()
-    stage = Stage("transfer", recipe(), ("data",), writer("labels.txt"), older_record=lambda folder: "labelled by x")
+    stage = Stage("transfer", recipe(), ("data",), writer("labels.txt"), also_stale=lambda folder: "labelled by x")
     assert stage.staleness() == "labelled by x"
 
 
-def test_an_older_record_check_leaves_the_config_hash_as_it_is(recipe):
-    checked = Stage("transfer", recipe(), ("data",), writer("labels.txt"), older_record=lambda folder: None)
+def test_an_also_stale_check_leaves_the_config_hash_as_it_is(recipe):
+    checked = Stage("transfer", recipe(), ("data",), writer("labels.txt"), also_stale=lambda folder: None)
     assert checked.config_hash == Stage("transfer", recipe(), ("data",), writer("labels.txt")).config_hash
 
 

@@ -421,6 +421,47 @@ def test_tensorrt_bundle_without_a_gpu_says_what_is_missing(smoke_bundles, monke
     assert not (smoke_bundles / "bundle-bilstm-engine").exists()
 
 
+@pytest.mark.skipif(tensorrt_available(), reason="checks the error where TensorRT is missing")
+def test_a_tensorrt_bundle_named_before_its_teacher_is_built_says_what_this_machine_lacks(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    result = run_here("export", "bundles", SMOKE, "--only=bilstm-engine")
+    assert "pip install '.[gpu]'" in result.stderr, result.stderr[-2000:]
+
+
+def engine_built_for(tmp_path, monkeypatch, built: dict, here: dict | None) -> str | None:
+    """Why an engine bundle whose manifest records `built` (`info.tensorrt_build`) is stale on a machine whose
+    TensorRT and GPU are `here` (None: it runs no engine)."""
+    with mf.stage_folder(tmp_path / "bundle-x-engine") as tmp:
+        (tmp / "model.plan").write_bytes(b"engine")
+        base = mf.Manifest(stage="bundle-x-engine", recipe="r", recipe_hash="h", config_hash="c")
+        mf.commit(tmp, tmp_path / "bundle-x-engine", base.model_copy(update={"info": {"tensorrt_build": built}}))
+    monkeypatch.setattr(stages, "tensorrt_problems", lambda: [] if here else ["no GPU"])
+    monkeypatch.setattr(stages, "require_tensorrt", lambda: here)
+    return stages.engine_of_another_machine(tmp_path / "bundle-x-engine")
+
+
+H100 = {"tensorrt": "10.3.0", "gpu": "NVIDIA H100 80GB HBM3", "cuda_driver": "12.4"}
+
+
+def test_an_engine_built_on_another_gpu_is_stale_naming_both(tmp_path, monkeypatch):
+    why = engine_built_for(tmp_path, monkeypatch, H100 | {"gpu": "NVIDIA A10"}, H100)
+    assert why == (
+        "its engine was built for another machine (gpu NVIDIA A10 -> NVIDIA H100 80GB HBM3), and loads only on that one"
+    )
+
+
+def test_an_engine_built_by_another_tensorrt_is_stale(tmp_path, monkeypatch):
+    assert "tensorrt 10.1.0 -> 10.3.0" in engine_built_for(tmp_path, monkeypatch, H100 | {"tensorrt": "10.1.0"}, H100)
+
+
+def test_an_engine_built_on_this_machine_is_current(tmp_path, monkeypatch):
+    assert engine_built_for(tmp_path, monkeypatch, H100 | {"cuda_driver": "12.8"}, H100) is None
+
+
+def test_an_engine_on_a_machine_without_tensorrt_is_left_to_the_bundles_that_leave_it_out(tmp_path, monkeypatch):
+    assert engine_built_for(tmp_path, monkeypatch, H100, None) is None
+
+
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
 def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles, monkeypatch):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
