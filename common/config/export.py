@@ -21,6 +21,8 @@ AGREEMENT_KEYS = {"fp32": "min_agreement", "fp16": "min_fp16_agreement", "int8":
 # The operator types ONNX Runtime's dynamic INT8 quantizes (`onnxruntime.quantization.registry.IntegerOpsRegistry`,
 # which a test keeps this equal to): it skips any other `int8_ops` names without a word.
 DYNAMIC_INT8_OPS = ("Attention", "Conv", "EmbedLayerNormalization", "Gather", "LSTM", "MatMul", "Transpose")
+# Those whose weights dynamic INT8 scales per output channel where `per_channel` says so.
+PER_CHANNEL_OPS = ("Attention", "LSTM", "MatMul")
 
 
 class BundleRecipe(Strict):
@@ -127,6 +129,15 @@ class BundleRecipe(Strict):
             raise ValueError(
                 "quantization: static quantizes MatMul and Conv (and a GPT teacher's Gemm) with weights per channel, "
                 f"so {given} would not apply: they are dynamic INT8 settings (remove them)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _per_channel_has_weights_to_scale(self):
+        if self.per_channel and self.int8_ops is not None and not set(self.int8_ops) & set(PER_CHANNEL_OPS):
+            raise ValueError(
+                f"per_channel would not apply: it scales the weights of {', '.join(PER_CHANNEL_OPS)} per channel, and "
+                f"int8_ops {self.int8_ops} names none of them (remove per_channel, or name one)"
             )
         return self
 

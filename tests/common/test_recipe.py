@@ -1715,6 +1715,8 @@ def test_an_environment_variable_that_sets_a_section_the_command_does_not_read_i
         ({"runtime": "tensorrt", "precision": "int8", "per_channel": True}, "per_channel"),
         ({"runtime": "tensorrt", "precision": "int8", "int8_ops": ["MatMul"]}, "int8_ops"),
         ({"runtime": "tensorrt", "providers": ["CUDAExecutionProvider"]}, "providers"),
+        ({"precision": "int8", "int8_ops": ["Gather"], "per_channel": True}, "per_channel"),
+        ({"precision": "int8", "int8_ops": ["Conv", "EmbedLayerNormalization"], "per_channel": True}, "per_channel"),
     ],
     ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
 )
