@@ -101,6 +101,7 @@ def run_cascade(recipe, args) -> int:
     ):  # as `export bundles` left it out
         print(f"[serve-cascade] none here: cascade {name}'s {absent} (name it with --cascade for the whole error)")
         return 0
+    cascade.refuse_another_recipe(recipe, name, args.recipe)
     cascade.stage(recipe, name).run(args.force)
     return 0
 

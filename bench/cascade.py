@@ -115,6 +115,22 @@ def routed_escalated(folder: Path, answers: Counter) -> float:
     return float(np.dot(escalated, list(sent.values())) / sum(sent.values()))
 
 
+def refuse_another_recipe(recipe: Recipe, name: str, recipe_file: str) -> None:
+    """`BenchError` where the cascade built in `bundle-<name>/` was built from other settings than the recipe's
+    `export.cascades.<name>` (other members, rule or target), which the benchmark would measure under its name."""
+    folder = run_dir(recipe) / f"bundle-{name}"
+    if not (folder / mf.MANIFEST).is_file():
+        return  # not built: the stage's parent check says so, naming the command
+    key = f"export.cascades.{name}"
+    built = (mf.load(folder, verify=False).hashed or {}).get("settings", {})
+    now = recipe.settings(key)
+    if key in built and built[key] != now[key]:
+        raise BenchError(
+            f"{folder} is not the cascade the recipe has ({mf.changes({'settings': {key: built[key]}}, {'settings': now})})"
+            f": build it first (edgedistill bundles {recipe_file} --only {name})"
+        )
+
+
 def refuse_another_last(cascade: Cascade, last: Path) -> None:
     """`BenchError` unless `last` is the bundle the cascade's last member was copied from (their manifests' sha256):
     a bundle rebuilt since would be another model than the one the cascade serves."""

@@ -160,6 +160,17 @@ def test_bench_cascade_named_with_cascade_that_this_machine_cannot_run_fails(emp
     assert main(["cascade", str(SMOKE), *GPU_DEPLOYED, "--cascade=gpu-cascade"]) == 2
 
 
+def test_bench_cascade_of_a_cascade_built_otherwise_than_the_recipe_has_it_is_refused(smoke_bundles, capsys):
+    with pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+            env.delenv(name)
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+        status = main(["cascade", str(SMOKE), "--export.cascades.bilstm-cascade.target_agreement=0.9"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "bundle-bilstm-cascade is not the cascade the recipe has (export.cascades.bilstm-cascade" in err
+
+
 @pytest.fixture(scope="module")
 def measured_with_a_token(tmp_path_factory):
     """Both phases of a tiny cascade and its last member, each served with EDGEDISTILL_TOKEN set."""
