@@ -4,12 +4,14 @@ parallel jobs."""
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
-from edgedistill.common.data import load_splits, load_test, unreadable_files
+from edgedistill.common.data import DataError, line_count, load_splits, load_test, unreadable_files
 from edgedistill.common.names import first_of, nearest_beside
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
 from transformers import AutoConfig
+
+CALIBRATION_LINES = 100  # unlabelled lines past the transfer set's that a cascade's 100 texts at least may need
 
 
 def run(
@@ -37,6 +39,7 @@ def run(
             _require_checkpoint(recipe.model.init)
             if dist.is_main():
                 _warn_unreadable_transfer_files(recipe)
+                _warn_cascade_calibration(recipe)
                 _warn_masking(recipe)
                 _warn_student_problems(recipe)
                 _warn_positions(recipe)
@@ -52,6 +55,27 @@ def _warn_unreadable_transfer_files(recipe: Recipe) -> None:
     UTF-8, not gzip data, or empty), from the file's first text line."""
     for err in unreadable_files(recipe.transfer.unlabelled_files if recipe.transfer is not None else []):
         print(f"[teacher] warning: transfer.unlabelled_files: {err}; the transfer stage will stop on it")
+
+
+def _warn_cascade_calibration(recipe: Recipe) -> None:
+    """Say now, not after the teacher, transfer set and students are built, that the cascades' calibration may find
+    too few texts: it reads the unlabelled lines past the transfer set's, and fewer than `CALIBRATION_LINES` of them
+    may hold fewer than the texts it needs; the fix, once the transfer set is built, labels it again."""
+    if recipe.export is None or not recipe.export.cascades or recipe.transfer is None:
+        return
+    cfg = recipe.transfer
+    try:
+        lines = line_count(cfg.unlabelled_files)
+    except DataError:  # `_warn_unreadable_transfer_files` says so
+        return
+    if lines is None or (past := lines - cfg.unlabelled_max_lines) >= CALIBRATION_LINES:
+        return
+    print(
+        f"[teacher] warning: export.cascades calibrate on the lines of transfer.unlabelled_files past the transfer "
+        f"set's {cfg.unlabelled_max_lines} (transfer.unlabelled_max_lines), and they have {max(past, 0)}: the cascade "
+        "build may find too few texts; lower unlabelled_max_lines or add text now, as changing either once the "
+        "transfer set is built labels it again and trains every student again"
+    )
 
 
 def _warn_masking(recipe: Recipe) -> None:

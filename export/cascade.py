@@ -127,7 +127,8 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
         raise ExportError(
             f"cascade calibration found {len(examples)} unlabelled texts in the {read} lines of "
             f"transfer.unlabelled_files past the transfer set's {cfg.unlabelled_max_lines}, and needs "
-            f"{min(count, 100)}: lower transfer.unlabelled_max_lines or add unlabelled text"
+            f"{min(count, 100)}: lower transfer.unlabelled_max_lines or add unlabelled text (either changes the "
+            "transfer set's settings, so it is labelled again and every student trained again)"
         )
     examples = examples[:count]
     return [sides[0] for sides in examples], ([sides[1] for sides in examples] if recipe.data.pairs else None)

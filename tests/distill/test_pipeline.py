@@ -260,6 +260,21 @@ def test_an_init_whose_config_cannot_be_read_is_left_to_fine_tuning_by_the_posit
     assert capsys.readouterr().out == ""
 
 
+def test_a_cascade_without_unlabelled_lines_past_the_transfer_sets_is_warned_of_before_the_teacher(capsys):
+    lines = 10**7  # past every line of the unlabelled file
+    pipeline._warn_cascade_calibration(
+        load_recipe(ROOT / "recipes" / "smoke.yaml", {"transfer.unlabelled_max_lines": lines})
+    )
+    assert (
+        f"past the transfer set's {lines} (transfer.unlabelled_max_lines), and they have 0" in capsys.readouterr().out
+    )
+
+
+def test_a_cascade_with_unlabelled_lines_past_the_transfer_sets_is_not_warned_of(capsys):
+    pipeline._warn_cascade_calibration(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert capsys.readouterr().out == ""
+
+
 def test_a_missing_model_init_is_refused_naming_the_folder_nearest_to_it(tmp_path):
     (tmp_path / "minilm-uncased").mkdir()
     with pytest.raises(RecipeError, match=rf"not found \({tmp_path} has minilm-uncased\)"):
