@@ -100,6 +100,22 @@ def _out_of_date(root: Path, name: str) -> tuple[list[str], str | None]:
     return [kind for kind in ("student", "baseline") if kind in summary.out_of_date(row)], None
 
 
+def served_accuracy(metrics: dict, recipe_path: str) -> list[str]:
+    """The served accuracy check's line: each API's dev accuracy beside the bundle's, and whether the server predicted
+    as the bundle does (`bench accuracy`'s verdict, which `make all` runs without failing on); none from a check
+    that recorded no verdict."""
+    apis = {"classify": "Classify", "kserve": "KServe"}
+    if "passed" not in metrics:
+        return []
+    figures = ", ".join(f"{name} {metrics[f'{api}_accuracy']:.4f}" for api, name in apis.items())
+    verdict = (
+        "the same predictions as the bundle's own"
+        if metrics["passed"]
+        else f"DIFFERENT from the bundle's own (edgedistill bench accuracy {recipe_path} --check says how)"
+    )
+    return [f"served accuracy: {figures} (bundle {metrics['bundle_dev_accuracy']:.4f}), {verdict}"]
+
+
 def _not_shown(stale: dict[str, plan.Stale], recipe_path: str) -> list[str]:
     """A line for each artifact or measurement `stale` names, with the command that builds or measures it again."""
     return [
@@ -211,6 +227,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
             + (f"; {missed}" if (missed := slo.missed(served.targets)) else "")
         )
+    checked = root / plan.deployed(recipe, measured.ACCURACY)
+    if (checked / mf.MANIFEST).is_file() and checked.name not in stale:
+        lines += served_accuracy(mf.load(checked, verify=False).metrics, recipe_path)
     for folder in (root / name for name in plan.loadtests(recipe)):
         if not (folder / loadtest_result.RESULT_FILE).is_file() or folder.name in stale:
             continue

@@ -397,6 +397,9 @@ def _serving(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale
         folder = root / name
         if not _finished(folder) or name in stale:
             continue
+        if name == plan.deployed(recipe, measured.ACCURACY):  # its verdict in the title, as a load test's SLO
+            same = mf.load(folder, verify=False).metrics.get("passed", True)  # recorded since the check had a verdict
+            title += "" if same else " (DIFFERENT from the bundle's own predictions)"
         page.heading(title, [f"../{name}/{mf.MANIFEST}", f"../{name}/{written}"])
         results = (folder / written).read_text(encoding="utf-8")
         page.md += [re.sub(r"^#+ ", "### ", results, flags=re.MULTILINE), ""]  # under the section's heading

@@ -290,6 +290,23 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     )
 
 
+CHECKED = {"classify_accuracy": 0.81, "kserve_accuracy": 0.81, "bundle_dev_accuracy": 0.81, "passed": True}
+
+
+@pytest.mark.parametrize(
+    "passed, verdict",
+    [(True, "the same predictions as the bundle's own"), (False, "DIFFERENT from the bundle's own (edgedistill")],
+)
+def test_the_served_accuracy_line_gives_the_checks_verdict(recipe, passed, verdict):
+    bundle = run_dir(recipe) / "bundle-bilstm-int8"
+    publish(bundle, {})
+    publish(
+        run_dir(recipe) / "serve-accuracy-bilstm-int8", CHECKED | {"passed": passed}, {"bundle": mf.parent_of(bundle)}
+    )
+    [line] = [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("served accuracy")]
+    assert line.startswith(f"served accuracy: Classify 0.8100, KServe 0.8100 (bundle 0.8100), {verdict}")
+
+
 def test_a_load_test_line_gives_the_p99_its_slo_verdict_reads(recipe):
     overall = {"requests": 1000, "failures": 0, "p99_ms": 2.77, "p99_from_due_ms": 3.4}
     folder = run_dir(recipe) / "loadtest-steady-bilstm-int8"

@@ -168,6 +168,27 @@ def cascade_page(tmp_path) -> render.Page:
     return page
 
 
+@pytest.mark.parametrize(
+    "passed, title",
+    [(True, "bundle-bilstm-int8"), (False, "bundle-bilstm-int8 (DIFFERENT from the bundle's own predictions)")],
+)
+def test_the_served_accuracy_section_says_in_its_title_whether_the_server_predicted_as_the_bundle(
+    tmp_path, passed, title
+):
+    publish(tmp_path / "bundle-bilstm-int8")
+    parents = {"bundle": mf.parent_of(tmp_path / "bundle-bilstm-int8")}
+    publish(
+        tmp_path / "serve-accuracy-bilstm-int8",
+        {"passed": passed},
+        files={"accuracy.md": "# checked\n"},
+        parents=parents,
+    )
+    page = render.Page("report")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    render._serving(page, tmp_path, recipe, plan.stale(recipe, tmp_path))
+    assert f"## Served accuracy of the deployed bundle, {title}" in page.md
+
+
 def test_cascade_section_lists_each_members_threshold(tmp_path):
     assert "| small | 0.9000 | 1.50 | 80.0% | 0.8500 |" in "\n".join(cascade_page(tmp_path).md)
 
