@@ -43,7 +43,7 @@ from edgedistill.bench.processes import (
     serving,
 )
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
-from edgedistill.bench.stats import pooled, summarize
+from edgedistill.bench.stats import from_due, pooled, summarize
 from edgedistill.bench.tables import (
     markdown_results,
     print_results,
@@ -108,7 +108,11 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
         "capacity_vs_bare": texts["capacity"] / texts["bare"],
     }
     paced = slo.from_due_time(median["paced"]) | pooled(runs["paced"])
-    targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check(paced, cfg.paced_slo)]
+    # each latency named by the figure it reads, the one from the due time, beside the table's p99 from the send
+    targets = [
+        v | {"name": f"paced {cfg.rate:g}/s: {from_due(v['name']) if v['name'] in slo.LATENCIES else v['name']}"}
+        for v in slo.check(paced, cfg.paced_slo)
+    ]
     if (least := cfg.min_capacity_vs_echo) is not None:
         measured = ratios["capacity_vs_echo"]
         targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:g}", measured >= least))
@@ -262,6 +266,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
     return Built(
         metrics={
             "paced_p99_ms": result.median("paced", "p99_ms"),
+            "paced_p99_from_due_ms": result.median("paced", "p99_from_due_ms"),
             "capacity_calls_per_s": result.median("capacity", "texts_per_s"),
             **ratios,
             "failed_calls": failed,
