@@ -305,11 +305,12 @@ def table_rows(result: ServingResult) -> list[list[str]]:
 
 
 def heading(result: ServingResult) -> str:
-    o, b = result.options, result.bundle
+    o, b, t = result.options, result.bundle, result.texts
     threads = o.get("intra_op_threads", o["threads"])  # what the servers ran; a result of an earlier release has none
     return (
         f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}), {threads_phrase(b, threads)}, "
-        f"{cores_phrase(result.machine)}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
+        f"{cores_phrase(result.machine)}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s; "
+        f"{t['count']} {'text pairs' if t['pairs'] else 'texts'} from {t['source']}"
     )
 
 

@@ -100,6 +100,20 @@ def _out_of_date(root: Path, name: str) -> tuple[list[str], str | None]:
     return [kind for kind in ("student", "baseline") if kind in summary.out_of_date(row)], None
 
 
+def given_texts(folder: Path, texts: dict | None) -> str:
+    """`; on N texts of FILE, not the dev split` for a measurement in `folder` of a texts or pairs file given on its
+    command line (`--texts`, `--pairs`), whose figures are not those of the dev split the others are measured on;
+    '' for one of the dev split."""
+    if texts is None or not (folder / mf.MANIFEST).is_file():
+        return ""
+    extra = (mf.load(folder, verify=False).hashed or {}).get("extra", {})
+    if extra.get("texts") is None and extra.get("pairs") is None:
+        return ""
+    return (
+        f"; on {texts['count']} {'text pairs' if texts['pairs'] else 'texts'} of {texts['source']}, not the dev split"
+    )
+
+
 def served_accuracy(metrics: dict, recipe_path: str) -> list[str]:
     """The served accuracy check's line: each API's dev accuracy beside the bundle's, and whether the server predicted
     as the bundle does (`bench accuracy`'s verdict, which `make all` runs without failing on); none from a check
@@ -226,6 +240,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
             + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
             + (f"; {missed}" if (missed := slo.missed(served.targets)) else "")
+            + given_texts(serving, served.texts)
         )
     checked = root / plan.deployed(recipe, measured.ACCURACY)
     if (checked / mf.MANIFEST).is_file() and checked.name not in stale:
@@ -246,7 +261,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         lines.append(
             f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "
             f"{overall['requests']} calls, {figure}, "
-            f"{overall['failures']} failures, {tables.slo(result['passed'])}"
+            f"{overall['failures']} failures, {tables.slo(result['passed'])}" + given_texts(folder, result.get("texts"))
         )
     lines += _not_shown(stale, recipe_path)
     if (root / "report" / "index.html").is_file():

@@ -126,6 +126,10 @@ def test_the_heading_of_a_result_that_records_no_intra_op_threads_gives_the_thre
     assert "ONNX Runtime's default intra-op threads" in serving.heading(result.model_copy(update={"options": older}))
 
 
+def test_the_heading_names_the_texts_sent_and_where_they_came_from(result, texts_file):
+    assert serving.heading(result).endswith(f"; {result.texts['count']} texts from {texts_file}")
+
+
 def test_the_bare_server_records_the_servers_session(result):
     assert result.settings["sessions"]["bare"] == result.settings["sessions"]["server"]
 

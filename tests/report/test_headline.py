@@ -511,16 +511,16 @@ def test_headline_gives_the_macro_f1_of_the_shipped_trec_recipe(tmp_path, monkey
     assert headline.headline(recipe, "recipes/trec.yaml")[0] == "teacher: dev accuracy 0.9000, dev macro-F1 0.8000"
 
 
-def publish_serving(folder, failures: int, targets: list[dict] = ()) -> None:
+def publish_serving(folder, failures: int, targets: list[dict] = (), texts_file: str | None = None) -> None:
     """A serving benchmark's artifact of the run's bundle-bilstm-int8 (published with it) whose capacity phase failed
-    `failures` calls, with the verdicts `targets`."""
+    `failures` calls, with the verdicts `targets`, on the dev split or `texts_file` (`--texts`)."""
     bundle = folder.parent / "bundle-bilstm-int8"
     publish(bundle, {})
     result = ServingResult(
         bundle={},
         settings={},
         options={"rate": 200},
-        texts={},
+        texts={"source": texts_file or "dev.tsv", "count": 3, "pairs": False},
         machine={},
         runs={"paced": [{"failures": 0}], "capacity": [{"failures": failures}]},
         summary={
@@ -535,7 +535,8 @@ def publish_serving(folder, failures: int, targets: list[dict] = ()) -> None:
         result.save(tmp, "")
         parents = {"bundle": mf.parent_of(bundle)}
         base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", parents=parents)
-        mf.commit(tmp, folder, base)
+        hashed = {"settings": {}, "extra": {"texts": texts_file and "sha256:0", "pairs": None}, "parents": {}}
+        mf.commit(tmp, folder, base.model_copy(update={"hashed": hashed}))
 
 
 def serving_line(recipe) -> str:
@@ -550,6 +551,16 @@ def test_the_serving_line_says_how_many_calls_of_the_benchmark_failed(recipe):
 def test_the_serving_line_gives_the_paced_p99_its_targets_read_from_the_due_time(recipe):
     publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0)
     assert serving_line(recipe).startswith("serving: p99 2.75 ms from the due time at 200 calls/s; ")
+
+
+def test_the_serving_line_of_a_benchmark_on_a_texts_file_names_it(recipe):
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0, texts_file="short.txt")
+    assert serving_line(recipe).endswith("; on 3 texts of short.txt, not the dev split")
+
+
+def test_the_serving_line_of_a_benchmark_on_the_dev_split_names_no_texts(recipe):
+    publish_serving(run_dir(recipe) / "serve-bench-bilstm-int8", failures=0)
+    assert "dev split" not in serving_line(recipe)
 
 
 def test_the_serving_line_of_a_benchmark_without_failed_calls_names_none(recipe):
