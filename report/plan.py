@@ -11,6 +11,7 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
+from edgedistill.common.runtime import cascade_missing_here, missing_here
 
 
 class Target(NamedTuple):
@@ -214,6 +215,24 @@ def loadtests(recipe: Recipe) -> list[str]:
     if recipe.export is not None:
         names += [deployed(recipe, measured.loadtest(profile)) for profile in get_args(Profile)]
     return sorted(names)
+
+
+def not_buildable_here(recipe: Recipe, name: str) -> str | None:
+    """Why this machine cannot build or measure the planned folder `name` (a bundle, a cascade, or a measurement of
+    one, that needs a runtime or provider it lacks), or None."""
+    if recipe.export is None:
+        return None
+    export = recipe.export
+    model = name.removeprefix("bundle-") if name.startswith("bundle-") else None
+    if name.startswith("serve-cascade-"):
+        model = name.removeprefix("serve-cascade-")
+    elif model is None and name != "bench" and name in planned(recipe) and name.startswith(("serve-", "loadtest-")):
+        model = export.deploy
+    if model in export.cascades:
+        return cascade_missing_here(export, model)
+    if model in export.bundles:
+        return missing_here(export.bundles[model].runtime, export.bundles[model].providers)
+    return None
 
 
 def missing(recipe: Recipe, finished: set[str]) -> dict[str, Target]:

@@ -139,6 +139,11 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
             f"failed, or not buildable on the machine that ran it (a GPU bundle on a CPU machine). {RECIPE_NOTE}."
         )
         page.table(["stage", *RERUN], [[name, *_rerun((target,))] for name, target in absent.items()])
+        if here := [[name, why] for name in absent if (why := plan.not_buildable_here(recipe, name))]:
+            page.note(
+                "Of these, this machine cannot build or measure the following (the commands above leave them out):"
+            )
+            page.table(["stage", "why not here"], here)
 
 
 def _unkeyed(page: Page, root: Path) -> None:

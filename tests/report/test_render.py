@@ -284,6 +284,16 @@ def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_
     ) in missing_markdown(tmp_path)
 
 
+def test_a_report_says_why_this_machine_cannot_build_an_absent_gpu_bundle(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan, "missing_here", lambda runtime, providers: "no GPU" if runtime == "tensorrt" else None)
+    assert "| bundle-bilstm-engine | no GPU |" in missing_markdown(tmp_path)
+
+
+def test_a_report_names_no_absent_stage_as_unbuildable_where_this_machine_can_build_them_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan, "missing_here", lambda runtime, providers: None)
+    assert "why not here" not in missing_markdown(tmp_path)
+
+
 def test_a_report_of_a_run_deploying_a_cascade_asks_for_no_serving_benchmark_of_it(tmp_path):
     page = render.Page("report")
     render._missing(page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml", {"export.deploy": "bilstm-cascade"}))
