@@ -145,12 +145,14 @@ BUILT_BY = {
 }
 
 
-def how_to_build(folder: Path) -> str:
-    """What to run for a missing artifact: the command that builds a folder of that name, else its stage."""
+def how_to_build(folder: Path, again: bool = False) -> str:
+    """What to run for a missing artifact (or, `again`, a damaged one): the command that builds a folder of that name,
+    else its stage."""
     name = folder.name
     matches = (run for start, run in BUILT_BY.items() if name == start or (start[-1] == "-" and name.startswith(start)))
-    command = next(matches, None)
-    return f"build it: edgedistill {command} RECIPE" if command else "run its stage first"
+    if command := next(matches, None):
+        return f"build it{' again' if again else ''}: edgedistill {command} RECIPE"
+    return "run its stage again to rebuild it" if again else "run its stage first"
 
 
 def unfinished(folder: Path) -> str:

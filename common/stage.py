@@ -233,7 +233,8 @@ class Stage:
             try:
                 manifests[parent.name] = mf.load(parent.folder)
             except mf.ArtifactError as err:
-                raise mf.ArtifactError(f"{err}; run its stage again to rebuild it" if built else str(err)) from None
+                again = mf.how_to_build(parent.folder, again=True)
+                raise mf.ArtifactError(f"{err}; {again}" if built else str(err)) from None
         for parent in self.parents:
             # a parent built from other settings than this recipe's: the child would be built on it (a teacher of
             # other labels labelling the transfer set) while recording the recipe's, and be current

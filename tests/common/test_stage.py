@@ -71,6 +71,19 @@ def test_a_stage_whose_files_were_damaged_is_built_again_saying_why(recipe, caps
     assert (stage.folder / "a.txt").read_text() == "x"
 
 
+@pytest.mark.parametrize(
+    ("parent", "advice"),
+    [("bench", "build it again: edgedistill bench models RECIPE"), ("notes", "run its stage again to rebuild it")],
+)
+def test_a_damaged_parent_is_refused_naming_the_command_that_builds_it_again(recipe, parent, advice):
+    built = Stage(parent, recipe(), ("data",), writer("a.txt"))
+    built.run()
+    (built.folder / "a.txt").write_text("y")
+    child = Stage("report", recipe(), ("data",), writer("r.txt"), (Artifact(parent, built.folder),))
+    with pytest.raises(mf.ArtifactError, match=f"does not match its sha256 .*; {advice}$"):
+        child.inputs()
+
+
 def test_a_current_stage_removes_what_a_killed_publish_left(recipe):
     stage = Stage("up", recipe(), ("data",), writer("a.txt"))
     stage.run()
