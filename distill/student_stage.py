@@ -236,6 +236,11 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
             check_student(student, from_teacher)
         except StudentError as err:
             raise RecipeError(f"distill.students.{name}: {err}") from err
+        except Exception as err:  # a student class of one's own whose construction or forward fails
+            raise RecipeError(
+                f"distill.students.{name}: built at a small vocabulary and run on two texts, "
+                f"{spec.model.arch} raised {type(err).__name__}: {err}"
+            ) from err
         teacher = teacher_config(recipe)
         copies = from_teacher and isinstance(student, TransformerClassifier)
         if copies and (misfits := teacher_misfits(student.bert.config, teacher)):

@@ -286,8 +286,10 @@ def check_student(student: Student, from_teacher: bool) -> None:
     ids = torch.randint(0, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))  # padding too
     mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     types = torch.tensor([[0] * 4 + [1] * 4, [0] * 3 + [1] * 2 + [0] * 3]) if cfg.pairs else None
-    try:
+    try:  # as training calls it, and as the export calls a single-text student: without token_type_ids
         inspect.signature(student.forward).bind(ids, mask, types)
+        if types is None:
+            inspect.signature(student.forward).bind(ids, mask)
     except TypeError as err:
         raise StudentError(
             f"{name}.forward must take (input_ids, attention_mask, token_type_ids=None): {err}"
@@ -299,13 +301,13 @@ def check_student(student: Student, from_teacher: bool) -> None:
         )
     student.eval()
     with torch.no_grad():
-        logits = student(ids, mask, types)
+        logits = student(ids, mask, *([] if types is None else [types]))
         if not isinstance(logits, Tensor) or logits.shape != (2, cfg.num_labels):
             got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
             raise StudentError(
                 f"{name} returns {got} for 2 texts; want logits (batch, num_labels) = (2, {cfg.num_labels})"
             )
-        alone = student(ids[1:, :5], mask[1:, :5], None if types is None else types[1:, :5])
+        alone = student(ids[1:, :5], mask[1:, :5], *([] if types is None else [types[1:, :5]]))
         if not torch.allclose(logits[1:], alone, atol=1e-4):
             raise StudentError(
                 f"{name}'s logits for a padded text differ from those of the same text alone (max |Δ| "

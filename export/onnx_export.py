@@ -145,16 +145,23 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
     with torch.no_grad(), warnings.catch_warnings():
         for category, message, module in ANSWERED_BY_CHECKS:
             warnings.filterwarnings("ignore", message, category, module)
-        torch.onnx.export(
-            source.module,
-            tuple(inputs.values()),
-            str(path),
-            input_names=list(source.inputs),
-            output_names=["logits"],
-            dynamic_axes=axes,
-            opset_version=opset,
-            dynamo=False,
-        )
+        try:
+            torch.onnx.export(
+                source.module,
+                tuple(inputs.values()),
+                str(path),
+                input_names=list(source.inputs),
+                output_names=["logits"],
+                dynamic_axes=axes,
+                opset_version=opset,
+                dynamo=False,
+            )
+        except Exception as err:  # a model of one's own whose forward the tracer cannot follow
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ExportError(
+                f"{source.arch}: PyTorch's ONNX exporter failed on it ({type(err).__name__}: {first}); its forward "
+                "must trace: no packed sequences, no Python control flow on tensor values (docs/extending.md)"
+            ) from err
     size = exported_bytes(path)
     if size > onnx.checker.MAXIMUM_PROTOBUF:  # the exporter spilled the weights into external data files
         raise ExportError(

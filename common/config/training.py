@@ -480,6 +480,10 @@ class DistillConfig(Strict):
         # the student's hash covers every field, so a setting its architecture never reads would still make it stale
         for name, run in self.students.items():
             arch, given = run.model.arch, run.model.model_fields_set - {"arch"} - STUDENT_FROM_DATA
+            if arch not in ARCH_SETTINGS:  # an architecture added without its row (docs/extending.md)
+                raise ValueError(
+                    f"arch {arch!r} has no ARCH_SETTINGS row in common/config/training.py: list the settings it reads"
+                )
             if unread := sorted(given - ARCH_SETTINGS[arch]):
                 keys = ", ".join(f"distill.students.{name}.model.{key}" for key in unread)
                 raise ValueError(

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import settings
+from edgedistill.common.config import training
 from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.providers import PROVIDERS
@@ -1203,6 +1204,12 @@ def test_a_provider_after_the_cpus_is_refused_as_one_that_would_run_nothing():
 def test_a_provider_named_twice_by_its_alias_and_its_full_name_is_refused():
     with pytest.raises(RecipeError, match=r"bilstm-fp32\.providers: .*CUDAExecutionProvider is named twice"):
         with_providers("[cuda, CUDAExecutionProvider]")
+
+
+def test_an_architecture_without_its_arch_settings_row_is_refused_naming_the_row(monkeypatch):
+    monkeypatch.delitem(training.ARCH_SETTINGS, "cnn")  # an architecture added without it (docs/extending.md)
+    with pytest.raises(RecipeError, match="arch 'cnn' has no ARCH_SETTINGS row in common/config/training.py"):
+        load_recipe(SMOKE)
 
 
 def test_the_providers_named_are_those_onnx_runtime_has():

@@ -50,3 +50,33 @@ class NoEmbed(BagOfWords):
     def __init__(self, config, labels=None):
         super().__init__(config, labels)
         self.embed = nn.Sequential(self.embed)
+
+
+class TypesRequired(BagOfWords):
+    """Takes token_type_ids with no default, which a single-text student is called without."""
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        return super().forward(input_ids, attention_mask, token_type_ids)
+
+
+class Misbuilt(BagOfWords):
+    """A classifier one unit too wide for its features: its forward raises."""
+
+    def __init__(self, config, labels=None):
+        super().__init__(config, labels)
+        self.classifier = nn.Linear(config.embed_dim + 1, config.num_labels)
+
+
+class Packed(BagOfWords):
+    """Reads its texts as packed sequences, which PyTorch's ONNX exporter cannot trace."""
+
+    def __init__(self, config, labels=None):
+        super().__init__(config, labels)
+        self.lstm = nn.LSTM(config.embed_dim, config.embed_dim, batch_first=True)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        lengths = attention_mask.sum(1).cpu()
+        embedded = self.embed(input_ids)
+        packed = nn.utils.rnn.pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
+        _, (state, _) = self.lstm(packed)
+        return self.classifier(state[-1])

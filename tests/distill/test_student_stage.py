@@ -14,7 +14,7 @@ from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.text import write_texts
 from edgedistill.common.textstyle import tokenise
-from edgedistill.distill import heads, stages, student_stage
+from edgedistill.distill import heads, pipeline, stages, student_stage
 from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
@@ -28,13 +28,14 @@ from edgedistill.distill.student_stage import (
     load_student,
     student_logits,
 )
-from edgedistill.distill.students import build_student, init_from_teacher
+from edgedistill.distill.students import ARCHITECTURES, build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer
 from torch import nn
 from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT, save_initialised
+from tests.distill import extension
 from tests.distill.ranks import on_two_ranks
 
 pytestmark = pytest.mark.slow
@@ -361,6 +362,18 @@ def test_a_cross_entropy_on_a_transfer_set_without_train_rows_is_refused_before_
     )
     with pytest.raises(RecipeError, match=r"distill.students.cnn.losses.ce is 0.5, .* transfer.include_train: false"):
         check_students(recipe, ["cnn"])
+
+
+def test_a_student_class_whose_forward_raises_is_refused_naming_the_student_and_the_error(monkeypatch):
+    monkeypatch.setitem(ARCHITECTURES, "cnn", extension.Misbuilt)  # registered as docs/extending.md says
+    with pytest.raises(RecipeError, match=r"distill.students.cnn: built at a small vocabulary .* raised RuntimeError"):
+        check_students(load_recipe(ROOT / "recipes" / "smoke.yaml"), ["cnn"])
+
+
+def test_the_teachers_commands_warn_of_a_student_class_whose_forward_raises_and_go_on(monkeypatch, capsys):
+    monkeypatch.setitem(ARCHITECTURES, "cnn", extension.Misbuilt)
+    pipeline._warn_student_problems(load_recipe(ROOT / "recipes" / "smoke.yaml"))
+    assert "[teacher] warning: distill.students.cnn: built at a small vocabulary" in capsys.readouterr().out
 
 
 def test_a_student_without_a_cross_entropy_passes_the_check_without_train_rows():

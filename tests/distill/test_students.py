@@ -358,6 +358,7 @@ def test_every_student_keeps_the_contract(arch, pairs):
     ("cls", "pairs", "message"),
     [
         (extension.TwoArguments, False, r"forward must take \(input_ids, attention_mask, token_type_ids=None\)"),
+        (extension.TypesRequired, False, r"forward must take \(input_ids, attention_mask, token_type_ids=None\)"),
         (extension.OneLogit, False, r"returns \(2,\) for 2 texts; want logits \(batch, num_labels\) = \(2, 2\)"),
         (extension.ReadsPadding, False, "padded text differ from those of the same text alone"),
         (extension.ReadsPadding, True, "padded text differ from those of the same text alone"),

@@ -138,6 +138,13 @@ def test_an_input_the_model_never_reads_stops_the_export(tmp_path):
         export_onnx(source, tmp_path / "model.onnx", opset=17)
 
 
+def test_a_forward_the_exporter_cannot_trace_stops_the_export_naming_the_model(tmp_path):
+    config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)
+    source = Source(extension.Packed(config).eval(), heads.TOKEN_INPUTS[:2], "packed", tmp_path)
+    with pytest.raises(ExportError, match=r"^packed: PyTorch's ONNX exporter failed on it \(RuntimeError: "):
+        export_onnx(source, tmp_path / "model.onnx", opset=17)
+
+
 def bag_of_words(tmp_path) -> Source:
     """docs/extending.md's student of single texts, as a source to export."""
     config = StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, max_length=64)
