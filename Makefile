@@ -218,11 +218,11 @@ serve-accuracy: bundles  ## the whole dev split through BUNDLE's server, both AP
 
 PROFILE       ?= smoke
 LOADTEST_ARGS ?=
-# make all (the default goal) runs the smoke load test: another PROFILE would do nothing there, and LOADTEST_ARGS for
-# that profile would be refused only after the training; stop at once instead
-$(if $(and $(filter all,$(or $(MAKECMDGOALS),all)),$(filter command line,$(origin PROFILE)),$(filter-out smoke,$(PROFILE))),$(error PROFILE=$(PROFILE): make all runs the smoke load test; make loadtest PROFILE=$(PROFILE) runs that one after it))
+# make all runs the smoke load test: another PROFILE would do nothing there, and LOADTEST_ARGS for that profile would
+# be refused only after the training; stop at once instead (make with no goal prints help, and runs nothing)
+$(if $(and $(filter all,$(MAKECMDGOALS)),$(filter command line,$(origin PROFILE)),$(filter-out smoke,$(PROFILE))),$(error PROFILE=$(PROFILE): make all runs the smoke load test; make loadtest PROFILE=$(PROFILE) runs that one after it))
 # likewise --echo, which would load the echo server in place of the deployed bundle, and make all pass without its test
-$(if $(and $(filter all,$(or $(MAKECMDGOALS),all)),$(filter --echo,$(LOADTEST_ARGS))),$(error LOADTEST_ARGS=$(LOADTEST_ARGS): --echo would load-test the echo server in place of the deployed bundle in make all; make loadtest LOADTEST_ARGS=--echo runs it after make all))
+$(if $(and $(filter all,$(MAKECMDGOALS)),$(filter --echo,$(LOADTEST_ARGS))),$(error LOADTEST_ARGS=$(LOADTEST_ARGS): --echo would load-test the echo server in place of the deployed bundle in make all; make loadtest LOADTEST_ARGS=--echo runs it after make all))
 loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; runs/<recipe>/loadtest-PROFILE-<bundle id>; fails on a missed SLO
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 

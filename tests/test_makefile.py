@@ -111,10 +111,9 @@ def test_make_soak_with_another_profile_stops_make():
     assert "PROFILE=steady: make soak runs the soak profile" in result.stderr
 
 
-@pytest.mark.parametrize("goal", [[], ["all"]])
-def test_make_all_with_an_echo_load_test_stops_make(goal):
+def test_make_all_with_an_echo_load_test_stops_make():
     args = "LOADTEST_ARGS=--echo --scenarios single=1,batch=1"
-    command = ["make", "-n", "--no-print-directory", *goal, args, "RECIPE=recipes/smoke.yaml"]
+    command = ["make", "-n", "--no-print-directory", "all", args, "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "--echo would load-test the echo server in place of the deployed bundle in make all" in result.stderr
 
@@ -123,9 +122,16 @@ def test_make_loadtest_takes_an_echo_load_test(tmp_path):
     assert "--echo" in make_dry_run(tmp_path, "loadtest", "LOADTEST_ARGS=--echo")
 
 
-@pytest.mark.parametrize("goal", [[], ["all"]])
-def test_make_all_with_another_profile_stops_make(goal):
-    command = ["make", "-n", "--no-print-directory", *goal, "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
+@pytest.mark.parametrize("setting", ["PROFILE=steady", "LOADTEST_ARGS=--echo"])
+def test_make_with_no_goal_prints_its_help_whatever_the_load_test_settings(setting):
+    result = subprocess.run(
+        ["make", "--no-print-directory", setting], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert "variables (make TARGET NAME=value)" in result.stdout, result.stderr
+
+
+def test_make_all_with_another_profile_stops_make():
+    command = ["make", "-n", "--no-print-directory", "all", "PROFILE=steady", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "PROFILE=steady: make all runs the smoke load test" in result.stderr
 
