@@ -87,7 +87,8 @@ all: bench  ## the whole pipeline on RECIPE (default recipes/sst2.yaml), then it
 # Where .venv exists its stamp records the index its torch came from ([index], [] for pip's configured indexes; nothing
 # in a stamp from before), and setup installs again from that one: after an edit of pyproject.toml a CUDA build stays.
 VENV_TORCH_INDEX := $(if $(wildcard $(STAMP)),$(shell sed -n 's/^TORCH_INDEX=\(.*\)$$/[\1]/p' $(STAMP)))
-TORCH_INDEX ?= $(if $(VENV_TORCH_INDEX),$(patsubst [%],%,$(VENV_TORCH_INDEX)),https://download.pytorch.org/whl/cpu)
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(VENV_TORCH_INDEX),$(patsubst [%],%,$(VENV_TORCH_INDEX)),$(CPU_TORCH_INDEX))
 TORCH       := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 
 # ONNX Runtime: ORT=cpu installs the cpu extra (onnxruntime), ORT=gpu the gpu extra (onnxruntime-gpu and TensorRT, whose
@@ -118,11 +119,11 @@ endif
 ifeq ($(origin TORCH_INDEX),command line)
 ifneq ($(VENV_TORCH_INDEX),)
 ifneq ($(patsubst %/],%],$(VENV_TORCH_INDEX)),$(patsubst %/],%],[$(TORCH_INDEX)]))
-$(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX), or leave TORCH_INDEX out)
+$(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX)$(if $(filter gpu,$(VENV_ORT)), ORT=gpu) (the ONNX Runtime it has), or leave TORCH_INDEX out)
 endif
 endif
 endif
-$(if $(and $(filter command line,$(origin ORT)),$(VENV_ORT),$(filter-out $(VENV_ORT),$(ORT))),$(error ORT=$(ORT) would do nothing: $(VENV)'s ONNX Runtime is the $(VENV_ORT) extra's, and make setup installs it once; rm -rf $(VENV), then make setup ORT=$(ORT), or leave ORT out))
+$(if $(and $(filter command line,$(origin ORT)),$(VENV_ORT),$(filter-out $(VENV_ORT),$(ORT))),$(error ORT=$(ORT) would do nothing: $(VENV)'s ONNX Runtime is the $(VENV_ORT) extra's, and make setup installs it once; rm -rf $(VENV), then make setup ORT=$(ORT)$(if $(filter-out [$(CPU_TORCH_INDEX)],$(VENV_TORCH_INDEX)), TORCH_INDEX=$(patsubst [%],%,$(VENV_TORCH_INDEX)) (where its torch came from)), or leave ORT out))
 
 setup: $(STAMP)  ## make .venv and install the project for development: `.[ORT,dev]` (ORT=cpu|gpu), torch from TORCH_INDEX (CPU)
 
@@ -308,7 +309,7 @@ test: setup-system $(STAMP)  ## install what is missing (setup-system, setup), l
 # $(RUNS_DIR)/gpu-check/timing.json, the figures to the stages' manifests beside it.
 GPU_RUNTIME_TESTS := tests/export/test_tensorrt.py tests/common/test_runtime.py tests/serve/test_backend.py
 gpu-check: $(STAMP)  ## on an NVIDIA GPU: the GPU tests, then RECIPE's training part there, each stage timed (runs/gpu-check/timing.json)
-	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: rm -rf $(VENV), then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 installs a CUDA one (docs/install.md)"))'
+	@$(PY) -c 'import sys, torch; torch.cuda.is_available() or sys.exit(f"gpu-check needs an NVIDIA GPU and a CUDA build of torch, but PyTorch {torch.__version__} " + (f"(built with CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build: rm -rf $(VENV), then make setup TORCH_INDEX=https://download.pytorch.org/whl/cu130 ORT=gpu installs a CUDA one, and the ONNX Runtime and TensorRT for the GPU tests (docs/install.md)"))'
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 4 -m gpu tests/distill/test_gpu.py tests/distill/test_device.py
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -rs -m gpu $(GPU_RUNTIME_TESTS)
 	@set -e; mkdir -p "$(RUNS_DIR)/gpu-check"; walls=; total=0; \

@@ -59,10 +59,11 @@ TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
 # illegal memory access was encountered ; GPU=0 ...", "CUBLAS failure 14: ...", "CUDA error executing cudaMemcpy...".
 GPU_FAILURE = re.compile(r"\b(?:CUDA|CUBLAS|CUDNN) (?:failure \d+|error)\b")
 GPU_HINT = (
-    "Install on a machine with an NVIDIA GPU and its driver: in a checkout, rm -rf .venv, then make setup ORT=gpu; "
-    "in an environment of one's own, pip uninstall --yes onnxruntime onnxruntime-gpu, then pip install '.[gpu]' "
-    "(from a wheel: '<wheel>[gpu]') --extra-index-url https://pypi.nvidia.com, which brings onnxruntime-gpu, "
-    "tensorrt and cuda-python: onnxruntime and onnxruntime-gpu must not be installed together."
+    "Install on a machine with an NVIDIA GPU and its driver: in a checkout, rm -rf .venv, then make setup ORT=gpu "
+    "(and TORCH_INDEX=https://download.pytorch.org/whl/cu130 where it trains there too: .venv is made once); in an "
+    "environment of one's own, pip uninstall --yes onnxruntime onnxruntime-gpu, then pip install -e '.[gpu,dev]' in "
+    "a checkout (from a wheel: pip install '<wheel>[gpu]') --extra-index-url https://pypi.nvidia.com, which brings "
+    "onnxruntime-gpu, tensorrt and cuda-python: onnxruntime and onnxruntime-gpu must not be installed together."
 )
 
 

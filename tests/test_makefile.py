@@ -631,6 +631,22 @@ def test_an_onnx_runtime_other_than_the_venvs_says_how_to_make_the_venv_with_it(
     assert "rm -rf .venv, then make setup ORT=gpu, or leave ORT out" in refusal
 
 
+def test_an_onnx_runtime_refused_on_a_venv_with_cuda_torch_says_to_keep_its_torch_index(checkout):
+    cuda = "https://download.pytorch.org/whl/cu130"
+    (checkout / ".venv" / ".installed").write_text(f"TORCH_INDEX={cuda}\nORT=cpu\n")
+    assert (
+        f"make setup ORT=gpu TORCH_INDEX={cuda} (where its torch came from)"
+        in make_in(checkout, "setup", "ORT=gpu").stderr
+    )
+
+
+def test_a_torch_index_refused_on_a_venv_with_the_gpu_onnx_runtime_says_to_keep_it(checkout):
+    (checkout / ".venv" / ".installed").write_text(f"TORCH_INDEX={CPU_INDEX}\nORT=gpu\n")
+    cuda = "https://download.pytorch.org/whl/cu130"
+    refusal = make_in(checkout, "lint", f"TORCH_INDEX={cuda}").stderr
+    assert f"make setup TORCH_INDEX={cuda} ORT=gpu (the ONNX Runtime it has)" in refusal
+
+
 def test_the_venvs_onnx_runtime_passes(checkout):
     assert make_in(checkout, "lint", "ORT=cpu").returncode == 0
 

@@ -88,6 +88,10 @@ def make_bundle(tmp_path, model):
 # --- ONNX Runtime sessions ---------------------------------------------------------------------------------------
 
 
+def test_the_gpu_install_advice_keeps_a_checkouts_install_editable():
+    assert "pip install -e '.[gpu,dev]' in a checkout" in runtime.GPU_HINT
+
+
 def test_cpu_session_runs_on_cpu(model):
     session = open_session(model, ["CPUExecutionProvider"], threads=1)
     assert session.get_providers() == ["CPUExecutionProvider"]
@@ -177,7 +181,7 @@ def test_missing_gpu_provider_raises_with_requested_and_active(model):
     message = str(err.value)
     assert f"requested providers {requested}, active ['CPUExecutionProvider']" in message
     assert "CUDAExecutionProvider is not in this onnxruntime build" in message
-    assert "pip install '.[gpu]'" in message
+    assert "make setup ORT=gpu" in message
 
 
 @pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
@@ -479,7 +483,9 @@ def test_cpu_has_no_provider_options():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_offered, reason="needs onnxruntime-gpu and an NVIDIA GPU (pip install '.[gpu]')")
+@pytest.mark.skipif(
+    not cuda_offered, reason="needs onnxruntime-gpu and an NVIDIA GPU (make setup ORT=gpu, docs/install.md)"
+)
 def test_cuda_session_runs_on_cuda(model):
     session = open_session(model, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert session.get_providers()[0] == "CUDAExecutionProvider"
@@ -676,7 +682,7 @@ def test_missing_packages_are_all_named_with_the_fix(no_tensorrt, no_cuda_python
     message = str(err.value)
     assert "`tensorrt` Python package is not installed" in message
     assert "`cuda-python` package" in message
-    assert "pip install '.[gpu]'" in message
+    assert "make setup ORT=gpu" in message
     assert "onnxruntime and onnxruntime-gpu must not be installed together" in message
 
 
@@ -692,7 +698,7 @@ def test_package_present_but_no_gpu_names_only_the_gpu(monkeypatch):
     message = str(err.value)
     assert "no usable NVIDIA GPU or driver: cudaGetDeviceCount failed with cudaErrorNoDevice" in message
     assert "package is not installed" not in message
-    assert "pip install '.[gpu]'" in message
+    assert "make setup ORT=gpu" in message
 
 
 def test_a_driver_that_sees_no_device_is_named(monkeypatch):

@@ -12,7 +12,7 @@ VOCAB, HIDDEN = 32, 8
 
 requires_tensorrt_gpu = pytest.mark.skipif(
     not tensorrt_available(),
-    reason="needs TensorRT >= 10, cuda-python and an NVIDIA GPU with its driver (pip install '.[gpu]' on a GPU machine)",
+    reason="needs TensorRT >= 10, cuda-python and an NVIDIA GPU with its driver (make setup ORT=gpu on a GPU machine, docs/install.md)",
 )
 
 
@@ -88,7 +88,7 @@ def test_build_engine_without_tensorrt_raises_and_writes_nothing(tmp_path, no_te
     model = tiny_classifier(tmp_path / "model.onnx")
     with pytest.raises(TensorRTUnavailable) as err:
         build_engine(model, tmp_path / "model.plan", INPUTS)
-    assert all(part in str(err.value) for part in ("`tensorrt`", "`cuda-python`", "pip install '.[gpu]'"))
+    assert all(part in str(err.value) for part in ("`tensorrt`", "`cuda-python`", "make setup ORT=gpu"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
 
 

@@ -48,7 +48,7 @@ def test_requested_gpu_provider_is_refused_naming_requested_active_and_the_fix(b
     assert "requested providers ['CUDAExecutionProvider', 'CPUExecutionProvider'], active ['CPUExecutionProvider']" in (
         message
     )
-    assert "pip install '.[gpu]'" in message
+    assert "make setup ORT=gpu" in message
     assert "EDGEDISTILL_ALLOW_CPU_FALLBACK=true" in message
 
 
@@ -69,7 +69,7 @@ def test_allowed_cpu_fallback_serves_on_the_cpu_with_a_warning(bundle, caplog):
         backend = load_backend(load_bundle(bundle), Settings(providers=["cuda"], threads=1, allow_cpu_fallback=True))
     assert backend.providers == ["CPUExecutionProvider"]
     assert any(
-        "CUDAExecutionProvider" in r.getMessage() and "pip install '.[gpu]'" in r.getMessage()
+        "CUDAExecutionProvider" in r.getMessage() and "make setup ORT=gpu" in r.getMessage()
         for r in caplog.records
         if r.levelno == logging.WARNING
     )
@@ -214,9 +214,7 @@ def test_a_tensorrt_engines_ready_event_gives_no_spinning(engine_ready):
 
 def test_tensorrt_bundle_without_tensorrt_names_the_fix(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # importing it raises ImportError
-    with pytest.raises(
-        BackendUnavailable, match=r"(?s)`tensorrt` Python package is not installed.*pip install '\.\[gpu\]'"
-    ):
+    with pytest.raises(BackendUnavailable, match=r"(?s)`tensorrt` Python package is not installed.*make setup ORT=gpu"):
         load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
@@ -224,7 +222,7 @@ def test_tensorrt_without_cuda_python_names_it(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_module("tensorrt", __version__="10.0"))
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(BackendUnavailable, match=r"(?s)`cuda-python` package.*pip install '\.\[gpu\]'"):
+    with pytest.raises(BackendUnavailable, match=r"(?s)`cuda-python` package.*make setup ORT=gpu"):
         load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
@@ -254,7 +252,8 @@ def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(
-    not tensorrt_available(), reason="needs TensorRT, cuda-python (pip install '.[gpu]') and an NVIDIA GPU"
+    not tensorrt_available(),
+    reason="needs TensorRT, cuda-python (make setup ORT=gpu, docs/install.md) and an NVIDIA GPU",
 )
 def test_tensorrt_engine_matches_onnxruntime(bundle, make_bundle):
     import tensorrt as trt
