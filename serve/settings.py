@@ -420,13 +420,20 @@ def named(field: str) -> str:
 
 def refuse_unused(settings: Settings) -> None:
     """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
-    metrics port off. For the process a user starts, not a supervisor's workers: they run with the metrics port off
+    metrics port off, START_TIMEOUT_S with WORKERS=1. For the process a user starts, not a supervisor's workers: they run with the metrics port off
     and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
     if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
         raise SettingsError(
             f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "
             f"metrics port is off ({env_name('metrics_port')}=off); unset it, or set {env_name('metrics_port')} to "
             "serve /metrics on that address"
+        )
+    if "start_timeout_s" in settings.model_fields_set and settings.workers == 1:
+        raise SettingsError(
+            f"{env_name('start_timeout_s')} ({flag_name('start_timeout_s')}) {settings.start_timeout_s:g} would do "
+            f"nothing: {env_name('workers')}=1 serves in one process, and the deadline is a supervisor's for its "
+            "workers; unset it (an orchestrator's startup probe bounds one process's start), or set "
+            f"{env_name('workers')} above 1"
         )
 
 

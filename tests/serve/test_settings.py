@@ -287,6 +287,17 @@ def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
         refuse_unused(settings)
 
 
+def test_a_start_timeout_for_one_process_is_refused_naming_workers():
+    settings = load_settings(["--workers", "1"], environ={"EDGEDISTILL_START_TIMEOUT_S": "600"})
+    refusal = r"EDGEDISTILL_START_TIMEOUT_S \(--start-timeout-s\) 600 would do nothing: EDGEDISTILL_WORKERS=1 serves"
+    with pytest.raises(SettingsError, match=refusal):
+        refuse_unused(settings)
+
+
+def test_a_start_timeout_under_a_supervisor_is_accepted():
+    assert refuse_unused(load_settings(["--workers", "2", "--start-timeout-s", "600"], environ={})) is None
+
+
 def test_a_metrics_host_with_the_metrics_port_on_is_accepted():
     settings = load_settings([], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
     assert refuse_unused(settings) is None
