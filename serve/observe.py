@@ -260,10 +260,12 @@ class CallObserver:
         raise ValueError(f"{method}: a method handler without a behavior")
 
     def _expected_by(self, method: str) -> bytes | None:
-        """The token `method` needs (`admin_token` for an admin method), or None where it needs none."""
+        """The token `method` needs (`admin_token` for an admin method), or None where it needs none: an admin method
+        of a server without an admin token is refused whatever a call sends (`PERMISSION_DENIED`, naming
+        ADMIN_TOKEN), so it is not first refused for want of the other calls' token."""
         if method.startswith(HEALTH_PREFIX):
             return None
-        return self._admin if self._admin is not None and method in self.admin_methods else self._expected
+        return self._admin if method in self.admin_methods else self._expected
 
     def _denied(self, method: str, metadata: dict[str, str]) -> str | None:
         """Why a call of `method` with `metadata` is refused UNAUTHENTICATED, or None."""

@@ -358,6 +358,13 @@ def test_reload_cannot_name_even_the_served_bundle_without_a_reload_root(start_s
     assert "EDGEDISTILL_RELOAD_ROOT" in refusal.details
 
 
+def test_reload_on_a_server_with_a_token_and_no_admin_token_is_refused_naming_the_admin_token(start_server, bundle):
+    server = start_server(settings_for(bundle, token=TOKEN))
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        classifier_pb2_grpc.ClassifierStub(channel).Reload(pb.ReloadRequest(), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, caught.value.details()
+
+
 def held_streams(channel, count: int) -> tuple[list, threading.Event]:
     """`count` ClassifyStream calls that each got one reply and then hold their call open, as a slow client
     would; set the event to let them finish."""
