@@ -231,8 +231,10 @@ class Settings(BaseModel):
     )
     access_log: bool = Field(
         False,
-        description="log every successful call as well (failed calls are always logged), successful health calls at "
-        "DEBUG only (shown with LOG_LEVEL=DEBUG): probes every few seconds would drown the rest; costs throughput",
+        description="log every call at INFO, successful ones too, where a failed call other than a server error is "
+        "otherwise logged at most once a second per method and status; successful health calls at DEBUG only (shown "
+        "with LOG_LEVEL=DEBUG): probes every few seconds would drown the rest; needs LOG_LEVEL INFO or DEBUG; costs "
+        "throughput",
     )
     cascade_overload: Literal["answer", "refuse"] = Field(
         "answer",
@@ -420,13 +422,18 @@ def named(field: str) -> str:
 
 def refuse_unused(settings: Settings) -> None:
     """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
-    metrics port off, START_TIMEOUT_S with WORKERS=1. For the process a user starts, not a supervisor's workers: they run with the metrics port off
+    metrics port off, ACCESS_LOG at a LOG_LEVEL above INFO, START_TIMEOUT_S with WORKERS=1. For the process a user starts, not a supervisor's workers: they run with the metrics port off
     and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
     if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
         raise SettingsError(
             f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "
             f"metrics port is off ({env_name('metrics_port')}=off); unset it, or set {env_name('metrics_port')} to "
             "serve /metrics on that address"
+        )
+    if settings.access_log and settings.log_level in ("WARNING", "ERROR"):
+        raise SettingsError(
+            f"{env_name('access_log')} ({flag_name('access_log')}) would do nothing but cost throughput: it logs at "
+            f"INFO, and {env_name('log_level')} is {settings.log_level}; unset it, or set {env_name('log_level')}=INFO"
         )
     if "start_timeout_s" in settings.model_fields_set and settings.workers == 1:
         raise SettingsError(

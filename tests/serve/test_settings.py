@@ -287,6 +287,17 @@ def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
         refuse_unused(settings)
 
 
+@pytest.mark.parametrize("level", ["WARNING", "ERROR"])
+def test_an_access_log_at_a_log_level_that_hides_it_is_refused(level):
+    settings = load_settings(["--access-log", "true", "--log-level", level], environ={})
+    with pytest.raises(SettingsError, match=rf"EDGEDISTILL_ACCESS_LOG \(--access-log\) would do nothing .* is {level}"):
+        refuse_unused(settings)
+
+
+def test_an_access_log_at_info_is_accepted():
+    assert refuse_unused(load_settings(["--access-log", "true"], environ={})) is None
+
+
 def test_a_start_timeout_for_one_process_is_refused_naming_workers():
     settings = load_settings(["--workers", "1"], environ={"EDGEDISTILL_START_TIMEOUT_S": "600"})
     refusal = r"EDGEDISTILL_START_TIMEOUT_S \(--start-timeout-s\) 600 would do nothing: EDGEDISTILL_WORKERS=1 serves"
