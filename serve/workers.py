@@ -416,7 +416,8 @@ class Supervisor:
         self.stopping = True
         self.exit_status = status
         self.stop_deadline = time.monotonic() + self.settings.shutdown_grace_s + STOP_MARGIN_S
-        log.info("stopping the workers: %s", why, extra={"event": "workers_stopping", "exit_status": status})
+        extra = {"event": "workers_stopping", "exit_status": status, "reason": why}
+        log.info("stopping the workers: %s", why, extra=extra)
         for worker in self.workers:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGTERM)

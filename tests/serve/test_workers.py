@@ -323,6 +323,12 @@ def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, 
     assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
+def test_the_supervisors_stopping_line_gives_why_in_a_field_of_its_own(spawn, tmp_path):
+    server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
+    server.wait(60)
+    assert "before it served" in server.wait_for("workers_stopping")["reason"]
+
+
 # `python -m edgedistill.serve` whose supervisor starts its first worker stopped (SIGSTOP, before it runs Python):
 # killed while so, it has surely not served, however long the test takes to kill it (a worker serves 0.9 s after its
 # start: a stall of the test as long let it serve, and the supervisor restarted it instead of stopping)
