@@ -11,7 +11,6 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
-from edgedistill.common.runtime import cascade_missing_here, missing_here
 
 
 class Target(NamedTuple):
@@ -219,8 +218,13 @@ def loadtests(recipe: Recipe) -> list[str]:
 
 def not_buildable_here(recipe: Recipe, name: str) -> str | None:
     """Why this machine cannot build or measure the planned folder `name` (a bundle, a cascade, or a measurement of
-    one, that needs a runtime or provider it lacks), or None."""
+    one, that needs a runtime or provider it lacks), or None; None too where the report runs without ONNX Runtime
+    (its `report` install), which cannot tell."""
     if recipe.export is None:
+        return None
+    try:
+        from edgedistill.common.runtime import cascade_missing_here, missing_here
+    except ImportError:
         return None
     export = recipe.export
     model = name.removeprefix("bundle-") if name.startswith("bundle-") else None

@@ -5,7 +5,7 @@ import time
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common import summary
+from edgedistill.common import runtime, summary
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import Built, Stage
 from edgedistill.loadtests import result as loadtest_result
@@ -285,12 +285,12 @@ def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_served_
 
 
 def test_a_report_says_why_this_machine_cannot_build_an_absent_gpu_bundle(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan, "missing_here", lambda runtime, providers: "no GPU" if runtime == "tensorrt" else None)
+    monkeypatch.setattr(runtime, "missing_here", lambda name, providers: "no GPU" if name == "tensorrt" else None)
     assert "| bundle-bilstm-engine | no GPU |" in missing_markdown(tmp_path)
 
 
 def test_a_report_names_no_absent_stage_as_unbuildable_where_this_machine_can_build_them_all(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan, "missing_here", lambda runtime, providers: None)
+    monkeypatch.setattr(runtime, "missing_here", lambda name, providers: None)
     assert "why not here" not in missing_markdown(tmp_path)
 
 
