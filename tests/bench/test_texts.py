@@ -175,13 +175,16 @@ def test_columns_without_a_pairs_file_are_refused():
         pairs_options("--columns", "premise", "hypothesis")
 
 
-@pytest.mark.parametrize("texts", [[], ["--texts", "texts.txt"]], ids=["dev split", "texts file"])
-def test_header_without_a_pairs_file_is_refused_naming_both(texts):
+@pytest.mark.parametrize("texts", [False, True], ids=["dev split", "texts file"])
+def test_header_without_a_pairs_file_is_refused_naming_both(tmp_path, texts):
+    (tmp_path / "texts.txt").write_text("a fine film\n")
+    given = ["--texts", str(tmp_path / "texts.txt")] if texts else []
     with pytest.raises(BenchError, match="--header skips the first line of --pairs files: give one"):
-        pairs_options(*texts, "--header")
+        pairs_options(*given, "--header")
 
 
 def test_columns_naming_one_column_twice_are_refused(tmp_path):
+    (tmp_path / "pairs.tsv").write_text("premise\thypothesis\n")
     with pytest.raises(BenchError, match="--columns names 'premise' twice"):
         pairs_options("--pairs", str(tmp_path / "pairs.tsv"), "--columns", "premise", "premise")
 
