@@ -174,7 +174,7 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
         p_replace=cfg.p_replace,
         p_ngram=cfg.p_ngram,
         mask_token=mask_token,
-        replace=vocab_replacer(words),
+        replace=vocab_replacer(words) if train_examples else None,  # none left to augment (all overlap dev or test)
         bar=bar,
     )
     bar.close()

@@ -120,6 +120,11 @@ def test_train_examples_mostly_overlapping_dev_are_warned_of(tmp_path, capsys):
     assert "warning: 2 of 3 train examples share a sentence or 8 words in a row" in capsys.readouterr().out
 
 
+def test_a_transfer_set_whose_every_train_example_overlaps_dev_is_built_from_the_unlabelled_text(tmp_path):
+    built = built_from(tmp_path, [LEAKY, *CLEAN], [LEAKY, *CLEAN])
+    assert built.composition["unlabelled"] == 1
+
+
 def test_few_train_examples_overlapping_dev_are_not_warned_of(tmp_path, capsys):
     built_from(tmp_path, [LEAKY, *CLEAN, "a fourth review that says little", "a fifth, and a short one"], [LEAKY])
     assert "train examples share" not in capsys.readouterr().out
