@@ -658,18 +658,30 @@ def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterat
 
 
 def line_count(sources: list[str]) -> int | None:
-    """Lines in the local text files `sources` (blank ones too: at least as many as `unlabelled_lines` gives), read
-    in blocks; None with a Hub source. `DataError` for a file missing or not gzip data, as `unlabelled_lines` gives."""
+    """Lines in the local text files `sources`, ended by LF, CR LF or CR alone as `unlabelled_lines` reads them (blank
+    ones too: at least as many as it gives), read in blocks; None with a Hub source. `DataError` for a file missing
+    or not gzip data, as `unlabelled_lines` gives."""
     if any(source.startswith("hub:") for source in sources):
         return None
     count = 0
     for source in map(Path, sources):
         with _opened(source) as handle:
             try:
-                count += sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+                count += _line_ends(iter(lambda: handle.read(1 << 20), b""))
             except GZIP_ERRORS as err:
                 raise _cannot_decompress(str(source), err) from None
     return count
+
+
+def _line_ends(blocks: Iterator[bytes]) -> int:
+    """The line ends in `blocks` of a file: each LF, and each CR not followed by an LF (a CR LF split between two
+    blocks counted once)."""
+    count, after_cr = 0, False
+    for block in blocks:
+        lone_crs = block.count(b"\r") - block.count(b"\r\n") - block.endswith(b"\r")
+        count += block.count(b"\n") + lone_crs + (after_cr and not block.startswith(b"\n"))
+        after_cr = block.endswith(b"\r")
+    return count + after_cr
 
 
 def load_unlabelled(sources: list[str], max_lines: int | None = None, desc: str | None = None) -> list[str]:

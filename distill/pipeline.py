@@ -84,7 +84,7 @@ def _warn_masking(recipe: Recipe) -> None:
     if recipe.transfer is None or recipe.model.init is None:
         return
     try:
-        mask_token(load_tokenizer(recipe.model.init), recipe.transfer.p_mask)
+        mask_token(load_tokenizer(recipe.model.init), recipe.transfer.masks)
     except RecipeError as err:
         print(f"[teacher] warning: {err}; the transfer stage will stop on it")
 

@@ -91,7 +91,7 @@ def build_stage(inputs: Inputs) -> Built:
     recipe = inputs.recipe
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
-    mask = mask_token(tokenizer, recipe.transfer.p_mask)
+    mask = mask_token(tokenizer, recipe.transfer.masks)
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)

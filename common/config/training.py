@@ -12,14 +12,15 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 Metric = Literal["accuracy", "macro_f1", "f1"]
 METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
 LABELLED_FORMATS = (".csv", ".tsv", ".jsonl")
+NOT_PLAIN_TEXT = (*LABELLED_FORMATS, ".json")  # what a text file's line-by-line reading would take syntax and all
 UNQUOTED = "YAML reads yes/no/true/false/on/off, null and bare numbers as other types"
 
 
 def plain_text_files(section: str, files: list[str], info: ValidationInfo) -> list[str]:
-    """`files`, refused where one is in a labelled-data format: text files are read line by line, each line a text,
-    so a header, quoting or JSON syntax would become text."""
+    """`files`, refused where one is in a labelled-data format or JSON: text files are read line by line, each line a
+    text, so a header, quoting or JSON syntax would become text."""
     for name in files:
-        if suffix := next((s for s in LABELLED_FORMATS if name.lower().removesuffix(".gz").endswith(s)), None):
+        if suffix := next((s for s in NOT_PLAIN_TEXT if name.lower().removesuffix(".gz").endswith(s)), None):
             raise ValueError(
                 f"{section}.{info.field_name}: {name} would be read line by line as plain text, its {suffix} syntax "
                 "and all; write its texts to a text file, one per line"
@@ -367,10 +368,20 @@ class TransferConfig(Strict):
     def _plain_text(cls, files: list[str], info: ValidationInfo) -> list[str]:
         return plain_text_files("transfer", files, info)
 
+    @property
+    def masks(self) -> float:
+        """The share of words augmentation masks: `p_mask`, or 0 where `n_iter` draws no sample."""
+        return self.p_mask if self.n_iter else 0.0
+
     @model_validator(mode="after")
     def _probabilities(self):
         if self.p_mask + self.p_replace > 1:
             raise ValueError(f"transfer.p_mask + transfer.p_replace = {self.p_mask + self.p_replace} exceeds 1")
+        if self.n_iter and not (self.p_mask or self.p_replace or self.p_ngram):
+            raise ValueError(
+                f"transfer.n_iter={self.n_iter} draws samples that p_mask, p_replace and p_ngram, all 0, leave equal to "
+                "their train example, so none is kept: set n_iter: 0 for no augmentation, or a probability above 0"
+            )
         return self
 
 
@@ -447,6 +458,15 @@ class StudentRun(Strict):
     baseline_init_from_teacher: bool = Field(
         False, description="start the label-only baseline from the teacher too (off: it sees nothing of the teacher)"
     )
+
+    @model_validator(mode="after")
+    def _temperature_needs_the_soft_targets(self):
+        if "temperature" in self.model_fields_set and not self.losses.kd:
+            raise ValueError(
+                f"temperature={self.temperature:g} would change nothing: only the kd loss reads it, and losses.kd is 0 "
+                "(remove temperature, or weigh losses.kd)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _intermediate_losses_need_a_transformer(self):

@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
-from edgedistill.common import settings
+from edgedistill.common import data, settings
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import (
     DataError,
@@ -889,6 +889,16 @@ def test_a_hub_class_label_name_the_recipe_lists_at_another_index_beside_names_o
 
 def test_hub_class_label_names_kept_at_their_indices_beside_names_of_the_recipes_own_are_read_by_index(hub_nli):
     assert load_labelled(hub_nli, nli_config(["entailment", "maybe", "contra"])).labels == [0, 2]
+
+
+@pytest.mark.parametrize("ends", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+def test_line_count_counts_each_line_end_the_reader_takes(tmp_path, ends):
+    (tmp_path / "u.txt").write_bytes(ends.join(["one line", "two lines", "three"]).encode() + ends.encode())
+    assert line_count([str(tmp_path / "u.txt")]) == 3
+
+
+def test_line_count_counts_a_cr_lf_split_between_two_blocks_once():
+    assert data._line_ends(iter([b"one\r", b"\ntwo\r", b"three\r"])) == 3
 
 
 def test_line_count_of_a_missing_file_is_a_data_error_naming_it(tmp_path):

@@ -1565,11 +1565,38 @@ def test_a_student_key_the_data_sets_is_refused_naming_it(tmp_path):
         ("transfer: {unlabelled_files: [u.txt, export.jsonl]}", "transfer.unlabelled_files: export.jsonl"),
         ("transfer: {unlabelled_files: [dump.CSV.gz]}", "transfer.unlabelled_files: dump.CSV.gz"),
         ("pretrain: {train_files: [u.txt], eval_files: [held.tsv]}", "pretrain.eval_files: held.tsv"),
+        ("transfer: {unlabelled_files: [reviews.json]}", "transfer.unlabelled_files: reviews.json"),
     ],
 )
 def test_a_text_file_setting_naming_a_labelled_data_format_is_refused(tmp_path, section, key):
     with pytest.raises(RecipeError, match=rf"exp\.yaml: {re.escape(key)} would be read line by line as plain text"):
         load_recipe(write(tmp_path, MINIMAL + section + "\n"))
+
+
+def test_augmentation_that_leaves_every_sample_equal_to_its_example_is_refused():
+    zero = {"transfer.p_mask": 0.0, "transfer.p_replace": 0.0, "transfer.p_ngram": 0.0}
+    with pytest.raises(RecipeError, match=r"transfer.n_iter=20 draws samples that p_mask, p_replace and p_ngram"):
+        load_recipe(SMOKE, zero | {"transfer.n_iter": 20})
+
+
+def test_no_augmentation_takes_probabilities_of_0():
+    zero = {"transfer.p_mask": 0.0, "transfer.p_replace": 0.0, "transfer.p_ngram": 0.0}
+    assert load_recipe(SMOKE, zero | {"transfer.n_iter": 0}).transfer.n_iter == 0
+
+
+@pytest.mark.parametrize("n_iter, masks", [(0, 0.0), (20, 0.1)])
+def test_augmentation_masks_words_only_where_it_draws_samples(n_iter, masks):
+    assert load_recipe(SMOKE, {"transfer.n_iter": n_iter, "transfer.p_mask": 0.1}).transfer.masks == masks
+
+
+def test_a_temperature_without_the_soft_target_loss_is_refused():
+    with pytest.raises(RecipeError, match=r"temperature=8 would change nothing: only the kd loss reads it"):
+        load_recipe(SMOKE, {"distill.students.cnn.temperature": 8.0, "distill.students.cnn.losses": {"mse": 1.0}})
+
+
+def test_a_temperature_with_the_soft_target_loss_is_taken():
+    recipe = load_recipe(SMOKE, {"distill.students.cnn.temperature": 8.0, "distill.students.cnn.losses": {"kd": 1.0}})
+    assert recipe.distill.students["cnn"].temperature == 8.0
 
 
 @pytest.mark.parametrize("term", ["hidden", "attention"])
