@@ -178,9 +178,10 @@ def model_config(
     """Triton's model configuration of the served model: the text inputs and the outputs without the batch axis,
     a request's most rows (MAX_TEXTS) as `max_batch_size`, the label names as the parameter `labels` (a JSON list)
     beside each output's `label_filename`, the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`, the
-    style the server writes texts in before tokenizing as `text_style`, and, as a bundle's Triton `config.pbtxt`
-    does, `pair_segments` where a pair's segment ids come from sequence ids (`common.segments`): how a client that
-    sends token ids makes `token_type_ids`."""
+    style the server writes texts in before tokenizing as `text_style`, and, for a bundle (a cascade takes no token
+    ids), what a client that sends token ids needs, as the bundle's Triton `config.pbtxt` gives it: the token inputs
+    (`token_inputs`, a JSON list), `max_length`, `pad_token_id`, and `pair_segments` where a pair's segment ids come
+    from sequence ids (`common.segments`): how it makes `token_type_ids`."""
     spec = runtime.spec
     platform, backend = platform_of(runtime)
     Config = kserve_pb2.ModelConfigResponse
@@ -197,9 +198,21 @@ def model_config(
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
     config.parameters["text_style"].string_value = runtime.describe().text_style
-    if isinstance(runtime, ModelRuntime) and runtime.spec.pair_segments != "token_types":
-        config.parameters["pair_segments"].string_value = runtime.spec.pair_segments
+    if isinstance(runtime, ModelRuntime):  # what a client that sends token ids needs: a cascade takes texts alone
+        config.parameters["token_inputs"].string_value = json.dumps(runtime.spec.input_names)
+        config.parameters["max_length"].string_value = str(runtime.spec.max_length)
+        config.parameters["pad_token_id"].string_value = str(runtime.spec.pad_token_id)
+        if runtime.spec.pair_segments != "token_types":
+            config.parameters["pair_segments"].string_value = runtime.spec.pair_segments
     return config
+
+
+def inputs_taken(served: ModelRuntime | CascadeRuntime) -> str:
+    """What `served` takes, for a message refusing other inputs: its texts, and but for a cascade its token ids."""
+    texts = f"BYTES {' and '.join(repr(name) for name in served.spec.text_inputs)} [batch]"
+    if isinstance(served, CascadeRuntime):
+        return texts
+    return f"{texts}, or INT64 token ids {', '.join(repr(name) for name in served.spec.input_names)} [batch, sequence]"
 
 
 def class_count(output: kserve_pb2.ModelInferRequest.InferRequestedOutputTensor) -> int | None:
@@ -438,10 +451,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             if tensor.name in decoded:
                 raise InvalidInput(f"input {tensor.name!r} appears twice")
             if tensor.name not in INPUTS:
-                raise InvalidInput(
-                    f"unknown input {tensor.name!r}: send BYTES 'text' (and 'text_pair'), or INT64 token ids "
-                    f"({', '.join(SEQUENCE_INPUTS)})"
-                )
+                raise InvalidInput(f"unknown input {tensor.name!r}: send {inputs_taken(served)}")
             if isinstance(served, CascadeRuntime) and tensor.name not in TEXT_INPUTS:
                 raise served.token_ids_refused()
             if tensor.datatype != INPUTS[tensor.name]:
@@ -480,7 +490,7 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
                     request.model_name, request.model_version, lambda rt: checked.classify(rt, deadline)
                 )
         if "input_ids" not in inputs:
-            raise InvalidInput("missing input: send BYTES 'text' [batch], or INT64 'input_ids' and 'attention_mask'")
+            raise InvalidInput(f"missing input: send {inputs_taken(served)}")
         return await self.host.dispatch(
             request.model_name, request.model_version, lambda rt: rt.classify_ids(inputs, deadline)
         )

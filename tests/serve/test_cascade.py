@@ -236,6 +236,12 @@ def test_token_ids_are_refused_for_a_cascade(kserve):
     assert "confidence cascade" in caught.value.details()
 
 
+def test_a_request_without_an_input_to_a_cascade_is_told_to_send_texts_alone(kserve):
+    with pytest.raises(grpc.RpcError) as caught:
+        kserve.ModelInfer(kserve_pb2.ModelInferRequest(model_name="tiny-cascade"), timeout=10)
+    assert caught.value.details() == "missing input: send BYTES 'text' [batch]"
+
+
 def test_token_ids_longer_than_max_length_are_refused_for_a_cascade_as_token_ids(kserve):
     request = kserve_pb2.ModelInferRequest(model_name="tiny-cascade")
     request.inputs.add(name="input_ids", datatype="INT64", shape=[1, 100_000])

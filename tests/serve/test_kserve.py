@@ -187,6 +187,16 @@ def test_model_config_gives_the_servers_message_limit(stub):
     assert int(config.parameters["max_message_bytes"].string_value) == 64 * 1024  # `served`'s MAX_MESSAGE_BYTES
 
 
+def test_model_config_gives_the_token_inputs_a_client_sending_token_ids_sends(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert json.loads(config.parameters["token_inputs"].string_value) == ["input_ids", "attention_mask"]
+
+
+def test_model_config_gives_the_length_a_client_sending_token_ids_cuts_at(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert int(config.parameters["max_length"].string_value) > 0
+
+
 def test_model_config_of_an_unknown_model_is_not_found(stub):
     with pytest.raises(grpc.RpcError) as caught:
         stub.ModelConfig(kserve_pb2.ModelConfigRequest(name="bert"), timeout=10)
@@ -275,7 +285,7 @@ def _bad_requests():
     both = text_request(["good"], raw=False)
     both.inputs.add(name="input_ids", datatype="INT64", shape=[1, 1]).contents.int64_contents.append(5)
     return [
-        ("empty", ModelInferRequest(model_name=MODEL), "INVALID_ARGUMENT", "missing input"),
+        ("empty", ModelInferRequest(model_name=MODEL), "INVALID_ARGUMENT", "missing input: send BYTES 'text' [batch], or INT64 token ids 'input_ids', 'attention_mask'"),
         ("invalid utf-8", text_request([b"\xff\xfe oops"]), "INVALID_ARGUMENT", "element 0 is not valid UTF-8"),
         ("empty text", text_request(["good", "  "]), "INVALID_ARGUMENT", "text 1 is empty or whitespace only"),
         ("no texts", text_request([], shape=[0]), "INVALID_ARGUMENT", "empty request"),
