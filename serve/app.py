@@ -74,8 +74,10 @@ def loopback(host: str) -> bool:
 
 
 def _ms(seconds: float) -> int:
-    """A duration as gRPC's ms, NEVER_S or more (any finite float) as gRPC's never."""
-    return min(int(min(seconds, NEVER_S) * 1000), GRPC_INT_MAX)
+    """A duration as gRPC's ms, NEVER_S or more (any finite float) as gRPC's never; one above 0 as 1 ms at least, not
+    the 0 that gRPC reads as another setting."""
+    ms = min(int(min(seconds, NEVER_S) * 1000), GRPC_INT_MAX)
+    return max(ms, 1) if seconds > 0 else ms
 
 
 def connection_options(settings: Settings) -> list[tuple[str, int]]:

@@ -362,6 +362,12 @@ def test_a_time_too_large_for_ms_as_a_float_is_grpcs_never(field, option):
     assert options[option] == GRPC_INT_MAX
 
 
+@pytest.mark.parametrize(("field", "option"), TIME_OPTIONS.items())
+def test_a_time_under_a_millisecond_is_one_millisecond_not_grpcs_0(field, option):
+    options = dict(connection_options(load_settings([], {env_name(field): "0.0004"})))
+    assert options[option] == 1
+
+
 @pytest.mark.parametrize("field", ["malloc_arenas", "threads"])
 def test_a_count_the_c_libraries_take_past_a_c_int_is_refused_naming_its_variable(field):
     with pytest.raises(SettingsError, match=env_name(field)):
