@@ -18,11 +18,6 @@ def health_address(settings: Settings) -> str:
     """`host:port` where the server of `settings` answers health checks in plaintext; `SettingsError` where it cannot
     be known (a port chosen at start) or spoken to (TLS on the gRPC port)."""
     host = "localhost" if settings.host in ANY_ADDRESS else settings.host
-    if settings.health_port == 0:
-        raise SettingsError(
-            f"{env_name('health_port')}=0 takes any free port, which the health check cannot know: set it to a port "
-            "of its own"
-        )
     if settings.health_port:
         return host_port(host, settings.health_port)
     if settings.port == 0:
@@ -31,8 +26,13 @@ def health_address(settings: Settings) -> str:
             f"{env_name('health_port')} to a port of its own"
         )
     if settings.tls_cert is not None:
+        chosen = (
+            f"{env_name('health_port')}=0 takes any free port, which the health check cannot know, and "
+            if settings.health_port == 0
+            else ""
+        )
         raise SettingsError(
-            f"the gRPC port uses TLS ({env_name('tls_cert')}), and the health check speaks plaintext: set "
+            f"{chosen}the gRPC port uses TLS ({env_name('tls_cert')}), and the health check speaks plaintext: set "
             f"{env_name('health_port')} to a port of its own"
         )
     return host_port(host, settings.port)

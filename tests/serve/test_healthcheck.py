@@ -28,8 +28,8 @@ def test_a_grpc_port_chosen_at_start_without_a_health_port_names_the_health_port
         health_address(Settings(port=0))
 
 
-def test_a_health_port_chosen_at_start_is_refused_as_one_the_check_cannot_know(tmp_path):
-    with pytest.raises(SettingsError, match="EDGEDISTILL_HEALTH_PORT=0 takes any free port"):
+def test_a_health_port_chosen_at_start_beside_tls_is_refused_as_one_the_check_cannot_know(tmp_path):
+    with pytest.raises(SettingsError, match="EDGEDISTILL_HEALTH_PORT=0 takes any free port, which the health check"):
         health_address(Settings(health_port=0, tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem"))
 
 
