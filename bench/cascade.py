@@ -125,9 +125,10 @@ def refuse_another_recipe(recipe: Recipe, name: str, recipe_file: str) -> None:
     built = (mf.load(folder, verify=False).hashed or {}).get("settings", {})
     now = recipe.settings(key)
     if key in built and built[key] != now[key]:
+        why = mf.changes({"settings": {key: built[key]}}, {"settings": now})
         raise BenchError(
-            f"{folder} is not the cascade the recipe has ({mf.changes({'settings': {key: built[key]}}, {'settings': now})})"
-            f": build it first (edgedistill bundles {recipe_file} --only {name})"
+            f"{folder} is not the cascade the recipe has ({why}): build it first "
+            f"(edgedistill bundles {recipe_file} --only {name})"
         )
 
 

@@ -67,8 +67,9 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
 def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
     """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
     (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches (the
-    last included), or that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer none of them; so
-    is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is undefined."""
+    last included), or that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer
+    none of them; so is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is
+    undefined."""
     for member, logits in zip(cfg.members, calibration, strict=True):
         if undefined := int((~np.isfinite(logits)).any(-1).sum()):
             raise ExportError(

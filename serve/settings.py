@@ -422,8 +422,9 @@ def named(field: str) -> str:
 
 def refuse_unused(settings: Settings) -> None:
     """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
-    metrics port off, ACCESS_LOG at a LOG_LEVEL above INFO, START_TIMEOUT_S with WORKERS=1. For the process a user starts, not a supervisor's workers: they run with the metrics port off
-    and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
+    metrics port off, ACCESS_LOG at a LOG_LEVEL above INFO, START_TIMEOUT_S with WORKERS=1. For the process a user
+    starts, not a supervisor's workers: they run with the metrics port off and the deployment's variables, while the
+    supervisor serves /metrics on METRICS_HOST."""
     if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
         raise SettingsError(
             f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "

@@ -379,8 +379,9 @@ class TransferConfig(Strict):
             raise ValueError(f"transfer.p_mask + transfer.p_replace = {self.p_mask + self.p_replace} exceeds 1")
         if self.n_iter and not (self.p_mask or self.p_replace or self.p_ngram):
             raise ValueError(
-                f"transfer.n_iter={self.n_iter} draws samples that p_mask, p_replace and p_ngram, all 0, leave equal to "
-                "their train example, so none is kept: set n_iter: 0 for no augmentation, or a probability above 0"
+                f"transfer.n_iter={self.n_iter} draws samples that p_mask, p_replace and p_ngram, all 0, leave "
+                "equal to their train example, so none is kept: set n_iter: 0 for no augmentation, or a probability "
+                "above 0"
             )
         return self
 

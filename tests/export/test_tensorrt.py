@@ -12,7 +12,7 @@ VOCAB, HIDDEN = 32, 8
 
 requires_tensorrt_gpu = pytest.mark.skipif(
     not tensorrt_available(),
-    reason="needs TensorRT >= 10, cuda-python and an NVIDIA GPU with its driver (make setup ORT=gpu on a GPU machine, docs/install.md)",
+    reason="needs TensorRT >= 10, cuda-python and an NVIDIA GPU with its driver (make setup ORT=gpu, docs/install.md)",
 )
 
 

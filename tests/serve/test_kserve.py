@@ -285,7 +285,7 @@ def _bad_requests():
     both = text_request(["good"], raw=False)
     both.inputs.add(name="input_ids", datatype="INT64", shape=[1, 1]).contents.int64_contents.append(5)
     return [
-        ("empty", ModelInferRequest(model_name=MODEL), "INVALID_ARGUMENT", "missing input: send BYTES 'text' [batch], or INT64 token ids 'input_ids', 'attention_mask'"),
+        ("empty", ModelInferRequest(model_name=MODEL), "INVALID_ARGUMENT", "missing input: send BYTES 'text' [batch], or INT64"),
         ("invalid utf-8", text_request([b"\xff\xfe oops"]), "INVALID_ARGUMENT", "element 0 is not valid UTF-8"),
         ("empty text", text_request(["good", "  "]), "INVALID_ARGUMENT", "text 1 is empty or whitespace only"),
         ("no texts", text_request([], shape=[0]), "INVALID_ARGUMENT", "empty request"),
