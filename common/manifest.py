@@ -247,7 +247,8 @@ def same_config(manifest: Manifest, config_hash: str, hashed: dict | None, unrea
 
 def without(hashed: dict, unread: Iterable[str]) -> dict:
     """A `hashed` record without the settings in `unread`."""
-    settings = {key: value for key, value in hashed.get("settings", {}).items() if key not in set(unread)}
+    unread = set(unread)
+    settings = {key: value for key, value in hashed.get("settings", {}).items() if key not in unread}
     return hashed | {"settings": settings}
 
 

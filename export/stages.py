@@ -16,11 +16,11 @@ from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.runtime import (
     GPU_HINT,
     ProviderFallback,
+    TensorRTUnavailable,
     cascade_missing_here,
     missing_here,
     refuse_tf32,
     require_tensorrt,
-    tensorrt_problems,
 )
 from edgedistill.common.stage import Stage, body
 from edgedistill.distill import stages as trained
@@ -56,9 +56,10 @@ def engine_of_another_machine(folder: Path) -> str | None:
     """Why the TensorRT engine in bundle `folder` must be built again here: it was built for another TensorRT version
     or GPU (`info.tensorrt_build`), and loads on those alone; None where it was built for this machine's, or where
     this machine runs no engine (`bundles` leaves it out, saying why)."""
-    if tensorrt_problems():
+    try:
+        now = require_tensorrt()  # probed once: the package and the GPU
+    except TensorRTUnavailable:
         return None
-    now = require_tensorrt()
     built = mf.load(folder, verify=False).info.get("tensorrt_build", {})
     if moved := [f"{key} {built.get(key)} -> {now[key]}" for key in ("tensorrt", "gpu") if built.get(key) != now[key]]:
         return f"its engine was built for another machine ({'; '.join(moved)}), and loads only on that one"

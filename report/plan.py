@@ -227,11 +227,14 @@ def not_buildable_here(recipe: Recipe, name: str) -> str | None:
     except ImportError:
         return None
     export = recipe.export
-    model = name.removeprefix("bundle-") if name.startswith("bundle-") else None
-    if name.startswith("serve-cascade-"):
+    if name.startswith("bundle-"):
+        model = name.removeprefix("bundle-")
+    elif name.startswith("serve-cascade-"):
         model = name.removeprefix("serve-cascade-")
-    elif model is None and name != "bench" and name in planned(recipe) and name.startswith(("serve-", "loadtest-")):
+    elif name.startswith(("serve-", "loadtest-")):  # a planned measurement is of the deployed bundle
         model = export.deploy
+    else:
+        model = None
     if model in export.cascades:
         return cascade_missing_here(export, model)
     if model in export.bundles:

@@ -11,7 +11,13 @@ from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.config.training import DataConfig, StudentConfig
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
-from edgedistill.common.runtime import available_providers, missing_here, open_runner, tensorrt_available
+from edgedistill.common.runtime import (
+    TensorRTUnavailable,
+    available_providers,
+    missing_here,
+    open_runner,
+    tensorrt_available,
+)
 from edgedistill.distill import heads
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import bundle_stage, stages, validate
@@ -435,8 +441,13 @@ def engine_built_for(tmp_path, monkeypatch, built: dict, here: dict | None) -> s
         (tmp / "model.plan").write_bytes(b"engine")
         base = mf.Manifest(stage="bundle-x-engine", recipe="r", recipe_hash="h", config_hash="c")
         mf.commit(tmp, tmp_path / "bundle-x-engine", base.model_copy(update={"info": {"tensorrt_build": built}}))
-    monkeypatch.setattr(stages, "tensorrt_problems", lambda: [] if here else ["no GPU"])
-    monkeypatch.setattr(stages, "require_tensorrt", lambda: here)
+
+    def probed():
+        if here is None:
+            raise TensorRTUnavailable("no GPU")
+        return here
+
+    monkeypatch.setattr(stages, "require_tensorrt", probed)
     return stages.engine_of_another_machine(tmp_path / "bundle-x-engine")
 
 
