@@ -35,8 +35,7 @@ def run_models(recipe, args) -> int:
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
     stage = model_stage.stage(recipe)
-    timeable = [b for b, spec in recipe.export.bundles.items() if model_stage.left_out(spec) is None]
-    if timeable and len(stage.parents) == 1:  # the teacher alone: no bundle this machine can time is built
+    if (timeable := model_stage.timeable(recipe)) and len(stage.parents) == 1:  # the teacher alone: none built
         raise BenchError(
             f"none of the bundles it times here ({', '.join(timeable)}) is built yet: build them first "
             f"(edgedistill bundles {args.recipe}; make bundles in a checkout)"

@@ -33,16 +33,17 @@ def eager_devices(runtime: RuntimeConfig) -> list[str]:
     return ["cpu"] + ([str(on)] if on.type == "cuda" else [])
 
 
+def timeable(recipe: Recipe) -> list[str]:
+    """The bundles of the recipe this machine can time, built or not."""
+    return [bundle_id for bundle_id, spec in recipe.export.bundles.items() if left_out(spec) is None]
+
+
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
     PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
     loses, or another `runtime.device`, measures again."""
     folder = run_dir(recipe)
-    timed = [
-        bundle_id
-        for bundle_id, spec in recipe.export.bundles.items()
-        if left_out(spec) is None and (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()
-    ]
+    timed = [bundle_id for bundle_id in timeable(recipe) if (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()]
     parents = (
         Artifact("teacher", folder / "teacher"),
         *(Artifact(f"bundle-{b}", folder / f"bundle-{b}") for b in timed),
