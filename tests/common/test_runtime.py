@@ -206,12 +206,16 @@ def test_tensorrt_provider_for_an_int8_model_is_refused(model, no_tf32_override)
         open_session(model, ["tensorrt"], precision="int8")
 
 
+def relu_of_plus_one(session) -> list:
+    return session.run(["y"], {"x": np.array([[-2.0, 1.0]], dtype=np.float32)})[0].tolist()
+
+
 def test_tensorrt_provider_for_an_fp16_model_is_not_refused(model, no_tf32_override):
-    assert open_session(model, ["tensorrt"], precision="fp16", allow_cpu_fallback=True) is not None
+    assert relu_of_plus_one(open_session(model, ["tensorrt"], precision="fp16", allow_cpu_fallback=True)) == [[0, 2]]
 
 
 def test_tensorrt_provider_for_an_fp32_model_is_allowed_under_the_tf32_override(model, tf32_override):
-    assert open_session(model, ["tensorrt"], allow_cpu_fallback=True) is not None
+    assert relu_of_plus_one(open_session(model, ["tensorrt"], allow_cpu_fallback=True)) == [[0, 2]]
 
 
 def test_a_tf32_override_other_than_zero_does_not_lift_the_refusal(model, monkeypatch):

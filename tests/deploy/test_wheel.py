@@ -22,6 +22,7 @@ from edgedistill.bench.processes import free_port
 from edgedistill.common import settings
 from edgedistill.serve.client import wait_ready
 
+from tests.conftest import wait_until
 from tests.serve.conftest import LABELS, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,10 +188,13 @@ def test_installed_wheel_serves_a_bundle(installed, tmp_path):
 
 
 def test_installed_wheel_serves_with_two_workers_from_the_checkout(installed, tmp_path):
-    port = free_port()
+    port, log = free_port(), tmp_path / "server.log"
     serve = [installed.with_name("edgedistill"), "serve", *server_flags(write_bundle(tmp_path / "bundle-tiny"), port)]
-    with serving([*serve, "--workers", "2"], port, ROOT, tmp_path / "server.log"):
-        pass
+    client = [installed, "-m", "edgedistill.serve.call", "--address", f"127.0.0.1:{port}", "a gripping film"]
+    with serving([*serve, "--workers", "2"], port, ROOT, log):
+        reply = subprocess.run(client, cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=60)
+        wait_until(lambda: log.read_text().count("listening on port") == 2, "both workers listening", READY_TIMEOUT_S)
+    assert json.loads(reply.stdout)["predictions"][0]["label"] in LABELS, reply.stderr
 
 
 def test_installed_wheel_runs_a_load_test_from_the_checkout(installed, tmp_path):

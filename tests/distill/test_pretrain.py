@@ -279,7 +279,8 @@ def test_a_batch_without_masked_positions_backpropagates_to_every_trainable_para
 
 
 def test_a_batch_without_masked_positions_backpropagates_zero_gradients(unmasked_backward):
-    assert all(not p.grad.any() for p in unmasked_backward.parameters() if p.grad is not None)
+    grads = [p.grad for p in unmasked_backward.parameters() if p.grad is not None]
+    assert grads and not any(grad.any() for grad in grads)
 
 
 def test_an_eval_batch_without_masked_positions_is_left_out_of_the_eval_figures():

@@ -367,8 +367,8 @@ def test_all_refuses_scenario_weights_that_do_not_parse_before_any_stage_runs(mo
 def test_all_passes_overrides_to_every_stage(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
-    cli.main(["all", "recipes/smoke.yaml", "--name=x"])
-    assert all(step[-1] == "--name=x" for step in stages.ran)
+    assert cli.main(["all", "recipes/smoke.yaml", "--name=x"]) == 0
+    assert stages.ran and all(step[-1] == "--name=x" for step in stages.ran)
 
 
 @pytest.mark.parametrize("name", [name for name, command in cli.COMMANDS.items() if command.dispatches])

@@ -432,6 +432,7 @@ def test_a_tensorrt_bundle_named_before_its_teacher_is_built_says_what_this_mach
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     result = run_here("export", "bundles", SMOKE, "--only=bilstm-engine")
     assert "make setup ORT=gpu" in result.stderr, result.stderr[-2000:]
+    assert list(tmp_path.rglob(mf.MANIFEST)) == []
 
 
 def engine_built_for(tmp_path, monkeypatch, built: dict, here: dict | None) -> str | None:
@@ -484,14 +485,16 @@ def test_gpu_provider_falling_back_to_cpu_is_refused(smoke_bundles, monkeypatch)
 
 
 @pytest.mark.skipif(cuda_offered, reason="checks the refusal where this onnxruntime build offers no CUDA")
-def test_a_gpu_provider_this_onnxruntime_lacks_fails_before_the_export_leaves_work_behind(smoke_bundles, monkeypatch):
+def test_a_gpu_provider_this_onnxruntime_lacks_is_refused_before_any_parent_is_built(tmp_path, monkeypatch):
     cuda = ["--export.bundles.cnn-cuda.source=cnn", "--export.bundles.cnn-cuda.providers=[CUDAExecutionProvider]"]
-    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
-    run_here("export", "bundles", SMOKE, *cuda, "--only=cnn-cuda")
-    assert not (smoke_bundles / ".work" / "bundle-cnn-cuda").exists()
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    result = run_here("export", "bundles", SMOKE, *cuda, "--only=cnn-cuda")
+    assert result.returncode == 2
+    assert "CUDAExecutionProvider" in result.stderr
+    assert list(tmp_path.rglob(mf.MANIFEST)) == []
 
 
-def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_before_the_export_naming_the_setting(
+def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_naming_the_setting(
     smoke_run, monkeypatch, no_tf32_override
 ):
     trt = ["--export.bundles.cnn-trt.source=cnn", "--export.bundles.cnn-trt.providers=[TensorrtExecutionProvider]"]
@@ -500,7 +503,16 @@ def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_before_the_export_na
     assert result.returncode == 2
     assert "export.bundles.cnn-trt.providers" in result.stderr
     assert "NVIDIA_TF32_OVERRIDE=0" in result.stderr
-    assert not (smoke_run / ".work" / "bundle-cnn-trt").exists()
+
+
+def test_an_fp32_bundle_on_the_tensorrt_provider_is_refused_before_any_parent_is_built(
+    tmp_path, monkeypatch, no_tf32_override
+):
+    trt = ["--export.bundles.cnn-trt.source=cnn", "--export.bundles.cnn-trt.providers=[TensorrtExecutionProvider]"]
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    result = run_here("export", "bundles", SMOKE, *trt, "--only=cnn-trt")
+    assert result.returncode == 2
+    assert list(tmp_path.rglob(mf.MANIFEST)) == []
 
 
 def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):

@@ -4,6 +4,7 @@ reload, refused cascades, several workers."""
 
 import asyncio
 import json
+import os
 import shutil
 import threading
 import urllib.request
@@ -307,8 +308,10 @@ def test_model_info_describes_the_cascade(stub, cascade):
     assert (info.name, info.runtime, info.cascade_rule, info.bundle_path, info.bundle_sha256) == expected
 
 
-def test_model_info_of_a_cascade_gives_the_servers_request_limits(stub, cascade):
-    assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).max_texts > 0
+def test_model_info_of_a_cascade_gives_the_servers_request_limits(stub, served_cascade):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    expected = (served_cascade.settings.max_texts, served_cascade.settings.max_message_bytes)
+    assert (info.max_texts, info.max_message_bytes) == expected
 
 
 def test_the_clients_model_info_leaves_the_servers_fields_out_of_each_member(served_cascade):
@@ -320,7 +323,12 @@ def test_the_clients_model_info_leaves_the_servers_fields_out_of_each_member(ser
 def test_the_clients_model_info_of_a_cascade_gives_the_servers_fields(served_cascade):
     with Client(served_cascade.address, retries=0) as client:
         info = client.model_info()
-    assert all(info[name] > 0 for name in SERVER_WIDE)
+    settings = served_cascade.settings
+    assert {name: info[name] for name in SERVER_WIDE} == {  # the server runs in this process
+        "pid": os.getpid(),
+        "max_texts": settings.max_texts,
+        "max_message_bytes": settings.max_message_bytes,
+    }
 
 
 def test_a_single_bundle_names_no_member(served):

@@ -12,7 +12,7 @@ from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 
-from tests.serve.conftest import LABELS, tiny_tokenizer
+from tests.serve.conftest import LABELS, MAX_LENGTH, tiny_tokenizer
 
 MODEL = "tiny-sentiment"
 TEXTS = ["a great movie", "awful boring film", "this film is not very good"]
@@ -194,7 +194,7 @@ def test_model_config_gives_the_token_inputs_a_client_sending_token_ids_sends(st
 
 def test_model_config_gives_the_length_a_client_sending_token_ids_cuts_at(stub):
     config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
-    assert int(config.parameters["max_length"].string_value) > 0
+    assert int(config.parameters["max_length"].string_value) == MAX_LENGTH
 
 
 def test_model_config_of_an_unknown_model_is_not_found(stub):
