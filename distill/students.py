@@ -144,9 +144,11 @@ class BiLSTMClassifier(Student):
         padding_last = _rotation(lengths, length)  # and back
         x = self.embed(input_ids)  # (B, T, E)
         rows = torch.cat([x, _rotate(x, padding_first)])
-        if rows.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16:
-            # CUDA autocast runs cuDNN's LSTM in fp16 whatever its dtype, and bf16 has no loss scaler: fp32 instead
-            with torch.autocast("cuda", enabled=False):
+        kind = rows.device.type
+        if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16:
+            # CUDA autocast runs cuDNN's LSTM in fp16 whatever its dtype, and bf16 has no loss scaler; oneDNN has no
+            # bf16 LSTM on a CPU without AVX512-BF16: fp32 on either
+            with torch.autocast(kind, enabled=False):
                 states, _ = self.lstm(rows.float())  # (2B, T, 2H)
         else:
             states, _ = self.lstm(rows)  # (2B, T, 2H)

@@ -115,6 +115,23 @@ def test_bilstm_is_one_bidirectional_lstm():
     assert lstms[0].batch_first
 
 
+def bf16_states_and_logits(model: Student) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([[2, 5, 7, 3], [2, 6, 3, 0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model.encode(ids, (ids != 0).long()), model(ids, (ids != 0).long())
+
+
+def test_the_bilstm_runs_its_lstm_in_fp32_under_cpu_bf16_autocast():
+    """oneDNN has no bf16 LSTM on a CPU without AVX512-BF16: an explicit bf16 run must not reach it."""
+    states, _ = bf16_states_and_logits(_student("bilstm"))
+    assert states.dtype == torch.float32
+
+
+def test_the_bilstm_gives_logits_under_cpu_bf16_autocast():
+    _, logits = bf16_states_and_logits(_student("bilstm"))
+    assert logits.shape == (2, 2)
+
+
 def test_transformer_returns_internals_with_expected_shapes():
     model = _student("transformer", num_layers=2)
     ids = torch.randint(1, VOCAB, (3, 5))
