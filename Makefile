@@ -46,9 +46,9 @@ LAUNCH := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(RANK_THREADS)} $(VENV)/bin/torch
 endif
 # distill refuses a JOBS that is no whole number from 1; make stops at once, not after the stages it builds first.
 $(if $(shell echo '$(JOBS)' | grep -Ex '[1-9][0-9]*'),,$(error JOBS=$(JOBS): give the students trained at once, a whole number from 1))
-# Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line, it
-# stops make at once rather than after the teacher and the transfer set, which make builds first.
-$(if $(and $(filter-out 1,$(NPROC)),$(filter command line,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))
+# Under torchrun the ranks train each student together, so distill refuses a JOBS above 1; given on the command line or
+# in the environment, it stops make at once rather than after the teacher and the transfer set, which make builds first.
+$(if $(and $(filter-out 1,$(NPROC)),$(filter command line environment%,$(origin JOBS)),$(filter-out 1,$(JOBS))),$(error JOBS=$(JOBS) with NPROC=$(NPROC): under torchrun the $(NPROC) processes train each student together, one student at a time; drop JOBS, or NPROC=1 for JOBS students at once))
 
 # A measurement sets its servers' bundle, address, threads and workers by flags, so the benchmarks refuse those
 # EDGEDISTILL_* variables exported (common/settings.py MEASURED_SETTINGS), from the environment or from make's command

@@ -160,8 +160,9 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
     count = torch.cuda.device_count()
     if index and world_size > 1:
         raise DeviceError(
-            f"runtime.device={cfg.device} names one GPU, but torchrun started {world_size} processes: use "
-            "runtime.device=cuda, and each rank takes the GPU of its LOCAL_RANK"
+            f"runtime.device={cfg.device}{settings.env_source('runtime.device', cfg.device)} names one GPU, but "
+            f"torchrun started {world_size} processes: use runtime.device=cuda (--runtime.device=cuda), and each rank "
+            "takes the GPU of its LOCAL_RANK"
         )
     gpu = int(index) if index else local_rank
     if gpu >= count:

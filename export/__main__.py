@@ -54,6 +54,7 @@ def planned(recipe, args) -> tuple[list[str], list[str]] | None:
         return stages.of_command(recipe, args.recipe, args.only)
     name = recipe.transfer.labeller if recipe.transfer else None
     if name is None:
+        placement.check(recipe.runtime)  # a runtime this machine cannot honour is refused all the same
         print("[labeller] none needed: the recipe names no transfer.labeller; the transfer set is labelled in PyTorch")
         return None
     if placement.on_cpu(recipe.runtime):

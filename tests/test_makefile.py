@@ -61,6 +61,10 @@ def test_jobs_above_one_under_torchrun_says_what_to_drop():
     assert "drop JOBS, or NPROC=1 for JOBS students at once" in make_refusal("NPROC=2", "JOBS=3").stderr
 
 
+def test_jobs_above_one_from_the_environment_under_torchrun_stops_make():
+    assert make_with_environ("teacher", "NPROC=2", JOBS="4").returncode == 2
+
+
 def test_make_distill_under_torchrun_takes_jobs_of_one(tmp_path):
     assert f"edgedistill distill {tmp_path / 'mine.yaml'} \n" in make_dry_run(tmp_path, "distill", "NPROC=2", "JOBS=1")
 

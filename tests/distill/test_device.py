@@ -186,6 +186,13 @@ def test_device_count_is_the_gpus_the_run_uses_one_per_process(pre_ampere_gpu, m
     assert resolve(RuntimeConfig(), local_rank=1, world_size=2).count == 2
 
 
+def test_one_gpu_under_torchrun_from_the_environment_names_the_variable(pre_ampere_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cuda:1")
+    with pytest.raises(DeviceError, match=r"runtime.device=cuda:1 \(from EDGEDISTILL_DEVICE=cuda:1\) names one GPU"):
+        resolve(RuntimeConfig(device="cuda:1"), local_rank=0, world_size=2)
+
+
 @gpu
 @needs_gpu
 def test_auto_on_a_gpu_is_cuda_in_reduced_precision():

@@ -125,6 +125,11 @@ def test_a_recipe_without_a_labeller_loads_no_torch(tmp_path):
     assert loaded_by("export", tmp_path, "labeller", SMOKE)[1] == []
 
 
+def test_a_recipe_without_a_labeller_still_refuses_a_device_this_machine_lacks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert export_main.main(["labeller", str(SMOKE), "--runtime.device=cuda"]) == 2
+
+
 @pytest.fixture
 def labeller_on_a_gpu(monkeypatch, capsys) -> tuple[int, str]:
     """`labeller` with a labeller named and `runtime.device=cuda` on a GPU (PyTorch's answers faked): its status and
