@@ -196,6 +196,11 @@ serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.ser
 PEERS    := .venv-peers
 # The peers' pins; MLServer 1.7.1 fails to start its inference workers with uvloop >= 0.22 (SeldonIO/MLServer#2286).
 PEER_PINS := onnxruntime==1.31.1 tokenizers==0.23.3 PyYAML==6.0.3
+# The peer and scaling benchmarks drive their servers with h2load, and the peers run from their own environments: a
+# missing one stops make at once, not after the training it builds first (an interpreter given in PEERS_BENCH_ARGS,
+# --kserve-python or --mlserver-python, is checked by the benchmark).
+$(if $(and $(filter peers-bench scaling-bench,$(MAKECMDGOALS)),$(if $(shell command -v h2load),,missing)),$(error h2load not found, which make $(filter peers-bench scaling-bench,$(MAKECMDGOALS)) drives its servers with: install Debian's nghttp2-client (make setup-system)))
+$(if $(and $(filter peers-bench,$(MAKECMDGOALS)),$(if $(findstring -python,$(PEERS_BENCH_ARGS)),,$(if $(wildcard $(PEERS)),,missing))),$(error no peer environments in $(PEERS)/: run make peers-setup first, or name their interpreters in PEERS_BENCH_ARGS (--kserve-python, --mlserver-python)))
 
 peers-setup: $(STAMP)  ## the peers' own environments for peers-bench (.venv-peers/): KServe and MLServer, each with ONNX Runtime and this project
 	$(PYTHON) -m venv $(PEERS)/kserve

@@ -681,3 +681,28 @@ def test_make_gpu_check_with_nproc_trains_the_students_one_at_a_time(tmp_path):
 
 def test_make_gpu_check_records_its_processes_per_stage(tmp_path):
     assert '\\"nproc\\": 2' in make_dry_run(tmp_path, "gpu-check", "NPROC=2")
+
+
+def test_peers_bench_without_the_peer_environments_stops_make_before_any_stage():
+    result = make_with_environ("peers-bench", "PEERS=/nonexistent/peers")
+    assert "no peer environments in /nonexistent/peers/: run make peers-setup first" in result.stderr
+
+
+def test_peers_bench_with_a_peer_interpreter_given_leaves_its_check_to_the_benchmark():
+    args = "PEERS_BENCH_ARGS=--kserve-python /nonexistent/python"
+    assert make_with_environ("peers-bench", "PEERS=/nonexistent/peers", args).returncode == 0
+
+
+@pytest.fixture
+def path_without_h2load(tmp_path) -> str:
+    """A PATH of this machine's commands without h2load."""
+    for program in Path("/usr/bin").iterdir():
+        if program.name != "h2load":
+            (tmp_path / program.name).symlink_to(program)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("goal", ["peers-bench", "scaling-bench"])
+def test_an_h2load_benchmark_without_h2load_stops_make_before_any_stage(goal, path_without_h2load):
+    result = make_with_environ(goal, f"PEERS_BENCH_ARGS=--kserve-python {sys.executable}", PATH=path_without_h2load)
+    assert f"h2load not found, which make {goal} drives its servers with" in result.stderr
