@@ -110,7 +110,8 @@ def run_peers(recipe, args) -> int:
     from edgedistill.bench.peers import compare
 
     bundle = serving.bundle_to_serve(recipe, args.bundle)
-    stage = compare.stage(recipe, bundle, {"kserve": args.kserve_python, "mlserver": args.mlserver_python})
+    pythons = {"kserve": args.kserve_python, "mlserver": args.mlserver_python}
+    stage = compare.stage(recipe, bundle, compare.environments(recipe.bench.peers.peers, pythons))
     stage.run(args.force)
     return checked_targets(stage, args.check, "peers")
 

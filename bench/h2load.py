@@ -7,6 +7,15 @@ server chooses). So replies are counted by size: a server answers the same reque
 size (`probe` gives it) and fails every call alike (`failed_bytes` measures how, on a request it must refuse),
 and the DATA bytes h2load received must be one such reply per successful call and one such failure per
 other call; bytes that no count of replies explains are an error.
+
+h2load counts the calls it sent (`started`) and those it finished (`done`); those still in flight when a `-D` run
+ends are neither. Against a healthy server a saturated run ends with every stream busy (connections x streams calls)
+and a paced one with about one call per connection, so they are recorded (`unanswered`), not counted as failures. A
+call the server never answers holds its stream, and once all of a connection's streams wait, the calls due on it are
+never sent: missing, not unanswered (an echo server that never answered every 10th call answered about 70 of the 800
+calls due at 200/s over 4 s, 8 unanswered: connections x streams, as a healthy saturated run ends). So a paced run
+records the share of the calls due that succeeded (`rate_share`). A call due while its connection's streams are busy is sent once one
+frees, and its latency is timed from that send, not from when it was due.
 """
 
 import os
@@ -31,6 +40,7 @@ from edgedistill.serve.settings import DIRECT
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 HEADERS = ("content-type: application/grpc", "te: trailers")
 SUMMARY = {  # figure -> pattern in h2load's summary
+    "started": r"requests: \d+ total, (\d+) started",
     "done": r"requests: \d+ total, \d+ started, (\d+) done",
     "succeeded": r"(\d+) succeeded",
     "data_bytes": r"traffic: .*\((\d+)\) data",
@@ -135,8 +145,9 @@ def parse_summary(text: str) -> dict[str, int]:
 
 def latencies_ms(log: Path) -> np.ndarray:
     """The latency (ms) of each request of h2load's log (start µs, HTTP status, µs to the end), any status."""
-    rows = np.loadtxt(log, dtype=np.int64, ndmin=2)
-    return rows[:, 2] / 1e3 if rows.size else np.empty(0)
+    if not log.stat().st_size:  # no call finished: a client whose every stream waits on a call never answered
+        return np.empty(0)
+    return np.loadtxt(log, dtype=np.int64, ndmin=2)[:, 2] / 1e3
 
 
 @dataclass(frozen=True)
@@ -193,10 +204,11 @@ def failed_bytes(port: int, body: bytes, work: Path) -> int:
 
 def run(port: int, request: Path, replies: Replies, load: Load, log: Path, server: psutil.Process | None) -> dict:
     """One run of `load` against `ModelInfer` on loopback `port`, sending the framed `request` file, which the
-    server answers with `replies`: calls and failures (calls without a complete reply), successful calls/s,
-    latency percentiles of every finished call, and the CPU % (100 = one core) of h2load and of `server` with its
-    child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients). `BenchError` when
-    no call finished."""
+    server answers with `replies`: calls finished and failures (calls without a complete reply), calls still
+    unanswered when it ended, successful calls/s, for a paced load the calls due and the share of them that succeeded,
+    latency percentiles of every finished call (from its send), and the CPU % (100 = one core) of h2load and of `server`
+    with its child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients). `BenchError`
+    when no call finished."""
     part = load.part()
     logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
     gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
@@ -229,12 +241,16 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
         )
     ok = replies.count(summary)
     ms = np.concatenate([latencies_ms(part_log) for part_log in logs])
+    due = None if load.rate is None else load.rate * load.duration_s
     record = {
         "requests": summary["done"],
         "failures": summary["done"] - ok,
-        "error_rate": (summary["done"] - ok) / summary["done"] if summary["done"] else 0.0,
+        "unanswered": summary["started"] - summary["done"],
+        "error_rate": (summary["done"] - ok) / summary["done"],
         "requests_per_s": ok / load.duration_s,
         "offered_rate": load.rate,
+        "offered_calls": due,
+        "rate_share": None if due is None else ok / due,
         "mean_ms": float(ms.mean()) if ms.size else None,
     } | percentiles(ms)
     client_cpu = (client_times.children_user - client_before.children_user) + (

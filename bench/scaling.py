@@ -1,11 +1,12 @@
 """The server's scaling with its worker processes: one bundle served with 1, 2, ... workers, driven by h2load.
 
-For each count of `bench.scaling.workers` (0: the server's default, one per core as memory allows) the server
-starts with `--workers N`, is probed (its reply must carry the bundle's logits) and loaded for `warmup_s`;
-then, `repeats` times with the counts in a rotating order, h2load runs two phases on it: capacity
-(`connections_per_worker` x N connections with `streams` calls in flight each) and paced at `rate` calls/s
-over `paced_connections`, the same for every count, each from its own h2load process so that their calls
-interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.calls`). The
+A server starts for each count of `bench.scaling.workers` with `--workers N`, all of them at once (0: the
+server's default, one per core as memory allows, here the memory the other counts' workers leave), each probed (its
+reply must carry the bundle's logits) and loaded for `warmup_s`; then, `repeats` times with the counts in a rotating
+order, h2load runs two phases on each while the others stand idle, so that a machine whose speed drifts drifts under
+every count alike: capacity (`connections_per_worker` x N connections with `streams` calls in flight each) and paced
+at `rate` calls/s over `paced_connections`, the same for every count, each from its own h2load process so that their
+calls interleave. Every call is the KServe v2 `ModelInfer` of the peer comparison (`bench.calls`). The
 result is the artifact `runs/<recipe>/serve-scaling-<bundle>/`, one per bundle folder (`common.measured`):
 bench.json (a `bench.records.ServingResult`), bench.md, every server's log.
 """
@@ -22,6 +23,7 @@ from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase
 from edgedistill.bench.stats import require_answered, summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
+    H2LOAD_LEGEND,
     h2load_failures_line,
     h2load_rows,
     markdown_results,
@@ -32,11 +34,13 @@ from edgedistill.bench.tables import (
 from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured
-from edgedistill.common.cascade import is_cascade
+from edgedistill.common.cascade import ServedModels, is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.console import Console
+from edgedistill.common.machine import usable_memory
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.workers import worker_bytes
 
 STAGE = measured.SCALING
 SUPERVISING = "supervising"  # the first log line of a server with several workers
@@ -44,7 +48,7 @@ SERVING_LINE = "workers serving on port"  # and its line once every worker serve
 
 
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
-    """`runs/<recipe>/serve-scaling-<bundle>/`: `bundle_folder` served with each worker count; current while the
+    """`runs/<recipe>/serve-scaling-<bundle>/`: `bundle_folder` served with every worker count; current while the
     settings, the dev split, the bundle and the server's settings are unchanged."""
     return Stage(
         measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
@@ -108,9 +112,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
 def measure(
     cfg: ScalingBenchConfig, bundle: Path, example: Example, work: Path
 ) -> tuple[dict[str, list[dict]], list[int]]:
-    """Start the server once per worker count, probe and warm each (`bench.targets.started`), then run both phases
-    on each, `cfg.repeats` times in a rotating order (`h2load.interleaved`). The runs by '<workers> <phase>', and the
-    counts measured."""
+    """Start a server for every worker count at once, probe and warm each (`bench.targets.started`), then run both
+    phases on each while the others idle, `cfg.repeats` times in a rotating order (`h2load.interleaved`). The runs by
+    '<workers> <phase>', and the counts measured."""
     name = example.spec.name
     counts = worker_counts(cfg.workers, bundle)
     with ExitStack() as stack:
@@ -135,11 +139,22 @@ def measure(
 
 
 def worker_counts(asked: list[int], bundle: Path) -> list[int]:
-    """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), repeats dropped;
-    `BenchError` when fewer than two counts are left."""
-    counts = list(dict.fromkeys(launch.resolved_workers(count, bundle) for count in asked))
+    """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), in the memory the
+    other counts' servers leave (`measure` runs them all at once), repeats dropped; `BenchError` when fewer than two
+    counts are left, or when memory cannot hold every count's workers together."""
+    memory, per_worker = usable_memory(), worker_bytes(ServedModels.read(bundle).model_bytes)
+    held = memory // per_worker  # workers, each counted as the server counts it
+    others = sum({count for count in asked if count})
+    default = max(1, min(launch.resolved_workers(0, bundle), held - others))
+    counts = list(dict.fromkeys(count or default for count in asked))
     if len(counts) < 2:
         raise BenchError(f"workers {asked}: {counts} on this machine; scaling needs two counts or more")
+    if sum(counts) > held:
+        raise BenchError(
+            f"workers {asked}: the servers of {counts} run at once, {sum(counts)} workers in all, and the usable "
+            f"memory ({memory >> 20} MiB) holds {held} of {per_worker >> 20} MiB each (`serve.workers`); measure "
+            "fewer or smaller counts (--bench.scaling.workers=[...])"
+        )
     return counts
 
 
@@ -174,8 +189,9 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
             targets.append(slo.verdict(name, measured, f"<= {limit:g}", measured <= limit))
-            failed = [summary[f"{n} paced"]["failures"].max for n in (count, first)]
-            targets.append(slo.no_failed_calls([f"{count} workers", str(first)], failed))
+            sides, paced = [f"{count} workers", str(first)], [summary[f"{n} paced"] for n in (count, first)]
+            targets.append(slo.no_failed_calls(sides, [figures["failures"].max for figures in paced]))
+            targets.append(slo.paced_share(sides, [figures["rate_share"].min for figures in paced]))
     return ratios, targets
 
 
@@ -204,7 +220,7 @@ def markdown(result: ServingResult) -> str:
         lines += ["", failures]
     lines += [
         "",
-        "calls/s: calls answered with a complete reply, per second. CPU %: 100 = one core; the server's includes its",
-        f"worker processes. h2load {result.machine['versions']['h2load']}.",
+        *H2LOAD_LEGEND,
+        f"includes its worker processes. h2load {result.machine['versions']['h2load']}.",
     ]
     return "\n".join(lines) + "\n"

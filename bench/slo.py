@@ -50,6 +50,19 @@ def no_failed_calls(sides: list[str], failures: list[float]) -> dict:
     return verdict(f"failed paced calls, {' or '.join(sides)}", most, "0", most == 0)
 
 
+MIN_PACED_SHARE = 0.95  # the load tests' default `min_rate_share`
+
+
+def paced_share(sides: list[str], shares: list[float]) -> dict:
+    """The other verdict beside a target on h2load's paced percentiles, which time only the calls h2load sent (a server
+    that never answers some calls holds the streams, and the calls due behind them are never sent, nor timed): that
+    every paced repeat of `sides` answered at least MIN_PACED_SHARE of the calls due; `shares`, the least share of the
+    calls due that succeeded in one repeat of each side."""
+    least = min(shares)
+    name = f"paced calls answered of those due, {' or '.join(sides)}"
+    return verdict(name, least, f">= {MIN_PACED_SHARE:g}", least >= MIN_PACED_SHARE)
+
+
 def capacity(steps: list[dict], slo: SloConfig) -> dict | None:
     """The step with the most requests/s among those that met every threshold of `slo`; None when none did."""
     within = [step for step in steps if all(v["passed"] for v in check(step, slo))]

@@ -55,19 +55,28 @@ H2LOAD_COLUMNS = {
     "p99_ms": "p99 ms",
     "max_ms": "max ms",
     "failures": "failed",
+    "rate_share": "of due",
     "client_cpu": "h2load CPU %",
     "server_cpu": "server CPU %",
 }
 
 
+H2LOAD_LEGEND = [  # the lines under an h2load benchmark's tables; each benchmark ends the last with its processes
+    "calls/s: calls answered with a complete reply, per second; of due: those of a paced phase over the calls due",
+    "at its rate (a call a server never answers holds its stream, and the calls due behind it are never sent).",
+    "Latencies are timed from each call's send, not from when it was due. CPU %: 100 = one core; the server's",
+]
+COUNTS = ("requests_per_s", "failures", "client_cpu", "server_cpu")  # the columns written without decimals
+
+
 def h2load_rows(summary: dict, rate: float) -> list[list[str]]:
     """One row per '<server> <phase>' of an h2load benchmark's summary: the server, the phase (saturated, or paced
-    at `rate`) and each of H2LOAD_COLUMNS."""
+    at `rate`) and each of H2LOAD_COLUMNS ('-' where the phase has none: a saturated one has no calls due)."""
     rows = []
     for key, figures in summary.items():
         server, phase = key.split(" ")
         label = "saturated" if phase == "capacity" else f"paced {rate:g}/s"
-        cells = [spread_cell(figures[f], 2 if f.endswith("_ms") else 0) for f in H2LOAD_COLUMNS]
+        cells = [spread_cell(figures.get(f), 0 if f in COUNTS else 2) for f in H2LOAD_COLUMNS]
         rows.append([server, label, *cells])
     return rows
 

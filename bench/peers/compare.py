@@ -26,6 +26,7 @@ from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase
 from edgedistill.bench.stats import require_answered, summarize
 from edgedistill.bench.tables import (
     H2LOAD_COLUMNS,
+    H2LOAD_LEGEND,
     h2load_failures_line,
     h2load_rows,
     markdown_results,
@@ -46,9 +47,21 @@ PHASES = ("capacity", "paced")
 
 
 def peer_version(python: Path, peer: str) -> str:
-    """`peer`'s package version in its environment."""
+    """`peer`'s package version in the environment of `python`; `BenchError` naming the set-up command when it is not
+    installed there."""
     code = f"import importlib.metadata as m; print(m.version({peer!r}))"
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if done.returncode:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        raise BenchError(f"no {peer} in {python} ({why}); run `make peers-setup` (or pass --{peer}-python)")
+    return done.stdout.strip()
+
+
+def environments(peers: list[str], pythons: dict[str, Path | None]) -> dict[str, tuple[Path, str]]:
+    """Each of `peers`' interpreter (`launch.peer_python`, from `pythons` where given) and its package version;
+    `BenchError` naming the set-up command when one is missing."""
+    found = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in peers}
+    return {peer: (python, peer_version(python, peer)) for peer, python in found.items()}
 
 
 def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], list[dict]]:
@@ -75,32 +88,37 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
         targets.append(slo.verdict(name, measured, f"<= {most:g}", measured <= most))
         sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
-        targets.append(slo.no_failed_calls(sides, [summary[f"{side} paced"]["failures"].max for side in sides]))
+        paced = [summary[f"{side} paced"] for side in sides]
+        targets.append(slo.no_failed_calls(sides, [figures["failures"].max for figures in paced]))
+        targets.append(slo.paced_share(sides, [figures["rate_share"].min for figures in paced]))
     return ratios, targets
 
 
 def stage(
-    recipe: Recipe, bundle_folder: Path, pythons: dict[str, Path | None], console: Console | None = None
+    recipe: Recipe, bundle_folder: Path, peers: dict[str, tuple[Path, str]], console: Console | None = None
 ) -> Stage:
-    """`runs/<recipe>/serve-peers-<bundle>/`: `bundle_folder` behind the server and its peers; current while the
-    settings, the dev split, the bundle and the server's settings are unchanged (`--force` after changing a peer's
-    environment)."""
+    """`runs/<recipe>/serve-peers-<bundle>/`: `bundle_folder` behind the server and its `peers` (the recipe's, with
+    their `environments`); current while the settings, the dev split, the bundle, the server's settings and each peer's
+    interpreter and package version are unchanged."""
+    # the interpreter as a URI, which the stage hashes as written: a path it would hash by the interpreter's bytes,
+    # which every environment made from one Python shares
+    recorded = {peer: {"python": python.as_uri(), "version": version} for peer, (python, version) in peers.items()}
     return Stage(
         measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
         ("bench.peers", "data"),
-        functools.partial(_build, pythons=pythons, console=console or Console(width=200)),
+        functools.partial(_build, peers=peers, console=console or Console(width=200)),
         (Artifact(measured.BUNDLE, bundle_folder),),
-        extra={"server": served_settings(bundle_folder, recipe.bench.peers.threads)},
+        extra={"server": served_settings(bundle_folder, recipe.bench.peers.threads), "peers": recorded},
     )
 
 
-def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) -> Built:
+def _build(inputs: Inputs, peers: dict[str, tuple[Path, str]], console: Console) -> Built:
     cfg = inputs.recipe.bench.peers
     bundle_folder = inputs.parent(measured.BUNDLE)
     if is_cascade(bundle_folder):
         raise BenchError(f"{bundle_folder} is a cascade: the peers serve one model; compare one of its members")
-    interpreters = {peer: launch.peer_python(peer, pythons.get(peer)) for peer in cfg.peers}
+    interpreters = {peer: peers[peer][0] for peer in cfg.peers}
     example = Example.of(inputs.recipe.data, bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     servers = launched(cfg, bundle_folder, example.spec.name, interpreters, work)
@@ -119,7 +137,7 @@ def _build(inputs: Inputs, pythons: dict[str, Path | None], console: Console) ->
         machine=machine(
             load_before,
             versions=mf.package_versions()
-            | {peer: peer_version(python, peer) for peer, python in interpreters.items()}
+            | {peer: peers[peer][1] for peer in cfg.peers}
             | {"h2load": h2load.version()},
         ),
         runs=runs,
@@ -211,8 +229,8 @@ def markdown(result: ServingResult) -> str:
     versions = result.machine["versions"]
     lines += [
         "",
-        "calls/s: calls answered with a complete reply, per second. CPU %: 100 = one core; the server's includes its",
-        f"child processes. Peers: {', '.join(f'{p} {versions[p]}' for p in result.options['peers'])}; "
+        *H2LOAD_LEGEND,
+        f"includes its child processes. Peers: {', '.join(f'{p} {versions[p]}' for p in result.options['peers'])}; "
         f"h2load {versions['h2load']}.",
     ]
     return "\n".join(lines) + "\n"

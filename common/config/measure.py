@@ -220,19 +220,20 @@ class PeersBenchConfig(H2loadBenchConfig):
         None,
         gt=0,
         description="the server's p99 when paced at `rate` / the best peer's (the lowest); missed too where either "
-        "failed a paced call",
+        "failed a paced call or answered under 0.95 of the calls due",
     )
 
 
 class ScalingBenchConfig(H2loadBenchConfig):
-    """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with each
-    count of `workers` in turn, driven by h2load. A null target is not checked."""
+    """The server's scaling with its worker processes (`python -m bench scaling`): one bundle served with every
+    count of `workers`, the servers all up at once and each driven by h2load in turn while the others idle. A null
+    target is not checked."""
 
     workers: list[NonNegativeInt] = Field(
         [1, 2, 0],
         min_length=2,
-        description="worker counts, the first the reference the others are compared with; 0: the server's default, "
-        "one per core as memory allows",
+        description="worker counts, the first the reference the others are compared with, their servers all up at "
+        "once; 0: the server's default, one per core as memory allows beside the other counts' workers",
     )
     connections_per_worker: int = Field(
         4, ge=1, description="HTTP/2 connections per worker at saturation, so that the kernel spreads them over all"
@@ -245,7 +246,7 @@ class ScalingBenchConfig(H2loadBenchConfig):
         None,
         gt=0,
         description="each other count's p99 paced at `rate` / the first count's; missed too where either failed a "
-        "paced call",
+        "paced call or answered under 0.95 of the calls due",
     )
 
 

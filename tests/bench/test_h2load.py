@@ -1,11 +1,15 @@
 """h2load as the load generator: the gRPC frame it sends, its summary, and calls counted by the bytes of their replies."""
 
+import itertools
 import socket
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import psutil
 import pytest
-from edgedistill.bench import BenchError, h2load
+from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
 from edgedistill.bench.processes import free_port, serving
@@ -25,8 +29,8 @@ def test_frame_is_the_message_behind_a_flag_byte_and_its_big_endian_length():
     assert h2load.frame(b"abc") == b"\x00\x00\x00\x00\x03abc"
 
 
-def test_summary_gives_done_succeeded_and_data_bytes():
-    assert h2load.parse_summary(SUMMARY) == {"done": 2062, "succeeded": 2062, "data_bytes": 146402}
+def test_summary_gives_started_done_succeeded_and_data_bytes():
+    assert h2load.parse_summary(SUMMARY) == {"started": 2070, "done": 2062, "succeeded": 2062, "data_bytes": 146402}
 
 
 def test_summary_without_the_traffic_line_is_a_bench_error():
@@ -186,3 +190,52 @@ def test_the_calls_of_several_clients_are_counted_together(tmp_path, echo):
 def test_a_probe_goes_straight_to_the_server_past_a_proxy_of_the_environment(served, monkeypatch):
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
     assert h2load.probe(served.port, infer_request("tiny-sentiment", "a fine film", None))
+
+
+@pytest.fixture
+def hanging():
+    """The port of a gRPC server whose `ModelInfer` answers b"reply" to every call but every 4th, which it leaves
+    unanswered until the test ends."""
+    released, calls = threading.Event(), itertools.count(1)
+
+    def infer(request, context):
+        if next(calls) % 4 == 0:
+            released.wait()
+        return b"reply"
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=16))
+    method = {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("inference.GRPCInferenceService", method)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port
+    released.set()
+    server.stop(None)
+
+
+@needs_h2load
+def test_calls_in_flight_when_a_saturated_run_ends_are_unanswered_not_failed(tmp_path, echo):
+    server, process = echo
+    body, path = write_request(tmp_path, "echo")
+    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
+    record = h2load.run(server.port, path, replies, h2load.Load(2, 4, 0.5), tmp_path / "h2load.log", process)
+    assert record["unanswered"] == 2 * 4, "every stream busy when it ended"
+    assert record["failures"] == 0
+
+
+@needs_h2load
+def test_a_paced_run_against_a_healthy_server_answers_the_calls_due(tmp_path, echo):
+    server, process = echo
+    body, path = write_request(tmp_path, "echo")
+    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
+    load = h2load.Load(4, 2, 1.0, rate=200, clients=4)
+    record = h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
+    assert record["rate_share"] >= slo.MIN_PACED_SHARE
+
+
+@needs_h2load
+def test_calls_a_server_never_answers_leave_the_paced_calls_due_behind_them_unanswered(tmp_path, hanging):
+    _, path = write_request(tmp_path, "echo")
+    load = h2load.Load(4, 2, 1.0, rate=200, clients=4)
+    record = h2load.run(hanging, path, h2load.Replies(len(h2load.frame(b"reply")), 0), load, tmp_path / "log", None)
+    assert record["rate_share"] < slo.MIN_PACED_SHARE

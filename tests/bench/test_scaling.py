@@ -7,6 +7,7 @@ import pytest
 from edgedistill.bench import BenchError, scaling
 from edgedistill.bench.__main__ import checked_targets, main
 from edgedistill.bench.records import ServingResult, Spread
+from edgedistill.common.cascade import ServedModels
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
 
@@ -21,19 +22,47 @@ def test_zero_workers_resolves_as_the_server_does_and_repeats_are_dropped(bundle
     assert scaling.worker_counts([1, 4, 0, 2], bundle) == [1, 4, 2]
 
 
+def memory_for(bundle, count: int) -> int:
+    """The usable memory that holds `count` of the server's workers on `bundle`."""
+    return count * workers.worker_bytes(ServedModels.read(bundle).model_bytes)
+
+
+def test_zero_workers_resolves_in_the_memory_the_other_counts_leave(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    for module in (workers, scaling):
+        monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 6))
+    assert scaling.worker_counts([1, 2, 0], bundle) == [1, 2, 3]
+
+
+def test_counts_whose_workers_memory_cannot_hold_together_are_a_bench_error(bundle, monkeypatch):
+    for module in (workers, scaling):
+        monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 5))
+    with pytest.raises(BenchError, match=r"6 workers in all, and the usable memory .* holds 5"):
+        scaling.worker_counts([2, 4], bundle)
+
+
 def test_fewer_than_two_counts_is_a_bench_error(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 1)
     with pytest.raises(BenchError, match="two counts"):
         scaling.worker_counts([1, 0], bundle)
 
 
-def summary(capacity: dict[int, float], p99: dict[int, float], failed: dict[int, int] | None = None) -> dict:
-    """Each count's medians, its paced phase with the `failed` calls of a repeat (default none)."""
+def summary(
+    capacity: dict[int, float],
+    p99: dict[int, float],
+    failed: dict[int, int] | None = None,
+    share: dict[int, float] | None = None,
+) -> dict:
+    """Each count's medians, its paced phase with the `failed` calls and the `share` of the calls due answered of a
+    repeat (default none failed, all answered)."""
     figures = {}
     for count in capacity:
         figures[f"{count} capacity"] = {"requests_per_s": Spread.of([capacity[count]])}
-        paced = {"p99_ms": Spread.of([p99[count]]), "failures": Spread.of([0, (failed or {}).get(count, 0)])}
-        figures[f"{count} paced"] = paced
+        figures[f"{count} paced"] = {
+            "p99_ms": Spread.of([p99[count]]),
+            "failures": Spread.of([0, (failed or {}).get(count, 0)]),
+            "rate_share": Spread.of([1.0, (share or {}).get(count, 1.0)]),
+        }
     return figures
 
 
@@ -84,6 +113,19 @@ def test_failed_paced_calls_are_counted_in_their_verdict():
     cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
     _, targets = scaling.evaluate(summary(CAPACITY, P99, failed={2: 5}), cfg, [1, 2, 16])
     assert {t["name"]: t["measured"] for t in targets}["failed paced calls, 2 workers or 1"] == 5
+
+
+def test_paced_calls_a_count_left_unanswered_miss_its_p99_target():
+    # 2 workers answered 71 of the 800 calls due in a repeat: h2load sent no more once its streams all waited
+    cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99, share={2: 71 / 800}), cfg, [1, 2, 16])
+    assert {t["name"]: t["passed"] for t in targets}["paced calls answered of those due, 2 workers or 1"] is False
+
+
+def test_the_least_share_of_paced_calls_answered_is_its_verdicts_figure():
+    cfg = ScalingBenchConfig(max_p99_vs_first=1.0)
+    _, targets = scaling.evaluate(summary(CAPACITY, P99, share={1: 0.5}), cfg, [1, 2, 16])
+    assert {t["name"]: t["measured"] for t in targets}["paced calls answered of those due, 2 workers or 1"] == 0.5
 
 
 def test_no_target_is_checked_by_default():
