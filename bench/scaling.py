@@ -34,13 +34,11 @@ from edgedistill.bench.tables import (
 from edgedistill.bench.targets import Example, started
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured
-from edgedistill.common.cascade import ServedModels, is_cascade
+from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.console import Console
-from edgedistill.common.machine import usable_memory
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve.workers import worker_bytes
 
 STAGE = measured.SCALING
 SUPERVISING = "supervising"  # the first log line of a server with several workers
@@ -142,7 +140,7 @@ def worker_counts(asked: list[int], bundle: Path) -> list[int]:
     """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), in the memory the
     other counts' servers leave (`measure` runs them all at once), repeats dropped; `BenchError` when fewer than two
     counts are left, or when memory cannot hold every count's workers together."""
-    memory, per_worker = usable_memory(), worker_bytes(ServedModels.read(bundle).model_bytes)
+    memory, per_worker = launch.memory_per_worker(bundle)
     held = memory // per_worker  # workers, each counted as the server counts it
     others = sum({count for count in asked if count})
     default = max(1, min(launch.resolved_workers(0, bundle), held - others))

@@ -164,8 +164,9 @@ def launched(
     cfg: PeersBenchConfig, bundle: Path, model: str, interpreters: dict[str, Path], work: Path
 ) -> dict[str, launch.Server]:
     """How to start each server of the comparison on `bundle` (`model`: the server's name for it), the peers from
-    `interpreters`; the server and MLServer with the same count of workers, `cfg.workers` resolved once."""
-    workers = launch.resolved_workers(cfg.workers, bundle)
+    `interpreters`; the server and MLServer with the same count of workers, `cfg.workers` resolved once, in the memory
+    both share."""
+    workers = launch.resolved_workers(cfg.workers, bundle, servers=2 if "mlserver" in cfg.peers else 1)
     servers = {"edgedistill": launch.edgedistill(bundle, model, cfg.threads, workers)}
     if "kserve" in interpreters:
         servers["kserve"] = launch.kserve(interpreters["kserve"], bundle, cfg.threads)

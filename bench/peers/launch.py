@@ -16,10 +16,12 @@ from edgedistill.bench import BenchError, servers
 from edgedistill.bench.environ import server_environ
 from edgedistill.bench.peers.model import session_of, session_settings
 from edgedistill.bench.processes import free_port, measured_settings, serve_flags
+from edgedistill.common.cascade import ServedModels
+from edgedistill.common.machine import usable_memory
 from edgedistill.common.processes import python_module
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
-from edgedistill.serve.workers import worker_count
+from edgedistill.serve.workers import worker_bytes, worker_count
 
 PEERS = ("kserve", "mlserver")
 SERVERS = ("edgedistill", *PEERS, "echo")
@@ -61,10 +63,19 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
     return found.absolute()
 
 
-def resolved_workers(workers: int, bundle: Path) -> int:
+def memory_per_worker(bundle: Path) -> tuple[int, int]:
+    """The usable memory, and what the server counts for each of its workers on `bundle` (`serve.workers`)."""
+    return usable_memory(), worker_bytes(ServedModels.read(bundle).model_bytes)
+
+
+def resolved_workers(workers: int, bundle: Path, servers: int = 1) -> int:
     """`workers`, or for 0 the count the server picks on `bundle` (one per usable core, as many as memory holds:
-    `serve.workers.worker_count`): resolved here once, so that the servers compared run the same count."""
-    return workers or worker_count(Settings(bundle=bundle))
+    `serve.workers.worker_count`) where `servers` such servers share the memory at once: resolved here once, so that
+    the servers compared run the same count."""
+    if workers:
+        return workers
+    memory, per_worker = memory_per_worker(bundle)
+    return max(1, min(worker_count(Settings(bundle=bundle)), memory // per_worker // servers))
 
 
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:

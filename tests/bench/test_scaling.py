@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from edgedistill.bench import BenchError, scaling
 from edgedistill.bench.__main__ import checked_targets, main
+from edgedistill.bench.peers import launch
 from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common.cascade import ServedModels
 from edgedistill.common.config.measure import ScalingBenchConfig
@@ -29,13 +30,13 @@ def memory_for(bundle, count: int) -> int:
 
 def test_zero_workers_resolves_in_the_memory_the_other_counts_leave(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
-    for module in (workers, scaling):
+    for module in (workers, launch):
         monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 6))
     assert scaling.worker_counts([1, 2, 0], bundle) == [1, 2, 3]
 
 
 def test_counts_whose_workers_memory_cannot_hold_together_are_a_bench_error(bundle, monkeypatch):
-    for module in (workers, scaling):
+    for module in (workers, launch):
         monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 5))
     with pytest.raises(BenchError, match=r"6 workers in all, and the usable memory .* holds 5"):
         scaling.worker_counts([2, 4], bundle)

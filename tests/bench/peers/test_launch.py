@@ -7,6 +7,7 @@ import sys
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.peers import launch
+from edgedistill.common.cascade import ServedModels
 from edgedistill.serve import workers
 
 
@@ -91,3 +92,11 @@ def test_zero_workers_resolve_to_as_many_as_memory_holds(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
     monkeypatch.setattr(workers, "usable_memory", lambda: 2 * workers.WORKER_BASE_BYTES)
     assert launch.resolved_workers(0, bundle) == 1
+
+
+def test_zero_workers_resolves_in_the_memory_the_servers_compared_share(bundle, monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    held = 4 * workers.worker_bytes(ServedModels.read(bundle).model_bytes)
+    for module in (workers, launch):
+        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    assert launch.resolved_workers(0, bundle, servers=2) == 2
