@@ -522,6 +522,8 @@ def unsent_at_shutdown(start_server, bundle, caplog, request_awaited) -> dict:
             assert request_awaited.wait(5), "the server never awaited the call's request"
             asyncio.run_coroutine_threadsafe(server.server.stop(grace=0.3), server.loop).result(10)
             call.exception(timeout=5)
+            # the handler ends on the server's loop after the client saw it end: its metrics, then its line
+            wait_until(lambda: '"event": "rpc"' in caplog.text, "the call's log line")
         finally:
             sent.set()
     scraped = generate_latest(server.server.metrics.registry).decode()
