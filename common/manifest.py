@@ -156,9 +156,11 @@ def how_to_build(folder: Path, again: bool = False) -> str:
 
 
 def unfinished(folder: Path) -> str:
-    """Why `folder`, which has no manifest, is no artifact, and what to do: for a folder holding finished artifacts (a
-    run folder), their names; for a folder that does not exist, the finished artifact beside it of the nearest name, if
-    any (a misspelt path); else the command that builds it."""
+    """Why `folder`, which has no manifest, is no artifact, and what to do: for a file, its folder; for a folder
+    holding finished artifacts (a run folder), their names; for a folder that does not exist, the finished artifact
+    beside it of the nearest name, if any (a misspelt path); else the command that builds it."""
+    if folder.is_file():  # the manifest or a file of the artifact, named instead of its folder
+        return f"{folder} is a file, not an artifact folder: give its folder, {folder.parent}"
     why = f"{folder} is not a finished artifact: {MANIFEST} is missing"
     if folder.is_dir():
         if inside := [child.name for child in finished(folder)]:  # a run folder, named for one of its artifacts

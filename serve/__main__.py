@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m serve") -> int:
         return 2
     configure_logging(settings.log_level)
     quiet_grpc_core()
-    supervisor = SupervisorLink.from_environ()
     try:
+        supervisor = SupervisorLink.from_environ()
         if supervisor is None:  # a worker runs with the metrics port off and the deployment's METRICS_HOST
-            refuse_unused(settings)
             models = None if settings.bundle is None else ServedModels.read(settings.bundle)  # its manifests, once
-            warn_oversubscribed(settings, count := worker_count(settings, models), models)
+            refuse_unused(settings, count := worker_count(settings, models))
+            warn_oversubscribed(settings, count, models)
             if count > 1:
                 return supervise(settings, sys.argv[1:] if argv is None else list(argv), count, models)
         from edgedistill.serve.app import run

@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 from edgedistill.serve.cascade import CascadeRuntime, load_runtime
 from edgedistill.serve.errors import BundleRejected, NotReady, ReloadFailed
+from edgedistill.serve.exposition import check_http
 from edgedistill.serve.health import HealthServicer
 from edgedistill.serve.host import ModelHost, ModelRuntime
 from edgedistill.serve.logs import JsonFormatter
@@ -148,6 +149,14 @@ class EdgeServer:
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.start_http(self.settings.metrics_host, self.settings.metrics_port)
 
+    async def close_ports(self) -> None:
+        """Close the ports at once, after a start that failed: a started gRPC server left to the garbage collector
+        prints a traceback once the event loop is closed."""
+        await self.grpc.stop(0)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
+        self.metrics.stop_http()
+
     async def _watch_faults(self) -> None:
         await self.host.faulted.wait()
         await self._set_health(NOT_SERVING)
@@ -204,9 +213,13 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     share_port = supervisor is not None
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
+    # Before the bundle loads, which takes long: a port in use or a host that does not resolve, named as the
+    # supervisor names it (gRPC's bind names no reason)
     for port in () if share_port else (settings.port, settings.health_port):
-        if port:  # in use: named as the supervisor names it, before the bundle loads (gRPC's bind names no reason)
+        if port is not None:
             reserve_port(settings.host, port).close()
+    if settings.metrics_port is not None:  # a worker's is off: the supervisor serves /metrics
+        check_http(settings.metrics_host, settings.metrics_port)
     metrics = Metrics(shared=share_port)
     host = ModelHost(settings, metrics, load_runtime)
     runtime = load_runtime(settings.bundle, settings, metrics, host.on_fault)
@@ -377,30 +390,34 @@ async def serve(settings: Settings, supervisor: SupervisorLink | None = None) ->
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop, sig)
-    if supervisor is None:  # health says NOT_SERVING until warm, for the probes
-        await open_port()
-    warming = loop.create_task(server.warm_up(), name="warm-up")
-    stopping = loop.create_task(stop.wait())
-    await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not warming.done():  # stopped before serving: no call to drain, and the warm-up's thread cannot be stopped
-        # the warm-up's thread may hold a log handler, stuck writing to a full stderr
-        exit_with_line(
-            0,
-            logging.INFO,
-            "stopped on %s while warming up",
-            (stopped_by[0],),
-            {"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
-        )
     try:
-        warming.result()
-    except BundleRejected as err:
-        log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
-        await server.stop(0, "a failed warm-up")
-        return 2
-    if supervisor is not None:  # a worker listens once warm: the kernel sends it connections as soon as it listens
-        port = server.bind()
-        await open_port()
+        if supervisor is None:  # health says NOT_SERVING until warm, for the probes
+            await open_port()
+        warming = loop.create_task(server.warm_up(), name="warm-up")
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not warming.done():  # stopped before serving: no call to drain, and the warm-up's thread cannot be stopped
+            # the warm-up's thread may hold a log handler, stuck writing to a full stderr
+            exit_with_line(
+                0,
+                logging.INFO,
+                "stopped on %s while warming up",
+                (stopped_by[0],),
+                {"event": "stopped", "reason": stopped_by[0], "cut_calls": 0},
+            )
+        try:
+            warming.result()
+        except BundleRejected as err:
+            log.error("warm-up failed: %s", err, extra={"event": "warmup_failed"})
+            await server.stop(0, "a failed warm-up")
+            return 2
+        if supervisor is not None:  # a worker listens once warm: the kernel sends it connections as soon as it listens
+            port = server.bind()
+            await open_port()
+    except Exception:
+        await server.close_ports()
+        raise
     gc.collect()
     gc.freeze()  # the loaded model and server objects leave the collector's scans: shorter GC pauses
     log.info(

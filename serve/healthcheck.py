@@ -11,7 +11,7 @@ from edgedistill.serve.settings import DIRECT, Settings, SettingsError, env_name
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 CHECK_TIMEOUT_S = 3.0  # within the HEALTHCHECK's own timeout (5 s), with the interpreter's start
-ANY_ADDRESS = ("[::]", "::", "0.0.0.0", "")  # a host binding every interface, reached here on localhost
+ANY_ADDRESS = ("[::]", "::", "0.0.0.0")  # a host binding every interface, reached here on localhost
 
 
 def health_address(settings: Settings) -> str:

@@ -10,10 +10,12 @@ import ipaddress
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.providers import known_providers
 from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link, under_home
@@ -37,6 +39,17 @@ MIN_MESSAGE_BYTES = 1024  # the smallest MAX_MESSAGE_BYTES: a request this small
 
 class SettingsError(ValueError):
     """Settings that cannot be used, with the flag or variable to fix."""
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why `path` is no folder to read (it does not exist, is a file, cannot be looked at), or None for a folder."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    return None if stat.S_ISDIR(mode) else "is a file, not a folder"
 
 
 def blank(value) -> bool:
@@ -270,6 +283,19 @@ class Settings(BaseModel):
             )
         return None if blank(value) else value
 
+    @field_validator("host", "metrics_host", mode="before")
+    @classmethod
+    def _host_given(cls, value, info: ValidationInfo):
+        """An empty address (a compose file's `${VAR:-}`) is refused: it names no interface to bind."""
+        if isinstance(value, str) and not value.strip():
+            no_flag = " (and give no flag)" if _flags_taken(info) else ""
+            default = cls.model_fields[info.field_name].default
+            raise ValueError(
+                f"must not be empty: name an address ('[::]' binds every interface), or unset the variable{no_flag} "
+                f"for the default, {default}"
+            )
+        return value
+
     @field_validator("bundle", "tls_cert", "tls_key", "tls_ca", "reload_root", mode="before")
     @classmethod
     def _from_home(cls, value):
@@ -356,6 +382,8 @@ class Settings(BaseModel):
                 f"{root} lets Reload calls name a bundle, and Reload is off without {named('admin_token')}: set it "
                 f"too, or unset {root}"
             )
+        if self.reload_root is not None and (problem := folder_problem(self.reload_root)):
+            raise ValueError(f"{root} {self.reload_root} {problem}: name the folder of the bundles")
         if self.max_texts > self.max_queued:
             raise ValueError(
                 f"{named('max_texts')} {self.max_texts} must not exceed {named('max_queued')} {self.max_queued}"
@@ -420,11 +448,11 @@ def named(field: str) -> str:
     return f"{env_name(field)} ({flag_name(field)})"
 
 
-def refuse_unused(settings: Settings) -> None:
+def refuse_unused(settings: Settings, count: int) -> None:
     """`SettingsError` naming a setting given (flag or variable) that the server would not use: METRICS_HOST with the
-    metrics port off, ACCESS_LOG at a LOG_LEVEL above INFO, START_TIMEOUT_S with WORKERS=1. For the process a user
-    starts, not a supervisor's workers: they run with the metrics port off and the deployment's variables, while the
-    supervisor serves /metrics on METRICS_HOST."""
+    metrics port off, ACCESS_LOG at a LOG_LEVEL above INFO, START_TIMEOUT_S for one process (`count`, the server
+    processes WORKERS resolved to). For the process a user starts, not a supervisor's workers: they run with the
+    metrics port off and the deployment's variables, while the supervisor serves /metrics on METRICS_HOST."""
     if "metrics_host" in settings.model_fields_set and settings.metrics_port is None:
         raise SettingsError(
             f"{env_name('metrics_host')} ({flag_name('metrics_host')}) {settings.metrics_host} would do nothing: the "
@@ -436,13 +464,24 @@ def refuse_unused(settings: Settings) -> None:
             f"{env_name('access_log')} ({flag_name('access_log')}) would do nothing but cost throughput: it logs at "
             f"INFO, and {env_name('log_level')} is {settings.log_level}; unset it, or set {env_name('log_level')}=INFO"
         )
-    if "start_timeout_s" in settings.model_fields_set and settings.workers == 1:
+    if "start_timeout_s" in settings.model_fields_set and count == 1:
+        one = (
+            f"{env_name('workers')}=1 serves in one process"
+            if settings.workers == 1
+            else f"{env_name('workers')}=0 resolved to one process on this machine ({one_process_why()})"
+        )
         raise SettingsError(
             f"{env_name('start_timeout_s')} ({flag_name('start_timeout_s')}) {settings.start_timeout_s:g} would do "
-            f"nothing: {env_name('workers')}=1 serves in one process, and the deadline is a supervisor's for its "
-            "workers; unset it (an orchestrator's startup probe bounds one process's start), or set "
-            f"{env_name('workers')} above 1"
+            f"nothing: {one}, and the deadline is a supervisor's for its workers; unset it (an orchestrator's startup "
+            f"probe bounds one process's start), or set {env_name('workers')} above 1"
         )
+
+
+def one_process_why() -> str:
+    """Why WORKERS=0 comes to one process here: one usable core, else memory for one worker alone."""
+    if usable_cores() == 1:
+        return "one usable core"
+    return f"its usable memory, {usable_memory() >> 20} MiB, holds one worker"
 
 
 def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:

@@ -198,12 +198,20 @@ class SupervisorLink:
 
     @classmethod
     def from_environ(cls) -> "SupervisorLink | None":
-        """The link when this process is a worker (SUPERVISOR_VAR set), else None."""
+        """The link when this process is a worker (SUPERVISOR_VAR set), else None; `SettingsError` for a value no
+        supervisor set."""
         value = os.environ.pop(SUPERVISOR_VAR, None)
         if value is None:
             return None
-        supervisor, fd = (int(part) for part in value.split(":"))
-        link = cls(supervisor, fd)
+        try:
+            supervisor, fd = (int(part) for part in value.split(":"))
+            link = cls(supervisor, fd)
+        except (ValueError, OSError) as err:
+            reason = f" ({err.strerror})" if isinstance(err, OSError) else ""
+            raise SettingsError(
+                f"{SUPERVISOR_VAR}={value!r} is not a supervisor's '<pid>:<pipe>'{reason}: the variable is internal to "
+                "the server's supervisor, which sets it for its workers; unset it"
+            ) from err
         die_with_parent(supervisor)  # SIGTERM, a drain, when the supervisor dies
         return link
 

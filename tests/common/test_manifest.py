@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 
 import pytest
@@ -220,6 +221,15 @@ def test_a_missing_artifact_names_the_command_that_builds_it(tmp_path, folder, c
 def test_a_missing_artifact_of_no_known_stage_says_to_run_its_stage(tmp_path):
     with pytest.raises(mf.ArtifactError, match=r"the folder does not exist \(run its stage first\)"):
         mf.load(tmp_path / "models" / "bundle")
+
+
+@pytest.mark.parametrize("name", [mf.MANIFEST, "model.bin"])
+def test_a_file_named_for_its_artifact_is_refused_naming_its_folder(tmp_path, name):
+    publish(tmp_path)
+    folder = tmp_path / "stage"
+    refusal = f"{folder / name} is a file, not an artifact folder: give its folder, {folder}"
+    with pytest.raises(mf.ArtifactError, match=re.escape(refusal)):
+        mf.load(folder / name)
 
 
 def test_a_folder_without_its_manifest_names_the_command_that_builds_it(tmp_path):

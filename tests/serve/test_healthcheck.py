@@ -46,3 +46,9 @@ def test_a_proxy_in_the_containers_environment_is_not_asked(served, monkeypatch)
     monkeypatch.setenv("EDGEDISTILL_HEALTH_PORT", "off")
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
     assert main() == 0
+
+
+def test_an_empty_host_is_refused_naming_its_variable_not_asked_on_every_interface(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_HOST", "")
+    main()
+    assert "EDGEDISTILL_HOST: must not be empty" in capsys.readouterr().err

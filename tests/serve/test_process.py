@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -299,6 +300,26 @@ def test_a_server_stopped_by_an_unexpected_error_logs_it_as_a_json_line_with_its
     last = json.loads(crashed.stderr.strip().splitlines()[-1])
     assert last["event"] == "crashed"
     assert last["exc"].splitlines()[-1] == "RuntimeError: a bug"
+
+
+# `python -m edgedistill.serve` whose metrics port another process takes between its check and its bind
+METRICS_PORT_TAKEN_SINCE_CHECKED = """
+import runpy
+from edgedistill.serve import app
+
+app.check_http = lambda host, port: None
+runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_start_that_fails_with_its_grpc_port_open_prints_nothing_after_its_refusal(bundle):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        flags = serve_command(bundle, "--metrics-port", str(other.getsockname()[1]))[3:]
+        command = [sys.executable, "-c", METRICS_PORT_TAKEN_SINCE_CHECKED, *flags]
+        result = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert '"event": "start_failed"' in result.stderr.splitlines()[-1]
 
 
 def test_the_server_imports_neither_torch_nor_transformers():

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from edgedistill.serve import settings as settings_module
 from edgedistill.serve.app import connection_options
 from edgedistill.serve.settings import (
     GRPC_INT_MAX,
@@ -187,6 +188,23 @@ def test_a_file_system_root_is_refused_as_the_reload_root(root):
         load_settings([], {"EDGEDISTILL_RELOAD_ROOT": root})
 
 
+def test_a_reload_root_that_does_not_exist_is_refused_naming_it(tmp_path):
+    root = tmp_path / "bundles"
+    with pytest.raises(SettingsError, match=rf"EDGEDISTILL_RELOAD_ROOT \(--reload-root\) {root} does not exist"):
+        load_settings([], {"EDGEDISTILL_RELOAD_ROOT": str(root), "EDGEDISTILL_ADMIN_TOKEN": "a"})
+
+
+def test_a_reload_root_that_is_a_file_is_refused_naming_it(tmp_path):
+    (root := tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(SettingsError, match=rf"RELOAD_ROOT \(--reload-root\) {root} is a file, not a folder"):
+        load_settings([], {"EDGEDISTILL_RELOAD_ROOT": str(root), "EDGEDISTILL_ADMIN_TOKEN": "a"})
+
+
+def test_a_reload_root_that_is_a_folder_is_accepted(tmp_path):
+    settings = load_settings([], {"EDGEDISTILL_RELOAD_ROOT": str(tmp_path), "EDGEDISTILL_ADMIN_TOKEN": "a"})
+    assert settings.reload_root == tmp_path
+
+
 def test_a_reload_root_without_an_admin_token_is_refused_naming_both(tmp_path):
     with pytest.raises(
         SettingsError, match=r"RELOAD_ROOT \(--reload-root\) lets Reload calls name a bundle, and Reload "
@@ -251,6 +269,16 @@ def test_an_empty_port_or_folder_is_refused_where_it_would_turn_it_off_unnoticed
         load_settings([], {variable: empty})
 
 
+@pytest.mark.parametrize("empty", ["", " ", "\n"])
+@pytest.mark.parametrize(
+    ("variable", "default"), [("EDGEDISTILL_HOST", "[::]"), ("EDGEDISTILL_METRICS_HOST", "127.0.0.1")]
+)
+def test_an_empty_address_is_refused_naming_the_default(variable, default, empty):
+    refusal = rf"{variable}: must not be empty: name an address .* for the default, {re.escape(default)}"
+    with pytest.raises(SettingsError, match=refusal):
+        load_settings([], {variable: empty})
+
+
 @pytest.mark.parametrize("variable", ["EDGEDISTILL_METRICS_PORT", "EDGEDISTILL_HEALTH_PORT"])
 def test_off_turns_a_port_off(variable):
     assert getattr(load_settings([], {variable: "off"}), variable.removeprefix("EDGEDISTILL_").lower()) is None
@@ -259,6 +287,7 @@ def test_off_turns_a_port_off(variable):
 @pytest.mark.parametrize("field", ["bundle", "tls_cert", "tls_key", "tls_ca", "reload_root"])
 def test_a_path_from_the_home_folder_is_made_absolute(field, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "x").mkdir()  # a reload root must be a folder
     environ = {"EDGEDISTILL_TLS_CERT": "c.pem", "EDGEDISTILL_TLS_KEY": "k.pem", "EDGEDISTILL_ADMIN_TOKEN": "a"}
     settings = load_settings([], environ | {f"EDGEDISTILL_{field.upper()}": "~/x"})
     assert getattr(settings, field) == tmp_path / "x"
@@ -284,34 +313,54 @@ def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
     settings = load_settings(["--metrics-port", "off"], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
     refusal = r"EDGEDISTILL_METRICS_HOST \(--metrics-host\) 0.0.0.0 would do nothing: the metrics port is off"
     with pytest.raises(SettingsError, match=refusal):
-        refuse_unused(settings)
+        refuse_unused(settings, 1)
 
 
 @pytest.mark.parametrize("level", ["WARNING", "ERROR"])
 def test_an_access_log_at_a_log_level_that_hides_it_is_refused(level):
     settings = load_settings(["--access-log", "true", "--log-level", level], environ={})
     with pytest.raises(SettingsError, match=rf"EDGEDISTILL_ACCESS_LOG \(--access-log\) would do nothing .* is {level}"):
-        refuse_unused(settings)
+        refuse_unused(settings, 1)
 
 
 def test_an_access_log_at_info_is_accepted():
-    assert refuse_unused(load_settings(["--access-log", "true"], environ={})) is None
+    assert refuse_unused(load_settings(["--access-log", "true"], environ={}), 1) is None
 
 
 def test_a_start_timeout_for_one_process_is_refused_naming_workers():
     settings = load_settings(["--workers", "1"], environ={"EDGEDISTILL_START_TIMEOUT_S": "600"})
     refusal = r"EDGEDISTILL_START_TIMEOUT_S \(--start-timeout-s\) 600 would do nothing: EDGEDISTILL_WORKERS=1 serves"
     with pytest.raises(SettingsError, match=refusal):
-        refuse_unused(settings)
+        refuse_unused(settings, 1)
+
+
+def test_a_start_timeout_where_workers_0_comes_to_one_process_on_one_core_is_refused_saying_why(monkeypatch):
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 1)
+    settings = load_settings([], environ={"EDGEDISTILL_START_TIMEOUT_S": "600"})
+    refusal = r"would do nothing: EDGEDISTILL_WORKERS=0 resolved to one process on this machine \(one usable core\)"
+    with pytest.raises(SettingsError, match=refusal):
+        refuse_unused(settings, 1)
+
+
+def test_a_start_timeout_where_workers_0_comes_to_one_process_for_its_memory_is_refused_saying_why(monkeypatch):
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 8)
+    monkeypatch.setattr(settings_module, "usable_memory", lambda: 300 << 20)
+    settings = load_settings([], environ={"EDGEDISTILL_START_TIMEOUT_S": "600"})
+    with pytest.raises(SettingsError, match=r"\(its usable memory, 300 MiB, holds one worker\)"):
+        refuse_unused(settings, 1)
 
 
 def test_a_start_timeout_under_a_supervisor_is_accepted():
-    assert refuse_unused(load_settings(["--workers", "2", "--start-timeout-s", "600"], environ={})) is None
+    assert refuse_unused(load_settings(["--workers", "2", "--start-timeout-s", "600"], environ={}), 2) is None
+
+
+def test_a_start_timeout_where_workers_0_comes_to_several_processes_is_accepted():
+    assert refuse_unused(load_settings(["--start-timeout-s", "600"], environ={}), 2) is None
 
 
 def test_a_metrics_host_with_the_metrics_port_on_is_accepted():
     settings = load_settings([], environ={"EDGEDISTILL_METRICS_HOST": "0.0.0.0"})
-    assert refuse_unused(settings) is None
+    assert refuse_unused(settings, 1) is None
 
 
 FLOAT_FIELDS = [name for name, info in Settings.model_fields.items() if info.annotation is float]

@@ -9,6 +9,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,9 @@ from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bund
 from tests.serve.test_operations import corrupt, metric
 from tests.serve.test_ports import has_ipv6_loopback
 
+needs_taskset = pytest.mark.skipif(
+    shutil.which("taskset") is None, reason="needs taskset (util-linux) to run on one core"
+)
 LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: the kernel picks a worker per connection
 CHANNELS = 16  # connections opened to find every worker: both are reached with probability 1 - 2**-15
 
@@ -583,6 +587,25 @@ def test_a_metrics_port_in_use_is_refused_naming_its_variable(spawn, bundle, cou
     assert "EDGEDISTILL_METRICS_PORT" in server.wait_for("start_failed")["msg"]
 
 
+@pytest.fixture
+def on_a_held_metrics_port(spawn, bundle):
+    """One server process started with its metrics port on a port another process listens on, exited."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS="1")
+        server.wait(60)
+    return server
+
+
+def test_one_server_process_refuses_a_metrics_port_in_use_before_it_loads_its_bundle(on_a_held_metrics_port):
+    assert "backend_ready" not in [line.get("event") for line in on_a_held_metrics_port.lines]
+
+
+def test_a_metrics_port_in_use_leaves_no_line_after_the_refusal(on_a_held_metrics_port):
+    assert on_a_held_metrics_port.lines[-1]["event"] == "start_failed"
+
+
 def test_the_health_port_is_shared_by_the_workers(spawn, bundle):
     server = spawn(bundle, "--health-port", "0", EDGEDISTILL_WORKERS="2")
     server.wait_for("workers_serving", timeout=60)
@@ -596,6 +619,46 @@ def test_one_worker_is_one_process_without_a_supervisor(spawn, bundle):
     server = spawn(bundle, EDGEDISTILL_WORKERS="1")
     assert server.wait_for("serving")["pid"] == server.proc.pid
     assert not [line for line in server.lines if line.get("event") == "supervising"]
+
+
+@pytest.fixture(scope="module")
+def start_timeout_on_one_core(bundle) -> subprocess.CompletedProcess:
+    """A server given START_TIMEOUT_S and WORKERS=0, run on one core (taskset): one process, with no supervisor."""
+    core = str(min(os.sched_getaffinity(0)))
+    environ = subprocess_env(EDGEDISTILL_WORKERS="0", EDGEDISTILL_START_TIMEOUT_S="600")
+    command = ["taskset", "-c", core, *serve_command(bundle, "--metrics-port", "0")]
+    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+
+
+@needs_taskset
+def test_a_start_timeout_where_workers_0_comes_to_one_process_exits_2(start_timeout_on_one_core):
+    assert start_timeout_on_one_core.returncode == 2
+
+
+@needs_taskset
+def test_a_start_timeout_where_workers_0_comes_to_one_process_is_refused_saying_why(start_timeout_on_one_core):
+    refusal = "EDGEDISTILL_WORKERS=0 resolved to one process on this machine (one usable core)"
+    assert refusal in json.loads(start_timeout_on_one_core.stderr.splitlines()[-1])["msg"]
+
+
+@pytest.fixture(scope="module", params=["x", "1:2:3", f"{os.getpid()}:999999"], ids=["word", "three parts", "no pipe"])
+def posing_as_a_worker(request, bundle) -> subprocess.CompletedProcess:
+    """A server started with SERVE_SUPERVISOR set by hand, to a value no supervisor sets."""
+    environ = subprocess_env(SERVE_SUPERVISOR=request.param)
+    return subprocess.run(serve_command(bundle), cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+
+
+def test_a_supervisor_variable_set_by_hand_exits_2(posing_as_a_worker):
+    assert posing_as_a_worker.returncode == 2
+
+
+def test_a_supervisor_variable_set_by_hand_is_refused_in_one_line(posing_as_a_worker):
+    assert len(posing_as_a_worker.stderr.splitlines()) == 1
+
+
+def test_a_supervisor_variable_set_by_hand_is_refused_saying_to_unset_it(posing_as_a_worker):
+    refusal = "SERVE_SUPERVISOR=.* is not a supervisor's '<pid>:<pipe>'.*: the variable is internal to the server's supervisor"
+    assert re.search(refusal + ", which sets it for its workers; unset it", posing_as_a_worker.stderr)
 
 
 @pytest.mark.parametrize(
