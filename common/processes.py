@@ -67,6 +67,31 @@ def _launch(argv: list[str]) -> None:
         sys.exit(f"cannot run {command[0]}: {err}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or CI's stop, `kill PID`), raised wherever the process was, as Ctrl-C raises
+    `KeyboardInterrupt`: the same clean-ups run, and the same line says how to go on."""
+
+
+@contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` in the main thread; a second one, while the first's clean-ups
+    run, is ignored. Not under torchrun, whose agent stops the other ranks with SIGTERM when one fails: a rank waiting
+    in a collective would take the exception only after it, and the agent's SIGKILL comes first."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        yield
+        return
+
+    def terminated(number, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def children_ignore_interrupts() -> Iterator[None]:
     """Ignore SIGINT while the block starts processes, which then ignore it from their first instruction (Python

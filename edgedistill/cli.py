@@ -7,6 +7,7 @@ that fails, with its exit status.
 """
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
@@ -21,20 +22,27 @@ from typing import NoReturn
 from edgedistill.common import guide
 from edgedistill.common.arguments import WholeWordsHelp, count
 from edgedistill.common.grpc_core import quiet_grpc_core
-from edgedistill.common.processes import dying_with_this_process, python_module, shell_status
+from edgedistill.common.processes import (
+    Terminated,
+    dying_with_this_process,
+    python_module,
+    shell_status,
+    terminated_as_interrupted,
+)
 from edgedistill.common.settings import SettingError
 
 PROG = "edgedistill"
 # a full, read-only or foreign runs folder, or a file past `ulimit -f`
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+TERMINATED = 143  # 128 + SIGTERM, likewise
 MISSED = 1  # a load test that measured and missed its SLO, as `python -m loadtests` exits
 CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
 READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader stopped early (`| head`)
 EXIT_STATUSES = (
     "Exit status: 0 done (or up to date); 1 a check failed (a bundle's gate, a benchmark's target with --check, a "
     "load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
-    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {READER_GONE} the reader of its output stopped early (| head); "
+    f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {TERMINATED} stopped by SIGTERM; {READER_GONE} the reader of its output stopped early (| head); "
     f"{CRASHED} an unexpected error (a traceback)."
 )
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
@@ -182,7 +190,9 @@ def run_stage(command: list[str]) -> int:
     with subprocess.Popen(dying_with_this_process(command)) as stage:
         try:
             return shell_status(stage.wait())
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            if isinstance(stop, Terminated):  # sent to this process alone, maybe: the stage stops as it would
+                stage.terminate()
             return shell_status(stage.wait())
 
 
@@ -214,7 +224,7 @@ def run_all(argv: list[str]) -> int:
     for command, step in zip(STEPS, steps, strict=True):
         print(f"[all] {PROG} {' '.join(step)}", flush=True)
         status = run_stage(python_module(PROG, *step))
-        if status == INTERRUPTED:
+        if status in (INTERRUPTED, TERMINATED):
             return status
         if command == "loadtest" and status == MISSED:  # it measured: the report and the headline show the miss
             print(f"[all] {PROG} {command} missed its SLO (exit status {status}); the report and headline follow")
@@ -258,7 +268,8 @@ def guarded(label: str, name: str, work: Callable[[], int], forced: bool = False
     the traceback of an unexpected error) and the status `EXIT_STATUSES` gives it. `name`: the `edgedistill` command
     that runs, and `forced`: whether with `--force`, for what the line of an interrupted one adds."""
     try:
-        return work()
+        with terminated_as_interrupted() if name not in BUILD_NOTHING else contextlib.nullcontext():
+            return work()
     except BrokenPipeError:  # the reader stopped early: stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         return READER_GONE
@@ -270,11 +281,30 @@ def guarded(label: str, name: str, work: Callable[[], int], forced: bool = False
     except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a line, not the traceback of wherever the stage was
-        print(f"{label}: interrupted{interrupted_note(name, forced)}", file=sys.stderr)
-        return INTERRUPTED
-    except Exception:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
+    except KeyboardInterrupt as stop:  # a line, not the traceback of wherever the stage was
+        return stopped(label, name, forced, stop)
+    except Exception as err:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
+        if (stop := wrapped_interrupt(err)) is not None:
+            return stopped(label, name, forced, stop)
         return crashed(label)
+
+
+def stopped(label: str, name: str, forced: bool, stop: KeyboardInterrupt) -> int:
+    """Say that `label` was stopped by Ctrl-C or SIGTERM (`stop`), and how to go on; the status a shell gives it."""
+    terminated = isinstance(stop, Terminated)
+    print(
+        f"{label}: {'stopped by SIGTERM' if terminated else 'interrupted'}{interrupted_note(name, forced)}",
+        file=sys.stderr,
+    )
+    return TERMINATED if terminated else INTERRUPTED
+
+
+def wrapped_interrupt(err: Exception) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that landed in a serializer of ours (a recipe's hash) as pydantic called it, which it
+    wraps in a `PydanticSerializationError` keeping only its name; None for any other error."""
+    if type(err).__name__ != "PydanticSerializationError":
+        return None
+    return next((kind() for kind in (Terminated, KeyboardInterrupt) if f": {kind.__name__}:" in str(err)), None)
 
 
 def run_module(main: Callable[..., int], prog: str, command: str | None = None) -> NoReturn:

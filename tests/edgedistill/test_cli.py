@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common.atomic import FileTooLarge
+from edgedistill.common.processes import Terminated
+from pydantic import BaseModel, model_serializer
+from pydantic_core import PydanticSerializationError
 
 from edgedistill import cli
 from tests.conftest import ROOT
@@ -521,6 +524,47 @@ def test_an_interrupted_training_stage_says_it_resumes_from_its_checkpoint(monke
 
 def test_an_interrupted_benchmark_speaks_of_no_training(monkeypatch, capsys):
     assert "training" not in interrupted(monkeypatch, capsys, "bench")
+
+
+def stopped_by(monkeypatch, capsys, error: BaseException) -> tuple[int, str]:
+    """The status and stderr of `edgedistill bundles x` when its stage raises `error`."""
+
+    def stopped(*_):
+        raise error
+
+    monkeypatch.setattr(cli.Command, "run", stopped)
+    return cli.main(["bundles", "x"]), capsys.readouterr().err
+
+
+def test_a_stage_stopped_by_sigterm_exits_143(monkeypatch, capsys):
+    assert stopped_by(monkeypatch, capsys, Terminated())[0] == 143
+
+
+def test_a_stage_stopped_by_sigterm_says_so_and_that_it_goes_on(monkeypatch, capsys):
+    line = "edgedistill bundles: stopped by SIGTERM; no artifact was half written: run it again to go on\n"
+    assert stopped_by(monkeypatch, capsys, Terminated())[1] == line
+
+
+def hashing_stopped_by(stop: type[KeyboardInterrupt]) -> Exception:
+    """The error pydantic raises where `stop` lands in a serializer of ours, as in a recipe's hash."""
+
+    class Hashed(BaseModel):
+        @model_serializer(mode="wrap")
+        def _stopped(self, handler):
+            raise stop
+
+    with pytest.raises(PydanticSerializationError) as raised:
+        Hashed().model_dump()
+    return raised.value
+
+
+@pytest.mark.parametrize("stop, status", [(KeyboardInterrupt, 130), (Terminated, 143)])
+def test_ctrl_c_or_sigterm_while_a_recipe_is_hashed_is_an_interrupt_not_a_crash(monkeypatch, capsys, stop, status):
+    assert stopped_by(monkeypatch, capsys, hashing_stopped_by(stop))[0] == status
+
+
+def test_ctrl_c_while_a_recipe_is_hashed_prints_no_traceback(monkeypatch, capsys):
+    assert "Traceback" not in stopped_by(monkeypatch, capsys, hashing_stopped_by(KeyboardInterrupt))[1]
 
 
 A_BUG = RuntimeError("a bug")

@@ -42,9 +42,11 @@ def in_session(sid: int) -> list[psutil.Process]:
     return running
 
 
-def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float = 300) -> tuple[int, str, list]:
-    """Run `edgedistill *args` in its own session, send its process group SIGINT (as Ctrl-C does) once its output
-    matches `printed`; its exit status, its output and the processes of its session, whenever started, still
+def interrupt_when(
+    printed: str, env: dict[str, str], *args: str, timeout: float = 300, sig: signal.Signals = signal.SIGINT
+) -> tuple[int, str, list]:
+    """Run `edgedistill *args` in its own session, send its process group `sig` (SIGINT: as Ctrl-C does) once its
+    output matches `printed`; its exit status, its output and the processes of its session, whenever started, still
     running 10 s after it exited (then killed)."""
     log = Path(env["EDGEDISTILL_RUNS_DIR"]) / f"interrupted-{time.monotonic_ns()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -64,12 +66,12 @@ def interrupt_when(printed: str, env: dict[str, str], *args: str, timeout: float
             proc.kill()
             raise AssertionError(f"no {printed!r} before the command ended: {log.read_text()[-2000:]}")
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     try:
         status = proc.wait(60)
     except subprocess.TimeoutExpired:  # killed, with its stages: left running, it would hold their locks
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"still running 60 s after Ctrl-C: {log.read_text()[-2000:]}") from None
+        raise AssertionError(f"still running 60 s after {sig.name}: {log.read_text()[-2000:]}") from None
     deadline = time.monotonic() + 10
     while (left := in_session(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -91,6 +93,17 @@ def all_stages(tiny):
     """`edgedistill all` interrupted while its first stage trains (a teacher with more epochs than the built one)."""
     recipe, env = tiny
     return interrupt_when(r"\[teacher\] building again", env, "all", str(recipe), "--finetune.optim.epochs=30")
+
+
+@pytest.fixture(scope="module")
+def terminated(tiny):
+    """`edgedistill distill --jobs 2` sent SIGTERM (a scheduler's stop, a CI timeout) while its two jobs train, and
+    the work files left in the run folder after it."""
+    recipe, env = tiny
+    args = ("distill", str(recipe), "--jobs", "2", "--force")
+    status, output, left = interrupt_when(r"\[(student|baseline)-bilstm\] step", env, *args, sig=signal.SIGTERM)
+    temporary = sorted(path.name for path in Path(env["EDGEDISTILL_RUNS_DIR"]).rglob("*.tmp-*"))
+    return status, output, left, temporary
 
 
 def test_an_interrupted_stage_exits_130(distilling):
@@ -151,3 +164,63 @@ def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
     if not stopped:
         stage.kill()  # not left training after the test
     assert stopped
+
+
+def test_a_stage_stopped_by_sigterm_exits_143(terminated):
+    assert terminated[0] == 143
+
+
+def test_a_stage_stopped_by_sigterm_says_so_in_a_line(terminated):
+    assert "edgedistill distill: stopped by SIGTERM; no artifact was half written: run it again" in terminated[1]
+
+
+def test_a_stage_stopped_by_sigterm_prints_no_traceback(terminated):
+    assert "Traceback" not in terminated[1]
+
+
+def test_a_stage_stopped_by_sigterm_leaves_no_warning_of_leaked_semaphores(terminated):
+    assert "leaked" not in terminated[1]
+
+
+def test_a_stage_stopped_by_sigterm_leaves_no_job_running(terminated):
+    assert terminated[2] == []
+
+
+def test_a_stage_stopped_by_sigterm_leaves_no_temporary_file(terminated):
+    assert terminated[3] == []
+
+
+@pytest.fixture(scope="module")
+def pipeline_terminated(tiny) -> tuple[str, bool]:
+    """`kill PID` of `edgedistill all` while its teacher trains, which the signal itself does not reach: the
+    pipeline's output, and whether the teacher's process is gone after it."""
+    recipe, env = tiny
+    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / "terminated-all.log"
+    with open(log, "w") as out:
+        pipeline = subprocess.Popen(
+            [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    stages = []
+    try:
+        wait_until(lambda: "[teacher] building again" in log.read_text(), "the teacher stage never started", 300)
+        stages = psutil.Process(pipeline.pid).children()
+        pipeline.terminate()
+        pipeline.wait(60)
+        stopped = all(gone(stage.pid) for stage in stages)
+    finally:
+        for process in [*stages, pipeline]:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                process.kill()  # nothing left training after the test
+    return log.read_text(), stopped
+
+
+def test_a_pipeline_sent_sigterm_alone_stops_its_stage(pipeline_terminated):
+    assert pipeline_terminated[1]
+
+
+def test_a_pipeline_sent_sigterm_alone_has_its_stage_say_so(pipeline_terminated):
+    assert "edgedistill teacher: stopped by SIGTERM; no artifact was half written" in pipeline_terminated[0]
