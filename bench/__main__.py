@@ -21,6 +21,7 @@ from pathlib import Path
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.records import ServingResult
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.runtime import ModelLoadError, PrecisionRefused, ProviderFallback, TensorRTUnavailable
@@ -150,9 +151,7 @@ def add_command(commands, name: str, summary: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog, description=f"`{prog} <command> RECIPE [options] [--section.key=value ...]`."
-    )
+    parser = ArgumentParser(prog=prog, description=f"`{prog} <command> RECIPE [options] [--section.key=value ...]`.")
     commands = parser.add_subparsers(dest="command", required=True)
     timed = add_command(commands, "models", "every bundle beside the teacher in PyTorch eager")
     add_recipe_argument(timed, "bench models")

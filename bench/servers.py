@@ -10,7 +10,6 @@ settings (`bench.peers.model`). Both have the real server's health
 service and message limits, and stop on SIGTERM/SIGINT.
 """
 
-import argparse
 import asyncio
 import signal
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.cascade import ServedModels
 from edgedistill.common.processes import python_module
 from edgedistill.serve.host import Scores
@@ -128,7 +128,7 @@ def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.servers", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m bench.servers", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
     parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")

@@ -6,6 +6,14 @@ import textwrap
 from pathlib import Path
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser without abbreviated options: `--forc` is refused as unknown, not read as `--force`. Its
+    subcommands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def count(value: str) -> int:
     """An argument that counts something, so is at least 1 (`--jobs`, `--batch-size`)."""
     number = int(value)

@@ -10,7 +10,7 @@ to date is skipped unless `--force`; a command whose stages are all up to date s
 import argparse
 import sys
 
-from edgedistill.common.arguments import count
+from edgedistill.common.arguments import ArgumentParser, count
 from edgedistill.common.data import DataError
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
@@ -28,9 +28,7 @@ STAGES = {
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """One subcommand per stage; `prog` is what the usage lines start with."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=f"`{prog} <stage> RECIPE [--section.key=value ...] [--force]`."
-    )
+    parser = ArgumentParser(prog=prog, description=f"`{prog} <stage> RECIPE [--section.key=value ...] [--force]`.")
     parser.set_defaults(only=None, no_baseline=False, jobs=1)
     stages = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for name, summary in STAGES.items():

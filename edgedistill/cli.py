@@ -20,7 +20,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from edgedistill.common import guide
-from edgedistill.common.arguments import WholeWordsHelp, count
+from edgedistill.common.arguments import ArgumentParser, WholeWordsHelp, count
 from edgedistill.common.grpc_core import quiet_grpc_core
 from edgedistill.common.processes import (
     Terminated,
@@ -202,7 +202,7 @@ def run_all(argv: list[str]) -> int:
     from edgedistill.common.scenarios import scenario_weights
     from edgedistill.common.settings import refuse_measured_variables
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=f"{PROG} all",
         description=f"Run {ALL_HELP}: teacher, labeller, transfer, distill, bundles, the model, serving, accuracy "
         "and cascade benchmarks, the smoke load test, report, headline. Stages already up to date return at once.",
@@ -237,7 +237,7 @@ def run_all(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: it lists the commands; each command's own options are its entry point's."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=PROG,
         description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
         epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: {guide.page('settings.md')}. {EXIT_STATUSES}",

@@ -11,6 +11,7 @@ an artifact or the machine stopped the build.
 import argparse
 import sys
 
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.stage import skip_all
@@ -112,7 +113,7 @@ COMMANDS = {
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """One subcommand per command; `prog` is what the usage lines start with."""
-    parser = argparse.ArgumentParser(prog=prog, description=f"`{prog} <command> RECIPE [--section.key=value ...]`.")
+    parser = ArgumentParser(prog=prog, description=f"`{prog} <command> RECIPE [--section.key=value ...]`.")
     parser.set_defaults(only=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in COMMANDS.items():

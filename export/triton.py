@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from edgedistill.common import manifest as mf
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.providers import cuda_options
@@ -197,7 +198,7 @@ def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batchin
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m export.triton") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("bundle", help="a bundle folder, e.g. runs/sst2/bundle-cnn-small-folded")
     parser.add_argument("repo", help="the model repository root Triton is started with (--model-repository)")
     for name, field in Batching.model_fields.items():

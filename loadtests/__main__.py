@@ -11,7 +11,6 @@ Exit status: 0 when every SLO check passed, 1 when one was missed (each named on
 gRPC status), 2 when the run could not be made.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from edgedistill.bench import BUNDLE_HELP, BenchError, slo
 from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common import sections
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.scenarios import SCENARIOS_VAR, scenario_weights
@@ -27,7 +27,7 @@ from edgedistill.loadtests import runner
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
+    parser = ArgumentParser(prog=prog, description="Load-test a served bundle with locust.")
     add_recipe_argument(parser, "loadtest")
     parser.add_argument(
         "--profile",

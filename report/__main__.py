@@ -1,8 +1,8 @@
 """`python -m report RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."""
 
-import argparse
 import sys
 
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.report.render import stage
@@ -10,7 +10,7 @@ from edgedistill.report.render import stage
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     description = f"`{prog} RECIPE [--section.key=value ...]`: write runs/<recipe>/report/index.html and report.md."
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog, description=description)
     add_recipe_argument(parser, "report")
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)

@@ -13,7 +13,6 @@ gain are shown by the distillation table's rule: while that table is of the arti
 (`common.summary`) and does not mark the student (for the gain, nor its baseline) out of date; else named, not shown.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from edgedistill.bench import slo
 from edgedistill.bench.records import ModelTable, ServingResult
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, modelcard, summary, tables
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.config.training import METRIC_NAMES
 from edgedistill.common.console import Console
 from edgedistill.common.recipe import (
@@ -279,7 +279,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_recipe_argument(parser, "headline")
     args, rest = parser.parse_known_args(argv)
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 import grpc
-from edgedistill.common.arguments import count, input_file
+from edgedistill.common.arguments import ArgumentParser, count, input_file
 from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.serve.client import (
     DEFAULT_ADDRESS,
@@ -204,7 +204,7 @@ def _seconds(value: str) -> float:
 
 
 def build_parser(prog: str = "python -m serve.call") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
+    parser = ArgumentParser(prog=prog, description="Classify texts with an edgedistill server.")
     parser.add_argument(
         "texts", nargs="*", type=_utf8, help="texts to classify (default: --file, else one per line on stdin)"
     )

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.providers import known_providers
@@ -486,7 +487,7 @@ def one_process_why() -> str:
 
 def build_parser(prog: str = "python -m serve") -> argparse.ArgumentParser:
     """One flag per field; defaults are left out so the environment and field defaults apply."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
         description="Serve an edgedistill bundle over gRPC (edgedistill.v1.Classifier and KServe v2).",
         epilog=f"Every flag can also be set as an environment variable: {ENV_PREFIX}<FLAG>, e.g. {env_name('port')}.",

@@ -4,10 +4,11 @@
 they are rewritten to package-relative ones so the modules import as `serve.proto.*`.
 """
 
-import argparse
 import re
 from importlib import resources
 from pathlib import Path
+
+from edgedistill.common.arguments import ArgumentParser
 
 HERE = Path(__file__).resolve().parent
 PROTOS = ("classifier.proto", "kserve.proto")
@@ -54,7 +55,7 @@ def generate(out: Path = HERE) -> list[Path]:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m serve.proto.generate") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: beside the protos)")
     args = parser.parse_args(argv)
     for path in generate(args.out):

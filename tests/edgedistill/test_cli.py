@@ -705,3 +705,19 @@ def unread_override(command: str) -> str:
 def test_a_command_refuses_an_override_of_a_section_it_does_not_read_with_status_2(argv):
     command = " ".join(argv)
     assert cli.main([*argv, str(ROOT / "recipes" / "smoke.yaml"), unread_override(command)]) == 2
+
+
+@pytest.mark.parametrize(
+    "args", [["pretrain", "smoke", "--forc"], ["bundles", "smoke", "--forc"], ["bench", "serving", "smoke", "--chec"]]
+)
+def test_an_abbreviated_option_is_refused_not_read_as_the_option(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    cli.main(args)
+    assert f"{args[-1]}: no such option" in capsys.readouterr().err
+
+
+def test_all_refuses_an_abbreviated_force_before_any_stage_runs(monkeypatch):
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    cli.main(["all", "recipes/smoke.yaml", "--f"])
+    assert stages.ran == []
