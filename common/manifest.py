@@ -457,11 +457,11 @@ def for_stage(
 
 
 class Stopwatch:
-    """Wall time of a stage, for `wall_seconds`."""
+    """Wall time of a stage, for `wall_seconds`: from now, after the `earlier` seconds of the runs it resumes."""
 
-    def __init__(self):
-        self.start = time.perf_counter()
+    def __init__(self, earlier: float = 0.0):
+        self.start, self.earlier = time.perf_counter(), earlier
 
     @property
     def seconds(self) -> float:
-        return round(time.perf_counter() - self.start, 2)
+        return round(self.earlier + time.perf_counter() - self.start, 2)

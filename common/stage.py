@@ -112,6 +112,32 @@ class Artifact:
         return mf.sha256_file(manifest) if manifest.is_file() else "missing"
 
 
+WALL = ".wall_seconds"  # in a stage's work folder: the wall time of its runs that stopped before publishing
+
+
+def _earlier_seconds(work: Path, config_hash: str) -> float:
+    """The wall time the runs that stopped before this one spent on the build of `config_hash` that `work` resumes;
+    0 for a fresh one, one of another config, or a file this code did not write."""
+    try:
+        kept = json.loads((work / WALL).read_text())
+        return max(0.0, float(kept["seconds"])) if kept["config_hash"] == config_hash else 0.0
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0.0
+
+
+@contextlib.contextmanager
+def _wall_kept(work: Path, config_hash: str, watch: mf.Stopwatch):
+    """Where the build stops (Ctrl-C, SIGTERM, an error) and leaves its work folder to resume, keep its wall time so
+    far there: the run that publishes adds it, so that `wall_seconds` is the build's over its runs (those a SIGKILL,
+    or the out-of-memory killer, ended left out)."""
+    try:
+        yield
+    except BaseException:
+        if work.is_dir() and _main_rank():
+            atomic_write(work / WALL, json.dumps({"config_hash": config_hash, "seconds": watch.seconds}))
+        raise
+
+
 @contextlib.contextmanager
 def _removed_if_failed(inputs: Inputs):
     """Remove the scratch folder `fresh_work` gave where the block fails: nothing in it resumes, and a bundle's can
@@ -307,16 +333,21 @@ class Stage:
             return mf.load(self.folder, verify=False)
         if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
-        watch = mf.Stopwatch()
+        watch = mf.Stopwatch(_earlier_seconds(self.work, self.config_hash))
         if self.preflight is not None:
             self.preflight()
         inputs = self.inputs(force)
         parents = {name: mf.parent_of(folder) for name, folder in inputs.folders.items()}
         # training curves go to the tracker during the build
-        with tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker, _removed_if_failed(inputs):
+        with (
+            tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker,
+            _removed_if_failed(inputs),
+            _wall_kept(self.work, self.config_hash, watch),
+        ):
             built = self.build(inputs)
             if built is None:
                 return None
+            (self.work / WALL).unlink(missing_ok=True)  # where the work folder is the artifact, not one of its files
             if built.write is None:
                 manifest = self._publish(self.work, built, watch, parents)
             else:

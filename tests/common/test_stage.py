@@ -3,6 +3,7 @@
 import os
 import shutil
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -652,3 +653,34 @@ def test_skip_all_under_torchrun_leaves_the_ranks_to_decide_together(recipe, mon
     stage.run()
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert not skip_all([stage])
+
+
+def stopped_once_after(seconds: float):
+    """A build body whose first run works `seconds` in its resumable work, then is stopped by Ctrl-C; its second
+    run publishes at once."""
+    runs = []
+
+    def build(inputs):
+        runs.append(work := inputs.resumable_work())
+        if len(runs) == 1:
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "checkpoint.pt").write_text("step 1")
+            time.sleep(seconds)
+            raise KeyboardInterrupt
+        return Built(lambda folder: (folder / "a.txt").write_text("x"))
+
+    return build
+
+
+def test_a_resumed_build_records_the_wall_time_of_its_runs_together(recipe):
+    stage = Stage("up", recipe(), ("data",), stopped_once_after(0.5))
+    with pytest.raises(KeyboardInterrupt):
+        stage.run()
+    assert stage.run().wall_seconds >= 0.5
+
+
+def test_the_wall_time_kept_for_another_config_is_not_added(recipe):
+    stage = Stage("up", recipe(), ("data",), stopped_once_after(0.5))
+    with pytest.raises(KeyboardInterrupt):
+        stage.run()
+    assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().wall_seconds < 0.5
