@@ -37,6 +37,24 @@ def readable_file(value: str) -> Path:
     return path
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file that stands where `folder`, or a folder above it, would be (so that it cannot be made); None where
+    there is none."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
+def output_folder(value: str) -> Path:
+    """A folder to write into, made where missing: one a file stands in the way of is refused as the argument is
+    read."""
+    path = Path(value)
+    if (file := file_in_the_way(path)) is not None:
+        raise argparse.ArgumentTypeError(f"{value}: {file} is a file, not a folder")
+    return path
+
+
 class WholeWordsHelp(argparse.HelpFormatter):
     """argparse's help, wrapped at spaces only: a path or anchor in it (`site-packages/...`,
     `#fusion-by-model-type`) stays whole, so that it can be copied."""

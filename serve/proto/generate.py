@@ -8,7 +8,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from edgedistill.common.arguments import ArgumentParser
+from edgedistill.common.arguments import ArgumentParser, output_folder
 
 HERE = Path(__file__).resolve().parent
 PROTOS = ("classifier.proto", "kserve.proto")
@@ -56,7 +56,7 @@ def generate(out: Path = HERE) -> list[Path]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m serve.proto.generate") -> int:
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: beside the protos)")
+    parser.add_argument("--out", type=output_folder, default=HERE, help="output folder (default: beside the protos)")
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(path)

@@ -2,7 +2,7 @@ import argparse
 from pathlib import Path
 
 import pytest
-from edgedistill.common.arguments import WholeWordsHelp, input_file, readable_file
+from edgedistill.common.arguments import WholeWordsHelp, file_in_the_way, input_file, readable_file
 
 PAGE = "/opt/venv/lib/python3.11/site-packages/edgedistill/docs/export.md#fusion-by-model-type"
 
@@ -60,3 +60,12 @@ def test_the_help_is_still_wrapped_between_words():
 
 def test_a_no_break_space_in_the_help_holds_its_words_together():
     assert "20\u00a0ms" in " ".join(narrow_help(epilog="word " * 6 + "20\u00a0ms " + "word " * 6))
+
+
+def test_a_folder_below_a_file_has_that_file_in_its_way(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert file_in_the_way(tmp_path / "file" / "a" / "b") == tmp_path / "file"
+
+
+def test_a_folder_still_to_make_has_nothing_in_its_way(tmp_path):
+    assert file_in_the_way(tmp_path / "a" / "b") is None

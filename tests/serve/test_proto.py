@@ -144,3 +144,10 @@ def test_proto_names_its_go_package(proto, tmp_path):
 
 def test_classifier_proto_generates_java_classes_of_their_own(tmp_path):
     assert with_source_info("classifier.proto", tmp_path).options.java_multiple_files
+
+
+def test_an_output_folder_a_file_stands_in_is_refused_as_the_argument_is_read(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as refused:
+        generate.main(["--out", str(tmp_path / "file" / "proto")])
+    assert refused.value.code == 2
