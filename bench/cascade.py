@@ -34,6 +34,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.cascade import Cascade, keeps, load_cascade
 from edgedistill.common.console import Console
+from edgedistill.common.names import not_among
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 
@@ -63,8 +64,8 @@ def default_name(recipe: Recipe, name: str | None) -> str:
         if not cascades:
             raise BenchError(f"recipe {recipe.name} has no export.cascades")
         name = recipe.export.default_cascade
-    if name not in cascades:
-        raise BenchError(f"{name} is not one of export.cascades {sorted(cascades)}")
+    if unknown := not_among("--cascade", [name], list(cascades), f"export.cascades of {recipe.name}"):
+        raise BenchError(unknown)
     return name
 
 

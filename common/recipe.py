@@ -14,6 +14,7 @@ import datetime
 import difflib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from typing import Literal
 import yaml
 from edgedistill.common import guide, sections, settings
 from edgedistill.common import manifest as mf
-from edgedistill.common.arguments import WholeWordsHelp
+from edgedistill.common.arguments import WholeWordsHelp, file_in_the_way
 from edgedistill.common.config import schema
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.config.measure import BenchConfig, LoadtestConfig
@@ -495,9 +496,9 @@ def apply_override(raw: dict, dotted: str, value) -> None:
 
 
 def parse_overrides(args: list[str]) -> dict[str, object]:
-    """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars."""
+    """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars, or a mapping or list (`{lr: 1e-4}`)."""
     out = {}
-    for arg in args:
+    for index, arg in enumerate(args):
         if arg.startswith("--") and not {".", "="} & set(arg):  # a misspelt option, more likely than an override
             raise RecipeError(f"{arg}: no such option (--help lists them), nor an override (--section.key=value)")
         if not arg.startswith("--") or "=" not in arg:
@@ -508,10 +509,21 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or err
             raise RecipeError(
-                f"override --{key}: {value!r} is not a YAML value ({problem}); to give it as text, quote it: "
-                f"--{key}='\"{value}\"'"
+                f"override --{key}: {value!r} is not a YAML value ({problem}); {_quoting(args, index)}"
             ) from None
     return out
+
+
+def _quoting(args: list[str], index: int) -> str:
+    """How to quote the override `args[index]`, whose value YAML cannot read: a mapping or list whole, for the shell,
+    which splits one at its spaces into the arguments after it (`'--a={b: 1}'`); other text in YAML's quotes."""
+    key, _, value = args[index][2:].partition("=")
+    if not value.startswith(("{", "[")):
+        return f"to give it as text, quote it: --{key}='\"{value}\"'"
+    if pieces := list(itertools.takewhile(lambda arg: not arg.startswith("--"), args[index + 1 :])):
+        return f"the shell split it at a space: quote the whole argument: '--{key}={' '.join([value, *pieces])}'"
+    whole = "{...}" if value.startswith("{") else "[...]"
+    return f"quote the whole argument for the shell where it holds spaces: '--{key}={whole}'"
 
 
 def _scalar(key: str, value: str):
@@ -735,6 +747,14 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     path = Path(path)
     if not path.is_file() and len(path.parts) == 1:
         path = settings.find_recipe(path.name) or path
+    if path.is_dir():
+        held = [str(file) for file in sorted(path.glob("*.yaml"))]
+        raise RecipeError(
+            f"recipe {path} is a folder: give one of its recipe files ({first_of(held)})"
+            if held
+            else f"recipe {path} is a folder, with no recipe (*.yaml) in it: give a recipe file, or the name of a "
+            f"recipe ({_known()})"
+        )
     if not path.is_file():
         raise RecipeError(
             f"recipe {path} does not exist: {_closest(path)}give a recipe file, or the name of a recipe ({_known()})"
@@ -747,21 +767,18 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         origins["name"] = f" (the run's name, from the file name {path.stem!r}: rename the file, or set name:)"
     variables = settings.variables()
     written_train = (raw.get("data") or {}).get("train") if isinstance(raw.get("data"), dict) else None
-    made = {}  # a section an override made beside one of a near name -> the hint for errors under it
     for key, value in (overrides or {}).items():
         if key == "extends":
             raise RecipeError(
                 f"{path}: override --extends: a recipe file names the recipe it extends (`extends:`), which the "
                 "command line cannot change: write a recipe that extends the one meant"
             )
-        made.update(_misspelt_section(raw, key))
         try:
             apply_override(raw, key, _localize(value, variables, None, f"override --{key}"))
         except RecipeError as err:
             raise RecipeError(f"{path}: {err}") from None
         for end in range(1, key.count(".") + 2):  # the setting, and the sections it is in, which it now writes
             origins.pop(".".join(key.split(".")[:end]), None)
-        origins[key] = f" (--{key} on the command line)"
     _refuse_kept_splits(path, overrides or {}, written_train, raw)
     # after the command line's overrides, which win only where they set the key: `--runtime={precision: fp32}`
     # keeps EDGEDISTILL_DEVICE
@@ -772,7 +789,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     try:
         return Recipe.model_validate(raw)
     except ValidationError as err:
-        problems = [_problem(e, origins, made, raw) for e in err.errors()]
+        problems = [_problem(e, origins, list(overrides or {}), raw) for e in err.errors()]
         raise RecipeError(f"{path}: {'; '.join(problems)}") from None
 
 
@@ -869,24 +886,6 @@ def _read_by(key: str) -> str:
     return f", or give it to {' or '.join(f'edgedistill {command}' for command in readers)}" if readers else ""
 
 
-def _misspelt_section(raw: dict, dotted: str) -> dict[str, str]:
-    """`{section: hint}` where override `dotted` would make a section the recipe lacks, beside one of a near name
-    (`--distill.students.cnnn.optim.lr` for student cnn), else `{}`."""
-    *parents, _ = dotted.split(".")
-    node, walked = raw, []
-    for part in parents:
-        if not isinstance(node, dict):
-            return {}
-        if part not in node:
-            near = difflib.get_close_matches(part, [str(name) for name in node], n=1)
-            if not near:
-                return {}
-            where = ".".join(walked) or "the recipe"
-            return {".".join([*walked, part]): f" (--{dotted} made it: {where} has no {part}; did you mean {near[0]}?)"}
-        node, walked = node[part], [*walked, part]
-    return {}
-
-
 def _origins(written: dict[str, Path], path: Path) -> dict[str, str]:
     """Key -> where its value came from, for errors, where the recipe file `path` does not hold it: each setting a
     recipe it extends wrote, and each section all of whose settings one such recipe wrote (an unknown key in it is
@@ -903,16 +902,62 @@ def _origins(written: dict[str, Path], path: Path) -> dict[str, str]:
     }
 
 
-def _problem(error: dict, origins: dict[str, str], made: dict[str, str], raw: dict) -> str:
-    """One validation error as `key: message`; a rule's message that starts with the keys it checks stands alone."""
+def _problem(error: dict, origins: dict[str, str], given: list[str], raw: dict) -> str:
+    """One validation error as `key: message`, with where its value came from (`_source`); a rule's message that
+    starts with the keys it checks stands alone."""
     # the mapping, not the name YAML misread
     loc = error["loc"][:-2] if _unquoted_name(error) else error["loc"][:-1] if _unquoted_key(error) else error["loc"]
     key = ".".join(str(p) for p in loc if p != "[key]")  # a name in a mapping of named sections
     message = _message(error)
-    hint = next((hint for section, hint in made.items() if key.startswith(f"{section}.")), "") or _new_entry(error, raw)
     if message.startswith(key):  # a rule's: the setting it names first is the one at fault
-        return message + origins.get(re.match(r"[\w.-]*", message).group(), "") + hint
-    return f"{key}: {message}" + origins.get(key, "") + hint
+        return message + _source(re.match(r"[\w.-]*", message).group(), error, origins, given, raw)
+    return f"{key}: {message}" + _source(key, error, origins, given, raw)
+
+
+def _source(key: str, error: dict, origins: dict[str, str], given: list[str], raw: dict) -> str:
+    """Where the value at `key` came from, for its error: the overrides `given` that set it (or a mapping above it),
+    that made the section it is in where the recipe has none (`_made`), or that set keys under it; else the recipe
+    it comes from, or the names a named section has."""
+    if setting := [override for override in given if override == key or key.startswith(f"{override}.")]:
+        return f" ({_flags(setting)} on the command line)"
+    if made := _made(key, error, given, raw):
+        return made
+    if under := [override for override in given if override.startswith(f"{key}.")]:
+        return f" ({_flags(under)} on the command line)"
+    return origins.get(key, "") + _new_entry(error, raw)
+
+
+def _made(key: str, error: dict, given: list[str], raw: dict) -> str:
+    """For an error at or under a section the recipe lacks, which overrides made (`Overridden`): those overrides,
+    and under it, the name meant (`--distill.students.cnnn.optim.lr` for student cnn), or that the recipe has no such
+    section (or which named ones it has) and what the one made lacks; else ""."""
+    parts = key.split(".")
+    parent, node, end = None, raw, 0
+    while end < len(parts) and isinstance(node, dict) and not isinstance(node, Overridden):
+        parent, node, end = node, node.get(parts[end]), end + 1
+    if not isinstance(node, Overridden):
+        return ""
+    section, (*above, name) = ".".join(parts[:end]), parts[:end]
+    if not (makers := _flags([override for override in given if override.startswith(f"{section}.")])):
+        return ""  # made by an environment variable
+    if end == len(parts):
+        return f" ({makers} on the command line made it a section)"
+    known = [str(other) for other, value in parent.items() if not isinstance(value, Overridden)]
+    named = schema.names_sections(Recipe, tuple(above))
+    if (named or schema.field_at(Recipe, tuple(parts[:end])) is None) and (near := did_you_mean(name, known)):
+        return f" ({makers} made it: {'.'.join(above) or 'the recipe'} has no {name}; {near.rstrip()})"
+    lacks = (
+        f"the recipe's {'.'.join(above)} are {first_of(known)}"
+        if named and known
+        else f"the recipe has no {section} section"
+    )
+    needs = f", which needs its {'.'.join(parts[end:])}" if error["type"] == "missing" else ""
+    return f" ({lacks}: {makers} on the command line made {name if named else 'one'}{needs})"
+
+
+def _flags(keys: list[str]) -> str:
+    """Overrides' keys as given: `--a.b and --a.c`."""
+    return " and ".join(f"--{key}" for key in keys)
 
 
 def _new_entry(error: dict, raw: dict) -> str:
@@ -1000,5 +1045,12 @@ def _unquoted_key(error: dict) -> bool:
 
 
 def run_dir(recipe: Recipe) -> Path:
-    """`runs/<recipe>/`, the folder every stage of this recipe writes into."""
-    return Path(settings.defaults()["EDGEDISTILL_RUNS_DIR"]) / recipe.name
+    """`runs/<recipe>/`, the folder every stage of this recipe writes into; `SettingError` where a file stands in the
+    way of the runs folder."""
+    runs = Path(settings.defaults()["EDGEDISTILL_RUNS_DIR"])
+    if (file := file_in_the_way(runs)) is not None:
+        raise settings.SettingError(
+            f"EDGEDISTILL_RUNS_DIR {runs}: {file} is a file, not a folder: name the folder the runs go in (made where "
+            "missing)"
+        )
+    return runs / recipe.name

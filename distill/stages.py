@@ -9,6 +9,7 @@ from pathlib import Path
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.strict import HASHING
+from edgedistill.common.names import not_among
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Stage, body
 
@@ -96,10 +97,8 @@ def student(recipe: Recipe, name: str, baseline: bool = False, bar_position: int
 def students(recipe: Recipe, recipe_file: str, only: list[str] | None, baselines: bool) -> list[tuple[str, bool]]:
     """The `(student name, baseline?)` runs of `distill`: each student of the recipe, or of `only` (a name given twice
     runs once), then its baseline where `baselines`. A name the recipe has not raises `RecipeError`."""
-    if unknown := set(only or ()) - set(recipe.distill.students):
-        raise RecipeError(
-            f"--only {sorted(unknown)}: not in distill.students of {recipe_file} ({', '.join(recipe.distill.students)})"
-        )
+    if unknown := not_among("--only", only or (), list(recipe.distill.students), f"distill.students of {recipe_file}"):
+        raise RecipeError(unknown)
     names = dict.fromkeys(only or recipe.distill.students)
     return [(name, baseline) for name in names for baseline in ((False, True) if baselines else (False,))]
 

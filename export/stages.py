@@ -12,6 +12,7 @@ from pathlib import Path
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import SPEC_VERSION
 from edgedistill.common.config.export import AGREEMENT_KEYS, BundleRecipe
+from edgedistill.common.names import not_among
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.runtime import (
     GPU_HINT,
@@ -148,11 +149,9 @@ def of_command(recipe: Recipe, recipe_file: str, only: list[str] | None = None) 
     if recipe.export is None:
         raise RecipeError(f"{recipe_file}: no `export` section")
     named = recipe.export.cascades
-    if unknown := set(only or ()) - set(recipe.export.bundles) - set(named):
-        raise RecipeError(
-            f"--only {sorted(unknown)}: not in export.bundles or export.cascades of {recipe_file} "
-            f"({', '.join([*recipe.export.bundles, *named])})"
-        )
+    ids = [*recipe.export.bundles, *named]
+    if unknown := not_among("--only", only or (), ids, f"export.bundles or export.cascades of {recipe_file}"):
+        raise RecipeError(unknown)
     if not only:
         return bundles(recipe), cascades(recipe)
     return [name for name in only if name not in named], cascades(recipe, only)

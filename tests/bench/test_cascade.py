@@ -54,6 +54,14 @@ def test_bench_cascade_records_the_share_of_its_answers_escalated(measured):
     assert "escalated past bilstm-int8" in (measured[1] / "cascade.md").read_text()
 
 
+def test_an_unknown_cascade_is_answered_with_the_nearest_cascade_by_name():
+    message = (
+        r"^--cascade bilstm-cascad: not in export\.cascades of smoke \(bilstm-cascade\): did you mean bilstm-cascade\?$"
+    )
+    with pytest.raises(BenchError, match=message):
+        cascade.default_name(load_recipe(SMOKE), "bilstm-cascad")
+
+
 def test_counting_tallies_each_answers_member_and_refused_escalation():
     predictions = [
         pb.Prediction(answered_by="small"),

@@ -8,7 +8,8 @@ from edgedistill.common.config import training
 from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.providers import PROVIDERS
-from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides
+from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides, run_dir
+from edgedistill.common.settings import SettingError
 from onnxruntime import get_all_providers
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
@@ -90,11 +91,38 @@ def test_an_override_of_a_misspelt_student_names_the_student_meant():
 
 def test_an_override_of_a_new_student_unlike_any_lists_the_recipes_students():
     overrides = parse_overrides(["--distill.students.newone.optim.lr=1"])
-    message = (
-        r"newone\.model: Field required \(the recipe's distill\.students are bilstm, cnn, transformer, and a new one"
-    )
+    message = r"newone\.model: Field required \(the recipe's distill\.students are bilstm, cnn, transformer: "
     with pytest.raises(RecipeError, match=message):
         load_recipe(ROOT / "recipes" / "smoke.yaml", overrides)
+
+
+def test_an_override_that_makes_a_section_the_recipe_lacks_says_so_and_what_the_section_needs(tmp_path):
+    message = (
+        r"pretrain\.train_files: Field required \(the recipe has no pretrain section: --pretrain\.optim\.lr on the "
+        r"command line made one, which needs its train_files\)"
+    )
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--pretrain.optim.lr=1e-4"]))
+
+
+def test_an_override_that_makes_a_setting_a_section_names_the_override(tmp_path):
+    with pytest.raises(RecipeError, match=r"tracking: .* \(--tracking\.foo on the command line made it a section\)$"):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--tracking.foo=1"]))
+
+
+def test_an_override_that_makes_a_misspelt_section_names_the_override():
+    message = (
+        r"finetune\.optimizer: unknown key: .* \(--finetune\.optimizer\.lr on the command line made it a section\)$"
+    )
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--finetune.optimizer.lr=1e-4"]))
+
+
+def test_an_unknown_key_in_a_mapping_an_override_gives_names_the_override(tmp_path):
+    with pytest.raises(
+        RecipeError, match=r"finetune\.optim\.lrr: unknown key: .* \(--finetune\.optim on the command line\)$"
+    ):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--finetune.optim={lrr: 1}"]))
 
 
 def test_a_misspelt_student_in_a_recipe_file_names_the_student_meant(tmp_path):
@@ -242,6 +270,18 @@ def test_an_override_that_is_not_yaml_is_refused_naming_it(arg):
         parse_overrides([arg])
 
 
+def test_a_mapping_the_shell_split_at_a_space_is_to_be_quoted_whole():
+    with pytest.raises(RecipeError, match=r"quote the whole argument: '--finetune\.optim=\{lr: 1e-4\}'$"):
+        parse_overrides(["--finetune.optim={lr:", "1e-4}"])
+
+
+def test_a_list_that_is_not_yaml_is_not_to_be_quoted_as_text():
+    with pytest.raises(
+        RecipeError, match=r"quote the whole argument for the shell where it holds spaces: '--x=\[\.\.\.\]'$"
+    ):
+        parse_overrides(["--x=[1,2"])
+
+
 def test_a_command_given_an_override_that_is_not_yaml_exits_with_status_2(capsys):
     assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--x=[1,2"]) == 2
 
@@ -315,6 +355,19 @@ def test_extends_of_a_missing_file_is_refused_naming_it(tmp_path):
 def test_a_missing_recipe_file_is_refused(tmp_path):
     with pytest.raises(RecipeError, match="does not exist"):
         load_recipe(tmp_path / "missing.yaml")
+
+
+def test_a_folder_given_as_the_recipe_lists_its_recipe_files(tmp_path):
+    write(tmp_path, MINIMAL, "trec.yaml")
+    with pytest.raises(
+        RecipeError, match=rf"^recipe {tmp_path} is a folder: give one of its recipe files \({tmp_path}/trec\.yaml\)$"
+    ):
+        load_recipe(tmp_path)
+
+
+def test_a_folder_without_recipe_files_given_as_the_recipe_says_it_is_a_folder(tmp_path):
+    with pytest.raises(RecipeError, match=rf"^recipe {tmp_path} is a folder, with no recipe \(\*\.yaml\) in it: "):
+        load_recipe(tmp_path)
 
 
 def test_a_misspelt_option_is_not_called_a_malformed_override():
@@ -1940,3 +1993,10 @@ def test_a_section_key_yaml_read_as_a_boolean_is_named_as_written_by_its_section
 def test_a_list_item_out_of_range_is_refused_naming_it(override, key):
     with pytest.raises(RecipeError, match=rf"{key}: Input should be greater than"):
         load_recipe(SMOKE, parse_overrides([override]))
+
+
+def test_a_runs_folder_a_file_stands_in_the_way_of_is_a_setting_error(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "file" / "runs"))
+    with pytest.raises(SettingError, match=r"EDGEDISTILL_RUNS_DIR .*file is a file, not a folder"):
+        run_dir(load_recipe("smoke"))

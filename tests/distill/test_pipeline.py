@@ -18,6 +18,7 @@ from tests.pair_task import pair_recipe, write_pair_task
 from tests.roberta_init import write_roberta
 
 KINDS = ("student", "baseline")
+SMOKE = ROOT / "recipes" / "smoke.yaml"
 
 
 @pytest.mark.parametrize("stage", ["transfer", "distill"])
@@ -83,9 +84,17 @@ def test_a_rank_that_gave_up_waiting_for_rank_0_says_so_in_one_error_line(monkey
 
 def test_an_unknown_student_given_to_only_lists_the_students(capsys):
     assert distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnnn"]) == 2
-    assert capsys.readouterr().err.endswith(
-        f"not in distill.students of {ROOT / 'recipes' / 'smoke.yaml'} (bilstm, cnn, transformer)\n"
-    )
+    assert f"--only cnnn: not in distill.students of {SMOKE} (bilstm, cnn, transformer)" in capsys.readouterr().err
+
+
+def test_an_unknown_student_given_to_only_is_answered_with_the_nearest_student():
+    with pytest.raises(RecipeError, match=r"\): did you mean cnn\?$"):
+        stages.students(load_recipe(SMOKE), str(SMOKE), ["cnnn"], baselines=True)
+
+
+def test_students_given_to_only_joined_by_a_comma_are_told_to_be_given_one_each_time():
+    with pytest.raises(RecipeError, match=r"--only takes one name each time: --only cnn --only bilstmm$"):
+        stages.students(load_recipe(SMOKE), str(SMOKE), ["cnn,bilstmm"], baselines=True)
 
 
 def test_a_student_given_twice_to_only_trains_once(monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from edgedistill.common.data import DataError
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.export import __main__ as export_main
 from edgedistill.export import bundle_stage, stages
 from edgedistill.export import cascade as export_cascade
@@ -74,6 +74,11 @@ def test_bundles_force_only_the_labeller_forces_it(monkeypatch, tmp_path):
 def test_an_unknown_bundle_given_to_only_lists_the_bundles_and_cascades(capsys):
     assert export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn-int9"]) == 2
     assert "(teacher-onnx, teacher-fused, " in capsys.readouterr().err
+
+
+def test_an_unknown_bundle_given_to_only_is_answered_with_the_nearest_bundle():
+    with pytest.raises(RecipeError, match=r"^--only cnn-int9: not in export\.bundles .*\): did you mean cnn-int8\?$"):
+        stages.of_command(load_recipe(SMOKE), "smoke", ["cnn-int9"])
 
 
 def test_an_override_of_a_section_the_bundles_do_not_read_is_refused_naming_it(capsys):
