@@ -249,9 +249,10 @@ class ExportConfig(Strict):
     @model_validator(mode="after")
     def _deploy_known(self):
         if self.deploy not in self.bundles and self.deploy not in self.cascades:
+            known = [*self.bundles, *self.cascades]
             raise ValueError(
-                f"export.deploy={self.deploy!r} is not one of export.bundles {sorted(self.bundles)} or export.cascades "
-                f"{sorted(self.cascades)}"
+                f"export.deploy={self.deploy} is not one of export.bundles ({', '.join(self.bundles)}) or "
+                f"export.cascades ({', '.join(self.cascades) or 'none'}): {did_you_mean(self.deploy, known)}name one"
             )
         return self
 

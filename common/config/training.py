@@ -5,6 +5,7 @@ import unicodedata
 from typing import Literal
 
 from edgedistill.common.config.strict import Name, Strict
+from edgedistill.common.names import did_you_mean
 from edgedistill.common.text import shows_nothing
 from edgedistill.common.textstyle import Style
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
@@ -525,7 +526,10 @@ class DistillConfig(Strict):
     @model_validator(mode="after")
     def _deploy_known(self):
         if self.deploy not in self.students:
-            raise ValueError(f"distill.deploy={self.deploy!r} is not one of distill.students {sorted(self.students)}")
+            raise ValueError(
+                f"distill.deploy={self.deploy} is not one of distill.students ({', '.join(self.students)}): "
+                f"{did_you_mean(self.deploy, self.students)}name one"
+            )
         return self
 
 

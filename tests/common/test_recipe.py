@@ -1475,7 +1475,7 @@ def test_null_sets_the_teacher_init_to_null(tmp_path):
 
 
 def test_dropping_the_deployed_student_names_the_broken_rule(tmp_path):
-    with pytest.raises(RecipeError, match=r"distill\.deploy='bilstm' is not one of distill\.students \['cnn'\]"):
+    with pytest.raises(RecipeError, match=r"distill\.deploy=bilstm is not one of distill\.students \(cnn\): name one"):
         extend(tmp_path, "distill: {students: {bilstm: null}}\nexport: null\n")
 
 
@@ -2000,3 +2000,8 @@ def test_a_runs_folder_a_file_stands_in_the_way_of_is_a_setting_error(tmp_path, 
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "file" / "runs"))
     with pytest.raises(SettingError, match=r"EDGEDISTILL_RUNS_DIR .*file is a file, not a folder"):
         run_dir(load_recipe("smoke"))
+
+
+def test_a_deployed_bundle_not_among_the_bundles_is_answered_with_the_nearest():
+    with pytest.raises(RecipeError, match=r"export\.deploy=bilstm-int9 is not one of .*: did you mean bilstm-int8\? "):
+        load_recipe("smoke", {"export.deploy": "bilstm-int9"})
