@@ -316,7 +316,7 @@ class Stage:
         """`run` where the artifact is current: say so and return True, holding the stage's lock; False, building
         nothing, where it is not."""
         with self.lock():
-            remove_orphans(self.folder)
+            remove_orphans(self.folder, locked=True)
             if self.staleness() is not None:
                 return False
             self._say_current()
@@ -325,12 +325,18 @@ class Stage:
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         if _main_rank():
-            remove_orphans(self.folder)  # what a publish killed half-way left, even where nothing is built now
+            remove_orphans(self.folder, locked=True)  # a publish killed half-way left it; also where nothing is built
         stale = "--force" if force else self.staleness()
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so
                 self._say_current()
             return mf.load(self.folder, verify=False)
+        if self.folder.is_symlink():  # before the build, which may take hours, fails only where it publishes
+            raise mf.ArtifactError(
+                f"{self.folder} is a link (to {os.readlink(self.folder)}), and building {self.name} again ({stale}) "
+                "puts a new folder in its place: link the run folder or the runs folder instead, or put the folder "
+                "itself there"
+            )
         if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch(_earlier_seconds(self.work, self.config_hash))

@@ -234,7 +234,9 @@ class ModelRuntime:
         try:
             return cls(*read_bundle(folder), settings, observer, on_fault)
         except mf.ArtifactError as err:
-            raise BundleRejected(f"bundle refused: {err}") from err
+            built = (Path(folder) / mf.MANIFEST).is_file()  # else the error says what to build
+            again = f"; {mf.how_to_build(Path(folder), again=True)}" if built else ""
+            raise BundleRejected(f"bundle refused: {err}{again}") from err
         except OSError as err:  # unreadable (permissions, a file gone since verified), or a name too long to look up
             raise BundleRejected(
                 f"bundle refused: cannot read {err.filename or folder}: {err.strerror or err}"

@@ -684,3 +684,33 @@ def test_the_wall_time_kept_for_another_config_is_not_added(recipe):
     with pytest.raises(KeyboardInterrupt):
         stage.run()
     assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().wall_seconds < 0.5
+
+
+def test_an_artifact_folder_that_is_a_link_is_refused_before_it_is_built_again(recipe, tmp_path):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    moved = tmp_path / "bigger-disk" / "up"
+    moved.parent.mkdir()
+    stage.folder.rename(moved)
+    stage.folder.symlink_to(moved)
+    with pytest.raises(mf.ArtifactError, match=r"is a link .*link the run folder or the runs folder instead"):
+        stage.run(force=True)
+
+
+def test_an_artifact_folder_that_is_a_link_is_read_where_current(recipe, tmp_path):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    moved = tmp_path / "bigger-disk" / "up"
+    moved.parent.mkdir()
+    stage.folder.rename(moved)
+    stage.folder.symlink_to(moved)
+    assert stage.run().stage == "up"
+
+
+def test_a_run_removes_a_temporary_folder_a_live_pid_names_beside_its_artifact(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    left = atomic.temporary_name(stage.folder, "tmp", pid=os.getpid())  # a copied run's, or one before a reboot
+    left.mkdir()
+    stage.run()
+    assert not left.exists()

@@ -836,6 +836,16 @@ def test_a_bundle_that_fails_verification_is_refused_at_start(make_bundle):
         asyncio.run(build())
 
 
+def test_a_bundle_that_fails_verification_is_refused_naming_the_command_that_builds_it_again(make_bundle):
+    folder = corrupt(make_bundle("bundle-tiny"))
+
+    async def build():
+        create_server(settings_for(folder))
+
+    with pytest.raises(BundleRejected, match=r"\(corrupted or edited\); build it again: edgedistill bundles RECIPE"):
+        asyncio.run(build())
+
+
 def swapped_words(tokenizer_json: str, a: str, b: str) -> str:
     """The tokenizer.json text with the token ids of words `a` and `b` exchanged."""
     return tokenizer_json.replace(f'"{a}"', '"\0"').replace(f'"{b}"', f'"{a}"').replace('"\0"', f'"{b}"')
