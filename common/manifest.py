@@ -199,7 +199,24 @@ def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
                 raise wrong_size(folder, name, size, entry.size_bytes)
             if sha256_file(file) != entry.sha256:
                 raise wrong_sha256(folder, name)
+        if added := next(iter(unlisted(folder, manifest)), None):
+            raise ArtifactError(
+                f"{folder}: {added} is in the folder but not in its manifest (added since?), and a loader would read "
+                "it: remove it"
+            )
     return manifest, hashlib.sha256(data).hexdigest()
+
+
+def unlisted(folder: Path, manifest: Manifest) -> list[str]:
+    """The files in `folder` its manifest does not list, but its card and hidden ones (`.DS_Store`, an editor's):
+    a Hugging Face loader reads what a folder holds (a `special_tokens_map.json` added would change the padding)."""
+    names = (file.relative_to(folder).as_posix() for file in sorted(folder.rglob("*")) if file.is_file())
+    kept = (MANIFEST, CARD)
+    return [
+        name
+        for name in names
+        if name not in manifest.files and name not in kept and not any(p.startswith(".") for p in name.split("/"))
+    ]
 
 
 def load(folder: str | Path, verify: bool = True) -> Manifest:

@@ -276,3 +276,20 @@ def test_a_hub_name_or_another_setting_is_not_gone(value):
 def test_a_file_that_is_gone_is_named_by_its_key_in_a_list(tmp_path):
     settings = {"transfer": {"unlabelled_files": [str(tmp_path), str(tmp_path / "wiki.raw")]}}
     assert mf.gone_paths(settings) == [f"transfer.unlabelled_files[1]: {tmp_path / 'wiki.raw'}"]
+
+
+def test_a_file_added_to_an_artifact_is_refused_naming_it(tmp_path):
+    publish(tmp_path)
+    folder = tmp_path / "stage"
+    (folder / "special_tokens_map.json").write_text('{"pad_token": "[UNK]"}')
+    with pytest.raises(mf.ArtifactError, match=r"special_tokens_map\.json is in the folder but not in its manifest"):
+        mf.load(folder)
+
+
+@pytest.mark.parametrize("name", [mf.CARD, ".DS_Store", ".ipynb_checkpoints/notes.json"])
+def test_an_artifacts_card_and_hidden_files_are_not_refused(tmp_path, name):
+    publish(tmp_path)
+    folder = tmp_path / "stage"
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("x")
+    assert mf.load(folder).stage == "stage"
