@@ -81,11 +81,18 @@ def interrupt_when(
     return status, log.read_text(), left
 
 
-@pytest.fixture(scope="module")
-def distilling(tiny):
-    """`edgedistill distill --jobs 2` interrupted while its two jobs train."""
+STOPPED_BY = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
+
+
+@pytest.fixture(scope="module", params=list(STOPPED_BY), ids=lambda sig: sig.name)
+def distilling(tiny, request) -> dict:
+    """`edgedistill distill --jobs 2` sent SIGINT (Ctrl-C) or SIGTERM (a scheduler's stop, a CI timeout) while its two
+    jobs train: the signal, its exit status, output and processes left, and the work files left in the run folder."""
     recipe, env = tiny
-    return interrupt_when(r"\[(student|baseline)-bilstm\] step", env, "distill", str(recipe), "--jobs", "2")
+    args = ("distill", str(recipe), "--jobs", "2", "--force")
+    status, output, left = interrupt_when(r"\[(student|baseline)-bilstm\] step", env, *args, sig=request.param)
+    temporary = sorted(path.name for path in Path(env["EDGEDISTILL_RUNS_DIR"]).rglob("*.tmp-*"))
+    return {"signal": request.param, "status": status, "output": output, "left": left, "temporary": temporary}
 
 
 @pytest.fixture(scope="module")
@@ -95,35 +102,29 @@ def all_stages(tiny):
     return interrupt_when(r"\[teacher\] building again", env, "all", str(recipe), "--finetune.optim.epochs=30")
 
 
-@pytest.fixture(scope="module")
-def terminated(tiny):
-    """`edgedistill distill --jobs 2` sent SIGTERM (a scheduler's stop, a CI timeout) while its two jobs train, and
-    the work files left in the run folder after it."""
-    recipe, env = tiny
-    args = ("distill", str(recipe), "--jobs", "2", "--force")
-    status, output, left = interrupt_when(r"\[(student|baseline)-bilstm\] step", env, *args, sig=signal.SIGTERM)
-    temporary = sorted(path.name for path in Path(env["EDGEDISTILL_RUNS_DIR"]).rglob("*.tmp-*"))
-    return status, output, left, temporary
+def test_a_stopped_stage_exits_with_its_signals_status(distilling):
+    assert distilling["status"] == 128 + distilling["signal"]
 
 
-def test_an_interrupted_stage_exits_130(distilling):
-    assert distilling[0] == 130
+def test_a_stopped_stage_says_so_in_a_line(distilling):
+    line = f"edgedistill distill: {STOPPED_BY[distilling['signal']]}; no artifact was half written: run it again"
+    assert line in distilling["output"]
 
 
-def test_an_interrupted_stage_says_so_in_a_line(distilling):
-    assert "edgedistill distill: interrupted; no artifact was half written: run it again" in distilling[1]
+def test_a_stopped_stage_prints_no_traceback(distilling):
+    assert "Traceback" not in distilling["output"]
 
 
-def test_an_interrupted_stage_prints_no_traceback(distilling):
-    assert "Traceback" not in distilling[1]
+def test_a_stopped_stage_leaves_no_warning_of_leaked_semaphores(distilling):
+    assert "leaked" not in distilling["output"]
 
 
-def test_an_interrupted_stage_leaves_no_warning_of_leaked_semaphores(distilling):
-    assert "leaked" not in distilling[1]
+def test_a_stopped_stage_leaves_no_job_running(distilling):
+    assert distilling["left"] == []
 
 
-def test_an_interrupted_stage_leaves_no_job_running(distilling):
-    assert distilling[2] == []
+def test_a_stopped_stage_leaves_no_temporary_file(distilling):
+    assert distilling["temporary"] == []
 
 
 def test_an_interrupted_pipeline_exits_130(all_stages):
@@ -164,30 +165,6 @@ def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
     if not stopped:
         stage.kill()  # not left training after the test
     assert stopped
-
-
-def test_a_stage_stopped_by_sigterm_exits_143(terminated):
-    assert terminated[0] == 143
-
-
-def test_a_stage_stopped_by_sigterm_says_so_in_a_line(terminated):
-    assert "edgedistill distill: stopped by SIGTERM; no artifact was half written: run it again" in terminated[1]
-
-
-def test_a_stage_stopped_by_sigterm_prints_no_traceback(terminated):
-    assert "Traceback" not in terminated[1]
-
-
-def test_a_stage_stopped_by_sigterm_leaves_no_warning_of_leaked_semaphores(terminated):
-    assert "leaked" not in terminated[1]
-
-
-def test_a_stage_stopped_by_sigterm_leaves_no_job_running(terminated):
-    assert terminated[2] == []
-
-
-def test_a_stage_stopped_by_sigterm_leaves_no_temporary_file(terminated):
-    assert terminated[3] == []
 
 
 @pytest.fixture(scope="module")
