@@ -21,7 +21,8 @@ def made(tmp_path, target: plan.Target) -> list[list[str]]:
     """The words of the last commands `make -n` runs for `target` (its own, after its prerequisites'), with the
     binary's path as its name and the deployed bundle's option, which the commands take by default, left out."""
     recipe = tmp_path / "mine.yaml"
-    lines = make_dry_run(tmp_path, *target.make().split()).splitlines()[-len(plan.COMMANDS[target.name]) :]
+    peers = f"PEERS={tmp_path}"  # as `make peers-setup` leaves them: make refuses the peer comparison without them
+    lines = make_dry_run(tmp_path, *target.make().split(), peers).splitlines()[-len(plan.COMMANDS[target.name]) :]
     commands = []
     for line in lines:
         words = [word.replace(str(recipe), "RECIPE") for word in shlex.split(line)]
