@@ -95,12 +95,17 @@ def write_request(tmp_path, model: str) -> tuple:
     return body, path
 
 
-@needs_h2load
-def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, echo):
+def run_on_echo(tmp_path, echo, load: h2load.Load) -> dict:
+    """`h2load.run` of `load` against the echo server, its log `h2load.log` in `tmp_path`."""
     server, process = echo
     body, path = write_request(tmp_path, "echo")
     replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
-    record = h2load.run(server.port, path, replies, h2load.Load(1, 4, 0.5), tmp_path / "h2load.log", process)
+    return h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
+
+
+@needs_h2load
+def test_every_call_to_the_echo_server_is_counted_with_its_latency(tmp_path, echo):
+    record = run_on_echo(tmp_path, echo, h2load.Load(1, 4, 0.5))
     assert record["requests"] > 0
     assert record["failures"] == 0
     assert record["p99_ms"] > 0
@@ -176,11 +181,7 @@ def test_connections_that_do_not_split_over_the_clients_are_refused():
 
 @needs_h2load
 def test_the_calls_of_several_clients_are_counted_together(tmp_path, echo):
-    server, process = echo
-    body, path = write_request(tmp_path, "echo")
-    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
-    load = h2load.Load(2, 1, 0.5, rate=100, clients=2)
-    record = h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
+    record = run_on_echo(tmp_path, echo, h2load.Load(2, 1, 0.5, rate=100, clients=2))
     logged = [len(h2load.latencies_ms(tmp_path / f"h2load.log.{i}")) for i in range(2)]
     assert record["failures"] == 0
     assert min(logged) > 0, "each client called"
@@ -215,21 +216,14 @@ def hanging():
 
 @needs_h2load
 def test_calls_in_flight_when_a_saturated_run_ends_are_unanswered_not_failed(tmp_path, echo):
-    server, process = echo
-    body, path = write_request(tmp_path, "echo")
-    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
-    record = h2load.run(server.port, path, replies, h2load.Load(2, 4, 0.5), tmp_path / "h2load.log", process)
+    record = run_on_echo(tmp_path, echo, h2load.Load(2, 4, 0.5))
     assert record["unanswered"] == 2 * 4, "every stream busy when it ended"
     assert record["failures"] == 0
 
 
 @needs_h2load
 def test_a_paced_run_against_a_healthy_server_answers_the_calls_due(tmp_path, echo):
-    server, process = echo
-    body, path = write_request(tmp_path, "echo")
-    replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
-    load = h2load.Load(4, 2, 1.0, rate=200, clients=4)
-    record = h2load.run(server.port, path, replies, load, tmp_path / "h2load.log", process)
+    record = run_on_echo(tmp_path, echo, h2load.Load(4, 2, 1.0, rate=200, clients=4))
     assert record["rate_share"] >= slo.MIN_PACED_SHARE
 
 

@@ -686,25 +686,25 @@ def test_the_wall_time_kept_for_another_config_is_not_added(recipe):
     assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().wall_seconds < 0.5
 
 
-def test_an_artifact_folder_that_is_a_link_is_refused_before_it_is_built_again(recipe, tmp_path):
+@pytest.fixture
+def linked(recipe, tmp_path) -> Stage:
+    """A built stage whose artifact folder was moved to another disk and linked back in its place."""
     stage = Stage("up", recipe(), ("data",), writer("a.txt"))
     stage.run()
     moved = tmp_path / "bigger-disk" / "up"
     moved.parent.mkdir()
     stage.folder.rename(moved)
     stage.folder.symlink_to(moved)
+    return stage
+
+
+def test_an_artifact_folder_that_is_a_link_is_refused_before_it_is_built_again(linked):
     with pytest.raises(mf.ArtifactError, match=r"is a link .*link the run folder or the runs folder instead"):
-        stage.run(force=True)
+        linked.run(force=True)
 
 
-def test_an_artifact_folder_that_is_a_link_is_read_where_current(recipe, tmp_path):
-    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
-    stage.run()
-    moved = tmp_path / "bigger-disk" / "up"
-    moved.parent.mkdir()
-    stage.folder.rename(moved)
-    stage.folder.symlink_to(moved)
-    assert stage.run().stage == "up"
+def test_an_artifact_folder_that_is_a_link_is_read_where_current(linked):
+    assert linked.run().stage == "up"
 
 
 def test_a_run_removes_a_temporary_folder_a_live_pid_names_beside_its_artifact(recipe):

@@ -139,10 +139,12 @@ def test_an_interrupted_pipeline_says_so_once(all_stages):
     assert all_stages[1].count("interrupted") == 1
 
 
-def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
+def pipeline_training(tiny, log: str) -> tuple[subprocess.Popen, Path]:
+    """`edgedistill all` (a teacher of more epochs than the built one) once its teacher stage trains, and its log
+    `log` in the runs folder; killed, with its stages, where that stage never starts."""
     recipe, env = tiny
-    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / "killed-all.log"
-    with open(log, "w") as out:
+    path = Path(env["EDGEDISTILL_RUNS_DIR"]) / log
+    with open(path, "w") as out:
         pipeline = subprocess.Popen(
             [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
             cwd=ROOT,
@@ -151,13 +153,16 @@ def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_until(
-            lambda: "[teacher] building again" in log.read_text(), "the teacher stage never started", timeout=300
-        )
+        wait_until(lambda: "[teacher] building again" in path.read_text(), "the teacher stage never started", 300)
     except AssertionError:
         for process in [*psutil.Process(pipeline.pid).children(recursive=True), pipeline]:
             process.kill()  # nothing left training after the test
         raise
+    return pipeline, path
+
+
+def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
+    pipeline, _ = pipeline_training(tiny, "killed-all.log")
     stage = psutil.Process(pipeline.pid).children()[0]
     pipeline.kill()  # this process alone, as `kill -9 PID` does
     pipeline.wait()
@@ -171,19 +176,9 @@ def test_a_killed_pipeline_takes_its_running_stage_with_it(tiny):
 def pipeline_terminated(tiny) -> tuple[str, bool]:
     """`kill PID` of `edgedistill all` while its teacher trains, which the signal itself does not reach: the
     pipeline's output, and whether the teacher's process is gone after it."""
-    recipe, env = tiny
-    log = Path(env["EDGEDISTILL_RUNS_DIR"]) / "terminated-all.log"
-    with open(log, "w") as out:
-        pipeline = subprocess.Popen(
-            [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    pipeline, log = pipeline_training(tiny, "terminated-all.log")
     stages = []
     try:
-        wait_until(lambda: "[teacher] building again" in log.read_text(), "the teacher stage never started", 300)
         stages = psutil.Process(pipeline.pid).children()
         pipeline.terminate()
         pipeline.wait(60)
