@@ -121,17 +121,16 @@ def temporary_name(path: Path, kind: str = "tmp", pid: int | None = None) -> Pat
     return path.with_name(f".{path.stem}.{kind}-{os.getpid() if pid is None else pid}{path.suffix}")
 
 
-def remove_orphans(path: Path, locked: bool = False) -> None:
+def remove_orphans(path: Path) -> None:
     """Remove what processes killed while writing `path` left beside it: temporary names of processes that are
-    gone (a live process's are its work in progress), or, `locked` (the caller holds the lock of every writer of
-    `path`), of any process: a pid alive now may be another's after a reboot, or on another machine for a copied
-    folder. An old `path` where `path` is gone is put back instead: its process died between the two renames of a
-    replace (`_replace` where no exchange is), and it is the last version published."""
+    gone (a live process's are its work in progress). An old `path` where `path` is gone is put back instead: its
+    process died between the two renames of a replace (`_replace` where no exchange is), and it is the last version
+    published."""
     for kind in ("old", "tmp"):
         pattern = re.compile(re.escape(f".{path.stem}.{kind}-") + r"(\d+)" + re.escape(path.suffix))
         for sibling in path.parent.glob(f".{glob.escape(path.stem)}.{kind}-*"):
             found = pattern.fullmatch(sibling.name)
-            if not found or (not locked and alive(int(found[1]))):
+            if not found or alive(int(found[1])):
                 continue
             if kind == "old" and not os.path.lexists(path):
                 os.replace(sibling, path)

@@ -72,26 +72,20 @@ class Terminated(KeyboardInterrupt):
     `KeyboardInterrupt`: the same clean-ups run, and the same line says how to go on."""
 
 
-def _terminated(number, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM, while the first's clean-ups run
-    raise Terminated
-
-
-def terminate_as_interrupted() -> signal.Handlers | None:
-    """From now on SIGTERM raises `Terminated` in the main thread, once (a second one is ignored while the first's
-    clean-ups run); the handler it replaces. A job process's, whose parent stops it with SIGTERM."""
-    return signal.signal(signal.SIGTERM, _terminated)
-
-
 @contextmanager
 def terminated_as_interrupted() -> Iterator[None]:
-    """`terminate_as_interrupted` within the block. Not under torchrun, whose agent stops the other ranks with SIGTERM
-    when one fails: a rank waiting in a collective would take the exception only after it, and the agent's SIGKILL
-    comes first."""
+    """Within the block, SIGTERM raises `Terminated` in the main thread; a second one, while the first's clean-ups
+    run, is ignored. Not under torchrun, whose agent stops the other ranks with SIGTERM when one fails: a rank waiting
+    in a collective would take the exception only after it, and the agent's SIGKILL comes first."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         yield
         return
-    previous = terminate_as_interrupted()
+
+    def terminated(number, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         yield
     finally:

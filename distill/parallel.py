@@ -13,7 +13,7 @@ import threading
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
-from edgedistill.common.processes import children_ignore_interrupts, die_with_parent, terminate_as_interrupted
+from edgedistill.common.processes import children_ignore_interrupts, die_with_parent
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill import device, stages
 from tqdm import tqdm
@@ -25,7 +25,6 @@ _bar_position: int | None = None
 def _start_worker(parent: int, threads: int, slots) -> None:
     global _bar_position
     die_with_parent(parent)  # a killed `distill` takes its jobs with it, none left training unwatched
-    terminate_as_interrupted()  # stopped (by `distill` on Ctrl-C, or SIGTERM), a job removes what it was writing
     # tqdm's default lock holds a semaphore that only a clean exit releases: a job stopped by Ctrl-C would leave
     # the resource tracker warning of it. Spawned jobs share no lock anyway; each guards its own bar.
     tqdm.set_lock(threading.RLock())

@@ -319,17 +319,3 @@ def test_a_changed_text_is_written(tmp_path):
     summary = atomic_write(tmp_path / "summary.md", "old\n")
     write_changed(summary, "new\n")
     assert summary.read_text() == "new\n"
-
-
-def test_a_temporary_of_a_live_pid_is_removed_by_the_holder_of_its_writers_lock(tmp_path):
-    (tmp_path / "bundle-x" / "new").mkdir(parents=True)
-    (atomic.temporary_name(tmp_path / "bundle-x", "tmp", pid=os.getpid()) / "half").mkdir(parents=True)
-    atomic.remove_orphans(tmp_path / "bundle-x", locked=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
-
-
-def test_a_temporary_of_a_live_pid_is_left_by_a_writer_without_the_lock(tmp_path):
-    (tmp_path / "bundle-x" / "new").mkdir(parents=True)
-    (atomic.temporary_name(tmp_path / "bundle-x", "tmp", pid=os.getpid()) / "half").mkdir(parents=True)
-    atomic.remove_orphans(tmp_path / "bundle-x")
-    assert len(list(tmp_path.iterdir())) == 2

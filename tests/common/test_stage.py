@@ -705,12 +705,3 @@ def test_an_artifact_folder_that_is_a_link_is_refused_before_it_is_built_again(l
 
 def test_an_artifact_folder_that_is_a_link_is_read_where_current(linked):
     assert linked.run().stage == "up"
-
-
-def test_a_run_removes_a_temporary_folder_a_live_pid_names_beside_its_artifact(recipe):
-    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
-    stage.run()
-    left = atomic.temporary_name(stage.folder, "tmp", pid=os.getpid())  # a copied run's, or one before a reboot
-    left.mkdir()
-    stage.run()
-    assert not left.exists()
