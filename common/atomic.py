@@ -121,22 +121,31 @@ def temporary_name(path: Path, kind: str = "tmp", pid: int | None = None) -> Pat
     return path.with_name(f".{path.stem}.{kind}-{os.getpid() if pid is None else pid}{path.suffix}")
 
 
-def remove_orphans(path: Path) -> None:
+def remove_orphans(path: Path, locked: bool = False) -> None:
     """Remove what processes killed while writing `path` left beside it: temporary names of processes that are
     gone (a live process's are its work in progress). An old `path` where `path` is gone is put back instead: its
     process died between the two renames of a replace (`_replace` where no exchange is), and it is the last version
-    published."""
+    published. `locked` (the caller holds the lock every publisher of `path` holds, and writes nothing yet): an old
+    `path` is put back whatever its pid, and this process's own pid names a process gone (a container's stage runs
+    as the same pid each time), as no one else can be half-way through publishing."""
     for kind in ("old", "tmp"):
         pattern = re.compile(re.escape(f".{path.stem}.{kind}-") + r"(\d+)" + re.escape(path.suffix))
         for sibling in path.parent.glob(f".{glob.escape(path.stem)}.{kind}-*"):
             found = pattern.fullmatch(sibling.name)
-            if not found or alive(int(found[1])):
+            if not found or _in_progress(int(found[1]), kind, locked):
                 continue
             if kind == "old" and not os.path.lexists(path):
                 os.replace(sibling, path)
                 _fsync(path.parent)
             else:
                 _remove(sibling)
+
+
+def _in_progress(pid: int, kind: str, locked: bool) -> bool:
+    """Whether a temporary name of `kind` (old, tmp) for `pid` may be a live writer's work (`remove_orphans`)."""
+    if locked and (kind == "old" or pid == os.getpid()):
+        return False
+    return alive(pid)
 
 
 def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], None]) -> Path:

@@ -316,7 +316,7 @@ class Stage:
         """`run` where the artifact is current: say so and return True, holding the stage's lock; False, building
         nothing, where it is not."""
         with self.lock():
-            remove_orphans(self.folder)
+            remove_orphans(self.folder, locked=True)
             if self.staleness() is not None:
                 return False
             self._say_current()
@@ -325,7 +325,8 @@ class Stage:
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
         if _main_rank():
-            remove_orphans(self.folder)  # what a publish killed half-way left, even where nothing is built now
+            # what a publish killed half-way left, even where nothing is built now
+            remove_orphans(self.folder, locked=True)
         stale = "--force" if force else self.staleness()
         if stale is None:
             if _main_rank():  # every rank decides alike; one says so

@@ -200,6 +200,33 @@ def test_a_publish_killed_between_its_renames_leaves_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["bundle-x"]
 
 
+def test_under_the_lock_an_old_version_is_put_back_whatever_its_pid(tmp_path):
+    (atomic.temporary_name(tmp_path / "bundle-x", "old", pid=os.getppid()) / "old").mkdir(parents=True)
+    atomic.remove_orphans(tmp_path / "bundle-x", locked=True)
+    assert [p.name for p in (tmp_path / "bundle-x").iterdir()] == ["old"]
+
+
+def test_without_the_lock_a_live_processs_old_version_is_let_be(tmp_path):
+    old = atomic.temporary_name(tmp_path / "bundle-x", "old", pid=os.getppid())
+    old.mkdir()
+    atomic.remove_orphans(tmp_path / "bundle-x")
+    assert old.is_dir()
+
+
+def test_under_the_lock_a_temporary_of_this_processs_pid_is_removed(tmp_path):
+    earlier = atomic.temporary_name(tmp_path / "bundle-x")  # a restarted container's stage runs as the same pid
+    earlier.mkdir()
+    atomic.remove_orphans(tmp_path / "bundle-x", locked=True)
+    assert not earlier.exists()
+
+
+def test_under_the_lock_another_live_processs_temporary_is_let_be(tmp_path):
+    working = atomic.temporary_name(tmp_path / "bundle-x", pid=os.getppid())
+    working.mkdir()
+    atomic.remove_orphans(tmp_path / "bundle-x", locked=True)
+    assert working.is_dir()
+
+
 def test_an_old_version_beside_a_published_one_is_removed(tmp_path):
     (tmp_path / "bundle-x" / "new").mkdir(parents=True)
     (atomic.temporary_name(tmp_path / "bundle-x", "old", pid=gone_pid()) / "old").mkdir(parents=True)

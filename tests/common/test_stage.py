@@ -94,6 +94,24 @@ def test_a_current_stage_removes_what_a_killed_publish_left(recipe):
     assert not orphan.exists()
 
 
+def test_a_stage_killed_between_the_renames_of_its_publish_gets_its_artifact_back_under_a_live_pid(recipe, capsys):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    stage.folder.rename(atomic.temporary_name(stage.folder, "old", pid=os.getppid()))  # the pid is now another's
+    capsys.readouterr()
+    stage.run()
+    assert "[up] up to date" in capsys.readouterr().out
+
+
+def test_a_stage_removes_the_temporary_an_earlier_process_of_its_pid_left(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    earlier = atomic.temporary_name(stage.folder)
+    shutil.copytree(stage.folder, earlier)
+    stage.run()
+    assert not earlier.exists()
+
+
 def test_a_rebuilt_stage_names_the_setting_that_changed(recipe, capsys):
     body = writer("a.txt")
     Stage("up", recipe(), ("finetune",), body).run()
