@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from edgedistill.common import guide, sections, settings
+from edgedistill.common import guide, progress, sections, settings
 from edgedistill.common import manifest as mf
 from edgedistill.common.arguments import WholeWordsHelp, file_in_the_way
 from edgedistill.common.config import schema
@@ -761,6 +761,7 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
         )
     raw, written = _read(path)
     settings.refuse_unknown_variables()  # after `_read`, whose errors name the `${EDGEDISTILL_*}` a recipe misuses
+    progress.mode(), progress.interval()  # a bad progress setting stops the command now, not at its first bar
     origins = _origins(written, path)
     if "name" not in raw:
         raw["name"] = path.stem

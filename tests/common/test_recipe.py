@@ -822,6 +822,15 @@ def test_any_environment_variable_expands(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"), [(settings.PROGRESS_VAR, "bogus"), (settings.PROGRESS_INTERVAL_VAR, "-1")]
+)
+def test_a_bad_progress_setting_is_refused_as_the_recipe_is_read(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingError, match=f"^{variable}="):
+        load_recipe("recipes/smoke.yaml")
+
+
 def test_settings_keep_their_defaults_when_unset(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGEDISTILL_DATA_DIR", raising=False)
     recipe = load_recipe(write(tmp_path, MINIMAL.replace("a.tsv", '"${DATA_DIR}/a.tsv"')))
