@@ -491,6 +491,8 @@ def apply_override(raw: dict, dotted: str, value) -> None:
         raise RecipeError(
             f"override --{dotted}=null drops nothing: {'.'.join(parents)} has no {leaf!r} ({', '.join(sorted(node))})"
         )
+    elif value is None and leaf not in node and _is_section((*parents, leaf)):
+        raise RecipeError(f"override --{dotted}=null drops nothing: the recipe has no {dotted}")
     else:
         node[leaf] = value
 
@@ -551,11 +553,13 @@ def _drops_nothing(missing: tuple, target: tuple) -> bool:
     section, `missing` a new name among named sections (students, bundles, cascades) or no setting. A null for a
     setting sets it, as any other value would (`--loadtest.soak.slo.min_rate_share=null`)."""
     return (
-        schema.field_at(Recipe, missing) is None
-        or schema.names_sections(Recipe, missing[:-1])
-        or schema.section_at(Recipe, target) is not None
-        or schema.names_sections(Recipe, target)
+        schema.field_at(Recipe, missing) is None or schema.names_sections(Recipe, missing[:-1]) or _is_section(target)
     )
+
+
+def _is_section(loc: tuple) -> bool:
+    """Whether `loc` is a section of the recipe, or a mapping of named sections (students, bundles, cascades)."""
+    return schema.section_at(Recipe, loc) is not None or schema.names_sections(Recipe, loc)
 
 
 def _names_nothing(node: dict, key, loc: tuple) -> bool:

@@ -1942,6 +1942,13 @@ def test_a_null_override_under_a_section_the_recipe_lacks_drops_nothing(tmp_path
         load_recipe(write(tmp_path, MINIMAL), parse_overrides(["--export.cascades=null"]))
 
 
+def test_a_null_override_of_a_mapping_the_recipes_section_lacks_drops_nothing():
+    with pytest.raises(
+        RecipeError, match=r"override --export\.cascades=null drops nothing: the recipe has no export\.cascades$"
+    ):
+        load_recipe("recipes/trec.yaml", parse_overrides(["--export.cascades=null"]))
+
+
 def test_a_null_override_under_a_section_every_recipe_has_sets_the_setting_over_its_default():
     recipe = load_recipe(SMOKE, parse_overrides(["--loadtest.soak.slo.min_rate_share=null"]))
     assert recipe.loadtest.soak.slo.min_rate_share is None
