@@ -260,7 +260,7 @@ endif
 base-image:  ## a local Debian bookworm base image for podman (debootstrap + podman import; skipped when present)
 	deploy/base-image.sh $(BASE_IMAGE)
 
-image:  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
+image: $(if $(filter 1,$(BAKE)),$(STAMP))  ## build the serving image (docker if an engine answers, else podman); BAKE=1 bakes BUNDLE in
 	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
 	$(if $(filter 1,$(BAKE)),$(if $(BAKED),,@echo "BAKE=1: $(BUNDLE) is outside the build context, which takes a bundle from runs/<recipe>/bundle-<id> in $(CURDIR) only: copy it there and pass that as BUNDLE, or mount it at run time (BAKE=0)" >&2; exit 2))
 	$(if $(filter 1,$(BAKE)),$(if $(BUNDLE_VERSION),,@echo "BAKE=1: $(BUNDLE) does not load as a bundle (the line above says why), so there is no content version to tag its image with: build it again (make bundles RECIPE=$(RECIPE))" >&2; exit 2))

@@ -506,6 +506,12 @@ def finished_bundle(folder):
     return folder
 
 
+def test_make_image_baking_a_bundle_sets_up_the_environment_that_reads_it_first(tmp_path):
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    bundle = finished_bundle(tmp_path / "runs" / "r" / "bundle-b")
+    assert "-m venv .venv" in make_in(tmp_path, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+
+
 def test_make_image_bakes_a_bundle_of_the_build_context_named_by_its_absolute_path(checkout):
     bundle = finished_bundle(checkout / "runs" / "r" / "bundle-b")
     assert "--build-arg BUNDLE=runs/r/bundle-b " in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
