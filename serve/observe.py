@@ -279,7 +279,7 @@ class CallObserver:
             )
         return "missing or invalid bearer token: send 'authorization: Bearer <token>'"
 
-    def _begin(self, request, context, method: str, metadata: dict[str, str], denied: str | None):
+    def _begin(self, request, context, metadata: dict[str, str], denied: str | None):
         """The call's request id and its context tokens (request id, model); and whether the call is refused (auth:
         `denied`, or a `Refused` request), its status then set."""
         request_id = (
@@ -359,9 +359,7 @@ class CallObserver:
             async def stream(request, context):
                 started = time.perf_counter()
                 metadata = _metadata(context)
-                request_id, token, refused = self._begin(
-                    request, context, method, metadata, self._denied(method, metadata)
-                )
+                request_id, token, refused = self._begin(request, context, metadata, self._denied(method, metadata))
                 replies = None if refused else behavior(request, context)
                 err = None
                 try:
@@ -395,11 +393,11 @@ class CallObserver:
                         if request is grpc.aio.EOF:
                             request = await _without_request(context)
                     except asyncio.CancelledError as caught:  # the call ended first: recorded as any call that did
-                        request_id, token, _ = self._begin(None, context, method, metadata, None)
+                        request_id, token, _ = self._begin(None, context, metadata, None)
                         self._end(context, method, request_id, waiting, token, caught, awaited=True)
                         raise
             started = time.perf_counter()
-            request_id, token, refused = self._begin(request, context, method, metadata, denied)
+            request_id, token, refused = self._begin(request, context, metadata, denied)
             err = None
             try:
                 return None if refused else await behavior(request, context)

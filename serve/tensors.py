@@ -85,7 +85,7 @@ def _room(datatype: str, contents, raw: bytes | None) -> int:
     return len(raw) // (4 if datatype == "BYTES" else np.dtype(NUMPY[datatype]).itemsize)
 
 
-def _present(name: str, datatype: str, contents, raw: bytes | None, most: int) -> int:
+def _present(datatype: str, contents, raw: bytes | None, most: int) -> int:
     """How many elements the request holds, up to `most`, without decoding one: raw BYTES by their length prefixes."""
     if raw is None:
         return min(len(getattr(contents, CONTENTS[datatype])) if contents is not None else 0, most)
@@ -113,10 +113,10 @@ def decode(
     if max_elements is not None and count > max_elements:
         if count > (room := _room(datatype, contents, raw)):  # a shape claiming more than was sent: nothing to split
             if raw is not None and datatype == "BYTES":  # room is a bound: count the elements, up to the limit
-                present = _present(name, datatype, contents, raw, max_elements + 1)
+                present = _present(datatype, contents, raw, max_elements + 1)
                 room = present if present <= max_elements else f"more than {max_elements}"
             raise InvalidInput(f"input {name!r}: {room} elements for shape {list(shape)} ({count} expected)")
-        present = _present(name, datatype, contents, raw, max_elements + 1)
+        present = _present(datatype, contents, raw, max_elements + 1)
         if present < min(count, max_elements + 1):  # a shape claiming more than was sent: nothing to split
             raise InvalidInput(f"input {name!r}: {present} elements for shape {list(shape)} ({count} expected)")
         raise TooLarge(
