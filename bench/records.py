@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Self
 from edgedistill.common.bundle import BundleSpec
 from edgedistill.common.config.training import METRIC_NAMES, Metric
 from edgedistill.common.machine import usable_cores
+from edgedistill.common.tables import counted
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RESULT_FILE = "bench.json"  # of a ModelTable or a ServingResult
@@ -36,8 +37,7 @@ def cores_phrase(machine: dict[str, Any]) -> str:
     """The cores a measurement could use, as a `machine` record gives them: '2 cores', and '2 cores of 16 CPUs' where
     the machine had more."""
     cores, cpus = machine["cores"], machine["cpus"]
-    plural = "" if cores == 1 else "s"
-    return f"{cores} core{plural}" if cores == cpus else f"{cores} core{plural} of {cpus} CPUs"
+    return counted(cores, "core") if cores == cpus else f"{counted(cores, 'core')} of {cpus} CPUs"
 
 
 def bundle_record(folder: Path, spec: BundleSpec) -> dict[str, Any]:

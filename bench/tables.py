@@ -114,5 +114,6 @@ def threads_phrase(bundle: dict, threads: int, per: str = "") -> str:
     `per` worker, say): none for a TensorRT engine, which runs without ONNX Runtime."""
     if bundle["runtime"] == "tensorrt":
         return "no intra-op threads (a TensorRT engine)"
-    count = "ONNX Runtime's default" if threads == 0 else threads
-    return f"{count} intra-op thread{'' if threads == 1 else 's'}{per}"
+    return (
+        "ONNX Runtime's default intra-op threads" if threads == 0 else tables.counted(threads, "intra-op thread")
+    ) + per

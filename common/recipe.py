@@ -621,8 +621,7 @@ def _closest(path: Path) -> str:
     close = difflib.get_close_matches(path.stem, beside, n=1)
     if close:
         return f"did you mean {beside[close[0]]}? "
-    close = difflib.get_close_matches(path.stem, settings.recipe_names(), n=1)
-    return f"did you mean {close[0]}? " if close else ""
+    return did_you_mean(path.stem, settings.recipe_names())
 
 
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:

@@ -36,7 +36,7 @@ PROG = "edgedistill"
 CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 TERMINATED = 143  # 128 + SIGTERM, likewise
-MISSED = 1  # a load test that measured and missed its SLO, as `python -m loadtests` exits
+SLO_MISSED = 1  # a load test that measured and missed its SLO, as `python -m loadtests` exits
 CRASHED = 70  # EX_SOFTWARE (sysexits.h): not Python's 1, which means a missed gate, target or SLO
 READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader stopped early (`| head`)
 EXIT_STATUSES = (
@@ -226,7 +226,7 @@ def run_all(argv: list[str]) -> int:
         status = run_stage(python_module(PROG, *step))
         if status in (INTERRUPTED, TERMINATED):
             return status
-        if command == "loadtest" and status == MISSED:  # it measured: the report and the headline show the miss
+        if command == "loadtest" and status == SLO_MISSED:  # it measured: the report and the headline show the miss
             print(f"[all] {PROG} {command} missed its SLO (exit status {status}); the report and headline follow")
             missed = status
         elif status != 0:
