@@ -9,7 +9,6 @@ model and read its outputs.
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
@@ -208,31 +207,13 @@ class ServedFiles:
     tokenizer: str
 
 
-def _read_listed(folder: Path, name: str, entry: mf.FileEntry) -> bytes:
-    """The bytes of the listed file `name`, read once; `ArtifactError` unless they match the manifest's entry."""
-    try:
-        with open(mf.listed_file(folder, name), "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size != entry.size_bytes:
-                raise mf.wrong_size(folder, name, size, entry.size_bytes)
-            data = handle.read(entry.size_bytes + 1)  # one byte more shows a file that grew since
-    except FileNotFoundError:
-        raise mf.missing_file(folder, name) from None
-    if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise mf.wrong_sha256(folder, name)
-    return data
-
-
 def read_bundle(folder: str | Path) -> tuple[Bundle, ServedFiles]:
     """A verified bundle and its model and tokenizer in memory, each read once and checked on the bytes read, so a
-    folder changed after the check cannot change what is served (the other listed files are checked too)."""
+    folder changed after the check cannot change what is served (the folder is verified as `manifest.load` does)."""
     folder = Path(folder)
-    manifest, digest = mf.read(folder, verify=False)  # each file is checked below, on the bytes read
+    manifest, digest = mf.read(folder, verify=False)  # verified below, keeping the bytes served
     spec = _spec(folder, manifest)
-    served = {name: _read_listed(folder, name, manifest.files[name]) for name in (spec.model_file, TOKENIZER)}
-    for name, entry in manifest.files.items():
-        if name not in served:
-            _read_listed(folder, name, entry)
+    served = mf.verified(folder, manifest, keep=(spec.model_file, TOKENIZER))
     try:
         tokenizer = served[TOKENIZER].decode("utf-8")
     except UnicodeDecodeError as err:

@@ -189,22 +189,44 @@ def read(folder: str | Path, verify: bool = True) -> tuple[Manifest, str]:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as err:
         raise invalid(f"{path} is not a valid manifest", err) from None
-    files = {name: listed_file(folder, name) for name in manifest.files}
+    for name in manifest.files:
+        listed_file(folder, name)
     if verify:
-        for name, entry in manifest.files.items():
-            file = files[name]
-            if not file.is_file():
-                raise missing_file(folder, name)
-            if (size := file.stat().st_size) != entry.size_bytes:
-                raise wrong_size(folder, name, size, entry.size_bytes)
-            if sha256_file(file) != entry.sha256:
-                raise wrong_sha256(folder, name)
-        if added := next(iter(unlisted(folder, manifest)), None):
-            raise ArtifactError(
-                f"{folder}: {added} is in the folder but not in its manifest (added since?), and a loader would read "
-                "it: remove it"
-            )
+        verified(folder, manifest)
     return manifest, hashlib.sha256(data).hexdigest()
+
+
+def verified(folder: Path, manifest: Manifest, keep: Iterable[str] = ()) -> dict[str, bytes]:
+    """The bytes of the listed files named in `keep`, each read once; `ArtifactError` unless every listed file is
+    there with the size and sha256 its manifest records, checked on the bytes read, and the folder holds no file
+    its manifest leaves out (`unlisted`)."""
+    keep = set(keep)
+    kept = {name: _checked(folder, name, entry, name in keep) for name, entry in manifest.files.items()}
+    if added := next(iter(unlisted(folder, manifest)), None):
+        raise ArtifactError(
+            f"{folder}: {added} is in the folder but not in its manifest (added since?), and a loader would read "
+            "it: remove it"
+        )
+    return {name: kept[name] for name in keep}
+
+
+def _checked(folder: Path, name: str, entry: FileEntry, keep: bool) -> bytes | None:
+    """The listed file `name` checked against its manifest `entry` on the bytes read; those bytes if `keep`."""
+    try:
+        with open(listed_file(folder, name), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size != entry.size_bytes:
+                raise wrong_size(folder, name, size, entry.size_bytes)
+            if keep:
+                data = handle.read(size + 1)  # one byte more shows a file that grew since
+                digest = hashlib.sha256(data)
+            else:  # hashed without holding it
+                data, digest = None, hashlib.file_digest(handle, "sha256")
+    except (FileNotFoundError, IsADirectoryError):
+        raise missing_file(folder, name) from None
+    if digest.hexdigest() != entry.sha256:
+        raise wrong_sha256(folder, name)
+    return data
 
 
 def unlisted(folder: Path, manifest: Manifest) -> list[str]:
@@ -221,7 +243,7 @@ def unlisted(folder: Path, manifest: Manifest) -> list[str]:
 
 def load(folder: str | Path, verify: bool = True) -> Manifest:
     """Read `folder/manifest.json`, refusing listed files outside the folder; with `verify`, check every listed
-    file's size and sha256."""
+    file's size and sha256 and refuse files it does not list (`verified`)."""
     return read(folder, verify)[0]
 
 
@@ -411,11 +433,6 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def is_current(folder: Path, config_hash: str, parents: dict[str, Path] | None = None) -> bool:
-    """True when `staleness` finds no reason to build `folder` again."""
-    return staleness(folder, config_hash, parents) is None
 
 
 @contextmanager

@@ -112,3 +112,50 @@ def test_a_content_version_leaves_the_version_it_replaces_out():
 
 def test_a_content_version_has_its_number_of_hex_digits():
     assert len(spec().content_versioned(MODEL_SHA256).version) == VERSION_DIGITS
+
+
+def test_reading_a_bundle_to_serve_refuses_a_file_its_manifest_does_not_list(tmp_path):
+    folder = write_bundle(tmp_path / "bundle")
+    (folder / "special_tokens_map.json").write_text('{"pad_token": "[UNK]"}')
+    with pytest.raises(mf.ArtifactError, match=r"special_tokens_map\.json is in the folder but not in its manifest"):
+        read_bundle(folder)
+
+
+def add_file(folder):
+    (folder / "special_tokens_map.json").write_text("{}")
+
+
+def replace_by_folder(folder):
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").mkdir()
+
+
+def remove(folder):
+    (folder / "tokenizer.json").unlink()
+
+
+def edit(folder):
+    model = folder / "model.onnx"
+    model.write_bytes(model.read_bytes()[:-1] + b"!")
+
+
+def grow(folder):
+    with open(folder / "model.onnx", "ab") as handle:
+        handle.write(b"+")
+
+
+@pytest.mark.parametrize("damage", [add_file, replace_by_folder, remove, edit, grow])
+def test_reading_a_bundle_to_serve_refuses_a_damaged_one_as_loading_its_manifest_does(tmp_path, damage):
+    folder = write_bundle(tmp_path / "bundle")
+    damage(folder)
+    with pytest.raises(mf.ArtifactError) as loading:
+        mf.load(folder)
+    with pytest.raises(mf.ArtifactError) as serving:
+        read_bundle(folder)
+    assert str(serving.value) == str(loading.value)
+
+
+def test_reading_a_bundle_to_serve_lets_its_card_be(tmp_path):
+    folder = write_bundle(tmp_path / "bundle")
+    (folder / mf.CARD).write_text("# bundle")
+    assert read_bundle(folder)[0].folder == folder

@@ -106,15 +106,31 @@ def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["stage"]
 
 
-def test_is_current_follows_config_and_parents(tmp_path):
+def publish_child(tmp_path) -> dict:
+    """A parent artifact and a child built from it; the child's parents (name -> folder)."""
     publish(tmp_path, "parent")
     publish(tmp_path, "child", parents={"parent": mf.parent_of(tmp_path / "parent")})
-    parents = {"parent": tmp_path / "parent"}
-    assert mf.is_current(tmp_path / "child", "c", parents)
-    assert not mf.is_current(tmp_path / "child", "other-config", parents)
+    return {"parent": tmp_path / "parent"}
+
+
+def test_a_child_built_from_the_same_config_and_parents_is_not_stale(tmp_path):
+    parents = publish_child(tmp_path)
+    assert mf.staleness(tmp_path / "child", "c", parents) is None
+
+
+def test_a_child_of_another_config_is_stale(tmp_path):
+    parents = publish_child(tmp_path)
+    assert mf.staleness(tmp_path / "child", "other-config", parents) == "its settings or a parent's changed"
+
+
+def test_a_child_whose_parent_was_rebuilt_is_stale(tmp_path):
+    parents = publish_child(tmp_path)
     publish(tmp_path, "parent", payload=b"retrained")
-    assert not mf.is_current(tmp_path / "child", "c", parents), "a rebuilt parent makes the child stale"
-    assert not mf.is_current(tmp_path / "missing", "c", parents)
+    assert mf.staleness(tmp_path / "child", "c", parents) == "its parent parent was built again"
+
+
+def test_a_missing_artifact_is_stale(tmp_path):
+    assert mf.staleness(tmp_path / "missing", "c") == "not built yet"
 
 
 RECORDED = {"settings": {"export.opset": 17, "export.min_fp16_agreement": 0.995}, "extra": {}, "parents": {}}
@@ -293,3 +309,8 @@ def test_an_artifacts_card_and_hidden_files_are_not_refused(tmp_path, name):
     (folder / name).parent.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text("x")
     assert mf.load(folder).stage == "stage"
+
+
+def test_verifying_an_artifact_gives_the_bytes_of_the_files_kept(tmp_path):
+    manifest = publish(tmp_path)
+    assert mf.verified(tmp_path / "stage", manifest, keep=["sub/tok.json"]) == {"sub/tok.json": b"{}"}

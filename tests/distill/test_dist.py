@@ -125,7 +125,7 @@ def _run_stage(recipe_path: str, runs: str) -> bool:
     os.environ["EDGEDISTILL_RUNS_DIR"] = runs
     stage = Stage("up", load_recipe(recipe_path), ("data",), _build_on_rank_0)
     dist.run_stage(stage)
-    return mf.is_current(stage.folder, stage.config_hash)
+    return mf.staleness(stage.folder, stage.config_hash) is None
 
 
 def test_two_ranks_build_a_stage_once_and_both_find_it(tmp_path):

@@ -881,14 +881,14 @@ def test_the_bundle_sha256_reported_is_of_the_manifest_read_not_of_one_swapped_i
     folder = make_bundle()
     loaded = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
     other = make_bundle("other", version="2")
-    read_listed = common_bundle._read_listed
+    verified = common_bundle.mf.verified
 
-    def swapping(bundle_folder, name, entry):  # the manifest changes while the files it lists are read
+    def swapping(bundle_folder, manifest, keep=()):  # the manifest changes while the files it lists are read
         shutil.copyfile(other / "manifest.json", folder / "manifest.json")
-        return read_listed(bundle_folder, name, entry)
+        return verified(bundle_folder, manifest, keep)
 
     with monkeypatch.context() as patch:  # `monkeypatch.undo` would undo the hermetic settings too
-        patch.setattr(common_bundle, "_read_listed", swapping)
+        patch.setattr(common_bundle.mf, "verified", swapping)
         server = start_server(settings_for(folder))
     with server.channel() as channel:
         info = classifier_pb2_grpc.ClassifierStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
