@@ -151,16 +151,10 @@ def _file_names(folder: Path) -> list[str]:
 
 
 def _not_utf8(path: Path, err: NotUtf8) -> DataError:
-    """The error for a line of `path` that is not UTF-8, naming UTF-16 text by how it shows."""
-    if err.utf16:
-        return DataError(f"{path}:1: UTF-16 text ({err.utf16}), not UTF-8; re-encode the file as UTF-8")
-    if err.gzip:  # a download saved without its .gz, or a .gz compressed twice
-        fix = "it was compressed twice: gunzip it once" if _gzipped(path) else f"name it {path.name}.gz to read it so"
-        return DataError(f"{path}:1: gzip-compressed data (it starts with gzip's bytes 1f 8b), not UTF-8 text; {fix}")
-    return DataError(
-        f"{path}:{err.line}: not valid UTF-8 (byte {err.byte}); re-encode the file as UTF-8 (from its encoding, e.g. "
-        "iconv -f cp1252 -t utf-8), or, if only a few stray bytes are not UTF-8, drop them: iconv -f utf-8 -t utf-8 -c"
-    )
+    """The error for a line of `path` that is not UTF-8 (`NotUtf8.as_error`); gzip data is a download saved without
+    its .gz, or a .gz compressed twice."""
+    gunzip = "it was compressed twice: gunzip it once" if _gzipped(path) else f"name it {path.name}.gz to read it so"
+    return err.as_error(str(path), DataError, gunzip)
 
 
 def _gzipped(path: Path) -> bool:

@@ -1,13 +1,14 @@
-"""Text as files hold it and tokenizers read it: the lines of a UTF-8 file, what starts UTF-16 text, texts stored
-one per line, and what a text shows (tokenizers drop control, format such as zero-width, and space characters, and
-U+FFFD, the replacement character a decoder writes for bytes it could not read)."""
+"""Text as files hold it and tokenizers read it: the lines of a UTF-8 file (and the one message for a file that is not
+one), what starts UTF-16 text, texts stored one per line, and what a text shows (tokenizers drop control, format such
+as zero-width, and space characters, and U+FFFD, the replacement character a decoder writes for bytes it could not
+read)."""
 
 import itertools
 import re
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # what starts UTF-16 text, such as a spreadsheet's "Unicode text" export
 GZIP_MAGIC = b"\x1f\x8b"  # what starts gzip-compressed data
@@ -18,6 +19,7 @@ CR_ALONE = re.compile(r"(?<=\r)(?!\n)")
 INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # Unicode categories of control, format and space characters
 REPLACEMENT = "\ufffd"
 READ_AHEAD = 4096  # the bytes of a file's start read to tell UTF-16 text by, where UTF-8 fails within them
+Error = TypeVar("Error", bound=Exception)
 
 
 class NotUtf8(ValueError):
@@ -28,6 +30,21 @@ class NotUtf8(ValueError):
     def __init__(self, line: int, byte: int, utf16: str = "", gzip: bool = False):
         super().__init__(f"line {line}: not valid UTF-8 (byte {byte})")
         self.line, self.byte, self.utf16, self.gzip = line, byte, utf16, gzip
+
+    def as_error(self, source: str, error: type[Error], gunzip: str) -> Error:
+        """The caller's `error` naming `source` ('stdin', a path), the line and how to fix it: re-encode UTF-16 text,
+        `gunzip` gzip-compressed data (how depends on what the caller reads), re-encode (or drop) a byte."""
+        if self.utf16:
+            return error(f"{source}:1: UTF-16 text ({self.utf16}), not UTF-8; re-encode the file as UTF-8")
+        if self.gzip:
+            return error(
+                f"{source}:1: gzip-compressed data (it starts with gzip's bytes 1f 8b), not UTF-8 text; {gunzip}"
+            )
+        return error(
+            f"{source}:{self.line}: not valid UTF-8 (byte {self.byte}); re-encode the file as UTF-8 (from its "
+            "encoding, e.g. iconv -f cp1252 -t utf-8), or, if only a few stray bytes are not UTF-8, drop them: "
+            "iconv -f utf-8 -t utf-8 -c"
+        )
 
 
 def utf16_sign(first: bytes) -> str:

@@ -3,11 +3,12 @@ them: UTF-8, one text per line or `text<TAB>pair` per line (or named columns), e
 where the server would refuse it."""
 
 import argparse
+import io
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
-from edgedistill.common.text import BOM, GZIP_MAGIC, shows_nothing, stray_delimiter, utf16_sign
+from edgedistill.common.text import NotUtf8, shows_nothing, stray_delimiter, utf8_lines
 
 # Where each text and each pair is in the input, by the server's name for its kind: "text" and "text pair"
 Origins = dict[str, list[str]]
@@ -17,50 +18,38 @@ class UsageError(ValueError):
     """Arguments or input files the CLI cannot use; the message says why."""
 
 
-def _not_utf8(source: str, err: UnicodeDecodeError) -> UsageError:
-    """The error for input that is not UTF-8, naming the line and byte; lines end as `lines_of` ends them (at LF, CR
-    LF or a CR alone)."""
-    before = err.object[: err.start]
-    line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
-    return UsageError(f"cannot read {source}: it is not UTF-8 ({err.reason} at byte {err.start}, line {line})")
-
-
 def lines_of(path: Path, stdin: TextIO, layout: str = "one text per line") -> list[str]:
-    """The lines of `path` ('-': stdin's bytes, whatever the locale's encoding), which must be UTF-8 (a leading byte
-    order mark, as Windows tools write, is dropped), each ended by LF, CR LF or CR only: `str.splitlines` would also
-    end one at a form feed, U+0085 or U+2028, characters a text may hold."""
-    if str(path) == "-":
-        if stdin is None:  # started with stdin closed (`<&-`)
-            raise UsageError("stdin is closed: give the texts as arguments, --file or --tsv")
-        if stdin.isatty():  # else a call without texts would seem to hang
-            print(f"reading from the terminal, {layout}; end with Ctrl-D", file=sys.stderr, flush=True)
-        if hasattr(stdin, "buffer"):
-            text = _utf8_text(stdin.buffer.read(), "stdin")
-        else:  # a text stream over no bytes (io.StringIO)
-            text = stdin.read()
-            try:  # for lone surrogates, as a C locale's text stdin lets bytes that are not UTF-8 through
-                text.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise UsageError(f"cannot read stdin: it is not UTF-8 ({err.reason} at position {err.start})") from err
-    else:
+    """The lines of `path` ('-': stdin), as `_read` reads them."""
+    return [line for _, line in _read(path, stdin, layout)]
+
+
+def _read(path: Path, stdin: TextIO, layout: str = "one text per line") -> list[tuple[int, str]]:
+    """(number, line) of `path` ('-': stdin's bytes, whatever the locale's encoding), line ends dropped, read as the
+    data loader reads a file (`common.text.utf8_lines`: UTF-8, a leading byte-order mark dropped, a line ended by LF,
+    CR LF or CR alone and numbered by the LFs before it, plus one); `UsageError` saying why it cannot be read."""
+    if str(path) != "-":
         try:
-            text = _utf8_text(path.read_bytes(), str(path))
+            with path.open("rb") as handle:
+                return _utf8_lines(handle, str(path))
         except OSError as err:
             raise UsageError(f"cannot read {path}: {err}") from err
-    return text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if stdin is None:  # started with stdin closed (`<&-`)
+        raise UsageError("stdin is closed: give the texts as arguments, --file or --tsv")
+    if stdin.isatty():  # else a call without texts would seem to hang
+        print(f"reading from the terminal, {layout}; end with Ctrl-D", file=sys.stderr, flush=True)
+    if hasattr(stdin, "buffer"):
+        return _utf8_lines(stdin.buffer, "stdin")
+    # a text stream over no bytes (io.StringIO): a lone surrogate, as a C locale's text stdin reads a byte that is
+    # not UTF-8, is encoded as bytes that are not UTF-8 either, and refused as they are
+    return _utf8_lines(io.BytesIO(stdin.read().encode("utf-8", "surrogatepass")), "stdin")
 
 
-def _utf8_text(data: bytes, source: str) -> str:
-    """`data` of `source` decoded as UTF-8; `UsageError` naming how it is not, UTF-16 text (Notepad's "Unicode")
-    by how it shows (`utf16_sign`), and gzip-compressed data."""
-    if utf16 := utf16_sign(data[: data.find(b"\n") + 1] or data):
-        raise UsageError(f"cannot read {source}: it is UTF-16 text ({utf16}), not UTF-8; save it as UTF-8")
-    if data.startswith(GZIP_MAGIC):
-        raise UsageError(f"cannot read {source}: it is gzip-compressed data, not UTF-8 text; give it gunzipped (zcat)")
+def _utf8_lines(handle: BinaryIO, source: str) -> list[tuple[int, str]]:
+    """(number, line) of `handle`, read from `source` by `utf8_lines`, line ends dropped."""
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise _not_utf8(source, err) from err
+        return [(number, line.rstrip("\r\n")) for number, line in utf8_lines(handle)]
+    except NotUtf8 as err:
+        raise err.as_error(source, UsageError, "give it gunzipped (zcat)") from None
 
 
 def _comma_separated(line: str, option: str) -> str:
@@ -116,10 +105,10 @@ def numbered_pairs(
     where = (0, 1)
     wants = "text<TAB>pair on each line"
     layout = "text<TAB>pair on each line" if columns is None else "the header line, then tab-separated fields"
-    lines = lines_of(path, stdin, layout)
+    lines = _read(path, stdin, layout)
     header_due = header or columns is not None
     width = None  # the header's number of fields: a line with more was split by a stray tab
-    for number, line in enumerate(lines, 1):
+    for index, (number, line) in enumerate(lines):
         if not line.strip():
             continue
         if header_due:
@@ -145,7 +134,7 @@ def numbered_pairs(
             short = "no tab" if len(fields) < 2 else f"{len(fields)} fields"
             # after a line holding a tab (a header too, skipped or split into the columns), the file is TSV and a
             # comma the text's own
-            tabbed = any("\t" in before for before in lines[: number - 1])
+            tabbed = any("\t" in before for _, before in lines[:index])
             csv = "" if tabbed else _comma_separated(line, option)
             raise UsageError(f"{path}:{number}: {short}; {option} wants {wants}{csv}")
         text, pair = fields[where[0]], fields[where[1]]
@@ -168,7 +157,7 @@ def numbered_lines(path: Path, stdin: TextIO) -> list[tuple[int, str]]:
     (`shows_nothing`) is refused, naming its line: the server would refuse it too (the model reads it as nothing),
     naming its place in one call."""
     texts = []
-    for number, line in enumerate(lines_of(path, stdin), 1):
+    for number, line in _read(path, stdin):
         if line.strip():
             if shows_nothing(line):
                 raise UsageError(

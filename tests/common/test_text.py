@@ -128,3 +128,18 @@ def test_utf8_lines_take_a_first_line_of_two_letters_as_utf8():
 
 def test_utf8_lines_decode_only_the_lines_taken():
     assert next(utf8_lines(io.BytesIO(b"first\n\xff\n"))) == (1, "first\n")
+
+
+def test_a_line_that_is_not_utf8_is_reported_as_the_callers_error():
+    assert isinstance(NotUtf8(2, 7).as_error("u.txt", LookupError, "gunzip it"), LookupError)
+
+
+def test_a_line_that_is_not_utf8_is_reported_naming_the_source_line_and_byte():
+    assert str(NotUtf8(2, 7).as_error("u.txt", ValueError, "gunzip it")).startswith(
+        "u.txt:2: not valid UTF-8 (byte 7);"
+    )
+
+
+def test_gzip_data_is_reported_with_the_callers_way_to_read_it():
+    reported = NotUtf8(1, 1, gzip=True).as_error("u.txt", ValueError, "zcat it")
+    assert str(reported).endswith("not UTF-8 text; zcat it")

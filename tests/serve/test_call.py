@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from edgedistill.common.data import DataError, load_unlabelled
 from edgedistill.serve import call as cli
 from edgedistill.serve import textfiles
 from edgedistill.serve.client import Client, LabelsUnavailable
@@ -334,28 +335,50 @@ def test_stdin_that_is_not_utf8_is_a_usage_error(served, capsys, source):
 
 
 @pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
-def test_a_byte_that_is_not_utf8_is_named_by_its_line_whatever_the_line_ends(tmp_path, end):
+def test_a_byte_that_is_not_utf8_is_refused_as_the_data_loader_refuses_it_whatever_the_line_ends(tmp_path, end):
     path = tmp_path / "texts.txt"
-    path.write_bytes(f"good one{end}good two{end}".encode() + b"bad \xff three" + end.encode())
-    with pytest.raises(cli.UsageError, match="line 3"):
+    path.write_bytes(f"good one{end}good two{end}".encode() + "crème brûlée".encode("cp1252") + end.encode())
+    with pytest.raises(DataError) as loaded:
+        load_unlabelled([str(path)])
+    with pytest.raises(cli.UsageError) as read:
         textfiles.lines_of(path, io.StringIO())
+    assert str(read.value) == str(loaded.value)
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_and_byte_with_how_to_re_encode(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"good one\ngood two\nbad \xff three\n")
+    with pytest.raises(cli.UsageError, match=r"texts\.txt:3: not valid UTF-8 \(byte 22\); .*iconv -f cp1252 -t utf-8"):
+        textfiles.lines_of(path, io.StringIO())
+
+
+def test_lines_are_ended_and_numbered_as_the_data_loader_ends_and_numbers_them(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b"good\rfilm\r\nbad\rone\n")  # a lone CR ends a text, not the line `grep -n` counts
+    assert textfiles.numbered_lines(path, None) == [(1, "good"), (1, "film"), (2, "bad"), (2, "one")]
 
 
 def test_a_gzip_file_is_a_usage_error_saying_it_is_compressed(tmp_path):
     path = tmp_path / "texts.txt.gz"
     path.write_bytes(gzip.compress(b"good one\n"))
-    with pytest.raises(cli.UsageError, match="it is gzip-compressed data, not UTF-8 text; give it gunzipped"):
+    with pytest.raises(cli.UsageError, match=r"texts\.txt\.gz:1: gzip-compressed data .* give it gunzipped \(zcat\)"):
         textfiles.lines_of(path, io.StringIO())
 
 
 def test_stdin_is_read_as_utf8_whatever_the_locales_encoding():
     stdin = io.TextIOWrapper(io.BytesIO("\ufeffcafé naïve\n".encode()), encoding="cp1252")
-    assert textfiles.lines_of(Path("-"), stdin) == ["café naïve", ""]
+    assert textfiles.lines_of(Path("-"), stdin) == ["café naïve"]
+
+
+def test_text_stdin_holding_a_byte_that_is_not_utf8_names_its_line_and_byte():
+    stdin = io.StringIO("good\n\udcff bad\n")  # as a C locale's stdin reads the byte 0xff
+    with pytest.raises(cli.UsageError, match=r"^stdin:2: not valid UTF-8 \(byte 5\)"):
+        textfiles.lines_of(Path("-"), stdin)
 
 
 def test_utf16_stdin_is_a_usage_error_naming_utf16_whatever_the_locales_encoding():
     stdin = io.TextIOWrapper(io.BytesIO("\ufeffgood film\n".encode("utf-16-le")), encoding="latin-1")
-    with pytest.raises(cli.UsageError, match="cannot read stdin: it is UTF-16 text"):
+    with pytest.raises(cli.UsageError, match="^stdin:1: UTF-16 text"):
         textfiles.lines_of(Path("-"), stdin)
 
 
@@ -365,14 +388,14 @@ def test_a_utf16_file_is_a_usage_error_naming_utf16(served, tmp_path, capsys, en
     path.write_bytes("\ufeffgood film\r\n".encode(encoding))  # with its byte-order mark, as Notepad writes it
     code, _, err = run(capsys, "--address", served.address, "--file", str(path))
     assert code == 2
-    assert f"cannot read {path}: it is UTF-16 text" in err
+    assert f"{path}:1: UTF-16 text" in err
 
 
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
 def test_a_utf16_file_without_a_byte_order_mark_is_a_usage_error_naming_utf16(tmp_path, encoding):
     path = tmp_path / "texts.txt"
     path.write_bytes("good film\nbad film\n".encode(encoding))
-    with pytest.raises(cli.UsageError, match=r"it is UTF-16 text \(every other byte of its first line is NUL"):
+    with pytest.raises(cli.UsageError, match=r"texts\.txt:1: UTF-16 text \(every other byte of its first line is NUL"):
         textfiles.lines_of(path, None)
 
 
@@ -381,7 +404,7 @@ def test_a_file_with_a_byte_that_is_not_utf8_names_the_byte(served, tmp_path, ca
     path.write_bytes(b"good film\nbad \xff film\n")
     code, _, err = run(capsys, "--address", served.address, "--file", str(path))
     assert code == 2
-    assert f"cannot read {path}: it is not UTF-8 (invalid start byte at byte 14, line 2)" in err
+    assert f"{path}:2: not valid UTF-8 (byte 14)" in err
 
 
 def test_a_missing_tsv_is_a_usage_error(served_pairs, tmp_path, capsys):
