@@ -6,12 +6,12 @@ stops its workers.
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from edgedistill.common.atomic import atomic_write
 from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.settings import SettingsError, env_name
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
@@ -170,11 +170,9 @@ class WorkerFiles(MultiProcessCollector):
                 if not own.exists():
                     continue
                 retired = self.folder / f"{kind}_{RETIRED}.db"
-                staged = retired.with_suffix(".tmp")  # not *.db until complete: scrapes read only those
                 try:
-                    self._fold(own, retired, staged)
+                    self._fold(own, retired)
                 except OSError as err:  # e.g. a full volume: the worker's own file stays, and is summed as before
-                    staged.unlink(missing_ok=True)
                     log.warning(
                         "cannot add an exited worker's %s metrics to the retired workers' file; its own file stays: %s",
                         kind,
@@ -184,21 +182,26 @@ class WorkerFiles(MultiProcessCollector):
                     continue
                 own.unlink()
 
-    def _fold(self, own: Path, retired: Path, staged: Path) -> None:
-        """Write the sums of the files `own` and `retired` (where it exists) to `staged`, then rename it `retired`."""
+    def _fold(self, own: Path, retired: Path) -> None:
+        """Write the sums of the files `own` and `retired` (where it exists) to `retired`, atomically: the temporary
+        name is hidden, and scrapes, which glob `*.db`, skip it."""
         # accumulate=False: the buckets as the workers write them (each its own count), not cumulated
         merged = self.merge([str(path) for path in (retired, own) if path.exists()], accumulate=False)
-        staged.unlink(missing_ok=True)
-        values = MmapedDict(str(staged))
-        try:
-            for family in merged:
-                for sample in family.samples:
-                    labels = sample.labels
-                    key = mmap_key(family.name, sample.name, list(labels), list(labels.values()), family.documentation)
-                    values.write_value(key, sample.value, 0.0)
-        finally:
-            values.close()
-        os.replace(staged, retired)
+
+        def write(tmp: Path) -> None:
+            values = MmapedDict(str(tmp))
+            try:
+                for family in merged:
+                    for sample in family.samples:
+                        labels = sample.labels
+                        key = mmap_key(
+                            family.name, sample.name, list(labels), list(labels.values()), family.documentation
+                        )
+                        values.write_value(key, sample.value, 0.0)
+            finally:
+                values.close()
+
+        atomic_write(retired, write)
 
 
 def workers_registry(files: WorkerFiles, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:

@@ -11,9 +11,18 @@ import urllib.request
 import grpc
 import pytest
 from edgedistill.serve import exposition
-from edgedistill.serve.exposition import WorkerFiles, WorkerProcesses, serve_http, stop_http, workers_registry
+from edgedistill.serve.exposition import (
+    RETIRED,
+    WorkerFiles,
+    WorkerProcesses,
+    serve_http,
+    stop_http,
+    workers_registry,
+)
 from edgedistill.serve.metrics import Metrics
 from prometheus_client import CollectorRegistry, generate_latest, values
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.serve.test_operations import metric
 
@@ -115,7 +124,7 @@ def worker_files(tmp_path, monkeypatch) -> WorkerFiles:
     return WorkerFiles(tmp_path)
 
 
-def summed(files: WorkerFiles) -> dict:
+def summed(files: MultiProcessCollector) -> dict:
     """Every counter and histogram sample a scrape gives: (name, labels) -> value."""
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -152,6 +161,52 @@ def test_a_retired_worker_whose_values_cannot_be_written_keeps_its_own_files_in_
     monkeypatch.setattr(exposition, "MmapedDict", full_volume)
     worker_files.retire(WORKER_PIDS[0])
     assert summed(worker_files) == pytest.approx(before)
+
+
+def visible(folder) -> set[str]:
+    return {name for name in os.listdir(folder) if not name.startswith(".")}
+
+
+@pytest.fixture
+def retiring(worker_files, tmp_path, monkeypatch) -> tuple[dict, list[tuple[set[str], dict]]]:
+    """The sums of a scrape of the metrics folder before worker WORKER_PIDS[0] retires, and as each kind of its values
+    has been written for the retired workers' file, before that file is replaced: the visible files that appeared
+    since that write began, and the sums of a scrape then. (before, [during])."""
+    scrape = MultiProcessCollector(None, path=str(tmp_path))  # as another process's: the supervisor's own waits
+    during = []
+
+    class Watched(MmapedDict):
+        def __init__(self, filename):
+            self.shown = visible(tmp_path)
+            super().__init__(filename)
+
+        def close(self):
+            super().close()
+            during.append((visible(tmp_path) - self.shown, summed(scrape)))
+
+    before = summed(scrape)
+    monkeypatch.setattr(exposition, "MmapedDict", Watched)
+    worker_files.retire(WORKER_PIDS[0])
+    return before, during
+
+
+def test_a_scrape_while_a_worker_retires_sums_its_values_once(retiring):
+    before, during = retiring
+    assert [sums == pytest.approx(before) for _, sums in during] == [True, True]
+
+
+def test_the_retired_values_are_written_under_a_hidden_name(retiring):
+    _, during = retiring
+    assert [appeared for appeared, _ in during] == [set(), set()]
+
+
+def test_a_retired_worker_whose_values_cannot_be_written_leaves_no_partial_file(worker_files, tmp_path, monkeypatch):
+    def full_volume(self, *args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MmapedDict, "write_value", full_volume)
+    worker_files.retire(WORKER_PIDS[0])
+    assert [name for name in os.listdir(tmp_path) if RETIRED in name] == []
 
 
 @pytest.fixture
