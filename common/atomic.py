@@ -3,7 +3,7 @@
 Every write goes to a temporary name beside its target, is flushed to disk (a folder's files, then its folders
 from the deepest up), and is renamed over the target, whose folder is flushed then. A folder replaces a folder by exchanging the two names in one
 step (Linux's renameat2), where the file system can; elsewhere (NFS) by two renames, with a moment
-between them without the target. This module is the only place that renames into place.
+between them without the target. This module is the only place that publishes a write by renaming it into place.
 """
 
 import ctypes
