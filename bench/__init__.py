@@ -7,9 +7,9 @@ server, the echo and bare servers of `bench.servers` with the drivers of `bench.
 server with KServe's ModelServer and MLServer (`bench.peers`) and `scaling` the server with 1, 2, ... worker
 processes (`bench.scaling`), both driven by h2load (`bench.h2load`) with the call of `bench.calls`.
 Each writes an artifact folder with a manifest; `bench.texts` reads the texts they send. `bench.processes` starts and
-stops server subprocesses (with the flags of a measured server), also for `loadtests`; `bench.stats` computes the
-call statistics, `bench.records` holds the result records (and what they record of the machine), `bench.slo` the
-verdicts on them.
+stops server subprocesses, also for `loadtests`, with the flags, settings and environment of `bench.environ`, on
+ports of `bench.ports`; `bench.stats` computes the call statistics, `bench.records` holds the result records (and
+what they record of the machine), `bench.slo` the verdicts on them.
 """
 
 from edgedistill.common.grpc_core import quiet_when_run_as_module

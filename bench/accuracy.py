@@ -30,8 +30,9 @@ from typing import ClassVar
 import grpc
 import numpy as np
 from edgedistill.bench import BenchError
+from edgedistill.bench.environ import measured_server, served_settings
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import measured_server, running, served_settings
+from edgedistill.bench.processes import running
 from edgedistill.bench.records import Record, Result
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info

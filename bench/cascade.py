@@ -23,8 +23,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers
+from edgedistill.bench.environ import call_metadata, measured_server, served_settings
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.processes import call_metadata, measured_server, running, served_settings
+from edgedistill.bench.processes import running
 from edgedistill.bench.records import Result, Spread, cores_phrase, machine
 from edgedistill.bench.serving import WARMUP_S, classify_requests
 from edgedistill.bench.stats import summarize

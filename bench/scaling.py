@@ -17,8 +17,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from edgedistill.bench import BenchError, h2load, slo
+from edgedistill.bench.environ import served_settings
 from edgedistill.bench.peers import launch
-from edgedistill.bench.processes import served_settings
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import require_answered, summarize
 from edgedistill.bench.tables import (

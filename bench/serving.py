@@ -32,16 +32,11 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.bench import BenchError, drivers, servers, slo
+from edgedistill.bench.environ import call_metadata, measured_server, served_settings
 from edgedistill.bench.peers.launch import classifier_session
 from edgedistill.bench.peers.model import session_of
-from edgedistill.bench.processes import (
-    call_metadata,
-    free_port,
-    measured_server,
-    running,
-    served_settings,
-    serving,
-)
+from edgedistill.bench.ports import free_port
+from edgedistill.bench.processes import running, serving
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
 from edgedistill.bench.stats import from_due, pooled, summarize
 from edgedistill.bench.tables import (

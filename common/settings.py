@@ -61,7 +61,7 @@ SERVER = frozenset(
 )  # fmt: skip
 
 
-# The server settings a measurement sets by its servers' flags (bench/processes.py), which win over their variables
+# The server settings a measurement sets by its servers' flags (bench/environ.py), which win over their variables
 MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
 
 

@@ -17,7 +17,8 @@ from functools import partial
 from pathlib import Path
 
 import psutil
-from edgedistill.bench.processes import cpu_seconds, log_tail, measured_server, running, served_settings, start
+from edgedistill.bench.environ import measured_server, served_settings
+from edgedistill.bench.processes import cpu_seconds, log_tail, running, start
 from edgedistill.bench.records import machine
 from edgedistill.bench.texts import PairsFile, hashed_path, load_texts, texts_info
 from edgedistill.common import manifest as mf

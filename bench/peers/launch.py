@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 from edgedistill.bench import BenchError, servers
-from edgedistill.bench.environ import server_environ
+from edgedistill.bench.environ import measured_settings, serve_flags, server_environ
 from edgedistill.bench.peers.model import session_of, session_settings
-from edgedistill.bench.processes import free_port, measured_settings, serve_flags
+from edgedistill.bench.ports import free_port
 from edgedistill.common.cascade import ServedModels
 from edgedistill.common.machine import usable_memory
 from edgedistill.common.processes import python_module

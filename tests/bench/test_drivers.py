@@ -9,7 +9,7 @@ import types
 import grpc
 import pytest
 from edgedistill.bench import BenchError, drivers
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.serve.proto import classifier_pb2
 
 

@@ -7,7 +7,7 @@ import sys
 import threading
 
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 
 from tests.conftest import ROOT
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 
 from tests.deploy.test_manifests import HEALTHCHECK, compose_service, health_command
 from tests.serve.conftest import RunningServer, settings_for, write_bundle

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill import finetune, heads

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import psutil
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.common.config.measure import LoadtestConfig
 from edgedistill.loadtests import analysis, result
 from edgedistill.loadtests.analysis import Resources, Samples

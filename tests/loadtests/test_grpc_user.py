@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 
 from tests.serve.conftest import ROOT, RunningServer, settings_for, subprocess_env, write_bundle
 

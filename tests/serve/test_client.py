@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.serve.client import Client, wait_ready
 
 from tests.conftest import ROOT

@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.serve.app import EXIT_FAULT
 from edgedistill.serve.health import HealthServicer
 from edgedistill.serve.observe import MAX_DETAILS_BYTES

@@ -2,7 +2,7 @@
 straight there, past any proxy of the environment."""
 
 import pytest
-from edgedistill.bench.processes import free_port
+from edgedistill.bench.ports import free_port
 from edgedistill.serve.healthcheck import health_address, main
 from edgedistill.serve.settings import Settings, SettingsError
 

@@ -6,8 +6,8 @@ import sys
 import grpc
 import numpy as np
 import pytest
+from edgedistill.bench.environ import measured_settings, serve_flags
 from edgedistill.bench.peers.model import BundleClassifier, session_of
-from edgedistill.bench.processes import measured_settings, serve_flags
 from edgedistill.serve.errors import InvalidInput
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
