@@ -12,6 +12,7 @@ bench.json (a `bench.records.ServingResult`), bench.md, every server's log.
 """
 
 import functools
+import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -39,10 +40,9 @@ from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
+from edgedistill.serve.workers import SUPERVISING, WORKERS_SERVING
 
 STAGE = measured.SCALING
-SUPERVISING = "supervising"  # the first log line of a server with several workers
-SERVING_LINE = "workers serving on port"  # and its line once every worker serves
 
 
 def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -> Stage:
@@ -59,16 +59,34 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
 
 
 def all_serving(log: Path, model: str):
-    """Readiness of a server writing `log`: `model` ready and, under a supervisor, every worker serving."""
+    """Readiness of a server writing `log`: `model` ready and, under a supervisor, every worker serving (the `event`s
+    of its JSON log lines; other lines, such as Python's warnings, are skipped)."""
     model_ready = launch.model_ready(model)
+    read, events = 0, set()  # bytes of `log` read, and the events of their lines
 
     def ready(channel) -> bool:
-        text = log.read_text(encoding="utf-8", errors="replace")
-        if SUPERVISING in text and SERVING_LINE not in text:
+        nonlocal read
+        if WORKERS_SERVING not in events:
+            with open(log, "rb") as file:
+                file.seek(read)
+                text = file.read()
+            whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read at a later poll
+            read += len(whole)
+            events.update(event_of(line) for line in whole.splitlines())
+        if SUPERVISING in events and WORKERS_SERVING not in events:
             return False
         return model_ready(channel)
 
     return ready
+
+
+def event_of(line: bytes) -> str | None:
+    """The `event` of a JSON log line; None for any other line."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry.get("event") if isinstance(entry, dict) else None
 
 
 def _build(inputs: Inputs, console: Console) -> Built:

@@ -58,6 +58,8 @@ KILL_WAIT_S = 2.0  # how long a killed worker may take to exit before the superv
 # what a worker imports that an install may lack (the `serve` extra's), beside ONNX Runtime for an ONNX bundle
 WORKER_PACKAGES = ("grpc", "grpc_health", "grpc_reflection")
 EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
+SUPERVISING = "supervising"  # the `event` of a supervisor's first log line
+WORKERS_SERVING = "workers_serving"  # and of its line once every worker serves
 
 
 # --- how many -------------------------------------------------------------------------------------------------
@@ -337,7 +339,7 @@ class Supervisor:
                 "supervising %d workers on port %d",
                 self.count,
                 self.port,
-                extra={"event": "supervising", "port": self.port, "metrics_port": self.metrics_port,
+                extra={"event": SUPERVISING, "port": self.port, "metrics_port": self.metrics_port,
                        "health_port": self.ports[1].port if len(self.ports) > 1 else None,
                        "workers": self.count, "threads": self.threads},
             )  # fmt: skip
@@ -359,7 +361,7 @@ class Supervisor:
                         "%d workers serving on port %d",
                         self.count,
                         self.port,
-                        extra={"event": "workers_serving", "port": self.port, "metrics_port": self.metrics_port,
+                        extra={"event": WORKERS_SERVING, "port": self.port, "metrics_port": self.metrics_port,
                                "workers": [w.proc.pid for w in self.workers]},
                     )  # fmt: skip
             log.info(
