@@ -116,8 +116,9 @@ def service_link(name: str, value: str) -> str | None:
 
 def refuse_measured_variables() -> None:
     """`SettingError` where the environment sets the variable of one of `MEASURED_SETTINGS`, which a measured
-    server's flag would override without a word: the benchmarks refuse it, and `edgedistill all` before it trains. A
-    Kubernetes service link (`EDGEDISTILL_PORT=tcp://...`) is no setting a user meant, and the flag rightly wins."""
+    server's flag would override without a word, or gives the server TLS, which a measurement's plaintext calls cannot
+    use: the benchmarks refuse it, and `edgedistill all` before it trains. A Kubernetes service link
+    (`EDGEDISTILL_PORT=tcp://...`) is no setting a user meant, and the flag rightly wins."""
     variables = [ENV_PREFIX + name.upper() for name in MEASURED_SETTINGS]
     if given := [name for name in variables if name in os.environ and service_link(name, os.environ[name]) is None]:
         raise SettingError(
@@ -125,6 +126,8 @@ def refuse_measured_variables() -> None:
             "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
             "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; unset them"
         )
+    if any(os.environ.get(ENV_PREFIX + name) for name in ("TLS_CERT", "TLS_KEY")):  # empty: unset
+        raise SettingError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
 
 
 def refuse_unknown_variables() -> None:

@@ -349,6 +349,13 @@ def test_all_names_the_variable_the_benchmarks_refuse(monkeypatch, capsys):
     assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets" in capsys.readouterr().err
 
 
+def test_all_refuses_tls_for_the_measured_servers_before_any_stage_runs(monkeypatch, capsys):
+    monkeypatch.setenv("EDGEDISTILL_TLS_CERT", "/etc/ssl/server.pem")
+    monkeypatch.setattr(cli, "run_stage", Stages())
+    assert cli.main(["all", "recipes/smoke.yaml"]) == 2
+    assert "measurements call the server over plaintext loopback" in capsys.readouterr().err
+
+
 def test_all_refuses_scenario_weights_beside_an_override_of_them_before_any_stage_runs(monkeypatch, capsys):
     monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "single=1")
     stages = Stages()
