@@ -60,6 +60,9 @@ SERVICE_LINK_URL := tcp://% udp://% sctp://%
 MEASURING := all serve-bench serve-accuracy serve-cascade loadtest soak peers-bench scaling-bench
 MEASURED_EXPORTED := $(strip $(foreach name,BUNDLE HOST PORT THREADS WORKERS,$(if $(filter environment% command,$(origin EDGEDISTILL_$(name))),$(if $(filter $(SERVICE_LINK_URL),$(EDGEDISTILL_$(name))),,EDGEDISTILL_$(name)))))
 $(if $(and $(MEASURED_EXPORTED),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error $(MEASURED_EXPORTED) would do nothing: a measurement sets its servers' bundle, address, threads (the recipe's) and workers itself; leave them out of make $(filter $(MEASURING),$(MAKECMDGOALS)) (make serve reads them)))
+# TLS likewise: a measurement calls its servers over plaintext loopback (an empty variable is unset)
+MEASURED_TLS := $(strip $(foreach name,TLS_CERT TLS_KEY,$(if $(and $(filter environment% command,$(origin EDGEDISTILL_$(name))),$(EDGEDISTILL_$(name))),EDGEDISTILL_$(name))))
+$(if $(and $(MEASURED_TLS),$(filter $(MEASURING),$(MAKECMDGOALS))),$(error $(MEASURED_TLS): a measurement calls its servers over plaintext loopback; leave them out of make $(filter $(MEASURING),$(MAKECMDGOALS)) (make serve reads them)))
 
 .PHONY: all setup teacher pretrain transfer distill bundles bench triton-repo report proto serve call serve-bench serve-accuracy serve-cascade peers-setup peers-bench scaling-bench loadtest soak image base-image container-test wheel-test setup-system test gpu-check lint format clean help
 

@@ -169,6 +169,15 @@ def test_a_variable_the_benchmarks_refuse_is_named_by_make():
     assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets its servers'" in stderr
 
 
+def test_tls_for_the_measured_servers_stops_make_serve_bench_naming_it():
+    stderr = make_with_environ("serve-bench", EDGEDISTILL_TLS_CERT="/etc/ssl/server.pem").stderr
+    assert "EDGEDISTILL_TLS_CERT: a measurement calls its servers over plaintext loopback" in stderr
+
+
+def test_tls_passes_for_make_serve():
+    assert make_with_environ("serve", EDGEDISTILL_TLS_CERT="/etc/ssl/server.pem").returncode == 0
+
+
 def test_a_variable_the_benchmarks_refuse_passes_for_make_serve():
     assert make_with_environ("serve", EDGEDISTILL_THREADS="4").returncode == 0
 
