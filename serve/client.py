@@ -17,6 +17,7 @@ import numpy as np
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.settings import (
+    DEFAULT_PORT,
     DIRECT,
     GRPC_INT_MAX,
     MIN_MESSAGE_BYTES,
@@ -27,7 +28,7 @@ from edgedistill.serve.settings import (
 from edgedistill.serve.tls import check_pem
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-DEFAULT_ADDRESS = "localhost:50051"
+DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 # A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
 # mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
 BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"

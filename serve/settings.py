@@ -36,6 +36,7 @@ from pydantic import (
 GRPC_INT_MAX = 2**31 - 1
 NEVER_S = math.ceil(GRPC_INT_MAX / 1000)
 MIN_MESSAGE_BYTES = 1024  # the smallest MAX_MESSAGE_BYTES: a request this small fits every server
+DEFAULT_PORT = 50051  # gRPC's customary port: the server's, and the one the client calls on localhost
 
 
 class SettingsError(ValueError):
@@ -73,7 +74,7 @@ class Settings(BaseModel):
         description="address to bind the metrics port to: loopback, so only this machine reads it; '[::]' or "
         "'0.0.0.0' exposes it (a Kubernetes scrape needs that); refused with METRICS_PORT off",
     )
-    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="gRPC port (0: any free port)")
     metrics_port: int | None = Field(
         8002, ge=0, le=65535, description="Prometheus /metrics HTTP port (0: any free port; 'off': none)"
     )
