@@ -19,7 +19,7 @@ from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.machine import usable_cores, usable_memory
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.providers import known_providers
-from edgedistill.common.settings import ENV_PREFIX, PIPELINE, service_link, under_home
+from edgedistill.common.settings import ENV_PREFIX, PIPELINE, SettingError, service_link, under_home
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -39,8 +39,9 @@ MIN_MESSAGE_BYTES = 1024  # the smallest MAX_MESSAGE_BYTES: a request this small
 DEFAULT_PORT = 50051  # gRPC's customary port: the server's, and the one the client calls on localhost
 
 
-class SettingsError(ValueError):
-    """Settings that cannot be used, with the flag or variable to fix."""
+class SettingsError(SettingError):
+    """Server settings that cannot be used, with the flag and the variable to fix: a `SettingError`, so that one
+    `except` takes a bad setting of the pipeline's or the server's."""
 
 
 def folder_problem(path: Path) -> str | None:

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from edgedistill.common.settings import SettingError
 from edgedistill.serve import settings as settings_module
 from edgedistill.serve.app import connection_options
 from edgedistill.serve.settings import (
@@ -307,6 +308,11 @@ def test_concurrency_limits_are_settable():
     settings = load_settings(["--max-concurrent-rpcs", "8", "--max-concurrent-streams", "4"], {})
     assert settings.max_concurrent_rpcs == 8
     assert settings.max_concurrent_streams == 4
+
+
+def test_a_bad_server_setting_is_a_setting_error_as_a_bad_pipeline_setting_is():
+    with pytest.raises(SettingError, match="EDGEDISTILL_PORT"):
+        load_settings([], environ={"EDGEDISTILL_PORT": "70000"})
 
 
 def test_a_metrics_host_with_the_metrics_port_off_is_refused_naming_both():
