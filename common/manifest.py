@@ -170,7 +170,8 @@ def unfinished(folder: Path) -> str:
         beside = [other.name for other in finished(folder.parent)]
     except OSError:  # no such parent either
         beside = []
-    near = difflib.get_close_matches(folder.name, beside, n=1)
+    kind, dash, _ = folder.name.partition("-")  # a bundle is taken for a bundle alone, a student for a student
+    near = difflib.get_close_matches(folder.name, [name for name in beside if name.startswith(kind + dash)], n=1)
     hint = f"did you mean {folder.parent / near[0]}? else " if near else ""
     return f"{why}, as the folder does not exist ({hint}{how_to_build(folder)})"
 

@@ -266,6 +266,13 @@ def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(
         mf.load(tmp_path / "stag")
 
 
+def test_a_misspelt_bundle_folder_beside_no_bundle_is_not_answered_with_a_student(tmp_path):
+    publish(tmp_path, "student-bilstm")
+    with pytest.raises(mf.ArtifactError) as refused:
+        mf.load(tmp_path / "bundle-bilstm-int9")
+    assert "did you mean" not in str(refused.value)
+
+
 def test_a_setting_given_is_said_before_the_values_that_changed_with_it():
     sizes = {"hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "num_layers": 2}
     was = {"settings": {"model": {"init": None} | sizes}}
