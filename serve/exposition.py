@@ -170,16 +170,20 @@ class WorkerFiles(MultiProcessCollector):
                 if not own.exists():
                     continue
                 retired = self.folder / f"{kind}_{RETIRED}.db"
+                was = _identity(retired)
                 try:
                     self._fold(own, retired)
-                except OSError as err:  # e.g. a full volume: the worker's own file stays, and is summed as before
-                    log.warning(
-                        "cannot add an exited worker's %s metrics to the retired workers' file; its own file stays: %s",
-                        kind,
-                        err,
-                        extra={"event": "metrics_retire_failed", "worker_pid": pid},
-                    )
-                    continue
+                except OSError as err:
+                    if _identity(retired) == was:  # e.g. a full volume: the worker's own file stays, summed as before
+                        log.warning(
+                            "cannot add an exited worker's %s metrics to the retired workers' file; its own file "
+                            "stays: %s",
+                            kind,
+                            err.__cause__ or err,  # the system's words: a DiskFull's advice is the pipeline's
+                            extra={"event": "metrics_retire_failed", "worker_pid": pid},
+                        )
+                        continue
+                    # the sums were published, and flushing their folder failed: they hold the worker's values
                 own.unlink()
 
     def _fold(self, own: Path, retired: Path) -> None:
@@ -202,6 +206,15 @@ class WorkerFiles(MultiProcessCollector):
                 values.close()
 
         atomic_write(retired, write)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of the file at `path`, which a replace changes; None where there is none."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def workers_registry(files: WorkerFiles, pids: Callable[[], dict[int, int]]) -> CollectorRegistry:

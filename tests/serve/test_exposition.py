@@ -7,9 +7,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
+from edgedistill.common import atomic
 from edgedistill.serve import exposition
 from edgedistill.serve.exposition import (
     RETIRED,
@@ -161,6 +163,31 @@ def test_a_retired_worker_whose_values_cannot_be_written_keeps_its_own_files_in_
     monkeypatch.setattr(exposition, "MmapedDict", full_volume)
     worker_files.retire(WORKER_PIDS[0])
     assert summed(worker_files) == pytest.approx(before)
+
+
+def test_a_retired_worker_whose_sums_were_written_but_whose_folder_could_not_be_flushed_is_counted_once(
+    worker_files, tmp_path, monkeypatch
+):
+    flush = atomic._fsync
+
+    def failing_folder(path):
+        if Path(path) == tmp_path:
+            raise OSError(5, "Input/output error")
+        flush(path)
+
+    before = summed(worker_files)
+    monkeypatch.setattr(atomic, "_fsync", failing_folder)
+    worker_files.retire(WORKER_PIDS[0])
+    assert summed(worker_files) == pytest.approx(before)
+
+
+def test_a_full_volume_is_told_in_the_systems_words_not_the_pipelines_advice(worker_files, monkeypatch, caplog):
+    def full_volume(self, *args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MmapedDict, "write_value", full_volume)
+    worker_files.retire(WORKER_PIDS[0])
+    assert "its own file stays: [Errno 28] No space left on device\n" in caplog.text
 
 
 def visible(folder) -> set[str]:
