@@ -31,7 +31,7 @@ import numpy as np
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.drivers import rotated
-from edgedistill.bench.processes import cpu_seconds, spawn
+from edgedistill.bench.processes import cpu_seconds
 from edgedistill.bench.stats import percentiles
 from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
@@ -223,7 +223,10 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
             line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
             if index:
                 time.sleep(gap)
-            clients.append(spawn(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            # started at once, not through `processes.spawn`'s launcher: its interpreter's start (tens of ms, uneven)
+            # would stagger paced clients by more than their gap; a measurement killed with kill -9 leaves them
+            # running to the end of their duration
+            clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outputs = [client.communicate()[0] for client in clients]
     finally:  # an error or Ctrl-C while clients run leaves none running on
         for client in clients:

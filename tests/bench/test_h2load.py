@@ -3,7 +3,6 @@
 import itertools
 import socket
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,9 +14,6 @@ from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
 from edgedistill.bench.ports import free_port
 from edgedistill.bench.processes import serving
-
-from tests.bench.test_processes import running_on
-from tests.conftest import wait_until
 
 SUMMARY = """finished in 2.00s, 1031.00 req/s, 130.95KB/s
 requests: 2062 total, 2070 started, 2062 done, 2062 succeeded, 0 failed, 0 errored, 0 timeout
@@ -152,41 +148,6 @@ def test_an_error_while_clients_run_leaves_no_h2load_running(tmp_path, monkeypat
         with pytest.raises(KeyboardInterrupt):
             h2load.run(silent.getsockname()[1], path, h2load.Replies(71, 0), load, tmp_path / "h2load.log", None)
     assert [child for child in psutil.Process().children() if child.name() == "h2load"] == []
-
-
-RUNS_H2LOAD_ON_A_SILENT_SERVER = """
-import socket, sys
-from pathlib import Path
-from edgedistill.bench import h2load
-with socket.socket() as silent:
-    silent.bind(("127.0.0.1", 0))
-    silent.listen()
-    load = h2load.Load(1, 1, 60)
-    h2load.run(silent.getsockname()[1], Path(sys.argv[1]), h2load.Replies(71, 0), load, Path(sys.argv[2]), None)
-"""
-
-
-@needs_h2load
-def test_a_killed_measurement_takes_its_h2load_clients_with_it(tmp_path):
-    _, path = write_request(tmp_path, "echo")
-    measurement = subprocess.Popen(
-        [sys.executable, "-c", RUNS_H2LOAD_ON_A_SILENT_SERVER, path, tmp_path / "h2load.log"]
-    )
-    try:
-        wait_until(lambda: h2load_children(measurement.pid), "h2load started", timeout=60)
-        [client] = h2load_children(measurement.pid)
-    finally:
-        measurement.kill()
-        measurement.wait()
-    try:
-        wait_until(lambda: not running_on(client.pid), "h2load gone with the measurement")
-    finally:
-        if running_on(client.pid):
-            client.kill()
-
-
-def h2load_children(pid: int) -> list[psutil.Process]:
-    return [child for child in psutil.Process(pid).children() if child.name() == "h2load"]
 
 
 def test_a_failed_probe_names_the_status(served):
