@@ -170,8 +170,9 @@ def unfinished(folder: Path) -> str:
         beside = [other.name for other in finished(folder.parent)]
     except OSError:  # no such parent either
         beside = []
-    kind, dash, _ = folder.name.partition("-")  # a bundle is taken for a bundle alone, a student for a student
-    near = difflib.get_close_matches(folder.name, [name for name in beside if name.startswith(kind + dash)], n=1)
+    # a name of a kind (bundle-..., student-...) is answered with one of that kind alone: a bundle is no student
+    kinds = [start for start in BUILT_BY if start.endswith("-") and folder.name.startswith(start)]
+    near = difflib.get_close_matches(folder.name, [name for name in beside if name.startswith(tuple(kinds) or "")], n=1)
     hint = f"did you mean {folder.parent / near[0]}? else " if near else ""
     return f"{why}, as the folder does not exist ({hint}{how_to_build(folder)})"
 

@@ -266,6 +266,14 @@ def test_a_misspelt_artifact_folder_is_answered_with_the_finished_one_beside_it(
         mf.load(tmp_path / "stag")
 
 
+@pytest.mark.parametrize(("typed", "meant"), [("techer", "teacher"), ("bundel-bilstm-int8", "bundle-bilstm-int8")])
+def test_a_misspelt_kind_of_artifact_is_answered_with_the_nearest_finished_one(tmp_path, typed, meant):
+    for name in ("teacher", "student-bilstm", "bundle-bilstm-int8"):
+        publish(tmp_path, name)
+    with pytest.raises(mf.ArtifactError, match=rf"did you mean {tmp_path / meant}\?"):
+        mf.load(tmp_path / typed)
+
+
 def test_a_misspelt_bundle_folder_beside_no_bundle_is_not_answered_with_a_student(tmp_path):
     publish(tmp_path, "student-bilstm")
     with pytest.raises(mf.ArtifactError) as refused:
