@@ -44,9 +44,10 @@ def dev_split(data: DataConfig) -> Examples:
 
 @functools.cache
 def _read_once(stream: TextIO) -> str:
-    """The lines of `stream` (standard input), read as the client reads `-`, joined: read once per stream."""
+    """The lines of `stream` (standard input), read as the client reads `-`, each ended by a line feed (the bytes of
+    a file of LF-ended lines, which `hashed_path` hashes alike): read once per stream."""
     try:
-        return "\n".join(lines_of(Path("-"), stream))
+        return "".join(f"{line}\n" for line in lines_of(Path("-"), stream))
     except UsageError as err:
         raise BenchError(str(err)) from err
 

@@ -1,6 +1,10 @@
 """The texts the serving benchmark, the served-accuracy check and the load tests send."""
 
 import argparse
+import hashlib
+import io
+import sys
+from pathlib import Path
 
 import pytest
 from edgedistill.bench import BenchError
@@ -9,6 +13,7 @@ from edgedistill.bench.texts import (
     add_texts_arguments,
     batches_of,
     dev_split,
+    hashed_path,
     load_groups,
     load_texts,
     read_pairs_file,
@@ -232,3 +237,9 @@ def test_texts_info_gives_the_source_count_and_lengths():
 
 def test_texts_info_counts_both_texts_of_a_pair():
     assert texts_info(Examples(["ab"], ["cde"], None, "here"))["chars"]["max"] == 5
+
+
+def test_texts_on_stdin_hash_as_the_file_of_their_lines_does(tmp_path, monkeypatch):
+    (tmp_path / "texts.txt").write_bytes(b"a good film\nbad one\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a good film\nbad one\n"), encoding="utf-8"))
+    assert hashed_path(Path("-")) == f"sha256:{hashlib.sha256((tmp_path / 'texts.txt').read_bytes()).hexdigest()}"
