@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -267,10 +267,10 @@ def no_cuda_python(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
 
 
-@pytest.fixture
-def small_fs(tmp_path) -> Path:
-    """A 3 MiB tmpfs, unmounted afterwards; skipped where this process may not mount one (it takes root)."""
-    folder = tmp_path / "small"
+@contextlib.contextmanager
+def small_tmpfs(folder: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs mounted on the new `folder`, unmounted afterwards; the test skipped where this process may not
+    mount one (it takes root)."""
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
@@ -279,5 +279,14 @@ def small_fs(tmp_path) -> Path:
             "needs a 3 MiB tmpfs to fill, and mounting one takes root: run it as root, or under `unshare -rm` where "
             f"user namespaces are allowed (mount says: {said})"
         )
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path) -> Iterator[Path]:
+    """A 3 MiB tmpfs (`small_tmpfs`)."""
+    with small_tmpfs(tmp_path / "small") as folder:
+        yield folder
