@@ -1,8 +1,12 @@
 """`python -m bench accuracy`: the dev split through a real server by both APIs, against the bundle's own predictions and
 dev accuracy."""
 
+import contextlib
+import io
 import os
 import types
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -98,35 +102,58 @@ def check_against(
     return code, AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny")
 
 
-def test_served_predictions_unlike_the_bundles_fail_the_check_though_as_many_are_right(
-    tmp_path, single_dev, monkeypatch
-):
-    # the bundle's own: wrong on the first example, right on the last; served: the other way round
-    code, _ = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
-    assert code == 1
+class Checked(NamedTuple):
+    """A `check_against` run: its exit status, its result, the result's folder and what the command said on stderr."""
+
+    code: int
+    result: AccuracyResult
+    folder: Path
+    said: str
 
 
-def test_served_predictions_unlike_the_bundles_are_counted_per_api(tmp_path, single_dev, monkeypatch):
-    _, result = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory, single_dev):
+    """`checked(labels, gap, dev_accuracy=0.875) -> Checked`: the `check_against` run of those arguments, run once for
+    the module's tests that read it (each in a folder of its own)."""
+    runs: dict[tuple, Checked] = {}
+
+    def check(labels: list[int], gap: float | list[float], dev_accuracy: float = 0.875) -> Checked:
+        key = (tuple(labels), tuple(gap) if isinstance(gap, list) else gap, dev_accuracy)
+        if key not in runs:
+            folder, err = tmp_path_factory.mktemp("checked"), io.StringIO()
+            with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stderr(err):
+                code, result = check_against(folder, single_dev, monkeypatch, labels, gap, dev_accuracy)
+            runs[key] = Checked(code, result, folder / "runs" / "smoke" / "serve-accuracy-tiny", err.getvalue())
+        return runs[key]
+
+    return check
+
+
+# The bundle's own: wrong on the first example, right on the last; served: the other way round.
+UNLIKE = [0, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_served_predictions_unlike_the_bundles_fail_the_check_though_as_many_are_right(checked):
+    assert checked(UNLIKE, gap=5.0).code == 1
+
+
+def test_served_predictions_unlike_the_bundles_are_counted_per_api(checked):
+    result = checked(UNLIKE, gap=5.0).result
     assert {api: f.differing for api, f in result.apis.items()} == {"classify": 2, "kserve": 2}
 
 
-def test_served_accuracy_still_matches_when_predictions_differ_in_ways_that_cancel(tmp_path, single_dev, monkeypatch):
-    _, result = check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
+def test_served_accuracy_still_matches_when_predictions_differ_in_ways_that_cancel(checked):
+    result = checked(UNLIKE, gap=5.0).result
     assert all(f.matches_bundle for f in result.apis.values())
 
 
-def test_the_markdown_counts_the_predictions_unlike_the_bundles(tmp_path, single_dev, monkeypatch):
-    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
-    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+def test_the_markdown_counts_the_predictions_unlike_the_bundles(checked):
+    report = (checked(UNLIKE, gap=5.0).folder / "accuracy.md").read_text()
     assert "| Classify predictions unlike the bundle's | 2 |" in report
 
 
-def test_the_markdown_says_a_tie_flip_is_a_label_within_the_margin_of_the_bundles_top(
-    tmp_path, single_dev, monkeypatch
-):
-    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
-    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+def test_the_markdown_says_a_tie_flip_is_a_label_within_the_margin_of_the_bundles_top(checked):
+    report = (checked(UNLIKE, gap=5.0).folder / "accuracy.md").read_text()
     assert "near-ties aside: a label within 0.1 of the bundle's top, export.tie_margin" in report
 
 
@@ -144,15 +171,14 @@ def test_a_cascades_measured_near_tie_margin_is_named_as_its_quantized_members()
     )
 
 
-def test_a_served_prediction_unlike_the_bundles_at_a_near_tie_passes(tmp_path, single_dev, monkeypatch):
+def test_a_served_prediction_unlike_the_bundles_at_a_near_tie_passes(checked):
     labels = [*SERVED[:-1], 0]  # the last example a near-tie of the bundle's (export.tie_margin 0.1)
-    code, _ = check_against(tmp_path, single_dev, monkeypatch, labels, gap=0.05)
-    assert code == 0
+    assert checked(labels, gap=0.05).code == 0
 
 
-def test_a_near_tie_flip_is_counted_as_one(tmp_path, single_dev, monkeypatch):
+def test_a_near_tie_flip_is_counted_as_one(checked):
     labels = [*SERVED[:-1], 0]
-    _, result = check_against(tmp_path, single_dev, monkeypatch, labels, gap=0.05)
+    result = checked(labels, gap=0.05).result
     assert result.apis["classify"].differing == 1
     assert result.apis["classify"].tie_flips == 1
 
@@ -162,52 +188,44 @@ LAST_NEAR_TIE = [5.0] * 7 + [0.05]
 FIRST_NEAR_TIE = [0.05] + [5.0] * 7
 
 
-def test_a_count_another_padding_moved_at_a_near_tie_the_bundle_answers_wrong_passes(tmp_path, single_dev, monkeypatch):
+def test_a_count_another_padding_moved_at_a_near_tie_the_bundle_answers_wrong_passes(checked):
     # served as the bundle's own (7 of 8 right); the export stage's batches put the last near-tie the right way: 8
-    code, _ = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
-    assert code == 0
+    assert checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).code == 0
 
 
-def test_a_binary_tie_flip_passes_though_it_changes_the_count(tmp_path, single_dev, monkeypatch):
+def test_a_binary_tie_flip_passes_though_it_changes_the_count(checked):
     # the bundle's own right on all 8, as the export stage counted; served wrong on the last, a near-tie: 7
-    code, _ = check_against(tmp_path, single_dev, monkeypatch, [*SERVED[:-1], 0], LAST_NEAR_TIE, dev_accuracy=1.0)
-    assert code == 0
+    assert checked([*SERVED[:-1], 0], LAST_NEAR_TIE, dev_accuracy=1.0).code == 0
 
 
-def test_a_count_beyond_the_near_ties_that_could_move_it_fails(tmp_path, single_dev, monkeypatch):
+def test_a_count_beyond_the_near_ties_that_could_move_it_fails(checked):
     # the only near-tie is answered right, so no padding makes the bundle's own 7 right the export stage's 8
-    code, _ = check_against(tmp_path, single_dev, monkeypatch, SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0)
-    assert code == 1
+    assert checked(SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0).code == 1
 
 
-def test_a_failed_count_says_which_part_failed_and_by_how_much(tmp_path, single_dev, monkeypatch, capsys):
-    check_against(tmp_path, single_dev, monkeypatch, SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0)
+def test_a_failed_count_says_which_part_failed_and_by_how_much(checked):
     said = "the bundle's dev_accuracy counts 8 correct, its own predictions 7: 1 more than their 0 near-ties answered"
-    assert said in capsys.readouterr().err
+    assert said in checked(SERVED, FIRST_NEAR_TIE, dev_accuracy=1.0).said
 
 
-def test_served_predictions_unlike_the_bundles_say_how_many_per_api(tmp_path, single_dev, monkeypatch, capsys):
-    check_against(tmp_path, single_dev, monkeypatch, [0, 1, 1, 1, 0, 0, 0, 0], gap=5.0)
-    assert "KServe ModelInfer: 2 predictions unlike the bundle's own, near-ties aside" in capsys.readouterr().err
+def test_served_predictions_unlike_the_bundles_say_how_many_per_api(checked):
+    assert "KServe ModelInfer: 2 predictions unlike the bundle's own, near-ties aside" in checked(UNLIKE, gap=5.0).said
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
     [("correct", 7), ("near_ties", 1), ("may_lose", 0), ("may_gain", 1), ("matches_bundle", True)],
 )
-def test_the_bundles_own_figures_are_recorded(tmp_path, single_dev, monkeypatch, field, value):
-    _, result = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
-    assert getattr(result.own, field) == value
+def test_the_bundles_own_figures_are_recorded(checked, field, value):
+    assert getattr(checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).result.own, field) == value
 
 
-def test_the_bundles_dev_accuracy_is_recorded_as_a_count(tmp_path, single_dev, monkeypatch):
-    _, result = check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
-    assert result.bundle_dev_correct == 8
+def test_the_bundles_dev_accuracy_is_recorded_as_a_count(checked):
+    assert checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).result.bundle_dev_correct == 8
 
 
-def test_the_markdown_gives_the_range_the_near_ties_allow(tmp_path, single_dev, monkeypatch):
-    check_against(tmp_path, single_dev, monkeypatch, SERVED, LAST_NEAR_TIE, dev_accuracy=1.0)
-    report = (tmp_path / "runs" / "smoke" / "serve-accuracy-tiny" / "accuracy.md").read_text()
+def test_the_markdown_gives_the_range_the_near_ties_allow(checked):
+    report = (checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).folder / "accuracy.md").read_text()
     assert "| bundle (export stage) correct | 8 | 7 to 8: the bundle's own 7," in report
 
 

@@ -192,9 +192,25 @@ def built_run(smoke_run, tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def run_on_current(smoke_run, tmp_path_factory):
+    """`run_on_current(command) -> (result, modules loaded)`: `loaded_by("distill", runs, command, smoke.yaml)` on a
+    copy of the smoke run of its own (as `built_run`), run once for the module's tests that read it."""
+    said = {}
+
+    def run(command: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+        if command not in said:
+            runs = tmp_path_factory.mktemp(f"current-{command}")
+            shutil.copytree(smoke_run, runs / "smoke")
+            said[command] = loaded_by("distill", runs, command, ROOT / "recipes" / "smoke.yaml")
+        return said[command]
+
+    return run
+
+
 @pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher", "transfer", "distill"])
-def test_a_command_whose_stages_are_current_loads_neither_torch_nor_transformers(built_run, command):
-    result, loaded = loaded_by("distill", built_run, command, ROOT / "recipes" / "smoke.yaml")
+def test_a_command_whose_stages_are_current_loads_neither_torch_nor_transformers(run_on_current, command):
+    result, loaded = run_on_current(command)
     assert result.returncode == 0, result.stderr[-3000:]
     assert loaded == []
 
@@ -213,14 +229,14 @@ def test_a_command_whose_stages_are_current_refuses_cuda_on_a_machine_without_on
         ("distill", ["transfer", *(f"{kind}-{name}" for name in ("bilstm", "cnn", "transformer") for kind in KINDS)]),
     ],
 )
-def test_a_command_whose_stages_are_current_says_each_is_up_to_date(built_run, command, stages_said):
-    result, _ = loaded_by("distill", built_run, command, ROOT / "recipes" / "smoke.yaml")
+def test_a_command_whose_stages_are_current_says_each_is_up_to_date(run_on_current, command, stages_said):
+    result, _ = run_on_current(command)
     said = [line.split("]")[0][1:] for line in result.stdout.splitlines() if " up to date: " in line]
     assert said == stages_said
 
 
-def test_distill_whose_stages_are_current_prints_the_table(built_run):
-    result, _ = loaded_by("distill", built_run, "distill", ROOT / "recipes" / "smoke.yaml")
+def test_distill_whose_stages_are_current_prints_the_table(run_on_current):
+    result, _ = run_on_current("distill")
     assert "distillation: smoke" in result.stdout
 
 

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -214,8 +215,24 @@ def test_steady_profile_holds_its_rate(bundle):
     assert [c["name"] for c in summary["checks"]] == ["p99_ms", "error_rate", "rate_share", "locust_task_errors"]
 
 
-def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
-    first = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+@pytest.fixture(scope="module")
+def single_run(bundle, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The smoke load test of the single-text scenario alone: what it did, and the runs folder it wrote, which each
+    test that runs it again copies into its own (`copy_of_single_run`)."""
+    runs = tmp_path_factory.mktemp("single-run")
+    env = {"EDGEDISTILL_RUNS_DIR": str(runs)}
+    return loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env=env), runs
+
+
+def copy_of_single_run(single_run) -> subprocess.CompletedProcess:
+    """`single_run` copied into this test's runs folder, as if the test had run it there; what it did."""
+    first, runs = single_run
+    shutil.copytree(runs / "smoke", Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke")
+    return first
+
+
+def test_an_unchanged_run_is_up_to_date_until_forced(bundle, single_run):
+    first = copy_of_single_run(single_run)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     folder, _ = results("smoke")
     created = mf.load(folder).created
@@ -228,8 +245,8 @@ def test_an_unchanged_run_is_up_to_date_until_forced(bundle):
     assert mf.load(folder).created != created
 
 
-def test_a_changed_server_setting_runs_again(bundle):
-    first = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}")
+def test_a_changed_server_setting_runs_again(bundle, single_run):
+    first = copy_of_single_run(single_run)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     again = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"EDGEDISTILL_MAX_QUEUED": "512"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -80,18 +80,47 @@ def wait_for_restart(server) -> int:
     )
 
 
-@pytest.fixture
-def two_workers(spawn, tmp_path):
-    """A supervisor with two workers on a bundle of its own (version 1): (process, its workers_serving line)."""
-    folder = write_bundle(tmp_path / "bundle")
+@pytest.fixture(scope="module")
+def spawn_once(tmp_path_factory):
+    """`spawn` for a module's fixtures: its servers killed at the end of the module if still running, their temporary
+    files in a folder of the module's."""
+    folder = tmp_path_factory.mktemp("spawned")
+    started = []
+
+    def start(bundle, *flags, process_group: int | None = None, **env) -> conftest.ServerProcess:
+        process = conftest.ServerProcess(bundle, *flags, process_group=process_group, **{"TMPDIR": str(folder)} | env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+def start_two_workers(spawn, folder: Path):
+    """A supervisor with two workers on a bundle of its own written in `folder` (version 1): (process, its
+    workers_serving line)."""
+    write_bundle(folder)
     # METRICS_HOST as the deployments set it: the workers inherit it and run with their metrics port off
     server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_METRICS_HOST="127.0.0.1")
     server.folder = folder
     return server, server.wait_for("workers_serving", timeout=60)
 
 
-def test_two_workers_answer_on_one_port(two_workers):
-    _, serving = two_workers
+@pytest.fixture
+def two_workers(spawn, tmp_path):
+    """`start_two_workers`, for a test that calls, stops, reloads or kills it."""
+    return start_two_workers(spawn, tmp_path / "bundle")
+
+
+@pytest.fixture(scope="module")
+def two_workers_read(spawn_once, tmp_path_factory):
+    """`start_two_workers`, shared by the module's tests that only call it and read what it maps and reports."""
+    return start_two_workers(spawn_once, tmp_path_factory.mktemp("two-workers") / "bundle")
+
+
+def test_two_workers_answer_on_one_port(two_workers_read):
+    _, serving = two_workers_read
     pids = {pid for pid, _ in answering_pids(serving["port"])}
     assert pids == set(serving["workers"])
 
@@ -121,8 +150,8 @@ def test_the_metrics_endpoint_sums_over_the_workers(two_workers):
     assert classified == CHANNELS
 
 
-def test_the_metrics_endpoint_gives_each_workers_memory(two_workers):
-    _, serving = two_workers
+def test_the_metrics_endpoint_gives_each_workers_memory(two_workers_read):
+    _, serving = two_workers_read
     scraped = scrape(serving["metrics_port"])
     memory = [metric(scraped, "edgedistill_worker_resident_memory_bytes", worker=w) for w in ("0", "1")]
     assert all(rss > 10_000_000 for rss in memory)  # each holds Python, gRPC and ONNX Runtime
@@ -137,14 +166,14 @@ def mapped(pid: int) -> str:
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
-def test_the_supervisor_loads_no_library_of_the_request_path(two_workers, library):
-    server, _ = two_workers
+def test_the_supervisor_loads_no_library_of_the_request_path(two_workers_read, library):
+    server, _ = two_workers_read
     assert library not in mapped(server.proc.pid)
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
-def test_a_worker_loads_the_libraries_of_the_request_path(two_workers, library):
-    _, serving = two_workers
+def test_a_worker_loads_the_libraries_of_the_request_path(two_workers_read, library):
+    _, serving = two_workers_read
     assert library in mapped(serving["workers"][0])
 
 
@@ -158,11 +187,12 @@ def test_sigterm_drains_every_worker_and_exits_zero(two_workers):
     assert not [pid for pid in serving["workers"] if alive(pid)]
 
 
-@pytest.fixture
-def reflection_at_sigterm(spawn, tmp_path):
+@pytest.fixture(scope="module")
+def reflection_at_sigterm(spawn_once, tmp_path_factory):
     """Two workers with a grace of 30 s, sent SIGTERM while a reflection stream (one request answered) is held open
     on one of them: how the stream ended, and how long the supervisor took to exit."""
-    server = spawn(write_bundle(tmp_path / "bundle"), EDGEDISTILL_WORKERS="2", EDGEDISTILL_SHUTDOWN_GRACE_S="30")
+    bundle = write_bundle(tmp_path_factory.mktemp("reflection") / "bundle")
+    server = spawn_once(bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_SHUTDOWN_GRACE_S="30")
     port = server.wait_for("workers_serving", timeout=60)["port"]
     requests = queue.Queue()
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -202,12 +232,12 @@ def test_sighup_reloads_every_worker(two_workers):
     assert answers == {(pid, "2") for pid in serving["workers"]}
 
 
-@pytest.fixture
-def reloaded_by_a_call(spawn, tmp_path):
+@pytest.fixture(scope="module")
+def reloaded_by_a_call(spawn_once, tmp_path_factory):
     """Two workers behind an admin token, whose bundle was written again and reloaded by a Reload call that reached one
     worker, after one naming a path: the server, its `workers_serving` line and the refused call's code."""
-    folder = write_bundle(tmp_path / "bundle")
-    server = spawn(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin")
+    folder = write_bundle(tmp_path_factory.mktemp("reloaded") / "bundle")
+    server = spawn_once(folder, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin")
     serving = server.wait_for("workers_serving", timeout=60)
     write_bundle(folder, version="2")
     admin = [("authorization", "Bearer admin")]
@@ -243,17 +273,23 @@ def test_a_worker_reloaded_by_the_supervisor_names_it_as_what_asked(reloaded_by_
     assert workers.RELAYED in triggers
 
 
-def test_a_reload_root_with_several_workers_stops_the_server_with_status_2(spawn, bundle, tmp_path):
-    server = spawn(
-        bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
+@pytest.fixture(scope="module")
+def reload_root_with_several_workers(spawn_once, bundle, tmp_path_factory):
+    """A supervisor of two workers given a reload root, once it exited: (process, its exit status)."""
+    root = tmp_path_factory.mktemp("reload-root")
+    server = spawn_once(
+        bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(root)
     )
-    assert server.wait(60) == 2
+    return server, server.wait(60)
 
 
-def test_a_reload_root_with_several_workers_is_refused_naming_both(spawn, bundle, tmp_path):
-    server = spawn(
-        bundle, EDGEDISTILL_WORKERS="2", EDGEDISTILL_ADMIN_TOKEN="admin", EDGEDISTILL_RELOAD_ROOT=str(tmp_path)
-    )
+def test_a_reload_root_with_several_workers_stops_the_server_with_status_2(reload_root_with_several_workers):
+    _, status = reload_root_with_several_workers
+    assert status == 2
+
+
+def test_a_reload_root_with_several_workers_is_refused_naming_both(reload_root_with_several_workers):
+    server, _ = reload_root_with_several_workers
     assert (
         "EDGEDISTILL_RELOAD_ROOT lets a Reload call name a bundle, which a server of 2 workers (EDGEDISTILL_WORKERS=2)"
         in server.wait_for("start_failed", timeout=60)["msg"]
@@ -320,16 +356,22 @@ def test_the_workers_die_with_the_supervisor(two_workers):
     )
 
 
-def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(spawn, tmp_path):
-    server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
-    assert server.wait(60) == 2
+@pytest.fixture(scope="module")
+def no_worker_can_serve(spawn_once, tmp_path_factory):
+    """A supervisor of two workers on a bundle none can serve, once it exited: (process, its exit status)."""
+    server = spawn_once(corrupt(write_bundle(tmp_path_factory.mktemp("corrupt") / "bundle")), EDGEDISTILL_WORKERS="2")
+    return server, server.wait(60)
+
+
+def test_a_bundle_no_worker_can_serve_stops_the_supervisor_with_status_2(no_worker_can_serve):
+    server, status = no_worker_can_serve
+    assert status == 2
     assert server.wait_for("workers_stopping")["exit_status"] == 2
     assert server.wait_for("workers_stopped")["exit_status"] == 2
 
 
-def test_the_supervisors_stopping_line_gives_why_in_a_field_of_its_own(spawn, tmp_path):
-    server = spawn(corrupt(write_bundle(tmp_path / "bundle")), EDGEDISTILL_WORKERS="2")
-    server.wait(60)
+def test_the_supervisors_stopping_line_gives_why_in_a_field_of_its_own(no_worker_can_serve):
+    server, _ = no_worker_can_serve
     assert "before it served" in server.wait_for("workers_stopping")["reason"]
 
 
@@ -351,13 +393,16 @@ runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def killed_while_starting(spawn, bundle, monkeypatch):
+@pytest.fixture(scope="module")
+def killed_while_starting(spawn_once, bundle):
     """A supervisor of two workers, the first killed by SIGKILL (as the out-of-memory killer kills) before it served."""
-    monkeypatch.setattr(
-        conftest, "serve_command", lambda *args: [sys.executable, "-c", FIRST_WORKER_STOPPED, *serve_command(*args)[3:]]
-    )
-    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    with pytest.MonkeyPatch.context() as monkeypatch:  # the command the server is started with
+        monkeypatch.setattr(
+            conftest,
+            "serve_command",
+            lambda *args: [sys.executable, "-c", FIRST_WORKER_STOPPED, *serve_command(*args)[3:]],
+        )
+        server = spawn_once(bundle, EDGEDISTILL_WORKERS="2")
     os.kill(server.wait_for("worker_started", timeout=60)["worker_pid"], signal.SIGKILL)
     server.wait(60)
     return server
@@ -371,12 +416,12 @@ def test_a_worker_killed_by_a_signal_is_logged_with_the_signal(killed_while_star
     assert killed_while_starting.wait_for("worker_exited")["signal"] == "SIGKILL"
 
 
-@pytest.fixture
-def interrupted_while_starting(spawn, bundle):
+@pytest.fixture(scope="module")
+def interrupted_while_starting(spawn_once, bundle):
     """A supervisor of two workers given SIGINT, as Ctrl-C gives it to the terminal's whole process group (at once: a
     worker the supervisor stops first has exited before a later signal of its own), once both workers started and
     before they serve."""
-    server = spawn(bundle, process_group=0, EDGEDISTILL_WORKERS="2")
+    server = spawn_once(bundle, process_group=0, EDGEDISTILL_WORKERS="2")
     wait_until(
         lambda: sum(line.get("event") == "worker_started" for line in server.lines) == 2,
         "the workers never started",
@@ -451,11 +496,11 @@ def test_a_worker_gone_while_the_supervisors_ctrl_c_waits_to_be_handled_counts_a
     assert reaped_after_ctrl_c.exit_status == 0
 
 
-@pytest.fixture
-def killed_while_draining(two_workers):
+@pytest.fixture(scope="module")
+def killed_while_draining(spawn_once, tmp_path_factory):
     """A supervisor of two workers sent SIGTERM, its first worker (stopped, so that it cannot drain first) then killed
     by SIGKILL: (process, the killed worker's pid, the other worker's)."""
-    server, serving = two_workers
+    server, serving = start_two_workers(spawn_once, tmp_path_factory.mktemp("draining") / "bundle")
     killed, drained = serving["workers"]
     os.kill(killed, signal.SIGSTOP)
     server.proc.send_signal(signal.SIGTERM)
@@ -503,14 +548,15 @@ runpy.run_module("edgedistill.serve", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def restart_without_a_process(spawn, bundle, monkeypatch):
+@pytest.fixture(scope="module")
+def restart_without_a_process(spawn_once, bundle):
     """Two workers under a supervisor that cannot start a third process, one of them killed: (the supervisor, the
     pid of the worker left)."""
-    monkeypatch.setattr(
-        conftest, "serve_command", lambda *args: [sys.executable, "-c", TWO_PROCESSES, *serve_command(*args)[3:]]
-    )
-    server = spawn(bundle, EDGEDISTILL_WORKERS="2")
+    with pytest.MonkeyPatch.context() as monkeypatch:  # the command the server is started with
+        monkeypatch.setattr(
+            conftest, "serve_command", lambda *args: [sys.executable, "-c", TWO_PROCESSES, *serve_command(*args)[3:]]
+        )
+        server = spawn_once(bundle, EDGEDISTILL_WORKERS="2")
     killed, survivor = server.wait_for("workers_serving", timeout=60)["workers"]
     os.kill(killed, signal.SIGKILL)
     server.wait(60)
@@ -550,11 +596,11 @@ def started_on_a_held_port(spawn, bundle: Path, workers: str) -> tuple[conftest.
     return server, port
 
 
-@pytest.fixture(params=["1", "2"], ids=["one process", "supervisor"])
-def on_a_held_port(request, spawn, bundle):
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "supervisor"])
+def on_a_held_port(request, spawn_once, bundle):
     """A server (one process, or a supervisor of two workers) started on a port another process listens on, and
     that port."""
-    return started_on_a_held_port(spawn, bundle, request.param)
+    return started_on_a_held_port(spawn_once, bundle, request.param)
 
 
 def test_a_port_held_by_another_process_is_refused_not_shared(on_a_held_port):
@@ -577,33 +623,40 @@ def test_a_port_held_by_another_process_is_refused_in_json_lines_alone(on_a_held
     assert [line["msg"] for line in server.lines if line.get("event") == "unstructured"] == []
 
 
+@pytest.fixture(scope="module")
+def on_a_held_metrics_port(spawn_once, bundle):
+    """`on_a_held_metrics_port(workers)`: a server of `workers` ("1": one process, "2": a supervisor of two) started
+    with its metrics port on a port another process listens on, exited: (process, its exit status); started once for
+    the module's tests of that count."""
+    started = {}
+
+    def start(count: str) -> tuple[conftest.ServerProcess, int]:
+        if count not in started:
+            with socket.socket() as other:
+                other.bind(("127.0.0.1", 0))
+                other.listen()
+                server = spawn_once(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS=count)
+                started[count] = server, server.wait(60)
+        return started[count]
+
+    return start
+
+
 @pytest.mark.parametrize("count", ["1", "2"], ids=["one process", "supervisor"])
-def test_a_metrics_port_in_use_is_refused_naming_its_variable(spawn, bundle, count):
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS=count)
-        assert server.wait(60) == 2
+def test_a_metrics_port_in_use_is_refused_naming_its_variable(on_a_held_metrics_port, count):
+    server, status = on_a_held_metrics_port(count)
+    assert status == 2
     assert "EDGEDISTILL_METRICS_PORT" in server.wait_for("start_failed")["msg"]
 
 
-@pytest.fixture
-def on_a_held_metrics_port(spawn, bundle):
-    """One server process started with its metrics port on a port another process listens on, exited."""
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        server = spawn(bundle, "--metrics-port", str(other.getsockname()[1]), EDGEDISTILL_WORKERS="1")
-        server.wait(60)
-    return server
-
-
 def test_one_server_process_refuses_a_metrics_port_in_use_before_it_loads_its_bundle(on_a_held_metrics_port):
-    assert "backend_ready" not in [line.get("event") for line in on_a_held_metrics_port.lines]
+    server, _ = on_a_held_metrics_port("1")
+    assert "backend_ready" not in [line.get("event") for line in server.lines]
 
 
 def test_a_metrics_port_in_use_leaves_no_line_after_the_refusal(on_a_held_metrics_port):
-    assert on_a_held_metrics_port.lines[-1]["event"] == "start_failed"
+    server, _ = on_a_held_metrics_port("1")
+    assert server.lines[-1]["event"] == "start_failed"
 
 
 def test_the_health_port_is_shared_by_the_workers(spawn, bundle):
