@@ -30,6 +30,9 @@ from tests.distill.gpt_init import write_gpt2
 
 pytestmark = pytest.mark.slow
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+# The smoke recipe's teacher half as wide (hidden 32, intermediate 64), for the tests that check that a way of training
+# learns (GPT, bf16, DDP) rather than how well: as clearly above the majority class, in half the time.
+NARROW = ["--model.hidden_size=32", "--model.intermediate_size=64"]
 
 
 def run_stage(*args, env_extra=None) -> subprocess.CompletedProcess:
@@ -45,11 +48,13 @@ def majority_rate(labels_file: Path, limit: int) -> float:
 def scratch_teacher(family: str, request) -> tuple[Path, list[str], str]:
     """The run folder of the smoke recipe's teacher of `family`, pretrained from scratch then fine-tuned; the
     arguments of the stage that built it; what the stage printed. The BERT one is the session's smoke run (the same
-    stage of the same recipe); the GPT one is trained here."""
+    stage of the same recipe); the GPT one is trained here, half as wide and pretrained for 25 of the recipe's 75
+    steps (its fine-tune is the recipe's, and beats the majority class as clearly)."""
     if family == "bert":
         return request.getfixturevalue("smoke_run"), [], request.getfixturevalue("smoke_teacher_said")
     # a GPT's blocks cannot seed the recipe's transformer student: it starts afresh (else the recipe is refused)
     args = ["--model.family=gpt", "--name=smoke-gpt", "--distill.students.transformer.init_from_teacher=false"]
+    args += ["--pretrain.optim.max_steps=25", *NARROW]
     result = run_stage("teacher", SMOKE, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "smoke-gpt", args, result.stdout
@@ -195,9 +200,10 @@ def kill_9_at_checkpoint(args: list, run: Path, step: int) -> None:
 
 def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
     """An interrupted fine-tune continues from its checkpoint and ends exactly where an uninterrupted one does."""
-    # The moving average (ema_decay) is part of the state that must survive the kill.
+    # The moving average (ema_decay) is part of the state that must survive the kill. Epochs of 60 steps (1,920
+    # examples in batches of 32): killed at step 40 or later, mid-epoch, with 80 steps still to run.
     common = ["--pretrain.optim.max_steps=10", "--finetune.optim.epochs=2", "--finetune.optim.checkpoint_every=10"]
-    common += ["--finetune.optim.ema_decay=0.95"]
+    common += ["--finetune.optim.ema_decay=0.95", "--data.train_limit=1920"]
     base = run_stage("teacher", SMOKE, "--name=straight", *common)
     assert base.returncode == 0, base.stderr[-3000:]
     runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
@@ -222,6 +228,7 @@ def test_kill_9_mid_epoch_resumes_to_the_same_result(tmp_path):
 def test_a_forced_teacher_killed_and_forced_again_goes_on_from_its_checkpoint():
     """`teacher --force` starts afresh once: the same forced command, run again after a kill, resumes."""
     args = ["teacher", SMOKE, "--name=forced", "--pretrain.optim.max_steps=10", "--finetune.optim.checkpoint_every=10"]
+    args += ["--data.train_limit=960"]  # 3 epochs of 30 steps: killed at step 10 or later, with 80 still to run
     runs = Path(os.environ["EDGEDISTILL_RUNS_DIR"])
     kill_9_at_checkpoint([*args, "--force"], runs / "forced", 10)
     resumed = run_stage(*args, "--force")
@@ -233,6 +240,8 @@ def test_torchrun_two_cpu_processes(data_dir):
     torchrun = Path(PYTHON).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "distill", "teacher", SMOKE, "--name=ddp"]
+    # the recipe's fine-tune on a teacher half as wide, after 10 of its 75 pretraining steps: it learns as clearly
+    cmd += ["--pretrain.optim.max_steps=10", *NARROW]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "ddp" / "teacher")
@@ -247,7 +256,10 @@ def test_two_nodes_of_one_process_train_the_same_teacher_as_one_node_of_two():
     folder: the ranks meet, and the teacher is the bit-identical one a single node of two processes trains."""
     torchrun = Path(PYTHON).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    stage = ["-m", "distill", "teacher", SMOKE, "--data.train_limit=640", "--finetune.optim.epochs=1"]
+    # a few steps of each stage, every one all-reduced across the ranks: bit-identical weights need no more
+    stage = ["-m", "distill", "teacher", SMOKE, "--data.train_limit=320", "--finetune.optim.epochs=1"]
+    stage += ["--pretrain.optim.max_steps=4", "--pretrain.train_max_lines=100", "--pretrain.eval_max_lines=20"]
+    stage += ["--data.dev_limit=50"]
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [
         subprocess.Popen(
@@ -280,8 +292,9 @@ def test_two_nodes_of_one_process_train_the_same_teacher_as_one_node_of_two():
 
 
 def test_bf16_autocast_fine_tune_on_the_cpu_beats_majority(data_dir):
-    # a CPU without AVX512-BF16 emulates bf16, several times slower: a short pretraining, two epochs of fine-tuning
-    short = ["--pretrain.optim.max_steps=5", "--finetune.optim.epochs=2"]
+    # a CPU without AVX512-BF16 emulates bf16, several times slower: a short pretraining, two epochs of fine-tuning,
+    # a teacher half as wide
+    short = ["--pretrain.optim.max_steps=5", "--finetune.optim.epochs=2", *NARROW]
     result = run_stage("teacher", SMOKE, "--runtime.device=cpu", "--runtime.precision=bf16", "--name=bf16", *short)
     assert result.returncode == 0, result.stderr[-3000:]
     teacher = mf.load(Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "bf16" / "teacher")
@@ -331,6 +344,8 @@ def test_mean_pooled_teacher_fine_tunes_and_loads_through_the_auto_class(smoke_r
         f"--model.init={smoke_run / 'teacher'}",
         "--finetune.pooling=mean",
         "--name=mean-pooled",
+        "--finetune.optim.epochs=1",  # of the recipe's 3, on half its examples: the mean-pooled head learns in one
+        "--data.train_limit=2000",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     folder = Path(os.environ["EDGEDISTILL_RUNS_DIR"]) / "mean-pooled" / "teacher"

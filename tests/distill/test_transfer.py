@@ -478,7 +478,11 @@ def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smok
     assert np.load(smoke_run / "transfer" / "dev_logits.npy").shape == (300, 2)
 
 
+# A teacher of a few steps, and a transfer set of some 3,000 texts (1,000 train examples, 1,000 unlabelled sentences,
+# 1,000 augmented copies; the smoke recipe's holds some 9,000) in shards of 100: a run killed at its first shard has
+# tens of shards still to label.
 SMALL = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--transfer.shard_size=100"]
+SMALL += ["--data.train_limit=1000", "--transfer.max_unlabelled=1000", "--transfer.max_augmented=1000"]
 
 
 @pytest.fixture
@@ -538,14 +542,15 @@ def test_a_transfer_killed_while_labelling_resumes_from_its_kept_texts_to_the_sa
 def test_a_transfer_killed_while_labelling_resumed_in_another_precision_keeps_its_texts_not_its_labels(
     straight, monkeypatch
 ):
-    """Labels of another precision are made again; the texts, of the same work, are not built again."""
-    killed_while_labelling(straight, "other", "--runtime.precision=fp32")
+    """Labels of another precision are made again; the texts, of the same work, are not built again. Killed in bf16,
+    resumed in fp32: the CPU emulates bf16, slowly, and the shards go by the precision either way."""
+    killed_while_labelling(straight, "other", "--runtime.precision=bf16")
 
     def refuse(*args, **kwargs):
         raise AssertionError("build_texts ran again")
 
     monkeypatch.setattr(transfer, "build_texts", refuse)
-    resumed = run_stage("transfer", SMOKE, "--name=other", *SMALL, "--runtime.precision=bf16")
+    resumed = run_stage("transfer", SMOKE, "--name=other", *SMALL, "--runtime.precision=fp32")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming labelling" not in resumed.stdout
 
