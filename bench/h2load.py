@@ -31,7 +31,7 @@ import numpy as np
 import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.drivers import rotated
-from edgedistill.bench.processes import cpu_seconds
+from edgedistill.bench.processes import cpu_seconds, held, release
 from edgedistill.bench.stats import percentiles
 from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
@@ -213,21 +213,21 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
     gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
     tree = [] if server is None else [server, *server.children(recursive=True)]
-    before = sum(cpu_seconds(p) for p in tree)
-    client_before = os.times()
-    start = time.perf_counter()
     clients = []
     try:
-        for index, part_log in enumerate(logs):
+        for part_log in logs:
             part_log.unlink(missing_ok=True)
             line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
+            clients.append(held(line, stderr=subprocess.STDOUT))
+        launchers = sum(cpu_seconds(psutil.Process(client.pid)) for client in clients)  # not h2load's: left out
+        before = sum(cpu_seconds(p) for p in tree)
+        client_before = os.times()
+        start = time.perf_counter()
+        for index, client in enumerate(clients):
             if index:
                 time.sleep(gap)
-            # started at once, not through `processes.spawn`'s launcher: its interpreter's start (tens of ms, uneven)
-            # would stagger paced clients by more than their gap; a measurement killed with kill -9 leaves them
-            # running to the end of their duration
-            clients.append(subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = [client.communicate()[0] for client in clients]
+            release(client)
+        outputs = [client.communicate()[0].decode(errors="replace") for client in clients]
     finally:  # an error or Ctrl-C while clients run leaves none running on
         for client in clients:
             if client.poll() is None:
@@ -256,8 +256,10 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
         "rate_share": None if due is None else ok / due,
         "mean_ms": float(ms.mean()) if ms.size else None,
     } | percentiles(ms)
-    client_cpu = (client_times.children_user - client_before.children_user) + (
-        client_times.children_system - client_before.children_system
+    client_cpu = (
+        (client_times.children_user - client_before.children_user)
+        + (client_times.children_system - client_before.children_system)
+        - launchers
     )
     usage = {"client_cpu": 100 * client_cpu / seconds}
     if server is not None:

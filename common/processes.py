@@ -1,7 +1,7 @@
 """Processes: whether one is still running, children that do not outlive their parent or answer Ctrl-C.
 
-`python -P -m edgedistill.common.processes PARENT COMMAND...` asks to die with process PARENT, then becomes COMMAND
-(see `dying_with_this_process`).
+`python -P -m edgedistill.common.processes PARENT [--held] COMMAND...` asks to die with process PARENT, then becomes
+COMMAND (see `dying_with_this_process`).
 """
 
 import ctypes
@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
+HELD = "--held"
+READY = b"ready\n"
 
 
 def alive(pid: int) -> bool:
@@ -40,16 +42,19 @@ def shell_status(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def dying_with_this_process(command: list[str]) -> list[str]:
+def dying_with_this_process(command: list[str], held: bool = False) -> list[str]:
     """`command` tied to this process as by `die_with_parent`, for `subprocess.Popen`: a launcher asks for the
-    signal, then execs `command` in its place (same pid; the kernel keeps the request across exec).
+    signal, then execs `command` in its place (same pid; the kernel keeps the request across exec). `held`: the
+    launcher then writes `READY` to its stdout and waits for a byte on its stdin before it execs, and exits without
+    running `command` when its stdin closes first; so the caller starts `command` when it chooses, to the millisecond,
+    after the launcher's own start.
 
     Instead of a `preexec_fn`, which makes Popen fork and so run the at-fork handlers of the libraries loaded here
     in the child before it execs: gRPC's restart its pollers there, and closing the child's file descriptors then
     aborts it (`Check failed: wakeup_fd_->Wakeup().ok()`) or hangs it, the more often the busier the machine.
     Without one, Popen starts the child with vfork, which runs no handler.
     """
-    return python_module(__name__, str(os.getpid()), *command)
+    return python_module(__name__, str(os.getpid()), *([HELD] if held else []), *command)
 
 
 def python_module(module: str, *args: str, python: str | os.PathLike = sys.executable) -> list[str]:
@@ -61,6 +66,11 @@ def python_module(module: str, *args: str, python: str | os.PathLike = sys.execu
 def _launch(argv: list[str]) -> None:
     parent, *command = argv
     die_with_parent(int(parent))
+    if command[:1] == [HELD]:
+        command = command[1:]
+        os.write(sys.stdout.fileno(), READY)
+        if not os.read(sys.stdin.fileno(), 1):
+            sys.exit(f"not started: {command[0]} was never released")
     try:
         os.execvp(command[0], command)
     except OSError as err:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from edgedistill.common import locks
 from hypothesis import HealthCheck, settings
@@ -34,6 +35,20 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 10) 
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def save_initialised(model_class, config, folder: Path) -> None:

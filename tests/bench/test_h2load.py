@@ -1,9 +1,13 @@
 """h2load as the load generator: the gRPC frame it sends, its summary, and calls counted by the bytes of their replies."""
 
 import itertools
+import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,6 +18,8 @@ from edgedistill.bench.calls import ABSENT_MODEL, infer_request
 from edgedistill.bench.peers import launch
 from edgedistill.bench.ports import free_port
 from edgedistill.bench.processes import serving
+
+from tests.conftest import gone
 
 SUMMARY = """finished in 2.00s, 1031.00 req/s, 130.95KB/s
 requests: 2062 total, 2070 started, 2062 done, 2062 succeeded, 0 failed, 0 errored, 0 timeout
@@ -148,6 +154,46 @@ def test_an_error_while_clients_run_leaves_no_h2load_running(tmp_path, monkeypat
         with pytest.raises(KeyboardInterrupt):
             h2load.run(silent.getsockname()[1], path, h2load.Replies(71, 0), load, tmp_path / "h2load.log", None)
     assert [child for child in psutil.Process().children() if child.name() == "h2load"] == []
+
+
+MEASURES_A_SILENT_SERVER = """
+import socket, sys
+from pathlib import Path
+from edgedistill.bench import h2load
+with socket.socket() as silent:
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    print("measuring", flush=True)
+    load = h2load.Load(2, 1, 120, rate=10, clients=2)
+    h2load.run(silent.getsockname()[1], Path(sys.argv[1]), h2load.Replies(71, 0), load, Path(sys.argv[2]), None)
+"""
+
+
+def h2load_children(pid: int, count: int, within_s: float = 30.0) -> list[int]:
+    """The pids of process `pid`'s `count` h2load children, once it has them all (fewer when time runs out)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = [child.pid for child in psutil.Process(pid).children() if child.name() == "h2load"]
+        if len(found) == count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+@needs_h2load
+def test_a_measurement_killed_with_sigkill_leaves_no_h2load_running(tmp_path):
+    _, path = write_request(tmp_path, "echo")
+    script = [sys.executable, "-c", MEASURES_A_SILENT_SERVER, str(path), str(tmp_path / "h2load.log")]
+    measurement = subprocess.Popen(script, stdout=subprocess.PIPE, text=True)
+    assert measurement.stdout.readline() == "measuring\n"
+    clients = h2load_children(measurement.pid, 2)
+    measurement.kill()
+    measurement.wait()
+    try:
+        assert [pid for pid in clients if not gone(pid)] == []
+    finally:
+        for pid in clients:
+            if not gone(pid, 0):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_failed_probe_names_the_status(served):

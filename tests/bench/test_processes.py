@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.environ import measured_server
 from edgedistill.bench.ports import free_port
-from edgedistill.bench.processes import finish, running, start
+from edgedistill.bench.processes import finish, held, running, start
+
+from tests.conftest import gone
 
 
 def test_a_server_runs_until_the_block_ends_and_stops_cleanly(tmp_path):
@@ -73,14 +74,6 @@ sys.stdin.readline()
 """
 
 
-def running_on(pid: int) -> bool:
-    """Whether `pid` runs (an exited child its new parent has not reaped yet does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
     measurement = subprocess.Popen(
         [sys.executable, "-c", STARTS_A_SLEEPER, str(tmp_path / "sleep.log")],
@@ -91,10 +84,7 @@ def test_a_killed_measurement_takes_its_processes_with_it(tmp_path):
     child = int(measurement.stdout.readline())
     measurement.kill()
     measurement.wait()
-    deadline = time.monotonic() + 10
-    while running_on(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not running_on(child)
+    assert gone(child)
 
 
 INTERRUPTED_WHILE_MEASURING = """
@@ -185,3 +175,9 @@ def test_two_measured_servers_start_side_by_side_where_the_operator_exports_a_he
         running("edgedistill.serve", second[0], second[1].port, tmp_path / "second.log") as process,
     ):
         assert process.is_running()
+
+
+def test_a_held_process_whose_launcher_cannot_start_is_a_bench_error():
+    broken = dict(os.environ, PYTHONHOME="/nonexistent")  # the launcher's interpreter fails before it says it is ready
+    with pytest.raises(BenchError, match="did not start"):
+        held([sys.executable, "-c", "pass"], env=broken, stderr=subprocess.STDOUT)

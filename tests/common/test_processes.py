@@ -5,11 +5,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
-from edgedistill.common.processes import python_module
+from edgedistill.common.processes import READY, dying_with_this_process, python_module
+
+from tests.conftest import gone
 
 PARENT = textwrap.dedent(
     """
@@ -28,20 +29,6 @@ CHILD = textwrap.dedent(
     time.sleep(600)
     """
 )
-
-
-def gone(pid: int, within_s: float = 10.0) -> bool:
-    """Whether process `pid` has ended (or is a zombie) within `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
 
 
 def child_ends_with_parent(parent: subprocess.Popen, child: int, sig: signal.Signals) -> bool:
@@ -75,3 +62,43 @@ def test_a_python_module_runs_with_the_working_directory_off_sys_path(tmp_path):
     (shadow / "__init__.py").write_text("raise ImportError('edgedistill imported from the working directory')\n")
     done = subprocess.run(python_module("edgedistill.serve", "--help"), cwd=tmp_path, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def held_writer(path) -> subprocess.Popen:
+    """A held launcher of a command that creates `path`, ready (it said `READY`)."""
+    command = [sys.executable, "-c", f"open({str(path)!r}, 'w').close()"]
+    launcher = subprocess.Popen(
+        dying_with_this_process(command, held=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert launcher.stdout.readline() == READY
+    return launcher
+
+
+def test_a_held_command_has_not_started_when_its_launcher_says_it_is_ready(tmp_path):
+    launcher = held_writer(tmp_path / "ran")
+    try:
+        assert "edgedistill.common.processes" in psutil.Process(launcher.pid).cmdline()
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_a_held_command_runs_once_released(tmp_path):
+    launcher = held_writer(tmp_path / "ran")
+    launcher.communicate(b"\0", timeout=60)
+    assert (tmp_path / "ran").exists()
+
+
+def test_a_held_command_never_released_does_not_run(tmp_path):
+    launcher = held_writer(tmp_path / "ran")
+    _, err = launcher.communicate(timeout=60)  # stdin closed with no byte: the caller gave up, or died
+    assert (tmp_path / "ran").exists() is False, err
+
+
+def test_a_held_launcher_whose_stdin_closes_says_its_command_was_never_released(tmp_path):
+    launcher = held_writer(tmp_path / "ran")
+    _, err = launcher.communicate(timeout=60)
+    assert "was never released" in err.decode()
