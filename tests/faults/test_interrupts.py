@@ -16,8 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.common.test_processes import gone
-from tests.conftest import PYTHON, ROOT, build_stages, wait_until
+from tests.conftest import PYTHON, ROOT, build_stages, gone, wait_until
 from tests.faults.conftest import environment, tiny_recipe
 
 pytestmark = pytest.mark.slow
