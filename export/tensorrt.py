@@ -3,9 +3,8 @@
 Needs the `tensorrt` (>= 10) and `cuda-python` packages and an NVIDIA GPU with its driver;
 `common.runtime.require_tensorrt()` says which is missing, and `common.runtime.open_runner` loads and
 runs the engine. FP16 keeps Softmax and normalization layers in FP32 (their reductions overflow or
-lose precision in half). INT8 takes either calibration batches (TensorRT's implicit quantization,
-with a min-max calibrator whose device buffers come from `common.runtime.Cuda`) or a model already
-quantized with Q/DQ nodes.
+lose precision in half). INT8 takes calibration batches (TensorRT's implicit quantization, with a
+min-max calibrator whose device buffers come from `common.runtime.Cuda`).
 """
 
 import re
@@ -22,7 +21,6 @@ from edgedistill.common.runtime import Cuda, require_tensorrt, tensorrt_logger
 FP32_LAYER_TYPES = ("SOFTMAX", "NORMALIZATION", "REDUCE")
 # A LayerNorm exported before opset 17 is ReduceMean/Sub/Pow/Sqrt/Div nodes named after the module.
 LAYERNORM_NAME = re.compile(r"layer_?norm", re.IGNORECASE)
-QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 
 
 class EngineBuildError(RuntimeError):
@@ -35,8 +33,8 @@ def _check_range(axis: str, values: tuple[int, int, int]) -> None:
         raise ValueError(f"{axis} profile must satisfy 1 <= min <= opt <= max, got {values}")
 
 
-def _inspect_onnx(onnx_path: Path, inputs: list[str]) -> bool:
-    """Check the model's inputs are exactly `inputs`, each (batch, sequence); return whether it has Q/DQ nodes."""
+def _check_inputs(onnx_path: Path, inputs: list[str]) -> None:
+    """Check the model's inputs are exactly `inputs`, each (batch, sequence)."""
     model = onnx.load(str(onnx_path), load_external_data=False)
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
@@ -46,7 +44,6 @@ def _inspect_onnx(onnx_path: Path, inputs: list[str]) -> bool:
         rank = len(value.type.tensor_type.shape.dim)
         if rank != 2:
             raise ValueError(f"{onnx_path}: input {name} has rank {rank}; the profile covers (batch, sequence) inputs")
-    return any(node.op_type in QDQ_OPS for node in model.graph.node)
 
 
 def calibration_batches(
@@ -146,12 +143,11 @@ def _calibrator(trt, cuda: Cuda, batches: list[dict[str, np.ndarray]], dtypes: d
 def _keep_fp32(trt, network) -> list[str]:
     """Pin softmax, normalization and LayerNorm-pattern layers to FP32; return their names."""
     pinned_types = [getattr(trt.LayerType, name) for name in FP32_LAYER_TYPES if hasattr(trt.LayerType, name)]
-    skipped_types = (trt.LayerType.CONSTANT, trt.LayerType.QUANTIZE, trt.LayerType.DEQUANTIZE)
     floats = (trt.float32, trt.float16)
     kept = []
     for index in range(network.num_layers):
         layer = network.get_layer(index)
-        if layer.type in skipped_types:
+        if layer.type == trt.LayerType.CONSTANT:
             continue
         if layer.type not in pinned_types and not LAYERNORM_NAME.search(layer.name):
             continue
@@ -179,24 +175,18 @@ def build_engine(
 ) -> dict:
     """Build `plan_path` from `onnx_path` for inputs of shape (batch, sequence) within (min, opt, max); return build info.
 
-    INT8 needs either `calibration` (token-id batches keyed by input name, re-cut by `calibration_batches`)
-    or a model with Q/DQ nodes, never both; `pad_id` pads their token ids. The returned dict is meant for the manifest.
+    INT8 needs `calibration` (token-id batches keyed by input name, re-cut by `calibration_batches`); `pad_id` pads
+    their token ids. The returned dict is meant for the manifest.
     """
     onnx_path, plan_path = Path(onnx_path), Path(plan_path)
     _check_range("batch", batch)
     _check_range("sequence", sequence)
-    quantized = _inspect_onnx(onnx_path, inputs)
-    if quantized and not int8:
-        raise ValueError(f"{onnx_path} has Q/DQ nodes; build it with int8=True")
+    _check_inputs(onnx_path, inputs)
     if calibration is not None and not int8:
         raise ValueError("calibration batches are only used with int8=True")
-    if int8 and quantized and calibration is not None:
-        raise ValueError(f"{onnx_path} is already quantized (Q/DQ nodes); drop the calibration batches")
-    if int8 and not quantized and calibration is None:
-        raise ValueError(
-            f"INT8 for {onnx_path} needs calibration batches, or a model quantized with Q/DQ nodes (static QDQ quantization)"
-        )
-    batches = calibration_batches(calibration, inputs, batch, sequence, pad_id) if calibration is not None else None
+    if int8 and calibration is None:
+        raise ValueError(f"INT8 for {onnx_path} needs calibration batches")
+    batches = calibration_batches(calibration, inputs, batch, sequence, pad_id) if int8 else None
     versions = require_tensorrt()
     import tensorrt as trt
 
@@ -225,15 +215,14 @@ def build_engine(
     calibrator = None
     if int8:
         config.set_flag(trt.BuilderFlag.INT8)
-        if batches is not None:
-            dtypes = {}
-            for i in range(network.num_inputs):
-                tensor = network.get_input(i)
-                dtypes[tensor.name] = np.dtype(trt.nptype(tensor.dtype))
-            if not config.set_calibration_profile(_calibration_profile(builder, batches[0])):
-                raise EngineBuildError(f"TensorRT refused a calibration profile of shape {batches[0][inputs[0]].shape}")
-            calibrator = _calibrator(trt, Cuda(), batches, dtypes)
-            config.int8_calibrator = calibrator
+        dtypes = {}
+        for i in range(network.num_inputs):
+            tensor = network.get_input(i)
+            dtypes[tensor.name] = np.dtype(trt.nptype(tensor.dtype))
+        if not config.set_calibration_profile(_calibration_profile(builder, batches[0])):
+            raise EngineBuildError(f"TensorRT refused a calibration profile of shape {batches[0][inputs[0]].shape}")
+        calibrator = _calibrator(trt, Cuda(), batches, dtypes)
+        config.int8_calibrator = calibrator
     fp32_layers = _keep_fp32(trt, network) if fp16 or int8 else []
     if fp32_layers:
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
@@ -253,7 +242,6 @@ def build_engine(
             "fp16": fp16,
             "int8": int8,
             "tf32": fp16 or int8,
-            "int8_mode": ("qdq" if quantized else "calibrated") if int8 else None,
             "obey_precision_constraints": bool(fp32_layers),
         },
         "profile": shapes,

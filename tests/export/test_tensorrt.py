@@ -57,26 +57,6 @@ def tiny_classifier(path):
     return path
 
 
-def qdq_model(path):
-    """A float [batch, sequence] input through QuantizeLinear/DequantizeLinear: an explicitly quantized graph."""
-    scale = numpy_helper.from_array(np.array(0.1, dtype=np.float32), "scale")
-    zero = numpy_helper.from_array(np.array(0, dtype=np.int8), "zero")
-    graph = helper.make_graph(
-        [
-            helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"]),
-            helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"]),
-        ],
-        "qdq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])],
-        [scale, zero],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
-
-
 def feeds(batch, length, seed=0):
     rng = np.random.default_rng(seed)
     mask = np.ones((batch, length), dtype=np.int64)
@@ -98,7 +78,7 @@ def test_build_engine_without_tensorrt_raises_and_writes_nothing(tmp_path, no_te
         ({"batch": (8, 1, 64)}, "batch profile must satisfy"),
         ({"sequence": (0, 64, 128)}, "sequence profile must satisfy"),
         ({"inputs": ["input_ids"]}, "the profile names"),
-        ({"int8": True}, "needs calibration batches, or a model quantized with Q/DQ"),
+        ({"int8": True}, "needs calibration batches"),
         ({"calibration": [feeds(8, 64)]}, "only used with int8=True"),
         ({"int8": True, "calibration": [{"input_ids": np.zeros((8, 64), np.int64)}]}, "lacks inputs"),
     ],
@@ -114,16 +94,6 @@ def test_too_few_calibration_sentences_are_refused_before_tensorrt_is_needed(tmp
     model = tiny_classifier(tmp_path / "model.onnx")
     with pytest.raises(EngineBuildError, match="4 calibration sentences, fewer than one batch .* at least 8 texts"):
         build_engine(model, tmp_path / "model.plan", INPUTS, batch=(1, 8, 64), int8=True, calibration=[feeds(4, 64)])
-
-
-def test_qdq_model_needs_int8_and_no_calibration(tmp_path, no_tensorrt):
-    model = qdq_model(tmp_path / "qdq.onnx")
-    with pytest.raises(ValueError, match="has Q/DQ nodes; build it with int8=True"):
-        build_engine(model, tmp_path / "model.plan", ["x"])
-    with pytest.raises(ValueError, match="already quantized"):
-        build_engine(model, tmp_path / "model.plan", ["x"], int8=True, calibration=[{"x": np.zeros((8, 64))}])
-    with pytest.raises(TensorRTUnavailable):
-        build_engine(model, tmp_path / "model.plan", ["x"], int8=True)
 
 
 def test_calibration_batches_are_recut_to_one_shape_within_the_profile():
@@ -189,7 +159,6 @@ def test_fp16_engine_builds_runs_and_matches_onnxruntime(tmp_path):
         "fp16": True,
         "int8": False,
         "tf32": True,
-        "int8_mode": None,
         "obey_precision_constraints": True,
     }
     assert info["profile"]["input_ids"] == {"min": [1, 1], "opt": [4, 16], "max": [8, 32]}
@@ -217,7 +186,6 @@ def test_calibrated_int8_engine_builds_and_runs(tmp_path):
     info = build_engine(
         model, plan, INPUTS, batch=(1, 4, 8), sequence=(1, 16, 32), int8=True, calibration=calibration, workspace_gb=0.5
     )
-    assert info["precision"]["int8_mode"] == "calibrated"
     assert info["calibration_batches"] == 5
     assert info["calibration_shape"] == [4, 24]
     got = open_runner(plan, "tensorrt", []).infer(feeds(2, 9))
