@@ -1,7 +1,7 @@
 """A confidence cascade bundle: member bundles, cheapest first, and the rule and thresholds that route texts.
 
 `runs/<recipe>/bundle-<cascade>/` holds `members/<bundle id>/` (a full copy of each member bundle, its
-manifest included), `curve.json` and `manifest.json`, whose `info.cascade` is a `CascadeSpec`. Each
+manifest included) and `manifest.json`, whose `info.cascade` is a `CascadeSpec`. Each
 member but the last keeps the texts whose confidence reaches its threshold; the others go on to the
 next member; the last answers what reaches it. Torch-free: the server loads it.
 """

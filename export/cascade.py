@@ -12,7 +12,6 @@ curve (first threshold -> dev accuracy, escalated share) are recorded.
 
 import contextlib
 import itertools
-import json
 import shutil
 from pathlib import Path
 
@@ -142,7 +141,7 @@ class Member:
     def __init__(self, folder: Path):
         bundle, files = read_bundle(folder)
         self.max_length, self.segments = bundle.spec.max_length, bundle.spec.pair_segments
-        self.runner = open_bundle(bundle, model=files.model, threads=THREADS)
+        self.runner = open_bundle(bundle, model=files.model, threads=THREADS, max_batch=validate.DEV_BATCH)
         self.run = validate.logits_runner(self.runner)
 
     def __enter__(self) -> "Member":
@@ -223,7 +222,6 @@ def build_stage(inputs: Inputs, name: str) -> Built:
     def write(folder: Path) -> None:
         for member, source in zip(cfg.members, folders, strict=True):
             shutil.copytree(source, folder / MEMBERS / member)
-        (folder / "curve.json").write_text(json.dumps(curve, indent=1))
 
     escalated = float(1 - shares[0])
     return Built(

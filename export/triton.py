@@ -19,7 +19,7 @@ from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.providers import cuda_options
-from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS
+from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS, refuse_tf32
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -141,6 +141,7 @@ def model_config(bundle: Bundle, batching: Batching):
     if spec.pair_segments != "token_types":
         config.parameters["pair_segments"].string_value = spec.pair_segments
     if kind == "KIND_GPU" and spec.runtime == "onnxruntime":
+        refuse_tf32(spec.providers, spec.precision, f"{bundle.folder} on Triton's tensorrt execution accelerator")
         accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
         if TENSORRT in spec.providers:
             # the provider it was built and checked with, FP16 kernels for an fp16 bundle only (`provider_options`)

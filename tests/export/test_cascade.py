@@ -16,12 +16,13 @@ from edgedistill.common.runtime import available_providers
 from edgedistill.common.stage import Inputs
 from edgedistill.distill.tokenization import load_tokenizer
 from edgedistill.export import cascade as export_cascade
-from edgedistill.export import stages
+from edgedistill.export import stages, validate
 from edgedistill.export.cascade import Member, calibration_texts, choose_threshold, fit_routing, fit_temperature
 from edgedistill.export.onnx_export import ExportError
 
 from tests.conftest import ROOT, run_here
 from tests.pair_task import pair_recipe, write_pair_task
+from tests.serve.conftest import write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 # A cascade of the smoke recipe whose second member runs on CUDA only.
@@ -124,8 +125,8 @@ def test_cascade_manifest_counts_the_calibration_texts_not_the_dev_texts(smoke_c
     assert mf.load(smoke_cascade).metrics["calibration_texts"] == len(texts)
 
 
-def test_cascade_curve_spans_thresholds_with_escalation_falling(smoke_cascade):
-    curve = json.loads((smoke_cascade / "curve.json").read_text())
+def test_cascade_curve_in_the_manifest_escalates_more_as_the_threshold_rises(smoke_cascade):
+    curve = mf.load(smoke_cascade).info["curve"]
     escalated = [point["escalated"] for point in curve]
     assert escalated == sorted(escalated)
 
@@ -216,6 +217,18 @@ def test_a_member_runs_the_model_it_verified_not_a_file_swapped_in_since(swapped
     folder = swapped_after_check(export_cascade)
     tokenizer = load_tokenizer(smoke_bundles / "teacher")
     assert Member(folder).logits(tokenizer, ["a gripping film"], None).shape == (1, 2)
+
+
+def test_a_member_opens_its_bundle_for_the_batch_its_dev_pass_runs(tmp_path, monkeypatch):
+    asked, open_bundle = [], export_cascade.open_bundle
+
+    def open_recorded(bundle, **kwargs):
+        asked.append(kwargs.get("max_batch"))
+        return open_bundle(bundle, **kwargs)
+
+    monkeypatch.setattr(export_cascade, "open_bundle", open_recorded)
+    with Member(write_bundle(tmp_path / "bundle-tiny")):
+        assert asked == [validate.DEV_BATCH]
 
 
 class ClosingRecorded:

@@ -3,6 +3,7 @@ import onnx
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import BundleSpec, TensorSpec
+from edgedistill.common.runtime import PrecisionRefused
 from edgedistill.export import triton
 from edgedistill.export.triton import model_config_pb2, write_repository
 from google.protobuf import text_format
@@ -308,9 +309,21 @@ def test_a_bundle_built_for_tensorrt_runs_on_tensorrt_then_cuda_as_it_was_checke
 
 
 @pytest.mark.parametrize("precision, mode", [("fp16", "FP16"), ("int8", "FP32")])
-def test_tensorrt_gets_fp16_kernels_for_an_fp16_bundle_alone(tmp_path, precision, mode):
+def test_tensorrt_gets_fp16_kernels_for_an_fp16_bundle_alone(tmp_path, tf32_override, precision, mode):
     [tensorrt, _] = accelerators(tmp_path, precision, TENSORRT_PROVIDERS)
     assert tensorrt.parameters["precision_mode"] == mode
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_bundle_tensorrt_would_run_in_tf32_is_refused_naming_the_ways_out(tmp_path, no_tf32_override, precision):
+    bundle = make_bundle(tmp_path, providers=TENSORRT_PROVIDERS, precision=precision)
+    with pytest.raises(PrecisionRefused, match="TF32 .* CUDAExecutionProvider .* NVIDIA_TF32_OVERRIDE=0"):
+        write_repository(bundle, tmp_path / "repo")
+
+
+def test_the_cli_exits_2_for_a_bundle_tensorrt_would_run_in_tf32(tmp_path, no_tf32_override):
+    bundle = make_bundle(tmp_path, providers=TENSORRT_PROVIDERS, precision="int8")
+    assert triton.main([str(bundle), str(tmp_path / "repo")]) == 2
 
 
 def test_an_fp32_bundle_on_a_gpu_runs_without_tf32_as_it_was_checked(tmp_path):
