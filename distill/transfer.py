@@ -5,7 +5,8 @@ killed run resumes at the first missing shard without building the texts again.
 
 Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence B, line by line),
 `meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `composition.json` (the
-count of each source and of each drop), `logits.npy` (float16, (N, C)) and `dev_logits.npy`.
+count of each source and of each drop), `logits.npy` (float16, (N, C)) and `dev_logits.npy` (the teacher's, of the
+dev texts as the bundles serve them).
 """
 
 import shutil
@@ -95,7 +96,9 @@ def build_stage(inputs: Inputs) -> Built:
     placement = device.for_labelling(recipe.runtime)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)
-    train, dev = load_splits(recipe.data)
+    # written as the bundles' server writes them, as the teacher and students score them: the teacher's dev figures
+    # and logits here are the served ones
+    train, dev = (split.as_served(recipe.text_style) for split in load_splits(recipe.data))
     _warn_of_cut_examples(tokenizer, train, dev, recipe.transfer.max_length)
     forward = hf_logits(model)
     labeller, second_pass = {"engine": "pytorch"}, None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import progress
-from edgedistill.common.data import Examples, line_count, load_splits, load_test, unlabelled_lines
+from edgedistill.common.data import Examples, line_count, load_splits, load_test, unlabelled_lines, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.text import read_texts, write_texts
 from edgedistill.common.textstyle import Style, styled
@@ -43,7 +43,8 @@ def leak_filter(held_out: list[str], style: Style):
     """A predicate: True for text equal to a held-out sentence, containing a whole held-out sentence of 5 to 7
     words, or sharing 8 words in a row with a longer one (compared on `normalise`d words). A held-out sentence is
     compared as written and as `styled` in `style`, as the transfer texts are: without its tags and entities."""
-    keys = {normalise(text) for held in held_out for text in (held, styled(held, style))}
+    # a held-out text without words (`:-(`) is no key: every text without words would match it
+    keys = {normalise(text) for held in held_out for text in (held, styled(held, style))} - {""}
     grams = set()
     for key in keys:
         words = tuple(key.split())
@@ -108,7 +109,10 @@ def adjacent(sentences: list[str]) -> list[tuple[str, str]]:
 
 def _unlabelled(cfg, pairs: bool) -> list[tuple[str, ...]]:
     """Unlabelled examples of `cfg.unlabelled_files` (read line by line, never held whole): sentences, or adjacent
-    sentence pairs for a pair task."""
+    sentence pairs for a pair task. Every local file is checked first (`unreadable_files`), as the teacher stage's
+    warning promises: one past `unlabelled_max_lines` is never read, and would otherwise go unnoticed."""
+    if unreadable := unreadable_files(cfg.unlabelled_files):
+        raise unreadable[0]
     total = cfg.unlabelled_max_lines or line_count(cfg.unlabelled_files)  # a bar with an ETA on a large dump
     bar = progress.bar(total, desc="split", unit="line")
     examples = []

@@ -11,9 +11,11 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config.training import RuntimeConfig, TransferConfig
-from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.common.data import DataError
+from edgedistill.common.recipe import Recipe, RecipeError, load_recipe
 from edgedistill.common.runtime import open_bundle
-from edgedistill.common.textstyle import styled
+from edgedistill.common.stage import Inputs
+from edgedistill.common.textstyle import as_served, styled
 from edgedistill.distill import labelling, stages, transfer
 from edgedistill.distill.augment import normalise
 from edgedistill.distill.device import resolve
@@ -25,6 +27,7 @@ from edgedistill.distill.transfer_texts import build_texts, leak_filter
 from transformers import AutoModelForSequenceClassification
 
 from tests.conftest import PYTHON, ROOT, built_once, run_here, run_module
+from tests.distill.bert_init import tiny_bert
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.test_teacher import kill_9_once, run_stage
 from tests.pair_task import pair_recipe, write_pair_task
@@ -58,9 +61,9 @@ def test_leak_filter_catches_the_styled_copy_of_a_dev_text_with_markup(dev, styl
     assert leak_filter([dev], style)(styled(dev, style))
 
 
-def built_from(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides):
-    """The smoke recipe's transfer set, unaugmented unless `overrides` say otherwise, from these train and dev texts
-    (labelled 1) and one unlabelled sentence (`unlabelled`: these lines instead); `test`: a test split too."""
+def task_recipe(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides) -> Recipe:
+    """The smoke recipe, unaugmented unless `overrides` say otherwise, on these train and dev texts (labelled 1) and
+    one unlabelled sentence (`unlabelled`: these lines instead); `test`: a test split too."""
     splits = {"train": train, "dev": dev} | ({"test": overrides.pop("test")} if "test" in overrides else {})
     for name, texts in splits.items():
         (tmp_path / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{text}\t1\n" for text in texts))
@@ -73,7 +76,12 @@ def built_from(tmp_path, train: list[str], dev: list[str], style: str = "ptb_low
         "transfer.n_iter": 0,
         **overrides,
     }
-    return build_texts(load_recipe(SMOKE, overrides), "[MASK]")
+    return load_recipe(SMOKE, overrides)
+
+
+def built_from(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides):
+    """The transfer set of `task_recipe`."""
+    return build_texts(task_recipe(tmp_path, train, dev, style, **overrides), "[MASK]")
 
 
 def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides) -> dict:
@@ -149,6 +157,27 @@ def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words(tm
 def test_a_train_text_without_letters_or_digits_is_no_duplicate(tmp_path):
     composition = composition_of(tmp_path, [":-(", "a review of the film", "a review of the film"], ["a dev text"])
     assert composition["removed_duplicates"] == 1
+
+
+def test_a_held_out_text_without_letters_or_digits_leaks_no_text_without_them():
+    assert not leak_filter(["!!!", "a fine film"], "raw")(":-(")
+
+
+def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words_beside_a_dev_text_without_them(tmp_path):
+    composition = composition_of(tmp_path, [":-(", "a review of the film"], ["!!!", "a dev text"])
+    assert composition["removed_no_words"] == 1
+
+
+@pytest.mark.parametrize("content, why", [(None, "file not found"), (b"caf\xe9 au lait\n", "not valid UTF-8")])
+def test_an_unreadable_unlabelled_file_past_unlabelled_max_lines_is_refused(tmp_path, content, why):
+    later = tmp_path / "later.txt"
+    if content is not None:
+        later.write_bytes(content)
+    files = [str(tmp_path / "u.txt"), str(later)]  # u.txt holds the one line the transfer set takes
+    with pytest.raises(DataError, match=f"later.txt.*{why}"):
+        built_from(
+            tmp_path, CLEAN, ["a dev text"], **{"transfer.unlabelled_files": files, "transfer.unlabelled_max_lines": 1}
+        )
 
 
 def test_build_texts_is_deterministic_deduplicated_and_leak_free():
@@ -465,6 +494,23 @@ def test_a_rejected_labellers_bundle_is_named_under_rejected(tmp_path):
 def test_an_accepted_labellers_bundle_is_named_at_the_top_of_the_labelling_record(tmp_path):
     _, made = label_with_second_pass(tmp_path, margin=1.0)
     assert labelling_info(CPU, INT8_LABELLER, made)["bundle_sha256"] == "ab12"
+
+
+def dev_logits_of(folder: Path, teacher: Path, dev: list[str]) -> np.ndarray:
+    """The dev logits the transfer stage, run in `folder` on the CPU in fp32, writes for these dev texts of a
+    `task_recipe` (`ptb_lower`) labelled by `teacher`."""
+    folder.mkdir()
+    recipe = task_recipe(folder, CLEAN, dev, **{"runtime.device": "cpu", "runtime.precision": "fp32"})
+    inputs = Inputs(recipe, "hash", folder / "work", False, {}, {"teacher": teacher}, "key", folder / "transfer")
+    transfer.build_stage(inputs).write(folder)
+    return np.load(folder / "dev_logits.npy")
+
+
+def test_the_teachers_dev_logits_are_of_the_dev_texts_as_the_bundles_serve_them(tmp_path):
+    teacher = tiny_bert(tmp_path / "teacher", 2)
+    cased = ["Don't waste your money on it!", "It's a charming, often affecting journey."]
+    served = dev_logits_of(tmp_path / "served", teacher, as_served(cased, "ptb_lower"))
+    np.testing.assert_array_equal(dev_logits_of(tmp_path / "cased", teacher, cased), served)
 
 
 def test_transfer_stage_writes_fp16_logits_for_every_text_and_the_dev_split(smoke_run):
