@@ -4,7 +4,7 @@ parallel jobs."""
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
-from edgedistill.common.data import DataError, line_count, load_splits, load_test, unreadable_files
+from edgedistill.common.data import DataError, load_splits, load_test, unlabelled_lines, unreadable_files
 from edgedistill.common.names import first_of, nearest_beside
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
@@ -64,11 +64,15 @@ def _warn_cascade_calibration(recipe: Recipe) -> None:
     if recipe.export is None or not recipe.export.cascades or recipe.transfer is None:
         return
     cfg = recipe.transfer
+    if any(source.startswith("hub:") for source in cfg.unlabelled_files):
+        return
+    # lines holding text, as the transfer set and the calibration count them (a blank one is neither's)
+    wanted = cfg.unlabelled_max_lines + CALIBRATION_LINES
     try:
-        lines = line_count(cfg.unlabelled_files)
+        lines = sum(1 for _ in unlabelled_lines(cfg.unlabelled_files, wanted))
     except DataError:  # `_warn_unreadable_transfer_files` says so
         return
-    if lines is None or (past := lines - cfg.unlabelled_max_lines) >= CALIBRATION_LINES:
+    if (past := lines - cfg.unlabelled_max_lines) >= CALIBRATION_LINES:
         return
     print(
         f"[teacher] warning: export.cascades calibrate on the lines of transfer.unlabelled_files past the transfer "

@@ -295,6 +295,14 @@ def test_a_cascade_without_unlabelled_lines_past_the_transfer_sets_is_warned_of_
     )
 
 
+def test_a_cascade_whose_lines_past_the_transfer_sets_are_half_blank_is_warned_of_their_texts(tmp_path, capsys):
+    # 10 texts the transfer set reads, then 60 each after a blank line (as WikiText writes them): 120 lines past it
+    (tmp_path / "u.txt").write_text("A line of text.\n" * 10 + "\nA later line of text.\n" * 60)
+    overrides = {"transfer.unlabelled_files": [str(tmp_path / "u.txt")], "transfer.unlabelled_max_lines": 10}
+    pipeline._warn_cascade_calibration(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides))
+    assert "(transfer.unlabelled_max_lines), and they have 60" in capsys.readouterr().out
+
+
 def test_a_cascade_with_unlabelled_lines_past_the_transfer_sets_is_not_warned_of(capsys):
     pipeline._warn_cascade_calibration(load_recipe(ROOT / "recipes" / "smoke.yaml"))
     assert capsys.readouterr().out == ""
