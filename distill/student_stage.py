@@ -41,7 +41,7 @@ from edgedistill.distill.students import (
     teacher_misfits,
 )
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
-from edgedistill.distill.trainer import MicroBatch, Trainer, work_dir
+from edgedistill.distill.trainer import MicroBatch, Trainer, step_budget, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -293,14 +293,14 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
     test = None if (test := load_test(recipe.data)) is None else test.as_served(recipe.text_style)
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, max_length, student_segments=True)
 
-    sentences = inputs.manifests["transfer"].metrics["sentences"]
-    distill_steps = math.ceil(spec.optim.epochs * sentences / spec.optim.batch_size)
     tokenizing = f"{stage_name} tokenize" if dist.is_main() else None  # the ranks' bars would say the same
     if baseline:
         feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True, desc=tokenizing)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
-        optim = spec.optim.model_copy(update={"max_steps": spec.optim.max_steps or distill_steps})
+        # the distilled student's budget: the trainer's steps over the transfer set's batches, the last one short
+        batches = math.ceil(inputs.manifests["transfer"].metrics["sentences"] / spec.optim.batch_size)
+        optim = spec.optim.model_copy(update={"max_steps": step_budget(spec.optim, batches)})
     else:
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length, tokenizing)
         optim = spec.optim

@@ -34,6 +34,12 @@ LOG_EVERY = 10  # steps between points of the tracked training curves
 RECENT = 50  # steps whose losses the bar averages (the tracked curve, the last LOG_EVERY of them)
 
 
+def step_budget(cfg: OptimConfig, batches_per_epoch: int) -> int:
+    """The optimizer steps training takes: `cfg.max_steps`, else `cfg.epochs` passes over `batches_per_epoch` batches
+    (one step at least)."""
+    return cfg.max_steps or max(1, math.ceil(cfg.epochs * batches_per_epoch))
+
+
 def ema_update(decay: float):
     """The moving average's `multi_avg_fn`: floating-point weights and buffers average with `decay`; integer buffers
     (a BERT's `position_ids`, a norm's batch count) are copied, since torch's EMA would round their averages down
@@ -356,9 +362,6 @@ class Trainer:
         """This run's world size and placement, as `Progress.trained_by` records them."""
         return {"world_size": self.world_size, **self.placement.describe()}
 
-    def _total_steps(self, steps_per_epoch: int) -> int:
-        return self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * steps_per_epoch))
-
     def _rng_state(self) -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if self.placement.device.type == "cuda":
@@ -502,7 +505,7 @@ class Trainer:
         """
         cfg = self.cfg
         first = batches_for_epoch(0)
-        total = self._total_steps(len(first))
+        total = step_budget(cfg, len(first))
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
         p = self.progress

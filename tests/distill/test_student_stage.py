@@ -4,6 +4,7 @@ import gc
 import json
 import weakref
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig, StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
+from edgedistill.common.stage import Inputs
 from edgedistill.common.text import write_texts
 from edgedistill.common.textstyle import tokenise
 from edgedistill.distill import heads, pipeline, stages, student_stage
@@ -36,6 +38,7 @@ from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT, save_initialised
 from tests.distill import extension
+from tests.distill.bert_init import tiny_bert
 from tests.distill.ranks import on_two_ranks
 
 pytestmark = pytest.mark.slow
@@ -84,6 +87,27 @@ def test_a_student_is_scored_on_dev_text_as_its_bundle_serves_it(smoke_run, monk
     with pytest.raises(Encoded) as encoded:
         student_stage.build_stage(inputs, "cnn", baseline, None)
     assert encoded.value.args[0] == [tokenise(text) for text in shouted.texts]
+
+
+class Trained(Exception):
+    """Raised by `trainer_spy` with the optimizer settings the stage would train with."""
+
+
+def trainer_spy(objective, optim, *args):
+    raise Trained(optim)
+
+
+def test_a_baseline_takes_the_steps_of_its_student_over_a_transfer_set_a_batch_does_not_divide(tmp_path, monkeypatch):
+    teacher = tiny_bert(tmp_path / "teacher", 2)
+    optim = {"distill.students.cnn.optim.epochs": 2, "distill.students.cnn.optim.batch_size": 4}
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train_limit": 20, "data.dev_limit": 10, **optim})
+    manifests = {"teacher": SimpleNamespace(metrics={}), "transfer": SimpleNamespace(metrics={"sentences": 10})}
+    folders = {"teacher": teacher, "transfer": tmp_path / "transfer"}
+    inputs = Inputs(recipe, "hash", tmp_path / "work", False, manifests, folders, "key", tmp_path / "baseline-cnn")
+    monkeypatch.setattr(student_stage, "Trainer", trainer_spy)
+    with pytest.raises(Trained) as trained:
+        student_stage.build_stage(inputs, "cnn", True, None)
+    assert trained.value.args[0].max_steps == 6  # two epochs of the student's 3 batches (4, 4 and 2 sentences)
 
 
 @pytest.mark.parametrize("name", STUDENTS)
