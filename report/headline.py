@@ -38,7 +38,6 @@ from edgedistill.report.render import finished_stages
 from rich.table import Table
 
 HEADLINE = ("dev_accuracy", "params", "size", "wall")  # the stage table's columns: parameters in millions, MiB, min
-BENCH_SHAPE = (1, 64)  # batch, length of the benchmark figure; else the table's first
 CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
     False: ('edgedistill call "<text>"', '{"texts": ["<text>"]}'),
     True: (
@@ -173,8 +172,8 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
         if student and f"student-{name}" not in stale:
             marked, unknown = _out_of_date(root, name)
             shown_kept = not unknown and "student" not in marked
-            # a baseline an older release built may lack the selection metric: no gain to give then
-            shown_gain = bool(baseline) and baseline.get(key) is not None and not unknown and not marked
+            measured_baseline = bool(baseline) and baseline.get(key) is not None  # an older release's may lack it
+            shown_gain = measured_baseline and not unknown and not marked
             of, unit = ("the teacher", "") if metric == "accuracy" else (f"the teacher's {shown}", f" {shown}")
             # The manifest's retention and the gain are on dev, where checkpoints are chosen: beside test figures
             # the line says so, and gives the share of the teacher's test figure too.
@@ -200,7 +199,9 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 kept = "the teacher predicts one label for every dev example: no retention shown"
             lines.append(f"student {name}: {figures(student)}{f' ({kept})' if shown_kept else ''}{gain}")
             left_out = [
-                what for what, left in (("retention", not shown_kept), ("gain", baseline and not shown_gain)) if left
+                what
+                for what, left in (("retention", not shown_kept), ("gain", measured_baseline and not shown_gain))
+                if left
             ]
             if left_out:
                 why = unknown or " and ".join(f"{kind}-{name}" for kind in marked) + " out of date"
@@ -209,13 +210,15 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                     f"({plan.command_line(plan.DISTILL, recipe_path)} builds what is out of date and writes the table "
                     f"again; in a checkout, {plan.make_line(plan.DISTILL, recipe_path)})"
                 )
+            if baseline and not measured_baseline:
+                lines.append(f"not shown: student {name}'s gain, baseline-{name} records no {key}")
     if recipe.export is None:
         return lines + _not_shown(stale, recipe_path)
     deploy = recipe.export.deploy
     bundle = root / f"bundle-{deploy}"
     if (root / "bench" / mf.MANIFEST).is_file():
         bench = ModelTable.load(root / "bench")
-        batch, length = BENCH_SHAPE if BENCH_SHAPE in bench.shapes else bench.shapes[0]
+        batch, length = plan.figure_cell(bench)
         rows = {row.model: row for row in plan.bench_rows(bench, stale)}
         for model in dict.fromkeys((deploy, "teacher-int8")):  # once, where the deployed bundle is teacher-int8
             if model in rows:

@@ -166,37 +166,55 @@ def _other_settings(recipe: Recipe, root: Path) -> dict[str, Stale]:
     }
 
 
+def _measurement(
+    found: dict[str, Stale], folder: Path, why: str | None, bundle: str, target: Target
+) -> dict[str, Stale]:
+    """The finished measurement `folder` of the bundle folder `bundle`, taken by `target`, by name where it is stale:
+    for `why` (what it measured was built again or is gone since), or where `found` names the bundle now there (built
+    with other settings, or from an older model), then measured again after the bundle is built again; else none."""
+    if why:
+        return {folder.name: Stale(folder.name, why, (target,))}
+    if bundle in found:
+        return {folder.name: Stale(folder.name, f"{bundle}: {found[bundle].why}", (*found[bundle].targets, target))}
+    return {}
+
+
 def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
     """The finished artifacts and measurements in the run folder `root` that are not of the recipe and the artifacts
     now there, by the name they are shown under: each model built with other settings than the recipe's now
     (`_other_settings`), and each bundle built from a student or teacher built again since (by its folder's name),
     whose figures, row in the model benchmark and measurements are left out with it; the deployed bundle's
-    measurements (`common.measured.stale`), each cascade's serving benchmark, the model benchmark's rows (`bench_row`),
-    or the whole of it as `bench` (its teacher, each speedup's base, built again since or with other settings), and
-    the expected latency of each cascade built from members built again since (`cascade_point`), whose dev answered
-    shares are not of the members the benchmark timed."""
+    measurements and each cascade's serving benchmark, of a bundle built again or gone since or named here
+    (`_measurement`), the model benchmark's rows (`bench_row`), or the whole of it as `bench` (its teacher, each
+    speedup's base, built again since or with other settings), and the expected latency of each cascade built from
+    members built again since (`cascade_point`), whose dev answered shares are not of the members the benchmark
+    timed."""
     found = _built_from_others(recipe, root) | _other_settings(recipe, root)
     if recipe.export is None:
         return found
     bundle = root / f"bundle-{recipe.export.deploy}"
     for measurement, target in MEASURE_AGAIN.items():
         folder = root / deployed(recipe, measurement)
-        if not (folder / MANIFEST).is_file():
-            continue
-        if why := measured.stale(folder, bundle):
-            found[folder.name] = Stale(folder.name, why, (target,))
-        elif bundle.name in found:  # of the bundle now there, which was built from an older model
-            found[folder.name] = Stale(
-                folder.name, f"{bundle.name}: {found[bundle.name].why}", (*found[bundle.name].targets, target)
-            )
+        if (folder / MANIFEST).is_file():
+            found |= _measurement(found, folder, measured.stale(folder, bundle), bundle.name, target)
     for name in recipe.export.cascades:
         folder = root / f"serve-cascade-{name}"
-        if (folder / MANIFEST).is_file() and (why := mf.built_from_others(folder)):
-            found[folder.name] = Stale(folder.name, why, (Target("serve-cascade", name),))
+        if (folder / MANIFEST).is_file():
+            why = mf.built_from_others(folder)
+            found |= _measurement(found, folder, why, f"bundle-{name}", Target("serve-cascade", name))
     for folder in cascades(root):
         if why := mf.built_from_others(folder):
             found[cascade_point(measured.bundle_id(folder))] = Stale(folder.name, why, (Target("bundles"),))
     return found | _stale_bench(root, found.get("teacher"))
+
+
+FIGURE_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) the benchmark's figures are quoted at: the first timed
+
+
+def figure_cell(table: ModelTable) -> tuple[int, int]:
+    """The (batch, length) of the model benchmark `table` that the report's accuracy-latency figure and the headline's
+    bench lines quote: the first of `FIGURE_SHAPES` it timed, else its first."""
+    return next((shape for shape in FIGURE_SHAPES if shape in table.shapes), table.shapes[0])
 
 
 def bench_rows(table: ModelTable, stale: dict[str, Stale]) -> list[ModelRow]:

@@ -22,8 +22,6 @@ from edgedistill.loadtests.analysis import Samples
 from edgedistill.loadtests.recorder import SAMPLES_FILE
 from edgedistill.report import plan, plots
 
-PARETO_SHAPES = ((1, 64), (1, 32), (1, 16))  # (batch, length) of the accuracy-latency figure: the first timed
-
 
 def _finished(folder: Path) -> bool:
     return (folder / mf.MANIFEST).is_file()
@@ -299,11 +297,11 @@ def _cascade_points(
 ) -> list[dict]:
     """Cascades on the latency figure at their expected model time (each member's time at the cell, among the
     benchmark's `rows`, times the share of dev texts that reach it), with their dev `metric`; not those `stale`
-    names (`plan.cascade_point`)."""
+    names, as a cascade (built with other settings) or as a point (`plan.cascade_point`)."""
     timed = {r.model: r for r in rows}
     points = []
     for folder in plan.cascades(root):
-        if plan.cascade_point(measured.bundle_id(folder)) in stale:
+        if folder.name in stale or plan.cascade_point(measured.bundle_id(folder)) in stale:
             continue
         manifest = mf.load(folder, verify=False)
         members = [m["bundle"] for m in manifest.info["cascade"]["members"]]
@@ -354,7 +352,7 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     not_built = {b: f"not built when the benchmark ran ({again}; {RECIPE_NOTE})" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
-    batch, length = next((shape for shape in PARETO_SHAPES if shape in table.shapes), table.shapes[0])
+    batch, length = plan.figure_cell(table)
     # The selection metric where every model has it (bundles built before they recorded it have accuracy only)
     metric = table.metric if all(r.dev_selected is not None for r in rows) else "accuracy"
     points = [

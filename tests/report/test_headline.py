@@ -65,14 +65,27 @@ def test_headline_gives_retention_and_gain_in_the_selection_metric(tmp_path, mon
     ]
 
 
-def test_headline_gives_no_gain_over_a_baseline_without_the_selection_metric(tmp_path, monkeypatch):
+def unmeasured_baseline_lines(tmp_path, monkeypatch) -> list[str]:
+    """The headline of a smoke run selected on macro-F1 whose student bilstm's baseline, of an older release, records
+    accuracy alone, its table current."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", parse_overrides(["--data.metric=macro_f1"]))
     root, name = run_dir(recipe), recipe.distill.deploy
     publish(root / f"student-{name}", {"dev_accuracy": 0.88, "dev_macro_f1": 0.8, "retention": 0.8 / 0.85})
     publish(root / f"baseline-{name}", {"dev_accuracy": 0.86})
     tabled(recipe)
-    assert "over its label-only baseline" not in headline.headline(recipe, "recipes/smoke.yaml")[0]
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_headline_gives_no_gain_over_a_baseline_without_the_selection_metric(tmp_path, monkeypatch):
+    assert "over its label-only baseline" not in unmeasured_baseline_lines(tmp_path, monkeypatch)[0]
+
+
+def test_headline_says_the_gain_it_leaves_out_is_over_a_baseline_that_records_no_selection_metric(
+    tmp_path, monkeypatch
+):
+    lines = unmeasured_baseline_lines(tmp_path, monkeypatch)
+    assert lines[1] == "not shown: student bilstm's gain, baseline-bilstm records no dev_macro_f1"
 
 
 def test_the_headlines_stage_table_shows_a_dev_figure_of_none_as_a_dash(recipe):
@@ -390,11 +403,17 @@ def test_an_override_of_a_section_the_headline_does_not_read_is_refused_naming_i
 
 
 def publish_bench(
-    recipe, model: str, bundle_hash: str | None = None, timed_length: int = 64, bundle_parents: dict | None = None
+    recipe,
+    model: str,
+    bundle_hash: str | None = None,
+    timed_length: int = 64,
+    bundle_parents: dict | None = None,
+    lengths: tuple[int, ...] = (64,),
 ) -> None:
-    """A one-thread model benchmark of bundle `model` alone at 64 tokens, timed at `timed_length` (its max_length,
-    where shorter: no speedup), it (built from `bundle_parents`) and the teacher published first; it records the
-    bundle's manifest hash as `bundle_hash` where given (an earlier build), else as it is."""
+    """A one-thread model benchmark of bundle `model` alone at batch 1 and each of `lengths` tokens (length / 32 ms),
+    timed at `timed_length` where shorter (its max_length: no speedup), it (built from `bundle_parents`) and the
+    teacher published first; it records the bundle's manifest hash as `bundle_hash` where given (an earlier build),
+    else as it is."""
     root = run_dir(recipe)
     publish(root / "teacher", {"dev_accuracy": 0.9})
     publish(root / f"bundle-{model}", {}, bundle_parents)
@@ -403,10 +422,15 @@ def publish_bench(
         "teacher": mf.parent_of(root / "teacher"),
         f"bundle-{model}": bundle.model_copy(update={"manifest_sha256": bundle_hash or bundle.manifest_sha256}),
     }
-    cell = {"median_ms": 2.0, "min_ms": 2.0, "max_ms": 2.0, "calls": 5, "batch": 1, "length": 64}
-    cell |= {"timed_length": timed_length, "speedup": 3.0 if timed_length == 64 else None}
+    cells = []
+    for length in lengths:
+        ms, timed = length / 32, min(length, timed_length)
+        cells.append(
+            {"median_ms": ms, "min_ms": ms, "max_ms": ms, "calls": 5, "batch": 1, "length": length}
+            | {"timed_length": timed, "speedup": 3.0 if timed == length else None, "items_per_s": 1e3 / ms}
+        )
     row = {"model": model, "precision": "int8", "runtime": "onnxruntime", "size_bytes": 2**20}
-    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": [cell | {"items_per_s": 500.0}]}]}
+    bench = {"threads": 1, "rows": [row | {"dev_accuracy": 0.9, "cells": cells}]}
     folder = root / "bench"
     with mf.stage_folder(folder) as tmp:
         (tmp / "bench.json").write_text(json.dumps(bench))
@@ -421,6 +445,11 @@ def bench_lines(recipe) -> list[str]:
 def test_the_bench_line_of_a_one_thread_benchmark_says_thread_in_the_singular(recipe):
     publish_bench(recipe, recipe.export.deploy)
     assert bench_lines(recipe)[0].endswith("= 3.0x teacher PyTorch eager (1 thread)")
+
+
+def test_the_bench_line_quotes_the_cell_of_the_reports_accuracy_latency_figure(recipe):
+    publish_bench(recipe, recipe.export.deploy, lengths=(16, 32))
+    assert bench_lines(recipe)[0].startswith("bench bilstm-int8: 1.00 ms at batch 1, 32 tokens = ")
 
 
 def test_no_bench_line_comes_from_an_earlier_build_of_the_deployed_bundle(recipe):

@@ -20,12 +20,13 @@ ROWS = [
 ]
 
 
-def publish(folder, metrics=None, info=None, files=None, parents=None):
+def publish(folder, metrics=None, info=None, files=None, parents=None, hashed=None):
     with mf.stage_folder(folder) as tmp:
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
         base = mf.Manifest(stage=folder.name, recipe="r", recipe_hash="h", config_hash="h", metrics=metrics or {})
-        mf.commit(tmp, folder, base.model_copy(update={"info": info or {}, "parents": parents or {}}))
+        update = {"info": info or {}, "parents": parents or {}, "hashed": hashed or {}}
+        mf.commit(tmp, folder, base.model_copy(update=update))
 
 
 def distillation_section(tmp_path, overrides: dict | None = None) -> list[str]:
@@ -141,8 +142,9 @@ def test_distillation_section_links_the_baselines_manifest(tmp_path):
     assert "[../baseline-cnn/manifest.json]" in distillation_markdown(tmp_path)
 
 
-def publish_cascade(tmp_path, parents: dict | None = None) -> None:
-    """A cascade artifact `bundle-c` of two members, small and big, built from the `parents` given."""
+def publish_cascade(tmp_path, parents: dict | None = None, name: str = "c", settings: dict | None = None) -> None:
+    """A cascade artifact `bundle-<name>` of two members, small and big, built from the `parents` given, recording the
+    recipe `settings` it was built with where given."""
     members = [
         {"bundle": "small", "manifest_sha256": "a", "threshold": 0.9, "temperature": 1.5},
         {"bundle": "big", "manifest_sha256": "b", "threshold": None, "temperature": 1.0},
@@ -157,7 +159,7 @@ def publish_cascade(tmp_path, parents: dict | None = None) -> None:
         ],
     }
     metrics = {"dev_accuracy": 0.895, "dev_escalated": 0.2, "expected_escalated": 0.21, "calibration_agreement": 0.99}
-    publish(tmp_path / "bundle-c", metrics, info, parents=parents)
+    publish(tmp_path / f"bundle-{name}", metrics, info, parents=parents, hashed={"settings": settings or {}})
 
 
 def cascade_page(tmp_path) -> render.Page:
@@ -461,14 +463,18 @@ def test_benchmark_section_of_a_teacher_built_again_since_is_left_out(tmp_path):
     assert page.md == ["# report", ""]
 
 
-def cascade_run(tmp_path, monkeypatch, member_rebuilt: bool) -> tuple[str, list[str]]:
-    """The note on measurements of an earlier build and the accuracy-latency figure's points of a run with a cascade
-    c of small and big, whose member small was, with `member_rebuilt`, built again after c; its benchmark timed both
-    members since."""
+def cascade_run(
+    tmp_path, monkeypatch, member_rebuilt: bool = False, cascade: str = "c", settings: dict | None = None
+) -> tuple[str, list[str]]:
+    """The note on measurements of an earlier build with the served sections, and the accuracy-latency figure's
+    points, of a smoke run with a cascade `cascade` of small and big (built with the recipe `settings` given, served
+    since), whose member small was, with `member_rebuilt`, built again after it; its benchmark timed both members
+    since."""
     members = ("teacher", "bundle-small", "bundle-big")
     for folder in members:
         publish(tmp_path / folder)
-    publish_cascade(tmp_path, {name: mf.parent_of(tmp_path / name) for name in members})
+    publish_cascade(tmp_path, {name: mf.parent_of(tmp_path / name) for name in members}, cascade, settings)
+    publish_cascade_benchmark(tmp_path, cascade)
     if member_rebuilt:
         publish(tmp_path / "bundle-small", metrics={"dev_accuracy": 0.86})
     bench = {
@@ -484,6 +490,7 @@ def cascade_run(tmp_path, monkeypatch, member_rebuilt: bool) -> tuple[str, list[
     stale = plan.stale(recipe, tmp_path)
     render._stale(page, recipe, stale)
     render._benchmark(page, tmp_path, stale)
+    render._serving(page, tmp_path, recipe, stale)
     return "\n".join(page.md), drawn
 
 
@@ -505,6 +512,34 @@ def test_a_report_names_the_point_of_a_cascade_built_before_a_member_was_built_a
     assert row in cascade_run(tmp_path, monkeypatch, member_rebuilt=True)[0]
 
 
+CASCADE = "export.cascades.bilstm-cascade"  # the smoke recipe's cascade's settings
+
+
+def other_settings_cascade_run(tmp_path, monkeypatch) -> tuple[str, list[str]]:
+    """`cascade_run` of the smoke recipe's cascade bilstm-cascade built with 999 calibration sentences, 500 in the
+    recipe now."""
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"{CASCADE}.calibration_sentences": 999})
+    return cascade_run(tmp_path, monkeypatch, cascade="bilstm-cascade", settings=built.settings(CASCADE))
+
+
+def test_benchmark_figure_leaves_out_a_cascade_built_with_other_settings(tmp_path, monkeypatch):
+    assert "bilstm-cascade (expected)" not in other_settings_cascade_run(tmp_path, monkeypatch)[1]
+
+
+def test_serving_sections_leave_out_the_benchmark_of_a_cascade_built_with_other_settings(tmp_path, monkeypatch):
+    assert "## Cascade served" not in other_settings_cascade_run(tmp_path, monkeypatch)[0]
+
+
+def test_a_report_names_the_benchmark_of_a_cascade_built_with_other_settings_with_the_commands(tmp_path, monkeypatch):
+    row = (
+        f"| serve-cascade-bilstm-cascade | bundle-bilstm-cascade: bundle-bilstm-cascade was built with other {CASCADE} "
+        f"settings ({CASCADE}.calibration_sentences 999 -> 500) | edgedistill bundles RECIPE.yaml && edgedistill "
+        "bench cascade RECIPE.yaml --cascade bilstm-cascade | make bundles serve-cascade CASCADE=bilstm-cascade "
+        "RECIPE=RECIPE.yaml |"
+    )
+    assert row in other_settings_cascade_run(tmp_path, monkeypatch)[0]
+
+
 SERVED_RESULTS = {  # measurement -> the file of tables it writes
     "serve-bench": "bench.md",
     "serve-accuracy": "accuracy.md",
@@ -514,12 +549,12 @@ SERVED_RESULTS = {  # measurement -> the file of tables it writes
 
 
 def publish_cascade_benchmark(tmp_path, name: str, cascade_hash: str | None = None) -> None:
-    """The serving benchmark of cascade `name` against teacher-fused, its last member served alone, both bundles
-    published first (teacher-fused once); it records the cascade's manifest hash as `cascade_hash` where given (an
+    """The serving benchmark of cascade `name` against teacher-fused, its last member served alone, each bundle
+    published first where it is not yet; it records the cascade's manifest hash as `cascade_hash` where given (an
     earlier build)."""
-    publish(tmp_path / f"bundle-{name}")
-    if not (tmp_path / "bundle-teacher-fused" / mf.MANIFEST).is_file():
-        publish(tmp_path / "bundle-teacher-fused")
+    for bundle in (f"bundle-{name}", "bundle-teacher-fused"):
+        if not (tmp_path / bundle / mf.MANIFEST).is_file():
+            publish(tmp_path / bundle)
     cascade = mf.parent_of(tmp_path / f"bundle-{name}")
     parents = {
         "cascade": cascade.model_copy(update={"manifest_sha256": cascade_hash or cascade.manifest_sha256}),
