@@ -18,7 +18,6 @@ PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
-RECIPES  := $(wildcard recipes/*.yaml)
 ED       := $(VENV)/bin/edgedistill
 export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 
@@ -146,7 +145,7 @@ pretrain: $(STAMP)  ## pretrain the teacher LM (recipes with a `pretrain` sectio
 teacher: $(STAMP)  ## pretrain (if the recipe says so) and fine-tune the teacher
 	$(LAUNCH) teacher $(RECIPE)
 
-transfer: teacher  ## build the transfer set and label it with the teacher (on the CPU through its ONNX bundle)
+transfer: teacher  ## build the transfer set and label it with the teacher (through the bundle transfer.labeller names on the CPU, else in PyTorch)
 	$(ED) labeller $(RECIPE)
 	$(ED) transfer $(RECIPE)
 
