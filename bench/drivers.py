@@ -25,8 +25,8 @@ CALL_TIMEOUT_S = 10.0
 
 
 def rotated(order: list, repeat: int) -> list:
-    """`order` as repeat `repeat` (from 0) runs it: rotated by one each repeat, so that none always runs first or
-    after the same one."""
+    """`order` as repeat `repeat` (from 0) runs it: rotated by one each repeat, so that each runs first in turn; each
+    keeps its neighbours (the last of `order` runs before the first)."""
     shift = repeat % len(order)
     return order[shift:] + order[:shift]
 
@@ -54,14 +54,17 @@ class Tally:
         if queued is not None:
             self.queued.append(queued)
 
-    def record(self, seconds: float, texts_per_call: int, offered_rate: float | None = None) -> dict:
+    def record(
+        self, seconds: float, texts_per_call: int, offered_rate: float | None = None, what: str = "the load"
+    ) -> dict:
         """`call_stats` over `seconds` of wall time, successful texts/s and failures by status code; for paced calls
         also the latencies timed from each call's due time (`p99_from_due_ms`, ...: what a client sending on schedule
         would have waited, as a slow call delays the ones due behind it, which timing from the send alone leaves out;
         an unsent call, until the call that held it up returned), how many were late, how many went unsent (no
-        failures: the server never saw them), and the calls due as those offered."""
+        failures: the server never saw them), and the calls due as those offered; a `BenchError` naming `what` (what
+        was measured) where no call succeeded."""
         if not self.latencies:
-            raise BenchError(f"no call succeeded; failures by status: {dict(self.errors)}")
+            raise BenchError(f"{what}: no call succeeded; failures by status: {dict(self.errors)}")
         ms = np.array(self.latencies) * 1e3
         stats = call_stats(ms, sum(self.errors.values()), seconds, offered_rate, self.due_calls)
         texts = len(self.latencies) * texts_per_call / seconds
@@ -139,12 +142,14 @@ async def measure(
     texts_per_call: int,
     server: psutil.Process | None,
     offered_rate: float | None = None,
+    what: str = "the load",
 ) -> dict:
-    """Await `load()`; its record plus the CPU % (100 = one core) of this process and of `server`."""
+    """Await `load()`; its record (`Tally.record`, `what` naming it) plus the CPU % (100 = one core) of this process and
+    of `server`."""
     processes = {"client": psutil.Process()} | ({"server": server} if server else {})
     before = {name: cpu_seconds(p) for name, p in processes.items()}
     start = time.perf_counter()
     tally = await load()
     seconds = time.perf_counter() - start
     usage = {f"{name}_cpu": 100 * (cpu_seconds(p) - before[name]) / seconds for name, p in processes.items()}
-    return tally.record(seconds, texts_per_call, offered_rate) | usage
+    return tally.record(seconds, texts_per_call, offered_rate, what) | usage

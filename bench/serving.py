@@ -38,7 +38,7 @@ from edgedistill.bench.peers.model import session_of
 from edgedistill.bench.ports import free_port
 from edgedistill.bench.processes import running, serving
 from edgedistill.bench.records import ServingResult, bundle_record, cores_phrase, machine
-from edgedistill.bench.stats import from_due, pooled, summarize
+from edgedistill.bench.stats import pooled, summarize
 from edgedistill.bench.tables import (
     markdown_results,
     print_results,
@@ -90,8 +90,8 @@ def bundle_to_serve(recipe: Recipe, given: Path | None = None) -> Path:
 
 def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict[str, float], list[dict]]:
     """The ratios (of medians over the repeats in `runs`) and a verdict per target the recipe sets: the paced latencies
-    are medians, timed from each call's due time (`bench.slo.from_due_time`), its error rate and rate share those of
-    every repeat's calls together (`bench.stats.pooled`)."""
+    are medians, timed from each call's due time (`bench.slo.check_paced`), its error rate that of every repeat's calls
+    together (`bench.stats.pooled`), its rate share the least of one repeat."""
     median = {
         phase: {key: spread.median for key, spread in summarize(records).items()} for phase, records in runs.items()
     }
@@ -102,12 +102,9 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
         "bare_vs_echo": texts["bare"] / texts["echo"],
         "capacity_vs_bare": texts["capacity"] / texts["bare"],
     }
-    paced = slo.from_due_time(median["paced"]) | pooled(runs["paced"])
-    # each latency named by the figure it reads, the one from the due time, beside the table's p99 from the send
-    targets = [
-        v | {"name": f"paced {cfg.rate:g}/s: {from_due(v['name']) if v['name'] in slo.LATENCIES else v['name']}"}
-        for v in slo.check(paced, cfg.paced_slo)
-    ]
+    least_share = min(record["rate_share"] for record in runs["paced"])
+    paced = median["paced"] | pooled(runs["paced"]) | {"rate_share": least_share}
+    targets = [v | {"name": f"paced {cfg.rate:g}/s: {v['name']}"} for v in slo.check_paced(paced, cfg.paced_slo)]
     if (least := cfg.min_capacity_vs_echo) is not None:
         measured = ratios["capacity_vs_echo"]
         targets.append(slo.verdict("capacity, server / echo", measured, f">= {least:g}", measured >= least))
@@ -184,13 +181,15 @@ async def measure_all(
                 None,
             ),
         }
+        names = phase_names(cfg.model_dump())
         rounds = progress.bar(cfg.repeats * len(phases), desc=STAGE, unit="phase")
         for repeat in range(1, cfg.repeats + 1):
             for phase in drivers.rotated(list(phases), repeat - 1):
                 load, texts_per_call, process, offered = phases[phase]
-                record = await drivers.measure(load, texts_per_call, process, offered)
+                what = f"repeat {repeat}/{cfg.repeats} {names[phase]}"
+                record = await drivers.measure(load, texts_per_call, process, offered, what)
                 runs[phase].append(record)
-                rounds.set_postfix_str(f"repeat {repeat}/{cfg.repeats} {phase}: {record_line(record)}", refresh=False)
+                rounds.set_postfix_str(f"{what}: {record_line(record)}", refresh=False)
                 rounds.update()
         rounds.close()
     return runs
@@ -286,13 +285,13 @@ COLUMNS = {  # figure -> table column
 }
 
 
-def phase_names(result: ServingResult) -> dict[str, str]:
-    """Each phase's name in the tables, with the run's options (`server, paced 200/s`)."""
-    return {phase: label.format(**result.options) for phase, label in PHASES.items()}
+def phase_names(options: dict) -> dict[str, str]:
+    """Each phase's name in the tables, with the run's `options` (`server, paced 200/s`)."""
+    return {phase: label.format(**options) for phase, label in PHASES.items()}
 
 
 def table_rows(result: ServingResult) -> list[list[str]]:
-    names = phase_names(result)
+    names = phase_names(result.options)
     return [
         [names[phase]] + [spread_cell(figures.get(key), 2 if key.endswith("_ms") else 0) for key in COLUMNS]
         for phase, figures in result.summary.items()
@@ -333,7 +332,7 @@ def failures_line(result: ServingResult) -> str | None:
     """Which phases had failed calls, by status code, over all repeats; None when every call succeeded."""
     if not (failed := failed_calls(result)):
         return None
-    names = phase_names(result)
+    names = phase_names(result.options)
     phases = "; ".join(
         f"{names[phase]}: " + ", ".join(f"{code} {count}" for code, count in codes.most_common())
         for phase, codes in failed.items()
@@ -344,7 +343,7 @@ def failures_line(result: ServingResult) -> str | None:
 def due_line(result: ServingResult) -> str:
     """The paced phases' p99 timed from each call's due time, the calls sent late and those never sent, over the
     repeats."""
-    names = phase_names(result)
+    names = phase_names(result.options)
     phases = "; ".join(
         f"{names[phase]} {spread_cell(result.summary[phase]['p99_from_due_ms'], 2)} ms, "
         f"{sum(record['late_calls'] for record in result.runs[phase])} calls sent late, "

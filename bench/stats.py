@@ -1,7 +1,8 @@
 """Statistics of timed calls, in ms: the figures of one stretch of calls, and their spread over repeats.
 
 `call_stats` gives the figures of one stretch of calls, from the serving benchmark's drivers and the load tests'
-samples alike; `summarize` their spread (`bench.records.Spread`) over repeats, `pooled` their counts over repeats.
+samples alike; `summarize` their spread (`bench.records.Spread`) over repeats, `pooled` their requests and failures
+over repeats.
 """
 
 import numpy as np
@@ -53,18 +54,12 @@ def call_stats(
 
 
 def pooled(records: list[dict]) -> dict:
-    """The counts of `records` (`call_stats` of repeats of one phase) taken together: requests, failures, the error
-    rate, and with calls offered the share of them that succeeded (`rate_share`). A target on them is met by every
-    repeat's calls, where the median of three repeats would pass one that failed calls."""
+    """The requests, failures and error rate of `records` (`call_stats` of repeats of one phase) taken together: a
+    target on them is met by every repeat's calls, where the median of three repeats would pass one that failed
+    calls."""
     requests = sum(record["requests"] for record in records)
     failures = sum(record["failures"] for record in records)
-    offered = sum(record["offered_calls"] for record in records if record["offered_calls"])
-    return {
-        "requests": requests,
-        "failures": failures,
-        "error_rate": failures / requests if requests else 0.0,
-        "rate_share": (requests - failures) / offered if offered else None,
-    }
+    return {"requests": requests, "failures": failures, "error_rate": failures / requests if requests else 0.0}
 
 
 def summarize(records: list[dict]) -> dict[str, Spread]:

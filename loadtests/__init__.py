@@ -1,6 +1,6 @@
 """Locust load tests of the gRPC server: `python -m loadtests RECIPE --profile NAME`.
 
-Only `grpc_user`, `shapes` and `locustfile` import locust (which monkey-patches the process with
+Only `grpc_user`, `pacing`, `shapes` and `locustfile` import locust (which monkey-patches the process with
 gevent on import); the runner and the analysis run in plain processes. The server process, the
 call statistics and the SLO verdicts are those of `bench` (`bench.processes`, `bench.stats`, `bench.slo`).
 """

@@ -110,7 +110,7 @@ def build(plan: Plan, samples: Samples, resources: Resources, task_errors: int, 
     if plan.profile == "step":
         checks = [slo.capacity_verdict(capacity, settings.min_capacity_rps)]
     else:
-        checks = slo.check(slo.from_due_time(overall), settings.slo)
+        checks = slo.check_paced(overall, settings.slo)
     if soak and settings.max_rss_growth_mb_per_10k is not None:
         limit = settings.max_rss_growth_mb_per_10k
         checks.append(

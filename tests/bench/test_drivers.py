@@ -99,6 +99,12 @@ def test_a_load_without_one_success_cannot_be_measured():
         tally.record(seconds=0.05, texts_per_call=1)
 
 
+def test_a_measured_load_without_one_success_is_refused_naming_what_was_measured():
+    load = functools.partial(drivers.saturate, FakeClassify(fail=True), ["r"], concurrency=2, duration=0.05)
+    with pytest.raises(BenchError, match=r"^repeat 2/3 server, paced 200/s: no call succeeded"):
+        asyncio.run(drivers.measure(load, 1, None, what="repeat 2/3 server, paced 200/s"))
+
+
 class SlowOnce(FakeClassify):
     """Answers at once, but the `slow`-th call takes `delay` seconds."""
 

@@ -28,6 +28,18 @@ def test_slo_verdicts_name_the_threshold():
     assert not slo.check(step(200, 1.0) | {"requests": 0}, SloConfig())[0]["passed"]  # no call: no pass
 
 
+PACED = step(200, 1.0) | {"p50_from_due_ms": 0.5, "p95_from_due_ms": 1.0, "p99_from_due_ms": 20.0}  # a stall
+
+
+def test_paced_latency_verdicts_are_named_by_the_figure_from_the_due_time_they_read():
+    verdicts = slo.check_paced(PACED, SloConfig(p99_ms=3))
+    assert [v["name"] for v in verdicts] == ["p99_from_due_ms", "error_rate", "rate_share"]
+
+
+def test_paced_latency_verdicts_read_the_latencies_from_the_due_time():
+    assert slo.check_paced(PACED, SloConfig(p99_ms=3))[0]["measured"] == 20.0
+
+
 def test_a_run_without_calls_measures_no_error_rate():
     verdicts = slo.check(step(200, 1.0) | {"requests": 0, "error_rate": 0.0}, SloConfig())
     error_rate = next(v for v in verdicts if v["name"] == "error_rate")

@@ -49,7 +49,12 @@ def test_summarize_spreads_every_number_over_repeats():
     }
 
 
-def test_pooled_rate_share_is_of_the_calls_offered_not_of_the_seconds_run():
+def test_rate_share_is_of_the_calls_offered_not_of_the_seconds_run():
     # 200 calls due in 2 s at 100/s, all served, the last returning at 2.49 s
-    repeat = {"requests": 200, "failures": 0, "offered_rate": 100, "offered_calls": 200, "seconds": 2.49}
-    assert pooled([repeat])["rate_share"] == 1.0
+    stats = call_stats(np.ones(200), failures=0, seconds=2.49, offered_rate=100, offered_calls=200)
+    assert stats["rate_share"] == 1.0
+
+
+def test_pooled_error_rate_is_of_the_calls_of_every_repeat():
+    repeats = [{"requests": 100, "failures": 0}, {"requests": 100, "failures": 10}]
+    assert pooled(repeats)["error_rate"] == 0.05

@@ -284,6 +284,16 @@ def test_calls_started_after_the_schedule_ends_count_nowhere():
     assert built["series"]["requests_per_s"][-1] == 1
 
 
+def test_a_missed_latency_check_is_named_by_the_figure_from_the_due_time_it_read():
+    steady = {"users": 1, "rate": 10, "duration_s": 2, "slo": {"p99_ms": 3}}
+    plan = SPIKE_PLAN.model_copy(update={"profile": "steady", "loadtest": LoadtestConfig(steady=steady)})
+    # 20 calls answered in 1 ms, the last two sent 19 ms late behind a slow one: a p99 of 1 ms from the send
+    run = samples(np.linspace(0.1, 1.9, 20), [1.0] * 20, due_ms=[1.0] * 18 + [20.0] * 2)
+    resources = Resources.from_rows([(t, 0.0, 0.0, 0.0) for t in np.arange(0, 5, 0.5)], started=0.0)
+    built = result.build(plan, run, resources, task_errors=0, context={})
+    assert [c["name"] for c in built["checks"] if not c["passed"]] == ["p99_from_due_ms"]
+
+
 def test_a_last_second_the_schedule_ends_inside_gives_its_rates_over_the_part_scheduled():
     stages = [Stage(name="constant", start_s=0.0, end_s=2.5, users=1, offered_rate=2.0)]
     series = analysis.per_second(samples([0.2, 0.7, 1.2, 1.7, 2.2], [1.0] * 5), stages)
